@@ -1,0 +1,147 @@
+// Command kvroute is the KV-cache-aware load balancer for LLM inference
+// fleets: the router and its companions (emulated engine, simulator, load
+// generator, capacity planner, demo) in one binary.
+//
+// main only maps signals to a context and errors to exit codes around run;
+// each subcommand lives in its own file and registers itself in commands.
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"sort"
+	"strings"
+	"syscall"
+)
+
+// version is set at build time with -ldflags "-X main.version=...".
+var version = "dev"
+
+// command is one subcommand. run receives the arguments after the
+// subcommand's name and writes its normal output to stdout.
+type command struct {
+	name    string
+	summary string
+	run     func(ctx context.Context, args []string, stdout, stderr io.Writer) error
+}
+
+// commands is filled by each subcommand file's init.
+var commands = map[string]command{}
+
+func register(c command) {
+	if _, dup := commands[c.name]; dup {
+		panic("kvroute: duplicate command " + c.name)
+	}
+	commands[c.name] = c
+}
+
+// errUsage marks a usage error (exit code 2); the message was already printed.
+var errUsage = errors.New("usage error")
+
+func main() {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	stop()
+	switch {
+	case err == nil:
+	case errors.Is(err, flag.ErrHelp):
+	case errors.Is(err, errUsage):
+		os.Exit(2)
+	default:
+		fmt.Fprintf(os.Stderr, "kvroute: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	if len(args) == 0 {
+		usage(stderr)
+		return errUsage
+	}
+	name := args[0]
+	switch name {
+	case "-h", "-help", "--help", "help":
+		if len(args) > 1 && name == "help" {
+			if c, ok := commands[args[1]]; ok {
+				return c.run(ctx, []string{"--help"}, stdout, stderr)
+			}
+		}
+		usage(stdout)
+		return nil
+	case "-version", "--version":
+		name = "version"
+	}
+	c, ok := commands[name]
+	if !ok {
+		fmt.Fprintf(stderr, "kvroute: unknown command %q\n\n", name)
+		usage(stderr)
+		return errUsage
+	}
+	return c.run(ctx, args[1:], stdout, stderr)
+}
+
+func usage(w io.Writer) {
+	fmt.Fprintln(w, `kvroute: a KV-cache-aware load balancer and request router for LLM inference fleets.
+
+Usage:
+  kvroute <command> [flags]
+
+Commands:`)
+	names := make([]string, 0, len(commands))
+	for n := range commands {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	for _, n := range names {
+		fmt.Fprintf(w, "  %-8s %s\n", n, commands[n].summary)
+	}
+	fmt.Fprintln(w, `
+Run 'kvroute <command> --help' for a command's flags.`)
+}
+
+// newFlagSet returns a flag set that prints a usage header and the command's
+// flags on --help, and returns errors instead of exiting.
+func newFlagSet(name, usageLine, description string, stderr io.Writer) *flag.FlagSet {
+	fs := flag.NewFlagSet("kvroute "+name, flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	fs.Usage = func() {
+		fmt.Fprintf(fs.Output(), "Usage: kvroute %s %s\n\n%s\n\nFlags:\n", name, usageLine, strings.TrimSpace(description))
+		fs.PrintDefaults()
+	}
+	return fs
+}
+
+// parseFlags parses args into fs, mapping a parse error to errUsage (the flag
+// package has already printed it) and --help to flag.ErrHelp.
+func parseFlags(fs *flag.FlagSet, args []string) error {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return flag.ErrHelp
+		}
+		return errUsage
+	}
+	if fs.NArg() > 0 {
+		fmt.Fprintf(fs.Output(), "unexpected arguments: %q\n", fs.Args())
+		fs.Usage()
+		return errUsage
+	}
+	return nil
+}
+
+// stringList is a repeatable string flag (--endpoint a --endpoint b, or a,b).
+type stringList []string
+
+func (s *stringList) String() string { return strings.Join(*s, ",") }
+func (s *stringList) Set(v string) error {
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			*s = append(*s, p)
+		}
+	}
+	return nil
+}

@@ -1,0 +1,51 @@
+package kvroute
+
+import "time"
+
+// Load is one endpoint's load as the router sees it at decision time: the
+// engine's last scraped signals, corrected by what the router dispatched
+// itself since that scrape (see package signals for the staleness model).
+type Load struct {
+	// Waiting and Running are the engine's queue and batch, including the
+	// router's own dispatches since the last observation.
+	Waiting, Running int
+	// KVUsage is the fraction 0..1 of the engine's KV blocks in use.
+	KVUsage float64
+	// KVCapacityTokens is the engine's KV capacity in tokens (0 = unknown).
+	KVCapacityTokens int
+	// InFlight is the number of requests the router holds open to the engine
+	// right now. It is always fresh.
+	InFlight int
+	// InFlightTokens is the sum of prompt tokens of InFlight requests that have
+	// not yet produced a first token (prefill work the router knows is queued).
+	InFlightTokens int
+	// DecodeTokens is the router's estimate of the context held by requests
+	// that are decoding on the engine.
+	DecodeTokens int
+	// PrefixHitRate is the engine's recent prefix-cache hit rate (tokens), or
+	// -1 when unknown.
+	PrefixHitRate float64
+	// ObservedAt is when the engine signals were scraped (zero = never).
+	ObservedAt time.Time
+	// Stale reports that the engine signals are older than the configured
+	// limit; Waiting and Running are then router-local estimates only.
+	Stale bool
+}
+
+// Age returns how old the engine signals are at now (0 when never observed).
+func (l Load) Age(now time.Time) time.Duration {
+	if l.ObservedAt.IsZero() {
+		return 0
+	}
+	return now.Sub(l.ObservedAt)
+}
+
+// Queue returns the work ahead of a new request: engine waiting plus running,
+// or the router's in-flight count if that is larger (it is fresher).
+func (l Load) Queue() int {
+	q := l.Waiting + l.Running
+	if l.InFlight > q {
+		return l.InFlight
+	}
+	return q
+}
