@@ -1,0 +1,500 @@
+package config
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"net"
+	"net/netip"
+	"net/url"
+	"sort"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute"
+)
+
+// Config is the whole router configuration.
+type Config struct {
+	// Listen is the address the router listens on; default ":8080".
+	Listen string `yaml:"listen"`
+	// Models are the served models, each with its own pool and policy. At
+	// least one is required.
+	Models []Model `yaml:"models"`
+	// Timeouts bound the client and upstream sides of a request.
+	Timeouts Timeouts `yaml:"timeouts"`
+	// Limits bound what a client may send.
+	Limits Limits `yaml:"limits"`
+	// Retry controls retries before the first response byte.
+	Retry Retry `yaml:"retry"`
+	// HealthCheck controls active health checks of every endpoint.
+	HealthCheck HealthCheck `yaml:"health_check"`
+	// TrustedClients are the client addresses (CIDR prefixes or single IPs)
+	// allowed to send routing instructions in x-kvroute-* headers; those
+	// headers are stripped from every other client's requests. Default: none.
+	TrustedClients []string `yaml:"trusted_clients"`
+	// Admin configures the admin API.
+	Admin Admin `yaml:"admin"`
+	// Debug enables debug endpoints and headers.
+	Debug Debug `yaml:"debug"`
+	// Log configures the router's own logs.
+	Log Log `yaml:"log"`
+}
+
+// Model is one served model and its pool of endpoints.
+type Model struct {
+	// Name is the model name clients send in the request's "model" field.
+	// Required and unique.
+	Name string `yaml:"name"`
+	// Endpoints are the engines serving the model. At least one is required.
+	Endpoints []Endpoint `yaml:"endpoints"`
+	// Policy is the routing policy; default round_robin with no parameters.
+	Policy Policy `yaml:"policy"`
+	// Router holds the routing core's parameters.
+	Router Router `yaml:"router"`
+}
+
+// Endpoint is one engine in a model's pool.
+type Endpoint struct {
+	// ID names the endpoint in metrics, logs and decisions; default the URL.
+	// Unique within the model.
+	ID string `yaml:"id"`
+	// URL is the engine's base URL (http or https, no query), e.g.
+	// http://10.0.0.7:8000. Required.
+	URL string `yaml:"url"`
+	// Role is both, prefill or decode; default both.
+	Role string `yaml:"role"`
+	// Weight scales the endpoint's share for weight-aware policies; default 1.
+	Weight int `yaml:"weight"`
+	// Labels are free-form (zone, node, gpu, link); default none.
+	Labels map[string]string `yaml:"labels"`
+	// KVCapacityTokens is the engine's KV capacity in tokens; default 0,
+	// which means learn it from the engine's metrics.
+	KVCapacityTokens int `yaml:"kv_capacity_tokens"`
+}
+
+// Policy selects a routing policy by name with its parameters.
+type Policy struct {
+	// Name is the policy name (see policy.Names); default "round_robin".
+	Name string `yaml:"name"`
+	// Params are the policy's parameters; unknown ones are rejected when the
+	// picker is built. Default none.
+	Params map[string]any `yaml:"params"`
+	// Seed seeds randomised policies; default 0, which means a random seed
+	// chosen at start.
+	Seed uint64 `yaml:"seed"`
+}
+
+// Router holds the per-model routing core's parameters.
+type Router struct {
+	// BlockChars is the approximate prefix block size in characters used
+	// when no tokenizer is configured; default 128.
+	BlockChars int `yaml:"block_chars"`
+	// StaleAfter is the age past which engine signals are stale; default 1s.
+	StaleAfter time.Duration `yaml:"stale_after"`
+	// FailThreshold is the number of consecutive connect errors or 5xx
+	// responses that eject an endpoint; default 3.
+	FailThreshold int `yaml:"fail_threshold"`
+	// BaseEjection is the first ejection's length, doubled on each
+	// consecutive ejection; default 1s.
+	BaseEjection time.Duration `yaml:"base_ejection"`
+	// MaxEjection caps the ejection length; default 30s.
+	MaxEjection time.Duration `yaml:"max_ejection"`
+	// DecisionLog is the number of recent decisions kept for
+	// /debug/decisions; default 256.
+	DecisionLog int `yaml:"decision_log"`
+}
+
+// Timeouts bound the client and upstream sides of a request. A negative
+// duration is invalid; where zero means "no limit" the field says so.
+type Timeouts struct {
+	// ReadHeader bounds reading a client's request headers; default 10s.
+	ReadHeader time.Duration `yaml:"read_header"`
+	// ReadBody bounds reading a client's request body; default 60s.
+	ReadBody time.Duration `yaml:"read_body"`
+	// Idle bounds an idle client keep-alive connection; default 120s.
+	Idle time.Duration `yaml:"idle"`
+	// Dial bounds connecting to an engine; default 5s.
+	Dial time.Duration `yaml:"dial"`
+	// UpstreamHeader bounds the wait for an engine's response headers (for
+	// non-streaming requests that is the whole generation); default 0, no
+	// limit.
+	UpstreamHeader time.Duration `yaml:"upstream_header"`
+	// Shutdown is how long in-flight requests may drain on SIGTERM/SIGINT
+	// before the router closes them; default 30s.
+	Shutdown time.Duration `yaml:"shutdown"`
+}
+
+// Limits bound what a client may send.
+type Limits struct {
+	// MaxBodyBytes is the largest request body accepted (413 past it);
+	// default 16 MiB.
+	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	// MaxHeaderBytes is the largest request header block accepted; default
+	// 1 MiB.
+	MaxHeaderBytes int `yaml:"max_header_bytes"`
+}
+
+// Retry controls retries of requests that failed before the first response
+// byte (connect error or 5xx) on another endpoint.
+type Retry struct {
+	// Attempts is the total number of endpoints tried per request, the first
+	// included; default 2. 1 disables retries.
+	Attempts int `yaml:"attempts"`
+}
+
+// HealthCheck controls active health checks (GET Path on every endpoint).
+type HealthCheck struct {
+	// Disabled turns active checks off; passive ejection still applies.
+	// Default false.
+	Disabled bool `yaml:"disabled"`
+	// Path is the path probed on each endpoint; default "/health".
+	Path string `yaml:"path"`
+	// Interval is the time between two checks of one endpoint; default 5s.
+	Interval time.Duration `yaml:"interval"`
+	// Timeout bounds one check; default 2s, and at most Interval.
+	Timeout time.Duration `yaml:"timeout"`
+	// HealthyThreshold is the number of consecutive successful checks that
+	// mark an unhealthy endpoint healthy; default 1.
+	HealthyThreshold int `yaml:"healthy_threshold"`
+	// UnhealthyThreshold is the number of consecutive failed checks that
+	// mark an endpoint unhealthy; default 2.
+	UnhealthyThreshold int `yaml:"unhealthy_threshold"`
+}
+
+// Admin configures the admin API (PUT /admin/policy).
+type Admin struct {
+	// Token is the bearer token the admin API requires; default "", which
+	// disables the admin API.
+	Token string `yaml:"token"`
+}
+
+// Debug enables debug endpoints and headers.
+type Debug struct {
+	// Enabled serves GET /debug/decisions to everyone and adds the
+	// x-kvroute-endpoint response header; default false (then
+	// /debug/decisions needs the admin token).
+	Enabled bool `yaml:"enabled"`
+}
+
+// Log configures the router's own logs.
+type Log struct {
+	// Format is "text" or "json"; default "text".
+	Format string `yaml:"format"`
+	// Level is debug, info, warn or error; default "info".
+	Level string `yaml:"level"`
+}
+
+// Defaults.
+const (
+	DefaultListen             = ":8080"
+	DefaultPolicy             = "round_robin"
+	DefaultBlockChars         = 128
+	DefaultStaleAfter         = time.Second
+	DefaultFailThreshold      = 3
+	DefaultBaseEjection       = time.Second
+	DefaultMaxEjection        = 30 * time.Second
+	DefaultDecisionLog        = 256
+	DefaultReadHeader         = 10 * time.Second
+	DefaultReadBody           = 60 * time.Second
+	DefaultIdle               = 120 * time.Second
+	DefaultDial               = 5 * time.Second
+	DefaultShutdown           = 30 * time.Second
+	DefaultMaxBodyBytes       = 16 << 20
+	DefaultMaxHeaderBytes     = 1 << 20
+	DefaultAttempts           = 2
+	DefaultHealthPath         = "/health"
+	DefaultHealthInterval     = 5 * time.Second
+	DefaultHealthTimeout      = 2 * time.Second
+	DefaultHealthyThreshold   = 1
+	DefaultUnhealthyThreshold = 2
+	DefaultLogFormat          = "text"
+	DefaultLogLevel           = "info"
+)
+
+// ApplyDefaults replaces zero values by their documented defaults, in place.
+// It never overwrites a value that was set, valid or not.
+func (c *Config) ApplyDefaults() {
+	setDefault(&c.Listen, DefaultListen)
+	for i := range c.Models {
+		c.Models[i].applyDefaults()
+	}
+	t := &c.Timeouts
+	setDefault(&t.ReadHeader, DefaultReadHeader)
+	setDefault(&t.ReadBody, DefaultReadBody)
+	setDefault(&t.Idle, DefaultIdle)
+	setDefault(&t.Dial, DefaultDial)
+	setDefault(&t.Shutdown, DefaultShutdown)
+	setDefault(&c.Limits.MaxBodyBytes, DefaultMaxBodyBytes)
+	setDefault(&c.Limits.MaxHeaderBytes, DefaultMaxHeaderBytes)
+	setDefault(&c.Retry.Attempts, DefaultAttempts)
+	h := &c.HealthCheck
+	setDefault(&h.Path, DefaultHealthPath)
+	setDefault(&h.Interval, DefaultHealthInterval)
+	setDefault(&h.Timeout, min(DefaultHealthTimeout, h.Interval))
+	setDefault(&h.HealthyThreshold, DefaultHealthyThreshold)
+	setDefault(&h.UnhealthyThreshold, DefaultUnhealthyThreshold)
+	setDefault(&c.Log.Format, DefaultLogFormat)
+	setDefault(&c.Log.Level, DefaultLogLevel)
+}
+
+func (m *Model) applyDefaults() {
+	for i := range m.Endpoints {
+		e := &m.Endpoints[i]
+		setDefault(&e.ID, e.URL)
+		setDefault(&e.Role, kvroute.RoleBoth.String())
+		setDefault(&e.Weight, 1)
+	}
+	setDefault(&m.Policy.Name, DefaultPolicy)
+	r := &m.Router
+	setDefault(&r.BlockChars, DefaultBlockChars)
+	setDefault(&r.StaleAfter, DefaultStaleAfter)
+	setDefault(&r.FailThreshold, DefaultFailThreshold)
+	setDefault(&r.BaseEjection, DefaultBaseEjection)
+	setDefault(&r.MaxEjection, max(DefaultMaxEjection, r.BaseEjection))
+	setDefault(&r.DecisionLog, DefaultDecisionLog)
+}
+
+func setDefault[T comparable](p *T, def T) {
+	var zero T
+	if *p == zero {
+		*p = def
+	}
+}
+
+// FieldError is one invalid field: its path (YAML names, e.g.
+// models[0].endpoints[2].url) and what is wrong with it.
+type FieldError struct {
+	Path string
+	Msg  string
+}
+
+func (e *FieldError) Error() string { return e.Path + ": " + e.Msg }
+
+// Errors is the list of every problem Validate found, in field order.
+type Errors []*FieldError
+
+func (es Errors) Error() string {
+	var b strings.Builder
+	for i, e := range es {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		b.WriteString(e.Error())
+	}
+	return b.String()
+}
+
+type validator struct{ errs Errors }
+
+func (v *validator) addf(path, format string, args ...any) {
+	v.errs = append(v.errs, &FieldError{Path: path, Msg: fmt.Sprintf(format, args...)})
+}
+
+func (v *validator) nonNegative(path string, d time.Duration) {
+	if d < 0 {
+		v.addf(path, "%s is negative", d)
+	}
+}
+
+func (v *validator) positive(path string, n int64) {
+	if n <= 0 {
+		v.addf(path, "%d is not positive", n)
+	}
+}
+
+// Validate reports every invalid field of a config on which ApplyDefaults
+// has run. The error is an Errors value (use errors.As to list them).
+func (c *Config) Validate() error {
+	v := &validator{}
+	if c.Listen == "" {
+		v.addf("listen", "is empty")
+	} else if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+		v.addf("listen", "%q is not a host:port address", c.Listen)
+	}
+	if len(c.Models) == 0 {
+		v.addf("models", "at least one model is required")
+	}
+	names := map[string]int{}
+	for i := range c.Models {
+		m := &c.Models[i]
+		p := fmt.Sprintf("models[%d]", i)
+		if j, dup := names[m.Name]; dup && m.Name != "" {
+			v.addf(p+".name", "%q duplicates models[%d].name", m.Name, j)
+		} else {
+			names[m.Name] = i
+		}
+		m.validate(v, p)
+	}
+	t := c.Timeouts
+	v.nonNegative("timeouts.read_header", t.ReadHeader)
+	v.nonNegative("timeouts.read_body", t.ReadBody)
+	v.nonNegative("timeouts.idle", t.Idle)
+	v.nonNegative("timeouts.dial", t.Dial)
+	v.nonNegative("timeouts.upstream_header", t.UpstreamHeader)
+	v.nonNegative("timeouts.shutdown", t.Shutdown)
+	v.positive("limits.max_body_bytes", c.Limits.MaxBodyBytes)
+	v.positive("limits.max_header_bytes", int64(c.Limits.MaxHeaderBytes))
+	v.positive("retry.attempts", int64(c.Retry.Attempts))
+	h := c.HealthCheck
+	if !strings.HasPrefix(h.Path, "/") {
+		v.addf("health_check.path", "%q does not start with /", h.Path)
+	}
+	v.positive("health_check.interval", int64(h.Interval))
+	v.positive("health_check.timeout", int64(h.Timeout))
+	if h.Timeout > h.Interval && h.Interval > 0 {
+		v.addf("health_check.timeout", "%s is longer than health_check.interval (%s)", h.Timeout, h.Interval)
+	}
+	v.positive("health_check.healthy_threshold", int64(h.HealthyThreshold))
+	v.positive("health_check.unhealthy_threshold", int64(h.UnhealthyThreshold))
+	for i, s := range c.TrustedClients {
+		if _, err := ParsePrefix(s); err != nil {
+			v.addf(fmt.Sprintf("trusted_clients[%d]", i), "%q is not an IP address or CIDR prefix", s)
+		}
+	}
+	if c.Admin.Token != "" && len(c.Admin.Token) < 16 {
+		v.addf("admin.token", "is shorter than 16 characters")
+	}
+	if c.Log.Format != "text" && c.Log.Format != "json" {
+		v.addf("log.format", "%q is not one of text, json", c.Log.Format)
+	}
+	if _, err := ParseLevel(c.Log.Level); err != nil {
+		v.addf("log.level", "%q is not one of debug, info, warn, error", c.Log.Level)
+	}
+	if len(v.errs) == 0 {
+		return nil
+	}
+	return v.errs
+}
+
+func (m *Model) validate(v *validator, p string) {
+	if strings.TrimSpace(m.Name) == "" {
+		v.addf(p+".name", "is empty")
+	}
+	if len(m.Endpoints) == 0 {
+		v.addf(p+".endpoints", "at least one endpoint is required")
+	}
+	ids := map[string]int{}
+	for i := range m.Endpoints {
+		e := &m.Endpoints[i]
+		ep := fmt.Sprintf("%s.endpoints[%d]", p, i)
+		if err := checkURL(e.URL); err != nil {
+			v.addf(ep+".url", "%q %v", e.URL, err)
+		}
+		if e.ID == "" {
+			v.addf(ep+".id", "is empty")
+		} else if j, dup := ids[e.ID]; dup {
+			v.addf(ep+".id", "%q duplicates %s.endpoints[%d].id", e.ID, p, j)
+		} else {
+			ids[e.ID] = i
+		}
+		if _, err := kvroute.ParseRole(e.Role); err != nil {
+			v.addf(ep+".role", "%q is not one of both, prefill, decode", e.Role)
+		}
+		if e.Weight <= 0 {
+			v.addf(ep+".weight", "%d is not positive", e.Weight)
+		}
+		if e.KVCapacityTokens < 0 {
+			v.addf(ep+".kv_capacity_tokens", "%d is negative", e.KVCapacityTokens)
+		}
+	}
+	if strings.TrimSpace(m.Policy.Name) == "" {
+		v.addf(p+".policy.name", "is empty")
+	}
+	r := m.Router
+	v.positive(p+".router.block_chars", int64(r.BlockChars))
+	v.positive(p+".router.stale_after", int64(r.StaleAfter))
+	v.positive(p+".router.fail_threshold", int64(r.FailThreshold))
+	v.positive(p+".router.base_ejection", int64(r.BaseEjection))
+	if r.MaxEjection < r.BaseEjection {
+		v.addf(p+".router.max_ejection", "%s is shorter than router.base_ejection (%s)", r.MaxEjection, r.BaseEjection)
+	}
+	v.positive(p+".router.decision_log", int64(r.DecisionLog))
+}
+
+func checkURL(s string) error {
+	u, err := url.Parse(s)
+	switch {
+	case s == "":
+		return errors.New("is empty")
+	case err != nil || (u.Scheme != "http" && u.Scheme != "https"):
+		return errors.New("is not an http(s) URL")
+	case u.Host == "":
+		return errors.New("has no host")
+	case u.RawQuery != "" || u.Fragment != "":
+		return errors.New("has a query or fragment")
+	case u.User != nil:
+		return errors.New("has user info")
+	}
+	return nil
+}
+
+// ParsePrefix parses a trusted-client entry: a CIDR prefix (10.0.0.0/8) or
+// a single IP address (a /32 or /128 prefix).
+func ParsePrefix(s string) (netip.Prefix, error) {
+	s = strings.TrimSpace(s)
+	if strings.Contains(s, "/") {
+		p, err := netip.ParsePrefix(s)
+		if err != nil {
+			return netip.Prefix{}, err
+		}
+		return p.Masked(), nil
+	}
+	a, err := netip.ParseAddr(s)
+	if err != nil {
+		return netip.Prefix{}, err
+	}
+	a = a.Unmap()
+	return netip.PrefixFrom(a, a.BitLen()), nil
+}
+
+// ParseLevel parses a log level name.
+func ParseLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	err := l.UnmarshalText([]byte(s))
+	return l, err
+}
+
+// Model returns the model named name, or nil.
+func (c *Config) Model(name string) *Model {
+	for i := range c.Models {
+		if c.Models[i].Name == name {
+			return &c.Models[i]
+		}
+	}
+	return nil
+}
+
+// ModelNames returns the configured model names, sorted.
+func (c *Config) ModelNames() []string {
+	out := make([]string, 0, len(c.Models))
+	for _, m := range c.Models {
+		out = append(out, m.Name)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// KVEndpoints converts a validated model's endpoints to the domain type.
+func (m *Model) KVEndpoints() ([]kvroute.Endpoint, error) {
+	out := make([]kvroute.Endpoint, len(m.Endpoints))
+	for i, e := range m.Endpoints {
+		role, err := kvroute.ParseRole(e.Role)
+		if err != nil {
+			return nil, fmt.Errorf("models[%s].endpoints[%d].role: %w", m.Name, i, err)
+		}
+		labels := make(map[string]string, len(e.Labels))
+		for k, v := range e.Labels {
+			labels[k] = v
+		}
+		out[i] = kvroute.Endpoint{
+			ID:               e.ID,
+			URL:              strings.TrimRight(e.URL, "/"),
+			Role:             role,
+			Weight:           e.Weight,
+			Labels:           labels,
+			KVCapacityTokens: e.KVCapacityTokens,
+		}
+	}
+	return out, nil
+}

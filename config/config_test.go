@@ -1,0 +1,180 @@
+package config
+
+import (
+	"errors"
+	"strings"
+	"testing"
+	"time"
+)
+
+func valid() Config {
+	c := Config{Models: []Model{{
+		Name:      "llama",
+		Endpoints: []Endpoint{{URL: "http://127.0.0.1:8001"}, {URL: "http://127.0.0.1:8002/"}},
+	}}}
+	c.ApplyDefaults()
+	return c
+}
+
+func TestApplyDefaults(t *testing.T) {
+	c := valid()
+	checks := []struct {
+		name string
+		got  any
+		want any
+	}{
+		{"listen", c.Listen, DefaultListen},
+		{"endpoint id", c.Models[0].Endpoints[0].ID, "http://127.0.0.1:8001"},
+		{"role", c.Models[0].Endpoints[0].Role, "both"},
+		{"weight", c.Models[0].Endpoints[1].Weight, 1},
+		{"policy", c.Models[0].Policy.Name, DefaultPolicy},
+		{"block chars", c.Models[0].Router.BlockChars, DefaultBlockChars},
+		{"max ejection", c.Models[0].Router.MaxEjection, DefaultMaxEjection},
+		{"max body", c.Limits.MaxBodyBytes, int64(16 << 20)},
+		{"attempts", c.Retry.Attempts, 2},
+		{"health path", c.HealthCheck.Path, "/health"},
+		{"health timeout", c.HealthCheck.Timeout, 2 * time.Second},
+		{"read header", c.Timeouts.ReadHeader, DefaultReadHeader},
+		{"upstream header", c.Timeouts.UpstreamHeader, time.Duration(0)},
+		{"log", c.Log.Format + "/" + c.Log.Level, "text/info"},
+	}
+	for _, tc := range checks {
+		if tc.got != tc.want {
+			t.Errorf("%s: got %v, want %v", tc.name, tc.got, tc.want)
+		}
+	}
+	if err := c.Validate(); err != nil {
+		t.Fatalf("Validate of defaults: %v", err)
+	}
+}
+
+func TestApplyDefaultsKeepsSetValues(t *testing.T) {
+	c := Config{Listen: "127.0.0.1:9", HealthCheck: HealthCheck{Interval: time.Second}, Retry: Retry{Attempts: -1}}
+	c.ApplyDefaults()
+	if c.Listen != "127.0.0.1:9" || c.Retry.Attempts != -1 {
+		t.Errorf("got listen %q attempts %d, want the set values kept", c.Listen, c.Retry.Attempts)
+	}
+	if c.HealthCheck.Timeout != time.Second {
+		t.Errorf("health timeout: got %v, want it capped at the 1s interval", c.HealthCheck.Timeout)
+	}
+}
+
+func TestValidateErrors(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(*Config)
+		want   string
+	}{
+		{"bad url scheme", func(c *Config) {
+			c.Models[0].Endpoints = append(c.Models[0].Endpoints, Endpoint{ID: "x", URL: "htp://x", Role: "both", Weight: 1})
+		},
+			`models[0].endpoints[2].url: "htp://x" is not an http(s) URL`},
+		{"url without host", func(c *Config) { c.Models[0].Endpoints[0].URL = "http://" },
+			`models[0].endpoints[0].url: "http://" has no host`},
+		{"url with query", func(c *Config) { c.Models[0].Endpoints[0].URL = "http://a:1/?x=1" },
+			`models[0].endpoints[0].url: "http://a:1/?x=1" has a query or fragment`},
+		{"empty url", func(c *Config) { c.Models[0].Endpoints[0].URL = "" },
+			`models[0].endpoints[0].url: "" is empty`},
+		{"dup id", func(c *Config) { c.Models[0].Endpoints[1].ID = c.Models[0].Endpoints[0].ID },
+			`models[0].endpoints[1].id: "http://127.0.0.1:8001" duplicates models[0].endpoints[0].id`},
+		{"bad role", func(c *Config) { c.Models[0].Endpoints[1].Role = "leader" },
+			`models[0].endpoints[1].role: "leader" is not one of both, prefill, decode`},
+		{"bad weight", func(c *Config) { c.Models[0].Endpoints[0].Weight = -2 },
+			`models[0].endpoints[0].weight: -2 is not positive`},
+		{"negative kv", func(c *Config) { c.Models[0].Endpoints[0].KVCapacityTokens = -1 },
+			`models[0].endpoints[0].kv_capacity_tokens: -1 is negative`},
+		{"no models", func(c *Config) { c.Models = nil }, `models: at least one model is required`},
+		{"no endpoints", func(c *Config) { c.Models[0].Endpoints = nil }, `models[0].endpoints: at least one endpoint is required`},
+		{"empty name", func(c *Config) { c.Models[0].Name = " " }, `models[0].name: is empty`},
+		{"dup model", func(c *Config) { c.Models = append(c.Models, c.Models[0]) }, `models[1].name: "llama" duplicates models[0].name`},
+		{"listen", func(c *Config) { c.Listen = "8080" }, `listen: "8080" is not a host:port address`},
+		{"negative timeout", func(c *Config) { c.Timeouts.Dial = -time.Second }, `timeouts.dial: -1s is negative`},
+		{"attempts", func(c *Config) { c.Retry.Attempts = 0 }, `retry.attempts: 0 is not positive`},
+		{"body limit", func(c *Config) { c.Limits.MaxBodyBytes = -5 }, `limits.max_body_bytes: -5 is not positive`},
+		{"health path", func(c *Config) { c.HealthCheck.Path = "health" }, `health_check.path: "health" does not start with /`},
+		{"health timeout", func(c *Config) { c.HealthCheck.Timeout = time.Minute },
+			`health_check.timeout: 1m0s is longer than health_check.interval (5s)`},
+		{"trusted", func(c *Config) { c.TrustedClients = []string{"10.0.0.0/8", "10.0.0.300"} },
+			`trusted_clients[1]: "10.0.0.300" is not an IP address or CIDR prefix`},
+		{"admin token", func(c *Config) { c.Admin.Token = "short" }, `admin.token: is shorter than 16 characters`},
+		{"log format", func(c *Config) { c.Log.Format = "xml" }, `log.format: "xml" is not one of text, json`},
+		{"log level", func(c *Config) { c.Log.Level = "loud" }, `log.level: "loud" is not one of debug, info, warn, error`},
+		{"ejection", func(c *Config) { c.Models[0].Router.MaxEjection = time.Millisecond },
+			`models[0].router.max_ejection: 1ms is shorter than router.base_ejection (1s)`},
+		{"block chars", func(c *Config) { c.Models[0].Router.BlockChars = -1 }, `models[0].router.block_chars: -1 is not positive`},
+		{"policy", func(c *Config) { c.Models[0].Policy.Name = " " }, `models[0].policy.name: is empty`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			c := valid()
+			tc.mutate(&c)
+			err := c.Validate()
+			if err == nil {
+				t.Fatalf("Validate: got nil, want %q", tc.want)
+			}
+			var es Errors
+			if !errors.As(err, &es) {
+				t.Fatalf("Validate: got %T, want config.Errors", err)
+			}
+			found := false
+			for _, e := range es {
+				if e.Error() == tc.want {
+					found = true
+				}
+			}
+			if !found {
+				t.Errorf("Validate:\n got %v\nwant an error %q", err, tc.want)
+			}
+		})
+	}
+}
+
+func TestValidateReportsAll(t *testing.T) {
+	c := valid()
+	c.Listen = ""
+	c.Models[0].Endpoints[0].URL = "ftp://x"
+	c.Log.Format = "xml"
+	err := c.Validate()
+	var es Errors
+	if !errors.As(err, &es) || len(es) != 3 {
+		t.Fatalf("got %v, want 3 errors", err)
+	}
+	if !strings.HasPrefix(err.Error(), "listen: is empty; models[0].endpoints[0].url") {
+		t.Errorf("got %q, want errors in field order", err)
+	}
+}
+
+func TestParsePrefix(t *testing.T) {
+	tests := []struct{ in, want string }{
+		{"10.1.2.3/8", "10.0.0.0/8"},
+		{"127.0.0.1", "127.0.0.1/32"},
+		{"::1", "::1/128"},
+		{"::ffff:10.0.0.1", "10.0.0.1/32"},
+	}
+	for _, tc := range tests {
+		p, err := ParsePrefix(tc.in)
+		if err != nil || p.String() != tc.want {
+			t.Errorf("ParsePrefix(%q): got %v, %v, want %s", tc.in, p, err, tc.want)
+		}
+	}
+	if _, err := ParsePrefix("nope"); err == nil {
+		t.Error("ParsePrefix(nope): got nil error")
+	}
+}
+
+func TestKVEndpoints(t *testing.T) {
+	c := valid()
+	c.Models[0].Endpoints[1].Role = "decode"
+	c.Models[0].Endpoints[1].Labels = map[string]string{"zone": "a"}
+	eps, err := c.Models[0].KVEndpoints()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if eps[1].URL != "http://127.0.0.1:8002" || eps[1].Role.String() != "decode" || eps[1].Labels["zone"] != "a" {
+		t.Errorf("got %+v", eps[1])
+	}
+	c.Models[0].Endpoints[1].Labels["zone"] = "b"
+	if eps[1].Labels["zone"] != "a" {
+		t.Error("KVEndpoints shares the labels map with the config")
+	}
+}
