@@ -1,0 +1,55 @@
+// Package workload holds the requests that the simulator (package sim) and
+// the load generator (package bench) replay: Mooncake JSONL traces and
+// seeded generators, with their arrival processes.
+//
+// # Requests and synthetic prompts
+//
+// A Request carries its arrival offset (time.Duration since the workload's
+// start), session and tenant ids, PromptLen and OutputLen, and its prompt in
+// one of three forms: explicit Tokens ([]uint32), explicit Text, or
+// Segments. Traces and generators produce Segments: a Segment{Key, Len} is
+// the first Len tokens of a deterministic SplitMix64 stream seeded by Key,
+// with token ids in [FirstTokenID, FirstTokenID+NumTokenIDs). Equal keys give
+// equal tokens, so prompts that share leading segments share a prefix.
+//
+// Text is derived from tokens, one word per token: token t becomes
+// TokenWord(t), one of 256 common English words, words separated by single
+// spaces. Equal blocks therefore have equal text (and different blocks
+// differ, with overwhelming probability), so prefix sharing survives in text
+// form too. A tokenizer does not map the text back to the same ids (the
+// mapping is 64-to-1); it maps equal text to equal tokens, and a typical BPE
+// vocabulary spends about one token per " word", so lengths stay close.
+//
+// # Mooncake traces
+//
+// ReadTrace parses JSONL records {"timestamp" (ms), "input_length",
+// "output_length", "hash_ids"} where each hash id names a 512-token block
+// (the last one partial). Block i becomes Segment{Key: hash_ids[i], Len: 512
+// or the remainder}, so equal hash ids are equal token blocks and the sharing
+// in the trace is the sharing the engines see. WriteTrace writes the same
+// format plus optional fields (id, arrival_ns, session, tenant, segments,
+// tokens, text); reading the output back gives equal requests.
+//
+// # Block hashes
+//
+// Request.BlockHashes(blockSize, dst) returns chained 64-bit hashes of the
+// prompt's full blocks at any engine block size. For segment prompts it
+// never materialises tokens: a block is hashed from the (key, offset, length)
+// pieces of the segments it covers, which identifies its tokens exactly. Use
+// the same function everywhere hashes are compared in one simulation. Oracle
+// computes the infinite-cache hit-rate bound of a request stream.
+//
+// # Generators
+//
+// Generate(name, Options) runs one of Generators(): chat (multi-turn
+// sessions, growing history, think time), rag (hot documents with Zipf
+// popularity), sysprompt (a few long shared system prompts), storm (a burst
+// on one hot prefix over background traffic), tenants (a skewed tenant mix).
+// Options give the seed, request count, duration, arrival process (Poisson,
+// gamma with a CV, constant) and the generator's documented Params. The same
+// options always give the same workload. Workload.ScaleRate scales the
+// arrival rate of any workload, traces included.
+//
+// Nothing in this package does I/O except the Read/Write functions, and no
+// type is safe for concurrent mutation; a Request may be read concurrently.
+package workload

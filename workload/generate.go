@@ -1,0 +1,432 @@
+package workload
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"slices"
+	"sort"
+	"strconv"
+	"strings"
+	"time"
+)
+
+// Options configures a generator. Zero fields take their defaults.
+type Options struct {
+	// Seed makes the workload reproducible; the same seed and options give
+	// the same requests.
+	Seed uint64
+	// Requests is the number of requests to generate; default 1000.
+	Requests int
+	// Duration, when > 0, drops requests arriving after it.
+	Duration time.Duration
+	// Arrivals is the arrival process of new sessions / requests; default
+	// Poisson at 10 requests per second (the rate counts requests, not
+	// sessions, for every generator).
+	Arrivals Arrivals
+	// Params are the generator's own parameters (see Generators); a name the
+	// generator does not know is an error.
+	Params map[string]float64
+}
+
+// Param documents one generator parameter.
+type Param struct {
+	Name    string
+	Default float64
+	Doc     string
+}
+
+// Generator describes a built-in workload generator.
+type Generator struct {
+	Name    string
+	Summary string
+	Params  []Param
+	gen     func(g *gen) []Request
+}
+
+// Generators returns the built-in generators in name order.
+func Generators() []Generator {
+	out := slices.Clone(generators)
+	sort.Slice(out, func(i, j int) bool { return out[i].Name < out[j].Name })
+	return out
+}
+
+// GeneratorNames returns the built-in generators' names in order.
+func GeneratorNames() []string {
+	var names []string
+	for _, g := range Generators() {
+		names = append(names, g.Name)
+	}
+	return names
+}
+
+// ParseParams parses "k=v,k=v" (v a number; durations in seconds).
+func ParseParams(s string) (map[string]float64, error) {
+	out := map[string]float64{}
+	for _, kv := range strings.Split(s, ",") {
+		kv = strings.TrimSpace(kv)
+		if kv == "" {
+			continue
+		}
+		k, v, ok := strings.Cut(kv, "=")
+		if !ok {
+			return nil, fmt.Errorf("workload: param %q is not key=value", kv)
+		}
+		f, err := strconv.ParseFloat(strings.TrimSpace(v), 64)
+		if err != nil || math.IsNaN(f) || math.IsInf(f, 0) {
+			return nil, fmt.Errorf("workload: param %s: %q is not a number", k, v)
+		}
+		out[strings.TrimSpace(k)] = f
+	}
+	return out, nil
+}
+
+// Generate runs the named generator (see Generators) with opts. The
+// requests are sorted by arrival, numbered r000000..., and carry HashIDs so
+// that WriteTrace/ReadTrace round-trips them exactly.
+func Generate(name string, opts Options) (*Workload, error) {
+	var g *Generator
+	for i := range generators {
+		if generators[i].Name == name {
+			g = &generators[i]
+		}
+	}
+	if g == nil {
+		return nil, fmt.Errorf("workload: unknown generator %q (have %s)", name, strings.Join(GeneratorNames(), ", "))
+	}
+	if opts.Requests == 0 {
+		opts.Requests = 1000
+	}
+	if opts.Requests < 0 || opts.Requests > 100_000_000 {
+		return nil, fmt.Errorf("workload: requests %d out of range", opts.Requests)
+	}
+	if err := opts.Arrivals.Validate(); err != nil {
+		return nil, err
+	}
+	params := map[string]float64{}
+	for _, p := range g.Params {
+		params[p.Name] = p.Default
+	}
+	for k, v := range opts.Params {
+		if _, ok := params[k]; !ok {
+			var known []string
+			for _, p := range g.Params {
+				known = append(known, p.Name)
+			}
+			return nil, fmt.Errorf("workload: generator %s has no parameter %q (have %s)", name, k, strings.Join(known, ", "))
+		}
+		if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
+			return nil, fmt.Errorf("workload: generator %s: parameter %s=%v must be >= 0", name, k, v)
+		}
+		params[k] = v
+	}
+	st := &gen{
+		opts:   opts,
+		params: params,
+		rng:    rand.New(rand.NewPCG(opts.Seed, 0x6b76726f757465)),
+		kind:   name,
+	}
+	st.gaps = opts.Arrivals.Gaps(st.rng)
+	reqs := g.gen(st)
+	if st.err != nil {
+		return nil, st.err
+	}
+	sortByArrival(reqs)
+	w := &Workload{Name: name, Requests: reqs}
+	w.Limit(opts.Duration, opts.Requests)
+	for i := range w.Requests {
+		w.Requests[i].ID = defaultID(i)
+	}
+	AssignHashIDs(w.Requests)
+	return w, w.Validate()
+}
+
+// gen is a generator's state.
+type gen struct {
+	opts   Options
+	params map[string]float64
+	rng    *rand.Rand
+	gaps   func() time.Duration
+	kind   string
+	keys   uint64
+	err    error
+}
+
+func (g *gen) p(name string) float64 { return g.params[name] }
+
+func (g *gen) n(name string) int {
+	v := g.params[name]
+	if v > 1<<30 {
+		v = 1 << 30
+	}
+	return int(v)
+}
+
+// key returns a fresh segment key, unique within this workload and unlikely
+// to collide with a trace's small hash ids or another generator's keys.
+func (g *gen) key() uint64 {
+	g.keys++
+	return splitmix64(g.opts.Seed ^ splitmix64(g.keys) ^ hashString(g.kind))
+}
+
+// named returns the key of a named shared segment (system prompt i, doc i).
+func (g *gen) named(kind string, i int) uint64 {
+	return splitmix64(g.opts.Seed ^ hashString(g.kind+"/"+kind) ^ splitmix64(uint64(i)+1))
+}
+
+// length draws a length with the given mean, uniform on [mean/2, 3mean/2],
+// at least 1 (0 when mean is 0).
+func (g *gen) length(mean float64) int {
+	if mean <= 0 {
+		return 0
+	}
+	lo := mean / 2
+	return max(1, int(lo+g.rng.Float64()*mean))
+}
+
+func (g *gen) exp(meanSec float64) time.Duration {
+	return secs(g.rng.ExpFloat64() * meanSec)
+}
+
+// zipf returns a sampler over [0, n) with exponent s (>1; values <= 1 are
+// raised to 1.0001).
+func (g *gen) zipf(s float64, n int) func() int {
+	if n <= 1 {
+		return func() int { return 0 }
+	}
+	s = max(s, 1.0001)
+	z := rand.NewZipf(g.rng, s, 1, uint64(n-1))
+	return func() int { return int(z.Uint64()) }
+}
+
+func newRequest(arrival time.Duration, out int, segs ...Segment) Request {
+	r := Request{Arrival: arrival, OutputLen: out}
+	for _, s := range segs {
+		if s.Len > 0 {
+			r.Segments = append(r.Segments, s)
+			r.PromptLen += s.Len
+		}
+	}
+	return r
+}
+
+var generators = []Generator{
+	{
+		Name: "chat",
+		Summary: "multi-turn chat sessions: each turn's prompt is the whole history (system prompt, earlier " +
+			"user messages and replies) plus a new user message; turns are separated by think time",
+		Params: []Param{
+			{"turns", 4, "mean turns per session (uniform on 1..2*turns-1)"},
+			{"system_len", 400, "tokens of the system prompt shared by all sessions (0 = none)"},
+			{"user_len", 150, "mean tokens per user message"},
+			{"reply_len", 300, "mean tokens per reply (the turn's output length)"},
+			{"think_s", 15, "mean think time between a turn and the next, seconds (exponential)"},
+			{"max_len", 32000, "a session ends once its prompt would exceed this many tokens"},
+		},
+		gen: genChat,
+	},
+	{
+		Name: "rag",
+		Summary: "retrieval-augmented generation over a hot document set: system prompt + one document " +
+			"(Zipf popularity) + a unique question",
+		Params: []Param{
+			{"docs", 200, "number of documents"},
+			{"doc_len", 3000, "mean document length, tokens"},
+			{"zipf", 1.1, "Zipf exponent of document popularity (> 1)"},
+			{"question_len", 80, "mean question length, tokens"},
+			{"system_len", 300, "shared system prompt, tokens (0 = none)"},
+			{"output_len", 250, "mean output length, tokens"},
+		},
+		gen: genRAG,
+	},
+	{
+		Name:    "sysprompt",
+		Summary: "a few long system prompts shared by many users, each request adding a short unique user message",
+		Params: []Param{
+			{"prompts", 4, "number of distinct system prompts (chosen uniformly)"},
+			{"system_len", 6000, "system prompt length, tokens"},
+			{"user_len", 200, "mean user message length, tokens"},
+			{"output_len", 200, "mean output length, tokens"},
+			{"users", 1000, "distinct users (session ids)"},
+		},
+		gen: genSysPrompt,
+	},
+	{
+		Name: "storm",
+		Summary: "background traffic over many distinct prefixes plus one burst of requests sharing a hot " +
+			"prefix (the affinity pile-up case); the burst counts towards requests",
+		Params: []Param{
+			{"prefixes", 200, "distinct background prefixes (chosen uniformly)"},
+			{"prefix_len", 2000, "background prefix length, tokens"},
+			{"hot_len", 6000, "hot prefix length, tokens"},
+			{"suffix_len", 100, "mean unique suffix length, tokens"},
+			{"output_len", 150, "mean output length, tokens"},
+			{"burst", 200, "requests in the burst"},
+			{"burst_at_s", 10, "burst start, seconds after the first arrival"},
+			{"burst_s", 2, "burst length, seconds (arrivals uniform within it)"},
+		},
+		gen: genStorm,
+	},
+	{
+		Name: "tenants",
+		Summary: "a mix of tenants with skewed shares: each has its own system prompt; tenant-0 is heavy " +
+			"(long documents in front of its messages)",
+		Params: []Param{
+			{"tenants", 4, "number of tenants"},
+			{"skew", 1, "tenant i's share is proportional to 1/(i+1)^skew"},
+			{"system_len", 1000, "per-tenant system prompt, tokens"},
+			{"heavy_len", 4000, "mean extra document length for tenant-0, tokens (from 20 shared docs)"},
+			{"user_len", 300, "mean user message, tokens"},
+			{"output_len", 200, "mean output length, tokens"},
+		},
+		gen: genTenants,
+	},
+}
+
+func genChat(g *gen) []Request {
+	turns := max(1, g.n("turns"))
+	// Sessions start at rate/turns so that requests arrive at the configured rate.
+	a := g.opts.Arrivals.withDefaults()
+	a.Rate /= float64(turns)
+	next := a.Gaps(g.rng)
+	sys := Segment{Key: g.named("system", 0), Len: g.n("system_len")}
+	var reqs []Request
+	var t time.Duration
+	for s := 0; len(reqs) < g.opts.Requests; s++ {
+		if s > 0 {
+			t += next()
+		}
+		if g.opts.Duration > 0 && t > g.opts.Duration {
+			break
+		}
+		session := fmt.Sprintf("s%d", s)
+		n := 1 + g.rng.IntN(2*turns-1)
+		hist := []Segment{sys}
+		at := t
+		for k := 0; k < n; k++ {
+			hist = append(hist, Segment{Key: g.key(), Len: g.length(g.p("user_len"))})
+			out := g.length(g.p("reply_len"))
+			r := newRequest(at, out, hist...)
+			if k > 0 && r.PromptLen > g.n("max_len") {
+				break
+			}
+			r.Session = session
+			reqs = append(reqs, r)
+			hist = append(hist, Segment{Key: g.key(), Len: out})
+			at += g.exp(g.p("think_s"))
+		}
+	}
+	return reqs
+}
+
+func genRAG(g *gen) []Request {
+	docs := max(1, g.n("docs"))
+	pick := g.zipf(g.p("zipf"), docs)
+	docLen := make([]int, docs)
+	for i := range docLen {
+		docLen[i] = g.length(g.p("doc_len"))
+	}
+	sys := Segment{Key: g.named("system", 0), Len: g.n("system_len")}
+	reqs := make([]Request, 0, g.opts.Requests)
+	var t time.Duration
+	for i := 0; i < g.opts.Requests; i++ {
+		if i > 0 {
+			t += g.gaps()
+		}
+		d := pick()
+		r := newRequest(t, g.length(g.p("output_len")), sys,
+			Segment{Key: g.named("doc", d), Len: docLen[d]},
+			Segment{Key: g.key(), Len: g.length(g.p("question_len"))})
+		r.Session = fmt.Sprintf("doc%d", d)
+		reqs = append(reqs, r)
+	}
+	return reqs
+}
+
+func genSysPrompt(g *gen) []Request {
+	prompts, users := max(1, g.n("prompts")), max(1, g.n("users"))
+	reqs := make([]Request, 0, g.opts.Requests)
+	var t time.Duration
+	for i := 0; i < g.opts.Requests; i++ {
+		if i > 0 {
+			t += g.gaps()
+		}
+		p := g.rng.IntN(prompts)
+		r := newRequest(t, g.length(g.p("output_len")),
+			Segment{Key: g.named("system", p), Len: g.n("system_len")},
+			Segment{Key: g.key(), Len: g.length(g.p("user_len"))})
+		r.Session = fmt.Sprintf("u%d", g.rng.IntN(users))
+		reqs = append(reqs, r)
+	}
+	return reqs
+}
+
+func genStorm(g *gen) []Request {
+	burst := g.n("burst")
+	if burst > g.opts.Requests {
+		burst = g.opts.Requests
+	}
+	prefixes := max(1, g.n("prefixes"))
+	reqs := make([]Request, 0, g.opts.Requests)
+	var t time.Duration
+	for i := 0; i < g.opts.Requests-burst; i++ {
+		if i > 0 {
+			t += g.gaps()
+		}
+		p := g.rng.IntN(prefixes)
+		r := newRequest(t, g.length(g.p("output_len")),
+			Segment{Key: g.named("prefix", p), Len: g.n("prefix_len")},
+			Segment{Key: g.key(), Len: g.length(g.p("suffix_len"))})
+		r.Session = fmt.Sprintf("p%d", p)
+		reqs = append(reqs, r)
+	}
+	start := secs(g.p("burst_at_s"))
+	window := g.p("burst_s")
+	hot := Segment{Key: g.named("hot", 0), Len: g.n("hot_len")}
+	for i := 0; i < burst; i++ {
+		at := start + secs(g.rng.Float64()*window)
+		r := newRequest(at, g.length(g.p("output_len")), hot,
+			Segment{Key: g.key(), Len: g.length(g.p("suffix_len"))})
+		r.Session = "hot"
+		reqs = append(reqs, r)
+	}
+	return reqs
+}
+
+func genTenants(g *gen) []Request {
+	n := max(1, g.n("tenants"))
+	weights := make([]float64, n)
+	var sum float64
+	for i := range weights {
+		weights[i] = 1 / math.Pow(float64(i+1), g.p("skew"))
+		sum += weights[i]
+	}
+	const heavyDocs = 20
+	heavyLen := make([]int, heavyDocs)
+	for i := range heavyLen {
+		heavyLen[i] = g.length(g.p("heavy_len"))
+	}
+	reqs := make([]Request, 0, g.opts.Requests)
+	var t time.Duration
+	for i := 0; i < g.opts.Requests; i++ {
+		if i > 0 {
+			t += g.gaps()
+		}
+		u := g.rng.Float64() * sum
+		ten := 0
+		for ten < n-1 && u >= weights[ten] {
+			u -= weights[ten]
+			ten++
+		}
+		segs := []Segment{{Key: g.named(fmt.Sprintf("tenant%d/system", ten), 0), Len: g.n("system_len")}}
+		if ten == 0 {
+			d := g.rng.IntN(heavyDocs)
+			segs = append(segs, Segment{Key: g.named("tenant0/doc", d), Len: heavyLen[d]})
+		}
+		segs = append(segs, Segment{Key: g.key(), Len: g.length(g.p("user_len"))})
+		r := newRequest(t, g.length(g.p("output_len")), segs...)
+		r.Tenant = fmt.Sprintf("tenant-%d", ten)
+		reqs = append(reqs, r)
+	}
+	return reqs
+}

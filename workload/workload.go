@@ -1,0 +1,185 @@
+package workload
+
+import (
+	"fmt"
+	"slices"
+	"time"
+)
+
+// Workload is an ordered list of requests (by Arrival, ties by position).
+type Workload struct {
+	// Name says where the workload came from (a trace path or generator).
+	Name     string
+	Requests []Request
+}
+
+// Validate checks every request and that arrivals do not go backwards.
+func (w *Workload) Validate() error {
+	var last time.Duration
+	for i := range w.Requests {
+		r := &w.Requests[i]
+		if err := r.Validate(); err != nil {
+			return err
+		}
+		if r.Arrival < last {
+			return fmt.Errorf("workload: request %q arrives at %v, before the previous one (%v)", r.ID, r.Arrival, last)
+		}
+		last = r.Arrival
+	}
+	return nil
+}
+
+// ScaleRate multiplies the arrival rate by x (>0): every arrival offset is
+// divided by x, so x=2 replays the workload twice as fast.
+func (w *Workload) ScaleRate(x float64) error {
+	if !(x > 0) || x > 1e9 {
+		return fmt.Errorf("workload: rate scale %v must be > 0", x)
+	}
+	if x == 1 {
+		return nil
+	}
+	for i := range w.Requests {
+		w.Requests[i].Arrival = time.Duration(float64(w.Requests[i].Arrival) / x)
+	}
+	return nil
+}
+
+// Limit keeps only the requests that arrive within d (0 = no limit) and at
+// most n of them (0 = no limit).
+func (w *Workload) Limit(d time.Duration, n int) {
+	if d > 0 {
+		i, _ := slices.BinarySearchFunc(w.Requests, d, func(r Request, d time.Duration) int {
+			if r.Arrival <= d {
+				return -1
+			}
+			return 1
+		})
+		w.Requests = w.Requests[:i]
+	}
+	if n > 0 && len(w.Requests) > n {
+		w.Requests = w.Requests[:n]
+	}
+}
+
+// Span returns the arrival offset of the last request.
+func (w *Workload) Span() time.Duration {
+	if len(w.Requests) == 0 {
+		return 0
+	}
+	return w.Requests[len(w.Requests)-1].Arrival
+}
+
+// sortByArrival orders requests by arrival, stably.
+func sortByArrival(reqs []Request) {
+	slices.SortStableFunc(reqs, func(a, b Request) int {
+		switch {
+		case a.Arrival < b.Arrival:
+			return -1
+		case a.Arrival > b.Arrival:
+			return 1
+		}
+		return 0
+	})
+}
+
+// Stats summarises a workload.
+type Stats struct {
+	Requests       int
+	Span           time.Duration
+	MeanPromptLen  float64
+	MeanOutputLen  float64
+	MaxPromptLen   int
+	PromptTokens   int64
+	OutputTokens   int64
+	Sessions       int
+	Tenants        int
+	OracleHitRate  float64 // at the block size Stats was asked for
+	BlockSize      int
+	UniqueBlocks   int
+	TotalBlocks    int
+	RequestsPerSec float64
+}
+
+// Stats computes the workload's statistics; blockSize (e.g. 16) sets the
+// granularity of the oracle hit rate and block counts.
+func (w *Workload) Stats(blockSize int) Stats {
+	s := Stats{Requests: len(w.Requests), Span: w.Span(), BlockSize: blockSize}
+	sessions := map[string]bool{}
+	tenants := map[string]bool{}
+	for i := range w.Requests {
+		r := &w.Requests[i]
+		s.PromptTokens += int64(r.PromptLen)
+		s.OutputTokens += int64(r.OutputLen)
+		s.MaxPromptLen = max(s.MaxPromptLen, r.PromptLen)
+		if r.Session != "" {
+			sessions[r.Session] = true
+		}
+		if r.Tenant != "" {
+			tenants[r.Tenant] = true
+		}
+	}
+	s.Sessions, s.Tenants = len(sessions), len(tenants)
+	if s.Requests > 0 {
+		s.MeanPromptLen = float64(s.PromptTokens) / float64(s.Requests)
+		s.MeanOutputLen = float64(s.OutputTokens) / float64(s.Requests)
+	}
+	if s.Span > 0 {
+		s.RequestsPerSec = float64(s.Requests) / s.Span.Seconds()
+	}
+	o := NewOracle(blockSize)
+	var buf []uint64
+	for i := range w.Requests {
+		buf = o.Observe(&w.Requests[i], buf[:0])
+	}
+	s.OracleHitRate = o.HitRate()
+	s.UniqueBlocks, s.TotalBlocks = len(o.seen), o.blocks
+	return s
+}
+
+// Oracle computes the upper bound on the prefix-cache hit rate of a request
+// stream: an infinite cache shared by all engines (equivalently, perfect
+// affinity), filled by every prompt it sees. Feed requests in arrival order.
+// Not safe for concurrent use.
+type Oracle struct {
+	blockSize  int
+	seen       map[uint64]struct{}
+	hit, total int64
+	blocks     int
+}
+
+// NewOracle returns an oracle at the given block size (<=0 means 16).
+func NewOracle(blockSize int) *Oracle {
+	if blockSize <= 0 {
+		blockSize = 16
+	}
+	return &Oracle{blockSize: blockSize, seen: map[uint64]struct{}{}}
+}
+
+// Observe records r and returns its cached tokens under the oracle; buf is
+// scratch space for block hashes, returned for reuse.
+func (o *Oracle) Observe(r *Request, buf []uint64) []uint64 {
+	buf = r.BlockHashes(o.blockSize, buf[:0])
+	lead := true
+	for _, h := range buf {
+		if _, ok := o.seen[h]; ok {
+			if lead {
+				o.hit += int64(o.blockSize)
+			}
+		} else {
+			lead = false
+			o.seen[h] = struct{}{}
+		}
+	}
+	o.blocks += len(buf)
+	o.total += int64(r.PromptLen)
+	return buf
+}
+
+// HitRate returns cached prompt tokens over all prompt tokens so far (0
+// before any token).
+func (o *Oracle) HitRate() float64 {
+	if o.total == 0 {
+		return 0
+	}
+	return float64(o.hit) / float64(o.total)
+}
