@@ -1,0 +1,325 @@
+package openai
+
+import (
+	"encoding/hex"
+	"encoding/json"
+	"math/rand/v2"
+	"strconv"
+	"unicode/utf8"
+)
+
+// Object names vLLM puts in the "object" field.
+const (
+	ObjectChatCompletion      = "chat.completion"
+	ObjectChatCompletionChunk = "chat.completion.chunk"
+	ObjectTextCompletion      = "text_completion"
+)
+
+// Finish reasons as vLLM reports them.
+const (
+	FinishStop   = "stop"
+	FinishLength = "length"
+	FinishAbort  = "abort"
+)
+
+// Usage is the token accounting of a response, in vLLM's field order.
+type Usage struct {
+	PromptTokens        int                  `json:"prompt_tokens"`
+	TotalTokens         int                  `json:"total_tokens"`
+	CompletionTokens    int                  `json:"completion_tokens"`
+	PromptTokensDetails *PromptTokensDetails `json:"prompt_tokens_details,omitempty"`
+}
+
+// PromptTokensDetails reports how many prompt tokens were served from the
+// engine's prefix cache (vLLM: --enable-prompt-tokens-details).
+type PromptTokensDetails struct {
+	CachedTokens int `json:"cached_tokens"`
+}
+
+// CachedTokens returns u.PromptTokensDetails.CachedTokens, or -1 when the
+// engine did not report it.
+func (u *Usage) CachedTokens() int {
+	if u == nil || u.PromptTokensDetails == nil {
+		return -1
+	}
+	return u.PromptTokensDetails.CachedTokens
+}
+
+// ChatMessage is the assistant message of a non-streaming chat response.
+type ChatMessage struct {
+	Role             string  `json:"role"`
+	ReasoningContent *string `json:"reasoning_content"`
+	Content          string  `json:"content"`
+	ToolCalls        []any   `json:"tool_calls"`
+}
+
+// ChatChoice is one choice of a non-streaming chat response.
+type ChatChoice struct {
+	Index        int         `json:"index"`
+	Message      ChatMessage `json:"message"`
+	Logprobs     any         `json:"logprobs"`
+	FinishReason string      `json:"finish_reason"`
+	// StopReason is null, the matched stop string, or a stop token id.
+	StopReason any `json:"stop_reason"`
+}
+
+// ChatCompletion is a non-streaming /v1/chat/completions response.
+type ChatCompletion struct {
+	ID             string       `json:"id"`
+	Object         string       `json:"object"`
+	Created        int64        `json:"created"`
+	Model          string       `json:"model"`
+	Choices        []ChatChoice `json:"choices"`
+	Usage          *Usage       `json:"usage"`
+	PromptLogprobs any          `json:"prompt_logprobs"`
+	// KVTransferParams is the P/D handoff (NixlConnector): null unless the
+	// request asked for a remote decode.
+	KVTransferParams map[string]any `json:"kv_transfer_params"`
+}
+
+// CompletionChoice is one choice of a /v1/completions response or chunk.
+type CompletionChoice struct {
+	Index        int     `json:"index"`
+	Text         string  `json:"text"`
+	Logprobs     any     `json:"logprobs"`
+	FinishReason *string `json:"finish_reason"`
+	StopReason   any     `json:"stop_reason"`
+}
+
+// Completion is a non-streaming /v1/completions response.
+type Completion struct {
+	ID      string             `json:"id"`
+	Object  string             `json:"object"`
+	Created int64              `json:"created"`
+	Model   string             `json:"model"`
+	Choices []CompletionChoice `json:"choices"`
+	Usage   *Usage             `json:"usage"`
+	// KVTransferParams is the P/D handoff; null unless asked for.
+	KVTransferParams map[string]any `json:"kv_transfer_params"`
+}
+
+// CompletionChunk is one streaming /v1/completions event. The usage chunk
+// has empty Choices and a non-nil Usage.
+type CompletionChunk struct {
+	ID      string             `json:"id"`
+	Object  string             `json:"object"`
+	Created int64              `json:"created"`
+	Model   string             `json:"model"`
+	Choices []CompletionChoice `json:"choices"`
+	Usage   *Usage             `json:"usage,omitempty"`
+}
+
+// ChatDelta is the incremental message of a streaming chat chunk.
+type ChatDelta struct {
+	Role    string  `json:"role,omitempty"`
+	Content *string `json:"content,omitempty"`
+}
+
+// ChatChunkChoice is one choice of a streaming chat chunk.
+type ChatChunkChoice struct {
+	Index        int       `json:"index"`
+	Delta        ChatDelta `json:"delta"`
+	Logprobs     any       `json:"logprobs"`
+	FinishReason *string   `json:"finish_reason"`
+	// StopReason appears only in a choice's final chunk: "null", a quoted
+	// stop string or a token id.
+	StopReason json.RawMessage `json:"stop_reason,omitempty"`
+}
+
+// ChatChunk is one streaming /v1/chat/completions event. The usage chunk
+// has empty Choices and a non-nil Usage.
+type ChatChunk struct {
+	ID      string            `json:"id"`
+	Object  string            `json:"object"`
+	Created int64             `json:"created"`
+	Model   string            `json:"model"`
+	Choices []ChatChunkChoice `json:"choices"`
+	Usage   *Usage            `json:"usage,omitempty"`
+}
+
+// NewChatID returns a chat completion id as vLLM makes it: "chatcmpl-" and
+// 32 hex digits.
+func NewChatID() string { return newID("chatcmpl-") }
+
+// NewCompletionID returns a completion id: "cmpl-" and 32 hex digits.
+func NewCompletionID() string { return newID("cmpl-") }
+
+func newID(prefix string) string {
+	var b [16]byte
+	for i := 0; i < 16; i += 8 {
+		v := rand.Uint64()
+		for j := range 8 {
+			b[i+j] = byte(v >> (8 * j))
+		}
+	}
+	dst := make([]byte, len(prefix)+32)
+	copy(dst, prefix)
+	hex.Encode(dst[len(prefix):], b[:])
+	return string(dst)
+}
+
+// ChunkHeader holds the fields every streaming chunk of one response
+// repeats. The Append functions below write vLLM's exact chunk JSON without
+// reflection; they are the emulator's hot path and produce the same JSON as
+// encoding/json on ChatChunk and CompletionChunk (a test checks).
+type ChunkHeader struct {
+	ID      string
+	Model   string
+	Created int64
+}
+
+func (h *ChunkHeader) append(dst []byte, object string) []byte {
+	dst = append(dst, `{"id":`...)
+	dst = AppendJSONString(dst, h.ID)
+	dst = append(dst, `,"object":"`...)
+	dst = append(dst, object...)
+	dst = append(dst, `","created":`...)
+	dst = strconv.AppendInt(dst, h.Created, 10)
+	dst = append(dst, `,"model":`...)
+	dst = AppendJSONString(dst, h.Model)
+	return dst
+}
+
+// AppendChatRoleChunk appends the first chunk of a chat stream: the
+// assistant role with empty content.
+func AppendChatRoleChunk(dst []byte, h *ChunkHeader) []byte {
+	dst = h.append(dst, ObjectChatCompletionChunk)
+	return append(dst, `,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`...)
+}
+
+// AppendChatContentChunk appends a content chunk. When finishReason is not
+// empty it is the final chunk of the choice and carries finish_reason and
+// stop_reason (stopReason is written verbatim as JSON: "null", a quoted
+// string or a token id; empty means null).
+func AppendChatContentChunk(dst []byte, h *ChunkHeader, content, finishReason string, stopReason []byte) []byte {
+	dst = h.append(dst, ObjectChatCompletionChunk)
+	dst = append(dst, `,"choices":[{"index":0,"delta":{"content":`...)
+	dst = AppendJSONString(dst, content)
+	dst = append(dst, `},"logprobs":null,"finish_reason":`...)
+	if finishReason == "" {
+		return append(dst, `null}]}`...)
+	}
+	dst = AppendJSONString(dst, finishReason)
+	dst = append(dst, `,"stop_reason":`...)
+	dst = appendRaw(dst, stopReason)
+	return append(dst, `}]}`...)
+}
+
+// AppendCompletionChunk appends a streaming /v1/completions chunk; an empty
+// finishReason writes null.
+func AppendCompletionChunk(dst []byte, h *ChunkHeader, text, finishReason string, stopReason []byte) []byte {
+	dst = h.append(dst, ObjectTextCompletion)
+	dst = append(dst, `,"choices":[{"index":0,"text":`...)
+	dst = AppendJSONString(dst, text)
+	dst = append(dst, `,"logprobs":null,"finish_reason":`...)
+	if finishReason == "" {
+		dst = append(dst, `null`...)
+	} else {
+		dst = AppendJSONString(dst, finishReason)
+	}
+	dst = append(dst, `,"stop_reason":`...)
+	dst = appendRaw(dst, stopReason)
+	return append(dst, `}]}`...)
+}
+
+// AppendUsageChunk appends the stream_options.include_usage chunk:
+// "choices":[] and the usage object. object is ObjectChatCompletionChunk or
+// ObjectTextCompletion. cachedTokens < 0 omits prompt_tokens_details.
+func AppendUsageChunk(dst []byte, h *ChunkHeader, object string, promptTokens, completionTokens, cachedTokens int) []byte {
+	dst = h.append(dst, object)
+	dst = append(dst, `,"choices":[],"usage":`...)
+	dst = AppendUsage(dst, promptTokens, completionTokens, cachedTokens)
+	return append(dst, '}')
+}
+
+// AppendUsage appends a usage object in vLLM's field order. cachedTokens < 0
+// omits prompt_tokens_details.
+func AppendUsage(dst []byte, promptTokens, completionTokens, cachedTokens int) []byte {
+	dst = append(dst, `{"prompt_tokens":`...)
+	dst = strconv.AppendInt(dst, int64(promptTokens), 10)
+	dst = append(dst, `,"total_tokens":`...)
+	dst = strconv.AppendInt(dst, int64(promptTokens+completionTokens), 10)
+	dst = append(dst, `,"completion_tokens":`...)
+	dst = strconv.AppendInt(dst, int64(completionTokens), 10)
+	if cachedTokens >= 0 {
+		dst = append(dst, `,"prompt_tokens_details":{"cached_tokens":`...)
+		dst = strconv.AppendInt(dst, int64(cachedTokens), 10)
+		dst = append(dst, '}')
+	}
+	return append(dst, '}')
+}
+
+// StopReasonJSON returns the JSON form of a stop reason: null when
+// stop == "" and isToken is false, the quoted string, or the token id.
+func StopReasonJSON(dst []byte, stop string, tokenID uint32, isToken bool) []byte {
+	switch {
+	case isToken:
+		return strconv.AppendUint(dst, uint64(tokenID), 10)
+	case stop == "":
+		return append(dst, "null"...)
+	}
+	return AppendJSONString(dst, stop)
+}
+
+func appendRaw(dst, raw []byte) []byte {
+	if len(raw) == 0 {
+		return append(dst, "null"...)
+	}
+	return append(dst, raw...)
+}
+
+const hexDigits = "0123456789abcdef"
+
+// AppendJSONString appends s as a JSON string, escaped exactly as
+// encoding/json does (HTML-safe: <, > and & as \u003c etc.; invalid UTF-8 as
+// \ufffd; U+2028 and U+2029 escaped).
+func AppendJSONString(dst []byte, s string) []byte {
+	dst = append(dst, '"')
+	start := 0
+	for i := 0; i < len(s); {
+		if b := s[i]; b < utf8.RuneSelf {
+			if b >= 0x20 && b != '"' && b != '\\' && b != '<' && b != '>' && b != '&' {
+				i++
+				continue
+			}
+			dst = append(dst, s[start:i]...)
+			switch b {
+			case '\\', '"':
+				dst = append(dst, '\\', b)
+			case '\n':
+				dst = append(dst, '\\', 'n')
+			case '\r':
+				dst = append(dst, '\\', 'r')
+			case '\t':
+				dst = append(dst, '\\', 't')
+			case '\b':
+				dst = append(dst, '\\', 'b')
+			case '\f':
+				dst = append(dst, '\\', 'f')
+			default:
+				dst = append(dst, '\\', 'u', '0', '0', hexDigits[b>>4], hexDigits[b&0xF])
+			}
+			i++
+			start = i
+			continue
+		}
+		c, size := utf8.DecodeRuneInString(s[i:])
+		if c == utf8.RuneError && size == 1 {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, `\ufffd`...)
+			i += size
+			start = i
+			continue
+		}
+		if c == '\u2028' || c == '\u2029' {
+			dst = append(dst, s[start:i]...)
+			dst = append(dst, '\\', 'u', '2', '0', '2', hexDigits[c&0xF])
+			i += size
+			start = i
+			continue
+		}
+		i += size
+	}
+	dst = append(dst, s[start:]...)
+	return append(dst, '"')
+}

@@ -1,0 +1,162 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"regexp"
+	"testing"
+)
+
+func strp(s string) *string { return &s }
+
+func mustJSON(t *testing.T, v any) []byte {
+	t.Helper()
+	b, err := json.Marshal(v)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// TestAppendChunksMatchEncodingJSON checks the hand-written chunk appenders
+// against encoding/json on the exported types (differential test).
+func TestAppendChunksMatchEncodingJSON(t *testing.T) {
+	h := &ChunkHeader{ID: "chatcmpl-0123456789abcdef0123456789abcdef", Model: "meta-llama/Llama-3.1-8B-Instruct", Created: 1737893394}
+	base := func(choices []ChatChunkChoice, u *Usage) ChatChunk {
+		return ChatChunk{ID: h.ID, Object: ObjectChatCompletionChunk, Created: h.Created, Model: h.Model, Choices: choices, Usage: u}
+	}
+	cbase := func(choices []CompletionChoice, u *Usage) CompletionChunk {
+		return CompletionChunk{ID: h.ID, Object: ObjectTextCompletion, Created: h.Created, Model: h.Model, Choices: choices, Usage: u}
+	}
+	tests := []struct {
+		name string
+		got  []byte
+		want any
+	}{
+		{"chat role", AppendChatRoleChunk(nil, h),
+			base([]ChatChunkChoice{{Delta: ChatDelta{Role: "assistant", Content: strp("")}}}, nil)},
+		{"chat content", AppendChatContentChunk(nil, h, " hello \"<world>\"\n", "", nil),
+			base([]ChatChunkChoice{{Delta: ChatDelta{Content: strp(" hello \"<world>\"\n")}}}, nil)},
+		{"chat final length", AppendChatContentChunk(nil, h, " end", FinishLength, nil),
+			base([]ChatChunkChoice{{Delta: ChatDelta{Content: strp(" end")}, FinishReason: strp(FinishLength), StopReason: json.RawMessage("null")}}, nil)},
+		{"chat final stop string", AppendChatContentChunk(nil, h, "", FinishStop, StopReasonJSON(nil, "###", 0, false)),
+			base([]ChatChunkChoice{{Delta: ChatDelta{Content: strp("")}, FinishReason: strp(FinishStop), StopReason: json.RawMessage(`"###"`)}}, nil)},
+		{"chat final stop token", AppendChatContentChunk(nil, h, "", FinishStop, StopReasonJSON(nil, "", 128009, true)),
+			base([]ChatChunkChoice{{Delta: ChatDelta{Content: strp("")}, FinishReason: strp(FinishStop), StopReason: json.RawMessage(`128009`)}}, nil)},
+		{"chat usage", AppendUsageChunk(nil, h, ObjectChatCompletionChunk, 4096, 10, 4080),
+			base([]ChatChunkChoice{}, &Usage{PromptTokens: 4096, TotalTokens: 4106, CompletionTokens: 10, PromptTokensDetails: &PromptTokensDetails{CachedTokens: 4080}})},
+		{"chat usage no details", AppendUsageChunk(nil, h, ObjectChatCompletionChunk, 5, 0, -1),
+			base([]ChatChunkChoice{}, &Usage{PromptTokens: 5, TotalTokens: 5})},
+		{"completion text", AppendCompletionChunk(nil, h, " tok", "", nil),
+			cbase([]CompletionChoice{{Text: " tok"}}, nil)},
+		{"completion final", AppendCompletionChunk(nil, h, " tok", FinishStop, StopReasonJSON(nil, "\n\n", 0, false)),
+			cbase([]CompletionChoice{{Text: " tok", FinishReason: strp(FinishStop), StopReason: "\n\n"}}, nil)},
+		{"completion usage", AppendUsageChunk(nil, h, ObjectTextCompletion, 7, 3, 0),
+			cbase([]CompletionChoice{}, &Usage{PromptTokens: 7, TotalTokens: 10, CompletionTokens: 3, PromptTokensDetails: &PromptTokensDetails{}})},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			want := mustJSON(t, tt.want)
+			if !bytes.Equal(tt.got, want) {
+				t.Errorf("got  %s\nwant %s", tt.got, want)
+			}
+		})
+	}
+}
+
+// TestChunkGolden pins the exact bytes of the chunks against vLLM's shapes
+// (protocols.md section 7).
+func TestChunkGolden(t *testing.T) {
+	h := &ChunkHeader{ID: "chatcmpl-e4eb", Model: "m", Created: 1737893394}
+	tests := []struct{ got, want string }{
+		{string(AppendChatRoleChunk(nil, h)), `{"id":"chatcmpl-e4eb","object":"chat.completion.chunk","created":1737893394,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`},
+		{string(AppendChatContentChunk(nil, h, "Hi", "", nil)), `{"id":"chatcmpl-e4eb","object":"chat.completion.chunk","created":1737893394,"model":"m","choices":[{"index":0,"delta":{"content":"Hi"},"logprobs":null,"finish_reason":null}]}`},
+		{string(AppendChatContentChunk(nil, h, "!", "length", nil)), `{"id":"chatcmpl-e4eb","object":"chat.completion.chunk","created":1737893394,"model":"m","choices":[{"index":0,"delta":{"content":"!"},"logprobs":null,"finish_reason":"length","stop_reason":null}]}`},
+		{string(AppendUsageChunk(nil, h, ObjectChatCompletionChunk, 3, 2, 0)), `{"id":"chatcmpl-e4eb","object":"chat.completion.chunk","created":1737893394,"model":"m","choices":[],"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}`},
+		{string(AppendCompletionChunk(nil, &ChunkHeader{ID: "cmpl-1", Model: "m", Created: 1}, "a", "", nil)), `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"a","logprobs":null,"finish_reason":null,"stop_reason":null}]}`},
+	}
+	for i, tt := range tests {
+		if tt.got != tt.want {
+			t.Errorf("%d: got  %s\nwant %s", i, tt.got, tt.want)
+		}
+	}
+}
+
+func TestNewID(t *testing.T) {
+	tests := []struct {
+		got string
+		re  string
+	}{
+		{NewChatID(), `^chatcmpl-[0-9a-f]{32}$`},
+		{NewCompletionID(), `^cmpl-[0-9a-f]{32}$`},
+	}
+	for _, tt := range tests {
+		if !regexp.MustCompile(tt.re).MatchString(tt.got) {
+			t.Errorf("got %q, want match %s", tt.got, tt.re)
+		}
+	}
+	if a, b := NewChatID(), NewChatID(); a == b {
+		t.Errorf("got two equal ids %q", a)
+	}
+}
+
+func TestUsageCachedTokens(t *testing.T) {
+	var nilU *Usage
+	tests := []struct {
+		u    *Usage
+		want int
+	}{
+		{nilU, -1},
+		{&Usage{}, -1},
+		{&Usage{PromptTokensDetails: &PromptTokensDetails{CachedTokens: 32}}, 32},
+	}
+	for _, tt := range tests {
+		if got := tt.u.CachedTokens(); got != tt.want {
+			t.Errorf("got %d, want %d", got, tt.want)
+		}
+	}
+}
+
+func TestNonStreamingShapes(t *testing.T) {
+	c := Completion{ID: "cmpl-1", Object: ObjectTextCompletion, Created: 1, Model: "m",
+		Choices: []CompletionChoice{{Text: "x", FinishReason: strp("length")}},
+		Usage:   &Usage{PromptTokens: 1, TotalTokens: 2, CompletionTokens: 1, PromptTokensDetails: &PromptTokensDetails{}}}
+	got := string(mustJSON(t, c))
+	want := `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"x","logprobs":null,"finish_reason":"length","stop_reason":null}],"usage":{"prompt_tokens":1,"total_tokens":2,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0}},"kv_transfer_params":null}`
+	if got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+	cc := ChatCompletion{ID: "chatcmpl-1", Object: ObjectChatCompletion, Created: 1, Model: "m",
+		Choices: []ChatChoice{{Message: ChatMessage{Role: "assistant", Content: "hi", ToolCalls: []any{}}, FinishReason: "stop"}},
+		Usage:   &Usage{PromptTokens: 1, TotalTokens: 2, CompletionTokens: 1}}
+	got = string(mustJSON(t, cc))
+	want = `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","reasoning_content":null,"content":"hi","tool_calls":[]},"logprobs":null,"finish_reason":"stop","stop_reason":null}],"usage":{"prompt_tokens":1,"total_tokens":2,"completion_tokens":1},"prompt_logprobs":null,"kv_transfer_params":null}`
+	if got != want {
+		t.Errorf("got  %s\nwant %s", got, want)
+	}
+}
+
+func FuzzAppendJSONString(f *testing.F) {
+	for _, s := range []string{"", "plain", "a\"b\\c", "<&>", "\x00\x01\x1f\x7f", "\u2028\u2029", "\xff\xfe", "日本語", "\b\f\t\r\n"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		got := AppendJSONString(nil, s)
+		want, err := json.Marshal(s)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !bytes.Equal(got, want) {
+			t.Errorf("got %s, want %s", got, want)
+		}
+	})
+}
+
+func BenchmarkAppendChatContentChunk(b *testing.B) {
+	b.ReportAllocs()
+	h := &ChunkHeader{ID: NewChatID(), Model: "meta-llama/Llama-3.1-8B-Instruct", Created: 1737893394}
+	buf := make([]byte, 0, 512)
+	for b.Loop() {
+		buf = AppendChatContentChunk(buf[:0], h, " token", "", nil)
+	}
+}
