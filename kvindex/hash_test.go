@@ -1,0 +1,82 @@
+package kvindex
+
+import (
+	"testing"
+)
+
+func seqTokens(n int, start uint32) []uint32 {
+	t := make([]uint32, n)
+	for i := range t {
+		t[i] = start + uint32(i)
+	}
+	return t
+}
+
+func TestHashTokens(t *testing.T) {
+	a := seqTokens(50, 1)
+	b := append(seqTokens(32, 1), seqTokens(18, 1000)...)
+	ha := HashTokens(a, 16, nil)
+	hb := HashTokens(b, 16, nil)
+	if len(ha) != 3 || len(hb) != 3 {
+		t.Fatalf("len = %d, %d, want 3, 3 (full blocks only)", len(ha), len(hb))
+	}
+	if ha[0] != hb[0] || ha[1] != hb[1] || ha[2] == hb[2] {
+		t.Fatalf("shared prefix: got %x vs %x, want first two equal, third different", ha, hb)
+	}
+	// Chained: same block contents after a different prefix hash differently.
+	c := append(seqTokens(16, 500), seqTokens(16, 17)...)
+	if hc := HashTokens(c, 16, nil); hc[1] == ha[1] {
+		t.Fatalf("block 1 with different parent hashed equal: %x", hc[1])
+	}
+	// ChainHash is the per-block step.
+	p := uint64(0)
+	for i, h := range ha {
+		p = ChainHash(p, a[i*16:(i+1)*16])
+		if p != h {
+			t.Fatalf("ChainHash block %d = %x, want %x", i, p, h)
+		}
+	}
+	// dst is appended to and reused.
+	dst := make([]uint64, 1, 8)
+	got := HashTokens(a, 16, dst)
+	if len(got) != 4 || got[1] != ha[0] || &got[0] != &dst[0] {
+		t.Fatalf("append to dst: got %v", got)
+	}
+	if got := HashTokens(a, 0, nil); got != nil {
+		t.Fatalf("block size 0: got %v, want nil", got)
+	}
+	if got := HashTokens(a[:15], 16, nil); len(got) != 0 {
+		t.Fatalf("partial block: got %v, want none", got)
+	}
+	for _, h := range ha {
+		if h == 0 {
+			t.Fatal("hash 0")
+		}
+	}
+}
+
+func TestHashText(t *testing.T) {
+	ha := HashText("hello world, how are you today?", 8, nil)
+	hb := HashText("hello world, who are you?", 8, nil)
+	if len(ha) != 3 || len(hb) != 3 {
+		t.Fatalf("len %d %d, want 3 3", len(ha), len(hb))
+	}
+	if ha[0] != hb[0] || ha[1] == hb[1] {
+		t.Fatalf("got %x %x, want first equal, second different", ha, hb)
+	}
+	// Text and token chains never share keys for the same bytes.
+	tok := HashTokens([]uint32{0x6c6c6568, 0x6f77206f}, 2, nil)
+	if tok[0] == ha[0] {
+		t.Fatal("text and token chains collide")
+	}
+}
+
+func BenchmarkHashTokens8k(b *testing.B) {
+	toks := seqTokens(8192, 1)
+	dst := make([]uint64, 0, 512)
+	b.ReportAllocs()
+	b.SetBytes(int64(len(toks) * 4))
+	for b.Loop() {
+		dst = HashTokens(toks, 16, dst[:0])
+	}
+}

@@ -1,0 +1,422 @@
+package signals
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"strings"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+// Flavor names an engine's metrics dialect.
+type Flavor string
+
+// Engine flavours. FlavorAuto detects the flavour from the metric names.
+const (
+	FlavorAuto       Flavor = "auto"
+	FlavorVLLM       Flavor = "vllm"        // vLLM >= 0.9.2 names (vllm:kv_cache_usage_perc ...)
+	FlavorVLLMLegacy Flavor = "vllm-legacy" // vLLM < 0.12 names (vllm:gpu_cache_usage_perc ...)
+	FlavorSGLang     Flavor = "sglang"
+	FlavorLlamaCPP   Flavor = "llamacpp"
+	FlavorTGI        Flavor = "tgi"
+)
+
+// Flavors lists the flavours ParseFlavor accepts, auto first.
+var Flavors = []Flavor{FlavorAuto, FlavorVLLM, FlavorVLLMLegacy, FlavorSGLang, FlavorLlamaCPP, FlavorTGI}
+
+// ParseFlavor parses a flavour name; "" is FlavorAuto.
+func ParseFlavor(s string) (Flavor, error) {
+	f := Flavor(strings.ToLower(strings.TrimSpace(s)))
+	if f == "" {
+		return FlavorAuto, nil
+	}
+	if slices.Contains(Flavors, f) {
+		return f, nil
+	}
+	return "", fmt.Errorf("parse flavor: %q is not one of auto, vllm, vllm-legacy, sglang, llamacpp, tgi", s)
+}
+
+// Field is a bit set of the Metrics fields an engine reported.
+type Field uint32
+
+// Fields of Metrics that may be missing from a scrape.
+const (
+	HasWaiting Field = 1 << iota
+	HasRunning
+	HasKVUsage
+	HasPrefixCounters // PrefixQueries and PrefixHits
+	HasCacheHitRate   // CacheHitRate (an engine-side gauge)
+	HasPreemptions
+	HasCacheConfig // BlockSize and/or NumGPUBlocks
+	HasKVCapacity  // KVCapacityTokens
+	HasLoRA
+)
+
+// Metrics is one scrape of an engine's /metrics, normalised across
+// flavours. Series with several label sets (data-parallel engines, several
+// served model names) are summed, except ratios which are averaged.
+type Metrics struct {
+	// Flavor is the flavour the metrics were read as (never FlavorAuto).
+	Flavor Flavor
+	// Have says which of the fields below the engine reported.
+	Have Field
+	// Waiting and Running are the engine's queued and batched requests.
+	Waiting, Running float64
+	// KVUsage is the fraction 0..1 of the KV cache in use.
+	KVUsage float64
+	// PrefixQueries and PrefixHits are cumulative prefix-cache counters in
+	// tokens; their rates give the hit rate.
+	PrefixQueries, PrefixHits float64
+	// CacheHitRate is an engine-computed hit rate gauge (SGLang), 0..1.
+	CacheHitRate float64
+	// Preemptions is the cumulative count of preempted requests.
+	Preemptions float64
+	// PromptTokens and GenerationTokens are cumulative token counters.
+	PromptTokens, GenerationTokens float64
+	// BlockSize and NumGPUBlocks come from vllm:cache_config_info.
+	BlockSize, NumGPUBlocks int
+	// KVCapacityTokens is the KV cache size in tokens: BlockSize*NumGPUBlocks
+	// for vLLM, sglang:max_total_num_tokens for SGLang; 0 = unknown.
+	KVCapacityTokens int
+	// LoRAAdapters are the adapters running or waiting (vllm:lora_requests_info),
+	// sorted, without duplicates; MaxLoRA is the engine's max_lora (0 = unknown).
+	LoRAAdapters []string
+	MaxLoRA      int
+}
+
+// Has reports whether all fields in f were reported.
+func (m Metrics) Has(f Field) bool { return m.Have&f == f }
+
+// ErrUnknownFlavor is returned by ParseMetrics when auto-detection finds no
+// engine metrics it knows.
+var ErrUnknownFlavor = errors.New("no known engine metrics (vllm:, sglang:, llamacpp:, tgi_)")
+
+// MaxFamilies bounds the number of metric families ParseMetrics accepts.
+const MaxFamilies = 10000
+
+// ParseMetrics reads an engine's /metrics body with the Prometheus text,
+// OpenMetrics or protobuf parser chosen by contentType ("" or an unknown
+// type means the text format) and extracts the routing signals of flavour
+// (FlavorAuto detects it). Callers should cap the body size.
+func ParseMetrics(r io.Reader, contentType string, flavor Flavor) (Metrics, error) {
+	fams, err := decodeFamilies(r, contentType)
+	if err != nil {
+		return Metrics{}, fmt.Errorf("parse metrics: %w", err)
+	}
+	if flavor == "" {
+		flavor = FlavorAuto
+	}
+	if flavor == FlavorAuto {
+		flavor = DetectFlavor(fams)
+		if flavor == "" {
+			return Metrics{}, fmt.Errorf("parse metrics: %w", ErrUnknownFlavor)
+		}
+	}
+	m := Metrics{Flavor: flavor}
+	switch flavor {
+	case FlavorVLLM, FlavorVLLMLegacy:
+		extractVLLM(fams, &m)
+	case FlavorSGLang:
+		extractSGLang(fams, &m)
+	case FlavorLlamaCPP:
+		extractLlamaCPP(fams, &m)
+	case FlavorTGI:
+		extractTGI(fams, &m)
+	default:
+		return Metrics{}, fmt.Errorf("parse metrics: unknown flavor %q", flavor)
+	}
+	if m.Have&(HasWaiting|HasRunning) == 0 {
+		return m, fmt.Errorf("parse metrics: no %s queue metrics in body", flavor)
+	}
+	return m, nil
+}
+
+// DetectFlavor names the engine that produced fams, or "" when none is
+// recognised. vLLM is FlavorVLLMLegacy when only the pre-0.12 names
+// (vllm:gpu_cache_usage_perc, vllm:gpu_prefix_cache_*) are present.
+func DetectFlavor(fams map[string]*dto.MetricFamily) Flavor {
+	var vllm, sglang, llama, tgi bool
+	for name := range fams {
+		switch {
+		case strings.HasPrefix(name, "vllm:"):
+			vllm = true
+		case strings.HasPrefix(name, "sglang:"):
+			sglang = true
+		case strings.HasPrefix(name, "llamacpp:"):
+			llama = true
+		case strings.HasPrefix(name, "tgi_"):
+			tgi = true
+		}
+	}
+	switch {
+	case vllm:
+		_, kv := fams["vllm:kv_cache_usage_perc"]
+		_, pq := fams["vllm:prefix_cache_queries_total"]
+		_, okv := fams["vllm:gpu_cache_usage_perc"]
+		_, opq := fams["vllm:gpu_prefix_cache_queries_total"]
+		if !kv && !pq && (okv || opq) {
+			return FlavorVLLMLegacy
+		}
+		return FlavorVLLM
+	case sglang:
+		return FlavorSGLang
+	case llama:
+		return FlavorLlamaCPP
+	case tgi:
+		return FlavorTGI
+	}
+	return ""
+}
+
+func decodeFamilies(r io.Reader, contentType string) (map[string]*dto.MetricFamily, error) {
+	format := expfmt.FmtUnknown
+	if contentType != "" {
+		format = expfmt.ResponseFormat(http.Header{"Content-Type": {contentType}})
+	}
+	switch format.FormatType() {
+	case expfmt.TypeProtoDelim, expfmt.TypeOpenMetrics:
+	default:
+		// The text format, and anything unrecognised (engines often send
+		// text with a sloppy content type).
+		p := expfmt.NewTextParser(model.UTF8Validation)
+		fams, err := p.TextToMetricFamilies(r)
+		if err != nil {
+			return nil, err
+		}
+		if len(fams) > MaxFamilies {
+			return nil, fmt.Errorf("%d metric families, more than %d", len(fams), MaxFamilies)
+		}
+		return fams, nil
+	}
+	dec := expfmt.NewDecoder(r, format)
+	fams := make(map[string]*dto.MetricFamily)
+	for {
+		mf := new(dto.MetricFamily)
+		if err := dec.Decode(mf); err != nil {
+			if errors.Is(err, io.EOF) {
+				return fams, nil
+			}
+			return nil, err
+		}
+		if len(fams) >= MaxFamilies {
+			return nil, fmt.Errorf("more than %d metric families", MaxFamilies)
+		}
+		if old, ok := fams[mf.GetName()]; ok {
+			old.Metric = append(old.Metric, mf.Metric...)
+		} else {
+			fams[mf.GetName()] = mf
+		}
+	}
+}
+
+// value returns a sample's value for gauges, counters and untyped series.
+func value(mf *dto.MetricFamily, m *dto.Metric) (float64, bool) {
+	switch {
+	case m.GetGauge() != nil:
+		return m.GetGauge().GetValue(), true
+	case m.GetCounter() != nil:
+		return m.GetCounter().GetValue(), true
+	case m.GetUntyped() != nil:
+		return m.GetUntyped().GetValue(), true
+	}
+	return 0, false
+}
+
+// sum adds the finite values of every series of the first family found
+// among names. ok is false when none has a usable sample.
+func sum(fams map[string]*dto.MetricFamily, names ...string) (total float64, ok bool) {
+	for _, name := range names {
+		mf := fams[name]
+		if mf == nil {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			v, good := value(mf, m)
+			if !good || math.IsNaN(v) || math.IsInf(v, 0) {
+				continue
+			}
+			total += v
+			ok = true
+		}
+		if ok {
+			return total, true
+		}
+	}
+	return 0, false
+}
+
+// mean averages the finite values of the first family found among names.
+func mean(fams map[string]*dto.MetricFamily, names ...string) (float64, bool) {
+	for _, name := range names {
+		mf := fams[name]
+		if mf == nil {
+			continue
+		}
+		var total float64
+		n := 0
+		for _, m := range mf.GetMetric() {
+			v, good := value(mf, m)
+			if !good || math.IsNaN(v) || math.IsInf(v, 0) {
+				continue
+			}
+			total += v
+			n++
+		}
+		if n > 0 {
+			return total / float64(n), true
+		}
+	}
+	return 0, false
+}
+
+func label(m *dto.Metric, name string) (string, bool) {
+	for _, lp := range m.GetLabel() {
+		if lp.GetName() == name {
+			return lp.GetValue(), true
+		}
+	}
+	return "", false
+}
+
+// set stores v into *dst and marks f when ok.
+func set(m *Metrics, f Field, dst *float64, v float64, ok bool) {
+	if ok {
+		*dst = v
+		m.Have |= f
+	}
+}
+
+func clamp01(v float64) float64 {
+	return math.Max(0, math.Min(1, v))
+}
+
+func extractVLLM(fams map[string]*dto.MetricFamily, m *Metrics) {
+	v, ok := sum(fams, "vllm:num_requests_waiting")
+	set(m, HasWaiting, &m.Waiting, v, ok)
+	v, ok = sum(fams, "vllm:num_requests_running")
+	set(m, HasRunning, &m.Running, v, ok)
+	v, ok = mean(fams, "vllm:kv_cache_usage_perc", "vllm:gpu_cache_usage_perc")
+	set(m, HasKVUsage, &m.KVUsage, clamp01(v), ok)
+	q, qok := sum(fams, "vllm:prefix_cache_queries_total", "vllm:prefix_cache_queries",
+		"vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_queries")
+	h, hok := sum(fams, "vllm:prefix_cache_hits_total", "vllm:prefix_cache_hits",
+		"vllm:gpu_prefix_cache_hits_total", "vllm:gpu_prefix_cache_hits")
+	if qok && hok {
+		m.PrefixQueries, m.PrefixHits = q, h
+		m.Have |= HasPrefixCounters
+	}
+	v, ok = sum(fams, "vllm:num_preemptions_total", "vllm:num_preemptions")
+	set(m, HasPreemptions, &m.Preemptions, v, ok)
+	m.PromptTokens, _ = sum(fams, "vllm:prompt_tokens_total", "vllm:prompt_tokens")
+	m.GenerationTokens, _ = sum(fams, "vllm:generation_tokens_total", "vllm:generation_tokens")
+
+	if mf := fams["vllm:cache_config_info"]; mf != nil {
+		for _, s := range mf.GetMetric() {
+			if bs, ok := label(s, "block_size"); ok {
+				if n, err := strconv.Atoi(bs); err == nil && n > 0 {
+					m.BlockSize = n
+					m.Have |= HasCacheConfig
+				}
+			}
+			if nb, ok := label(s, "num_gpu_blocks"); ok {
+				// One series per data-parallel engine: the capacities add up.
+				if n, err := strconv.Atoi(nb); err == nil && n > 0 {
+					m.NumGPUBlocks += n
+					m.Have |= HasCacheConfig
+				}
+			}
+		}
+		if m.BlockSize > 0 && m.NumGPUBlocks > 0 {
+			m.KVCapacityTokens = m.BlockSize * m.NumGPUBlocks
+			m.Have |= HasKVCapacity
+		}
+	}
+	if mf := fams["vllm:lora_requests_info"]; mf != nil {
+		// The series whose value (a wall-clock timestamp) is newest is the
+		// current state; older label sets linger in the registry.
+		var best *dto.Metric
+		var bestV float64
+		for _, s := range mf.GetMetric() {
+			v, ok := value(mf, s)
+			if ok && (best == nil || v > bestV) {
+				best, bestV = s, v
+			}
+		}
+		if best != nil {
+			var names []string
+			for _, l := range []string{"running_lora_adapters", "waiting_lora_adapters"} {
+				lv, _ := label(best, l)
+				for _, a := range strings.Split(lv, ",") {
+					if a = strings.TrimSpace(a); a != "" {
+						names = append(names, a)
+					}
+				}
+			}
+			slices.Sort(names)
+			m.LoRAAdapters = slices.Compact(names)
+			if ml, ok := label(best, "max_lora"); ok {
+				m.MaxLoRA, _ = strconv.Atoi(ml)
+			}
+			m.Have |= HasLoRA
+		}
+	}
+}
+
+func extractSGLang(fams map[string]*dto.MetricFamily, m *Metrics) {
+	v, ok := sum(fams, "sglang:num_queue_reqs")
+	set(m, HasWaiting, &m.Waiting, v, ok)
+	v, ok = sum(fams, "sglang:num_running_reqs")
+	set(m, HasRunning, &m.Running, v, ok)
+	v, ok = mean(fams, "sglang:token_usage")
+	set(m, HasKVUsage, &m.KVUsage, clamp01(v), ok)
+	v, ok = mean(fams, "sglang:cache_hit_rate")
+	set(m, HasCacheHitRate, &m.CacheHitRate, clamp01(v), ok)
+	// Cached tokens (all sources) over prompt tokens give the token hit rate.
+	h, hok := sum(fams, "sglang:cached_tokens_total", "sglang:cached_tokens")
+	q, qok := sum(fams, "sglang:prompt_tokens_total", "sglang:prompt_tokens")
+	if hok && qok {
+		m.PrefixQueries, m.PrefixHits = q, h
+		m.Have |= HasPrefixCounters
+	}
+	m.PromptTokens = q
+	m.GenerationTokens, _ = sum(fams, "sglang:generation_tokens_total", "sglang:generation_tokens")
+	v, ok = sum(fams, "sglang:num_retracted_reqs_total")
+	set(m, HasPreemptions, &m.Preemptions, v, ok)
+	if v, ok := sum(fams, "sglang:max_total_num_tokens"); ok && v > 0 && v < math.MaxInt32 {
+		m.KVCapacityTokens = int(v)
+		m.Have |= HasKVCapacity
+	}
+}
+
+func extractLlamaCPP(fams map[string]*dto.MetricFamily, m *Metrics) {
+	v, ok := sum(fams, "llamacpp:requests_deferred")
+	set(m, HasWaiting, &m.Waiting, v, ok)
+	v, ok = sum(fams, "llamacpp:requests_processing")
+	set(m, HasRunning, &m.Running, v, ok)
+	// Removed in 2025 (PR #13660); read it when an older server has it.
+	v, ok = mean(fams, "llamacpp:kv_cache_usage_ratio")
+	set(m, HasKVUsage, &m.KVUsage, clamp01(v), ok)
+	q, qok := sum(fams, "llamacpp:prompt_tokens_total")
+	h, hok := sum(fams, "llamacpp:prompt_tokens_cached_total")
+	m.PromptTokens = q
+	if qok && hok {
+		// llama.cpp counts evaluated prompt tokens; queried = evaluated + cached.
+		m.PrefixQueries, m.PrefixHits = q+h, h
+		m.Have |= HasPrefixCounters
+	}
+	m.GenerationTokens, _ = sum(fams, "llamacpp:tokens_predicted_total")
+}
+
+func extractTGI(fams map[string]*dto.MetricFamily, m *Metrics) {
+	v, ok := sum(fams, "tgi_queue_size")
+	set(m, HasWaiting, &m.Waiting, v, ok)
+	v, ok = sum(fams, "tgi_batch_current_size")
+	set(m, HasRunning, &m.Running, v, ok)
+}

@@ -1,0 +1,396 @@
+package signals
+
+import (
+	"math"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute"
+)
+
+// ViewConfig configures a View. The zero value is usable.
+type ViewConfig struct {
+	// StaleAfter is the age beyond which scraped signals are stale and Load
+	// falls back on router-local counts; default 1s.
+	StaleAfter time.Duration
+	// MaxConsecutiveErrors marks the signals stale, whatever their age, once
+	// this many scrapes in a row have failed; default 3.
+	MaxConsecutiveErrors int
+	// HitRateWindow is the span of recent scrapes over which the prefix-cache
+	// hit rate is computed; default 10s.
+	HitRateWindow time.Duration
+	// KVCapacityTokens is the endpoint's KV capacity in tokens when known from
+	// configuration; 0 means learn it from the scraped metrics.
+	KVCapacityTokens int
+}
+
+func (c *ViewConfig) setDefaults() {
+	if c.StaleAfter <= 0 {
+		c.StaleAfter = time.Second
+	}
+	if c.MaxConsecutiveErrors <= 0 {
+		c.MaxConsecutiveErrors = 3
+	}
+	if c.HitRateWindow <= 0 {
+		c.HitRateWindow = 10 * time.Second
+	}
+}
+
+// maxLog bounds the dispatch log kept between two observations. Beyond it
+// the oldest transitions are folded away (see doc.go).
+const maxLog = 1 << 14
+
+// maxHitSamples bounds the scrapes kept for the hit-rate window.
+const maxHitSamples = 256
+
+// Ticket identifies one dispatched request to its View. It is a small value:
+// keep it with the request and hand it back to FirstToken and Done. The zero
+// Ticket is ignored by both.
+type Ticket struct {
+	seq          uint64
+	At           time.Time // when the request was dispatched
+	PromptTokens int
+}
+
+// Valid reports whether t came from Dispatch.
+func (t Ticket) Valid() bool { return t.seq != 0 }
+
+// ViewStatus is a View's state for /metrics, logs and the dashboard.
+type ViewStatus struct {
+	// Last is the last successfully parsed scrape (zero before the first).
+	Last       Metrics
+	ObservedAt time.Time
+	// Scrapes counts successful observations, Errors failed ones;
+	// ConsecutiveErrors counts failures since the last success.
+	Scrapes, Errors   uint64
+	ConsecutiveErrors int
+	// LastError is the last failure's message ("" = none) and LastErrorAt
+	// its time.
+	LastError   string
+	LastErrorAt time.Time
+	// OutOfOrder counts observations dropped because a newer one had
+	// already arrived.
+	OutOfOrder uint64
+	// InFlight and InFlightTokens are the router's open requests and the
+	// prompt tokens of those still waiting for a first token.
+	InFlight, InFlightTokens int
+}
+
+// View is one endpoint's stale-signal model: the last scraped engine
+// metrics, corrected by what the router itself dispatched since (see the
+// package documentation for the timeline). It never reads the clock: every
+// method takes now. A View is safe for concurrent use.
+type View struct {
+	cfg ViewConfig
+
+	mu sync.Mutex // protects every field below
+
+	// Last observation.
+	last       Metrics
+	observedAt time.Time
+	scrapes    uint64
+	outOfOrder uint64
+
+	// Failures.
+	errors      uint64
+	consecutive int
+	lastErr     string
+	lastErrAt   time.Time
+
+	// Router-local state: requests in flight.
+	seq       uint64
+	inflight  map[uint64]*flight
+	prefill   int // in flight without a first token
+	prefillTk int // their prompt tokens
+	decode    int // in flight with a first token
+	decodeTk  int // their prompt tokens
+
+	// Transitions after observedAt, in time order, and their sums.
+	log []transition
+	dW  int // change in engine waiting since observedAt
+	dR  int // change in engine running
+	dKV int // change in KV tokens in use
+
+	// Prefix-cache counters of recent scrapes, oldest first.
+	hits []hitSample
+}
+
+type flight struct {
+	at      time.Time
+	tokens  int
+	firstAt time.Time // zero until FirstToken
+}
+
+// transition is one change to the engine's state the router caused or saw.
+type transition struct {
+	at         time.Time
+	dW, dR, dK int32
+}
+
+type hitSample struct {
+	at            time.Time
+	queries, hits float64
+}
+
+// NewView returns a View that has observed nothing yet: its Load is stale
+// and built from router-local counts until the first Observe.
+func NewView(cfg ViewConfig) *View {
+	cfg.setDefaults()
+	return &View{cfg: cfg, inflight: make(map[uint64]*flight)}
+}
+
+// Observe records a successful scrape whose sample was taken at now (pass
+// the time the scrape request was sent). Dispatch, FirstToken and Done
+// events at or before now are taken to be visible in m; later ones stay on
+// top of it. An observation older than the current one is counted and
+// dropped.
+func (v *View) Observe(now time.Time, m Metrics) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if !v.observedAt.IsZero() && now.Before(v.observedAt) {
+		v.outOfOrder++
+		return
+	}
+	v.last = m
+	v.observedAt = now
+	v.scrapes++
+	v.consecutive = 0
+
+	// Keep only transitions after the new observation.
+	i := 0
+	for i < len(v.log) && !v.log[i].at.After(now) {
+		i++
+	}
+	if i > 0 {
+		n := copy(v.log, v.log[i:])
+		clear(v.log[n:])
+		v.log = v.log[:n]
+		v.dW, v.dR, v.dKV = 0, 0, 0
+		for _, t := range v.log {
+			v.dW += int(t.dW)
+			v.dR += int(t.dR)
+			v.dKV += int(t.dK)
+		}
+	}
+
+	v.addHitSample(now, m)
+}
+
+func (v *View) addHitSample(now time.Time, m Metrics) {
+	if !m.Has(HasPrefixCounters) {
+		v.hits = v.hits[:0]
+		return
+	}
+	if n := len(v.hits); n > 0 {
+		prev := v.hits[n-1]
+		if m.PrefixQueries < prev.queries || m.PrefixHits < prev.hits {
+			// Counter reset: the engine restarted.
+			v.hits = v.hits[:0]
+		}
+	}
+	// Drop samples that fell out of the window, keeping one at or before
+	// its start so the window is fully covered.
+	cut := 0
+	for cut+1 < len(v.hits) && now.Sub(v.hits[cut+1].at) >= v.cfg.HitRateWindow {
+		cut++
+	}
+	if len(v.hits)-cut >= maxHitSamples {
+		cut = len(v.hits) - maxHitSamples + 1
+	}
+	if cut > 0 {
+		n := copy(v.hits, v.hits[cut:])
+		v.hits = v.hits[:n]
+	}
+	v.hits = append(v.hits, hitSample{at: now, queries: m.PrefixQueries, hits: m.PrefixHits})
+}
+
+// ObserveError records a failed scrape at now. The last good signals keep
+// aging; after MaxConsecutiveErrors failures in a row they are reported
+// stale even if young.
+func (v *View) ObserveError(now time.Time, err error) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.errors++
+	v.consecutive++
+	v.lastErrAt = now
+	if err != nil {
+		v.lastErr = err.Error()
+	} else {
+		v.lastErr = "unknown error"
+	}
+}
+
+// Dispatch records that the router sent a request with promptTokens prompt
+// tokens to the endpoint at now, and returns its ticket.
+func (v *View) Dispatch(now time.Time, promptTokens int) Ticket {
+	promptTokens = max(promptTokens, 0)
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	v.seq++
+	v.inflight[v.seq] = &flight{at: now, tokens: promptTokens}
+	v.prefill++
+	v.prefillTk += promptTokens
+	v.record(now, 1, 0, promptTokens)
+	return Ticket{seq: v.seq, At: now, PromptTokens: promptTokens}
+}
+
+// FirstToken records that the request of t produced its first token at now:
+// the engine moved it from its queue (or prefill) to its decode batch.
+// Repeated calls and calls after Done are ignored.
+func (v *View) FirstToken(now time.Time, t Ticket) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	f := v.inflight[t.seq]
+	if f == nil || !f.firstAt.IsZero() {
+		return
+	}
+	f.firstAt = now
+	v.prefill--
+	v.prefillTk -= f.tokens
+	v.decode++
+	v.decodeTk += f.tokens
+	v.record(now, -1, 1, 0)
+}
+
+// Done records that the request of t ended at now (finished, failed or
+// cancelled). Repeated calls are ignored.
+func (v *View) Done(now time.Time, t Ticket) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	f := v.inflight[t.seq]
+	if f == nil {
+		return
+	}
+	delete(v.inflight, t.seq)
+	if f.firstAt.IsZero() {
+		v.prefill--
+		v.prefillTk -= f.tokens
+		v.record(now, -1, 0, -f.tokens)
+	} else {
+		v.decode--
+		v.decodeTk -= f.tokens
+		v.record(now, 0, -1, -f.tokens)
+	}
+}
+
+// record appends a transition at now if it happened after the current
+// observation (earlier ones are in the engine's own numbers already).
+func (v *View) record(now time.Time, dW, dR, dK int) {
+	if !v.observedAt.IsZero() && !now.After(v.observedAt) {
+		return
+	}
+	if len(v.log) >= maxLog {
+		// Fold the older half into one transition at the time of the last
+		// folded one: an observation between them is then treated as
+		// seeing none of them, which over-counts rather than under-counts.
+		half := len(v.log) / 2
+		var f transition
+		for _, t := range v.log[:half] {
+			f.dW += t.dW
+			f.dR += t.dR
+			f.dK += t.dK
+		}
+		f.at = v.log[half-1].at
+		v.log[0] = f
+		n := copy(v.log[1:], v.log[half:])
+		clear(v.log[1+n:])
+		v.log = v.log[:1+n]
+	}
+	v.log = append(v.log, transition{at: now, dW: int32(dW), dR: int32(dR), dK: int32(clampInt32(dK))})
+	v.dW += dW
+	v.dR += dR
+	v.dKV += dK
+}
+
+func clampInt32(x int) int {
+	return max(math.MinInt32, min(math.MaxInt32, x))
+}
+
+// Load returns the endpoint's load as the router should see it at now.
+func (v *View) Load(now time.Time) kvroute.Load {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	l := kvroute.Load{
+		InFlight:       v.prefill + v.decode,
+		InFlightTokens: v.prefillTk,
+		DecodeTokens:   v.decodeTk,
+		ObservedAt:     v.observedAt,
+		PrefixHitRate:  v.hitRate(),
+	}
+	capTokens := v.cfg.KVCapacityTokens
+	if capTokens == 0 {
+		capTokens = v.last.KVCapacityTokens
+	}
+	l.KVCapacityTokens = capTokens
+
+	l.Stale = v.observedAt.IsZero() || now.Sub(v.observedAt) > v.cfg.StaleAfter ||
+		v.consecutive >= v.cfg.MaxConsecutiveErrors
+	if l.Stale {
+		// Router-local counts only: requests waiting for a first token are
+		// queued or in prefill, the others decoding.
+		l.Waiting = v.prefill
+		l.Running = v.decode
+	} else {
+		l.Waiting = max(0, roundInt(v.last.Waiting)+v.dW)
+		l.Running = max(0, roundInt(v.last.Running)+v.dR)
+	}
+	if !v.observedAt.IsZero() && v.last.Has(HasKVUsage) {
+		u := v.last.KVUsage
+		if capTokens > 0 {
+			u += float64(v.dKV) / float64(capTokens)
+		}
+		l.KVUsage = clamp01(u)
+	} else if capTokens > 0 {
+		l.KVUsage = clamp01(float64(v.prefillTk+v.decodeTk) / float64(capTokens))
+	}
+	return l
+}
+
+// hitRate returns the token hit rate over the window, the lifetime ratio
+// when no tokens were queried in the window, an engine-computed rate when
+// only that is known, or -1.
+func (v *View) hitRate() float64 {
+	if n := len(v.hits); n > 0 {
+		first, last := v.hits[0], v.hits[n-1]
+		if dq := last.queries - first.queries; dq > 0 {
+			return clamp01((last.hits - first.hits) / dq)
+		}
+		if last.queries > 0 {
+			return clamp01(last.hits / last.queries)
+		}
+	}
+	if v.last.Has(HasCacheHitRate) {
+		return v.last.CacheHitRate
+	}
+	return -1
+}
+
+func roundInt(f float64) int {
+	if math.IsNaN(f) || f <= 0 {
+		return 0
+	}
+	if f >= math.MaxInt32 {
+		return math.MaxInt32
+	}
+	return int(math.Round(f))
+}
+
+// Snapshot returns the View's state for reporting.
+func (v *View) Snapshot() ViewStatus {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	s := ViewStatus{
+		Last:              v.last,
+		ObservedAt:        v.observedAt,
+		Scrapes:           v.scrapes,
+		Errors:            v.errors,
+		ConsecutiveErrors: v.consecutive,
+		LastError:         v.lastErr,
+		LastErrorAt:       v.lastErrAt,
+		OutOfOrder:        v.outOfOrder,
+		InFlight:          v.prefill + v.decode,
+		InFlightTokens:    v.prefillTk,
+	}
+	s.Last.LoRAAdapters = append([]string(nil), v.last.LoRAAdapters...)
+	return s
+}

@@ -1,0 +1,231 @@
+package signals
+
+import (
+	"errors"
+	"sync"
+	"testing"
+	"time"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+func at(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+
+func vllmMetrics(w, r, kv float64) Metrics {
+	return Metrics{Flavor: FlavorVLLM, Have: HasWaiting | HasRunning | HasKVUsage | HasKVCapacity,
+		Waiting: w, Running: r, KVUsage: kv, BlockSize: 16, NumGPUBlocks: 100, KVCapacityTokens: 1600}
+}
+
+func TestViewNeverObserved(t *testing.T) {
+	v := NewView(ViewConfig{})
+	a := v.Dispatch(at(0), 100)
+	v.Dispatch(at(1), 50)
+	v.FirstToken(at(2), a)
+	l := v.Load(at(3))
+	if !l.Stale || !l.ObservedAt.IsZero() {
+		t.Fatalf("Stale=%v ObservedAt=%v, want stale and zero", l.Stale, l.ObservedAt)
+	}
+	if l.Waiting != 1 || l.Running != 1 || l.InFlight != 2 || l.InFlightTokens != 50 || l.DecodeTokens != 100 {
+		t.Fatalf("got %+v, want waiting 1 running 1 inflight 2 tokens 50 decode 100", l)
+	}
+	if l.PrefixHitRate != -1 {
+		t.Fatalf("PrefixHitRate = %v, want -1", l.PrefixHitRate)
+	}
+}
+
+// TestViewReconcile walks the timeline of doc.go: dispatches between scrapes
+// are added on top, and a scrape sampled after them absorbs them.
+func TestViewReconcile(t *testing.T) {
+	type step struct {
+		name         string
+		do           func(v *View, tk map[string]Ticket)
+		now          int
+		wantW, wantR int
+		wantStale    bool
+	}
+	steps := []step{
+		{"scrape S1", func(v *View, _ map[string]Ticket) { v.Observe(at(0), vllmMetrics(2, 5, 0.5)) }, 0, 2, 5, false},
+		{"burst of 3 after S1", func(v *View, tk map[string]Ticket) {
+			tk["a"] = v.Dispatch(at(10), 160)
+			tk["b"] = v.Dispatch(at(11), 160)
+			tk["c"] = v.Dispatch(at(12), 160)
+		}, 12, 5, 5, false},
+		{"a first token", func(v *View, tk map[string]Ticket) { v.FirstToken(at(20), tk["a"]) }, 20, 4, 6, false},
+		{"b fails before first token", func(v *View, tk map[string]Ticket) { v.Done(at(30), tk["b"]) }, 30, 3, 6, false},
+		{"d dispatched after S2 was sent", func(v *View, tk map[string]Ticket) { tk["d"] = v.Dispatch(at(45), 16) }, 45, 4, 6, false},
+		// S2 sampled at 40: a, b, c are in it, d (45) is not.
+		{"scrape S2 arrives", func(v *View, _ map[string]Ticket) { v.Observe(at(40), vllmMetrics(3, 6, 0.6)) }, 50, 4, 6, false},
+		{"a done", func(v *View, tk map[string]Ticket) { v.Done(at(60), tk["a"]) }, 60, 4, 5, false},
+		{"repeated done ignored", func(v *View, tk map[string]Ticket) { v.Done(at(61), tk["a"]) }, 61, 4, 5, false},
+		{"stale: router-local only", func(v *View, _ map[string]Ticket) {}, 1041, 2, 0, true},
+		{"scrape S3 after all", func(v *View, _ map[string]Ticket) { v.Observe(at(1100), vllmMetrics(0, 1, 0.1)) }, 1100, 0, 1, false},
+	}
+	v := NewView(ViewConfig{StaleAfter: time.Second})
+	tk := map[string]Ticket{}
+	for _, s := range steps {
+		s.do(v, tk)
+		l := v.Load(at(s.now))
+		if l.Waiting != s.wantW || l.Running != s.wantR || l.Stale != s.wantStale {
+			t.Fatalf("%s: got waiting=%d running=%d stale=%v, want %d %d %v", s.name, l.Waiting, l.Running, l.Stale, s.wantW, s.wantR, s.wantStale)
+		}
+	}
+}
+
+func TestViewKVUsage(t *testing.T) {
+	v := NewView(ViewConfig{})
+	v.Observe(at(0), vllmMetrics(0, 0, 0.25)) // 1600 tokens capacity
+	tk := v.Dispatch(at(1), 400)
+	if got, want := v.Load(at(2)).KVUsage, 0.5; got != want {
+		t.Fatalf("after dispatch KVUsage = %v, want %v", got, want)
+	}
+	v.Observe(at(3), vllmMetrics(1, 0, 0.5))
+	if got, want := v.Load(at(4)).KVUsage, 0.5; got != want {
+		t.Fatalf("after scrape KVUsage = %v, want %v (no double count)", got, want)
+	}
+	v.Done(at(5), tk)
+	if got, want := v.Load(at(6)).KVUsage, 0.25; got != want {
+		t.Fatalf("after done KVUsage = %v, want %v", got, want)
+	}
+	if got, want := v.Load(at(6)).KVCapacityTokens, 1600; got != want {
+		t.Fatalf("KVCapacityTokens = %v, want %v", got, want)
+	}
+	// Configured capacity wins.
+	v2 := NewView(ViewConfig{KVCapacityTokens: 800})
+	v2.Dispatch(at(0), 400)
+	if got, want := v2.Load(at(1)).KVUsage, 0.5; got != want {
+		t.Fatalf("never observed, configured capacity: KVUsage = %v, want %v", got, want)
+	}
+}
+
+func TestViewErrors(t *testing.T) {
+	v := NewView(ViewConfig{StaleAfter: time.Second, MaxConsecutiveErrors: 2})
+	v.Observe(at(0), vllmMetrics(4, 4, 0))
+	v.ObserveError(at(100), errors.New("connection refused"))
+	if l := v.Load(at(150)); l.Stale || l.Waiting != 4 {
+		t.Fatalf("one error: got stale=%v waiting=%d, want false 4", l.Stale, l.Waiting)
+	}
+	v.ObserveError(at(200), errors.New("timeout"))
+	if l := v.Load(at(250)); !l.Stale || l.Waiting != 0 {
+		t.Fatalf("two errors: got stale=%v waiting=%d, want true 0", l.Stale, l.Waiting)
+	}
+	s := v.Snapshot()
+	if s.Errors != 2 || s.ConsecutiveErrors != 2 || s.LastError != "timeout" || !s.LastErrorAt.Equal(at(200)) || s.Scrapes != 1 {
+		t.Fatalf("snapshot %+v, want 2 errors, last timeout at 200ms, 1 scrape", s)
+	}
+	v.Observe(at(300), vllmMetrics(1, 1, 0))
+	if l := v.Load(at(300)); l.Stale {
+		t.Fatalf("after recovery: stale")
+	}
+	if s := v.Snapshot(); s.ConsecutiveErrors != 0 || s.Errors != 2 {
+		t.Fatalf("after recovery: %+v", s)
+	}
+}
+
+func TestViewOutOfOrder(t *testing.T) {
+	v := NewView(ViewConfig{})
+	v.Observe(at(100), vllmMetrics(1, 1, 0))
+	v.Observe(at(50), vllmMetrics(9, 9, 0))
+	if l := v.Load(at(110)); l.Waiting != 1 || !l.ObservedAt.Equal(at(100)) {
+		t.Fatalf("got %+v, want the newer observation kept", l)
+	}
+	if s := v.Snapshot(); s.OutOfOrder != 1 {
+		t.Fatalf("OutOfOrder = %d, want 1", s.OutOfOrder)
+	}
+}
+
+func TestViewHitRate(t *testing.T) {
+	v := NewView(ViewConfig{HitRateWindow: 10 * time.Second})
+	m := vllmMetrics(0, 0, 0)
+	m.Have |= HasPrefixCounters
+	obs := func(sec int, q, h float64) {
+		m.PrefixQueries, m.PrefixHits = q, h
+		v.Observe(t0.Add(time.Duration(sec)*time.Second), m)
+	}
+	cases := []struct {
+		sec  int
+		q, h float64
+		want float64
+	}{
+		{0, 1000, 500, 0.5},   // one sample: lifetime ratio 500/1000
+		{5, 2000, 500, 0},     // window 0..5: (500-500)/(2000-1000)
+		{10, 3000, 1500, 0.5}, // window 0..10: (1500-500)/(3000-1000)
+		{15, 4000, 2500, 1},   // window 5..15: (2500-500)/(4000-2000)
+		{16, 100, 100, 1},     // counter reset: new window, lifetime 100/100
+	}
+	for _, c := range cases {
+		obs(c.sec, c.q, c.h)
+		if got := v.Load(t0.Add(time.Duration(c.sec) * time.Second)).PrefixHitRate; got != c.want {
+			t.Errorf("at %ds: PrefixHitRate = %v, want %v", c.sec, got, c.want)
+		}
+	}
+	// An engine-computed gauge is used when there are no counters.
+	v2 := NewView(ViewConfig{})
+	v2.Observe(t0, Metrics{Have: HasWaiting | HasCacheHitRate, CacheHitRate: 0.3})
+	if got := v2.Load(t0).PrefixHitRate; got != 0.3 {
+		t.Errorf("gauge hit rate = %v, want 0.3", got)
+	}
+}
+
+func TestViewTicketsIgnored(t *testing.T) {
+	v := NewView(ViewConfig{})
+	v.FirstToken(at(0), Ticket{})
+	v.Done(at(0), Ticket{})
+	other := NewView(ViewConfig{}).Dispatch(at(0), 10)
+	v.Dispatch(at(0), 5)
+	v.Done(at(1), Ticket{seq: 99})
+	if l := v.Load(at(1)); l.InFlight != 1 || l.InFlightTokens != 5 {
+		t.Fatalf("got %+v, want 1 in flight with 5 tokens", l)
+	}
+	if !other.Valid() || (Ticket{}).Valid() {
+		t.Fatalf("Valid: got %v %v, want true false", other.Valid(), (Ticket{}).Valid())
+	}
+}
+
+// TestViewLogBound checks that the transition log stays bounded without
+// scrapes and that folding keeps the sums.
+func TestViewLogBound(t *testing.T) {
+	v := NewView(ViewConfig{})
+	v.Observe(at(0), vllmMetrics(0, 0, 0))
+	n := 3 * maxLog
+	for i := 0; i < n; i++ {
+		v.Dispatch(at(1+i), 1)
+	}
+	v.mu.Lock()
+	logLen, dW := len(v.log), v.dW
+	v.mu.Unlock()
+	if logLen > maxLog || dW != n {
+		t.Fatalf("log len %d (max %d), dW %d (want %d)", logLen, maxLog, dW, n)
+	}
+	if l := v.Load(at(2)); l.Waiting != n {
+		t.Fatalf("Waiting = %d, want %d", l.Waiting, n)
+	}
+}
+
+func TestViewConcurrent(t *testing.T) {
+	v := NewView(ViewConfig{})
+	var wg sync.WaitGroup
+	for g := 0; g < 4; g++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for i := 0; i < 500; i++ {
+				tk := v.Dispatch(at(i), 10)
+				v.FirstToken(at(i), tk)
+				_ = v.Load(at(i))
+				v.Done(at(i), tk)
+			}
+		}()
+	}
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		for i := 0; i < 500; i++ {
+			v.Observe(at(i), vllmMetrics(1, 1, 0.1))
+			_ = v.Snapshot()
+		}
+	}()
+	wg.Wait()
+	if l := v.Load(at(600)); l.InFlight != 0 || l.InFlightTokens != 0 || l.DecodeTokens != 0 {
+		t.Fatalf("after all done: %+v", l)
+	}
+}
