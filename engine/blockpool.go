@@ -1,0 +1,130 @@
+package engine
+
+// blockPool is the paged KV cache: a fixed array of blocks, a free queue in
+// vLLM's eviction order, and the prefix-cache map from block hash to block.
+//
+// The free queue (vLLM's FreeKVCacheBlockQueue) is a doubly linked list
+// threaded through the blocks: allocation pops the head; a freed block is
+// appended at the tail. A freed block keeps its hash and stays findable
+// until it is popped for reuse (eviction), so the least recently freed
+// cached block is evicted first. Requests free their blocks tail-first, so
+// a prompt's later blocks are evicted before its earlier (more shareable)
+// ones. Every operation is O(1) per block.
+type blockPool struct {
+	blocks  []kvBlock // the last element is the free-queue sentinel
+	numFree int
+	cached  map[uint64]int32 // hash -> block holding it
+	// onEvict is called with the hash of each cached block that is evicted.
+	onEvict func(hash uint64)
+}
+
+type kvBlock struct {
+	hash       uint64
+	ref        int32
+	prev, next int32 // free-queue links; -1 when not in the queue
+	hashed     bool  // hash is valid and cached[hash] == this block
+}
+
+func newBlockPool(n int) *blockPool {
+	p := &blockPool{blocks: make([]kvBlock, n+1), cached: make(map[uint64]int32, n)}
+	s := int32(n) // sentinel
+	p.blocks[s].prev, p.blocks[s].next = s, s
+	for i := 0; i < n; i++ {
+		p.blocks[i].prev, p.blocks[i].next = -1, -1
+		p.pushTail(int32(i))
+	}
+	return p
+}
+
+func (p *blockPool) sentinel() int32 { return int32(len(p.blocks) - 1) }
+
+// size returns the number of KV blocks.
+func (p *blockPool) size() int { return len(p.blocks) - 1 }
+
+func (p *blockPool) pushTail(id int32) {
+	s := p.sentinel()
+	last := p.blocks[s].prev
+	p.blocks[id].prev, p.blocks[id].next = last, s
+	p.blocks[last].next = id
+	p.blocks[s].prev = id
+	p.numFree++
+}
+
+func (p *blockPool) unlink(id int32) {
+	b := &p.blocks[id]
+	p.blocks[b.prev].next = b.next
+	p.blocks[b.next].prev = b.prev
+	b.prev, b.next = -1, -1
+	p.numFree--
+}
+
+// lookup returns the block caching hash.
+func (p *blockPool) lookup(hash uint64) (int32, bool) {
+	id, ok := p.cached[hash]
+	return id, ok
+}
+
+// touch takes a reference on a cached block found by lookup, taking it off
+// the free queue if it was unreferenced.
+func (p *blockPool) touch(id int32) {
+	b := &p.blocks[id]
+	if b.ref == 0 {
+		p.unlink(id)
+	}
+	b.ref++
+}
+
+// alloc pops the head of the free queue, evicting its cached hash if any.
+// The caller has checked numFree.
+func (p *blockPool) alloc() int32 {
+	s := p.sentinel()
+	id := p.blocks[s].next
+	p.unlink(id)
+	b := &p.blocks[id]
+	if b.hashed {
+		delete(p.cached, b.hash)
+		b.hashed = false
+		if p.onEvict != nil {
+			p.onEvict(b.hash)
+		}
+	}
+	b.hash = 0
+	b.ref = 1
+	return id
+}
+
+// release drops one reference; an unreferenced block joins the free queue
+// tail (keeping its cached hash).
+func (p *blockPool) release(id int32) {
+	b := &p.blocks[id]
+	b.ref--
+	if b.ref == 0 {
+		p.pushTail(id)
+	}
+}
+
+// cache registers block id under hash. It returns false (and leaves the
+// block uncached) when another block already caches hash.
+func (p *blockPool) cache(id int32, hash uint64) bool {
+	if _, dup := p.cached[hash]; dup {
+		return false
+	}
+	p.cached[hash] = id
+	b := &p.blocks[id]
+	b.hash, b.hashed = hash, true
+	return true
+}
+
+// reset forgets every cached hash. It fails (returns false) while any block
+// is referenced, as vLLM's reset_prefix_cache does.
+func (p *blockPool) reset() bool {
+	if p.numFree != p.size() {
+		return false
+	}
+	clear(p.cached)
+	for i := range p.blocks[:p.size()] {
+		p.blocks[i].hashed = false
+		p.blocks[i].hash = 0
+	}
+	return true
+}

@@ -1,0 +1,123 @@
+package engine
+
+import (
+	"math"
+	"time"
+)
+
+// Batch describes one step's work for the cost model.
+type Batch struct {
+	// PrefillTokens is the number of uncached prompt (or recompute) tokens
+	// computed this step, over all prefilling sequences.
+	PrefillTokens int
+	// PrefillAttnPairs is the sum over prefill chunks of q x (p + q/2): query
+	// tokens times the (causal) context they attend to, where p tokens were
+	// already in the cache.
+	PrefillAttnPairs float64
+	// PrefillContext is the sum over prefill chunks of p (cached context read
+	// once from HBM).
+	PrefillContext int
+	// DecodeTokens is the number of decoding sequences (one token each).
+	DecodeTokens int
+	// DecodeContext is the sum of the decoding sequences' context lengths
+	// (the KV tokens their attention reads).
+	DecodeContext int
+	// Seqs is the number of scheduled sequences; Sampled how many of them
+	// produce a token (run the LM head).
+	Seqs, Sampled int
+}
+
+// costModel holds the per-profile constants of the step-time model, computed
+// once so StepTime is a handful of float operations.
+type costModel struct {
+	linFLOPsPerToken   float64 // 2 x active layer params / TP
+	headFLOPsPerSample float64 // 2 x vocab x hidden / TP
+	attnFLOPsPerPair   float64 // per query-key pair, all layers, per GPU
+	weightSec          float64 // weight read per step
+	kvSecPerToken      float64 // KV read per context token per GPU
+	peakPf, peakDc     float64 // achieved FLOP/s for prefill and decode rows
+	commSecPerToken    float64 // TP all-reduce bytes time per token
+	commFixedSec       float64 // TP all-reduce latency per step
+	stepSec, seqSec    float64
+}
+
+func newCostModel(p Profile) costModel {
+	m := p.Model
+	tp := float64(max(p.TP, 1))
+	bw := p.Hardware.HBMBandwidth * p.Eff.MemEfficiency
+	var attnPerPair float64
+	if m.KVLoRARank > 0 {
+		// Absorbed MLA: scores over the (latent + rope) dims, values over
+		// the latent, per head.
+		attnPerPair = 2*float64(m.Heads)*float64(m.KVLoRARank+m.QKRopeDim) + 2*float64(m.Heads)*float64(m.KVLoRARank)
+	} else {
+		attnPerPair = 4 * float64(m.Heads) * float64(m.HeadDim)
+	}
+	attnPerPair *= float64(m.Layers) / tp
+	c := costModel{
+		linFLOPsPerToken:   2 * m.activeLayerParams() / tp,
+		headFLOPsPerSample: 2 * float64(m.Vocab) * float64(m.Hidden) / tp,
+		attnFLOPsPerPair:   attnPerPair,
+		weightSec:          float64(p.WeightBytesPerGPU()) / bw,
+		kvSecPerToken:      float64(p.KVBytesPerTokenPerGPU()) / bw,
+		peakPf:             p.Hardware.PeakFLOPs * p.Eff.MFUPrefill,
+		peakDc:             p.Hardware.PeakFLOPs * p.Eff.MFUDecode,
+		stepSec:            p.Eff.StepOverheadSeconds,
+		seqSec:             p.Eff.SeqOverheadSeconds,
+	}
+	if p.TP > 1 && p.Hardware.NVLinkBandwidth > 0 {
+		// Two ring all-reduces per layer of hidden x dtype bytes per token.
+		ring := 2 * (tp - 1) / tp
+		c.commSecPerToken = 2 * float64(m.Layers) * ring * float64(m.Hidden*m.DTypeBytes) / p.Hardware.NVLinkBandwidth
+		c.commFixedSec = 2 * float64(m.Layers) * p.Eff.AllReduceLatencySeconds
+	}
+	return c
+}
+
+// seconds returns the modelled step time in seconds:
+//
+//	GEMMs:     max(weight read, 2 N_active T / (peak x MFU))   (weight-read floor once per step)
+//	prefill:   attention FLOPs of the chunks + cached-context KV read
+//	decode:    KV read of every decoding sequence's context
+//	TP:        two all-reduces per layer
+//	overheads: per step + per sequence
+func (c *costModel) seconds(b *Batch) float64 {
+	if b.Seqs == 0 {
+		return 0
+	}
+	pf, dc := float64(b.PrefillTokens), float64(b.DecodeTokens)
+	compute := (c.linFLOPsPerToken*pf)/c.peakPf + (c.linFLOPsPerToken*dc)/c.peakDc +
+		c.headFLOPsPerSample*float64(b.Sampled)/c.peakPf
+	gemm := math.Max(c.weightSec, compute)
+	attnPf := math.Max(c.attnFLOPsPerPair*b.PrefillAttnPairs/c.peakPf, c.kvSecPerToken*float64(b.PrefillContext))
+	attnDc := c.kvSecPerToken * float64(b.DecodeContext)
+	comm := 0.0
+	if c.commFixedSec > 0 {
+		comm = c.commFixedSec + c.commSecPerToken*(pf+dc)
+	}
+	return gemm + attnPf + attnDc + comm + c.stepSec + c.seqSec*float64(b.Seqs)
+}
+
+// StepTime returns the modelled duration of one step of batch b on profile p.
+// Engines precompute the constants; this is for planners and tests.
+func (p Profile) StepTime(b Batch) time.Duration {
+	c := newCostModel(p)
+	return secondsToDuration(c.seconds(&b))
+}
+
+func secondsToDuration(s float64) time.Duration {
+	return time.Duration(math.Round(s * 1e9))
+}
+
+// PrefillTime returns the modelled time of one step that prefills q new
+// tokens on top of p cached tokens of one sequence (no other work).
+func (p Profile) PrefillTime(q, cached int) time.Duration {
+	return p.StepTime(Batch{PrefillTokens: q, PrefillAttnPairs: float64(q) * (float64(cached) + float64(q)/2),
+		PrefillContext: cached, Seqs: 1, Sampled: 1})
+}
+
+// DecodeTime returns the modelled time of one pure decode step of batch
+// sequences holding ctx tokens of context each.
+func (p Profile) DecodeTime(batch, ctx int) time.Duration {
+	return p.StepTime(Batch{DecodeTokens: batch, DecodeContext: batch * ctx, Seqs: batch, Sampled: batch})
+}

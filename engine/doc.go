@@ -1,0 +1,75 @@
+// Package engine is a deterministic model of one vLLM-like inference engine:
+// continuous batching, a paged KV cache with automatic prefix caching, and a
+// roofline step-time model. It is pure: no I/O, no goroutines, no wall clock.
+// The caller owns time: Add and Step take the virtual time now (a
+// time.Duration since the caller's epoch), and Step returns how long the
+// modelled step takes. The simulator (package sim) steps engines in virtual
+// time; the emulator (package emulator) steps one in real time, sleeping for
+// each step's Duration. An Engine is not safe for concurrent use.
+//
+// # Scheduling (vLLM V1)
+//
+// Each Step is one scheduler iteration with a token budget of
+// MaxNumBatchedTokens. Running requests are served first, in admission order:
+// a decoding request takes one token, a request still prefilling takes
+// min(remaining prompt, budget) tokens (chunked prefill). When a running
+// request needs a block and none is free, the newest running request is
+// preempted (its blocks freed, its progress discarded: recompute) and put back
+// at the front of the waiting queue, as vLLM does. If nothing was preempted,
+// waiting requests are admitted in FCFS order while the budget and
+// MaxNumSeqs allow: each first reuses the longest run of its leading blocks
+// found in the prefix cache (never the whole prompt: one token is always
+// computed), then prefills the rest in budget-sized chunks. A request
+// produces a token in the step where all its known tokens have been
+// computed.
+//
+// # KV cache and prefix caching
+//
+// The cache is NumGPUBlocks blocks of BlockSize tokens. A full block is keyed
+// by a hash chained over its parent block's hash and its token ids (HashFunc:
+// the default XXH3 chain equals kvindex.HashTokens; SHA256 and SHA256CBOR
+// reproduce vLLM's sha256 and sha256_cbor algorithms with their NONE_HASH
+// seed, byte for byte). Requests given as BlockHashes (the simulator's fast
+// path, no token ids) use those keys directly. Blocks are reference counted;
+// a block whose last reference is dropped joins the tail of the free queue
+// but keeps its hash, so it can still be hit; allocation pops the head of the
+// queue and evicts its hash. This is vLLM's FreeKVCacheBlockQueue order (LRU
+// by time freed; a finished request's blocks are freed tail first so its
+// prefix outlives its suffix). Blocks are cached as soon as they are
+// allocated for tokens whose ids are known, as vLLM does, and the step's KV
+// events report it: BlockStored (with parent hash, token ids, block size and
+// medium "GPU"), BlockRemoved on eviction, AllBlocksCleared after
+// ResetPrefixCache.
+//
+// # Step time
+//
+// Step time follows the roofline form of the project's papers.md section 4.8:
+//
+//	GEMMs      max(weight bytes / (BW x eff), 2 N_active x tokens / (peak x MFU))
+//	prefill    attention FLOPs q x (p + q/2) per chunk, or the cached-context KV read
+//	decode     KV bytes of every decoding sequence's context / (BW x eff)
+//	TP         two all-reduces per layer (latency + ring bytes over NVLink)
+//	overheads  fixed per step + per scheduled sequence
+//
+// so prefill time grows with uncached tokens and the cached context they
+// attend to, decode time with batch size and total context, and small steps
+// sit on the weight-read floor. Profiles carry the model shape, the GPU and
+// the efficiencies; the 8B/H100 one is checked against BLIS's published fit
+// for vLLM on that hardware (cost_test.go).
+//
+// # What is approximated
+//
+//   - No real model runs: output tokens are pseudo-random ids from the
+//     request's seed; EOS is emitted only at Request.EOSAt.
+//   - Costs are an analytic roofline, not measured kernels: no CUDA-graph
+//     batch padding, no sampler or detokeniser cost beyond a per-sequence
+//     constant, no async scheduling overlap, no speculative decoding.
+//   - One KV cache group (no hybrid/sliding-window models), no LoRA, no
+//     multimodal or cache_salt extra keys, no CPU offload tier.
+//   - Duplicate blocks computed concurrently by two requests are not both
+//     cached: the second stays uncached (vLLM caches both under one hash).
+//   - vLLM's reserved null block is not modelled; KV usage is
+//     used blocks / NumGPUBlocks.
+//   - Prefix-cache query and hit counters count each request once, when first
+//     scheduled (not again after preemption).
+package engine

@@ -1,0 +1,495 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"time"
+
+	"github.com/zeebo/xxh3"
+)
+
+// Config configures an Engine. Zero-valued overrides take the profile's value.
+type Config struct {
+	// Profile is the deployment being modelled (see LookupProfile).
+	Profile Profile
+	// NumGPUBlocks overrides the KV cache size in blocks (default: the
+	// profile's).
+	NumGPUBlocks int
+	// BlockSize overrides tokens per block (default: the profile's, 16). When
+	// NumGPUBlocks is not set the block count is scaled to keep the same
+	// capacity in tokens.
+	BlockSize int
+	// MaxNumSeqs overrides vLLM's max_num_seqs (default: the profile's).
+	MaxNumSeqs int
+	// MaxNumBatchedTokens overrides the per-step token budget (default: the
+	// profile's).
+	MaxNumBatchedTokens int
+	// MaxModelLen overrides the context limit. Default: the profile's,
+	// lowered to the KV capacity when the cache is smaller.
+	MaxModelLen int
+	// HashFunc computes block hashes from token ids (default XXH3()). Unused
+	// for requests that carry BlockHashes.
+	HashFunc HashFunc
+	// DisablePrefixCaching turns automatic prefix caching off (no hits, no
+	// KV events), like vLLM's --no-enable-prefix-caching.
+	DisablePrefixCaching bool
+	// NoEvents skips building KV events (the simulator's fast path when
+	// nothing consumes them).
+	NoEvents bool
+	// Speed divides every modelled step time (2 = twice as fast). 0 means 1.
+	Speed float64
+}
+
+// Request is one generation request as the engine sees it.
+type Request struct {
+	// ID identifies the request; it must be unique among live requests.
+	ID string
+	// Prompt holds the token ids; nil when BlockHashes is given (simulator
+	// fast path).
+	Prompt []uint32
+	// PromptLen is len(Prompt), or the prompt length BlockHashes cover when
+	// Prompt is nil (the last block may be partial). 0 means len(Prompt).
+	PromptLen int
+	// BlockHashes are optional precomputed chained hashes of the prompt's full
+	// blocks (at the engine's block size); used as cache keys as they are.
+	// The engine keeps a reference; the caller must not modify them.
+	BlockHashes []uint64
+	// MaxTokens is the output limit; 0 means up to the max model length.
+	MaxTokens int
+	// IgnoreEOS disables the EOSAt rule.
+	IgnoreEOS bool
+	// EOSAt, when > 0 and IgnoreEOS is false, makes the EOSAt-th output token
+	// the model's EOS token: the request finishes with reason "stop". When 0
+	// the model never emits EOS and requests stop at MaxTokens ("length").
+	EOSAt int
+	// Seed selects the pseudo-random output token ids; 0 derives one from ID.
+	Seed uint64
+	// SkipPrefill marks the decode leg of disaggregated prefill: the prompt's
+	// KV arrived by transfer, so no prefill is computed (the last prompt
+	// token is recomputed locally to produce the first token, as vLLM's
+	// NixlConnector does).
+	SkipPrefill bool
+	// HoldKV marks the prefill leg: when the request finishes its blocks stay
+	// referenced until Release(ID).
+	HoldKV bool
+}
+
+// Finish reasons, as vLLM reports them.
+const (
+	FinishStop   = "stop"
+	FinishLength = "length"
+	FinishAbort  = "abort"
+)
+
+// Output is one request's progress in a step.
+type Output struct {
+	ID string
+	// Token is the generated token id (meaningless for an abort).
+	Token uint32
+	// Index is the 0-based position of Token among the request's outputs.
+	Index int
+	// First marks the request's first token.
+	First bool
+	// Finished marks the request's last output; FinishReason says why.
+	Finished     bool
+	FinishReason string
+	// PromptTokens and CachedTokens: the prompt length and how many of its
+	// tokens were prefix-cache hits when the request was first scheduled.
+	PromptTokens, CachedTokens int
+	// Time is when the token is ready: the end of the step.
+	Time time.Duration
+	// TTFT is Time - Arrival of the first token (set on every output once
+	// the first token exists). ITL is the time since the previous token (0 on
+	// the first).
+	TTFT, ITL time.Duration
+	// The rest is set only when Finished: arrival, time queued before first
+	// scheduled, prefill (first scheduled -> first token), decode (first ->
+	// last token), and the number of times the request was preempted.
+	Arrival     time.Duration
+	QueueTime   time.Duration
+	PrefillTime time.Duration
+	DecodeTime  time.Duration
+	Preemptions int
+}
+
+// KVEventKind says which of vLLM's KV events a KVEvent is.
+type KVEventKind uint8
+
+// KV event kinds (vllm/distributed/kv_events.py).
+const (
+	BlockStored KVEventKind = iota + 1
+	BlockRemoved
+	AllBlocksCleared
+)
+
+func (k KVEventKind) String() string {
+	switch k {
+	case BlockStored:
+		return "BlockStored"
+	case BlockRemoved:
+		return "BlockRemoved"
+	case AllBlocksCleared:
+		return "AllBlocksCleared"
+	}
+	return fmt.Sprintf("KVEventKind(%d)", k)
+}
+
+// MediumGPU is the medium of every event this engine emits.
+const MediumGPU = "GPU"
+
+// KVEvent is one KV-cache event. Slices alias engine memory that is never
+// modified afterwards; callers must not modify them.
+type KVEvent struct {
+	Kind KVEventKind
+	// BlockHashes are the 64-bit keys of the blocks stored or removed, in
+	// chain order for BlockStored.
+	BlockHashes []uint64
+	// ParentHash is the key of the block before BlockHashes[0], nil when
+	// BlockHashes[0] is the first block of its sequence (BlockStored only).
+	ParentHash *uint64
+	// TokenIDs are the stored blocks' tokens concatenated (BlockStored; nil
+	// for requests given as BlockHashes without tokens).
+	TokenIDs  []uint32
+	BlockSize int
+	Medium    string
+}
+
+// StepResult is what one Step did.
+type StepResult struct {
+	// Duration is the modelled time of the step (0 when there was no work).
+	Duration time.Duration
+	// Outputs has one entry per request that produced a token (or was
+	// aborted) this step.
+	Outputs []Output
+	// Events are the KV events of the step, in order.
+	Events []KVEvent
+	// Batch is the step's shape as given to the cost model.
+	Batch Batch
+	// Preempted is the number of requests preempted this step.
+	Preempted int
+
+	removed []uint64 // slab for BlockRemoved hashes
+}
+
+// Stats is the engine's state and counters, as vLLM's metrics report them.
+type Stats struct {
+	Waiting, Running int
+	// Held is the number of finished requests whose KV is held (HoldKV).
+	Held int
+	// KVUsage is the fraction of blocks in use (referenced), 0..1.
+	KVUsage float64
+	// NumGPUBlocks and BlockSize describe the cache; FreeBlocks counts
+	// unreferenced blocks, CachedBlocks blocks holding a cached hash.
+	NumGPUBlocks, BlockSize  int
+	FreeBlocks, CachedBlocks int
+	// Counters since New, in tokens where vLLM counts tokens.
+	PrefixQueries, PrefixHits      int64
+	Preemptions                    int64
+	PromptTokens, GenerationTokens int64
+	FinishedStop, FinishedLength   int64
+	FinishedAbort                  int64
+	Steps                          int64
+	// BusyTime is the sum of step durations.
+	BusyTime time.Duration
+}
+
+// LengthError reports a request that does not fit the model's context.
+type LengthError struct {
+	MaxModelLen, PromptTokens, MaxTokens int
+}
+
+func (e *LengthError) Error() string {
+	return fmt.Sprintf("engine: add: %d prompt tokens + %d output tokens exceed the max model length %d",
+		e.PromptTokens, e.MaxTokens, e.MaxModelLen)
+}
+
+// Errors returned by Add.
+var (
+	ErrDuplicateID = errors.New("engine: add: duplicate request id")
+	ErrEmptyPrompt = errors.New("engine: add: empty prompt")
+)
+
+type seqStatus uint8
+
+const (
+	statusWaiting seqStatus = iota
+	statusRunning
+	statusHeld
+	statusDone
+)
+
+type sequence struct {
+	id                    string
+	status                seqStatus
+	promptLen, maxTokens  int
+	eosAt                 int
+	seed                  uint64
+	skipPrefill, holdKV   bool
+	numTokens, computed   int
+	outputs               int
+	blocks                []int32
+	hashes                []uint64 // keys of full blocks known so far, in chain order
+	parent                Digest   // digest of hashes[len-1] (token mode chain)
+	numStored             int      // blocks[:numStored] have been offered to the cache
+	tokens                []uint32 // prompt + outputs (token mode); nil on the fast path
+	cachedTokens          int
+	admitted              bool
+	arrival, firstSched   time.Duration
+	firstToken, lastToken time.Duration
+	preemptions           int
+	lastTok               uint32
+}
+
+type scheduled struct {
+	s *sequence
+	n int
+}
+
+// Engine is the model of one vLLM engine. It is not safe for concurrent use.
+type Engine struct {
+	cfg     Config
+	prof    Profile
+	bs      int
+	maxSeqs int
+	budget  int
+	maxLen  int
+	cost    costModel
+	hash    HashFunc
+	speed   float64
+	vocab   uint32
+	eos     uint32
+	caching bool
+
+	pool    *blockPool
+	seqs    map[string]*sequence
+	waiting deque
+	running []*sequence
+	aborted []Output
+
+	sched        []scheduled
+	res          *StepResult // target of the step in progress (for eviction events)
+	pendingClear bool        // ResetPrefixCache ran: report AllBlocksCleared
+	stats        Stats
+}
+
+// New returns an engine for cfg, or an error naming the bad field.
+func New(cfg Config) (*Engine, error) {
+	p := cfg.Profile
+	if cfg.BlockSize < 0 || cfg.NumGPUBlocks < 0 || cfg.MaxNumSeqs < 0 || cfg.MaxNumBatchedTokens < 0 || cfg.MaxModelLen < 0 || cfg.Speed < 0 {
+		return nil, errors.New("engine: new: negative override in Config")
+	}
+	if cfg.BlockSize > 0 && cfg.BlockSize != p.BlockSize {
+		if cfg.NumGPUBlocks == 0 && p.BlockSize > 0 {
+			p.NumGPUBlocks = p.NumGPUBlocks * p.BlockSize / cfg.BlockSize
+		}
+		p.BlockSize = cfg.BlockSize
+	}
+	if cfg.NumGPUBlocks > 0 {
+		p.NumGPUBlocks = cfg.NumGPUBlocks
+	}
+	if cfg.MaxNumSeqs > 0 {
+		p.MaxNumSeqs = cfg.MaxNumSeqs
+	}
+	if cfg.MaxNumBatchedTokens > 0 {
+		p.MaxNumBatchedTokens = cfg.MaxNumBatchedTokens
+	}
+	if cfg.MaxModelLen > 0 {
+		p.MaxModelLen = cfg.MaxModelLen
+	} else if c := p.NumGPUBlocks * p.BlockSize; p.MaxModelLen > c {
+		p.MaxModelLen = c
+	}
+	if err := p.Validate(); err != nil {
+		return nil, fmt.Errorf("engine: new: %w", err)
+	}
+	if c := p.NumGPUBlocks * p.BlockSize; p.MaxModelLen > c {
+		return nil, fmt.Errorf("engine: new: MaxModelLen %d is larger than the KV cache (%d tokens)", p.MaxModelLen, c)
+	}
+	if p.BlockSize > 128 {
+		return nil, fmt.Errorf("engine: new: BlockSize %d is larger than 128", p.BlockSize)
+	}
+	e := &Engine{
+		cfg: cfg, prof: p, bs: p.BlockSize, maxSeqs: p.MaxNumSeqs, budget: p.MaxNumBatchedTokens,
+		maxLen: p.MaxModelLen, cost: newCostModel(p), hash: cfg.HashFunc, speed: cfg.Speed,
+		vocab: uint32(p.Model.Vocab), eos: p.Model.EOSTokenID, caching: !cfg.DisablePrefixCaching,
+		pool: newBlockPool(p.NumGPUBlocks), seqs: make(map[string]*sequence),
+	}
+	if e.hash == nil {
+		e.hash = XXH3()
+	}
+	if e.speed == 0 {
+		e.speed = 1
+	}
+	if e.caching && !cfg.NoEvents {
+		e.pool.onEvict = e.evicted
+	}
+	e.stats.NumGPUBlocks, e.stats.BlockSize = p.NumGPUBlocks, p.BlockSize
+	return e, nil
+}
+
+// Profile returns the effective profile (with Config overrides applied).
+func (e *Engine) Profile() Profile { return e.prof }
+
+// Add queues r at virtual time now. It fails for an empty prompt, a
+// duplicate live ID, or a request longer than the max model length
+// (*LengthError).
+func (e *Engine) Add(now time.Duration, r *Request) error {
+	n := r.PromptLen
+	if r.Prompt != nil {
+		if n == 0 {
+			n = len(r.Prompt)
+		} else if n != len(r.Prompt) {
+			return fmt.Errorf("engine: add: PromptLen %d != len(Prompt) %d", n, len(r.Prompt))
+		}
+	}
+	if n <= 0 {
+		return ErrEmptyPrompt
+	}
+	if _, dup := e.seqs[r.ID]; dup {
+		return fmt.Errorf("%w %q", ErrDuplicateID, r.ID)
+	}
+	if r.MaxTokens < 0 {
+		return fmt.Errorf("engine: add: MaxTokens %d < 0", r.MaxTokens)
+	}
+	maxTok := r.MaxTokens
+	if maxTok == 0 {
+		maxTok = e.maxLen - n
+	}
+	if maxTok < 1 || n+maxTok > e.maxLen {
+		return &LengthError{MaxModelLen: e.maxLen, PromptTokens: n, MaxTokens: r.MaxTokens}
+	}
+	s := &sequence{
+		id: r.ID, promptLen: n, maxTokens: maxTok, seed: r.Seed, skipPrefill: r.SkipPrefill, holdKV: r.HoldKV,
+		numTokens: n, arrival: now,
+	}
+	if !r.IgnoreEOS && r.EOSAt > 0 {
+		s.eosAt = r.EOSAt
+	}
+	if s.seed == 0 {
+		s.seed = xxh3.HashString(r.ID) | 1
+	}
+	total := n + maxTok
+	s.blocks = make([]int32, 0, min((total+e.bs-1)/e.bs, (n+e.bs-1)/e.bs+64))
+	full := n / e.bs
+	switch {
+	case r.BlockHashes != nil:
+		h := r.BlockHashes
+		if len(h) > full {
+			h = h[:full]
+		}
+		s.hashes = h[:len(h):len(h)]
+		if r.Prompt != nil {
+			s.tokens = make([]uint32, n, n+min(maxTok, 4096))
+			copy(s.tokens, r.Prompt)
+		}
+	default:
+		s.tokens = make([]uint32, n, n+min(maxTok, 4096))
+		copy(s.tokens, r.Prompt)
+		if e.caching {
+			s.hashes = make([]uint64, 0, full+min(maxTok, 4096)/e.bs+1)
+			s.parent = e.hash.None()
+			for i := 0; i < full; i++ {
+				s.parent = e.hash.Block(s.parent, s.tokens[i*e.bs:(i+1)*e.bs])
+				s.hashes = append(s.hashes, s.parent.Key())
+			}
+		}
+	}
+	e.seqs[r.ID] = s
+	e.waiting.pushBack(s)
+	return nil
+}
+
+// Abort removes a waiting or running request and frees its blocks; the next
+// Step reports it with FinishReason "abort". Unknown IDs are ignored. A held
+// request (HoldKV) is released.
+func (e *Engine) Abort(now time.Duration, id string) {
+	s, ok := e.seqs[id]
+	if !ok {
+		return
+	}
+	switch s.status {
+	case statusHeld:
+		e.Release(id)
+		return
+	case statusWaiting:
+		e.waiting.remove(s)
+	case statusRunning:
+		for i, r := range e.running {
+			if r == s {
+				e.running = append(e.running[:i], e.running[i+1:]...)
+				break
+			}
+		}
+	}
+	e.freeBlocks(s)
+	s.status = statusDone
+	delete(e.seqs, id)
+	e.stats.FinishedAbort++
+	o := Output{ID: id, Index: s.outputs, Finished: true, FinishReason: FinishAbort, PromptTokens: s.promptLen,
+		CachedTokens: s.cachedTokens, Time: now, Arrival: s.arrival, Preemptions: s.preemptions}
+	if s.outputs > 0 {
+		o.TTFT = s.firstToken - s.arrival
+	}
+	e.aborted = append(e.aborted, o)
+}
+
+// Release frees the blocks a finished HoldKV request kept (the end of a P/D
+// lease). Unknown or not-held IDs are ignored.
+func (e *Engine) Release(id string) {
+	s, ok := e.seqs[id]
+	if !ok || s.status != statusHeld {
+		return
+	}
+	e.freeBlocks(s)
+	s.status = statusDone
+	delete(e.seqs, id)
+}
+
+// BlockIDs returns the KV block ids a live or held request holds, in order
+// (for NixlConnector's remote_block_ids). Nil for unknown IDs.
+func (e *Engine) BlockIDs(id string) []int {
+	s, ok := e.seqs[id]
+	if !ok {
+		return nil
+	}
+	ids := make([]int, len(s.blocks))
+	for i, b := range s.blocks {
+		ids[i] = int(b)
+	}
+	return ids
+}
+
+// HasWork reports whether Step has anything to do.
+func (e *Engine) HasWork() bool {
+	return e.waiting.len() > 0 || len(e.running) > 0 || len(e.aborted) > 0
+}
+
+// Stats returns the current state and counters.
+func (e *Engine) Stats() Stats {
+	st := e.stats
+	st.Waiting = e.waiting.len()
+	st.Running = len(e.running)
+	held := 0
+	for _, s := range e.seqs {
+		if s.status == statusHeld {
+			held++
+		}
+	}
+	st.Held = held
+	st.FreeBlocks = e.pool.numFree
+	st.CachedBlocks = len(e.pool.cached)
+	st.KVUsage = 1 - float64(e.pool.numFree)/float64(e.pool.size())
+	return st
+}
+
+// ResetPrefixCache forgets every cached block, as vLLM's
+// /reset_prefix_cache does, and reports an AllBlocksCleared event in the
+// next Step. It fails (returns false) while any block is in use.
+func (e *Engine) ResetPrefixCache() bool {
+	if !e.pool.reset() {
+		return false
+	}
+	if e.caching && !e.cfg.NoEvents {
+		e.pendingClear = true
+	}
+	return true
+}

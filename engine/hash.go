@@ -1,0 +1,261 @@
+package engine
+
+import (
+	"crypto/sha256"
+	"encoding/binary"
+	"fmt"
+	"unsafe"
+
+	"github.com/zeebo/xxh3"
+)
+
+// Digest is a block hash in its full form. Hashes shorter than 32 bytes
+// (the 64-bit default) are stored right-aligned, so Key is always the last 8
+// bytes read big-endian: for vLLM's sha256 algorithms that is exactly the int
+// vLLM publishes in KV events (int.from_bytes(digest, "big") & (2**64-1)).
+type Digest [32]byte
+
+// Key returns the 64-bit form of d used as the cache key and in KV events.
+func (d Digest) Key() uint64 { return binary.BigEndian.Uint64(d[24:]) }
+
+// digestOf returns the Digest whose Key is k.
+func digestOf(k uint64) Digest {
+	var d Digest
+	binary.BigEndian.PutUint64(d[24:], k)
+	return d
+}
+
+// HashFunc computes chained prefix-cache block hashes: the hash of block i is
+// Block(hash of block i-1, tokens of block i), and the parent of block 0 is
+// None(). Implementations must be deterministic and safe for concurrent use
+// (the built-in ones are stateless).
+type HashFunc interface {
+	// Name is the algorithm's name as vLLM's --prefix-caching-hash-algo
+	// spells it ("sha256", "sha256_cbor"), or "xxh3" for the default.
+	Name() string
+	// None returns the parent of the first block (vLLM's NONE_HASH).
+	None() Digest
+	// Block returns the hash of one full block of tokens given its parent.
+	Block(parent Digest, tokens []uint32) Digest
+}
+
+// Hash function names accepted by NewHashFunc.
+const (
+	HashXXH3       = "xxh3"
+	HashSHA256     = "sha256"
+	HashSHA256CBOR = "sha256_cbor"
+)
+
+// DefaultNoneHashSeed is the seed vLLM uses for NONE_HASH with the sha256
+// algorithms when PYTHONHASHSEED is unset (vLLM PR #51875).
+const DefaultNoneHashSeed = "vllm-none-hash"
+
+// NewHashFunc returns the named hash function. seed is the NONE_HASH seed
+// string for the sha256 algorithms ("" means DefaultNoneHashSeed; vLLM uses
+// $PYTHONHASHSEED when set, e.g. "0"); it is ignored by xxh3.
+func NewHashFunc(name, seed string) (HashFunc, error) {
+	if seed == "" {
+		seed = DefaultNoneHashSeed
+	}
+	switch name {
+	case HashXXH3, "":
+		return XXH3(), nil
+	case HashSHA256:
+		return SHA256(seed), nil
+	case HashSHA256CBOR:
+		return SHA256CBOR(seed), nil
+	}
+	return nil, fmt.Errorf("engine: unknown hash function %q (want %s, %s or %s)", name, HashXXH3, HashSHA256, HashSHA256CBOR)
+}
+
+// XXH3 returns the default fast 64-bit chained hash. It is the same chain as
+// kvindex.HashTokens: h[0] = XXH3-64 seeded with 0x6b76726f75746531 over the
+// little-endian bytes of block 0, h[i] = XXH3-64 seeded with h[i-1] over
+// block i, with 0 mapped to 1. So a router hashing prompts with kvindex
+// computes the very keys this engine publishes in its KV events.
+func XXH3() HashFunc { return xxh3Hash{} }
+
+const xxh3Seed uint64 = 0x6b76726f75746531 // "kvroute1", kvindex's token seed
+
+type xxh3Hash struct{}
+
+func (xxh3Hash) Name() string { return HashXXH3 }
+func (xxh3Hash) None() Digest { return digestOf(xxh3Seed) }
+
+var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
+
+func (xxh3Hash) Block(parent Digest, tokens []uint32) Digest {
+	return digestOf(xxh3Block(parent.Key(), tokens))
+}
+
+func xxh3Block(parent uint64, tokens []uint32) uint64 {
+	if len(tokens) == 0 {
+		return nonZero(xxh3.HashSeed(nil, parent))
+	}
+	var b []byte
+	if littleEndian {
+		b = unsafe.Slice((*byte)(unsafe.Pointer(&tokens[0])), 4*len(tokens))
+	} else {
+		b = make([]byte, 4*len(tokens))
+		for i, t := range tokens {
+			binary.LittleEndian.PutUint32(b[4*i:], t)
+		}
+	}
+	return nonZero(xxh3.HashSeed(b, parent))
+}
+
+func nonZero(h uint64) uint64 {
+	if h == 0 {
+		return 1
+	}
+	return h
+}
+
+// SHA256 returns vLLM's "sha256" prefix-caching hash: sha256 of the pickle
+// (protocol 5) of the tuple (parent_digest_bytes, tuple(token_ids), None),
+// with NONE_HASH = sha256(pickle(seed)). No extra keys (LoRA, multimodal,
+// cache_salt) are modelled.
+func SHA256(seed string) HashFunc {
+	h := sha256Pickle{}
+	h.none = sha256.Sum256(pickleString(nil, seed))
+	return h
+}
+
+type sha256Pickle struct{ none Digest }
+
+func (h sha256Pickle) Name() string { return HashSHA256 }
+func (h sha256Pickle) None() Digest { return h.none }
+
+func (h sha256Pickle) Block(parent Digest, tokens []uint32) Digest {
+	var buf [1024]byte
+	return sha256.Sum256(pickleBlock(buf[:0], &parent, tokens))
+}
+
+// Pickle opcodes (Python's pickle module, protocol 5).
+const (
+	opProto          = 0x80
+	opFrame          = 0x95
+	opShortBinBytes  = 'C'
+	opShortBinUnicod = 0x8c
+	opBinUnicode     = 'X'
+	opMemoize        = 0x94
+	opBinInt1        = 'K'
+	opBinInt2        = 'M'
+	opBinInt         = 'J'
+	opLong1          = 0x8a
+	opMark           = '('
+	opTuple          = 't'
+	opTuple1         = 0x85
+	opTuple2         = 0x86
+	opTuple3         = 0x87
+	opEmptyTuple     = ')'
+	opNone           = 'N'
+	opStop           = '.'
+)
+
+// pickleFrame wraps body (the opcodes after the frame header, ending in
+// STOP) in PROTO 5 + FRAME as CPython's C pickler writes it for small
+// objects.
+func pickleFrame(dst []byte, body func([]byte) []byte) []byte {
+	dst = append(dst, opProto, 5, opFrame, 0, 0, 0, 0, 0, 0, 0, 0)
+	start := len(dst)
+	dst = body(dst)
+	binary.LittleEndian.PutUint64(dst[start-8:start], uint64(len(dst)-start))
+	return dst
+}
+
+func pickleString(dst []byte, s string) []byte {
+	return pickleFrame(dst, func(b []byte) []byte {
+		if len(s) < 256 {
+			b = append(b, opShortBinUnicod, byte(len(s)))
+		} else {
+			b = append(b, opBinUnicode)
+			b = binary.LittleEndian.AppendUint32(b, uint32(len(s)))
+		}
+		b = append(b, s...)
+		return append(b, opMemoize, opStop)
+	})
+}
+
+func pickleBlock(dst []byte, parent *Digest, tokens []uint32) []byte {
+	dst = append(dst, opProto, 5, opFrame, 0, 0, 0, 0, 0, 0, 0, 0)
+	start := len(dst)
+	dst = append(dst, opShortBinBytes, 32)
+	dst = append(dst, parent[:]...)
+	dst = append(dst, opMemoize)
+	switch n := len(tokens); {
+	case n == 0:
+		dst = append(dst, opEmptyTuple)
+	case n <= 3:
+		dst = pickleInts(dst, tokens)
+		dst = append(dst, opTuple1+byte(n-1), opMemoize)
+	default:
+		dst = append(dst, opMark)
+		dst = pickleInts(dst, tokens)
+		dst = append(dst, opTuple, opMemoize)
+	}
+	dst = append(dst, opNone, opTuple3, opMemoize, opStop)
+	binary.LittleEndian.PutUint64(dst[start-8:start], uint64(len(dst)-start))
+	return dst
+}
+
+func pickleInts(dst []byte, tokens []uint32) []byte {
+	for _, t := range tokens {
+		switch {
+		case t <= 0xff:
+			dst = append(dst, opBinInt1, byte(t))
+		case t <= 0xffff:
+			dst = append(dst, opBinInt2, byte(t), byte(t>>8))
+		case t <= 0x7fffffff:
+			dst = append(dst, opBinInt, byte(t), byte(t>>8), byte(t>>16), byte(t>>24))
+		default:
+			// LONG1: little-endian two's complement; a high bit needs a 0 byte.
+			dst = append(dst, opLong1, 5, byte(t), byte(t>>8), byte(t>>16), byte(t>>24), 0)
+		}
+	}
+	return dst
+}
+
+// SHA256CBOR returns vLLM's "sha256_cbor" prefix-caching hash: sha256 of the
+// canonical CBOR encoding of (parent_digest_bytes, [token_ids...], null),
+// with NONE_HASH = sha256(cbor(seed)).
+func SHA256CBOR(seed string) HashFunc {
+	b := cborHead(nil, 3, uint64(len(seed)))
+	b = append(b, seed...)
+	return sha256CBOR{none: sha256.Sum256(b)}
+}
+
+type sha256CBOR struct{ none Digest }
+
+func (h sha256CBOR) Name() string { return HashSHA256CBOR }
+func (h sha256CBOR) None() Digest { return h.none }
+
+func (h sha256CBOR) Block(parent Digest, tokens []uint32) Digest {
+	var buf [1024]byte
+	b := append(buf[:0], 0x83, 0x58, 32)
+	b = append(b, parent[:]...)
+	b = cborHead(b, 4, uint64(len(tokens)))
+	for _, t := range tokens {
+		b = cborHead(b, 0, uint64(t))
+	}
+	b = append(b, 0xf6)
+	return sha256.Sum256(b)
+}
+
+// cborHead appends a CBOR head of the given major type and argument in its
+// shortest (canonical) form.
+func cborHead(dst []byte, major byte, v uint64) []byte {
+	m := major << 5
+	switch {
+	case v < 24:
+		return append(dst, m|byte(v))
+	case v <= 0xff:
+		return append(dst, m|24, byte(v))
+	case v <= 0xffff:
+		return append(dst, m|25, byte(v>>8), byte(v))
+	case v <= 0xffffffff:
+		return append(dst, m|26, byte(v>>24), byte(v>>16), byte(v>>8), byte(v))
+	}
+	dst = append(dst, m|27)
+	return binary.BigEndian.AppendUint64(dst, v)
+}

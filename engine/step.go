@@ -1,0 +1,388 @@
+package engine
+
+import (
+	"encoding/binary"
+	"time"
+
+	"github.com/zeebo/xxh3"
+)
+
+// Step runs one scheduler iteration starting at virtual time now and returns
+// what it did in a fresh StepResult.
+func (e *Engine) Step(now time.Duration) StepResult {
+	var r StepResult
+	e.StepInto(now, &r)
+	return r
+}
+
+// StepInto is Step writing into r, reusing its slices: the previous contents
+// of r (and any event slices taken from it) are overwritten. Drivers that
+// consume a step's results before the next step use it to avoid allocating.
+func (e *Engine) StepInto(now time.Duration, r *StepResult) {
+	r.Duration, r.Batch, r.Preempted = 0, Batch{}, 0
+	r.Outputs = append(r.Outputs[:0], e.aborted...)
+	clear(e.aborted)
+	e.aborted = e.aborted[:0]
+	r.Events = r.Events[:0]
+	r.removed = r.removed[:0]
+	if e.pendingClear {
+		r.Events = append(r.Events, KVEvent{Kind: AllBlocksCleared})
+		e.pendingClear = false
+	}
+	e.res = r
+	defer func() { e.res = nil }()
+
+	e.schedule(now, r)
+	if len(e.sched) == 0 {
+		return
+	}
+	secs := e.cost.seconds(&r.Batch) / e.speed
+	r.Duration = secondsToDuration(secs)
+	end := now + r.Duration
+	e.stats.Steps++
+	e.stats.BusyTime += r.Duration
+
+	finished := false
+	for _, sc := range e.sched {
+		s := sc.s
+		s.computed += sc.n
+		if s.computed < s.numTokens {
+			continue // a prefill chunk; no token yet
+		}
+		finished = e.emit(s, end, r) || finished
+	}
+	clear(e.sched)
+	e.sched = e.sched[:0]
+	if finished {
+		keep := e.running[:0]
+		for _, s := range e.running {
+			if s.status == statusRunning {
+				keep = append(keep, s)
+			}
+		}
+		clear(e.running[len(keep):])
+		e.running = keep
+	}
+}
+
+// schedule picks this step's work as vLLM V1's scheduler does: running
+// requests first, in order (decodes and unfinished prefill chunks), each
+// taking min(remaining, budget) tokens and preempting the newest running
+// request when blocks run out; then, if nothing was preempted, waiting
+// requests in FCFS order with their prefix-cache hits, chunked to the
+// remaining budget, while max_num_seqs allows.
+func (e *Engine) schedule(now time.Duration, r *StepResult) {
+	budget := e.budget
+	for i := 0; i < len(e.running) && budget > 0; {
+		s := e.running[i]
+		n := min(s.numTokens-s.computed, budget)
+		if n <= 0 {
+			i++
+			continue
+		}
+		ok := true
+		for !e.allocate(s, n) {
+			victim := e.running[len(e.running)-1]
+			e.running[len(e.running)-1] = nil
+			e.running = e.running[:len(e.running)-1]
+			e.preempt(victim)
+			r.Preempted++
+			if victim == s {
+				ok = false
+				break
+			}
+		}
+		if !ok {
+			break
+		}
+		e.add(s, n, r)
+		budget -= n
+		i++
+	}
+	if r.Preempted > 0 {
+		return
+	}
+	for e.waiting.len() > 0 && budget > 0 && len(e.running) < e.maxSeqs {
+		s := e.waiting.front()
+		n, ok := e.admit(now, s, budget)
+		if !ok {
+			break
+		}
+		e.waiting.popFront()
+		s.status = statusRunning
+		e.running = append(e.running, s)
+		e.add(s, n, r)
+		budget -= n
+	}
+}
+
+// add records that s computes n tokens this step.
+func (e *Engine) add(s *sequence, n int, r *StepResult) {
+	e.sched = append(e.sched, scheduled{s: s, n: n})
+	b := &r.Batch
+	b.Seqs++
+	if s.computed+n == s.numTokens {
+		b.Sampled++
+	}
+	if n == 1 && s.outputs > 0 && s.computed == s.numTokens-1 {
+		b.DecodeTokens++
+		b.DecodeContext += s.numTokens
+		return
+	}
+	b.PrefillTokens += n
+	b.PrefillAttnPairs += float64(n) * (float64(s.computed) + float64(n)/2)
+	b.PrefillContext += s.computed
+}
+
+// allocate makes room in s's blocks for n more tokens, caching the blocks
+// that become full. It returns false, changing nothing, when the free queue
+// is too short.
+func (e *Engine) allocate(s *sequence, n int) bool {
+	need := (s.computed+n+e.bs-1)/e.bs - len(s.blocks)
+	if need > e.pool.numFree {
+		return false
+	}
+	e.allocN(s, need)
+	e.cacheFull(s, s.computed+n)
+	return true
+}
+
+// admit schedules a waiting request: it finds its prefix-cache hit, then
+// allocates blocks for min(uncached, budget) tokens. It returns the tokens
+// to compute this step, or false when the blocks do not fit.
+func (e *Engine) admit(now time.Duration, s *sequence, budget int) (int, bool) {
+	hit := 0
+	if e.caching {
+		// At least one token must be computed to produce logits.
+		limit := min((s.numTokens-1)/e.bs, len(s.hashes))
+		for hit < limit {
+			if _, ok := e.pool.lookup(s.hashes[hit]); !ok {
+				break
+			}
+			hit++
+		}
+	}
+	computed := hit * e.bs
+	if s.skipPrefill && s.outputs == 0 && computed < s.promptLen-1 {
+		computed = s.promptLen - 1 // KV transferred from the prefill engine
+	}
+	n := min(s.numTokens-computed, budget)
+	need := (computed+n+e.bs-1)/e.bs - hit
+	evictable := 0
+	for _, h := range s.hashes[:hit] {
+		id, _ := e.pool.lookup(h)
+		if e.pool.blocks[id].ref == 0 {
+			evictable++
+		}
+	}
+	if need > e.pool.numFree-evictable {
+		return 0, false
+	}
+	for _, h := range s.hashes[:hit] {
+		id, _ := e.pool.lookup(h)
+		e.pool.touch(id)
+		s.blocks = append(s.blocks, id)
+	}
+	s.numStored = hit
+	s.computed = computed
+	e.allocN(s, need)
+	e.cacheFull(s, computed+n)
+	if !s.admitted {
+		s.admitted = true
+		s.firstSched = now
+		s.cachedTokens = computed
+		e.stats.PrefixQueries += int64(s.promptLen)
+		e.stats.PrefixHits += int64(hit * e.bs)
+	}
+	return n, true
+}
+
+// allocN appends need fresh blocks to s, reporting evictions as one
+// BlockRemoved event.
+func (e *Engine) allocN(s *sequence, need int) {
+	if need <= 0 {
+		return
+	}
+	r := e.res
+	start := 0
+	if r != nil {
+		start = len(r.removed)
+	}
+	for range need {
+		s.blocks = append(s.blocks, e.pool.alloc())
+	}
+	if r != nil && len(r.removed) > start {
+		r.Events = append(r.Events, KVEvent{Kind: BlockRemoved, BlockHashes: r.removed[start:len(r.removed):len(r.removed)], Medium: MediumGPU})
+	}
+}
+
+// evicted collects the hash of an evicted block for the step's events.
+func (e *Engine) evicted(hash uint64) {
+	if e.res != nil {
+		e.res.removed = append(e.res.removed, hash)
+	}
+}
+
+// cacheFull offers to the prefix cache every block of s that is full within
+// the first upTo tokens, reporting runs of newly cached blocks as
+// BlockStored events.
+func (e *Engine) cacheFull(s *sequence, upTo int) {
+	full := min(upTo, s.numTokens) / e.bs
+	if !e.caching {
+		s.numStored = max(s.numStored, full)
+		return
+	}
+	runStart := -1
+	for j := s.numStored; j < full; j++ {
+		key := e.blockKey(s, j)
+		if e.pool.cache(s.blocks[j], key) {
+			if runStart < 0 {
+				runStart = j
+			}
+			continue
+		}
+		if runStart >= 0 {
+			e.stored(s, runStart, j)
+			runStart = -1
+		}
+	}
+	if runStart >= 0 {
+		e.stored(s, runStart, full)
+	}
+	s.numStored = max(s.numStored, full)
+}
+
+// stored reports blocks [from, to) of s as one BlockStored event.
+func (e *Engine) stored(s *sequence, from, to int) {
+	r := e.res
+	if r == nil || e.cfg.NoEvents {
+		return
+	}
+	ev := KVEvent{Kind: BlockStored, BlockHashes: s.hashes[from:to:to], BlockSize: e.bs, Medium: MediumGPU}
+	if from > 0 {
+		ev.ParentHash = &s.hashes[from-1]
+	}
+	if s.tokens != nil {
+		ev.TokenIDs = s.tokens[from*e.bs : to*e.bs : to*e.bs]
+	}
+	r.Events = append(r.Events, ev)
+}
+
+// blockKey returns the key of block j of s, extending the chain when block
+// j holds tokens generated after Add (or prompt blocks BlockHashes did not
+// cover). Blocks are hashed in order, so j <= len(s.hashes).
+func (e *Engine) blockKey(s *sequence, j int) uint64 {
+	for len(s.hashes) <= j {
+		i := len(s.hashes)
+		var parent uint64
+		if i > 0 {
+			parent = s.hashes[i-1]
+		}
+		if s.tokens != nil {
+			if i > 0 && s.parent.Key() != parent {
+				s.parent = digestOf(parent) // chain continues from caller-given keys
+			} else if i == 0 {
+				s.parent = e.hash.None()
+			}
+			s.parent = e.hash.Block(s.parent, s.tokens[i*e.bs:(i+1)*e.bs])
+			s.hashes = append(s.hashes, s.parent.Key())
+			continue
+		}
+		// No token ids: the block's content is this request's own output
+		// (or unknown prompt), so its key only needs to be unique.
+		var b [16]byte
+		binary.LittleEndian.PutUint64(b[:8], s.seed)
+		binary.LittleEndian.PutUint64(b[8:], uint64(i))
+		s.hashes = append(s.hashes, nonZero(xxh3.HashSeed(b[:], parent^0x9e3779b97f4a7c15)))
+	}
+	return s.hashes[j]
+}
+
+// preempt frees s's blocks and puts it back at the front of the waiting
+// queue to be recomputed (vLLM's recompute preemption).
+func (e *Engine) preempt(s *sequence) {
+	e.freeBlocks(s)
+	s.computed = 0
+	s.numStored = 0
+	s.status = statusWaiting
+	s.preemptions++
+	e.stats.Preemptions++
+	e.waiting.pushFront(s)
+}
+
+// freeBlocks releases s's blocks tail first, so the free queue evicts a
+// sequence's last blocks before its first ones.
+func (e *Engine) freeBlocks(s *sequence) {
+	for i := len(s.blocks) - 1; i >= 0; i-- {
+		e.pool.release(s.blocks[i])
+	}
+	s.blocks = s.blocks[:0]
+	s.numStored = 0
+}
+
+// emit samples s's next token at time t and reports it. It returns true when
+// s finished.
+func (e *Engine) emit(s *sequence, t time.Duration, r *StepResult) bool {
+	idx := s.outputs
+	tok := e.token(s, idx)
+	s.outputs++
+	s.numTokens++
+	if s.tokens != nil {
+		s.tokens = append(s.tokens, tok)
+	}
+	e.stats.GenerationTokens++
+	o := Output{ID: s.id, Token: tok, Index: idx, PromptTokens: s.promptLen, CachedTokens: s.cachedTokens, Time: t}
+	if idx == 0 {
+		o.First = true
+		s.firstToken = t
+		e.stats.PromptTokens += int64(s.promptLen)
+	} else {
+		o.ITL = t - s.lastToken
+	}
+	s.lastToken = t
+	o.TTFT = s.firstToken - s.arrival
+	switch {
+	case s.eosAt > 0 && s.outputs == s.eosAt:
+		o.FinishReason = FinishStop
+		e.stats.FinishedStop++
+	case s.outputs >= s.maxTokens || s.numTokens >= e.maxLen:
+		o.FinishReason = FinishLength
+		e.stats.FinishedLength++
+	default:
+		r.Outputs = append(r.Outputs, o)
+		return false
+	}
+	o.Finished = true
+	o.Arrival = s.arrival
+	o.QueueTime = s.firstSched - s.arrival
+	o.PrefillTime = s.firstToken - s.firstSched
+	o.DecodeTime = t - s.firstToken
+	o.Preemptions = s.preemptions
+	r.Outputs = append(r.Outputs, o)
+	if s.holdKV {
+		s.status = statusHeld
+		return true
+	}
+	e.freeBlocks(s)
+	s.status = statusDone
+	delete(e.seqs, s.id)
+	return true
+}
+
+// token returns s's idx-th output token: the model's EOS at the EOSAt
+// position, else a pseudo-random id from the request's seed that is never
+// EOS.
+func (e *Engine) token(s *sequence, idx int) uint32 {
+	if s.eosAt > 0 && idx+1 == s.eosAt {
+		return e.eos
+	}
+	x := s.seed + uint64(idx+1)*0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	x ^= x >> 31
+	t := uint32(x % uint64(e.vocab))
+	if t == e.eos {
+		t = (t + 1) % e.vocab
+	}
+	return t
+}
