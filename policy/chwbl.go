@@ -1,0 +1,117 @@
+package policy
+
+import (
+	"slices"
+
+	"github.com/kvroute/kvroute"
+)
+
+// ring is a consistent-hash ring over the candidates of one Pick call, with
+// vnodes virtual nodes per endpoint (Karger et al.; the bounded-load walk is
+// Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing with Bounded
+// Loads", SODA 2018). It is rebuilt only when the candidate list (IDs, in
+// order) changes, so a router that keeps a stable order pays for it once.
+type ring struct {
+	points []ringPoint // sorted by hash
+	fp     uint64      // fingerprint of the candidate IDs it was built from
+	n      int         // number of candidates it was built from
+	vnodes int
+	hash   func(id string, replica int) uint64
+	seen   []uint32 // per candidate: epoch of the last walk that visited it
+	epoch  uint32
+}
+
+type ringPoint struct {
+	hash uint64
+	cand int32 // candidate index
+}
+
+func newRing(vnodes int, hash func(id string, replica int) uint64) *ring {
+	return &ring{vnodes: vnodes, hash: hash}
+}
+
+// sync rebuilds the ring if cands differ from the last build.
+func (r *ring) sync(cands []kvroute.Candidate) {
+	fp := uint64(14695981039346656037)
+	for i := range cands {
+		fp = mix64(fp ^ strHash(endpointID(&cands[i])))
+	}
+	if r.points != nil && fp == r.fp && len(cands) == r.n {
+		return
+	}
+	r.fp, r.n = fp, len(cands)
+	r.points = r.points[:0]
+	for i := range cands {
+		id := endpointID(&cands[i])
+		for v := 0; v < r.vnodes; v++ {
+			r.points = append(r.points, ringPoint{hash: r.hash(id, v), cand: int32(i)})
+		}
+	}
+	slices.SortFunc(r.points, func(a, b ringPoint) int {
+		switch {
+		case a.hash < b.hash:
+			return -1
+		case a.hash > b.hash:
+			return 1
+		}
+		return int(a.cand - b.cand)
+	})
+}
+
+// walk visits the ring's points clockwise from key's successor (wrapping
+// once), calling visit with each point's candidate index until visit returns
+// true; it returns that candidate, or -1 when visit never accepted one.
+// Each candidate is offered once, at its first point on the walk, and the
+// walk stops once every candidate has been offered.
+func (r *ring) walk(key uint64, visit func(cand int) bool) int {
+	n := len(r.points)
+	if n == 0 {
+		return -1
+	}
+	if len(r.seen) != r.n {
+		r.seen = make([]uint32, r.n)
+		r.epoch = 0
+	}
+	r.epoch++
+	if r.epoch == 0 { // wrapped: reset the stamps
+		clear(r.seen)
+		r.epoch = 1
+	}
+	offered := 0
+	start, _ := slices.BinarySearchFunc(r.points, key, func(p ringPoint, k uint64) int {
+		switch {
+		case p.hash < k:
+			return -1
+		case p.hash > k:
+			return 1
+		}
+		return 0
+	})
+	if start >= n {
+		start = 0
+	}
+	for k := 0; k < n; k++ {
+		c := int(r.points[(start+k)%n].cand)
+		if r.seen[c] == r.epoch {
+			continue
+		}
+		r.seen[c] = r.epoch
+		if visit(c) {
+			return c
+		}
+		if offered++; offered == r.n {
+			break
+		}
+	}
+	return -1
+}
+
+// mix64 is the SplitMix64 finaliser: a cheap, well-spread 64-bit mix.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	x ^= x >> 31
+	return x
+}

@@ -1,0 +1,25 @@
+// Package policy holds kvroute's routing policies: implementations of
+// kvroute.Picker chosen by name with New.
+//
+//   - kv-aware (the default, KVAware): lowest estimated time to first token
+//     (queue wait + prefill of the uncached tokens), per-candidate load caps,
+//     session affinity by consistent hashing with bounded loads, hot-prefix
+//     replica sets, tenant fairness, shed/queue on overload.
+//   - Baselines: round_robin, random, least_request, power_of_two.
+//   - The peers, as faithful selectable baselines with their published
+//     defaults: sglang-cache-aware, llm-d, dynamo, kubeai-chwbl, preble-e2.
+//     Each type's doc cites its source.
+//
+// Pickers are pure: no I/O, no goroutines, no wall clock. The caller (package
+// router, shared by the proxy and the simulator) fills each Candidate with
+// health, load and the prefix-index match, passes now in, and serialises
+// calls per model. Pickers keep state (positions, learned rates, routing
+// history, scratch buffers) without locks, so a Picker is not safe for
+// concurrent use: one Picker per model, called under the router's lock.
+// Optional interfaces: KVAware implements kvroute.Learner (Observe an
+// outcome) and kvroute.Releaser (Release when a request ends).
+//
+// Every decision explains itself: Decision.Scores holds each candidate's
+// score and its named parts, and Decision.Reason a one-line summary, both
+// produced by the code that decides.
+package policy

@@ -1,0 +1,821 @@
+package policy
+
+import (
+	"math"
+	"math/rand/v2"
+	"strconv"
+	"time"
+
+	"github.com/kvroute/kvroute"
+)
+
+// KVAwareParams configures the kv-aware policy. The zero value is not the
+// default: start from DefaultKVAwareParams (New does). The rates describe one
+// engine; derive them from the engine profile when one is configured
+// (engine.Profile), otherwise the defaults (an 8B model on one H100) are a
+// starting point that learning corrects.
+type KVAwareParams struct {
+	// PrefillUsPerToken is the prefill compute time per uncached prompt token,
+	// in microseconds. Default 60 (about 16k tokens/s).
+	PrefillUsPerToken float64 `param:"prefill_us_per_token"`
+	// AttnUsPerTokenPerKTok is the extra prefill time per token per 1000
+	// tokens of context it attends to (cached prefix plus half the new part),
+	// in microseconds. Default 1.
+	AttnUsPerTokenPerKTok float64 `param:"attn_us_per_token_per_ktok"`
+	// StepOverheadUs is the fixed time of one engine iteration (weights read,
+	// scheduling), in microseconds. Default 5000.
+	StepOverheadUs float64 `param:"step_overhead_us"`
+	// DecodeUsPerToken is the time one running sequence adds to every engine
+	// iteration (its decode token), in microseconds. Default 30.
+	DecodeUsPerToken float64 `param:"decode_us_per_token"`
+	// DecodeUsPerCtxKTok is the time every 1000 tokens of decoding context
+	// (Load.DecodeTokens) add to an iteration (KV reads), in microseconds.
+	// Default 40.
+	DecodeUsPerCtxKTok float64 `param:"decode_us_per_ctx_ktok"`
+	// MaxBatchedTokens is the engine's token budget per iteration
+	// (max_num_batched_tokens, the chunked-prefill chunk). Default 8192.
+	MaxBatchedTokens int `param:"max_batched_tokens"`
+	// QueuedRequestMs is the prior wait each request ahead in the engine
+	// queue adds beyond its prefill work (memory or batch-slot waits), in
+	// milliseconds; learning replaces it. Default 1.
+	QueuedRequestMs float64 `param:"queued_request_ms"`
+	// MeanPromptTokens is the prior uncached size of an engine-queued request
+	// the router did not dispatch itself; learning replaces it with the mean
+	// uncached size of the requests it routes. Default 1024.
+	MeanPromptTokens int `param:"mean_prompt_tokens"`
+	// Learn enables online learning of the rates from Observe: per endpoint,
+	// an exponential moving average of milliseconds per uncached token (from
+	// requests that met an empty queue) and of milliseconds per queued
+	// request (from the rest). Default true.
+	Learn bool `param:"learn"`
+	// LearnAlpha is the weight of a new observation in the moving averages.
+	// Default 0.1.
+	LearnAlpha float64 `param:"learn_alpha"`
+	// LearnMinSamples is the number of observations an endpoint needs before
+	// its learned rate replaces the fleet-wide one (and the fleet-wide one
+	// replaces the prior). Default 8.
+	LearnMinSamples int `param:"learn_min_samples"`
+
+	// C is the bounded-load factor: an endpoint whose in-flight count would
+	// exceed C x the mean (counting the new request) is capped: it keeps no
+	// affinity credit and is not a session target. Default 1.25.
+	C float64 `param:"c"`
+	// InflightSlack is an absolute allowance over the mean in-flight count
+	// that the cap never goes below (C x mean is tiny at low load and would
+	// cap every node; KubeAI issue #519). Default 2.
+	InflightSlack float64 `param:"inflight_slack"`
+	// QueueCap caps an endpoint whose engine waiting queue (Load.Waiting)
+	// reaches it; 0 disables. Default 64.
+	QueueCap int `param:"queue_cap"`
+	// KVCap caps an endpoint whose KV usage (Load.KVUsage) reaches it; 1
+	// disables. Default 0.95.
+	KVCap float64 `param:"kv_cap"`
+	// Overload says what to do when every healthy endpoint is over its queue
+	// or KV cap: "least-loaded" picks the least loaded anyway (default);
+	// "shed" and "queue" return Decision{Shed: true}, and the router answers
+	// 429 with Retry-After or holds the request for a bounded wait (the
+	// decision's Reason starts with "shed:" or "queue:").
+	Overload string `param:"overload"`
+
+	// TieMs and TieFrac define ties: candidates whose estimate is within
+	// max(TieMs, TieFrac x best) of the best are tied, and the pick among
+	// them is the less loaded of two drawn at random. Defaults 1 ms and 0.05.
+	TieMs   float64 `param:"tie_ms"`
+	TieFrac float64 `param:"tie_frac"`
+
+	// SessionSlackMs and SessionTolerance bound how much worse than the best
+	// estimate a session's ring target may be and still be chosen:
+	// est(target) <= best x (1+SessionTolerance) + SessionSlackMs.
+	// Defaults 25 ms and 0.25.
+	SessionSlackMs   float64 `param:"session_slack_ms"`
+	SessionTolerance float64 `param:"session_tolerance"`
+	// VirtualNodes is the number of points per endpoint on the session ring.
+	// Default 256.
+	VirtualNodes int `param:"virtual_nodes"`
+
+	// CPUHitCost is the fraction of the prefill time still paid for prompt
+	// tokens cached in host memory (Tier CPU): loading them is not free.
+	// Default 0.1.
+	CPUHitCost float64 `param:"cpu_hit_cost"`
+	// Replicate enables demand-driven replica sets for hot prefixes (see the
+	// KVAware doc). Default true.
+	Replicate bool `param:"replicate"`
+	// TenantFairness makes a tenant above its fair share of in-flight
+	// requests lose affinity first. Default true.
+	TenantFairness bool `param:"tenant_fairness"`
+	// PendingTTL bounds how long per-request state waits for Release before it
+	// is dropped (a router that never releases cannot grow it without bound).
+	// Default 10m.
+	PendingTTL time.Duration `param:"pending_ttl"`
+}
+
+// Overload modes.
+const (
+	OverloadLeastLoaded = "least-loaded"
+	OverloadShed        = "shed"
+	OverloadQueue       = "queue"
+)
+
+// DefaultKVAwareParams returns the kv-aware defaults documented on each field.
+func DefaultKVAwareParams() KVAwareParams {
+	return KVAwareParams{
+		PrefillUsPerToken:     60,
+		AttnUsPerTokenPerKTok: 1,
+		StepOverheadUs:        5000,
+		DecodeUsPerToken:      30,
+		DecodeUsPerCtxKTok:    40,
+		MaxBatchedTokens:      8192,
+		QueuedRequestMs:       1,
+		MeanPromptTokens:      1024,
+		Learn:                 true,
+		LearnAlpha:            0.1,
+		LearnMinSamples:       8,
+		C:                     1.25,
+		InflightSlack:         2,
+		QueueCap:              64,
+		KVCap:                 0.95,
+		Overload:              OverloadLeastLoaded,
+		TieMs:                 1,
+		TieFrac:               0.05,
+		SessionSlackMs:        25,
+		SessionTolerance:      0.25,
+		VirtualNodes:          256,
+		CPUHitCost:            0.1,
+		Replicate:             true,
+		TenantFairness:        true,
+		PendingTTL:            10 * time.Minute,
+	}
+}
+
+// Validate reports the first out-of-range field, naming its param.
+func (p KVAwareParams) Validate() error {
+	n := NameKVAware
+	for _, c := range []struct {
+		name string
+		v    float64
+	}{
+		{"prefill_us_per_token", p.PrefillUsPerToken}, {"attn_us_per_token_per_ktok", p.AttnUsPerTokenPerKTok},
+		{"step_overhead_us", p.StepOverheadUs}, {"decode_us_per_token", p.DecodeUsPerToken},
+		{"decode_us_per_ctx_ktok", p.DecodeUsPerCtxKTok}, {"queued_request_ms", p.QueuedRequestMs},
+		{"inflight_slack", p.InflightSlack}, {"tie_ms", p.TieMs}, {"session_slack_ms", p.SessionSlackMs},
+		{"session_tolerance", p.SessionTolerance},
+	} {
+		if err := check(n, c.name, c.v >= 0, "must be >= 0, got %v", c.v); err != nil {
+			return err
+		}
+	}
+	errs := []error{
+		check(n, "prefill_us_per_token", p.PrefillUsPerToken > 0, "must be > 0, got %v", p.PrefillUsPerToken),
+		check(n, "max_batched_tokens", p.MaxBatchedTokens >= 1, "must be >= 1, got %d", p.MaxBatchedTokens),
+		check(n, "mean_prompt_tokens", p.MeanPromptTokens >= 0, "must be >= 0, got %d", p.MeanPromptTokens),
+		check(n, "learn_alpha", p.LearnAlpha > 0 && p.LearnAlpha <= 1, "must be in (0, 1], got %v", p.LearnAlpha),
+		check(n, "learn_min_samples", p.LearnMinSamples >= 0, "must be >= 0, got %d", p.LearnMinSamples),
+		check(n, "c", p.C >= 1, "must be >= 1, got %v", p.C),
+		check(n, "queue_cap", p.QueueCap >= 0, "must be >= 0, got %d", p.QueueCap),
+		check(n, "kv_cap", p.KVCap > 0 && p.KVCap <= 1, "must be in (0, 1], got %v", p.KVCap),
+		check(n, "overload", p.Overload == OverloadLeastLoaded || p.Overload == OverloadShed || p.Overload == OverloadQueue,
+			"must be one of least-loaded, shed, queue, got %q", p.Overload),
+		check(n, "tie_frac", p.TieFrac >= 0 && p.TieFrac < 1, "must be in [0, 1), got %v", p.TieFrac),
+		check(n, "virtual_nodes", p.VirtualNodes >= 1 && p.VirtualNodes <= 4096, "must be in [1, 4096], got %d", p.VirtualNodes),
+		check(n, "cpu_hit_cost", p.CPUHitCost >= 0 && p.CPUHitCost <= 1, "must be in [0, 1], got %v", p.CPUHitCost),
+		check(n, "pending_ttl", p.PendingTTL > 0, "must be > 0, got %v", p.PendingTTL),
+	}
+	for _, err := range errs {
+		if err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// KVAware is the default policy: it sends each request where its estimated
+// time to first token is lowest, with per-candidate load caps, session
+// affinity by bounded-load consistent hashing, demand-driven replication of
+// hot prefixes, tenant fairness and an overload escape hatch.
+//
+// # Estimate
+//
+// For each healthy candidate, with own = PromptTokens - CachedTokens (the
+// uncached part; CPU-tier hits pay CPUHitCost of their prefill):
+//
+//	queued  = max(InFlightTokens x uncached fraction, Waiting x mean uncached)
+//	step    = StepOverheadUs + Running x DecodeUsPerToken + DecodeTokens/1000 x DecodeUsPerCtxKTok
+//	queue   = queued x tok + ceil(queued/budget) x step      (and >= Queue() x per-request ms once learned)
+//	prefill = own x tok x (1 + attention over cached+own/2 context) + remaining steps x step
+//	TTFT    = queue + prefill
+//
+// where budget is MaxBatchedTokens less one token per running sequence and
+// tok is the ms per uncached token (prior PrefillUsPerToken, then learned per
+// endpoint from Observe). The uncached fraction and mean uncached size are
+// moving averages over the requests it routed.
+//
+// # Caps (per candidate, never fleet-wide)
+//
+// A candidate is capped when its waiting queue reaches QueueCap, its KV usage
+// reaches KVCap, or its in-flight count plus one would exceed
+// max(C x m, m + InflightSlack) where m = (total in-flight + 1)/healthy.
+// A capped candidate gets no credit for its cache (it competes on load
+// alone) and is never a session target, so affinity cannot pile load on a
+// saturated node while others idle. Queue- and KV-capped candidates are
+// not eligible at all while any other healthy candidate is under those caps;
+// when none is, Overload decides (least-loaded anyway, shed or queue).
+//
+// # Picking
+//
+// The lowest estimate wins. Candidates within max(TieMs, TieFrac x best) of
+// the best are tied, and the pick among ties (including every miss on an
+// idle fleet) is the less loaded of two drawn at random, never the first.
+// With a SessionKey, the session's target on a consistent-hash ring with
+// bounded loads (CHWBL: VirtualNodes per endpoint; walk clockwise past
+// endpoints whose in-flight would exceed the cap) is chosen when it is not
+// capped and its estimate is within SessionTolerance and SessionSlackMs of
+// the best.
+//
+// # Hot prefixes
+//
+// The request's hot prefix is the deepest prefix any candidate caches
+// (BlockHashes[d-1] for the largest CachedBlocks d). The policy counts the
+// in-flight requests of each prefix (released by Release) and sizes its
+// replica set as r = ceil(demand / share), share = max(1, C x mean
+// in-flight per endpoint). Growing: when the holders are capped, the request
+// goes to the next best estimate, and because the router records what it
+// routed, that endpoint becomes a holder (a new replica). Shrinking: when
+// more uncapped endpoints hold the prefix than r, only the r ranked first by
+// rendezvous hash of (prefix, endpoint) keep affinity credit; the others stop
+// attracting that prefix and their copies age out of the index and the
+// engine's cache. The ranking is stable, so the replica set does not churn.
+//
+// # Tenant fairness
+//
+// The policy counts in-flight requests per tenant (released by Release). A
+// tenant above C x its fair share (tracked in-flight / active tenants) loses
+// affinity preference first: for its requests the in-flight cap is the plain
+// mean (factor 1, no slack), so its hot prefix spreads before it can crowd
+// the holders other tenants depend on.
+//
+// # Explanation
+//
+// Every decision carries one Score per candidate (Value = estimated TTFT in
+// ms; Parts queue_ms, prefill_ms, cached_tokens credited, queued_tokens,
+// in_flight, and capped/trimmed/session flags when they apply; Why says
+// which cap) and a Reason, built by the code that decides.
+//
+// KVAware keeps state (learned rates, in-flight accounting, the ring, scratch
+// buffers) without locks: it is not safe for concurrent use. The router
+// serialises calls per model, which is what it needs.
+type KVAware struct {
+	p   KVAwareParams
+	rng *rand.Rand
+
+	ring *ring
+	eps  map[string]*epStats // learned rates per endpoint ID
+	all  epStats             // fleet-wide learned rates
+
+	meanUncached float64 // moving average of uncached tokens per routed request
+	uncachedFrac float64 // moving average of uncached/prompt per routed request
+
+	pending        map[pendingKey]pendingReq
+	prefixInflight map[uint64]int
+	tenantInflight map[string]int
+	tenantsActive  int
+	tracked        int // requests in pending
+	picks          uint64
+
+	// scratch, reused across calls
+	c       []candState
+	elig    []int
+	tie     []int
+	holders []int
+	reason  []byte
+}
+
+var (
+	_ kvroute.Picker   = (*KVAware)(nil)
+	_ kvroute.Learner  = (*KVAware)(nil)
+	_ kvroute.Releaser = (*KVAware)(nil)
+)
+
+type epStats struct {
+	tokMs, reqMs float64 // learned ms per uncached token, ms per queued request
+	nTok, nReq   int
+}
+
+type pendingKey struct {
+	id  string
+	ptr *kvroute.Request // when the request has no ID
+}
+
+type pendingReq struct {
+	prefix uint64 // hot-prefix key, 0 = none
+	tenant string
+	at     time.Time
+}
+
+// Cap flags of a candidate.
+const (
+	capQueue uint8 = 1 << iota
+	capKV
+	capInflight
+	capTenant
+	capTrimmed // outside the hot prefix's replica set
+)
+
+type candState struct {
+	flags   uint8
+	credit  int     // cached tokens credited
+	est     float64 // estimated TTFT, ms
+	queueMs float64
+	prefMs  float64
+	queued  float64
+}
+
+const kvAwareParts = 8
+
+// NewKVAware builds the kv-aware policy from params (nil = defaults).
+func NewKVAware(params map[string]any, seed uint64) (*KVAware, error) {
+	p := DefaultKVAwareParams()
+	if err := decodeParams(NameKVAware, params, &p); err != nil {
+		return nil, err
+	}
+	return NewKVAwareWith(p, seed)
+}
+
+// NewKVAwareWith builds the kv-aware policy from a params struct.
+func NewKVAwareWith(p KVAwareParams, seed uint64) (*KVAware, error) {
+	if err := p.Validate(); err != nil {
+		return nil, err
+	}
+	return &KVAware{
+		p:              p,
+		rng:            newRand(seed),
+		ring:           newRing(p.VirtualNodes, vnodeHash),
+		eps:            make(map[string]*epStats),
+		meanUncached:   float64(p.MeanPromptTokens),
+		uncachedFrac:   1,
+		pending:        make(map[pendingKey]pendingReq),
+		prefixInflight: make(map[uint64]int),
+		tenantInflight: make(map[string]int),
+	}, nil
+}
+
+// Params returns the policy's effective params.
+func (k *KVAware) Params() KVAwareParams { return k.p }
+
+// Pick implements kvroute.Picker.
+func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
+	scores := newScores(cands, kvAwareParts)
+	n := len(cands)
+	if cap(k.c) < n {
+		k.c = make([]candState, n)
+	}
+	k.c = k.c[:n]
+	clear(k.c)
+
+	total, healthy := 0, 0
+	for i := range cands {
+		if cands[i].Healthy {
+			total += cands[i].Load.InFlight
+			healthy++
+		}
+	}
+	if healthy == 0 {
+		return noneHealthy(NameKVAware, cands, scores)
+	}
+	p := &k.p
+	mean := float64(total+1) / float64(healthy)
+	inflightCap := math.Max(p.C*mean, mean+p.InflightSlack)
+	tenantOver := p.TenantFairness && k.tenantOver(req.Tenant)
+
+	// Caps.
+	anyUnder := false
+	for i := range cands {
+		if !cands[i].Healthy {
+			continue
+		}
+		l := &cands[i].Load
+		st := &k.c[i]
+		if p.QueueCap > 0 && l.Waiting >= p.QueueCap {
+			st.flags |= capQueue
+		}
+		if l.KVUsage >= p.KVCap && p.KVCap < 1 {
+			st.flags |= capKV
+		}
+		if st.flags&(capQueue|capKV) == 0 {
+			anyUnder = true
+		}
+		f := float64(l.InFlight + 1)
+		if f > inflightCap {
+			st.flags |= capInflight
+		} else if tenantOver && f > mean {
+			st.flags |= capTenant
+		}
+	}
+
+	// Hot prefix replica set.
+	prefix := uint64(0)
+	if p.Replicate {
+		prefix = k.trimReplicas(req, cands, total, healthy)
+	}
+
+	// Estimates.
+	P := max(req.PromptTokens, 0)
+	for i := range cands {
+		if !cands[i].Healthy {
+			continue
+		}
+		st := &k.c[i]
+		if st.flags&(capQueue|capInflight|capKV|capTenant|capTrimmed) == 0 {
+			st.credit = min(max(cands[i].CachedTokens, 0), P)
+		}
+		k.estimate(&cands[i], st, P)
+	}
+
+	if !anyUnder && p.Overload != OverloadLeastLoaded {
+		k.explain(cands, scores, false)
+		d := kvroute.None(NameKVAware, p.Overload+": every healthy candidate is over its queue or KV cap")
+		d.Shed = true
+		d.Scores = scores
+		return d
+	}
+	k.explain(cands, scores, anyUnder)
+
+	k.elig = k.elig[:0]
+	best := math.Inf(1)
+	for i := range cands {
+		if scores[i].Eligible {
+			k.elig = append(k.elig, i)
+			best = math.Min(best, k.c[i].est)
+		}
+	}
+
+	choice, how := -1, ""
+	// Session affinity: the CHWBL target, honoured unless capped or clearly worse.
+	if req.SessionKey != "" {
+		k.ring.sync(cands)
+		t := k.ring.walk(strHash(req.SessionKey), func(c int) bool {
+			return scores[c].Eligible && k.c[c].flags == 0
+		})
+		if t >= 0 {
+			scores[t].Parts = append(scores[t].Parts, kvroute.Part{Name: "session_target", Value: 1})
+			if k.c[t].est <= best*(1+p.SessionTolerance)+p.SessionSlackMs {
+				choice, how = t, "session"
+			}
+		}
+	}
+	if choice < 0 {
+		tol := math.Max(p.TieMs, p.TieFrac*best)
+		k.tie = k.tie[:0]
+		for _, i := range k.elig {
+			if k.c[i].est <= best+tol {
+				k.tie = append(k.tie, i)
+			}
+		}
+		switch len(k.tie) {
+		case 1:
+			choice, how = k.tie[0], "best"
+		default:
+			a, b := pickTwo(k.rng, k.tie)
+			if k.lessLoaded(cands, b, a) {
+				a = b
+			}
+			choice, how = a, "tie"
+		}
+	}
+	if !anyUnder {
+		how = "overloaded"
+	}
+	k.record(now, req, prefix, cands[choice].Healthy, &k.c[choice], P)
+	return chose(NameKVAware, cands, choice, k.reasonFor(cands, choice, how, P), scores)
+}
+
+// estimate fills st's TTFT estimate for candidate c.
+func (k *KVAware) estimate(c *kvroute.Candidate, st *candState, P int) {
+	p := &k.p
+	l := &c.Load
+	tok, reqMs, learnedReq := k.rates(c)
+	own := float64(P - st.credit)
+	cpu := 0.0
+	if c.Tier == kvroute.TierCPU && st.credit > 0 {
+		cpu = float64(st.credit)
+	}
+	queued := math.Max(float64(max(l.InFlightTokens, 0))*k.uncachedFrac, float64(max(l.Waiting, 0))*k.meanUncached)
+	stepMs := (p.StepOverheadUs + float64(max(l.Running, 0))*p.DecodeUsPerToken +
+		float64(max(l.DecodeTokens, 0))/1000*p.DecodeUsPerCtxKTok) / 1000
+	budget := math.Max(float64(p.MaxBatchedTokens-max(l.Running, 0)), float64(p.MaxBatchedTokens)/4)
+	stepsQ := math.Ceil(queued / budget)
+	stepsAll := math.Max(math.Ceil((queued+own)/budget), stepsQ+1)
+	queueMs := queued*tok + stepsQ*stepMs
+	if learnedReq {
+		queueMs = math.Max(queueMs, float64(l.Queue())*reqMs)
+	} else {
+		queueMs += float64(l.Queue()) * reqMs
+	}
+	ctxK := (float64(st.credit) + own/2) / 1000
+	attn := 1 + p.AttnUsPerTokenPerKTok/p.PrefillUsPerToken*ctxK
+	prefMs := own*tok*attn + cpu*tok*p.CPUHitCost + (stepsAll-stepsQ)*stepMs
+	st.queued, st.queueMs, st.prefMs = queued, queueMs, prefMs
+	st.est = queueMs + prefMs
+}
+
+// rates returns ms per uncached token and ms per queued request for c, and
+// whether the latter was learned.
+func (k *KVAware) rates(c *kvroute.Candidate) (tok, req float64, learned bool) {
+	tok, req = k.p.PrefillUsPerToken/1000, k.p.QueuedRequestMs
+	if !k.p.Learn {
+		return tok, req, false
+	}
+	min := k.p.LearnMinSamples
+	if k.all.nTok >= min {
+		tok = k.all.tokMs
+	}
+	if k.all.nReq >= min {
+		req, learned = k.all.reqMs, true
+	}
+	if len(k.eps) == 0 {
+		return
+	}
+	if s := k.eps[endpointID(c)]; s != nil {
+		if s.nTok >= min {
+			tok = s.tokMs
+		}
+		if s.nReq >= min {
+			req, learned = s.reqMs, true
+		}
+	}
+	return
+}
+
+// lessLoaded orders candidates i and j for tie breaks: fewer in-flight, then
+// a lower estimate.
+func (k *KVAware) lessLoaded(cands []kvroute.Candidate, i, j int) bool {
+	if a, b := cands[i].Load.InFlight, cands[j].Load.InFlight; a != b {
+		return a < b
+	}
+	return k.c[i].est < k.c[j].est
+}
+
+// trimReplicas applies the hot prefix's replica set (see the type doc) and
+// returns the prefix key (0 when the request has none).
+func (k *KVAware) trimReplicas(req *kvroute.Request, cands []kvroute.Candidate, total, healthy int) uint64 {
+	d := 0
+	for i := range cands {
+		if cands[i].Healthy && cands[i].CachedBlocks > d {
+			d = cands[i].CachedBlocks
+		}
+	}
+	if d == 0 || d > len(req.BlockHashes) {
+		return 0
+	}
+	key := req.BlockHashes[d-1]
+	if key == 0 {
+		key = 1
+	}
+	k.holders = k.holders[:0]
+	for i := range cands {
+		if cands[i].Healthy && cands[i].CachedBlocks == d && k.c[i].flags == 0 {
+			k.holders = append(k.holders, i)
+		}
+	}
+	share := math.Max(1, k.p.C*float64(total)/float64(healthy))
+	r := int(math.Ceil(float64(k.prefixInflight[key]+1) / share))
+	if len(k.holders) <= r {
+		return key
+	}
+	// Keep the r holders with the highest rendezvous weight; the rest lose
+	// affinity for this prefix. Insertion sort: holders are few.
+	h := k.holders
+	w := func(i int) uint64 { return hrw(key, endpointID(&cands[i])) }
+	for a := 1; a < len(h); a++ {
+		for b := a; b > 0 && w(h[b]) > w(h[b-1]); b-- {
+			h[b], h[b-1] = h[b-1], h[b]
+		}
+	}
+	for _, i := range h[r:] {
+		k.c[i].flags |= capTrimmed
+	}
+	return key
+}
+
+// explain fills the scores from the candidate states.
+func (k *KVAware) explain(cands []kvroute.Candidate, scores []kvroute.Score, anyUnder bool) {
+	for i := range cands {
+		if !cands[i].Healthy {
+			continue
+		}
+		st := &k.c[i]
+		s := &scores[i]
+		s.Value = round3(st.est)
+		s.Parts = append(s.Parts,
+			kvroute.Part{Name: "queue_ms", Value: round3(st.queueMs)},
+			kvroute.Part{Name: "prefill_ms", Value: round3(st.prefMs)},
+			kvroute.Part{Name: "cached_tokens", Value: float64(st.credit)},
+			kvroute.Part{Name: "queued_tokens", Value: round3(st.queued)},
+			kvroute.Part{Name: "in_flight", Value: float64(cands[i].Load.InFlight)},
+		)
+		switch {
+		case st.flags&capQueue != 0:
+			s.Why = "capped: waiting queue"
+		case st.flags&capKV != 0:
+			s.Why = "capped: kv usage"
+		case st.flags&capInflight != 0:
+			s.Why = "capped: in-flight above bound"
+		case st.flags&capTenant != 0:
+			s.Why = "capped: tenant over fair share"
+		case st.flags&capTrimmed != 0:
+			s.Why = "outside hot prefix replica set"
+		}
+		if st.flags&(capQueue|capKV|capInflight|capTenant) != 0 {
+			s.Parts = append(s.Parts, kvroute.Part{Name: "capped", Value: 1})
+		}
+		if st.flags&capTrimmed != 0 {
+			s.Parts = append(s.Parts, kvroute.Part{Name: "replica_trimmed", Value: 1})
+		}
+		if anyUnder && st.flags&(capQueue|capKV) != 0 {
+			s.Eligible = false
+		}
+	}
+}
+
+func round3(x float64) float64 { return math.Round(x*1000) / 1000 }
+
+// reasonFor renders the decision's one-line reason.
+func (k *KVAware) reasonFor(cands []kvroute.Candidate, i int, how string, P int) string {
+	st := &k.c[i]
+	b := k.reason[:0]
+	switch how {
+	case "session":
+		b = append(b, "session affinity"...)
+	case "overloaded":
+		b = append(b, "overloaded, least loaded"...)
+	case "tie":
+		if st.credit > 0 {
+			b = append(b, "affinity, tie broken by load"...)
+		} else {
+			b = append(b, "miss, least loaded of two tied"...)
+		}
+	default:
+		if st.credit > 0 {
+			b = append(b, "affinity"...)
+		} else {
+			b = append(b, "lowest estimate"...)
+		}
+	}
+	b = append(b, ": est "...)
+	b = strconv.AppendFloat(b, st.est, 'f', 1, 64)
+	b = append(b, " ms (queue "...)
+	b = strconv.AppendFloat(b, st.queueMs, 'f', 1, 64)
+	b = append(b, " + prefill "...)
+	b = strconv.AppendFloat(b, st.prefMs, 'f', 1, 64)
+	b = append(b, "), "...)
+	b = strconv.AppendInt(b, int64(st.credit), 10)
+	b = append(b, '/')
+	b = strconv.AppendInt(b, int64(P), 10)
+	b = append(b, " tokens cached"...)
+	k.reason = b
+	return string(b)
+}
+
+// record updates the moving averages and the in-flight accounting for a
+// dispatched request.
+func (k *KVAware) record(now time.Time, req *kvroute.Request, prefix uint64, _ bool, st *candState, P int) {
+	const a = 0.05
+	if P > 0 {
+		own := float64(P - st.credit)
+		k.meanUncached += a * (own - k.meanUncached)
+		k.uncachedFrac += a * (own/float64(P) - k.uncachedFrac)
+	}
+	k.picks++
+	if !k.p.Replicate && !k.p.TenantFairness {
+		return
+	}
+	key := pendingKey{id: req.ID}
+	if req.ID == "" {
+		key.ptr = req
+	}
+	if old, ok := k.pending[key]; ok { // a retry of the same request: replace
+		k.untrack(old)
+	}
+	pr := pendingReq{prefix: prefix, tenant: req.Tenant, at: now}
+	k.pending[key] = pr
+	k.track(pr)
+	if k.picks%4096 == 0 || len(k.pending) > 1<<16 {
+		k.sweep(now)
+	}
+}
+
+func (k *KVAware) track(pr pendingReq) {
+	k.tracked++
+	if pr.prefix != 0 {
+		k.prefixInflight[pr.prefix]++
+	}
+	if k.tenantInflight[pr.tenant]++; k.tenantInflight[pr.tenant] == 1 {
+		k.tenantsActive++
+	}
+}
+
+func (k *KVAware) untrack(pr pendingReq) {
+	k.tracked--
+	if pr.prefix != 0 {
+		if k.prefixInflight[pr.prefix]--; k.prefixInflight[pr.prefix] <= 0 {
+			delete(k.prefixInflight, pr.prefix)
+		}
+	}
+	if k.tenantInflight[pr.tenant]--; k.tenantInflight[pr.tenant] <= 0 {
+		delete(k.tenantInflight, pr.tenant)
+		k.tenantsActive--
+	}
+}
+
+// sweep drops per-request state older than PendingTTL.
+func (k *KVAware) sweep(now time.Time) {
+	for key, pr := range k.pending {
+		if now.Sub(pr.at) > k.p.PendingTTL {
+			k.untrack(pr)
+			delete(k.pending, key)
+		}
+	}
+}
+
+// tenantOver reports whether tenant holds more than C x its fair share of the
+// tracked in-flight requests (counting the new one).
+func (k *KVAware) tenantOver(tenant string) bool {
+	active := k.tenantsActive
+	if k.tenantInflight[tenant] == 0 {
+		active++
+	}
+	if active < 2 {
+		return false
+	}
+	fair := float64(k.tracked+1) / float64(active)
+	return float64(k.tenantInflight[tenant]+1) > k.p.C*fair
+}
+
+// Release implements kvroute.Releaser: the request ended (any outcome).
+func (k *KVAware) Release(_ time.Time, req *kvroute.Request, _ string) {
+	if req == nil {
+		return
+	}
+	key := pendingKey{id: req.ID}
+	if req.ID == "" {
+		key.ptr = req
+	}
+	if pr, ok := k.pending[key]; ok {
+		k.untrack(pr)
+		delete(k.pending, key)
+	}
+}
+
+// Observe implements kvroute.Learner: it updates the learned rates from an
+// observed TTFT. Requests that met an empty queue measure ms per uncached
+// token; the others measure ms per queued request (what is left of the TTFT
+// after the request's own prefill, divided by the queue it met).
+func (k *KVAware) Observe(_ time.Time, o kvroute.Outcome) {
+	if !k.p.Learn || o.Failed || o.TTFT <= 0 || o.PromptTokens <= 0 {
+		return
+	}
+	ttft := float64(o.TTFT) / float64(time.Millisecond)
+	own := float64(o.PromptTokens)
+	if o.CachedTokens >= 0 {
+		own = float64(max(o.PromptTokens-o.CachedTokens, 0))
+	} else {
+		own *= k.uncachedFrac
+	}
+	stepMs := k.p.StepOverheadUs / 1000
+	s := k.eps[o.Endpoint]
+	if s == nil {
+		s = &epStats{}
+		k.eps[o.Endpoint] = s
+	}
+	prior := k.p.PrefillUsPerToken / 1000
+	if o.QueueDepth == 0 {
+		if own < 16 {
+			return // too little prefill to measure a rate
+		}
+		// Clamp to a sane band around the prior so one outlier cannot wreck it.
+		x := math.Min(math.Max((ttft-stepMs)/own, prior/10), prior*10)
+		ewma(&s.tokMs, &s.nTok, x, k.p.LearnAlpha)
+		ewma(&k.all.tokMs, &k.all.nTok, x, k.p.LearnAlpha)
+		return
+	}
+	tok := prior
+	switch {
+	case s.nTok >= k.p.LearnMinSamples:
+		tok = s.tokMs
+	case k.all.nTok >= k.p.LearnMinSamples:
+		tok = k.all.tokMs
+	}
+	x := math.Max(ttft-own*tok-stepMs, 0) / float64(o.QueueDepth)
+	ewma(&s.reqMs, &s.nReq, x, k.p.LearnAlpha)
+	ewma(&k.all.reqMs, &k.all.nReq, x, k.p.LearnAlpha)
+}
+
+// ewma folds x into the average v with weight alpha; the first sample seeds
+// it.
+func ewma(v *float64, n *int, x, alpha float64) {
+	if *n == 0 {
+		*v = x
+	} else {
+		*v += alpha * (x - *v)
+	}
+	*n++
+}

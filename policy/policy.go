@@ -1,0 +1,140 @@
+package policy
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"sort"
+	"strings"
+
+	"github.com/kvroute/kvroute"
+)
+
+// Policy names accepted by New.
+const (
+	NameKVAware          = "kv-aware"
+	NameRoundRobin       = "round_robin"
+	NameRandom           = "random"
+	NameLeastRequest     = "least_request"
+	NamePowerOfTwo       = "power_of_two"
+	NameSGLangCacheAware = "sglang-cache-aware"
+	NameLLMD             = "llm-d"
+	NameDynamo           = "dynamo"
+	NameKubeAICHWBL      = "kubeai-chwbl"
+	NamePrebleE2         = "preble-e2"
+)
+
+// Default is the policy used when none is configured.
+const Default = NameKVAware
+
+type constructor func(params map[string]any, seed uint64) (kvroute.Picker, error)
+
+// constructors maps each policy name to its constructor. It is read-only.
+var constructors = map[string]constructor{
+	NameKVAware:          func(p map[string]any, s uint64) (kvroute.Picker, error) { return NewKVAware(p, s) },
+	NameRoundRobin:       func(p map[string]any, s uint64) (kvroute.Picker, error) { return newRoundRobin(p, s) },
+	NameRandom:           func(p map[string]any, s uint64) (kvroute.Picker, error) { return newRandom(p, s) },
+	NameLeastRequest:     func(p map[string]any, s uint64) (kvroute.Picker, error) { return newLeastRequest(p, s) },
+	NamePowerOfTwo:       func(p map[string]any, s uint64) (kvroute.Picker, error) { return newPowerOfTwo(p, s) },
+	NameSGLangCacheAware: func(p map[string]any, s uint64) (kvroute.Picker, error) { return newSGLang(p, s) },
+	NameLLMD:             func(p map[string]any, s uint64) (kvroute.Picker, error) { return newLLMD(p, s) },
+	NameDynamo:           func(p map[string]any, s uint64) (kvroute.Picker, error) { return newDynamo(p, s) },
+	NameKubeAICHWBL:      func(p map[string]any, s uint64) (kvroute.Picker, error) { return newKubeAI(p, s) },
+	NamePrebleE2:         func(p map[string]any, s uint64) (kvroute.Picker, error) { return newPreble(p, s) },
+}
+
+// New builds the named policy with its params (nil or empty = all defaults)
+// and a seed for its random choices (the same seed gives the same decisions
+// for the same inputs). An unknown name, an unknown param or a param of the
+// wrong type or range is an error that names it. The empty name is Default.
+func New(name string, params map[string]any, seed uint64) (kvroute.Picker, error) {
+	if name == "" {
+		name = Default
+	}
+	c, ok := constructors[name]
+	if !ok {
+		return nil, fmt.Errorf("policy: unknown policy %q (known: %s)", name, strings.Join(Names(), ", "))
+	}
+	return c(params, seed)
+}
+
+// Names returns the policy names New accepts, sorted.
+func Names() []string {
+	names := make([]string, 0, len(constructors))
+	for n := range constructors {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// newRand returns the deterministic generator every policy draws from.
+func newRand(seed uint64) *rand.Rand {
+	return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
+}
+
+// newScores returns one Score per candidate, named and marked eligible when
+// healthy, with room for nparts Parts each carved from one backing array (two
+// allocations per decision, whatever the number of candidates).
+func newScores(cands []kvroute.Candidate, nparts int) []kvroute.Score {
+	scores := make([]kvroute.Score, len(cands))
+	var parts []kvroute.Part
+	if nparts > 0 {
+		parts = make([]kvroute.Part, 0, nparts*len(cands))
+	}
+	for i := range cands {
+		s := &scores[i]
+		s.Endpoint = endpointID(&cands[i])
+		s.Eligible = cands[i].Healthy
+		if !cands[i].Healthy {
+			s.Why = "unhealthy"
+		}
+		if nparts > 0 {
+			s.Parts = parts[i*nparts : i*nparts : (i+1)*nparts]
+		}
+	}
+	return scores
+}
+
+func endpointID(c *kvroute.Candidate) string {
+	if c.Endpoint == nil {
+		return ""
+	}
+	return c.Endpoint.ID
+}
+
+// chose returns a decision for candidate i with the given scores.
+func chose(policy string, cands []kvroute.Candidate, i int, reason string, scores []kvroute.Score) kvroute.Decision {
+	return kvroute.Decision{Index: i, Endpoint: endpointID(&cands[i]), Policy: policy, Reason: reason, Scores: scores}
+}
+
+// noneHealthy is the decision when no candidate is healthy.
+func noneHealthy(policy string, cands []kvroute.Candidate, scores []kvroute.Score) kvroute.Decision {
+	d := kvroute.None(policy, "no healthy candidate")
+	if len(cands) == 0 {
+		d.Reason = "no candidates"
+	}
+	d.Scores = scores
+	return d
+}
+
+// pickTwo returns two distinct random members of idx (idx must hold >= 2).
+func pickTwo(r *rand.Rand, idx []int) (int, int) {
+	n := len(idx)
+	a := r.IntN(n)
+	b := r.IntN(n - 1)
+	if b >= a {
+		b++
+	}
+	return idx[a], idx[b]
+}
+
+// chwblOK is the bounded-load test of consistent hashing with bounded loads
+// in the form KubeAI uses (internal/loadbalancer/balance_chwbl.go,
+// chwblLoadOK): an endpoint may take one more request when
+// load+1 <= (total+1)/n * factor; with no load anywhere every endpoint is OK.
+func chwblOK(load, total, n int, factor float64) bool {
+	if total == 0 {
+		return true
+	}
+	return float64(load)+1 <= float64(total+1)/float64(n)*factor
+}
