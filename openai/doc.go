@@ -1,0 +1,15 @@
+// Package openai holds the OpenAI-compatible wire formats kvroute speaks,
+// shared by the router (package proxy), the emulated engine and the load
+// generator:
+//
+//   - ParseRequest, the one-pass scanner that pulls what routing needs (model,
+//     canonical prompt, stream, max tokens, user) out of a completion or chat
+//     request body without decoding it into a document tree;
+//   - the OpenAI-style error body and WriteError, the one place an
+//     HTTP-facing *kvroute.Error becomes a response, and AppendErrorEvent,
+//     the SSE error event vLLM ends a failed stream with;
+//   - response and streaming-chunk types and the SSE reader and writer.
+//
+// Functions are safe for concurrent use; an SSEReader or SSEWriter belongs to
+// one goroutine.
+package openai

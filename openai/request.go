@@ -1,0 +1,976 @@
+package openai
+
+import (
+	"bytes"
+	"net/http"
+	"strconv"
+	"unicode/utf16"
+	"unicode/utf8"
+	"unsafe"
+
+	"github.com/kvroute/kvroute"
+)
+
+// Kind is the API a request body is addressed to.
+type Kind uint8
+
+const (
+	// KindCompletion is POST /v1/completions: the prompt is in "prompt".
+	KindCompletion Kind = iota
+	// KindChat is POST /v1/chat/completions: the prompt is in "messages".
+	KindChat
+)
+
+func (k Kind) String() string {
+	if k == KindChat {
+		return "chat"
+	}
+	return "completion"
+}
+
+// RequestInfo is what routing needs from a request body. Everything else in
+// the body is skipped (but still checked to be well-formed JSON) and the body
+// itself is forwarded untouched.
+type RequestInfo struct {
+	// Model is the "model" field. ParseRequest fails when it is missing.
+	Model string
+	// Prompt is the canonical prompt text routing hashes (see ParseRequest).
+	Prompt string
+	// TokenIDs holds the prompt when a completion request sends token ids
+	// (one sequence; for a batch, the sequences concatenated).
+	TokenIDs []uint32
+	// Stream is the "stream" field (false when absent or null).
+	Stream bool
+	// MaxTokens is "max_completion_tokens" when present, else "max_tokens";
+	// 0 when both are absent or null.
+	MaxTokens int
+	// User is the "user" field ("" when absent or null).
+	User string
+	// Messages is the number of chat messages (0 for completions).
+	Messages int
+}
+
+// PromptTokens estimates the prompt's length in tokens: exact for token-id
+// prompts, about four characters per token for text.
+func (ri *RequestInfo) PromptTokens() int {
+	if ri.TokenIDs != nil {
+		return len(ri.TokenIDs)
+	}
+	return (len(ri.Prompt) + 3) / 4
+}
+
+// maxDepth bounds the nesting of skipped values, as encoding/json does.
+const maxDepth = 10000
+
+// ParseRequest scans a completion or chat-completion request body once,
+// without building a document tree, and returns the fields routing needs.
+// Every value is checked to be well-formed JSON, so a body ParseRequest
+// accepts is one encoding/json accepts; object keys match case-sensitively
+// and the last of duplicate keys wins.
+//
+// The canonical prompt is, for completions, the prompt string itself; for a
+// batch of strings each one framed as a netstring ("<len>:<text>,"); for
+// token ids the decimal ids each followed by a space. For chat it is, for
+// each message, its role and its content framed as netstrings, so that no
+// two different conversations share a canonical text and a conversation's
+// text is a prefix of the text of its continuation. Content given as parts
+// joins the text parts with "\n" (as vLLM renders them) and keeps other
+// parts (images, audio) as their raw JSON.
+//
+// Errors are *kvroute.Error values with status 400, an OpenAI error type
+// and the offending field in Param.
+func ParseRequest(kind Kind, body []byte) (RequestInfo, error) {
+	p := parser{s: scanner{b: body}, kind: kind}
+	return p.parse()
+}
+
+type parser struct {
+	s       scanner
+	kind    Kind
+	ri      RequestInfo
+	prompt  []byte // canonical prompt being built
+	role    []byte // scratch for a message's role
+	content []byte // scratch for a message's content
+	seen    struct{ model, prompt, messages bool }
+	maxTok  struct {
+		tokens, completion    int
+		hasTokens, hasComplet bool
+	}
+}
+
+func (p *parser) parse() (RequestInfo, error) {
+	s := &p.s
+	s.ws()
+	if s.i >= len(s.b) {
+		return RequestInfo{}, invalid("", "empty_body", "request body is empty; want a JSON object")
+	}
+	if s.b[s.i] != '{' {
+		if err := s.skip(0); err != nil {
+			return RequestInfo{}, err
+		}
+		return RequestInfo{}, invalid("", "invalid_body", "request body must be a JSON object")
+	}
+	s.i++
+	s.ws()
+	if s.peek() == '}' {
+		s.i++
+	} else {
+		for {
+			s.ws()
+			key, err := s.key()
+			if err != nil {
+				return RequestInfo{}, err
+			}
+			s.ws()
+			if err := s.expect(':'); err != nil {
+				return RequestInfo{}, err
+			}
+			s.ws()
+			if err := p.field(key); err != nil {
+				return RequestInfo{}, err
+			}
+			s.ws()
+			c := s.peek()
+			s.i++
+			if c == '}' {
+				break
+			}
+			if c != ',' {
+				return RequestInfo{}, s.syntax("after object value", c)
+			}
+		}
+	}
+	s.ws()
+	if s.i < len(s.b) {
+		return RequestInfo{}, s.errorf("invalid character %q after top-level value", s.b[s.i])
+	}
+	if p.ri.Model == "" {
+		return RequestInfo{}, invalid("model", "missing_model", "the \"model\" field is required")
+	}
+	switch p.kind {
+	case KindCompletion:
+		if !p.seen.prompt {
+			return RequestInfo{}, invalid("prompt", "missing_prompt", "the \"prompt\" field is required")
+		}
+	case KindChat:
+		if !p.seen.messages {
+			return RequestInfo{}, invalid("messages", "missing_messages", "the \"messages\" field is required")
+		}
+	}
+	if len(p.prompt) > 0 {
+		// p.prompt is never written again: share it rather than copy it.
+		p.ri.Prompt = unsafe.String(unsafe.SliceData(p.prompt), len(p.prompt))
+	}
+	if p.maxTok.hasComplet {
+		p.ri.MaxTokens = p.maxTok.completion
+	} else if p.maxTok.hasTokens {
+		p.ri.MaxTokens = p.maxTok.tokens
+	}
+	return p.ri, nil
+}
+
+// field handles one top-level member; the scanner is at its value.
+func (p *parser) field(key []byte) error {
+	s := &p.s
+	switch string(key) {
+	case "model":
+		v, null, err := p.stringOrNull("model")
+		if err != nil {
+			return err
+		}
+		if null {
+			v = ""
+		}
+		p.ri.Model = v
+	case "stream":
+		switch {
+		case s.lit("true"):
+			p.ri.Stream = true
+		case s.lit("false"), s.lit("null"):
+			p.ri.Stream = false
+		default:
+			return p.wrongType("stream", "a boolean")
+		}
+	case "max_tokens", "max_completion_tokens":
+		name := string(key)
+		if s.lit("null") {
+			if name == "max_tokens" {
+				p.maxTok.hasTokens = false
+			} else {
+				p.maxTok.hasComplet = false
+			}
+			return nil
+		}
+		n, err := p.integer(name)
+		if err != nil {
+			return err
+		}
+		if name == "max_tokens" {
+			p.maxTok.tokens, p.maxTok.hasTokens = n, true
+		} else {
+			p.maxTok.completion, p.maxTok.hasComplet = n, true
+		}
+	case "user":
+		v, null, err := p.stringOrNull("user")
+		if err != nil {
+			return err
+		}
+		if null {
+			v = ""
+		}
+		p.ri.User = v
+	case "prompt":
+		if p.kind != KindCompletion {
+			return s.skip(0)
+		}
+		return p.completionPrompt()
+	case "messages":
+		if p.kind != KindChat {
+			return s.skip(0)
+		}
+		return p.messages()
+	default:
+		return s.skip(0)
+	}
+	return nil
+}
+
+func (p *parser) stringOrNull(param string) (string, bool, error) {
+	s := &p.s
+	if s.lit("null") {
+		return "", true, nil
+	}
+	if s.peek() != '"' {
+		return "", false, p.wrongType(param, "a string")
+	}
+	raw, esc, err := s.str()
+	if err != nil {
+		return "", false, err
+	}
+	if !esc && utf8.Valid(raw) {
+		return string(raw), false, nil
+	}
+	return string(unescape(nil, raw)), false, nil
+}
+
+// integer reads a non-negative JSON integer (no fraction, no exponent).
+func (p *parser) integer(param string) (int, error) {
+	s := &p.s
+	c := s.peek()
+	if c != '-' && (c < '0' || c > '9') {
+		return 0, p.wrongType(param, "an integer")
+	}
+	start := s.i
+	isInt, err := s.number()
+	if err != nil {
+		return 0, err
+	}
+	if !isInt {
+		return 0, invalid(param, "invalid_type", "%q must be an integer, got %s", param, s.b[start:s.i])
+	}
+	n, err := strconv.Atoi(string(s.b[start:s.i]))
+	if err != nil || n < 0 {
+		return 0, invalid(param, "invalid_value", "%q must be a non-negative integer that fits in 64 bits, got %s", param, s.b[start:s.i])
+	}
+	return n, nil
+}
+
+func (p *parser) wrongType(param, want string) error {
+	s := &p.s
+	start := s.i
+	if err := s.skip(0); err != nil {
+		return err
+	}
+	return invalid(param, "invalid_type", "%q must be %s, got %s", param, want, describeJSON(s.b[start:s.i]))
+}
+
+// completionPrompt reads "prompt": a string, an array of strings, an array
+// of token ids or an array of arrays of token ids.
+func (p *parser) completionPrompt() error {
+	s := &p.s
+	p.seen.prompt = true
+	p.prompt = p.prompt[:0]
+	p.ri.TokenIDs = nil
+	switch s.peek() {
+	case '"':
+		raw, esc, err := s.str()
+		if err != nil {
+			return err
+		}
+		p.prompt = appendString(p.prompt, raw, esc)
+		return nil
+	case '[':
+	default:
+		return p.wrongType("prompt", "a string, an array of strings or an array of token ids")
+	}
+	s.i++
+	s.ws()
+	if s.peek() == ']' {
+		s.i++
+		return invalid("prompt", "empty_prompt", "\"prompt\" must not be an empty array")
+	}
+	var elem byte // the kind of the first element: '"', '0' or '['
+	var strs [][]byte
+	for n := 0; ; n++ {
+		s.ws()
+		c := s.peek()
+		kind := c
+		if c == '-' || (c >= '0' && c <= '9') {
+			kind = '0'
+		}
+		if n == 0 {
+			elem = kind
+		}
+		if kind != elem || (kind != '"' && kind != '0' && kind != '[') {
+			return p.wrongType("prompt", "an array of strings, of token ids or of arrays of token ids")
+		}
+		switch kind {
+		case '"':
+			raw, esc, err := s.str()
+			if err != nil {
+				return err
+			}
+			strs = append(strs, appendString(nil, raw, esc))
+		case '0':
+			if err := p.tokenID(); err != nil {
+				return err
+			}
+		case '[':
+			s.i++
+			s.ws()
+			if s.peek() == ']' {
+				s.i++
+			} else {
+				for {
+					s.ws()
+					if err := p.tokenID(); err != nil {
+						return err
+					}
+					s.ws()
+					c := s.peek()
+					s.i++
+					if c == ']' {
+						break
+					}
+					if c != ',' {
+						return s.syntax("after array element", c)
+					}
+				}
+			}
+		}
+		s.ws()
+		c = s.peek()
+		s.i++
+		if c == ']' {
+			break
+		}
+		if c != ',' {
+			return s.syntax("after array element", c)
+		}
+	}
+	switch {
+	case elem == '"' && len(strs) == 1:
+		p.prompt = append(p.prompt, strs[0]...)
+	case elem == '"':
+		for _, t := range strs {
+			p.prompt = appendNetstring(p.prompt, t)
+		}
+	default:
+		if p.ri.TokenIDs == nil {
+			p.ri.TokenIDs = []uint32{}
+		}
+		for _, id := range p.ri.TokenIDs {
+			p.prompt = strconv.AppendUint(p.prompt, uint64(id), 10)
+			p.prompt = append(p.prompt, ' ')
+		}
+	}
+	return nil
+}
+
+func (p *parser) tokenID() error {
+	s := &p.s
+	c := s.peek()
+	if c != '-' && (c < '0' || c > '9') {
+		return p.wrongType("prompt", "an array of token ids")
+	}
+	start := s.i
+	isInt, err := s.number()
+	if err != nil {
+		return err
+	}
+	n, perr := strconv.ParseUint(string(s.b[start:s.i]), 10, 32)
+	if !isInt || perr != nil {
+		return invalid("prompt", "invalid_value", "token ids in \"prompt\" must be integers in [0, 2^32), got %s", s.b[start:s.i])
+	}
+	p.ri.TokenIDs = append(p.ri.TokenIDs, uint32(n))
+	return nil
+}
+
+// messages reads "messages": a non-empty array of message objects.
+func (p *parser) messages() error {
+	s := &p.s
+	p.seen.messages = true
+	if p.prompt == nil {
+		// The canonical text is never longer than the JSON it comes from.
+		p.prompt = make([]byte, 0, len(s.b)-s.i)
+	}
+	p.prompt = p.prompt[:0]
+	p.ri.Messages = 0
+	if s.peek() != '[' {
+		return p.wrongType("messages", "an array of messages")
+	}
+	s.i++
+	s.ws()
+	if s.peek() == ']' {
+		s.i++
+		return invalid("messages", "empty_messages", "\"messages\" must not be empty")
+	}
+	for {
+		s.ws()
+		if err := p.message(p.ri.Messages); err != nil {
+			return err
+		}
+		p.ri.Messages++
+		s.ws()
+		c := s.peek()
+		s.i++
+		if c == ']' {
+			return nil
+		}
+		if c != ',' {
+			return s.syntax("after array element", c)
+		}
+	}
+}
+
+func (p *parser) message(idx int) error {
+	s := &p.s
+	param := "messages[" + strconv.Itoa(idx) + "]"
+	if s.peek() != '{' {
+		return p.wrongType(param, "an object")
+	}
+	s.i++
+	role, content := p.role[:0], p.content[:0]
+	hasRole := false
+	defer func() { p.role, p.content = role, content }()
+	s.ws()
+	if s.peek() == '}' {
+		s.i++
+	} else {
+		for {
+			s.ws()
+			key, err := s.key()
+			if err != nil {
+				return err
+			}
+			s.ws()
+			if err := s.expect(':'); err != nil {
+				return err
+			}
+			s.ws()
+			switch string(key) {
+			case "role":
+				if s.peek() != '"' {
+					return p.wrongType(param+".role", "a string")
+				}
+				raw, esc, err := s.str()
+				if err != nil {
+					return err
+				}
+				role, hasRole = appendString(role[:0], raw, esc), true
+			case "content":
+				content, err = p.msgContent(param+".content", content[:0])
+				if err != nil {
+					return err
+				}
+			default:
+				if err := s.skip(0); err != nil {
+					return err
+				}
+			}
+			s.ws()
+			c := s.peek()
+			s.i++
+			if c == '}' {
+				break
+			}
+			if c != ',' {
+				return s.syntax("after object value", c)
+			}
+		}
+	}
+	if !hasRole {
+		return invalid(param+".role", "missing_role", "%s has no \"role\"", param)
+	}
+	p.prompt = appendNetstring(p.prompt, role)
+	p.prompt = appendNetstring(p.prompt, content)
+	return nil
+}
+
+// content reads a message's content: null, a string or an array of parts.
+func (p *parser) msgContent(param string, dst []byte) ([]byte, error) {
+	s := &p.s
+	switch c := s.peek(); {
+	case s.lit("null"):
+		return dst, nil
+	case c == '"':
+		raw, esc, err := s.str()
+		if err != nil {
+			return nil, err
+		}
+		return appendString(dst, raw, esc), nil
+	case c != '[':
+		return nil, p.wrongType(param, "a string, an array of parts or null")
+	}
+	s.i++
+	s.ws()
+	if s.peek() == ']' {
+		s.i++
+		return dst, nil
+	}
+	for n := 0; ; n++ {
+		s.ws()
+		start := s.i
+		text, isText, err := p.part(param + "[" + strconv.Itoa(n) + "]")
+		if err != nil {
+			return nil, err
+		}
+		if n > 0 {
+			dst = append(dst, '\n')
+		}
+		if isText {
+			dst = append(dst, text...)
+		} else {
+			dst = append(dst, s.b[start:s.i]...)
+		}
+		s.ws()
+		c := s.peek()
+		s.i++
+		if c == ']' {
+			return dst, nil
+		}
+		if c != ',' {
+			return nil, s.syntax("after array element", c)
+		}
+	}
+}
+
+// part reads one content part; for {"type":"text","text":...} it returns
+// the text.
+func (p *parser) part(param string) (text []byte, isText bool, err error) {
+	s := &p.s
+	if s.peek() != '{' {
+		return nil, false, p.wrongType(param, "an object")
+	}
+	s.i++
+	var typ []byte
+	hasText := false
+	s.ws()
+	if s.peek() == '}' {
+		s.i++
+		return nil, false, nil
+	}
+	for {
+		s.ws()
+		key, err := s.key()
+		if err != nil {
+			return nil, false, err
+		}
+		s.ws()
+		if err := s.expect(':'); err != nil {
+			return nil, false, err
+		}
+		s.ws()
+		switch k := string(key); {
+		case (k == "type" || k == "text") && s.peek() == '"':
+			raw, esc, err := s.str()
+			if err != nil {
+				return nil, false, err
+			}
+			if k == "type" {
+				typ = appendString(typ[:0], raw, esc)
+			} else {
+				text, hasText = appendString(text[:0], raw, esc), true
+			}
+		default:
+			if err := s.skip(0); err != nil {
+				return nil, false, err
+			}
+		}
+		s.ws()
+		c := s.peek()
+		s.i++
+		if c == '}' {
+			break
+		}
+		if c != ',' {
+			return nil, false, s.syntax("after object value", c)
+		}
+	}
+	if string(typ) == "text" && hasText {
+		return text, true, nil
+	}
+	return nil, false, nil
+}
+
+func appendNetstring(dst, s []byte) []byte {
+	dst = strconv.AppendInt(dst, int64(len(s)), 10)
+	dst = append(dst, ':')
+	dst = append(dst, s...)
+	return append(dst, ',')
+}
+
+// appendString appends a scanned string's value.
+func appendString(dst, raw []byte, esc bool) []byte {
+	if !esc && utf8.Valid(raw) {
+		return append(dst, raw...)
+	}
+	return unescape(dst, raw)
+}
+
+// scanner walks JSON text. Its methods leave i after what they consumed.
+type scanner struct {
+	b []byte
+	i int
+}
+
+func (s *scanner) peek() byte {
+	if s.i < len(s.b) {
+		return s.b[s.i]
+	}
+	return 0
+}
+
+func (s *scanner) ws() {
+	for s.i < len(s.b) {
+		switch s.b[s.i] {
+		case ' ', '\t', '\n', '\r':
+			s.i++
+		default:
+			return
+		}
+	}
+}
+
+func (s *scanner) expect(c byte) error {
+	if s.peek() != c {
+		return s.syntax("looking for "+strconv.QuoteRune(rune(c)), s.peek())
+	}
+	s.i++
+	return nil
+}
+
+// lit consumes the literal word if it is next.
+func (s *scanner) lit(word string) bool {
+	if len(s.b)-s.i >= len(word) && string(s.b[s.i:s.i+len(word)]) == word {
+		s.i += len(word)
+		return true
+	}
+	return false
+}
+
+// key reads an object key and returns its unescaped value.
+func (s *scanner) key() ([]byte, error) {
+	if s.peek() != '"' {
+		return nil, s.syntax("looking for beginning of object key string", s.peek())
+	}
+	raw, esc, err := s.str()
+	if err != nil {
+		return nil, err
+	}
+	if esc || !utf8.Valid(raw) {
+		return unescape(nil, raw), nil
+	}
+	return raw, nil
+}
+
+// str reads a string at s.i (which is '"') and returns its raw contents and
+// whether they hold escapes.
+func (s *scanner) str() (raw []byte, esc bool, err error) {
+	s.i++ // opening quote
+	start, i, quote := s.i, s.i, -1
+	for {
+		if quote < i { // find the next quote not yet known to be escaped
+			q := bytes.IndexByte(s.b[i:], '"')
+			if q < 0 {
+				s.i = len(s.b)
+				return nil, false, s.errorf("unexpected end of JSON input in string")
+			}
+			quote = i + q
+		}
+		seg := s.b[i:quote]
+		bs := bytes.IndexByte(seg, '\\')
+		if bs >= 0 {
+			seg = seg[:bs]
+		}
+		for j, c := range seg {
+			if c < 0x20 {
+				s.i = i + j
+				return nil, false, s.errorf("invalid control character %q in string literal", c)
+			}
+		}
+		if bs < 0 {
+			s.i = quote + 1
+			return s.b[start:quote], esc, nil
+		}
+		esc = true
+		i += bs // at the backslash; the quote is after it, so i+1 exists
+		switch s.b[i+1] {
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			i += 2
+		case 'u':
+			if i+6 > len(s.b) {
+				s.i = i
+				return nil, false, s.errorf("unexpected end of JSON input in \\u escape")
+			}
+			for _, h := range s.b[i+2 : i+6] {
+				if hexVal(h) < 0 {
+					s.i = i
+					return nil, false, s.errorf("invalid character %q in \\u hexadecimal character escape", h)
+				}
+			}
+			i += 6
+		default:
+			s.i = i
+			return nil, false, s.errorf("invalid character %q in string escape code", s.b[i+1])
+		}
+	}
+}
+
+// number reads a JSON number and reports whether it is an integer.
+func (s *scanner) number() (isInt bool, err error) {
+	isInt = true
+	if s.peek() == '-' {
+		s.i++
+	}
+	switch c := s.peek(); {
+	case c == '0':
+		s.i++
+	case c >= '1' && c <= '9':
+		for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+			s.i++
+		}
+	default:
+		return false, s.syntax("in numeric literal", c)
+	}
+	if s.peek() == '.' {
+		isInt = false
+		s.i++
+		if c := s.peek(); c < '0' || c > '9' {
+			return false, s.syntax("after decimal point in numeric literal", c)
+		}
+		for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+			s.i++
+		}
+	}
+	if c := s.peek(); c == 'e' || c == 'E' {
+		isInt = false
+		s.i++
+		if c := s.peek(); c == '+' || c == '-' {
+			s.i++
+		}
+		if c := s.peek(); c < '0' || c > '9' {
+			return false, s.syntax("in exponent of numeric literal", c)
+		}
+		for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+			s.i++
+		}
+	}
+	return isInt, nil
+}
+
+// skip checks and steps over one value.
+func (s *scanner) skip(depth int) error {
+	if depth > maxDepth {
+		return s.errorf("exceeded max depth")
+	}
+	switch c := s.peek(); {
+	case c == '"':
+		_, _, err := s.str()
+		return err
+	case c == '{':
+		s.i++
+		s.ws()
+		if s.peek() == '}' {
+			s.i++
+			return nil
+		}
+		for {
+			s.ws()
+			if s.peek() != '"' {
+				return s.syntax("looking for beginning of object key string", s.peek())
+			}
+			if _, _, err := s.str(); err != nil {
+				return err
+			}
+			s.ws()
+			if err := s.expect(':'); err != nil {
+				return err
+			}
+			s.ws()
+			if err := s.skip(depth + 1); err != nil {
+				return err
+			}
+			s.ws()
+			c := s.peek()
+			s.i++
+			if c == '}' {
+				return nil
+			}
+			if c != ',' {
+				return s.syntax("after object value", c)
+			}
+		}
+	case c == '[':
+		s.i++
+		s.ws()
+		if s.peek() == ']' {
+			s.i++
+			return nil
+		}
+		for {
+			s.ws()
+			if err := s.skip(depth + 1); err != nil {
+				return err
+			}
+			s.ws()
+			c := s.peek()
+			s.i++
+			if c == ']' {
+				return nil
+			}
+			if c != ',' {
+				return s.syntax("after array element", c)
+			}
+		}
+	case c == '-' || (c >= '0' && c <= '9'):
+		_, err := s.number()
+		return err
+	case s.lit("true"), s.lit("false"), s.lit("null"):
+		return nil
+	default:
+		return s.syntax("looking for beginning of value", c)
+	}
+}
+
+func (s *scanner) syntax(where string, c byte) error {
+	if s.i >= len(s.b) && c == 0 {
+		return s.errorf("unexpected end of JSON input")
+	}
+	return s.errorf("invalid character %q %s", c, where)
+}
+
+func (s *scanner) errorf(format string, args ...any) error {
+	e := invalid("", "invalid_json", format, args...)
+	e.Message = "invalid JSON in request body at byte " + strconv.Itoa(min(s.i, len(s.b))) + ": " + e.Message
+	return e
+}
+
+func invalid(param, code, format string, args ...any) *kvroute.Error {
+	return kvroute.Errorf(http.StatusBadRequest, kvroute.TypeInvalidRequest, code, param, format, args...)
+}
+
+// describeJSON names a JSON value's type for error messages.
+func describeJSON(v []byte) string {
+	if len(v) == 0 {
+		return "nothing"
+	}
+	switch c := v[0]; {
+	case c == '"':
+		return "a string"
+	case c == '{':
+		return "an object"
+	case c == '[':
+		return "an array"
+	case c == 't' || c == 'f':
+		return "a boolean"
+	case c == 'n':
+		return "null"
+	default:
+		return "a number"
+	}
+}
+
+func hexVal(c byte) rune {
+	switch {
+	case '0' <= c && c <= '9':
+		return rune(c - '0')
+	case 'a' <= c && c <= 'f':
+		return rune(c - 'a' + 10)
+	case 'A' <= c && c <= 'F':
+		return rune(c - 'A' + 10)
+	}
+	return -1
+}
+
+// unescape appends the value of a checked string's raw contents to dst, the
+// way encoding/json decodes it: invalid UTF-8 and lone surrogates become
+// U+FFFD.
+func unescape(dst, raw []byte) []byte {
+	if cap(dst)-len(dst) < len(raw) {
+		dst = append(make([]byte, 0, len(dst)+len(raw)), dst...)
+	}
+	for i := 0; i < len(raw); {
+		// Copy the run up to the next backslash in bulk when it is valid UTF-8.
+		run := raw[i:]
+		if bs := bytes.IndexByte(run, '\\'); bs >= 0 {
+			run = run[:bs]
+		}
+		if len(run) > 0 {
+			if utf8.Valid(run) {
+				dst = append(dst, run...)
+			} else {
+				for j := 0; j < len(run); {
+					r, size := utf8.DecodeRune(run[j:])
+					if r == utf8.RuneError && size == 1 {
+						dst = utf8.AppendRune(dst, utf8.RuneError)
+					} else {
+						dst = append(dst, run[j:j+size]...)
+					}
+					j += size
+				}
+			}
+			i += len(run)
+			continue
+		}
+		switch raw[i+1] {
+		case '"', '\\', '/':
+			dst = append(dst, raw[i+1])
+		case 'b':
+			dst = append(dst, '\b')
+		case 'f':
+			dst = append(dst, '\f')
+		case 'n':
+			dst = append(dst, '\n')
+		case 'r':
+			dst = append(dst, '\r')
+		case 't':
+			dst = append(dst, '\t')
+		case 'u':
+			r := getu4(raw[i+2:])
+			i += 6
+			if utf16.IsSurrogate(r) {
+				if i+6 <= len(raw) && raw[i] == '\\' && raw[i+1] == 'u' {
+					if r2 := utf16.DecodeRune(r, getu4(raw[i+2:])); r2 != utf8.RuneError {
+						dst = utf8.AppendRune(dst, r2)
+						i += 6
+						continue
+					}
+				}
+				r = utf8.RuneError
+			}
+			dst = utf8.AppendRune(dst, r)
+			continue
+		}
+		i += 2
+	}
+	return dst
+}
+
+func getu4(b []byte) rune {
+	var r rune
+	for _, c := range b[:4] {
+		r = r<<4 | hexVal(c)
+	}
+	return r
+}

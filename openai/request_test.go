@@ -1,0 +1,385 @@
+package openai
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/kvroute/kvroute"
+)
+
+func TestParseRequest(t *testing.T) {
+	ns := func(parts ...string) string {
+		var b []byte
+		for _, p := range parts {
+			b = appendNetstring(b, []byte(p))
+		}
+		return string(b)
+	}
+	tests := []struct {
+		name string
+		kind Kind
+		body string
+		want RequestInfo
+	}{
+		{"completion", KindCompletion, `{"model":"m","prompt":"hello","stream":true,"max_tokens":16,"user":"u1"}`,
+			RequestInfo{Model: "m", Prompt: "hello", Stream: true, MaxTokens: 16, User: "u1"}},
+		{"escapes", KindCompletion, `{"model":"m\u00e9","prompt":"a\"b\\c\n\u00e9\ud83d\ude00\ud800x"}`,
+			RequestInfo{Model: "mé", Prompt: "a\"b\\c\né😀\uFFFDx"}},
+		{"whitespace and nulls", KindCompletion, " {\n\"model\" : \"m\" ,\"stream\":null, \"max_tokens\":null,\"user\":null, \"prompt\" : \"p\"}\n",
+			RequestInfo{Model: "m", Prompt: "p"}},
+		{"max_completion_tokens wins", KindChat, `{"max_completion_tokens":7,"model":"m","max_tokens":9,"messages":[{"role":"user","content":"hi"}]}`,
+			RequestInfo{Model: "m", MaxTokens: 7, Prompt: ns("user", "hi"), Messages: 1}},
+		{"last duplicate wins", KindCompletion, `{"model":"a","prompt":"x","model":"b","stream":true,"stream":false}`,
+			RequestInfo{Model: "b", Prompt: "x"}},
+		{"batch of strings", KindCompletion, `{"model":"m","prompt":["ab","c"]}`,
+			RequestInfo{Model: "m", Prompt: ns("ab", "c")}},
+		{"one string in array", KindCompletion, `{"model":"m","prompt":["ab"]}`, RequestInfo{Model: "m", Prompt: "ab"}},
+		{"token ids", KindCompletion, `{"model":"m","prompt":[1,22,333]}`,
+			RequestInfo{Model: "m", Prompt: "1 22 333 ", TokenIDs: []uint32{1, 22, 333}}},
+		{"batch of token ids", KindCompletion, `{"model":"m","prompt":[[1,2],[3]]}`,
+			RequestInfo{Model: "m", Prompt: "1 2 3 ", TokenIDs: []uint32{1, 2, 3}}},
+		{"chat skips unknown fields", KindChat,
+			`{"model":"m","temperature":0.5,"tools":[{"type":"function","function":{"name":"f","parameters":{"a":[1,{"b":null}]}}}],` +
+				`"messages":[{"role":"system","content":"be brief","name":"x"},{"role":"user","content":null,"tool_calls":[]}],"prompt":{"ignored":true}}`,
+			RequestInfo{Model: "m", Prompt: ns("system", "be brief") + ns("user", ""), Messages: 2}},
+		{"content parts", KindChat,
+			`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"data:x"}},{"text":"b","type":"text"}]}]}`,
+			RequestInfo{Model: "m", Prompt: ns("user", "a\n"+`{"type":"image_url","image_url":{"url":"data:x"}}`+"\nb"), Messages: 1}},
+		{"completion ignores messages", KindCompletion, `{"model":"m","prompt":"p","messages":7}`, RequestInfo{Model: "m", Prompt: "p"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := ParseRequest(tc.kind, []byte(tc.body))
+			if err != nil {
+				t.Fatalf("ParseRequest: %v", err)
+			}
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("ParseRequest:\n got %+v\nwant %+v", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestCanonicalPromptNoCollision(t *testing.T) {
+	// Two conversations whose concatenated texts are equal must differ.
+	a := `{"model":"m","messages":[{"role":"user","content":"ab"},{"role":"user","content":"c"}]}`
+	b := `{"model":"m","messages":[{"role":"user","content":"a"},{"role":"user","content":"bc"}]}`
+	c := `{"model":"m","messages":[{"role":"user","content":"abc"}]}`
+	seen := map[string]string{}
+	for _, body := range []string{a, b, c} {
+		ri, err := ParseRequest(KindChat, []byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if prev, dup := seen[ri.Prompt]; dup {
+			t.Errorf("bodies %s and %s share the canonical prompt %q", prev, body, ri.Prompt)
+		}
+		seen[ri.Prompt] = body
+	}
+	// A conversation's text is a prefix of its continuation's.
+	turn1, _ := ParseRequest(KindChat, []byte(`{"model":"m","messages":[{"role":"system","content":"S"},{"role":"user","content":"q1"}]}`))
+	turn2, _ := ParseRequest(KindChat, []byte(`{"model":"m","messages":[{"role":"system","content":"S"},{"role":"user","content":"q1"},{"role":"assistant","content":"a1"},{"role":"user","content":"q2"}]}`))
+	if !strings.HasPrefix(turn2.Prompt, turn1.Prompt) {
+		t.Errorf("turn 2 prompt %q does not start with turn 1 prompt %q", turn2.Prompt, turn1.Prompt)
+	}
+}
+
+func TestParseRequestErrors(t *testing.T) {
+	tests := []struct {
+		name      string
+		kind      Kind
+		body      string
+		wantParam string
+		wantCode  string
+		wantMsg   string
+	}{
+		{"empty body", KindChat, ``, "", "empty_body", "request body is empty"},
+		{"not an object", KindChat, `[1,2]`, "", "invalid_body", "must be a JSON object"},
+		{"malformed", KindChat, `{"model":"m",}`, "", "invalid_json", "at byte 13: invalid character '}'"},
+		{"truncated", KindChat, `{"model":"m","messages":[{"role":"us`, "", "invalid_json", "unexpected end of JSON input"},
+		{"trailing data", KindChat, `{"model":"m","messages":[{"role":"u"}]} x`, "", "invalid_json", "after top-level value"},
+		{"bad escape", KindCompletion, `{"model":"m","prompt":"\q"}`, "", "invalid_json", "in string escape code"},
+		{"control char", KindCompletion, "{\"model\":\"m\",\"prompt\":\"a\x01\"}", "", "invalid_json", "control character"},
+		{"bad number in skipped", KindCompletion, `{"model":"m","prompt":"p","temperature":1.}`, "", "invalid_json", "after decimal point"},
+		{"bad literal", KindCompletion, `{"model":"m","prompt":"p","echo":tru}`, "", "invalid_json", "looking for beginning of value"},
+		{"missing model", KindChat, `{"messages":[{"role":"user","content":"x"}]}`, "model", "missing_model", `"model" field is required`},
+		{"null model", KindChat, `{"model":null,"messages":[{"role":"user","content":"x"}]}`, "model", "missing_model", ""},
+		{"model wrong type", KindChat, `{"model":3,"messages":[]}`, "model", "invalid_type", `"model" must be a string, got a number`},
+		{"stream wrong type", KindChat, `{"model":"m","stream":"yes"}`, "stream", "invalid_type", `must be a boolean, got a string`},
+		{"max_tokens float", KindCompletion, `{"model":"m","max_tokens":1.5,"prompt":"p"}`, "max_tokens", "invalid_type", "must be an integer, got 1.5"},
+		{"max_tokens negative", KindCompletion, `{"model":"m","max_tokens":-1,"prompt":"p"}`, "max_tokens", "invalid_value", "non-negative"},
+		{"max_tokens huge", KindCompletion, `{"model":"m","max_tokens":99999999999999999999,"prompt":"p"}`, "max_tokens", "invalid_value", ""},
+		{"max_tokens string", KindCompletion, `{"model":"m","max_completion_tokens":"5","prompt":"p"}`, "max_completion_tokens", "invalid_type", ""},
+		{"user wrong type", KindCompletion, `{"model":"m","user":{},"prompt":"p"}`, "user", "invalid_type", "got an object"},
+		{"missing messages", KindChat, `{"model":"m"}`, "messages", "missing_messages", ""},
+		{"empty messages", KindChat, `{"model":"m","messages":[]}`, "messages", "empty_messages", "must not be empty"},
+		{"messages wrong type", KindChat, `{"model":"m","messages":"hi"}`, "messages", "invalid_type", "got a string"},
+		{"message not object", KindChat, `{"model":"m","messages":["hi"]}`, "messages[0]", "invalid_type", ""},
+		{"message without role", KindChat, `{"model":"m","messages":[{"role":"user","content":"a"},{"content":"b"}]}`, "messages[1].role", "missing_role", ""},
+		{"role wrong type", KindChat, `{"model":"m","messages":[{"role":1}]}`, "messages[0].role", "invalid_type", ""},
+		{"content wrong type", KindChat, `{"model":"m","messages":[{"role":"user","content":5}]}`, "messages[0].content", "invalid_type", ""},
+		{"part wrong type", KindChat, `{"model":"m","messages":[{"role":"user","content":["x"]}]}`, "messages[0].content[0]", "invalid_type", ""},
+		{"missing prompt", KindCompletion, `{"model":"m"}`, "prompt", "missing_prompt", ""},
+		{"prompt wrong type", KindCompletion, `{"model":"m","prompt":{}}`, "prompt", "invalid_type", ""},
+		{"empty prompt array", KindCompletion, `{"model":"m","prompt":[]}`, "prompt", "empty_prompt", ""},
+		{"mixed prompt array", KindCompletion, `{"model":"m","prompt":["a",1]}`, "prompt", "invalid_type", ""},
+		{"negative token", KindCompletion, `{"model":"m","prompt":[1,-2]}`, "prompt", "invalid_value", ""},
+		{"float token", KindCompletion, `{"model":"m","prompt":[[1.5]]}`, "prompt", "invalid_value", ""},
+		{"token too big", KindCompletion, `{"model":"m","prompt":[4294967296]}`, "prompt", "invalid_value", ""},
+		{"too deep", KindCompletion, `{"model":"m","prompt":"p","x":` + strings.Repeat("[", maxDepth+2) + strings.Repeat("]", maxDepth+2) + `}`, "", "invalid_json", "exceeded max depth"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := ParseRequest(tc.kind, []byte(tc.body))
+			var e *kvroute.Error
+			if !errors.As(err, &e) {
+				t.Fatalf("ParseRequest: got %v, want a *kvroute.Error", err)
+			}
+			if e.Status != 400 || e.Type != kvroute.TypeInvalidRequest || e.Param != tc.wantParam || e.Code != tc.wantCode {
+				t.Errorf("got status %d type %q param %q code %q, want 400 %q %q %q",
+					e.Status, e.Type, e.Param, e.Code, kvroute.TypeInvalidRequest, tc.wantParam, tc.wantCode)
+			}
+			if !strings.Contains(e.Message, tc.wantMsg) {
+				t.Errorf("message: got %q, want it to contain %q", e.Message, tc.wantMsg)
+			}
+		})
+	}
+}
+
+// reference parses body with encoding/json into the same RequestInfo, or
+// reports that the body is not acceptable. It is the oracle of the fuzz
+// test.
+func reference(kind Kind, body []byte) (RequestInfo, bool) {
+	var top map[string]json.RawMessage
+	if err := json.Unmarshal(body, &top); err != nil || top == nil {
+		return RequestInfo{}, false
+	}
+	var ri RequestInfo
+	str := func(key string) (string, bool) {
+		raw, ok := top[key]
+		if !ok {
+			return "", true
+		}
+		var s *string
+		if json.Unmarshal(raw, &s) != nil {
+			return "", false
+		}
+		if s == nil {
+			return "", true
+		}
+		return *s, true
+	}
+	intField := func(key string) (int, bool, bool) {
+		raw, ok := top[key]
+		if !ok || string(raw) == "null" {
+			return 0, false, true
+		}
+		var n int
+		if json.Unmarshal(raw, &n) != nil || n < 0 {
+			return 0, false, false
+		}
+		return n, true, true
+	}
+	var ok bool
+	if ri.Model, ok = str("model"); !ok || ri.Model == "" {
+		return RequestInfo{}, false
+	}
+	if ri.User, ok = str("user"); !ok {
+		return RequestInfo{}, false
+	}
+	if raw, has := top["stream"]; has {
+		var b *bool
+		if json.Unmarshal(raw, &b) != nil {
+			return RequestInfo{}, false
+		}
+		ri.Stream = b != nil && *b
+	}
+	mt, hasMT, ok1 := intField("max_tokens")
+	mc, hasMC, ok2 := intField("max_completion_tokens")
+	if !ok1 || !ok2 {
+		return RequestInfo{}, false
+	}
+	if hasMC {
+		ri.MaxTokens = mc
+	} else if hasMT {
+		ri.MaxTokens = mt
+	}
+	var prompt []byte
+	if kind == KindCompletion {
+		raw, has := top["prompt"]
+		if !has {
+			return RequestInfo{}, false
+		}
+		var s string
+		var ss []string
+		var ids []uint32
+		var idss [][]uint32
+		switch {
+		case json.Unmarshal(raw, &s) == nil && raw[0] == '"':
+			prompt = []byte(s)
+		case json.Unmarshal(raw, &ss) == nil && len(ss) > 0 && raw[0] == '[' && bytes.Contains(raw, []byte(`"`)):
+			if len(ss) == 1 {
+				prompt = []byte(ss[0])
+			} else {
+				for _, x := range ss {
+					prompt = appendNetstring(prompt, []byte(x))
+				}
+			}
+		case json.Unmarshal(raw, &ids) == nil && len(ids) > 0:
+			ri.TokenIDs = ids
+		case json.Unmarshal(raw, &idss) == nil && len(idss) > 0:
+			ri.TokenIDs = []uint32{}
+			for _, x := range idss {
+				ri.TokenIDs = append(ri.TokenIDs, x...)
+			}
+		default:
+			return RequestInfo{}, false
+		}
+		for _, id := range ri.TokenIDs {
+			prompt = append(strconv.AppendUint(prompt, uint64(id), 10), ' ')
+		}
+	} else {
+		raw, has := top["messages"]
+		if !has {
+			return RequestInfo{}, false
+		}
+		var msgs []map[string]json.RawMessage
+		if json.Unmarshal(raw, &msgs) != nil || len(msgs) == 0 {
+			return RequestInfo{}, false
+		}
+		for _, m := range msgs {
+			if m == nil {
+				return RequestInfo{}, false
+			}
+			var role string
+			if r, has := m["role"]; !has || r[0] != '"' || json.Unmarshal(r, &role) != nil {
+				return RequestInfo{}, false
+			}
+			var content []byte
+			if c, has := m["content"]; has && string(c) != "null" {
+				var s string
+				var parts []map[string]json.RawMessage
+				switch {
+				case c[0] == '"' && json.Unmarshal(c, &s) == nil:
+					content = []byte(s)
+				case c[0] == '[' && json.Unmarshal(c, &parts) == nil:
+					// Parts are compared by text only; raw parts are checked
+					// by the table tests.
+					for i, p := range parts {
+						if p == nil {
+							return RequestInfo{}, false
+						}
+						if i > 0 {
+							content = append(content, '\n')
+						}
+						var typ, text string
+						tr, th := p["type"]
+						xr, xh := p["text"]
+						if th && xh && tr[0] == '"' && xr[0] == '"' && json.Unmarshal(tr, &typ) == nil && json.Unmarshal(xr, &text) == nil && typ == "text" {
+							content = append(content, text...)
+						} else {
+							content = append(content, "<raw>"...)
+						}
+					}
+				default:
+					return RequestInfo{}, false
+				}
+			}
+			prompt = appendNetstring(prompt, []byte(role))
+			prompt = appendNetstring(prompt, content)
+			ri.Messages++
+		}
+	}
+	ri.Prompt = string(prompt)
+	return ri, true
+}
+
+func FuzzParseRequest(f *testing.F) {
+	seeds := []string{
+		`{"model":"m","prompt":"hello","stream":true,"max_tokens":16,"user":"u"}`,
+		`{"model":"m","prompt":["a","b"]}`,
+		`{"model":"m","prompt":[1,2,3]}`,
+		`{"model":"m","prompt":[[1],[2,3]]}`,
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":3}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"}]}]}`,
+		`{"model":"m\ud800","prompt":"\u00e9\"","x":[{"y":-1.5e3},true,false,null]}`,
+		`{"model":"m","model":null}`,
+		`[]`, `{`, `{"model":`,
+	}
+	for _, s := range seeds {
+		f.Add(uint8(0), []byte(s))
+		f.Add(uint8(1), []byte(s))
+	}
+	f.Fuzz(func(t *testing.T, k uint8, body []byte) {
+		kind := Kind(k % 2)
+		got, err := ParseRequest(kind, body)
+		want, ok := reference(kind, body)
+		if err != nil {
+			var e *kvroute.Error
+			if !errors.As(err, &e) || e.Status != 400 {
+				t.Fatalf("error %v is not a 400 *kvroute.Error", err)
+			}
+			if ok {
+				t.Fatalf("ParseRequest(%s, %q): got error %v, encoding/json accepts it as %+v", kind, body, err, want)
+			}
+			return
+		}
+		if !json.Valid(body) {
+			t.Fatalf("ParseRequest(%s, %q) accepted invalid JSON", kind, body)
+		}
+		if !ok {
+			t.Fatalf("ParseRequest(%s, %q) = %+v, the reference rejects it", kind, body, got)
+		}
+		if strings.Contains(want.Prompt, "<raw>") {
+			got.Prompt, want.Prompt = "", "" // raw parts: see the table tests
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("ParseRequest(%s, %q):\n got %+v\nwant %+v", kind, body, got, want)
+		}
+	})
+}
+
+func promptBody(kind Kind, n int) []byte {
+	text := strings.Repeat("The quick brown fox jumps over the lazy dog. \"quoted\" ", n/54+1)[:n]
+	q, _ := json.Marshal(text)
+	if kind == KindChat {
+		return fmt.Appendf(nil, `{"model":"llama","messages":[{"role":"system","content":"You are helpful."},{"role":"user","content":%s}],"stream":true,"max_tokens":128,"temperature":0.7}`, q)
+	}
+	return fmt.Appendf(nil, `{"model":"llama","prompt":%s,"stream":true,"max_tokens":128,"temperature":0.7}`, q)
+}
+
+func BenchmarkParseRequest32KiB(b *testing.B) {
+	for _, kind := range []Kind{KindCompletion, KindChat} {
+		body := promptBody(kind, 32<<10)
+		b.Run(kind.String(), func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			for b.Loop() {
+				if _, err := ParseRequest(kind, body); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+	body := promptBody(KindChat, 32<<10)
+	b.Run("encoding-json-reference", func(b *testing.B) {
+		b.ReportAllocs()
+		b.SetBytes(int64(len(body)))
+		for b.Loop() {
+			var v struct {
+				Model    string
+				Messages []struct{ Role, Content string }
+				Stream   bool
+			}
+			if err := json.Unmarshal(body, &v); err != nil {
+				b.Fatal(err)
+			}
+		}
+	})
+}
