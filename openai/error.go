@@ -37,7 +37,7 @@ func AsError(err error) *kvroute.Error {
 		return e
 	}
 	return &kvroute.Error{Status: http.StatusInternalServerError, Type: kvroute.TypeInternal,
-		Code: "internal_error", Message: err.Error(), Err: err}
+		Code: "internal_error", Message: err.Error()}
 }
 
 // NewErrorResponse builds the body for err (see AsError).
