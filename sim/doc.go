@@ -1,0 +1,44 @@
+// Package sim is kvroute's discrete-event fleet simulator: it replays a
+// workload (a trace or a generator, package workload) through N modelled
+// engines (package engine) and the router's own decision code (package
+// router with the policies of package policy, the approximate and precise
+// prefix indexes of package kvindex and the stale-signal model of package
+// signals), on a virtual clock.
+//
+// # Model
+//
+// Time is virtual: an agenda (a binary heap) holds the events, ordered by
+// time and then by the order they were scheduled, so a run is deterministic
+// for a seed. The events are
+//
+//   - arrival: the router routes the request (router.Route) at its arrival
+//     time, scaled by Config.RateScale; a shed request (429) or a pool with
+//     no endpoint (503) is a rejection;
+//   - delivery: the request reaches its engine NetLatency later (engine.Add);
+//   - engine step: an engine that has work runs one scheduler iteration
+//     (engine.Step); its outputs and KV events are released when the step's
+//     modelled duration has passed, and the next step starts at once;
+//   - first token and done: reach the router NetLatency after the engine
+//     produced them (router.FirstToken, router.Done), which is when TTFT and
+//     end-to-end latency are measured, as the live router would;
+//   - scrape: every ScrapeInterval, with a per-engine phase, the engine's
+//     engine.Stats are turned into signals.Metrics (what its /metrics page
+//     would say) and reach the router's signals.View NetLatency later, so the
+//     router routes on signals as stale as in production;
+//   - KV events (with Config.KVEvents): the engine's BlockStored/BlockRemoved
+//     events reach the precise index KVEventDelay after their step.
+//
+// # Results
+//
+// Run returns a Result: one Record per request (TTFT split into network,
+// queue, prefill and first decode step; TPOT; end-to-end; cached tokens;
+// status), per-engine totals, a utilisation timeline and the oracle bound on
+// the prefix-cache hit rate (an infinite cache shared by the fleet: every
+// block seen before anywhere is a hit). Result.Report converts it to the
+// report format that `kvroute bench` also writes, so simulated and measured
+// runs compare directly.
+//
+// Everything in the package is single-threaded and does no I/O except
+// reading the embedded default trace; a Run is not safe for concurrent use,
+// but separate Runs are independent and may run in parallel.
+package sim

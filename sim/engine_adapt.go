@@ -1,0 +1,39 @@
+package sim
+
+import (
+	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/signals"
+)
+
+// metricsOf is what engine e's /metrics page says right now, as the
+// router's scraper would parse it (the vLLM flavour, like the emulator's).
+func metricsOf(e *simEngine) signals.Metrics {
+	st := e.eng.Stats()
+	return signals.Metrics{
+		Flavor: signals.FlavorVLLM,
+		Have: signals.HasWaiting | signals.HasRunning | signals.HasKVUsage | signals.HasPrefixCounters |
+			signals.HasPreemptions | signals.HasCacheConfig | signals.HasKVCapacity,
+		Waiting:          float64(st.Waiting),
+		Running:          float64(st.Running),
+		KVUsage:          st.KVUsage,
+		PrefixQueries:    float64(st.PrefixQueries),
+		PrefixHits:       float64(st.PrefixHits),
+		Preemptions:      float64(st.Preemptions),
+		PromptTokens:     float64(st.PromptTokens),
+		GenerationTokens: float64(st.GenerationTokens),
+		BlockSize:        st.BlockSize,
+		NumGPUBlocks:     st.NumGPUBlocks,
+		KVCapacityTokens: st.BlockSize * st.NumGPUBlocks,
+	}
+}
+
+// engineTotals returns engine e's preemptions and prefix-cache hit rate.
+func engineTotals(e *simEngine) (preemptions int, hitRate float64) {
+	st := e.eng.Stats()
+	if st.PrefixQueries > 0 {
+		hitRate = float64(st.PrefixHits) / float64(st.PrefixQueries)
+	}
+	return int(st.Preemptions), hitRate
+}
+
+var _ = engine.BlockStored

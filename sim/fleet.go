@@ -1,0 +1,214 @@
+package sim
+
+import (
+	"bytes"
+	"errors"
+	"fmt"
+	"os"
+	"strconv"
+	"strings"
+
+	"go.yaml.in/yaml/v3"
+)
+
+// Group is a set of identical engines in a simulated fleet.
+type Group struct {
+	// Count is the number of engines in the group; at least 1.
+	Count int `yaml:"count" json:"count"`
+	// Profile names an engine profile (see engine.ProfileNames).
+	Profile string `yaml:"profile" json:"profile"`
+	// NumGPUBlocks overrides the profile's KV-cache size in blocks; 0 keeps it.
+	NumGPUBlocks int `yaml:"num_gpu_blocks,omitempty" json:"num_gpu_blocks,omitempty"`
+	// MaxNumSeqs overrides the profile's batch limit; 0 keeps it.
+	MaxNumSeqs int `yaml:"max_num_seqs,omitempty" json:"max_num_seqs,omitempty"`
+	// MaxNumBatchedTokens overrides the profile's per-step token budget; 0 keeps it.
+	MaxNumBatchedTokens int `yaml:"max_num_batched_tokens,omitempty" json:"max_num_batched_tokens,omitempty"`
+	// Speed scales the engine's step times (2 = twice as fast); 0 means 1.
+	Speed float64 `yaml:"speed,omitempty" json:"speed,omitempty"`
+}
+
+// Fleet is the engines of a simulated model pool, in order; engine i of the
+// fleet is named e<i> (e0, e1, ...).
+type Fleet []Group
+
+// Size returns the number of engines.
+func (f Fleet) Size() int {
+	n := 0
+	for _, g := range f {
+		n += g.Count
+	}
+	return n
+}
+
+// String renders the fleet in the form ParseFleet reads, e.g.
+// "4xllama-3.1-8b-h100,2xqwen2.5-7b-h100".
+func (f Fleet) String() string {
+	parts := make([]string, len(f))
+	for i, g := range f {
+		parts[i] = fmt.Sprintf("%dx%s", g.Count, g.Profile)
+	}
+	return strings.Join(parts, ",")
+}
+
+// Validate checks counts and that a profile is named for every group.
+func (f Fleet) Validate() error {
+	if len(f) == 0 {
+		return errors.New("fleet: no engines")
+	}
+	for i, g := range f {
+		switch {
+		case g.Count < 1:
+			return fmt.Errorf("fleet: group %d (%s): count %d must be at least 1", i, g.Profile, g.Count)
+		case g.Profile == "":
+			return fmt.Errorf("fleet: group %d: profile is empty", i)
+		case g.NumGPUBlocks < 0, g.MaxNumSeqs < 0, g.MaxNumBatchedTokens < 0:
+			return fmt.Errorf("fleet: group %d (%s): overrides must not be negative", i, g.Profile)
+		case g.Speed < 0:
+			return fmt.Errorf("fleet: group %d (%s): speed %g must not be negative", i, g.Profile, g.Speed)
+		}
+	}
+	if n := f.Size(); n > maxEngines {
+		return fmt.Errorf("fleet: %d engines is more than the limit of %d", n, maxEngines)
+	}
+	return nil
+}
+
+// maxEngines bounds a fleet so that a typo (--engines 80000) fails fast.
+const maxEngines = 4096
+
+// ParseFleet reads the --engines flag: either a count ("8", every engine with
+// defaultProfile) or a comma-separated list of groups COUNTxPROFILE or PROFILE
+// (one engine), e.g. "4xllama-3.1-8b-h100,4xqwen2.5-7b-h100".
+func ParseFleet(spec, defaultProfile string) (Fleet, error) {
+	spec = strings.TrimSpace(spec)
+	if spec == "" {
+		return nil, errors.New("parse fleet: empty engine list")
+	}
+	if n, err := strconv.Atoi(spec); err == nil {
+		if defaultProfile == "" {
+			return nil, errors.New("parse fleet: an engine count needs a profile")
+		}
+		f := Fleet{{Count: n, Profile: defaultProfile}}
+		if err := f.Validate(); err != nil {
+			return nil, fmt.Errorf("parse fleet %q: %w", spec, err)
+		}
+		return f, nil
+	}
+	var f Fleet
+	for _, part := range strings.Split(spec, ",") {
+		part = strings.TrimSpace(part)
+		if part == "" {
+			continue
+		}
+		g := Group{Count: 1, Profile: part}
+		if i := strings.IndexByte(part, 'x'); i > 0 {
+			if n, err := strconv.Atoi(part[:i]); err == nil {
+				g = Group{Count: n, Profile: strings.TrimSpace(part[i+1:])}
+			}
+		}
+		f = append(f, g)
+	}
+	if err := f.Validate(); err != nil {
+		return nil, fmt.Errorf("parse fleet %q: %w", spec, err)
+	}
+	return f, nil
+}
+
+// fleetFile is the YAML (or JSON) layout of a fleet file:
+//
+//	engines:
+//	  - {count: 4, profile: llama-3.1-8b-h100}
+//	  - {count: 2, profile: llama-3.1-8b-h100, num_gpu_blocks: 8000, speed: 0.5}
+type fleetFile struct {
+	Engines Fleet `yaml:"engines"`
+}
+
+// ParseFleetFile parses a fleet file's contents. Unknown keys are errors.
+func ParseFleetFile(data []byte) (Fleet, error) {
+	var ff fleetFile
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&ff); err != nil {
+		return nil, fmt.Errorf("parse fleet file: %w", err)
+	}
+	if err := ff.Engines.Validate(); err != nil {
+		return nil, fmt.Errorf("parse fleet file: %w", err)
+	}
+	return ff.Engines, nil
+}
+
+// LoadFleetFile reads and parses a fleet file.
+func LoadFleetFile(path string) (Fleet, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return nil, fmt.Errorf("load fleet: %w", err)
+	}
+	return ParseFleetFile(data)
+}
+
+// ParseSweep reads a rate-scale sweep FROM:TO:STEP (e.g. 0.5:2:0.25, both
+// ends included) or a comma-separated list of scales (0.5,1,2).
+func ParseSweep(spec string) ([]float64, error) {
+	spec = strings.TrimSpace(spec)
+	if spec == "" {
+		return nil, errors.New("parse sweep: empty")
+	}
+	if strings.Contains(spec, ":") {
+		p := strings.Split(spec, ":")
+		if len(p) != 3 {
+			return nil, fmt.Errorf("parse sweep %q: want FROM:TO:STEP", spec)
+		}
+		var v [3]float64
+		for i, s := range p {
+			x, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+			if err != nil {
+				return nil, fmt.Errorf("parse sweep %q: %w", spec, err)
+			}
+			v[i] = x
+		}
+		from, to, step := v[0], v[1], v[2]
+		if !(from > 0) || !(to >= from) || !(step > 0) {
+			return nil, fmt.Errorf("parse sweep %q: want 0 < FROM <= TO and STEP > 0", spec)
+		}
+		n := int((to-from)/step+1e-9) + 1
+		if n > maxSweep {
+			return nil, fmt.Errorf("parse sweep %q: %d points is more than %d", spec, n, maxSweep)
+		}
+		out := make([]float64, n)
+		for i := range out {
+			// Round to 1e-9 so 0.1 steps print as 0.3, not 0.30000000000000004.
+			out[i] = roundTo(from+float64(i)*step, 1e9)
+		}
+		return out, nil
+	}
+	var out []float64
+	for _, s := range strings.Split(spec, ",") {
+		x, err := strconv.ParseFloat(strings.TrimSpace(s), 64)
+		if err != nil {
+			return nil, fmt.Errorf("parse sweep %q: %w", spec, err)
+		}
+		if !(x > 0) {
+			return nil, fmt.Errorf("parse sweep %q: scale %g must be positive", spec, x)
+		}
+		out = append(out, x)
+	}
+	if len(out) > maxSweep {
+		return nil, fmt.Errorf("parse sweep %q: %d points is more than %d", spec, len(out), maxSweep)
+	}
+	return out, nil
+}
+
+const maxSweep = 1000
+
+func roundTo(x, scale float64) float64 {
+	if x*scale > 1<<52 {
+		return x
+	}
+	r := x * scale
+	if r < 0 {
+		r -= 0.5
+	} else {
+		r += 0.5
+	}
+	return float64(int64(r)) / scale
+}

@@ -1,0 +1,137 @@
+package sim
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestParseFleet(t *testing.T) {
+	tests := []struct {
+		spec, def string
+		want      Fleet
+		err       string
+	}{
+		{spec: "8", def: "tiny", want: Fleet{{Count: 8, Profile: "tiny"}}},
+		{spec: "4xllama-3.1-8b-h100,2xqwen2.5-7b-h100", want: Fleet{{Count: 4, Profile: "llama-3.1-8b-h100"}, {Count: 2, Profile: "qwen2.5-7b-h100"}}},
+		{spec: " tiny , 3xtiny ", want: Fleet{{Count: 1, Profile: "tiny"}, {Count: 3, Profile: "tiny"}}},
+		{spec: "xtiny", want: Fleet{{Count: 1, Profile: "xtiny"}}},
+		{spec: "", err: "empty"},
+		{spec: "8", err: "needs a profile"},
+		{spec: "0", def: "tiny", err: "at least 1"},
+		{spec: "0xtiny", err: "at least 1"},
+		{spec: "3x", err: "profile is empty"},
+		{spec: "99999", def: "tiny", err: "limit"},
+		{spec: ",", err: "no engines"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.spec, func(t *testing.T) {
+			got, err := ParseFleet(tt.spec, tt.def)
+			if tt.err != "" {
+				if err == nil || !strings.Contains(err.Error(), tt.err) {
+					t.Fatalf("ParseFleet(%q) error: got %v, want containing %q", tt.spec, err, tt.err)
+				}
+				return
+			}
+			if err != nil {
+				t.Fatalf("ParseFleet(%q): %v", tt.spec, err)
+			}
+			if !reflect.DeepEqual(got, tt.want) {
+				t.Fatalf("ParseFleet(%q): got %+v, want %+v", tt.spec, got, tt.want)
+			}
+		})
+	}
+}
+
+func TestParseFleetFile(t *testing.T) {
+	got, err := ParseFleetFile([]byte("engines:\n  - {count: 2, profile: tiny}\n  - {count: 1, profile: tiny, num_gpu_blocks: 64, speed: 0.5}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := Fleet{{Count: 2, Profile: "tiny"}, {Count: 1, Profile: "tiny", NumGPUBlocks: 64, Speed: 0.5}}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("got %+v, want %+v", got, want)
+	}
+	if got.Size() != 3 || got.String() != "2xtiny,1xtiny" {
+		t.Fatalf("Size, String: got %d %q, want 3 \"2xtiny,1xtiny\"", got.Size(), got.String())
+	}
+	for _, bad := range []string{"engines: []", "engines:\n  - {count: 1, profile: tiny, colour: red}", "engines: 3", "{"} {
+		if _, err := ParseFleetFile([]byte(bad)); err == nil {
+			t.Errorf("ParseFleetFile(%q): got nil error, want one", bad)
+		}
+	}
+}
+
+func FuzzParseFleetFile(f *testing.F) {
+	f.Add([]byte("engines:\n  - {count: 2, profile: tiny}\n"))
+	f.Add([]byte("engines: [{count: -1, profile: x, speed: -2}]"))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		fl, err := ParseFleetFile(data)
+		if err == nil && fl.Validate() != nil {
+			t.Fatalf("accepted an invalid fleet %+v", fl)
+		}
+	})
+}
+
+func FuzzParseFleet(f *testing.F) {
+	f.Add("4xtiny,2xllama-3.1-8b-h100")
+	f.Add("8")
+	f.Fuzz(func(t *testing.T, spec string) {
+		fl, err := ParseFleet(spec, "tiny")
+		if err == nil && (fl.Validate() != nil || fl.Size() < 1) {
+			t.Fatalf("accepted an invalid fleet %+v", fl)
+		}
+	})
+}
+
+func TestParseSweep(t *testing.T) {
+	tests := []struct {
+		spec string
+		want []float64
+		err  bool
+	}{
+		{spec: "0.5:2:0.25", want: []float64{0.5, 0.75, 1, 1.25, 1.5, 1.75, 2}},
+		{spec: "0.1:0.3:0.1", want: []float64{0.1, 0.2, 0.3}},
+		{spec: "1:1:1", want: []float64{1}},
+		{spec: "1,2, 4", want: []float64{1, 2, 4}},
+		{spec: "", err: true},
+		{spec: "2:1:0.5", err: true},
+		{spec: "0:1:0.5", err: true},
+		{spec: "1:2:0", err: true},
+		{spec: "1:2", err: true},
+		{spec: "1,-1", err: true},
+		{spec: "1:1e9:1e-9", err: true},
+		{spec: "a:b:c", err: true},
+	}
+	for _, tt := range tests {
+		got, err := ParseSweep(tt.spec)
+		if tt.err {
+			if err == nil {
+				t.Errorf("ParseSweep(%q): got %v, want an error", tt.spec, got)
+			}
+			continue
+		}
+		if err != nil || !reflect.DeepEqual(got, tt.want) {
+			t.Errorf("ParseSweep(%q): got %v, %v, want %v", tt.spec, got, err, tt.want)
+		}
+	}
+}
+
+func FuzzParseSweep(f *testing.F) {
+	f.Add("0.5:2:0.25")
+	f.Add("1,2,3")
+	f.Fuzz(func(t *testing.T, spec string) {
+		got, err := ParseSweep(spec)
+		if err != nil {
+			return
+		}
+		if len(got) == 0 || len(got) > maxSweep {
+			t.Fatalf("ParseSweep(%q): %d points", spec, len(got))
+		}
+		for _, x := range got {
+			if !(x > 0) {
+				t.Fatalf("ParseSweep(%q): non-positive scale %g", spec, x)
+			}
+		}
+	})
+}

@@ -1,0 +1,196 @@
+package sim
+
+import (
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/kvroute/kvroute/report"
+)
+
+// Record is one request's simulated outcome.
+type Record struct {
+	ID string `json:"id"`
+	// Engine is the engine the router chose ("" when rejected by the router).
+	Engine string `json:"engine,omitempty"`
+	// Arrival is the scaled arrival time since the start of the run.
+	Arrival time.Duration `json:"arrival_ns"`
+	// Status is 200 for a completed request, 429 when shed, 503 when no
+	// endpoint was available, 400 when the engine refused the request.
+	Status int    `json:"status"`
+	Error  string `json:"error,omitempty"`
+
+	PromptTokens int `json:"prompt_tokens"`
+	CachedTokens int `json:"cached_tokens"`
+	OutputTokens int `json:"output_tokens"`
+	// Preemptions counts the times the engine preempted the request.
+	Preemptions int `json:"preemptions,omitempty"`
+
+	// TTFT, as the router sees it, is Network + Queue + Prefill + FirstDecode.
+	TTFT time.Duration `json:"ttft_ns"`
+	// Network is the router<->engine latency paid before the first token
+	// (two one-way trips).
+	Network time.Duration `json:"network_ns"`
+	// Queue is the time from reaching the engine to the start of its first
+	// scheduled step (waiting for a batch slot or KV blocks).
+	Queue time.Duration `json:"queue_ns"`
+	// Prefill is the time from the start of the first scheduled step to the
+	// start of the step that produced the first token (chunked prefill).
+	Prefill time.Duration `json:"prefill_ns"`
+	// FirstDecode is the duration of the step that produced the first token.
+	FirstDecode time.Duration `json:"first_decode_ns"`
+	// TPOT is the mean time per output token after the first.
+	TPOT time.Duration `json:"tpot_ns"`
+	// E2E is arrival to last token at the router.
+	E2E time.Duration `json:"e2e_ns"`
+}
+
+// OK reports whether the request completed.
+func (r *Record) OK() bool { return r.Status == http.StatusOK }
+
+// EngineResult is one engine's totals over a run.
+type EngineResult struct {
+	ID      string `json:"id"`
+	Profile string `json:"profile"`
+	// Requests is the number of requests routed to the engine.
+	Requests int `json:"requests"`
+	// Steps is the number of scheduler iterations; Busy their total
+	// duration and Utilisation Busy over the run's makespan.
+	Steps       int           `json:"steps"`
+	Busy        time.Duration `json:"busy_ns"`
+	Utilisation float64       `json:"utilisation"`
+	Preemptions int           `json:"preemptions"`
+	// PrefixHitRate is the engine's own prefix-cache hit rate (tokens).
+	PrefixHitRate float64 `json:"prefix_hit_rate"`
+}
+
+// Result is a simulation run's outcome.
+type Result struct {
+	Policy    string  `json:"policy"`
+	Fleet     string  `json:"fleet"`
+	RateScale float64 `json:"rate_scale"`
+	Seed      uint64  `json:"seed"`
+	// Records are in workload order.
+	Records []Record `json:"records"`
+	// Engines are in fleet order.
+	Engines []EngineResult `json:"engines"`
+	// Makespan is the virtual time from the first arrival to the last event.
+	Makespan time.Duration `json:"makespan_ns"`
+	// OracleHitRate is the hit-rate bound: infinite cache, perfect affinity.
+	OracleHitRate float64 `json:"oracle_hit_rate"`
+	// Events is the number of events processed.
+	Events int `json:"events"`
+	// Timeline is the per-engine utilisation over time: busy fraction, KV
+	// usage and queue (waiting + running) per bucket.
+	TimelineStep time.Duration `json:"timeline_step_ns"`
+	Busy         [][]float64   `json:"busy"`     // [engine][bucket], 0..1
+	KVUsage      [][]float64   `json:"kv_usage"` // [engine][bucket], 0..1, mean of scrapes
+	Queue        [][]float64   `json:"queue"`    // [engine][bucket], mean of scrapes
+
+	slo SLO
+}
+
+// Samples converts the records to the report package's samples.
+func (r *Result) Samples() []report.Sample {
+	out := make([]report.Sample, len(r.Records))
+	for i := range r.Records {
+		rec := &r.Records[i]
+		s := report.Sample{
+			ID:           rec.ID,
+			Engine:       rec.Engine,
+			Arrival:      rec.Arrival,
+			TTFT:         rec.TTFT,
+			E2E:          rec.E2E,
+			PromptTokens: rec.PromptTokens,
+			CachedTokens: rec.CachedTokens,
+			OutputTokens: rec.OutputTokens,
+			Preemptions:  rec.Preemptions,
+		}
+		switch rec.Status {
+		case http.StatusOK:
+		case http.StatusTooManyRequests:
+			s.Rejected = true
+		default:
+			s.Err = "http_" + strconv.Itoa(rec.Status)
+		}
+		out[i] = s
+	}
+	return out
+}
+
+// Row summarises the run as one report row named by the policy, at load
+// (the x-axis of a sweep; usually the rate scale).
+func (r *Result) Row(load float64) report.Row {
+	names := make([]string, len(r.Engines))
+	pre := 0
+	for i, e := range r.Engines {
+		names[i] = e.ID
+		pre += e.Preemptions
+	}
+	// Per-request preemption counts are in the samples when the engine
+	// reports them; otherwise count the engines' totals.
+	perReq := 0
+	for i := range r.Records {
+		perReq += r.Records[i].Preemptions
+	}
+	extra := 0
+	if perReq == 0 {
+		extra = pre
+	}
+	return report.Summarize(r.Samples(), report.SummaryOptions{
+		Name:          r.Policy,
+		Load:          load,
+		SLO:           report.SLO{TTFT: r.slo.TTFT, TPOT: r.slo.TPOT},
+		OracleHitRate: r.OracleHitRate,
+		Engines:       names,
+		Preemptions:   extra,
+	})
+}
+
+// Utilisation returns the timeline as report series: one set for the busy
+// fraction and one for KV usage, labelled with run.
+func (r *Result) Utilisation(run string) []report.Utilisation {
+	mk := func(metric string, v [][]float64) report.Utilisation {
+		u := report.Utilisation{Run: run, Metric: metric}
+		for i, e := range r.Engines {
+			s := report.Series{Name: e.ID}
+			for b, y := range v[i] {
+				s.X = append(s.X, (time.Duration(b) * r.TimelineStep).Seconds())
+				s.Y = append(s.Y, y)
+			}
+			u.Engines = append(u.Engines, s)
+		}
+		return u
+	}
+	return []report.Utilisation{mk("busy", r.Busy), mk("kv_usage", r.KVUsage)}
+}
+
+// Breakdown is the mean TTFT split over completed requests.
+type Breakdown struct {
+	Network, Queue, Prefill, FirstDecode time.Duration
+}
+
+// TTFTBreakdown returns the mean of each TTFT component over completed
+// requests.
+func (r *Result) TTFTBreakdown() Breakdown {
+	var b Breakdown
+	var n time.Duration
+	for i := range r.Records {
+		rec := &r.Records[i]
+		if !rec.OK() {
+			continue
+		}
+		b.Network += rec.Network
+		b.Queue += rec.Queue
+		b.Prefill += rec.Prefill
+		b.FirstDecode += rec.FirstDecode
+		n++
+	}
+	if n > 0 {
+		b.Network /= n
+		b.Queue /= n
+		b.Prefill /= n
+		b.FirstDecode /= n
+	}
+	return b
+}

@@ -1,0 +1,647 @@
+package sim
+
+import (
+	"cmp"
+	"context"
+	"fmt"
+	"math"
+	"net/http"
+	"slices"
+	"strconv"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/kvindex"
+	"github.com/kvroute/kvroute/policy"
+	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/signals"
+	"github.com/kvroute/kvroute/workload"
+)
+
+// Config configures one simulation run: a fleet, a policy, the router's
+// signal paths and the load scale. Zero values take the documented defaults.
+type Config struct {
+	// Model is the model name the router serves; default "sim".
+	Model string
+	// Fleet is the engines. Required.
+	Fleet Fleet
+	// Policy names the routing policy (policy.Names); default policy.Default.
+	Policy string
+	// PolicyParams are the policy's parameters (nil = defaults).
+	PolicyParams map[string]any
+	// Picker, when set, is used instead of building Policy (tests, custom
+	// policies); Policy then only names it in the report.
+	Picker kvroute.Picker
+	// Seed seeds the policy and the scrape phases; the same seed, config and
+	// workload give the same result.
+	Seed uint64
+	// RateScale multiplies the workload's arrival rate (arrival offsets are
+	// divided by it); default 1.
+	RateScale float64
+	// ScrapeInterval is how often the router scrapes each engine's metrics;
+	// default 100ms. Each engine's scrapes have their own phase, spread over
+	// the interval. Negative disables scraping: the router then sees only its
+	// own in-flight accounting.
+	ScrapeInterval time.Duration
+	// StaleAfter marks scraped signals older than this as stale; default the
+	// router's (1s).
+	StaleAfter time.Duration
+	// KVEvents feeds a precise prefix index from the engines' KV events
+	// (BlockStored/BlockRemoved), delivered KVEventDelay after the step that
+	// emitted them. Off by default: the router then uses its approximate
+	// index only.
+	KVEvents bool
+	// KVEventDelay is the KV-event delivery delay; default 50ms.
+	KVEventDelay time.Duration
+	// NetLatency is the one-way latency between the router and an engine,
+	// paid by requests, tokens and scrapes; default 1ms, negative means 0.
+	NetLatency time.Duration
+	// SLO sets the goodput limits.
+	SLO SLO
+	// TimelineStep is the width of the utilisation timeline's buckets;
+	// default: the workload's span / 100, at least 1s.
+	TimelineStep time.Duration
+	// Progress, when set, is called with the number of requests finished
+	// (completed or rejected) so far and the total, every 1% of the run
+	// and at the end.
+	Progress func(done, total int)
+}
+
+// SLO is a service-level objective: a request counts toward goodput when its
+// TTFT and TPOT are within the limits (a zero limit is not checked).
+type SLO struct {
+	TTFT time.Duration
+	TPOT time.Duration
+}
+
+// Defaults.
+const (
+	DefaultModel          = "sim"
+	DefaultScrapeInterval = 100 * time.Millisecond
+	DefaultKVEventDelay   = 50 * time.Millisecond
+	DefaultNetLatency     = time.Millisecond
+)
+
+func (c *Config) applyDefaults() {
+	if c.Model == "" {
+		c.Model = DefaultModel
+	}
+	if c.Policy == "" && c.Picker == nil {
+		c.Policy = policy.Default
+	}
+	if c.RateScale == 0 {
+		c.RateScale = 1
+	}
+	if c.ScrapeInterval == 0 {
+		c.ScrapeInterval = DefaultScrapeInterval
+	}
+	if c.KVEventDelay == 0 {
+		c.KVEventDelay = DefaultKVEventDelay
+	}
+	if c.NetLatency == 0 {
+		c.NetLatency = DefaultNetLatency
+	} else if c.NetLatency < 0 {
+		c.NetLatency = 0
+	}
+}
+
+// Validate reports the first invalid field.
+func (c *Config) Validate() error {
+	if err := c.Fleet.Validate(); err != nil {
+		return fmt.Errorf("sim: config: %w", err)
+	}
+	if !(c.RateScale > 0) || math.IsInf(c.RateScale, 0) {
+		return fmt.Errorf("sim: config: rate scale %g must be positive", c.RateScale)
+	}
+	if c.KVEventDelay < 0 {
+		return fmt.Errorf("sim: config: kv event delay %v must not be negative", c.KVEventDelay)
+	}
+	if c.SLO.TTFT < 0 || c.SLO.TPOT < 0 {
+		return fmt.Errorf("sim: config: SLO limits must not be negative")
+	}
+	if c.TimelineStep < 0 {
+		return fmt.Errorf("sim: config: timeline step %v must not be negative", c.TimelineStep)
+	}
+	return nil
+}
+
+// epoch is the wall time the virtual clock starts at: the router's pure core
+// takes time.Time, the engines time since their start.
+var epoch = time.Date(2025, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// Run simulates reqs (a workload, sorted or not by arrival) through the
+// fleet and the router and returns per-request records and a summary. It
+// checks ctx between events and returns ctx's error when it is cancelled.
+func Run(ctx context.Context, cfg Config, reqs []workload.Request) (*Result, error) {
+	cfg.applyDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s, err := newSimulation(cfg, reqs)
+	if err != nil {
+		return nil, err
+	}
+	if err := s.run(ctx); err != nil {
+		return nil, err
+	}
+	return s.result(), nil
+}
+
+// simEngine is one simulated engine and its driver state.
+type simEngine struct {
+	id      string
+	profile engine.Profile
+	eng     *engine.Engine
+
+	busy    bool             // a step is in progress: an evStep is on the agenda
+	outs    []engine.Output  // outputs of the step in progress, delivered at its end
+	kvOut   []engine.KVEvent // KV events of the step in progress
+	kvQueue [][]engine.KVEvent
+	scrapes []scrape // scrapes in transit to the router, FIFO
+
+	stepStart time.Duration // start of the step in progress
+	busyTime  time.Duration
+	steps    int
+	routed   int
+}
+
+// scrape is a metrics snapshot on its way to the router. The request for it
+// was sent at sent; the engine answered one network latency later.
+type scrape struct {
+	sent time.Duration
+	m    signals.Metrics
+}
+
+// reqState is a request's life in the simulation.
+type reqState struct {
+	arrival time.Duration // scaled arrival time
+	eng     int32         // engine index, -1 before routing or when rejected
+	hashes  []uint64      // router block hashes
+	rreq    kvroute.Request
+	ereq    engine.Request
+	flight  *router.Flight
+
+	delivered  time.Duration // reached the engine
+	queue       time.Duration // engine: arrival to first scheduled
+	prefill     time.Duration // engine: first scheduled to first token
+	preemptions int
+	firstAt    time.Duration // first token produced on the engine (end of its step)
+	firstStart time.Duration // start of the step that produced the first token
+	doneAt     time.Duration // last token produced on the engine
+	ttft, e2e  time.Duration // as the router saw them
+	cached     int
+	outTokens  int
+	status     int    // 200 ok, 4xx/5xx rejected or failed
+	errMsg     string // when status != 200
+	finish     string // engine finish reason
+	finished   bool   // completed or rejected: counted exactly once
+}
+
+type simulation struct {
+	cfg     Config
+	now     time.Duration
+	q       agenda
+	rt      *router.Router
+	precise *kvindex.Index
+	engines []*simEngine
+	byEP    map[string]int32 // endpoint ID -> engine index
+	reqs    []workload.Request
+	order   []int32 // request indices by arrival
+	next    int     // next arrival in order
+	st      []reqState
+	live    map[string]int32 // engine request ID -> request index, while on an engine
+	oracle  *oracle
+
+	blockSize int // the router's block size in tokens (the first engine's)
+	finished  int
+	progEvery int
+	timeline  *timeline
+}
+
+func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
+	s := &simulation{
+		cfg:    cfg,
+		reqs:   reqs,
+		st:     make([]reqState, len(reqs)),
+		live:   make(map[string]int32, 1024),
+		byEP:   make(map[string]int32),
+		oracle: newOracle(),
+	}
+	// Engines.
+	var eps []kvroute.Endpoint
+	var preciseIDs []string
+	for _, g := range cfg.Fleet {
+		prof, err := engine.LookupProfile(g.Profile)
+		if err != nil {
+			return nil, fmt.Errorf("sim: %w", err)
+		}
+		ecfg := engine.Config{
+			Profile:             prof,
+			NumGPUBlocks:        g.NumGPUBlocks,
+			MaxNumSeqs:          g.MaxNumSeqs,
+			MaxNumBatchedTokens: g.MaxNumBatchedTokens,
+			Speed:               g.Speed,
+			NoEvents:            !cfg.KVEvents,
+		}
+		for range g.Count {
+			e, err := engine.New(ecfg)
+			if err != nil {
+				return nil, fmt.Errorf("sim: engine %d (%s): %w", len(s.engines), g.Profile, err)
+			}
+			id := "e" + strconv.Itoa(len(s.engines))
+			se := &simEngine{id: id, profile: e.Profile(), eng: e}
+			s.byEP[id] = int32(len(s.engines))
+			s.engines = append(s.engines, se)
+			eps = append(eps, kvroute.Endpoint{ID: id, URL: "sim://" + id, Weight: 1,
+				KVCapacityTokens: se.profile.KVCapacityTokens()})
+			preciseIDs = append(preciseIDs, id)
+		}
+	}
+	s.blockSize = s.engines[0].profile.BlockSize
+	// Router.
+	picker := cfg.Picker
+	if picker == nil {
+		p, err := policy.New(cfg.Policy, cfg.PolicyParams, cfg.Seed)
+		if err != nil {
+			return nil, fmt.Errorf("sim: %w", err)
+		}
+		picker = p
+	}
+	rcfg := router.Config{
+		Model:       cfg.Model,
+		Endpoints:   eps,
+		Policy:      cfg.Policy,
+		Picker:      picker,
+		StaleAfter:  cfg.StaleAfter,
+		DecisionLog: -1,
+	}
+	if cfg.KVEvents {
+		s.precise = kvindex.NewIndex(kvindex.IndexConfig{})
+		rcfg.Precise = s.precise
+		rcfg.PreciseEndpoints = preciseIDs
+	}
+	rt, err := router.New(rcfg)
+	if err != nil {
+		return nil, fmt.Errorf("sim: %w", err)
+	}
+	s.rt = rt
+	// Arrival order: by scaled arrival, ties by workload order.
+	s.order = make([]int32, len(reqs))
+	for i := range reqs {
+		if err := reqs[i].Validate(); err != nil {
+			return nil, fmt.Errorf("sim: %w", err)
+		}
+		s.order[i] = int32(i)
+		s.st[i].eng = -1
+		s.st[i].arrival = time.Duration(float64(reqs[i].Arrival) / cfg.RateScale)
+	}
+	slices.SortStableFunc(s.order, func(a, b int32) int { return cmp.Compare(s.st[a].arrival, s.st[b].arrival) })
+	span := time.Duration(0)
+	if n := len(s.order); n > 0 {
+		span = s.st[s.order[n-1]].arrival
+	}
+	s.timeline = newTimeline(cfg.TimelineStep, span, len(s.engines))
+	s.progEvery = max(len(reqs)/100, 1)
+	return s, nil
+}
+
+// wall converts virtual time to the router's clock.
+func wall(d time.Duration) time.Time { return epoch.Add(d) }
+
+func (s *simulation) run(ctx context.Context) error {
+	total := len(s.reqs)
+	if total == 0 {
+		return nil
+	}
+	s.q.push(s.st[s.order[0]].arrival, evArrival, -1, s.order[0])
+	s.next = 1
+	if s.cfg.ScrapeInterval > 0 {
+		for i := range s.engines {
+			s.q.push(s.scrapePhase(i), evScrape, int32(i), 0)
+		}
+	}
+	for n := 0; s.q.Len() > 0 && s.finished < total; n++ {
+		if n&4095 == 0 {
+			if err := ctx.Err(); err != nil {
+				return fmt.Errorf("sim: %w", err)
+			}
+		}
+		ev := s.q.pop()
+		s.now = ev.at
+		switch ev.kind {
+		case evArrival:
+			s.arrive(ev.arg)
+		case evDeliver:
+			s.deliver(ev.eng, ev.arg)
+		case evStep:
+			s.step(ev.eng)
+		case evScrape:
+			s.scrape(ev.eng)
+		case evObserve:
+			s.observe(ev.eng)
+		case evFirstToken:
+			s.firstToken(ev.arg)
+		case evDone:
+			s.done(ev.arg)
+		case evKVEvents:
+			s.applyKV(ev.eng)
+		}
+	}
+	// Requests still open when nothing is left to happen are stuck on an
+	// engine that cannot schedule them: report them as failed.
+	for i := range s.st {
+		if !s.st[i].finished {
+			st := &s.st[i]
+			st.status, st.errMsg = http.StatusGatewayTimeout, "never completed: the engine could not schedule it"
+			s.finish(int32(i))
+		}
+	}
+	return nil
+}
+
+// scrapePhase spreads the engines' first scrapes over the interval, by a
+// hash of the seed and the engine index.
+func (s *simulation) scrapePhase(i int) time.Duration {
+	h := splitmix(s.cfg.Seed ^ uint64(i)*0x9e3779b97f4a7c15)
+	return time.Duration(h % uint64(s.cfg.ScrapeInterval))
+}
+
+func splitmix(x uint64) uint64 {
+	x += 0x9e3779b97f4a7c15
+	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
+	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+// arrive routes request i.
+func (s *simulation) arrive(i int32) {
+	if s.next < len(s.order) {
+		j := s.order[s.next]
+		s.next++
+		s.q.push(s.st[j].arrival, evArrival, -1, j)
+	}
+	r := &s.reqs[i]
+	st := &s.st[i]
+	st.hashes = r.BlockHashes(s.blockSize, nil)
+	s.oracle.observe(st.hashes, s.blockSize, r.PromptLen)
+	st.rreq = kvroute.Request{
+		ID:           r.ID,
+		Model:        s.cfg.Model,
+		Tenant:       r.Tenant,
+		SessionKey:   r.Session,
+		PromptTokens: r.PromptLen,
+		MaxTokens:    r.OutputLen,
+		Stream:       true,
+		BlockSize:    s.blockSize,
+		BlockHashes:  st.hashes,
+		Arrival:      wall(s.now),
+	}
+	f, err := s.rt.Route(wall(s.now), &st.rreq, nil)
+	if err != nil {
+		st.status, st.errMsg = kvroute.StatusOf(err), err.Error()
+		s.finish(i)
+		return
+	}
+	st.flight = f
+	ei := s.byEP[f.Endpoint.ID]
+	st.eng = ei
+	s.engines[ei].routed++
+	s.q.push(s.now+s.cfg.NetLatency, evDeliver, ei, i)
+}
+
+// deliver adds request i to engine ei and wakes the engine if idle.
+func (s *simulation) deliver(ei, i int32) {
+	e := s.engines[ei]
+	r := &s.reqs[i]
+	st := &s.st[i]
+	st.delivered = s.now
+	hashes := st.hashes
+	if e.profile.BlockSize != s.blockSize {
+		hashes = r.BlockHashes(e.profile.BlockSize, nil)
+	}
+	st.ereq = engine.Request{
+		ID:          r.ID,
+		PromptLen:   r.PromptLen,
+		BlockHashes: hashes,
+		MaxTokens:   r.OutputLen,
+		IgnoreEOS:   true,
+	}
+	if err := e.eng.Add(s.now, &st.ereq); err != nil {
+		st.status, st.errMsg = http.StatusBadRequest, err.Error()
+		s.q.push(s.now+s.cfg.NetLatency, evDone, ei, i)
+		return
+	}
+	s.live[r.ID] = i
+	if !e.busy {
+		e.busy = true
+		s.q.push(s.now, evStep, ei, -1)
+	}
+}
+
+// step ends engine ei's step in progress (delivering its outputs and KV
+// events) and starts the next one if the engine has work.
+func (s *simulation) step(ei int32) {
+	e := s.engines[ei]
+	for k := range e.outs {
+		s.output(ei, &e.outs[k])
+	}
+	e.outs = e.outs[:0]
+	if len(e.kvOut) > 0 {
+		batch := append([]engine.KVEvent(nil), e.kvOut...)
+		e.kvOut = e.kvOut[:0]
+		e.kvQueue = append(e.kvQueue, batch)
+		s.q.push(s.now+s.cfg.KVEventDelay, evKVEvents, ei, -1)
+	}
+	if !e.eng.HasWork() {
+		e.busy = false
+		return
+	}
+	res := e.eng.Step(s.now)
+	d := res.Duration
+	if d <= 0 {
+		if len(res.Outputs) == 0 && len(res.Events) == 0 {
+			// No progress is possible until new work arrives.
+			e.busy = false
+			return
+		}
+		d = time.Nanosecond
+	}
+	e.outs = append(e.outs, res.Outputs...)
+	if s.precise != nil {
+		e.kvOut = append(e.kvOut, res.Events...)
+	}
+	e.stepStart = s.now
+	e.busyTime += d
+	e.steps++
+	s.timeline.busy(int(ei), s.now, d)
+	s.q.push(s.now+d, evStep, ei, -1)
+}
+
+// output handles one engine output at the end of its step (s.now).
+func (s *simulation) output(ei int32, o *engine.Output) {
+	e := s.engines[ei]
+	if !o.First && !o.Finished {
+		return
+	}
+	i, ok := s.live[o.ID]
+	if !ok {
+		return
+	}
+	st := &s.st[i]
+	if o.First && st.firstAt == 0 {
+		st.firstAt = s.now
+		st.firstStart = e.stepStart
+		st.cached = o.CachedTokens
+		s.q.push(s.now+s.cfg.NetLatency, evFirstToken, ei, i)
+	}
+	if o.Finished {
+		delete(s.live, o.ID)
+		st.doneAt = s.now
+		st.finish = o.FinishReason
+		st.outTokens = o.Index + 1
+		st.queue = o.QueueTime
+		st.prefill = o.PrefillTime
+		st.preemptions = o.Preemptions
+		if o.FinishReason == engine.FinishAbort {
+			st.status, st.errMsg = http.StatusInternalServerError, "aborted by the engine"
+		} else {
+			st.status = http.StatusOK
+		}
+		s.q.push(s.now+s.cfg.NetLatency, evDone, ei, i)
+	}
+}
+
+func (s *simulation) firstToken(i int32) {
+	st := &s.st[i]
+	st.ttft = s.now - st.arrival
+	s.rt.FirstToken(wall(s.now), st.flight)
+}
+
+func (s *simulation) done(i int32) {
+	st := &s.st[i]
+	r := &s.reqs[i]
+	failed := st.status != http.StatusOK
+	if !failed {
+		st.e2e = s.now - st.arrival
+	}
+	s.rt.Done(wall(s.now), st.flight, kvroute.Outcome{
+		PromptTokens: r.PromptLen,
+		CachedTokens: st.cached,
+		TTFT:         st.ttft,
+		Failed:       failed,
+	})
+	s.finish(i)
+}
+
+// finish counts request i as finished (completed or rejected) exactly once.
+func (s *simulation) finish(i int32) {
+	st := &s.st[i]
+	if st.finished {
+		panic("sim: request " + s.reqs[i].ID + " finished twice") // a simulator bug, not bad input
+	}
+	st.finished = true
+	st.hashes = nil
+	s.finished++
+	if s.cfg.Progress != nil && (s.finished%s.progEvery == 0 || s.finished == len(s.reqs)) {
+		s.cfg.Progress(s.finished, len(s.reqs))
+	}
+}
+
+// scrape takes a snapshot of engine ei's metrics; it reaches the router
+// after the network latency.
+func (s *simulation) scrape(ei int32) {
+	e := s.engines[ei]
+	m := metricsOf(e)
+	e.scrapes = append(e.scrapes, scrape{sent: s.now - s.cfg.NetLatency, m: m})
+	s.timeline.sample(int(ei), s.now, m)
+	s.q.push(s.now+s.cfg.NetLatency, evObserve, ei, -1)
+	s.q.push(s.now+s.cfg.ScrapeInterval, evScrape, ei, 0)
+}
+
+func (s *simulation) observe(ei int32) {
+	e := s.engines[ei]
+	sc := e.scrapes[0]
+	e.scrapes = e.scrapes[1:]
+	// Like the live scraper, pass the time the scrape request was sent: the
+	// View then keeps every dispatch after it on top of the engine's numbers.
+	s.rt.View(e.id).Observe(wall(sc.sent), sc.m)
+}
+
+func (s *simulation) applyKV(ei int32) {
+	e := s.engines[ei]
+	batch := e.kvQueue[0]
+	e.kvQueue[0] = nil
+	e.kvQueue = e.kvQueue[1:]
+	applyEvents(s.precise, e.id, batch)
+}
+
+// result assembles the Result after a run.
+func (s *simulation) result() *Result {
+	res := &Result{
+		Policy:        s.cfg.Policy,
+		Fleet:         s.cfg.Fleet.String(),
+		RateScale:     s.cfg.RateScale,
+		Seed:          s.cfg.Seed,
+		Records:       make([]Record, len(s.reqs)),
+		OracleHitRate: s.oracle.rate(),
+		Makespan:      s.now,
+		Events:        int(s.q.seq),
+		TimelineStep:  s.timeline.step,
+		slo:           s.cfg.SLO,
+	}
+	if res.Policy == "" {
+		res.Policy = "custom"
+	}
+	for i := range s.reqs {
+		r := &s.reqs[i]
+		st := &s.st[i]
+		rec := Record{
+			ID:           r.ID,
+			Arrival:      st.arrival,
+			Status:       st.status,
+			Error:        st.errMsg,
+			PromptTokens: r.PromptLen,
+			CachedTokens: st.cached,
+		}
+		if st.eng >= 0 {
+			rec.Engine = s.engines[st.eng].id
+		}
+		if rec.OK() {
+			rec.OutputTokens = st.outTokens
+			rec.TTFT = st.ttft
+			rec.E2E = st.e2e
+			rec.Network = 2 * s.cfg.NetLatency
+			rec.FirstDecode = st.firstAt - st.firstStart
+			rec.Queue = st.queue
+			rec.Prefill = max(st.prefill-rec.FirstDecode, 0)
+			if rec.OutputTokens >= 2 {
+				rec.TPOT = (rec.E2E - rec.TTFT) / time.Duration(rec.OutputTokens-1)
+			}
+			rec.Preemptions = st.preemptions
+		}
+		res.Records[i] = rec
+	}
+	for ei, e := range s.engines {
+		er := EngineResult{ID: e.id, Profile: e.profile.Name, Requests: e.routed, Steps: e.steps, Busy: e.busyTime}
+		if s.now > 0 {
+			er.Utilisation = float64(e.busyTime) / float64(s.now)
+		}
+		er.Preemptions, er.PrefixHitRate = engineTotals(e)
+		res.Engines = append(res.Engines, er)
+		busy := make([]float64, len(s.timeline.busy))
+		kv := make([]float64, len(s.timeline.busy))
+		q := make([]float64, len(s.timeline.busy))
+		for b := range s.timeline.busy {
+			busy[b] = float64(s.timeline.busy[b][ei]) / float64(s.timeline.step)
+			if n := s.timeline.samples[b][ei]; n > 0 {
+				kv[b] = s.timeline.kv[b][ei] / float64(n)
+				q[b] = s.timeline.queue[b][ei] / float64(n)
+			}
+		}
+		res.Busy = append(res.Busy, busy)
+		res.KVUsage = append(res.KVUsage, kv)
+		res.Queue = append(res.Queue, q)
+	}
+	return res
+}

@@ -1,0 +1,292 @@
+package sim
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"flag"
+	"fmt"
+	"net/http"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/workload"
+)
+
+var update = flag.Bool("update", false, "rewrite the golden files in testdata/")
+
+// smallChat is a chat workload sized for the tiny engine profile.
+func smallChat(t testing.TB, n int, rate float64, seed uint64) []workload.Request {
+	t.Helper()
+	w, err := workload.Generate("chat", workload.Options{
+		Seed:     seed,
+		Requests: n,
+		Arrivals: workload.Arrivals{Kind: workload.Poisson, Rate: rate},
+		Params: map[string]float64{"turns": 3, "system_len": 96, "user_len": 40, "reply_len": 24,
+			"think_s": 1, "max_len": 700},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w.Requests
+}
+
+func tinyFleet(n int) Fleet { return Fleet{{Count: n, Profile: "tiny", NumGPUBlocks: 256}} }
+
+func mustRun(t testing.TB, cfg Config, reqs []workload.Request) *Result {
+	t.Helper()
+	res, err := Run(context.Background(), cfg, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+func TestDeterministic(t *testing.T) {
+	reqs := smallChat(t, 400, 40, 7)
+	for _, pol := range []string{"kv-aware", "round_robin", "random", "power_of_two"} {
+		t.Run(pol, func(t *testing.T) {
+			cfg := Config{Fleet: tinyFleet(4), Policy: pol, Seed: 3, KVEvents: true}
+			a := mustRun(t, cfg, reqs)
+			b := mustRun(t, cfg, reqs)
+			ja, _ := json.Marshal(a)
+			jb, _ := json.Marshal(b)
+			if !bytes.Equal(ja, jb) {
+				t.Fatalf("two runs with the same seed differ (%d vs %d bytes of JSON)", len(ja), len(jb))
+			}
+			ra, rb := a.Row(0), b.Row(0)
+			if !reflect.DeepEqual(ra, rb) {
+				t.Fatalf("rows differ:\n got %+v\nwant %+v", ra, rb)
+			}
+		})
+	}
+}
+
+func TestConservation(t *testing.T) {
+	reqs := smallChat(t, 300, 200, 11)
+	// Add requests the engine must refuse (longer than its context).
+	long := workload.Request{ID: "too-long", Arrival: reqs[10].Arrival, PromptLen: 2000, OutputLen: 8,
+		Segments: []workload.Segment{{Key: 99, Len: 2000}}}
+	reqs = append(reqs, long)
+	// A picker that sheds every third request.
+	n := 0
+	shed := kvroute.PickerFunc(func(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
+		n++
+		if n%3 == 0 {
+			d := kvroute.None("shed-some", "test shed")
+			d.Shed = true
+			return d
+		}
+		for i := range cands {
+			j := (n + i) % len(cands)
+			if cands[j].Healthy {
+				return kvroute.Chose("shed-some", cands, j, "rotate")
+			}
+		}
+		return kvroute.None("shed-some", "none healthy")
+	})
+	res := mustRun(t, Config{Fleet: tinyFleet(3), Picker: shed, Policy: "shed-some"}, reqs)
+	if len(res.Records) != len(reqs) {
+		t.Fatalf("records: got %d, want %d", len(res.Records), len(reqs))
+	}
+	counts := map[int]int{}
+	for i, r := range res.Records {
+		if r.ID != reqs[i].ID {
+			t.Fatalf("record %d: got id %q, want %q (workload order)", i, r.ID, reqs[i].ID)
+		}
+		counts[r.Status]++
+		switch r.Status {
+		case http.StatusOK:
+			if r.OutputTokens != reqs[i].OutputLen {
+				t.Errorf("%s: got %d output tokens, want %d", r.ID, r.OutputTokens, reqs[i].OutputLen)
+			}
+			if r.TTFT <= 0 || r.E2E < r.TTFT {
+				t.Errorf("%s: TTFT %v, E2E %v", r.ID, r.TTFT, r.E2E)
+			}
+			if sum := r.Network + r.Queue + r.Prefill + r.FirstDecode; sum != r.TTFT {
+				t.Errorf("%s: TTFT %v != network %v + queue %v + prefill %v + first step %v", r.ID, r.TTFT,
+					r.Network, r.Queue, r.Prefill, r.FirstDecode)
+			}
+		case http.StatusTooManyRequests:
+			if r.Engine != "" {
+				t.Errorf("%s: shed but engine %q", r.ID, r.Engine)
+			}
+		case http.StatusBadRequest:
+			if r.ID != "too-long" {
+				t.Errorf("%s: refused by the engine: %s", r.ID, r.Error)
+			}
+		default:
+			t.Errorf("%s: status %d (%s)", r.ID, r.Status, r.Error)
+		}
+	}
+	if counts[http.StatusBadRequest] != 1 {
+		t.Errorf("engine refusals: got %d, want 1", counts[http.StatusBadRequest])
+	}
+	if want := len(reqs) / 3; counts[http.StatusTooManyRequests] < want-1 || counts[http.StatusTooManyRequests] > want+1 {
+		t.Errorf("shed: got %d, want about %d", counts[http.StatusTooManyRequests], want)
+	}
+	row := res.Row(0)
+	if got := row.Completed + row.Rejected + row.ErrorCount(); got != row.Requests || row.Requests != len(reqs) {
+		t.Errorf("row: completed %d + rejected %d + errors %d = %d, want %d", row.Completed, row.Rejected,
+			row.ErrorCount(), got, len(reqs))
+	}
+	routed := 0
+	for _, e := range res.Engines {
+		routed += e.Requests
+	}
+	if want := len(reqs) - counts[http.StatusTooManyRequests]; routed != want {
+		t.Errorf("routed: got %d, want %d", routed, want)
+	}
+}
+
+func TestEmptyWorkloadAndBadConfig(t *testing.T) {
+	res, err := Run(context.Background(), Config{Fleet: tinyFleet(1)}, nil)
+	if err != nil || len(res.Records) != 0 {
+		t.Fatalf("empty workload: got %v, %v", res, err)
+	}
+	for name, cfg := range map[string]Config{
+		"no fleet":       {},
+		"bad profile":    {Fleet: Fleet{{Count: 1, Profile: "nope"}}},
+		"bad policy":     {Fleet: tinyFleet(1), Policy: "nope"},
+		"bad rate scale": {Fleet: tinyFleet(1), RateScale: -1},
+	} {
+		if _, err := Run(context.Background(), cfg, smallChat(t, 5, 1, 1)); err == nil {
+			t.Errorf("%s: got nil error", name)
+		}
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if _, err := Run(ctx, Config{Fleet: tinyFleet(1)}, smallChat(t, 5, 1, 1)); err == nil {
+		t.Error("cancelled context: got nil error")
+	}
+}
+
+func TestHeterogeneousFleet(t *testing.T) {
+	reqs := smallChat(t, 600, 60, 5)
+	fleet := Fleet{
+		{Count: 2, Profile: "tiny", NumGPUBlocks: 256},
+		{Count: 2, Profile: "tiny", NumGPUBlocks: 256, Speed: 0.25},
+	}
+	res := mustRun(t, Config{Fleet: fleet, Policy: "least_request", Seed: 1}, reqs)
+	if len(res.Engines) != 4 {
+		t.Fatalf("engines: got %d, want 4", len(res.Engines))
+	}
+	fast := res.Engines[0].Requests + res.Engines[1].Requests
+	slow := res.Engines[2].Requests + res.Engines[3].Requests
+	if fast <= slow {
+		t.Errorf("least-request load: fast engines got %d requests, slow (4x slower) ones %d; want the fast ones to take more", fast, slow)
+	}
+	// Round robin ignores speed: the slow engines pile up and TTFT suffers.
+	rr := mustRun(t, Config{Fleet: fleet, Policy: "round_robin", Seed: 1}, reqs)
+	if a, b := rr.Row(0).TTFT.P99, res.Row(0).TTFT.P99; a <= b {
+		t.Errorf("p99 TTFT: round robin %v <= least request %v on a mixed-speed fleet", a, b)
+	}
+	if row := res.Row(0); row.Completed != len(reqs) {
+		t.Errorf("completed: got %d, want %d", row.Completed, len(reqs))
+	}
+}
+
+func TestRateScale(t *testing.T) {
+	reqs := smallChat(t, 300, 20, 9)
+	slow := mustRun(t, Config{Fleet: tinyFleet(2), Policy: "round_robin", RateScale: 0.5}, reqs)
+	fast := mustRun(t, Config{Fleet: tinyFleet(2), Policy: "round_robin", RateScale: 2}, reqs)
+	last := len(reqs) - 1
+	if got, want := slow.Records[last].Arrival, 4*fast.Records[last].Arrival; absDur(got-want) > time.Microsecond {
+		t.Errorf("scaled arrivals: got %v at 0.5x, want 4 x %v", got, fast.Records[last].Arrival)
+	}
+	if fast.Row(0).TTFT.P99 < slow.Row(0).TTFT.P99 {
+		t.Errorf("p99 TTFT at 4x the load (%v) below the light load's (%v)", fast.Row(0).TTFT.P99, slow.Row(0).TTFT.P99)
+	}
+}
+
+func absDur(d time.Duration) time.Duration {
+	if d < 0 {
+		return -d
+	}
+	return d
+}
+
+func TestOracleBoundsHitRate(t *testing.T) {
+	reqs := smallChat(t, 400, 40, 2)
+	for _, pol := range []string{"kv-aware", "round_robin"} {
+		res := mustRun(t, Config{Fleet: tinyFleet(4), Policy: pol}, reqs)
+		row := res.Row(0)
+		if row.OracleHitRate <= 0 || row.HitRate > row.OracleHitRate+1e-9 {
+			t.Errorf("%s: hit rate %.3f, oracle %.3f: want 0 < hit <= oracle", pol, row.HitRate, row.OracleHitRate)
+		}
+	}
+}
+
+// TestStaleSignals shows the stale-signal effect: a policy that balances on
+// scraped signals herds more, and its p99 TTFT grows, when scrapes are rare.
+func TestStaleSignals(t *testing.T) {
+	reqs := smallChat(t, 800, 120, 4)
+	p99 := func(interval time.Duration) time.Duration {
+		res := mustRun(t, Config{Fleet: tinyFleet(4), Policy: "least_kv", Seed: 1, ScrapeInterval: interval,
+			StaleAfter: time.Hour}, reqs)
+		return res.Row(0).TTFT.P99
+	}
+	fresh, stale := p99(5*time.Millisecond), p99(2*time.Second)
+	if stale <= fresh {
+		t.Errorf("p99 TTFT: %v with 2s scrapes, %v with 5ms scrapes; want stale signals to hurt", stale, fresh)
+	}
+	t.Logf("p99 TTFT: fresh %v, stale %v", fresh, stale)
+}
+
+// golden is the part of a run a golden file pins: the summary row and a few
+// records.
+type golden struct {
+	Row     any      `json:"row"`
+	Engines any      `json:"engines"`
+	Records []Record `json:"records"`
+}
+
+func TestGoldenTinyScenario(t *testing.T) {
+	reqs := smallChat(t, 60, 30, 1)
+	for _, pol := range []string{"kv-aware", "round_robin"} {
+		t.Run(pol, func(t *testing.T) {
+			res := mustRun(t, Config{Fleet: tinyFleet(3), Policy: pol, Seed: 1, SLO: SLO{TTFT: 50 * time.Millisecond}}, reqs)
+			g := golden{Row: res.Row(0), Engines: res.Engines, Records: res.Records[:12]}
+			got, err := json.MarshalIndent(g, "", "  ")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got = append(got, '\n')
+			path := filepath.Join("testdata", "golden_"+pol+".json")
+			if *update {
+				if err := os.WriteFile(path, got, 0o644); err != nil {
+					t.Fatal(err)
+				}
+			}
+			want, err := os.ReadFile(path)
+			if err != nil {
+				t.Fatalf("%v (run with -update to create it)", err)
+			}
+			if !bytes.Equal(got, want) {
+				t.Errorf("%s differs from the simulation (run go test ./sim -run Golden -update after checking the change):\n%s",
+					path, firstDiff(got, want))
+			}
+		})
+	}
+}
+
+func firstDiff(got, want []byte) string {
+	gl, wl := bytes.Split(got, []byte("\n")), bytes.Split(want, []byte("\n"))
+	for i := range max(len(gl), len(wl)) {
+		var g, w []byte
+		if i < len(gl) {
+			g = gl[i]
+		}
+		if i < len(wl) {
+			w = wl[i]
+		}
+		if !bytes.Equal(g, w) {
+			return fmt.Sprintf("line %d:\n got %s\nwant %s", i+1, g, w)
+		}
+	}
+	return ""
+}
