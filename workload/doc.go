@@ -13,12 +13,15 @@
 // equal tokens, so prompts that share leading segments share a prefix.
 //
 // Text is derived from tokens, one word per token: token t becomes
-// TokenWord(t), one of 256 common English words, words separated by single
-// spaces. Equal blocks therefore have equal text (and different blocks
-// differ, with overwhelming probability), so prefix sharing survives in text
-// form too. A tokenizer does not map the text back to the same ids (the
-// mapping is 64-to-1); it maps equal text to equal tokens, and a typical BPE
-// vocabulary spends about one token per " word", so lengths stay close.
+// TokenWord(t), one of 256 common English words of at most five letters,
+// separated by single spaces. Equal blocks therefore have equal text (and
+// different blocks differ, with overwhelming probability). The emulated
+// engine's built-in tokenizer (tokenizer.Builtin) encodes each word as
+// exactly one token, so the text of a PromptLen-token prompt is PromptLen
+// built-in tokens and the trace's block sharing is exactly the sharing the
+// engine sees (the built-in ids differ from the synthetic ids, but one maps
+// to the other one to one). Real BPE vocabularies also spend about one
+// token per word.
 //
 // # Mooncake traces
 //

@@ -13,11 +13,13 @@ import (
 const TraceBlockSize = 512
 
 // Synthetic token space: segment tokens are drawn uniformly from
-// [FirstTokenID, FirstTokenID+NumTokenIDs). The range sits below 32,000 so
-// the ids are valid for every common vocabulary (Llama 2 and up).
+// [FirstTokenID, FirstTokenID+NumTokenIDs), valid ids in every common
+// vocabulary. There is one id per synthetic word (see TokenWord), so a
+// prompt's tokens and its text determine each other. A block of 16 tokens
+// still has 2^128 possible contents.
 const (
 	FirstTokenID = 1000
-	NumTokenIDs  = 16384
+	NumTokenIDs  = 256
 )
 
 // Segment is a run of prompt tokens named by a content key: its tokens are
@@ -162,10 +164,12 @@ func AppendSegmentTokens(dst []uint32, s Segment) []uint32 {
 }
 
 // TokenWord returns the word that stands for token t in synthetic text:
-// one of 256 short common English words, chosen by t mod 256. Equal tokens
-// give equal words, so equal segments give equal text; BPE tokenizers map
-// each " word" to one token in most vocabularies, so the text's length in
-// tokens is close to the token count.
+// one of 256 distinct common English words of at most five letters, chosen
+// by t mod 256 (a bijection on the synthetic ids). Equal tokens give equal words, so equal segments give equal
+// text. The built-in tokenizer (package tokenizer) encodes every such word,
+// and every " word", as exactly one token, so a prompt's text encodes to
+// exactly PromptLen built-in tokens with block boundaries where the
+// segments put them; BPE vocabularies also spend about one token per word.
 func TokenWord(t uint32) string { return words[t%uint32(len(words))] }
 
 // BlockHashes appends to dst the chained 64-bit hashes of the prompt's full
@@ -264,24 +268,26 @@ func seekSegments(segs []Segment, pos int) (int, int) {
 	return len(segs), 0
 }
 
-// words are 256 short common English words used for synthetic text.
+// words are 256 distinct common English words of at most five letters used
+// for synthetic text: the built-in tokenizer (package tokenizer) encodes each
+// of them, with or without its leading space, as exactly one token.
 var words = [256]string{
 	"the", "of", "and", "to", "in", "is", "you", "that", "it", "he", "was", "for", "on", "are", "as", "with",
 	"his", "they", "at", "be", "this", "have", "from", "or", "one", "had", "by", "word", "but", "not", "what", "all",
 	"were", "we", "when", "your", "can", "said", "there", "use", "an", "each", "which", "she", "do", "how", "their", "if",
 	"will", "up", "other", "about", "out", "many", "then", "them", "these", "so", "some", "her", "would", "make", "like", "him",
-	"into", "time", "has", "look", "two", "more", "write", "go", "see", "number", "no", "way", "could", "people", "my", "than",
-	"first", "water", "been", "call", "who", "oil", "its", "now", "find", "long", "down", "day", "did", "get", "come", "made",
-	"may", "part", "over", "new", "sound", "take", "only", "little", "work", "know", "place", "year", "live", "me", "back", "give",
-	"most", "very", "after", "thing", "our", "just", "name", "good", "sentence", "man", "think", "say", "great", "where", "help", "through",
-	"much", "before", "line", "right", "too", "mean", "old", "any", "same", "tell", "boy", "follow", "came", "want", "show", "also",
-	"around", "form", "three", "small", "set", "put", "end", "does", "another", "well", "large", "must", "big", "even", "such", "because",
-	"turn", "here", "why", "ask", "went", "men", "read", "need", "land", "different", "home", "us", "move", "try", "kind", "hand",
-	"picture", "again", "change", "off", "play", "spell", "air", "away", "animal", "house", "point", "page", "letter", "mother", "answer", "found",
-	"study", "still", "learn", "should", "world", "high", "every", "near", "add", "food", "between", "own", "below", "country", "plant", "last",
-	"school", "father", "keep", "tree", "never", "start", "city", "earth", "eye", "light", "thought", "head", "under", "story", "saw", "left",
-	"few", "while", "along", "might", "close", "something", "seem", "next", "hard", "open", "example", "begin", "life", "always", "those", "both",
-	"paper", "together", "got", "group", "often", "run", "important", "until", "children", "side", "feet", "car", "mile", "night", "walk", "white",
+	"into", "time", "has", "look", "two", "more", "write", "go", "see", "no", "way", "could", "my", "than", "first", "water",
+	"been", "call", "who", "oil", "its", "now", "find", "long", "down", "day", "did", "get", "come", "made", "may", "part",
+	"over", "new", "sound", "take", "only", "work", "know", "place", "year", "live", "me", "back", "give", "most", "very", "after",
+	"thing", "our", "just", "name", "good", "man", "think", "say", "great", "where", "help", "much", "line", "right", "too", "mean",
+	"old", "any", "same", "tell", "boy", "came", "want", "show", "also", "form", "three", "small", "set", "put", "end", "does",
+	"well", "large", "must", "big", "even", "such", "turn", "here", "why", "ask", "went", "men", "read", "need", "land", "home",
+	"us", "move", "try", "kind", "hand", "again", "off", "play", "spell", "air", "away", "house", "point", "page", "found", "study",
+	"still", "learn", "world", "high", "every", "near", "add", "food", "own", "below", "plant", "last", "keep", "tree", "never", "start",
+	"city", "earth", "eye", "light", "head", "under", "story", "saw", "left", "few", "while", "along", "might", "close", "seem", "next",
+	"hard", "open", "begin", "life", "those", "both", "paper", "got", "group", "often", "run", "until", "side", "feet", "car", "mile",
+	"night", "walk", "white", "able", "acid", "age", "ago", "alive", "am", "area", "arm", "army", "art", "baby", "bad", "bag",
+	"ball", "band", "bank", "bar", "base", "bath", "bear", "beat", "bed", "beer", "bell", "belt", "best", "bird", "bit", "black",
 }
 
 // hashString is FNV-1a 64.
