@@ -1,0 +1,116 @@
+package router
+
+import (
+	"time"
+
+	"github.com/kvroute/kvroute"
+)
+
+// DecisionRecord is one routing decision with every candidate's inputs, as
+// /debug/decisions and the dashboard show it.
+type DecisionRecord struct {
+	Seq          uint64           `json:"seq"`
+	Time         time.Time        `json:"time"`
+	RequestID    string           `json:"request_id"`
+	Model        string           `json:"model"`
+	Tenant       string           `json:"tenant,omitempty"`
+	SessionKey   string           `json:"session_key,omitempty"`
+	PromptTokens int              `json:"prompt_tokens"`
+	Blocks       int              `json:"blocks"`
+	Decision     kvroute.Decision `json:"decision"`
+	Candidates   []CandidateInput `json:"candidates"`
+}
+
+// CandidateInput is what the router knew about one candidate when deciding.
+type CandidateInput struct {
+	Endpoint     string  `json:"endpoint"`
+	Healthy      bool    `json:"healthy"`
+	Waiting      int     `json:"waiting"`
+	Running      int     `json:"running"`
+	InFlight     int     `json:"in_flight"`
+	KVUsage      float64 `json:"kv_usage"`
+	CachedBlocks int     `json:"cached_blocks"`
+	CachedTokens int     `json:"cached_tokens"`
+	Tier         string  `json:"tier"`
+	Precise      bool    `json:"precise"`
+	Stale        bool    `json:"stale"`
+	SignalAgeMS  float64 `json:"signal_age_ms"`
+}
+
+// decisionLog is a ring of the last decisions; slots and their candidate
+// slices are reused, so logging allocates nothing in steady state.
+type decisionLog struct {
+	ring  []DecisionRecord
+	parts [][]kvroute.Part // per slot: backing store for the slot's score parts
+	next  int
+	seq   uint64
+}
+
+func newDecisionLog(n int) decisionLog {
+	if n < 0 {
+		n = 0
+	}
+	return decisionLog{ring: make([]DecisionRecord, n), parts: make([][]kvroute.Part, n)}
+}
+
+func (l *decisionLog) add(now time.Time, req *kvroute.Request, d kvroute.Decision, cands []kvroute.Candidate) {
+	if len(l.ring) == 0 {
+		return
+	}
+	l.seq++
+	slot := l.next
+	rec := &l.ring[slot]
+	l.next = (l.next + 1) % len(l.ring)
+	rec.Seq, rec.Time, rec.RequestID, rec.Model = l.seq, now, req.ID, req.Model
+	rec.Tenant, rec.SessionKey, rec.PromptTokens, rec.Blocks = req.Tenant, req.SessionKey, req.PromptTokens, len(req.BlockHashes)
+	// Deep-copy the explanation into the slot's own storage: pickers may
+	// reuse their score buffers on the next call.
+	scores := rec.Decision.Scores[:0]
+	parts := l.parts[slot][:0]
+	for _, sc := range d.Scores {
+		start := len(parts)
+		parts = append(parts, sc.Parts...)
+		sc.Parts = parts[start:len(parts):len(parts)]
+		scores = append(scores, sc)
+	}
+	l.parts[slot] = parts
+	rec.Decision = d
+	rec.Decision.Scores = scores
+	rec.Candidates = rec.Candidates[:0]
+	for i := range cands {
+		c := &cands[i]
+		rec.Candidates = append(rec.Candidates, CandidateInput{
+			Endpoint: c.Endpoint.ID, Healthy: c.Healthy,
+			Waiting: c.Load.Waiting, Running: c.Load.Running, InFlight: c.Load.InFlight, KVUsage: c.Load.KVUsage,
+			CachedBlocks: c.CachedBlocks, CachedTokens: c.CachedTokens, Tier: c.Tier.String(), Precise: c.Precise,
+			Stale: c.Load.Stale, SignalAgeMS: float64(c.Load.Age(now)) / float64(time.Millisecond),
+		})
+	}
+}
+
+// Decisions returns up to n of the latest decisions, newest first. The
+// records are copies, safe to keep.
+func (r *Router) Decisions(n int) []DecisionRecord {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	l := &r.log
+	if n <= 0 || n > len(l.ring) {
+		n = len(l.ring)
+	}
+	out := make([]DecisionRecord, 0, n)
+	for i := 1; i <= len(l.ring) && len(out) < n; i++ {
+		rec := &l.ring[(l.next-i+len(l.ring))%len(l.ring)]
+		if rec.Seq == 0 {
+			break
+		}
+		cp := *rec
+		cp.Candidates = append([]CandidateInput(nil), rec.Candidates...)
+		cp.Decision.Scores = make([]kvroute.Score, len(rec.Decision.Scores))
+		for j, sc := range rec.Decision.Scores {
+			sc.Parts = append([]kvroute.Part(nil), sc.Parts...)
+			cp.Decision.Scores[j] = sc
+		}
+		out = append(out, cp)
+	}
+	return out
+}

@@ -1,0 +1,26 @@
+// Package router is the pure routing core for one model's pool, shared by
+// the live proxy (package proxy) and the fleet simulator (package sim): the
+// two are drivers of this same code, so what the simulator predicts is what
+// the router does.
+//
+// For each request Route builds one kvroute.Candidate per endpoint from
+//
+//   - health: active checks reported with SetActiveHealth and passive
+//     ejection (consecutive failures reported with ReportResult eject an
+//     endpoint with exponential back-off),
+//   - load: each endpoint's signals.View (scraped engine signals corrected
+//     by the router's own dispatches; see package signals),
+//   - cache: the prefix indexes. The approximate index (kvindex.Approx)
+//     remembers what the router routed where; the precise index
+//     (kvindex.Index, fed by the engines' KV events) wins for endpoints that
+//     publish events, and the approximate entries then only cover the gap
+//     between routing and the engine's event,
+//
+// calls the configured kvroute.Picker, records the dispatch, and keeps the
+// decision for /debug/decisions. The caller reports the first token and the
+// end of each request (FirstToken, Done) so in-flight counts stay exact.
+//
+// Router does no I/O, starts no goroutines and never reads the wall clock:
+// every method takes now. A Router is safe for concurrent use; calls into
+// the Picker are serialised by the Router's mutex, so pickers need no locks.
+package router

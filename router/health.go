@@ -1,0 +1,97 @@
+package router
+
+import (
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/signals"
+)
+
+// healthyAt reports whether e may be picked at now. Callers hold Router.mu.
+func (e *endpoint) healthyAt(now time.Time) bool {
+	return e.activeOK && !now.Before(e.ejectedUntil)
+}
+
+// ReportResult records the passive health outcome of one attempt on an
+// endpoint: ok=false for a connect error or a 5xx. After FailThreshold
+// consecutive failures the endpoint is ejected for BaseEjection, doubling
+// with each further ejection up to MaxEjection; a success resets both the
+// failure count and the back-off. It reports whether this call ejected.
+func (r *Router) ReportResult(now time.Time, endpointID string, ok bool) (ejected bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e := r.byID[endpointID]
+	if e == nil {
+		return false
+	}
+	if ok {
+		e.consecFails, e.ejections = 0, 0
+		return false
+	}
+	e.consecFails++
+	if e.consecFails < r.cfg.Health.FailThreshold || now.Before(e.ejectedUntil) {
+		return false
+	}
+	d := r.cfg.Health.BaseEjection << min(e.ejections, 20)
+	if d > r.cfg.Health.MaxEjection || d <= 0 {
+		d = r.cfg.Health.MaxEjection
+	}
+	e.ejectedUntil = now.Add(d)
+	e.ejections++
+	e.totalEjects++
+	e.consecFails = 0
+	return true
+}
+
+// SetActiveHealth records an active health check's verdict (the checker
+// applies its own pass/fail thresholds). An endpoint failing active checks is
+// never picked.
+func (r *Router) SetActiveHealth(now time.Time, endpointID string, ok bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if e := r.byID[endpointID]; e != nil {
+		e.activeOK = ok
+	}
+}
+
+// EndpointStatus is one endpoint's state for metrics, the admin API and the
+// dashboard.
+type EndpointStatus struct {
+	ID       string            `json:"id"`
+	URL      string            `json:"url"`
+	Role     string            `json:"role"`
+	Labels   map[string]string `json:"labels,omitempty"`
+	Healthy  bool              `json:"healthy"`
+	ActiveOK bool              `json:"active_ok"`
+	// EjectedUntil is set while the endpoint is passively ejected.
+	EjectedUntil time.Time `json:"ejected_until,omitzero"`
+	Ejections    int       `json:"ejections"`
+	// Load is the routing view of the endpoint's load at the status time.
+	Load kvroute.Load `json:"load"`
+	// SignalAge is how old the engine signals are (0 = never scraped).
+	SignalAge time.Duration `json:"signal_age_ns"`
+	// Signals is the scrape state: last values, errors.
+	Signals signals.ViewStatus `json:"signals"`
+	// Precise reports that the endpoint's KV events feed the precise index.
+	Precise bool `json:"precise"`
+}
+
+// Status returns every endpoint's state at now, in configuration order.
+func (r *Router) Status(now time.Time) []EndpointStatus {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	out := make([]EndpointStatus, len(r.eps))
+	for i, e := range r.eps {
+		l := e.view.Load(now)
+		s := EndpointStatus{
+			ID: e.ep.ID, URL: e.ep.URL, Role: e.ep.Role.String(), Labels: e.ep.Labels,
+			Healthy: e.healthyAt(now), ActiveOK: e.activeOK, Ejections: e.totalEjects,
+			Load: l, SignalAge: l.Age(now), Signals: e.view.Snapshot(), Precise: e.precise,
+		}
+		if e.ejectedUntil.After(now) {
+			s.EjectedUntil = e.ejectedUntil
+		}
+		out[i] = s
+	}
+	return out
+}

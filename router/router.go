@@ -1,0 +1,490 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/kvindex"
+	"github.com/kvroute/kvroute/signals"
+)
+
+// Config configures a Router. Zero values take the documented defaults.
+type Config struct {
+	// Model is the model name this pool serves.
+	Model string
+	// Endpoints are the pool's endpoints; IDs must be unique. Required.
+	Endpoints []kvroute.Endpoint
+	// Policy names the policy behind Picker, for decisions and logs.
+	Policy string
+	// Picker chooses endpoints. Required.
+	Picker kvroute.Picker
+	// BlockChars is the approximate prefix index's block size in characters,
+	// used when a request carries no token block hashes. Default 128.
+	BlockChars int
+	// CharsPerToken converts characters to tokens when estimating how many
+	// prompt tokens a character-block match covers. Default 4.
+	CharsPerToken float64
+	// StaleAfter marks engine signals older than this as stale. Default 1s.
+	StaleAfter time.Duration
+	// ApproxTTL is how long the approximate index trusts a routed prefix on an
+	// endpoint without KV events. Default 10m.
+	ApproxTTL time.Duration
+	// EventGap is how long a routed prefix counts on an endpoint that publishes
+	// KV events, covering the gap until the engine's own event. Default 5s.
+	EventGap time.Duration
+	// DefaultCapacityTokens sizes the approximate index per endpoint when
+	// neither the endpoint's config nor its metrics give a KV capacity.
+	// Default 400,000 tokens.
+	DefaultCapacityTokens int
+	// Precise is the precise index fed by KV events (a *kvindex.Index), or
+	// nil. Endpoints named in PreciseEndpoints use it.
+	Precise PreciseIndex
+	// PreciseEndpoints lists the endpoint IDs whose KV events feed Precise.
+	PreciseEndpoints []string
+	// Health configures passive ejection.
+	Health HealthConfig
+	// DecisionLog is how many decisions Decisions can return. Default 256;
+	// negative disables the log.
+	DecisionLog int
+}
+
+// PreciseIndex is the precise prefix index as the router uses it:
+// *kvindex.Index implements it.
+type PreciseIndex interface {
+	// Match appends to dst, per endpoint, the number of leading blocks of
+	// hashes it holds and their tier.
+	Match(hashes []uint64, dst []kvindex.Hit) []kvindex.Hit
+}
+
+// HealthConfig configures passive health: consecutive failures (connect
+// errors, 5xx) eject an endpoint for an exponentially growing time.
+type HealthConfig struct {
+	// FailThreshold is the number of consecutive failures that eject an
+	// endpoint. Default 3.
+	FailThreshold int
+	// BaseEjection is the first ejection's length; each further ejection
+	// without an intervening success doubles it. Default 1s.
+	BaseEjection time.Duration
+	// MaxEjection caps the ejection length. Default 30s.
+	MaxEjection time.Duration
+}
+
+func (c *Config) applyDefaults() {
+	if c.BlockChars <= 0 {
+		c.BlockChars = 128
+	}
+	if c.CharsPerToken <= 0 {
+		c.CharsPerToken = 4
+	}
+	if c.StaleAfter <= 0 {
+		c.StaleAfter = time.Second
+	}
+	if c.ApproxTTL <= 0 {
+		c.ApproxTTL = 10 * time.Minute
+	}
+	if c.EventGap <= 0 {
+		c.EventGap = 5 * time.Second
+	}
+	if c.DefaultCapacityTokens <= 0 {
+		c.DefaultCapacityTokens = 400_000
+	}
+	if c.Health.FailThreshold <= 0 {
+		c.Health.FailThreshold = 3
+	}
+	if c.Health.BaseEjection <= 0 {
+		c.Health.BaseEjection = time.Second
+	}
+	if c.Health.MaxEjection <= 0 {
+		c.Health.MaxEjection = 30 * time.Second
+	}
+	if c.Health.MaxEjection < c.Health.BaseEjection {
+		c.Health.MaxEjection = c.Health.BaseEjection
+	}
+	if c.DecisionLog == 0 {
+		c.DecisionLog = 256
+	}
+}
+
+// Router routes one model's requests over its pool. It is safe for
+// concurrent use.
+type Router struct {
+	cfg Config
+
+	mu     sync.Mutex // protects everything below and serialises the Picker
+	picker kvroute.Picker
+	policy string
+	eps    []*endpoint
+	byID   map[string]*endpoint
+	approx *kvindex.Approx // endpoints without KV events
+	gap    *kvindex.Approx // endpoints with KV events: routed but not yet reported
+	log    decisionLog
+	cands  []kvroute.Candidate // reused by Route
+	hits   []kvindex.Hit       // reused by Route
+	hashes []uint64            // reused by Route for character-block hashes
+}
+
+type endpoint struct {
+	ep      kvroute.Endpoint
+	view    *signals.View
+	precise bool
+
+	// Health, protected by Router.mu.
+	activeOK     bool
+	consecFails  int
+	ejections    int // consecutive ejections without a success: the back-off exponent
+	ejectedUntil time.Time
+	totalEjects  int
+	capBlocks    int // capacity last given to the approximate index
+
+	// Per-request scratch, protected by Router.mu.
+	cached int
+	tier   kvroute.Tier
+	prec   bool
+}
+
+// New returns a Router for cfg.
+func New(cfg Config) (*Router, error) {
+	cfg.applyDefaults()
+	if cfg.Picker == nil {
+		return nil, errors.New("router: config: picker is required")
+	}
+	if len(cfg.Endpoints) == 0 {
+		return nil, fmt.Errorf("router: config: model %q has no endpoints", cfg.Model)
+	}
+	precise := make(map[string]bool, len(cfg.PreciseEndpoints))
+	for _, id := range cfg.PreciseEndpoints {
+		precise[id] = true
+	}
+	r := &Router{
+		cfg:    cfg,
+		picker: cfg.Picker,
+		policy: cfg.Policy,
+		byID:   make(map[string]*endpoint, len(cfg.Endpoints)),
+		approx: kvindex.NewApprox(kvindex.ApproxConfig{TTL: cfg.ApproxTTL}),
+		gap:    kvindex.NewApprox(kvindex.ApproxConfig{TTL: cfg.EventGap}),
+		log:    newDecisionLog(cfg.DecisionLog),
+	}
+	for i := range cfg.Endpoints {
+		ep := cfg.Endpoints[i]
+		if ep.ID == "" {
+			ep.ID = ep.URL
+		}
+		if ep.ID == "" {
+			return nil, fmt.Errorf("router: config: endpoints[%d]: id or url is required", i)
+		}
+		if _, dup := r.byID[ep.ID]; dup {
+			return nil, fmt.Errorf("router: config: endpoints[%d]: duplicate id %q", i, ep.ID)
+		}
+		if ep.Weight <= 0 {
+			ep.Weight = 1
+		}
+		e := &endpoint{
+			ep:       ep,
+			view:     signals.NewView(signals.ViewConfig{StaleAfter: cfg.StaleAfter}),
+			precise:  precise[ep.ID] && cfg.Precise != nil,
+			activeOK: true,
+		}
+		r.eps = append(r.eps, e)
+		r.byID[ep.ID] = e
+	}
+	r.cands = make([]kvroute.Candidate, len(r.eps))
+	for i, e := range r.eps {
+		r.cands[i].Endpoint = &e.ep
+	}
+	return r, nil
+}
+
+// Model returns the model name.
+func (r *Router) Model() string { return r.cfg.Model }
+
+// Endpoints returns the pool's endpoints in configuration order.
+func (r *Router) Endpoints() []kvroute.Endpoint {
+	out := make([]kvroute.Endpoint, len(r.eps))
+	for i, e := range r.eps {
+		out[i] = e.ep
+	}
+	return out
+}
+
+// View returns the signals view of an endpoint, or nil if unknown. Scrape
+// loops feed it; Route reads it.
+func (r *Router) View(endpointID string) *signals.View {
+	if e := r.byID[endpointID]; e != nil {
+		return e.view
+	}
+	return nil
+}
+
+// Policy returns the current policy name.
+func (r *Router) Policy() string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.policy
+}
+
+// SetPicker switches the policy at runtime. Requests already routed are
+// unaffected.
+func (r *Router) SetPicker(policy string, p kvroute.Picker) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.policy, r.picker = policy, p
+}
+
+// Flight is one routed attempt of a request, from Route to Done.
+type Flight struct {
+	// Decision is the picker's decision. Its Scores are nil: the full
+	// explanation is kept in the decision log (Router.Decisions).
+	Decision kvroute.Decision
+	// Endpoint is the chosen endpoint.
+	Endpoint *kvroute.Endpoint
+
+	req          *kvroute.Request
+	e            *endpoint
+	ticket       signals.Ticket
+	queue        int
+	cachedTokens int
+	done         bool
+}
+
+// CachedTokens returns how many prompt tokens the router expected the
+// chosen endpoint to have cached.
+func (f *Flight) CachedTokens() int { return f.cachedTokens }
+
+// Route picks an endpoint for req, never one whose ID is in exclude (the
+// endpoints already tried for this request), and records the dispatch. It
+// fills req.BlockHashes from req.Prompt when the caller left them nil.
+//
+// Errors are *kvroute.Error: 503 when no endpoint is healthy, 429 when the
+// policy sheds the request.
+func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*Flight, error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+
+	charMode := false
+	if req.BlockHashes == nil && req.Prompt != "" {
+		r.hashes = kvindex.HashText(req.Prompt, r.cfg.BlockChars, r.hashes[:0])
+		req.BlockHashes = r.hashes
+		req.BlockSize = r.cfg.BlockChars
+		charMode = true
+		defer func() { req.BlockHashes = nil }() // r.hashes is reused by the next call
+	}
+	r.matchPrefixes(now, req)
+
+	healthy := 0
+	for i, e := range r.eps {
+		c := &r.cands[i]
+		c.Healthy = e.healthyAt(now) && !contains(exclude, e.ep.ID)
+		if c.Healthy {
+			healthy++
+		}
+		c.Load = e.view.Load(now)
+		if c.Load.KVCapacityTokens == 0 {
+			c.Load.KVCapacityTokens = e.ep.KVCapacityTokens
+		}
+		c.CachedBlocks, c.Tier, c.Precise = e.cached, e.tier, e.prec
+		c.CachedTokens = r.blocksToTokens(req, e.cached, charMode)
+		r.sizeApprox(e, c.Load.KVCapacityTokens, req, charMode)
+	}
+	if healthy == 0 {
+		return nil, r.unavailable(now, exclude)
+	}
+
+	d := r.picker.Pick(now, req, r.cands)
+	if d.Policy == "" {
+		d.Policy = r.policy
+	}
+	if d.Index >= 0 && d.Index < len(r.eps) {
+		d.Endpoint = r.eps[d.Index].ep.ID
+	}
+	r.log.add(now, req, d, r.cands)
+	if d.Index < 0 || d.Index >= len(r.eps) || !r.cands[d.Index].Healthy {
+		if d.Shed {
+			return nil, &kvroute.Error{Status: http.StatusTooManyRequests, Type: kvroute.TypeOverloaded, Code: "overloaded",
+				Message: fmt.Sprintf("model %q is overloaded: every endpoint is over its load cap (%s)", r.cfg.Model, d.Reason)}
+		}
+		if d.Index >= 0 {
+			return nil, &kvroute.Error{Status: http.StatusInternalServerError, Type: kvroute.TypeInternal, Code: "bad_decision",
+				Message: fmt.Sprintf("policy %s chose an ineligible endpoint (index %d)", d.Policy, d.Index)}
+		}
+		return nil, r.unavailable(now, exclude)
+	}
+	e := r.eps[d.Index]
+	c := &r.cands[d.Index]
+	d.Scores = nil // the full explanation lives in the decision log (Decisions)
+	f := &Flight{
+		Decision:     d,
+		Endpoint:     &e.ep,
+		req:          req,
+		e:            e,
+		queue:        c.Load.Queue(),
+		cachedTokens: c.CachedTokens,
+	}
+	f.ticket = e.view.Dispatch(now, req.PromptTokens)
+	if len(req.BlockHashes) > 0 {
+		if e.precise {
+			r.gap.Record(now, e.ep.ID, req.BlockHashes)
+		} else {
+			r.approx.Record(now, e.ep.ID, req.BlockHashes)
+		}
+	}
+	return f, nil
+}
+
+// matchPrefixes fills each endpoint's cached/tier scratch for req.
+func (r *Router) matchPrefixes(now time.Time, req *kvroute.Request) {
+	for _, e := range r.eps {
+		e.cached, e.tier, e.prec = 0, kvroute.TierNone, false
+	}
+	if len(req.BlockHashes) == 0 {
+		return
+	}
+	r.hits = r.approx.Match(now, req.BlockHashes, r.hits[:0])
+	r.hits = r.gap.Match(now, req.BlockHashes, r.hits)
+	for _, h := range r.hits {
+		if e := r.byID[h.Endpoint]; e != nil && h.Blocks > e.cached {
+			e.cached, e.tier = h.Blocks, kvroute.TierGPU
+		}
+	}
+	if r.cfg.Precise == nil {
+		return
+	}
+	r.hits = r.cfg.Precise.Match(req.BlockHashes, r.hits[:0])
+	for _, h := range r.hits {
+		e := r.byID[h.Endpoint]
+		if e == nil || !e.precise {
+			continue
+		}
+		e.prec = true
+		if h.Blocks >= e.cached {
+			e.cached, e.tier = h.Blocks, h.Tier
+		}
+	}
+}
+
+// blocksToTokens converts a leading-block match to prompt tokens.
+func (r *Router) blocksToTokens(req *kvroute.Request, blocks int, charMode bool) int {
+	if blocks <= 0 || req.BlockSize <= 0 {
+		return 0
+	}
+	var t int
+	if charMode {
+		chars := blocks * req.BlockSize
+		if req.PromptTokens > 0 && len(req.Prompt) > 0 {
+			t = int(math.Round(float64(chars) * float64(req.PromptTokens) / float64(len(req.Prompt))))
+		} else {
+			t = int(float64(chars) / r.cfg.CharsPerToken)
+		}
+	} else {
+		t = blocks * req.BlockSize
+	}
+	if req.PromptTokens > 0 && t > req.PromptTokens {
+		t = req.PromptTokens
+	}
+	return t
+}
+
+// sizeApprox keeps the approximate index's per-endpoint capacity in step
+// with the endpoint's KV capacity, in the request's block unit.
+func (r *Router) sizeApprox(e *endpoint, capTokens int, req *kvroute.Request, charMode bool) {
+	if capTokens <= 0 {
+		capTokens = r.cfg.DefaultCapacityTokens
+	}
+	blockTokens := float64(req.BlockSize)
+	if charMode {
+		blockTokens = float64(req.BlockSize) / r.cfg.CharsPerToken
+	}
+	if blockTokens <= 0 {
+		return
+	}
+	blocks := int(float64(capTokens) / blockTokens)
+	if blocks < 1 {
+		blocks = 1
+	}
+	if blocks != e.capBlocks {
+		e.capBlocks = blocks
+		r.approx.SetCapacity(e.ep.ID, blocks)
+		r.gap.SetCapacity(e.ep.ID, blocks)
+	}
+}
+
+// unavailable builds the 503 for a pool with no healthy endpoint; its
+// RetryAfter is the time until the first ejection ends (at least 1s).
+func (r *Router) unavailable(now time.Time, exclude []string) error {
+	wait := time.Duration(0)
+	for _, e := range r.eps {
+		if e.ejectedUntil.After(now) {
+			if d := e.ejectedUntil.Sub(now); wait == 0 || d < wait {
+				wait = d
+			}
+		}
+	}
+	secs := int(math.Ceil(wait.Seconds()))
+	if secs < 1 {
+		secs = 1
+	}
+	msg := fmt.Sprintf("no healthy endpoint for model %q", r.cfg.Model)
+	if len(exclude) > 0 {
+		msg = fmt.Sprintf("no healthy endpoint left for model %q after trying %d", r.cfg.Model, len(exclude))
+	}
+	return &UnavailableError{Err: kvroute.Error{Status: http.StatusServiceUnavailable, Type: kvroute.TypeUnavailable,
+		Code: "no_healthy_endpoint", Message: msg}, RetryAfter: secs}
+}
+
+// UnavailableError is returned by Route when no endpoint can take the
+// request; RetryAfter is the suggested Retry-After in seconds.
+type UnavailableError struct {
+	Err        kvroute.Error
+	RetryAfter int
+}
+
+func (e *UnavailableError) Error() string { return e.Err.Error() }
+
+// Unwrap exposes the *kvroute.Error so errors.As and kvroute.StatusOf work.
+func (e *UnavailableError) Unwrap() error { return &e.Err }
+
+// FirstToken records that the flight's endpoint produced its first token:
+// its prompt is no longer queued prefill work.
+func (r *Router) FirstToken(now time.Time, f *Flight) {
+	if f == nil || f.e == nil {
+		return
+	}
+	f.e.view.FirstToken(now, f.ticket)
+}
+
+// Done ends a flight: the router no longer holds it in flight. o reports the
+// outcome to learning pickers; its Endpoint and QueueDepth are filled here.
+// Done is idempotent per flight.
+func (r *Router) Done(now time.Time, f *Flight, o kvroute.Outcome) {
+	if f == nil || f.e == nil {
+		return
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if f.done {
+		return
+	}
+	f.done = true
+	f.e.view.Done(now, f.ticket)
+	o.Endpoint = f.e.ep.ID
+	o.QueueDepth = f.queue
+	if l, ok := r.picker.(kvroute.Learner); ok {
+		l.Observe(now, o)
+	}
+	if rel, ok := r.picker.(kvroute.Releaser); ok {
+		rel.Release(now, f.req, f.e.ep.ID)
+	}
+}
+
+func contains(list []string, s string) bool {
+	for _, v := range list {
+		if v == s {
+			return true
+		}
+	}
+	return false
+}

@@ -1,0 +1,310 @@
+package router
+
+import (
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute"
+)
+
+var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// pickFirstHealthy picks the healthy candidate with the most cached blocks,
+// then the fewest in flight, then the lowest index: simple enough to work
+// results out by hand.
+type pickFirstHealthy struct {
+	observed, released int
+}
+
+func (p *pickFirstHealthy) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
+	best := -1
+	for i, c := range cands {
+		if !c.Healthy {
+			continue
+		}
+		if best < 0 || c.CachedBlocks > cands[best].CachedBlocks ||
+			(c.CachedBlocks == cands[best].CachedBlocks && c.Load.InFlight < cands[best].Load.InFlight) {
+			best = i
+		}
+	}
+	if best < 0 {
+		return kvroute.None("test", "none healthy")
+	}
+	d := kvroute.Chose("test", cands, best, "test")
+	d.Scores = make([]kvroute.Score, len(cands))
+	for i, c := range cands {
+		d.Scores[i] = kvroute.Score{Endpoint: c.Endpoint.ID, Eligible: c.Healthy, Value: float64(c.CachedBlocks),
+			Parts: []kvroute.Part{{Name: "cached_blocks", Value: float64(c.CachedBlocks)}}}
+	}
+	return d
+}
+
+func (p *pickFirstHealthy) Observe(time.Time, kvroute.Outcome)          { p.observed++ }
+func (p *pickFirstHealthy) Release(time.Time, *kvroute.Request, string) { p.released++ }
+func (p *pickFirstHealthy) String() string                              { return "pickFirstHealthy" }
+func eps(n int) []kvroute.Endpoint {
+	out := make([]kvroute.Endpoint, n)
+	for i := range out {
+		out[i] = kvroute.Endpoint{ID: fmt.Sprintf("e%d", i), URL: fmt.Sprintf("http://127.0.0.1:%d", 9000+i)}
+	}
+	return out
+}
+
+func newTestRouter(t *testing.T, n int, p kvroute.Picker) *Router {
+	t.Helper()
+	r, err := New(Config{Model: "m", Endpoints: eps(n), Policy: "test", Picker: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+func TestNewValidates(t *testing.T) {
+	p := &pickFirstHealthy{}
+	tests := []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"no picker", Config{Model: "m", Endpoints: eps(1)}, "picker is required"},
+		{"no endpoints", Config{Model: "m", Picker: p}, "has no endpoints"},
+		{"duplicate", Config{Model: "m", Picker: p, Endpoints: []kvroute.Endpoint{{ID: "a"}, {ID: "a"}}}, `duplicate id "a"`},
+		{"empty id", Config{Model: "m", Picker: p, Endpoints: []kvroute.Endpoint{{}}}, "id or url is required"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := New(tt.cfg)
+			if err == nil || !strings.Contains(err.Error(), tt.want) {
+				t.Fatalf("New: got %v, want error containing %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestInFlightAccounting(t *testing.T) {
+	p := &pickFirstHealthy{}
+	r := newTestRouter(t, 2, p)
+	req := &kvroute.Request{ID: "a", Model: "m", PromptTokens: 100}
+	f1, err := r.Route(t0, req, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.View(f1.Endpoint.ID).Load(t0).InFlight; got != 1 {
+		t.Fatalf("in flight after Route: got %d, want 1", got)
+	}
+	// The second request goes to the other endpoint: fewer in flight.
+	f2, err := r.Route(t0, &kvroute.Request{ID: "b", Model: "m", PromptTokens: 100}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f2.Endpoint.ID == f1.Endpoint.ID {
+		t.Fatalf("second request: got %s again, want the idle endpoint", f2.Endpoint.ID)
+	}
+	r.FirstToken(t0, f1)
+	r.Done(t0, f1, kvroute.Outcome{TTFT: time.Millisecond})
+	r.Done(t0, f1, kvroute.Outcome{}) // idempotent
+	if got := r.View(f1.Endpoint.ID).Load(t0).InFlight; got != 0 {
+		t.Fatalf("in flight after Done: got %d, want 0", got)
+	}
+	if p.observed != 1 || p.released != 1 {
+		t.Fatalf("learner/releaser calls: got %d/%d, want 1/1", p.observed, p.released)
+	}
+}
+
+func TestExcludeNeverPicked(t *testing.T) {
+	r := newTestRouter(t, 3, &pickFirstHealthy{})
+	for i := 0; i < 20; i++ {
+		f, err := r.Route(t0, &kvroute.Request{ID: "x", Model: "m"}, []string{"e0", "e2"})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.Endpoint.ID != "e1" {
+			t.Fatalf("got %s, want e1 (e0 and e2 excluded)", f.Endpoint.ID)
+		}
+	}
+	_, err := r.Route(t0, &kvroute.Request{ID: "x", Model: "m"}, []string{"e0", "e1", "e2"})
+	var ue *UnavailableError
+	if !errors.As(err, &ue) || kvroute.StatusOf(err) != http.StatusServiceUnavailable || ue.RetryAfter < 1 {
+		t.Fatalf("all excluded: got %v, want 503 UnavailableError with RetryAfter >= 1", err)
+	}
+}
+
+func TestPassiveEjectionAndBackoff(t *testing.T) {
+	r, err := New(Config{Model: "m", Endpoints: eps(2), Picker: &pickFirstHealthy{},
+		Health: HealthConfig{FailThreshold: 2, BaseEjection: time.Second, MaxEjection: 3 * time.Second}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now := t0
+	if r.ReportResult(now, "e0", false) {
+		t.Fatal("ejected after one failure, want threshold 2")
+	}
+	if !r.ReportResult(now, "e0", false) {
+		t.Fatal("not ejected after two failures")
+	}
+	for i := 0; i < 5; i++ {
+		f, err := r.Route(now.Add(500*time.Millisecond), &kvroute.Request{Model: "m"}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if f.Endpoint.ID != "e1" {
+			t.Fatalf("ejected endpoint picked: got %s", f.Endpoint.ID)
+		}
+		r.Done(now, f, kvroute.Outcome{})
+	}
+	st := r.Status(now.Add(500 * time.Millisecond))
+	if st[0].Healthy || st[0].EjectedUntil.IsZero() || st[0].Ejections != 1 {
+		t.Fatalf("status of ejected endpoint: got %+v", st[0])
+	}
+	// Back after BaseEjection; the next ejection doubles, then caps at MaxEjection.
+	now = now.Add(time.Second)
+	if !r.Status(now)[0].Healthy {
+		t.Fatal("endpoint not back after the ejection")
+	}
+	wants := []time.Duration{2 * time.Second, 3 * time.Second, 3 * time.Second}
+	for i, want := range wants {
+		r.ReportResult(now, "e0", false)
+		if !r.ReportResult(now, "e0", false) {
+			t.Fatalf("ejection %d did not happen", i+2)
+		}
+		if got := r.Status(now)[0].EjectedUntil.Sub(now); got != want {
+			t.Fatalf("ejection %d length: got %v, want %v", i+2, got, want)
+		}
+		now = now.Add(want)
+	}
+	// A success resets the back-off.
+	r.ReportResult(now, "e0", true)
+	r.ReportResult(now, "e0", false)
+	r.ReportResult(now, "e0", false)
+	if got := r.Status(now)[0].EjectedUntil.Sub(now); got != time.Second {
+		t.Fatalf("ejection after success: got %v, want back-off reset to 1s", got)
+	}
+}
+
+func TestActiveHealth(t *testing.T) {
+	r := newTestRouter(t, 2, &pickFirstHealthy{})
+	r.SetActiveHealth(t0, "e0", false)
+	r.SetActiveHealth(t0, "e1", false)
+	if _, err := r.Route(t0, &kvroute.Request{Model: "m"}, nil); kvroute.StatusOf(err) != http.StatusServiceUnavailable {
+		t.Fatalf("all failing active checks: got %v, want 503", err)
+	}
+	r.SetActiveHealth(t0, "e1", true)
+	f, err := r.Route(t0, &kvroute.Request{Model: "m"}, nil)
+	if err != nil || f.Endpoint.ID != "e1" {
+		t.Fatalf("after e1 recovers: got %v %v, want e1", f, err)
+	}
+}
+
+func TestShedIs429(t *testing.T) {
+	shed := kvroute.PickerFunc(func(time.Time, *kvroute.Request, []kvroute.Candidate) kvroute.Decision {
+		d := kvroute.None("shedder", "all capped")
+		d.Shed = true
+		return d
+	})
+	r := newTestRouter(t, 2, shed)
+	_, err := r.Route(t0, &kvroute.Request{Model: "m"}, nil)
+	if kvroute.StatusOf(err) != http.StatusTooManyRequests || !strings.Contains(err.Error(), "all capped") {
+		t.Fatalf("got %v, want 429 naming the reason", err)
+	}
+}
+
+func TestIneligibleChoiceRejected(t *testing.T) {
+	bad := kvroute.PickerFunc(func(_ time.Time, _ *kvroute.Request, c []kvroute.Candidate) kvroute.Decision {
+		return kvroute.Chose("bad", c, 0, "always the first")
+	})
+	r := newTestRouter(t, 2, bad)
+	r.SetActiveHealth(t0, "e0", false)
+	if _, err := r.Route(t0, &kvroute.Request{Model: "m"}, nil); kvroute.StatusOf(err) != http.StatusInternalServerError {
+		t.Fatalf("picker chose an unhealthy endpoint: got %v, want a 500 error", err)
+	}
+}
+
+func TestApproximatePrefixAffinity(t *testing.T) {
+	r := newTestRouter(t, 4, &pickFirstHealthy{})
+	shared := strings.Repeat("You are a helpful assistant. ", 40) // 1160 chars: 9 blocks of 128
+	first := &kvroute.Request{ID: "1", Model: "m", Prompt: shared + "question one", PromptTokens: 300}
+	f1, err := r.Route(t0, first, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first.BlockHashes != nil {
+		t.Fatal("Route left its scratch hashes on the request")
+	}
+	r.Done(t0, f1, kvroute.Outcome{})
+	second := &kvroute.Request{ID: "2", Model: "m", Prompt: shared + "another question", PromptTokens: 300}
+	f2, err := r.Route(t0.Add(time.Second), second, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if f2.Endpoint.ID != f1.Endpoint.ID {
+		t.Fatalf("prefix affinity: got %s, want %s", f2.Endpoint.ID, f1.Endpoint.ID)
+	}
+	recs := r.Decisions(1)
+	if len(recs) != 1 || recs[0].RequestID != "2" {
+		t.Fatalf("Decisions(1): got %+v", recs)
+	}
+	var cached int
+	for _, c := range recs[0].Candidates {
+		if c.Endpoint == f1.Endpoint.ID {
+			cached = c.CachedBlocks
+		} else if c.CachedBlocks != 0 {
+			t.Fatalf("candidate %s reports %d cached blocks, want 0", c.Endpoint, c.CachedBlocks)
+		}
+	}
+	if want := len(shared) / 128; cached != want {
+		t.Fatalf("cached blocks on %s: got %d, want %d", f1.Endpoint.ID, cached, want)
+	}
+	// Expired: after the TTL nothing is cached.
+	r.Route(t0.Add(11*time.Minute), &kvroute.Request{ID: "3", Model: "m", Prompt: shared, PromptTokens: 300}, nil)
+	for _, c := range r.Decisions(1)[0].Candidates {
+		if c.CachedBlocks != 0 {
+			t.Fatalf("after TTL: %s reports %d cached blocks", c.Endpoint, c.CachedBlocks)
+		}
+	}
+}
+
+func TestDecisionLogIsACopy(t *testing.T) {
+	r, err := New(Config{Model: "m", Endpoints: eps(2), Picker: &pickFirstHealthy{}, DecisionLog: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := 0; i < 5; i++ {
+		if _, err := r.Route(t0, &kvroute.Request{ID: fmt.Sprint(i), Model: "m"}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	recs := r.Decisions(10)
+	if len(recs) != 3 || recs[0].RequestID != "4" || recs[2].RequestID != "2" {
+		t.Fatalf("ring of 3 after 5 decisions: got %d records starting %q", len(recs), recs[0].RequestID)
+	}
+	if len(recs[0].Decision.Scores) != 2 || recs[0].Decision.Scores[0].Parts[0].Name != "cached_blocks" {
+		t.Fatalf("explanation not kept: %+v", recs[0].Decision)
+	}
+	recs[0].Candidates[0].Endpoint = "mutated"
+	if r.Decisions(1)[0].Candidates[0].Endpoint == "mutated" {
+		t.Fatal("Decisions returned the log's own storage")
+	}
+}
+
+func BenchmarkRoute64Endpoints32KiB(b *testing.B) {
+	r, err := New(Config{Model: "m", Endpoints: eps(64), Picker: &pickFirstHealthy{}, DecisionLog: 256})
+	if err != nil {
+		b.Fatal(err)
+	}
+	prompt := strings.Repeat("the quick brown fox jumps over the lazy dog ", 32*1024/44)
+	now := t0
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		req := &kvroute.Request{Model: "m", Prompt: prompt, PromptTokens: 8000}
+		f, err := r.Route(now, req, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		r.Done(now, f, kvroute.Outcome{})
+	}
+}
