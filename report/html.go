@@ -17,7 +17,7 @@ func (r *Report) WriteHTML(w io.Writer) error {
 	if title == "" {
 		title = "kvroute report"
 	}
-	b.WriteString("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\">\n")
+	b.WriteString("<!DOCTYPE html>\n<html lang=\"en\">\n<head>\n<meta charset=\"utf-8\"/>\n")
 	fmt.Fprintf(&b, "<title>%s</title>\n", esc(title))
 	b.WriteString(`<style>
 body{font-family:sans-serif;margin:24px;color:#222}
@@ -31,7 +31,7 @@ td:first-child,th:first-child{text-align:left}
 <body>
 `)
 	fmt.Fprintf(&b, "<h1>%s</h1>\n", esc(title))
-	fmt.Fprintf(&b, "<p>source: %s &middot; workload: %s &middot; SLO: %s</p>\n", esc(orDash(r.Source)), esc(orDash(r.Workload)), esc(r.SLO.String()))
+	fmt.Fprintf(&b, "<p>source: %s · workload: %s · SLO: %s</p>\n", esc(orDash(r.Source)), esc(orDash(r.Workload)), esc(r.SLO.String()))
 	if len(r.Params) > 0 {
 		b.WriteString("<h2>Settings</h2>\n<table class=\"params\">\n")
 		for _, k := range sortedKeys(r.Params) {

@@ -229,14 +229,12 @@ func niceTicks(lo, hi float64, n int) []float64 {
 	}
 	start := math.Floor(lo/step) * step
 	var out []float64
-	for v := start; v <= hi+step*0.5 && len(out) < 50; v += step {
-		out = append(out, math.Round(v/step)*step)
-		if v >= hi {
+	for k := 0; k < 50; k++ {
+		v := math.Round((start+float64(k)*step)/step) * step
+		out = append(out, v)
+		if v >= hi-step*1e-9 && k >= 1 {
 			break
 		}
-	}
-	if len(out) < 2 {
-		out = append(out, start+step)
 	}
 	return out
 }

@@ -1,0 +1,426 @@
+package report
+
+import (
+	"bytes"
+	"encoding/csv"
+	"encoding/xml"
+	"flag"
+	"io"
+	"math/rand/v2"
+	"os"
+	"path/filepath"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update to create)", err)
+	}
+	if !bytes.Equal(got, want) {
+		t.Errorf("%s differs from golden file:\ngot:\n%s\nwant:\n%s", name, got, want)
+	}
+}
+
+// sweepReport builds a deterministic two-policy sweep with utilisation.
+func sweepReport() *Report {
+	rep := &Report{Title: "kvroute sim: test", Source: "sim", Workload: "rag",
+		Params: map[string]string{"engines": "4", "seed": "1"},
+		SLO:    SLO{TTFT: time.Second, TPOT: 50 * time.Millisecond}}
+	rng := rand.New(rand.NewPCG(1, 2))
+	for _, policy := range []string{"kv-aware", "round_robin"} {
+		for _, load := range []float64{0.5, 1, 2} {
+			c := NewCollector()
+			for i := range 200 {
+				slow := time.Duration(load * float64(time.Millisecond) * (1 + rng.Float64()*300))
+				if policy == "round_robin" {
+					slow *= 3
+				}
+				s := Sample{ID: "r", Engine: []string{"e0", "e1", "e2", "e3"}[i%4], Arrival: time.Duration(i) * 100 * time.Millisecond,
+					TTFT: slow, E2E: slow + 2*time.Second, PromptTokens: 2000, OutputTokens: 100}
+				s.CachedTokens = int(rng.IntN(2000))
+				if i%50 == 7 {
+					s.Err = "timeout"
+				}
+				if i%70 == 3 {
+					s.Rejected = true
+				}
+				c.Add(s)
+			}
+			rep.Rows = append(rep.Rows, c.Summary(SummaryOptions{Name: policy, Load: load, SLO: rep.SLO, OracleHitRate: 0.75}))
+		}
+	}
+	u := Utilisation{Run: "kv-aware@1", Metric: "kv usage"}
+	for e := range 3 {
+		s := Series{Name: []string{"e0", "e1", "e2"}[e]}
+		for t := range 20 {
+			s.X = append(s.X, float64(t))
+			s.Y = append(s.Y, float64((t*(e+1))%10)/10)
+		}
+		u.Engines = append(u.Engines, s)
+	}
+	rep.Utilisation = []Utilisation{u}
+	return rep
+}
+
+func TestTableGolden(t *testing.T) {
+	var buf bytes.Buffer
+	rep := sweepReport()
+	if err := rep.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "sweep_table.golden", buf.Bytes())
+
+	buf.Reset()
+	single := &Report{Title: "kvroute bench", Workload: "trace.jsonl", Rows: rep.Rows[:1]}
+	single.Rows[0].Errors = map[string]int{"connect": 2, "http_500": 1}
+	if err := single.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	golden(t, "single_table.golden", buf.Bytes())
+}
+
+func TestPercentilesMatchNaive(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	for _, n := range []int{1, 2, 3, 10, 99, 100, 101, 1000} {
+		d := make([]time.Duration, n)
+		for i := range d {
+			d[i] = time.Duration(rng.IntN(1e6))
+		}
+		sorted := slices.Clone(d)
+		slices.Sort(sorted)
+		for _, q := range []float64{0, 0.01, 0.5, 0.9, 0.99, 1} {
+			// Naive nearest rank: the smallest x with count(<= x) >= q*n.
+			var want time.Duration
+			for _, x := range sorted {
+				cnt := 0
+				for _, y := range d {
+					if y <= x {
+						cnt++
+					}
+				}
+				if float64(cnt) >= q*float64(n) {
+					want = x
+					break
+				}
+			}
+			if got := Percentile(d, q); got != want {
+				t.Errorf("n=%d q=%v: got %v, want %v", n, q, got, want)
+			}
+		}
+	}
+}
+
+func TestSummarize(t *testing.T) {
+	ms := time.Millisecond
+	samples := []Sample{
+		{Engine: "a", Arrival: 0, TTFT: 100 * ms, E2E: 1100 * ms, PromptTokens: 100, CachedTokens: 50, OutputTokens: 11},
+		{Engine: "a", Arrival: 500 * ms, TTFT: 300 * ms, E2E: 2300 * ms, PromptTokens: 100, CachedTokens: -1, OutputTokens: 21},
+		{Engine: "b", Arrival: 1000 * ms, TTFT: 200 * ms, E2E: 200 * ms, PromptTokens: 100, CachedTokens: 0, OutputTokens: 1},
+		{Arrival: 1500 * ms, E2E: 10 * ms, Err: "connect"},
+		{Arrival: 1500 * ms, E2E: 10 * ms, Err: "connect"},
+		{Engine: "b", Arrival: 2000 * ms, E2E: 5 * ms, Rejected: true},
+	}
+	row := Summarize(samples, SummaryOptions{Name: "x", SLO: SLO{TTFT: 250 * ms, TPOT: 99 * ms}, Engines: []string{"a", "b", "c"}, OracleHitRate: -1})
+	want := Row{
+		Name: "x", Requests: 6, Completed: 3, Rejected: 1, Errors: map[string]int{"connect": 2},
+		TTFT:         Dist{N: 3, Mean: 200 * ms, P50: 200 * ms, P90: 300 * ms, P99: 300 * ms, Max: 300 * ms},
+		TPOT:         Dist{N: 2, Mean: 100 * ms, P50: 100 * ms, P90: 100 * ms, P99: 100 * ms, Max: 100 * ms},
+		E2E:          Dist{N: 3, Mean: 1200 * ms, P50: 1100 * ms, P90: 2300 * ms, P99: 2300 * ms, Max: 2300 * ms},
+		Duration:     2800 * ms, // 0 .. 500ms+2300ms
+		PromptTokens: 300, CachedTokens: 50, OutputTokens: 33,
+		HitRate: 50.0 / 200, OracleHitRate: -1,
+		Imbalance: 3 / (4.0 / 3), // a: 2, b: 2 (one rejected), c: 0
+		Engines:   []EngineStat{{"a", 2, 200, 50}, {"b", 2, 100, 0}, {"c", 0, 0, 0}},
+	}
+	secs := 2.8
+	want.ThroughputRPS, want.OutputTPS = 3/secs, 33/secs
+	// Goodput: #1 (ttft 100, tpot 100ms > 99ms: no), #2 (ttft 300: no), #3 (1 token: yes).
+	want.Goodput, want.GoodputFrac = 1/secs, 1.0/6
+	want.Imbalance = 2 / (4.0 / 3)
+	row.TTFTQuantiles = nil
+	if !reflect.DeepEqual(row, want) {
+		t.Errorf("got  %+v\nwant %+v", row, want)
+	}
+
+	empty := Summarize(nil, SummaryOptions{Name: "none", OracleHitRate: -1})
+	if empty.Requests != 0 || empty.HitRate != -1 || empty.Imbalance != -1 || empty.TTFTQuantiles != nil {
+		t.Errorf("empty summary: got %+v", empty)
+	}
+}
+
+func TestCollectorConcurrent(t *testing.T) {
+	c := NewCollector()
+	done := make(chan struct{})
+	for g := range 8 {
+		go func() {
+			defer func() { done <- struct{}{} }()
+			for i := range 100 {
+				c.Add(Sample{TTFT: time.Duration(g*100 + i), E2E: time.Second, OutputTokens: 1})
+			}
+		}()
+	}
+	for range 8 {
+		<-done
+	}
+	if got := c.Summary(SummaryOptions{}).Completed; got != 800 {
+		t.Errorf("completed: got %d, want 800", got)
+	}
+}
+
+func TestJSONRoundTrip(t *testing.T) {
+	rep := sweepReport()
+	var buf bytes.Buffer
+	if err := rep.WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadJSON(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, rep) {
+		t.Errorf("JSON round trip differs:\ngot  %+v\nwant %+v", got, rep)
+	}
+}
+
+func TestCSV(t *testing.T) {
+	rep := sweepReport()
+	var buf bytes.Buffer
+	if err := rep.WriteCSV(&buf); err != nil {
+		t.Fatal(err)
+	}
+	recs, err := csv.NewReader(&buf).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := len(recs), len(rep.Rows)+1; got != want {
+		t.Fatalf("got %d records, want %d", got, want)
+	}
+	head := recs[0]
+	col := func(name string) int { return slices.Index(head, name) }
+	for _, name := range []string{"name", "load", "ttft_p99_ms", "goodput_rps", "hit_rate", "oracle_hit_rate", "imbalance", "error_kinds"} {
+		if col(name) < 0 {
+			t.Errorf("no column %q in %v", name, head)
+		}
+	}
+	if got, want := recs[1][col("name")], "kv-aware"; got != want {
+		t.Errorf("row 1 name: got %q, want %q", got, want)
+	}
+	if got, want := recs[1][col("error_kinds")], "timeout=4"; got != want {
+		t.Errorf("row 1 error kinds: got %q, want %q", got, want)
+	}
+}
+
+// svgInfo is what a test learns from parsing an SVG chart.
+type svgInfo struct {
+	title  string
+	series []string // data-name of each series group
+	lines  int      // polylines drawn
+}
+
+func parseSVG(t *testing.T, dec *xml.Decoder, start xml.StartElement) svgInfo {
+	t.Helper()
+	var info svgInfo
+	depth := 1
+	inTitle := false
+	for depth > 0 {
+		tok, err := dec.Token()
+		if err != nil {
+			t.Fatalf("svg: %v", err)
+		}
+		switch el := tok.(type) {
+		case xml.StartElement:
+			depth++
+			switch el.Name.Local {
+			case "title":
+				inTitle = true
+			case "g":
+				for _, a := range el.Attr {
+					if a.Name.Local == "data-name" {
+						info.series = append(info.series, a.Value)
+					}
+				}
+			case "polyline":
+				for _, a := range el.Attr {
+					if a.Name.Local == "points" && len(strings.Fields(a.Value)) >= 2 {
+						info.lines++
+					}
+				}
+			}
+		case xml.EndElement:
+			depth--
+			inTitle = false
+		case xml.CharData:
+			if inTitle {
+				info.title += string(el)
+			}
+		}
+	}
+	return info
+}
+
+func TestHTMLHasCharts(t *testing.T) {
+	rep := sweepReport()
+	var buf bytes.Buffer
+	if err := rep.WriteHTML(&buf); err != nil {
+		t.Fatal(err)
+	}
+	page := buf.String()
+	for _, bad := range []string{"<script", "http://", "https://", "@import", "url("} {
+		if strings.Contains(strings.ReplaceAll(page, `xmlns="http://www.w3.org/2000/svg"`, ""), bad) {
+			t.Errorf("HTML contains %q: not self-contained", bad)
+		}
+	}
+	dec := xml.NewDecoder(strings.NewReader(page))
+	dec.Strict = true
+	var charts []svgInfo
+	var cells int
+	for {
+		tok, err := dec.Token()
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			t.Fatalf("HTML is not well formed: %v", err)
+		}
+		if el, ok := tok.(xml.StartElement); ok {
+			switch el.Name.Local {
+			case "svg":
+				charts = append(charts, parseSVG(t, dec, el))
+			case "td":
+				cells++
+			}
+		}
+	}
+	wantTitles := []string{"TTFT CDF", "p99 TTFT against load", "Goodput (ttft<=1s tpot<=50ms) against load", "Per-engine kv usage over time: kv-aware@1"}
+	var titles []string
+	for _, c := range charts {
+		titles = append(titles, c.title)
+	}
+	if !reflect.DeepEqual(titles, wantTitles) {
+		t.Fatalf("chart titles: got %q, want %q", titles, wantTitles)
+	}
+	wantSeries := [][]string{
+		{"kv-aware @2", "round_robin @2"},
+		{"kv-aware", "round_robin"},
+		{"kv-aware", "round_robin"},
+		{"e0", "e1", "e2"},
+	}
+	for i, c := range charts {
+		if !reflect.DeepEqual(c.series, wantSeries[i]) || c.lines != len(wantSeries[i]) {
+			t.Errorf("chart %q: got series %q with %d lines, want %q", c.title, c.series, c.lines, wantSeries[i])
+		}
+	}
+	if cells < len(rep.Rows)*10 {
+		t.Errorf("results table has %d cells, want at least %d", cells, len(rep.Rows)*10)
+	}
+}
+
+func TestWriteDir(t *testing.T) {
+	dir := t.TempDir()
+	paths, err := sweepReport().WriteDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var names []string
+	for _, p := range paths {
+		names = append(names, filepath.Base(p))
+	}
+	want := []string{"report.json", "report.csv", "report.txt", "report.html", "ttft_cdf.svg", "ttft_p99_vs_load.svg",
+		"goodput_vs_load.svg", "utilisation_0_kv-aware_1.svg"}
+	if !reflect.DeepEqual(names, want) {
+		t.Fatalf("wrote %q, want %q", names, want)
+	}
+	for _, n := range names[4:] {
+		data, err := os.ReadFile(filepath.Join(dir, n))
+		if err != nil {
+			t.Fatal(err)
+		}
+		dec := xml.NewDecoder(bytes.NewReader(data))
+		dec.Strict = true
+		found := false
+		for {
+			tok, err := dec.Token()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", n, err)
+			}
+			if el, ok := tok.(xml.StartElement); ok && el.Name.Local == "svg" {
+				found = parseSVG(t, dec, el).lines > 0
+			}
+		}
+		if !found {
+			t.Errorf("%s: no svg with lines", n)
+		}
+	}
+}
+
+func TestEmptyReportRenders(t *testing.T) {
+	rep := &Report{}
+	var buf bytes.Buffer
+	for _, f := range []func(io.Writer) error{rep.WriteTable, rep.WriteCSV, rep.WriteJSON, rep.WriteHTML} {
+		if err := f(&buf); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// One degenerate series: a single point and NaNs must not break the chart.
+	rep.Utilisation = []Utilisation{{Engines: []Series{{Name: "e", X: []float64{1, 2}, Y: []float64{nan(), 5}}}}}
+	if got := len(rep.Charts()); got != 1 {
+		t.Errorf("got %d charts, want 1", got)
+	}
+	if err := rep.WriteJSON(&buf); err != nil {
+		t.Errorf("JSON with NaN: %v", err)
+	}
+}
+
+func nan() float64 { var z float64; return z / z }
+
+func TestProgress(t *testing.T) {
+	var buf bytes.Buffer
+	now := time.Unix(0, 0)
+	p := newProgress(&buf, 10, "bench", func() time.Time { return now })
+	for range 10 {
+		now = now.Add(time.Second)
+		p.Add(1)
+	}
+	p.Finish()
+	out := buf.String()
+	if !strings.Contains(out, "10/10 100%") || !strings.HasSuffix(out, "\n") {
+		t.Errorf("progress output %q lacks the final state", out)
+	}
+	var off bytes.Buffer
+	q := NewProgress(&off, 5, "x") // not a terminal: silent
+	q.Add(5)
+	q.Finish()
+	if off.Len() != 0 {
+		t.Errorf("non-terminal progress wrote %q", off.String())
+	}
+	var nilP *Progress
+	nilP.Add(1)
+	nilP.Finish()
+}
+
+func TestNiceTicks(t *testing.T) {
+	for _, tc := range [][2]float64{{0, 1}, {0, 10}, {3, 3}, {0, 8.76}, {0.5, 2}, {-3, 7.2}, {1e-5, 3e-5}, {0, 1234}} {
+		got := niceTicks(tc[0], tc[1], 5)
+		eps := 1e-9 * max(1e-12, tc[1]-tc[0])
+		if len(got) < 2 || got[0] > tc[0]+eps || got[len(got)-1] < tc[1]-eps || len(got) > 12 {
+			t.Errorf("niceTicks(%v, %v) = %v: want 2..12 ticks covering the range", tc[0], tc[1], got)
+		}
+	}
+}
