@@ -35,7 +35,8 @@ type costModel struct {
 	attnFLOPsPerPair   float64 // per query-key pair, all layers, per GPU
 	weightSec          float64 // weight read per step
 	kvSecPerToken      float64 // KV read per context token per GPU
-	peakPf, peakDc     float64 // achieved FLOP/s for prefill and decode rows
+	peak               float64 // peak FLOP/s
+	mfuLo, mfuHi, half float64 // GEMM efficiency: mfuLo + (mfuHi-mfuLo) T/(T+half)
 	commSecPerToken    float64 // TP all-reduce bytes time per token
 	commFixedSec       float64 // TP all-reduce latency per step
 	stepSec, seqSec    float64
@@ -60,8 +61,10 @@ func newCostModel(p Profile) costModel {
 		attnFLOPsPerPair:   attnPerPair,
 		weightSec:          float64(p.WeightBytesPerGPU()) / bw,
 		kvSecPerToken:      float64(p.KVBytesPerTokenPerGPU()) / bw,
-		peakPf:             p.Hardware.PeakFLOPs * p.Eff.MFUPrefill,
-		peakDc:             p.Hardware.PeakFLOPs * p.Eff.MFUDecode,
+		peak:               p.Hardware.PeakFLOPs,
+		mfuLo:              p.Eff.MFUDecode,
+		mfuHi:              p.Eff.MFUPrefill,
+		half:               float64(p.Eff.GEMMHalfTokens),
 		stepSec:            p.Eff.StepOverheadSeconds,
 		seqSec:             p.Eff.SeqOverheadSeconds,
 	}
@@ -86,10 +89,14 @@ func (c *costModel) seconds(b *Batch) float64 {
 		return 0
 	}
 	pf, dc := float64(b.PrefillTokens), float64(b.DecodeTokens)
-	compute := (c.linFLOPsPerToken*pf)/c.peakPf + (c.linFLOPsPerToken*dc)/c.peakDc +
-		c.headFLOPsPerSample*float64(b.Sampled)/c.peakPf
+	t := pf + dc
+	mfu := c.mfuHi
+	if c.half > 0 {
+		mfu = c.mfuLo + (c.mfuHi-c.mfuLo)*t/(t+c.half)
+	}
+	compute := (c.linFLOPsPerToken*t + c.headFLOPsPerSample*float64(b.Sampled)) / (c.peak * mfu)
 	gemm := math.Max(c.weightSec, compute)
-	attnPf := math.Max(c.attnFLOPsPerPair*b.PrefillAttnPairs/c.peakPf, c.kvSecPerToken*float64(b.PrefillContext))
+	attnPf := math.Max(c.attnFLOPsPerPair*b.PrefillAttnPairs/(c.peak*c.mfuHi), c.kvSecPerToken*float64(b.PrefillContext))
 	attnDc := c.kvSecPerToken * float64(b.DecodeContext)
 	comm := 0.0
 	if c.commFixedSec > 0 {
