@@ -107,6 +107,11 @@ type KVAwareParams struct {
 	// is dropped (a router that never releases cannot grow it without bound).
 	// Default 10m.
 	PendingTTL time.Duration `param:"pending_ttl"`
+	// Explain fills Decision.Scores with every candidate's estimate and its
+	// parts. The Reason is always set. Turn it off on a hot path that does
+	// not log decisions (it is the policy's only sizeable allocation).
+	// Default true.
+	Explain bool `param:"explain"`
 }
 
 // Overload modes.
@@ -144,6 +149,7 @@ func DefaultKVAwareParams() KVAwareParams {
 		Replicate:             true,
 		TenantFairness:        true,
 		PendingTTL:            10 * time.Minute,
+		Explain:               true,
 	}
 }
 
@@ -321,6 +327,7 @@ const (
 )
 
 type candState struct {
+	elig    bool // may be chosen
 	flags   uint8
 	credit  int     // cached tokens credited
 	est     float64 // estimated TTFT, ms
@@ -363,7 +370,10 @@ func (k *KVAware) Params() KVAwareParams { return k.p }
 
 // Pick implements kvroute.Picker.
 func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
-	scores := newScores(cands, kvAwareParts)
+	var scores []kvroute.Score
+	if k.p.Explain {
+		scores = newScores(cands, kvAwareParts)
+	}
 	n := len(cands)
 	if cap(k.c) < n {
 		k.c = make([]candState, n)
@@ -431,18 +441,20 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	}
 
 	if !anyUnder && p.Overload != OverloadLeastLoaded {
-		k.explain(cands, scores, false)
+		k.judge(cands, false)
+		k.explain(cands, scores)
 		d := kvroute.None(NameKVAware, p.Overload+": every healthy candidate is over its queue or KV cap")
 		d.Shed = true
 		d.Scores = scores
 		return d
 	}
-	k.explain(cands, scores, anyUnder)
+	k.judge(cands, anyUnder)
+	k.explain(cands, scores)
 
 	k.elig = k.elig[:0]
 	best := math.Inf(1)
 	for i := range cands {
-		if scores[i].Eligible {
+		if k.c[i].elig {
 			k.elig = append(k.elig, i)
 			best = math.Min(best, k.c[i].est)
 		}
@@ -453,10 +465,12 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	if req.SessionKey != "" {
 		k.ring.sync(cands)
 		t := k.ring.walk(strHash(req.SessionKey), func(c int) bool {
-			return scores[c].Eligible && k.c[c].flags == 0
+			return k.c[c].elig && k.c[c].flags == 0
 		})
 		if t >= 0 {
-			scores[t].Parts = append(scores[t].Parts, kvroute.Part{Name: "session_target", Value: 1})
+			if scores != nil {
+				scores[t].Parts = append(scores[t].Parts, kvroute.Part{Name: "session_target", Value: 1})
+			}
 			if k.c[t].est <= best*(1+p.SessionTolerance)+p.SessionSlackMs {
 				choice, how = t, "session"
 			}
@@ -596,8 +610,20 @@ func (k *KVAware) trimReplicas(req *kvroute.Request, cands []kvroute.Candidate, 
 	return key
 }
 
-// explain fills the scores from the candidate states.
-func (k *KVAware) explain(cands []kvroute.Candidate, scores []kvroute.Score, anyUnder bool) {
+// judge marks which candidates are eligible: healthy, and under the queue
+// and KV caps unless none is.
+func (k *KVAware) judge(cands []kvroute.Candidate, anyUnder bool) {
+	for i := range cands {
+		k.c[i].elig = cands[i].Healthy && !(anyUnder && k.c[i].flags&(capQueue|capKV) != 0)
+	}
+}
+
+// explain fills the scores from the candidate states (nil scores: nothing
+// to do).
+func (k *KVAware) explain(cands []kvroute.Candidate, scores []kvroute.Score) {
+	if scores == nil {
+		return
+	}
 	for i := range cands {
 		if !cands[i].Healthy {
 			continue
@@ -630,9 +656,7 @@ func (k *KVAware) explain(cands []kvroute.Candidate, scores []kvroute.Score, any
 		if st.flags&capTrimmed != 0 {
 			s.Parts = append(s.Parts, kvroute.Part{Name: "replica_trimmed", Value: 1})
 		}
-		if anyUnder && st.flags&(capQueue|capKV) != 0 {
-			s.Eligible = false
-		}
+		s.Eligible = st.elig
 	}
 }
 

@@ -1,0 +1,87 @@
+package policy
+
+import (
+	"math/rand/v2"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute"
+)
+
+// benchState is the decision benchmark: a 32 KiB prompt (8192
+// tokens, 512 blocks of 16) over 64 endpoints with mixed load and cache.
+func benchState() (*kvroute.Request, []kvroute.Candidate) {
+	r := rand.New(rand.NewPCG(1, 1))
+	var sb strings.Builder
+	sb.WriteString("6:system,")
+	for sb.Len() < 32<<10 {
+		sb.WriteString("lorem ipsum dolor sit amet ")
+	}
+	req := &kvroute.Request{ID: "bench", Tenant: "t1", Prompt: sb.String()[:32<<10], PromptTokens: 8192,
+		BlockSize: 16, MaxTokens: 256}
+	for i := 0; i < 512; i++ {
+		req.BlockHashes = append(req.BlockHashes, uint64(i+1)*0x9e3779b97f4a7c15)
+	}
+	cands := make([]kvroute.Candidate, 64)
+	for i := range cands {
+		run := r.IntN(32)
+		cands[i] = kvroute.Candidate{
+			Endpoint: &kvroute.Endpoint{ID: "http://10.0.0." + strconv.Itoa(i) + ":8000"},
+			Healthy:  i%17 != 5,
+			Load: kvroute.Load{Waiting: r.IntN(8), Running: run, KVUsage: r.Float64() * 0.9, InFlight: run + r.IntN(4),
+				InFlightTokens: r.IntN(20000), DecodeTokens: run * 3000, PrefixHitRate: -1},
+		}
+		if r.IntN(3) == 0 {
+			cands[i].CachedBlocks = r.IntN(513)
+			cands[i].CachedTokens = cands[i].CachedBlocks * 16
+			cands[i].Tier = kvroute.TierGPU
+		}
+	}
+	return req, cands
+}
+
+// BenchmarkPick measures one decision per policy and reports the p50 and
+// p99 latency of single decisions alongside ns/op and allocs/op.
+func BenchmarkPick(b *testing.B) {
+	type variant struct {
+		label, name string
+		params      map[string]any
+	}
+	var vs []variant
+	for _, name := range Names() {
+		vs = append(vs, variant{name, name, nil})
+	}
+	vs = append(vs, variant{"kv-aware-noexplain", NameKVAware, map[string]any{"explain": false}})
+	for _, v := range vs {
+		b.Run(v.label, func(b *testing.B) {
+			p, err := New(v.name, v.params, 1)
+			if err != nil {
+				b.Fatal(err)
+			}
+			req, cands := benchState()
+			rel, _ := p.(kvroute.Releaser)
+			lat := make([]time.Duration, 0, min(b.N, 1<<20))
+			b.ReportAllocs()
+			b.ResetTimer()
+			for i := 0; i < b.N; i++ {
+				t0 := time.Now()
+				p.Pick(epoch, req, cands)
+				if len(lat) < cap(lat) {
+					lat = append(lat, time.Since(t0))
+				}
+				if rel != nil {
+					rel.Release(epoch, req, "")
+				}
+			}
+			b.StopTimer()
+			slices.Sort(lat)
+			if len(lat) > 0 {
+				b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "p50-ns")
+				b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds()), "p99-ns")
+			}
+		})
+	}
+}
