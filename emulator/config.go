@@ -1,0 +1,174 @@
+package emulator
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/tokenizer"
+)
+
+// P/D protocols (--pd-protocol).
+const (
+	// PDNixl is vLLM's NixlConnector handshake through kv_transfer_params.
+	PDNixl = "nixl"
+	// PDSGLang is SGLang's bootstrap form (bootstrap_host, bootstrap_port,
+	// bootstrap_room; the same request goes to prefill and decode at once).
+	PDSGLang = "sglang"
+)
+
+// What a decode engine does when the prefill engine's lease is missing or
+// expired (--pd-load-failure).
+const (
+	// LoadFailureRecompute computes the prompt locally, with a warning: vLLM's
+	// kv_load_failure_policy="recompute".
+	LoadFailureRecompute = "recompute"
+	// LoadFailureFail fails the request with a 500 error:
+	// kv_load_failure_policy="fail".
+	LoadFailureFail = "fail"
+)
+
+// Config configures a Server. Apply it with New, which fills defaults and
+// validates.
+type Config struct {
+	// Model is the served model name (--served-model-name); required.
+	Model string
+	// Engine configures the engine model: its Profile is required; the
+	// overrides (NumGPUBlocks, MaxModelLen, HashFunc, ...) default to the
+	// profile's. Engine.Speed is set from Speed.
+	Engine engine.Config
+	// Speed runs the model this many times faster than real time; default 1.
+	Speed float64
+	// Role is the engine's role in a disaggregated pool; default both.
+	Role kvroute.Role
+	// MetricsFlavor is one of Flavors; default FlavorVLLM.
+	MetricsFlavor string
+	// KVEvents configures the ZMQ KV-event publisher; zero = no events.
+	KVEvents KVEventsConfig
+	// Tokenizer tokenizes prompts and renders generated ids; default
+	// tokenizer.Builtin().
+	Tokenizer tokenizer.Tokenizer
+
+	// PDProtocol is PDNixl (default) or PDSGLang.
+	PDProtocol string
+	// LeaseTimeout is how long a prefill engine holds the KV blocks of a
+	// finished remote-decode request for the decode engine to pull (model
+	// time; divided by Speed); default 480 s like vLLM's
+	// VLLM_NIXL_ABORT_REQUEST_TIMEOUT.
+	LeaseTimeout time.Duration
+	// FabricGbps is the prefill->decode link speed used for the KV
+	// transfer time; default 100.
+	FabricGbps float64
+	// TransferSetup is the fixed cost of one KV transfer; default 2 ms.
+	TransferSetup time.Duration
+	// LoadFailure is LoadFailureRecompute (default) or LoadFailureFail.
+	LoadFailure string
+	// BootstrapWait bounds how long an SGLang decode leg waits for its
+	// prefill's room; default 60 s.
+	BootstrapWait time.Duration
+	// AdvertiseHost and AdvertisePort are the side-channel address put in
+	// kv_transfer_params (remote_host, remote_port): this server's own
+	// listen address. Default 127.0.0.1 and 0 (set it).
+	AdvertiseHost string
+	AdvertisePort int
+	// EngineID is remote_engine_id; default a random UUID.
+	EngineID string
+
+	// DefaultMaxTokens is the output limit of a request that gives neither
+	// max_tokens nor max_completion_tokens; default 1024. (vLLM's default is
+	// the rest of the context; with a model that never emits EOS that would
+	// be 100k tokens.) Capped at the rest of the context.
+	DefaultMaxTokens int
+	// EOSMean, when > 0, makes the model emit EOS after a geometric number of
+	// tokens with this mean (drawn from the request's seed) unless the
+	// request sets ignore_eos; default 0: the model never emits EOS and
+	// requests end at their max_tokens.
+	EOSMean float64
+	// MaxBodyBytes limits request bodies; default 32 MiB.
+	MaxBodyBytes int64
+	// Logger receives warnings (nil = discard).
+	Logger *slog.Logger
+}
+
+func (c *Config) setDefaults() {
+	if c.Speed == 0 {
+		c.Speed = 1
+	}
+	if c.MetricsFlavor == "" {
+		c.MetricsFlavor = FlavorVLLM
+	}
+	if c.Tokenizer == nil {
+		c.Tokenizer = tokenizer.Builtin()
+	}
+	if c.PDProtocol == "" {
+		c.PDProtocol = PDNixl
+	}
+	if c.LeaseTimeout == 0 {
+		c.LeaseTimeout = 480 * time.Second
+	}
+	if c.FabricGbps == 0 {
+		c.FabricGbps = 100
+	}
+	if c.TransferSetup == 0 {
+		c.TransferSetup = 2 * time.Millisecond
+	}
+	if c.LoadFailure == "" {
+		c.LoadFailure = LoadFailureRecompute
+	}
+	if c.BootstrapWait == 0 {
+		c.BootstrapWait = 60 * time.Second
+	}
+	if c.AdvertiseHost == "" {
+		c.AdvertiseHost = "127.0.0.1"
+	}
+	if c.DefaultMaxTokens == 0 {
+		c.DefaultMaxTokens = 1024
+	}
+	if c.MaxBodyBytes == 0 {
+		c.MaxBodyBytes = 32 << 20
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	c.KVEvents.setDefaults()
+}
+
+func (c *Config) validate() error {
+	var errs []error
+	if c.Model == "" {
+		errs = append(errs, errors.New("emulator: Model is required"))
+	}
+	if c.Speed < 0 {
+		errs = append(errs, fmt.Errorf("emulator: Speed %v must be positive", c.Speed))
+	}
+	switch c.MetricsFlavor {
+	case FlavorVLLM, FlavorVLLMLegacy, FlavorSGLang, FlavorLlamaCpp:
+	default:
+		errs = append(errs, fmt.Errorf("emulator: MetricsFlavor %q is not one of %v", c.MetricsFlavor, Flavors))
+	}
+	if c.PDProtocol != PDNixl && c.PDProtocol != PDSGLang {
+		errs = append(errs, fmt.Errorf("emulator: PDProtocol %q is not nixl or sglang", c.PDProtocol))
+	}
+	if c.LoadFailure != LoadFailureRecompute && c.LoadFailure != LoadFailureFail {
+		errs = append(errs, fmt.Errorf("emulator: LoadFailure %q is not recompute or fail", c.LoadFailure))
+	}
+	if c.FabricGbps < 0 || c.LeaseTimeout < 0 || c.TransferSetup < 0 || c.BootstrapWait < 0 || c.EOSMean < 0 ||
+		c.DefaultMaxTokens < 0 || c.MaxBodyBytes < 0 {
+		errs = append(errs, errors.New("emulator: FabricGbps, LeaseTimeout, TransferSetup, BootstrapWait, EOSMean, DefaultMaxTokens and MaxBodyBytes must not be negative"))
+	}
+	if c.AdvertisePort < 0 || c.AdvertisePort > 65535 {
+		errs = append(errs, fmt.Errorf("emulator: AdvertisePort %d out of range", c.AdvertisePort))
+	}
+	if err := c.KVEvents.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	return errors.Join(errs...)
+}
+
+// scaled converts a model-time duration to real time.
+func (c *Config) scaled(d time.Duration) time.Duration {
+	return time.Duration(float64(d) / c.Speed)
+}

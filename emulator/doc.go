@@ -1,0 +1,34 @@
+// Package emulator is `kvroute engine`: an HTTP server that speaks vLLM's
+// wire protocols around the deterministic engine model of package engine, so
+// that the router, the benchmarks and the demo run against something that
+// behaves like a real inference fleet without a GPU.
+//
+// A Server serves:
+//
+//   - POST /v1/completions and POST /v1/chat/completions, streaming and not,
+//     in vLLM's exact JSON and SSE shapes (package openai), with vLLM's 400
+//     errors for bad input and for prompts longer than the model's context;
+//   - GET /metrics in the vLLM (current or legacy names), SGLang or llama.cpp
+//     flavour, on a private Prometheus registry;
+//   - GET /health and GET /v1/models;
+//   - KV-cache events over ZMQ (a PUB socket and the replay ROUTER socket),
+//     array or map encoded, exactly as vLLM publishes them;
+//   - prefill/decode disaggregation in vLLM's NixlConnector form
+//     (kv_transfer_params) or SGLang's bootstrap form, with a small side
+//     channel (POST /internal/kv/pull) that the decode engine calls on the
+//     prefill engine to pull and release the held KV blocks.
+//
+// Prompts are tokenized with tokenizer.Builtin (chat messages rendered with
+// the ChatML template first); generated token ids come from the engine model
+// (seeded, so a request's text is deterministic for a seed) and are rendered
+// to text with the same tokenizer.
+//
+// One goroutine, started by Run, owns the engine model: it takes the
+// requests handlers queued, steps the model, sleeps the modelled step time
+// (divided by Config.Speed), then hands the step's tokens to the waiting
+// handlers in one batch. Handlers of non-streaming requests are woken once,
+// when their request finishes. Run returns when its context is cancelled,
+// after failing every live request and stopping the KV-event publisher.
+//
+// The Server's methods are safe for concurrent use.
+package emulator

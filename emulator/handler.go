@@ -1,0 +1,349 @@
+package emulator
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/tokenizer"
+)
+
+func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
+	s.inMu.Lock()
+	stopped := s.stopped
+	s.inMu.Unlock()
+	if stopped {
+		writeError(w, http.StatusServiceUnavailable, "engine stopped")
+		return
+	}
+	w.WriteHeader(http.StatusOK)
+}
+
+func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
+	type model struct {
+		ID          string  `json:"id"`
+		Object      string  `json:"object"`
+		Created     int64   `json:"created"`
+		OwnedBy     string  `json:"owned_by"`
+		Root        string  `json:"root"`
+		Parent      *string `json:"parent"`
+		MaxModelLen int     `json:"max_model_len"`
+	}
+	body, _ := json.Marshal(struct {
+		Object string  `json:"object"`
+		Data   []model `json:"data"`
+	}{"list", []model{{ID: s.cfg.Model, Object: "model", Created: s.created, OwnedBy: "vllm", Root: s.cfg.Model,
+		MaxModelLen: s.prof.MaxModelLen}}})
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(body)
+}
+
+func (s *Server) handleNotFound(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(http.StatusNotFound)
+	_, _ = io.WriteString(w, `{"detail":"Not Found"}`)
+}
+
+func (s *Server) handleCompletions(w http.ResponseWriter, r *http.Request) { s.handle(w, r, false) }
+func (s *Server) handleChat(w http.ResponseWriter, r *http.Request)        { s.handle(w, r, true) }
+
+var idCounter atomic.Uint64
+
+// job is one request in a handler: its parsed form and the generation
+// state built from the stream.
+type job struct {
+	chat        bool
+	req         *apiRequest
+	respID      string
+	engineID    string
+	prompt      []uint32
+	maxTokens   int
+	st          *stream
+	hdr         openai.ChunkHeader
+	kvPrefill   bool // P/D prefill leg: return kv_transfer_params
+	maxStop     int
+	text        []byte
+	sent        int // bytes of text already streamed
+	checked     int // bytes of text already searched for stop strings
+	buf         []uint32
+	scratch     []uint32
+	finish      string
+	stopReason  string
+	generated   int
+	prog        progress
+	stopped     bool // a stop string matched
+	roleWritten bool
+}
+
+func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		var mbe *http.MaxBytesError
+		if errors.As(err, &mbe) {
+			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body larger than %d bytes", mbe.Limit))
+			return
+		}
+		writeError(w, http.StatusBadRequest, "reading request body: "+err.Error())
+		return
+	}
+	req, aerr := parseRequest(body, chat)
+	if aerr != nil {
+		writeError(w, aerr.status, aerr.msg)
+		return
+	}
+	if req.Model != "" && req.Model != s.cfg.Model {
+		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
+		return
+	}
+	j := &job{chat: chat, req: req}
+	if chat {
+		j.prompt = s.cfg.Tokenizer.Encode(tokenizer.RenderChatML(req.chatMessages, true))
+		j.respID = openai.NewChatID()
+	} else {
+		if req.promptIDs != nil {
+			j.prompt = req.promptIDs
+		} else {
+			j.prompt = s.cfg.Tokenizer.Encode(req.promptText)
+		}
+		j.respID = openai.NewCompletionID()
+	}
+	if len(j.prompt) == 0 {
+		writeError(w, http.StatusBadRequest, "The prompt cannot be empty.")
+		return
+	}
+	if aerr := s.checkLength(j); aerr != nil {
+		writeError(w, aerr.status, aerr.msg)
+		return
+	}
+	if id := r.Header.Get("X-Request-Id"); id != "" {
+		w.Header().Set("X-Request-Id", id)
+	}
+	j.engineID = j.respID + "-" + strconv.FormatUint(idCounter.Add(1), 36)
+	j.hdr = openai.ChunkHeader{ID: j.respID, Model: s.cfg.Model, Created: time.Now().Unix()}
+	for _, stop := range req.stops {
+		j.maxStop = max(j.maxStop, len(stop))
+	}
+
+	ereq := &engine.Request{ID: j.engineID, Prompt: j.prompt, MaxTokens: j.maxTokens, IgnoreEOS: req.IgnoreEOS}
+	seed := uint64(0)
+	if req.Seed != nil {
+		seed = mix64(uint64(*req.Seed)) | 1
+		ereq.Seed = seed
+	} else {
+		seed = mix64(idCounter.Load()) ^ uint64(time.Now().UnixNano())
+	}
+	ereq.EOSAt = eosAt(seed, s.cfg.EOSMean)
+	j.st = newStream(j.engineID, req.Stream || len(req.stops) > 0, j.maxTokens)
+
+	if aerr := s.preparePD(r, j, ereq); aerr != nil {
+		writeError(w, aerr.status, aerr.msg)
+		return
+	}
+	if err := s.post(command{kind: cmdAdd, req: ereq, st: j.st}); err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	if req.Stream {
+		s.serveStream(w, r, j)
+		return
+	}
+	s.serveWhole(w, r, j)
+}
+
+// checkLength sets j.maxTokens and rejects requests that do not fit the
+// context, with vLLM's message.
+func (s *Server) checkLength(j *job) *apiError {
+	maxLen := s.prof.MaxModelLen
+	n := len(j.prompt)
+	where := "prompt"
+	if j.chat {
+		where = "messages"
+	}
+	if j.req.MaxTokens != nil {
+		j.maxTokens = *j.req.MaxTokens
+	} else {
+		j.maxTokens = min(s.cfg.DefaultMaxTokens, maxLen-n)
+	}
+	if n >= maxLen || n+j.maxTokens > maxLen {
+		return badRequest("This model's maximum context length is %d tokens. However, you requested %d tokens "+
+			"(%d in the %s, %d in the completion). Please reduce the length of the %s or completion.",
+			maxLen, n+max(j.maxTokens, 0), n, where, max(j.maxTokens, 0), where)
+	}
+	return nil
+}
+
+// abort tells the engine the client is gone.
+func (s *Server) abort(j *job) {
+	j.st.aborted.Store(true)
+	_ = s.post(command{kind: cmdAbort, id: j.engineID})
+}
+
+// advance takes the stream's new tokens, renders them and applies stop
+// strings. It reports whether the request is over.
+func (s *Server) advance(j *job) bool {
+	j.prog = j.st.take(j.buf)
+	p := &j.prog
+	j.buf = p.toks
+	if j.stopped {
+		return true
+	}
+	j.generated = p.generated
+	if len(p.toks) > 0 {
+		j.text, j.scratch = renderTokens(s.cfg.Tokenizer, j.text, p.toks, j.scratch)
+	}
+	if len(j.req.stops) > 0 && len(j.text) > j.checked {
+		if i, stop := stopMatch(j.text, j.checked, j.req.stops); i >= 0 {
+			j.text = j.text[:i]
+			j.stopped, j.finish, j.stopReason = true, openai.FinishStop, stop
+			if !p.finished {
+				j.st.mu.Lock()
+				j.st.stopString = stop
+				j.st.mu.Unlock()
+				_ = s.post(command{kind: cmdAbort, id: j.engineID})
+			}
+			return true
+		}
+		j.checked = len(j.text)
+	}
+	if p.finished {
+		j.finish = p.finishReason
+	}
+	return p.finished
+}
+
+// wait blocks until the stream has news or the client is gone.
+func (s *Server) wait(r *http.Request, j *job) bool {
+	select {
+	case <-j.st.ch:
+		return true
+	case <-r.Context().Done():
+		s.abort(j)
+		return false
+	}
+}
+
+func (s *Server) serveWhole(w http.ResponseWriter, r *http.Request, j *job) {
+	for {
+		if !s.wait(r, j) {
+			return
+		}
+		if s.advance(j) {
+			break
+		}
+	}
+	if err := j.prog.err; err != nil {
+		s.writeEngineError(w, err)
+		return
+	}
+	cached := j.prog.cachedTokens
+	usage := &openai.Usage{PromptTokens: len(j.prompt), CompletionTokens: j.generated, TotalTokens: len(j.prompt) + j.generated,
+		PromptTokensDetails: &openai.PromptTokensDetails{CachedTokens: cached}}
+	var stopReason any
+	if j.stopReason != "" {
+		stopReason = j.stopReason
+	}
+	var kv map[string]any
+	if j.kvPrefill {
+		kv = s.kvTransferParams(j)
+	}
+	var body []byte
+	if j.chat {
+		body, _ = json.Marshal(openai.ChatCompletion{ID: j.respID, Object: openai.ObjectChatCompletion, Created: j.hdr.Created,
+			Model: s.cfg.Model, Choices: []openai.ChatChoice{{Message: openai.ChatMessage{Role: "assistant", Content: string(j.text),
+				ToolCalls: []any{}}, FinishReason: j.finish, StopReason: stopReason}}, Usage: usage, KVTransferParams: kv})
+	} else {
+		fr := j.finish
+		body, _ = json.Marshal(openai.Completion{ID: j.respID, Object: openai.ObjectTextCompletion, Created: j.hdr.Created,
+			Model: s.cfg.Model, Choices: []openai.CompletionChoice{{Text: string(j.text), FinishReason: &fr, StopReason: stopReason}},
+			Usage: usage, KVTransferParams: kv})
+	}
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(body)
+}
+
+func (s *Server) writeEngineError(w http.ResponseWriter, err error) {
+	var le *engine.LengthError
+	switch {
+	case errors.As(err, &le):
+		writeError(w, http.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
+			le.MaxModelLen, le.PromptTokens+le.MaxTokens, le.PromptTokens, le.MaxTokens))
+	case errors.Is(err, ErrStopped):
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+	default:
+		writeError(w, http.StatusInternalServerError, err.Error())
+	}
+}
+
+func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
+	openai.SetHeaders(w.Header())
+	w.WriteHeader(http.StatusOK)
+	sw := openai.NewSSEWriter(w)
+	if err := sw.Flush(); err != nil {
+		s.abort(j)
+		return
+	}
+	object := openai.ObjectChatCompletionChunk
+	if !j.chat {
+		object = openai.ObjectTextCompletion
+	}
+	for {
+		if !s.wait(r, j) {
+			return
+		}
+		done := s.advance(j)
+		if err := j.prog.err; err != nil {
+			status := http.StatusInternalServerError
+			if errors.Is(err, ErrStopped) {
+				status = http.StatusServiceUnavailable
+			}
+			sw.Data(appendErrorBody(nil, status, err.Error()))
+			sw.Done()
+			_ = sw.Flush()
+			return
+		}
+		upto := len(j.text)
+		if !done && j.maxStop > 1 {
+			upto = max(j.sent, upto-(j.maxStop-1)) // hold back a possible stop-string prefix
+		}
+		if j.chat && !j.roleWritten && (upto > j.sent || done || j.generated > 0) {
+			sw.AppendData(func(b []byte) []byte { return openai.AppendChatRoleChunk(b, &j.hdr) })
+			j.roleWritten = true
+		}
+		if upto > j.sent || done {
+			piece := string(j.text[j.sent:upto])
+			j.sent = upto
+			finish := ""
+			var stopJSON []byte
+			if done {
+				finish = j.finish
+				stopJSON = openai.StopReasonJSON(nil, j.stopReason, 0, false)
+			}
+			if j.chat {
+				sw.AppendData(func(b []byte) []byte { return openai.AppendChatContentChunk(b, &j.hdr, piece, finish, stopJSON) })
+			} else {
+				sw.AppendData(func(b []byte) []byte { return openai.AppendCompletionChunk(b, &j.hdr, piece, finish, stopJSON) })
+			}
+		}
+		if done {
+			if so := j.req.StreamOptions; so != nil && so.IncludeUsage {
+				sw.AppendData(func(b []byte) []byte {
+					return openai.AppendUsageChunk(b, &j.hdr, object, len(j.prompt), j.generated, j.prog.cachedTokens)
+				})
+			}
+			sw.Done()
+			_ = sw.Flush()
+			return
+		}
+		if err := sw.Flush(); err != nil {
+			s.abort(j)
+			return
+		}
+	}
+}

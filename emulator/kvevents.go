@@ -1,0 +1,342 @@
+package emulator
+
+import (
+	"bytes"
+	"context"
+	"encoding/binary"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/kvroute/kvroute/engine"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+// KV-event encodings (--kv-events-encoding).
+const (
+	// EncodingArray is vLLM's positional form before PR #42892: every event
+	// is an array with its type tag first.
+	EncodingArray = "array"
+	// EncodingMap is the current form: every event is a map with a "type"
+	// key. The outer batch stays an array in both encodings.
+	EncodingMap = "map"
+)
+
+// KVEventsConfig configures the KV-event publisher, as vLLM's
+// --kv-events-config does. The zero value publishes nothing.
+type KVEventsConfig struct {
+	// Endpoint is the PUB socket's endpoint, e.g. tcp://*:5557. As in vLLM
+	// the socket binds when the endpoint contains "*" or "::" or is ipc://
+	// or inproc://, and connects otherwise (then the subscriber binds).
+	// Empty disables events.
+	Endpoint string
+	// ReplayEndpoint is the ROUTER socket's endpoint (always bound), e.g.
+	// tcp://127.0.0.1:5558. Empty disables replay.
+	ReplayEndpoint string
+	// Topic is the first frame of every message; default "" (vLLM's).
+	Topic string
+	// Encoding is EncodingArray (default) or EncodingMap.
+	Encoding string
+	// BufferSteps is how many batches the replay buffer keeps; default
+	// 10000.
+	BufferSteps int
+	// MaxQueue bounds batches waiting to be sent; beyond it batches are
+	// dropped (counted, logged). Default 100000.
+	MaxQueue int
+}
+
+func (c *KVEventsConfig) setDefaults() {
+	if c.Encoding == "" {
+		c.Encoding = EncodingArray
+	}
+	if c.BufferSteps == 0 {
+		c.BufferSteps = 10000
+	}
+	if c.MaxQueue == 0 {
+		c.MaxQueue = 100000
+	}
+}
+
+func (c *KVEventsConfig) validate() error {
+	if c.Encoding != EncodingArray && c.Encoding != EncodingMap {
+		return fmt.Errorf("emulator: KVEvents.Encoding %q is not array or map", c.Encoding)
+	}
+	if c.BufferSteps < 0 || c.MaxQueue < 0 {
+		return fmt.Errorf("emulator: KVEvents.BufferSteps and MaxQueue must not be negative")
+	}
+	if c.Endpoint == "" && c.ReplayEndpoint != "" {
+		return fmt.Errorf("emulator: KVEvents.ReplayEndpoint needs KVEvents.Endpoint")
+	}
+	return nil
+}
+
+// shouldBind reports whether vLLM binds (rather than connects) the PUB
+// socket for endpoint.
+func shouldBind(endpoint string) bool {
+	return strings.Contains(endpoint, "*") || strings.Contains(endpoint, "::") ||
+		strings.HasPrefix(endpoint, "ipc://") || strings.HasPrefix(endpoint, "inproc://")
+}
+
+// EncodeEventBatch appends the msgpack form of one EventBatch to dst, as
+// vLLM's msgspec encoder writes it: [ts, [events...], data_parallel_rank],
+// each event positional (EncodingArray) or a map (EncodingMap), with
+// trailing default-valued fields omitted as omit_defaults does.
+func EncodeEventBatch(dst []byte, encoding string, ts float64, events []engine.KVEvent) ([]byte, error) {
+	buf := bytes.NewBuffer(dst)
+	enc := msgpack.GetEncoder()
+	defer msgpack.PutEncoder(enc)
+	enc.Reset(buf)
+	if err := encodeBatch(enc, encoding == EncodingMap, ts, events); err != nil {
+		return dst, fmt.Errorf("emulator: encode kv events: %w", err)
+	}
+	return buf.Bytes(), nil
+}
+
+func encodeBatch(enc *msgpack.Encoder, asMap bool, ts float64, events []engine.KVEvent) error {
+	_ = enc.EncodeArrayLen(3)
+	_ = enc.EncodeFloat64(ts)
+	_ = enc.EncodeArrayLen(len(events))
+	for i := range events {
+		if err := encodeEvent(enc, asMap, &events[i]); err != nil {
+			return err
+		}
+	}
+	return enc.EncodeInt(0) // data_parallel_rank
+}
+
+func encodeHashes(enc *msgpack.Encoder, hs []uint64) {
+	_ = enc.EncodeArrayLen(len(hs))
+	for _, h := range hs {
+		_ = enc.EncodeUint(h)
+	}
+}
+
+func encodeEvent(enc *msgpack.Encoder, asMap bool, ev *engine.KVEvent) error {
+	medium := ev.Medium
+	if medium == "" {
+		medium = engine.MediumGPU
+	}
+	key := func(k string) {
+		if asMap {
+			_ = enc.EncodeString(k)
+		}
+	}
+	switch ev.Kind {
+	case engine.BlockStored:
+		// Fields: block_hashes, parent_block_hash, token_ids, block_size,
+		// lora_id, medium, lora_name (required, so always present), then
+		// extra_keys and group_idx in the map form (vLLM >= 0.26 sets them).
+		if asMap {
+			_ = enc.EncodeMapLen(10)
+		} else {
+			_ = enc.EncodeArrayLen(8)
+		}
+		key("type")
+		_ = enc.EncodeString("BlockStored")
+		key("block_hashes")
+		encodeHashes(enc, ev.BlockHashes)
+		key("parent_block_hash")
+		if ev.ParentHash == nil {
+			_ = enc.EncodeNil()
+		} else {
+			_ = enc.EncodeUint(*ev.ParentHash)
+		}
+		key("token_ids")
+		_ = enc.EncodeArrayLen(len(ev.TokenIDs))
+		for _, t := range ev.TokenIDs {
+			_ = enc.EncodeUint(uint64(t))
+		}
+		key("block_size")
+		_ = enc.EncodeInt(int64(ev.BlockSize))
+		key("lora_id")
+		_ = enc.EncodeNil()
+		key("medium")
+		_ = enc.EncodeString(medium)
+		key("lora_name")
+		_ = enc.EncodeNil()
+		if asMap {
+			key("extra_keys")
+			_ = enc.EncodeArrayLen(len(ev.BlockHashes))
+			for range ev.BlockHashes {
+				_ = enc.EncodeNil()
+			}
+			key("group_idx")
+			_ = enc.EncodeInt(0)
+		}
+	case engine.BlockRemoved:
+		if asMap {
+			_ = enc.EncodeMapLen(4)
+		} else {
+			_ = enc.EncodeArrayLen(3)
+		}
+		key("type")
+		_ = enc.EncodeString("BlockRemoved")
+		key("block_hashes")
+		encodeHashes(enc, ev.BlockHashes)
+		key("medium")
+		_ = enc.EncodeString(medium)
+		if asMap {
+			key("group_idx")
+			_ = enc.EncodeInt(0)
+		}
+	case engine.AllBlocksCleared:
+		if asMap {
+			_ = enc.EncodeMapLen(1)
+		} else {
+			_ = enc.EncodeArrayLen(1)
+		}
+		key("type")
+		_ = enc.EncodeString("AllBlocksCleared")
+	default:
+		return fmt.Errorf("unknown event kind %v", ev.Kind)
+	}
+	return nil
+}
+
+// publisher sends KV-event batches on a ZMQ PUB socket and answers replay
+// requests on a ROUTER socket. The engine loop hands it batches with
+// publish; its goroutines are started by run and stopped by cancelling
+// run's context.
+type publisher struct {
+	cfg KVEventsConfig
+	log *slog.Logger
+
+	ch chan []byte // encoded batches from the engine loop
+
+	mu      sync.Mutex // protects ring, next, dropped
+	ring    [][]byte   // ring[seq % len] = payload of batch seq
+	next    uint64     // seq of the next batch
+	dropped int64
+}
+
+func newPublisher(cfg KVEventsConfig, log *slog.Logger) *publisher {
+	return &publisher{cfg: cfg, log: log, ch: make(chan []byte, min(cfg.MaxQueue, 4096)),
+		ring: make([][]byte, max(cfg.BufferSteps, 1))}
+}
+
+// publish queues one encoded batch (see EncodeEventBatch) without
+// blocking; payload must not be modified afterwards.
+func (p *publisher) publish(payload []byte) {
+	select {
+	case p.ch <- payload:
+	default:
+		p.mu.Lock()
+		p.dropped++
+		n := p.dropped
+		p.mu.Unlock()
+		if n == 1 || n%1000 == 0 {
+			p.log.Warn("kv events: queue full, batch dropped", "dropped", n)
+		}
+	}
+}
+
+// open creates and binds (or connects) the sockets. Connecting never fails:
+// it retries in the background like libzmq.
+func (p *publisher) open(ctx context.Context) (pub, router zmq4.Socket, err error) {
+	pub = zmq4.NewPub(ctx, zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(250*time.Millisecond),
+		zmq4.WithAutomaticReconnect(true))
+	if shouldBind(p.cfg.Endpoint) {
+		if err := pub.Listen(p.cfg.Endpoint); err != nil {
+			pub.Close()
+			return nil, nil, fmt.Errorf("emulator: kv events: %w", err)
+		}
+	}
+	if p.cfg.ReplayEndpoint != "" {
+		router = zmq4.NewRouter(ctx, zmq4.WithID(zmq4.SocketIdentity("kvroute-replay")))
+		if err := router.Listen(p.cfg.ReplayEndpoint); err != nil {
+			pub.Close()
+			router.Close()
+			return nil, nil, fmt.Errorf("emulator: kv events replay: %w", err)
+		}
+	}
+	return pub, router, nil
+}
+
+// run publishes until ctx is done; it closes the sockets and waits for its
+// goroutines before returning.
+func (p *publisher) run(ctx context.Context, pub, router zmq4.Socket) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	if !shouldBind(p.cfg.Endpoint) {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			if err := pub.Dial(p.cfg.Endpoint); err != nil && ctx.Err() == nil {
+				p.log.Warn("kv events: connect failed", "endpoint", p.cfg.Endpoint, "err", err)
+			}
+		}()
+	}
+	if router != nil {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			p.serveReplay(ctx, router)
+		}()
+	}
+	topic := []byte(p.cfg.Topic)
+	for done := false; !done; {
+		select {
+		case <-ctx.Done():
+			done = true
+		case payload := <-p.ch:
+			p.mu.Lock()
+			seq := p.next
+			p.next++
+			p.ring[seq%uint64(len(p.ring))] = payload
+			p.mu.Unlock()
+			var seqb [8]byte
+			binary.BigEndian.PutUint64(seqb[:], seq)
+			if err := pub.Send(zmq4.NewMsgFrom(topic, seqb[:], payload)); err != nil && ctx.Err() == nil {
+				p.log.Debug("kv events: send", "err", err)
+			}
+		}
+	}
+	cancel()
+	pub.Close()
+	if router != nil {
+		router.Close()
+	}
+	wg.Wait()
+}
+
+// serveReplay answers [id, "", start_seq] with every buffered batch from
+// start_seq on, then the end marker (seq -1, empty payload).
+func (p *publisher) serveReplay(ctx context.Context, router zmq4.Socket) {
+	end := bytes.Repeat([]byte{0xff}, 8)
+	for ctx.Err() == nil {
+		msg, err := router.Recv()
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			continue
+		}
+		if len(msg.Frames) != 3 || len(msg.Frames[2]) != 8 {
+			continue
+		}
+		id := msg.Frames[0]
+		start := binary.BigEndian.Uint64(msg.Frames[2])
+		p.mu.Lock()
+		var replies [][]byte // seq/payload pairs
+		n := uint64(len(p.ring))
+		first := uint64(0)
+		if p.next > n {
+			first = p.next - n
+		}
+		for seq := max(start, first); seq < p.next; seq++ {
+			var sb [8]byte
+			binary.BigEndian.PutUint64(sb[:], seq)
+			replies = append(replies, sb[:], p.ring[seq%n])
+		}
+		p.mu.Unlock()
+		for i := 0; i < len(replies); i += 2 {
+			if err := router.Send(zmq4.NewMsgFrom(id, nil, replies[i], replies[i+1])); err != nil {
+				break
+			}
+		}
+		_ = router.Send(zmq4.NewMsgFrom(id, nil, end, nil))
+	}
+}

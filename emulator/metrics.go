@@ -1,0 +1,317 @@
+package emulator
+
+import (
+	"fmt"
+	"strconv"
+	"sync/atomic"
+	"time"
+
+	"github.com/kvroute/kvroute/engine"
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Metrics flavours: which engine's /metrics the emulator imitates.
+const (
+	// FlavorVLLM is vLLM V1 with the current names (0.12 and later).
+	FlavorVLLM = "vllm"
+	// FlavorVLLMLegacy is vLLM V1 before 0.12: gpu_cache_usage_perc,
+	// gpu_prefix_cache_{queries,hits}_total and time_per_output_token_seconds
+	// instead of the current names.
+	FlavorVLLMLegacy = "vllm-legacy"
+	// FlavorSGLang is SGLang's sglang:* metrics (labels: model_name).
+	FlavorSGLang = "sglang"
+	// FlavorLlamaCpp is llama.cpp server's llamacpp:* metrics (no labels).
+	FlavorLlamaCpp = "llamacpp"
+)
+
+// Flavors lists the metrics flavours.
+var Flavors = []string{FlavorVLLM, FlavorVLLMLegacy, FlavorSGLang, FlavorLlamaCpp}
+
+// Histogram buckets as the engines define them (protocols.md section 1).
+var (
+	ttftBuckets = []float64{0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1, 2.5, 5, 7.5, 10,
+		20, 40, 80, 160, 640, 2560}
+	itlBuckets = []float64{0.01, 0.025, 0.05, 0.075, 0.1, 0.15, 0.2, 0.3, 0.4, 0.5, 0.75, 1, 2.5, 5, 7.5, 10,
+		20, 40, 80}
+	requestLatencyBuckets = []float64{0.3, 0.5, 0.8, 1, 1.5, 2, 2.5, 5, 10, 15, 20, 30, 40, 50, 60, 120, 240,
+		480, 960, 1920, 7680}
+	nBuckets         = []float64{1, 2, 5, 10, 20}
+	iterationBuckets = []float64{1, 8, 16, 32, 64, 128, 256, 512, 1024, 2048, 4096, 8192, 16384}
+
+	sglangTTFTBuckets = []float64{0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400}
+	sglangITLBuckets  = []float64{0.002, 0.004, 0.006, 0.008, 0.01, 0.015, 0.02, 0.025, 0.03, 0.035, 0.04, 0.06,
+		0.08, 0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8}
+	sglangE2EBuckets = []float64{0.1, 0.2, 0.4, 0.6, 0.8, 1, 2, 4, 6, 8, 10, 20, 40, 60, 80, 100, 200, 400, 800}
+)
+
+// buckets125 returns vLLM's build_1_2_5_buckets(max): 1, 2, 5, 10, 20, 50,
+// ... up to max.
+func buckets125(max int) []float64 {
+	var b []float64
+	for exp := 1; ; exp *= 10 {
+		for _, m := range []int{1, 2, 5} {
+			v := m * exp
+			if v > max {
+				return b
+			}
+			b = append(b, float64(v))
+		}
+	}
+}
+
+// finishReasons are the request_success_total series vLLM creates up front.
+var finishReasons = []string{"stop", "length", "abort", "error"}
+
+// snapshot is what the engine loop publishes after each step for the
+// metrics read at scrape time.
+type snapshot struct {
+	st engine.Stats
+	// Accumulated by the loop for the SGLang and llama.cpp flavours.
+	promptSeconds, decodeSeconds float64
+	maxContext                   int
+	genThroughput                float64 // tokens/s over the last second
+	requests, aborted            int64
+}
+
+// metrics holds one Server's instruments. Observers that the flavour does
+// not have are nil. The loop goroutine is the only writer.
+type metrics struct {
+	reg  *prometheus.Registry
+	snap atomic.Pointer[snapshot]
+
+	ttft, itl, tpot, e2e, queue, inference, prefill, decode prometheus.Observer
+	promptTokens, genTokens, maxTokensParam, maxGenTokens   prometheus.Observer
+	nParam, iteration                                       prometheus.Observer
+	success                                                 map[string]prometheus.Counter
+}
+
+func (m *metrics) stats() *snapshot {
+	if s := m.snap.Load(); s != nil {
+		return s
+	}
+	return &snapshot{}
+}
+
+// newMetrics builds the instruments of a flavour on a private registry.
+func newMetrics(flavor, model string, prof engine.Profile, hashAlgo string, start time.Time) (*metrics, error) {
+	m := &metrics{reg: prometheus.NewRegistry(), success: map[string]prometheus.Counter{}}
+	created := float64(start.UnixNano()) / 1e9
+	switch flavor {
+	case FlavorVLLM, FlavorVLLMLegacy:
+		m.vllm(flavor == FlavorVLLMLegacy, prometheus.Labels{"model_name": model, "engine": "0"}, prof, hashAlgo, created)
+	case FlavorSGLang:
+		m.sglang(prometheus.Labels{"model_name": model}, prof, created)
+	case FlavorLlamaCpp:
+		m.llamacpp()
+	default:
+		return nil, fmt.Errorf("emulator: unknown metrics flavor %q (known: %v)", flavor, Flavors)
+	}
+	return m, nil
+}
+
+func (m *metrics) gaugeFunc(name, help string, labels prometheus.Labels, f func(*snapshot) float64) {
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels},
+		func() float64 { return f(m.stats()) }))
+}
+
+// counterFunc registers name (which ends in _total) and, when created is not
+// zero, the <base>_created gauge prometheus_client emits next to it.
+func (m *metrics) counterFunc(name, help string, labels prometheus.Labels, created float64, f func(*snapshot) float64) {
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels},
+		func() float64 { return f(m.stats()) }))
+	if created != 0 {
+		m.created(name[:len(name)-len("_total")], help, labels, created)
+	}
+}
+
+func (m *metrics) created(base, help string, labels prometheus.Labels, created float64) {
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: base + "_created", Help: help, ConstLabels: labels})
+	g.Set(created)
+	m.reg.MustRegister(g)
+}
+
+func (m *metrics) histogram(name, help string, labels prometheus.Labels, buckets []float64, created float64) prometheus.Observer {
+	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, ConstLabels: labels, Buckets: buckets})
+	m.reg.MustRegister(h)
+	if created != 0 {
+		m.created(name, help, labels, created)
+	}
+	return h
+}
+
+func (m *metrics) vllm(legacy bool, l prometheus.Labels, prof engine.Profile, hashAlgo string, created float64) {
+	m.gaugeFunc("vllm:num_requests_running", "Number of requests in model execution batches.", l,
+		func(s *snapshot) float64 { return float64(s.st.Running) })
+	m.gaugeFunc("vllm:num_requests_waiting", "Number of requests waiting to be processed.", l,
+		func(s *snapshot) float64 { return float64(s.st.Waiting) })
+	usage, queries, hits := "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
+	usageHelp := "KV-cache usage. 1 means 100 percent usage."
+	if legacy {
+		usage, queries, hits = "vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_queries_total", "vllm:gpu_prefix_cache_hits_total"
+		usageHelp = "GPU KV-cache usage. 1 means 100 percent usage."
+	}
+	m.gaugeFunc(usage, usageHelp, l, func(s *snapshot) float64 { return s.st.KVUsage })
+	m.counterFunc(queries, "Prefix cache queries, in terms of number of queried tokens.", l, created,
+		func(s *snapshot) float64 { return float64(s.st.PrefixQueries) })
+	m.counterFunc(hits, "Prefix cache hits, in terms of number of cached tokens.", l, created,
+		func(s *snapshot) float64 { return float64(s.st.PrefixHits) })
+	m.counterFunc("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", l, created,
+		func(s *snapshot) float64 { return float64(s.st.Preemptions) })
+	m.counterFunc("vllm:prompt_tokens_total", "Number of prefill tokens processed.", l, created,
+		func(s *snapshot) float64 { return float64(s.st.PromptTokens) })
+	m.counterFunc("vllm:generation_tokens_total", "Number of generation tokens processed.", l, created,
+		func(s *snapshot) float64 { return float64(s.st.GenerationTokens) })
+
+	const successHelp = "Count of successfully processed requests."
+	sv := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vllm:request_success_total", Help: successHelp, ConstLabels: l},
+		[]string{"finished_reason"})
+	cv := prometheus.NewGaugeVec(prometheus.GaugeOpts{Name: "vllm:request_success_created", Help: successHelp, ConstLabels: l},
+		[]string{"finished_reason"})
+	for _, r := range finishReasons {
+		m.success[r] = sv.WithLabelValues(r)
+		cv.WithLabelValues(r).Set(created)
+	}
+	m.reg.MustRegister(sv, cv)
+
+	m.ttft = m.histogram("vllm:time_to_first_token_seconds", "Histogram of time to first token in seconds.", l, ttftBuckets, created)
+	if legacy {
+		m.itl = m.histogram("vllm:time_per_output_token_seconds", "Histogram of time per output token in seconds.", l, itlBuckets, created)
+	} else {
+		m.itl = m.histogram("vllm:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", l, itlBuckets, created)
+		m.tpot = m.histogram("vllm:request_time_per_output_token_seconds", "Histogram of time_per_output_token_seconds per request.", l, itlBuckets, created)
+	}
+	m.e2e = m.histogram("vllm:e2e_request_latency_seconds", "Histogram of e2e request latency in seconds.", l, requestLatencyBuckets, created)
+	m.queue = m.histogram("vllm:request_queue_time_seconds", "Histogram of time spent in WAITING phase for request.", l, requestLatencyBuckets, created)
+	m.inference = m.histogram("vllm:request_inference_time_seconds", "Histogram of time spent in RUNNING phase for request.", l, requestLatencyBuckets, created)
+	m.prefill = m.histogram("vllm:request_prefill_time_seconds", "Histogram of time spent in PREFILL phase for request.", l, requestLatencyBuckets, created)
+	m.decode = m.histogram("vllm:request_decode_time_seconds", "Histogram of time spent in DECODE phase for request.", l, requestLatencyBuckets, created)
+	tokBuckets := buckets125(prof.MaxModelLen)
+	m.promptTokens = m.histogram("vllm:request_prompt_tokens", "Number of prefill tokens processed.", l, tokBuckets, created)
+	m.genTokens = m.histogram("vllm:request_generation_tokens", "Number of generation tokens processed.", l, tokBuckets, created)
+	m.maxTokensParam = m.histogram("vllm:request_params_max_tokens", "Histogram of the max_tokens request parameter.", l, tokBuckets, created)
+	m.maxGenTokens = m.histogram("vllm:request_max_num_generation_tokens", "Histogram of maximum number of requested generation tokens.", l, tokBuckets, created)
+	m.nParam = m.histogram("vllm:request_params_n", "Histogram of the n request parameter.", l, nBuckets, created)
+	m.iteration = m.histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", l, iterationBuckets, created)
+
+	info := prometheus.Labels{"engine": "0", "block_size": strconv.Itoa(prof.BlockSize), "cache_dtype": "auto",
+		"enable_prefix_caching": "True", "gpu_memory_utilization": strconv.FormatFloat(prof.GPUMemoryUtilization, 'g', -1, 64),
+		"num_gpu_blocks": strconv.Itoa(prof.NumGPUBlocks), "num_cpu_blocks": "None", "prefix_caching_hash_algo": hashAlgo}
+	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig", ConstLabels: info})
+	g.Set(1)
+	m.reg.MustRegister(g)
+}
+
+func (m *metrics) sglang(l prometheus.Labels, prof engine.Profile, created float64) {
+	m.gaugeFunc("sglang:num_running_reqs", "The number of running requests.", l, func(s *snapshot) float64 { return float64(s.st.Running) })
+	m.gaugeFunc("sglang:num_queue_reqs", "The number of requests in the waiting queue.", l, func(s *snapshot) float64 { return float64(s.st.Waiting) })
+	m.gaugeFunc("sglang:num_used_tokens", "The number of used tokens.", l, func(s *snapshot) float64 {
+		return float64(s.st.NumGPUBlocks-s.st.FreeBlocks) * float64(s.st.BlockSize)
+	})
+	m.gaugeFunc("sglang:token_usage", "The token usage.", l, func(s *snapshot) float64 { return s.st.KVUsage })
+	m.gaugeFunc("sglang:cache_hit_rate", "The prefix cache hit rate.", l, func(s *snapshot) float64 {
+		if s.st.PrefixQueries == 0 {
+			return 0
+		}
+		return float64(s.st.PrefixHits) / float64(s.st.PrefixQueries)
+	})
+	m.gaugeFunc("sglang:gen_throughput", "The generation throughput (token/s).", l, func(s *snapshot) float64 { return s.genThroughput })
+	maxTotal := float64(prof.NumGPUBlocks * prof.BlockSize)
+	m.gaugeFunc("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", l, func(*snapshot) float64 { return maxTotal })
+	m.counterFunc("sglang:prompt_tokens_total", "Number of prefill tokens processed.", l, created, func(s *snapshot) float64 { return float64(s.st.PromptTokens) })
+	m.counterFunc("sglang:generation_tokens_total", "Number of generation tokens processed.", l, created, func(s *snapshot) float64 { return float64(s.st.GenerationTokens) })
+	dl := prometheus.Labels{"cache_source": "device"}
+	for k, v := range l {
+		dl[k] = v
+	}
+	m.counterFunc("sglang:cached_tokens_total", "Number of cached prompt tokens.", dl, created, func(s *snapshot) float64 { return float64(s.st.PrefixHits) })
+	m.counterFunc("sglang:num_requests_total", "Number of requests processed.", l, created, func(s *snapshot) float64 { return float64(s.requests) })
+	m.counterFunc("sglang:num_aborted_requests_total", "Number of requests aborted.", l, created, func(s *snapshot) float64 { return float64(s.aborted) })
+	m.ttft = m.histogram("sglang:time_to_first_token_seconds", "Histogram of time to first token in seconds.", l, sglangTTFTBuckets, created)
+	m.itl = m.histogram("sglang:inter_token_latency_seconds", "Histogram of inter-token latency in seconds.", l, sglangITLBuckets, created)
+	m.e2e = m.histogram("sglang:e2e_request_latency_seconds", "Histogram of End-to-end request latency in seconds", l, sglangE2EBuckets, created)
+}
+
+func (m *metrics) llamacpp() {
+	c := func(name, help string, f func(*snapshot) float64) { m.counterFunc("llamacpp:"+name, help, nil, 0, f) }
+	g := func(name, help string, f func(*snapshot) float64) { m.gaugeFunc("llamacpp:"+name, help, nil, f) }
+	c("prompt_tokens_total", "Number of prompt tokens processed.", func(s *snapshot) float64 { return float64(s.st.PromptTokens - s.st.PrefixHits) })
+	c("prompt_tokens_cached_total", "Number of prompt tokens served from the prompt cache.", func(s *snapshot) float64 { return float64(s.st.PrefixHits) })
+	c("prompt_seconds_total", "Prompt process time", func(s *snapshot) float64 { return s.promptSeconds })
+	c("tokens_predicted_total", "Number of generation tokens processed.", func(s *snapshot) float64 { return float64(s.st.GenerationTokens) })
+	c("tokens_predicted_seconds_total", "Predict process time", func(s *snapshot) float64 { return s.decodeSeconds })
+	c("n_decode_total", "Total number of llama_decode() calls", func(s *snapshot) float64 { return float64(s.st.Steps) })
+	// llama.cpp declares n_tokens_max as a counter although it is a maximum.
+	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "llamacpp:n_tokens_max", Help: "Largest observed n_tokens."},
+		func() float64 { return float64(m.stats().maxContext) }))
+	g("prompt_tokens_seconds", "Average prompt throughput in tokens/s.", func(s *snapshot) float64 {
+		if s.promptSeconds == 0 {
+			return 0
+		}
+		return float64(s.st.PromptTokens-s.st.PrefixHits) / s.promptSeconds
+	})
+	g("predicted_tokens_seconds", "Average generation throughput in tokens/s.", func(s *snapshot) float64 {
+		if s.decodeSeconds == 0 {
+			return 0
+		}
+		return float64(s.st.GenerationTokens) / s.decodeSeconds
+	})
+	g("requests_processing", "Number of requests processing.", func(s *snapshot) float64 { return float64(s.st.Running) })
+	g("requests_deferred", "Number of requests deferred.", func(s *snapshot) float64 { return float64(s.st.Waiting) })
+	g("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call", func(s *snapshot) float64 {
+		if s.st.Steps == 0 {
+			return 0
+		}
+		return float64(s.st.GenerationTokens) / float64(s.st.Steps)
+	})
+}
+
+func observe(o prometheus.Observer, v float64) {
+	if o != nil {
+		o.Observe(v)
+	}
+}
+
+// onAdd records a request's parameters when it is queued.
+func (m *metrics) onAdd(maxTokens int) {
+	observe(m.maxTokensParam, float64(maxTokens))
+	observe(m.maxGenTokens, float64(maxTokens))
+	observe(m.nParam, 1)
+}
+
+// onOutput records one engine output. generated is the number of tokens the
+// request produced so far; reason the finish reason to count (it may differ
+// from o.FinishReason: a stop string ends a request with an abort in the
+// engine but "stop" for the client).
+func (m *metrics) onOutput(o *engine.Output, generated int, reason string) {
+	if o.FinishReason != engine.FinishAbort || generated > 0 {
+		if o.First {
+			observe(m.ttft, o.TTFT.Seconds())
+		} else if o.ITL > 0 {
+			observe(m.itl, o.ITL.Seconds())
+		}
+	}
+	if !o.Finished {
+		return
+	}
+	if c := m.success[reason]; c != nil {
+		c.Inc()
+	}
+	e2e := (o.Time - o.Arrival).Seconds()
+	observe(m.e2e, e2e)
+	observe(m.queue, o.QueueTime.Seconds())
+	observe(m.inference, (o.PrefillTime + o.DecodeTime).Seconds())
+	observe(m.prefill, o.PrefillTime.Seconds())
+	observe(m.decode, o.DecodeTime.Seconds())
+	observe(m.promptTokens, float64(o.PromptTokens))
+	observe(m.genTokens, float64(generated))
+	if generated > 1 {
+		observe(m.tpot, o.DecodeTime.Seconds()/float64(generated-1))
+	}
+}
+
+// onStep records a step's batch size.
+func (m *metrics) onStep(res *engine.StepResult) {
+	if n := res.Batch.PrefillTokens + res.Batch.DecodeTokens; n > 0 {
+		observe(m.iteration, float64(n))
+	}
+}

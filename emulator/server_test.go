@@ -1,0 +1,121 @@
+package emulator
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/openai"
+)
+
+// testServer runs a Server on an httptest server until the test ends.
+func testServer(t testing.TB, cfg Config) (*Server, *httptest.Server) {
+	t.Helper()
+	if cfg.Model == "" {
+		cfg.Model = "tiny"
+	}
+	if cfg.Engine.Profile.Name == "" {
+		p, err := engine.LookupProfile("tiny")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Engine.Profile = p
+	}
+	if cfg.Speed == 0 {
+		cfg.Speed = 100
+	}
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hs := httptest.NewServer(s.Handler())
+	host, port := splitHostPort(t, hs.URL)
+	s.SetAdvertise(host, port)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := s.Run(ctx); err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	t.Cleanup(func() {
+		hs.Close()
+		cancel()
+		wg.Wait()
+	})
+	return s, hs
+}
+
+func post(t testing.TB, url, body string) (int, []byte) {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return resp.StatusCode, b
+}
+
+func TestCompletionNonStreaming(t *testing.T) {
+	_, hs := testServer(t, Config{})
+	code, body := post(t, hs.URL+"/v1/completions", `{"model":"tiny","prompt":"Hello there, how are you?","max_tokens":5,"seed":7}`)
+	if code != 200 {
+		t.Fatalf("got status %d (%s), want 200", code, body)
+	}
+	var c openai.Completion
+	if err := json.Unmarshal(body, &c); err != nil {
+		t.Fatal(err)
+	}
+	if got := c.Usage.CompletionTokens; got != 5 {
+		t.Errorf("got %d completion tokens, want 5", got)
+	}
+	if c.Choices[0].FinishReason == nil || *c.Choices[0].FinishReason != "length" {
+		t.Errorf("got finish_reason %v, want length", c.Choices[0].FinishReason)
+	}
+	if c.Choices[0].Text == "" {
+		t.Errorf("got empty text")
+	}
+	_, body2 := post(t, hs.URL+"/v1/completions", `{"model":"tiny","prompt":"Hello there, how are you?","max_tokens":5,"seed":7}`)
+	var c2 openai.Completion
+	_ = json.Unmarshal(body2, &c2)
+	if c2.Choices[0].Text != c.Choices[0].Text {
+		t.Errorf("same seed: got %q, want %q", c2.Choices[0].Text, c.Choices[0].Text)
+	}
+	t.Logf("%s", body)
+}
+
+func TestChatStreaming(t *testing.T) {
+	_, hs := testServer(t, Config{})
+	resp, err := http.Post(hs.URL+"/v1/chat/completions", "application/json", bytes.NewBufferString(
+		`{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_tokens":4,"stream":true,"stream_options":{"include_usage":true},"seed":1}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	t.Logf("%s", b)
+}
+
+func splitHostPort(t testing.TB, url string) (string, int) {
+	t.Helper()
+	hp := strings.TrimPrefix(url, "http://")
+	i := strings.LastIndexByte(hp, ':')
+	var port int
+	for _, c := range hp[i+1:] {
+		port = port*10 + int(c-'0')
+	}
+	return hp[:i], port
+}

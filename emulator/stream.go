@@ -1,0 +1,79 @@
+package emulator
+
+import (
+	"sync"
+	"sync/atomic"
+)
+
+// stream carries one request's progress from the engine loop to its HTTP
+// handler. The loop appends tokens and sets the final state under mu and
+// signals ch (capacity 1, so signals coalesce); the handler takes what
+// accumulated when it wakes. Handlers of non-streaming requests are
+// signalled only when the request finishes (notifyEach false).
+type stream struct {
+	id         string // engine request id
+	notifyEach bool   // wake the handler on every step (streaming, stop strings)
+	holdKV     bool   // P/D prefill leg: grant a lease when finished
+	leaseKey   string // key of that lease
+	maxTokens  int
+	ch         chan struct{}
+	aborted    atomic.Bool // the handler gave up (client gone)
+
+	mu           sync.Mutex // protects the fields below
+	toks         []uint32   // generated tokens not yet taken (EOS excluded)
+	generated    int        // tokens generated so far (EOS included)
+	finished     bool
+	finishReason string
+	stopString   string // set by the handler when a stop string ended the request
+	promptTokens int
+	cachedTokens int
+	blockIDs     []int // held blocks (holdKV)
+	err          error // the request failed (Add error, engine stopped)
+}
+
+func newStream(id string, notifyEach bool, maxTokens int) *stream {
+	return &stream{id: id, notifyEach: notifyEach, maxTokens: maxTokens, ch: make(chan struct{}, 1)}
+}
+
+func (st *stream) signal() {
+	select {
+	case st.ch <- struct{}{}:
+	default:
+	}
+}
+
+// fail ends the stream with err unless it already finished.
+func (st *stream) fail(err error) {
+	st.mu.Lock()
+	if !st.finished {
+		st.finished = true
+		st.err = err
+	}
+	st.mu.Unlock()
+	st.signal()
+}
+
+func (st *stream) isAborted() bool { return st.aborted.Load() }
+
+// progress is what the handler took from a stream at one wake-up.
+type progress struct {
+	toks         []uint32
+	generated    int
+	finished     bool
+	finishReason string
+	promptTokens int
+	cachedTokens int
+	blockIDs     []int
+	err          error
+}
+
+// take moves the pending tokens into buf (reusing it) and returns the
+// stream's state.
+func (st *stream) take(buf []uint32) progress {
+	st.mu.Lock()
+	p := progress{toks: st.toks, generated: st.generated, finished: st.finished, finishReason: st.finishReason,
+		promptTokens: st.promptTokens, cachedTokens: st.cachedTokens, blockIDs: st.blockIDs, err: st.err}
+	st.toks = buf[:0]
+	st.mu.Unlock()
+	return p
+}
