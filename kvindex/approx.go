@@ -15,6 +15,9 @@ type Hit struct {
 	Endpoint string
 	Blocks   int
 	Tier     kvroute.Tier
+	// GPUBlocks is the leading run held on the GPU alone (<= Blocks); the
+	// rest of Blocks must be loaded from host memory.
+	GPUBlocks int
 }
 
 // sortHits orders hits by Blocks descending, then Endpoint ascending, so
@@ -237,13 +240,13 @@ func (a *Approx) Match(now time.Time, hashes []uint64, dst []Hit) []Hit {
 			if held {
 				kept = append(kept, e)
 			} else {
-				dst = append(dst, Hit{Endpoint: e.name, Blocks: i, Tier: kvroute.TierGPU})
+				dst = append(dst, Hit{Endpoint: e.name, Blocks: i, Tier: kvroute.TierGPU, GPUBlocks: i})
 			}
 		}
 		alive = kept
 	}
 	for _, e := range alive {
-		dst = append(dst, Hit{Endpoint: e.name, Blocks: len(hashes), Tier: kvroute.TierGPU})
+		dst = append(dst, Hit{Endpoint: e.name, Blocks: len(hashes), Tier: kvroute.TierGPU, GPUBlocks: len(hashes)})
 	}
 	sortHits(dst[start:])
 	return dst

@@ -19,7 +19,7 @@ func TestApproxMatch(t *testing.T) {
 	a.Record(t0, "e2", []uint64{1, 2, 9})
 	a.Record(t0, "e3", []uint64{7, 2, 3})
 	got := a.Match(t0.Add(time.Second), []uint64{1, 2, 3, 5}, nil)
-	want := []Hit{{"e1", 3, kvroute.TierGPU}, {"e2", 2, kvroute.TierGPU}}
+	want := []Hit{{"e1", 3, kvroute.TierGPU, 3}, {"e2", 2, kvroute.TierGPU, 2}}
 	if !reflect.DeepEqual(got, want) {
 		t.Fatalf("Match = %v, want %v", got, want)
 	}
@@ -29,7 +29,7 @@ func TestApproxMatch(t *testing.T) {
 	}
 	// Re-recording refreshes.
 	a.Record(t0.Add(60*time.Second), "e2", []uint64{1})
-	if got := a.Match(t0.Add(61*time.Second), p1, nil); !reflect.DeepEqual(got, []Hit{{"e2", 1, kvroute.TierGPU}}) {
+	if got := a.Match(t0.Add(61*time.Second), p1, nil); !reflect.DeepEqual(got, []Hit{{"e2", 1, kvroute.TierGPU, 1}}) {
 		t.Fatalf("after refresh: got %v", got)
 	}
 	if got := a.Match(t0, nil, nil); got != nil {
@@ -43,10 +43,10 @@ func TestApproxCapacity(t *testing.T) {
 	a.Record(t0, "e", []uint64{10, 11, 12})
 	// Capacity 4: the second prompt's 3 blocks and the first prompt's head
 	// survive; the first prompt's tail went first.
-	if got := a.Match(t0, []uint64{1, 2, 3}, nil); !reflect.DeepEqual(got, []Hit{{"e", 1, kvroute.TierGPU}}) {
+	if got := a.Match(t0, []uint64{1, 2, 3}, nil); !reflect.DeepEqual(got, []Hit{{"e", 1, kvroute.TierGPU, 1}}) {
 		t.Fatalf("first prompt: got %v, want 1 block", got)
 	}
-	if got := a.Match(t0, []uint64{10, 11, 12}, nil); !reflect.DeepEqual(got, []Hit{{"e", 3, kvroute.TierGPU}}) {
+	if got := a.Match(t0, []uint64{10, 11, 12}, nil); !reflect.DeepEqual(got, []Hit{{"e", 3, kvroute.TierGPU, 3}}) {
 		t.Fatalf("second prompt: got %v, want 3 blocks", got)
 	}
 	a.SetCapacity("e", 2)

@@ -1,0 +1,159 @@
+package kvindex
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"os"
+	"slices"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute"
+)
+
+// buildBig fills an index with about entries (block, endpoint) entries over
+// eps endpoints: each endpoint stores random 512-block prompts. Bulk stores
+// go through Store with synthetic engine hashes.
+func buildBig(entries, eps int, seed uint64) *Index {
+	const bs = 16
+	x := NewIndex(IndexConfig{BlockSize: bs, Capacity: entries + entries/8})
+	per := entries / eps
+	var wg sync.WaitGroup
+	for w := 0; w < 2; w++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			rng := rand.New(rand.NewPCG(seed, uint64(w)))
+			toks := make([]uint32, 512*bs)
+			hs := make([]uint64, 512)
+			for e := w; e < eps; e += 2 {
+				ep := fmt.Sprintf("endpoint-%02d", e)
+				for n := 0; n < per; n += 512 {
+					k := min(512, per-n)
+					for j := range toks[:k*bs] {
+						toks[j] = rng.Uint32()
+					}
+					for j := range hs[:k] {
+						hs[j] = rng.Uint64()
+					}
+					if _, err := x.Store(ep, Stored{BlockHashes: hs[:k], Tokens: toks[:k*bs]}); err != nil {
+						panic(err)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	return x
+}
+
+var (
+	bigOnce sync.Once
+	big     *Index
+)
+
+func bigIndex(b *testing.B) *Index {
+	entries := 10_000_000
+	if os.Getenv("KVROUTE_BENCH_SMALL") != "" {
+		entries = 1_000_000
+	}
+	bigOnce.Do(func() { big = buildBig(entries, 64, 42) })
+	return big
+}
+
+// BenchmarkIndexMatch8k matches an 8k-token prompt (512 blocks of 16)
+// against an index of 10 million (block, endpoint) entries over 64
+// endpoints. The prompt is fully cached on 3 endpoints, half on 5 more, and
+// the reported p50/p99 come from timing each call.
+func BenchmarkIndexMatch8k(b *testing.B) {
+	x := bigIndex(b)
+	rng := rand.New(rand.NewPCG(7, 7))
+	prompt := make([]uint32, 512*16)
+	for i := range prompt {
+		prompt[i] = rng.Uint32()
+	}
+	eh := make([]uint64, 512)
+	for i := range eh {
+		eh[i] = rng.Uint64()
+	}
+	for e := 0; e < 8; e++ {
+		n := 512
+		if e >= 3 {
+			n = 256
+		}
+		if _, err := x.Store(fmt.Sprintf("endpoint-%02d", e*7), Stored{BlockHashes: eh[:n], Tokens: prompt[:n*16]}); err != nil {
+			b.Fatal(err)
+		}
+	}
+	q := HashTokens(prompt, 16, nil)
+	dst := make([]Hit, 0, 64)
+	if got := x.Match(q, dst); len(got) != 8 || got[0].Blocks != 512 {
+		b.Fatalf("Match = %+v", got)
+	}
+	lat := make([]time.Duration, 0, 1<<16)
+	b.ReportAllocs()
+	b.ResetTimer()
+	for b.Loop() {
+		t := time.Now()
+		dst = x.Match(q, dst[:0])
+		if len(lat) < cap(lat) {
+			lat = append(lat, time.Since(t))
+		}
+	}
+	b.StopTimer()
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds())/1e3, "p50-us")
+	b.ReportMetric(float64(lat[len(lat)*99/100].Nanoseconds())/1e3, "p99-us")
+	b.ReportMetric(float64(x.Stats().Entries), "entries")
+}
+
+// BenchmarkIndexMatchMiss matches a prompt no endpoint holds.
+func BenchmarkIndexMatchMiss(b *testing.B) {
+	x := bigIndex(b)
+	q := HashTokens(seqTokens(512*16, 99), 16, nil)
+	dst := make([]Hit, 0, 64)
+	b.ReportAllocs()
+	for b.Loop() {
+		dst = x.Match(q, dst[:0])
+	}
+}
+
+// BenchmarkIndexStore measures Store throughput in blocks per second (one
+// core): BlockStored events of 16 blocks continuing a chain, with the
+// matching BlockRemoved events keeping the index at a steady size.
+func BenchmarkIndexStore(b *testing.B) {
+	const bs, per = 16, 16
+	x := NewIndex(IndexConfig{BlockSize: bs})
+	rng := rand.New(rand.NewPCG(1, 1))
+	const ring = 4096
+	toks := make([]uint32, ring*per*bs)
+	for i := range toks {
+		toks[i] = rng.Uint32()
+	}
+	var seq uint64
+	b.ReportAllocs()
+	b.ResetTimer()
+	hs := make([]uint64, per)
+	old := make([]uint64, per)
+	for i := 0; b.Loop(); i++ {
+		r := i % ring
+		for j := range hs {
+			seq++
+			hs[j] = seq
+		}
+		if _, err := x.Store("e", Stored{BlockHashes: hs, Tokens: toks[r*per*bs : (r+1)*per*bs]}); err != nil {
+			b.Fatal(err)
+		}
+		if i >= ring {
+			for j := range old {
+				old[j] = seq - uint64(ring*per) - uint64(j)
+			}
+			x.Evict("e", old, kvroute.TierGPU)
+		}
+	}
+	// Each iteration is per BlockStored and (after warm-up) per BlockRemoved
+	// block events.
+	b.ReportMetric(float64(b.N*per)/b.Elapsed().Seconds(), "stored-blocks/s")
+	b.ReportMetric(float64(2*b.N*per)/b.Elapsed().Seconds(), "block-events/s")
+}
