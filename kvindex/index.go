@@ -107,9 +107,9 @@ type iendpoint struct {
 	g    *igroup
 	bit  uint64
 
-	mu      sync.Mutex        // serialises this endpoint's writers; guards the fields below
-	blocks  emap // engine block hash -> key
-	evictAt uint64 // where the next capacity eviction starts scanning
+	mu      sync.Mutex // serialises this endpoint's writers; guards the fields below
+	blocks  emap       // engine block hash -> key
+	evictAt uint64     // where the next capacity eviction starts scanning
 	removed bool
 }
 

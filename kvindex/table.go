@@ -30,8 +30,8 @@ type maskTable struct {
 type mshard struct {
 	mu   sync.Mutex // serialises writers of this shard; guards used and live
 	tab  atomic.Pointer[[]mslot]
-	used int // slots with a key (live + tombstones)
-	live int // slots with a non-zero mask
+	used int      // slots with a key (live + tombstones)
+	live int      // slots with a non-zero mask
 	_    [32]byte // keep shards on separate cache lines
 }
 
