@@ -1,0 +1,216 @@
+package proxy
+
+import (
+	"crypto/subtle"
+	"encoding/json"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/router"
+)
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	b, err := json.Marshal(v)
+	if err != nil {
+		openai.WriteError(w, err)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// modelList is the body of GET /v1/models.
+type modelList struct {
+	Object string      `json:"object"`
+	Data   []modelCard `json:"data"`
+}
+
+type modelCard struct {
+	ID      string `json:"id"`
+	Object  string `json:"object"`
+	Created int64  `json:"created"`
+	OwnedBy string `json:"owned_by"`
+}
+
+// serveModels lists the configured models (the union of every pool).
+func (p *Proxy) serveModels(w http.ResponseWriter, _ *http.Request) {
+	l := modelList{Object: "list", Data: make([]modelCard, 0, len(p.names))}
+	for _, n := range p.names {
+		l.Data = append(l.Data, modelCard{ID: n, Object: "model", Created: p.started.Unix(), OwnedBy: "kvroute"})
+	}
+	writeJSON(w, http.StatusOK, l)
+}
+
+// serveHealthz reports that the process is up.
+func (p *Proxy) serveHealthz(w http.ResponseWriter, _ *http.Request) {
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ok"})
+}
+
+// serveReadyz is 200 when the proxy is not shutting down and every model
+// has a healthy endpoint, else 503 with the models that have none.
+func (p *Proxy) serveReadyz(w http.ResponseWriter, _ *http.Request) {
+	if p.draining.Load() {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "draining"})
+		return
+	}
+	now := p.now()
+	var down []string
+	for _, n := range p.names {
+		up := false
+		for _, st := range p.pools[n].router.Status(now) {
+			up = up || st.Healthy
+		}
+		if !up {
+			down = append(down, n)
+		}
+	}
+	if len(down) > 0 {
+		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "unavailable", "models_without_healthy_endpoint": down})
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})
+}
+
+// authorized reports whether the request carries the admin bearer token.
+func (p *Proxy) authorized(r *http.Request) bool {
+	tok := p.cfg.Admin.Token
+	h := r.Header.Get("Authorization")
+	const prefix = "Bearer "
+	if tok == "" || len(h) < len(prefix) || !strings.EqualFold(h[:len(prefix)], prefix) {
+		return false
+	}
+	return subtle.ConstantTimeCompare([]byte(h[len(prefix):]), []byte(tok)) == 1
+}
+
+var errForbidden = kvroute.Errorf(http.StatusForbidden, "permission_error", "forbidden", "",
+	"this endpoint needs the admin token: Authorization: Bearer <admin.token>")
+
+// debugAllowed: debug endpoints are open when debug.enabled, else they need
+// the admin token.
+func (p *Proxy) debugAllowed(w http.ResponseWriter, r *http.Request) bool {
+	if p.cfg.Debug.Enabled || p.authorized(r) {
+		return true
+	}
+	openai.WriteError(w, errForbidden)
+	return false
+}
+
+// serveDecisions returns recent routing decisions, newest first:
+// ?model=NAME (default every model) and ?n=COUNT (default 50).
+func (p *Proxy) serveDecisions(w http.ResponseWriter, r *http.Request) {
+	if !p.debugAllowed(w, r) {
+		return
+	}
+	n := 50
+	if s := r.URL.Query().Get("n"); s != "" {
+		v, err := strconv.Atoi(s)
+		if err != nil || v < 1 {
+			openai.WriteError(w, kvroute.Errorf(http.StatusBadRequest, kvroute.TypeInvalidRequest, "invalid_value", "n",
+				"n must be a positive integer, got %q", s))
+			return
+		}
+		n = v
+	}
+	names, ok := p.selectModels(w, r)
+	if !ok {
+		return
+	}
+	out := make(map[string][]router.DecisionRecord, len(names))
+	for _, name := range names {
+		out[name] = p.pools[name].router.Decisions(n)
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+// serveEndpoints returns every endpoint's health and load: ?model=NAME.
+func (p *Proxy) serveEndpoints(w http.ResponseWriter, r *http.Request) {
+	if !p.debugAllowed(w, r) {
+		return
+	}
+	names, ok := p.selectModels(w, r)
+	if !ok {
+		return
+	}
+	now := p.now()
+	type model struct {
+		Policy    string                  `json:"policy"`
+		Endpoints []router.EndpointStatus `json:"endpoints"`
+	}
+	out := make(map[string]model, len(names))
+	for _, name := range names {
+		rt := p.pools[name].router
+		out[name] = model{Policy: rt.Policy(), Endpoints: rt.Status(now)}
+	}
+	writeJSON(w, http.StatusOK, out)
+}
+
+func (p *Proxy) selectModels(w http.ResponseWriter, r *http.Request) ([]string, bool) {
+	m := r.URL.Query().Get("model")
+	if m == "" {
+		return p.names, true
+	}
+	if p.pools[m] == nil {
+		openai.WriteError(w, kvroute.Errorf(http.StatusNotFound, kvroute.TypeNotFound, "model_not_found", "model",
+			"model %q is not served here", m))
+		return nil, false
+	}
+	return []string{m}, true
+}
+
+// PolicyUpdate is the body of PUT /admin/policy.
+type PolicyUpdate struct {
+	Model  string         `json:"model"`
+	Policy string         `json:"policy"`
+	Params map[string]any `json:"params"`
+}
+
+// serveAdminPolicy switches a model's policy at runtime. It exists only
+// when admin.token is set and needs that token.
+func (p *Proxy) serveAdminPolicy(w http.ResponseWriter, r *http.Request) {
+	if !p.authorized(r) {
+		openai.WriteError(w, errForbidden)
+		return
+	}
+	var u PolicyUpdate
+	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	dec.DisallowUnknownFields()
+	dec.UseNumber()
+	if err := dec.Decode(&u); err != nil {
+		openai.WriteError(w, kvroute.Errorf(http.StatusBadRequest, kvroute.TypeInvalidRequest, "invalid_json", "",
+			"body must be {\"model\",\"policy\",\"params\"}: %v", err))
+		return
+	}
+	if u.Model == "" || u.Policy == "" {
+		openai.WriteError(w, kvroute.Errorf(http.StatusBadRequest, kvroute.TypeInvalidRequest, "missing_field", "",
+			"\"model\" and \"policy\" are required"))
+		return
+	}
+	if err := p.SetPolicy(u.Model, u.Policy, normalizeNumbers(u.Params)); err != nil {
+		openai.WriteError(w, err)
+		return
+	}
+	writeJSON(w, http.StatusOK, map[string]string{"model": u.Model, "policy": u.Policy})
+}
+
+// normalizeNumbers turns json.Number values into int (when integral) or
+// float64, as YAML config parameters arrive.
+func normalizeNumbers(m map[string]any) map[string]any {
+	for k, v := range m {
+		switch t := v.(type) {
+		case json.Number:
+			if i, err := t.Int64(); err == nil {
+				m[k] = int(i)
+			} else if f, err := t.Float64(); err == nil {
+				m[k] = f
+			}
+		case map[string]any:
+			m[k] = normalizeNumbers(t)
+		}
+	}
+	return m
+}

@@ -1,0 +1,83 @@
+package proxy
+
+import (
+	"math/rand/v2"
+	"net/http"
+	"net/netip"
+	"strconv"
+	"strings"
+)
+
+// Headers the proxy reads or writes.
+const (
+	// HeaderRequestID carries the request ID to the engine and back to the
+	// client; a client's own (1-128 characters of [A-Za-z0-9._:-]) is kept.
+	HeaderRequestID = "X-Request-Id"
+	// HeaderSession is the session affinity key clients may send.
+	HeaderSession = "X-Session-Id"
+	// HeaderRoutingPrefix starts every header that carries routing
+	// instructions; they are stripped unless the client is trusted.
+	HeaderRoutingPrefix = "X-Kvroute-"
+	// HeaderKVSession is a trusted client's session key (wins over
+	// HeaderSession).
+	HeaderKVSession = "X-Kvroute-Session"
+	// HeaderTenant is a trusted client's tenant (wins over the "user" field).
+	HeaderTenant = "X-Kvroute-Tenant"
+	// HeaderEndpoint names the chosen endpoint on responses when debug is on.
+	HeaderEndpoint = "X-Kvroute-Endpoint"
+)
+
+// trustedClient reports whether the request comes from a trusted address.
+func (p *Proxy) trustedClient(r *http.Request) bool {
+	if len(p.trusted) == 0 {
+		return false
+	}
+	ap, err := netip.ParseAddrPort(r.RemoteAddr)
+	if err != nil {
+		return false
+	}
+	a := ap.Addr().Unmap()
+	for _, pfx := range p.trusted {
+		if pfx.Contains(a) {
+			return true
+		}
+	}
+	return false
+}
+
+// stripRoutingHeaders removes every x-kvroute-* header from an untrusted
+// client's request, so it cannot steer routing.
+func (p *Proxy) stripRoutingHeaders(r *http.Request) {
+	if p.trustedClient(r) {
+		return
+	}
+	for k := range r.Header {
+		if len(k) >= len(HeaderRoutingPrefix) && strings.EqualFold(k[:len(HeaderRoutingPrefix)], HeaderRoutingPrefix) {
+			delete(r.Header, k)
+		}
+	}
+}
+
+// requestID returns the client's request ID when it is sane, else a new one.
+func requestID(r *http.Request) string {
+	if id := r.Header.Get(HeaderRequestID); validRequestID(id) {
+		return id
+	}
+	var b [20]byte
+	buf := append(b[:0], "kvr-"...)
+	buf = strconv.AppendUint(buf, rand.Uint64(), 36)
+	return string(buf)
+}
+
+func validRequestID(id string) bool {
+	if len(id) == 0 || len(id) > 128 {
+		return false
+	}
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if !('a' <= c && c <= 'z' || 'A' <= c && c <= 'Z' || '0' <= c && c <= '9' || c == '-' || c == '_' || c == '.' || c == ':') {
+			return false
+		}
+	}
+	return true
+}

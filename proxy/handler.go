@@ -1,0 +1,296 @@
+package proxy
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/router"
+)
+
+type exchangeKey struct{}
+
+// exchange is one client request on its way through the proxy: its routing
+// view, its attempts and their outcome. It belongs to the handler goroutine
+// (the reverse proxy's hooks run on it too).
+type exchange struct {
+	p           *Proxy
+	pool        *pool
+	ctx         context.Context
+	req         *kvroute.Request
+	body        []byte
+	maxAttempts int
+	attempt     int
+	tried       []string
+	m           *poolMetrics
+
+	// The current attempt.
+	flight      *router.Flight
+	attemptAt   time.Time
+	firstByteAt time.Time
+	status      int         // the response status, or the status of the error written
+	retry       retryReason // the attempt failed before its first byte and may be retried
+	upstreamErr error       // the attempt's transport error, if any
+	streamErr   error       // the upstream failed after the first byte
+	clientGone  bool
+	saved       *savedResponse // the last retried 5xx, replayed if no endpoint is left
+}
+
+func exchangeFrom(ctx context.Context) *exchange {
+	x, _ := ctx.Value(exchangeKey{}).(*exchange)
+	return x
+}
+
+func (p *Proxy) serveCompletions(w http.ResponseWriter, r *http.Request) {
+	p.serveInference(w, r, openai.KindCompletion)
+}
+
+func (p *Proxy) serveChat(w http.ResponseWriter, r *http.Request) {
+	p.serveInference(w, r, openai.KindChat)
+}
+
+// serveInference is the request path: read, parse, route, forward, retry.
+func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind openai.Kind) {
+	start := p.now()
+	id := requestID(r)
+	w.Header().Set(HeaderRequestID, id)
+	trusted := p.trustedClient(r)
+	if !trusted {
+		p.stripRoutingHeaders(r)
+	}
+	body, err := p.readBody(w, r)
+	if err != nil {
+		p.reject(w, r, start, "", err)
+		return
+	}
+	ri, err := openai.ParseRequest(kind, body)
+	if err != nil {
+		p.reject(w, r, start, "", err)
+		return
+	}
+	pl := p.pools[ri.Model]
+	if pl == nil {
+		p.reject(w, r, start, "", kvroute.Errorf(http.StatusNotFound, kvroute.TypeNotFound, "model_not_found", "model",
+			"The model `%s` does not exist.", ri.Model))
+		return
+	}
+	req := &kvroute.Request{
+		ID:           id,
+		Model:        ri.Model,
+		Tenant:       ri.User,
+		SessionKey:   r.Header.Get(HeaderSession),
+		Prompt:       ri.Prompt,
+		PromptTokens: ri.PromptTokens(),
+		MaxTokens:    ri.MaxTokens,
+		Stream:       ri.Stream,
+		Arrival:      start,
+	}
+	if trusted {
+		if t := r.Header.Get(HeaderTenant); t != "" {
+			req.Tenant = t
+		}
+		if s := r.Header.Get(HeaderKVSession); s != "" {
+			req.SessionKey = s
+		}
+	}
+	x := &exchange{p: p, pool: pl, req: req, body: body, maxAttempts: p.cfg.Retry.Attempts, m: p.metrics.pools[pl.model]}
+	x.tried = make([]string, 0, x.maxAttempts)
+	x.ctx = context.WithValue(r.Context(), exchangeKey{}, x)
+	out := r.WithContext(x.ctx)
+	out.Header.Set(HeaderRequestID, id)
+	out.ContentLength = int64(len(body))
+	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+	w.Header().Del(HeaderRequestID) // the upstream response carries it (see modifyResponse)
+	defer x.finish(w, start)
+
+	for x.attempt = 0; x.attempt < x.maxAttempts; x.attempt++ {
+		t0 := p.now()
+		f, err := pl.router.Route(t0, req, x.tried)
+		x.m.decision.Observe(p.now().Sub(t0).Seconds())
+		if err != nil {
+			if x.attempt > 0 {
+				x.writeLastFailure(w) // no endpoint left for the retry
+			} else {
+				x.writeError(w, err)
+			}
+			return
+		}
+		x.tried = append(x.tried, f.Endpoint.ID)
+		if !x.forward(w, out, f) {
+			return
+		}
+		p.metrics.retries.WithLabelValues(pl.model, f.Endpoint.ID, x.retry.String()).Inc()
+		p.log.Warn("retrying on another endpoint", "request_id", id, "model", pl.model, "endpoint", f.Endpoint.ID,
+			"reason", x.retry.String(), "status", x.status, "error", x.upstreamErr)
+	}
+}
+
+// forward runs one attempt on the flight's endpoint and reports whether it
+// failed before its first byte in a way another endpoint may fix.
+func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.Flight) (retry bool) {
+	p := x.p
+	x.flight, x.attemptAt, x.firstByteAt = f, p.now(), time.Time{}
+	x.status, x.retry, x.upstreamErr = 0, retryNone, nil
+	out.Body = io.NopCloser(bytes.NewReader(x.body))
+	inflight := x.m.inflight[f.Endpoint.ID]
+	inflight.Inc()
+	defer func() { // also runs when the reverse proxy aborts the handler
+		inflight.Dec()
+		o := kvroute.Outcome{
+			PromptTokens: x.req.PromptTokens,
+			CachedTokens: -1,
+			Failed:       x.retry != retryNone || x.upstreamErr != nil || x.streamErr != nil || countsAsFailure(x.status),
+		}
+		if !x.firstByteAt.IsZero() && !o.Failed {
+			o.TTFT = x.firstByteAt.Sub(x.attemptAt)
+		}
+		x.pool.router.Done(p.now(), f, o)
+	}()
+	x.pool.proxies[f.Endpoint.ID].rp.ServeHTTP(w, out)
+	return x.retry != retryNone
+}
+
+// firstByte records the first response body byte of the attempt.
+func (x *exchange) firstByte(now time.Time) {
+	x.firstByteAt = now
+	x.pool.router.FirstToken(now, x.flight)
+	x.m.ttfb[x.flight.Endpoint.ID].Observe(now.Sub(x.attemptAt).Seconds())
+}
+
+// reportHealth feeds passive health and counts ejections.
+func (x *exchange) reportHealth(now time.Time, ok bool) {
+	id := x.flight.Endpoint.ID
+	if x.pool.router.ReportResult(now, id, ok) {
+		x.p.metrics.ejections.WithLabelValues(x.pool.model, id, "passive").Inc()
+		x.p.log.Warn("endpoint ejected", "model", x.pool.model, "endpoint", id, "request_id", x.req.ID)
+	}
+}
+
+// writeError writes err to the client (with Retry-After for 503 and 429).
+func (x *exchange) writeError(w http.ResponseWriter, err error) {
+	x.status = writeRoutingError(w, err)
+}
+
+func writeRoutingError(w http.ResponseWriter, err error) int {
+	status := kvroute.StatusOf(err)
+	var ue *router.UnavailableError
+	switch {
+	case errors.As(err, &ue):
+		w.Header().Set("Retry-After", strconv.Itoa(max(ue.RetryAfter, 1)))
+	case status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests:
+		w.Header().Set("Retry-After", "1")
+	}
+	openai.WriteError(w, err)
+	return status
+}
+
+// writeLastFailure answers a request whose retry found no endpoint: with
+// the failed attempt's own 5xx response when there was one, else 502.
+func (x *exchange) writeLastFailure(w http.ResponseWriter) {
+	if x.saved != nil {
+		x.status = x.saved.status
+		x.saved.write(w, x.req.ID)
+		return
+	}
+	w.Header().Set(HeaderRequestID, x.req.ID)
+	err := x.upstreamErr
+	if err == nil {
+		err = errors.New("no endpoint left to retry on")
+	}
+	x.status = upstreamStatus(err)
+	openai.WriteError(w, &kvroute.Error{Status: x.status, Type: kvroute.TypeUpstream, Code: "upstream_error",
+		Message: fmt.Sprintf("model %q: every endpoint tried failed (%s): %v", x.req.Model, x.tried, err)})
+}
+
+// finish accounts for the request once it is answered (or aborted).
+func (x *exchange) finish(w http.ResponseWriter, start time.Time) {
+	p := x.p
+	now := p.now()
+	code := x.status
+	switch {
+	case x.clientGone || x.ctx.Err() != nil:
+		code = statusClientClosed
+	case code == 0:
+		code = http.StatusBadGateway
+	}
+	endpoint := ""
+	if x.flight != nil {
+		endpoint = x.flight.Endpoint.ID
+	}
+	p.metrics.requests.WithLabelValues(x.pool.model, endpoint, strconv.Itoa(code)).Inc()
+	x.m.duration.Observe(now.Sub(start).Seconds())
+	if p.log.Enabled(x.ctx, levelFor(code)) {
+		p.log.Log(x.ctx, levelFor(code), "request", "request_id", x.req.ID, "model", x.req.Model, "endpoint", endpoint,
+			"status", code, "attempts", len(x.tried), "stream", x.req.Stream, "prompt_tokens", x.req.PromptTokens,
+			"duration", now.Sub(start), "stream_error", x.streamErr)
+	}
+}
+
+// statusClientClosed is nginx's code for a client that closed the
+// connection before the response was complete; it is only a metric label.
+const statusClientClosed = 499
+
+// reject answers a request that failed before routing.
+func (p *Proxy) reject(w http.ResponseWriter, r *http.Request, start time.Time, model string, err error) {
+	status := writeRoutingError(w, err)
+	p.metrics.requests.WithLabelValues(model, "", strconv.Itoa(status)).Inc()
+	p.log.Debug("request rejected", "request_id", w.Header().Get(HeaderRequestID), "status", status, "error", err,
+		"remote", r.RemoteAddr, "duration", p.now().Sub(start))
+}
+
+// readBody reads the request body within limits.max_body_bytes and
+// timeouts.read_body.
+func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+	limit := p.cfg.Limits.MaxBodyBytes
+	if r.ContentLength > limit {
+		return nil, tooLarge(limit)
+	}
+	if d := p.cfg.Timeouts.ReadBody; d > 0 {
+		rc := http.NewResponseController(w)
+		if rc.SetReadDeadline(time.Now().Add(d)) == nil {
+			defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+		}
+	}
+	size := r.ContentLength
+	if size < 0 {
+		size = 512
+	}
+	b := make([]byte, 0, size+1) // +1: the final read sees EOF without growing
+	rd := http.MaxBytesReader(w, r.Body, limit)
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := rd.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			return b, nil
+		}
+		if err != nil {
+			var mbe *http.MaxBytesError
+			var ne net.Error
+			switch {
+			case errors.As(err, &mbe):
+				return nil, tooLarge(limit)
+			case errors.As(err, &ne) && ne.Timeout():
+				return nil, kvroute.Errorf(http.StatusRequestTimeout, kvroute.TypeInvalidRequest, "request_timeout", "",
+					"reading the request body took longer than %s", p.cfg.Timeouts.ReadBody)
+			}
+			return nil, kvroute.Errorf(http.StatusBadRequest, kvroute.TypeInvalidRequest, "invalid_body", "",
+				"reading the request body: %v", err)
+		}
+	}
+}
+
+func tooLarge(limit int64) error {
+	return kvroute.Errorf(http.StatusRequestEntityTooLarge, kvroute.TypeInvalidRequest, "request_too_large", "",
+		"request body is larger than the limit of %d bytes", limit)
+}

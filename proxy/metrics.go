@@ -1,0 +1,127 @@
+package proxy
+
+import (
+	"errors"
+	"log/slog"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// metrics are the router's own Prometheus metrics. Per-endpoint children
+// used on every request are resolved once in newMetrics.
+type metrics struct {
+	requests     *prometheus.CounterVec   // model, endpoint, code
+	inflight     *prometheus.GaugeVec     // model, endpoint
+	ttfb         *prometheus.HistogramVec // model, endpoint
+	duration     *prometheus.HistogramVec // model
+	decision     *prometheus.HistogramVec // model
+	retries      *prometheus.CounterVec   // model, endpoint, reason
+	ejections    *prometheus.CounterVec   // model, endpoint, kind (passive|active)
+	streamErrors *prometheus.CounterVec   // model, endpoint
+	healthy      *healthCollector
+	pools        map[string]*poolMetrics // read-only after newMetrics
+}
+
+type poolMetrics struct {
+	duration prometheus.Observer
+	decision prometheus.Observer
+	inflight map[string]prometheus.Gauge    // by endpoint ID
+	ttfb     map[string]prometheus.Observer // by endpoint ID
+}
+
+func newMetrics(p *Proxy) *metrics {
+	m := &metrics{
+		requests: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_requests_total",
+			Help: "Inference requests answered, by model, last endpoint tried and HTTP status (499: client went away).",
+		}, []string{"model", "endpoint", "code"}),
+		inflight: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvroute_inflight_requests",
+			Help: "Requests the router holds open to each endpoint.",
+		}, []string{"model", "endpoint"}),
+		ttfb: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvroute_upstream_ttfb_seconds",
+			Help:    "Time from dispatch to the first response body byte from the endpoint (the first token of a stream).",
+			Buckets: []float64{.005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60},
+		}, []string{"model", "endpoint"}),
+		duration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvroute_request_duration_seconds",
+			Help:    "End-to-end time of routed requests, from arrival to the last byte.",
+			Buckets: []float64{.01, .05, .1, .25, .5, 1, 2.5, 5, 10, 30, 60, 120, 300},
+		}, []string{"model"}),
+		decision: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Name:    "kvroute_decision_duration_seconds",
+			Help:    "Time the routing core took to pick an endpoint.",
+			Buckets: []float64{1e-6, 5e-6, 1e-5, 2.5e-5, 5e-5, 1e-4, 2.5e-4, 5e-4, 1e-3, 5e-3, .01},
+		}, []string{"model"}),
+		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_retries_total",
+			Help: "Attempts retried on another endpoint, by the endpoint that failed and why (connect_error, status_5xx).",
+		}, []string{"model", "endpoint", "reason"}),
+		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_ejections_total",
+			Help: "Endpoints taken out of rotation: passive (consecutive failures) or active (health checks).",
+		}, []string{"model", "endpoint", "kind"}),
+		streamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_upstream_stream_errors_total",
+			Help: "Responses that broke after their first byte (streams are ended with an error event).",
+		}, []string{"model", "endpoint"}),
+		healthy: &healthCollector{p: p, desc: prometheus.NewDesc("kvroute_endpoint_healthy",
+			"1 when the endpoint may be picked (passes health checks and is not ejected), else 0.",
+			[]string{"model", "endpoint"}, nil)},
+		pools: make(map[string]*poolMetrics, len(p.pools)),
+	}
+	for name, pl := range p.pools {
+		pm := &poolMetrics{
+			duration: m.duration.WithLabelValues(name),
+			decision: m.decision.WithLabelValues(name),
+			inflight: make(map[string]prometheus.Gauge, len(pl.eps)),
+			ttfb:     make(map[string]prometheus.Observer, len(pl.eps)),
+		}
+		for _, ep := range pl.eps {
+			pm.inflight[ep.ID] = m.inflight.WithLabelValues(name, ep.ID)
+			pm.ttfb[ep.ID] = m.ttfb.WithLabelValues(name, ep.ID)
+		}
+		m.pools[name] = pm
+	}
+	return m
+}
+
+func (m *metrics) register(reg prometheus.Registerer) error {
+	var errs []error
+	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttfb, m.duration, m.decision, m.retries,
+		m.ejections, m.streamErrors, m.healthy} {
+		errs = append(errs, reg.Register(c))
+	}
+	return errors.Join(errs...)
+}
+
+// healthCollector reports every endpoint's health from the routers at
+// scrape time, so the gauge is never stale.
+type healthCollector struct {
+	p    *Proxy
+	desc *prometheus.Desc
+}
+
+func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+
+func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
+	now := c.p.now()
+	for _, name := range c.p.names {
+		for _, st := range c.p.pools[name].router.Status(now) {
+			v := 0.0
+			if st.Healthy {
+				v = 1
+			}
+			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, name, st.ID)
+		}
+	}
+}
+
+// levelFor is the log level of a finished request: warn for 5xx.
+func levelFor(code int) slog.Level {
+	if code >= 500 {
+		return slog.LevelWarn
+	}
+	return slog.LevelDebug
+}

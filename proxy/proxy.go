@@ -1,0 +1,251 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"net/http"
+	"net/netip"
+	"sort"
+	"sync/atomic"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/promhttp"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/router"
+)
+
+// NewPickerFunc builds a policy by name (policy.New has this signature).
+type NewPickerFunc func(name string, params map[string]any, seed uint64) (kvroute.Picker, error)
+
+// Options configure a Proxy. Config is required; the rest have nil
+// defaults as documented.
+type Options struct {
+	// Config is the router configuration; New applies its defaults and
+	// validates it.
+	Config config.Config
+	// NewPicker builds each model's policy. Required (cmd passes policy.New).
+	NewPicker NewPickerFunc
+	// Logger receives the proxy's logs; nil discards them.
+	Logger *slog.Logger
+	// Registerer receives the proxy's metrics; nil registers nowhere (the
+	// metrics are still kept).
+	Registerer prometheus.Registerer
+	// Gatherer, when set, is served on GET /metrics.
+	Gatherer prometheus.Gatherer
+	// Transport carries upstream requests; nil builds an http.Transport from
+	// Config.Timeouts.
+	Transport http.RoundTripper
+	// Now is the clock; nil is time.Now.
+	Now func() time.Time
+}
+
+// Proxy is the routing proxy. Build it with New; it is an http.Handler.
+type Proxy struct {
+	cfg       config.Config
+	log       *slog.Logger
+	now       func() time.Time
+	newPicker NewPickerFunc
+	transport http.RoundTripper
+	metrics   *metrics
+	gatherer  prometheus.Gatherer
+	trusted   []netip.Prefix
+	pools     map[string]*pool // by model name; read-only after New
+	names     []string         // model names, sorted
+	mux       *http.ServeMux
+	started   time.Time
+	draining  atomic.Bool // set when Serve starts shutting down
+}
+
+// pool is one model's endpoints, router and reverse proxies.
+type pool struct {
+	model   string
+	router  *router.Router
+	eps     []kvroute.Endpoint
+	proxies map[string]*endpointProxy // by endpoint ID; read-only after New
+}
+
+// New builds a Proxy: applies the config's defaults, validates it, builds
+// every model's policy and router. Errors name the config field.
+func New(opts Options) (*Proxy, error) {
+	cfg := opts.Config
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("proxy: invalid config: %w", err)
+	}
+	if opts.NewPicker == nil {
+		return nil, errors.New("proxy: options: NewPicker is required")
+	}
+	p := &Proxy{
+		cfg:       cfg,
+		log:       opts.Logger,
+		now:       opts.Now,
+		newPicker: opts.NewPicker,
+		transport: opts.Transport,
+		gatherer:  opts.Gatherer,
+		pools:     make(map[string]*pool, len(cfg.Models)),
+	}
+	if p.log == nil {
+		p.log = slog.New(slog.DiscardHandler)
+	}
+	if p.now == nil {
+		p.now = time.Now
+	}
+	if p.transport == nil {
+		p.transport = newTransport(cfg.Timeouts)
+	}
+	for _, s := range cfg.TrustedClients {
+		pfx, err := config.ParsePrefix(s)
+		if err != nil { // Validate checked it
+			return nil, fmt.Errorf("proxy: trusted_clients: %w", err)
+		}
+		p.trusted = append(p.trusted, pfx)
+	}
+	for i := range cfg.Models {
+		pl, err := p.newPool(i, &cfg.Models[i])
+		if err != nil {
+			return nil, err
+		}
+		p.pools[pl.model] = pl
+		p.names = append(p.names, pl.model)
+	}
+	sort.Strings(p.names)
+	p.metrics = newMetrics(p)
+	if opts.Registerer != nil {
+		if err := p.metrics.register(opts.Registerer); err != nil {
+			return nil, fmt.Errorf("proxy: register metrics: %w", err)
+		}
+	}
+	p.started = p.now()
+	p.routes()
+	return p, nil
+}
+
+func (p *Proxy) newPool(i int, m *config.Model) (*pool, error) {
+	path := fmt.Sprintf("models[%d]", i)
+	eps, err := m.KVEndpoints()
+	if err != nil {
+		return nil, fmt.Errorf("proxy: %s: %w", path, err)
+	}
+	picker, err := p.buildPicker(m.Policy.Name, m.Policy.Params, m.Policy.Seed)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: %s.policy: %w", path, err)
+	}
+	r, err := router.New(router.Config{
+		Model:      m.Name,
+		Endpoints:  eps,
+		Policy:     m.Policy.Name,
+		Picker:     picker,
+		BlockChars: m.Router.BlockChars,
+		StaleAfter: m.Router.StaleAfter,
+		Health: router.HealthConfig{
+			FailThreshold: m.Router.FailThreshold,
+			BaseEjection:  m.Router.BaseEjection,
+			MaxEjection:   m.Router.MaxEjection,
+		},
+		DecisionLog: m.Router.DecisionLog,
+	})
+	if err != nil {
+		return nil, fmt.Errorf("proxy: %s: %w", path, err)
+	}
+	pl := &pool{model: m.Name, router: r, eps: eps, proxies: make(map[string]*endpointProxy, len(eps))}
+	for j := range eps {
+		ep, err := p.newEndpointProxy(pl, &eps[j])
+		if err != nil {
+			return nil, fmt.Errorf("proxy: %s.endpoints[%d].url: %w", path, j, err)
+		}
+		pl.proxies[eps[j].ID] = ep
+	}
+	return pl, nil
+}
+
+// buildPicker builds a policy; seed 0 means a random seed.
+func (p *Proxy) buildPicker(name string, params map[string]any, seed uint64) (kvroute.Picker, error) {
+	if seed == 0 {
+		seed = rand.Uint64() | 1
+	}
+	return p.newPicker(name, params, seed)
+}
+
+// Router returns the routing core of a model, or nil. The scrape loops of
+// the engine signals feed its Views.
+func (p *Proxy) Router(model string) *router.Router {
+	if pl := p.pools[model]; pl != nil {
+		return pl.router
+	}
+	return nil
+}
+
+// Models returns the served model names, sorted.
+func (p *Proxy) Models() []string { return append([]string(nil), p.names...) }
+
+// SetPolicy switches a model's policy at runtime.
+func (p *Proxy) SetPolicy(model, policy string, params map[string]any) error {
+	pl := p.pools[model]
+	if pl == nil {
+		return kvroute.Errorf(http.StatusNotFound, kvroute.TypeNotFound, "model_not_found", "model", "model %q is not served here", model)
+	}
+	picker, err := p.buildPicker(policy, params, 0)
+	if err != nil {
+		return kvroute.Errorf(http.StatusBadRequest, kvroute.TypeInvalidRequest, "invalid_policy", "policy", "%v", err)
+	}
+	pl.router.SetPicker(policy, picker)
+	p.log.Info("policy switched", "model", model, "policy", policy)
+	return nil
+}
+
+// Paths served by the proxy.
+const (
+	PathCompletions     = "/v1/completions"
+	PathChatCompletions = "/v1/chat/completions"
+	PathModels          = "/v1/models"
+	PathHealthz         = "/healthz"
+	PathReadyz          = "/readyz"
+	PathMetrics         = "/metrics"
+	PathDecisions       = "/debug/decisions"
+	PathEndpoints       = "/debug/endpoints"
+	PathAdminPolicy     = "/admin/policy"
+)
+
+func (p *Proxy) routes() {
+	mux := http.NewServeMux()
+	mux.HandleFunc(PathCompletions, p.method(http.MethodPost, p.serveCompletions))
+	mux.HandleFunc(PathChatCompletions, p.method(http.MethodPost, p.serveChat))
+	mux.HandleFunc(PathModels, p.method(http.MethodGet, p.serveModels))
+	mux.HandleFunc(PathHealthz, p.method(http.MethodGet, p.serveHealthz))
+	mux.HandleFunc(PathReadyz, p.method(http.MethodGet, p.serveReadyz))
+	if p.gatherer != nil {
+		h := promhttp.HandlerFor(p.gatherer, promhttp.HandlerOpts{ErrorLog: slog.NewLogLogger(p.log.Handler(), slog.LevelWarn)})
+		mux.Handle(PathMetrics, p.method(http.MethodGet, h.ServeHTTP))
+	}
+	mux.HandleFunc(PathDecisions, p.method(http.MethodGet, p.serveDecisions))
+	mux.HandleFunc(PathEndpoints, p.method(http.MethodGet, p.serveEndpoints))
+	if p.cfg.Admin.Token != "" {
+		mux.HandleFunc(PathAdminPolicy, p.method(http.MethodPut, p.serveAdminPolicy))
+	}
+	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
+		openai.WriteError(w, kvroute.Errorf(http.StatusNotFound, kvroute.TypeNotFound, "not_found", "", "no route for %s %s", r.Method, r.URL.Path))
+	})
+	p.mux = mux
+}
+
+// method restricts a handler to one HTTP method (GET also allows HEAD).
+func (p *Proxy) method(m string, h http.HandlerFunc) http.HandlerFunc {
+	return func(w http.ResponseWriter, r *http.Request) {
+		if r.Method != m && !(m == http.MethodGet && r.Method == http.MethodHead) {
+			w.Header().Set("Allow", m)
+			openai.WriteError(w, kvroute.Errorf(http.StatusMethodNotAllowed, kvroute.TypeInvalidRequest, "method_not_allowed", "",
+				"method %s is not allowed on %s; use %s", r.Method, r.URL.Path, m))
+			return
+		}
+		h(w, r)
+	}
+}
+
+// ServeHTTP serves every route of the proxy.
+func (p *Proxy) ServeHTTP(w http.ResponseWriter, r *http.Request) { p.mux.ServeHTTP(w, r) }

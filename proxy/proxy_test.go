@@ -1,0 +1,581 @@
+package proxy
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/openai"
+)
+
+const chatBody = `{"model":"m","messages":[{"role":"user","content":"hello"}]}`
+const streamBody = `{"model":"m","prompt":"hello","stream":true}`
+
+func TestNonStreamingForwardsBodyByteForByte(t *testing.T) {
+	got := make(chan []byte, 1)
+	gotHdr := make(chan http.Header, 1)
+	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- b
+		gotHdr <- r.Header.Clone()
+		okHandler("a")(w, r)
+	})
+	tp := newTestProxy(t, testConfig("first", be.URL))
+	// Odd spacing, escapes and unknown fields must reach the engine as sent.
+	body := ` {"model" : "m", "messages":[{"role":"user","content":"h\u00e9llo \"x\""}], "x_extra":[1, 2.50e1] } `
+	req, _ := http.NewRequest(http.MethodPost, tp.srv.URL+PathChatCompletions, strings.NewReader(body))
+	req.Header.Set("X-Request-Id", "client-id-1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := readAll(t, resp)
+	if resp.StatusCode != 200 || !strings.Contains(out, "from a") {
+		t.Fatalf("got %d %s, want 200 from a", resp.StatusCode, out)
+	}
+	if b := <-got; string(b) != body {
+		t.Errorf("engine got body %q, want %q", b, body)
+	}
+	h := <-gotHdr
+	if id := h.Get(HeaderRequestID); id != "client-id-1" {
+		t.Errorf("engine got X-Request-Id %q, want client-id-1", id)
+	}
+	if ids := resp.Header.Values(HeaderRequestID); len(ids) != 1 || ids[0] != "client-id-1" {
+		t.Errorf("response X-Request-Id: got %q, want [client-id-1]", ids)
+	}
+	if v := tp.metric(t, tp.metrics.requests, "m", be.URL, "200"); v != 1 {
+		t.Errorf("kvroute_requests_total{code=200}: got %v, want 1", v)
+	}
+}
+
+func TestStreamChunksArriveOneByOne(t *testing.T) {
+	release := make(chan struct{})
+	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"n\":0}\n\n")
+		w.(http.Flusher).Flush()
+		select { // the last chunks wait until the client has seen the first
+		case <-release:
+		case <-r.Context().Done():
+			return
+		}
+		fmt.Fprint(w, "data: {\"n\":1}\n\ndata: [DONE]\n\n")
+	})
+	tp := newTestProxy(t, testConfig("first", be.URL))
+	resp := tp.post(t, PathCompletions, streamBody)
+	defer resp.Body.Close()
+	if ct := resp.Header.Get("Content-Type"); ct != "text/event-stream" {
+		t.Fatalf("content type: got %q", ct)
+	}
+	br := bufio.NewReader(resp.Body)
+	first := make(chan string, 1)
+	go func() {
+		line, _ := br.ReadString('\n')
+		first <- line
+	}()
+	if line := recv(t, "the first chunk before the backend writes the last", first); line != "data: {\"n\":0}\n" {
+		t.Fatalf("first line: got %q", line)
+	}
+	close(release)
+	rest, _ := io.ReadAll(br)
+	if want := "\ndata: {\"n\":1}\n\ndata: [DONE]\n\n"; string(rest) != want {
+		t.Errorf("rest of stream: got %q, want %q", rest, want)
+	}
+}
+
+func TestRetryBeforeFirstByteLandsOnAnotherEndpoint(t *testing.T) {
+	dead, _ := net.Listen("tcp", "127.0.0.1:0")
+	deadURL := "http://" + dead.Addr().String()
+	dead.Close() // connection refused from now on
+	tests := []struct {
+		name   string
+		first  string
+		reason string
+	}{
+		{"5xx", "", "status_5xx"},
+		{"connect error", deadURL, "connect_error"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			bad := newBackend(t, "bad", statusHandler(503))
+			good := newBackend(t, "good", okHandler("good"))
+			first := tc.first
+			if first == "" {
+				first = bad.URL
+			}
+			tp := newTestProxy(t, testConfig("first", first, good.URL))
+			for _, body := range []string{chatBody, streamBody} {
+				path := PathChatCompletions
+				if strings.Contains(body, "prompt") {
+					path = PathCompletions
+				}
+				resp := tp.post(t, path, body)
+				out := readAll(t, resp)
+				if resp.StatusCode != 200 || !strings.Contains(out, "good") {
+					t.Errorf("got %d %q, want 200 from good", resp.StatusCode, out)
+				}
+			}
+			if n := good.hits.Load(); n != 2 {
+				t.Errorf("good endpoint: got %d requests, want 2", n)
+			}
+			if tc.first == "" && bad.hits.Load() != 2 {
+				t.Errorf("bad endpoint: got %d requests, want 2", bad.hits.Load())
+			}
+			if v := tp.metric(t, tp.metrics.retries, "m", first, tc.reason); v != 2 {
+				t.Errorf("kvroute_retries_total{reason=%s}: got %v, want 2", tc.reason, v)
+			}
+		})
+	}
+}
+
+func TestRetryExhaustedReturnsUpstreamFailure(t *testing.T) {
+	a := newBackend(t, "a", statusHandler(500))
+	b := newBackend(t, "b", statusHandler(502))
+	cfg := testConfig("first", a.URL, b.URL)
+	cfg.Retry.Attempts = 3 // more attempts than endpoints
+	tp := newTestProxy(t, cfg)
+	resp := tp.post(t, PathChatCompletions, chatBody)
+	out := readAll(t, resp)
+	if resp.StatusCode != 502 || !strings.Contains(out, "engine says 502") {
+		t.Errorf("got %d %q, want the last endpoint's 502", resp.StatusCode, out)
+	}
+	// One endpoint only: its own 5xx body comes back.
+	tp1 := newTestProxy(t, testConfig("first", a.URL))
+	resp = tp1.post(t, PathChatCompletions, chatBody)
+	out = readAll(t, resp)
+	if resp.StatusCode != 500 || !strings.Contains(out, "engine says 500") {
+		t.Errorf("single endpoint: got %d %q, want its 500", resp.StatusCode, out)
+	}
+}
+
+func TestEjectionAndRecovery(t *testing.T) {
+	var failing atomic.Bool
+	failing.Store(true)
+	a := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		if failing.Load() {
+			statusHandler(500)(w, r)
+			return
+		}
+		okHandler("a")(w, r)
+	})
+	b := newBackend(t, "b", okHandler("b"))
+	cfg := testConfig("first", a.URL, b.URL)
+	cfg.Retry.Attempts = 1
+	cfg.Models[0].Router.FailThreshold = 2
+	cfg.Models[0].Router.BaseEjection = 10 * time.Second
+	tp := newTestProxy(t, cfg)
+	send := func() (int, string) {
+		resp := tp.post(t, PathChatCompletions, chatBody)
+		return resp.StatusCode, readAll(t, resp)
+	}
+	for i := range 2 { // two failures reach the client (no retries), then a is ejected
+		if code, _ := send(); code != 500 {
+			t.Fatalf("request %d: got %d, want a's 500", i, code)
+		}
+	}
+	if v := tp.metric(t, tp.metrics.ejections, "m", a.URL, "passive"); v != 1 {
+		t.Errorf("kvroute_ejections_total: got %v, want 1", v)
+	}
+	for i := range 3 {
+		if code, out := send(); code != 200 || !strings.Contains(out, "from b") {
+			t.Fatalf("while a is ejected, request %d: got %d %q, want b", i, code, out)
+		}
+	}
+	failing.Store(false)
+	tp.clock.Advance(11 * time.Second)
+	if code, out := send(); code != 200 || !strings.Contains(out, "from a") {
+		t.Fatalf("after the ejection: got %d %q, want a back", code, out)
+	}
+}
+
+func TestNoHealthyEndpoint503(t *testing.T) {
+	a := newBackend(t, "a", statusHandler(500))
+	cfg := testConfig("first", a.URL)
+	cfg.Retry.Attempts = 1
+	cfg.Models[0].Router.FailThreshold = 1
+	cfg.Models[0].Router.BaseEjection = 5 * time.Second
+	tp := newTestProxy(t, cfg)
+	readAll(t, tp.post(t, PathChatCompletions, chatBody)) // ejects a
+	resp := tp.post(t, PathChatCompletions, chatBody)
+	out := readAll(t, resp)
+	if resp.StatusCode != 503 {
+		t.Fatalf("got %d %s, want 503", resp.StatusCode, out)
+	}
+	if ra := resp.Header.Get("Retry-After"); ra != "5" {
+		t.Errorf("Retry-After: got %q, want 5", ra)
+	}
+	var e openai.ErrorResponse
+	if err := json.Unmarshal([]byte(out), &e); err != nil || e.Error.Type != "service_unavailable_error" {
+		t.Errorf("body: got %s (%v)", out, err)
+	}
+	resp, _ = http.Get(tp.srv.URL + PathReadyz)
+	if out := readAll(t, resp); resp.StatusCode != 503 || !strings.Contains(out, `"m"`) {
+		t.Errorf("/readyz: got %d %s, want 503 naming m", resp.StatusCode, out)
+	}
+}
+
+func TestActiveHealthChecks(t *testing.T) {
+	var down atomic.Bool
+	a := newBackend(t, "a", okHandler("a"))
+	a.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/health" && down.Load() {
+			w.WriteHeader(http.StatusServiceUnavailable)
+			return
+		}
+		okHandler("a")(w, r)
+	})
+	cfg := testConfig("first", a.URL)
+	cfg.HealthCheck = config.HealthCheck{Interval: 5 * time.Millisecond, Timeout: 5 * time.Millisecond, UnhealthyThreshold: 2, HealthyThreshold: 1}
+	tp := newTestProxy(t, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- tp.RunHealthChecks(ctx) }()
+	defer func() {
+		cancel()
+		if err := recv(t, "health checks to stop", done); err != nil {
+			t.Errorf("RunHealthChecks: %v", err)
+		}
+	}()
+	isHealthy := func() bool { return tp.Router("m").Status(tp.clock.Now())[0].Healthy }
+	down.Store(true)
+	waitFor(t, "a to fail its health checks", func() bool { return !isHealthy() })
+	resp := tp.post(t, PathChatCompletions, chatBody)
+	if readAll(t, resp); resp.StatusCode != 503 {
+		t.Errorf("while unhealthy: got %d, want 503", resp.StatusCode)
+	}
+	down.Store(false)
+	waitFor(t, "a to pass its health checks", isHealthy)
+	resp = tp.post(t, PathChatCompletions, chatBody)
+	if readAll(t, resp); resp.StatusCode != 200 {
+		t.Errorf("after recovery: got %d, want 200", resp.StatusCode)
+	}
+}
+
+func TestClientDisconnectCancelsBackend(t *testing.T) {
+	canceled := make(chan struct{})
+	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"n\":0}\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // the engine generates until its request is cancelled
+		close(canceled)
+	})
+	tp := newTestProxy(t, testConfig("first", be.URL))
+	ctx, cancel := context.WithCancel(context.Background())
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, tp.srv.URL+PathCompletions, strings.NewReader(streamBody))
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	line, _ := bufio.NewReader(resp.Body).ReadString('\n')
+	if line != "data: {\"n\":0}\n" {
+		t.Fatalf("first line: got %q", line)
+	}
+	cancel()
+	resp.Body.Close()
+	recv(t, "the backend request to be cancelled", canceled)
+	waitFor(t, "the request to be counted as 499", func() bool {
+		return tp.metric(t, tp.metrics.requests, "m", be.URL, "499") == 1
+	})
+	if v := tp.metric(t, tp.metrics.inflight, "m", be.URL); v != 0 {
+		t.Errorf("in-flight after the disconnect: got %v, want 0", v)
+	}
+}
+
+func TestMidStreamFailureEndsWithErrorEvent(t *testing.T) {
+	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"n\":0}\n\ndata: {\"n\":")
+		w.(http.Flusher).Flush()
+		panic(http.ErrAbortHandler) // the engine dies mid-event
+	})
+	tp := newTestProxy(t, testConfig("first", be.URL))
+	resp := tp.post(t, PathCompletions, streamBody)
+	got := events(t, strings.NewReader(readAll(t, resp)))
+	if len(got) != 4 || got[0] != `{"n":0}` || got[1] != `{"n":` || got[3] != "[DONE]" {
+		t.Fatalf("events: got %q, want the first chunk, the broken one, an error event and [DONE]", got)
+	}
+	var e openai.ErrorResponse
+	if err := json.Unmarshal([]byte(got[2]), &e); err != nil || e.Error.Code != float64(502) || e.Error.Type != "upstream_error" {
+		t.Errorf("error event: got %s (%v), want a vLLM-style error with code 502", got[2], err)
+	}
+	if v := tp.metric(t, tp.metrics.streamErrors, "m", be.URL); v != 1 {
+		t.Errorf("kvroute_upstream_stream_errors_total: got %v, want 1", v)
+	}
+}
+
+func TestBadInputs(t *testing.T) {
+	be := newBackend(t, "a", okHandler("a"))
+	cfg := testConfig("first", be.URL)
+	cfg.Limits.MaxBodyBytes = 1024
+	tp := newTestProxy(t, cfg)
+	big := `{"model":"m","prompt":"` + strings.Repeat("x", 2000) + `"}`
+	tests := []struct {
+		name, method, path, body string
+		wantStatus               int
+		wantType, wantParam      string
+	}{
+		{"unknown model", "POST", PathChatCompletions, `{"model":"nope","messages":[{"role":"user","content":"x"}]}`, 404, "not_found_error", "model"},
+		{"oversized body", "POST", PathCompletions, big, 413, "invalid_request_error", ""},
+		{"malformed json", "POST", PathChatCompletions, `{"model":"m",`, 400, "invalid_request_error", ""},
+		{"not an object", "POST", PathChatCompletions, `"hi"`, 400, "invalid_request_error", ""},
+		{"empty body", "POST", PathChatCompletions, ``, 400, "invalid_request_error", ""},
+		{"missing model", "POST", PathChatCompletions, `{"messages":[{"role":"user","content":"x"}]}`, 400, "invalid_request_error", "model"},
+		{"model wrong type", "POST", PathChatCompletions, `{"model":["m"],"messages":[]}`, 400, "invalid_request_error", "model"},
+		{"empty messages", "POST", PathChatCompletions, `{"model":"m","messages":[]}`, 400, "invalid_request_error", "messages"},
+		{"messages missing", "POST", PathChatCompletions, `{"model":"m","prompt":"x"}`, 400, "invalid_request_error", "messages"},
+		{"stream wrong type", "POST", PathCompletions, `{"model":"m","prompt":"x","stream":1}`, 400, "invalid_request_error", "stream"},
+		{"max_tokens wrong type", "POST", PathCompletions, `{"model":"m","prompt":"x","max_tokens":"9"}`, 400, "invalid_request_error", "max_tokens"},
+		{"prompt missing", "POST", PathCompletions, `{"model":"m"}`, 400, "invalid_request_error", "prompt"},
+		{"message without role", "POST", PathChatCompletions, `{"model":"m","messages":[{"content":"x"}]}`, 400, "invalid_request_error", "messages[0].role"},
+		{"wrong method", "GET", PathCompletions, ``, 405, "invalid_request_error", ""},
+		{"unknown path", "POST", "/v1/embeddingz", `{}`, 404, "not_found_error", ""},
+		{"admin disabled", "PUT", PathAdminPolicy, `{}`, 404, "not_found_error", ""},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest(tc.method, tp.srv.URL+tc.path, strings.NewReader(tc.body))
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out := readAll(t, resp)
+			if resp.StatusCode != tc.wantStatus {
+				t.Errorf("status: got %d, want %d (%s)", resp.StatusCode, tc.wantStatus, out)
+			}
+			var e struct {
+				Error map[string]any `json:"error"`
+			}
+			if err := json.Unmarshal([]byte(out), &e); err != nil {
+				t.Fatalf("body %q is not an OpenAI error: %v", out, err)
+			}
+			for _, k := range []string{"message", "type", "param", "code"} {
+				if _, ok := e.Error[k]; !ok {
+					t.Errorf("error body %s lacks %q", out, k)
+				}
+			}
+			param, _ := e.Error["param"].(string)
+			if e.Error["type"] != tc.wantType || param != tc.wantParam {
+				t.Errorf("got type %v param %q, want %q %q", e.Error["type"], param, tc.wantType, tc.wantParam)
+			}
+		})
+	}
+	if n := be.hits.Load(); n != 0 {
+		t.Errorf("the engine saw %d bad requests, want 0", n)
+	}
+}
+
+func TestRoutingHeadersStrippedUnlessTrusted(t *testing.T) {
+	got := make(chan http.Header, 1)
+	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		got <- r.Header.Clone()
+		okHandler("a")(w, r)
+	})
+	for _, tc := range []struct {
+		name    string
+		trusted []string
+		want    string
+	}{
+		{"untrusted", nil, ""},
+		{"untrusted network", []string{"10.0.0.0/8"}, ""},
+		{"trusted", []string{"127.0.0.0/8"}, "p1"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig("first", be.URL)
+			cfg.TrustedClients = tc.trusted
+			tp := newTestProxy(t, cfg)
+			req, _ := http.NewRequest("POST", tp.srv.URL+PathChatCompletions, strings.NewReader(chatBody))
+			req.Header.Set("X-Kvroute-Prefill-Endpoint", "p1")
+			req.Header.Set("x-kvroute-tenant", "t")
+			req.Header.Set("X-Other", "kept")
+			readAll(t, must(http.DefaultClient.Do(req)))
+			h := <-got
+			if v := h.Get("X-Kvroute-Prefill-Endpoint"); v != tc.want {
+				t.Errorf("engine got X-Kvroute-Prefill-Endpoint %q, want %q", v, tc.want)
+			}
+			if h.Get("X-Other") != "kept" {
+				t.Error("other headers must be forwarded")
+			}
+		})
+	}
+}
+
+func must[T any](v T, err error) T {
+	if err != nil {
+		panic(err)
+	}
+	return v
+}
+
+func TestDebugHeaderAndDecisions(t *testing.T) {
+	be := newBackend(t, "a", okHandler("a"))
+	cfg := testConfig("first", be.URL)
+	cfg.Debug.Enabled = true
+	tp := newTestProxy(t, cfg)
+	resp := tp.post(t, PathChatCompletions, chatBody)
+	readAll(t, resp)
+	if got := resp.Header.Get(HeaderEndpoint); got != be.URL {
+		t.Errorf("%s: got %q, want %q", HeaderEndpoint, got, be.URL)
+	}
+	resp = must(http.Get(tp.srv.URL + PathDecisions + "?model=m&n=5"))
+	out := readAll(t, resp)
+	var d map[string][]struct {
+		Decision struct{ Endpoint string } `json:"decision"`
+	}
+	if err := json.Unmarshal([]byte(out), &d); err != nil || len(d["m"]) != 1 || d["m"][0].Decision.Endpoint != be.URL {
+		t.Errorf("/debug/decisions: got %s (%v)", out, err)
+	}
+	for _, path := range []string{PathEndpoints, PathModels, PathHealthz, PathReadyz, PathMetrics} {
+		resp := must(http.Get(tp.srv.URL + path))
+		if out := readAll(t, resp); resp.StatusCode != 200 {
+			t.Errorf("GET %s: got %d %s", path, resp.StatusCode, out)
+		}
+	}
+	out = readAll(t, must(http.Get(tp.srv.URL+PathMetrics)))
+	for _, name := range []string{"kvroute_requests_total", "kvroute_inflight_requests", "kvroute_upstream_ttfb_seconds",
+		"kvroute_request_duration_seconds", "kvroute_decision_duration_seconds", "kvroute_endpoint_healthy"} {
+		if !strings.Contains(out, name) {
+			t.Errorf("/metrics lacks %s", name)
+		}
+	}
+}
+
+func TestDebugNeedsTokenWhenDisabled(t *testing.T) {
+	be := newBackend(t, "a", okHandler("a"))
+	cfg := testConfig("first", be.URL)
+	cfg.Admin.Token = "0123456789abcdef"
+	tp := newTestProxy(t, cfg)
+	resp := tp.post(t, PathChatCompletions, chatBody)
+	if readAll(t, resp); resp.Header.Get(HeaderEndpoint) != "" {
+		t.Error("debug header sent with debug disabled")
+	}
+	resp = must(http.Get(tp.srv.URL + PathDecisions))
+	if readAll(t, resp); resp.StatusCode != 403 {
+		t.Errorf("/debug/decisions without token: got %d, want 403", resp.StatusCode)
+	}
+	req, _ := http.NewRequest("GET", tp.srv.URL+PathDecisions, nil)
+	req.Header.Set("Authorization", "Bearer 0123456789abcdef")
+	resp = must(http.DefaultClient.Do(req))
+	if readAll(t, resp); resp.StatusCode != 200 {
+		t.Errorf("/debug/decisions with token: got %d, want 200", resp.StatusCode)
+	}
+}
+
+func TestAdminPolicy(t *testing.T) {
+	be := newBackend(t, "a", okHandler("a"))
+	cfg := testConfig("first", be.URL)
+	cfg.Admin.Token = "0123456789abcdef"
+	tp := newTestProxy(t, cfg)
+	tests := []struct {
+		name, token, body string
+		want              int
+	}{
+		{"no token", "", `{"model":"m","policy":"rr"}`, 403},
+		{"wrong token", "0123456789abcdeX", `{"model":"m","policy":"rr"}`, 403},
+		{"unknown model", "0123456789abcdef", `{"model":"x","policy":"rr"}`, 404},
+		{"unknown policy", "0123456789abcdef", `{"model":"m","policy":"nope"}`, 400},
+		{"bad body", "0123456789abcdef", `{"model":"m","policy":"rr","extra":1}`, 400},
+		{"ok", "0123456789abcdef", `{"model":"m","policy":"rr","params":{"x":1}}`, 200},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest("PUT", tp.srv.URL+PathAdminPolicy, strings.NewReader(tc.body))
+			if tc.token != "" {
+				req.Header.Set("Authorization", "Bearer "+tc.token)
+			}
+			resp := must(http.DefaultClient.Do(req))
+			if out := readAll(t, resp); resp.StatusCode != tc.want {
+				t.Errorf("got %d %s, want %d", resp.StatusCode, out, tc.want)
+			}
+		})
+	}
+	if got := tp.Router("m").Policy(); got != "rr" {
+		t.Errorf("policy after the switch: got %q, want rr", got)
+	}
+}
+
+func TestModelsUnion(t *testing.T) {
+	be := newBackend(t, "a", okHandler("a"))
+	cfg := testConfig("first", be.URL)
+	cfg.Models = append(cfg.Models, cfg.Models[0])
+	cfg.Models[1].Name = "b-model"
+	tp := newTestProxy(t, cfg)
+	out := readAll(t, must(http.Get(tp.srv.URL+PathModels)))
+	var l modelList
+	if err := json.Unmarshal([]byte(out), &l); err != nil || len(l.Data) != 2 || l.Data[0].ID != "b-model" || l.Data[1].ID != "m" {
+		t.Errorf("/v1/models: got %s", out)
+	}
+}
+
+func TestNewErrors(t *testing.T) {
+	cfg := testConfig("nope", "http://127.0.0.1:1")
+	if _, err := New(Options{Config: cfg, NewPicker: testPickers}); err == nil ||
+		!strings.Contains(err.Error(), `models[0].policy: unknown policy "nope"`) {
+		t.Errorf("unknown policy: got %v", err)
+	}
+	cfg = testConfig("first", "htp://x")
+	if _, err := New(Options{Config: cfg, NewPicker: testPickers}); err == nil ||
+		!strings.Contains(err.Error(), `models[0].endpoints[0].url: "htp://x" is not an http(s) URL`) {
+		t.Errorf("bad url: got %v", err)
+	}
+	if _, err := New(Options{Config: testConfig("first", "http://127.0.0.1:1")}); err == nil {
+		t.Error("nil NewPicker: got nil error")
+	}
+}
+
+func TestGracefulShutdownDrainsStreams(t *testing.T) {
+	release := make(chan struct{})
+	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"n\":0}\n\n")
+		w.(http.Flusher).Flush()
+		<-release
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	})
+	cfg := testConfig("first", be.URL)
+	p, err := New(Options{Config: cfg, NewPicker: testPickers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- p.Serve(ctx, ln) }()
+	resp, err := http.Post("http://"+ln.Addr().String()+PathCompletions, "application/json", strings.NewReader(streamBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	if line, _ := br.ReadString('\n'); line != "data: {\"n\":0}\n" {
+		t.Fatalf("first line: got %q", line)
+	}
+	stop() // SIGTERM: stop accepting, drain
+	waitFor(t, "the proxy to stop accepting", func() bool {
+		c, err := net.Dial("tcp", ln.Addr().String())
+		if err == nil {
+			c.Close()
+		}
+		return err != nil
+	})
+	close(release)
+	rest, _ := io.ReadAll(br)
+	resp.Body.Close()
+	if string(rest) != "\ndata: [DONE]\n\n" {
+		t.Errorf("the in-flight stream was not drained: rest %q", rest)
+	}
+	if err := recv(t, "Serve to return", served); err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+}

@@ -1,0 +1,42 @@
+package proxy
+
+import (
+	"errors"
+	"net/http"
+)
+
+// errRetry is returned by modifyResponse for a 5xx that another endpoint
+// may serve; upstreamError recognises it and leaves the response unwritten.
+var errRetry = errors.New("proxy: retryable upstream status")
+
+// retryReason says why an attempt is retried.
+type retryReason uint8
+
+const (
+	retryNone    retryReason = iota
+	retryConnect             // transport error before any response byte
+	retryStatus              // 5xx response headers, before any body byte reached the client
+)
+
+func (r retryReason) String() string {
+	switch r {
+	case retryConnect:
+		return "connect_error"
+	case retryStatus:
+		return "status_5xx"
+	}
+	return "none"
+}
+
+// countsAsFailure reports whether a response status is the endpoint's
+// failure for passive health and retries: 5xx except 501 Not Implemented
+// and 505, which say the request, not the endpoint, is at fault.
+func countsAsFailure(status int) bool {
+	return status >= 500 && status != http.StatusNotImplemented && status != http.StatusHTTPVersionNotSupported
+}
+
+// canRetry reports whether this exchange may try another endpoint after
+// the current attempt fails before its first byte.
+func (x *exchange) canRetry() bool {
+	return x.attempt+1 < x.maxAttempts && x.p.pools[x.req.Model] != nil
+}

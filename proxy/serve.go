@@ -1,0 +1,55 @@
+package proxy
+
+import (
+	"context"
+	"errors"
+	"log/slog"
+	"net"
+	"net/http"
+	"sync"
+)
+
+// Serve serves the proxy on ln and runs the active health checks until ctx
+// is done. Then it stops accepting connections, lets in-flight requests
+// (streams included) finish for up to timeouts.shutdown, closes whatever is
+// left (cancelling those upstream requests) and returns. It returns nil
+// after a shutdown asked for by ctx, else the server's error.
+func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
+	srv := &http.Server{
+		Handler:           p,
+		ReadHeaderTimeout: p.cfg.Timeouts.ReadHeader,
+		IdleTimeout:       p.cfg.Timeouts.Idle,
+		MaxHeaderBytes:    p.cfg.Limits.MaxHeaderBytes,
+		ErrorLog:          slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
+	}
+	hctx, stopHealth := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() { _ = p.RunHealthChecks(hctx) })
+	defer func() {
+		stopHealth()
+		wg.Wait()
+	}()
+
+	errc := make(chan error, 1)
+	go func() { errc <- srv.Serve(ln) }()
+	p.log.Info("serving", "addr", ln.Addr().String(), "models", p.names)
+	select {
+	case err := <-errc:
+		return err
+	case <-ctx.Done():
+	}
+	p.draining.Store(true)
+	p.log.Info("shutting down: draining in-flight requests", "deadline", p.cfg.Timeouts.Shutdown)
+	sctx, cancel := context.WithTimeout(context.Background(), p.cfg.Timeouts.Shutdown)
+	defer cancel()
+	err := srv.Shutdown(sctx)
+	if errors.Is(err, context.DeadlineExceeded) {
+		p.log.Warn("drain deadline passed: closing the remaining connections")
+		err = srv.Close()
+	}
+	if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) && err == nil {
+		err = serr
+	}
+	p.log.Info("stopped")
+	return err
+}

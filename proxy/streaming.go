@@ -1,0 +1,87 @@
+package proxy
+
+import (
+	"fmt"
+	"io"
+	"net/http"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/openai"
+)
+
+// upstreamBody wraps an endpoint's response body on its way to the client.
+// It notes the first byte (the first token of a stream) and, when an event
+// stream breaks after its first byte, ends it the way vLLM ends a failed
+// stream: an error event and "data: [DONE]", so that clients see a clean
+// end rather than a truncated connection. Other bodies that break are
+// aborted (http.ErrAbortHandler, by the reverse proxy).
+type upstreamBody struct {
+	rc      io.ReadCloser
+	x       *exchange
+	sse     bool
+	started bool
+	tail    [4]byte // the last bytes passed on, to tell if a stream broke mid-event
+	ended   bool    // the upstream failed: serve rest, then EOF
+	rest    []byte
+}
+
+func (b *upstreamBody) Read(p []byte) (int, error) {
+	if b.ended {
+		if len(b.rest) == 0 {
+			return 0, io.EOF
+		}
+		n := copy(p, b.rest)
+		b.rest = b.rest[n:]
+		return n, nil
+	}
+	n, err := b.rc.Read(p)
+	if n > 0 {
+		if !b.started {
+			b.started = true
+			b.x.firstByte(b.x.p.now())
+		}
+		b.remember(p[:n])
+	}
+	if err == nil || err == io.EOF {
+		return n, err
+	}
+	if b.x.ctx.Err() != nil {
+		return n, err // the client went away; nothing to tell it
+	}
+	b.x.streamFailed(err)
+	if !b.sse {
+		return n, err
+	}
+	b.ended = true
+	if b.started && !b.atEventBoundary() {
+		b.rest = append(b.rest, "\n\n"...) // terminate the broken event
+	}
+	b.rest = openai.AppendErrorEvent(b.rest, &kvroute.Error{Status: http.StatusBadGateway, Type: kvroute.TypeUpstream,
+		Message: fmt.Sprintf("the stream from endpoint %s broke: %v", b.x.flight.Endpoint.ID, err)})
+	return n, nil
+}
+
+func (b *upstreamBody) remember(p []byte) {
+	if len(p) >= len(b.tail) {
+		copy(b.tail[:], p[len(p)-len(b.tail):])
+		return
+	}
+	k := copy(b.tail[:], b.tail[len(p):])
+	copy(b.tail[k:], p)
+}
+
+func (b *upstreamBody) atEventBoundary() bool {
+	t := b.tail
+	return (t[2] == '\n' && t[3] == '\n') || (t[0] == '\r' && t[1] == '\n' && t[2] == '\r' && t[3] == '\n')
+}
+
+func (b *upstreamBody) Close() error { return b.rc.Close() }
+
+// streamFailed records an upstream failure after the first byte.
+func (x *exchange) streamFailed(err error) {
+	x.streamErr = err
+	x.reportHealth(x.p.now(), false)
+	x.p.metrics.streamErrors.WithLabelValues(x.pool.model, x.flight.Endpoint.ID).Inc()
+	x.p.log.Warn("upstream failed mid-response", "request_id", x.req.ID, "model", x.pool.model,
+		"endpoint", x.flight.Endpoint.ID, "error", err)
+}

@@ -1,0 +1,159 @@
+package proxy
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httputil"
+	"net/url"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/openai"
+)
+
+// newTransport builds the upstream transport. Engines are few and busy:
+// keep many idle connections per host so that bursts do not redial.
+func newTransport(t config.Timeouts) *http.Transport {
+	d := &net.Dialer{Timeout: t.Dial, KeepAlive: 30 * time.Second}
+	return &http.Transport{
+		Proxy:                 nil, // engines are reached directly, never through HTTP_PROXY
+		DialContext:           d.DialContext,
+		MaxIdleConns:          1024,
+		MaxIdleConnsPerHost:   256,
+		IdleConnTimeout:       90 * time.Second,
+		ResponseHeaderTimeout: t.UpstreamHeader,
+		ExpectContinueTimeout: 0,
+		DisableCompression:    true, // forward bodies as the engine sent them
+		ForceAttemptHTTP2:     false,
+	}
+}
+
+// endpointProxy forwards requests to one endpoint.
+type endpointProxy struct {
+	ep     *kvroute.Endpoint
+	target *url.URL
+	rp     *httputil.ReverseProxy
+}
+
+func (p *Proxy) newEndpointProxy(pl *pool, ep *kvroute.Endpoint) (*endpointProxy, error) {
+	target, err := url.Parse(ep.URL)
+	if err != nil {
+		return nil, err
+	}
+	e := &endpointProxy{ep: ep, target: target}
+	e.rp = &httputil.ReverseProxy{
+		Rewrite: func(pr *httputil.ProxyRequest) {
+			pr.SetURL(target)
+		},
+		Transport:      p.transport,
+		FlushInterval:  -1, // every chunk of an event stream goes out as it arrives
+		ErrorLog:       nil,
+		ModifyResponse: p.modifyResponse,
+		ErrorHandler:   p.upstreamError,
+	}
+	return e, nil
+}
+
+// modifyResponse runs when an endpoint's response headers arrive, before
+// anything is sent to the client: the last moment a 5xx can be retried.
+func (p *Proxy) modifyResponse(resp *http.Response) error {
+	x := exchangeFrom(resp.Request.Context())
+	if x == nil {
+		return nil
+	}
+	now := p.now()
+	x.status = resp.StatusCode
+	if countsAsFailure(resp.StatusCode) {
+		x.reportHealth(now, false)
+		if x.canRetry() {
+			x.saveFailedResponse(resp)
+			x.retry = retryStatus
+			return errRetry
+		}
+	} else {
+		x.reportHealth(now, true)
+	}
+	h := resp.Header
+	h.Set(HeaderRequestID, x.req.ID)
+	if p.cfg.Debug.Enabled {
+		h.Set(HeaderEndpoint, x.flight.Endpoint.ID)
+	}
+	resp.Body = &upstreamBody{rc: resp.Body, x: x, sse: isEventStream(resp.Header)}
+	return nil
+}
+
+// upstreamError handles every failure of an attempt: a transport error
+// (connect error, reset, timeout) or errRetry from modifyResponse.
+func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
+	x := exchangeFrom(r.Context())
+	if x == nil {
+		openai.WriteError(w, fmt.Errorf("proxy: %w", err))
+		return
+	}
+	if errors.Is(err, errRetry) {
+		return // modifyResponse recorded it; the attempt loop retries
+	}
+	if r.Context().Err() != nil {
+		x.clientGone = true // the client went away: not the endpoint's fault
+		return
+	}
+	x.reportHealth(p.now(), false)
+	x.upstreamErr = err
+	if x.canRetry() {
+		x.retry = retryConnect
+		return
+	}
+	x.status = upstreamStatus(err)
+	openai.WriteError(w, &kvroute.Error{Status: x.status, Type: kvroute.TypeUpstream, Code: "upstream_error",
+		Message: fmt.Sprintf("endpoint %s of model %q failed: %v", x.flight.Endpoint.ID, x.req.Model, err)})
+}
+
+// upstreamStatus maps a transport error to the client's status: 504 for a
+// timeout, 502 otherwise.
+func upstreamStatus(err error) int {
+	var ne net.Error
+	if errors.As(err, &ne) && ne.Timeout() {
+		return http.StatusGatewayTimeout
+	}
+	return http.StatusBadGateway
+}
+
+func isEventStream(h http.Header) bool {
+	ct := h.Get("Content-Type")
+	return len(ct) >= len(openai.ContentTypeEventStream) && ct[:len(openai.ContentTypeEventStream)] == openai.ContentTypeEventStream
+}
+
+// maxSavedBody bounds the body of a failed response kept to replay when no
+// other endpoint can take the retry.
+const maxSavedBody = 64 << 10
+
+// savedResponse is a 5xx response kept while a retry is attempted.
+type savedResponse struct {
+	status int
+	header http.Header
+	body   []byte
+}
+
+func (x *exchange) saveFailedResponse(resp *http.Response) {
+	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxSavedBody))
+	x.saved = &savedResponse{status: resp.StatusCode, header: resp.Header.Clone(), body: body}
+}
+
+// writeSaved replays a saved failed response to the client.
+func (s *savedResponse) write(w http.ResponseWriter, requestID string) {
+	h := w.Header()
+	for k, v := range s.header {
+		if k == "Content-Length" || k == "Connection" || k == "Transfer-Encoding" || k == "Keep-Alive" {
+			continue
+		}
+		h[k] = v
+	}
+	h.Set(HeaderRequestID, requestID)
+	h.Set("Content-Length", fmt.Sprint(len(s.body)))
+	w.WriteHeader(s.status)
+	_, _ = w.Write(s.body)
+}
