@@ -424,3 +424,22 @@ func TestNiceTicks(t *testing.T) {
 		}
 	}
 }
+
+func TestOccupancy(t *testing.T) {
+	s := []Sample{
+		{Engine: "a", Arrival: 0, E2E: 4 * time.Second},
+		{Engine: "a", Arrival: time.Second, E2E: time.Second},
+		{Engine: "b", Arrival: 2 * time.Second, E2E: 2 * time.Second},
+	}
+	got := Occupancy(s, 5) // t = 0, 1, 2, 3, 4 s
+	want := []Series{
+		{Name: "a", X: []float64{0, 1, 2, 3, 4}, Y: []float64{1, 2, 1, 1, 0}},
+		{Name: "b", X: []float64{0, 1, 2, 3, 4}, Y: []float64{0, 0, 1, 1, 0}},
+	}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+	if Occupancy(nil, 5) != nil {
+		t.Error("Occupancy(nil) != nil")
+	}
+}

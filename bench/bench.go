@@ -1,0 +1,451 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"strconv"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/report"
+	"github.com/kvroute/kvroute/workload"
+)
+
+// API selects the endpoint requests are sent to.
+const (
+	// APIChat sends POST /v1/chat/completions with the prompt as one user
+	// message.
+	APIChat = "chat"
+	// APICompletions sends POST /v1/completions.
+	APICompletions = "completions"
+)
+
+// Prompt forms.
+const (
+	// PromptText sends the prompt as text (workload.Request.PromptText).
+	PromptText = "text"
+	// PromptTokens sends the prompt as token ids (completions only).
+	PromptTokens = "tokens"
+)
+
+// Error kinds recorded in report.Sample.Err.
+const (
+	ErrConnect   = "connect"   // connection refused or unreachable
+	ErrDNS       = "dns"       // host name did not resolve
+	ErrTimeout   = "timeout"   // the per-request timeout expired
+	ErrCanceled  = "canceled"  // the run was cancelled (e.g. Ctrl-C)
+	ErrTransport = "transport" // any other failure before a response
+	ErrMidstream = "midstream" // an error event or a broken stream after a 200
+	ErrBadReply  = "bad_response"
+	// HTTP errors are "http_<status>", e.g. http_500; 429 is a rejection.
+)
+
+// Config configures a run. Zero fields take the documented defaults.
+type Config struct {
+	// URL is the server's base URL, e.g. http://127.0.0.1:8000; the API
+	// path (/v1/chat/completions or /v1/completions) is appended unless the
+	// URL already ends in it. Required.
+	URL string
+	// Model is the "model" field of every request. Required.
+	Model string
+	// API is chat (default) or completions.
+	API string
+	// Prompt is text (default) or tokens (completions only).
+	Prompt string
+	// MaxInFlight caps concurrent requests; default 1024. When the cap is
+	// reached, the next request waits for a free slot (and is counted in
+	// Result.Delayed): arrivals stay open-loop up to the cap.
+	MaxInFlight int
+	// Timeout bounds each request from send to last byte; default 10m.
+	Timeout time.Duration
+	// Duration stops issuing requests whose arrival offset is later than it
+	// (0 = the whole workload). Requests already sent are awaited.
+	Duration time.Duration
+	// MaxRequests stops after issuing this many requests (0 = no limit).
+	MaxRequests int
+	// IgnoreEOS sends vLLM's "ignore_eos": true so that every request
+	// generates exactly its OutputLen tokens.
+	IgnoreEOS bool
+	// Header is added to every request (e.g. Authorization).
+	Header http.Header
+	// Client sends the requests; nil = a client with a transport sized for
+	// MaxInFlight and no overall timeout.
+	Client *http.Client
+	// Progress, when non-nil, is advanced once per finished request.
+	Progress *report.Progress
+	// Logger receives per-run information; nil = discard.
+	Logger *slog.Logger
+}
+
+func (c *Config) withDefaults() Config {
+	o := *c
+	if o.API == "" {
+		o.API = APIChat
+	}
+	if o.Prompt == "" {
+		o.Prompt = PromptText
+	}
+	if o.MaxInFlight <= 0 {
+		o.MaxInFlight = 1024
+	}
+	if o.Timeout <= 0 {
+		o.Timeout = 10 * time.Minute
+	}
+	if o.Logger == nil {
+		o.Logger = slog.New(slog.DiscardHandler)
+	}
+	return o
+}
+
+// Validate checks the configuration after defaults.
+func (c *Config) Validate() error {
+	o := c.withDefaults()
+	u, err := url.Parse(o.URL)
+	if err != nil {
+		return fmt.Errorf("bench: url: %w", err)
+	}
+	if u.Scheme != "http" && u.Scheme != "https" {
+		return fmt.Errorf("bench: url %q: scheme must be http or https", o.URL)
+	}
+	if u.Host == "" {
+		return fmt.Errorf("bench: url %q has no host", o.URL)
+	}
+	if o.Model == "" {
+		return errors.New("bench: model is required")
+	}
+	switch o.API {
+	case APIChat, APICompletions:
+	default:
+		return fmt.Errorf("bench: api %q is not one of chat, completions", o.API)
+	}
+	switch o.Prompt {
+	case PromptText:
+	case PromptTokens:
+		if o.API != APICompletions {
+			return errors.New("bench: prompt tokens needs api completions (chat messages are text)")
+		}
+	default:
+		return fmt.Errorf("bench: prompt %q is not one of text, tokens", o.Prompt)
+	}
+	return nil
+}
+
+// endpoint returns the full request URL.
+func (c *Config) endpoint() string {
+	path := "/v1/chat/completions"
+	if c.API == APICompletions {
+		path = "/v1/completions"
+	}
+	base := strings.TrimRight(c.URL, "/")
+	if strings.HasSuffix(base, path) {
+		return base
+	}
+	return strings.TrimSuffix(base, "/v1") + path
+}
+
+// Result is the outcome of a run.
+type Result struct {
+	// Samples holds one sample per issued request, in completion order;
+	// Arrival is the offset from the run's start at which it was sent (its
+	// scheduled arrival unless MaxInFlight delayed it).
+	Samples []report.Sample
+	// Start is the wall-clock start of the run, Elapsed its length.
+	Start   time.Time
+	Elapsed time.Duration
+	// Delayed counts requests sent later than scheduled because
+	// MaxInFlight requests were already in flight.
+	Delayed int
+}
+
+// Summary returns the run's report row (see report.Summarize).
+func (r *Result) Summary(o report.SummaryOptions) report.Row {
+	return report.Summarize(r.Samples, o)
+}
+
+// Run replays reqs against the server open-loop: request i is sent at
+// Start + reqs[i].Arrival, whatever happened to earlier ones, in its own
+// goroutine (at most MaxInFlight at once), and measured from send to last
+// byte. Failures of any kind are recorded per request; Run returns an error
+// only for a bad configuration. Cancelling ctx stops issuing and cancels the
+// requests in flight (recorded as canceled); Run always waits for every
+// goroutine it started.
+func Run(ctx context.Context, cfg Config, reqs []workload.Request) (*Result, error) {
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	c := cfg.withDefaults()
+	client := c.Client
+	if client == nil {
+		tr := http.DefaultTransport.(*http.Transport).Clone()
+		tr.MaxIdleConns = c.MaxInFlight
+		tr.MaxIdleConnsPerHost = c.MaxInFlight
+		tr.DisableCompression = true
+		client = &http.Client{Transport: tr}
+		defer tr.CloseIdleConnections()
+	}
+	r := &runner{cfg: c, client: client, url: c.endpoint(), coll: report.NewCollector(),
+		runID: strconv.FormatInt(time.Now().UnixNano()%1e10, 36)}
+	res := &Result{Start: time.Now()}
+	sem := make(chan struct{}, c.MaxInFlight)
+	var wg sync.WaitGroup
+	timer := time.NewTimer(0)
+	defer timer.Stop()
+	issued := 0
+	c.Logger.Info("bench start", "url", r.url, "requests", len(reqs), "max_in_flight", c.MaxInFlight)
+schedule:
+	for i := range reqs {
+		req := &reqs[i]
+		if c.Duration > 0 && req.Arrival > c.Duration {
+			break
+		}
+		if c.MaxRequests > 0 && issued >= c.MaxRequests {
+			break
+		}
+		if wait := time.Until(res.Start.Add(req.Arrival)); wait > 0 {
+			timer.Reset(wait)
+			select {
+			case <-ctx.Done():
+				break schedule
+			case <-timer.C:
+			}
+		}
+		select {
+		case sem <- struct{}{}:
+		default:
+			res.Delayed++
+			select {
+			case sem <- struct{}{}:
+			case <-ctx.Done():
+				break schedule
+			}
+		}
+		if ctx.Err() != nil {
+			<-sem
+			break
+		}
+		issued++
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			s := r.do(ctx, req, time.Since(res.Start))
+			r.coll.Add(s)
+			c.Progress.Add(1)
+		}()
+	}
+	wg.Wait()
+	res.Elapsed = time.Since(res.Start)
+	res.Samples = r.coll.Samples()
+	c.Logger.Info("bench done", "issued", issued, "elapsed", res.Elapsed, "delayed", res.Delayed)
+	return res, nil
+}
+
+type runner struct {
+	cfg    Config
+	client *http.Client
+	url    string
+	coll   *report.Collector
+	runID  string
+}
+
+// body builds the JSON request body.
+func (r *runner) body(req *workload.Request) ([]byte, error) {
+	m := map[string]any{
+		"model":          r.cfg.Model,
+		"max_tokens":     req.OutputLen,
+		"stream":         true,
+		"stream_options": map[string]any{"include_usage": true},
+	}
+	if r.cfg.IgnoreEOS {
+		m["ignore_eos"] = true
+	}
+	if req.Tenant != "" {
+		m["user"] = req.Tenant
+	}
+	switch {
+	case r.cfg.API == APIChat:
+		m["messages"] = []map[string]string{{"role": "user", "content": req.PromptText()}}
+	case r.cfg.Prompt == PromptTokens && (req.Tokens != nil || len(req.Segments) > 0):
+		m["prompt"] = req.PromptTokens()
+	default:
+		m["prompt"] = req.PromptText()
+	}
+	return json.Marshal(m)
+}
+
+// do sends one request and measures it. sentAt is the send offset from the
+// run's start; the sample's Arrival is the scheduled offset.
+func (r *runner) do(ctx context.Context, req *workload.Request, sentAt time.Duration) report.Sample {
+	s := report.Sample{ID: req.ID, Arrival: sentAt, PromptTokens: req.PromptLen, CachedTokens: -1}
+	body, err := r.body(req)
+	if err != nil {
+		s.Err = ErrBadReply
+		return s
+	}
+	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	defer cancel()
+	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, r.url, bytes.NewReader(body))
+	if err != nil {
+		s.Err = ErrTransport
+		return s
+	}
+	for k, vs := range r.cfg.Header {
+		for _, v := range vs {
+			hreq.Header.Add(k, v)
+		}
+	}
+	hreq.Header.Set("Content-Type", "application/json")
+	hreq.Header.Set("Accept", openai.ContentTypeEventStream)
+	hreq.Header.Set("X-Request-Id", "bench-"+r.runID+"-"+req.ID)
+	if req.Session != "" {
+		hreq.Header.Set("X-Session-Id", req.Session)
+	}
+	t0 := time.Now()
+	resp, err := r.client.Do(hreq)
+	if err != nil {
+		s.E2E = time.Since(t0)
+		s.Err = classify(ctx, err)
+		return s
+	}
+	defer resp.Body.Close()
+	s.Engine = resp.Header.Get("X-Kvroute-Endpoint")
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		s.E2E = time.Since(t0)
+		if resp.StatusCode == http.StatusTooManyRequests {
+			s.Rejected = true
+		} else {
+			s.Err = "http_" + strconv.Itoa(resp.StatusCode)
+		}
+		return s
+	}
+	r.readStream(ctx, resp.Body, t0, &s)
+	return s
+}
+
+// chunk is the union of the chat and completion chunk fields bench reads.
+type chunk struct {
+	Choices []struct {
+		Text  string `json:"text"`
+		Delta struct {
+			Content          string `json:"content"`
+			ReasoningContent string `json:"reasoning_content"`
+		} `json:"delta"`
+		FinishReason *string `json:"finish_reason"`
+	} `json:"choices"`
+	Usage *openai.Usage  `json:"usage"`
+	Error *errorEnvelope `json:"error"`
+}
+
+type errorEnvelope struct {
+	Message string `json:"message"`
+}
+
+// readStream consumes an SSE response, filling s's timings and counts.
+func (r *runner) readStream(ctx context.Context, body io.Reader, t0 time.Time, s *report.Sample) {
+	sr := openai.NewSSEReader(body)
+	var last time.Time
+	chunks := 0
+	done := false
+	var usage *openai.Usage
+	for {
+		ev, err := sr.Next()
+		if err != nil {
+			s.E2E = time.Since(t0)
+			switch {
+			case errors.Is(err, io.EOF) && done:
+			case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+				s.Err = ErrMidstream
+			case ctx.Err() != nil:
+				s.Err = classify(ctx, err)
+			default:
+				s.Err = ErrMidstream
+			}
+			break
+		}
+		if ev.IsDone() {
+			done = true
+			s.E2E = time.Since(t0)
+			break
+		}
+		now := time.Now()
+		var c chunk
+		if err := json.Unmarshal(ev.Data, &c); err != nil {
+			s.E2E = time.Since(t0)
+			s.Err = ErrBadReply
+			break
+		}
+		if c.Error != nil {
+			s.E2E = time.Since(t0)
+			s.Err = ErrMidstream
+			break
+		}
+		if c.Usage != nil {
+			usage = c.Usage
+		}
+		got := false
+		for _, ch := range c.Choices {
+			if ch.Text != "" || ch.Delta.Content != "" || ch.Delta.ReasoningContent != "" {
+				got = true
+			}
+		}
+		if got {
+			if chunks == 0 {
+				s.TTFT = now.Sub(t0)
+			} else {
+				s.ITL = append(s.ITL, now.Sub(last))
+			}
+			last = now
+			chunks++
+		}
+	}
+	s.OutputTokens = chunks
+	if usage != nil {
+		if usage.CompletionTokens > 0 {
+			s.OutputTokens = usage.CompletionTokens
+		}
+		if usage.PromptTokens > 0 {
+			s.PromptTokens = usage.PromptTokens
+		}
+		s.CachedTokens = usage.CachedTokens()
+	}
+	if s.Err == "" && chunks == 0 {
+		s.TTFT = s.E2E
+	}
+}
+
+// classify maps a transport error to an error kind.
+func classify(ctx context.Context, err error) string {
+	var dnsErr *net.DNSError
+	switch {
+	case errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded):
+		return ErrTimeout
+	case errors.Is(err, context.Canceled) || ctx.Err() != nil:
+		return ErrCanceled
+	case errors.As(err, &dnsErr):
+		return ErrDNS
+	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.EHOSTUNREACH),
+		errors.Is(err, syscall.ENETUNREACH), errors.Is(err, syscall.ECONNRESET) && !isTimeout(err):
+		return ErrConnect
+	case isTimeout(err):
+		return ErrTimeout
+	}
+	return ErrTransport
+}
+
+func isTimeout(err error) bool {
+	var ne net.Error
+	return errors.As(err, &ne) && ne.Timeout() || errors.Is(err, os.ErrDeadlineExceeded)
+}

@@ -1,0 +1,340 @@
+package bench
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/report"
+	"github.com/kvroute/kvroute/workload"
+)
+
+// fakeServer streams OpenAI-style SSE. Per request it reads the session
+// header to pick a behaviour; the first-token delay is the session's
+// "delay" entry.
+type fakeServer struct {
+	firstDelay map[string]time.Duration // by session
+	tokenDelay time.Duration
+	cached     int
+	inFlight   atomic.Int32
+	maxSeen    atomic.Int32
+	mu         sync.Mutex // guards bodies
+	bodies     []map[string]any
+}
+
+func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := f.inFlight.Add(1)
+	defer f.inFlight.Add(-1)
+	for {
+		m := f.maxSeen.Load()
+		if n <= m || f.maxSeen.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	var body map[string]any
+	if err := json.NewDecoder(r.Body).Decode(&body); err != nil {
+		http.Error(w, err.Error(), http.StatusBadRequest)
+		return
+	}
+	f.mu.Lock()
+	f.bodies = append(f.bodies, body)
+	f.mu.Unlock()
+	session := r.Header.Get("X-Session-Id")
+	switch session {
+	case "fail500":
+		http.Error(w, `{"error":{"message":"boom"}}`, http.StatusInternalServerError)
+		return
+	case "reject":
+		http.Error(w, `{"error":{"message":"busy"}}`, http.StatusTooManyRequests)
+		return
+	case "hang":
+		<-r.Context().Done()
+		return
+	}
+	maxTokens := int(body["max_tokens"].(float64))
+	openai.SetHeaders(w.Header())
+	w.Header().Set("X-Kvroute-Endpoint", "engine-"+session)
+	sse := openai.NewSSEWriter(w)
+	chat := strings.HasSuffix(r.URL.Path, "/chat/completions")
+	emit := func(text string) {
+		if chat {
+			sse.Data(fmt.Appendf(nil, `{"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"content":%q},"finish_reason":null}]}`, text))
+		} else {
+			sse.Data(fmt.Appendf(nil, `{"object":"text_completion","choices":[{"index":0,"text":%q,"finish_reason":null}]}`, text))
+		}
+	}
+	if chat {
+		sse.Data([]byte(`{"object":"chat.completion.chunk","choices":[{"index":0,"delta":{"role":"assistant","content":""},"finish_reason":null}]}`))
+		_ = sse.Flush()
+	}
+	time.Sleep(f.firstDelay[session])
+	for i := range maxTokens {
+		if i > 0 {
+			time.Sleep(f.tokenDelay)
+		}
+		if session == "midstream" && i == 2 {
+			sse.Data([]byte(`{"error":{"message":"engine died","type":"BadRequestError","code":500}}`))
+			sse.Done()
+			_ = sse.Flush()
+			return
+		}
+		if session == "cut" && i == 2 {
+			_ = sse.Flush()
+			panic(http.ErrAbortHandler) // drop the connection mid-stream
+		}
+		emit(fmt.Sprintf(" t%d", i))
+		_ = sse.Flush()
+	}
+	prompt := 100
+	sse.Data(fmt.Appendf(nil, `{"choices":[],"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}}`,
+		prompt, prompt+maxTokens, maxTokens, f.cached))
+	sse.Done()
+	_ = sse.Flush()
+}
+
+func reqs(sessions ...string) []workload.Request {
+	var out []workload.Request
+	for i, s := range sessions {
+		out = append(out, workload.Request{ID: fmt.Sprintf("r%d", i), Session: s, PromptLen: 32, OutputLen: 5,
+			Segments: []workload.Segment{{Key: uint64(i % 2), Len: 32}}})
+	}
+	return out
+}
+
+func bySession(res *Result, rs []workload.Request) map[string]report.Sample {
+	out := map[string]report.Sample{}
+	sess := map[string]string{}
+	for _, r := range rs {
+		sess[r.ID] = r.Session
+	}
+	for _, s := range res.Samples {
+		out[sess[s.ID]] = s
+	}
+	return out
+}
+
+func TestStreamMeasures(t *testing.T) {
+	fs := &fakeServer{firstDelay: map[string]time.Duration{"slow": 60 * time.Millisecond}, tokenDelay: 2 * time.Millisecond, cached: 64}
+	srv := httptest.NewServer(fs)
+	defer srv.Close()
+	for _, api := range []string{APIChat, APICompletions} {
+		t.Run(api, func(t *testing.T) {
+			rs := reqs("fast", "slow")
+			res, err := Run(context.Background(), Config{URL: srv.URL, Model: "m", API: api, IgnoreEOS: true}, rs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := bySession(res, rs)
+			if len(got) != 2 {
+				t.Fatalf("got %d samples, want 2", len(res.Samples))
+			}
+			for name, s := range got {
+				if !s.OK() {
+					t.Fatalf("%s: error %q", name, s.Err)
+				}
+				if s.OutputTokens != 5 || len(s.ITL) != 4 || s.CachedTokens != 64 || s.PromptTokens != 100 {
+					t.Errorf("%s: got %d tokens, %d gaps, %d cached, %d prompt; want 5, 4, 64, 100", name, s.OutputTokens, len(s.ITL), s.CachedTokens, s.PromptTokens)
+				}
+				if s.Engine != "engine-"+name {
+					t.Errorf("%s: engine %q, want %q", name, s.Engine, "engine-"+name)
+				}
+				var sum time.Duration
+				for _, g := range s.ITL {
+					if g <= 0 {
+						t.Errorf("%s: non-positive inter-token gap %v", name, g)
+					}
+					sum += g
+				}
+				if !(0 < s.TTFT && s.TTFT+sum <= s.E2E) {
+					t.Errorf("%s: want 0 < TTFT %v and TTFT + gaps %v <= E2E %v", name, s.TTFT, s.TTFT+sum, s.E2E)
+				}
+			}
+			// The server holds "slow" 60ms before its first token.
+			if slow := got["slow"]; slow.TTFT < 60*time.Millisecond {
+				t.Errorf("slow TTFT %v, want >= 60ms", slow.TTFT)
+			}
+			body := fs.bodies[len(fs.bodies)-1]
+			if body["stream"] != true || body["ignore_eos"] != true || body["model"] != "m" {
+				t.Errorf("request body %v lacks stream/ignore_eos/model", body)
+			}
+			if so, _ := body["stream_options"].(map[string]any); so["include_usage"] != true {
+				t.Errorf("stream_options %v, want include_usage", body["stream_options"])
+			}
+		})
+	}
+}
+
+func TestErrorsPerRequest(t *testing.T) {
+	fs := &fakeServer{}
+	srv := httptest.NewServer(fs)
+	defer srv.Close()
+	rs := reqs("fail500", "reject", "midstream", "cut", "hang", "ok")
+	res, err := Run(context.Background(), Config{URL: srv.URL, Model: "m", Timeout: 300 * time.Millisecond}, rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := bySession(res, rs)
+	for sess, want := range map[string]string{"fail500": "http_500", "midstream": ErrMidstream, "cut": ErrMidstream, "hang": ErrTimeout, "ok": ""} {
+		if got[sess].Err != want {
+			t.Errorf("%s: error kind %q, want %q", sess, got[sess].Err, want)
+		}
+	}
+	if !got["reject"].Rejected {
+		t.Errorf("429 not counted as a rejection: %+v", got["reject"])
+	}
+	row := res.Summary(report.SummaryOptions{Name: "x", OracleHitRate: -1})
+	if row.Completed != 1 || row.Rejected != 1 || row.ErrorCount() != 4 {
+		t.Errorf("row: completed %d rejected %d errors %v; want 1, 1, 4", row.Completed, row.Rejected, row.Errors)
+	}
+}
+
+func TestRefusedAndUnresolvable(t *testing.T) {
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	for _, tc := range []struct{ url, want string }{
+		{"http://" + addr, ErrConnect},
+		{"http://no-such-host.invalid:80", ErrDNS},
+	} {
+		res, err := Run(context.Background(), Config{URL: tc.url, Model: "m", Timeout: 5 * time.Second}, reqs("a", "b", "c"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range res.Samples {
+			if s.Err != tc.want {
+				t.Errorf("%s: error kind %q, want %q", tc.url, s.Err, tc.want)
+			}
+		}
+		if len(res.Samples) != 3 {
+			t.Errorf("%s: got %d samples, want 3", tc.url, len(res.Samples))
+		}
+	}
+}
+
+func TestOpenLoopAndCap(t *testing.T) {
+	fs := &fakeServer{firstDelay: map[string]time.Duration{"x": 150 * time.Millisecond}}
+	srv := httptest.NewServer(fs)
+	defer srv.Close()
+	var rs []workload.Request
+	for i := range 8 {
+		r := reqs("x")[0]
+		r.ID = fmt.Sprint(i)
+		r.Arrival = time.Duration(i) * 5 * time.Millisecond
+		rs = append(rs, r)
+	}
+	// Open loop: later requests do not wait for earlier ones.
+	if _, err := Run(context.Background(), Config{URL: srv.URL, Model: "m"}, rs); err != nil {
+		t.Fatal(err)
+	}
+	if got := fs.maxSeen.Load(); got < 2 {
+		t.Errorf("server saw at most %d concurrent requests, want >= 2 (open loop)", got)
+	}
+	// The cap bounds concurrency.
+	fs.maxSeen.Store(0)
+	res, err := Run(context.Background(), Config{URL: srv.URL, Model: "m", MaxInFlight: 2}, rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fs.maxSeen.Load(); got > 2 {
+		t.Errorf("server saw %d concurrent requests, want <= 2", got)
+	}
+	if res.Delayed == 0 || len(res.Samples) != 8 {
+		t.Errorf("delayed %d samples %d; want > 0 and 8", res.Delayed, len(res.Samples))
+	}
+}
+
+func TestLimitsAndCancel(t *testing.T) {
+	fs := &fakeServer{firstDelay: map[string]time.Duration{"x": time.Millisecond}}
+	srv := httptest.NewServer(fs)
+	defer srv.Close()
+	var rs []workload.Request
+	for i := range 10 {
+		r := reqs("x")[0]
+		r.ID = fmt.Sprint(i)
+		r.Arrival = time.Duration(i) * time.Millisecond
+		rs = append(rs, r)
+	}
+	res, _ := Run(context.Background(), Config{URL: srv.URL, Model: "m", MaxRequests: 3}, rs)
+	if len(res.Samples) != 3 {
+		t.Errorf("MaxRequests 3: got %d samples", len(res.Samples))
+	}
+	res, _ = Run(context.Background(), Config{URL: srv.URL, Model: "m", Duration: 4 * time.Millisecond}, rs)
+	if len(res.Samples) != 5 {
+		t.Errorf("Duration 4ms: got %d samples, want 5 (arrivals 0..4ms)", len(res.Samples))
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	res, _ = Run(ctx, Config{URL: srv.URL, Model: "m"}, rs)
+	if len(res.Samples) > 1 {
+		t.Errorf("cancelled run issued %d requests", len(res.Samples))
+	}
+	for _, s := range res.Samples {
+		if s.Err != ErrCanceled {
+			t.Errorf("cancelled request: kind %q, want canceled", s.Err)
+		}
+	}
+}
+
+func TestTokensPrompt(t *testing.T) {
+	fs := &fakeServer{}
+	srv := httptest.NewServer(fs)
+	defer srv.Close()
+	rs := reqs("x")
+	if _, err := Run(context.Background(), Config{URL: srv.URL + "/v1", Model: "m", API: APICompletions, Prompt: PromptTokens}, rs); err != nil {
+		t.Fatal(err)
+	}
+	p, ok := fs.bodies[0]["prompt"].([]any)
+	if !ok || len(p) != 32 {
+		t.Fatalf("prompt %v: want 32 token ids", fs.bodies[0]["prompt"])
+	}
+	want := rs[0].PromptTokens()
+	for i, v := range p {
+		if uint32(v.(float64)) != want[i] {
+			t.Fatalf("token %d: got %v, want %d", i, v, want[i])
+		}
+	}
+}
+
+func TestConfigErrors(t *testing.T) {
+	for _, tc := range []struct {
+		cfg  Config
+		want string
+	}{
+		{Config{URL: "localhost:8000", Model: "m"}, "scheme"},
+		{Config{URL: "http://", Model: "m"}, "no host"},
+		{Config{URL: "http://x", Model: ""}, "model"},
+		{Config{URL: "http://x", Model: "m", API: "embeddings"}, "api"},
+		{Config{URL: "http://x", Model: "m", Prompt: PromptTokens}, "completions"},
+		{Config{URL: "http://x\x7f", Model: "m"}, "url"},
+	} {
+		if _, err := Run(context.Background(), tc.cfg, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%+v: got %v, want error containing %q", tc.cfg, err, tc.want)
+		}
+	}
+}
+
+func TestEndpoint(t *testing.T) {
+	for _, tc := range []struct{ url, api, want string }{
+		{"http://h:1", APIChat, "http://h:1/v1/chat/completions"},
+		{"http://h:1/", APICompletions, "http://h:1/v1/completions"},
+		{"http://h:1/v1", APIChat, "http://h:1/v1/chat/completions"},
+		{"http://h:1/v1/completions", APICompletions, "http://h:1/v1/completions"},
+	} {
+		c := Config{URL: tc.url, API: tc.api}
+		if got := c.endpoint(); got != tc.want {
+			t.Errorf("endpoint(%q, %s) = %q, want %q", tc.url, tc.api, got, tc.want)
+		}
+	}
+}

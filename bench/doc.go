@@ -1,0 +1,31 @@
+// Package bench is kvroute's open-loop HTTP load generator for any
+// OpenAI-compatible endpoint: kvroute serve, a bare vLLM or SGLang engine,
+// kvroute engine, or anything else that streams chat or text completions.
+//
+// Run replays a workload (package workload): request i is sent at the run's
+// start plus its arrival offset whatever happened to earlier requests, so
+// queueing in the server shows up in the measurements instead of slowing the
+// client down (open loop). Each request is a streaming POST with
+// stream_options.include_usage; bench measures the time to the first content
+// chunk (TTFT), the gaps between content chunks (inter-token latency), the
+// end-to-end latency to the end of the stream, and reads prompt, completion
+// and cached tokens (usage.prompt_tokens_details.cached_tokens) from the
+// usage chunk. The X-Kvroute-Endpoint response header, when the router sends
+// it, names the engine that served the request.
+//
+// Every failure is recorded on the request's report.Sample and never stops
+// the run: connect (refused or unreachable), dns, timeout, canceled,
+// transport, http_<status>, midstream (an error event or a broken stream
+// after a 200) and bad_response; a 429 counts as a rejection. Run returns an
+// error only for a bad Config (an unparseable URL, a missing model).
+//
+// Concurrency: Run starts one goroutine per in-flight request, at most
+// Config.MaxInFlight at once; when the cap is reached the next request waits
+// for a slot (Result.Delayed counts those). Run waits for every goroutine it
+// started before it returns, also when its context is cancelled (in-flight
+// requests are then cancelled and recorded as canceled).
+//
+// Results feed the shared report format: Result.Summary gives a report.Row,
+// report.Occupancy the in-flight requests over time per engine; the command
+// (kvroute bench) prints the same table, JSON, CSV and HTML as kvroute sim.
+package bench

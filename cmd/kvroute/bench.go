@@ -1,0 +1,243 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/bench"
+	"github.com/kvroute/kvroute/report"
+	"github.com/kvroute/kvroute/workload"
+)
+
+func init() {
+	register(command{name: "bench", summary: "load-test an OpenAI-compatible endpoint with a workload (open loop)", run: runBench})
+}
+
+const benchDescription = `Replay a workload against an OpenAI-compatible server (kvroute serve, kvroute
+engine, vLLM, SGLang, ...) open-loop: each request is sent at its arrival time
+whatever happened to the earlier ones, so queueing in the server shows. Every
+request streams (stream_options.include_usage); bench measures TTFT,
+inter-token latency, TPOT, end-to-end latency, and reads the cached prompt
+tokens from usage.prompt_tokens_details.cached_tokens. It prints the same
+table as 'kvroute sim'; --out DIR also writes report.json, report.csv,
+report.txt, report.html (charts, works offline) and SVG charts.
+
+The workload is --trace FILE (Mooncake JSONL; --rate R rescales it to R
+requests per second on average, --rate-scale X speeds it up X times) or
+--workload NAME (a generator: ` + "%s" + `;
+--rate is its mean arrival rate, --params its parameters, see
+'kvroute bench --workload list'). --duration keeps the requests that arrive
+within it; --max-requests caps how many are sent.
+
+Prompts are synthetic: equal trace blocks become equal text (one short English
+word per token; kvroute engine's built-in tokenizer reads each word as one
+token), so the trace's prefix sharing is what the server sees. --api
+completions --prompt tokens sends token ids instead.
+
+Failures (refused connections, unknown hosts, HTTP errors, timeouts, errors
+in the middle of a stream) are counted per request by kind and never stop the
+run; 429 responses count as rejections. Exit status: 0 when the run finished
+(whatever the errors), 1 on a bad configuration or an unwritable --out.`
+
+func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	desc := fmt.Sprintf(benchDescription, strings.Join(workload.GeneratorNames(), ", "))
+	fs := newFlagSet("bench", "--url URL --model NAME (--trace FILE | --workload NAME) [flags]", desc, stderr)
+	var (
+		url, model, trace, wlName, params, arrivals, api, prompt, out, name string
+		rate, rateScale, cv                                                 float64
+		duration, timeout, sloTTFT, sloTPOT                                 time.Duration
+		requests, maxRequests, maxInFlight                                  int
+		seed                                                                uint64
+		ignoreEOS, quiet                                                    bool
+		headers                                                             stringList
+	)
+	fs.StringVar(&url, "url", "", "server base `URL`, e.g. http://127.0.0.1:8000 (required)")
+	fs.StringVar(&model, "model", "", "model `name` sent in every request (required)")
+	fs.StringVar(&trace, "trace", "", "Mooncake JSONL trace `file` to replay")
+	fs.StringVar(&wlName, "workload", "", "generator `name` to run instead of a trace ('list' prints them)")
+	fs.StringVar(&params, "params", "", "generator parameters `k=v,...`")
+	fs.IntVar(&requests, "requests", 0, "generator: number of requests (default: enough for --duration at --rate, else 1000)")
+	fs.Float64Var(&rate, "rate", 0, "mean requests per second `R`: the generator's rate (default 10), or a trace's rescaled rate")
+	fs.Float64Var(&rateScale, "rate-scale", 1, "multiply the arrival rate by `X` (after --rate)")
+	fs.StringVar(&arrivals, "arrivals", "", "generator: arrival process poisson, gamma or constant (default poisson)")
+	fs.Float64Var(&cv, "cv", 0, "generator: coefficient of variation of gamma arrivals (default 2)")
+	fs.Uint64Var(&seed, "seed", 1, "generator seed")
+	fs.DurationVar(&duration, "duration", 0, "send only requests arriving within this `duration` of the start (0 = all)")
+	fs.IntVar(&maxRequests, "max-requests", 0, "send at most `N` requests (0 = no limit)")
+	fs.IntVar(&maxInFlight, "max-in-flight", 1024, "cap on concurrent requests; beyond it requests wait for a slot")
+	fs.DurationVar(&timeout, "timeout", 10*time.Minute, "per-request timeout, send to end of stream")
+	fs.StringVar(&api, "api", bench.APIChat, "chat (/v1/chat/completions) or completions (/v1/completions)")
+	fs.StringVar(&prompt, "prompt", bench.PromptText, "prompt form: text, or tokens (with --api completions)")
+	fs.BoolVar(&ignoreEOS, "ignore-eos", true, `send "ignore_eos": true so every request generates its full output length (vLLM extension)`)
+	fs.Var(&headers, "header", "extra request header `'Name: value'` (repeatable); $OPENAI_API_KEY, if set, is sent as a bearer token")
+	fs.DurationVar(&sloTTFT, "slo-ttft", 2*time.Second, "goodput SLO: TTFT limit (0 = none)")
+	fs.DurationVar(&sloTPOT, "slo-tpot", 100*time.Millisecond, "goodput SLO: TPOT limit (0 = none)")
+	fs.StringVar(&out, "out", "", "write report.json, report.csv, report.txt, report.html and SVG charts to `dir`")
+	fs.StringVar(&name, "name", "bench", "row name in the report")
+	fs.BoolVar(&quiet, "quiet", false, "print only the table (no progress bar or summary line)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	usageErr := func(format string, a ...any) error {
+		fmt.Fprintf(stderr, "kvroute bench: "+format+"\n", a...)
+		return errUsage
+	}
+	if wlName == "list" {
+		printGenerators(stdout)
+		return nil
+	}
+	switch {
+	case url == "":
+		return usageErr("--url is required")
+	case model == "":
+		return usageErr("--model is required")
+	case (trace == "") == (wlName == ""):
+		return usageErr("give exactly one of --trace and --workload")
+	case trace != "" && (params != "" || requests != 0 || arrivals != "" || cv != 0):
+		return usageErr("--params, --requests, --arrivals and --cv apply to --workload only")
+	case !(rateScale > 0):
+		return usageErr("--rate-scale %g must be positive", rateScale)
+	case rate < 0:
+		return usageErr("--rate %g must be positive", rate)
+	}
+	hdr := http.Header{}
+	if key := os.Getenv("OPENAI_API_KEY"); key != "" {
+		hdr.Set("Authorization", "Bearer "+key)
+	}
+	for _, h := range headers {
+		k, v, ok := strings.Cut(h, ":")
+		if !ok || strings.TrimSpace(k) == "" {
+			return usageErr("--header %q: want 'Name: value'", h)
+		}
+		hdr.Set(strings.TrimSpace(k), strings.TrimSpace(v))
+	}
+	cfg := bench.Config{URL: url, Model: model, API: api, Prompt: prompt, MaxInFlight: maxInFlight,
+		Timeout: timeout, Duration: duration, MaxRequests: maxRequests, IgnoreEOS: ignoreEOS, Header: hdr}
+	if err := cfg.Validate(); err != nil {
+		return usageErr("%v", err)
+	}
+
+	// The workload.
+	var w *workload.Workload
+	var err error
+	if trace != "" {
+		if w, err = workload.ReadTraceFile(trace); err != nil {
+			return err
+		}
+		if rate > 0 && w.Span() > 0 && len(w.Requests) > 1 {
+			if err := w.ScaleRate(rate / (float64(len(w.Requests)-1) / w.Span().Seconds())); err != nil {
+				return err
+			}
+		}
+	} else {
+		p, err := workload.ParseParams(params)
+		if err != nil {
+			return usageErr("%v", err)
+		}
+		n := requests
+		if n == 0 && duration > 0 {
+			r := rate
+			if r == 0 {
+				r = 10
+			}
+			n = int(r*rateScale*duration.Seconds()*1.5) + 10
+		}
+		w, err = workload.Generate(wlName, workload.Options{Seed: seed, Requests: n,
+			Arrivals: workload.Arrivals{Kind: arrivals, Rate: rate, CV: cv}, Params: p})
+		if err != nil {
+			return usageErr("%v", err)
+		}
+	}
+	if err := w.ScaleRate(rateScale); err != nil {
+		return usageErr("%v", err)
+	}
+	w.Limit(duration, maxRequests)
+	if len(w.Requests) == 0 {
+		return fmt.Errorf("bench: the workload has no requests")
+	}
+	oracle := workload.NewOracle(16)
+	var scratch []uint64
+	for i := range w.Requests {
+		scratch = oracle.Observe(&w.Requests[i], scratch)
+	}
+
+	progOut := stderr
+	if quiet {
+		progOut = io.Discard
+	}
+	cfg.Progress = report.NewProgress(progOut, len(w.Requests), "bench")
+	res, err := bench.Run(ctx, cfg, w.Requests)
+	cfg.Progress.Finish()
+	if err != nil {
+		return err
+	}
+	slo := report.SLO{TTFT: sloTTFT, TPOT: sloTPOT}
+	row := res.Summary(report.SummaryOptions{Name: name, SLO: slo, OracleHitRate: oracle.HitRate()})
+	params2 := map[string]string{
+		"url":           url,
+		"model":         model,
+		"api":           api,
+		"prompt":        prompt,
+		"requests":      strconv.Itoa(len(w.Requests)),
+		"rate_scale":    strconv.FormatFloat(rateScale, 'g', -1, 64),
+		"max_in_flight": strconv.Itoa(maxInFlight),
+		"timeout":       timeout.String(),
+		"elapsed":       res.Elapsed.Round(time.Millisecond).String(),
+		"delayed":       strconv.Itoa(res.Delayed),
+		"oracle_block":  "16",
+	}
+	if wlName != "" {
+		params2["seed"] = strconv.FormatUint(seed, 10)
+		if params != "" {
+			params2["params"] = params
+		}
+	}
+	if rate > 0 {
+		params2["rate"] = strconv.FormatFloat(rate, 'g', -1, 64)
+	}
+	rep := &report.Report{
+		Title:    "kvroute bench: " + w.Name,
+		Source:   "bench",
+		Workload: w.Name,
+		Params:   params2,
+		SLO:      slo,
+		Rows:     []report.Row{row},
+	}
+	if occ := report.Occupancy(res.Samples, 200); len(occ) > 0 {
+		rep.Utilisation = []report.Utilisation{{Run: name, Metric: "in-flight requests", Engines: occ}}
+	}
+	if err := rep.WriteTable(stdout); err != nil {
+		return err
+	}
+	if !quiet {
+		fmt.Fprintf(stderr, "sent %d requests in %v (%d delayed by --max-in-flight)\n", len(res.Samples), res.Elapsed.Round(time.Millisecond), res.Delayed)
+		if ctx.Err() != nil {
+			fmt.Fprintln(stderr, "interrupted: the report covers the requests sent so far")
+		}
+	}
+	if out != "" {
+		if _, err := rep.WriteDir(out); err != nil {
+			return err
+		}
+		if !quiet {
+			fmt.Fprintf(stderr, "wrote %s\n", out)
+		}
+	}
+	return nil
+}
+
+// printGenerators lists the workload generators and their parameters.
+func printGenerators(w io.Writer) {
+	for _, g := range workload.Generators() {
+		fmt.Fprintf(w, "%s: %s\n", g.Name, g.Summary)
+		for _, p := range g.Params {
+			fmt.Fprintf(w, "    %-12s %-8s %s\n", p.Name, strconv.FormatFloat(p.Default, 'g', -1, 64), p.Doc)
+		}
+	}
+}
