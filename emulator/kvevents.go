@@ -236,13 +236,18 @@ func (p *publisher) publish(payload []byte) {
 // open creates and binds (or connects) the sockets. Connecting never fails:
 // it retries in the background like libzmq.
 func (p *publisher) open(ctx context.Context) (pub, router zmq4.Socket, err error) {
-	pub = zmq4.NewPub(ctx, zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(250*time.Millisecond),
-		zmq4.WithAutomaticReconnect(true))
 	if shouldBind(p.cfg.Endpoint) {
+		pub = zmq4.NewPub(ctx)
 		if err := pub.Listen(p.cfg.Endpoint); err != nil {
 			pub.Close()
 			return nil, nil, fmt.Errorf("emulator: kv events: %w", err)
 		}
+	} else {
+		// Connect like libzmq: retry until the subscriber is up, and
+		// reconnect when it goes away (a bound socket must not: zmq4
+		// would dial its own endpoint).
+		pub = zmq4.NewPub(ctx, zmq4.WithDialerMaxRetries(-1), zmq4.WithDialerRetry(250*time.Millisecond),
+			zmq4.WithAutomaticReconnect(true))
 	}
 	if p.cfg.ReplayEndpoint != "" {
 		router = zmq4.NewRouter(ctx, zmq4.WithID(zmq4.SocketIdentity("kvroute-replay")))

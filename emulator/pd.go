@@ -70,7 +70,7 @@ type leaseTable struct {
 }
 
 func roomKey(room uint64) string { return "room:" + strconv.FormatUint(room, 10) }
-func reqKey(id string) string     { return "req:" + id }
+func reqKey(id string) string    { return "req:" + id }
 
 // preparePD applies the request's P/D role to the engine request.
 func (s *Server) preparePD(r *http.Request, j *job, ereq *engine.Request) *apiError {

@@ -1,0 +1,187 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/emulator"
+	"github.com/kvroute/kvroute/engine"
+	"golang.org/x/sync/errgroup"
+)
+
+func init() {
+	register(command{name: "engine", summary: "run an emulated vLLM-compatible inference engine", run: runEngine})
+}
+
+const engineDescription = `Run one emulated inference engine: the deterministic engine model (continuous
+batching, paged KV cache with prefix caching, roofline step times) in real time,
+behind vLLM's HTTP API. No GPU is used: each modelled step is slept for its
+modelled duration divided by --speed.
+
+Endpoints: POST /v1/completions and /v1/chat/completions (streaming or not, in
+vLLM's exact JSON and SSE shapes; max_tokens, max_completion_tokens, stop,
+ignore_eos, seed, stream_options.include_usage; n must be 1), GET /metrics
+(--metrics-flavor), GET /health, GET /v1/models, and the P/D side channel POST
+/internal/kv/pull. Prompts are tokenized with the built-in deterministic
+tokenizer (chat messages rendered with the ChatML template first), so equal text
+prefixes give equal cached blocks; generated text is deterministic for a seed.
+
+KV-cache events (--kv-events-endpoint) go out on a ZMQ PUB socket exactly as vLLM
+publishes them: frames [topic, 8-byte big-endian sequence, msgpack EventBatch],
+one batch per engine step that stored or evicted blocks. As in vLLM the PUB
+socket binds when the endpoint contains '*' (tcp://*:5557) and connects
+otherwise (the subscriber binds). --kv-events-replay binds a ROUTER socket that
+replays buffered batches from a requested sequence number.
+
+Prefill/decode disaggregation: with --pd-protocol nixl (vLLM NixlConnector) a
+prefill engine given kv_transfer_params.do_remote_decode=true computes the
+prompt, holds its KV blocks for --kv-lease and answers the kv_transfer_params a
+decode engine needs; a decode engine given do_remote_prefill=true pulls the
+blocks from remote_host:remote_port (the prefill engine's own HTTP address),
+spending --kv-transfer-setup plus bytes/--fabric-gbps, then decodes without a
+prefill. A missing or expired lease is handled per --pd-load-failure. With
+--pd-protocol sglang the router sends the same request (bootstrap_host,
+bootstrap_port = the prefill engine's HTTP port, bootstrap_room) to both
+engines at once; the decode engine waits for the room's prefill.
+
+Profiles: %s.`
+
+func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("engine", "--model NAME [--profile NAME] [--listen ADDR] [flags]",
+		fmt.Sprintf(engineDescription, strings.Join(engine.ProfileNames(), ", ")), stderr)
+	var (
+		model       = fs.String("model", "", "served model `name` (required; requests must name it or omit model)")
+		profile     = fs.String("profile", "llama-3.1-8b-h100", "engine profile `name` (model, GPU, TP, cost model)")
+		listen      = fs.String("listen", "127.0.0.1:8000", "HTTP listen `address`")
+		speed       = fs.Float64("speed", 1, "run the model this many times faster than real time")
+		kvBlocks    = fs.Int("kv-blocks", 0, "KV cache size in blocks (default: the profile's, from GPU memory)")
+		blockSize   = fs.Int("block-size", 0, "tokens per KV block (default: the profile's, 16)")
+		maxNumSeqs  = fs.Int("max-num-seqs", 0, "vLLM max_num_seqs (default: the profile's)")
+		maxBatched  = fs.Int("max-num-batched-tokens", 0, "per-step token budget (default: the profile's)")
+		maxModelLen = fs.Int("max-model-len", 0, "context limit in tokens (default: the profile's, capped by the KV cache)")
+		hashAlgo    = fs.String("prefix-caching-hash-algo", "xxh3", "block hash: xxh3 (matches the router's kvindex), sha256 or sha256_cbor (vLLM's, byte for byte)")
+		hashSeed    = fs.String("hash-seed", "", "NONE_HASH seed for sha256 algorithms, like PYTHONHASHSEED (default \"vllm-none-hash\")")
+		role        = fs.String("role", "both", "P/D role: both, prefill or decode")
+		flavor      = fs.String("metrics-flavor", emulator.FlavorVLLM, "/metrics flavour: "+strings.Join(emulator.Flavors, ", "))
+		evEndpoint  = fs.String("kv-events-endpoint", "", "ZMQ PUB `endpoint` for KV events, e.g. tcp://*:5557 (default: no events)")
+		evReplay    = fs.String("kv-events-replay", "", "ZMQ ROUTER `endpoint` for replay, e.g. tcp://127.0.0.1:5558")
+		evTopic     = fs.String("kv-events-topic", "", "ZMQ topic of KV-event messages (vLLM's default is empty; its example uses kv-events)")
+		evEncoding  = fs.String("kv-events-encoding", emulator.EncodingArray, "event encoding: array (vLLM < 0.26) or map (current)")
+		evBuffer    = fs.Int("kv-events-buffer-steps", 10000, "batches kept for replay")
+		pdProtocol  = fs.String("pd-protocol", emulator.PDNixl, "P/D handshake: nixl (vLLM kv_transfer_params) or sglang (bootstrap room)")
+		fabricGbps  = fs.Float64("fabric-gbps", 100, "prefill->decode link speed for KV transfers, Gbit/s")
+		setup       = fs.Duration("kv-transfer-setup", 2*time.Millisecond, "fixed cost of one KV transfer")
+		lease       = fs.Duration("kv-lease", 480*time.Second, "how long a prefill engine holds KV for a decode engine (VLLM_NIXL_ABORT_REQUEST_TIMEOUT)")
+		loadFailure = fs.String("pd-load-failure", emulator.LoadFailureRecompute, "decode side, lease missing or expired: recompute (warn, prefill locally) or fail (500)")
+		advertise   = fs.String("advertise", "", "side-channel `host:port` put in kv_transfer_params (default: the listen address)")
+		defMaxTok   = fs.Int("default-max-tokens", 1024, "output limit of requests without max_tokens")
+		eosMean     = fs.Float64("eos-mean", 0, "mean output length before the model emits EOS (0 = never; requests end at max_tokens)")
+		logLevel    = fs.String("log-level", "info", "log level: debug, info, warn, error")
+	)
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	usageErr := func(format string, a ...any) error {
+		fmt.Fprintf(stderr, "kvroute engine: "+format+"\n", a...)
+		return errUsage
+	}
+	if *model == "" {
+		return usageErr("--model is required")
+	}
+	prof, err := engine.LookupProfile(*profile)
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	r, err := kvroute.ParseRole(*role)
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	var level slog.Level
+	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
+		return usageErr("--log-level: %v", err)
+	}
+	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
+	ec := engine.Config{Profile: prof, NumGPUBlocks: *kvBlocks, BlockSize: *blockSize, MaxNumSeqs: *maxNumSeqs,
+		MaxNumBatchedTokens: *maxBatched, MaxModelLen: *maxModelLen}
+	if *hashAlgo != "xxh3" || *hashSeed != "" {
+		if ec.HashFunc, err = engine.NewHashFunc(*hashAlgo, *hashSeed); err != nil {
+			return usageErr("--prefix-caching-hash-algo: %v", err)
+		}
+	}
+	cfg := emulator.Config{
+		Model: *model, Engine: ec, Speed: *speed, Role: r, MetricsFlavor: *flavor,
+		KVEvents: emulator.KVEventsConfig{Endpoint: *evEndpoint, ReplayEndpoint: *evReplay, Topic: *evTopic,
+			Encoding: *evEncoding, BufferSteps: *evBuffer},
+		PDProtocol: *pdProtocol, FabricGbps: *fabricGbps, TransferSetup: *setup, LeaseTimeout: *lease,
+		LoadFailure: *loadFailure, DefaultMaxTokens: *defMaxTok, EOSMean: *eosMean, Logger: logger,
+	}
+	if *speed <= 0 {
+		return usageErr("--speed must be positive")
+	}
+	srv, err := emulator.New(cfg)
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	ln, err := net.Listen("tcp", *listen)
+	if err != nil {
+		return fmt.Errorf("engine: %w", err)
+	}
+	advHost, advPort, err := advertiseAddr(*advertise, ln.Addr())
+	if err != nil {
+		ln.Close()
+		return usageErr("--advertise: %v", err)
+	}
+	srv.SetAdvertise(advHost, advPort)
+	p := srv.Profile()
+	logger.Info("engine listening", "addr", ln.Addr().String(), "model", *model, "profile", p.Name, "speed", *speed,
+		"role", r.String(), "kv_blocks", p.NumGPUBlocks, "block_size", p.BlockSize, "max_model_len", p.MaxModelLen,
+		"kv_events", *evEndpoint, "engine_id", srv.EngineID())
+
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	g, gctx := errgroup.WithContext(ctx)
+	g.Go(func() error { return srv.Run(gctx) })
+	g.Go(func() error {
+		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			return fmt.Errorf("engine: serve: %w", err)
+		}
+		return nil
+	})
+	g.Go(func() error {
+		<-gctx.Done()
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		_ = hs.Shutdown(sctx)
+		return srv.Close()
+	})
+	return g.Wait()
+}
+
+// advertiseAddr returns the side-channel host and port: --advertise when
+// given, else the listen address (0.0.0.0 and :: become 127.0.0.1).
+func advertiseAddr(flagValue string, ln net.Addr) (string, int, error) {
+	hp := flagValue
+	if hp == "" {
+		hp = ln.String()
+	}
+	host, portStr, err := net.SplitHostPort(hp)
+	if err != nil {
+		return "", 0, err
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port <= 0 || port > 65535 {
+		return "", 0, fmt.Errorf("bad port %q", portStr)
+	}
+	if ip := net.ParseIP(host); host == "" || ip != nil && ip.IsUnspecified() {
+		host = "127.0.0.1"
+	}
+	return host, port, nil
+}

@@ -1,0 +1,309 @@
+package emulator
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/hex"
+	"flag"
+	"fmt"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/kvindex"
+	"github.com/kvroute/kvroute/tokenizer"
+	"github.com/vmihailenco/msgpack/v5"
+)
+
+var update = flag.Bool("update", false, "rewrite golden files")
+
+func freePort(t *testing.T) int {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
+
+func golden(t *testing.T, name string, got []byte) {
+	t.Helper()
+	path := filepath.Join("testdata", name)
+	if *update {
+		if err := os.MkdirAll("testdata", 0o755); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.WriteFile(path, got, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	want, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatalf("%v (run with -update)", err)
+	}
+	if string(got) != string(want) {
+		t.Errorf("%s: got\n%s\nwant\n%s", name, got, want)
+	}
+}
+
+func TestEncodeEventBatchGolden(t *testing.T) {
+	parent := uint64(1<<63 + 5)
+	evs := []engine.KVEvent{
+		{Kind: engine.BlockStored, BlockHashes: []uint64{1, 1 << 63}, TokenIDs: []uint32{1, 2, 3, 4}, BlockSize: 2, Medium: "GPU"},
+		{Kind: engine.BlockStored, BlockHashes: []uint64{7}, ParentHash: &parent, TokenIDs: []uint32{5, 6}, BlockSize: 2},
+		{Kind: engine.BlockRemoved, BlockHashes: []uint64{1}, Medium: "GPU"},
+		{Kind: engine.AllBlocksCleared},
+	}
+	for _, enc := range []string{EncodingArray, EncodingMap} {
+		b, err := EncodeEventBatch(nil, enc, 1789095808.5, evs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var decoded any
+		if err := msgpack.Unmarshal(b, &decoded); err != nil {
+			t.Fatal(err)
+		}
+		golden(t, "events_"+enc+".golden", []byte(hex.EncodeToString(b)+"\n"+fmt.Sprintf("%v", decoded)+"\n"))
+	}
+}
+
+// decodedEvent is an event decoded independently of the encoder, with
+// positional and map forms normalised.
+type decodedEvent struct {
+	Type      string
+	Hashes    []uint64
+	Parent    any
+	Tokens    []uint32
+	BlockSize int64
+	Medium    any
+}
+
+func toU64(t *testing.T, v any) uint64 {
+	switch x := v.(type) {
+	case int8:
+		return uint64(x)
+	case int16:
+		return uint64(x)
+	case int32:
+		return uint64(x)
+	case int64:
+		return uint64(x)
+	case uint8:
+		return uint64(x)
+	case uint16:
+		return uint64(x)
+	case uint32:
+		return uint64(x)
+	case uint64:
+		return x
+	}
+	t.Fatalf("got %T %v, want an integer", v, v)
+	return 0
+}
+
+func decodeBatch(t *testing.T, payload []byte, encoding string) (ts float64, evs []decodedEvent) {
+	t.Helper()
+	var batch []any
+	if err := msgpack.Unmarshal(payload, &batch); err != nil {
+		t.Fatalf("decode batch: %v", err)
+	}
+	if len(batch) != 3 {
+		t.Fatalf("got batch of %d fields, want [ts, events, dp_rank]", len(batch))
+	}
+	ts, _ = batch[0].(float64)
+	for _, raw := range batch[1].([]any) {
+		var d decodedEvent
+		var fields map[string]any
+		switch encoding {
+		case EncodingArray:
+			a := raw.([]any)
+			fields = map[string]any{"type": a[0]}
+			names := map[string][]string{
+				"BlockStored":  {"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"},
+				"BlockRemoved": {"block_hashes", "medium"},
+			}[a[0].(string)]
+			for i, n := range names {
+				if i+1 < len(a) {
+					fields[n] = a[i+1]
+				}
+			}
+		case EncodingMap:
+			fields = raw.(map[string]any)
+		}
+		d.Type = fields["type"].(string)
+		if hs, ok := fields["block_hashes"].([]any); ok {
+			for _, h := range hs {
+				d.Hashes = append(d.Hashes, toU64(t, h))
+			}
+		}
+		if p := fields["parent_block_hash"]; p != nil {
+			d.Parent = toU64(t, p)
+		}
+		if ts, ok := fields["token_ids"].([]any); ok {
+			for _, tok := range ts {
+				d.Tokens = append(d.Tokens, uint32(toU64(t, tok)))
+			}
+		}
+		if bs, ok := fields["block_size"]; ok {
+			d.BlockSize = int64(toU64(t, bs))
+		}
+		d.Medium = fields["medium"]
+		evs = append(evs, d)
+	}
+	return ts, evs
+}
+
+func TestKVEventsOverZMQ(t *testing.T) {
+	prompt := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 8)
+	toks := tokenizer.Builtin().Encode(prompt)
+	wantHashes := kvindex.HashTokens(toks, 16, nil)
+	full := len(wantHashes)
+	if full < 2 {
+		t.Fatalf("prompt has %d full blocks, want >= 2", full)
+	}
+	tests := []struct {
+		name, encoding string
+		bind           bool // the emulator binds (ipc) rather than connects
+	}{
+		{"array/connect", EncodingArray, false},
+		{"map/connect", EncodingMap, false},
+		{"array/bind-ipc", EncodingArray, true},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+			defer cancel()
+			sub := zmq4.NewSub(ctx)
+			defer sub.Close()
+			var endpoint string
+			if tt.bind {
+				endpoint = "ipc://" + filepath.Join(t.TempDir(), "kv.sock")
+			} else {
+				endpoint = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+				if err := sub.Listen(endpoint); err != nil {
+					t.Fatal(err)
+				}
+			}
+			if err := sub.SetOption(zmq4.OptionSubscribe, "kv-events"); err != nil {
+				t.Fatal(err)
+			}
+			replay := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+			_, hs := testServer(t, Config{Speed: 1000, KVEvents: KVEventsConfig{Endpoint: endpoint, ReplayEndpoint: replay,
+				Topic: "kv-events", Encoding: tt.encoding}})
+			if tt.bind {
+				if err := sub.Dial(endpoint); err != nil {
+					t.Fatal(err)
+				}
+			}
+			// A subscription takes effect asynchronously: send requests until
+			// a message arrives (each repeat of the prompt stores nothing new,
+			// so vary it).
+			type msg struct {
+				frames [][]byte
+				err    error
+			}
+			got := make(chan msg, 64)
+			go func() {
+				for {
+					m, err := sub.Recv()
+					got <- msg{m.Frames, err}
+					if err != nil {
+						return
+					}
+				}
+			}()
+			var first msg
+			for i := 0; ; i++ {
+				p := fmt.Sprintf("#%d %s", i, prompt) // new blocks every time
+				if i == 0 {
+					p = prompt
+				}
+				if code, body := post(t, hs.URL+"/v1/completions", fmt.Sprintf(`{"prompt":%q,"max_tokens":1}`, p)); code != 200 {
+					t.Fatalf("got %d %s", code, body)
+				}
+				select {
+				case first = <-got:
+				case <-time.After(200 * time.Millisecond):
+					if ctx.Err() != nil {
+						t.Fatal("no KV event received")
+					}
+					continue
+				}
+				break
+			}
+			if first.err != nil {
+				t.Fatal(first.err)
+			}
+			if len(first.frames) != 3 || string(first.frames[0]) != "kv-events" || len(first.frames[1]) != 8 {
+				t.Fatalf("got frames %q, want [topic, 8-byte seq, payload]", first.frames)
+			}
+			seq := binary.BigEndian.Uint64(first.frames[1])
+			_, evs := decodeBatch(t, first.frames[2], tt.encoding)
+			if len(evs) == 0 || evs[0].Type != "BlockStored" {
+				t.Fatalf("got events %+v, want BlockStored first", evs)
+			}
+			ev := evs[0]
+			if ev.BlockSize != 16 || ev.Medium != "GPU" || len(ev.Tokens) != 16*len(ev.Hashes) {
+				t.Errorf("got event %+v, want block_size 16, medium GPU, 16 tokens per block", ev)
+			}
+			if seq == 0 { // the first request's batch: compare with the router's hashes
+				if ev.Parent != nil {
+					t.Errorf("got parent %v, want nil for the first block", ev.Parent)
+				}
+				if n := min(len(ev.Hashes), full); !reflect.DeepEqual(ev.Hashes[:n], wantHashes[:n]) {
+					t.Errorf("got hashes %v, want kvindex.HashTokens %v", ev.Hashes[:n], wantHashes[:n])
+				}
+				if !reflect.DeepEqual(ev.Tokens[:16], toks[:16]) {
+					t.Errorf("got tokens %v, want %v", ev.Tokens[:16], toks[:16])
+				}
+			}
+
+			// Replay from 0 with a DEALER socket: every batch up to the
+			// newest, then the end marker.
+			dealer := zmq4.NewDealer(ctx)
+			defer dealer.Close()
+			if err := dealer.Dial(replay); err != nil {
+				t.Fatal(err)
+			}
+			var start [8]byte
+			if err := dealer.Send(zmq4.NewMsgFrom(nil, start[:])); err != nil {
+				t.Fatal(err)
+			}
+			var seqs []uint64
+			for {
+				m, err := dealer.Recv()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if len(m.Frames) != 3 || len(m.Frames[0]) != 0 {
+					t.Fatalf("got replay frames %q, want [\"\", seq, payload]", m.Frames)
+				}
+				if int64(binary.BigEndian.Uint64(m.Frames[1])) == -1 {
+					if len(m.Frames[2]) != 0 {
+						t.Errorf("got end marker payload %q, want empty", m.Frames[2])
+					}
+					break
+				}
+				s := binary.BigEndian.Uint64(m.Frames[1])
+				seqs = append(seqs, s)
+				decodeBatch(t, m.Frames[2], tt.encoding)
+			}
+			if len(seqs) == 0 || seqs[0] != 0 || seqs[len(seqs)-1] < seq {
+				t.Errorf("got replayed seqs %v, want 0..>=%d", seqs, seq)
+			}
+			for i, s := range seqs {
+				if s != uint64(i) {
+					t.Errorf("got replayed seqs %v, want consecutive from 0", seqs)
+					break
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,220 @@
+package emulator
+
+import (
+	"math"
+	"net/http"
+	"slices"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+)
+
+func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get(url + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	if got, want := resp.Header.Get("Content-Type"), "text/plain; version=0.0.4; charset=utf-8; escaping=underscores"; got != want && got != "text/plain; version=0.0.4; charset=utf-8" {
+		t.Errorf("got content type %q, want %q", got, want)
+	}
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	mfs, err := p.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("parse /metrics: %v", err)
+	}
+	return mfs
+}
+
+func labelsOf(m *dto.Metric) map[string]string {
+	out := map[string]string{}
+	for _, lp := range m.GetLabel() {
+		out[lp.GetName()] = lp.GetValue()
+	}
+	return out
+}
+
+func value(m *dto.Metric) float64 {
+	switch {
+	case m.Gauge != nil:
+		return m.GetGauge().GetValue()
+	case m.Counter != nil:
+		return m.GetCounter().GetValue()
+	case m.Untyped != nil:
+		return m.GetUntyped().GetValue()
+	}
+	return 0
+}
+
+func TestMetricsFlavors(t *testing.T) {
+	type want struct {
+		typ    dto.MetricType
+		labels []string // label names on every series
+	}
+	vl := []string{"engine", "model_name"}
+	tests := []struct {
+		flavor string
+		want   map[string]want
+		absent []string
+	}{
+		{FlavorVLLM, map[string]want{
+			"vllm:num_requests_running":                  {dto.MetricType_GAUGE, vl},
+			"vllm:num_requests_waiting":                  {dto.MetricType_GAUGE, vl},
+			"vllm:kv_cache_usage_perc":                   {dto.MetricType_GAUGE, vl},
+			"vllm:prefix_cache_queries_total":            {dto.MetricType_COUNTER, vl},
+			"vllm:prefix_cache_queries_created":          {dto.MetricType_GAUGE, vl},
+			"vllm:prefix_cache_hits_total":               {dto.MetricType_COUNTER, vl},
+			"vllm:num_preemptions_total":                 {dto.MetricType_COUNTER, vl},
+			"vllm:prompt_tokens_total":                   {dto.MetricType_COUNTER, vl},
+			"vllm:generation_tokens_total":               {dto.MetricType_COUNTER, vl},
+			"vllm:request_success_total":                 {dto.MetricType_COUNTER, []string{"engine", "finished_reason", "model_name"}},
+			"vllm:time_to_first_token_seconds":           {dto.MetricType_HISTOGRAM, vl},
+			"vllm:time_to_first_token_seconds_created":   {dto.MetricType_GAUGE, vl},
+			"vllm:inter_token_latency_seconds":           {dto.MetricType_HISTOGRAM, vl},
+			"vllm:request_time_per_output_token_seconds": {dto.MetricType_HISTOGRAM, vl},
+			"vllm:e2e_request_latency_seconds":           {dto.MetricType_HISTOGRAM, vl},
+			"vllm:request_queue_time_seconds":            {dto.MetricType_HISTOGRAM, vl},
+			"vllm:request_prefill_time_seconds":          {dto.MetricType_HISTOGRAM, vl},
+			"vllm:request_decode_time_seconds":           {dto.MetricType_HISTOGRAM, vl},
+			"vllm:request_inference_time_seconds":        {dto.MetricType_HISTOGRAM, vl},
+			"vllm:request_prompt_tokens":                 {dto.MetricType_HISTOGRAM, vl},
+			"vllm:request_generation_tokens":             {dto.MetricType_HISTOGRAM, vl},
+			"vllm:request_params_max_tokens":             {dto.MetricType_HISTOGRAM, vl},
+			"vllm:request_params_n":                      {dto.MetricType_HISTOGRAM, vl},
+			"vllm:iteration_tokens_total":                {dto.MetricType_HISTOGRAM, vl},
+			"vllm:cache_config_info":                     {dto.MetricType_GAUGE, []string{"block_size", "engine", "num_gpu_blocks"}},
+		}, []string{"vllm:gpu_cache_usage_perc", "vllm:gpu_prefix_cache_queries_total", "vllm:time_per_output_token_seconds"}},
+		{FlavorVLLMLegacy, map[string]want{
+			"vllm:gpu_cache_usage_perc":           {dto.MetricType_GAUGE, vl},
+			"vllm:gpu_prefix_cache_queries_total": {dto.MetricType_COUNTER, vl},
+			"vllm:gpu_prefix_cache_hits_total":    {dto.MetricType_COUNTER, vl},
+			"vllm:time_per_output_token_seconds":  {dto.MetricType_HISTOGRAM, vl},
+			"vllm:num_requests_running":           {dto.MetricType_GAUGE, vl},
+		}, []string{"vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:inter_token_latency_seconds"}},
+		{FlavorSGLang, map[string]want{
+			"sglang:num_running_reqs":            {dto.MetricType_GAUGE, []string{"model_name"}},
+			"sglang:num_queue_reqs":              {dto.MetricType_GAUGE, []string{"model_name"}},
+			"sglang:token_usage":                 {dto.MetricType_GAUGE, []string{"model_name"}},
+			"sglang:cache_hit_rate":              {dto.MetricType_GAUGE, []string{"model_name"}},
+			"sglang:max_total_num_tokens":        {dto.MetricType_GAUGE, []string{"model_name"}},
+			"sglang:cached_tokens_total":         {dto.MetricType_COUNTER, []string{"cache_source", "model_name"}},
+			"sglang:time_to_first_token_seconds": {dto.MetricType_HISTOGRAM, []string{"model_name"}},
+		}, []string{"vllm:num_requests_running"}},
+		{FlavorLlamaCpp, map[string]want{
+			"llamacpp:prompt_tokens_total":        {dto.MetricType_COUNTER, nil},
+			"llamacpp:prompt_tokens_cached_total": {dto.MetricType_COUNTER, nil},
+			"llamacpp:tokens_predicted_total":     {dto.MetricType_COUNTER, nil},
+			"llamacpp:requests_processing":        {dto.MetricType_GAUGE, nil},
+			"llamacpp:requests_deferred":          {dto.MetricType_GAUGE, nil},
+			"llamacpp:n_decode_total":             {dto.MetricType_COUNTER, nil},
+		}, []string{"vllm:num_requests_running", "llamacpp:prompt_tokens_created"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.flavor, func(t *testing.T) {
+			_, hs := testServer(t, Config{MetricsFlavor: tt.flavor})
+			if code, body := post(t, hs.URL+"/v1/completions", `{"prompt":"one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen","max_tokens":3}`); code != 200 {
+				t.Fatalf("got %d %s", code, body)
+			}
+			mfs := scrape(t, hs.URL)
+			for name, w := range tt.want {
+				mf := mfs[name]
+				if mf == nil {
+					t.Errorf("%s: missing", name)
+					continue
+				}
+				if mf.GetType() != w.typ {
+					t.Errorf("%s: got type %v, want %v", name, mf.GetType(), w.typ)
+				}
+				for _, m := range mf.GetMetric() {
+					ls := labelsOf(m)
+					for _, l := range w.labels {
+						if _, ok := ls[l]; !ok {
+							t.Errorf("%s: got labels %v, want %q among them", name, ls, l)
+						}
+					}
+					if w.labels == nil && len(ls) != 0 {
+						t.Errorf("%s: got labels %v, want none", name, ls)
+					}
+				}
+			}
+			for _, name := range tt.absent {
+				if mfs[name] != nil {
+					t.Errorf("%s: present, want absent in flavour %s", name, tt.flavor)
+				}
+			}
+		})
+	}
+}
+
+func TestMetricsVLLMValues(t *testing.T) {
+	s, hs := testServer(t, Config{})
+	for range 2 {
+		if code, body := post(t, hs.URL+"/v1/completions", `{"prompt":"one two three four five six seven eight nine ten eleven twelve thirteen fourteen fifteen sixteen seventeen eighteen","max_tokens":4}`); code != 200 {
+			t.Fatalf("got %d %s", code, body)
+		}
+	}
+	mfs := scrape(t, hs.URL)
+	get := func(name string) *dto.Metric {
+		mf := mfs[name]
+		if mf == nil || len(mf.GetMetric()) == 0 {
+			t.Fatalf("%s missing", name)
+		}
+		return mf.GetMetric()[0]
+	}
+	if got := labelsOf(get("vllm:num_requests_running")); got["model_name"] != "tiny" || got["engine"] != "0" {
+		t.Errorf("got labels %v, want model_name=tiny engine=0", got)
+	}
+	info := labelsOf(get("vllm:cache_config_info"))
+	if info["block_size"] != "16" || info["num_gpu_blocks"] != "64" || info["enable_prefix_caching"] != "True" {
+		t.Errorf("got cache_config_info labels %v, want block_size 16, num_gpu_blocks 64", info)
+	}
+	if got := value(get("vllm:generation_tokens_total")); got != 8 {
+		t.Errorf("got generation_tokens_total %v, want 8", got)
+	}
+	if got := value(get("vllm:prefix_cache_hits_total")); got <= 0 {
+		t.Errorf("got prefix_cache_hits_total %v, want > 0 after a repeated prompt", got)
+	}
+	for _, m := range mfs["vllm:request_success_total"].GetMetric() {
+		reason := labelsOf(m)["finished_reason"]
+		want := 0.0
+		if reason == "length" {
+			want = 2
+		}
+		if got := value(m); got != want {
+			t.Errorf("request_success_total{finished_reason=%q}: got %v, want %v", reason, got, want)
+		}
+	}
+	h := get("vllm:time_to_first_token_seconds").GetHistogram()
+	var bounds []float64
+	for _, b := range h.GetBucket() {
+		bounds = append(bounds, b.GetUpperBound())
+	}
+	if want := append(slices.Clone(ttftBuckets), math.Inf(1)); !slices.Equal(bounds, want) {
+		t.Errorf("got TTFT buckets %v, want %v and +Inf", bounds, ttftBuckets)
+	}
+	if h.GetSampleCount() != 2 {
+		t.Errorf("got TTFT count %d, want 2", h.GetSampleCount())
+	}
+	if h := get("vllm:request_prompt_tokens").GetHistogram(); len(h.GetBucket()) < 2 || h.GetBucket()[len(h.GetBucket())-2].GetUpperBound() > float64(s.Profile().MaxModelLen) {
+		t.Errorf("got prompt token buckets %v, want 1-2-5 up to %d", h.GetBucket(), s.Profile().MaxModelLen)
+	}
+}
+
+func TestBuckets125(t *testing.T) {
+	tests := []struct {
+		max  int
+		want []float64
+	}{
+		{1, []float64{1}},
+		{100, []float64{1, 2, 5, 10, 20, 50, 100}},
+		{1024, []float64{1, 2, 5, 10, 20, 50, 100, 200, 500, 1000}},
+	}
+	for _, tt := range tests {
+		if got := buckets125(tt.max); !slices.Equal(got, tt.want) {
+			t.Errorf("buckets125(%d): got %v, want %v", tt.max, got, tt.want)
+		}
+	}
+}
