@@ -214,7 +214,8 @@ var generators = []Generator{
 	{
 		Name: "chat",
 		Summary: "multi-turn chat sessions: each turn's prompt is the whole history (system prompt, earlier " +
-			"user messages and replies) plus a new user message; turns are separated by think time",
+			"user messages and replies) plus a new user message; turns are separated by think time; sessions " +
+			"already under way at time 0 are included (warm start), so the rate is steady from the start",
 		Params: []Param{
 			{"turns", 4, "mean turns per session (uniform on 1..2*turns-1)"},
 			{"system_len", 400, "tokens of the system prompt shared by all sessions (0 = none)"},
@@ -291,15 +292,15 @@ func genChat(g *gen) []Request {
 	next := a.Gaps(g.rng)
 	sys := Segment{Key: g.named("system", 0), Len: g.n("system_len")}
 	var reqs []Request
-	var t time.Duration
-	for s := 0; len(reqs) < g.opts.Requests; s++ {
-		if s > 0 {
-			t += next()
-		}
-		if g.opts.Duration > 0 && t > g.opts.Duration {
-			break
-		}
-		session := fmt.Sprintf("s%d", s)
+	// Warm start: sessions begin up to 2*turns*think_s before time 0 and
+	// only their turns at or after 0 are kept, so the request rate is steady
+	// from the start instead of ramping up while sessions accumulate.
+	t := -secs(2 * float64(turns) * g.p("think_s"))
+	s := 0
+	session := func() {
+		t += next()
+		id := fmt.Sprintf("s%d", s)
+		s++
 		n := 1 + g.rng.IntN(2*turns-1)
 		hist := []Segment{sys}
 		at := t
@@ -310,10 +311,31 @@ func genChat(g *gen) []Request {
 			if k > 0 && r.PromptLen > g.n("max_len") {
 				break
 			}
-			r.Session = session
-			reqs = append(reqs, r)
+			r.Session = id
+			if at >= 0 {
+				reqs = append(reqs, r)
+			}
 			hist = append(hist, Segment{Key: g.key(), Len: out})
 			at += g.exp(g.p("think_s"))
+		}
+	}
+	over := func() bool { return g.opts.Duration > 0 && t > g.opts.Duration }
+	for len(reqs) < g.opts.Requests && !over() {
+		session()
+	}
+	// Later turns of the sessions so far reach far beyond the last session
+	// start; keep starting sessions until no new one can arrive before the
+	// Requests-th arrival, so that the first Requests arrivals (kept by
+	// Generate) are at the steady rate.
+	if len(reqs) >= g.opts.Requests {
+		at := make([]time.Duration, len(reqs))
+		for i := range reqs {
+			at[i] = reqs[i].Arrival
+		}
+		slices.Sort(at)
+		cutoff := at[g.opts.Requests-1]
+		for t <= cutoff && !over() {
+			session()
 		}
 	}
 	return reqs

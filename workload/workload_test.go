@@ -531,3 +531,19 @@ func BenchmarkReadSharedTrace(b *testing.B) {
 		}
 	}
 }
+
+func TestChatRateSteadyFromStart(t *testing.T) {
+	w := genOrFatal(t, "chat", Options{Seed: 2, Requests: 4000, Arrivals: Arrivals{Rate: 20}})
+	span := w.Span()
+	early := 0
+	for _, r := range w.Requests {
+		if r.Arrival < span/10 {
+			early++
+		}
+	}
+	overall := float64(len(w.Requests)) / span.Seconds()
+	head := float64(early) / (span / 10).Seconds()
+	if math.Abs(head-overall)/overall > 0.25 || math.Abs(overall-20)/20 > 0.15 {
+		t.Errorf("request rate: first tenth %.1f/s, overall %.1f/s; want both about 20/s", head, overall)
+	}
+}

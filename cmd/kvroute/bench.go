@@ -120,7 +120,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cfg := bench.Config{URL: url, Model: model, API: api, Prompt: prompt, MaxInFlight: maxInFlight,
 		Timeout: timeout, Duration: duration, MaxRequests: maxRequests, IgnoreEOS: ignoreEOS, Header: hdr}
 	if err := cfg.Validate(); err != nil {
-		return usageErr("%v", err)
+		fmt.Fprintf(stderr, "kvroute %v\n", err)
+		return errUsage
 	}
 
 	// The workload.
