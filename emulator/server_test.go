@@ -119,3 +119,35 @@ func splitHostPort(t testing.TB, url string) (string, int) {
 	}
 	return hp[:i], port
 }
+
+func tinyEngine(t testing.TB) engine.Config {
+	p, err := engine.LookupProfile("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	return engine.Config{Profile: p}
+}
+
+// recorder is a minimal concurrency-safe ResponseWriter with Flush (the
+// handler writes only from its own goroutine, but Flush must exist).
+type recorder struct {
+	header http.Header
+	code   int
+	body   bytes.Buffer
+}
+
+func newRecorder() *recorder { return &recorder{header: http.Header{}} }
+
+func (r *recorder) Header() http.Header { return r.header }
+func (r *recorder) WriteHeader(code int) {
+	if r.code == 0 {
+		r.code = code
+	}
+}
+func (r *recorder) Write(b []byte) (int, error) {
+	if r.code == 0 {
+		r.code = 200
+	}
+	return r.body.Write(b)
+}
+func (r *recorder) Flush() {}
