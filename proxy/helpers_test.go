@@ -81,14 +81,20 @@ type backend struct {
 	*httptest.Server
 	name string
 	hits atomic.Int32
+	down atomic.Bool // GET /health answers 503
 }
 
-// newBackend starts an engine: h serves /v1/*; GET /health answers 200.
+// newBackend starts an engine: h serves /v1/*; GET /health answers 200
+// unless down is set.
 func newBackend(t testing.TB, name string, h http.HandlerFunc) *backend {
 	t.Helper()
 	b := &backend{name: name}
 	b.Server = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path == "/health" {
+			if b.down.Load() {
+				w.WriteHeader(http.StatusServiceUnavailable)
+				return
+			}
 			w.WriteHeader(http.StatusOK)
 			return
 		}
@@ -150,9 +156,14 @@ type testProxy struct {
 
 func newTestProxy(t testing.TB, cfg config.Config) *testProxy {
 	t.Helper()
+	return newTestProxyWith(t, cfg, testPickers)
+}
+
+func newTestProxyWith(t testing.TB, cfg config.Config, pickers NewPickerFunc) *testProxy {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	clock := newFakeClock()
-	p, err := New(Options{Config: cfg, NewPicker: testPickers, Registerer: reg, Gatherer: reg, Now: clock.Now})
+	p, err := New(Options{Config: cfg, NewPicker: pickers, Registerer: reg, Gatherer: reg, Now: clock.Now})
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -224,15 +224,7 @@ func TestNoHealthyEndpoint503(t *testing.T) {
 }
 
 func TestActiveHealthChecks(t *testing.T) {
-	var down atomic.Bool
 	a := newBackend(t, "a", okHandler("a"))
-	a.Config.Handler = http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if r.URL.Path == "/health" && down.Load() {
-			w.WriteHeader(http.StatusServiceUnavailable)
-			return
-		}
-		okHandler("a")(w, r)
-	})
 	cfg := testConfig("first", a.URL)
 	cfg.HealthCheck = config.HealthCheck{Interval: 5 * time.Millisecond, Timeout: 5 * time.Millisecond, UnhealthyThreshold: 2, HealthyThreshold: 1}
 	tp := newTestProxy(t, cfg)
@@ -246,13 +238,13 @@ func TestActiveHealthChecks(t *testing.T) {
 		}
 	}()
 	isHealthy := func() bool { return tp.Router("m").Status(tp.clock.Now())[0].Healthy }
-	down.Store(true)
+	a.down.Store(true)
 	waitFor(t, "a to fail its health checks", func() bool { return !isHealthy() })
 	resp := tp.post(t, PathChatCompletions, chatBody)
 	if readAll(t, resp); resp.StatusCode != 503 {
 		t.Errorf("while unhealthy: got %d, want 503", resp.StatusCode)
 	}
-	down.Store(false)
+	a.down.Store(false)
 	waitFor(t, "a to pass its health checks", isHealthy)
 	resp = tp.post(t, PathChatCompletions, chatBody)
 	if readAll(t, resp); resp.StatusCode != 200 {

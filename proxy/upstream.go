@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"sync"
 	"time"
 
 	"github.com/kvroute/kvroute"
@@ -32,6 +33,20 @@ func newTransport(t config.Timeouts) *http.Transport {
 	}
 }
 
+// bufferPool recycles the reverse proxies' copy buffers (32 KiB each).
+type bufferPool struct{ p sync.Pool }
+
+func (b *bufferPool) Get() []byte {
+	if v, ok := b.p.Get().(*[]byte); ok {
+		return *v
+	}
+	return make([]byte, 32<<10)
+}
+
+func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
+
+var copyBuffers httputil.BufferPool = &bufferPool{}
+
 // endpointProxy forwards requests to one endpoint.
 type endpointProxy struct {
 	ep     *kvroute.Endpoint
@@ -51,7 +66,7 @@ func (p *Proxy) newEndpointProxy(pl *pool, ep *kvroute.Endpoint) (*endpointProxy
 		},
 		Transport:      p.transport,
 		FlushInterval:  -1, // every chunk of an event stream goes out as it arrives
-		ErrorLog:       nil,
+		BufferPool:     copyBuffers,
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.upstreamError,
 	}

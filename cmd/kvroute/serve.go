@@ -1,0 +1,195 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os"
+	"strings"
+
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/collectors"
+	"go.yaml.in/yaml/v3"
+
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/policy"
+	"github.com/kvroute/kvroute/proxy"
+)
+
+func init() {
+	register(command{name: "serve", summary: "run the KV-cache-aware routing proxy", run: runServe})
+}
+
+const serveDescription = `Run the routing proxy in front of OpenAI-compatible inference engines (vLLM,
+SGLang, llama.cpp server, the emulated 'kvroute engine').
+
+POST /v1/completions and /v1/chat/completions are routed by their "model" field
+to that model's pool of endpoints, using the model's routing policy, and
+forwarded byte for byte; event streams are passed through chunk by chunk. A
+connect error or 5xx before the first response byte is retried on another
+endpoint. GET /v1/models lists the models. The router's own endpoints:
+/metrics (Prometheus), /healthz, /readyz, /debug/decisions and
+/debug/endpoints (open with debug.enabled, else they need the admin token),
+and PUT /admin/policy {"model","policy","params"} (only with admin.token,
+sent as "Authorization: Bearer TOKEN").
+
+Configure it with a YAML file (--config; see kvroute.example.yaml for every
+field and its default), or for the quick case with flags only:
+
+  kvroute serve --listen :8080 --model llama --endpoint http://10.0.0.7:8000 \
+      --endpoint http://10.0.0.8:8000 --policy least_request
+
+--listen, --log-level and --log-format also override the file's values.
+SIGINT/SIGTERM stop accepting connections and drain in-flight requests for up
+to timeouts.shutdown.
+
+Policies: %s.`
+
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("serve", "--config FILE | --model NAME --endpoint URL... [flags]",
+		fmt.Sprintf(serveDescription, strings.Join(policy.Names(), ", ")), stderr)
+	var (
+		configFile = fs.String("config", "", "YAML config `file`")
+		checkFile  = fs.String("check-config", "", "validate the YAML config `file` (including policies and their params), print a summary and exit")
+		listen     = fs.String("listen", "", "listen `address` (default \""+config.DefaultListen+"\", or the config's listen)")
+		model      = fs.String("model", "", "quick mode: the served model `name` (instead of --config)")
+		policyName = fs.String("policy", "", "quick mode: the routing `policy` (default \""+config.DefaultPolicy+"\")")
+		logLevel   = fs.String("log-level", "", "log `level`: debug, info, warn, error (default \"info\", or the config's log.level)")
+		logFormat  = fs.String("log-format", "", "log `format`: text or json (default \"text\", or the config's log.format)")
+		endpoints  stringList
+	)
+	fs.Var(&endpoints, "endpoint", "quick mode: an engine's base `URL`, e.g. http://127.0.0.1:8000 (repeatable, or comma-separated)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	usageErr := func(format string, a ...any) error {
+		fmt.Fprintf(stderr, format+"\n\n", a...)
+		fs.Usage()
+		return errUsage
+	}
+
+	if *checkFile != "" {
+		if *configFile != "" || *model != "" || len(endpoints) > 0 {
+			return usageErr("--check-config takes no other config source")
+		}
+		cfg, err := loadConfigFile(*checkFile)
+		if err != nil {
+			return err
+		}
+		if _, err := proxy.New(proxy.Options{Config: cfg, NewPicker: policy.New}); err != nil {
+			return fmt.Errorf("%s: %w", *checkFile, err)
+		}
+		n := 0
+		for _, m := range cfg.Models {
+			n += len(m.Endpoints)
+		}
+		fmt.Fprintf(stdout, "%s: ok (%d models, %d endpoints)\n", *checkFile, len(cfg.Models), n)
+		return nil
+	}
+
+	var cfg config.Config
+	switch {
+	case *configFile != "" && (*model != "" || len(endpoints) > 0 || *policyName != ""):
+		return usageErr("use either --config or --model/--endpoint/--policy, not both")
+	case *configFile != "":
+		var err error
+		if cfg, err = loadConfigFile(*configFile); err != nil {
+			return err
+		}
+	case *model != "" && len(endpoints) > 0:
+		cfg = quickConfig(*model, *policyName, endpoints)
+	default:
+		return usageErr("need --config FILE, or --model NAME with at least one --endpoint URL")
+	}
+	if *listen != "" {
+		cfg.Listen = *listen
+	}
+	if *logLevel != "" {
+		cfg.Log.Level = *logLevel
+	}
+	if *logFormat != "" {
+		cfg.Log.Format = *logFormat
+	}
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		return fmt.Errorf("invalid config: %w", err)
+	}
+
+	logger, err := newLogger(stderr, cfg.Log)
+	if err != nil {
+		return err
+	}
+	reg := prometheus.NewRegistry()
+	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
+	p, err := proxy.New(proxy.Options{Config: cfg, NewPicker: policy.New, Logger: logger, Registerer: reg, Gatherer: reg})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", cfg.Listen)
+	if err != nil {
+		return fmt.Errorf("serve: %w", err)
+	}
+	return p.Serve(ctx, ln)
+}
+
+// quickConfig is the config of the flags-only mode: one model.
+func quickConfig(model, policyName string, urls []string) config.Config {
+	m := config.Model{Name: model, Policy: config.Policy{Name: policyName}}
+	for _, u := range urls {
+		m.Endpoints = append(m.Endpoints, config.Endpoint{URL: u})
+	}
+	return config.Config{Models: []config.Model{m}}
+}
+
+// loadConfigFile reads a YAML config strictly (unknown fields are errors),
+// applies defaults and validates it.
+func loadConfigFile(path string) (config.Config, error) {
+	data, err := os.ReadFile(path)
+	if err != nil {
+		return config.Config{}, fmt.Errorf("config: %w", err)
+	}
+	cfg, err := parseConfig(data)
+	if err != nil {
+		return config.Config{}, fmt.Errorf("config %s: %w", path, err)
+	}
+	return cfg, nil
+}
+
+// parseConfig decodes one YAML document into a config, applies defaults and
+// validates it.
+func parseConfig(data []byte) (config.Config, error) {
+	var cfg config.Config
+	dec := yaml.NewDecoder(bytes.NewReader(data))
+	dec.KnownFields(true)
+	if err := dec.Decode(&cfg); err != nil {
+		if errors.Is(err, io.EOF) {
+			return cfg, errors.New("the file is empty")
+		}
+		return cfg, err
+	}
+	var extra yaml.Node
+	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
+		return cfg, errors.New("the file holds more than one YAML document")
+	}
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
+
+func newLogger(w io.Writer, c config.Log) (*slog.Logger, error) {
+	level, err := config.ParseLevel(c.Level)
+	if err != nil {
+		return nil, fmt.Errorf("log.level: %w", err)
+	}
+	opts := &slog.HandlerOptions{Level: level}
+	if c.Format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts)), nil
+	}
+	return slog.New(slog.NewTextHandler(w, opts)), nil
+}

@@ -1,0 +1,137 @@
+package proxy
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/policy"
+)
+
+// chatBody32K is a chat request with a 32 KiB user prompt behind a shared
+// system prompt.
+func chatBody32K(i int) []byte {
+	text := strings.Repeat("The quick brown fox jumps over the lazy dog. ", 32<<10/45+1)[:32<<10]
+	q, _ := json.Marshal(fmt.Sprintf("%d %s", i, text))
+	return fmt.Appendf(nil, `{"model":"m","messages":[{"role":"system","content":"You are a helpful assistant."},{"role":"user","content":%s}],"max_tokens":64}`, q)
+}
+
+// BenchmarkDecision measures the decision path on a 32 KiB prompt over four
+// endpoints with the default policy: route (prefix hashing, candidates,
+// Pick, dispatch record) and done; and the same behind the request scanner.
+func BenchmarkDecision(b *testing.B) {
+	cfg := testConfig(policy.Default, "http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3", "http://127.0.0.1:4")
+	p, err := New(Options{Config: cfg, NewPicker: policy.New})
+	if err != nil {
+		b.Fatal(err)
+	}
+	rt := p.Router("m")
+	bodies := make([][]byte, 64) // 64 distinct prompts sharing the system prompt
+	for i := range bodies {
+		bodies[i] = chatBody32K(i)
+	}
+	now := time.Unix(1_800_000_000, 0)
+	b.Run("route", func(b *testing.B) {
+		reqs := make([]kvroute.Request, len(bodies))
+		for i, body := range bodies {
+			ri, _ := openai.ParseRequest(openai.KindChat, body)
+			reqs[i] = kvroute.Request{Model: "m", Prompt: ri.Prompt, PromptTokens: ri.PromptTokens()}
+		}
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			req := reqs[i%len(reqs)]
+			f, err := rt.Route(now, &req, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			rt.Done(now, f, kvroute.Outcome{})
+			i++
+		}
+	})
+	b.Run("parse+route", func(b *testing.B) {
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			ri, err := openai.ParseRequest(openai.KindChat, bodies[i%len(bodies)])
+			if err != nil {
+				b.Fatal(err)
+			}
+			req := kvroute.Request{Model: ri.Model, Prompt: ri.Prompt, PromptTokens: ri.PromptTokens(), MaxTokens: ri.MaxTokens}
+			f, err := rt.Route(now, &req, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			rt.Done(now, f, kvroute.Outcome{})
+			i++
+		}
+	})
+}
+
+// BenchmarkProxyOverhead sends one non-streaming chat request with a 32 KiB
+// prompt to an engine on loopback directly and through the proxy. The
+// "side-by-side" case alternates the two in one loop and reports the p50
+// and p99 of each and the latency the proxy adds.
+func BenchmarkProxyOverhead(b *testing.B) {
+	be := newBackend(b, "a", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = io.WriteString(w, `{"id":"chatcmpl-1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":8192,"completion_tokens":1,"total_tokens":8193}}`)
+	})
+	tp := newTestProxyWith(b, testConfig(policy.Default, be.URL), policy.New)
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, DisableCompression: true}}
+	body := chatBody32K(0)
+	send := func(b *testing.B, base string) time.Duration {
+		t0 := time.Now()
+		resp, err := client.Post(base+PathChatCompletions, "application/json", bytes.NewReader(body))
+		if err != nil {
+			b.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 200 {
+			b.Fatalf("status %d", resp.StatusCode)
+		}
+		return time.Since(t0)
+	}
+	b.Run("direct", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			send(b, be.URL)
+		}
+	})
+	b.Run("proxied", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			send(b, tp.srv.URL)
+		}
+	})
+	b.Run("side-by-side", func(b *testing.B) {
+		b.ReportAllocs()
+		var direct, proxied []time.Duration
+		for b.Loop() {
+			direct = append(direct, send(b, be.URL))
+			proxied = append(proxied, send(b, tp.srv.URL))
+		}
+		slices.Sort(direct)
+		slices.Sort(proxied)
+		q := func(d []time.Duration, f float64) float64 {
+			return float64(d[min(len(d)-1, int(f*float64(len(d))))].Nanoseconds()) / 1e3
+		}
+		b.ReportMetric(q(direct, .5), "direct-p50-µs")
+		b.ReportMetric(q(direct, .99), "direct-p99-µs")
+		b.ReportMetric(q(proxied, .5), "proxied-p50-µs")
+		b.ReportMetric(q(proxied, .99), "proxied-p99-µs")
+		b.ReportMetric(q(proxied, .5)-q(direct, .5), "added-p50-µs")
+		b.ReportMetric(q(proxied, .99)-q(direct, .99), "added-p99-µs")
+		b.ReportMetric(0, "ns/op")
+	})
+}
