@@ -1,0 +1,765 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+)
+
+func mustEngine(t testing.TB, name string, mod func(*Config)) *Engine {
+	t.Helper()
+	p, err := LookupProfile(name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Profile: p}
+	if mod != nil {
+		mod(&cfg)
+	}
+	e, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return e
+}
+
+// tokens returns n token ids starting at from.
+func tokens(from, n int) []uint32 {
+	s := make([]uint32, n)
+	for i := range s {
+		s[i] = uint32(from + i)
+	}
+	return s
+}
+
+func concat(a, b []uint32) []uint32 { return append(slices.Clip(a), b...) }
+
+// driver steps an engine in virtual time, checking invariants after every
+// step and mirroring the KV events into a set that must equal the cache.
+type driver struct {
+	t       testing.TB
+	e       *Engine
+	now     time.Duration
+	outputs []Output
+	events  []KVEvent
+	mirror  map[uint64]bool
+	steps   []StepResult
+}
+
+func newDriver(t testing.TB, e *Engine) *driver {
+	return &driver{t: t, e: e, mirror: map[uint64]bool{}}
+}
+
+func (d *driver) add(r *Request) {
+	d.t.Helper()
+	if err := d.e.Add(d.now, r); err != nil {
+		d.t.Fatal(err)
+	}
+}
+
+func (d *driver) step() StepResult {
+	d.t.Helper()
+	r := d.e.Step(d.now)
+	d.now += r.Duration
+	d.outputs = append(d.outputs, r.Outputs...)
+	d.events = append(d.events, r.Events...)
+	d.steps = append(d.steps, r)
+	for _, ev := range r.Events {
+		switch ev.Kind {
+		case BlockStored:
+			for _, h := range ev.BlockHashes {
+				if d.mirror[h] {
+					d.t.Fatalf("BlockStored %d: already stored", h)
+				}
+				d.mirror[h] = true
+			}
+		case BlockRemoved:
+			for _, h := range ev.BlockHashes {
+				if !d.mirror[h] {
+					d.t.Fatalf("BlockRemoved %d: never stored", h)
+				}
+				delete(d.mirror, h)
+			}
+		case AllBlocksCleared:
+			clear(d.mirror)
+		}
+	}
+	checkInvariants(d.t, d.e)
+	if d.e.caching && !d.e.cfg.NoEvents {
+		if len(d.mirror) != len(d.e.pool.cached) {
+			d.t.Fatalf("events describe %d cached blocks, the cache holds %d", len(d.mirror), len(d.e.pool.cached))
+		}
+		for h := range d.e.pool.cached {
+			if !d.mirror[h] {
+				d.t.Fatalf("cached block %d was never reported by BlockStored", h)
+			}
+		}
+	}
+	return r
+}
+
+func (d *driver) run() {
+	d.t.Helper()
+	for i := 0; d.e.HasWork(); i++ {
+		if i > 1e6 {
+			d.t.Fatal("engine does not finish")
+		}
+		d.step()
+	}
+}
+
+// byID returns the outputs of one request, in order.
+func (d *driver) byID(id string) []Output {
+	var out []Output
+	for _, o := range d.outputs {
+		if o.ID == id {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+// checkInvariants verifies the block pool against the live sequences:
+// reference counts equal the references held, the free queue holds exactly
+// the unreferenced blocks, and the hash map and block flags agree.
+func checkInvariants(t testing.TB, e *Engine) {
+	t.Helper()
+	p := e.pool
+	refs := make([]int32, p.size())
+	for _, s := range e.seqs {
+		for _, b := range s.blocks {
+			refs[b]++
+		}
+		if s.status == statusWaiting && len(s.blocks) != 0 {
+			t.Fatalf("waiting request %s holds %d blocks", s.id, len(s.blocks))
+		}
+	}
+	free := 0
+	for i := range refs {
+		b := p.blocks[i]
+		if b.ref != refs[i] {
+			t.Fatalf("block %d: ref %d, but %d references are held", i, b.ref, refs[i])
+		}
+		if b.ref == 0 {
+			free++
+		}
+		if b.hashed {
+			if id, ok := p.cached[b.hash]; !ok || id != int32(i) {
+				t.Fatalf("block %d: flagged cached under %d but the map says %d,%v", i, b.hash, id, ok)
+			}
+		}
+	}
+	if free != p.numFree {
+		t.Fatalf("numFree %d, but %d blocks are unreferenced", p.numFree, free)
+	}
+	n := 0
+	s := p.sentinel()
+	for id := p.blocks[s].next; id != s; id = p.blocks[id].next {
+		if p.blocks[id].ref != 0 {
+			t.Fatalf("block %d in the free queue with ref %d", id, p.blocks[id].ref)
+		}
+		if p.blocks[p.blocks[id].next].prev != id {
+			t.Fatalf("free queue links broken at %d", id)
+		}
+		n++
+		if n > p.size() {
+			t.Fatal("free queue has a cycle")
+		}
+	}
+	if n != p.numFree {
+		t.Fatalf("free queue has %d blocks, numFree %d", n, p.numFree)
+	}
+	for h, id := range p.cached {
+		if !p.blocks[id].hashed || p.blocks[id].hash != h {
+			t.Fatalf("map %d -> block %d, which holds %d (hashed %v)", h, id, p.blocks[id].hash, p.blocks[id].hashed)
+		}
+	}
+	if st := e.Stats(); st.Running > e.maxSeqs {
+		t.Fatalf("%d running > max_num_seqs %d", st.Running, e.maxSeqs)
+	}
+}
+
+func TestSingleRequest(t *testing.T) {
+	e := mustEngine(t, "tiny", nil)
+	d := newDriver(t, e)
+	d.add(&Request{ID: "a", Prompt: tokens(1, 100), MaxTokens: 5})
+	d.run()
+	out := d.byID("a")
+	if len(out) != 5 {
+		t.Fatalf("got %d outputs, want 5", len(out))
+	}
+	p := e.Profile()
+	wantTTFT := p.PrefillTime(100, 0)
+	for i, o := range out {
+		if o.Index != i || o.First != (i == 0) || o.Finished != (i == 4) {
+			t.Errorf("output %d: index %d first %v finished %v", i, o.Index, o.First, o.Finished)
+		}
+		if o.TTFT != wantTTFT {
+			t.Errorf("output %d: TTFT %v, want the prefill step %v", i, o.TTFT, wantTTFT)
+		}
+	}
+	last := out[4]
+	if last.FinishReason != FinishLength || last.PrefillTime != wantTTFT || last.QueueTime != 0 {
+		t.Errorf("last output = %+v, want finish length, prefill %v", last, wantTTFT)
+	}
+	if last.DecodeTime != last.Time-out[0].Time {
+		t.Errorf("DecodeTime %v, want %v", last.DecodeTime, last.Time-out[0].Time)
+	}
+	// Decode steps: the context grows from 101 to 104 tokens.
+	for i := 1; i < 5; i++ {
+		want := p.StepTime(Batch{DecodeTokens: 1, DecodeContext: 100 + i, Seqs: 1, Sampled: 1})
+		if out[i].ITL != want {
+			t.Errorf("output %d: ITL %v, want %v", i, out[i].ITL, want)
+		}
+	}
+	st := e.Stats()
+	want := Stats{NumGPUBlocks: 64, BlockSize: 16, FreeBlocks: 64, CachedBlocks: 6, PrefixQueries: 100,
+		PromptTokens: 100, GenerationTokens: 5, FinishedLength: 1, Steps: 5, BusyTime: last.Time}
+	if st != want {
+		t.Errorf("Stats = %+v\nwant    %+v", st, want)
+	}
+	// 100 prompt tokens + 4 computed outputs = 104 tokens: 6 full blocks
+	// stored, in one event for the prompt.
+	if len(d.events) != 1 || d.events[0].Kind != BlockStored || len(d.events[0].BlockHashes) != 6 ||
+		d.events[0].ParentHash != nil || len(d.events[0].TokenIDs) != 96 || d.events[0].Medium != MediumGPU {
+		t.Errorf("events = %+v, want one BlockStored of 6 blocks without parent", d.events)
+	}
+}
+
+// TestPrefixCaching is the end-to-end check at the model level: a
+// second request sharing a 4k-token prefix reports 4096 cached tokens and its
+// TTFT drops by exactly what the cost model predicts.
+func TestPrefixCaching(t *testing.T) {
+	for _, hash := range []string{HashXXH3, HashSHA256, HashSHA256CBOR} {
+		t.Run(hash, func(t *testing.T) {
+			h, _ := NewHashFunc(hash, "")
+			e := mustEngine(t, "llama-3.1-8b-h100", func(c *Config) { c.HashFunc = h })
+			p := e.Profile()
+			d := newDriver(t, e)
+			prefix := tokens(1000, 4096)
+			d.add(&Request{ID: "a", Prompt: concat(prefix, tokens(50000, 100)), MaxTokens: 3})
+			d.run()
+			d.add(&Request{ID: "b", Prompt: concat(prefix, tokens(60000, 100)), MaxTokens: 3})
+			d.run()
+			a, b := d.byID("a")[0], d.byID("b")[0]
+			if a.CachedTokens != 0 || b.CachedTokens != 4096 {
+				t.Errorf("cached tokens a=%d b=%d, want 0 and 4096", a.CachedTokens, b.CachedTokens)
+			}
+			wantA, wantB := p.PrefillTime(4196, 0), p.PrefillTime(100, 4096)
+			if a.TTFT != wantA || b.TTFT != wantB {
+				t.Errorf("TTFT a=%v b=%v, want %v and %v", a.TTFT, b.TTFT, wantA, wantB)
+			}
+			if b.TTFT >= a.TTFT/4 {
+				t.Errorf("TTFT with 4096 cached = %v, want far below %v", b.TTFT, a.TTFT)
+			}
+			st := e.Stats()
+			if st.PrefixQueries != 2*4196 || st.PrefixHits != 4096 {
+				t.Errorf("prefix queries/hits = %d/%d, want %d/4096", st.PrefixQueries, st.PrefixHits, 2*4196)
+			}
+			// b's BlockStored continues a's chain: its parent is a's block 255.
+			var ev KVEvent
+			for _, x := range d.events {
+				if x.Kind == BlockStored && x.ParentHash != nil {
+					ev = x
+				}
+			}
+			if ev.ParentHash == nil || *ev.ParentHash != d.events[0].BlockHashes[255] {
+				t.Errorf("b's BlockStored parent = %v, want a's block 255 %d", ev.ParentHash, d.events[0].BlockHashes[255])
+			}
+		})
+	}
+}
+
+// TestFullPromptHit: a prompt that is entirely cached still computes its
+// last token (vLLM caps the hit at prompt length - 1).
+func TestFullPromptHit(t *testing.T) {
+	e := mustEngine(t, "tiny", nil)
+	d := newDriver(t, e)
+	prompt := tokens(7, 64) // exactly 4 blocks
+	d.add(&Request{ID: "a", Prompt: prompt, MaxTokens: 1})
+	d.run()
+	d.add(&Request{ID: "b", Prompt: prompt, MaxTokens: 1})
+	d.run()
+	if got := d.byID("b")[0].CachedTokens; got != 48 {
+		t.Errorf("cached tokens = %d, want 48 (3 of 4 blocks: one token must be computed)", got)
+	}
+}
+
+// TestEvictionOrder checks the LRU order of vLLM's free queue: blocks of the
+// request freed first are evicted first, and each request's blocks tail
+// first.
+func TestEvictionOrder(t *testing.T) {
+	e := mustEngine(t, "tiny", nil) // 64 blocks of 16
+	d := newDriver(t, e)
+	d.add(&Request{ID: "a", Prompt: tokens(1, 320), MaxTokens: 1}) // 20 blocks
+	d.run()
+	var aHashes []uint64 // stored over two steps: the prompt is chunked at 256 tokens
+	for _, ev := range d.events {
+		aHashes = append(aHashes, ev.BlockHashes...)
+	}
+	if len(aHashes) != 20 {
+		t.Fatalf("a stored %d blocks, want 20", len(aHashes))
+	}
+	d.add(&Request{ID: "b", Prompt: tokens(10000, 320), MaxTokens: 1}) // 20 more
+	d.run()
+	if st := e.Stats(); st.CachedBlocks != 40 || st.FreeBlocks != 64 {
+		t.Fatalf("after a and b: %+v, want 40 cached, 64 free", st)
+	}
+	d.events = nil
+	// c needs 30 blocks: 24 never-used ones, then the 6 least recently freed
+	// cached blocks: a's, last block first.
+	d.add(&Request{ID: "c", Prompt: tokens(20000, 480), MaxTokens: 1})
+	d.run()
+	var removed []uint64
+	for _, ev := range d.events {
+		if ev.Kind == BlockRemoved {
+			removed = append(removed, ev.BlockHashes...)
+		}
+	}
+	want := []uint64{aHashes[19], aHashes[18], aHashes[17], aHashes[16], aHashes[15], aHashes[14]}
+	if !slices.Equal(removed, want) {
+		t.Errorf("evicted %v, want a's last six blocks tail first %v", removed, want)
+	}
+	// a's first 14 blocks survive.
+	d.add(&Request{ID: "a2", Prompt: tokens(1, 320), MaxTokens: 1})
+	d.run()
+	if got := d.byID("a2")[0].CachedTokens; got != 14*16 {
+		t.Errorf("a again: cached %d tokens, want %d", got, 14*16)
+	}
+}
+
+// TestPreemption runs more decode work than the cache holds: the newest
+// running request is preempted, recomputed, and every request still produces
+// exactly its tokens, the same ones it produces alone.
+func TestPreemption(t *testing.T) {
+	e := mustEngine(t, "tiny", nil) // 64 blocks
+	d := newDriver(t, e)
+	for i := range 4 {
+		d.add(&Request{ID: fmt.Sprint("r", i), Prompt: tokens(1000*i+1, 200), MaxTokens: 400}) // 38 blocks each at the end
+	}
+	d.run()
+	st := e.Stats()
+	if st.Preemptions == 0 {
+		t.Fatal("no preemptions under memory pressure")
+	}
+	preempted := map[string]int{}
+	for i := range 4 {
+		id := fmt.Sprint("r", i)
+		out := d.byID(id)
+		if len(out) != 400 {
+			t.Fatalf("%s: %d outputs, want 400", id, len(out))
+		}
+		for j, o := range out {
+			if o.Index != j {
+				t.Fatalf("%s: output %d has index %d", id, j, o.Index)
+			}
+		}
+		last := out[len(out)-1]
+		if !last.Finished || last.FinishReason != FinishLength {
+			t.Errorf("%s: last output %+v", id, last)
+		}
+		preempted[id] = last.Preemptions
+		// Alone, the request produces the same tokens.
+		solo := newDriver(t, mustEngine(t, "tiny", nil))
+		solo.add(&Request{ID: id, Prompt: tokens(1000*i+1, 200), MaxTokens: 400})
+		solo.run()
+		for j, o := range solo.byID(id) {
+			if o.Token != out[j].Token {
+				t.Fatalf("%s: token %d = %d under pressure, %d alone", id, j, out[j].Token, o.Token)
+			}
+		}
+	}
+	if preempted["r0"] != 0 {
+		t.Errorf("the oldest request was preempted %d times; vLLM preempts the newest first", preempted["r0"])
+	}
+	if preempted["r3"] == 0 {
+		t.Errorf("the newest request was never preempted: %v", preempted)
+	}
+	if st.FreeBlocks != st.NumGPUBlocks {
+		t.Errorf("after all requests: %d of %d blocks free", st.FreeBlocks, st.NumGPUBlocks)
+	}
+}
+
+// TestChunkedPrefill: a prompt longer than the token budget is prefilled
+// over several steps, and running decodes are scheduled before it.
+func TestChunkedPrefill(t *testing.T) {
+	e := mustEngine(t, "tiny", nil) // budget 256
+	d := newDriver(t, e)
+	d.add(&Request{ID: "dec", Prompt: tokens(1, 20), MaxTokens: 10})
+	d.step() // dec prefilled, first token
+	d.add(&Request{ID: "long", Prompt: tokens(500, 600), MaxTokens: 2})
+	r := d.step()
+	if r.Batch.DecodeTokens != 1 || r.Batch.PrefillTokens != 255 {
+		t.Errorf("step 2 batch = %+v, want 1 decode + 255 prefill tokens", r.Batch)
+	}
+	r = d.step()
+	if r.Batch.DecodeTokens != 1 || r.Batch.PrefillTokens != 255 {
+		t.Errorf("step 3 batch = %+v, want 1 decode + 255 prefill tokens", r.Batch)
+	}
+	r = d.step() // 90 left
+	if r.Batch.PrefillTokens != 90 || len(d.byID("long")) != 1 {
+		t.Errorf("step 4 batch = %+v, long outputs %d; want the last 90-token chunk and a first token", r.Batch, len(d.byID("long")))
+	}
+	d.run()
+}
+
+func TestMaxNumSeqs(t *testing.T) {
+	e := mustEngine(t, "tiny", func(c *Config) { c.MaxNumSeqs = 2 })
+	d := newDriver(t, e)
+	for i := range 3 {
+		d.add(&Request{ID: fmt.Sprint(i), Prompt: tokens(100*i, 20), MaxTokens: 3})
+	}
+	d.step()
+	if st := e.Stats(); st.Running != 2 || st.Waiting != 1 {
+		t.Errorf("running %d waiting %d, want 2 and 1", st.Running, st.Waiting)
+	}
+	d.run()
+	if got := d.byID("2")[2].QueueTime; got <= 0 {
+		t.Errorf("third request queue time %v, want > 0", got)
+	}
+}
+
+func TestEOS(t *testing.T) {
+	e := mustEngine(t, "tiny", nil)
+	d := newDriver(t, e)
+	d.add(&Request{ID: "eos", Prompt: tokens(1, 20), MaxTokens: 10, EOSAt: 4})
+	d.add(&Request{ID: "ignore", Prompt: tokens(1, 20), MaxTokens: 10, EOSAt: 4, IgnoreEOS: true})
+	d.add(&Request{ID: "never", Prompt: tokens(1, 20), MaxTokens: 10})
+	d.run()
+	tests := []struct {
+		id     string
+		n      int
+		reason string
+	}{{"eos", 4, FinishStop}, {"ignore", 10, FinishLength}, {"never", 10, FinishLength}}
+	for _, tt := range tests {
+		out := d.byID(tt.id)
+		last := out[len(out)-1]
+		if len(out) != tt.n || last.FinishReason != tt.reason {
+			t.Errorf("%s: %d outputs, finish %q; want %d, %q", tt.id, len(out), last.FinishReason, tt.n, tt.reason)
+		}
+		for _, o := range out {
+			isEOS := o.Token == e.Profile().Model.EOSTokenID
+			if isEOS != (tt.reason == FinishStop && o.Finished) {
+				t.Errorf("%s: token %d at %d (EOS=%v)", tt.id, o.Token, o.Index, isEOS)
+			}
+		}
+	}
+	if st := e.Stats(); st.FinishedStop != 1 || st.FinishedLength != 2 {
+		t.Errorf("finished stop/length = %d/%d, want 1/2", st.FinishedStop, st.FinishedLength)
+	}
+}
+
+func TestAddErrors(t *testing.T) {
+	e := mustEngine(t, "tiny", nil) // max model len 1024
+	if err := e.Add(0, &Request{ID: "x", Prompt: tokens(0, 10)}); err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name string
+		r    Request
+		want error
+	}{
+		{"empty", Request{ID: "e"}, ErrEmptyPrompt},
+		{"duplicate", Request{ID: "x", Prompt: tokens(0, 10)}, ErrDuplicateID},
+		{"too long", Request{ID: "l", Prompt: tokens(0, 1000), MaxTokens: 100}, &LengthError{}},
+		{"prompt fills context", Request{ID: "f", PromptLen: 1024, BlockHashes: []uint64{1}}, &LengthError{}},
+		{"length mismatch", Request{ID: "m", Prompt: tokens(0, 10), PromptLen: 11}, nil},
+		{"negative max tokens", Request{ID: "n", Prompt: tokens(0, 10), MaxTokens: -1}, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			err := e.Add(0, &tt.r)
+			if err == nil {
+				t.Fatal("Add succeeded")
+			}
+			var le *LengthError
+			switch want := tt.want.(type) {
+			case *LengthError:
+				if !errors.As(err, &le) || le.MaxModelLen != 1024 {
+					t.Errorf("err = %v, want a *LengthError with MaxModelLen 1024", err)
+				}
+			case error:
+				if !errors.Is(err, want) {
+					t.Errorf("err = %v, want %v", err, want)
+				}
+			}
+		})
+	}
+	if st := e.Stats(); st.Waiting != 1 {
+		t.Errorf("waiting = %d, want 1 (failed Adds must not queue)", st.Waiting)
+	}
+}
+
+func TestNewErrors(t *testing.T) {
+	p, _ := LookupProfile("tiny")
+	tests := []struct {
+		name string
+		cfg  Config
+	}{
+		{"zero profile", Config{}},
+		{"negative", Config{Profile: p, MaxNumSeqs: -1}},
+		{"context larger than cache", Config{Profile: p, MaxModelLen: 4096}},
+		{"huge block", Config{Profile: p, BlockSize: 256}},
+	}
+	for _, tt := range tests {
+		if _, err := New(tt.cfg); err == nil {
+			t.Errorf("%s: New succeeded", tt.name)
+		}
+	}
+	// A smaller cache lowers the default max model length instead of failing.
+	e, err := New(Config{Profile: p, NumGPUBlocks: 16})
+	if err != nil || e.Profile().MaxModelLen != 256 {
+		t.Errorf("New with 16 blocks: %v, max model len %d; want 256", err, e.Profile().MaxModelLen)
+	}
+}
+
+func TestAbort(t *testing.T) {
+	e := mustEngine(t, "tiny", nil)
+	d := newDriver(t, e)
+	d.add(&Request{ID: "run", Prompt: tokens(1, 40), MaxTokens: 100})
+	d.add(&Request{ID: "wait", Prompt: tokens(100, 40), MaxTokens: 100})
+	d.step()
+	d.step()
+	e.Abort(d.now, "run")
+	e.Abort(d.now, "unknown")
+	d.step()
+	e.Abort(d.now, "wait")
+	d.run()
+	for _, id := range []string{"run", "wait"} {
+		out := d.byID(id)
+		last := out[len(out)-1]
+		if !last.Finished || last.FinishReason != FinishAbort {
+			t.Errorf("%s: last output %+v, want an abort", id, last)
+		}
+	}
+	if st := e.Stats(); st.FinishedAbort != 2 || st.FreeBlocks != 64 || st.Running != 0 {
+		t.Errorf("stats %+v, want 2 aborts and every block free", st)
+	}
+}
+
+// TestDisaggregated models a P/D handoff: the prefill leg holds its blocks
+// until Release; the decode leg skips prefill and computes one token.
+func TestDisaggregated(t *testing.T) {
+	pre := mustEngine(t, "tiny", nil)
+	d := newDriver(t, pre)
+	prompt := tokens(1, 300)
+	d.add(&Request{ID: "p", Prompt: prompt, MaxTokens: 1, HoldKV: true})
+	d.run()
+	if st := pre.Stats(); st.Held != 1 || st.FreeBlocks != 64-19 {
+		t.Fatalf("prefill engine: %+v, want 1 held with 19 blocks", st)
+	}
+	if ids := pre.BlockIDs("p"); len(ids) != 19 {
+		t.Errorf("BlockIDs = %v, want 19 ids", ids)
+	}
+	pre.Release("p")
+	if st := pre.Stats(); st.Held != 0 || st.FreeBlocks != 64 || st.CachedBlocks != 18 {
+		t.Errorf("after Release: %+v", st)
+	}
+
+	dec := mustEngine(t, "tiny", nil)
+	d2 := newDriver(t, dec)
+	d2.add(&Request{ID: "d", Prompt: prompt, MaxTokens: 3, SkipPrefill: true})
+	r := d2.step()
+	if r.Batch.PrefillTokens != 1 || len(r.Outputs) != 1 || !r.Outputs[0].First {
+		t.Errorf("decode leg first step: batch %+v, outputs %+v; want 1 token computed and a first token", r.Batch, r.Outputs)
+	}
+	if got := r.Outputs[0].CachedTokens; got != 299 {
+		t.Errorf("decode leg cached tokens = %d, want 299", got)
+	}
+	stored := 0
+	for _, ev := range r.Events {
+		stored += len(ev.BlockHashes)
+	}
+	if stored != 18 {
+		t.Errorf("decode leg stored %d blocks, want the 18 transferred full blocks", stored)
+	}
+	d2.run()
+}
+
+func TestResetPrefixCache(t *testing.T) {
+	e := mustEngine(t, "tiny", nil)
+	d := newDriver(t, e)
+	d.add(&Request{ID: "a", Prompt: tokens(1, 100), MaxTokens: 50})
+	d.step()
+	if e.ResetPrefixCache() {
+		t.Error("ResetPrefixCache succeeded while a request holds blocks")
+	}
+	d.run()
+	if !e.ResetPrefixCache() {
+		t.Fatal("ResetPrefixCache failed on an idle engine")
+	}
+	// The clear event rides on the next step, even without requests.
+	r := d.step()
+	if len(r.Events) != 1 || r.Events[0].Kind != AllBlocksCleared {
+		t.Errorf("events = %+v, want AllBlocksCleared", r.Events)
+	}
+	d.add(&Request{ID: "b", Prompt: tokens(1, 100), MaxTokens: 1})
+	d.run()
+	if got := d.byID("b")[0].CachedTokens; got != 0 {
+		t.Errorf("cached tokens after reset = %d, want 0", got)
+	}
+}
+
+// TestFastPath: requests given as block hashes (no tokens) share blocks
+// exactly like token requests.
+func TestFastPath(t *testing.T) {
+	e := mustEngine(t, "tiny", nil)
+	d := newDriver(t, e)
+	h := XXH3()
+	prompt := tokens(1, 200)
+	var keys []uint64
+	parent := h.None()
+	for i := 0; i+16 <= len(prompt); i += 16 {
+		parent = h.Block(parent, prompt[i:i+16])
+		keys = append(keys, parent.Key())
+	}
+	d.add(&Request{ID: "tok", Prompt: prompt, MaxTokens: 20})
+	d.run()
+	d.add(&Request{ID: "fast", PromptLen: 200, BlockHashes: keys, MaxTokens: 20})
+	d.run()
+	if got := d.byID("fast")[0].CachedTokens; got != 192 {
+		t.Errorf("fast path cached %d tokens, want 192", got)
+	}
+	for _, ev := range d.events {
+		if ev.Kind == BlockStored && ev.TokenIDs != nil && len(ev.TokenIDs) != 16*len(ev.BlockHashes) {
+			t.Errorf("BlockStored with %d tokens for %d blocks", len(ev.TokenIDs), len(ev.BlockHashes))
+		}
+	}
+	if st := e.Stats(); st.FreeBlocks != 64 {
+		t.Errorf("%d blocks free, want 64", st.FreeBlocks)
+	}
+}
+
+func TestDisablePrefixCaching(t *testing.T) {
+	e := mustEngine(t, "tiny", func(c *Config) { c.DisablePrefixCaching = true })
+	d := newDriver(t, e)
+	d.add(&Request{ID: "a", Prompt: tokens(1, 100), MaxTokens: 3})
+	d.run()
+	d.add(&Request{ID: "b", Prompt: tokens(1, 100), MaxTokens: 3})
+	d.run()
+	if got := d.byID("b")[0].CachedTokens; got != 0 || len(d.events) != 0 {
+		t.Errorf("without prefix caching: %d cached tokens, %d events", got, len(d.events))
+	}
+}
+
+// randomWorkload drives an engine with shared prefixes, random lengths,
+// aborts and P/D legs; the driver checks invariants after every step.
+func randomWorkload(t testing.TB, e *Engine, seed uint64, n int) *driver {
+	rng := rand.New(rand.NewPCG(seed, 1))
+	d := newDriver(t, e)
+	prefixes := [][]uint32{tokens(1, 64), tokens(5000, 200), tokens(9000, 33)}
+	live := []string{}
+	held := []string{}
+	for i := 0; i < n || e.HasWork(); i++ {
+		if i < n {
+			for range rng.IntN(3) {
+				id := fmt.Sprint("q", i, "-", rng.IntN(1e6))
+				prompt := concat(prefixes[rng.IntN(3)], tokens(rng.IntN(1e5), 1+rng.IntN(150)))
+				r := &Request{ID: id, Prompt: prompt, MaxTokens: 1 + rng.IntN(120), EOSAt: rng.IntN(100)}
+				switch rng.IntN(10) {
+				case 0:
+					r.HoldKV = true
+					held = append(held, id)
+				case 1:
+					r.SkipPrefill = true
+				case 2:
+					r.Prompt = nil
+					r.PromptLen = len(prompt)
+					r.BlockHashes = []uint64{uint64(rng.IntN(20)) + 1, uint64(rng.IntN(20)) + 100}
+				}
+				if err := e.Add(d.now, r); err != nil {
+					var le *LengthError
+					if !errors.As(err, &le) {
+						t.Fatal(err)
+					}
+					continue
+				}
+				live = append(live, id)
+			}
+			if len(live) > 0 && rng.IntN(8) == 0 {
+				e.Abort(d.now, live[rng.IntN(len(live))])
+			}
+			if len(held) > 0 && rng.IntN(4) == 0 {
+				e.Release(held[rng.IntN(len(held))]) // a no-op until it finished
+			}
+		} else {
+			// Held KV is leased: release it so waiting requests can run.
+			for _, id := range held {
+				e.Release(id) // a no-op until the request finished
+			}
+		}
+		d.step()
+		if i > 1e5 {
+			t.Fatal("engine does not finish")
+		}
+	}
+	for _, id := range held {
+		e.Release(id)
+	}
+	return d
+}
+
+// TestRefcountProperty: under a random workload the pool stays consistent
+// after every step, and once everything finished every block is free (no
+// leak), free blocks being either cached or never used.
+func TestRefcountProperty(t *testing.T) {
+	for seed := range uint64(8) {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			e := mustEngine(t, "tiny", func(c *Config) { c.NumGPUBlocks = 40 + int(seed)*8; c.MaxModelLen = 512 })
+			randomWorkload(t, e, seed, 300)
+			checkInvariants(t, e)
+			if st := e.Stats(); st.FreeBlocks != st.NumGPUBlocks || st.Running+st.Waiting+st.Held != 0 || len(e.seqs) != 0 {
+				t.Errorf("leak: %+v, %d live sequences", st, len(e.seqs))
+			}
+		})
+	}
+}
+
+// TestDeterminism: the same inputs give the same outputs, durations and
+// events.
+func TestDeterminism(t *testing.T) {
+	run := func() []StepResult {
+		e := mustEngine(t, "tiny", func(c *Config) { c.NumGPUBlocks = 48; c.MaxModelLen = 512 })
+		return randomWorkload(t, e, 42, 200).steps
+	}
+	a, b := run(), run()
+	if len(a) != len(b) {
+		t.Fatalf("%d steps vs %d", len(a), len(b))
+	}
+	for i := range a {
+		a[i].removed, b[i].removed = nil, nil
+		if !reflect.DeepEqual(a[i], b[i]) {
+			t.Fatalf("step %d differs:\n%+v\n%+v", i, a[i], b[i])
+		}
+	}
+}
+
+// TestStepInto: reusing a StepResult gives the same results as Step.
+func TestStepInto(t *testing.T) {
+	mk := func() *Engine { return mustEngine(t, "tiny", nil) }
+	e1, e2 := mk(), mk()
+	for i := range 6 {
+		r := &Request{ID: fmt.Sprint(i), Prompt: tokens(i*7, 50+10*i), MaxTokens: 30}
+		r2 := *r
+		e1.Add(0, r)
+		e2.Add(0, &r2)
+	}
+	var now time.Duration
+	var reused StepResult
+	for e1.HasWork() {
+		want := e1.Step(now)
+		e2.StepInto(now, &reused)
+		if want.Duration != reused.Duration || !reflect.DeepEqual(want.Outputs, reused.Outputs) ||
+			len(want.Events) != len(reused.Events) {
+			t.Fatalf("at %v: Step and StepInto differ", now)
+		}
+		now += want.Duration
+	}
+	if e2.HasWork() {
+		t.Error("StepInto engine has work left")
+	}
+}
