@@ -1,0 +1,161 @@
+package emulator
+
+import (
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/openai"
+)
+
+type syncBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (s *syncBuffer) Write(p []byte) (int, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.Write(p)
+}
+
+func (s *syncBuffer) String() string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.b.String()
+}
+
+func logTo(b *syncBuffer) *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
+
+const pdPrompt = "Disaggregated serving splits the prompt computation from token generation across two engines."
+
+func kvUsage(t *testing.T, url string) float64 {
+	return value(scrape(t, url)["vllm:kv_cache_usage_perc"].GetMetric()[0])
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); !cond(); {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(10 * time.Millisecond)
+	}
+}
+
+func TestPDNixlHandshake(t *testing.T) {
+	var plog, dlog syncBuffer
+	_, ps := testServer(t, Config{Role: kvroute.RolePrefill, Logger: logTo(&plog)})
+	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, Logger: logTo(&dlog)})
+
+	// 1. The proxy's prefill request (toy_proxy_server.py).
+	code, body := post(t, ps.URL+"/v1/completions", fmt.Sprintf(`{"prompt":%q,"max_tokens":1,"stream":false,
+		"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}}`, pdPrompt))
+	if code != 200 {
+		t.Fatalf("prefill: got %d %s", code, body)
+	}
+	var pr openai.Completion
+	if err := json.Unmarshal(body, &pr); err != nil {
+		t.Fatal(err)
+	}
+	kv := pr.KVTransferParams
+	host, port := splitHostPort(t, ps.URL)
+	if kv["do_remote_prefill"] != true || kv["do_remote_decode"] != false || kv["remote_host"] != host ||
+		kv["remote_port"] != float64(port) || kv["remote_request_id"] == "" || kv["tp_size"] != float64(1) {
+		t.Fatalf("got kv_transfer_params %v", kv)
+	}
+	if ids, _ := kv["remote_block_ids"].([]any); len(ids) == 0 {
+		t.Errorf("got remote_block_ids %v, want the held blocks", kv["remote_block_ids"])
+	}
+	if u := kvUsage(t, ps.URL); u <= 0 {
+		t.Errorf("prefill engine: got KV usage %v while holding the blocks, want > 0", u)
+	}
+
+	// 2. The decode request carries the params verbatim.
+	decode := func() (int, []byte) {
+		b, _ := json.Marshal(map[string]any{"prompt": pdPrompt, "max_tokens": 5, "kv_transfer_params": kv})
+		return post(t, ds.URL+"/v1/completions", string(b))
+	}
+	code, body = decode()
+	if code != 200 {
+		t.Fatalf("decode: got %d %s", code, body)
+	}
+	var dr openai.Completion
+	_ = json.Unmarshal(body, &dr)
+	if dr.Usage.CompletionTokens != 5 || dr.KVTransferParams != nil {
+		t.Errorf("decode: got %s", body)
+	}
+	if strings.Contains(dlog.String(), "kv transfer failed") {
+		t.Errorf("decode log: %s", dlog.String())
+	}
+	waitFor(t, "the prefill engine to release the pulled blocks", func() bool { return kvUsage(t, ps.URL) == 0 })
+
+	// 3. The lease is gone: vLLM-style recompute with a warning.
+	code, body = decode()
+	if code != 200 {
+		t.Fatalf("decode again: got %d %s", code, body)
+	}
+	if !strings.Contains(dlog.String(), "kv transfer failed, recomputing") {
+		t.Errorf("got decode log %q, want a recompute warning", dlog.String())
+	}
+}
+
+func TestPDLeaseExpiryAndFailPolicy(t *testing.T) {
+	var plog syncBuffer
+	_, ps := testServer(t, Config{Role: kvroute.RolePrefill, Logger: logTo(&plog), LeaseTimeout: time.Second}) // 10 ms at speed 100
+	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, LoadFailure: LoadFailureFail})
+	code, body := post(t, ps.URL+"/v1/completions", fmt.Sprintf(`{"prompt":%q,"max_tokens":1,"kv_transfer_params":{"do_remote_decode":true}}`, pdPrompt))
+	if code != 200 {
+		t.Fatalf("prefill: got %d %s", code, body)
+	}
+	var pr openai.Completion
+	_ = json.Unmarshal(body, &pr)
+	waitFor(t, "the lease to expire", func() bool { return strings.Contains(plog.String(), "kv lease expired") })
+	waitFor(t, "the expired blocks to be released", func() bool { return kvUsage(t, ps.URL) == 0 })
+	b, _ := json.Marshal(map[string]any{"prompt": pdPrompt, "max_tokens": 2, "kv_transfer_params": pr.KVTransferParams})
+	code, body = post(t, ds.URL+"/v1/completions", string(b))
+	if code != 500 || !strings.Contains(string(body), "KV transfer failed") {
+		t.Errorf("got %d %s, want 500 KV transfer failed (policy fail)", code, body)
+	}
+}
+
+func TestPDSGLangBootstrap(t *testing.T) {
+	var dlog syncBuffer
+	_, ps := testServer(t, Config{Role: kvroute.RolePrefill, PDProtocol: PDSGLang})
+	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, PDProtocol: PDSGLang, Logger: logTo(&dlog)})
+	host, port := splitHostPort(t, ps.URL)
+	body := fmt.Sprintf(`{"prompt":%q,"max_tokens":4,"bootstrap_host":%q,"bootstrap_port":%d,"bootstrap_room":9007199254740993}`, pdPrompt, host, port)
+	// The router sends the same body to both at once; the decode leg
+	// arrives first and must wait for the prefill's room.
+	var wg sync.WaitGroup
+	var dcode int
+	var dbody []byte
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		dcode, dbody = post(t, ds.URL+"/v1/completions", body)
+	}()
+	time.Sleep(20 * time.Millisecond)
+	if code, b := post(t, ps.URL+"/v1/completions", body); code != 200 {
+		t.Fatalf("prefill: got %d %s", code, b)
+	}
+	wg.Wait()
+	if dcode != 200 {
+		t.Fatalf("decode: got %d %s", dcode, dbody)
+	}
+	var dr openai.Completion
+	_ = json.Unmarshal(dbody, &dr)
+	if dr.Usage.CompletionTokens != 4 {
+		t.Errorf("decode: got %s, want 4 tokens", dbody)
+	}
+	if strings.Contains(dlog.String(), "kv transfer failed") {
+		t.Errorf("decode log: %s", dlog.String())
+	}
+	waitFor(t, "the prefill engine to release the room's blocks", func() bool { return kvUsage(t, ps.URL) == 0 })
+}
