@@ -33,7 +33,10 @@ type fakeServer struct {
 
 func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	n := f.inFlight.Add(1)
-	defer f.inFlight.Add(-1)
+	// Leave before the last byte is flushed, so that a client that starts a
+	// new request after reading the end never sees this one counted.
+	leave := sync.OnceFunc(func() { f.inFlight.Add(-1) })
+	defer leave()
 	for {
 		m := f.maxSeen.Load()
 		if n <= m || f.maxSeen.CompareAndSwap(m, n) {
@@ -98,6 +101,7 @@ func (f *fakeServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	sse.Data(fmt.Appendf(nil, `{"choices":[],"usage":{"prompt_tokens":%d,"total_tokens":%d,"completion_tokens":%d,"prompt_tokens_details":{"cached_tokens":%d}}}`,
 		prompt, prompt+maxTokens, maxTokens, f.cached))
 	sse.Done()
+	leave()
 	_ = sse.Flush()
 }
 

@@ -443,3 +443,53 @@ func TestOccupancy(t *testing.T) {
 		t.Error("Occupancy(nil) != nil")
 	}
 }
+
+func FuzzReadJSON(f *testing.F) {
+	var buf bytes.Buffer
+	if err := sweepReport().WriteJSON(&buf); err != nil {
+		f.Fatal(err)
+	}
+	f.Add(buf.Bytes())
+	f.Add([]byte(`{"rows":[{"name":"x","load":1,"ttft_quantiles_s":[1,2]}],"utilisation":[{"engines":[{"x":[1],"y":[]}]}]}`))
+	f.Add([]byte(`{"rows":[{"name":"<b>&","errors":{"a":1}}]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		rep, err := ReadJSON(bytes.NewReader(data))
+		if err != nil {
+			return
+		}
+		// Whatever parses renders, and its HTML stays well formed.
+		for _, w := range []func(io.Writer) error{rep.WriteTable, rep.WriteCSV, rep.WriteJSON} {
+			if err := w(io.Discard); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var html bytes.Buffer
+		if err := rep.WriteHTML(&html); err != nil {
+			t.Fatal(err)
+		}
+		dec := xml.NewDecoder(&html)
+		dec.Strict = true
+		for {
+			_, err := dec.Token()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("HTML not well formed: %v", err)
+			}
+		}
+	})
+}
+
+func BenchmarkSummarize(b *testing.B) {
+	rng := rand.New(rand.NewPCG(1, 1))
+	samples := make([]Sample, 10000)
+	for i := range samples {
+		samples[i] = Sample{Engine: "e" + string(rune('0'+i%8)), Arrival: time.Duration(i) * time.Millisecond,
+			TTFT: time.Duration(rng.IntN(1e9)), E2E: time.Duration(1e9 + rng.IntN(1e9)), PromptTokens: 1000, CachedTokens: 500, OutputTokens: 100}
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		Summarize(samples, SummaryOptions{SLO: SLO{TTFT: time.Second}})
+	}
+}

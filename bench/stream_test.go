@@ -1,0 +1,64 @@
+package bench
+
+import (
+	"bytes"
+	"context"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/report"
+)
+
+func TestReadStream(t *testing.T) {
+	for _, tc := range []struct {
+		name, body string
+		err        string
+		tokens     int
+		cached     int
+	}{
+		{"chat", "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"}}]}\n\n" +
+			"data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"b\"}}]}\n\n" +
+			"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":2,\"total_tokens\":11}}\n\ndata: [DONE]\n\n", "", 2, -1},
+		{"completions crlf", "data: {\"choices\":[{\"text\":\"a\"}]}\r\n\r\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1,\"total_tokens\":10,\"prompt_tokens_details\":{\"cached_tokens\":8}}}\r\n\r\ndata: [DONE]\r\n\r\n", "", 1, 8},
+		{"no usage", "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[{\"text\":\"b\"}]}\n\ndata: [DONE]\n\n", "", 2, -1},
+		{"truncated", "data: {\"choices\":[{\"text\":\"a\"}]}\n\n", ErrMidstream, 1, -1},
+		{"error event", "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"error\":{\"message\":\"x\"}}\n\ndata: [DONE]\n\n", ErrMidstream, 1, -1},
+		{"not json", "data: hello\n\n", ErrBadReply, 0, -1},
+		{"empty", "", ErrMidstream, 0, -1},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := &runner{}
+			s := report.Sample{CachedTokens: -1}
+			r.readStream(context.Background(), bytes.NewReader([]byte(tc.body)), time.Now(), &s)
+			if s.Err != tc.err || s.OutputTokens != tc.tokens || s.CachedTokens != tc.cached {
+				t.Errorf("got err %q tokens %d cached %d, want %q %d %d", s.Err, s.OutputTokens, s.CachedTokens, tc.err, tc.tokens, tc.cached)
+			}
+		})
+	}
+}
+
+func FuzzReadStream(f *testing.F) {
+	f.Add([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1,\"total_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":0}}}\n\ndata: [DONE]\n\n"))
+	f.Add([]byte("data: {\"error\":{\"message\":\"x\"}}\n\n"))
+	f.Add([]byte(": ping\r\nevent: x\r\ndata: [DONE]\r\n\r\n"))
+	f.Fuzz(func(t *testing.T, body []byte) {
+		r := &runner{}
+		s := report.Sample{CachedTokens: -1}
+		r.readStream(context.Background(), bytes.NewReader(body), time.Now(), &s)
+		if s.Err == "" {
+			if s.TTFT < 0 || s.TTFT > s.E2E {
+				t.Fatalf("TTFT %v outside [0, E2E %v]", s.TTFT, s.E2E)
+			}
+			var sum time.Duration
+			for _, g := range s.ITL {
+				if g < 0 {
+					t.Fatalf("negative gap %v", g)
+				}
+				sum += g
+			}
+			if s.TTFT+sum > s.E2E {
+				t.Fatalf("TTFT %v + gaps %v > E2E %v", s.TTFT, sum, s.E2E)
+			}
+		}
+	})
+}
