@@ -1,57 +1,82 @@
 package tokenizer
 
 import (
-	"slices"
 	"unicode"
 	"unicode/utf8"
 )
 
 // addedMatcher finds added tokens in a text, leftmost-longest as HuggingFace's
-// AddedVocabulary does.
+// AddedVocabulary does, with a byte trie.
 type addedMatcher struct {
-	byFirst   [256][]*hfAddedToken // candidates by first byte, longest first
+	first     [256]bool               // bytes that start some token
+	edges     map[uint64]int32        // (node << 8 | byte) -> child node
+	terminal  map[int32]*hfAddedToken // node -> token ending there
 	byContent map[string]*hfAddedToken
 }
 
 func newAddedMatcher(tokens []hfAddedToken) addedMatcher {
-	m := addedMatcher{byContent: make(map[string]*hfAddedToken, len(tokens))}
+	m := addedMatcher{
+		edges:     make(map[uint64]int32),
+		terminal:  make(map[int32]*hfAddedToken),
+		byContent: make(map[string]*hfAddedToken, len(tokens)),
+	}
+	nodes := int32(1) // node 0 is the root
 	for i := range tokens {
 		a := &tokens[i]
 		if _, dup := m.byContent[a.Content]; dup {
 			continue
 		}
 		m.byContent[a.Content] = a
-		m.byFirst[a.Content[0]] = append(m.byFirst[a.Content[0]], a)
-	}
-	for i := range m.byFirst {
-		slices.SortStableFunc(m.byFirst[i], func(a, b *hfAddedToken) int { return len(b.Content) - len(a.Content) })
+		m.first[a.Content[0]] = true
+		n := int32(0)
+		for j := 0; j < len(a.Content); j++ {
+			k := uint64(n)<<8 | uint64(a.Content[j])
+			child, ok := m.edges[k]
+			if !ok {
+				child = nodes
+				nodes++
+				m.edges[k] = child
+			}
+			n = child
+		}
+		m.terminal[n] = a
 	}
 	return m
 }
 
 func isWordRune(r rune) bool { return r == '_' || unicode.IsLetter(r) || unicode.IsNumber(r) }
 
-// matchAt returns the added token whose content starts at s[i], if any.
-func (m *addedMatcher) matchAt(s string, i int) *hfAddedToken {
-	for _, a := range m.byFirst[s[i]] {
-		if len(s)-i < len(a.Content) || s[i:i+len(a.Content)] != a.Content {
-			continue
+// singleWordOK reports whether a match s[i:e] of a single_word token stands
+// alone (no word character touches it).
+func singleWordOK(s string, i, e int) bool {
+	if i > 0 {
+		if r, _ := utf8.DecodeLastRuneInString(s[:i]); isWordRune(r) {
+			return false
 		}
-		if a.SingleWord {
-			if i > 0 {
-				if r, _ := utf8.DecodeLastRuneInString(s[:i]); isWordRune(r) {
-					continue
-				}
-			}
-			if e := i + len(a.Content); e < len(s) {
-				if r, _ := utf8.DecodeRuneInString(s[e:]); isWordRune(r) {
-					continue
-				}
-			}
-		}
-		return a
 	}
-	return nil
+	if e < len(s) {
+		if r, _ := utf8.DecodeRuneInString(s[e:]); isWordRune(r) {
+			return false
+		}
+	}
+	return true
+}
+
+// matchAt returns the longest added token whose content starts at s[i].
+func (m *addedMatcher) matchAt(s string, i int) *hfAddedToken {
+	var best *hfAddedToken
+	n := int32(0)
+	for j := i; j < len(s); j++ {
+		child, ok := m.edges[uint64(n)<<8|uint64(s[j])]
+		if !ok {
+			break
+		}
+		n = child
+		if a, ok := m.terminal[n]; ok && (!a.SingleWord || singleWordOK(s, i, j+1)) {
+			best = a
+		}
+	}
+	return best
 }
 
 // split calls fn for each piece of s in order: text between added tokens with
@@ -65,7 +90,7 @@ func (m *addedMatcher) split(s string, fn func(seg string, tok *hfAddedToken)) {
 	}
 	start := 0 // start of the pending text
 	for i := 0; i < len(s); i++ {
-		if m.byFirst[s[i]] == nil {
+		if !m.first[s[i]] {
 			continue
 		}
 		a := m.matchAt(s, i)

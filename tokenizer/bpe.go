@@ -2,8 +2,10 @@ package tokenizer
 
 import (
 	"container/heap"
-	"sync"
+	"sync/atomic"
 	"unicode/utf8"
+
+	"github.com/zeebo/xxh3"
 )
 
 // byteLevelRunes maps each byte to the rune that GPT-2's byte-level BPE uses
@@ -40,16 +42,27 @@ type bpe struct {
 	merges       map[uint64]mergeRule // (left id, right id) -> rule
 	ignoreMerges bool                 // a word found whole in vocab is one token
 
-	mu    sync.Mutex // protects cache
-	cache map[string][]uint32
+	// cache holds the ids of recent words: a direct-mapped table indexed by
+	// the word's hash, read and written without locks (a slot is replaced
+	// whole), so it is bounded and safe for concurrent use.
+	cache []atomic.Pointer[wordEntry]
+}
+
+type wordEntry struct {
+	word string
+	ids  []uint32
 }
 
 type mergeRule struct {
 	rank, id uint32
 }
 
-// maxWordCache bounds the word cache; it is cleared when full.
-const maxWordCache = 1 << 16
+// wordCacheSlots is the size of the word cache; maxCachedWord the longest
+// word (in bytes) it holds.
+const (
+	wordCacheSlots = 1 << 16
+	maxCachedWord  = 64
+)
 
 func pairKey(a, b uint32) uint64 { return uint64(a)<<32 | uint64(b) }
 
@@ -61,26 +74,16 @@ func (m *bpe) appendWord(dst []uint32, word string) []uint32 {
 		}
 		return dst
 	}
-	cacheable := len(word) <= 64
-	if cacheable {
-		m.mu.Lock()
-		ids, ok := m.cache[word]
-		m.mu.Unlock()
-		if ok {
-			return append(dst, ids...)
-		}
+	if len(word) > maxCachedWord || m.cache == nil {
+		return m.encodeWord(dst, word)
+	}
+	slot := &m.cache[xxh3.HashString(word)&(wordCacheSlots-1)]
+	if e := slot.Load(); e != nil && e.word == word {
+		return append(dst, e.ids...)
 	}
 	start := len(dst)
 	dst = m.encodeWord(dst, word)
-	if cacheable {
-		ids := append([]uint32(nil), dst[start:]...)
-		m.mu.Lock()
-		if len(m.cache) >= maxWordCache {
-			clear(m.cache)
-		}
-		m.cache[word] = ids
-		m.mu.Unlock()
-	}
+	slot.Store(&wordEntry{word: word, ids: append([]uint32(nil), dst[start:]...)})
 	return dst
 }
 
@@ -124,6 +127,15 @@ func (m *bpe) encodeWord(dst []uint32, word string) []uint32 {
 			return append(dst, id)
 		}
 	}
+	if len(word) <= smallWord {
+		return m.encodeSmall(dst, word)
+	}
+	return m.encodeHeap(dst, word)
+}
+
+// encodeHeap is encodeWord for any length: merge candidates in a heap, symbols
+// in a linked list, O(n log n).
+func (m *bpe) encodeHeap(dst []uint32, word string) []uint32 {
 	syms := make([]symbol, 0, len(word))
 	for i := 0; i < len(word); i++ {
 		if !m.hasByte[word[i]] {
@@ -176,4 +188,61 @@ func (m *bpe) encodeWord(dst []uint32, word string) []uint32 {
 		dst = append(dst, syms[i].id)
 	}
 	return dst
+}
+
+// smallWord is the longest word (in bytes) encoded by encodeSmall.
+const smallWord = 32
+
+const noMerge = ^uint32(0)
+
+// encodeSmall is encodeWord for short words, without allocations: the ranks
+// of adjacent pairs live in an array that is scanned for the lowest (leftmost
+// on ties) and updated around each merge.
+func (m *bpe) encodeSmall(dst []uint32, word string) []uint32 {
+	var (
+		ids   [smallWord]uint32
+		ranks [smallWord]uint32 // rank of the pair (i, i+1); noMerge if none
+		into  [smallWord]uint32 // id of the merged pair
+	)
+	n := 0
+	for i := 0; i < len(word); i++ {
+		if m.hasByte[word[i]] {
+			ids[n] = m.byteIDs[word[i]]
+			n++
+		}
+	}
+	pair := func(i int) {
+		if r, ok := m.merges[pairKey(ids[i], ids[i+1])]; ok {
+			ranks[i], into[i] = r.rank, r.id
+		} else {
+			ranks[i] = noMerge
+		}
+	}
+	for i := 0; i+1 < n; i++ {
+		pair(i)
+	}
+	for n > 1 {
+		best := -1
+		bestRank := noMerge
+		for i := 0; i+1 < n; i++ {
+			if ranks[i] < bestRank {
+				best, bestRank = i, ranks[i]
+			}
+		}
+		if best < 0 {
+			break
+		}
+		ids[best] = into[best]
+		copy(ids[best+1:n-1], ids[best+2:n])
+		copy(ranks[best+1:n-1], ranks[best+2:n])
+		copy(into[best+1:n-1], into[best+2:n])
+		n--
+		if best > 0 {
+			pair(best - 1)
+		}
+		if best+1 < n {
+			pair(best)
+		}
+	}
+	return append(dst, ids[:n]...)
 }

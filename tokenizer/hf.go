@@ -8,6 +8,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync/atomic"
 	"unicode"
 	"unicode/utf8"
 
@@ -94,7 +95,9 @@ func load(tokenizerJSON, tokenizerConfigJSON []byte) (*HF, error) {
 			return nil, fmt.Errorf("added token %d has empty content", a.ID)
 		}
 		t.addedByID[a.ID] = a
-		t.setToken(a.ID, a.Content)
+		if err := t.setToken(a.ID, a.Content); err != nil {
+			return nil, err
+		}
 		if a.Normalized && t.normalize != nil {
 			normd = append(normd, a)
 		} else {
@@ -112,14 +115,18 @@ func load(tokenizerJSON, tokenizerConfigJSON []byte) (*HF, error) {
 	return t, nil
 }
 
-func (t *HF) setToken(id uint32, text string) {
+// maxTokenID bounds token ids (the largest vocabularies have ~260k tokens).
+const maxTokenID = 1<<21 - 1
+
+func (t *HF) setToken(id uint32, text string) error {
+	if id > maxTokenID {
+		return fmt.Errorf("token %q has id %d, above the supported %d", text, id, maxTokenID)
+	}
 	if int(id) >= len(t.idToToken) {
-		if id > 1<<24 {
-			return // absurd id; ignored for the reverse table
-		}
 		t.idToToken = append(t.idToToken, make([]string, int(id)+1-len(t.idToToken))...)
 	}
 	t.idToToken[id] = text
+	return nil
 }
 
 func (t *HF) loadModel(m *hfModel) error {
@@ -142,20 +149,19 @@ func (t *HF) loadModel(m *hfModel) error {
 	b := &t.model
 	b.vocab = m.Vocab
 	b.ignoreMerges = m.IgnoreMerges
-	b.cache = make(map[string][]uint32)
+	b.cache = make([]atomic.Pointer[wordEntry], wordCacheSlots)
 	for tok, id := range m.Vocab {
-		t.setToken(id, tok)
+		if err := t.setToken(id, tok); err != nil {
+			return err
+		}
 	}
 	for c := 0; c < 256; c++ {
 		id, ok := m.Vocab[string(byteLevelRunes[c])]
 		b.byteIDs[c], b.hasByte[c] = id, ok
 	}
 	b.merges = make(map[uint64]mergeRule, len(m.Merges))
-	for rank, raw := range m.Merges {
-		l, r, err := parseMerge(raw)
-		if err != nil {
-			return fmt.Errorf("merge %d: %w", rank, err)
-		}
+	for rank, pair := range m.Merges {
+		l, r := pair[0], pair[1]
 		li, ok1 := m.Vocab[l]
 		ri, ok2 := m.Vocab[r]
 		mi, ok3 := m.Vocab[l+r]

@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"encoding/json"
 	"fmt"
+	"strings"
 )
 
 // The subset of HuggingFace's tokenizer.json schema that this package reads.
@@ -30,7 +31,7 @@ type hfAddedToken struct {
 type hfModel struct {
 	Type                    string            `json:"type"`
 	Vocab                   map[string]uint32 `json:"vocab"`
-	Merges                  []json.RawMessage `json:"merges"`
+	Merges                  hfMerges          `json:"merges"`
 	ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
 	EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
 	ByteFallback            bool              `json:"byte_fallback"`
@@ -90,26 +91,32 @@ func parseComponent(raw json.RawMessage, what string) (c hfComponent, ok bool, e
 	return c, true, nil
 }
 
-// parseMerge accepts both merge encodings: "a b" and ["a", "b"].
-func parseMerge(raw json.RawMessage) (a, b string, err error) {
-	if len(raw) > 0 && raw[0] == '"' {
-		var s string
-		if err := json.Unmarshal(raw, &s); err != nil {
-			return "", "", err
-		}
-		for i := 0; i < len(s); i++ {
-			if s[i] == ' ' {
-				return s[:i], s[i+1:], nil
+// hfMerges reads both merge encodings: ["a b", ...] and [["a", "b"], ...].
+type hfMerges [][2]string
+
+func (m *hfMerges) UnmarshalJSON(data []byte) error {
+	var pairs [][]string
+	if err := json.Unmarshal(data, &pairs); err == nil {
+		*m = make(hfMerges, len(pairs))
+		for i, p := range pairs {
+			if len(p) != 2 {
+				return fmt.Errorf("merge %d %q is not a pair", i, p)
 			}
+			(*m)[i] = [2]string{p[0], p[1]}
 		}
-		return "", "", fmt.Errorf("merge %q has no space", s)
+		return nil
 	}
-	var pair []string
-	if err := json.Unmarshal(raw, &pair); err != nil {
-		return "", "", err
+	var strs []string
+	if err := json.Unmarshal(data, &strs); err != nil {
+		return fmt.Errorf("merges: want a list of \"a b\" strings or of pairs: %w", err)
 	}
-	if len(pair) != 2 {
-		return "", "", fmt.Errorf("merge %s is not a pair", raw)
+	*m = make(hfMerges, len(strs))
+	for i, s := range strs {
+		a, b, ok := strings.Cut(s, " ")
+		if !ok {
+			return fmt.Errorf("merge %d %q has no space", i, s)
+		}
+		(*m)[i] = [2]string{a, b}
 	}
-	return pair[0], pair[1], nil
+	return nil
 }

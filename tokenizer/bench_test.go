@@ -1,0 +1,127 @@
+package tokenizer
+
+import (
+	"strings"
+	"testing"
+)
+
+// benchText is a mix of prose, code, numbers and CJK, about 20 KB.
+func benchText() string {
+	var b strings.Builder
+	for i := 0; b.Len() < 20000; i++ {
+		b.WriteString("The scheduler admits requests in FCFS order; each prompt is hashed into 16-token blocks, ")
+		b.WriteString("and the router sends it to the replica holding the longest cached prefix.\n")
+		b.WriteString("func step(batch []*Request) (time.Duration, error) {\n\tfor i, r := range batch {\n\t\tr.tokens += 12345 * i\n\t}\n\treturn 0, nil\n}\n")
+		b.WriteString("東京の推論クラスタは 64 台の GPU を使っています。 Émile's café served 3.14159 crêpes 🙂.\n")
+	}
+	return b.String()
+}
+
+func BenchmarkHFEncode(b *testing.B) {
+	text := benchText()
+	for _, model := range refModels {
+		b.Run(model, func(b *testing.B) {
+			tok := loadRef(b, model)
+			dst := make([]uint32, 0, len(text))
+			b.SetBytes(int64(len(text)))
+			b.ReportAllocs()
+			for b.Loop() {
+				dst = tok.AppendEncode(dst[:0], text)
+			}
+		})
+	}
+}
+
+// BenchmarkHFEncodeNoWordCache measures BPE itself: the word cache is emptied
+// before every iteration.
+func BenchmarkHFEncodeNoWordCache(b *testing.B) {
+	text := benchText()
+	for _, model := range refModels {
+		b.Run(model, func(b *testing.B) {
+			tok := loadRef(b, model)
+			dst := make([]uint32, 0, len(text))
+			b.SetBytes(int64(len(text)))
+			b.ReportAllocs()
+			for b.Loop() {
+				for i := range tok.model.cache {
+					tok.model.cache[i].Store(nil)
+				}
+				dst = tok.AppendEncode(dst[:0], text)
+			}
+		})
+	}
+}
+
+// BenchmarkChatTurns encodes the prompts of a 16-turn conversation, turn after
+// turn, as a router sees them: each prompt repeats all earlier messages. With
+// the Cache only new messages are tokenized. Bytes are the prompts' total.
+func BenchmarkChatTurns(b *testing.B) {
+	for _, model := range refModels {
+		tok := loadRef(b, model)
+		tmpl, err := tok.ChatTemplate()
+		if err != nil {
+			b.Fatal(err)
+		}
+		var prompts []string
+		total := 0
+		for turn := 1; turn <= 16; turn++ {
+			msgs := conversation(turn)
+			p, err := tmpl.Render(msgs[:len(msgs)-1], ChatOptions{AddGenerationPrompt: true})
+			if err != nil {
+				b.Fatal(err)
+			}
+			prompts = append(prompts, p)
+			total += len(p)
+		}
+		dst := make([]uint32, 0, len(prompts[len(prompts)-1]))
+		b.Run(model+"/uncached", func(b *testing.B) {
+			b.SetBytes(int64(total))
+			b.ReportAllocs()
+			for b.Loop() {
+				for _, p := range prompts {
+					dst = tok.AppendEncode(dst[:0], p)
+				}
+			}
+		})
+		b.Run(model+"/cached", func(b *testing.B) {
+			b.SetBytes(int64(total))
+			b.ReportAllocs()
+			for b.Loop() {
+				// A new cache per conversation: the first turn starts cold.
+				c := NewCache(tok, CacheConfig{})
+				for _, p := range prompts {
+					dst = c.AppendEncode(dst[:0], p)
+				}
+			}
+		})
+	}
+}
+
+func BenchmarkChatTemplateRender(b *testing.B) {
+	tok := loadRef(b, "qwen3")
+	tmpl, err := tok.ChatTemplate()
+	if err != nil {
+		b.Fatal(err)
+	}
+	msgs := conversation(8)
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, err := tmpl.Render(msgs, ChatOptions{AddGenerationPrompt: true}); err != nil {
+			b.Fatal(err)
+		}
+	}
+}
+
+func BenchmarkLoad(b *testing.B) {
+	for _, model := range refModels {
+		b.Run(model, func(b *testing.B) {
+			loadRef(b, model) // skip when absent
+			b.ReportAllocs()
+			for b.Loop() {
+				if _, err := LoadDir("testdata/" + model); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}

@@ -1,0 +1,146 @@
+package tokenizer
+
+import (
+	"container/list"
+	"sync"
+
+	"github.com/zeebo/xxh3"
+)
+
+// CacheConfig configures a Cache. Zero values take the defaults.
+type CacheConfig struct {
+	// MaxTokens bounds the token ids held, over all entries (4 bytes each).
+	// Least recently used entries are evicted beyond it. Default 1<<20.
+	MaxTokens int
+	// MinSegmentBytes is the shortest segment worth caching; shorter ones are
+	// encoded directly (their words hit the tokenizer's word cache anyway).
+	// Default 64.
+	MinSegmentBytes int
+}
+
+// CacheStats counts a Cache's work.
+type CacheStats struct {
+	Hits, Misses        uint64 // cached segments found / encoded and stored
+	HitBytes, MissBytes uint64 // text bytes served from the cache / encoded
+	Entries, Tokens     int    // current size
+}
+
+// Cache encodes text like its HF tokenizer, reusing the token ids of text
+// segments it has seen, so that each turn of a multi-turn conversation only
+// tokenizes what is new.
+//
+// Why this is exact: a HuggingFace tokenizer first cuts the text at added
+// tokens (<|im_start|>, <|im_end|>, <|eot_id|>, ...), and encodes each piece
+// between them independently (normalization, pre-tokenization and BPE never
+// look across an added token). Chat templates end and start every message
+// with such tokens. Cache keys each piece by a 128-bit hash of its text and
+// stores its ids, so a conversation's earlier messages (and a system prompt or
+// document shared by many conversations, wherever it appears) are looked up
+// rather than re-encoded. This covers the longest previously tokenized
+// message-boundary prefix, which a prefix-keyed cache would reuse, and more.
+// Encode(text) always equals the tokenizer's Encode(text); tests check it.
+//
+// A Cache is safe for concurrent use.
+type Cache struct {
+	tok       *HF
+	maxTokens int
+	minBytes  int
+
+	mu     sync.Mutex // protects the fields below
+	lru    list.List  // of *cacheEntry, most recent first
+	byKey  map[xxh3.Uint128]*list.Element
+	tokens int
+	stats  CacheStats
+}
+
+type cacheEntry struct {
+	key xxh3.Uint128
+	ids []uint32
+}
+
+// NewCache returns an empty cache in front of tok.
+func NewCache(tok *HF, cfg CacheConfig) *Cache {
+	if cfg.MaxTokens <= 0 {
+		cfg.MaxTokens = 1 << 20
+	}
+	if cfg.MinSegmentBytes <= 0 {
+		cfg.MinSegmentBytes = 64
+	}
+	return &Cache{tok: tok, maxTokens: cfg.MaxTokens, minBytes: cfg.MinSegmentBytes,
+		byKey: make(map[xxh3.Uint128]*list.Element)}
+}
+
+var _ Tokenizer = (*Cache)(nil)
+
+// Encode returns the ids of text, equal to the tokenizer's Encode(text).
+func (c *Cache) Encode(text string) []uint32 {
+	return c.AppendEncode(make([]uint32, 0, len(text)/3+4), text)
+}
+
+// Decode is the tokenizer's Decode.
+func (c *Cache) Decode(ids []uint32) string { return c.tok.Decode(ids) }
+
+// AppendEncode appends the ids of text to dst.
+func (c *Cache) AppendEncode(dst []uint32, text string) []uint32 {
+	c.tok.added.split(text, func(seg string, tok *hfAddedToken) {
+		switch {
+		case tok != nil:
+			dst = append(dst, tok.ID)
+		case len(seg) < c.minBytes:
+			dst = c.tok.appendSegment(dst, seg)
+		default:
+			dst = c.appendCached(dst, seg)
+		}
+	})
+	return dst
+}
+
+func (c *Cache) appendCached(dst []uint32, seg string) []uint32 {
+	key := xxh3.HashString128(seg)
+	c.mu.Lock()
+	if e, ok := c.byKey[key]; ok {
+		c.lru.MoveToFront(e)
+		dst = append(dst, e.Value.(*cacheEntry).ids...)
+		c.stats.Hits++
+		c.stats.HitBytes += uint64(len(seg))
+		c.mu.Unlock()
+		return dst
+	}
+	c.mu.Unlock()
+
+	start := len(dst)
+	dst = c.tok.appendSegment(dst, seg)
+	n := len(dst) - start
+	if n > c.maxTokens {
+		return dst
+	}
+	ids := make([]uint32, n)
+	copy(ids, dst[start:])
+
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.stats.Misses++
+	c.stats.MissBytes += uint64(len(seg))
+	if _, ok := c.byKey[key]; ok { // stored meanwhile by another goroutine
+		return dst
+	}
+	c.byKey[key] = c.lru.PushFront(&cacheEntry{key: key, ids: ids})
+	c.tokens += n
+	for c.tokens > c.maxTokens {
+		back := c.lru.Back()
+		e := back.Value.(*cacheEntry)
+		c.lru.Remove(back)
+		delete(c.byKey, e.key)
+		c.tokens -= len(e.ids)
+	}
+	return dst
+}
+
+// Stats returns the counters and the current size.
+func (c *Cache) Stats() CacheStats {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	s := c.stats
+	s.Entries, s.Tokens = len(c.byKey), c.tokens
+	return s
+}

@@ -1,0 +1,149 @@
+package tokenizer
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+)
+
+// conversation returns the messages of a chat of n user turns.
+func conversation(n int) []Message {
+	msgs := []Message{{Role: "system", Content: "You are a helpful assistant for a team that runs an LLM inference fleet. Answer precisely, cite numbers, and keep code idiomatic."}}
+	for i := range n {
+		msgs = append(msgs,
+			Message{Role: "user", Content: fmt.Sprintf("Question %d: how does prefix caching interact with chunked prefill when the batch holds %d requests? Show code.", i, 8*i+3)},
+			Message{Role: "assistant", Content: fmt.Sprintf("Answer %d: the scheduler reuses cached blocks first, then chunks the rest.\n\n```go\nfor i := 0; i < %d; i++ {\n\tstep(i)\n}\n```\nThat is all. 日本語も大丈夫です 🙂", i, i*17)})
+	}
+	return msgs
+}
+
+func TestCacheEqualsUncached(t *testing.T) {
+	for _, model := range refModels {
+		t.Run(model, func(t *testing.T) {
+			tok := loadRef(t, model)
+			exp := loadExpected(t, model)
+			cache := NewCache(tok, CacheConfig{MaxTokens: 4096, MinSegmentBytes: 1})
+			// Twice: the second pass is served from the cache.
+			for pass := range 2 {
+				for i, c := range exp.Texts {
+					if got := cache.Encode(c.Text); !slices.Equal(got, c.IDs) {
+						t.Fatalf("pass %d text %d %q: cached\n got  %v\n want %v", pass, i, trunc(c.Text), got, c.IDs)
+					}
+				}
+				for i, c := range exp.Chats {
+					if got := cache.Encode(c.Prompt); !slices.Equal(got, c.IDs) {
+						t.Fatalf("pass %d chat %d: cached\n got  %v\n want %v", pass, i, got, c.IDs)
+					}
+				}
+			}
+			if s := cache.Stats(); s.Hits == 0 || s.Tokens > 4096 {
+				t.Errorf("stats %+v: want hits > 0 and tokens <= 4096", s)
+			}
+		})
+	}
+}
+
+func TestCacheMultiTurn(t *testing.T) {
+	for _, model := range refModels {
+		t.Run(model, func(t *testing.T) {
+			tok := loadRef(t, model)
+			tmpl, err := tok.ChatTemplate()
+			if err != nil {
+				t.Fatal(err)
+			}
+			cache := NewCache(tok, CacheConfig{})
+			var prevMiss uint64
+			for turn := 1; turn <= 12; turn++ {
+				msgs := conversation(turn)
+				prompt, err := tmpl.Render(msgs[:len(msgs)-1], ChatOptions{AddGenerationPrompt: true})
+				if err != nil {
+					t.Fatal(err)
+				}
+				want := tok.Encode(prompt)
+				if got := cache.Encode(prompt); !slices.Equal(got, want) {
+					t.Fatalf("turn %d: cached ids differ\n got  %v\n want %v", turn, got, want)
+				}
+				s := cache.Stats()
+				newBytes := s.MissBytes - prevMiss
+				prevMiss = s.MissBytes
+				// Only the newest user and assistant messages are new text.
+				if turn > 1 && newBytes > 400 {
+					t.Errorf("turn %d: encoded %d new bytes of %d, want only the new messages", turn, newBytes, len(prompt))
+				}
+			}
+		})
+	}
+}
+
+func TestCacheEviction(t *testing.T) {
+	tok := loadTiny(t)
+	cache := NewCache(tok, CacheConfig{MaxTokens: 50, MinSegmentBytes: 1})
+	r := rand.New(rand.NewPCG(5, 6))
+	for i := range 500 {
+		text := fmt.Sprintf("hello world %d <s> %d", r.IntN(40), i)
+		if got, want := cache.Encode(text), tok.Encode(text); !slices.Equal(got, want) {
+			t.Fatalf("Encode(%q) = %v, want %v", text, got, want)
+		}
+		if s := cache.Stats(); s.Tokens > 50 {
+			t.Fatalf("after %d texts: %d tokens held, want <= 50", i, s.Tokens)
+		}
+	}
+	s := cache.Stats()
+	if s.Hits == 0 || s.Misses == 0 || s.Entries == 0 {
+		t.Errorf("stats %+v: want hits, misses and entries", s)
+	}
+	// A segment longer than the whole budget is encoded but not stored.
+	long := strings.Repeat("hello ", 100)
+	if got, want := cache.Encode(long), tok.Encode(long); !slices.Equal(got, want) {
+		t.Errorf("long segment: got %v, want %v", got, want)
+	}
+}
+
+func TestCacheConcurrent(t *testing.T) {
+	tok := loadTiny(t)
+	cache := NewCache(tok, CacheConfig{MaxTokens: 200, MinSegmentBytes: 4})
+	var wg sync.WaitGroup
+	for g := range 4 {
+		wg.Go(func() {
+			r := rand.New(rand.NewPCG(uint64(g), 9))
+			for range 300 {
+				text := fmt.Sprintf("<s>hello %d</s> world  %d <|user|> x", r.IntN(20), r.IntN(5))
+				if got, want := cache.Encode(text), tok.Encode(text); !slices.Equal(got, want) {
+					t.Errorf("Encode(%q) = %v, want %v", text, got, want)
+					return
+				}
+			}
+		})
+	}
+	wg.Wait()
+}
+
+func FuzzEncode(f *testing.F) {
+	f.Add("Hello, world! I'm 12345 \n\n  x")
+	f.Add("<|im_start|>user\nhi<|im_end|>\n<|eot_id|>")
+	f.Add("e\u0301 日本 🙂\u00a0\u0085 ſ'S")
+	toks := map[string]*HF{}
+	caches := map[string]*Cache{}
+	for _, m := range refModels {
+		toks[m] = loadRef(f, m)
+		caches[m] = NewCache(toks[m], CacheConfig{MaxTokens: 1 << 12, MinSegmentBytes: 1})
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		for m, tok := range toks {
+			ids := tok.Encode(s)
+			if got := caches[m].Encode(s); !slices.Equal(got, ids) {
+				t.Fatalf("%s: cached Encode(%q) = %v, want %v", m, s, got, ids)
+			}
+			want := s
+			if tok.normalize != nil {
+				want = tok.normalize(s)
+			}
+			if got := tok.Decode(ids); got != want {
+				t.Fatalf("%s: Decode(Encode(%q)) = %q, want %q", m, s, got, want)
+			}
+		}
+	})
+}

@@ -1,0 +1,174 @@
+package tokenizer
+
+import (
+	"os"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// testdata/tiny is a hand-made byte-level BPE tokenizer.json (GPT-2 style
+// ByteLevel pre-tokenizer with its regex, a BOS TemplateProcessing, added
+// tokens with rstrip, lstrip and single_word) whose ids can be worked out by
+// hand: bytes are ids 0-255, then the merges he=256 ll=257 hell=258 hello=259
+// Ġw=260 or=261 Ġwor=262 ld=263 Ġworld=264 ĠĠ=265 ĠĠĠĠ=266 12=267 123=268, and
+// the added tokens <s>=300 </s>=301 <|user|>=302 [MASK]=303.
+func loadTiny(tb testing.TB) *HF {
+	tb.Helper()
+	t, err := LoadDir("testdata/tiny")
+	if err != nil {
+		tb.Fatalf("LoadDir(testdata/tiny): %v", err)
+	}
+	return t
+}
+
+func TestTinyEncode(t *testing.T) {
+	tok := loadTiny(t)
+	tests := []struct {
+		text string
+		want []uint32
+	}{
+		{"", []uint32{}},
+		{"hello world", []uint32{259, 264}},
+		{"hello  world", []uint32{259, 32, 264}},
+		{"hello     world", []uint32{259, 266, 264}},
+		{"123456", []uint32{268, '4', '5', '6'}},
+		{"<s>hello</s>", []uint32{300, 259, 301}},
+		{"<|user|>   hello", []uint32{302, 259}},                 // rstrip eats the spaces
+		{"a [MASK]", []uint32{'a', 303}},                         // lstrip eats the space
+		{"a[MASK]", []uint32{'a', '[', 'M', 'A', 'S', 'K', ']'}}, // single_word: not a match
+		{"é", []uint32{0xC3, 0xA9}},
+		{"<s", []uint32{'<', 's'}},
+	}
+	for _, tt := range tests {
+		got := tok.Encode(tt.text)
+		if !slices.Equal(got, tt.want) {
+			t.Errorf("Encode(%q) = %v, want %v", tt.text, got, tt.want)
+		}
+	}
+	if got, want := tok.EncodeAddSpecial("hello"), []uint32{300, 259}; !slices.Equal(got, want) {
+		t.Errorf("EncodeAddSpecial(hello) = %v, want %v", got, want)
+	}
+	if got, want := tok.Decode([]uint32{300, 259, 264, 32, 999999}), "<s>hello world "; got != want {
+		t.Errorf("Decode = %q, want %q", got, want)
+	}
+	if id, ok := tok.EOS(); !ok || id != 301 {
+		t.Errorf("EOS() = %d, %v, want 301, true", id, ok)
+	}
+	if id, ok := tok.TokenID("Ġworld"); !ok || id != 264 {
+		t.Errorf("TokenID(Ġworld) = %d, %v, want 264, true", id, ok)
+	}
+	if got := tok.VocabSize(); got != 304 {
+		t.Errorf("VocabSize() = %d, want 304", got)
+	}
+	if got, want := tok.SpecialTokens(), []string{"</s>", "<s>", "<|user|>", "[MASK]"}; !slices.Equal(got, want) {
+		t.Errorf("SpecialTokens() = %q, want %q", got, want)
+	}
+}
+
+func TestTinyChatTemplate(t *testing.T) {
+	tok := loadTiny(t)
+	tmpl, err := tok.ChatTemplate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := tmpl.Render([]Message{{Role: "user", Content: "  hi  "}}, ChatOptions{AddGenerationPrompt: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "<|user|>user: hi</s>\n<|user|>assistant:"; got != want {
+		t.Errorf("Render = %q, want %q", got, want)
+	}
+	if _, err := NewChatTemplate("{% for %}", "", ""); err == nil {
+		t.Errorf("NewChatTemplate(bad) = nil error, want an error")
+	}
+	bad, err := NewChatTemplate("{{ raise_exception('no system role') }}", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if _, err := bad.Render(nil, ChatOptions{}); err == nil || !strings.Contains(err.Error(), "no system role") {
+		t.Errorf("Render(raise_exception) error = %v, want the template's message", err)
+	}
+}
+
+func TestLoadErrors(t *testing.T) {
+	good, err := os.ReadFile("testdata/tiny/tokenizer.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name, json, wantErr string
+	}{
+		{"not json", `{`, "tokenizer.json"},
+		{"wordpiece", `{"model": {"type": "WordPiece", "vocab": {"a": 0}}}`, "WordPiece"},
+		{"empty vocab", `{"model": {"type": "BPE", "vocab": {}}}`, "empty vocab"},
+		{"byte fallback", `{"model": {"type": "BPE", "vocab": {"a": 0}, "byte_fallback": true}}`, "byte_fallback"},
+		{"bad merge", `{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["a b"]}}`, "not in vocab"},
+		{"merge without space", `{"model": {"type": "BPE", "vocab": {"a": 0}, "merges": ["ab"]}}`, "no space"},
+		{"normalizer", `{"normalizer": {"type": "Precompiled"}, "model": {"type": "BPE", "vocab": {"a": 0}}}`, "Precompiled"},
+		{"pre-tokenizer", `{"pre_tokenizer": {"type": "Metaspace"}, "model": {"type": "BPE", "vocab": {"a": 0}}}`, "Metaspace"},
+		{"split behaviour", `{"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "a"}, "behavior": "Removed"}, "model": {"type": "BPE", "vocab": {"a": 0}}}`, "Removed"},
+		{"bad regex", `{"pre_tokenizer": {"type": "Split", "pattern": {"Regex": "("}, "behavior": "Isolated"}, "model": {"type": "BPE", "vocab": {"a": 0}}}`, "pattern"},
+		{"decoder", `{"decoder": {"type": "Metaspace"}, "model": {"type": "BPE", "vocab": {"a": 0}}}`, "Metaspace"},
+		{"post-processor", `{"post_processor": {"type": "BertProcessing"}, "model": {"type": "BPE", "vocab": {"a": 0}}}`, "BertProcessing"},
+		{"empty added", `{"added_tokens": [{"id": 1, "content": ""}], "model": {"type": "BPE", "vocab": {"a": 0}}}`, "empty content"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			_, err := Load([]byte(tt.json), nil)
+			if err == nil || !strings.Contains(err.Error(), tt.wantErr) {
+				t.Errorf("Load error = %v, want one mentioning %q", err, tt.wantErr)
+			}
+		})
+	}
+	if _, err := Load(good, []byte(`{"chat_template": 3`)); err == nil {
+		t.Errorf("Load(bad config) = nil error, want an error")
+	}
+	if _, err := LoadDir("testdata/does-not-exist"); err == nil {
+		t.Errorf("LoadDir(missing) = nil error, want an error")
+	}
+}
+
+func FuzzLoad(f *testing.F) {
+	good, err := os.ReadFile("testdata/tiny/tokenizer.json")
+	if err != nil {
+		f.Fatal(err)
+	}
+	f.Add(good, "hello world")
+	f.Add([]byte(`{"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": [["a", "b"]]}, "added_tokens": [{"id": 3, "content": "x", "lstrip": true, "rstrip": true}]}`), "ab xab")
+	f.Add([]byte(`{"normalizer": {"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Lowercase"}]}, "pre_tokenizer": {"type": "Split", "pattern": {"String": " "}, "behavior": "Isolated"}, "model": {"vocab": {"a": 0}}}`), "A a")
+	f.Fuzz(func(t *testing.T, data []byte, text string) {
+		tok, err := Load(data, nil)
+		if err != nil {
+			return
+		}
+		ids := tok.Encode(text)
+		_ = tok.Decode(ids)
+		_ = tok.EncodeAddSpecial(text)
+	})
+}
+
+func FuzzEncodeTiny(f *testing.F) {
+	for _, s := range []string{"hello world", "<s>x</s>", "a [MASK] b", "  \n\t 123 é 🙂 \xff"} {
+		f.Add(s)
+	}
+	tok := loadTiny(f)
+	cache := NewCache(tok, CacheConfig{MaxTokens: 64, MinSegmentBytes: 1})
+	f.Fuzz(func(t *testing.T, s string) {
+		ids := tok.Encode(s)
+		for _, id := range ids {
+			if int(id) >= tok.VocabSize() {
+				t.Fatalf("id %d out of range", id)
+			}
+		}
+		if got := cache.Encode(s); !slices.Equal(got, ids) {
+			t.Fatalf("cached Encode(%q) = %v, want %v", s, got, ids)
+		}
+		if strings.Contains(s, "<|user|>") || strings.Contains(s, "[MASK]") {
+			return // these strip whitespace around them
+		}
+		if got := tok.Decode(ids); got != s {
+			t.Fatalf("Decode(Encode(%q)) = %q", s, got)
+		}
+	})
+}
