@@ -50,7 +50,7 @@ func handBuilt(t testing.TB) []struct {
 			name: "array-v0.9.0",
 			payload: b(t,
 				"92", "cb 3ff8000000000000", // [1.5,
-				"93",                                               // [ 3 events
+				"93",                                                                   // [ 3 events
 				"96", s("BlockStored"), "92 01 02", "c0", "94 01 02 03 04", "02", "c0", // [tag, [1,2], nil, [1,2,3,4], 2, nil]
 				"92", s("BlockRemoved"), "91 01", // [tag, [1]]
 				"91", "da 0010", "416c6c426c6f636b73436c6561726564", // ["AllBlocksCleared"] as str16
