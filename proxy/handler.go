@@ -248,15 +248,24 @@ func (p *Proxy) reject(w http.ResponseWriter, r *http.Request, start time.Time, 
 
 // readBody reads the request body within limits.max_body_bytes and
 // timeouts.read_body.
-func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error) {
+func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) (body []byte, err error) {
 	limit := p.cfg.Limits.MaxBodyBytes
 	if r.ContentLength > limit {
 		return nil, tooLarge(limit)
 	}
 	if d := p.cfg.Timeouts.ReadBody; d > 0 {
+		// The deadline is lifted once the body is read, so that the server
+		// can notice a client going away during a long stream; after a
+		// failed read it stays, and the connection is closed.
 		rc := http.NewResponseController(w)
 		if rc.SetReadDeadline(time.Now().Add(d)) == nil {
-			defer func() { _ = rc.SetReadDeadline(time.Time{}) }()
+			defer func() {
+				if err == nil {
+					_ = rc.SetReadDeadline(time.Time{})
+				} else {
+					w.Header().Set("Connection", "close")
+				}
+			}()
 		}
 	}
 	size := r.ContentLength
@@ -269,12 +278,12 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) ([]byte, error)
 		if len(b) == cap(b) {
 			b = append(b, 0)[:len(b)]
 		}
-		n, err := rd.Read(b[len(b):cap(b)])
+		n, rerr := rd.Read(b[len(b):cap(b)])
 		b = b[:len(b)+n]
-		if err == io.EOF {
+		if rerr == io.EOF {
 			return b, nil
 		}
-		if err != nil {
+		if err = rerr; err != nil {
 			var mbe *http.MaxBytesError
 			var ne net.Error
 			switch {

@@ -52,6 +52,12 @@ func testPickers(name string, _ map[string]any, _ uint64) (kvroute.Picker, error
 		return firstHealthy, nil
 	case "rr":
 		return &roundRobin{}, nil
+	case "shed":
+		return kvroute.PickerFunc(func(time.Time, *kvroute.Request, []kvroute.Candidate) kvroute.Decision {
+			d := kvroute.None("shed", "every endpoint over its cap")
+			d.Shed = true
+			return d
+		}), nil
 	}
 	return nil, fmt.Errorf("unknown policy %q", name)
 }

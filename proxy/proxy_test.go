@@ -571,3 +571,38 @@ func TestGracefulShutdownDrainsStreams(t *testing.T) {
 		t.Errorf("Serve: %v", err)
 	}
 }
+
+func TestShedIs429WithRetryAfter(t *testing.T) {
+	be := newBackend(t, "a", okHandler("a"))
+	tp := newTestProxy(t, testConfig("shed", be.URL))
+	resp := tp.post(t, PathChatCompletions, chatBody)
+	out := readAll(t, resp)
+	if resp.StatusCode != 429 || resp.Header.Get("Retry-After") != "1" || !strings.Contains(out, "overloaded") {
+		t.Errorf("got %d Retry-After %q %s, want 429, 1 and an overloaded error", resp.StatusCode, resp.Header.Get("Retry-After"), out)
+	}
+	if be.hits.Load() != 0 {
+		t.Error("a shed request reached the engine")
+	}
+}
+
+func TestSlowBodyGets408(t *testing.T) {
+	be := newBackend(t, "a", okHandler("a"))
+	cfg := testConfig("first", be.URL)
+	cfg.Timeouts.ReadBody = 50 * time.Millisecond
+	tp := newTestProxy(t, cfg)
+	c, err := net.Dial("tcp", strings.TrimPrefix(tp.srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	// Promise 100 bytes, send 10, then stall.
+	fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\nContent-Length: 100\r\n\r\n{\"model\":", PathChatCompletions)
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second)) // hang guard
+	resp, err := http.ReadResponse(bufio.NewReader(c), nil)
+	if err != nil {
+		t.Fatalf("reading the response: %v", err)
+	}
+	if out := readAll(t, resp); resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(out, "request_timeout") {
+		t.Errorf("got %d %s, want 408", resp.StatusCode, out)
+	}
+}
