@@ -230,8 +230,9 @@ func (s *Server) now() time.Duration { return time.Since(s.start) }
 // ahead, and keeps the model's clock when it falls behind by less than
 // maxLag (a late timer), so timer slop does not accumulate.
 const (
-	minSleep = 50 * time.Microsecond
-	maxLag   = 2 * time.Millisecond
+	minSleep   = 50 * time.Microsecond
+	maxLag     = 2 * time.Millisecond
+	statsEvery = time.Millisecond
 )
 
 // loop is the engine goroutine: it owns s.eng.
@@ -252,6 +253,7 @@ func (s *Server) loop(ctx context.Context) {
 		acc     snapshot      // accumulators for the snapshot
 		tpStart time.Duration // gen throughput window
 		tpToks  int64
+		lastPub time.Duration // when the stats snapshot was last published
 	)
 	for {
 		s.inMu.Lock()
@@ -301,7 +303,12 @@ func (s *Server) loop(ctx context.Context) {
 			acc.genThroughput = float64(st.GenerationTokens-tpToks) / (vnow - tpStart).Seconds()
 			tpStart, tpToks = vnow, st.GenerationTokens
 		}
-		s.publishStats(&acc)
+		// Stats costs a walk over the live requests: publish at most every
+		// statsEvery while busy (always when going idle, above).
+		if vnow-lastPub >= statsEvery {
+			s.publishStats(&acc)
+			lastPub = vnow
+		}
 	}
 }
 

@@ -1,0 +1,145 @@
+package emulator
+
+import (
+	"bytes"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/engine"
+)
+
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// BenchmarkServerCPU measures the process CPU time (server and the
+// in-process HTTP client together) per request through a real loopback
+// HTTP server, with the 8B profile run fast (--speed 1000) so the model's
+// sleeps do not dominate. Compare the 8- and 1000-token variants for the
+// cost per generated token.
+func BenchmarkServerCPU(b *testing.B) {
+	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
+	if err != nil {
+		b.Fatal(err)
+	}
+	prompt := strings.Repeat("Benchmarks measure the emulator's own cost per request. ", 20) // ~250 tokens
+	for _, tc := range []struct {
+		name   string
+		tokens int
+		stream bool
+	}{
+		{"nonstream/8tok", 8, false},
+		{"nonstream/1000tok", 1000, false},
+		{"stream/8tok", 8, true},
+		{"stream/1000tok", 1000, true},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			_, hs := testServer(b, Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1000})
+			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
+			body := []byte(fmt.Sprintf(`{"prompt":%q,"max_tokens":%d,"ignore_eos":true,"stream":%v}`, prompt, tc.tokens, tc.stream))
+			const workers = 16
+			work := make(chan int)
+			var wg sync.WaitGroup
+			for range workers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := range work {
+						// A distinct first word per request: no request is a
+						// full prefix-cache hit of another.
+						req := bytes.Replace(body, []byte("Benchmarks"), fmt.Appendf(nil, "B%d", i), 1)
+						resp, err := client.Post(hs.URL+"/v1/completions", "application/json", bytes.NewReader(req))
+						if err != nil {
+							b.Error(err)
+							return
+						}
+						_, _ = io.Copy(io.Discard, resp.Body)
+						resp.Body.Close()
+						if resp.StatusCode != 200 {
+							b.Errorf("status %d", resp.StatusCode)
+						}
+					}
+				}()
+			}
+			cpu0 := cpuTime()
+			b.ResetTimer()
+			for i := range b.N {
+				work <- i
+			}
+			close(work)
+			wg.Wait()
+			b.StopTimer()
+			cpu := cpuTime() - cpu0
+			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-us/req")
+			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N)/float64(tc.tokens)*1000, "cpu-us/1ktok")
+			client.CloseIdleConnections()
+		})
+	}
+}
+
+// BenchmarkHandlerCPU is BenchmarkServerCPU without the network: requests
+// go straight to the Handler, so the CPU is the emulator's own (parse,
+// tokenize, engine model, delivery, response), without net/http and the
+// client.
+func BenchmarkHandlerCPU(b *testing.B) {
+	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
+	if err != nil {
+		b.Fatal(err)
+	}
+	prompt := strings.Repeat("Benchmarks measure the emulator's own cost per request. ", 20)
+	for _, tc := range []struct {
+		name   string
+		tokens int
+		stream bool
+	}{
+		{"nonstream/8tok", 8, false},
+		{"nonstream/1000tok", 1000, false},
+		{"stream/8tok", 8, true},
+		{"stream/1000tok", 1000, true},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			s, _ := testServer(b, Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1000})
+			h := s.Handler()
+			body := []byte(fmt.Sprintf(`{"prompt":%q,"max_tokens":%d,"ignore_eos":true,"stream":%v}`, prompt, tc.tokens, tc.stream))
+			const workers = 16
+			work := make(chan int)
+			var wg sync.WaitGroup
+			for range workers {
+				wg.Add(1)
+				go func() {
+					defer wg.Done()
+					for i := range work {
+						req := bytes.Replace(body, []byte("Benchmarks"), fmt.Appendf(nil, "B%d", i), 1)
+						r, _ := http.NewRequest(http.MethodPost, "/v1/completions", bytes.NewReader(req))
+						rec := newRecorder()
+						h.ServeHTTP(rec, r)
+						if rec.code != 200 {
+							b.Errorf("status %d", rec.code)
+						}
+					}
+				}()
+			}
+			cpu0 := cpuTime()
+			b.ResetTimer()
+			for i := range b.N {
+				work <- i
+			}
+			close(work)
+			wg.Wait()
+			b.StopTimer()
+			cpu := cpuTime() - cpu0
+			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-us/req")
+			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N)/float64(tc.tokens)*1000, "cpu-us/1ktok")
+		})
+	}
+}
