@@ -1,7 +1,9 @@
 package sim
 
 import (
+	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/kvindex"
 	"github.com/kvroute/kvroute/signals"
 )
 
@@ -36,4 +38,25 @@ func engineTotals(e *simEngine) (preemptions int, hitRate float64) {
 	return int(st.Preemptions), hitRate
 }
 
-var _ = engine.BlockStored
+// applyEvents feeds a batch of engine KV events to the precise index, as
+// the router's KV-event subscriber does.
+func applyEvents(x *kvindex.Index, endpoint string, batch []engine.KVEvent) {
+	for i := range batch {
+		ev := &batch[i]
+		switch ev.Kind {
+		case engine.BlockStored:
+			st := kvindex.Stored{BlockHashes: ev.BlockHashes, Tokens: ev.TokenIDs, BlockSize: ev.BlockSize,
+				Tier: kvroute.TierGPU}
+			if ev.ParentHash != nil {
+				st.Parent, st.HasParent = *ev.ParentHash, true
+			}
+			// An orphan (its parent was evicted before this event was
+			// applied) is dropped, as the live subscriber drops it.
+			_, _ = x.Store(endpoint, st)
+		case engine.BlockRemoved:
+			x.Evict(endpoint, ev.BlockHashes, kvroute.TierGPU)
+		case engine.AllBlocksCleared:
+			x.Clear(endpoint)
+		}
+	}
+}

@@ -1,5 +1,120 @@
 package sim
 
+import (
+	"cmp"
+	"slices"
+
+	"github.com/kvroute/kvroute/workload"
+)
+
+// OracleHitRate returns the upper bound on the prefix-cache hit rate (in
+// prompt tokens) of reqs, taken in arrival order, for engines with
+// blockSize-token blocks: an infinite cache shared by the whole fleet, so
+// every block seen before anywhere is a hit. A prompt of L tokens hits at
+// most (L-1)/blockSize blocks, as in vLLM. It is what Run reports in
+// Result.OracleHitRate; pass it in Config.OracleHitRate to compute it once
+// for several runs of the same workload.
+func OracleHitRate(reqs []workload.Request, blockSize int) float64 {
+	if blockSize <= 0 {
+		return 0
+	}
+	order := make([]int, len(reqs))
+	for i := range order {
+		order[i] = i
+	}
+	slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(reqs[a].Arrival, reqs[b].Arrival) })
+	if segmentsOnly(reqs) {
+		o := newSegOracle()
+		for _, i := range order {
+			o.observe(reqs[i].Segments, blockSize, reqs[i].PromptLen)
+		}
+		return o.rate()
+	}
+	o := newOracle()
+	var buf []uint64
+	for _, i := range order {
+		buf = reqs[i].BlockHashes(blockSize, buf[:0])
+		o.observe(buf, blockSize, reqs[i].PromptLen)
+	}
+	return o.rate()
+}
+
+// segmentsOnly reports whether every request's prompt is given as synthetic
+// segments only (no literal tokens or text), so segOracle applies.
+func segmentsOnly(reqs []workload.Request) bool {
+	for i := range reqs {
+		if reqs[i].Tokens != nil || reqs[i].Text != "" || (len(reqs[i].Segments) == 0 && reqs[i].PromptLen > 0) {
+			return false
+		}
+	}
+	return true
+}
+
+// segOracle is the oracle for segment prompts, computed on segments rather
+// than blocks: tens of map operations per request instead of one per
+// 16-token block. Two prompts share their first n tokens exactly when their
+// leading segments are equal and the next ones have the same key (a shorter
+// segment is a prefix of a longer one with the same key), so the longest
+// prefix a prompt shares with any earlier one is found by walking its
+// segments through
+//
+//   - complete: the chained hashes of every earlier prompt's first i
+//     segments (keys and lengths), and
+//   - longest: for a chain of i segments and a key, the longest segment with
+//     that key that followed the chain,
+//
+// and the hit is that prefix in whole blocks, capped like oracle's. It
+// agrees with oracle over the prompts' block hashes (a differential test
+// checks it).
+type segOracle struct {
+	complete     u64set
+	longest      map[[2]uint64]int
+	queried, hit int64
+}
+
+func newSegOracle() *segOracle { return &segOracle{longest: make(map[[2]uint64]int, 1<<12)} }
+
+func (o *segOracle) observe(segs []workload.Segment, blockSize, promptLen int) int {
+	shared, matching := 0, true
+	var chain uint64 = 0x6b76726f75746573
+	for _, sg := range segs {
+		next := segChain(chain, sg)
+		if matching {
+			if o.complete.has(next) {
+				shared += sg.Len
+			} else {
+				shared += min(o.longest[[2]uint64{chain, sg.Key}], sg.Len)
+				matching = false
+			}
+		}
+		o.complete.add(next)
+		if k := [2]uint64{chain, sg.Key}; o.longest[k] < sg.Len {
+			o.longest[k] = sg.Len
+		}
+		chain = next
+	}
+	n := 0
+	if blockSize > 0 {
+		n = min(shared/blockSize, max((promptLen-1)/blockSize, 0))
+	}
+	hit := n * blockSize
+	o.queried += int64(promptLen)
+	o.hit += int64(hit)
+	return hit
+}
+
+func (o *segOracle) rate() float64 {
+	if o.queried == 0 {
+		return 0
+	}
+	return float64(o.hit) / float64(o.queried)
+}
+
+// segChain extends a segment chain hash by one segment.
+func segChain(chain uint64, sg workload.Segment) uint64 {
+	return mix64(mix64(chain^sg.Key)+uint64(sg.Len)) + 0x9e3779b97f4a7c15
+}
+
 // oracle computes the upper bound on the prefix-cache hit rate for a
 // request stream: an infinite cache shared by the whole fleet (perfect
 // affinity), where every block seen before anywhere is a hit. Blocks are
@@ -8,32 +123,37 @@ package sim
 // Like vLLM, at least the prompt's last token is always computed: a prompt
 // of L tokens can hit at most (L-1)/blockSize full blocks.
 type oracle struct {
-	seen map[uint64]struct{}
+	seen u64set
 	// queried and hit count prompt tokens.
 	queried, hit int64
 }
 
-func newOracle() *oracle { return &oracle{seen: make(map[uint64]struct{}, 1<<16)} }
+func newOracle() *oracle { return &oracle{} }
 
 // observe records a request's prompt (its chained full-block hashes at
 // blockSize tokens per block, and its length) and returns the tokens the
 // oracle would have served from cache.
+//
+// Because the hashes are chained and every prompt's blocks are all
+// recorded, the seen blocks of a prompt are a prefix of it: the hit count is
+// found by binary search, and only the unseen tail is inserted.
 func (o *oracle) observe(hashes []uint64, blockSize, promptLen int) int {
-	limit := len(hashes)
-	if blockSize > 0 {
-		if m := (promptLen - 1) / blockSize; m < limit {
-			limit = max(m, 0)
+	// n = number of leading blocks seen: the first unseen index.
+	lo, hi := 0, len(hashes)
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if o.seen.has(hashes[mid]) {
+			lo = mid + 1
+		} else {
+			hi = mid
 		}
 	}
-	n := 0
-	for n < limit {
-		if _, ok := o.seen[hashes[n]]; !ok {
-			break
-		}
-		n++
-	}
+	n := lo
 	for _, h := range hashes[n:] {
-		o.seen[h] = struct{}{}
+		o.seen.add(h)
+	}
+	if blockSize > 0 {
+		n = min(n, max((promptLen-1)/blockSize, 0))
 	}
 	hit := n * blockSize
 	o.queried += int64(promptLen)
@@ -47,4 +167,76 @@ func (o *oracle) rate() float64 {
 		return 0
 	}
 	return float64(o.hit) / float64(o.queried)
+}
+
+// u64set is an open-addressing hash set of uint64 keys that are already
+// well-mixed hashes (they index the table directly). It is several times
+// faster than a Go map for the oracle's millions of blocks.
+type u64set struct {
+	slots   []uint64 // 0 = empty
+	n       int
+	hasZero bool
+}
+
+func (s *u64set) has(k uint64) bool {
+	if k == 0 {
+		return s.hasZero
+	}
+	if len(s.slots) == 0 {
+		return false
+	}
+	mask := uint64(len(s.slots) - 1)
+	for i := mix64(k) & mask; ; i = (i + 1) & mask {
+		switch s.slots[i] {
+		case k:
+			return true
+		case 0:
+			return false
+		}
+	}
+}
+
+func (s *u64set) add(k uint64) {
+	if k == 0 {
+		s.hasZero = true
+		return
+	}
+	if 4*(s.n+1) > 3*len(s.slots) {
+		s.grow()
+	}
+	mask := uint64(len(s.slots) - 1)
+	for i := mix64(k) & mask; ; i = (i + 1) & mask {
+		switch s.slots[i] {
+		case k:
+			return
+		case 0:
+			s.slots[i] = k
+			s.n++
+			return
+		}
+	}
+}
+
+func (s *u64set) grow() {
+	old := s.slots
+	size := max(2*len(old), 1<<12)
+	s.slots = make([]uint64, size)
+	mask := uint64(size - 1)
+	for _, k := range old {
+		if k == 0 {
+			continue
+		}
+		i := mix64(k) & mask
+		for s.slots[i] != 0 {
+			i = (i + 1) & mask
+		}
+		s.slots[i] = k
+	}
+}
+
+// mix64 is a cheap finaliser, so that keys with poor low bits still spread.
+func mix64(k uint64) uint64 {
+	k ^= k >> 33
+	k *= 0xff51afd7ed558ccd
+	return k ^ k>>33
 }

@@ -1,6 +1,10 @@
 package sim
 
-import "testing"
+import (
+	"testing"
+
+	"github.com/kvroute/kvroute/workload"
+)
 
 func TestOracle(t *testing.T) {
 	o := newOracle()
@@ -30,5 +34,79 @@ func TestOracle(t *testing.T) {
 	}
 	if got := newOracle().rate(); got != 0 {
 		t.Errorf("empty rate: got %g, want 0", got)
+	}
+}
+
+func TestU64Set(t *testing.T) {
+	// Differential test against a map.
+	var s u64set
+	ref := map[uint64]bool{}
+	x := uint64(1)
+	for i := range 20000 {
+		x = x*6364136223846793005 + 1442695040888963407
+		k := x >> (i % 50) // some small keys, including 0 eventually
+		if i%5 == 0 {
+			k = uint64(i % 7) // repeats and zero
+		}
+		if s.has(k) != ref[k] {
+			t.Fatalf("has(%d) before add: got %v, want %v", k, s.has(k), ref[k])
+		}
+		s.add(k)
+		ref[k] = true
+	}
+	for k := range ref {
+		if !s.has(k) {
+			t.Fatalf("has(%d): got false after add", k)
+		}
+	}
+	if s.has(0xdeadbeefcafe) {
+		t.Fatal("has(absent key): got true")
+	}
+}
+
+func TestOracleHitRateMatchesRun(t *testing.T) {
+	reqs := smallChat(t, 200, 30, 3)
+	res := mustRun(t, Config{Fleet: tinyFleet(2), Policy: "round_robin"}, reqs)
+	if got := OracleHitRate(reqs, 16); got != res.OracleHitRate || got <= 0 {
+		t.Fatalf("OracleHitRate: got %g, want the run's %g (> 0)", got, res.OracleHitRate)
+	}
+	want := 0.25
+	res = mustRun(t, Config{Fleet: tinyFleet(2), Policy: "round_robin", OracleHitRate: &want}, reqs)
+	if res.OracleHitRate != want {
+		t.Fatalf("given oracle: got %g, want %g", res.OracleHitRate, want)
+	}
+}
+
+// TestSegOracleMatchesBlockOracle checks the segment oracle against the
+// block-hash oracle on every generator and a slice of the Mooncake trace.
+func TestSegOracleMatchesBlockOracle(t *testing.T) {
+	sets := map[string][]workload.Request{}
+	for _, name := range workload.GeneratorNames() {
+		w, err := workload.Generate(name, workload.Options{Seed: 3, Requests: 400})
+		if err != nil {
+			t.Fatal(err)
+		}
+		sets[name] = w.Requests
+	}
+	tr, err := DefaultWorkload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	sets["mooncake[:1500]"] = tr.Requests[:1500]
+	for name, reqs := range sets {
+		for _, bs := range []int{16, 32, 512} {
+			so, bo := newSegOracle(), newOracle()
+			var buf []uint64
+			for i := range reqs {
+				r := &reqs[i]
+				buf = r.BlockHashes(bs, buf[:0])
+				if got, want := so.observe(r.Segments, bs, r.PromptLen), bo.observe(buf, bs, r.PromptLen); got != want {
+					t.Fatalf("%s, block %d, request %d (%s): segment oracle %d hit tokens, block oracle %d", name, bs, i, r.ID, got, want)
+				}
+			}
+			if so.rate() != bo.rate() {
+				t.Fatalf("%s, block %d: rates %g vs %g", name, bs, so.rate(), bo.rate())
+			}
+		}
 	}
 }

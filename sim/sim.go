@@ -3,6 +3,7 @@ package sim
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"math"
 	"net/http"
@@ -54,14 +55,30 @@ type Config struct {
 	KVEvents bool
 	// KVEventDelay is the KV-event delivery delay; default 50ms.
 	KVEventDelay time.Duration
+	// RouterBlockTokens is the router's prefix block size in tokens; default
+	// DefaultRouterBlockTokens, which matches kvroute serve's default
+	// character blocks (128 characters at 4 characters per token). With
+	// KVEvents it is the engines' block size, which the precise index needs.
+	RouterBlockTokens int
 	// NetLatency is the one-way latency between the router and an engine,
 	// paid by requests, tokens and scrapes; default 1ms, negative means 0.
 	NetLatency time.Duration
+	// Routers is the number of router replicas (independent kvroute serve
+	// processes behind a load balancer that alternates between them); each
+	// has its own signal views, prefix indexes and policy state and scrapes
+	// every engine itself, so each sees only its own dispatches between
+	// scrapes. Default 1.
+	Routers int
 	// SLO sets the goodput limits.
 	SLO SLO
 	// TimelineStep is the width of the utilisation timeline's buckets;
 	// default: the workload's span / 100, at least 1s.
 	TimelineStep time.Duration
+	// OracleHitRate, when set, is the oracle bound to report, computed
+	// beforehand with the package function OracleHitRate (it depends only on
+	// the workload and the engines' block size, so a caller running several
+	// policies computes it once). Nil computes it during the run.
+	OracleHitRate *float64
 	// Progress, when set, is called with the number of requests finished
 	// (completed or rejected) so far and the total, every 1% of the run
 	// and at the end.
@@ -81,6 +98,8 @@ const (
 	DefaultScrapeInterval = 100 * time.Millisecond
 	DefaultKVEventDelay   = 50 * time.Millisecond
 	DefaultNetLatency     = time.Millisecond
+	// DefaultRouterBlockTokens is 128 characters at 4 characters per token.
+	DefaultRouterBlockTokens = 32
 )
 
 func (c *Config) applyDefaults() {
@@ -89,6 +108,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Policy == "" && c.Picker == nil {
 		c.Policy = policy.Default
+	}
+	if c.Routers == 0 {
+		c.Routers = 1
 	}
 	if c.RateScale == 0 {
 		c.RateScale = 1
@@ -119,6 +141,12 @@ func (c *Config) Validate() error {
 	}
 	if c.SLO.TTFT < 0 || c.SLO.TPOT < 0 {
 		return fmt.Errorf("sim: config: SLO limits must not be negative")
+	}
+	if c.Routers < 1 || c.Routers > 1024 {
+		return fmt.Errorf("sim: config: routers %d must be in 1..1024", c.Routers)
+	}
+	if c.RouterBlockTokens < 0 {
+		return fmt.Errorf("sim: config: router block tokens %d must not be negative", c.RouterBlockTokens)
 	}
 	if c.TimelineStep < 0 {
 		return fmt.Errorf("sim: config: timeline step %v must not be negative", c.TimelineStep)
@@ -154,16 +182,16 @@ type simEngine struct {
 	profile engine.Profile
 	eng     *engine.Engine
 
-	busy    bool             // a step is in progress: an evStep is on the agenda
-	outs    []engine.Output  // outputs of the step in progress, delivered at its end
-	kvOut   []engine.KVEvent // KV events of the step in progress
-	kvQueue [][]engine.KVEvent
-	scrapes []scrape // scrapes in transit to the router, FIFO
+	busy    bool              // an evStep is on the agenda
+	inStep  bool              // res holds a step in progress, delivered at its end
+	res     engine.StepResult // the step in progress (reused: engine.StepInto)
+	kvQueue fifo[[]engine.KVEvent]
+	scrapes []fifo[scrape] // per router replica: scrapes in transit to it
 
 	stepStart time.Duration // start of the step in progress
 	busyTime  time.Duration
-	steps    int
-	routed   int
+	steps     int
+	routed    int
 }
 
 // scrape is a metrics snapshot on its way to the router. The request for it
@@ -176,34 +204,37 @@ type scrape struct {
 // reqState is a request's life in the simulation.
 type reqState struct {
 	arrival time.Duration // scaled arrival time
+	rt      int32         // the router replica that routed it
 	eng     int32         // engine index, -1 before routing or when rejected
-	hashes  []uint64      // router block hashes
+	ehashes []uint64      // block hashes at the fleet's engine block size
+	tokens  []uint32      // the prompt, in token mode (KV events), until delivered
 	rreq    kvroute.Request
 	ereq    engine.Request
 	flight  *router.Flight
 
-	delivered  time.Duration // reached the engine
+	delivered   time.Duration // reached the engine
 	queue       time.Duration // engine: arrival to first scheduled
 	prefill     time.Duration // engine: first scheduled to first token
 	preemptions int
-	firstAt    time.Duration // first token produced on the engine (end of its step)
-	firstStart time.Duration // start of the step that produced the first token
-	doneAt     time.Duration // last token produced on the engine
-	ttft, e2e  time.Duration // as the router saw them
-	cached     int
-	outTokens  int
-	status     int    // 200 ok, 4xx/5xx rejected or failed
-	errMsg     string // when status != 200
-	finish     string // engine finish reason
-	finished   bool   // completed or rejected: counted exactly once
+	firstAt     time.Duration // first token produced on the engine (end of its step)
+	firstStart  time.Duration // start of the step that produced the first token
+	doneAt      time.Duration // last token produced on the engine
+	ttft, e2e   time.Duration // as the router saw them
+	cached      int
+	outTokens   int
+	status      int    // 200 ok, 4xx/5xx rejected or failed
+	errMsg      string // when status != 200
+	finish      string // engine finish reason
+	finished    bool   // completed or rejected: counted exactly once
 }
 
 type simulation struct {
 	cfg     Config
 	now     time.Duration
 	q       agenda
-	rt      *router.Router
-	precise *kvindex.Index
+	rts     []*router.Router // one per router replica
+	precise []*kvindex.Index // per replica, with KV events
+	arrived int              // arrivals so far: the next one goes to replica arrived % len(rts)
 	engines []*simEngine
 	byEP    map[string]int32 // endpoint ID -> engine index
 	reqs    []workload.Request
@@ -211,12 +242,16 @@ type simulation struct {
 	next    int     // next arrival in order
 	st      []reqState
 	live    map[string]int32 // engine request ID -> request index, while on an engine
-	oracle  *oracle
+	oracle  *oracle    // over block hashes, or
+	soracle *segOracle // over segments, when every prompt is segments
 
-	blockSize int // the router's block size in tokens (the first engine's)
-	finished  int
-	progEvery int
-	timeline  *timeline
+	blockSize  int  // the fleet's engine block size in tokens (the first engine's)
+	routerBS   int  // the router's block size in tokens
+	tokenMode  bool // materialise prompts as tokens (the precise index needs them)
+	routerStep int  // routerBS / blockSize when it divides evenly, else 0
+	finished   int
+	progEvery  int
+	timeline   *timeline
 }
 
 func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
@@ -226,7 +261,6 @@ func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 		st:     make([]reqState, len(reqs)),
 		live:   make(map[string]int32, 1024),
 		byEP:   make(map[string]int32),
-		oracle: newOracle(),
 	}
 	// Engines.
 	var eps []kvroute.Endpoint
@@ -259,33 +293,69 @@ func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 		}
 	}
 	s.blockSize = s.engines[0].profile.BlockSize
-	// Router.
-	picker := cfg.Picker
-	if picker == nil {
-		p, err := policy.New(cfg.Policy, cfg.PolicyParams, cfg.Seed)
+	if cfg.OracleHitRate == nil {
+		if segmentsOnly(reqs) {
+			s.soracle = newSegOracle()
+		} else {
+			s.oracle = newOracle()
+		}
+	}
+	s.tokenMode = cfg.KVEvents
+	s.routerBS = cfg.RouterBlockTokens
+	if s.routerBS == 0 {
+		s.routerBS = DefaultRouterBlockTokens
+	}
+	if s.tokenMode {
+		// The precise index matches the router's hashes against the engines'
+		// stored blocks: both must use the engines' block size.
+		s.routerBS = s.blockSize
+		for _, e := range s.engines {
+			if e.profile.BlockSize != s.blockSize {
+				return nil, fmt.Errorf("sim: config: KV events need one block size across the fleet (%s has %d, %s %d)",
+					s.engines[0].id, s.blockSize, e.id, e.profile.BlockSize)
+			}
+		}
+	}
+	if s.routerBS%s.blockSize == 0 {
+		s.routerStep = s.routerBS / s.blockSize
+	}
+	// Routers: one per replica, each with its own signal views, prefix
+	// indexes and policy state, as independent kvroute serve processes are.
+	if cfg.Picker != nil && cfg.Routers > 1 {
+		return nil, errors.New("sim: config: a custom Picker cannot be shared by several router replicas")
+	}
+	for k := range cfg.Routers {
+		picker := cfg.Picker
+		if picker == nil {
+			p, err := policy.New(cfg.Policy, cfg.PolicyParams, cfg.Seed+uint64(k))
+			if err != nil {
+				return nil, fmt.Errorf("sim: %w", err)
+			}
+			picker = p
+		}
+		rcfg := router.Config{
+			Model:       cfg.Model,
+			Endpoints:   eps,
+			Policy:      cfg.Policy,
+			Picker:      picker,
+			StaleAfter:  cfg.StaleAfter,
+			DecisionLog: -1,
+		}
+		if cfg.KVEvents {
+			x := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: s.blockSize})
+			s.precise = append(s.precise, x)
+			rcfg.Precise = x
+			rcfg.PreciseEndpoints = preciseIDs
+		}
+		rt, err := router.New(rcfg)
 		if err != nil {
 			return nil, fmt.Errorf("sim: %w", err)
 		}
-		picker = p
+		s.rts = append(s.rts, rt)
 	}
-	rcfg := router.Config{
-		Model:       cfg.Model,
-		Endpoints:   eps,
-		Policy:      cfg.Policy,
-		Picker:      picker,
-		StaleAfter:  cfg.StaleAfter,
-		DecisionLog: -1,
+	for _, e := range s.engines {
+		e.scrapes = make([]fifo[scrape], cfg.Routers)
 	}
-	if cfg.KVEvents {
-		s.precise = kvindex.NewIndex(kvindex.IndexConfig{})
-		rcfg.Precise = s.precise
-		rcfg.PreciseEndpoints = preciseIDs
-	}
-	rt, err := router.New(rcfg)
-	if err != nil {
-		return nil, fmt.Errorf("sim: %w", err)
-	}
-	s.rt = rt
 	// Arrival order: by scaled arrival, ties by workload order.
 	s.order = make([]int32, len(reqs))
 	for i := range reqs {
@@ -318,7 +388,9 @@ func (s *simulation) run(ctx context.Context) error {
 	s.next = 1
 	if s.cfg.ScrapeInterval > 0 {
 		for i := range s.engines {
-			s.q.push(s.scrapePhase(i), evScrape, int32(i), 0)
+			for k := range s.rts {
+				s.q.push(s.scrapePhase(i, k), evScrape, int32(i), int32(k))
+			}
 		}
 	}
 	for n := 0; s.q.Len() > 0 && s.finished < total; n++ {
@@ -337,9 +409,9 @@ func (s *simulation) run(ctx context.Context) error {
 		case evStep:
 			s.step(ev.eng)
 		case evScrape:
-			s.scrape(ev.eng)
+			s.scrape(ev.eng, ev.arg)
 		case evObserve:
-			s.observe(ev.eng)
+			s.observe(ev.eng, ev.arg)
 		case evFirstToken:
 			s.firstToken(ev.arg)
 		case evDone:
@@ -360,10 +432,10 @@ func (s *simulation) run(ctx context.Context) error {
 	return nil
 }
 
-// scrapePhase spreads the engines' first scrapes over the interval, by a
-// hash of the seed and the engine index.
-func (s *simulation) scrapePhase(i int) time.Duration {
-	h := splitmix(s.cfg.Seed ^ uint64(i)*0x9e3779b97f4a7c15)
+// scrapePhase spreads the first scrapes of engine i by replica k over the
+// interval, by a hash of the seed, i and k.
+func (s *simulation) scrapePhase(i, k int) time.Duration {
+	h := splitmix(s.cfg.Seed ^ uint64(i)*0x9e3779b97f4a7c15 ^ uint64(k)<<48)
 	return time.Duration(h % uint64(s.cfg.ScrapeInterval))
 }
 
@@ -383,8 +455,35 @@ func (s *simulation) arrive(i int32) {
 	}
 	r := &s.reqs[i]
 	st := &s.st[i]
-	st.hashes = r.BlockHashes(s.blockSize, nil)
-	s.oracle.observe(st.hashes, s.blockSize, r.PromptLen)
+	full := r.PromptLen / s.blockSize
+	if s.tokenMode {
+		// The live path: the engine hashes the tokens itself and reports
+		// them in its KV events; the router hashes them with kvindex.
+		st.tokens = r.PromptTokens()
+		st.ehashes = kvindex.HashTokens(st.tokens, s.blockSize, make([]uint64, 0, full))
+	} else {
+		st.ehashes = r.BlockHashes(s.blockSize, make([]uint64, 0, full))
+	}
+	switch {
+	case s.soracle != nil:
+		s.soracle.observe(r.Segments, s.blockSize, r.PromptLen)
+	case s.oracle != nil:
+		s.oracle.observe(st.ehashes, s.blockSize, r.PromptLen)
+	}
+	var rh []uint64
+	switch {
+	case s.routerStep == 1:
+		rh = st.ehashes
+	case s.routerStep > 1:
+		// The chained hash of engine block k*step-1 names the prompt's first
+		// k*step*blockSize tokens exactly: it is the router block's key.
+		rh = make([]uint64, 0, len(st.ehashes)/s.routerStep)
+		for k := s.routerStep - 1; k < len(st.ehashes); k += s.routerStep {
+			rh = append(rh, st.ehashes[k])
+		}
+	default:
+		rh = r.BlockHashes(s.routerBS, nil)
+	}
 	st.rreq = kvroute.Request{
 		ID:           r.ID,
 		Model:        s.cfg.Model,
@@ -393,11 +492,13 @@ func (s *simulation) arrive(i int32) {
 		PromptTokens: r.PromptLen,
 		MaxTokens:    r.OutputLen,
 		Stream:       true,
-		BlockSize:    s.blockSize,
-		BlockHashes:  st.hashes,
+		BlockSize:    s.routerBS,
+		BlockHashes:  rh,
 		Arrival:      wall(s.now),
 	}
-	f, err := s.rt.Route(wall(s.now), &st.rreq, nil)
+	st.rt = int32(s.arrived % len(s.rts))
+	s.arrived++
+	f, err := s.rts[st.rt].Route(wall(s.now), &st.rreq, nil)
 	if err != nil {
 		st.status, st.errMsg = kvroute.StatusOf(err), err.Error()
 		s.finish(i)
@@ -416,18 +517,23 @@ func (s *simulation) deliver(ei, i int32) {
 	r := &s.reqs[i]
 	st := &s.st[i]
 	st.delivered = s.now
-	hashes := st.hashes
-	if e.profile.BlockSize != s.blockSize {
-		hashes = r.BlockHashes(e.profile.BlockSize, nil)
-	}
 	st.ereq = engine.Request{
-		ID:          r.ID,
-		PromptLen:   r.PromptLen,
-		BlockHashes: hashes,
-		MaxTokens:   r.OutputLen,
-		IgnoreEOS:   true,
+		ID:        r.ID,
+		PromptLen: r.PromptLen,
+		MaxTokens: r.OutputLen,
+		IgnoreEOS: true,
 	}
-	if err := e.eng.Add(s.now, &st.ereq); err != nil {
+	switch {
+	case s.tokenMode:
+		st.ereq.Prompt = st.tokens
+	case e.profile.BlockSize == s.blockSize:
+		st.ereq.BlockHashes = st.ehashes
+	default:
+		st.ereq.BlockHashes = r.BlockHashes(e.profile.BlockSize, nil)
+	}
+	err := e.eng.Add(s.now, &st.ereq)
+	st.tokens, st.ereq.Prompt = nil, nil // the engine copied them
+	if err != nil {
 		st.status, st.errMsg = http.StatusBadRequest, err.Error()
 		s.q.push(s.now+s.cfg.NetLatency, evDone, ei, i)
 		return
@@ -443,39 +549,60 @@ func (s *simulation) deliver(ei, i int32) {
 // events) and starts the next one if the engine has work.
 func (s *simulation) step(ei int32) {
 	e := s.engines[ei]
-	for k := range e.outs {
-		s.output(ei, &e.outs[k])
-	}
-	e.outs = e.outs[:0]
-	if len(e.kvOut) > 0 {
-		batch := append([]engine.KVEvent(nil), e.kvOut...)
-		e.kvOut = e.kvOut[:0]
-		e.kvQueue = append(e.kvQueue, batch)
-		s.q.push(s.now+s.cfg.KVEventDelay, evKVEvents, ei, -1)
+	if e.inStep {
+		e.inStep = false
+		for k := range e.res.Outputs {
+			s.output(ei, &e.res.Outputs[k])
+		}
+		if s.precise != nil && len(e.res.Events) > 0 {
+			e.kvQueue.push(copyEvents(e.res.Events))
+			s.q.push(s.now+s.cfg.KVEventDelay, evKVEvents, ei, -1)
+		}
 	}
 	if !e.eng.HasWork() {
 		e.busy = false
 		return
 	}
-	res := e.eng.Step(s.now)
-	d := res.Duration
+	e.eng.StepInto(s.now, &e.res)
+	d := e.res.Duration
 	if d <= 0 {
-		if len(res.Outputs) == 0 && len(res.Events) == 0 {
-			// No progress is possible until new work arrives.
+		if len(e.res.Outputs) == 0 && len(e.res.Events) == 0 {
+			// Nothing can be scheduled (e.g. the waiting requests do not
+			// fit): no progress is possible until new work arrives.
 			e.busy = false
 			return
 		}
 		d = time.Nanosecond
 	}
-	e.outs = append(e.outs, res.Outputs...)
-	if s.precise != nil {
-		e.kvOut = append(e.kvOut, res.Events...)
-	}
+	e.inStep = true
 	e.stepStart = s.now
 	e.busyTime += d
 	e.steps++
-	s.timeline.busy(int(ei), s.now, d)
+	s.timeline.addBusy(int(ei), s.now, d)
 	s.q.push(s.now+d, evStep, ei, -1)
+}
+
+// copyEvents copies a step's KV events out of the engine's reused result:
+// the block-hash slices may be overwritten by the next step; token slices
+// alias engine memory that is never modified.
+func copyEvents(evs []engine.KVEvent) []engine.KVEvent {
+	n := 0
+	for i := range evs {
+		n += len(evs[i].BlockHashes)
+	}
+	hashes := make([]uint64, 0, n)
+	out := make([]engine.KVEvent, len(evs))
+	for i, ev := range evs {
+		if ev.ParentHash != nil {
+			p := *ev.ParentHash
+			ev.ParentHash = &p
+		}
+		start := len(hashes)
+		hashes = append(hashes, ev.BlockHashes...)
+		ev.BlockHashes = hashes[start:len(hashes):len(hashes)]
+		out[i] = ev
+	}
+	return out
 }
 
 // output handles one engine output at the end of its step (s.now).
@@ -515,7 +642,7 @@ func (s *simulation) output(ei int32, o *engine.Output) {
 func (s *simulation) firstToken(i int32) {
 	st := &s.st[i]
 	st.ttft = s.now - st.arrival
-	s.rt.FirstToken(wall(s.now), st.flight)
+	s.rts[st.rt].FirstToken(wall(s.now), st.flight)
 }
 
 func (s *simulation) done(i int32) {
@@ -525,7 +652,11 @@ func (s *simulation) done(i int32) {
 	if !failed {
 		st.e2e = s.now - st.arrival
 	}
-	s.rt.Done(wall(s.now), st.flight, kvroute.Outcome{
+	if st.flight == nil {
+		s.finish(i)
+		return
+	}
+	s.rts[st.rt].Done(wall(s.now), st.flight, kvroute.Outcome{
 		PromptTokens: r.PromptLen,
 		CachedTokens: st.cached,
 		TTFT:         st.ttft,
@@ -541,39 +672,42 @@ func (s *simulation) finish(i int32) {
 		panic("sim: request " + s.reqs[i].ID + " finished twice") // a simulator bug, not bad input
 	}
 	st.finished = true
-	st.hashes = nil
+	st.ehashes = nil
 	s.finished++
 	if s.cfg.Progress != nil && (s.finished%s.progEvery == 0 || s.finished == len(s.reqs)) {
 		s.cfg.Progress(s.finished, len(s.reqs))
 	}
 }
 
-// scrape takes a snapshot of engine ei's metrics; it reaches the router
-// after the network latency.
-func (s *simulation) scrape(ei int32) {
+// scrape takes a snapshot of engine ei's metrics for router replica k; it
+// reaches the router after the network latency.
+func (s *simulation) scrape(ei, k int32) {
 	e := s.engines[ei]
 	m := metricsOf(e)
-	e.scrapes = append(e.scrapes, scrape{sent: s.now - s.cfg.NetLatency, m: m})
-	s.timeline.sample(int(ei), s.now, m)
-	s.q.push(s.now+s.cfg.NetLatency, evObserve, ei, -1)
-	s.q.push(s.now+s.cfg.ScrapeInterval, evScrape, ei, 0)
+	e.scrapes[k].push(scrape{sent: s.now - s.cfg.NetLatency, m: m})
+	if k == 0 {
+		s.timeline.sample(int(ei), s.now, m)
+	}
+	s.q.push(s.now+s.cfg.NetLatency, evObserve, ei, k)
+	s.q.push(s.now+s.cfg.ScrapeInterval, evScrape, ei, k)
 }
 
-func (s *simulation) observe(ei int32) {
+func (s *simulation) observe(ei, k int32) {
 	e := s.engines[ei]
-	sc := e.scrapes[0]
-	e.scrapes = e.scrapes[1:]
+	sc := e.scrapes[k].pop()
 	// Like the live scraper, pass the time the scrape request was sent: the
 	// View then keeps every dispatch after it on top of the engine's numbers.
-	s.rt.View(e.id).Observe(wall(sc.sent), sc.m)
+	s.rts[k].View(e.id).Observe(wall(sc.sent), sc.m)
 }
 
+// applyKV delivers engine ei's oldest batch of KV events to every replica's
+// precise index.
 func (s *simulation) applyKV(ei int32) {
 	e := s.engines[ei]
-	batch := e.kvQueue[0]
-	e.kvQueue[0] = nil
-	e.kvQueue = e.kvQueue[1:]
-	applyEvents(s.precise, e.id, batch)
+	batch := e.kvQueue.pop()
+	for _, x := range s.precise {
+		applyEvents(x, e.id, batch)
+	}
 }
 
 // result assembles the Result after a run.
@@ -584,7 +718,6 @@ func (s *simulation) result() *Result {
 		RateScale:     s.cfg.RateScale,
 		Seed:          s.cfg.Seed,
 		Records:       make([]Record, len(s.reqs)),
-		OracleHitRate: s.oracle.rate(),
 		Makespan:      s.now,
 		Events:        int(s.q.seq),
 		TimelineStep:  s.timeline.step,
@@ -592,6 +725,14 @@ func (s *simulation) result() *Result {
 	}
 	if res.Policy == "" {
 		res.Policy = "custom"
+	}
+	switch {
+	case s.soracle != nil:
+		res.OracleHitRate = s.soracle.rate()
+	case s.oracle != nil:
+		res.OracleHitRate = s.oracle.rate()
+	default:
+		res.OracleHitRate = *s.cfg.OracleHitRate
 	}
 	for i := range s.reqs {
 		r := &s.reqs[i]
@@ -644,4 +785,24 @@ func (s *simulation) result() *Result {
 		res.Queue = append(res.Queue, q)
 	}
 	return res
+}
+
+// fifo is a queue that reuses its backing array once drained.
+type fifo[T any] struct {
+	items []T
+	head  int
+}
+
+func (f *fifo[T]) push(v T) { f.items = append(f.items, v) }
+
+// pop removes and returns the oldest item; the queue must not be empty.
+func (f *fifo[T]) pop() T {
+	v := f.items[f.head]
+	var zero T
+	f.items[f.head] = zero
+	f.head++
+	if f.head == len(f.items) {
+		f.items, f.head = f.items[:0], 0
+	}
+	return v
 }

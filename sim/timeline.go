@@ -38,8 +38,8 @@ func (t *timeline) bucket(b int) {
 	}
 }
 
-// busy adds a step of engine e from start lasting d, split across buckets.
-func (t *timeline) busy(e int, start, d time.Duration) {
+// addBusy adds a step of engine e from start lasting d, split across buckets.
+func (t *timeline) addBusy(e int, start, d time.Duration) {
 	for d > 0 {
 		b := int(start / t.step)
 		t.bucket(b)

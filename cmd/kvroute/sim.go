@@ -1,0 +1,371 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/policy"
+	"github.com/kvroute/kvroute/report"
+	"github.com/kvroute/kvroute/sim"
+	"github.com/kvroute/kvroute/workload"
+)
+
+func init() {
+	register(command{name: "sim", summary: "simulate a fleet: replay a workload through the routing policies", run: runSim})
+}
+
+const simDescription = `Replay a workload through N modelled engines and the router's own decision code
+(the same policies, prefix indexes and stale-signal model as 'kvroute serve') on a
+virtual clock, and print one row per policy (and per load point of a sweep):
+TTFT, TPOT and end-to-end percentiles, throughput, goodput under the SLO, the
+prefix-cache hit rate next to the oracle bound (infinite cache, perfect affinity),
+load imbalance, preemptions and rejections.
+
+The workload is --trace FILE (Mooncake JSONL), or --workload NAME (a generator),
+or, with neither, the embedded Mooncake conversation trace (12,031 requests).
+The fleet is --engines COUNT with --profile, or --engines 4xPROFILE,2xPROFILE,
+or --fleet FILE (YAML: engines: [{count: 4, profile: NAME, num_gpu_blocks: N}]).
+Profiles: ` + "%s" + `.
+Policies: ` + "%s" + `.
+Generators: ` + "%s" + `.
+
+The run is deterministic for --seed. --out DIR writes report.json, report.csv,
+report.html (charts, works offline), SVG charts and requests.csv (one line per
+request, with the TTFT split into network, queue, prefill and first step).`
+
+// simOptions are the parsed flags of kvroute sim.
+type simOptions struct {
+	trace, workloadName, params, arrivals string
+	requests, limit                       int
+	rate, cv                              float64
+	duration                              time.Duration
+
+	engines, profile, fleetFile string
+	policies                    stringList
+	policyParams                stringList
+	rateScale                   float64
+	sweep                       string
+	seed                        uint64
+	sloTTFT, sloTPOT            time.Duration
+	out                         string
+	scrapeInterval, staleAfter  time.Duration
+	kvEvents                    bool
+	kvEventDelay, netLatency    time.Duration
+	routers, routerBlock        int
+	parallel                    int
+	quiet                       bool
+}
+
+func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	desc := fmt.Sprintf(simDescription, strings.Join(engine.ProfileNames(), ", "),
+		strings.Join(policy.Names(), ", "), strings.Join(workload.GeneratorNames(), ", "))
+	fs := newFlagSet("sim", "[--trace FILE | --workload NAME] [flags]", desc, stderr)
+	var o simOptions
+	fs.StringVar(&o.trace, "trace", "", "Mooncake JSONL trace `file` (default: the embedded conversation trace)")
+	fs.StringVar(&o.workloadName, "workload", "", "generate a workload with this generator instead of a trace")
+	fs.StringVar(&o.params, "params", "", "generator parameters `k=v,...` (see the generator list)")
+	fs.IntVar(&o.requests, "requests", 0, "generator: number of requests (default 1000)")
+	fs.Float64Var(&o.rate, "rate", 0, "generator: mean arrivals per second (default 10)")
+	fs.StringVar(&o.arrivals, "arrivals", "", "generator: arrival process poisson, gamma or constant (default poisson)")
+	fs.Float64Var(&o.cv, "cv", 0, "generator: coefficient of variation of gamma arrivals (default 2)")
+	fs.DurationVar(&o.duration, "duration", 0, "keep only requests arriving within this (unscaled) `duration` (0 = all)")
+	fs.IntVar(&o.limit, "limit", 0, "keep only the first `N` requests (0 = all)")
+	fs.StringVar(&o.engines, "engines", "8", "engine `count` (with --profile) or groups COUNTxPROFILE,...")
+	fs.StringVar(&o.profile, "profile", "llama-3.1-8b-h100", "engine profile for --engines COUNT")
+	fs.StringVar(&o.fleetFile, "fleet", "", "fleet `file` (YAML), instead of --engines")
+	fs.Var(&o.policies, "policies", "routing policies to compare, comma-separated (default kv-aware,round_robin,least_request)")
+	fs.Var(&o.policyParams, "policy-param", "policy parameter `POLICY.NAME=VALUE` (repeatable)")
+	fs.Float64Var(&o.rateScale, "rate-scale", 1, "multiply the workload's arrival rate by `X`")
+	fs.StringVar(&o.sweep, "sweep", "", "sweep the rate scale: `FROM:TO:STEP` or a list X,Y,... (overrides --rate-scale)")
+	fs.Uint64Var(&o.seed, "seed", 1, "seed for the policies, scrape phases and generators")
+	fs.DurationVar(&o.sloTTFT, "slo-ttft", 2*time.Second, "goodput SLO: TTFT limit (0 = none)")
+	fs.DurationVar(&o.sloTPOT, "slo-tpot", 100*time.Millisecond, "goodput SLO: TPOT limit (0 = none)")
+	fs.StringVar(&o.out, "out", "", "write report.json, report.csv, report.html, SVG charts and requests.csv to `dir`")
+	fs.DurationVar(&o.scrapeInterval, "scrape-interval", sim.DefaultScrapeInterval, "how often the router scrapes each engine's metrics (negative = never)")
+	fs.DurationVar(&o.staleAfter, "stale-after", time.Second, "scraped signals older than this are stale")
+	fs.BoolVar(&o.kvEvents, "kv-events", false, "feed a precise prefix index from the engines' KV events")
+	fs.DurationVar(&o.kvEventDelay, "kv-event-delay", sim.DefaultKVEventDelay, "KV-event delivery delay")
+	fs.DurationVar(&o.netLatency, "net-latency", sim.DefaultNetLatency, "one-way router<->engine latency (negative = 0)")
+	fs.IntVar(&o.routers, "routers", 1, "router replicas behind a load balancer (each sees only its own dispatches between scrapes)")
+	fs.IntVar(&o.routerBlock, "router-block-tokens", sim.DefaultRouterBlockTokens, "the router's prefix block size in tokens (with --kv-events: the engines')")
+	fs.IntVar(&o.parallel, "parallel", 1, "runs to simulate at once (each run is single-threaded)")
+	fs.BoolVar(&o.quiet, "quiet", false, "print only the table (no progress bar or timing)")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	usageErr := func(format string, a ...any) error {
+		fmt.Fprintf(stderr, "kvroute sim: "+format+"\n", a...)
+		return errUsage
+	}
+	if o.trace != "" && o.workloadName != "" {
+		return usageErr("--trace and --workload are exclusive")
+	}
+	if len(o.policies) == 0 {
+		o.policies = stringList{policy.NameKVAware, policy.NameRoundRobin, policy.NameLeastRequest}
+	}
+	params, err := simPolicyParams(o.policyParams)
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	for _, p := range o.policies {
+		if _, err := policy.New(p, params[p], o.seed); err != nil {
+			return usageErr("%v", err)
+		}
+	}
+	for p := range params {
+		if !slices.Contains(o.policies, p) {
+			return usageErr("--policy-param names policy %q, which is not in --policies", p)
+		}
+	}
+	scales := []float64{o.rateScale}
+	if o.sweep != "" {
+		if scales, err = sim.ParseSweep(o.sweep); err != nil {
+			return usageErr("--sweep: %v", err)
+		}
+	} else if !(o.rateScale > 0) {
+		return usageErr("--rate-scale %g must be positive", o.rateScale)
+	}
+	var fleet sim.Fleet
+	if o.fleetFile != "" {
+		fleet, err = sim.LoadFleetFile(o.fleetFile)
+	} else {
+		fleet, err = sim.ParseFleet(o.engines, o.profile)
+	}
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	for _, g := range fleet {
+		if _, err := engine.LookupProfile(g.Profile); err != nil {
+			return usageErr("%v", err)
+		}
+	}
+	if o.parallel < 1 {
+		o.parallel = 1
+	}
+	w, err := loadSimWorkload(&o)
+	if err != nil {
+		return err
+	}
+	if len(w.Requests) == 0 {
+		return fmt.Errorf("sim: the workload has no requests")
+	}
+
+	base := sim.Config{
+		Fleet:             fleet,
+		Seed:              o.seed,
+		ScrapeInterval:    o.scrapeInterval,
+		StaleAfter:        o.staleAfter,
+		KVEvents:          o.kvEvents,
+		KVEventDelay:      o.kvEventDelay,
+		NetLatency:        o.netLatency,
+		Routers:           o.routers,
+		RouterBlockTokens: o.routerBlock,
+		SLO:               sim.SLO{TTFT: o.sloTTFT, TPOT: o.sloTPOT},
+	}
+	if o.routers < 1 {
+		return usageErr("--routers %d must be at least 1", o.routers)
+	}
+	if o.routerBlock < 1 {
+		return usageErr("--router-block-tokens %d must be at least 1", o.routerBlock)
+	}
+	// The oracle bound depends only on the workload and the block size:
+	// compute it once for every run.
+	prof, _ := engine.LookupProfile(fleet[0].Profile)
+	oracle := sim.OracleHitRate(w.Requests, prof.BlockSize)
+	base.OracleHitRate = &oracle
+	type job struct {
+		policy string
+		scale  float64
+	}
+	var jobs []job
+	for _, sc := range scales {
+		for _, p := range o.policies {
+			jobs = append(jobs, job{p, sc})
+		}
+	}
+	progOut := stderr
+	if o.quiet {
+		progOut = io.Discard
+	}
+	bar := report.NewProgress(progOut, len(jobs)*len(w.Requests), "sim")
+	results := make([]*sim.Result, len(jobs))
+	walls := make([]time.Duration, len(jobs))
+	errs := make([]error, len(jobs))
+	sem := make(chan struct{}, o.parallel)
+	done := make(chan int, len(jobs))
+	start := time.Now()
+	for i, j := range jobs {
+		sem <- struct{}{}
+		go func() {
+			defer func() { <-sem; done <- i }()
+			cfg := base
+			cfg.Policy, cfg.PolicyParams, cfg.RateScale = j.policy, params[j.policy], j.scale
+			last := 0
+			cfg.Progress = func(n, _ int) { bar.Add(n - last); last = n }
+			t0 := time.Now()
+			results[i], errs[i] = sim.Run(ctx, cfg, w.Requests)
+			walls[i] = time.Since(t0)
+		}()
+	}
+	for range jobs {
+		<-done
+	}
+	bar.Finish()
+	wall := time.Since(start)
+	if err := errors.Join(errs...); err != nil {
+		return err
+	}
+
+	rep := &report.Report{
+		Title:    "kvroute sim: " + w.Name,
+		Source:   "sim",
+		Workload: w.Name,
+		SLO:      report.SLO{TTFT: o.sloTTFT, TPOT: o.sloTPOT},
+		Params: map[string]string{
+			"engines":         fleet.String(),
+			"requests":        strconv.Itoa(len(w.Requests)),
+			"seed":            strconv.FormatUint(o.seed, 10),
+			"scrape_interval": o.scrapeInterval.String(),
+			"stale_after":     o.staleAfter.String(),
+			"kv_events":       strconv.FormatBool(o.kvEvents),
+			"kv_event_delay":  o.kvEventDelay.String(),
+			"net_latency":     o.netLatency.String(),
+			"routers":         strconv.Itoa(o.routers),
+			"router_block":    strconv.Itoa(o.routerBlock),
+		},
+	}
+	sweep := len(scales) > 1
+	if !sweep {
+		rep.Params["rate_scale"] = strconv.FormatFloat(scales[0], 'g', -1, 64)
+	}
+	for i, res := range results {
+		load := 0.0
+		if sweep {
+			load = jobs[i].scale
+		}
+		rep.Rows = append(rep.Rows, res.Row(load))
+		if !sweep || i >= len(results)-len(o.policies) { // utilisation of the heaviest load point only
+			rep.Utilisation = append(rep.Utilisation, res.Utilisation(res.Policy)...)
+		}
+	}
+	if err := rep.WriteTable(stdout); err != nil {
+		return err
+	}
+	if !o.quiet {
+		var simWall time.Duration
+		for _, d := range walls {
+			simWall += d
+		}
+		n := len(jobs) * len(w.Requests)
+		fmt.Fprintf(stderr, "simulated %d requests in %d runs in %.2fs wall (%.0f simulated requests per second per core; GOMAXPROCS %d)\n",
+			n, len(jobs), wall.Seconds(), float64(n)/simWall.Seconds(), runtime.GOMAXPROCS(0))
+	}
+	if o.out != "" {
+		if err := writeSimOut(o.out, rep, simRunNames(len(jobs), func(i int) string {
+			if sweep {
+				return fmt.Sprintf("%s@%g", jobs[i].policy, jobs[i].scale)
+			}
+			return jobs[i].policy
+		}), results); err != nil {
+			return err
+		}
+		if !o.quiet {
+			fmt.Fprintf(stderr, "wrote %s\n", o.out)
+		}
+	}
+	return nil
+}
+
+func simRunNames(n int, f func(int) string) []string {
+	out := make([]string, n)
+	for i := range out {
+		out[i] = f(i)
+	}
+	return out
+}
+
+// parsePolicyParams reads POLICY.NAME=VALUE flags. Values are numbers,
+// booleans, or strings (durations such as 250ms are strings the policy
+// parses).
+func simPolicyParams(list []string) (map[string]map[string]any, error) {
+	out := map[string]map[string]any{}
+	for _, kv := range list {
+		k, v, ok := strings.Cut(kv, "=")
+		pol, name, ok2 := strings.Cut(k, ".")
+		if !ok || !ok2 || pol == "" || name == "" {
+			return nil, fmt.Errorf("--policy-param %q: want POLICY.NAME=VALUE", kv)
+		}
+		var val any = v
+		if f, err := strconv.ParseFloat(v, 64); err == nil {
+			val = f
+		} else if b, err := strconv.ParseBool(v); err == nil {
+			val = b
+		}
+		if out[pol] == nil {
+			out[pol] = map[string]any{}
+		}
+		out[pol][name] = val
+	}
+	return out, nil
+}
+
+// loadSimWorkload reads the trace, runs the generator or decodes the
+// embedded default trace, then applies --duration and --limit.
+func loadSimWorkload(o *simOptions) (*workload.Workload, error) {
+	var w *workload.Workload
+	var err error
+	switch {
+	case o.trace != "":
+		w, err = workload.ReadTraceFile(o.trace)
+	case o.workloadName != "":
+		var params map[string]float64
+		if params, err = workload.ParseParams(o.params); err != nil {
+			return nil, err
+		}
+		w, err = workload.Generate(o.workloadName, workload.Options{
+			Seed:     o.seed,
+			Requests: o.requests,
+			Arrivals: workload.Arrivals{Kind: o.arrivals, Rate: o.rate, CV: o.cv},
+			Params:   params,
+		})
+	default:
+		w, err = sim.DefaultWorkload()
+	}
+	if err != nil {
+		return nil, err
+	}
+	if o.workloadName == "" && (o.params != "" || o.requests != 0 || o.rate != 0 || o.arrivals != "" || o.cv != 0) {
+		return nil, fmt.Errorf("sim: --params, --requests, --rate, --arrivals and --cv apply to --workload only")
+	}
+	w.Limit(o.duration, o.limit)
+	return w, nil
+}
+
+// writeSimOut writes the report files and the per-request records.
+func writeSimOut(dir string, rep *report.Report, names []string, results []*sim.Result) error {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return fmt.Errorf("sim: %w", err)
+	}
+	if _, err := rep.WriteDir(dir); err != nil {
+		return err
+	}
+	f, err := os.Create(filepath.Join(dir, "requests.csv"))
+	if err != nil {
+		return fmt.Errorf("sim: %w", err)
+	}
+	if err := sim.WriteRecordsCSV(f, names, results); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
+}

@@ -1,0 +1,85 @@
+package sim
+
+import (
+	"context"
+	"os"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/workload"
+)
+
+// loadTrace returns the embedded Mooncake conversation trace.
+func loadTrace(tb testing.TB) []workload.Request {
+	tb.Helper()
+	w, err := DefaultWorkload()
+	if err != nil {
+		tb.Fatal(err)
+	}
+	return w.Requests
+}
+
+// BenchmarkMooncakeTrace simulates the whole shared conversation trace
+// (12,031 requests) on 8 llama-3.1-8b-h100 engines, one policy per
+// sub-benchmark, and reports simulated requests per wall second.
+//
+//	go test ./sim -run '^$' -bench MooncakeTrace -benchtime 1x -cpuprofile cpu.out
+func BenchmarkMooncakeTrace(b *testing.B) {
+	reqs := loadTrace(b)
+	for _, pol := range []string{"round_robin", "kv-aware"} {
+		b.Run(pol, func(b *testing.B) {
+			b.ReportAllocs()
+			cfg := Config{Fleet: Fleet{{Count: 8, Profile: "llama-3.1-8b-h100"}}, Policy: pol, Seed: 1}
+			var res *Result
+			start := time.Now()
+			for b.Loop() {
+				var err error
+				if res, err = Run(context.Background(), cfg, reqs); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(len(reqs)*b.N)/time.Since(start).Seconds(), "req/s")
+			b.ReportMetric(float64(res.Events), "events")
+		})
+	}
+}
+
+// TestMooncakeTraceFull runs the whole trace once per policy and logs the
+// rows and the speed. It takes a few seconds per policy, so it runs only
+// with KVROUTE_SOAK=1.
+func TestMooncakeTraceFull(t *testing.T) {
+	if os.Getenv("KVROUTE_SOAK") == "" {
+		t.Skip("set KVROUTE_SOAK=1 to simulate the whole Mooncake trace")
+	}
+	reqs := loadTrace(t)
+	for _, pol := range []string{"round_robin", "kv-aware"} {
+		start := time.Now()
+		res := mustRun(t, Config{Fleet: Fleet{{Count: 8, Profile: "llama-3.1-8b-h100"}}, Policy: pol, Seed: 1}, reqs)
+		wall := time.Since(start)
+		row := res.Row(0)
+		t.Logf("%s: %v wall, %.0f req/s, %d events; completed %d, ttft p50 %v p99 %v, hit %.3f (oracle %.3f)",
+			pol, wall, float64(len(reqs))/wall.Seconds(), res.Events, row.Completed, row.TTFT.P50, row.TTFT.P99,
+			row.HitRate, row.OracleHitRate)
+		if row.Completed != len(reqs) {
+			t.Errorf("%s: completed %d of %d", pol, row.Completed, len(reqs))
+		}
+	}
+}
+
+// BenchmarkOracleTrace measures the oracle bound over the Mooncake trace at
+// 16-token blocks (block hashing included).
+func BenchmarkOracleTrace(b *testing.B) {
+	reqs := loadTrace(b)
+	b.ReportAllocs()
+	var buf []uint64
+	for b.Loop() {
+		o := newOracle()
+		for i := range reqs {
+			buf = reqs[i].BlockHashes(16, buf[:0])
+			o.observe(buf, 16, reqs[i].PromptLen)
+		}
+		if o.rate() <= 0 {
+			b.Fatal("no hits")
+		}
+	}
+}
