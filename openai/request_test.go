@@ -383,3 +383,23 @@ func BenchmarkParseRequest32KiB(b *testing.B) {
 		}
 	})
 }
+
+func TestIndexControl(t *testing.T) {
+	for n := range 40 {
+		for at := -1; at < n; at++ {
+			b := bytes.Repeat([]byte{'a'}, n)
+			for i := range b {
+				b[i] = byte(0x20 + (i*37)%0x60) // printable ASCII
+			}
+			if n > 3 {
+				b[n/2] = 0xC3 // high bytes must not count as control
+			}
+			if at >= 0 {
+				b[at] = byte(at % 0x20)
+			}
+			if got := indexControl(b); got != at {
+				t.Fatalf("indexControl(%q) = %d, want %d", b, got, at)
+			}
+		}
+	}
+}
