@@ -242,8 +242,8 @@ type simulation struct {
 	next    int     // next arrival in order
 	st      []reqState
 	live    map[string]int32 // engine request ID -> request index, while on an engine
-	oracle  *oracle    // over block hashes, or
-	soracle *segOracle // over segments, when every prompt is segments
+	oracle  *oracle          // over block hashes, or
+	soracle *segOracle       // over segments, when every prompt is segments
 
 	blockSize  int  // the fleet's engine block size in tokens (the first engine's)
 	routerBS   int  // the router's block size in tokens
@@ -256,11 +256,11 @@ type simulation struct {
 
 func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 	s := &simulation{
-		cfg:    cfg,
-		reqs:   reqs,
-		st:     make([]reqState, len(reqs)),
-		live:   make(map[string]int32, 1024),
-		byEP:   make(map[string]int32),
+		cfg:  cfg,
+		reqs: reqs,
+		st:   make([]reqState, len(reqs)),
+		live: make(map[string]int32, 1024),
+		byEP: make(map[string]int32),
 	}
 	// Engines.
 	var eps []kvroute.Endpoint
@@ -713,15 +713,15 @@ func (s *simulation) applyKV(ei int32) {
 // result assembles the Result after a run.
 func (s *simulation) result() *Result {
 	res := &Result{
-		Policy:        s.cfg.Policy,
-		Fleet:         s.cfg.Fleet.String(),
-		RateScale:     s.cfg.RateScale,
-		Seed:          s.cfg.Seed,
-		Records:       make([]Record, len(s.reqs)),
-		Makespan:      s.now,
-		Events:        int(s.q.seq),
-		TimelineStep:  s.timeline.step,
-		slo:           s.cfg.SLO,
+		Policy:       s.cfg.Policy,
+		Fleet:        s.cfg.Fleet.String(),
+		RateScale:    s.cfg.RateScale,
+		Seed:         s.cfg.Seed,
+		Records:      make([]Record, len(s.reqs)),
+		Makespan:     s.now,
+		Events:       int(s.q.seq),
+		TimelineStep: s.timeline.step,
+		slo:          s.cfg.SLO,
 	}
 	if res.Policy == "" {
 		res.Policy = "custom"
