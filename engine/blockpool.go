@@ -13,7 +13,7 @@ package engine
 type blockPool struct {
 	blocks  []kvBlock // the last element is the free-queue sentinel
 	numFree int
-	cached  map[uint64]int32 // hash -> block holding it
+	cached  *blockTable // hash -> block holding it
 	// onEvict is called with the hash of each cached block that is evicted.
 	onEvict func(hash uint64)
 }
@@ -26,7 +26,7 @@ type kvBlock struct {
 }
 
 func newBlockPool(n int) *blockPool {
-	p := &blockPool{blocks: make([]kvBlock, n+1), cached: make(map[uint64]int32, n)}
+	p := &blockPool{blocks: make([]kvBlock, n+1), cached: newBlockTable(n)}
 	s := int32(n) // sentinel
 	p.blocks[s].prev, p.blocks[s].next = s, s
 	for i := 0; i < n; i++ {
@@ -60,8 +60,7 @@ func (p *blockPool) unlink(id int32) {
 
 // lookup returns the block caching hash.
 func (p *blockPool) lookup(hash uint64) (int32, bool) {
-	id, ok := p.cached[hash]
-	return id, ok
+	return p.cached.get(hash)
 }
 
 // touch takes a reference on a cached block found by lookup, taking it off
@@ -82,7 +81,7 @@ func (p *blockPool) alloc() int32 {
 	p.unlink(id)
 	b := &p.blocks[id]
 	if b.hashed {
-		delete(p.cached, b.hash)
+		p.cached.remove(b.hash)
 		b.hashed = false
 		if p.onEvict != nil {
 			p.onEvict(b.hash)
@@ -106,10 +105,9 @@ func (p *blockPool) release(id int32) {
 // cache registers block id under hash. It returns false (and leaves the
 // block uncached) when another block already caches hash.
 func (p *blockPool) cache(id int32, hash uint64) bool {
-	if _, dup := p.cached[hash]; dup {
+	if !p.cached.insert(hash, id) {
 		return false
 	}
-	p.cached[hash] = id
 	b := &p.blocks[id]
 	b.hash, b.hashed = hash, true
 	return true
@@ -121,7 +119,7 @@ func (p *blockPool) reset() bool {
 	if p.numFree != p.size() {
 		return false
 	}
-	clear(p.cached)
+	p.cached.clear()
 	for i := range p.blocks[:p.size()] {
 		p.blocks[i].hashed = false
 		p.blocks[i].hash = 0

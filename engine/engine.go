@@ -267,6 +267,7 @@ type Engine struct {
 	aborted []Output
 
 	sched        []scheduled
+	hitIDs       []int32 // admit's scratch
 	res          *StepResult // target of the step in progress (for eviction events)
 	pendingClear bool        // ResetPrefixCache ran: report AllBlocksCleared
 	stats        Stats
@@ -458,9 +459,10 @@ func (e *Engine) BlockIDs(id string) []int {
 	return ids
 }
 
-// HasWork reports whether Step has anything to do.
+// HasWork reports whether Step has anything to do (requests to schedule,
+// or abort outputs and events to report).
 func (e *Engine) HasWork() bool {
-	return e.waiting.len() > 0 || len(e.running) > 0 || len(e.aborted) > 0
+	return e.waiting.len() > 0 || len(e.running) > 0 || len(e.aborted) > 0 || e.pendingClear
 }
 
 // Stats returns the current state and counters.
@@ -476,7 +478,7 @@ func (e *Engine) Stats() Stats {
 	}
 	st.Held = held
 	st.FreeBlocks = e.pool.numFree
-	st.CachedBlocks = len(e.pool.cached)
+	st.CachedBlocks = e.pool.cached.len()
 	st.KVUsage = 1 - float64(e.pool.numFree)/float64(e.pool.size())
 	return st
 }

@@ -90,14 +90,14 @@ func (d *driver) step() StepResult {
 	}
 	checkInvariants(d.t, d.e)
 	if d.e.caching && !d.e.cfg.NoEvents {
-		if len(d.mirror) != len(d.e.pool.cached) {
-			d.t.Fatalf("events describe %d cached blocks, the cache holds %d", len(d.mirror), len(d.e.pool.cached))
+		if len(d.mirror) != d.e.pool.cached.len() {
+			d.t.Fatalf("events describe %d cached blocks, the cache holds %d", len(d.mirror), d.e.pool.cached.len())
 		}
-		for h := range d.e.pool.cached {
+		d.e.pool.cached.each(func(h uint64, _ int32) {
 			if !d.mirror[h] {
 				d.t.Fatalf("cached block %d was never reported by BlockStored", h)
 			}
-		}
+		})
 	}
 	return r
 }
@@ -148,7 +148,7 @@ func checkInvariants(t testing.TB, e *Engine) {
 			free++
 		}
 		if b.hashed {
-			if id, ok := p.cached[b.hash]; !ok || id != int32(i) {
+			if id, ok := p.cached.get(b.hash); !ok || id != int32(i) {
 				t.Fatalf("block %d: flagged cached under %d but the map says %d,%v", i, b.hash, id, ok)
 			}
 		}
@@ -173,11 +173,20 @@ func checkInvariants(t testing.TB, e *Engine) {
 	if n != p.numFree {
 		t.Fatalf("free queue has %d blocks, numFree %d", n, p.numFree)
 	}
-	for h, id := range p.cached {
-		if !p.blocks[id].hashed || p.blocks[id].hash != h {
-			t.Fatalf("map %d -> block %d, which holds %d (hashed %v)", h, id, p.blocks[id].hash, p.blocks[id].hashed)
+	hashed := 0
+	for i := range p.size() {
+		if p.blocks[i].hashed {
+			hashed++
 		}
 	}
+	if hashed != p.cached.len() {
+		t.Fatalf("%d blocks flagged cached, the table holds %d", hashed, p.cached.len())
+	}
+	p.cached.each(func(h uint64, id int32) {
+		if !p.blocks[id].hashed || p.blocks[id].hash != h {
+			t.Fatalf("table %d -> block %d, which holds %d (hashed %v)", h, id, p.blocks[id].hash, p.blocks[id].hashed)
+		}
+	})
 	if st := e.Stats(); st.Running > e.maxSeqs {
 		t.Fatalf("%d running > max_num_seqs %d", st.Running, e.maxSeqs)
 	}
@@ -593,6 +602,9 @@ func TestResetPrefixCache(t *testing.T) {
 		t.Fatal("ResetPrefixCache failed on an idle engine")
 	}
 	// The clear event rides on the next step, even without requests.
+	if !e.HasWork() {
+		t.Error("HasWork = false with an AllBlocksCleared event pending")
+	}
 	r := d.step()
 	if len(r.Events) != 1 || r.Events[0].Kind != AllBlocksCleared {
 		t.Errorf("events = %+v, want AllBlocksCleared", r.Events)

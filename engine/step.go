@@ -151,38 +151,37 @@ func (e *Engine) allocate(s *sequence, n int) bool {
 // allocates blocks for min(uncached, budget) tokens. It returns the tokens
 // to compute this step, or false when the blocks do not fit.
 func (e *Engine) admit(now time.Duration, s *sequence, budget int) (int, bool) {
-	hit := 0
+	hits := e.hitIDs[:0]
+	evictable := 0
 	if e.caching {
 		// At least one token must be computed to produce logits.
 		limit := min((s.numTokens-1)/e.bs, len(s.hashes))
-		for hit < limit {
-			if _, ok := e.pool.lookup(s.hashes[hit]); !ok {
+		for _, h := range s.hashes[:limit] {
+			id, ok := e.pool.lookup(h)
+			if !ok {
 				break
 			}
-			hit++
+			hits = append(hits, id)
+			if e.pool.blocks[id].ref == 0 {
+				evictable++
+			}
 		}
 	}
+	e.hitIDs = hits
+	hit := len(hits)
 	computed := hit * e.bs
 	if s.skipPrefill && s.outputs == 0 && computed < s.promptLen-1 {
 		computed = s.promptLen - 1 // KV transferred from the prefill engine
 	}
 	n := min(s.numTokens-computed, budget)
 	need := (computed+n+e.bs-1)/e.bs - hit
-	evictable := 0
-	for _, h := range s.hashes[:hit] {
-		id, _ := e.pool.lookup(h)
-		if e.pool.blocks[id].ref == 0 {
-			evictable++
-		}
-	}
 	if need > e.pool.numFree-evictable {
 		return 0, false
 	}
-	for _, h := range s.hashes[:hit] {
-		id, _ := e.pool.lookup(h)
+	for _, id := range hits {
 		e.pool.touch(id)
-		s.blocks = append(s.blocks, id)
 	}
+	s.blocks = append(s.blocks, hits...)
 	s.numStored = hit
 	s.computed = computed
 	e.allocN(s, need)
@@ -228,6 +227,9 @@ func (e *Engine) evicted(hash uint64) {
 // BlockStored events.
 func (e *Engine) cacheFull(s *sequence, upTo int) {
 	full := min(upTo, s.numTokens) / e.bs
+	if full <= s.numStored {
+		return
+	}
 	if !e.caching {
 		s.numStored = max(s.numStored, full)
 		return
