@@ -267,7 +267,7 @@ type Engine struct {
 	aborted []Output
 
 	sched        []scheduled
-	hitIDs       []int32 // admit's scratch
+	hitIDs       []int32     // admit's scratch
 	res          *StepResult // target of the step in progress (for eviction events)
 	pendingClear bool        // ResetPrefixCache ran: report AllBlocksCleared
 	stats        Stats
