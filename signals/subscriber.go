@@ -1,0 +1,489 @@
+package signals
+
+import (
+	"context"
+	"encoding/binary"
+	"errors"
+	"fmt"
+	"log/slog"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/zeebo/xxh3"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/kvindex"
+)
+
+// Sink receives one endpoint's block events; *kvindex.Index is the one the
+// router uses.
+type Sink interface {
+	Store(endpoint string, s kvindex.Stored) (int, error)
+	Evict(endpoint string, engineHashes []uint64, tier kvroute.Tier)
+	Clear(endpoint string)
+	Remove(endpoint string)
+}
+
+var _ Sink = (*kvindex.Index)(nil)
+
+// SubscriberConfig configures one endpoint's KV-event subscription.
+type SubscriberConfig struct {
+	// Endpoint is the endpoint's ID: the name its blocks have in the Sink.
+	Endpoint string
+	// Address is the engine's ZMQ PUB address, e.g. tcp://10.0.0.7:5557
+	// (vLLM --kv-events-config endpoint, with the host filled in).
+	Address string
+	// ReplayAddress is the engine's ZMQ ROUTER replay address, e.g.
+	// tcp://10.0.0.7:5558; "" means no replay: a gap drops the endpoint's
+	// entries (resync) instead.
+	ReplayAddress string
+	// Topic is the ZMQ topic to subscribe to; "" subscribes to all.
+	Topic string
+	// Sink receives the blocks. Required.
+	Sink Sink
+	// NoCatchUp disables replaying the engine's buffered history when the
+	// first batch seen (at start or after an engine restart) is not seq 0.
+	NoCatchUp bool
+	// ReplayTimeout bounds one replay exchange; default 2s.
+	ReplayTimeout time.Duration
+	// IdleReconnect re-dials the engine after this long without a batch, in
+	// case the connection died silently (an engine restart); default 10s.
+	IdleReconnect time.Duration
+	// DialRetry is the pause between failed dials; default 500ms.
+	DialRetry time.Duration
+	// Logger receives warnings (gaps, resyncs, decode errors); nil discards.
+	Logger *slog.Logger
+}
+
+func (c *SubscriberConfig) setDefaults() {
+	if c.ReplayTimeout <= 0 {
+		c.ReplayTimeout = 2 * time.Second
+	}
+	if c.IdleReconnect <= 0 {
+		c.IdleReconnect = 10 * time.Second
+	}
+	if c.DialRetry <= 0 {
+		c.DialRetry = 500 * time.Millisecond
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Validate reports the first invalid field.
+func (c *SubscriberConfig) Validate() error {
+	switch {
+	case c.Endpoint == "":
+		return errors.New("subscriber: Endpoint is empty")
+	case c.Sink == nil:
+		return errors.New("subscriber: Sink is nil")
+	}
+	if err := validZMQAddr(c.Address); err != nil {
+		return fmt.Errorf("subscriber: Address: %w", err)
+	}
+	if c.ReplayAddress != "" {
+		if err := validZMQAddr(c.ReplayAddress); err != nil {
+			return fmt.Errorf("subscriber: ReplayAddress: %w", err)
+		}
+	}
+	return nil
+}
+
+func validZMQAddr(a string) error {
+	for _, p := range []string{"tcp://", "ipc://", "inproc://"} {
+		if strings.HasPrefix(a, p) && len(a) > len(p) {
+			if strings.Contains(a, "*") {
+				return fmt.Errorf("%q is a bind address; give the engine's host", a)
+			}
+			return nil
+		}
+	}
+	return fmt.Errorf("%q is not a tcp://, ipc:// or inproc:// address", a)
+}
+
+// SubscriberStatus reports a subscriber's progress.
+type SubscriberStatus struct {
+	Connected bool
+	// LastSeq is the last batch sequence number applied (-1 = none).
+	LastSeq     int64
+	LastBatchAt time.Time
+	// Batches, Events and StoredBlocks count what was applied.
+	Batches, Events, StoredBlocks uint64
+	// Gaps counts missing sequence ranges; Replays the gaps filled by replay;
+	// Resyncs the times the endpoint's entries were dropped (gap without
+	// replay, failed replay, undecodable batch); Restarts the sequence
+	// restarts (engine restarted).
+	Gaps, Replays, Resyncs, Restarts uint64
+	// DecodeErrors counts undecodable batches; Orphans BlockStored events
+	// whose parent was unknown; StoreErrors other rejected events; Skipped
+	// events of other KV cache groups and unknown types.
+	DecodeErrors, Orphans, StoreErrors, Skipped uint64
+	LastError                                   string
+}
+
+// Subscriber follows one engine's KV-cache events (vLLM's ZMQ publisher)
+// and applies them to a Sink, keeping track of sequence numbers: a gap is
+// filled from the engine's replay socket when there is one, otherwise (or
+// when the replay cannot fill it) the endpoint's entries are dropped so the
+// index never holds blocks the engine may have evicted. A sequence that goes
+// back (the engine restarted) also drops them. Run owns the sockets.
+type Subscriber struct {
+	cfg SubscriberConfig
+
+	// replay fetches batches [from, ...) from the engine; nil = no replay.
+	// A field so that tests can count calls; set by NewSubscriber.
+	replay func(ctx context.Context, from uint64) ([]replayed, error)
+
+	dec   *EventDecoder
+	batch EventBatch
+	salts []uint64
+
+	started bool
+	next    uint64 // the sequence number expected next
+
+	mu sync.Mutex // guards st
+	st SubscriberStatus
+}
+
+type replayed struct {
+	seq     uint64
+	payload []byte
+}
+
+// NewSubscriber validates cfg and returns a subscriber; Run starts it.
+func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
+	cfg.setDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	s := &Subscriber{cfg: cfg, dec: NewEventDecoder()}
+	s.st.LastSeq = -1
+	if cfg.ReplayAddress != "" {
+		s.replay = s.zmqReplay
+	}
+	return s, nil
+}
+
+// Status returns the subscriber's counters.
+func (s *Subscriber) Status() SubscriberStatus {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.st
+}
+
+func (s *Subscriber) update(fn func(st *SubscriberStatus)) {
+	s.mu.Lock()
+	fn(&s.st)
+	s.mu.Unlock()
+}
+
+// Run subscribes and applies batches until ctx is done, re-dialling after
+// connection failures and long silences. It returns nil when ctx is
+// cancelled.
+func (s *Subscriber) Run(ctx context.Context) error {
+	for ctx.Err() == nil {
+		err := s.session(ctx)
+		if ctx.Err() != nil {
+			break
+		}
+		if err != nil {
+			s.cfg.Logger.Warn("kv events: session ended", "endpoint", s.cfg.Endpoint, "address", s.cfg.Address, "err", err)
+			s.update(func(st *SubscriberStatus) { st.LastError = err.Error() })
+		}
+		select {
+		case <-ctx.Done():
+		case <-time.After(s.cfg.DialRetry):
+		}
+	}
+	s.update(func(st *SubscriberStatus) { st.Connected = false })
+	return nil
+}
+
+type subMsg struct {
+	frames [][]byte
+	err    error
+}
+
+// session runs one SUB connection until ctx is done, the connection fails
+// or it stays silent for IdleReconnect.
+func (s *Subscriber) session(parent context.Context) error {
+	ctx, cancel := context.WithCancel(parent)
+	defer cancel()
+	sub := zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.ReplayTimeout),
+		zmq4.WithLogger(nilLogger))
+	defer sub.Close()
+	if err := sub.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
+		return fmt.Errorf("subscribe: %w", err)
+	}
+	if err := sub.Dial(s.cfg.Address); err != nil {
+		return fmt.Errorf("dial %s: %w", s.cfg.Address, err)
+	}
+	s.update(func(st *SubscriberStatus) { st.Connected = true })
+	defer s.update(func(st *SubscriberStatus) { st.Connected = false })
+
+	msgs := make(chan subMsg, 64)
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // owned by this session: stops when ctx is cancelled below
+		defer wg.Done()
+		defer close(msgs)
+		for {
+			m, err := sub.Recv()
+			select {
+			case msgs <- subMsg{frames: m.Frames, err: err}:
+			case <-ctx.Done():
+				return
+			}
+			if err != nil {
+				return
+			}
+		}
+	}()
+	defer wg.Wait()
+	defer cancel()
+
+	idle := time.NewTimer(s.cfg.IdleReconnect)
+	defer idle.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-idle.C:
+			return errors.New("idle: no batch, reconnecting")
+		case m, ok := <-msgs:
+			if !ok {
+				return errors.New("receiver stopped")
+			}
+			if m.err != nil {
+				return fmt.Errorf("recv: %w", m.err)
+			}
+			idle.Reset(s.cfg.IdleReconnect)
+			seq, payload, err := splitFrames(m.frames)
+			if err != nil {
+				s.update(func(st *SubscriberStatus) { st.DecodeErrors++; st.LastError = err.Error() })
+				continue
+			}
+			s.handle(ctx, seq, payload)
+		}
+	}
+}
+
+// nilLogger silences zmq4's own log output.
+var nilLogger = newDiscardLogger()
+
+// splitFrames takes [topic, seq, payload] (or [seq, payload]) apart.
+func splitFrames(f [][]byte) (uint64, []byte, error) {
+	switch len(f) {
+	case 3:
+		f = f[1:]
+	case 2:
+	default:
+		return 0, nil, fmt.Errorf("kv events: message of %d frames, want 3", len(f))
+	}
+	if len(f[0]) != 8 {
+		return 0, nil, fmt.Errorf("kv events: sequence frame of %d bytes, want 8", len(f[0]))
+	}
+	return binary.BigEndian.Uint64(f[0]), f[1], nil
+}
+
+// handle applies the batch seq after checking the sequence.
+func (s *Subscriber) handle(ctx context.Context, seq uint64, payload []byte) {
+	switch {
+	case !s.started:
+		s.started = true
+		if seq > 0 && !s.cfg.NoCatchUp && s.replay != nil {
+			s.fill(ctx, 0, seq, false)
+		}
+	case seq == s.next:
+	case seq > s.next:
+		s.update(func(st *SubscriberStatus) { st.Gaps++ })
+		s.cfg.Logger.Warn("kv events: gap", "endpoint", s.cfg.Endpoint, "want", s.next, "got", seq)
+		if s.replay == nil || !s.fill(ctx, s.next, seq, true) {
+			s.resync("gap without replay")
+		}
+	default: // seq < s.next: the engine restarted its sequence
+		s.update(func(st *SubscriberStatus) { st.Restarts++ })
+		s.cfg.Logger.Info("kv events: sequence restarted", "endpoint", s.cfg.Endpoint, "want", s.next, "got", seq)
+		s.cfg.Sink.Clear(s.cfg.Endpoint)
+		if seq > 0 && !s.cfg.NoCatchUp && s.replay != nil {
+			s.fill(ctx, 0, seq, false)
+		}
+	}
+	s.apply(seq, payload)
+}
+
+// fill replays batches [from, to) and applies them. With strict, it
+// reports false unless the replay covered the whole range in order.
+func (s *Subscriber) fill(ctx context.Context, from, to uint64, strict bool) bool {
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
+	defer cancel()
+	got, err := s.replay(rctx, from)
+	if err != nil {
+		s.cfg.Logger.Warn("kv events: replay failed", "endpoint", s.cfg.Endpoint, "from", from, "err", err)
+		s.update(func(st *SubscriberStatus) { st.LastError = err.Error() })
+		return false
+	}
+	want := from
+	for _, r := range got {
+		if r.seq < want || r.seq >= to {
+			continue
+		}
+		if r.seq != want {
+			if strict {
+				s.cfg.Logger.Warn("kv events: replay incomplete", "endpoint", s.cfg.Endpoint, "want", want, "got", r.seq)
+				return false
+			}
+			// Catching up: older history fell out of the engine's buffer;
+			// take what there is.
+		}
+		s.apply(r.seq, r.payload)
+		want = r.seq + 1
+	}
+	if strict && want != to {
+		s.cfg.Logger.Warn("kv events: replay incomplete", "endpoint", s.cfg.Endpoint, "want", want, "to", to)
+		return false
+	}
+	s.update(func(st *SubscriberStatus) { st.Replays++ })
+	return true
+}
+
+func (s *Subscriber) resync(why string) {
+	s.cfg.Logger.Warn("kv events: resync, dropping the endpoint's entries", "endpoint", s.cfg.Endpoint, "why", why)
+	s.cfg.Sink.Clear(s.cfg.Endpoint)
+	s.update(func(st *SubscriberStatus) { st.Resyncs++ })
+}
+
+// apply decodes one batch and hands its events to the sink.
+func (s *Subscriber) apply(seq uint64, payload []byte) {
+	s.next = seq + 1
+	if err := s.dec.Decode(payload, &s.batch); err != nil {
+		// The batch's changes are lost: the index can no longer be trusted.
+		s.update(func(st *SubscriberStatus) { st.DecodeErrors++; st.LastError = err.Error(); st.LastSeq = int64(seq) })
+		s.resync("undecodable batch")
+		return
+	}
+	var stored, orphans, storeErrs, skipped uint64
+	var lastErr error
+	for i := range s.batch.Events {
+		ev := &s.batch.Events[i]
+		if ev.GroupIdx != 0 {
+			skipped++ // other KV cache groups (sliding window, mamba) do not serve prefixes
+			continue
+		}
+		switch ev.Kind {
+		case EventBlockStored:
+			n, err := s.cfg.Sink.Store(s.cfg.Endpoint, kvindex.Stored{
+				BlockHashes: ev.BlockHashes, Parent: ev.Parent, HasParent: ev.HasParent,
+				Tokens: ev.TokenIDs, BlockSize: ev.BlockSize, Tier: mediumTier(ev.Medium), Salts: s.saltsFor(ev),
+			})
+			stored += uint64(n)
+			switch {
+			case errors.Is(err, kvindex.ErrUnknownParent):
+				orphans++
+			case err != nil:
+				storeErrs++
+				lastErr = err
+			}
+		case EventBlockRemoved:
+			s.cfg.Sink.Evict(s.cfg.Endpoint, ev.BlockHashes, mediumTier(ev.Medium))
+		case EventAllBlocksCleared:
+			s.cfg.Sink.Clear(s.cfg.Endpoint)
+		default:
+			skipped++
+		}
+	}
+	now := time.Now()
+	s.update(func(st *SubscriberStatus) {
+		st.LastSeq = int64(seq)
+		st.LastBatchAt = now
+		st.Batches++
+		st.Events += uint64(len(s.batch.Events))
+		st.StoredBlocks += stored
+		st.Orphans += orphans
+		st.StoreErrors += storeErrs
+		st.Skipped += skipped
+		if lastErr != nil {
+			st.LastError = lastErr.Error()
+		}
+	})
+}
+
+// saltsFor returns per-block salts for blocks whose engine hash covers more
+// than their tokens (LoRA adapter, extra keys), or nil.
+func (s *Subscriber) saltsFor(ev *KVEvent) []uint64 {
+	var lora uint64
+	switch {
+	case ev.LoRAName != "":
+		lora = xxh3.HashString("lora:" + ev.LoRAName)
+	case ev.HasLoRAID:
+		lora = xxh3.HashString(fmt.Sprintf("lora-id:%d", ev.LoRAID))
+	}
+	salted := lora != 0
+	for _, k := range ev.ExtraKeys {
+		if k != 0 {
+			salted = true
+		}
+	}
+	if !salted {
+		return nil
+	}
+	s.salts = s.salts[:0]
+	for i := range ev.BlockHashes {
+		salt := lora
+		if i < len(ev.ExtraKeys) {
+			salt ^= ev.ExtraKeys[i]
+		}
+		s.salts = append(s.salts, salt)
+	}
+	return s.salts
+}
+
+func mediumTier(m string) kvroute.Tier {
+	switch strings.ToUpper(m) {
+	case "", "GPU", "CUDA", "HBM":
+		return kvroute.TierGPU
+	}
+	return kvroute.TierCPU
+}
+
+// endMarker is the replay's end-of-stream sequence number (-1 as int64).
+const endMarker = ^uint64(0)
+
+// zmqReplay asks the engine's ROUTER replay socket for every buffered batch
+// from seq from on: it sends ["", from] on a DEALER socket and reads
+// ["", seq, payload] replies until the end marker seq -1 (a REQ socket
+// would fail after the first reply).
+func (s *Subscriber) zmqReplay(ctx context.Context, from uint64) ([]replayed, error) {
+	d := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.ReplayTimeout),
+		zmq4.WithLogger(nilLogger))
+	defer d.Close()
+	if err := d.Dial(s.cfg.ReplayAddress); err != nil {
+		return nil, fmt.Errorf("replay: dial %s: %w", s.cfg.ReplayAddress, err)
+	}
+	var start [8]byte
+	binary.BigEndian.PutUint64(start[:], from)
+	if err := d.Send(zmq4.NewMsgFrom([]byte{}, start[:])); err != nil {
+		return nil, fmt.Errorf("replay: send: %w", err)
+	}
+	var out []replayed
+	for {
+		m, err := d.Recv()
+		if err != nil {
+			return out, fmt.Errorf("replay: recv after %d batches: %w", len(out), err)
+		}
+		f := m.Frames
+		if len(f) == 3 && len(f[0]) == 0 {
+			f = f[1:]
+		}
+		if len(f) != 2 || len(f[0]) != 8 {
+			return out, fmt.Errorf("replay: reply of %d frames", len(m.Frames))
+		}
+		seq := binary.BigEndian.Uint64(f[0])
+		if seq == endMarker {
+			return out, nil
+		}
+		out = append(out, replayed{seq: seq, payload: f[1]})
+	}
+}

@@ -1,0 +1,447 @@
+package signals
+
+import (
+	"context"
+	"encoding/binary"
+	"fmt"
+	"reflect"
+	"slices"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/kvindex"
+)
+
+const testTopic = "kv-events"
+
+// fakeEngine publishes KV events like vLLM's ZmqEventPublisher: a PUB
+// socket sending [topic, seq, payload] and a ROUTER replay socket that
+// answers [id, "", start] with every buffered batch from start on and the
+// -1 end marker.
+type fakeEngine struct {
+	t          *testing.T
+	pub, route zmq4.Socket
+	pubAddr    string
+	replayAddr string
+	enc        EventEncoding
+
+	mu      sync.Mutex
+	seq     uint64
+	buf     []replayed
+	replays int
+
+	cancel context.CancelFunc
+	wg     sync.WaitGroup
+}
+
+func newFakeEngine(t *testing.T, withReplay bool, enc EventEncoding) *fakeEngine {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	e := &fakeEngine{t: t, enc: enc, cancel: cancel}
+	e.pub = zmq4.NewPub(ctx, zmq4.WithLogger(newDiscardLogger()))
+	if err := e.pub.Listen("tcp://127.0.0.1:0"); err != nil {
+		t.Fatal(err)
+	}
+	e.pubAddr = "tcp://" + e.pub.Addr().String()
+	if withReplay {
+		e.route = zmq4.NewRouter(ctx, zmq4.WithLogger(newDiscardLogger()))
+		if err := e.route.Listen("tcp://127.0.0.1:0"); err != nil {
+			t.Fatal(err)
+		}
+		e.replayAddr = "tcp://" + e.route.Addr().String()
+		e.wg.Add(1)
+		go e.serveReplay()
+	}
+	t.Cleanup(e.close)
+	return e
+}
+
+func (e *fakeEngine) close() {
+	e.cancel()
+	e.pub.Close()
+	if e.route != nil {
+		e.route.Close()
+	}
+	e.wg.Wait()
+}
+
+func (e *fakeEngine) serveReplay() {
+	defer e.wg.Done()
+	for {
+		m, err := e.route.Recv()
+		if err != nil {
+			return
+		}
+		if len(m.Frames) != 3 || len(m.Frames[2]) != 8 {
+			continue // vLLM ignores malformed requests
+		}
+		id, start := m.Frames[0], binary.BigEndian.Uint64(m.Frames[2])
+		e.mu.Lock()
+		e.replays++
+		buf := slices.Clone(e.buf)
+		e.mu.Unlock()
+		for _, r := range buf {
+			if r.seq >= start {
+				if err := e.route.Send(zmq4.NewMsgFrom(id, []byte{}, be64(r.seq), r.payload)); err != nil {
+					return
+				}
+			}
+		}
+		if err := e.route.Send(zmq4.NewMsgFrom(id, []byte{}, be64(endMarker), []byte{})); err != nil {
+			return
+		}
+	}
+}
+
+func be64(v uint64) []byte {
+	var b [8]byte
+	binary.BigEndian.PutUint64(b[:], v)
+	return b[:]
+}
+
+// publish sends one batch with the next sequence number; with drop the
+// batch is only buffered for replay (lost on the PUB socket).
+func (e *fakeEngine) publish(drop bool, events ...KVEvent) uint64 {
+	e.t.Helper()
+	b := EventBatch{TS: 1, Events: events, HasDPRank: true}
+	p, err := EncodeEventBatch(nil, &b, e.enc)
+	if err != nil {
+		e.t.Fatal(err)
+	}
+	e.mu.Lock()
+	seq := e.seq
+	e.seq++
+	e.buf = append(e.buf, replayed{seq: seq, payload: p})
+	e.mu.Unlock()
+	if !drop {
+		if err := e.pub.Send(zmq4.NewMsgFrom([]byte(testTopic), be64(seq), p)); err != nil {
+			e.t.Fatal(err)
+		}
+	}
+	return seq
+}
+
+// restart resets the sequence and the replay buffer.
+func (e *fakeEngine) restart() {
+	e.mu.Lock()
+	e.seq = 0
+	e.buf = nil
+	e.mu.Unlock()
+}
+
+func (e *fakeEngine) waitSubscribed() {
+	e.t.Helper()
+	tp, ok := e.pub.(interface{ Topics() []string })
+	if !ok {
+		e.t.Fatal("zmq4 PUB socket has no Topics method")
+	}
+	waitFor(e.t, "subscription", func() bool { return slices.Contains(tp.Topics(), testTopic) })
+}
+
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// prompt is 6 blocks of 4 tokens; chainEvents cuts it into BlockStored
+// events with engine hashes 1000+i.
+var prompt = func() []uint32 {
+	p := make([]uint32, 24)
+	for i := range p {
+		p[i] = uint32(10 + i)
+	}
+	return p
+}()
+
+func stored(from, to int) KVEvent {
+	ev := KVEvent{Kind: EventBlockStored, BlockSize: 4, Medium: "GPU", TokenIDs: prompt[from*4 : to*4]}
+	for i := from; i < to; i++ {
+		ev.BlockHashes = append(ev.BlockHashes, uint64(1000+i))
+	}
+	if from > 0 {
+		ev.Parent, ev.HasParent = uint64(1000+from-1), true
+	}
+	return ev
+}
+
+func removed(blocks ...int) KVEvent {
+	ev := KVEvent{Kind: EventBlockRemoved, Medium: "GPU"}
+	for _, b := range blocks {
+		ev.BlockHashes = append(ev.BlockHashes, uint64(1000+b))
+	}
+	return ev
+}
+
+type harness struct {
+	eng *fakeEngine
+	idx *kvindex.Index
+	sub *Subscriber
+	ctx context.Context
+}
+
+func startSub(t *testing.T, eng *fakeEngine, mutate func(*SubscriberConfig)) *harness {
+	t.Helper()
+	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 4, Shards: 4})
+	cfg := SubscriberConfig{Endpoint: "e1", Address: eng.pubAddr, ReplayAddress: eng.replayAddr, Topic: testTopic, Sink: idx}
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	sub, err := NewSubscriber(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sub.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	})
+	eng.waitSubscribed()
+	return &harness{eng: eng, idx: idx, sub: sub, ctx: ctx}
+}
+
+func (h *harness) waitSeq(t *testing.T, seq int64) SubscriberStatus {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("seq %d", seq), func() bool { return h.sub.Status().LastSeq == seq })
+	return h.sub.Status()
+}
+
+func (h *harness) matched(t *testing.T) int {
+	t.Helper()
+	hits := h.idx.Match(kvindex.HashTokens(prompt, 4, nil), nil)
+	if len(hits) == 0 {
+		return 0
+	}
+	if len(hits) != 1 || hits[0].Endpoint != "e1" {
+		t.Fatalf("hits %+v", hits)
+	}
+	return hits[0].Blocks
+}
+
+func TestSubscriberInOrder(t *testing.T) {
+	for _, enc := range []EventEncoding{{}, {MapEvents: true}, {BytesHashes: true}} {
+		t.Run(fmt.Sprintf("%+v", enc), func(t *testing.T) {
+			h := startSub(t, newFakeEngine(t, true, enc), nil)
+			h.eng.publish(false, stored(0, 2))
+			h.eng.publish(false, stored(2, 5))
+			h.waitSeq(t, 1)
+			if got := h.matched(t); got != 5 {
+				t.Fatalf("matched %d blocks, want 5", got)
+			}
+			h.eng.publish(false, removed(3, 4))
+			st := h.waitSeq(t, 2)
+			if got := h.matched(t); got != 3 {
+				t.Fatalf("after BlockRemoved: matched %d blocks, want 3", got)
+			}
+			if st.Gaps != 0 || st.Resyncs != 0 || st.Batches != 3 || st.StoredBlocks != 5 || !st.Connected {
+				t.Fatalf("status %+v", st)
+			}
+			h.eng.publish(false, KVEvent{Kind: EventAllBlocksCleared})
+			h.waitSeq(t, 3)
+			if got := h.matched(t); got != 0 {
+				t.Fatalf("after AllBlocksCleared: matched %d blocks, want 0", got)
+			}
+		})
+	}
+}
+
+func TestSubscriberGapReplay(t *testing.T) {
+	h := startSub(t, newFakeEngine(t, true, EventEncoding{MapEvents: true}), nil)
+	h.eng.publish(false, stored(0, 2))
+	h.waitSeq(t, 0)
+	h.eng.publish(true, stored(2, 4)) // lost on the PUB socket
+	h.eng.publish(false, stored(4, 6))
+	st := h.waitSeq(t, 2)
+	if st.Gaps != 1 || st.Replays != 1 || st.Resyncs != 0 || st.Orphans != 0 {
+		t.Fatalf("status %+v, want 1 gap filled by 1 replay", st)
+	}
+	if got := h.matched(t); got != 6 {
+		t.Fatalf("matched %d blocks, want 6 (the lost batch replayed)", got)
+	}
+}
+
+func TestSubscriberGapWithoutReplay(t *testing.T) {
+	h := startSub(t, newFakeEngine(t, false, EventEncoding{}), nil)
+	h.eng.publish(false, stored(0, 2))
+	h.waitSeq(t, 0)
+	h.eng.publish(true, stored(2, 4))
+	h.eng.publish(false, stored(4, 6))
+	st := h.waitSeq(t, 2)
+	if st.Gaps != 1 || st.Resyncs != 1 || st.Orphans != 1 {
+		t.Fatalf("status %+v, want a gap, a resync and an orphan", st)
+	}
+	if got := h.matched(t); got != 0 {
+		t.Fatalf("matched %d blocks after resync, want 0", got)
+	}
+	// Fresh sequences are indexed again.
+	h.eng.publish(false, stored(0, 1))
+	h.waitSeq(t, 3)
+	if got := h.matched(t); got != 1 {
+		t.Fatalf("matched %d blocks, want 1", got)
+	}
+}
+
+func TestSubscriberReplayUnavailable(t *testing.T) {
+	eng := newFakeEngine(t, false, EventEncoding{})
+	h := startSub(t, eng, func(c *SubscriberConfig) {
+		c.ReplayAddress = "tcp://127.0.0.1:1" // nothing listens there
+		c.ReplayTimeout = 300 * time.Millisecond
+	})
+	h.eng.publish(false, stored(0, 2))
+	h.waitSeq(t, 0)
+	h.eng.publish(true, stored(2, 4))
+	h.eng.publish(false, stored(4, 6))
+	st := h.waitSeq(t, 2)
+	if st.Gaps != 1 || st.Replays != 0 || st.Resyncs != 1 || !strings.Contains(st.LastError, "replay") {
+		t.Fatalf("status %+v, want a failed replay and a resync", st)
+	}
+}
+
+func TestSubscriberRestart(t *testing.T) {
+	h := startSub(t, newFakeEngine(t, true, EventEncoding{}), nil)
+	h.eng.publish(false, stored(0, 3))
+	h.eng.publish(false, stored(3, 6))
+	h.waitSeq(t, 1)
+	if got := h.matched(t); got != 6 {
+		t.Fatalf("matched %d, want 6", got)
+	}
+	h.eng.restart() // seq back to 0, cache empty
+	h.eng.publish(false, stored(0, 1))
+	waitFor(t, "restart", func() bool { return h.sub.Status().Restarts == 1 })
+	st := h.waitSeq(t, 0)
+	if got := h.matched(t); got != 1 {
+		t.Fatalf("after restart matched %d blocks, want 1 (old entries dropped)", got)
+	}
+	if st.Resyncs != 0 || st.Gaps != 0 {
+		t.Fatalf("status %+v", st)
+	}
+}
+
+func TestSubscriberCatchUp(t *testing.T) {
+	eng := newFakeEngine(t, true, EventEncoding{})
+	// History published before the router subscribed.
+	eng.publish(true, stored(0, 2))
+	eng.publish(true, stored(2, 4))
+	h := startSub(t, eng, nil)
+	h.eng.publish(false, stored(4, 6))
+	st := h.waitSeq(t, 2)
+	if got := h.matched(t); got != 6 {
+		t.Fatalf("matched %d blocks, want 6 (history replayed)", got)
+	}
+	if st.Replays != 1 || st.Gaps != 0 || st.Batches != 3 {
+		t.Fatalf("status %+v", st)
+	}
+	// With NoCatchUp the history is not fetched and the continuation is an
+	// orphan.
+	eng2 := newFakeEngine(t, true, EventEncoding{})
+	eng2.publish(true, stored(0, 2))
+	h2 := startSub(t, eng2, func(c *SubscriberConfig) { c.NoCatchUp = true })
+	h2.eng.publish(false, stored(2, 4))
+	st = h2.waitSeq(t, 1)
+	if st.Orphans != 1 || st.Replays != 0 || h2.matched(t) != 0 {
+		t.Fatalf("NoCatchUp: status %+v", st)
+	}
+}
+
+func TestSubscriberBadMessages(t *testing.T) {
+	h := startSub(t, newFakeEngine(t, false, EventEncoding{}), nil)
+	h.eng.publish(false, stored(0, 2))
+	h.waitSeq(t, 0)
+	// A short sequence frame and an undecodable payload.
+	if err := h.eng.pub.Send(zmq4.NewMsgFrom([]byte(testTopic), []byte{1}, []byte{0x90})); err != nil {
+		t.Fatal(err)
+	}
+	h.eng.mu.Lock()
+	seq := h.eng.seq
+	h.eng.seq++
+	h.eng.mu.Unlock()
+	if err := h.eng.pub.Send(zmq4.NewMsgFrom([]byte(testTopic), be64(seq), []byte{0xc1})); err != nil {
+		t.Fatal(err)
+	}
+	st := h.waitSeq(t, int64(seq))
+	if st.DecodeErrors != 2 || st.Resyncs != 1 {
+		t.Fatalf("status %+v, want 2 decode errors and a resync", st)
+	}
+	if got := h.matched(t); got != 0 {
+		t.Fatalf("matched %d after an undecodable batch, want 0", got)
+	}
+}
+
+// recordingSink records calls, to check what the subscriber hands over.
+type recordingSink struct {
+	mu    sync.Mutex
+	calls []string
+}
+
+func (r *recordingSink) add(s string) { r.mu.Lock(); r.calls = append(r.calls, s); r.mu.Unlock() }
+func (r *recordingSink) Store(ep string, s kvindex.Stored) (int, error) {
+	r.add(fmt.Sprintf("store %s %v tier=%v salted=%v", ep, s.BlockHashes, s.Tier, s.Salts != nil))
+	return len(s.BlockHashes), nil
+}
+func (r *recordingSink) Evict(ep string, h []uint64, tier kvroute.Tier) {
+	r.add(fmt.Sprintf("evict %s %v tier=%v", ep, h, tier))
+}
+func (r *recordingSink) Clear(ep string)  { r.add("clear " + ep) }
+func (r *recordingSink) Remove(ep string) { r.add("remove " + ep) }
+
+func TestSubscriberApply(t *testing.T) {
+	rec := &recordingSink{}
+	s, err := NewSubscriber(SubscriberConfig{Endpoint: "e", Address: "tcp://127.0.0.1:1", Sink: rec})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lora := stored(0, 1)
+	lora.LoRAName = "sql"
+	cpu := stored(0, 1)
+	cpu.Medium = "CPU"
+	other := stored(0, 1)
+	other.GroupIdx = 1
+	b := EventBatch{Events: []KVEvent{stored(0, 1), lora, cpu, other, removed(0), {Kind: EventAllBlocksCleared}}}
+	p, err := EncodeEventBatch(nil, &b, EventEncoding{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.handle(context.Background(), 0, p)
+	want := []string{
+		"store e [1000] tier=gpu salted=false",
+		"store e [1000] tier=gpu salted=true",
+		"store e [1000] tier=cpu salted=false",
+		"evict e [1000] tier=gpu",
+		"clear e",
+	}
+	if !reflect.DeepEqual(rec.calls, want) {
+		t.Fatalf("calls\n got %q\nwant %q", rec.calls, want)
+	}
+	if st := s.Status(); st.Skipped != 1 || st.Events != 6 {
+		t.Fatalf("status %+v", st)
+	}
+}
+
+func TestSubscriberConfigValidate(t *testing.T) {
+	idx := kvindex.NewIndex(kvindex.IndexConfig{})
+	for _, c := range []SubscriberConfig{
+		{Address: "tcp://h:1", Sink: idx},
+		{Endpoint: "e", Address: "tcp://h:1"},
+		{Endpoint: "e", Address: "h:1", Sink: idx},
+		{Endpoint: "e", Address: "tcp://*:5557", Sink: idx},
+		{Endpoint: "e", Address: "tcp://h:1", ReplayAddress: "x", Sink: idx},
+	} {
+		if _, err := NewSubscriber(c); err == nil {
+			t.Errorf("NewSubscriber(%+v): no error", c)
+		}
+	}
+}
