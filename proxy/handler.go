@@ -108,7 +108,6 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 	out.Header.Set(HeaderRequestID, id)
 	out.ContentLength = int64(len(body))
 	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
-	w.Header().Del(HeaderRequestID) // the upstream response carries it (see modifyResponse)
 	defer x.finish(w, start)
 
 	for x.attempt = 0; x.attempt < x.maxAttempts; x.attempt++ {
@@ -197,10 +196,9 @@ func writeRoutingError(w http.ResponseWriter, err error) int {
 func (x *exchange) writeLastFailure(w http.ResponseWriter) {
 	if x.saved != nil {
 		x.status = x.saved.status
-		x.saved.write(w, x.req.ID)
+		x.saved.write(w)
 		return
 	}
-	w.Header().Set(HeaderRequestID, x.req.ID)
 	err := x.upstreamErr
 	if err == nil {
 		err = errors.New("no endpoint left to retry on")

@@ -148,6 +148,9 @@ func TestRetryExhaustedReturnsUpstreamFailure(t *testing.T) {
 	if resp.StatusCode != 502 || !strings.Contains(out, "engine says 502") {
 		t.Errorf("got %d %q, want the last endpoint's 502", resp.StatusCode, out)
 	}
+	if ids := resp.Header.Values(HeaderRequestID); len(ids) != 1 {
+		t.Errorf("X-Request-Id: got %q, want one", ids)
+	}
 	// One endpoint only: its own 5xx body comes back.
 	tp1 := newTestProxy(t, testConfig("first", a.URL))
 	resp = tp1.post(t, PathChatCompletions, chatBody)
@@ -604,5 +607,48 @@ func TestSlowBodyGets408(t *testing.T) {
 	}
 	if out := readAll(t, resp); resp.StatusCode != http.StatusRequestTimeout || !strings.Contains(out, "request_timeout") {
 		t.Errorf("got %d %s, want 408", resp.StatusCode, out)
+	}
+}
+
+func TestRequestIDOnEveryAnswer(t *testing.T) {
+	dead, _ := net.Listen("tcp", "127.0.0.1:0")
+	deadURL := "http://" + dead.Addr().String()
+	dead.Close()
+	echo := newBackend(t, "echo", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set(HeaderRequestID, r.Header.Get(HeaderRequestID)) // vLLM echoes it
+		okHandler("echo")(w, r)
+	})
+	cfgDead := testConfig("first", deadURL)
+	cfgDead.Retry.Attempts = 1
+	tests := []struct {
+		name string
+		tp   *testProxy
+		body string
+		want int
+	}{
+		{"proxied, engine echoes the id", newTestProxy(t, testConfig("first", echo.URL)), chatBody, 200},
+		{"connect error", newTestProxy(t, cfgDead), chatBody, 502},
+		{"bad request", newTestProxy(t, testConfig("first", echo.URL)), `{}`, 400},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			req, _ := http.NewRequest("POST", tc.tp.srv.URL+PathChatCompletions, strings.NewReader(tc.body))
+			req.Header.Set(HeaderRequestID, "rid-42")
+			resp := must(http.DefaultClient.Do(req))
+			out := readAll(t, resp)
+			if resp.StatusCode != tc.want {
+				t.Errorf("status: got %d %s, want %d", resp.StatusCode, out, tc.want)
+			}
+			if ids := resp.Header.Values(HeaderRequestID); len(ids) != 1 || ids[0] != "rid-42" {
+				t.Errorf("X-Request-Id: got %q, want [rid-42]", ids)
+			}
+		})
+	}
+	req, _ := http.NewRequest("POST", tests[0].tp.srv.URL+PathChatCompletions, strings.NewReader(chatBody))
+	req.Header.Set(HeaderRequestID, "bad id with spaces")
+	resp := must(http.DefaultClient.Do(req))
+	readAll(t, resp)
+	if id := resp.Header.Get(HeaderRequestID); !strings.HasPrefix(id, "kvr-") {
+		t.Errorf("an invalid client id must be replaced: got %q", id)
 	}
 }

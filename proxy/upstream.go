@@ -93,7 +93,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		x.reportHealth(now, true)
 	}
 	h := resp.Header
-	h.Set(HeaderRequestID, x.req.ID)
+	h.Del(HeaderRequestID) // the client's response already carries ours
 	if p.cfg.Debug.Enabled {
 		h.Set(HeaderEndpoint, x.flight.Endpoint.ID)
 	}
@@ -158,16 +158,15 @@ func (x *exchange) saveFailedResponse(resp *http.Response) {
 	x.saved = &savedResponse{status: resp.StatusCode, header: resp.Header.Clone(), body: body}
 }
 
-// writeSaved replays a saved failed response to the client.
-func (s *savedResponse) write(w http.ResponseWriter, requestID string) {
+// write replays a saved failed response to the client.
+func (s *savedResponse) write(w http.ResponseWriter) {
 	h := w.Header()
 	for k, v := range s.header {
-		if k == "Content-Length" || k == "Connection" || k == "Transfer-Encoding" || k == "Keep-Alive" {
+		if k == "Content-Length" || k == "Connection" || k == "Transfer-Encoding" || k == "Keep-Alive" || k == HeaderRequestID {
 			continue
 		}
 		h[k] = v
 	}
-	h.Set(HeaderRequestID, requestID)
 	h.Set("Content-Length", fmt.Sprint(len(s.body)))
 	w.WriteHeader(s.status)
 	_, _ = w.Write(s.body)
