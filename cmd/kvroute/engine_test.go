@@ -1,0 +1,209 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"os/signal"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+)
+
+func TestEngineHelpExplainsEveryFlag(t *testing.T) {
+	var out bytes.Buffer
+	err := run(context.Background(), []string{"engine", "--help"}, &out, &out)
+	if err == nil || !strings.Contains(err.Error(), "help") {
+		t.Fatalf("got %v, want flag.ErrHelp", err)
+	}
+	for _, f := range []string{"model", "profile", "listen", "speed", "kv-blocks", "role", "metrics-flavor",
+		"kv-events-endpoint", "kv-events-replay", "kv-events-topic", "kv-events-encoding", "fabric-gbps", "pd-protocol",
+		"kv-lease", "pd-load-failure", "prefix-caching-hash-algo"} {
+		if !strings.Contains(out.String(), "-"+f) {
+			t.Errorf("--help lacks -%s", f)
+		}
+	}
+}
+
+func TestEngineUsageErrors(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"engine"}, "--model is required"},
+		{[]string{"engine", "--model", "m", "--profile", "nope"}, "unknown profile"},
+		{[]string{"engine", "--model", "m", "--role", "x"}, "parse role"},
+		{[]string{"engine", "--model", "m", "--metrics-flavor", "x"}, "MetricsFlavor"},
+		{[]string{"engine", "--model", "m", "--speed", "0"}, "--speed must be positive"},
+		{[]string{"engine", "--model", "m", "--prefix-caching-hash-algo", "md5"}, "prefix-caching-hash-algo"},
+	}
+	for _, tt := range tests {
+		var out bytes.Buffer
+		err := run(context.Background(), tt.args, &out, &out)
+		if err != errUsage || !strings.Contains(out.String(), tt.want) {
+			t.Errorf("%v: got %v %q, want usage error mentioning %q", tt.args, err, out.String(), tt.want)
+		}
+	}
+}
+
+// TestEngineHelperProcess is not a test: TestEnginePDBetweenProcesses runs
+// the test binary again with this test selected to get a `kvroute engine`
+// process.
+func TestEngineHelperProcess(t *testing.T) {
+	args := os.Getenv("KVROUTE_ENGINE_HELPER_ARGS")
+	if args == "" {
+		t.Skip("helper process for TestEnginePDBetweenProcesses")
+	}
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	defer stop()
+	err := run(ctx, strings.Fields(args), os.Stdout, os.Stderr)
+	if err != nil {
+		fmt.Fprintln(os.Stderr, "engine:", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+func freeAddr(t *testing.T) string {
+	t.Helper()
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
+}
+
+type engineProc struct {
+	cmd    *exec.Cmd
+	addr   string
+	stderr *lockedBuffer
+}
+
+func startEngine(t *testing.T, args ...string) *engineProc {
+	t.Helper()
+	addr := freeAddr(t)
+	cmd := exec.Command(os.Args[0], "-test.run=^TestEngineHelperProcess$")
+	cmd.Env = append(os.Environ(), "KVROUTE_ENGINE_HELPER_ARGS="+strings.Join(append([]string{"engine", "--listen", addr}, args...), " "))
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	p := &engineProc{cmd: cmd, addr: addr, stderr: stderr}
+	t.Cleanup(func() {
+		_ = cmd.Process.Signal(syscall.SIGINT)
+		done := make(chan error, 1)
+		go func() { done <- cmd.Wait() }()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Errorf("engine %s exited with %v; stderr:\n%s", addr, err, stderr.String())
+			}
+		case <-time.After(10 * time.Second):
+			_ = cmd.Process.Kill()
+			<-done
+			t.Errorf("engine %s did not stop on SIGINT", addr)
+		}
+	})
+	for deadline := time.Now().Add(20 * time.Second); ; {
+		resp, err := http.Get("http://" + addr + "/health")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return p
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("engine on %s not healthy: %v\n%s", addr, err, stderr.String())
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+func postJSON(t *testing.T, url string, body any) map[string]any {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	resp, err := http.Post(url, "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	rb, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != 200 {
+		t.Fatalf("POST %s: got %d %s", url, resp.StatusCode, rb)
+	}
+	var out map[string]any
+	if err := json.Unmarshal(rb, &out); err != nil {
+		t.Fatal(err)
+	}
+	return out
+}
+
+// TestEnginePDBetweenProcesses runs the NixlConnector handshake between two
+// `kvroute engine` processes, as vLLM's toy proxy drives it.
+func TestEnginePDBetweenProcesses(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts processes")
+	}
+	common := []string{"--model", "m", "--profile", "llama-3.1-8b-h100", "--speed", "10"}
+	p := startEngine(t, append(common, "--role", "prefill")...)
+	d := startEngine(t, append(common, "--role", "decode")...)
+	prompt := strings.Repeat("A long shared document about disaggregated serving. ", 40)
+
+	pr := postJSON(t, "http://"+p.addr+"/v1/completions", map[string]any{"model": "m", "prompt": prompt, "max_tokens": 1,
+		"stream": false, "kv_transfer_params": map[string]any{"do_remote_decode": true, "do_remote_prefill": false,
+			"remote_engine_id": nil, "remote_block_ids": nil, "remote_host": nil, "remote_port": nil}})
+	kv, _ := pr["kv_transfer_params"].(map[string]any)
+	if kv["do_remote_prefill"] != true || kv["remote_host"] != "127.0.0.1" {
+		t.Fatalf("got kv_transfer_params %v", pr["kv_transfer_params"])
+	}
+	if _, port, _ := net.SplitHostPort(p.addr); fmt.Sprint(kv["remote_port"]) != port {
+		t.Errorf("got remote_port %v, want %s", kv["remote_port"], port)
+	}
+	dr := postJSON(t, "http://"+d.addr+"/v1/completions", map[string]any{"model": "m", "prompt": prompt, "max_tokens": 8,
+		"kv_transfer_params": kv})
+	usage, _ := dr["usage"].(map[string]any)
+	if usage["completion_tokens"] != float64(8) {
+		t.Errorf("decode: got %v", dr)
+	}
+	// The lease was consumed: a second pull fails and the decode engine
+	// recomputes with a warning.
+	postJSON(t, "http://"+d.addr+"/v1/completions", map[string]any{"model": "m", "prompt": prompt, "max_tokens": 2,
+		"kv_transfer_params": kv})
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		n := strings.Count(d.stderr.String(), "kv transfer failed")
+		if n == 1 {
+			break
+		}
+		if n > 1 || time.Now().After(deadline) {
+			t.Fatalf("got %d transfer-failure warnings, want 1 (the second pull); decode stderr:\n%s", n, d.stderr.String())
+		}
+	}
+}
+
+// lockedBuffer is a bytes.Buffer safe for the exec copier and the test.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
