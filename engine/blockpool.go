@@ -21,8 +21,9 @@ type blockPool struct {
 type kvBlock struct {
 	hash       uint64
 	ref        int32
-	prev, next int32 // free-queue links; -1 when not in the queue
-	hashed     bool  // hash is valid and cached[hash] == this block
+	prev, next int32  // free-queue links; -1 when not in the queue
+	hashed     bool   // hash is valid and cached[hash] == this block
+	mark       uint32 // admit's epoch, to stop at a repeated block
 }
 
 func newBlockPool(n int) *blockPool {

@@ -268,8 +268,10 @@ type Engine struct {
 
 	sched        []scheduled
 	hitIDs       []int32     // admit's scratch
+	epoch        uint32      // admit's marker for repeated blocks
 	res          *StepResult // target of the step in progress (for eviction events)
 	pendingClear bool        // ResetPrefixCache ran: report AllBlocksCleared
+	held         int         // requests in statusHeld
 	stats        Stats
 }
 
@@ -442,6 +444,7 @@ func (e *Engine) Release(id string) {
 	}
 	e.freeBlocks(s)
 	s.status = statusDone
+	e.held--
 	delete(e.seqs, id)
 }
 
@@ -470,13 +473,7 @@ func (e *Engine) Stats() Stats {
 	st := e.stats
 	st.Waiting = e.waiting.len()
 	st.Running = len(e.running)
-	held := 0
-	for _, s := range e.seqs {
-		if s.status == statusHeld {
-			held++
-		}
-	}
-	st.Held = held
+	st.Held = e.held
 	st.FreeBlocks = e.pool.numFree
 	st.CachedBlocks = e.pool.cached.len()
 	st.KVUsage = 1 - float64(e.pool.numFree)/float64(e.pool.size())

@@ -187,8 +187,14 @@ func checkInvariants(t testing.TB, e *Engine) {
 			t.Fatalf("table %d -> block %d, which holds %d (hashed %v)", h, id, p.blocks[id].hash, p.blocks[id].hashed)
 		}
 	})
-	if st := e.Stats(); st.Running > e.maxSeqs {
-		t.Fatalf("%d running > max_num_seqs %d", st.Running, e.maxSeqs)
+	held := 0
+	for _, s := range e.seqs {
+		if s.status == statusHeld {
+			held++
+		}
+	}
+	if st := e.Stats(); st.Running > e.maxSeqs || st.Held != held {
+		t.Fatalf("stats %+v: want running <= max_num_seqs %d and %d held", st, e.maxSeqs, held)
 	}
 }
 

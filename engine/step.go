@@ -156,11 +156,13 @@ func (e *Engine) admit(now time.Duration, s *sequence, budget int) (int, bool) {
 	if e.caching {
 		// At least one token must be computed to produce logits.
 		limit := min((s.numTokens-1)/e.bs, len(s.hashes))
+		e.epoch++
 		for _, h := range s.hashes[:limit] {
 			id, ok := e.pool.lookup(h)
-			if !ok {
-				break
+			if !ok || e.pool.blocks[id].mark == e.epoch {
+				break // a miss, or a key repeated in a caller-given chain
 			}
+			e.pool.blocks[id].mark = e.epoch
 			hits = append(hits, id)
 			if e.pool.blocks[id].ref == 0 {
 				evictable++
@@ -363,6 +365,7 @@ func (e *Engine) emit(s *sequence, t time.Duration, r *StepResult) bool {
 	r.Outputs = append(r.Outputs, o)
 	if s.holdKV {
 		s.status = statusHeld
+		e.held++
 		return true
 	}
 	e.freeBlocks(s)

@@ -1,0 +1,97 @@
+package engine
+
+import (
+	"errors"
+	"fmt"
+	"testing"
+)
+
+// FuzzEngine interprets the input as a sequence of operations (add with
+// odd shapes, abort, release, reset, step) on a small engine and checks the
+// pool invariants and the KV-event mirror after every step: bad requests
+// must be rejected with an error, never corrupt the cache or panic.
+func FuzzEngine(f *testing.F) {
+	f.Add([]byte{0, 10, 3, 0, 5, 1, 0, 4, 4, 4, 2, 0, 3})
+	f.Add([]byte{0, 200, 9, 7, 0, 200, 9, 7, 4, 4, 4, 4, 1, 1, 4, 4})
+	f.Add([]byte{0, 1, 1, 255, 0, 255, 255, 255, 5, 4, 4, 4, 4, 4})
+	f.Fuzz(func(t *testing.T, ops []byte) {
+		e := mustEngine(t, "tiny", func(c *Config) { c.NumGPUBlocks = 24; c.MaxModelLen = 256; c.MaxNumBatchedTokens = 64 })
+		d := newDriver(t, e)
+		next := func() byte {
+			if len(ops) == 0 {
+				return 0
+			}
+			b := ops[0]
+			ops = ops[1:]
+			return b
+		}
+		var ids []string
+		for n := 0; len(ops) > 0 && n < 200; n++ {
+			switch next() % 6 {
+			case 0, 5: // add
+				id := fmt.Sprint(len(ids))
+				if next()%8 == 0 && len(ids) > 0 {
+					id = ids[0] // duplicate
+				}
+				plen := int(next())
+				r := &Request{ID: id, MaxTokens: int(next()) - 8, EOSAt: int(next() % 16)}
+				switch mode := next() % 4; mode {
+				case 0, 1:
+					r.Prompt = tokens(int(next())*7, plen)
+				case 2: // fast path, hashes with repeats and zeros
+					r.PromptLen = plen
+					for i := 0; i < int(next()%20); i++ {
+						r.BlockHashes = append(r.BlockHashes, uint64(next()%5))
+					}
+				case 3:
+					r.Prompt = tokens(0, plen)
+					r.PromptLen = int(next())
+				}
+				r.SkipPrefill = next()%5 == 0
+				r.HoldKV = next()%5 == 0
+				if err := e.Add(d.now, r); err != nil {
+					var le *LengthError
+					if !errors.As(err, &le) && !errors.Is(err, ErrDuplicateID) && !errors.Is(err, ErrEmptyPrompt) &&
+						r.MaxTokens >= 0 && (r.Prompt == nil || r.PromptLen == 0 || r.PromptLen == len(r.Prompt)) {
+						t.Fatalf("unexpected error for %+v: %v", r, err)
+					}
+					continue
+				}
+				ids = append(ids, id)
+			case 1:
+				if len(ids) > 0 {
+					e.Abort(d.now, ids[int(next())%len(ids)])
+				}
+			case 2:
+				if len(ids) > 0 {
+					e.Release(ids[int(next())%len(ids)])
+				}
+			case 3:
+				e.ResetPrefixCache()
+			case 4:
+				d.step()
+			}
+		}
+		for _, id := range ids {
+			e.Release(id)
+		}
+		for i := 0; e.HasWork(); i++ {
+			if i > 5000 {
+				// Held requests may starve others; release and go on.
+				for _, id := range ids {
+					e.Release(id)
+				}
+			}
+			if i > 20000 {
+				t.Fatal("engine does not finish")
+			}
+			d.step()
+			for _, id := range ids {
+				e.Release(id)
+			}
+		}
+		if st := e.Stats(); st.FreeBlocks != st.NumGPUBlocks {
+			t.Fatalf("leak: %+v", st)
+		}
+	})
+}
