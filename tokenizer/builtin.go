@@ -69,7 +69,7 @@ type builtin struct{}
 func (builtin) VocabSize() int { return BuiltinVocabSize }
 
 // EOS returns the id of <|im_end|>, the end of an assistant turn.
-func (builtin) EOS() uint32 { return BuiltinIMEnd }
+func (builtin) EOS() (uint32, bool) { return BuiltinIMEnd, true }
 
 func (b builtin) Encode(text string) []uint32 {
 	return b.AppendEncode(make([]uint32, 0, len(text)/4+4), text)

@@ -80,6 +80,18 @@ func (c *Cache) Encode(text string) []uint32 {
 // Decode is the tokenizer's Decode.
 func (c *Cache) Decode(ids []uint32) string { return c.tok.Decode(ids) }
 
+// Tokenizer returns the tokenizer the cache is in front of.
+func (c *Cache) Tokenizer() *HF { return c.tok }
+
+// ChatTemplate is the tokenizer's ChatTemplate.
+func (c *Cache) ChatTemplate() (*ChatTemplate, error) { return c.tok.ChatTemplate() }
+
+// VocabSize is the tokenizer's VocabSize.
+func (c *Cache) VocabSize() int { return c.tok.VocabSize() }
+
+// EOS is the tokenizer's EOS.
+func (c *Cache) EOS() (uint32, bool) { return c.tok.EOS() }
+
 // AppendEncode appends the ids of text to dst.
 func (c *Cache) AppendEncode(dst []uint32, text string) []uint32 {
 	c.tok.added.split(text, func(seg string, tok *hfAddedToken) {

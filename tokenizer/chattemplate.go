@@ -1,7 +1,11 @@
 package tokenizer
 
 import (
+	"bytes"
+	"encoding/json"
+	"errors"
 	"fmt"
+	"io"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -32,8 +36,14 @@ type ChatOptions struct {
 	// AddGenerationPrompt appends the header of an assistant turn. Default false.
 	AddGenerationPrompt bool
 	// Vars are extra template variables (for example enable_thinking, tools,
-	// date_string). They may override bos_token and eos_token. Default none.
+	// date_string). They may override bos_token and eos_token. Maps in them
+	// are seen with sorted keys; use JSONVars to keep a request's key order.
+	// Default none.
 	Vars map[string]any
+	// JSONVars are extra template variables as raw JSON (for example a
+	// request's "tools"), decoded keeping object key order, as Python does:
+	// tojson output, and so the prompt, depends on it. Default none.
+	JSONVars map[string]json.RawMessage
 }
 
 // Render renders msgs.
@@ -47,20 +57,116 @@ func (c *ChatTemplate) Render(msgs []Message, opts ChatOptions) (string, error) 
 
 // RenderAny renders messages given as generic values (maps with "role",
 // "content" and whatever else the template reads, such as "tool_calls" or
-// "reasoning_content"), as decoded from a request's JSON.
+// "reasoning_content"). Map keys are seen sorted; RenderJSON keeps the order
+// of a request's JSON.
 func (c *ChatTemplate) RenderAny(messages []any, opts ChatOptions) (string, error) {
-	data := map[string]any{
+	return c.render(jinja.FromGoValue(messages), opts)
+}
+
+// RenderJSON renders the raw JSON array of messages of an OpenAI-style chat
+// request, keeping object key order as Python's json and jinja2 do (what a
+// vLLM server renders).
+func (c *ChatTemplate) RenderJSON(messages json.RawMessage, opts ChatOptions) (string, error) {
+	v, err := ValueFromJSON(messages)
+	if err != nil {
+		return "", fmt.Errorf("tokenizer: render chat template: messages: %w", err)
+	}
+	if !v.IsList() {
+		return "", errors.New("tokenizer: render chat template: messages is not a JSON array")
+	}
+	return c.render(v, opts)
+}
+
+func (c *ChatTemplate) render(messages jinja.Value, opts ChatOptions) (string, error) {
+	data := map[string]jinja.Value{
 		"messages":              messages,
-		"add_generation_prompt": opts.AddGenerationPrompt,
-		"bos_token":             c.bos,
-		"eos_token":             c.eos,
+		"add_generation_prompt": jinja.NewBool(opts.AddGenerationPrompt),
+		"bos_token":             jinja.NewString(c.bos),
+		"eos_token":             jinja.NewString(c.eos),
 	}
 	for k, v := range opts.Vars {
+		data[k] = jinja.FromGoValue(v)
+	}
+	for k, raw := range opts.JSONVars {
+		v, err := ValueFromJSON(raw)
+		if err != nil {
+			return "", fmt.Errorf("tokenizer: render chat template: variable %s: %w", k, err)
+		}
 		data[k] = v
 	}
-	out, err := c.tmpl.Render(data)
+	out, err := c.tmpl.RenderValues(data)
 	if err != nil {
 		return "", fmt.Errorf("tokenizer: render chat template: %w", err)
 	}
 	return out, nil
+}
+
+// ValueFromJSON decodes one JSON value into a template value, keeping the
+// key order of objects and integers as integers.
+func ValueFromJSON(data []byte) (jinja.Value, error) {
+	d := json.NewDecoder(bytes.NewReader(data))
+	d.UseNumber()
+	v, err := decodeValue(d, 0)
+	if err != nil {
+		return jinja.Undefined(), err
+	}
+	if _, err := d.Token(); err != io.EOF {
+		return jinja.Undefined(), errors.New("trailing data after the JSON value")
+	}
+	return v, nil
+}
+
+const maxJSONDepth = 200
+
+func decodeValue(d *json.Decoder, depth int) (jinja.Value, error) {
+	if depth > maxJSONDepth {
+		return jinja.Undefined(), errors.New("JSON nested too deep")
+	}
+	tok, err := d.Token()
+	if err != nil {
+		return jinja.Undefined(), err
+	}
+	switch t := tok.(type) {
+	case json.Delim:
+		switch t {
+		case '[':
+			var items []jinja.Value
+			for d.More() {
+				v, err := decodeValue(d, depth+1)
+				if err != nil {
+					return jinja.Undefined(), err
+				}
+				items = append(items, v)
+			}
+			if _, err := d.Token(); err != nil { // ]
+				return jinja.Undefined(), err
+			}
+			return jinja.NewList(items), nil
+		case '{':
+			obj := jinja.NewDict()
+			dict := obj.AsDict()
+			for d.More() {
+				kt, err := d.Token()
+				if err != nil {
+					return jinja.Undefined(), err
+				}
+				key, ok := kt.(string)
+				if !ok {
+					return jinja.Undefined(), fmt.Errorf("object key %v is not a string", kt)
+				}
+				v, err := decodeValue(d, depth+1)
+				if err != nil {
+					return jinja.Undefined(), err
+				}
+				dict.Set(key, v)
+			}
+			if _, err := d.Token(); err != nil { // }
+				return jinja.Undefined(), err
+			}
+			return obj, nil
+		}
+		return jinja.Undefined(), fmt.Errorf("unexpected %v", t)
+	default:
+		return jinja.FromGoValue(t), nil // nil, bool, json.Number, string
+	}
 }

@@ -17,10 +17,12 @@
 // an *HF: byte-level BPE with added/special tokens, normalizers (NFC, NFD,
 // NFKC, NFKD, Lowercase, Sequence), Split and ByteLevel pre-tokenizers,
 // TemplateProcessing post-processing (EncodeAddSpecial) and ByteLevel
-// decoding. That covers Llama 3/3.1/3.2/3.3, Qwen2/2.5/3, DeepSeek-V3,
-// Mistral-Nemo and GPT-2-style vocabularies. SentencePiece-style tokenizers
-// (Metaspace, byte_fallback: Llama 2, Mistral 7B v0.1, Gemma) and WordPiece
-// are rejected with an error naming the unsupported component.
+// decoding: what Llama 3.x and Qwen2/2.5/3 use (tested against the reference
+// below); other byte-level BPE tokenizers built from these components (GPT-2
+// style, DeepSeek) load too but are not checked against a reference.
+// SentencePiece-style tokenizers (Metaspace, byte_fallback: Llama 2, Mistral
+// 7B v0.1, Gemma) and WordPiece are rejected with an error naming the
+// unsupported component.
 //
 // The BPE is this package's own (~400 lines), not a library's: the Go
 // candidates do not load these files. The latest release of

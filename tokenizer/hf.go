@@ -436,14 +436,14 @@ func (t *HF) TokenID(token string) (uint32, bool) {
 	return id, ok
 }
 
-// ChatTemplate returns the chat template of tokenizer_config.json, or an error
-// when it has none or it does not compile.
+// ChatTemplate returns the chat template of tokenizer_config.json, or
+// ErrNoChatTemplate when it has none, or the error compiling it.
 func (t *HF) ChatTemplate() (*ChatTemplate, error) {
 	if t.templateEr != nil {
 		return nil, t.templateEr
 	}
 	if t.template == nil {
-		return nil, errors.New("tokenizer: no chat template")
+		return nil, ErrNoChatTemplate
 	}
 	return t.template, nil
 }

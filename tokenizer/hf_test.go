@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 )
@@ -21,11 +22,12 @@ type expectedFile struct {
 		IDsAddSpecial []uint32 `json:"ids_add_special"`
 	} `json:"texts"`
 	Chats []struct {
-		Messages            []Message `json:"messages"`
-		AddGenerationPrompt bool      `json:"add_generation_prompt"`
-		EnableThinking      *bool     `json:"enable_thinking"`
-		Prompt              string    `json:"prompt"`
-		IDs                 []uint32  `json:"ids"`
+		Messages            json.RawMessage `json:"messages"` // with tool_calls etc.
+		AddGenerationPrompt bool            `json:"add_generation_prompt"`
+		EnableThinking      *bool           `json:"enable_thinking"`
+		Tools               json.RawMessage `json:"tools"`
+		Prompt              string          `json:"prompt"`
+		IDs                 []uint32        `json:"ids"`
 	} `json:"chats"`
 }
 
@@ -117,11 +119,14 @@ func TestChatTemplateMatchesReference(t *testing.T) {
 				t.Fatalf("ChatTemplate: %v", err)
 			}
 			for i, c := range exp.Chats {
-				opts := ChatOptions{AddGenerationPrompt: c.AddGenerationPrompt}
+				opts := ChatOptions{AddGenerationPrompt: c.AddGenerationPrompt, Vars: map[string]any{}}
 				if c.EnableThinking != nil {
-					opts.Vars = map[string]any{"enable_thinking": *c.EnableThinking}
+					opts.Vars["enable_thinking"] = *c.EnableThinking
 				}
-				got, err := tmpl.Render(c.Messages, opts)
+				if c.Tools != nil {
+					opts.JSONVars = map[string]json.RawMessage{"tools": c.Tools}
+				}
+				got, err := tmpl.RenderJSON(c.Messages, opts)
 				if err != nil {
 					t.Errorf("chat %d: Render: %v", i, err)
 					continue
@@ -129,6 +134,13 @@ func TestChatTemplateMatchesReference(t *testing.T) {
 				if got != c.Prompt {
 					t.Errorf("chat %d: rendered\n%q\nwant\n%q", i, got, c.Prompt)
 					continue
+				}
+				// Plain role/content conversations render the same through Render.
+				var plain []Message
+				if c.Tools == nil && !strings.Contains(string(c.Messages), "tool_calls") && json.Unmarshal(c.Messages, &plain) == nil {
+					if again, err := tmpl.Render(plain, opts); err != nil || again != got {
+						t.Errorf("chat %d: Render([]Message) = %q, %v; want %q", i, again, err, got)
+					}
 				}
 				if ids := tok.Encode(got); !slices.Equal(ids, c.IDs) {
 					t.Errorf("chat %d: ids\n got  %v\n want %v", i, ids, c.IDs)

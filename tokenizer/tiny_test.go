@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"encoding/json"
 	"os"
 	"slices"
 	"strings"
@@ -169,6 +170,84 @@ func FuzzEncodeTiny(f *testing.F) {
 		}
 		if got := tok.Decode(ids); got != s {
 			t.Fatalf("Decode(Encode(%q)) = %q", s, got)
+		}
+	})
+}
+
+func TestRenderChat(t *testing.T) {
+	msgs := []Message{{Role: "user", Content: "hi"}}
+	tiny := loadTiny(t)
+	noTemplate, err := Load(mustRead(t, "testdata/tiny/tokenizer.json"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	badTemplate, err := Load(mustRead(t, "testdata/tiny/tokenizer.json"), []byte(`{"chat_template": "{% if %}"}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		name    string
+		tok     Tokenizer
+		want    string
+		wantErr bool
+	}{
+		{"builtin", Builtin(), "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", false},
+		{"hf template", tiny, "<|user|>user: hi</s>\n<|user|>assistant:", false},
+		{"cache", NewCache(tiny, CacheConfig{}), "<|user|>user: hi</s>\n<|user|>assistant:", false},
+		{"hf without template", noTemplate, "<|im_start|>user\nhi<|im_end|>\n<|im_start|>assistant\n", false},
+		{"hf with a broken template", badTemplate, "", true},
+	}
+	for _, tt := range tests {
+		got, err := RenderChat(tt.tok, msgs, true)
+		if (err != nil) != tt.wantErr || got != tt.want {
+			t.Errorf("%s: RenderChat = %q, %v; want %q, error %v", tt.name, got, err, tt.want, tt.wantErr)
+		}
+	}
+	if _, ok := Builtin().(EOSer).EOS(); !ok {
+		t.Errorf("Builtin has no EOS")
+	}
+	if got := Builtin().(Vocab).VocabSize(); got != BuiltinVocabSize {
+		t.Errorf("Builtin VocabSize = %d, want %d", got, BuiltinVocabSize)
+	}
+}
+
+func mustRead(t *testing.T, path string) []byte {
+	t.Helper()
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+func TestValueFromJSON(t *testing.T) {
+	tmpl, err := NewChatTemplate("{{ x | tojson }}|{% for k in x %}{{ k }},{% endfor %}|{{ x.b[1] + 1 }}", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := tmpl.Render(nil, ChatOptions{JSONVars: map[string]json.RawMessage{"x": json.RawMessage(`{"z": null, "b": [true, 41, 2.5, "é"], "a": {}}`)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := `{"z": null, "b": [true, 41, 2.5, "é"], "a": {}}|z,b,a,|42`; got != want {
+		t.Errorf("render = %q, want %q", got, want)
+	}
+	for _, bad := range []string{``, `{`, `[1,]`, `{"a" 1}`, `1 2`, strings.Repeat("[", 300) + strings.Repeat("]", 300)} {
+		if _, err := ValueFromJSON([]byte(bad)); err == nil {
+			t.Errorf("ValueFromJSON(%q) = nil error, want an error", bad)
+		}
+	}
+	if _, err := tmpl.RenderJSON(json.RawMessage(`{"role": "user"}`), ChatOptions{}); err == nil {
+		t.Errorf("RenderJSON(object) = nil error, want an error")
+	}
+}
+
+func FuzzValueFromJSON(f *testing.F) {
+	f.Add([]byte(`[{"role": "user", "content": "hi", "tool_calls": [{"function": {"name": "f", "arguments": {"b": 1, "a": 2}}}]}]`))
+	f.Add([]byte(`{"a": [1, 2.5e3, -0, "x\u00e9", null, true]}`))
+	f.Fuzz(func(t *testing.T, data []byte) {
+		if _, err := ValueFromJSON(data); err == nil && !json.Valid(data) {
+			t.Fatalf("ValueFromJSON accepted invalid JSON %q", data)
 		}
 	})
 }

@@ -1,5 +1,10 @@
 package tokenizer
 
+import "errors"
+
+// ErrNoChatTemplate is returned by ChatTemplate when the tokenizer has none.
+var ErrNoChatTemplate = errors.New("tokenizer: no chat template")
+
 // Tokenizer turns text into token ids and back.
 //
 // Implementations in this package are safe for concurrent use.
@@ -16,4 +21,46 @@ type Tokenizer interface {
 type Message struct {
 	Role    string `json:"role"`
 	Content string `json:"content"`
+}
+
+// Optional capabilities of a Tokenizer, found by type assertion. Builtin, *HF
+// and *Cache have all three (Builtin's chat template is RenderChatML, used by
+// RenderChat).
+type (
+	// Vocab reports the number of token ids.
+	Vocab interface{ VocabSize() int }
+	// EOSer reports the end-of-sequence token, if there is one.
+	EOSer interface{ EOS() (uint32, bool) }
+	// Templater gives the model's chat template.
+	Templater interface {
+		ChatTemplate() (*ChatTemplate, error)
+	}
+)
+
+var (
+	_ Vocab     = builtin{}
+	_ EOSer     = builtin{}
+	_ Tokenizer = (*HF)(nil)
+	_ Vocab     = (*HF)(nil)
+	_ EOSer     = (*HF)(nil)
+	_ Templater = (*HF)(nil)
+	_ Vocab     = (*Cache)(nil)
+	_ EOSer     = (*Cache)(nil)
+	_ Templater = (*Cache)(nil)
+)
+
+// RenderChat renders msgs to a prompt with tok's chat template when it has one
+// (an *HF or a *Cache from tokenizer_config.json), and with RenderChatML
+// otherwise (Builtin, or a tokenizer.json without a template).
+func RenderChat(tok Tokenizer, msgs []Message, addGenerationPrompt bool) (string, error) {
+	if t, ok := tok.(Templater); ok {
+		tmpl, err := t.ChatTemplate()
+		if err == nil {
+			return tmpl.Render(msgs, ChatOptions{AddGenerationPrompt: addGenerationPrompt})
+		}
+		if !errors.Is(err, ErrNoChatTemplate) {
+			return "", err
+		}
+	}
+	return RenderChatML(msgs, addGenerationPrompt), nil
 }

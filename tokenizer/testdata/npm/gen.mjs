@@ -171,6 +171,30 @@ function buildChats() {
     if (i % 5 === 4) chat.enable_thinking = false;
     chats.push(chat);
   }
+  // Tool use: tool definitions, assistant tool calls, tool results.
+  const tools = [
+    { type: "function", function: { name: "get_weather", description: "Weather for a city, in °C.",
+      parameters: { type: "object", properties: { city: { type: "string", description: "City name, e.g. Zürich" },
+        days: { type: "integer" } }, required: ["city"] } } },
+    { type: "function", function: { name: "search", description: "Search the web.",
+      parameters: { type: "object", properties: { q: { type: "string" } }, required: ["q"] } } },
+  ];
+  const call = (name, args) => ({ type: "function", function: { name, arguments: args } });
+  chats.push({ messages: [{ role: "user", content: "Weather in Zürich?" }], add_generation_prompt: true, tools });
+  chats.push({ messages: [
+    { role: "system", content: "Use tools when useful." },
+    { role: "user", content: "Weather in Zürich for 3 days?" },
+    { role: "assistant", content: "", tool_calls: [call("get_weather", { city: "Zürich", days: 3 })] },
+    { role: "tool", content: "{\"temp\": [21, 19, 17]}" },
+  ], add_generation_prompt: true, tools });
+  chats.push({ messages: [
+    { role: "user", content: "Search two things." },
+    { role: "assistant", content: "Searching.", tool_calls: [call("search", { q: "kv cache" }), call("search", { q: "日本語" })] },
+    { role: "tool", content: "result one" },
+    { role: "tool", content: "result two" },
+    { role: "assistant", content: "Both done." },
+    { role: "user", content: "Thanks!" },
+  ], add_generation_prompt: true, tools });
   return chats;
 }
 
@@ -221,6 +245,7 @@ for (const model of models) {
       eos_token: tokenName(tc.eos_token),
     };
     if ("enable_thinking" in c) vars.enable_thinking = c.enable_thinking;
+    if ("tools" in c) vars.tools = c.tools;
     const prompt = pyPrompts ? pyPrompts.prompts[i] : template.render(vars);
     return { ...c, prompt, ids: tok.encode(prompt, { add_special_tokens: false }).ids };
   });

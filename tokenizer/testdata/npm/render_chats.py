@@ -49,8 +49,9 @@ def main():
         prompts = []
         for c in chats:
             kw = {}
-            if "enable_thinking" in c:
-                kw["enable_thinking"] = c["enable_thinking"]
+            for k in ("enable_thinking", "tools"):
+                if k in c:
+                    kw[k] = c[k]
             prompts.append(tmpl.render(
                 messages=c["messages"],
                 add_generation_prompt=c["add_generation_prompt"],
