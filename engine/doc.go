@@ -7,6 +7,14 @@
 // time; the emulator (package emulator) steps one in real time, sleeping for
 // each step's Duration. An Engine is not safe for concurrent use.
 //
+// A driver adds requests with Add, calls Step (or StepInto, which reuses the
+// caller's StepResult so a busy loop allocates nothing) while HasWork, and
+// advances its clock by each StepResult.Duration. Outputs carry one token per
+// request per step with its timing (TTFT, inter-token latency, and on the
+// last output queue, prefill and decode times); Stats carries what vLLM's
+// /metrics reports. Profile.StepTime, PrefillTime and DecodeTime expose the
+// cost model to planners, PrefixHit probes the cache without touching it.
+//
 // # Scheduling (vLLM V1)
 //
 // Each Step is one scheduler iteration with a token budget of

@@ -492,3 +492,40 @@ func (e *Engine) ResetPrefixCache() bool {
 	}
 	return true
 }
+
+// PrefixHit returns how many of r's prompt tokens the prefix cache would
+// serve if r were scheduled now (a read-only probe: nothing is touched or
+// counted). Like admission, it never counts the whole prompt: at least one
+// token is left to compute.
+func (e *Engine) PrefixHit(r *Request) int {
+	if !e.caching {
+		return 0
+	}
+	n := r.PromptLen
+	if n == 0 {
+		n = len(r.Prompt)
+	}
+	limit := (n - 1) / e.bs
+	if limit <= 0 {
+		return 0
+	}
+	hit := 0
+	if r.BlockHashes != nil {
+		for _, h := range r.BlockHashes[:min(limit, len(r.BlockHashes))] {
+			if _, ok := e.pool.lookup(h); !ok {
+				break
+			}
+			hit++
+		}
+		return hit * e.bs
+	}
+	parent := e.hash.None()
+	for i := 0; i < limit && (i+1)*e.bs <= len(r.Prompt); i++ {
+		parent = e.hash.Block(parent, r.Prompt[i*e.bs:(i+1)*e.bs])
+		if _, ok := e.pool.lookup(parent.Key()); !ok {
+			break
+		}
+		hit++
+	}
+	return hit * e.bs
+}

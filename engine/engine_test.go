@@ -258,7 +258,11 @@ func TestPrefixCaching(t *testing.T) {
 			prefix := tokens(1000, 4096)
 			d.add(&Request{ID: "a", Prompt: concat(prefix, tokens(50000, 100)), MaxTokens: 3})
 			d.run()
-			d.add(&Request{ID: "b", Prompt: concat(prefix, tokens(60000, 100)), MaxTokens: 3})
+			rb := &Request{ID: "b", Prompt: concat(prefix, tokens(60000, 100)), MaxTokens: 3}
+			if got := e.PrefixHit(rb); got != 4096 {
+				t.Errorf("PrefixHit = %d, want 4096", got)
+			}
+			d.add(rb)
 			d.run()
 			a, b := d.byID("a")[0], d.byID("b")[0]
 			if a.CachedTokens != 0 || b.CachedTokens != 4096 {
