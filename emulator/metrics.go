@@ -3,6 +3,7 @@ package emulator
 import (
 	"fmt"
 	"strconv"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -73,16 +74,71 @@ type snapshot struct {
 	requests, aborted            int64
 }
 
-// metrics holds one Server's instruments. Observers that the flavour does
+// metrics holds one Server's instruments. Histograms that the flavour does
 // not have are nil. The loop goroutine is the only writer.
 type metrics struct {
 	reg  *prometheus.Registry
 	snap atomic.Pointer[snapshot]
 
-	ttft, itl, tpot, e2e, queue, inference, prefill, decode prometheus.Observer
-	promptTokens, genTokens, maxTokensParam, maxGenTokens   prometheus.Observer
-	nParam, iteration                                       prometheus.Observer
+	// mu guards the histograms: the loop holds it while it records a step,
+	// a scrape while it copies them. One lock per step instead of atomic
+	// operations per observation keeps the per-token cost low.
+	mu                                                      sync.Mutex
+	hists                                                   []*hist
+	ttft, itl, tpot, e2e, queue, inference, prefill, decode *hist
+	promptTokens, genTokens, maxTokensParam, maxGenTokens   *hist
+	nParam, iteration                                       *hist
 	success                                                 map[string]prometheus.Counter
+}
+
+// hist is a classic Prometheus histogram written by one goroutine under
+// metrics.mu and exposed as a const histogram at scrape time.
+type hist struct {
+	desc   *prometheus.Desc
+	upper  []float64
+	counts []uint64 // counts[i]: observations in (upper[i-1], upper[i]]; the last is +Inf
+	sum    float64
+	count  uint64
+}
+
+func (h *hist) observe(v float64) {
+	if h == nil {
+		return
+	}
+	lo, hi := 0, len(h.upper) // first i with v <= upper[i]
+	for lo < hi {
+		mid := int(uint(lo+hi) >> 1)
+		if v <= h.upper[mid] {
+			hi = mid
+		} else {
+			lo = mid + 1
+		}
+	}
+	h.counts[lo]++
+	h.sum += v
+	h.count++
+}
+
+// Describe and Collect make metrics a prometheus.Collector of its
+// histograms.
+func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
+	for _, h := range m.hists {
+		ch <- h.desc
+	}
+}
+
+func (m *metrics) Collect(ch chan<- prometheus.Metric) {
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	for _, h := range m.hists {
+		buckets := make(map[float64]uint64, len(h.upper))
+		var cum uint64
+		for i, u := range h.upper {
+			cum += h.counts[i]
+			buckets[u] = cum
+		}
+		ch <- prometheus.MustNewConstHistogram(h.desc, h.count, h.sum, buckets)
+	}
 }
 
 func (m *metrics) stats() *snapshot {
@@ -105,6 +161,9 @@ func newMetrics(flavor, model string, prof engine.Profile, hashAlgo string, star
 		m.llamacpp()
 	default:
 		return nil, fmt.Errorf("emulator: unknown metrics flavor %q (known: %v)", flavor, Flavors)
+	}
+	if len(m.hists) > 0 {
+		m.reg.MustRegister(m)
 	}
 	return m, nil
 }
@@ -130,9 +189,9 @@ func (m *metrics) created(base, help string, labels prometheus.Labels, created f
 	m.reg.MustRegister(g)
 }
 
-func (m *metrics) histogram(name, help string, labels prometheus.Labels, buckets []float64, created float64) prometheus.Observer {
-	h := prometheus.NewHistogram(prometheus.HistogramOpts{Name: name, Help: help, ConstLabels: labels, Buckets: buckets})
-	m.reg.MustRegister(h)
+func (m *metrics) histogram(name, help string, labels prometheus.Labels, buckets []float64, created float64) *hist {
+	h := &hist{desc: prometheus.NewDesc(name, help, nil, labels), upper: buckets, counts: make([]uint64, len(buckets)+1)}
+	m.hists = append(m.hists, h)
 	if created != 0 {
 		m.created(name, help, labels, created)
 	}
@@ -265,17 +324,12 @@ func (m *metrics) llamacpp() {
 	})
 }
 
-func observe(o prometheus.Observer, v float64) {
-	if o != nil {
-		o.Observe(v)
-	}
-}
-
-// onAdd records a request's parameters when it is queued.
+// onAdd records a request's parameters when it is queued. The caller holds
+// m.mu (as for onOutput and onStep).
 func (m *metrics) onAdd(maxTokens int) {
-	observe(m.maxTokensParam, float64(maxTokens))
-	observe(m.maxGenTokens, float64(maxTokens))
-	observe(m.nParam, 1)
+	m.maxTokensParam.observe(float64(maxTokens))
+	m.maxGenTokens.observe(float64(maxTokens))
+	m.nParam.observe(1)
 }
 
 // onOutput records one engine output. generated is the number of tokens the
@@ -285,9 +339,9 @@ func (m *metrics) onAdd(maxTokens int) {
 func (m *metrics) onOutput(o *engine.Output, generated int, reason string) {
 	if o.FinishReason != engine.FinishAbort || generated > 0 {
 		if o.First {
-			observe(m.ttft, o.TTFT.Seconds())
+			m.ttft.observe(o.TTFT.Seconds())
 		} else if o.ITL > 0 {
-			observe(m.itl, o.ITL.Seconds())
+			m.itl.observe(o.ITL.Seconds())
 		}
 	}
 	if !o.Finished {
@@ -297,21 +351,21 @@ func (m *metrics) onOutput(o *engine.Output, generated int, reason string) {
 		c.Inc()
 	}
 	e2e := (o.Time - o.Arrival).Seconds()
-	observe(m.e2e, e2e)
-	observe(m.queue, o.QueueTime.Seconds())
-	observe(m.inference, (o.PrefillTime + o.DecodeTime).Seconds())
-	observe(m.prefill, o.PrefillTime.Seconds())
-	observe(m.decode, o.DecodeTime.Seconds())
-	observe(m.promptTokens, float64(o.PromptTokens))
-	observe(m.genTokens, float64(generated))
+	m.e2e.observe(e2e)
+	m.queue.observe(o.QueueTime.Seconds())
+	m.inference.observe((o.PrefillTime + o.DecodeTime).Seconds())
+	m.prefill.observe(o.PrefillTime.Seconds())
+	m.decode.observe(o.DecodeTime.Seconds())
+	m.promptTokens.observe(float64(o.PromptTokens))
+	m.genTokens.observe(float64(generated))
 	if generated > 1 {
-		observe(m.tpot, o.DecodeTime.Seconds()/float64(generated-1))
+		m.tpot.observe(o.DecodeTime.Seconds() / float64(generated-1))
 	}
 }
 
 // onStep records a step's batch size.
 func (m *metrics) onStep(res *engine.StepResult) {
 	if n := res.Batch.PrefillTokens + res.Batch.DecodeTokens; n > 0 {
-		observe(m.iteration, float64(n))
+		m.iteration.observe(float64(n))
 	}
 }

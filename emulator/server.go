@@ -297,7 +297,9 @@ func (s *Server) loop(ctx context.Context) {
 				s.pub.publish(bytes.Clone(evbuf))
 			}
 		}
+		s.metrics.mu.Lock()
 		s.metrics.onStep(&res)
+		s.metrics.mu.Unlock()
 		if vnow-tpStart >= time.Second {
 			st := s.eng.Stats()
 			acc.genThroughput = float64(st.GenerationTokens-tpToks) / (vnow - tpStart).Seconds()
@@ -332,7 +334,9 @@ func (s *Server) apply(now time.Duration, c *command, live map[string]*stream, a
 		}
 		acc.requests++
 		live[c.req.ID] = c.st
+		s.metrics.mu.Lock()
 		s.metrics.onAdd(c.st.maxTokens)
+		s.metrics.mu.Unlock()
 		acc.maxContext = max(acc.maxContext, c.req.PromptLen+c.st.maxTokens)
 	case cmdAbort:
 		s.eng.Abort(now, c.id)
@@ -344,6 +348,8 @@ func (s *Server) apply(now time.Duration, c *command, live map[string]*stream, a
 // deliver hands a step's outputs to their streams, waking the handlers of
 // streaming requests and of finished ones.
 func (s *Server) deliver(res *engine.StepResult, live map[string]*stream, acc *snapshot) {
+	s.metrics.mu.Lock()
+	defer s.metrics.mu.Unlock()
 	for i := range res.Outputs {
 		o := &res.Outputs[i]
 		st := live[o.ID]
