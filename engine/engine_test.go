@@ -785,3 +785,61 @@ func TestStepInto(t *testing.T) {
 		t.Error("StepInto engine has work left")
 	}
 }
+
+func TestConfigOverrides(t *testing.T) {
+	base := mustEngine(t, "llama-3.1-8b-h100", nil).Profile()
+	tests := []struct {
+		name  string
+		mod   func(*Config)
+		check func(p Profile) string
+	}{
+		{"block size keeps capacity", func(c *Config) { c.BlockSize = 32 }, func(p Profile) string {
+			if p.BlockSize != 32 || p.NumGPUBlocks != base.NumGPUBlocks/2 {
+				return fmt.Sprintf("block size %d, %d blocks; want 32, %d", p.BlockSize, p.NumGPUBlocks, base.NumGPUBlocks/2)
+			}
+			return ""
+		}},
+		{"explicit blocks", func(c *Config) { c.NumGPUBlocks = 1000 }, func(p Profile) string {
+			if p.NumGPUBlocks != 1000 || p.MaxModelLen != 16000 {
+				return fmt.Sprintf("%d blocks, max model len %d; want 1000, 16000", p.NumGPUBlocks, p.MaxModelLen)
+			}
+			return ""
+		}},
+		{"scheduler limits", func(c *Config) { c.MaxNumSeqs = 7; c.MaxNumBatchedTokens = 333 }, func(p Profile) string {
+			if p.MaxNumSeqs != 7 || p.MaxNumBatchedTokens != 333 {
+				return fmt.Sprintf("max seqs %d, budget %d; want 7, 333", p.MaxNumSeqs, p.MaxNumBatchedTokens)
+			}
+			return ""
+		}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			if msg := tt.check(mustEngine(t, "llama-3.1-8b-h100", tt.mod).Profile()); msg != "" {
+				t.Error(msg)
+			}
+		})
+	}
+}
+
+func TestSpeed(t *testing.T) {
+	durations := func(speed float64) []time.Duration {
+		e := mustEngine(t, "tiny", func(c *Config) { c.Speed = speed })
+		d := newDriver(t, e)
+		d.add(&Request{ID: "a", Prompt: tokens(1, 300), MaxTokens: 5})
+		d.run()
+		var out []time.Duration
+		for _, s := range d.steps {
+			out = append(out, s.Duration)
+		}
+		return out
+	}
+	one, four := durations(1), durations(4)
+	if len(one) != len(four) {
+		t.Fatalf("%d steps at speed 1, %d at speed 4", len(one), len(four))
+	}
+	for i := range one {
+		if d := one[i] - 4*four[i]; d < -4 || d > 4 {
+			t.Errorf("step %d: %v at speed 1, %v at speed 4", i, one[i], four[i])
+		}
+	}
+}
