@@ -70,6 +70,7 @@ func TestCacheMultiTurn(t *testing.T) {
 				newBytes := s.MissBytes - prevMiss
 				prevMiss = s.MissBytes
 				// Only the newest user and assistant messages are new text.
+				t.Logf("turn %d: %d new bytes of %d", turn, newBytes, len(prompt))
 				if turn > 1 && newBytes > 400 {
 					t.Errorf("turn %d: encoded %d new bytes of %d, want only the new messages", turn, newBytes, len(prompt))
 				}
