@@ -226,6 +226,7 @@ type reqState struct {
 	errMsg      string // when status != 200
 	finish      string // engine finish reason
 	finished    bool   // completed or rejected: counted exactly once
+	onEngine    bool   // added to its engine and not finished there
 }
 
 type simulation struct {
@@ -241,9 +242,8 @@ type simulation struct {
 	order   []int32 // request indices by arrival
 	next    int     // next arrival in order
 	st      []reqState
-	live    map[string]int32 // engine request ID -> request index, while on an engine
-	oracle  *oracle          // over block hashes, or
-	soracle *segOracle       // over segments, when every prompt is segments
+	oracle  *oracle    // over block hashes, or
+	soracle *segOracle // over segments, when every prompt is segments
 
 	blockSize  int  // the fleet's engine block size in tokens (the first engine's)
 	routerBS   int  // the router's block size in tokens
@@ -259,7 +259,6 @@ func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 		cfg:  cfg,
 		reqs: reqs,
 		st:   make([]reqState, len(reqs)),
-		live: make(map[string]int32, 1024),
 		byEP: make(map[string]int32),
 	}
 	// Engines.
@@ -432,6 +431,23 @@ func (s *simulation) run(ctx context.Context) error {
 	return nil
 }
 
+// parseEngineID parses the decimal request index the simulator gives the
+// engine as the request ID.
+func parseEngineID(id string) (int32, bool) {
+	if id == "" || len(id) > 9 {
+		return 0, false
+	}
+	var n int32
+	for i := 0; i < len(id); i++ {
+		c := id[i]
+		if c < '0' || c > '9' {
+			return 0, false
+		}
+		n = n*10 + int32(c-'0')
+	}
+	return n, true
+}
+
 // scrapePhase spreads the first scrapes of engine i by replica k over the
 // interval, by a hash of the seed, i and k.
 func (s *simulation) scrapePhase(i, k int) time.Duration {
@@ -518,7 +534,9 @@ func (s *simulation) deliver(ei, i int32) {
 	st := &s.st[i]
 	st.delivered = s.now
 	st.ereq = engine.Request{
-		ID:        r.ID,
+		// The engine knows requests by their index, so that workload IDs
+		// need not be unique.
+		ID:        strconv.Itoa(int(i)),
 		PromptLen: r.PromptLen,
 		MaxTokens: r.OutputLen,
 		IgnoreEOS: true,
@@ -538,7 +556,7 @@ func (s *simulation) deliver(ei, i int32) {
 		s.q.push(s.now+s.cfg.NetLatency, evDone, ei, i)
 		return
 	}
-	s.live[r.ID] = i
+	st.onEngine = true
 	if !e.busy {
 		e.busy = true
 		s.q.push(s.now, evStep, ei, -1)
@@ -611,8 +629,8 @@ func (s *simulation) output(ei int32, o *engine.Output) {
 	if !o.First && !o.Finished {
 		return
 	}
-	i, ok := s.live[o.ID]
-	if !ok {
+	i, ok := parseEngineID(o.ID)
+	if !ok || int(i) >= len(s.st) || !s.st[i].onEngine {
 		return
 	}
 	st := &s.st[i]
@@ -623,7 +641,7 @@ func (s *simulation) output(ei int32, o *engine.Output) {
 		s.q.push(s.now+s.cfg.NetLatency, evFirstToken, ei, i)
 	}
 	if o.Finished {
-		delete(s.live, o.ID)
+		st.onEngine = false
 		st.doneAt = s.now
 		st.finish = o.FinishReason
 		st.outTokens = o.Index + 1

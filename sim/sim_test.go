@@ -327,3 +327,26 @@ func TestKVEventsFeedPreciseIndex(t *testing.T) {
 		t.Errorf("KV events after 1h: got %d precise hits, want 0 (no event is delivered during the run)", got)
 	}
 }
+
+func TestDuplicateWorkloadIDs(t *testing.T) {
+	reqs := smallChat(t, 50, 100, 12)
+	for i := range reqs {
+		reqs[i].ID = "same"
+	}
+	res := mustRun(t, Config{Fleet: tinyFleet(2), Policy: "round_robin"}, reqs)
+	if row := res.Row(0); row.Completed != len(reqs) {
+		t.Fatalf("completed %d of %d requests sharing one ID", row.Completed, len(reqs))
+	}
+}
+
+func TestParseEngineID(t *testing.T) {
+	for _, tt := range []struct {
+		in   string
+		want int32
+		ok   bool
+	}{{"0", 0, true}, {"12031", 12031, true}, {"", 0, false}, {"-1", 0, false}, {"1x", 0, false}, {"1234567890", 0, false}} {
+		if got, ok := parseEngineID(tt.in); got != tt.want || ok != tt.ok {
+			t.Errorf("parseEngineID(%q): got %d, %v, want %d, %v", tt.in, got, ok, tt.want, tt.ok)
+		}
+	}
+}

@@ -262,6 +262,13 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return err
 	}
 	if !o.quiet {
+		fmt.Fprintln(stdout, "\nTTFT breakdown, mean over completed requests (network = router<->engine round trip):")
+		fmt.Fprintf(stdout, "%-20s %6s %9s %9s %9s %11s\n", "name", "load", "network", "queue", "prefill", "first step")
+		for i, res := range results {
+			b := res.TTFTBreakdown()
+			fmt.Fprintf(stdout, "%-20s %6g %9s %9s %9s %11s\n", res.Policy, jobs[i].scale, report.FormatDuration(b.Network),
+				report.FormatDuration(b.Queue), report.FormatDuration(b.Prefill), report.FormatDuration(b.FirstDecode))
+		}
 		var simWall time.Duration
 		for _, d := range walls {
 			simWall += d

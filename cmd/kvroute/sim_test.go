@@ -1,0 +1,95 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/kvroute/kvroute/report"
+)
+
+// simArgs is a small, fast kvroute sim run on toy engines.
+var simArgs = []string{"sim", "--workload", "chat", "--requests", "200", "--rate", "40", "--engines", "2xtiny",
+	"--params", "system_len=96,user_len=40,reply_len=24,max_len=700", "--quiet"}
+
+func TestSimCommand(t *testing.T) {
+	dir := t.TempDir()
+	var out, errb bytes.Buffer
+	args := append(append([]string{}, simArgs...), "--policies", "kv-aware,round_robin", "--out", dir)
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("run: %v\nstderr: %s", err, errb.String())
+	}
+	for _, want := range []string{"kv-aware", "round_robin", "ttft99"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+	for _, f := range []string{"report.json", "report.csv", "report.html", "requests.csv", "ttft_cdf.svg"} {
+		if _, err := os.Stat(filepath.Join(dir, f)); err != nil {
+			t.Errorf("--out: %v", err)
+		}
+	}
+	f, err := os.Open(filepath.Join(dir, "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rep, err := report.ReadJSON(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Rows) != 2 || rep.Source != "sim" || rep.Rows[0].Requests != 200 {
+		t.Fatalf("report.json: %d rows, source %q, first row %d requests; want 2 rows of 200 from sim", len(rep.Rows), rep.Source, rep.Rows[0].Requests)
+	}
+	csv, err := os.ReadFile(filepath.Join(dir, "requests.csv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := bytes.Count(csv, []byte("\n")); n != 1+2*200 {
+		t.Errorf("requests.csv: %d lines, want %d", n, 1+2*200)
+	}
+}
+
+func TestSimCommandSweepIsDeterministic(t *testing.T) {
+	var a, b, errb bytes.Buffer
+	args := append(append([]string{}, simArgs...), "--policies", "round_robin", "--sweep", "0.5:1:0.5", "--parallel", "2")
+	if err := run(context.Background(), args, &a, &errb); err != nil {
+		t.Fatalf("run: %v\nstderr: %s", err, errb.String())
+	}
+	if err := run(context.Background(), args, &b, &errb); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if a.String() != b.String() {
+		t.Fatalf("two runs differ:\n%s\n%s", a.String(), b.String())
+	}
+	if n := strings.Count(a.String(), "round_robin"); n != 2 {
+		t.Errorf("sweep rows: got %d, want 2:\n%s", n, a.String())
+	}
+}
+
+func TestSimCommandUsageErrors(t *testing.T) {
+	for _, extra := range [][]string{
+		{"--policies", "nope"},
+		{"--trace", "x.jsonl"},
+		{"--sweep", "2:1:1"},
+		{"--engines", "0xtiny"},
+		{"--engines", "2xnope"},
+		{"--policy-param", "kv-aware"},
+		{"--policy-param", "llm-d.queue_weight=1"},
+		{"--routers", "0"},
+	} {
+		var out, errb bytes.Buffer
+		args := append(append([]string{}, simArgs...), extra...)
+		if err := run(context.Background(), args, &out, &errb); !errors.Is(err, errUsage) {
+			t.Errorf("%v: got %v, want a usage error", extra, err)
+		}
+	}
+	var out, errb bytes.Buffer
+	if err := run(context.Background(), []string{"sim", "--trace", filepath.Join(t.TempDir(), "missing.jsonl"), "--quiet"}, &out, &errb); err == nil {
+		t.Error("missing trace: got nil error")
+	}
+}
