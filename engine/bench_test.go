@@ -136,3 +136,19 @@ func BenchmarkFleetShare(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkHashBlock measures one 16-token block hash per algorithm (Add
+// hashes every full prompt block once).
+func BenchmarkHashBlock(b *testing.B) {
+	blk := tokens(128000, 16)
+	for _, name := range []string{HashXXH3, HashSHA256, HashSHA256CBOR} {
+		b.Run(name, func(b *testing.B) {
+			h, _ := NewHashFunc(name, "")
+			d := h.None()
+			b.ReportAllocs()
+			for b.Loop() {
+				d = h.Block(d, blk)
+			}
+		})
+	}
+}
