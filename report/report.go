@@ -183,3 +183,33 @@ func sortedKeys[V any](m map[string]V) []string {
 	sort.Strings(keys)
 	return keys
 }
+
+// Merge returns a report holding the rows and utilisation of reps in order,
+// for side-by-side comparison of separate runs (e.g. one bench run per
+// routing policy). Title, source, workload and SLO come from the first
+// report; a setting that differs between reports is kept as "a | b".
+func Merge(reps ...*Report) *Report {
+	out := &Report{}
+	for i, r := range reps {
+		if r == nil {
+			continue
+		}
+		if i == 0 || out.Title == "" {
+			out.Title, out.Source, out.Workload, out.SLO = r.Title, r.Source, r.Workload, r.SLO
+		}
+		for k, v := range r.Params {
+			if out.Params == nil {
+				out.Params = map[string]string{}
+			}
+			switch old, ok := out.Params[k]; {
+			case !ok:
+				out.Params[k] = v
+			case old != v:
+				out.Params[k] = old + " | " + v
+			}
+		}
+		out.Rows = append(out.Rows, r.Rows...)
+		out.Utilisation = append(out.Utilisation, r.Utilisation...)
+	}
+	return out
+}

@@ -493,3 +493,15 @@ func BenchmarkSummarize(b *testing.B) {
 		Summarize(samples, SummaryOptions{SLO: SLO{TTFT: time.Second}})
 	}
 }
+
+func TestMerge(t *testing.T) {
+	a := &Report{Title: "a", Source: "bench", Params: map[string]string{"url": "x", "rate": "1"}, Rows: []Row{{Name: "p1"}}}
+	b := &Report{Title: "b", Source: "bench", Params: map[string]string{"url": "x", "rate": "2"}, Rows: []Row{{Name: "p2"}},
+		Utilisation: []Utilisation{{Run: "p2"}}}
+	got := Merge(a, nil, b)
+	want := &Report{Title: "a", Source: "bench", Params: map[string]string{"url": "x", "rate": "1 | 2"},
+		Rows: []Row{{Name: "p1"}, {Name: "p2"}}, Utilisation: []Utilisation{{Run: "p2"}}}
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("got %+v, want %+v", got, want)
+	}
+}

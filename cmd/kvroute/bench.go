@@ -6,12 +6,14 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/bench"
 	"github.com/kvroute/kvroute/report"
+	"github.com/kvroute/kvroute/sim"
 	"github.com/kvroute/kvroute/workload"
 )
 
@@ -33,7 +35,10 @@ requests per second on average, --rate-scale X speeds it up X times) or
 --workload NAME (a generator: ` + "%s" + `;
 --rate is its mean arrival rate, --params its parameters, see
 'kvroute bench --workload list'). --duration keeps the requests that arrive
-within it; --max-requests caps how many are sent.
+within it; --max-requests caps how many are sent. --sweep runs the workload
+once per rate scale, one table row each (p99 TTFT and goodput against load in
+the HTML report). To compare routing policies, run bench once per policy with
+--name POLICY --out DIR and pass the earlier runs' DIR/report.json to --merge.
 
 Prompts are synthetic: equal trace blocks become equal text (one short English
 word per token; kvroute engine's built-in tokenizer reads each word as one
@@ -55,7 +60,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		requests, maxRequests, maxInFlight                                  int
 		seed                                                                uint64
 		ignoreEOS, quiet                                                    bool
-		headers                                                             stringList
+		headers, merge                                                      stringList
+		sweep                                                               string
 	)
 	fs.StringVar(&url, "url", "", "server base `URL`, e.g. http://127.0.0.1:8000 (required)")
 	fs.StringVar(&model, "model", "", "model `name` sent in every request (required)")
@@ -79,7 +85,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&sloTTFT, "slo-ttft", 2*time.Second, "goodput SLO: TTFT limit (0 = none)")
 	fs.DurationVar(&sloTPOT, "slo-tpot", 100*time.Millisecond, "goodput SLO: TPOT limit (0 = none)")
 	fs.StringVar(&out, "out", "", "write report.json, report.csv, report.txt, report.html and SVG charts to `dir`")
-	fs.StringVar(&name, "name", "bench", "row name in the report")
+	fs.StringVar(&name, "name", "bench", "row name in the report (e.g. the router's policy)")
+	fs.StringVar(&sweep, "sweep", "", "run once per rate scale: `FROM:TO:STEP` or a list X,Y,... (overrides --rate-scale; the server's caches carry over between runs)")
+	fs.Var(&merge, "merge", "report.json `file` of an earlier run whose rows go before this run's, for a side-by-side table (repeatable)")
 	fs.BoolVar(&quiet, "quiet", false, "print only the table (no progress bar or summary line)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -124,6 +132,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return errUsage
 	}
 
+	scales := []float64{rateScale}
+	if sweep != "" {
+		var err error
+		if scales, err = sim.ParseSweep(sweep); err != nil {
+			return usageErr("--sweep: %v", err)
+		}
+	}
+
 	// The workload.
 	var w *workload.Workload
 	var err error
@@ -147,7 +163,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			if r == 0 {
 				r = 10
 			}
-			n = int(r*rateScale*duration.Seconds()*1.5) + 10
+			n = int(r*slices.Max(scales)*duration.Seconds()*1.5) + 10
 		}
 		w, err = workload.Generate(wlName, workload.Options{Seed: seed, Requests: n,
 			Arrivals: workload.Arrivals{Kind: arrivals, Rate: rate, CV: cv}, Params: p})
@@ -155,72 +171,100 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return usageErr("%v", err)
 		}
 	}
-	if err := w.ScaleRate(rateScale); err != nil {
-		return usageErr("%v", err)
-	}
-	w.Limit(duration, maxRequests)
-	if len(w.Requests) == 0 {
-		return fmt.Errorf("bench: the workload has no requests")
-	}
-	oracle := workload.NewOracle(16)
-	var scratch []uint64
-	for i := range w.Requests {
-		scratch = oracle.Observe(&w.Requests[i], scratch)
+	var merged []*report.Report
+	for _, f := range merge {
+		fh, err := os.Open(f)
+		if err != nil {
+			return fmt.Errorf("bench: --merge: %w", err)
+		}
+		r, err := report.ReadJSON(fh)
+		fh.Close()
+		if err != nil {
+			return fmt.Errorf("bench: --merge %s: %w", f, err)
+		}
+		merged = append(merged, r)
 	}
 
-	progOut := stderr
-	if quiet {
-		progOut = io.Discard
-	}
-	cfg.Progress = report.NewProgress(progOut, len(w.Requests), "bench")
-	res, err := bench.Run(ctx, cfg, w.Requests)
-	cfg.Progress.Finish()
-	if err != nil {
-		return err
-	}
 	slo := report.SLO{TTFT: sloTTFT, TPOT: sloTPOT}
-	row := res.Summary(report.SummaryOptions{Name: name, SLO: slo, OracleHitRate: oracle.HitRate()})
-	params2 := map[string]string{
-		"url":           url,
-		"model":         model,
-		"api":           api,
-		"prompt":        prompt,
-		"requests":      strconv.Itoa(len(w.Requests)),
-		"rate_scale":    strconv.FormatFloat(rateScale, 'g', -1, 64),
-		"max_in_flight": strconv.Itoa(maxInFlight),
-		"timeout":       timeout.String(),
-		"elapsed":       res.Elapsed.Round(time.Millisecond).String(),
-		"delayed":       strconv.Itoa(res.Delayed),
-		"oracle_block":  "16",
-	}
-	if wlName != "" {
-		params2["seed"] = strconv.FormatUint(seed, 10)
-		if params != "" {
-			params2["params"] = params
-		}
-	}
-	if rate > 0 {
-		params2["rate"] = strconv.FormatFloat(rate, 'g', -1, 64)
-	}
 	rep := &report.Report{
 		Title:    "kvroute bench: " + w.Name,
 		Source:   "bench",
 		Workload: w.Name,
-		Params:   params2,
 		SLO:      slo,
-		Rows:     []report.Row{row},
+		Params: map[string]string{
+			"url":           url,
+			"model":         model,
+			"api":           api,
+			"prompt":        prompt,
+			"max_in_flight": strconv.Itoa(maxInFlight),
+			"timeout":       timeout.String(),
+			"oracle_block":  "16",
+		},
 	}
-	if occ := report.Occupancy(res.Samples, 200); len(occ) > 0 {
-		rep.Utilisation = []report.Utilisation{{Run: name, Metric: "in-flight requests", Engines: occ}}
+	if wlName != "" {
+		rep.Params["seed"] = strconv.FormatUint(seed, 10)
+		if params != "" {
+			rep.Params["params"] = params
+		}
+	}
+	if rate > 0 {
+		rep.Params["rate"] = strconv.FormatFloat(rate, 'g', -1, 64)
+	}
+	progOut := stderr
+	if quiet {
+		progOut = io.Discard
+	}
+	for k, scale := range scales {
+		if ctx.Err() != nil {
+			break
+		}
+		run := &workload.Workload{Name: w.Name, Requests: slices.Clone(w.Requests)}
+		if err := run.ScaleRate(scale); err != nil {
+			return usageErr("%v", err)
+		}
+		run.Limit(duration, maxRequests)
+		if len(run.Requests) == 0 {
+			return fmt.Errorf("bench: the workload has no requests")
+		}
+		oracle := workload.NewOracle(16)
+		var scratch []uint64
+		for i := range run.Requests {
+			scratch = oracle.Observe(&run.Requests[i], scratch)
+		}
+		label := "bench"
+		load := 0.0
+		if len(scales) > 1 {
+			label = fmt.Sprintf("bench x%g", scale)
+			load = scale
+		}
+		cfg.Progress = report.NewProgress(progOut, len(run.Requests), label)
+		res, err := bench.Run(ctx, cfg, run.Requests)
+		cfg.Progress.Finish()
+		if err != nil {
+			return err
+		}
+		rep.Rows = append(rep.Rows, res.Summary(report.SummaryOptions{Name: name, Load: load, SLO: slo, OracleHitRate: oracle.HitRate()}))
+		if k == len(scales)-1 {
+			if occ := report.Occupancy(res.Samples, 200); len(occ) > 0 {
+				rep.Utilisation = []report.Utilisation{{Run: fmt.Sprintf("%s x%g", name, scale), Metric: "in-flight requests", Engines: occ}}
+			}
+		}
+		if !quiet {
+			fmt.Fprintf(stderr, "rate x%g: sent %d requests in %v (%d delayed by --max-in-flight)\n",
+				scale, len(res.Samples), res.Elapsed.Round(time.Millisecond), res.Delayed)
+		}
+	}
+	if len(scales) == 1 {
+		rep.Params["rate_scale"] = strconv.FormatFloat(scales[0], 'g', -1, 64)
+	}
+	if ctx.Err() != nil && !quiet {
+		fmt.Fprintln(stderr, "interrupted: the report covers the requests sent so far")
+	}
+	if len(merged) > 0 {
+		rep = report.Merge(append(merged, rep)...)
 	}
 	if err := rep.WriteTable(stdout); err != nil {
 		return err
-	}
-	if !quiet {
-		fmt.Fprintf(stderr, "sent %d requests in %v (%d delayed by --max-in-flight)\n", len(res.Samples), res.Elapsed.Round(time.Millisecond), res.Delayed)
-		if ctx.Err() != nil {
-			fmt.Fprintln(stderr, "interrupted: the report covers the requests sent so far")
-		}
 	}
 	if out != "" {
 		if _, err := rep.WriteDir(out); err != nil {
