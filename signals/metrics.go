@@ -181,21 +181,35 @@ func decodeFamilies(r io.Reader, contentType string) (map[string]*dto.MetricFami
 		format = expfmt.ResponseFormat(http.Header{"Content-Type": {contentType}})
 	}
 	switch format.FormatType() {
-	case expfmt.TypeProtoDelim, expfmt.TypeOpenMetrics:
-	default:
-		// The text format, and anything unrecognised (engines often send
-		// text with a sloppy content type).
-		p := expfmt.NewTextParser(model.UTF8Validation)
-		fams, err := p.TextToMetricFamilies(r)
-		if err != nil {
-			return nil, err
-		}
-		if len(fams) > MaxFamilies {
-			return nil, fmt.Errorf("%d metric families, more than %d", len(fams), MaxFamilies)
-		}
-		return fams, nil
+	case expfmt.TypeProtoDelim:
+		return decodeWith(expfmt.NewDecoder(r, format))
+	case expfmt.TypeOpenMetrics:
+		// expfmt's OpenMetrics decoder is a general ABNF parser that takes
+		// seconds on a vLLM body, unusable at a 100 ms interval. The text
+		// parser reads engines' OpenMetrics output (# EOF is a comment,
+		// counters' _total samples become untyped families); exemplars and
+		// float timestamps are not supported. Scrapes ask for the text
+		// format, so engines rarely send this.
+		return parseText(r)
 	}
-	dec := expfmt.NewDecoder(r, format)
+	// The text format, and anything unrecognised (engines often send text
+	// with a sloppy content type).
+	return parseText(r)
+}
+
+func parseText(r io.Reader) (map[string]*dto.MetricFamily, error) {
+	p := expfmt.NewTextParser(model.UTF8Validation)
+	fams, err := p.TextToMetricFamilies(r)
+	if err != nil {
+		return nil, err
+	}
+	if len(fams) > MaxFamilies {
+		return nil, fmt.Errorf("%d metric families, more than %d", len(fams), MaxFamilies)
+	}
+	return fams, nil
+}
+
+func decodeWith(dec expfmt.Decoder) (map[string]*dto.MetricFamily, error) {
 	fams := make(map[string]*dto.MetricFamily)
 	for {
 		mf := new(dto.MetricFamily)

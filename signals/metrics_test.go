@@ -177,6 +177,28 @@ func TestParseMetricsFormats(t *testing.T) {
 	}
 }
 
+// TestParseOpenMetricsText: OpenMetrics bodies go through the text parser.
+func TestParseOpenMetricsText(t *testing.T) {
+	body := `# TYPE vllm:num_requests_waiting gauge
+vllm:num_requests_waiting{engine="0"} 2
+# TYPE vllm:num_requests_running gauge
+vllm:num_requests_running{engine="0"} 1
+# TYPE vllm:prefix_cache_queries counter
+vllm:prefix_cache_queries_total{engine="0"} 10
+vllm:prefix_cache_queries_created{engine="0"} 1.7e+09
+# TYPE vllm:prefix_cache_hits counter
+vllm:prefix_cache_hits_total{engine="0"} 5
+# EOF
+`
+	m, err := ParseMetrics(strings.NewReader(body), "application/openmetrics-text; version=1.0.0; charset=utf-8", FlavorAuto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if m.Waiting != 2 || m.Running != 1 || m.PrefixQueries != 10 || m.PrefixHits != 5 {
+		t.Fatalf("got %+v", m)
+	}
+}
+
 func sortedKeys(m map[string]*dto.MetricFamily) []string {
 	keys := make([]string, 0, len(m))
 	for k := range m {

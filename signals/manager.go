@@ -1,0 +1,296 @@
+package signals
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"slices"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute"
+)
+
+// ManagerConfig configures a Manager; the zero value is usable.
+type ManagerConfig struct {
+	Scrape ScrapeConfig
+	// Registerer receives the per-endpoint metrics (kvroute_endpoint_*); nil
+	// registers nothing.
+	Registerer prometheus.Registerer
+	// Logger receives the loops' warnings; nil discards.
+	Logger *slog.Logger
+}
+
+// Manager runs one scrape loop and, where configured, one KV-event
+// subscriber per endpoint. Sync adds and removes endpoints; Close stops
+// everything and waits. A Manager is safe for concurrent use.
+//
+// Lock order: Manager.mu, then a View's or Subscriber's own lock.
+type Manager struct {
+	cfg ManagerConfig
+	ctx context.Context
+	end context.CancelFunc
+	col *collector
+
+	mu      sync.Mutex // guards targets and closed
+	targets map[string]*managed
+	closed  bool
+}
+
+type managed struct {
+	target  Target
+	scraper *Scraper
+	sub     *Subscriber
+	loops   []*loop
+}
+
+// NewManager returns a Manager with no endpoints and registers its
+// metrics.
+func NewManager(cfg ManagerConfig) (*Manager, error) {
+	if cfg.Logger == nil {
+		cfg.Logger = slog.New(slog.DiscardHandler)
+	}
+	if cfg.Scrape.Logger == nil {
+		cfg.Scrape.Logger = cfg.Logger
+	}
+	cfg.Scrape.setDefaults()
+	ctx, cancel := context.WithCancel(context.Background())
+	m := &Manager{cfg: cfg, ctx: ctx, end: cancel, targets: make(map[string]*managed)}
+	m.col = &collector{m: m}
+	if cfg.Registerer != nil {
+		if err := cfg.Registerer.Register(m.col); err != nil {
+			cancel()
+			return nil, fmt.Errorf("signals manager: register metrics: %w", err)
+		}
+	}
+	return m, nil
+}
+
+// Sync makes the running endpoints those of targets: new ones start,
+// missing ones stop (and their KV-event entries are removed from their
+// Sink), changed ones restart. It validates every target first and changes
+// nothing when one is invalid.
+func (m *Manager) Sync(targets []Target) error {
+	want := make(map[string]Target, len(targets))
+	for _, t := range targets {
+		if t.Endpoint == "" {
+			return errors.New("signals manager: target with empty Endpoint")
+		}
+		if _, dup := want[t.Endpoint]; dup {
+			return fmt.Errorf("signals manager: endpoint %q listed twice", t.Endpoint)
+		}
+		if t.View == nil {
+			return fmt.Errorf("signals manager: endpoint %q: View is nil", t.Endpoint)
+		}
+		want[t.Endpoint] = t
+	}
+	built := make(map[string]*managed)
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.closed {
+		return errors.New("signals manager: closed")
+	}
+	for name, t := range want {
+		if cur := m.targets[name]; cur != nil && sameTarget(cur.target, t) {
+			continue
+		}
+		mg, err := m.build(t)
+		if err != nil {
+			return err
+		}
+		built[name] = mg
+	}
+	// Stop removed and changed endpoints, then start the new ones.
+	for name, cur := range m.targets {
+		t, keep := want[name]
+		if keep && built[name] == nil {
+			continue
+		}
+		for _, l := range cur.loops {
+			l.stop()
+		}
+		delete(m.targets, name)
+		if ev := cur.target.KVEvents; ev != nil && (!keep || t.KVEvents == nil || t.KVEvents.Sink != ev.Sink) {
+			ev.Sink.Remove(name)
+		}
+	}
+	for name, mg := range built {
+		if mg.scraper != nil {
+			mg.loops = append(mg.loops, startLoop(m.ctx, mg.scraper.Run))
+		}
+		if mg.sub != nil {
+			mg.loops = append(mg.loops, startLoop(m.ctx, mg.sub.Run))
+		}
+		m.targets[name] = mg
+	}
+	return nil
+}
+
+func sameTarget(a, b Target) bool {
+	return a.Endpoint == b.Endpoint && a.MetricsURL == b.MetricsURL && a.Flavor == b.Flavor && a.View == b.View &&
+		reflect.ValueOf(a.OnMetrics).Pointer() == reflect.ValueOf(b.OnMetrics).Pointer() &&
+		reflect.DeepEqual(a.KVEvents, b.KVEvents)
+}
+
+func (m *Manager) build(t Target) (*managed, error) {
+	mg := &managed{target: t}
+	if t.MetricsURL != "" {
+		s, err := NewScraper(m.cfg.Scrape, t)
+		if err != nil {
+			return nil, fmt.Errorf("signals manager: %w", err)
+		}
+		mg.scraper = s
+	}
+	if ev := t.KVEvents; ev != nil {
+		sub, err := NewSubscriber(SubscriberConfig{Endpoint: t.Endpoint, Address: ev.Address, ReplayAddress: ev.ReplayAddress,
+			Topic: ev.Topic, Sink: ev.Sink, Logger: m.cfg.Logger})
+		if err != nil {
+			return nil, fmt.Errorf("signals manager: endpoint %q: %w", t.Endpoint, err)
+		}
+		mg.sub = sub
+	}
+	return mg, nil
+}
+
+// Close stops every loop, waits for them and unregisters the metrics. The
+// Sinks keep their entries.
+func (m *Manager) Close() {
+	m.mu.Lock()
+	if m.closed {
+		m.mu.Unlock()
+		return
+	}
+	m.closed = true
+	m.end()
+	for _, mg := range m.targets {
+		for _, l := range mg.loops {
+			l.stop()
+		}
+	}
+	m.mu.Unlock()
+	if m.cfg.Registerer != nil {
+		m.cfg.Registerer.Unregister(m.col)
+	}
+}
+
+// EndpointStatus is one endpoint's signals for reporting (/metrics, UI).
+type EndpointStatus struct {
+	Endpoint string
+	View     ViewStatus
+	// Load is the View's load at the time of the call.
+	Load kvroute.Load
+	// Flavor is the detected (or configured) metrics flavour.
+	Flavor Flavor
+	// ScrapeDuration is how long the last scrape took.
+	ScrapeDuration time.Duration
+	// KVEvents is the subscriber's status (nil without KV events).
+	KVEvents *SubscriberStatus
+}
+
+// Status returns every endpoint's status, sorted by endpoint.
+func (m *Manager) Status() []EndpointStatus {
+	now := time.Now()
+	m.mu.Lock()
+	out := make([]EndpointStatus, 0, len(m.targets))
+	for name, mg := range m.targets {
+		st := EndpointStatus{Endpoint: name, View: mg.target.View.Snapshot(), Load: mg.target.View.Load(now), Flavor: mg.target.Flavor}
+		if mg.scraper != nil {
+			st.ScrapeDuration = mg.scraper.LastDuration()
+			if f := mg.scraper.DetectedFlavor(); f != "" {
+				st.Flavor = f
+			}
+		}
+		if mg.sub != nil {
+			s := mg.sub.Status()
+			st.KVEvents = &s
+		}
+		out = append(out, st)
+	}
+	m.mu.Unlock()
+	slices.SortFunc(out, func(a, b EndpointStatus) int {
+		switch {
+		case a.Endpoint < b.Endpoint:
+			return -1
+		case a.Endpoint > b.Endpoint:
+			return 1
+		}
+		return 0
+	})
+	return out
+}
+
+// collector exports the Manager's per-endpoint state at scrape time, so
+// removed endpoints disappear without bookkeeping.
+type collector struct{ m *Manager }
+
+var (
+	epLabel      = []string{"endpoint"}
+	descAge      = prometheus.NewDesc("kvroute_endpoint_signal_age_seconds", "Age of the endpoint's last successful metrics scrape.", epLabel, nil)
+	descStale    = prometheus.NewDesc("kvroute_endpoint_signal_stale", "1 when the endpoint's signals are stale and routing uses router-local counts.", epLabel, nil)
+	descScrapes  = prometheus.NewDesc("kvroute_endpoint_scrapes_total", "Successful metrics scrapes.", epLabel, nil)
+	descErrors   = prometheus.NewDesc("kvroute_endpoint_scrape_errors_total", "Failed metrics scrapes.", epLabel, nil)
+	descDuration = prometheus.NewDesc("kvroute_endpoint_scrape_duration_seconds", "Duration of the last scrape.", epLabel, nil)
+	descWaiting  = prometheus.NewDesc("kvroute_endpoint_waiting", "Waiting requests in the last scrape.", epLabel, nil)
+	descRunning  = prometheus.NewDesc("kvroute_endpoint_running", "Running requests in the last scrape.", epLabel, nil)
+	descKV       = prometheus.NewDesc("kvroute_endpoint_kv_usage", "KV-cache usage (0..1) in the last scrape.", epLabel, nil)
+	descHitRate  = prometheus.NewDesc("kvroute_endpoint_prefix_hit_rate", "Recent prefix-cache hit rate (tokens), -1 unknown.", epLabel, nil)
+	descInFlight = prometheus.NewDesc("kvroute_endpoint_inflight", "Requests the router holds open to the endpoint.", epLabel, nil)
+	descBatches  = prometheus.NewDesc("kvroute_endpoint_kv_event_batches_total", "KV-event batches applied.", epLabel, nil)
+	descGaps     = prometheus.NewDesc("kvroute_endpoint_kv_event_gaps_total", "KV-event sequence gaps.", epLabel, nil)
+	descResyncs  = prometheus.NewDesc("kvroute_endpoint_kv_event_resyncs_total", "Times the endpoint's index entries were dropped to resynchronise.", epLabel, nil)
+	descRestarts = prometheus.NewDesc("kvroute_endpoint_kv_event_restarts_total", "KV-event sequence restarts (engine restarts).", epLabel, nil)
+	descConn     = prometheus.NewDesc("kvroute_endpoint_kv_events_connected", "1 while the KV-event subscriber is connected.", epLabel, nil)
+)
+
+func (c *collector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{descAge, descStale, descScrapes, descErrors, descDuration, descWaiting, descRunning,
+		descKV, descHitRate, descInFlight, descBatches, descGaps, descResyncs, descRestarts, descConn} {
+		ch <- d
+	}
+}
+
+func (c *collector) Collect(ch chan<- prometheus.Metric) {
+	now := time.Now()
+	for _, st := range c.m.Status() {
+		ep := st.Endpoint
+		gauge := func(d *prometheus.Desc, v float64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, ep)
+		}
+		counter := func(d *prometheus.Desc, v uint64) {
+			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), ep)
+		}
+		if !st.View.ObservedAt.IsZero() {
+			gauge(descAge, now.Sub(st.View.ObservedAt).Seconds())
+			gauge(descWaiting, st.View.Last.Waiting)
+			gauge(descRunning, st.View.Last.Running)
+			if st.View.Last.Has(HasKVUsage) {
+				gauge(descKV, st.View.Last.KVUsage)
+			}
+		}
+		stale := 0.0
+		if st.Load.Stale {
+			stale = 1
+		}
+		gauge(descStale, stale)
+		counter(descScrapes, st.View.Scrapes)
+		counter(descErrors, st.View.Errors)
+		gauge(descDuration, st.ScrapeDuration.Seconds())
+		gauge(descHitRate, st.Load.PrefixHitRate)
+		gauge(descInFlight, float64(st.Load.InFlight))
+		if ev := st.KVEvents; ev != nil {
+			counter(descBatches, ev.Batches)
+			counter(descGaps, ev.Gaps)
+			counter(descResyncs, ev.Resyncs)
+			counter(descRestarts, ev.Restarts)
+			conn := 0.0
+			if ev.Connected {
+				conn = 1
+			}
+			gauge(descConn, conn)
+		}
+	}
+}

@@ -1,0 +1,251 @@
+package signals
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"sync/atomic"
+	"time"
+
+	"github.com/zeebo/xxh3"
+)
+
+// ScrapeConfig configures metric scraping; the zero value is usable.
+type ScrapeConfig struct {
+	// Interval between two scrapes of one endpoint; default 100ms.
+	Interval time.Duration
+	// Timeout of one scrape, at most Interval; default Interval.
+	Timeout time.Duration
+	// MaxBodyBytes caps a /metrics body; a larger one is a failed scrape.
+	// Default 4 MiB.
+	MaxBodyBytes int64
+	// Client sends the scrapes; nil uses a client of its own with keep-alive
+	// connections.
+	Client *http.Client
+	// Logger receives scrape failures (once per failure streak); nil
+	// discards.
+	Logger *slog.Logger
+}
+
+// DefaultScrapeInterval is the default ScrapeConfig.Interval.
+const DefaultScrapeInterval = 100 * time.Millisecond
+
+func (c *ScrapeConfig) setDefaults() {
+	if c.Interval <= 0 {
+		c.Interval = DefaultScrapeInterval
+	}
+	if c.Timeout <= 0 || c.Timeout > c.Interval {
+		c.Timeout = c.Interval
+	}
+	if c.MaxBodyBytes <= 0 {
+		c.MaxBodyBytes = 4 << 20
+	}
+	if c.Client == nil {
+		c.Client = &http.Client{Transport: &http.Transport{
+			MaxIdleConnsPerHost: 2,
+			IdleConnTimeout:     90 * time.Second,
+		}}
+	}
+	if c.Logger == nil {
+		c.Logger = slog.New(slog.DiscardHandler)
+	}
+}
+
+// Target is one endpoint to watch.
+type Target struct {
+	// Endpoint is the endpoint's ID (metric label, Sink name). Required.
+	Endpoint string
+	// MetricsURL is the engine's metrics URL, e.g. http://10.0.0.7:8000/metrics;
+	// "" means no scraping (the View then stays router-local).
+	MetricsURL string
+	// Flavor of the engine's metrics; "" or auto detects it.
+	Flavor Flavor
+	// View receives the observations. Required.
+	View *View
+	// OnMetrics, if set, is called after each successful scrape (e.g. to
+	// size the approximate index from NumGPUBlocks). It must not block.
+	OnMetrics func(now time.Time, m Metrics)
+	// KVEvents, if set, subscribes to the engine's KV-cache events.
+	KVEvents *KVEventsTarget
+}
+
+// KVEventsTarget is where an endpoint publishes KV-cache events and where
+// they go.
+type KVEventsTarget struct {
+	// Address and ReplayAddress as in SubscriberConfig.
+	Address, ReplayAddress string
+	// Topic as in SubscriberConfig ("" = all).
+	Topic string
+	// Sink receives the blocks (the model's precise index). Required.
+	Sink Sink
+}
+
+// Scraper is one endpoint's scrape loop, modelled on Prometheus' scrape
+// loop: the first scrape waits an offset derived from the endpoint's name
+// (so endpoints spread over the interval), then one scrape per interval,
+// each bounded by the timeout and the body cap. A failed scrape is recorded
+// in the View (ObserveError) so the signals age and turn stale.
+type Scraper struct {
+	cfg    ScrapeConfig
+	target Target
+
+	buf bytes.Buffer // body buffer, reused; only the loop goroutine uses it
+
+	lastDuration atomic.Int64 // nanoseconds of the last scrape
+	flavor       atomic.Pointer[Flavor]
+	failing      bool // in a failure streak; only the loop goroutine uses it
+}
+
+// NewScraper returns the scrape loop for t.
+func NewScraper(cfg ScrapeConfig, t Target) (*Scraper, error) {
+	cfg.setDefaults()
+	if t.Endpoint == "" {
+		return nil, errors.New("scraper: Target.Endpoint is empty")
+	}
+	if t.View == nil {
+		return nil, fmt.Errorf("scraper %s: Target.View is nil", t.Endpoint)
+	}
+	if t.MetricsURL == "" {
+		return nil, fmt.Errorf("scraper %s: Target.MetricsURL is empty", t.Endpoint)
+	}
+	if _, err := http.NewRequest(http.MethodGet, t.MetricsURL, nil); err != nil {
+		return nil, fmt.Errorf("scraper %s: MetricsURL: %w", t.Endpoint, err)
+	}
+	if _, err := ParseFlavor(string(t.Flavor)); err != nil {
+		return nil, fmt.Errorf("scraper %s: %w", t.Endpoint, err)
+	}
+	return &Scraper{cfg: cfg, target: t}, nil
+}
+
+// Offset returns how long after start the first scrape of endpoint happens:
+// a hash of its name modulo interval.
+func Offset(endpoint string, interval time.Duration) time.Duration {
+	if interval <= 0 {
+		return 0
+	}
+	return time.Duration(xxh3.HashString(endpoint) % uint64(interval))
+}
+
+// Run scrapes until ctx is done and returns nil then.
+func (s *Scraper) Run(ctx context.Context) error {
+	first := time.NewTimer(Offset(s.target.Endpoint, s.cfg.Interval))
+	select {
+	case <-ctx.Done():
+		first.Stop()
+		return nil
+	case <-first.C:
+	}
+	tick := time.NewTicker(s.cfg.Interval)
+	defer tick.Stop()
+	for {
+		s.ScrapeOnce(ctx)
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-tick.C:
+		}
+	}
+}
+
+// ScrapeOnce scrapes once and records the result in the View.
+func (s *Scraper) ScrapeOnce(ctx context.Context) {
+	start := time.Now()
+	m, err := s.fetch(ctx)
+	s.lastDuration.Store(int64(time.Since(start)))
+	if ctx.Err() != nil {
+		return // shutting down: not the engine's fault
+	}
+	if err != nil {
+		s.target.View.ObserveError(time.Now(), err)
+		if !s.failing {
+			s.cfg.Logger.Warn("scrape failed", "endpoint", s.target.Endpoint, "url", s.target.MetricsURL, "err", err)
+		}
+		s.failing = true
+		return
+	}
+	if s.failing {
+		s.cfg.Logger.Info("scrape recovered", "endpoint", s.target.Endpoint)
+	}
+	s.failing = false
+	f := m.Flavor
+	s.flavor.Store(&f)
+	// The engine's state is sampled at some point during the request; the
+	// send time errs towards counting racing dispatches twice rather than
+	// not at all (see the package doc).
+	s.target.View.Observe(start, m)
+	if s.target.OnMetrics != nil {
+		s.target.OnMetrics(start, m)
+	}
+}
+
+// acceptHeader asks for the text format, as Prometheus does for 0.0.4.
+const acceptHeader = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
+
+func (s *Scraper) fetch(ctx context.Context) (Metrics, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.target.MetricsURL, nil)
+	if err != nil {
+		return Metrics{}, fmt.Errorf("scrape: %w", err)
+	}
+	req.Header.Set("Accept", acceptHeader)
+	req.Header.Set("User-Agent", "kvroute")
+	resp, err := s.cfg.Client.Do(req)
+	if err != nil {
+		return Metrics{}, fmt.Errorf("scrape: %w", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		return Metrics{}, fmt.Errorf("scrape: status %s", resp.Status)
+	}
+	s.buf.Reset()
+	n, err := s.buf.ReadFrom(io.LimitReader(resp.Body, s.cfg.MaxBodyBytes+1))
+	if err != nil {
+		return Metrics{}, fmt.Errorf("scrape: read body: %w", err)
+	}
+	if n > s.cfg.MaxBodyBytes {
+		return Metrics{}, fmt.Errorf("scrape: body exceeds %d bytes", s.cfg.MaxBodyBytes)
+	}
+	return ParseMetrics(bytes.NewReader(s.buf.Bytes()), resp.Header.Get("Content-Type"), s.target.Flavor)
+}
+
+// LastDuration is how long the last scrape took.
+func (s *Scraper) LastDuration() time.Duration { return time.Duration(s.lastDuration.Load()) }
+
+// DetectedFlavor is the flavour of the last successful scrape ("" = none).
+func (s *Scraper) DetectedFlavor() Flavor {
+	if f := s.flavor.Load(); f != nil {
+		return *f
+	}
+	return ""
+}
+
+// loop is one running goroutine and how to stop it.
+type loop struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func startLoop(parent context.Context, run func(ctx context.Context) error) *loop {
+	ctx, cancel := context.WithCancel(parent)
+	l := &loop{cancel: cancel, done: make(chan struct{})}
+	go func() {
+		defer close(l.done)
+		_ = run(ctx)
+	}()
+	return l
+}
+
+// stop cancels the loop and waits for it to return.
+func (l *loop) stop() {
+	if l == nil {
+		return
+	}
+	l.cancel()
+	<-l.done
+}
