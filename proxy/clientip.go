@@ -6,6 +6,8 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+
+	"github.com/kvroute/kvroute/openai"
 )
 
 // Headers the proxy reads or writes.
@@ -14,7 +16,7 @@ const (
 	// client; a client's own (1-128 characters of [A-Za-z0-9._:-]) is kept.
 	HeaderRequestID = "X-Request-Id"
 	// HeaderSession is the session affinity key clients may send.
-	HeaderSession = "X-Session-Id"
+	HeaderSession = openai.HeaderSessionID
 	// HeaderRoutingPrefix starts every header that carries routing
 	// instructions; they are stripped unless the client is trusted.
 	HeaderRoutingPrefix = "X-Kvroute-"

@@ -86,7 +86,7 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 		ID:           id,
 		Model:        ri.Model,
 		Tenant:       ri.User,
-		SessionKey:   r.Header.Get(HeaderSession),
+		SessionKey:   openai.SessionKey(r.Header),
 		Prompt:       ri.Prompt,
 		PromptTokens: ri.PromptTokens(),
 		MaxTokens:    ri.MaxTokens,

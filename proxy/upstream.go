@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httputil"
@@ -67,6 +68,7 @@ func (p *Proxy) newEndpointProxy(pl *pool, ep *kvroute.Endpoint) (*endpointProxy
 		Transport:      p.transport,
 		FlushInterval:  -1, // every chunk of an event stream goes out as it arrives
 		BufferPool:     copyBuffers,
+		ErrorLog:       slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
 		ModifyResponse: p.modifyResponse,
 		ErrorHandler:   p.upstreamError,
 	}
