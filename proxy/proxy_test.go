@@ -652,3 +652,36 @@ func TestRequestIDOnEveryAnswer(t *testing.T) {
 		t.Errorf("an invalid client id must be replaced: got %q", id)
 	}
 }
+
+func TestSessionAndTenantReachTheRouter(t *testing.T) {
+	be := newBackend(t, "a", okHandler("a"))
+	body := `{"model":"m","user":"alice","messages":[{"role":"user","content":"hello"}]}`
+	tests := []struct {
+		name        string
+		trusted     []string
+		headers     map[string]string
+		wantSession string
+		wantTenant  string
+	}{
+		{"user field", nil, nil, "", "alice"},
+		{"session header", nil, map[string]string{"X-Session-Id": "s1"}, "s1", "alice"},
+		{"untrusted routing headers ignored", nil, map[string]string{"X-Session-Id": "s1", "X-Kvroute-Session": "s2", "X-Kvroute-Tenant": "t2"}, "s1", "alice"},
+		{"trusted routing headers win", []string{"127.0.0.1"}, map[string]string{"X-Session-Id": "s1", "X-Kvroute-Session": "s2", "X-Kvroute-Tenant": "t2"}, "s2", "t2"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := testConfig("first", be.URL)
+			cfg.TrustedClients = tc.trusted
+			tp := newTestProxy(t, cfg)
+			req, _ := http.NewRequest("POST", tp.srv.URL+PathChatCompletions, strings.NewReader(body))
+			for k, v := range tc.headers {
+				req.Header.Set(k, v)
+			}
+			readAll(t, must(http.DefaultClient.Do(req)))
+			d := tp.Router("m").Decisions(1)
+			if len(d) != 1 || d[0].SessionKey != tc.wantSession || d[0].Tenant != tc.wantTenant {
+				t.Errorf("decision: got %+v, want session %q tenant %q", d, tc.wantSession, tc.wantTenant)
+			}
+		})
+	}
+}
