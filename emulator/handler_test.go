@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/openai"
 )
 
@@ -260,7 +261,9 @@ func FuzzHandler(f *testing.F) {
 		f.Add(s, false)
 		f.Add(s, true)
 	}
-	s, err := New(Config{Model: "tiny", Engine: tinyEngine(f), Speed: 1000, DefaultMaxTokens: 4})
+	// Role prefill: a fuzzed do_remote_prefill must not make the server
+	// call whatever remote_host the input names.
+	s, err := New(Config{Model: "tiny", Engine: tinyEngine(f), Speed: 1000, DefaultMaxTokens: 4, Role: kvroute.RolePrefill})
 	if err != nil {
 		f.Fatal(err)
 	}

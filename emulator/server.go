@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"sync"
 	"sync/atomic"
@@ -81,8 +82,12 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{
 		cfg: cfg, prof: eng.Profile(), eng: eng,
 		leases: leaseTable{m: map[string]*lease{}},
-		client: &http.Client{Timeout: cfg.BootstrapWait + cfg.scaled(cfg.LeaseTimeout) + time.Minute},
-		start:  time.Now(), wake: make(chan struct{}, 1), done: make(chan struct{}), exited: make(chan struct{}),
+		client: &http.Client{
+			Timeout: cfg.BootstrapWait + 11*time.Minute, // the wait, then at most 10 minutes of transfer
+			Transport: &http.Transport{DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext,
+				MaxIdleConnsPerHost: 16, IdleConnTimeout: time.Minute},
+		},
+		start: time.Now(), wake: make(chan struct{}, 1), done: make(chan struct{}), exited: make(chan struct{}),
 	}
 	s.created = s.start.Unix()
 	hashName := "xxh3"
@@ -164,6 +169,7 @@ func (s *Server) Run(ctx context.Context) error {
 	s.shutdown()
 	cancel()
 	wg.Wait()
+	s.client.CloseIdleConnections()
 	return nil
 }
 
