@@ -127,6 +127,14 @@ func ProfileFromHFConfig(configJSON []byte, gpu string, tp int, dtype string) (P
 		}
 		m.DenseLayers = min(c.FirstKDense, c.Layers)
 	}
+	// Bound the parameter count in floating point first, so that the int64
+	// arithmetic of the model below cannot overflow on hostile configs.
+	h, heads, hd := float64(m.Hidden), float64(m.Heads), float64(m.HeadDim+m.QKRopeDim)
+	perLayer := 4*h*heads*hd + 2*float64(m.KVLoRARank)*heads*hd + h*float64(m.KVLoRARank+m.QKRopeDim) +
+		3*h*float64(m.Intermediate) + 3*h*float64(m.MoEIntermediate)*float64(m.Experts+m.SharedExperts) + h*float64(m.Experts)
+	if est := float64(m.Layers)*perLayer + 2*float64(m.Vocab)*h; est > 1e14 {
+		return Profile{}, fmt.Errorf("engine: hf config: implausible model size (%.3g parameters)", est)
+	}
 	if m.Intermediate == 0 && m.Experts == 0 {
 		return Profile{}, fmt.Errorf("engine: hf config: intermediate_size missing")
 	}
