@@ -3,7 +3,6 @@ package tokenizer
 import (
 	"encoding/json"
 	"fmt"
-	"strings"
 )
 
 // The subset of HuggingFace's tokenizer.json schema that this package reads.
@@ -29,14 +28,14 @@ type hfAddedToken struct {
 }
 
 type hfModel struct {
-	Type                    string            `json:"type"`
-	Vocab                   map[string]uint32 `json:"vocab"`
-	Merges                  hfMerges          `json:"merges"`
-	ContinuingSubwordPrefix *string           `json:"continuing_subword_prefix"`
-	EndOfWordSuffix         *string           `json:"end_of_word_suffix"`
-	ByteFallback            bool              `json:"byte_fallback"`
-	IgnoreMerges            bool              `json:"ignore_merges"`
-	Dropout                 *float64          `json:"dropout"`
+	Type                    string   `json:"type"`
+	Vocab                   hfVocab  `json:"vocab"`
+	Merges                  hfMerges `json:"merges"`
+	ContinuingSubwordPrefix *string  `json:"continuing_subword_prefix"`
+	EndOfWordSuffix         *string  `json:"end_of_word_suffix"`
+	ByteFallback            bool     `json:"byte_fallback"`
+	IgnoreMerges            bool     `json:"ignore_merges"`
+	Dropout                 *float64 `json:"dropout"`
 }
 
 // hfComponent is any normalizer, pre-tokenizer, post-processor or decoder.
@@ -89,34 +88,4 @@ func parseComponent(raw json.RawMessage, what string) (c hfComponent, ok bool, e
 		return c, false, fmt.Errorf("%s: %w", what, err)
 	}
 	return c, true, nil
-}
-
-// hfMerges reads both merge encodings: ["a b", ...] and [["a", "b"], ...].
-type hfMerges [][2]string
-
-func (m *hfMerges) UnmarshalJSON(data []byte) error {
-	var pairs [][]string
-	if err := json.Unmarshal(data, &pairs); err == nil {
-		*m = make(hfMerges, len(pairs))
-		for i, p := range pairs {
-			if len(p) != 2 {
-				return fmt.Errorf("merge %d %q is not a pair", i, p)
-			}
-			(*m)[i] = [2]string{p[0], p[1]}
-		}
-		return nil
-	}
-	var strs []string
-	if err := json.Unmarshal(data, &strs); err != nil {
-		return fmt.Errorf("merges: want a list of \"a b\" strings or of pairs: %w", err)
-	}
-	*m = make(hfMerges, len(strs))
-	for i, s := range strs {
-		a, b, ok := strings.Cut(s, " ")
-		if !ok {
-			return fmt.Errorf("merge %d %q has no space", i, s)
-		}
-		(*m)[i] = [2]string{a, b}
-	}
-	return nil
 }

@@ -251,3 +251,34 @@ func FuzzValueFromJSON(f *testing.F) {
 		}
 	})
 }
+
+func TestVocabMergesJSON(t *testing.T) {
+	var v hfVocab
+	if err := json.Unmarshal([]byte(` { "a" : 0, "\u0120b\"": 1 ,"ab":2}`), &v); err != nil {
+		t.Fatal(err)
+	}
+	if len(v) != 3 || v["Ġb\""] != 1 || v["ab"] != 2 {
+		t.Errorf("vocab = %v", v)
+	}
+	for _, in := range []string{`[["a", "b"], ["Ġ\u0041", "c"]]`, `["a b", "ĠA c"]`} {
+		var m hfMerges
+		if err := json.Unmarshal([]byte(in), &m); err != nil {
+			t.Fatalf("%s: %v", in, err)
+		}
+		if want := (hfMerges{{"a", "b"}, {"ĠA", "c"}}); !slices.Equal(m, want) {
+			t.Errorf("merges(%s) = %q, want %q", in, m, want)
+		}
+	}
+	for _, bad := range []string{`{"a": -1}`, `{"a": 1.5}`, `{"a": 99999999999}`, `{"a": "1"}`, `[]`} {
+		var v hfVocab
+		if err := json.Unmarshal([]byte(bad), &v); err == nil {
+			t.Errorf("vocab %s: accepted, want an error", bad)
+		}
+	}
+	for _, bad := range []string{`[1]`, `[["a"]]`, `["ab"]`, `[["a", 1]]`, `[["a", "b", "c"]]`, `{}`} {
+		var m hfMerges
+		if err := json.Unmarshal([]byte(bad), &m); err == nil {
+			t.Errorf("merges %s: accepted, want an error", bad)
+		}
+	}
+}
