@@ -7,9 +7,8 @@ package engine
 // low bits index the table directly. The key 0 marks an empty slot; a real
 // key 0 is kept aside.
 type blockTable struct {
-	keys []uint64
-	vals []int32
-	mask uint64
+	slots []tslot // key and value side by side: one cache line per probe
+	mask  uint64
 	n    int
 	zero int32 // block id cached under key 0, or -1
 }
@@ -19,7 +18,12 @@ func newBlockTable(maxEntries int) *blockTable {
 	for size < 2*maxEntries {
 		size <<= 1
 	}
-	return &blockTable{keys: make([]uint64, size), vals: make([]int32, size), mask: uint64(size - 1), zero: -1}
+	return &blockTable{slots: make([]tslot, size), mask: uint64(size - 1), zero: -1}
+}
+
+type tslot struct {
+	key uint64
+	val int32
 }
 
 // slot spreads the key's bits so that caller-given keys with structure
@@ -36,9 +40,9 @@ func (t *blockTable) get(k uint64) (int32, bool) {
 		return t.zero, t.zero >= 0
 	}
 	for i := t.slot(k); ; i = (i + 1) & t.mask {
-		switch t.keys[i] {
+		switch t.slots[i].key {
 		case k:
-			return t.vals[i], true
+			return t.slots[i].val, true
 		case 0:
 			return -1, false
 		}
@@ -56,11 +60,11 @@ func (t *blockTable) insert(k uint64, v int32) bool {
 		return true
 	}
 	for i := t.slot(k); ; i = (i + 1) & t.mask {
-		switch t.keys[i] {
+		switch t.slots[i].key {
 		case k:
 			return false
 		case 0:
-			t.keys[i], t.vals[i] = k, v
+			t.slots[i] = tslot{key: k, val: v}
 			t.n++
 			return true
 		}
@@ -79,7 +83,7 @@ func (t *blockTable) remove(k uint64) {
 	}
 	i := t.slot(k)
 	for {
-		switch t.keys[i] {
+		switch t.slots[i].key {
 		case 0:
 			return
 		case k:
@@ -90,18 +94,18 @@ func (t *blockTable) remove(k uint64) {
 found:
 	t.n--
 	for {
-		t.keys[i] = 0
+		t.slots[i].key = 0
 		j := i
 		for {
 			j = (j + 1) & t.mask
-			kj := t.keys[j]
+			kj := t.slots[j].key
 			if kj == 0 {
 				return
 			}
 			// Move kj back to i unless its home slot lies cyclically in (i, j].
 			h := t.slot(kj)
 			if (i <= j && (h <= i || h > j)) || (i > j && h <= i && h > j) {
-				t.keys[i], t.vals[i] = kj, t.vals[j]
+				t.slots[i] = t.slots[j]
 				i = j
 				break
 			}
@@ -112,7 +116,7 @@ found:
 func (t *blockTable) len() int { return t.n }
 
 func (t *blockTable) clear() {
-	clear(t.keys)
+	clear(t.slots)
 	t.n = 0
 	t.zero = -1
 }
@@ -122,9 +126,9 @@ func (t *blockTable) each(fn func(k uint64, v int32)) {
 	if t.zero >= 0 {
 		fn(0, t.zero)
 	}
-	for i, k := range t.keys {
-		if k != 0 {
-			fn(k, t.vals[i])
+	for _, sl := range t.slots {
+		if sl.key != 0 {
+			fn(sl.key, sl.val)
 		}
 	}
 }
