@@ -9,8 +9,8 @@ package engine
 type blockTable struct {
 	slots []tslot // key and value side by side: one cache line per probe
 	mask  uint64
-	n    int
-	zero int32 // block id cached under key 0, or -1
+	n     int
+	zero  int32 // block id cached under key 0, or -1
 }
 
 func newBlockTable(maxEntries int) *blockTable {
