@@ -1,7 +1,25 @@
 // Package signals gives the router its view of each engine: metrics scraped
-// from the engine's /metrics (vLLM, vLLM before 0.12, SGLang, llama.cpp,
-// TGI), the router's own dispatches layered on top of them (View), and the
-// engine's KV-cache events (Subscriber) that feed the precise prefix index.
+// from the engine's /metrics (ParseMetrics, Scraper), the router's own
+// dispatches layered on top of them (View), and the engine's KV-cache events
+// (Subscriber) that feed the precise prefix index (kvindex.Index). Manager
+// runs the scrape loops and subscribers of a set of endpoints.
+//
+// # Metrics
+//
+// ParseMetrics reads a body with the Prometheus text parser (expfmt) and
+// normalises it (Metrics); the flavour is detected from the metric names or
+// forced:
+//
+//	flavour      waiting                    running                  KV usage                    prefix hits / queries (tokens)
+//	vllm         vllm:num_requests_waiting  vllm:num_requests_running vllm:kv_cache_usage_perc   vllm:prefix_cache_{hits,queries}_total
+//	vllm-legacy  (same)                     (same)                    vllm:gpu_cache_usage_perc  vllm:gpu_prefix_cache_{hits,queries}_total
+//	sglang       sglang:num_queue_reqs      sglang:num_running_reqs   sglang:token_usage         sglang:cached_tokens_total / prompt_tokens_total
+//	llamacpp     llamacpp:requests_deferred llamacpp:requests_processing (none since 2025)    prompt_tokens_cached_total / (+ prompt_tokens_total)
+//	tgi          tgi_queue_size             tgi_batch_current_size    (none)                     (none)
+//
+// vLLM's vllm:cache_config_info gives the block size and the number of GPU
+// blocks (KV capacity), vllm:lora_requests_info the adapters loaded. Series
+// of several data-parallel engines are summed (ratios averaged).
 //
 // # The stale-signal model
 //
@@ -52,4 +70,37 @@
 // A View never reads the clock: callers (the proxy with time.Now, the
 // simulator with virtual time) pass now in. Views are safe for concurrent
 // use.
+//
+// # Scraping
+//
+// A Scraper is one endpoint's loop, modelled on Prometheus' scrape loop:
+// the first scrape waits Offset(endpoint, interval) so that endpoints spread
+// over the interval (default 100 ms), each scrape has a timeout (at most the
+// interval) and a body size cap (4 MiB), the http.Client is passed in, and
+// a failed scrape is recorded with View.ObserveError. Manager owns the loops:
+// Sync starts, restarts and stops them (waiting for each to exit), Close
+// stops all; its per-endpoint metrics (kvroute_endpoint_signal_age_seconds,
+// kvroute_endpoint_scrape_errors_total, kvroute_endpoint_waiting, ..._running,
+// ..._kv_usage, KV-event counters) are collected from the live state on the
+// Registerer it was given. Lock order: Manager.mu, then a View's,
+// Scraper's or Subscriber's own lock.
+//
+// # KV-cache events
+//
+// A Subscriber follows one engine's ZMQ PUB socket ([topic, seq, payload]
+// messages, payload a msgpack EventBatch in either of vLLM's encodings,
+// decoded by EventDecoder) and applies BlockStored, BlockRemoved and
+// AllBlocksCleared to a Sink. Sequence numbers:
+//
+//	seq == next          apply
+//	seq >  next (gap)    replay [next, seq) from the engine's ROUTER socket over a DEALER
+//	                     (send ["", next], read ["", seq, payload] until seq -1); if there is no
+//	                     replay socket or the replay cannot fill the gap: drop the endpoint's
+//	                     entries (resync), then apply
+//	seq <  next          the engine restarted: drop its entries, catch up, apply
+//	first batch, seq > 0 catch up: replay whatever history the engine still buffers
+//
+// Run owns the sockets and re-dials after failures or a silence of
+// IdleReconnect. EncodeEventBatch writes the same payloads (for the engine
+// emulator and tests).
 package signals

@@ -59,6 +59,23 @@ const (
 	HasLoRA
 )
 
+var fieldNamesList = []string{"waiting", "running", "kv_usage", "prefix_counters", "cache_hit_rate", "preemptions",
+	"cache_config", "kv_capacity", "lora"}
+
+// String lists the fields in f, e.g. "waiting|running".
+func (f Field) String() string {
+	var parts []string
+	for i, n := range fieldNamesList {
+		if f&(1<<i) != 0 {
+			parts = append(parts, n)
+		}
+	}
+	return strings.Join(parts, "|")
+}
+
+// MarshalText renders f as String does (for JSON status pages).
+func (f Field) MarshalText() ([]byte, error) { return []byte(f.String()), nil }
+
 // Metrics is one scrape of an engine's /metrics, normalised across
 // flavours. Series with several label sets (data-parallel engines, several
 // served model names) are summed, except ratios which are averaged.
