@@ -10,7 +10,9 @@
 //     errors for bad input and for prompts longer than the model's context;
 //   - GET /metrics in the vLLM (current or legacy names), SGLang or llama.cpp
 //     flavour, on a private Prometheus registry;
-//   - GET /health and GET /v1/models;
+//   - GET /health, GET /v1/models, GET /version, POST /tokenize and POST
+//     /reset_prefix_cache as vLLM has them, and vLLM's in-band load report
+//     (the endpoint-load-metrics response header, on request);
 //   - KV-cache events over ZMQ (a PUB socket and the replay ROUTER socket),
 //     array or map encoded, exactly as vLLM publishes them;
 //   - prefill/decode disaggregation in vLLM's NixlConnector form

@@ -264,6 +264,7 @@ func (s *Server) serveWhole(w http.ResponseWriter, r *http.Request, j *job) {
 			Model: s.cfg.Model, Choices: []openai.CompletionChoice{{Text: string(j.text), FinishReason: &fr, StopReason: stopReason}},
 			Usage: usage, KVTransferParams: kv})
 	}
+	s.setLoadHeader(w, r)
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(body)
 }

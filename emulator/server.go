@@ -54,6 +54,7 @@ const (
 	cmdAdd commandKind = iota
 	cmdAbort
 	cmdRelease
+	cmdReset
 )
 
 type command struct {
@@ -61,6 +62,7 @@ type command struct {
 	req  *engine.Request // cmdAdd
 	st   *stream         // cmdAdd
 	id   string          // cmdAbort, cmdRelease
+	done chan bool       // cmdReset: the result
 }
 
 // New validates cfg, fills its defaults and builds the engine model.
@@ -110,6 +112,9 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("GET /health", s.handleHealth)
 	s.mux.HandleFunc("GET /v1/models", s.handleModels)
 	s.mux.HandleFunc("POST /internal/kv/pull", s.handlePull)
+	s.mux.HandleFunc("POST /reset_prefix_cache", s.handleResetPrefixCache)
+	s.mux.HandleFunc("POST /tokenize", s.handleTokenize)
+	s.mux.HandleFunc("GET /version", s.handleVersion)
 	s.mux.HandleFunc("/", s.handleNotFound)
 	return s, nil
 }
@@ -268,11 +273,12 @@ func (s *Server) loop(ctx context.Context) {
 		if real := s.now(); real-vnow > maxLag || len(inbox) > 0 && !s.eng.HasWork() {
 			vnow = max(vnow, real)
 		}
+		flush := false // a reset's AllBlocksCleared event needs a step
 		for i := range inbox {
-			s.apply(vnow, &inbox[i], live, &acc)
+			flush = s.apply(vnow, &inbox[i], live, &acc) || flush
 			inbox[i] = command{}
 		}
-		if !s.eng.HasWork() {
+		if !s.eng.HasWork() && !flush {
 			s.publishStats(&acc)
 			select {
 			case <-ctx.Done():
@@ -326,17 +332,18 @@ func (s *Server) publishStats(acc *snapshot) {
 	s.metrics.snap.Store(&snap)
 }
 
-// apply runs one queued command in the loop.
-func (s *Server) apply(now time.Duration, c *command, live map[string]*stream, acc *snapshot) {
+// apply runs one queued command in the loop. It reports whether the loop
+// must step even without requests (to publish a reset's event).
+func (s *Server) apply(now time.Duration, c *command, live map[string]*stream, acc *snapshot) bool {
 	switch c.kind {
 	case cmdAdd:
 		if c.st.isAborted() {
 			c.st.fail(context.Canceled)
-			return
+			return false
 		}
 		if err := s.eng.Add(now, c.req); err != nil {
 			c.st.fail(err)
-			return
+			return false
 		}
 		acc.requests++
 		live[c.req.ID] = c.st
@@ -348,7 +355,12 @@ func (s *Server) apply(now time.Duration, c *command, live map[string]*stream, a
 		s.eng.Abort(now, c.id)
 	case cmdRelease:
 		s.eng.Release(c.id)
+	case cmdReset:
+		ok := s.eng.ResetPrefixCache()
+		c.done <- ok
+		return ok
 	}
+	return false
 }
 
 // deliver hands a step's outputs to their streams, waking the handlers of

@@ -1,0 +1,145 @@
+package emulator
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strconv"
+	"strings"
+
+	"github.com/kvroute/kvroute/tokenizer"
+)
+
+// handleResetPrefixCache is vLLM's POST /reset_prefix_cache: it forgets
+// every cached block (an AllBlocksCleared KV event follows). Like vLLM it
+// fails while blocks are in use; the emulator answers that with 409.
+func (s *Server) handleResetPrefixCache(w http.ResponseWriter, r *http.Request) {
+	done := make(chan bool, 1)
+	if err := s.post(command{kind: cmdReset, done: done}); err != nil {
+		writeError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	select {
+	case ok := <-done:
+		if !ok {
+			writeError(w, http.StatusConflict, "prefix cache not reset: blocks are in use by running requests")
+			return
+		}
+		w.WriteHeader(http.StatusOK)
+	case <-s.done:
+		writeError(w, http.StatusServiceUnavailable, ErrStopped.Error())
+	case <-r.Context().Done():
+	}
+}
+
+// handleTokenize is vLLM's POST /tokenize: {"prompt": ...} or
+// {"messages": [...]} (rendered with the chat template and the generation
+// prompt, as the chat endpoint does) -> {"count", "max_model_len",
+// "tokens"}.
+func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "reading request body: "+err.Error())
+		return
+	}
+	var probe struct {
+		Messages json.RawMessage `json:"messages"`
+	}
+	_ = json.Unmarshal(body, &probe)
+	chat := len(probe.Messages) > 0
+	req, aerr := parseRequest(body, chat)
+	if aerr != nil {
+		writeError(w, aerr.status, aerr.msg)
+		return
+	}
+	var toks []uint32
+	switch {
+	case chat:
+		toks = s.cfg.Tokenizer.Encode(tokenizer.RenderChatML(req.chatMessages, true))
+	case req.promptIDs != nil:
+		toks = req.promptIDs
+	default:
+		toks = s.cfg.Tokenizer.Encode(req.promptText)
+	}
+	if toks == nil {
+		toks = []uint32{}
+	}
+	out, _ := json.Marshal(struct {
+		Count       int      `json:"count"`
+		MaxModelLen int      `json:"max_model_len"`
+		Tokens      []uint32 `json:"tokens"`
+		TokenStrs   []string `json:"token_strs"`
+	}{len(toks), s.prof.MaxModelLen, toks, nil})
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(out)
+}
+
+// Version is what GET /version reports.
+const Version = "kvroute-emulator"
+
+func (s *Server) handleVersion(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = io.WriteString(w, `{"version":"`+Version+`"}`)
+}
+
+// Headers of vLLM's in-band load report (ORCA, vLLM PR #24905).
+const (
+	headerLoadFormat  = "Endpoint-Load-Metrics-Format"
+	headerLoadMetrics = "Endpoint-Load-Metrics"
+)
+
+// setLoadHeader adds the endpoint-load-metrics response header when the
+// request asked for it with endpoint-load-metrics-format: TEXT or JSON
+// (non-streaming responses only, as in vLLM).
+func (s *Server) setLoadHeader(w http.ResponseWriter, r *http.Request) {
+	format := strings.ToUpper(strings.TrimSpace(r.Header.Get(headerLoadFormat)))
+	if format != "TEXT" && format != "JSON" {
+		return
+	}
+	st := s.metrics.stats().st
+	named := []struct {
+		name string
+		v    float64
+	}{
+		{"kv_cache_usage_perc", st.KVUsage},
+		{"num_requests_waiting", float64(st.Waiting)},
+		{"num_requests_running", float64(st.Running)},
+	}
+	var b []byte
+	if format == "TEXT" {
+		b = append(b, "TEXT "...)
+		for i, m := range named {
+			if i > 0 {
+				b = append(b, ", "...)
+			}
+			b = append(b, "named_metrics."...)
+			b = append(b, m.name...)
+			b = append(b, '=')
+			b = appendPyFloat(b, m.v)
+		}
+	} else {
+		b = append(b, `JSON {"named_metrics": {`...)
+		for i, m := range named {
+			if i > 0 {
+				b = append(b, ", "...)
+			}
+			b = append(b, '"')
+			b = append(b, m.name...)
+			b = append(b, `": `...)
+			b = appendPyFloat(b, m.v)
+		}
+		b = append(b, "}}"...)
+	}
+	w.Header().Set(headerLoadMetrics, string(b))
+}
+
+// appendPyFloat formats v as Python's repr of a float does for ordinary
+// values: 2.0, 0.31.
+func appendPyFloat(dst []byte, v float64) []byte {
+	n := len(dst)
+	dst = strconv.AppendFloat(dst, v, 'g', -1, 64)
+	if !strings.ContainsAny(string(dst[n:]), ".eEn") {
+		dst = append(dst, ".0"...)
+	}
+	return dst
+}

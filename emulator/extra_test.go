@@ -1,0 +1,156 @@
+package emulator
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/kvroute/kvroute/openai"
+)
+
+func TestLoadMetricsHeader(t *testing.T) {
+	_, hs := testServer(t, Config{})
+	tests := []struct{ format, wantPrefix, wantPart string }{
+		{"TEXT", "TEXT named_metrics.kv_cache_usage_perc=", "named_metrics.num_requests_waiting=0.0"},
+		{"JSON", `JSON {"named_metrics": {"kv_cache_usage_perc": `, `"num_requests_running": `},
+		{"", "", ""},
+	}
+	for _, tt := range tests {
+		req, _ := http.NewRequest(http.MethodPost, hs.URL+"/v1/completions", strings.NewReader(`{"prompt":"hi","max_tokens":1}`))
+		if tt.format != "" {
+			req.Header.Set("endpoint-load-metrics-format", tt.format)
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		resp.Body.Close()
+		got := resp.Header.Get("endpoint-load-metrics")
+		if !strings.HasPrefix(got, tt.wantPrefix) || !strings.Contains(got, tt.wantPart) || (tt.format == "") != (got == "") {
+			t.Errorf("format %q: got header %q, want prefix %q containing %q", tt.format, got, tt.wantPrefix, tt.wantPart)
+		}
+		if tt.format == "JSON" {
+			var v map[string]map[string]float64
+			if err := json.Unmarshal([]byte(strings.TrimPrefix(got, "JSON ")), &v); err != nil || len(v["named_metrics"]) != 3 {
+				t.Errorf("got JSON %q: %v", got, err)
+			}
+		}
+	}
+}
+
+func TestAppendPyFloat(t *testing.T) {
+	tests := []struct {
+		v    float64
+		want string
+	}{{0, "0.0"}, {2, "2.0"}, {0.31, "0.31"}, {1e21, "1e+21"}}
+	for _, tt := range tests {
+		if got := string(appendPyFloat(nil, tt.v)); got != tt.want {
+			t.Errorf("appendPyFloat(%v): got %q, want %q", tt.v, got, tt.want)
+		}
+	}
+}
+
+func TestTokenizeMatchesUsage(t *testing.T) {
+	_, hs := testServer(t, Config{})
+	msgs := `[{"role":"system","content":"You are terse."},{"role":"user","content":"Count the tokens of this chat."}]`
+	code, body := post(t, hs.URL+"/tokenize", `{"messages":`+msgs+`}`)
+	if code != 200 {
+		t.Fatalf("got %d %s", code, body)
+	}
+	var tk struct {
+		Count       int      `json:"count"`
+		MaxModelLen int      `json:"max_model_len"`
+		Tokens      []uint32 `json:"tokens"`
+	}
+	if err := json.Unmarshal(body, &tk); err != nil {
+		t.Fatal(err)
+	}
+	_, body = post(t, hs.URL+"/v1/chat/completions", `{"messages":`+msgs+`,"max_tokens":1}`)
+	var c openai.ChatCompletion
+	_ = json.Unmarshal(body, &c)
+	if tk.Count != c.Usage.PromptTokens || len(tk.Tokens) != tk.Count || tk.MaxModelLen != 1024 {
+		t.Errorf("got tokenize count %d (%d ids, max_model_len %d), want the chat's prompt_tokens %d", tk.Count, len(tk.Tokens), tk.MaxModelLen, c.Usage.PromptTokens)
+	}
+	code, body = post(t, hs.URL+"/tokenize", `{"prompt":"hello world"}`)
+	if code != 200 || !strings.Contains(string(body), `"count":2`) {
+		t.Errorf("got %d %s, want 2 tokens", code, body)
+	}
+}
+
+func TestVersion(t *testing.T) {
+	_, hs := testServer(t, Config{})
+	resp, err := http.Get(hs.URL + "/version")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if want := `{"version":"` + Version + `"}`; string(b) != want {
+		t.Errorf("got %s, want %s", b, want)
+	}
+}
+
+// TestResetPrefixCache resets the cache over HTTP: an AllBlocksCleared
+// event is published, and a repeated prompt is no longer a cache hit.
+func TestResetPrefixCache(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	replay := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	sub := zmq4.NewSub(ctx)
+	defer sub.Close()
+	if err := sub.Listen(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	_, hs := testServer(t, Config{KVEvents: KVEventsConfig{Endpoint: endpoint, ReplayEndpoint: replay}})
+	prompt := `{"prompt":"` + strings.Repeat("reset me please ", 20) + `","max_tokens":1}`
+	cached := func() int {
+		_, body := post(t, hs.URL+"/v1/completions", prompt)
+		var c openai.Completion
+		_ = json.Unmarshal(body, &c)
+		return c.Usage.CachedTokens()
+	}
+	cached()
+	if got := cached(); got == 0 {
+		t.Fatalf("got 0 cached tokens on a repeat, want > 0")
+	}
+	if code, body := post(t, hs.URL+"/reset_prefix_cache", ""); code != 200 {
+		t.Fatalf("reset: got %d %s", code, body)
+	}
+	if got := cached(); got != 0 {
+		t.Errorf("got %d cached tokens after a reset, want 0", got)
+	}
+	dealer := zmq4.NewDealer(ctx)
+	defer dealer.Close()
+	if err := dealer.Dial(replay); err != nil {
+		t.Fatal(err)
+	}
+	for {
+		if err := dealer.Send(zmq4.NewMsgFrom(nil, make([]byte, 8))); err != nil {
+			t.Fatal(err)
+		}
+		for {
+			m, err := dealer.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if int64(binary.BigEndian.Uint64(m.Frames[1])) == -1 {
+				break
+			}
+			if _, evs := decodeBatch(t, m.Frames[2], EncodingArray); len(evs) > 0 && evs[0].Type == "AllBlocksCleared" {
+				return
+			}
+		}
+		if ctx.Err() != nil {
+			t.Fatal("no AllBlocksCleared event replayed")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
