@@ -3,6 +3,7 @@ package bench
 import (
 	"bytes"
 	"context"
+	"fmt"
 	"testing"
 	"time"
 
@@ -61,4 +62,23 @@ func FuzzReadStream(f *testing.F) {
 			}
 		}
 	})
+}
+
+func BenchmarkReadStream(b *testing.B) {
+	var body bytes.Buffer
+	for i := range 256 {
+		fmt.Fprintf(&body, "data: {\"id\":\"chatcmpl-1\",\"object\":\"chat.completion.chunk\",\"choices\":[{\"index\":0,\"delta\":{\"content\":\" w%d\"},\"finish_reason\":null}]}\n\n", i)
+	}
+	body.WriteString("data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":256,\"total_tokens\":265}}\n\ndata: [DONE]\n\n")
+	data := body.Bytes()
+	r := &runner{}
+	b.ReportAllocs()
+	b.SetBytes(int64(len(data)))
+	for b.Loop() {
+		s := report.Sample{CachedTokens: -1}
+		r.readStream(context.Background(), bytes.NewReader(data), time.Now(), &s)
+		if s.OutputTokens != 256 {
+			b.Fatalf("tokens %d", s.OutputTokens)
+		}
+	}
 }
