@@ -28,6 +28,24 @@
 //   - KV events (with Config.KVEvents): the engine's BlockStored/BlockRemoved
 //     events reach the precise index KVEventDelay after their step.
 //
+// # Router fidelity
+//
+// Config.Routers runs several router replicas (independent kvroute serve
+// processes behind a load balancer that alternates between them): each has
+// its own views, indexes and policy state and scrapes every engine itself,
+// so between scrapes it sees only its own dispatches.
+//
+// Prompts are handled in the simulator's fast path: the engines and the
+// router get chained block hashes of the workload's synthetic segments
+// (workload.Request.BlockHashes) instead of token ids. The router's blocks
+// are Config.RouterBlockTokens long (32 by default, like kvroute serve's
+// default 128-character blocks); since the hashes are chained, a router
+// block's key is the engine hash of its last engine block, so nothing is
+// hashed twice. With Config.KVEvents the prompts are materialised as tokens
+// instead, as in production: the engines hash them and report them in their
+// KV events, and the router hashes them with kvindex.HashTokens at the
+// engines' block size, which the precise index needs.
+//
 // # Results
 //
 // Run returns a Result: one Record per request (TTFT split into network,

@@ -218,13 +218,11 @@ type reqState struct {
 	preemptions int
 	firstAt     time.Duration // first token produced on the engine (end of its step)
 	firstStart  time.Duration // start of the step that produced the first token
-	doneAt      time.Duration // last token produced on the engine
 	ttft, e2e   time.Duration // as the router saw them
 	cached      int
 	outTokens   int
 	status      int    // 200 ok, 4xx/5xx rejected or failed
 	errMsg      string // when status != 200
-	finish      string // engine finish reason
 	finished    bool   // completed or rejected: counted exactly once
 	onEngine    bool   // added to its engine and not finished there
 }
@@ -642,8 +640,6 @@ func (s *simulation) output(ei int32, o *engine.Output) {
 	}
 	if o.Finished {
 		st.onEngine = false
-		st.doneAt = s.now
-		st.finish = o.FinishReason
 		st.outTokens = o.Index + 1
 		st.queue = o.QueueTime
 		st.prefill = o.PrefillTime
@@ -690,7 +686,8 @@ func (s *simulation) finish(i int32) {
 		panic("sim: request " + s.reqs[i].ID + " finished twice") // a simulator bug, not bad input
 	}
 	st.finished = true
-	st.ehashes = nil
+	// Drop the prompt's hashes: nothing reads them once the request is done.
+	st.ehashes, st.rreq.BlockHashes, st.ereq.BlockHashes = nil, nil, nil
 	s.finished++
 	if s.cfg.Progress != nil && (s.finished%s.progEvery == 0 || s.finished == len(s.reqs)) {
 		s.cfg.Progress(s.finished, len(s.reqs))
