@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/binary"
 	"net/http"
+	"slices"
 	"strconv"
 	"unicode/utf16"
 	"unicode/utf8"
@@ -301,11 +302,10 @@ func (p *parser) completionPrompt() error {
 	p.ri.TokenIDs = nil
 	switch s.peek() {
 	case '"':
-		raw, esc, err := s.str()
-		if err != nil {
+		var err error
+		if p.prompt, err = s.strAppend(p.prompt); err != nil {
 			return err
 		}
-		p.prompt = appendString(p.prompt, raw, esc)
 		return nil
 	case '[':
 	default:
@@ -334,11 +334,11 @@ func (p *parser) completionPrompt() error {
 		}
 		switch kind {
 		case '"':
-			raw, esc, err := s.str()
+			str, err := s.strAppend(nil)
 			if err != nil {
 				return err
 			}
-			strs = append(strs, appendString(nil, raw, esc))
+			strs = append(strs, str)
 		case '0':
 			if err := p.tokenID(); err != nil {
 				return err
@@ -481,11 +481,10 @@ func (p *parser) message(idx int) error {
 				if s.peek() != '"' {
 					return p.wrongType(param+".role", "a string")
 				}
-				raw, esc, err := s.str()
-				if err != nil {
+				if role, err = s.strAppend(role[:0]); err != nil {
 					return err
 				}
-				role, hasRole = appendString(role[:0], raw, esc), true
+				hasRole = true
 			case "content":
 				content, err = p.msgContent(param+".content", content[:0])
 				if err != nil {
@@ -522,11 +521,7 @@ func (p *parser) msgContent(param string, dst []byte) ([]byte, error) {
 	case s.lit("null"):
 		return dst, nil
 	case c == '"':
-		raw, esc, err := s.str()
-		if err != nil {
-			return nil, err
-		}
-		return appendString(dst, raw, esc), nil
+		return s.strAppend(dst)
 	case c != '[':
 		return nil, p.wrongType(param, "a string, an array of parts or null")
 	}
@@ -591,14 +586,14 @@ func (p *parser) part(param string) (text []byte, isText bool, err error) {
 		s.ws()
 		switch k := string(key); {
 		case (k == "type" || k == "text") && s.peek() == '"':
-			raw, esc, err := s.str()
+			if k == "type" {
+				typ, err = s.strAppend(typ[:0])
+			} else {
+				text, err = s.strAppend(text[:0])
+				hasText = true
+			}
 			if err != nil {
 				return nil, false, err
-			}
-			if k == "type" {
-				typ = appendString(typ[:0], raw, esc)
-			} else {
-				text, hasText = appendString(text[:0], raw, esc), true
 			}
 		default:
 			if err := s.skip(0); err != nil {
@@ -626,14 +621,6 @@ func appendNetstring(dst, s []byte) []byte {
 	dst = append(dst, ':')
 	dst = append(dst, s...)
 	return append(dst, ',')
-}
-
-// appendString appends a scanned string's value.
-func appendString(dst, raw []byte, esc bool) []byte {
-	if !esc && utf8.Valid(raw) {
-		return append(dst, raw...)
-	}
-	return unescape(dst, raw)
 }
 
 // scanner walks JSON text. Its methods leave i after what they consumed.
@@ -741,6 +728,38 @@ func (s *scanner) str() (raw []byte, esc bool, err error) {
 			return nil, false, s.errorf("invalid character %q in string escape code", s.b[i+1])
 		}
 	}
+}
+
+// strAppend reads a string at s.i (which is '"'), checking it, and appends
+// its value to dst, the way encoding/json decodes it: invalid UTF-8 and lone
+// surrogates become U+FFFD.
+func (s *scanner) strAppend(dst []byte) ([]byte, error) {
+	raw, esc, err := s.str()
+	if err != nil {
+		return nil, err
+	}
+	dst = slices.Grow(dst, len(raw))
+	if !esc {
+		return appendUTF8(dst, raw), nil
+	}
+	return unescape(dst, raw), nil
+}
+
+// appendUTF8 appends b, replacing invalid UTF-8 by U+FFFD.
+func appendUTF8(dst, b []byte) []byte {
+	if utf8.Valid(b) {
+		return append(dst, b...)
+	}
+	for j := 0; j < len(b); {
+		r, size := utf8.DecodeRune(b[j:])
+		if r == utf8.RuneError && size == 1 {
+			dst = utf8.AppendRune(dst, utf8.RuneError)
+		} else {
+			dst = append(dst, b[j:j+size]...)
+		}
+		j += size
+	}
+	return dst
 }
 
 // number reads a JSON number and reports whether it is an integer.
@@ -933,35 +952,19 @@ func hexVal(c byte) rune {
 // way encoding/json decodes it: invalid UTF-8 and lone surrogates become
 // U+FFFD.
 func unescape(dst, raw []byte) []byte {
-	if cap(dst)-len(dst) < len(raw) {
-		dst = append(make([]byte, 0, len(dst)+len(raw)), dst...)
-	}
 	for i := 0; i < len(raw); {
-		// Copy the run up to the next backslash in bulk when it is valid UTF-8.
-		run := raw[i:]
+		run := raw[i:] // copy the run up to the next backslash in bulk
 		if bs := bytes.IndexByte(run, '\\'); bs >= 0 {
 			run = run[:bs]
 		}
 		if len(run) > 0 {
-			if utf8.Valid(run) {
-				dst = append(dst, run...)
-			} else {
-				for j := 0; j < len(run); {
-					r, size := utf8.DecodeRune(run[j:])
-					if r == utf8.RuneError && size == 1 {
-						dst = utf8.AppendRune(dst, utf8.RuneError)
-					} else {
-						dst = append(dst, run[j:j+size]...)
-					}
-					j += size
-				}
-			}
+			dst = appendUTF8(dst, run)
 			i += len(run)
 			continue
 		}
-		switch raw[i+1] {
+		switch c := raw[i+1]; c {
 		case '"', '\\', '/':
-			dst = append(dst, raw[i+1])
+			dst = append(dst, c)
 		case 'b':
 			dst = append(dst, '\b')
 		case 'f':
