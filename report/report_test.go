@@ -505,3 +505,21 @@ func TestMerge(t *testing.T) {
 		t.Errorf("got %+v, want %+v", got, want)
 	}
 }
+
+func TestWriteSamplesCSV(t *testing.T) {
+	var buf bytes.Buffer
+	err := WriteSamplesCSV(&buf, []Sample{
+		{ID: "r1", Engine: "e0", Arrival: 1500 * time.Microsecond, TTFT: 20 * time.Millisecond, E2E: 120 * time.Millisecond,
+			PromptTokens: 10, CachedTokens: -1, OutputTokens: 11},
+		{ID: "r,2", Err: "http_500"},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "id,engine,arrival_ms,ttft_ms,tpot_ms,e2e_ms,prompt_tokens,cached_tokens,output_tokens,preemptions,error,rejected\n" +
+		"r1,e0,1.500,20.000,10.000,120.000,10,-1,11,0,,false\n" +
+		"\"r,2\",,0.000,0.000,0.000,0.000,0,0,0,0,http_500,false\n"
+	if got := buf.String(); got != want {
+		t.Errorf("got:\n%s\nwant:\n%s", got, want)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -28,7 +29,11 @@ request streams (stream_options.include_usage); bench measures TTFT,
 inter-token latency, TPOT, end-to-end latency, and reads the cached prompt
 tokens from usage.prompt_tokens_details.cached_tokens. It prints the same
 table as 'kvroute sim'; --out DIR also writes report.json, report.csv,
-report.txt, report.html (charts, works offline) and SVG charts.
+report.txt, report.html (charts, works offline), SVG charts and requests.csv
+(one line per request). A request's session goes in the X-Session-Id header
+and its tenant in the "user" field; the X-Kvroute-Endpoint response header
+(kvroute serve with debug.enabled) names the engine, for the imbalance column
+and per-engine charts.
 
 The workload is --trace FILE (Mooncake JSONL; --rate R rescales it to R
 requests per second on average, --rate-scale X speeds it up X times) or
@@ -84,7 +89,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Var(&headers, "header", "extra request header `'Name: value'` (repeatable); $OPENAI_API_KEY, if set, is sent as a bearer token")
 	fs.DurationVar(&sloTTFT, "slo-ttft", 2*time.Second, "goodput SLO: TTFT limit (0 = none)")
 	fs.DurationVar(&sloTPOT, "slo-tpot", 100*time.Millisecond, "goodput SLO: TPOT limit (0 = none)")
-	fs.StringVar(&out, "out", "", "write report.json, report.csv, report.txt, report.html and SVG charts to `dir`")
+	fs.StringVar(&out, "out", "", "write report.json, report.csv, report.txt, report.html, SVG charts and requests.csv to `dir`")
 	fs.StringVar(&name, "name", "bench", "row name in the report (e.g. the router's policy)")
 	fs.StringVar(&sweep, "sweep", "", "run once per rate scale: `FROM:TO:STEP` or a list X,Y,... (overrides --rate-scale; the server's caches carry over between runs)")
 	fs.Var(&merge, "merge", "report.json `file` of an earlier run whose rows go before this run's, for a side-by-side table (repeatable)")
@@ -214,6 +219,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if quiet {
 		progOut = io.Discard
 	}
+	samples := map[float64][]report.Sample{}
 	for k, scale := range scales {
 		if ctx.Err() != nil {
 			break
@@ -243,6 +249,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err != nil {
 			return err
 		}
+		samples[scale] = res.Samples
 		rep.Rows = append(rep.Rows, res.Summary(report.SummaryOptions{Name: name, Load: load, SLO: slo, OracleHitRate: oracle.HitRate()}))
 		if k == len(scales)-1 {
 			if occ := report.Occupancy(res.Samples, 200); len(occ) > 0 {
@@ -270,9 +277,34 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if _, err := rep.WriteDir(out); err != nil {
 			return err
 		}
+		for scale, ss := range samples {
+			file := "requests.csv"
+			if len(scales) > 1 {
+				file = fmt.Sprintf("requests_x%g.csv", scale)
+			}
+			if err := writeFileWith(filepath.Join(out, file), func(w io.Writer) error { return report.WriteSamplesCSV(w, ss) }); err != nil {
+				return err
+			}
+		}
 		if !quiet {
 			fmt.Fprintf(stderr, "wrote %s\n", out)
 		}
+	}
+	return nil
+}
+
+// writeFileWith creates path and fills it with f.
+func writeFileWith(path string, f func(io.Writer) error) error {
+	fh, err := os.Create(path)
+	if err != nil {
+		return fmt.Errorf("bench: %w", err)
+	}
+	if err := f(fh); err != nil {
+		fh.Close()
+		return err
+	}
+	if err := fh.Close(); err != nil {
+		return fmt.Errorf("bench: %w", err)
 	}
 	return nil
 }
