@@ -272,6 +272,7 @@ type Engine struct {
 	res          *StepResult // target of the step in progress (for eviction events)
 	pendingClear bool        // ResetPrefixCache ran: report AllBlocksCleared
 	held         int         // requests in statusHeld
+	stalled      bool        // the last step could admit no waiting request and ran nothing
 	stats        Stats
 }
 
@@ -398,6 +399,7 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 	}
 	e.seqs[r.ID] = s
 	e.waiting.pushBack(s)
+	e.stalled = false
 	return nil
 }
 
@@ -409,6 +411,7 @@ func (e *Engine) Abort(now time.Duration, id string) {
 	if !ok {
 		return
 	}
+	e.stalled = false
 	switch s.status {
 	case statusHeld:
 		e.Release(id)
@@ -442,6 +445,7 @@ func (e *Engine) Release(id string) {
 	if !ok || s.status != statusHeld {
 		return
 	}
+	e.stalled = false
 	e.freeBlocks(s)
 	s.status = statusDone
 	e.held--
@@ -462,10 +466,14 @@ func (e *Engine) BlockIDs(id string) []int {
 	return ids
 }
 
-// HasWork reports whether Step has anything to do (requests to schedule,
-// or abort outputs and events to report).
+// HasWork reports whether Step has anything to do: running requests,
+// waiting requests that may be admitted, or abort outputs and events to
+// report. It is false while requests wait only for KV blocks that held
+// (HoldKV) requests keep: nothing can change until Add, Abort or Release, so
+// a driver may sleep until its next input instead of spinning on empty
+// steps.
 func (e *Engine) HasWork() bool {
-	return e.waiting.len() > 0 || len(e.running) > 0 || len(e.aborted) > 0 || e.pendingClear
+	return len(e.running) > 0 || len(e.aborted) > 0 || e.pendingClear || (e.waiting.len() > 0 && !e.stalled)
 }
 
 // Stats returns the current state and counters.

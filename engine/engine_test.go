@@ -843,3 +843,30 @@ func TestSpeed(t *testing.T) {
 		}
 	}
 }
+
+// TestStalledOnHeldKV: a request that cannot get blocks while held leases
+// keep them makes HasWork false (no busy loop), until Release.
+func TestStalledOnHeldKV(t *testing.T) {
+	e := mustEngine(t, "tiny", nil) // 64 blocks, max model len 1024
+	d := newDriver(t, e)
+	d.add(&Request{ID: "lease", Prompt: tokens(1, 960), MaxTokens: 1, HoldKV: true}) // 60 blocks held
+	d.run()
+	d.add(&Request{ID: "big", Prompt: tokens(5000, 400), MaxTokens: 10}) // its first chunk needs 16 blocks, 4 free
+	if !e.HasWork() {
+		t.Fatal("HasWork = false right after Add")
+	}
+	if r := d.step(); r.Duration != 0 || len(r.Outputs) != 0 {
+		t.Fatalf("step ran %+v with the cache held", r.Batch)
+	}
+	if e.HasWork() {
+		t.Fatal("HasWork = true although nothing can run until a Release")
+	}
+	e.Release("lease")
+	if !e.HasWork() {
+		t.Fatal("HasWork = false after Release")
+	}
+	d.run()
+	if out := d.byID("big"); len(out) != 10 {
+		t.Errorf("big produced %d tokens, want 10", len(out))
+	}
+}

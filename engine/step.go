@@ -34,6 +34,7 @@ func (e *Engine) StepInto(now time.Duration, r *StepResult) {
 
 	e.schedule(now, r)
 	if len(e.sched) == 0 {
+		e.stalled = e.waiting.len() > 0 && len(e.running) == 0 && r.Preempted == 0
 		return
 	}
 	secs := e.cost.seconds(&r.Batch) / e.speed
