@@ -4,7 +4,9 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
-	"strconv"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/openai"
 
 	"github.com/kvroute/kvroute/tokenizer"
 )
@@ -86,23 +88,21 @@ func errorType(status int) string {
 	return "InternalServerError"
 }
 
-// appendErrorBody appends vLLM's error body:
-// {"error":{"message":...,"type":...,"param":null,"code":status}}.
+// vllmError is an error with vLLM's status, type and message; written by
+// openai.WriteError it becomes vLLM's body
+// {"error":{"message":...,"type":"BadRequestError","param":null,"code":400}}.
+func vllmError(status int, msg string) *kvroute.Error {
+	return &kvroute.Error{Status: status, Type: errorType(status), Message: msg}
+}
+
+// appendErrorBody appends vLLM's error body (the payload of a mid-stream
+// error event too).
 func appendErrorBody(dst []byte, status int, msg string) []byte {
-	b, _ := json.Marshal(msg)
-	dst = append(dst, `{"error":{"message":`...)
-	dst = append(dst, b...)
-	dst = append(dst, `,"type":"`...)
-	dst = append(dst, errorType(status)...)
-	dst = append(dst, `","param":null,"code":`...)
-	dst = strconv.AppendInt(dst, int64(status), 10)
-	return append(dst, "}}"...)
+	return openai.AppendError(dst, vllmError(status, msg))
 }
 
 func writeError(w http.ResponseWriter, status int, msg string) {
-	w.Header().Set("Content-Type", "application/json")
-	w.WriteHeader(status)
-	_, _ = w.Write(appendErrorBody(nil, status, msg))
+	openai.WriteError(w, vllmError(status, msg))
 }
 
 // parseRequest decodes and validates a request body the way vLLM's pydantic
