@@ -161,3 +161,52 @@ func BenchmarkIndexStore(b *testing.B) {
 		b.ReportMetric(float64(2*b.N*per)/cpu.Seconds(), "block-events/cpu-s")
 	}
 }
+
+// BenchmarkApproxMatch8k matches a 512-block prompt against an Approx
+// holding 64 endpoints x 8192 blocks, the prompt recorded on 4 of them.
+func BenchmarkApproxMatch8k(b *testing.B) {
+	a := NewApprox(ApproxConfig{DefaultCapacityBlocks: 8192})
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	rng := rand.New(rand.NewPCG(3, 3))
+	hs := make([]uint64, 512)
+	for e := 0; e < 64; e++ {
+		for n := 0; n < 16; n++ {
+			for i := range hs {
+				hs[i] = rng.Uint64() | 1
+			}
+			a.Record(now, fmt.Sprintf("endpoint-%02d", e), hs)
+		}
+	}
+	q := HashTokens(seqTokens(512*16, 5), 16, nil)
+	for e := 0; e < 4; e++ {
+		a.Record(now, fmt.Sprintf("endpoint-%02d", e*13), q[:512-e*100])
+	}
+	dst := make([]Hit, 0, 64)
+	b.ReportAllocs()
+	for b.Loop() {
+		dst = a.Match(now, q, dst[:0])
+	}
+	if len(dst) != 4 || dst[0].Blocks != 512 {
+		b.Fatalf("Match = %+v", dst)
+	}
+}
+
+// BenchmarkApproxRecord8k records a 512-block prompt on one of 64
+// endpoints at capacity (each Record evicts as much as it adds).
+func BenchmarkApproxRecord8k(b *testing.B) {
+	a := NewApprox(ApproxConfig{DefaultCapacityBlocks: 4096})
+	now := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	rng := rand.New(rand.NewPCG(4, 4))
+	const ring = 64
+	prompts := make([][]uint64, ring)
+	for i := range prompts {
+		prompts[i] = make([]uint64, 512)
+		for j := range prompts[i] {
+			prompts[i][j] = rng.Uint64() | 1
+		}
+	}
+	b.ReportAllocs()
+	for i := 0; b.Loop(); i++ {
+		a.Record(now, fmt.Sprintf("endpoint-%02d", i%64), prompts[i%ring])
+	}
+}

@@ -147,7 +147,7 @@ func (m *Manager) build(t Target) (*managed, error) {
 	}
 	if ev := t.KVEvents; ev != nil {
 		sub, err := NewSubscriber(SubscriberConfig{Endpoint: t.Endpoint, Address: ev.Address, ReplayAddress: ev.ReplayAddress,
-			Topic: ev.Topic, Sink: ev.Sink, Logger: m.cfg.Logger})
+			Topic: ev.Topic, Listen: ev.Listen, Sink: ev.Sink, Logger: m.cfg.Logger})
 		if err != nil {
 			return nil, fmt.Errorf("signals manager: endpoint %q: %w", t.Endpoint, err)
 		}

@@ -80,6 +80,8 @@ type KVEventsTarget struct {
 	Address, ReplayAddress string
 	// Topic as in SubscriberConfig ("" = all).
 	Topic string
+	// Listen as in SubscriberConfig: bind Address, the engine connects.
+	Listen bool
 	// Sink receives the blocks (the model's precise index). Required.
 	Sink Sink
 }

@@ -5,12 +5,15 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"os"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/kvindex"
 )
 
 func promServer(t *testing.T, file string) (*httptest.Server, *atomic.Int64) {
@@ -234,4 +237,33 @@ func TestManager(t *testing.T) {
 	if fams, _ := reg.Gather(); len(fams) != 0 {
 		t.Fatalf("metrics still registered after Close: %d families", len(fams))
 	}
+}
+
+// TestManagerRemovePurgesIndex: removing an endpoint from the Manager
+// removes its blocks from the precise index, and stops its goroutines.
+func TestManagerRemovePurgesIndex(t *testing.T) {
+	before := runtime.NumGoroutine()
+	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 4})
+	m, err := NewManager(ManagerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	eng := newFakeEngine(t, true, EventEncoding{})
+	v := NewView(ViewConfig{})
+	if err := m.Sync([]Target{{Endpoint: "e1", View: v, KVEvents: &KVEventsTarget{Address: eng.pubAddr, Topic: testTopic, Sink: idx}}}); err != nil {
+		t.Fatal(err)
+	}
+	eng.waitSubscribed()
+	eng.publish(false, stored(0, 3))
+	q := kvindex.HashTokens(prompt, 4, nil)
+	waitFor(t, "blocks indexed", func() bool { return len(idx.Match(q, nil)) == 1 })
+	if err := m.Sync(nil); err != nil {
+		t.Fatal(err)
+	}
+	if hits := idx.Match(q, nil); len(hits) != 0 || idx.Stats().Entries != 0 || idx.Stats().Endpoints != 0 {
+		t.Fatalf("after removal: hits %+v, stats %+v", hits, idx.Stats())
+	}
+	m.Close()
+	eng.close()
+	waitFor(t, "goroutines to exit", func() bool { return runtime.NumGoroutine() <= before+2 })
 }

@@ -41,6 +41,11 @@ type SubscriberConfig struct {
 	ReplayAddress string
 	// Topic is the ZMQ topic to subscribe to; "" subscribes to all.
 	Topic string
+	// Listen binds Address instead of dialling it, for engines that connect
+	// to the router (vLLM connects its PUB socket when its endpoint names a
+	// host, e.g. tcp://router:5557, and binds when it has a "*"). An Address
+	// with a "*" host (tcp://*:5557) implies Listen.
+	Listen bool
 	// Sink receives the blocks. Required.
 	Sink Sink
 	// NoCatchUp disables replaying the engine's buffered history when the
@@ -50,6 +55,7 @@ type SubscriberConfig struct {
 	ReplayTimeout time.Duration
 	// IdleReconnect re-dials the engine after this long without a batch, in
 	// case the connection died silently (an engine restart); default 10s.
+	// Not used with Listen.
 	IdleReconnect time.Duration
 	// DialRetry is the pause between failed dials; default 500ms.
 	DialRetry time.Duration
@@ -80,21 +86,21 @@ func (c *SubscriberConfig) Validate() error {
 	case c.Sink == nil:
 		return errors.New("subscriber: Sink is nil")
 	}
-	if err := validZMQAddr(c.Address); err != nil {
+	if err := validZMQAddr(c.Address, c.Listen || strings.Contains(c.Address, "*")); err != nil {
 		return fmt.Errorf("subscriber: Address: %w", err)
 	}
 	if c.ReplayAddress != "" {
-		if err := validZMQAddr(c.ReplayAddress); err != nil {
+		if err := validZMQAddr(c.ReplayAddress, false); err != nil {
 			return fmt.Errorf("subscriber: ReplayAddress: %w", err)
 		}
 	}
 	return nil
 }
 
-func validZMQAddr(a string) error {
+func validZMQAddr(a string, listen bool) error {
 	for _, p := range []string{"tcp://", "ipc://", "inproc://"} {
 		if strings.HasPrefix(a, p) && len(a) > len(p) {
-			if strings.Contains(a, "*") {
+			if !listen && strings.Contains(a, "*") {
 				return fmt.Errorf("%q is a bind address; give the engine's host", a)
 			}
 			return nil
@@ -105,6 +111,7 @@ func validZMQAddr(a string) error {
 
 // SubscriberStatus reports a subscriber's progress.
 type SubscriberStatus struct {
+	// Connected is true while the socket is dialled (or listening).
 	Connected bool
 	// LastSeq is the last batch sequence number applied (-1 = none).
 	LastSeq     int64
@@ -157,6 +164,9 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	cfg.setDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	if strings.Contains(cfg.Address, "*") {
+		cfg.Listen = true
 	}
 	s := &Subscriber{cfg: cfg, dec: NewEventDecoder()}
 	s.st.LastSeq = -1
@@ -217,7 +227,11 @@ func (s *Subscriber) session(parent context.Context) error {
 	if err := sub.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
 		return fmt.Errorf("subscribe: %w", err)
 	}
-	if err := sub.Dial(s.cfg.Address); err != nil {
+	if s.cfg.Listen {
+		if err := sub.Listen(s.cfg.Address); err != nil {
+			return fmt.Errorf("listen %s: %w", s.cfg.Address, err)
+		}
+	} else if err := sub.Dial(s.cfg.Address); err != nil {
 		return fmt.Errorf("dial %s: %w", s.cfg.Address, err)
 	}
 	s.update(func(st *SubscriberStatus) { st.Connected = true })
@@ -244,8 +258,13 @@ func (s *Subscriber) session(parent context.Context) error {
 	defer wg.Wait()
 	defer cancel()
 
+	// A dialled connection may die silently (engine restart); re-dial after
+	// a long silence. A listening socket just waits for the engine.
 	idle := time.NewTimer(s.cfg.IdleReconnect)
 	defer idle.Stop()
+	if s.cfg.Listen {
+		idle.Stop()
+	}
 	for {
 		select {
 		case <-ctx.Done():

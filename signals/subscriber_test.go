@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
+	"net"
 	"reflect"
 	"slices"
 	"strings"
@@ -35,8 +36,9 @@ type fakeEngine struct {
 	buf     []replayed
 	replays int
 
-	cancel context.CancelFunc
-	wg     sync.WaitGroup
+	cancel    context.CancelFunc
+	wg        sync.WaitGroup
+	closeOnce sync.Once
 }
 
 func newFakeEngine(t *testing.T, withReplay bool, enc EventEncoding) *fakeEngine {
@@ -62,12 +64,14 @@ func newFakeEngine(t *testing.T, withReplay bool, enc EventEncoding) *fakeEngine
 }
 
 func (e *fakeEngine) close() {
-	e.cancel()
-	e.pub.Close()
-	if e.route != nil {
-		e.route.Close()
-	}
-	e.wg.Wait()
+	e.closeOnce.Do(func() {
+		e.cancel()
+		e.pub.Close()
+		if e.route != nil {
+			e.route.Close()
+		}
+		e.wg.Wait()
+	})
 }
 
 func (e *fakeEngine) serveReplay() {
@@ -437,11 +441,62 @@ func TestSubscriberConfigValidate(t *testing.T) {
 		{Address: "tcp://h:1", Sink: idx},
 		{Endpoint: "e", Address: "tcp://h:1"},
 		{Endpoint: "e", Address: "h:1", Sink: idx},
-		{Endpoint: "e", Address: "tcp://*:5557", Sink: idx},
 		{Endpoint: "e", Address: "tcp://h:1", ReplayAddress: "x", Sink: idx},
 	} {
 		if _, err := NewSubscriber(c); err == nil {
 			t.Errorf("NewSubscriber(%+v): no error", c)
 		}
+	}
+}
+
+// TestSubscriberListen: the engine's PUB socket connects to the router,
+// which binds (vLLM's rule for an endpoint naming a host).
+func TestSubscriberListen(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := "tcp://" + l.Addr().String()
+	l.Close()
+	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 4})
+	sub, err := NewSubscriber(SubscriberConfig{Endpoint: "e1", Address: addr, Listen: true, Topic: testTopic, Sink: idx})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sub.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	waitFor(t, "listening", func() bool { return sub.Status().Connected })
+
+	ectx, ecancel := context.WithCancel(context.Background())
+	defer ecancel()
+	pub := zmq4.NewPub(ectx, zmq4.WithLogger(newDiscardLogger()))
+	defer pub.Close()
+	if err := pub.Dial(addr); err != nil {
+		t.Fatal(err)
+	}
+	tp := pub.(interface{ Topics() []string })
+	waitFor(t, "subscription", func() bool { return slices.Contains(tp.Topics(), testTopic) })
+	b := EventBatch{Events: []KVEvent{stored(0, 2)}}
+	p, err := EncodeEventBatch(nil, &b, EventEncoding{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := pub.Send(zmq4.NewMsgFrom([]byte(testTopic), be64(0), p)); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "batch", func() bool { return sub.Status().Batches == 1 })
+	if hits := idx.Match(kvindex.HashTokens(prompt, 4, nil), nil); len(hits) != 1 || hits[0].Blocks != 2 {
+		t.Fatalf("hits %+v", hits)
+	}
+	// A "*" address implies Listen; in dial mode it is rejected.
+	if _, err := NewSubscriber(SubscriberConfig{Endpoint: "e", Address: "tcp://*:5557", Sink: idx}); err != nil {
+		t.Fatalf("tcp://*:5557: %v", err)
 	}
 }
