@@ -130,6 +130,16 @@ func newUUID() string {
 // Handler returns the server's HTTP handler.
 func (s *Server) Handler() http.Handler { return s.mux }
 
+// SideChannelHandler serves only the P/D side channel (POST
+// /internal/kv/pull), for a separate listener like vLLM's NIXL side-channel
+// port or SGLang's bootstrap port. Handler serves it too.
+func (s *Server) SideChannelHandler() http.Handler {
+	mux := http.NewServeMux()
+	mux.HandleFunc("POST /internal/kv/pull", s.handlePull)
+	mux.HandleFunc("/", s.handleNotFound)
+	return mux
+}
+
 // Profile returns the effective engine profile (overrides applied).
 func (s *Server) Profile() engine.Profile { return s.prof }
 

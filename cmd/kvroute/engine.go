@@ -47,12 +47,13 @@ Prefill/decode disaggregation: with --pd-protocol nixl (vLLM NixlConnector) a
 prefill engine given kv_transfer_params.do_remote_decode=true computes the
 prompt, holds its KV blocks for --kv-lease and answers the kv_transfer_params a
 decode engine needs; a decode engine given do_remote_prefill=true pulls the
-blocks from remote_host:remote_port (the prefill engine's own HTTP address),
+blocks from remote_host:remote_port (the prefill engine's side channel: its HTTP
+address, or --side-channel-listen),
 spending --kv-transfer-setup plus bytes/--fabric-gbps, then decodes without a
 prefill. A missing or expired lease is handled per --pd-load-failure. With
 --pd-protocol sglang the router sends the same request (bootstrap_host,
-bootstrap_port = the prefill engine's HTTP port, bootstrap_room) to both
-engines at once; the decode engine waits for the room's prefill.
+bootstrap_port = the prefill engine's side channel port, bootstrap_room) to
+both engines at once; the decode engine waits for the room's prefill.
 
 Profiles: %s.`
 
@@ -83,7 +84,8 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		setup       = fs.Duration("kv-transfer-setup", 2*time.Millisecond, "fixed cost of one KV transfer")
 		lease       = fs.Duration("kv-lease", 480*time.Second, "how long a prefill engine holds KV for a decode engine (VLLM_NIXL_ABORT_REQUEST_TIMEOUT)")
 		loadFailure = fs.String("pd-load-failure", emulator.LoadFailureRecompute, "decode side, lease missing or expired: recompute (warn, prefill locally) or fail (500)")
-		advertise   = fs.String("advertise", "", "side-channel `host:port` put in kv_transfer_params (default: the listen address)")
+		sideListen  = fs.String("side-channel-listen", "", "also serve the P/D side channel on this `address` (like VLLM_NIXL_SIDE_CHANNEL_PORT or SGLang's bootstrap port); it is then the advertised one")
+		advertise   = fs.String("advertise", "", "side-channel `host:port` put in kv_transfer_params (default: --side-channel-listen, else --listen)")
 		defMaxTok   = fs.Int("default-max-tokens", 1024, "output limit of requests without max_tokens")
 		eosMean     = fs.Float64("eos-mean", 0, "mean output length before the model emits EOS (0 = never; requests end at max_tokens)")
 		logLevel    = fs.String("log-level", "info", "log level: debug, info, warn, error")
@@ -136,9 +138,21 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return fmt.Errorf("engine: %w", err)
 	}
-	advHost, advPort, err := advertiseAddr(*advertise, ln.Addr())
+	var sideLn net.Listener
+	advAddr := ln.Addr()
+	if *sideListen != "" {
+		if sideLn, err = net.Listen("tcp", *sideListen); err != nil {
+			ln.Close()
+			return fmt.Errorf("engine: side channel: %w", err)
+		}
+		advAddr = sideLn.Addr()
+	}
+	advHost, advPort, err := advertiseAddr(*advertise, advAddr)
 	if err != nil {
 		ln.Close()
+		if sideLn != nil {
+			sideLn.Close()
+		}
 		return usageErr("--advertise: %v", err)
 	}
 	srv.SetAdvertise(advHost, advPort)
@@ -156,11 +170,24 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		return nil
 	})
+	var side *http.Server
+	if sideLn != nil {
+		side = &http.Server{Handler: srv.SideChannelHandler(), ReadHeaderTimeout: 10 * time.Second}
+		g.Go(func() error {
+			if err := side.Serve(sideLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+				return fmt.Errorf("engine: side channel: %w", err)
+			}
+			return nil
+		})
+	}
 	g.Go(func() error {
 		<-gctx.Done()
 		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 		defer cancel()
 		_ = hs.Shutdown(sctx)
+		if side != nil {
+			_ = side.Shutdown(sctx)
+		}
 		return srv.Close()
 	})
 	return g.Wait()

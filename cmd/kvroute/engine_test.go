@@ -155,7 +155,8 @@ func TestEnginePDBetweenProcesses(t *testing.T) {
 		t.Skip("starts processes")
 	}
 	common := []string{"--model", "m", "--profile", "llama-3.1-8b-h100", "--speed", "10"}
-	p := startEngine(t, append(common, "--role", "prefill")...)
+	side := freeAddr(t)
+	p := startEngine(t, append(common, "--role", "prefill", "--side-channel-listen", side)...)
 	d := startEngine(t, append(common, "--role", "decode")...)
 	prompt := strings.Repeat("A long shared document about disaggregated serving. ", 40)
 
@@ -166,7 +167,7 @@ func TestEnginePDBetweenProcesses(t *testing.T) {
 	if kv["do_remote_prefill"] != true || kv["remote_host"] != "127.0.0.1" {
 		t.Fatalf("got kv_transfer_params %v", pr["kv_transfer_params"])
 	}
-	if _, port, _ := net.SplitHostPort(p.addr); fmt.Sprint(kv["remote_port"]) != port {
+	if _, port, _ := net.SplitHostPort(side); fmt.Sprint(kv["remote_port"]) != port {
 		t.Errorf("got remote_port %v, want %s", kv["remote_port"], port)
 	}
 	dr := postJSON(t, "http://"+d.addr+"/v1/completions", map[string]any{"model": "m", "prompt": prompt, "max_tokens": 8,
