@@ -1,8 +1,11 @@
 package kvindex
 
 import (
+	"math"
+	"math/bits"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute"
@@ -45,6 +48,9 @@ type ApproxConfig struct {
 	// TTL is how long a recorded block is trusted after the router last sent
 	// it to the endpoint; default 10 minutes.
 	TTL time.Duration
+	// Shards is the number of shards of the block table, a power of two;
+	// default 64.
+	Shards int
 }
 
 func (c *ApproxConfig) setDefaults() {
@@ -54,6 +60,9 @@ func (c *ApproxConfig) setDefaults() {
 	if c.TTL <= 0 {
 		c.TTL = 10 * time.Minute
 	}
+	if c.Shards <= 0 || c.Shards&(c.Shards-1) != 0 {
+		c.Shards = 64
+	}
 }
 
 // Approx is the approximate prefix index: for each endpoint an LRU of the
@@ -61,43 +70,85 @@ func (c *ApproxConfig) setDefaults() {
 // was last routed. It needs no tokenizer and no engine events, and it is
 // wrong exactly when the engine evicted what the router thinks it holds.
 //
-// Approx is safe for concurrent use: Match takes a read lock, Record,
-// SetCapacity and Remove a write lock.
+// Layout: as in Index, endpoints are numbered in groups of 64 and a
+// lock-free table maps each block hash to the mask of endpoints holding it;
+// each endpoint also keeps an LRU list of its entries (for capacity and
+// TTL). Expired entries are dropped by Record and, when the oldest entry's
+// TTL has passed, by the next Match, so Match never sees one.
+//
+// Approx is safe for concurrent use. Match takes no lock except for the
+// brief write lock of an expiry; Record, SetCapacity and Remove take the
+// write lock.
 type Approx struct {
 	cfg ApproxConfig
+	ttl int64 // cfg.TTL in nanoseconds
 
-	mu     sync.RWMutex          // protects everything below
-	blocks map[uint64][]*anode   // block hash -> one node per endpoint holding it
-	eps    map[string]*aendpoint // endpoint -> its LRU
+	mu     sync.Mutex // guards eps, the endpoints' lists and group bit allocation
+	eps    map[string]*aendpoint
+	groups atomic.Pointer[[]*agroup]
+	// nextExpiry is the Unix nanosecond time after which the least recent
+	// entry of some endpoint has expired (math.MaxInt64: none).
+	nextExpiry atomic.Int64
+}
+
+type agroup struct {
+	tab   *maskTable
+	names [64]atomic.Pointer[string]
+	inUse uint64 // guarded by Approx.mu
 }
 
 type aendpoint struct {
 	name     string
+	g        *agroup
+	bit      uint64
 	capacity int
-	n        int
-	head     anode // sentinel: head.next is most recent, head.prev least recent
+
+	idx   emap    // block hash -> node index
+	nodes []anode // slab; free ones are chained through next from free
+	free  int32
+	head  int32 // most recent, -1 when empty
+	tail  int32 // least recent
+	n     int
 }
 
 type anode struct {
-	hash       uint64
-	ep         *aendpoint
-	seen       time.Time
-	prev, next *anode
+	key        uint64
+	seen       int64 // Unix nanoseconds of the last Record
+	prev, next int32
 }
 
 // NewApprox returns an empty approximate index.
 func NewApprox(cfg ApproxConfig) *Approx {
 	cfg.setDefaults()
-	return &Approx{cfg: cfg, blocks: make(map[uint64][]*anode), eps: make(map[string]*aendpoint)}
+	a := &Approx{cfg: cfg, ttl: int64(cfg.TTL), eps: make(map[string]*aendpoint)}
+	a.groups.Store(&[]*agroup{})
+	a.nextExpiry.Store(math.MaxInt64)
+	return a
 }
 
 func (a *Approx) endpoint(name string) *aendpoint {
-	e := a.eps[name]
-	if e == nil {
-		e = &aendpoint{name: name, capacity: a.cfg.DefaultCapacityBlocks}
-		e.head.next, e.head.prev = &e.head, &e.head
-		a.eps[name] = e
+	if e := a.eps[name]; e != nil {
+		return e
 	}
+	groups := *a.groups.Load()
+	var g *agroup
+	for _, cand := range groups {
+		if cand.inUse != ^uint64(0) {
+			g = cand
+			break
+		}
+	}
+	if g == nil {
+		g = &agroup{tab: newMaskTable(a.cfg.Shards)}
+		ng := append(append([]*agroup(nil), groups...), g)
+		a.groups.Store(&ng)
+	}
+	i := bits.TrailingZeros64(^g.inUse)
+	g.inUse |= 1 << i
+	n := name
+	g.names[i].Store(&n)
+	e := &aendpoint{name: name, g: g, bit: 1 << i, capacity: a.cfg.DefaultCapacityBlocks, free: -1, head: -1, tail: -1}
+	a.eps[name] = e
 	return e
 }
 
@@ -105,64 +156,78 @@ func (a *Approx) endpoint(name string) *aendpoint {
 // to endpoint at now. The blocks become the endpoint's most recent entries,
 // the first block most recent of all (an engine evicts a prompt's tail
 // before its head), and the least recent entries beyond the endpoint's
-// capacity are dropped.
+// capacity or older than TTL are dropped.
 func (a *Approx) Record(now time.Time, endpoint string, hashes []uint64) {
 	if len(hashes) == 0 {
 		return
 	}
+	t := now.UnixNano()
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	e := a.endpoint(endpoint)
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := hashes[i]
-		var nd *anode
-		for _, x := range a.blocks[h] {
-			if x.ep == e {
-				nd = x
-				break
+		if h == 0 {
+			h = 1 // 0 is the tables' empty key; HashTokens never returns it
+		}
+		if v, ok := e.idx.get(h); ok {
+			nd := int32(v)
+			e.unlink(nd)
+			e.nodes[nd].seen = t
+			e.pushFront(nd)
+			continue
+		}
+		nd := e.alloc(h, t)
+		e.idx.put(h, uint64(nd))
+		e.pushFront(nd)
+		e.n++
+		e.g.tab.update(h, e.bit, 0)
+	}
+	a.trim(e, t)
+	a.updateExpiry()
+}
+
+// trim drops e's least recent entries while it is over capacity or they
+// expired at t. Called with a.mu held.
+func (a *Approx) trim(e *aendpoint, t int64) {
+	for e.tail >= 0 && (e.n > e.capacity || t-e.nodes[e.tail].seen > a.ttl) {
+		a.dropTail(e)
+	}
+}
+
+func (a *Approx) dropTail(e *aendpoint) {
+	nd := e.tail
+	key := e.nodes[nd].key
+	e.unlink(nd)
+	e.idx.del(key)
+	e.g.tab.update(key, 0, e.bit)
+	e.release(nd)
+	e.n--
+}
+
+// updateExpiry recomputes nextExpiry. Called with a.mu held.
+func (a *Approx) updateExpiry() {
+	next := int64(math.MaxInt64)
+	for _, e := range a.eps {
+		if e.tail >= 0 {
+			if x := e.nodes[e.tail].seen + a.ttl; x < next {
+				next = x
 			}
 		}
-		if nd != nil {
-			nd.unlink()
-		} else {
-			nd = &anode{hash: h, ep: e}
-			a.blocks[h] = append(a.blocks[h], nd)
-			e.n++
-		}
-		nd.seen = now
-		e.pushFront(nd)
 	}
-	a.trim(now, e)
+	a.nextExpiry.Store(next)
 }
 
-// trim drops expired entries and entries beyond capacity from e's tail.
-func (a *Approx) trim(now time.Time, e *aendpoint) {
-	for e.n > 0 {
-		last := e.head.prev
-		if e.n <= e.capacity && now.Sub(last.seen) <= a.cfg.TTL {
-			return
-		}
-		a.drop(last)
-	}
-}
-
-func (a *Approx) drop(nd *anode) {
-	nd.unlink()
-	nd.ep.n--
-	list := a.blocks[nd.hash]
-	for i, x := range list {
-		if x == nd {
-			list[i] = list[len(list)-1]
-			list[len(list)-1] = nil
-			list = list[:len(list)-1]
-			break
+// expire drops every entry older than TTL at t.
+func (a *Approx) expire(t int64) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	for _, e := range a.eps {
+		for e.tail >= 0 && t-e.nodes[e.tail].seen > a.ttl {
+			a.dropTail(e)
 		}
 	}
-	if len(list) == 0 {
-		delete(a.blocks, nd.hash)
-	} else {
-		a.blocks[nd.hash] = list
-	}
+	a.updateExpiry()
 }
 
 // SetCapacity sets endpoint's capacity in blocks (its KV cache size, e.g.
@@ -177,8 +242,9 @@ func (a *Approx) SetCapacity(endpoint string, blocks int) {
 	e := a.endpoint(endpoint)
 	e.capacity = blocks
 	for e.n > e.capacity {
-		a.drop(e.head.prev)
+		a.dropTail(e)
 	}
+	a.updateExpiry()
 }
 
 // Remove forgets endpoint and all its entries.
@@ -189,17 +255,20 @@ func (a *Approx) Remove(endpoint string) {
 	if e == nil {
 		return
 	}
-	for e.n > 0 {
-		a.drop(e.head.prev)
+	for e.tail >= 0 {
+		a.dropTail(e)
 	}
 	delete(a.eps, endpoint)
+	i := bits.TrailingZeros64(e.bit)
+	e.g.names[i].Store(nil)
+	e.g.inUse &^= e.bit
+	a.updateExpiry()
 }
 
-// Len returns the number of (block, endpoint) entries, expired ones included
-// until they are trimmed.
+// Len returns the number of (block, endpoint) entries.
 func (a *Approx) Len() int {
-	a.mu.RLock()
-	defer a.mu.RUnlock()
+	a.mu.Lock()
+	defer a.mu.Unlock()
 	n := 0
 	for _, e := range a.eps {
 		n += e.n
@@ -215,52 +284,74 @@ func (a *Approx) Match(now time.Time, hashes []uint64, dst []Hit) []Hit {
 	if len(hashes) == 0 {
 		return dst
 	}
-	a.mu.RLock()
-	defer a.mu.RUnlock()
+	if t := now.UnixNano(); t > a.nextExpiry.Load() {
+		a.expire(t)
+	}
 	start := len(dst)
-	// alive holds the endpoints that matched every block so far.
-	var aliveBuf [64]*aendpoint
-	alive := aliveBuf[:0]
-	for _, nd := range a.blocks[hashes[0]] {
-		if now.Sub(nd.seen) <= a.cfg.TTL {
-			alive = append(alive, nd.ep)
-		}
-	}
-	for i := 1; i < len(hashes) && len(alive) > 0; i++ {
-		holders := a.blocks[hashes[i]]
-		kept := alive[:0]
-		for _, e := range alive {
-			held := false
-			for _, nd := range holders {
-				if nd.ep == e {
-					held = now.Sub(nd.seen) <= a.cfg.TTL
-					break
-				}
+	for _, g := range *a.groups.Load() {
+		alive := g.tab.get(nonZero(hashes[0]))
+		for i := 1; i < len(hashes) && alive != 0; i++ {
+			held := g.tab.get(nonZero(hashes[i]))
+			for b := alive &^ held; b != 0; b &= b - 1 {
+				dst = g.hit(dst, bits.TrailingZeros64(b), i)
 			}
-			if held {
-				kept = append(kept, e)
-			} else {
-				dst = append(dst, Hit{Endpoint: e.name, Blocks: i, Tier: kvroute.TierGPU, GPUBlocks: i})
-			}
+			alive &= held
 		}
-		alive = kept
-	}
-	for _, e := range alive {
-		dst = append(dst, Hit{Endpoint: e.name, Blocks: len(hashes), Tier: kvroute.TierGPU, GPUBlocks: len(hashes)})
+		for b := alive; b != 0; b &= b - 1 {
+			dst = g.hit(dst, bits.TrailingZeros64(b), len(hashes))
+		}
 	}
 	sortHits(dst[start:])
 	return dst
 }
 
-func (e *aendpoint) pushFront(nd *anode) {
-	nd.prev = &e.head
-	nd.next = e.head.next
-	e.head.next.prev = nd
-	e.head.next = nd
+func (g *agroup) hit(dst []Hit, bit, blocks int) []Hit {
+	name := g.names[bit].Load()
+	if name == nil {
+		return dst
+	}
+	return append(dst, Hit{Endpoint: *name, Blocks: blocks, Tier: kvroute.TierGPU, GPUBlocks: blocks})
 }
 
-func (nd *anode) unlink() {
-	nd.prev.next = nd.next
-	nd.next.prev = nd.prev
-	nd.prev, nd.next = nil, nil
+func (e *aendpoint) alloc(key uint64, t int64) int32 {
+	if e.free >= 0 {
+		nd := e.free
+		e.free = e.nodes[nd].next
+		e.nodes[nd] = anode{key: key, seen: t, prev: -1, next: -1}
+		return nd
+	}
+	e.nodes = append(e.nodes, anode{key: key, seen: t, prev: -1, next: -1})
+	return int32(len(e.nodes) - 1)
+}
+
+func (e *aendpoint) release(nd int32) {
+	e.nodes[nd] = anode{next: e.free}
+	e.free = nd
+}
+
+func (e *aendpoint) pushFront(nd int32) {
+	e.nodes[nd].prev = -1
+	e.nodes[nd].next = e.head
+	if e.head >= 0 {
+		e.nodes[e.head].prev = nd
+	}
+	e.head = nd
+	if e.tail < 0 {
+		e.tail = nd
+	}
+}
+
+func (e *aendpoint) unlink(nd int32) {
+	p, n := e.nodes[nd].prev, e.nodes[nd].next
+	if p >= 0 {
+		e.nodes[p].next = n
+	} else {
+		e.head = n
+	}
+	if n >= 0 {
+		e.nodes[n].prev = p
+	} else {
+		e.tail = p
+	}
+	e.nodes[nd].prev, e.nodes[nd].next = -1, -1
 }

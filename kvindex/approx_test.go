@@ -2,7 +2,9 @@ package kvindex
 
 import (
 	"fmt"
+	"math/rand/v2"
 	"reflect"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -85,5 +87,110 @@ func TestApproxConcurrent(t *testing.T) {
 	wg.Wait()
 	if n := a.Len(); n > 4*150 {
 		t.Fatalf("Len = %d, want <= %d", n, 4*150)
+	}
+}
+
+// naiveApprox is the reference: per endpoint a slice ordered most recent
+// first, TTL checked at Match.
+type naiveApprox struct {
+	ttl      time.Duration
+	defCap   int
+	lists    map[string][]naiveEntry
+	capacity map[string]int
+}
+
+type naiveEntry struct {
+	h    uint64
+	seen time.Time
+}
+
+func (n *naiveApprox) record(now time.Time, ep string, hs []uint64) {
+	l := n.lists[ep]
+	for i := len(hs) - 1; i >= 0; i-- {
+		l = slices.DeleteFunc(l, func(e naiveEntry) bool { return e.h == hs[i] })
+		l = append([]naiveEntry{{hs[i], now}}, l...)
+	}
+	c, ok := n.capacity[ep]
+	if !ok {
+		c = n.defCap
+	}
+	if len(l) > c {
+		l = l[:c]
+	}
+	n.lists[ep] = l
+}
+
+func (n *naiveApprox) setCapacity(ep string, c int) {
+	n.capacity[ep] = c
+	if l := n.lists[ep]; len(l) > c {
+		n.lists[ep] = l[:c]
+	}
+	if _, ok := n.lists[ep]; !ok {
+		n.lists[ep] = nil
+	}
+}
+
+func (n *naiveApprox) match(now time.Time, hs []uint64) []Hit {
+	var out []Hit
+	for ep, l := range n.lists {
+		k := 0
+		for _, h := range hs {
+			if !slices.ContainsFunc(l, func(e naiveEntry) bool { return e.h == h && now.Sub(e.seen) <= n.ttl }) {
+				break
+			}
+			k++
+		}
+		if k > 0 {
+			out = append(out, Hit{Endpoint: ep, Blocks: k, Tier: kvroute.TierGPU, GPUBlocks: k})
+		}
+	}
+	sortHits(out)
+	return out
+}
+
+func TestApproxDifferential(t *testing.T) {
+	for seed := uint64(1); seed <= 10; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 11))
+		a := NewApprox(ApproxConfig{DefaultCapacityBlocks: 20, TTL: time.Minute, Shards: 2})
+		ref := &naiveApprox{ttl: time.Minute, defCap: 20, lists: map[string][]naiveEntry{}, capacity: map[string]int{}}
+		now := t0
+		eps := []string{"a", "b", "c"}
+		prompt := func() []uint64 {
+			base := uint64(rng.IntN(4)) * 100
+			hs := make([]uint64, 1+rng.IntN(10))
+			for i := range hs {
+				hs[i] = base + uint64(i) + 1
+				if rng.IntN(8) == 0 {
+					hs[i] += 50 // a branch
+				}
+			}
+			return hs
+		}
+		for step := 0; step < 2000; step++ {
+			now = now.Add(time.Duration(rng.IntN(3000)) * time.Millisecond)
+			ep := eps[rng.IntN(len(eps))]
+			switch op := rng.IntN(20); {
+			case op < 12:
+				hs := prompt()
+				a.Record(now, ep, hs)
+				ref.record(now, ep, hs)
+			case op < 13:
+				c := 5 + rng.IntN(30)
+				a.SetCapacity(ep, c)
+				ref.setCapacity(ep, c)
+			case op < 14:
+				a.Remove(ep)
+				delete(ref.lists, ep)
+				delete(ref.capacity, ep)
+			}
+			q := prompt()
+			got, want := a.Match(now, q, nil), ref.match(now, q)
+			if len(got) == 0 && len(want) == 0 {
+				continue
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("seed %d step %d: Match(%v)\n got %+v\nwant %+v", seed, step, q, got, want)
+			}
+		}
 	}
 }
