@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/policy"
 )
 
 const chatBody = `{"model":"m","messages":[{"role":"user","content":"hello"}]}`
@@ -683,6 +684,31 @@ func TestSessionAndTenantReachTheRouter(t *testing.T) {
 			d := tp.Router("m").Decisions(1)
 			if len(d) != 1 || d[0].SessionKey != tc.wantSession || d[0].Tenant != tc.wantTenant {
 				t.Errorf("decision: got %+v, want session %q tenant %q", d, tc.wantSession, tc.wantTenant)
+			}
+		})
+	}
+}
+
+// TestWithEveryPolicy routes through the real policies: every one must
+// serve requests on a healthy pool, and the baselines must spread them.
+func TestWithEveryPolicy(t *testing.T) {
+	a := newBackend(t, "a", okHandler("a"))
+	b := newBackend(t, "b", okHandler("b"))
+	for _, name := range policy.Names() {
+		t.Run(name, func(t *testing.T) {
+			tp := newTestProxyWith(t, testConfig(name, a.URL, b.URL), policy.New)
+			seen := map[string]int{}
+			for i := range 8 {
+				body := fmt.Sprintf(`{"model":"m","messages":[{"role":"user","content":"question %d"}]}`, i)
+				resp := tp.post(t, PathChatCompletions, body)
+				readAll(t, resp)
+				if resp.StatusCode != 200 {
+					t.Fatalf("request %d: got %d", i, resp.StatusCode)
+				}
+				seen[resp.Header.Get("X-Backend")]++
+			}
+			if name == policy.NameRoundRobin && (seen["a"] != 4 || seen["b"] != 4) {
+				t.Errorf("round_robin spread: got %v, want 4 and 4", seen)
 			}
 		})
 	}
