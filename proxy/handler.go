@@ -270,7 +270,7 @@ func (p *Proxy) readBody(w http.ResponseWriter, r *http.Request) (body []byte, e
 	if size < 0 {
 		size = 512
 	}
-	size = min(size, 1<<20) // a declared length is not yet a body: grow past 1 MiB as it arrives
+	size = min(size, 1<<20)      // a declared length is not yet a body: grow past 1 MiB as it arrives
 	b := make([]byte, 0, size+1) // +1: the final read sees EOF without growing
 	rd := http.MaxBytesReader(w, r.Body, limit)
 	for {
