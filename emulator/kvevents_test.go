@@ -307,3 +307,80 @@ func TestKVEventsOverZMQ(t *testing.T) {
 		})
 	}
 }
+
+// TestKVEventsSHA256Vectors runs the engine with vLLM's sha256 block hash
+// and checks the published BlockStored hashes against the test vectors of
+// protocols.md section 3 (tokens 1..48, block size 16, NONE_HASH seed
+// "vllm-none-hash"): the emulator publishes what vLLM would.
+func TestKVEventsSHA256Vectors(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	sub := zmq4.NewSub(ctx)
+	defer sub.Close()
+	if err := sub.Listen(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	if err := sub.SetOption(zmq4.OptionSubscribe, ""); err != nil {
+		t.Fatal(err)
+	}
+	hf, err := engine.NewHashFunc(engine.HashSHA256, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ec := tinyEngine(t)
+	ec.HashFunc = hf
+	_, hs := testServer(t, Config{Engine: ec, KVEvents: KVEventsConfig{Endpoint: endpoint, Encoding: EncodingMap}})
+	ids := make([]string, 48)
+	for i := range ids {
+		ids[i] = fmt.Sprint(i + 1)
+	}
+	body := `{"prompt":[` + strings.Join(ids, ",") + `],"max_tokens":1}`
+	want := []uint64{1403909460543360175, 1643945449041937783, 17267691262617277681}
+	payloads := make(chan []byte, 64)
+	go func() { // forwards payloads; ends when sub is closed
+		for {
+			m, err := sub.Recv()
+			if err != nil {
+				close(payloads)
+				return
+			}
+			payloads <- m.Frames[2]
+		}
+	}()
+	// The subscription connects asynchronously: resend (after a reset, so
+	// the blocks are stored again) until the events arrive.
+	for {
+		if code, b := post(t, hs.URL+"/v1/completions", body); code != 200 {
+			t.Fatalf("got %d %s", code, b)
+		}
+		var hashes []uint64
+	collect:
+		for len(hashes) < len(want) {
+			select {
+			case p, ok := <-payloads:
+				if !ok {
+					t.Fatal("subscriber closed")
+				}
+				_, evs := decodeBatch(t, p, EncodingMap)
+				for _, e := range evs {
+					if e.Type == "BlockStored" {
+						hashes = append(hashes, e.Hashes...)
+					}
+				}
+			case <-time.After(200 * time.Millisecond):
+				break collect
+			}
+		}
+		if len(hashes) > 0 {
+			if !reflect.DeepEqual(hashes, want) {
+				t.Errorf("got BlockStored hashes %v, want vLLM's %v", hashes, want)
+			}
+			return
+		}
+		if ctx.Err() != nil {
+			t.Fatal("no events")
+		}
+		post(t, hs.URL+"/reset_prefix_cache", "")
+	}
+}

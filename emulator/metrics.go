@@ -1,7 +1,9 @@
 package emulator
 
 import (
+	"bytes"
 	"fmt"
+	"net/http"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -9,6 +11,7 @@ import (
 
 	"github.com/kvroute/kvroute/engine"
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/common/expfmt"
 )
 
 // Metrics flavours: which engine's /metrics the emulator imitates.
@@ -368,4 +371,27 @@ func (m *metrics) onStep(res *engine.StepResult) {
 	if n := res.Batch.PrefillTokens + res.Batch.DecodeTokens; n > 0 {
 		m.iteration.observe(float64(n))
 	}
+}
+
+// contentTypeMetrics is what vLLM's (prometheus_client's) /metrics sends.
+const contentTypeMetrics = "text/plain; version=0.0.4; charset=utf-8"
+
+// handleMetrics writes the registry in the text format 0.0.4 with the exact
+// Content-Type vLLM sends (no content negotiation, like vLLM's default).
+func (s *Server) handleMetrics(w http.ResponseWriter, _ *http.Request) {
+	mfs, err := s.metrics.reg.Gather()
+	if err != nil {
+		writeError(w, http.StatusInternalServerError, "gather metrics: "+err.Error())
+		return
+	}
+	var buf bytes.Buffer
+	enc := expfmt.NewEncoder(&buf, expfmt.NewFormat(expfmt.TypeTextPlain))
+	for _, mf := range mfs {
+		if err := enc.Encode(mf); err != nil {
+			writeError(w, http.StatusInternalServerError, "encode metrics: "+err.Error())
+			return
+		}
+	}
+	w.Header().Set("Content-Type", contentTypeMetrics)
+	_, _ = w.Write(buf.Bytes())
 }

@@ -1,9 +1,11 @@
 package emulator
 
 import (
+	"fmt"
 	"math"
 	"net/http"
 	"slices"
+	"strings"
 	"testing"
 
 	dto "github.com/prometheus/client_model/go"
@@ -18,7 +20,7 @@ func scrape(t *testing.T, url string) map[string]*dto.MetricFamily {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	if got, want := resp.Header.Get("Content-Type"), "text/plain; version=0.0.4; charset=utf-8; escaping=underscores"; got != want && got != "text/plain; version=0.0.4; charset=utf-8" {
+	if got, want := resp.Header.Get("Content-Type"), "text/plain; version=0.0.4; charset=utf-8"; got != want {
 		t.Errorf("got content type %q, want %q", got, want)
 	}
 	p := expfmt.NewTextParser(model.UTF8Validation)
@@ -216,5 +218,49 @@ func TestBuckets125(t *testing.T) {
 		if got := buckets125(tt.max); !slices.Equal(got, tt.want) {
 			t.Errorf("buckets125(%d): got %v, want %v", tt.max, got, tt.want)
 		}
+	}
+}
+
+// TestMetricsGolden pins every flavour's exposition: family names, types,
+// label names and bucket bounds (values vary and are left out), parsed back
+// with the Prometheus text parser.
+func TestMetricsGolden(t *testing.T) {
+	for _, flavor := range Flavors {
+		t.Run(flavor, func(t *testing.T) {
+			_, hs := testServer(t, Config{MetricsFlavor: flavor})
+			mfs := scrape(t, hs.URL)
+			names := make([]string, 0, len(mfs))
+			for n := range mfs {
+				names = append(names, n)
+			}
+			slices.Sort(names)
+			var b strings.Builder
+			for _, n := range names {
+				mf := mfs[n]
+				fmt.Fprintf(&b, "%s %s %q", n, strings.ToLower(mf.GetType().String()), mf.GetHelp())
+				m := mf.GetMetric()[0]
+				var ls []string
+				for _, lp := range m.GetLabel() {
+					if lp.GetName() == "model_name" || lp.GetName() == "engine" || lp.GetName() == "finished_reason" || lp.GetName() == "cache_source" {
+						ls = append(ls, lp.GetName()+"="+lp.GetValue())
+					} else {
+						ls = append(ls, lp.GetName())
+					}
+				}
+				fmt.Fprintf(&b, " {%s}", strings.Join(ls, ","))
+				if h := m.GetHistogram(); h != nil {
+					var bs []string
+					for _, bk := range h.GetBucket() {
+						bs = append(bs, fmt.Sprint(bk.GetUpperBound()))
+					}
+					fmt.Fprintf(&b, " le=[%s]", strings.Join(bs, ","))
+				}
+				if len(mf.GetMetric()) > 1 {
+					fmt.Fprintf(&b, " series=%d", len(mf.GetMetric()))
+				}
+				b.WriteByte('\n')
+			}
+			golden(t, "metrics_"+flavor+".golden", []byte(b.String()))
+		})
 	}
 }

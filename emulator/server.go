@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/engine"
-	"github.com/prometheus/client_golang/prometheus/promhttp"
 )
 
 // ErrStopped is the error of requests that were live when the engine loop
@@ -108,7 +107,7 @@ func New(cfg Config) (*Server, error) {
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc("POST /v1/completions", s.handleCompletions)
 	s.mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
-	s.mux.Handle("GET /metrics", promhttp.HandlerFor(s.metrics.reg, promhttp.HandlerOpts{}))
+	s.mux.HandleFunc("GET /metrics", s.handleMetrics)
 	s.mux.HandleFunc("GET /health", s.handleHealth)
 	s.mux.HandleFunc("GET /v1/models", s.handleModels)
 	s.mux.HandleFunc("POST /internal/kv/pull", s.handlePull)
