@@ -71,6 +71,21 @@ func TestSimCommandSweepIsDeterministic(t *testing.T) {
 	}
 }
 
+func TestSimCommandFleetFile(t *testing.T) {
+	path := filepath.Join(t.TempDir(), "fleet.yaml")
+	if err := os.WriteFile(path, []byte("engines:\n  - {count: 1, profile: tiny}\n  - {count: 1, profile: tiny, speed: 0.5}\n"), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	args := append(append([]string{}, simArgs...), "--policies", "least_request", "--fleet", path, "--out", t.TempDir())
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("run: %v\nstderr: %s", err, errb.String())
+	}
+	if !strings.Contains(out.String(), "least_request") {
+		t.Errorf("table lacks the policy row:\n%s", out.String())
+	}
+}
+
 func TestSimCommandUsageErrors(t *testing.T) {
 	for _, extra := range [][]string{
 		{"--policies", "nope"},
