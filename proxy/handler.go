@@ -148,7 +148,9 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 			CachedTokens: -1,
 			Failed:       x.retry != retryNone || x.upstreamErr != nil || x.streamErr != nil || countsAsFailure(x.status),
 		}
-		if !x.firstByteAt.IsZero() && !o.Failed {
+		// The first body byte is the first token only for streams; for other
+		// requests it comes with the last token, so the TTFT stays unknown (0).
+		if x.req.Stream && !x.firstByteAt.IsZero() && !o.Failed {
 			o.TTFT = x.firstByteAt.Sub(x.attemptAt)
 		}
 		x.pool.router.Done(p.now(), f, o)
