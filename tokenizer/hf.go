@@ -17,8 +17,8 @@ import (
 
 // HF is a HuggingFace tokenizer loaded from a tokenizer.json (and optionally
 // its tokenizer_config.json). It supports what the byte-level BPE tokenizers of
-// current LLMs (Llama 3, Qwen2/2.5/3, Mistral-Nemo, DeepSeek-V3, GPT-2 style)
-// use: added and special tokens, the NFC/NFD/NFKC/NFKD/Lowercase normalizers,
+// current LLMs (Llama 3.x, Qwen2/2.5/3, DeepSeek-V3, GPT-2 style) use: added
+// and special tokens, the NFC/NFD/NFKC/NFKD/Lowercase normalizers,
 // Split (regex) and ByteLevel pre-tokenizers, the BPE model, the ByteLevel and
 // TemplateProcessing post-processors and the ByteLevel decoder. Load reports
 // anything else as an error.
@@ -40,13 +40,19 @@ type HF struct {
 	hasEOS     bool
 	bos        string
 	eosText    string
-	template   *ChatTemplate
-	templateEr error
+	template   *ChatTemplate // nil: none
+	templateEr error         // compiling the chat template failed (reported by ChatTemplate)
 }
 
-// LoadDir loads dir/tokenizer.json and, when present, dir/tokenizer_config.json.
+// LoadDir loads dir/tokenizer.json and, when present, dir/tokenizer_config.json
+// (a HuggingFace model directory). dir may also name the tokenizer.json file
+// itself; tokenizer_config.json is then looked for beside it.
 func LoadDir(dir string) (*HF, error) {
-	tj, err := os.ReadFile(filepath.Join(dir, "tokenizer.json"))
+	file := filepath.Join(dir, "tokenizer.json")
+	if fi, err := os.Stat(dir); err == nil && !fi.IsDir() {
+		file, dir = dir, filepath.Dir(dir)
+	}
+	tj, err := os.ReadFile(file)
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}

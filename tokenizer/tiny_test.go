@@ -125,6 +125,11 @@ func TestLoadErrors(t *testing.T) {
 	if _, err := Load(good, []byte(`{"chat_template": 3`)); err == nil {
 		t.Errorf("Load(bad config) = nil error, want an error")
 	}
+	if tok, err := LoadDir("testdata/tiny/tokenizer.json"); err != nil {
+		t.Errorf("LoadDir(file) error = %v", err)
+	} else if _, err := tok.ChatTemplate(); err != nil {
+		t.Errorf("LoadDir(file): tokenizer_config.json beside it not read: %v", err)
+	}
 	if _, err := LoadDir("testdata/does-not-exist"); err == nil {
 		t.Errorf("LoadDir(missing) = nil error, want an error")
 	}
