@@ -67,7 +67,8 @@ type job struct {
 	maxTokens   int
 	st          *stream
 	hdr         openai.ChunkHeader
-	kvPrefill   bool // P/D prefill leg: return kv_transfer_params
+	kvPrefill   bool   // P/D prefill leg: return kv_transfer_params
+	remoteID    string // P/D prefill leg: remote_request_id
 	maxStop     int
 	text        []byte
 	sent        int // bytes of text already streamed
@@ -123,7 +124,14 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	if id := r.Header.Get("X-Request-Id"); id != "" {
+		// vLLM names the request after the header (_base_request_id), so a
+		// P/D pair shares it.
 		w.Header().Set("X-Request-Id", id)
+		if chat {
+			j.respID = "chatcmpl-" + id
+		} else {
+			j.respID = "cmpl-" + id
+		}
 	}
 	j.engineID = j.respID + "-" + strconv.FormatUint(idCounter.Add(1), 36)
 	j.hdr = openai.ChunkHeader{ID: j.respID, Model: s.cfg.Model, Created: time.Now().Unix()}

@@ -307,3 +307,26 @@ func FuzzHandler(f *testing.F) {
 		}
 	})
 }
+
+func TestRequestIDHeader(t *testing.T) {
+	_, hs := testServer(t, Config{})
+	for _, tt := range []struct{ path, body, want string }{
+		{"/v1/completions", `{"prompt":"a","max_tokens":1}`, "cmpl-req-42"},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"a"}],"max_tokens":1}`, "chatcmpl-req-42"},
+	} {
+		req, _ := http.NewRequest(http.MethodPost, hs.URL+tt.path, strings.NewReader(tt.body))
+		req.Header.Set("X-Request-Id", "req-42")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var v struct {
+			ID string `json:"id"`
+		}
+		_ = json.NewDecoder(resp.Body).Decode(&v)
+		resp.Body.Close()
+		if v.ID != tt.want || resp.Header.Get("X-Request-Id") != "req-42" {
+			t.Errorf("%s: got id %q header %q, want %q and the header echoed", tt.path, v.ID, resp.Header.Get("X-Request-Id"), tt.want)
+		}
+	}
+}

@@ -85,7 +85,14 @@ func (s *Server) preparePD(r *http.Request, j *job, ereq *engine.Request) *apiEr
 		case kv.DoRemoteDecode && s.cfg.Role.CanPrefill():
 			ereq.HoldKV, ereq.MaxTokens = true, 1
 			j.maxTokens, j.st.maxTokens = 1, 1
-			j.st.holdKV, j.st.leaseKey = true, reqKey(j.engineID)
+			// The lease is named by the proxy's X-Request-Id when there is
+			// one (decode engines of vLLM < 0.11 find it by that header,
+			// without remote_request_id), else by the engine's own id.
+			j.remoteID = j.engineID
+			if id := r.Header.Get("X-Request-Id"); id != "" {
+				j.remoteID = id
+			}
+			j.st.holdKV, j.st.leaseKey = true, reqKey(j.remoteID)
 			j.kvPrefill = true
 		case kv.DoRemotePrefill && s.cfg.Role.CanDecode():
 			id := kv.RemoteRequestID
@@ -178,7 +185,7 @@ func (s *Server) kvTransferParams(j *job) map[string]any {
 		"do_remote_decode":  false,
 		"remote_block_ids":  ids,
 		"remote_engine_id":  s.cfg.EngineID,
-		"remote_request_id": j.engineID,
+		"remote_request_id": j.remoteID,
 		"remote_host":       s.cfg.AdvertiseHost,
 		"remote_port":       s.cfg.AdvertisePort,
 		"tp_size":           s.prof.TP,

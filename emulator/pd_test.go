@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"encoding/json"
 	"fmt"
+	"io"
 	"log/slog"
+	"net/http"
 	"strings"
 	"sync"
 	"testing"
@@ -158,4 +160,43 @@ func TestPDSGLangBootstrap(t *testing.T) {
 		t.Errorf("decode log: %s", dlog.String())
 	}
 	waitFor(t, "the prefill engine to release the room's blocks", func() bool { return kvUsage(t, ps.URL) == 0 })
+}
+
+// TestPDNixlByRequestIDHeader is the older vLLM form: the decode request has
+// no remote_request_id, and the lease is found by the proxy's X-Request-Id,
+// which both legs carry.
+func TestPDNixlByRequestIDHeader(t *testing.T) {
+	var dlog syncBuffer
+	_, ps := testServer(t, Config{Role: kvroute.RolePrefill})
+	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, Logger: logTo(&dlog)})
+	send := func(url, body string) (int, []byte) {
+		req, _ := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+		req.Header.Set("X-Request-Id", "5f1c2f0e-proxy-id")
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, _ := io.ReadAll(resp.Body)
+		return resp.StatusCode, b
+	}
+	code, body := send(ps.URL+"/v1/completions", fmt.Sprintf(`{"prompt":%q,"max_tokens":1,"kv_transfer_params":{"do_remote_decode":true}}`, pdPrompt))
+	if code != 200 {
+		t.Fatalf("prefill: got %d %s", code, body)
+	}
+	var pr openai.Completion
+	_ = json.Unmarshal(body, &pr)
+	kv := pr.KVTransferParams
+	if kv["remote_request_id"] != "5f1c2f0e-proxy-id" {
+		t.Errorf("got remote_request_id %v, want the X-Request-Id", kv["remote_request_id"])
+	}
+	delete(kv, "remote_request_id")
+	b, _ := json.Marshal(map[string]any{"prompt": pdPrompt, "max_tokens": 2, "kv_transfer_params": kv})
+	if code, body = send(ds.URL+"/v1/completions", string(b)); code != 200 {
+		t.Fatalf("decode: got %d %s", code, body)
+	}
+	if strings.Contains(dlog.String(), "kv transfer failed") {
+		t.Errorf("decode log: %s", dlog.String())
+	}
+	waitFor(t, "the prefill engine to release the blocks", func() bool { return kvUsage(t, ps.URL) == 0 })
 }
