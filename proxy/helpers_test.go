@@ -46,12 +46,37 @@ func (p *roundRobin) Pick(_ time.Time, _ *kvroute.Request, cands []kvroute.Candi
 	return kvroute.None("rr", "no healthy candidate")
 }
 
+// learner picks the first healthy candidate and records the outcomes the
+// router feeds back.
+type learner struct {
+	mu       sync.Mutex
+	outcomes []kvroute.Outcome
+}
+
+func (l *learner) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
+	return firstHealthy(now, req, cands)
+}
+
+func (l *learner) Observe(_ time.Time, o kvroute.Outcome) {
+	l.mu.Lock()
+	l.outcomes = append(l.outcomes, o)
+	l.mu.Unlock()
+}
+
+func (l *learner) got() []kvroute.Outcome {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return append([]kvroute.Outcome(nil), l.outcomes...)
+}
+
 func testPickers(name string, _ map[string]any, _ uint64) (kvroute.Picker, error) {
 	switch name {
 	case "first":
 		return firstHealthy, nil
 	case "rr":
 		return &roundRobin{}, nil
+	case "learn":
+		return &learner{}, nil
 	case "shed":
 		return kvroute.PickerFunc(func(time.Time, *kvroute.Request, []kvroute.Candidate) kvroute.Decision {
 			d := kvroute.None("shed", "every endpoint over its cap")

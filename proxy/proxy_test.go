@@ -13,6 +13,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/policy"
@@ -711,5 +712,42 @@ func TestWithEveryPolicy(t *testing.T) {
 				t.Errorf("round_robin spread: got %v, want 4 and 4", seen)
 			}
 		})
+	}
+}
+
+func TestOutcomesReachLearningPolicies(t *testing.T) {
+	var tp *testProxy
+	var fail atomic.Bool
+	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		tp.clock.Advance(40 * time.Millisecond) // the engine's prefill
+		if fail.Load() {
+			statusHandler(500)(w, r)
+			return
+		}
+		okHandler("a")(w, r)
+	})
+	cfg := testConfig("learn", be.URL)
+	cfg.Retry.Attempts = 1
+	l := &learner{}
+	tp = newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return l, nil })
+	for i, body := range []string{streamBody, chatBody, chatBody} {
+		path := PathChatCompletions
+		if body == streamBody {
+			path = PathCompletions
+		}
+		fail.Store(i == 2)
+		readAll(t, tp.post(t, path, body))
+		// Done runs as the handler returns, maybe after the client has read.
+		waitFor(t, "the outcome", func() bool { return len(l.got()) == i+1 })
+	}
+	got := l.got()
+	want := []struct {
+		ttft   time.Duration
+		failed bool
+	}{{40 * time.Millisecond, false}, {0, false}, {0, true}}
+	for i, w := range want {
+		if got[i].TTFT != w.ttft || got[i].Failed != w.failed || got[i].Endpoint != be.URL || got[i].PromptTokens == 0 {
+			t.Errorf("outcome %d: got %+v, want TTFT %v failed %v", i, got[i], w.ttft, w.failed)
+		}
 	}
 }
