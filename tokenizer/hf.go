@@ -540,6 +540,15 @@ func (t *HF) appendPreTokenized(dst []uint32, s string) []uint32 {
 
 // appendSplit applies splitter k and the following ones to s.
 func (t *HF) appendSplit(dst []uint32, s string, k int, buf []int) []uint32 {
+	if ls, ok := t.splitters[k].(llamaSplitter); ok && k+1 == len(t.splitters) {
+		// The common case, streamed: no slice of offsets.
+		for i := 0; i < len(s); {
+			end := ls.match(s, i)
+			dst = t.model.appendWord(dst, s[i:end])
+			i = end
+		}
+		return dst
+	}
 	ends := t.splitters[k].appendSplits(buf[:0], s)
 	start := 0
 	for _, end := range ends {
