@@ -83,3 +83,18 @@ func BenchmarkOracleTrace(b *testing.B) {
 		}
 	}
 }
+
+// BenchmarkRunChat simulates 2,000 chat requests on 4 toy engines: a quick
+// regression check of the simulator's own overhead.
+func BenchmarkRunChat(b *testing.B) {
+	reqs := smallChat(b, 2000, 200, 1)
+	cfg := Config{Fleet: tinyFleet(4), Policy: "round_robin", Seed: 1}
+	b.ReportAllocs()
+	start := time.Now()
+	for b.Loop() {
+		if _, err := Run(context.Background(), cfg, reqs); err != nil {
+			b.Fatal(err)
+		}
+	}
+	b.ReportMetric(float64(len(reqs)*b.N)/time.Since(start).Seconds(), "req/s")
+}

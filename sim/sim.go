@@ -60,6 +60,14 @@ type Config struct {
 	// character blocks (128 characters at 4 characters per token). With
 	// KVEvents it is the engines' block size, which the precise index needs.
 	RouterBlockTokens int
+	// RouterText routes on the prompt text instead of token block hashes,
+	// exactly as kvroute serve does without a tokenizer: the router hashes
+	// the synthetic text (workload.Request.PromptText) in BlockChars blocks
+	// and estimates the prompt's tokens as characters/4. It is slower (the
+	// text is built for every request) and meant for like-for-like
+	// comparisons with kvroute bench against kvroute serve. It cannot be
+	// combined with KVEvents (the precise index needs token hashes).
+	RouterText bool
 	// NetLatency is the one-way latency between the router and an engine,
 	// paid by requests, tokens and scrapes; default 1ms, negative means 0.
 	NetLatency time.Duration
@@ -141,6 +149,9 @@ func (c *Config) Validate() error {
 	}
 	if c.SLO.TTFT < 0 || c.SLO.TPOT < 0 {
 		return fmt.Errorf("sim: config: SLO limits must not be negative")
+	}
+	if c.RouterText && c.KVEvents {
+		return errors.New("sim: config: router text mode cannot use KV events (the precise index needs token hashes)")
 	}
 	if c.Routers < 1 || c.Routers > 1024 {
 		return fmt.Errorf("sim: config: routers %d must be in 1..1024", c.Routers)
@@ -486,6 +497,8 @@ func (s *simulation) arrive(i int32) {
 	}
 	var rh []uint64
 	switch {
+	case s.cfg.RouterText:
+		// The router hashes the text itself (below).
 	case s.routerStep == 1:
 		rh = st.ehashes
 	case s.routerStep > 1:
@@ -509,6 +522,13 @@ func (s *simulation) arrive(i int32) {
 		BlockSize:    s.routerBS,
 		BlockHashes:  rh,
 		Arrival:      wall(s.now),
+	}
+	if s.cfg.RouterText {
+		// kvroute serve without a tokenizer: hash the text, estimate tokens
+		// (openai.RequestInfo.PromptTokens).
+		st.rreq.Prompt = r.PromptText()
+		st.rreq.PromptTokens = (len(st.rreq.Prompt) + 3) / 4
+		st.rreq.BlockSize = 0
 	}
 	st.rt = int32(s.arrived % len(s.rts))
 	s.arrived++
@@ -687,7 +707,7 @@ func (s *simulation) finish(i int32) {
 	}
 	st.finished = true
 	// Drop the prompt's hashes: nothing reads them once the request is done.
-	st.ehashes, st.rreq.BlockHashes, st.ereq.BlockHashes = nil, nil, nil
+	st.ehashes, st.rreq.BlockHashes, st.ereq.BlockHashes, st.rreq.Prompt = nil, nil, nil, ""
 	s.finished++
 	if s.cfg.Progress != nil && (s.finished%s.progEvery == 0 || s.finished == len(s.reqs)) {
 		s.cfg.Progress(s.finished, len(s.reqs))

@@ -62,6 +62,7 @@ type simOptions struct {
 	kvEvents                    bool
 	kvEventDelay, netLatency    time.Duration
 	routers, routerBlock        int
+	routerText                  bool
 	parallel                    int
 	quiet                       bool
 }
@@ -98,6 +99,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.DurationVar(&o.netLatency, "net-latency", sim.DefaultNetLatency, "one-way router<->engine latency (negative = 0)")
 	fs.IntVar(&o.routers, "routers", 1, "router replicas behind a load balancer (each sees only its own dispatches between scrapes)")
 	fs.IntVar(&o.routerBlock, "router-block-tokens", sim.DefaultRouterBlockTokens, "the router's prefix block size in tokens (with --kv-events: the engines')")
+	fs.BoolVar(&o.routerText, "router-text", false, "route on the prompt text in characters, as kvroute serve does without a tokenizer (slower; for comparisons with kvroute bench)")
 	fs.IntVar(&o.parallel, "parallel", 1, "runs to simulate at once (each run is single-threaded)")
 	fs.BoolVar(&o.quiet, "quiet", false, "print only the table (no progress bar or timing)")
 	if err := parseFlags(fs, args); err != nil {
@@ -170,10 +172,14 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		NetLatency:        o.netLatency,
 		Routers:           o.routers,
 		RouterBlockTokens: o.routerBlock,
+		RouterText:        o.routerText,
 		SLO:               sim.SLO{TTFT: o.sloTTFT, TPOT: o.sloTPOT},
 	}
 	if o.routers < 1 {
 		return usageErr("--routers %d must be at least 1", o.routers)
+	}
+	if o.routerText && o.kvEvents {
+		return usageErr("--router-text and --kv-events are exclusive (the precise index needs token hashes)")
 	}
 	if o.routerBlock < 1 {
 		return usageErr("--router-block-tokens %d must be at least 1", o.routerBlock)
@@ -242,6 +248,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			"net_latency":     o.netLatency.String(),
 			"routers":         strconv.Itoa(o.routers),
 			"router_block":    strconv.Itoa(o.routerBlock),
+			"router_text":     strconv.FormatBool(o.routerText),
 		},
 	}
 	sweep := len(scales) > 1
