@@ -110,6 +110,12 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 	} else {
 		if req.promptIDs != nil {
 			j.prompt = req.promptIDs
+			for _, id := range j.prompt {
+				if v := s.prof.Model.Vocab; v > 0 && int64(id) >= int64(v) {
+					writeError(w, http.StatusBadRequest, fmt.Sprintf("Token id %d is out of vocabulary", id))
+					return
+				}
+			}
 		} else {
 			j.prompt = s.cfg.Tokenizer.Encode(req.promptText)
 		}
@@ -322,7 +328,7 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 			upto = max(j.sent, upto-(j.maxStop-1)) // hold back a possible stop-string prefix
 		}
 		if j.chat && !j.roleWritten && (upto > j.sent || done || j.generated > 0) {
-			sw.AppendData(func(b []byte) []byte { return openai.AppendChatRoleChunk(b, &j.hdr) })
+			sw.AppendData(func(b []byte) []byte { return j.usage(openai.AppendChatRoleChunk(b, &j.hdr), 0) })
 			j.roleWritten = true
 		}
 		if upto > j.sent || done {
@@ -335,9 +341,13 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 				stopJSON = openai.StopReasonJSON(nil, j.stopReason, 0, false)
 			}
 			if j.chat {
-				sw.AppendData(func(b []byte) []byte { return openai.AppendChatContentChunk(b, &j.hdr, piece, finish, stopJSON) })
+				sw.AppendData(func(b []byte) []byte {
+					return j.usage(openai.AppendChatContentChunk(b, &j.hdr, piece, finish, stopJSON), j.generated)
+				})
 			} else {
-				sw.AppendData(func(b []byte) []byte { return openai.AppendCompletionChunk(b, &j.hdr, piece, finish, stopJSON) })
+				sw.AppendData(func(b []byte) []byte {
+					return j.usage(openai.AppendCompletionChunk(b, &j.hdr, piece, finish, stopJSON), j.generated)
+				})
 			}
 		}
 		if done {
@@ -355,4 +365,17 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 			return
 		}
 	}
+}
+
+// usage adds "usage" to the chunk just appended to b when the request asked
+// for stream_options.continuous_usage_stats (with include_usage), as vLLM
+// does: prompt, total and completion tokens so far, no details.
+func (j *job) usage(b []byte, completion int) []byte {
+	so := j.req.StreamOptions
+	if so == nil || !so.IncludeUsage || !so.ContinuousUsageStats || len(b) == 0 || b[len(b)-1] != '}' {
+		return b
+	}
+	b = append(b[:len(b)-1], `,"usage":`...)
+	b = openai.AppendUsage(b, len(j.prompt), completion, -1)
+	return append(b, '}')
 }

@@ -36,6 +36,7 @@ func TestRequestErrors(t *testing.T) {
 		{"bad stop", "/v1/completions", `{"prompt":"a","stop":5}`, 400, "stop"},
 		{"bad content part", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}`, 400, "text only"},
 		{"empty prompt", "/v1/completions", `{"prompt":""}`, 400, "The prompt cannot be empty."},
+		{"token out of vocabulary", "/v1/completions", `{"prompt":[1,2,5000]}`, 400, "Token id 5000 is out of vocabulary"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -328,5 +329,30 @@ func TestRequestIDHeader(t *testing.T) {
 		if v.ID != tt.want || resp.Header.Get("X-Request-Id") != "req-42" {
 			t.Errorf("%s: got id %q header %q, want %q and the header echoed", tt.path, v.ID, resp.Header.Get("X-Request-Id"), tt.want)
 		}
+	}
+}
+
+func TestContinuousUsageStats(t *testing.T) {
+	_, hs := testServer(t, Config{Speed: 1})
+	resp, err := http.Post(hs.URL+"/v1/completions", "application/json", strings.NewReader(
+		`{"prompt":"count with me","max_tokens":4,"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	events := readStream(t, resp.Body)
+	last := -1
+	for _, e := range events[:len(events)-1] {
+		var c openai.CompletionChunk
+		if err := json.Unmarshal([]byte(e), &c); err != nil {
+			t.Fatal(err)
+		}
+		if c.Usage == nil || c.Usage.PromptTokens != 3 || c.Usage.CompletionTokens < last || c.Usage.TotalTokens != 3+c.Usage.CompletionTokens {
+			t.Fatalf("chunk %s: want usage with prompt 3 and non-decreasing completion tokens", e)
+		}
+		last = c.Usage.CompletionTokens
+	}
+	if last != 4 {
+		t.Errorf("got final completion_tokens %d, want 4", last)
 	}
 }

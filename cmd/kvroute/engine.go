@@ -29,7 +29,8 @@ modelled duration divided by --speed.
 
 Endpoints: POST /v1/completions and /v1/chat/completions (streaming or not, in
 vLLM's exact JSON and SSE shapes; max_tokens, max_completion_tokens, stop,
-ignore_eos, seed, stream_options.include_usage; n must be 1; the
+ignore_eos, seed, stream_options.include_usage and continuous_usage_stats; n must
+be 1; the
 endpoint-load-metrics header on request), GET /metrics (--metrics-flavor),
 GET /health, GET /v1/models, GET /version, POST /tokenize, POST
 /reset_prefix_cache, and the P/D side channel POST /internal/kv/pull. Prompts are tokenized with the built-in deterministic
