@@ -1,0 +1,236 @@
+package disagg
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/engine"
+)
+
+// KVShape is a model's KV-cache footprint per token, the input of the
+// transfer cost model.
+//
+//	GQA/MHA: bytes/token = Layers x KVHeads x HeadDim x 2 (K and V) x BytesPerElem
+//	MLA:     bytes/token = Layers x LatentDim x BytesPerElem   (one latent, no x2)
+//
+// The whole model's KV moves once per handoff: tensor-parallel ranks move
+// their shares in parallel over their own links, which Link bandwidths
+// account for (a node's aggregate bandwidth), so the bytes are not
+// multiplied by TP. An MLA latent replicated on every rank is sent once.
+type KVShape struct {
+	Layers       int
+	KVHeads      int
+	HeadDim      int
+	BytesPerElem int
+	// LatentDim is kv_lora_rank + qk_rope_head_dim for MLA models (0 for
+	// GQA/MHA). When set, KVHeads and HeadDim are ignored.
+	LatentDim int
+}
+
+// ShapeOf returns the KV shape of an engine profile's model.
+func ShapeOf(p engine.Profile) KVShape {
+	m := p.Model
+	b := m.KVDTypeBytes
+	if b <= 0 {
+		b = m.DTypeBytes
+	}
+	s := KVShape{Layers: m.Layers, KVHeads: m.KVHeads, HeadDim: m.HeadDim, BytesPerElem: b}
+	if m.KVLoRARank > 0 {
+		s.LatentDim = m.KVLoRARank + m.QKRopeDim
+	}
+	return s
+}
+
+// ShapeFromHFConfig returns the KV shape of a HuggingFace config.json
+// (Llama, Qwen2, Mistral-style GQA or DeepSeek-style MLA) with the KV dtype
+// ("bfloat16", "fp8", ...; "" takes the config's torch_dtype).
+func ShapeFromHFConfig(configJSON []byte, dtype string) (KVShape, error) {
+	// The shape does not depend on the deployment; grow the tensor-parallel
+	// degree until the weights fit, so that big models parse too.
+	var err error
+	for tp := 1; tp <= 256; tp *= 2 {
+		var p engine.Profile
+		if p, err = engine.ProfileFromHFConfig(configJSON, "h200", tp, dtype); err == nil {
+			return ShapeOf(p), nil
+		}
+		if !strings.Contains(err.Error(), "leaves no KV memory") {
+			break
+		}
+	}
+	return KVShape{}, fmt.Errorf("disagg: kv shape: %w", err)
+}
+
+// BytesPerToken returns the KV bytes of one token.
+func (s KVShape) BytesPerToken() int64 {
+	if s.LatentDim > 0 {
+		return int64(s.Layers) * int64(s.LatentDim) * int64(s.BytesPerElem)
+	}
+	return int64(s.Layers) * int64(s.KVHeads) * int64(s.HeadDim) * 2 * int64(s.BytesPerElem)
+}
+
+// Bytes returns the KV bytes of tokens tokens.
+func (s KVShape) Bytes(tokens int) int64 {
+	if tokens <= 0 {
+		return 0
+	}
+	return int64(tokens) * s.BytesPerToken()
+}
+
+// Validate reports a shape that cannot size a transfer.
+func (s KVShape) Validate() error {
+	if s.Layers <= 0 || s.BytesPerElem <= 0 || (s.LatentDim <= 0 && (s.KVHeads <= 0 || s.HeadDim <= 0)) {
+		return fmt.Errorf("disagg: kv shape: layers, bytes per element and kv heads x head dim (or the MLA latent) must be > 0, got %+v", s)
+	}
+	return nil
+}
+
+// Link is one class of fabric link between a prefill and a decode node.
+type Link struct {
+	// Name labels the link in metrics and decisions (nvlink, rdma, tcp).
+	Name string `json:"name" yaml:"name"`
+	// Gbps is the line rate in gigabits per second. Required (> 0).
+	Gbps float64 `json:"gbps" yaml:"gbps"`
+	// Efficiency is the fraction of the line rate a KV transfer reaches;
+	// default 1 (line rate, as papers.md 4.6's table).
+	Efficiency float64 `json:"efficiency,omitempty" yaml:"efficiency"`
+	// Setup is the fixed cost of one transfer (handshake, descriptor
+	// exchange, first-byte latency); default 0.
+	Setup time.Duration `json:"setup,omitempty" yaml:"setup"`
+}
+
+// BytesPerSecond is the link's effective bandwidth.
+func (l Link) BytesPerSecond() float64 {
+	eff := l.Efficiency
+	if eff <= 0 {
+		eff = 1
+	}
+	return l.Gbps * 1e9 / 8 * eff
+}
+
+// Duration returns how long bytes take on an idle link: Setup +
+// bytes / effective bandwidth.
+func (l Link) Duration(bytes int64) time.Duration {
+	if bytes <= 0 {
+		return 0
+	}
+	return l.Setup + l.wire(float64(bytes))
+}
+
+// wire is the time bytes occupy the link, without setup.
+func (l Link) wire(bytes float64) time.Duration {
+	bps := l.BytesPerSecond()
+	if bps <= 0 || bytes <= 0 {
+		return 0
+	}
+	return time.Duration(math.Ceil(bytes / bps * float64(time.Second)))
+}
+
+// LinkRule assigns a link to endpoint pairs that share labels.
+type LinkRule struct {
+	// Same lists labels that must be present on both endpoints with equal
+	// values (e.g. ["node"] for NVLink within one node). Required.
+	Same []string `json:"same" yaml:"same"`
+	Link Link     `json:"link" yaml:"link"`
+}
+
+// Links maps an endpoint pair to the link between them: the first rule
+// whose labels match, else Default.
+type Links struct {
+	Rules   []LinkRule `json:"rules" yaml:"rules"`
+	Default Link       `json:"default" yaml:"default"`
+}
+
+// Default link speeds (papers.md 4.1 and 4.6).
+const (
+	NVLinkGbps = 3600 // NVLink4: 450 GB/s per direction
+	RDMAGbps   = 400  // 400G InfiniBand/RoCE: 50 GB/s
+	TCPGbps    = 100  // 100G Ethernet: 12.5 GB/s
+)
+
+// DefaultLinks returns the default fabric: same "node" label -> NVLink
+// (450 GB/s, 0.1 ms setup), same "rack" or same "zone" label -> RDMA
+// (400 Gb/s, 1 ms setup), anything else -> TCP (100 Gb/s, 2 ms setup).
+func DefaultLinks() Links {
+	nv := Link{Name: "nvlink", Gbps: NVLinkGbps, Setup: 100 * time.Microsecond}
+	rdma := Link{Name: "rdma", Gbps: RDMAGbps, Setup: time.Millisecond}
+	return Links{
+		Rules: []LinkRule{
+			{Same: []string{"node"}, Link: nv},
+			{Same: []string{"rack"}, Link: rdma},
+			{Same: []string{"zone"}, Link: rdma},
+		},
+		Default: Link{Name: "tcp", Gbps: TCPGbps, Setup: 2 * time.Millisecond},
+	}
+}
+
+// UniformLinks returns a fabric where every pair of distinct nodes is
+// joined by l (the simulator's and benchmarks' "one fabric" setting).
+func UniformLinks(l Link) Links { return Links{Default: l} }
+
+// Validate reports the first unusable rule or link.
+func (ls Links) Validate() error {
+	check := func(where string, l Link) error {
+		if l.Gbps <= 0 || math.IsNaN(l.Gbps) || math.IsInf(l.Gbps, 0) {
+			return fmt.Errorf("disagg: links: %s: gbps must be > 0, got %v", where, l.Gbps)
+		}
+		if l.Efficiency < 0 || l.Efficiency > 1 {
+			return fmt.Errorf("disagg: links: %s: efficiency must be in [0, 1], got %v", where, l.Efficiency)
+		}
+		if l.Setup < 0 {
+			return fmt.Errorf("disagg: links: %s: setup must be >= 0, got %v", where, l.Setup)
+		}
+		return nil
+	}
+	for i, r := range ls.Rules {
+		if len(r.Same) == 0 {
+			return fmt.Errorf("disagg: links: rules[%d]: same must list at least one label", i)
+		}
+		if err := check(fmt.Sprintf("rules[%d]", i), r.Link); err != nil {
+			return err
+		}
+	}
+	return check("default", ls.Default)
+}
+
+// Between returns the link from a to b.
+func (ls Links) Between(a, b *kvroute.Endpoint) Link {
+	for _, r := range ls.Rules {
+		if sameLabels(a, b, r.Same) {
+			l := r.Link
+			if l.Name == "" {
+				l.Name = strings.Join(r.Same, "+")
+			}
+			return l
+		}
+	}
+	l := ls.Default
+	if l.Name == "" {
+		l.Name = "default"
+	}
+	return l
+}
+
+func sameLabels(a, b *kvroute.Endpoint, keys []string) bool {
+	for _, k := range keys {
+		va, ok := a.Labels[k]
+		if !ok || va == "" {
+			return false
+		}
+		if vb, ok := b.Labels[k]; !ok || vb != va {
+			return false
+		}
+	}
+	return true
+}
+
+// NodeOf returns the fabric node an endpoint sits on: its "node" label,
+// else its ID (one node per endpoint).
+func NodeOf(e *kvroute.Endpoint) string {
+	if n := e.Labels["node"]; n != "" {
+		return n
+	}
+	return e.ID
+}

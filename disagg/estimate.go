@@ -1,0 +1,105 @@
+package disagg
+
+import (
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/engine"
+)
+
+// costModel turns a candidate's load and a request into time estimates with
+// the engine model's own step-time function (engine.Profile.StepTime), the
+// same one the simulator's engines run on. It is pure.
+type costModel struct {
+	prof  engine.Profile
+	shape KVShape
+	// meanQueued is the prompt size assumed for engine-queued requests the
+	// router did not dispatch itself.
+	meanQueued int
+}
+
+// budget is the engine's per-step token budget.
+func (m costModel) budget() int { return max(m.prof.MaxNumBatchedTokens, 1) }
+
+// decodeCtx returns the mean context of the candidate's running sequences.
+func decodeCtx(l kvroute.Load) int {
+	if l.Running <= 0 {
+		return 0
+	}
+	return l.DecodeTokens / l.Running
+}
+
+// queue estimates the wait before a new request's prefill starts: the
+// prefill work queued ahead of it (the router's own undispatched prompt
+// tokens, or the engine's waiting queue at a mean prompt size when that is
+// larger), computed in budget-sized steps alongside the running batch.
+func (m costModel) queue(l kvroute.Load) time.Duration {
+	tokens := l.InFlightTokens
+	if w := l.Waiting * m.meanQueued; w > tokens {
+		tokens = w
+	}
+	return m.prefill(tokens, 0, l)
+}
+
+// prefill estimates computing q uncached tokens on top of cached ones,
+// in budget-sized chunks, each step also carrying the running decodes.
+func (m costModel) prefill(q, cached int, l kvroute.Load) time.Duration {
+	if q <= 0 {
+		return 0
+	}
+	running := max(l.Running, 0)
+	ctx := max(l.DecodeTokens, 0)
+	var d time.Duration
+	for done := 0; done < q; {
+		chunk := min(q-done, m.budget())
+		p := cached + done
+		d += m.prof.StepTime(engine.Batch{
+			PrefillTokens: chunk, PrefillAttnPairs: float64(chunk) * (float64(p) + float64(chunk)/2), PrefillContext: p,
+			DecodeTokens: running, DecodeContext: ctx, Seqs: running + 1, Sampled: running + 1,
+		})
+		done += chunk
+	}
+	return d
+}
+
+// decodeStep estimates one decode step on the candidate once a request
+// with ctx tokens of context joins its running batch.
+func (m costModel) decodeStep(l kvroute.Load, ctx int) time.Duration {
+	running := max(l.Running, 0) + 1
+	total := max(l.DecodeTokens, 0) + ctx
+	return m.prof.StepTime(engine.Batch{DecodeTokens: running, DecodeContext: total, Seqs: running, Sampled: running})
+}
+
+// capacityTokens returns the candidate's KV capacity in tokens.
+func (m costModel) capacityTokens(c *kvroute.Candidate) int {
+	switch {
+	case c.Load.KVCapacityTokens > 0:
+		return c.Load.KVCapacityTokens
+	case c.Endpoint.KVCapacityTokens > 0:
+		return c.Endpoint.KVCapacityTokens
+	}
+	return m.prof.KVCapacityTokens()
+}
+
+func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
+
+// KVAwareParams returns parameters for the kv-aware policy (package
+// policy) derived from an engine profile, so the prefill stage's picker
+// estimates with the same cost model: per-token prefill time, step
+// overhead, per-sequence and per-context decode costs and the step budget.
+func KVAwareParams(p engine.Profile) map[string]any {
+	budget := max(p.MaxNumBatchedTokens, 2)
+	base := p.StepTime(engine.Batch{DecodeTokens: 1, Seqs: 1, Sampled: 1})
+	full := p.PrefillTime(budget, 0)
+	perTok := float64(full-p.PrefillTime(1, 0)) / float64(budget-1) / float64(time.Microsecond)
+	seq := p.StepTime(engine.Batch{DecodeTokens: 65, Seqs: 65, Sampled: 65}) - p.StepTime(engine.Batch{DecodeTokens: 1, Seqs: 1, Sampled: 1})
+	ctx := p.StepTime(engine.Batch{DecodeTokens: 1, DecodeContext: 1_000_001, Seqs: 1, Sampled: 1}) - p.StepTime(engine.Batch{DecodeTokens: 1, DecodeContext: 1, Seqs: 1, Sampled: 1})
+	out := map[string]any{
+		"prefill_us_per_token":   max(perTok, 0.001),
+		"step_overhead_us":       float64(base) / float64(time.Microsecond),
+		"decode_us_per_token":    max(float64(seq)/64/float64(time.Microsecond), 0),
+		"decode_us_per_ctx_ktok": max(float64(ctx)/1000/float64(time.Microsecond), 0),
+		"max_batched_tokens":     budget,
+	}
+	return out
+}

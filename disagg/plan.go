@@ -1,0 +1,485 @@
+package disagg
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/policy"
+)
+
+// Mode says when a request is disaggregated.
+type Mode string
+
+// Modes.
+const (
+	// ModeConditional disaggregates only when it pays (see Conditional).
+	ModeConditional Mode = "conditional"
+	// ModeAlways disaggregates every request that has a prefill node and a
+	// distinct decode node.
+	ModeAlways Mode = "always"
+	// ModeNever runs every request aggregated on its decode node (the
+	// baseline).
+	ModeNever Mode = "never"
+)
+
+// Conditional configures conditional disaggregation. A request runs
+// aggregated on its decode node when
+//
+//  1. its uncached prompt on the decode node is at most ShortTokens, or
+//  2. Dynamo's isl_bounding rule holds: uncached < LocalISL and
+//     uncached/prompt < LocalRatio (most of a moderate prompt is cached
+//     on the decode node already), or
+//  3. the estimated TTFT aggregated (decode node's queue + its prefill of
+//     the uncached part) is below the estimated TTFT disaggregated
+//     (prefill node's queue + its prefill + the KV transfer with fabric
+//     queueing + one decode step) by at least Margin, and the uncached
+//     part is at most MaxLocalTokens (a decode node absorbs no prefill so
+//     long that it stalls its running batch).
+//
+// Zero values take the documented defaults; a negative value disables its
+// rule.
+type Conditional struct {
+	// ShortTokens: default 256 (below a few hundred tokens the transfer's
+	// setup and the extra hop cost more than the prefill).
+	ShortTokens int `json:"short_tokens" yaml:"short_tokens"`
+	// LocalISL and LocalRatio: Dynamo's defaults 2048 and 0.7.
+	LocalISL   int     `json:"local_isl" yaml:"local_isl"`
+	LocalRatio float64 `json:"local_ratio" yaml:"local_ratio"`
+	// MaxLocalTokens: default 4096.
+	MaxLocalTokens int `json:"max_local_tokens" yaml:"max_local_tokens"`
+	// Margin is the fraction by which the aggregated estimate must beat the
+	// disaggregated one; default 0.1.
+	Margin float64 `json:"margin" yaml:"margin"`
+}
+
+func (c *Conditional) applyDefaults() {
+	if c.ShortTokens == 0 {
+		c.ShortTokens = 256
+	}
+	if c.LocalISL == 0 {
+		c.LocalISL = 2048
+	}
+	if c.LocalRatio == 0 {
+		c.LocalRatio = 0.7
+	}
+	if c.MaxLocalTokens == 0 {
+		c.MaxLocalTokens = 4096
+	}
+	if c.Margin == 0 {
+		c.Margin = 0.1
+	}
+}
+
+// Config configures a Planner. Zero values take the documented defaults;
+// Profile is required.
+type Config struct {
+	// Profile is the engine model of the pool's engines (a P/D pool serves
+	// one model): prefill, decode-step and queue estimates use its
+	// step-time function. Required.
+	Profile engine.Profile
+	// Shape is the KV shape for transfer sizes; default ShapeOf(Profile).
+	// Set it from ShapeFromHFConfig to size transfers from a config.json.
+	Shape KVShape
+	// Links is the fabric; default DefaultLinks().
+	Links Links
+	// Fabric, when set, is shared (e.g. by several models' planners on one
+	// cluster); default a new Fabric over Links.
+	Fabric *Fabric
+	// Mode is conditional (default), always or never.
+	Mode Mode
+	// Conditional holds the thresholds of ModeConditional.
+	Conditional Conditional
+	// Decode configures decode placement.
+	Decode DecodeParams
+	// Prefill is the prefill stage's picker; default the kv-aware policy
+	// with parameters derived from Profile (KVAwareParams) and Seed. It
+	// sees every candidate, with the ones that cannot prefill marked
+	// unhealthy.
+	Prefill kvroute.Picker
+	// Seed seeds the default prefill picker.
+	Seed uint64
+	// MeanQueuedTokens is the prompt size assumed for engine-queued
+	// requests the router did not send itself; default 1024.
+	MeanQueuedTokens int
+	// PlanTTL bounds how long an untaken plan is kept; default 1m.
+	PlanTTL time.Duration
+}
+
+// Validate reports the first invalid field.
+func (c *Config) Validate() error {
+	if err := c.Profile.Validate(); err != nil {
+		return fmt.Errorf("disagg: config: profile: %w", err)
+	}
+	if err := c.Shape.Validate(); err != nil {
+		return err
+	}
+	if err := c.Links.Validate(); err != nil {
+		return err
+	}
+	switch c.Mode {
+	case ModeConditional, ModeAlways, ModeNever:
+	default:
+		return fmt.Errorf("disagg: config: mode must be conditional, always or never, got %q", c.Mode)
+	}
+	if c.Conditional.LocalRatio > 1 || math.IsNaN(c.Conditional.LocalRatio) {
+		return fmt.Errorf("disagg: config: conditional.local_ratio must be <= 1, got %v", c.Conditional.LocalRatio)
+	}
+	if c.Conditional.Margin >= 1 {
+		return fmt.Errorf("disagg: config: conditional.margin must be < 1, got %v", c.Conditional.Margin)
+	}
+	return c.Decode.Validate()
+}
+
+func (c *Config) applyDefaults() {
+	if c.Shape == (KVShape{}) {
+		c.Shape = ShapeOf(c.Profile)
+	}
+	if c.Fabric != nil {
+		c.Links = c.Fabric.Links()
+	}
+	if len(c.Links.Rules) == 0 && c.Links.Default.Gbps == 0 {
+		c.Links = DefaultLinks()
+	}
+	if c.Mode == "" {
+		c.Mode = ModeConditional
+	}
+	c.Conditional.applyDefaults()
+	c.Decode.applyDefaults()
+	if c.MeanQueuedTokens <= 0 {
+		c.MeanQueuedTokens = 1024
+	}
+	if c.PlanTTL <= 0 {
+		c.PlanTTL = time.Minute
+	}
+}
+
+// Plan is the placement of one request.
+type Plan struct {
+	// Disaggregated reports a prefill leg on Prefill and a decode leg on
+	// Decode; otherwise the request runs whole on Decode (Prefill == Decode).
+	Disaggregated bool
+	// Prefill and Decode are the chosen endpoints.
+	Prefill, Decode *kvroute.Endpoint
+	// Reason explains the choice in one line.
+	Reason string
+	// The estimates behind the choice. PrefillQueue and PrefillTime are on
+	// the prefill node; Transfer is the KV handoff to Decode (with fabric
+	// queueing); DecodeStep the first decode step. AggregatedTTFT and
+	// DisaggregatedTTFT are the two sides of the comparison (0 when a side
+	// was not possible).
+	PrefillQueue, PrefillTime time.Duration
+	Transfer                  Estimate
+	DecodeStep                time.Duration
+	AggregatedTTFT            time.Duration
+	DisaggregatedTTFT         time.Duration
+	// UncachedPrefill and UncachedDecode are the uncached prompt tokens on
+	// the two nodes.
+	UncachedPrefill, UncachedDecode int
+	// Ticket is the fabric reservation of the transfer (0 when
+	// aggregated); release it with Planner.Finish.
+	Ticket Ticket
+	// Decision is what the router logs: the first leg's endpoint, with one
+	// Score carrying the plan's parts followed by the decode picker's
+	// per-candidate scores.
+	Decision kvroute.Decision
+}
+
+// Parts returns the plan's estimates as named parts (milliseconds), as
+// they appear in the decision log.
+func (p *Plan) Parts() []kvroute.Part {
+	return []kvroute.Part{
+		{Name: "queue_ms", Value: ms(p.PrefillQueue)},
+		{Name: "prefill_ms", Value: ms(p.PrefillTime)},
+		{Name: "transfer_ms", Value: ms(p.Transfer.Total())},
+		{Name: "transfer_queue_ms", Value: ms(p.Transfer.Queue)},
+		{Name: "decode_step_ms", Value: ms(p.DecodeStep)},
+		{Name: "aggregated_ttft_ms", Value: ms(p.AggregatedTTFT)},
+		{Name: "disaggregated_ttft_ms", Value: ms(p.DisaggregatedTTFT)},
+		{Name: "transfer_mb", Value: float64(p.Transfer.Bytes) / 1e6},
+		{Name: "uncached_prefill", Value: float64(p.UncachedPrefill)},
+		{Name: "uncached_decode", Value: float64(p.UncachedDecode)},
+	}
+}
+
+// Planner places requests on a P/D pool: prefill cache- and load-aware,
+// decode by KV headroom, batch and transfer cost, and decides per request
+// whether to disaggregate at all. It is a kvroute.Picker for router.Router,
+// so the proxy and the simulator run the same placement: Pick plans the
+// whole request and returns its first leg (the prefill node, or the decode
+// node when aggregated); the caller takes the plan with Take and routes the
+// decode leg with the same router after Pin.
+//
+// Planner does no I/O and never reads the clock. Pick, like every Picker,
+// is serialised by the router; Take, Pin, Finish and Unpin may be called
+// concurrently from request goroutines.
+type Planner struct {
+	cfg     Config
+	cost    costModel
+	prefill kvroute.Picker
+	decode  *DecodePicker
+	fabric  *Fabric
+	pscr    []kvroute.Candidate // scratch, under the router's serialisation
+
+	mu    sync.Mutex // protects plans and pins
+	plans map[*kvroute.Request]*planEntry
+	pins  map[*kvroute.Request]string
+}
+
+type planEntry struct {
+	plan Plan
+	at   time.Time
+}
+
+var (
+	_ kvroute.Picker   = (*Planner)(nil)
+	_ kvroute.Learner  = (*Planner)(nil)
+	_ kvroute.Releaser = (*Planner)(nil)
+)
+
+// NewPlanner validates cfg (after defaults) and returns a Planner.
+func NewPlanner(cfg Config) (*Planner, error) {
+	cfg.applyDefaults()
+	if err := cfg.Validate(); err != nil {
+		return nil, err
+	}
+	pk := cfg.Prefill
+	if pk == nil {
+		var err error
+		pk, err = policy.New(policy.NameKVAware, KVAwareParams(cfg.Profile), cfg.Seed)
+		if err != nil {
+			return nil, fmt.Errorf("disagg: prefill picker: %w", err)
+		}
+	}
+	fab := cfg.Fabric
+	if fab == nil {
+		fab = NewFabric(cfg.Links)
+	}
+	cost := costModel{prof: cfg.Profile, shape: cfg.Shape, meanQueued: cfg.MeanQueuedTokens}
+	return &Planner{
+		cfg: cfg, cost: cost, prefill: pk, fabric: fab,
+		decode: &DecodePicker{p: cfg.Decode, cost: cost, fabric: fab},
+		plans:  make(map[*kvroute.Request]*planEntry),
+		pins:   make(map[*kvroute.Request]string),
+	}, nil
+}
+
+// NewDecodePicker returns a decode picker with the planner's parameters
+// and fabric, for callers that place the decode stage alone.
+func (p *Planner) NewDecodePicker() *DecodePicker {
+	return &DecodePicker{p: p.cfg.Decode, cost: p.cost, fabric: p.fabric}
+}
+
+// Fabric returns the planner's fabric.
+func (p *Planner) Fabric() *Fabric { return p.fabric }
+
+// Config returns the effective configuration (defaults applied).
+func (p *Planner) Config() Config { return p.cfg }
+
+// Pin makes the next Pick for req choose endpoint id (the decode leg of
+// req's plan, or a retry's replacement) without planning. Route the decode
+// leg with exclude listing every other endpoint, or rely on Pin alone.
+func (p *Planner) Pin(req *kvroute.Request, id string) {
+	p.mu.Lock()
+	p.pins[req] = id
+	p.mu.Unlock()
+}
+
+// Take returns and forgets the plan the last Pick made for req.
+func (p *Planner) Take(req *kvroute.Request) (Plan, bool) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	e, ok := p.plans[req]
+	if !ok {
+		return Plan{}, false
+	}
+	delete(p.plans, req)
+	return e.plan, true
+}
+
+// Finish releases a plan's fabric reservation (the transfer is over or
+// will not happen). It is idempotent.
+func (p *Planner) Finish(t Ticket) { p.fabric.Release(t) }
+
+// ErrNoPlan is returned by Place when the picker made no plan.
+var ErrNoPlan = errors.New("disagg: no plan")
+
+// Pick implements kvroute.Picker: it plans req over cands and returns its
+// first leg, or the pinned endpoint after Pin.
+func (p *Planner) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
+	p.mu.Lock()
+	pin, pinned := p.pins[req]
+	if pinned {
+		delete(p.pins, req)
+	}
+	p.mu.Unlock()
+	if pinned {
+		for i := range cands {
+			if cands[i].Endpoint.ID == pin && cands[i].Healthy {
+				return kvroute.Chose("pd", cands, i, "decode leg of the P/D plan")
+			}
+		}
+		return kvroute.None("pd", fmt.Sprintf("pinned decode endpoint %q is not available", pin))
+	}
+	plan := p.Plan(now, req, cands)
+	if plan.Decision.Index >= 0 {
+		p.mu.Lock()
+		p.purge(now)
+		p.plans[req] = &planEntry{plan: plan, at: now}
+		p.mu.Unlock()
+	}
+	return plan.Decision
+}
+
+// purge drops plans nobody took within PlanTTL (under p.mu).
+func (p *Planner) purge(now time.Time) {
+	if len(p.plans) < 64 {
+		return
+	}
+	for r, e := range p.plans {
+		if now.Sub(e.at) > p.cfg.PlanTTL {
+			delete(p.plans, r)
+			p.fabric.Release(e.plan.Ticket)
+		}
+	}
+}
+
+// Observe implements kvroute.Learner by passing prefill-leg outcomes on to
+// the prefill picker.
+func (p *Planner) Observe(now time.Time, o kvroute.Outcome) {
+	if l, ok := p.prefill.(kvroute.Learner); ok {
+		l.Observe(now, o)
+	}
+}
+
+// Release implements kvroute.Releaser: the prefill picker hears the end of
+// every flight (its per-request state is keyed by request and released
+// once, at the first leg's end).
+func (p *Planner) Release(now time.Time, req *kvroute.Request, endpoint string) {
+	if rel, ok := p.prefill.(kvroute.Releaser); ok {
+		rel.Release(now, req, endpoint)
+	}
+}
+
+// Plan places req over cands: the prefill stage on a prefill-capable
+// candidate (cache- and load-aware picker), the decode stage on a
+// decode-capable one (DecodePicker, with the transfer from that prefill
+// node), then decides aggregated or disaggregated and, when
+// disaggregated, reserves the transfer on the fabric. Decision.Index is
+// the first leg's candidate (-1 when nothing can serve the request).
+func (p *Planner) Plan(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) Plan {
+	// Prefill stage over prefill-capable candidates.
+	p.pscr = append(p.pscr[:0], cands...)
+	nPrefill := 0
+	for i := range p.pscr {
+		if !p.pscr[i].Endpoint.Role.CanPrefill() {
+			p.pscr[i].Healthy = false
+		}
+		if p.pscr[i].Healthy {
+			nPrefill++
+		}
+	}
+	var pd kvroute.Decision
+	pi := -1
+	if nPrefill > 0 && p.cfg.Mode != ModeNever {
+		pd = p.prefill.Pick(now, req, p.pscr)
+		if pd.Index >= 0 && pd.Index < len(cands) && p.pscr[pd.Index].Healthy {
+			pi = pd.Index
+		} else if pd.Shed {
+			d := pd
+			d.Policy = "pd"
+			return Plan{Decision: d, Reason: d.Reason}
+		}
+	}
+	var pc *kvroute.Candidate
+	var pqueue, ptime time.Duration
+	ready := now
+	if pi >= 0 {
+		pc = &cands[pi]
+		pqueue = p.cost.queue(pc.Load)
+		ptime = p.cost.prefill(req.PromptTokens-pc.CachedTokens, pc.CachedTokens, pc.Load)
+		ready = now.Add(pqueue + ptime)
+	}
+	var pEP *kvroute.Endpoint
+	if pc != nil {
+		pEP = pc.Endpoint
+	}
+	dc := p.decode.PickFrom(now, ready, req, cands, pEP)
+	if dc.d.Index < 0 {
+		d := dc.d
+		d.Policy = "pd"
+		return Plan{Decision: d, Reason: d.Reason}
+	}
+	dcand := &cands[dc.d.Index]
+	plan := Plan{Decode: dcand.Endpoint, Prefill: dcand.Endpoint, DecodeStep: dc.step,
+		UncachedDecode: max(req.PromptTokens-dcand.CachedTokens, 0)}
+	aq := p.cost.queue(dcand.Load)
+	ap := p.cost.prefill(plan.UncachedDecode, dcand.CachedTokens, dcand.Load)
+	plan.AggregatedTTFT = aq + ap
+	disagg, reason := false, ""
+	if pc != nil && pc.Endpoint.ID != dcand.Endpoint.ID {
+		plan.UncachedPrefill = max(req.PromptTokens-pc.CachedTokens, 0)
+		plan.PrefillQueue, plan.PrefillTime, plan.Transfer = pqueue, ptime, dc.transfer
+		plan.DisaggregatedTTFT = pqueue + ptime + dc.transfer.Total() + dc.step
+		disagg, reason = p.decide(req, &plan)
+	} else {
+		plan.PrefillQueue, plan.PrefillTime = aq, ap
+		switch {
+		case p.cfg.Mode == ModeNever:
+			reason = "aggregated: mode never"
+		case pc == nil:
+			reason = "aggregated: no prefill-capable endpoint available"
+		default:
+			reason = "aggregated: the best prefill node is the decode node"
+		}
+	}
+	first := dc.d.Index
+	if disagg {
+		plan.Disaggregated, plan.Prefill = true, pc.Endpoint
+		first = pi
+		plan.Ticket, plan.Transfer = p.fabric.Reserve(now, ready, pc.Endpoint, dcand.Endpoint, plan.Transfer.Bytes)
+	} else {
+		plan.PrefillQueue, plan.PrefillTime, plan.Transfer = aq, ap, Estimate{}
+	}
+	plan.Reason = reason
+	d := kvroute.Chose("pd", cands, first, reason)
+	head := kvroute.Score{Endpoint: plan.Prefill.ID + ">" + plan.Decode.ID, Value: ms(plan.AggregatedTTFT), Eligible: true, Parts: plan.Parts()}
+	if disagg {
+		head.Value = ms(plan.DisaggregatedTTFT)
+	}
+	d.Scores = append([]kvroute.Score{head}, dc.d.Scores...)
+	plan.Decision = d
+	return plan
+}
+
+// decide applies the mode and the conditional rule to a plan with both
+// sides estimated.
+func (p *Planner) decide(req *kvroute.Request, pl *Plan) (bool, string) {
+	c := p.cfg.Conditional
+	agg, dis := ms(pl.AggregatedTTFT), ms(pl.DisaggregatedTTFT)
+	u := pl.UncachedDecode
+	switch p.cfg.Mode {
+	case ModeAlways:
+		return true, fmt.Sprintf("disaggregated: mode always (est. TTFT %.1f ms vs %.1f ms aggregated)", dis, agg)
+	case ModeNever:
+		return false, "aggregated: mode never"
+	}
+	if c.ShortTokens >= 0 && u <= c.ShortTokens {
+		return false, fmt.Sprintf("aggregated: short uncached prompt (%d <= %d tokens)", u, c.ShortTokens)
+	}
+	if c.LocalISL >= 0 && c.LocalRatio >= 0 && req.PromptTokens > 0 && u < c.LocalISL &&
+		float64(u)/float64(req.PromptTokens) < c.LocalRatio {
+		return false, fmt.Sprintf("aggregated: mostly cached on the decode node (%d uncached < %d, %.2f < %.2f of %d)",
+			u, c.LocalISL, float64(u)/float64(req.PromptTokens), c.LocalRatio, req.PromptTokens)
+	}
+	if c.MaxLocalTokens >= 0 && u <= c.MaxLocalTokens && agg < dis*(1-c.Margin) {
+		return false, fmt.Sprintf("aggregated: cheaper on the decode node (est. TTFT %.1f ms vs %.1f ms with %.1f ms transfer)",
+			agg, dis, ms(pl.Transfer.Total()))
+	}
+	return true, fmt.Sprintf("disaggregated: est. TTFT %.1f ms (queue %.1f + prefill %.1f + transfer %.1f + step %.1f) vs %.1f ms aggregated, %d uncached",
+		dis, ms(pl.PrefillQueue), ms(pl.PrefillTime), ms(pl.Transfer.Total()), ms(pl.DecodeStep), agg, u)
+}
