@@ -75,8 +75,8 @@
 //
 // A Scraper is one endpoint's loop, modelled on Prometheus' scrape loop:
 // the first scrape waits Offset(endpoint, interval) so that endpoints spread
-// over the interval (default 100 ms), each scrape has a timeout (at most the
-// interval) and a body size cap (4 MiB), the http.Client is passed in, and
+// over the interval (default 100 ms), each scrape has a timeout (default 1s;
+// scrapes of one endpoint never overlap) and a body size cap (4 MiB), the http.Client is passed in, and
 // a failed scrape is recorded with View.ObserveError. Manager owns the loops:
 // Sync starts, restarts and stops them (waiting for each to exit), Close
 // stops all; its per-endpoint metrics (kvroute_endpoint_signal_age_seconds,

@@ -18,7 +18,9 @@ import (
 type ScrapeConfig struct {
 	// Interval between two scrapes of one endpoint; default 100ms.
 	Interval time.Duration
-	// Timeout of one scrape, at most Interval; default Interval.
+	// Timeout of one scrape; default 1s. Scrapes of one endpoint never
+	// overlap: one slower than Interval delays the next (missed ticks are
+	// dropped), and the signals age meanwhile.
 	Timeout time.Duration
 	// MaxBodyBytes caps a /metrics body; a larger one is a failed scrape.
 	// Default 4 MiB.
@@ -38,8 +40,8 @@ func (c *ScrapeConfig) setDefaults() {
 	if c.Interval <= 0 {
 		c.Interval = DefaultScrapeInterval
 	}
-	if c.Timeout <= 0 || c.Timeout > c.Interval {
-		c.Timeout = c.Interval
+	if c.Timeout <= 0 {
+		c.Timeout = time.Second
 	}
 	if c.MaxBodyBytes <= 0 {
 		c.MaxBodyBytes = 4 << 20

@@ -75,7 +75,7 @@ func TestScrapeFailures(t *testing.T) {
 			srv := httptest.NewServer(tt.handler)
 			defer srv.Close()
 			v := NewView(ViewConfig{})
-			s, err := NewScraper(ScrapeConfig{Client: srv.Client(), Interval: 200 * time.Millisecond, MaxBodyBytes: 1000},
+			s, err := NewScraper(ScrapeConfig{Client: srv.Client(), Timeout: 200 * time.Millisecond, MaxBodyBytes: 1000},
 				Target{Endpoint: "e", MetricsURL: srv.URL, View: v})
 			if err != nil {
 				t.Fatal(err)
