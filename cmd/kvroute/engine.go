@@ -29,13 +29,13 @@ modelled duration divided by --speed.
 
 Endpoints: POST /v1/completions and /v1/chat/completions (streaming or not, in
 vLLM's exact JSON and SSE shapes; max_tokens, max_completion_tokens, stop,
-ignore_eos, seed, stream_options.include_usage and continuous_usage_stats; n must
-be 1; the
-endpoint-load-metrics header on request), GET /metrics (--metrics-flavor),
-GET /health, GET /v1/models, GET /version, POST /tokenize, POST
-/reset_prefix_cache, and the P/D side channel POST /internal/kv/pull. Prompts are tokenized with the built-in deterministic
-tokenizer (chat messages rendered with the ChatML template first), so equal text
-prefixes give equal cached blocks; generated text is deterministic for a seed.
+ignore_eos, seed, stream_options.include_usage and continuous_usage_stats; n
+must be 1; the endpoint-load-metrics header on request), GET /metrics
+(--metrics-flavor), GET /health, GET /v1/models, GET /version, POST /tokenize,
+POST /reset_prefix_cache, and the P/D side channel POST /internal/kv/pull.
+Prompts are tokenized with the built-in deterministic tokenizer (chat messages
+rendered with the ChatML template first), so equal text prefixes give equal
+cached blocks; generated text is deterministic for a seed.
 
 KV-cache events (--kv-events-endpoint) go out on a ZMQ PUB socket exactly as vLLM
 publishes them: frames [topic, 8-byte big-endian sequence, msgpack EventBatch],
@@ -48,10 +48,9 @@ Prefill/decode disaggregation: with --pd-protocol nixl (vLLM NixlConnector) a
 prefill engine given kv_transfer_params.do_remote_decode=true computes the
 prompt, holds its KV blocks for --kv-lease and answers the kv_transfer_params a
 decode engine needs; a decode engine given do_remote_prefill=true pulls the
-blocks from remote_host:remote_port (the prefill engine's side channel: its HTTP
-address, or --side-channel-listen),
-spending --kv-transfer-setup plus bytes/--fabric-gbps, then decodes without a
-prefill. A missing or expired lease is handled per --pd-load-failure. With
+blocks from remote_host:remote_port (the prefill engine's side channel: its
+HTTP address, or --side-channel-listen), spending --kv-transfer-setup plus
+bytes/--fabric-gbps, then decodes without a prefill. A missing or expired lease is handled per --pd-load-failure. With
 --pd-protocol sglang the router sends the same request (bootstrap_host,
 bootstrap_port = the prefill engine's side channel port, bootstrap_room) to
 both engines at once; the decode engine waits for the room's prefill.
