@@ -38,6 +38,10 @@ type CacheStats struct {
 // document shared by many conversations, wherever it appears) are looked up
 // rather than re-encoded. This covers the longest previously tokenized
 // message-boundary prefix, which a prefix-keyed cache would reuse, and more.
+// For the Llama 3 and Qwen pre-tokenizer, long segments are also cut at line
+// starts (a newline followed by an ASCII letter), where that pre-tokenizer
+// always ends a piece, so a document shared by completion prompts without
+// special tokens is reused paragraph by paragraph.
 // Encode(text) always equals the tokenizer's Encode(text); tests check it.
 //
 // A Cache is safe for concurrent use.
@@ -45,6 +49,7 @@ type Cache struct {
 	tok       *HF
 	maxTokens int
 	minBytes  int
+	lineCuts  bool // segments are also cut at line starts (see lineCutsExact)
 
 	mu     sync.Mutex // protects the fields below
 	lru    list.List  // of *cacheEntry, most recent first
@@ -67,7 +72,7 @@ func NewCache(tok *HF, cfg CacheConfig) *Cache {
 		cfg.MinSegmentBytes = 64
 	}
 	return &Cache{tok: tok, maxTokens: cfg.MaxTokens, minBytes: cfg.MinSegmentBytes,
-		byKey: make(map[xxh3.Uint128]*list.Element)}
+		lineCuts: lineCutsExact(tok), byKey: make(map[xxh3.Uint128]*list.Element)}
 }
 
 var _ Tokenizer = (*Cache)(nil)
@@ -100,11 +105,47 @@ func (c *Cache) AppendEncode(dst []uint32, text string) []uint32 {
 			dst = append(dst, tok.ID)
 		case len(seg) < c.minBytes:
 			dst = c.tok.appendSegment(dst, seg)
+		case c.lineCuts:
+			dst = c.appendLines(dst, seg)
 		default:
 			dst = c.appendCached(dst, seg)
 		}
 	})
 	return dst
+}
+
+// appendLines cuts seg into pieces of at least minBytes at line starts (a
+// newline followed by an ASCII letter) and looks each piece up.
+func (c *Cache) appendLines(dst []uint32, seg string) []uint32 {
+	start := 0
+	for p := start + c.minBytes; p < len(seg); p++ {
+		if seg[p-1] == '\n' && isASCIILetter(seg[p]) {
+			dst = c.appendCached(dst, seg[start:p])
+			start = p
+			p += c.minBytes - 1
+		}
+	}
+	if len(seg)-start < c.minBytes {
+		return c.tok.appendSegment(dst, seg[start:])
+	}
+	return c.appendCached(dst, seg[start:])
+}
+
+func isASCIILetter(b byte) bool { return (b|0x20) >= 'a' && (b|0x20) <= 'z' }
+
+// lineCutsExact reports whether a segment of tok's text may be cut before an
+// ASCII letter that follows a newline without changing its ids: true for the
+// cl100k-family pre-tokenizer alone (no alternative of its pattern matches
+// across such a position: the piece ending in the newline cannot take a
+// letter, and the next one starts at the letter), with a Unicode
+// normalization form or no normalizer (an ASCII letter composes with nothing
+// before it) and no added tokens matched after normalization.
+func lineCutsExact(tok *HF) bool {
+	if len(tok.splitters) != 1 || tok.prefixSp || len(tok.addedNorm.byContent) > 0 {
+		return false
+	}
+	_, ok := tok.splitters[0].(llamaSplitter)
+	return ok
 }
 
 func (c *Cache) appendCached(dst []uint32, seg string) []uint32 {

@@ -148,3 +148,27 @@ func FuzzEncode(f *testing.F) {
 		}
 	})
 }
+
+func TestCacheLineCuts(t *testing.T) {
+	for _, model := range allRefModels {
+		t.Run(model, func(t *testing.T) {
+			tok := loadRef(t, model)
+			if want := model != "deepseek_v3"; lineCutsExact(tok) != want {
+				t.Errorf("lineCutsExact = %v, want %v", !want, want)
+			}
+			cache := NewCache(tok, CacheConfig{MinSegmentBytes: 8})
+			doc := strings.Repeat("Paragraph about KV caches.\nSecond line:  indented\n\n  spaced\nÉlan\n\tTabbed\r\nCRLF line\n 42 items\nend", 3)
+			r := rand.New(rand.NewPCG(7, 8))
+			for i := range 200 {
+				// A shared document behind varying prefixes, with random cuts.
+				text := fmt.Sprintf("Q%d: %s", r.IntN(5), doc[:r.IntN(len(doc))])
+				if got, want := cache.Encode(text), tok.Encode(text); !slices.Equal(got, want) {
+					t.Fatalf("text %d %q: cached\n got  %v\n want %v", i, text, got, want)
+				}
+			}
+			if model != "deepseek_v3" && cache.Stats().Hits == 0 {
+				t.Errorf("no cache hits on a shared document: %+v", cache.Stats())
+			}
+		})
+	}
+}
