@@ -33,8 +33,8 @@ func Example() {
 	}
 	// Output:
 	// b
-	// affinity: est 72.2 ms (queue 2.0 + prefill 70.2), 3072/4096 tokens cached
-	// a eligible=true score=261.2 why=""
-	// b eligible=true score=72.2 why=""
+	// affinity: est 31.1 ms (queue 2.0 + prefill 29.1), 3072/4096 tokens cached
+	// a eligible=true score=183.6 why=""
+	// b eligible=true score=54.1 why=""
 	// c eligible=false score=0.0 why="unhealthy"
 }

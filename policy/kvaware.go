@@ -48,6 +48,10 @@ type KVAwareParams struct {
 	// requests that met an empty queue) and of milliseconds per queued
 	// request (from the rest). Default true.
 	Learn bool `param:"learn"`
+	// LearnPerEndpoint keeps separate learned rates per endpoint (for
+	// fleets of unlike engines); otherwise one fleet-wide rate is learned.
+	// Default false: on like engines per-endpoint rates mostly learn noise.
+	LearnPerEndpoint bool `param:"learn_per_endpoint"`
 	// LearnAlpha is the weight of a new observation in the moving averages.
 	// Default 0.1.
 	LearnAlpha float64 `param:"learn_alpha"`
@@ -107,6 +111,16 @@ type KVAwareParams struct {
 	// is dropped (a router that never releases cannot grow it without bound).
 	// Default 10m.
 	PendingTTL time.Duration `param:"pending_ttl"`
+	// WorkWeight weighs the prefill compute a request adds to an endpoint
+	// (its uncached tokens) on top of its own TTFT: that work delays every
+	// request queued behind it, so a cache hit is worth more than the time
+	// it saves this request. 0 ranks by estimated TTFT alone. Default 1.
+	WorkWeight float64 `param:"work_weight"`
+	// WorkLoadGain scales WorkWeight with the fleet's mean waiting queue:
+	// weight = WorkWeight x (1 + WorkLoadGain x mean waiting). On a busy fleet
+	// every token saved shortens many queues, so affinity is worth more;
+	// the load caps still keep it from piling onto one node. Default 1.
+	WorkLoadGain float64 `param:"work_load_gain"`
 	// Explain fills Decision.Scores with every candidate's estimate and its
 	// parts. The Reason is always set. Turn it off on a hot path that does
 	// not log decisions (it is the policy's only sizeable allocation).
@@ -124,24 +138,24 @@ const (
 // DefaultKVAwareParams returns the kv-aware defaults documented on each field.
 func DefaultKVAwareParams() KVAwareParams {
 	return KVAwareParams{
-		PrefillUsPerToken:     60,
-		AttnUsPerTokenPerKTok: 1,
-		StepOverheadUs:        5000,
-		DecodeUsPerToken:      30,
-		DecodeUsPerCtxKTok:    40,
+		PrefillUsPerToken:     20,
+		AttnUsPerTokenPerKTok: 0.7,
+		StepOverheadUs:        6000,
+		DecodeUsPerToken:      2,
+		DecodeUsPerCtxKTok:    45,
 		MaxBatchedTokens:      8192,
 		QueuedRequestMs:       1,
 		MeanPromptTokens:      1024,
-		Learn:                 true,
+		Learn:                 false,
 		LearnAlpha:            0.1,
 		LearnMinSamples:       8,
 		C:                     1.25,
-		InflightSlack:         2,
+		InflightSlack:         4,
 		QueueCap:              64,
-		KVCap:                 0.95,
+		KVCap:                 1,
 		Overload:              OverloadLeastLoaded,
 		TieMs:                 1,
-		TieFrac:               0.05,
+		TieFrac:               0.01,
 		SessionSlackMs:        25,
 		SessionTolerance:      0.25,
 		VirtualNodes:          256,
@@ -150,6 +164,8 @@ func DefaultKVAwareParams() KVAwareParams {
 		TenantFairness:        true,
 		PendingTTL:            10 * time.Minute,
 		Explain:               true,
+		WorkWeight:            1,
+		WorkLoadGain:          1,
 	}
 }
 
@@ -164,7 +180,7 @@ func (p KVAwareParams) Validate() error {
 		{"step_overhead_us", p.StepOverheadUs}, {"decode_us_per_token", p.DecodeUsPerToken},
 		{"decode_us_per_ctx_ktok", p.DecodeUsPerCtxKTok}, {"queued_request_ms", p.QueuedRequestMs},
 		{"inflight_slack", p.InflightSlack}, {"tie_ms", p.TieMs}, {"session_slack_ms", p.SessionSlackMs},
-		{"session_tolerance", p.SessionTolerance},
+		{"session_tolerance", p.SessionTolerance}, {"work_weight", p.WorkWeight}, {"work_load_gain", p.WorkLoadGain},
 	} {
 		if err := check(n, c.name, c.v >= 0, "must be >= 0, got %v", c.v); err != nil {
 			return err
@@ -206,25 +222,39 @@ func (p KVAwareParams) Validate() error {
 //
 //	queued  = max(InFlightTokens x uncached fraction, Waiting x mean uncached)
 //	step    = StepOverheadUs + Running x DecodeUsPerToken + DecodeTokens/1000 x DecodeUsPerCtxKTok
-//	queue   = queued x tok + ceil(queued/budget) x step      (and >= Queue() x per-request ms once learned)
+//	queue   = queued x tok x (1 + attention over the queued prompts' own size)
+//	          + ceil(queued/budget) x step + Queue() x QueuedRequestMs
 //	prefill = own x tok x (1 + attention over cached+own/2 context) + remaining steps x step
 //	TTFT    = queue + prefill
+//	score   = TTFT + w x own x tok x attention,  w = WorkWeight x (1 + WorkLoadGain x mean waiting)
 //
-// where budget is MaxBatchedTokens less one token per running sequence and
-// tok is the ms per uncached token (prior PrefillUsPerToken, then learned per
-// endpoint from Observe). The uncached fraction and mean uncached size are
-// moving averages over the requests it routed.
+// where budget is MaxBatchedTokens less one token per running sequence, tok
+// is PrefillUsPerToken (or the learned rate) and attention adds
+// AttnUsPerTokenPerKTok per 1000 tokens of context. The queued prompts' size
+// is the mean (by tokens) of the uncached sizes the policy routed there and
+// has not seen released. The uncached fraction and mean uncached size are
+// moving averages over the requests it routed. The lowest score wins: the
+// work term counts the prefill a request adds, which delays everyone queued
+// behind it, so on a busy fleet a cache hit is worth more than the time it
+// saves the request itself. The defaults match the default engine profile
+// (llama-3.1-8b-h100); with Learn, Observe replaces tok and the per-queued-
+// request cost by moving averages of measured TTFTs (fleet-wide, or per
+// endpoint with LearnPerEndpoint).
 //
 // # Caps (per candidate, never fleet-wide)
 //
 // A candidate is capped when its waiting queue reaches QueueCap, its KV usage
-// reaches KVCap, or its in-flight count plus one would exceed
-// max(C x m, m + InflightSlack) where m = (total in-flight + 1)/healthy.
-// A capped candidate gets no credit for its cache (it competes on load
-// alone) and is never a session target, so affinity cannot pile load on a
-// saturated node while others idle. Queue- and KV-capped candidates are
-// not eligible at all while any other healthy candidate is under those caps;
-// when none is, Overload decides (least-loaded anyway, shed or queue).
+// reaches KVCap (off by default: vLLM runs near full KV by design, and in
+// the simulator a 0.95 cap stripped affinity from the best holder in over
+// half the decisions under load), or its in-flight count plus one would
+// exceed max(C x m, m + InflightSlack) where m = (total in-flight + 1) /
+// healthy. A capped candidate gets no credit for its cache (it competes on
+// load alone) and is never a session target, so affinity cannot pile load
+// on a saturated node while others idle. Queue- and KV-capped candidates are
+// not eligible at all while any other healthy candidate is under those caps.
+// When every candidate is over them, Overload decides: shed or queue, or
+// (least-loaded, the default) pick anyway, keeping affinity, since none is
+// better off than another and dropping affinity would only add work.
 //
 // # Picking
 //
@@ -261,10 +291,12 @@ func (p KVAwareParams) Validate() error {
 //
 // # Explanation
 //
-// Every decision carries one Score per candidate (Value = estimated TTFT in
-// ms; Parts queue_ms, prefill_ms, cached_tokens credited, queued_tokens,
-// in_flight, and capped/trimmed/session flags when they apply; Why says
-// which cap) and a Reason, built by the code that decides.
+// Every decision carries one Score per candidate (Value = the score, in ms;
+// Parts queue_ms, prefill_ms, work_ms, cached_tokens credited,
+// queued_tokens, in_flight, and capped/replica_trimmed/session_target flags
+// when they apply; Why says which cap) and a Reason with the chosen
+// candidate's TTFT estimate, built by the code that decides. Explain=false
+// leaves Scores nil on hot paths that do not log decisions.
 //
 // KVAware keeps state (learned rates, in-flight accounting, the ring, scratch
 // buffers) without locks: it is not safe for concurrent use. The router
@@ -287,6 +319,8 @@ type KVAware struct {
 	tracked        int // requests in pending
 	picks          uint64
 
+	workW float64 // this decision's weight of added work
+
 	// scratch, reused across calls
 	c       []candState
 	elig    []int
@@ -304,6 +338,27 @@ var (
 type epStats struct {
 	tokMs, reqMs float64 // learned ms per uncached token, ms per queued request
 	nTok, nReq   int
+	// sumTok and sumSq are the sum and sum of squares of the uncached sizes
+	// of the requests routed here and not yet released.
+	sumTok, sumSq float64
+}
+
+// epStat returns c's stats, nil when there are none yet.
+func (k *KVAware) epStat(c *kvroute.Candidate) *epStats {
+	if len(k.eps) == 0 {
+		return nil
+	}
+	return k.eps[endpointID(c)]
+}
+
+// stat returns id's stats, creating them.
+func (k *KVAware) stat(id string) *epStats {
+	s := k.eps[id]
+	if s == nil {
+		s = &epStats{}
+		k.eps[id] = s
+	}
+	return s
 }
 
 type pendingKey struct {
@@ -312,9 +367,11 @@ type pendingKey struct {
 }
 
 type pendingReq struct {
-	prefix uint64 // hot-prefix key, 0 = none
-	tenant string
-	at     time.Time
+	prefix   uint64 // hot-prefix key, 0 = none
+	tenant   string
+	endpoint string
+	size     float64 // uncached tokens
+	at       time.Time
 }
 
 // Cap flags of a candidate.
@@ -323,7 +380,8 @@ const (
 	capKV
 	capInflight
 	capTenant
-	capTrimmed // outside the hot prefix's replica set
+	capTrimmed   // outside the hot prefix's replica set
+	capSaturated // over a hard cap like every other candidate (no effect on affinity)
 )
 
 type candState struct {
@@ -331,12 +389,28 @@ type candState struct {
 	flags   uint8
 	credit  int     // cached tokens credited
 	est     float64 // estimated TTFT, ms
+	work    float64 // prefill compute this request adds to the endpoint, ms
+	score   float64 // est + WorkWeight x work: lower wins
 	queueMs float64
 	prefMs  float64
 	queued  float64
 }
 
-const kvAwareParts = 8
+// affinityCapped reports whether a cap takes the candidate's cache credit
+// away. Queue and KV caps do not when every candidate is over them.
+func (st *candState) affinityCapped() bool { return st.effFlags() != 0 }
+
+// effFlags returns the caps in force: the flags less queue and KV caps that
+// every candidate shares.
+func (st *candState) effFlags() uint8 {
+	f := st.flags
+	if f&capSaturated != 0 {
+		f &^= capQueue | capKV | capSaturated
+	}
+	return f
+}
+
+const kvAwareParts = 9
 
 // NewKVAware builds the kv-aware policy from params (nil = defaults).
 func NewKVAware(params map[string]any, seed uint64) (*KVAware, error) {
@@ -381,10 +455,11 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	k.c = k.c[:n]
 	clear(k.c)
 
-	total, healthy := 0, 0
+	total, healthy, waiting := 0, 0, 0
 	for i := range cands {
 		if cands[i].Healthy {
 			total += cands[i].Load.InFlight
+			waiting += max(cands[i].Load.Waiting, 0)
 			healthy++
 		}
 	}
@@ -393,6 +468,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	}
 	p := &k.p
 	mean := float64(total+1) / float64(healthy)
+	k.workW = p.WorkWeight * (1 + p.WorkLoadGain*float64(waiting)/float64(max(healthy, 1)))
 	inflightCap := math.Max(p.C*mean, mean+p.InflightSlack)
 	tenantOver := p.TenantFairness && k.tenantOver(req.Tenant)
 
@@ -421,6 +497,17 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		}
 	}
 
+	if !anyUnder {
+		// Every candidate is over a hard cap: relative to each other none is,
+		// so affinity stays on (dropping it would add prefill work to a
+		// saturated fleet). The Overload mode still applies below.
+		for i := range k.c {
+			if k.c[i].flags&(capQueue|capKV) != 0 {
+				k.c[i].flags |= capSaturated
+			}
+		}
+	}
+
 	// Hot prefix replica set.
 	prefix := uint64(0)
 	if p.Replicate {
@@ -434,7 +521,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 			continue
 		}
 		st := &k.c[i]
-		if st.flags&(capQueue|capInflight|capKV|capTenant|capTrimmed) == 0 {
+		if !st.affinityCapped() {
 			st.credit = min(max(cands[i].CachedTokens, 0), P)
 		}
 		k.estimate(&cands[i], st, P)
@@ -456,7 +543,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	for i := range cands {
 		if k.c[i].elig {
 			k.elig = append(k.elig, i)
-			best = math.Min(best, k.c[i].est)
+			best = math.Min(best, k.c[i].score)
 		}
 	}
 
@@ -465,13 +552,13 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	if req.SessionKey != "" {
 		k.ring.sync(cands)
 		t := k.ring.walk(strHash(req.SessionKey), func(c int) bool {
-			return k.c[c].elig && k.c[c].flags == 0
+			return k.c[c].elig && !k.c[c].affinityCapped()
 		})
 		if t >= 0 {
 			if scores != nil {
 				scores[t].Parts = append(scores[t].Parts, kvroute.Part{Name: "session_target", Value: 1})
 			}
-			if k.c[t].est <= best*(1+p.SessionTolerance)+p.SessionSlackMs {
+			if k.c[t].score <= best*(1+p.SessionTolerance)+p.SessionSlackMs {
 				choice, how = t, "session"
 			}
 		}
@@ -480,7 +567,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		tol := math.Max(p.TieMs, p.TieFrac*best)
 		k.tie = k.tie[:0]
 		for _, i := range k.elig {
-			if k.c[i].est <= best+tol {
+			if k.c[i].score <= best+tol {
 				k.tie = append(k.tie, i)
 			}
 		}
@@ -498,7 +585,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	if !anyUnder {
 		how = "overloaded"
 	}
-	k.record(now, req, prefix, cands[choice].Healthy, &k.c[choice], P)
+	k.record(now, req, prefix, endpointID(&cands[choice]), &k.c[choice], P)
 	return chose(NameKVAware, cands, choice, k.reasonFor(cands, choice, how, P), scores)
 }
 
@@ -518,17 +605,28 @@ func (k *KVAware) estimate(c *kvroute.Candidate, st *candState, P int) {
 	budget := math.Max(float64(p.MaxBatchedTokens-max(l.Running, 0)), float64(p.MaxBatchedTokens)/4)
 	stepsQ := math.Ceil(queued / budget)
 	stepsAll := math.Max(math.Ceil((queued+own)/budget), stepsQ+1)
-	queueMs := queued*tok + stepsQ*stepMs
+	// Queued prompts attend over themselves too: weight the queued tokens by
+	// the mean size of the requests routed there and not yet released
+	// (sum of squares over sum), or by the mean uncached size when the
+	// router has none of its own there.
+	size := k.meanUncached
+	if s := k.epStat(c); s != nil && s.sumTok > 0 {
+		size = s.sumSq / s.sumTok
+	}
+	ratio := p.AttnUsPerTokenPerKTok / p.PrefillUsPerToken
+	queueMs := queued*tok*(1+ratio*size/2000) + stepsQ*stepMs
 	if learnedReq {
 		queueMs = math.Max(queueMs, float64(l.Queue())*reqMs)
 	} else {
 		queueMs += float64(l.Queue()) * reqMs
 	}
 	ctxK := (float64(st.credit) + own/2) / 1000
-	attn := 1 + p.AttnUsPerTokenPerKTok/p.PrefillUsPerToken*ctxK
+	attn := 1 + ratio*ctxK
 	prefMs := own*tok*attn + cpu*tok*p.CPUHitCost + (stepsAll-stepsQ)*stepMs
 	st.queued, st.queueMs, st.prefMs = queued, queueMs, prefMs
 	st.est = queueMs + prefMs
+	st.work = own * tok * attn
+	st.score = st.est + k.workW*st.work
 }
 
 // rates returns ms per uncached token and ms per queued request for c, and
@@ -545,10 +643,7 @@ func (k *KVAware) rates(c *kvroute.Candidate) (tok, req float64, learned bool) {
 	if k.all.nReq >= min {
 		req, learned = k.all.reqMs, true
 	}
-	if len(k.eps) == 0 {
-		return
-	}
-	if s := k.eps[endpointID(c)]; s != nil {
+	if s := k.epStat(c); s != nil && k.p.LearnPerEndpoint {
 		if s.nTok >= min {
 			tok = s.tokMs
 		}
@@ -565,7 +660,7 @@ func (k *KVAware) lessLoaded(cands []kvroute.Candidate, i, j int) bool {
 	if a, b := cands[i].Load.InFlight, cands[j].Load.InFlight; a != b {
 		return a < b
 	}
-	return k.c[i].est < k.c[j].est
+	return k.c[i].score < k.c[j].score
 }
 
 // trimReplicas applies the hot prefix's replica set (see the type doc) and
@@ -586,7 +681,7 @@ func (k *KVAware) trimReplicas(req *kvroute.Request, cands []kvroute.Candidate, 
 	}
 	k.holders = k.holders[:0]
 	for i := range cands {
-		if cands[i].Healthy && cands[i].CachedBlocks == d && k.c[i].flags == 0 {
+		if cands[i].Healthy && cands[i].CachedBlocks == d && !k.c[i].affinityCapped() {
 			k.holders = append(k.holders, i)
 		}
 	}
@@ -630,19 +725,24 @@ func (k *KVAware) explain(cands []kvroute.Candidate, scores []kvroute.Score) {
 		}
 		st := &k.c[i]
 		s := &scores[i]
-		s.Value = round3(st.est)
+		s.Value = round3(st.score)
 		s.Parts = append(s.Parts,
 			kvroute.Part{Name: "queue_ms", Value: round3(st.queueMs)},
 			kvroute.Part{Name: "prefill_ms", Value: round3(st.prefMs)},
+			kvroute.Part{Name: "work_ms", Value: round3(st.work)},
 			kvroute.Part{Name: "cached_tokens", Value: float64(st.credit)},
 			kvroute.Part{Name: "queued_tokens", Value: round3(st.queued)},
 			kvroute.Part{Name: "in_flight", Value: float64(cands[i].Load.InFlight)},
 		)
+		sat := ""
+		if st.flags&capSaturated != 0 {
+			sat = " (as every candidate is; affinity kept)"
+		}
 		switch {
 		case st.flags&capQueue != 0:
-			s.Why = "capped: waiting queue"
+			s.Why = "capped: waiting queue" + sat
 		case st.flags&capKV != 0:
-			s.Why = "capped: kv usage"
+			s.Why = "capped: kv usage" + sat
 		case st.flags&capInflight != 0:
 			s.Why = "capped: in-flight above bound"
 		case st.flags&capTenant != 0:
@@ -650,7 +750,7 @@ func (k *KVAware) explain(cands []kvroute.Candidate, scores []kvroute.Score) {
 		case st.flags&capTrimmed != 0:
 			s.Why = "outside hot prefix replica set"
 		}
-		if st.flags&(capQueue|capKV|capInflight|capTenant) != 0 {
+		if st.effFlags()&(capQueue|capKV|capInflight|capTenant) != 0 {
 			s.Parts = append(s.Parts, kvroute.Part{Name: "capped", Value: 1})
 		}
 		if st.flags&capTrimmed != 0 {
@@ -701,7 +801,7 @@ func (k *KVAware) reasonFor(cands []kvroute.Candidate, i int, how string, P int)
 
 // record updates the moving averages and the in-flight accounting for a
 // dispatched request.
-func (k *KVAware) record(now time.Time, req *kvroute.Request, prefix uint64, _ bool, st *candState, P int) {
+func (k *KVAware) record(now time.Time, req *kvroute.Request, prefix uint64, endpoint string, st *candState, P int) {
 	const a = 0.05
 	if P > 0 {
 		own := float64(P - st.credit)
@@ -709,9 +809,6 @@ func (k *KVAware) record(now time.Time, req *kvroute.Request, prefix uint64, _ b
 		k.uncachedFrac += a * (own/float64(P) - k.uncachedFrac)
 	}
 	k.picks++
-	if !k.p.Replicate && !k.p.TenantFairness {
-		return
-	}
 	key := pendingKey{id: req.ID}
 	if req.ID == "" {
 		key.ptr = req
@@ -719,7 +816,7 @@ func (k *KVAware) record(now time.Time, req *kvroute.Request, prefix uint64, _ b
 	if old, ok := k.pending[key]; ok { // a retry of the same request: replace
 		k.untrack(old)
 	}
-	pr := pendingReq{prefix: prefix, tenant: req.Tenant, at: now}
+	pr := pendingReq{prefix: prefix, tenant: req.Tenant, endpoint: endpoint, size: float64(P - st.credit), at: now}
 	k.pending[key] = pr
 	k.track(pr)
 	if k.picks%4096 == 0 || len(k.pending) > 1<<16 {
@@ -729,6 +826,9 @@ func (k *KVAware) record(now time.Time, req *kvroute.Request, prefix uint64, _ b
 
 func (k *KVAware) track(pr pendingReq) {
 	k.tracked++
+	s := k.stat(pr.endpoint)
+	s.sumTok += pr.size
+	s.sumSq += pr.size * pr.size
 	if pr.prefix != 0 {
 		k.prefixInflight[pr.prefix]++
 	}
@@ -739,6 +839,13 @@ func (k *KVAware) track(pr pendingReq) {
 
 func (k *KVAware) untrack(pr pendingReq) {
 	k.tracked--
+	if s := k.eps[pr.endpoint]; s != nil {
+		s.sumTok -= pr.size
+		s.sumSq -= pr.size * pr.size
+		if s.sumTok < 0.5 { // no drift from float subtraction
+			s.sumTok, s.sumSq = 0, 0
+		}
+	}
 	if pr.prefix != 0 {
 		if k.prefixInflight[pr.prefix]--; k.prefixInflight[pr.prefix] <= 0 {
 			delete(k.prefixInflight, pr.prefix)
@@ -805,18 +912,18 @@ func (k *KVAware) Observe(_ time.Time, o kvroute.Outcome) {
 		own *= k.uncachedFrac
 	}
 	stepMs := k.p.StepOverheadUs / 1000
-	s := k.eps[o.Endpoint]
-	if s == nil {
-		s = &epStats{}
-		k.eps[o.Endpoint] = s
-	}
+	s := k.stat(o.Endpoint)
 	prior := k.p.PrefillUsPerToken / 1000
+	// The learned rate is the linear one: divide out the attention over the
+	// context, as estimate multiplies it back in.
+	cached := float64(max(o.PromptTokens, 0)) - own
+	attn := 1 + k.p.AttnUsPerTokenPerKTok/k.p.PrefillUsPerToken*(cached+own/2)/1000
 	if o.QueueDepth == 0 {
 		if own < 16 {
 			return // too little prefill to measure a rate
 		}
 		// Clamp to a sane band around the prior so one outlier cannot wreck it.
-		x := math.Min(math.Max((ttft-stepMs)/own, prior/10), prior*10)
+		x := math.Min(math.Max((ttft-stepMs)/(own*attn), prior/10), prior*10)
 		ewma(&s.tokMs, &s.nTok, x, k.p.LearnAlpha)
 		ewma(&k.all.tokMs, &k.all.nTok, x, k.p.LearnAlpha)
 		return
@@ -828,7 +935,7 @@ func (k *KVAware) Observe(_ time.Time, o kvroute.Outcome) {
 	case k.all.nTok >= k.p.LearnMinSamples:
 		tok = k.all.tokMs
 	}
-	x := math.Max(ttft-own*tok-stepMs, 0) / float64(o.QueueDepth)
+	x := math.Max(ttft-own*tok*attn-stepMs, 0) / float64(o.QueueDepth)
 	ewma(&s.reqMs, &s.nReq, x, k.p.LearnAlpha)
 	ewma(&k.all.reqMs, &k.all.nReq, x, k.p.LearnAlpha)
 }

@@ -1,0 +1,132 @@
+package policy_test
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/policy"
+	"github.com/kvroute/kvroute/sim"
+)
+
+var epochT = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+
+// recorder wraps a picker and tallies its decisions.
+type recorder struct {
+	p                 kvroute.Picker
+	reasons           map[string]int
+	credit            int // picks whose chosen candidate got cache credit
+	avail             int // picks where some healthy candidate cached something
+	picks             int
+	chosenTok, maxTok int
+}
+
+func (r *recorder) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
+	d := r.p.Pick(now, req, cands)
+	r.picks++
+	if w := os.Getenv("KVROUTE_SIMDIAG_REQ"); w != "" && strings.Contains(","+w+",", ","+req.ID+",") {
+		fmt.Printf("%s at %v P=%d -> %s (%s)\n", req.ID, now.Sub(epochT), req.PromptTokens, d.Endpoint, d.Reason)
+		for _, s := range d.Scores {
+			fmt.Printf("    %s %.1f %v %q %v\n", s.Endpoint, s.Value, s.Eligible, s.Why, s.Parts)
+		}
+	}
+	for _, c := range cands {
+		if c.Healthy && c.CachedTokens > 0 {
+			r.avail++
+			break
+		}
+	}
+	mx, mi := 0, -1
+	for i, c := range cands {
+		if c.Healthy && c.CachedTokens > mx {
+			mx, mi = c.CachedTokens, i
+		}
+	}
+	if mi >= 0 && mi < len(d.Scores) {
+		r.reasons["best-cached why="+d.Scores[mi].Why]++
+	}
+	r.maxTok += mx
+	if d.Index >= 0 {
+		r.chosenTok += cands[d.Index].CachedTokens
+	}
+	if d.Index >= 0 && cands[d.Index].CachedTokens > 0 {
+		r.credit++
+	}
+	reason, _, _ := strings.Cut(d.Reason, ":")
+	r.reasons[reason]++
+	return d
+}
+func (r *recorder) Observe(now time.Time, o kvroute.Outcome) {
+	if l, ok := r.p.(kvroute.Learner); ok {
+		l.Observe(now, o)
+	}
+}
+func (r *recorder) Release(now time.Time, req *kvroute.Request, ep string) {
+	if l, ok := r.p.(kvroute.Releaser); ok {
+		l.Release(now, req, ep)
+	}
+}
+
+// TestSimDiag runs policies through the fleet simulator on the embedded
+// Mooncake conversation trace and prints TTFT percentiles and decision
+// statistics. Diagnostic only: KVROUTE_SIMDIAG=policies[;limit;rate;params]
+// e.g. KVROUTE_SIMDIAG="kv-aware,dynamo;3000;4;c=1.5"
+func TestSimDiag(t *testing.T) {
+	spec := os.Getenv("KVROUTE_SIMDIAG")
+	if spec == "" {
+		t.Skip("set KVROUTE_SIMDIAG to run")
+	}
+	parts := strings.Split(spec, ";")
+	limit, rate := 3000, 4.0
+	if len(parts) > 1 {
+		fmt.Sscan(parts[1], &limit)
+	}
+	if len(parts) > 2 {
+		fmt.Sscan(parts[2], &rate)
+	}
+	params := map[string]any{}
+	if len(parts) > 3 && parts[3] != "" {
+		for _, kv := range strings.Split(parts[3], ",") {
+			k, v, _ := strings.Cut(kv, "=")
+			params[k] = v
+		}
+	}
+	w, err := sim.DefaultWorkload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := w.Requests
+	if len(reqs) > limit {
+		reqs = reqs[:limit]
+	}
+	fleet, _ := sim.ParseFleet("8", "llama-3.1-8b-h100")
+	for _, name := range strings.Split(parts[0], ",") {
+		var pp map[string]any
+		if name == policy.NameKVAware {
+			pp = params
+		}
+		p, err := policy.New(name, pp, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		rec := &recorder{p: p, reasons: map[string]int{}}
+		res, err := sim.Run(context.Background(), sim.Config{Fleet: fleet, Policy: name, Picker: rec, Seed: 1, RateScale: rate}, reqs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		row := res.Row(0)
+		var rs []string
+		for k, v := range rec.reasons {
+			rs = append(rs, fmt.Sprintf("%s=%d", k, v))
+		}
+		sort.Strings(rs)
+		t.Logf("%-18s %+v", name, row)
+		t.Logf("%-18s picks %d, some cache %d, chosen cached %d; cached tokens chosen %d of best %d; reasons %v",
+			name, rec.picks, rec.avail, rec.credit, rec.chosenTok, rec.maxTok, rs)
+	}
+}
