@@ -37,7 +37,9 @@ const (
 //  3. the estimated TTFT aggregated (decode node's queue + its prefill of
 //     the uncached part) is below the estimated TTFT disaggregated
 //     (prefill node's queue + its prefill + the KV transfer with fabric
-//     queueing + one decode step) by at least Margin, and the uncached
+//     queueing + one decode step) by at least Margin, the aggregated side
+//     charged StallWeight x running x its prefill for stalling the decode
+//     node's running batch, and the uncached
 //     part is at most MaxLocalTokens (a decode node absorbs no prefill so
 //     long that it stalls its running batch).
 //
@@ -50,11 +52,17 @@ type Conditional struct {
 	// LocalISL and LocalRatio: Dynamo's defaults 2048 and 0.7.
 	LocalISL   int     `json:"local_isl" yaml:"local_isl"`
 	LocalRatio float64 `json:"local_ratio" yaml:"local_ratio"`
-	// MaxLocalTokens: default 4096.
+	// MaxLocalTokens: default 16384 (about half a second of 8B/H100
+	// prefill: a longer one is never run on a decode node).
 	MaxLocalTokens int `json:"max_local_tokens" yaml:"max_local_tokens"`
 	// Margin is the fraction by which the aggregated estimate must beat the
 	// disaggregated one; default 0.1.
 	Margin float64 `json:"margin" yaml:"margin"`
+	// StallWeight charges the aggregated side for the decode node's running
+	// batch: a prefill there delays every running sequence's next token by
+	// its duration, and StallWeight x running x prefill time is added to
+	// the aggregated estimate before comparing. Default 0.05.
+	StallWeight float64 `json:"stall_weight" yaml:"stall_weight"`
 }
 
 func (c *Conditional) applyDefaults() {
@@ -68,10 +76,13 @@ func (c *Conditional) applyDefaults() {
 		c.LocalRatio = 0.7
 	}
 	if c.MaxLocalTokens == 0 {
-		c.MaxLocalTokens = 4096
+		c.MaxLocalTokens = 16384
 	}
 	if c.Margin == 0 {
 		c.Margin = 0.1
+	}
+	if c.StallWeight == 0 {
+		c.StallWeight = 0.05
 	}
 }
 
@@ -177,6 +188,9 @@ type Plan struct {
 	DecodeStep                time.Duration
 	AggregatedTTFT            time.Duration
 	DisaggregatedTTFT         time.Duration
+	// Stall is the charge for stalling the decode node's running batch
+	// with a local prefill (Conditional.StallWeight).
+	Stall time.Duration
 	// UncachedPrefill and UncachedDecode are the uncached prompt tokens on
 	// the two nodes.
 	UncachedPrefill, UncachedDecode int
@@ -200,6 +214,7 @@ func (p *Plan) Parts() []kvroute.Part {
 		{Name: "decode_step_ms", Value: ms(p.DecodeStep)},
 		{Name: "aggregated_ttft_ms", Value: ms(p.AggregatedTTFT)},
 		{Name: "disaggregated_ttft_ms", Value: ms(p.DisaggregatedTTFT)},
+		{Name: "stall_ms", Value: ms(p.Stall)},
 		{Name: "transfer_mb", Value: float64(p.Transfer.Bytes) / 1e6},
 		{Name: "uncached_prefill", Value: float64(p.UncachedPrefill)},
 		{Name: "uncached_decode", Value: float64(p.UncachedDecode)},
@@ -409,6 +424,16 @@ func (p *Planner) Plan(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		pEP = pc.Endpoint
 	}
 	dc := p.decode.PickFrom(now, ready, req, cands, pEP)
+	if p.cfg.Mode == ModeAlways && pi >= 0 && dc.d.Index == pi {
+		// A "both" endpoint won both stages: always means another decode
+		// node when there is one.
+		healthy := cands[pi].Healthy
+		cands[pi].Healthy = false
+		if alt := p.decode.PickFrom(now, ready, req, cands, pEP); alt.d.Index >= 0 {
+			dc = alt
+		}
+		cands[pi].Healthy = healthy
+	}
 	if dc.d.Index < 0 {
 		d := dc.d
 		d.Policy = "pd"
@@ -420,6 +445,9 @@ func (p *Planner) Plan(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	aq := p.cost.queue(dcand.Load)
 	ap := p.cost.prefill(plan.UncachedDecode, dcand.CachedTokens, dcand.Load)
 	plan.AggregatedTTFT = aq + ap
+	if w := p.cfg.Conditional.StallWeight; w > 0 {
+		plan.Stall = time.Duration(w * float64(max(dcand.Load.Running, 0)) * float64(ap))
+	}
 	disagg, reason := false, ""
 	if pc != nil && pc.Endpoint.ID != dcand.Endpoint.ID {
 		plan.UncachedPrefill = max(req.PromptTokens-pc.CachedTokens, 0)
@@ -476,10 +504,15 @@ func (p *Planner) decide(req *kvroute.Request, pl *Plan) (bool, string) {
 		return false, fmt.Sprintf("aggregated: mostly cached on the decode node (%d uncached < %d, %.2f < %.2f of %d)",
 			u, c.LocalISL, float64(u)/float64(req.PromptTokens), c.LocalRatio, req.PromptTokens)
 	}
-	if c.MaxLocalTokens >= 0 && u <= c.MaxLocalTokens && agg < dis*(1-c.Margin) {
-		return false, fmt.Sprintf("aggregated: cheaper on the decode node (est. TTFT %.1f ms vs %.1f ms with %.1f ms transfer)",
-			agg, dis, ms(pl.Transfer.Total()))
+	aggCost := agg + ms(pl.Stall)
+	if c.MaxLocalTokens >= 0 && u <= c.MaxLocalTokens && aggCost < dis*(1-c.Margin) {
+		return false, fmt.Sprintf("aggregated: cheaper on the decode node (est. TTFT %.1f ms + %.1f ms stall vs %.1f ms with %.1f ms transfer)",
+			agg, ms(pl.Stall), dis, ms(pl.Transfer.Total()))
 	}
-	return true, fmt.Sprintf("disaggregated: est. TTFT %.1f ms (queue %.1f + prefill %.1f + transfer %.1f + step %.1f) vs %.1f ms aggregated, %d uncached",
-		dis, ms(pl.PrefillQueue), ms(pl.PrefillTime), ms(pl.Transfer.Total()), ms(pl.DecodeStep), agg, u)
+	if aggCost < dis*(1-c.Margin) {
+		return true, fmt.Sprintf("disaggregated: %d uncached tokens > max_local_tokens %d (est. TTFT %.1f ms vs %.1f ms + %.1f ms stall aggregated)",
+			u, c.MaxLocalTokens, dis, agg, ms(pl.Stall))
+	}
+	return true, fmt.Sprintf("disaggregated: est. TTFT %.1f ms (queue %.1f + prefill %.1f + transfer %.1f + step %.1f) vs %.1f ms + %.1f ms stall aggregated, %d uncached",
+		dis, ms(pl.PrefillQueue), ms(pl.PrefillTime), ms(pl.Transfer.Total()), ms(pl.DecodeStep), agg, ms(pl.Stall), u)
 }
