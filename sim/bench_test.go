@@ -57,11 +57,31 @@ func TestMooncakeTraceFull(t *testing.T) {
 		res := mustRun(t, Config{Fleet: Fleet{{Count: 8, Profile: "llama-3.1-8b-h100"}}, Policy: pol, Seed: 1}, reqs)
 		wall := time.Since(start)
 		row := res.Row(0)
-		t.Logf("%s: %v wall, %.0f req/s, %d events; completed %d, ttft p50 %v p99 %v, hit %.3f (oracle %.3f)",
-			pol, wall, float64(len(reqs))/wall.Seconds(), res.Events, row.Completed, row.TTFT.P50, row.TTFT.P99,
+		steps := 0
+		for _, e := range res.Engines {
+			steps += e.Steps
+		}
+		t.Logf("%s: %v wall, %.0f req/s, %d events, %d engine steps; completed %d, ttft p50 %v p99 %v, hit %.3f (oracle %.3f)",
+			pol, wall, float64(len(reqs))/wall.Seconds(), res.Events, steps, row.Completed, row.TTFT.P50, row.TTFT.P99,
 			row.HitRate, row.OracleHitRate)
 		if row.Completed != len(reqs) {
 			t.Errorf("%s: completed %d of %d", pol, row.Completed, len(reqs))
+		}
+	}
+}
+
+// BenchmarkSegOracleTrace measures the segment oracle over the Mooncake
+// trace (what Run uses for segment workloads).
+func BenchmarkSegOracleTrace(b *testing.B) {
+	reqs := loadTrace(b)
+	b.ReportAllocs()
+	for b.Loop() {
+		o := newSegOracle()
+		for i := range reqs {
+			o.observe(reqs[i].Segments, 16, reqs[i].PromptLen)
+		}
+		if o.rate() <= 0 {
+			b.Fatal("no hits")
 		}
 	}
 }

@@ -51,47 +51,34 @@ func segmentsOnly(reqs []workload.Request) bool {
 }
 
 // segOracle is the oracle for segment prompts, computed on segments rather
-// than blocks: tens of map operations per request instead of one per
-// 16-token block. Two prompts share their first n tokens exactly when their
-// leading segments are equal and the next ones have the same key (a shorter
-// segment is a prefix of a longer one with the same key), so the longest
-// prefix a prompt shares with any earlier one is found by walking its
-// segments through
-//
-//   - complete: the chained hashes of every earlier prompt's first i
-//     segments (keys and lengths), and
-//   - longest: for a chain of i segments and a key, the longest segment with
-//     that key that followed the chain,
-//
-// and the hit is that prefix in whole blocks, capped like oracle's. It
-// agrees with oracle over the prompts' block hashes (a differential test
-// checks it).
+// than blocks: one hash-table probe per segment instead of one per 16-token
+// block. Two prompts share their first n tokens exactly when their leading
+// segments are equal and the next ones have the same key (a shorter segment
+// is a prefix of a longer one with the same key). So the oracle keeps, for
+// each chain of leading segments (keys and lengths) seen and each key, the
+// longest segment with that key that followed the chain; a prompt walks its
+// segments, adding min(longest, length) to its shared prefix while the
+// longest is at least its own segment's length (after an exact match the
+// next lookup is under the extended chain, which exists only if an earlier
+// prompt had exactly this segment). The hit is that prefix in whole blocks,
+// capped like oracle's; a differential test checks that both agree.
 type segOracle struct {
-	complete     u64set
-	longest      map[[2]uint64]int
+	longest      u64max
 	queried, hit int64
 }
 
-func newSegOracle() *segOracle { return &segOracle{longest: make(map[[2]uint64]int, 1<<12)} }
+func newSegOracle() *segOracle { return &segOracle{} }
 
 func (o *segOracle) observe(segs []workload.Segment, blockSize, promptLen int) int {
 	shared, matching := 0, true
 	var chain uint64 = 0x6b76726f75746573
 	for _, sg := range segs {
-		next := segChain(chain, sg)
+		l := o.longest.update(mix64(chain^mix64(sg.Key)), int64(sg.Len))
 		if matching {
-			if o.complete.has(next) {
-				shared += sg.Len
-			} else {
-				shared += min(o.longest[[2]uint64{chain, sg.Key}], sg.Len)
-				matching = false
-			}
+			shared += int(min(l, int64(sg.Len)))
+			matching = l >= int64(sg.Len)
 		}
-		o.complete.add(next)
-		if k := [2]uint64{chain, sg.Key}; o.longest[k] < sg.Len {
-			o.longest[k] = sg.Len
-		}
-		chain = next
+		chain = segChain(chain, sg)
 	}
 	n := 0
 	if blockSize > 0 {
@@ -239,4 +226,59 @@ func mix64(k uint64) uint64 {
 	k ^= k >> 33
 	k *= 0xff51afd7ed558ccd
 	return k ^ k>>33
+}
+
+// u64max is an open-addressing map from well-mixed uint64 keys to the
+// largest value stored under each.
+type u64max struct {
+	slots []u64maxSlot // key 0 = empty
+	n     int
+	zero  int64 // the value under key 0
+}
+
+type u64maxSlot struct {
+	k uint64
+	v int64
+}
+
+// update stores max(old, v) under k and returns old (0 when absent).
+func (m *u64max) update(k uint64, v int64) int64 {
+	if k == 0 {
+		old := m.zero
+		m.zero = max(old, v)
+		return old
+	}
+	if 4*(m.n+1) > 3*len(m.slots) {
+		m.grow()
+	}
+	mask := uint64(len(m.slots) - 1)
+	for i := k & mask; ; i = (i + 1) & mask {
+		sl := &m.slots[i]
+		switch sl.k {
+		case k:
+			old := sl.v
+			sl.v = max(old, v)
+			return old
+		case 0:
+			sl.k, sl.v = k, v
+			m.n++
+			return 0
+		}
+	}
+}
+
+func (m *u64max) grow() {
+	old := m.slots
+	m.slots = make([]u64maxSlot, max(2*len(old), 1<<12))
+	mask := uint64(len(m.slots) - 1)
+	for _, sl := range old {
+		if sl.k == 0 {
+			continue
+		}
+		i := sl.k & mask
+		for m.slots[i].k != 0 {
+			i = (i + 1) & mask
+		}
+		m.slots[i] = sl
+	}
 }

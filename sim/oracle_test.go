@@ -110,3 +110,26 @@ func TestSegOracleMatchesBlockOracle(t *testing.T) {
 		}
 	}
 }
+
+func TestU64Max(t *testing.T) {
+	var m u64max
+	ref := map[uint64]int64{}
+	x := uint64(7)
+	for i := range 30000 {
+		x = x*6364136223846793005 + 1442695040888963407
+		k := x
+		if i%4 == 0 {
+			k = uint64(i % 11) // repeats and zero
+		}
+		v := int64(x>>40) % 1000
+		if got, want := m.update(k, v), ref[k]; got != want {
+			t.Fatalf("update(%d, %d): got old %d, want %d", k, v, got, want)
+		}
+		ref[k] = max(ref[k], v)
+	}
+	for k, want := range ref {
+		if got := m.update(k, -1); got != want {
+			t.Fatalf("final %d: got %d, want %d", k, got, want)
+		}
+	}
+}
