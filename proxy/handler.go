@@ -41,6 +41,7 @@ type exchange struct {
 	upstreamErr error       // the attempt's transport error, if any
 	streamErr   error       // the upstream failed after the first byte
 	clientGone  bool
+	served      bool           // the reverse proxy returned (rather than aborted the handler)
 	saved       *savedResponse // the last retried 5xx, replayed if no endpoint is left
 }
 
@@ -155,7 +156,8 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 		}
 		x.pool.router.Done(p.now(), f, o)
 	}()
-	x.pool.proxies[f.Endpoint.ID].rp.ServeHTTP(w, out)
+	x.pool.proxies[f.Endpoint.ID].rp.ServeHTTP(w, out) // panics with http.ErrAbortHandler when a copy fails
+	x.served = true
 	return x.retry != retryNone
 }
 
@@ -216,7 +218,7 @@ func (x *exchange) finish(w http.ResponseWriter, start time.Time) {
 	now := p.now()
 	code := x.status
 	switch {
-	case x.clientGone || x.ctx.Err() != nil:
+	case x.clientGone || (!x.served && x.ctx.Err() != nil):
 		code = statusClientClosed
 	case code == 0:
 		code = http.StatusBadGateway

@@ -751,3 +751,42 @@ func TestOutcomesReachLearningPolicies(t *testing.T) {
 		}
 	}
 }
+
+// TestClientClosingAfterDoneIsNotA499: a client that hangs up once it has
+// the final event, before the engine closes its response, got everything.
+func TestClientClosingAfterDoneIsNotA499(t *testing.T) {
+	finish := make(chan struct{})
+	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"n\":0}\n\ndata: [DONE]\n\n")
+		w.(http.Flusher).Flush()
+		select { // keep the response open after [DONE]
+		case <-finish:
+		case <-r.Context().Done():
+		}
+	})
+	defer close(finish)
+	tp := newTestProxy(t, testConfig("first", be.URL))
+	c, err := net.Dial("tcp", strings.TrimPrefix(tp.srv.URL, "http://"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	fmt.Fprintf(c, "POST %s HTTP/1.1\r\nHost: x\r\nContent-Length: %d\r\n\r\n%s", PathCompletions, len(streamBody), streamBody)
+	br := bufio.NewReader(c)
+	for {
+		line, err := br.ReadString('\n')
+		if err != nil {
+			t.Fatalf("reading the stream: %v", err)
+		}
+		if line == "data: [DONE]\n" {
+			break
+		}
+	}
+	c.Close()
+	waitFor(t, "the request to be counted as 200", func() bool {
+		return tp.metric(t, tp.metrics.requests, "m", be.URL, "200") == 1
+	})
+	if v := tp.metric(t, tp.metrics.requests, "m", be.URL, "499"); v != 0 {
+		t.Errorf("kvroute_requests_total{code=499}: got %v, want 0", v)
+	}
+}

@@ -20,8 +20,8 @@ type upstreamBody struct {
 	x       *exchange
 	sse     bool
 	started bool
-	tail    [4]byte // the last bytes passed on, to tell if a stream broke mid-event
-	ended   bool    // the upstream failed: serve rest, then EOF
+	tail    [16]byte // the last bytes passed on: did a stream break mid-event, or end?
+	ended   bool     // the upstream failed: serve rest, then EOF
 	rest    []byte
 }
 
@@ -46,6 +46,12 @@ func (b *upstreamBody) Read(p []byte) (int, error) {
 		return n, err
 	}
 	if b.x.ctx.Err() != nil {
+		if b.sse && b.sawDone() {
+			// The client hung up after the final event, before the engine
+			// closed its response: the exchange is complete.
+			return n, io.EOF
+		}
+		b.x.clientGone = true
 		return n, err // the client went away; nothing to tell it
 	}
 	b.x.streamFailed(err)
@@ -71,8 +77,15 @@ func (b *upstreamBody) remember(p []byte) {
 }
 
 func (b *upstreamBody) atEventBoundary() bool {
-	t := b.tail
+	t := b.tail[len(b.tail)-4:]
 	return (t[2] == '\n' && t[3] == '\n') || (t[0] == '\r' && t[1] == '\n' && t[2] == '\r' && t[3] == '\n')
+}
+
+// doneEvent ends every OpenAI-style stream.
+const doneEvent = "data: " + openai.Done + "\n\n"
+
+func (b *upstreamBody) sawDone() bool {
+	return string(b.tail[len(b.tail)-len(doneEvent):]) == doneEvent
 }
 
 func (b *upstreamBody) Close() error { return b.rc.Close() }
