@@ -14,6 +14,7 @@ const (
 	evFirstToken                  // a request's first token reaches the router
 	evDone                        // a request's last token reaches the router
 	evKVEvents                    // a batch of an engine's KV events reaches the precise index
+	evSample                      // the utilisation timeline samples an engine's state
 )
 
 // event is one entry of the simulator's agenda. Events are ordered by time,

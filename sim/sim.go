@@ -394,6 +394,9 @@ func (s *simulation) run(ctx context.Context) error {
 	}
 	s.q.push(s.st[s.order[0]].arrival, evArrival, -1, s.order[0])
 	s.next = 1
+	for i := range s.engines {
+		s.q.push(0, evSample, int32(i), -1)
+	}
 	if s.cfg.ScrapeInterval > 0 {
 		for i := range s.engines {
 			for k := range s.rts {
@@ -426,6 +429,8 @@ func (s *simulation) run(ctx context.Context) error {
 			s.done(ev.arg)
 		case evKVEvents:
 			s.applyKV(ev.eng)
+		case evSample:
+			s.sample(ev.eng)
 		}
 	}
 	// Requests still open when nothing is left to happen are stuck on an
@@ -720,9 +725,6 @@ func (s *simulation) scrape(ei, k int32) {
 	e := s.engines[ei]
 	m := metricsOf(e)
 	e.scrapes[k].push(scrape{sent: s.now - s.cfg.NetLatency, m: m})
-	if k == 0 {
-		s.timeline.sample(int(ei), s.now, m)
-	}
 	s.q.push(s.now+s.cfg.NetLatency, evObserve, ei, k)
 	s.q.push(s.now+s.cfg.ScrapeInterval, evScrape, ei, k)
 }
@@ -733,6 +735,14 @@ func (s *simulation) observe(ei, k int32) {
 	// Like the live scraper, pass the time the scrape request was sent: the
 	// View then keeps every dispatch after it on top of the engine's numbers.
 	s.rts[k].View(e.id).Observe(wall(sc.sent), sc.m)
+}
+
+// sample records engine ei's state in the utilisation timeline, four times
+// per bucket.
+func (s *simulation) sample(ei int32) {
+	st := s.engines[ei].eng.Stats()
+	s.timeline.sample(int(ei), s.now, st.KVUsage, st.Waiting+st.Running)
+	s.q.push(s.now+s.timeline.step/4, evSample, ei, -1)
 }
 
 // applyKV delivers engine ei's oldest batch of KV events to every replica's

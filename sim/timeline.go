@@ -1,14 +1,11 @@
 package sim
 
-import (
-	"time"
-
-	"github.com/kvroute/kvroute/signals"
-)
+import "time"
 
 // timeline records per-engine utilisation over virtual time in fixed-width
 // buckets: the fraction of the bucket the engine spent stepping, and the
-// mean KV usage, waiting and running counts seen by its scrapes.
+// mean KV usage and queue (waiting + running) of samples taken four times
+// per bucket.
 type timeline struct {
 	step    time.Duration
 	engines int
@@ -51,11 +48,11 @@ func (t *timeline) addBusy(e int, start, d time.Duration) {
 	}
 }
 
-// sample records a scrape of engine e at now.
-func (t *timeline) sample(e int, now time.Duration, m signals.Metrics) {
+// sample records engine e's KV usage and queue (waiting + running) at now.
+func (t *timeline) sample(e int, now time.Duration, kv float64, queue int) {
 	b := int(now / t.step)
 	t.bucket(b)
-	t.kv[b][e] += m.KVUsage
-	t.queue[b][e] += m.Waiting + m.Running
+	t.kv[b][e] += kv
+	t.queue[b][e] += float64(queue)
 	t.samples[b][e]++
 }
