@@ -259,6 +259,7 @@ type simulation struct {
 	tokenMode  bool // materialise prompts as tokens (the precise index needs them)
 	routerStep int  // routerBS / blockSize when it divides evenly, else 0
 	finished   int
+	pending    int // events on the agenda that are not periodic
 	progEvery  int
 	timeline   *timeline
 }
@@ -384,6 +385,18 @@ func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 	return s, nil
 }
 
+// schedule puts an event on the agenda. Events that move requests forward
+// are counted in pending; the periodic ones (scrapes, samples) are not, so
+// that a run in which nothing but them is left can stop.
+func (s *simulation) schedule(at time.Duration, kind eventKind, eng, arg int32) {
+	if !periodic(kind) {
+		s.pending++
+	}
+	s.q.push(at, kind, eng, arg)
+}
+
+func periodic(k eventKind) bool { return k == evScrape || k == evObserve || k == evSample }
+
 // wall converts virtual time to the router's clock.
 func wall(d time.Duration) time.Time { return epoch.Add(d) }
 
@@ -392,19 +405,19 @@ func (s *simulation) run(ctx context.Context) error {
 	if total == 0 {
 		return nil
 	}
-	s.q.push(s.st[s.order[0]].arrival, evArrival, -1, s.order[0])
+	s.schedule(s.st[s.order[0]].arrival, evArrival, -1, s.order[0])
 	s.next = 1
 	for i := range s.engines {
-		s.q.push(0, evSample, int32(i), -1)
+		s.schedule(0, evSample, int32(i), -1)
 	}
 	if s.cfg.ScrapeInterval > 0 {
 		for i := range s.engines {
 			for k := range s.rts {
-				s.q.push(s.scrapePhase(i, k), evScrape, int32(i), int32(k))
+				s.schedule(s.scrapePhase(i, k), evScrape, int32(i), int32(k))
 			}
 		}
 	}
-	for n := 0; s.q.Len() > 0 && s.finished < total; n++ {
+	for n := 0; s.q.Len() > 0 && s.finished < total && s.pending > 0; n++ {
 		if n&4095 == 0 {
 			if err := ctx.Err(); err != nil {
 				return fmt.Errorf("sim: %w", err)
@@ -412,6 +425,9 @@ func (s *simulation) run(ctx context.Context) error {
 		}
 		ev := s.q.pop()
 		s.now = ev.at
+		if !periodic(ev.kind) {
+			s.pending--
+		}
 		switch ev.kind {
 		case evArrival:
 			s.arrive(ev.arg)
@@ -481,7 +497,7 @@ func (s *simulation) arrive(i int32) {
 	if s.next < len(s.order) {
 		j := s.order[s.next]
 		s.next++
-		s.q.push(s.st[j].arrival, evArrival, -1, j)
+		s.schedule(s.st[j].arrival, evArrival, -1, j)
 	}
 	r := &s.reqs[i]
 	st := &s.st[i]
@@ -547,7 +563,7 @@ func (s *simulation) arrive(i int32) {
 	ei := s.byEP[f.Endpoint.ID]
 	st.eng = ei
 	s.engines[ei].routed++
-	s.q.push(s.now+s.cfg.NetLatency, evDeliver, ei, i)
+	s.schedule(s.now+s.cfg.NetLatency, evDeliver, ei, i)
 }
 
 // deliver adds request i to engine ei and wakes the engine if idle.
@@ -576,13 +592,13 @@ func (s *simulation) deliver(ei, i int32) {
 	st.tokens, st.ereq.Prompt = nil, nil // the engine copied them
 	if err != nil {
 		st.status, st.errMsg = http.StatusBadRequest, err.Error()
-		s.q.push(s.now+s.cfg.NetLatency, evDone, ei, i)
+		s.schedule(s.now+s.cfg.NetLatency, evDone, ei, i)
 		return
 	}
 	st.onEngine = true
 	if !e.busy {
 		e.busy = true
-		s.q.push(s.now, evStep, ei, -1)
+		s.schedule(s.now, evStep, ei, -1)
 	}
 }
 
@@ -597,7 +613,7 @@ func (s *simulation) step(ei int32) {
 		}
 		if s.precise != nil && len(e.res.Events) > 0 {
 			e.kvQueue.push(copyEvents(e.res.Events))
-			s.q.push(s.now+s.cfg.KVEventDelay, evKVEvents, ei, -1)
+			s.schedule(s.now+s.cfg.KVEventDelay, evKVEvents, ei, -1)
 		}
 	}
 	if !e.eng.HasWork() {
@@ -620,7 +636,7 @@ func (s *simulation) step(ei int32) {
 	e.busyTime += d
 	e.steps++
 	s.timeline.addBusy(int(ei), s.now, d)
-	s.q.push(s.now+d, evStep, ei, -1)
+	s.schedule(s.now+d, evStep, ei, -1)
 }
 
 // copyEvents copies a step's KV events out of the engine's reused result:
@@ -661,7 +677,7 @@ func (s *simulation) output(ei int32, o *engine.Output) {
 		st.firstAt = s.now
 		st.firstStart = e.stepStart
 		st.cached = o.CachedTokens
-		s.q.push(s.now+s.cfg.NetLatency, evFirstToken, ei, i)
+		s.schedule(s.now+s.cfg.NetLatency, evFirstToken, ei, i)
 	}
 	if o.Finished {
 		st.onEngine = false
@@ -674,7 +690,7 @@ func (s *simulation) output(ei int32, o *engine.Output) {
 		} else {
 			st.status = http.StatusOK
 		}
-		s.q.push(s.now+s.cfg.NetLatency, evDone, ei, i)
+		s.schedule(s.now+s.cfg.NetLatency, evDone, ei, i)
 	}
 }
 
@@ -725,8 +741,8 @@ func (s *simulation) scrape(ei, k int32) {
 	e := s.engines[ei]
 	m := metricsOf(e)
 	e.scrapes[k].push(scrape{sent: s.now - s.cfg.NetLatency, m: m})
-	s.q.push(s.now+s.cfg.NetLatency, evObserve, ei, k)
-	s.q.push(s.now+s.cfg.ScrapeInterval, evScrape, ei, k)
+	s.schedule(s.now+s.cfg.NetLatency, evObserve, ei, k)
+	s.schedule(s.now+s.cfg.ScrapeInterval, evScrape, ei, k)
 }
 
 func (s *simulation) observe(ei, k int32) {
@@ -742,7 +758,7 @@ func (s *simulation) observe(ei, k int32) {
 func (s *simulation) sample(ei int32) {
 	st := s.engines[ei].eng.Stats()
 	s.timeline.sample(int(ei), s.now, st.KVUsage, st.Waiting+st.Running)
-	s.q.push(s.now+s.timeline.step/4, evSample, ei, -1)
+	s.schedule(s.now+s.timeline.step/4, evSample, ei, -1)
 }
 
 // applyKV delivers engine ei's oldest batch of KV events to every replica's
