@@ -8,19 +8,31 @@ import (
 // addedMatcher finds added tokens in a text, leftmost-longest as HuggingFace's
 // AddedVocabulary does, with a byte trie.
 type addedMatcher struct {
-	first     [256]bool               // bytes that start some token
-	edges     map[uint64]int32        // (node << 8 | byte) -> child node
-	terminal  map[int32]*hfAddedToken // node -> token ending there
+	first     [256]bool  // bytes that start some token
+	nodes     []trieNode // nodes[0] is the root
 	byContent map[string]*hfAddedToken
+}
+
+type trieNode struct {
+	labels   []byte  // edge bytes
+	children []int32 // child node of each edge
+	tok      *hfAddedToken
+}
+
+func (n *trieNode) child(b byte) int32 {
+	for i, l := range n.labels {
+		if l == b {
+			return n.children[i]
+		}
+	}
+	return -1
 }
 
 func newAddedMatcher(tokens []hfAddedToken) addedMatcher {
 	m := addedMatcher{
-		edges:     make(map[uint64]int32),
-		terminal:  make(map[int32]*hfAddedToken),
+		nodes:     make([]trieNode, 1),
 		byContent: make(map[string]*hfAddedToken, len(tokens)),
 	}
-	nodes := int32(1) // node 0 is the root
 	for i := range tokens {
 		a := &tokens[i]
 		if _, dup := m.byContent[a.Content]; dup {
@@ -30,16 +42,16 @@ func newAddedMatcher(tokens []hfAddedToken) addedMatcher {
 		m.first[a.Content[0]] = true
 		n := int32(0)
 		for j := 0; j < len(a.Content); j++ {
-			k := uint64(n)<<8 | uint64(a.Content[j])
-			child, ok := m.edges[k]
-			if !ok {
-				child = nodes
-				nodes++
-				m.edges[k] = child
+			c := m.nodes[n].child(a.Content[j])
+			if c < 0 {
+				c = int32(len(m.nodes))
+				m.nodes = append(m.nodes, trieNode{})
+				m.nodes[n].labels = append(m.nodes[n].labels, a.Content[j])
+				m.nodes[n].children = append(m.nodes[n].children, c)
 			}
-			n = child
+			n = c
 		}
-		m.terminal[n] = a
+		m.nodes[n].tok = a
 	}
 	return m
 }
@@ -67,12 +79,10 @@ func (m *addedMatcher) matchAt(s string, i int) *hfAddedToken {
 	var best *hfAddedToken
 	n := int32(0)
 	for j := i; j < len(s); j++ {
-		child, ok := m.edges[uint64(n)<<8|uint64(s[j])]
-		if !ok {
+		if n = m.nodes[n].child(s[j]); n < 0 {
 			break
 		}
-		n = child
-		if a, ok := m.terminal[n]; ok && (!a.SingleWord || singleWordOK(s, i, j+1)) {
+		if a := m.nodes[n].tok; a != nil && (!a.SingleWord || singleWordOK(s, i, j+1)) {
 			best = a
 		}
 	}

@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -120,6 +121,41 @@ func BenchmarkLoad(b *testing.B) {
 			for b.Loop() {
 				if _, err := LoadDir("testdata/" + model); err != nil {
 					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// BenchmarkSharedDocument encodes completion prompts (no special tokens) that
+// share a 16 KB document after a varying question, RAG style.
+func BenchmarkSharedDocument(b *testing.B) {
+	doc := benchText()[:16000]
+	prompts := make([]string, 16)
+	total := 0
+	for i := range prompts {
+		prompts[i] = fmt.Sprintf("Question %d: what does the document say about batch %d?\nDocument:\n%s", i, i*7, doc)
+		total += len(prompts[i])
+	}
+	for _, model := range refModels {
+		tok := loadRef(b, model)
+		dst := make([]uint32, 0, len(prompts[0]))
+		b.Run(model+"/uncached", func(b *testing.B) {
+			b.SetBytes(int64(total))
+			b.ReportAllocs()
+			for b.Loop() {
+				for _, p := range prompts {
+					dst = tok.AppendEncode(dst[:0], p)
+				}
+			}
+		})
+		b.Run(model+"/cached", func(b *testing.B) {
+			b.SetBytes(int64(total))
+			b.ReportAllocs()
+			for b.Loop() {
+				c := NewCache(tok, CacheConfig{})
+				for _, p := range prompts {
+					dst = c.AppendEncode(dst[:0], p)
 				}
 			}
 		})

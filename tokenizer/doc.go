@@ -70,8 +70,11 @@
 // re-tokenized from scratch each turn: the text between added tokens (which
 // chat templates put around every message) is encoded independently by the
 // tokenizer, so Cache stores each such segment's ids under a 128-bit hash of
-// its text and reuses them, bounded by a token budget with LRU eviction.
-// Tests and a fuzz target check that it always equals the uncached Encode.
+// its text and reuses them, bounded by a token budget with LRU eviction. With
+// the Llama 3 / Qwen pre-tokenizer, long segments are also cut at line
+// starts, where that pre-tokenizer always ends a piece, so documents shared
+// by completion prompts are reused too. Tests and a fuzz target check that
+// Cache.Encode always equals the uncached Encode.
 //
 // # Concurrency
 //

@@ -534,12 +534,11 @@ func (t *HF) appendPreTokenized(dst []uint32, s string) []uint32 {
 	if len(t.splitters) == 0 {
 		return t.model.appendWord(dst, s)
 	}
-	var buf [64]int
-	return t.appendSplit(dst, s, 0, buf[:0])
+	return t.appendSplit(dst, s, 0)
 }
 
 // appendSplit applies splitter k and the following ones to s.
-func (t *HF) appendSplit(dst []uint32, s string, k int, buf []int) []uint32 {
+func (t *HF) appendSplit(dst []uint32, s string, k int) []uint32 {
 	if ls, ok := t.splitters[k].(llamaSplitter); ok && k+1 == len(t.splitters) {
 		// The common case, streamed: no slice of offsets.
 		for i := 0; i < len(s); {
@@ -549,13 +548,13 @@ func (t *HF) appendSplit(dst []uint32, s string, k int, buf []int) []uint32 {
 		}
 		return dst
 	}
-	ends := t.splitters[k].appendSplits(buf[:0], s)
+	ends := t.splitters[k].appendSplits(nil, s)
 	start := 0
 	for _, end := range ends {
 		piece := s[start:end]
 		start = end
 		if k+1 < len(t.splitters) {
-			dst = t.appendSplit(dst, piece, k+1, nil)
+			dst = t.appendSplit(dst, piece, k+1)
 		} else {
 			dst = t.model.appendWord(dst, piece)
 		}
