@@ -32,7 +32,11 @@ type stream struct {
 }
 
 func newStream(id string, notifyEach bool, maxTokens int) *stream {
-	return &stream{id: id, notifyEach: notifyEach, maxTokens: maxTokens, ch: make(chan struct{}, 1)}
+	st := &stream{id: id, notifyEach: notifyEach, maxTokens: maxTokens, ch: make(chan struct{}, 1)}
+	if !notifyEach { // the tokens accumulate until the end: size them once
+		st.toks = make([]uint32, 0, min(maxTokens, 4096))
+	}
+	return st
 }
 
 func (st *stream) signal() {

@@ -3,6 +3,7 @@ package emulator
 import (
 	"math"
 	"strings"
+	"sync"
 
 	"github.com/kvroute/kvroute/tokenizer"
 )
@@ -16,8 +17,30 @@ func textID(t uint32) uint32 {
 	return tokenizer.BuiltinFirstRegular + t%n
 }
 
+// builtinWords is the text of every regular id of the built-in tokenizer,
+// built on first use (a few milliseconds): rendering generated tokens is
+// then a table lookup per token. The built-in Decode has no state across
+// ids, so the concatenation equals Decode of the sequence.
+var builtinWords = sync.OnceValue(func() []string {
+	tok := tokenizer.Builtin()
+	words := make([]string, tokenizer.BuiltinVocabSize)
+	id := []uint32{0}
+	for i := tokenizer.BuiltinFirstRegular; i < tokenizer.BuiltinVocabSize; i++ {
+		id[0] = uint32(i)
+		words[i] = tok.Decode(id)
+	}
+	return words
+})
+
 // renderTokens appends the text of generated tokens to dst.
 func renderTokens(tok tokenizer.Tokenizer, dst []byte, ids []uint32, scratch []uint32) ([]byte, []uint32) {
+	if tok == tokenizer.Builtin() {
+		words := builtinWords()
+		for _, t := range ids {
+			dst = append(dst, words[textID(t)]...)
+		}
+		return dst, scratch
+	}
 	scratch = scratch[:0]
 	for _, t := range ids {
 		scratch = append(scratch, textID(t))

@@ -1,0 +1,64 @@
+package emulator
+
+import (
+	"testing"
+
+	"github.com/kvroute/kvroute/tokenizer"
+)
+
+// renderDecode is the reference: the tokenizer's own Decode.
+type renderDecode struct{ tokenizer.Tokenizer }
+
+func TestRenderTokensMatchesDecode(t *testing.T) {
+	tok := tokenizer.Builtin()
+	ids := []uint32{0, 1, 2, 15, 16, 17, 61 + 16, 53 + 16, 128009, 131071, 131072, 1 << 31}
+	fast, _ := renderTokens(tok, nil, ids, nil)
+	slow, _ := renderTokens(renderDecode{tok}, nil, ids, nil)
+	if string(fast) != string(slow) || len(fast) == 0 {
+		t.Errorf("got %q, want Decode's %q", fast, slow)
+	}
+}
+
+func TestStopMatch(t *testing.T) {
+	tests := []struct {
+		text  string
+		from  int
+		stops []string
+		want  int
+		which string
+	}{
+		{"hello world", 0, []string{"wor"}, 6, "wor"},
+		{"hello world", 7, []string{"wor"}, 6, "wor"}, // straddles the checked boundary
+		{"hello world", 0, []string{"xyz", "lo", "he"}, 0, "he"},
+		{"hello", 0, []string{""}, -1, ""},
+		{"abc", 2, []string{"abc"}, 0, "abc"},
+		{"abc", 3, []string{"abc"}, -1, ""}, // already checked
+	}
+	for _, tt := range tests {
+		got, which := stopMatch([]byte(tt.text), tt.from, tt.stops)
+		if got != tt.want || which != tt.which {
+			t.Errorf("stopMatch(%q, %d, %q): got %d %q, want %d %q", tt.text, tt.from, tt.stops, got, which, tt.want, tt.which)
+		}
+	}
+}
+
+func TestEOSAt(t *testing.T) {
+	if got := eosAt(1, 0); got != 0 {
+		t.Errorf("eosAt(mean 0): got %d, want 0", got)
+	}
+	sum := 0
+	const n = 20000
+	for i := range n {
+		v := eosAt(uint64(i), 100)
+		if v < 1 {
+			t.Fatalf("eosAt: got %d, want >= 1", v)
+		}
+		sum += v
+	}
+	if mean := float64(sum) / n; mean < 90 || mean > 110 {
+		t.Errorf("got mean %.1f, want about 100", mean)
+	}
+	if eosAt(7, 50) != eosAt(7, 50) {
+		t.Errorf("eosAt is not deterministic")
+	}
+}
