@@ -2,7 +2,6 @@ package main
 
 import (
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -18,6 +17,7 @@ import (
 	"github.com/kvroute/kvroute/report"
 	"github.com/kvroute/kvroute/sim"
 	"github.com/kvroute/kvroute/workload"
+	"golang.org/x/sync/errgroup"
 )
 
 func init() {
@@ -154,6 +154,15 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if o.parallel < 1 {
 		o.parallel = 1
 	}
+	if o.routers < 1 {
+		return usageErr("--routers %d must be at least 1", o.routers)
+	}
+	if o.routerText && o.kvEvents {
+		return usageErr("--router-text and --kv-events are exclusive (the precise index needs token hashes)")
+	}
+	if o.routerBlock < 1 {
+		return usageErr("--router-block-tokens %d must be at least 1", o.routerBlock)
+	}
 	w, err := loadSimWorkload(&o)
 	if err != nil {
 		return err
@@ -174,15 +183,6 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		RouterBlockTokens: o.routerBlock,
 		RouterText:        o.routerText,
 		SLO:               sim.SLO{TTFT: o.sloTTFT, TPOT: o.sloTPOT},
-	}
-	if o.routers < 1 {
-		return usageErr("--routers %d must be at least 1", o.routers)
-	}
-	if o.routerText && o.kvEvents {
-		return usageErr("--router-text and --kv-events are exclusive (the precise index needs token hashes)")
-	}
-	if o.routerBlock < 1 {
-		return usageErr("--router-block-tokens %d must be at least 1", o.routerBlock)
 	}
 	// The oracle bound depends only on the workload and the block size:
 	// compute it once for every run.
@@ -206,29 +206,25 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	bar := report.NewProgress(progOut, len(jobs)*len(w.Requests), "sim")
 	results := make([]*sim.Result, len(jobs))
 	walls := make([]time.Duration, len(jobs))
-	errs := make([]error, len(jobs))
-	sem := make(chan struct{}, o.parallel)
-	done := make(chan int, len(jobs))
+	var g errgroup.Group
+	g.SetLimit(o.parallel)
 	start := time.Now()
 	for i, j := range jobs {
-		sem <- struct{}{}
-		go func() {
-			defer func() { <-sem; done <- i }()
+		g.Go(func() error {
 			cfg := base
 			cfg.Policy, cfg.PolicyParams, cfg.RateScale = j.policy, params[j.policy], j.scale
 			last := 0
 			cfg.Progress = func(n, _ int) { bar.Add(n - last); last = n }
 			t0 := time.Now()
-			results[i], errs[i] = sim.Run(ctx, cfg, w.Requests)
-			walls[i] = time.Since(t0)
-		}()
+			res, err := sim.Run(ctx, cfg, w.Requests)
+			results[i], walls[i] = res, time.Since(t0)
+			return err
+		})
 	}
-	for range jobs {
-		<-done
-	}
+	err = g.Wait()
 	bar.Finish()
 	wall := time.Since(start)
-	if err := errors.Join(errs...); err != nil {
+	if err != nil {
 		return err
 	}
 
