@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"container/heap"
+	"strings"
 	"sync/atomic"
 	"unicode/utf8"
 
@@ -25,7 +26,7 @@ var byteLevelRunes, byteLevelBytes = func() (enc [256]rune, dec map[rune]byte) {
 	return enc, dec
 }()
 
-// byteLevelString returns the byte-level form of s (each byte as its rune).
+// appendByteLevel appends the byte-level form of s (each byte as its rune).
 func appendByteLevel(dst []byte, s string) []byte {
 	for i := 0; i < len(s); i++ {
 		dst = utf8.AppendRune(dst, byteLevelRunes[s[i]])
@@ -83,7 +84,8 @@ func (m *bpe) appendWord(dst []uint32, word string) []uint32 {
 	}
 	start := len(dst)
 	dst = m.encodeWord(dst, word)
-	slot.Store(&wordEntry{word: word, ids: append([]uint32(nil), dst[start:]...)})
+	// Clone: word points into the caller's text, which must not be retained.
+	slot.Store(&wordEntry{word: strings.Clone(word), ids: append([]uint32(nil), dst[start:]...)})
 	return dst
 }
 
