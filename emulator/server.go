@@ -9,7 +9,6 @@ import (
 	"net"
 	"net/http"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/engine"
@@ -40,10 +39,11 @@ type Server struct {
 	wake    chan struct{} // cap 1: the inbox is not empty
 	done    chan struct{} // closed when the loop exits
 
-	running atomic.Bool
-	cancel  context.CancelFunc // set by Run; Close calls it
-	runMu   sync.Mutex         // protects cancel
-	exited  chan struct{}      // closed when Run returns
+	runMu   sync.Mutex         // protects started, closed and cancel
+	started bool               // Run was called
+	closed  bool               // Close was called
+	cancel  context.CancelFunc // stops Run
+	exited  chan struct{}      // closed when a started Run returns
 }
 
 // commandKind says what a command asks the engine loop to do.
@@ -154,17 +154,23 @@ func (s *Server) SetAdvertise(host string, port int) {
 
 // Run runs the engine loop (and the KV-event publisher) until ctx is
 // cancelled or Close is called. It fails every live request before it
-// returns, and returns nil on a normal stop. Run may be called once.
+// returns, and returns nil on a normal stop. Run may be called once; after
+// Close it returns ErrStopped at once.
 func (s *Server) Run(ctx context.Context) error {
-	if !s.running.CompareAndSwap(false, true) {
-		return errors.New("emulator: Run called twice")
-	}
-	defer close(s.exited)
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	s.runMu.Lock()
-	s.cancel = cancel
+	switch {
+	case s.closed:
+		s.runMu.Unlock()
+		return ErrStopped
+	case s.started:
+		s.runMu.Unlock()
+		return errors.New("emulator: Run called twice")
+	}
+	s.started, s.cancel = true, cancel
 	s.runMu.Unlock()
+	defer close(s.exited)
 
 	var wg sync.WaitGroup
 	if s.pub != nil {
@@ -188,17 +194,14 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 // Close stops Run and waits for it to return. It is safe to call more than
-// once, and before or without Run.
+// once, concurrently with Run, and without Run.
 func (s *Server) Close() error {
 	s.runMu.Lock()
-	cancel := s.cancel
+	started, cancel := s.started, s.cancel
+	s.closed = true
 	s.runMu.Unlock()
-	if cancel == nil {
-		if s.running.CompareAndSwap(false, true) { // Run never started: mark stopped
-			close(s.exited)
-			s.shutdown()
-		}
-		<-s.exited
+	if !started {
+		s.shutdown()
 		return nil
 	}
 	cancel()

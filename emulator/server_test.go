@@ -10,6 +10,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/openai"
@@ -151,3 +152,53 @@ func (r *recorder) Write(b []byte) (int, error) {
 	return r.body.Write(b)
 }
 func (r *recorder) Flush() {}
+
+func TestRunAndCloseLifecycle(t *testing.T) {
+	t.Run("close without run", func(t *testing.T) {
+		s, err := New(Config{Model: "tiny", Engine: tinyEngine(t)})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := s.Run(context.Background()); err != ErrStopped {
+			t.Errorf("Run after Close: got %v, want ErrStopped", err)
+		}
+		rec := newRecorder()
+		req, _ := http.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(`{"prompt":"a"}`))
+		s.Handler().ServeHTTP(rec, req)
+		if rec.code != http.StatusServiceUnavailable {
+			t.Errorf("request after Close: got %d, want 503", rec.code)
+		}
+	})
+	t.Run("close while running", func(t *testing.T) {
+		s, err := New(Config{Model: "tiny", Engine: tinyEngine(t), Speed: 0.01}) // very slow: requests stay live
+		if err != nil {
+			t.Fatal(err)
+		}
+		done := make(chan error, 1)
+		go func() { done <- s.Run(context.Background()) }()
+		got := make(chan int, 1)
+		go func() {
+			rec := newRecorder()
+			req, _ := http.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(`{"prompt":"a","max_tokens":50}`))
+			s.Handler().ServeHTTP(rec, req)
+			got <- rec.code
+		}()
+		time.Sleep(50 * time.Millisecond)
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		if err := <-done; err != nil {
+			t.Errorf("Run: got %v, want nil", err)
+		}
+		if code := <-got; code != http.StatusServiceUnavailable {
+			t.Errorf("live request at Close: got %d, want 503", code)
+		}
+		if err := s.Run(context.Background()); err == nil {
+			t.Errorf("second Run: got nil, want an error")
+		}
+		_ = s.Close() // idempotent
+	})
+}
