@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/policy"
 	"github.com/kvroute/kvroute/workload"
 )
 
@@ -367,5 +368,31 @@ func TestRouterTextMode(t *testing.T) {
 	}
 	if _, err := Run(context.Background(), Config{Fleet: tinyFleet(1), RouterText: true, KVEvents: true}, reqs); err == nil {
 		t.Error("text mode with KV events: got nil error")
+	}
+}
+
+// TestEveryPolicy runs every policy through the simulator, with and without
+// KV events and router replicas, and checks that every request is accounted
+// for exactly once.
+func TestEveryPolicy(t *testing.T) {
+	reqs := smallChat(t, 250, 80, 21)
+	for _, pol := range policy.Names() {
+		for _, kv := range []bool{false, true} {
+			t.Run(fmt.Sprintf("%s/kv-events=%v", pol, kv), func(t *testing.T) {
+				routers := 1
+				if kv {
+					routers = 2
+				}
+				res := mustRun(t, Config{Fleet: tinyFleet(3), Policy: pol, Seed: 2, KVEvents: kv, Routers: routers}, reqs)
+				row := res.Row(0)
+				if got := row.Completed + row.Rejected + row.ErrorCount(); got != len(reqs) {
+					t.Fatalf("completed %d + rejected %d + errors %d = %d, want %d", row.Completed, row.Rejected,
+						row.ErrorCount(), got, len(reqs))
+				}
+				if row.Completed == 0 {
+					t.Fatal("nothing completed")
+				}
+			})
+		}
 	}
 }
