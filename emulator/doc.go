@@ -32,5 +32,25 @@
 // when their request finishes. Run returns when its context is cancelled,
 // after failing every live request and stopping the KV-event publisher.
 //
+// # Timing
+//
+// The engine model runs Speed times faster than its profile (engine.Config
+// Speed), so its clock is real time since the Server started. A request is
+// queued at the current time; each step starts where the previous one
+// ended, and the loop sleeps until the step's end before delivering its
+// tokens (steps shorter than 50 us are not slept, so very high speeds run
+// as fast as the CPU allows). When the loop falls more than 2 ms behind real
+// time (a starved CPU) the model's clock jumps forward: the lag shows up as
+// latency, as it would on a real engine. The engine's own timings (TTFT,
+// inter-token latency, queue time in /metrics) are therefore the model's,
+// and what clients observe adds HTTP and scheduling overhead.
+//
+// # Disaggregation
+//
+// See PullRequest for the side channel. A decode engine whose pull fails
+// recomputes the prompt locally with a warning (Config.LoadFailure
+// "recompute", vLLM's kv_load_failure_policy) or fails the request with a
+// 500 ("fail").
+//
 // The Server's methods are safe for concurrent use.
 package emulator
