@@ -1,0 +1,194 @@
+package demo
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute/bench"
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/policy"
+	"github.com/kvroute/kvroute/proxy"
+	"github.com/kvroute/kvroute/report"
+	"github.com/kvroute/kvroute/signals"
+	"github.com/kvroute/kvroute/workload"
+)
+
+// runPhases replays the workload once per policy, each on cold caches
+// behind a fresh router, and appends one row per finished phase to rep.
+func (d *demo) runPhases(ctx context.Context, rep *report.Report) error {
+	cfg := d.cfg
+	pols := cfg.policies()
+	phaseDur := cfg.Duration / time.Duration(len(pols))
+	wl, err := buildWorkload(cfg.Workload, phaseDur, cfg.Rate, cfg.Seed)
+	if err != nil {
+		return err
+	}
+	stats := wl.Stats(16)
+	rep.Title = fmt.Sprintf("kvroute demo: %d engines (%s, %d KV blocks), %s workload", cfg.Engines, cfg.Profile, cfg.Blocks, cfg.Workload)
+	rep.Source = "bench"
+	rep.Workload = cfg.Workload
+	rep.Params = map[string]string{
+		"engines": fmt.Sprint(cfg.Engines), "profile": cfg.Profile, "blocks": fmt.Sprint(cfg.Blocks),
+		"speed": fmt.Sprint(cfg.Speed), "rate": fmt.Sprint(cfg.Rate), "phase": phaseDur.String(),
+		"requests": fmt.Sprint(len(wl.Requests)), "seed": fmt.Sprint(cfg.Seed),
+	}
+	client := &http.Client{Timeout: 10 * time.Second}
+	defer client.CloseIdleConnections()
+	for i, pol := range pols {
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		if i > 0 {
+			if err := d.fleet.resetCaches(ctx, client); err != nil {
+				return err
+			}
+		}
+		row, err := d.runPhase(ctx, i, pol, phaseDur, wl, stats.OracleHitRate)
+		if err != nil {
+			return err
+		}
+		rep.Rows = append(rep.Rows, row)
+		d.mu.Lock()
+		d.state.Rows = append(d.state.Rows, row)
+		d.state.Done = i == len(pols)-1
+		d.mu.Unlock()
+	}
+	return nil
+}
+
+// newPhase builds a router with policy pol over the fleet.
+func (d *demo) newPhase(pol string) (*phase, error) {
+	m := config.Model{Name: DefaultModel, Policy: config.Policy{Name: pol, Seed: d.cfg.Seed}}
+	for _, e := range d.fleet.engines {
+		m.Endpoints = append(m.Endpoints, config.Endpoint{ID: e.id, URL: e.url})
+	}
+	cfg := config.Config{
+		Models:      []config.Model{m},
+		Admin:       config.Admin{Token: d.cfg.AdminToken},
+		Debug:       config.Debug{Enabled: true}, // X-Kvroute-Endpoint names the engine in the report
+		HealthCheck: config.HealthCheck{Interval: time.Second, Timeout: 500 * time.Millisecond},
+	}
+	reg := prometheus.NewRegistry()
+	p, err := proxy.New(proxy.Options{Config: cfg, NewPicker: policy.New, Logger: d.cfg.Logger, Registerer: reg, Gatherer: reg})
+	if err != nil {
+		return nil, fmt.Errorf("demo: router: %w", err)
+	}
+	return &phase{policy: pol, proxy: p, reg: reg}, nil
+}
+
+// runPhase runs one policy: the router with its scrape loops and health
+// checks, the workload through it, and the live summary line.
+func (d *demo) runPhase(ctx context.Context, i int, pol string, dur time.Duration, wl *workload.Workload, oracle float64) (report.Row, error) {
+	ph, err := d.newPhase(pol)
+	if err != nil {
+		return report.Row{}, err
+	}
+	rt := ph.proxy.Router(DefaultModel)
+	mgr, err := signals.NewManager(signals.ManagerConfig{
+		Scrape: signals.ScrapeConfig{Interval: 200 * time.Millisecond},
+		Logger: d.cfg.Logger,
+	})
+	if err != nil {
+		return report.Row{}, fmt.Errorf("demo: signals: %w", err)
+	}
+	defer mgr.Close()
+	var targets []signals.Target
+	ids := make([]string, 0, len(d.fleet.engines))
+	for _, e := range d.fleet.engines {
+		targets = append(targets, signals.Target{Endpoint: e.id, MetricsURL: e.url + "/metrics", View: rt.View(e.id)})
+		ids = append(ids, e.id)
+	}
+	if err := mgr.Sync(targets); err != nil {
+		return report.Row{}, fmt.Errorf("demo: signals: %w", err)
+	}
+
+	start := time.Now()
+	d.cur.Store(ph)
+	d.dash.Mark(start, pol)
+	d.mu.Lock()
+	d.state.Phase, d.state.Policy, d.phaseEnd = i+1, pol, start.Add(dur)
+	d.mu.Unlock()
+
+	pctx, stop := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() {
+		defer wg.Done()
+		_ = ph.proxy.RunHealthChecks(pctx)
+	}()
+	go func() {
+		defer wg.Done()
+		d.live(pctx, i, pol, start, dur)
+	}()
+	res, err := bench.Run(ctx, bench.Config{
+		URL:   d.base,
+		Model: DefaultModel,
+		// Completions: the prompt text is the router's canonical prompt, so
+		// shared prefixes are shared prefixes of the prefix index.
+		API:       bench.APICompletions,
+		Duration:  dur,
+		IgnoreEOS: true,
+		Timeout:   time.Minute,
+		Logger:    d.cfg.Logger,
+	}, wl.Requests)
+	stop()
+	wg.Wait()
+	d.dash.Sample(time.Now())
+	if err != nil {
+		return report.Row{}, fmt.Errorf("demo: bench: %w", err)
+	}
+	if ctx.Err() != nil {
+		return report.Row{}, ctx.Err()
+	}
+	fmt.Fprintln(d.cfg.Stdout)
+	return res.Summary(report.SummaryOptions{Name: pol, OracleHitRate: oracle, Engines: ids}), nil
+}
+
+// live redraws the one-line summary every second (in place on a terminal,
+// every five seconds as a new line otherwise) and takes the chart points.
+func (d *demo) live(ctx context.Context, i int, pol string, start time.Time, dur time.Duration) {
+	tick := time.NewTicker(time.Second)
+	defer tick.Stop()
+	w := d.cfg.Stdout
+	term := report.IsTerminal(w)
+	n := len(d.cfg.policies())
+	for k := 1; ; k++ {
+		select {
+		case <-ctx.Done():
+			return
+		case now := <-tick.C:
+			d.dash.Sample(now)
+			if !term && k%5 != 0 {
+				continue
+			}
+			t := d.dash.Totals()
+			line := fmt.Sprintf("[%d/%d %-14s %3.0fs/%.0fs] %5d requests  TTFT p50 %s  p99 %s  prefix hit rate %s",
+				i+1, n, pol, now.Sub(start).Seconds(), dur.Seconds(), t.Requests,
+				fmtDur(t.TTFTP50), fmtDur(t.TTFTP99), fmtRate(t.HitRate))
+			if term {
+				fmt.Fprintf(w, "\r%s\033[K", line)
+			} else {
+				fmt.Fprintln(w, line)
+			}
+		}
+	}
+}
+
+func fmtDur(d time.Duration) string {
+	if d <= 0 {
+		return "    -"
+	}
+	return fmt.Sprintf("%5s", report.FormatDuration(d))
+}
+
+func fmtRate(r float64) string {
+	if r < 0 {
+		return "  -"
+	}
+	return fmt.Sprintf("%3.0f%%", 100*r)
+}

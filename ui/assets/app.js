@@ -1,0 +1,488 @@
+// kvroute dashboard: polls api/state once a second and renders the fleet,
+// the decision feed, the charts (inline SVG) and the policy switch. No
+// libraries, no build step, nothing from the network but this router.
+"use strict";
+
+(() => {
+  const POLL_MS = 1000;
+  const PALETTE = ["#2f6fed", "#e8590c", "#2b9348", "#9c36b5", "#0b7285", "#c2255c", "#5c940d", "#795548"];
+  const SVGNS = "http://www.w3.org/2000/svg";
+
+  const $ = (id) => document.getElementById(id);
+
+  // h builds an element: h("td", {class: "num"}, "text", child...). Text is
+  // always set as text, never parsed as HTML.
+  function h(tag, attrs, ...kids) {
+    const el = document.createElement(tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v === undefined || v === null || v === false) continue;
+      if (k === "class") el.className = v;
+      else if (k === "style") Object.assign(el.style, v);
+      else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
+      else el.setAttribute(k, v === true ? "" : v);
+    }
+    for (const kid of kids.flat()) {
+      if (kid === undefined || kid === null || kid === false) continue;
+      el.append(kid instanceof Node ? kid : document.createTextNode(String(kid)));
+    }
+    return el;
+  }
+
+  function s(tag, attrs, text) {
+    const el = document.createElementNS(SVGNS, tag);
+    for (const [k, v] of Object.entries(attrs || {})) {
+      if (v !== undefined && v !== null) el.setAttribute(k, v);
+    }
+    if (text !== undefined) el.textContent = text;
+    return el;
+  }
+
+  // ---- formatting --------------------------------------------------------
+  const fmtMS = (v) => {
+    if (v === null || v === undefined || isNaN(v)) return "–";
+    if (v >= 10000) return (v / 1000).toFixed(1) + " s";
+    if (v >= 1000) return (v / 1000).toFixed(2) + " s";
+    if (v >= 100) return v.toFixed(0) + " ms";
+    return v.toFixed(1) + " ms";
+  };
+  const fmtPct = (v, digits = 0) => (v === null || v === undefined || isNaN(v) ? "–" : (100 * v).toFixed(digits) + "%");
+  const fmtNum = (v, digits = 1) => (v === null || v === undefined || isNaN(v) ? "–" : Number(v).toFixed(digits));
+  const fmtClock = (ms) => {
+    const d = new Date(ms);
+    const p = (n, w = 2) => String(n).padStart(w, "0");
+    return `${p(d.getHours())}:${p(d.getMinutes())}:${p(d.getSeconds())}.${p(d.getMilliseconds(), 3)}`;
+  };
+  const fmtAxisTime = (ms) => {
+    const d = new Date(ms);
+    return `${String(d.getMinutes()).padStart(2, "0")}:${String(d.getSeconds()).padStart(2, "0")}`;
+  };
+
+  // ---- state -------------------------------------------------------------
+  const ui = {
+    model: null,           // the model shown
+    state: null,           // last api/state
+    decisions: new Map(),  // seq -> record (model shown), kept across polls
+    selected: null,        // seq of the decision open in the detail panel
+    colors: new Map(),     // endpoint -> colour
+    policiesFilled: false,
+    failures: 0,
+  };
+
+  function color(ep) {
+    if (!ui.colors.has(ep)) ui.colors.set(ep, PALETTE[ui.colors.size % PALETTE.length]);
+    return ui.colors.get(ep);
+  }
+
+  function currentModel(st) {
+    if (!st.models.length) return null;
+    return st.models.find((m) => m.name === ui.model) || st.models[0];
+  }
+
+  // ---- polling -----------------------------------------------------------
+  async function poll() {
+    try {
+      const resp = await fetch("api/state", { cache: "no-store" });
+      if (!resp.ok) throw new Error("HTTP " + resp.status);
+      const st = await resp.json();
+      ui.failures = 0;
+      render(st);
+      $("live-dot").className = "dot on";
+      $("updated").textContent = "live · " + fmtClock(st.now).slice(0, 8);
+    } catch (err) {
+      ui.failures++;
+      $("live-dot").className = "dot off";
+      $("updated").textContent = "disconnected (" + err.message + "), retrying";
+    } finally {
+      setTimeout(poll, POLL_MS);
+    }
+  }
+
+  function render(st) {
+    ui.state = st;
+    document.title = st.title + " · fleet dashboard";
+    renderModelPicker(st);
+    const m = currentModel(st);
+    if (m) {
+      if (ui.model !== m.name) {
+        ui.model = m.name;
+        ui.decisions.clear();
+        ui.selected = null;
+      }
+      $("current-policy").textContent = m.policy;
+      m.endpoints.forEach((e) => color(e.id));
+      renderFleet(m);
+      ingestDecisions(m);
+      renderDecisions(m);
+    }
+    renderTiles(st, m);
+    renderRun(st.run);
+    renderCharts(st.series);
+    renderPolicyForm(st);
+  }
+
+  function renderModelPicker(st) {
+    const sel = $("model-select");
+    const names = st.models.map((m) => m.name);
+    const have = Array.from(sel.options).map((o) => o.value);
+    if (names.join("\n") !== have.join("\n")) {
+      sel.replaceChildren(...names.map((n) => h("option", { value: n }, n)));
+    }
+    if (ui.model) sel.value = ui.model;
+  }
+
+  // ---- tiles and banner --------------------------------------------------
+  function lastValue(arr) {
+    for (let i = (arr || []).length - 1; i >= 0; i--) if (arr[i] !== null) return arr[i];
+    return null;
+  }
+
+  function renderTiles(st, m) {
+    const t = st.totals;
+    $("tile-requests").textContent = t.requests.toLocaleString();
+    $("totals-label").textContent = t.label ? "· " + t.label : "";
+    $("tile-p50").textContent = fmtMS(t.ttft_p50_ms);
+    $("tile-p99").textContent = fmtMS(t.ttft_p99_ms);
+    $("tile-hit").textContent = fmtPct(t.hit_rate, 1);
+    const rps = st.series.rps || [];
+    const recent = rps.slice(-5).filter((v) => v !== null);
+    $("tile-rps").textContent = recent.length ? fmtNum(recent.reduce((a, b) => a + b, 0) / recent.length, 1) + "/s" : "–";
+    $("tile-inflight").textContent = m ? m.endpoints.reduce((a, e) => a + e.in_flight, 0) : "–";
+  }
+
+  function renderRun(run) {
+    const el = $("run-banner");
+    if (!run) {
+      el.hidden = true;
+      $("compare-card").hidden = true;
+      return;
+    }
+    el.hidden = false;
+    if (run.done) {
+      el.replaceChildren("demo finished: ", h("b", {}, run.phases + " policies compared"), " · workload " + run.workload);
+    } else if (run.phase > 0) {
+      el.replaceChildren("demo phase ", h("b", {}, `${run.phase}/${run.phases}`), " · policy ", h("b", {}, run.policy),
+        " · " + Math.ceil(run.remaining_ms / 1000) + " s left · workload " + run.workload);
+    } else {
+      el.replaceChildren("demo starting…");
+    }
+    renderCompare(run);
+  }
+
+  // ---- fleet -------------------------------------------------------------
+  function renderFleet(m) {
+    const tb = $("fleet").tBodies[0];
+    $("fleet-count").textContent = `· ${m.endpoints.length} endpoints of ${m.name}`;
+    const rows = m.endpoints.map((e) => {
+      const health = !e.healthy
+        ? h("span", { class: "health bad" }, e.ejected ? "ejected" : e.active_ok ? "down" : "failing checks")
+        : h("span", { class: "health ok" }, "healthy");
+      const kvPct = Math.max(0, Math.min(1, e.kv_usage || 0));
+      const kv = h("div", { class: "kv" },
+        h("div", { class: "bar" }, h("div", { class: "fill" + (kvPct > 0.9 ? " high" : ""), style: { width: (100 * kvPct).toFixed(1) + "%" } })),
+        h("span", { class: "pct" }, fmtPct(kvPct)));
+      const age = e.signal_age_ms === null ? "never" : fmtMS(e.signal_age_ms);
+      const ageCell = h("td", { class: "num", title: e.last_error ? "last scrape error: " + e.last_error : `${e.scrapes} scrapes, ${e.scrape_errors} errors` },
+        age, e.stale ? h("span", { class: "tag stale" }, "stale") : null);
+      return h("tr", { "data-endpoint": e.id, class: (e.stale ? "stale " : "") + (e.healthy ? "" : "down") },
+        h("td", {}, h("span", { class: "swatch", style: { background: color(e.id) } }), h("b", {}, e.id),
+          h("span", { class: "ep-url" }, e.url), e.precise ? h("span", { class: "tag precise", title: "KV events feed the precise index" }, "kv events") : null),
+        h("td", {}, e.role),
+        h("td", {}, health),
+        h("td", { class: "num" }, e.waiting),
+        h("td", { class: "num" }, e.running),
+        h("td", {}, kv),
+        h("td", { class: "num" }, fmtPct(e.hit_rate, 1)),
+        ageCell,
+        h("td", { class: "num", title: e.in_flight_tokens + " prompt tokens not yet prefilled" }, e.in_flight),
+        h("td", { class: "num" }, e.ejections));
+    });
+    tb.replaceChildren(...rows);
+  }
+
+  // ---- decisions ---------------------------------------------------------
+  function ingestDecisions(m) {
+    for (const d of m.decisions) {
+      if (!ui.decisions.has(d.seq)) {
+        d._fresh = true;
+        ui.decisions.set(d.seq, d);
+      }
+    }
+    // Keep the newest 200 (and the selected one).
+    const seqs = Array.from(ui.decisions.keys()).sort((a, b) => b - a);
+    for (const seq of seqs.slice(200)) if (seq !== ui.selected) ui.decisions.delete(seq);
+  }
+
+  function scoreChips(d) {
+    const scores = d.decision.scores || [];
+    if (!scores.length) return h("span", { class: "muted" }, "(no scores)");
+    return h("div", { class: "scores" }, scores.map((sc) =>
+      h("span", {
+        class: "score" + (sc.endpoint === d.decision.endpoint ? " win" : "") + (sc.eligible ? "" : " out"),
+        title: sc.eligible ? sc.endpoint : sc.endpoint + ": " + (sc.why || "not eligible"),
+      }, h("span", { class: "swatch", style: { background: color(sc.endpoint) } }), fmtScore(sc.score))));
+  }
+
+  function fmtScore(v) {
+    if (v === null || v === undefined || isNaN(v)) return "–";
+    const a = Math.abs(v);
+    if (a >= 1000) return v.toFixed(0);
+    if (a >= 10) return v.toFixed(1);
+    return v.toFixed(2);
+  }
+
+  function renderDecisions(m) {
+    const tb = $("decisions").tBodies[0];
+    const list = Array.from(ui.decisions.values()).sort((a, b) => b.seq - a.seq).slice(0, 60);
+    const rows = list.map((d) => {
+      const chosen = d.decision.endpoint
+        ? h("span", { class: "chosen" }, h("span", { class: "swatch", style: { background: color(d.decision.endpoint) } }), d.decision.endpoint)
+        : h("span", { class: "health bad" }, d.decision.shed ? "shed" : "none");
+      const tr = h("tr", {
+        "data-seq": d.seq,
+        class: (d.seq === ui.selected ? "selected " : "") + (d._fresh ? "fresh" : ""),
+        onclick: () => selectDecision(d.seq),
+      },
+      h("td", { class: "mono" }, fmtClock(Date.parse(d.time))),
+      h("td", { class: "mono" }, d.request_id),
+      h("td", { class: "num" }, d.prompt_tokens),
+      h("td", {}, chosen),
+      h("td", {}, scoreChips(d)),
+      h("td", { class: "reason", title: d.decision.reason }, d.decision.reason));
+      d._fresh = false;
+      return tr;
+    });
+    if (!rows.length) rows.push(h("tr", {}, h("td", { colspan: 6, class: "muted" }, "No requests routed yet.")));
+    tb.replaceChildren(...rows);
+  }
+
+  function selectDecision(seq) {
+    ui.selected = seq;
+    document.querySelectorAll("#decisions tbody tr").forEach((tr) => tr.classList.toggle("selected", Number(tr.dataset.seq) === seq));
+    renderDetail(ui.decisions.get(seq));
+  }
+
+  function renderDetail(d) {
+    const box = $("decision-detail");
+    if (!d) return;
+    const byEp = new Map((d.decision.scores || []).map((sc) => [sc.endpoint, sc]));
+    const head = h("tr", {}, ["Endpoint", "Score", "Score parts", "Cached", "Queue (W/R/IF)", "KV", "Signals"].map((t) => h("th", {}, t)));
+    const rows = (d.candidates || []).map((c) => {
+      const sc = byEp.get(c.endpoint);
+      const parts = sc && sc.parts && sc.parts.length
+        ? h("div", { class: "parts" }, sc.parts.map((p) => h("span", { class: "part" }, p.name + " " + fmtScore(p.value))))
+        : h("span", { class: "muted" }, sc && !sc.eligible ? (sc.why || "not eligible") : "–");
+      return h("tr", { class: c.endpoint === d.decision.endpoint ? "win" : "" },
+        h("td", {}, h("span", { class: "swatch", style: { background: color(c.endpoint) } }), c.endpoint, c.healthy ? "" : " (unhealthy)"),
+        h("td", { class: "num" }, sc ? fmtScore(sc.score) : "–", sc && !sc.eligible ? " ✕" : ""),
+        h("td", {}, parts),
+        h("td", { class: "num", title: `tier ${c.tier}, ${c.precise ? "precise (KV events)" : "approximate (routing history)"}` },
+          `${c.cached_blocks}/${d.blocks} blk`, h("br"), h("span", { class: "muted" }, c.cached_tokens + " tok")),
+        h("td", { class: "num" }, `${c.waiting}/${c.running}/${c.in_flight}`),
+        h("td", { class: "num" }, fmtPct(c.kv_usage)),
+        h("td", { class: "num" }, fmtMS(c.signal_age_ms), c.stale ? h("span", { class: "tag stale" }, "stale") : null));
+    });
+    box.replaceChildren(
+      h("h3", {}, "Decision #" + d.seq + " · " + d.request_id),
+      h("dl", {},
+        h("dt", {}, "time"), h("dd", {}, fmtClock(Date.parse(d.time))),
+        h("dt", {}, "model"), h("dd", {}, d.model),
+        h("dt", {}, "policy"), h("dd", {}, d.decision.policy),
+        h("dt", {}, "chosen"), h("dd", {}, h("b", {}, d.decision.endpoint || (d.decision.shed ? "shed" : "none"))),
+        h("dt", {}, "reason"), h("dd", {}, d.decision.reason),
+        h("dt", {}, "prompt"), h("dd", {}, `${d.prompt_tokens} tokens, ${d.blocks} prefix blocks`),
+        d.session_key ? [h("dt", {}, "session"), h("dd", { class: "mono" }, d.session_key)] : null,
+        d.tenant ? [h("dt", {}, "tenant"), h("dd", {}, d.tenant)] : null),
+      h("table", { class: "grid", id: "detail-candidates" }, h("thead", {}, head), h("tbody", {}, rows)),
+      h("p", { class: "muted" }, "Lower score wins unless the policy's reason says otherwise. Queue: waiting / running / router in-flight."));
+  }
+
+  // ---- charts ------------------------------------------------------------
+  const CH = { w: 560, h: 200, l: 46, r: 12, t: 12, b: 26 };
+
+  function niceMax(v) {
+    if (!(v > 0)) return 1;
+    const p = Math.pow(10, Math.floor(Math.log10(v)));
+    for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v) return m * p;
+    return 10 * p;
+  }
+
+  // lineChart draws series [{name, color, values}] over times t into svg.
+  function lineChart(svg, t, series, opts) {
+    const o = Object.assign({ fmt: (v) => fmtNum(v, 0), max: null, marks: [] }, opts);
+    svg.replaceChildren();
+    const x0 = CH.l, x1 = CH.w - CH.r, y0 = CH.h - CH.b, y1 = CH.t;
+    const n = t.length;
+    let vmax = 0;
+    for (const se of series) for (const v of se.values) if (v !== null && v > vmax) vmax = v;
+    const ymax = o.max !== null ? o.max : niceMax(vmax * 1.1);
+    const tmin = n ? t[0] : 0, tmax = n ? Math.max(t[n - 1], tmin + 1000) : 1;
+    const X = (ms) => x0 + ((ms - tmin) / (tmax - tmin)) * (x1 - x0);
+    const Y = (v) => y0 - (Math.min(v, ymax) / ymax) * (y0 - y1);
+    for (let i = 0; i <= 4; i++) {
+      const v = (ymax * i) / 4, y = Y(v);
+      svg.append(s("line", { x1: x0, x2: x1, y1: y, y2: y, class: i ? "grid-line" : "axis" }));
+      svg.append(s("text", { x: x0 - 6, y: y + 4, "text-anchor": "end" }, o.fmt(v)));
+    }
+    if (n < 2) {
+      svg.append(s("text", { x: (x0 + x1) / 2, y: (y0 + y1) / 2, "text-anchor": "middle", class: "empty" }, "collecting data…"));
+      return;
+    }
+    const ticks = 5;
+    for (let i = 0; i <= ticks; i++) {
+      const ms = tmin + ((tmax - tmin) * i) / ticks;
+      svg.append(s("text", { x: X(ms), y: y0 + 16, "text-anchor": i === 0 ? "start" : i === ticks ? "end" : "middle" }, fmtAxisTime(ms)));
+    }
+    for (const mk of o.marks) {
+      if (mk.t < tmin || mk.t > tmax) continue;
+      const x = X(mk.t);
+      svg.append(s("line", { x1: x, x2: x, y1: y1, y2: y0, class: "mark" }));
+      svg.append(s("text", { x: x + 4, y: y1 + 10, class: "mark-label" }, mk.label));
+    }
+    for (const se of series) {
+      let d = "", pen = false;
+      for (let i = 0; i < n; i++) {
+        const v = se.values[i];
+        if (v === null || v === undefined) { pen = false; continue; }
+        d += (pen ? "L" : "M") + X(t[i]).toFixed(1) + " " + Y(v).toFixed(1);
+        pen = true;
+      }
+      if (d) svg.append(s("path", { d, fill: "none", stroke: se.color, "stroke-width": se.width || 1.8, "stroke-linejoin": "round", "data-series": se.name }));
+    }
+    // legend
+    let lx = x1;
+    for (const se of series.slice().reverse()) {
+      const label = se.name + (se.last !== undefined ? " " + se.last : "");
+      const wlen = 7 * label.length + 16;
+      lx -= wlen;
+      svg.append(s("rect", { x: lx, y: y1 - 2, width: 10, height: 3, fill: se.color }));
+      svg.append(s("text", { x: lx + 13, y: y1 + 2 }, label));
+    }
+  }
+
+  function renderCharts(se) {
+    const t = se.t || [];
+    const marks = se.marks || [];
+    lineChart($("chart-ttft"), t, [
+      { name: "p50", color: "#2f6fed", values: se.ttft_p50_ms, last: fmtMS(lastValue(se.ttft_p50_ms)) },
+      { name: "p99", color: "#e8590c", values: se.ttft_p99_ms, last: fmtMS(lastValue(se.ttft_p99_ms)) },
+    ], { fmt: (v) => (v >= 1000 ? (v / 1000).toFixed(1) + "s" : v.toFixed(0) + "ms"), marks });
+    lineChart($("chart-rps"), t, [{ name: "req/s", color: "#2b9348", values: se.rps, last: fmtNum(lastValue(se.rps), 1) }],
+      { fmt: (v) => fmtNum(v, v < 10 ? 1 : 0), marks });
+    lineChart($("chart-hit"), t, [{ name: "hit rate", color: "#9c36b5", values: se.hit_rate, last: fmtPct(lastValue(se.hit_rate)) }],
+      { fmt: (v) => fmtPct(v), max: 1, marks });
+    const eps = se.endpoints || [];
+    lineChart($("chart-load"), t, eps.map((ep) => ({ name: ep, color: color(ep), values: se.load[ep] || [], width: 1.5 })),
+      { fmt: (v) => fmtNum(v, 0), marks });
+  }
+
+  // ---- comparison ----------------------------------------------------------
+  function renderCompare(run) {
+    const card = $("compare-card");
+    const rows = run.rows || [];
+    card.hidden = rows.length === 0;
+    if (!rows.length) return;
+    $("compare-sub").textContent = `· same workload (${run.workload}) through each policy on cold caches`;
+    const best = (key, lower) => rows.reduce((b, r) => (b === null || (lower ? r[key] < b[key] : r[key] > b[key]) ? r : b), null);
+    const bestP50 = best("ttft_p50_ms", true);
+    $("compare").tBodies[0].replaceChildren(...rows.map((r) => h("tr", { class: r === bestP50 && rows.length > 1 ? "best" : "", "data-policy": r.name },
+      h("td", {}, r.name),
+      h("td", { class: "num" }, r.completed + "/" + r.requests),
+      h("td", { class: "num" }, fmtMS(r.ttft_p50_ms)),
+      h("td", { class: "num" }, fmtMS(r.ttft_p99_ms)),
+      h("td", { class: "num" }, fmtNum(r.throughput_rps, 2) + "/s"),
+      h("td", { class: "num" }, fmtPct(r.hit_rate, 1)),
+      h("td", { class: "num" }, fmtPct(r.oracle_hit_rate, 1)),
+      h("td", { class: "num" }, r.errors))));
+    const bars = $("compare-bars");
+    bars.replaceChildren(
+      barChart("TTFT p50", rows, (r) => r.ttft_p50_ms, fmtMS),
+      barChart("TTFT p99", rows, (r) => r.ttft_p99_ms, fmtMS),
+      barChart("Prefix hit rate", rows, (r) => r.hit_rate, (v) => fmtPct(v, 1)));
+  }
+
+  const BAR_COLORS = ["#2f6fed", "#adb5bd", "#e8590c", "#2b9348", "#9c36b5"];
+
+  function barChart(title, rows, get, fmt) {
+    const W = 200, H = 150, top = 24, bottom = 22;
+    const svg = s("svg", { viewBox: `0 0 ${W} ${H}`, role: "img", "aria-label": title });
+    svg.append(s("text", { x: 0, y: 12, class: "title" }, title));
+    const vmax = Math.max(...rows.map(get), 0) || 1;
+    const bw = Math.min(48, (W - 10) / rows.length - 10);
+    rows.forEach((r, i) => {
+      const v = get(r), hgt = ((H - top - bottom - 12) * v) / vmax;
+      const x = 6 + i * (bw + 12), y = H - bottom - hgt;
+      svg.append(s("rect", { x, y, width: bw, height: Math.max(hgt, 1), rx: 3, fill: BAR_COLORS[i % BAR_COLORS.length] }));
+      svg.append(s("text", { x: x + bw / 2, y: y - 4, "text-anchor": "middle", class: "val" }, fmt(v)));
+      svg.append(s("text", { x: x + bw / 2, y: H - 6, "text-anchor": "middle" }, r.name.length > 12 ? r.name.slice(0, 11) + "…" : r.name));
+    });
+    return svg;
+  }
+
+  // ---- policy switch -------------------------------------------------------
+  function renderPolicyForm(st) {
+    if (!ui.policiesFilled && st.policies && st.policies.length) {
+      $("policy-select").replaceChildren(...st.policies.map((p) => h("option", { value: p }, p)));
+      const m = currentModel(st);
+      if (m) $("policy-select").value = m.policy;
+      ui.policiesFilled = true;
+    }
+    $("admin-note").textContent = st.admin.enabled
+      ? `Switching calls the router's admin API (PUT ${st.admin.path}) with your token; without the right token the router refuses.`
+      : `The router has no admin token configured: the dashboard is read-only and the admin API (${st.admin.path}) refuses every switch.`;
+  }
+
+  async function switchPolicy(ev) {
+    ev.preventDefault();
+    const st = ui.state;
+    const res = $("policy-result");
+    if (!st || !ui.model) return;
+    let params = null;
+    const raw = $("policy-params").value.trim();
+    if (raw) {
+      try {
+        params = JSON.parse(raw);
+      } catch (err) {
+        res.className = "result err";
+        res.textContent = "Params are not valid JSON: " + err.message;
+        return;
+      }
+    }
+    const policy = $("policy-select").value;
+    const token = $("admin-token").value.trim();
+    const headers = { "Content-Type": "application/json" };
+    if (token) headers.Authorization = "Bearer " + token;
+    $("policy-apply").disabled = true;
+    res.className = "result";
+    res.textContent = "switching…";
+    try {
+      const resp = await fetch(st.admin.path, { method: "PUT", headers, body: JSON.stringify({ model: ui.model, policy, params }) });
+      let body = null;
+      try { body = await resp.json(); } catch (_) { /* not JSON */ }
+      if (resp.ok) {
+        res.className = "result ok";
+        res.textContent = `Switched ${ui.model} to ${policy}.`;
+        $("current-policy").textContent = policy;
+      } else {
+        const msg = body && body.error ? body.error.message : resp.statusText;
+        res.className = "result err";
+        res.textContent = `Refused by the router (HTTP ${resp.status}): ${msg}`;
+      }
+    } catch (err) {
+      res.className = "result err";
+      res.textContent = "Request failed: " + err.message;
+    } finally {
+      $("policy-apply").disabled = false;
+    }
+  }
+
+  document.addEventListener("DOMContentLoaded", () => {
+    $("policy-form").addEventListener("submit", switchPolicy);
+    $("model-select").addEventListener("change", (ev) => {
+      ui.model = ev.target.value;
+      ui.decisions.clear();
+      ui.selected = null;
+      if (ui.state) render(ui.state);
+    });
+    poll();
+  });
+})();

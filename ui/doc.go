@@ -1,0 +1,32 @@
+// Package ui is kvroute's live fleet dashboard: one page, served at /ui from
+// assets embedded in the binary (plain HTML, CSS and JavaScript written by
+// hand: no CDN, no fonts or scripts from the internet, no build step), that
+// shows
+//
+//   - the fleet: every endpoint's role, health, waiting and running requests,
+//     KV-cache usage, prefix hit rate, signal age (stale signals marked) and
+//     the router's own in-flight requests;
+//   - the live decision feed: each request's chosen endpoint and every
+//     candidate's score, with the candidates' inputs and the score's named
+//     parts one click away (the explanation the policy itself produced);
+//   - charts over time: TTFT p50/p99, throughput, prefix hit rate and the
+//     per-endpoint load, drawn as inline SVG by the page's own script, and for
+//     a demo run the policy comparison;
+//   - the policy switch, which calls the router's admin API (PUT
+//     /admin/policy) with the admin token the user types in: the page never
+//     holds a privilege of its own, and shows the API's refusal as it is.
+//
+// The page polls GET <prefix>/api/state once a second. The Dashboard builds
+// that state from a Source (the routers: *proxy.Proxy implements it), an
+// optional prometheus.Gatherer (the router's kvroute_requests_total and
+// kvroute_upstream_ttfb_seconds give throughput and TTFT) and, for a demo,
+// the run's phases and results.
+//
+// Time series: Sample takes one point (at most one per SampleEvery); the
+// demo calls it from its ticker, and a poll of the state takes a point when
+// the last one is older than that, so `kvroute serve` needs no goroutine for
+// the dashboard. TTFT quantiles are estimated from the histogram buckets as
+// Prometheus' histogram_quantile does (linear within a bucket).
+//
+// A Dashboard is safe for concurrent use and starts no goroutines.
+package ui

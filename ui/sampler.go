@@ -1,0 +1,356 @@
+package ui
+
+import (
+	"math"
+	"slices"
+	"sort"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+)
+
+// Metric names the dashboard reads from the router's Gatherer.
+const (
+	metricRequests = "kvroute_requests_total"
+	metricTTFB     = "kvroute_upstream_ttfb_seconds"
+)
+
+// window is the number of chart points the TTFT quantiles and the hit rate
+// of one point are computed over (a sliding window, so that a quiet second
+// does not blank the chart).
+const window = 5
+
+// hist is a cumulative histogram: counts[i] observations <= bounds[i]
+// (the last bound may be +Inf).
+type hist struct {
+	bounds []float64
+	counts []float64
+}
+
+func (h hist) total() float64 {
+	if len(h.counts) == 0 {
+		return 0
+	}
+	return h.counts[len(h.counts)-1]
+}
+
+// add adds o to h bucket by bucket; buckets missing from either side are
+// taken from the other (histograms of one metric share their bounds).
+func (h hist) add(o hist) hist {
+	if len(h.bounds) == 0 {
+		return hist{bounds: slices.Clone(o.bounds), counts: slices.Clone(o.counts)}
+	}
+	if len(o.bounds) == 0 {
+		return h
+	}
+	out := hist{bounds: slices.Clone(h.bounds), counts: slices.Clone(h.counts)}
+	for i, b := range o.bounds {
+		j, ok := slices.BinarySearch(out.bounds, b)
+		if !ok {
+			continue
+		}
+		out.counts[j] += o.counts[i]
+	}
+	return out
+}
+
+// sub returns h - prev; when any bucket went down (the counters were reset,
+// e.g. a new router) the whole of h is the delta, as Prometheus' rate()
+// treats a reset.
+func (h hist) sub(prev hist) hist {
+	out := hist{bounds: slices.Clone(h.bounds), counts: slices.Clone(h.counts)}
+	if len(prev.bounds) != len(h.bounds) {
+		return out
+	}
+	for i := range out.counts {
+		d := h.counts[i] - prev.counts[i]
+		if d < 0 || prev.bounds[i] != h.bounds[i] {
+			return hist{bounds: slices.Clone(h.bounds), counts: slices.Clone(h.counts)}
+		}
+		out.counts[i] = d
+	}
+	return out
+}
+
+// quantile estimates the q-quantile like histogram_quantile: linear
+// interpolation within the bucket holding the rank; a rank in the +Inf
+// bucket reports the highest finite bound. It returns NaN for an empty
+// histogram.
+func (h hist) quantile(q float64) float64 {
+	total := h.total()
+	if total <= 0 || math.IsNaN(q) {
+		return math.NaN()
+	}
+	q = min(max(q, 0), 1)
+	rank := q * total
+	lo, below := 0.0, 0.0
+	for i, b := range h.bounds {
+		c := h.counts[i]
+		if c >= rank && c > below {
+			if math.IsInf(b, 1) {
+				return lo
+			}
+			return lo + (b-lo)*(rank-below)/(c-below)
+		}
+		if !math.IsInf(b, 1) {
+			lo = b
+		}
+		below = c
+	}
+	return lo
+}
+
+// gathered is what the dashboard reads from the router's metrics: every
+// answered request and the merged upstream TTFB histogram.
+type gathered struct {
+	ok       bool
+	requests float64
+	ttfb     hist
+}
+
+// readFamilies extracts the dashboard's figures from gathered families,
+// summing over every label combination.
+func readFamilies(mfs []*dto.MetricFamily) gathered {
+	var g gathered
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case metricRequests:
+			g.ok = true
+			for _, m := range mf.GetMetric() {
+				g.requests += m.GetCounter().GetValue()
+			}
+		case metricTTFB:
+			g.ok = true
+			for _, m := range mf.GetMetric() {
+				g.ttfb = g.ttfb.add(histFromDTO(m.GetHistogram()))
+			}
+		}
+	}
+	return g
+}
+
+func histFromDTO(h *dto.Histogram) hist {
+	if h == nil {
+		return hist{}
+	}
+	var out hist
+	for _, b := range h.GetBucket() {
+		out.bounds = append(out.bounds, b.GetUpperBound())
+		out.counts = append(out.counts, float64(b.GetCumulativeCount()))
+	}
+	if n := len(out.bounds); n == 0 || !math.IsInf(out.bounds[n-1], 1) {
+		out.bounds = append(out.bounds, math.Inf(1))
+		out.counts = append(out.counts, float64(h.GetSampleCount()))
+	}
+	return out
+}
+
+// endpointSample is one endpoint's engine counters and load at a sample.
+type endpointSample struct {
+	key           string // model/endpoint: unique across models
+	id            string
+	scraped       bool
+	hits, queries float64
+	load          float64
+}
+
+// point is one chart point: the figures over the interval since the
+// previous point (throughput) or over the last window points (TTFT, hit
+// rate).
+type point struct {
+	at           time.Time
+	dt           float64 // seconds since the previous point
+	requests     float64 // answered in the interval
+	ttfb         hist    // TTFB observations in the interval
+	hits, tokens float64 // engine prefix-cache hit and query tokens in the interval
+	load         map[string]float64
+}
+
+// mark labels the start of a run on the charts.
+type mark struct {
+	at    time.Time
+	label string
+}
+
+// Totals are the figures since the last Mark.
+type Totals struct {
+	// Label is the last Mark's label.
+	Label string
+	// Since is the last Mark's time.
+	Since time.Time
+	// Requests answered by the router (any status).
+	Requests int
+	// TTFTP50 and TTFTP99 are estimated from the router's upstream TTFB
+	// histogram (0 before any request).
+	TTFTP50, TTFTP99 time.Duration
+	// HitRate is the engines' prefix-cache hit rate in tokens (-1 when the
+	// engines reported no prompt tokens yet).
+	HitRate float64
+}
+
+// sampler keeps the chart history. Not safe for concurrent use: the
+// Dashboard's mutex guards it.
+type sampler struct {
+	history int
+	last    time.Time
+	prev    gathered
+	prevEP  map[string]endpointSample // by key
+	points  []point
+	marks   []mark
+	eps     []string // endpoint ids in first-seen order, for stable colours
+
+	// totals since the last mark
+	label        string
+	since        time.Time
+	requests     float64
+	ttfb         hist
+	hits, tokens float64
+}
+
+func (s *sampler) init(history int) {
+	s.history = history
+	s.prevEP = map[string]endpointSample{}
+}
+
+func (s *sampler) mark(now time.Time, label string) {
+	s.marks = append(s.marks, mark{at: now, label: label})
+	if len(s.marks) > 50 {
+		s.marks = s.marks[1:]
+	}
+	s.label, s.since = label, now
+	s.requests, s.ttfb, s.hits, s.tokens = 0, hist{}, 0, 0
+}
+
+// add takes a point at now from the gathered metrics and the endpoints'
+// counters. Counter resets (a new router, a restarted engine) count from
+// zero.
+func (s *sampler) add(now time.Time, g gathered, eps []endpointSample) {
+	p := point{at: now, load: make(map[string]float64, len(eps))}
+	if !s.last.IsZero() {
+		p.dt = now.Sub(s.last).Seconds()
+	}
+	if g.ok {
+		p.requests = g.requests - s.prev.requests
+		if p.requests < 0 {
+			p.requests = g.requests
+		}
+		p.ttfb = g.ttfb.sub(s.prev.ttfb)
+		s.prev = g
+	}
+	seen := make(map[string]bool, len(eps))
+	for _, e := range eps {
+		seen[e.key] = true
+		if !slices.Contains(s.eps, e.id) {
+			s.eps = append(s.eps, e.id)
+		}
+		p.load[e.id] += e.load
+		if !e.scraped {
+			continue
+		}
+		if old, ok := s.prevEP[e.key]; ok {
+			dh, dq := e.hits-old.hits, e.queries-old.queries
+			if dh < 0 || dq < 0 { // engine restarted
+				dh, dq = e.hits, e.queries
+			}
+			p.hits += dh
+			p.tokens += dq
+		}
+		s.prevEP[e.key] = e
+	}
+	for k := range s.prevEP {
+		if !seen[k] {
+			delete(s.prevEP, k)
+		}
+	}
+	if !s.last.IsZero() { // the first point only sets the baselines
+		s.requests += p.requests
+		s.ttfb = s.ttfb.add(p.ttfb)
+		s.hits += p.hits
+		s.tokens += p.tokens
+	}
+	s.last = now
+	s.points = append(s.points, p)
+	if len(s.points) > s.history {
+		s.points = slices.Delete(s.points, 0, len(s.points)-s.history)
+	}
+}
+
+func (s *sampler) totals() Totals {
+	t := Totals{Label: s.label, Since: s.since, Requests: int(s.requests), HitRate: -1}
+	if q := s.ttfb.quantile(0.5); !math.IsNaN(q) {
+		t.TTFTP50 = time.Duration(q * float64(time.Second))
+		t.TTFTP99 = time.Duration(s.ttfb.quantile(0.99) * float64(time.Second))
+	}
+	if s.tokens > 0 {
+		t.HitRate = s.hits / s.tokens
+	}
+	return t
+}
+
+// series is the chart data sent to the page: parallel arrays, null where a
+// point has no data.
+type series struct {
+	T       []int64               `json:"t"` // unix ms
+	TTFTP50 []*float64            `json:"ttft_p50_ms"`
+	TTFTP99 []*float64            `json:"ttft_p99_ms"`
+	RPS     []*float64            `json:"rps"`
+	Hit     []*float64            `json:"hit_rate"`
+	Load    map[string][]*float64 `json:"load"`
+	Order   []string              `json:"endpoints"`
+	Marks   []markJSON            `json:"marks"`
+}
+
+type markJSON struct {
+	T     int64  `json:"t"`
+	Label string `json:"label"`
+}
+
+func num(v float64) *float64 {
+	if math.IsNaN(v) || math.IsInf(v, 0) {
+		return nil
+	}
+	return &v
+}
+
+func (s *sampler) series() series {
+	out := series{Load: map[string][]*float64{}, Order: slices.Clone(s.eps), Marks: []markJSON{}}
+	sort.Strings(out.Order)
+	n := len(s.points)
+	for i, p := range s.points {
+		out.T = append(out.T, p.at.UnixMilli())
+		var h hist
+		var hits, tokens float64
+		for j := max(0, i-window+1); j <= i; j++ {
+			h = h.add(s.points[j].ttfb)
+			hits += s.points[j].hits
+			tokens += s.points[j].tokens
+		}
+		out.TTFTP50 = append(out.TTFTP50, num(h.quantile(0.5)*1000))
+		out.TTFTP99 = append(out.TTFTP99, num(h.quantile(0.99)*1000))
+		rps := math.NaN()
+		if p.dt > 0 {
+			rps = p.requests / p.dt
+		}
+		out.RPS = append(out.RPS, num(rps))
+		hr := math.NaN()
+		if tokens > 0 {
+			hr = hits / tokens
+		}
+		out.Hit = append(out.Hit, num(hr))
+		for _, id := range s.eps {
+			v, ok := p.load[id]
+			if _, exists := out.Load[id]; !exists {
+				out.Load[id] = make([]*float64, i, n)
+			}
+			if ok {
+				out.Load[id] = append(out.Load[id], num(v))
+			} else {
+				out.Load[id] = append(out.Load[id], nil)
+			}
+		}
+	}
+	for _, m := range s.marks {
+		out.Marks = append(out.Marks, markJSON{T: m.at.UnixMilli(), Label: m.label})
+	}
+	return out
+}
