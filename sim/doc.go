@@ -26,7 +26,13 @@
 //     would say) and reach the router's signals.View NetLatency later, so the
 //     router routes on signals as stale as in production;
 //   - KV events (with Config.KVEvents): the engine's BlockStored/BlockRemoved
-//     events reach the precise index KVEventDelay after their step.
+//     events reach the precise index KVEventDelay after their step;
+//   - sample: four times per timeline bucket, each engine's KV usage and
+//     queue are recorded for the utilisation charts.
+//
+// The run ends when every request has completed or been rejected. Requests
+// still open when only periodic events (scrapes, samples) remain could never
+// finish; they are reported as failed (504) rather than looping forever.
 //
 // # Router fidelity
 //
@@ -52,11 +58,14 @@
 // queue, prefill and first decode step; TPOT; end-to-end; cached tokens;
 // status), per-engine totals, a utilisation timeline and the oracle bound on
 // the prefix-cache hit rate (an infinite cache shared by the fleet: every
-// block seen before anywhere is a hit). Result.Report converts it to the
-// report format that `kvroute bench` also writes, so simulated and measured
-// runs compare directly.
+// block seen before anywhere is a hit; see OracleHitRate). Result.Row,
+// Result.Samples and Result.Utilisation convert it to package report, the
+// format `kvroute bench` also writes, so simulated and measured runs compare
+// directly; WriteRecordsCSV writes the per-request records.
 //
-// Everything in the package is single-threaded and does no I/O except
-// reading the embedded default trace; a Run is not safe for concurrent use,
-// but separate Runs are independent and may run in parallel.
+// When no workload is given, `kvroute sim` replays the embedded Mooncake
+// conversation trace (DefaultWorkload; see data/README.md).
+//
+// Run is single-threaded and does no I/O; separate Runs share nothing and
+// may run in parallel (a Config's Picker, if set, must not be shared).
 package sim
