@@ -48,7 +48,7 @@ type Model struct {
 	Name string `yaml:"name"`
 	// Endpoints are the engines serving the model. At least one is required.
 	Endpoints []Endpoint `yaml:"endpoints"`
-	// Policy is the routing policy; default round_robin with no parameters.
+	// Policy is the routing policy; default kv-aware with no parameters.
 	Policy Policy `yaml:"policy"`
 	// Router holds the routing core's parameters.
 	Router Router `yaml:"router"`
@@ -75,7 +75,8 @@ type Endpoint struct {
 
 // Policy selects a routing policy by name with its parameters.
 type Policy struct {
-	// Name is the policy name (see policy.Names); default "round_robin".
+	// Name is the policy name (see policy.Names); default "kv-aware"
+	// (policy.Default).
 	Name string `yaml:"name"`
 	// Params are the policy's parameters; unknown ones are rejected when the
 	// picker is built. Default none.
@@ -188,7 +189,7 @@ type Log struct {
 // Defaults.
 const (
 	DefaultListen             = ":8080"
-	DefaultPolicy             = "round_robin"
+	DefaultPolicy             = "kv-aware"
 	DefaultBlockChars         = 128
 	DefaultStaleAfter         = time.Second
 	DefaultFailThreshold      = 3

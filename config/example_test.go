@@ -15,6 +15,6 @@ func Example() {
 	fmt.Println(c.Listen, c.Models[0].Policy.Name, c.Retry.Attempts)
 	fmt.Println(c.Validate())
 	// Output:
-	// :8080 round_robin 2
+	// :8080 kv-aware 2
 	// models[0].endpoints[1].url: "htp://10.0.0.8:8000" is not an http(s) URL
 }
