@@ -396,3 +396,38 @@ func TestEveryPolicy(t *testing.T) {
 		}
 	}
 }
+
+func TestTimeline(t *testing.T) {
+	reqs := smallChat(t, 400, 100, 13)
+	res := mustRun(t, Config{Fleet: tinyFleet(3), Policy: "round_robin", TimelineStep: 500 * time.Millisecond}, reqs)
+	if len(res.Busy) != 3 || len(res.KVUsage) != 3 || len(res.Queue) != 3 {
+		t.Fatalf("timeline engines: got %d/%d/%d series, want 3", len(res.Busy), len(res.KVUsage), len(res.Queue))
+	}
+	wantBuckets := int(res.Makespan/res.TimelineStep) + 1
+	var busy time.Duration
+	for e := range res.Busy {
+		if n := len(res.Busy[e]); n < wantBuckets-1 || n > wantBuckets+1 {
+			t.Errorf("engine %d: %d buckets over a %v makespan at %v, want about %d", e, n, res.Makespan, res.TimelineStep, wantBuckets)
+		}
+		for b, f := range res.Busy[e] {
+			if f < 0 || f > 1+1e-9 || res.KVUsage[e][b] < 0 || res.KVUsage[e][b] > 1 {
+				t.Fatalf("engine %d bucket %d: busy %g, KV usage %g, want both in [0, 1]", e, b, f, res.KVUsage[e][b])
+			}
+			busy += time.Duration(f * float64(res.TimelineStep))
+		}
+	}
+	var total time.Duration
+	for _, e := range res.Engines {
+		total += e.Busy
+		if e.Utilisation <= 0 || e.Utilisation > 1 {
+			t.Errorf("%s: utilisation %g, want in (0, 1]", e.ID, e.Utilisation)
+		}
+	}
+	if d := busy - total; d > time.Millisecond || d < -time.Millisecond {
+		t.Errorf("timeline busy time %v, engines' busy time %v: want equal", busy, total)
+	}
+	u := res.Utilisation("rr")
+	if len(u) != 2 || len(u[0].Engines) != 3 || len(u[0].Engines[0].X) != len(res.Busy[0]) {
+		t.Errorf("report utilisation: got %d charts, want 2 with 3 engines each and one point per bucket", len(u))
+	}
+}
