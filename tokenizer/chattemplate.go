@@ -67,7 +67,7 @@ func (c *ChatTemplate) RenderAny(messages []any, opts ChatOptions) (string, erro
 // request, keeping object key order as Python's json and jinja2 do (what a
 // vLLM server renders).
 func (c *ChatTemplate) RenderJSON(messages json.RawMessage, opts ChatOptions) (string, error) {
-	v, err := ValueFromJSON(messages)
+	v, err := valueFromJSON(messages)
 	if err != nil {
 		return "", fmt.Errorf("tokenizer: render chat template: messages: %w", err)
 	}
@@ -88,7 +88,7 @@ func (c *ChatTemplate) render(messages jinja.Value, opts ChatOptions) (string, e
 		data[k] = jinja.FromGoValue(v)
 	}
 	for k, raw := range opts.JSONVars {
-		v, err := ValueFromJSON(raw)
+		v, err := valueFromJSON(raw)
 		if err != nil {
 			return "", fmt.Errorf("tokenizer: render chat template: variable %s: %w", k, err)
 		}
@@ -101,9 +101,9 @@ func (c *ChatTemplate) render(messages jinja.Value, opts ChatOptions) (string, e
 	return out, nil
 }
 
-// ValueFromJSON decodes one JSON value into a template value, keeping the
+// valueFromJSON decodes one JSON value into a template value, keeping the
 // key order of objects and integers as integers.
-func ValueFromJSON(data []byte) (jinja.Value, error) {
+func valueFromJSON(data []byte) (jinja.Value, error) {
 	d := json.NewDecoder(bytes.NewReader(data))
 	d.UseNumber()
 	v, err := decodeValue(d, 0)

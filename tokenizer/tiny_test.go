@@ -238,8 +238,8 @@ func TestValueFromJSON(t *testing.T) {
 		t.Errorf("render = %q, want %q", got, want)
 	}
 	for _, bad := range []string{``, `{`, `[1,]`, `{"a" 1}`, `1 2`, strings.Repeat("[", 300) + strings.Repeat("]", 300)} {
-		if _, err := ValueFromJSON([]byte(bad)); err == nil {
-			t.Errorf("ValueFromJSON(%q) = nil error, want an error", bad)
+		if _, err := valueFromJSON([]byte(bad)); err == nil {
+			t.Errorf("valueFromJSON(%q) = nil error, want an error", bad)
 		}
 	}
 	if _, err := tmpl.RenderJSON(json.RawMessage(`{"role": "user"}`), ChatOptions{}); err == nil {
@@ -251,8 +251,8 @@ func FuzzValueFromJSON(f *testing.F) {
 	f.Add([]byte(`[{"role": "user", "content": "hi", "tool_calls": [{"function": {"name": "f", "arguments": {"b": 1, "a": 2}}}]}]`))
 	f.Add([]byte(`{"a": [1, 2.5e3, -0, "x\u00e9", null, true]}`))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		if _, err := ValueFromJSON(data); err == nil && !json.Valid(data) {
-			t.Fatalf("ValueFromJSON accepted invalid JSON %q", data)
+		if _, err := valueFromJSON(data); err == nil && !json.Valid(data) {
+			t.Fatalf("valueFromJSON accepted invalid JSON %q", data)
 		}
 	})
 }
