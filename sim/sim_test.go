@@ -431,3 +431,26 @@ func TestTimeline(t *testing.T) {
 		t.Errorf("report utilisation: got %d charts, want 2 with 3 engines each and one point per bucket", len(u))
 	}
 }
+
+func TestDrainBoundsOverload(t *testing.T) {
+	reqs := smallChat(t, 600, 2000, 14) // far beyond two toy engines
+	res := mustRun(t, Config{Fleet: tinyFleet(2), Policy: "round_robin", Drain: 100 * time.Millisecond}, reqs)
+	last := time.Duration(0)
+	for _, r := range res.Records {
+		last = max(last, r.Arrival)
+	}
+	if res.Makespan > last+100*time.Millisecond {
+		t.Errorf("makespan %v, want at most the last arrival %v + 100ms", res.Makespan, last)
+	}
+	row := res.Row(0)
+	if row.Errors["http_504"] == 0 || row.Completed == 0 {
+		t.Fatalf("completed %d, errors %v: want some of each", row.Completed, row.Errors)
+	}
+	if got := row.Completed + row.Rejected + row.ErrorCount(); got != len(reqs) {
+		t.Errorf("accounted %d of %d requests", got, len(reqs))
+	}
+	full := mustRun(t, Config{Fleet: tinyFleet(2), Policy: "round_robin"}, reqs).Row(0)
+	if full.Completed != len(reqs) {
+		t.Errorf("without drain: completed %d of %d", full.Completed, len(reqs))
+	}
+}

@@ -63,6 +63,7 @@ type simOptions struct {
 	kvEventDelay, netLatency    time.Duration
 	routers, routerBlock        int
 	routerText                  bool
+	drain                       time.Duration
 	parallel                    int
 	quiet                       bool
 }
@@ -100,6 +101,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.IntVar(&o.routers, "routers", 1, "router replicas behind a load balancer (each sees only its own dispatches between scrapes)")
 	fs.IntVar(&o.routerBlock, "router-block-tokens", sim.DefaultRouterBlockTokens, "the router's prefix block size in tokens (with --kv-events: the engines')")
 	fs.BoolVar(&o.routerText, "router-text", false, "route on the prompt text in characters, as kvroute serve does without a tokenizer (slower; for comparisons with kvroute bench)")
+	fs.DurationVar(&o.drain, "drain", 0, "stop each run this long after the last arrival; requests still open count as errors (0 = run until all finish)")
 	fs.IntVar(&o.parallel, "parallel", 1, "runs to simulate at once (each run is single-threaded)")
 	fs.BoolVar(&o.quiet, "quiet", false, "print only the table (no progress bar or timing)")
 	if err := parseFlags(fs, args); err != nil {
@@ -160,6 +162,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if o.routerText && o.kvEvents {
 		return usageErr("--router-text and --kv-events are exclusive (the precise index needs token hashes)")
 	}
+	if o.drain < 0 {
+		return usageErr("--drain %v must not be negative", o.drain)
+	}
 	if o.routerBlock < 1 {
 		return usageErr("--router-block-tokens %d must be at least 1", o.routerBlock)
 	}
@@ -182,6 +187,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		Routers:           o.routers,
 		RouterBlockTokens: o.routerBlock,
 		RouterText:        o.routerText,
+		Drain:             o.drain,
 		SLO:               sim.SLO{TTFT: o.sloTTFT, TPOT: o.sloTPOT},
 	}
 	// The oracle bound depends only on the workload and the block size:
@@ -245,6 +251,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			"routers":         strconv.Itoa(o.routers),
 			"router_block":    strconv.Itoa(o.routerBlock),
 			"router_text":     strconv.FormatBool(o.routerText),
+			"drain":           o.drain.String(),
 		},
 	}
 	sweep := len(scales) > 1
