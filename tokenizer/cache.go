@@ -82,6 +82,16 @@ func (c *Cache) Encode(text string) []uint32 {
 	return c.AppendEncode(make([]uint32, 0, len(text)/3+4), text)
 }
 
+// EncodeAddSpecial is the tokenizer's EncodeAddSpecial through the cache
+// (a completion prompt, as vLLM encodes it).
+func (c *Cache) EncodeAddSpecial(text string) []uint32 {
+	t := c.tok
+	ids := make([]uint32, 0, len(text)/3+4+len(t.prefixIDs)+len(t.suffixIDs))
+	ids = append(ids, t.prefixIDs...)
+	ids = c.AppendEncode(ids, text)
+	return append(ids, t.suffixIDs...)
+}
+
 // Decode is the tokenizer's Decode.
 func (c *Cache) Decode(ids []uint32) string { return c.tok.Decode(ids) }
 

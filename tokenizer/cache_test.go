@@ -21,7 +21,7 @@ func conversation(n int) []Message {
 }
 
 func TestCacheEqualsUncached(t *testing.T) {
-	for _, model := range refModels {
+	for _, model := range allRefModels {
 		t.Run(model, func(t *testing.T) {
 			tok := loadRef(t, model)
 			exp := loadExpected(t, model)
@@ -31,6 +31,9 @@ func TestCacheEqualsUncached(t *testing.T) {
 				for i, c := range exp.Texts {
 					if got := cache.Encode(c.Text); !slices.Equal(got, c.IDs) {
 						t.Fatalf("pass %d text %d %q: cached\n got  %v\n want %v", pass, i, trunc(c.Text), got, c.IDs)
+					}
+					if got, want := cache.EncodeAddSpecial(c.Text), tok.EncodeAddSpecial(c.Text); !slices.Equal(got, want) {
+						t.Fatalf("pass %d text %d: cached EncodeAddSpecial\n got  %v\n want %v", pass, i, got, want)
 					}
 				}
 				for i, c := range exp.Chats {
