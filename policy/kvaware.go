@@ -246,7 +246,8 @@ func (p KVAwareParams) Validate() error {
 // A candidate is capped when its waiting queue reaches QueueCap, its KV usage
 // reaches KVCap (off by default: vLLM runs near full KV by design, and in
 // the simulator a 0.95 cap stripped affinity from the best holder in over
-// half the decisions under load), or its in-flight count plus one would
+// half the decisions under load), or, when it is congested (more prefill
+// queued than one engine step takes), its in-flight count plus one would
 // exceed max(C x m, m + InflightSlack) where m = (total in-flight + 1) /
 // healthy. A capped candidate gets no credit for its cache (it competes on
 // load alone) and is never a session target, so affinity cannot pile load
@@ -263,8 +264,8 @@ func (p KVAwareParams) Validate() error {
 // idle fleet) is the less loaded of two drawn at random, never the first.
 // With a SessionKey, the session's target on a consistent-hash ring with
 // bounded loads (CHWBL: VirtualNodes per endpoint; walk clockwise past
-// endpoints whose in-flight would exceed the cap) is chosen when it is not
-// capped and its estimate is within SessionTolerance and SessionSlackMs of
+// endpoints that are capped or whose in-flight would exceed the bound,
+// congested or not) is chosen when it is not capped and its estimate is within SessionTolerance and SessionSlackMs of
 // the best.
 //
 // # Hot prefixes
@@ -385,15 +386,16 @@ const (
 )
 
 type candState struct {
-	elig    bool // may be chosen
-	flags   uint8
-	credit  int     // cached tokens credited
-	est     float64 // estimated TTFT, ms
-	work    float64 // prefill compute this request adds to the endpoint, ms
-	score   float64 // est + WorkWeight x work: lower wins
-	queueMs float64
-	prefMs  float64
-	queued  float64
+	elig      bool // may be chosen
+	overBound bool // in-flight + 1 above the bound (session targets must not be)
+	flags     uint8
+	credit    int     // cached tokens credited
+	est       float64 // estimated TTFT, ms
+	work      float64 // prefill compute this request adds to the endpoint, ms
+	score     float64 // est + WorkWeight x work: lower wins
+	queueMs   float64
+	prefMs    float64
+	queued    float64
 }
 
 // affinityCapped reports whether a cap takes the candidate's cache credit
@@ -489,12 +491,23 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		if st.flags&(capQueue|capKV) == 0 {
 			anyUnder = true
 		}
+		// The in-flight bound (and the tenant one) apply to congested
+		// candidates only: more prefill queued than one engine step takes.
+		// Decoding requests barely delay a new prompt (the estimate's step
+		// term covers them), and a step's worth of queued prefill is gone in
+		// one iteration; capping those would strip affinity from nodes that
+		// merely hold long generations (in the simulator that cost more p99
+		// than any herding it prevented).
+		// A candidate more than twice over the bound is capped congested or
+		// not, so a hot prefix whose hits cost no prefill still spreads.
 		f := float64(l.InFlight + 1)
-		if f > inflightCap {
+		switch congested := k.queuedTokens(l) > float64(p.MaxBatchedTokens); {
+		case f > 2*inflightCap || (congested && f > inflightCap):
 			st.flags |= capInflight
-		} else if tenantOver && f > mean {
+		case congested && tenantOver && f > mean+p.InflightSlack/2:
 			st.flags |= capTenant
 		}
+		st.overBound = f > inflightCap
 	}
 
 	if !anyUnder {
@@ -552,7 +565,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	if req.SessionKey != "" {
 		k.ring.sync(cands)
 		t := k.ring.walk(strHash(req.SessionKey), func(c int) bool {
-			return k.c[c].elig && !k.c[c].affinityCapped()
+			return k.c[c].elig && !k.c[c].affinityCapped() && !k.c[c].overBound
 		})
 		if t >= 0 {
 			if scores != nil {
@@ -599,7 +612,7 @@ func (k *KVAware) estimate(c *kvroute.Candidate, st *candState, P int) {
 	if c.Tier == kvroute.TierCPU && st.credit > 0 {
 		cpu = float64(st.credit)
 	}
-	queued := math.Max(float64(max(l.InFlightTokens, 0))*k.uncachedFrac, float64(max(l.Waiting, 0))*k.meanUncached)
+	queued := k.queuedTokens(l)
 	stepMs := (p.StepOverheadUs + float64(max(l.Running, 0))*p.DecodeUsPerToken +
 		float64(max(l.DecodeTokens, 0))/1000*p.DecodeUsPerCtxKTok) / 1000
 	budget := math.Max(float64(p.MaxBatchedTokens-max(l.Running, 0)), float64(p.MaxBatchedTokens)/4)
@@ -627,6 +640,13 @@ func (k *KVAware) estimate(c *kvroute.Candidate, st *candState, P int) {
 	st.est = queueMs + prefMs
 	st.work = own * tok * attn
 	st.score = st.est + k.workW*st.work
+}
+
+// queuedTokens estimates the uncached prompt tokens queued ahead on an
+// endpoint: the router's own in-flight prefill, or the engine's waiting
+// queue at the mean uncached size, whichever is larger.
+func (k *KVAware) queuedTokens(l *kvroute.Load) float64 {
+	return math.Max(float64(max(l.InFlightTokens, 0))*k.uncachedFrac, float64(max(l.Waiting, 0))*k.meanUncached)
 }
 
 // rates returns ms per uncached token and ms per queued request for c, and

@@ -12,6 +12,7 @@ import (
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/policy"
 	"github.com/kvroute/kvroute/sim"
+	"github.com/kvroute/kvroute/workload"
 )
 
 var epochT = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -74,8 +75,9 @@ func (r *recorder) Release(now time.Time, req *kvroute.Request, ep string) {
 
 // TestSimDiag runs policies through the fleet simulator on the embedded
 // Mooncake conversation trace and prints TTFT percentiles and decision
-// statistics. Diagnostic only: KVROUTE_SIMDIAG=policies[;limit;rate;params]
-// e.g. KVROUTE_SIMDIAG="kv-aware,dynamo;3000;4;c=1.5"
+// statistics. Diagnostic only: KVROUTE_SIMDIAG=policies[;limit;rate;params[;generator]]
+// e.g. KVROUTE_SIMDIAG="kv-aware,dynamo;3000;4;c=1.5" (trace, rate scale 4) or
+// KVROUTE_SIMDIAG="kv-aware;2000;40;;tenants" (generator, 40 requests/s).
 func TestSimDiag(t *testing.T) {
 	spec := os.Getenv("KVROUTE_SIMDIAG")
 	if spec == "" {
@@ -97,6 +99,10 @@ func TestSimDiag(t *testing.T) {
 		}
 	}
 	w, err := sim.DefaultWorkload()
+	if len(parts) > 4 && parts[4] != "" {
+		w, err = workload.Generate(parts[4], workload.Options{Seed: 1, Requests: limit, Arrivals: workload.Arrivals{Rate: rate}})
+		rate = 1
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
