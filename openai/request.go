@@ -94,14 +94,14 @@ func ParseRequest(kind Kind, body []byte) (RequestInfo, error) {
 }
 
 type parser struct {
-	s       scanner
-	kind    Kind
-	ri      RequestInfo
-	prompt  []byte // canonical prompt being built
-	role    []byte // scratch for a message's role
-	content []byte // scratch for a message's content
-	seen    struct{ model, prompt, messages bool }
-	maxTok  struct {
+	s      scanner
+	kind   Kind
+	ri     RequestInfo
+	prompt []byte // canonical prompt being built
+	role   []byte // scratch for a message's role
+	hdr    []byte // scratch for a message's frame
+	seen   struct{ model, prompt, messages bool }
+	maxTok struct {
 		tokens, completion    int
 		hasTokens, hasComplet bool
 	}
@@ -458,9 +458,12 @@ func (p *parser) message(idx int) error {
 		return p.wrongType(param, "an object")
 	}
 	s.i++
-	role, content := p.role[:0], p.content[:0]
+	// The content is decoded in place at the end of the canonical prompt
+	// and framed once the message is read (its role may come after it).
+	start := len(p.prompt)
+	role := p.role[:0]
 	hasRole := false
-	defer func() { p.role, p.content = role, content }()
+	defer func() { p.role = role }()
 	s.ws()
 	if s.peek() == '}' {
 		s.i++
@@ -486,8 +489,7 @@ func (p *parser) message(idx int) error {
 				}
 				hasRole = true
 			case "content":
-				content, err = p.msgContent(param+".content", content[:0])
-				if err != nil {
+				if p.prompt, err = p.msgContent(param+".content", p.prompt[:start]); err != nil {
 					return err
 				}
 			default:
@@ -509,8 +511,17 @@ func (p *parser) message(idx int) error {
 	if !hasRole {
 		return invalid(param+".role", "missing_role", "%s has no \"role\"", param)
 	}
-	p.prompt = appendNetstring(p.prompt, role)
-	p.prompt = appendNetstring(p.prompt, content)
+	// Frame: role netstring, then the content's netstring header before
+	// the content already in place, then its trailing comma.
+	n := len(p.prompt) - start
+	hdr := appendNetstring(p.hdr[:0], role)
+	hdr = strconv.AppendInt(hdr, int64(n), 10)
+	hdr = append(hdr, ':')
+	p.hdr = hdr
+	p.prompt = slices.Grow(p.prompt, len(hdr)+1)[:len(p.prompt)+len(hdr)]
+	copy(p.prompt[start+len(hdr):], p.prompt[start:start+n])
+	copy(p.prompt[start:], hdr)
+	p.prompt = append(p.prompt, ',')
 	return nil
 }
 
