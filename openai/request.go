@@ -453,9 +453,8 @@ func (p *parser) messages() error {
 
 func (p *parser) message(idx int) error {
 	s := &p.s
-	param := "messages[" + strconv.Itoa(idx) + "]"
 	if s.peek() != '{' {
-		return p.wrongType(param, "an object")
+		return p.wrongType(msgParam(idx, ""), "an object")
 	}
 	s.i++
 	// The content is decoded in place at the end of the canonical prompt
@@ -482,14 +481,14 @@ func (p *parser) message(idx int) error {
 			switch string(key) {
 			case "role":
 				if s.peek() != '"' {
-					return p.wrongType(param+".role", "a string")
+					return p.wrongType(msgParam(idx, ".role"), "a string")
 				}
 				if role, err = s.strAppend(role[:0]); err != nil {
 					return err
 				}
 				hasRole = true
 			case "content":
-				if p.prompt, err = p.msgContent(param+".content", p.prompt[:start]); err != nil {
+				if p.prompt, err = p.msgContent(idx, p.prompt[:start]); err != nil {
 					return err
 				}
 			default:
@@ -509,7 +508,7 @@ func (p *parser) message(idx int) error {
 		}
 	}
 	if !hasRole {
-		return invalid(param+".role", "missing_role", "%s has no \"role\"", param)
+		return invalid(msgParam(idx, ".role"), "missing_role", "%s has no \"role\"", msgParam(idx, ""))
 	}
 	// Frame: role netstring, then the content's netstring header before
 	// the content already in place, then its trailing comma.
@@ -525,8 +524,14 @@ func (p *parser) message(idx int) error {
 	return nil
 }
 
-// content reads a message's content: null, a string or an array of parts.
-func (p *parser) msgContent(param string, dst []byte) ([]byte, error) {
+// msgParam names a message field in errors (built only when needed).
+func msgParam(idx int, field string) string {
+	return "messages[" + strconv.Itoa(idx) + "]" + field
+}
+
+// msgContent reads message idx's content: null, a string or an array of
+// parts, and appends it to dst.
+func (p *parser) msgContent(idx int, dst []byte) ([]byte, error) {
 	s := &p.s
 	switch c := s.peek(); {
 	case s.lit("null"):
@@ -534,7 +539,7 @@ func (p *parser) msgContent(param string, dst []byte) ([]byte, error) {
 	case c == '"':
 		return s.strAppend(dst)
 	case c != '[':
-		return nil, p.wrongType(param, "a string, an array of parts or null")
+		return nil, p.wrongType(msgParam(idx, ".content"), "a string, an array of parts or null")
 	}
 	s.i++
 	s.ws()
@@ -545,7 +550,7 @@ func (p *parser) msgContent(param string, dst []byte) ([]byte, error) {
 	for n := 0; ; n++ {
 		s.ws()
 		start := s.i
-		text, isText, err := p.part(param + "[" + strconv.Itoa(n) + "]")
+		text, isText, err := p.part(idx, n)
 		if err != nil {
 			return nil, err
 		}
@@ -571,10 +576,10 @@ func (p *parser) msgContent(param string, dst []byte) ([]byte, error) {
 
 // part reads one content part; for {"type":"text","text":...} it returns
 // the text.
-func (p *parser) part(param string) (text []byte, isText bool, err error) {
+func (p *parser) part(idx, n int) (text []byte, isText bool, err error) {
 	s := &p.s
 	if s.peek() != '{' {
-		return nil, false, p.wrongType(param, "an object")
+		return nil, false, p.wrongType(msgParam(idx, ".content["+strconv.Itoa(n)+"]"), "an object")
 	}
 	s.i++
 	var typ []byte
