@@ -6,8 +6,12 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
 	"slices"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -78,8 +82,10 @@ func BenchmarkDecision(b *testing.B) {
 
 // BenchmarkProxyOverhead sends one non-streaming chat request with a 32 KiB
 // prompt to an engine on loopback directly and through the proxy. The
-// "side-by-side" case alternates the two in one loop and reports the p50
-// and p99 of each and the latency the proxy adds.
+// "side-by-side" case alternates direct, a bare httputil.ReverseProxy and
+// kvroute in one loop and reports the p50 and p99 of each, the latency
+// kvroute adds, and the process CPU time it adds per request (against
+// direct, and against the bare proxy: kvroute's own work).
 func BenchmarkProxyOverhead(b *testing.B) {
 	be := newBackend(b, "a", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
@@ -87,6 +93,12 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		_, _ = io.WriteString(w, `{"id":"chatcmpl-1","object":"chat.completion","model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"ok"},"finish_reason":"stop"}],"usage":{"prompt_tokens":8192,"completion_tokens":1,"total_tokens":8193}}`)
 	})
 	tp := newTestProxyWith(b, testConfig(policy.Default, be.URL), policy.New)
+	// bare is a plain httputil.ReverseProxy to the same engine: the floor of
+	// any proxy (one more loopback HTTP hop), to tell kvroute's own cost.
+	target, _ := url.Parse(be.URL)
+	bareRP := &httputil.ReverseProxy{Rewrite: func(pr *httputil.ProxyRequest) { pr.SetURL(target) }, FlushInterval: -1}
+	bare := httptest.NewServer(bareRP)
+	b.Cleanup(bare.Close)
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 16, DisableCompression: true}}
 	body := chatBody32K(0)
 	send := func(b *testing.B, base string) time.Duration {
@@ -116,11 +128,24 @@ func BenchmarkProxyOverhead(b *testing.B) {
 	})
 	b.Run("side-by-side", func(b *testing.B) {
 		b.ReportAllocs()
-		var direct, proxied []time.Duration
+		var direct, bareLat, proxied []time.Duration
+		var cpuDirect, cpuBare, cpuProxied time.Duration // process CPU time (user+system): steadier than latency on a busy machine
 		for b.Loop() {
+			c0 := cpuTime()
 			direct = append(direct, send(b, be.URL))
+			c1 := cpuTime()
+			bareLat = append(bareLat, send(b, bare.URL))
+			c2 := cpuTime()
 			proxied = append(proxied, send(b, tp.srv.URL))
+			c3 := cpuTime()
+			cpuDirect += c1 - c0
+			cpuBare += c2 - c1
+			cpuProxied += c3 - c2
 		}
+		n := float64(len(direct))
+		b.ReportMetric(float64((cpuProxied-cpuDirect).Microseconds())/n, "added-cpu-µs/req")
+		b.ReportMetric(float64((cpuProxied-cpuBare).Microseconds())/n, "vs-bare-cpu-µs/req")
+		slices.Sort(bareLat)
 		slices.Sort(direct)
 		slices.Sort(proxied)
 		q := func(d []time.Duration, f float64) float64 {
@@ -132,6 +157,16 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		b.ReportMetric(q(proxied, .99), "proxied-p99-µs")
 		b.ReportMetric(q(proxied, .5)-q(direct, .5), "added-p50-µs")
 		b.ReportMetric(q(proxied, .99)-q(direct, .99), "added-p99-µs")
+		b.ReportMetric(q(bareLat, .5)-q(direct, .5), "bare-added-p50-µs")
 		b.ReportMetric(0, "ns/op")
 	})
+}
+
+// cpuTime is the process's user plus system CPU time so far.
+func cpuTime() time.Duration {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
