@@ -299,11 +299,14 @@
   // ---- charts ------------------------------------------------------------
   const CH = { w: 560, h: 200, l: 46, r: 12, t: 12, b: 26 };
 
+  // niceMax rounds v up to four equal steps of 1, 2, 2.5 or 5 times a power
+  // of ten, so that the axis labels are round numbers.
   function niceMax(v) {
     if (!(v > 0)) return 1;
-    const p = Math.pow(10, Math.floor(Math.log10(v)));
-    for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= v) return m * p;
-    return 10 * p;
+    const step = v / 4;
+    const p = Math.pow(10, Math.floor(Math.log10(step)));
+    for (const m of [1, 2, 2.5, 5, 10]) if (m * p >= step) return 4 * m * p;
+    return 40 * p;
   }
 
   // lineChart draws series [{name, color, values}] over times t into svg.

@@ -1,0 +1,248 @@
+package demo
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/chromedp/cdproto/runtime"
+	"github.com/chromedp/chromedp"
+)
+
+// chromiumPath finds a Chromium binary: $KVROUTE_CHROMIUM, or chromium,
+// chromium-browser, google-chrome on PATH.
+func chromiumPath() string {
+	if p := os.Getenv("KVROUTE_CHROMIUM"); p != "" {
+		return p
+	}
+	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
+		if p, err := exec.LookPath(name); err == nil {
+			return p
+		}
+	}
+	return ""
+}
+
+// TestDashboardInBrowser drives the dashboard of a running demo fleet in
+// real headless Chromium: the page loads and shows every endpoint, its
+// figures change over time, a decision opens with its candidates, the
+// policy switch is refused without the admin token and works with it,
+// and the comparison appears when the run ends. It saves a screenshot in
+// $KVROUTE_SCREENSHOT_DIR (or the test's temporary directory).
+func TestDashboardInBrowser(t *testing.T) {
+	bin := chromiumPath()
+	if bin == "" {
+		t.Skip("no chromium binary found (install Debian's chromium package, or set KVROUTE_CHROMIUM)")
+	}
+	if testing.Short() {
+		t.Skip("browser test: skipped with -short")
+	}
+	const engines = 4
+	const token = "browser-test-admin-token"
+	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	defer cancel()
+
+	// The demo: two 12 s phases (kv-aware, then round_robin), kept up after
+	// the run so that the page can show the comparison.
+	demoCtx, stopDemo := context.WithCancel(ctx)
+	defer stopDemo()
+	urlc := make(chan string, 1)
+	var (
+		wg     sync.WaitGroup
+		res    *Result
+		runErr error
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		res, runErr = Run(demoCtx, Config{
+			Engines: engines, Duration: 24 * time.Second, Rate: 8, AdminToken: token, Linger: true,
+			Out: t.TempDir(), OnReady: func(u string) { urlc <- u },
+		})
+	}()
+	var url string
+	select {
+	case url = <-urlc:
+	case <-ctx.Done():
+		t.Fatal("the demo did not start")
+	}
+
+	// A fresh profile; removed after Chromium exits (t.TempDir's cleanup
+	// can race the browser's last writes).
+	profile, err := os.MkdirTemp("", "kvroute-chromium-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(profile)
+	actx, cancelAlloc := chromedp.NewExecAllocator(ctx,
+		chromedp.ExecPath(bin),
+		chromedp.Headless,
+		chromedp.NoSandbox,
+		chromedp.DisableGPU,
+		chromedp.NoFirstRun,
+		chromedp.NoDefaultBrowserCheck,
+		chromedp.Flag("disable-quic", true),
+		chromedp.Flag("disable-background-networking", true),
+		chromedp.Flag("disable-component-update", true),
+		chromedp.Flag("disable-sync", true),
+		chromedp.Flag("disable-dev-shm-usage", true),
+		chromedp.UserDataDir(profile),
+		chromedp.WindowSize(1440, 1000),
+	)
+	defer cancelAlloc()
+	bctx, cancelBrowser := chromedp.NewContext(actx)
+	defer cancelBrowser()
+
+	var jsErrs []string
+	var mu sync.Mutex
+	err = chromedp.Listen(bctx, func(ev any) {
+		if e, ok := ev.(*runtime.EventExceptionThrown); ok && e.ExceptionDetails != nil {
+			mu.Lock()
+			jsErrs = append(jsErrs, e.ExceptionDetails.Text)
+			mu.Unlock()
+		}
+	})
+	if err != nil {
+		t.Fatalf("start chromium: %v", err)
+	}
+
+	wait := func(what, expr string, timeout time.Duration) {
+		t.Helper()
+		if _, err := chromedp.Run(bctx, chromedp.Poll[bool](expr, chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(timeout))); err != nil {
+			page, _ := chromedp.Run(bctx, chromedp.Evaluate[string](`document.body.innerText.slice(0, 2000)`))
+			t.Fatalf("%s: %v (%s)\npage text:\n%s", what, err, expr, page)
+		}
+	}
+	text := func(sel string) string {
+		t.Helper()
+		s, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(sel)))
+		if err != nil {
+			t.Fatalf("text of %s: %v", sel, err)
+		}
+		return s
+	}
+
+	// The page loads and shows every endpoint.
+	if err := chromedp.Do(bctx, chromedp.Navigate(url)); err != nil {
+		t.Fatalf("navigate %s: %v", url, err)
+	}
+	wait("every endpoint in the fleet table", fmt.Sprintf(`document.querySelectorAll('#fleet tbody tr[data-endpoint]').length === %d`, engines), 15*time.Second)
+	for i := range engines {
+		if got := text(fmt.Sprintf(`#fleet tbody tr[data-endpoint="engine-%d"]`, i)); !strings.Contains(got, "healthy") {
+			t.Errorf("engine-%d row = %q, want it healthy", i, got)
+		}
+	}
+
+	// Values change over time: the request count moves and the charts draw.
+	wait("requests answered", `Number(document.getElementById('tile-requests').textContent.replace(/,/g, '')) > 0`, 15*time.Second)
+	first := text("#tile-requests")
+	wait("the request count changes", fmt.Sprintf(`document.getElementById('tile-requests').textContent !== %q`, first), 10*time.Second)
+	wait("the throughput chart draws a line", `document.querySelectorAll('#chart-rps path[data-series]').length > 0`, 10*time.Second)
+	wait("the load chart draws every endpoint", fmt.Sprintf(`document.querySelectorAll('#chart-load path[data-series]').length === %d`, engines), 10*time.Second)
+
+	// A decision can be opened: its candidates and score parts show.
+	wait("decisions in the feed", `document.querySelectorAll('#decisions tbody tr[data-seq]').length > 0`, 10*time.Second)
+	if _, err := chromedp.Run(bctx, chromedp.Evaluate[any](`document.querySelector('#decisions tbody tr[data-seq]').click()`)); err != nil {
+		t.Fatalf("click a decision: %v", err)
+	}
+	wait("the decision's candidates", fmt.Sprintf(`document.querySelectorAll('#detail-candidates tbody tr').length === %d`, engines), 5*time.Second)
+	detail := text("#decision-detail")
+	for _, want := range []string{"Decision #", "kv-aware", "engine-0", "engine-3", "queue_ms"} {
+		if !strings.Contains(detail, want) {
+			t.Errorf("decision detail lacks %q:\n%s", want, detail)
+		}
+	}
+
+	// The policy switch is refused without the token, and works with it.
+	if err := chromedp.Do(bctx,
+		chromedp.Evaluate[chromedp.Void](`document.getElementById('policy-select').value = 'least_request'`, chromedp.EvalIgnoreExceptions),
+		chromedp.Clear(chromedp.CSS("#admin-token")),
+		chromedp.Click(chromedp.CSS("#policy-apply")),
+	); err != nil {
+		t.Fatalf("switch without token: %v", err)
+	}
+	wait("the refusal", `document.getElementById('policy-result').classList.contains('err')`, 5*time.Second)
+	if got := text("#policy-result"); !strings.Contains(got, "403") {
+		t.Errorf("refusal = %q, want the admin API's 403", got)
+	}
+	if got := statePolicy(t, url); got != "kv-aware" && got != "round_robin" {
+		t.Errorf("policy after a refused switch = %q, want it unchanged", got)
+	}
+	if err := chromedp.Do(bctx,
+		chromedp.SendKeys(chromedp.CSS("#admin-token"), token),
+		chromedp.Click(chromedp.CSS("#policy-apply")),
+	); err != nil {
+		t.Fatalf("switch with token: %v", err)
+	}
+	wait("the switch", `document.getElementById('policy-result').classList.contains('ok')`, 5*time.Second)
+	if got := statePolicy(t, url); got != "least_request" {
+		t.Errorf("router policy after the switch = %q, want least_request", got)
+	}
+	wait("the page shows the new policy", `document.getElementById('current-policy').textContent === 'least_request'`, 5*time.Second)
+
+	// The run ends: the comparison of both policies appears.
+	wait("the policy comparison", `document.querySelectorAll('#compare tbody tr[data-policy]').length === 2`, 40*time.Second)
+	if got := text("#compare"); !strings.Contains(got, "kv-aware") || !strings.Contains(got, "round_robin") {
+		t.Errorf("comparison = %q, want kv-aware and round_robin rows", got)
+	}
+	// Reopen a decision for the picture.
+	_, _ = chromedp.Run(bctx, chromedp.Evaluate[any](`document.querySelector('#decisions tbody tr[data-seq]').click()`))
+	wait("the decision's candidates", `document.querySelectorAll('#detail-candidates tbody tr').length > 0`, 5*time.Second)
+
+	png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	dir := os.Getenv("KVROUTE_SCREENSHOT_DIR")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	shot := filepath.Join(dir, "dashboard.png")
+	if err := os.WriteFile(shot, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s (%d bytes)", shot, len(png))
+
+	mu.Lock()
+	if len(jsErrs) > 0 {
+		t.Errorf("JavaScript exceptions: %q", jsErrs)
+	}
+	mu.Unlock()
+
+	cancelBrowser()
+	stopDemo()
+	wg.Wait()
+	if runErr != nil {
+		t.Fatalf("Run: %v", runErr)
+	}
+	if res == nil || len(res.Report.Rows) != 2 {
+		t.Fatalf("Run result = %+v, want two rows", res)
+	}
+}
+
+// statePolicy reads the router's current policy from the dashboard's API.
+func statePolicy(t *testing.T, url string) string {
+	t.Helper()
+	resp, err := http.Get(url + "api/state")
+	if err != nil {
+		t.Fatalf("state: %v", err)
+	}
+	defer resp.Body.Close()
+	var st struct {
+		Models []struct {
+			Policy string `json:"policy"`
+		} `json:"models"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || len(st.Models) == 0 {
+		t.Fatalf("state: %v (%d models)", err, len(st.Models))
+	}
+	return st.Models[0].Policy
+}

@@ -1,0 +1,140 @@
+package demo
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestRunCompares(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a fleet for a few seconds")
+	}
+	var out bytes.Buffer
+	dir := t.TempDir()
+	res, err := Run(context.Background(), Config{Engines: 2, Duration: 4 * time.Second, Rate: 8, Out: dir, Stdout: &out})
+	if err != nil {
+		t.Fatalf("Run: %v\n%s", err, out.String())
+	}
+	if got := len(res.Report.Rows); got != 2 {
+		t.Fatalf("rows = %d, want 2 (kv-aware, round_robin)\n%s", got, out.String())
+	}
+	for i, want := range []string{"kv-aware", "round_robin"} {
+		row := res.Report.Rows[i]
+		if row.Name != want {
+			t.Errorf("row %d = %q, want %q", i, row.Name, want)
+		}
+		if row.Completed == 0 || row.ErrorCount() > 0 {
+			t.Errorf("%s: %d completed, %d errors (%v), want all done", want, row.Completed, row.ErrorCount(), row.Errors)
+		}
+	}
+	for _, want := range []string{"dashboard:", "admin token:", "kv-aware", "round_robin", "ttft50", "report files in " + dir} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+	if _, err := os.Stat(filepath.Join(dir, "report.json")); err != nil {
+		t.Errorf("report.json: %v", err)
+	}
+}
+
+func TestRunStopsOnCancel(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a fleet")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	var res *Result
+	go func() {
+		var err error
+		res, err = Run(ctx, Config{Engines: 2, Duration: time.Minute, Out: t.TempDir(), OnReady: func(u string) { ready <- u }})
+		done <- err
+	}()
+	<-ready
+	time.Sleep(time.Second)
+	start := time.Now()
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run after cancel = %v, want nil", err)
+		}
+		if len(res.Report.Rows) != 0 {
+			t.Errorf("rows = %d, want none (the first policy was cut short)", len(res.Report.Rows))
+		}
+		t.Logf("stopped in %v", time.Since(start))
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return within 20s of the cancel")
+	}
+}
+
+func TestConfigValidate(t *testing.T) {
+	tests := []struct {
+		name string
+		cfg  Config
+		want string // "" = valid
+	}{
+		{"defaults", Config{}, ""},
+		{"engines", Config{Engines: -1}, "engines"},
+		{"profile", Config{Profile: "gpt-9"}, "profile"},
+		{"workload", Config{Workload: "nope"}, "workload"},
+		{"policy", Config{Policy: "nope"}, "policy \"nope\""},
+		{"compare", Config{Compare: []string{"round_robin", "bogus"}}, "policy \"bogus\""},
+		{"token", Config{AdminToken: "short"}, "admin token"},
+		{"duration", Config{Duration: time.Millisecond}, "duration"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			c := tt.cfg
+			c.applyDefaults()
+			err := c.Validate()
+			switch {
+			case tt.want == "" && err != nil:
+				t.Errorf("Validate() = %v, want nil", err)
+			case tt.want != "" && (err == nil || !strings.Contains(err.Error(), tt.want)):
+				t.Errorf("Validate() = %v, want an error naming %q", err, tt.want)
+			}
+		})
+	}
+}
+
+func TestBuildWorkload(t *testing.T) {
+	a, err := buildWorkload(WorkloadMixed, 20*time.Second, 10, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := buildWorkload(WorkloadMixed, 20*time.Second, 10, 1)
+	if len(a.Requests) == 0 || len(a.Requests) != len(b.Requests) {
+		t.Fatalf("requests = %d and %d, want the same non-zero count", len(a.Requests), len(b.Requests))
+	}
+	kinds := map[string]int{}
+	for i, r := range a.Requests {
+		if r.ID != b.Requests[i].ID || r.Arrival != b.Requests[i].Arrival {
+			t.Fatalf("request %d differs between equal seeds", i)
+		}
+		kinds[strings.SplitN(r.ID, "-", 2)[0]]++
+	}
+	for _, k := range []string{"chat", "sysprompt", "storm"} {
+		if kinds[k] == 0 {
+			t.Errorf("no %s requests in the mixed workload (%v)", k, kinds)
+		}
+	}
+	if got := a.Span(); got > 20*time.Second {
+		t.Errorf("span = %v, want within the 20s phase", got)
+	}
+	if _, err := buildWorkload("nope", time.Second, 1, 1); err == nil {
+		t.Error("unknown workload: got nil error")
+	}
+}
+
+func ExampleWorkloadNames() {
+	fmt.Println(WorkloadNames()[0])
+	// Output: mixed
+}
