@@ -50,7 +50,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 
-	// The demo: two 12 s phases (kv-aware, then round_robin), kept up after
+	// The demo: two 10 s phases (kv-aware, then round_robin), kept up after
 	// the run so that the page can show the comparison.
 	demoCtx, stopDemo := context.WithCancel(ctx)
 	defer stopDemo()
@@ -64,7 +64,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	go func() {
 		defer wg.Done()
 		res, runErr = Run(demoCtx, Config{
-			Engines: engines, Duration: 24 * time.Second, Rate: 8, AdminToken: token, Linger: true,
+			Engines: engines, Duration: 20 * time.Second, Rate: 8, AdminToken: token, Linger: true,
 			Out: t.TempDir(), OnReady: func(u string) { urlc <- u },
 		})
 	}()

@@ -25,9 +25,9 @@ func TestHistQuantile(t *testing.T) {
 		q    float64
 		want float64
 	}{
-		{"first bucket", h, 0.125, 0.05},         // rank 5 of 10 in [0, 0.1]
-		{"second bucket", h, 0.5, 0.15},          // rank 20: 10 below, 20 in (0.1, 0.2]
-		{"top bucket", h, 1, 0.4},                // rank 40 ends the third bucket
+		{"first bucket", h, 0.125, 0.05}, // rank 5 of 10 in [0, 0.1]
+		{"second bucket", h, 0.5, 0.15},  // rank 20: 10 below, 20 in (0.1, 0.2]
+		{"top bucket", h, 1, 0.4},        // rank 40 ends the third bucket
 		{"inf bucket", hist{bounds: []float64{0.1, inf}, counts: []float64{1, 4}}, 0.99, 0.1},
 		{"empty", hist{}, 0.5, math.NaN()},
 		{"no observations", hist{bounds: []float64{1, inf}, counts: []float64{0, 0}}, 0.5, math.NaN()},
