@@ -73,6 +73,7 @@ func newDynamo(params map[string]any, seed uint64) (*Dynamo, error) {
 
 // Pick implements kvroute.Picker.
 func (d *Dynamo) Pick(_ time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
+	req = orEmpty(req)
 	scores := newScores(cands, 4)
 	bs := d.p.BlockSize
 	if bs == 0 {

@@ -76,6 +76,7 @@ func kubeaiVnodeHash(name string, replica int) uint64 {
 
 // Pick implements kvroute.Picker.
 func (k *KubeAI) Pick(_ time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
+	req = orEmpty(req)
 	scores := newScores(cands, 1)
 	total, n := 0, 0
 	for i := range cands {

@@ -449,6 +449,7 @@ func (k *KVAware) Params() KVAwareParams { return k.p }
 
 // Pick implements kvroute.Picker.
 func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
+	req = orEmpty(req)
 	var scores []kvroute.Score
 	if k.p.Explain {
 		scores = newScores(cands, kvAwareParts)
@@ -495,14 +496,14 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 			anyUnder = true
 		}
 		// The in-flight bound (and the tenant one) apply to congested
-		// candidates only: more prefill queued than one engine step takes.
+		// candidates: more prefill queued than one engine step takes.
 		// Decoding requests barely delay a new prompt (the estimate's step
-		// term covers them), and a step's worth of queued prefill is gone in
+		// term covers them) and a step's worth of queued prefill is gone in
 		// one iteration; capping those would strip affinity from nodes that
 		// merely hold long generations (in the simulator that cost more p99
-		// than any herding it prevented).
-		// A candidate more than twice over the bound is capped congested or
-		// not, so a hot prefix whose hits cost no prefill still spreads.
+		// than any herding it prevented). Twice over the bound caps even an
+		// uncongested candidate, so a hot prefix whose hits cost no prefill
+		// still spreads.
 		f := float64(l.InFlight + 1)
 		switch congested := k.queuedTokens(l) > float64(p.MaxBatchedTokens); {
 		case f > 2*inflightCap || (congested && f > inflightCap):

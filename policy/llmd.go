@@ -61,6 +61,7 @@ func newLLMD(params map[string]any, seed uint64) (*LLMD, error) {
 
 // Pick implements kvroute.Picker.
 func (l *LLMD) Pick(_ time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
+	req = orEmpty(req)
 	scores := newScores(cands, 3)
 	minQ, maxQ := math.MaxInt, math.MinInt
 	for i := range cands {

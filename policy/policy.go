@@ -138,3 +138,26 @@ func chwblOK(load, total, n int, factor float64) bool {
 	}
 	return float64(load)+1 <= float64(total+1)/float64(n)*factor
 }
+
+// orEmpty returns req, or an empty request for a nil one (a bad call must not
+// panic the router).
+func orEmpty(req *kvroute.Request) *kvroute.Request {
+	if req == nil {
+		return &kvroute.Request{}
+	}
+	return req
+}
+
+// OverloadAction returns what a shed decision asks the caller to do: "shed"
+// (answer 429 with Retry-After) or "queue" (hold the request for a bounded
+// wait and pick again); "" when d is not a shed decision. A policy that sheds
+// starts its Reason with the action and a colon (kv-aware's Overload param).
+func OverloadAction(d kvroute.Decision) string {
+	if !d.Shed {
+		return ""
+	}
+	if strings.HasPrefix(d.Reason, OverloadQueue+":") {
+		return OverloadQueue
+	}
+	return OverloadShed
+}

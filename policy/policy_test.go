@@ -101,5 +101,34 @@ func TestNoCandidates(t *testing.T) {
 		if d.Index != -1 {
 			t.Errorf("%s with only unhealthy candidates chose %d, want none", name, d.Index)
 		}
+		// A nil request or endpoint must not panic.
+		d = p.Pick(epoch, nil, []kvroute.Candidate{{Healthy: true}, {Healthy: true, Endpoint: &kvroute.Endpoint{ID: "y"}}})
+		if d.Index < 0 {
+			t.Errorf("%s with a nil request chose nobody: %s", name, d.Reason)
+		}
+	}
+}
+
+func TestOverloadAction(t *testing.T) {
+	over := []kvroute.Candidate{
+		{Endpoint: &kvroute.Endpoint{ID: "a"}, Healthy: true, Load: kvroute.Load{Waiting: 100}},
+		{Endpoint: &kvroute.Endpoint{ID: "b"}, Healthy: true, Load: kvroute.Load{Waiting: 70}},
+	}
+	for _, mode := range []string{OverloadShed, OverloadQueue, OverloadLeastLoaded} {
+		k, err := NewKVAware(map[string]any{"overload": mode}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d := k.Pick(epoch, &kvroute.Request{ID: "r", PromptTokens: 100}, over)
+		want := mode
+		if mode == OverloadLeastLoaded {
+			want = ""
+		}
+		if got := OverloadAction(d); got != want {
+			t.Errorf("overload=%s: OverloadAction = %q, want %q (decision %v)", mode, got, want, d)
+		}
+		if mode == OverloadLeastLoaded && d.Endpoint != "b" {
+			t.Errorf("overload=least-loaded chose %q, want the less loaded b", d.Endpoint)
+		}
 	}
 }

@@ -94,6 +94,7 @@ func newPreble(params map[string]any, seed uint64) (*Preble, error) {
 
 // Pick implements kvroute.Picker.
 func (pr *Preble) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
+	req = orEmpty(req)
 	scores := newScores(cands, 4)
 	P := max(req.PromptTokens, 0)
 	out := req.MaxTokens

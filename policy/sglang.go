@@ -96,6 +96,7 @@ func (s *SGLang) text(req *kvroute.Request) string {
 
 // Pick implements kvroute.Picker.
 func (s *SGLang) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
+	req = orEmpty(req)
 	scores := newScores(cands, 2)
 	minL, maxL, minI, firstHealthy := math.MaxInt, math.MinInt, -1, -1
 	for i := range cands {
