@@ -167,10 +167,10 @@ func TestEmptyWorkloadAndBadConfig(t *testing.T) {
 }
 
 func TestHeterogeneousFleet(t *testing.T) {
-	reqs := smallChat(t, 600, 60, 5)
+	reqs := smallChat(t, 600, 100, 5)
 	fleet := Fleet{
 		{Count: 2, Profile: "tiny", NumGPUBlocks: 256},
-		{Count: 2, Profile: "tiny", NumGPUBlocks: 256, Speed: 0.25},
+		{Count: 2, Profile: "tiny", NumGPUBlocks: 256, Speed: 0.1},
 	}
 	res := mustRun(t, Config{Fleet: fleet, Policy: "least_request", Seed: 1}, reqs)
 	if len(res.Engines) != 4 {
@@ -179,10 +179,11 @@ func TestHeterogeneousFleet(t *testing.T) {
 	fast := res.Engines[0].Requests + res.Engines[1].Requests
 	slow := res.Engines[2].Requests + res.Engines[3].Requests
 	if fast <= slow {
-		t.Errorf("least-request load: fast engines got %d requests, slow (4x slower) ones %d; want the fast ones to take more", fast, slow)
+		t.Errorf("least-request load: fast engines got %d requests, slow (10x slower) ones %d; want the fast ones to take more", fast, slow)
 	}
 	// Round robin ignores speed: the slow engines pile up and TTFT suffers.
 	rr := mustRun(t, Config{Fleet: fleet, Policy: "round_robin", Seed: 1}, reqs)
+	t.Logf("p99 TTFT: round robin %v, least request %v; requests fast %d, slow %d", rr.Row(0).TTFT.P99, res.Row(0).TTFT.P99, fast, slow)
 	if a, b := rr.Row(0).TTFT.P99, res.Row(0).TTFT.P99; a <= b {
 		t.Errorf("p99 TTFT: round robin %v <= least request %v on a mixed-speed fleet", a, b)
 	}
