@@ -1,0 +1,377 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"time"
+
+	"github.com/kvroute/kvroute/disagg"
+	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/planner"
+	"github.com/kvroute/kvroute/report"
+	"github.com/kvroute/kvroute/sim"
+	"github.com/kvroute/kvroute/workload"
+)
+
+func init() {
+	register(command{name: "plan", summary: "capacity planning: the cheapest fleet meeting TTFT/TPOT SLOs, aggregated vs disaggregated", run: runPlan})
+}
+
+const planDescription = `Plan the cheapest fleet that meets latency SLOs for a workload, aggregated and
+disaggregated (prefill:decode) side by side, with the same engine cost model,
+routing policy and simulator that kvroute serve and kvroute sim run.
+
+Method: closed-form bounds first (compute: prefill and decode tokens/s per engine
+from the cost model against the demand after the oracle hit rate; memory: the KV
+working set by Little's law against one engine's capacity; bandwidth: KV handoff
+bytes/s per decode node), each printed with its arithmetic; then a search over
+aggregated fleet sizes with the simulator, starting at the bound (doubling up,
+then bisecting; stepping down if the bound already passes). The disaggregated
+fleet is sized analytically (M/G/c queueing on the same cost model; the simulator
+has no P/D mode) and says so. --verify re-simulates the whole workload on the
+planned aggregated fleet with another seed and prints the prediction error.
+
+Model: --profile NAME (` + "%s" + `), or --hf-config config.json with
+--gpu, --tp and --dtype (planned analytically: the simulator runs built-in
+profiles only). Workload: --trace FILE (Mooncake JSONL; default the embedded
+conversation trace), or a summary: --rate with --prompt-mean, --output-mean and
+optionally --shared-frac, --hot-prefixes, --zipf, CVs and --duration.
+SLO: --slo-ttft-pNN and --slo-tpot-pNN (NN = 50, 90, 95 or 99), e.g.
+--slo-ttft-p99 2s --slo-tpot-p99 100ms. What-ifs: --what-if rate-x2,prompt-x2,node-lost.
+Deterministic for --seed. --json prints JSON; --out DIR writes plan.json,
+plan.txt, plan.md, plan.html and SVG charts (SLO attainment against fleet size).`
+
+type planOptions struct {
+	profile, hfConfig, gpu, dtype string
+	tp, kvCapacity                int
+	fabricGbps                    float64
+	fabricSetup                   time.Duration
+
+	trace                                                  string
+	rateScale                                              float64
+	rate, promptMean, promptCV, outputMean, outputCV, zipf float64
+	sharedFrac, arrivalCV                                  float64
+	hotPrefixes, maxLen                                    int
+	duration                                               time.Duration
+
+	ttft, tpot map[string]*time.Duration
+
+	gpuCost, burst, maxUtil float64
+	seed                    uint64
+	policy                  string
+	maxEngines, simRequests int
+	whatIf                  stringList
+	verify                  bool
+	json                    bool
+	out                     string
+	quiet                   bool
+}
+
+var sloQuantiles = []string{"50", "90", "95", "99"}
+
+func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	fs := newFlagSet("plan", "[--profile NAME | --hf-config FILE] [--trace FILE | --rate R ...] --slo-ttft-p99 D [flags]",
+		fmt.Sprintf(planDescription, strings.Join(engine.ProfileNames(), ", ")), stderr)
+	o := planOptions{ttft: map[string]*time.Duration{}, tpot: map[string]*time.Duration{}}
+	fs.StringVar(&o.profile, "profile", "llama-3.1-8b-h100", "engine profile `name`")
+	fs.StringVar(&o.hfConfig, "hf-config", "", "HuggingFace config.json `file` (instead of --profile)")
+	fs.StringVar(&o.gpu, "gpu", "h100", "with --hf-config: GPU type (h100, h200, a100, l40s)")
+	fs.IntVar(&o.tp, "tp", 1, "with --hf-config: tensor-parallel GPUs per engine")
+	fs.StringVar(&o.dtype, "dtype", "", "with --hf-config: weight and KV dtype (bfloat16, fp8, ...; default the config's)")
+	fs.IntVar(&o.kvCapacity, "kv-capacity", 0, "override one engine's KV capacity in `tokens` (default: derived from memory)")
+	fs.Float64Var(&o.fabricGbps, "fabric-gbps", disagg.RDMAGbps, "fabric bandwidth per decode node for KV handoffs, Gbps")
+	fs.DurationVar(&o.fabricSetup, "fabric-setup", time.Millisecond, "fixed cost of one KV handoff")
+	fs.StringVar(&o.trace, "trace", "", "Mooncake JSONL trace `file` (default: the embedded conversation trace)")
+	fs.Float64Var(&o.rateScale, "rate-scale", 1, "multiply the trace's arrival rate by `X`")
+	fs.Float64Var(&o.rate, "rate", 0, "summary workload: requests per second (instead of a trace)")
+	fs.Float64Var(&o.promptMean, "prompt-mean", 0, "summary: mean prompt tokens")
+	fs.Float64Var(&o.promptCV, "prompt-cv", 1, "summary: prompt length coefficient of variation (lognormal)")
+	fs.Float64Var(&o.outputMean, "output-mean", 0, "summary: mean output tokens")
+	fs.Float64Var(&o.outputCV, "output-cv", 1, "summary: output length coefficient of variation (lognormal)")
+	fs.Float64Var(&o.sharedFrac, "shared-frac", 0, "summary: fraction of prompt tokens in shared prefixes, 0..1")
+	fs.IntVar(&o.hotPrefixes, "hot-prefixes", 8, "summary: number of distinct shared prefixes")
+	fs.Float64Var(&o.zipf, "zipf", 1, "summary: popularity exponent over the shared prefixes (0 = uniform)")
+	fs.Float64Var(&o.arrivalCV, "arrival-cv", 1, "summary: inter-arrival coefficient of variation (1 = Poisson)")
+	fs.IntVar(&o.maxLen, "max-len", 32768, "summary: cap on prompt + output tokens")
+	fs.DurationVar(&o.duration, "duration", 0, "summary: span of the generated stream (default: 2000 requests)")
+	for _, q := range sloQuantiles {
+		o.ttft[q], o.tpot[q] = new(time.Duration), new(time.Duration)
+		fs.DurationVar(o.ttft[q], "slo-ttft-p"+q, 0, "SLO: p"+q+" time to first token limit")
+		fs.DurationVar(o.tpot[q], "slo-tpot-p"+q, 0, "SLO: p"+q+" time per output token limit")
+	}
+	fs.Float64Var(&o.gpuCost, "gpu-hour-cost", 0, "price of one GPU-hour (0 = report GPUs only)")
+	fs.Float64Var(&o.burst, "burst", 1.5, "report the headroom left for this rate factor")
+	fs.Float64Var(&o.maxUtil, "max-util", 0.85, "target utilisation of the analytical estimates and the fabric")
+	fs.Uint64Var(&o.seed, "seed", 1, "seed for the simulator, the policy and summary workloads")
+	fs.StringVar(&o.policy, "policy", "", "routing policy simulated (default kv-aware)")
+	fs.IntVar(&o.maxEngines, "max-engines", 512, "largest fleet considered")
+	fs.IntVar(&o.simRequests, "sim-requests", 2500, "requests simulated per candidate fleet (the workload's first ones; -1 = all)")
+	fs.Var(&o.whatIf, "what-if", "what-if scenarios: rate-x2, prompt-x2, node-lost (comma-separated or repeated)")
+	fs.BoolVar(&o.verify, "verify", true, "re-simulate the whole workload on the planned aggregated fleet")
+	fs.BoolVar(&o.json, "json", false, "print the plan as JSON")
+	fs.StringVar(&o.out, "out", "", "write plan.json, plan.txt, plan.md, plan.html and SVG charts into `dir`")
+	fs.BoolVar(&o.quiet, "quiet", false, "no progress bar or timing")
+	if err := parseFlags(fs, args); err != nil {
+		return err
+	}
+	in, err := o.input()
+	if err != nil {
+		return err
+	}
+	for _, w := range o.whatIf {
+		if w != "rate-x2" && w != "prompt-x2" && w != "node-lost" {
+			return fmt.Errorf("plan: unknown what-if %q (want rate-x2, prompt-x2 or node-lost)", w)
+		}
+	}
+	start := time.Now()
+	results, err := o.plans(ctx, in, stderr)
+	if err != nil {
+		return err
+	}
+	if o.json {
+		if len(results) == 1 {
+			if err := results[0].WriteJSON(stdout); err != nil {
+				return err
+			}
+		} else if err := writeJSONList(stdout, results); err != nil {
+			return err
+		}
+	} else {
+		for i, r := range results {
+			if i > 0 {
+				fmt.Fprintln(stdout, "\n"+strings.Repeat("=", 100))
+			}
+			if err := r.WriteTable(stdout); err != nil {
+				return err
+			}
+		}
+		if slicesContains(o.whatIf, "node-lost") {
+			writeNodeLost(stdout, results[0])
+		}
+	}
+	if o.out != "" {
+		for _, r := range results {
+			dir := o.out
+			if r.Name != "baseline" {
+				dir += "/" + r.Name
+			}
+			paths, err := r.WriteDir(dir)
+			if err != nil {
+				return err
+			}
+			if !o.quiet {
+				fmt.Fprintf(stderr, "wrote %s\n", strings.Join(paths, ", "))
+			}
+		}
+	}
+	if !o.quiet {
+		fmt.Fprintf(stderr, "planned in %s\n", time.Since(start).Round(100*time.Millisecond))
+	}
+	return nil
+}
+
+func slicesContains(s []string, v string) bool {
+	for _, x := range s {
+		if x == v {
+			return true
+		}
+	}
+	return false
+}
+
+func writeJSONList(w io.Writer, rs []*planner.Result) error {
+	if _, err := io.WriteString(w, "[\n"); err != nil {
+		return err
+	}
+	for i, r := range rs {
+		if i > 0 {
+			io.WriteString(w, ",\n")
+		}
+		if err := r.WriteJSON(w); err != nil {
+			return err
+		}
+	}
+	_, err := io.WriteString(w, "]\n")
+	return err
+}
+
+// writeNodeLost answers the node-lost what-if: the fleets that still meet the
+// SLO after losing one engine.
+func writeNodeLost(w io.Writer, r *planner.Result) {
+	fmt.Fprintln(w, "\nwhat-if node-lost:")
+	a, d := r.Aggregated, r.Disaggregated
+	if a.Meets && a.NodeLost != nil {
+		n := a.Engines
+		if !a.NodeLost.Meets {
+			n++
+		}
+		fmt.Fprintf(w, "  aggregated: %d engines leave %d after a loss (meets SLO: %v); to survive one lost node plan %d engines (%d GPUs)\n",
+			a.Engines, a.Engines-1, a.NodeLost.Meets, n, n*r.TP)
+	}
+	if d.Meets && d.NodeLost != nil {
+		p, dn := d.Prefill, d.Decode
+		if !d.NodeLost.Meets {
+			if strings.Contains(d.NodeLost.Note, "decode") {
+				dn++
+			} else {
+				p++
+			}
+		}
+		fmt.Fprintf(w, "  disaggregated: %s loses %s (meets SLO: %v); to survive one lost node plan %d:%d (%d GPUs)\n",
+			d.Ratio(), d.NodeLost.Note, d.NodeLost.Meets, p, dn, (p+dn)*r.TP)
+	}
+}
+
+// input builds the planner input from the flags.
+func (o *planOptions) input() (planner.Input, error) {
+	var in planner.Input
+	switch {
+	case o.hfConfig != "":
+		data, err := os.ReadFile(o.hfConfig)
+		if err != nil {
+			return in, fmt.Errorf("plan: %w", err)
+		}
+		p, err := engine.ProfileFromHFConfig(data, o.gpu, o.tp, o.dtype)
+		if err != nil {
+			return in, fmt.Errorf("plan: model %s: %w", o.hfConfig, err)
+		}
+		in.Profile = p
+	default:
+		p, err := engine.LookupProfile(o.profile)
+		if err != nil {
+			return in, fmt.Errorf("plan: unknown profile %q (known: %s; or give --hf-config)", o.profile, strings.Join(engine.ProfileNames(), ", "))
+		}
+		in.Profile, in.Simulable = p, true
+	}
+	in.KVCapacityTokens = o.kvCapacity
+	if o.fabricGbps <= 0 {
+		return in, fmt.Errorf("plan: --fabric-gbps %v must be positive", o.fabricGbps)
+	}
+	in.Fabric = disagg.Link{Name: "fabric", Gbps: o.fabricGbps, Setup: o.fabricSetup}
+	var err error
+	in.Workload, err = o.workload()
+	if err != nil {
+		return in, err
+	}
+	for _, x := range []struct {
+		name string
+		m    map[string]*time.Duration
+		t    *planner.Target
+	}{{"ttft", o.ttft, &in.SLO.TTFT}, {"tpot", o.tpot, &in.SLO.TPOT}} {
+		for _, q := range sloQuantiles {
+			v := *x.m[q]
+			if v == 0 {
+				continue
+			}
+			if v < 0 {
+				return in, fmt.Errorf("plan: --slo-%s-p%s %v is negative", x.name, q, v)
+			}
+			if x.t.Set() {
+				return in, fmt.Errorf("plan: give one --slo-%s-pNN target, not several", x.name)
+			}
+			qq := map[string]float64{"50": 0.5, "90": 0.9, "95": 0.95, "99": 0.99}[q]
+			*x.t = planner.Target{Quantile: qq, Limit: v}
+		}
+	}
+	if !in.SLO.TTFT.Set() && !in.SLO.TPOT.Set() {
+		return in, errors.New("plan: no SLO: give --slo-ttft-pNN and/or --slo-tpot-pNN (e.g. --slo-ttft-p99 2s --slo-tpot-p99 100ms)")
+	}
+	in.GPUHourCost, in.Burst, in.MaxUtilisation = o.gpuCost, o.burst, o.maxUtil
+	in.Seed, in.Policy, in.MaxEngines, in.SimRequests = o.seed, o.policy, o.maxEngines, o.simRequests
+	if in.SimRequests == 0 {
+		return in, errors.New("plan: --sim-requests must be positive or -1 (all)")
+	}
+	return in, nil
+}
+
+func (o *planOptions) workload() (*workload.Workload, error) {
+	if o.rate != 0 || o.promptMean != 0 || o.outputMean != 0 {
+		if o.trace != "" {
+			return nil, errors.New("plan: give --trace or a summary (--rate, --prompt-mean, --output-mean), not both")
+		}
+		s := planner.Summary{Rate: o.rate, Duration: o.duration, ArrivalCV: o.arrivalCV, PromptMean: o.promptMean,
+			PromptCV: o.promptCV, OutputMean: o.outputMean, OutputCV: o.outputCV, MaxLen: o.maxLen,
+			SharedFraction: o.sharedFrac, HotPrefixes: o.hotPrefixes, Zipf: o.zipf}
+		w, err := s.Workload(o.seed)
+		if err != nil {
+			return nil, fmt.Errorf("plan: %w", err)
+		}
+		return w, nil
+	}
+	var w *workload.Workload
+	var err error
+	if o.trace != "" {
+		w, err = workload.ReadTraceFile(o.trace)
+	} else {
+		w, err = sim.DefaultWorkload()
+	}
+	if err != nil {
+		return nil, fmt.Errorf("plan: %w", err)
+	}
+	if o.rateScale <= 0 {
+		return nil, fmt.Errorf("plan: --rate-scale %v must be positive", o.rateScale)
+	}
+	if o.rateScale != 1 {
+		if err := w.ScaleRate(o.rateScale); err != nil {
+			return nil, fmt.Errorf("plan: %w", err)
+		}
+		w.Name += fmt.Sprintf(" (rate x%g)", o.rateScale)
+	}
+	return w, nil
+}
+
+// plans runs the baseline plan, its verification and the what-ifs.
+func (o *planOptions) plans(ctx context.Context, in planner.Input, stderr io.Writer) ([]*planner.Result, error) {
+	var prog *report.Progress
+	if !o.quiet && !o.json {
+		prog = report.NewProgress(stderr, 8, "plan")
+		last := 0
+		in.Progress = func(done, total int) {
+			prog.Add(done - last)
+			last = done
+		}
+	}
+	res, err := planner.Plan(ctx, in)
+	if err != nil {
+		if prog != nil {
+			prog.Finish()
+		}
+		return nil, fmt.Errorf("plan: %w", err)
+	}
+	if o.verify && in.Simulable && res.Aggregated.Meets {
+		if _, err := planner.Verify(ctx, in, res); err != nil {
+			return nil, fmt.Errorf("plan: %w", err)
+		}
+	}
+	if prog != nil {
+		prog.Finish()
+	}
+	out := []*planner.Result{res}
+	for _, name := range o.whatIf {
+		if name == "node-lost" {
+			continue
+		}
+		w, err := planner.WhatIf(in.Workload, name)
+		if err != nil {
+			return nil, fmt.Errorf("plan: %w", err)
+		}
+		wi := in
+		wi.Workload = w
+		wi.Progress = nil
+		r, err := planner.Plan(ctx, wi)
+		if err != nil {
+			// An infeasible what-if is an answer, not a failure.
+			if r == nil {
+				return nil, fmt.Errorf("plan: what-if %s: %w", name, err)
+			}
+			r.Notes = append(r.Notes, "what-if "+name+": "+err.Error())
+		}
+		r.Name = name
+		out = append(out, r)
+	}
+	return out, nil
+}

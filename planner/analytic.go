@@ -1,0 +1,442 @@
+package planner
+
+import (
+	"math"
+	"slices"
+	"sort"
+	"strconv"
+	"time"
+
+	"github.com/kvroute/kvroute/disagg"
+)
+
+// Latency holds the percentiles of one latency and its value at the SLO's
+// quantile.
+type Latency struct {
+	P50 time.Duration `json:"p50_ns"`
+	P90 time.Duration `json:"p90_ns"`
+	P99 time.Duration `json:"p99_ns"`
+	// AtSLO is the value at the SLO target's quantile (0 when no target).
+	AtSLO time.Duration `json:"at_slo_ns"`
+}
+
+// FabricNeed is the fabric a disaggregated fleet needs for KV handoffs.
+type FabricNeed struct {
+	Link string  `json:"link"`
+	Gbps float64 `json:"gbps"`
+	// Total is the fleet's handoff bytes per second; PerDecodeMean and
+	// PerDecodeP99 one decode node's ingress (mean, and p99 over one-second
+	// windows with requests spread round robin).
+	Total         float64 `json:"total_bytes_per_s"`
+	PerDecodeMean float64 `json:"per_decode_mean_bytes_per_s"`
+	PerDecodeP99  float64 `json:"per_decode_p99_bytes_per_s"`
+	// LinkUtilP99 is PerDecodeP99 over the link's effective bandwidth.
+	LinkUtilMean float64 `json:"link_util_mean"`
+	LinkUtilP99  float64 `json:"link_util_p99"`
+	// TransferP50 and TransferP99 are the handoff times of the median and
+	// p99 prompt on an idle link (setup + bytes / bandwidth).
+	TransferP50 time.Duration `json:"transfer_p50_ns"`
+	TransferP99 time.Duration `json:"transfer_p99_ns"`
+	// Source says whether the figures come from package disagg's cost
+	// model.
+	Source string `json:"source"`
+}
+
+// queue is the waiting-time model of a pool of c identical servers fed by a
+// stream of requests: M/G/c with the Allen-Cunneen correction. The waiting
+// time W is 0 with probability 1-C (Erlang C) and exponential with rate
+// Theta otherwise.
+type queue struct {
+	C, Theta, Rho float64
+}
+
+// newQueue returns the model for arrival rate lambda, mean service meanS
+// seconds, squared CVs of arrivals and service ca2, cs2, and c servers; ok
+// is false when the pool is saturated.
+func newQueue(lambda, meanS, ca2, cs2 float64, c int) (queue, bool) {
+	a := lambda * meanS
+	rho := a / float64(c)
+	if rho >= 1 || c < 1 {
+		return queue{Rho: rho}, false
+	}
+	// Erlang B by recursion, then C.
+	bb := 1.0
+	for k := 1; k <= c; k++ {
+		bb = a * bb / (float64(k) + a*bb)
+	}
+	erlC := float64(c) * bb / (float64(c) - a*(1-bb))
+	ac := max((ca2+cs2)/2, 0.05)
+	theta := (float64(c)/meanS - lambda) / ac
+	return queue{C: erlC, Theta: theta, Rho: rho}, true
+}
+
+// sumQuantile returns the q-quantile of W + X where X is drawn uniformly from
+// xs (sorted) and W from the queue.
+func (qm queue) sumQuantile(xs []time.Duration, q float64) time.Duration {
+	if len(xs) == 0 {
+		return 0
+	}
+	cdf := func(t float64) float64 {
+		var s float64
+		for _, x := range xs {
+			w := t - x.Seconds()
+			if w < 0 {
+				break
+			}
+			s += 1 - qm.C*math.Exp(-qm.Theta*w)
+		}
+		return s / float64(len(xs))
+	}
+	lo := xs[0].Seconds()
+	hi := xs[len(xs)-1].Seconds() + 1
+	if qm.C > 0 && qm.Theta > 0 {
+		hi += math.Log(qm.C/(1-q)+1) / qm.Theta
+	}
+	for cdf(hi) < q {
+		hi *= 2
+		if hi > 1e7 {
+			return time.Duration(math.MaxInt64)
+		}
+	}
+	for range 60 {
+		mid := (lo + hi) / 2
+		if cdf(mid) >= q {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return time.Duration(hi * float64(time.Second))
+}
+
+// sample returns up to n evenly spaced order statistics of v (sorted copy).
+func sample(v []time.Duration, n int) []time.Duration {
+	s := slices.Clone(v)
+	slices.Sort(s)
+	if len(s) <= n {
+		return s
+	}
+	out := make([]time.Duration, n)
+	for i := range out {
+		out[i] = s[(2*i+1)*len(s)/(2*n)]
+	}
+	return out
+}
+
+// poissonQuantile is the smallest k with P(Poisson(mean) <= k) >= q.
+func poissonQuantile(mean, q float64) int {
+	if mean <= 0 {
+		return 0
+	}
+	if mean > 500 { // normal approximation
+		return int(math.Ceil(mean + normQuantile(q)*math.Sqrt(mean)))
+	}
+	p := math.Exp(-mean)
+	cum := p
+	k := 0
+	for cum < q && k < 100000 {
+		k++
+		p *= mean / float64(k)
+		cum += p
+	}
+	return k
+}
+
+// normQuantile is the standard normal quantile (Acklam's approximation,
+// relative error < 1.2e-9).
+func normQuantile(p float64) float64 {
+	a := []float64{-3.969683028665376e+01, 2.209460984245205e+02, -2.759285104469687e+02, 1.383577518672690e+02, -3.066479806614716e+01, 2.506628277459239e+00}
+	b := []float64{-5.447609879822406e+01, 1.615858368580409e+02, -1.556989798598866e+02, 6.680131188771972e+01, -1.328068155288572e+01}
+	c := []float64{-7.784894002430293e-03, -3.223964580411365e-01, -2.400758277161838e+00, -2.549732539343734e+00, 4.374664141464968e+00, 2.938163982698783e+00}
+	d := []float64{7.784695709041462e-03, 3.224671290700398e-01, 2.445134137142996e+00, 3.754408661907416e+00}
+	switch {
+	case p <= 0:
+		return math.Inf(-1)
+	case p >= 1:
+		return math.Inf(1)
+	case p < 0.02425:
+		q := math.Sqrt(-2 * math.Log(p))
+		return (((((c[0]*q+c[1])*q+c[2])*q+c[3])*q+c[4])*q + c[5]) / ((((d[0]*q+d[1])*q+d[2])*q+d[3])*q + 1)
+	case p > 1-0.02425:
+		q := math.Sqrt(-2 * math.Log(1-p))
+		return -(((((c[0]*q+c[1])*q+c[2])*q+c[3])*q+c[4])*q + c[5]) / ((((d[0]*q+d[1])*q+d[2])*q+d[3])*q + 1)
+	}
+	q := p - 0.5
+	r := q * q
+	return (((((a[0]*r+a[1])*r+a[2])*r+a[3])*r+a[4])*r + a[5]) * q / (((((b[0]*r+b[1])*r+b[2])*r+b[3])*r+b[4])*r + 1)
+}
+
+// model holds what the analytical fleet estimates share.
+type model struct {
+	in      *Input
+	d       *Demand
+	c       Costs
+	hit     float64   // expected prefix hit rate
+	uncache []int     // per-request uncached tokens at hit
+	cachedE []int     // per-request cached tokens at hit
+	svc     []float64 // per-request prefill service (s) at full-chunk throughput
+	meanSvc float64
+	cs2     float64
+	meanU   float64
+	rate    float64 // request rate (the demand's, times a burst factor)
+}
+
+func newModel(in *Input, d *Demand, c Costs, hit float64) *model {
+	m := &model{in: in, d: d, c: c, hit: hit, rate: d.Rate}
+	scale := 0.0
+	if d.OracleHitRate > 0 {
+		scale = min(1, hit/d.OracleHitRate)
+	}
+	n := len(d.reqs)
+	m.uncache, m.cachedE, m.svc = make([]int, n), make([]int, n), make([]float64, n)
+	var s, s2, u float64
+	for i := range d.reqs {
+		ce := int(float64(d.cached[i]) * scale)
+		m.cachedE[i] = ce
+		m.uncache[i] = d.reqs[i].PromptLen - ce
+		m.svc[i] = float64(m.uncache[i]) * c.PrefillPerToken.Seconds()
+		s += m.svc[i]
+		s2 += m.svc[i] * m.svc[i]
+		u += float64(m.uncache[i])
+	}
+	m.meanSvc = s / float64(n)
+	m.meanU = u / float64(n)
+	if m.meanSvc > 0 {
+		m.cs2 = (s2/float64(n) - m.meanSvc*m.meanSvc) / (m.meanSvc * m.meanSvc)
+	}
+	return m
+}
+
+// decodeBatch solves b = rate x output x TPOT(b) / engines for the mean
+// decode batch per engine, where TPOT(b) = DecodeTime(b, ctx) / (1 - steal)
+// (steal: the time share prefill chunks take on the same engine). ok is false
+// when the batch does not converge below max_num_seqs.
+func (m *model) decodeBatch(engines int, steal float64) (b float64, ok bool) {
+	p := m.in.Profile
+	lam := m.rate / float64(engines)
+	b = 1
+	for range 200 {
+		t := p.DecodeTime(max(1, int(math.Ceil(b))), m.c.DecodeContext).Seconds() / (1 - steal)
+		nb := lam * m.d.OutputMean * t
+		if math.Abs(nb-b) < 1e-6 {
+			b = nb
+			break
+		}
+		b = nb
+		if b > float64(p.MaxNumSeqs) {
+			return b, false
+		}
+	}
+	return b, b <= float64(p.MaxNumSeqs)
+}
+
+func (m *model) tpot(b, steal, q float64) time.Duration {
+	k := max(1, poissonQuantile(b, q))
+	return time.Duration(float64(m.in.Profile.DecodeTime(k, m.c.DecodeContext)) / (1 - steal))
+}
+
+func (m *model) latency(f func(q float64) time.Duration, t Target) Latency {
+	l := Latency{P50: f(0.5), P90: f(0.9), P99: f(0.99)}
+	if t.Set() {
+		l.AtSLO = f(t.Quantile)
+	}
+	return l
+}
+
+func meets(l Latency, t Target) bool { return !t.Set() || l.AtSLO <= t.Limit }
+
+// analyticAggregated estimates the smallest aggregated fleet from start
+// engines up: each engine time-shares prefill chunks and decode steps.
+func (m *model) analyticAggregated(start int) Fleet {
+	in, d := m.in, m.d
+	f := Fleet{Mode: "aggregated", Method: "analytical", HitRate: m.hit, KVCapacityTokens: m.c.KVCapacity}
+	for n := max(1, start); n <= in.MaxEngines; n++ {
+		if m.aggregatedAt(&f, n) {
+			f.Meets = true
+			break
+		}
+	}
+	if !f.Meets {
+		f.Notes = append(f.Notes, "no aggregated fleet up to "+itoa(in.MaxEngines)+" engines meets the SLO in the analytical model")
+	}
+	_ = d
+	return f
+}
+
+// aggregatedAt fills f for n aggregated engines and reports whether it meets
+// the SLO at the target utilisation.
+func (m *model) aggregatedAt(f *Fleet, n int) bool {
+	in, d := m.in, m.d
+	f.Engines, f.Prefill, f.Decode = n, 0, 0
+	pfRho := m.rate * m.meanSvc / float64(n)
+	if pfRho >= 1 {
+		f.Utilisation = pfRho
+		return false
+	}
+	b, ok := m.decodeBatch(n, pfRho)
+	if !ok {
+		f.Utilisation = 1
+		return false
+	}
+	dcRho := m.rate * d.OutputMean / float64(n) * in.Profile.DecodeTime(max(1, int(math.Ceil(b))), m.c.DecodeContext).Seconds() / max(b, 1)
+	f.Utilisation = pfRho + dcRho
+	f.DecodeBatch = b
+	if f.Utilisation >= 1 {
+		return false
+	}
+	// Prefill queue: n servers slowed by the decode share.
+	speed := 1 - dcRho
+	qm, ok := newQueue(m.rate, m.meanSvc/speed, d.ArrivalCV2, m.cs2, n)
+	if !ok {
+		return false
+	}
+	xs := make([]time.Duration, len(d.reqs))
+	for i := range d.reqs {
+		xs[i] = time.Duration(float64(chunkedPrefill(in.Profile, m.uncache[i], m.cachedE[i]))/speed) + netRTT
+	}
+	xs = sample(xs, 1500)
+	f.TTFT = m.latency(func(q float64) time.Duration { return qm.sumQuantile(xs, q) }, in.SLO.TTFT)
+	f.TPOT = m.latency(func(q float64) time.Duration { return m.tpot(b, pfRho, q) }, in.SLO.TPOT)
+	mem := float64(poissonQuantile(b, 0.99)) * (d.PromptMean + d.OutputMean/2)
+	f.ThroughputRPS = m.rate
+	f.OutputTPS = m.rate * d.OutputMean
+	return f.Utilisation <= in.MaxUtilisation && mem <= float64(m.c.KVCapacity) &&
+		meets(f.TTFT, in.SLO.TTFT) && meets(f.TPOT, in.SLO.TPOT)
+}
+
+// decodeOK reports whether dn decode nodes meet TPOT and KV capacity, with
+// the mean batch and the TPOT percentiles.
+func (m *model) decodeOK(dn int) (b float64, tp Latency, ok bool) {
+	in, d := m.in, m.d
+	b, ok = m.decodeBatch(dn, 0)
+	if !ok {
+		return b, tp, false
+	}
+	mem := float64(poissonQuantile(b, 0.99)) * (d.PromptMean + d.OutputMean/2)
+	tp = m.latency(func(q float64) time.Duration { return m.tpot(b, 0, q) }, in.SLO.TPOT)
+	return b, tp, mem <= float64(m.c.KVCapacity) && meets(tp, in.SLO.TPOT)
+}
+
+// handoffLatency returns, per request (sampled), the TTFT without queueing
+// on a disaggregated fleet: prefill + KV handoff + first decode step.
+func (m *model) handoffLatency(b float64) []time.Duration {
+	p, d := m.in.Profile, m.d
+	shape := disagg.ShapeOf(p)
+	firstStep := p.DecodeTime(max(1, int(math.Ceil(b))), m.c.DecodeContext)
+	xs := make([]time.Duration, len(d.reqs))
+	for i := range d.reqs {
+		// Three hops: router -> prefill, prefill -> decode (in the
+		// handoff), decode -> router.
+		xs[i] = chunkedPrefill(p, m.uncache[i], m.cachedE[i]) + m.in.Fabric.Duration(shape.Bytes(d.reqs[i].PromptLen)) +
+			firstStep + netRTT + netRTT/2
+	}
+	return sample(xs, 1500)
+}
+
+// disaggAt fills f for pn prefill and dn decode engines and reports whether
+// the fleet meets the SLO with the prefill pool at the target utilisation.
+func (m *model) disaggAt(f *Fleet, pn, dn int) bool {
+	in, d := m.in, m.d
+	f.Prefill, f.Decode, f.Engines = pn, dn, pn+dn
+	b, tp, okD := m.decodeOK(dn)
+	f.DecodeBatch, f.TPOT = b, tp
+	f.Fabric = m.fabric(dn, disagg.ShapeOf(in.Profile), in.Fabric)
+	qm, okP := newQueue(m.rate, m.meanSvc, d.ArrivalCV2, m.cs2, pn)
+	f.PrefillUtil = qm.Rho
+	f.DecodeUtil = b / float64(max(1, m.c.DecodeBatch))
+	f.Utilisation = (min(1, f.PrefillUtil)*float64(pn) + min(1, f.DecodeUtil)*float64(dn)) / float64(pn+dn)
+	f.ThroughputRPS = m.rate
+	f.OutputTPS = m.rate * d.OutputMean
+	if !okP {
+		f.TTFT = Latency{P50: infDur, P90: infDur, P99: infDur, AtSLO: infDur}
+		return false
+	}
+	xs := m.handoffLatency(b)
+	f.TTFT = m.latency(func(q float64) time.Duration { return qm.sumQuantile(xs, q) }, in.SLO.TTFT)
+	return okD && qm.Rho <= in.MaxUtilisation && meets(f.TTFT, in.SLO.TTFT) &&
+		f.Fabric.LinkUtilMean <= in.MaxUtilisation
+}
+
+const infDur = time.Duration(math.MaxInt64)
+
+// analyticDisaggregated sizes a decode pool (TPOT, KV, fabric ingress) and
+// then a prefill pool (TTFT: queue + prefill + handoff + first decode step, at
+// the target utilisation).
+func (m *model) analyticDisaggregated(bwNeed int) Fleet {
+	in := m.in
+	f := Fleet{Mode: "disaggregated", Method: "analytical", HitRate: m.hit, KVCapacityTokens: m.c.KVCapacity}
+	dn := 0
+	for n := max(1, bwNeed); n <= in.MaxEngines; n++ {
+		if _, _, ok := m.decodeOK(n); ok {
+			dn = n
+			break
+		}
+	}
+	if dn == 0 {
+		f.Notes = append(f.Notes, "no decode pool up to "+itoa(in.MaxEngines)+" engines meets TPOT and the KV capacity")
+		return f
+	}
+	b, _, _ := m.decodeOK(dn)
+	if in.SLO.TTFT.Set() {
+		if floor := quantileDur(m.handoffLatency(b), in.SLO.TTFT.Quantile); floor > in.SLO.TTFT.Limit {
+			m.disaggAt(&f, max(1, int(math.Ceil(m.rate*m.meanSvc/in.MaxUtilisation))), dn)
+			f.Notes = append(f.Notes, "TTFT target "+in.SLO.TTFT.String()+" is below prefill + KV handoff + first decode step at that quantile ("+
+				fmtDur(floor)+"): no prefill pool meets it")
+			return f
+		}
+	}
+	start := max(1, int(math.Ceil(m.rate*m.meanSvc/in.MaxUtilisation-1e-9)))
+	for pn := start; pn <= in.MaxEngines; pn++ {
+		if m.disaggAt(&f, pn, dn) {
+			f.Meets = true
+			return f
+		}
+	}
+	f.Notes = append(f.Notes, "no prefill pool up to "+itoa(in.MaxEngines)+" engines meets TTFT")
+	return f
+}
+
+// fabric computes the handoff bandwidth for dn decode nodes, requests
+// assigned round robin, in one-second windows.
+func (m *model) fabric(dn int, shape disagg.KVShape, link disagg.Link) *FabricNeed {
+	d := m.d
+	fn := &FabricNeed{Link: link.Name, Gbps: link.Gbps, Source: "disagg.KVShape + disagg.Link cost model"}
+	bytes := make([]int64, len(d.reqs))
+	var tot float64
+	per := map[[2]int64]float64{}
+	t0 := d.reqs[0].Arrival
+	for i := range d.reqs {
+		bytes[i] = shape.Bytes(d.reqs[i].PromptLen)
+		tot += float64(bytes[i])
+		sec := int64((d.reqs[i].Arrival - t0) / time.Second)
+		per[[2]int64{int64(i % dn), sec}] += float64(bytes[i])
+	}
+	secs := int64(max(1, int(math.Ceil(d.Span.Seconds()))))
+	if d.Span > 0 {
+		fn.Total = tot / d.Span.Seconds()
+	}
+	fn.PerDecodeMean = fn.Total / float64(dn)
+	vals := make([]float64, 0, int(secs)*dn)
+	for k := range dn {
+		for s := int64(0); s < secs; s++ {
+			vals = append(vals, per[[2]int64{int64(k), s}])
+		}
+	}
+	sort.Float64s(vals)
+	fn.PerDecodeP99 = vals[rankIndex(len(vals), 0.99)]
+	// A burst scales the rate, so the bytes per second, by the same factor.
+	if k := m.rate / d.Rate; k > 0 && k != 1 {
+		fn.Total, fn.PerDecodeMean, fn.PerDecodeP99 = fn.Total*k, fn.PerDecodeMean*k, fn.PerDecodeP99*k
+	}
+	bw := link.BytesPerSecond()
+	fn.LinkUtilMean, fn.LinkUtilP99 = fn.PerDecodeMean/bw, fn.PerDecodeP99/bw
+	prompts := make([]int, len(d.reqs))
+	for i := range d.reqs {
+		prompts[i] = d.reqs[i].PromptLen
+	}
+	fn.TransferP50 = link.Duration(shape.Bytes(quantileInt(prompts, 0.5)))
+	fn.TransferP99 = link.Duration(shape.Bytes(quantileInt(prompts, 0.99)))
+	return fn
+}
+
+func itoa(n int) string { return strconv.Itoa(n) }

@@ -1,0 +1,233 @@
+package planner
+
+import (
+	"fmt"
+	"math"
+	"sort"
+	"time"
+)
+
+// Bound is one closed-form lower bound on the fleet, with its reasoning.
+type Bound struct {
+	Name string `json:"name"`
+	// Engines is the bound itself (fractional); Need its ceiling.
+	Engines float64 `json:"engines"`
+	Need    int     `json:"need"`
+	// Explain is the arithmetic in one or two sentences.
+	Explain string `json:"explain"`
+}
+
+// Bounds are the closed-form bounds computed before any simulation.
+type Bounds struct {
+	Costs Costs `json:"costs"`
+	// Compute: engine-seconds of prefill and decode per second at the
+	// ideal batch, with the oracle hit rate (fewer engines cannot keep up).
+	Compute Bound `json:"compute"`
+	// Memory: KV working set (Little's law) over one engine's capacity.
+	Memory Bound `json:"memory"`
+	// Bandwidth: decode nodes needed to absorb the P/D handoffs at the
+	// target link utilisation (disaggregated fleets only).
+	Bandwidth Bound `json:"bandwidth"`
+	// Aggregated is max(compute, memory): where the search starts.
+	Aggregated int `json:"aggregated"`
+	// TTFTFloor and TPOTFloor are the latencies an idle engine gives at the
+	// SLO's quantile (every shared prefix cached): an SLO below them cannot
+	// be met by any fleet.
+	TTFTFloor time.Duration `json:"ttft_floor_ns"`
+	TPOTFloor time.Duration `json:"tpot_floor_ns"`
+	// ttftFloors are the per-request floors.
+	ttftFloors []time.Duration
+}
+
+// netRTT is the router<->engine latency a TTFT pays (two one-way trips of
+// the simulator's default 1 ms).
+const netRTT = 2 * time.Millisecond
+
+func computeBounds(in *Input, d *Demand) (Bounds, error) {
+	p := in.Profile
+	capTok := in.kvCapacity()
+	b := Bounds{Costs: costs(p, capTok, d, in.SLO)}
+	c := b.Costs
+
+	// Context fit.
+	limit := min(capTok, p.MaxModelLen)
+	if d.MaxContext > limit {
+		n := 0
+		for i := range d.reqs {
+			if d.reqs[i].PromptLen+d.reqs[i].OutputLen > limit {
+				n++
+			}
+		}
+		what := "the KV capacity"
+		if p.MaxModelLen < capTok {
+			what = "the max model length"
+		}
+		return b, fmt.Errorf("%w: %d request(s) need up to %d tokens of context (prompt + output), more than %s of one engine (%d tokens on %s); raise TP or the KV capacity",
+			ErrInfeasible, n, d.MaxContext, what, limit, p.Name)
+	}
+
+	// Latency floors.
+	b.ttftFloors = make([]time.Duration, len(d.reqs))
+	for i := range d.reqs {
+		r := &d.reqs[i]
+		b.ttftFloors[i] = chunkedPrefill(p, r.PromptLen-d.cached[i], d.cached[i]) + netRTT
+	}
+	if in.SLO.TTFT.Set() {
+		q := in.SLO.TTFT.Quantile
+		b.TTFTFloor = quantileDur(b.ttftFloors, q)
+		if b.TTFTFloor > in.SLO.TTFT.Limit {
+			med := p.PrefillTime(d.PromptP50, 0)
+			return b, fmt.Errorf("%w: TTFT p%s of %s is below the prefill time of the p%s request on an idle %s engine (%s, even with every shared prefix cached; the median prompt of %d tokens takes %s uncached)",
+				ErrInfeasible, qName(q), fmtDur(in.SLO.TTFT.Limit), qName(q), p.Name, fmtDur(b.TTFTFloor), d.PromptP50, fmtDur(med))
+		}
+	}
+	if in.SLO.TPOT.Set() {
+		q := in.SLO.TPOT.Quantile
+		ctx := quantileContext(d, q)
+		b.TPOTFloor = p.DecodeTime(1, ctx)
+		if b.TPOTFloor > in.SLO.TPOT.Limit {
+			return b, fmt.Errorf("%w: TPOT p%s of %s is below one decode step of a single sequence on %s (%s at the p%s context of %d tokens: reading the weights and its KV takes that long)",
+				ErrInfeasible, qName(q), fmtDur(in.SLO.TPOT.Limit), p.Name, fmtDur(b.TPOTFloor), qName(q), ctx)
+		}
+	}
+
+	// Compute.
+	uncached := d.PromptMean * (1 - d.OracleHitRate)
+	pfLoad := d.Rate * uncached / c.PrefillTokensPerSec
+	dcLoad := d.Rate * d.OutputMean / c.DecodeTokensPerSec
+	b.Compute.Name = "compute"
+	b.Compute.Engines = pfLoad + dcLoad
+	b.Compute.Need = max(1, int(math.Ceil(b.Compute.Engines-1e-9)))
+	b.Compute.Explain = fmt.Sprintf("prefill %.2f req/s x %.0f uncached tokens (%.0f-token prompts, %.1f%% oracle hit rate) / %.0f tok/s per engine (%d-token chunks at %s/token) = %.2f engines; "+
+		"decode %.2f req/s x %.0f output tokens / %.0f tok/s per engine (batch %d at %s/step, the largest meeting TPOT and KV) = %.2f engines; total %.2f",
+		d.Rate, uncached, d.PromptMean, 100*d.OracleHitRate, c.PrefillTokensPerSec, c.Chunk, fmtDurFine(c.PrefillPerToken), pfLoad,
+		d.Rate, d.OutputMean, c.DecodeTokensPerSec, c.DecodeBatch, fmtDur(c.DecodeStep), dcLoad, b.Compute.Engines)
+
+	// Memory: requests in flight by Little's law, each holding its
+	// uncached prompt and half its output; shared prefixes once.
+	e2e := time.Duration(float64(b.meanTTFTFloor())) + time.Duration(d.OutputMean*float64(c.DecodeStep))
+	inflight := d.Rate * e2e.Seconds()
+	perReq := uncached + d.OutputMean/2
+	shared := d.PromptMean * d.OracleHitRate
+	ws := inflight*perReq + shared
+	b.Memory.Name = "memory"
+	b.Memory.Engines = ws / float64(capTok)
+	b.Memory.Need = max(1, int(math.Ceil(b.Memory.Engines-1e-9)))
+	b.Memory.Explain = fmt.Sprintf("%.1f requests in flight (%.2f req/s x %s mean end-to-end at the ideal batch) x %.0f KV tokens each (uncached prompt + half the output) + %.0f shared-prefix tokens = %.0f tokens / %d tokens per engine = %.2f engines",
+		inflight, d.Rate, fmtDur(e2e), perReq, shared, ws, capTok, b.Memory.Engines)
+
+	// Bandwidth for P/D handoffs.
+	bytesPerSec := d.Rate * d.PromptMean * float64(c.KVBytesPerToken)
+	linkBps := in.Fabric.BytesPerSecond() * in.MaxUtilisation
+	b.Bandwidth.Name = "bandwidth"
+	b.Bandwidth.Engines = bytesPerSec / linkBps
+	b.Bandwidth.Need = max(1, int(math.Ceil(b.Bandwidth.Engines-1e-9)))
+	b.Bandwidth.Explain = fmt.Sprintf("P/D moves each prompt's KV: %.2f req/s x %.0f tokens x %s/token = %s/s; at %.0f%% of a %g Gbps %s link (%s/s) per decode node that is %.2f decode nodes",
+		d.Rate, d.PromptMean, fmtBytes(float64(c.KVBytesPerToken)), fmtBytes(bytesPerSec), 100*in.MaxUtilisation, in.Fabric.Gbps, in.Fabric.Name, fmtBytes(linkBps), b.Bandwidth.Engines)
+
+	b.Aggregated = max(b.Compute.Need, b.Memory.Need)
+	return b, nil
+}
+
+func (b *Bounds) meanTTFTFloor() time.Duration {
+	if len(b.ttftFloors) == 0 {
+		return 0
+	}
+	var s time.Duration
+	for _, t := range b.ttftFloors {
+		s += t
+	}
+	return s / time.Duration(len(b.ttftFloors))
+}
+
+// quantileContext is the q-quantile over requests of prompt + output.
+func quantileContext(d *Demand, q float64) int {
+	v := make([]int, len(d.reqs))
+	for i := range d.reqs {
+		v[i] = d.reqs[i].PromptLen + d.reqs[i].OutputLen
+	}
+	return quantileInt(v, q)
+}
+
+// hotPrefixes fills d.HotPrefixes: the n most requested shared prefixes,
+// their load and the copies the load needs. A prompt is a path of segments
+// (a trace's 512-token blocks); a hot prefix is a branch point of the prompt
+// tree: a leading run of segments more requests share than share any longer
+// run through it (so a system prompt and a long shared document both count,
+// but not every block of a shared history). Requests given as token ids or
+// text have no segments and no hot prefixes are reported for them.
+func hotPrefixes(in *Input, d *Demand, c Costs, n int) {
+	d.HotPrefixes = nil
+	if !segmentsOnly(d.reqs) || d.Span <= 0 {
+		return
+	}
+	type node struct {
+		count, maxChild, tokens int
+		work                    float64 // engine-seconds of the requests through it
+	}
+	nodes := map[uint64]*node{}
+	for i := range d.reqs {
+		r := &d.reqs[i]
+		work := float64(r.PromptLen-d.cached[i])*c.PrefillPerToken.Seconds() + float64(r.OutputLen)/c.DecodeTokensPerSec
+		chain := uint64(0x686f74)
+		tokens := 0
+		var parent *node
+		for _, sg := range r.Segments {
+			chain = mix(chain ^ mix(sg.Key) ^ uint64(sg.Len)<<1)
+			tokens += sg.Len
+			nd := nodes[chain]
+			if nd == nil {
+				nd = &node{tokens: tokens}
+				nodes[chain] = nd
+			}
+			nd.count++
+			nd.work += work
+			if parent != nil {
+				parent.maxChild = max(parent.maxChild, nd.count)
+			}
+			parent = nd
+		}
+	}
+	var hot []*node
+	for _, nd := range nodes {
+		if nd.count >= 2 && nd.count > nd.maxChild {
+			hot = append(hot, nd)
+		}
+	}
+	sort.Slice(hot, func(a, b int) bool {
+		if hot[a].count != hot[b].count {
+			return hot[a].count > hot[b].count
+		}
+		return hot[a].tokens > hot[b].tokens
+	})
+	for k, nd := range hot {
+		if k >= n {
+			break
+		}
+		load := nd.work / d.Span.Seconds()
+		d.HotPrefixes = append(d.HotPrefixes, HotPrefix{
+			Rank: k + 1, Requests: nd.count, Share: float64(nd.count) / float64(len(d.reqs)),
+			Tokens: nd.tokens, Load: load, Copies: max(1, int(math.Ceil(load/in.MaxUtilisation-1e-9))),
+		})
+	}
+}
+
+func fmtBytes(v float64) string {
+	switch {
+	case v >= 1e9:
+		return fmt.Sprintf("%.2f GB", v/1e9)
+	case v >= 1e6:
+		return fmt.Sprintf("%.1f MB", v/1e6)
+	case v >= 1e3:
+		return fmt.Sprintf("%.1f KB", v/1e3)
+	default:
+		return fmt.Sprintf("%.0f B", v)
+	}
+}
+
+func fmtDurFine(d time.Duration) string {
+	if d < time.Millisecond {
+		return fmt.Sprintf("%.1fus", float64(d)/1e3)
+	}
+	return fmtDur(d)
+}

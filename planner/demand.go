@@ -1,0 +1,273 @@
+package planner
+
+import (
+	"math"
+	"slices"
+	"time"
+
+	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/workload"
+)
+
+// Demand is the workload as the planner sees it: rates, length
+// distributions, the oracle hit rate and the hot prefixes.
+type Demand struct {
+	Requests int           `json:"requests"`
+	Span     time.Duration `json:"span_ns"`
+	// Rate is requests per second over the span.
+	Rate float64 `json:"rate"`
+	// ArrivalCV2 is the squared coefficient of variation of inter-arrival
+	// gaps (1 for Poisson).
+	ArrivalCV2 float64 `json:"arrival_cv2"`
+	PromptMean float64 `json:"prompt_mean"`
+	PromptP50  int     `json:"prompt_p50"`
+	PromptP99  int     `json:"prompt_p99"`
+	OutputMean float64 `json:"output_mean"`
+	OutputP50  int     `json:"output_p50"`
+	OutputP99  int     `json:"output_p99"`
+	// MaxContext is the largest prompt + output.
+	MaxContext int `json:"max_context"`
+	// OracleHitRate is the fraction of prompt tokens an infinite cache
+	// shared by the fleet would serve (the upper bound on the hit rate).
+	OracleHitRate float64 `json:"oracle_hit_rate"`
+	// HotPrefixes are the most requested shared prefixes (branch points of
+	// the prompt tree), most requested first.
+	HotPrefixes []HotPrefix `json:"hot_prefixes,omitempty"`
+
+	reqs   []workload.Request
+	cached []int // oracle-cached tokens per request
+}
+
+// HotPrefix is one popular shared prefix and the replicas its load needs.
+type HotPrefix struct {
+	// Rank is 1 for the most requested prefix.
+	Rank int `json:"rank"`
+	// Requests is how many requests start with it; Share their fraction.
+	Requests int     `json:"requests"`
+	Share    float64 `json:"share"`
+	// Tokens is the prefix's length.
+	Tokens int `json:"tokens"`
+	// Load is the engine-seconds per second its requests need (prefill
+	// of the uncached part plus decode) at the ideal batch.
+	Load float64 `json:"load_engines"`
+	// Copies is how many engines must hold the prefix so that none runs
+	// above the target utilisation serving it: ceil(Load / MaxUtilisation).
+	Copies int `json:"copies"`
+}
+
+// analyse computes the demand of w at the engine block size.
+func analyse(w *workload.Workload, blockSize int) *Demand {
+	reqs := w.Requests
+	d := &Demand{Requests: len(reqs), reqs: reqs}
+	prompts := make([]int, len(reqs))
+	outputs := make([]int, len(reqs))
+	var psum, osum float64
+	var promptSum int64
+	for i := range reqs {
+		r := &reqs[i]
+		prompts[i], outputs[i] = r.PromptLen, r.OutputLen
+		psum += float64(r.PromptLen)
+		osum += float64(r.OutputLen)
+		promptSum += int64(r.PromptLen)
+		d.MaxContext = max(d.MaxContext, r.PromptLen+r.OutputLen)
+	}
+	d.cached = oracleCached(reqs, blockSize)
+	var cachedSum int64
+	for _, c := range d.cached {
+		cachedSum += int64(c)
+	}
+	if promptSum > 0 {
+		d.OracleHitRate = float64(cachedSum) / float64(promptSum)
+	}
+	n := float64(len(reqs))
+	d.PromptMean, d.OutputMean = psum/n, osum/n
+	d.PromptP50, d.PromptP99 = quantileInt(prompts, 0.5), quantileInt(prompts, 0.99)
+	d.OutputP50, d.OutputP99 = quantileInt(outputs, 0.5), quantileInt(outputs, 0.99)
+	d.Span = reqs[len(reqs)-1].Arrival - reqs[0].Arrival
+	d.ArrivalCV2 = 1
+	if d.Span > 0 && len(reqs) > 1 {
+		d.Rate = float64(len(reqs)-1) / d.Span.Seconds()
+	} else {
+		d.Rate = math.Inf(1)
+	}
+	if len(reqs) > 2 {
+		var m, m2 float64
+		for i := 1; i < len(reqs); i++ {
+			g := (reqs[i].Arrival - reqs[i-1].Arrival).Seconds()
+			m += g
+			m2 += g * g
+		}
+		k := float64(len(reqs) - 1)
+		m /= k
+		if m > 0 {
+			d.ArrivalCV2 = max(0, (m2/k-m*m)/(m*m))
+		}
+	}
+	return d
+}
+
+// oracleCached returns, per request in arrival order, the prompt tokens an
+// infinite cache shared by the fleet would serve: the leading blocks seen
+// before, never the whole prompt (one token is always computed, as in vLLM).
+func oracleCached(reqs []workload.Request, blockSize int) []int {
+	out := make([]int, len(reqs))
+	if segmentsOnly(reqs) {
+		// On segments: two prompts share their first n tokens exactly when
+		// their leading segments are equal and the next ones have the
+		// same key (a shorter segment is a prefix of a longer one). Keep,
+		// per chain of leading segments and next key, the longest
+		// segment seen.
+		longest := map[uint64]int{}
+		for i := range reqs {
+			shared, matching := 0, true
+			chain := uint64(0x706c616e6e6572)
+			for _, sg := range reqs[i].Segments {
+				k := mix(chain ^ mix(sg.Key))
+				l := longest[k]
+				if sg.Len > l {
+					longest[k] = sg.Len
+				}
+				if matching {
+					shared += min(l, sg.Len)
+					matching = l >= sg.Len
+				}
+				chain = mix(k ^ uint64(sg.Len))
+			}
+			out[i] = min(shared/blockSize, (reqs[i].PromptLen-1)/blockSize) * blockSize
+		}
+		return out
+	}
+	seen := map[uint64]struct{}{}
+	var buf []uint64
+	for i := range reqs {
+		buf = reqs[i].BlockHashes(blockSize, buf[:0])
+		lead := true
+		hit := 0
+		for _, h := range buf {
+			if _, ok := seen[h]; ok {
+				if lead {
+					hit++
+				}
+				continue
+			}
+			lead = false
+			seen[h] = struct{}{}
+		}
+		out[i] = min(hit*blockSize, (reqs[i].PromptLen-1)/blockSize*blockSize)
+	}
+	return out
+}
+
+// segmentsOnly reports whether every prompt is given as segments only.
+func segmentsOnly(reqs []workload.Request) bool {
+	for i := range reqs {
+		if reqs[i].Tokens != nil || reqs[i].Text != "" || len(reqs[i].Segments) == 0 {
+			return false
+		}
+	}
+	return true
+}
+
+// mix is SplitMix64's finaliser.
+func mix(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ x>>31
+}
+
+// Costs are the per-engine rates the closed-form bounds use, from the engine
+// cost model (engine.Profile.StepTime).
+type Costs struct {
+	// Chunk is the per-step token budget (max_num_batched_tokens).
+	Chunk int `json:"chunk_tokens"`
+	// PrefillPerToken is the time per prompt token in a full chunk on top
+	// of the mean cached context: PrefillTime(Chunk, cached) / Chunk.
+	PrefillPerToken time.Duration `json:"prefill_per_token_ns"`
+	// PrefillTokensPerSec is 1 / PrefillPerToken.
+	PrefillTokensPerSec float64 `json:"prefill_tokens_per_s"`
+	// DecodeContext is the mean context of a decoding sequence (prompt +
+	// half the output).
+	DecodeContext int `json:"decode_context"`
+	// DecodeBatch is the largest batch whose step meets the TPOT target
+	// and fits the KV cache and max_num_seqs; DecodeStep its step time.
+	DecodeBatch int           `json:"decode_batch"`
+	DecodeStep  time.Duration `json:"decode_step_ns"`
+	// DecodeTokensPerSec is DecodeBatch / DecodeStep.
+	DecodeTokensPerSec float64 `json:"decode_tokens_per_s"`
+	// KVCapacity is one engine's KV capacity in tokens; KVBytesPerToken
+	// the KV size of one token (whole model).
+	KVCapacity      int   `json:"kv_capacity_tokens"`
+	KVBytesPerToken int64 `json:"kv_bytes_per_token"`
+}
+
+func costs(p engine.Profile, capTokens int, d *Demand, slo SLO) Costs {
+	c := Costs{Chunk: p.MaxNumBatchedTokens, KVCapacity: capTokens, KVBytesPerToken: p.KVBytesPerToken()}
+	meanCached := int(d.OracleHitRate * d.PromptMean)
+	pt := p.PrefillTime(c.Chunk, meanCached)
+	c.PrefillPerToken = pt / time.Duration(c.Chunk)
+	c.PrefillTokensPerSec = float64(c.Chunk) / pt.Seconds()
+	c.DecodeContext = int(d.PromptMean + d.OutputMean/2)
+	perSeq := max(1, int(d.PromptMean+d.OutputMean))
+	maxB := max(1, min(p.MaxNumSeqs, capTokens/perSeq))
+	b := maxB
+	if slo.TPOT.Set() {
+		// The largest batch whose step meets the TPOT target.
+		lo, hi := 1, maxB
+		if p.DecodeTime(1, c.DecodeContext) > slo.TPOT.Limit {
+			hi = 1
+		}
+		for lo < hi {
+			mid := (lo + hi + 1) / 2
+			if p.DecodeTime(mid, c.DecodeContext) <= slo.TPOT.Limit {
+				lo = mid
+			} else {
+				hi = mid - 1
+			}
+		}
+		b = lo
+	}
+	c.DecodeBatch = b
+	c.DecodeStep = p.DecodeTime(b, c.DecodeContext)
+	c.DecodeTokensPerSec = float64(b) / c.DecodeStep.Seconds()
+	return c
+}
+
+// chunkedPrefill is the time to prefill q uncached tokens on top of cached
+// ones on an otherwise idle engine, in chunks of the step budget; the last
+// chunk's step also produces the first token.
+func chunkedPrefill(p engine.Profile, q, cached int) time.Duration {
+	var t time.Duration
+	chunk := max(1, p.MaxNumBatchedTokens)
+	q = max(q, 1)
+	for done := 0; done < q; done += chunk {
+		n := min(chunk, q-done)
+		t += p.PrefillTime(n, cached+done)
+	}
+	return t
+}
+
+func quantileInt(v []int, q float64) int {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[rankIndex(len(s), q)]
+}
+
+func quantileDur(v []time.Duration, q float64) time.Duration {
+	if len(v) == 0 {
+		return 0
+	}
+	s := slices.Clone(v)
+	slices.Sort(s)
+	return s[rankIndex(len(s), q)]
+}
+
+// rankIndex is the nearest-rank index of quantile q among n sorted values.
+func rankIndex(n int, q float64) int {
+	i := int(math.Ceil(q*float64(n))) - 1
+	return min(max(i, 0), n-1)
+}

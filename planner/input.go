@@ -1,0 +1,208 @@
+package planner
+
+import (
+	"errors"
+	"fmt"
+	"math"
+	"slices"
+	"time"
+
+	"github.com/kvroute/kvroute/disagg"
+	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/policy"
+	"github.com/kvroute/kvroute/workload"
+)
+
+// Target is one latency objective: the Quantile (0..1, e.g. 0.99) of the
+// distribution must be at most Limit.
+type Target struct {
+	Quantile float64       `json:"quantile"`
+	Limit    time.Duration `json:"limit_ns"`
+}
+
+// Set reports whether the target is given (a zero Limit is not checked).
+func (t Target) Set() bool { return t.Limit > 0 }
+
+// String renders the target as "p99<=2s".
+func (t Target) String() string {
+	if !t.Set() {
+		return "none"
+	}
+	return fmt.Sprintf("p%s<=%s", qName(t.Quantile), fmtDur(t.Limit))
+}
+
+// SLO is the service-level objective a planned fleet must meet.
+type SLO struct {
+	TTFT Target `json:"ttft"`
+	TPOT Target `json:"tpot"`
+}
+
+// String renders the SLO as "ttft p99<=2s, tpot p99<=100ms".
+func (s SLO) String() string { return "ttft " + s.TTFT.String() + ", tpot " + s.TPOT.String() }
+
+// Input is everything a plan needs. Zero values take the documented defaults;
+// Profile, Workload and at least one SLO target are required.
+type Input struct {
+	// Profile is the engine deployment (model, GPU, TP, scheduler limits),
+	// from engine.LookupProfile or engine.ProfileFromHFConfig. Required.
+	Profile engine.Profile
+	// Simulable says the simulator can run Profile: the simulator resolves
+	// engines by built-in profile name (sim.Group.Profile), so a profile
+	// built from a config.json is planned analytically only. Set by the
+	// caller when Profile came from engine.LookupProfile.
+	Simulable bool
+	// KVCapacityTokens overrides the KV capacity of one engine in tokens;
+	// 0 keeps the profile's (derived from memory as vLLM does).
+	KVCapacityTokens int
+	// Fabric is the link a P/D handoff crosses (prefill node to decode
+	// node); default 400G RDMA (disagg.RDMAGbps) with 1 ms setup.
+	Fabric disagg.Link
+	// Workload is the request stream to plan for (a trace or Summary.Workload).
+	// Required.
+	Workload *workload.Workload
+	// SLO is the objective. At least one target is required.
+	SLO SLO
+	// GPUHourCost is the price of one GPU-hour; 0 means cost is reported in
+	// GPUs only.
+	GPUHourCost float64
+	// Burst is the rate factor the plan reports headroom for; default 1.5.
+	Burst float64
+	// Seed makes the plan deterministic (policy seed and scrape phases).
+	Seed uint64
+	// Policy is the routing policy simulated; default policy.Default.
+	Policy string
+	// MaxEngines caps the search; default 512.
+	MaxEngines int
+	// SimRequests caps the requests simulated per candidate fleet: a larger
+	// workload is cut to its busiest window of this many requests. Default
+	// 2500; negative simulates everything.
+	SimRequests int
+	// MaxUtilisation is the busy fraction the analytical estimates plan for
+	// (queueing explodes near 1); default 0.85.
+	MaxUtilisation float64
+	// Progress, when set, is called after each simulated candidate with the
+	// number of simulation runs done and an estimate of the total.
+	Progress func(done, total int)
+}
+
+// Errors wrapped by Plan for bad input.
+var (
+	ErrBadInput   = errors.New("planner: bad input")
+	ErrInfeasible = errors.New("planner: SLO cannot be met")
+)
+
+func (in *Input) defaults() {
+	if in.Fabric.Gbps == 0 {
+		in.Fabric = disagg.Link{Name: "rdma", Gbps: disagg.RDMAGbps, Setup: time.Millisecond}
+	}
+	if in.Fabric.Name == "" {
+		in.Fabric.Name = "fabric"
+	}
+	if in.Burst == 0 {
+		in.Burst = 1.5
+	}
+	if in.Policy == "" {
+		in.Policy = policy.Default
+	}
+	if in.MaxEngines == 0 {
+		in.MaxEngines = 512
+	}
+	if in.SimRequests == 0 {
+		in.SimRequests = 2500
+	}
+	if in.MaxUtilisation == 0 {
+		in.MaxUtilisation = 0.85
+	}
+}
+
+// Validate reports the first invalid field, wrapping ErrBadInput.
+func (in *Input) Validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: %s", ErrBadInput, fmt.Sprintf(format, a...))
+	}
+	if err := in.Profile.Validate(); err != nil {
+		return bad("profile: %v", err)
+	}
+	if in.Profile.KVBytesPerToken() <= 0 {
+		return bad("profile %s: KV bytes per token is 0", in.Profile.Name)
+	}
+	if in.KVCapacityTokens < 0 {
+		return bad("kv capacity %d tokens is negative", in.KVCapacityTokens)
+	}
+	if in.KVCapacityTokens == 0 && in.Profile.KVCapacityTokens() <= 0 {
+		return bad("profile %s leaves no memory for the KV cache (weights do not fit %d x %s at TP %d); raise TP or set a KV capacity",
+			in.Profile.Name, in.Profile.TP, in.Profile.Hardware.Name, in.Profile.TP)
+	}
+	if in.KVCapacityTokens > 0 && in.KVCapacityTokens < in.Profile.BlockSize {
+		return bad("kv capacity %d tokens is below one block (%d tokens)", in.KVCapacityTokens, in.Profile.BlockSize)
+	}
+	if in.Fabric.Gbps < 0 || math.IsNaN(in.Fabric.Gbps) || math.IsInf(in.Fabric.Gbps, 0) {
+		return bad("fabric bandwidth %v Gbps must be a positive number", in.Fabric.Gbps)
+	}
+	if in.Fabric.Efficiency < 0 || in.Fabric.Efficiency > 1 {
+		return bad("fabric efficiency %v must be in (0, 1]", in.Fabric.Efficiency)
+	}
+	if in.Fabric.Setup < 0 {
+		return bad("fabric setup %v is negative", in.Fabric.Setup)
+	}
+	if in.Workload == nil || len(in.Workload.Requests) == 0 {
+		return bad("workload is empty")
+	}
+	if err := in.Workload.Validate(); err != nil {
+		return bad("workload: %v", err)
+	}
+	if !in.SLO.TTFT.Set() && !in.SLO.TPOT.Set() {
+		return bad("no SLO: give a TTFT or TPOT target (e.g. --slo-ttft-p99 2s)")
+	}
+	for name, t := range map[string]Target{"ttft": in.SLO.TTFT, "tpot": in.SLO.TPOT} {
+		if t.Limit < 0 {
+			return bad("%s limit %v is negative", name, t.Limit)
+		}
+		if t.Set() && (t.Quantile <= 0 || t.Quantile >= 1 || math.IsNaN(t.Quantile)) {
+			return bad("%s quantile %v must be in (0, 1)", name, t.Quantile)
+		}
+	}
+	if in.GPUHourCost < 0 || math.IsNaN(in.GPUHourCost) || math.IsInf(in.GPUHourCost, 0) {
+		return bad("gpu-hour cost %v must be >= 0", in.GPUHourCost)
+	}
+	if in.Burst < 1 || math.IsNaN(in.Burst) || math.IsInf(in.Burst, 0) {
+		return bad("burst factor %v must be >= 1", in.Burst)
+	}
+	if in.MaxEngines < 1 {
+		return bad("max engines %d must be >= 1", in.MaxEngines)
+	}
+	if in.MaxUtilisation <= 0 || in.MaxUtilisation >= 1 {
+		return bad("max utilisation %v must be in (0, 1)", in.MaxUtilisation)
+	}
+	if !slices.Contains(policy.Names(), in.Policy) {
+		return bad("unknown policy %q (known: %v)", in.Policy, policy.Names())
+	}
+	return nil
+}
+
+
+// kvCapacity is one engine's KV capacity in tokens.
+func (in *Input) kvCapacity() int {
+	if in.KVCapacityTokens > 0 {
+		return in.KVCapacityTokens
+	}
+	return in.Profile.KVCapacityTokens()
+}
+
+// qName renders 0.99 as "99", 0.999 as "99.9".
+func qName(q float64) string {
+	return fmt.Sprintf("%g", math.Round(q*1000)/10)
+}
+
+func fmtDur(d time.Duration) string {
+	switch {
+	case d <= 0:
+		return "0"
+	case d < time.Millisecond:
+		return fmt.Sprintf("%.2fms", float64(d)/1e6)
+	case d < time.Second:
+		return fmt.Sprintf("%.0fms", float64(d)/1e6)
+	default:
+		return fmt.Sprintf("%.2fs", d.Seconds())
+	}
+}

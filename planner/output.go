@@ -1,0 +1,377 @@
+package planner
+
+import (
+	"encoding/json"
+	"fmt"
+	"html"
+	"io"
+	"math"
+	"os"
+	"path/filepath"
+	"strings"
+	"text/tabwriter"
+	"time"
+)
+
+// WriteJSON writes the plan as indented JSON (durations in nanoseconds).
+func (r *Result) WriteJSON(w io.Writer) error {
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	return enc.Encode(r)
+}
+
+// WriteTable writes the plan for a terminal: the workload, the bounds with
+// their arithmetic, the simulated search, the two fleets side by side and the
+// hot prefixes.
+func (r *Result) WriteTable(w io.Writer) error {
+	var b strings.Builder
+	r.writeText(&b, false)
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+func (r *Result) header(b *strings.Builder) {
+	d := r.Demand
+	fmt.Fprintf(b, "kvroute plan [%s]: %s (%s on %d x %s)\n", r.Name, r.Profile, r.Model, r.TP, r.GPU)
+	fmt.Fprintf(b, "workload: %s\n", r.Workload)
+	fmt.Fprintf(b, "  %d requests over %s, %.2f req/s (inter-arrival CV^2 %.1f); prompt mean %.0f tokens (p50 %d, p99 %d), output mean %.0f (p50 %d, p99 %d); oracle prefix hit rate %.1f%%\n",
+		d.Requests, d.Span.Round(time.Second), d.Rate, d.ArrivalCV2, d.PromptMean, d.PromptP50, d.PromptP99, d.OutputMean, d.OutputP50, d.OutputP99, 100*d.OracleHitRate)
+	cost := ""
+	if r.GPUCost > 0 {
+		cost = fmt.Sprintf("; $%.2f per GPU-hour", r.GPUCost)
+	}
+	fmt.Fprintf(b, "slo: %s; burst x%g%s\n", r.SLO, r.Burst, cost)
+}
+
+func (r *Result) writeText(b *strings.Builder, md bool) {
+	r.header(b)
+	bd := r.Bounds
+	fmt.Fprintf(b, "\nclosed-form bounds (engine cost model, before any simulation):\n")
+	for _, x := range []Bound{bd.Compute, bd.Memory, bd.Bandwidth} {
+		fmt.Fprintf(b, "  %-9s >= %5.2f engines -> %d\n      %s\n", x.Name, x.Engines, x.Need, x.Explain)
+	}
+	fmt.Fprintf(b, "  latency floors on an idle engine, every shared prefix cached: TTFT at the SLO quantile %s, TPOT %s (one sequence at that context)\n",
+		fmtDur(bd.TTFTFloor), fmtDur(bd.TPOTFloor))
+	fmt.Fprintf(b, "  aggregated search starts at max(compute, memory) = %d engines\n", bd.Aggregated)
+
+	fmt.Fprintf(b, "\nsimulated: %s\n", r.Simulated)
+	if len(r.Candidates) > 0 {
+		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "engines\tttft50\tttft90\tttft99\ttpot50\ttpot99\tattain%\thit%\tutil%\tpreempt\tfailed\tmeets\t")
+		for _, c := range r.Candidates {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\t%.0f\t%d\t%d\t%s\t\n", c.Engines,
+				fmtDur(c.TTFT.P50), fmtDur(c.TTFT.P90), fmtDur(c.TTFT.P99), fmtDur(c.TPOT.P50), fmtDur(c.TPOT.P99),
+				100*c.Attainment, 100*c.HitRate, 100*c.Utilisation, c.Preemptions, c.Failed, yes(c.Meets))
+		}
+		tw.Flush()
+	}
+
+	fmt.Fprintf(b, "\nplan:\n")
+	a, m, dd := &r.Aggregated, &r.AggregatedModel, &r.Disaggregated
+	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
+	fmt.Fprintf(tw, "\taggregated\taggregated (model)\tdisaggregated\t\n")
+	row := func(name string, f func(*Fleet) string) {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", name, f(a), f(m), f(dd))
+	}
+	row("method", func(f *Fleet) string { return f.Method })
+	row("meets SLO", func(f *Fleet) string { return yes(f.Meets) })
+	row("engines", func(f *Fleet) string { return fmt.Sprint(f.Engines) })
+	row("prefill:decode", func(f *Fleet) string { return f.Ratio() })
+	row("GPUs", func(f *Fleet) string { return fmt.Sprint(f.GPUs) })
+	if r.GPUCost > 0 {
+		row("cost per hour", func(f *Fleet) string { return fmt.Sprintf("$%.2f", f.CostPerHour) })
+	}
+	row("KV capacity / engine", func(f *Fleet) string { return fmt.Sprintf("%d tokens", f.KVCapacityTokens) })
+	row("prefix hit rate", func(f *Fleet) string { return fmt.Sprintf("%.1f%%", 100*f.HitRate) })
+	row("TTFT p50/p90/p99", func(f *Fleet) string { return lat3(f.TTFT) })
+	row("TPOT p50/p90/p99", func(f *Fleet) string { return lat3(f.TPOT) })
+	row("throughput", func(f *Fleet) string { return fmt.Sprintf("%.2f req/s, %.0f tok/s", f.ThroughputRPS, f.OutputTPS) })
+	row("utilisation", func(f *Fleet) string {
+		if f.Prefill > 0 {
+			return fmt.Sprintf("%.0f%% (prefill %.0f%%, decode %.0f%%)", 100*f.Utilisation, 100*f.PrefillUtil, 100*f.DecodeUtil)
+		}
+		return fmt.Sprintf("%.0f%%", 100*f.Utilisation)
+	})
+	row("decode batch / engine", func(f *Fleet) string { return fmt.Sprintf("%.1f", f.DecodeBatch) })
+	row("fabric total", func(f *Fleet) string {
+		if f.Fabric == nil {
+			return "-"
+		}
+		return fmtBytes(f.Fabric.Total) + "/s"
+	})
+	row("fabric / decode node", func(f *Fleet) string {
+		if f.Fabric == nil {
+			return "-"
+		}
+		return fmt.Sprintf("mean %s/s, p99 %s/s (%.0f%% of %g Gbps)", fmtBytes(f.Fabric.PerDecodeMean), fmtBytes(f.Fabric.PerDecodeP99), 100*f.Fabric.LinkUtilP99, f.Fabric.Gbps)
+	})
+	row("KV handoff p50/p99", func(f *Fleet) string {
+		if f.Fabric == nil {
+			return "-"
+		}
+		return fmtDur(f.Fabric.TransferP50) + " / " + fmtDur(f.Fabric.TransferP99)
+	})
+	row(fmt.Sprintf("burst x%g", r.Burst), func(f *Fleet) string { return headroom(f.Burst, r.SLO) })
+	row("one node lost", func(f *Fleet) string { return headroom(f.NodeLost, r.SLO) })
+	tw.Flush()
+	switch r.Cheapest {
+	case "aggregated":
+		fmt.Fprintf(b, "cheapest: aggregated, %d engines (%d GPUs)\n", a.Engines, a.GPUs)
+	case "disaggregated":
+		fmt.Fprintf(b, "cheapest: disaggregated, %s prefill:decode (%d GPUs)\n", dd.Ratio(), dd.GPUs)
+	default:
+		fmt.Fprintf(b, "no fleet meets the SLO\n")
+	}
+	if len(r.Demand.HotPrefixes) > 0 {
+		fmt.Fprintf(b, "\nhot prefixes (locality headroom: engines that must hold each prefix so none serves it above %s utilisation):\n", "the target")
+		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "rank\trequests\tshare%\ttokens\tload (engines)\tcopies\tKV for copies\t")
+		for _, h := range r.Demand.HotPrefixes {
+			fmt.Fprintf(tw, "%d\t%d\t%.1f\t%d\t%.2f\t%d\t%d tokens\t\n", h.Rank, h.Requests, 100*h.Share, h.Tokens, h.Load, h.Copies, h.Copies*h.Tokens)
+		}
+		tw.Flush()
+	}
+	var notes []string
+	notes = append(notes, r.Notes...)
+	for _, f := range []*Fleet{a, m, dd} {
+		for _, n := range f.Notes {
+			notes = append(notes, f.Mode+" ("+f.Method+"): "+n)
+		}
+	}
+	if r.Verify != nil {
+		v := r.Verify
+		fmt.Fprintf(b, "\nverification: the whole workload (%d requests, seed %d) on %d aggregated engines: TTFT p50/p90/p99 %s, TPOT %s, %.2f req/s, hit rate %.1f%%, meets SLO: %s\n",
+			v.Requests, v.Seed, v.Engines, lat3(v.TTFT), lat3(v.TPOT), v.ThroughputRPS, 100*v.HitRate, yes(v.Meets))
+		fmt.Fprintf(b, "  vs the plan's prediction: TTFT at the SLO quantile %+.1f%%, throughput %+.1f%%\n", 100*v.TTFTError, 100*v.ThroughputError)
+	}
+	if len(notes) > 0 {
+		fmt.Fprintf(b, "\nnotes:\n")
+		for _, n := range notes {
+			fmt.Fprintf(b, "  - %s\n", n)
+		}
+	}
+}
+
+func yes(ok bool) string {
+	if ok {
+		return "yes"
+	}
+	return "NO"
+}
+
+func lat3(l Latency) string {
+	if l.P99 == 0 && l.P50 == 0 {
+		return "-"
+	}
+	return fmtLat(l.P50) + " / " + fmtLat(l.P90) + " / " + fmtLat(l.P99)
+}
+
+func fmtLat(d time.Duration) string {
+	if d == infDur {
+		return "inf"
+	}
+	return fmtDur(d)
+}
+
+func headroom(h *Headroom, slo SLO) string {
+	if h == nil {
+		return "-"
+	}
+	if h.Engines == 0 {
+		return h.Note
+	}
+	s := fmt.Sprintf("%d engines: ttft %s, tpot %s, util %.0f%%, meets %s", h.Engines,
+		fmtLat(atOr99(h.TTFT, slo.TTFT)), fmtLat(atOr99(h.TPOT, slo.TPOT)), 100*h.Utilisation, yes(h.Meets))
+	if h.Note != "" {
+		s += " (" + h.Note + ")"
+	}
+	return s
+}
+
+func atOr99(l Latency, t Target) time.Duration {
+	if t.Set() {
+		return l.AtSLO
+	}
+	return l.P99
+}
+
+// WriteMarkdown writes the plan as a markdown report: the reasoning, the
+// tables and links to the charts WriteDir writes next to it.
+func (r *Result) WriteMarkdown(w io.Writer, charts []string) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "# Capacity plan: %s (%s)\n\n", r.Profile, r.Name)
+	fmt.Fprintf(&b, "Method: closed-form bounds from the engine cost model first (compute, memory, fabric bandwidth), then a search over aggregated fleet sizes with the fleet simulator (the router's own policy code), starting at the bound; the disaggregated fleet is sized analytically (M/G/c queueing on the same cost model).\n\n")
+	b.WriteString("```\n")
+	r.writeText(&b, true)
+	b.WriteString("```\n")
+	for _, c := range charts {
+		fmt.Fprintf(&b, "\n![%s](%s)\n", c, c)
+	}
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// Charts returns the plan's SVG charts by file name: SLO attainment and the
+// TTFT at the SLO quantile against aggregated fleet size (simulated).
+func (r *Result) Charts() map[string]string {
+	if len(r.Candidates) == 0 {
+		return nil
+	}
+	var xs, att, ttft []float64
+	for _, c := range r.Candidates {
+		xs = append(xs, float64(c.Engines))
+		att = append(att, 100*c.Attainment)
+		t := atOr99(c.TTFT, r.SLO.TTFT)
+		if t == infDur {
+			ttft = append(ttft, math.NaN())
+		} else {
+			ttft = append(ttft, t.Seconds())
+		}
+	}
+	out := map[string]string{
+		"attainment.svg": lineSVG("SLO attainment against fleet size ("+r.Name+")", "aggregated engines", "% of requests within every SLO limit", xs, att, 100*r.SLO.TTFT.Quantile),
+	}
+	lim := math.NaN()
+	if r.SLO.TTFT.Set() {
+		lim = r.SLO.TTFT.Limit.Seconds()
+	}
+	out["ttft.svg"] = lineSVG("TTFT at the SLO quantile against fleet size ("+r.Name+")", "aggregated engines", "TTFT (s)", xs, ttft, lim)
+	return out
+}
+
+// WriteHTML writes a self-contained HTML report (inline SVG, no scripts).
+func (r *Result) WriteHTML(w io.Writer) error {
+	var b strings.Builder
+	fmt.Fprintf(&b, "<!doctype html><html><head><meta charset=\"utf-8\"><title>kvroute plan: %s</title></head><body style=\"font-family:sans-serif;max-width:1100px;margin:auto\">\n", html.EscapeString(r.Profile))
+	fmt.Fprintf(&b, "<h1>Capacity plan: %s (%s)</h1>\n", html.EscapeString(r.Profile), html.EscapeString(r.Name))
+	b.WriteString("<p>Closed-form bounds from the engine cost model first (compute, memory, fabric bandwidth), then a search over aggregated fleet sizes with the fleet simulator (the router's own policy code), starting at the bound. The disaggregated fleet is sized analytically (M/G/c queueing on the same cost model): the simulator has no P/D mode.</p>\n<pre>")
+	var t strings.Builder
+	r.writeText(&t, false)
+	b.WriteString(html.EscapeString(t.String()))
+	b.WriteString("</pre>\n")
+	charts := r.Charts()
+	for _, name := range []string{"attainment.svg", "ttft.svg"} {
+		if svg, ok := charts[name]; ok {
+			b.WriteString(svg + "\n")
+		}
+	}
+	b.WriteString("</body></html>\n")
+	_, err := io.WriteString(w, b.String())
+	return err
+}
+
+// WriteDir writes plan.json, plan.txt, plan.md, plan.html and the SVG charts
+// into dir (created if needed) and returns the paths written.
+func (r *Result) WriteDir(dir string) ([]string, error) {
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		return nil, fmt.Errorf("planner: write dir: %w", err)
+	}
+	var paths []string
+	write := func(name string, f func(io.Writer) error) error {
+		p := filepath.Join(dir, name)
+		fh, err := os.Create(p)
+		if err != nil {
+			return fmt.Errorf("planner: write dir: %w", err)
+		}
+		if err := f(fh); err != nil {
+			fh.Close()
+			return fmt.Errorf("planner: write %s: %w", p, err)
+		}
+		if err := fh.Close(); err != nil {
+			return fmt.Errorf("planner: write %s: %w", p, err)
+		}
+		paths = append(paths, p)
+		return nil
+	}
+	charts := r.Charts()
+	var names []string
+	for _, n := range []string{"attainment.svg", "ttft.svg"} {
+		if svg, ok := charts[n]; ok {
+			names = append(names, n)
+			if err := write(n, func(w io.Writer) error { _, err := io.WriteString(w, svg); return err }); err != nil {
+				return paths, err
+			}
+		}
+	}
+	for _, x := range []struct {
+		name string
+		f    func(io.Writer) error
+	}{
+		{"plan.json", r.WriteJSON},
+		{"plan.txt", r.WriteTable},
+		{"plan.md", func(w io.Writer) error { return r.WriteMarkdown(w, names) }},
+		{"plan.html", r.WriteHTML},
+	} {
+		if err := write(x.name, x.f); err != nil {
+			return paths, err
+		}
+	}
+	return paths, nil
+}
+
+// lineSVG draws one series with markers and an optional dashed reference
+// line at refY (NaN: none).
+func lineSVG(title, xLabel, yLabel string, xs, ys []float64, refY float64) string {
+	const W, H, ml, mr, mt, mb = 640, 360, 70, 20, 40, 50
+	pw, ph := float64(W-ml-mr), float64(H-mt-mb)
+	xlo, xhi := math.Inf(1), math.Inf(-1)
+	ylo, yhi := 0.0, math.Inf(-1)
+	for i := range xs {
+		xlo, xhi = math.Min(xlo, xs[i]), math.Max(xhi, xs[i])
+		if !math.IsNaN(ys[i]) {
+			yhi = math.Max(yhi, ys[i])
+		}
+	}
+	if !math.IsNaN(refY) {
+		yhi = math.Max(yhi, refY)
+	}
+	if math.IsInf(yhi, -1) || yhi <= 0 {
+		yhi = 1
+	}
+	yhi *= 1.1
+	if xhi == xlo {
+		xlo, xhi = xlo-1, xhi+1
+	}
+	px := func(x float64) float64 { return ml + (x-xlo)/(xhi-xlo)*pw }
+	py := func(y float64) float64 { return mt + ph - (y-ylo)/(yhi-ylo)*ph }
+	var b strings.Builder
+	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", W, H)
+	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", W, H)
+	fmt.Fprintf(&b, `<text x="%d" y="20" text-anchor="middle" font-size="14">%s</text>`+"\n", W/2, html.EscapeString(title))
+	fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" stroke="black"/>`+"\n", ml, mt+ph, ml+pw, mt+ph)
+	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%.1f" stroke="black"/>`+"\n", ml, mt, ml, mt+ph)
+	for i := 0; i <= 4; i++ {
+		y := ylo + (yhi-ylo)*float64(i)/4
+		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", ml-6, py(y)+4, tick(y))
+	}
+	for _, x := range xs {
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`+"\n", px(x), mt+ph+16, tick(x))
+	}
+	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", ml+pw/2, H-10, html.EscapeString(xLabel))
+	fmt.Fprintf(&b, `<text x="14" y="%.1f" text-anchor="middle" transform="rotate(-90 14 %.1f)">%s</text>`+"\n", mt+ph/2, mt+ph/2, html.EscapeString(yLabel))
+	if !math.IsNaN(refY) {
+		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#c00" stroke-dasharray="6 4"/>`+"\n", ml, py(refY), ml+pw, py(refY))
+		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="end" fill="#c00">SLO %s</text>`+"\n", ml+pw, py(refY)-4, tick(refY))
+	}
+	var pts []string
+	for i := range xs {
+		if math.IsNaN(ys[i]) {
+			continue
+		}
+		y := math.Min(ys[i], yhi)
+		pts = append(pts, fmt.Sprintf("%.1f,%.1f", px(xs[i]), py(y)))
+		fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3.5" fill="#1f77b4"/>`+"\n", px(xs[i]), py(y))
+	}
+	if len(pts) > 1 {
+		fmt.Fprintf(&b, `<polyline fill="none" stroke="#1f77b4" stroke-width="2" points="%s"/>`+"\n", strings.Join(pts, " "))
+	}
+	b.WriteString("</svg>")
+	return b.String()
+}
+
+func tick(v float64) string {
+	if v == math.Trunc(v) && math.Abs(v) < 1e6 {
+		return fmt.Sprintf("%.0f", v)
+	}
+	return fmt.Sprintf("%.3g", v)
+}

@@ -1,0 +1,237 @@
+package planner
+
+import (
+	"context"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/kvroute/kvroute/sim"
+	"github.com/kvroute/kvroute/workload"
+)
+
+// search finds the smallest aggregated fleet that meets the SLO with the
+// fleet simulator: start at the closed-form bound; if it fails, grow by
+// doubling steps until a fleet passes, then bisect; if it passes, step down
+// while the next smaller fleet passes (the bound is not strict: mixed
+// chunked-prefill steps share one weight read).
+type search struct {
+	in     *Input
+	reqs   []workload.Request
+	seed   uint64
+	oracle float64
+	runs   map[int]Candidate
+	done   int
+}
+
+func newSearch(in *Input, d *Demand) *search {
+	s := &search{in: in, reqs: simWorkload(in.Workload, in.SimRequests), seed: in.Seed, runs: map[int]Candidate{}}
+	s.oracle = sim.OracleHitRate(s.reqs, in.Profile.BlockSize)
+	return s
+}
+
+func (s *search) describe() string {
+	all := len(s.in.Workload.Requests)
+	span := s.reqs[len(s.reqs)-1].Arrival - s.reqs[0].Arrival
+	what := "the whole workload"
+	if len(s.reqs) < all {
+		what = fmt.Sprintf("the first %s of the workload", fmtDur(span.Round(time.Second)))
+	}
+	return fmt.Sprintf("%s: %d of %d requests (%.2f req/s), policy %s, seed %d, router and engines as kvroute serve runs them (sim.Run)",
+		what, len(s.reqs), all, float64(len(s.reqs)-1)/max(span.Seconds(), 1e-9), s.in.Policy, s.seed)
+}
+
+func (s *search) sorted() []Candidate {
+	out := make([]Candidate, 0, len(s.runs))
+	for _, c := range s.runs {
+		out = append(out, c)
+	}
+	sort.Slice(out, func(a, b int) bool { return out[a].Engines < out[b].Engines })
+	return out
+}
+
+func (s *search) eval(ctx context.Context, n int) (Candidate, error) {
+	if c, ok := s.runs[n]; ok {
+		return c, nil
+	}
+	c, err := s.simulate(ctx, n, 1)
+	if err != nil {
+		return c, err
+	}
+	s.runs[n] = c
+	s.done++
+	if s.in.Progress != nil {
+		s.in.Progress(s.done, max(s.done+1, 8))
+	}
+	return c, nil
+}
+
+// run returns the smallest passing fleet, with its burst and node-lost
+// headroom simulated.
+func (s *search) run(ctx context.Context, start int) (Fleet, error) {
+	maxN := s.in.MaxEngines
+	start = min(max(1, start), maxN)
+	c, err := s.eval(ctx, start)
+	if err != nil {
+		return Fleet{}, err
+	}
+	best := 0
+	if c.Meets {
+		best = start
+		for n := start - 1; n >= 1; n-- {
+			c, err := s.eval(ctx, n)
+			if err != nil {
+				return Fleet{}, err
+			}
+			if !c.Meets {
+				break
+			}
+			best = n
+		}
+	} else {
+		lo, step := start, 1 // lo fails
+		hi := 0
+		for n := start + 1; n <= maxN; {
+			c, err := s.eval(ctx, n)
+			if err != nil {
+				return Fleet{}, err
+			}
+			if c.Meets {
+				hi = n
+				break
+			}
+			lo = n
+			step *= 2
+			if n == maxN {
+				break
+			}
+			n = min(n+step, maxN)
+		}
+		if hi == 0 {
+			return Fleet{Mode: "aggregated", Method: "simulated", Notes: []string{
+				fmt.Sprintf("no aggregated fleet of up to %d engines meets the SLO in simulation", maxN)}}, nil
+		}
+		for hi-lo > 1 {
+			mid := (lo + hi) / 2
+			c, err := s.eval(ctx, mid)
+			if err != nil {
+				return Fleet{}, err
+			}
+			if c.Meets {
+				hi = mid
+			} else {
+				lo = mid
+			}
+		}
+		best = hi
+	}
+	bc := s.runs[best]
+	f := Fleet{Mode: "aggregated", Method: "simulated", Meets: true, Engines: best,
+		KVCapacityTokens: s.in.kvCapacity(), HitRate: bc.HitRate, TTFT: bc.TTFT, TPOT: bc.TPOT,
+		ThroughputRPS: bc.ThroughputRPS, OutputTPS: bc.OutputTPS, Utilisation: bc.Utilisation}
+	f.DecodeBatch = bc.decodeBatch
+	// Headroom.
+	bu, err := s.simulate(ctx, best, s.in.Burst)
+	if err != nil {
+		return f, err
+	}
+	f.Burst = &Headroom{Factor: s.in.Burst, Engines: best, Method: "simulated", Utilisation: bu.Utilisation,
+		TTFT: bu.TTFT, TPOT: bu.TPOT, Meets: bu.Meets}
+	if best > 1 {
+		nl, err := s.eval(ctx, best-1)
+		if err != nil {
+			return f, err
+		}
+		f.NodeLost = &Headroom{Factor: 1, Engines: best - 1, Method: "simulated", Utilisation: nl.Utilisation,
+			TTFT: nl.TTFT, TPOT: nl.TPOT, Meets: nl.Meets}
+	} else {
+		f.NodeLost = &Headroom{Factor: 1, Note: "a one-engine fleet has nothing left when its engine is lost"}
+	}
+	s.done++
+	if s.in.Progress != nil {
+		s.in.Progress(s.done, s.done)
+	}
+	return f, nil
+}
+
+// simulate runs n engines at the rate scale and summarises the run.
+func (s *search) simulate(ctx context.Context, n int, scale float64) (Candidate, error) {
+	in := s.in
+	g := sim.Group{Count: n, Profile: in.Profile.Name}
+	if in.KVCapacityTokens > 0 {
+		g.NumGPUBlocks = in.KVCapacityTokens / in.Profile.BlockSize
+	}
+	oracle := s.oracle
+	cfg := sim.Config{Fleet: sim.Fleet{g}, Policy: in.Policy, Seed: s.seed, RateScale: scale,
+		SLO: sim.SLO{TTFT: in.SLO.TTFT.Limit, TPOT: in.SLO.TPOT.Limit}, OracleHitRate: &oracle}
+	r, err := sim.Run(ctx, cfg, s.reqs)
+	if err != nil {
+		return Candidate{}, fmt.Errorf("planner: simulate %d engines: %w", n, err)
+	}
+	return summarise(in, n, r), nil
+}
+
+// summarise turns a run into a candidate: failed requests count as missing
+// every target.
+func summarise(in *Input, n int, r *sim.Result) Candidate {
+	c := Candidate{Engines: n}
+	var ttft, tpot []time.Duration
+	ok, met := 0, 0
+	var prompt, cached, out int64
+	var first, last time.Duration = -1, 0
+	var batchSeconds float64
+	for i := range r.Records {
+		rec := &r.Records[i]
+		if !rec.OK() {
+			c.Failed++
+			ttft = append(ttft, infDur)
+			tpot = append(tpot, infDur)
+			continue
+		}
+		ok++
+		ttft = append(ttft, rec.TTFT)
+		if rec.OutputTokens >= 2 {
+			tpot = append(tpot, rec.TPOT)
+		}
+		if (!in.SLO.TTFT.Set() || rec.TTFT <= in.SLO.TTFT.Limit) && (!in.SLO.TPOT.Set() || rec.OutputTokens < 2 || rec.TPOT <= in.SLO.TPOT.Limit) {
+			met++
+		}
+		prompt += int64(rec.PromptTokens)
+		cached += int64(rec.CachedTokens)
+		out += int64(rec.OutputTokens)
+		if first < 0 || rec.Arrival < first {
+			first = rec.Arrival
+		}
+		last = max(last, rec.Arrival+rec.E2E)
+		batchSeconds += (rec.E2E - rec.TTFT).Seconds()
+	}
+	lat := func(v []time.Duration, t Target) Latency {
+		l := Latency{P50: quantileDur(v, 0.5), P90: quantileDur(v, 0.9), P99: quantileDur(v, 0.99)}
+		if t.Set() {
+			l.AtSLO = quantileDur(v, t.Quantile)
+		}
+		return l
+	}
+	c.TTFT, c.TPOT = lat(ttft, in.SLO.TTFT), lat(tpot, in.SLO.TPOT)
+	if len(r.Records) > 0 {
+		c.Attainment = float64(met) / float64(len(r.Records))
+	}
+	if span := (last - first).Seconds(); span > 0 {
+		c.ThroughputRPS = float64(ok) / span
+		c.OutputTPS = float64(out) / span
+		c.decodeBatch = batchSeconds / span / float64(n)
+	}
+	if prompt > 0 {
+		c.HitRate = float64(cached) / float64(prompt)
+	}
+	var u float64
+	for _, e := range r.Engines {
+		u += e.Utilisation
+		c.Preemptions += e.Preemptions
+	}
+	if len(r.Engines) > 0 {
+		c.Utilisation = u / float64(len(r.Engines))
+	}
+	c.Meets = c.Failed == 0 && meets(c.TTFT, in.SLO.TTFT) && meets(c.TPOT, in.SLO.TPOT)
+	return c
+}

@@ -1,0 +1,200 @@
+package planner
+
+import (
+	"fmt"
+	"math"
+	"math/rand/v2"
+	"time"
+
+	"github.com/kvroute/kvroute/workload"
+)
+
+// Summary describes a workload by its statistics instead of a trace. Workload
+// turns it into a seeded synthetic request stream the simulator can replay.
+//
+// Each request is one hot prefix (chosen by Zipf popularity among
+// HotPrefixes) followed by a unique suffix: the prefixes hold SharedFraction of
+// the prompt tokens on average, so with SharedFraction 0.6 and PromptMean 2000
+// every prefix is 1200 tokens and suffixes average 800.
+type Summary struct {
+	// Rate is the mean request rate per second (Poisson arrivals, or gamma
+	// with ArrivalCV). Required, > 0.
+	Rate float64
+	// Duration is the span of the generated stream; default enough for
+	// 2000 requests.
+	Duration time.Duration
+	// ArrivalCV is the coefficient of variation of inter-arrival gaps; 0 or 1
+	// is Poisson, above 1 burstier (gamma).
+	ArrivalCV float64
+	// PromptMean and PromptCV: prompt lengths in tokens, lognormal; CV
+	// default 1. PromptMean required, >= 1.
+	PromptMean, PromptCV float64
+	// OutputMean and OutputCV: output lengths in tokens, lognormal; CV
+	// default 1. OutputMean required, >= 1.
+	OutputMean, OutputCV float64
+	// MaxLen caps prompt + output (default 32768).
+	MaxLen int
+	// SharedFraction is the fraction of prompt tokens in shared prefixes,
+	// 0..1 (0: no sharing).
+	SharedFraction float64
+	// HotPrefixes is the number of distinct shared prefixes; default 8 when
+	// SharedFraction > 0.
+	HotPrefixes int
+	// Zipf is the popularity exponent over the prefixes (rank k is chosen
+	// with weight 1/k^Zipf); default 1. 0 is uniform.
+	Zipf float64
+}
+
+// Validate reports the first bad field, wrapping ErrBadInput.
+func (s Summary) Validate() error {
+	bad := func(format string, a ...any) error {
+		return fmt.Errorf("%w: workload summary: %s", ErrBadInput, fmt.Sprintf(format, a...))
+	}
+	finite := func(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+	switch {
+	case !finite(s.Rate) || s.Rate <= 0:
+		return bad("rate %v req/s must be positive", s.Rate)
+	case s.Duration < 0:
+		return bad("duration %v is negative", s.Duration)
+	case !finite(s.ArrivalCV) || s.ArrivalCV < 0:
+		return bad("arrival CV %v is negative", s.ArrivalCV)
+	case !finite(s.PromptMean) || s.PromptMean < 1:
+		return bad("prompt mean %v tokens must be >= 1", s.PromptMean)
+	case !finite(s.OutputMean) || s.OutputMean < 1:
+		return bad("output mean %v tokens must be >= 1", s.OutputMean)
+	case !finite(s.PromptCV) || s.PromptCV < 0, !finite(s.OutputCV) || s.OutputCV < 0:
+		return bad("length CVs must be >= 0")
+	case s.MaxLen < 0:
+		return bad("max length %d is negative", s.MaxLen)
+	case !finite(s.SharedFraction) || s.SharedFraction < 0 || s.SharedFraction >= 1:
+		return bad("shared fraction %v must be in [0, 1)", s.SharedFraction)
+	case s.HotPrefixes < 0:
+		return bad("hot prefixes %d is negative", s.HotPrefixes)
+	case !finite(s.Zipf) || s.Zipf < 0:
+		return bad("zipf exponent %v is negative", s.Zipf)
+	}
+	maxLen := s.MaxLen
+	if maxLen == 0 {
+		maxLen = 32768
+	}
+	if s.PromptMean+s.OutputMean > float64(maxLen) {
+		return bad("prompt mean %v + output mean %v exceed the max length %d", s.PromptMean, s.OutputMean, maxLen)
+	}
+	return nil
+}
+
+// Workload generates the summary's request stream, deterministic for seed.
+func (s Summary) Workload(seed uint64) (*workload.Workload, error) {
+	if err := s.Validate(); err != nil {
+		return nil, err
+	}
+	if s.PromptCV == 0 {
+		s.PromptCV = 1
+	}
+	if s.OutputCV == 0 {
+		s.OutputCV = 1
+	}
+	if s.MaxLen == 0 {
+		s.MaxLen = 32768
+	}
+	if s.SharedFraction > 0 && s.HotPrefixes == 0 {
+		s.HotPrefixes = 8
+	}
+	if s.Zipf == 0 && s.HotPrefixes > 0 {
+		s.Zipf = 1
+	}
+	if s.Duration == 0 {
+		s.Duration = time.Duration(2000 / s.Rate * float64(time.Second))
+	}
+	arr := workload.Arrivals{Kind: workload.Poisson, Rate: s.Rate}
+	if s.ArrivalCV > 0 && s.ArrivalCV != 1 {
+		arr = workload.Arrivals{Kind: workload.Gamma, Rate: s.Rate, CV: s.ArrivalCV}
+	}
+	rng := rand.New(rand.NewPCG(seed, 0x706c616e))
+	gaps := arr.Gaps(rand.New(rand.NewPCG(seed, 0x61727276)))
+	// Zipf cumulative weights over the hot prefixes.
+	cum := make([]float64, s.HotPrefixes)
+	tot := 0.0
+	for k := range cum {
+		tot += 1 / math.Pow(float64(k+1), s.Zipf)
+		cum[k] = tot
+	}
+	prefixLen := int(math.Round(s.SharedFraction * s.PromptMean))
+	suffixMean := s.PromptMean - float64(prefixLen)
+	w := &workload.Workload{Name: fmt.Sprintf("summary(rate=%g, prompt=%g, output=%g, shared=%g, prefixes=%d)",
+		s.Rate, s.PromptMean, s.OutputMean, s.SharedFraction, s.HotPrefixes)}
+	var at time.Duration
+	for i := 0; ; i++ {
+		if i > 0 {
+			at += gaps()
+		}
+		if at > s.Duration || i >= 1_000_000 {
+			break
+		}
+		var segs []workload.Segment
+		plen := 0
+		if prefixLen > 0 && s.HotPrefixes > 0 {
+			u := rng.Float64() * tot
+			k := 0
+			for k < len(cum)-1 && cum[k] < u {
+				k++
+			}
+			segs = append(segs, workload.Segment{Key: 0x686f7400 + uint64(k), Len: prefixLen})
+			plen = prefixLen
+		}
+		suffix := max(1, int(math.Round(lognormal(rng, suffixMean, s.PromptCV))))
+		out := max(1, int(math.Round(lognormal(rng, s.OutputMean, s.OutputCV))))
+		if plen+suffix+out > s.MaxLen {
+			suffix = max(1, s.MaxLen-plen-out)
+			if plen+suffix+out > s.MaxLen {
+				out = max(1, s.MaxLen-plen-suffix)
+			}
+		}
+		segs = append(segs, workload.Segment{Key: seed<<32 ^ 0x7366780000000000 ^ uint64(i), Len: suffix})
+		w.Requests = append(w.Requests, workload.Request{
+			ID: fmt.Sprintf("s%06d", i), Arrival: at, PromptLen: plen + suffix, OutputLen: out, Segments: segs,
+		})
+	}
+	return w, nil
+}
+
+// lognormal draws a lognormal value with the given mean and coefficient of
+// variation.
+func lognormal(rng *rand.Rand, mean, cv float64) float64 {
+	if cv <= 0 {
+		return mean
+	}
+	s2 := math.Log(1 + cv*cv)
+	mu := math.Log(mean) - s2/2
+	return math.Exp(mu + math.Sqrt(s2)*rng.NormFloat64())
+}
+
+// WhatIf returns a copy of w changed by a what-if scenario: "rate-x2"
+// (arrivals twice as fast) or "prompt-x2" (every prompt segment twice as
+// long, so shared prefixes stay shared). The requests are copied; w is not
+// modified.
+func WhatIf(w *workload.Workload, name string) (*workload.Workload, error) {
+	out := &workload.Workload{Name: w.Name + " [" + name + "]", Requests: make([]workload.Request, len(w.Requests))}
+	copy(out.Requests, w.Requests)
+	switch name {
+	case "rate-x2":
+		if err := out.ScaleRate(2); err != nil {
+			return nil, fmt.Errorf("planner: what-if %s: %w", name, err)
+		}
+	case "prompt-x2":
+		for i := range out.Requests {
+			r := &out.Requests[i]
+			if len(r.Segments) == 0 {
+				return nil, fmt.Errorf("%w: what-if %s: request %s has no segments (a literal prompt cannot be lengthened)", ErrBadInput, name, r.ID)
+			}
+			segs := make([]workload.Segment, len(r.Segments))
+			for k, s := range r.Segments {
+				segs[k] = workload.Segment{Key: s.Key, Len: 2 * s.Len}
+			}
+			r.Segments, r.PromptLen, r.HashIDs = segs, 2*r.PromptLen, nil
+		}
+	default:
+		return nil, fmt.Errorf("%w: unknown what-if %q (want rate-x2 or prompt-x2; node-lost is part of every plan)", ErrBadInput, name)
+	}
+	return out, nil
+}
