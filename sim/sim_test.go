@@ -358,16 +358,17 @@ func TestParseEngineID(t *testing.T) {
 
 func TestRouterTextMode(t *testing.T) {
 	reqs := smallChat(t, 300, 40, 6)
-	tok := mustRun(t, Config{Fleet: tinyFleet(3), Policy: "kv-aware", Seed: 1}, reqs)
-	txt := mustRun(t, Config{Fleet: tinyFleet(3), Policy: "kv-aware", Seed: 1, RouterText: true}, reqs)
+	tok := mustRun(t, Config{Fleet: tinyFleet(3), Policy: "sglang-cache-aware", Seed: 1}, reqs)
+	txt := mustRun(t, Config{Fleet: tinyFleet(3), Policy: "sglang-cache-aware", Seed: 1, RouterText: true}, reqs)
 	rt, rx := tok.Row(0), txt.Row(0)
+	t.Logf("hit rate: tokens %.3f, text %.3f", rt.HitRate, rx.HitRate)
 	if rx.Completed != len(reqs) {
 		t.Fatalf("text mode: completed %d of %d", rx.Completed, len(reqs))
 	}
 	// Both modes see the same sharing: affinity must work in both.
 	rr := mustRun(t, Config{Fleet: tinyFleet(3), Policy: "round_robin", Seed: 1}, reqs).Row(0)
 	if rx.HitRate <= rr.HitRate || rt.HitRate <= rr.HitRate {
-		t.Errorf("hit rate: kv-aware %.3f (tokens), %.3f (text), round robin %.3f; want affinity to beat round robin in both modes",
+		t.Errorf("hit rate: sglang-cache-aware %.3f (tokens), %.3f (text), round robin %.3f; want affinity to beat round robin in both modes",
 			rt.HitRate, rx.HitRate, rr.HitRate)
 	}
 	if _, err := Run(context.Background(), Config{Fleet: tinyFleet(1), RouterText: true, KVEvents: true}, reqs); err == nil {
