@@ -154,6 +154,11 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatalf("click a decision: %v", err)
 	}
 	wait("the decision's candidates", fmt.Sprintf(`document.querySelectorAll('#detail-candidates tbody tr').length === %d`, engines), 5*time.Second)
+	dir := os.Getenv("KVROUTE_SCREENSHOT_DIR")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	saveScreenshot(t, bctx, filepath.Join(dir, "dashboard-live.png"))
 	detail := text("#decision-detail")
 	for _, want := range []string{"Decision #", "kv-aware", "engine-0", "engine-3", "queue_ms"} {
 		if !strings.Contains(detail, want) {
@@ -173,8 +178,9 @@ func TestDashboardInBrowser(t *testing.T) {
 	if got := text("#policy-result"); !strings.Contains(got, "403") {
 		t.Errorf("refusal = %q, want the admin API's 403", got)
 	}
-	if got := statePolicy(t, url); got != "kv-aware" && got != "round_robin" {
-		t.Errorf("policy after a refused switch = %q, want it unchanged", got)
+	before := statePolicy(t, url)
+	if before != "kv-aware" && before != "round_robin" {
+		t.Errorf("policy after a refused switch = %q, want it unchanged", before)
 	}
 	if err := chromedp.Do(bctx,
 		chromedp.SendKeys(chromedp.CSS("#admin-token"), token),
@@ -187,6 +193,14 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Errorf("router policy after the switch = %q, want least_request", got)
 	}
 	wait("the page shows the new policy", `document.getElementById('current-policy').textContent === 'least_request'`, 5*time.Second)
+	// Switch back, so that the phase's row in the comparison is its policy's.
+	if err := chromedp.Do(bctx,
+		chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`document.getElementById('policy-select').value = %q`, before), chromedp.EvalIgnoreExceptions),
+		chromedp.Click(chromedp.CSS("#policy-apply")),
+	); err != nil {
+		t.Fatalf("switch back: %v", err)
+	}
+	wait("the switch back", fmt.Sprintf(`document.getElementById('policy-result').textContent.includes('to %s')`, before), 5*time.Second)
 
 	// The run ends: the comparison of both policies appears.
 	wait("the policy comparison", `document.querySelectorAll('#compare tbody tr[data-policy]').length === 2`, 40*time.Second)
@@ -195,21 +209,12 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	// Reopen a decision for the picture.
 	_, _ = chromedp.Run(bctx, chromedp.Evaluate[any](`document.querySelector('#decisions tbody tr[data-seq]').click()`))
-	wait("the decision's candidates", `document.querySelectorAll('#detail-candidates tbody tr').length > 0`, 5*time.Second)
+	wait("the new decision's candidates", `document.querySelector('#decision-detail h3') !== null && document.querySelector('#decision-detail h3').textContent.includes(document.querySelector('#decisions tbody tr.selected').dataset.seq)`, 5*time.Second)
+	if got := text("#decision-detail"); strings.Contains(got, "kv-aware") {
+		t.Errorf("newest decision = %q, want one of the second phase (not kv-aware)", got)
+	}
 
-	png, err := chromedp.Run(bctx, chromedp.FullScreenshot(100))
-	if err != nil {
-		t.Fatalf("screenshot: %v", err)
-	}
-	dir := os.Getenv("KVROUTE_SCREENSHOT_DIR")
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	shot := filepath.Join(dir, "dashboard.png")
-	if err := os.WriteFile(shot, png, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	t.Logf("screenshot: %s (%d bytes)", shot, len(png))
+	saveScreenshot(t, bctx, filepath.Join(dir, "dashboard.png"))
 
 	mu.Lock()
 	if len(jsErrs) > 0 {
@@ -245,4 +250,17 @@ func statePolicy(t *testing.T, url string) string {
 		t.Fatalf("state: %v (%d models)", err, len(st.Models))
 	}
 	return st.Models[0].Policy
+}
+
+// saveScreenshot writes a full-page PNG of the tab to path.
+func saveScreenshot(t *testing.T, ctx context.Context, path string) {
+	t.Helper()
+	png, err := chromedp.Run(ctx, chromedp.FullScreenshot(100))
+	if err != nil {
+		t.Fatalf("screenshot: %v", err)
+	}
+	if err := os.WriteFile(path, png, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("screenshot: %s (%d bytes)", path, len(png))
 }

@@ -61,8 +61,8 @@
   const ui = {
     model: null,           // the model shown
     state: null,           // last api/state
-    decisions: new Map(),  // seq -> record (model shown), kept across polls
-    selected: null,        // seq of the decision open in the detail panel
+    decisions: new Map(),  // key -> record (model shown), kept across polls
+    selected: null,        // key of the decision open in the detail panel
     colors: new Map(),     // endpoint -> colour
     policiesFilled: false,
     failures: 0,
@@ -200,16 +200,24 @@
   }
 
   // ---- decisions ---------------------------------------------------------
+  // A decision's key: its time and sequence number (a new router, e.g. the
+  // demo's next phase, numbers its decisions from 1 again).
+  const keyOf = (d) => d.time + "|" + d.seq;
+  const newestFirst = (a, b) => (b._t - a._t) || (b.seq - a.seq);
+
   function ingestDecisions(m) {
     for (const d of m.decisions) {
-      if (!ui.decisions.has(d.seq)) {
+      const k = keyOf(d);
+      if (!ui.decisions.has(k)) {
+        d._key = k;
+        d._t = Date.parse(d.time);
         d._fresh = true;
-        ui.decisions.set(d.seq, d);
+        ui.decisions.set(k, d);
       }
     }
     // Keep the newest 200 (and the selected one).
-    const seqs = Array.from(ui.decisions.keys()).sort((a, b) => b - a);
-    for (const seq of seqs.slice(200)) if (seq !== ui.selected) ui.decisions.delete(seq);
+    const list = Array.from(ui.decisions.values()).sort(newestFirst);
+    for (const d of list.slice(200)) if (d._key !== ui.selected) ui.decisions.delete(d._key);
   }
 
   function scoreChips(d) {
@@ -232,15 +240,16 @@
 
   function renderDecisions(m) {
     const tb = $("decisions").tBodies[0];
-    const list = Array.from(ui.decisions.values()).sort((a, b) => b.seq - a.seq).slice(0, 60);
+    const list = Array.from(ui.decisions.values()).sort(newestFirst).slice(0, 60);
     const rows = list.map((d) => {
       const chosen = d.decision.endpoint
         ? h("span", { class: "chosen" }, h("span", { class: "swatch", style: { background: color(d.decision.endpoint) } }), d.decision.endpoint)
         : h("span", { class: "health bad" }, d.decision.shed ? "shed" : "none");
       const tr = h("tr", {
         "data-seq": d.seq,
-        class: (d.seq === ui.selected ? "selected " : "") + (d._fresh ? "fresh" : ""),
-        onclick: () => selectDecision(d.seq),
+        "data-key": d._key,
+        class: (d._key === ui.selected ? "selected " : "") + (d._fresh ? "fresh" : ""),
+        onclick: () => selectDecision(d._key),
       },
       h("td", { class: "mono" }, fmtClock(Date.parse(d.time))),
       h("td", { class: "mono" }, d.request_id),
@@ -255,10 +264,10 @@
     tb.replaceChildren(...rows);
   }
 
-  function selectDecision(seq) {
-    ui.selected = seq;
-    document.querySelectorAll("#decisions tbody tr").forEach((tr) => tr.classList.toggle("selected", Number(tr.dataset.seq) === seq));
-    renderDetail(ui.decisions.get(seq));
+  function selectDecision(key) {
+    ui.selected = key;
+    document.querySelectorAll("#decisions tbody tr").forEach((tr) => tr.classList.toggle("selected", tr.dataset.key === key));
+    renderDetail(ui.decisions.get(key));
   }
 
   function renderDetail(d) {
