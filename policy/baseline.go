@@ -10,7 +10,8 @@ import (
 // RoundRobin cycles through the healthy candidates in order, skipping the
 // unhealthy ones. It takes no params. Not safe for concurrent use.
 type RoundRobin struct {
-	next int // position of the next pick, modulo the candidate count
+	buf  scoreBuf // explanation buffers, reused
+	next int      // position of the next pick, modulo the candidate count
 }
 
 var _ kvroute.Picker = (*RoundRobin)(nil)
@@ -24,7 +25,7 @@ func newRoundRobin(params map[string]any, _ uint64) (*RoundRobin, error) {
 
 // Pick implements kvroute.Picker.
 func (p *RoundRobin) Pick(_ time.Time, _ *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
-	scores := newScores(cands, 0)
+	scores := p.buf.get(cands, 0)
 	n := len(cands)
 	for k := 0; k < n; k++ {
 		i := (p.next + k) % n
@@ -39,6 +40,7 @@ func (p *RoundRobin) Pick(_ time.Time, _ *kvroute.Request, cands []kvroute.Candi
 // Random picks a healthy candidate uniformly at random from its seeded
 // generator. It takes no params. Not safe for concurrent use.
 type Random struct {
+	buf scoreBuf // explanation buffers, reused
 	rng *rand.Rand
 	idx []int // scratch: healthy indexes
 }
@@ -54,7 +56,7 @@ func newRandom(params map[string]any, seed uint64) (*Random, error) {
 
 // Pick implements kvroute.Picker.
 func (p *Random) Pick(_ time.Time, _ *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
-	scores := newScores(cands, 0)
+	scores := p.buf.get(cands, 0)
 	p.idx = healthyIdx(p.idx[:0], cands)
 	if len(p.idx) == 0 {
 		return noneHealthy(NameRandom, cands, scores)
@@ -67,6 +69,7 @@ func (p *Random) Pick(_ time.Time, _ *kvroute.Request, cands []kvroute.Candidate
 // random (as Envoy's least_request does). It takes no params. Not safe for
 // concurrent use.
 type LeastRequest struct {
+	buf scoreBuf // explanation buffers, reused
 	rng *rand.Rand
 	idx []int
 }
@@ -82,7 +85,7 @@ func newLeastRequest(params map[string]any, seed uint64) (*LeastRequest, error) 
 
 // Pick implements kvroute.Picker.
 func (p *LeastRequest) Pick(_ time.Time, _ *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
-	scores := newScores(cands, 1)
+	scores := p.buf.get(cands, 1)
 	best := -1
 	p.idx = p.idx[:0]
 	for i := range cands {
@@ -112,6 +115,7 @@ func (p *LeastRequest) Pick(_ time.Time, _ *kvroute.Request, cands []kvroute.Can
 // SGLang's power_of_two compares in-flight counts the same way). It takes no
 // params. Not safe for concurrent use.
 type PowerOfTwo struct {
+	buf scoreBuf // explanation buffers, reused
 	rng *rand.Rand
 	idx []int
 }
@@ -127,7 +131,7 @@ func newPowerOfTwo(params map[string]any, seed uint64) (*PowerOfTwo, error) {
 
 // Pick implements kvroute.Picker.
 func (p *PowerOfTwo) Pick(_ time.Time, _ *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
-	scores := newScores(cands, 2)
+	scores := p.buf.get(cands, 2)
 	p.idx = healthyIdx(p.idx[:0], cands)
 	for _, i := range p.idx {
 		l := &cands[i].Load

@@ -45,6 +45,7 @@ type DynamoParams struct {
 // overlap_score_credit 1, host_cache_hit_weight 0.75, temperature 0.
 // Not safe for concurrent use.
 type Dynamo struct {
+	buf scoreBuf // explanation buffers, reused
 	p   DynamoParams
 	rng *rand.Rand
 	tie []int
@@ -74,7 +75,7 @@ func newDynamo(params map[string]any, seed uint64) (*Dynamo, error) {
 // Pick implements kvroute.Picker.
 func (d *Dynamo) Pick(_ time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
 	req = orEmpty(req)
-	scores := newScores(cands, 4)
+	scores := d.buf.get(cands, 4)
 	bs := d.p.BlockSize
 	if bs == 0 {
 		bs = req.BlockSize

@@ -43,6 +43,7 @@ type KubeAIParams struct {
 // Defaults: mean_load_factor 125, replication 256, prefix_char_length 100.
 // Not safe for concurrent use.
 type KubeAI struct {
+	buf  scoreBuf // explanation buffers, reused
 	p    KubeAIParams
 	ring *ring
 }
@@ -77,7 +78,7 @@ func kubeaiVnodeHash(name string, replica int) uint64 {
 // Pick implements kvroute.Picker.
 func (k *KubeAI) Pick(_ time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
 	req = orEmpty(req)
-	scores := newScores(cands, 1)
+	scores := k.buf.get(cands, 1)
 	total, n := 0, 0
 	for i := range cands {
 		if cands[i].Healthy {

@@ -306,6 +306,7 @@ func (p KVAwareParams) Validate() error {
 // buffers) without locks: it is not safe for concurrent use. The router
 // serialises calls per model, which is what it needs.
 type KVAware struct {
+	buf scoreBuf // explanation buffers, reused
 	p   KVAwareParams
 	rng *rand.Rand
 
@@ -452,7 +453,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	req = orEmpty(req)
 	var scores []kvroute.Score
 	if k.p.Explain {
-		scores = newScores(cands, kvAwareParts)
+		scores = k.buf.get(cands, kvAwareParts)
 	}
 	n := len(cands)
 	if cap(k.c) < n {

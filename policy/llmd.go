@@ -35,6 +35,7 @@ type LLMDParams struct {
 // accordingly for a like-for-like run). q is the engine's waiting queue.
 // Not safe for concurrent use.
 type LLMD struct {
+	buf scoreBuf // explanation buffers, reused
 	p   LLMDParams
 	rng *rand.Rand
 	tie []int
@@ -62,7 +63,7 @@ func newLLMD(params map[string]any, seed uint64) (*LLMD, error) {
 // Pick implements kvroute.Picker.
 func (l *LLMD) Pick(_ time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
 	req = orEmpty(req)
-	scores := newScores(cands, 3)
+	scores := l.buf.get(cands, 3)
 	minQ, maxQ := math.MaxInt, math.MinInt
 	for i := range cands {
 		if cands[i].Healthy {

@@ -72,27 +72,37 @@ func newRand(seed uint64) *rand.Rand {
 	return rand.New(rand.NewPCG(seed, seed^0x9e3779b97f4a7c15))
 }
 
-// newScores returns one Score per candidate, named and marked eligible when
-// healthy, with room for nparts Parts each carved from one backing array (two
-// allocations per decision, whatever the number of candidates).
-func newScores(cands []kvroute.Candidate, nparts int) []kvroute.Score {
-	scores := make([]kvroute.Score, len(cands))
-	var parts []kvroute.Part
-	if nparts > 0 {
-		parts = make([]kvroute.Part, 0, nparts*len(cands))
+// scoreBuf holds a picker's explanation buffers, reused across calls: a
+// decision's Scores and their Parts stay valid until the picker's next Pick
+// (the router copies them into its decision log; copy them to keep them).
+type scoreBuf struct {
+	scores []kvroute.Score
+	parts  []kvroute.Part
+}
+
+// get returns one Score per candidate, named and marked eligible when
+// healthy, each with room for nparts Parts, all carved from the reused
+// buffers: no allocation once the buffers have grown to the fleet's size.
+func (b *scoreBuf) get(cands []kvroute.Candidate, nparts int) []kvroute.Score {
+	n := len(cands)
+	if cap(b.scores) < n {
+		b.scores = make([]kvroute.Score, n)
+	}
+	b.scores = b.scores[:n]
+	if need := n * nparts; cap(b.parts) < need {
+		b.parts = make([]kvroute.Part, need)
 	}
 	for i := range cands {
-		s := &scores[i]
-		s.Endpoint = endpointID(&cands[i])
-		s.Eligible = cands[i].Healthy
+		s := &b.scores[i]
+		*s = kvroute.Score{Endpoint: endpointID(&cands[i]), Eligible: cands[i].Healthy}
 		if !cands[i].Healthy {
 			s.Why = "unhealthy"
 		}
 		if nparts > 0 {
-			s.Parts = parts[i*nparts : i*nparts : (i+1)*nparts]
+			s.Parts = b.parts[i*nparts : i*nparts : (i+1)*nparts]
 		}
 	}
-	return scores
+	return b.scores
 }
 
 func endpointID(c *kvroute.Candidate) string {

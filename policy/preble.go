@@ -43,6 +43,7 @@ type PrebleParams struct {
 // window 3m, prefill_us_per_token 60, tpot_ms 20, output_tokens 256.
 // Not safe for concurrent use.
 type Preble struct {
+	buf  scoreBuf // explanation buffers, reused
 	p    PrebleParams
 	rng  *rand.Rand
 	hist map[string]*prebleHist
@@ -95,7 +96,7 @@ func newPreble(params map[string]any, seed uint64) (*Preble, error) {
 // Pick implements kvroute.Picker.
 func (pr *Preble) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
 	req = orEmpty(req)
-	scores := newScores(cands, 4)
+	scores := pr.buf.get(cands, 4)
 	P := max(req.PromptTokens, 0)
 	out := req.MaxTokens
 	if out <= 0 {

@@ -122,7 +122,8 @@ func (s scenario) run() ([]kvroute.Decision, error) {
 				return nil, err
 			}
 		}
-		out = append(out, p.Pick(now, req, cands))
+		// Scores are valid until the next Pick: keep a copy.
+		out = append(out, cloneDecision(p.Pick(now, req, cands)))
 	}
 	return out, nil
 }
@@ -131,4 +132,17 @@ func parseScenario(b []byte) (scenario, error) {
 	var s scenario
 	err := json.Unmarshal(b, &s)
 	return s, err
+}
+
+func cloneDecision(d kvroute.Decision) kvroute.Decision {
+	if d.Scores == nil {
+		return d
+	}
+	scores := make([]kvroute.Score, len(d.Scores))
+	for i, sc := range d.Scores {
+		sc.Parts = append([]kvroute.Part(nil), sc.Parts...)
+		scores[i] = sc
+	}
+	d.Scores = scores
+	return d
 }

@@ -54,6 +54,7 @@ type SGLangParams struct {
 // balance_rel_threshold 1.5, eviction_interval 60s, max_tree_size 2^26.
 // Not safe for concurrent use.
 type SGLang struct {
+	sbuf      scoreBuf // explanation buffers, reused
 	p         SGLangParams
 	tree      *radixTree
 	lastEvict time.Time
@@ -97,7 +98,7 @@ func (s *SGLang) text(req *kvroute.Request) string {
 // Pick implements kvroute.Picker.
 func (s *SGLang) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
 	req = orEmpty(req)
-	scores := newScores(cands, 2)
+	scores := s.sbuf.get(cands, 2)
 	minL, maxL, minI, firstHealthy := math.MaxInt, math.MinInt, -1, -1
 	for i := range cands {
 		if !cands[i].Healthy {
