@@ -176,8 +176,11 @@ type Plan struct {
 	Disaggregated bool
 	// Prefill and Decode are the chosen endpoints.
 	Prefill, Decode *kvroute.Endpoint
-	// Reason explains the choice in one line.
+	// Reason explains the choice in one line; Rule names the rule that
+	// decided (short, cached, cheaper, max_local, cost, always, never,
+	// no_prefill, same_node) for metrics.
 	Reason string
+	Rule   string
 	// The estimates behind the choice. PrefillQueue and PrefillTime are on
 	// the prefill node; Transfer is the KV handoff to Decode (with fabric
 	// queueing); DecodeStep the first decode step. AggregatedTTFT and
@@ -242,7 +245,14 @@ type Planner struct {
 
 	mu    sync.Mutex // protects plans and pins
 	plans map[*kvroute.Request]*planEntry
-	pins  map[*kvroute.Request]string
+	pins  map[*kvroute.Request]pin
+}
+
+// pin is a Pick instruction for one request: a fixed endpoint, or (id "")
+// a decode-stage placement with the transfer from the endpoint from.
+type pin struct {
+	id   string
+	from *kvroute.Endpoint
 }
 
 type planEntry struct {
@@ -279,7 +289,7 @@ func NewPlanner(cfg Config) (*Planner, error) {
 		cfg: cfg, cost: cost, prefill: pk, fabric: fab,
 		decode: &DecodePicker{p: cfg.Decode, cost: cost, fabric: fab},
 		plans:  make(map[*kvroute.Request]*planEntry),
-		pins:   make(map[*kvroute.Request]string),
+		pins:   make(map[*kvroute.Request]pin),
 	}, nil
 }
 
@@ -300,7 +310,16 @@ func (p *Planner) Config() Config { return p.cfg }
 // leg with exclude listing every other endpoint, or rely on Pin alone.
 func (p *Planner) Pin(req *kvroute.Request, id string) {
 	p.mu.Lock()
-	p.pins[req] = id
+	p.pins[req] = pin{id: id}
+	p.mu.Unlock()
+}
+
+// PinDecode makes the next Pick for req place only the decode stage, with
+// the decode picker and the transfer from endpoint from (a retry of a
+// failed decode leg whose KV lease can be reused).
+func (p *Planner) PinDecode(req *kvroute.Request, from *kvroute.Endpoint) {
+	p.mu.Lock()
+	p.pins[req] = pin{from: from}
 	p.mu.Unlock()
 }
 
@@ -327,18 +346,23 @@ var ErrNoPlan = errors.New("disagg: no plan")
 // first leg, or the pinned endpoint after Pin.
 func (p *Planner) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
 	p.mu.Lock()
-	pin, pinned := p.pins[req]
+	pn, pinned := p.pins[req]
 	if pinned {
 		delete(p.pins, req)
 	}
 	p.mu.Unlock()
+	if pinned && pn.id == "" {
+		d := p.decode.PickFrom(now, now, req, cands, pn.from).d
+		d.Reason = "decode leg retry: " + d.Reason
+		return d
+	}
 	if pinned {
 		for i := range cands {
-			if cands[i].Endpoint.ID == pin && cands[i].Healthy {
+			if cands[i].Endpoint.ID == pn.id && cands[i].Healthy {
 				return kvroute.Chose("pd", cands, i, "decode leg of the P/D plan")
 			}
 		}
-		return kvroute.None("pd", fmt.Sprintf("pinned decode endpoint %q is not available", pin))
+		return kvroute.None("pd", fmt.Sprintf("pinned endpoint %q is not available", pn.id))
 	}
 	plan := p.Plan(now, req, cands)
 	if plan.Decision.Index >= 0 {
@@ -448,21 +472,21 @@ func (p *Planner) Plan(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	if w := p.cfg.Conditional.StallWeight; w > 0 {
 		plan.Stall = time.Duration(w * float64(max(dcand.Load.Running, 0)) * float64(ap))
 	}
-	disagg, reason := false, ""
+	disagg, rule, reason := false, "", ""
 	if pc != nil && pc.Endpoint.ID != dcand.Endpoint.ID {
 		plan.UncachedPrefill = max(req.PromptTokens-pc.CachedTokens, 0)
 		plan.PrefillQueue, plan.PrefillTime, plan.Transfer = pqueue, ptime, dc.transfer
 		plan.DisaggregatedTTFT = pqueue + ptime + dc.transfer.Total() + dc.step
-		disagg, reason = p.decide(req, &plan)
+		disagg, rule, reason = p.decide(req, &plan)
 	} else {
 		plan.PrefillQueue, plan.PrefillTime = aq, ap
 		switch {
 		case p.cfg.Mode == ModeNever:
-			reason = "aggregated: mode never"
+			rule, reason = "never", "aggregated: mode never"
 		case pc == nil:
-			reason = "aggregated: no prefill-capable endpoint available"
+			rule, reason = "no_prefill", "aggregated: no prefill-capable endpoint available"
 		default:
-			reason = "aggregated: the best prefill node is the decode node"
+			rule, reason = "same_node", "aggregated: the best prefill node is the decode node"
 		}
 	}
 	first := dc.d.Index
@@ -473,7 +497,7 @@ func (p *Planner) Plan(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	} else {
 		plan.PrefillQueue, plan.PrefillTime, plan.Transfer = aq, ap, Estimate{}
 	}
-	plan.Reason = reason
+	plan.Reason, plan.Rule = reason, rule
 	d := kvroute.Chose("pd", cands, first, reason)
 	head := kvroute.Score{Endpoint: plan.Prefill.ID + ">" + plan.Decode.ID, Value: ms(plan.AggregatedTTFT), Eligible: true, Parts: plan.Parts()}
 	if disagg {
@@ -486,33 +510,33 @@ func (p *Planner) Plan(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 
 // decide applies the mode and the conditional rule to a plan with both
 // sides estimated.
-func (p *Planner) decide(req *kvroute.Request, pl *Plan) (bool, string) {
+func (p *Planner) decide(req *kvroute.Request, pl *Plan) (bool, string, string) {
 	c := p.cfg.Conditional
 	agg, dis := ms(pl.AggregatedTTFT), ms(pl.DisaggregatedTTFT)
 	u := pl.UncachedDecode
 	switch p.cfg.Mode {
 	case ModeAlways:
-		return true, fmt.Sprintf("disaggregated: mode always (est. TTFT %.1f ms vs %.1f ms aggregated)", dis, agg)
+		return true, "always", fmt.Sprintf("disaggregated: mode always (est. TTFT %.1f ms vs %.1f ms aggregated)", dis, agg)
 	case ModeNever:
-		return false, "aggregated: mode never"
+		return false, "never", "aggregated: mode never"
 	}
 	if c.ShortTokens >= 0 && u <= c.ShortTokens {
-		return false, fmt.Sprintf("aggregated: short uncached prompt (%d <= %d tokens)", u, c.ShortTokens)
+		return false, "short", fmt.Sprintf("aggregated: short uncached prompt (%d <= %d tokens)", u, c.ShortTokens)
 	}
 	if c.LocalISL >= 0 && c.LocalRatio >= 0 && req.PromptTokens > 0 && u < c.LocalISL &&
 		float64(u)/float64(req.PromptTokens) < c.LocalRatio {
-		return false, fmt.Sprintf("aggregated: mostly cached on the decode node (%d uncached < %d, %.2f < %.2f of %d)",
+		return false, "cached", fmt.Sprintf("aggregated: mostly cached on the decode node (%d uncached < %d, %.2f < %.2f of %d)",
 			u, c.LocalISL, float64(u)/float64(req.PromptTokens), c.LocalRatio, req.PromptTokens)
 	}
 	aggCost := agg + ms(pl.Stall)
 	if c.MaxLocalTokens >= 0 && u <= c.MaxLocalTokens && aggCost < dis*(1-c.Margin) {
-		return false, fmt.Sprintf("aggregated: cheaper on the decode node (est. TTFT %.1f ms + %.1f ms stall vs %.1f ms with %.1f ms transfer)",
+		return false, "cheaper", fmt.Sprintf("aggregated: cheaper on the decode node (est. TTFT %.1f ms + %.1f ms stall vs %.1f ms with %.1f ms transfer)",
 			agg, ms(pl.Stall), dis, ms(pl.Transfer.Total()))
 	}
 	if aggCost < dis*(1-c.Margin) {
-		return true, fmt.Sprintf("disaggregated: %d uncached tokens > max_local_tokens %d (est. TTFT %.1f ms vs %.1f ms + %.1f ms stall aggregated)",
+		return true, "max_local", fmt.Sprintf("disaggregated: %d uncached tokens > max_local_tokens %d (est. TTFT %.1f ms vs %.1f ms + %.1f ms stall aggregated)",
 			u, c.MaxLocalTokens, dis, agg, ms(pl.Stall))
 	}
-	return true, fmt.Sprintf("disaggregated: est. TTFT %.1f ms (queue %.1f + prefill %.1f + transfer %.1f + step %.1f) vs %.1f ms + %.1f ms stall aggregated, %d uncached",
+	return true, "cost", fmt.Sprintf("disaggregated: est. TTFT %.1f ms (queue %.1f + prefill %.1f + transfer %.1f + step %.1f) vs %.1f ms + %.1f ms stall aggregated, %d uncached",
 		dis, ms(pl.PrefillQueue), ms(pl.PrefillTime), ms(pl.Transfer.Total()), ms(pl.DecodeStep), agg, ms(pl.Stall), u)
 }

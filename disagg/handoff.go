@@ -1,0 +1,739 @@
+package disagg
+
+import (
+	"bytes"
+	"context"
+	"crypto/rand"
+	"encoding/binary"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/router"
+)
+
+// Handoff protocols.
+const (
+	// ProtocolNixl is vLLM's NixlConnector handshake: a prefill request
+	// with max_tokens=1 and kv_transfer_params.do_remote_decode, then the
+	// original request to the decode engine with the returned params.
+	ProtocolNixl = "nixl"
+	// ProtocolSGLang is SGLang's bootstrap form: the same body, with
+	// bootstrap_host/port/room, sent to both engines at once.
+	ProtocolSGLang = "sglang"
+)
+
+// DefaultBootstrapPort is SGLang's --disaggregation-bootstrap-port default.
+const DefaultBootstrapPort = 8998
+
+// LabelBootstrapPort is the endpoint label that gives a prefill engine's
+// SGLang bootstrap port.
+const LabelBootstrapPort = "bootstrap_port"
+
+// Doer sends HTTP requests; *http.Client implements it.
+type Doer interface {
+	Do(*http.Request) (*http.Response, error)
+}
+
+// HandoffConfig configures a Handoff. Router, Planner and Client are
+// required; the rest have documented defaults.
+type HandoffConfig struct {
+	// Model names the model in metrics and logs; default the router's.
+	Model string
+	// Router is the model's routing core; its Picker must be Planner.
+	Router *router.Router
+	// Planner places the requests (the router's Picker).
+	Planner *Planner
+	// Client sends the legs to the engines.
+	Client Doer
+	// Protocol is ProtocolNixl (default) or ProtocolSGLang.
+	Protocol string
+	// Attempts is the most placements tried per request (a failed leg
+	// leads to a new plan that avoids the failed endpoints); default 3.
+	Attempts int
+	// BootstrapPort is the prefill engines' SGLang bootstrap port when an
+	// endpoint has no bootstrap_port label; default 8998.
+	BootstrapPort int
+	// MaxReplyBytes caps a prefill reply (and a failed leg's error body);
+	// default 4 MiB.
+	MaxReplyBytes int64
+	// Metrics records the handoff (nil: none).
+	Metrics *Metrics
+	// Logger receives warnings and errors (nil: discard).
+	Logger *slog.Logger
+	// Now is the clock; default time.Now.
+	Now func() time.Time
+	// Room draws SGLang bootstrap rooms; default a crypto-random 63-bit
+	// value.
+	Room func() uint64
+}
+
+// Handoff serves the requests of one P/D model: it places each request
+// with the router and Planner, runs the legs in the engines' own protocol,
+// streams the answer to the client and recovers from failed legs:
+//
+//   - a prefill leg that fails (transport error, 5xx, or a reply without
+//     kv_transfer_params, which is counted and logged) leads to a new plan
+//     that avoids the failed node: another prefill node, or, when none is
+//     left, aggregated on a decode node (the planner's no_prefill rule);
+//     on the last attempt the request runs aggregated on the planned
+//     decode node at once;
+//   - a decode leg that fails before its first byte with a connect error
+//     (the request never reached the engine, so the prefill's KV lease is
+//     untouched) is retried once on another decode node with the same
+//     kv_transfer_params; any other decode failure leads to a new plan,
+//     which re-runs the prefill (now mostly a prefix-cache hit);
+//   - SGLang's two legs share one context: when either fails, both are
+//     cancelled and the pair is placed again with a new room;
+//   - a client that goes away cancels every leg in flight.
+//
+// Client-supplied handoff fields and endpoint-naming headers are rejected
+// (CheckClientRequest): the endpoints a leg names come only from the
+// router's decision and the prefill engine's reply. A Handoff is safe for
+// concurrent use.
+type Handoff struct {
+	cfg HandoffConfig
+	log *slog.Logger
+}
+
+// NewHandoff validates cfg, fills its defaults and returns a Handoff.
+func NewHandoff(cfg HandoffConfig) (*Handoff, error) {
+	switch {
+	case cfg.Router == nil:
+		return nil, errors.New("disagg: handoff: router is required")
+	case cfg.Planner == nil:
+		return nil, errors.New("disagg: handoff: planner is required")
+	case cfg.Client == nil:
+		return nil, errors.New("disagg: handoff: client is required")
+	}
+	switch cfg.Protocol {
+	case "":
+		cfg.Protocol = ProtocolNixl
+	case ProtocolNixl, ProtocolSGLang:
+	default:
+		return nil, fmt.Errorf("disagg: handoff: protocol must be nixl or sglang, got %q", cfg.Protocol)
+	}
+	if cfg.Model == "" {
+		cfg.Model = cfg.Router.Model()
+	}
+	if cfg.Attempts <= 0 {
+		cfg.Attempts = 3
+	}
+	if cfg.BootstrapPort <= 0 {
+		cfg.BootstrapPort = DefaultBootstrapPort
+	}
+	if cfg.MaxReplyBytes <= 0 {
+		cfg.MaxReplyBytes = 4 << 20
+	}
+	if cfg.Now == nil {
+		cfg.Now = time.Now
+	}
+	if cfg.Room == nil {
+		cfg.Room = cryptoRoom
+	}
+	log := cfg.Logger
+	if log == nil {
+		log = slog.New(slog.DiscardHandler)
+	}
+	return &Handoff{cfg: cfg, log: log}, nil
+}
+
+func cryptoRoom() uint64 {
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	return binary.LittleEndian.Uint64(b[:]) >> 1
+}
+
+// Result is what happened to one request.
+type Result struct {
+	// Status is the status written to the client (499 when the client went
+	// away first).
+	Status int
+	// Disaggregated reports that the answering placement had two legs;
+	// Prefill and Decode name its endpoints ("" when none answered).
+	Disaggregated   bool
+	Prefill, Decode string
+	// Attempts is the number of placements tried.
+	Attempts int
+	// Err is the last leg failure, if any (also set when a stream broke
+	// after its first byte).
+	Err error
+}
+
+// StatusClientClosed is the status recorded when the client went away.
+const StatusClientClosed = 499
+
+// LegError is a failed leg.
+type LegError struct {
+	// Leg is prefill, decode or aggregated; Endpoint the engine's ID.
+	Leg, Endpoint string
+	// Reason is status, transport, missing_kv_params or cancelled.
+	Reason string
+	// Status and Body are the engine's error response, if it sent one.
+	Status int
+	Body   []byte
+	header http.Header
+	// Connect reports a transport error before the request was sent.
+	Connect bool
+	Err     error
+}
+
+func (e *LegError) Error() string {
+	switch {
+	case e.Err != nil:
+		return fmt.Sprintf("disagg: %s leg on %s: %s: %v", e.Leg, e.Endpoint, e.Reason, e.Err)
+	default:
+		return fmt.Sprintf("disagg: %s leg on %s: status %d: %s", e.Leg, e.Endpoint, e.Status, bytes.TrimSpace(e.Body))
+	}
+}
+
+func (e *LegError) Unwrap() error { return e.Err }
+
+// exchange is one request through the handoff.
+type exchange struct {
+	h     *Handoff
+	w     http.ResponseWriter
+	r     *http.Request
+	ctx   context.Context
+	path  string
+	body  []byte
+	req   *kvroute.Request
+	tried []string
+	last  *LegError
+	res   Result
+	start time.Time
+}
+
+// Serve answers one client request for path (/v1/completions or
+// /v1/chat/completions) whose body was already read and whose routing view
+// req was parsed. It writes the response and returns what happened.
+func (h *Handoff) Serve(w http.ResponseWriter, r *http.Request, path string, body []byte, req *kvroute.Request) Result {
+	x := &exchange{h: h, w: w, r: r, ctx: r.Context(), path: path, body: body, req: req, start: h.cfg.Now()}
+	if err := CheckClientRequest(body, r.Header); err != nil {
+		var ke *kvroute.Error
+		if errors.As(err, &ke) {
+			h.cfg.Metrics.reject(h.cfg.Model, ke.Code)
+		}
+		h.log.Warn("pd: client request rejected", "request_id", req.ID, "error", err, "remote", r.RemoteAddr)
+		openai.WriteError(w, err)
+		x.res.Status = kvroute.StatusOf(err)
+		x.res.Err = err
+		return x.res
+	}
+	forceAgg := false
+	for attempt := 0; attempt < h.cfg.Attempts; attempt++ {
+		if x.ctx.Err() != nil {
+			x.res.Status = StatusClientClosed
+			return x.res
+		}
+		x.res.Attempts = attempt + 1
+		last := attempt == h.cfg.Attempts-1
+		var done bool
+		if forceAgg {
+			done = x.aggregatedOnDecode()
+		} else {
+			var fallbackDecode *kvroute.Endpoint
+			done, fallbackDecode = x.placeAndRun(last)
+			if !done && fallbackDecode != nil && attempt+1 == h.cfg.Attempts-1 {
+				// The next attempt is the last: run aggregated on the
+				// decode node rather than risk another prefill.
+				forceAgg = true
+				h.cfg.Planner.Pin(x.req, fallbackDecode.ID)
+			}
+		}
+		if done {
+			return x.res
+		}
+	}
+	x.writeLastFailure()
+	return x.res
+}
+
+// placeAndRun routes one placement and runs it. done reports that the
+// request is answered; otherwise the failure is recorded and, after a
+// failed prefill leg, decode is the planned decode node.
+func (x *exchange) placeAndRun(last bool) (done bool, decode *kvroute.Endpoint) {
+	h := x.h
+	now := h.cfg.Now()
+	f, err := h.cfg.Router.Route(now, x.req, x.tried)
+	if err != nil {
+		x.writeRoutingFailure(err)
+		return true, nil
+	}
+	plan, ok := h.cfg.Planner.Take(x.req)
+	if !ok { // not planned by the Planner (a foreign picker): run whole on f
+		plan = Plan{Prefill: f.Endpoint, Decode: f.Endpoint, Rule: "unplanned"}
+	}
+	h.cfg.Metrics.decision(h.cfg.Model, &plan)
+	h.log.Debug("pd: placed", "request_id", x.req.ID, "disaggregated", plan.Disaggregated, "prefill", plan.Prefill.ID,
+		"decode", plan.Decode.ID, "reason", plan.Reason)
+	if !plan.Disaggregated {
+		if x.last != nil && x.last.Leg == "prefill" {
+			h.cfg.Metrics.fallback(h.cfg.Model, "aggregated")
+			h.log.Warn("pd: prefill failed, running aggregated", "request_id", x.req.ID, "endpoint", f.Endpoint.ID, "reason", plan.Reason)
+		}
+		return x.runWhole(f, "aggregated"), nil
+	}
+	switch h.cfg.Protocol {
+	case ProtocolSGLang:
+		return x.runSGLang(f, &plan), nil
+	}
+	return x.runNixl(f, &plan, last)
+}
+
+// aggregatedOnDecode runs the request whole on the pinned decode node (the
+// fallback after a failed prefill).
+func (x *exchange) aggregatedOnDecode() bool {
+	h := x.h
+	f, err := h.cfg.Router.Route(h.cfg.Now(), x.req, x.tried)
+	if err != nil {
+		x.writeRoutingFailure(err)
+		return true
+	}
+	h.cfg.Planner.Take(x.req) // nothing planned after a pin; keep the books clean
+	h.cfg.Metrics.fallback(h.cfg.Model, "aggregated")
+	h.log.Warn("pd: prefill failed, running aggregated on the decode node", "request_id", x.req.ID, "endpoint", f.Endpoint.ID)
+	return x.runWhole(f, "aggregated")
+}
+
+// runWhole forwards the client's body to f's endpoint and streams the
+// answer back.
+func (x *exchange) runWhole(f *router.Flight, leg string) bool {
+	h := x.h
+	t0 := h.cfg.Now()
+	resp, lerr := x.post(x.ctx, f.Endpoint, x.body, leg)
+	if lerr != nil {
+		x.legFailed(f, lerr)
+		switch {
+		case x.ctx.Err() != nil:
+			return x.clientGone()
+		case lerr.Status >= 400 && lerr.Status < 500:
+			x.replay(lerr)
+			return true
+		}
+		return false
+	}
+	h.cfg.Router.ReportResult(h.cfg.Now(), f.Endpoint.ID, true)
+	x.res.Prefill, x.res.Decode, x.res.Disaggregated = f.Endpoint.ID, f.Endpoint.ID, false
+	x.stream(resp, f, t0)
+	return true
+}
+
+// runNixl runs vLLM NixlConnector's two sequential legs.
+func (x *exchange) runNixl(pf *router.Flight, plan *Plan, last bool) (bool, *kvroute.Endpoint) {
+	h := x.h
+	defer h.cfg.Planner.Finish(plan.Ticket)
+	pbody, err := NixlPrefillBody(x.body)
+	if err != nil { // CheckClientRequest parsed it already; unreachable in practice
+		pf.Decision.Reason = err.Error()
+		x.writeError(kvroute.Errorf(http.StatusBadRequest, kvroute.TypeInvalidRequest, "invalid_body", "", "%v", err))
+		h.cfg.Router.Done(h.cfg.Now(), pf, kvroute.Outcome{Failed: true})
+		return true, nil
+	}
+	t0 := h.cfg.Now()
+	params, lerr := x.prefillNixl(pf, pbody)
+	if lerr != nil {
+		if x.ctx.Err() != nil {
+			return x.clientGone(), nil
+		}
+		if lerr.Status >= 400 && lerr.Status < 500 { // the client's request is bad: answer with it
+			x.replay(lerr)
+			return true, nil
+		}
+		h.cfg.Metrics.fallback(h.cfg.Model, "replan")
+		return false, plan.Decode
+	}
+	h.cfg.Metrics.observeStage(h.cfg.Model, "prefill", h.cfg.Now().Sub(t0).Seconds())
+	dbody, err := NixlDecodeBody(x.body, params)
+	if err != nil {
+		x.writeError(kvroute.Errorf(http.StatusBadRequest, kvroute.TypeInvalidRequest, "invalid_body", "", "%v", err))
+		return true, nil
+	}
+	dreq := *x.req
+	h.cfg.Planner.Pin(&dreq, plan.Decode.ID)
+	for try := 0; try < 2; try++ {
+		now := h.cfg.Now()
+		df, err := h.cfg.Router.Route(now, &dreq, x.tried)
+		if err != nil && try == 0 { // the planned decode node went away meanwhile
+			h.cfg.Planner.PinDecode(&dreq, plan.Prefill)
+			df, err = h.cfg.Router.Route(now, &dreq, x.tried)
+		}
+		if err != nil {
+			x.writeRoutingFailure(err)
+			return true, nil
+		}
+		td := h.cfg.Now()
+		resp, lerr := x.post(x.ctx, df.Endpoint, dbody, "decode")
+		if lerr != nil {
+			x.legFailed(df, lerr)
+			if x.ctx.Err() != nil {
+				return x.clientGone(), nil
+			}
+			if lerr.Status >= 400 && lerr.Status < 500 {
+				x.replay(lerr)
+				return true, nil
+			}
+			if lerr.Connect && try == 0 {
+				// The request never reached the engine: the lease is
+				// untouched, so another decode node can pull it.
+				h.cfg.Metrics.fallback(h.cfg.Model, "decode_retry")
+				h.cfg.Planner.PinDecode(&dreq, plan.Prefill)
+				continue
+			}
+			h.cfg.Metrics.fallback(h.cfg.Model, "replan")
+			return false, nil
+		}
+		h.cfg.Router.ReportResult(h.cfg.Now(), df.Endpoint.ID, true)
+		x.res.Prefill, x.res.Decode, x.res.Disaggregated = plan.Prefill.ID, df.Endpoint.ID, true
+		x.stream(resp, df, td)
+		return true, nil
+	}
+	return false, nil
+}
+
+// prefillNixl runs the prefill leg and returns the engine's
+// kv_transfer_params.
+func (x *exchange) prefillNixl(pf *router.Flight, pbody []byte) (json.RawMessage, *LegError) {
+	h := x.h
+	t0 := h.cfg.Now()
+	resp, lerr := x.post(x.ctx, pf.Endpoint, pbody, "prefill")
+	if lerr != nil {
+		x.legFailed(pf, lerr)
+		return nil, lerr
+	}
+	b, err := io.ReadAll(io.LimitReader(resp.Body, h.cfg.MaxReplyBytes))
+	resp.Body.Close()
+	if err != nil {
+		lerr = &LegError{Leg: "prefill", Endpoint: pf.Endpoint.ID, Reason: "transport", Err: err}
+		x.legFailed(pf, lerr)
+		return nil, lerr
+	}
+	params, err := KVTransferParams(b)
+	if err != nil {
+		lerr = &LegError{Leg: "prefill", Endpoint: pf.Endpoint.ID, Reason: "missing_kv_params", Status: resp.StatusCode, Err: err}
+		h.log.Error("pd: prefill reply without kv_transfer_params: is the engine's KV connector configured? not recomputing on the decode node",
+			"request_id", x.req.ID, "endpoint", pf.Endpoint.ID)
+		x.legFailed(pf, lerr)
+		return nil, lerr
+	}
+	now := h.cfg.Now()
+	h.cfg.Router.ReportResult(now, pf.Endpoint.ID, true)
+	h.cfg.Router.FirstToken(now, pf)
+	h.cfg.Router.Done(now, pf, kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, TTFT: now.Sub(t0)})
+	return params, nil
+}
+
+// runSGLang runs SGLang's two concurrent legs.
+func (x *exchange) runSGLang(pf *router.Flight, plan *Plan) bool {
+	h := x.h
+	defer h.cfg.Planner.Finish(plan.Ticket)
+	host, port := bootstrapAddr(plan.Prefill, h.cfg.BootstrapPort)
+	body, err := SGLangBody(x.body, host, port, h.cfg.Room())
+	if err != nil {
+		x.writeError(kvroute.Errorf(http.StatusBadRequest, kvroute.TypeInvalidRequest, "invalid_body", "", "%v", err))
+		h.cfg.Router.Done(h.cfg.Now(), pf, kvroute.Outcome{Failed: true})
+		return true
+	}
+	dreq := *x.req
+	h.cfg.Planner.Pin(&dreq, plan.Decode.ID)
+	df, err := h.cfg.Router.Route(h.cfg.Now(), &dreq, x.tried)
+	if err != nil {
+		h.cfg.Router.Done(h.cfg.Now(), pf, kvroute.Outcome{Failed: true})
+		x.writeRoutingFailure(err)
+		return true
+	}
+	ctx, cancel := context.WithCancel(x.ctx)
+	defer cancel()
+	type legResult struct {
+		resp *http.Response
+		err  *LegError
+	}
+	t0 := h.cfg.Now()
+	pch := make(chan *LegError, 1)
+	dch := make(chan legResult, 1)
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { // the prefill leg: drained, its reply only tells success
+		defer wg.Done()
+		resp, lerr := x.post(ctx, plan.Prefill, body, "prefill")
+		if lerr == nil {
+			_, err := io.Copy(io.Discard, io.LimitReader(resp.Body, h.cfg.MaxReplyBytes))
+			resp.Body.Close()
+			if err != nil {
+				lerr = &LegError{Leg: "prefill", Endpoint: plan.Prefill.ID, Reason: "transport", Err: err}
+			}
+		}
+		if lerr != nil {
+			cancel() // either leg failing cancels both
+		}
+		pch <- lerr
+	}()
+	go func() {
+		defer wg.Done()
+		resp, lerr := x.post(ctx, df.Endpoint, body, "decode")
+		dch <- legResult{resp, lerr}
+	}()
+	defer wg.Wait()
+
+	var perr *LegError
+	pdone := false
+	var d legResult
+	select {
+	case perr = <-pch:
+		pdone = true
+		d = <-dch
+	case d = <-dch:
+	}
+	if d.err != nil || perr != nil {
+		cancel()
+		if d.err == nil {
+			d.resp.Body.Close()
+		}
+		if !pdone {
+			perr = <-pch
+		}
+		x.sglangDone(pf, perr, t0)
+		if d.err != nil {
+			x.legFailed(df, d.err)
+		} else {
+			h.cfg.Router.Done(h.cfg.Now(), df, kvroute.Outcome{Failed: true})
+		}
+		if x.ctx.Err() != nil {
+			return x.clientGone()
+		}
+		if d.err != nil && d.err.Status >= 400 && d.err.Status < 500 {
+			x.replay(d.err)
+			return true
+		}
+		h.cfg.Metrics.fallback(h.cfg.Model, "replan")
+		return false
+	}
+	h.cfg.Router.ReportResult(h.cfg.Now(), df.Endpoint.ID, true)
+	x.res.Prefill, x.res.Decode, x.res.Disaggregated = plan.Prefill.ID, df.Endpoint.ID, true
+	// A prefill failing while the decode streams cancels ctx, which
+	// breaks the stream.
+	x.stream(d.resp, df, t0)
+	if !pdone {
+		perr = <-pch
+	}
+	x.sglangDone(pf, perr, t0)
+	if perr != nil && x.res.Err == nil {
+		x.res.Err = perr
+	}
+	return true
+}
+
+// sglangDone ends the prefill leg's flight.
+func (x *exchange) sglangDone(pf *router.Flight, perr *LegError, t0 time.Time) {
+	h := x.h
+	if perr != nil {
+		x.legFailed(pf, perr)
+		return
+	}
+	now := h.cfg.Now()
+	h.cfg.Router.ReportResult(now, pf.Endpoint.ID, true)
+	h.cfg.Router.FirstToken(now, pf)
+	h.cfg.Router.Done(now, pf, kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, TTFT: now.Sub(t0)})
+	h.cfg.Metrics.observeStage(h.cfg.Model, "prefill", now.Sub(t0).Seconds())
+}
+
+// bootstrapAddr returns the SGLang bootstrap host (the prefill URL's host
+// name) and port (the endpoint's bootstrap_port label, else def).
+func bootstrapAddr(e *kvroute.Endpoint, def int) (string, int) {
+	host := e.URL
+	if u, err := url.Parse(e.URL); err == nil && u.Hostname() != "" {
+		host = u.Hostname()
+	}
+	port := def
+	if p, err := strconv.Atoi(e.Labels[LabelBootstrapPort]); err == nil && p > 0 && p < 65536 {
+		port = p
+	}
+	return host, port
+}
+
+// post sends one leg. A non-2xx answer is a *LegError with the engine's
+// body; on success the caller owns resp.Body.
+func (x *exchange) post(ctx context.Context, e *kvroute.Endpoint, body []byte, leg string) (*http.Response, *LegError) {
+	h := x.h
+	u := strings.TrimRight(e.URL, "/") + x.path
+	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
+	if err != nil {
+		return nil, &LegError{Leg: leg, Endpoint: e.ID, Reason: "transport", Connect: true, Err: err}
+	}
+	for _, k := range ForwardHeaders {
+		if v := x.r.Header.Values(k); len(v) > 0 {
+			hr.Header[k] = append([]string(nil), v...)
+		}
+	}
+	hr.Header.Set("Content-Type", "application/json")
+	hr.Header.Set("X-Request-Id", x.req.ID) // the same id on every leg
+	resp, err := h.cfg.Client.Do(hr)
+	if err != nil {
+		reason := "transport"
+		if ctx.Err() != nil {
+			reason = "cancelled"
+		}
+		return nil, &LegError{Leg: leg, Endpoint: e.ID, Reason: reason, Connect: isConnectError(err), Err: err}
+	}
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, h.cfg.MaxReplyBytes))
+		resp.Body.Close()
+		return nil, &LegError{Leg: leg, Endpoint: e.ID, Reason: "status", Status: resp.StatusCode, Body: b, header: resp.Header}
+	}
+	return resp, nil
+}
+
+// isConnectError reports an error from before the request was sent.
+func isConnectError(err error) bool {
+	var op *net.OpError
+	return errors.As(err, &op) && op.Op == "dial"
+}
+
+// legFailed records a failed leg: passive health (not for client errors
+// or cancellations), the flight's end, metrics and the last failure.
+func (x *exchange) legFailed(f *router.Flight, lerr *LegError) {
+	h := x.h
+	now := h.cfg.Now()
+	if lerr.Reason != "cancelled" && !(lerr.Status >= 400 && lerr.Status < 500) {
+		if h.cfg.Router.ReportResult(now, f.Endpoint.ID, false) {
+			h.log.Warn("pd: endpoint ejected", "endpoint", f.Endpoint.ID)
+		}
+		x.tried = append(x.tried, f.Endpoint.ID)
+		h.log.Warn("pd: leg failed", "request_id", x.req.ID, "leg", lerr.Leg, "endpoint", lerr.Endpoint, "reason", lerr.Reason,
+			"status", lerr.Status, "error", lerr.Err)
+	}
+	h.cfg.Router.Done(now, f, kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, Failed: true})
+	h.cfg.Metrics.failure(h.cfg.Model, lerr.Leg, lerr.Reason)
+	x.last = lerr
+	x.res.Err = lerr
+}
+
+// hop-by-hop headers are not copied to the client.
+var hopHeaders = map[string]bool{"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true,
+	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true}
+
+// stream copies an engine's answer to the client, flushing every read.
+// The flight sees its first token at the first body byte and ends when the
+// copy does.
+func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time) {
+	h := x.h
+	defer resp.Body.Close()
+	dst := x.w.Header()
+	for k, v := range resp.Header {
+		if !hopHeaders[k] && k != "X-Request-Id" {
+			dst[k] = v
+		}
+	}
+	x.w.WriteHeader(resp.StatusCode)
+	x.res.Status = resp.StatusCode
+	rc := http.NewResponseController(x.w)
+	buf := make([]byte, 32<<10)
+	first := true
+	var ttft time.Duration
+	var streamErr error
+	for {
+		n, err := resp.Body.Read(buf)
+		if n > 0 {
+			if first {
+				first = false
+				now := h.cfg.Now()
+				ttft = now.Sub(t0)
+				h.cfg.Router.FirstToken(now, f)
+				h.cfg.Metrics.observeStage(h.cfg.Model, "decode_first_byte", ttft.Seconds())
+				h.cfg.Metrics.observeStage(h.cfg.Model, "ttfb", now.Sub(x.start).Seconds())
+			}
+			if _, werr := x.w.Write(buf[:n]); werr != nil {
+				streamErr = werr
+				break
+			}
+			_ = rc.Flush()
+		}
+		if err == io.EOF {
+			break
+		}
+		if err != nil {
+			streamErr = err
+			if x.req.Stream && x.ctx.Err() == nil {
+				_, _ = x.w.Write(openai.AppendErrorEvent(nil, &kvroute.Error{Status: http.StatusBadGateway,
+					Type: kvroute.TypeUpstream, Code: "upstream_error", Message: "the engine's stream broke: " + err.Error()}))
+				_ = rc.Flush()
+			}
+			break
+		}
+	}
+	failed := streamErr != nil
+	if failed {
+		x.res.Err = fmt.Errorf("disagg: stream from %s: %w", f.Endpoint.ID, streamErr)
+		if x.ctx.Err() != nil {
+			x.res.Status = StatusClientClosed
+		}
+	}
+	h.cfg.Router.Done(h.cfg.Now(), f, kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, TTFT: ttft, Failed: failed})
+}
+
+// replay writes a failed leg's own error response (a 4xx the client must
+// see, or the last 5xx when nothing is left to try).
+func (x *exchange) replay(l *LegError) {
+	if ct := l.header.Get("Content-Type"); ct != "" {
+		x.w.Header().Set("Content-Type", ct)
+	}
+	x.w.WriteHeader(l.Status)
+	_, _ = x.w.Write(l.Body)
+	x.res.Status = l.Status
+}
+
+func (x *exchange) writeError(err error) {
+	openai.WriteError(x.w, err)
+	x.res.Status = kvroute.StatusOf(err)
+	x.res.Err = err
+}
+
+// writeRoutingFailure answers when the router has no endpoint: with the
+// last leg failure when there was one.
+func (x *exchange) writeRoutingFailure(err error) {
+	if x.last != nil {
+		x.writeLastFailure()
+		return
+	}
+	var ue *router.UnavailableError
+	if errors.As(err, &ue) {
+		x.w.Header().Set("Retry-After", strconv.Itoa(max(ue.RetryAfter, 1)))
+	}
+	x.writeError(err)
+}
+
+// writeLastFailure answers a request whose every placement failed.
+func (x *exchange) writeLastFailure() {
+	if x.ctx.Err() != nil {
+		x.res.Status = StatusClientClosed
+		return
+	}
+	l := x.last
+	if l != nil && l.Status >= 500 && len(l.Body) > 0 {
+		x.replay(l)
+		return
+	}
+	msg := "no placement left to try"
+	if l != nil {
+		msg = l.Error()
+	}
+	x.writeError(&kvroute.Error{Status: http.StatusBadGateway, Type: kvroute.TypeUpstream, Code: "upstream_error",
+		Message: fmt.Sprintf("model %q: every P/D placement tried failed (%v): %s", x.req.Model, x.tried, msg), Err: l})
+}
+
+// clientGone records a request whose client went away; it is answered.
+func (x *exchange) clientGone() bool {
+	x.res.Status = StatusClientClosed
+	return true
+}

@@ -1,0 +1,176 @@
+package disagg
+
+import (
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"net/http"
+	"strings"
+
+	"github.com/kvroute/kvroute"
+)
+
+// ReservedFields are the request fields that steer a P/D handoff or name an
+// endpoint. Only the router sets them; a client request carrying any of
+// them at the top level is rejected (400), so no request can make the
+// router, or an engine behind it, pull KV from an arbitrary host.
+var ReservedFields = []string{
+	"kv_transfer_params",                                 // vLLM NixlConnector (remote_host, remote_port, ...)
+	"bootstrap_host", "bootstrap_port", "bootstrap_room", // SGLang
+	"routed_dp_rank", "disagg_prefill_dp_rank", // SGLang DP attention
+	"remote_prefiller", "remote_decoder", "remote_kv_source", // llm-d offloading connector
+}
+
+// EndpointHeaders are request headers that name endpoints in other P/D
+// routers (llm-d's sidecar protocol). They are never forwarded.
+var EndpointHeaders = []string{
+	"X-Prefiller-Host-Port", "X-Encoder-Hosts-Ports", "X-Kv-Cache-Source-Host-Port",
+	"X-Data-Parallel-Host-Port", "X-Data-Parallel-Rank",
+}
+
+// ForwardHeaders are the only client headers the handoff passes to the
+// engines (besides Content-Type and X-Request-Id, which it sets).
+var ForwardHeaders = []string{"Authorization", "Accept", "Traceparent", "Tracestate", "User-Agent"}
+
+// ErrMissingKVParams is the error of a prefill reply without
+// kv_transfer_params: the prefill engine did not hold the KV for a remote
+// decode (no KV connector, or a connector error). The handoff counts and
+// logs it and never lets the decode engine recompute silently.
+var ErrMissingKVParams = errors.New("disagg: prefill reply has no kv_transfer_params")
+
+// decodeObject parses a JSON object's top level.
+func decodeObject(body []byte) (map[string]json.RawMessage, error) {
+	var m map[string]json.RawMessage
+	d := json.NewDecoder(bytes.NewReader(body))
+	if err := d.Decode(&m); err != nil {
+		return nil, fmt.Errorf("request body is not a JSON object: %w", err)
+	}
+	if m == nil {
+		return nil, errors.New("request body is not a JSON object")
+	}
+	if d.More() {
+		return nil, errors.New("request body has data after the JSON object")
+	}
+	return m, nil
+}
+
+// CheckClientRequest rejects a client request that tries to steer the
+// handoff: a reserved body field (ReservedFields) or an endpoint-naming
+// header (EndpointHeaders). The error is a 400 *kvroute.Error naming the
+// field or header.
+func CheckClientRequest(body []byte, h http.Header) error {
+	for _, name := range EndpointHeaders {
+		if h.Get(name) != "" {
+			return &kvroute.Error{Status: http.StatusBadRequest, Type: kvroute.TypeInvalidRequest, Code: "reserved_header",
+				Message: fmt.Sprintf("header %s names an endpoint and is not accepted: the router chooses the prefill and decode engines", name)}
+		}
+	}
+	m, err := decodeObject(body)
+	if err != nil {
+		return &kvroute.Error{Status: http.StatusBadRequest, Type: kvroute.TypeInvalidRequest, Code: "invalid_body", Message: err.Error()}
+	}
+	for k := range m {
+		if isReserved(k) {
+			return &kvroute.Error{Status: http.StatusBadRequest, Type: kvroute.TypeInvalidRequest, Code: "reserved_field", Param: k,
+				Message: fmt.Sprintf("field %q is reserved for the router's prefill/decode handoff", k)}
+		}
+	}
+	return nil
+}
+
+// isReserved matches reserved names case-insensitively (some JSON parsers
+// fold case), so no spelling slips through.
+func isReserved(k string) bool {
+	for _, r := range ReservedFields {
+		if strings.EqualFold(k, r) {
+			return true
+		}
+	}
+	return false
+}
+
+// nixlPrefillParams is what the proxy asks the prefill engine for
+// (toy_proxy_server.py).
+var nixlPrefillParams = json.RawMessage(`{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`)
+
+var one = json.RawMessage(`1`)
+
+// NixlPrefillBody rewrites a client body into vLLM NixlConnector's prefill
+// request: max_tokens=1 (and max_completion_tokens=1 when present),
+// stream=false, stream_options and min_tokens/min_completion_tokens
+// removed, and kv_transfer_params asking for a remote decode.
+func NixlPrefillBody(body []byte) ([]byte, error) {
+	m, err := decodeObject(body)
+	if err != nil {
+		return nil, fmt.Errorf("disagg: nixl prefill body: %w", err)
+	}
+	m["max_tokens"] = one
+	if _, ok := m["max_completion_tokens"]; ok {
+		m["max_completion_tokens"] = one
+	}
+	m["stream"] = json.RawMessage(`false`)
+	delete(m, "stream_options")
+	delete(m, "min_tokens")
+	delete(m, "min_completion_tokens")
+	m["kv_transfer_params"] = nixlPrefillParams
+	return encodeObject(m)
+}
+
+// NixlDecodeBody returns the client's body with the prefill engine's
+// kv_transfer_params, copied verbatim.
+func NixlDecodeBody(body []byte, params json.RawMessage) ([]byte, error) {
+	m, err := decodeObject(body)
+	if err != nil {
+		return nil, fmt.Errorf("disagg: nixl decode body: %w", err)
+	}
+	m["kv_transfer_params"] = params
+	return encodeObject(m)
+}
+
+// KVTransferParams extracts kv_transfer_params from a prefill engine's
+// (non-streaming) reply. A missing, null or non-object value is
+// ErrMissingKVParams.
+func KVTransferParams(reply []byte) (json.RawMessage, error) {
+	var r struct {
+		KV json.RawMessage `json:"kv_transfer_params"`
+	}
+	if err := json.Unmarshal(reply, &r); err != nil {
+		return nil, fmt.Errorf("disagg: prefill reply: %w", err)
+	}
+	kv := bytes.TrimSpace(r.KV)
+	if len(kv) == 0 || kv[0] != '{' {
+		return nil, ErrMissingKVParams
+	}
+	var probe map[string]json.RawMessage
+	if err := json.Unmarshal(kv, &probe); err != nil || len(probe) == 0 {
+		return nil, ErrMissingKVParams
+	}
+	return kv, nil
+}
+
+// SGLangBody adds SGLang's bootstrap fields to a client body: the prefill
+// engine's host and bootstrap port and the room that pairs the two legs.
+func SGLangBody(body []byte, host string, port int, room uint64) ([]byte, error) {
+	m, err := decodeObject(body)
+	if err != nil {
+		return nil, fmt.Errorf("disagg: sglang body: %w", err)
+	}
+	h, _ := json.Marshal(host)
+	m["bootstrap_host"] = h
+	m["bootstrap_port"] = json.RawMessage(fmt.Sprint(port))
+	m["bootstrap_room"] = json.RawMessage(fmt.Sprint(room & (1<<63 - 1)))
+	return encodeObject(m)
+}
+
+// encodeObject writes m as JSON without HTML escaping (the engines read
+// the same strings the client sent).
+func encodeObject(m map[string]json.RawMessage) ([]byte, error) {
+	var b bytes.Buffer
+	e := json.NewEncoder(&b)
+	e.SetEscapeHTML(false)
+	if err := e.Encode(m); err != nil {
+		return nil, err
+	}
+	return bytes.TrimRight(b.Bytes(), "\n"), nil
+}
