@@ -479,10 +479,15 @@ func TestPDFailures(t *testing.T) {
 		}
 	})
 	t.Run("sglang prefill 500 cancels the decode leg", func(t *testing.T) {
-		bad := fake(t, status500)
+		decodeIn := make(chan struct{}, 4)
+		bad := fake(t, func(w http.ResponseWriter, r *http.Request) {
+			<-decodeIn // fail once the decode leg waits for its bootstrap
+			status500(w, r)
+		})
 		decodeGone := make(chan struct{}, 4)
 		d := fake(t, func(w http.ResponseWriter, r *http.Request) {
 			_, _ = io.ReadAll(r.Body)
+			decodeIn <- struct{}{}
 			<-r.Context().Done() // waits for a bootstrap that never comes
 			decodeGone <- struct{}{}
 		})
