@@ -52,6 +52,12 @@ type Model struct {
 	Policy Policy `yaml:"policy"`
 	// Router holds the routing core's parameters.
 	Router Router `yaml:"router"`
+	// Signals configures the scraping of the endpoints' metrics.
+	Signals Signals `yaml:"signals"`
+	// Precise configures token-level prefix matching (a tokenizer) and the
+	// precise prefix index fed by the endpoints' KV-cache events. Off by
+	// default: the router then matches prefixes approximately, on characters.
+	Precise Precise `yaml:"precise"`
 }
 
 // Endpoint is one engine in a model's pool.
@@ -71,7 +77,95 @@ type Endpoint struct {
 	// KVCapacityTokens is the engine's KV capacity in tokens; default 0,
 	// which means learn it from the engine's metrics.
 	KVCapacityTokens int `yaml:"kv_capacity_tokens"`
+	// Signals overrides the model's signals settings for this endpoint;
+	// zero fields take the model's values.
+	Signals EndpointSignals `yaml:"signals"`
+	// KVEvents is where the engine publishes its KV-cache events (vLLM
+	// --kv-events-config); default none. It needs the model's
+	// precise.tokenizer.
+	KVEvents KVEvents `yaml:"kv_events"`
 }
+
+// Signals configures how a model's endpoints are scraped (GET metrics_path
+// on each endpoint, parsed as the flavor's metrics) and when their signals
+// count as stale.
+type Signals struct {
+	// Disabled turns scraping off: routing then uses router-local counts
+	// only. Default false.
+	Disabled bool `yaml:"disabled"`
+	// ScrapeInterval is the time between two scrapes of one endpoint;
+	// default 100ms.
+	ScrapeInterval time.Duration `yaml:"scrape_interval"`
+	// ScrapeTimeout bounds one scrape; default 1s.
+	ScrapeTimeout time.Duration `yaml:"scrape_timeout"`
+	// StaleAfter is the age past which scraped signals are stale and routing
+	// falls back on router-local counts; default router.stale_after (1s),
+	// the older spelling of this field.
+	StaleAfter time.Duration `yaml:"stale_after"`
+	// Flavor is the engines' metrics dialect: auto, vllm, vllm-legacy,
+	// sglang, llamacpp or tgi; default auto (detected from the names).
+	Flavor string `yaml:"flavor"`
+	// MetricsPath is the path scraped on each endpoint's URL; default
+	// "/metrics".
+	MetricsPath string `yaml:"metrics_path"`
+}
+
+// EndpointSignals overrides a model's Signals for one endpoint. Zero fields
+// take the model's values.
+type EndpointSignals struct {
+	// Disabled turns scraping of this endpoint off; default false.
+	Disabled bool `yaml:"disabled"`
+	// ScrapeInterval overrides signals.scrape_interval.
+	ScrapeInterval time.Duration `yaml:"scrape_interval"`
+	// ScrapeTimeout overrides signals.scrape_timeout.
+	ScrapeTimeout time.Duration `yaml:"scrape_timeout"`
+	// Flavor overrides signals.flavor.
+	Flavor string `yaml:"flavor"`
+	// MetricsURL is the full metrics URL when the engine serves its metrics
+	// elsewhere than url + signals.metrics_path; default "".
+	MetricsURL string `yaml:"metrics_url"`
+}
+
+// KVEvents is one engine's ZMQ KV-event publisher.
+type KVEvents struct {
+	// Address is the engine's ZMQ PUB address, e.g. tcp://10.0.0.7:5557;
+	// default "": no events.
+	Address string `yaml:"address"`
+	// ReplayAddress is the engine's ZMQ ROUTER replay address, e.g.
+	// tcp://10.0.0.7:5558; default "": a sequence gap drops the endpoint's
+	// index entries instead of replaying the missing events.
+	ReplayAddress string `yaml:"replay_address"`
+	// Topic is the ZMQ topic subscribed to; default "" (all, vLLM's).
+	Topic string `yaml:"topic"`
+	// Listen binds Address for engines that connect to the router (a "*"
+	// host implies it); default false: the router dials the engine.
+	Listen bool `yaml:"listen"`
+}
+
+// Precise configures token-level prefix matching for a model.
+type Precise struct {
+	// Tokenizer turns on token-level matching: "builtin" (the emulated
+	// engine's tokenizer and ChatML template), or a HuggingFace model
+	// directory (or tokenizer.json path) whose tokenizer.json and
+	// tokenizer_config.json chat template the engines use. Default "": off,
+	// prefixes are matched approximately on characters.
+	Tokenizer string `yaml:"tokenizer"`
+	// BlockSize is the engines' KV block size in tokens (vLLM
+	// --block-size); prompts are hashed in blocks of this size. Default 16.
+	BlockSize int `yaml:"block_size"`
+	// CacheTokens bounds the tokenizer's prefix cache, in token ids held;
+	// default 1048576.
+	CacheTokens int `yaml:"cache_tokens"`
+	// IndexCapacity bounds the precise index's (block, endpoint) entries
+	// (a safety net: KV events normally keep it far below); default 8388608.
+	IndexCapacity int `yaml:"index_capacity"`
+}
+
+// Enabled reports whether precise mode is on (a tokenizer is set).
+func (p Precise) Enabled() bool { return p.Tokenizer != "" }
+
+// MetricsFlavors are the accepted signals.flavor values.
+var MetricsFlavors = []string{"auto", "vllm", "vllm-legacy", "sglang", "llamacpp", "tgi"}
 
 // Policy selects a routing policy by name with its parameters.
 type Policy struct {
@@ -211,6 +305,16 @@ const (
 	DefaultUnhealthyThreshold = 2
 	DefaultLogFormat          = "text"
 	DefaultLogLevel           = "info"
+	DefaultScrapeInterval     = 100 * time.Millisecond
+	DefaultScrapeTimeout      = time.Second
+	DefaultMetricsFlavor      = "auto"
+	DefaultMetricsPath        = "/metrics"
+	DefaultPreciseBlockSize   = 16
+	DefaultTokenizerCache     = 1 << 20
+	DefaultIndexCapacity      = 1 << 23
+	// BuiltinTokenizer is the precise.tokenizer value of the built-in
+	// tokenizer.
+	BuiltinTokenizer = "builtin"
 )
 
 // ApplyDefaults replaces zero values by their documented defaults, in place.
@@ -254,6 +358,37 @@ func (m *Model) applyDefaults() {
 	setDefault(&r.BaseEjection, DefaultBaseEjection)
 	setDefault(&r.MaxEjection, max(DefaultMaxEjection, r.BaseEjection))
 	setDefault(&r.DecisionLog, DefaultDecisionLog)
+	sg := &m.Signals
+	setDefault(&sg.ScrapeInterval, DefaultScrapeInterval)
+	setDefault(&sg.ScrapeTimeout, DefaultScrapeTimeout)
+	setDefault(&sg.StaleAfter, r.StaleAfter)
+	setDefault(&sg.Flavor, DefaultMetricsFlavor)
+	setDefault(&sg.MetricsPath, DefaultMetricsPath)
+	for i := range m.Endpoints {
+		es := &m.Endpoints[i].Signals
+		setDefault(&es.ScrapeInterval, sg.ScrapeInterval)
+		setDefault(&es.ScrapeTimeout, sg.ScrapeTimeout)
+		setDefault(&es.Flavor, sg.Flavor)
+	}
+	if m.Precise.Enabled() {
+		pr := &m.Precise
+		setDefault(&pr.BlockSize, DefaultPreciseBlockSize)
+		setDefault(&pr.CacheTokens, DefaultTokenizerCache)
+		setDefault(&pr.IndexCapacity, DefaultIndexCapacity)
+	}
+}
+
+// MetricsURL returns the URL scraped for endpoint i ("" when scraping is
+// disabled for it) on a model whose defaults are applied.
+func (m *Model) MetricsURL(i int) string {
+	e := &m.Endpoints[i]
+	switch {
+	case m.Signals.Disabled || e.Signals.Disabled:
+		return ""
+	case e.Signals.MetricsURL != "":
+		return e.Signals.MetricsURL
+	}
+	return strings.TrimRight(e.URL, "/") + m.Signals.MetricsPath
 }
 
 func setDefault[T comparable](p *T, def T) {
@@ -398,6 +533,47 @@ func (m *Model) validate(v *validator, p string) {
 		if e.KVCapacityTokens < 0 {
 			v.addf(ep+".kv_capacity_tokens", "%d is negative", e.KVCapacityTokens)
 		}
+		es := e.Signals
+		v.positive(ep+".signals.scrape_interval", int64(es.ScrapeInterval))
+		v.positive(ep+".signals.scrape_timeout", int64(es.ScrapeTimeout))
+		if !validFlavor(es.Flavor) {
+			v.addf(ep+".signals.flavor", "%q is not one of %s", es.Flavor, strings.Join(MetricsFlavors, ", "))
+		}
+		if es.MetricsURL != "" {
+			if err := checkURL(es.MetricsURL); err != nil {
+				v.addf(ep+".signals.metrics_url", "%q %v", es.MetricsURL, err)
+			}
+		}
+		ev := e.KVEvents
+		switch {
+		case ev.Address == "" && (ev.ReplayAddress != "" || ev.Topic != "" || ev.Listen):
+			v.addf(ep+".kv_events.address", "is empty but other kv_events fields are set")
+		case ev.Address != "" && !m.Precise.Enabled():
+			v.addf(ep+".kv_events", "needs %s.precise.tokenizer: KV events are matched on token ids", p)
+		}
+		if ev.Address != "" && !strings.Contains(ev.Address, "://") {
+			v.addf(ep+".kv_events.address", "%q is not a ZMQ address (tcp://host:port, ipc://path)", ev.Address)
+		}
+		if ev.ReplayAddress != "" && !strings.Contains(ev.ReplayAddress, "://") {
+			v.addf(ep+".kv_events.replay_address", "%q is not a ZMQ address (tcp://host:port, ipc://path)", ev.ReplayAddress)
+		}
+	}
+	sg := m.Signals
+	v.positive(p+".signals.scrape_interval", int64(sg.ScrapeInterval))
+	v.positive(p+".signals.scrape_timeout", int64(sg.ScrapeTimeout))
+	v.positive(p+".signals.stale_after", int64(sg.StaleAfter))
+	if !validFlavor(sg.Flavor) {
+		v.addf(p+".signals.flavor", "%q is not one of %s", sg.Flavor, strings.Join(MetricsFlavors, ", "))
+	}
+	if !strings.HasPrefix(sg.MetricsPath, "/") {
+		v.addf(p+".signals.metrics_path", "%q does not start with /", sg.MetricsPath)
+	}
+	if pr := m.Precise; pr.Enabled() {
+		v.positive(p+".precise.block_size", int64(pr.BlockSize))
+		v.positive(p+".precise.cache_tokens", int64(pr.CacheTokens))
+		v.positive(p+".precise.index_capacity", int64(pr.IndexCapacity))
+	} else if pr.BlockSize != 0 || pr.CacheTokens != 0 || pr.IndexCapacity != 0 {
+		v.addf(p+".precise.tokenizer", "is empty but other precise fields are set")
 	}
 	if strings.TrimSpace(m.Policy.Name) == "" {
 		v.addf(p+".policy.name", "is empty")
@@ -411,6 +587,15 @@ func (m *Model) validate(v *validator, p string) {
 		v.addf(p+".router.max_ejection", "%s is shorter than router.base_ejection (%s)", r.MaxEjection, r.BaseEjection)
 	}
 	v.positive(p+".router.decision_log", int64(r.DecisionLog))
+}
+
+func validFlavor(f string) bool {
+	for _, g := range MetricsFlavors {
+		if f == g {
+			return true
+		}
+	}
+	return false
 }
 
 func checkURL(s string) error {

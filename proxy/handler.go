@@ -43,6 +43,8 @@ type exchange struct {
 	clientGone  bool
 	served      bool           // the reverse proxy returned (rather than aborted the handler)
 	saved       *savedResponse // the last retried 5xx, replayed if no endpoint is left
+	tail        usageTail      // the attempt's last response bytes, for the engine's usage
+	tw          tailWriter     // the client's ResponseWriter, keeping tail
 }
 
 func exchangeFrom(ctx context.Context) *exchange {
@@ -94,6 +96,11 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 		Stream:       ri.Stream,
 		Arrival:      start,
 	}
+	if pl.precise != nil {
+		if err := pl.precise.prepare(kind, body, &ri, req); err != nil {
+			p.log.Debug("precise: prompt not tokenized, matching on characters", "request_id", id, "model", ri.Model, "error", err)
+		}
+	}
 	if trusted {
 		if t := r.Header.Get(HeaderTenant); t != "" {
 			req.Tenant = t
@@ -140,6 +147,8 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 	x.flight, x.attemptAt, x.firstByteAt = f, p.now(), time.Time{}
 	x.status, x.retry, x.upstreamErr = 0, retryNone, nil
 	out.Body = io.NopCloser(bytes.NewReader(x.body))
+	x.tail.reset()
+	x.tw = tailWriter{ResponseWriter: w, tail: &x.tail}
 	inflight := x.m.inflight[f.Endpoint.ID]
 	inflight.Inc()
 	defer func() { // also runs when the reverse proxy aborts the handler
@@ -154,9 +163,15 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 		if x.req.Stream && !x.firstByteAt.IsZero() && !o.Failed {
 			o.TTFT = x.firstByteAt.Sub(x.attemptAt)
 		}
+		if !o.Failed && x.status == http.StatusOK {
+			if prompt, cached, ok := parseUsage(x.tail.bytes()); ok {
+				o.PromptTokens, o.CachedTokens = prompt, cached
+				p.fb.observe(x.pool.model, f.Endpoint.ID, prompt, cached)
+			}
+		}
 		x.pool.router.Done(p.now(), f, o)
 	}()
-	x.pool.proxies[f.Endpoint.ID].rp.ServeHTTP(w, out) // panics with http.ErrAbortHandler when a copy fails
+	x.pool.proxies[f.Endpoint.ID].rp.ServeHTTP(&x.tw, out) // panics with http.ErrAbortHandler when a copy fails
 	x.served = true
 	return x.retry != retryNone
 }

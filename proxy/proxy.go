@@ -59,7 +59,9 @@ type Proxy struct {
 	names     []string         // model names, sorted
 	mux       *http.ServeMux
 	started   time.Time
-	draining  atomic.Bool // set when Serve starts shutting down
+	draining  atomic.Bool      // set when Serve starts shutting down
+	sig       signalState      // the running signal loops (RunSignals)
+	fb        *feedbackMetrics // engine-reported prompt and cached tokens
 }
 
 // pool is one model's endpoints, router and reverse proxies.
@@ -68,6 +70,7 @@ type pool struct {
 	router  *router.Router
 	eps     []kvroute.Endpoint
 	proxies map[string]*endpointProxy // by endpoint ID; read-only after New
+	precise *precise                  // token-level matching; nil when off
 }
 
 // New builds a Proxy: applies the config's defaults, validates it, builds
@@ -116,9 +119,15 @@ func New(opts Options) (*Proxy, error) {
 	}
 	sort.Strings(p.names)
 	p.metrics = newMetrics(p)
+	p.fb = newFeedbackMetrics(p)
 	if opts.Registerer != nil {
 		if err := p.metrics.register(opts.Registerer); err != nil {
 			return nil, fmt.Errorf("proxy: register metrics: %w", err)
+		}
+		for _, c := range append(p.fb.collectors(), signalCollector{p}) {
+			if err := opts.Registerer.Register(c); err != nil {
+				return nil, fmt.Errorf("proxy: register metrics: %w", err)
+			}
 		}
 	}
 	p.started = p.now()
@@ -136,24 +145,35 @@ func (p *Proxy) newPool(i int, m *config.Model) (*pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy: %s.policy: %w", path, err)
 	}
-	r, err := router.New(router.Config{
+	if err := checkKVEvents(path, m); err != nil {
+		return nil, err
+	}
+	pc, err := newPrecise(m)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: %s.%w", path, err)
+	}
+	rc := router.Config{
 		Model:      m.Name,
 		Endpoints:  eps,
 		Policy:     m.Policy.Name,
 		Picker:     picker,
 		BlockChars: m.Router.BlockChars,
-		StaleAfter: m.Router.StaleAfter,
+		StaleAfter: m.Signals.StaleAfter,
 		Health: router.HealthConfig{
 			FailThreshold: m.Router.FailThreshold,
 			BaseEjection:  m.Router.BaseEjection,
 			MaxEjection:   m.Router.MaxEjection,
 		},
 		DecisionLog: m.Router.DecisionLog,
-	})
+	}
+	if pc != nil && pc.index != nil {
+		rc.Precise, rc.PreciseEndpoints = pc.index, pc.endpoints
+	}
+	r, err := router.New(rc)
 	if err != nil {
 		return nil, fmt.Errorf("proxy: %s: %w", path, err)
 	}
-	pl := &pool{model: m.Name, router: r, eps: eps, proxies: make(map[string]*endpointProxy, len(eps))}
+	pl := &pool{model: m.Name, router: r, eps: eps, proxies: make(map[string]*endpointProxy, len(eps)), precise: pc}
 	for j := range eps {
 		ep, err := p.newEndpointProxy(pl, &eps[j])
 		if err != nil {

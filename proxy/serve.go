@@ -9,8 +9,8 @@ import (
 	"sync"
 )
 
-// Serve serves the proxy on ln and runs the active health checks until ctx
-// is done. Then it stops accepting connections, lets in-flight requests
+// Serve serves the proxy on ln and runs the active health checks and the
+// engine signals (RunSignals) until ctx is done. Then it stops accepting connections, lets in-flight requests
 // (streams included) finish for up to timeouts.shutdown, closes whatever is
 // left (cancelling those upstream requests) and returns. It returns nil
 // after a shutdown asked for by ctx, else the server's error.
@@ -25,6 +25,11 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	hctx, stopHealth := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = p.RunHealthChecks(hctx) })
+	wg.Go(func() {
+		if err := p.RunSignals(hctx); err != nil {
+			p.log.Error("engine signals stopped", "error", err)
+		}
+	})
 	defer func() {
 		stopHealth()
 		wg.Wait()

@@ -1,0 +1,196 @@
+package proxy
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/kvindex"
+	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/tokenizer"
+)
+
+// precise is a model's token-level prefix matching (config precise): the
+// tokenizer and chat template its engines use, the KV block size, and the
+// precise index its endpoints' KV events feed. It is immutable after
+// newPrecise and safe for concurrent use (the tokenizer cache and the index
+// are).
+type precise struct {
+	blockSize int
+	builtin   tokenizer.Tokenizer     // the built-in tokenizer, or nil
+	cache     *tokenizer.Cache        // a HuggingFace tokenizer behind its prefix cache, or nil
+	tmpl      *tokenizer.ChatTemplate // the HuggingFace chat template; nil renders ChatML
+	index     *kvindex.Index          // fed by KV events; nil when no endpoint publishes them
+	endpoints []string                // the endpoints whose KV events feed index
+}
+
+// newPrecise builds a model's precise mode, or returns nil when it is off.
+func newPrecise(m *config.Model) (*precise, error) {
+	pr := m.Precise
+	if !pr.Enabled() {
+		return nil, nil
+	}
+	pc := &precise{blockSize: pr.BlockSize}
+	if pr.Tokenizer == config.BuiltinTokenizer {
+		pc.builtin = tokenizer.Builtin()
+	} else {
+		hf, err := tokenizer.LoadDir(pr.Tokenizer)
+		if err != nil {
+			return nil, fmt.Errorf("precise.tokenizer: %w", err)
+		}
+		pc.cache = tokenizer.NewCache(hf, tokenizer.CacheConfig{MaxTokens: pr.CacheTokens})
+		tmpl, err := hf.ChatTemplate()
+		switch {
+		case err == nil:
+			pc.tmpl = tmpl
+		case !errors.Is(err, tokenizer.ErrNoChatTemplate):
+			return nil, fmt.Errorf("precise.tokenizer: chat template: %w", err)
+		}
+	}
+	for _, e := range m.Endpoints {
+		if e.KVEvents.Address != "" {
+			pc.endpoints = append(pc.endpoints, e.ID)
+		}
+	}
+	if len(pc.endpoints) > 0 {
+		pc.index = kvindex.NewIndex(kvindex.IndexConfig{BlockSize: pr.BlockSize, Capacity: pr.IndexCapacity})
+	}
+	return pc, nil
+}
+
+// errNotTokenized says a request's prompt has no single token sequence to
+// match (a batch of prompts); it is routed on characters instead.
+var errNotTokenized = errors.New("a batch of prompts is matched on characters")
+
+// preciseBody holds the request fields a chat template or a completion
+// prompt's tokenization depends on.
+type preciseBody struct {
+	Prompt              json.RawMessage            `json:"prompt"`
+	Messages            json.RawMessage            `json:"messages"`
+	Tools               json.RawMessage            `json:"tools"`
+	ChatTemplateKwargs  map[string]json.RawMessage `json:"chat_template_kwargs"`
+	AddGenerationPrompt *bool                      `json:"add_generation_prompt"`
+	AddSpecialTokens    *bool                      `json:"add_special_tokens"`
+}
+
+// prepare tokenizes req's prompt as the model's engines do and sets its
+// token fields: PromptTokens, BlockSize and BlockHashes (chained
+// kvindex.HashTokens of the full blocks). ri is the routing parse of body.
+// On error req is unchanged and the router matches on characters.
+func (pc *precise) prepare(kind openai.Kind, body []byte, ri *openai.RequestInfo, req *kvroute.Request) error {
+	ids, err := pc.tokens(kind, body, ri)
+	if err != nil {
+		return err
+	}
+	req.PromptTokens = len(ids)
+	req.BlockSize = pc.blockSize
+	req.BlockHashes = kvindex.HashTokens(ids, pc.blockSize, make([]uint64, 0, len(ids)/pc.blockSize))
+	return nil
+}
+
+// tokens returns the prompt's token ids: for chat the messages rendered
+// with the chat template (ChatML for the built-in tokenizer or a tokenizer
+// without a template) with the generation prompt, encoded without added
+// special tokens; for a completion the prompt encoded with them (as vLLM
+// does), or the ids the request sent.
+func (pc *precise) tokens(kind openai.Kind, body []byte, ri *openai.RequestInfo) ([]uint32, error) {
+	if kind == openai.KindCompletion && ri.TokenIDs != nil {
+		var b preciseBody
+		if err := json.Unmarshal(body, &b); err != nil {
+			return nil, err
+		}
+		var one []uint32
+		if json.Unmarshal(b.Prompt, &one) != nil {
+			return nil, errNotTokenized // a batch of token sequences
+		}
+		return one, nil
+	}
+	var b preciseBody
+	if err := json.Unmarshal(body, &b); err != nil {
+		return nil, fmt.Errorf("precise: %w", err)
+	}
+	if kind == openai.KindCompletion {
+		var text string
+		if err := json.Unmarshal(b.Prompt, &text); err != nil {
+			var batch []string
+			if json.Unmarshal(b.Prompt, &batch) != nil || len(batch) != 1 {
+				return nil, errNotTokenized
+			}
+			text = batch[0]
+		}
+		if pc.builtin != nil {
+			return pc.builtin.Encode(text), nil
+		}
+		if b.AddSpecialTokens != nil && !*b.AddSpecialTokens {
+			return pc.cache.Encode(text), nil
+		}
+		return pc.cache.EncodeAddSpecial(text), nil
+	}
+	addGen := b.AddGenerationPrompt == nil || *b.AddGenerationPrompt
+	if pc.tmpl != nil {
+		opts := tokenizer.ChatOptions{AddGenerationPrompt: addGen}
+		if len(b.ChatTemplateKwargs) > 0 || len(b.Tools) > 0 {
+			opts.JSONVars = make(map[string]json.RawMessage, len(b.ChatTemplateKwargs)+1)
+			for k, v := range b.ChatTemplateKwargs {
+				opts.JSONVars[k] = v
+			}
+			if len(b.Tools) > 0 && string(b.Tools) != "null" {
+				opts.JSONVars["tools"] = b.Tools
+			}
+		}
+		text, err := pc.tmpl.RenderJSON(b.Messages, opts)
+		if err != nil {
+			return nil, fmt.Errorf("precise: chat template: %w", err)
+		}
+		return pc.cache.Encode(text), nil
+	}
+	msgs, err := chatMessages(b.Messages)
+	if err != nil {
+		return nil, err
+	}
+	text := tokenizer.RenderChatML(msgs, addGen)
+	if pc.builtin != nil {
+		return pc.builtin.Encode(text), nil
+	}
+	return pc.cache.Encode(text), nil
+}
+
+// chatMessages decodes chat messages to role and text, the text parts of
+// a content list concatenated (as the emulated engine reads them).
+func chatMessages(raw json.RawMessage) ([]tokenizer.Message, error) {
+	var in []struct {
+		Role    string          `json:"role"`
+		Content json.RawMessage `json:"content"`
+	}
+	if err := json.Unmarshal(raw, &in); err != nil {
+		return nil, fmt.Errorf("precise: messages: %w", err)
+	}
+	out := make([]tokenizer.Message, len(in))
+	for i, m := range in {
+		out[i].Role = m.Role
+		if len(m.Content) == 0 || string(m.Content) == "null" {
+			continue
+		}
+		if json.Unmarshal(m.Content, &out[i].Content) == nil {
+			continue
+		}
+		var parts []struct {
+			Type string `json:"type"`
+			Text string `json:"text"`
+		}
+		if err := json.Unmarshal(m.Content, &parts); err != nil {
+			return nil, fmt.Errorf("precise: messages[%d].content: %w", i, err)
+		}
+		var text []byte
+		for _, p := range parts {
+			if p.Type != "text" {
+				return nil, fmt.Errorf("precise: messages[%d].content: part type %q is not text", i, p.Type)
+			}
+			text = append(text, p.Text...)
+		}
+		out[i].Content = string(text)
+	}
+	return out, nil
+}

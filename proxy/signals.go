@@ -1,0 +1,243 @@
+package proxy
+
+import (
+	"context"
+	"fmt"
+	"net/http"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/kvindex"
+	"github.com/kvroute/kvroute/signals"
+)
+
+// This file runs the engine signals of every model: one scrape loop per
+// endpoint feeding the endpoint's signals.View in its router, and one
+// KV-event subscriber per endpoint with kv_events feeding the model's
+// precise index. signals.Manager owns the loops; RunSignals owns the
+// managers.
+
+// scrapeGroup is the endpoints of one model sharing scrape settings: one
+// signals.Manager each (a Manager has one ScrapeConfig and names its
+// endpoints by ID, unique only within a model).
+type scrapeGroup struct {
+	model             string
+	interval, timeout time.Duration
+}
+
+// signalTargets returns the signals targets of every model, grouped by
+// scrape settings. Endpoints with neither scraping nor KV events are left
+// out: their Views stay router-local.
+func (p *Proxy) signalTargets() map[scrapeGroup][]signals.Target {
+	groups := make(map[scrapeGroup][]signals.Target)
+	for _, name := range p.names {
+		pl := p.pools[name]
+		m := p.cfg.Model(name)
+		for i := range m.Endpoints {
+			e := &m.Endpoints[i]
+			t := signals.Target{
+				Endpoint:   e.ID,
+				MetricsURL: m.MetricsURL(i),
+				Flavor:     signals.Flavor(e.Signals.Flavor),
+				View:       pl.router.View(e.ID),
+			}
+			if ev := e.KVEvents; ev.Address != "" && pl.precise != nil && pl.precise.index != nil {
+				t.KVEvents = &signals.KVEventsTarget{Address: ev.Address, ReplayAddress: ev.ReplayAddress, Topic: ev.Topic,
+					Listen: ev.Listen, Sink: pl.precise.index}
+			}
+			if t.MetricsURL == "" && t.KVEvents == nil {
+				continue
+			}
+			g := scrapeGroup{model: name, interval: e.Signals.ScrapeInterval, timeout: e.Signals.ScrapeTimeout}
+			groups[g] = append(groups[g], t)
+		}
+	}
+	return groups
+}
+
+// checkKVEvents validates every kv_events section as the subscriber will,
+// so that a bad address fails New rather than the running proxy.
+func checkKVEvents(path string, m *config.Model) error {
+	for i, e := range m.Endpoints {
+		ev := e.KVEvents
+		if ev.Address == "" {
+			continue
+		}
+		sc := signals.SubscriberConfig{Endpoint: e.ID, Address: ev.Address, ReplayAddress: ev.ReplayAddress, Topic: ev.Topic,
+			Listen: ev.Listen, Sink: nopSink{}}
+		if err := sc.Validate(); err != nil {
+			return fmt.Errorf("proxy: %s.endpoints[%d].kv_events: %w", path, i, err)
+		}
+	}
+	return nil
+}
+
+// RunSignals scrapes every endpoint's metrics into its router's View and
+// subscribes to the KV-cache events of every endpoint with kv_events until
+// ctx is done, then stops every loop and returns once they have exited.
+// Serve runs it; call it yourself only when serving the Proxy as a plain
+// http.Handler. Per model: signals.scrape_interval, scrape_timeout, flavor
+// and metrics_path, with per-endpoint overrides; signals.disabled turns
+// scraping off.
+func (p *Proxy) RunSignals(ctx context.Context) error {
+	groups := p.signalTargets()
+	if len(groups) == 0 {
+		return nil
+	}
+	client := &http.Client{Transport: p.transport}
+	var managers []*signals.Manager
+	defer func() {
+		p.sig.set(nil)
+		for _, mg := range managers {
+			mg.Close()
+		}
+	}()
+	for g, targets := range groups {
+		mg, err := signals.NewManager(signals.ManagerConfig{
+			Scrape: signals.ScrapeConfig{Interval: g.interval, Timeout: g.timeout, Client: client},
+			Logger: p.log.With("model", g.model),
+		})
+		if err != nil {
+			return fmt.Errorf("proxy: signals of model %q: %w", g.model, err)
+		}
+		managers = append(managers, mg)
+		if err := mg.Sync(targets); err != nil {
+			return fmt.Errorf("proxy: signals of model %q: %w", g.model, err)
+		}
+		p.sig.add(g.model, mg)
+	}
+	p.log.Info("engine signals running", "scrape_groups", len(groups))
+	<-ctx.Done()
+	return nil
+}
+
+// signalState is the running signal managers, for the metrics collector.
+type signalState struct {
+	mu       sync.Mutex // guards managers
+	managers map[string][]*signals.Manager
+}
+
+func (s *signalState) add(model string, mg *signals.Manager) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.managers == nil {
+		s.managers = make(map[string][]*signals.Manager)
+	}
+	s.managers[model] = append(s.managers[model], mg)
+}
+
+func (s *signalState) set(m map[string][]*signals.Manager) {
+	s.mu.Lock()
+	s.managers = m
+	s.mu.Unlock()
+}
+
+// kvEvents returns the KV-event subscribers' status of a model by endpoint.
+func (s *signalState) kvEvents(model string) map[string]signals.SubscriberStatus {
+	s.mu.Lock()
+	mgs := append([]*signals.Manager(nil), s.managers[model]...)
+	s.mu.Unlock()
+	var out map[string]signals.SubscriberStatus
+	for _, mg := range mgs {
+		for _, st := range mg.Status() {
+			if st.KVEvents != nil {
+				if out == nil {
+					out = make(map[string]signals.SubscriberStatus)
+				}
+				out[st.Endpoint] = *st.KVEvents
+			}
+		}
+	}
+	return out
+}
+
+// nopSink lets checkKVEvents validate a subscriber config.
+type nopSink struct{}
+
+func (nopSink) Store(string, kvindex.Stored) (int, error) { return 0, nil }
+func (nopSink) Evict(string, []uint64, kvroute.Tier)      {}
+func (nopSink) Clear(string)                              {}
+func (nopSink) Remove(string)                             {}
+
+// signalCollector exports every endpoint's signals with model and endpoint
+// labels, read from the routers (and the running KV-event subscribers) at
+// collection time.
+type signalCollector struct{ p *Proxy }
+
+var (
+	sigLabels   = []string{"model", "endpoint"}
+	sigAge      = prometheus.NewDesc("kvroute_endpoint_signal_age_seconds", "Age of the endpoint's last successful metrics scrape.", sigLabels, nil)
+	sigStale    = prometheus.NewDesc("kvroute_endpoint_signal_stale", "1 when the endpoint's signals are stale (too old, failing scrapes or never scraped) and routing uses router-local counts.", sigLabels, nil)
+	sigScrapes  = prometheus.NewDesc("kvroute_endpoint_scrapes_total", "Successful metrics scrapes of the endpoint.", sigLabels, nil)
+	sigErrors   = prometheus.NewDesc("kvroute_endpoint_scrape_errors_total", "Failed metrics scrapes of the endpoint.", sigLabels, nil)
+	sigWaiting  = prometheus.NewDesc("kvroute_endpoint_waiting", "Waiting requests in the endpoint's last scrape.", sigLabels, nil)
+	sigRunning  = prometheus.NewDesc("kvroute_endpoint_running", "Running requests in the endpoint's last scrape.", sigLabels, nil)
+	sigKV       = prometheus.NewDesc("kvroute_endpoint_kv_usage", "KV-cache usage (0..1) in the endpoint's last scrape.", sigLabels, nil)
+	sigCapacity = prometheus.NewDesc("kvroute_endpoint_kv_capacity_tokens", "KV-cache capacity in tokens (block size x GPU blocks, or config).", sigLabels, nil)
+	sigHitRate  = prometheus.NewDesc("kvroute_endpoint_prefix_hit_rate", "The engine's recent prefix-cache hit rate (tokens); -1 unknown.", sigLabels, nil)
+	sigBatches  = prometheus.NewDesc("kvroute_endpoint_kv_event_batches_total", "KV-event batches applied to the precise index.", sigLabels, nil)
+	sigGaps     = prometheus.NewDesc("kvroute_endpoint_kv_event_gaps_total", "KV-event sequence gaps.", sigLabels, nil)
+	sigResyncs  = prometheus.NewDesc("kvroute_endpoint_kv_event_resyncs_total", "Times the endpoint's precise index entries were dropped to resynchronise.", sigLabels, nil)
+	sigRestarts = prometheus.NewDesc("kvroute_endpoint_kv_event_restarts_total", "KV-event sequence restarts (engine restarts).", sigLabels, nil)
+	sigConn     = prometheus.NewDesc("kvroute_endpoint_kv_events_connected", "1 while the endpoint's KV-event subscriber is connected.", sigLabels, nil)
+	sigEntries  = prometheus.NewDesc("kvroute_precise_index_entries", "(block, endpoint) entries in the model's precise prefix index.", []string{"model"}, nil)
+)
+
+func (c signalCollector) Describe(ch chan<- *prometheus.Desc) {
+	for _, d := range []*prometheus.Desc{sigAge, sigStale, sigScrapes, sigErrors, sigWaiting, sigRunning, sigKV, sigCapacity,
+		sigHitRate, sigBatches, sigGaps, sigResyncs, sigRestarts, sigConn, sigEntries} {
+		ch <- d
+	}
+}
+
+func (c signalCollector) Collect(ch chan<- prometheus.Metric) {
+	p := c.p
+	now := p.now()
+	for _, name := range p.names {
+		pl := p.pools[name]
+		events := p.sig.kvEvents(name)
+		for _, st := range pl.router.Status(now) {
+			gauge := func(d *prometheus.Desc, v float64) {
+				ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, name, st.ID)
+			}
+			counter := func(d *prometheus.Desc, v uint64) {
+				ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), name, st.ID)
+			}
+			v := st.Signals
+			if !v.ObservedAt.IsZero() {
+				gauge(sigAge, now.Sub(v.ObservedAt).Seconds())
+				gauge(sigWaiting, v.Last.Waiting)
+				gauge(sigRunning, v.Last.Running)
+				if v.Last.Has(signals.HasKVUsage) {
+					gauge(sigKV, v.Last.KVUsage)
+				}
+			}
+			gauge(sigStale, b2f(st.Load.Stale))
+			counter(sigScrapes, v.Scrapes)
+			counter(sigErrors, v.Errors)
+			gauge(sigCapacity, float64(st.Load.KVCapacityTokens))
+			gauge(sigHitRate, st.Load.PrefixHitRate)
+			if ev, ok := events[st.ID]; ok {
+				counter(sigBatches, ev.Batches)
+				counter(sigGaps, ev.Gaps)
+				counter(sigResyncs, ev.Resyncs)
+				counter(sigRestarts, ev.Restarts)
+				gauge(sigConn, b2f(ev.Connected))
+			}
+		}
+		if pl.precise != nil && pl.precise.index != nil {
+			ch <- prometheus.MustNewConstMetric(sigEntries, prometheus.GaugeValue, float64(pl.precise.index.Stats().Entries), name)
+		}
+	}
+}
+
+func b2f(b bool) float64 {
+	if b {
+		return 1
+	}
+	return 0
+}
