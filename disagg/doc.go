@@ -1,0 +1,59 @@
+// Package disagg is kvroute's prefill/decode disaggregation: where a
+// request's prompt is computed, where its tokens are generated, whether
+// splitting the two pays at all, what the KV handoff between them costs on
+// the cluster fabric, and the handoff itself in the engines' own protocols.
+//
+// # Cost model (cost.go, fabric.go)
+//
+// KVShape sizes a handoff: bytes = tokens x layers x KV heads x head dim x 2
+// x bytes per element (or tokens x layers x latent dim x bytes for MLA
+// models), from an engine.Profile or a HuggingFace config.json. A Link's
+// time is setup + bytes / effective bandwidth; Links picks the link between
+// two endpoints by their labels (default: same "node" NVLink 450 GB/s, same
+// "rack" or "zone" RDMA 400 Gb/s, else TCP 100 Gb/s). The Fabric books the
+// transfers the router planned and charges each new one the queueing they
+// imply on the sending and receiving ports (worked examples in
+// cost_test.go: 8B at 8k tokens is 1.07 GB, 21.5 ms at 400 Gb/s, 85.9 ms
+// at 100 Gb/s; a second such handoff into the same node waits 21.5 ms).
+//
+// # Placement (plan.go, decode.go, estimate.go)
+//
+// Planner is a kvroute.Picker for a router.Router over a pool with prefill,
+// decode and both endpoints, so the proxy and the simulator run the same
+// placement. For each request it
+//
+//   - places the prefill stage with a cache- and load-aware picker (the
+//     kv-aware policy, parameters derived from the engine profile) over the
+//     prefill-capable candidates;
+//   - places the decode stage with DecodePicker, which ignores prompt
+//     prefixes and weighs KV headroom, the running batch (the decode step
+//     time with the request in it) and the transfer from the chosen prefill
+//     node, fabric queueing included;
+//   - decides, in ModeConditional, whether to run aggregated on the decode
+//     node instead: short uncached prompts, Dynamo's isl_bounding rule, or
+//     an estimated TTFT aggregated (queue + prefill, plus a charge for
+//     stalling the decode node's batch) that beats the disaggregated one
+//     (prefill queue + prefill + transfer + first decode step). Every
+//     decision carries its estimates as Parts (queue_ms, prefill_ms,
+//     transfer_ms, aggregated_ttft_ms, disaggregated_ttft_ms, ...) and a
+//     one-line Reason, in the router's decision log.
+//
+// The estimates use engine.Profile.StepTime, the step-time model the
+// simulator's engines run on. Planning does no I/O and never reads the
+// clock.
+//
+// # Handoff (handoff.go, wire.go, metrics.go)
+//
+// Handoff serves one P/D model's requests over HTTP through a Doer passed
+// in: vLLM's NixlConnector (a prefill request with max_tokens=1, stream
+// false and kv_transfer_params.do_remote_decode, then the original request
+// to the decode engine with the returned kv_transfer_params, the same
+// X-Request-Id on both) or SGLang's bootstrap form (bootstrap_host, port
+// and a random 63-bit room; both legs at once; the decode reply returned).
+// It recovers from failed legs (see Handoff), rejects client requests that
+// carry handoff fields or endpoint-naming headers, and records Prometheus
+// metrics on a registry passed in.
+//
+// Planner, Fabric and Handoff are safe for concurrent use (Planner.Pick,
+// like every Picker, is serialised by its router); DecodePicker is not.
+package disagg
