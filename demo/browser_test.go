@@ -123,7 +123,10 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	text := func(sel string) string {
 		t.Helper()
-		s, err := chromedp.Run(bctx, chromedp.Text(chromedp.CSS(sel)))
+		// Read it in one evaluation: the page re-renders its tables every
+		// second, so a node found by one protocol call may be gone by the next.
+		q, _ := json.Marshal(sel)
+		s, err := chromedp.Run(bctx, chromedp.Evaluate[string](fmt.Sprintf(`(document.querySelector(%s) || {innerText: "<missing>"}).innerText`, q)))
 		if err != nil {
 			t.Fatalf("text of %s: %v", sel, err)
 		}
