@@ -161,6 +161,9 @@ func TestDashboardInBrowser(t *testing.T) {
 	if dir == "" {
 		dir = t.TempDir()
 	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
 	saveScreenshot(t, bctx, filepath.Join(dir, "dashboard-live.png"))
 	detail := text("#decision-detail")
 	for _, want := range []string{"Decision #", "kv-aware", "engine-0", "engine-3", "queue_ms"} {
