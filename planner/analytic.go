@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/disagg"
+	"github.com/kvroute/kvroute/workload"
 )
 
 // Latency holds the percentiles of one latency and its value at the SLO's
@@ -53,7 +54,7 @@ type queue struct {
 // newQueue returns the model for arrival rate lambda, mean service meanS
 // seconds, squared CVs of arrivals and service ca2, cs2, and c servers; ok
 // is false when the pool is saturated.
-func newQueue(lambda, meanS, ca2, cs2 float64, c int) (queue, bool) {
+func newQueue(lambda, meanS, ca2, cs2 float64, c int, k float64) (queue, bool) {
 	a := lambda * meanS
 	rho := a / float64(c)
 	if rho >= 1 || c < 1 {
@@ -65,7 +66,7 @@ func newQueue(lambda, meanS, ca2, cs2 float64, c int) (queue, bool) {
 		bb = a * bb / (float64(k) + a*bb)
 	}
 	erlC := float64(c) * bb / (float64(c) - a*(1-bb))
-	ac := max((ca2+cs2)/2, 0.05)
+	ac := max((ca2+cs2)/2*k, 1e-3)
 	theta := (float64(c)/meanS - lambda) / ac
 	return queue{C: erlC, Theta: theta, Rho: rho}, true
 }
@@ -179,21 +180,34 @@ type model struct {
 	cs2     float64
 	meanU   float64
 	rate    float64 // request rate (the demand's, times a burst factor)
+	reqs    []workload.Request
+	acScale float64 // calibration of the queue's variability term (1 = Allen-Cunneen)
 }
 
-func newModel(in *Input, d *Demand, c Costs, hit float64) *model {
-	m := &model{in: in, d: d, c: c, hit: hit, rate: d.Rate}
-	scale := 0.0
-	if d.OracleHitRate > 0 {
-		scale = min(1, hit/d.OracleHitRate)
+// newModel builds the analytical model. reqs and cached give the requests
+// and the prefix-cached tokens each got (from a simulation of the router's
+// policy); with nil reqs the whole demand is used with the oracle's cached
+// tokens scaled to the hit rate hit.
+func newModel(in *Input, d *Demand, c Costs, hit float64, reqs []workload.Request, cached []int) *model {
+	m := &model{in: in, d: d, c: c, hit: hit, rate: d.Rate, reqs: reqs, acScale: 1}
+	if reqs == nil {
+		m.reqs = d.reqs
+		scale := 0.0
+		if d.OracleHitRate > 0 {
+			scale = min(1, hit/d.OracleHitRate)
+		}
+		cached = make([]int, len(d.reqs))
+		for i := range d.reqs {
+			cached[i] = int(float64(d.cached[i]) * scale)
+		}
 	}
-	n := len(d.reqs)
+	n := len(m.reqs)
 	m.uncache, m.cachedE, m.svc = make([]int, n), make([]int, n), make([]float64, n)
 	var s, s2, u float64
-	for i := range d.reqs {
-		ce := int(float64(d.cached[i]) * scale)
+	for i := range m.reqs {
+		ce := min(cached[i], m.reqs[i].PromptLen-1)
 		m.cachedE[i] = ce
-		m.uncache[i] = d.reqs[i].PromptLen - ce
+		m.uncache[i] = m.reqs[i].PromptLen - ce
 		m.svc[i] = float64(m.uncache[i]) * c.PrefillPerToken.Seconds()
 		s += m.svc[i]
 		s2 += m.svc[i] * m.svc[i]
@@ -264,35 +278,35 @@ func (m *model) analyticAggregated(start int) Fleet {
 }
 
 // aggregatedAt fills f for n aggregated engines and reports whether it meets
-// the SLO at the target utilisation.
+// the SLO at the target utilisation. With chunked prefill the decoding
+// sequences ride in every step, prefill chunks included, so prefill is the
+// queue (n servers, the full-chunk rate) and decode pays the time prefill
+// takes: TPOT = DecodeTime(batch) / (1 - prefill utilisation).
 func (m *model) aggregatedAt(f *Fleet, n int) bool {
 	in, d := m.in, m.d
 	f.Engines, f.Prefill, f.Decode = n, 0, 0
+	inf := Latency{P50: infDur, P90: infDur, P99: infDur, AtSLO: infDur}
+	f.TTFT, f.TPOT = inf, inf
 	pfRho := m.rate * m.meanSvc / float64(n)
+	f.Utilisation = pfRho
 	if pfRho >= 1 {
-		f.Utilisation = pfRho
 		return false
 	}
 	b, ok := m.decodeBatch(n, pfRho)
-	if !ok {
-		f.Utilisation = 1
-		return false
-	}
-	dcRho := m.rate * d.OutputMean / float64(n) * in.Profile.DecodeTime(max(1, int(math.Ceil(b))), m.c.DecodeContext).Seconds() / max(b, 1)
-	f.Utilisation = pfRho + dcRho
 	f.DecodeBatch = b
-	if f.Utilisation >= 1 {
-		return false
-	}
-	// Prefill queue: n servers slowed by the decode share.
-	speed := 1 - dcRho
-	qm, ok := newQueue(m.rate, m.meanSvc/speed, d.ArrivalCV2, m.cs2, n)
 	if !ok {
 		return false
 	}
-	xs := make([]time.Duration, len(d.reqs))
-	for i := range d.reqs {
-		xs[i] = time.Duration(float64(chunkedPrefill(in.Profile, m.uncache[i], m.cachedE[i]))/speed) + netRTT
+	// Busy fraction: prefill plus the decode-only steps in between.
+	dcOnly := m.rate / float64(n) * d.OutputMean * in.Profile.DecodeTime(max(1, int(math.Ceil(b))), m.c.DecodeContext).Seconds() / max(b, 1)
+	f.Utilisation = pfRho + min(1-pfRho, dcOnly)
+	qm, ok := newQueue(m.rate, m.meanSvc, d.ArrivalCV2, m.cs2, n, m.acScale)
+	if !ok {
+		return false
+	}
+	xs := make([]time.Duration, len(m.reqs))
+	for i := range m.reqs {
+		xs[i] = chunkedPrefill(in.Profile, m.uncache[i], m.cachedE[i]) + netRTT
 	}
 	xs = sample(xs, 1500)
 	f.TTFT = m.latency(func(q float64) time.Duration { return qm.sumQuantile(xs, q) }, in.SLO.TTFT)
@@ -300,7 +314,7 @@ func (m *model) aggregatedAt(f *Fleet, n int) bool {
 	mem := float64(poissonQuantile(b, 0.99)) * (d.PromptMean + d.OutputMean/2)
 	f.ThroughputRPS = m.rate
 	f.OutputTPS = m.rate * d.OutputMean
-	return f.Utilisation <= in.MaxUtilisation && mem <= float64(m.c.KVCapacity) &&
+	return pfRho <= in.MaxUtilisation && mem <= float64(m.c.KVCapacity) &&
 		meets(f.TTFT, in.SLO.TTFT) && meets(f.TPOT, in.SLO.TPOT)
 }
 
@@ -310,7 +324,7 @@ func (m *model) decodeOK(dn int) (b float64, tp Latency, ok bool) {
 	in, d := m.in, m.d
 	b, ok = m.decodeBatch(dn, 0)
 	if !ok {
-		return b, tp, false
+		return b, Latency{P50: infDur, P90: infDur, P99: infDur, AtSLO: infDur}, false
 	}
 	mem := float64(poissonQuantile(b, 0.99)) * (d.PromptMean + d.OutputMean/2)
 	tp = m.latency(func(q float64) time.Duration { return m.tpot(b, 0, q) }, in.SLO.TPOT)
@@ -320,14 +334,14 @@ func (m *model) decodeOK(dn int) (b float64, tp Latency, ok bool) {
 // handoffLatency returns, per request (sampled), the TTFT without queueing
 // on a disaggregated fleet: prefill + KV handoff + first decode step.
 func (m *model) handoffLatency(b float64) []time.Duration {
-	p, d := m.in.Profile, m.d
+	p := m.in.Profile
 	shape := disagg.ShapeOf(p)
 	firstStep := p.DecodeTime(max(1, int(math.Ceil(b))), m.c.DecodeContext)
-	xs := make([]time.Duration, len(d.reqs))
-	for i := range d.reqs {
+	xs := make([]time.Duration, len(m.reqs))
+	for i := range m.reqs {
 		// Three hops: router -> prefill, prefill -> decode (in the
 		// handoff), decode -> router.
-		xs[i] = chunkedPrefill(p, m.uncache[i], m.cachedE[i]) + m.in.Fabric.Duration(shape.Bytes(d.reqs[i].PromptLen)) +
+		xs[i] = chunkedPrefill(p, m.uncache[i], m.cachedE[i]) + m.in.Fabric.Duration(shape.Bytes(m.reqs[i].PromptLen)) +
 			firstStep + netRTT + netRTT/2
 	}
 	return sample(xs, 1500)
@@ -341,7 +355,7 @@ func (m *model) disaggAt(f *Fleet, pn, dn int) bool {
 	b, tp, okD := m.decodeOK(dn)
 	f.DecodeBatch, f.TPOT = b, tp
 	f.Fabric = m.fabric(dn, disagg.ShapeOf(in.Profile), in.Fabric)
-	qm, okP := newQueue(m.rate, m.meanSvc, d.ArrivalCV2, m.cs2, pn)
+	qm, okP := newQueue(m.rate, m.meanSvc, d.ArrivalCV2, m.cs2, pn, m.acScale)
 	f.PrefillUtil = qm.Rho
 	f.DecodeUtil = b / float64(max(1, m.c.DecodeBatch))
 	f.Utilisation = (min(1, f.PrefillUtil)*float64(pn) + min(1, f.DecodeUtil)*float64(dn)) / float64(pn+dn)
@@ -440,3 +454,33 @@ func (m *model) fabric(dn int, shape disagg.KVShape, link disagg.Link) *FabricNe
 }
 
 func itoa(n int) string { return strconv.Itoa(n) }
+
+// calibrate scales the queue model's variability term so that the analytical
+// aggregated fleet of n engines predicts the simulated TTFT (at the SLO
+// quantile, else p99) of the same fleet, as Dynamo's planner corrects its
+// profile with observed/expected TTFT. It returns the factor (also kept in
+// m.acScale), clamped to [1/4, 4]: beyond that the model, not its
+// variability, is wrong, and a wild factor would only hide it.
+func (m *model) calibrate(n int, simulated time.Duration) float64 {
+	at := func(k float64) time.Duration {
+		mm := *m
+		mm.acScale = k
+		var f Fleet
+		mm.aggregatedAt(&f, n)
+		if m.in.SLO.TTFT.Set() {
+			return f.TTFT.AtSLO
+		}
+		return f.TTFT.P99
+	}
+	lo, hi := math.Log(0.25), math.Log(4)
+	for range 40 {
+		mid := (lo + hi) / 2
+		if at(math.Exp(mid)) > simulated {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	m.acScale = math.Exp((lo + hi) / 2)
+	return m.acScale
+}

@@ -77,6 +77,10 @@ type Input struct {
 	// workload is cut to its busiest window of this many requests. Default
 	// 2500; negative simulates everything.
 	SimRequests int
+	// WarmUp is the fraction of the simulated requests, from the start,
+	// that run but are not measured (cold caches and an empty fleet);
+	// default 0: everything is measured, as Verify does.
+	WarmUp float64
 	// MaxUtilisation is the busy fraction the analytical estimates plan for
 	// (queueing explodes near 1); default 0.85.
 	MaxUtilisation float64
@@ -171,6 +175,9 @@ func (in *Input) Validate() error {
 	if in.MaxEngines < 1 {
 		return bad("max engines %d must be >= 1", in.MaxEngines)
 	}
+	if in.WarmUp < 0 || in.WarmUp >= 0.9 || math.IsNaN(in.WarmUp) {
+		return bad("warm-up fraction %v must be in [0, 0.9)", in.WarmUp)
+	}
 	if in.MaxUtilisation <= 0 || in.MaxUtilisation >= 1 {
 		return bad("max utilisation %v must be in (0, 1)", in.MaxUtilisation)
 	}
@@ -179,7 +186,6 @@ func (in *Input) Validate() error {
 	}
 	return nil
 }
-
 
 // kvCapacity is one engine's KV capacity in tokens.
 func (in *Input) kvCapacity() int {

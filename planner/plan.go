@@ -92,6 +92,7 @@ type Candidate struct {
 	Meets  bool `json:"meets"`
 
 	decodeBatch float64 // mean sequences decoding per engine
+	cached      []int   // per simulated request: prefix-cached prompt tokens
 }
 
 // Result is a capacity plan.
@@ -152,6 +153,8 @@ func Plan(ctx context.Context, in Input) (*Result, error) {
 
 	// Aggregated: simulate from the bound up.
 	hit := d.OracleHitRate
+	var simReqs []workload.Request
+	var simCached []int
 	if in.Simulable {
 		s := newSearch(&in, d)
 		res.Simulated = s.describe()
@@ -162,22 +165,44 @@ func Plan(ctx context.Context, in Input) (*Result, error) {
 		}
 		res.Aggregated = agg
 		hit = agg.HitRate
+		if agg.Meets {
+			simReqs, simCached = s.reqs, s.runs[agg.Engines].cached
+			// The simulated window has its own rate: scale the fraction of
+			// its offered load the fleet sustained to the whole workload.
+			if kept := agg.ThroughputRPS / s.offeredRate(); kept > 0 {
+				res.Aggregated.ThroughputRPS = d.Rate * min(kept, 1.0)
+				res.Aggregated.OutputTPS = res.Aggregated.ThroughputRPS * d.OutputMean
+			}
+		}
 	} else {
 		res.Simulated = "nothing: the simulator runs built-in profiles only (" + p.Name + " is not one); every figure is analytical"
 		res.Notes = append(res.Notes, "hit rates assume the oracle bound (an infinite shared cache), so they are optimistic")
 	}
-	m := newModel(&in, d, b.Costs, hit)
+	m := newModel(&in, d, b.Costs, hit, simReqs, simCached)
 	res.AggregatedModel = m.analyticAggregated(b.Aggregated)
 	if !in.Simulable {
 		res.Aggregated = res.AggregatedModel
 		res.Aggregated.Burst, res.Aggregated.NodeLost = m.aggHeadroom(res.Aggregated.Engines)
+	}
+	if in.Simulable && res.Aggregated.Meets {
+		var mf Fleet
+		m.aggregatedAt(&mf, res.Aggregated.Engines)
+		simT, modT := atOr99(res.Aggregated.TTFT, in.SLO.TTFT), atOr99(mf.TTFT, in.SLO.TTFT)
+		if err := math.Abs(float64(modT)-float64(simT)) / float64(simT); modT != infDur && err <= 0.1 {
+			res.Notes = append(res.Notes, fmt.Sprintf("queue model checked against the simulation: at %d aggregated engines it predicts TTFT %s, the simulator %s (within 10%%, used uncalibrated)",
+				res.Aggregated.Engines, fmtLat(modT), fmtLat(simT)))
+		} else {
+			k := m.calibrate(res.Aggregated.Engines, simT)
+			res.Notes = append(res.Notes, fmt.Sprintf("queue model calibrated on the simulation (as Dynamo's planner corrects with observed/expected TTFT): at %d aggregated engines the uncalibrated model predicts TTFT %s, the simulator %s; the queue's variability term is scaled x%.3g for the disaggregated estimate",
+				res.Aggregated.Engines, fmtLat(modT), fmtLat(simT), k))
+		}
 	}
 	res.Disaggregated = m.analyticDisaggregated(b.Bandwidth.Need)
 	if res.Disaggregated.Meets {
 		res.Disaggregated.Burst, res.Disaggregated.NodeLost = m.disaggHeadroom(res.Disaggregated.Prefill, res.Disaggregated.Decode)
 	}
 	res.Disaggregated.Notes = append(res.Disaggregated.Notes,
-		"analytical, not simulated: the simulator has no P/D mode; M/G/c queueing on the same engine cost model, prefix hit rate taken from the aggregated fleet")
+		"analytical, not simulated: the simulator has no P/D mode; M/G/c queueing on the same engine cost model, each request's prefix hit taken from the simulated aggregated fleet")
 	for _, f := range []*Fleet{&res.Aggregated, &res.AggregatedModel, &res.Disaggregated} {
 		f.GPUs = f.Engines * p.TP
 		f.CostPerHour = float64(f.GPUs) * in.GPUHourCost
@@ -289,6 +314,7 @@ func Verify(ctx context.Context, in Input, res *Result) (*Verification, error) {
 	s := newSearch(&in, res.Demand)
 	s.reqs = in.Workload.Requests
 	s.seed = in.Seed + 1
+	s.warm = 0
 	c, err := s.simulate(ctx, res.Aggregated.Engines, 1)
 	if err != nil {
 		return nil, err
@@ -317,4 +343,3 @@ func simWorkload(w *workload.Workload, limit int) []workload.Request {
 	}
 	return w.Requests[:limit]
 }
-

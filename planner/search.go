@@ -3,6 +3,7 @@ package planner
 import (
 	"context"
 	"fmt"
+	"math"
 	"sort"
 	"time"
 
@@ -22,11 +23,13 @@ type search struct {
 	oracle float64
 	runs   map[int]Candidate
 	done   int
+	warm   int // leading requests simulated but not measured
 }
 
 func newSearch(in *Input, d *Demand) *search {
 	s := &search{in: in, reqs: simWorkload(in.Workload, in.SimRequests), seed: in.Seed, runs: map[int]Candidate{}}
 	s.oracle = sim.OracleHitRate(s.reqs, in.Profile.BlockSize)
+	s.warm = int(in.WarmUp * float64(len(s.reqs)))
 	return s
 }
 
@@ -37,8 +40,17 @@ func (s *search) describe() string {
 	if len(s.reqs) < all {
 		what = fmt.Sprintf("the first %s of the workload", fmtDur(span.Round(time.Second)))
 	}
-	return fmt.Sprintf("%s: %d of %d requests (%.2f req/s), policy %s, seed %d, router and engines as kvroute serve runs them (sim.Run)",
-		what, len(s.reqs), all, float64(len(s.reqs)-1)/max(span.Seconds(), 1e-9), s.in.Policy, s.seed)
+	return fmt.Sprintf("%s: %d of %d requests (%.2f req/s), the first %d not measured (cache warm-up), policy %s, seed %d, router and engines as kvroute serve runs them (sim.Run)",
+		what, len(s.reqs), all, float64(len(s.reqs)-1)/max(span.Seconds(), 1e-9), s.warm, s.in.Policy, s.seed)
+}
+
+// offeredRate is the simulated window's arrival rate.
+func (s *search) offeredRate() float64 {
+	span := (s.reqs[len(s.reqs)-1].Arrival - s.reqs[0].Arrival).Seconds()
+	if span <= 0 || len(s.reqs) < 2 {
+		return math.Inf(1)
+	}
+	return float64(len(s.reqs)-1) / span
 }
 
 func (s *search) sorted() []Candidate {
@@ -168,27 +180,47 @@ func (s *search) simulate(ctx context.Context, n int, scale float64) (Candidate,
 	if err != nil {
 		return Candidate{}, fmt.Errorf("planner: simulate %d engines: %w", n, err)
 	}
-	return summarise(in, n, r), nil
+	return summarise(in, n, r, s.warm), nil
 }
 
 // summarise turns a run into a candidate: failed requests count as missing
 // every target.
-func summarise(in *Input, n int, r *sim.Result) Candidate {
+//
+// The first warm requests are simulated but not measured: they run on cold
+// caches and an empty fleet, which a long-running fleet does not have.
+func summarise(in *Input, n int, r *sim.Result, warm int) Candidate {
 	c := Candidate{Engines: n}
 	var ttft, tpot []time.Duration
-	ok, met := 0, 0
-	var prompt, cached, out int64
-	var first, last time.Duration = -1, 0
-	var batchSeconds float64
+	met := 0
+	var prompt, cached int64
+	// Sustained throughput: completions per second between the first
+	// completion and the last arrival, where a fleet that keeps up
+	// completes as fast as requests arrive (the start-up lag and the drain
+	// tail after the last arrival are left out).
+	var firstDone, lastArrival time.Duration = -1, 0
+	for i := warm; i < len(r.Records); i++ {
+		rec := &r.Records[i]
+		lastArrival = max(lastArrival, rec.Arrival)
+		if rec.OK() && (firstDone < 0 || rec.Arrival+rec.E2E < firstDone) {
+			firstDone = rec.Arrival + rec.E2E
+		}
+	}
+	var doneIn int
+	var outIn int64
+	var batchSeconds float64 // decode time summed over requests
+	c.cached = make([]int, len(r.Records))
 	for i := range r.Records {
 		rec := &r.Records[i]
+		c.cached[i] = rec.CachedTokens
+		if i < warm {
+			continue
+		}
 		if !rec.OK() {
 			c.Failed++
 			ttft = append(ttft, infDur)
 			tpot = append(tpot, infDur)
 			continue
 		}
-		ok++
 		ttft = append(ttft, rec.TTFT)
 		if rec.OutputTokens >= 2 {
 			tpot = append(tpot, rec.TPOT)
@@ -198,11 +230,10 @@ func summarise(in *Input, n int, r *sim.Result) Candidate {
 		}
 		prompt += int64(rec.PromptTokens)
 		cached += int64(rec.CachedTokens)
-		out += int64(rec.OutputTokens)
-		if first < 0 || rec.Arrival < first {
-			first = rec.Arrival
+		if end := rec.Arrival + rec.E2E; end > firstDone && end <= lastArrival {
+			doneIn++
+			outIn += int64(rec.OutputTokens)
 		}
-		last = max(last, rec.Arrival+rec.E2E)
 		batchSeconds += (rec.E2E - rec.TTFT).Seconds()
 	}
 	lat := func(v []time.Duration, t Target) Latency {
@@ -213,12 +244,12 @@ func summarise(in *Input, n int, r *sim.Result) Candidate {
 		return l
 	}
 	c.TTFT, c.TPOT = lat(ttft, in.SLO.TTFT), lat(tpot, in.SLO.TPOT)
-	if len(r.Records) > 0 {
-		c.Attainment = float64(met) / float64(len(r.Records))
+	if len(r.Records) > warm {
+		c.Attainment = float64(met) / float64(len(r.Records)-warm)
 	}
-	if span := (last - first).Seconds(); span > 0 {
-		c.ThroughputRPS = float64(ok) / span
-		c.OutputTPS = float64(out) / span
+	if span := (lastArrival - firstDone).Seconds(); firstDone >= 0 && span > 0 {
+		c.ThroughputRPS = float64(doneIn) / span
+		c.OutputTPS = float64(outIn) / span
 		c.decodeBatch = batchSeconds / span / float64(n)
 	}
 	if prompt > 0 {
