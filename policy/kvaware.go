@@ -11,26 +11,26 @@ import (
 
 // KVAwareParams configures the kv-aware policy. The zero value is not the
 // default: start from DefaultKVAwareParams (New does). The rates describe one
-// engine; derive them from the engine profile when one is configured
-// (engine.Profile), otherwise the defaults (an 8B model on one H100) are a
-// starting point that learning corrects.
+// engine; the defaults are fitted to the default engine profile
+// (llama-3.1-8b-h100: engine.Profile PrefillTime and DecodeTime). For other
+// engines derive them from the profile, or set learn=true.
 type KVAwareParams struct {
 	// PrefillUsPerToken is the prefill compute time per uncached prompt token,
-	// in microseconds. Default 60 (about 16k tokens/s).
+	// in microseconds. Default 20 (about 50k tokens/s).
 	PrefillUsPerToken float64 `param:"prefill_us_per_token"`
 	// AttnUsPerTokenPerKTok is the extra prefill time per token per 1000
 	// tokens of context it attends to (cached prefix plus half the new part),
-	// in microseconds. Default 1.
+	// in microseconds. Default 0.7.
 	AttnUsPerTokenPerKTok float64 `param:"attn_us_per_token_per_ktok"`
 	// StepOverheadUs is the fixed time of one engine iteration (weights read,
-	// scheduling), in microseconds. Default 5000.
+	// scheduling), in microseconds. Default 6000.
 	StepOverheadUs float64 `param:"step_overhead_us"`
 	// DecodeUsPerToken is the time one running sequence adds to every engine
-	// iteration (its decode token), in microseconds. Default 30.
+	// iteration (its decode token), in microseconds. Default 2.
 	DecodeUsPerToken float64 `param:"decode_us_per_token"`
 	// DecodeUsPerCtxKTok is the time every 1000 tokens of decoding context
 	// (Load.DecodeTokens) add to an iteration (KV reads), in microseconds.
-	// Default 40.
+	// Default 45.
 	DecodeUsPerCtxKTok float64 `param:"decode_us_per_ctx_ktok"`
 	// MaxBatchedTokens is the engine's token budget per iteration
 	// (max_num_batched_tokens, the chunked-prefill chunk). Default 8192.
@@ -46,7 +46,9 @@ type KVAwareParams struct {
 	// Learn enables online learning of the rates from Observe: per endpoint,
 	// an exponential moving average of milliseconds per uncached token (from
 	// requests that met an empty queue) and of milliseconds per queued
-	// request (from the rest). Default true.
+	// request (from the rest). Default false: the defaults fit the default
+	// profile, and in the simulator learning from TTFTs (which include
+	// interference the model does not see) added noise, not accuracy.
 	Learn bool `param:"learn"`
 	// LearnPerEndpoint keeps separate learned rates per endpoint (for
 	// fleets of unlike engines); otherwise one fleet-wide rate is learned.
@@ -60,19 +62,21 @@ type KVAwareParams struct {
 	// replaces the prior). Default 8.
 	LearnMinSamples int `param:"learn_min_samples"`
 
-	// C is the bounded-load factor: an endpoint whose in-flight count would
-	// exceed C x the mean (counting the new request) is capped: it keeps no
-	// affinity credit and is not a session target. Default 1.25.
+	// C is the bounded-load factor. The bound is max(C x mean, mean +
+	// InflightSlack) in-flight requests (counting the new one): the session
+	// ring never places a session above it, and an endpoint above it while
+	// congested (or above twice it at any time) is capped: it keeps no
+	// affinity credit. Default 1.25.
 	C float64 `param:"c"`
 	// InflightSlack is an absolute allowance over the mean in-flight count
 	// that the cap never goes below (C x mean is tiny at low load and would
-	// cap every node; KubeAI issue #519). Default 2.
+	// cap every node; KubeAI issue #519). Default 4.
 	InflightSlack float64 `param:"inflight_slack"`
 	// QueueCap caps an endpoint whose engine waiting queue (Load.Waiting)
 	// reaches it; 0 disables. Default 64.
 	QueueCap int `param:"queue_cap"`
 	// KVCap caps an endpoint whose KV usage (Load.KVUsage) reaches it; 1
-	// disables. Default 0.95.
+	// disables. Default 1 (see Caps in the KVAware doc).
 	KVCap float64 `param:"kv_cap"`
 	// Overload says what to do when every healthy endpoint is over its queue
 	// or KV cap: "least-loaded" picks the least loaded anyway (default);
@@ -83,7 +87,7 @@ type KVAwareParams struct {
 
 	// TieMs and TieFrac define ties: candidates whose estimate is within
 	// max(TieMs, TieFrac x best) of the best are tied, and the pick among
-	// them is the less loaded of two drawn at random. Defaults 1 ms and 0.05.
+	// them is the less loaded of two drawn at random. Defaults 1 ms and 0.01.
 	TieMs   float64 `param:"tie_ms"`
 	TieFrac float64 `param:"tie_frac"`
 
