@@ -194,3 +194,13 @@ func chatMessages(raw json.RawMessage) ([]tokenizer.Message, error) {
 	}
 	return out, nil
 }
+
+// PreciseIndex returns the precise prefix index of a model, fed by its
+// endpoints' KV-cache events, or nil when the model has none (precise mode
+// off, or no endpoint with kv_events).
+func (p *Proxy) PreciseIndex(model string) *kvindex.Index {
+	if pl := p.pools[model]; pl != nil && pl.precise != nil {
+		return pl.precise.index
+	}
+	return nil
+}

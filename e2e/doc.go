@@ -1,0 +1,16 @@
+// Package e2e holds kvroute's end-to-end tests: emulated engines (package
+// emulator, in process, each on its own loopback HTTP listener, publishing
+// KV-cache events over ZMQ) behind the routing proxy (package proxy) served
+// on loopback, exactly as `kvroute engine` and `kvroute serve` run them.
+//
+// The tests check what no unit test can: that the engines' metrics reach
+// the routers through the scrape loops within a few intervals; that the
+// engines' KV events, in both of vLLM's encodings, build a precise prefix
+// index that agrees with what each engine reports cached; that an engine
+// restart drops its entries; that the kv-aware policy sends a repeated long
+// prefix back to the engine caching it while cold prompts spread; and that
+// failing scrapes mark an endpoint stale without stopping routing.
+//
+// Every wait polls with a deadline; nothing sleeps to assert. The package
+// has no exported API: run it with `go test ./e2e` (about 15 seconds).
+package e2e
