@@ -50,31 +50,6 @@ func TestDashboardInBrowser(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
 	defer cancel()
 
-	// The demo: two 10 s phases (kv-aware, then round_robin), kept up after
-	// the run so that the page can show the comparison.
-	demoCtx, stopDemo := context.WithCancel(ctx)
-	defer stopDemo()
-	urlc := make(chan string, 1)
-	var (
-		wg     sync.WaitGroup
-		res    *Result
-		runErr error
-	)
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		res, runErr = Run(demoCtx, Config{
-			Engines: engines, Duration: 20 * time.Second, Rate: 8, AdminToken: token, Linger: true,
-			Out: t.TempDir(), OnReady: func(u string) { urlc <- u },
-		})
-	}()
-	var url string
-	select {
-	case url = <-urlc:
-	case <-ctx.Done():
-		t.Fatal("the demo did not start")
-	}
-
 	// A fresh profile; removed after Chromium exits (t.TempDir's cleanup
 	// can race the browser's last writes).
 	profile, err := os.MkdirTemp("", "kvroute-chromium-")
@@ -114,8 +89,38 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatalf("start chromium: %v", err)
 	}
 
+	// The demo starts once Chromium runs, so that the page sees the first
+	// phase from its start.
+	// The demo: two 12 s phases (kv-aware, then round_robin), kept up after
+	// the run so that the page can show the comparison.
+	demoCtx, stopDemo := context.WithCancel(ctx)
+	defer stopDemo()
+	urlc := make(chan string, 1)
+	var (
+		wg     sync.WaitGroup
+		res    *Result
+		runErr error
+	)
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		res, runErr = Run(demoCtx, Config{
+			Engines: engines, Duration: 24 * time.Second, Rate: 8, AdminToken: token, Linger: true,
+			Out: t.TempDir(), OnReady: func(u string) { urlc <- u },
+		})
+	}()
+	var url string
+	select {
+	case url = <-urlc:
+	case <-ctx.Done():
+		t.Fatal("the demo did not start")
+	}
+
+
+	t0 := time.Now()
 	wait := func(what, expr string, timeout time.Duration) {
 		t.Helper()
+		defer func() { t.Logf("%5.1fs %s", time.Since(t0).Seconds(), what) }()
 		if _, err := chromedp.Run(bctx, chromedp.Poll[bool](expr, chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(timeout))); err != nil {
 			page, _ := chromedp.Run(bctx, chromedp.Evaluate[string](`document.body.innerText.slice(0, 2000)`))
 			t.Fatalf("%s: %v (%s)\npage text:\n%s", what, err, expr, page)
@@ -144,35 +149,8 @@ func TestDashboardInBrowser(t *testing.T) {
 		}
 	}
 
-	// Values change over time: the request count moves and the charts draw.
-	wait("requests answered", `Number(document.getElementById('tile-requests').textContent.replace(/,/g, '')) > 0`, 15*time.Second)
-	first := text("#tile-requests")
-	wait("the request count changes", fmt.Sprintf(`document.getElementById('tile-requests').textContent !== %q`, first), 10*time.Second)
-	wait("the throughput chart draws a line", `document.querySelectorAll('#chart-rps path[data-series]').length > 0`, 10*time.Second)
-	wait("the load chart draws every endpoint", fmt.Sprintf(`document.querySelectorAll('#chart-load path[data-series]').length === %d`, engines), 10*time.Second)
-
-	// A decision can be opened: its candidates and score parts show.
-	wait("decisions in the feed", `document.querySelectorAll('#decisions tbody tr[data-seq]').length > 0`, 10*time.Second)
-	if _, err := chromedp.Run(bctx, chromedp.Evaluate[any](`document.querySelector('#decisions tbody tr[data-seq]').click()`)); err != nil {
-		t.Fatalf("click a decision: %v", err)
-	}
-	wait("the decision's candidates", fmt.Sprintf(`document.querySelectorAll('#detail-candidates tbody tr').length === %d`, engines), 5*time.Second)
-	dir := os.Getenv("KVROUTE_SCREENSHOT_DIR")
-	if dir == "" {
-		dir = t.TempDir()
-	}
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	saveScreenshot(t, bctx, filepath.Join(dir, "dashboard-live.png"))
-	detail := text("#decision-detail")
-	for _, want := range []string{"Decision #", "kv-aware", "engine-0", "engine-3", "queue_ms"} {
-		if !strings.Contains(detail, want) {
-			t.Errorf("decision detail lacks %q:\n%s", want, detail)
-		}
-	}
-
-	// The policy switch is refused without the token, and works with it.
+	// The policy switch is refused without the token, and works with it
+	// (early in the first phase, so that the phase does not end meanwhile).
 	if err := chromedp.Do(bctx,
 		chromedp.Evaluate[chromedp.Void](`document.getElementById('policy-select').value = 'least_request'`, chromedp.EvalIgnoreExceptions),
 		chromedp.Clear(chromedp.CSS("#admin-token")),
@@ -208,6 +186,34 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	wait("the switch back", fmt.Sprintf(`document.getElementById('policy-result').textContent.includes('to %s')`, before), 5*time.Second)
 
+	// Values change over time: the request count moves and the charts draw.
+	wait("requests answered", `Number(document.getElementById('tile-requests').textContent.replace(/,/g, '')) > 0`, 15*time.Second)
+	first := text("#tile-requests")
+	wait("the request count changes", fmt.Sprintf(`document.getElementById('tile-requests').textContent !== %q`, first), 10*time.Second)
+	wait("the throughput chart draws a line", `document.querySelectorAll('#chart-rps path[data-series]').length > 0`, 10*time.Second)
+	wait("the load chart draws every endpoint", fmt.Sprintf(`document.querySelectorAll('#chart-load path[data-series]').length === %d`, engines), 10*time.Second)
+
+	// A decision can be opened: its candidates and score parts show.
+	wait("decisions in the feed", `document.querySelectorAll('#decisions tbody tr[data-seq]').length > 0`, 10*time.Second)
+	if _, err := chromedp.Run(bctx, chromedp.Evaluate[any](`document.querySelector('#decisions tbody tr[data-seq]').click()`)); err != nil {
+		t.Fatalf("click a decision: %v", err)
+	}
+	wait("the decision's candidates", fmt.Sprintf(`document.querySelectorAll('#detail-candidates tbody tr').length === %d`, engines), 5*time.Second)
+	dir := os.Getenv("KVROUTE_SCREENSHOT_DIR")
+	if dir == "" {
+		dir = t.TempDir()
+	}
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	saveScreenshot(t, bctx, filepath.Join(dir, "dashboard-live.png"))
+	detail := text("#decision-detail")
+	for _, want := range []string{"Decision #", "kv-aware", "engine-0", "engine-3", "queue_ms"} {
+		if !strings.Contains(detail, want) {
+			t.Errorf("decision detail lacks %q:\n%s", want, detail)
+		}
+	}
+
 	// The run ends: the comparison of both policies appears.
 	wait("the policy comparison", `document.querySelectorAll('#compare tbody tr[data-policy]').length === 2`, 40*time.Second)
 	if got := text("#compare"); !strings.Contains(got, "kv-aware") || !strings.Contains(got, "round_robin") {
@@ -229,8 +235,10 @@ func TestDashboardInBrowser(t *testing.T) {
 	mu.Unlock()
 
 	cancelBrowser()
+	t.Logf("%5.1fs browser closed", time.Since(t0).Seconds())
 	stopDemo()
 	wg.Wait()
+	t.Logf("%5.1fs demo stopped", time.Since(t0).Seconds())
 	if runErr != nil {
 		t.Fatalf("Run: %v", runErr)
 	}
