@@ -116,7 +116,6 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatal("the demo did not start")
 	}
 
-
 	t0 := time.Now()
 	wait := func(what, expr string, timeout time.Duration) {
 		t.Helper()
