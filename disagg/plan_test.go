@@ -225,3 +225,42 @@ func TestPlannerConfig(t *testing.T) {
 	}
 	var _ = engine.Profile{}
 }
+
+// TestDecodePicker: decode placement ignores prefixes and follows KV
+// headroom, batch and transfer cost.
+func TestDecodePicker(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	pl := newPlanner(t, ModeAlways, DefaultLinks())
+	p := ep("p", kvroute.RolePrefill, "node", "n1", "rack", "r1")
+	near := ep("near", kvroute.RoleDecode, "node", "n1", "rack", "r1") // NVLink from p
+	far := ep("far", kvroute.RoleDecode, "node", "n2", "rack", "r1")   // RDMA from p
+	busy := kvroute.Load{Running: 200, DecodeTokens: 200 * 6000, KVUsage: 0.5}
+	full := kvroute.Load{KVUsage: 0.999}
+	for _, tc := range []struct {
+		name  string
+		cands []kvroute.Candidate
+		want  string
+	}{
+		{"transfer: NVLink beats RDMA", cands(candSpec{ep: far}, candSpec{ep: near}), "near"},
+		{"prefix ignored", cands(candSpec{ep: far}, candSpec{ep: near, cached: 0}, candSpec{ep: ep("cached", kvroute.RoleDecode, "node", "n3"), cached: 8000}), "near"},
+		{"batch: a busy near node loses", cands(candSpec{ep: far}, candSpec{ep: near, load: busy}), "far"},
+		{"kv headroom: a full node is not chosen", cands(candSpec{ep: far}, candSpec{ep: near, load: full}), "far"},
+		{"role: prefill nodes never decode", cands(candSpec{ep: ep("p2", kvroute.RolePrefill, "node", "n1")}, candSpec{ep: far}), "far"},
+	} {
+		dp := pl.NewDecodePicker()
+		got := dp.PickFrom(t0, t0, req("r", 8192, 256), tc.cands, p)
+		if got.d.Endpoint != tc.want {
+			t.Errorf("%s: got %q (%s), want %q", tc.name, got.d.Endpoint, got.d.Reason, tc.want)
+		}
+	}
+	// Every candidate full: the least bad still gets the request.
+	dp := pl.NewDecodePicker()
+	got := dp.PickFrom(t0, t0, req("r", 8192, 256), cands(candSpec{ep: far, load: full}, candSpec{ep: near, load: full}), p)
+	if got.d.Index < 0 || !strings.Contains(got.d.Reason, "least bad") {
+		t.Errorf("all full: got %+v", got.d)
+	}
+	// As a plain kvroute.Picker (no prefill node): no transfer term.
+	if d := dp.Pick(t0, req("r", 100, 10), cands(candSpec{ep: far})); d.Endpoint != "far" {
+		t.Errorf("Pick: got %+v", d)
+	}
+}
