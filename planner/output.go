@@ -168,7 +168,7 @@ func lat3(l Latency) string {
 
 func fmtLat(d time.Duration) string {
 	if d == infDur {
-		return "inf"
+		return "saturated"
 	}
 	return fmtDur(d)
 }
@@ -229,7 +229,8 @@ func (r *Result) Charts() map[string]string {
 		}
 	}
 	out := map[string]string{
-		"attainment.svg": lineSVG("SLO attainment against fleet size ("+r.Name+")", "aggregated engines", "% of requests within every SLO limit", xs, att, 100*r.SLO.TTFT.Quantile),
+		"attainment.svg": lineSVG("SLO attainment against fleet size ("+r.Name+")", "aggregated engines", "% of requests within every SLO limit", xs, att,
+			100*max(r.SLO.TTFT.Quantile, r.SLO.TPOT.Quantile)),
 	}
 	lim := math.NaN()
 	if r.SLO.TTFT.Set() {

@@ -165,6 +165,11 @@ func Plan(ctx context.Context, in Input) (*Result, error) {
 		}
 		res.Aggregated = agg
 		hit = agg.HitRate
+		if !agg.Meets && len(res.Candidates) > 0 {
+			// No fleet passed: take the hit rates of the largest one tried.
+			last := res.Candidates[len(res.Candidates)-1]
+			hit, simReqs, simCached = last.HitRate, s.reqs, last.cached
+		}
 		if agg.Meets {
 			simReqs, simCached = s.reqs, s.runs[agg.Engines].cached
 			// The simulated window has its own rate: scale the fraction of
@@ -193,13 +198,22 @@ func Plan(ctx context.Context, in Input) (*Result, error) {
 				res.Aggregated.Engines, fmtLat(modT), fmtLat(simT)))
 		} else {
 			k := m.calibrate(res.Aggregated.Engines, simT)
-			res.Notes = append(res.Notes, fmt.Sprintf("queue model calibrated on the simulation (as Dynamo's planner corrects with observed/expected TTFT): at %d aggregated engines the uncalibrated model predicts TTFT %s, the simulator %s; the queue's variability term is scaled x%.3g for the disaggregated estimate",
-				res.Aggregated.Engines, fmtLat(modT), fmtLat(simT), k))
+			clamp := ""
+			if k <= 0.2501 || k >= 3.999 {
+				clamp = " (clamped: the model's error is not only queue variability, so treat the disaggregated TTFT with care)"
+			}
+			res.Notes = append(res.Notes, fmt.Sprintf("queue model calibrated on the simulation (as Dynamo's planner corrects with observed/expected TTFT): at %d aggregated engines the uncalibrated model predicts TTFT %s, the simulator %s; the queue's variability term is scaled x%.3g for the disaggregated estimate%s",
+				res.Aggregated.Engines, fmtLat(modT), fmtLat(simT), k, clamp))
 		}
 	}
 	res.Disaggregated = m.analyticDisaggregated(b.Bandwidth.Need)
 	if res.Disaggregated.Meets {
 		res.Disaggregated.Burst, res.Disaggregated.NodeLost = m.disaggHeadroom(res.Disaggregated.Prefill, res.Disaggregated.Decode)
+	}
+	if fb := res.Disaggregated.Fabric; fb != nil && fb.LinkUtilP99 > 1 {
+		res.Disaggregated.Notes = append(res.Disaggregated.Notes, fmt.Sprintf(
+			"the p99 one-second KV ingress of a decode node (%s/s) exceeds its %g Gbps link: handoffs queue in bursts beyond the idle-link times shown; a faster fabric or more decode nodes removes it",
+			fmtBytes(fb.PerDecodeP99), fb.Gbps))
 	}
 	res.Disaggregated.Notes = append(res.Disaggregated.Notes,
 		"analytical, not simulated: the simulator has no P/D mode; M/G/c queueing on the same engine cost model, each request's prefix hit taken from the simulated aggregated fleet")
@@ -213,8 +227,8 @@ func Plan(ctx context.Context, in Input) (*Result, error) {
 	case dd.Meets:
 		res.Cheapest = "disaggregated"
 	default:
-		return res, fmt.Errorf("%w: no fleet of up to %d engines meets %s (aggregated: %s; disaggregated: %s)",
-			ErrInfeasible, in.MaxEngines, in.SLO, firstNote(a.Notes), firstNote(dd.Notes))
+		return res, fmt.Errorf("%w: no fleet meets %s (aggregated: %s; disaggregated: %s)",
+			ErrInfeasible, in.SLO, firstNote(a.Notes), firstNote(dd.Notes))
 	}
 	return res, nil
 }

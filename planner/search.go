@@ -112,6 +112,13 @@ func (s *search) run(ctx context.Context, start int) (Fleet, error) {
 				hi = n
 				break
 			}
+			if prev, ok := s.half(n); ok && plateau(prev, c, s.in.SLO) {
+				return Fleet{Mode: "aggregated", Method: "simulated", Notes: []string{fmt.Sprintf(
+					"the SLO latencies stop improving with more engines (%d engines: TTFT %s, TPOT %s; %d engines: TTFT %s, TPOT %s): "+
+						"the tail is the slowest requests' own prefill at the hit rate the router achieves, which no fleet size shortens",
+					prev.Engines, fmtLat(atOr99(prev.TTFT, s.in.SLO.TTFT)), fmtLat(atOr99(prev.TPOT, s.in.SLO.TPOT)),
+					c.Engines, fmtLat(atOr99(c.TTFT, s.in.SLO.TTFT)), fmtLat(atOr99(c.TPOT, s.in.SLO.TPOT)))}}, nil
+			}
 			lo = n
 			step *= 2
 			if n == maxN {
@@ -265,4 +272,28 @@ func summarise(in *Input, n int, r *sim.Result, warm int) Candidate {
 	}
 	c.Meets = c.Failed == 0 && meets(c.TTFT, in.SLO.TTFT) && meets(c.TPOT, in.SLO.TPOT)
 	return c
+}
+
+// half returns the largest simulated fleet of at most n/2 engines.
+func (s *search) half(n int) (Candidate, bool) {
+	best, ok := Candidate{}, false
+	for m, c := range s.runs {
+		if 2*m <= n && (!ok || m > best.Engines) {
+			best, ok = c, true
+		}
+	}
+	return best, ok
+}
+
+// plateau reports whether doubling the fleet (or more) from a to b (both
+// failing) improved neither latency at the SLO quantile by
+// more than 2% while every request completed: more engines will not help.
+func plateau(a, b Candidate, slo SLO) bool {
+	if a.Failed > 0 || b.Failed > 0 || b.Engines < 2*a.Engines {
+		return false
+	}
+	flat := func(x, y time.Duration) bool { return x == infDur || float64(y) >= 0.98*float64(x) }
+	failing := func(l Latency, t Target) bool { return t.Set() && l.AtSLO > t.Limit }
+	return (!failing(b.TTFT, slo.TTFT) || flat(a.TTFT.AtSLO, b.TTFT.AtSLO)) &&
+		(!failing(b.TPOT, slo.TPOT) || flat(a.TPOT.AtSLO, b.TPOT.AtSLO))
 }

@@ -340,6 +340,10 @@ func (o *planOptions) plans(ctx context.Context, in planner.Input, stderr io.Wri
 		if prog != nil {
 			prog.Finish()
 		}
+		// A plan that searched and found nothing still shows its evidence.
+		if res != nil && len(res.Candidates) > 0 && !o.json {
+			res.WriteTable(stderr)
+		}
 		return nil, fmt.Errorf("plan: %w", err)
 	}
 	if o.verify && in.Simulable && res.Aggregated.Meets {
