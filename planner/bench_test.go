@@ -1,0 +1,32 @@
+package planner
+
+import (
+	"testing"
+	"time"
+)
+
+func BenchmarkAnalyse(b *testing.B) {
+	w, err := Summary{Rate: 50, Duration: 60 * time.Second, PromptMean: 4000, OutputMean: 200, SharedFraction: 0.5}.Workload(1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		analyse(w, 16)
+	}
+}
+
+func BenchmarkAnalyticDisaggregated(b *testing.B) {
+	in := smallInput(b, 60)
+	in.defaults()
+	d := analyse(in.Workload, in.Profile.BlockSize)
+	bd, err := computeBounds(&in, d)
+	if err != nil {
+		b.Fatal(err)
+	}
+	m := newModel(&in, d, bd.Costs, d.OracleHitRate, nil, nil)
+	b.ReportAllocs()
+	for b.Loop() {
+		m.analyticDisaggregated(bd.Bandwidth.Need)
+	}
+}
