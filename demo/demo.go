@@ -353,6 +353,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 			cfg.OnReady(url)
 		}
 		err := d.runPhases(gctx, res.Report)
+		if ctx.Err() != nil {
+			fmt.Fprintf(w, "\ninterrupted: %d of %d policies finished; stopping the router and the engines\n",
+				len(res.Report.Rows), len(cfg.policies()))
+		}
 		if len(res.Report.Rows) > 0 {
 			fmt.Fprintln(w)
 			if terr := res.Report.WriteTable(w); terr != nil {

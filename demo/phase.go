@@ -68,10 +68,12 @@ func (d *demo) newPhase(pol string) (*phase, error) {
 		m.Endpoints = append(m.Endpoints, config.Endpoint{ID: e.id, URL: e.url})
 	}
 	cfg := config.Config{
-		Models:      []config.Model{m},
-		Admin:       config.Admin{Token: d.cfg.AdminToken},
-		Debug:       config.Debug{Enabled: true}, // X-Kvroute-Endpoint names the engine in the report
-		HealthCheck: config.HealthCheck{Interval: time.Second, Timeout: 500 * time.Millisecond},
+		Models: []config.Model{m},
+		Admin:  config.Admin{Token: d.cfg.AdminToken},
+		Debug:  config.Debug{Enabled: true}, // X-Kvroute-Endpoint names the engine in the report
+		// Checks every 2 s with a generous timeout: on a busy laptop the
+		// engines answer late, and the demo is about routing, not failover.
+		HealthCheck: config.HealthCheck{Interval: 2 * time.Second, Timeout: 2 * time.Second},
 	}
 	reg := prometheus.NewRegistry()
 	p, err := proxy.New(proxy.Options{Config: cfg, NewPicker: policy.New, Logger: d.cfg.Logger, Registerer: reg, Gatherer: reg})
