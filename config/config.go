@@ -433,6 +433,12 @@ func (v *validator) nonNegative(path string, d time.Duration) {
 	}
 }
 
+func (v *validator) positiveDuration(path string, d time.Duration) {
+	if d <= 0 {
+		v.addf(path, "%s is not positive", d)
+	}
+}
+
 func (v *validator) positive(path string, n int64) {
 	if n <= 0 {
 		v.addf(path, "%d is not positive", n)
@@ -534,9 +540,13 @@ func (m *Model) validate(v *validator, p string) {
 			v.addf(ep+".kv_capacity_tokens", "%d is negative", e.KVCapacityTokens)
 		}
 		es := e.Signals
-		v.positive(ep+".signals.scrape_interval", int64(es.ScrapeInterval))
-		v.positive(ep+".signals.scrape_timeout", int64(es.ScrapeTimeout))
-		if !validFlavor(es.Flavor) {
+		if es.ScrapeInterval != m.Signals.ScrapeInterval { // else reported for the model
+			v.positiveDuration(ep+".signals.scrape_interval", es.ScrapeInterval)
+		}
+		if es.ScrapeTimeout != m.Signals.ScrapeTimeout {
+			v.positiveDuration(ep+".signals.scrape_timeout", es.ScrapeTimeout)
+		}
+		if es.Flavor != m.Signals.Flavor && !validFlavor(es.Flavor) {
 			v.addf(ep+".signals.flavor", "%q is not one of %s", es.Flavor, strings.Join(MetricsFlavors, ", "))
 		}
 		if es.MetricsURL != "" {
@@ -559,9 +569,9 @@ func (m *Model) validate(v *validator, p string) {
 		}
 	}
 	sg := m.Signals
-	v.positive(p+".signals.scrape_interval", int64(sg.ScrapeInterval))
-	v.positive(p+".signals.scrape_timeout", int64(sg.ScrapeTimeout))
-	v.positive(p+".signals.stale_after", int64(sg.StaleAfter))
+	v.positiveDuration(p+".signals.scrape_interval", sg.ScrapeInterval)
+	v.positiveDuration(p+".signals.scrape_timeout", sg.ScrapeTimeout)
+	v.positiveDuration(p+".signals.stale_after", sg.StaleAfter)
 	if !validFlavor(sg.Flavor) {
 		v.addf(p+".signals.flavor", "%q is not one of %s", sg.Flavor, strings.Join(MetricsFlavors, ", "))
 	}

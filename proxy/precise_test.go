@@ -1,0 +1,206 @@
+package proxy
+
+import (
+	"encoding/json"
+	"errors"
+	"os"
+	"path/filepath"
+	"slices"
+	"testing"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/kvindex"
+	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/tokenizer"
+)
+
+func newTestPrecise(t *testing.T, tok string) *precise {
+	t.Helper()
+	m := config.Model{Name: "m", Endpoints: []config.Endpoint{{ID: "a", URL: "http://a:1", KVEvents: config.KVEvents{Address: "tcp://a:5557"}}},
+		Precise: config.Precise{Tokenizer: tok}}
+	c := config.Config{Models: []config.Model{m}}
+	c.ApplyDefaults()
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	pc, err := newPrecise(&c.Models[0])
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pc
+}
+
+// tokensOf runs the precise path on body as the handler does.
+func tokensOf(t *testing.T, pc *precise, kind openai.Kind, body string) ([]uint32, *kvroute.Request, error) {
+	t.Helper()
+	ri, err := openai.ParseRequest(kind, []byte(body))
+	if err != nil {
+		t.Fatalf("ParseRequest: %v", err)
+	}
+	req := &kvroute.Request{PromptTokens: -1}
+	ids, err := pc.tokens(kind, []byte(body), &ri)
+	if err == nil {
+		if perr := pc.prepare(kind, []byte(body), &ri, req); perr != nil {
+			t.Fatalf("prepare: %v after tokens succeeded", perr)
+		}
+	}
+	return ids, req, err
+}
+
+// TestPreciseBuiltin: with the built-in tokenizer the router's ids are the
+// emulated engine's (ChatML with the generation prompt for chat, the text
+// for completions, the ids as sent), and prepare hashes them in blocks.
+func TestPreciseBuiltin(t *testing.T) {
+	pc := newTestPrecise(t, config.BuiltinTokenizer)
+	if pc.index == nil || !slices.Equal(pc.endpoints, []string{"a"}) {
+		t.Fatalf("index %v endpoints %v: want an index fed by a", pc.index, pc.endpoints)
+	}
+	b := tokenizer.Builtin()
+	chat := tokenizer.RenderChatML([]tokenizer.Message{{Role: "system", Content: "Be brief."}, {Role: "user", Content: "Hello there, how are you?"}}, true)
+	tests := []struct {
+		name string
+		kind openai.Kind
+		body string
+		want []uint32
+		err  error
+	}{
+		{"chat", openai.KindChat, `{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hello there, how are you?"}]}`, b.Encode(chat), nil},
+		{"chat parts", openai.KindChat, `{"model":"m","messages":[{"role":"system","content":[{"type":"text","text":"Be "},{"type":"text","text":"brief."}]},{"role":"user","content":"Hello there, how are you?"}]}`, b.Encode(chat), nil},
+		{"chat no generation prompt", openai.KindChat, `{"model":"m","add_generation_prompt":false,"messages":[{"role":"user","content":"x"}]}`,
+			b.Encode(tokenizer.RenderChatML([]tokenizer.Message{{Role: "user", Content: "x"}}, false)), nil},
+		{"completion", openai.KindCompletion, `{"model":"m","prompt":"The quick brown fox jumps over the lazy dog"}`, b.Encode("The quick brown fox jumps over the lazy dog"), nil},
+		{"completion list of one", openai.KindCompletion, `{"model":"m","prompt":["one prompt"]}`, b.Encode("one prompt"), nil},
+		{"token ids", openai.KindCompletion, `{"model":"m","prompt":[5,6,7,8]}`, []uint32{5, 6, 7, 8}, nil},
+		{"batch", openai.KindCompletion, `{"model":"m","prompt":["a","b"]}`, nil, errNotTokenized},
+		{"batch of ids", openai.KindCompletion, `{"model":"m","prompt":[[1,2],[3]]}`, nil, errNotTokenized},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			got, req, err := tokensOf(t, pc, tc.kind, tc.body)
+			if !errors.Is(err, tc.err) {
+				t.Fatalf("error: got %v, want %v", err, tc.err)
+			}
+			if err != nil {
+				if req.BlockHashes != nil || req.PromptTokens != -1 {
+					t.Errorf("request changed on error: %+v", req)
+				}
+				return
+			}
+			if !slices.Equal(got, tc.want) {
+				t.Fatalf("ids: got %v, want %v", got, tc.want)
+			}
+			if req.PromptTokens != len(tc.want) || req.BlockSize != config.DefaultPreciseBlockSize ||
+				!slices.Equal(req.BlockHashes, kvindex.HashTokens(tc.want, config.DefaultPreciseBlockSize, nil)) {
+				t.Errorf("request: tokens %d block size %d hashes %v", req.PromptTokens, req.BlockSize, req.BlockHashes)
+			}
+		})
+	}
+}
+
+// TestPreciseHFMatchesReference: with a HuggingFace tokenizer the router's
+// ids for chat requests (template, tools, enable_thinking) and completion
+// prompts are HuggingFace's reference ids (tokenizer/testdata/expected,
+// produced by transformers' tokenizers and jinja2). The tokenizer files are
+// fetched by scripts/tokenizer-fixtures.sh; without them the test skips.
+func TestPreciseHFMatchesReference(t *testing.T) {
+	for _, name := range []string{"qwen3", "llama3_1"} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join("..", "tokenizer", "testdata", name)
+			if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+				t.Skipf("no %s tokenizer files (run scripts/tokenizer-fixtures.sh): %v", name, err)
+			}
+			data, err := os.ReadFile(filepath.Join("..", "tokenizer", "testdata", "expected", name+".json"))
+			if err != nil {
+				t.Fatal(err)
+			}
+			var exp struct {
+				Texts []struct {
+					Text          string   `json:"text"`
+					IDs           []uint32 `json:"ids"`
+					IDsAddSpecial []uint32 `json:"ids_add_special"`
+				} `json:"texts"`
+				Chats []struct {
+					Messages            json.RawMessage `json:"messages"`
+					AddGenerationPrompt bool            `json:"add_generation_prompt"`
+					EnableThinking      *bool           `json:"enable_thinking"`
+					Tools               json.RawMessage `json:"tools"`
+					IDs                 []uint32        `json:"ids"`
+				} `json:"chats"`
+			}
+			if err := json.Unmarshal(data, &exp); err != nil {
+				t.Fatal(err)
+			}
+			pc := newTestPrecise(t, dir)
+			for i, c := range exp.Chats {
+				req := map[string]any{"model": "m", "messages": c.Messages, "add_generation_prompt": c.AddGenerationPrompt}
+				if c.EnableThinking != nil {
+					req["chat_template_kwargs"] = map[string]bool{"enable_thinking": *c.EnableThinking}
+				}
+				if len(c.Tools) > 0 {
+					req["tools"] = c.Tools
+				}
+				body, _ := json.Marshal(req)
+				got, _, err := tokensOf(t, pc, openai.KindChat, string(body))
+				if err != nil || !slices.Equal(got, c.IDs) {
+					t.Errorf("chat %d: got %d ids (err %v), want %d: first difference at %d", i, len(got), err, len(c.IDs), firstDiff(got, c.IDs))
+				}
+			}
+			for i, tx := range exp.Texts {
+				want := tx.IDsAddSpecial
+				if want == nil {
+					want = tx.IDs
+				}
+				body, _ := json.Marshal(map[string]any{"model": "m", "prompt": tx.Text})
+				got, _, err := tokensOf(t, pc, openai.KindCompletion, string(body))
+				if tx.Text == "" {
+					continue // ParseRequest accepts it; nothing to match
+				}
+				if err != nil || !slices.Equal(got, want) {
+					t.Errorf("text %d: got %d ids (err %v), want %d: first difference at %d", i, len(got), err, len(want), firstDiff(got, want))
+				}
+			}
+		})
+	}
+}
+
+func firstDiff(a, b []uint32) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
+}
+
+// TestPreciseTinyTemplate: a tokenizer directory with a chat template is
+// rendered with it (the committed hand-made tokenizer).
+func TestPreciseTinyTemplate(t *testing.T) {
+	dir := filepath.Join("..", "tokenizer", "testdata", "tiny")
+	pc := newTestPrecise(t, dir)
+	if pc.tmpl == nil || pc.cache == nil {
+		t.Fatal("tiny tokenizer: no template or cache")
+	}
+	got, _, err := tokensOf(t, pc, openai.KindChat, `{"model":"m","messages":[{"role":"user","content":"hello world"}]}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hf, err := tokenizer.LoadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := hf.Encode("<|user|>user: hello world</s>\n<|user|>assistant:")
+	if !slices.Equal(got, want) {
+		t.Errorf("got %v, want %v", got, want)
+	}
+}
+
+func TestNewPreciseErrors(t *testing.T) {
+	m := config.Model{Name: "m", Precise: config.Precise{Tokenizer: filepath.Join(t.TempDir(), "missing"), BlockSize: 16}}
+	if _, err := newPrecise(&m); err == nil {
+		t.Error("missing tokenizer directory: no error")
+	}
+	if pc, err := newPrecise(&config.Model{Name: "m"}); pc != nil || err != nil {
+		t.Errorf("precise off: got %v, %v, want nil, nil", pc, err)
+	}
+}
