@@ -64,6 +64,12 @@ type Options struct {
 	AdminEnabled bool
 	// Policies are offered by the policy switch; default policy.Names().
 	Policies []string
+	// Authorize, when set, guards the state API (the fleet, the decisions
+	// with their request IDs, session keys and tenants): requests it refuses
+	// get a 403, and the page asks for the admin token, which it then sends
+	// as "Authorization: Bearer TOKEN". The page and its assets stay public.
+	// Nil: the state is open to whoever reaches the dashboard.
+	Authorize func(r *http.Request) bool
 	// Run, when set, describes a demo run (banner and comparison).
 	Run func() RunState
 	// SampleEvery is the spacing of chart points; default 1s.
@@ -139,6 +145,12 @@ func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		w.Header().Set("Allow", "GET, HEAD")
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 	case r.URL.Path == p+"/api/state":
+		if d.opts.Authorize != nil && !d.opts.Authorize(r) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusForbidden)
+			_, _ = w.Write([]byte(`{"error":{"message":"the dashboard's data needs the admin token: Authorization: Bearer <admin.token>","type":"permission_error","code":"forbidden"}}` + "\n"))
+			return
+		}
 		d.serveState(w, r)
 	case strings.HasPrefix(r.URL.Path, p+"/"):
 		w.Header().Set("Cache-Control", "no-cache")

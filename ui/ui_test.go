@@ -215,3 +215,32 @@ func TestNewNeedsSource(t *testing.T) {
 		t.Error("New without a Source: got nil error, want one")
 	}
 }
+
+func TestDashboardAuthorize(t *testing.T) {
+	d, err := New(Options{Source: fakeSource{newTestRouter(t)}, Authorize: func(r *http.Request) bool {
+		return r.Header.Get("Authorization") == "Bearer secret-token-0123456789"
+	}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	tests := []struct {
+		path, auth string
+		code       int
+	}{
+		{"/ui/api/state", "", http.StatusForbidden},
+		{"/ui/api/state", "Bearer wrong", http.StatusForbidden},
+		{"/ui/api/state", "Bearer secret-token-0123456789", http.StatusOK},
+		{"/ui/", "", http.StatusOK}, // the page itself is public
+	}
+	for _, tt := range tests {
+		req := httptest.NewRequest(http.MethodGet, tt.path, nil)
+		if tt.auth != "" {
+			req.Header.Set("Authorization", tt.auth)
+		}
+		rec := httptest.NewRecorder()
+		d.ServeHTTP(rec, req)
+		if rec.Code != tt.code {
+			t.Errorf("GET %s (auth %q) = %d, want %d", tt.path, tt.auth, rec.Code, tt.code)
+		}
+	}
+}

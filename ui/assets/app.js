@@ -81,7 +81,14 @@
   // ---- polling -----------------------------------------------------------
   async function poll() {
     try {
-      const resp = await fetch("api/state", { cache: "no-store" });
+      const token = $("admin-token").value.trim();
+      const resp = await fetch("api/state", { cache: "no-store", headers: token ? { Authorization: "Bearer " + token } : {} });
+      if (resp.status === 403) {
+        $("live-dot").className = "dot off";
+        $("updated").textContent = "locked: enter the admin token (Routing policy, below) to see the fleet";
+        $("admin-token").placeholder = "needed to view";
+        return;
+      }
       if (!resp.ok) throw new Error("HTTP " + resp.status);
       const st = await resp.json();
       ui.failures = 0;
