@@ -253,8 +253,11 @@ func (p KVAwareParams) Validate() error {
 // is PrefillUsPerToken (or the learned rate) and attention adds
 // AttnUsPerTokenPerKTok per 1000 tokens of context. The queued prompts' size
 // is the mean (by tokens) of the uncached sizes the policy routed there and
-// has not seen released. The uncached fraction and mean uncached size are
-// moving averages over the requests it routed. The lowest score wins: the
+// has not seen released. The mean uncached size and the fleet-wide uncached
+// fraction are moving averages over the requests it routed; the uncached fraction is the
+// endpoint's own (uncached over prompt tokens of the requests the policy
+// routed there and has not seen released) when it has any, so a holder's
+// queue of cache hits counts as short. The lowest score wins: the
 // work term counts the prefill a request adds, which delays everyone queued
 // behind it, so on a busy fleet a cache hit is worth more than the time it
 // saves the request itself; the decode term keeps decode-heavy work off
@@ -364,8 +367,9 @@ type epStats struct {
 	tokMs, reqMs float64 // learned ms per uncached token, ms per queued request
 	nTok, nReq   int
 	// sumTok and sumSq are the sum and sum of squares of the uncached sizes
-	// of the requests routed here and not yet released.
-	sumTok, sumSq float64
+	// of the requests routed here and not yet released, sumPrompt the sum of
+	// their prompt sizes.
+	sumTok, sumSq, sumPrompt float64
 }
 
 // epStat returns c's stats, nil when there are none yet.
@@ -396,6 +400,7 @@ type pendingReq struct {
 	tenant   string
 	endpoint string
 	size     float64 // uncached tokens
+	prompt   float64 // prompt tokens
 	at       time.Time
 }
 
@@ -531,7 +536,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		// uncongested candidate, so a hot prefix whose hits cost no prefill
 		// still spreads.
 		f := float64(l.InFlight + 1)
-		switch congested := k.queuedTokens(l) > float64(p.MaxBatchedTokens); {
+		switch congested := k.queuedTokens(&cands[i]) > float64(p.MaxBatchedTokens); {
 		case f > 2*inflightCap || (congested && f > inflightCap):
 			st.flags |= capInflight
 		case congested && tenantOver && f > mean+p.InflightSlack/2:
@@ -642,7 +647,7 @@ func (k *KVAware) estimate(c *kvroute.Candidate, st *candState, P int) {
 	if c.Tier == kvroute.TierCPU && st.credit > 0 {
 		cpu = float64(st.credit)
 	}
-	queued := k.queuedTokens(l)
+	queued := k.queuedTokens(c)
 	stepMs := (p.StepOverheadUs + float64(max(l.Running, 0))*p.DecodeUsPerToken +
 		float64(max(l.DecodeTokens, 0))/1000*p.DecodeUsPerCtxKTok) / 1000
 	budget := math.Max(float64(p.MaxBatchedTokens-max(l.Running, 0)), float64(p.MaxBatchedTokens)/4)
@@ -676,8 +681,17 @@ func (k *KVAware) estimate(c *kvroute.Candidate, st *candState, P int) {
 // queuedTokens estimates the uncached prompt tokens queued ahead on an
 // endpoint: the router's own in-flight prefill, or the engine's waiting
 // queue at the mean uncached size, whichever is larger.
-func (k *KVAware) queuedTokens(l *kvroute.Load) float64 {
-	return math.Max(float64(max(l.InFlightTokens, 0))*k.uncachedFrac, float64(max(l.Waiting, 0))*k.meanUncached)
+func (k *KVAware) queuedTokens(c *kvroute.Candidate) float64 {
+	l := &c.Load
+	frac := k.uncachedFrac
+	if s := k.epStat(c); s != nil && s.sumPrompt > 0 {
+		// The uncached share of what the policy itself routed here: a
+		// holder's queue of cache hits is short even when their prompts
+		// are long (the fleet-wide share overstated it and spread a hot
+		// prefix's burst onto cold endpoints that then prefilled it again).
+		frac = s.sumTok / s.sumPrompt
+	}
+	return math.Max(float64(max(l.InFlightTokens, 0))*frac, float64(max(l.Waiting, 0))*k.meanUncached)
 }
 
 // rates returns ms per uncached token and ms per queued request for c, and
@@ -867,7 +881,7 @@ func (k *KVAware) record(now time.Time, req *kvroute.Request, prefix uint64, end
 	if old, ok := k.pending[key]; ok { // a retry of the same request: replace
 		k.untrack(old)
 	}
-	pr := pendingReq{prefix: prefix, tenant: req.Tenant, endpoint: endpoint, size: float64(P - st.credit), at: now}
+	pr := pendingReq{prefix: prefix, tenant: req.Tenant, endpoint: endpoint, size: float64(P - st.credit), prompt: float64(P), at: now}
 	k.pending[key] = pr
 	k.track(pr)
 	if k.picks%4096 == 0 || len(k.pending) > 1<<16 {
@@ -880,6 +894,7 @@ func (k *KVAware) track(pr pendingReq) {
 	s := k.stat(pr.endpoint)
 	s.sumTok += pr.size
 	s.sumSq += pr.size * pr.size
+	s.sumPrompt += pr.prompt
 	if pr.prefix != 0 {
 		k.prefixInflight[pr.prefix]++
 	}
@@ -893,8 +908,9 @@ func (k *KVAware) untrack(pr pendingReq) {
 	if s := k.eps[pr.endpoint]; s != nil {
 		s.sumTok -= pr.size
 		s.sumSq -= pr.size * pr.size
-		if s.sumTok < 0.5 { // no drift from float subtraction
-			s.sumTok, s.sumSq = 0, 0
+		s.sumPrompt -= pr.prompt
+		if s.sumPrompt < 0.5 { // no drift from float subtraction
+			s.sumTok, s.sumSq, s.sumPrompt = 0, 0, 0
 		}
 	}
 	if pr.prefix != 0 {
