@@ -2,6 +2,7 @@ package planner
 
 import (
 	"math"
+	"math/rand/v2"
 	"slices"
 	"sort"
 	"strconv"
@@ -249,6 +250,63 @@ func (m *model) tpot(b, steal, q float64) time.Duration {
 	return time.Duration(float64(m.in.Profile.DecodeTime(k, m.c.DecodeContext)) / (1 - steal))
 }
 
+// aggregatedTPOT samples per-request TPOT on an aggregated engine: a decode
+// step of the batch per token, plus the prefill chunks of the requests that
+// arrive on the same engine while it decodes, which stall every decoding
+// sequence (vLLM runs them in the same steps). A request decoding O tokens
+// for L seconds meets Poisson(rate/n x L) prefills, each costing a prefill
+// service drawn from the workload; its TPOT is (O x step + stalls) / O.
+// Deterministic (fixed seed); 2000 samples.
+func (m *model) aggregatedTPOT(b float64, n int) []time.Duration {
+	step := m.in.Profile.DecodeTime(max(1, int(math.Ceil(b))), m.c.DecodeContext).Seconds()
+	rng := rand.New(rand.NewPCG(0x74706f74, uint64(n)))
+	lam := m.rate / float64(n)
+	const samples = 2000
+	out := make([]time.Duration, 0, samples)
+	for range samples {
+		r := &m.reqs[rng.IntN(len(m.reqs))]
+		o := r.OutputLen - 1
+		if o < 1 {
+			continue
+		}
+		life := float64(o) * step
+		var stall float64
+		// Arrivals during the lifetime, which the stalls themselves extend
+		// (two rounds are enough for the tail at the utilisations planned).
+		for range 2 {
+			k := poissonDraw(rng, lam*(life+stall))
+			stall = 0
+			for range k {
+				stall += m.svc[rng.IntN(len(m.svc))]
+			}
+		}
+		out = append(out, time.Duration((life+stall)/float64(o)*float64(time.Second)))
+	}
+	if len(out) == 0 {
+		out = append(out, time.Duration(step*float64(time.Second)))
+	}
+	return out
+}
+
+// poissonDraw draws a Poisson variate (Knuth for small means, normal
+// approximation above 50).
+func poissonDraw(rng *rand.Rand, mean float64) int {
+	if mean <= 0 {
+		return 0
+	}
+	if mean > 50 {
+		return max(0, int(math.Round(mean+math.Sqrt(mean)*rng.NormFloat64())))
+	}
+	l, k, p := math.Exp(-mean), 0, 1.0
+	for {
+		p *= rng.Float64()
+		if p <= l {
+			return k
+		}
+		k++
+	}
+}
+
 func (m *model) latency(f func(q float64) time.Duration, t Target) Latency {
 	l := Latency{P50: f(0.5), P90: f(0.9), P99: f(0.99)}
 	if t.Set() {
@@ -310,7 +368,8 @@ func (m *model) aggregatedAt(f *Fleet, n int) bool {
 	}
 	xs = sample(xs, 1500)
 	f.TTFT = m.latency(func(q float64) time.Duration { return qm.sumQuantile(xs, q) }, in.SLO.TTFT)
-	f.TPOT = m.latency(func(q float64) time.Duration { return m.tpot(b, pfRho, q) }, in.SLO.TPOT)
+	tp := m.aggregatedTPOT(b, n)
+	f.TPOT = m.latency(func(q float64) time.Duration { return quantileDur(tp, q) }, in.SLO.TPOT)
 	mem := float64(poissonQuantile(b, 0.99)) * (d.PromptMean + d.OutputMean/2)
 	f.ThroughputRPS = m.rate
 	f.OutputTPS = m.rate * d.OutputMean

@@ -116,9 +116,9 @@ func (r *Result) writeText(b *strings.Builder, md bool) {
 	tw.Flush()
 	switch r.Cheapest {
 	case "aggregated":
-		fmt.Fprintf(b, "cheapest: aggregated, %d engines (%d GPUs)\n", a.Engines, a.GPUs)
+		fmt.Fprintf(b, "cheapest: aggregated, %d engines (%d GPUs, %s; disaggregated needs %s)\n", a.Engines, a.GPUs, a.Method, gpusOr(dd))
 	case "disaggregated":
-		fmt.Fprintf(b, "cheapest: disaggregated, %s prefill:decode (%d GPUs)\n", dd.Ratio(), dd.GPUs)
+		fmt.Fprintf(b, "cheapest: disaggregated, %s prefill:decode (%d GPUs; analytical, against %d GPUs aggregated, %s)\n", dd.Ratio(), dd.GPUs, a.GPUs, a.Method)
 	default:
 		fmt.Fprintf(b, "no fleet meets the SLO\n")
 	}
@@ -375,4 +375,11 @@ func tick(v float64) string {
 		return fmt.Sprintf("%.0f", v)
 	}
 	return fmt.Sprintf("%.3g", v)
+}
+
+func gpusOr(f *Fleet) string {
+	if !f.Meets {
+		return "no fleet that meets the SLO"
+	}
+	return fmt.Sprintf("%d GPUs, %s", f.GPUs, f.Method)
 }

@@ -221,6 +221,14 @@ func Plan(ctx context.Context, in Input) (*Result, error) {
 		f.GPUs = f.Engines * p.TP
 		f.CostPerHour = float64(f.GPUs) * in.GPUHourCost
 	}
+	if am, a := res.AggregatedModel, res.Aggregated; a.Method == "simulated" && a.Meets && am.Meets && am.Engines != a.Engines {
+		how := "optimistic"
+		if am.Engines > a.Engines {
+			how = "pessimistic"
+		}
+		res.Notes = append(res.Notes, fmt.Sprintf("the analytical aggregated model is %s on this workload: it sizes %d engines where the simulation needs %d; the disaggregated column is the same model family, so read it with that error in mind",
+			how, am.Engines, a.Engines))
+	}
 	switch a, dd := res.Aggregated, res.Disaggregated; {
 	case a.Meets && (!dd.Meets || a.GPUs <= dd.GPUs):
 		res.Cheapest = "aggregated"

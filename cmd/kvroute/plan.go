@@ -221,7 +221,7 @@ func writeNodeLost(w io.Writer, r *planner.Result) {
 				p++
 			}
 		}
-		fmt.Fprintf(w, "  disaggregated: %s loses %s (meets SLO: %v); to survive one lost node plan %d:%d (%d GPUs)\n",
+		fmt.Fprintf(w, "  disaggregated: %s with %s (meets SLO: %v); to survive one lost node plan %d:%d (%d GPUs)\n",
 			d.Ratio(), d.NodeLost.Note, d.NodeLost.Meets, p, dn, (p+dn)*r.TP)
 	}
 }
