@@ -37,6 +37,16 @@ endpoint. GET /v1/models lists the models. The router's own endpoints:
 and PUT /admin/policy {"model","policy","params"} (only with admin.token,
 sent as "Authorization: Bearer TOKEN").
 
+Engine signals: every endpoint's /metrics (vLLM, SGLang, llama.cpp, TGI) is
+scraped every signals.scrape_interval (100ms) and combined with the router's own
+dispatches; signals older than signals.stale_after (1s) or failing scrapes are
+reported stale and routing falls back on router-local counts. Precise mode
+(precise.tokenizer: "builtin" or a HuggingFace model directory) tokenizes each
+prompt as the engines do, chat rendered with the model's chat template, and
+matches KV blocks; endpoints with kv_events (the engine's ZMQ publisher) feed a
+precise index of what each engine really caches. The engines' reported cached
+tokens are counted in kvroute_prefix_cached_tokens_total.
+
 Configure it with a YAML file (--config; see kvroute.example.yaml for every
 field and its default), or for the quick case with flags only:
 
