@@ -211,33 +211,46 @@ func (r *Result) WriteMarkdown(w io.Writer, charts []string) error {
 	return err
 }
 
-// Charts returns the plan's SVG charts by file name: SLO attainment and the
-// TTFT at the SLO quantile against aggregated fleet size (simulated).
+// Charts returns the plan's SVG charts by file name: SLO attainment (the
+// fraction of requests within each limit, against the target quantile) and
+// the TTFT and TPOT at the SLO quantiles (log scale, against the limits),
+// both against the simulated aggregated fleet size.
 func (r *Result) Charts() map[string]string {
 	if len(r.Candidates) == 0 {
 		return nil
 	}
-	var xs, att, ttft []float64
+	var xs []float64
+	var attT, attP, ttft, tpot []float64
+	sec := func(d time.Duration) float64 {
+		if d == infDur || d <= 0 {
+			return math.NaN()
+		}
+		return d.Seconds()
+	}
 	for _, c := range r.Candidates {
 		xs = append(xs, float64(c.Engines))
-		att = append(att, 100*c.Attainment)
-		t := atOr99(c.TTFT, r.SLO.TTFT)
-		if t == infDur {
-			ttft = append(ttft, math.NaN())
-		} else {
-			ttft = append(ttft, t.Seconds())
-		}
+		attT = append(attT, 100*c.TTFTAttainment)
+		attP = append(attP, 100*c.TPOTAttainment)
+		ttft = append(ttft, sec(atOr99(c.TTFT, r.SLO.TTFT)))
+		tpot = append(tpot, sec(atOr99(c.TPOT, r.SLO.TPOT)))
 	}
-	out := map[string]string{
-		"attainment.svg": lineSVG("SLO attainment against fleet size ("+r.Name+")", "aggregated engines", "% of requests within every SLO limit", xs, att,
-			100*max(r.SLO.TTFT.Quantile, r.SLO.TPOT.Quantile)),
-	}
-	lim := math.NaN()
+	att := chart{title: "SLO attainment against fleet size (" + r.Name + ")", xLabel: "aggregated engines (simulated)",
+		yLabel: "% of requests within the limit", xs: xs, yMin: 0, yMax: 100}
+	lat := chart{title: "Latency at the SLO quantile against fleet size (" + r.Name + ")", xLabel: "aggregated engines (simulated)",
+		yLabel: "seconds (log scale)", xs: xs, log: true}
 	if r.SLO.TTFT.Set() {
-		lim = r.SLO.TTFT.Limit.Seconds()
+		att.series = append(att.series, series{"TTFT within " + fmtDur(r.SLO.TTFT.Limit), attT})
+		att.refs = append(att.refs, ref{"TTFT target p" + qName(r.SLO.TTFT.Quantile), 100 * r.SLO.TTFT.Quantile})
+		lat.series = append(lat.series, series{"TTFT p" + qName(r.SLO.TTFT.Quantile), ttft})
+		lat.refs = append(lat.refs, ref{"TTFT limit " + fmtDur(r.SLO.TTFT.Limit), r.SLO.TTFT.Limit.Seconds()})
 	}
-	out["ttft.svg"] = lineSVG("TTFT at the SLO quantile against fleet size ("+r.Name+")", "aggregated engines", "TTFT (s)", xs, ttft, lim)
-	return out
+	if r.SLO.TPOT.Set() {
+		att.series = append(att.series, series{"TPOT within " + fmtDur(r.SLO.TPOT.Limit), attP})
+		att.refs = append(att.refs, ref{"TPOT target p" + qName(r.SLO.TPOT.Quantile), 100 * r.SLO.TPOT.Quantile})
+		lat.series = append(lat.series, series{"TPOT p" + qName(r.SLO.TPOT.Quantile), tpot})
+		lat.refs = append(lat.refs, ref{"TPOT limit " + fmtDur(r.SLO.TPOT.Limit), r.SLO.TPOT.Limit.Seconds()})
+	}
+	return map[string]string{"attainment.svg": att.svg(), "latency.svg": lat.svg()}
 }
 
 // WriteHTML writes a self-contained HTML report (inline SVG, no scripts).
@@ -251,7 +264,7 @@ func (r *Result) WriteHTML(w io.Writer) error {
 	b.WriteString(html.EscapeString(t.String()))
 	b.WriteString("</pre>\n")
 	charts := r.Charts()
-	for _, name := range []string{"attainment.svg", "ttft.svg"} {
+	for _, name := range []string{"attainment.svg", "latency.svg"} {
 		if svg, ok := charts[name]; ok {
 			b.WriteString(svg + "\n")
 		}
@@ -286,7 +299,7 @@ func (r *Result) WriteDir(dir string) ([]string, error) {
 	}
 	charts := r.Charts()
 	var names []string
-	for _, n := range []string{"attainment.svg", "ttft.svg"} {
+	for _, n := range []string{"attainment.svg", "latency.svg"} {
 		if svg, ok := charts[n]; ok {
 			names = append(names, n)
 			if err := write(n, func(w io.Writer) error { _, err := io.WriteString(w, svg); return err }); err != nil {
@@ -310,61 +323,119 @@ func (r *Result) WriteDir(dir string) ([]string, error) {
 	return paths, nil
 }
 
-// lineSVG draws one series with markers and an optional dashed reference
-// line at refY (NaN: none).
-func lineSVG(title, xLabel, yLabel string, xs, ys []float64, refY float64) string {
-	const W, H, ml, mr, mt, mb = 640, 360, 70, 20, 40, 50
+type series struct {
+	name string
+	ys   []float64
+}
+
+type ref struct {
+	name string
+	y    float64
+}
+
+// chart is a small line chart: series over shared x values, dashed
+// reference lines, an optional log y axis and a legend.
+type chart struct {
+	title, xLabel, yLabel string
+	xs                    []float64
+	series                []series
+	refs                  []ref
+	log                   bool
+	yMin, yMax            float64 // fixed range when yMax > yMin
+}
+
+var palette = []string{"#1f77b4", "#d62728", "#2ca02c", "#9467bd"}
+
+func (c chart) svg() string {
+	const W, H, ml, mr, mt, mb = 680, 380, 70, 20, 40, 70
 	pw, ph := float64(W-ml-mr), float64(H-mt-mb)
 	xlo, xhi := math.Inf(1), math.Inf(-1)
-	ylo, yhi := 0.0, math.Inf(-1)
-	for i := range xs {
-		xlo, xhi = math.Min(xlo, xs[i]), math.Max(xhi, xs[i])
-		if !math.IsNaN(ys[i]) {
-			yhi = math.Max(yhi, ys[i])
-		}
+	for _, x := range c.xs {
+		xlo, xhi = math.Min(xlo, x), math.Max(xhi, x)
 	}
-	if !math.IsNaN(refY) {
-		yhi = math.Max(yhi, refY)
-	}
-	if math.IsInf(yhi, -1) || yhi <= 0 {
-		yhi = 1
-	}
-	yhi *= 1.1
-	if xhi == xlo {
+	if xhi <= xlo {
 		xlo, xhi = xlo-1, xhi+1
 	}
+	tr := func(v float64) float64 {
+		if c.log {
+			return math.Log10(v)
+		}
+		return v
+	}
+	ylo, yhi := c.yMin, c.yMax
+	if yhi <= ylo {
+		ylo, yhi = math.Inf(1), math.Inf(-1)
+		for _, s := range c.series {
+			for _, y := range s.ys {
+				if !math.IsNaN(y) && (!c.log || y > 0) {
+					ylo, yhi = math.Min(ylo, tr(y)), math.Max(yhi, tr(y))
+				}
+			}
+		}
+		for _, r := range c.refs {
+			ylo, yhi = math.Min(ylo, tr(r.y)), math.Max(yhi, tr(r.y))
+		}
+		if math.IsInf(ylo, 1) {
+			ylo, yhi = 0, 1
+		}
+		if c.log {
+			ylo, yhi = math.Floor(ylo), math.Ceil(yhi)
+		} else {
+			ylo = math.Min(0, ylo)
+		}
+		if yhi <= ylo {
+			yhi = ylo + 1
+		}
+	}
 	px := func(x float64) float64 { return ml + (x-xlo)/(xhi-xlo)*pw }
-	py := func(y float64) float64 { return mt + ph - (y-ylo)/(yhi-ylo)*ph }
+	py := func(y float64) float64 {
+		v := math.Max(ylo, math.Min(yhi, tr(y)))
+		return mt + ph - (v-ylo)/(yhi-ylo)*ph
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" font-family="sans-serif" font-size="12">`+"\n", W, H)
 	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="white"/>`+"\n", W, H)
-	fmt.Fprintf(&b, `<text x="%d" y="20" text-anchor="middle" font-size="14">%s</text>`+"\n", W/2, html.EscapeString(title))
+	fmt.Fprintf(&b, `<text x="%d" y="20" text-anchor="middle" font-size="14">%s</text>`+"\n", W/2, html.EscapeString(c.title))
 	fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" stroke="black"/>`+"\n", ml, mt+ph, ml+pw, mt+ph)
 	fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%.1f" stroke="black"/>`+"\n", ml, mt, ml, mt+ph)
-	for i := 0; i <= 4; i++ {
-		y := ylo + (yhi-ylo)*float64(i)/4
-		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", ml-6, py(y)+4, tick(y))
+	if c.log {
+		for e := ylo; e <= yhi; e++ {
+			y := mt + ph - (e-ylo)/(yhi-ylo)*ph
+			fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", ml-6, y+4, tick(math.Pow(10, e)))
+		}
+	} else {
+		for i := 0; i <= 4; i++ {
+			v := ylo + (yhi-ylo)*float64(i)/4
+			fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", ml-6, py(v)+4, tick(math.Round(v*10)/10))
+		}
 	}
-	for _, x := range xs {
+	for _, x := range c.xs {
 		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`+"\n", px(x), mt+ph+16, tick(x))
 	}
-	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", ml+pw/2, H-10, html.EscapeString(xLabel))
-	fmt.Fprintf(&b, `<text x="14" y="%.1f" text-anchor="middle" transform="rotate(-90 14 %.1f)">%s</text>`+"\n", mt+ph/2, mt+ph/2, html.EscapeString(yLabel))
-	if !math.IsNaN(refY) {
-		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" stroke="#c00" stroke-dasharray="6 4"/>`+"\n", ml, py(refY), ml+pw, py(refY))
-		fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="end" fill="#c00">SLO %s</text>`+"\n", ml+pw, py(refY)-4, tick(refY))
+	fmt.Fprintf(&b, `<text x="%.1f" y="%.1f" text-anchor="middle">%s</text>`+"\n", ml+pw/2, mt+ph+34, html.EscapeString(c.xLabel))
+	fmt.Fprintf(&b, `<text x="14" y="%.1f" text-anchor="middle" transform="rotate(-90 14 %.1f)">%s</text>`+"\n", mt+ph/2, mt+ph/2, html.EscapeString(c.yLabel))
+	legend := 0
+	for i, r := range c.refs {
+		col := palette[i%len(palette)]
+		fmt.Fprintf(&b, `<line x1="%d" y1="%.1f" x2="%.1f" y2="%.1f" stroke="%s" stroke-dasharray="6 4"/>`+"\n", ml, py(r.y), ml+pw, py(r.y), col)
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" fill="%s">- - %s</text>`+"\n", float64(ml)+float64(legend)*150, H-8, col, html.EscapeString(r.name))
+		legend++
 	}
-	var pts []string
-	for i := range xs {
-		if math.IsNaN(ys[i]) {
-			continue
+	for i, s := range c.series {
+		col := palette[i%len(palette)]
+		var pts []string
+		for k := range c.xs {
+			if k >= len(s.ys) || math.IsNaN(s.ys[k]) || (c.log && s.ys[k] <= 0) {
+				continue
+			}
+			pts = append(pts, fmt.Sprintf("%.1f,%.1f", px(c.xs[k]), py(s.ys[k])))
+			fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3.5" fill="%s"/>`+"\n", px(c.xs[k]), py(s.ys[k]), col)
 		}
-		y := math.Min(ys[i], yhi)
-		pts = append(pts, fmt.Sprintf("%.1f,%.1f", px(xs[i]), py(y)))
-		fmt.Fprintf(&b, `<circle cx="%.1f" cy="%.1f" r="3.5" fill="#1f77b4"/>`+"\n", px(xs[i]), py(y))
-	}
-	if len(pts) > 1 {
-		fmt.Fprintf(&b, `<polyline fill="none" stroke="#1f77b4" stroke-width="2" points="%s"/>`+"\n", strings.Join(pts, " "))
+		if len(pts) > 1 {
+			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`+"\n", col, strings.Join(pts, " "))
+		}
+		fmt.Fprintf(&b, `<text x="%.1f" y="%d" fill="%s">— %s</text>`+"\n", float64(ml)+float64(legend)*150, H-8, col, html.EscapeString(s.name))
+		legend++
 	}
 	b.WriteString("</svg>")
 	return b.String()

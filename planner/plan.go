@@ -80,8 +80,12 @@ type Candidate struct {
 	Engines int     `json:"engines"`
 	TTFT    Latency `json:"ttft"`
 	TPOT    Latency `json:"tpot"`
-	// Attainment is the fraction of requests meeting every SLO limit.
-	Attainment    float64 `json:"attainment"`
+	// Attainment is the fraction of requests meeting every SLO limit;
+	// TTFTAttainment and TPOTAttainment the fractions within each limit
+	// (the SLO is met when each is at least its target's quantile).
+	Attainment     float64 `json:"attainment"`
+	TTFTAttainment float64 `json:"ttft_attainment"`
+	TPOTAttainment float64 `json:"tpot_attainment"`
 	ThroughputRPS float64 `json:"throughput_rps"`
 	OutputTPS     float64 `json:"output_tps"`
 	HitRate       float64 `json:"hit_rate"`

@@ -198,7 +198,7 @@ func (s *search) simulate(ctx context.Context, n int, scale float64) (Candidate,
 func summarise(in *Input, n int, r *sim.Result, warm int) Candidate {
 	c := Candidate{Engines: n}
 	var ttft, tpot []time.Duration
-	met := 0
+	met, metTTFT, metTPOT, nTPOT := 0, 0, 0, 0
 	var prompt, cached int64
 	// Sustained throughput: completions per second between the first
 	// completion and the last arrival, where a fleet that keeps up
@@ -232,8 +232,19 @@ func summarise(in *Input, n int, r *sim.Result, warm int) Candidate {
 		if rec.OutputTokens >= 2 {
 			tpot = append(tpot, rec.TPOT)
 		}
-		if (!in.SLO.TTFT.Set() || rec.TTFT <= in.SLO.TTFT.Limit) && (!in.SLO.TPOT.Set() || rec.OutputTokens < 2 || rec.TPOT <= in.SLO.TPOT.Limit) {
+		okT := !in.SLO.TTFT.Set() || rec.TTFT <= in.SLO.TTFT.Limit
+		okP := !in.SLO.TPOT.Set() || rec.OutputTokens < 2 || rec.TPOT <= in.SLO.TPOT.Limit
+		if okT && okP {
 			met++
+		}
+		if okT {
+			metTTFT++
+		}
+		if rec.OutputTokens >= 2 {
+			nTPOT++
+			if okP {
+				metTPOT++
+			}
 		}
 		prompt += int64(rec.PromptTokens)
 		cached += int64(rec.CachedTokens)
@@ -253,6 +264,11 @@ func summarise(in *Input, n int, r *sim.Result, warm int) Candidate {
 	c.TTFT, c.TPOT = lat(ttft, in.SLO.TTFT), lat(tpot, in.SLO.TPOT)
 	if len(r.Records) > warm {
 		c.Attainment = float64(met) / float64(len(r.Records)-warm)
+		c.TTFTAttainment = float64(metTTFT) / float64(len(r.Records)-warm)
+	}
+	if nTPOT > 0 {
+		// Failed requests count against TPOT too.
+		c.TPOTAttainment = float64(metTPOT) / float64(nTPOT+c.Failed)
 	}
 	if span := (lastArrival - firstDone).Seconds(); firstDone >= 0 && span > 0 {
 		c.ThroughputRPS = float64(doneIn) / span
