@@ -86,11 +86,11 @@ type Candidate struct {
 	Attainment     float64 `json:"attainment"`
 	TTFTAttainment float64 `json:"ttft_attainment"`
 	TPOTAttainment float64 `json:"tpot_attainment"`
-	ThroughputRPS float64 `json:"throughput_rps"`
-	OutputTPS     float64 `json:"output_tps"`
-	HitRate       float64 `json:"hit_rate"`
-	Utilisation   float64 `json:"utilisation"`
-	Preemptions   int     `json:"preemptions"`
+	ThroughputRPS  float64 `json:"throughput_rps"`
+	OutputTPS      float64 `json:"output_tps"`
+	HitRate        float64 `json:"hit_rate"`
+	Utilisation    float64 `json:"utilisation"`
+	Preemptions    int     `json:"preemptions"`
 	// Failed counts requests that did not complete (rejected or refused).
 	Failed int  `json:"failed"`
 	Meets  bool `json:"meets"`
