@@ -1,0 +1,51 @@
+package policy
+
+import (
+	"math"
+	"strconv"
+	"testing"
+
+	"github.com/kvroute/kvroute"
+)
+
+// TestKVAwareHolderQueueOfHits: the queue estimate weighs an endpoint's
+// in-flight prompt tokens by the uncached share of what the policy routed
+// there, so a hot prefix's holder whose queue is mostly cache hits counts as
+// lightly queued and keeps the burst (the fleet-wide share made it look
+// saturated and sent the burst to a cold endpoint that prefilled the prefix
+// again: the storm workload's pile-up).
+func TestKVAwareHolderQueueOfHits(t *testing.T) {
+	k, err := NewKVAware(nil, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	one := func(id string, cached int) {
+		k.Pick(epoch, &kvroute.Request{ID: id, PromptTokens: 6100}, []kvroute.Candidate{cand("holder", kvroute.Load{}, cached/32, cached)})
+	}
+	one("first", 0) // the miss that puts the prefix on the holder
+	for i := range 8 {
+		one("hit"+strconv.Itoa(i), 6000)
+	}
+	const inflightTok = 9 * 6100
+	cands := []kvroute.Candidate{
+		cand("holder", kvroute.Load{InFlight: 9, InFlightTokens: inflightTok}, 6000/32, 6000),
+		cand("cold", kvroute.Load{}, 0, 0),
+	}
+	d := k.Pick(epoch, &kvroute.Request{ID: "next", PromptTokens: 6100}, cands)
+	if d.Endpoint != "holder" {
+		t.Errorf("chose %s (%s), want holder", d.Endpoint, d.Reason)
+	}
+	// Own share: (6100 + 8 x 100) uncached of 9 x 6100 prompt tokens.
+	want := inflightTok * (6100.0 + 8*100) / (9 * 6100)
+	if got := part(d.Scores[0], "queued_tokens"); math.Abs(got-want) > 1 {
+		t.Errorf("holder queued_tokens = %v, want %v", got, want)
+	}
+	// Released requests no longer count: with nothing of its own there the
+	// fleet-wide share applies again.
+	for _, id := range []string{"first", "hit0", "hit1", "hit2", "hit3", "hit4", "hit5", "hit6", "hit7", "next"} {
+		k.Release(epoch, &kvroute.Request{ID: id}, "holder")
+	}
+	if s := k.eps["holder"]; s.sumPrompt != 0 || s.sumTok != 0 {
+		t.Errorf("after release sumPrompt, sumTok = %v, %v; want 0, 0", s.sumPrompt, s.sumTok)
+	}
+}
