@@ -70,11 +70,20 @@ func (c *ApproxConfig) setDefaults() {
 // was last routed. It needs no tokenizer and no engine events, and it is
 // wrong exactly when the engine evicted what the router thinks it holds.
 //
+// Policy: exact LRU with TTL. Record makes a prompt's blocks the endpoint's
+// most recent entries, the first block most recent of all; the least recent
+// entries beyond the endpoint's capacity, and entries older than TTL, are
+// dropped. The differential test checks this against a naive list.
+//
 // Layout: as in Index, endpoints are numbered in groups of 64 and a
-// lock-free table maps each block hash to the mask of endpoints holding it;
-// each endpoint also keeps an LRU list of its entries (for capacity and
-// TTL). Expired entries are dropped by Record and, when the oldest entry's
-// TTL has passed, by the next Match, so Match never sees one.
+// lock-free table (atable) maps each block hash to the mask of endpoints
+// holding it. Each endpoint keeps its recency order as a ring of entries
+// in Record order (alog: a hit leaves a tombstone and appends, no linked
+// list) and an emap from block hash to ring position. Record does its
+// per-endpoint work first and then applies the prompt's table changes in
+// one batch whose cache misses overlap. Expired entries are dropped by
+// Record and, once the oldest entry's TTL has passed, by the next Match,
+// so Match never sees one.
 //
 // Approx is safe for concurrent use. Match takes no lock except for the
 // brief write lock of an expiry; Record, SetCapacity and Remove take the
@@ -83,16 +92,21 @@ type Approx struct {
 	cfg ApproxConfig
 	ttl int64 // cfg.TTL in nanoseconds
 
-	mu     sync.Mutex // guards eps, the endpoints' lists and group bit allocation
+	mu     sync.Mutex // guards eps, the endpoints' logs and maps, group bit allocation, sets, clears and sink
 	eps    map[string]*aendpoint
 	groups atomic.Pointer[[]*agroup]
-	// nextExpiry is the Unix nanosecond time after which the least recent
-	// entry of some endpoint has expired (math.MaxInt64: none).
+	// nextExpiry is a Unix nanosecond time no later than the first moment
+	// an entry of some endpoint expires (math.MaxInt64: none). It may be
+	// early (then the Match that passes it finds nothing to drop and
+	// recomputes it), never late.
 	nextExpiry atomic.Int64
+
+	sets, clears []uint64 // Record's batch of table changes
+	sink         uint64   // keeps the prefetching loads alive
 }
 
 type agroup struct {
-	tab   *maskTable
+	tab   *atable
 	names [64]atomic.Pointer[string]
 	inUse uint64 // guarded by Approx.mu
 }
@@ -103,18 +117,8 @@ type aendpoint struct {
 	bit      uint64
 	capacity int
 
-	idx   emap    // block hash -> node index
-	nodes []anode // slab; free ones are chained through next from free
-	free  int32
-	head  int32 // most recent, -1 when empty
-	tail  int32 // least recent
-	n     int
-}
-
-type anode struct {
-	key        uint64
-	seen       int64 // Unix nanoseconds of the last Record
-	prev, next int32
+	idx amap // block hash -> position in log
+	log alog
 }
 
 // NewApprox returns an empty approximate index.
@@ -139,7 +143,7 @@ func (a *Approx) endpoint(name string) *aendpoint {
 		}
 	}
 	if g == nil {
-		g = &agroup{tab: newMaskTable(a.cfg.Shards)}
+		g = &agroup{tab: newATable(a.cfg.Shards)}
 		ng := append(append([]*agroup(nil), groups...), g)
 		a.groups.Store(&ng)
 	}
@@ -147,7 +151,7 @@ func (a *Approx) endpoint(name string) *aendpoint {
 	g.inUse |= 1 << i
 	n := name
 	g.names[i].Store(&n)
-	e := &aendpoint{name: name, g: g, bit: 1 << i, capacity: a.cfg.DefaultCapacityBlocks, free: -1, head: -1, tail: -1}
+	e := &aendpoint{name: name, g: g, bit: 1 << i, capacity: a.cfg.DefaultCapacityBlocks}
 	a.eps[name] = e
 	return e
 }
@@ -165,69 +169,70 @@ func (a *Approx) Record(now time.Time, endpoint string, hashes []uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	e := a.endpoint(endpoint)
+	a.sink += e.idx.touch(hashes)
+	sets := a.sets[:0]
 	for i := len(hashes) - 1; i >= 0; i-- {
-		h := hashes[i]
-		if h == 0 {
-			h = 1 // 0 is the tables' empty key; HashTokens never returns it
+		h := nonZero(hashes[i]) // 0 is the tables' empty key; HashTokens never returns it
+		v, inserted := e.idx.slot(h)
+		if inserted {
+			e.log.n++
+			sets = append(sets, h)
+		} else {
+			e.log.kill(*v)
 		}
-		if v, ok := e.idx.get(h); ok {
-			nd := int32(v)
-			e.unlink(nd)
-			e.nodes[nd].seen = t
-			e.pushFront(nd)
-			continue
-		}
-		nd := e.alloc(h, t)
-		e.idx.put(h, uint64(nd))
-		e.pushFront(nd)
-		e.n++
-		e.g.tab.update(h, e.bit, 0)
+		*v = e.log.push(h, t, &e.idx)
 	}
-	a.trim(e, t)
-	a.updateExpiry()
+	e.log.skip()
+	a.sets = sets
+	a.trim(e, t, true)
+	a.noteExpiry(e)
 }
 
-// trim drops e's least recent entries while it is over capacity or they
-// expired at t. Called with a.mu held.
-func (a *Approx) trim(e *aendpoint, t int64) {
-	for e.tail >= 0 && (e.n > e.capacity || t-e.nodes[e.tail].seen > a.ttl) {
-		a.dropTail(e)
+// trim drops e's least recent entries while it is over capacity or (when
+// ttl) they expired at t, and applies a.sets (keys that gained e) and the dropped
+// keys to the table. Called with a.mu held.
+func (a *Approx) trim(e *aendpoint, t int64, ttl bool) {
+	clears := a.clears[:0]
+	for e.log.n > 0 && (e.log.n > e.capacity || ttl && t-e.log.oldest().t > a.ttl) {
+		clears = append(clears, e.log.pop())
 	}
-}
-
-func (a *Approx) dropTail(e *aendpoint) {
-	nd := e.tail
-	key := e.nodes[nd].key
-	e.unlink(nd)
-	e.idx.del(key)
-	e.g.tab.update(key, 0, e.bit)
-	e.release(nd)
-	e.n--
-}
-
-// updateExpiry recomputes nextExpiry. Called with a.mu held.
-func (a *Approx) updateExpiry() {
-	next := int64(math.MaxInt64)
-	for _, e := range a.eps {
-		if e.tail >= 0 {
-			if x := e.nodes[e.tail].seen + a.ttl; x < next {
-				next = x
-			}
+	a.clears = clears
+	if len(clears) > 0 {
+		a.sink += e.idx.touch(clears)
+		for _, k := range clears {
+			e.idx.del(k)
 		}
 	}
-	a.nextExpiry.Store(next)
+	a.sink += e.g.tab.applyBatch(a.sets, clears, e.bit)
+	a.sets = a.sets[:0]
 }
 
-// expire drops every entry older than TTL at t.
+// noteExpiry lowers nextExpiry to e's first expiry. Called with a.mu held.
+func (a *Approx) noteExpiry(e *aendpoint) {
+	if e.log.n == 0 {
+		return
+	}
+	if x := e.log.oldest().t + a.ttl; x < a.nextExpiry.Load() {
+		a.nextExpiry.Store(x)
+	}
+}
+
+// expire drops every entry older than TTL at t and recomputes nextExpiry.
 func (a *Approx) expire(t int64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
+	if t <= a.nextExpiry.Load() {
+		return // another Match got here first
+	}
+	next := int64(math.MaxInt64)
 	for _, e := range a.eps {
-		for e.tail >= 0 && t-e.nodes[e.tail].seen > a.ttl {
-			a.dropTail(e)
+		a.trim(e, t, true)
+		e.log.shrink()
+		if e.log.n > 0 {
+			next = min(next, e.log.oldest().t+a.ttl)
 		}
 	}
-	a.updateExpiry()
+	a.nextExpiry.Store(next)
 }
 
 // SetCapacity sets endpoint's capacity in blocks (its KV cache size, e.g.
@@ -241,10 +246,11 @@ func (a *Approx) SetCapacity(endpoint string, blocks int) {
 	defer a.mu.Unlock()
 	e := a.endpoint(endpoint)
 	e.capacity = blocks
-	for e.n > e.capacity {
-		a.dropTail(e)
+	if e.log.n > e.capacity {
+		a.trim(e, 0, false)
+		e.log.shrink()
 	}
-	a.updateExpiry()
+	a.noteExpiry(e)
 }
 
 // Remove forgets endpoint and all its entries.
@@ -255,14 +261,12 @@ func (a *Approx) Remove(endpoint string) {
 	if e == nil {
 		return
 	}
-	for e.tail >= 0 {
-		a.dropTail(e)
-	}
+	e.capacity = 0
+	a.trim(e, 0, false)
 	delete(a.eps, endpoint)
 	i := bits.TrailingZeros64(e.bit)
 	e.g.names[i].Store(nil)
 	e.g.inUse &^= e.bit
-	a.updateExpiry()
 }
 
 // Len returns the number of (block, endpoint) entries.
@@ -271,7 +275,7 @@ func (a *Approx) Len() int {
 	defer a.mu.Unlock()
 	n := 0
 	for _, e := range a.eps {
-		n += e.n
+		n += e.log.n
 	}
 	return n
 }
@@ -311,47 +315,4 @@ func (g *agroup) hit(dst []Hit, bit, blocks int) []Hit {
 		return dst
 	}
 	return append(dst, Hit{Endpoint: *name, Blocks: blocks, Tier: kvroute.TierGPU, GPUBlocks: blocks})
-}
-
-func (e *aendpoint) alloc(key uint64, t int64) int32 {
-	if e.free >= 0 {
-		nd := e.free
-		e.free = e.nodes[nd].next
-		e.nodes[nd] = anode{key: key, seen: t, prev: -1, next: -1}
-		return nd
-	}
-	e.nodes = append(e.nodes, anode{key: key, seen: t, prev: -1, next: -1})
-	return int32(len(e.nodes) - 1)
-}
-
-func (e *aendpoint) release(nd int32) {
-	e.nodes[nd] = anode{next: e.free}
-	e.free = nd
-}
-
-func (e *aendpoint) pushFront(nd int32) {
-	e.nodes[nd].prev = -1
-	e.nodes[nd].next = e.head
-	if e.head >= 0 {
-		e.nodes[e.head].prev = nd
-	}
-	e.head = nd
-	if e.tail < 0 {
-		e.tail = nd
-	}
-}
-
-func (e *aendpoint) unlink(nd int32) {
-	p, n := e.nodes[nd].prev, e.nodes[nd].next
-	if p >= 0 {
-		e.nodes[p].next = n
-	} else {
-		e.head = n
-	}
-	if n >= 0 {
-		e.nodes[n].prev = p
-	} else {
-		e.tail = p
-	}
-	e.nodes[nd].prev, e.nodes[nd].next = -1, -1
 }

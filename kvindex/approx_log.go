@@ -1,0 +1,116 @@
+package kvindex
+
+// alog is one endpoint's recency order: a ring of entries in the order they
+// were last recorded, least recent at front. Each live entry's position is
+// a sequence number (it never changes unless compact moves the entry), and
+// the endpoint's emap maps the block key to it. Touching an entry again
+// leaves a tombstone (key 0) at its old position and appends it at back, so
+// a hit writes two places and never the neighbours a linked list would;
+// eviction pops the front, reading the ring in order.
+//
+// Not safe for concurrent use: Approx.mu guards it.
+type alog struct {
+	ring  []aentry // len is a power of two; position s lives at s&mask
+	mask  uint64
+	front uint64 // position of the least recent live entry (== back when empty)
+	back  uint64 // next position to append at
+	n     int    // live entries
+}
+
+type aentry struct {
+	key uint64 // 0: tombstone
+	t   int64  // Unix nanoseconds of the last Record
+}
+
+const alogMinRing = 64
+
+// push appends key at back and returns its position. It may move live
+// entries (see makeRoom), updating their positions in idx.
+func (l *alog) push(key uint64, t int64, idx *amap) uint64 {
+	if l.back-l.front == uint64(len(l.ring)) {
+		l.makeRoom(idx)
+	}
+	s := l.back
+	l.ring[s&l.mask] = aentry{key: key, t: t}
+	l.back++
+	return s
+}
+
+// kill turns the entry at position s into a tombstone.
+func (l *alog) kill(s uint64) { l.ring[s&l.mask].key = 0 }
+
+// skip advances front past tombstones.
+func (l *alog) skip() {
+	for l.front != l.back && l.ring[l.front&l.mask].key == 0 {
+		l.front++
+	}
+}
+
+// oldest returns the least recent live entry; l.n must be > 0 and front on
+// a live entry (skip).
+func (l *alog) oldest() aentry { return l.ring[l.front&l.mask] }
+
+// pop removes the least recent live entry and returns its key; l.n must be
+// > 0.
+func (l *alog) pop() uint64 {
+	k := l.ring[l.front&l.mask].key
+	l.ring[l.front&l.mask].key = 0
+	l.front++
+	l.n--
+	l.skip()
+	return k
+}
+
+// makeRoom is called when the ring is full. When at least half of it is
+// tombstones it compacts in place: live entries slide towards back, so the
+// most recent ones, which are usually dense already, stay put and only the
+// entries that move get their position rewritten in idx. Otherwise the
+// ring doubles; positions do not change. Either way each call is paid for
+// by at least len/2 earlier pushes.
+func (l *alog) makeRoom(idx *amap) {
+	size := uint64(len(l.ring))
+	if size >= alogMinRing && uint64(l.n)*2 <= size {
+		w := l.back
+		for r := l.back; r != l.front; {
+			r--
+			e := l.ring[r&l.mask]
+			if e.key == 0 {
+				continue
+			}
+			w--
+			if w != r {
+				l.ring[w&l.mask] = e
+				idx.put(e.key, w)
+			}
+		}
+		l.front = w
+		return
+	}
+	nsize := max(2*size, alogMinRing)
+	ring := make([]aentry, nsize)
+	nmask := nsize - 1
+	for s := l.front; s != l.back; s++ {
+		ring[s&nmask] = l.ring[s&l.mask]
+	}
+	l.ring, l.mask = ring, nmask
+}
+
+// shrink releases a ring much larger than the live entries need (after a
+// capacity cut or an expiry), keeping positions.
+func (l *alog) shrink() {
+	used := l.back - l.front
+	size := uint64(len(l.ring))
+	if size <= alogMinRing || used*4 > size {
+		return
+	}
+	nsize := uint64(alogMinRing)
+	for nsize < 2*used {
+		nsize *= 2
+	}
+	ring := make([]aentry, nsize)
+	nmask := nsize - 1
+	for s := l.front; s != l.back; s++ {
+		ring[s&nmask] = l.ring[s&l.mask]
+	}
+	l.ring, l.mask = ring, nmask
+}
