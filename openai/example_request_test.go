@@ -20,6 +20,6 @@ func ExampleParseRequest() {
 	fmt.Println(err)
 	// Output:
 	// llama true 64 2
-	// "6:system,9:Be brief.,4:user,2:Hi,"
+	// "6:system,Be brief.\x00\x004:user,Hi\x00\x00"
 	// "messages" must not be empty
 }

@@ -79,10 +79,11 @@ const maxDepth = 10000
 //
 // The canonical prompt is, for completions, the prompt string itself; for a
 // batch of strings each one framed as a netstring ("<len>:<text>,"); for
-// token ids the decimal ids each followed by a space. For chat it is, for
-// each message, its role and its content framed as netstrings, so that no
-// two different conversations share a canonical text and a conversation's
-// text is a prefix of the text of its continuation. Content given as parts
+// token ids the decimal ids each followed by a space. For chat it is the
+// messages in kvroute's canonical chat form (kvroute.AppendChatMessage): no
+// two different conversations share a canonical text, a conversation's text
+// is a prefix of its continuation's, and two conversations whose messages
+// share a long prefix share it in their canonical texts. Content given as parts
 // joins the text parts with "\n" (as vLLM renders them) and keeps other
 // parts (images, audio) as their raw JSON.
 //
@@ -510,17 +511,20 @@ func (p *parser) message(idx int) error {
 	if !hasRole {
 		return invalid(msgParam(idx, ".role"), "missing_role", "%s has no \"role\"", msgParam(idx, ""))
 	}
-	// Frame: role netstring, then the content's netstring header before
-	// the content already in place, then its trailing comma.
+	// Frame in kvroute's canonical chat form: the role header before the
+	// content already in place, NUL bytes in the content escaped (rare: a
+	// second pass only when there is one), then the terminator.
 	n := len(p.prompt) - start
-	hdr := appendNetstring(p.hdr[:0], role)
-	hdr = strconv.AppendInt(hdr, int64(n), 10)
-	hdr = append(hdr, ':')
+	hdr := kvroute.AppendChatRole(p.hdr[:0], role)
 	p.hdr = hdr
-	p.prompt = slices.Grow(p.prompt, len(hdr)+1)[:len(p.prompt)+len(hdr)]
+	p.prompt = slices.Grow(p.prompt, len(hdr)+len(kvroute.ChatTerminator))[:len(p.prompt)+len(hdr)]
 	copy(p.prompt[start+len(hdr):], p.prompt[start:start+n])
 	copy(p.prompt[start:], hdr)
-	p.prompt = append(p.prompt, ',')
+	if content := p.prompt[start+len(hdr):]; bytes.IndexByte(content, 0) >= 0 {
+		esc := kvroute.AppendChatContent(nil, content)
+		p.prompt = append(p.prompt[:start+len(hdr)], esc...)
+	}
+	p.prompt = append(p.prompt, kvroute.ChatTerminator...)
 	return nil
 }
 

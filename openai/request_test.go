@@ -22,6 +22,13 @@ func TestParseRequest(t *testing.T) {
 		}
 		return string(b)
 	}
+	chat := func(roleContent ...string) string {
+		var b []byte
+		for i := 0; i+1 < len(roleContent); i += 2 {
+			b = kvroute.AppendChatMessage(b, []byte(roleContent[i]), []byte(roleContent[i+1]))
+		}
+		return string(b)
+	}
 	tests := []struct {
 		name string
 		kind Kind
@@ -35,7 +42,7 @@ func TestParseRequest(t *testing.T) {
 		{"whitespace and nulls", KindCompletion, " {\n\"model\" : \"m\" ,\"stream\":null, \"max_tokens\":null,\"user\":null, \"prompt\" : \"p\"}\n",
 			RequestInfo{Model: "m", Prompt: "p"}},
 		{"max_completion_tokens wins", KindChat, `{"max_completion_tokens":7,"model":"m","max_tokens":9,"messages":[{"role":"user","content":"hi"}]}`,
-			RequestInfo{Model: "m", MaxTokens: 7, Prompt: ns("user", "hi"), Messages: 1}},
+			RequestInfo{Model: "m", MaxTokens: 7, Prompt: chat("user", "hi"), Messages: 1}},
 		{"last duplicate wins", KindCompletion, `{"model":"a","prompt":"x","model":"b","stream":true,"stream":false}`,
 			RequestInfo{Model: "b", Prompt: "x"}},
 		{"batch of strings", KindCompletion, `{"model":"m","prompt":["ab","c"]}`,
@@ -48,10 +55,10 @@ func TestParseRequest(t *testing.T) {
 		{"chat skips unknown fields", KindChat,
 			`{"model":"m","temperature":0.5,"tools":[{"type":"function","function":{"name":"f","parameters":{"a":[1,{"b":null}]}}}],` +
 				`"messages":[{"role":"system","content":"be brief","name":"x"},{"role":"user","content":null,"tool_calls":[]}],"prompt":{"ignored":true}}`,
-			RequestInfo{Model: "m", Prompt: ns("system", "be brief") + ns("user", ""), Messages: 2}},
+			RequestInfo{Model: "m", Prompt: chat("system", "be brief", "user", ""), Messages: 2}},
 		{"content parts", KindChat,
 			`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"data:x"}},{"text":"b","type":"text"}]}]}`,
-			RequestInfo{Model: "m", Prompt: ns("user", "a\n"+`{"type":"image_url","image_url":{"url":"data:x"}}`+"\nb"), Messages: 1}},
+			RequestInfo{Model: "m", Prompt: chat("user", "a\n"+`{"type":"image_url","image_url":{"url":"data:x"}}`+"\nb"), Messages: 1}},
 		{"completion ignores messages", KindCompletion, `{"model":"m","prompt":"p","messages":7}`, RequestInfo{Model: "m", Prompt: "p"}},
 	}
 	for _, tc := range tests {
@@ -292,8 +299,7 @@ func reference(kind Kind, body []byte) (RequestInfo, bool) {
 					return RequestInfo{}, false
 				}
 			}
-			prompt = appendNetstring(prompt, []byte(role))
-			prompt = appendNetstring(prompt, content)
+			prompt = kvroute.AppendChatMessage(prompt, []byte(role), content)
 			ri.Messages++
 		}
 	}

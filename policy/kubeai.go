@@ -114,14 +114,19 @@ func (k *KubeAI) Pick(_ time.Time, req *kvroute.Request, cands []kvroute.Candida
 }
 
 // KubeAIKey returns the text KubeAI hashes: the first n characters of the
-// first user message of a canonical chat prompt, or of the first prompt of a
-// completion (a netstring batch or plain text).
+// first user message of a canonical chat prompt (kvroute.ForEachChatMessage),
+// or of the first prompt of a completion (a netstring batch or plain text).
 func KubeAIKey(prompt string, n int) string {
-	if msgs, ok := splitNetstrings(prompt); ok && len(msgs)%2 == 0 && len(msgs) > 0 && looksLikeRoles(prompt, msgs) {
-		for i := 0; i+1 < len(msgs); i += 2 {
-			if prompt[msgs[i][0]:msgs[i][1]] == "user" {
-				return firstChars(prompt[msgs[i+1][0]:msgs[i+1][1]], n)
-			}
+	key, found := "", false
+	if kvroute.ForEachChatMessage(prompt, func(role, content string) bool {
+		if role == "user" {
+			key, found = content, true
+			return false
+		}
+		return true
+	}) {
+		if found {
+			return firstChars(key, n)
 		}
 		return ""
 	}
@@ -129,18 +134,6 @@ func KubeAIKey(prompt string, n int) string {
 		return firstChars(prompt[msgs[0][0]:msgs[0][1]], n)
 	}
 	return firstChars(prompt, n)
-}
-
-// looksLikeRoles reports whether every even netstring is a chat role name.
-func looksLikeRoles(s string, parts [][2]int) bool {
-	for i := 0; i < len(parts); i += 2 {
-		switch s[parts[i][0]:parts[i][1]] {
-		case "system", "user", "assistant", "tool", "developer", "function":
-		default:
-			return false
-		}
-	}
-	return true
 }
 
 // splitNetstrings splits s, when it is entirely a sequence of netstrings

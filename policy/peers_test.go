@@ -208,7 +208,7 @@ func TestKubeAIMatchesReference(t *testing.T) {
 			cands = append(cands, cand(n, kvroute.Load{InFlight: loads[i]}, 0, 0))
 		}
 		user := fmt.Sprintf("question %d about something long enough", r.IntN(50))
-		prompt := "6:system,3:Hi.,4:user," + strconv.Itoa(len(user)) + ":" + user + ","
+		prompt := string(kvroute.AppendChatMessage(kvroute.AppendChatMessage(nil, []byte("system"), []byte("Hi.")), []byte("user"), []byte(user)))
 		want := kubeaiReference(user, names, loads, 1.25)
 		if want != kubeaiReference(user, names, make([]int, len(names)), 1.25) {
 			walked++
@@ -225,12 +225,20 @@ func TestKubeAIMatchesReference(t *testing.T) {
 
 func TestKubeAIKey(t *testing.T) {
 	long := strings.Repeat("é", 150)
+	chat := func(roleContent ...string) string {
+		var b []byte
+		for i := 0; i+1 < len(roleContent); i += 2 {
+			b = kvroute.AppendChatMessage(b, []byte(roleContent[i]), []byte(roleContent[i+1]))
+		}
+		return string(b)
+	}
 	tests := []struct {
 		prompt, want string
 	}{
-		{"6:system,9:Be brief.,4:user,5:hello,9:assistant,2:hi,4:user,3:bye,", "hello"},
-		{"6:system,9:Be brief.,", ""}, // no user message
-		{"4:user," + strconv.Itoa(len(long)) + ":" + long + ",", strings.Repeat("é", 100)},
+		{chat("system", "Be brief.", "user", "hello", "assistant", "hi", "user", "bye"), "hello"},
+		{chat("system", "Be brief."), ""}, // no user message
+		{chat("user", long), strings.Repeat("é", 100)},
+		{chat("user", "a\x00b"), "a\x00b"}, // escaped content is unescaped
 		{"plain completion prompt", "plain completion prompt"},
 		{"5:first,6:second,", "first"}, // a batch of completion prompts
 		{"3:abc", "3:abc"},             // not a netstring sequence
@@ -243,7 +251,8 @@ func TestKubeAIKey(t *testing.T) {
 }
 
 func FuzzKubeAIKey(f *testing.F) {
-	f.Add("6:system,9:Be brief.,4:user,5:hello,", 100)
+	f.Add("6:system,Be brief.\x00\x004:user,hello\x00\x00", 100)
+	f.Add("4:user,a\x00\x01b\x00\x00", 100)
 	f.Add("5:first,6:second,", 3)
 	f.Add("999999999999:x,", 10)
 	f.Add("0:,0:,", 1)
@@ -252,7 +261,7 @@ func FuzzKubeAIKey(f *testing.F) {
 			return
 		}
 		got := KubeAIKey(prompt, n)
-		if !strings.Contains(prompt, got) {
+		if !strings.Contains(prompt, got) && !strings.Contains(prompt, "\x00\x01") {
 			t.Fatalf("key %q is not part of the prompt %q", got, prompt)
 		}
 		if len([]rune(got)) > n {

@@ -1,0 +1,118 @@
+package kvroute
+
+import (
+	"bytes"
+	"strconv"
+)
+
+// The canonical chat prompt is the text the router hashes for a chat
+// request (Request.Prompt). Each message is written as
+//
+//	<len(role)>:<role>,<content with every NUL byte written as NUL 0x01>NUL NUL
+//
+// The form is injective (no two conversations share a canonical text, since
+// the role is length-framed and the content's terminator cannot occur inside
+// escaped content) and prefix-preserving in two ways that prefix caching
+// needs: a conversation's text is a prefix of its continuation's, and two
+// conversations whose last messages share a long prefix share that prefix in
+// their canonical texts too. (Framing the content by its length would lose
+// the second property: the length comes first and differs.)
+const (
+	chatNUL     = 0x00
+	chatEscaped = 0x01
+)
+
+// AppendChatMessage appends one message in canonical form to dst.
+func AppendChatMessage(dst []byte, role, content []byte) []byte {
+	dst = AppendChatRole(dst, role)
+	dst = AppendChatContent(dst, content)
+	return append(dst, chatNUL, chatNUL)
+}
+
+// AppendChatRole appends the role header of a canonical message.
+func AppendChatRole(dst, role []byte) []byte {
+	dst = strconv.AppendInt(dst, int64(len(role)), 10)
+	dst = append(dst, ':')
+	dst = append(dst, role...)
+	return append(dst, ',')
+}
+
+// AppendChatContent appends content with its NUL bytes escaped; the caller
+// terminates it with ChatTerminator.
+func AppendChatContent(dst, content []byte) []byte {
+	for {
+		i := bytes.IndexByte(content, chatNUL)
+		if i < 0 {
+			return append(dst, content...)
+		}
+		dst = append(dst, content[:i+1]...)
+		dst = append(dst, chatEscaped)
+		content = content[i+1:]
+	}
+}
+
+// ChatTerminator ends a canonical message's content.
+const ChatTerminator = "\x00\x00"
+
+// ForEachChatMessage calls fn for each message of a canonical chat prompt,
+// in order, until fn returns false. It reports whether prompt is entirely in
+// canonical chat form; fn may have been called for a valid prefix when it
+// is not. Content is unescaped (allocating only when it held NUL bytes).
+func ForEachChatMessage(prompt string, fn func(role, content string) bool) bool {
+	if prompt == "" {
+		return false
+	}
+	for i := 0; i < len(prompt); {
+		// Role: <len>:<role>,
+		j := i
+		n := 0
+		for j < len(prompt) && prompt[j] >= '0' && prompt[j] <= '9' && j-i < 6 {
+			n = n*10 + int(prompt[j]-'0')
+			j++
+		}
+		if j == i || j >= len(prompt) || prompt[j] != ':' || j+1+n >= len(prompt) || prompt[j+1+n] != ',' {
+			return false
+		}
+		role := prompt[j+1 : j+1+n]
+		// Content up to an unescaped NUL NUL.
+		k := j + 2 + n
+		start, escaped := k, false
+		for {
+			if k+1 >= len(prompt) {
+				return false
+			}
+			if prompt[k] != chatNUL {
+				k++
+				continue
+			}
+			if prompt[k+1] == chatNUL {
+				break
+			}
+			if prompt[k+1] != chatEscaped {
+				return false
+			}
+			escaped = true
+			k += 2
+		}
+		content := prompt[start:k]
+		if escaped {
+			content = unescapeChat(content)
+		}
+		if !fn(role, content) {
+			return true
+		}
+		i = k + 2
+	}
+	return true
+}
+
+func unescapeChat(s string) string {
+	b := make([]byte, 0, len(s))
+	for i := 0; i < len(s); i++ {
+		b = append(b, s[i])
+		if s[i] == chatNUL {
+			i++ // skip the escape byte
+		}
+	}
+	return string(b)
+}
