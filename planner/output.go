@@ -45,6 +45,12 @@ func (r *Result) header(b *strings.Builder) {
 
 func (r *Result) writeText(b *strings.Builder, md bool) {
 	r.header(b)
+	if r.Error != "" {
+		fmt.Fprintf(b, "no plan: %s\n", r.Error)
+		if r.Bounds.Compute.Name == "" {
+			return
+		}
+	}
 	bd := r.Bounds
 	fmt.Fprintf(b, "\nclosed-form bounds (engine cost model, before any simulation):\n")
 	for _, x := range []Bound{bd.Compute, bd.Memory, bd.Bandwidth} {

@@ -126,6 +126,8 @@ type Result struct {
 	// Cheapest is "aggregated", "disaggregated" or "" when neither meets.
 	Cheapest string   `json:"cheapest"`
 	Notes    []string `json:"notes,omitempty"`
+	// Error says why no fleet meets the SLO (Plan also returns it).
+	Error string `json:"error,omitempty"`
 	// Verify is a simulation of the whole workload on the planned
 	// aggregated fleet (Verify), when run.
 	Verify *Verification `json:"verify,omitempty"`
@@ -136,6 +138,14 @@ type Result struct {
 // disaggregated fleet analytically. Bad input wraps ErrBadInput; an SLO that
 // no fleet can meet wraps ErrInfeasible with the reason.
 func Plan(ctx context.Context, in Input) (*Result, error) {
+	res, err := plan(ctx, in)
+	if err != nil && res != nil {
+		res.Error = err.Error()
+	}
+	return res, err
+}
+
+func plan(ctx context.Context, in Input) (*Result, error) {
 	in.defaults()
 	if err := in.Validate(); err != nil {
 		return nil, err
@@ -219,8 +229,12 @@ func Plan(ctx context.Context, in Input) (*Result, error) {
 			"the p99 one-second KV ingress of a decode node (%s/s) exceeds its %g Gbps link: handoffs queue in bursts beyond the idle-link times shown; a faster fabric or more decode nodes removes it",
 			fmtBytes(fb.PerDecodeP99), fb.Gbps))
 	}
+	hitSource := "each request's prefix hit taken from the simulated aggregated fleet"
+	if simReqs == nil {
+		hitSource = "prefix hits at the oracle bound (optimistic)"
+	}
 	res.Disaggregated.Notes = append(res.Disaggregated.Notes,
-		"analytical, not simulated: the simulator has no P/D mode; M/G/c queueing on the same engine cost model, each request's prefix hit taken from the simulated aggregated fleet")
+		"analytical, not simulated: the simulator has no P/D mode; M/G/c queueing on the same engine cost model, "+hitSource)
 	for _, f := range []*Fleet{&res.Aggregated, &res.AggregatedModel, &res.Disaggregated} {
 		f.GPUs = f.Engines * p.TP
 		f.CostPerHour = float64(f.GPUs) * in.GPUHourCost

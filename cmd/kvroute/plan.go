@@ -372,7 +372,6 @@ func (o *planOptions) plans(ctx context.Context, in planner.Input, stderr io.Wri
 			if r == nil {
 				return nil, fmt.Errorf("plan: what-if %s: %w", name, err)
 			}
-			r.Notes = append(r.Notes, "what-if "+name+": "+err.Error())
 		}
 		r.Name = name
 		out = append(out, r)
