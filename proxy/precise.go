@@ -107,6 +107,9 @@ func (pc *precise) tokens(kind openai.Kind, body []byte, ri *openai.RequestInfo)
 		}
 		return one, nil
 	}
+	if kind == openai.KindChat && pc.tmpl == nil {
+		return pc.chatMLTokens(body)
+	}
 	var b preciseBody
 	if err := json.Unmarshal(body, &b); err != nil {
 		return nil, fmt.Errorf("precise: %w", err)
@@ -128,47 +131,43 @@ func (pc *precise) tokens(kind openai.Kind, body []byte, ri *openai.RequestInfo)
 		}
 		return pc.cache.EncodeAddSpecial(text), nil
 	}
-	addGen := b.AddGenerationPrompt == nil || *b.AddGenerationPrompt
-	if pc.tmpl != nil {
-		opts := tokenizer.ChatOptions{AddGenerationPrompt: addGen}
-		if len(b.ChatTemplateKwargs) > 0 || len(b.Tools) > 0 {
-			opts.JSONVars = make(map[string]json.RawMessage, len(b.ChatTemplateKwargs)+1)
-			for k, v := range b.ChatTemplateKwargs {
-				opts.JSONVars[k] = v
-			}
-			if len(b.Tools) > 0 && string(b.Tools) != "null" {
-				opts.JSONVars["tools"] = b.Tools
-			}
+	opts := tokenizer.ChatOptions{AddGenerationPrompt: b.AddGenerationPrompt == nil || *b.AddGenerationPrompt}
+	if len(b.ChatTemplateKwargs) > 0 || len(b.Tools) > 0 {
+		opts.JSONVars = make(map[string]json.RawMessage, len(b.ChatTemplateKwargs)+1)
+		for k, v := range b.ChatTemplateKwargs {
+			opts.JSONVars[k] = v
 		}
-		text, err := pc.tmpl.RenderJSON(b.Messages, opts)
-		if err != nil {
-			return nil, fmt.Errorf("precise: chat template: %w", err)
+		if len(b.Tools) > 0 && string(b.Tools) != "null" {
+			opts.JSONVars["tools"] = b.Tools
 		}
-		return pc.cache.Encode(text), nil
 	}
-	msgs, err := chatMessages(b.Messages)
+	text, err := pc.tmpl.RenderJSON(b.Messages, opts)
 	if err != nil {
-		return nil, err
-	}
-	text := tokenizer.RenderChatML(msgs, addGen)
-	if pc.builtin != nil {
-		return pc.builtin.Encode(text), nil
+		return nil, fmt.Errorf("precise: chat template: %w", err)
 	}
 	return pc.cache.Encode(text), nil
 }
 
-// chatMessages decodes chat messages to role and text, the text parts of
-// a content list concatenated (as the emulated engine reads them).
-func chatMessages(raw json.RawMessage) ([]tokenizer.Message, error) {
-	var in []struct {
+// chatMLBody is a chat request as the ChatML rendering needs it, decoded
+// in one pass.
+type chatMLBody struct {
+	Messages []struct {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
+	} `json:"messages"`
+	AddGenerationPrompt *bool `json:"add_generation_prompt"`
+}
+
+// chatMLTokens renders a chat request with ChatML (the built-in template,
+// or a tokenizer without one) and encodes it. Content parts are the text
+// parts concatenated, as the emulated engine reads them.
+func (pc *precise) chatMLTokens(body []byte) ([]uint32, error) {
+	var in chatMLBody
+	if err := json.Unmarshal(body, &in); err != nil {
+		return nil, fmt.Errorf("precise: %w", err)
 	}
-	if err := json.Unmarshal(raw, &in); err != nil {
-		return nil, fmt.Errorf("precise: messages: %w", err)
-	}
-	out := make([]tokenizer.Message, len(in))
-	for i, m := range in {
+	out := make([]tokenizer.Message, len(in.Messages))
+	for i, m := range in.Messages {
 		out[i].Role = m.Role
 		if len(m.Content) == 0 || string(m.Content) == "null" {
 			continue
@@ -192,7 +191,11 @@ func chatMessages(raw json.RawMessage) ([]tokenizer.Message, error) {
 		}
 		out[i].Content = string(text)
 	}
-	return out, nil
+	text := tokenizer.RenderChatML(out, in.AddGenerationPrompt == nil || *in.AddGenerationPrompt)
+	if pc.builtin != nil {
+		return pc.builtin.Encode(text), nil
+	}
+	return pc.cache.Encode(text), nil
 }
 
 // PreciseIndex returns the precise prefix index of a model, fed by its

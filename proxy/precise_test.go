@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvroute/kvroute"
@@ -15,7 +16,7 @@ import (
 	"github.com/kvroute/kvroute/tokenizer"
 )
 
-func newTestPrecise(t *testing.T, tok string) *precise {
+func newTestPrecise(t testing.TB, tok string) *precise {
 	t.Helper()
 	m := config.Model{Name: "m", Endpoints: []config.Endpoint{{ID: "a", URL: "http://a:1", KVEvents: config.KVEvents{Address: "tcp://a:5557"}}},
 		Precise: config.Precise{Tokenizer: tok}}
@@ -32,7 +33,7 @@ func newTestPrecise(t *testing.T, tok string) *precise {
 }
 
 // tokensOf runs the precise path on body as the handler does.
-func tokensOf(t *testing.T, pc *precise, kind openai.Kind, body string) ([]uint32, *kvroute.Request, error) {
+func tokensOf(t testing.TB, pc *precise, kind openai.Kind, body string) ([]uint32, *kvroute.Request, error) {
 	t.Helper()
 	ri, err := openai.ParseRequest(kind, []byte(body))
 	if err != nil {
@@ -202,5 +203,36 @@ func TestNewPreciseErrors(t *testing.T) {
 	}
 	if pc, err := newPrecise(&config.Model{Name: "m"}); pc != nil || err != nil {
 		t.Errorf("precise off: got %v, %v, want nil, nil", pc, err)
+	}
+}
+
+// BenchmarkPrecisePrepare: tokenizing and hashing a 32 KiB chat prompt
+// with the built-in tokenizer (the per-request cost of precise mode), and
+// with a HuggingFace tokenizer behind its prefix cache when present.
+func BenchmarkPrecisePrepare(b *testing.B) {
+	system := strings.Repeat("The router keeps every engine busy and every cache warm; ", 560) // ~32 KiB
+	body := []byte(`{"model":"m","messages":[{"role":"system","content":"` + system + `"},{"role":"user","content":"What now?"}]}`)
+	ri, err := openai.ParseRequest(openai.KindChat, body)
+	if err != nil {
+		b.Fatal(err)
+	}
+	toks := map[string]string{"builtin": config.BuiltinTokenizer, "qwen3": filepath.Join("..", "tokenizer", "testdata", "qwen3")}
+	for _, name := range []string{"builtin", "qwen3"} {
+		b.Run(name, func(b *testing.B) {
+			if name != "builtin" {
+				if _, err := os.Stat(filepath.Join(toks[name], "tokenizer.json")); err != nil {
+					b.Skip("no qwen3 tokenizer files")
+				}
+			}
+			pc := newTestPrecise(b, toks[name])
+			b.SetBytes(int64(len(body)))
+			b.ReportAllocs()
+			for b.Loop() {
+				var req kvroute.Request
+				if err := pc.prepare(openai.KindChat, body, &ri, &req); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
 	}
 }
