@@ -35,7 +35,7 @@ func ExamplePlan() {
 	// Output:
 	// compute bound: 1 engine(s)
 	// aggregated: 1 simulated meets: true
-	// disaggregated: 1:1 analytical
+	// disaggregated: 1:1 prefill simulated, decode analytical
 	// cheapest: aggregated
 }
 

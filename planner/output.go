@@ -124,7 +124,7 @@ func (r *Result) writeText(b *strings.Builder, md bool) {
 	case "aggregated":
 		fmt.Fprintf(b, "cheapest: aggregated, %d engines (%d GPUs, %s; disaggregated needs %s)\n", a.Engines, a.GPUs, a.Method, gpusOr(dd))
 	case "disaggregated":
-		fmt.Fprintf(b, "cheapest: disaggregated, %s prefill:decode (%d GPUs; analytical, against %d GPUs aggregated, %s)\n", dd.Ratio(), dd.GPUs, a.GPUs, a.Method)
+		fmt.Fprintf(b, "cheapest: disaggregated, %s prefill:decode (%d GPUs, %s; aggregated needs %s)\n", dd.Ratio(), dd.GPUs, dd.Method, gpusOr(a))
 	default:
 		fmt.Fprintf(b, "no fleet meets the SLO\n")
 	}

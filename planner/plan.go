@@ -118,6 +118,9 @@ type Result struct {
 	Simulated string  `json:"simulated"`
 	// Candidates are the simulated aggregated fleets, by size.
 	Candidates []Candidate `json:"candidates,omitempty"`
+	// PrefillCandidates are the simulated prefill pools of the
+	// disaggregated fleet, by size.
+	PrefillCandidates []prefillCandidate `json:"-"`
 	// Aggregated and Disaggregated are the cheapest fleets of each kind;
 	// AggregatedModel is the analytical estimate next to the simulated one.
 	Aggregated      Fleet `json:"aggregated"`
@@ -169,8 +172,10 @@ func plan(ctx context.Context, in Input) (*Result, error) {
 	hit := d.OracleHitRate
 	var simReqs []workload.Request
 	var simCached []int
+	var srch *search
 	if in.Simulable {
 		s := newSearch(&in, d)
+		srch = s
 		res.Simulated = s.describe()
 		agg, err := s.run(ctx, b.Aggregated)
 		res.Candidates = s.sorted()
@@ -221,6 +226,23 @@ func plan(ctx context.Context, in Input) (*Result, error) {
 		}
 	}
 	res.Disaggregated = m.analyticDisaggregated(b.Bandwidth.Need)
+	if srch != nil && res.Disaggregated.Decode > 0 {
+		// The prefill pool through the simulator (the decode pool stays
+		// analytical: the simulator has no P/D mode).
+		analytical := res.Disaggregated.Ratio()
+		pcs, err := srch.simulatePrefillPool(ctx, m, &res.Disaggregated)
+		if err != nil {
+			return res, err
+		}
+		res.PrefillCandidates = pcs
+		if res.Disaggregated.Method != "analytical" {
+			res.Notes = append(res.Notes, fmt.Sprintf("disaggregated: the analytical model alone sized %s; simulating the prefill pool gives %s",
+				analytical, res.Disaggregated.Ratio()))
+		} else {
+			res.Disaggregated.Meets = false
+			res.Disaggregated.Notes = append(res.Disaggregated.Notes, fmt.Sprintf("no simulated prefill pool of up to %d engines meets TTFT", in.MaxEngines))
+		}
+	}
 	if res.Disaggregated.Meets {
 		res.Disaggregated.Burst, res.Disaggregated.NodeLost = m.disaggHeadroom(res.Disaggregated.Prefill, res.Disaggregated.Decode)
 	}
@@ -229,12 +251,17 @@ func plan(ctx context.Context, in Input) (*Result, error) {
 			"the p99 one-second KV ingress of a decode node (%s/s) exceeds its %g Gbps link: handoffs queue in bursts beyond the idle-link times shown; a faster fabric or more decode nodes removes it",
 			fmtBytes(fb.PerDecodeP99), fb.Gbps))
 	}
-	hitSource := "each request's prefix hit taken from the simulated aggregated fleet"
-	if simReqs == nil {
-		hitSource = "prefix hits at the oracle bound (optimistic)"
+	if res.Disaggregated.Method == "analytical" {
+		hitSource := "each request's prefix hit taken from the simulated aggregated fleet"
+		if simReqs == nil {
+			hitSource = "prefix hits at the oracle bound (optimistic)"
+		}
+		res.Disaggregated.Notes = append(res.Disaggregated.Notes,
+			"analytical, not simulated: the simulator has no P/D mode; M/G/c queueing on the same engine cost model, "+hitSource)
+	} else {
+		res.Disaggregated.Notes = append(res.Disaggregated.Notes,
+			"prefill pool simulated (the window's requests as prefill-only requests through the router's policy on the prefill engines; TTFT adds each request's KV handoff on an idle link, the first decode step and the extra hop); decode pool, fabric, burst and node-lost figures analytical (the simulator has no P/D mode)")
 	}
-	res.Disaggregated.Notes = append(res.Disaggregated.Notes,
-		"analytical, not simulated: the simulator has no P/D mode; M/G/c queueing on the same engine cost model, "+hitSource)
 	for _, f := range []*Fleet{&res.Aggregated, &res.AggregatedModel, &res.Disaggregated} {
 		f.GPUs = f.Engines * p.TP
 		f.CostPerHour = float64(f.GPUs) * in.GPUHourCost
@@ -244,8 +271,12 @@ func plan(ctx context.Context, in Input) (*Result, error) {
 		if am.Engines > a.Engines {
 			how = "pessimistic"
 		}
-		res.Notes = append(res.Notes, fmt.Sprintf("the analytical aggregated model is %s on this workload: it sizes %d engines where the simulation needs %d; the disaggregated column is the same model family, so read it with that error in mind",
-			how, am.Engines, a.Engines))
+		part := "the disaggregated column is the same model family"
+		if res.Disaggregated.Method != "analytical" {
+			part = "the disaggregated decode pool is sized by the same model family"
+		}
+		res.Notes = append(res.Notes, fmt.Sprintf("the analytical aggregated model is %s on this workload: it sizes %d engines where the simulation needs %d; %s, so read it with that error in mind",
+			how, am.Engines, a.Engines, part))
 	}
 	switch a, dd := res.Aggregated, res.Disaggregated; {
 	case a.Meets && (!dd.Meets || a.GPUs <= dd.GPUs):
