@@ -31,17 +31,20 @@
 // Verify re-simulates the whole workload on the chosen fleet with another
 // seed and reports the prediction error.
 //
-// The disaggregated fleet is analytical, not simulated (the simulator has no
-// P/D mode): a decode pool sized for TPOT (the batch is the fixed point of
-// Little's law and the decode step time), KV capacity and link ingress, then a
-// prefill pool sized for TTFT with an M/G/c queue (Erlang C with the
-// Allen-Cunneen correction) on the same cost model, where TTFT = queue +
-// chunked prefill + KV handoff + first decode step. Each request's prefix
-// hit is taken from the simulated aggregated fleet, and the queue's
-// variability term is calibrated against the simulation when the uncalibrated
-// model is more than 10% off (as NVIDIA Dynamo's planner corrects its profile
-// with observed/expected TTFT). Every output says which figures are
-// simulated and which analytical.
+// The disaggregated fleet cannot be simulated whole (the simulator has no P/D
+// mode). Its decode pool is analytical: sized for TPOT (the batch is the fixed
+// point of Little's law and the decode step time), KV capacity and link
+// ingress. Its prefill pool is sized first with an M/G/c queue (Erlang C with
+// the Allen-Cunneen correction) on the same cost model, where TTFT = queue +
+// chunked prefill + KV handoff + first decode step, each request's prefix hit
+// taken from the simulated aggregated fleet and the queue's variability term
+// calibrated against the simulation when the uncalibrated model is more than
+// 10% off (as NVIDIA Dynamo's planner corrects its profile with
+// observed/expected TTFT); then, for built-in profiles, the prefill pool is
+// re-sized with the simulator: the workload's requests as prefill-only
+// requests through the router's policy on the prefill engines, plus each
+// request's handoff and first decode step. Every output says which figures
+// are simulated and which analytical.
 //
 // Plans are deterministic for Input.Seed. Nothing here does I/O except
 // Result.WriteDir; Plan is safe to call concurrently with different Inputs.

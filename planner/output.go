@@ -206,7 +206,7 @@ func atOr99(l Latency, t Target) time.Duration {
 func (r *Result) WriteMarkdown(w io.Writer, charts []string) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Capacity plan: %s (%s)\n\n", r.Profile, r.Name)
-	fmt.Fprintf(&b, "Method: closed-form bounds from the engine cost model first (compute, memory, fabric bandwidth), then a search over aggregated fleet sizes with the fleet simulator (the router's own policy code), starting at the bound; the disaggregated fleet is sized analytically (M/G/c queueing on the same cost model).\n\n")
+	fmt.Fprintf(&b, "Method: closed-form bounds from the engine cost model first (compute, memory, fabric bandwidth), then a search over aggregated fleet sizes with the fleet simulator (the router's own policy code), starting at the bound. The simulator has no P/D mode: the disaggregated decode pool is analytical (TPOT, KV, fabric) and its prefill pool is simulated as prefill-only requests plus each KV handoff; each figure says how it was obtained.\n\n")
 	b.WriteString("```\n")
 	r.writeText(&b, true)
 	b.WriteString("```\n")
@@ -264,7 +264,7 @@ func (r *Result) WriteHTML(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "<!doctype html><html><head><meta charset=\"utf-8\"><title>kvroute plan: %s</title></head><body style=\"font-family:sans-serif;max-width:1100px;margin:auto\">\n", html.EscapeString(r.Profile))
 	fmt.Fprintf(&b, "<h1>Capacity plan: %s (%s)</h1>\n", html.EscapeString(r.Profile), html.EscapeString(r.Name))
-	b.WriteString("<p>Closed-form bounds from the engine cost model first (compute, memory, fabric bandwidth), then a search over aggregated fleet sizes with the fleet simulator (the router's own policy code), starting at the bound. The disaggregated fleet is sized analytically (M/G/c queueing on the same cost model): the simulator has no P/D mode.</p>\n<pre>")
+	b.WriteString("<p>Closed-form bounds from the engine cost model first (compute, memory, fabric bandwidth), then a search over aggregated fleet sizes with the fleet simulator (the router's own policy code), starting at the bound. The simulator has no P/D mode: the disaggregated decode pool is analytical (TPOT, KV, fabric) and its prefill pool is simulated as prefill-only requests plus each KV handoff; each figure says how it was obtained.</p>\n<pre>")
 	var t strings.Builder
 	r.writeText(&t, false)
 	b.WriteString(html.EscapeString(t.String()))

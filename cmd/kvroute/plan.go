@@ -30,10 +30,13 @@ from the cost model against the demand after the oracle hit rate; memory: the KV
 working set by Little's law against one engine's capacity; bandwidth: KV handoff
 bytes/s per decode node), each printed with its arithmetic; then a search over
 aggregated fleet sizes with the simulator, starting at the bound (doubling up,
-then bisecting; stepping down if the bound already passes). The disaggregated
-fleet is sized analytically (M/G/c queueing on the same cost model; the simulator
-has no P/D mode) and says so. --verify re-simulates the whole workload on the
-planned aggregated fleet with another seed and prints the prediction error.
+then bisecting; stepping down if the bound already passes). The simulator has no
+P/D mode, so the disaggregated fleet's decode pool is sized analytically (TPOT,
+KV capacity, fabric ingress) and its prefill pool with the simulator (prefill-only
+requests through the router, plus each KV handoff and the first decode step);
+the output says which figures are simulated and which analytical. --verify
+re-simulates the whole workload on the planned aggregated fleet with another
+seed and prints the prediction error.
 
 Model: --profile NAME (` + "%s" + `), or --hf-config config.json with
 --gpu, --tp and --dtype (planned analytically: the simulator runs built-in
