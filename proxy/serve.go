@@ -10,10 +10,11 @@ import (
 )
 
 // Serve serves the proxy on ln and runs the active health checks and the
-// engine signals (RunSignals) until ctx is done. Then it stops accepting connections, lets in-flight requests
-// (streams included) finish for up to timeouts.shutdown, closes whatever is
-// left (cancelling those upstream requests) and returns. It returns nil
-// after a shutdown asked for by ctx, else the server's error.
+// engine signals (RunSignals) until ctx is done. Then it stops accepting
+// connections, lets in-flight requests (streams included) finish for up to
+// timeouts.shutdown, closes whatever is left (cancelling those upstream
+// requests), stops the background loops and returns. It returns nil after a
+// shutdown asked for by ctx, else the server's error.
 func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{
 		Handler:           p,
