@@ -7,31 +7,34 @@ import (
 
 // atable is Approx's block table: block key -> 64-bit mask of the
 // endpoints of one group holding it. Like maskTable (table.go) it is
-// sharded open addressing with linear probing whose slots are read and
-// written with atomic operations, so Match reads it without a lock; unlike
-// maskTable it has a single writer (the caller holds Approx.mu), so writes
-// take no shard lock, and it takes its updates in batches (applyBatch) so
-// that the cache misses of a whole prompt overlap instead of queueing one
-// after the other.
+// sharded open addressing with linear probing that readers (get) use
+// without a lock and without ever waiting; unlike maskTable it has a single
+// writer (the caller holds Approx.mu), so writes take no shard lock and
+// plain stores serve where no reader can look, and it takes its updates in
+// batches (applyBatch) so that the cache misses of a whole prompt overlap
+// instead of queueing one after the other. Atomic stores are most of what
+// a write costs (each drains the store buffer): a mask change makes one, a
+// new key one or two.
 //
-// Reader consistency:
+// What a reader sees while the writer works:
 //
 //   - a mask change is one atomic store, seen by a reader before or after;
-//   - a new key goes into an empty slot mask first, key second, so a reader
-//     that sees the key sees its mask;
-//   - a key whose mask drops to 0 stays as a tombstone: it keeps probe runs
-//     intact and is reused, by the same key or by a new key whose probe run
-//     passes it. Reuse stores the new key first (the mask is 0) and the
-//     mask second; a reader loads key, mask, key again and ignores the slot
-//     when the key changed in between, so it never pairs a key with another
-//     key's mask (short of the slot going K -> K2 -> K while the reader
-//     sleeps between two loads, which at worst shows one stale mask to one
-//     Match);
-//   - rebuilds build a new array off to the side and publish it with one
-//     atomic pointer store; readers holding the old array see a consistent,
-//     merely older, state.
+//   - a key goes into a slot that never held one since its array was
+//     published mask first, with a plain store no reader can race with
+//     (a reader loads a mask only after it saw the slot's key), then key;
+//   - a key whose mask drops to 0 stays as a tombstone, so probe runs stay
+//     intact; the same key revives it, and a new key whose probe run passes
+//     it takes it over key first (the mask is still 0), mask second. A
+//     reader loads key, mask, key again and looks on when the key changed,
+//     so it never pairs a key with another key's mask (short of the slot
+//     going K -> K2 -> K while the reader sleeps between two loads, which
+//     at worst shows one Match a stale mask for one block);
+//   - rebuilds (growth, or too many tombstones) fill a new array with plain
+//     stores and publish it with one atomic pointer store; readers holding
+//     the old array see a consistent, merely older, state.
 //
-// Keys must not be 0 (the empty slot).
+// Published slots are read and written with the sync/atomic functions by
+// everyone but the writer's own loads. Keys must not be 0 (the empty slot).
 type atable struct {
 	shards []ashard
 	shift  uint // 64 - log2(len(shards))
@@ -45,13 +48,13 @@ type ashard struct {
 }
 
 type aslot struct {
-	key, mask atomic.Uint64
+	key, mask uint64
 }
 
 const (
 	aminSlots   = 16
 	amaxLoad    = 0.75 // used/len above which a shard is rebuilt
-	atargetLoad = 0.5  // live/len right after a rebuild
+	atargetLoad = 0.35 // live/len right after a rebuild
 )
 
 func newATable(shards int) *atable {
@@ -86,15 +89,13 @@ func (t *atable) get(key uint64) uint64 {
 	_, arr, i := t.locate(key)
 	n := len(arr)
 	for {
-		s := &arr[i]
-		k := s.key.Load()
+		k := atomic.LoadUint64(&arr[i].key)
 		if k == key {
-			mask := s.mask.Load()
-			if s.key.Load() == key {
+			mask := atomic.LoadUint64(&arr[i].mask)
+			if atomic.LoadUint64(&arr[i].key) == key {
 				return mask
 			}
-			// The slot was reused for another key meanwhile: key is
-			// absent there; look on.
+			// The writer gave the slot to another key meanwhile: look on.
 		} else if k == 0 {
 			return 0
 		}
@@ -104,14 +105,15 @@ func (t *atable) get(key uint64) uint64 {
 	}
 }
 
-// touch loads the first slot of each key's probe run, so that the misses
-// of a batch are in flight together; it returns a value the caller must
-// keep so the loads are not dropped.
+// touch loads the first two cache lines of each key's probe run, so that
+// the misses of a batch are in flight together; it returns a value the
+// caller must keep so the loads are not dropped. Writer only.
 func (t *atable) touch(keys []uint64) uint64 {
 	var sink uint64
 	for _, k := range keys {
 		_, arr, i := t.locate(k)
-		sink += arr[i].key.Load()
+		// A probe run often crosses into the next cache line (4 slots).
+		sink += arr[i].key + arr[min(i+4, len(arr)-1)].key
 	}
 	return sink
 }
@@ -129,32 +131,31 @@ func (t *atable) applyBatch(set, clear []uint64, bit uint64) uint64 {
 	return sink
 }
 
-// update sets key's mask to (mask &^ clear) | set. Writer only.
+// update sets key's mask to (mask &^ clear) | set. Writer only: it reads
+// slots with plain loads, as nothing else writes them.
 func (t *atable) update(key, set, clear uint64) {
 	sh, arr, i := t.locate(key)
 	n := len(arr)
 	reuse := -1
 	for {
 		s := &arr[i]
-		k := s.key.Load()
-		if k == key {
-			old := s.mask.Load()
+		if s.key == key {
+			old := s.mask
 			if nw := (old &^ clear) | set; nw != old {
-				s.mask.Store(nw)
+				atomic.StoreUint64(&s.mask, nw)
 				switch {
 				case old == 0:
 					sh.live++
 				case nw == 0:
 					sh.live--
-					t.sweep(sh, arr, i)
 				}
 			}
 			return
 		}
-		if k == 0 {
+		if s.key == 0 {
 			break
 		}
-		if reuse < 0 && s.mask.Load() == 0 {
+		if reuse < 0 && s.mask == 0 {
 			reuse = i
 		}
 		if i++; i == n {
@@ -166,82 +167,51 @@ func (t *atable) update(key, set, clear uint64) {
 	}
 	sh.live++
 	if reuse >= 0 {
+		// Key first (the mask is 0), mask second: a reader that loaded
+		// the old key sees mask 0 or, loading the key again, the change.
 		s := &arr[reuse]
-		s.key.Store(key) // mask is 0: a reader of the old key sees 0 or notices the change
-		s.mask.Store(set)
+		atomic.StoreUint64(&s.key, key)
+		atomic.StoreUint64(&s.mask, set)
 		return
 	}
 	if float64(sh.used+1) > amaxLoad*float64(n) {
 		arr = t.rebuild(sh)
 		n = len(arr)
 		i = t.home(key, n)
-		for arr[i].key.Load() != 0 {
+		for arr[i].key != 0 {
 			if i++; i == n {
 				i = 0
 			}
 		}
 	}
-	arr[i].mask.Store(set)
-	arr[i].key.Store(key)
+	// The slot never held a key in this array (slots are emptied only by
+	// a rebuild), so no reader loads its mask before it sees the key
+	// stored below: the mask needs no atomic store.
+	arr[i].mask = set
+	atomic.StoreUint64(&arr[i].key, key)
 	sh.used++
 }
 
-// sweep empties the tombstone at i, and the tombstones before it, when the
-// slot after it is empty: no probe run goes past an empty slot, so none
-// needs them. A reader that loaded such a key before it left sees mask 0
-// or notices the key change. Writer only.
-func (t *atable) sweep(sh *ashard, arr []aslot, i int) {
-	n := len(arr)
-	next := i + 1
-	if next == n {
-		next = 0
-	}
-	if arr[next].key.Load() != 0 {
-		return
-	}
-	for arr[i].key.Load() != 0 && arr[i].mask.Load() == 0 {
-		arr[i].key.Store(0)
-		sh.used--
-		if i--; i < 0 {
-			i = n - 1
-		}
-	}
-}
-
 // rebuild publishes and returns a new array for sh holding its live keys,
-// sized for atargetLoad. Writer only.
-var rebuildCount int
-
+// sized for atargetLoad (so it grows when there are few tombstones and
+// shrinks or stays when there are many). Writer only.
 func (t *atable) rebuild(sh *ashard) []aslot {
-	rebuildCount++
 	old := *sh.tab.Load()
 	n := max(int(float64(sh.live+1)/atargetLoad)+1, aminSlots)
-	arr := make([]aslot, n)
-	for j := range old {
-		k := old[j].key.Load()
-		mask := old[j].mask.Load()
-		if k == 0 || mask == 0 {
+	arr := make([]aslot, n) // no reader sees arr before the Store below
+	for _, s := range old {
+		if s.key == 0 || s.mask == 0 {
 			continue
 		}
-		i := t.home(k, n)
-		for arr[i].key.Load() != 0 {
+		i := t.home(s.key, n)
+		for arr[i].key != 0 {
 			if i++; i == n {
 				i = 0
 			}
 		}
-		arr[i].mask.Store(mask)
-		arr[i].key.Store(k)
+		arr[i] = s
 	}
 	sh.used = sh.live
 	sh.tab.Store(&arr)
 	return arr
-}
-
-// slots returns the number of slots allocated (for memory accounting).
-func (t *atable) slots() int {
-	n := 0
-	for s := range t.shards {
-		n += len(*t.shards[s].tab.Load())
-	}
-	return n
 }

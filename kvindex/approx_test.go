@@ -194,3 +194,158 @@ func TestApproxDifferential(t *testing.T) {
 		}
 	}
 }
+
+// TestApproxDifferentialLong drives longer prompts with shared prefixes,
+// duplicates inside a prompt, capacity cuts and clock jumps past TTL, so
+// that the ring grows, compacts and shrinks and the tables rebuild.
+func TestApproxDifferentialLong(t *testing.T) {
+	for seed := uint64(1); seed <= 6; seed++ {
+		rng := rand.New(rand.NewPCG(seed, 29))
+		a := NewApprox(ApproxConfig{DefaultCapacityBlocks: 150, TTL: time.Minute, Shards: 4})
+		ref := &naiveApprox{ttl: time.Minute, defCap: 150, lists: map[string][]naiveEntry{}, capacity: map[string]int{}}
+		now := t0
+		eps := []string{"a", "b", "c", "d"}
+		prompt := func() []uint64 {
+			base := uint64(rng.IntN(6)) * 1000
+			hs := make([]uint64, 1+rng.IntN(60))
+			for i := range hs {
+				hs[i] = base + uint64(i) + 1
+				if i > 0 && rng.IntN(30) == 0 {
+					hs[i] = hs[rng.IntN(i)] // a duplicate
+				}
+			}
+			if rng.IntN(3) == 0 { // a new tail
+				for i := len(hs) / 2; i < len(hs); i++ {
+					hs[i] = rng.Uint64()>>1 | 1<<62
+				}
+			}
+			return hs
+		}
+		for step := 0; step < 1500; step++ {
+			d := time.Duration(rng.IntN(2000)) * time.Millisecond
+			if rng.IntN(200) == 0 {
+				d = 2 * time.Minute
+			}
+			now = now.Add(d)
+			ep := eps[rng.IntN(len(eps))]
+			switch op := rng.IntN(40); {
+			case op < 30:
+				hs := prompt()
+				a.Record(now, ep, hs)
+				ref.record(now, ep, hs)
+			case op < 32:
+				c := 1 + rng.IntN(200)
+				a.SetCapacity(ep, c)
+				ref.setCapacity(ep, c)
+			case op < 33:
+				a.Remove(ep)
+				delete(ref.lists, ep)
+				delete(ref.capacity, ep)
+			}
+			q := prompt()
+			got, want := a.Match(now, q, nil), ref.match(now, q)
+			if len(got) == 0 && len(want) == 0 {
+				continue
+			}
+			if !reflect.DeepEqual(got, want) {
+				t.Fatalf("seed %d step %d: Match(%v)\n got %+v\nwant %+v", seed, step, q, got, want)
+			}
+		}
+		n := 0
+		for _, l := range ref.lists {
+			for _, e := range l {
+				if now.Sub(e.seen) <= time.Minute {
+					n++
+				}
+			}
+		}
+		if got := a.Len(); got < n {
+			t.Errorf("seed %d: Len = %d, want at least the %d live entries", seed, got, n)
+		}
+	}
+}
+
+// TestAmapDifferential checks amap against a Go map through growth and
+// shrinking.
+func TestAmapDifferential(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 5))
+	var m amap
+	ref := map[uint64]uint64{}
+	keys := []uint64{}
+	for step := 0; step < 200000; step++ {
+		grow := step%40000 < 25000
+		if len(keys) == 0 || (grow && rng.IntN(3) > 0) || (!grow && rng.IntN(3) == 0) {
+			k := rng.Uint64()%5000 + 1
+			v := rng.Uint64()
+			p, inserted := m.slot(k)
+			if _, had := ref[k]; had == inserted {
+				t.Fatalf("step %d: slot(%d) inserted = %v, want %v", step, k, inserted, !had)
+			}
+			*p = v
+			if inserted {
+				keys = append(keys, k)
+			}
+			ref[k] = v
+			continue
+		}
+		j := rng.IntN(len(keys))
+		k := keys[j]
+		keys[j] = keys[len(keys)-1]
+		keys = keys[:len(keys)-1]
+		m.del(k)
+		delete(ref, k)
+		if step%997 == 0 {
+			if m.n != len(ref) {
+				t.Fatalf("step %d: n = %d, want %d", step, m.n, len(ref))
+			}
+			for k, v := range ref {
+				if p, inserted := m.slot(k); inserted || *p != v {
+					t.Fatalf("step %d: key %d = %d (inserted %v), want %d", step, k, *p, inserted, v)
+				}
+			}
+		}
+	}
+}
+
+// TestATableConcurrentReaders runs readers against the single writer
+// (under -race this also checks the plain stores): a key's mask is only
+// ever 0 or its own pattern, so a reader that pairs a key with another
+// key's mask is caught.
+func TestATableConcurrentReaders(t *testing.T) {
+	tab := newATable(4)
+	pattern := func(k uint64) uint64 { return k*0x9e3779b97f4a7c15 | 1 }
+	stop := make(chan struct{})
+	var wg sync.WaitGroup
+	var bad sync.Once
+	var badMsg string
+	for r := 0; r < 2; r++ {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for k := uint64(1); ; k = k%3000 + 1 {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				if m := tab.get(k); m != 0 && m != pattern(k) {
+					bad.Do(func() { badMsg = fmt.Sprintf("get(%d) = %#x, want 0 or %#x", k, m, pattern(k)) })
+				}
+			}
+		}()
+	}
+	rng := rand.New(rand.NewPCG(9, 9))
+	for i := 0; i < 200000; i++ {
+		k := rng.Uint64()%3000 + 1
+		if rng.IntN(2) == 0 {
+			tab.applyBatch([]uint64{k}, nil, pattern(k))
+		} else {
+			tab.applyBatch(nil, []uint64{k}, pattern(k))
+		}
+	}
+	close(stop)
+	wg.Wait()
+	if badMsg != "" {
+		t.Fatal(badMsg)
+	}
+}
