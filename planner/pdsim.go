@@ -30,7 +30,7 @@ type prefillCandidate struct {
 // decode step at the decode pool's mean batch and the extra hop. The search
 // starts at the analytical pool and steps down while the smaller pool passes,
 // or grows (doubling, then bisecting) until one passes.
-func (s *search) simulatePrefillPool(ctx context.Context, m *model, f *Fleet) ([]prefillCandidate, error) {
+func (s *search) simulatePrefillPool(ctx context.Context, m *model, f *Fleet) ([]prefillCandidate, prefillEval, error) {
 	in := s.in
 	p := in.Profile
 	shape := disagg.ShapeOf(p)
@@ -42,9 +42,13 @@ func (s *search) simulatePrefillPool(ctx context.Context, m *model, f *Fleet) ([
 		reqs[i].OutputLen = 1
 		extra[i] = in.Fabric.Duration(shape.Bytes(reqs[i].PromptLen)) + firstStep + netRTT/2
 	}
-	runs := map[int]prefillCandidate{}
-	eval := func(n int) (prefillCandidate, error) {
-		if c, ok := runs[n]; ok {
+	type key struct {
+		n     int
+		scale float64
+	}
+	runs := map[key]prefillCandidate{}
+	eval := func(n int, scale float64) (prefillCandidate, error) {
+		if c, ok := runs[key{n, scale}]; ok {
 			return c, nil
 		}
 		g := sim.Group{Count: n, Profile: p.Name}
@@ -52,7 +56,7 @@ func (s *search) simulatePrefillPool(ctx context.Context, m *model, f *Fleet) ([
 			g.NumGPUBlocks = in.KVCapacityTokens / p.BlockSize
 		}
 		oracle := s.oracle
-		r, err := sim.Run(ctx, sim.Config{Fleet: sim.Fleet{g}, Policy: in.Policy, Seed: s.seed, OracleHitRate: &oracle}, reqs)
+		r, err := sim.Run(ctx, sim.Config{Fleet: sim.Fleet{g}, Policy: in.Policy, Seed: s.seed, RateScale: scale, OracleHitRate: &oracle}, reqs)
 		if err != nil {
 			return prefillCandidate{}, fmt.Errorf("planner: simulate %d prefill engines: %w", n, err)
 		}
@@ -90,7 +94,7 @@ func (s *search) simulatePrefillPool(ctx context.Context, m *model, f *Fleet) ([
 			c.preemptions += e.Preemptions
 		}
 		c.meets = c.failed == 0 && meets(c.ttft, in.SLO.TTFT)
-		runs[n] = c
+		runs[key{n, scale}] = c
 		s.done++
 		if in.Progress != nil {
 			in.Progress(s.done, max(s.done+1, 8))
@@ -98,27 +102,30 @@ func (s *search) simulatePrefillPool(ctx context.Context, m *model, f *Fleet) ([
 		return c, nil
 	}
 	best, err := smallestPassing(max(1, f.Prefill), in.MaxEngines, func(n int) (bool, error) {
-		c, err := eval(n)
+		c, err := eval(n, 1)
 		return c.meets, err
 	})
-	out := make([]prefillCandidate, 0, len(runs))
+	var out []prefillCandidate
 	for n := 1; n <= in.MaxEngines && len(out) < len(runs); n++ {
-		if c, ok := runs[n]; ok {
+		if c, ok := runs[key{n, 1}]; ok {
 			out = append(out, c)
 		}
 	}
 	if err != nil || best == 0 {
-		return out, err
+		return out, eval, err
 	}
-	c := runs[best]
+	c := runs[key{best, 1}]
 	f.Method = "prefill simulated, decode analytical"
 	f.Prefill, f.Engines = best, best+f.Decode
 	f.TTFT, f.HitRate, f.PrefillUtil = c.ttft, c.hit, c.util
 	f.Utilisation = (min(1, f.PrefillUtil)*float64(f.Prefill) + min(1, f.DecodeUtil)*float64(f.Decode)) / float64(f.Engines)
 	f.Meets = f.TPOT.AtSLO <= in.SLO.TPOT.Limit || !in.SLO.TPOT.Set()
 	f.Meets = f.Meets && f.Fabric != nil && f.Fabric.LinkUtilMean <= in.MaxUtilisation
-	return out, nil
+	return out, eval, nil
 }
+
+// prefillEval simulates a prefill pool of n engines at a rate scale.
+type prefillEval func(n int, scale float64) (prefillCandidate, error)
 
 // smallestPassing returns the smallest n in [1, maxN] for which pass holds,
 // assuming pass is monotone in n, starting the search at start: step down

@@ -226,14 +226,16 @@ func plan(ctx context.Context, in Input) (*Result, error) {
 		}
 	}
 	res.Disaggregated = m.analyticDisaggregated(b.Bandwidth.Need)
+	var prefillSim prefillEval
 	if srch != nil && res.Disaggregated.Decode > 0 {
 		// The prefill pool through the simulator (the decode pool stays
 		// analytical: the simulator has no P/D mode).
 		analytical := res.Disaggregated.Ratio()
-		pcs, err := srch.simulatePrefillPool(ctx, m, &res.Disaggregated)
+		pcs, pe, err := srch.simulatePrefillPool(ctx, m, &res.Disaggregated)
 		if err != nil {
 			return res, err
 		}
+		prefillSim = pe
 		res.PrefillCandidates = pcs
 		if res.Disaggregated.Method != "analytical" {
 			res.Notes = append(res.Notes, fmt.Sprintf("disaggregated: the analytical model alone sized %s; simulating the prefill pool gives %s",
@@ -244,7 +246,11 @@ func plan(ctx context.Context, in Input) (*Result, error) {
 		}
 	}
 	if res.Disaggregated.Meets {
-		res.Disaggregated.Burst, res.Disaggregated.NodeLost = m.disaggHeadroom(res.Disaggregated.Prefill, res.Disaggregated.Decode)
+		var err error
+		res.Disaggregated.Burst, res.Disaggregated.NodeLost, err = m.disaggHeadroom(res.Disaggregated.Prefill, res.Disaggregated.Decode, prefillSim)
+		if err != nil {
+			return res, err
+		}
 	}
 	if fb := res.Disaggregated.Fabric; fb != nil && fb.LinkUtilP99 > 1 {
 		res.Disaggregated.Notes = append(res.Disaggregated.Notes, fmt.Sprintf(
@@ -318,40 +324,58 @@ func (m *model) aggHeadroom(n int) (burst, lost *Headroom) {
 }
 
 // disaggHeadroom evaluates the disaggregated fleet under the burst factor
-// and with one engine lost from the pool where it hurts most.
-func (m *model) disaggHeadroom(pn, dn int) (burst, lost *Headroom) {
-	eval := func(rate float64, pn, dn int) *Headroom {
+// and with one engine lost from the pool where it hurts most. With pe the
+// prefill pool's TTFT comes from the simulator (decode stays analytical).
+func (m *model) disaggHeadroom(pn, dn int, pe prefillEval) (burst, lost *Headroom, err error) {
+	eval := func(rate float64, pn, dn int) (*Headroom, error) {
 		mm := *m
 		mm.rate = rate
 		var f Fleet
 		mm.disaggAt(&f, pn, dn)
-		ok := f.PrefillUtil < 1 && f.DecodeBatch <= float64(m.in.Profile.MaxNumSeqs) &&
-			meets(f.TTFT, m.in.SLO.TTFT) && meets(f.TPOT, m.in.SLO.TPOT)
-		return &Headroom{Factor: rate / m.d.Rate, Engines: pn + dn, Method: "analytical", Utilisation: f.Utilisation,
-			TTFT: f.TTFT, TPOT: f.TPOT, Meets: ok}
+		prefillOK := f.PrefillUtil < 1 && meets(f.TTFT, m.in.SLO.TTFT)
+		method := "analytical"
+		if pe != nil {
+			c, err := pe(pn, rate/m.d.Rate)
+			if err != nil {
+				return nil, err
+			}
+			f.TTFT, prefillOK, method = c.ttft, c.meets, "prefill simulated, decode analytical"
+			f.Utilisation = (min(1, c.util)*float64(pn) + min(1, f.DecodeUtil)*float64(dn)) / float64(pn+dn)
+		}
+		ok := prefillOK && f.DecodeBatch <= float64(m.in.Profile.MaxNumSeqs) && meets(f.TPOT, m.in.SLO.TPOT)
+		return &Headroom{Factor: rate / m.d.Rate, Engines: pn + dn, Method: method, Utilisation: f.Utilisation,
+			TTFT: f.TTFT, TPOT: f.TPOT, Meets: ok}, nil
 	}
-	burst = eval(m.rate*m.in.Burst, pn, dn)
+	if burst, err = eval(m.rate*m.in.Burst, pn, dn); err != nil {
+		return nil, nil, err
+	}
 	var cands []*Headroom
 	if pn > 1 {
-		h := eval(m.rate, pn-1, dn)
+		h, err := eval(m.rate, pn-1, dn)
+		if err != nil {
+			return nil, nil, err
+		}
 		h.Note = "one prefill engine lost"
 		cands = append(cands, h)
 	}
 	if dn > 1 {
-		h := eval(m.rate, pn, dn-1)
+		h, err := eval(m.rate, pn, dn-1)
+		if err != nil {
+			return nil, nil, err
+		}
 		h.Note = "one decode engine lost"
 		cands = append(cands, h)
 	}
 	if len(cands) == 0 {
-		return burst, &Headroom{Factor: 1, Note: "each pool has one engine: losing it stops the pool"}
+		return burst, &Headroom{Factor: 1, Note: "each pool has one engine: losing it stops the pool"}, nil
 	}
 	lost = cands[0]
 	for _, h := range cands[1:] {
-		if !h.Meets || h.TTFT.AtSLO > lost.TTFT.AtSLO {
+		if (!h.Meets && lost.Meets) || (h.Meets == lost.Meets && h.TTFT.AtSLO > lost.TTFT.AtSLO) {
 			lost = h
 		}
 	}
-	return burst, lost
+	return burst, lost, nil
 }
 
 // Verification compares a plan's aggregated prediction with a simulation of
