@@ -9,6 +9,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/kvroute/kvroute"
 )
 
 // Group is a set of identical engines in a simulated fleet.
@@ -25,6 +27,9 @@ type Group struct {
 	MaxNumBatchedTokens int `yaml:"max_num_batched_tokens,omitempty" json:"max_num_batched_tokens,omitempty"`
 	// Speed scales the engine's step times (2 = twice as fast); 0 means 1.
 	Speed float64 `yaml:"speed,omitempty" json:"speed,omitempty"`
+	// Role is both (default), prefill or decode: a fleet with prefill or
+	// decode engines runs disaggregated (Config.PD).
+	Role string `yaml:"role,omitempty" json:"role,omitempty"`
 }
 
 // Fleet is the engines of a simulated model pool, in order; engine i of the
@@ -46,6 +51,9 @@ func (f Fleet) String() string {
 	parts := make([]string, len(f))
 	for i, g := range f {
 		parts[i] = fmt.Sprintf("%dx%s", g.Count, g.Profile)
+		if g.Role != "" && g.Role != "both" {
+			parts[i] += "/" + g.Role
+		}
 	}
 	return strings.Join(parts, ",")
 }
@@ -66,6 +74,9 @@ func (f Fleet) Validate() error {
 		case g.Speed < 0:
 			return fmt.Errorf("fleet: group %d (%s): speed %g must not be negative", i, g.Profile, g.Speed)
 		}
+		if _, err := kvroute.ParseRole(g.Role); err != nil {
+			return fmt.Errorf("fleet: group %d (%s): %w", i, g.Profile, err)
+		}
 	}
 	if n := f.Size(); n > maxEngines {
 		return fmt.Errorf("fleet: %d engines is more than the limit of %d", n, maxEngines)
@@ -78,7 +89,9 @@ const maxEngines = 4096
 
 // ParseFleet reads the --engines flag: either a count ("8", every engine with
 // defaultProfile) or a comma-separated list of groups COUNTxPROFILE or PROFILE
-// (one engine), e.g. "4xllama-3.1-8b-h100,4xqwen2.5-7b-h100".
+// (one engine), e.g. "4xllama-3.1-8b-h100,4xqwen2.5-7b-h100". A group may
+// end in /ROLE (prefill, decode or both), e.g.
+// "4xllama-3.1-8b-h100/prefill,4xllama-3.1-8b-h100/decode" (see PDConfig).
 func ParseFleet(spec, defaultProfile string) (Fleet, error) {
 	spec = strings.TrimSpace(spec)
 	if spec == "" {
@@ -100,10 +113,14 @@ func ParseFleet(spec, defaultProfile string) (Fleet, error) {
 		if part == "" {
 			continue
 		}
-		g := Group{Count: 1, Profile: part}
+		role := ""
+		if i := strings.LastIndexByte(part, '/'); i > 0 {
+			part, role = strings.TrimSpace(part[:i]), strings.TrimSpace(part[i+1:])
+		}
+		g := Group{Count: 1, Profile: part, Role: role}
 		if i := strings.IndexByte(part, 'x'); i > 0 {
 			if n, err := strconv.Atoi(part[:i]); err == nil {
-				g = Group{Count: n, Profile: strings.TrimSpace(part[i+1:])}
+				g = Group{Count: n, Profile: strings.TrimSpace(part[i+1:]), Role: role}
 			}
 		}
 		f = append(f, g)

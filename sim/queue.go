@@ -6,15 +6,17 @@ import "time"
 type eventKind uint8
 
 const (
-	evArrival    eventKind = iota // a request reaches the router
-	evDeliver                     // a routed request reaches its engine (after the network latency)
-	evStep                        // an engine's step ends (or an idle engine wakes): emit outputs, start the next
-	evScrape                      // a periodic scrape of one engine's metrics is taken
-	evObserve                     // a scrape's result reaches the router (after the network latency)
-	evFirstToken                  // a request's first token reaches the router
-	evDone                        // a request's last token reaches the router
-	evKVEvents                    // a batch of an engine's KV events reaches the precise index
-	evSample                      // the utilisation timeline samples an engine's state
+	evArrival       eventKind = iota // a request reaches the router
+	evDeliver                        // a routed request reaches its engine (after the network latency)
+	evStep                           // an engine's step ends (or an idle engine wakes): emit outputs, start the next
+	evScrape                         // a periodic scrape of one engine's metrics is taken
+	evObserve                        // a scrape's result reaches the router (after the network latency)
+	evFirstToken                     // a request's first token reaches the router
+	evDone                           // a request's last token reaches the router
+	evKVEvents                       // a batch of an engine's KV events reaches the precise index
+	evSample                         // the utilisation timeline samples an engine's state
+	evPDPrefilled                    // P/D: a prefill leg's reply reaches the router (pd.go)
+	evPDTransferred                  // P/D: a decode leg's KV has arrived on its engine (pd.go)
 )
 
 // event is one entry of the simulator's agenda. Events are ordered by time,

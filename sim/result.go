@@ -38,7 +38,16 @@ type Record struct {
 	// start of the step that produced the first token (chunked prefill).
 	Prefill time.Duration `json:"prefill_ns"`
 	// FirstDecode is the duration of the step that produced the first token.
+	// For a disaggregated request it is the decode engine's wait and step
+	// after the KV arrived.
 	FirstDecode time.Duration `json:"first_decode_ns"`
+	// Transfer is, for a disaggregated request (P/D), the time from the
+	// prefill leg's end to the KV's arrival on the decode engine: the
+	// router's hop and the KV pull over the fabric. 0 otherwise.
+	Transfer time.Duration `json:"transfer_ns,omitempty"`
+	// PrefillEngine is the engine that ran a disaggregated request's
+	// prefill leg ("" otherwise); Engine is then its decode engine.
+	PrefillEngine string `json:"prefill_engine,omitempty"`
 	// TPOT is the mean time per output token after the first.
 	TPOT time.Duration `json:"tpot_ns"`
 	// E2E is arrival to last token at the router.
@@ -167,7 +176,7 @@ func (r *Result) Utilisation(run string) []report.Utilisation {
 
 // Breakdown is the mean TTFT split over completed requests.
 type Breakdown struct {
-	Network, Queue, Prefill, FirstDecode time.Duration
+	Network, Queue, Prefill, Transfer, FirstDecode time.Duration
 }
 
 // TTFTBreakdown returns the mean of each TTFT component over completed
@@ -184,6 +193,7 @@ func (r *Result) TTFTBreakdown() Breakdown {
 		b.Queue += rec.Queue
 		b.Prefill += rec.Prefill
 		b.FirstDecode += rec.FirstDecode
+		b.Transfer += rec.Transfer
 		n++
 	}
 	if n > 0 {
@@ -191,6 +201,7 @@ func (r *Result) TTFTBreakdown() Breakdown {
 		b.Queue /= n
 		b.Prefill /= n
 		b.FirstDecode /= n
+		b.Transfer /= n
 	}
 	return b
 }

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/disagg"
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/kvindex"
 	"github.com/kvroute/kvroute/policy"
@@ -92,6 +93,9 @@ type Config struct {
 	// the workload and the engines' block size, so a caller running several
 	// policies computes it once). Nil computes it during the run.
 	OracleHitRate *float64
+	// PD configures prefill/decode disaggregation for fleets with prefill
+	// or decode engines (Group.Role); see PDConfig.
+	PD PDConfig
 	// Progress, when set, is called with the number of requests finished
 	// (completed or rejected) so far and the total, every 1% of the run
 	// and at the end.
@@ -170,7 +174,7 @@ func (c *Config) Validate() error {
 	if c.TimelineStep < 0 {
 		return fmt.Errorf("sim: config: timeline step %v must not be negative", c.TimelineStep)
 	}
-	return nil
+	return c.pdValidate()
 }
 
 // epoch is the wall time the virtual clock starts at: the router's pure core
@@ -240,10 +244,11 @@ type reqState struct {
 	ttft, e2e   time.Duration // as the router saw them
 	cached      int
 	outTokens   int
-	status      int    // 200 ok, 4xx/5xx rejected or failed
-	errMsg      string // when status != 200
-	finished    bool   // completed or rejected: counted exactly once
-	onEngine    bool   // added to its engine and not finished there
+	status      int      // 200 ok, 4xx/5xx rejected or failed
+	errMsg      string   // when status != 200
+	finished    bool     // completed or rejected: counted exactly once
+	onEngine    bool     // added to its engine and not finished there
+	pd          *pdState // disaggregated requests only (pd.go)
 }
 
 type simulation struct {
@@ -270,6 +275,8 @@ type simulation struct {
 	pending    int // events on the agenda that are not periodic
 	progEvery  int
 	timeline   *timeline
+	planners   []*disagg.Planner // per replica, for P/D fleets (pd.go)
+	fabric     *disagg.Fabric    // the KV transfers that happen, for P/D fleets
 }
 
 func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
@@ -304,7 +311,8 @@ func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 			se := &simEngine{id: id, profile: e.Profile(), eng: e}
 			s.byEP[id] = int32(len(s.engines))
 			s.engines = append(s.engines, se)
-			eps = append(eps, kvroute.Endpoint{ID: id, URL: "sim://" + id, Weight: 1,
+			role, _ := kvroute.ParseRole(g.Role) // Validate checked it
+			eps = append(eps, kvroute.Endpoint{ID: id, URL: "sim://" + id, Weight: 1, Role: role,
 				KVCapacityTokens: se.profile.KVCapacityTokens()})
 			preciseIDs = append(preciseIDs, id)
 		}
@@ -341,8 +349,19 @@ func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 	if cfg.Picker != nil && cfg.Routers > 1 {
 		return nil, errors.New("sim: config: a custom Picker cannot be shared by several router replicas")
 	}
+	if cfg.pdOn() {
+		s.fabric = disagg.NewFabric(cfg.pdLinks())
+	}
 	for k := range cfg.Routers {
 		picker := cfg.Picker
+		if cfg.pdOn() {
+			pl, err := s.newPlanner(k, s.engines[0].profile)
+			if err != nil {
+				return nil, fmt.Errorf("sim: %w", err)
+			}
+			s.planners = append(s.planners, pl)
+			picker = pl
+		}
 		if picker == nil {
 			p, err := policy.New(cfg.Policy, cfg.PolicyParams, cfg.Seed+uint64(k))
 			if err != nil {
@@ -465,6 +484,10 @@ func (s *simulation) run(ctx context.Context) error {
 			s.applyKV(ev.eng)
 		case evSample:
 			s.sample(ev.eng)
+		case evPDPrefilled:
+			s.pdPrefilled(ev.arg)
+		case evPDTransferred:
+			s.pdTransferred(ev.arg)
 		}
 	}
 	// Requests still open now are past the drain limit, or stuck on an
@@ -577,6 +600,9 @@ func (s *simulation) arrive(i int32) {
 		s.finish(i)
 		return
 	}
+	if s.planners != nil && s.pdArrive(i, f) {
+		return
+	}
 	st.flight = f
 	ei := s.byEP[f.Endpoint.ID]
 	st.eng = ei
@@ -605,6 +631,9 @@ func (s *simulation) deliver(ei, i int32) {
 		st.ereq.BlockHashes = st.ehashes
 	default:
 		st.ereq.BlockHashes = r.BlockHashes(e.profile.BlockSize, nil)
+	}
+	if st.pd != nil {
+		s.pdPrepare(i)
 	}
 	err := e.eng.Add(s.now, &st.ereq)
 	st.tokens, st.ereq.Prompt = nil, nil // the engine copied them
@@ -691,6 +720,9 @@ func (s *simulation) output(ei int32, o *engine.Output) {
 		return
 	}
 	st := &s.st[i]
+	if st.pd != nil && s.pdOutput(ei, i, o) {
+		return
+	}
 	if o.First && st.firstAt == 0 {
 		st.firstAt = s.now
 		st.firstStart = e.stepStart
@@ -805,6 +837,9 @@ func (s *simulation) result() *Result {
 	if res.Policy == "" {
 		res.Policy = "custom"
 	}
+	if s.planners != nil {
+		res.Policy = "pd-" + string(s.planners[0].Config().Mode) + ":" + res.Policy
+	}
 	switch {
 	case s.soracle != nil:
 		res.OracleHitRate = s.soracle.rate()
@@ -839,6 +874,7 @@ func (s *simulation) result() *Result {
 				rec.TPOT = (rec.E2E - rec.TTFT) / time.Duration(rec.OutputTokens-1)
 			}
 			rec.Preemptions = st.preemptions
+			s.pdRecord(int32(i), &rec)
 		}
 		res.Records[i] = rec
 	}

@@ -1,0 +1,117 @@
+package sim
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/disagg"
+	"github.com/kvroute/kvroute/workload"
+)
+
+func pdWorkload(t *testing.T) []workload.Request {
+	t.Helper()
+	w, err := workload.Generate("rag", workload.Options{Seed: 3, Requests: 150, Arrivals: workload.Arrivals{Rate: 6},
+		Params: map[string]float64{"docs": 100, "doc_len": 8000, "output_len": 64}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return w.Requests
+}
+
+func pdRun(t *testing.T, fleet string, mode disagg.Mode, gbps float64) *Result {
+	t.Helper()
+	f, err := ParseFleet(fleet, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(context.Background(), Config{Fleet: f, Seed: 1, PD: PDConfig{Mode: mode,
+		Links: disagg.UniformLinks(disagg.Link{Name: "fabric", Gbps: gbps, Setup: time.Millisecond})}}, pdWorkload(t))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+const pdFleet = "2xllama-3.1-8b-h100/prefill,2xllama-3.1-8b-h100/decode"
+
+func TestPDSimulation(t *testing.T) {
+	always := pdRun(t, pdFleet, disagg.ModeAlways, 400)
+	slow := pdRun(t, pdFleet, disagg.ModeAlways, 100)
+	never := pdRun(t, pdFleet, disagg.ModeNever, 400)
+	if always.Policy != "pd-always:kv-aware" {
+		t.Errorf("got policy name %q", always.Policy)
+	}
+	for name, res := range map[string]*Result{"always": always, "slow": slow, "never": never} {
+		for i := range res.Records {
+			r := &res.Records[i]
+			if !r.OK() {
+				t.Fatalf("%s: request %s: status %d %s", name, r.ID, r.Status, r.Error)
+			}
+			sum := r.Network + r.Queue + r.Prefill + r.Transfer + r.FirstDecode
+			if d := r.TTFT - sum; d < -time.Millisecond || d > time.Millisecond {
+				t.Errorf("%s: request %s: TTFT %v, parts sum to %v (%+v)", name, r.ID, r.TTFT, sum, r)
+			}
+			switch name {
+			case "never":
+				if r.Transfer != 0 || r.PrefillEngine != "" || (r.Engine != "e2" && r.Engine != "e3") {
+					t.Errorf("never: request %s ran on %s/%s with transfer %v", r.ID, r.PrefillEngine, r.Engine, r.Transfer)
+				}
+			default:
+				// 8B: 131,072 B/token; at least the wire time of the prompt.
+				wire := time.Duration(float64(r.PromptTokens) * 131072 * 8 / (400e9) * float64(time.Second))
+				if r.Transfer < wire || (r.PrefillEngine != "e0" && r.PrefillEngine != "e1") || (r.Engine != "e2" && r.Engine != "e3") {
+					t.Errorf("%s: request %s: prefill %s decode %s transfer %v (wire alone %v)", name, r.ID, r.PrefillEngine, r.Engine, r.Transfer, wire)
+				}
+			}
+		}
+	}
+	fast, slowB := always.TTFTBreakdown(), slow.TTFTBreakdown()
+	if slowB.Transfer < 3*fast.Transfer {
+		t.Errorf("mean transfer: got %v at 100 Gb/s and %v at 400 Gb/s, want about 4x", slowB.Transfer, fast.Transfer)
+	}
+	// Determinism: the same config gives the same records.
+	again := pdRun(t, pdFleet, disagg.ModeAlways, 400)
+	for i := range always.Records {
+		if always.Records[i] != again.Records[i] {
+			t.Fatalf("run differs at %d: %+v vs %+v", i, always.Records[i], again.Records[i])
+		}
+	}
+}
+
+func TestPDSimulationConditional(t *testing.T) {
+	res := pdRun(t, pdFleet, disagg.ModeConditional, 400)
+	var dis, agg int
+	for i := range res.Records {
+		r := &res.Records[i]
+		if !r.OK() {
+			t.Fatalf("request %s: status %d %s", r.ID, r.Status, r.Error)
+		}
+		if r.PrefillEngine != "" {
+			dis++
+		} else {
+			agg++
+		}
+	}
+	if dis == 0 || agg == 0 {
+		t.Errorf("conditional: got %d disaggregated and %d aggregated, want both kinds on this workload", dis, agg)
+	}
+}
+
+func TestPDFleetParse(t *testing.T) {
+	f, err := ParseFleet("2xtiny/prefill,tiny/decode,tiny", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := f.String(), "2xtiny/prefill,1xtiny/decode,1xtiny"; got != want {
+		t.Errorf("got %q, want %q", got, want)
+	}
+	if _, err := ParseFleet("2xtiny/sideways", ""); err == nil {
+		t.Error("bad role: got no error")
+	}
+	cfg := Config{Fleet: f, PD: PDConfig{Mode: "sometimes"}}
+	cfg.applyDefaults()
+	if err := cfg.Validate(); err == nil {
+		t.Error("bad mode: got no error")
+	}
+}
