@@ -326,12 +326,22 @@ type result struct {
 var client = &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}, Timeout: 30 * time.Second}
 
 // post sends body to base+path and reads the response: the JSON body's
-// usage, or for a stream the last usage chunk.
+// usage, or for a stream the last usage chunk. It fails the test on any
+// error or a non-200 non-streaming answer.
 func post(t testing.TB, base, path, body string) result {
 	t.Helper()
+	res, err := tryPost(base, path, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return res
+}
+
+// tryPost is post for other goroutines than the test's: it returns errors.
+func tryPost(base, path, body string) (result, error) {
 	resp, err := client.Post(base+path, "application/json", strings.NewReader(body))
 	if err != nil {
-		t.Fatalf("POST %s: %v", path, err)
+		return result{}, fmt.Errorf("POST %s: %w", path, err)
 	}
 	defer resp.Body.Close()
 	res := result{status: resp.StatusCode, endpoint: resp.Header.Get(proxy.HeaderEndpoint)}
@@ -348,23 +358,23 @@ func post(t testing.TB, base, path, body string) result {
 				res.usage, res.hasUsage = *chunk.Usage, true
 			}
 		}
-		return res
+		return res, sc.Err()
 	}
 	data, err := io.ReadAll(resp.Body)
 	if err != nil {
-		t.Fatalf("POST %s: read: %v", path, err)
+		return res, fmt.Errorf("POST %s: read: %w", path, err)
 	}
 	if res.status != http.StatusOK {
-		t.Fatalf("POST %s: status %d: %s", path, res.status, data)
+		return res, fmt.Errorf("POST %s: status %d: %s", path, res.status, data)
 	}
 	var out struct{ Usage *openai.Usage }
 	if err := json.Unmarshal(data, &out); err != nil {
-		t.Fatalf("POST %s: %v: %s", path, err, data)
+		return res, fmt.Errorf("POST %s: %w: %s", path, err, data)
 	}
 	if out.Usage != nil {
 		res.usage, res.hasUsage = *out.Usage, true
 	}
-	return res
+	return res, nil
 }
 
 // chatBody is a chat request with a system prompt and a user message.
