@@ -72,6 +72,17 @@ func (r *Result) writeText(b *strings.Builder, md bool) {
 		tw.Flush()
 	}
 
+	if len(r.prefillCands) > 0 {
+		fmt.Fprintf(b, "\nsimulated prefill pools of the disaggregated fleet (prefill-only requests; TTFT adds the KV handoff and first decode step):\n")
+		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "prefill engines\tttft50\tttft90\tttft99\tattain%\thit%\tutil%\tfailed\tmeets\t")
+		for _, c := range r.prefillCands {
+			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.1f\t%.1f\t%.0f\t%d\t%s\t\n", c.engines, fmtLat(c.ttft.P50), fmtLat(c.ttft.P90), fmtLat(c.ttft.P99),
+				100*c.attainment, 100*c.hit, 100*c.util, c.failed, yes(c.meets))
+		}
+		tw.Flush()
+	}
+
 	fmt.Fprintf(b, "\nplan:\n")
 	a, m, dd := &r.Aggregated, &r.AggregatedModel, &r.Disaggregated
 	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)

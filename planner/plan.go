@@ -118,9 +118,9 @@ type Result struct {
 	Simulated string  `json:"simulated"`
 	// Candidates are the simulated aggregated fleets, by size.
 	Candidates []Candidate `json:"candidates,omitempty"`
-	// PrefillCandidates are the simulated prefill pools of the
-	// disaggregated fleet, by size.
-	PrefillCandidates []prefillCandidate `json:"-"`
+	// prefillCands are the simulated prefill pools of the disaggregated
+	// fleet, by size.
+	prefillCands []prefillCandidate
 	// Aggregated and Disaggregated are the cheapest fleets of each kind;
 	// AggregatedModel is the analytical estimate next to the simulated one.
 	Aggregated      Fleet `json:"aggregated"`
@@ -236,7 +236,7 @@ func plan(ctx context.Context, in Input) (*Result, error) {
 			return res, err
 		}
 		prefillSim = pe
-		res.PrefillCandidates = pcs
+		res.prefillCands = pcs
 		if res.Disaggregated.Method != "analytical" {
 			res.Notes = append(res.Notes, fmt.Sprintf("disaggregated: the analytical model alone sized %s; simulating the prefill pool gives %s",
 				analytical, res.Disaggregated.Ratio()))

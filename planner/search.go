@@ -40,8 +40,12 @@ func (s *search) describe() string {
 	if len(s.reqs) < all {
 		what = fmt.Sprintf("the first %s of the workload", fmtDur(span.Round(time.Second)))
 	}
-	return fmt.Sprintf("%s: %d of %d requests (%.2f req/s), the first %d not measured (cache warm-up), policy %s, seed %d, router and engines as kvroute serve runs them (sim.Run)",
-		what, len(s.reqs), all, float64(len(s.reqs)-1)/max(span.Seconds(), 1e-9), s.warm, s.in.Policy, s.seed)
+	warm := ""
+	if s.warm > 0 {
+		warm = fmt.Sprintf(", the first %d not measured (cache warm-up)", s.warm)
+	}
+	return fmt.Sprintf("%s: %d of %d requests (%.2f req/s)%s, policy %s, seed %d, router and engines as kvroute serve runs them (sim.Run)",
+		what, len(s.reqs), all, float64(len(s.reqs)-1)/max(span.Seconds(), 1e-9), warm, s.in.Policy, s.seed)
 }
 
 // offeredRate is the simulated window's arrival rate.
