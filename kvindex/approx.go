@@ -79,9 +79,12 @@ func (c *ApproxConfig) setDefaults() {
 // lock-free table (atable) maps each block hash to the mask of endpoints
 // holding it. Each endpoint keeps its recency order as a ring of entries
 // in Record order (alog: a hit leaves a tombstone and appends, no linked
-// list) and an emap from block hash to ring position. Record does its
-// per-endpoint work first and then applies the prompt's table changes in
-// one batch whose cache misses overlap. Expired entries are dropped by
+// list) and a map from block hash to ring position (amap). Record does
+// its per-endpoint work first, touching the map slots a prompt needs
+// before it uses them, and then applies the prompt's table changes in one
+// batch, so that the cache misses overlap instead of queueing (see
+// atable). Record allocates only when a structure grows or a table shard
+// is rebuilt to purge tombstones. Expired entries are dropped by
 // Record and, once the oldest entry's TTL has passed, by the next Match,
 // so Match never sees one.
 //
@@ -189,8 +192,8 @@ func (a *Approx) Record(now time.Time, endpoint string, hashes []uint64) {
 }
 
 // trim drops e's least recent entries while it is over capacity or (when
-// ttl) they expired at t, and applies a.sets (keys that gained e) and the dropped
-// keys to the table. Called with a.mu held.
+// ttl) they expired at t, and applies a.sets (keys that gained e) and the
+// dropped keys to the table. Called with a.mu held.
 func (a *Approx) trim(e *aendpoint, t int64, ttl bool) {
 	clears := a.clears[:0]
 	for e.log.n > 0 && (e.log.n > e.capacity || ttl && t-e.log.oldest().t > a.ttl) {

@@ -15,6 +15,7 @@ type alog struct {
 	front uint64 // position of the least recent live entry (== back when empty)
 	back  uint64 // next position to append at
 	n     int    // live entries
+	sink  uint64 // keeps makeRoom's prefetching loads alive
 }
 
 type aentry struct {
@@ -70,17 +71,29 @@ func (l *alog) pop() uint64 {
 func (l *alog) makeRoom(idx *amap) {
 	size := uint64(len(l.ring))
 	if size >= alogMinRing && uint64(l.n)*2 <= size {
-		w := l.back
-		for r := l.back; r != l.front; {
-			r--
-			e := l.ring[r&l.mask]
-			if e.key == 0 {
-				continue
+		// Moves go in chunks whose map slots are touched first, so that
+		// their cache misses overlap.
+		var keys [64]uint64
+		var to [64]uint64
+		w, r := l.back, l.back
+		for r != l.front {
+			c := 0
+			for c < len(keys) && r != l.front {
+				r--
+				e := l.ring[r&l.mask]
+				if e.key == 0 {
+					continue
+				}
+				w--
+				if w != r {
+					l.ring[w&l.mask] = e
+					keys[c], to[c] = e.key, w
+					c++
+				}
 			}
-			w--
-			if w != r {
-				l.ring[w&l.mask] = e
-				idx.put(e.key, w)
+			l.sink += idx.touch(keys[:c])
+			for j := range c {
+				idx.put(keys[j], to[j])
 			}
 		}
 		l.front = w
