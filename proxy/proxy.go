@@ -18,6 +18,7 @@ import (
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/ui"
 )
 
 // NewPickerFunc builds a policy by name (policy.New has this signature).
@@ -54,6 +55,7 @@ type Proxy struct {
 	transport http.RoundTripper
 	metrics   *metrics
 	gatherer  prometheus.Gatherer
+	ui        *ui.Dashboard // the /ui dashboard; nil if it could not be built
 	trusted   []netip.Prefix
 	pools     map[string]*pool // by model name; read-only after New
 	names     []string         // model names, sorted
@@ -248,6 +250,7 @@ func (p *Proxy) routes() {
 	if p.cfg.Admin.Token != "" {
 		mux.HandleFunc(PathAdminPolicy, p.method(http.MethodPut, p.serveAdminPolicy))
 	}
+	p.mountUI(mux)
 	mux.HandleFunc("/", func(w http.ResponseWriter, r *http.Request) {
 		openai.WriteError(w, kvroute.Errorf(http.StatusNotFound, kvroute.TypeNotFound, "not_found", "", "no route for %s %s", r.Method, r.URL.Path))
 	})

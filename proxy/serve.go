@@ -26,6 +26,7 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	hctx, stopHealth := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = p.RunHealthChecks(hctx) })
+	wg.Go(func() { p.runUISampler(hctx) })
 	wg.Go(func() {
 		if err := p.RunSignals(hctx); err != nil {
 			p.log.Error("engine signals stopped", "error", err)
