@@ -40,4 +40,3 @@ func TestDashboardMounted(t *testing.T) {
 		t.Fatalf("GET /ui/api/state with token: got %d %.200q, want the fleet naming %s", resp.StatusCode, body, backend)
 	}
 }
-
