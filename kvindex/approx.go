@@ -172,6 +172,14 @@ func (a *Approx) Record(now time.Time, endpoint string, hashes []uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	e := a.endpoint(endpoint)
+	if e.log.refresh(hashes, t) {
+		// The prompt already is the endpoint's most recent entries, in
+		// order (the same prompt again, or a prefix of the last one):
+		// only their times change.
+		a.trim(e, t, true)
+		a.noteExpiry(e)
+		return
+	}
 	a.sink += e.idx.touch(hashes)
 	sets := a.sets[:0]
 	for i := len(hashes) - 1; i >= 0; i-- {

@@ -37,6 +37,27 @@ func (l *alog) push(key uint64, t int64, idx *amap) uint64 {
 	return s
 }
 
+// refresh sets the time of the last len(hashes) entries to t and reports
+// true when they are hashes[len-1], ..., hashes[0], all live: then
+// recording hashes at t would leave the same order, and that is all it
+// changes. It reads the back of the ring only, which the last Record left
+// in cache.
+func (l *alog) refresh(hashes []uint64, t int64) bool {
+	n := uint64(len(hashes))
+	if n > l.back-l.front {
+		return false
+	}
+	for i, h := range hashes {
+		if l.ring[(l.back-1-uint64(i))&l.mask].key != nonZero(h) {
+			return false
+		}
+	}
+	for i := range n {
+		l.ring[(l.back-1-i)&l.mask].t = t
+	}
+	return true
+}
+
 // kill turns the entry at position s into a tombstone.
 func (l *alog) kill(s uint64) { l.ring[s&l.mask].key = 0 }
 

@@ -39,6 +39,24 @@ func TestApproxMatch(t *testing.T) {
 	}
 }
 
+func TestApproxRefresh(t *testing.T) {
+	a := NewApprox(ApproxConfig{TTL: time.Minute})
+	p := []uint64{1, 2, 3, 4}
+	a.Record(t0, "e", p)
+	a.Record(t0.Add(50*time.Second), "e", p[:2]) // a prefix of the last prompt: refreshes 1, 2
+	if got, want := a.Match(t0.Add(61*time.Second), p, nil), []Hit{{"e", 2, kvroute.TierGPU, 2}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("after refreshing a prefix: got %v, want %v", got, want)
+	}
+	a.Record(t0.Add(70*time.Second), "e", p)
+	a.Record(t0.Add(100*time.Second), "e", p) // the same prompt again
+	if got, want := a.Match(t0.Add(140*time.Second), p, nil), []Hit{{"e", 4, kvroute.TierGPU, 4}}; !reflect.DeepEqual(got, want) {
+		t.Fatalf("after recording the same prompt again: got %v, want %v", got, want)
+	}
+	if n := a.Len(); n != 4 {
+		t.Fatalf("Len = %d, want 4", n)
+	}
+}
+
 func TestApproxCapacity(t *testing.T) {
 	a := NewApprox(ApproxConfig{DefaultCapacityBlocks: 4})
 	a.Record(t0, "e", []uint64{1, 2, 3})
@@ -205,6 +223,7 @@ func TestApproxDifferentialLong(t *testing.T) {
 		ref := &naiveApprox{ttl: time.Minute, defCap: 150, lists: map[string][]naiveEntry{}, capacity: map[string]int{}}
 		now := t0
 		eps := []string{"a", "b", "c", "d"}
+		last := map[string][]uint64{}
 		prompt := func() []uint64 {
 			base := uint64(rng.IntN(6)) * 1000
 			hs := make([]uint64, 1+rng.IntN(60))
@@ -229,10 +248,17 @@ func TestApproxDifferentialLong(t *testing.T) {
 			now = now.Add(d)
 			ep := eps[rng.IntN(len(eps))]
 			switch op := rng.IntN(40); {
-			case op < 30:
+			case op < 24:
 				hs := prompt()
 				a.Record(now, ep, hs)
 				ref.record(now, ep, hs)
+				last[ep] = hs
+			case op < 30: // the endpoint's last prompt or a prefix of it again
+				if hs := last[ep]; len(hs) > 0 {
+					hs = hs[:1+rng.IntN(len(hs))]
+					a.Record(now, ep, hs)
+					ref.record(now, ep, hs)
+				}
 			case op < 32:
 				c := 1 + rng.IntN(200)
 				a.SetCapacity(ep, c)
