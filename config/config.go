@@ -236,6 +236,10 @@ type Retry struct {
 	// Attempts is the total number of endpoints tried per request, the first
 	// included; default 2. 1 disables retries.
 	Attempts int `yaml:"attempts"`
+	// QueueWait is how long a request the policy asks to queue (kv-aware's
+	// overload: queue, when every endpoint is over its cap) is held before
+	// it is answered 429; it is routed again as load drains. Default 5s.
+	QueueWait time.Duration `yaml:"queue_wait"`
 }
 
 // HealthCheck controls active health checks (GET Path on every endpoint).
@@ -298,6 +302,7 @@ const (
 	DefaultMaxBodyBytes       = 16 << 20
 	DefaultMaxHeaderBytes     = 1 << 20
 	DefaultAttempts           = 2
+	DefaultQueueWait          = 5 * time.Second
 	DefaultHealthPath         = "/health"
 	DefaultHealthInterval     = 5 * time.Second
 	DefaultHealthTimeout      = 2 * time.Second
@@ -333,6 +338,7 @@ func (c *Config) ApplyDefaults() {
 	setDefault(&c.Limits.MaxBodyBytes, DefaultMaxBodyBytes)
 	setDefault(&c.Limits.MaxHeaderBytes, DefaultMaxHeaderBytes)
 	setDefault(&c.Retry.Attempts, DefaultAttempts)
+	setDefault(&c.Retry.QueueWait, DefaultQueueWait)
 	h := &c.HealthCheck
 	setDefault(&h.Path, DefaultHealthPath)
 	setDefault(&h.Interval, DefaultHealthInterval)
@@ -478,6 +484,7 @@ func (c *Config) Validate() error {
 	v.positive("limits.max_body_bytes", c.Limits.MaxBodyBytes)
 	v.positive("limits.max_header_bytes", int64(c.Limits.MaxHeaderBytes))
 	v.positive("retry.attempts", int64(c.Retry.Attempts))
+	v.positiveDuration("retry.queue_wait", c.Retry.QueueWait)
 	h := c.HealthCheck
 	if !strings.HasPrefix(h.Path, "/") {
 		v.addf("health_check.path", "%q does not start with /", h.Path)

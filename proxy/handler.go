@@ -122,6 +122,9 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 		t0 := p.now()
 		f, err := pl.router.Route(t0, req, x.tried)
 		x.m.decision.Observe(p.now().Sub(t0).Seconds())
+		if err != nil && x.attempt == 0 {
+			f, err = p.queue(x.ctx, pl, req, err)
+		}
 		if err != nil {
 			if x.attempt > 0 {
 				x.writeLastFailure(w) // no endpoint left for the retry

@@ -16,6 +16,7 @@ type metrics struct {
 	duration     *prometheus.HistogramVec // model
 	decision     *prometheus.HistogramVec // model
 	retries      *prometheus.CounterVec   // model, endpoint, reason
+	queued       *prometheus.CounterVec   // model
 	ejections    *prometheus.CounterVec   // model, endpoint, kind (passive|active)
 	streamErrors *prometheus.CounterVec   // model, endpoint
 	healthy      *healthCollector
@@ -58,6 +59,10 @@ func newMetrics(p *Proxy) *metrics {
 			Name: "kvroute_retries_total",
 			Help: "Attempts retried on another endpoint, by the endpoint that failed and why (connect_error, status_5xx).",
 		}, []string{"model", "endpoint", "reason"}),
+		queued: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_queued_requests_total",
+			Help: "Requests held in the router because every endpoint was over its load cap (policy overload: queue).",
+		}, []string{"model"}),
 		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_ejections_total",
 			Help: "Endpoints taken out of rotation: passive (consecutive failures) or active (health checks).",
@@ -89,7 +94,7 @@ func newMetrics(p *Proxy) *metrics {
 
 func (m *metrics) register(reg prometheus.Registerer) error {
 	var errs []error
-	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttfb, m.duration, m.decision, m.retries,
+	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttfb, m.duration, m.decision, m.retries, m.queued,
 		m.ejections, m.streamErrors, m.healthy} {
 		errs = append(errs, reg.Register(c))
 	}

@@ -304,8 +304,9 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 	r.log.add(now, req, d, r.cands)
 	if d.Index < 0 || d.Index >= len(r.eps) || !r.cands[d.Index].Healthy {
 		if d.Shed {
-			return nil, &kvroute.Error{Status: http.StatusTooManyRequests, Type: kvroute.TypeOverloaded, Code: "overloaded",
-				Message: fmt.Sprintf("model %q is overloaded: every endpoint is over its load cap (%s)", r.cfg.Model, d.Reason)}
+			return nil, &ShedError{Err: kvroute.Error{Status: http.StatusTooManyRequests, Type: kvroute.TypeOverloaded, Code: "overloaded",
+				Message: fmt.Sprintf("model %q is overloaded: every endpoint is over its load cap (%s)", r.cfg.Model, d.Reason)},
+				Decision: d}
 		}
 		if d.Index >= 0 {
 			return nil, &kvroute.Error{Status: http.StatusInternalServerError, Type: kvroute.TypeInternal, Code: "bad_decision",
@@ -446,6 +447,20 @@ func (e *UnavailableError) Error() string { return e.Err.Error() }
 
 // Unwrap exposes the *kvroute.Error so errors.As and kvroute.StatusOf work.
 func (e *UnavailableError) Unwrap() error { return &e.Err }
+
+// ShedError is returned by Route when the policy sheds the request because
+// every candidate is over its load cap. Decision is the policy's decision;
+// the caller decides from it (policy.OverloadAction) whether to answer 429
+// at once or to hold the request for a bounded wait and route it again.
+type ShedError struct {
+	Err      kvroute.Error
+	Decision kvroute.Decision
+}
+
+func (e *ShedError) Error() string { return e.Err.Error() }
+
+// Unwrap exposes the *kvroute.Error (status 429).
+func (e *ShedError) Unwrap() error { return &e.Err }
 
 // FirstToken records that the flight's endpoint produced its first token:
 // its prompt is no longer queued prefill work.

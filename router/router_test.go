@@ -210,6 +210,10 @@ func TestShedIs429(t *testing.T) {
 	if kvroute.StatusOf(err) != http.StatusTooManyRequests || !strings.Contains(err.Error(), "all capped") {
 		t.Fatalf("got %v, want 429 naming the reason", err)
 	}
+	var se *ShedError
+	if !errors.As(err, &se) || !se.Decision.Shed || se.Decision.Reason != "all capped" {
+		t.Fatalf("got %#v, want a *ShedError carrying the decision", err)
+	}
 }
 
 func TestIneligibleChoiceRejected(t *testing.T) {
