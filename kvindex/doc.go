@@ -11,8 +11,8 @@
 //   - Approx records what the router itself sent where: an LRU per endpoint,
 //     bounded by the endpoint's capacity in blocks, each entry trusted for a
 //     TTL. It needs no tokenizer and no engine support and is only as right
-//     as the engine's eviction is predictable. Its block table is the same
-//     lock-free table as Index's.
+//     as the engine's eviction is predictable. Its block table is its own
+//     single-writer table, lock-free for readers like Index's.
 //   - Index is fed by the engines' own KV-cache events (package signals has
 //     the subscriber): exact, including evictions and the CPU tier.
 //
