@@ -98,7 +98,7 @@ func fidelityWorkload(t testing.TB, s fidelitySetup) []workload.Request {
 }
 
 // fidelitySim runs the workload through the simulator.
-func fidelitySim(t testing.TB, s fidelitySetup, reqs []workload.Request) (report.Row, *sim.Result) {
+func fidelitySim(t testing.TB, s fidelitySetup, reqs []workload.Request, net time.Duration) (report.Row, *sim.Result) {
 	t.Helper()
 	res, err := sim.Run(context.Background(), sim.Config{
 		Model:          fidelityModel,
@@ -107,7 +107,7 @@ func fidelitySim(t testing.TB, s fidelitySetup, reqs []workload.Request) (report
 		Seed:           s.seed,
 		ScrapeInterval: fidelityScrape,
 		RouterText:     true,
-		NetLatency:     50 * time.Microsecond,
+		NetLatency:     net,
 	}, reqs)
 	if err != nil {
 		t.Fatalf("sim.Run: %v", err)
@@ -190,12 +190,8 @@ func fidelityRouter(t testing.TB, s fidelitySetup, eps []config.Endpoint) string
 
 // fidelityBench runs the workload against a fresh emulated fleet behind the
 // proxy.
-func fidelityBench(t testing.TB, s fidelitySetup, reqs []workload.Request) (report.Row, []report.Sample) {
+func fidelityBench(t testing.TB, s fidelitySetup, url string, reqs []workload.Request) (report.Row, []report.Sample) {
 	t.Helper()
-	url := fidelityRouter(t, s, fidelityFleet(t, s))
-	// Let the first scrape of every engine land, as the simulator's first
-	// scrapes do within one interval.
-	time.Sleep(2 * fidelityScrape)
 	res, err := bench.Run(context.Background(), bench.Config{URL: url, Model: fidelityModel,
 		API: bench.APICompletions, Prompt: bench.PromptText, IgnoreEOS: true, Timeout: time.Minute}, reqs)
 	if err != nil {
@@ -206,6 +202,52 @@ func fidelityBench(t testing.TB, s fidelitySetup, reqs []workload.Request) (repo
 		names[i] = fmt.Sprintf("engine-%d", i)
 	}
 	return res.Summary(report.SummaryOptions{Name: "bench", OracleHitRate: -1, Engines: names}), res.Samples
+}
+
+// fidelityCalibrate measures the one parameter of the simulator that
+// depends on the machine rather than the model: the latency the HTTP path
+// adds (client -> proxy -> engine and the first chunk back: four loopback
+// hops, the proxy's parsing and prefix hashing, the emulator's
+// tokenization). It sends n requests with unique prompts of promptLen tokens
+// one at a time to the idle fleet (nothing queues, nothing is cached),
+// runs the same requests through the simulator with no network latency, and
+// returns half the median difference in TTFT: the one-way latency to give
+// sim.Config.NetLatency, which the simulator pays twice before the first
+// token. The requests also open the HTTP connections, so the measured run
+// does not pay for TCP set-up either.
+func fidelityCalibrate(t testing.TB, s fidelitySetup, url string, promptLen, n int) time.Duration {
+	t.Helper()
+	cal := make([]workload.Request, n)
+	for i := range cal {
+		cal[i] = workload.Request{ID: fmt.Sprintf("cal%d", i), Arrival: time.Duration(i) * 100 * time.Millisecond,
+			PromptLen: promptLen, OutputLen: 2,
+			Segments: []workload.Segment{{Key: 0xca1_0000 + uint64(i), Len: promptLen}}}
+	}
+	// One at a time: bench sends each at its arrival; 100 ms apart is more
+	// than a cold prefill of the workload's prompts at speed 1. The median
+	// ignores the few that a busy machine stalls.
+	res, err := bench.Run(context.Background(), bench.Config{URL: url, Model: fidelityModel,
+		API: bench.APICompletions, IgnoreEOS: true, Timeout: 10 * time.Second}, cal)
+	if err != nil {
+		t.Fatalf("calibration: %v", err)
+	}
+	_, simRes := fidelitySim(t, s, cal, -1)
+	simTTFT := make(map[string]time.Duration, n)
+	for _, r := range simRes.Records {
+		simTTFT[r.ID] = r.TTFT
+	}
+	var over []time.Duration
+	for _, sm := range res.Samples {
+		if !sm.OK() {
+			t.Fatalf("calibration request %s failed: %s", sm.ID, sm.Err)
+		}
+		over = append(over, sm.TTFT-simTTFT[sm.ID])
+	}
+	slices.Sort(over)
+	med := over[len(over)/2]
+	t.Logf("calibration: HTTP path adds %v to TTFT (median of %d; all %v): sim NetLatency %v", med, n, over,
+		max(med/2, 0))
+	return max(med/2, 0)
 }
 
 // fidelityTable renders rows as the report table kvroute sim and bench print.
@@ -256,10 +298,20 @@ func fidelityCompare(s fidelitySetup, simRow, benchRow report.Row) []fidelityMet
 // runFidelity runs s both ways and checks the agreement.
 func runFidelity(t *testing.T, s fidelitySetup) {
 	reqs := fidelityWorkload(t, s)
-	simRow, simRes := fidelitySim(t, s, reqs)
-	benchRow, samples := fidelityBench(t, s, reqs)
-	title := fmt.Sprintf("fidelity: %s x%d %s speed %g, %s, %d requests at %g/s, policy %s",
-		s.profile, s.engines, "blocks", s.speed, s.generator, len(reqs), s.rate, s.policy)
+	url := fidelityRouter(t, s, fidelityFleet(t, s))
+	lens := make([]int, len(reqs))
+	for i := range reqs {
+		lens[i] = reqs[i].PromptLen
+	}
+	slices.Sort(lens)
+	netLatency := fidelityCalibrate(t, s, url, lens[len(lens)/2], 15)
+	// Let the scrapes after the calibration land: the engines are idle
+	// again, as the simulator's are at its start.
+	time.Sleep(2 * fidelityScrape)
+	benchRow, samples := fidelityBench(t, s, url, reqs)
+	simRow, simRes := fidelitySim(t, s, reqs, netLatency)
+	title := fmt.Sprintf("fidelity: %d x %s (%d blocks) at speed %g, %s, %d requests at %g/s, policy %s, sim net latency %v",
+		s.engines, s.profile, s.blocks, s.speed, s.generator, len(reqs), s.rate, s.policy, netLatency)
 	table := fidelityTable(title, simRow, benchRow)
 	t.Logf("\n%s", table)
 
@@ -339,12 +391,18 @@ func TestFidelity(t *testing.T) {
 }
 
 // TestFidelityFull is the full-scale check, run by hand with
-// KVROUTE_FIDELITY=1 (a few minutes).
+// KVROUTE_FIDELITY=1 (about two minutes); KVROUTE_FIDELITY_SPEED=S runs the
+// engines S times faster (default 1).
 func TestFidelityFull(t *testing.T) {
 	if os.Getenv("KVROUTE_FIDELITY") == "" {
 		t.Skip("set KVROUTE_FIDELITY=1 to run the full-scale fidelity check")
 	}
 	s := fidelityBase()
 	s.requests, s.rate = 2000, 20
+	if v := os.Getenv("KVROUTE_FIDELITY_SPEED"); v != "" {
+		if _, err := fmt.Sscan(v, &s.speed); err != nil || !(s.speed > 0) {
+			t.Fatalf("KVROUTE_FIDELITY_SPEED=%q: want a positive number", v)
+		}
+	}
 	runFidelity(t, s)
 }
