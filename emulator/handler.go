@@ -84,7 +84,9 @@ type job struct {
 }
 
 func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
-	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	bodyBuf := getBuf()
+	body, err := readBody(w, r, s.cfg.MaxBodyBytes, bodyBuf)
+	defer putBuf(bodyBuf) // parseRequest copies what it keeps
 	if err != nil {
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
@@ -104,6 +106,9 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	j := &job{chat: chat, req: req}
+	textBuf := getBuf()
+	j.text = *textBuf
+	defer func() { *textBuf = j.text; putBuf(textBuf) }()
 	if chat {
 		j.prompt = s.cfg.Tokenizer.Encode(tokenizer.RenderChatML(req.chatMessages, true))
 		j.respID = openai.NewChatID()
@@ -256,31 +261,17 @@ func (s *Server) serveWhole(w http.ResponseWriter, r *http.Request, j *job) {
 		s.writeEngineError(w, err)
 		return
 	}
-	cached := j.prog.cachedTokens
-	usage := &openai.Usage{PromptTokens: len(j.prompt), CompletionTokens: j.generated, TotalTokens: len(j.prompt) + j.generated,
-		PromptTokensDetails: &openai.PromptTokensDetails{CachedTokens: cached}}
-	var stopReason any
-	if j.stopReason != "" {
-		stopReason = j.stopReason
-	}
 	var kv map[string]any
 	if j.kvPrefill {
 		kv = s.kvTransferParams(j)
 	}
-	var body []byte
-	if j.chat {
-		body, _ = json.Marshal(openai.ChatCompletion{ID: j.respID, Object: openai.ObjectChatCompletion, Created: j.hdr.Created,
-			Model: s.cfg.Model, Choices: []openai.ChatChoice{{Message: openai.ChatMessage{Role: "assistant", Content: string(j.text),
-				ToolCalls: []any{}}, FinishReason: j.finish, StopReason: stopReason}}, Usage: usage, KVTransferParams: kv})
-	} else {
-		fr := j.finish
-		body, _ = json.Marshal(openai.Completion{ID: j.respID, Object: openai.ObjectTextCompletion, Created: j.hdr.Created,
-			Model: s.cfg.Model, Choices: []openai.CompletionChoice{{Text: string(j.text), FinishReason: &fr, StopReason: stopReason}},
-			Usage: usage, KVTransferParams: kv})
-	}
+	out := getBuf()
+	defer putBuf(out)
+	*out = s.appendWhole((*out)[:0], j, kv)
 	s.setLoadHeader(w, r)
 	w.Header().Set("Content-Type", "application/json")
-	_, _ = w.Write(body)
+	w.Header().Set("Content-Length", strconv.Itoa(len(*out)))
+	_, _ = w.Write(*out)
 }
 
 func (s *Server) writeEngineError(w http.ResponseWriter, err error) {

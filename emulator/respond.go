@@ -1,0 +1,106 @@
+package emulator
+
+import (
+	"encoding/json"
+	"io"
+	"net/http"
+	"strconv"
+	"sync"
+	"unsafe"
+
+	"github.com/kvroute/kvroute/openai"
+)
+
+// bufPool recycles the byte buffers of a request's life (request body,
+// generated text, response body), so a busy fleet does not allocate and
+// clear tens of kilobytes per request. Buffers that grew past maxPooled are
+// dropped rather than kept.
+var bufPool = sync.Pool{New: func() any { return new([]byte) }}
+
+const maxPooled = 1 << 20
+
+func getBuf() *[]byte { return bufPool.Get().(*[]byte) }
+
+func putBuf(b *[]byte) {
+	if b == nil || cap(*b) > maxPooled {
+		return
+	}
+	*b = (*b)[:0]
+	bufPool.Put(b)
+}
+
+// readBody reads r's body (at most limit bytes, enforced by
+// http.MaxBytesReader) into *buf, sized from Content-Length when known.
+func readBody(w http.ResponseWriter, r *http.Request, limit int64, buf *[]byte) ([]byte, error) {
+	b := (*buf)[:0]
+	if n := r.ContentLength; n > 0 && n <= limit && int64(cap(b)) < n+1 {
+		b = make([]byte, 0, n+1) // +1: room for the read that sees EOF
+	}
+	body := http.MaxBytesReader(w, r.Body, limit)
+	for {
+		if len(b) == cap(b) {
+			b = append(b, 0)[:len(b)]
+		}
+		n, err := body.Read(b[len(b):cap(b)])
+		b = b[:len(b)+n]
+		if err == io.EOF {
+			*buf = b
+			return b, nil
+		}
+		if err != nil {
+			*buf = b
+			return nil, err
+		}
+	}
+}
+
+// bytesString views b as a string without copying; b must not change while
+// the string is in use.
+func bytesString(b []byte) string { return unsafe.String(unsafe.SliceData(b), len(b)) }
+
+// appendWhole appends the non-streaming response body of j: the JSON
+// encoding/json gives openai.Completion or openai.ChatCompletion, written
+// without reflection (a test compares the two). A P/D prefill leg's
+// kv_transfer_params, a map, goes through encoding/json.
+func (s *Server) appendWhole(dst []byte, j *job, kv map[string]any) []byte {
+	object := openai.ObjectTextCompletion
+	if j.chat {
+		object = openai.ObjectChatCompletion
+	}
+	dst = append(dst, `{"id":`...)
+	dst = openai.AppendJSONString(dst, j.respID)
+	dst = append(dst, `,"object":"`...)
+	dst = append(dst, object...)
+	dst = append(dst, `","created":`...)
+	dst = strconv.AppendInt(dst, j.hdr.Created, 10)
+	dst = append(dst, `,"model":`...)
+	dst = openai.AppendJSONString(dst, s.cfg.Model)
+	if j.chat {
+		dst = append(dst, `,"choices":[{"index":0,"message":{"role":"assistant","reasoning_content":null,"content":`...)
+		dst = openai.AppendJSONString(dst, bytesString(j.text))
+		dst = append(dst, `,"tool_calls":[]},"logprobs":null,"finish_reason":`...)
+	} else {
+		dst = append(dst, `,"choices":[{"index":0,"text":`...)
+		dst = openai.AppendJSONString(dst, bytesString(j.text))
+		dst = append(dst, `,"logprobs":null,"finish_reason":`...)
+	}
+	dst = openai.AppendJSONString(dst, j.finish)
+	dst = append(dst, `,"stop_reason":`...)
+	dst = openai.StopReasonJSON(dst, j.stopReason, 0, false)
+	dst = append(dst, `}],"usage":`...)
+	dst = openai.AppendUsage(dst, len(j.prompt), j.generated, j.prog.cachedTokens)
+	if j.chat {
+		dst = append(dst, `,"prompt_logprobs":null`...)
+	}
+	dst = append(dst, `,"kv_transfer_params":`...)
+	if kv == nil {
+		dst = append(dst, "null"...)
+	} else {
+		b, err := json.Marshal(kv)
+		if err != nil {
+			b = []byte("null")
+		}
+		dst = append(dst, b...)
+	}
+	return append(dst, '}')
+}

@@ -1,0 +1,93 @@
+package emulator
+
+import (
+	"bytes"
+	"encoding/json"
+	"net/http"
+	"net/http/httptest"
+	"strings"
+	"testing"
+
+	"github.com/kvroute/kvroute/openai"
+)
+
+// TestAppendWholeMatchesJSON checks the reflection-free response writer
+// against encoding/json on the openai types it replaces.
+func TestAppendWholeMatchesJSON(t *testing.T) {
+	s := &Server{cfg: Config{Model: "m<&>\"x"}}
+	for _, tc := range []struct {
+		name   string
+		chat   bool
+		text   string
+		finish string
+		stop   string
+		cached int
+		kv     map[string]any
+	}{
+		{"completion", false, "hello world", openai.FinishLength, "", 0, nil},
+		{"chat", true, "hello world", openai.FinishLength, "", 16, nil},
+		{"escapes", false, "a<b>&\"c\\\n\t\u2028\xff", openai.FinishStop, "", 3, nil},
+		{"stop string", true, "the end", openai.FinishStop, "</s>", 0, nil},
+		{"empty text", false, "", openai.FinishStop, "", 0, nil},
+		{"kv", false, "x", openai.FinishLength, "", 0, map[string]any{"do_remote_prefill": true, "remote_port": 7}},
+		{"chat kv", true, "x", openai.FinishLength, "", 0, map[string]any{"remote_block_ids": []int{1, 2}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			j := &job{chat: tc.chat, respID: "cmpl-1", prompt: make([]uint32, 5), text: []byte(tc.text),
+				finish: tc.finish, stopReason: tc.stop, generated: 9, hdr: openai.ChunkHeader{Created: 1700000000}}
+			j.prog.cachedTokens = tc.cached
+			usage := &openai.Usage{PromptTokens: 5, CompletionTokens: 9, TotalTokens: 14,
+				PromptTokensDetails: &openai.PromptTokensDetails{CachedTokens: tc.cached}}
+			var stopReason any
+			if tc.stop != "" {
+				stopReason = tc.stop
+			}
+			var want []byte
+			if tc.chat {
+				want, _ = json.Marshal(openai.ChatCompletion{ID: j.respID, Object: openai.ObjectChatCompletion, Created: 1700000000,
+					Model: s.cfg.Model, Choices: []openai.ChatChoice{{Message: openai.ChatMessage{Role: "assistant", Content: tc.text,
+						ToolCalls: []any{}}, FinishReason: tc.finish, StopReason: stopReason}}, Usage: usage, KVTransferParams: tc.kv})
+			} else {
+				fr := tc.finish
+				want, _ = json.Marshal(openai.Completion{ID: j.respID, Object: openai.ObjectTextCompletion, Created: 1700000000,
+					Model: s.cfg.Model, Choices: []openai.CompletionChoice{{Text: tc.text, FinishReason: &fr, StopReason: stopReason}},
+					Usage: usage, KVTransferParams: tc.kv})
+			}
+			if got := s.appendWhole(nil, j, tc.kv); !bytes.Equal(got, want) {
+				t.Errorf("appendWhole:\n got %s\nwant %s", got, want)
+			}
+		})
+	}
+}
+
+func TestReadBody(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		body    string
+		limit   int64
+		noLen   bool
+		wantErr bool
+	}{
+		{"sized", "hello", 100, false, false},
+		{"unsized", strings.Repeat("x", 5000), 10000, true, false},
+		{"empty", "", 100, false, false},
+		{"too big", strings.Repeat("x", 200), 100, false, true},
+		{"too big unsized", strings.Repeat("x", 200), 100, true, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			r := httptest.NewRequest(http.MethodPost, "/", strings.NewReader(tc.body))
+			if tc.noLen {
+				r.ContentLength = -1
+			}
+			buf := getBuf()
+			defer putBuf(buf)
+			got, err := readBody(httptest.NewRecorder(), r, tc.limit, buf)
+			if (err != nil) != tc.wantErr {
+				t.Fatalf("err = %v, want error %v", err, tc.wantErr)
+			}
+			if !tc.wantErr && string(got) != tc.body {
+				t.Errorf("body = %q (%d bytes), want %d bytes", got[:min(len(got), 20)], len(got), len(tc.body))
+			}
+		})
+	}
+}
