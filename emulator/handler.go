@@ -323,7 +323,7 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 			j.roleWritten = true
 		}
 		if upto > j.sent || done {
-			piece := string(j.text[j.sent:upto])
+			piece := bytesString(j.text[j.sent:upto]) // used before j.text changes (AppendData runs fn at once)
 			j.sent = upto
 			finish := ""
 			var stopJSON []byte
@@ -340,6 +340,7 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 					return j.usage(openai.AppendCompletionChunk(b, &j.hdr, piece, finish, stopJSON), j.generated)
 				})
 			}
+			j.compact()
 		}
 		if done {
 			if so := j.req.StreamOptions; so != nil && so.IncludeUsage {
@@ -355,6 +356,26 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 			s.abort(j)
 			return
 		}
+	}
+}
+
+// compact drops the streamed text no longer needed: all that was sent, or
+// with stop strings what was sent and searched, keeping the last
+// maxStop-1 searched bytes that a later match may start in. A long stream
+// then keeps only a step's worth of text instead of all of it.
+func (j *job) compact() {
+	drop := j.sent
+	if len(j.req.stops) > 0 {
+		drop = min(drop, max(0, j.checked-(j.maxStop-1)))
+	}
+	if drop <= 0 {
+		return
+	}
+	n := copy(j.text, j.text[drop:])
+	j.text = j.text[:n]
+	j.sent -= drop
+	if len(j.req.stops) > 0 {
+		j.checked -= drop
 	}
 }
 

@@ -91,3 +91,54 @@ func TestReadBody(t *testing.T) {
 		})
 	}
 }
+
+// TestStopStringStreaming checks that a streamed request with stop strings
+// (whose text the handler compacts as it goes) sends exactly the text before
+// the first match, for a stop word at every position of a long generation.
+func TestStopStringStreaming(t *testing.T) {
+	_, hs := testServer(t, Config{})
+	_, body := post(t, hs.URL+"/v1/completions", `{"prompt":"abc","max_tokens":60,"seed":9,"ignore_eos":true}`)
+	var full openai.Completion
+	if err := json.Unmarshal(body, &full); err != nil {
+		t.Fatal(err)
+	}
+	text := full.Choices[0].Text
+	words := strings.Fields(text)
+	if len(words) < 20 {
+		t.Fatalf("got %q, want 20+ words", text)
+	}
+	for k := 0; k < len(words); k += 3 {
+		stop := words[k] + " " + words[min(k+1, len(words)-1)]
+		i := strings.Index(text, stop)
+		if i < 0 {
+			continue // the pair spans no space (last word)
+		}
+		req, _ := json.Marshal(map[string]any{"prompt": "abc", "max_tokens": 60, "seed": 9, "ignore_eos": true,
+			"stream": true, "stop": []string{"zzzzzzzzzzzzzzzz", stop}})
+		resp, err := http.Post(hs.URL+"/v1/completions", "application/json", bytes.NewReader(req))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got strings.Builder
+		finish := ""
+		for _, ev := range readStream(t, resp.Body) {
+			if ev == "[DONE]" {
+				continue
+			}
+			var c openai.CompletionChunk
+			if err := json.Unmarshal([]byte(ev), &c); err != nil {
+				t.Fatalf("chunk %q: %v", ev, err)
+			}
+			for _, ch := range c.Choices {
+				got.WriteString(ch.Text)
+				if ch.FinishReason != nil {
+					finish = *ch.FinishReason
+				}
+			}
+		}
+		resp.Body.Close()
+		if got.String() != text[:i] || finish != openai.FinishStop {
+			t.Errorf("stop %q: got %q finish %q, want %q finish stop", stop, got.String(), finish, text[:i])
+		}
+	}
+}
