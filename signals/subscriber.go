@@ -121,8 +121,9 @@ type SubscriberStatus struct {
 	// Gaps counts missing sequence ranges; Replays the gaps filled by replay;
 	// Resyncs the times the endpoint's entries were dropped (gap without
 	// replay, failed replay, undecodable batch); Restarts the sequence
-	// restarts (engine restarted).
-	Gaps, Replays, Resyncs, Restarts uint64
+	// restarts (engine restarted); Reconnects the new connections (sessions)
+	// after the first, each checked for an engine restart.
+	Gaps, Replays, Resyncs, Restarts, Reconnects uint64
 	// DecodeErrors counts undecodable batches; Orphans BlockStored events
 	// whose parent was unknown; StoreErrors other rejected events; Skipped
 	// events of other KV cache groups and unknown types.
@@ -135,7 +136,20 @@ type SubscriberStatus struct {
 // filled from the engine's replay socket when there is one, otherwise (or
 // when the replay cannot fill it) the endpoint's entries are dropped so the
 // index never holds blocks the engine may have evicted. A sequence that goes
-// back (the engine restarted) also drops them. Run owns the sockets.
+// back (the engine restarted) also drops them.
+//
+// A sequence number alone does not reveal every restart: batches a restarted
+// engine publishes before the subscriber reconnects are lost, so its first
+// batch seen may carry a number at or above the one expected from the old
+// engine. So the first batch on every new connection (a new dialled session,
+// or, when listening, after the engine's connection ended) is checked: with
+// a replay socket the subscriber replays from the last batch it applied and
+// compares that batch's bytes (payloads carry the engine's timestamp): the
+// same engine keeps the entries (and fills any gap), another one has them
+// dropped and its history caught up from seq 0. Without a replay socket a
+// new connection cannot be verified and drops the endpoint's entries
+// (resync). A listening socket stays bound for all of Run so that a
+// restarted engine can always connect back. Run owns the sockets.
 type Subscriber struct {
 	cfg SubscriberConfig
 
@@ -147,8 +161,16 @@ type Subscriber struct {
 	batch EventBatch
 	salts []uint64
 
-	started bool
-	next    uint64 // the sequence number expected next
+	started  bool
+	next     uint64 // the sequence number expected next
+	lastHash uint64 // xxh3 of the payload of batch next-1
+	// fresh is set when a new connection may carry another engine (a new
+	// dialled session, or a listening socket that lost a connection): the
+	// next batch is checked against the engine's replay history, or forces
+	// a resync without replay. A sequence number alone cannot tell: a
+	// restarted engine may have published more batches than the old one
+	// before the subscriber reconnects.
+	fresh bool
 
 	mu sync.Mutex // guards st
 	st SubscriberStatus
@@ -236,6 +258,7 @@ func (s *Subscriber) session(parent context.Context) error {
 	}
 	s.update(func(st *SubscriberStatus) { st.Connected = true })
 	defer s.update(func(st *SubscriberStatus) { st.Connected = false })
+	s.fresh = true // a new connection: maybe a new engine
 
 	msgs := make(chan subMsg, 64)
 	var wg sync.WaitGroup
@@ -245,12 +268,18 @@ func (s *Subscriber) session(parent context.Context) error {
 		defer close(msgs)
 		for {
 			m, err := sub.Recv()
+			if err != nil && ctx.Err() != nil {
+				return
+			}
 			select {
 			case msgs <- subMsg{frames: m.Frames, err: err}:
 			case <-ctx.Done():
 				return
 			}
-			if err != nil {
+			// A dialled socket has one connection: its error ends the
+			// session. A listening socket reports the loss of one
+			// connection and keeps accepting (the engine reconnects).
+			if err != nil && !s.cfg.Listen {
 				return
 			}
 		}
@@ -276,7 +305,17 @@ func (s *Subscriber) session(parent context.Context) error {
 				return errors.New("receiver stopped")
 			}
 			if m.err != nil {
-				return fmt.Errorf("recv: %w", m.err)
+				if !s.cfg.Listen {
+					return fmt.Errorf("recv: %w", m.err)
+				}
+				// The engine's connection ended; keep the listening
+				// socket bound so that the restarted engine can connect
+				// (closing it would also drop a connection the new
+				// engine already made), and check the next batch.
+				s.cfg.Logger.Info("kv events: engine connection ended", "endpoint", s.cfg.Endpoint, "err", m.err)
+				s.update(func(st *SubscriberStatus) { st.LastError = m.err.Error() })
+				s.fresh = true
+				continue
 			}
 			idle.Reset(s.cfg.IdleReconnect)
 			seq, payload, err := splitFrames(m.frames)
@@ -309,12 +348,16 @@ func splitFrames(f [][]byte) (uint64, []byte, error) {
 
 // handle applies the batch seq after checking the sequence.
 func (s *Subscriber) handle(ctx context.Context, seq uint64, payload []byte) {
+	fresh := s.fresh
+	s.fresh = false
 	switch {
 	case !s.started:
 		s.started = true
 		if seq > 0 && !s.cfg.NoCatchUp && s.replay != nil {
 			s.fill(ctx, 0, seq, false)
 		}
+	case fresh && seq >= s.next:
+		s.reconnected(ctx, seq)
 	case seq == s.next:
 	case seq > s.next:
 		s.update(func(st *SubscriberStatus) { st.Gaps++ })
@@ -323,14 +366,65 @@ func (s *Subscriber) handle(ctx context.Context, seq uint64, payload []byte) {
 			s.resync("gap without replay")
 		}
 	default: // seq < s.next: the engine restarted its sequence
-		s.update(func(st *SubscriberStatus) { st.Restarts++ })
-		s.cfg.Logger.Info("kv events: sequence restarted", "endpoint", s.cfg.Endpoint, "want", s.next, "got", seq)
-		s.cfg.Sink.Clear(s.cfg.Endpoint)
-		if seq > 0 && !s.cfg.NoCatchUp && s.replay != nil {
-			s.fill(ctx, 0, seq, false)
+		if fresh {
+			s.update(func(st *SubscriberStatus) { st.Reconnects++ })
 		}
+		s.restarted(ctx, seq, "sequence went back")
 	}
 	s.apply(seq, payload)
+}
+
+// restarted drops the endpoint's entries and catches up with the new
+// engine's history before batch seq.
+func (s *Subscriber) restarted(ctx context.Context, seq uint64, why string) {
+	s.update(func(st *SubscriberStatus) { st.Restarts++ })
+	s.cfg.Logger.Info("kv events: engine restarted, dropping its entries", "endpoint", s.cfg.Endpoint,
+		"why", why, "want", s.next, "got", seq)
+	s.cfg.Sink.Clear(s.cfg.Endpoint)
+	if seq > 0 && !s.cfg.NoCatchUp && s.replay != nil {
+		s.fill(ctx, 0, seq, false)
+	}
+}
+
+// reconnected checks the first batch (seq >= next) of a new connection.
+// The sequence number cannot tell a restarted engine that already
+// published more batches than the old one from the old engine after a
+// network blip, so it asks the engine's replay socket for the last batch
+// applied (next-1): the same engine returns the same bytes (a payload
+// carries the engine's timestamp), a restarted one a different batch or
+// none. Then the gap [next, seq) is filled from the same answer. Without a
+// replay socket nothing can be verified and the endpoint's entries are
+// dropped (resync).
+func (s *Subscriber) reconnected(ctx context.Context, seq uint64) {
+	s.update(func(st *SubscriberStatus) { st.Reconnects++ })
+	if s.replay == nil {
+		s.resync("new connection without replay: the engine may have restarted")
+		return
+	}
+	last := s.next - 1 // started, so next >= 1
+	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
+	got, err := s.replay(rctx, last)
+	cancel()
+	if err != nil {
+		s.cfg.Logger.Warn("kv events: replay failed", "endpoint", s.cfg.Endpoint, "from", last, "err", err)
+		s.update(func(st *SubscriberStatus) { st.LastError = err.Error() })
+		s.resync("new connection, replay failed: the engine may have restarted")
+		return
+	}
+	if len(got) == 0 || got[0].seq != last || xxh3.Hash(got[0].payload) != s.lastHash {
+		s.restarted(ctx, seq, "new connection, the engine's history differs")
+		return
+	}
+	if seq == s.next {
+		return
+	}
+	s.update(func(st *SubscriberStatus) { st.Gaps++ })
+	s.cfg.Logger.Warn("kv events: gap", "endpoint", s.cfg.Endpoint, "want", s.next, "got", seq)
+	if !s.applyRange(got[1:], s.next, seq, true) {
+		s.resync("gap, replay incomplete")
+		return
+	}
+	s.update(func(st *SubscriberStatus) { st.Replays++ })
 }
 
 // fill replays batches [from, to) and applies them. With strict, it
@@ -344,6 +438,16 @@ func (s *Subscriber) fill(ctx context.Context, from, to uint64, strict bool) boo
 		s.update(func(st *SubscriberStatus) { st.LastError = err.Error() })
 		return false
 	}
+	if !s.applyRange(got, from, to, strict) {
+		return false
+	}
+	s.update(func(st *SubscriberStatus) { st.Replays++ })
+	return true
+}
+
+// applyRange applies the replayed batches in [from, to). With strict, it
+// stops and reports false unless they cover the whole range in order.
+func (s *Subscriber) applyRange(got []replayed, from, to uint64, strict bool) bool {
 	want := from
 	for _, r := range got {
 		if r.seq < want || r.seq >= to {
@@ -364,7 +468,6 @@ func (s *Subscriber) fill(ctx context.Context, from, to uint64, strict bool) boo
 		s.cfg.Logger.Warn("kv events: replay incomplete", "endpoint", s.cfg.Endpoint, "want", want, "to", to)
 		return false
 	}
-	s.update(func(st *SubscriberStatus) { st.Replays++ })
 	return true
 }
 
@@ -377,6 +480,7 @@ func (s *Subscriber) resync(why string) {
 // apply decodes one batch and hands its events to the sink.
 func (s *Subscriber) apply(seq uint64, payload []byte) {
 	s.next = seq + 1
+	s.lastHash = xxh3.Hash(payload)
 	if err := s.dec.Decode(payload, &s.batch); err != nil {
 		// The batch's changes are lost: the index can no longer be trusted.
 		s.update(func(st *SubscriberStatus) { st.DecodeErrors++; st.LastError = err.Error(); st.LastSeq = int64(seq) })

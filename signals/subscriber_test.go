@@ -43,16 +43,28 @@ type fakeEngine struct {
 
 func newFakeEngine(t *testing.T, withReplay bool, enc EventEncoding) *fakeEngine {
 	t.Helper()
+	replayAddr := ""
+	if withReplay {
+		replayAddr = "tcp://127.0.0.1:0"
+	}
+	return newFakeEngineAt(t, "tcp://127.0.0.1:0", replayAddr, enc)
+}
+
+// newFakeEngineAt binds the PUB socket to pubAddr and, unless replayAddr is
+// "", the replay socket to replayAddr: a restarted engine binds the
+// addresses of the old one.
+func newFakeEngineAt(t *testing.T, pubAddr, replayAddr string, enc EventEncoding) *fakeEngine {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	e := &fakeEngine{t: t, enc: enc, cancel: cancel}
 	e.pub = zmq4.NewPub(ctx, zmq4.WithLogger(newDiscardLogger()))
-	if err := e.pub.Listen("tcp://127.0.0.1:0"); err != nil {
+	if err := e.pub.Listen(pubAddr); err != nil {
 		t.Fatal(err)
 	}
 	e.pubAddr = "tcp://" + e.pub.Addr().String()
-	if withReplay {
+	if replayAddr != "" {
 		e.route = zmq4.NewRouter(ctx, zmq4.WithLogger(newDiscardLogger()))
-		if err := e.route.Listen("tcp://127.0.0.1:0"); err != nil {
+		if err := e.route.Listen(replayAddr); err != nil {
 			t.Fatal(err)
 		}
 		e.replayAddr = "tcp://" + e.route.Addr().String()
@@ -112,7 +124,8 @@ func be64(v uint64) []byte {
 // batch is only buffered for replay (lost on the PUB socket).
 func (e *fakeEngine) publish(drop bool, events ...KVEvent) uint64 {
 	e.t.Helper()
-	b := EventBatch{TS: 1, Events: events, HasDPRank: true}
+	// Like vLLM's time.time(): batches of two engines differ.
+	b := EventBatch{TS: float64(time.Now().UnixNano()) / 1e9, Events: events, HasDPRank: true}
 	p, err := EncodeEventBatch(nil, &b, e.enc)
 	if err != nil {
 		e.t.Fatal(err)
@@ -498,5 +511,201 @@ func TestSubscriberListen(t *testing.T) {
 	// A "*" address implies Listen; in dial mode it is rejected.
 	if _, err := NewSubscriber(SubscriberConfig{Endpoint: "e", Address: "tcp://*:5557", Sink: idx}); err != nil {
 		t.Fatalf("tcp://*:5557: %v", err)
+	}
+}
+
+// prompt2 is another engine's prompt (engine hashes 2000+i).
+var prompt2 = func() []uint32 {
+	p := make([]uint32, 24)
+	for i := range p {
+		p[i] = uint32(500 + i)
+	}
+	return p
+}()
+
+func stored2(from, to int) KVEvent {
+	ev := KVEvent{Kind: EventBlockStored, BlockSize: 4, Medium: "GPU", TokenIDs: prompt2[from*4 : to*4]}
+	for i := from; i < to; i++ {
+		ev.BlockHashes = append(ev.BlockHashes, uint64(2000+i))
+	}
+	if from > 0 {
+		ev.Parent, ev.HasParent = uint64(2000+from-1), true
+	}
+	return ev
+}
+
+// matchedOn returns how many leading blocks of p the index holds for e1.
+func matchedOn(idx *kvindex.Index, p []uint32) int {
+	for _, h := range idx.Match(kvindex.HashTokens(p, 4, nil), nil) {
+		if h.Endpoint == "e1" {
+			return h.Blocks
+		}
+	}
+	return 0
+}
+
+// TestSubscriberRestartAhead: the engine restarts and its new incarnation
+// publishes more batches than the old one did before the subscriber
+// reconnects, so the first batch seen has a sequence number above the one
+// expected. The old engine's blocks must go; the new one's must be there.
+func TestSubscriberRestartAhead(t *testing.T) {
+	for _, tc := range []struct {
+		name       string
+		replay     bool
+		racing     bool // publish 0..ahead-1 on the PUB socket while the subscriber reconnects
+		ahead      int  // batches the new engine publishes before the checked one
+		last       KVEvent
+		wantBlocks int
+	}{
+		// With replay, the new engine's history (prompt2 blocks 0-2) is
+		// caught up and the last batch continues it.
+		{"replay", true, false, 41, stored2(3, 6), 6},
+		{"replay racing", true, true, 41, stored2(3, 6), 6},
+		// The first batch seen has exactly the sequence number expected
+		// from the old engine.
+		{"replay exact", true, false, 10, stored2(3, 6), 6},
+		// Without replay, the new connection forces a resync; the last
+		// batch is a fresh sequence.
+		{"no replay", false, false, 41, stored2(0, 2), 2},
+		{"no replay racing", false, true, 41, stored2(0, 2), 2},
+		{"no replay exact", false, false, 10, stored2(0, 2), 2},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			old := newFakeEngine(t, tc.replay, EventEncoding{})
+			h := startSub(t, old, func(c *SubscriberConfig) { c.DialRetry = 20 * time.Millisecond })
+			old.publish(false, stored(0, 6))
+			for range 9 {
+				old.publish(false)
+			}
+			h.waitSeq(t, 9)
+			if got := matchedOn(h.idx, prompt); got != 6 {
+				t.Fatalf("old engine: matched %d blocks, want 6", got)
+			}
+			pubAddr, replayAddr := old.pubAddr, old.replayAddr
+			old.close()
+			waitFor(t, "disconnect", func() bool { return !h.sub.Status().Connected })
+
+			eng := newFakeEngineAt(t, pubAddr, replayAddr, EventEncoding{})
+			eng.publish(!tc.racing, stored2(0, 3))
+			for range tc.ahead - 1 {
+				eng.publish(!tc.racing)
+			}
+			eng.waitSubscribed()
+			eng.publish(false, tc.last)
+			st := h.waitSeq(t, int64(tc.ahead))
+			if got := matchedOn(h.idx, prompt); got != 0 {
+				t.Errorf("old engine's prompt: matched %d blocks, want 0 (stale entries); status %+v", got, st)
+			}
+			if got := matchedOn(h.idx, prompt2); got != tc.wantBlocks {
+				t.Errorf("new engine's prompt: matched %d blocks, want %d; status %+v", got, tc.wantBlocks, st)
+			}
+			if st.Restarts+st.Resyncs == 0 {
+				t.Errorf("status %+v: neither a restart nor a resync", st)
+			}
+		})
+	}
+}
+
+// TestSubscriberReconnectSameEngine: a new connection to the same engine
+// (here after an idle timeout) keeps the entries when the replay socket
+// shows the same history, and fills a gap from it.
+func TestSubscriberReconnectSameEngine(t *testing.T) {
+	eng := newFakeEngine(t, true, EventEncoding{})
+	h := startSub(t, eng, func(c *SubscriberConfig) {
+		c.IdleReconnect = 100 * time.Millisecond
+		c.DialRetry = 10 * time.Millisecond
+	})
+	eng.publish(false, stored(0, 3))
+	h.waitSeq(t, 0)
+	waitFor(t, "idle reconnect", func() bool { return strings.Contains(h.sub.Status().LastError, "idle") })
+	eng.publish(true, stored(3, 4)) // lost while reconnecting
+	eng.waitSubscribed()
+	// Batches keep coming until one arrives on a new connection.
+	next := int64(2)
+	waitFor(t, "a batch on a new connection", func() bool {
+		if h.sub.Status().Reconnects > 0 {
+			return true
+		}
+		eng.publish(false)
+		next++
+		return false
+	})
+	eng.publish(false, stored(4, 6))
+	st := h.waitSeq(t, next)
+	if got := matchedOn(h.idx, prompt); got != 6 {
+		t.Errorf("matched %d blocks, want 6 (entries kept, lost batch replayed); status %+v", got, st)
+	}
+	if st.Restarts != 0 || st.Resyncs != 0 {
+		t.Errorf("status %+v: want no restart and no resync", st)
+	}
+}
+
+// TestSubscriberListenRestart: in Listen mode the engine connects to the
+// router; it restarts several times (each new incarnation's PUB socket
+// dials in, like the emulator's and libzmq's) and every incarnation is
+// followed, with the previous one's entries dropped.
+func TestSubscriberListenRestart(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := "tcp://" + l.Addr().String()
+	l.Close()
+	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 4})
+	sub, err := NewSubscriber(SubscriberConfig{Endpoint: "e1", Address: addr, Listen: true, Topic: testTopic,
+		Sink: idx, DialRetry: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- sub.Run(ctx) }()
+	defer func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("Run: %v", err)
+		}
+	}()
+	waitFor(t, "listening", func() bool { return sub.Status().Connected })
+
+	prompts := [][]uint32{prompt, prompt2}
+	events := []func(int, int) KVEvent{stored, stored2}
+	for round := range 6 {
+		ectx, ecancel := context.WithCancel(context.Background())
+		pub := zmq4.NewPub(ectx, zmq4.WithLogger(newDiscardLogger()), zmq4.WithDialerMaxRetries(-1),
+			zmq4.WithDialerRetry(20*time.Millisecond), zmq4.WithAutomaticReconnect(true))
+		if err := pub.Dial(addr); err != nil {
+			t.Fatal(err)
+		}
+		tp := pub.(interface{ Topics() []string })
+		waitFor(t, fmt.Sprintf("round %d: subscription", round), func() bool { return slices.Contains(tp.Topics(), testTopic) })
+		cur, prev := round%2, (round+1)%2
+		// Each incarnation publishes more batches than the last one.
+		n := 5 + 3*round
+		for seq := range n {
+			var evs []KVEvent
+			if seq == n-1 {
+				evs = []KVEvent{events[cur](0, 2)}
+			}
+			p, err := EncodeEventBatch(nil, &EventBatch{TS: float64(time.Now().UnixNano()) / 1e9, Events: evs}, EventEncoding{})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if err := pub.Send(zmq4.NewMsgFrom([]byte(testTopic), be64(uint64(seq)), p)); err != nil {
+				t.Fatal(err)
+			}
+		}
+		waitFor(t, fmt.Sprintf("round %d: seq %d", round, n-1), func() bool { return sub.Status().LastSeq == int64(n-1) })
+		if got := matchedOn(idx, prompts[cur]); got != 2 {
+			t.Errorf("round %d: matched %d blocks of this incarnation, want 2", round, got)
+		}
+		if got := matchedOn(idx, prompts[prev]); got != 0 {
+			t.Errorf("round %d: matched %d blocks of the previous incarnation, want 0", round, got)
+		}
+		pub.Close()
+		ecancel()
+	}
+	if st := sub.Status(); st.Reconnects != 5 || !st.Connected {
+		t.Errorf("status %+v, want 5 reconnects", st)
 	}
 }
