@@ -402,9 +402,7 @@ func (s *Subscriber) reconnected(ctx context.Context, seq uint64) {
 		return
 	}
 	last := s.next - 1 // started, so next >= 1
-	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
-	got, err := s.replay(rctx, last)
-	cancel()
+	got, err := s.replayRetry(ctx, last)
 	if err != nil {
 		s.cfg.Logger.Warn("kv events: replay failed", "endpoint", s.cfg.Endpoint, "from", last, "err", err)
 		s.update(func(st *SubscriberStatus) { st.LastError = err.Error() })
@@ -430,9 +428,7 @@ func (s *Subscriber) reconnected(ctx context.Context, seq uint64) {
 // fill replays batches [from, to) and applies them. With strict, it
 // reports false unless the replay covered the whole range in order.
 func (s *Subscriber) fill(ctx context.Context, from, to uint64, strict bool) bool {
-	rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
-	defer cancel()
-	got, err := s.replay(rctx, from)
+	got, err := s.replayRetry(ctx, from)
 	if err != nil {
 		s.cfg.Logger.Warn("kv events: replay failed", "endpoint", s.cfg.Endpoint, "from", from, "err", err)
 		s.update(func(st *SubscriberStatus) { st.LastError = err.Error() })
@@ -443,6 +439,25 @@ func (s *Subscriber) fill(ctx context.Context, from, to uint64, strict bool) boo
 	}
 	s.update(func(st *SubscriberStatus) { st.Replays++ })
 	return true
+}
+
+// replayRetry runs one replay exchange, each attempt bounded by
+// ReplayTimeout, and tries once more on a new connection when the first
+// attempt got no answer at all (a request or a connection lost in flight).
+func (s *Subscriber) replayRetry(ctx context.Context, from uint64) ([]replayed, error) {
+	var got []replayed
+	err := ctx.Err()
+	for attempt := 0; attempt < 2 && ctx.Err() == nil; attempt++ {
+		rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
+		got, err = s.replay(rctx, from)
+		cancel()
+		if err == nil || len(got) > 0 {
+			break
+		}
+		s.cfg.Logger.Warn("kv events: replay got no answer", "endpoint", s.cfg.Endpoint, "from", from,
+			"attempt", attempt+1, "err", err)
+	}
+	return got, err
 }
 
 // applyRange applies the replayed batches in [from, to). With strict, it
