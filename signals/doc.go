@@ -99,8 +99,13 @@
 //	                     entries (resync), then apply
 //	seq <  next          the engine restarted: drop its entries, catch up, apply
 //	first batch, seq > 0 catch up: replay whatever history the engine still buffers
+//	first batch on a new connection, seq >= next
+//	                     replay from next-1 and compare that batch's bytes: the same
+//	                     engine -> fill the gap; different -> it restarted (drop its
+//	                     entries, catch up from 0); no replay socket -> resync
 //
 // Run owns the sockets and re-dials after failures or a silence of
-// IdleReconnect. EncodeEventBatch writes the same payloads (for the engine
+// IdleReconnect; in listen mode the listening socket stays bound for all of
+// Run. EncodeEventBatch writes the same payloads (for the engine
 // emulator and tests).
 package signals
