@@ -58,6 +58,9 @@ type Model struct {
 	// precise prefix index fed by the endpoints' KV-cache events. Off by
 	// default: the router then matches prefixes approximately, on characters.
 	Precise Precise `yaml:"precise"`
+	// PD configures prefill/decode disaggregation; it applies when the pool
+	// has prefill or decode endpoints.
+	PD PD `yaml:"pd"`
 }
 
 // Endpoint is one engine in a model's pool.
@@ -350,6 +353,7 @@ func (c *Config) ApplyDefaults() {
 }
 
 func (m *Model) applyDefaults() {
+	m.PD.applyDefaults()
 	for i := range m.Endpoints {
 		e := &m.Endpoints[i]
 		setDefault(&e.ID, e.URL)
@@ -523,6 +527,7 @@ func (m *Model) validate(v *validator, p string) {
 	if len(m.Endpoints) == 0 {
 		v.addf(p+".endpoints", "at least one endpoint is required")
 	}
+	m.PD.validate(v, p+".pd")
 	ids := map[string]int{}
 	for i := range m.Endpoints {
 		e := &m.Endpoints[i]

@@ -109,6 +109,10 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 			req.SessionKey = s
 		}
 	}
+	if pl.pd != nil {
+		p.servePD(w, r, pl, req, body, start)
+		return
+	}
 	x := &exchange{p: p, pool: pl, req: req, body: body, maxAttempts: p.cfg.Retry.Attempts, m: p.metrics.pools[pl.model]}
 	x.tried = make([]string, 0, x.maxAttempts)
 	x.ctx = context.WithValue(r.Context(), exchangeKey{}, x)

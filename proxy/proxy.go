@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/disagg"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/ui"
@@ -64,6 +65,7 @@ type Proxy struct {
 	draining  atomic.Bool      // set when Serve starts shutting down
 	sig       signalState      // the running signal loops (RunSignals)
 	fb        *feedbackMetrics // engine-reported prompt and cached tokens
+	pdMetrics *disagg.Metrics  // P/D handoffs (disagg.go)
 }
 
 // pool is one model's endpoints, router and reverse proxies.
@@ -73,6 +75,7 @@ type pool struct {
 	eps     []kvroute.Endpoint
 	proxies map[string]*endpointProxy // by endpoint ID; read-only after New
 	precise *precise                  // token-level matching; nil when off
+	pd      *disagg.Handoff           // P/D pools only (disagg.go)
 }
 
 // New builds a Proxy: applies the config's defaults, validates it, builds
@@ -110,6 +113,10 @@ func New(opts Options) (*Proxy, error) {
 			return nil, fmt.Errorf("proxy: trusted_clients: %w", err)
 		}
 		p.trusted = append(p.trusted, pfx)
+	}
+	var err error
+	if p.pdMetrics, err = disagg.NewMetrics(opts.Registerer); err != nil {
+		return nil, fmt.Errorf("proxy: register metrics: %w", err)
 	}
 	for i := range cfg.Models {
 		pl, err := p.newPool(i, &cfg.Models[i])
@@ -154,6 +161,17 @@ func (p *Proxy) newPool(i int, m *config.Model) (*pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy: %s.%w", path, err)
 	}
+	var planner *disagg.Planner
+	if m.Disaggregated() {
+		prefill := picker
+		if m.Policy.Name == config.DefaultPolicy && len(m.Policy.Params) == 0 {
+			prefill = nil // kv-aware with the profile's costs
+		}
+		if planner, err = newPlanner(m, prefill); err != nil {
+			return nil, fmt.Errorf("proxy: %s.%w", path, err)
+		}
+		picker = planner
+	}
 	rc := router.Config{
 		Model:      m.Name,
 		Endpoints:  eps,
@@ -176,6 +194,11 @@ func (p *Proxy) newPool(i int, m *config.Model) (*pool, error) {
 		return nil, fmt.Errorf("proxy: %s: %w", path, err)
 	}
 	pl := &pool{model: m.Name, router: r, eps: eps, proxies: make(map[string]*endpointProxy, len(eps)), precise: pc}
+	if planner != nil {
+		if pl.pd, err = p.newHandoff(pl, m, planner); err != nil {
+			return nil, fmt.Errorf("proxy: %s.pd: %w", path, err)
+		}
+	}
 	for j := range eps {
 		ep, err := p.newEndpointProxy(pl, &eps[j])
 		if err != nil {
@@ -211,6 +234,10 @@ func (p *Proxy) SetPolicy(model, policy string, params map[string]any) error {
 	pl := p.pools[model]
 	if pl == nil {
 		return kvroute.Errorf(http.StatusNotFound, kvroute.TypeNotFound, "model_not_found", "model", "model %q is not served here", model)
+	}
+	if pl.pd != nil {
+		return kvroute.Errorf(http.StatusConflict, kvroute.TypeInvalidRequest, "pd_pool", "model",
+			"model %q is disaggregated: its placement is set by its pd config", model)
 	}
 	picker, err := p.buildPicker(policy, params, 0)
 	if err != nil {

@@ -1,0 +1,89 @@
+package proxy
+
+import (
+	"fmt"
+	"net/http"
+	"strconv"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/disagg"
+	"github.com/kvroute/kvroute/engine"
+)
+
+// Prefill/decode disaggregation: a model whose pool has prefill or decode
+// endpoints is served by a disagg.Handoff. Its router's picker is a
+// disagg.Planner (the configured policy, or kv-aware with parameters
+// derived from pd.profile, places the prefill stage); the handoff runs the
+// legs in the engines' protocol (pd.protocol) and streams the decode
+// engine's answer. Requests carrying handoff fields (kv_transfer_params,
+// bootstrap_*) or endpoint-naming headers are rejected with 400.
+
+// newPlanner builds the P/D planner of model m, with picker (nil: the
+// planner's default) placing the prefill stage.
+func newPlanner(m *config.Model, picker kvroute.Picker) (*disagg.Planner, error) {
+	pc := m.PD
+	prof, err := engine.LookupProfile(pc.Profile)
+	if err != nil {
+		return nil, fmt.Errorf("pd.profile: %w", err)
+	}
+	links := disagg.DefaultLinks()
+	if len(pc.Links) > 0 {
+		links.Rules = nil
+		for _, l := range pc.Links {
+			links.Rules = append(links.Rules, disagg.LinkRule{Same: l.Same, Link: pdLink(l)})
+		}
+	}
+	if pc.DefaultLink.Gbps > 0 {
+		links.Default = pdLink(pc.DefaultLink)
+	}
+	return disagg.NewPlanner(disagg.Config{
+		Profile: prof,
+		Links:   links,
+		Mode:    disagg.Mode(pc.Mode),
+		Conditional: disagg.Conditional{ShortTokens: pc.ShortTokens, LocalISL: pc.LocalISL, LocalRatio: pc.LocalRatio,
+			MaxLocalTokens: pc.MaxLocalTokens, Margin: pc.Margin},
+		Prefill: picker,
+		Seed:    m.Policy.Seed,
+	})
+}
+
+func pdLink(l config.PDLink) disagg.Link {
+	return disagg.Link{Name: l.Name, Gbps: l.Gbps, Efficiency: l.Efficiency, Setup: l.Setup}
+}
+
+// newHandoff builds the P/D handoff of a pool.
+func (p *Proxy) newHandoff(pl *pool, m *config.Model, planner *disagg.Planner) (*disagg.Handoff, error) {
+	return disagg.NewHandoff(disagg.HandoffConfig{
+		Model:         m.Name,
+		Router:        pl.router,
+		Planner:       planner,
+		Client:        &http.Client{Transport: p.transport},
+		Protocol:      m.PD.Protocol,
+		Attempts:      m.PD.Attempts,
+		BootstrapPort: m.PD.BootstrapPort,
+		Metrics:       p.pdMetrics,
+		Logger:        p.log,
+		Now:           p.now,
+	})
+}
+
+// servePD answers a request for a P/D model and accounts for it like the
+// aggregated path does.
+func (p *Proxy) servePD(w http.ResponseWriter, r *http.Request, pl *pool, req *kvroute.Request, body []byte, start time.Time) {
+	res := pl.pd.Serve(w, r, r.URL.Path, body, req)
+	code := res.Status
+	if code == 0 {
+		code = http.StatusBadGateway
+	}
+	now := p.now()
+	p.metrics.requests.WithLabelValues(pl.model, res.Decode, strconv.Itoa(code)).Inc()
+	p.metrics.pools[pl.model].duration.Observe(now.Sub(start).Seconds())
+	lvl := levelFor(code)
+	if p.log.Enabled(r.Context(), lvl) {
+		p.log.Log(r.Context(), lvl, "request", "request_id", req.ID, "model", req.Model, "prefill", res.Prefill,
+			"endpoint", res.Decode, "disaggregated", res.Disaggregated, "status", code, "attempts", res.Attempts,
+			"stream", req.Stream, "prompt_tokens", req.PromptTokens, "duration", now.Sub(start), "error", res.Err)
+	}
+}

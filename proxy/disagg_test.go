@@ -1,0 +1,160 @@
+package proxy
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/emulator"
+	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/policy"
+)
+
+// pdEngine starts an emulated engine in a P/D role and records the bodies
+// it receives.
+func pdEngine(t *testing.T, role kvroute.Role, proto string) (*httptest.Server, func() []map[string]any) {
+	t.Helper()
+	prof, err := engine.LookupProfile("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := emulator.New(emulator.Config{Model: "tiny", Engine: engine.Config{Profile: prof}, Speed: 100, Role: role,
+		PDProtocol: proto, LoadFailure: emulator.LoadFailureFail})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var mu sync.Mutex
+	var bodies []map[string]any
+	h := s.Handler()
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if strings.HasPrefix(r.URL.Path, "/v1/") {
+			b, _ := io.ReadAll(r.Body)
+			var m map[string]any
+			_ = json.Unmarshal(b, &m)
+			mu.Lock()
+			bodies = append(bodies, m)
+			mu.Unlock()
+			r.Body = io.NopCloser(strings.NewReader(string(b)))
+		}
+		h.ServeHTTP(w, r)
+	}))
+	host, port, _ := net.SplitHostPort(strings.TrimPrefix(hs.URL, "http://"))
+	p, _ := strconv.Atoi(port)
+	s.SetAdvertise(host, p)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() {
+		defer wg.Done()
+		if err := s.Run(ctx); err != nil {
+			t.Errorf("emulator: %v", err)
+		}
+	}()
+	t.Cleanup(func() {
+		hs.Close()
+		cancel()
+		wg.Wait()
+	})
+	return hs, func() []map[string]any {
+		mu.Lock()
+		defer mu.Unlock()
+		return append([]map[string]any(nil), bodies...)
+	}
+}
+
+// TestDisaggregatedEndToEnd runs kvroute serve's handler in front of an
+// emulated prefill engine and an emulated decode engine, in both
+// protocols: the client sees one ordinary OpenAI response.
+func TestDisaggregatedEndToEnd(t *testing.T) {
+	for _, proto := range []string{"nixl", "sglang"} {
+		t.Run(proto, func(t *testing.T) {
+			ps, pbodies := pdEngine(t, kvroute.RolePrefill, proto)
+			ds, dbodies := pdEngine(t, kvroute.RoleDecode, proto)
+			_, port, _ := net.SplitHostPort(strings.TrimPrefix(ps.URL, "http://"))
+			cfg := config.Config{
+				Models: []config.Model{{
+					Name: "tiny",
+					Endpoints: []config.Endpoint{
+						{ID: "p0", URL: ps.URL, Role: "prefill", Labels: map[string]string{"bootstrap_port": port}},
+						{ID: "d0", URL: ds.URL, Role: "decode"},
+					},
+					PD: config.PD{Protocol: proto, Mode: "always", Profile: "tiny"},
+				}},
+				HealthCheck: config.HealthCheck{Disabled: true},
+			}
+			reg := prometheus.NewRegistry()
+			px, err := New(Options{Config: cfg, NewPicker: policy.New, Registerer: reg, Gatherer: reg})
+			if err != nil {
+				t.Fatal(err)
+			}
+			srv := httptest.NewServer(px)
+			defer srv.Close()
+			post := func(body string, hdr ...string) (int, string, http.Header) {
+				req, _ := http.NewRequest(http.MethodPost, srv.URL+"/v1/completions", strings.NewReader(body))
+				for i := 0; i+1 < len(hdr); i += 2 {
+					req.Header.Set(hdr[i], hdr[i+1])
+				}
+				resp, err := http.DefaultClient.Do(req)
+				if err != nil {
+					t.Fatal(err)
+				}
+				defer resp.Body.Close()
+				b, _ := io.ReadAll(resp.Body)
+				return resp.StatusCode, string(b), resp.Header
+			}
+			const prompt = "The router places the prompt on a compute-heavy prefill node, then a memory-heavy decode node."
+			code, body, h := post(`{"model":"tiny","prompt":"` + prompt + `","max_tokens":4}`)
+			if code != 200 {
+				t.Fatalf("got %d %s", code, body)
+			}
+			var c openai.Completion
+			if err := json.Unmarshal([]byte(body), &c); err != nil || c.Usage.CompletionTokens != 4 || c.KVTransferParams != nil {
+				t.Errorf("got %s (%v), want 4 tokens and no kv_transfer_params", body, err)
+			}
+			if h.Get(HeaderRequestID) == "" {
+				t.Error("no X-Request-Id on the answer")
+			}
+			code, body, _ = post(`{"model":"tiny","prompt":"` + prompt + `","max_tokens":3,"stream":true}`)
+			if code != 200 || !strings.HasSuffix(body, "data: [DONE]\n\n") {
+				t.Errorf("stream: got %d %s", code, body)
+			}
+			if n, m := len(pbodies()), len(dbodies()); n != 2 || m != 2 {
+				t.Errorf("got %d prefill and %d decode legs, want 2 and 2", n, m)
+			}
+			// A client naming the prefill engine itself is refused.
+			code, body, _ = post(`{"model":"tiny","prompt":"hi","kv_transfer_params":{"remote_host":"169.254.169.254","remote_port":80}}`)
+			if code != 400 || !strings.Contains(body, "reserved") {
+				t.Errorf("injection: got %d %s", code, body)
+			}
+			if n := len(pbodies()) + len(dbodies()); n != 4 {
+				t.Errorf("injection reached an engine: %d legs", n-4)
+			}
+			// The P/D metrics are on the proxy's registry.
+			mfs, _ := reg.Gather()
+			found := false
+			for _, mf := range mfs {
+				if mf.GetName() == "kvroute_pd_decisions_total" {
+					found = true
+				}
+			}
+			if !found {
+				t.Error("kvroute_pd_decisions_total not registered")
+			}
+			if err := px.SetPolicy("tiny", "round_robin", nil); err == nil {
+				t.Error("SetPolicy on a P/D pool: got no error")
+			}
+		})
+	}
+}
