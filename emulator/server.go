@@ -311,6 +311,15 @@ func (s *Server) loop(ctx context.Context) {
 			}
 		}
 		vnow = end
+		// A request finishing this step wakes its handler in deliver: publish
+		// the engine's state first, so that /metrics read after a response
+		// is at least as new as the response (e.g. KV held by a P/D prefill).
+		for i := range res.Outputs {
+			if res.Outputs[i].Finished {
+				s.publishStats(&acc)
+				break
+			}
+		}
 		s.deliver(&res, live, &acc)
 		if s.pub != nil && len(res.Events) > 0 {
 			var err error
