@@ -139,14 +139,12 @@ func (p *parser) parse() (RequestInfo, error) {
 			if err := p.field(key); err != nil {
 				return RequestInfo{}, err
 			}
-			s.ws()
-			c := s.peek()
-			s.i++
-			if c == '}' {
-				break
+			more, err := s.more('}')
+			if err != nil {
+				return RequestInfo{}, err
 			}
-			if c != ',' {
-				return RequestInfo{}, s.syntax("after object value", c)
+			if !more {
+				break
 			}
 		}
 	}
@@ -355,26 +353,22 @@ func (p *parser) completionPrompt() error {
 					if err := p.tokenID(); err != nil {
 						return err
 					}
-					s.ws()
-					c := s.peek()
-					s.i++
-					if c == ']' {
-						break
+					more, err := s.more(']')
+					if err != nil {
+						return err
 					}
-					if c != ',' {
-						return s.syntax("after array element", c)
+					if !more {
+						break
 					}
 				}
 			}
 		}
-		s.ws()
-		c = s.peek()
-		s.i++
-		if c == ']' {
-			break
+		more, err := s.more(']')
+		if err != nil {
+			return err
 		}
-		if c != ',' {
-			return s.syntax("after array element", c)
+		if !more {
+			break
 		}
 	}
 	switch {
@@ -440,14 +434,12 @@ func (p *parser) messages() error {
 			return err
 		}
 		p.ri.Messages++
-		s.ws()
-		c := s.peek()
-		s.i++
-		if c == ']' {
-			return nil
+		more, err := s.more(']')
+		if err != nil {
+			return err
 		}
-		if c != ',' {
-			return s.syntax("after array element", c)
+		if !more {
+			return nil
 		}
 	}
 }
@@ -497,14 +489,12 @@ func (p *parser) message(idx int) error {
 					return err
 				}
 			}
-			s.ws()
-			c := s.peek()
-			s.i++
-			if c == '}' {
-				break
+			more, err := s.more('}')
+			if err != nil {
+				return err
 			}
-			if c != ',' {
-				return s.syntax("after object value", c)
+			if !more {
+				break
 			}
 		}
 	}
@@ -566,14 +556,12 @@ func (p *parser) msgContent(idx int, dst []byte) ([]byte, error) {
 		} else {
 			dst = append(dst, s.b[start:s.i]...)
 		}
-		s.ws()
-		c := s.peek()
-		s.i++
-		if c == ']' {
-			return dst, nil
+		more, err := s.more(']')
+		if err != nil {
+			return nil, err
 		}
-		if c != ',' {
-			return nil, s.syntax("after array element", c)
+		if !more {
+			return dst, nil
 		}
 	}
 }
@@ -620,14 +608,12 @@ func (p *parser) part(idx, n int) (text []byte, isText bool, err error) {
 				return nil, false, err
 			}
 		}
-		s.ws()
-		c := s.peek()
-		s.i++
-		if c == '}' {
-			break
+		more, err := s.more('}')
+		if err != nil {
+			return nil, false, err
 		}
-		if c != ',' {
-			return nil, false, s.syntax("after object value", c)
+		if !more {
+			break
 		}
 	}
 	if string(typ) == "text" && hasText {
@@ -856,14 +842,12 @@ func (s *scanner) skip(depth int) error {
 			if err := s.skip(depth + 1); err != nil {
 				return err
 			}
-			s.ws()
-			c := s.peek()
-			s.i++
-			if c == '}' {
-				return nil
+			more, err := s.more('}')
+			if err != nil {
+				return err
 			}
-			if c != ',' {
-				return s.syntax("after object value", c)
+			if !more {
+				return nil
 			}
 		}
 	case c == '[':
@@ -878,14 +862,12 @@ func (s *scanner) skip(depth int) error {
 			if err := s.skip(depth + 1); err != nil {
 				return err
 			}
-			s.ws()
-			c := s.peek()
-			s.i++
-			if c == ']' {
-				return nil
+			more, err := s.more(']')
+			if err != nil {
+				return err
 			}
-			if c != ',' {
-				return s.syntax("after array element", c)
+			if !more {
+				return nil
 			}
 		}
 	case c == '-' || (c >= '0' && c <= '9'):
@@ -896,6 +878,25 @@ func (s *scanner) skip(depth int) error {
 	default:
 		return s.syntax("looking for beginning of value", c)
 	}
+}
+
+// more reads the separator after an element of an object (close '}') or
+// an array (close ']'): true after a ',' (another element follows), false
+// at the closing bracket.
+func (s *scanner) more(close byte) (bool, error) {
+	s.ws()
+	c := s.peek()
+	s.i++
+	switch c {
+	case ',':
+		return true, nil
+	case close:
+		return false, nil
+	}
+	if close == '}' {
+		return false, s.syntax("after object value", c)
+	}
+	return false, s.syntax("after array element", c)
 }
 
 func (s *scanner) syntax(where string, c byte) error {
