@@ -61,7 +61,14 @@
 // block seen before anywhere is a hit; see OracleHitRate). Result.Row,
 // Result.Samples and Result.Utilisation convert it to package report, the
 // format `kvroute bench` also writes, so simulated and measured runs compare
-// directly; WriteRecordsCSV writes the per-request records.
+// directly; WriteRecordsCSV writes the per-request records. A P/D run also
+// lists every KV handoff (Result.Transfers: bytes, ready, wire start, end);
+// Result.FabricLoad turns them into the fabric bandwidth the fleet used
+// (total, and mean, p99 and peak per decode engine over one-second windows).
+//
+// Engines come from built-in profiles by name (Group.Profile) or from a
+// profile value (Group.Spec), e.g. a model read from a HuggingFace
+// config.json with engine.ProfileFromHFConfig.
 //
 // When no workload is given, `kvroute sim` replays the embedded Mooncake
 // conversation trace (DefaultWorkload; see data/README.md).

@@ -11,14 +11,20 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/engine"
 )
 
 // Group is a set of identical engines in a simulated fleet.
 type Group struct {
 	// Count is the number of engines in the group; at least 1.
 	Count int `yaml:"count" json:"count"`
-	// Profile names an engine profile (see engine.ProfileNames).
+	// Profile names an engine profile (see engine.ProfileNames). With Spec
+	// set it only labels the group (default Spec.Name).
 	Profile string `yaml:"profile" json:"profile"`
+	// Spec, when set, is the engine profile itself instead of a built-in
+	// one looked up by name, e.g. a model from a HuggingFace config.json
+	// (engine.ProfileFromHFConfig). Not read from fleet files.
+	Spec *engine.Profile `yaml:"-" json:"-"`
 	// NumGPUBlocks overrides the profile's KV-cache size in blocks; 0 keeps it.
 	NumGPUBlocks int `yaml:"num_gpu_blocks,omitempty" json:"num_gpu_blocks,omitempty"`
 	// MaxNumSeqs overrides the profile's batch limit; 0 keeps it.
@@ -50,7 +56,7 @@ func (f Fleet) Size() int {
 func (f Fleet) String() string {
 	parts := make([]string, len(f))
 	for i, g := range f {
-		parts[i] = fmt.Sprintf("%dx%s", g.Count, g.Profile)
+		parts[i] = fmt.Sprintf("%dx%s", g.Count, g.name())
 		if g.Role != "" && g.Role != "both" {
 			parts[i] += "/" + g.Role
 		}
@@ -58,24 +64,47 @@ func (f Fleet) String() string {
 	return strings.Join(parts, ",")
 }
 
-// Validate checks counts and that a profile is named for every group.
+// name is the group's profile name: Profile, else Spec's name.
+func (g *Group) name() string {
+	if g.Profile == "" && g.Spec != nil {
+		return g.Spec.Name
+	}
+	return g.Profile
+}
+
+// profile resolves the group's engine profile: Spec, else the built-in
+// profile named Profile.
+func (g *Group) profile() (engine.Profile, error) {
+	if g.Spec != nil {
+		p := *g.Spec
+		if p.Name == "" {
+			p.Name = g.Profile
+		}
+		return p, nil
+	}
+	return engine.LookupProfile(g.Profile)
+}
+
+// Validate checks counts and that a profile is named (or given) for every
+// group.
 func (f Fleet) Validate() error {
 	if len(f) == 0 {
 		return errors.New("fleet: no engines")
 	}
-	for i, g := range f {
+	for i := range f {
+		g := &f[i]
 		switch {
 		case g.Count < 1:
-			return fmt.Errorf("fleet: group %d (%s): count %d must be at least 1", i, g.Profile, g.Count)
-		case g.Profile == "":
+			return fmt.Errorf("fleet: group %d (%s): count %d must be at least 1", i, g.name(), g.Count)
+		case g.Profile == "" && g.Spec == nil:
 			return fmt.Errorf("fleet: group %d: profile is empty", i)
 		case g.NumGPUBlocks < 0, g.MaxNumSeqs < 0, g.MaxNumBatchedTokens < 0:
-			return fmt.Errorf("fleet: group %d (%s): overrides must not be negative", i, g.Profile)
+			return fmt.Errorf("fleet: group %d (%s): overrides must not be negative", i, g.name())
 		case g.Speed < 0:
-			return fmt.Errorf("fleet: group %d (%s): speed %g must not be negative", i, g.Profile, g.Speed)
+			return fmt.Errorf("fleet: group %d (%s): speed %g must not be negative", i, g.name(), g.Speed)
 		}
 		if _, err := kvroute.ParseRole(g.Role); err != nil {
-			return fmt.Errorf("fleet: group %d (%s): %w", i, g.Profile, err)
+			return fmt.Errorf("fleet: group %d (%s): %w", i, g.name(), err)
 		}
 	}
 	if n := f.Size(); n > maxEngines {

@@ -189,6 +189,8 @@ func (s *simulation) pdPrefilled(i int32) {
 	bytes := disagg.ShapeOf(s.engines[pd.pEng].profile).Bytes(s.reqs[i].PromptLen)
 	tk, est := s.fabric.Reserve(wall(start), wall(start), pd.plan.Prefill, df.Endpoint, bytes)
 	pd.ticket = tk
+	s.transfers = append(s.transfers, Transfer{ID: s.reqs[i].ID, Prefill: s.engines[pd.pEng].id, Decode: df.Endpoint.ID,
+		Bytes: bytes, Ready: start, Wire: start + est.Setup + est.Queue, End: start + est.Total()})
 	s.schedule(start+est.Total(), evPDTransferred, pd.dEng, i)
 }
 

@@ -61,6 +61,8 @@ func (r *Record) OK() bool { return r.Status == http.StatusOK }
 type EngineResult struct {
 	ID      string `json:"id"`
 	Profile string `json:"profile"`
+	// Role is both, prefill or decode.
+	Role string `json:"role"`
 	// Requests is the number of requests routed to the engine.
 	Requests int `json:"requests"`
 	// Steps is the number of scheduler iterations; Busy their total
@@ -95,6 +97,9 @@ type Result struct {
 	Busy         [][]float64   `json:"busy"`     // [engine][bucket], 0..1
 	KVUsage      [][]float64   `json:"kv_usage"` // [engine][bucket], 0..1, mean of scrapes
 	Queue        [][]float64   `json:"queue"`    // [engine][bucket], mean of scrapes
+	// Transfers are the KV handoffs of a P/D fleet, in the order the
+	// router planned them (see FabricLoad).
+	Transfers []Transfer `json:"transfers,omitempty"`
 
 	slo SLO
 }

@@ -202,6 +202,7 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request) (*Result, err
 // simEngine is one simulated engine and its driver state.
 type simEngine struct {
 	id      string
+	role    kvroute.Role
 	profile engine.Profile
 	eng     *engine.Engine
 
@@ -277,6 +278,7 @@ type simulation struct {
 	timeline   *timeline
 	planners   []*disagg.Planner // per replica, for P/D fleets (pd.go)
 	fabric     *disagg.Fabric    // the KV transfers that happen, for P/D fleets
+	transfers  []Transfer        // every KV transfer, in the order they were planned
 }
 
 func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
@@ -289,8 +291,9 @@ func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 	// Engines.
 	var eps []kvroute.Endpoint
 	var preciseIDs []string
-	for _, g := range cfg.Fleet {
-		prof, err := engine.LookupProfile(g.Profile)
+	for gi := range cfg.Fleet {
+		g := &cfg.Fleet[gi]
+		prof, err := g.profile()
 		if err != nil {
 			return nil, fmt.Errorf("sim: %w", err)
 		}
@@ -305,13 +308,13 @@ func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 		for range g.Count {
 			e, err := engine.New(ecfg)
 			if err != nil {
-				return nil, fmt.Errorf("sim: engine %d (%s): %w", len(s.engines), g.Profile, err)
+				return nil, fmt.Errorf("sim: engine %d (%s): %w", len(s.engines), g.name(), err)
 			}
 			id := "e" + strconv.Itoa(len(s.engines))
-			se := &simEngine{id: id, profile: e.Profile(), eng: e}
+			role, _ := kvroute.ParseRole(g.Role) // Validate checked it
+			se := &simEngine{id: id, role: role, profile: e.Profile(), eng: e}
 			s.byEP[id] = int32(len(s.engines))
 			s.engines = append(s.engines, se)
-			role, _ := kvroute.ParseRole(g.Role) // Validate checked it
 			eps = append(eps, kvroute.Endpoint{ID: id, URL: "sim://" + id, Weight: 1, Role: role,
 				KVCapacityTokens: se.profile.KVCapacityTokens()})
 			preciseIDs = append(preciseIDs, id)
@@ -832,6 +835,7 @@ func (s *simulation) result() *Result {
 		Makespan:     s.now,
 		Events:       int(s.q.seq),
 		TimelineStep: s.timeline.step,
+		Transfers:    s.transfers,
 		slo:          s.cfg.SLO,
 	}
 	if res.Policy == "" {
@@ -879,7 +883,7 @@ func (s *simulation) result() *Result {
 		res.Records[i] = rec
 	}
 	for ei, e := range s.engines {
-		er := EngineResult{ID: e.id, Profile: e.profile.Name, Requests: e.routed, Steps: e.steps, Busy: e.busyTime}
+		er := EngineResult{ID: e.id, Profile: e.profile.Name, Role: e.role.String(), Requests: e.routed, Steps: e.steps, Busy: e.busyTime}
 		if s.now > 0 {
 			er.Utilisation = float64(e.busyTime) / float64(s.now)
 		}
