@@ -90,8 +90,20 @@ const maxDepth = 10000
 // Errors are *kvroute.Error values with status 400, an OpenAI error type
 // and the offending field in Param.
 func ParseRequest(kind Kind, body []byte) (RequestInfo, error) {
-	p := parser{s: scanner{b: body}, kind: kind}
-	return p.parse()
+	ri, _, err := ParseRequestInto(kind, body, nil)
+	return ri, err
+}
+
+// ParseRequestInto is ParseRequest building the canonical prompt in the
+// storage of buf (grown when too small), so that a server can recycle one
+// buffer per request instead of allocating a prompt-sized one. The returned
+// RequestInfo.Prompt aliases that storage: it must not be written again
+// while the RequestInfo is in use. The storage used (buf's, or a larger
+// one) is returned for the next request.
+func ParseRequestInto(kind Kind, body, buf []byte) (RequestInfo, []byte, error) {
+	p := parser{s: scanner{b: body}, kind: kind, prompt: buf[:0]}
+	ri, err := p.parse()
+	return ri, p.prompt[:0], err
 }
 
 type parser struct {
@@ -413,7 +425,7 @@ func (p *parser) tokenID() error {
 func (p *parser) messages() error {
 	s := &p.s
 	p.seen.messages = true
-	if p.prompt == nil {
+	if cap(p.prompt) < len(s.b)-s.i {
 		// The canonical text is never longer than the JSON it comes from.
 		p.prompt = make([]byte, 0, len(s.b)-s.i)
 	}

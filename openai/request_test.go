@@ -10,6 +10,7 @@ import (
 	"strconv"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/kvroute/kvroute"
 )
@@ -326,6 +327,12 @@ func FuzzParseRequest(f *testing.F) {
 	f.Fuzz(func(t *testing.T, k uint8, body []byte) {
 		kind := Kind(k % 2)
 		got, err := ParseRequest(kind, body)
+		// A recycled buffer full of another prompt changes nothing.
+		dirty := bytes.Repeat([]byte("stale "), len(body)/3+1)
+		into, _, errInto := ParseRequestInto(kind, body, dirty)
+		if (err == nil) != (errInto == nil) || (err == nil && !reflect.DeepEqual(got, into)) {
+			t.Fatalf("ParseRequestInto(%s, %q) = %+v, %v; ParseRequest = %+v, %v", kind, body, into, errInto, got, err)
+		}
 		want, ok := reference(kind, body)
 		if err != nil {
 			var e *kvroute.Error
@@ -389,6 +396,39 @@ func BenchmarkParseRequest32KiB(b *testing.B) {
 			}
 		}
 	})
+}
+
+func TestParseRequestIntoReusesStorage(t *testing.T) {
+	bodies := [][]byte{promptBody(KindChat, 4<<10), promptBody(KindChat, 1<<10), promptBody(KindCompletion, 2<<10)}
+	kinds := []Kind{KindChat, KindChat, KindCompletion}
+	buf := make([]byte, 0, 8<<10)
+	for i, body := range bodies {
+		want, err := ParseRequest(kinds[i], body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, next, err := ParseRequestInto(kinds[i], body, buf)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("body %d: ParseRequestInto = %+v, want %+v", i, got, want)
+		}
+		if unsafe.StringData(got.Prompt) != unsafe.SliceData(buf[:1]) {
+			t.Errorf("body %d: the prompt does not live in the 8 KiB buffer given", i)
+		}
+		if cap(next) != cap(buf) || len(next) != 0 {
+			t.Errorf("body %d: returned storage len %d cap %d, want the buffer given back empty", i, len(next), cap(next))
+		}
+	}
+	// Too small: a new buffer, returned for the next request.
+	got, next, err := ParseRequestInto(KindChat, promptBody(KindChat, 16<<10), buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cap(next) < len(got.Prompt) || unsafe.StringData(got.Prompt) != unsafe.SliceData(next[:1]) {
+		t.Errorf("grown storage not returned: cap %d for a %d-byte prompt", cap(next), len(got.Prompt))
+	}
 }
 
 func TestIndexControl(t *testing.T) {

@@ -120,6 +120,12 @@ func BenchmarkProxyOverhead(b *testing.B) {
 			send(b, be.URL)
 		}
 	})
+	b.Run("bare", func(b *testing.B) {
+		b.ReportAllocs()
+		for b.Loop() {
+			send(b, bare.URL)
+		}
+	})
 	b.Run("proxied", func(b *testing.B) {
 		b.ReportAllocs()
 		for b.Loop() {

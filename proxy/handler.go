@@ -74,13 +74,15 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 		p.reject(w, r, start, "", err)
 		return
 	}
-	ri, err := openai.ParseRequest(kind, body)
+	ri, prompt, err := openai.ParseRequestInto(kind, body, promptBuffers.get())
 	if err != nil {
+		promptBuffers.put(prompt)
 		p.reject(w, r, start, "", err)
 		return
 	}
 	pl := p.pools[ri.Model]
 	if pl == nil {
+		promptBuffers.put(prompt)
 		p.reject(w, r, start, "", kvroute.Errorf(http.StatusNotFound, kvroute.TypeNotFound, "model_not_found", "model",
 			"The model `%s` does not exist.", ri.Model))
 		return
@@ -110,9 +112,13 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 		}
 	}
 	if pl.pd != nil {
+		// Not recycled: the handoff's goroutines may outlive this handler.
 		p.servePD(w, r, pl, req, body, start)
 		return
 	}
+	// req.Prompt aliases prompt's storage; nothing keeps it past Done (the
+	// pickers that store text, like sglang's tree, copy it).
+	defer promptBuffers.put(prompt)
 	x := &exchange{p: p, pool: pl, req: req, body: body, maxAttempts: p.cfg.Retry.Attempts, m: p.metrics.pools[pl.model]}
 	x.tried = make([]string, 0, x.maxAttempts)
 	x.ctx = context.WithValue(r.Context(), exchangeKey{}, x)

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -31,6 +32,11 @@ func newTransport(t config.Timeouts) *http.Transport {
 		ExpectContinueTimeout: 0,
 		DisableCompression:    true, // forward bodies as the engine sent them
 		ForceAttemptHTTP2:     false,
+		// Prompts are large: with the default 4 KiB buffer a 32 KiB request
+		// goes out in two writes and net/http allocates a fresh 32 KiB copy
+		// buffer for the second. 64 KiB carries headers and a typical
+		// prompt in one write, with no per-request buffer.
+		WriteBufferSize: 64 << 10,
 	}
 }
 
@@ -64,9 +70,20 @@ func (p *Proxy) newEndpointProxy(pl *pool, ep *kvroute.Endpoint) (*endpointProxy
 	e.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
+			if x := exchangeFrom(pr.Out.Context()); x != nil {
+				// The reverse proxy hides the body behind a wrapper that
+				// net/http cannot see into, so it flushes the headers
+				// alone and copies the body through a fresh buffer. The
+				// body is in memory: say so, and headers and prompt go
+				// out in one write.
+				pr.Out.Body = io.NopCloser(bytes.NewReader(x.body))
+			}
 		},
-		Transport:      p.transport,
-		FlushInterval:  -1, // every chunk of an event stream goes out as it arrives
+		Transport: p.transport,
+		// 0: event streams and bodies of unknown length are flushed chunk by
+		// chunk as they arrive (what streaming needs); a body of known length
+		// goes out in one write when the handler returns.
+		FlushInterval:  0,
 		BufferPool:     copyBuffers,
 		ErrorLog:       slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
 		ModifyResponse: p.modifyResponse,
