@@ -26,21 +26,26 @@ type Latency struct {
 type FabricNeed struct {
 	Link string  `json:"link"`
 	Gbps float64 `json:"gbps"`
-	// Total is the fleet's handoff bytes per second; PerDecodeMean and
-	// PerDecodeP99 one decode node's ingress (mean, and p99 over one-second
-	// windows with requests spread round robin).
+	// Total is the fleet's handoff bytes per second; PerDecodeMean,
+	// PerDecodeP99 and PerDecodeMax one decode node's ingress: the mean,
+	// and the p99 and largest over one-second windows (simulated: the
+	// transfers the router placed, each spread over its wire time;
+	// analytical: requests spread round robin at their arrival).
 	Total         float64 `json:"total_bytes_per_s"`
 	PerDecodeMean float64 `json:"per_decode_mean_bytes_per_s"`
 	PerDecodeP99  float64 `json:"per_decode_p99_bytes_per_s"`
-	// LinkUtilP99 is PerDecodeP99 over the link's effective bandwidth.
+	PerDecodeMax  float64 `json:"per_decode_max_bytes_per_s,omitempty"`
+	// LinkUtilMean and LinkUtilP99 are PerDecodeMean and PerDecodeP99 over
+	// the link's effective bandwidth.
 	LinkUtilMean float64 `json:"link_util_mean"`
 	LinkUtilP99  float64 `json:"link_util_p99"`
-	// TransferP50 and TransferP99 are the handoff times of the median and
-	// p99 prompt on an idle link (setup + bytes / bandwidth).
+	// TransferP50 and TransferP99 are the handoff times: simulated, setup,
+	// queueing behind other transfers and wire; analytical, the median and
+	// p99 prompt on an idle link. QueueP99 is the simulated p99 queueing.
 	TransferP50 time.Duration `json:"transfer_p50_ns"`
 	TransferP99 time.Duration `json:"transfer_p99_ns"`
-	// Source says whether the figures come from package disagg's cost
-	// model.
+	QueueP99    time.Duration `json:"queue_p99_ns,omitempty"`
+	// Source says where the figures come from.
 	Source string `json:"source"`
 }
 
@@ -497,9 +502,10 @@ func (m *model) fabric(dn int, shape disagg.KVShape, link disagg.Link) *FabricNe
 	}
 	sort.Float64s(vals)
 	fn.PerDecodeP99 = vals[rankIndex(len(vals), 0.99)]
+	fn.PerDecodeMax = vals[len(vals)-1]
 	// A burst scales the rate, so the bytes per second, by the same factor.
 	if k := m.rate / d.Rate; k > 0 && k != 1 {
-		fn.Total, fn.PerDecodeMean, fn.PerDecodeP99 = fn.Total*k, fn.PerDecodeMean*k, fn.PerDecodeP99*k
+		fn.Total, fn.PerDecodeMean, fn.PerDecodeP99, fn.PerDecodeMax = fn.Total*k, fn.PerDecodeMean*k, fn.PerDecodeP99*k, fn.PerDecodeMax*k
 	}
 	bw := link.BytesPerSecond()
 	fn.LinkUtilMean, fn.LinkUtilP99 = fn.PerDecodeMean/bw, fn.PerDecodeP99/bw

@@ -409,24 +409,3 @@ func FuzzSummary(f *testing.F) {
 		}
 	})
 }
-
-func TestSmallestPassing(t *testing.T) {
-	for _, tc := range []struct{ start, max, threshold, want int }{
-		{1, 100, 1, 1}, {5, 100, 1, 1}, {5, 100, 5, 5}, {5, 100, 6, 6}, {5, 100, 37, 37},
-		{1, 100, 100, 100}, {1, 100, 101, 0}, {50, 10, 3, 3},
-	} {
-		calls := map[int]int{}
-		got, err := smallestPassing(tc.start, tc.max, func(n int) (bool, error) {
-			calls[n]++
-			return n >= tc.threshold, nil
-		})
-		if err != nil || got != tc.want {
-			t.Errorf("start %d max %d threshold %d: got %d, %v; want %d", tc.start, tc.max, tc.threshold, got, err, tc.want)
-		}
-		for n, c := range calls {
-			if c > 1 {
-				t.Errorf("threshold %d: %d evaluated %d times", tc.threshold, n, c)
-			}
-		}
-	}
-}

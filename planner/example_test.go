@@ -21,7 +21,7 @@ func ExamplePlan() {
 		panic(err)
 	}
 	res, err := planner.Plan(context.Background(), planner.Input{
-		Profile: prof, Simulable: true, Workload: w, Seed: 1,
+		Profile: prof, Workload: w, Seed: 1,
 		SLO: planner.SLO{TTFT: planner.Target{Quantile: 0.99, Limit: 300 * time.Millisecond},
 			TPOT: planner.Target{Quantile: 0.99, Limit: 50 * time.Millisecond}},
 	})
@@ -35,7 +35,7 @@ func ExamplePlan() {
 	// Output:
 	// compute bound: 1 engine(s)
 	// aggregated: 1 simulated meets: true
-	// disaggregated: 1:1 prefill simulated, decode analytical
+	// disaggregated: 1:1 simulated
 	// cheapest: aggregated
 }
 

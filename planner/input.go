@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"runtime"
 	"slices"
 	"time"
 
@@ -44,13 +45,9 @@ func (s SLO) String() string { return "ttft " + s.TTFT.String() + ", tpot " + s.
 // Profile, Workload and at least one SLO target are required.
 type Input struct {
 	// Profile is the engine deployment (model, GPU, TP, scheduler limits),
-	// from engine.LookupProfile or engine.ProfileFromHFConfig. Required.
+	// from engine.LookupProfile or engine.ProfileFromHFConfig; the
+	// simulator runs either (sim.Group.Spec). Required.
 	Profile engine.Profile
-	// Simulable says the simulator can run Profile: the simulator resolves
-	// engines by built-in profile name (sim.Group.Profile), so a profile
-	// built from a config.json is planned analytically only. Set by the
-	// caller when Profile came from engine.LookupProfile.
-	Simulable bool
 	// KVCapacityTokens overrides the KV capacity of one engine in tokens;
 	// 0 keeps the profile's (derived from memory as vLLM does).
 	KVCapacityTokens int
@@ -73,10 +70,25 @@ type Input struct {
 	Policy string
 	// MaxEngines caps the search; default 512.
 	MaxEngines int
-	// SimRequests caps the requests simulated per candidate fleet: a larger
-	// workload is cut to its busiest window of this many requests. Default
-	// 2500; negative simulates everything.
+	// SimRequests caps the requests simulated per candidate fleet of the
+	// search: a larger workload is cut to its first SimRequests requests.
+	// Default 2500; negative simulates everything.
 	SimRequests int
+	// ConfirmRequests caps the requests of the confirming runs of the
+	// chosen fleets (the workload's first ones). Default 20000; negative
+	// confirms on the whole workload.
+	ConfirmRequests int
+	// Seeds is the number of seeds (Seed, Seed+1, ...) the chosen fleets
+	// are confirmed with: the prediction is the mean over them and the
+	// spread their range. Default 2. Verify uses the next seed.
+	Seeds int
+	// PDMode is how the disaggregated fleet's router splits requests
+	// (disagg.ModeConditional, the default as in kvroute serve, or
+	// disagg.ModeAlways).
+	PDMode disagg.Mode
+	// Parallel is the number of simulations run at once; default
+	// GOMAXPROCS. Results do not depend on it.
+	Parallel int
 	// WarmUp is the fraction of the simulated requests, from the start,
 	// that run but are not measured (cold caches and an empty fleet);
 	// default 0: everything is measured, as Verify does.
@@ -117,7 +129,23 @@ func (in *Input) defaults() {
 	if in.MaxUtilisation == 0 {
 		in.MaxUtilisation = 0.85
 	}
+	if in.ConfirmRequests == 0 {
+		in.ConfirmRequests = 20000
+	}
+	if in.Seeds == 0 {
+		in.Seeds = 2
+	}
+	if in.PDMode == "" {
+		in.PDMode = disagg.ModeConditional
+	}
+	if in.Parallel == 0 {
+		in.Parallel = runtime.GOMAXPROCS(0)
+	}
 }
+
+// uniformLinks is the fabric of a simulated P/D fleet: in.Fabric between
+// every prefill and decode engine.
+func uniformLinks(in *Input) disagg.Links { return disagg.UniformLinks(in.Fabric) }
 
 // Validate reports the first invalid field, wrapping ErrBadInput.
 func (in *Input) Validate() error {
@@ -180,6 +208,15 @@ func (in *Input) Validate() error {
 	}
 	if in.MaxUtilisation <= 0 || in.MaxUtilisation >= 1 {
 		return bad("max utilisation %v must be in (0, 1)", in.MaxUtilisation)
+	}
+	if in.Seeds < 1 || in.Seeds > 16 {
+		return bad("seeds %d must be in 1..16", in.Seeds)
+	}
+	if in.Parallel < 1 {
+		return bad("parallel %d must be at least 1", in.Parallel)
+	}
+	if in.PDMode != disagg.ModeConditional && in.PDMode != disagg.ModeAlways {
+		return bad("P/D mode %q must be conditional or always", in.PDMode)
 	}
 	if !slices.Contains(policy.Names(), in.Policy) {
 		return bad("unknown policy %q (known: %v)", in.Policy, policy.Names())

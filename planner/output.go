@@ -61,34 +61,16 @@ func (r *Result) writeText(b *strings.Builder, md bool) {
 	fmt.Fprintf(b, "  aggregated search starts at max(compute, memory) = %d engines\n", bd.Aggregated)
 
 	fmt.Fprintf(b, "\nsimulated: %s\n", r.Simulated)
-	if len(r.Candidates) > 0 {
-		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "engines\tttft50\tttft90\tttft99\ttpot50\ttpot99\tattain%\thit%\tutil%\tpreempt\tfailed\tmeets\t")
-		for _, c := range r.Candidates {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\t%.0f\t%d\t%d\t%s\t\n", c.Engines,
-				fmtDur(c.TTFT.P50), fmtDur(c.TTFT.P90), fmtDur(c.TTFT.P99), fmtDur(c.TPOT.P50), fmtDur(c.TPOT.P99),
-				100*c.Attainment, 100*c.HitRate, 100*c.Utilisation, c.Preemptions, c.Failed, yes(c.Meets))
-		}
-		tw.Flush()
-	}
+	candTable(b, "aggregated search (search window, one seed):", r.Candidates, false)
+	candTable(b, "disaggregated search (search window, one seed; split% = requests the router split between the pools):", r.PDCandidates, true)
+	candTable(b, "confirming runs (the chosen fleets with every seed, one engine fewer, the burst):", r.Confirmations, true)
 
-	if len(r.prefillCands) > 0 {
-		fmt.Fprintf(b, "\nsimulated prefill pools of the disaggregated fleet (prefill-only requests; TTFT adds the KV handoff and first decode step):\n")
-		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "prefill engines\tttft50\tttft90\tttft99\tattain%\thit%\tutil%\tfailed\tmeets\t")
-		for _, c := range r.prefillCands {
-			fmt.Fprintf(tw, "%d\t%s\t%s\t%s\t%.1f\t%.1f\t%.0f\t%d\t%s\t\n", c.engines, fmtLat(c.ttft.P50), fmtLat(c.ttft.P90), fmtLat(c.ttft.P99),
-				100*c.attainment, 100*c.hit, 100*c.util, c.failed, yes(c.meets))
-		}
-		tw.Flush()
-	}
-
-	fmt.Fprintf(b, "\nplan:\n")
-	a, m, dd := &r.Aggregated, &r.AggregatedModel, &r.Disaggregated
+	fmt.Fprintf(b, "\nplan (simulated fleets: mean over the confirming seeds; model columns: queueing on the cost model):\n")
+	a, m, dd, dm := &r.Aggregated, &r.AggregatedModel, &r.Disaggregated, &r.DisaggregatedModel
 	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
-	fmt.Fprintf(tw, "\taggregated\taggregated (model)\tdisaggregated\t\n")
+	fmt.Fprintf(tw, "\taggregated\taggregated (model)\tdisaggregated\tdisaggregated (model)\t\n")
 	row := func(name string, f func(*Fleet) string) {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t\n", name, f(a), f(m), f(dd))
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", name, f(a), f(m), f(dd), f(dm))
 	}
 	row("method", func(f *Fleet) string { return f.Method })
 	row("meets SLO", func(f *Fleet) string { return yes(f.Meets) })
@@ -103,6 +85,14 @@ func (r *Result) writeText(b *strings.Builder, md bool) {
 	row("TTFT p50/p90/p99", func(f *Fleet) string { return lat3(f.TTFT) })
 	row("TPOT p50/p90/p99", func(f *Fleet) string { return lat3(f.TPOT) })
 	row("throughput", func(f *Fleet) string { return fmt.Sprintf("%.2f req/s, %.0f tok/s", f.ThroughputRPS, f.OutputTPS) })
+	row("spread over seeds", func(f *Fleet) string {
+		sp := f.Spread
+		if sp == nil {
+			return "-"
+		}
+		return fmt.Sprintf("ttft p90 %s..%s, p99 %s..%s; %.2f..%.2f req/s (seeds %v)", fmtLat(sp.TTFTP90[0]), fmtLat(sp.TTFTP90[1]),
+			fmtLat(sp.TTFTP99[0]), fmtLat(sp.TTFTP99[1]), sp.ThroughputRPS[0], sp.ThroughputRPS[1], sp.Seeds)
+	})
 	row("utilisation", func(f *Fleet) string {
 		if f.Prefill > 0 {
 			return fmt.Sprintf("%.0f%% (prefill %.0f%%, decode %.0f%%)", 100*f.Utilisation, 100*f.PrefillUtil, 100*f.DecodeUtil)
@@ -110,6 +100,12 @@ func (r *Result) writeText(b *strings.Builder, md bool) {
 		return fmt.Sprintf("%.0f%%", 100*f.Utilisation)
 	})
 	row("decode batch / engine", func(f *Fleet) string { return fmt.Sprintf("%.1f", f.DecodeBatch) })
+	row("requests split P/D", func(f *Fleet) string {
+		if f.Method != "simulated" || f.Prefill == 0 {
+			return "-"
+		}
+		return fmt.Sprintf("%.1f%% (%s mode)", 100*f.SplitFraction, r.PDMode)
+	})
 	row("fabric total", func(f *Fleet) string {
 		if f.Fabric == nil {
 			return "-"
@@ -120,13 +116,18 @@ func (r *Result) writeText(b *strings.Builder, md bool) {
 		if f.Fabric == nil {
 			return "-"
 		}
-		return fmt.Sprintf("mean %s/s, p99 %s/s (%.0f%% of %g Gbps)", fmtBytes(f.Fabric.PerDecodeMean), fmtBytes(f.Fabric.PerDecodeP99), 100*f.Fabric.LinkUtilP99, f.Fabric.Gbps)
+		return fmt.Sprintf("mean %s/s, p99 %s/s (%.0f%% of %g Gbps), max %s/s", fmtBytes(f.Fabric.PerDecodeMean), fmtBytes(f.Fabric.PerDecodeP99),
+			100*f.Fabric.LinkUtilP99, f.Fabric.Gbps, fmtBytes(f.Fabric.PerDecodeMax))
 	})
 	row("KV handoff p50/p99", func(f *Fleet) string {
 		if f.Fabric == nil {
 			return "-"
 		}
-		return fmtDur(f.Fabric.TransferP50) + " / " + fmtDur(f.Fabric.TransferP99)
+		s := fmtDur(f.Fabric.TransferP50) + " / " + fmtDur(f.Fabric.TransferP99)
+		if f.Fabric.QueueP99 > 0 {
+			s += " (queue p99 " + fmtDur(f.Fabric.QueueP99) + ")"
+		}
+		return s
 	})
 	row(fmt.Sprintf("burst x%g", r.Burst), func(f *Fleet) string { return headroom(f.Burst, r.SLO) })
 	row("one node lost", func(f *Fleet) string { return headroom(f.NodeLost, r.SLO) })
@@ -150,16 +151,30 @@ func (r *Result) writeText(b *strings.Builder, md bool) {
 	}
 	var notes []string
 	notes = append(notes, r.Notes...)
-	for _, f := range []*Fleet{a, m, dd} {
+	for _, f := range []*Fleet{a, m, dd, dm} {
 		for _, n := range f.Notes {
 			notes = append(notes, f.Mode+" ("+f.Method+"): "+n)
 		}
 	}
-	if r.Verify != nil {
-		v := r.Verify
-		fmt.Fprintf(b, "\nverification: the whole workload (%d requests, seed %d) on %d aggregated engines: TTFT p50/p90/p99 %s, TPOT %s, %.2f req/s, hit rate %.1f%%, meets SLO: %s\n",
-			v.Requests, v.Seed, v.Engines, lat3(v.TTFT), lat3(v.TPOT), v.ThroughputRPS, 100*v.HitRate, yes(v.Meets))
-		fmt.Fprintf(b, "  vs the plan's prediction: TTFT at the SLO quantile %+.1f%%, throughput %+.1f%%\n", 100*v.TTFTError, 100*v.ThroughputError)
+	if v := r.Verify; v != nil {
+		fmt.Fprintf(b, "\nverification: the whole workload (%d requests) on each planned fleet with seed %d, which the plan did not use:\n", v.Requests, v.Seed)
+		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
+		fmt.Fprintln(tw, "fleet\t\tttft p90\tttft p99\tttft p"+qName(atQ(r.SLO.TTFT))+"\treq/s\thit%\tmeets\t")
+		for _, x := range []struct {
+			name string
+			c    *Check
+		}{{"aggregated", v.Aggregated}, {"disaggregated", v.Disaggregated}} {
+			c := x.c
+			if c == nil {
+				continue
+			}
+			fmt.Fprintf(tw, "%s %s\tpredicted\t%s\t%s\t%s\t%.3f\t\t\t\n", x.name, c.Fleet, fmtLat(c.PredictedTTFT.P90), fmtLat(c.PredictedTTFT.P99),
+				fmtLat(atOr99(c.PredictedTTFT, r.SLO.TTFT)), c.PredictedThroughputRPS)
+			fmt.Fprintf(tw, "\tsimulated\t%s\t%s\t%s\t%.3f\t%.1f\t%s\t\n", fmtLat(c.TTFT.P90), fmtLat(c.TTFT.P99),
+				fmtLat(atOr99(c.TTFT, r.SLO.TTFT)), c.ThroughputRPS, 100*c.HitRate, yes(c.Meets))
+			fmt.Fprintf(tw, "\tdifference\t%s\t%s\t%s\t%s\t\t\t\n", pct(c.TTFTP90Error), pct(c.TTFTP99Error), pct(c.TTFTError), pct(c.ThroughputError))
+		}
+		tw.Flush()
 	}
 	if len(notes) > 0 {
 		fmt.Fprintf(b, "\nnotes:\n")
@@ -167,6 +182,63 @@ func (r *Result) writeText(b *strings.Builder, md bool) {
 			fmt.Fprintf(b, "  - %s\n", n)
 		}
 	}
+}
+
+// candTable prints simulation runs; pd adds the pools' columns.
+func candTable(b *strings.Builder, title string, cs []Candidate, pd bool) {
+	if len(cs) == 0 {
+		return
+	}
+	fmt.Fprintf(b, "\n%s\n", title)
+	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
+	h := "engines\t"
+	if pd {
+		h += "P:D\tseed\trate\t"
+	}
+	h += "ttft50\tttft90\tttft99\ttpot50\ttpot99\tattain%\thit%\tutil%\t"
+	if pd {
+		h += "split%\tfabric/node p99\t"
+	}
+	fmt.Fprintln(tw, h+"preempt\tfailed\tmeets\t")
+	for _, c := range cs {
+		fmt.Fprintf(tw, "%d\t", c.Engines)
+		if pd {
+			ratio := "-"
+			if c.Prefill > 0 {
+				ratio = fmt.Sprintf("%d:%d", c.Prefill, c.Decode)
+			}
+			fmt.Fprintf(tw, "%s\t%d\tx%g\t", ratio, c.Seed, c.Scale)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%.1f\t%.1f\t%.0f\t", fmtLat(c.TTFT.P50), fmtLat(c.TTFT.P90), fmtLat(c.TTFT.P99),
+			fmtLat(c.TPOT.P50), fmtLat(c.TPOT.P99), 100*c.Attainment, 100*c.HitRate, 100*c.Utilisation)
+		if pd {
+			fab, split := "-", "-"
+			if c.Fabric != nil {
+				fab = fmtBytes(c.Fabric.PerDecodeP99) + "/s"
+			}
+			if c.Prefill > 0 {
+				split = fmt.Sprintf("%.1f", 100*c.Disaggregated)
+			}
+			fmt.Fprintf(tw, "%s\t%s\t", split, fab)
+		}
+		fmt.Fprintf(tw, "%d\t%d\t%s\t\n", c.Preemptions, c.Failed, yes(c.Meets))
+	}
+	tw.Flush()
+}
+
+func pct(x float64) string {
+	if math.IsInf(x, 0) || math.IsNaN(x) {
+		return "n/a"
+	}
+	return fmt.Sprintf("%+.1f%%", 100*x)
+}
+
+// atQ is the target's quantile, 0.99 without a target.
+func atQ(t Target) float64 {
+	if t.Set() {
+		return t.Quantile
+	}
+	return 0.99
 }
 
 func yes(ok bool) string {
@@ -217,7 +289,7 @@ func atOr99(l Latency, t Target) time.Duration {
 func (r *Result) WriteMarkdown(w io.Writer, charts []string) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "# Capacity plan: %s (%s)\n\n", r.Profile, r.Name)
-	fmt.Fprintf(&b, "Method: closed-form bounds from the engine cost model first (compute, memory, fabric bandwidth), then a search over aggregated fleet sizes with the fleet simulator (the router's own policy code), starting at the bound. The simulator has no P/D mode: the disaggregated decode pool is analytical (TPOT, KV, fabric) and its prefill pool is simulated as prefill-only requests plus each KV handoff; each figure says how it was obtained.\n\n")
+	fmt.Fprintf(&b, "Method: closed-form bounds from the engine cost model first (compute, memory, fabric bandwidth), then a search over aggregated fleet sizes and prefill:decode fleets with the fleet simulator (the router's own policy and P/D placement code, KV handoffs over a modelled fabric), starting at the bound and at the analytical P:D estimate, on a window of the workload; the chosen fleets are then confirmed on the whole workload with several seeds (the figures are their mean, with the spread). The analytical model columns are shown next to the simulated ones.\n\n")
 	b.WriteString("```\n")
 	r.writeText(&b, true)
 	b.WriteString("```\n")
@@ -275,7 +347,7 @@ func (r *Result) WriteHTML(w io.Writer) error {
 	var b strings.Builder
 	fmt.Fprintf(&b, "<!doctype html><html><head><meta charset=\"utf-8\"><title>kvroute plan: %s</title></head><body style=\"font-family:sans-serif;max-width:1100px;margin:auto\">\n", html.EscapeString(r.Profile))
 	fmt.Fprintf(&b, "<h1>Capacity plan: %s (%s)</h1>\n", html.EscapeString(r.Profile), html.EscapeString(r.Name))
-	b.WriteString("<p>Closed-form bounds from the engine cost model first (compute, memory, fabric bandwidth), then a search over aggregated fleet sizes with the fleet simulator (the router's own policy code), starting at the bound. The simulator has no P/D mode: the disaggregated decode pool is analytical (TPOT, KV, fabric) and its prefill pool is simulated as prefill-only requests plus each KV handoff; each figure says how it was obtained.</p>\n<pre>")
+	b.WriteString("<p>Closed-form bounds from the engine cost model first (compute, memory, fabric bandwidth), then a search over aggregated fleet sizes and prefill:decode fleets with the fleet simulator (the router's own policy and P/D placement code, KV handoffs over a modelled fabric), starting at the bound and at the analytical P:D estimate, on a window of the workload; the chosen fleets are then confirmed on the whole workload with several seeds (the figures are their mean, with the spread). The analytical model columns are shown next to the simulated ones.</p>\n<pre>")
 	var t strings.Builder
 	r.writeText(&t, false)
 	b.WriteString(html.EscapeString(t.String()))

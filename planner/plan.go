@@ -5,6 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"math"
+	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/kvroute/kvroute/workload"
 )
@@ -14,8 +17,9 @@ import (
 type Fleet struct {
 	// Mode is "aggregated" or "disaggregated".
 	Mode string `json:"mode"`
-	// Method is "simulated" (confirmed by the fleet simulator, the router's
-	// own policy code) or "analytical" (queueing on the engine cost model).
+	// Method is "simulated" (searched and confirmed with the fleet
+	// simulator: the router's own policy and P/D placement code) or
+	// "analytical" (queueing on the engine cost model).
 	Method string `json:"method"`
 	// Meets reports whether the fleet meets the SLO.
 	Meets bool `json:"meets"`
@@ -34,18 +38,25 @@ type Fleet struct {
 	TPOT             Latency `json:"tpot"`
 	ThroughputRPS    float64 `json:"throughput_rps"`
 	OutputTPS        float64 `json:"output_tps"`
-	// Utilisation is the mean engine busy fraction (disaggregated: the
-	// pools' utilisation weighted by size; PrefillUtil the prefill pool's
-	// offered load per engine, DecodeUtil the mean decode batch over the
-	// largest batch meeting TPOT).
+	// Utilisation is the mean engine busy fraction; PrefillUtil and
+	// DecodeUtil the pools' (disaggregated; the analytical model's
+	// DecodeUtil is the mean decode batch over the largest batch meeting
+	// TPOT).
 	Utilisation float64 `json:"utilisation"`
 	PrefillUtil float64 `json:"prefill_util,omitempty"`
 	DecodeUtil  float64 `json:"decode_util,omitempty"`
-	// DecodeBatch is the mean number of sequences decoding per decode-capable
-	// engine.
+	// DecodeBatch is the mean number of sequences decoding per
+	// decode-capable engine.
 	DecodeBatch float64 `json:"decode_batch"`
+	// SplitFraction is, for a simulated disaggregated fleet, the fraction
+	// of requests the router split between the pools (in conditional mode
+	// the rest ran whole on a decode node).
+	SplitFraction float64 `json:"split_fraction,omitempty"`
 	// Fabric is the KV handoff bandwidth (disaggregated only).
 	Fabric *FabricNeed `json:"fabric,omitempty"`
+	// Spread is the range of the confirming runs over the seeds (simulated
+	// fleets); the figures above are their mean.
+	Spread *Spread `json:"spread,omitempty"`
 	// Burst is the same fleet at the burst factor; NodeLost with one engine
 	// fewer (disaggregated: one fewer in the pool that hurts most).
 	Burst    *Headroom `json:"burst,omitempty"`
@@ -59,6 +70,18 @@ func (f *Fleet) Ratio() string {
 		return "-"
 	}
 	return fmt.Sprintf("%d:%d", f.Prefill, f.Decode)
+}
+
+// Spread is the range of a fleet's confirming runs over seeds: [min, max].
+type Spread struct {
+	Seeds    []uint64 `json:"seeds"`
+	Requests int      `json:"requests"`
+	// TTFT and TPOT are at the SLO quantiles (p99 without a target).
+	TTFT          [2]time.Duration `json:"ttft_ns"`
+	TTFTP90       [2]time.Duration `json:"ttft_p90_ns"`
+	TTFTP99       [2]time.Duration `json:"ttft_p99_ns"`
+	TPOT          [2]time.Duration `json:"tpot_ns"`
+	ThroughputRPS [2]float64       `json:"throughput_rps"`
 }
 
 // Headroom is a planned fleet under a stress: a burst or a lost node.
@@ -75,11 +98,21 @@ type Headroom struct {
 	Note        string  `json:"note,omitempty"`
 }
 
-// Candidate is one simulated aggregated fleet of the search.
+// Candidate is one simulation run of a fleet: a search candidate on the
+// search window, or a confirming run.
 type Candidate struct {
-	Engines int     `json:"engines"`
-	TTFT    Latency `json:"ttft"`
-	TPOT    Latency `json:"tpot"`
+	// Engines is the fleet size; Prefill and Decode the pools of a
+	// disaggregated fleet (0 when aggregated).
+	Engines int `json:"engines"`
+	Prefill int `json:"prefill,omitempty"`
+	Decode  int `json:"decode,omitempty"`
+	// Seed, Scale and Requests say what ran: the seed, the rate scale and
+	// the requests measured.
+	Seed     uint64  `json:"seed"`
+	Scale    float64 `json:"rate_scale"`
+	Requests int     `json:"requests"`
+	TTFT     Latency `json:"ttft"`
+	TPOT     Latency `json:"tpot"`
 	// Attainment is the fraction of requests meeting every SLO limit;
 	// TTFTAttainment and TPOTAttainment the fractions within each limit
 	// (the SLO is met when each is at least its target's quantile).
@@ -90,13 +123,23 @@ type Candidate struct {
 	OutputTPS      float64 `json:"output_tps"`
 	HitRate        float64 `json:"hit_rate"`
 	Utilisation    float64 `json:"utilisation"`
-	Preemptions    int     `json:"preemptions"`
+	PrefillUtil    float64 `json:"prefill_util,omitempty"`
+	DecodeUtil     float64 `json:"decode_util,omitempty"`
+	// Disaggregated is the fraction of completed requests the router
+	// split between a prefill and a decode engine.
+	Disaggregated float64     `json:"disaggregated,omitempty"`
+	Fabric        *FabricNeed `json:"fabric,omitempty"`
+	Preemptions   int         `json:"preemptions"`
 	// Failed counts requests that did not complete (rejected or refused).
 	Failed int  `json:"failed"`
 	Meets  bool `json:"meets"`
 
-	decodeBatch float64 // mean sequences decoding per engine
+	decodeBatch float64 // mean sequences decoding per decode-capable engine
 	cached      []int   // per simulated request: prefix-cached prompt tokens
+	// Seconds to first token of the requests over the TTFT limit, spent on
+	// the prefill side (queue and prefill on a prefill engine) and on the
+	// decode side (handoff and first step, or a whole run on a decode node).
+	tailPrefill, tailDecode float64
 }
 
 // Result is a capacity plan.
@@ -113,33 +156,39 @@ type Result struct {
 	Burst     float64 `json:"burst"`
 	GPUCost   float64 `json:"gpu_hour_cost,omitempty"`
 	Policy    string  `json:"policy"`
+	PDMode    string  `json:"pd_mode"`
 	Seed      uint64  `json:"seed"`
 	Bounds    Bounds  `json:"bounds"`
 	Simulated string  `json:"simulated"`
-	// Candidates are the simulated aggregated fleets, by size.
-	Candidates []Candidate `json:"candidates,omitempty"`
-	// prefillCands are the simulated prefill pools of the disaggregated
-	// fleet, by size.
-	prefillCands []prefillCandidate
-	// Aggregated and Disaggregated are the cheapest fleets of each kind;
-	// AggregatedModel is the analytical estimate next to the simulated one.
-	Aggregated      Fleet `json:"aggregated"`
-	AggregatedModel Fleet `json:"aggregated_model"`
-	Disaggregated   Fleet `json:"disaggregated"`
+	// Candidates and PDCandidates are the search's aggregated and
+	// disaggregated fleets on the search window, by size.
+	Candidates   []Candidate `json:"candidates,omitempty"`
+	PDCandidates []Candidate `json:"pd_candidates,omitempty"`
+	// Confirmations are the confirming runs (the chosen fleets with every
+	// seed, the fleets one engine smaller, the bursts).
+	Confirmations []Candidate `json:"confirmations,omitempty"`
+	// Aggregated and Disaggregated are the cheapest simulated fleets of
+	// each kind; AggregatedModel and DisaggregatedModel the analytical
+	// estimates (queueing on the cost model) next to them.
+	Aggregated         Fleet `json:"aggregated"`
+	AggregatedModel    Fleet `json:"aggregated_model"`
+	Disaggregated      Fleet `json:"disaggregated"`
+	DisaggregatedModel Fleet `json:"disaggregated_model"`
 	// Cheapest is "aggregated", "disaggregated" or "" when neither meets.
 	Cheapest string   `json:"cheapest"`
 	Notes    []string `json:"notes,omitempty"`
 	// Error says why no fleet meets the SLO (Plan also returns it).
 	Error string `json:"error,omitempty"`
-	// Verify is a simulation of the whole workload on the planned
-	// aggregated fleet (Verify), when run.
+	// Verify is a simulation of the whole workload on the planned fleets
+	// with a seed the plan did not use (Verify), when run.
 	Verify *Verification `json:"verify,omitempty"`
 }
 
-// Plan computes the closed-form bounds for in, searches aggregated fleets with
-// the simulator from the bound up (when in.Simulable), and estimates the
-// disaggregated fleet analytically. Bad input wraps ErrBadInput; an SLO that
-// no fleet can meet wraps ErrInfeasible with the reason.
+// Plan computes the closed-form bounds for in, searches aggregated and
+// disaggregated fleets with the simulator (starting at the bound and at the
+// analytical P:D estimate) and confirms the chosen ones on the confirming
+// workload with several seeds. Bad input wraps ErrBadInput; an SLO that no
+// fleet can meet wraps ErrInfeasible with the reason.
 func Plan(ctx context.Context, in Input) (*Result, error) {
 	res, err := plan(ctx, in)
 	if err != nil && res != nil {
@@ -160,130 +209,90 @@ func plan(ctx context.Context, in Input) (*Result, error) {
 	}
 	res := &Result{Name: "baseline", Profile: p.Name, Model: p.Model.Name, GPU: p.Hardware.Name, TP: p.TP,
 		Workload: in.Workload.Name, Demand: d, SLO: in.SLO, Burst: in.Burst, GPUCost: in.GPUHourCost,
-		Policy: in.Policy, Seed: in.Seed}
+		Policy: in.Policy, PDMode: string(in.PDMode), Seed: in.Seed}
 	b, err := computeBounds(&in, d)
 	res.Bounds = b
 	if err != nil {
 		return res, err
 	}
 	hotPrefixes(&in, d, b.Costs, 5)
+	s := newSearch(&in)
+	res.Simulated = s.describe()
 
-	// Aggregated: simulate from the bound up.
-	hit := d.OracleHitRate
-	var simReqs []workload.Request
-	var simCached []int
-	var srch *search
-	if in.Simulable {
-		s := newSearch(&in, d)
-		srch = s
-		res.Simulated = s.describe()
-		agg, err := s.run(ctx, b.Aggregated)
-		res.Candidates = s.sorted()
-		if err != nil {
-			return res, err
+	// Aggregated: search the window from the bound up.
+	aggN, aggNote, err := s.searchAggregated(ctx, b.Aggregated)
+	if err != nil {
+		return res, err
+	}
+	// The analytical model takes each request's prefix hit from the
+	// simulated aggregated fleet (the chosen one, else the largest tried).
+	hit, simReqs, simCached := d.OracleHitRate, []workload.Request(nil), []int(nil)
+	if ws := s.window(false); len(ws) > 0 {
+		wc := ws[len(ws)-1]
+		if aggN > 0 {
+			wc, _ = s.run(runKey{l: layout{A: aggN}, seed: s.seeds[0], scale: 1})
 		}
-		res.Aggregated = agg
-		hit = agg.HitRate
-		if !agg.Meets && len(res.Candidates) > 0 {
-			// No fleet passed: take the hit rates of the largest one tried.
-			last := res.Candidates[len(res.Candidates)-1]
-			hit, simReqs, simCached = last.HitRate, s.reqs, last.cached
-		}
-		if agg.Meets {
-			simReqs, simCached = s.reqs, s.runs[agg.Engines].cached
-			// The simulated window has its own rate: scale the fraction of
-			// its offered load the fleet sustained to the whole workload.
-			if kept := agg.ThroughputRPS / s.offeredRate(); kept > 0 {
-				res.Aggregated.ThroughputRPS = d.Rate * min(kept, 1.0)
-				res.Aggregated.OutputTPS = res.Aggregated.ThroughputRPS * d.OutputMean
-			}
-		}
-	} else {
-		res.Simulated = "nothing: the simulator runs built-in profiles only (" + p.Name + " is not one); every figure is analytical"
-		res.Notes = append(res.Notes, "hit rates assume the oracle bound (an infinite shared cache), so they are optimistic")
+		hit, simReqs, simCached = wc.HitRate, s.reqs, wc.cached
 	}
 	m := newModel(&in, d, b.Costs, hit, simReqs, simCached)
 	res.AggregatedModel = m.analyticAggregated(b.Aggregated)
-	if !in.Simulable {
-		res.Aggregated = res.AggregatedModel
-		res.Aggregated.Burst, res.Aggregated.NodeLost = m.aggHeadroom(res.Aggregated.Engines)
+	if aggN > 0 {
+		wc, _ := s.run(runKey{l: layout{A: aggN}, seed: s.seeds[0], scale: 1})
+		res.Notes = append(res.Notes, calibrateNote(m, aggN, wc))
 	}
-	if in.Simulable && res.Aggregated.Meets {
-		var mf Fleet
-		m.aggregatedAt(&mf, res.Aggregated.Engines)
-		simT, modT := atOr99(res.Aggregated.TTFT, in.SLO.TTFT), atOr99(mf.TTFT, in.SLO.TTFT)
-		if err := math.Abs(float64(modT)-float64(simT)) / float64(simT); modT != infDur && err <= 0.1 {
-			res.Notes = append(res.Notes, fmt.Sprintf("queue model checked against the simulation: at %d aggregated engines it predicts TTFT %s, the simulator %s (within 10%%, used uncalibrated)",
-				res.Aggregated.Engines, fmtLat(modT), fmtLat(simT)))
-		} else {
-			k := m.calibrate(res.Aggregated.Engines, simT)
-			clamp := ""
-			if k <= 0.2501 || k >= 3.999 {
-				clamp = " (clamped: the model's error is not only queue variability, so treat the disaggregated TTFT with care)"
-			}
-			res.Notes = append(res.Notes, fmt.Sprintf("queue model calibrated on the simulation (as Dynamo's planner corrects with observed/expected TTFT): at %d aggregated engines the uncalibrated model predicts TTFT %s, the simulator %s; the queue's variability term is scaled x%.3g for the disaggregated estimate%s",
-				res.Aggregated.Engines, fmtLat(modT), fmtLat(simT), k, clamp))
-		}
+	res.DisaggregatedModel = m.analyticDisaggregated(b.Bandwidth.Need)
+
+	// Confirm the aggregated fleet while the disaggregated search runs.
+	var aggConf, pdConf *confirmed
+	var pdL layout
+	var pdNote string
+	g, gctx := errgroup.WithContext(ctx)
+	if aggN > 0 {
+		g.Go(func() error {
+			var err error
+			aggConf, err = s.confirmFleet(gctx, layout{A: aggN})
+			return err
+		})
 	}
-	res.Disaggregated = m.analyticDisaggregated(b.Bandwidth.Need)
-	var prefillSim prefillEval
-	if srch != nil && res.Disaggregated.Decode > 0 {
-		// The prefill pool through the simulator (the decode pool stays
-		// analytical: the simulator has no P/D mode).
-		analytical := res.Disaggregated.Ratio()
-		pcs, pe, err := srch.simulatePrefillPool(ctx, m, &res.Disaggregated)
-		if err != nil {
-			return res, err
+	g.Go(func() error {
+		start := layout{P: res.DisaggregatedModel.Prefill, D: res.DisaggregatedModel.Decode}
+		if start.P < 1 || start.D < 1 {
+			start = layout{P: max(1, b.Aggregated/2), D: max(1, b.Bandwidth.Need, b.Aggregated/2)}
 		}
-		prefillSim = pe
-		res.prefillCands = pcs
-		if res.Disaggregated.Method != "analytical" {
-			res.Notes = append(res.Notes, fmt.Sprintf("disaggregated: the analytical model alone sized %s; simulating the prefill pool gives %s",
-				analytical, res.Disaggregated.Ratio()))
-		} else {
-			res.Disaggregated.Meets = false
-			res.Disaggregated.Notes = append(res.Disaggregated.Notes, fmt.Sprintf("no simulated prefill pool of up to %d engines meets TTFT", in.MaxEngines))
-		}
-	}
-	if res.Disaggregated.Meets {
 		var err error
-		res.Disaggregated.Burst, res.Disaggregated.NodeLost, err = m.disaggHeadroom(res.Disaggregated.Prefill, res.Disaggregated.Decode, prefillSim)
-		if err != nil {
-			return res, err
+		if pdL, pdNote, err = s.searchDisaggregated(gctx, start); err != nil || pdL.size() == 0 {
+			return err
 		}
+		pdConf, err = s.confirmFleet(gctx, pdL)
+		return err
+	})
+	err = g.Wait()
+	res.Candidates, res.PDCandidates, res.Confirmations = s.window(false), s.window(true), s.confirmations()
+	if err != nil {
+		return res, err
 	}
-	if fb := res.Disaggregated.Fabric; fb != nil && fb.LinkUtilP99 > 1 {
-		res.Disaggregated.Notes = append(res.Disaggregated.Notes, fmt.Sprintf(
-			"the p99 one-second KV ingress of a decode node (%s/s) exceeds its %g Gbps link: handoffs queue in bursts beyond the idle-link times shown; a faster fabric or more decode nodes removes it",
-			fmtBytes(fb.PerDecodeP99), fb.Gbps))
-	}
-	if res.Disaggregated.Method == "analytical" {
-		hitSource := "each request's prefix hit taken from the simulated aggregated fleet"
-		if simReqs == nil {
-			hitSource = "prefix hits at the oracle bound (optimistic)"
-		}
-		res.Disaggregated.Notes = append(res.Disaggregated.Notes,
-			"analytical, not simulated: the simulator has no P/D mode; M/G/c queueing on the same engine cost model, "+hitSource)
+	res.Aggregated = Fleet{Mode: "aggregated", Method: "simulated"}
+	if aggConf != nil {
+		res.Aggregated = fleetOf(&in, aggConf)
 	} else {
-		res.Disaggregated.Notes = append(res.Disaggregated.Notes,
-			"prefill pool simulated (the window's requests as prefill-only requests through the router's policy on the prefill engines; TTFT adds each request's KV handoff on an idle link, the first decode step and the extra hop); decode pool, fabric, burst and node-lost figures analytical (the simulator has no P/D mode)")
+		res.Aggregated.Notes = append(res.Aggregated.Notes, aggNote)
 	}
-	for _, f := range []*Fleet{&res.Aggregated, &res.AggregatedModel, &res.Disaggregated} {
+	res.Disaggregated = Fleet{Mode: "disaggregated", Method: "simulated"}
+	if pdConf != nil {
+		res.Disaggregated = fleetOf(&in, pdConf)
+		if fb := res.Disaggregated.Fabric; fb != nil && fb.LinkUtilP99 > 1 {
+			res.Disaggregated.Notes = append(res.Disaggregated.Notes, fmt.Sprintf(
+				"the p99 one-second KV ingress of a decode node (%s/s) exceeds its %g Gbps link: handoffs queue in bursts (p99 wait %s, in the simulated TTFT); a faster fabric or more decode nodes removes it",
+				fmtBytes(fb.PerDecodeP99), fb.Gbps, fmtDur(fb.QueueP99)))
+		}
+	} else {
+		res.Disaggregated.Notes = append(res.Disaggregated.Notes, pdNote)
+	}
+	for _, f := range []*Fleet{&res.Aggregated, &res.AggregatedModel, &res.Disaggregated, &res.DisaggregatedModel} {
 		f.GPUs = f.Engines * p.TP
 		f.CostPerHour = float64(f.GPUs) * in.GPUHourCost
 	}
-	if am, a := res.AggregatedModel, res.Aggregated; a.Method == "simulated" && a.Meets && am.Meets && am.Engines != a.Engines {
-		how := "optimistic"
-		if am.Engines > a.Engines {
-			how = "pessimistic"
-		}
-		part := "the disaggregated column is the same model family"
-		if res.Disaggregated.Method != "analytical" {
-			part = "the disaggregated decode pool is sized by the same model family"
-		}
-		res.Notes = append(res.Notes, fmt.Sprintf("the analytical aggregated model is %s on this workload: it sizes %d engines where the simulation needs %d; %s, so read it with that error in mind",
-			how, am.Engines, a.Engines, part))
-	}
+	modelNote(res)
 	switch a, dd := res.Aggregated, res.Disaggregated; {
 	case a.Meets && (!dd.Meets || a.GPUs <= dd.GPUs):
 		res.Cheapest = "aggregated"
@@ -296,6 +305,97 @@ func plan(ctx context.Context, in Input) (*Result, error) {
 	return res, nil
 }
 
+// calibrateNote checks the analytical queue model against the simulated
+// aggregated fleet of n engines (on the window) and, when it is more than
+// 10% off, calibrates it (the disaggregated model's start point uses it).
+func calibrateNote(m *model, n int, wc Candidate) string {
+	var mf Fleet
+	m.aggregatedAt(&mf, n)
+	simT, modT := atOr99(wc.TTFT, m.in.SLO.TTFT), atOr99(mf.TTFT, m.in.SLO.TTFT)
+	if err := math.Abs(float64(modT)-float64(simT)) / float64(simT); modT != infDur && err <= 0.1 {
+		return fmt.Sprintf("queue model checked against the simulated search window: at %d aggregated engines it predicts TTFT %s, the simulator %s (within 10%%, used uncalibrated)",
+			n, fmtLat(modT), fmtLat(simT))
+	}
+	k := m.calibrate(n, simT)
+	clamp := ""
+	if k <= 0.2501 || k >= 3.999 {
+		clamp = " (clamped: the model's error is not only queue variability)"
+	}
+	return fmt.Sprintf("queue model calibrated on the simulated search window (as Dynamo's planner corrects with observed/expected TTFT): at %d aggregated engines the uncalibrated model predicts TTFT %s, the simulator %s; the queue's variability term is scaled x%.3g for the analytical disaggregated estimate, which starts the disaggregated search%s",
+		n, fmtLat(modT), fmtLat(simT), k, clamp)
+}
+
+// modelNote says how far the analytical fleets are from the simulated ones.
+func modelNote(res *Result) {
+	for _, x := range []struct{ sim, mod *Fleet }{{&res.Aggregated, &res.AggregatedModel}, {&res.Disaggregated, &res.DisaggregatedModel}} {
+		a, am := x.sim, x.mod
+		if !a.Meets || !am.Meets || (am.Engines == a.Engines && am.Ratio() == a.Ratio()) {
+			continue
+		}
+		how := "optimistic"
+		if am.Engines > a.Engines {
+			how = "pessimistic"
+		}
+		what := fmt.Sprint(a.Engines, " engines")
+		mw := fmt.Sprint(am.Engines, " engines")
+		if a.Mode == "disaggregated" {
+			what, mw = a.Ratio()+" prefill:decode", am.Ratio()
+		}
+		res.Notes = append(res.Notes, fmt.Sprintf("the analytical %s model is %s on this workload: it sizes %s where the simulation needs %s (the plan is the simulated fleet)",
+			a.Mode, how, mw, what))
+	}
+}
+
+// fleetOf turns a confirmed fleet into the plan's Fleet: the mean over the
+// seeds, their spread, the burst and the worst node lost.
+func fleetOf(in *Input, c *confirmed) Fleet {
+	mode := "aggregated"
+	if c.l.pd() {
+		mode = "disaggregated"
+	}
+	mc := c.mean
+	f := Fleet{Mode: mode, Method: "simulated", Meets: c.passes, Engines: c.l.size(), Prefill: c.l.P, Decode: c.l.D,
+		KVCapacityTokens: in.kvCapacity(), HitRate: mc.HitRate, TTFT: mc.TTFT, TPOT: mc.TPOT,
+		ThroughputRPS: mc.ThroughputRPS, OutputTPS: mc.OutputTPS, Utilisation: mc.Utilisation,
+		PrefillUtil: mc.PrefillUtil, DecodeUtil: mc.DecodeUtil, DecodeBatch: mc.decodeBatch,
+		Fabric: mc.Fabric, Spread: spread(in, c.seeds)}
+	if c.l.pd() {
+		f.SplitFraction = mc.Disaggregated
+	}
+	if c.note != "" {
+		f.Notes = append(f.Notes, c.note)
+	}
+	if bu := c.burst; bu.Engines > 0 {
+		f.Burst = &Headroom{Factor: in.Burst, Engines: f.Engines, Method: fmt.Sprintf("simulated (seed %d)", bu.Seed),
+			Utilisation: bu.Utilisation, TTFT: bu.TTFT, TPOT: bu.TPOT, Meets: bu.Meets}
+	}
+	if len(c.lost) == 0 {
+		note := "a one-engine fleet has nothing left when its engine is lost"
+		if c.l.pd() {
+			note = "each pool has one engine: losing it stops the pool"
+		}
+		f.NodeLost = &Headroom{Factor: 1, Note: note}
+		return f
+	}
+	worst := -1
+	for i, nl := range c.lost {
+		if worst < 0 || (!nl.Meets && c.lost[worst].Meets) ||
+			(nl.Meets == c.lost[worst].Meets && atOr99(nl.TTFT, in.SLO.TTFT) > atOr99(c.lost[worst].TTFT, in.SLO.TTFT)) {
+			worst = i
+		}
+	}
+	nl := c.lost[worst]
+	f.NodeLost = &Headroom{Factor: 1, Engines: nl.Engines, Method: fmt.Sprintf("simulated (seed %d)", nl.Seed),
+		Utilisation: nl.Utilisation, TTFT: nl.TTFT, TPOT: nl.TPOT, Meets: nl.Meets}
+	if c.l.pd() {
+		f.NodeLost.Note = "one decode engine lost"
+		if nl.Prefill < c.l.P {
+			f.NodeLost.Note = "one prefill engine lost"
+		}
+	}
+	return f
+}
+
 func firstNote(n []string) string {
 	if len(n) == 0 {
 		return "no reason recorded"
@@ -303,138 +403,90 @@ func firstNote(n []string) string {
 	return n[0]
 }
 
-// aggHeadroom evaluates the analytical aggregated fleet of n engines under
-// the burst factor and with one engine lost.
-func (m *model) aggHeadroom(n int) (burst, lost *Headroom) {
-	eval := func(rate float64, engines int) *Headroom {
-		mm := *m
-		mm.rate = rate
-		var f Fleet
-		ok := mm.aggregatedAt(&f, engines)
-		return &Headroom{Factor: rate / m.d.Rate, Engines: engines, Method: "analytical", Utilisation: f.Utilisation,
-			TTFT: f.TTFT, TPOT: f.TPOT, Meets: ok || (f.Utilisation < 1 && meets(f.TTFT, m.in.SLO.TTFT) && meets(f.TPOT, m.in.SLO.TPOT))}
-	}
-	burst = eval(m.rate*m.in.Burst, n)
-	if n > 1 {
-		lost = eval(m.rate, n-1)
-	} else {
-		lost = &Headroom{Factor: 1, Note: "a one-engine fleet has nothing left when its engine is lost"}
-	}
-	return burst, lost
-}
-
-// disaggHeadroom evaluates the disaggregated fleet under the burst factor
-// and with one engine lost from the pool where it hurts most. With pe the
-// prefill pool's TTFT comes from the simulator (decode stays analytical).
-func (m *model) disaggHeadroom(pn, dn int, pe prefillEval) (burst, lost *Headroom, err error) {
-	eval := func(rate float64, pn, dn int) (*Headroom, error) {
-		mm := *m
-		mm.rate = rate
-		var f Fleet
-		mm.disaggAt(&f, pn, dn)
-		prefillOK := f.PrefillUtil < 1 && meets(f.TTFT, m.in.SLO.TTFT)
-		method := "analytical"
-		if pe != nil {
-			c, err := pe(pn, rate/m.d.Rate)
-			if err != nil {
-				return nil, err
-			}
-			f.TTFT, prefillOK, method = c.ttft, c.meets, "prefill simulated, decode analytical"
-			f.Utilisation = (min(1, c.util)*float64(pn) + min(1, f.DecodeUtil)*float64(dn)) / float64(pn+dn)
-		}
-		ok := prefillOK && f.DecodeBatch <= float64(m.in.Profile.MaxNumSeqs) && meets(f.TPOT, m.in.SLO.TPOT)
-		return &Headroom{Factor: rate / m.d.Rate, Engines: pn + dn, Method: method, Utilisation: f.Utilisation,
-			TTFT: f.TTFT, TPOT: f.TPOT, Meets: ok}, nil
-	}
-	if burst, err = eval(m.rate*m.in.Burst, pn, dn); err != nil {
-		return nil, nil, err
-	}
-	var cands []*Headroom
-	if pn > 1 {
-		h, err := eval(m.rate, pn-1, dn)
-		if err != nil {
-			return nil, nil, err
-		}
-		h.Note = "one prefill engine lost"
-		cands = append(cands, h)
-	}
-	if dn > 1 {
-		h, err := eval(m.rate, pn, dn-1)
-		if err != nil {
-			return nil, nil, err
-		}
-		h.Note = "one decode engine lost"
-		cands = append(cands, h)
-	}
-	if len(cands) == 0 {
-		return burst, &Headroom{Factor: 1, Note: "each pool has one engine: losing it stops the pool"}, nil
-	}
-	lost = cands[0]
-	for _, h := range cands[1:] {
-		if (!h.Meets && lost.Meets) || (h.Meets == lost.Meets && h.TTFT.AtSLO > lost.TTFT.AtSLO) {
-			lost = h
-		}
-	}
-	return burst, lost, nil
-}
-
-// Verification compares a plan's aggregated prediction with a simulation of
-// the whole workload on the planned fleet (a different seed).
+// Verification compares a plan's predictions with simulations of the whole
+// workload on the planned fleets, with a seed the plan did not use.
 type Verification struct {
-	Requests      int     `json:"requests"`
-	Engines       int     `json:"engines"`
-	Seed          uint64  `json:"seed"`
-	TTFT          Latency `json:"ttft"`
-	TPOT          Latency `json:"tpot"`
-	ThroughputRPS float64 `json:"throughput_rps"`
-	HitRate       float64 `json:"hit_rate"`
-	Meets         bool    `json:"meets"`
-	// TTFTError and ThroughputError are (simulated - predicted) / predicted
-	// at the SLO quantile (TTFT) and in requests per second.
+	Requests int    `json:"requests"`
+	Seed     uint64 `json:"seed"`
+	// Aggregated and Disaggregated check the plan's fleets of each kind
+	// (nil when the plan has none that meets the SLO).
+	Aggregated    *Check `json:"aggregated,omitempty"`
+	Disaggregated *Check `json:"disaggregated,omitempty"`
+}
+
+// Check is one planned fleet's prediction against its verifying run.
+type Check struct {
+	// Fleet is the engine count or the prefill:decode ratio.
+	Fleet         string      `json:"fleet"`
+	Engines       int         `json:"engines"`
+	TTFT          Latency     `json:"ttft"`
+	TPOT          Latency     `json:"tpot"`
+	ThroughputRPS float64     `json:"throughput_rps"`
+	HitRate       float64     `json:"hit_rate"`
+	Fabric        *FabricNeed `json:"fabric,omitempty"`
+	Meets         bool        `json:"meets"`
+	// Predicted are the plan's figures for the fleet.
+	PredictedTTFT          Latency `json:"predicted_ttft"`
+	PredictedThroughputRPS float64 `json:"predicted_throughput_rps"`
+	// Errors are (simulated - predicted) / predicted: TTFT at the SLO
+	// quantile (p99 without a TTFT target), at p90 and p99, and the
+	// throughput in requests per second.
 	TTFTError       float64 `json:"ttft_error"`
+	TTFTP90Error    float64 `json:"ttft_p90_error"`
+	TTFTP99Error    float64 `json:"ttft_p99_error"`
 	ThroughputError float64 `json:"throughput_error"`
 }
 
-// Verify simulates the whole of in.Workload (no window) on the plan's
-// aggregated fleet with seed in.Seed+1 and compares it with the plan's
-// prediction.
+// Verify simulates the whole of in.Workload on the plan's aggregated and
+// disaggregated fleets (those that meet the SLO) with seed
+// in.Seed+in.Seeds, the first seed the plan's confirmation did not use, and
+// compares each with the plan's prediction.
 func Verify(ctx context.Context, in Input, res *Result) (*Verification, error) {
 	in.defaults()
-	if !in.Simulable {
-		return nil, errors.New("planner: verify: the simulator cannot run profile " + in.Profile.Name)
+	if res == nil || (!res.Aggregated.Meets && !res.Disaggregated.Meets) {
+		return nil, errors.New("planner: verify: the plan has no fleet that meets the SLO")
 	}
-	if res == nil || !res.Aggregated.Meets || res.Aggregated.Engines < 1 {
-		return nil, errors.New("planner: verify: the plan has no aggregated fleet")
+	in.ConfirmRequests = -1
+	s := newSearch(&in)
+	seed := in.Seed + uint64(in.Seeds)
+	v := &Verification{Requests: len(s.confirm), Seed: seed}
+	var keys []runKey
+	var fleets []*Fleet
+	for _, f := range []*Fleet{&res.Aggregated, &res.Disaggregated} {
+		if !f.Meets || f.Method != "simulated" {
+			continue
+		}
+		l := layout{A: f.Engines}
+		if f.Mode == "disaggregated" {
+			l = layout{P: f.Prefill, D: f.Decode}
+		}
+		keys = append(keys, runKey{l: l, confirm: true, seed: seed, scale: 1})
+		fleets = append(fleets, f)
 	}
-	s := newSearch(&in, res.Demand)
-	s.reqs = in.Workload.Requests
-	s.seed = in.Seed + 1
-	s.warm = 0
-	c, err := s.simulate(ctx, res.Aggregated.Engines, 1)
+	got, err := s.runAll(ctx, keys)
 	if err != nil {
 		return nil, err
 	}
-	v := &Verification{Requests: len(s.reqs), Engines: c.Engines, Seed: s.seed, TTFT: c.TTFT, TPOT: c.TPOT,
-		ThroughputRPS: c.ThroughputRPS, HitRate: c.HitRate, Meets: c.Meets}
-	pred := res.Aggregated
-	if q := pred.TTFT.AtSLO; q > 0 {
-		v.TTFTError = (float64(v.TTFT.AtSLO) - float64(q)) / float64(q)
-	} else if pred.TTFT.P99 > 0 {
-		v.TTFTError = (float64(v.TTFT.P99) - float64(pred.TTFT.P99)) / float64(pred.TTFT.P99)
-	}
-	if pred.ThroughputRPS > 0 {
-		v.ThroughputError = (v.ThroughputRPS - pred.ThroughputRPS) / pred.ThroughputRPS
+	for i, c := range got {
+		f := fleets[i]
+		ch := &Check{Fleet: keys[i].l.String(), Engines: c.Engines, TTFT: c.TTFT, TPOT: c.TPOT, ThroughputRPS: c.ThroughputRPS,
+			HitRate: c.HitRate, Fabric: c.Fabric, Meets: c.Meets, PredictedTTFT: f.TTFT, PredictedThroughputRPS: f.ThroughputRPS}
+		rel := func(got, want float64) float64 {
+			if want == 0 || want == float64(infDur) || got == float64(infDur) {
+				return math.Inf(1)
+			}
+			return (got - want) / want
+		}
+		ch.TTFTError = rel(float64(atOr99(c.TTFT, in.SLO.TTFT)), float64(atOr99(f.TTFT, in.SLO.TTFT)))
+		ch.TTFTP90Error = rel(float64(c.TTFT.P90), float64(f.TTFT.P90))
+		ch.TTFTP99Error = rel(float64(c.TTFT.P99), float64(f.TTFT.P99))
+		ch.ThroughputError = rel(c.ThroughputRPS, f.ThroughputRPS)
+		if f.Mode == "aggregated" {
+			v.Aggregated = ch
+		} else {
+			v.Disaggregated = ch
+		}
 	}
 	res.Verify = v
 	return v, nil
-}
-
-// simWorkload returns the requests to simulate per candidate: all of them,
-// or the first limit requests (a time window from the start, arrival
-// offsets kept).
-func simWorkload(w *workload.Workload, limit int) []workload.Request {
-	if limit < 0 || len(w.Requests) <= limit {
-		return w.Requests
-	}
-	return w.Requests[:limit]
 }

@@ -5,193 +5,664 @@ import (
 	"fmt"
 	"math"
 	"sort"
+	"sync"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/kvroute/kvroute/sim"
 	"github.com/kvroute/kvroute/workload"
 )
 
-// search finds the smallest aggregated fleet that meets the SLO with the
-// fleet simulator: start at the closed-form bound; if it fails, grow by
-// doubling steps until a fleet passes, then bisect; if it passes, step down
-// while the next smaller fleet passes (the bound is not strict: mixed
-// chunked-prefill steps share one weight read).
-type search struct {
-	in     *Input
-	reqs   []workload.Request
-	seed   uint64
-	oracle float64
-	runs   map[int]Candidate
-	done   int
-	warm   int // leading requests simulated but not measured
+// layout is a fleet's shape: A aggregated engines, or P prefill and D
+// decode engines.
+type layout struct{ A, P, D int }
+
+func (l layout) pd() bool    { return l.P > 0 || l.D > 0 }
+func (l layout) size() int   { return l.A + l.P + l.D }
+func (l layout) valid() bool { return l.pd() && l.P >= 1 && l.D >= 1 || !l.pd() && l.A >= 1 }
+
+func (l layout) String() string {
+	if l.pd() {
+		return fmt.Sprintf("%d:%d", l.P, l.D)
+	}
+	return fmt.Sprint(l.A)
 }
 
-func newSearch(in *Input, d *Demand) *search {
-	s := &search{in: in, reqs: simWorkload(in.Workload, in.SimRequests), seed: in.Seed, runs: map[int]Candidate{}}
+// runKey names one simulation: a layout on the search window or the
+// confirming workload, with a seed and a rate scale.
+type runKey struct {
+	l       layout
+	confirm bool
+	seed    uint64
+	scale   float64
+}
+
+// search finds the smallest fleets that meet the SLO with the fleet
+// simulator, in two stages.
+//
+// The search proper runs candidate fleets on a window of the workload (its
+// first Input.SimRequests requests, one seed): aggregated from the
+// closed-form bound (grow by doubling steps, bisect; step down while the
+// bound itself passes), disaggregated from the analytical P:D estimate
+// (grow the pool the SLO misses point at, then shrink each pool).
+//
+// The confirmation runs the chosen fleet on the confirming workload (the
+// first Input.ConfirmRequests requests, by default the whole workload) with
+// Input.Seeds seeds, and each fleet one engine smaller with the first seed:
+// a window is not the whole workload (a busier or calmer stretch moves the
+// tail by 10% and more), so the prediction is the mean over the seeds of the
+// longer run and the spread is reported. A chosen fleet that misses grows; a
+// smaller one that passes is taken instead.
+//
+// Runs may go on concurrently (the aggregated confirmation beside the
+// disaggregated search); at most Input.Parallel simulate at once. Each run
+// is deterministic for its key, so the plan does not depend on timing.
+type search struct {
+	in            *Input
+	reqs          []workload.Request // the search window
+	confirm       []workload.Request // the confirming workload
+	seeds         []uint64
+	oracle        float64 // of the window
+	confirmOracle float64 // of the confirming workload
+	warm          int     // leading window requests simulated but not measured
+	sem           chan struct{}
+
+	mu   sync.Mutex // guards runs and done
+	runs map[runKey]Candidate
+	done int
+
+	// evalHook, when set, replaces the search-window simulation (tests of
+	// the search logic).
+	evalHook func(layout) Candidate
+}
+
+func newSearch(in *Input) *search {
+	s := &search{in: in, reqs: simWorkload(in.Workload, in.SimRequests), confirm: simWorkload(in.Workload, in.ConfirmRequests),
+		runs: map[runKey]Candidate{}}
+	for k := range in.Seeds {
+		s.seeds = append(s.seeds, in.Seed+uint64(k))
+	}
 	s.oracle = sim.OracleHitRate(s.reqs, in.Profile.BlockSize)
+	s.confirmOracle = s.oracle
+	if len(s.confirm) != len(s.reqs) {
+		s.confirmOracle = sim.OracleHitRate(s.confirm, in.Profile.BlockSize)
+	}
+	s.sem = make(chan struct{}, in.Parallel)
 	s.warm = int(in.WarmUp * float64(len(s.reqs)))
 	return s
 }
 
 func (s *search) describe() string {
 	all := len(s.in.Workload.Requests)
-	span := s.reqs[len(s.reqs)-1].Arrival - s.reqs[0].Arrival
-	what := "the whole workload"
-	if len(s.reqs) < all {
-		what = fmt.Sprintf("the first %s of the workload", fmtDur(span.Round(time.Second)))
+	what := func(reqs []workload.Request) string {
+		span := reqs[len(reqs)-1].Arrival - reqs[0].Arrival
+		w := "the whole workload"
+		if len(reqs) < all {
+			w = fmt.Sprintf("the first %s of the workload", fmtDur(span.Round(time.Second)))
+		}
+		return fmt.Sprintf("%s (%d of %d requests, %.2f req/s)", w, len(reqs), all, float64(len(reqs)-1)/max(span.Seconds(), 1e-9))
 	}
 	warm := ""
 	if s.warm > 0 {
 		warm = fmt.Sprintf(", the first %d not measured (cache warm-up)", s.warm)
 	}
-	return fmt.Sprintf("%s: %d of %d requests (%.2f req/s)%s, policy %s, seed %d, router and engines as kvroute serve runs them (sim.Run)",
-		what, len(s.reqs), all, float64(len(s.reqs)-1)/max(span.Seconds(), 1e-9), warm, s.in.Policy, s.seed)
+	return fmt.Sprintf("search on %s%s with seed %d; the chosen fleets confirmed on %s with seeds %v; policy %s, P/D mode %s, router and engines as kvroute serve runs them (sim.Run)",
+		what(s.reqs), warm, s.seeds[0], what(s.confirm), s.seeds, s.in.Policy, s.in.PDMode)
 }
 
-// offeredRate is the simulated window's arrival rate.
-func (s *search) offeredRate() float64 {
-	span := (s.reqs[len(s.reqs)-1].Arrival - s.reqs[0].Arrival).Seconds()
-	if span <= 0 || len(s.reqs) < 2 {
-		return math.Inf(1)
+// simulate runs one layout (uncached).
+func (s *search) simulate(ctx context.Context, k runKey) (Candidate, error) {
+	in := s.in
+	prof := in.Profile
+	group := func(n int, role string) sim.Group {
+		g := sim.Group{Count: n, Spec: &prof, Role: role}
+		if in.KVCapacityTokens > 0 {
+			g.NumGPUBlocks = in.KVCapacityTokens / prof.BlockSize
+		}
+		return g
 	}
-	return float64(len(s.reqs)-1) / span
-}
-
-func (s *search) sorted() []Candidate {
-	out := make([]Candidate, 0, len(s.runs))
-	for _, c := range s.runs {
-		out = append(out, c)
+	var fleet sim.Fleet
+	if k.l.pd() {
+		fleet = sim.Fleet{group(k.l.P, "prefill"), group(k.l.D, "decode")}
+	} else {
+		fleet = sim.Fleet{group(k.l.A, "")}
 	}
-	sort.Slice(out, func(a, b int) bool { return out[a].Engines < out[b].Engines })
-	return out
-}
-
-func (s *search) eval(ctx context.Context, n int) (Candidate, error) {
-	if c, ok := s.runs[n]; ok {
-		return c, nil
+	reqs, warm := s.reqs, s.warm
+	oracle := s.oracle
+	if k.confirm {
+		reqs, warm, oracle = s.confirm, 0, s.confirmOracle
 	}
-	c, err := s.simulate(ctx, n, 1)
+	cfg := sim.Config{Fleet: fleet, Policy: in.Policy, Seed: k.seed, RateScale: k.scale,
+		SLO: sim.SLO{TTFT: in.SLO.TTFT.Limit, TPOT: in.SLO.TPOT.Limit}, OracleHitRate: &oracle,
+		PD: sim.PDConfig{Mode: in.PDMode, Links: uniformLinks(in)}}
+	r, err := sim.Run(ctx, cfg, reqs)
 	if err != nil {
-		return c, err
+		return Candidate{}, fmt.Errorf("planner: simulate %s: %w", fleet, err)
 	}
-	s.runs[n] = c
-	s.done++
-	if s.in.Progress != nil {
-		s.in.Progress(s.done, max(s.done+1, 8))
-	}
+	c := summarise(in, k.l, r, warm)
+	c.Seed, c.Scale, c.Requests = k.seed, k.scale, len(reqs)-warm
 	return c, nil
 }
 
-// run returns the smallest passing fleet, with its burst and node-lost
-// headroom simulated.
-func (s *search) run(ctx context.Context, start int) (Fleet, error) {
+// runAll simulates the keys not yet run, up to Input.Parallel at once
+// (across concurrent callers), and returns every key's candidate.
+func (s *search) runAll(ctx context.Context, keys []runKey) ([]Candidate, error) {
+	var todo []runKey
+	seen := map[runKey]bool{}
+	s.mu.Lock()
+	for _, k := range keys {
+		if _, ok := s.runs[k]; !ok && !seen[k] {
+			seen[k] = true
+			todo = append(todo, k)
+		}
+	}
+	s.mu.Unlock()
+	got := make([]Candidate, len(todo))
+	g, gctx := errgroup.WithContext(ctx)
+	for i, k := range todo {
+		g.Go(func() error {
+			select {
+			case s.sem <- struct{}{}:
+			case <-gctx.Done():
+				return gctx.Err()
+			}
+			defer func() { <-s.sem }()
+			c, err := s.simulate(gctx, k)
+			got[i] = c
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		return nil, err
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for i, k := range todo {
+		s.runs[k] = got[i]
+		s.done++
+		if s.in.Progress != nil {
+			s.in.Progress(s.done, max(s.done+1, 12))
+		}
+	}
+	out := make([]Candidate, len(keys))
+	for i, k := range keys {
+		out[i] = s.runs[k]
+	}
+	return out, nil
+}
+
+// run returns a finished run's candidate.
+func (s *search) run(k runKey) (Candidate, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	c, ok := s.runs[k]
+	return c, ok
+}
+
+// eval runs a layout on the search window at rate scale 1.
+func (s *search) eval(ctx context.Context, l layout) (Candidate, error) {
+	if s.evalHook != nil {
+		c := s.evalHook(l)
+		s.mu.Lock()
+		s.runs[runKey{l: l, seed: s.seeds[0], scale: 1}] = c
+		s.mu.Unlock()
+		return c, nil
+	}
+	c, err := s.runAll(ctx, []runKey{{l: l, seed: s.seeds[0], scale: 1}})
+	if err != nil {
+		return Candidate{}, err
+	}
+	return c[0], nil
+}
+
+// window returns the search-window candidates of aggregated (pd false) or
+// disaggregated fleets, by size.
+func (s *search) window(pd bool) []Candidate {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Candidate
+	for k, c := range s.runs {
+		if !k.confirm && k.scale == 1 && k.l.pd() == pd {
+			out = append(out, c)
+		}
+	}
+	sortCands(out)
+	return out
+}
+
+// confirmations returns the confirming runs, by fleet and seed.
+func (s *search) confirmations() []Candidate {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	var out []Candidate
+	for k, c := range s.runs {
+		if k.confirm {
+			out = append(out, c)
+		}
+	}
+	sortCands(out)
+	return out
+}
+
+func sortCands(c []Candidate) {
+	sort.Slice(c, func(a, b int) bool {
+		x, y := c[a], c[b]
+		if x.Prefill > 0 != (y.Prefill > 0) {
+			return y.Prefill > 0
+		}
+		if x.Engines != y.Engines {
+			return x.Engines < y.Engines
+		}
+		if x.Prefill != y.Prefill {
+			return x.Prefill < y.Prefill
+		}
+		if x.Scale != y.Scale {
+			return x.Scale < y.Scale
+		}
+		return x.Seed < y.Seed
+	})
+}
+
+// searchAggregated returns the smallest aggregated fleet meeting the SLO on
+// the search window, from start, or a note saying why there is none.
+func (s *search) searchAggregated(ctx context.Context, start int) (int, string, error) {
 	maxN := s.in.MaxEngines
 	start = min(max(1, start), maxN)
-	c, err := s.eval(ctx, start)
+	c, err := s.eval(ctx, layout{A: start})
 	if err != nil {
-		return Fleet{}, err
+		return 0, "", err
 	}
-	best := 0
 	if c.Meets {
-		best = start
+		best := start
 		for n := start - 1; n >= 1; n-- {
-			c, err := s.eval(ctx, n)
+			c, err := s.eval(ctx, layout{A: n})
 			if err != nil {
-				return Fleet{}, err
+				return 0, "", err
 			}
 			if !c.Meets {
 				break
 			}
 			best = n
 		}
-	} else {
-		lo, step := start, 1 // lo fails
-		hi := 0
-		for n := start + 1; n <= maxN; {
-			c, err := s.eval(ctx, n)
-			if err != nil {
-				return Fleet{}, err
-			}
-			if c.Meets {
-				hi = n
-				break
-			}
-			if prev, ok := s.half(n); ok && plateau(prev, c, s.in.SLO) {
-				return Fleet{Mode: "aggregated", Method: "simulated", Notes: []string{fmt.Sprintf(
-					"the SLO latencies stop improving with more engines (%d engines: TTFT %s, TPOT %s; %d engines: TTFT %s, TPOT %s): "+
-						"the tail is the slowest requests' own prefill at the hit rate the router achieves, which no fleet size shortens",
-					prev.Engines, fmtLat(atOr99(prev.TTFT, s.in.SLO.TTFT)), fmtLat(atOr99(prev.TPOT, s.in.SLO.TPOT)),
-					c.Engines, fmtLat(atOr99(c.TTFT, s.in.SLO.TTFT)), fmtLat(atOr99(c.TPOT, s.in.SLO.TPOT)))}}, nil
-			}
-			lo = n
-			step *= 2
-			if n == maxN {
-				break
-			}
-			n = min(n+step, maxN)
-		}
-		if hi == 0 {
-			return Fleet{Mode: "aggregated", Method: "simulated", Notes: []string{
-				fmt.Sprintf("no aggregated fleet of up to %d engines meets the SLO in simulation", maxN)}}, nil
-		}
-		for hi-lo > 1 {
-			mid := (lo + hi) / 2
-			c, err := s.eval(ctx, mid)
-			if err != nil {
-				return Fleet{}, err
-			}
-			if c.Meets {
-				hi = mid
-			} else {
-				lo = mid
-			}
-		}
-		best = hi
+		return best, "", nil
 	}
-	bc := s.runs[best]
-	f := Fleet{Mode: "aggregated", Method: "simulated", Meets: true, Engines: best,
-		KVCapacityTokens: s.in.kvCapacity(), HitRate: bc.HitRate, TTFT: bc.TTFT, TPOT: bc.TPOT,
-		ThroughputRPS: bc.ThroughputRPS, OutputTPS: bc.OutputTPS, Utilisation: bc.Utilisation}
-	f.DecodeBatch = bc.decodeBatch
-	// Headroom.
-	bu, err := s.simulate(ctx, best, s.in.Burst)
-	if err != nil {
-		return f, err
-	}
-	f.Burst = &Headroom{Factor: s.in.Burst, Engines: best, Method: "simulated", Utilisation: bu.Utilisation,
-		TTFT: bu.TTFT, TPOT: bu.TPOT, Meets: bu.Meets}
-	if best > 1 {
-		nl, err := s.eval(ctx, best-1)
+	lo, hi, step := start, 0, 1 // lo fails
+	prev := c
+	for n := start + 1; n <= maxN; {
+		c, err := s.eval(ctx, layout{A: n})
 		if err != nil {
-			return f, err
+			return 0, "", err
 		}
-		f.NodeLost = &Headroom{Factor: 1, Engines: best - 1, Method: "simulated", Utilisation: nl.Utilisation,
-			TTFT: nl.TTFT, TPOT: nl.TPOT, Meets: nl.Meets}
-	} else {
-		f.NodeLost = &Headroom{Factor: 1, Note: "a one-engine fleet has nothing left when its engine is lost"}
+		if c.Meets {
+			hi = n
+			break
+		}
+		if h, ok := s.half(n); ok && plateau(h, c, s.in.SLO) {
+			return 0, fmt.Sprintf("the SLO latencies stop improving with more engines (%d engines: TTFT %s, TPOT %s; %d engines: TTFT %s, TPOT %s): "+
+				"the tail is the slowest requests' own prefill at the hit rate the router achieves, which no fleet size shortens",
+				h.Engines, fmtLat(atOr99(h.TTFT, s.in.SLO.TTFT)), fmtLat(atOr99(h.TPOT, s.in.SLO.TPOT)),
+				c.Engines, fmtLat(atOr99(c.TTFT, s.in.SLO.TTFT)), fmtLat(atOr99(c.TPOT, s.in.SLO.TPOT))), nil
+		}
+		prev = c
+		lo = n
+		step *= 2
+		if n == maxN {
+			break
+		}
+		n = min(n+step, maxN)
 	}
-	s.done++
-	if s.in.Progress != nil {
-		s.in.Progress(s.done, s.done)
+	_ = prev
+	if hi == 0 {
+		return 0, fmt.Sprintf("no aggregated fleet of up to %d engines meets the SLO in simulation", maxN), nil
 	}
-	return f, nil
+	for hi-lo > 1 {
+		mid := (lo + hi) / 2
+		c, err := s.eval(ctx, layout{A: mid})
+		if err != nil {
+			return 0, "", err
+		}
+		if c.Meets {
+			hi = mid
+		} else {
+			lo = mid
+		}
+	}
+	return hi, "", nil
 }
 
-// simulate runs n engines at the rate scale and summarises the run.
-func (s *search) simulate(ctx context.Context, n int, scale float64) (Candidate, error) {
+// half returns the largest simulated aggregated window fleet of at most n/2
+// engines.
+func (s *search) half(n int) (Candidate, bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	best, ok := Candidate{}, false
+	for k, c := range s.runs {
+		if !k.confirm && k.scale == 1 && !k.l.pd() && 2*k.l.A <= n && (!ok || k.l.A > best.Engines) {
+			best, ok = c, true
+		}
+	}
+	return best, ok
+}
+
+// plateau reports whether doubling the fleet (or more) from a to b (both
+// failing) improved neither latency at the SLO quantile by
+// more than 2% while every request completed: more engines will not help.
+func plateau(a, b Candidate, slo SLO) bool {
+	if a.Failed > 0 || b.Failed > 0 || b.Engines < 2*a.Engines {
+		return false
+	}
+	flat := func(x, y time.Duration) bool { return x == infDur || float64(y) >= 0.98*float64(x) }
+	failing := func(l Latency, t Target) bool { return t.Set() && l.AtSLO > t.Limit }
+	return (!failing(b.TTFT, slo.TTFT) || flat(a.TTFT.AtSLO, b.TTFT.AtSLO)) &&
+		(!failing(b.TPOT, slo.TPOT) || flat(a.TPOT.AtSLO, b.TPOT.AtSLO))
+}
+
+// maxPDEvals bounds the disaggregated search's window runs.
+const maxPDEvals = 40
+
+// grow returns a larger layout for a candidate that misses the SLO:
+// aggregated one engine more; disaggregated, the pool its misses point at
+// grows by half (at least one engine): decode when TPOT misses, and for a
+// TTFT miss the pool where the slow requests spent most of their time to
+// first token (queue and prefill on the prefill engine, or the transfer and
+// the first decode step; a request the router ran whole on a decode node
+// counts for decode). Failed requests grow both.
+func grow(l layout, c Candidate, slo SLO) layout {
+	if !l.pd() {
+		return layout{A: l.A + 1}
+	}
+	growP, growD := false, false
+	if c.Failed > 0 {
+		growP, growD = true, true
+	}
+	if slo.TPOT.Set() && c.TPOT.AtSLO > slo.TPOT.Limit {
+		growD = true
+	}
+	if slo.TTFT.Set() && c.TTFT.AtSLO > slo.TTFT.Limit {
+		if c.tailPrefill >= c.tailDecode {
+			growP = true
+		} else {
+			growD = true
+		}
+	}
+	if !growP && !growD {
+		growP, growD = true, true
+	}
+	if growP {
+		l.P += max(1, l.P/2)
+	}
+	if growD {
+		l.D += max(1, l.D/2)
+	}
+	return l
+}
+
+// searchDisaggregated returns the smallest P:D fleet it finds meeting the
+// SLO on the search window, from start: grow (see grow) until a fleet
+// passes, then shrink each pool in turn by bisection while the smaller
+// fleet still passes, until neither pool can shrink.
+func (s *search) searchDisaggregated(ctx context.Context, start layout) (layout, string, error) {
+	maxN := s.in.MaxEngines
+	l := layout{P: max(1, start.P), D: max(1, start.D)}
+	evals := 0
+	eval := func(l layout) (Candidate, error) {
+		evals++
+		return s.eval(ctx, l)
+	}
+	for {
+		if l.size() > maxN || evals >= maxPDEvals {
+			return layout{}, fmt.Sprintf("no disaggregated fleet of up to %d engines meets the SLO in simulation (last tried %s prefill:decode)", maxN, l), nil
+		}
+		c, err := eval(l)
+		if err != nil {
+			return layout{}, "", err
+		}
+		if c.Meets {
+			break
+		}
+		l = grow(l, c, s.in.SLO)
+	}
+	// Shrink: the smallest passing count of each pool with the other
+	// fixed, until neither changes.
+	for changed := true; changed && evals < maxPDEvals; {
+		changed = false
+		for _, pool := range []*int{&l.P, &l.D} {
+			hi := *pool
+			lo := 0 // largest known failing count (0: none known)
+			// Try one fewer first (usually the answer), then bisect.
+			for first := true; hi-lo > 1 && evals < maxPDEvals; first = false {
+				mid := (lo + hi) / 2
+				if first {
+					mid = hi - 1
+				}
+				trial := l
+				if pool == &l.P {
+					trial.P = mid
+				} else {
+					trial.D = mid
+				}
+				c, err := eval(trial)
+				if err != nil {
+					return layout{}, "", err
+				}
+				if c.Meets {
+					hi = mid
+				} else {
+					lo = mid
+				}
+			}
+			if hi != *pool {
+				*pool, changed = hi, true
+			}
+		}
+	}
+	return l, "", nil
+}
+
+// neighbours are the layouts one engine smaller (one lost node).
+func neighbours(l layout) []layout {
+	var out []layout
+	switch {
+	case !l.pd():
+		if l.A > 1 {
+			out = append(out, layout{A: l.A - 1})
+		}
+	default:
+		if l.P > 1 {
+			out = append(out, layout{P: l.P - 1, D: l.D})
+		}
+		if l.D > 1 {
+			out = append(out, layout{P: l.P, D: l.D - 1})
+		}
+	}
+	return out
+}
+
+// confirmed is a fleet confirmed on the confirming workload: the mean over
+// the seeds, each seed's run, the fleets one engine smaller and the burst.
+type confirmed struct {
+	l      layout
+	mean   Candidate
+	seeds  []Candidate
+	lost   []Candidate // one per neighbour, first seed
+	burst  Candidate
+	note   string
+	passes bool
+}
+
+// confirmFleet confirms l on the confirming workload. It first runs l and
+// its neighbours (one engine fewer) with the first seed, at once: a
+// neighbour that passes is taken instead and confirmed in turn; a fleet
+// that misses grows. The fleet kept then runs with the other seeds (the
+// prediction is their mean, which must pass too) and at the burst factor.
+// Bounded to a few rounds.
+func (s *search) confirmFleet(ctx context.Context, l layout) (*confirmed, error) {
 	in := s.in
-	g := sim.Group{Count: n, Profile: in.Profile.Name}
-	if in.KVCapacityTokens > 0 {
-		g.NumGPUBlocks = in.KVCapacityTokens / in.Profile.BlockSize
+	failed := map[layout]bool{}
+	var last *confirmed
+	key := func(l layout, seed uint64, scale float64) runKey {
+		return runKey{l: l, confirm: true, seed: seed, scale: scale}
 	}
-	oracle := s.oracle
-	cfg := sim.Config{Fleet: sim.Fleet{g}, Policy: in.Policy, Seed: s.seed, RateScale: scale,
-		SLO: sim.SLO{TTFT: in.SLO.TTFT.Limit, TPOT: in.SLO.TPOT.Limit}, OracleHitRate: &oracle}
-	r, err := sim.Run(ctx, cfg, s.reqs)
-	if err != nil {
-		return Candidate{}, fmt.Errorf("planner: simulate %d engines: %w", n, err)
+	for round := 0; round < 8 && l.valid() && l.size() <= in.MaxEngines; round++ {
+		nbs := neighbours(l)
+		keys := []runKey{key(l, s.seeds[0], 1)}
+		for _, nb := range nbs {
+			keys = append(keys, key(nb, s.seeds[0], 1))
+		}
+		got, err := s.runAll(ctx, keys)
+		if err != nil {
+			return nil, err
+		}
+		c := &confirmed{l: l, seeds: []Candidate{got[0]}, lost: got[1:]}
+		c.mean = got[0]
+		last = c
+		if !got[0].Meets {
+			failed[l] = true
+			l = grow(l, got[0], in.SLO)
+			continue
+		}
+		next := layout{}
+		for i, nb := range nbs {
+			if c.lost[i].Meets && !failed[nb] {
+				next = nb
+				break
+			}
+		}
+		if next.size() > 0 {
+			l = next
+			continue
+		}
+		// Kept: the other seeds and the burst.
+		keys = keys[:0]
+		for _, sd := range s.seeds[1:] {
+			keys = append(keys, key(l, sd, 1))
+		}
+		keys = append(keys, key(l, s.seeds[0], in.Burst))
+		more, err := s.runAll(ctx, keys)
+		if err != nil {
+			return nil, err
+		}
+		c.seeds = append(c.seeds, more[:len(more)-1]...)
+		c.burst = more[len(more)-1]
+		c.mean = combine(in, c.seeds)
+		c.passes = c.mean.Meets
+		if !c.passes {
+			failed[l] = true
+			l = grow(l, c.mean, in.SLO)
+			continue
+		}
+		return c, nil
 	}
-	return summarise(in, n, r, s.warm), nil
+	if last == nil {
+		return nil, nil
+	}
+	last.note = fmt.Sprintf("the search window's fleet misses the SLO on the confirming workload, and so do the larger fleets tried up to %s", last.l)
+	return last, nil
+}
+
+// combine averages a fleet's runs over seeds: each latency percentile and
+// rate is the mean of the runs' values; the fleet meets the SLO when the
+// mean latencies at the SLO quantiles do and no request failed.
+func combine(in *Input, cs []Candidate) Candidate {
+	out := cs[0]
+	if len(cs) == 1 {
+		return out
+	}
+	n := float64(len(cs))
+	avgD := func(get func(*Candidate) time.Duration) time.Duration {
+		var s float64
+		for i := range cs {
+			v := get(&cs[i])
+			if v == infDur {
+				return infDur
+			}
+			s += float64(v)
+		}
+		return time.Duration(s / n)
+	}
+	avgF := func(get func(*Candidate) float64) float64 {
+		var s float64
+		for i := range cs {
+			s += get(&cs[i])
+		}
+		return s / n
+	}
+	avgL := func(get func(*Candidate) *Latency) Latency {
+		return Latency{
+			P50:   avgD(func(c *Candidate) time.Duration { return get(c).P50 }),
+			P90:   avgD(func(c *Candidate) time.Duration { return get(c).P90 }),
+			P99:   avgD(func(c *Candidate) time.Duration { return get(c).P99 }),
+			AtSLO: avgD(func(c *Candidate) time.Duration { return get(c).AtSLO }),
+		}
+	}
+	out.TTFT = avgL(func(c *Candidate) *Latency { return &c.TTFT })
+	out.TPOT = avgL(func(c *Candidate) *Latency { return &c.TPOT })
+	out.Attainment = avgF(func(c *Candidate) float64 { return c.Attainment })
+	out.TTFTAttainment = avgF(func(c *Candidate) float64 { return c.TTFTAttainment })
+	out.TPOTAttainment = avgF(func(c *Candidate) float64 { return c.TPOTAttainment })
+	out.ThroughputRPS = avgF(func(c *Candidate) float64 { return c.ThroughputRPS })
+	out.OutputTPS = avgF(func(c *Candidate) float64 { return c.OutputTPS })
+	out.HitRate = avgF(func(c *Candidate) float64 { return c.HitRate })
+	out.Utilisation = avgF(func(c *Candidate) float64 { return c.Utilisation })
+	out.PrefillUtil = avgF(func(c *Candidate) float64 { return c.PrefillUtil })
+	out.DecodeUtil = avgF(func(c *Candidate) float64 { return c.DecodeUtil })
+	out.Disaggregated = avgF(func(c *Candidate) float64 { return c.Disaggregated })
+	out.decodeBatch = avgF(func(c *Candidate) float64 { return c.decodeBatch })
+	out.tailPrefill = avgF(func(c *Candidate) float64 { return c.tailPrefill })
+	out.tailDecode = avgF(func(c *Candidate) float64 { return c.tailDecode })
+	out.Preemptions, out.Failed = 0, 0
+	for i := range cs {
+		out.Preemptions += cs[i].Preemptions
+		out.Failed += cs[i].Failed
+	}
+	if out.Fabric != nil {
+		f := *out.Fabric
+		fab := func(get func(*FabricNeed) float64) float64 {
+			return avgF(func(c *Candidate) float64 {
+				if c.Fabric == nil {
+					return 0
+				}
+				return get(c.Fabric)
+			})
+		}
+		f.Total = fab(func(x *FabricNeed) float64 { return x.Total })
+		f.PerDecodeMean = fab(func(x *FabricNeed) float64 { return x.PerDecodeMean })
+		f.PerDecodeP99 = fab(func(x *FabricNeed) float64 { return x.PerDecodeP99 })
+		f.PerDecodeMax = fab(func(x *FabricNeed) float64 { return x.PerDecodeMax })
+		f.LinkUtilMean = fab(func(x *FabricNeed) float64 { return x.LinkUtilMean })
+		f.LinkUtilP99 = fab(func(x *FabricNeed) float64 { return x.LinkUtilP99 })
+		f.TransferP50 = time.Duration(fab(func(x *FabricNeed) float64 { return float64(x.TransferP50) }))
+		f.TransferP99 = time.Duration(fab(func(x *FabricNeed) float64 { return float64(x.TransferP99) }))
+		f.QueueP99 = time.Duration(fab(func(x *FabricNeed) float64 { return float64(x.QueueP99) }))
+		out.Fabric = &f
+	}
+	out.Seed = 0
+	out.Meets = out.Failed == 0 && meets(out.TTFT, in.SLO.TTFT) && meets(out.TPOT, in.SLO.TPOT)
+	return out
+}
+
+// spread is the range of a confirmed fleet's runs over the seeds.
+func spread(in *Input, cs []Candidate) *Spread {
+	sp := &Spread{Requests: cs[0].Requests}
+	for i, c := range cs {
+		sp.Seeds = append(sp.Seeds, c.Seed)
+		t, p := atOr99(c.TTFT, in.SLO.TTFT), atOr99(c.TPOT, in.SLO.TPOT)
+		if i == 0 {
+			sp.TTFT = [2]time.Duration{t, t}
+			sp.TTFTP90 = [2]time.Duration{c.TTFT.P90, c.TTFT.P90}
+			sp.TTFTP99 = [2]time.Duration{c.TTFT.P99, c.TTFT.P99}
+			sp.TPOT = [2]time.Duration{p, p}
+			sp.ThroughputRPS = [2]float64{c.ThroughputRPS, c.ThroughputRPS}
+			continue
+		}
+		sp.TTFT = [2]time.Duration{min(sp.TTFT[0], t), max(sp.TTFT[1], t)}
+		sp.TTFTP90 = [2]time.Duration{min(sp.TTFTP90[0], c.TTFT.P90), max(sp.TTFTP90[1], c.TTFT.P90)}
+		sp.TTFTP99 = [2]time.Duration{min(sp.TTFTP99[0], c.TTFT.P99), max(sp.TTFTP99[1], c.TTFT.P99)}
+		sp.TPOT = [2]time.Duration{min(sp.TPOT[0], p), max(sp.TPOT[1], p)}
+		sp.ThroughputRPS = [2]float64{min(sp.ThroughputRPS[0], c.ThroughputRPS), max(sp.ThroughputRPS[1], c.ThroughputRPS)}
+	}
+	return sp
 }
 
 // summarise turns a run into a candidate: failed requests count as missing
@@ -199,10 +670,10 @@ func (s *search) simulate(ctx context.Context, n int, scale float64) (Candidate,
 //
 // The first warm requests are simulated but not measured: they run on cold
 // caches and an empty fleet, which a long-running fleet does not have.
-func summarise(in *Input, n int, r *sim.Result, warm int) Candidate {
-	c := Candidate{Engines: n}
+func summarise(in *Input, l layout, r *sim.Result, warm int) Candidate {
+	c := Candidate{Engines: l.size(), Prefill: l.P, Decode: l.D}
 	var ttft, tpot []time.Duration
-	met, metTTFT, metTPOT, nTPOT := 0, 0, 0, 0
+	met, metTTFT, metTPOT, nTPOT, ok, disagg := 0, 0, 0, 0, 0, 0
 	var prompt, cached int64
 	// Sustained throughput: completions per second between the first
 	// completion and the last arrival, where a fleet that keeps up
@@ -232,6 +703,10 @@ func summarise(in *Input, n int, r *sim.Result, warm int) Candidate {
 			tpot = append(tpot, infDur)
 			continue
 		}
+		ok++
+		if rec.PrefillEngine != "" {
+			disagg++
+		}
 		ttft = append(ttft, rec.TTFT)
 		if rec.OutputTokens >= 2 {
 			tpot = append(tpot, rec.TPOT)
@@ -243,6 +718,15 @@ func summarise(in *Input, n int, r *sim.Result, warm int) Candidate {
 		}
 		if okT {
 			metTTFT++
+		} else {
+			// Where the slow requests waited: the prefill pool, or the
+			// handoff and the decode node.
+			if rec.PrefillEngine != "" {
+				c.tailPrefill += (rec.Queue + rec.Prefill).Seconds()
+				c.tailDecode += (rec.Transfer + rec.FirstDecode).Seconds()
+			} else {
+				c.tailDecode += rec.TTFT.Seconds()
+			}
 		}
 		if rec.OutputTokens >= 2 {
 			nTPOT++
@@ -274,46 +758,64 @@ func summarise(in *Input, n int, r *sim.Result, warm int) Candidate {
 		// Failed requests count against TPOT too.
 		c.TPOTAttainment = float64(metTPOT) / float64(nTPOT+c.Failed)
 	}
+	decoders := l.A + l.D
 	if span := (lastArrival - firstDone).Seconds(); firstDone >= 0 && span > 0 {
 		c.ThroughputRPS = float64(doneIn) / span
 		c.OutputTPS = float64(outIn) / span
-		c.decodeBatch = batchSeconds / span / float64(n)
+		c.decodeBatch = batchSeconds / span / float64(decoders)
 	}
 	if prompt > 0 {
 		c.HitRate = float64(cached) / float64(prompt)
 	}
-	var u float64
+	if ok > 0 {
+		c.Disaggregated = float64(disagg) / float64(ok)
+	}
+	var u, up, ud float64
 	for _, e := range r.Engines {
 		u += e.Utilisation
 		c.Preemptions += e.Preemptions
+		switch e.Role {
+		case "prefill":
+			up += e.Utilisation
+		case "decode":
+			ud += e.Utilisation
+		}
 	}
 	if len(r.Engines) > 0 {
 		c.Utilisation = u / float64(len(r.Engines))
+	}
+	if l.pd() {
+		c.PrefillUtil, c.DecodeUtil = up/float64(l.P), ud/float64(l.D)
+		fl := r.FabricLoad(time.Second)
+		link := in.Fabric
+		bw := link.BytesPerSecond()
+		c.Fabric = &FabricNeed{Link: link.Name, Gbps: link.Gbps, Total: fl.Total, PerDecodeMean: fl.PerDecodeMean,
+			PerDecodeP99: fl.PerDecodeP99, PerDecodeMax: fl.PerDecodeMax, LinkUtilMean: fl.PerDecodeMean / bw,
+			LinkUtilP99: fl.PerDecodeP99 / bw, TransferP50: fl.TimeP50, TransferP99: fl.TimeP99, QueueP99: fl.QueueP99,
+			Source: fmt.Sprintf("simulated: %d KV handoffs through disagg.Fabric (setup, queueing behind transfers on the same ports, wire), one-second windows", fl.Transfers)}
 	}
 	c.Meets = c.Failed == 0 && meets(c.TTFT, in.SLO.TTFT) && meets(c.TPOT, in.SLO.TPOT)
 	return c
 }
 
-// half returns the largest simulated fleet of at most n/2 engines.
-func (s *search) half(n int) (Candidate, bool) {
-	best, ok := Candidate{}, false
-	for m, c := range s.runs {
-		if 2*m <= n && (!ok || m > best.Engines) {
-			best, ok = c, true
-		}
+// simWorkload returns the first limit requests of w (a time window from the
+// start, arrival offsets kept), or all of them when limit is negative or
+// larger.
+func simWorkload(w *workload.Workload, limit int) []workload.Request {
+	if limit < 0 || len(w.Requests) <= limit {
+		return w.Requests
 	}
-	return best, ok
+	return w.Requests[:limit]
 }
 
-// plateau reports whether doubling the fleet (or more) from a to b (both
-// failing) improved neither latency at the SLO quantile by
-// more than 2% while every request completed: more engines will not help.
-func plateau(a, b Candidate, slo SLO) bool {
-	if a.Failed > 0 || b.Failed > 0 || b.Engines < 2*a.Engines {
-		return false
+// offered is the arrival rate of reqs.
+func offered(reqs []workload.Request) float64 {
+	if len(reqs) < 2 {
+		return math.Inf(1)
 	}
-	flat := func(x, y time.Duration) bool { return x == infDur || float64(y) >= 0.98*float64(x) }
-	failing := func(l Latency, t Target) bool { return t.Set() && l.AtSLO > t.Limit }
-	return (!failing(b.TTFT, slo.TTFT) || flat(a.TTFT.AtSLO, b.TTFT.AtSLO)) &&
-		(!failing(b.TPOT, slo.TPOT) || flat(a.TPOT.AtSLO, b.TPOT.AtSLO))
+	span := (reqs[len(reqs)-1].Arrival - reqs[0].Arrival).Seconds()
+	if span <= 0 {
+		return math.Inf(1)
+	}
+	return float64(len(reqs)-1) / span
 }

@@ -67,6 +67,9 @@ type planOptions struct {
 	seed                    uint64
 	policy                  string
 	maxEngines, simRequests int
+	confirmRequests, seeds  int
+	parallel                int
+	pdMode                  string
 	whatIf                  stringList
 	verify                  bool
 	json                    bool
@@ -112,9 +115,13 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Uint64Var(&o.seed, "seed", 1, "seed for the simulator, the policy and summary workloads")
 	fs.StringVar(&o.policy, "policy", "", "routing policy simulated (default kv-aware)")
 	fs.IntVar(&o.maxEngines, "max-engines", 512, "largest fleet considered")
-	fs.IntVar(&o.simRequests, "sim-requests", 2500, "requests simulated per candidate fleet (the workload's first ones; -1 = all)")
+	fs.IntVar(&o.simRequests, "sim-requests", 2500, "requests simulated per candidate fleet of the search (the workload's first ones; -1 = all)")
+	fs.IntVar(&o.confirmRequests, "confirm-requests", 20000, "requests of the runs confirming the chosen fleets (the workload's first ones; -1 = all)")
+	fs.IntVar(&o.seeds, "seeds", 2, "seeds the chosen fleets are confirmed with (the prediction is their mean; the spread is shown)")
+	fs.StringVar(&o.pdMode, "pd-mode", "conditional", "how the disaggregated fleet's router splits requests: conditional (as kvroute serve) or always")
+	fs.IntVar(&o.parallel, "parallel", 0, "simulations run at once (default GOMAXPROCS; the plan does not depend on it)")
 	fs.Var(&o.whatIf, "what-if", "what-if scenarios: rate-x2, prompt-x2, node-lost (comma-separated or repeated)")
-	fs.BoolVar(&o.verify, "verify", true, "re-simulate the whole workload on the planned aggregated fleet")
+	fs.BoolVar(&o.verify, "verify", true, "re-simulate the whole workload on the planned fleets with a seed the plan did not use")
 	fs.BoolVar(&o.json, "json", false, "print the plan as JSON")
 	fs.StringVar(&o.out, "out", "", "write plan.json, plan.txt, plan.md, plan.html and SVG charts into `dir`")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress bar or timing")
@@ -248,7 +255,7 @@ func (o *planOptions) input() (planner.Input, error) {
 		if err != nil {
 			return in, fmt.Errorf("plan: unknown profile %q (known: %s; or give --hf-config)", o.profile, strings.Join(engine.ProfileNames(), ", "))
 		}
-		in.Profile, in.Simulable = p, true
+		in.Profile = p
 	}
 	in.KVCapacityTokens = o.kvCapacity
 	if o.fabricGbps <= 0 {
@@ -285,8 +292,18 @@ func (o *planOptions) input() (planner.Input, error) {
 	}
 	in.GPUHourCost, in.Burst, in.MaxUtilisation = o.gpuCost, o.burst, o.maxUtil
 	in.Seed, in.Policy, in.MaxEngines, in.SimRequests = o.seed, o.policy, o.maxEngines, o.simRequests
+	in.ConfirmRequests, in.Seeds, in.PDMode, in.Parallel = o.confirmRequests, o.seeds, disagg.Mode(o.pdMode), o.parallel
 	if in.SimRequests == 0 {
 		return in, errors.New("plan: --sim-requests must be positive or -1 (all)")
+	}
+	if in.ConfirmRequests == 0 {
+		return in, errors.New("plan: --confirm-requests must be positive or -1 (all)")
+	}
+	if o.seeds < 1 {
+		return in, fmt.Errorf("plan: --seeds %d must be at least 1", o.seeds)
+	}
+	if o.parallel < 0 {
+		return in, fmt.Errorf("plan: --parallel %d must not be negative", o.parallel)
 	}
 	return in, nil
 }
@@ -349,7 +366,7 @@ func (o *planOptions) plans(ctx context.Context, in planner.Input, stderr io.Wri
 		}
 		return nil, fmt.Errorf("plan: %w", err)
 	}
-	if o.verify && in.Simulable && res.Aggregated.Meets {
+	if o.verify && (res.Aggregated.Meets || res.Disaggregated.Meets) {
 		if _, err := planner.Verify(ctx, in, res); err != nil {
 			return nil, fmt.Errorf("plan: %w", err)
 		}
