@@ -17,7 +17,8 @@
 // history, scratch buffers) without locks, so a Picker is not safe for
 // concurrent use: one Picker per model, called under the router's lock.
 // Optional interfaces: KVAware implements kvroute.Learner (Observe an
-// outcome) and kvroute.Releaser (Release when a request ends).
+// outcome), kvroute.Releaser (Release when a request ends) and
+// router.FirstTokenObserver (FirstToken: its prompt is no longer queued).
 //
 // Every decision explains itself: Decision.Scores holds each candidate's
 // score and its named parts, and Decision.Reason a one-line summary, both

@@ -111,6 +111,11 @@ type KVAwareParams struct {
 	// Replicate enables demand-driven replica sets for hot prefixes (see the
 	// KVAware doc). Default true.
 	Replicate bool `param:"replicate"`
+	// TrimKVUsage is the KV usage from which a holder outside a hot
+	// prefix's replica set loses its credit (the shrinking half of
+	// Replicate): below it a surplus replica costs no cache space that is
+	// needed. Default 0.9.
+	TrimKVUsage float64 `param:"trim_kv_usage"`
 	// TenantFairness makes a tenant above its fair share of in-flight
 	// requests lose affinity first. Default true.
 	TenantFairness bool `param:"tenant_fairness"`
@@ -178,6 +183,7 @@ func DefaultKVAwareParams() KVAwareParams {
 		VirtualNodes:          256,
 		CPUHitCost:            0.1,
 		Replicate:             true,
+		TrimKVUsage:           0.9,
 		TenantFairness:        true,
 		PendingTTL:            10 * time.Minute,
 		Explain:               true,
@@ -240,7 +246,7 @@ func (p KVAwareParams) Validate() error {
 // For each healthy candidate, with own = PromptTokens - CachedTokens (the
 // uncached part; CPU-tier hits pay CPUHitCost of their prefill):
 //
-//	queued  = max(InFlightTokens x uncached fraction, Waiting x mean uncached)
+//	queued  = max(own queued prefill, Waiting x mean uncached)
 //	step    = StepOverheadUs + Running x DecodeUsPerToken + DecodeTokens/1000 x DecodeUsPerCtxKTok
 //	queue   = queued x tok x (1 + attention over the queued prompts' own size)
 //	          + ceil(queued/budget) x step + Queue() x QueuedRequestMs
@@ -251,13 +257,18 @@ func (p KVAwareParams) Validate() error {
 //
 // where budget is MaxBatchedTokens less one token per running sequence, tok
 // is PrefillUsPerToken (or the learned rate) and attention adds
-// AttnUsPerTokenPerKTok per 1000 tokens of context. The queued prompts' size
-// is the mean (by tokens) of the uncached sizes the policy routed there and
-// has not seen released. The mean uncached size and the fleet-wide uncached
-// fraction are moving averages over the requests it routed; the uncached fraction is the
-// endpoint's own (uncached over prompt tokens of the requests the policy
-// routed there and has not seen released) when it has any, so a holder's
-// queue of cache hits counts as short. The lowest score wins: the
+// AttnUsPerTokenPerKTok per 1000 tokens of context. The own queued prefill
+// is exact when the router reports first tokens (FirstToken, the
+// router.FirstTokenObserver hook; the router and the simulator do): the
+// uncached tokens of the requests the policy sent there that have no first
+// token yet, and the queued prompts' size is their mean by tokens. A
+// request's prompt stops counting at its first token, not at its end, and
+// a holder's queue of cache hits counts as short. Without the hook it is
+// approximated as InFlightTokens (the router's in-flight prompt tokens) x
+// the uncached share of the requests the policy routed there and has not
+// seen released (the fleet-wide share when it has none), and the size as
+// their mean. The mean uncached size and the fleet-wide uncached share are
+// moving averages over the requests it routed. The lowest score wins: the
 // work term counts the prefill a request adds, which delays everyone queued
 // behind it, so on a busy fleet a cache hit is worth more than the time it
 // saves the request itself; the decode term keeps decode-heavy work off
@@ -303,9 +314,12 @@ func (p KVAwareParams) Validate() error {
 // goes to the next best estimate, and because the router records what it
 // routed, that endpoint becomes a holder (a new replica). Shrinking: when
 // more uncapped endpoints hold the prefix than r, only the r ranked first by
-// rendezvous hash of (prefix, endpoint) keep affinity credit; the others stop
-// attracting that prefix and their copies age out of the index and the
-// engine's cache. The ranking is stable, so the replica set does not churn.
+// rendezvous hash of (prefix, endpoint) keep affinity credit; the others,
+// when their KV usage is at least TrimKVUsage (their cache space is
+// needed), stop attracting that prefix and their copies age out of the
+// index and the engine's cache. Below that a surplus replica costs nothing
+// and keeps its credit (in the simulator, trimming replicas of caches with
+// room to spare cost up to a third of p99 TTFT in cold starts). The ranking is stable, so the replica set does not churn.
 //
 // # Tenant fairness
 //
@@ -345,6 +359,7 @@ type KVAware struct {
 	tenantsActive  int
 	tracked        int // requests in pending
 	picks          uint64
+	firstTokens    bool // the router reports first tokens (FirstToken)
 
 	workW     float64 // this decision's weight of added work
 	outTokens float64 // this request's expected output tokens
@@ -361,6 +376,9 @@ var (
 	_ kvroute.Picker   = (*KVAware)(nil)
 	_ kvroute.Learner  = (*KVAware)(nil)
 	_ kvroute.Releaser = (*KVAware)(nil)
+	_ interface {
+		FirstToken(time.Time, *kvroute.Request, string)
+	} = (*KVAware)(nil) // router.FirstTokenObserver
 )
 
 type epStats struct {
@@ -370,6 +388,10 @@ type epStats struct {
 	// of the requests routed here and not yet released, sumPrompt the sum of
 	// their prompt sizes.
 	sumTok, sumSq, sumPrompt float64
+	// pendTok and pendSq are the sum and sum of squares of the uncached
+	// sizes of the requests routed here that have not produced a first
+	// token yet (known when the router reports first tokens).
+	pendTok, pendSq float64
 }
 
 // epStat returns c's stats, nil when there are none yet.
@@ -402,6 +424,7 @@ type pendingReq struct {
 	size     float64 // uncached tokens
 	prompt   float64 // prompt tokens
 	at       time.Time
+	prefill  bool // no first token yet: size is queued prefill work
 }
 
 // Cap flags of a candidate.
@@ -658,8 +681,13 @@ func (k *KVAware) estimate(c *kvroute.Candidate, st *candState, P int) {
 	// (sum of squares over sum), or by the mean uncached size when the
 	// router has none of its own there.
 	size := k.meanUncached
-	if s := k.epStat(c); s != nil && s.sumTok > 0 {
-		size = s.sumSq / s.sumTok
+	if s := k.epStat(c); s != nil {
+		switch {
+		case k.firstTokens && s.pendTok > 0:
+			size = s.pendSq / s.pendTok
+		case !k.firstTokens && s.sumTok > 0:
+			size = s.sumSq / s.sumTok
+		}
 	}
 	ratio := p.AttnUsPerTokenPerKTok / p.PrefillUsPerToken
 	queueMs := queued*tok*(1+ratio*size/2000) + stepsQ*stepMs
@@ -683,6 +711,15 @@ func (k *KVAware) estimate(c *kvroute.Candidate, st *candState, P int) {
 // queue at the mean uncached size, whichever is larger.
 func (k *KVAware) queuedTokens(c *kvroute.Candidate) float64 {
 	l := &c.Load
+	if k.firstTokens {
+		// Exact for the policy's own dispatches; the engine's queue covers
+		// work other routers sent.
+		own := 0.0
+		if s := k.epStat(c); s != nil {
+			own = s.pendTok
+		}
+		return math.Max(own, float64(max(l.Waiting, 0))*k.meanUncached)
+	}
 	frac := k.uncachedFrac
 	if s := k.epStat(c); s != nil && s.sumPrompt > 0 {
 		// The uncached share of what the policy itself routed here: a
@@ -765,7 +802,9 @@ func (k *KVAware) trimReplicas(req *kvroute.Request, cands []kvroute.Candidate, 
 		}
 	}
 	for _, i := range h[r:] {
-		k.c[i].flags |= capTrimmed
+		if cands[i].Load.KVUsage >= k.p.TrimKVUsage {
+			k.c[i].flags |= capTrimmed
+		}
 	}
 	return key
 }
@@ -881,7 +920,7 @@ func (k *KVAware) record(now time.Time, req *kvroute.Request, prefix uint64, end
 	if old, ok := k.pending[key]; ok { // a retry of the same request: replace
 		k.untrack(old)
 	}
-	pr := pendingReq{prefix: prefix, tenant: req.Tenant, endpoint: endpoint, size: float64(P - st.credit), prompt: float64(P), at: now}
+	pr := pendingReq{prefix: prefix, tenant: req.Tenant, endpoint: endpoint, size: float64(P - st.credit), prompt: float64(P), at: now, prefill: true}
 	k.pending[key] = pr
 	k.track(pr)
 	if k.picks%4096 == 0 || len(k.pending) > 1<<16 {
@@ -895,6 +934,10 @@ func (k *KVAware) track(pr pendingReq) {
 	s.sumTok += pr.size
 	s.sumSq += pr.size * pr.size
 	s.sumPrompt += pr.prompt
+	if pr.prefill {
+		s.pendTok += pr.size
+		s.pendSq += pr.size * pr.size
+	}
 	if pr.prefix != 0 {
 		k.prefixInflight[pr.prefix]++
 	}
@@ -911,6 +954,9 @@ func (k *KVAware) untrack(pr pendingReq) {
 		s.sumPrompt -= pr.prompt
 		if s.sumPrompt < 0.5 { // no drift from float subtraction
 			s.sumTok, s.sumSq, s.sumPrompt = 0, 0, 0
+		}
+		if pr.prefill {
+			s.donePrefill(pr.size)
 		}
 	}
 	if pr.prefix != 0 {
@@ -946,6 +992,41 @@ func (k *KVAware) tenantOver(tenant string) bool {
 	}
 	fair := float64(k.tracked+1) / float64(active)
 	return float64(k.tenantInflight[tenant]+1) > k.p.C*fair
+}
+
+// donePrefill removes one request of size uncached tokens from the queued
+// prefill sums.
+func (s *epStats) donePrefill(size float64) {
+	s.pendTok -= size
+	s.pendSq -= size * size
+	if s.pendTok < 0.5 { // no drift from float subtraction
+		s.pendTok, s.pendSq = 0, 0
+	}
+}
+
+// FirstToken implements router.FirstTokenObserver: req produced its first
+// token, so its uncached tokens are no longer prefill work queued on the
+// endpoint. From the first call on, the queued prefill the estimate uses
+// is the policy's own exact count rather than the router's in-flight prompt
+// tokens scaled by the uncached share.
+func (k *KVAware) FirstToken(_ time.Time, req *kvroute.Request, _ string) {
+	if req == nil {
+		return
+	}
+	k.firstTokens = true
+	key := pendingKey{id: req.ID}
+	if req.ID == "" {
+		key.ptr = req
+	}
+	pr, ok := k.pending[key]
+	if !ok || !pr.prefill {
+		return
+	}
+	if s := k.eps[pr.endpoint]; s != nil {
+		s.donePrefill(pr.size)
+	}
+	pr.prefill = false
+	k.pending[key] = pr
 }
 
 // Release implements kvroute.Releaser: the request ended (any outcome).

@@ -49,3 +49,49 @@ func TestKVAwareHolderQueueOfHits(t *testing.T) {
 		t.Errorf("after release sumPrompt, sumTok = %v, %v; want 0, 0", s.sumPrompt, s.sumTok)
 	}
 }
+
+// TestKVAwareFirstTokenQueue: once the router reports first tokens, the
+// queued prefill on an endpoint is the uncached tokens of the requests the
+// policy sent there that have not produced one yet, exactly: a request
+// past its first token (decoding) no longer counts, however many prompt
+// tokens it had.
+func TestKVAwareFirstTokenQueue(t *testing.T) {
+	k, err := NewKVAware(nil, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pick := func(id string, cached int, load kvroute.Load) kvroute.Decision {
+		return k.Pick(epoch, &kvroute.Request{ID: id, PromptTokens: 4000, BlockSize: 32, BlockHashes: make([]uint64, 125)},
+			[]kvroute.Candidate{cand("e", load, cached/32, cached)})
+	}
+	pick("cold", 0, kvroute.Load{})    // 4000 uncached
+	pick("hit", 3200, kvroute.Load{})  // 800 uncached
+	pick("hit2", 3200, kvroute.Load{}) // 800 uncached
+	k.FirstToken(epoch, &kvroute.Request{ID: "cold"}, "e")
+	k.FirstToken(epoch, &kvroute.Request{ID: "cold"}, "e") // repeated: no effect
+	k.FirstToken(epoch, &kvroute.Request{ID: "unknown"}, "e")
+	// The router still holds all three in flight; two have no first token.
+	// (The engine's own queue, Waiting x the mean uncached size, is a floor
+	// for work other routers sent: none here.)
+	load := kvroute.Load{InFlight: 3, Running: 3, InFlightTokens: 8000}
+	tests := []struct {
+		name    string
+		release []string
+		want    float64
+	}{
+		{"two hits queued", nil, 1600},
+		{"a queued hit released", []string{"hit2"}, 800},
+		{"the decoding cold request released", []string{"cold"}, 800},
+		{"all released", []string{"hit"}, 0},
+	}
+	for i, tt := range tests {
+		for _, id := range tt.release {
+			k.Release(epoch, &kvroute.Request{ID: id}, "e")
+		}
+		d := pick("probe"+strconv.Itoa(i), 0, load)
+		if got := part(d.Scores[0], "queued_tokens"); math.Abs(got-tt.want) > 0.01 {
+			t.Errorf("%s: queued_tokens = %v, want %v", tt.name, got, tt.want)
+		}
+		k.Release(epoch, &kvroute.Request{ID: "probe" + strconv.Itoa(i)}, "e")
+	}
+}

@@ -25,6 +25,11 @@ type recorder struct {
 	avail             int // picks where some healthy candidate cached something
 	picks             int
 	chosenTok, maxTok int
+	// with KVROUTE_SIMDIAG_CSV: the chosen candidate's estimate per request,
+	// joined with the observed TTFT at release.
+	est     map[string][7]float64 // id -> queue_ms, prefill_ms, at (s), queued tokens, waiting, running, in-flight tokens
+	lastObs kvroute.Outcome
+	csv     *strings.Builder
 }
 
 func (r *recorder) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
@@ -58,16 +63,43 @@ func (r *recorder) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Can
 	if d.Index >= 0 && cands[d.Index].CachedTokens > 0 {
 		r.credit++
 	}
+	if r.est != nil && d.Index >= 0 && d.Index < len(d.Scores) {
+		var q, pf, qt float64
+		for _, pt := range d.Scores[d.Index].Parts {
+			switch pt.Name {
+			case "queue_ms":
+				q = pt.Value
+			case "prefill_ms":
+				pf = pt.Value
+			case "queued_tokens":
+				qt = pt.Value
+			}
+		}
+		l := cands[d.Index].Load
+		r.est[req.ID] = [7]float64{q, pf, now.Sub(epochT).Seconds(), qt, float64(l.Waiting), float64(l.Running), float64(l.InFlightTokens)}
+	}
 	reason, _, _ := strings.Cut(d.Reason, ":")
 	r.reasons[reason]++
 	return d
 }
+func (r *recorder) FirstToken(now time.Time, req *kvroute.Request, ep string) {
+	if f, ok := r.p.(interface {
+		FirstToken(time.Time, *kvroute.Request, string)
+	}); ok {
+		f.FirstToken(now, req, ep)
+	}
+}
 func (r *recorder) Observe(now time.Time, o kvroute.Outcome) {
+	r.lastObs = o
 	if l, ok := r.p.(kvroute.Learner); ok {
 		l.Observe(now, o)
 	}
 }
 func (r *recorder) Release(now time.Time, req *kvroute.Request, ep string) {
+	if e, ok := r.est[req.ID]; ok && r.csv != nil {
+		fmt.Fprintf(r.csv, "%s,%s,%.4f,%d,%d,%.1f,%.1f,%.1f,%.0f,%.0f,%.0f,%.0f\n", req.ID, ep, e[2], req.PromptTokens, r.lastObs.CachedTokens,
+			e[0], e[1], float64(r.lastObs.TTFT)/float64(time.Millisecond), e[3], e[4], e[5], e[6])
+	}
 	if l, ok := r.p.(kvroute.Releaser); ok {
 		l.Release(now, req, ep)
 	}
@@ -121,9 +153,19 @@ func TestSimDiag(t *testing.T) {
 			t.Fatal(err)
 		}
 		rec := &recorder{p: p, reasons: map[string]int{}}
+		out := os.Getenv("KVROUTE_SIMDIAG_CSV")
+		if out != "" {
+			rec.est, rec.csv = map[string][7]float64{}, &strings.Builder{}
+			rec.csv.WriteString("id,endpoint,at_s,prompt,cached,est_queue_ms,est_prefill_ms,ttft_ms,queued_tokens,waiting,running,inflight_tokens\n")
+		}
 		res, err := sim.Run(context.Background(), sim.Config{Fleet: fleet, Policy: name, Picker: rec, Seed: 1, RateScale: rate}, reqs)
 		if err != nil {
 			t.Fatal(err)
+		}
+		if out != "" {
+			if err := os.WriteFile(out+"."+name+".csv", []byte(rec.csv.String()), 0o644); err != nil {
+				t.Fatal(err)
+			}
 		}
 		row := res.Row(0)
 		var rs []string

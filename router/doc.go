@@ -18,7 +18,9 @@
 //
 // calls the configured kvroute.Picker, records the dispatch, and keeps the
 // decision for /debug/decisions. The caller reports the first token and the
-// end of each request (FirstToken, Done) so in-flight counts stay exact.
+// end of each request (FirstToken, Done) so in-flight counts stay exact;
+// pickers hear of them through the optional kvroute.Learner and
+// kvroute.Releaser (at Done) and FirstTokenObserver (at FirstToken).
 //
 // Router does no I/O, starts no goroutines and never reads the wall clock:
 // every method takes now. A Router is safe for concurrent use; calls into

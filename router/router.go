@@ -248,7 +248,17 @@ type Flight struct {
 	ticket       signals.Ticket
 	queue        int
 	cachedTokens int
+	first        bool // FirstToken was recorded (guarded by the router's mu)
 	done         bool
+}
+
+// FirstTokenObserver is implemented by pickers that want to hear when a
+// routed request produced its first token: from then on its prompt is no
+// longer prefill work queued on the endpoint (policy.KVAware counts the
+// uncached tokens still queued per endpoint this way). The router calls it
+// at most once per flight, before Done, under its lock.
+type FirstTokenObserver interface {
+	FirstToken(now time.Time, req *kvroute.Request, endpoint string)
 }
 
 // CachedTokens returns how many prompt tokens the router expected the
@@ -469,6 +479,15 @@ func (r *Router) FirstToken(now time.Time, f *Flight) {
 		return
 	}
 	f.e.view.FirstToken(now, f.ticket)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if f.first || f.done {
+		return
+	}
+	f.first = true
+	if o, ok := r.picker.(FirstTokenObserver); ok {
+		o.FirstToken(now, f.req, f.e.ep.ID)
+	}
 }
 
 // Done ends a flight: the router no longer holds it in flight. o reports the

@@ -312,3 +312,36 @@ func BenchmarkRoute64Endpoints32KiB(b *testing.B) {
 		r.Done(now, f, kvroute.Outcome{})
 	}
 }
+
+// firstTokenPicker records FirstToken calls (router.FirstTokenObserver).
+type firstTokenPicker struct {
+	pickFirstHealthy
+	first []string // request ID @ endpoint
+}
+
+func (p *firstTokenPicker) FirstToken(_ time.Time, req *kvroute.Request, endpoint string) {
+	p.first = append(p.first, req.ID+"@"+endpoint)
+}
+
+func TestFirstTokenObserver(t *testing.T) {
+	p := &firstTokenPicker{}
+	r := newTestRouter(t, 2, p)
+	f1, err := r.Route(t0, &kvroute.Request{ID: "a", Model: "m", PromptTokens: 100}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f2, err := r.Route(t0, &kvroute.Request{ID: "b", Model: "m", PromptTokens: 100}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.FirstToken(t0, f1)
+	r.FirstToken(t0, f1) // once per flight
+	r.Done(t0, f1, kvroute.Outcome{TTFT: time.Millisecond})
+	r.Done(t0, f2, kvroute.Outcome{Failed: true})
+	r.FirstToken(t0, f2) // after Done: the request is over, nothing to report
+	r.FirstToken(t0, nil)
+	want := []string{"a@" + f1.Endpoint.ID}
+	if fmt.Sprint(p.first) != fmt.Sprint(want) {
+		t.Errorf("FirstToken calls: got %v, want %v", p.first, want)
+	}
+}
