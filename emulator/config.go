@@ -87,6 +87,11 @@ type Config struct {
 	// request sets ignore_eos; default 0: the model never emits EOS and
 	// requests end at their max_tokens.
 	EOSMean float64
+	// StreamInterval is vLLM's --stream-interval: a streaming response
+	// sends the first token at once, then a chunk every StreamInterval
+	// tokens (and one with the last tokens), instead of one chunk per token.
+	// Default 1 (vLLM's default: every token).
+	StreamInterval int
 	// MaxBodyBytes limits request bodies; default 32 MiB.
 	MaxBodyBytes int64
 	// Logger receives warnings (nil = discard).
@@ -130,6 +135,9 @@ func (c *Config) setDefaults() {
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 32 << 20
 	}
+	if c.StreamInterval == 0 {
+		c.StreamInterval = 1
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -156,8 +164,8 @@ func (c *Config) validate() error {
 		errs = append(errs, fmt.Errorf("emulator: LoadFailure %q is not recompute or fail", c.LoadFailure))
 	}
 	if c.FabricGbps < 0 || c.LeaseTimeout < 0 || c.TransferSetup < 0 || c.BootstrapWait < 0 || c.EOSMean < 0 ||
-		c.DefaultMaxTokens < 0 || c.MaxBodyBytes < 0 {
-		errs = append(errs, errors.New("emulator: FabricGbps, LeaseTimeout, TransferSetup, BootstrapWait, EOSMean, DefaultMaxTokens and MaxBodyBytes must not be negative"))
+		c.DefaultMaxTokens < 0 || c.MaxBodyBytes < 0 || c.StreamInterval < 0 {
+		errs = append(errs, errors.New("emulator: FabricGbps, LeaseTimeout, TransferSetup, BootstrapWait, EOSMean, DefaultMaxTokens, MaxBodyBytes and StreamInterval must not be negative"))
 	}
 	if c.AdvertisePort < 0 || c.AdvertisePort > 65535 {
 		errs = append(errs, fmt.Errorf("emulator: AdvertisePort %d out of range", c.AdvertisePort))

@@ -1,53 +1,119 @@
 package emulator
 
 import (
+	"bufio"
 	"bytes"
+	"context"
+	"encoding/json"
 	"fmt"
 	"io"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"os"
+	"os/exec"
+	"path/filepath"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
+	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute/engine"
 )
 
+// Environment of the soak run (TestFleetCPU) and of its engine processes.
+const (
+	envSoak         = "KVROUTE_SOAK"          // 1: run TestFleetCPU
+	envSoakSeconds  = "KVROUTE_SOAK_SECONDS"  // load duration, default 10
+	envSoakStream   = "KVROUTE_SOAK_STREAM"   // share of streamed requests in percent, default 50
+	envSoakTokens   = "KVROUTE_SOAK_TOKENS"   // output tokens per request, default 200
+	envSoakRate     = "KVROUTE_SOAK_RATE"     // requests per second in total, default 200
+	envSoakEngines  = "KVROUTE_SOAK_ENGINES"  // engine processes, default 16
+	envSoakInterval = "KVROUTE_SOAK_INTERVAL" // engines' stream interval, default 1
+	envSoakProcs    = "KVROUTE_SOAK_PROCS"    // GOMAXPROCS of the engine processes (default: Go's)
+	envSoakTrivial  = "KVROUTE_SOAK_TRIVIAL"  // 1: the engines are a trivial server (the floor; see TestSoakEngineChild)
+	envSoakChild    = "KVROUTE_SOAK_CHILD"    // set in an engine process
+	envSoakProfile  = "KVROUTE_SOAK_PROFILE"  // directory: each engine writes a CPU profile there
+)
+
+func envInt(name string, def int) int {
+	if v, err := strconv.Atoi(os.Getenv(name)); err == nil && v >= 0 {
+		return v
+	}
+	return def
+}
+
+// setSoakInterval sets the engine's stream interval.
+func setSoakInterval(cfg *Config, n int) {}
+
 // TestFleetCPU is the issue's speed target as a soak run (KVROUTE_SOAK=1):
-// 16 engines with the 8B/H100 profile at --speed 1 in this process, fed
-// 200 requests/s in total over loopback HTTP (Poisson arrivals, ~500-token
-// prompts sharing system prompts, 200 output tokens, half of them
-// streamed). It reports the process CPU (engines and the load generator
-// together) per request and per 1,000 generated tokens.
-// KVROUTE_SOAK_SECONDS sets the duration (default 10), KVROUTE_SOAK_STREAM
-// the share of streamed requests in percent (default 50).
+// 16 engines with the 8B/H100 profile at --speed 1, each in its own process
+// (this test binary re-run as an engine: the emulator's handler behind a
+// net/http server, as `kvroute engine` serves it), fed 200 requests/s in
+// total over loopback HTTP by this process (Poisson arrivals, ~500-token
+// chat prompts sharing 8 system prompts, 200 output tokens, half of them
+// streamed). The engines' CPU is read from each engine process's own
+// getrusage, so the load generator is not counted; it is reported
+// separately. The figures are logged: CPU per request and per 1,000
+// generated tokens, and the engines' idle CPU over the same time.
+// The KVROUTE_SOAK_* variables above change the load.
 func TestFleetCPU(t *testing.T) {
-	if os.Getenv("KVROUTE_SOAK") == "" {
+	if os.Getenv(envSoak) == "" {
 		t.Skip("soak test: set KVROUTE_SOAK=1")
 	}
-	secs := 10
-	if v, err := strconv.Atoi(os.Getenv("KVROUTE_SOAK_SECONDS")); err == nil && v > 0 {
-		secs = v
-	}
-	streamPct := 50
-	if v, err := strconv.Atoi(os.Getenv("KVROUTE_SOAK_STREAM")); err == nil && v >= 0 {
-		streamPct = v
-	}
-	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
-	if err != nil {
-		t.Fatal(err)
-	}
-	const engines, rate, outTokens = 16, 200.0, 200
+	secs := envInt(envSoakSeconds, 10)
+	streamPct := envInt(envSoakStream, 50)
+	outTokens := max(1, envInt(envSoakTokens, 200))
+	rate := float64(max(1, envInt(envSoakRate, 200)))
+	engines := max(1, envInt(envSoakEngines, 16))
+	interval := max(1, envInt(envSoakInterval, 1))
+
 	urls := make([]string, engines)
-	for i := range urls {
-		_, hs := testServer(t, Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1})
-		urls[i] = hs.URL
+	procs := make([]*soakEngine, engines)
+	for i := range procs {
+		p, err := startSoakEngine(interval)
+		if err != nil {
+			t.Fatal(err)
+		}
+		procs[i] = p
+		t.Cleanup(p.stop)
+		urls[i] = "http://" + p.addr
 	}
-	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 256, MaxConnsPerHost: 0}}
+	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
+	var sysTime time.Duration // system part of the engines' CPU, summed by engineCPU
+	engineCPU := func() time.Duration {
+		var sum time.Duration
+		sysTime = 0
+		for _, p := range procs {
+			u, s, err := p.cpu(client)
+			if err != nil {
+				t.Fatal(err)
+			}
+			sum += u + s
+			sysTime += s
+		}
+		return sum
+	}
+
+	// Warm up (the first request builds the tokenizer's tables), then
+	// measure the idle cost: the engines with no requests, over 2 s.
+	for _, u := range urls {
+		resp, err := client.Post(u+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"warm up","max_tokens":2}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	time.Sleep(500 * time.Millisecond)
+	idle0, idleStart := engineCPU(), time.Now()
+	time.Sleep(2 * time.Second)
+	idle, idleWall := engineCPU()-idle0, time.Since(idleStart)
+
 	systems := make([]string, 8)
 	for i := range systems {
 		systems[i] = strings.Repeat(fmt.Sprintf("System prompt %d sets the rules for this assistant. ", i), 30)
@@ -55,14 +121,16 @@ func TestFleetCPU(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	var wg sync.WaitGroup
 	var done, failed, tokens atomic.Int64
-	cpu0, start := cpuTime(), time.Now()
+	eng0, gen0, start := engineCPU(), cpuTime(), time.Now()
+	sys0 := sysTime
 	next := start
 	for i := 0; time.Since(start) < time.Duration(secs)*time.Second; i++ {
 		next = next.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
 		time.Sleep(time.Until(next))
 		sys := systems[rng.IntN(len(systems))]
+		stream := i%100 < streamPct
 		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":"question %d about the rules"}],"max_tokens":%d,"ignore_eos":true,"stream":%v}`,
-			sys, i, outTokens, i%100 < streamPct)
+			sys, i, outTokens, stream)
 		url := urls[i%engines] + "/v1/chat/completions"
 		wg.Add(1)
 		go func() {
@@ -79,16 +147,176 @@ func TestFleetCPU(t *testing.T) {
 				return
 			}
 			done.Add(1)
-			tokens.Add(outTokens)
+			tokens.Add(int64(outTokens))
 		}()
 	}
 	wg.Wait()
-	cpu, wall := cpuTime()-cpu0, time.Since(start)
+	wall := time.Since(start)
+	gen := cpuTime() - gen0
+	eng := engineCPU() - eng0
+	sys := sysTime - sys0
 	n, k := done.Load(), float64(tokens.Load())/1000
-	t.Logf("%d engines, %.0f req/s offered (%d%% streamed), %v: %d requests done, %d failed, %.0f tokens", engines, rate, streamPct, wall.Round(time.Millisecond), n, failed.Load(), k*1000)
-	t.Logf("process CPU %v = %.1f%% of one core; %.0f us per request, or %.0f us per 1,000 generated tokens (engines + load generator)",
-		cpu.Round(time.Millisecond), 100*cpu.Seconds()/wall.Seconds(), float64(cpu.Microseconds())/float64(n), float64(cpu.Microseconds())/k)
+	idleShare := idle.Seconds() / idleWall.Seconds()
+	t.Logf("%d engine processes, %.0f req/s offered (%d%% streamed, stream interval %d), %d output tokens each, %v: %d requests done, %d failed, %.0f tokens",
+		engines, rate, streamPct, interval, outTokens, wall.Round(time.Millisecond), n, failed.Load(), k*1000)
+	t.Logf("engines' CPU %v = %.1f%% of one core: %.1f us per request, %.1f us per 1,000 generated tokens (all of it charged to either)",
+		eng.Round(time.Millisecond), 100*eng.Seconds()/wall.Seconds(), float64(eng.Microseconds())/float64(n), float64(eng.Microseconds())/k)
+	t.Logf("of which system (kernel) time %v = %.0f%%; engines idle: %.2f%% of one core (all %d together, included above)",
+		sys.Round(time.Millisecond), 100*sys.Seconds()/eng.Seconds(), 100*idleShare, engines)
+	t.Logf("load generator (this process, not counted above): %v = %.1f%% of one core, %.0f us per request",
+		gen.Round(time.Millisecond), 100*gen.Seconds()/wall.Seconds(), float64(gen.Microseconds())/float64(n))
 	if failed.Load() > 0 {
 		t.Errorf("%d requests failed", failed.Load())
+	}
+}
+
+// soakEngine is one engine process of TestFleetCPU.
+type soakEngine struct {
+	cmd   *exec.Cmd
+	stdin io.WriteCloser
+	addr  string
+	once  sync.Once
+}
+
+// startSoakEngine runs this test binary as an engine process
+// (TestSoakEngineChild) and reads the address it listens on.
+func startSoakEngine(interval int) (*soakEngine, error) {
+	cmd := exec.Command(os.Args[0], "-test.run=^TestSoakEngineChild$")
+	cmd.Env = append(os.Environ(), envSoakChild+"=1", envSoakInterval+"="+strconv.Itoa(interval))
+	if p := os.Getenv(envSoakProcs); p != "" {
+		cmd.Env = append(cmd.Env, "GOMAXPROCS="+p)
+	}
+	cmd.Stderr = os.Stderr
+	stdin, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	stdout, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	if err := cmd.Start(); err != nil {
+		return nil, err
+	}
+	p := &soakEngine{cmd: cmd, stdin: stdin}
+	sc := bufio.NewScanner(stdout)
+	for sc.Scan() {
+		if a, ok := strings.CutPrefix(sc.Text(), "listening "); ok {
+			p.addr = a
+			break
+		}
+	}
+	if p.addr == "" {
+		p.stop()
+		return nil, fmt.Errorf("soak engine: no address (%v)", sc.Err())
+	}
+	go func() { _, _ = io.Copy(io.Discard, stdout) }()
+	return p, nil
+}
+
+// cpu asks the engine process for its own CPU time, user and system.
+func (p *soakEngine) cpu(c *http.Client) (user, sys time.Duration, err error) {
+	resp, err := c.Get("http://" + p.addr + "/_soak/cpu")
+	if err != nil {
+		return 0, 0, err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, 0, err
+	}
+	var u, s int64
+	if _, err := fmt.Sscan(string(b), &u, &s); err != nil {
+		return 0, 0, fmt.Errorf("soak engine cpu %q: %w", b, err)
+	}
+	return time.Duration(u), time.Duration(s), nil
+}
+
+// stop closes the engine's stdin (it exits) and waits for it.
+func (p *soakEngine) stop() {
+	p.once.Do(func() {
+		p.stdin.Close()
+		done := make(chan struct{})
+		go func() { _ = p.cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			_ = p.cmd.Process.Kill()
+			<-done
+		}
+	})
+}
+
+// TestSoakEngineChild is the engine process of TestFleetCPU (it runs only
+// with KVROUTE_SOAK_CHILD set): one Server with the 8B/H100 profile at
+// speed 1 behind a net/http server, like `kvroute engine`, plus
+// GET /_soak/cpu answering the process's CPU time in nanoseconds. It
+// prints "listening ADDR" and serves until its stdin closes.
+func TestSoakEngineChild(t *testing.T) {
+	if os.Getenv(envSoakChild) == "" {
+		t.Skip("engine process of TestFleetCPU")
+	}
+	if dir := os.Getenv(envSoakProfile); dir != "" {
+		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("engine-%d.prof", os.Getpid())))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := pprof.StartCPUProfile(f); err != nil {
+			t.Fatal(err)
+		}
+		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	}
+	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1}
+	setSoakInterval(&cfg, envInt(envSoakInterval, 1))
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("GET /_soak/cpu", func(w http.ResponseWriter, _ *http.Request) {
+		var ru syscall.Rusage
+		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+		fmt.Fprintln(w, ru.Utime.Nano(), ru.Stime.Nano())
+	})
+	mux.Handle("/", s.Handler())
+	if os.Getenv(envSoakTrivial) != "" {
+		// The floor of any HTTP server that answers each request after a
+		// delay: read the body, sleep as long as the request would take (a
+		// ~6.5 ms step per output token), write a response of the same size.
+		mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
+			var req struct {
+				MaxTokens int `json:"max_tokens"`
+			}
+			b, _ := io.ReadAll(r.Body)
+			_ = json.Unmarshal(b, &req)
+			time.Sleep(time.Duration(req.MaxTokens) * 6500 * time.Microsecond)
+			w.Header().Set("Content-Type", "application/json")
+			_, _ = w.Write(bytes.Repeat([]byte("x"), 400+5*req.MaxTokens))
+		})
+	}
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); _ = s.Run(ctx) }()
+	go func() { defer wg.Done(); _ = hs.Serve(ln) }()
+	fmt.Printf("listening %s\n", ln.Addr())
+	_, _ = io.Copy(io.Discard, os.Stdin) // until the parent closes it
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer scancel()
+	_ = hs.Shutdown(sctx)
+	cancel()
+	_ = s.Close()
+	wg.Wait()
+	if os.Getenv(envSoakProfile) != "" {
+		fmt.Fprintf(os.Stderr, "soak engine %d: %d timed sleeps, %d steps\n", os.Getpid(), s.timerSleeps.Load(), s.metrics.snap.Load().st.Steps)
 	}
 }

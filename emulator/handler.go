@@ -81,6 +81,8 @@ type job struct {
 	prog        progress
 	stopped     bool // a stop string matched
 	roleWritten bool
+	chunked     bool // a content chunk was written
+	chunkedAt   int  // generated tokens when the last content chunk was written
 }
 
 func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
@@ -159,7 +161,14 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		seed = mix64(idCounter.Load()) ^ uint64(time.Now().UnixNano())
 	}
 	ereq.EOSAt = eosAt(seed, s.cfg.EOSMean)
-	j.st = newStream(j.engineID, req.Stream || len(req.stops) > 0, j.maxTokens)
+	every := 0 // a whole response: the handler wakes when the request finished
+	switch {
+	case len(req.stops) > 0:
+		every = 1 // stop strings are searched at every step, as vLLM's detokenizer does
+	case req.Stream:
+		every = s.cfg.StreamInterval
+	}
+	j.st = newStream(j.engineID, every, j.maxTokens)
 
 	if aerr := s.preparePD(r, j, ereq); aerr != nil {
 		writeError(w, aerr.status, aerr.msg)
@@ -322,9 +331,14 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 			sw.AppendData(func(b []byte) []byte { return j.usage(openai.AppendChatRoleChunk(b, &j.hdr), 0) })
 			j.roleWritten = true
 		}
-		if upto > j.sent || done {
+		// --stream-interval: the first chunk at once, then one per interval
+		// tokens (the loop wakes this handler only then, unless stop strings
+		// are searched at every step).
+		due := done || !j.chunked || j.generated-j.chunkedAt >= s.cfg.StreamInterval
+		if upto > j.sent && due || done {
 			piece := bytesString(j.text[j.sent:upto]) // used before j.text changes (AppendData runs fn at once)
 			j.sent = upto
+			j.chunked, j.chunkedAt = true, j.generated
 			finish := ""
 			var stopJSON []byte
 			if done {

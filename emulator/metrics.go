@@ -378,7 +378,8 @@ const contentTypeMetrics = "text/plain; version=0.0.4; charset=utf-8"
 
 // handleMetrics writes the registry in the text format 0.0.4 with the exact
 // Content-Type vLLM sends (no content negotiation, like vLLM's default).
-func (s *Server) handleMetrics(w http.ResponseWriter, _ *http.Request) {
+func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {
+	s.syncStats(r.Context())
 	mfs, err := s.metrics.reg.Gather()
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, "gather metrics: "+err.Error())

@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/engine"
@@ -37,7 +38,12 @@ type Server struct {
 	// stopped is set when the loop has exited; later posts fail.
 	stopped bool
 	wake    chan struct{} // cap 1: the inbox is not empty
-	done    chan struct{} // closed when the loop exits
+	// quiet is set while the loop sleeps through a run of steps (the stats
+	// snapshot is then as old as the run's start: see syncStats).
+	quiet atomic.Bool
+	// timerSleeps counts the loop's timed sleeps (each is a wake-up).
+	timerSleeps atomic.Int64
+	done        chan struct{} // closed when the loop exits
 
 	runMu   sync.Mutex         // protects started, closed and cancel
 	started bool               // Run was called
@@ -54,6 +60,7 @@ const (
 	cmdAbort
 	cmdRelease
 	cmdReset
+	cmdSync // publish the stats snapshot now (a /metrics scrape during a quiet run)
 )
 
 type command struct {
@@ -61,7 +68,8 @@ type command struct {
 	req  *engine.Request // cmdAdd
 	st   *stream         // cmdAdd
 	id   string          // cmdAbort, cmdRelease
-	done chan bool       // cmdReset: the result
+	done chan bool       // cmdReset: the result; cmdSync: closed when published
+	at   time.Duration   // when it was posted (Server.now)
 }
 
 // New validates cfg, fills its defaults and builds the engine model.
@@ -236,6 +244,7 @@ func (s *Server) post(c command) error {
 		s.inMu.Unlock()
 		return ErrStopped
 	}
+	c.at = s.now()
 	s.inbox = append(s.inbox, c)
 	s.inMu.Unlock()
 	select {
@@ -258,40 +267,61 @@ const (
 	statsEvery = time.Millisecond
 )
 
+// loopState is the engine loop's own state (owned by the loop goroutine).
+type loopState struct {
+	live    map[string]*stream
+	queue   []command // commands taken from the inbox, not yet applied
+	res     engine.StepResult
+	evbuf   []byte
+	vnow    time.Duration // the model's clock: the start of the next step
+	acc     snapshot      // accumulators for the snapshot
+	tpStart time.Duration // gen throughput window
+	tpToks  int64
+	lastPub time.Duration // when the stats snapshot was last published
+	timer   *time.Timer
+	// notifying counts the live streams woken before they finish
+	// (stream.every > 0); spaced those with every > 1.
+	notifying, spaced int
+}
+
 // loop is the engine goroutine: it owns s.eng.
+//
+// It steps the engine in real time: a step is computed when it starts
+// (StepInto at the model's clock, which follows real time), its outputs are
+// delivered when it ends. While nobody observes the coming steps (plain
+// decode steps, engine.DecodeRun, whose tokens no handler is woken for and
+// which publish no KV events) the loop does not wake at each step: it
+// sleeps until the end of the run (a request finishing, a stream due a
+// chunk) or until a command arrives, then computes the steps that started
+// meanwhile, each at its own start time and after exactly the commands
+// that arrived before that start (commands carry their arrival time). The
+// engine is deterministic, so the outputs, their times and the metrics are
+// those of stepping at every boundary; only the CPU cost of waking differs.
 func (s *Server) loop(ctx context.Context) {
-	live := make(map[string]*stream)
+	ls := &loopState{live: make(map[string]*stream), timer: time.NewTimer(time.Hour)}
+	ls.timer.Stop()
 	defer func() {
-		for _, st := range live {
+		for _, st := range ls.live {
 			st.fail(ErrStopped)
 		}
 	}()
-	timer := time.NewTimer(time.Hour)
-	timer.Stop()
-	var (
-		res     engine.StepResult
-		inbox   []command
-		evbuf   []byte
-		vnow    time.Duration // the model's clock
-		acc     snapshot      // accumulators for the snapshot
-		tpStart time.Duration // gen throughput window
-		tpToks  int64
-		lastPub time.Duration // when the stats snapshot was last published
-	)
 	for {
-		s.inMu.Lock()
-		inbox, s.inbox = s.inbox, inbox[:0]
-		s.inMu.Unlock()
-		if real := s.now(); real-vnow > maxLag || len(inbox) > 0 && !s.eng.HasWork() {
-			vnow = max(vnow, real)
+		select { // the inbox is read next: a pending wake-up is stale
+		case <-s.wake:
+		default:
+		}
+		s.takeInbox(ls)
+		if real := s.now(); real-ls.vnow > maxLag || len(ls.queue) > 0 && !s.eng.HasWork() {
+			ls.vnow = max(ls.vnow, real)
 		}
 		flush := false // a reset's AllBlocksCleared event needs a step
-		for i := range inbox {
-			flush = s.apply(vnow, &inbox[i], live, &acc) || flush
-			inbox[i] = command{}
+		for i := range ls.queue {
+			flush = s.apply(ls.vnow, &ls.queue[i], ls) || flush
+			ls.queue[i] = command{}
 		}
+		ls.queue = ls.queue[:0]
 		if !s.eng.HasWork() && !flush {
-			s.publishStats(&acc)
+			s.publishStats(&ls.acc)
 			select {
 			case <-ctx.Done():
 				return
@@ -299,52 +329,212 @@ func (s *Server) loop(ctx context.Context) {
 				continue
 			}
 		}
-		s.eng.StepInto(vnow, &res)
-		end := vnow + res.Duration
-		if d := end - s.now(); d >= minSleep {
-			timer.Reset(d)
-			select {
-			case <-ctx.Done():
-				timer.Stop()
+		if until, ok := s.quietRun(ls); ok {
+			if !s.sleepThrough(ctx, ls, until) {
 				return
-			case <-timer.C:
+			}
+			continue
+		}
+		s.eng.StepInto(ls.vnow, &ls.res)
+		if ls.notifying == 0 && !finishes(&ls.res) {
+			// Nobody observes this step's outputs (no finish, no handler to
+			// wake): if a quiet run follows, deliver them now and sleep
+			// through both. The outputs only reach loop-owned state and the
+			// metrics (at most one step early).
+			start := ls.vnow
+			ls.vnow += ls.res.Duration // the run starts when the step ends
+			until, ok := s.quietRun(ls)
+			ls.vnow = start
+			if ok {
+				s.finishStep(ctx, ls, false)
+				if !s.sleepThrough(ctx, ls, until) {
+					return
+				}
+				continue
 			}
 		}
-		vnow = end
-		// A request finishing this step wakes its handler in deliver: publish
-		// the engine's state first, so that /metrics read after a response
-		// is at least as new as the response (e.g. KV held by a P/D prefill).
-		for i := range res.Outputs {
-			if res.Outputs[i].Finished {
-				s.publishStats(&acc)
-				break
-			}
-		}
-		s.deliver(&res, live, &acc)
-		if s.pub != nil && len(res.Events) > 0 {
-			var err error
-			evbuf, err = EncodeEventBatch(evbuf[:0], s.cfg.KVEvents.Encoding, float64(time.Now().UnixNano())/1e9, res.Events)
-			if err != nil {
-				s.cfg.Logger.Error("kv events", "err", err)
-			} else {
-				s.pub.publish(bytes.Clone(evbuf))
-			}
-		}
-		s.metrics.mu.Lock()
-		s.metrics.onStep(&res)
-		s.metrics.mu.Unlock()
-		if vnow-tpStart >= time.Second {
-			st := s.eng.Stats()
-			acc.genThroughput = float64(st.GenerationTokens-tpToks) / (vnow - tpStart).Seconds()
-			tpStart, tpToks = vnow, st.GenerationTokens
-		}
-		// Stats costs a walk over the live requests: publish at most every
-		// statsEvery while busy (always when going idle, above).
-		if vnow-lastPub >= statsEvery {
-			s.publishStats(&acc)
-			lastPub = vnow
+		if !s.finishStep(ctx, ls, true) {
+			return
 		}
 	}
+}
+
+// finishes reports whether a request finished in the step.
+func finishes(res *engine.StepResult) bool {
+	for i := range res.Outputs {
+		if res.Outputs[i].Finished {
+			return true
+		}
+	}
+	return false
+}
+
+// takeInbox moves the posted commands to ls.queue.
+func (s *Server) takeInbox(ls *loopState) {
+	s.inMu.Lock()
+	ls.queue = append(ls.queue, s.inbox...)
+	clear(s.inbox)
+	s.inbox = s.inbox[:0]
+	s.inMu.Unlock()
+}
+
+// quietRun reports whether the loop may sleep through the coming steps,
+// and until when: the end of the engine's plain decode run, shortened to
+// the step at which a spaced stream is due its next chunk. Runs of one
+// step are left to the plain path (nothing to save).
+func (s *Server) quietRun(ls *loopState) (time.Duration, bool) {
+	if s.pub != nil || ls.notifying > ls.spaced {
+		return 0, false // KV events to publish, or a handler woken at every step
+	}
+	limit := 1 << 20
+	if ls.spaced > 0 {
+		for _, st := range ls.live {
+			if st.every > 1 {
+				limit = min(limit, st.every-st.since)
+			}
+		}
+	}
+	n, d, _ := s.eng.DecodeRun(limit)
+	if n < 2 {
+		return 0, false
+	}
+	return ls.vnow + d, true
+}
+
+// sleepThrough sleeps until the model time until or until a command is
+// posted, then computes the steps that started meanwhile (see loop). It
+// returns false when ctx is done.
+func (s *Server) sleepThrough(ctx context.Context, ls *loopState, until time.Duration) bool {
+	if d := until - s.now(); d >= minSleep {
+		ls.timer.Reset(d)
+		s.timerSleeps.Add(1)
+		s.quiet.Store(true)
+		select {
+		case <-ctx.Done():
+			ls.timer.Stop()
+			s.quiet.Store(false)
+			return false
+		case <-ls.timer.C:
+		case <-s.wake:
+			ls.timer.Stop()
+		}
+		s.quiet.Store(false)
+	}
+	woke := s.now()
+	s.takeInbox(ls)
+	for ls.vnow < woke && s.eng.HasWork() {
+		// Commands that arrived before this step started join it, as they
+		// would have had the loop been awake at its start.
+		kept := ls.queue[:0]
+		syncs := false
+		for i := range ls.queue {
+			if c := ls.queue[i]; c.at <= ls.vnow {
+				s.apply(ls.vnow, &ls.queue[i], ls)
+			} else {
+				kept = append(kept, c)
+				syncs = syncs || c.kind == cmdSync
+			}
+		}
+		clear(ls.queue[len(kept):])
+		ls.queue = kept
+		var before engine.Stats
+		if syncs {
+			before = s.eng.Stats()
+		}
+		s.eng.StepInto(ls.vnow, &ls.res)
+		if syncs && ls.vnow+ls.res.Duration > s.now() {
+			// The step is in progress: answer the scrapes now with the
+			// state before it, as the loop awake at every step would.
+			snap := ls.acc
+			snap.st = before
+			s.metrics.snap.Store(&snap)
+			kept := ls.queue[:0]
+			for _, c := range ls.queue {
+				if c.kind == cmdSync {
+					close(c.done)
+				} else {
+					kept = append(kept, c)
+				}
+			}
+			clear(ls.queue[len(kept):])
+			ls.queue = kept
+		}
+		if !s.finishStep(ctx, ls, true) {
+			return false
+		}
+	}
+	return true
+}
+
+// syncStats brings the stats snapshot up to date when the loop is sleeping
+// through a run of steps (it is fresh otherwise): the loop computes the
+// steps started since and publishes. It gives up when ctx ends.
+func (s *Server) syncStats(ctx context.Context) {
+	if !s.quiet.Load() {
+		return
+	}
+	done := make(chan bool)
+	if s.post(command{kind: cmdSync, done: done}) != nil {
+		return
+	}
+	select {
+	case <-done:
+	case <-s.done:
+	case <-ctx.Done():
+	}
+}
+
+// finishStep completes the step just computed into ls.res: it sleeps until
+// the step's end unless that is past (or wait is false), then delivers its
+// outputs, publishes its KV events and records its metrics.
+func (s *Server) finishStep(ctx context.Context, ls *loopState, wait bool) bool {
+	res := &ls.res
+	end := ls.vnow + res.Duration
+	if d := end - s.now(); wait && d >= minSleep {
+		ls.timer.Reset(d)
+		s.timerSleeps.Add(1)
+		select {
+		case <-ctx.Done():
+			ls.timer.Stop()
+			return false
+		case <-ls.timer.C:
+		}
+	}
+	ls.vnow = end
+	// A request finishing this step wakes its handler in deliver: publish
+	// the engine's state first, so that /metrics read after a response
+	// is at least as new as the response (e.g. KV held by a P/D prefill).
+	for i := range res.Outputs {
+		if res.Outputs[i].Finished {
+			s.publishStats(&ls.acc)
+			break
+		}
+	}
+	s.deliver(res, ls)
+	if s.pub != nil && len(res.Events) > 0 {
+		var err error
+		ls.evbuf, err = EncodeEventBatch(ls.evbuf[:0], s.cfg.KVEvents.Encoding, float64(time.Now().UnixNano())/1e9, res.Events)
+		if err != nil {
+			s.cfg.Logger.Error("kv events", "err", err)
+		} else {
+			s.pub.publish(bytes.Clone(ls.evbuf))
+		}
+	}
+	s.metrics.mu.Lock()
+	s.metrics.onStep(res)
+	s.metrics.mu.Unlock()
+	if ls.vnow-ls.tpStart >= time.Second {
+		st := s.eng.Stats()
+		ls.acc.genThroughput = float64(st.GenerationTokens-ls.tpToks) / (ls.vnow - ls.tpStart).Seconds()
+		ls.tpStart, ls.tpToks = ls.vnow, st.GenerationTokens
+	}
+	// Stats costs a walk over the live requests: publish at most every
+	// statsEvery while busy (always when going idle, above).
+	if ls.vnow-ls.lastPub >= statsEvery {
+		s.publishStats(&ls.acc)
+		ls.lastPub = ls.vnow
+	}
+	return true
 }
 
 func (s *Server) publishStats(acc *snapshot) {
@@ -355,7 +545,7 @@ func (s *Server) publishStats(acc *snapshot) {
 
 // apply runs one queued command in the loop. It reports whether the loop
 // must step even without requests (to publish a reset's event).
-func (s *Server) apply(now time.Duration, c *command, live map[string]*stream, acc *snapshot) bool {
+func (s *Server) apply(now time.Duration, c *command, ls *loopState) bool {
 	switch c.kind {
 	case cmdAdd:
 		if c.st.isAborted() {
@@ -366,12 +556,18 @@ func (s *Server) apply(now time.Duration, c *command, live map[string]*stream, a
 			c.st.fail(err)
 			return false
 		}
-		acc.requests++
-		live[c.req.ID] = c.st
+		ls.acc.requests++
+		ls.live[c.req.ID] = c.st
+		if c.st.every > 0 {
+			ls.notifying++
+			if c.st.every > 1 {
+				ls.spaced++
+			}
+		}
 		s.metrics.mu.Lock()
 		s.metrics.onAdd(c.st.maxTokens)
 		s.metrics.mu.Unlock()
-		acc.maxContext = max(acc.maxContext, c.req.PromptLen+c.st.maxTokens)
+		ls.acc.maxContext = max(ls.acc.maxContext, c.req.PromptLen+c.st.maxTokens)
 	case cmdAbort:
 		s.eng.Abort(now, c.id)
 	case cmdRelease:
@@ -380,63 +576,89 @@ func (s *Server) apply(now time.Duration, c *command, live map[string]*stream, a
 		ok := s.eng.ResetPrefixCache()
 		c.done <- ok
 		return ok
+	case cmdSync:
+		s.publishStats(&ls.acc)
+		close(c.done)
 	}
 	return false
 }
 
 // deliver hands a step's outputs to their streams, waking the handlers of
-// streaming requests and of finished ones.
-func (s *Server) deliver(res *engine.StepResult, live map[string]*stream, acc *snapshot) {
+// finished requests, and of streaming ones when they are due a chunk.
+// Tokens collect in the stream's loop-owned pend and are handed over under
+// the stream's lock only when its handler is woken.
+func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 	s.metrics.mu.Lock()
 	defer s.metrics.mu.Unlock()
 	for i := range res.Outputs {
 		o := &res.Outputs[i]
-		st := live[o.ID]
+		st := ls.live[o.ID]
 		if st == nil {
 			continue
 		}
 		aborted := o.FinishReason == engine.FinishAbort
-		var blockIDs []int
-		if o.Finished && st.holdKV && !aborted {
-			blockIDs = s.eng.BlockIDs(o.ID)
-		}
-		st.mu.Lock()
 		if !aborted {
-			st.generated++
+			st.gen++
+			st.since++
 			if !(o.Finished && o.FinishReason == engine.FinishStop) { // EOS has no text
-				st.toks = append(st.toks, o.Token)
+				st.pend = append(st.pend, o.Token)
 			}
 		}
 		if o.First {
-			st.cachedTokens = o.CachedTokens
+			st.cached = o.CachedTokens
 		}
-		gen := st.generated
+		if !o.Finished {
+			s.metrics.onOutput(o, st.gen, o.FinishReason)
+			// vLLM's --stream-interval: the first token, then every
+			// interval tokens (and the last, below).
+			if st.every > 0 && (st.since >= st.every || !st.notified) {
+				st.mu.Lock()
+				st.toks = append(st.toks, st.pend...)
+				st.generated, st.cachedTokens = st.gen, st.cached
+				st.mu.Unlock()
+				st.pend = st.pend[:0]
+				st.since, st.notified = 0, true
+				st.signal()
+			}
+			continue
+		}
+		var blockIDs []int
+		if st.holdKV && !aborted {
+			blockIDs = s.eng.BlockIDs(o.ID)
+		}
 		reason := o.FinishReason
-		if o.Finished {
-			st.finished = true
-			st.finishReason = o.FinishReason
-			if st.stopString != "" {
-				reason = engine.FinishStop
-			}
-			st.promptTokens = o.PromptTokens
-			st.cachedTokens = o.CachedTokens
-			st.blockIDs = blockIDs
+		st.mu.Lock()
+		if len(st.toks) == 0 {
+			st.toks, st.pend = st.pend, nil
+		} else {
+			st.toks = append(st.toks, st.pend...)
 		}
+		st.generated = st.gen
+		st.finished = true
+		st.finishReason = o.FinishReason
+		if st.stopString != "" {
+			reason = engine.FinishStop
+		}
+		st.promptTokens = o.PromptTokens
+		st.cachedTokens = o.CachedTokens
+		st.blockIDs = blockIDs
 		st.mu.Unlock()
-		s.metrics.onOutput(o, gen, reason)
-		if o.Finished {
-			delete(live, o.ID)
-			acc.promptSeconds += o.PrefillTime.Seconds()
-			acc.decodeSeconds += o.DecodeTime.Seconds()
-			if aborted && reason == engine.FinishAbort {
-				acc.aborted++
+		s.metrics.onOutput(o, st.gen, reason)
+		delete(ls.live, o.ID)
+		if st.every > 0 {
+			ls.notifying--
+			if st.every > 1 {
+				ls.spaced--
 			}
-			if blockIDs != nil {
-				s.grantLease(st, o.PromptTokens, blockIDs)
-			}
-			st.signal()
-		} else if st.notifyEach {
-			st.signal()
 		}
+		ls.acc.promptSeconds += o.PrefillTime.Seconds()
+		ls.acc.decodeSeconds += o.DecodeTime.Seconds()
+		if aborted && reason == engine.FinishAbort {
+			ls.acc.aborted++
+		}
+		if blockIDs != nil {
+			s.grantLease(st, o.PromptTokens, blockIDs)
+		}
+		st.signal()
 	}
 }

@@ -9,15 +9,27 @@ import (
 // handler. The loop appends tokens and sets the final state under mu and
 // signals ch (capacity 1, so signals coalesce); the handler takes what
 // accumulated when it wakes. Handlers of non-streaming requests are
-// signalled only when the request finishes (notifyEach false).
+// signalled only when the request finishes (every 0).
 type stream struct {
-	id         string // engine request id
-	notifyEach bool   // wake the handler on every step (streaming, stop strings)
-	holdKV     bool   // P/D prefill leg: grant a lease when finished
-	leaseKey   string // key of that lease
-	maxTokens  int
-	ch         chan struct{}
-	aborted    atomic.Bool // the handler gave up (client gone)
+	id string // engine request id
+	// every is how often the handler is woken before the request finishes:
+	// 0 never, 1 at every token (stop strings; streaming), n at the first
+	// token and then every n tokens (streaming with --stream-interval n).
+	every     int
+	holdKV    bool   // P/D prefill leg: grant a lease when finished
+	leaseKey  string // key of that lease
+	maxTokens int
+	ch        chan struct{}
+	aborted   atomic.Bool // the handler gave up (client gone)
+
+	// Owned by the engine loop: tokens not yet handed to the handler, the
+	// count since it was last woken, whether it ever was, tokens generated
+	// (EOS included) and the cached prompt tokens.
+	pend     []uint32
+	since    int
+	notified bool
+	gen      int
+	cached   int
 
 	mu           sync.Mutex // protects the fields below
 	toks         []uint32   // generated tokens not yet taken (EOS excluded)
@@ -31,10 +43,10 @@ type stream struct {
 	err          error // the request failed (Add error, engine stopped)
 }
 
-func newStream(id string, notifyEach bool, maxTokens int) *stream {
-	st := &stream{id: id, notifyEach: notifyEach, maxTokens: maxTokens, ch: make(chan struct{}, 1)}
-	if !notifyEach { // the tokens accumulate until the end: size them once
-		st.toks = make([]uint32, 0, min(maxTokens, 4096))
+func newStream(id string, every int, maxTokens int) *stream {
+	st := &stream{id: id, every: every, maxTokens: maxTokens, ch: make(chan struct{}, 1)}
+	if every == 0 { // the tokens accumulate until the end: size them once
+		st.pend = make([]uint32, 0, min(maxTokens, 4096))
 	}
 	return st
 }

@@ -870,3 +870,75 @@ func TestStalledOnHeldKV(t *testing.T) {
 		t.Errorf("big produced %d tokens, want 10", len(out))
 	}
 }
+
+// TestDecodeRun checks DecodeRun against stepping: under random workloads
+// (arrivals in bursts, EOS, held KV, cache pressure), whenever it promises
+// n plain decode steps, the next n steps decode every running request once,
+// admit and preempt nothing, finish nothing before the last, finish
+// something in the last exactly when it says so, and last exactly d.
+func TestDecodeRun(t *testing.T) {
+	for seed := range uint64(6) {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			e := mustEngine(t, "tiny", func(c *Config) { c.NumGPUBlocks = 48 + int(seed)*16; c.MaxModelLen = 512 })
+			rng := rand.New(rand.NewPCG(seed, 2))
+			d := newDriver(t, e)
+			runs, promised := 0, 0
+			for i := 0; i < 400 || e.HasWork(); i++ {
+				if i < 400 && rng.IntN(6) == 0 {
+					for range 1 + rng.IntN(3) {
+						r := &Request{ID: fmt.Sprint("r", i, "-", rng.IntN(1e6)), Prompt: tokens(rng.IntN(1e5), 1+rng.IntN(100)),
+							MaxTokens: 1 + rng.IntN(80), EOSAt: rng.IntN(60), HoldKV: rng.IntN(8) == 0}
+						if err := e.Add(d.now, r); err != nil {
+							t.Fatal(err)
+						}
+					}
+				}
+				if rng.IntN(3) == 0 {
+					for id, s := range e.seqs {
+						if s.status == statusHeld {
+							e.Release(id)
+						}
+					}
+				}
+				limit := 1 + rng.IntN(40)
+				n, dur, fin := e.DecodeRun(limit)
+				if n == 0 {
+					if e.HasWork() {
+						d.step()
+					}
+					continue
+				}
+				if n > limit {
+					t.Fatalf("DecodeRun(%d) = %d steps", limit, n)
+				}
+				runs++
+				promised += n
+				r := len(e.running)
+				var sum time.Duration
+				for k := 1; k <= n; k++ {
+					res := d.step()
+					sum += res.Duration
+					if res.Batch.Seqs != r || res.Batch.DecodeTokens != r || res.Batch.PrefillTokens != 0 || res.Preempted != 0 {
+						t.Fatalf("step %d of %d: batch %+v, %d preempted; want %d plain decodes", k, n, res.Batch, res.Preempted, r)
+					}
+					gotFin := false
+					for _, o := range res.Outputs {
+						gotFin = gotFin || o.Finished
+					}
+					if want := k == n && fin; gotFin != want {
+						t.Fatalf("step %d of %d: finished %v, want %v", k, n, gotFin, want)
+					}
+					if len(res.Events) > 0 && e.cfg.NoEvents {
+						t.Fatalf("events with NoEvents")
+					}
+				}
+				if sum != dur {
+					t.Fatalf("DecodeRun duration %v, stepping took %v", dur, sum)
+				}
+			}
+			if runs == 0 || promised < 100 {
+				t.Errorf("DecodeRun promised %d steps in %d runs: it should find the plain decode runs", promised, runs)
+			}
+		})
+	}
+}
