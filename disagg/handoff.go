@@ -77,6 +77,11 @@ type HandoffConfig struct {
 	// Room draws SGLang bootstrap rooms; default a crypto-random 63-bit
 	// value.
 	Room func() uint64
+	// Queue, when set, is handed the routing error of a request's first
+	// placement before it is answered: it may hold the request and route
+	// it again as load drains (the router's queue escape hatch), returning
+	// the flight or the error to answer with. Nil: the error is answered.
+	Queue func(ctx context.Context, req *kvroute.Request, err error) (*router.Flight, error)
 }
 
 // Handoff serves the requests of one P/D model: it places each request
@@ -267,6 +272,9 @@ func (x *exchange) placeAndRun(last bool) (done bool, decode *kvroute.Endpoint) 
 	h := x.h
 	now := h.cfg.Now()
 	f, err := h.cfg.Router.Route(now, x.req, x.tried)
+	if err != nil && h.cfg.Queue != nil && x.last == nil && len(x.tried) == 0 {
+		f, err = h.cfg.Queue(x.ctx, x.req, err)
+	}
 	if err != nil {
 		x.writeRoutingFailure(err)
 		return true, nil
@@ -707,8 +715,11 @@ func (x *exchange) writeRoutingFailure(err error) {
 		return
 	}
 	var ue *router.UnavailableError
-	if errors.As(err, &ue) {
+	switch status := kvroute.StatusOf(err); {
+	case errors.As(err, &ue):
 		x.w.Header().Set("Retry-After", strconv.Itoa(max(ue.RetryAfter, 1)))
+	case status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests:
+		x.w.Header().Set("Retry-After", "1")
 	}
 	x.writeError(err)
 }

@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -10,6 +11,7 @@ import (
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/disagg"
 	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/router"
 )
 
 // Prefill/decode disaggregation: a model whose pool has prefill or decode
@@ -17,7 +19,8 @@ import (
 // disagg.Planner (the configured policy, or kv-aware with parameters
 // derived from pd.profile, places the prefill stage); the handoff runs the
 // legs in the engines' protocol (pd.protocol) and streams the decode
-// engine's answer. Requests carrying handoff fields (kv_transfer_params,
+// engine's answer. A request the prefill policy sheds with the "queue"
+// action is held by the same queue as on aggregated pools. Requests carrying handoff fields (kv_transfer_params,
 // bootstrap_*) or endpoint-naming headers are rejected with 400.
 
 // newPlanner builds the P/D planner of model m, with picker (nil: the
@@ -66,6 +69,9 @@ func (p *Proxy) newHandoff(pl *pool, m *config.Model, planner *disagg.Planner) (
 		Metrics:       p.pdMetrics,
 		Logger:        p.log,
 		Now:           p.now,
+		Queue: func(ctx context.Context, req *kvroute.Request, err error) (*router.Flight, error) {
+			return p.queue(ctx, pl, req, err)
+		},
 	})
 }
 
