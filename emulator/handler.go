@@ -81,8 +81,8 @@ type job struct {
 	prog        progress
 	stopped     bool // a stop string matched
 	roleWritten bool
-	chunked     bool // a content chunk was written
-	chunkedAt   int  // generated tokens when the last content chunk was written
+	chunked     bool // an output was due (--stream-interval)
+	chunkedAt   int  // generated tokens at the last due output
 }
 
 func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
@@ -331,14 +331,19 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 			sw.AppendData(func(b []byte) []byte { return j.usage(openai.AppendChatRoleChunk(b, &j.hdr), 0) })
 			j.roleWritten = true
 		}
-		// --stream-interval: the first chunk at once, then one per interval
-		// tokens (the loop wakes this handler only then, unless stop strings
-		// are searched at every step).
-		due := done || !j.chunked || j.generated-j.chunkedAt >= s.cfg.StreamInterval
+		// --stream-interval: vLLM's output processor passes the first token
+		// on at once, then every interval tokens (the loop wakes this
+		// handler only then, unless stop strings are searched at every
+		// step), and the last. A due output whose text is all held back
+		// for stop strings sends nothing.
+		due := done
+		if j.generated > j.chunkedAt && (!j.chunked || j.generated-j.chunkedAt >= s.cfg.StreamInterval) {
+			due = true
+			j.chunked, j.chunkedAt = true, j.generated
+		}
 		if upto > j.sent && due || done {
 			piece := bytesString(j.text[j.sent:upto]) // used before j.text changes (AppendData runs fn at once)
 			j.sent = upto
-			j.chunked, j.chunkedAt = true, j.generated
 			finish := ""
 			var stopJSON []byte
 			if done {

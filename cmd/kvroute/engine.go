@@ -88,6 +88,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		advertise   = fs.String("advertise", "", "side-channel `host:port` put in kv_transfer_params (default: --side-channel-listen, else --listen)")
 		defMaxTok   = fs.Int("default-max-tokens", 1024, "output limit of requests without max_tokens")
 		eosMean     = fs.Float64("eos-mean", 0, "mean output length before the model emits EOS (0 = never; requests end at max_tokens)")
+		streamIntvl = fs.Int("stream-interval", 1, "vLLM's --stream-interval: a streamed response sends the first token, then a chunk every N tokens")
 		logLevel    = fs.String("log-level", "info", "log level: debug, info, warn, error")
 	)
 	if err := parseFlags(fs, args); err != nil {
@@ -125,7 +126,11 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		KVEvents: emulator.KVEventsConfig{Endpoint: *evEndpoint, ReplayEndpoint: *evReplay, Topic: *evTopic,
 			Encoding: *evEncoding, BufferSteps: *evBuffer},
 		PDProtocol: *pdProtocol, FabricGbps: *fabricGbps, TransferSetup: *setup, LeaseTimeout: *lease,
-		LoadFailure: *loadFailure, DefaultMaxTokens: *defMaxTok, EOSMean: *eosMean, Logger: logger,
+		LoadFailure: *loadFailure, DefaultMaxTokens: *defMaxTok, EOSMean: *eosMean, StreamInterval: *streamIntvl,
+		Logger: logger,
+	}
+	if *streamIntvl < 1 {
+		return usageErr("--stream-interval must be at least 1")
 	}
 	if *speed <= 0 {
 		return usageErr("--speed must be positive")

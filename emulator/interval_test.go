@@ -1,0 +1,133 @@
+package emulator
+
+import (
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"strings"
+	"testing"
+
+	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/openai"
+)
+
+// TestStreamInterval checks --stream-interval on the wire: a streamed
+// completion sends its first token at once, then a chunk every interval
+// tokens, and the rest with the finish reason (vLLM's output processor:
+// first token, every stream_interval tokens, last). Chunks may only merge
+// (a handler woken late takes what accumulated), so with interval k every
+// chunk but the last ends at a token count 1 + m*k; the text is the same
+// as without streaming.
+func TestStreamInterval(t *testing.T) {
+	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	const maxTokens = 25
+	for _, tc := range []struct {
+		interval  int
+		stop      string
+		maxChunks int
+	}{
+		{1, "", maxTokens},
+		{10, "", 4},
+		{10, "never matches", 4},
+		{7, "", 5},
+		{40, "", 2},
+	} {
+		t.Run(fmt.Sprintf("interval%d/stop=%q", tc.interval, tc.stop), func(t *testing.T) {
+			_, hs := testServer(t, Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1, StreamInterval: tc.interval})
+			stop := ""
+			if tc.stop != "" {
+				stop = fmt.Sprintf(`,"stop":[%q]`, tc.stop)
+			}
+			body := `{"prompt":"the interval test","max_tokens":25,"ignore_eos":true,"seed":7` + stop
+			code, whole := post(t, hs.URL+"/v1/completions", body+`}`)
+			if code != http.StatusOK {
+				t.Fatalf("non-streamed: status %d: %s", code, whole)
+			}
+			var want openai.Completion
+			if err := json.Unmarshal(whole, &want); err != nil {
+				t.Fatal(err)
+			}
+			resp, err := http.Post(hs.URL+"/v1/completions", "application/json", strings.NewReader(
+				body+`,"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			events := readStream(t, resp.Body)
+			var text strings.Builder
+			var counts []int
+			finish := ""
+			for _, e := range events {
+				if e == openai.Done {
+					break
+				}
+				var c openai.CompletionChunk
+				if err := json.Unmarshal([]byte(e), &c); err != nil {
+					t.Fatalf("chunk %q: %v", e, err)
+				}
+				if len(c.Choices) == 0 {
+					continue // the usage chunk
+				}
+				text.WriteString(c.Choices[0].Text)
+				counts = append(counts, c.Usage.CompletionTokens)
+				if c.Choices[0].FinishReason != nil {
+					finish = *c.Choices[0].FinishReason
+				}
+			}
+			if got, want := text.String(), want.Choices[0].Text; got != want {
+				t.Errorf("streamed text %q, want the non-streamed %q", got, want)
+			}
+			if len(counts) == 0 || counts[len(counts)-1] != maxTokens || finish != "length" {
+				t.Fatalf("chunk token counts %v, finish %q: want the last at %d with length", counts, finish, maxTokens)
+			}
+			if len(counts) > tc.maxChunks {
+				t.Errorf("%d content chunks %v, want at most %d", len(counts), counts, tc.maxChunks)
+			}
+			for i, c := range counts[:len(counts)-1] {
+				if (c-1)%tc.interval != 0 || i > 0 && c <= counts[i-1] {
+					t.Errorf("chunk %d ends at token %d (all: %v): want 1 + a multiple of %d, increasing", i, c, counts, tc.interval)
+				}
+			}
+		})
+	}
+}
+
+// TestQuietRunWakes checks that the loop sleeps through the plain decode
+// steps nobody observes: a non-streamed request costs a few wake-ups, not
+// one per step, while a streamed one is woken for every token (or every
+// interval tokens) it is sent.
+func TestQuietRunWakes(t *testing.T) {
+	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name             string
+		stream           bool
+		interval         int
+		minWake, maxWake int64
+	}{
+		{"whole", false, 1, 1, 6},
+		{"stream", true, 1, 50, 70},
+		{"stream-interval-10", true, 10, 6, 14},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, hs := testServer(t, Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1, StreamInterval: tc.interval})
+			code, body := post(t, hs.URL+"/v1/completions",
+				fmt.Sprintf(`{"prompt":"sleep through","max_tokens":60,"ignore_eos":true,"stream":%v}`, tc.stream))
+			if code != http.StatusOK {
+				t.Fatalf("status %d: %s", code, body)
+			}
+			steps := s.metrics.snap.Load().st.Steps
+			if got := s.timerSleeps.Load(); got < tc.minWake || got > tc.maxWake {
+				t.Errorf("%d timed wake-ups for %d steps, want %d..%d", got, steps, tc.minWake, tc.maxWake)
+			}
+			if steps < 60 {
+				t.Errorf("%d steps, want at least 60", steps)
+			}
+		})
+	}
+}
