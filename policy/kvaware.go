@@ -73,7 +73,11 @@ type KVAwareParams struct {
 	// cap every node; KubeAI issue #519). Default 4.
 	InflightSlack float64 `param:"inflight_slack"`
 	// QueueCap caps an endpoint whose engine waiting queue (Load.Waiting)
-	// reaches it; 0 disables. Default 64.
+	// reaches it; 0 disables. Default 256: a capped candidate is not
+	// eligible while another is under the cap, so in a fleet-wide overload
+	// the one endpoint that dips under it takes every request until it is
+	// over again (at 64, in the simulated chat workload, that herding put a
+	// quarter second more queue on one engine than on the others).
 	QueueCap int `param:"queue_cap"`
 	// KVCap caps an endpoint whose KV usage (Load.KVUsage) reaches it; 1
 	// disables. Default 1 (see Caps in the KVAware doc).
@@ -133,6 +137,7 @@ type KVAwareParams struct {
 	// every token saved shortens many queues, so affinity is worth more;
 	// the load caps still keep it from piling onto one node. Default 1.
 	WorkLoadGain float64 `param:"work_load_gain"`
+
 	// DecodeWeight weighs the request's own decode time at the endpoint's
 	// current step time (OutputTokens x step): it steers decode-heavy work
 	// away from nodes whose batches are already slow, which keeps TPOT and
@@ -173,7 +178,7 @@ func DefaultKVAwareParams() KVAwareParams {
 		LearnMinSamples:       8,
 		C:                     1.25,
 		InflightSlack:         4,
-		QueueCap:              64,
+		QueueCap:              256,
 		KVCap:                 1,
 		Overload:              OverloadLeastLoaded,
 		TieMs:                 1,

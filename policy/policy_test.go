@@ -111,8 +111,8 @@ func TestNoCandidates(t *testing.T) {
 
 func TestOverloadAction(t *testing.T) {
 	over := []kvroute.Candidate{
-		{Endpoint: &kvroute.Endpoint{ID: "a"}, Healthy: true, Load: kvroute.Load{Waiting: 100}},
-		{Endpoint: &kvroute.Endpoint{ID: "b"}, Healthy: true, Load: kvroute.Load{Waiting: 70}},
+		{Endpoint: &kvroute.Endpoint{ID: "a"}, Healthy: true, Load: kvroute.Load{Waiting: 300}}, // both over the default queue_cap 256
+		{Endpoint: &kvroute.Endpoint{ID: "b"}, Healthy: true, Load: kvroute.Load{Waiting: 270}},
 	}
 	for _, mode := range []string{OverloadShed, OverloadQueue, OverloadLeastLoaded} {
 		k, err := NewKVAware(map[string]any{"overload": mode}, 1)

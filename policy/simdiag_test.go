@@ -110,6 +110,9 @@ func (r *recorder) Release(now time.Time, req *kvroute.Request, ep string) {
 // statistics. Diagnostic only: KVROUTE_SIMDIAG=policies[;limit;rate;params[;generator]]
 // e.g. KVROUTE_SIMDIAG="kv-aware,dynamo;3000;4;c=1.5" (trace, rate scale 4) or
 // KVROUTE_SIMDIAG="kv-aware;2000;40;;tenants" (generator, 40 requests/s).
+// KVROUTE_SIMDIAG_SEED sets the seed (default 1), KVROUTE_SIMDIAG_REQ=id,...
+// prints those requests' decisions, KVROUTE_SIMDIAG_CSV=prefix writes each
+// request's chosen estimate next to its observed TTFT.
 func TestSimDiag(t *testing.T) {
 	spec := os.Getenv("KVROUTE_SIMDIAG")
 	if spec == "" {
@@ -130,9 +133,13 @@ func TestSimDiag(t *testing.T) {
 			params[k] = v
 		}
 	}
+	seed := uint64(1)
+	if v := os.Getenv("KVROUTE_SIMDIAG_SEED"); v != "" {
+		fmt.Sscan(v, &seed)
+	}
 	w, err := sim.DefaultWorkload()
 	if len(parts) > 4 && parts[4] != "" {
-		w, err = workload.Generate(parts[4], workload.Options{Seed: 1, Requests: limit, Arrivals: workload.Arrivals{Rate: rate}})
+		w, err = workload.Generate(parts[4], workload.Options{Seed: seed, Requests: limit, Arrivals: workload.Arrivals{Rate: rate}})
 		rate = 1
 	}
 	if err != nil {
@@ -158,7 +165,7 @@ func TestSimDiag(t *testing.T) {
 			rec.est, rec.csv = map[string][7]float64{}, &strings.Builder{}
 			rec.csv.WriteString("id,endpoint,at_s,prompt,cached,est_queue_ms,est_prefill_ms,ttft_ms,queued_tokens,waiting,running,inflight_tokens\n")
 		}
-		res, err := sim.Run(context.Background(), sim.Config{Fleet: fleet, Policy: name, Picker: rec, Seed: 1, RateScale: rate}, reqs)
+		res, err := sim.Run(context.Background(), sim.Config{Fleet: fleet, Policy: name, Picker: rec, Seed: seed, RateScale: rate}, reqs)
 		if err != nil {
 			t.Fatal(err)
 		}
