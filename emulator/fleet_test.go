@@ -48,7 +48,7 @@ func envInt(name string, def int) int {
 }
 
 // setSoakInterval sets the engine's stream interval.
-func setSoakInterval(cfg *Config, n int) {}
+func setSoakInterval(cfg *Config, n int) { cfg.StreamInterval = n }
 
 // TestFleetCPU is the speed target as a soak run (KVROUTE_SOAK=1):
 // 16 engines with the 8B/H100 profile at --speed 1, each in its own process

@@ -1,7 +1,9 @@
 package emulator
 
 import (
+	"encoding/binary"
 	"math"
+	"slices"
 	"strings"
 	"sync"
 
@@ -20,26 +22,42 @@ func textID(t uint32) uint32 {
 // builtinWords is the text of every regular id of the built-in tokenizer,
 // built on first use (a few milliseconds): rendering generated tokens is
 // then a table lookup per token. The built-in Decode has no state across
-// ids, so the concatenation equals Decode of the sequence.
-var builtinWords = sync.OnceValue(func() []string {
+// ids, so the concatenation equals Decode of the sequence. Every word is at
+// most 7 bytes (5 today), so each is packed in one uint64, its bytes from
+// the low end and its length in the top byte: one 1 MiB table, one load
+// and one 8-byte store per token. ok is false if a word were longer.
+var builtinWords = sync.OnceValues(func() ([]uint64, bool) {
 	tok := tokenizer.Builtin()
-	words := make([]string, tokenizer.BuiltinVocabSize)
+	words := make([]uint64, tokenizer.BuiltinVocabSize)
 	id := []uint32{0}
 	for i := tokenizer.BuiltinFirstRegular; i < tokenizer.BuiltinVocabSize; i++ {
 		id[0] = uint32(i)
-		words[i] = tok.Decode(id)
+		w := tok.Decode(id)
+		if len(w) > 7 {
+			return nil, false
+		}
+		var b [8]byte
+		copy(b[:], w)
+		b[7] = byte(len(w))
+		words[i] = binary.LittleEndian.Uint64(b[:])
 	}
-	return words
+	return words, true
 })
 
 // renderTokens appends the text of generated tokens to dst.
 func renderTokens(tok tokenizer.Tokenizer, dst []byte, ids []uint32, scratch []uint32) ([]byte, []uint32) {
 	if tok == tokenizer.Builtin() {
-		words := builtinWords()
-		for _, t := range ids {
-			dst = append(dst, words[textID(t)]...)
+		if words, ok := builtinWords(); ok {
+			dst = slices.Grow(dst, 7*len(ids)+8) // room for each 8-byte store
+			n := len(dst)
+			buf := dst[:cap(dst)]
+			for _, t := range ids {
+				w := words[textID(t)]
+				binary.LittleEndian.PutUint64(buf[n:], w)
+				n += int(w >> 56)
+			}
+			return dst[:n], scratch
 		}
-		return dst, scratch
 	}
 	scratch = scratch[:0]
 	for _, t := range ids {

@@ -1,6 +1,7 @@
 package emulator
 
 import (
+	"math/rand/v2"
 	"testing"
 
 	"github.com/kvroute/kvroute/tokenizer"
@@ -17,6 +18,27 @@ func TestRenderTokensMatchesDecode(t *testing.T) {
 	if string(fast) != string(slow) || len(fast) == 0 {
 		t.Errorf("got %q, want Decode's %q", fast, slow)
 	}
+	// Many ids appended to text already there (the packed table's 8-byte
+	// stores must not clobber it nor run past the slice).
+	rng := rand.New(rand.NewPCG(3, 4))
+	ids = make([]uint32, 10000)
+	for i := range ids {
+		ids[i] = rng.Uint32()
+	}
+	fast, _ = renderTokens(tok, []byte("prefix:"), ids, nil)
+	slow, _ = renderTokens(renderDecode{tok}, []byte("prefix:"), ids, nil)
+	if string(fast) != string(slow) {
+		t.Errorf("10,000 ids: got %d bytes, want Decode's %d (first difference at %d)", len(fast), len(slow), firstDiff(fast, slow))
+	}
+}
+
+func firstDiff(a, b []byte) int {
+	for i := range min(len(a), len(b)) {
+		if a[i] != b[i] {
+			return i
+		}
+	}
+	return min(len(a), len(b))
 }
 
 func TestStopMatch(t *testing.T) {

@@ -336,7 +336,10 @@ func (e *Engine) emit(s *sequence, t time.Duration, r *StepResult) bool {
 		s.tokens = append(s.tokens, tok)
 	}
 	e.stats.GenerationTokens++
-	o := Output{ID: s.id, Token: tok, Index: idx, PromptTokens: s.promptLen, CachedTokens: s.cachedTokens, Time: t}
+	// Fill the output in place: Output is large, and this runs per token.
+	r.Outputs = append(r.Outputs, Output{})
+	o := &r.Outputs[len(r.Outputs)-1]
+	o.ID, o.Token, o.Index, o.PromptTokens, o.CachedTokens, o.Time = s.id, tok, idx, s.promptLen, s.cachedTokens, t
 	if idx == 0 {
 		o.First = true
 		s.firstToken = t
@@ -354,7 +357,6 @@ func (e *Engine) emit(s *sequence, t time.Duration, r *StepResult) bool {
 		o.FinishReason = FinishLength
 		e.stats.FinishedLength++
 	default:
-		r.Outputs = append(r.Outputs, o)
 		return false
 	}
 	o.Finished = true
@@ -363,7 +365,6 @@ func (e *Engine) emit(s *sequence, t time.Duration, r *StepResult) bool {
 	o.PrefillTime = s.firstToken - s.firstSched
 	o.DecodeTime = t - s.firstToken
 	o.Preemptions = s.preemptions
-	r.Outputs = append(r.Outputs, o)
 	if s.holdKV {
 		s.status = statusHeld
 		e.held++
