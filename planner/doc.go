@@ -1,7 +1,8 @@
 // Package planner is kvroute's capacity planner (kvroute plan): given a model
-// deployment (an engine.Profile), a workload (a trace or a Summary), latency
-// SLOs and optionally a GPU-hour price, it finds the cheapest fleet that meets
-// the SLOs, aggregated and disaggregated (prefill:decode) side by side.
+// deployment (an engine.Profile, built in or from a HuggingFace config.json),
+// a workload (a trace or a Summary), latency SLOs and optionally a GPU-hour
+// price, it finds the cheapest fleet that meets the SLOs, aggregated and
+// disaggregated (prefill:decode) side by side.
 //
 // # Method
 //
@@ -21,31 +22,51 @@
 //     sequence. An SLO below them is infeasible for any fleet (ErrInfeasible,
 //     with the numbers).
 //
-// Each bound carries its arithmetic (Bound.Explain). Then a search over
-// aggregated fleet sizes runs the fleet simulator (package sim: the router's
-// own policy, prefix-index and stale-signal code over modelled engines) on
-// the workload, or its first Input.SimRequests requests: it starts at the
-// bound, grows by doubling steps until a fleet meets the SLO, bisects, and
-// steps down while the bound itself passes (the bound is not strict). The
-// chosen fleet is re-simulated at the burst factor and with one engine lost.
-// Verify re-simulates the whole workload on the chosen fleet with another
-// seed and reports the prediction error.
+// Each bound carries its arithmetic (Bound.Explain). Then the fleet
+// simulator (package sim: the router's own policy, prefix-index,
+// stale-signal and P/D placement code over modelled engines, the profile
+// passed as a value so a config.json model runs too) searches on a window
+// of the workload, its first Input.SimRequests requests with one seed:
 //
-// The disaggregated fleet cannot be simulated whole (the simulator has no P/D
-// mode). Its decode pool is analytical: sized for TPOT (the batch is the fixed
-// point of Little's law and the decode step time), KV capacity and link
-// ingress. Its prefill pool is sized first with an M/G/c queue (Erlang C with
-// the Allen-Cunneen correction) on the same cost model, where TTFT = queue +
-// chunked prefill + KV handoff + first decode step, each request's prefix hit
-// taken from the simulated aggregated fleet and the queue's variability term
-// calibrated against the simulation when the uncalibrated model is more than
-// 10% off (as NVIDIA Dynamo's planner corrects its profile with
-// observed/expected TTFT); then, for built-in profiles, the prefill pool is
-// re-sized with the simulator: the workload's requests as prefill-only
-// requests through the router's policy on the prefill engines, plus each
-// request's handoff and first decode step. Every output says which figures
-// are simulated and which analytical.
+//   - aggregated fleet sizes from the bound: grow by doubling steps until a
+//     fleet meets the SLO, bisect, or step down while the bound itself
+//     passes (the bound is not strict);
+//   - prefill:decode fleets in the simulator's P/D mode (a disagg.Planner
+//     routes, Input.PDMode conditional or always; KV handoffs cross a
+//     disagg.Fabric of Input.Fabric links with queueing), from the
+//     analytical estimate below: a fleet that misses grows the pool its
+//     misses point at (decode for TPOT; for TTFT the side where the slow
+//     requests spent their time: queue and prefill on a prefill engine, or
+//     the handoff and the decode node), then each pool shrinks by bisection
+//     while the fleet still passes.
 //
-// Plans are deterministic for Input.Seed. Nothing here does I/O except
-// Result.WriteDir; Plan is safe to call concurrently with different Inputs.
+// The chosen fleets are then confirmed on the whole workload (its first
+// Input.ConfirmRequests requests) with Input.Seeds seeds: a window is not the
+// workload (on the conversation trace the first 2,500 requests put TTFT p90
+// 10% above the whole trace's, while seeds move it by about 1%), so every
+// predicted figure (TTFT, TPOT, throughput, hit rate, utilisation, and for
+// P/D the fabric bandwidth: total, and mean, p99 and largest per decode node
+// over one-second windows, from the simulated transfers) is the mean over the
+// seeds, with their spread (Fleet.Spread). A confirmed fleet one engine
+// smaller that passes with the first seed is taken instead, and one that
+// misses grows. The burst (Input.Burst) and one node lost (the worse pool
+// for P/D) are confirming runs too. Verify simulates the whole workload on
+// each planned fleet with seed Seed+Seeds, which the plan did not use, and
+// reports predicted against simulated TTFT (at the SLO quantile, p90, p99)
+// and throughput.
+//
+// The analytical fleets (Result.AggregatedModel, DisaggregatedModel) are
+// shown next to the simulated ones: an M/G/c queue (Erlang C with the
+// Allen-Cunneen correction) on the same cost model, each request's prefix
+// hit taken from the simulated search window, and the queue's variability
+// term calibrated against the simulation when the uncalibrated model is more
+// than 10% off (as NVIDIA Dynamo's planner corrects its profile with
+// observed/expected TTFT). The disaggregated model (decode pool sized for
+// TPOT, KV capacity and link ingress; prefill pool for TTFT = queue +
+// chunked prefill + KV handoff + first decode step) starts the P/D search.
+//
+// Plans are deterministic for Input.Seed whatever Input.Parallel (the
+// simulations are independent runs keyed by fleet, seed and rate scale).
+// Nothing here does I/O except Result.WriteDir; Plan is safe to call
+// concurrently with different Inputs.
 package planner

@@ -220,7 +220,7 @@ func plan(ctx context.Context, in Input) (*Result, error) {
 	res.Simulated = s.describe()
 
 	// Aggregated: search the window from the bound up.
-	aggN, aggNote, err := s.searchAggregated(ctx, b.Aggregated)
+	aggN, aggNote, err := s.searchAggregated(ctx, b.Aggregated, false)
 	if err != nil {
 		return res, err
 	}
@@ -242,15 +242,20 @@ func plan(ctx context.Context, in Input) (*Result, error) {
 	}
 	res.DisaggregatedModel = m.analyticDisaggregated(b.Bandwidth.Need)
 
-	// Confirm the aggregated fleet while the disaggregated search runs.
+	// The aggregated fleet's confirmation beside the disaggregated search:
+	// each searches again on the confirming workload from the window's
+	// answer, then runs the other seeds, the burst and one node lost.
 	var aggConf, pdConf *confirmed
-	var pdL layout
 	var pdNote string
 	g, gctx := errgroup.WithContext(ctx)
 	if aggN > 0 {
 		g.Go(func() error {
-			var err error
-			aggConf, err = s.confirmFleet(gctx, layout{A: aggN})
+			n, note, err := s.searchAggregated(gctx, aggN, true)
+			if err != nil || n == 0 {
+				aggNote = note
+				return err
+			}
+			aggConf, err = s.confirmFleet(gctx, layout{A: n})
 			return err
 		})
 	}
@@ -259,11 +264,15 @@ func plan(ctx context.Context, in Input) (*Result, error) {
 		if start.P < 1 || start.D < 1 {
 			start = layout{P: max(1, b.Aggregated/2), D: max(1, b.Bandwidth.Need, b.Aggregated/2)}
 		}
-		var err error
-		if pdL, pdNote, err = s.searchDisaggregated(gctx, start); err != nil || pdL.size() == 0 {
+		l, note, err := s.searchDisaggregated(gctx, start, false)
+		if err == nil && l.size() > 0 {
+			l, note, err = s.searchDisaggregated(gctx, l, true)
+		}
+		if err != nil || l.size() == 0 {
+			pdNote = note
 			return err
 		}
-		pdConf, err = s.confirmFleet(gctx, pdL)
+		pdConf, err = s.confirmFleet(gctx, l)
 		return err
 	})
 	err = g.Wait()

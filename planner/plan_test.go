@@ -213,35 +213,45 @@ func TestPlanDisaggregatedSimulated(t *testing.T) {
 	}
 }
 
-// TestSearchDisaggregatedLogic: on a synthetic fleet whose SLO holds
-// exactly when P >= 5 and D >= 3 (TTFT misses on the prefill side below 5
-// prefill engines, TPOT below 3 decode engines), the search finds 5:3 from
-// any start.
+// TestSearchDisaggregatedLogic: on a synthetic fleet whose TTFT falls as
+// 1/P (meeting its 300ms limit from 5 prefill engines) and TPOT as 1/D
+// (meeting 50ms from 3 decode engines), the search finds 5:3 from any
+// start; when TTFT cannot fall below 400ms it stops at the plateau.
 func TestSearchDisaggregatedLogic(t *testing.T) {
 	in := smallInput(t, 30)
 	in.defaults()
+	fake := func(floor time.Duration) func(l layout) Candidate {
+		return func(l layout) Candidate {
+			c := Candidate{Engines: l.size(), Prefill: l.P, Decode: l.D}
+			c.TTFT.AtSLO = max(floor, 300*time.Millisecond*45/time.Duration(10*l.P))
+			c.TPOT.AtSLO = 50 * time.Millisecond * 25 / time.Duration(10*l.D)
+			if c.TTFT.AtSLO > in.SLO.TTFT.Limit {
+				c.tailPrefill = 1
+			}
+			c.Meets = meets(c.TTFT, in.SLO.TTFT) && meets(c.TPOT, in.SLO.TPOT)
+			return c
+		}
+	}
 	for _, start := range []layout{{P: 1, D: 1}, {P: 5, D: 3}, {P: 12, D: 1}, {P: 2, D: 9}, {P: 30, D: 30}} {
 		s := newSearch(&in)
 		evals := 0
-		s.evalHook = func(l layout) Candidate {
-			evals++
-			c := Candidate{Engines: l.size(), Prefill: l.P, Decode: l.D, Meets: l.P >= 5 && l.D >= 3}
-			c.TTFT.AtSLO, c.TPOT.AtSLO = 100*time.Millisecond, 10*time.Millisecond
-			if l.P < 5 {
-				c.TTFT.AtSLO, c.tailPrefill = time.Second, 1
-			}
-			if l.D < 3 {
-				c.TPOT.AtSLO = time.Second
-			}
-			return c
-		}
-		got, note, err := s.searchDisaggregated(t.Context(), start)
+		f := fake(0)
+		s.evalHook = func(l layout) Candidate { evals++; return f(l) }
+		got, note, err := s.searchDisaggregated(t.Context(), start, false)
 		if err != nil || got != (layout{P: 5, D: 3}) {
 			t.Errorf("start %v: got %v (%q, %v), want 5:3", start, got, note, err)
 		}
 		if evals > 20 {
 			t.Errorf("start %v: %d evaluations", start, evals)
 		}
+	}
+	s := newSearch(&in)
+	evals := 0
+	f := fake(400 * time.Millisecond)
+	s.evalHook = func(l layout) Candidate { evals++; return f(l) }
+	got, note, err := s.searchDisaggregated(t.Context(), layout{P: 1, D: 1}, false)
+	if err != nil || got.size() != 0 || !strings.Contains(note, "stop improving") || evals > 20 {
+		t.Errorf("plateau: got %v after %d evaluations (%q, %v), want no fleet and a plateau note", got, evals, note, err)
 	}
 }
 

@@ -200,20 +200,38 @@ func (s *search) run(k runKey) (Candidate, bool) {
 	return c, ok
 }
 
-// eval runs a layout on the search window at rate scale 1.
-func (s *search) eval(ctx context.Context, l layout) (Candidate, error) {
+// eval runs a layout at rate scale 1 with the first seed, on the search
+// window or (confirm) the confirming workload.
+func (s *search) eval(ctx context.Context, l layout, confirm bool) (Candidate, error) {
+	k := runKey{l: l, confirm: confirm, seed: s.seeds[0], scale: 1}
 	if s.evalHook != nil {
 		c := s.evalHook(l)
 		s.mu.Lock()
-		s.runs[runKey{l: l, seed: s.seeds[0], scale: 1}] = c
+		s.runs[k] = c
 		s.mu.Unlock()
 		return c, nil
 	}
-	c, err := s.runAll(ctx, []runKey{{l: l, seed: s.seeds[0], scale: 1}})
+	c, err := s.runAll(ctx, []runKey{k})
 	if err != nil {
 		return Candidate{}, err
 	}
 	return c[0], nil
+}
+
+// prefetch runs layouts the search will probably ask for next, at once
+// (they fill Input.Parallel cores instead of one).
+func (s *search) prefetch(ctx context.Context, confirm bool, ls ...layout) error {
+	if s.evalHook != nil || s.in.Parallel < 2 {
+		return nil
+	}
+	var keys []runKey
+	for _, l := range ls {
+		if l.valid() {
+			keys = append(keys, runKey{l: l, confirm: confirm, seed: s.seeds[0], scale: 1})
+		}
+	}
+	_, err := s.runAll(ctx, keys)
+	return err
 }
 
 // window returns the search-window candidates of aggregated (pd false) or
@@ -264,61 +282,80 @@ func sortCands(c []Candidate) {
 	})
 }
 
-// searchAggregated returns the smallest aggregated fleet meeting the SLO on
-// the search window, from start, or a note saying why there is none.
-func (s *search) searchAggregated(ctx context.Context, start int) (int, string, error) {
+// searchAggregated returns the smallest aggregated fleet meeting the SLO,
+// from start, on the search window or (confirm) the confirming workload,
+// or a note saying why there is none. A passing start steps down (one
+// engine, then doubling steps, then bisecting); a failing one grows by
+// doubling steps and bisects. Growing stops at a plateau: a fleet twice as
+// large that improves the missed latency by less than 2%.
+func (s *search) searchAggregated(ctx context.Context, start int, confirm bool) (int, string, error) {
 	maxN := s.in.MaxEngines
 	start = min(max(1, start), maxN)
-	c, err := s.eval(ctx, layout{A: start})
+	eval := func(n int) (Candidate, error) { return s.eval(ctx, layout{A: n}, confirm) }
+	if confirm { // start is the window's answer: it and one fewer are next
+		if err := s.prefetch(ctx, confirm, layout{A: start}, layout{A: start - 1}); err != nil {
+			return 0, "", err
+		}
+	}
+	c, err := eval(start)
 	if err != nil {
 		return 0, "", err
 	}
+	lo, hi := 0, 0 // largest failing, smallest passing
 	if c.Meets {
-		best := start
-		for n := start - 1; n >= 1; n-- {
-			c, err := s.eval(ctx, layout{A: n})
+		hi = start
+		// Steps of 1, 1, 2, 4, ...: the answer is usually at or next to
+		// the start.
+		for step, ok := 1, 0; hi > 1; {
+			n := max(1, hi-step)
+			c, err := eval(n)
 			if err != nil {
 				return 0, "", err
 			}
 			if !c.Meets {
+				lo = n
 				break
 			}
-			best = n
-		}
-		return best, "", nil
-	}
-	lo, hi, step := start, 0, 1 // lo fails
-	prev := c
-	for n := start + 1; n <= maxN; {
-		c, err := s.eval(ctx, layout{A: n})
-		if err != nil {
-			return 0, "", err
-		}
-		if c.Meets {
 			hi = n
-			break
+			if ok++; ok >= 2 {
+				step *= 2
+			}
 		}
-		if h, ok := s.half(n); ok && plateau(h, c, s.in.SLO) {
-			return 0, fmt.Sprintf("the SLO latencies stop improving with more engines (%d engines: TTFT %s, TPOT %s; %d engines: TTFT %s, TPOT %s): "+
-				"the tail is the slowest requests' own prefill at the hit rate the router achieves, which no fleet size shortens",
-				h.Engines, fmtLat(atOr99(h.TTFT, s.in.SLO.TTFT)), fmtLat(atOr99(h.TPOT, s.in.SLO.TPOT)),
-				c.Engines, fmtLat(atOr99(c.TTFT, s.in.SLO.TTFT)), fmtLat(atOr99(c.TPOT, s.in.SLO.TPOT))), nil
+	} else {
+		lo = start
+		tried := []Candidate{c}
+		for step, n := 1, start+1; n <= maxN; {
+			c, err := eval(n)
+			if err != nil {
+				return 0, "", err
+			}
+			if c.Meets {
+				hi = n
+				break
+			}
+			for _, h := range tried {
+				if plateau(h, c, s.in.SLO) {
+					return 0, fmt.Sprintf("the SLO latencies stop improving with more engines (%d engines: TTFT %s, TPOT %s; %d engines: TTFT %s, TPOT %s): "+
+						"the tail is the slowest requests' own prefill at the hit rate the router achieves, which no fleet size shortens",
+						h.Engines, fmtLat(atOr99(h.TTFT, s.in.SLO.TTFT)), fmtLat(atOr99(h.TPOT, s.in.SLO.TPOT)),
+						c.Engines, fmtLat(atOr99(c.TTFT, s.in.SLO.TTFT)), fmtLat(atOr99(c.TPOT, s.in.SLO.TPOT))), nil
+				}
+			}
+			tried = append(tried, c)
+			lo = n
+			step *= 2
+			if n == maxN {
+				break
+			}
+			n = min(n+step, maxN)
 		}
-		prev = c
-		lo = n
-		step *= 2
-		if n == maxN {
-			break
+		if hi == 0 {
+			return 0, fmt.Sprintf("no aggregated fleet of up to %d engines meets the SLO in simulation", maxN), nil
 		}
-		n = min(n+step, maxN)
-	}
-	_ = prev
-	if hi == 0 {
-		return 0, fmt.Sprintf("no aggregated fleet of up to %d engines meets the SLO in simulation", maxN), nil
 	}
 	for hi-lo > 1 {
 		mid := (lo + hi) / 2
-		c, err := s.eval(ctx, layout{A: mid})
+		c, err := eval(mid)
 		if err != nil {
 			return 0, "", err
 		}
@@ -329,20 +366,6 @@ func (s *search) searchAggregated(ctx context.Context, start int) (int, string, 
 		}
 	}
 	return hi, "", nil
-}
-
-// half returns the largest simulated aggregated window fleet of at most n/2
-// engines.
-func (s *search) half(n int) (Candidate, bool) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	best, ok := Candidate{}, false
-	for k, c := range s.runs {
-		if !k.confirm && k.scale == 1 && !k.l.pd() && 2*k.l.A <= n && (!ok || k.l.A > best.Engines) {
-			best, ok = c, true
-		}
-	}
-	return best, ok
 }
 
 // plateau reports whether doubling the fleet (or more) from a to b (both
@@ -399,16 +422,40 @@ func grow(l layout, c Candidate, slo SLO) layout {
 }
 
 // searchDisaggregated returns the smallest P:D fleet it finds meeting the
-// SLO on the search window, from start: grow (see grow) until a fleet
-// passes, then shrink each pool in turn by bisection while the smaller
-// fleet still passes, until neither pool can shrink.
-func (s *search) searchDisaggregated(ctx context.Context, start layout) (layout, string, error) {
+// SLO, on the search window or (confirm) the confirming workload, from
+// start: grow (see grow) until a fleet passes, then shrink each pool in
+// turn (one fewer, then bisection) while the fleet still passes, until
+// neither pool can shrink. A pool whose growth improved the missed latency
+// by less than 2% is at a plateau: the other pool grows instead, and when
+// both are, there is no fleet (the note says why).
+func (s *search) searchDisaggregated(ctx context.Context, start layout, confirm bool) (layout, string, error) {
 	maxN := s.in.MaxEngines
+	slo := s.in.SLO
 	l := layout{P: max(1, start.P), D: max(1, start.D)}
 	evals := 0
 	eval := func(l layout) (Candidate, error) {
 		evals++
-		return s.eval(ctx, l)
+		return s.eval(ctx, l, confirm)
+	}
+	// A pool is at a plateau when the latency that made it grow (TTFT for
+	// prefill; TPOT, or TTFT on the decode side, for decode) improved by
+	// less than 2% while the pool at least doubled since that latency last
+	// improved.
+	type ref struct {
+		n   int
+		lat time.Duration
+	}
+	var refP, refD ref
+	var flatP, flatD bool
+	var flatNote string
+	check := func(r *ref, flat *bool, n int, lat time.Duration, what string) {
+		switch {
+		case r.n == 0 || lat == infDur || float64(lat) < 0.98*float64(r.lat):
+			*r = ref{n, lat}
+		case n >= 2*r.n:
+			*flat = true
+			flatNote += fmt.Sprintf("; %s: %s at %d engines, %s at %d", what, fmtLat(r.lat), r.n, fmtLat(lat), n)
+		}
 	}
 	for {
 		if l.size() > maxN || evals >= maxPDEvals {
@@ -421,10 +468,37 @@ func (s *search) searchDisaggregated(ctx context.Context, start layout) (layout,
 		if c.Meets {
 			break
 		}
-		l = grow(l, c, s.in.SLO)
+		next := grow(l, c, slo)
+		switch {
+		case flatP && next.P > l.P:
+			next = layout{P: l.P, D: l.D + max(1, l.D/2)}
+		case flatD && next.D > l.D:
+			next = layout{P: l.P + max(1, l.P/2), D: l.D}
+		}
+		if c.Failed == 0 {
+			if next.P > l.P {
+				check(&refP, &flatP, l.P, c.TTFT.AtSLO, "prefill pool, TTFT")
+			}
+			if next.D > l.D {
+				lat, what := c.TTFT.AtSLO, "decode pool, TTFT"
+				if slo.TPOT.Set() && c.TPOT.AtSLO > slo.TPOT.Limit {
+					lat, what = c.TPOT.AtSLO, "decode pool, TPOT"
+				}
+				check(&refD, &flatD, l.D, lat, what)
+			}
+		}
+		if flatP && flatD {
+			return layout{}, "the SLO latencies stop improving with more prefill or decode engines" + flatNote +
+				": the tail is the slowest requests' own prefill, handoff and first step, which no fleet size shortens", nil
+		}
+		l = next
 	}
 	// Shrink: the smallest passing count of each pool with the other
-	// fixed, until neither changes.
+	// fixed, until neither changes. The fleets one engine smaller are
+	// run together (the next trials, and the node-lost runs).
+	if err := s.prefetch(ctx, confirm, neighbours(l)...); err != nil {
+		return layout{}, "", err
+	}
 	for changed := true; changed && evals < maxPDEvals; {
 		changed = false
 		for _, pool := range []*int{&l.P, &l.D} {
@@ -448,6 +522,9 @@ func (s *search) searchDisaggregated(ctx context.Context, start layout) (layout,
 				}
 				if c.Meets {
 					hi = mid
+					if err := s.prefetch(ctx, confirm, neighbours(trial)...); err != nil {
+						return layout{}, "", err
+					}
 				} else {
 					lo = mid
 				}
@@ -480,7 +557,8 @@ func neighbours(l layout) []layout {
 }
 
 // confirmed is a fleet confirmed on the confirming workload: the mean over
-// the seeds, each seed's run, the fleets one engine smaller and the burst.
+// the seeds, each seed's run, the fleets one engine smaller (first seed)
+// and the burst (first seed).
 type confirmed struct {
 	l      layout
 	mean   Candidate
@@ -491,74 +569,45 @@ type confirmed struct {
 	passes bool
 }
 
-// confirmFleet confirms l on the confirming workload. It first runs l and
-// its neighbours (one engine fewer) with the first seed, at once: a
-// neighbour that passes is taken instead and confirmed in turn; a fleet
-// that misses grows. The fleet kept then runs with the other seeds (the
-// prediction is their mean, which must pass too) and at the burst factor.
-// Bounded to a few rounds.
+// confirmFleet finishes a fleet found on the confirming workload with the
+// first seed: it runs the other seeds and the burst, and the fleets one
+// engine smaller (node lost) with the first seed, at once. When the mean
+// over the seeds misses (the fleet passed with the first seed only), the
+// fleet grows and is confirmed again; bounded to a few rounds.
 func (s *search) confirmFleet(ctx context.Context, l layout) (*confirmed, error) {
 	in := s.in
-	failed := map[layout]bool{}
-	var last *confirmed
 	key := func(l layout, seed uint64, scale float64) runKey {
 		return runKey{l: l, confirm: true, seed: seed, scale: scale}
 	}
-	for round := 0; round < 8 && l.valid() && l.size() <= in.MaxEngines; round++ {
+	var c *confirmed
+	for round := 0; round < 4 && l.valid() && l.size() <= in.MaxEngines; round++ {
+		var keys []runKey
+		for _, sd := range s.seeds {
+			keys = append(keys, key(l, sd, 1))
+		}
 		nbs := neighbours(l)
-		keys := []runKey{key(l, s.seeds[0], 1)}
 		for _, nb := range nbs {
 			keys = append(keys, key(nb, s.seeds[0], 1))
 		}
+		keys = append(keys, key(l, s.seeds[0], in.Burst))
 		got, err := s.runAll(ctx, keys)
 		if err != nil {
 			return nil, err
 		}
-		c := &confirmed{l: l, seeds: []Candidate{got[0]}, lost: got[1:]}
-		c.mean = got[0]
-		last = c
-		if !got[0].Meets {
-			failed[l] = true
-			l = grow(l, got[0], in.SLO)
-			continue
-		}
-		next := layout{}
-		for i, nb := range nbs {
-			if c.lost[i].Meets && !failed[nb] {
-				next = nb
-				break
-			}
-		}
-		if next.size() > 0 {
-			l = next
-			continue
-		}
-		// Kept: the other seeds and the burst.
-		keys = keys[:0]
-		for _, sd := range s.seeds[1:] {
-			keys = append(keys, key(l, sd, 1))
-		}
-		keys = append(keys, key(l, s.seeds[0], in.Burst))
-		more, err := s.runAll(ctx, keys)
-		if err != nil {
-			return nil, err
-		}
-		c.seeds = append(c.seeds, more[:len(more)-1]...)
-		c.burst = more[len(more)-1]
+		ns := len(s.seeds)
+		c = &confirmed{l: l, seeds: got[:ns], lost: got[ns : ns+len(nbs)], burst: got[len(got)-1]}
 		c.mean = combine(in, c.seeds)
 		c.passes = c.mean.Meets
-		if !c.passes {
-			failed[l] = true
-			l = grow(l, c.mean, in.SLO)
-			continue
+		if c.passes {
+			return c, nil
 		}
-		return c, nil
+		l = grow(l, c.mean, in.SLO)
 	}
-	if last == nil {
-		return nil, nil
+	if c != nil {
+		c.note = fmt.Sprintf("the fleet found with seed %d misses the SLO on the mean over seeds %v, and so do the larger fleets tried up to %s",
+			s.seeds[0], s.seeds, c.l)
 	}
-	last.note = fmt.Sprintf("the search window's fleet misses the SLO on the confirming workload, and so do the larger fleets tried up to %s", last.l)
-	return last, nil
+	return c, nil
 }
 
 // combine averages a fleet's runs over seeds: each latency percentile and

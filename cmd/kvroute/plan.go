@@ -23,30 +23,35 @@ func init() {
 
 const planDescription = `Plan the cheapest fleet that meets latency SLOs for a workload, aggregated and
 disaggregated (prefill:decode) side by side, with the same engine cost model,
-routing policy and simulator that kvroute serve and kvroute sim run.
+routing policy, P/D placement and simulator that kvroute serve and kvroute sim run.
 
 Method: closed-form bounds first (compute: prefill and decode tokens/s per engine
 from the cost model against the demand after the oracle hit rate; memory: the KV
 working set by Little's law against one engine's capacity; bandwidth: KV handoff
-bytes/s per decode node), each printed with its arithmetic; then a search over
-aggregated fleet sizes with the simulator, starting at the bound (doubling up,
-then bisecting; stepping down if the bound already passes). The simulator has no
-P/D mode, so the disaggregated fleet's decode pool is sized analytically (TPOT,
-KV capacity, fabric ingress) and its prefill pool with the simulator (prefill-only
-requests through the router, plus each KV handoff and the first decode step);
-the output says which figures are simulated and which analytical. --verify
-re-simulates the whole workload on the planned aggregated fleet with another
-seed and prints the prediction error.
+bytes/s per decode node), each printed with its arithmetic. Then a search with
+the simulator on a window of the workload (--sim-requests): aggregated fleet
+sizes from the bound (doubling up, then bisecting; stepping down if the bound
+already passes), and prefill:decode fleets in the simulator's P/D mode (the
+router's disagg placement, KV handoffs over a --fabric-gbps fabric with
+queueing) from the analytical P:D estimate (growing the pool the misses point
+at, then shrinking each pool). The chosen fleets are confirmed on the whole
+workload (--confirm-requests) with --seeds seeds: the predicted TTFT, TPOT,
+throughput and fabric bandwidth (total, and mean/p99/max per decode node) are
+their mean, their spread is shown, and a smaller fleet that passes there is
+taken instead. The analytical model's fleets are printed next to the simulated
+ones. --verify re-simulates the whole workload on each planned fleet with a
+seed the plan did not use and prints predicted vs simulated TTFT p90/p99 and
+throughput.
 
 Model: --profile NAME (` + "%s" + `), or --hf-config config.json with
---gpu, --tp and --dtype (planned analytically: the simulator runs built-in
-profiles only). Workload: --trace FILE (Mooncake JSONL; default the embedded
-conversation trace), or a summary: --rate with --prompt-mean, --output-mean and
-optionally --shared-frac, --hot-prefixes, --zipf, CVs and --duration.
-SLO: --slo-ttft-pNN and --slo-tpot-pNN (NN = 50, 90, 95 or 99), e.g.
---slo-ttft-p99 2s --slo-tpot-p99 100ms. What-ifs: --what-if rate-x2,prompt-x2,node-lost.
-Deterministic for --seed. --json prints JSON; --out DIR writes plan.json,
-plan.txt, plan.md, plan.html and SVG charts (SLO attainment against fleet size).`
+--gpu, --tp and --dtype (simulated the same way). Workload: --trace FILE
+(Mooncake JSONL; default the embedded conversation trace), or a summary: --rate
+with --prompt-mean, --output-mean and optionally --shared-frac, --hot-prefixes,
+--zipf, CVs and --duration. SLO: --slo-ttft-pNN and --slo-tpot-pNN (NN = 50,
+90, 95 or 99), e.g. --slo-ttft-p99 2s --slo-tpot-p99 100ms. What-ifs: --what-if
+rate-x2,prompt-x2,node-lost. Deterministic for --seed (whatever --parallel).
+--json prints JSON; --out DIR writes plan.json, plan.txt, plan.md, plan.html and
+SVG charts (SLO attainment against fleet size).`
 
 type planOptions struct {
 	profile, hfConfig, gpu, dtype string
@@ -84,7 +89,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Sprintf(planDescription, strings.Join(engine.ProfileNames(), ", ")), stderr)
 	o := planOptions{ttft: map[string]*time.Duration{}, tpot: map[string]*time.Duration{}}
 	fs.StringVar(&o.profile, "profile", "llama-3.1-8b-h100", "engine profile `name`")
-	fs.StringVar(&o.hfConfig, "hf-config", "", "HuggingFace config.json `file` (instead of --profile)")
+	fs.StringVar(&o.hfConfig, "hf-config", "", "HuggingFace config.json `file` (instead of --profile; simulated like a built-in profile)")
 	fs.StringVar(&o.gpu, "gpu", "h100", "with --hf-config: GPU type (h100, h200, a100, l40s)")
 	fs.IntVar(&o.tp, "tp", 1, "with --hf-config: tensor-parallel GPUs per engine")
 	fs.StringVar(&o.dtype, "dtype", "", "with --hf-config: weight and KV dtype (bfloat16, fp8, ...; default the config's)")

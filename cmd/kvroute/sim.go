@@ -36,6 +36,8 @@ The workload is --trace FILE (Mooncake JSONL), or --workload NAME (a generator),
 or, with neither, the embedded Mooncake conversation trace (12,031 requests).
 The fleet is --engines COUNT with --profile, or --engines 4xPROFILE,2xPROFILE,
 or --fleet FILE (YAML: engines: [{count: 4, profile: NAME, num_gpu_blocks: N}]).
+--hf-config config.json (with --gpu, --tp, --dtype) models a HuggingFace model:
+--engines COUNT then runs it, and a group named hf (4xhf/prefill) takes it.
 A group may take a role, 4xPROFILE/prefill,4xPROFILE/decode (YAML: role: prefill):
 such a fleet runs disaggregated (--pd-mode, --pd-gbps, --pd-setup), placed by the
 same P/D planner as 'kvroute serve', with the TTFT split adding the KV transfer.
@@ -55,6 +57,8 @@ type simOptions struct {
 	duration                              time.Duration
 
 	engines, profile, fleetFile string
+	hfConfig, gpu, dtype        string
+	tp                          int
 	policies                    stringList
 	policyParams                stringList
 	rateScale                   float64
@@ -92,6 +96,10 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&o.engines, "engines", "8", "engine `count` (with --profile) or groups COUNTxPROFILE,...")
 	fs.StringVar(&o.profile, "profile", "llama-3.1-8b-h100", "engine profile for --engines COUNT")
 	fs.StringVar(&o.fleetFile, "fleet", "", "fleet `file` (YAML), instead of --engines")
+	fs.StringVar(&o.hfConfig, "hf-config", "", "HuggingFace config.json `file`: the engines of --engines COUNT, or of groups named hf")
+	fs.StringVar(&o.gpu, "gpu", "h100", "with --hf-config: GPU type (h100, h200, a100, l40s)")
+	fs.IntVar(&o.tp, "tp", 1, "with --hf-config: tensor-parallel GPUs per engine")
+	fs.StringVar(&o.dtype, "dtype", "", "with --hf-config: weight and KV dtype (default the config's)")
 	fs.Var(&o.policies, "policies", "routing policies to compare, comma-separated (default kv-aware,round_robin,least_request)")
 	fs.Var(&o.policyParams, "policy-param", "policy parameter `POLICY.NAME=VALUE` (repeatable)")
 	fs.Float64Var(&o.rateScale, "rate-scale", 1, "multiply the workload's arrival rate by `X`")
@@ -149,16 +157,34 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	} else if !(o.rateScale > 0) {
 		return usageErr("--rate-scale %g must be positive", o.rateScale)
 	}
+	var hf *engine.Profile
+	defaultProfile := o.profile
+	if o.hfConfig != "" {
+		data, err := os.ReadFile(o.hfConfig)
+		if err != nil {
+			return fmt.Errorf("sim: %w", err)
+		}
+		p, err := engine.ProfileFromHFConfig(data, o.gpu, o.tp, o.dtype)
+		if err != nil {
+			return usageErr("model %s: %v", o.hfConfig, err)
+		}
+		hf, defaultProfile = &p, p.Name
+	}
 	var fleet sim.Fleet
 	if o.fleetFile != "" {
 		fleet, err = sim.LoadFleetFile(o.fleetFile)
 	} else {
-		fleet, err = sim.ParseFleet(o.engines, o.profile)
+		fleet, err = sim.ParseFleet(o.engines, defaultProfile)
 	}
 	if err != nil {
 		return usageErr("%v", err)
 	}
-	for _, g := range fleet {
+	for i := range fleet {
+		g := &fleet[i]
+		if hf != nil && (g.Profile == "hf" || g.Profile == hf.Name) {
+			g.Profile, g.Spec = hf.Name, hf
+			continue
+		}
 		if _, err := engine.LookupProfile(g.Profile); err != nil {
 			return usageErr("%v", err)
 		}
@@ -205,6 +231,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	// The oracle bound depends only on the workload and the block size:
 	// compute it once for every run.
 	prof, _ := engine.LookupProfile(fleet[0].Profile)
+	if fleet[0].Spec != nil {
+		prof = *fleet[0].Spec
+	}
 	oracle := sim.OracleHitRate(w.Requests, prof.BlockSize)
 	base.OracleHitRate = &oracle
 	type job struct {
@@ -292,6 +321,20 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 				report.FormatDuration(b.Queue), report.FormatDuration(b.Prefill), report.FormatDuration(b.Transfer),
 				report.FormatDuration(b.FirstDecode))
 		}
+		for i, res := range results {
+			fl := res.FabricLoad(time.Second)
+			if fl.Transfers == 0 {
+				continue
+			}
+			if i == 0 || results[i-1].FabricLoad(time.Second).Transfers == 0 {
+				fmt.Fprintln(stdout, "\nKV fabric (P/D handoffs; per decode node over one-second windows):")
+				fmt.Fprintf(stdout, "%-24s %6s %9s %11s %12s %12s %12s %9s %9s %9s\n", "name", "load", "handoffs", "total/s",
+					"node mean/s", "node p99/s", "node max/s", "time p50", "time p99", "queue p99")
+			}
+			fmt.Fprintf(stdout, "%-24s %6g %9d %11s %12s %12s %12s %9s %9s %9s\n", res.Policy, jobs[i].scale, fl.Transfers,
+				simBytes(fl.Total), simBytes(fl.PerDecodeMean), simBytes(fl.PerDecodeP99), simBytes(fl.PerDecodeMax),
+				report.FormatDuration(fl.TimeP50), report.FormatDuration(fl.TimeP99), report.FormatDuration(fl.QueueP99))
+		}
 		var simWall time.Duration
 		for _, d := range walls {
 			simWall += d
@@ -314,6 +357,18 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 	}
 	return nil
+}
+
+// simBytes renders a byte rate in decimal units (GB = 1e9 bytes).
+func simBytes(v float64) string {
+	switch {
+	case v >= 1e9:
+		return fmt.Sprintf("%.2fGB", v/1e9)
+	case v >= 1e6:
+		return fmt.Sprintf("%.1fMB", v/1e6)
+	default:
+		return fmt.Sprintf("%.0fKB", v/1e3)
+	}
 }
 
 func simRunNames(n int, f func(int) string) []string {

@@ -108,3 +108,24 @@ func TestSimCommandUsageErrors(t *testing.T) {
 		t.Error("missing trace: got nil error")
 	}
 }
+
+// TestSimCommandHFConfigPD: a model from a config.json runs as a P/D fleet
+// (groups named hf), and the run prints the KV fabric it used.
+func TestSimCommandHFConfigPD(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "config.json")
+	if err := os.WriteFile(cfg, []byte(`{"model_type":"llama","hidden_size":4096,"intermediate_size":14336,"num_attention_heads":32,
+		"num_hidden_layers":32,"num_key_value_heads":8,"vocab_size":128256,"torch_dtype":"bfloat16","max_position_embeddings":131072}`), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	args := []string{"sim", "--workload", "rag", "--requests", "60", "--rate", "4", "--hf-config", cfg, "--engines", "1xhf/prefill,1xhf/decode",
+		"--policies", "kv-aware", "--pd-mode", "always"}
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("run: %v\nstderr: %s", err, errb.String())
+	}
+	for _, want := range []string{"pd-always:kv-aware", "KV fabric", "node p99/s"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
+	}
+}
