@@ -270,6 +270,8 @@ const (
 // loopState is the engine loop's own state (owned by the loop goroutine).
 type loopState struct {
 	live    map[string]*stream
+	order   []*stream // streams of the last step's unfinished outputs, in order
+	spare   []*stream // the other buffer of order
 	queue   []command // commands taken from the inbox, not yet applied
 	res     engine.StepResult
 	evbuf   []byte
@@ -409,14 +411,21 @@ func (s *Server) sleepThrough(ctx context.Context, ls *loopState, until time.Dur
 		ls.timer.Reset(d)
 		s.timerSleeps.Add(1)
 		s.quiet.Store(true)
-		select {
-		case <-ctx.Done():
-			ls.timer.Stop()
-			s.quiet.Store(false)
-			return false
-		case <-ls.timer.C:
-		case <-s.wake:
-			ls.timer.Stop()
+	wait:
+		for {
+			select {
+			case <-ctx.Done():
+				ls.timer.Stop()
+				s.quiet.Store(false)
+				return false
+			case <-ls.timer.C:
+				break wait
+			case <-s.wake:
+				if !s.deferrable(ls, until) {
+					ls.timer.Stop()
+					break wait
+				}
+			}
 		}
 		s.quiet.Store(false)
 	}
@@ -462,6 +471,44 @@ func (s *Server) sleepThrough(ctx context.Context, ls *loopState, until time.Dur
 		if !s.finishStep(ctx, ls, true) {
 			return false
 		}
+	}
+	return true
+}
+
+// deferrable takes the commands posted during a quiet run and reports
+// whether the loop may sleep on until the run's end (until) and apply them
+// then, at the step boundaries they arrived before (sleepThrough applies
+// commands by arrival time, so the model is the same): true when nothing
+// they cause can be observed before until. A request that wakes its handler
+// only when it finishes cannot finish before its output tokens x the
+// shortest step; work it adds only delays the running requests' finishes
+// (they still decode a token per step), and the loop, woken at until,
+// sleeps to the true end of the step in progress. A lease release reports
+// nothing and changes no running request; an abort shortens the coming
+// steps (a finish may come sooner), and a reset, a stats sync, a streaming
+// request or a P/D leg need the loop now.
+func (s *Server) deferrable(ls *loopState, until time.Duration) bool {
+	n := len(ls.queue)
+	s.takeInbox(ls)
+	minStep := s.eng.MinStepTime()
+	for _, c := range ls.queue[n:] {
+		switch c.kind {
+		case cmdRelease:
+			continue
+		case cmdAdd:
+			r := c.req
+			if c.st.every > 0 || r.HoldKV || r.SkipPrefill {
+				return false
+			}
+			first := r.MaxTokens // tokens before it can finish
+			if r.EOSAt > 0 && !r.IgnoreEOS {
+				first = min(first, r.EOSAt)
+			}
+			if time.Duration(first)*minStep > until-c.at {
+				continue
+			}
+		}
+		return false
 	}
 	return true
 }
@@ -590,11 +637,27 @@ func (s *Server) apply(now time.Duration, c *command, ls *loopState) bool {
 func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 	s.metrics.mu.Lock()
 	defer s.metrics.mu.Unlock()
+	// The engine reports its running requests in the same order step after
+	// step: find each output's stream at the cursor in the previous step's
+	// order (a string compare of the same string) before hashing its ID.
+	prev, next := ls.order, ls.spare[:0]
+	j := 0
 	for i := range res.Outputs {
 		o := &res.Outputs[i]
-		st := ls.live[o.ID]
+		var st *stream
+		for k := j; k < len(prev) && k < j+4; k++ {
+			if prev[k].id == o.ID {
+				st, j = prev[k], k+1
+				break
+			}
+		}
 		if st == nil {
-			continue
+			if st = ls.live[o.ID]; st == nil {
+				continue
+			}
+		}
+		if !o.Finished {
+			next = append(next, st)
 		}
 		aborted := o.FinishReason == engine.FinishAbort
 		if !aborted {
@@ -661,4 +724,6 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 		}
 		st.signal()
 	}
+	clear(prev)
+	ls.order, ls.spare = next, prev[:0]
 }

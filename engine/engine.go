@@ -531,6 +531,15 @@ func (e *Engine) DecodeRun(limit int) (steps int, d time.Duration, finished bool
 	return n, d, finished
 }
 
+// MinStepTime returns a lower bound on the modelled duration of any step
+// that does work (the weight-read floor plus the fixed overheads of one
+// sequence): a request admitted now cannot finish sooner than n x
+// MinStepTime after it is scheduled, n its output tokens.
+func (e *Engine) MinStepTime() time.Duration {
+	c := &e.cost
+	return time.Duration((c.weightSec + c.stepSec + c.seqSec) / e.speed * 1e9) // truncated: a lower bound
+}
+
 // Stats returns the current state and counters.
 func (e *Engine) Stats() Stats {
 	st := e.stats
