@@ -14,6 +14,10 @@
 // last output queue, prefill and decode times); Stats carries what vLLM's
 // /metrics reports. Profile.StepTime, PrefillTime and DecodeTime expose the
 // cost model to planners, PrefixHit probes the cache without touching it.
+// DecodeRun looks ahead over the coming plain decode steps (how many until a
+// request finishes, and how long they take) and MinStepTime bounds any
+// step from below, so a real-time driver can sleep through steps nobody
+// observes and compute them later at their own start times.
 //
 // # Scheduling (vLLM V1)
 //
