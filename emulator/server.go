@@ -388,7 +388,15 @@ func (s *Server) quietRun(ls *loopState) (time.Duration, bool) {
 	if s.pub != nil || ls.notifying > ls.spaced {
 		return 0, false // KV events to publish, or a handler woken at every step
 	}
-	limit := 1 << 20
+	// A run is looked at maxRun steps ahead at most (DecodeRun costs a few
+	// ns a step; a longer run is slept through in parts). When even that
+	// many of the shortest steps end too soon to sleep (a loop behind real
+	// time, or a very high Speed), step as usual.
+	const maxRun = 256
+	if ls.vnow+maxRun*s.eng.MinStepTime() < s.now()+minSleep {
+		return 0, false
+	}
+	limit := maxRun
 	if ls.spaced > 0 {
 		for _, st := range ls.live {
 			if st.every > 1 {
