@@ -219,8 +219,15 @@ func plan(ctx context.Context, in Input) (*Result, error) {
 	s := newSearch(&in)
 	res.Simulated = s.describe()
 
-	// Aggregated: search the window from the bound up.
-	aggN, aggNote, err := s.searchAggregated(ctx, b.Aggregated, false)
+	// Aggregated: search the window from the analytical fleet at the
+	// oracle hit rate (optimistic, so usually at or below the answer, and
+	// never below the bound): fleets far below it are overloaded and
+	// their runs are the slowest.
+	start := b.Aggregated
+	if f := newModel(&in, d, b.Costs, d.OracleHitRate, nil, nil).analyticAggregated(b.Aggregated); f.Meets {
+		start = max(start, f.Engines)
+	}
+	aggN, aggNote, err := s.searchAggregated(ctx, start, 1, false)
 	if err != nil {
 		return res, err
 	}
@@ -250,7 +257,7 @@ func plan(ctx context.Context, in Input) (*Result, error) {
 	g, gctx := errgroup.WithContext(ctx)
 	if aggN > 0 {
 		g.Go(func() error {
-			n, note, err := s.searchAggregated(gctx, aggN, true)
+			n, note, err := s.searchAggregated(gctx, aggN, b.Aggregated, true)
 			if err != nil || n == 0 {
 				aggNote = note
 				return err
@@ -264,9 +271,18 @@ func plan(ctx context.Context, in Input) (*Result, error) {
 		if start.P < 1 || start.D < 1 {
 			start = layout{P: max(1, b.Aggregated/2), D: max(1, b.Bandwidth.Need, b.Aggregated/2)}
 		}
-		l, note, err := s.searchDisaggregated(gctx, start, false)
+		// A disaggregated fleet far larger than the aggregated one is no
+		// answer: the search stops at twice the aggregated fleet.
+		maxPD := in.MaxEngines
+		if aggN > 0 {
+			maxPD = max(2*aggN, aggN+4)
+		}
+		if n := start.size(); n > maxPD {
+			start = layout{P: max(1, start.P*maxPD/n), D: max(1, start.D*maxPD/n)}
+		}
+		l, note, err := s.searchDisaggregated(gctx, start, maxPD, false)
 		if err == nil && l.size() > 0 {
-			l, note, err = s.searchDisaggregated(gctx, l, true)
+			l, note, err = s.searchDisaggregated(gctx, l, maxPD, true)
 		}
 		if err != nil || l.size() == 0 {
 			pdNote = note
@@ -280,13 +296,13 @@ func plan(ctx context.Context, in Input) (*Result, error) {
 	if err != nil {
 		return res, err
 	}
-	res.Aggregated = Fleet{Mode: "aggregated", Method: "simulated"}
+	res.Aggregated = Fleet{Mode: "aggregated", Method: "simulated", KVCapacityTokens: in.kvCapacity()}
 	if aggConf != nil {
 		res.Aggregated = fleetOf(&in, aggConf)
 	} else {
 		res.Aggregated.Notes = append(res.Aggregated.Notes, aggNote)
 	}
-	res.Disaggregated = Fleet{Mode: "disaggregated", Method: "simulated"}
+	res.Disaggregated = Fleet{Mode: "disaggregated", Method: "simulated", KVCapacityTokens: in.kvCapacity()}
 	if pdConf != nil {
 		res.Disaggregated = fleetOf(&in, pdConf)
 		if fb := res.Disaggregated.Fabric; fb != nil && fb.LinkUtilP99 > 1 {

@@ -285,12 +285,14 @@ func sortCands(c []Candidate) {
 // searchAggregated returns the smallest aggregated fleet meeting the SLO,
 // from start, on the search window or (confirm) the confirming workload,
 // or a note saying why there is none. A passing start steps down (one
-// engine, then doubling steps, then bisecting); a failing one grows by
-// doubling steps and bisects. Growing stops at a plateau: a fleet twice as
+// engine, then doubling steps, then bisecting), never below floor (the
+// closed-form bound: smaller fleets cannot keep up, and their runs are
+// long); a failing one grows by doubling steps and bisects. Growing stops at a plateau: a fleet twice as
 // large that improves the missed latency by less than 2%.
-func (s *search) searchAggregated(ctx context.Context, start int, confirm bool) (int, string, error) {
+func (s *search) searchAggregated(ctx context.Context, start, floor int, confirm bool) (int, string, error) {
 	maxN := s.in.MaxEngines
-	start = min(max(1, start), maxN)
+	floor = min(max(1, floor), maxN)
+	start = min(max(floor, start), maxN)
 	eval := func(n int) (Candidate, error) { return s.eval(ctx, layout{A: n}, confirm) }
 	if confirm { // start is the window's answer: it and one fewer are next
 		if err := s.prefetch(ctx, confirm, layout{A: start}, layout{A: start - 1}); err != nil {
@@ -306,8 +308,8 @@ func (s *search) searchAggregated(ctx context.Context, start int, confirm bool) 
 		hi = start
 		// Steps of 1, 1, 2, 4, ...: the answer is usually at or next to
 		// the start.
-		for step, ok := 1, 0; hi > 1; {
-			n := max(1, hi-step)
+		for step, ok := 1, 0; hi > floor; {
+			n := max(floor, hi-step)
 			c, err := eval(n)
 			if err != nil {
 				return 0, "", err
@@ -422,14 +424,14 @@ func grow(l layout, c Candidate, slo SLO) layout {
 }
 
 // searchDisaggregated returns the smallest P:D fleet it finds meeting the
-// SLO, on the search window or (confirm) the confirming workload, from
-// start: grow (see grow) until a fleet passes, then shrink each pool in
+// SLO with at most maxN engines, on the search window or (confirm) the
+// confirming workload, from start: grow (see grow) until a fleet passes, then shrink each pool in
 // turn (one fewer, then bisection) while the fleet still passes, until
 // neither pool can shrink. A pool whose growth improved the missed latency
 // by less than 2% is at a plateau: the other pool grows instead, and when
 // both are, there is no fleet (the note says why).
-func (s *search) searchDisaggregated(ctx context.Context, start layout, confirm bool) (layout, string, error) {
-	maxN := s.in.MaxEngines
+func (s *search) searchDisaggregated(ctx context.Context, start layout, maxN int, confirm bool) (layout, string, error) {
+	maxN = min(maxN, s.in.MaxEngines)
 	slo := s.in.SLO
 	l := layout{P: max(1, start.P), D: max(1, start.D)}
 	evals := 0
@@ -439,8 +441,8 @@ func (s *search) searchDisaggregated(ctx context.Context, start layout, confirm 
 	}
 	// A pool is at a plateau when the latency that made it grow (TTFT for
 	// prefill; TPOT, or TTFT on the decode side, for decode) improved by
-	// less than 2% while the pool at least doubled since that latency last
-	// improved.
+	// less than 5% while the pool at least doubled since that latency last
+	// improved by more.
 	type ref struct {
 		n   int
 		lat time.Duration
@@ -450,21 +452,23 @@ func (s *search) searchDisaggregated(ctx context.Context, start layout, confirm 
 	var flatNote string
 	check := func(r *ref, flat *bool, n int, lat time.Duration, what string) {
 		switch {
-		case r.n == 0 || lat == infDur || float64(lat) < 0.98*float64(r.lat):
+		case r.n == 0 || lat == infDur || float64(lat) < 0.95*float64(r.lat):
 			*r = ref{n, lat}
 		case n >= 2*r.n:
 			*flat = true
 			flatNote += fmt.Sprintf("; %s: %s at %d engines, %s at %d", what, fmtLat(r.lat), r.n, fmtLat(lat), n)
 		}
 	}
+	prevTried := l
 	for {
 		if l.size() > maxN || evals >= maxPDEvals {
-			return layout{}, fmt.Sprintf("no disaggregated fleet of up to %d engines meets the SLO in simulation (last tried %s prefill:decode)", maxN, l), nil
+			return layout{}, fmt.Sprintf("no disaggregated fleet of up to %d engines meets the SLO in simulation (last tried %s prefill:decode)", maxN, prevTried), nil
 		}
 		c, err := eval(l)
 		if err != nil {
 			return layout{}, "", err
 		}
+		prevTried = l
 		if c.Meets {
 			break
 		}
@@ -494,21 +498,23 @@ func (s *search) searchDisaggregated(ctx context.Context, start layout, confirm 
 		l = next
 	}
 	// Shrink: the smallest passing count of each pool with the other
-	// fixed, until neither changes. The fleets one engine smaller are
-	// run together (the next trials, and the node-lost runs).
-	if err := s.prefetch(ctx, confirm, neighbours(l)...); err != nil {
-		return layout{}, "", err
-	}
+	// fixed, until neither changes: steps down of 1, 1, 2, 4, ... (the
+	// answer is usually next to the start) until one fails, then bisect.
+	// After a pass, the fleets one engine smaller than it run together
+	// (the next trials, and the node-lost runs if it is the answer).
 	for changed := true; changed && evals < maxPDEvals; {
 		changed = false
 		for _, pool := range []*int{&l.P, &l.D} {
 			hi := *pool
 			lo := 0 // largest known failing count (0: none known)
-			// Try one fewer first (usually the answer), then bisect.
-			for first := true; hi-lo > 1 && evals < maxPDEvals; first = false {
+			down := true
+			for step, ok := 1, 0; hi-lo > 1 && evals < maxPDEvals; {
 				mid := (lo + hi) / 2
-				if first {
-					mid = hi - 1
+				if down {
+					mid = max(lo+1, hi-step)
+					if ok++; ok >= 2 {
+						step *= 2
+					}
 				}
 				trial := l
 				if pool == &l.P {
@@ -526,7 +532,7 @@ func (s *search) searchDisaggregated(ctx context.Context, start layout, confirm 
 						return layout{}, "", err
 					}
 				} else {
-					lo = mid
+					lo, down = mid, false
 				}
 			}
 			if hi != *pool {
