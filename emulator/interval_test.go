@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/openai"
@@ -129,5 +130,42 @@ func TestQuietRunWakes(t *testing.T) {
 				t.Errorf("%d steps, want at least 60", steps)
 			}
 		})
+	}
+}
+
+// TestQuietRunDefers: a non-streamed request arriving while the loop sleeps
+// through another one's decode run joins the model at its arrival step
+// without a wake-up of its own; both complete with their tokens, and the
+// loop still wakes only a few times.
+func TestQuietRunDefers(t *testing.T) {
+	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, hs := testServer(t, Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1})
+	type result struct {
+		code int
+		body []byte
+	}
+	first := make(chan result, 1)
+	go func() {
+		code, body := post(t, hs.URL+"/v1/completions", `{"prompt":"the long one","max_tokens":80,"ignore_eos":true}`)
+		first <- result{code, body}
+	}()
+	time.Sleep(100 * time.Millisecond) // into the first one's decode run
+	code, body := post(t, hs.URL+"/v1/completions", `{"prompt":"the short one","max_tokens":30,"ignore_eos":true}`)
+	r := <-first
+	for i, got := range []result{r, {code, body}} {
+		var c openai.Completion
+		if got.code != http.StatusOK || json.Unmarshal(got.body, &c) != nil || c.Usage == nil {
+			t.Fatalf("request %d: status %d: %s", i, got.code, got.body)
+		}
+		if want := []int{80, 30}[i]; c.Usage.CompletionTokens != want {
+			t.Errorf("request %d: %d completion tokens, want %d", i, c.Usage.CompletionTokens, want)
+		}
+	}
+	steps := s.metrics.snap.Load().st.Steps
+	if got := s.timerSleeps.Load(); got > 10 || steps < 80 {
+		t.Errorf("%d timed wake-ups for %d steps, want at most 10 for at least 80", got, steps)
 	}
 }

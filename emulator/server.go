@@ -33,14 +33,18 @@ type Server struct {
 	start   time.Time
 	created int64 // unix seconds, for response "created" fields
 
-	inMu  sync.Mutex // protects inbox and stopped
+	inMu  sync.Mutex // protects inbox, stopped, quiet and quietUntil
 	inbox []command
 	// stopped is set when the loop has exited; later posts fail.
 	stopped bool
-	wake    chan struct{} // cap 1: the inbox is not empty
-	// quiet is set while the loop sleeps through a run of steps (the stats
-	// snapshot is then as old as the run's start: see syncStats).
-	quiet atomic.Bool
+	// quiet is set while the loop sleeps through a run of steps that ends
+	// at quietUntil: a command that cannot be observed before then is queued
+	// without waking the loop (deferrable). The stats snapshot is as old as
+	// the run's start (see syncStats).
+	quiet      bool
+	quietUntil time.Duration
+	minStep    time.Duration // the engine's MinStepTime
+	wake       chan struct{} // cap 1: the inbox holds a command for the loop now
 	// timerSleeps counts the loop's timed sleeps (each is a wake-up).
 	timerSleeps atomic.Int64
 	done        chan struct{} // closed when the loop exits
@@ -99,6 +103,7 @@ func New(cfg Config) (*Server, error) {
 		start: time.Now(), wake: make(chan struct{}, 1), done: make(chan struct{}), exited: make(chan struct{}),
 	}
 	s.created = s.start.Unix()
+	s.minStep = eng.MinStepTime()
 	hashName := "xxh3"
 	if ec.HashFunc != nil {
 		hashName = ec.HashFunc.Name()
@@ -246,10 +251,13 @@ func (s *Server) post(c command) error {
 	}
 	c.at = s.now()
 	s.inbox = append(s.inbox, c)
+	later := s.quiet && deferrable(&c, s.quietUntil, s.minStep)
 	s.inMu.Unlock()
-	select {
-	case s.wake <- struct{}{}:
-	default:
+	if !later {
+		select {
+		case s.wake <- struct{}{}:
+		default:
+		}
 	}
 	return nil
 }
@@ -418,27 +426,30 @@ func (s *Server) sleepThrough(ctx context.Context, ls *loopState, until time.Dur
 	if d := until - s.now(); d >= minSleep {
 		ls.timer.Reset(d)
 		s.timerSleeps.Add(1)
-		s.quiet.Store(true)
-	wait:
-		for {
-			select {
-			case <-ctx.Done():
-				ls.timer.Stop()
-				s.quiet.Store(false)
-				return false
-			case <-ls.timer.C:
-				break wait
-			case <-s.wake:
-				if !s.deferrable(ls, until) {
-					ls.timer.Stop()
-					break wait
-				}
-			}
+		s.inMu.Lock()
+		s.quiet, s.quietUntil = true, until
+		s.inMu.Unlock()
+		select {
+		case <-ctx.Done():
+			ls.timer.Stop()
+			s.inMu.Lock()
+			s.quiet = false
+			s.inMu.Unlock()
+			return false
+		case <-ls.timer.C:
+		case <-s.wake:
+			ls.timer.Stop()
 		}
-		s.quiet.Store(false)
 	}
+	// Leaving the quiet state and taking the inbox under one lock: a
+	// command post queued without waking the loop is taken here.
 	woke := s.now()
-	s.takeInbox(ls)
+	s.inMu.Lock()
+	s.quiet = false
+	ls.queue = append(ls.queue, s.inbox...)
+	clear(s.inbox)
+	s.inbox = s.inbox[:0]
+	s.inMu.Unlock()
 	for ls.vnow < woke && s.eng.HasWork() {
 		// Commands that arrived before this step started join it, as they
 		// would have had the loop been awake at its start.
@@ -483,49 +494,44 @@ func (s *Server) sleepThrough(ctx context.Context, ls *loopState, until time.Dur
 	return true
 }
 
-// deferrable takes the commands posted during a quiet run and reports
-// whether the loop may sleep on until the run's end (until) and apply them
-// then, at the step boundaries they arrived before (sleepThrough applies
-// commands by arrival time, so the model is the same): true when nothing
-// they cause can be observed before until. A request that wakes its handler
+// deferrable reports whether a command posted during a quiet run may wait
+// until the run's end (until) without waking the loop: the loop then
+// applies it at the step boundary it arrived before (sleepThrough applies
+// commands by arrival time, so the model is the same), and nothing it
+// causes can be observed before until. A request that wakes its handler
 // only when it finishes cannot finish before its output tokens x the
-// shortest step; work it adds only delays the running requests' finishes
-// (they still decode a token per step), and the loop, woken at until,
-// sleeps to the true end of the step in progress. A lease release reports
-// nothing and changes no running request; an abort shortens the coming
-// steps (a finish may come sooner), and a reset, a stats sync, a streaming
-// request or a P/D leg need the loop now.
-func (s *Server) deferrable(ls *loopState, until time.Duration) bool {
-	n := len(ls.queue)
-	s.takeInbox(ls)
-	minStep := s.eng.MinStepTime()
-	for _, c := range ls.queue[n:] {
-		switch c.kind {
-		case cmdRelease:
-			continue
-		case cmdAdd:
-			r := c.req
-			if c.st.every > 0 || r.HoldKV || r.SkipPrefill {
-				return false
-			}
-			first := r.MaxTokens // tokens before it can finish
-			if r.EOSAt > 0 && !r.IgnoreEOS {
-				first = min(first, r.EOSAt)
-			}
-			if time.Duration(first)*minStep > until-c.at {
-				continue
-			}
+// shortest step (minStep); the work it adds only delays the running
+// requests' finishes (they still decode a token per step), and the loop,
+// woken at until, sleeps to the true end of the step in progress. A lease
+// release reports nothing and changes no running request. An abort
+// shortens the coming steps (a finish may come sooner); a reset, a stats
+// sync, a streaming request or a P/D leg need the loop now.
+func deferrable(c *command, until, minStep time.Duration) bool {
+	switch c.kind {
+	case cmdRelease:
+		return true
+	case cmdAdd:
+		r := c.req
+		if c.st.every > 0 || r.HoldKV || r.SkipPrefill {
+			return false
 		}
-		return false
+		first := r.MaxTokens // tokens before it can finish
+		if r.EOSAt > 0 && !r.IgnoreEOS {
+			first = min(first, r.EOSAt)
+		}
+		return time.Duration(first)*minStep > until-c.at
 	}
-	return true
+	return false
 }
 
 // syncStats brings the stats snapshot up to date when the loop is sleeping
 // through a run of steps (it is fresh otherwise): the loop computes the
 // steps started since and publishes. It gives up when ctx ends.
 func (s *Server) syncStats(ctx context.Context) {
-	if !s.quiet.Load() {
+	s.inMu.Lock()
+	quiet := s.quiet
+	s.inMu.Unlock()
+	if !quiet {
 		return
 	}
 	done := make(chan bool)
