@@ -318,6 +318,11 @@ func plan(ctx context.Context, in Input) (*Result, error) {
 		f.CostPerHour = float64(f.GPUs) * in.GPUHourCost
 	}
 	modelNote(res)
+	for _, f := range []*Fleet{&res.Aggregated, &res.Disaggregated} {
+		if n := edgeNote(f, in.SLO); n != "" {
+			f.Notes = append(f.Notes, n)
+		}
+	}
 	switch a, dd := res.Aggregated, res.Disaggregated; {
 	case a.Meets && (!dd.Meets || a.GPUs <= dd.GPUs):
 		res.Cheapest = "aggregated"
@@ -419,6 +424,25 @@ func fleetOf(in *Input, c *confirmed) Fleet {
 		}
 	}
 	return f
+}
+
+// edgeNote warns when a simulated fleet meets a target by less than 2%:
+// another seed or day may miss it.
+func edgeNote(f *Fleet, slo SLO) string {
+	if !f.Meets || f.Method != "simulated" {
+		return ""
+	}
+	for _, x := range []struct {
+		name string
+		got  time.Duration
+		t    Target
+	}{{"TTFT", f.TTFT.AtSLO, slo.TTFT}, {"TPOT", f.TPOT.AtSLO, slo.TPOT}} {
+		if x.t.Set() && float64(x.got) > 0.98*float64(x.t.Limit) {
+			return fmt.Sprintf("%s p%s is %s against the %s limit, within 2%%: another seed or day may miss it; plan one more engine for a margin",
+				x.name, qName(x.t.Quantile), fmtLat(x.got), fmtDur(x.t.Limit))
+		}
+	}
+	return ""
 }
 
 func firstNote(n []string) string {
