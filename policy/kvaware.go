@@ -137,6 +137,15 @@ type KVAwareParams struct {
 	// every token saved shortens many queues, so affinity is worth more;
 	// the load caps still keep it from piling onto one node. Default 1.
 	WorkLoadGain float64 `param:"work_load_gain"`
+	// ProgressTokPerMs is the prefill progress, in tokens per millisecond,
+	// credited to an endpoint's queue head since it started (the last first
+	// token there, or a dispatch to its empty queue), up to one engine step
+	// (or the head's size), when the router reports first tokens: the
+	// chunks of a long prompt already prefilled are no longer queued work.
+	// 0 disables. Default 25, about half the default profile's pure-prefill
+	// rate (48 tokens/ms): the head shares steps with decodes and may wait
+	// for KV memory (in the simulator 25 did better than 15, 35 or 45).
+	ProgressTokPerMs float64 `param:"progress_tok_per_ms"`
 
 	// DecodeWeight weighs the request's own decode time at the endpoint's
 	// current step time (OutputTokens x step): it steers decode-heavy work
@@ -194,6 +203,7 @@ func DefaultKVAwareParams() KVAwareParams {
 		Explain:               true,
 		WorkWeight:            1,
 		WorkLoadGain:          1,
+		ProgressTokPerMs:      25,
 		OutputTokens:          256,
 		DecodeWeight:          0.05,
 	}
@@ -210,7 +220,7 @@ func (p KVAwareParams) Validate() error {
 		{"step_overhead_us", p.StepOverheadUs}, {"decode_us_per_token", p.DecodeUsPerToken},
 		{"decode_us_per_ctx_ktok", p.DecodeUsPerCtxKTok}, {"queued_request_ms", p.QueuedRequestMs},
 		{"inflight_slack", p.InflightSlack}, {"tie_ms", p.TieMs}, {"session_slack_ms", p.SessionSlackMs},
-		{"session_tolerance", p.SessionTolerance}, {"work_weight", p.WorkWeight}, {"work_load_gain", p.WorkLoadGain}, {"decode_weight", p.DecodeWeight},
+		{"session_tolerance", p.SessionTolerance}, {"work_weight", p.WorkWeight}, {"progress_tok_per_ms", p.ProgressTokPerMs}, {"work_load_gain", p.WorkLoadGain}, {"decode_weight", p.DecodeWeight},
 	} {
 		if err := check(n, c.name, c.v >= 0, "must be >= 0, got %v", c.v); err != nil {
 			return err
@@ -266,7 +276,9 @@ func (p KVAwareParams) Validate() error {
 // is exact when the router reports first tokens (FirstToken, the
 // router.FirstTokenObserver hook; the router and the simulator do): the
 // uncached tokens of the requests the policy sent there that have no first
-// token yet, and the queued prompts' size is their mean by tokens. A
+// token yet, less ProgressTokPerMs x the time since the queue head started
+// (at most one step), and the queued prompts' size is their mean by
+// tokens. A
 // request's prompt stops counting at its first token, not at its end, and
 // a holder's queue of cache hits counts as short. Without the hook it is
 // approximated as InFlightTokens (the router's in-flight prompt tokens) x
@@ -365,6 +377,7 @@ type KVAware struct {
 	tracked        int // requests in pending
 	picks          uint64
 	firstTokens    bool // the router reports first tokens (FirstToken)
+	now            time.Time
 
 	workW     float64 // this decision's weight of added work
 	outTokens float64 // this request's expected output tokens
@@ -397,6 +410,11 @@ type epStats struct {
 	// sizes of the requests routed here that have not produced a first
 	// token yet (known when the router reports first tokens).
 	pendTok, pendSq float64
+	// progressAt is when the engine last started on its queue head (the
+	// last first token here, or a dispatch to an empty queue); headMax
+	// bounds the progress credited since then.
+	progressAt time.Time
+	headMax    float64
 }
 
 // epStat returns c's stats, nil when there are none yet.
@@ -514,6 +532,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		k.c = make([]candState, n)
 	}
 	k.c = k.c[:n]
+	k.now = now
 	clear(k.c)
 
 	total, healthy, waiting := 0, 0, 0
@@ -722,6 +741,10 @@ func (k *KVAware) queuedTokens(c *kvroute.Candidate) float64 {
 		own := 0.0
 		if s := k.epStat(c); s != nil {
 			own = s.pendTok
+			if k.p.ProgressTokPerMs > 0 && own > 0 {
+				done := k.now.Sub(s.progressAt).Seconds() * 1000 * k.p.ProgressTokPerMs
+				own -= math.Min(math.Max(done, 0), math.Min(own, s.headMax))
+			}
 		}
 		return math.Max(own, float64(max(l.Waiting, 0))*k.meanUncached)
 	}
@@ -940,6 +963,9 @@ func (k *KVAware) track(pr pendingReq) {
 	s.sumSq += pr.size * pr.size
 	s.sumPrompt += pr.prompt
 	if pr.prefill {
+		if s.pendTok < 0.5 {
+			s.progressAt, s.headMax = pr.at, pr.size
+		}
 		s.pendTok += pr.size
 		s.pendSq += pr.size * pr.size
 	}
@@ -1011,10 +1037,10 @@ func (s *epStats) donePrefill(size float64) {
 
 // FirstToken implements router.FirstTokenObserver: req produced its first
 // token, so its uncached tokens are no longer prefill work queued on the
-// endpoint. From the first call on, the queued prefill the estimate uses
-// is the policy's own exact count rather than the router's in-flight prompt
-// tokens scaled by the uncached share.
-func (k *KVAware) FirstToken(_ time.Time, req *kvroute.Request, _ string) {
+// endpoint, and the next one in its queue starts. From the first call on,
+// the queued prefill the estimate uses is the policy's own count rather
+// than the router's in-flight prompt tokens scaled by the uncached share.
+func (k *KVAware) FirstToken(now time.Time, req *kvroute.Request, _ string) {
 	if req == nil {
 		return
 	}
@@ -1029,6 +1055,7 @@ func (k *KVAware) FirstToken(_ time.Time, req *kvroute.Request, _ string) {
 	}
 	if s := k.eps[pr.endpoint]; s != nil {
 		s.donePrefill(pr.size)
+		s.progressAt, s.headMax = now, float64(k.p.MaxBatchedTokens)
 	}
 	pr.prefill = false
 	k.pending[key] = pr

@@ -4,6 +4,7 @@ import (
 	"math"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute"
 )
@@ -93,5 +94,46 @@ func TestKVAwareFirstTokenQueue(t *testing.T) {
 			t.Errorf("%s: queued_tokens = %v, want %v", tt.name, got, tt.want)
 		}
 		k.Release(epoch, &kvroute.Request{ID: "probe" + strconv.Itoa(i)}, "e")
+	}
+}
+
+// TestKVAwareQueueHeadProgress: the queue head's prefill progress since it
+// started (a dispatch to an empty queue, or the last first token there) is
+// credited at ProgressTokPerMs, up to the head's size, then one step.
+func TestKVAwareQueueHeadProgress(t *testing.T) {
+	k, err := NewKVAware(map[string]any{"progress_tok_per_ms": 10}, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	at := func(ms int) time.Time { return epoch.Add(time.Duration(ms) * time.Millisecond) }
+	pick := func(ms int, id string, prompt int) kvroute.Decision {
+		return k.Pick(at(ms), &kvroute.Request{ID: id, PromptTokens: prompt}, []kvroute.Candidate{cand("e", kvroute.Load{}, 0, 0)})
+	}
+	pick(0, "head", 3000)                                           // starts at once on the empty queue
+	pick(10, "next", 20000)                                         // queued behind it
+	k.FirstToken(epoch, nil, "e")                                   // nil request: ignored
+	k.FirstToken(epoch, &kvroute.Request{ID: "elsewhere"}, "other") // not pending: only says the router reports first tokens
+	tests := []struct {
+		name  string
+		ms    int
+		first string // a first token at ms, before the probe
+		want  float64
+	}{
+		{"100 ms into the head", 100, "", 23000 - 1000},
+		{"progress capped at the head's size", 1000, "", 20000},
+		{"the next starts at the head's first token", 1000, "head", 20000},
+		{"200 ms into the next", 1200, "", 20000 - 2000},
+		{"progress capped at one step", 3000, "", 20000 - 8192},
+	}
+	for i, tt := range tests {
+		if tt.first != "" {
+			k.FirstToken(at(tt.ms), &kvroute.Request{ID: tt.first}, "e")
+		}
+		probe := "probe" + strconv.Itoa(i)
+		d := pick(tt.ms, probe, 100)
+		if got := part(d.Scores[0], "queued_tokens"); math.Abs(got-tt.want) > 0.01 {
+			t.Errorf("%s: queued_tokens = %v, want %v", tt.name, got, tt.want)
+		}
+		k.Release(at(tt.ms), &kvroute.Request{ID: probe}, "e")
 	}
 }
