@@ -117,3 +117,15 @@ func TestSpecProfile(t *testing.T) {
 		t.Error("a group with an invalid profile value ran")
 	}
 }
+
+func BenchmarkFabricLoad(b *testing.B) {
+	r := &Result{Engines: []EngineResult{{ID: "e0", Role: "prefill"}, {ID: "e1", Role: "decode"}, {ID: "e2", Role: "decode"}}}
+	for i := range 10000 {
+		at := time.Duration(i) * 300 * time.Millisecond
+		r.Transfers = append(r.Transfers, Transfer{Decode: []string{"e1", "e2"}[i%2], Bytes: 1e9, Ready: at, Wire: at + time.Millisecond, End: at + 30*time.Millisecond})
+	}
+	b.ReportAllocs()
+	for b.Loop() {
+		r.FabricLoad(time.Second)
+	}
+}
