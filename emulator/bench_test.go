@@ -99,18 +99,20 @@ func BenchmarkHandlerCPU(b *testing.B) {
 	}
 	prompt := strings.Repeat("Benchmarks measure the emulator's own cost per request. ", 20)
 	for _, tc := range []struct {
-		name   string
-		tokens int
-		stream bool
+		name     string
+		tokens   int
+		stream   bool
+		interval int
 	}{
-		{"nonstream/8tok", 8, false},
-		{"nonstream/1000tok", 1000, false},
-		{"stream/8tok", 8, true},
-		{"stream/1000tok", 1000, true},
+		{"nonstream/8tok", 8, false, 1},
+		{"nonstream/1000tok", 1000, false, 1},
+		{"stream/8tok", 8, true, 1},
+		{"stream/1000tok", 1000, true, 1},
+		{"stream/1000tok/interval10", 1000, true, 10},
 	} {
 		b.Run(tc.name, func(b *testing.B) {
 			b.ReportAllocs()
-			s, _ := testServer(b, Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1e6})
+			s, _ := testServer(b, Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1e6, StreamInterval: tc.interval})
 			h := s.Handler()
 			body := []byte(fmt.Sprintf(`{"prompt":%q,"max_tokens":%d,"ignore_eos":true,"stream":%v}`, prompt, tc.tokens, tc.stream))
 			const workers = 16

@@ -168,7 +168,14 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 	case req.Stream:
 		every = s.cfg.StreamInterval
 	}
-	j.st = newStream(j.engineID, every, j.maxTokens)
+	toks := getToks()
+	j.st = newStream(j.engineID, every, j.maxTokens, *toks)
+	if every == 0 {
+		// The loop hands the tokens back in one slice, which ends in j.buf.
+		defer func() { *toks = j.buf; putToks(toks) }()
+	} else {
+		putToks(toks)
+	}
 
 	if aerr := s.preparePD(r, j, ereq); aerr != nil {
 		writeError(w, aerr.status, aerr.msg)

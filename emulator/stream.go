@@ -43,12 +43,37 @@ type stream struct {
 	err          error // the request failed (Add error, engine stopped)
 }
 
-func newStream(id string, every int, maxTokens int) *stream {
+// newStream returns the stream of a request. A whole response (every 0)
+// accumulates its tokens in pend, which is sized once from buf (a buffer
+// from getToks) or allocated.
+func newStream(id string, every int, maxTokens int, buf []uint32) *stream {
 	st := &stream{id: id, every: every, maxTokens: maxTokens, ch: make(chan struct{}, 1)}
 	if every == 0 { // the tokens accumulate until the end: size them once
-		st.pend = make([]uint32, 0, min(maxTokens, 4096))
+		if n := min(maxTokens, 4096); cap(buf) >= n {
+			st.pend = buf[:0]
+		} else {
+			st.pend = make([]uint32, 0, n)
+		}
 	}
 	return st
+}
+
+// toksPool recycles the token buffers of whole responses: the loop fills
+// one per request (its handler takes it when the request finishes) and the
+// handler puts it back when it is done. Buffers over maxPooledToks tokens
+// are dropped.
+var toksPool = sync.Pool{New: func() any { return new([]uint32) }}
+
+const maxPooledToks = 1 << 16
+
+func getToks() *[]uint32 { return toksPool.Get().(*[]uint32) }
+
+func putToks(b *[]uint32) {
+	if cap(*b) > maxPooledToks {
+		return
+	}
+	*b = (*b)[:0]
+	toksPool.Put(b)
 }
 
 func (st *stream) signal() {

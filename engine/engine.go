@@ -238,6 +238,53 @@ type sequence struct {
 	firstToken, lastToken time.Duration
 	preemptions           int
 	lastTok               uint32
+	ownHashes             bool // hashes were allocated by Add (recyclable)
+}
+
+// Finished sequences are recycled, with their slices, when nothing else
+// can hold those slices: KV events alias a sequence's hashes and tokens, so
+// only with Config.NoEvents. maxSpare bounds the free list.
+const maxSpare = 256
+
+// recyclable slices of a spare sequence
+type spareSlices struct {
+	blocks []int32
+	tokens []uint32
+	hashes []uint64
+}
+
+// newSequence returns a sequence to fill (a spare one when there is) and
+// the slices it had, to reuse.
+func (e *Engine) newSequence() (*sequence, spareSlices) {
+	k := len(e.spare)
+	if k == 0 {
+		return new(sequence), spareSlices{}
+	}
+	s := e.spare[k-1]
+	e.spare[k-1] = nil
+	e.spare = e.spare[:k-1]
+	sp := spareSlices{blocks: s.blocks, tokens: s.tokens}
+	if s.ownHashes {
+		sp.hashes = s.hashes
+	}
+	return s, sp
+}
+
+// recycle keeps a finished sequence (statusDone, referenced by nothing
+// else) for a later Add.
+func (e *Engine) recycle(s *sequence) {
+	if e.cfg.NoEvents && len(e.spare) < maxSpare {
+		e.spare = append(e.spare, s)
+	}
+}
+
+// sized returns a slice of length n and capacity at least c, reusing b's
+// array when it is large enough.
+func sized[T any](b []T, n, c int) []T {
+	if cap(b) >= c {
+		return b[:n]
+	}
+	return make([]T, n, c)
 }
 
 type scheduled struct {
@@ -267,6 +314,7 @@ type Engine struct {
 	aborted []Output
 
 	sched        []scheduled
+	spare        []*sequence // finished sequences to reuse (recycle)
 	hitIDs       []int32     // admit's scratch
 	epoch        uint32      // admit's marker for repeated blocks
 	res          *StepResult // target of the step in progress (for eviction events)
@@ -361,7 +409,8 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 	if maxTok < 1 || n+maxTok > e.maxLen {
 		return &LengthError{MaxModelLen: e.maxLen, PromptTokens: n, MaxTokens: r.MaxTokens}
 	}
-	s := &sequence{
+	s, spare := e.newSequence()
+	*s = sequence{
 		id: r.ID, promptLen: n, maxTokens: maxTok, seed: r.Seed, skipPrefill: r.SkipPrefill, holdKV: r.HoldKV,
 		numTokens: n, arrival: now,
 	}
@@ -372,7 +421,7 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 		s.seed = xxh3.HashString(r.ID) | 1
 	}
 	total := n + maxTok
-	s.blocks = make([]int32, 0, min((total+e.bs-1)/e.bs, (n+e.bs-1)/e.bs+64))
+	s.blocks = sized(spare.blocks, 0, min((total+e.bs-1)/e.bs, (n+e.bs-1)/e.bs+64))
 	full := n / e.bs
 	switch {
 	case r.BlockHashes != nil:
@@ -380,16 +429,17 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 		if len(h) > full {
 			h = h[:full]
 		}
-		s.hashes = h[:len(h):len(h)]
+		s.hashes = h[:len(h):len(h)] // the caller's: never recycled
 		if r.Prompt != nil {
-			s.tokens = make([]uint32, n, n+min(maxTok, 4096))
+			s.tokens = sized(spare.tokens, n, n+min(maxTok, 4096))
 			copy(s.tokens, r.Prompt)
 		}
 	default:
-		s.tokens = make([]uint32, n, n+min(maxTok, 4096))
+		s.tokens = sized(spare.tokens, n, n+min(maxTok, 4096))
 		copy(s.tokens, r.Prompt)
 		if e.caching {
-			s.hashes = make([]uint64, 0, full+min(maxTok, 4096)/e.bs+1)
+			s.hashes = sized(spare.hashes, 0, full+min(maxTok, 4096)/e.bs+1)
+			s.ownHashes = true
 			s.parent = e.hash.None()
 			for i := 0; i < full; i++ {
 				s.parent = e.hash.Block(s.parent, s.tokens[i*e.bs:(i+1)*e.bs])
@@ -436,6 +486,7 @@ func (e *Engine) Abort(now time.Duration, id string) {
 		o.TTFT = s.firstToken - s.arrival
 	}
 	e.aborted = append(e.aborted, o)
+	e.recycle(s)
 }
 
 // Release frees the blocks a finished HoldKV request kept (the end of a P/D
@@ -450,6 +501,7 @@ func (e *Engine) Release(id string) {
 	s.status = statusDone
 	e.held--
 	delete(e.seqs, id)
+	e.recycle(s)
 }
 
 // BlockIDs returns the KV block ids a live or held request holds, in order

@@ -942,3 +942,34 @@ func TestDecodeRun(t *testing.T) {
 		})
 	}
 }
+
+// TestRecycledSequences: with NoEvents the engine reuses finished
+// sequences and their slices; under random workloads (aborts, held KV,
+// caller-given hashes) it must produce exactly the outputs and durations of
+// an engine that reports events (and so recycles nothing).
+func TestRecycledSequences(t *testing.T) {
+	for seed := range uint64(4) {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			mod := func(noEvents bool) func(*Config) {
+				return func(c *Config) { c.NumGPUBlocks = 48 + int(seed)*8; c.MaxModelLen = 512; c.NoEvents = noEvents }
+			}
+			plain := randomWorkload(t, mustEngine(t, "tiny", mod(false)), seed, 300)
+			e := mustEngine(t, "tiny", mod(true))
+			recycled := randomWorkload(t, e, seed, 300)
+			if len(e.spare) == 0 {
+				t.Fatalf("no sequence was recycled")
+			}
+			if len(plain.outputs) != len(recycled.outputs) {
+				t.Fatalf("%d outputs with recycling, want %d", len(recycled.outputs), len(plain.outputs))
+			}
+			for i := range plain.outputs {
+				if got, want := recycled.outputs[i], plain.outputs[i]; got != want {
+					t.Fatalf("output %d: got %+v, want %+v", i, got, want)
+				}
+			}
+			if got, want := recycled.now, plain.now; got != want {
+				t.Errorf("end time %v, want %v", got, want)
+			}
+		})
+	}
+}

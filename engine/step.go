@@ -57,8 +57,11 @@ func (e *Engine) StepInto(now time.Duration, r *StepResult) {
 	if finished {
 		keep := e.running[:0]
 		for _, s := range e.running {
-			if s.status == statusRunning {
+			switch s.status {
+			case statusRunning:
 				keep = append(keep, s)
+			case statusDone:
+				e.recycle(s) // off every list now (held ones wait for Release)
 			}
 		}
 		clear(e.running[len(keep):])
