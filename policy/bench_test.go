@@ -63,6 +63,11 @@ func BenchmarkPick(b *testing.B) {
 			}
 			req, cands := benchState()
 			rel, _ := p.(kvroute.Releaser)
+			// kv-aware hears of first tokens (as under the router), which
+			// switches its queue estimate to the exact per-request count.
+			ft, _ := p.(interface {
+				FirstToken(time.Time, *kvroute.Request, string)
+			})
 			lat := make([]time.Duration, 0, min(b.N, 1<<20))
 			b.ReportAllocs()
 			b.ResetTimer()
@@ -71,6 +76,9 @@ func BenchmarkPick(b *testing.B) {
 				p.Pick(epoch, req, cands)
 				if len(lat) < cap(lat) {
 					lat = append(lat, time.Since(t0))
+				}
+				if ft != nil {
+					ft.FirstToken(epoch, req, "")
 				}
 				if rel != nil {
 					rel.Release(epoch, req, "")
