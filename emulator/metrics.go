@@ -3,6 +3,7 @@ package emulator
 import (
 	"bytes"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 	"sync"
@@ -102,20 +103,29 @@ type hist struct {
 	counts []uint64 // counts[i]: observations in (upper[i-1], upper[i]]; the last is +Inf
 	sum    float64
 	count  uint64
+	// lastV was last observed, in counts[lastBucket] (NaN at first: no
+	// value equals it).
+	lastV      float64
+	lastBucket int
 }
 
 func (h *hist) observe(v float64) {
 	if h == nil {
 		return
 	}
-	lo, hi := 0, len(h.upper) // first i with v <= upper[i]
-	for lo < hi {
-		mid := int(uint(lo+hi) >> 1)
-		if v <= h.upper[mid] {
-			hi = mid
-		} else {
-			lo = mid + 1
+	lo := h.lastBucket
+	if v != h.lastV { // a step's inter-token latencies are one value: search once
+		hi := len(h.upper) // first i with v <= upper[i]
+		lo = 0
+		for lo < hi {
+			mid := int(uint(lo+hi) >> 1)
+			if v <= h.upper[mid] {
+				hi = mid
+			} else {
+				lo = mid + 1
+			}
 		}
+		h.lastV, h.lastBucket = v, lo
 	}
 	h.counts[lo]++
 	h.sum += v
@@ -193,7 +203,7 @@ func (m *metrics) created(base, help string, labels prometheus.Labels, created f
 }
 
 func (m *metrics) histogram(name, help string, labels prometheus.Labels, buckets []float64, created float64) *hist {
-	h := &hist{desc: prometheus.NewDesc(name, help, nil, labels), upper: buckets, counts: make([]uint64, len(buckets)+1)}
+	h := &hist{desc: prometheus.NewDesc(name, help, nil, labels), upper: buckets, counts: make([]uint64, len(buckets)+1), lastV: math.NaN()}
 	m.hists = append(m.hists, h)
 	if created != 0 {
 		m.created(name, help, labels, created)

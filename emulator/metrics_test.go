@@ -264,3 +264,27 @@ func TestMetricsGolden(t *testing.T) {
 		})
 	}
 }
+
+// TestHistObserve checks the histogram's bucket search, including the
+// repeated-value shortcut, against a linear scan.
+func TestHistObserve(t *testing.T) {
+	upper := []float64{0.5, 1, 2}
+	h := &hist{upper: upper, counts: make([]uint64, len(upper)+1), lastV: math.NaN()}
+	want := make([]uint64, len(upper)+1)
+	for _, v := range []float64{0.5, 0.5, 1, 1, 2, 100, 100, 0.5, 0.7, 0.7, 3, 0, 0} {
+		h.observe(v)
+		i := 0
+		for i < len(upper) && v > upper[i] {
+			i++
+		}
+		want[i]++
+	}
+	for i := range want {
+		if h.counts[i] != want[i] {
+			t.Errorf("bucket %d: got %d, want %d (all: %v, want %v)", i, h.counts[i], want[i], h.counts, want)
+		}
+	}
+	if h.count != 13 {
+		t.Errorf("count %d, want 13", h.count)
+	}
+}
