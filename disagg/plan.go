@@ -10,6 +10,7 @@ import (
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/policy"
+	"github.com/kvroute/kvroute/router"
 )
 
 // Mode says when a request is disaggregated.
@@ -264,6 +265,8 @@ var (
 	_ kvroute.Picker   = (*Planner)(nil)
 	_ kvroute.Learner  = (*Planner)(nil)
 	_ kvroute.Releaser = (*Planner)(nil)
+
+	_ router.FirstTokenObserver = (*Planner)(nil)
 )
 
 // NewPlanner validates cfg (after defaults) and returns a Planner.
@@ -401,6 +404,16 @@ func (p *Planner) Observe(now time.Time, o kvroute.Outcome) {
 func (p *Planner) Release(now time.Time, req *kvroute.Request, endpoint string) {
 	if rel, ok := p.prefill.(kvroute.Releaser); ok {
 		rel.Release(now, req, endpoint)
+	}
+}
+
+// FirstToken implements router.FirstTokenObserver: the prefill picker
+// hears when a flight produced its first token (for a disaggregated
+// request, when its prefill leg ends), so that an estimate of the prefill
+// still queued per endpoint, like kv-aware's, stays exact under P/D.
+func (p *Planner) FirstToken(now time.Time, req *kvroute.Request, endpoint string) {
+	if o, ok := p.prefill.(router.FirstTokenObserver); ok {
+		o.FirstToken(now, req, endpoint)
 	}
 }
 

@@ -4,12 +4,14 @@ import (
 	"flag"
 	"fmt"
 	"os"
+	"slices"
 	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/router"
 )
 
 var update = flag.Bool("update", false, "rewrite the golden files in testdata/golden")
@@ -262,5 +264,38 @@ func TestDecodePicker(t *testing.T) {
 	// As a plain kvroute.Picker (no prefill node): no transfer term.
 	if d := dp.Pick(t0, req("r", 100, 10), cands(candSpec{ep: far})); d.Endpoint != "far" {
 		t.Errorf("Pick: got %+v", d)
+	}
+}
+
+// hearingPicker records the flight events a Planner passes on.
+type hearingPicker struct {
+	kvroute.Picker
+	firstTokens, releases []string
+}
+
+func (h *hearingPicker) FirstToken(_ time.Time, req *kvroute.Request, endpoint string) {
+	h.firstTokens = append(h.firstTokens, req.ID+"@"+endpoint)
+}
+
+func (h *hearingPicker) Release(_ time.Time, req *kvroute.Request, endpoint string) {
+	h.releases = append(h.releases, req.ID+"@"+endpoint)
+}
+
+// TestPlannerPassesFlightEvents: the prefill picker hears first tokens and
+// releases through the Planner, as it would without disaggregation.
+func TestPlannerPassesFlightEvents(t *testing.T) {
+	inner := &hearingPicker{Picker: kvroute.PickerFunc(func(time.Time, *kvroute.Request, []kvroute.Candidate) kvroute.Decision {
+		return kvroute.None("test", "unused")
+	})}
+	pl, err := NewPlanner(Config{Profile: mustProfile(t, "llama-3.1-8b-h100"), Prefill: inner, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var o router.FirstTokenObserver = pl
+	now := time.Unix(1_800_000_000, 0)
+	o.FirstToken(now, req("r1", 512, 8), "p0")
+	pl.Release(now, req("r1", 512, 8), "p0")
+	if want := []string{"r1@p0"}; !slices.Equal(inner.firstTokens, want) || !slices.Equal(inner.releases, want) {
+		t.Fatalf("prefill picker heard first tokens %v and releases %v, want %v each", inner.firstTokens, inner.releases, want)
 	}
 }
