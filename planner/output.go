@@ -134,9 +134,9 @@ func (r *Result) writeText(b *strings.Builder, md bool) {
 	tw.Flush()
 	switch r.Cheapest {
 	case "aggregated":
-		fmt.Fprintf(b, "cheapest: aggregated, %d engines (%d GPUs, %s; disaggregated needs %s)\n", a.Engines, a.GPUs, a.Method, gpusOr(dd))
+		fmt.Fprintf(b, "cheapest: aggregated, %s (%s, %s; disaggregated needs %s)\n", plural(a.Engines, "engine"), plural(a.GPUs, "GPU"), a.Method, gpusOr(dd))
 	case "disaggregated":
-		fmt.Fprintf(b, "cheapest: disaggregated, %s prefill:decode (%d GPUs, %s; aggregated needs %s)\n", dd.Ratio(), dd.GPUs, dd.Method, gpusOr(a))
+		fmt.Fprintf(b, "cheapest: disaggregated, %s prefill:decode (%s, %s; aggregated needs %s)\n", dd.Ratio(), plural(dd.GPUs, "GPU"), dd.Method, gpusOr(a))
 	default:
 		fmt.Fprintf(b, "no fleet meets the SLO\n")
 	}
@@ -541,5 +541,13 @@ func gpusOr(f *Fleet) string {
 	if !f.Meets {
 		return "no fleet that meets the SLO"
 	}
-	return fmt.Sprintf("%d GPUs, %s", f.GPUs, f.Method)
+	return plural(f.GPUs, "GPU") + ", " + f.Method
+}
+
+// plural writes n and the noun, with an s unless n is 1.
+func plural(n int, noun string) string {
+	if n == 1 {
+		return "1 " + noun
+	}
+	return fmt.Sprintf("%d %ss", n, noun)
 }
