@@ -1,0 +1,58 @@
+package router
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/policy"
+)
+
+// BenchmarkDecisionKVAware64 is the whole decision of `kvroute serve` with
+// the default policy, over 64 endpoints, for 32 KiB prompts (64 sessions
+// sharing a system prompt, so the approximate index has holders to find):
+// prefix hashing, index matches, signal views, kv-aware's Pick, the
+// decision log, the dispatch record and Done. It reports the p50 and p99
+// of single decisions.
+func BenchmarkDecisionKVAware64(b *testing.B) {
+	p, err := policy.New(policy.Default, nil, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	r, err := New(Config{Model: "m", Endpoints: eps(64), Policy: policy.Default, Picker: p, DecisionLog: 256})
+	if err != nil {
+		b.Fatal(err)
+	}
+	system := strings.Repeat("You are a careful assistant for the rules of the game. ", 4<<10/56)
+	prompts := make([]string, 64)
+	for i := range prompts {
+		prompts[i] = (system + fmt.Sprintf("session %d: ", i) + strings.Repeat("the quick brown fox jumps over the lazy dog ", 32<<10/44))[:32<<10]
+	}
+	now := t0
+	reqs := make([]kvroute.Request, len(prompts))
+	lat := make([]time.Duration, 0, 1<<20)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		req := &reqs[i%len(reqs)]
+		*req = kvroute.Request{ID: fmt.Sprint(i % len(reqs)), Model: "m", Prompt: prompts[i%len(prompts)], PromptTokens: 8192, MaxTokens: 128}
+		t := time.Now()
+		f, err := r.Route(now, req, nil)
+		if err != nil {
+			b.Fatal(err)
+		}
+		r.FirstToken(now, f)
+		r.Done(now, f, kvroute.Outcome{TTFT: 50 * time.Millisecond, PromptTokens: 8192, CachedTokens: -1})
+		if len(lat) < cap(lat) {
+			lat = append(lat, time.Since(t))
+		}
+		now = now.Add(time.Millisecond)
+		i++
+	}
+	slices.Sort(lat)
+	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "p50-ns")
+	b.ReportMetric(float64(lat[min(len(lat)-1, len(lat)*99/100)].Nanoseconds()), "p99-ns")
+}
