@@ -38,6 +38,7 @@ const (
 	envSoakTrivial  = "KVROUTE_SOAK_TRIVIAL"  // 1: the engines are a trivial server (the floor; see TestSoakEngineChild)
 	envSoakChild    = "KVROUTE_SOAK_CHILD"    // set in an engine process
 	envSoakProfile  = "KVROUTE_SOAK_PROFILE"  // directory: each engine writes a CPU profile there
+	envSoakConns    = "KVROUTE_SOAK_CONNS"    // keep-alive connections opened per engine before measuring, default 0
 )
 
 func envInt(name string, def int) int {
@@ -85,16 +86,18 @@ func TestFleetCPU(t *testing.T) {
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
 	var sysTime time.Duration // system part of the engines' CPU, summed by engineCPU
+	var counts soakCounts     // the engines' wake-up counters, summed by engineCPU
 	engineCPU := func() time.Duration {
 		var sum time.Duration
-		sysTime = 0
+		sysTime, counts = 0, soakCounts{}
 		for _, p := range procs {
-			u, s, err := p.cpu(client)
+			u, s, c, err := p.cpu(client)
 			if err != nil {
 				t.Fatal(err)
 			}
 			sum += u + s
 			sysTime += s
+			counts.add(c)
 		}
 		return sum
 	}
@@ -109,6 +112,27 @@ func TestFleetCPU(t *testing.T) {
 		_, _ = io.Copy(io.Discard, resp.Body)
 		resp.Body.Close()
 	}
+	if conns := envInt(envSoakConns, 0); conns > 0 {
+		// Open conns keep-alive connections per engine (that many requests
+		// in flight at once), as a router's pool would hold them in steady
+		// state: the load then reuses them instead of dialling a new
+		// connection for most requests of a short run.
+		var wg sync.WaitGroup
+		for _, u := range urls {
+			for range conns {
+				wg.Go(func() {
+					resp, err := client.Post(u+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"warm up","max_tokens":40}`))
+					if err != nil {
+						t.Error(err)
+						return
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+				})
+			}
+		}
+		wg.Wait()
+	}
 	time.Sleep(500 * time.Millisecond)
 	idle0, idleStart := engineCPU(), time.Now()
 	time.Sleep(2 * time.Second)
@@ -122,7 +146,7 @@ func TestFleetCPU(t *testing.T) {
 	var wg sync.WaitGroup
 	var done, failed, tokens atomic.Int64
 	eng0, gen0, start := engineCPU(), cpuTime(), time.Now()
-	sys0 := sysTime
+	sys0, counts0 := sysTime, counts
 	next := start
 	for i := 0; time.Since(start) < time.Duration(secs)*time.Second; i++ {
 		next = next.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
@@ -155,6 +179,7 @@ func TestFleetCPU(t *testing.T) {
 	gen := cpuTime() - gen0
 	eng := engineCPU() - eng0
 	sys := sysTime - sys0
+	counts.sub(counts0)
 	n, k := done.Load(), float64(tokens.Load())/1000
 	idleShare := idle.Seconds() / idleWall.Seconds()
 	t.Logf("%d engine processes, %.0f req/s offered (%d%% streamed, stream interval %d), %d output tokens each, %v: %d requests done, %d failed, %.0f tokens",
@@ -165,9 +190,37 @@ func TestFleetCPU(t *testing.T) {
 		sys.Round(time.Millisecond), 100*sys.Seconds()/eng.Seconds(), 100*idleShare, engines)
 	t.Logf("load generator (this process, not counted above): %v = %.1f%% of one core, %.0f us per request",
 		gen.Round(time.Millisecond), 100*gen.Seconds()/wall.Seconds(), float64(gen.Microseconds())/float64(n))
+	perEngine := func(v int64) float64 { return float64(v) / float64(engines) / wall.Seconds() }
+	perReq := func(v int64) float64 { return float64(v) / float64(max(n, 1)) }
+	t.Logf("wake-ups: threads' context switches %.0f/s per engine = %.1f per request (%.1f voluntary); engine loop's timed sleeps %.0f/s per engine = %.1f per request; steps %.0f/s per engine; %d connections accepted (%.2f per request)",
+		perEngine(counts.nvcsw+counts.nivcsw), perReq(counts.nvcsw+counts.nivcsw), perReq(counts.nvcsw),
+		perEngine(counts.sleeps), perReq(counts.sleeps), perEngine(counts.steps), counts.conns, perReq(counts.conns))
 	if failed.Load() > 0 {
 		t.Errorf("%d requests failed", failed.Load())
 	}
+}
+
+// soakCounts are an engine process's wake-up counters (GET /_soak/cpu):
+// the context switches of all its threads (getrusage), the engine loop's
+// timed sleeps and the steps the engine computed.
+type soakCounts struct {
+	nvcsw, nivcsw, sleeps, steps, conns int64
+}
+
+func (c *soakCounts) add(o soakCounts) {
+	c.nvcsw += o.nvcsw
+	c.nivcsw += o.nivcsw
+	c.sleeps += o.sleeps
+	c.steps += o.steps
+	c.conns += o.conns
+}
+
+func (c *soakCounts) sub(o soakCounts) {
+	c.nvcsw -= o.nvcsw
+	c.nivcsw -= o.nivcsw
+	c.sleeps -= o.sleeps
+	c.steps -= o.steps
+	c.conns -= o.conns
 }
 
 // soakEngine is one engine process of TestFleetCPU.
@@ -214,22 +267,23 @@ func startSoakEngine(interval int) (*soakEngine, error) {
 	return p, nil
 }
 
-// cpu asks the engine process for its own CPU time, user and system.
-func (p *soakEngine) cpu(c *http.Client) (user, sys time.Duration, err error) {
+// cpu asks the engine process for its own CPU time, user and system, and
+// its wake-up counters.
+func (p *soakEngine) cpu(c *http.Client) (user, sys time.Duration, counts soakCounts, err error) {
 	resp, err := c.Get("http://" + p.addr + "/_soak/cpu")
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, counts, err
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err != nil {
-		return 0, 0, err
+		return 0, 0, counts, err
 	}
 	var u, s int64
-	if _, err := fmt.Sscan(string(b), &u, &s); err != nil {
-		return 0, 0, fmt.Errorf("soak engine cpu %q: %w", b, err)
+	if _, err := fmt.Sscan(string(b), &u, &s, &counts.nvcsw, &counts.nivcsw, &counts.sleeps, &counts.steps, &counts.conns); err != nil {
+		return 0, 0, counts, fmt.Errorf("soak engine cpu %q: %w", b, err)
 	}
-	return time.Duration(u), time.Duration(s), nil
+	return time.Duration(u), time.Duration(s), counts, nil
 }
 
 // stop closes the engine's stdin (it exits) and waits for it.
@@ -281,10 +335,11 @@ func TestSoakEngineChild(t *testing.T) {
 		t.Fatal(err)
 	}
 	mux := http.NewServeMux()
+	var conns atomic.Int64 // connections accepted
 	mux.HandleFunc("GET /_soak/cpu", func(w http.ResponseWriter, _ *http.Request) {
 		var ru syscall.Rusage
 		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-		fmt.Fprintln(w, ru.Utime.Nano(), ru.Stime.Nano())
+		fmt.Fprintln(w, ru.Utime.Nano(), ru.Stime.Nano(), ru.Nvcsw, ru.Nivcsw, s.timerSleeps.Load(), s.metrics.snap.Load().st.Steps, conns.Load())
 	})
 	mux.Handle("/", s.Handler())
 	if os.Getenv(envSoakTrivial) != "" {
@@ -302,7 +357,11 @@ func TestSoakEngineChild(t *testing.T) {
 			_, _ = w.Write(bytes.Repeat([]byte("x"), 400+5*req.MaxTokens))
 		})
 	}
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second}
+	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ConnState: func(_ net.Conn, cs http.ConnState) {
+		if cs == http.StateNew {
+			conns.Add(1)
+		}
+	}}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(2)

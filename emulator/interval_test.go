@@ -169,3 +169,46 @@ func TestQuietRunDefers(t *testing.T) {
 		t.Errorf("%d timed wake-ups for %d steps, want at most 10 for at least 80", got, steps)
 	}
 }
+
+// TestQuietRunInProgress: requests arriving one after another while the
+// loop sleeps through decode runs (each arrival joins the model at its step
+// without a wake-up, and lengthens the run being slept through). When the
+// loop wakes at the old end of a run, the step then in progress and the
+// rest of the run are slept through at once: about one timed wake-up per
+// request (its finish), not one more per arrival. All complete with their
+// tokens.
+func TestQuietRunInProgress(t *testing.T) {
+	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, hs := testServer(t, Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1})
+	const n = 8
+	type result struct {
+		code int
+		body []byte
+	}
+	results := make(chan result, n)
+	for i := range n {
+		go func() {
+			code, body := post(t, hs.URL+"/v1/completions", fmt.Sprintf(`{"prompt":"request %d","max_tokens":60,"ignore_eos":true}`, i))
+			results <- result{code, body}
+		}()
+		time.Sleep(40 * time.Millisecond) // a few steps: the arrival lands in a run being slept through
+	}
+	for range n {
+		r := <-results
+		var c openai.Completion
+		if r.code != http.StatusOK || json.Unmarshal(r.body, &c) != nil || c.Usage == nil {
+			t.Fatalf("status %d: %s", r.code, r.body)
+		}
+		if c.Usage.CompletionTokens != 60 {
+			t.Errorf("%d completion tokens, want 60", c.Usage.CompletionTokens)
+		}
+	}
+	steps := s.metrics.snap.Load().st.Steps
+	t.Logf("%d timed wake-ups for %d steps", s.timerSleeps.Load(), steps)
+	if got := s.timerSleeps.Load(); got > n+n/2 || steps < 60 {
+		t.Errorf("%d timed wake-ups for %d steps and %d requests, want at most %d for at least 60 steps", got, steps, n, n+n/2)
+	}
+}

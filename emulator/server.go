@@ -298,6 +298,10 @@ type loopState struct {
 	// notifying counts the live streams woken before they finish
 	// (stream.every > 0); spaced those with every > 1.
 	notifying, spaced int
+	// inProgress is set when sleepThrough computed into res a step that
+	// starts at vnow and had not ended when the loop woke: the loop
+	// completes it (completeStep) before anything else.
+	inProgress bool
 }
 
 // loop is the engine goroutine: it owns s.eng.
@@ -322,6 +326,13 @@ func (s *Server) loop(ctx context.Context) {
 		}
 	}()
 	for {
+		if ls.inProgress {
+			ls.inProgress = false
+			if !s.completeStep(ctx, ls, s.now()) {
+				return
+			}
+			continue
+		}
 		select { // the inbox is read next: a pending wake-up is stale
 		case <-s.wake:
 		default:
@@ -355,34 +366,39 @@ func (s *Server) loop(ctx context.Context) {
 				continue
 			}
 		}
-		if until, ok := s.quietRun(ls, real); ok {
+		if until, ok := s.quietRun(ls, real, 2); ok {
 			if !s.sleepThrough(ctx, ls, until) {
 				return
 			}
 			continue
 		}
 		s.eng.StepInto(ls.vnow, &ls.res)
-		if ls.notifying == 0 && !finishes(&ls.res) {
-			// Nobody observes this step's outputs (no finish, no handler to
-			// wake): if a quiet run follows, deliver them now and sleep
-			// through both. The outputs only reach loop-owned state and the
-			// metrics (at most one step early).
-			start := ls.vnow
-			ls.vnow += ls.res.Duration // the run starts when the step ends
-			until, ok := s.quietRun(ls, real)
-			ls.vnow = start
-			if ok {
-				s.finishStep(ctx, ls, false, real)
-				if !s.sleepThrough(ctx, ls, until) {
-					return
-				}
-				continue
-			}
-		}
-		if !s.finishStep(ctx, ls, true, real) {
+		if !s.completeStep(ctx, ls, real) {
 			return
 		}
 	}
+}
+
+// completeStep completes the step computed into ls.res, which starts at
+// ls.vnow, with no command left to apply at its end. When nobody observes
+// its outputs (no finish, no handler to wake) and a quiet run follows (of
+// one step or more: the step and the run are slept through in one), it
+// delivers them now and sleeps through both; the outputs only reach
+// loop-owned state and the metrics (at most one step early). Otherwise it
+// sleeps until the step's end and delivers them. It returns false when
+// ctx is done.
+func (s *Server) completeStep(ctx context.Context, ls *loopState, real time.Duration) bool {
+	if ls.notifying == 0 && len(ls.queue) == 0 && !finishes(&ls.res) {
+		start := ls.vnow
+		ls.vnow += ls.res.Duration // the run starts when the step ends
+		until, ok := s.quietRun(ls, real, 1)
+		ls.vnow = start
+		if ok {
+			s.finishStep(ctx, ls, false, real)
+			return s.sleepThrough(ctx, ls, until)
+		}
+	}
+	return s.finishStep(ctx, ls, true, real)
 }
 
 // finishes reports whether a request finished in the step.
@@ -410,9 +426,10 @@ func (s *Server) takeInbox(ls *loopState) {
 
 // quietRun reports whether the loop may sleep through the coming steps,
 // and until when: the end of the engine's plain decode run, shortened to
-// the step at which a spaced stream is due its next chunk. Runs of one
-// step are left to the plain path (nothing to save).
-func (s *Server) quietRun(ls *loopState, now time.Duration) (time.Duration, bool) {
+// the step at which a spaced stream is due its next chunk. Runs shorter
+// than minSteps are left to the plain path (a run of one step alone saves
+// no wake-up).
+func (s *Server) quietRun(ls *loopState, now time.Duration, minSteps int) (time.Duration, bool) {
 	if s.pub != nil || ls.notifying > ls.spaced {
 		return 0, false // KV events to publish, or a handler woken at every step
 	}
@@ -433,15 +450,18 @@ func (s *Server) quietRun(ls *loopState, now time.Duration) (time.Duration, bool
 		}
 	}
 	n, d, _ := s.eng.DecodeRun(limit)
-	if n < 2 {
+	if n < minSteps || n == 0 {
 		return 0, false
 	}
 	return ls.vnow + d, true
 }
 
 // sleepThrough sleeps until the model time until or until a command is
-// posted, then computes the steps that started meanwhile (see loop). It
-// returns false when ctx is done.
+// posted, then computes the steps that started meanwhile (see loop). A
+// step still in progress when it woke whose outputs nobody observes is
+// left computed (ls.inProgress) for the loop to complete: it may be slept
+// through together with the quiet run after it. It returns false when ctx
+// is done.
 func (s *Server) sleepThrough(ctx context.Context, ls *loopState, until time.Duration) bool {
 	if d := until - s.now(); d >= minSleep {
 		ls.timer.Reset(d)
@@ -507,6 +527,10 @@ func (s *Server) sleepThrough(ctx context.Context, ls *loopState, until time.Dur
 			}
 			clear(ls.queue[len(kept):])
 			ls.queue = kept
+		}
+		if ls.vnow+ls.res.Duration > woke && ls.notifying == 0 && !finishes(&ls.res) {
+			ls.inProgress = true
+			return true
 		}
 		if !s.finishStep(ctx, ls, true, woke) {
 			return false
