@@ -132,6 +132,22 @@ func (h *hist) observe(v float64) {
 	h.count++
 }
 
+// observeN records n observations of v, exactly as n calls of observe(v)
+// would (the sum adds v n times, in order).
+func (h *hist) observeN(v float64, n int) {
+	if h == nil || n <= 0 {
+		return
+	}
+	h.observe(v)
+	h.counts[h.lastBucket] += uint64(n - 1)
+	h.count += uint64(n - 1)
+	sum := h.sum
+	for range n - 1 {
+		sum += v
+	}
+	h.sum = sum
+}
+
 // Describe and Collect make metrics a prometheus.Collector of its
 // histograms.
 func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
@@ -373,6 +389,15 @@ func (m *metrics) onOutput(o *engine.Output, generated int, reason string) {
 	m.genTokens.observe(float64(generated))
 	if generated > 1 {
 		m.tpot.observe(o.DecodeTime.Seconds() / float64(generated-1))
+	}
+}
+
+// observeITLs records n inter-token latencies d, as n onOutput calls of
+// unfinished outputs (not the first token) with ITL d > 0 would. deliver
+// batches a step's equal latencies into one call.
+func (m *metrics) observeITLs(d time.Duration, n int) {
+	if n > 0 {
+		m.itl.observeN(d.Seconds(), n)
 	}
 }
 

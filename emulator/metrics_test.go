@@ -288,3 +288,28 @@ func TestHistObserve(t *testing.T) {
 		t.Errorf("count %d, want 13", h.count)
 	}
 }
+
+// TestHistObserveN: observeN(v, n) leaves the histogram exactly as n
+// observe(v) calls do, sum bit for bit, after any history.
+func TestHistObserveN(t *testing.T) {
+	upper := []float64{0.005, 0.01, 0.05}
+	newHist := func() *hist {
+		return &hist{upper: upper, counts: make([]uint64, len(upper)+1), lastV: math.NaN()}
+	}
+	runs := []struct {
+		v float64
+		n int
+	}{{0.0061, 3}, {0.0061, 0}, {0.0073, 17}, {0.1, 1}, {0.0073, 64}, {0.003, 5}, {1e-9, 2}}
+	got, want := newHist(), newHist()
+	for _, r := range runs {
+		got.observeN(r.v, r.n)
+		for range r.n {
+			want.observe(r.v)
+		}
+		if got.sum != want.sum || got.count != want.count || !slices.Equal(got.counts, want.counts) {
+			t.Fatalf("after %v x %d: got sum %v count %d counts %v, want %v %d %v", r.v, r.n, got.sum, got.count, got.counts, want.sum, want.count, want.counts)
+		}
+	}
+	var nilHist *hist
+	nilHist.observeN(1, 3) // no histogram in this flavour: no-op
+}

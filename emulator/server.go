@@ -704,6 +704,11 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 	// order (a string compare of the same string) before hashing its ID.
 	prev, next := ls.order, ls.spare[:0]
 	j := 0
+	// The step's inter-token latencies are mostly one value: a run of equal
+	// ones is recorded at once (before any other latency, keeping the
+	// histogram's sum in order).
+	var itl time.Duration
+	itlN := 0
 	for i := range res.Outputs {
 		o := &res.Outputs[i]
 		var st *stream
@@ -733,7 +738,15 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 			st.cached = o.CachedTokens
 		}
 		if !o.Finished {
-			s.metrics.onOutput(o, st.gen, o.FinishReason)
+			switch {
+			case o.First || o.ITL <= 0:
+				s.metrics.onOutput(o, st.gen, o.FinishReason)
+			case o.ITL == itl:
+				itlN++
+			default:
+				s.metrics.observeITLs(itl, itlN)
+				itl, itlN = o.ITL, 1
+			}
 			// vLLM's --stream-interval: the first token, then every
 			// interval tokens (and the last, below).
 			if st.every > 0 && (st.since >= st.every || !st.notified) {
@@ -768,6 +781,8 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 		st.cachedTokens = o.CachedTokens
 		st.blockIDs = blockIDs
 		st.mu.Unlock()
+		s.metrics.observeITLs(itl, itlN)
+		itlN = 0
 		s.metrics.onOutput(o, st.gen, reason)
 		delete(ls.live, o.ID)
 		if st.every > 0 {
@@ -786,6 +801,7 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 		}
 		st.signal()
 	}
+	s.metrics.observeITLs(itl, itlN)
 	clear(prev)
 	ls.order, ls.spare = next, prev[:0]
 }
