@@ -61,11 +61,21 @@
 // arrival time), so outputs, times and metrics are those of stepping at
 // every boundary. A new request that can only be observed when it finishes
 // (its output tokens x engine.MinStepTime later, at the earliest) does not
-// wake the loop either. A GET /metrics during such a run first brings the
-// snapshot up to date. Streaming at every token needs a wake-up per step and
+// wake the loop either; when it joins the model it lengthens the run, and
+// the loop, waking at the run's old end, sleeps through the step then in
+// progress and the rest of the run at once. So a non-streamed request costs
+// the loop about one timed wake-up (its finish) whatever its length. A GET
+// /metrics during such a run first brings the snapshot up to date. Streaming at every token needs a wake-up per step and
 // a write per chunk, as in vLLM; --stream-interval divides the writes.
 // TestFleetCPU (KVROUTE_SOAK=1) measures the CPU of 16 engine processes
-// under load; BenchmarkHandlerCPU the code's cost without the wake-ups.
+// under load, with their threads' context switches and the loop's timed
+// wake-ups per request; BenchmarkHandlerCPU the code's cost without the
+// wake-ups. What remains per request is mostly Go's runtime: each wake-up
+// that makes a system call also wakes its sysmon thread, which then polls
+// every 20 us while the process is busy, and with GOMAXPROCS > 1 a woken
+// goroutine wakes a second thread; running each engine process with
+// GOMAXPROCS=1 (KVROUTE_SOAK_PROCS=1) saves about a third of the context
+// switches.
 //
 // # Disaggregation
 //

@@ -142,12 +142,19 @@ func (e *Engine) add(s *sequence, n int, r *StepResult) {
 // that become full. It returns false, changing nothing, when the free queue
 // is too short.
 func (e *Engine) allocate(s *sequence, n int) bool {
-	need := (s.computed+n+e.bs-1)/e.bs - len(s.blocks)
+	upTo := s.computed + n
+	if upTo <= len(s.blocks)*e.bs && upTo < (s.numStored+1)*e.bs {
+		// The common decode step: the tokens fit the blocks held and fill
+		// no new block (a multiplication, not allocN's and cacheFull's
+		// divisions, once a token per running request).
+		return true
+	}
+	need := (upTo+e.bs-1)/e.bs - len(s.blocks)
 	if need > e.pool.numFree {
 		return false
 	}
 	e.allocN(s, need)
-	e.cacheFull(s, s.computed+n)
+	e.cacheFull(s, upTo)
 	return true
 }
 
