@@ -305,7 +305,9 @@ type Engine struct {
 	speed   float64
 	vocab   uint32
 	eos     uint32
-	caching bool
+	// vocabRem computes x % vocab without a division (token).
+	vocabRem remainder
+	caching  bool
 
 	pool    *blockPool
 	seqs    map[string]*sequence
@@ -365,6 +367,7 @@ func New(cfg Config) (*Engine, error) {
 		vocab: uint32(p.Model.Vocab), eos: p.Model.EOSTokenID, caching: !cfg.DisablePrefixCaching,
 		pool: newBlockPool(p.NumGPUBlocks), seqs: make(map[string]*sequence),
 	}
+	e.vocabRem = newRemainder(e.vocab)
 	if e.hash == nil {
 		e.hash = XXH3()
 	}

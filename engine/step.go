@@ -397,7 +397,7 @@ func (e *Engine) token(s *sequence, idx int) uint32 {
 	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
 	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
 	x ^= x >> 31
-	t := uint32(x % uint64(e.vocab))
+	t := uint32(e.vocabRem.mod(x)) // x % vocab
 	if t == e.eos {
 		t = (t + 1) % e.vocab
 	}
