@@ -60,7 +60,12 @@ func setSoakInterval(cfg *Config, n int) { cfg.StreamInterval = n }
 // streamed). The engines' CPU is read from each engine process's own
 // getrusage, so the load generator is not counted; it is reported
 // separately. The figures are logged: CPU per request and per 1,000
-// generated tokens, and the engines' idle CPU over the same time.
+// generated tokens, the engines' idle CPU over the same time, and their
+// wake-ups: their threads' context switches (getrusage), the engine loops'
+// timed sleeps and the connections they accepted, per request. A short
+// run of long requests opens a new connection for most of them (the
+// client's pool grows to the concurrency); KVROUTE_SOAK_CONNS=n opens n
+// per engine first, as a router's pool would hold them in steady state.
 // The KVROUTE_SOAK_* variables above change the load.
 func TestFleetCPU(t *testing.T) {
 	if os.Getenv(envSoak) == "" {
