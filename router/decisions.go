@@ -37,11 +37,14 @@ type CandidateInput struct {
 	SignalAgeMS  float64 `json:"signal_age_ms"`
 }
 
-// decisionLog is a ring of the last decisions; slots and their candidate
-// slices are reused, so logging allocates nothing in steady state.
+// decisionLog is a ring of the last decisions; slots and their slices are
+// reused, so logging allocates nothing in steady state. A slot keeps the
+// candidates as the picker saw them; they become CandidateInputs only when
+// someone reads the log (Decisions), off the routing path.
 type decisionLog struct {
-	ring  []DecisionRecord
-	parts [][]kvroute.Part // per slot: backing store for the slot's score parts
+	ring  []DecisionRecord      // Candidates stays nil: see cands
+	cands [][]kvroute.Candidate // per slot: the candidates of the slot's decision
+	parts [][]kvroute.Part      // per slot: backing store for the slot's score parts
 	next  int
 	seq   uint64
 }
@@ -50,7 +53,7 @@ func newDecisionLog(n int) decisionLog {
 	if n < 0 {
 		n = 0
 	}
-	return decisionLog{ring: make([]DecisionRecord, n), parts: make([][]kvroute.Part, n)}
+	return decisionLog{ring: make([]DecisionRecord, n), cands: make([][]kvroute.Candidate, n), parts: make([][]kvroute.Part, n)}
 }
 
 func (l *decisionLog) add(now time.Time, req *kvroute.Request, d kvroute.Decision, cands []kvroute.Candidate) {
@@ -76,16 +79,23 @@ func (l *decisionLog) add(now time.Time, req *kvroute.Request, d kvroute.Decisio
 	l.parts[slot] = parts
 	rec.Decision = d
 	rec.Decision.Scores = scores
-	rec.Candidates = rec.Candidates[:0]
+	l.cands[slot] = append(l.cands[slot][:0], cands...)
+}
+
+// candidateInputs converts a decision's candidates as the router saw them
+// at now.
+func candidateInputs(now time.Time, cands []kvroute.Candidate) []CandidateInput {
+	out := make([]CandidateInput, len(cands))
 	for i := range cands {
 		c := &cands[i]
-		rec.Candidates = append(rec.Candidates, CandidateInput{
+		out[i] = CandidateInput{
 			Endpoint: c.Endpoint.ID, Healthy: c.Healthy,
 			Waiting: c.Load.Waiting, Running: c.Load.Running, InFlight: c.Load.InFlight, KVUsage: c.Load.KVUsage,
 			CachedBlocks: c.CachedBlocks, CachedTokens: c.CachedTokens, Tier: c.Tier.String(), Precise: c.Precise,
 			Stale: c.Load.Stale, SignalAgeMS: float64(c.Load.Age(now)) / float64(time.Millisecond),
-		})
+		}
 	}
+	return out
 }
 
 // Decisions returns up to n of the latest decisions, newest first. The
@@ -99,12 +109,13 @@ func (r *Router) Decisions(n int) []DecisionRecord {
 	}
 	out := make([]DecisionRecord, 0, n)
 	for i := 1; i <= len(l.ring) && len(out) < n; i++ {
-		rec := &l.ring[(l.next-i+len(l.ring))%len(l.ring)]
+		slot := (l.next - i + len(l.ring)) % len(l.ring)
+		rec := &l.ring[slot]
 		if rec.Seq == 0 {
 			break
 		}
 		cp := *rec
-		cp.Candidates = append([]CandidateInput(nil), rec.Candidates...)
+		cp.Candidates = candidateInputs(rec.Time, l.cands[slot])
 		cp.Decision.Scores = make([]kvroute.Score, len(rec.Decision.Scores))
 		for j, sc := range rec.Decision.Scores {
 			sc.Parts = append([]kvroute.Part(nil), sc.Parts...)
