@@ -27,18 +27,19 @@ import (
 
 // Environment of the soak run (TestFleetCPU) and of its engine processes.
 const (
-	envSoak         = "KVROUTE_SOAK"          // 1: run TestFleetCPU
-	envSoakSeconds  = "KVROUTE_SOAK_SECONDS"  // load duration, default 10
-	envSoakStream   = "KVROUTE_SOAK_STREAM"   // share of streamed requests in percent, default 50
-	envSoakTokens   = "KVROUTE_SOAK_TOKENS"   // output tokens per request, default 200
-	envSoakRate     = "KVROUTE_SOAK_RATE"     // requests per second in total, default 200
-	envSoakEngines  = "KVROUTE_SOAK_ENGINES"  // engine processes, default 16
-	envSoakInterval = "KVROUTE_SOAK_INTERVAL" // engines' stream interval, default 1
-	envSoakProcs    = "KVROUTE_SOAK_PROCS"    // GOMAXPROCS of the engine processes (default: Go's)
-	envSoakTrivial  = "KVROUTE_SOAK_TRIVIAL"  // 1: the engines are a trivial server (the floor; see TestSoakEngineChild)
-	envSoakChild    = "KVROUTE_SOAK_CHILD"    // set in an engine process
-	envSoakProfile  = "KVROUTE_SOAK_PROFILE"  // directory: each engine writes a CPU profile there
-	envSoakConns    = "KVROUTE_SOAK_CONNS"    // keep-alive connections opened per engine before measuring, default 0
+	envSoak         = "KVROUTE_SOAK"             // 1: run TestFleetCPU
+	envSoakSeconds  = "KVROUTE_SOAK_SECONDS"     // load duration, default 10
+	envSoakStream   = "KVROUTE_SOAK_STREAM"      // share of streamed requests in percent, default 50
+	envSoakTokens   = "KVROUTE_SOAK_TOKENS"      // output tokens per request, default 200
+	envSoakRate     = "KVROUTE_SOAK_RATE"        // requests per second in total, default 200
+	envSoakEngines  = "KVROUTE_SOAK_ENGINES"     // engine processes, default 16
+	envSoakInterval = "KVROUTE_SOAK_INTERVAL"    // engines' stream interval, default 1
+	envSoakProcs    = "KVROUTE_SOAK_PROCS"       // GOMAXPROCS of the engine processes (default: Go's)
+	envSoakTrivial  = "KVROUTE_SOAK_TRIVIAL"     // 1: the engines are a trivial server (the floor; see TestSoakEngineChild)
+	envSoakChild    = "KVROUTE_SOAK_CHILD"       // set in an engine process
+	envSoakProfile  = "KVROUTE_SOAK_PROFILE"     // directory: each engine writes a CPU profile there
+	envSoakConns    = "KVROUTE_SOAK_CONNS"       // keep-alive connections opened per engine before measuring, default 0
+	envSoakPerProc  = "KVROUTE_SOAK_PER_PROCESS" // engines hosted by one process, default 1
 )
 
 func envInt(name string, def int) int {
@@ -66,6 +67,8 @@ func setSoakInterval(cfg *Config, n int) { cfg.StreamInterval = n }
 // run of long requests opens a new connection for most of them (the
 // client's pool grows to the concurrency); KVROUTE_SOAK_CONNS=n opens n
 // per engine first, as a router's pool would hold them in steady state.
+// KVROUTE_SOAK_PER_PROCESS=16 hosts all 16 engines in one process (each on
+// its own port), which shares one Go runtime's wake-ups between them.
 // The KVROUTE_SOAK_* variables above change the load.
 func TestFleetCPU(t *testing.T) {
 	if os.Getenv(envSoak) == "" {
@@ -78,16 +81,19 @@ func TestFleetCPU(t *testing.T) {
 	engines := max(1, envInt(envSoakEngines, 16))
 	interval := max(1, envInt(envSoakInterval, 1))
 
-	urls := make([]string, engines)
-	procs := make([]*soakEngine, engines)
-	for i := range procs {
-		p, err := startSoakEngine(interval)
+	perProc := max(1, envInt(envSoakPerProc, 1))
+	var urls []string
+	var procs []*soakEngine
+	for len(urls) < engines {
+		p, err := startSoakEngine(interval, min(perProc, engines-len(urls)))
 		if err != nil {
 			t.Fatal(err)
 		}
-		procs[i] = p
+		procs = append(procs, p)
 		t.Cleanup(p.stop)
-		urls[i] = "http://" + p.addr
+		for _, a := range p.addrs {
+			urls = append(urls, "http://"+a)
+		}
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
 	var sysTime time.Duration // system part of the engines' CPU, summed by engineCPU
@@ -187,8 +193,8 @@ func TestFleetCPU(t *testing.T) {
 	counts.sub(counts0)
 	n, k := done.Load(), float64(tokens.Load())/1000
 	idleShare := idle.Seconds() / idleWall.Seconds()
-	t.Logf("%d engine processes, %.0f req/s offered (%d%% streamed, stream interval %d), %d output tokens each, %v: %d requests done, %d failed, %.0f tokens",
-		engines, rate, streamPct, interval, outTokens, wall.Round(time.Millisecond), n, failed.Load(), k*1000)
+	t.Logf("%d engines in %d processes, %.0f req/s offered (%d%% streamed, stream interval %d), %d output tokens each, %v: %d requests done, %d failed, %.0f tokens",
+		engines, len(procs), rate, streamPct, interval, outTokens, wall.Round(time.Millisecond), n, failed.Load(), k*1000)
 	t.Logf("engines' CPU %v = %.1f%% of one core: %.1f us per request, %.1f us per 1,000 generated tokens (all of it charged to either)",
 		eng.Round(time.Millisecond), 100*eng.Seconds()/wall.Seconds(), float64(eng.Microseconds())/float64(n), float64(eng.Microseconds())/k)
 	t.Logf("of which system (kernel) time %v = %.0f%%; engines idle: %.2f%% of one core (all %d together, included above)",
@@ -232,15 +238,15 @@ func (c *soakCounts) sub(o soakCounts) {
 type soakEngine struct {
 	cmd   *exec.Cmd
 	stdin io.WriteCloser
-	addr  string
+	addrs []string // one per engine it hosts; addrs[0] answers for the process
 	once  sync.Once
 }
 
 // startSoakEngine runs this test binary as an engine process
 // (TestSoakEngineChild) and reads the address it listens on.
-func startSoakEngine(interval int) (*soakEngine, error) {
+func startSoakEngine(interval, engines int) (*soakEngine, error) {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestSoakEngineChild$")
-	cmd.Env = append(os.Environ(), envSoakChild+"=1", envSoakInterval+"="+strconv.Itoa(interval))
+	cmd.Env = append(os.Environ(), envSoakChild+"=1", envSoakInterval+"="+strconv.Itoa(interval), envSoakPerProc+"="+strconv.Itoa(engines))
 	if p := os.Getenv(envSoakProcs); p != "" {
 		cmd.Env = append(cmd.Env, "GOMAXPROCS="+p)
 	}
@@ -258,13 +264,12 @@ func startSoakEngine(interval int) (*soakEngine, error) {
 	}
 	p := &soakEngine{cmd: cmd, stdin: stdin}
 	sc := bufio.NewScanner(stdout)
-	for sc.Scan() {
+	for len(p.addrs) < engines && sc.Scan() {
 		if a, ok := strings.CutPrefix(sc.Text(), "listening "); ok {
-			p.addr = a
-			break
+			p.addrs = append(p.addrs, a)
 		}
 	}
-	if p.addr == "" {
+	if len(p.addrs) < engines {
 		p.stop()
 		return nil, fmt.Errorf("soak engine: no address (%v)", sc.Err())
 	}
@@ -275,7 +280,7 @@ func startSoakEngine(interval int) (*soakEngine, error) {
 // cpu asks the engine process for its own CPU time, user and system, and
 // its wake-up counters.
 func (p *soakEngine) cpu(c *http.Client) (user, sys time.Duration, counts soakCounts, err error) {
-	resp, err := c.Get("http://" + p.addr + "/_soak/cpu")
+	resp, err := c.Get("http://" + p.addrs[0] + "/_soak/cpu")
 	if err != nil {
 		return 0, 0, counts, err
 	}
@@ -307,10 +312,12 @@ func (p *soakEngine) stop() {
 }
 
 // TestSoakEngineChild is the engine process of TestFleetCPU (it runs only
-// with KVROUTE_SOAK_CHILD set): one Server with the 8B/H100 profile at
-// speed 1 behind a net/http server, like `kvroute engine`, plus
-// GET /_soak/cpu answering the process's CPU time in nanoseconds. It
-// prints "listening ADDR" and serves until its stdin closes.
+// with KVROUTE_SOAK_CHILD set): KVROUTE_SOAK_PER_PROCESS Servers (default
+// 1) with the 8B/H100 profile at speed 1, each behind its own net/http
+// server on its own port, like `kvroute engine`, plus GET /_soak/cpu
+// answering the process's CPU time in nanoseconds and its engines' summed
+// counters. It prints "listening ADDR" per engine and serves until its
+// stdin closes.
 func TestSoakEngineChild(t *testing.T) {
 	if os.Getenv(envSoakChild) == "" {
 		t.Skip("engine process of TestFleetCPU")
@@ -329,58 +336,79 @@ func TestSoakEngineChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	cfg := Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1}
-	setSoakInterval(&cfg, envInt(envSoakInterval, 1))
-	s, err := New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	mux := http.NewServeMux()
-	var conns atomic.Int64 // connections accepted
-	mux.HandleFunc("GET /_soak/cpu", func(w http.ResponseWriter, _ *http.Request) {
-		var ru syscall.Rusage
-		_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-		fmt.Fprintln(w, ru.Utime.Nano(), ru.Stime.Nano(), ru.Nvcsw, ru.Nivcsw, s.timerSleeps.Load(), s.metrics.snap.Load().st.Steps, conns.Load())
-	})
-	mux.Handle("/", s.Handler())
-	if os.Getenv(envSoakTrivial) != "" {
-		// The floor of any HTTP server that answers each request after a
-		// delay: read the body, sleep as long as the request would take (a
-		// ~6.5 ms step per output token), write a response of the same size.
-		mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
-			var req struct {
-				MaxTokens int `json:"max_tokens"`
-			}
-			b, _ := io.ReadAll(r.Body)
-			_ = json.Unmarshal(b, &req)
-			time.Sleep(time.Duration(req.MaxTokens) * 6500 * time.Microsecond)
-			w.Header().Set("Content-Type", "application/json")
-			_, _ = w.Write(bytes.Repeat([]byte("x"), 400+5*req.MaxTokens))
-		})
-	}
-	hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ConnState: func(_ net.Conn, cs http.ConnState) {
-		if cs == http.StateNew {
-			conns.Add(1)
+	var servers []*Server
+	var conns atomic.Int64 // connections accepted, all engines
+	counters := func() (sleeps, steps int64) {
+		for _, s := range servers {
+			sleeps += s.timerSleeps.Load()
+			steps += int64(s.metrics.snap.Load().st.Steps)
 		}
-	}}
+		return sleeps, steps
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() { defer wg.Done(); _ = s.Run(ctx) }()
-	go func() { defer wg.Done(); _ = hs.Serve(ln) }()
-	fmt.Printf("listening %s\n", ln.Addr())
+	var https []*http.Server
+	for i := range max(1, envInt(envSoakPerProc, 1)) {
+		cfg := Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1}
+		setSoakInterval(&cfg, envInt(envSoakInterval, 1))
+		s, err := New(cfg)
+		if err != nil {
+			t.Fatal(err)
+		}
+		servers = append(servers, s)
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		mux := http.NewServeMux()
+		if i == 0 {
+			mux.HandleFunc("GET /_soak/cpu", func(w http.ResponseWriter, _ *http.Request) {
+				var ru syscall.Rusage
+				_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+				sleeps, steps := counters()
+				fmt.Fprintln(w, ru.Utime.Nano(), ru.Stime.Nano(), ru.Nvcsw, ru.Nivcsw, sleeps, steps, conns.Load())
+			})
+		}
+		mux.Handle("/", s.Handler())
+		if os.Getenv(envSoakTrivial) != "" {
+			// The floor of any HTTP server that answers each request after a
+			// delay: read the body, sleep as long as the request would take (a
+			// ~6.5 ms step per output token), write a response of the same size.
+			mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
+				var req struct {
+					MaxTokens int `json:"max_tokens"`
+				}
+				b, _ := io.ReadAll(r.Body)
+				_ = json.Unmarshal(b, &req)
+				time.Sleep(time.Duration(req.MaxTokens) * 6500 * time.Microsecond)
+				w.Header().Set("Content-Type", "application/json")
+				_, _ = w.Write(bytes.Repeat([]byte("x"), 400+5*req.MaxTokens))
+			})
+		}
+		hs := &http.Server{Handler: mux, ReadHeaderTimeout: 10 * time.Second, ConnState: func(_ net.Conn, cs http.ConnState) {
+			if cs == http.StateNew {
+				conns.Add(1)
+			}
+		}}
+		https = append(https, hs)
+		wg.Add(2)
+		go func() { defer wg.Done(); _ = s.Run(ctx) }()
+		go func() { defer wg.Done(); _ = hs.Serve(ln) }()
+		fmt.Printf("listening %s\n", ln.Addr())
+	}
 	_, _ = io.Copy(io.Discard, os.Stdin) // until the parent closes it
 	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer scancel()
-	_ = hs.Shutdown(sctx)
+	for _, hs := range https {
+		_ = hs.Shutdown(sctx)
+	}
 	cancel()
-	_ = s.Close()
+	for _, s := range servers {
+		_ = s.Close()
+	}
 	wg.Wait()
 	if os.Getenv(envSoakProfile) != "" {
-		fmt.Fprintf(os.Stderr, "soak engine %d: %d timed sleeps, %d steps\n", os.Getpid(), s.timerSleeps.Load(), s.metrics.snap.Load().st.Steps)
+		sleeps, steps := counters()
+		fmt.Fprintf(os.Stderr, "soak engines %d: %d timed sleeps, %d steps\n", os.Getpid(), sleeps, steps)
 	}
 }
