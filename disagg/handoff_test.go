@@ -605,6 +605,22 @@ func TestWireForms(t *testing.T) {
 	if want := `{"bootstrap_host":"10.0.0.1","bootstrap_port":8998,"bootstrap_room":5,"model":"m","prompt":"x"}`; string(b) != want {
 		t.Errorf("sglang:\ngot  %s\nwant %s", b, want)
 	}
+	// Batches get one room per item, as SGLang's router sends them.
+	for _, tc := range []struct{ body, want string }{
+		{`{"prompt":["a","b"]}`, `{"bootstrap_host":["h","h"],"bootstrap_port":[8998,8998],"bootstrap_room":[7,8],"prompt":["a","b"]}`},
+		{`{"prompt":[[1,2],[3]]}`, `{"bootstrap_host":["h","h"],"bootstrap_port":[8998,8998],"bootstrap_room":[7,8],"prompt":[[1,2],[3]]}`},
+		{`{"prompt":[1,2,3]}`, `{"bootstrap_host":"h","bootstrap_port":8998,"bootstrap_room":7,"prompt":[1,2,3]}`},
+		{`{"messages":[],"n":3}`, `{"bootstrap_host":["h","h","h"],"bootstrap_port":[8998,8998,8998],"bootstrap_room":[7,8,9],"messages":[],"n":3}`},
+		{`{"text":["x"],"n":1}`, `{"bootstrap_host":["h"],"bootstrap_port":[8998],"bootstrap_room":[7],"n":1,"text":["x"]}`},
+	} {
+		b, err := SGLangBody([]byte(tc.body), "h", 8998, 7)
+		if err != nil || string(b) != tc.want {
+			t.Errorf("sglang %s:\ngot  %s (%v)\nwant %s", tc.body, b, err, tc.want)
+		}
+	}
+	if _, err := SGLangBody([]byte(`{"messages":[],"n":70000}`), "h", 8998, 7); err == nil || !strings.Contains(err.Error(), "limit") {
+		t.Errorf("sglang n=70000: got %v, want the batch limit", err)
+	}
 	for _, reply := range []string{`{}`, `{"kv_transfer_params":null}`, `{"kv_transfer_params":{}}`, `{"kv_transfer_params":[1]}`} {
 		if _, err := KVTransferParams([]byte(reply)); err != ErrMissingKVParams {
 			t.Errorf("%s: got %v, want ErrMissingKVParams", reply, err)

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"strconv"
 	"strings"
 
 	"github.com/kvroute/kvroute"
@@ -150,17 +151,67 @@ func KVTransferParams(reply []byte) (json.RawMessage, error) {
 }
 
 // SGLangBody adds SGLang's bootstrap fields to a client body: the prefill
-// engine's host and bootstrap port and the room that pairs the two legs.
+// engine's host and bootstrap port and the room that pairs the two legs. A
+// batched request gets lists of equal length, one entry per item, as
+// SGLang's router sends them (rooms room, room+1, ...: distinct within the
+// batch). The batch size is "n" when above 1, else the number of prompts
+// ("prompt" or "text" holding an array of strings or of token-id arrays,
+// even of one); a single prompt of token ids is not a batch.
 func SGLangBody(body []byte, host string, port int, room uint64) ([]byte, error) {
 	m, err := decodeObject(body)
 	if err != nil {
 		return nil, fmt.Errorf("disagg: sglang body: %w", err)
 	}
 	h, _ := json.Marshal(host)
-	m["bootstrap_host"] = h
-	m["bootstrap_port"] = json.RawMessage(fmt.Sprint(port))
-	m["bootstrap_room"] = json.RawMessage(fmt.Sprint(room & (1<<63 - 1)))
+	n, batched := sglangBatch(m)
+	if n > MaxSGLangBatch {
+		return nil, fmt.Errorf("disagg: sglang body: a batch of %d items is above the limit of %d", n, MaxSGLangBatch)
+	}
+	if !batched {
+		m["bootstrap_host"] = h
+		m["bootstrap_port"] = json.RawMessage(strconv.Itoa(port))
+		m["bootstrap_room"] = json.RawMessage(strconv.FormatUint(room&(1<<63-1), 10))
+		return encodeObject(m)
+	}
+	hosts, ports, rooms := []byte{'['}, []byte{'['}, []byte{'['}
+	for i := range n {
+		if i > 0 {
+			hosts, ports, rooms = append(hosts, ','), append(ports, ','), append(rooms, ',')
+		}
+		hosts = append(hosts, h...)
+		ports = strconv.AppendInt(ports, int64(port), 10)
+		rooms = strconv.AppendUint(rooms, (room+uint64(i))&(1<<63-1), 10)
+	}
+	m["bootstrap_host"] = append(hosts, ']')
+	m["bootstrap_port"] = append(ports, ']')
+	m["bootstrap_room"] = append(rooms, ']')
 	return encodeObject(m)
+}
+
+// MaxSGLangBatch bounds the items of one request on an SGLang P/D pool
+// (each gets its own bootstrap room): a larger "n" or prompt list is
+// refused rather than expanded.
+const MaxSGLangBatch = 1 << 16
+
+// sglangBatch is the number of items SGLang serves a request as and
+// whether it is a batch (see SGLangBody): a list of one prompt is a batch
+// of one.
+func sglangBatch(m map[string]json.RawMessage) (int, bool) {
+	var n int
+	if json.Unmarshal(m["n"], &n) == nil && n > 1 {
+		return n, true
+	}
+	for _, key := range []string{"prompt", "text"} {
+		var items []json.RawMessage
+		if json.Unmarshal(m[key], &items) != nil || len(items) == 0 {
+			continue
+		}
+		if first := bytes.TrimSpace(items[0]); len(first) > 0 && (first[0] == '"' || first[0] == '[') {
+			return len(items), true
+		}
+		return 1, false // one prompt of token ids
+	}
+	return 1, false
 }
 
 // encodeObject writes m as JSON without HTML escaping (the engines read
