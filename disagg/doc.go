@@ -49,7 +49,8 @@
 // false and kv_transfer_params.do_remote_decode, then the original request
 // to the decode engine with the returned kv_transfer_params, the same
 // X-Request-Id on both) or SGLang's bootstrap form (bootstrap_host, port
-// and a random 63-bit room; both legs at once; the decode reply returned).
+// and a random 63-bit room, lists of one per item for a batched request;
+// both legs at once; the decode reply returned).
 // It recovers from failed legs (see Handoff), rejects client requests that
 // carry handoff fields or endpoint-naming headers, and records Prometheus
 // metrics on a registry passed in.
