@@ -20,6 +20,32 @@ func cpuTime() time.Duration {
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
 
+// cpuPerRequest runs do(0..b.N-1) on 16 workers and reports the process
+// CPU time per request and per 1,000 generated tokens.
+func cpuPerRequest(b *testing.B, tokens int, do func(i int)) {
+	const workers = 16
+	work := make(chan int)
+	var wg sync.WaitGroup
+	for range workers {
+		wg.Go(func() {
+			for i := range work {
+				do(i)
+			}
+		})
+	}
+	cpu0 := cpuTime()
+	b.ResetTimer()
+	for i := range b.N {
+		work <- i
+	}
+	close(work)
+	wg.Wait()
+	b.StopTimer()
+	cpu := cpuTime() - cpu0
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-us/req")
+	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N)/float64(tokens)*1000, "cpu-us/1ktok")
+}
+
 // BenchmarkServerCPU measures the process CPU time (server and the
 // in-process HTTP client together) per request through a real loopback
 // HTTP server, with the 8B profile run so fast (--speed 1e6: a step is a
@@ -48,41 +74,21 @@ func BenchmarkServerCPU(b *testing.B) {
 			_, hs := testServer(b, Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1e6})
 			client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 64}}
 			body := []byte(fmt.Sprintf(`{"prompt":%q,"max_tokens":%d,"ignore_eos":true,"stream":%v}`, prompt, tc.tokens, tc.stream))
-			const workers = 16
-			work := make(chan int)
-			var wg sync.WaitGroup
-			for range workers {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := range work {
-						// A distinct first word per request: no request is a
-						// full prefix-cache hit of another.
-						req := bytes.Replace(body, []byte("Benchmarks"), fmt.Appendf(nil, "B%d", i), 1)
-						resp, err := client.Post(hs.URL+"/v1/completions", "application/json", bytes.NewReader(req))
-						if err != nil {
-							b.Error(err)
-							return
-						}
-						_, _ = io.Copy(io.Discard, resp.Body)
-						resp.Body.Close()
-						if resp.StatusCode != 200 {
-							b.Errorf("status %d", resp.StatusCode)
-						}
-					}
-				}()
-			}
-			cpu0 := cpuTime()
-			b.ResetTimer()
-			for i := range b.N {
-				work <- i
-			}
-			close(work)
-			wg.Wait()
-			b.StopTimer()
-			cpu := cpuTime() - cpu0
-			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-us/req")
-			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N)/float64(tc.tokens)*1000, "cpu-us/1ktok")
+			cpuPerRequest(b, tc.tokens, func(i int) {
+				// A distinct first word per request: no request is a
+				// full prefix-cache hit of another.
+				req := bytes.Replace(body, []byte("Benchmarks"), fmt.Appendf(nil, "B%d", i), 1)
+				resp, err := client.Post(hs.URL+"/v1/completions", "application/json", bytes.NewReader(req))
+				if err != nil {
+					b.Error(err)
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					b.Errorf("status %d", resp.StatusCode)
+				}
+			})
 			client.CloseIdleConnections()
 		})
 	}
@@ -115,35 +121,15 @@ func BenchmarkHandlerCPU(b *testing.B) {
 			s, _ := testServer(b, Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1e6, StreamInterval: tc.interval})
 			h := s.Handler()
 			body := []byte(fmt.Sprintf(`{"prompt":%q,"max_tokens":%d,"ignore_eos":true,"stream":%v}`, prompt, tc.tokens, tc.stream))
-			const workers = 16
-			work := make(chan int)
-			var wg sync.WaitGroup
-			for range workers {
-				wg.Add(1)
-				go func() {
-					defer wg.Done()
-					for i := range work {
-						req := bytes.Replace(body, []byte("Benchmarks"), fmt.Appendf(nil, "B%d", i), 1)
-						r, _ := http.NewRequest(http.MethodPost, "/v1/completions", bytes.NewReader(req))
-						rec := newRecorder()
-						h.ServeHTTP(rec, r)
-						if rec.code != 200 {
-							b.Errorf("status %d", rec.code)
-						}
-					}
-				}()
-			}
-			cpu0 := cpuTime()
-			b.ResetTimer()
-			for i := range b.N {
-				work <- i
-			}
-			close(work)
-			wg.Wait()
-			b.StopTimer()
-			cpu := cpuTime() - cpu0
-			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-us/req")
-			b.ReportMetric(float64(cpu.Microseconds())/float64(b.N)/float64(tc.tokens)*1000, "cpu-us/1ktok")
+			cpuPerRequest(b, tc.tokens, func(i int) {
+				req := bytes.Replace(body, []byte("Benchmarks"), fmt.Appendf(nil, "B%d", i), 1)
+				r, _ := http.NewRequest(http.MethodPost, "/v1/completions", bytes.NewReader(req))
+				rec := newRecorder()
+				h.ServeHTTP(rec, r)
+				if rec.code != 200 {
+					b.Errorf("status %d", rec.code)
+				}
+			})
 		})
 	}
 }
