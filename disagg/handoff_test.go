@@ -22,7 +22,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/emulator"
-	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/emulator/emulatortest"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/router"
 )
@@ -30,32 +30,8 @@ import (
 // emu starts an emulated engine (tiny profile, 100x real time).
 func emu(t *testing.T, role kvroute.Role, proto string) *httptest.Server {
 	t.Helper()
-	prof, err := engine.LookupProfile("tiny")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := emulator.New(emulator.Config{Model: "tiny", Engine: engine.Config{Profile: prof}, Speed: 100, Role: role,
-		PDProtocol: proto, LoadFailure: emulator.LoadFailureFail})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(s.Handler())
-	host, port := hostPort(t, hs.URL)
-	s.SetAdvertise(host, port)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := s.Run(ctx); err != nil {
-			t.Errorf("emulator Run: %v", err)
-		}
-	}()
-	t.Cleanup(func() {
-		hs.Close()
-		cancel()
-		wg.Wait()
-	})
+	_, hs := emulatortest.Start(t, emulator.Config{Model: "tiny", Role: role, PDProtocol: proto,
+		LoadFailure: emulator.LoadFailureFail}, nil)
 	return hs
 }
 

@@ -1,13 +1,11 @@
 package proxy
 
 import (
-	"context"
 	"encoding/json"
 	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -17,7 +15,7 @@ import (
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/emulator"
-	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/emulator/emulatortest"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/policy"
 )
@@ -26,47 +24,24 @@ import (
 // it receives.
 func pdEngine(t *testing.T, role kvroute.Role, proto string) (*httptest.Server, func() []map[string]any) {
 	t.Helper()
-	prof, err := engine.LookupProfile("tiny")
-	if err != nil {
-		t.Fatal(err)
-	}
-	s, err := emulator.New(emulator.Config{Model: "tiny", Engine: engine.Config{Profile: prof}, Speed: 100, Role: role,
-		PDProtocol: proto, LoadFailure: emulator.LoadFailureFail})
-	if err != nil {
-		t.Fatal(err)
-	}
 	var mu sync.Mutex
 	var bodies []map[string]any
-	h := s.Handler()
-	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if strings.HasPrefix(r.URL.Path, "/v1/") {
-			b, _ := io.ReadAll(r.Body)
-			var m map[string]any
-			_ = json.Unmarshal(b, &m)
-			mu.Lock()
-			bodies = append(bodies, m)
-			mu.Unlock()
-			r.Body = io.NopCloser(strings.NewReader(string(b)))
-		}
-		h.ServeHTTP(w, r)
-	}))
-	host, port, _ := net.SplitHostPort(strings.TrimPrefix(hs.URL, "http://"))
-	p, _ := strconv.Atoi(port)
-	s.SetAdvertise(host, p)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := s.Run(ctx); err != nil {
-			t.Errorf("emulator: %v", err)
-		}
-	}()
-	t.Cleanup(func() {
-		hs.Close()
-		cancel()
-		wg.Wait()
-	})
+	record := func(h http.Handler) http.Handler {
+		return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if strings.HasPrefix(r.URL.Path, "/v1/") {
+				b, _ := io.ReadAll(r.Body)
+				var m map[string]any
+				_ = json.Unmarshal(b, &m)
+				mu.Lock()
+				bodies = append(bodies, m)
+				mu.Unlock()
+				r.Body = io.NopCloser(strings.NewReader(string(b)))
+			}
+			h.ServeHTTP(w, r)
+		})
+	}
+	_, hs := emulatortest.Start(t, emulator.Config{Model: "tiny", Role: role, PDProtocol: proto,
+		LoadFailure: emulator.LoadFailureFail}, record)
 	return hs, func() []map[string]any {
 		mu.Lock()
 		defer mu.Unlock()

@@ -7,7 +7,6 @@ import (
 	"io"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"os"
 	"path/filepath"
 	"regexp"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/emulator"
+	"github.com/kvroute/kvroute/emulator/emulatortest"
 	"github.com/kvroute/kvroute/engine"
 )
 
@@ -29,24 +29,9 @@ func startTestEngine(t *testing.T, dir, name string) (url, events string) {
 		t.Fatal(err)
 	}
 	events = "ipc://" + filepath.Join(dir, name+".sock")
-	s, err := emulator.New(emulator.Config{Model: "m", Speed: 50,
+	_, hs := emulatortest.Start(t, emulator.Config{Model: "m", Speed: 50,
 		Engine:   engine.Config{Profile: prof, NumGPUBlocks: 1024, MaxModelLen: 8192, MaxNumBatchedTokens: 2048},
-		KVEvents: emulator.KVEventsConfig{Endpoint: events}})
-	if err != nil {
-		t.Fatal(err)
-	}
-	hs := httptest.NewServer(s.Handler())
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		_ = s.Run(ctx)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		hs.Close()
-	})
+		KVEvents: emulator.KVEventsConfig{Endpoint: events}}, nil)
 	return hs.URL, events
 }
 

@@ -1,0 +1,64 @@
+// Package emulatortest runs emulated engines (package emulator) behind
+// httptest servers, for the tests of the packages that talk to engines: the
+// proxy, the P/D handoff, the commands.
+package emulatortest
+
+import (
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"strconv"
+	"sync"
+	"testing"
+
+	"github.com/kvroute/kvroute/emulator"
+	"github.com/kvroute/kvroute/engine"
+)
+
+// Start runs an emulator.Server with cfg behind an httptest.Server, tells
+// it the server's host and port (the address P/D handshakes advertise), and
+// stops both when the test ends. wrap, when not nil, wraps the engine's
+// handler (to record or alter requests). A zero cfg.Engine.Profile is the
+// tiny profile and a zero cfg.Speed is 100 (a hundred times real time).
+func Start(t testing.TB, cfg emulator.Config, wrap func(http.Handler) http.Handler) (*emulator.Server, *httptest.Server) {
+	t.Helper()
+	if cfg.Engine.Profile.Name == "" {
+		p, err := engine.LookupProfile("tiny")
+		if err != nil {
+			t.Fatal(err)
+		}
+		cfg.Engine.Profile = p
+	}
+	if cfg.Speed == 0 {
+		cfg.Speed = 100
+	}
+	s, err := emulator.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := s.Handler()
+	if wrap != nil {
+		h = wrap(h)
+	}
+	hs := httptest.NewServer(h)
+	host, port, err := net.SplitHostPort(hs.Listener.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _ := strconv.Atoi(port)
+	s.SetAdvertise(host, p)
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Go(func() {
+		if err := s.Run(ctx); err != nil {
+			t.Errorf("emulated engine: Run: %v", err)
+		}
+	})
+	t.Cleanup(func() {
+		hs.Close()
+		cancel()
+		wg.Wait()
+	})
+	return s, hs
+}
