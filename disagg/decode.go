@@ -32,22 +32,20 @@ type DecodeParams struct {
 	TieMs float64 `json:"tie_ms" yaml:"tie_ms"`
 }
 
+// setDefault sets *v to def when it is the zero value.
+func setDefault[T comparable](v *T, def T) {
+	var zero T
+	if *v == zero {
+		*v = def
+	}
+}
+
 func (p *DecodeParams) applyDefaults() {
-	if p.TPOTWeight == 0 {
-		p.TPOTWeight = 4
-	}
-	if p.KVSoftCap == 0 {
-		p.KVSoftCap = 0.8
-	}
-	if p.KVPenaltyMs == 0 {
-		p.KVPenaltyMs = 200
-	}
-	if p.OutputTokens == 0 {
-		p.OutputTokens = 256
-	}
-	if p.TieMs == 0 {
-		p.TieMs = 0.5
-	}
+	setDefault(&p.TPOTWeight, 4)
+	setDefault(&p.KVSoftCap, 0.8)
+	setDefault(&p.KVPenaltyMs, 200)
+	setDefault(&p.OutputTokens, 256)
+	setDefault(&p.TieMs, 0.5)
 }
 
 // Validate reports the first out-of-range field.

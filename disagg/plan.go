@@ -67,24 +67,12 @@ type Conditional struct {
 }
 
 func (c *Conditional) applyDefaults() {
-	if c.ShortTokens == 0 {
-		c.ShortTokens = 256
-	}
-	if c.LocalISL == 0 {
-		c.LocalISL = 2048
-	}
-	if c.LocalRatio == 0 {
-		c.LocalRatio = 0.7
-	}
-	if c.MaxLocalTokens == 0 {
-		c.MaxLocalTokens = 16384
-	}
-	if c.Margin == 0 {
-		c.Margin = 0.1
-	}
-	if c.StallWeight == 0 {
-		c.StallWeight = 0.05
-	}
+	setDefault(&c.ShortTokens, 256)
+	setDefault(&c.LocalISL, 2048)
+	setDefault(&c.LocalRatio, 0.7)
+	setDefault(&c.MaxLocalTokens, 16384)
+	setDefault(&c.Margin, 0.1)
+	setDefault(&c.StallWeight, 0.05)
 }
 
 // Config configures a Planner. Zero values take the documented defaults;
