@@ -146,10 +146,13 @@ func TestScraperRunStops(t *testing.T) {
 	if err := <-done; err != nil {
 		t.Fatalf("Run: %v", err)
 	}
+	// A scrape sent just before the cancel may reach the server after Run
+	// returned (the server counts it late); a loop still running would make
+	// about five more in 50 ms.
 	n := hits.Load()
 	time.Sleep(50 * time.Millisecond)
-	if hits.Load() != n {
-		t.Fatal("scrapes after Run returned")
+	if got := hits.Load(); got > n+1 {
+		t.Fatalf("%d scrapes after Run returned", got-n)
 	}
 }
 
