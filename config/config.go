@@ -7,6 +7,7 @@ import (
 	"net"
 	"net/netip"
 	"net/url"
+	"regexp"
 	"sort"
 	"strings"
 	"time"
@@ -201,6 +202,39 @@ type Router struct {
 	// DecisionLog is the number of recent decisions kept for
 	// /debug/decisions; default 256.
 	DecisionLog int `yaml:"decision_log"`
+	// Session says where a request's session (or document) affinity key
+	// comes from; the first source that gives one wins.
+	Session Session `yaml:"session"`
+}
+
+// SessionField is the body field carrying session keys (every model that
+// sets one sets the same; Validate checks it), or "".
+func (c *Config) SessionField() string {
+	for _, m := range c.Models {
+		if f := m.Router.Session.JSONField; f != "" {
+			return f
+		}
+	}
+	return ""
+}
+
+// Session configures the session and document affinity key of requests:
+// requests with the same key go to the same endpoint (consistent hashing
+// with bounded loads), unless it is over its load cap.
+type Session struct {
+	// Header is the request header carrying the key; default X-Session-Id.
+	Header string `yaml:"header"`
+	// JSONField is a top-level field of the request body carrying the key
+	// (e.g. "doc_id"; a string, or a number's text); default none.
+	JSONField string `yaml:"json_field"`
+	// PromptRegexp is a regular expression (Go RE2 syntax) matched against
+	// the prompt (for chat, the messages' text): its first capture group,
+	// or the whole match without one, is the key, e.g. a document ID in a
+	// RAG prompt; default none.
+	PromptRegexp string `yaml:"prompt_regexp"`
+	// User uses the request's "user" field as the key when nothing above
+	// gave one; default false (the user field is the tenant).
+	User bool `yaml:"user"`
 }
 
 // Timeouts bound the client and upstream sides of a request. A negative
@@ -297,6 +331,7 @@ const (
 	DefaultBaseEjection       = time.Second
 	DefaultMaxEjection        = 30 * time.Second
 	DefaultDecisionLog        = 256
+	DefaultSessionHeader      = "X-Session-Id"
 	DefaultReadHeader         = 10 * time.Second
 	DefaultReadBody           = 60 * time.Second
 	DefaultIdle               = 120 * time.Second
@@ -368,6 +403,7 @@ func (m *Model) applyDefaults() {
 	setDefault(&r.BaseEjection, DefaultBaseEjection)
 	setDefault(&r.MaxEjection, max(DefaultMaxEjection, r.BaseEjection))
 	setDefault(&r.DecisionLog, DefaultDecisionLog)
+	setDefault(&r.Session.Header, DefaultSessionHeader)
 	sg := &m.Signals
 	setDefault(&sg.ScrapeInterval, DefaultScrapeInterval)
 	setDefault(&sg.ScrapeTimeout, DefaultScrapeTimeout)
@@ -477,6 +513,18 @@ func (c *Config) Validate() error {
 			names[m.Name] = i
 		}
 		m.validate(v, p)
+	}
+	// The request scanner reads one session field for every model (it
+	// runs before the model is known).
+	field, first := "", 0
+	for i, m := range c.Models {
+		if f := m.Router.Session.JSONField; f != "" {
+			if field == "" {
+				field, first = f, i
+			} else if f != field {
+				v.addf(fmt.Sprintf("models[%d].router.session.json_field", i), "%q differs from models[%d]'s %q; every model that sets one must use the same field", f, first, field)
+			}
+		}
 	}
 	t := c.Timeouts
 	v.nonNegative("timeouts.read_header", t.ReadHeader)
@@ -609,6 +657,16 @@ func (m *Model) validate(v *validator, p string) {
 		v.addf(p+".router.max_ejection", "%s is shorter than router.base_ejection (%s)", r.MaxEjection, r.BaseEjection)
 	}
 	v.positive(p+".router.decision_log", int64(r.DecisionLog))
+	if r.Session.PromptRegexp != "" {
+		if re, err := regexp.Compile(r.Session.PromptRegexp); err != nil {
+			v.addf(p+".router.session.prompt_regexp", "%q does not compile: %v", r.Session.PromptRegexp, err)
+		} else if re.NumSubexp() > 1 {
+			v.addf(p+".router.session.prompt_regexp", "%q has %d capture groups; want at most one (the key)", r.Session.PromptRegexp, re.NumSubexp())
+		}
+	}
+	if h := r.Session.Header; strings.TrimSpace(h) == "" || strings.ContainsAny(h, " :\t\r\n") {
+		v.addf(p+".router.session.header", "%q is not a header name", h)
+	}
 }
 
 func validFlavor(f string) bool {

@@ -50,6 +50,10 @@ type RequestInfo struct {
 	User string
 	// Messages is the number of chat messages (0 for completions).
 	Messages int
+	// SessionValue is the value of the top-level field named by
+	// Options.SessionField: a string's value, or the JSON text of a number,
+	// boolean, object or array; "" when absent or null.
+	SessionValue string
 }
 
 // PromptTokens estimates the prompt's length in tokens: exact for token-id
@@ -90,31 +94,42 @@ const maxDepth = 10000
 // Errors are *kvroute.Error values with status 400, an OpenAI error type
 // and the offending field in Param.
 func ParseRequest(kind Kind, body []byte) (RequestInfo, error) {
-	ri, _, err := ParseRequestInto(kind, body, nil)
+	ri, _, err := ParseRequestInto(kind, body, Options{})
 	return ri, err
 }
 
-// ParseRequestInto is ParseRequest building the canonical prompt in the
-// storage of buf (grown when too small), so that a server can recycle one
-// buffer per request instead of allocating a prompt-sized one. The returned
-// RequestInfo.Prompt aliases that storage: it must not be written again
-// while the RequestInfo is in use. The storage used (buf's, or a larger
-// one) is returned for the next request.
-func ParseRequestInto(kind Kind, body, buf []byte) (RequestInfo, []byte, error) {
-	p := parser{s: scanner{b: body}, kind: kind, prompt: buf[:0]}
+// Options are ParseRequestInto's optional inputs.
+type Options struct {
+	// Prompt is storage for the canonical prompt (grown when too small), so
+	// that a server can recycle one buffer per request instead of
+	// allocating a prompt-sized one.
+	Prompt []byte
+	// SessionField names a top-level body field whose value is reported as
+	// RequestInfo.SessionValue (a session or document affinity key); ""
+	// for none.
+	SessionField string
+}
+
+// ParseRequestInto is ParseRequest with options. With opts.Prompt the
+// returned RequestInfo.Prompt aliases that storage: it must not be written
+// again while the RequestInfo is in use. The storage used (opts.Prompt's,
+// or a larger one) is returned for the next request.
+func ParseRequestInto(kind Kind, body []byte, opts Options) (RequestInfo, []byte, error) {
+	p := parser{s: scanner{b: body}, kind: kind, prompt: opts.Prompt[:0], sessionField: opts.SessionField}
 	ri, err := p.parse()
 	return ri, p.prompt[:0], err
 }
 
 type parser struct {
-	s      scanner
-	kind   Kind
-	ri     RequestInfo
-	prompt []byte // canonical prompt being built
-	role   []byte // scratch for a message's role
-	hdr    []byte // scratch for a message's frame
-	seen   struct{ model, prompt, messages bool }
-	maxTok struct {
+	s            scanner
+	kind         Kind
+	sessionField string
+	ri           RequestInfo
+	prompt       []byte // canonical prompt being built
+	role         []byte // scratch for a message's role
+	hdr          []byte // scratch for a message's frame
+	seen         struct{ model, prompt, messages bool }
+	maxTok       struct {
 		tokens, completion    int
 		hasTokens, hasComplet bool
 	}
@@ -191,6 +206,26 @@ func (p *parser) parse() (RequestInfo, error) {
 
 // field handles one top-level member; the scanner is at its value.
 func (p *parser) field(key []byte) error {
+	if p.sessionField == "" || string(key) != p.sessionField {
+		return p.known(key)
+	}
+	start := p.s.i
+	if err := p.known(key); err != nil {
+		return err
+	}
+	switch raw := p.s.b[start:p.s.i]; {
+	case string(raw) == "null":
+		p.ri.SessionValue = ""
+	case raw[0] == '"':
+		p.ri.SessionValue = string(unescape(nil, raw[1:len(raw)-1]))
+	default:
+		p.ri.SessionValue = string(raw)
+	}
+	return nil
+}
+
+// known handles the members routing reads and skips the others.
+func (p *parser) known(key []byte) error {
 	s := &p.s
 	switch string(key) {
 	case "model":

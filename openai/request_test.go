@@ -328,8 +328,13 @@ func FuzzParseRequest(f *testing.F) {
 		kind := Kind(k % 2)
 		got, err := ParseRequest(kind, body)
 		// A recycled buffer full of another prompt changes nothing.
+		// The session field ("model" here) is the model's name.
 		dirty := bytes.Repeat([]byte("stale "), len(body)/3+1)
-		into, _, errInto := ParseRequestInto(kind, body, dirty)
+		into, _, errInto := ParseRequestInto(kind, body, Options{Prompt: dirty, SessionField: "model"})
+		if err == nil && into.SessionValue != got.Model {
+			t.Fatalf("ParseRequestInto(%s, %q): session value %q, model %q", kind, body, into.SessionValue, got.Model)
+		}
+		into.SessionValue = ""
 		if (err == nil) != (errInto == nil) || (err == nil && !reflect.DeepEqual(got, into)) {
 			t.Fatalf("ParseRequestInto(%s, %q) = %+v, %v; ParseRequest = %+v, %v", kind, body, into, errInto, got, err)
 		}
@@ -407,7 +412,7 @@ func TestParseRequestIntoReusesStorage(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		got, next, err := ParseRequestInto(kinds[i], body, buf)
+		got, next, err := ParseRequestInto(kinds[i], body, Options{Prompt: buf})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -422,12 +427,37 @@ func TestParseRequestIntoReusesStorage(t *testing.T) {
 		}
 	}
 	// Too small: a new buffer, returned for the next request.
-	got, next, err := ParseRequestInto(KindChat, promptBody(KindChat, 16<<10), buf)
+	got, next, err := ParseRequestInto(KindChat, promptBody(KindChat, 16<<10), Options{Prompt: buf})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if cap(next) < len(got.Prompt) || unsafe.StringData(got.Prompt) != unsafe.SliceData(next[:1]) {
 		t.Errorf("grown storage not returned: cap %d for a %d-byte prompt", cap(next), len(got.Prompt))
+	}
+}
+
+func TestSessionField(t *testing.T) {
+	for _, tc := range []struct {
+		field, body, want string
+	}{
+		{"doc_id", `{"model":"m","prompt":"p","doc_id":"contract-\u00e9"}`, "contract-é"},
+		{"doc_id", `{"model":"m","prompt":"p","doc_id":42}`, "42"},
+		{"doc_id", `{"model":"m","prompt":"p","doc_id":{"a": [1]}}`, `{"a": [1]}`},
+		{"doc_id", `{"model":"m","prompt":"p","doc_id":null}`, ""},
+		{"doc_id", `{"model":"m","prompt":"p"}`, ""},
+		{"user", `{"model":"m","prompt":"p","user":"alice"}`, "alice"},
+		{"", `{"model":"m","prompt":"p","doc_id":"x"}`, ""},
+	} {
+		ri, _, err := ParseRequestInto(KindCompletion, []byte(tc.body), Options{SessionField: tc.field})
+		if err != nil {
+			t.Fatalf("%s: %v", tc.body, err)
+		}
+		if ri.SessionValue != tc.want {
+			t.Errorf("%s field %q: got %q, want %q", tc.body, tc.field, ri.SessionValue, tc.want)
+		}
+	}
+	if ri, _, _ := ParseRequestInto(KindCompletion, []byte(`{"model":"m","prompt":"p","user":"alice"}`), Options{SessionField: "user"}); ri.User != "alice" {
+		t.Errorf("a session field that routing also reads: user = %q", ri.User)
 	}
 }
 

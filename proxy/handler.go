@@ -74,7 +74,7 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 		p.reject(w, r, start, "", err)
 		return
 	}
-	ri, prompt, err := openai.ParseRequestInto(kind, body, promptBuffers.get())
+	ri, prompt, err := openai.ParseRequestInto(kind, body, openai.Options{Prompt: promptBuffers.get(), SessionField: p.sessionField})
 	if err != nil {
 		promptBuffers.put(prompt)
 		p.reject(w, r, start, "", err)
@@ -91,7 +91,7 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 		ID:           id,
 		Model:        ri.Model,
 		Tenant:       ri.User,
-		SessionKey:   openai.SessionKey(r.Header),
+		SessionKey:   pl.session.key(r.Header, &ri),
 		Prompt:       ri.Prompt,
 		PromptTokens: ri.PromptTokens(),
 		MaxTokens:    ri.MaxTokens,

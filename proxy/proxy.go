@@ -59,13 +59,16 @@ type Proxy struct {
 	ui        *ui.Dashboard // the /ui dashboard; nil if it could not be built
 	trusted   []netip.Prefix
 	pools     map[string]*pool // by model name; read-only after New
-	names     []string         // model names, sorted
-	mux       *http.ServeMux
-	started   time.Time
-	draining  atomic.Bool      // set when Serve starts shutting down
-	sig       signalState      // the running signal loops (RunSignals)
-	fb        *feedbackMetrics // engine-reported prompt and cached tokens
-	pdMetrics *disagg.Metrics  // P/D handoffs (disagg.go)
+	// sessionField is the body field carrying session keys (the same for
+	// every model, see config.Config.SessionField), or "".
+	sessionField string
+	names        []string // model names, sorted
+	mux          *http.ServeMux
+	started      time.Time
+	draining     atomic.Bool      // set when Serve starts shutting down
+	sig          signalState      // the running signal loops (RunSignals)
+	fb           *feedbackMetrics // engine-reported prompt and cached tokens
+	pdMetrics    *disagg.Metrics  // P/D handoffs (disagg.go)
 }
 
 // pool is one model's endpoints, router and reverse proxies.
@@ -75,6 +78,7 @@ type pool struct {
 	eps     []kvroute.Endpoint
 	proxies map[string]*endpointProxy // by endpoint ID; read-only after New
 	precise *precise                  // token-level matching; nil when off
+	session *sessionSource            // the requests' affinity key
 	pd      *disagg.Handoff           // P/D pools only (disagg.go)
 }
 
@@ -90,13 +94,14 @@ func New(opts Options) (*Proxy, error) {
 		return nil, errors.New("proxy: options: NewPicker is required")
 	}
 	p := &Proxy{
-		cfg:       cfg,
-		log:       opts.Logger,
-		now:       opts.Now,
-		newPicker: opts.NewPicker,
-		transport: opts.Transport,
-		gatherer:  opts.Gatherer,
-		pools:     make(map[string]*pool, len(cfg.Models)),
+		cfg:          cfg,
+		sessionField: cfg.SessionField(),
+		log:          opts.Logger,
+		now:          opts.Now,
+		newPicker:    opts.NewPicker,
+		transport:    opts.Transport,
+		gatherer:     opts.Gatherer,
+		pools:        make(map[string]*pool, len(cfg.Models)),
 	}
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
@@ -193,7 +198,8 @@ func (p *Proxy) newPool(i int, m *config.Model) (*pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy: %s: %w", path, err)
 	}
-	pl := &pool{model: m.Name, router: r, eps: eps, proxies: make(map[string]*endpointProxy, len(eps)), precise: pc}
+	pl := &pool{model: m.Name, router: r, eps: eps, proxies: make(map[string]*endpointProxy, len(eps)), precise: pc,
+		session: newSessionSource(m.Router.Session)}
 	if planner != nil {
 		if pl.pd, err = p.newHandoff(pl, m, planner); err != nil {
 			return nil, fmt.Errorf("proxy: %s.pd: %w", path, err)
