@@ -116,6 +116,10 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatal("the demo did not start")
 	}
 
+	// The switch is submitted the way the button does, without clicking
+	// at its coordinates: the page re-renders as data arrives, and on a
+	// loaded machine a click could land where the button was a moment ago.
+	submitPolicy := chromedp.Evaluate[chromedp.Void](`document.getElementById('policy-form').requestSubmit(document.getElementById('policy-apply'))`)
 	t0 := time.Now()
 	wait := func(what, expr string, timeout time.Duration) {
 		t.Helper()
@@ -157,7 +161,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	if err := chromedp.Do(bctx,
 		chromedp.Evaluate[chromedp.Void](`document.getElementById('policy-select').value = 'least_request'`, chromedp.EvalIgnoreExceptions),
 		chromedp.Clear(chromedp.CSS("#admin-token")),
-		chromedp.Click(chromedp.CSS("#policy-apply")),
+		submitPolicy,
 	); err != nil {
 		t.Fatalf("switch without token: %v", err)
 	}
@@ -171,7 +175,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	if err := chromedp.Do(bctx,
 		chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`document.getElementById('admin-token').value = %q`, token), chromedp.EvalIgnoreExceptions),
-		chromedp.Click(chromedp.CSS("#policy-apply")),
+		submitPolicy,
 	); err != nil {
 		t.Fatalf("switch with token: %v", err)
 	}
@@ -185,7 +189,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	before = phasePolicy(t, url)
 	if err := chromedp.Do(bctx,
 		chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`document.getElementById('policy-select').value = %q`, before), chromedp.EvalIgnoreExceptions),
-		chromedp.Click(chromedp.CSS("#policy-apply")),
+		submitPolicy,
 	); err != nil {
 		t.Fatalf("switch back: %v", err)
 	}
