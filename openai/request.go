@@ -65,13 +65,6 @@ func (ri *RequestInfo) PromptTokens() int {
 	return (len(ri.Prompt) + 3) / 4
 }
 
-// HeaderSessionID is the request header that carries a session (or
-// conversation) affinity key.
-const HeaderSessionID = "X-Session-Id"
-
-// SessionKey returns the session affinity key of a request's headers, or "".
-func SessionKey(h http.Header) string { return h.Get(HeaderSessionID) }
-
 // maxDepth bounds the nesting of skipped values, as encoding/json does.
 const maxDepth = 10000
 

@@ -5,7 +5,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"net/http"
 	"reflect"
 	"strconv"
 	"strings"
@@ -478,16 +477,5 @@ func TestIndexControl(t *testing.T) {
 				t.Fatalf("indexControl(%q) = %d, want %d", b, got, at)
 			}
 		}
-	}
-}
-
-func TestSessionKey(t *testing.T) {
-	h := http.Header{}
-	if got := SessionKey(h); got != "" {
-		t.Errorf("no header: got %q", got)
-	}
-	h.Set("x-session-id", "conv-7")
-	if got := SessionKey(h); got != "conv-7" {
-		t.Errorf("got %q, want conv-7", got)
 	}
 }

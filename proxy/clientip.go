@@ -7,7 +7,7 @@ import (
 	"strconv"
 	"strings"
 
-	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/config"
 )
 
 // Headers the proxy reads or writes.
@@ -15,8 +15,9 @@ const (
 	// HeaderRequestID carries the request ID to the engine and back to the
 	// client; a client's own (1-128 characters of [A-Za-z0-9._:-]) is kept.
 	HeaderRequestID = "X-Request-Id"
-	// HeaderSession is the session affinity key clients may send.
-	HeaderSession = openai.HeaderSessionID
+	// HeaderSession is the default header of the session affinity key
+	// (a model's router.session.header names another).
+	HeaderSession = config.DefaultSessionHeader
 	// HeaderRoutingPrefix starts every header that carries routing
 	// instructions; they are stripped unless the client is trusted.
 	HeaderRoutingPrefix = "X-Kvroute-"
