@@ -8,6 +8,8 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
+	"runtime"
 	"strconv"
 	"strings"
 	"time"
@@ -90,6 +92,8 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		eosMean     = fs.Float64("eos-mean", 0, "mean output length before the model emits EOS (0 = never; requests end at max_tokens)")
 		streamIntvl = fs.Int("stream-interval", 1, "vLLM's --stream-interval: a streamed response sends the first token, then a chunk every N tokens")
 		logLevel    = fs.String("log-level", "info", "log level: debug, info, warn, error")
+		procs       = fs.Int("procs", 1, "OS threads running Go code at once (GOMAXPROCS) while the engine serves; 0 = the Go default (the GOMAXPROCS variable, else one per core). "+
+			"Default 1, unless the GOMAXPROCS variable is set: the engine is one event loop, and a wider runtime spends more CPU waking threads than it saves (16 engines at 200 req/s: about a quarter less CPU at 1)")
 	)
 	if err := parseFlags(fs, args); err != nil {
 		return err
@@ -135,6 +139,9 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *speed <= 0 {
 		return usageErr("--speed must be positive")
 	}
+	if *procs < 0 {
+		return usageErr("--procs must be 0 or more")
+	}
 	srv, err := emulator.New(cfg)
 	if err != nil {
 		return usageErr("%v", err)
@@ -161,10 +168,13 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return usageErr("--advertise: %v", err)
 	}
 	srv.SetAdvertise(advHost, advPort)
+	if n := engineProcs(*procs, flagSet(fs, "procs"), os.Getenv("GOMAXPROCS") != ""); n > 0 {
+		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(n))
+	}
 	p := srv.Profile()
 	logger.Info("engine listening", "addr", ln.Addr().String(), "model", *model, "profile", p.Name, "speed", *speed,
 		"role", r.String(), "kv_blocks", p.NumGPUBlocks, "block_size", p.BlockSize, "max_model_len", p.MaxModelLen,
-		"kv_events", *evEndpoint, "engine_id", srv.EngineID())
+		"kv_events", *evEndpoint, "engine_id", srv.EngineID(), "procs", runtime.GOMAXPROCS(0))
 
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	g, gctx := errgroup.WithContext(ctx)
@@ -217,4 +227,14 @@ func advertiseAddr(flagValue string, ln net.Addr) (string, int, error) {
 		host = "127.0.0.1"
 	}
 	return host, port, nil
+}
+
+// engineProcs is the GOMAXPROCS the engine runs with (0: leave the
+// runtime's): --procs when given, else its default unless the GOMAXPROCS
+// variable chose already.
+func engineProcs(procs int, given, env bool) int {
+	if env && !given {
+		return 0
+	}
+	return procs
 }

@@ -158,6 +158,9 @@ func TestEnginePDBetweenProcesses(t *testing.T) {
 	side := freeAddr(t)
 	p := startEngine(t, append(common, "--role", "prefill", "--side-channel-listen", side)...)
 	d := startEngine(t, append(common, "--role", "decode")...)
+	if os.Getenv("GOMAXPROCS") == "" && !strings.Contains(d.stderr.String(), "procs=1") {
+		t.Errorf("engine did not log procs=1 (the --procs default); stderr:\n%s", d.stderr.String())
+	}
 	prompt := strings.Repeat("A long shared document about disaggregated serving. ", 40)
 
 	pr := postJSON(t, "http://"+p.addr+"/v1/completions", map[string]any{"model": "m", "prompt": prompt, "max_tokens": 1,
@@ -207,4 +210,21 @@ func (l *lockedBuffer) String() string {
 	l.mu.Lock()
 	defer l.mu.Unlock()
 	return l.b.String()
+}
+
+func TestEngineProcs(t *testing.T) {
+	for _, tc := range []struct {
+		procs      int
+		given, env bool
+		want       int
+	}{
+		{1, false, false, 1}, // the default
+		{1, false, true, 0},  // GOMAXPROCS set and no --procs: the variable's
+		{4, true, true, 4},   // --procs wins over the variable
+		{0, true, false, 0},  // --procs 0: the runtime's choice
+	} {
+		if got := engineProcs(tc.procs, tc.given, tc.env); got != tc.want {
+			t.Errorf("engineProcs(%d, given=%v, env=%v) = %d, want %d", tc.procs, tc.given, tc.env, got, tc.want)
+		}
+	}
 }

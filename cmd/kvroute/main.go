@@ -145,3 +145,10 @@ func (s *stringList) Set(v string) error {
 	}
 	return nil
 }
+
+// flagSet reports whether the flag name was given on the command line.
+func flagSet(fs *flag.FlagSet, name string) bool {
+	given := false
+	fs.Visit(func(f *flag.Flag) { given = given || f.Name == name })
+	return given
+}
