@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math/rand/v2"
@@ -13,6 +14,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime"
 	"runtime/pprof"
 	"strconv"
 	"strings"
@@ -37,7 +39,7 @@ const (
 	envSoakProcs    = "KVROUTE_SOAK_PROCS"       // GOMAXPROCS of the engine processes (default: Go's)
 	envSoakTrivial  = "KVROUTE_SOAK_TRIVIAL"     // 1: the engines are a trivial server (the floor; see TestSoakEngineChild)
 	envSoakChild    = "KVROUTE_SOAK_CHILD"       // set in an engine process
-	envSoakProfile  = "KVROUTE_SOAK_PROFILE"     // directory: each engine writes a CPU profile there
+	envSoakProfile  = "KVROUTE_SOAK_PROFILE"     // directory: each engine process writes a CPU profile of the load there
 	envSoakConns    = "KVROUTE_SOAK_CONNS"       // keep-alive connections opened per engine before measuring, default 0
 	envSoakPerProc  = "KVROUTE_SOAK_PER_PROCESS" // engines hosted by one process, default 1
 )
@@ -156,6 +158,13 @@ func TestFleetCPU(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	var wg sync.WaitGroup
 	var done, failed, tokens atomic.Int64
+	if os.Getenv(envSoakProfile) != "" {
+		for _, p := range procs {
+			if err := p.startProfile(client); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
 	eng0, gen0, start := engineCPU(), cpuTime(), time.Now()
 	sys0, counts0 := sysTime, counts
 	next := start
@@ -296,6 +305,21 @@ func (p *soakEngine) cpu(c *http.Client) (user, sys time.Duration, counts soakCo
 	return time.Duration(u), time.Duration(s), counts, nil
 }
 
+// startProfile starts the engine process's CPU profile (KVROUTE_SOAK_PROFILE):
+// the load is profiled, not the start-up and warm-up.
+func (p *soakEngine) startProfile(c *http.Client) error {
+	resp, err := c.Post("http://"+p.addrs[0]+"/_soak/profile", "text/plain", nil)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	_, _ = io.Copy(io.Discard, resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return fmt.Errorf("soak engine profile: status %d", resp.StatusCode)
+	}
+	return nil
+}
+
 // stop closes the engine's stdin (it exits) and waits for it.
 func (p *soakEngine) stop() {
 	p.once.Do(func() {
@@ -322,16 +346,34 @@ func TestSoakEngineChild(t *testing.T) {
 	if os.Getenv(envSoakChild) == "" {
 		t.Skip("engine process of TestFleetCPU")
 	}
-	if dir := os.Getenv(envSoakProfile); dir != "" {
-		f, err := os.Create(filepath.Join(dir, fmt.Sprintf("engine-%d.prof", os.Getpid())))
-		if err != nil {
-			t.Fatal(err)
-		}
-		if err := pprof.StartCPUProfile(f); err != nil {
-			t.Fatal(err)
-		}
-		defer func() { pprof.StopCPUProfile(); f.Close() }()
+	var profOnce sync.Once
+	var profFile *os.File
+	startProfile := func() (err error) {
+		profOnce.Do(func() {
+			dir := os.Getenv(envSoakProfile)
+			if dir == "" {
+				err = errors.New("no " + envSoakProfile)
+				return
+			}
+			if profFile, err = os.Create(filepath.Join(dir, fmt.Sprintf("engine-%d.prof", os.Getpid()))); err != nil {
+				return
+			}
+			// 1 kHz rather than pprof's 100 Hz: a 10 s soak gives enough
+			// samples (StartCPUProfile then warns that the rate is set).
+			runtime.SetCPUProfileRate(1000)
+			if err = pprof.StartCPUProfile(profFile); err != nil {
+				profFile.Close()
+				profFile = nil
+			}
+		})
+		return err
 	}
+	defer func() {
+		if profFile != nil {
+			pprof.StopCPUProfile()
+			profFile.Close()
+		}
+	}()
 	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
 	if err != nil {
 		t.Fatal(err)
@@ -367,6 +409,12 @@ func TestSoakEngineChild(t *testing.T) {
 				_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 				sleeps, steps := counters()
 				fmt.Fprintln(w, ru.Utime.Nano(), ru.Stime.Nano(), ru.Nvcsw, ru.Nivcsw, sleeps, steps, conns.Load())
+			})
+			// The parent starts the CPU profile when the load starts.
+			mux.HandleFunc("POST /_soak/profile", func(w http.ResponseWriter, _ *http.Request) {
+				if err := startProfile(); err != nil {
+					http.Error(w, err.Error(), http.StatusInternalServerError)
+				}
 			})
 		}
 		mux.Handle("/", s.Handler())

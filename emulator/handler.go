@@ -70,9 +70,10 @@ type job struct {
 	kvPrefill   bool   // P/D prefill leg: return kv_transfer_params
 	remoteID    string // P/D prefill leg: remote_request_id
 	maxStop     int
-	text        []byte
-	sent        int // bytes of text already streamed
-	checked     int // bytes of text already searched for stop strings
+	text        []byte  // rendered text not yet sent; in textBuf once tokens arrive
+	textBuf     *[]byte // from getBuf when the first tokens are rendered
+	sent        int     // bytes of text already streamed
+	checked     int     // bytes of text already searched for stop strings
 	buf         []uint32
 	scratch     []uint32
 	finish      string
@@ -108,9 +109,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	j := &job{chat: chat, req: req}
-	textBuf := getBuf()
-	j.text = *textBuf
-	defer func() { *textBuf = j.text; putBuf(textBuf) }()
+	defer j.putText()
 	if chat {
 		j.prompt = s.cfg.Tokenizer.Encode(tokenizer.RenderChatML(req.chatMessages, true))
 		j.respID = openai.NewChatID()
@@ -231,6 +230,13 @@ func (s *Server) advance(j *job) bool {
 	}
 	j.generated = p.generated
 	if len(p.toks) > 0 {
+		if j.textBuf == nil {
+			// Taken only now, not when the request arrives: a request
+			// waiting for its tokens holds no text buffer, so a few buffers
+			// recycled by the finishing requests serve the whole fleet.
+			j.textBuf = getBuf()
+			j.text = (*j.textBuf)[:0]
+		}
 		j.text, j.scratch = renderTokens(s.cfg.Tokenizer, j.text, p.toks, j.scratch)
 	}
 	if len(j.req.stops) > 0 && len(j.text) > j.checked {
@@ -382,6 +388,15 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 			s.abort(j)
 			return
 		}
+	}
+}
+
+// putText recycles the text buffer (handle's deferred clean-up).
+func (j *job) putText() {
+	if j.textBuf != nil {
+		*j.textBuf = j.text
+		putBuf(j.textBuf)
+		j.textBuf, j.text = nil, nil
 	}
 }
 

@@ -106,8 +106,49 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 }
 
 // parseRequest decodes and validates a request body the way vLLM's pydantic
-// models and serving layer do (for the fields the emulator honours).
+// models and serving layer do (for the fields the emulator honours). A body
+// of the common shape takes the fast path (scanRequest); the rest, errors
+// included, goes through encoding/json (decodeRequest).
 func parseRequest(body []byte, chat bool) (*apiRequest, *apiError) {
+	r, ok := scanRequest(body, chat)
+	if !ok {
+		var aerr *apiError
+		if r, aerr = decodeRequest(body, chat); aerr != nil {
+			return nil, aerr
+		}
+	}
+	if aerr := r.checkOptions(); aerr != nil {
+		return nil, aerr
+	}
+	if !ok {
+		if aerr := r.decodeExtra(); aerr != nil {
+			return nil, aerr
+		}
+	}
+	return r, nil
+}
+
+// checkOptions validates n, max_tokens (max_completion_tokens takes its
+// place when given) and stream_options.
+func (r *apiRequest) checkOptions() *apiError {
+	if r.N != nil && *r.N != 1 {
+		return badRequest("n=%d is not supported: this engine generates one choice per request (n must be 1)", *r.N)
+	}
+	if r.MaxCompletionTokens != nil {
+		r.MaxTokens = r.MaxCompletionTokens
+	}
+	if r.MaxTokens != nil && *r.MaxTokens < 1 {
+		return badRequest("max_tokens must be at least 1, got %d.", *r.MaxTokens)
+	}
+	if r.StreamOptions != nil && !r.Stream {
+		return badRequest("Stream options can only be defined when `stream=True`.")
+	}
+	return nil
+}
+
+// decodeRequest decodes a body with encoding/json: the messages or the
+// prompt (their errors come first, as vLLM's validation reports them).
+func decodeRequest(body []byte, chat bool) (*apiRequest, *apiError) {
 	var r apiRequest
 	if err := json.Unmarshal(body, &r); err != nil {
 		return nil, badRequest("JSON decode error: %v", err)
@@ -135,39 +176,33 @@ func parseRequest(body []byte, chat bool) (*apiRequest, *apiError) {
 			return nil, err
 		}
 	}
-	if r.N != nil && *r.N != 1 {
-		return nil, badRequest("n=%d is not supported: this engine generates one choice per request (n must be 1)", *r.N)
-	}
-	if r.MaxCompletionTokens != nil {
-		r.MaxTokens = r.MaxCompletionTokens
-	}
-	if r.MaxTokens != nil && *r.MaxTokens < 1 {
-		return nil, badRequest("max_tokens must be at least 1, got %d.", *r.MaxTokens)
-	}
-	if r.StreamOptions != nil && !r.Stream {
-		return nil, badRequest("Stream options can only be defined when `stream=True`.")
-	}
+	return &r, nil
+}
+
+// decodeExtra decodes the raw fields decodeRequest kept: stop and the
+// SGLang bootstrap fields (after checkOptions, as vLLM validates them).
+func (r *apiRequest) decodeExtra() *apiError {
 	if len(r.Stop) > 0 && string(r.Stop) != "null" {
 		var one string
 		if err := json.Unmarshal(r.Stop, &one); err == nil {
 			r.stops = []string{one}
 		} else if err := json.Unmarshal(r.Stop, &r.stops); err != nil {
-			return nil, badRequest("1 validation error\nstop\n  Input should be a valid string or a list of strings")
+			return badRequest("1 validation error\nstop\n  Input should be a valid string or a list of strings")
 		}
 	}
 	if len(r.BootstrapRoom) > 0 && string(r.BootstrapRoom) != "null" {
 		var room uint64
 		if err := json.Unmarshal(r.BootstrapRoom, &room); err != nil {
-			return nil, badRequest("bootstrap_room must be one non-negative integer (batched requests are not supported)")
+			return badRequest("bootstrap_room must be one non-negative integer (batched requests are not supported)")
 		}
 		r.room = &room
 	}
 	if len(r.BootstrapPort) > 0 && string(r.BootstrapPort) != "null" {
 		if err := json.Unmarshal(r.BootstrapPort, &r.port); err != nil || r.port < 0 || r.port > 65535 {
-			return nil, badRequest("bootstrap_port must be a port number")
+			return badRequest("bootstrap_port must be a port number")
 		}
 	}
-	return &r, nil
+	return nil
 }
 
 // messageText returns a message's text: a string, null, or a list of

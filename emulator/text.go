@@ -19,44 +19,94 @@ func textID(t uint32) uint32 {
 	return tokenizer.BuiltinFirstRegular + t%n
 }
 
-// builtinWords is the text of every regular id of the built-in tokenizer,
-// built on first use (a few milliseconds): rendering generated tokens is
-// then a table lookup per token. The built-in Decode has no state across
-// ids, so the concatenation equals Decode of the sequence. Every word is at
-// most 7 bytes (5 today), so each is packed in one uint64, its bytes from
-// the low end and its length in the top byte: one 1 MiB table, one load
-// and one 8-byte store per token. ok is false if a word were longer.
-var builtinWords = sync.OnceValues(func() ([]uint64, bool) {
+// builtinWords renders the regular ids of the built-in tokenizer from
+// small tables, so that rendering a generated token is a few multiplications
+// and one load from a table that stays in cache (a table of every id, 1 MiB,
+// costs a cache miss per token in a busy fleet). The built-in Decode renders
+// regular id 16+r as a full stop when r%61 == 0, a comma when r%53 == 0, and
+// otherwise as a space and two syllables taken from r's low base-85 digits,
+// that is from r%7225; Decode has no state across ids, so the concatenation
+// equals Decode of the sequence. The tables are built from Decode and checked
+// against it for every regular id on first use (a few milliseconds); ok is
+// false (renderTokens then calls Decode) if that layout ever changes. Each
+// word is at most 7 bytes (5 today) and packed in one uint64, its bytes from
+// the low end and its length in the top byte: one 8-byte store per token.
+var builtinWords = sync.OnceValues(func() (*wordTables, bool) {
 	tok := tokenizer.Builtin()
-	words := make([]uint64, tokenizer.BuiltinVocabSize)
 	id := []uint32{0}
-	for i := tokenizer.BuiltinFirstRegular; i < tokenizer.BuiltinVocabSize; i++ {
-		id[0] = uint32(i)
+	word := func(r uint32) (uint64, bool) {
+		id[0] = tokenizer.BuiltinFirstRegular + r
 		w := tok.Decode(id)
 		if len(w) > 7 {
-			return nil, false
+			return 0, false
 		}
 		var b [8]byte
 		copy(b[:], w)
 		b[7] = byte(len(w))
-		words[i] = binary.LittleEndian.Uint64(b[:])
+		return binary.LittleEndian.Uint64(b[:]), true
 	}
-	return words, true
+	wt := new(wordTables)
+	var ok1, ok2 bool
+	wt.stop, ok1 = word(0)
+	wt.comma, ok2 = word(53)
+	if !ok1 || !ok2 {
+		return nil, false
+	}
+	const n = tokenizer.BuiltinVocabSize - tokenizer.BuiltinFirstRegular
+	filled := 0
+	for r := uint32(0); r < n && filled < wordPeriod; r++ {
+		if k := r % wordPeriod; r%61 != 0 && r%53 != 0 && wt.syl[k] == 0 {
+			w, ok := word(r)
+			if !ok || w == 0 {
+				return nil, false
+			}
+			wt.syl[k] = w
+			filled++
+		}
+	}
+	for r := uint32(0); r < n; r++ {
+		if w, ok := word(r); !ok || w != wt.word(r) {
+			return nil, false
+		}
+	}
+	return wt, true
 })
+
+// wordPeriod is 85^2: the two syllables of a word are r's two low base-85
+// digits (17 consonants x 5 vowels each).
+const wordPeriod = 7225
+
+// wordTables are builtinWords' tables: 57 KiB.
+type wordTables struct {
+	stop, comma uint64
+	syl         [wordPeriod]uint64
+}
+
+// word returns the packed text of regular id 16+r.
+func (wt *wordTables) word(r uint32) uint64 {
+	switch {
+	case r%61 == 0:
+		return wt.stop
+	case r%53 == 0:
+		return wt.comma
+	}
+	return wt.syl[r%wordPeriod]
+}
 
 // renderTokens appends the text of generated tokens to dst.
 func renderTokens(tok tokenizer.Tokenizer, dst []byte, ids []uint32, scratch []uint32) ([]byte, []uint32) {
 	if tok == tokenizer.Builtin() {
-		if words, ok := builtinWords(); ok {
+		if wt, ok := builtinWords(); ok {
+			const n = tokenizer.BuiltinVocabSize - tokenizer.BuiltinFirstRegular
 			dst = slices.Grow(dst, 7*len(ids)+8) // room for each 8-byte store
-			n := len(dst)
+			k := len(dst)
 			buf := dst[:cap(dst)]
 			for _, t := range ids {
-				w := words[textID(t)]
-				binary.LittleEndian.PutUint64(buf[n:], w)
-				n += int(w >> 56)
+				w := wt.word(t % n) // textID(t) - BuiltinFirstRegular
+				binary.LittleEndian.PutUint64(buf[k:], w)
+				k += int(w >> 56)
 			}
-			return dst[:n], scratch
+			return dst[:k], scratch
 		}
 	}
 	scratch = scratch[:0]

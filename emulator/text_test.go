@@ -84,3 +84,40 @@ func TestEOSAt(t *testing.T) {
 		t.Errorf("eosAt is not deterministic")
 	}
 }
+
+// TestBuiltinWordsTables checks that the small-table renderer is in use:
+// its tables match the built-in Decode for every regular id (checked when
+// built). If the built-in tokenizer's rendering changes, rendering falls
+// back to Decode (still correct, slower) and this test says so.
+func TestBuiltinWordsTables(t *testing.T) {
+	wt, ok := builtinWords()
+	if !ok {
+		t.Fatal("builtinWords: got ok false, want the tables (has the built-in Decode changed?)")
+	}
+	tok := tokenizer.Builtin()
+	for _, r := range []uint32{0, 1, 53, 61, 106, 122, 7225, 7225 * 3, 61 * 53, 131055} {
+		var b [8]byte
+		w := wt.word(r)
+		for i := range b {
+			b[i] = byte(w >> (8 * i))
+		}
+		if got, want := string(b[:b[7]]), tok.Decode([]uint32{tokenizer.BuiltinFirstRegular + r}); got != want {
+			t.Errorf("word(%d): got %q, want Decode's %q", r, got, want)
+		}
+	}
+}
+
+func BenchmarkRenderTokens(b *testing.B) {
+	tok := tokenizer.Builtin()
+	rng := rand.New(rand.NewPCG(5, 6))
+	ids := make([]uint32, 1000)
+	for i := range ids {
+		ids[i] = rng.Uint32N(128256)
+	}
+	var dst []byte
+	b.ReportAllocs()
+	for b.Loop() {
+		dst, _ = renderTokens(tok, dst[:0], ids, nil)
+	}
+	b.SetBytes(int64(len(dst)))
+}
