@@ -87,10 +87,10 @@ type job struct {
 }
 
 func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
-	bodyBuf := getBuf()
+	bodyBuf := getBody()
 	body, err := readBody(w, r, s.cfg.MaxBodyBytes, bodyBuf)
-	defer putBuf(bodyBuf) // parseRequest copies what it keeps
 	if err != nil {
+		putBody(bodyBuf)
 		var mbe *http.MaxBytesError
 		if errors.As(err, &mbe) {
 			writeError(w, http.StatusRequestEntityTooLarge, fmt.Sprintf("request body larger than %d bytes", mbe.Limit))
@@ -100,6 +100,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	req, aerr := parseRequest(body, chat)
+	putBody(bodyBuf) // parseRequest copies what it keeps
 	if aerr != nil {
 		writeError(w, aerr.status, aerr.msg)
 		return

@@ -11,11 +11,16 @@ import (
 	"github.com/kvroute/kvroute/openai"
 )
 
-// bufPool recycles the byte buffers of a request's life (request body,
-// generated text, response body), so a busy fleet does not allocate and
-// clear tens of kilobytes per request. Buffers that grew past maxPooled are
-// dropped rather than kept.
-var bufPool = sync.Pool{New: func() any { return new([]byte) }}
+// bufPool recycles the byte buffers of a response (generated text,
+// response body), so a busy fleet does not allocate and clear tens of
+// kilobytes per request; bodyPool those of request bodies, which are
+// smaller: mixed in one pool, a small buffer handed out for a response
+// would grow (a fresh allocation) and the small one be dropped, again and
+// again. Buffers that grew past maxPooled are dropped rather than kept.
+var (
+	bufPool  = sync.Pool{New: func() any { return new([]byte) }}
+	bodyPool = sync.Pool{New: func() any { return new([]byte) }}
+)
 
 const maxPooled = 1 << 20
 
@@ -27,6 +32,16 @@ func putBuf(b *[]byte) {
 	}
 	*b = (*b)[:0]
 	bufPool.Put(b)
+}
+
+func getBody() *[]byte { return bodyPool.Get().(*[]byte) }
+
+func putBody(b *[]byte) {
+	if b == nil || cap(*b) > maxPooled {
+		return
+	}
+	*b = (*b)[:0]
+	bodyPool.Put(b)
 }
 
 // readBody reads r's body (at most limit bytes, enforced by

@@ -219,26 +219,29 @@ const (
 )
 
 type sequence struct {
-	id                    string
-	status                seqStatus
-	promptLen, maxTokens  int
-	eosAt                 int
-	seed                  uint64
-	skipPrefill, holdKV   bool
-	numTokens, computed   int
-	outputs               int
-	blocks                []int32
-	hashes                []uint64 // keys of full blocks known so far, in chain order
-	parent                Digest   // digest of hashes[len-1] (token mode chain)
-	numStored             int      // blocks[:numStored] have been offered to the cache
-	tokens                []uint32 // prompt + outputs (token mode); nil on the fast path
-	cachedTokens          int
-	admitted              bool
-	arrival, firstSched   time.Duration
-	firstToken, lastToken time.Duration
-	preemptions           int
-	lastTok               uint32
-	ownHashes             bool // hashes were allocated by Add (recyclable)
+	// Read or written for every scheduled token (schedule, add, allocate's
+	// fast path, emit, DecodeRun): kept together in the first three cache
+	// lines of the object (a busy fleet's steps miss the cache on each
+	// line of each running request).
+	status                         seqStatus
+	skipPrefill, holdKV            bool
+	numTokens, computed            int
+	outputs                        int
+	numStored                      int // blocks[:numStored] have been offered to the cache
+	blocks                         []int32
+	tokens                         []uint32 // prompt + outputs (token mode); nil on the fast path
+	seed                           uint64
+	eosAt, maxTokens, promptLen    int
+	cachedTokens                   int
+	firstToken, lastToken, arrival time.Duration
+	id                             string
+
+	hashes      []uint64 // keys of full blocks known so far, in chain order
+	parent      Digest   // digest of hashes[len-1] (token mode chain)
+	firstSched  time.Duration
+	preemptions int
+	admitted    bool
+	ownHashes   bool // hashes were allocated by Add (recyclable)
 }
 
 // Finished sequences are recycled, with their slices, when nothing else
