@@ -215,6 +215,10 @@ func TestFleetCPU(t *testing.T) {
 	t.Logf("wake-ups: threads' context switches %.0f/s per engine = %.1f per request (%.1f voluntary); engine loop's timed sleeps %.0f/s per engine = %.1f per request; steps %.0f/s per engine; %d connections accepted (%.2f per request)",
 		perEngine(counts.nvcsw+counts.nivcsw), perReq(counts.nvcsw+counts.nivcsw), perReq(counts.nvcsw),
 		perEngine(counts.sleeps), perReq(counts.sleeps), perEngine(counts.steps), counts.conns, perReq(counts.conns))
+	// A process whose heap grows (a short soak ramps up to the steady
+	// concurrency) touches fresh memory: each page's first touch is a fault,
+	// costly in a VM. A long-running engine reuses its heap instead.
+	t.Logf("page faults (first touches of fresh memory): %.1f per request", perReq(counts.minflt))
 	if failed.Load() > 0 {
 		t.Errorf("%d requests failed", failed.Load())
 	}
@@ -225,10 +229,12 @@ func TestFleetCPU(t *testing.T) {
 // timed sleeps and the steps the engine computed.
 type soakCounts struct {
 	nvcsw, nivcsw, sleeps, steps, conns int64
+	minflt                              int64 // page faults served without I/O (first touches of fresh memory)
 }
 
 func (c *soakCounts) add(o soakCounts) {
 	c.nvcsw += o.nvcsw
+	c.minflt += o.minflt
 	c.nivcsw += o.nivcsw
 	c.sleeps += o.sleeps
 	c.steps += o.steps
@@ -237,6 +243,7 @@ func (c *soakCounts) add(o soakCounts) {
 
 func (c *soakCounts) sub(o soakCounts) {
 	c.nvcsw -= o.nvcsw
+	c.minflt -= o.minflt
 	c.nivcsw -= o.nivcsw
 	c.sleeps -= o.sleeps
 	c.steps -= o.steps
@@ -299,7 +306,7 @@ func (p *soakEngine) cpu(c *http.Client) (user, sys time.Duration, counts soakCo
 		return 0, 0, counts, err
 	}
 	var u, s int64
-	if _, err := fmt.Sscan(string(b), &u, &s, &counts.nvcsw, &counts.nivcsw, &counts.sleeps, &counts.steps, &counts.conns); err != nil {
+	if _, err := fmt.Sscan(string(b), &u, &s, &counts.nvcsw, &counts.nivcsw, &counts.sleeps, &counts.steps, &counts.conns, &counts.minflt); err != nil {
 		return 0, 0, counts, fmt.Errorf("soak engine cpu %q: %w", b, err)
 	}
 	return time.Duration(u), time.Duration(s), counts, nil
@@ -408,7 +415,7 @@ func TestSoakEngineChild(t *testing.T) {
 				var ru syscall.Rusage
 				_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 				sleeps, steps := counters()
-				fmt.Fprintln(w, ru.Utime.Nano(), ru.Stime.Nano(), ru.Nvcsw, ru.Nivcsw, sleeps, steps, conns.Load())
+				fmt.Fprintln(w, ru.Utime.Nano(), ru.Stime.Nano(), ru.Nvcsw, ru.Nivcsw, sleeps, steps, conns.Load(), ru.Minflt)
 			})
 			// The parent starts the CPU profile when the load starts.
 			mux.HandleFunc("POST /_soak/profile", func(w http.ResponseWriter, _ *http.Request) {

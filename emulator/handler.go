@@ -12,7 +12,6 @@ import (
 
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/openai"
-	"github.com/kvroute/kvroute/tokenizer"
 )
 
 func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
@@ -112,7 +111,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 	j := &job{chat: chat, req: req}
 	defer j.putText()
 	if chat {
-		j.prompt = s.cfg.Tokenizer.Encode(tokenizer.RenderChatML(req.chatMessages, true))
+		j.prompt = s.encodeChat(req.chatMessages)
 		j.respID = openai.NewChatID()
 	} else {
 		if req.promptIDs != nil {
@@ -124,7 +123,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 				}
 			}
 		} else {
-			j.prompt = s.cfg.Tokenizer.Encode(req.promptText)
+			j.prompt = s.encode(req.promptText)
 		}
 		j.respID = openai.NewCompletionID()
 	}

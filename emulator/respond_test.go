@@ -7,6 +7,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"testing"
+	"unsafe"
 
 	"github.com/kvroute/kvroute/openai"
 )
@@ -140,5 +141,18 @@ func TestStopStringStreaming(t *testing.T) {
 		if got.String() != text[:i] || finish != openai.FinishStop {
 			t.Errorf("stop %q: got %q finish %q, want %q finish stop", stop, got.String(), finish, text[:i])
 		}
+	}
+}
+
+// TestStreamLayout keeps the fields deliver touches for every token in the
+// first cache line of a stream, and the stream in the 256-byte size class
+// (whose objects start on a cache line).
+func TestStreamLayout(t *testing.T) {
+	var st stream
+	if end := unsafe.Offsetof(st.every) + unsafe.Sizeof(st.every); end > 64 {
+		t.Errorf("deliver's fields end at byte %d, want <= 64", end)
+	}
+	if size := unsafe.Sizeof(st); size > 256 || size <= 240 {
+		t.Errorf("stream is %d bytes, want 241..256 (the 256-byte size class)", size)
 	}
 }

@@ -11,25 +11,29 @@ import (
 // accumulated when it wakes. Handlers of non-streaming requests are
 // signalled only when the request finishes (every 0).
 type stream struct {
-	id string // engine request id
-	// every is how often the handler is woken before the request finishes:
-	// 0 never, 1 at every token (stop strings; streaming), n at the first
-	// token and then every n tokens (streaming with --stream-interval n).
-	every     int
-	holdKV    bool   // P/D prefill leg: grant a lease when finished
+	// Owned by the engine loop, and read or written for every token (deliver):
+	// first, in one cache line (a busy fleet's steps miss the cache on each
+	// line of each running request): the engine request id, tokens not yet
+	// handed to the handler, tokens generated (EOS included), the count
+	// since the handler was last woken, and how often it is woken before
+	// the request finishes: 0 never, 1 at every token (stop strings;
+	// streaming), n at the first token and then every n tokens (streaming
+	// with --stream-interval n).
+	id    string
+	pend  []uint32
+	gen   int
+	since int
+	every int
+	// Also owned by the loop: whether the handler was ever woken, and the
+	// cached prompt tokens. (The object is 256 bytes, a size class whose
+	// objects start on a cache line.)
+	notified  bool
+	holdKV    bool // P/D prefill leg: grant a lease when finished
+	cached    int
 	leaseKey  string // key of that lease
 	maxTokens int
 	ch        chan struct{}
 	aborted   atomic.Bool // the handler gave up (client gone)
-
-	// Owned by the engine loop: tokens not yet handed to the handler, the
-	// count since it was last woken, whether it ever was, tokens generated
-	// (EOS included) and the cached prompt tokens.
-	pend     []uint32
-	since    int
-	notified bool
-	gen      int
-	cached   int
 
 	mu           sync.Mutex // protects the fields below
 	toks         []uint32   // generated tokens not yet taken (EOS excluded)

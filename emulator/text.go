@@ -116,6 +116,53 @@ func renderTokens(tok tokenizer.Tokenizer, dst []byte, ids []uint32, scratch []u
 	return append(dst, tok.Decode(scratch)...), scratch
 }
 
+// appendEncoder is the built-in tokenizer's Encode into a caller's slice.
+type appendEncoder interface {
+	AppendEncode(dst []uint32, text string) []uint32
+}
+
+// encode is Tokenizer.Encode; for the built-in tokenizer the ids go into a
+// slice sized for English text (about 3.6 bytes a token) up front, so that
+// it does not grow (Encode's starts at one id per 4 bytes).
+func (s *Server) encode(text string) []uint32 {
+	if s.cfg.Tokenizer == tokenizer.Builtin() {
+		if ae, ok := s.cfg.Tokenizer.(appendEncoder); ok {
+			return ae.AppendEncode(make([]uint32, 0, len(text)/3+8), text)
+		}
+	}
+	return s.cfg.Tokenizer.Encode(text)
+}
+
+// encodeChat is encode(tokenizer.RenderChatML(msgs, true)) with the prompt
+// rendered into a recycled buffer (the ids are all that is kept).
+func (s *Server) encodeChat(msgs []tokenizer.Message) []uint32 {
+	buf := getBody()
+	*buf = appendChatML((*buf)[:0], msgs)
+	ids := s.encode(bytesString(*buf))
+	putBody(buf)
+	return ids
+}
+
+// appendChatML appends tokenizer.RenderChatML(msgs, true) to dst (a test
+// compares the two).
+func appendChatML(dst []byte, msgs []tokenizer.Message) []byte {
+	n := len(tokenizer.ChatMLStart) + len("assistant\n")
+	for _, m := range msgs {
+		n += len(tokenizer.ChatMLStart) + len(m.Role) + 1 + len(m.Content) + len(tokenizer.ChatMLEnd) + 1
+	}
+	dst = slices.Grow(dst, n)
+	for _, m := range msgs {
+		dst = append(dst, tokenizer.ChatMLStart...)
+		dst = append(dst, m.Role...)
+		dst = append(dst, '\n')
+		dst = append(dst, m.Content...)
+		dst = append(dst, tokenizer.ChatMLEnd...)
+		dst = append(dst, '\n')
+	}
+	dst = append(dst, tokenizer.ChatMLStart...)
+	return append(dst, "assistant\n"...)
+}
+
 // stopMatch finds the earliest stop string in text that ends at or after
 // from (the first byte not checked before). It returns the index where the
 // match starts and the stop string, or -1.

@@ -2,6 +2,7 @@ package emulator
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 
 	"github.com/kvroute/kvroute/tokenizer"
@@ -120,4 +121,35 @@ func BenchmarkRenderTokens(b *testing.B) {
 		dst, _ = renderTokens(tok, dst[:0], ids, nil)
 	}
 	b.SetBytes(int64(len(dst)))
+}
+
+func TestAppendChatML(t *testing.T) {
+	for _, msgs := range [][]tokenizer.Message{
+		nil,
+		{{Role: "user", Content: "hi"}},
+		{{Role: "system", Content: "rules\nmore"}, {Role: "user", Content: ""}, {Role: "assistant", Content: "<|im_end|> é"}},
+	} {
+		got := appendChatML([]byte("stale"), msgs)
+		if want := "stale" + tokenizer.RenderChatML(msgs, true); string(got) != want {
+			t.Errorf("appendChatML(%v): got %q, want %q", msgs, got, want)
+		}
+	}
+}
+
+// TestEncodeMatchesTokenizer checks encode and encodeChat against the
+// tokenizer's Encode, for the built-in tokenizer (their sized fast path)
+// and another one.
+func TestEncodeMatchesTokenizer(t *testing.T) {
+	msgs := []tokenizer.Message{{Role: "system", Content: "System prompt 3 sets the rules. It's 42 ok?"}, {Role: "user", Content: "question"}}
+	for _, tok := range []tokenizer.Tokenizer{tokenizer.Builtin(), renderDecode{tokenizer.Builtin()}} {
+		s := &Server{cfg: Config{Tokenizer: tok}}
+		for _, text := range []string{"", "a", "Benchmarks measure the emulator's own cost per request. ", "ééé ... 123456 <|im_start|>x"} {
+			if got, want := s.encode(text), tok.Encode(text); !slices.Equal(got, want) {
+				t.Errorf("encode(%q): got %v, want %v", text, got, want)
+			}
+		}
+		if got, want := s.encodeChat(msgs), tok.Encode(tokenizer.RenderChatML(msgs, true)); !slices.Equal(got, want) {
+			t.Errorf("encodeChat: got %v, want %v", got, want)
+		}
+	}
 }

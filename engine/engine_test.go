@@ -8,6 +8,7 @@ import (
 	"slices"
 	"testing"
 	"time"
+	"unsafe"
 )
 
 func mustEngine(t testing.TB, name string, mod func(*Config)) *Engine {
@@ -971,5 +972,18 @@ func TestRecycledSequences(t *testing.T) {
 				t.Errorf("end time %v, want %v", got, want)
 			}
 		})
+	}
+}
+
+// TestSequenceLayout keeps the fields a step touches for every running
+// request in the first three cache lines of a sequence, and the sequence
+// in the 256-byte size class (whose objects start on a cache line).
+func TestSequenceLayout(t *testing.T) {
+	var s sequence
+	if end := unsafe.Offsetof(s.id) + unsafe.Sizeof(s.id); end > 192 {
+		t.Errorf("the per-token fields end at byte %d, want <= 192", end)
+	}
+	if size := unsafe.Sizeof(s); size > 256 || size <= 240 {
+		t.Errorf("sequence is %d bytes, want 241..256 (the 256-byte size class)", size)
 	}
 }
