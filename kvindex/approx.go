@@ -51,6 +51,12 @@ type ApproxConfig struct {
 	// Shards is the number of shards of the block table, a power of two;
 	// default 64.
 	Shards int
+	// Serialized promises that Match never runs while Record, SetCapacity
+	// or Remove does (the caller serialises them, as the router does under
+	// its lock): the block table then writes with plain stores and
+	// recycles the arrays it rebuilds instead of allocating new ones.
+	// Default false: Match may run concurrently with the writers.
+	Serialized bool
 }
 
 func (c *ApproxConfig) setDefaults() {
@@ -147,6 +153,7 @@ func (a *Approx) endpoint(name string) *aendpoint {
 	}
 	if g == nil {
 		g = &agroup{tab: newATable(a.cfg.Shards)}
+		g.tab.serial = a.cfg.Serialized
 		ng := append(append([]*agroup(nil), groups...), g)
 		a.groups.Store(&ng)
 	}

@@ -38,13 +38,17 @@ import (
 type atable struct {
 	shards []ashard
 	shift  uint // 64 - log2(len(shards))
+	// serial: no reader runs while the writer works (ApproxConfig.Serialized),
+	// so writes are plain stores and rebuilds recycle retired arrays.
+	serial bool
 }
 
 type ashard struct {
-	tab  atomic.Pointer[[]aslot]
-	used int      // slots with a key (live + tombstones); writer only
-	live int      // slots with a non-zero mask; writer only
-	_    [40]byte // keep shards on separate cache lines
+	tab   atomic.Pointer[[]aslot]
+	used  int      // slots with a key (live + tombstones); writer only
+	live  int      // slots with a non-zero mask; writer only
+	spare *[]aslot // serial only: the array the last rebuild retired
+	_     [32]byte // keep shards on separate cache lines
 }
 
 type aslot struct {
@@ -142,7 +146,11 @@ func (t *atable) update(key, set, clear uint64) {
 		if s.key == key {
 			old := s.mask
 			if nw := (old &^ clear) | set; nw != old {
-				atomic.StoreUint64(&s.mask, nw)
+				if t.serial {
+					s.mask = nw
+				} else {
+					atomic.StoreUint64(&s.mask, nw)
+				}
 				switch {
 				case old == 0:
 					sh.live++
@@ -170,6 +178,10 @@ func (t *atable) update(key, set, clear uint64) {
 		// Key first (the mask is 0), mask second: a reader that loaded
 		// the old key sees mask 0 or, loading the key again, the change.
 		s := &arr[reuse]
+		if t.serial {
+			s.key, s.mask = key, set
+			return
+		}
 		atomic.StoreUint64(&s.key, key)
 		atomic.StoreUint64(&s.mask, set)
 		return
@@ -188,7 +200,11 @@ func (t *atable) update(key, set, clear uint64) {
 	// a rebuild), so no reader loads its mask before it sees the key
 	// stored below: the mask needs no atomic store.
 	arr[i].mask = set
-	atomic.StoreUint64(&arr[i].key, key)
+	if t.serial {
+		arr[i].key = key
+	} else {
+		atomic.StoreUint64(&arr[i].key, key)
+	}
 	sh.used++
 }
 
@@ -196,9 +212,24 @@ func (t *atable) update(key, set, clear uint64) {
 // sized for atargetLoad (so it grows when there are few tombstones and
 // shrinks or stays when there are many). Writer only.
 func (t *atable) rebuild(sh *ashard) []aslot {
-	old := *sh.tab.Load()
+	oldp := sh.tab.Load()
+	old := *oldp
 	n := max(int(float64(sh.live+1)/atargetLoad)+1, aminSlots)
-	arr := make([]aslot, n) // no reader sees arr before the Store below
+	var arr []aslot
+	sp := sh.spare
+	if sp != nil && cap(*sp) >= n && cap(*sp) <= 2*n {
+		// Serial: no reader can hold the array the last rebuild
+		// retired, so it serves again.
+		arr = (*sp)[:n]
+		clear(arr)
+	} else if t.serial {
+		// A quarter more capacity, so that a shard that rebuilds at
+		// about the same size reuses it.
+		sp = new([]aslot)
+		arr = make([]aslot, n, n+n/4)
+	} else {
+		arr = make([]aslot, n) // no reader sees arr before the Store below
+	}
 	for _, s := range old {
 		if s.key == 0 || s.mask == 0 {
 			continue
@@ -212,6 +243,14 @@ func (t *atable) rebuild(sh *ashard) []aslot {
 		arr[i] = s
 	}
 	sh.used = sh.live
-	sh.tab.Store(&arr)
+	if !t.serial {
+		p := new([]aslot)
+		*p = arr
+		sh.tab.Store(p)
+		return arr
+	}
+	*sp = arr
+	sh.tab.Store(sp)
+	sh.spare = oldp // retired: no reader holds it or its array
 	return arr
 }

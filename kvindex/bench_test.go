@@ -183,6 +183,7 @@ var approxImpls = []struct {
 	new  func(ApproxConfig) approxImpl
 }{
 	{"cur", func(c ApproxConfig) approxImpl { return NewApprox(c) }},
+	{"serialized", func(c ApproxConfig) approxImpl { c.Serialized = true; return NewApprox(c) }},
 }
 
 // benchApprox benchmarks op on each implementation (sub-benchmarks v0 and

@@ -140,6 +140,8 @@ type endpoint struct {
 	ejectedUntil time.Time
 	totalEjects  int
 	capBlocks    int // capacity last given to the approximate index
+	capTokens    int // the KV capacity capBlocks was computed from
+	capUnit      int // and the block unit: BlockSize, negated in character mode
 
 	// Per-request scratch, protected by Router.mu.
 	cached int
@@ -165,8 +167,11 @@ func New(cfg Config) (*Router, error) {
 		picker: cfg.Picker,
 		policy: cfg.Policy,
 		byID:   make(map[string]*endpoint, len(cfg.Endpoints)),
-		approx: kvindex.NewApprox(kvindex.ApproxConfig{TTL: cfg.ApproxTTL}),
-		gap:    kvindex.NewApprox(kvindex.ApproxConfig{TTL: cfg.EventGap}),
+		// Route calls Match and Record under mu, and nothing else reaches
+		// the approximate indexes: they may skip their lock-free readers'
+		// guarantees.
+		approx: kvindex.NewApprox(kvindex.ApproxConfig{TTL: cfg.ApproxTTL, Serialized: true}),
+		gap:    kvindex.NewApprox(kvindex.ApproxConfig{TTL: cfg.EventGap, Serialized: true}),
 		log:    newDecisionLog(cfg.DecisionLog),
 	}
 	for i := range cfg.Endpoints {
@@ -402,6 +407,14 @@ func (r *Router) blocksToTokens(req *kvroute.Request, blocks int, charMode bool)
 // sizeApprox keeps the approximate index's per-endpoint capacity in step
 // with the endpoint's KV capacity, in the request's block unit.
 func (r *Router) sizeApprox(e *endpoint, capTokens int, req *kvroute.Request, charMode bool) {
+	unit := req.BlockSize
+	if charMode {
+		unit = -unit
+	}
+	if capTokens == e.capTokens && unit == e.capUnit && e.capBlocks != 0 {
+		return // as last time
+	}
+	e.capTokens, e.capUnit = capTokens, unit
 	if capTokens <= 0 {
 		capTokens = r.cfg.DefaultCapacityTokens
 	}
