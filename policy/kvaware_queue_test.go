@@ -137,3 +137,47 @@ func TestKVAwareQueueHeadProgress(t *testing.T) {
 		k.Release(at(tt.ms), &kvroute.Request{ID: probe}, "e")
 	}
 }
+
+// TestKVAwareHotSpread: a hot prefix (more requests in flight than one
+// endpoint's share) whose holder runs over the in-flight bound is spread to
+// a new replica even though the holder's queue is not congested (its
+// prompts are cache hits); with hot_spread off the holder keeps it.
+func TestKVAwareHotSpread(t *testing.T) {
+	for _, spread := range []bool{true, false} {
+		k, err := NewKVAware(map[string]any{"hot_spread": spread}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		hashes := make([]uint64, 190)
+		for i := range hashes {
+			hashes[i] = uint64(i + 1)
+		}
+		req := func(id string) *kvroute.Request {
+			return &kvroute.Request{ID: id, PromptTokens: 6200, BlockSize: 32, BlockHashes: hashes}
+		}
+		cands := func(holderInFlight int) []kvroute.Candidate {
+			return []kvroute.Candidate{
+				cand("holder", kvroute.Load{InFlight: holderInFlight, Running: holderInFlight}, 187, 5984),
+				cand("a", kvroute.Load{InFlight: 4, Running: 4}, 0, 0),
+				cand("b", kvroute.Load{InFlight: 4, Running: 4}, 0, 0),
+				cand("c", kvroute.Load{InFlight: 4, Running: 4}, 0, 0),
+			}
+		}
+		// Twelve of the prefix's requests in flight, all on the holder.
+		for i := range 12 {
+			if d := k.Pick(epoch, req("r"+strconv.Itoa(i)), cands(4)); d.Endpoint != "holder" {
+				t.Fatalf("spread=%v: warm-up pick %d went to %s (%s)", spread, i, d.Endpoint, d.Reason)
+			}
+			k.FirstToken(epoch, req("r"+strconv.Itoa(i)), "holder")
+		}
+		// Holder at 20 in flight: mean (32+1)/4, bound max(1.25 x 8.25,
+		// 8.25+4) = 12.25 < 21 < 2 x bound; share 1.25 x 32/4 = 10 < 13.
+		d := k.Pick(epoch, req("next"), cands(20))
+		if spread && d.Endpoint == "holder" {
+			t.Errorf("hot_spread on: chose the holder over its bound (%s)", d.Reason)
+		}
+		if !spread && d.Endpoint != "holder" {
+			t.Errorf("hot_spread off: chose %s (%s), want holder", d.Endpoint, d.Reason)
+		}
+	}
+}
