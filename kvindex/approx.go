@@ -51,11 +51,11 @@ type ApproxConfig struct {
 	// Shards is the number of shards of the block table, a power of two;
 	// default 64.
 	Shards int
-	// Serialized promises that Match never runs while Record, SetCapacity
-	// or Remove does (the caller serialises them, as the router does under
-	// its lock): the block table then writes with plain stores and
+	// Serialized promises that no two calls overlap (the caller serialises
+	// them, as the router does under its lock; a Match may expire entries,
+	// so it writes too): the block table then writes with plain stores and
 	// recycles the arrays it rebuilds instead of allocating new ones.
-	// Default false: Match may run concurrently with the writers.
+	// Default false: any calls may run concurrently.
 	Serialized bool
 }
 
@@ -96,7 +96,8 @@ func (c *ApproxConfig) setDefaults() {
 //
 // Approx is safe for concurrent use. Match takes no lock except for the
 // brief write lock of an expiry; Record, SetCapacity and Remove take the
-// write lock.
+// write lock. With ApproxConfig.Serialized the caller promises that no two
+// calls overlap, and the table's writes need no atomics.
 type Approx struct {
 	cfg ApproxConfig
 	ttl int64 // cfg.TTL in nanoseconds

@@ -39,7 +39,8 @@ type atable struct {
 	shards []ashard
 	shift  uint // 64 - log2(len(shards))
 	// serial: no reader runs while the writer works (ApproxConfig.Serialized),
-	// so writes are plain stores and rebuilds recycle retired arrays.
+	// so writes are plain stores and rebuilds recycle retired arrays
+	// (ashard.spare).
 	serial bool
 }
 

@@ -39,5 +39,7 @@
 // BlockRemoved events normally keep the index at their cache sizes).
 //
 // The package does no I/O, starts no goroutines and never reads the clock:
-// callers pass now. Index and Approx are safe for concurrent use.
+// callers pass now. Index and Approx are safe for concurrent use; an Approx
+// built with ApproxConfig.Serialized (the router's, used under its lock)
+// leaves serialising its calls to its caller.
 package kvindex
