@@ -27,7 +27,8 @@ type kvBlock struct {
 }
 
 func newBlockPool(n int) *blockPool {
-	p := &blockPool{blocks: make([]kvBlock, n+1), cached: newBlockTable(n)}
+	p := &blockPool{blocks: make([]kvBlock, n+1)}
+	p.cached = newBlockTable(n, p.blocks)
 	s := int32(n) // sentinel
 	p.blocks[s].prev, p.blocks[s].next = s, s
 	for i := 0; i < n; i++ {
@@ -82,8 +83,7 @@ func (p *blockPool) alloc() int32 {
 	p.unlink(id)
 	b := &p.blocks[id]
 	if b.hashed {
-		p.cached.remove(b.hash)
-		b.hashed = false
+		p.cached.remove(b.hash) // clears b.hashed
 		if p.onEvict != nil {
 			p.onEvict(b.hash)
 		}
@@ -103,15 +103,11 @@ func (p *blockPool) release(id int32) {
 	}
 }
 
-// cache registers block id under hash. It returns false (and leaves the
-// block uncached) when another block already caches hash.
+// cache registers block id under hash (setting its hash and hashed). It
+// returns false (and leaves the block uncached) when another block already
+// caches hash.
 func (p *blockPool) cache(id int32, hash uint64) bool {
-	if !p.cached.insert(hash, id) {
-		return false
-	}
-	b := &p.blocks[id]
-	b.hash, b.hashed = hash, true
-	return true
+	return p.cached.insert(hash, id)
 }
 
 // reset forgets every cached hash. It fails (returns false) while any block

@@ -2,31 +2,57 @@ package engine
 
 import (
 	"math/rand/v2"
+	"slices"
 	"testing"
 )
 
 // TestBlockTableDifferential checks the open-addressing table against a Go
-// map under random inserts and removals, with clustered and zero keys.
+// map under random inserts and removals, with clustered and zero keys, and
+// keyspaces whose keys share tags (the low 32 bits of the spread key) with
+// others only by chance (a tag match is checked against the block's key).
 func TestBlockTableDifferential(t *testing.T) {
-	for _, keyspace := range []uint64{8, 100, 1 << 62} {
+	for _, keyspace := range []uint64{8, 100, 1 << 62, collide} {
 		rng := rand.New(rand.NewPCG(keyspace, 3))
 		const max = 300
-		tab := newBlockTable(max)
+		blocks := make([]kvBlock, max)
+		var free []int32 // ids holding no entry
+		for id := range int32(max) {
+			free = append(free, id)
+		}
+		tab := newBlockTable(max, blocks)
 		ref := map[uint64]int32{}
 		for op := range 200000 {
-			k := rng.Uint64N(keyspace)
+			var k uint64
+			if keyspace == collide {
+				// 64 keys with 4 tags: probe runs of tag matches whose
+				// keys differ.
+				k = unspread(rng.Uint64N(16)<<32 | rng.Uint64N(4)<<2)
+			} else {
+				k = rng.Uint64N(keyspace)
+			}
 			switch {
 			case rng.IntN(3) > 0 && len(ref) < max:
 				_, had := ref[k]
-				added := tab.insert(k, int32(op))
+				id := free[rng.IntN(len(free))]
+				added := tab.insert(k, id)
 				if added == had {
 					t.Fatalf("op %d: insert(%d) added=%v, reference had=%v", op, k, added, had)
 				}
 				if added {
-					ref[k] = int32(op)
+					ref[k] = id
+					free = slices.DeleteFunc(free, func(f int32) bool { return f == id })
+					if b := blocks[id]; !b.hashed || b.hash != k {
+						t.Fatalf("op %d: insert(%d, %d) left the block %+v, want it holding the key", op, k, id, b)
+					}
 				}
 			default:
 				tab.remove(k)
+				if id, ok := ref[k]; ok {
+					free = append(free, id)
+					if blocks[id].hashed {
+						t.Fatalf("op %d: remove(%d) left block %d hashed", op, k, id)
+					}
+				}
 				delete(ref, k)
 			}
 			if op%97 == 0 {
@@ -52,6 +78,30 @@ func TestBlockTableDifferential(t *testing.T) {
 			if _, ok := tab.get(k); ok != (func() bool { _, ok := ref[k]; return ok })() {
 				t.Fatalf("op %d: get(%d) presence %v disagrees with the reference", op, k, ok)
 			}
+		}
+	}
+}
+
+// collide is TestBlockTableDifferential's keyspace of keys with equal tags.
+const collide = 1
+
+// unspread inverts tag's spreading (before it keeps 32 bits): tag(unspread(m))
+// == m & 0xffffffff.
+func unspread(m uint64) uint64 {
+	const c = 0xff51afd7ed558ccd
+	inv := uint64(c) // Newton's iteration for c's inverse mod 2^64
+	for range 6 {
+		inv *= 2 - c*inv
+	}
+	m ^= m >> 33
+	m *= inv
+	return m ^ m>>33
+}
+
+func TestUnspread(t *testing.T) {
+	for _, m := range []uint64{0, 1, 5<<32 | 7, 1<<63 | 12345} {
+		if got := tag(unspread(m)); got != m&0xffffffff {
+			t.Errorf("tag(unspread(%#x)): got %#x, want %#x", m, got, m&0xffffffff)
 		}
 	}
 }
