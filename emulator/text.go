@@ -19,18 +19,19 @@ func textID(t uint32) uint32 {
 	return tokenizer.BuiltinFirstRegular + t%n
 }
 
-// builtinWords renders the regular ids of the built-in tokenizer from
-// small tables, so that rendering a generated token is a few multiplications
-// and one load from a table that stays in cache (a table of every id, 1 MiB,
-// costs a cache miss per token in a busy fleet). The built-in Decode renders
-// regular id 16+r as a full stop when r%61 == 0, a comma when r%53 == 0, and
-// otherwise as a space and two syllables taken from r's low base-85 digits,
-// that is from r%7225; Decode has no state across ids, so the concatenation
-// equals Decode of the sequence. The tables are built from Decode and checked
-// against it for every regular id on first use (a few milliseconds); ok is
-// false (renderTokens then calls Decode) if that layout ever changes. Each
-// word is at most 7 bytes (5 today) and packed in one uint64, its bytes from
-// the low end and its length in the top byte: one 8-byte store per token.
+// builtinWords renders the regular ids of the built-in tokenizer from a
+// table of 85 syllables, so that rendering a generated token is a few
+// multiplications and loads from a table that stays in the L1 cache (a
+// table of every id, 1 MiB, costs a cache miss per token in a busy fleet).
+// The built-in Decode renders regular id 16+r as a full stop when r%61 ==
+// 0, a comma when r%53 == 0, and otherwise as a space and two syllables:
+// r's two low base-85 digits, each a consonant and a vowel (17 x 5). Decode
+// has no state across ids, so the concatenation equals Decode of the
+// sequence. The table is built from Decode and checked against it for
+// every regular id on first use (a few milliseconds); ok is false
+// (renderTokens then calls Decode) if that layout ever changes. A word is
+// packed in one uint64, its bytes from the low end and its length in the top
+// byte: one 8-byte store per token.
 var builtinWords = sync.OnceValues(func() (*wordTables, bool) {
 	tok := tokenizer.Builtin()
 	id := []uint32{0}
@@ -52,18 +53,20 @@ var builtinWords = sync.OnceValues(func() (*wordTables, bool) {
 	if !ok1 || !ok2 {
 		return nil, false
 	}
-	const n = tokenizer.BuiltinVocabSize - tokenizer.BuiltinFirstRegular
-	filled := 0
-	for r := uint32(0); r < n && filled < wordPeriod; r++ {
-		if k := r % wordPeriod; r%61 != 0 && r%53 != 0 && wt.syl[k] == 0 {
-			w, ok := word(r)
-			if !ok || w == 0 {
-				return nil, false
-			}
-			wt.syl[k] = w
-			filled++
+	for a := range uint32(syllables) {
+		// The word of an r = a + 85k that is neither a multiple of 61 nor
+		// of 53: its first syllable is a's.
+		r := a + syllables
+		for r%61 == 0 || r%53 == 0 {
+			r += syllables
 		}
+		w, ok := word(r)
+		if !ok || w>>56 != 5 {
+			return nil, false
+		}
+		wt.syl[a] = uint16(w >> 8)
 	}
+	const n = tokenizer.BuiltinVocabSize - tokenizer.BuiltinFirstRegular
 	for r := uint32(0); r < n; r++ {
 		if w, ok := word(r); !ok || w != wt.word(r) {
 			return nil, false
@@ -72,14 +75,13 @@ var builtinWords = sync.OnceValues(func() (*wordTables, bool) {
 	return wt, true
 })
 
-// wordPeriod is 85^2: the two syllables of a word are r's two low base-85
-// digits (17 consonants x 5 vowels each).
-const wordPeriod = 7225
+// syllables is the number of syllables: 17 consonants x 5 vowels.
+const syllables = 85
 
-// wordTables are builtinWords' tables: 57 KiB.
+// wordTables are builtinWords' tables.
 type wordTables struct {
 	stop, comma uint64
-	syl         [wordPeriod]uint64
+	syl         [syllables]uint16 // two bytes each
 }
 
 // word returns the packed text of regular id 16+r.
@@ -90,7 +92,7 @@ func (wt *wordTables) word(r uint32) uint64 {
 	case r%53 == 0:
 		return wt.comma
 	}
-	return wt.syl[r%wordPeriod]
+	return 5<<56 | uint64(wt.syl[r/syllables%syllables])<<24 | uint64(wt.syl[r%syllables])<<8 | ' '
 }
 
 // renderTokens appends the text of generated tokens to dst.
