@@ -74,6 +74,8 @@ type job struct {
 	sent        int     // bytes of text already streamed
 	checked     int     // bytes of text already searched for stop strings
 	buf         []uint32
+	toksBuf     *[]uint32       // from getToks: a whole response's tokens (tokens)
+	ereq        *engine.Request // the request as the engine has it
 	scratch     []uint32
 	finish      string
 	stopReason  string
@@ -167,14 +169,9 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 	case req.Stream:
 		every = s.cfg.StreamInterval
 	}
-	toks := getToks()
-	j.st = newStream(j.engineID, every, j.maxTokens, *toks)
-	if every == 0 {
-		// The loop hands the tokens back in one slice, which ends in j.buf.
-		defer func() { *toks = j.buf; putToks(toks) }()
-	} else {
-		putToks(toks)
-	}
+	j.st = newStream(j.engineID, every, j.maxTokens)
+	j.ereq = ereq
+	defer j.putToks()
 
 	if aerr := s.preparePD(r, j, ereq); aerr != nil {
 		writeError(w, aerr.status, aerr.msg)
@@ -225,6 +222,9 @@ func (s *Server) advance(j *job) bool {
 	j.prog = j.st.take(j.buf)
 	p := &j.prog
 	j.buf = p.toks
+	if j.st.every == 0 && p.finished && p.err == nil {
+		s.tokens(j)
+	}
 	if j.stopped {
 		return true
 	}
@@ -388,6 +388,34 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 			s.abort(j)
 			return
 		}
+	}
+}
+
+// tokens puts the tokens of a finished whole response (every 0, whose
+// stream collected none) in j.prog.toks: the engine's Sampler recomputes
+// them, the EOS that ended a "stop" finish excluded (it has no text), as
+// the stream would have collected them.
+func (s *Server) tokens(j *job) {
+	p := &j.prog
+	n := p.generated
+	if p.finishReason == engine.FinishStop {
+		n--
+	}
+	if n <= 0 {
+		return
+	}
+	if j.toksBuf == nil {
+		j.toksBuf = getToks()
+	}
+	*j.toksBuf = s.sampler.AppendTokens((*j.toksBuf)[:0], j.ereq, n)
+	p.toks = *j.toksBuf
+}
+
+// putToks recycles the tokens buffer (handle's deferred clean-up).
+func (j *job) putToks() {
+	if j.toksBuf != nil {
+		putToks(j.toksBuf)
+		j.toksBuf = nil
 	}
 }
 

@@ -25,6 +25,7 @@ type Server struct {
 	cfg     Config
 	prof    engine.Profile // effective profile (overrides applied)
 	eng     *engine.Engine // owned by the loop goroutine (Run)
+	sampler engine.Sampler // the engine's output tokens, for handlers
 	metrics *metrics
 	pub     *publisher // nil without KV events
 	leases  leaseTable
@@ -94,7 +95,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.EngineID = newUUID()
 	}
 	s := &Server{
-		cfg: cfg, prof: eng.Profile(), eng: eng,
+		cfg: cfg, prof: eng.Profile(), eng: eng, sampler: eng.Sampler(),
 		leases: leaseTable{m: map[string]*lease{}},
 		client: &http.Client{
 			Timeout: cfg.BootstrapWait + 11*time.Minute, // the wait, then at most 10 minutes of transfer
@@ -730,7 +731,9 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 		if !aborted {
 			st.gen++
 			st.since++
-			if !(o.Finished && o.FinishReason == engine.FinishStop) { // EOS has no text
+			// A whole response's handler recomputes its tokens (every 0);
+			// EOS has no text.
+			if st.every > 0 && !(o.Finished && o.FinishReason == engine.FinishStop) {
 				st.pend = append(st.pend, o.Token)
 			}
 		}

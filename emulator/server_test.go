@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -201,4 +202,76 @@ func TestRunAndCloseLifecycle(t *testing.T) {
 		}
 		_ = s.Close() // idempotent
 	})
+}
+
+// TestWholeMatchesStream is a differential test of a whole response, whose
+// handler recomputes its tokens with the engine's Sampler, against the
+// streamed response of the same seed, whose tokens the loop hands over:
+// the same text, finish reason and token count, with EOS (a short EOSMean)
+// and without (ignore_eos), in completions and chat.
+func TestWholeMatchesStream(t *testing.T) {
+	_, hs := testServer(t, Config{EOSMean: 4})
+	for seed := range 12 {
+		for _, path := range []string{"/v1/completions", "/v1/chat/completions"} {
+			in := `"prompt":"Hello there"`
+			if path == "/v1/chat/completions" {
+				in = `"messages":[{"role":"user","content":"Hello there"}]`
+			}
+			body := fmt.Sprintf(`{%s,"max_tokens":9,"seed":%d,"ignore_eos":%v`, in, seed, seed%3 == 0)
+			code, whole := post(t, hs.URL+path, body+`}`)
+			if code != 200 {
+				t.Fatalf("%s: status %d: %s", body, code, whole)
+			}
+			var w struct {
+				Choices []struct {
+					Text         string
+					Message      struct{ Content string }
+					FinishReason string `json:"finish_reason"`
+				}
+				Usage struct {
+					CompletionTokens int `json:"completion_tokens"`
+				}
+			}
+			if err := json.Unmarshal(whole, &w); err != nil {
+				t.Fatal(err)
+			}
+			code, streamed := post(t, hs.URL+path, body+`,"stream":true,"stream_options":{"include_usage":true}}`)
+			if code != 200 {
+				t.Fatalf("%s: stream status %d", body, code)
+			}
+			var text, finish string
+			tokens := -1
+			for _, ev := range readStream(t, bytes.NewReader(streamed)) {
+				if ev == openai.Done {
+					continue
+				}
+				var c struct {
+					Choices []struct {
+						Text         string
+						Delta        struct{ Content string }
+						FinishReason *string `json:"finish_reason"`
+					}
+					Usage *struct {
+						CompletionTokens int `json:"completion_tokens"`
+					}
+				}
+				if err := json.Unmarshal([]byte(ev), &c); err != nil {
+					t.Fatal(err)
+				}
+				for _, ch := range c.Choices {
+					text += ch.Text + ch.Delta.Content
+					if ch.FinishReason != nil {
+						finish = *ch.FinishReason
+					}
+				}
+				if c.Usage != nil {
+					tokens = c.Usage.CompletionTokens
+				}
+			}
+			ch := w.Choices[0]
+			if got := ch.Text + ch.Message.Content; got != text || ch.FinishReason != finish || w.Usage.CompletionTokens != tokens {
+				t.Errorf("%s: whole %q %s %d tokens, streamed %q %s %d tokens", body, got, ch.FinishReason, w.Usage.CompletionTokens, text, finish, tokens)
+			}
+		}
+	}
 }

@@ -48,24 +48,17 @@ type stream struct {
 }
 
 // newStream returns the stream of a request. A whole response (every 0)
-// accumulates its tokens in pend, which is sized once from buf (a buffer
-// from getToks) or allocated.
-func newStream(id string, every int, maxTokens int, buf []uint32) *stream {
-	st := &stream{id: id, every: every, maxTokens: maxTokens, ch: make(chan struct{}, 1)}
-	if every == 0 { // the tokens accumulate until the end: size them once
-		if n := min(maxTokens, 4096); cap(buf) >= n {
-			st.pend = buf[:0]
-		} else {
-			st.pend = make([]uint32, 0, n)
-		}
-	}
-	return st
+// collects no tokens: its handler recomputes them with the engine's
+// Sampler when the request finished (tokens), so the loop only counts
+// them.
+func newStream(id string, every int, maxTokens int) *stream {
+	return &stream{id: id, every: every, maxTokens: maxTokens, ch: make(chan struct{}, 1)}
 }
 
-// toksPool recycles the token buffers of whole responses: the loop fills
-// one per request (its handler takes it when the request finishes) and the
-// handler puts it back when it is done. Buffers over maxPooledToks tokens
-// are dropped.
+// toksPool recycles the token buffers of whole responses: the handler
+// takes one when its request finished, fills it with the request's tokens
+// and puts it back when it is done. Buffers over maxPooledToks tokens are
+// dropped.
 var toksPool = sync.Pool{New: func() any { return new([]uint32) }}
 
 const maxPooledToks = 1 << 16

@@ -306,11 +306,8 @@ type Engine struct {
 	cost    costModel
 	hash    HashFunc
 	speed   float64
-	vocab   uint32
-	eos     uint32
-	// vocabRem computes x % vocab without a division (token).
-	vocabRem remainder
-	caching  bool
+	sampler Sampler // output tokens
+	caching bool
 
 	pool    *blockPool
 	seqs    map[string]*sequence
@@ -367,10 +364,10 @@ func New(cfg Config) (*Engine, error) {
 	e := &Engine{
 		cfg: cfg, prof: p, bs: p.BlockSize, maxSeqs: p.MaxNumSeqs, budget: p.MaxNumBatchedTokens,
 		maxLen: p.MaxModelLen, cost: newCostModel(p), hash: cfg.HashFunc, speed: cfg.Speed,
-		vocab: uint32(p.Model.Vocab), eos: p.Model.EOSTokenID, caching: !cfg.DisablePrefixCaching,
+		sampler: Sampler{vocab: uint32(p.Model.Vocab), eos: p.Model.EOSTokenID}, caching: !cfg.DisablePrefixCaching,
 		pool: newBlockPool(p.NumGPUBlocks), seqs: make(map[string]*sequence),
 	}
-	e.vocabRem = newRemainder(e.vocab)
+	e.sampler.vocabRem = newRemainder(e.sampler.vocab)
 	if e.hash == nil {
 		e.hash = XXH3()
 	}

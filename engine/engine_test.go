@@ -987,3 +987,48 @@ func TestSequenceLayout(t *testing.T) {
 		t.Errorf("sequence is %d bytes, want 241..256 (the 256-byte size class)", size)
 	}
 }
+
+// TestSamplerMatchesStep checks that Sampler.AppendTokens gives the tokens
+// Step reports, for seeded and unseeded requests, with and without EOS,
+// under preemption (a cache too small for all of them).
+func TestSamplerMatchesStep(t *testing.T) {
+	e := mustEngine(t, "tiny", func(c *Config) { c.NumGPUBlocks = 12 })
+	sm := e.Sampler()
+	var reqs []*Request
+	got := map[string][]uint32{}
+	var now time.Duration
+	for i := range 12 {
+		r := &Request{ID: fmt.Sprint("s", i), Prompt: tokens(i*100, 20+i), MaxTokens: 10 + 3*i}
+		switch i % 4 {
+		case 0:
+			r.Seed = uint64(i) * 7919
+		case 1:
+			r.EOSAt = 5 + i
+		case 2:
+			r.EOSAt, r.IgnoreEOS = 3, true
+		}
+		if err := e.Add(now, r); err != nil {
+			t.Fatal(err)
+		}
+		reqs = append(reqs, r)
+	}
+	var res StepResult
+	preempted := 0
+	for e.HasWork() {
+		e.StepInto(now, &res)
+		now += res.Duration
+		preempted += res.Preempted
+		for _, o := range res.Outputs {
+			got[o.ID] = append(got[o.ID], o.Token)
+		}
+	}
+	if preempted == 0 {
+		t.Errorf("no preemption: the test wants some")
+	}
+	for _, r := range reqs {
+		want := sm.AppendTokens([]uint32{99}, r, len(got[r.ID]))
+		if !slices.Equal(want[1:], got[r.ID]) || want[0] != 99 {
+			t.Errorf("%s: Step gave %v, AppendTokens %v", r.ID, got[r.ID], want)
+		}
+	}
+}

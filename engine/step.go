@@ -386,20 +386,55 @@ func (e *Engine) emit(s *sequence, t time.Duration, r *StepResult) bool {
 	return true
 }
 
-// token returns s's idx-th output token: the model's EOS at the EOSAt
-// position, else a pseudo-random id from the request's seed that is never
-// EOS.
+// token returns s's idx-th output token.
 func (e *Engine) token(s *sequence, idx int) uint32 {
-	if s.eosAt > 0 && idx+1 == s.eosAt {
-		return e.eos
+	return e.sampler.token(s.seed, s.eosAt, idx)
+}
+
+// Sampler computes the output tokens of requests as the engine generates
+// them: a pure function of the request's seed, its EOS position and the
+// model's vocabulary, so a driver can recompute a request's tokens when it
+// needs them instead of collecting them step by step. It is a value, safe
+// for concurrent use.
+type Sampler struct {
+	vocab, eos uint32
+	vocabRem   remainder // x % vocab without a division
+}
+
+// Sampler returns the engine's sampler.
+func (e *Engine) Sampler() Sampler { return e.sampler }
+
+// AppendTokens appends the first n output tokens of r (EOS included, where
+// r.EOSAt puts it) to dst: the tokens Step reports for r, in order.
+func (sm Sampler) AppendTokens(dst []uint32, r *Request, n int) []uint32 {
+	seed := r.Seed
+	if seed == 0 {
+		seed = xxh3.HashString(r.ID) | 1
 	}
-	x := s.seed + uint64(idx+1)*0x9e3779b97f4a7c15
+	eosAt := 0
+	if !r.IgnoreEOS && r.EOSAt > 0 {
+		eosAt = r.EOSAt
+	}
+	for idx := range n {
+		dst = append(dst, sm.token(seed, eosAt, idx))
+	}
+	return dst
+}
+
+// token returns the idx-th output token of a request: the model's EOS at
+// the eosAt position, else a pseudo-random id from the seed that is never
+// EOS.
+func (sm *Sampler) token(seed uint64, eosAt, idx int) uint32 {
+	if eosAt > 0 && idx+1 == eosAt {
+		return sm.eos
+	}
+	x := seed + uint64(idx+1)*0x9e3779b97f4a7c15
 	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
 	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
 	x ^= x >> 31
-	t := uint32(e.vocabRem.mod(x)) // x % vocab
-	if t == e.eos {
-		t = (t + 1) % e.vocab
+	t := uint32(sm.vocabRem.mod(x)) // x % vocab
+	if t == sm.eos {
+		t = (t + 1) % sm.vocab
 	}
 	return t
 }
