@@ -84,15 +84,23 @@ func (c *ApproxConfig) setDefaults() {
 // Layout: as in Index, endpoints are numbered in groups of 64 and a
 // lock-free table (atable) maps each block hash to the mask of endpoints
 // holding it. Each endpoint keeps its recency order as a ring of entries
-// in Record order (alog: a hit leaves a tombstone and appends, no linked
-// list) and a map from block hash to ring position (amap). Record does
-// its per-endpoint work first, touching the map slots a prompt needs
-// before it uses them, and then applies the prompt's table changes in one
-// batch, so that the cache misses overlap instead of queueing (see
-// atable). Record allocates only when a structure grows or a table shard
-// is rebuilt to purge tombstones. Expired entries are dropped by
-// Record and, once the oldest entry's TTL has passed, by the next Match,
-// so Match never sees one.
+// in Record order (alog: no linked list) and a map from block hash to the
+// ring position of its live entry (amap) for the blocks recorded again
+// while held only. A block recorded once has one entry and needs no map
+// entry (the table says that the endpoint holds it), so under churn, when
+// every Record inserts and evicts, a block costs the table two changes and
+// the ring two sequential writes, and no map insertion or deletion. A
+// block recorded again gets a map entry naming its new entry at back; its
+// old entry is stale: a tombstone when the map named it, otherwise left in
+// place and told from the live one by the map when it reaches the front
+// (skipStale) or a compaction. Record prefetches the map slots and table
+// lines a prompt needs before it uses them, and trim applies evictions to
+// the table in one batch, so that the cache misses overlap instead of
+// queueing (see atable). Record allocates only when a structure grows or
+// a table shard is rebuilt to purge tombstones (with Serialized, not even
+// then at steady state). Expired entries are dropped by Record and, once
+// the oldest entry's TTL has passed, by the next Match, so Match never
+// sees one.
 //
 // Approx is safe for concurrent use. Match takes no lock except for the
 // brief write lock of an expiry; Record, SetCapacity and Remove take the
@@ -111,8 +119,8 @@ type Approx struct {
 	// recomputes it), never late.
 	nextExpiry atomic.Int64
 
-	sets, clears []uint64 // Record's batch of table changes
-	sink         uint64   // keeps the prefetching loads alive
+	clears []uint64 // trim's batch of table changes
+	sink   uint64   // keeps the prefetching loads alive
 }
 
 type agroup struct {
@@ -188,42 +196,74 @@ func (a *Approx) Record(now time.Time, endpoint string, hashes []uint64) {
 		a.noteExpiry(e)
 		return
 	}
-	a.sink += e.idx.touch(hashes)
-	sets := a.sets[:0]
+	// Only blocks recorded again while held are indexed (e.idx: key ->
+	// position of its live entry), so that their old entry can be found
+	// and dropped. A block recorded once has one entry and needs no index
+	// entry: the table says whether the endpoint holds it. Under churn
+	// (every Record inserting and evicting) most blocks are never indexed,
+	// which saves a map insertion and deletion per block.
+	a.sink += e.idx.touch(hashes) + e.g.tab.touch(hashes)
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := nonZero(hashes[i]) // 0 is the tables' empty key; HashTokens never returns it
-		v, inserted := e.idx.slot(h)
-		if inserted {
-			e.log.n++
-			sets = append(sets, h)
-		} else {
+		if v := e.idx.find(h); v != nil {
 			e.log.kill(*v)
+			*v = e.log.push(h, t, &e.idx)
+			continue
 		}
-		*v = e.log.push(h, t, &e.idx)
+		if e.g.tab.get(h)&e.bit != 0 {
+			// Held, with one entry somewhere in the log: from now on
+			// the index says which is live (see skipStale).
+			pos := e.log.push(h, t, &e.idx)
+			v, _ := e.idx.slot(h)
+			*v = pos
+			continue
+		}
+		// New: into the table at once, so that a repeat later in the
+		// prompt finds it held.
+		e.log.n++
+		e.g.tab.update(h, e.bit, 0)
+		e.log.push(h, t, &e.idx)
 	}
-	e.log.skip()
-	a.sets = sets
 	a.trim(e, t, true)
 	a.noteExpiry(e)
 }
 
+// skipStale advances e's log front past dead entries: tombstones, and
+// entries of indexed blocks other than the one the index names (a block
+// recorded again while held, whose first entry was not indexed). Called
+// with a.mu held.
+func (a *Approx) skipStale(e *aendpoint) {
+	l := &e.log
+	for l.front != l.back {
+		k := l.ring[l.front&l.mask].key
+		if k != 0 {
+			if v := e.idx.find(k); v == nil || *v == l.front {
+				return // live
+			}
+			l.ring[l.front&l.mask].key = 0
+		}
+		l.front++
+	}
+}
+
 // trim drops e's least recent entries while it is over capacity or (when
-// ttl) they expired at t, and applies a.sets (keys that gained e) and the
-// dropped keys to the table. Called with a.mu held.
+// ttl) they expired at t, and clears the dropped keys from the table.
+// Called with a.mu held.
 func (a *Approx) trim(e *aendpoint, t int64, ttl bool) {
 	clears := a.clears[:0]
-	for e.log.n > 0 && (e.log.n > e.capacity || ttl && t-e.log.oldest().t > a.ttl) {
-		clears = append(clears, e.log.pop())
-	}
-	a.clears = clears
-	if len(clears) > 0 {
-		a.sink += e.idx.touch(clears)
-		for _, k := range clears {
+	for {
+		a.skipStale(e)
+		if e.log.n == 0 || e.log.n <= e.capacity && (!ttl || t-e.log.oldest().t <= a.ttl) {
+			break
+		}
+		k := e.log.pop()
+		if e.idx.n > 0 && e.idx.find(k) != nil {
 			e.idx.del(k)
 		}
+		clears = append(clears, k)
 	}
-	a.sink += e.g.tab.applyBatch(a.sets, clears, e.bit)
-	a.sets = a.sets[:0]
+	a.clears = clears
+	a.sink += e.g.tab.applyBatch(nil, clears, e.bit)
 }
 
 // noteExpiry lowers nextExpiry to e's first expiry. Called with a.mu held.

@@ -1,12 +1,15 @@
 package kvindex
 
 // alog is one endpoint's recency order: a ring of entries in the order they
-// were last recorded, least recent at front. Each live entry's position is
-// a sequence number (it never changes unless compact moves the entry), and
-// the endpoint's emap maps the block key to it. Touching an entry again
-// leaves a tombstone (key 0) at its old position and appends it at back, so
-// a hit writes two places and never the neighbours a linked list would;
-// eviction pops the front, reading the ring in order.
+// were last recorded, least recent at front. Each entry's position is a
+// sequence number (it never changes unless compact moves the entry); for
+// blocks recorded again while held, the endpoint's amap maps the block key
+// to the position of its live entry. Recording such a block again leaves
+// a tombstone (key 0) at its old position and appends it at back, so a hit
+// writes two places and never the neighbours a linked list would; a block
+// recorded again before it had an amap entry leaves its first entry in
+// place, stale (see Approx.skipStale). Eviction pops the front, reading
+// the ring in order.
 //
 // Not safe for concurrent use: Approx.mu guards it.
 type alog struct {
@@ -61,60 +64,59 @@ func (l *alog) refresh(hashes []uint64, t int64) bool {
 // kill turns the entry at position s into a tombstone.
 func (l *alog) kill(s uint64) { l.ring[s&l.mask].key = 0 }
 
-// skip advances front past tombstones.
-func (l *alog) skip() {
-	for l.front != l.back && l.ring[l.front&l.mask].key == 0 {
-		l.front++
-	}
-}
-
 // oldest returns the least recent live entry; l.n must be > 0 and front on
-// a live entry (skip).
+// a live entry (Approx.skipStale).
 func (l *alog) oldest() aentry { return l.ring[l.front&l.mask] }
 
-// pop removes the least recent live entry and returns its key; l.n must be
-// > 0.
+// pop removes the front entry and returns its key; the front must be on
+// a live entry (Approx.skipStale).
 func (l *alog) pop() uint64 {
 	k := l.ring[l.front&l.mask].key
 	l.ring[l.front&l.mask].key = 0
 	l.front++
 	l.n--
-	l.skip()
 	return k
 }
 
 // makeRoom is called when the ring is full. When at least half of it is
-// tombstones it compacts in place: live entries slide towards back, so the
-// most recent ones, which are usually dense already, stay put and only the
-// entries that move get their position rewritten in idx. Otherwise the
-// ring doubles; positions do not change. Either way each call is paid for
-// by at least len/2 earlier pushes.
+// dead (tombstones, and stale entries: those of indexed blocks other than
+// the one idx names) it compacts in place: live entries slide towards
+// back, so the most recent ones, which are usually dense already, stay put
+// and only the indexed entries that move get their position rewritten in
+// idx. Otherwise the ring doubles; positions do not change. Either way
+// each call is paid for by at least len/2 earlier pushes.
 func (l *alog) makeRoom(idx *amap) {
 	size := uint64(len(l.ring))
 	if size >= alogMinRing && uint64(l.n)*2 <= size {
-		// Moves go in chunks whose map slots are touched first, so that
-		// their cache misses overlap.
-		var keys [64]uint64
-		var to [64]uint64
+		// Entries go in chunks whose map slots are touched first, so
+		// that their cache misses overlap. From back to front, a block's
+		// live entry comes before its stale ones: once it has moved, the
+		// index names its new position and the stale ones are dropped.
+		var ents [64]aentry
+		var keys, from [64]uint64
 		w, r := l.back, l.back
 		for r != l.front {
 			c := 0
-			for c < len(keys) && r != l.front {
+			for c < len(ents) && r != l.front {
 				r--
 				e := l.ring[r&l.mask]
 				if e.key == 0 {
 					continue
 				}
-				w--
-				if w != r {
-					l.ring[w&l.mask] = e
-					keys[c], to[c] = e.key, w
-					c++
-				}
+				ents[c], keys[c], from[c] = e, e.key, r
+				c++
 			}
 			l.sink += idx.touch(keys[:c])
 			for j := range c {
-				idx.put(keys[j], to[j])
+				v := idx.find(keys[j])
+				if v != nil && *v != from[j] {
+					continue // stale
+				}
+				w--
+				l.ring[w&l.mask] = ents[j]
+				if v != nil {
+					*v = w
+				}
 			}
 		}
 		l.front = w

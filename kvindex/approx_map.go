@@ -2,11 +2,11 @@ package kvindex
 
 import "math/bits"
 
-// amap maps one endpoint's block keys to their positions in its alog:
-// open addressing with linear probing over a power-of-two array and
-// backward-shift deletion (no tombstones), 16 bytes a slot. Unlike emap it
-// has slot (find or insert in one probe), which Record needs for every
-// block. Keys must not be 0 (the empty slot). Not safe for concurrent use:
+// amap maps one endpoint's block keys to their positions in its alog (for
+// the blocks recorded again while held: see Approx): open addressing with
+// linear probing over a power-of-two array and backward-shift deletion (no
+// tombstones), 16 bytes a slot. Unlike emap it has slot (find or insert in
+// one probe). Keys must not be 0 (the empty slot). Not safe for concurrent use:
 // Approx.mu guards it.
 type amap struct {
 	slots []eslot
@@ -53,10 +53,21 @@ func (m *amap) slot(k uint64) (v *uint64, inserted bool) {
 	return &s.v, true
 }
 
-// put sets k to v.
-func (m *amap) put(k, v uint64) {
-	p, _ := m.slot(k)
-	*p = v
+// find returns k's value slot, or nil when k is absent. The pointer is
+// valid until the next insertion or del.
+func (m *amap) find(k uint64) *uint64 {
+	if m.n == 0 {
+		return nil
+	}
+	for i := m.home(k); ; i = (i + 1) & m.mask {
+		s := &m.slots[i]
+		if s.k == k {
+			return &s.v
+		}
+		if s.k == 0 {
+			return nil
+		}
+	}
 }
 
 // del removes k, which must be present.

@@ -92,3 +92,56 @@ func TestApproxSerializedNoAllocs(t *testing.T) {
 		}
 	}
 }
+
+// TestApproxReRecordKeepsRecency checks the unindexed first entry: a block
+// recorded once has no index entry, and recording it again must still make
+// it most recent (its first entry then is stale and skipped), so that the
+// blocks recorded in between are evicted before it.
+func TestApproxReRecordKeepsRecency(t *testing.T) {
+	for _, serialized := range []bool{false, true} {
+		a := NewApprox(ApproxConfig{DefaultCapacityBlocks: 6, TTL: time.Hour, Serialized: serialized})
+		p1, p2, p3 := []uint64{11, 12, 13}, []uint64{21, 22, 23}, []uint64{31, 32, 33}
+		a.Record(t0, "e", p1)
+		a.Record(t0.Add(time.Second), "e", p2)
+		a.Record(t0.Add(2*time.Second), "e", p1) // p1 most recent again
+		a.Record(t0.Add(3*time.Second), "e", p3) // evicts p2, the least recent
+		now := t0.Add(4 * time.Second)
+		for _, c := range []struct {
+			name   string
+			prompt []uint64
+			want   int
+		}{{"p1", p1, 3}, {"p2", p2, 0}, {"p3", p3, 3}} {
+			got := 0
+			if h := a.Match(now, c.prompt, nil); len(h) > 0 {
+				got = h[0].Blocks
+			}
+			if got != c.want {
+				t.Errorf("serialized=%v: %s: got %d blocks held, want %d", serialized, c.name, got, c.want)
+			}
+		}
+		if got := a.Len(); got != 6 {
+			t.Errorf("serialized=%v: Len = %d, want 6", serialized, got)
+		}
+	}
+}
+
+// TestApproxChurnIndexesNothing checks that blocks recorded once are not
+// indexed: under churn (every Record inserting and evicting new blocks)
+// the endpoint's index stays empty, which is what makes such a Record
+// cheap.
+func TestApproxChurnIndexesNothing(t *testing.T) {
+	a := NewApprox(ApproxConfig{DefaultCapacityBlocks: 1000, Serialized: true})
+	ps := randomPrompts(rand.New(rand.NewPCG(9, 9)), 50, 100)
+	for i, p := range ps {
+		a.Record(t0.Add(time.Duration(i)*time.Millisecond), "e", p)
+	}
+	e := a.eps["e"]
+	if e.idx.n != 0 || e.log.n != 1000 {
+		t.Fatalf("after churn: %d indexed blocks, %d held; want 0 and 1000", e.idx.n, e.log.n)
+	}
+	a.Record(t0.Add(time.Second), "e", ps[len(ps)-1]) // the last prompt again: refreshed in place
+	a.Record(t0.Add(2*time.Second), "e", ps[len(ps)-2])
+	if e.idx.n != 100 {
+		t.Fatalf("after recording a held prompt again: %d indexed blocks, want 100", e.idx.n)
+	}
+}

@@ -10,9 +10,10 @@ import (
 // sharded open addressing with linear probing that readers (get) use
 // without a lock and without ever waiting; unlike maskTable it has a single
 // writer (the caller holds Approx.mu), so writes take no shard lock and
-// plain stores serve where no reader can look, and it takes its updates in
-// batches (applyBatch) so that the cache misses of a whole prompt overlap
-// instead of queueing one after the other. Atomic stores are most of what
+// plain stores serve where no reader can look, and its writer loads a
+// whole prompt's lines first (touch) or takes updates in batches
+// (applyBatch), so that the cache misses of a prompt overlap instead of
+// queueing one after the other. Atomic stores are most of what
 // a write costs (each drains the store buffer): a mask change makes one, a
 // new key one or two.
 //
