@@ -120,6 +120,7 @@ type Approx struct {
 	nextExpiry atomic.Int64
 
 	clears []uint64 // trim's batch of table changes
+	miss   []uint64 // Record's blocks missing from the endpoint's map
 	sink   uint64   // keeps the prefetching loads alive
 }
 
@@ -202,7 +203,15 @@ func (a *Approx) Record(now time.Time, endpoint string, hashes []uint64) {
 	// entry: the table says whether the endpoint holds it. Under churn
 	// (every Record inserting and evicting) most blocks are never indexed,
 	// which saves a map insertion and deletion per block.
-	a.sink += e.idx.touch(hashes) + e.g.tab.touch(hashes)
+	a.sink += e.idx.touch(hashes)
+	miss := a.miss[:0] // the table lines only blocks missing from the map need
+	for _, h := range hashes {
+		if h = nonZero(h); e.idx.find(h) == nil {
+			miss = append(miss, h)
+		}
+	}
+	a.miss = miss
+	a.sink += e.g.tab.touch(miss)
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := nonZero(hashes[i]) // 0 is the tables' empty key; HashTokens never returns it
 		if v := e.idx.find(h); v != nil {

@@ -300,6 +300,9 @@ var benchEndpointNames = func() []string {
 //     rebuilt, untimed, before it fills);
 //   - tail10: per endpoint one fixed 230-block prefix with a new 26-block
 //     tail (multi-turn chat), at steady state (old tails are evicted);
+//   - rotate16: 16 prompts sharing a 32-block prefix, round-robin on one
+//     endpoint they all fit (the router's hit regime: every Record moves
+//     256 held blocks to the front);
 //   - evict: new random prompts on endpoints at capacity (each Record
 //     evicts as many blocks as it adds).
 func BenchmarkApproxRecord(b *testing.B) {
@@ -343,6 +346,20 @@ func BenchmarkApproxRecord(b *testing.B) {
 				op(a, i)
 			}
 		}, func(a approxImpl, i int) { op(a, warm+i) }, nil)
+	})
+	b.Run("rotate16", func(b *testing.B) {
+		prompts := randomPrompts(rand.New(rand.NewPCG(4, 4)), 16, benchBlocks)
+		for _, p := range prompts {
+			copy(p[:32], prompts[0][:32])
+		}
+		benchApprox(b, benchBlocks, func(a approxImpl) {
+			a.SetCapacity("e", 12500)
+			for i := 0; i < 64; i++ {
+				a.Record(at(i), "e", prompts[i%16])
+			}
+		}, func(a approxImpl, i int) {
+			a.Record(at(64+i), "e", prompts[i%16])
+		}, nil)
 	})
 	b.Run("evict", func(b *testing.B) {
 		const ring = 2048
