@@ -390,7 +390,7 @@ func TestSoakEngineChild(t *testing.T) {
 	counters := func() (sleeps, steps int64) {
 		for _, s := range servers {
 			sleeps += s.timerSleeps.Load()
-			steps += int64(s.metrics.snap.Load().st.Steps)
+			steps += int64(s.metrics.stats().st.Steps)
 		}
 		return sleeps, steps
 	}

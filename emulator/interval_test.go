@@ -122,7 +122,7 @@ func TestQuietRunWakes(t *testing.T) {
 			if code != http.StatusOK {
 				t.Fatalf("status %d: %s", code, body)
 			}
-			steps := s.metrics.snap.Load().st.Steps
+			steps := s.metrics.stats().st.Steps
 			if got := s.timerSleeps.Load(); got < tc.minWake || got > tc.maxWake {
 				t.Errorf("%d timed wake-ups for %d steps, want %d..%d", got, steps, tc.minWake, tc.maxWake)
 			}
@@ -164,7 +164,7 @@ func TestQuietRunDefers(t *testing.T) {
 			t.Errorf("request %d: %d completion tokens, want %d", i, c.Usage.CompletionTokens, want)
 		}
 	}
-	steps := s.metrics.snap.Load().st.Steps
+	steps := s.metrics.stats().st.Steps
 	if got := s.timerSleeps.Load(); got > 10 || steps < 80 {
 		t.Errorf("%d timed wake-ups for %d steps, want at most 10 for at least 80", got, steps)
 	}
@@ -206,7 +206,7 @@ func TestQuietRunInProgress(t *testing.T) {
 			t.Errorf("%d completion tokens, want 60", c.Usage.CompletionTokens)
 		}
 	}
-	steps := s.metrics.snap.Load().st.Steps
+	steps := s.metrics.stats().st.Steps
 	t.Logf("%d timed wake-ups for %d steps", s.timerSleeps.Load(), steps)
 	if got := s.timerSleeps.Load(); got > n+n/2 || steps < 60 {
 		t.Errorf("%d timed wake-ups for %d steps and %d requests, want at most %d for at least 60 steps", got, steps, n, n+n/2)

@@ -7,7 +7,6 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/engine"
@@ -81,8 +80,11 @@ type snapshot struct {
 // metrics holds one Server's instruments. Histograms that the flavour does
 // not have are nil. The loop goroutine is the only writer.
 type metrics struct {
-	reg  *prometheus.Registry
-	snap atomic.Pointer[snapshot]
+	reg *prometheus.Registry
+	// snapMu protects snap, the last published snapshot (a leaf lock): the
+	// loop overwrites it in place at every step instead of allocating one.
+	snapMu sync.Mutex
+	snap   snapshot
 
 	// mu guards the histograms: the loop holds it while it records a step,
 	// a scrape while it copies them. One lock per step instead of atomic
@@ -170,11 +172,19 @@ func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	}
 }
 
+// stats returns a copy of the last published snapshot.
 func (m *metrics) stats() *snapshot {
-	if s := m.snap.Load(); s != nil {
-		return s
-	}
-	return &snapshot{}
+	m.snapMu.Lock()
+	s := m.snap
+	m.snapMu.Unlock()
+	return &s
+}
+
+// publish makes s the snapshot stats returns.
+func (m *metrics) publish(s *snapshot) {
+	m.snapMu.Lock()
+	m.snap = *s
+	m.snapMu.Unlock()
 }
 
 // newMetrics builds the instruments of a flavour on a private registry.

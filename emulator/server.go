@@ -115,7 +115,7 @@ func New(cfg Config) (*Server, error) {
 		return nil, err
 	}
 	st := eng.Stats()
-	s.metrics.snap.Store(&snapshot{st: st})
+	s.metrics.publish(&snapshot{st: st})
 	if cfg.KVEvents.Endpoint != "" {
 		s.pub = newPublisher(cfg.KVEvents, cfg.Logger)
 	}
@@ -517,7 +517,7 @@ func (s *Server) sleepThrough(ctx context.Context, ls *loopState, until time.Dur
 			// state before it, as the loop awake at every step would.
 			snap := ls.acc
 			snap.st = before
-			s.metrics.snap.Store(&snap)
+			s.metrics.publish(&snap)
 			kept := ls.queue[:0]
 			for _, c := range ls.queue {
 				if c.kind == cmdSync {
@@ -649,7 +649,7 @@ func (s *Server) finishStep(ctx context.Context, ls *loopState, wait bool, now t
 func (s *Server) publishStats(acc *snapshot) {
 	snap := *acc
 	snap.st = s.eng.Stats()
-	s.metrics.snap.Store(&snap)
+	s.metrics.publish(&snap)
 }
 
 // apply runs one queued command in the loop. It reports whether the loop
