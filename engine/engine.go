@@ -229,7 +229,7 @@ type sequence struct {
 	outputs                        int
 	numStored                      int // blocks[:numStored] have been offered to the cache
 	blocks                         []int32
-	tokens                         []uint32 // prompt + outputs (token mode); nil on the fast path
+	tokens                         []uint32 // prompt (from tokBase) + outputs (token mode); nil on the fast path
 	seed                           uint64
 	eosAt, maxTokens, promptLen    int
 	cachedTokens                   int
@@ -237,6 +237,7 @@ type sequence struct {
 	id                             string
 
 	hashes      []uint64 // keys of full blocks known so far, in chain order
+	tokBase     int      // tokens[0] is token tokBase of the sequence (keepTokens)
 	parent      Digest   // digest of hashes[len-1] (token mode chain)
 	firstSched  time.Duration
 	preemptions int
@@ -434,26 +435,40 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 		}
 		s.hashes = h[:len(h):len(h)] // the caller's: never recycled
 		if r.Prompt != nil {
-			s.tokens = sized(spare.tokens, n, n+min(maxTok, 4096))
-			copy(s.tokens, r.Prompt)
+			e.keepTokens(s, r.Prompt, spare.tokens, maxTok)
 		}
 	default:
-		s.tokens = sized(spare.tokens, n, n+min(maxTok, 4096))
-		copy(s.tokens, r.Prompt)
 		if e.caching {
 			s.hashes = sized(spare.hashes, 0, full+min(maxTok, 4096)/e.bs+1)
 			s.ownHashes = true
 			s.parent = e.hash.None()
 			for i := 0; i < full; i++ {
-				s.parent = e.hash.Block(s.parent, s.tokens[i*e.bs:(i+1)*e.bs])
+				s.parent = e.hash.Block(s.parent, r.Prompt[i*e.bs:(i+1)*e.bs])
 				s.hashes = append(s.hashes, s.parent.Key())
 			}
 		}
+		e.keepTokens(s, r.Prompt, spare.tokens, maxTok)
 	}
 	e.seqs[r.ID] = s
 	e.waiting.pushBack(s)
 	e.stalled = false
 	return nil
+}
+
+// keepTokens copies into s.tokens (reusing spare) the prompt tokens s
+// still needs: all of them when KV events report stored blocks' tokens,
+// otherwise only those after the blocks whose keys are known (the key of a
+// later block, the last partial one with outputs, needs its tokens; a known
+// one's does not), so a long prompt is not copied for nothing.
+func (e *Engine) keepTokens(s *sequence, prompt, spare []uint32, maxTok int) {
+	base := 0
+	if e.cfg.NoEvents || !e.caching {
+		base = len(s.hashes) * e.bs
+	}
+	n := len(prompt) - base
+	s.tokBase = base
+	s.tokens = sized(spare, n, n+min(maxTok, 4096))
+	copy(s.tokens, prompt[base:])
 }
 
 // Abort removes a waiting or running request and frees its blocks; the next

@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -1030,5 +1031,37 @@ func TestSamplerMatchesStep(t *testing.T) {
 		if !slices.Equal(want[1:], got[r.ID]) || want[0] != 99 {
 			t.Errorf("%s: Step gave %v, AppendTokens %v", r.ID, got[r.ID], want)
 		}
+	}
+}
+
+// TestNoEventsSameKeys: without KV events the engine keeps only the prompt
+// tokens after the blocks whose keys it knows (keepTokens); the keys of
+// the blocks it fills later (the last partial prompt block and the
+// outputs) must be those of an engine that keeps them all.
+func TestNoEventsSameKeys(t *testing.T) {
+	keys := func(noEvents bool) map[uint64]bool {
+		e := mustEngine(t, "tiny", func(c *Config) { c.NoEvents = noEvents })
+		var now time.Duration
+		for i := range 6 {
+			r := &Request{ID: fmt.Sprint("k", i), Prompt: tokens(i*1000, 16*i+5+i), MaxTokens: 40, Seed: uint64(i + 1)}
+			if i == 5 {
+				r.BlockHashes = []uint64{7, 8} // caller-given keys for the first blocks, the rest from tokens
+			}
+			if err := e.Add(now, r); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var res StepResult
+		for e.HasWork() {
+			e.StepInto(now, &res)
+			now += res.Duration
+		}
+		m := map[uint64]bool{}
+		e.pool.cached.each(func(k uint64, _ int32) { m[k] = true })
+		return m
+	}
+	got, want := keys(true), keys(false)
+	if len(want) < 20 || !maps.Equal(got, want) {
+		t.Errorf("NoEvents cached %d keys, with events %d (want the same, at least 20)", len(got), len(want))
 	}
 }

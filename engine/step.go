@@ -278,7 +278,7 @@ func (e *Engine) stored(s *sequence, from, to int) {
 		ev.ParentHash = &s.hashes[from-1]
 	}
 	if s.tokens != nil {
-		ev.TokenIDs = s.tokens[from*e.bs : to*e.bs : to*e.bs]
+		ev.TokenIDs = s.tokens[from*e.bs-s.tokBase : to*e.bs-s.tokBase : to*e.bs-s.tokBase] // tokBase is 0 with events
 	}
 	r.Events = append(r.Events, ev)
 }
@@ -299,7 +299,7 @@ func (e *Engine) blockKey(s *sequence, j int) uint64 {
 			} else if i == 0 {
 				s.parent = e.hash.None()
 			}
-			s.parent = e.hash.Block(s.parent, s.tokens[i*e.bs:(i+1)*e.bs])
+			s.parent = e.hash.Block(s.parent, s.tokens[i*e.bs-s.tokBase:(i+1)*e.bs-s.tokBase]) // i*bs >= tokBase
 			s.hashes = append(s.hashes, s.parent.Key())
 			continue
 		}
