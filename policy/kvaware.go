@@ -118,7 +118,11 @@ type KVAwareParams struct {
 	// HotSpread caps a holder of a hot prefix (one whose in-flight demand
 	// exceeds one endpoint's share, C x mean in-flight) once its in-flight
 	// count is over the bound, congested or not, so the prefix's next
-	// request becomes a new replica elsewhere. Without it a prefix whose
+	// request becomes a new replica elsewhere; only while some endpoint
+	// without the prefix is uncongested and at most at the mean in-flight
+	// (in a burst on a cold fleet spreading would add misses to busy
+	// queues: tenants at 650 req/s, seeds 5-8, went +4% -> +15% without
+	// that condition). Without it a prefix whose
 	// prompts are mostly cached never congests its holders' queues: they
 	// keep it while running well above the mean, and their slower decode
 	// steps set the p99 (the shared-system-prompt workload). Default true.
@@ -344,7 +348,8 @@ func (p KVAwareParams) Validate() error {
 // mostly cached never congests its holders' queues, and without it two
 // holders of a shared system prompt ran at 1.4x the mean in-flight while
 // the others idled (sysprompt at 100 req/s: p99 TTFT +15% over round-robin,
-// +5% with it). Shrinking: when
+// +5% with it, over seeds 1-4). It applies only while an endpoint without
+// the prefix has room (uncongested, in-flight at most the mean). Shrinking: when
 // more uncapped endpoints hold the prefix than r, only the r ranked first by
 // rendezvous hash of (prefix, endpoint) keep affinity credit; the others,
 // when their KV usage is at least TrimKVUsage (their cache space is
@@ -576,7 +581,18 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	hotDepth := 0
 	if p.Replicate && p.HotSpread {
 		if key, d := hotKey(req, cands); key != 0 && float64(k.prefixInflight[key]+1) > math.Max(1, p.C*float64(total)/float64(healthy)) {
-			hotDepth = d
+			// Only where a new replica would land on an idle-ish node: one
+			// without the prefix, its queue uncongested and its in-flight
+			// at most the mean (in a burst on a cold fleet every other
+			// node is busy prefilling, and spreading adds misses to them).
+			for i := range cands {
+				c := &cands[i]
+				if c.Healthy && c.CachedBlocks < d && float64(c.Load.InFlight+1) <= mean &&
+					k.queuedTokens(c) <= float64(p.MaxBatchedTokens) {
+					hotDepth = d
+					break
+				}
+			}
 		}
 	}
 
