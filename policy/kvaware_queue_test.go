@@ -179,5 +179,21 @@ func TestKVAwareHotSpread(t *testing.T) {
 		if !spread && d.Endpoint != "holder" {
 			t.Errorf("hot_spread off: chose %s (%s), want holder", d.Endpoint, d.Reason)
 		}
+		if !spread {
+			continue
+		}
+		// No room: every endpoint without the prefix has a congested queue
+		// (a burst on a cold fleet): the holder keeps the prefix.
+		busy := cands(20)
+		for i := 1; i < len(busy); i++ {
+			busy[i].Load.Waiting = 20
+		}
+		d = k.Pick(epoch, req("busy"), busy)
+		if d.Endpoint != "holder" {
+			t.Errorf("hot_spread on, no room elsewhere: chose %s (%s), want holder", d.Endpoint, d.Reason)
+		}
+		if got := part(d.Scores[0], "cached_tokens"); got != 5984 {
+			t.Errorf("hot_spread on, no room elsewhere: holder credited %v tokens (why %q), want 5984 (not capped)", got, d.Scores[0].Why)
+		}
 	}
 }
