@@ -459,15 +459,20 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 // still needs: all of them when KV events report stored blocks' tokens,
 // otherwise only those after the blocks whose keys are known (the key of a
 // later block, the last partial one with outputs, needs its tokens; a known
-// one's does not), so a long prompt is not copied for nothing.
+// one's does not), so a long prompt is not copied for nothing. Without
+// events blockKey also drops a block's tokens once it has its key, so
+// s.tokens holds about a block of outputs at a time instead of all of them.
 func (e *Engine) keepTokens(s *sequence, prompt, spare []uint32, maxTok int) {
-	base := 0
+	base, room := 0, min(maxTok, 4096)
 	if e.cfg.NoEvents || !e.caching {
 		base = len(s.hashes) * e.bs
 	}
+	if e.cfg.NoEvents && e.caching {
+		room = min(maxTok, 2*e.bs)
+	}
 	n := len(prompt) - base
 	s.tokBase = base
-	s.tokens = sized(spare, n, n+min(maxTok, 4096))
+	s.tokens = sized(spare, n, n+room)
 	copy(s.tokens, prompt[base:])
 }
 

@@ -301,6 +301,12 @@ func (e *Engine) blockKey(s *sequence, j int) uint64 {
 			}
 			s.parent = e.hash.Block(s.parent, s.tokens[i*e.bs-s.tokBase:(i+1)*e.bs-s.tokBase]) // i*bs >= tokBase
 			s.hashes = append(s.hashes, s.parent.Key())
+			if e.cfg.NoEvents {
+				// No event reports the block's tokens: keep only those
+				// after it (see keepTokens).
+				s.tokens = s.tokens[:copy(s.tokens, s.tokens[(i+1)*e.bs-s.tokBase:])]
+				s.tokBase = (i + 1) * e.bs
+			}
 			continue
 		}
 		// No token ids: the block's content is this request's own output
