@@ -29,7 +29,9 @@
 // requests handlers queued, steps the model, sleeps the modelled step time
 // (divided by Config.Speed), then hands the step's tokens to the waiting
 // handlers in one batch. Handlers of non-streaming requests are woken once,
-// when their request finishes; streaming handlers at every token, or with
+// when their request finishes (they recompute its tokens with the engine's
+// Sampler rather than have the loop collect them); streaming handlers at
+// every token, or with
 // Config.StreamInterval n (vLLM's --stream-interval) at the first token,
 // then every n tokens and at the last. Run returns when its context is
 // cancelled, after failing every live request and stopping the KV-event

@@ -72,7 +72,8 @@
 // # What is approximated
 //
 //   - No real model runs: output tokens are pseudo-random ids from the
-//     request's seed; EOS is emitted only at Request.EOSAt.
+//     request's seed; EOS is emitted only at Request.EOSAt. Sampler computes
+//     them from the request alone, so a driver need not collect them.
 //   - Costs are an analytic roofline, not measured kernels: no CUDA-graph
 //     batch padding, no sampler or detokeniser cost beyond a per-sequence
 //     constant, no async scheduling overlap, no speculative decoding.
