@@ -491,7 +491,8 @@ type candState struct {
 	score     float64 // est + work and decode terms: lower wins
 	queueMs   float64
 	prefMs    float64
-	queued    float64
+	queued    float64  // uncached prompt tokens queued ahead (queuedTokens)
+	es        *epStats // the endpoint's stats, nil when none: looked up once per Pick
 }
 
 // affinityCapped reports whether a cap takes the candidate's cache credit
@@ -561,6 +562,9 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 			total += cands[i].Load.InFlight
 			waiting += max(cands[i].Load.Waiting, 0)
 			healthy++
+			st := &k.c[i]
+			st.es = k.epStat(&cands[i])
+			st.queued = k.queuedTokens(&cands[i], st.es)
 		}
 	}
 	if healthy == 0 {
@@ -588,7 +592,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 			for i := range cands {
 				c := &cands[i]
 				if c.Healthy && c.CachedBlocks < d && float64(c.Load.InFlight+1) <= mean &&
-					k.queuedTokens(c) <= float64(p.MaxBatchedTokens) {
+					k.c[i].queued <= float64(p.MaxBatchedTokens) {
 					hotDepth = d
 					break
 				}
@@ -623,7 +627,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		// uncongested candidate, so a hot prefix whose hits cost no prefill
 		// still spreads.
 		f := float64(l.InFlight + 1)
-		switch congested := k.queuedTokens(&cands[i]) > float64(p.MaxBatchedTokens); {
+		switch congested := st.queued > float64(p.MaxBatchedTokens); {
 		case f > 2*inflightCap || (congested && f > inflightCap):
 			st.flags |= capInflight
 		case hotDepth > 0 && cands[i].CachedBlocks == hotDepth && f > inflightCap:
@@ -730,13 +734,13 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 func (k *KVAware) estimate(c *kvroute.Candidate, st *candState, P int) {
 	p := &k.p
 	l := &c.Load
-	tok, reqMs, learnedReq := k.rates(c)
+	tok, reqMs, learnedReq := k.rates(st.es)
 	own := float64(P - st.credit)
 	cpu := 0.0
 	if c.Tier == kvroute.TierCPU && st.credit > 0 {
 		cpu = float64(st.credit)
 	}
-	queued := k.queuedTokens(c)
+	queued := st.queued
 	stepMs := (p.StepOverheadUs + float64(max(l.Running, 0))*p.DecodeUsPerToken +
 		float64(max(l.DecodeTokens, 0))/1000*p.DecodeUsPerCtxKTok) / 1000
 	budget := math.Max(float64(p.MaxBatchedTokens-max(l.Running, 0)), float64(p.MaxBatchedTokens)/4)
@@ -747,7 +751,7 @@ func (k *KVAware) estimate(c *kvroute.Candidate, st *candState, P int) {
 	// (sum of squares over sum), or by the mean uncached size when the
 	// router has none of its own there.
 	size := k.meanUncached
-	if s := k.epStat(c); s != nil {
+	if s := st.es; s != nil {
 		switch {
 		case k.firstTokens && s.pendTok > 0:
 			size = s.pendSq / s.pendTok
@@ -774,14 +778,15 @@ func (k *KVAware) estimate(c *kvroute.Candidate, st *candState, P int) {
 
 // queuedTokens estimates the uncached prompt tokens queued ahead on an
 // endpoint: the router's own in-flight prefill, or the engine's waiting
-// queue at the mean uncached size, whichever is larger.
-func (k *KVAware) queuedTokens(c *kvroute.Candidate) float64 {
+// queue at the mean uncached size, whichever is larger. s is c's stats
+// (nil: none).
+func (k *KVAware) queuedTokens(c *kvroute.Candidate, s *epStats) float64 {
 	l := &c.Load
 	if k.firstTokens {
 		// Exact for the policy's own dispatches; the engine's queue covers
 		// work other routers sent.
 		own := 0.0
-		if s := k.epStat(c); s != nil {
+		if s != nil {
 			own = s.pendTok
 			if k.p.ProgressTokPerMs > 0 && own > 0 {
 				done := k.now.Sub(s.progressAt).Seconds() * 1000 * k.p.ProgressTokPerMs
@@ -791,7 +796,7 @@ func (k *KVAware) queuedTokens(c *kvroute.Candidate) float64 {
 		return math.Max(own, float64(max(l.Waiting, 0))*k.meanUncached)
 	}
 	frac := k.uncachedFrac
-	if s := k.epStat(c); s != nil && s.sumPrompt > 0 {
+	if s != nil && s.sumPrompt > 0 {
 		// The uncached share of what the policy itself routed here: a
 		// holder's queue of cache hits is short even when their prompts
 		// are long (the fleet-wide share overstated it and spread a hot
@@ -801,9 +806,10 @@ func (k *KVAware) queuedTokens(c *kvroute.Candidate) float64 {
 	return math.Max(float64(max(l.InFlightTokens, 0))*frac, float64(max(l.Waiting, 0))*k.meanUncached)
 }
 
-// rates returns ms per uncached token and ms per queued request for c, and
-// whether the latter was learned.
-func (k *KVAware) rates(c *kvroute.Candidate) (tok, req float64, learned bool) {
+// rates returns ms per uncached token and ms per queued request for the
+// endpoint whose stats are s (nil: none), and whether the latter was
+// learned.
+func (k *KVAware) rates(s *epStats) (tok, req float64, learned bool) {
 	tok, req = k.p.PrefillUsPerToken/1000, k.p.QueuedRequestMs
 	if !k.p.Learn {
 		return tok, req, false
@@ -815,7 +821,7 @@ func (k *KVAware) rates(c *kvroute.Candidate) (tok, req float64, learned bool) {
 	if k.all.nReq >= min {
 		req, learned = k.all.reqMs, true
 	}
-	if s := k.epStat(c); s != nil && k.p.LearnPerEndpoint {
+	if s != nil && k.p.LearnPerEndpoint {
 		if s.nTok >= min {
 			tok = s.tokMs
 		}
