@@ -60,6 +60,10 @@ func TestApproxSerializedDifferential(t *testing.T) {
 			if !reflect.DeepEqual(got, want) {
 				t.Fatalf("seed %d step %d: Match(%v)\n got %+v\nwant %+v", seed, step, q, got, want)
 			}
+			un := a.MatchUnordered(now, q, nil)
+			if sortHits(un); !reflect.DeepEqual(un, want) {
+				t.Fatalf("seed %d step %d: MatchUnordered(%v), sorted\n got %+v\nwant %+v", seed, step, q, un, want)
+			}
 		}
 	}
 }

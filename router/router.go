@@ -359,8 +359,8 @@ func (r *Router) matchPrefixes(now time.Time, req *kvroute.Request) {
 	if len(req.BlockHashes) == 0 {
 		return
 	}
-	r.hits = r.approx.Match(now, req.BlockHashes, r.hits[:0])
-	r.hits = r.gap.Match(now, req.BlockHashes, r.hits)
+	r.hits = r.approx.MatchUnordered(now, req.BlockHashes, r.hits[:0])
+	r.hits = r.gap.MatchUnordered(now, req.BlockHashes, r.hits)
 	for _, h := range r.hits {
 		if e := r.byID[h.Endpoint]; e != nil && h.Blocks > e.cached {
 			e.cached, e.tier = h.Blocks, kvroute.TierGPU
