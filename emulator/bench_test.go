@@ -7,18 +7,11 @@ import (
 	"net/http"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
-	"time"
 
 	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/internal/cputime"
 )
-
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 // cpuPerRequest runs do(0..b.N-1) on 16 workers and reports the process
 // CPU time per request and per 1,000 generated tokens.
@@ -33,7 +26,7 @@ func cpuPerRequest(b *testing.B, tokens int, do func(i int)) {
 			}
 		})
 	}
-	cpu0 := cpuTime()
+	cpu0 := cputime.Process()
 	b.ResetTimer()
 	for i := range b.N {
 		work <- i
@@ -41,7 +34,7 @@ func cpuPerRequest(b *testing.B, tokens int, do func(i int)) {
 	close(work)
 	wg.Wait()
 	b.StopTimer()
-	cpu := cpuTime() - cpu0
+	cpu := cputime.Process() - cpu0
 	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N), "cpu-us/req")
 	b.ReportMetric(float64(cpu.Microseconds())/float64(b.N)/float64(tokens)*1000, "cpu-us/1ktok")
 }

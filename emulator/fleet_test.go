@@ -25,6 +25,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/internal/cputime"
 )
 
 // Environment of the soak run (TestFleetCPU) and of its engine processes.
@@ -165,7 +166,7 @@ func TestFleetCPU(t *testing.T) {
 			}
 		}
 	}
-	eng0, gen0, start := engineCPU(), cpuTime(), time.Now()
+	eng0, gen0, start := engineCPU(), cputime.Process(), time.Now()
 	sys0, counts0 := sysTime, counts
 	next := start
 	for i := 0; time.Since(start) < time.Duration(secs)*time.Second; i++ {
@@ -196,7 +197,7 @@ func TestFleetCPU(t *testing.T) {
 	}
 	wg.Wait()
 	wall := time.Since(start)
-	gen := cpuTime() - gen0
+	gen := cputime.Process() - gen0
 	eng := engineCPU() - eng0
 	sys := sysTime - sys0
 	counts.sub(counts0)

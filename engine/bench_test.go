@@ -3,17 +3,11 @@ package engine
 import (
 	"fmt"
 	"math/rand/v2"
-	"syscall"
 	"testing"
 	"time"
-)
 
-// processCPU is the CPU time (user + system) this process used.
-func processCPU() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
+	"github.com/kvroute/kvroute/internal/cputime"
+)
 
 // BenchmarkStepBatch64 measures one scheduler step with 64 decoding
 // requests of ~1k context on the 8B profile (the issue's "ns per step at
@@ -51,7 +45,7 @@ func BenchmarkStepBatch64(b *testing.B) {
 			b.ReportAllocs()
 			b.ResetTimer()
 			seqs := 0
-			cpu0 := processCPU()
+			cpu0 := cputime.Process()
 			for i := 0; i < b.N; i++ {
 				e.StepInto(now, &res)
 				now += res.Duration
@@ -64,7 +58,7 @@ func BenchmarkStepBatch64(b *testing.B) {
 			}
 			// CPU time is steadier than ns/op on a shared machine (time
 			// spent descheduled is not counted).
-			b.ReportMetric(float64(processCPU()-cpu0)/float64(b.N), "cpu-ns/step")
+			b.ReportMetric(float64(cputime.Process()-cpu0)/float64(b.N), "cpu-ns/step")
 			b.ReportMetric(float64(seqs)/float64(b.N), "seqs/step")
 		})
 	}

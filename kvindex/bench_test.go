@@ -11,6 +11,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/cputime"
 )
 
 // buildBig fills an index with about entries (block, endpoint) entries over
@@ -95,7 +96,7 @@ func BenchmarkIndexMatch8k(b *testing.B) {
 	lat := make([]time.Duration, 0, 1<<16)
 	b.ReportAllocs()
 	b.ResetTimer()
-	cpu0 := cpuTime()
+	cpu0 := cputime.Process()
 	for b.Loop() {
 		t := time.Now()
 		dst = x.Match(q, dst[:0])
@@ -104,7 +105,7 @@ func BenchmarkIndexMatch8k(b *testing.B) {
 		}
 	}
 	b.StopTimer()
-	if cpu := cpuTime() - cpu0; cpu > 0 {
+	if cpu := cputime.Process() - cpu0; cpu > 0 {
 		b.ReportMetric(float64(cpu.Nanoseconds())/1e3/float64(b.N), "cpu-us/op")
 	}
 	slices.Sort(lat)
@@ -139,7 +140,7 @@ func BenchmarkIndexStore(b *testing.B) {
 	var seq uint64
 	b.ReportAllocs()
 	b.ResetTimer()
-	cpu0 := cpuTime()
+	cpu0 := cputime.Process()
 	hs := make([]uint64, per)
 	old := make([]uint64, per)
 	for i := 0; b.Loop(); i++ {
@@ -160,7 +161,7 @@ func BenchmarkIndexStore(b *testing.B) {
 	}
 	// Each iteration is per BlockStored and (after warm-up) per BlockRemoved
 	// block events.
-	cpu := cpuTime() - cpu0
+	cpu := cputime.Process() - cpu0
 	b.ReportMetric(float64(2*b.N*per)/b.Elapsed().Seconds(), "block-events/s")
 	if cpu > 0 {
 		b.ReportMetric(float64(2*b.N*per)/cpu.Seconds(), "block-events/cpu-s")
@@ -206,13 +207,13 @@ func benchApprox(b *testing.B, blocksPerOp int, setup func(approxImpl), op func(
 			lat := make([]time.Duration, 0, 1<<16)
 			b.ReportAllocs()
 			b.ResetTimer()
-			cpu0, cpuPaused := cpuTime(), time.Duration(0)
+			cpu0, cpuPaused := cputime.Process(), time.Duration(0)
 			for i := 0; b.Loop(); i++ {
 				if reset != nil && i > 0 && reset(i) {
 					b.StopTimer()
-					c := cpuTime()
+					c := cputime.Process()
 					a = mk(n)
-					cpuPaused += cpuTime() - c
+					cpuPaused += cputime.Process() - c
 					b.StartTimer()
 				}
 				start := time.Now()
@@ -222,7 +223,7 @@ func benchApprox(b *testing.B, blocksPerOp int, setup func(approxImpl), op func(
 				}
 			}
 			b.StopTimer()
-			if cpu := cpuTime() - cpu0 - cpuPaused; cpu > 0 {
+			if cpu := cputime.Process() - cpu0 - cpuPaused; cpu > 0 {
 				b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N*blocksPerOp), "cpu-ns/block")
 			}
 			// An op is short next to a scheduler time slice, so most ops
@@ -238,7 +239,7 @@ func benchApprox(b *testing.B, blocksPerOp int, setup func(approxImpl), op func(
 	b.Run("ab", func(b *testing.B) {
 		runtime.LockOSThread()
 		defer runtime.UnlockOSThread()
-		clock := threadCPU
+		clock := cputime.Thread
 		if clock() == 0 {
 			clock = func() time.Duration { return time.Duration(time.Now().UnixNano()) }
 		}

@@ -11,11 +11,11 @@ import (
 	"net/url"
 	"slices"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/cputime"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/policy"
 )
@@ -137,13 +137,13 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		var direct, bareLat, proxied []time.Duration
 		var cpuDirect, cpuBare, cpuProxied time.Duration // process CPU time (user+system): steadier than latency on a busy machine
 		for b.Loop() {
-			c0 := cpuTime()
+			c0 := cputime.Process()
 			direct = append(direct, send(b, be.URL))
-			c1 := cpuTime()
+			c1 := cputime.Process()
 			bareLat = append(bareLat, send(b, bare.URL))
-			c2 := cpuTime()
+			c2 := cputime.Process()
 			proxied = append(proxied, send(b, tp.srv.URL))
-			c3 := cpuTime()
+			c3 := cputime.Process()
 			cpuDirect += c1 - c0
 			cpuBare += c2 - c1
 			cpuProxied += c3 - c2
@@ -166,13 +166,4 @@ func BenchmarkProxyOverhead(b *testing.B) {
 		b.ReportMetric(q(bareLat, .5)-q(direct, .5), "bare-added-p50-µs")
 		b.ReportMetric(0, "ns/op")
 	})
-}
-
-// cpuTime is the process's user plus system CPU time so far.
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		return 0
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }

@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/cputime"
 	"github.com/kvroute/kvroute/policy"
 )
 
@@ -72,7 +73,7 @@ func benchDecision(b *testing.B, sessions, inflight int) {
 		req := &reqs[slot]
 		old := flights[slot] // routed len(reqs) decisions ago (inflight > 0)
 		flights[slot] = nil
-		c := threadCPU()
+		c := cputime.Thread()
 		t := time.Now()
 		if old != nil {
 			r.FirstToken(now, old)
@@ -91,7 +92,7 @@ func benchDecision(b *testing.B, sessions, inflight int) {
 		}
 		if len(lat) < cap(lat) {
 			lat = append(lat, time.Since(t))
-			cpu = append(cpu, threadCPU()-c)
+			cpu = append(cpu, cputime.Thread()-c)
 		}
 		now = now.Add(time.Millisecond)
 		i++

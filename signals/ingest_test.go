@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"testing"
 
+	"github.com/kvroute/kvroute/internal/cputime"
 	"github.com/kvroute/kvroute/kvindex"
 )
 
@@ -71,12 +72,12 @@ func benchIngest(b *testing.B, enc EventEncoding) {
 	b.SetBytes(bytes / ring)
 	b.ReportAllocs()
 	seq := uint64(0)
-	cpu0 := cpuTime()
+	cpu0 := cputime.Process()
 	for b.Loop() {
 		s.handle(ctx, seq, payloads[seq%ring])
 		seq++
 	}
-	cpu := cpuTime() - cpu0
+	cpu := cputime.Process() - cpu0
 	st := s.Status()
 	if st.StoreErrors != 0 || st.Resyncs != 0 || st.DecodeErrors != 0 {
 		b.Fatalf("status %+v", st)

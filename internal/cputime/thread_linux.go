@@ -1,6 +1,6 @@
 //go:build linux
 
-package kvindex
+package cputime
 
 import (
 	"syscall"
@@ -8,10 +8,7 @@ import (
 	"unsafe"
 )
 
-// threadCPU returns the calling thread's CPU time (the caller locks its
-// goroutine to the thread), so that two implementations interleaved in one
-// benchmark loop can be charged separately.
-func threadCPU() time.Duration {
+func thread() time.Duration {
 	const clockThreadCPUTimeID = 3
 	var ts syscall.Timespec
 	if _, _, errno := syscall.Syscall(syscall.SYS_CLOCK_GETTIME, clockThreadCPUTimeID, uintptr(unsafe.Pointer(&ts)), 0); errno != 0 {

@@ -1,7 +1,0 @@
-//go:build !unix
-
-package kvindex
-
-import "time"
-
-func cpuTime() time.Duration { return 0 }
