@@ -231,6 +231,11 @@ func (s *scanner) str() ([]byte, bool) {
 // strEscaped finishes str from the first backslash (at s.i) of a string
 // that started at start.
 func (s *scanner) strEscaped(start int) ([]byte, bool) {
+	for _, c := range s.b[start:s.i] {
+		if c < 0x20 {
+			return nil, false // encoding/json rejects raw control characters
+		}
+	}
 	v := make([]byte, 0, s.i-start+64)
 	v = append(v, s.b[start:s.i]...)
 	for s.i < len(s.b) {
