@@ -428,7 +428,9 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 	s.blocks = sized(spare.blocks, 0, min((total+e.bs-1)/e.bs, (n+e.bs-1)/e.bs+64))
 	full := n / e.bs
 	switch {
-	case r.BlockHashes != nil:
+	case r.BlockHashes != nil || r.Prompt == nil:
+		// The fast path: the caller's block keys (none when it gave only a
+		// PromptLen: no block of the prompt can be a cache hit).
 		h := r.BlockHashes
 		if len(h) > full {
 			h = h[:full]

@@ -1065,3 +1065,23 @@ func TestNoEventsSameKeys(t *testing.T) {
 		t.Errorf("NoEvents cached %d keys, with events %d (want the same, at least 20)", len(got), len(want))
 	}
 }
+
+// TestPromptLenOnly: a request that gives only its prompt length (no
+// tokens, no block keys) runs, and since nothing identifies its blocks a
+// second one of the same length gets no cache hit (FuzzEngine found the
+// panic this used to be).
+func TestPromptLenOnly(t *testing.T) {
+	e := mustEngine(t, "tiny", nil)
+	d := newDriver(t, e)
+	for _, id := range []string{"a", "b"} {
+		d.add(&Request{ID: id, PromptLen: 100, MaxTokens: 4})
+		d.run()
+		out := d.byID(id)
+		if len(out) == 0 || !out[len(out)-1].Finished {
+			t.Fatalf("%s: outputs %+v, want a finished request", id, out)
+		}
+		if c := out[len(out)-1].CachedTokens; c != 0 {
+			t.Errorf("%s: %d cached tokens, want 0 (no block keys)", id, c)
+		}
+	}
+}
