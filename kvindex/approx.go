@@ -285,6 +285,13 @@ func (a *Approx) noteExpiry(e *aendpoint) {
 	}
 }
 
+// expireAt drops the expired entries when the first expiry has passed.
+func (a *Approx) expireAt(now time.Time) {
+	if t := now.UnixNano(); t > a.nextExpiry.Load() {
+		a.expire(t)
+	}
+}
+
 // expire drops every entry older than TTL at t and recomputes nextExpiry.
 func (a *Approx) expire(t int64) {
 	a.mu.Lock()
@@ -353,23 +360,11 @@ func (a *Approx) Len() int {
 // holds, and returns the extended slice ordered by Blocks descending then
 // Endpoint. Tier is always kvroute.TierGPU: the router cannot tell more.
 func (a *Approx) Match(now time.Time, hashes []uint64, dst []Hit) []Hit {
-	start := len(dst)
-	dst = a.MatchUnordered(now, hashes, dst)
-	sortHits(dst[start:])
-	return dst
-}
-
-// MatchUnordered is Match without the ordering: the hits come in no
-// particular order (the router keeps the deepest per endpoint, and with a
-// shared prefix every endpoint is a hit: sorting them was a fifth of a
-// decision over 64 endpoints).
-func (a *Approx) MatchUnordered(now time.Time, hashes []uint64, dst []Hit) []Hit {
 	if len(hashes) == 0 {
 		return dst
 	}
-	if t := now.UnixNano(); t > a.nextExpiry.Load() {
-		a.expire(t)
-	}
+	a.expireAt(now)
+	start := len(dst)
 	for _, g := range *a.groups.Load() {
 		alive := g.tab.get(nonZero(hashes[0]))
 		for i := 1; i < len(hashes) && alive != 0; i++ {
@@ -383,7 +378,60 @@ func (a *Approx) MatchUnordered(now time.Time, hashes []uint64, dst []Hit) []Hit
 			dst = g.hit(dst, bits.TrailingZeros64(b), len(hashes))
 		}
 	}
+	sortHits(dst[start:])
 	return dst
+}
+
+// MatchUnordered is Match for chained hashes (each block's hash determines
+// the blocks before it, as HashText's, HashTokens' and vLLM's do), with
+// the hits in no particular order: the router's. It reads O(log n) blocks
+// per distinct match depth instead of every block: Record makes a prompt's
+// first block its most recent and each block more recent than the next,
+// and eviction and expiry take the least recent first, so what an endpoint
+// holds of a chain is always a prefix of it, and the depth at which each
+// endpoint stops holding the query can be found by bisection. (Match reads
+// every block and holds for any hashes; the differential test checks the
+// two agree on chains.)
+func (a *Approx) MatchUnordered(now time.Time, hashes []uint64, dst []Hit) []Hit {
+	n := len(hashes)
+	if n == 0 {
+		return dst
+	}
+	a.expireAt(now)
+	for _, g := range *a.groups.Load() {
+		first := g.tab.get(nonZero(hashes[0]))
+		if first == 0 {
+			continue
+		}
+		last := first
+		if n > 1 {
+			last = g.tab.get(nonZero(hashes[n-1])) & first
+		}
+		for b := last; b != 0; b &= b - 1 {
+			dst = g.hit(dst, bits.TrailingZeros64(b), n)
+		}
+		dst = g.bisect(dst, hashes, 0, first, n-1, last)
+	}
+	return dst
+}
+
+// bisect appends the hits of the endpoints that hold block lo of hashes
+// (mask mlo) but not block hi (mask mhi, a subset of mlo): each holds a
+// prefix ending in [lo, hi).
+func (g *agroup) bisect(dst []Hit, hashes []uint64, lo int, mlo uint64, hi int, mhi uint64) []Hit {
+	if mlo&^mhi == 0 {
+		return dst
+	}
+	if hi-lo == 1 {
+		for b := mlo &^ mhi; b != 0; b &= b - 1 {
+			dst = g.hit(dst, bits.TrailingZeros64(b), hi)
+		}
+		return dst
+	}
+	mid := lo + (hi-lo)/2
+	mm := g.tab.get(nonZero(hashes[mid]))&mlo | mhi
+	dst = g.bisect(dst, hashes, lo, mlo, mid, mm)
+	return g.bisect(dst, hashes, mid, mm, hi, mhi)
 }
 
 func (g *agroup) hit(dst []Hit, bit, blocks int) []Hit {
