@@ -582,18 +582,23 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 
 	// The hot prefix: the deepest any candidate caches, and whether its
 	// demand exceeds one endpoint's share.
-	hotDepth := 0
-	if p.Replicate && p.HotSpread {
-		if key, d := hotKey(req, cands); key != 0 && float64(k.prefixInflight[key]+1) > math.Max(1, p.C*float64(total)/float64(healthy)) {
+	hot, depth := uint64(0), 0                                // the hot prefix's key and depth (0: none)
+	share := math.Max(1, p.C*float64(total)/float64(healthy)) // one endpoint's share of a prefix's demand
+	if p.Replicate {
+		hot, depth = hotKey(req, cands)
+	}
+	hotDepth := 0 // depth of a hot prefix whose over-bound holders are capped (HotSpread)
+	if p.HotSpread && hot != 0 {
+		if float64(k.prefixInflight[hot]+1) > share {
 			// Only where a new replica would land on an idle-ish node: one
 			// without the prefix, its queue uncongested and its in-flight
 			// at most the mean (in a burst on a cold fleet every other
 			// node is busy prefilling, and spreading adds misses to them).
 			for i := range cands {
 				c := &cands[i]
-				if c.Healthy && c.CachedBlocks < d && float64(c.Load.InFlight+1) <= mean &&
+				if c.Healthy && c.CachedBlocks < depth && float64(c.Load.InFlight+1) <= mean &&
 					k.c[i].queued <= float64(p.MaxBatchedTokens) {
-					hotDepth = d
+					hotDepth = depth
 					break
 				}
 			}
@@ -650,9 +655,8 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	}
 
 	// Hot prefix replica set.
-	prefix := uint64(0)
-	if p.Replicate {
-		prefix = k.trimReplicas(req, cands, total, healthy)
+	if hot != 0 {
+		k.trimReplicas(cands, hot, depth, share)
 	}
 
 	// Estimates.
@@ -726,7 +730,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	if !anyUnder {
 		how = "overloaded"
 	}
-	k.record(now, req, prefix, endpointID(&cands[choice]), &k.c[choice], P)
+	k.record(now, req, hot, endpointID(&cands[choice]), &k.c[choice], P)
 	return chose(NameKVAware, cands, choice, k.reasonFor(cands, choice, how, P), scores)
 }
 
@@ -841,23 +845,18 @@ func (k *KVAware) lessLoaded(cands []kvroute.Candidate, i, j int) bool {
 	return k.c[i].score < k.c[j].score
 }
 
-// trimReplicas applies the hot prefix's replica set (see the type doc) and
-// returns the prefix key (0 when the request has none).
-func (k *KVAware) trimReplicas(req *kvroute.Request, cands []kvroute.Candidate, total, healthy int) uint64 {
-	key, d := hotKey(req, cands)
-	if key == 0 {
-		return 0
-	}
+// trimReplicas applies the replica set of the hot prefix key, held to depth
+// d, given one endpoint's share of its demand (see the type doc).
+func (k *KVAware) trimReplicas(cands []kvroute.Candidate, key uint64, d int, share float64) {
 	k.holders = k.holders[:0]
 	for i := range cands {
 		if cands[i].Healthy && cands[i].CachedBlocks == d && !k.c[i].affinityCapped() {
 			k.holders = append(k.holders, i)
 		}
 	}
-	share := math.Max(1, k.p.C*float64(total)/float64(healthy))
 	r := int(math.Ceil(float64(k.prefixInflight[key]+1) / share))
 	if len(k.holders) <= r {
-		return key
+		return
 	}
 	// Keep the r holders with the highest rendezvous weight; the rest lose
 	// affinity for this prefix. Insertion sort: holders are few.
@@ -873,7 +872,6 @@ func (k *KVAware) trimReplicas(req *kvroute.Request, cands []kvroute.Candidate, 
 			k.c[i].flags |= capTrimmed
 		}
 	}
-	return key
 }
 
 // hotKey returns the request's hot prefix key (its block hash at the
