@@ -352,18 +352,31 @@ func (s *scanner) prompt(r *apiRequest) bool {
 		return ok && s.eat(']')
 	}
 	ids := make([]uint32, 0, 64)
-	for {
+	ok := s.list(false, func() bool {
 		if s.i < len(s.b) && s.b[s.i] == '-' {
 			return false // even -0 is not a uint32 to encoding/json
 		}
 		v, ok := s.integer(0, math.MaxUint32)
-		if !ok {
+		ids = append(ids, uint32(v))
+		return ok
+	})
+	r.promptIDs = ids
+	return ok
+}
+
+// list reads the rest of an array whose '[' was read: elem reads each
+// element (from its first byte). An empty array is accepted when empty is.
+func (s *scanner) list(empty bool, elem func() bool) bool {
+	s.ws()
+	if s.eat(']') {
+		return empty
+	}
+	for {
+		if !elem() {
 			return false
 		}
-		ids = append(ids, uint32(v))
 		s.ws()
 		if s.eat(']') {
-			r.promptIDs = ids
 			return true
 		}
 		if !s.eat(',') {
@@ -379,27 +392,13 @@ func (s *scanner) messages(r *apiRequest) bool {
 		return false
 	}
 	msgs := make([]tokenizer.Message, 0, 4)
-	s.ws()
-	if s.eat(']') {
-		r.chatMessages = msgs
-		return true
-	}
-	for {
+	ok := s.list(true, func() bool {
 		m, ok := s.message()
-		if !ok {
-			return false
-		}
 		msgs = append(msgs, m)
-		s.ws()
-		if s.eat(']') {
-			r.chatMessages = msgs
-			return true
-		}
-		if !s.eat(',') {
-			return false
-		}
-		s.ws()
-	}
+		return ok
+	})
+	r.chatMessages = msgs
+	return ok
 }
 
 func (s *scanner) message() (tokenizer.Message, bool) {
@@ -466,27 +465,13 @@ func (s *scanner) stop(r *apiRequest) bool {
 		return false
 	}
 	stops := []string{}
-	s.ws()
-	if s.eat(']') {
-		r.stops = stops
-		return true
-	}
-	for {
+	ok := s.list(true, func() bool {
 		v, ok := s.str()
-		if !ok {
-			return false
-		}
 		stops = append(stops, string(v))
-		s.ws()
-		if s.eat(']') {
-			r.stops = stops
-			return true
-		}
-		if !s.eat(',') {
-			return false
-		}
-		s.ws()
-	}
+		return ok
+	})
+	r.stops = stops
+	return ok
 }
 
 // streamOptions reads stream_options: an object of its two booleans.
