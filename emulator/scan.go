@@ -560,21 +560,7 @@ func (s *scanner) skip(depth int) bool {
 		}
 	case c == '[':
 		s.i++
-		s.ws()
-		if s.eat(']') {
-			return true
-		}
-		for {
-			s.ws()
-			if !s.skip(depth + 1) {
-				return false
-			}
-			s.ws()
-			if s.eat(',') {
-				continue
-			}
-			return s.eat(']')
-		}
+		return s.list(true, func() bool { return s.skip(depth + 1) })
 	case c == 't':
 		return s.lit("true")
 	case c == 'f':
