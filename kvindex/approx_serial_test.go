@@ -2,71 +2,9 @@ package kvindex
 
 import (
 	"math/rand/v2"
-	"reflect"
 	"testing"
 	"time"
 )
-
-// TestApproxSerializedDifferential runs the long differential scenario's
-// kind of traffic (shared prefixes, new tails, capacity cuts, expiry)
-// against a Serialized index, whose table writes with plain stores and
-// recycles rebuilt arrays: small shards make it rebuild often.
-func TestApproxSerializedDifferential(t *testing.T) {
-	for seed := uint64(1); seed <= 6; seed++ {
-		rng := rand.New(rand.NewPCG(seed, 31))
-		a := NewApprox(ApproxConfig{DefaultCapacityBlocks: 150, TTL: time.Minute, Shards: 2, Serialized: true})
-		ref := &naiveApprox{ttl: time.Minute, defCap: 150, lists: map[string][]naiveEntry{}, capacity: map[string]int{}}
-		now := t0
-		eps := []string{"a", "b", "c", "d"}
-		prompt := func() []uint64 {
-			base := uint64(rng.IntN(6)) * 1000
-			hs := make([]uint64, 1+rng.IntN(60))
-			for i := range hs {
-				hs[i] = base + uint64(i) + 1
-			}
-			if rng.IntN(2) == 0 { // a new tail
-				for i := len(hs) / 2; i < len(hs); i++ {
-					hs[i] = rng.Uint64()>>1 | 1<<62
-				}
-			}
-			return hs
-		}
-		for step := 0; step < 2000; step++ {
-			d := time.Duration(rng.IntN(2000)) * time.Millisecond
-			if rng.IntN(300) == 0 {
-				d = 2 * time.Minute
-			}
-			now = now.Add(d)
-			ep := eps[rng.IntN(len(eps))]
-			switch op := rng.IntN(40); {
-			case op < 30:
-				hs := prompt()
-				a.Record(now, ep, hs)
-				ref.record(now, ep, hs)
-			case op < 32:
-				c := 1 + rng.IntN(200)
-				a.SetCapacity(ep, c)
-				ref.setCapacity(ep, c)
-			case op < 33:
-				a.Remove(ep)
-				delete(ref.lists, ep)
-				delete(ref.capacity, ep)
-			}
-			q := prompt()
-			got, want := a.Match(now, q, nil), ref.match(now, q)
-			if len(got) == 0 && len(want) == 0 {
-				continue
-			}
-			if !reflect.DeepEqual(got, want) {
-				t.Fatalf("seed %d step %d: Match(%v)\n got %+v\nwant %+v", seed, step, q, got, want)
-			}
-			un := a.MatchUnordered(now, q, nil)
-			if sortHits(un); !reflect.DeepEqual(un, want) {
-				t.Fatalf("seed %d step %d: MatchUnordered(%v), sorted\n got %+v\nwant %+v", seed, step, q, un, want)
-			}
-		}
-	}
-}
 
 // TestApproxSerializedNoAllocs checks that a Serialized index at steady
 // state, every Record evicting as many blocks as it adds (the table

@@ -214,80 +214,105 @@ func TestApproxDifferential(t *testing.T) {
 }
 
 // TestApproxDifferentialLong drives longer prompts with shared prefixes,
-// duplicates inside a prompt, capacity cuts and clock jumps past TTL, so
-// that the ring grows, compacts and shrinks and the tables rebuild.
+// capacity cuts and clock jumps past TTL, so that the ring grows, compacts
+// and shrinks and the tables rebuild. Variants: duplicates inside a prompt
+// (hashes that are not a chain, which Match must still handle), a
+// Serialized index (plain stores, recycled arrays; small shards rebuild
+// often), and chained prompts, on which MatchUnordered's bisection must
+// agree with the reference too.
 func TestApproxDifferentialLong(t *testing.T) {
-	for seed := uint64(1); seed <= 6; seed++ {
-		rng := rand.New(rand.NewPCG(seed, 29))
-		a := NewApprox(ApproxConfig{DefaultCapacityBlocks: 150, TTL: time.Minute, Shards: 4})
-		ref := &naiveApprox{ttl: time.Minute, defCap: 150, lists: map[string][]naiveEntry{}, capacity: map[string]int{}}
-		now := t0
-		eps := []string{"a", "b", "c", "d"}
-		last := map[string][]uint64{}
-		prompt := func() []uint64 {
-			base := uint64(rng.IntN(6)) * 1000
-			hs := make([]uint64, 1+rng.IntN(60))
-			for i := range hs {
-				hs[i] = base + uint64(i) + 1
-				if i > 0 && rng.IntN(30) == 0 {
-					hs[i] = hs[rng.IntN(i)] // a duplicate
-				}
+	for _, v := range []struct {
+		name   string
+		cfg    ApproxConfig
+		chains bool // no duplicates inside a prompt: check MatchUnordered
+	}{
+		{"duplicates", ApproxConfig{Shards: 4}, false},
+		{"serialized/duplicates", ApproxConfig{Shards: 2, Serialized: true}, false},
+		{"serialized/chains", ApproxConfig{Shards: 2, Serialized: true}, true},
+		{"chains", ApproxConfig{Shards: 4}, true},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			for seed := uint64(1); seed <= 6; seed++ {
+				differentialLong(t, seed, v.cfg, v.chains)
 			}
-			if rng.IntN(3) == 0 { // a new tail
-				for i := len(hs) / 2; i < len(hs); i++ {
-					hs[i] = rng.Uint64()>>1 | 1<<62
-				}
+		})
+	}
+}
+
+func differentialLong(t *testing.T, seed uint64, cfg ApproxConfig, chains bool) {
+	rng := rand.New(rand.NewPCG(seed, 29))
+	cfg.DefaultCapacityBlocks, cfg.TTL = 150, time.Minute
+	a := NewApprox(cfg)
+	ref := &naiveApprox{ttl: time.Minute, defCap: 150, lists: map[string][]naiveEntry{}, capacity: map[string]int{}}
+	now := t0
+	eps := []string{"a", "b", "c", "d"}
+	last := map[string][]uint64{}
+	prompt := func() []uint64 {
+		base := uint64(rng.IntN(6)) * 1000
+		hs := make([]uint64, 1+rng.IntN(60))
+		for i := range hs {
+			hs[i] = base + uint64(i) + 1
+			if !chains && i > 0 && rng.IntN(30) == 0 {
+				hs[i] = hs[rng.IntN(i)] // a duplicate
 			}
-			return hs
 		}
-		for step := 0; step < 1500; step++ {
-			d := time.Duration(rng.IntN(2000)) * time.Millisecond
-			if rng.IntN(200) == 0 {
-				d = 2 * time.Minute
+		if rng.IntN(3) == 0 { // a new tail
+			for i := len(hs) / 2; i < len(hs); i++ {
+				hs[i] = rng.Uint64()>>1 | 1<<62
 			}
-			now = now.Add(d)
-			ep := eps[rng.IntN(len(eps))]
-			switch op := rng.IntN(40); {
-			case op < 24:
-				hs := prompt()
+		}
+		return hs
+	}
+	for step := 0; step < 1500; step++ {
+		d := time.Duration(rng.IntN(2000)) * time.Millisecond
+		if rng.IntN(200) == 0 {
+			d = 2 * time.Minute
+		}
+		now = now.Add(d)
+		ep := eps[rng.IntN(len(eps))]
+		switch op := rng.IntN(40); {
+		case op < 24:
+			hs := prompt()
+			a.Record(now, ep, hs)
+			ref.record(now, ep, hs)
+			last[ep] = hs
+		case op < 30: // the endpoint's last prompt or a prefix of it again
+			if hs := last[ep]; len(hs) > 0 {
+				hs = hs[:1+rng.IntN(len(hs))]
 				a.Record(now, ep, hs)
 				ref.record(now, ep, hs)
-				last[ep] = hs
-			case op < 30: // the endpoint's last prompt or a prefix of it again
-				if hs := last[ep]; len(hs) > 0 {
-					hs = hs[:1+rng.IntN(len(hs))]
-					a.Record(now, ep, hs)
-					ref.record(now, ep, hs)
-				}
-			case op < 32:
-				c := 1 + rng.IntN(200)
-				a.SetCapacity(ep, c)
-				ref.setCapacity(ep, c)
-			case op < 33:
-				a.Remove(ep)
-				delete(ref.lists, ep)
-				delete(ref.capacity, ep)
 			}
-			q := prompt()
-			got, want := a.Match(now, q, nil), ref.match(now, q)
-			if len(got) == 0 && len(want) == 0 {
-				continue
-			}
-			if !reflect.DeepEqual(got, want) {
-				t.Fatalf("seed %d step %d: Match(%v)\n got %+v\nwant %+v", seed, step, q, got, want)
+		case op < 32:
+			c := 1 + rng.IntN(200)
+			a.SetCapacity(ep, c)
+			ref.setCapacity(ep, c)
+		case op < 33:
+			a.Remove(ep)
+			delete(ref.lists, ep)
+			delete(ref.capacity, ep)
+		}
+		q := prompt()
+		want := ref.match(now, q)
+		if got := a.Match(now, q, nil); (len(got) > 0 || len(want) > 0) && !reflect.DeepEqual(got, want) {
+			t.Fatalf("seed %d step %d: Match(%v)\n got %+v\nwant %+v", seed, step, q, got, want)
+		}
+		if chains {
+			un := a.MatchUnordered(now, q, nil)
+			if sortHits(un); (len(un) > 0 || len(want) > 0) && !reflect.DeepEqual(un, want) {
+				t.Fatalf("seed %d step %d: MatchUnordered(%v), sorted\n got %+v\nwant %+v", seed, step, q, un, want)
 			}
 		}
-		n := 0
-		for _, l := range ref.lists {
-			for _, e := range l {
-				if now.Sub(e.seen) <= time.Minute {
-					n++
-				}
+	}
+	n := 0
+	for _, l := range ref.lists {
+		for _, e := range l {
+			if now.Sub(e.seen) <= time.Minute {
+				n++
 			}
 		}
-		if got := a.Len(); got < n {
-			t.Errorf("seed %d: Len = %d, want at least the %d live entries", seed, got, n)
-		}
+	}
+	if got := a.Len(); got < n {
+		t.Errorf("seed %d: Len = %d, want at least the %d live entries", seed, got, n)
 	}
 }
 
