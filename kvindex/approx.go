@@ -119,9 +119,10 @@ type Approx struct {
 	// recomputes it), never late.
 	nextExpiry atomic.Int64
 
-	clears []uint64 // trim's batch of table changes
-	miss   []uint64 // Record's blocks missing from the endpoint's map
-	sink   uint64   // keeps the prefetching loads alive
+	clears  []uint64 // trim's batch of table changes
+	miss    []uint64 // Record's blocks missing from the endpoint's map
+	indexed []uint64 // Record's bit set of the blocks the map holds
+	sink    uint64   // keeps the prefetching loads alive
 }
 
 type agroup struct {
@@ -203,34 +204,57 @@ func (a *Approx) Record(now time.Time, endpoint string, hashes []uint64) {
 	// entry: the table says whether the endpoint holds it. Under churn
 	// (every Record inserting and evicting) most blocks are never indexed,
 	// which saves a map insertion and deletion per block.
+	//
+	// One pass over the map first: which blocks it holds (indexed, a
+	// bit per block), and the table lines the others need, loaded
+	// together. The main loop then probes the map again only for the
+	// blocks it held, until it inserts one (a block repeated in the
+	// prompt may then be there): the pass's answer for the others
+	// stands while the map gains no key.
 	a.sink += e.idx.touch(hashes)
 	miss := a.miss[:0] // the table lines only blocks missing from the map need
-	for _, h := range hashes {
-		if h = nonZero(h); e.idx.find(h) == nil {
-			miss = append(miss, h)
+	indexed := a.indexed[:0]
+	if e.idx.n > 0 {
+		indexed = slices.Grow(indexed, (len(hashes)+63)/64)[:(len(hashes)+63)/64]
+		clear(indexed)
+		for i, h := range hashes {
+			if h = nonZero(h); e.idx.find(h) == nil {
+				miss = append(miss, h)
+			} else {
+				indexed[i/64] |= 1 << (i % 64)
+			}
+		}
+	} else {
+		for _, h := range hashes {
+			miss = append(miss, nonZero(h))
 		}
 	}
-	a.miss = miss
+	a.miss, a.indexed = miss, indexed
 	a.sink += e.g.tab.touch(miss)
+	grown := false // the map gained a key since the pass
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := nonZero(hashes[i]) // 0 is the tables' empty key; HashTokens never returns it
-		if v := e.idx.find(h); v != nil {
-			e.log.kill(*v)
-			*v = e.log.push(h, t, &e.idx)
-			continue
+		if grown || len(indexed) > 0 && indexed[i/64]&(1<<(i%64)) != 0 {
+			if v := e.idx.find(h); v != nil {
+				e.log.kill(*v)
+				*v = e.log.push(h, t, &e.idx)
+				continue
+			}
 		}
-		if e.g.tab.get(h)&e.bit != 0 {
+		// Not indexed: the table says whether the endpoint holds it; if
+		// not, it goes in at once (one probe for both), so that a repeat
+		// later in the prompt finds it held.
+		if e.g.tab.set(h, e.bit)&e.bit != 0 {
 			// Held, with one entry somewhere in the log: from now on
 			// the index says which is live (see skipStale).
 			pos := e.log.push(h, t, &e.idx)
 			v, _ := e.idx.slot(h)
 			*v = pos
+			grown = true
 			continue
 		}
-		// New: into the table at once, so that a repeat later in the
-		// prompt finds it held.
+		// New.
 		e.log.n++
-		e.g.tab.update(h, e.bit, 0)
 		e.log.push(h, t, &e.idx)
 	}
 	a.trim(e, t, true)
@@ -241,18 +265,28 @@ func (a *Approx) Record(now time.Time, endpoint string, hashes []uint64) {
 // entries of indexed blocks other than the one the index names (a block
 // recorded again while held, whose first entry was not indexed). Called
 // with a.mu held.
-func (a *Approx) skipStale(e *aendpoint) {
+// It reports whether the live entry it stops at is indexed (false when the
+// log is empty).
+func (a *Approx) skipStale(e *aendpoint) (indexed bool) {
 	l := &e.log
 	for l.front != l.back {
 		k := l.ring[l.front&l.mask].key
 		if k != 0 {
-			if v := e.idx.find(k); v == nil || *v == l.front {
-				return // live
+			if e.idx.n == 0 {
+				return false // live: nothing is indexed
+			}
+			v := e.idx.find(k)
+			if v == nil {
+				return false // live
+			}
+			if *v == l.front {
+				return true // live
 			}
 			l.ring[l.front&l.mask].key = 0
 		}
 		l.front++
 	}
+	return false
 }
 
 // trim drops e's least recent entries while it is over capacity or (when
@@ -261,12 +295,12 @@ func (a *Approx) skipStale(e *aendpoint) {
 func (a *Approx) trim(e *aendpoint, t int64, ttl bool) {
 	clears := a.clears[:0]
 	for {
-		a.skipStale(e)
+		indexed := a.skipStale(e)
 		if e.log.n == 0 || e.log.n <= e.capacity && (!ttl || t-e.log.oldest().t <= a.ttl) {
 			break
 		}
 		k := e.log.pop()
-		if e.idx.n > 0 && e.idx.find(k) != nil {
+		if indexed {
 			e.idx.del(k)
 		}
 		clears = append(clears, k)

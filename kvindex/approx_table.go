@@ -137,16 +137,21 @@ func (t *atable) applyBatch(set, clear []uint64, bit uint64) uint64 {
 	return sink
 }
 
-// update sets key's mask to (mask &^ clear) | set. Writer only: it reads
-// slots with plain loads, as nothing else writes them.
-func (t *atable) update(key, set, clear uint64) {
+// set ORs bit into key's mask and returns the mask before: get and update
+// in one probe. Writer only.
+func (t *atable) set(key, bit uint64) uint64 { return t.update(key, bit, 0) }
+
+// update sets key's mask to (mask &^ clear) | set and returns the mask
+// before (0 when key was absent). Writer only: it reads slots with plain
+// loads, as nothing else writes them.
+func (t *atable) update(key, set, clear uint64) (old uint64) {
 	sh, arr, i := t.locate(key)
 	n := len(arr)
 	reuse := -1
 	for {
 		s := &arr[i]
 		if s.key == key {
-			old := s.mask
+			old = s.mask
 			if nw := (old &^ clear) | set; nw != old {
 				if t.serial {
 					s.mask = nw
@@ -160,7 +165,7 @@ func (t *atable) update(key, set, clear uint64) {
 					sh.live--
 				}
 			}
-			return
+			return old
 		}
 		if s.key == 0 {
 			break
@@ -173,7 +178,7 @@ func (t *atable) update(key, set, clear uint64) {
 		}
 	}
 	if set == 0 {
-		return
+		return 0
 	}
 	sh.live++
 	if reuse >= 0 {
@@ -182,11 +187,11 @@ func (t *atable) update(key, set, clear uint64) {
 		s := &arr[reuse]
 		if t.serial {
 			s.key, s.mask = key, set
-			return
+			return 0
 		}
 		atomic.StoreUint64(&s.key, key)
 		atomic.StoreUint64(&s.mask, set)
-		return
+		return 0
 	}
 	if float64(sh.used+1) > amaxLoad*float64(n) {
 		arr = t.rebuild(sh)
@@ -208,6 +213,7 @@ func (t *atable) update(key, set, clear uint64) {
 		atomic.StoreUint64(&arr[i].key, key)
 	}
 	sh.used++
+	return 0
 }
 
 // rebuild publishes and returns a new array for sh holding its live keys,
