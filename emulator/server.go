@@ -6,6 +6,7 @@ import (
 	"crypto/rand"
 	"errors"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"sync"
@@ -285,6 +286,7 @@ type loopState struct {
 	spare   []*stream // the other buffer of order
 	queue   []command // commands taken from the inbox, not yet applied
 	res     engine.StepResult
+	run     engine.DecodedRun // catchUp's
 	evbuf   []byte
 	vnow    time.Duration // the model's clock: the start of the next step
 	acc     snapshot      // accumulators for the snapshot
@@ -493,6 +495,9 @@ func (s *Server) sleepThrough(ctx context.Context, ls *loopState, until time.Dur
 	s.inbox = s.inbox[:0]
 	s.inMu.Unlock()
 	for ls.vnow < woke && s.eng.HasWork() {
+		if s.catchUp(ls, woke) {
+			continue
+		}
 		// Commands that arrived before this step started join it, as they
 		// would have had the loop been awake at its start.
 		kept := ls.queue[:0]
@@ -536,6 +541,85 @@ func (s *Server) sleepThrough(ctx context.Context, ls *loopState, until time.Dur
 		if !s.finishStep(ctx, ls, true, woke) {
 			return false
 		}
+	}
+	return true
+}
+
+// catchUp computes at once (engine.DecodeSteps) the plain decode steps
+// that ended before woke while the loop slept, as far as nothing is due in
+// them: no handler to wake (no stream notified per chunk), no command
+// arrived before one of them started, no finish, no generation throughput
+// due at their ends (finishStep's, once a second). It records what
+// finishStep and deliver would have for each step (the batch sizes and
+// inter-token latencies in the same order, each stream's token count) and
+// reports whether it computed any.
+//
+// The stats snapshot, which finishStep publishes at the end of a step at
+// most every statsEvery, is published once, with the state at the end of
+// the run (the state stepping publishes last when the run's last step is
+// due one, as steps of a millisecond or more are). Which step's state a
+// scrape reads while the loop catches up is a race either way; the
+// snapshot is due again at the same step as after stepping.
+func (s *Server) catchUp(ls *loopState, woke time.Duration) bool {
+	if s.pub != nil || ls.notifying > 0 {
+		return false
+	}
+	until := min(woke, ls.tpStart+time.Second-1)
+	for i := range ls.queue {
+		until = min(until, ls.queue[i].at-1) // a step that starts at or after at comes after it
+	}
+	run := &ls.run
+	n := s.eng.DecodeSteps(ls.vnow, until, math.MaxInt, run)
+	if n == 0 {
+		return false
+	}
+	r := len(run.Seqs)
+	s.metrics.mu.Lock()
+	s.metrics.iteration.observeN(float64(r), n)
+	var itl time.Duration
+	itlN := 0
+	for _, sq := range run.Seqs { // the first step's latencies, in order
+		switch {
+		case sq.FirstITL <= 0:
+		case sq.FirstITL == itl:
+			itlN++
+		default:
+			s.metrics.observeITLs(itl, itlN)
+			itl, itlN = sq.FirstITL, 1
+		}
+	}
+	s.metrics.observeITLs(itl, itlN)
+	for _, d := range run.Durations[1:] {
+		if d > 0 {
+			s.metrics.observeITLs(d, r)
+		}
+	}
+	s.metrics.mu.Unlock()
+	prev, next := ls.order, ls.spare[:0]
+	j := 0
+	for _, sq := range run.Seqs {
+		var st *stream
+		if j < len(prev) && prev[j].id == sq.ID {
+			st = prev[j]
+			j++
+		} else if st = ls.live[sq.ID]; st == nil {
+			continue
+		}
+		st.gen += n
+		st.since += n
+		next = append(next, st)
+	}
+	clear(prev)
+	ls.order, ls.spare = next, prev[:0]
+	pub := false
+	for _, d := range run.Durations {
+		ls.vnow += d
+		if ls.vnow-ls.lastPub >= statsEvery {
+			ls.lastPub, pub = ls.vnow, true
+		}
+	}
+	if pub {
+		s.publishStats(&ls.acc)
 	}
 	return true
 }

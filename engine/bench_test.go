@@ -2,6 +2,7 @@ package engine
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"testing"
 	"time"
@@ -13,13 +14,13 @@ import (
 // requests of ~1k context on the 8B profile (the issue's "ns per step at
 // batch 64"). Finished requests are replaced so the batch stays at 64.
 func BenchmarkStepBatch64(b *testing.B) {
-	for _, mode := range []string{"tokens", "hashes"} {
+	for _, mode := range []string{"tokens", "hashes", "tokens/DecodeSteps"} {
 		b.Run(mode, func(b *testing.B) {
 			e := mustEngine(b, "llama-3.1-8b-h100", nil)
 			next := 0
 			add := func(now time.Duration) {
 				r := &Request{ID: fmt.Sprint("r", next), MaxTokens: 512}
-				if mode == "tokens" {
+				if mode != "hashes" {
 					r.Prompt = tokens(next*1024, 1024)
 				} else {
 					r.PromptLen = 1024
@@ -46,7 +47,20 @@ func BenchmarkStepBatch64(b *testing.B) {
 			b.ResetTimer()
 			seqs := 0
 			cpu0 := cputime.Process()
+			var run DecodedRun
 			for i := 0; i < b.N; i++ {
+				if mode == "tokens/DecodeSteps" {
+					// Plain decode runs of up to 10 steps at once (a
+					// real-time driver's quiet runs), the rest stepped.
+					if n := e.DecodeSteps(now, math.MaxInt64, min(10, b.N-i), &run); n > 0 {
+						for _, d := range run.Durations {
+							now += d
+						}
+						seqs += n * len(run.Seqs)
+						i += n - 1
+						continue
+					}
+				}
 				e.StepInto(now, &res)
 				now += res.Duration
 				seqs += res.Batch.Seqs

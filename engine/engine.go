@@ -553,61 +553,6 @@ func (e *Engine) HasWork() bool {
 	return len(e.running) > 0 || len(e.aborted) > 0 || e.pendingClear || (e.waiting.len() > 0 && !e.stalled)
 }
 
-// DecodeRun looks ahead without changing anything: it returns how many of
-// the next steps (at most limit) are plain decode steps, and their total
-// modelled duration, if no request is added, aborted or released
-// meanwhile. In such a step every running request decodes one token and
-// nothing is admitted, preempted or reported but tokens; the run ends with
-// the first step in which a request finishes (that step is counted, and
-// finished reports it), or at limit steps. It returns 0 when the next step
-// is anything else (a prefill chunk, a waiting request, pending abort
-// outputs or events, or KV blocks too short to decode the run without
-// preemption).
-//
-// A real-time driver uses it to sleep through steps whose outputs nobody
-// observes: it can step the engine later, at the true start times (each
-// step's StepInto(start) gives the same result whenever it runs), and only
-// needs to be awake when an output must be delivered or an input arrives.
-func (e *Engine) DecodeRun(limit int) (steps int, d time.Duration, finished bool) {
-	if limit <= 0 || len(e.running) == 0 || len(e.running) > e.budget || e.waiting.len() > 0 ||
-		len(e.aborted) > 0 || e.pendingClear {
-		return 0, 0, false
-	}
-	n, ctx := limit, 0
-	for _, s := range e.running {
-		if s.outputs == 0 || s.computed != s.numTokens-1 {
-			return 0, 0, false // a prefill chunk (or the token after it) is pending
-		}
-		left := min(s.maxTokens-s.outputs, e.maxLen-s.numTokens) // steps to finish, the last included
-		if s.eosAt > s.outputs {
-			left = min(left, s.eosAt-s.outputs)
-		}
-		if left <= n {
-			n, finished = left, true
-		}
-		ctx += s.numTokens
-	}
-	if n <= 0 {
-		return 0, 0, false
-	}
-	// Blocks the run allocates: decoding stops short of preemption only
-	// when the free queue covers them all.
-	need := 0
-	for _, s := range e.running {
-		need += (s.computed+n+e.bs-1)/e.bs - len(s.blocks)
-	}
-	if need > e.pool.numFree {
-		return 0, 0, false
-	}
-	r := len(e.running)
-	b := Batch{Seqs: r, Sampled: r, DecodeTokens: r}
-	for i := range n {
-		b.DecodeContext = ctx + i*r
-		d += secondsToDuration(e.cost.seconds(&b) / e.speed)
-	}
-	return n, d, finished
-}
-
 // MinStepTime returns a lower bound on the modelled duration of any step
 // that does work (the weight-read floor plus the fixed overheads of one
 // sequence): a request admitted now cannot finish sooner than n x

@@ -70,7 +70,15 @@ func (d *driver) step() StepResult {
 	d.outputs = append(d.outputs, r.Outputs...)
 	d.events = append(d.events, r.Events...)
 	d.steps = append(d.steps, r)
-	for _, ev := range r.Events {
+	d.mirrorEvents(r.Events)
+	return r
+}
+
+// mirrorEvents applies KV events to the mirror and checks it against the
+// engine's cache.
+func (d *driver) mirrorEvents(events []KVEvent) {
+	d.t.Helper()
+	for _, ev := range events {
 		switch ev.Kind {
 		case BlockStored:
 			for _, h := range ev.BlockHashes {
@@ -101,7 +109,6 @@ func (d *driver) step() StepResult {
 			}
 		})
 	}
-	return r
 }
 
 func (d *driver) run() {

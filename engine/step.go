@@ -37,8 +37,7 @@ func (e *Engine) StepInto(now time.Duration, r *StepResult) {
 		e.stalled = e.waiting.len() > 0 && len(e.running) == 0 && r.Preempted == 0
 		return
 	}
-	secs := e.cost.seconds(&r.Batch) / e.speed
-	r.Duration = secondsToDuration(secs)
+	r.Duration = e.stepTime(&r.Batch)
 	end := now + r.Duration
 	e.stats.Steps++
 	e.stats.BusyTime += r.Duration

@@ -1,0 +1,148 @@
+package emulator
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"math/rand/v2"
+	"testing"
+	"time"
+
+	"github.com/prometheus/common/expfmt"
+
+	"github.com/kvroute/kvroute/engine"
+)
+
+// TestCatchUpMatchesStepping drives two servers' loop code in virtual time
+// with the same arrivals (bursts of non-streamed requests with shared
+// prefixes, EOS, aborts): one steps and finishes every step (the loop
+// awake at every step), the other computes each plain decode run it can
+// at once with catchUp, as the loop does after sleeping through one. Every
+// stream's count and outcome, the engine's Stats and the whole /metrics
+// exposition (latency histograms' buckets and sums, throughput gauges)
+// must be the same.
+func TestCatchUpMatchesStepping(t *testing.T) {
+	prof, err := engine.LookupProfile("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for seed := range uint64(3) {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			cfg := Config{Model: "m", Engine: engine.Config{Profile: prof, NumGPUBlocks: 96, MaxModelLen: 1024}, Speed: 1}
+			var out [2]string
+			var gens [2]map[string]int
+			caught := 0
+			for mode := range 2 {
+				s, err := New(cfg)
+				if err != nil {
+					t.Fatal(err)
+				}
+				rng := rand.New(rand.NewPCG(seed, 9))
+				var queue []command // arrivals, in time order
+				at := time.Duration(0)
+				streams := map[string]*stream{}
+				for i := range 120 {
+					at += time.Duration(rng.IntN(40)) * time.Millisecond
+					id := fmt.Sprint("r", i)
+					prompt := make([]uint32, 20+rng.IntN(200))
+					for j := range prompt {
+						prompt[j] = uint32(j)
+						if j > 48 {
+							prompt[j] = uint32(rng.IntN(1000))
+						}
+					}
+					req := &engine.Request{ID: id, Prompt: prompt, MaxTokens: 1 + rng.IntN(150), EOSAt: rng.IntN(200)}
+					st := newStream(id, 0, req.MaxTokens)
+					streams[id] = st
+					queue = append(queue, command{kind: cmdAdd, req: req, st: st, at: at})
+					if rng.IntN(10) == 0 {
+						queue = append(queue, command{kind: cmdAbort, id: fmt.Sprint("r", rng.IntN(i+1)), at: at + time.Millisecond})
+					}
+				}
+				ls := &loopState{live: map[string]*stream{}}
+				ctx := context.Background()
+				for steps := 0; ; steps++ {
+					if steps > 1e6 {
+						t.Fatal("the loop does not finish")
+					}
+					for len(queue) > 0 && queue[0].at <= ls.vnow {
+						s.apply(ls.vnow, &queue[0], ls)
+						queue = queue[1:]
+					}
+					if !s.eng.HasWork() {
+						if len(queue) == 0 {
+							break
+						}
+						ls.vnow = queue[0].at
+						continue
+					}
+					if mode == 1 {
+						ls.queue = queue // catchUp stops before the next arrival
+						ok := s.catchUp(ls, time.Duration(1<<62))
+						ls.queue = nil
+						if ok {
+							caught++
+							continue
+						}
+					}
+					s.eng.StepInto(ls.vnow, &ls.res)
+					s.finishStep(ctx, ls, false, ls.vnow)
+				}
+				s.publishStats(&ls.acc)
+				var buf bytes.Buffer
+				mfs, err := s.metrics.reg.Gather()
+				if err != nil {
+					t.Fatal(err)
+				}
+				for _, mf := range mfs {
+					if err := expfmt.NewEncoder(&buf, expfmt.NewFormat(expfmt.TypeTextPlain)).Encode(mf); err != nil {
+						t.Fatal(err)
+					}
+				}
+				for _, line := range bytes.SplitAfter(buf.Bytes(), []byte("\n")) {
+					if !bytes.Contains(line, []byte("_created")) { // the wall-clock creation times
+						out[mode] += string(line)
+					}
+				}
+				gens[mode] = map[string]int{}
+				for id, st := range streams {
+					gens[mode][id] = st.generated
+					if !st.finished && st.err == nil {
+						t.Fatalf("mode %d: %s did not finish", mode, id)
+					}
+				}
+			}
+			t.Logf("catchUp computed %d runs", caught)
+			if caught < 20 {
+				t.Errorf("catchUp computed %d runs, want at least 20", caught)
+			}
+			if out[0] != out[1] {
+				t.Errorf("metrics differ:\n%s", lineDiff(out[0], out[1]))
+			}
+			for id, g := range gens[0] {
+				if gens[1][id] != g {
+					t.Errorf("%s: %d tokens with catchUp, %d stepping", id, gens[1][id], g)
+				}
+			}
+		})
+	}
+}
+
+// lineDiff returns the lines of a and b that differ, side by side.
+func lineDiff(a, b string) string {
+	la, lb := bytes.Split([]byte(a), []byte("\n")), bytes.Split([]byte(b), []byte("\n"))
+	var d bytes.Buffer
+	for i := range max(len(la), len(lb)) {
+		var x, y []byte
+		if i < len(la) {
+			x = la[i]
+		}
+		if i < len(lb) {
+			y = lb[i]
+		}
+		if !bytes.Equal(x, y) {
+			fmt.Fprintf(&d, "- %s\n+ %s\n", x, y)
+		}
+	}
+	return d.String()
+}

@@ -1,0 +1,183 @@
+package engine
+
+import "time"
+
+// A plain decode step is one in which every running request decodes one
+// token and nothing is admitted, preempted or reported but tokens (and the
+// KV events of the blocks they fill). A real-time driver does not need to
+// be awake for a run of them when nobody observes their tokens: DecodeRun
+// says how long the run is, and DecodeSteps computes it in one call.
+
+// DecodeRun looks ahead without changing anything: it returns how many of
+// the next steps (at most limit) are plain decode steps, and their total
+// modelled duration, if no request is added, aborted or released
+// meanwhile. The run ends with the first step in which a request finishes
+// (that step is counted, and finished reports it), or at limit steps. It
+// returns 0 when the next step is anything else (a prefill chunk, a
+// waiting request, pending abort outputs or events, or KV blocks too short
+// to decode the run without preemption).
+//
+// A real-time driver uses it to sleep through steps whose outputs nobody
+// observes: it can step the engine later, at the true start times (each
+// step's StepInto(start) gives the same result whenever it runs), and only
+// needs to be awake when an output must be delivered or an input arrives.
+func (e *Engine) DecodeRun(limit int) (steps int, d time.Duration, finished bool) {
+	n, ctx, finished := e.decodeRun(limit)
+	if n <= 0 || e.runBlocks(n) > e.pool.numFree {
+		return 0, 0, false
+	}
+	r := len(e.running)
+	b := Batch{Seqs: r, Sampled: r, DecodeTokens: r}
+	for i := range n {
+		b.DecodeContext = ctx + i*r
+		d += e.stepTime(&b)
+	}
+	return n, d, finished
+}
+
+// decodeRun returns the length of the plain decode run ahead (at most
+// limit steps, the step finishing a request included, finished then true;
+// 0 when the next step is not a plain decode step) and the running
+// requests' total context, ignoring KV blocks (see runBlocks).
+func (e *Engine) decodeRun(limit int) (n, ctx int, finished bool) {
+	if limit <= 0 || len(e.running) == 0 || len(e.running) > e.budget || e.waiting.len() > 0 ||
+		len(e.aborted) > 0 || e.pendingClear {
+		return 0, 0, false
+	}
+	n = limit
+	for _, s := range e.running {
+		if s.outputs == 0 || s.computed != s.numTokens-1 {
+			return 0, 0, false // a prefill chunk (or the token after it) is pending
+		}
+		left := min(s.maxTokens-s.outputs, e.maxLen-s.numTokens) // steps to finish, the last included
+		if s.eosAt > s.outputs {
+			left = min(left, s.eosAt-s.outputs)
+		}
+		if left <= n {
+			n, finished = left, true
+		}
+		ctx += s.numTokens
+	}
+	return n, ctx, finished
+}
+
+// runBlocks returns the blocks the next n plain decode steps allocate:
+// they decode without preemption only when the free queue covers them.
+func (e *Engine) runBlocks(n int) int {
+	need := 0
+	for _, s := range e.running {
+		need += (s.computed+n+e.bs-1)/e.bs - len(s.blocks)
+	}
+	return need
+}
+
+// stepTime is the modelled duration of a step of shape b, as StepInto
+// computes it.
+func (e *Engine) stepTime(b *Batch) time.Duration {
+	return secondsToDuration(e.cost.seconds(b) / e.speed)
+}
+
+// DecodedRun is what DecodeSteps did. Its slices are reused by the next
+// DecodeSteps given the same DecodedRun.
+type DecodedRun struct {
+	// Durations are the steps' modelled durations, in order: the run's
+	// k-th step starts at now plus the sum of the durations before it.
+	Durations []time.Duration
+	// Seqs are the running requests, in the order StepInto reports their
+	// outputs; each produced one token in every step of the run.
+	Seqs []DecodedSeq
+	// Events are the run's KV events in order, as the steps' StepResults
+	// would report them (BlockStored for the blocks the new tokens fill,
+	// BlockRemoved for the cached blocks their allocation evicts).
+	Events []KVEvent
+
+	res StepResult // collects the events (and their hashes' slab)
+}
+
+// DecodedSeq is one request's part in a DecodedRun.
+type DecodedSeq struct {
+	ID string
+	// From is the index of the request's first output token in the run:
+	// the run produced its tokens From .. From+len(Durations)-1 (a
+	// Sampler recomputes them).
+	From int
+	// FirstITL is the latency of the run's first token after the
+	// request's previous one; each later token's is its step's duration.
+	FirstITL time.Duration
+}
+
+// DecodeSteps computes the plain decode steps ahead at once, starting at
+// virtual time now, exactly as that many StepInto calls at their start
+// times would (same tokens, block allocations, evictions, prefix-cache
+// entries, events and Stats), without building a StepResult per step. It
+// computes at most limit steps, none that ends after until, and none in
+// which a request finishes (that step is left to StepInto, whose outputs
+// the driver needs). It returns the number of steps computed, 0 when the
+// next step is not a plain decode step (see DecodeRun) or does not end by
+// until; run describes them.
+//
+// A real-time driver that slept through a quiet run uses it to catch up
+// with the steps whose outputs nobody was waiting for: the cost is a few
+// nanoseconds per request and step instead of a StepResult's.
+func (e *Engine) DecodeSteps(now, until time.Duration, limit int, run *DecodedRun) int {
+	run.Durations, run.Seqs, run.Events = run.Durations[:0], run.Seqs[:0], nil
+	n, ctx, finished := e.decodeRun(limit)
+	if finished {
+		n-- // the finishing step is StepInto's
+	}
+	if n <= 0 {
+		return 0
+	}
+	r := len(e.running)
+	b := Batch{Seqs: r, Sampled: r, DecodeTokens: r}
+	end := now
+	for i := range n {
+		b.DecodeContext = ctx + i*r
+		d := e.stepTime(&b)
+		if end+d > until {
+			break
+		}
+		end += d
+		run.Durations = append(run.Durations, d)
+	}
+	n = len(run.Durations)
+	for n > 0 && e.runBlocks(n) > e.pool.numFree {
+		n-- // the step that would preempt is StepInto's
+	}
+	run.Durations = run.Durations[:n]
+	if n == 0 {
+		return 0
+	}
+	first := now + run.Durations[0]
+	for _, s := range e.running {
+		run.Seqs = append(run.Seqs, DecodedSeq{ID: s.id, From: s.outputs, FirstITL: first - s.lastToken})
+	}
+
+	res := &run.res
+	res.Events, res.removed = res.Events[:0], res.removed[:0]
+	e.res = res
+	defer func() { e.res = nil }()
+	t := now
+	for _, d := range run.Durations {
+		t += d
+		// StepInto's schedule allocates in running order, then each
+		// request's token is emitted: a request's allocation only needs
+		// its own earlier tokens, so one pass does both, keeping the
+		// pool's order of operations.
+		for _, s := range e.running {
+			e.allocate(s, 1) // cannot fail: runBlocks fit
+			s.computed++
+			if s.tokens != nil {
+				s.tokens = append(s.tokens, e.token(s, s.outputs))
+			}
+			s.outputs++
+			s.numTokens++
+			s.lastToken = t
+		}
+		e.stats.Steps++
+		e.stats.BusyTime += d
+		e.stats.GenerationTokens += int64(r)
+	}
+	run.Events = res.Events
+	return n
+}

@@ -1,0 +1,171 @@
+package engine
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+)
+
+// TestDecodeSteps runs two engines in lockstep on one random workload
+// (shared prefixes, EOS, held KV, aborts, caller-given hashes, a cache small
+// enough to evict and preempt): one only steps, the other computes every
+// plain decode run it is offered with DecodeSteps (random limits and time
+// bounds). After each of its runs the stepping engine takes as many steps,
+// and the two must agree on every token, time and latency, every KV event,
+// the Stats, each request's blocks and the whole block pool (free-queue
+// order included). With and without events.
+func TestDecodeSteps(t *testing.T) {
+	for _, noEvents := range []bool{false, true} {
+		for seed := range uint64(4) {
+			t.Run(fmt.Sprintf("noEvents=%v/seed%d", noEvents, seed), func(t *testing.T) {
+				mod := func(c *Config) { c.NumGPUBlocks = 40 + int(seed)*16; c.MaxModelLen = 512; c.NoEvents = noEvents }
+				stepper, bulk := mustEngine(t, "tiny", mod), mustEngine(t, "tiny", mod)
+				a, b := newDriver(t, stepper), newDriver(t, bulk)
+				rng := rand.New(rand.NewPCG(seed, 3))
+				prefixes := [][]uint32{tokens(1, 64), tokens(5000, 200), tokens(9000, 33)}
+				var live []string
+				last := map[string]Output{} // each request's latest output (the bulk engine's)
+				var run DecodedRun
+				runs, bulkSteps, removed := 0, 0, 0
+				for i := 0; i < 300 || stepper.HasWork() || bulk.HasWork(); i++ {
+					if i > 1e5 {
+						t.Fatal("engines do not finish")
+					}
+					if i < 300 && rng.IntN(10) == 0 {
+						for range 1 + rng.IntN(3) {
+							id := fmt.Sprint("q", i, "-", rng.IntN(1e6))
+							prompt := concat(prefixes[rng.IntN(3)], tokens(rng.IntN(1e5), 1+rng.IntN(120)))
+							req := func() *Request {
+								return &Request{ID: id, Prompt: prompt, MaxTokens: 1 + rng.IntN(120), EOSAt: rng.IntN(100)}
+							}
+							r := req()
+							switch rng.IntN(10) {
+							case 0:
+								r.HoldKV = true
+							case 1:
+								r.Prompt, r.PromptLen = nil, len(prompt)
+								r.BlockHashes = []uint64{uint64(rng.IntN(20)) + 1, uint64(rng.IntN(20)) + 100}
+							case 2:
+								r.Seed = rng.Uint64()
+							}
+							r2 := *r
+							errA, errB := stepper.Add(a.now, r), bulk.Add(b.now, &r2)
+							if (errA == nil) != (errB == nil) {
+								t.Fatalf("Add: %v vs %v", errA, errB)
+							}
+							if errA == nil {
+								live = append(live, id)
+							}
+						}
+					}
+					if len(live) > 0 && rng.IntN(12) == 0 {
+						id := live[rng.IntN(len(live))]
+						stepper.Abort(a.now, id)
+						bulk.Abort(b.now, id)
+					}
+					if rng.IntN(3) == 0 {
+						for id, s := range stepper.seqs {
+							if s.status == statusHeld {
+								stepper.Release(id)
+								bulk.Release(id)
+							}
+						}
+					}
+
+					until := b.now + time.Duration(rng.IntN(400))*stepper.MinStepTime()
+					n := bulk.DecodeSteps(b.now, until, 1+rng.IntN(60), &run)
+					if n == 0 {
+						if bulk.HasWork() {
+							ra, rb := a.step(), b.step()
+							if !reflect.DeepEqual(ra.Outputs, rb.Outputs) || ra.Duration != rb.Duration {
+								t.Fatalf("step %d: outputs differ:\n%+v\n%+v", i, ra.Outputs, rb.Outputs)
+							}
+							for _, o := range rb.Outputs {
+								last[o.ID] = o
+							}
+						}
+						compareEngines(t, stepper, bulk, a, b)
+						continue
+					}
+					runs++
+					bulkSteps += n
+					if len(run.Durations) != n || len(run.Seqs) != len(bulk.running) {
+						t.Fatalf("run of %d steps: %d durations, %d requests (%d running)", n, len(run.Durations), len(run.Seqs), len(bulk.running))
+					}
+					from := len(a.outputs)
+					for range n {
+						a.step()
+					}
+					// The run's outputs, as Steps would have reported them.
+					var want []Output
+					now := b.now
+					for k, d := range run.Durations {
+						now += d
+						for _, sq := range run.Seqs {
+							o := last[sq.ID]
+							s := bulk.seqs[sq.ID]
+							o.First, o.Index, o.Time = false, sq.From+k, now
+							o.Token = bulk.sampler.token(s.seed, s.eosAt, o.Index)
+							o.ITL = d
+							if k == 0 {
+								o.ITL = sq.FirstITL
+							}
+							last[sq.ID] = o
+							want = append(want, o)
+						}
+					}
+					if until < now {
+						t.Fatalf("run ends at %v, after until %v", now, until)
+					}
+					if got := a.outputs[from:]; !reflect.DeepEqual(got, want) {
+						t.Fatalf("run of %d steps at %v: stepping gave\n%+v\nthe run says\n%+v", n, b.now, got, want)
+					}
+					b.now = now
+					b.outputs = append(b.outputs, want...)
+					for _, ev := range run.Events { // the hashes' slab is the run's, reused
+						if ev.Kind == BlockRemoved {
+							removed++
+						}
+						ev.BlockHashes = slices.Clone(ev.BlockHashes)
+						b.events = append(b.events, ev)
+					}
+					b.mirrorEvents(run.Events)
+					compareEngines(t, stepper, bulk, a, b)
+				}
+				t.Logf("DecodeSteps computed %d steps in %d runs, evicting in %d", bulkSteps, runs, removed)
+				if runs < 5 || bulkSteps < 100 {
+					t.Errorf("DecodeSteps computed %d steps in %d runs: it should find the plain decode runs", bulkSteps, runs)
+				}
+			})
+		}
+	}
+}
+
+// compareEngines fails unless the two engines and their drivers are in the
+// same state.
+func compareEngines(t *testing.T, x, y *Engine, a, b *driver) {
+	t.Helper()
+	if a.now != b.now {
+		t.Fatalf("clock %v vs %v", a.now, b.now)
+	}
+	if x.Stats() != y.Stats() {
+		t.Fatalf("stats differ:\n%+v\n%+v", x.Stats(), y.Stats())
+	}
+	if !reflect.DeepEqual(a.events, b.events) {
+		t.Fatalf("KV events differ (%d vs %d)", len(a.events), len(b.events))
+	}
+	if !slices.Equal(x.pool.blocks, y.pool.blocks) {
+		t.Fatalf("block pools differ")
+	}
+	checkInvariants(t, y)
+	for id, s := range x.seqs {
+		o := y.seqs[id]
+		if o == nil || !slices.Equal(s.blocks, o.blocks) || s.numStored != o.numStored || !slices.Equal(s.hashes, o.hashes) ||
+			!slices.Equal(s.tokens, o.tokens) || s.outputs != o.outputs || s.lastToken != o.lastToken {
+			t.Fatalf("request %s differs", id)
+		}
+	}
+}
