@@ -68,13 +68,27 @@ func (l *decisionLog) add(now time.Time, req *kvroute.Request, d kvroute.Decisio
 	rec.Tenant, rec.SessionKey, rec.PromptTokens, rec.Blocks = req.Tenant, req.SessionKey, req.PromptTokens, len(req.BlockHashes)
 	// Deep-copy the explanation into the slot's own storage: pickers may
 	// reuse their score buffers on the next call.
-	scores := rec.Decision.Scores[:0]
-	parts := l.parts[slot][:0]
-	for _, sc := range d.Scores {
-		start := len(parts)
-		parts = append(parts, sc.Parts...)
-		sc.Parts = parts[start:len(parts):len(parts)]
-		scores = append(scores, sc)
+	// The scores in one copy, then their parts into one backing array,
+	// each score's Parts re-pointed at its own run.
+	scores := append(rec.Decision.Scores[:0], d.Scores...)
+	n := 0
+	for i := range scores {
+		n += len(scores[i].Parts)
+	}
+	parts := l.parts[slot]
+	if cap(parts) < n {
+		parts = make([]kvroute.Part, n)
+	}
+	parts = parts[:n]
+	at := 0
+	for i := range scores {
+		sc := &scores[i]
+		if sc.Parts == nil {
+			continue // stays nil, as the picker left it
+		}
+		end := at + copy(parts[at:], sc.Parts)
+		sc.Parts = parts[at:end:end]
+		at = end
 	}
 	l.parts[slot] = parts
 	rec.Decision = d

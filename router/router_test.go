@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/signals"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -343,5 +344,64 @@ func TestFirstTokenObserver(t *testing.T) {
 	want := []string{"a@" + f1.Endpoint.ID}
 	if fmt.Sprint(p.first) != fmt.Sprint(want) {
 		t.Errorf("FirstToken calls: got %v, want %v", p.first, want)
+	}
+}
+
+// candRecorder picks the first healthy candidate and keeps a copy of the
+// candidates it saw.
+type candRecorder struct {
+	pickFirstHealthy
+	seen []kvroute.Candidate
+}
+
+func (p *candRecorder) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
+	p.seen = append(p.seen[:0], cands...)
+	return p.pickFirstHealthy.Pick(now, req, cands)
+}
+
+// TestDecisionLogCandidates checks every field of the logged candidates
+// against the candidates the picker saw: fresh, stale and never observed
+// signals, an ejected endpoint, a cached prefix.
+func TestDecisionLogCandidates(t *testing.T) {
+	p := &candRecorder{}
+	r, err := New(Config{Model: "m", Endpoints: eps(4), Picker: p, StaleAfter: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.View("e0").Observe(t0, signals.Metrics{Have: signals.HasWaiting | signals.HasRunning | signals.HasKVUsage, Waiting: 3, Running: 5, KVUsage: 0.25})
+	r.View("e1").Observe(t0.Add(-3*time.Second), signals.Metrics{Have: signals.HasWaiting | signals.HasRunning, Waiting: 1, Running: 2})
+	for range 3 {
+		r.ReportResult(t0, "e3", false)
+	}
+	prompt := strings.Repeat("a shared prefix of some length. ", 20)
+	if _, err := r.Route(t0, &kvroute.Request{ID: "a", Model: "m", Prompt: prompt, PromptTokens: 160}, nil); err != nil {
+		t.Fatal(err)
+	}
+	now := t0.Add(250 * time.Millisecond)
+	if _, err := r.Route(now, &kvroute.Request{ID: "b", Model: "m", Prompt: prompt + "more", PromptTokens: 161}, nil); err != nil {
+		t.Fatal(err)
+	}
+	got := r.Decisions(1)[0].Candidates
+	if len(got) != len(p.seen) {
+		t.Fatalf("logged %d candidates, want %d", len(got), len(p.seen))
+	}
+	for i := range p.seen {
+		c := &p.seen[i]
+		want := CandidateInput{
+			Endpoint: c.Endpoint.ID, Healthy: c.Healthy,
+			Waiting: c.Load.Waiting, Running: c.Load.Running, InFlight: c.Load.InFlight, KVUsage: c.Load.KVUsage,
+			CachedBlocks: c.CachedBlocks, CachedTokens: c.CachedTokens, Tier: c.Tier.String(), Precise: c.Precise,
+			Stale: c.Load.Stale, SignalAgeMS: float64(c.Load.Age(now)) / float64(time.Millisecond),
+		}
+		if got[i] != want {
+			t.Errorf("candidate %d: got %+v, want %+v", i, got[i], want)
+		}
+	}
+	// The inputs are not all zero: the test would not notice a field left out.
+	if g := got[0]; g.Waiting == 0 || g.Running == 0 || g.KVUsage == 0 || g.SignalAgeMS != 250 || g.CachedBlocks == 0 || g.Tier != "gpu" {
+		t.Errorf("candidate 0: got %+v, want observed signals and a cached prefix", g)
+	}
+	if !got[1].Stale || got[3].Healthy {
+		t.Errorf("got %+v and %+v, want e1 stale and e3 ejected", got[1], got[3])
 	}
 }
