@@ -66,9 +66,14 @@
 // wake the loop either; when it joins the model it lengthens the run, and
 // the loop, waking at the run's old end, sleeps through the step then in
 // progress and the rest of the run at once. So a non-streamed request costs
-// the loop about one timed wake-up (its finish) whatever its length. A GET
-// /metrics during such a run first brings the snapshot up to date. Streaming at every token needs a wake-up per step and
-// a write per chunk, as in vLLM; --stream-interval divides the writes.
+// the loop about one timed wake-up (its finish) whatever its length. The
+// steps slept through that finish nothing are then computed at once
+// (engine.DecodeSteps): the loop records each step's batch size and
+// latencies in the metrics as stepping would, and the streams' token
+// counts, without a StepResult per step. A GET /metrics during such a run
+// first brings the snapshot up to date. Streaming at every token needs a
+// wake-up per step and a write per chunk, as in vLLM; --stream-interval
+// divides the writes.
 // TestFleetCPU (KVROUTE_SOAK=1) measures the CPU of 16 engine processes
 // under load, with their threads' context switches and the loop's timed
 // wake-ups per request; BenchmarkHandlerCPU the code's cost without the

@@ -17,7 +17,10 @@
 // DecodeRun looks ahead over the coming plain decode steps (how many until a
 // request finishes, and how long they take) and MinStepTime bounds any
 // step from below, so a real-time driver can sleep through steps nobody
-// observes and compute them later at their own start times.
+// observes and compute them later at their own start times; DecodeSteps
+// computes such a run at once, with exactly the results of stepping it
+// (tokens, block allocations and evictions, prefix-cache entries, events,
+// Stats) at a few nanoseconds per request and step.
 //
 // # Scheduling (vLLM V1)
 //
