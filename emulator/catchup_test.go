@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/internal/difftest"
 )
 
 // TestCatchUpMatchesStepping drives two servers' loop code in virtual time
@@ -90,7 +91,7 @@ func TestCatchUpMatchesStepping(t *testing.T) {
 				t.Errorf("catchUp computed %d runs, want at least 20", caught)
 			}
 			if out[0] != out[1] {
-				t.Errorf("metrics differ:\n%s", lineDiff(out[0], out[1]))
+				t.Errorf("metrics differ (stepping vs catching up) at %s", difftest.FirstLine([]byte(out[0]), []byte(out[1])))
 			}
 			for id, g := range gens[0] {
 				if gens[1][id] != g {
@@ -186,23 +187,4 @@ func BenchmarkLoop(b *testing.B) {
 			b.ReportMetric(float64(steps)/float64(b.N*n), "steps/request")
 		})
 	}
-}
-
-// lineDiff returns the lines of a and b that differ, side by side.
-func lineDiff(a, b string) string {
-	la, lb := bytes.Split([]byte(a), []byte("\n")), bytes.Split([]byte(b), []byte("\n"))
-	var d bytes.Buffer
-	for i := range max(len(la), len(lb)) {
-		var x, y []byte
-		if i < len(la) {
-			x = la[i]
-		}
-		if i < len(lb) {
-			y = lb[i]
-		}
-		if !bytes.Equal(x, y) {
-			fmt.Fprintf(&d, "- %s\n+ %s\n", x, y)
-		}
-	}
-	return d.String()
 }

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/difftest"
 	"github.com/kvroute/kvroute/policy"
 	"github.com/kvroute/kvroute/workload"
 )
@@ -283,27 +284,10 @@ func TestGoldenTinyScenario(t *testing.T) {
 			}
 			if !bytes.Equal(got, want) {
 				t.Errorf("%s differs from the simulation (run go test ./sim -run Golden -update after checking the change):\n%s",
-					path, firstDiff(got, want))
+					path, difftest.FirstLine(got, want))
 			}
 		})
 	}
-}
-
-func firstDiff(got, want []byte) string {
-	gl, wl := bytes.Split(got, []byte("\n")), bytes.Split(want, []byte("\n"))
-	for i := range max(len(gl), len(wl)) {
-		var g, w []byte
-		if i < len(gl) {
-			g = gl[i]
-		}
-		if i < len(wl) {
-			w = wl[i]
-		}
-		if !bytes.Equal(g, w) {
-			return fmt.Sprintf("line %d:\n got %s\nwant %s", i+1, g, w)
-		}
-	}
-	return ""
 }
 
 func TestKVEventsFeedPreciseIndex(t *testing.T) {
