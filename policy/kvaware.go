@@ -384,8 +384,12 @@ type KVAware struct {
 	rng *rand.Rand
 
 	ring *ring
-	eps  map[string]*epStats // learned rates per endpoint ID
-	all  epStats             // fleet-wide learned rates
+	eps  map[string]*epStats // learned rates per endpoint ID; entries are never deleted
+	// byPos remembers epStat's answer per candidate position; epsGen
+	// counts the entries added to eps, which invalidates a nil answer.
+	byPos  []posStat
+	epsGen uint64
+	all    epStats // fleet-wide learned rates
 
 	meanUncached float64 // moving average of uncached tokens per routed request
 	uncachedFrac float64 // moving average of uncached/prompt per routed request
@@ -437,12 +441,34 @@ type epStats struct {
 	headMax    float64
 }
 
-// epStat returns c's stats, nil when there are none yet.
-func (k *KVAware) epStat(c *kvroute.Candidate) *epStats {
+// epStat returns the stats of candidate i, c, nil when there are none yet.
+// A caller such as the router passes the same candidates in the same order
+// every time, so the answer for position i is kept (k.byPos) and reused
+// while the candidate there has the same ID (a string comparison, which
+// is a pointer comparison for the same string) and, for a nil answer, no
+// stats were created since: one map lookup per candidate saved.
+func (k *KVAware) epStat(i int, c *kvroute.Candidate) *epStats {
 	if len(k.eps) == 0 {
 		return nil
 	}
-	return k.eps[endpointID(c)]
+	id := endpointID(c)
+	if i < len(k.byPos) {
+		if m := &k.byPos[i]; m.id == id && (m.s != nil || m.gen == k.epsGen) {
+			return m.s
+		}
+	} else {
+		k.byPos = append(k.byPos, make([]posStat, i+1-len(k.byPos))...)
+	}
+	s := k.eps[id]
+	k.byPos[i] = posStat{id: id, s: s, gen: k.epsGen}
+	return s
+}
+
+// posStat is epStat's memory of the stats of one candidate position.
+type posStat struct {
+	id  string
+	s   *epStats // nil: none when gen was current
+	gen uint64
 }
 
 // stat returns id's stats, creating them.
@@ -451,6 +477,7 @@ func (k *KVAware) stat(id string) *epStats {
 	if s == nil {
 		s = &epStats{}
 		k.eps[id] = s
+		k.epsGen++ // a nil kept by epStat may be stale now
 	}
 	return s
 }
@@ -563,7 +590,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 			waiting += max(cands[i].Load.Waiting, 0)
 			healthy++
 			st := &k.c[i]
-			st.es = k.epStat(&cands[i])
+			st.es = k.epStat(i, &cands[i])
 			st.queued = k.queuedTokens(&cands[i], st.es)
 		}
 	}
@@ -688,7 +715,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	for i := range cands {
 		if k.c[i].elig {
 			k.elig = append(k.elig, i)
-			best = math.Min(best, k.c[i].score)
+			best = min(best, k.c[i].score) // math.Min inline (see estimate)
 		}
 	}
 
@@ -747,9 +774,11 @@ func (k *KVAware) estimate(c *kvroute.Candidate, st *candState, P int) {
 	queued := st.queued
 	stepMs := (p.StepOverheadUs + float64(max(l.Running, 0))*p.DecodeUsPerToken +
 		float64(max(l.DecodeTokens, 0))/1000*p.DecodeUsPerCtxKTok) / 1000
-	budget := math.Max(float64(p.MaxBatchedTokens-max(l.Running, 0)), float64(p.MaxBatchedTokens)/4)
+	// The builtin min and max are math.Min and math.Max inline: they differ
+	// only for a NaN against an infinity, which finite inputs rule out.
+	budget := max(float64(p.MaxBatchedTokens-max(l.Running, 0)), float64(p.MaxBatchedTokens)/4)
 	stepsQ := math.Ceil(queued / budget)
-	stepsAll := math.Max(math.Ceil((queued+own)/budget), stepsQ+1)
+	stepsAll := max(math.Ceil((queued+own)/budget), stepsQ+1)
 	// Queued prompts attend over themselves too: weight the queued tokens by
 	// the mean size of the requests routed there and not yet released
 	// (sum of squares over sum), or by the mean uncached size when the
@@ -794,10 +823,10 @@ func (k *KVAware) queuedTokens(c *kvroute.Candidate, s *epStats) float64 {
 			own = s.pendTok
 			if k.p.ProgressTokPerMs > 0 && own > 0 {
 				done := k.now.Sub(s.progressAt).Seconds() * 1000 * k.p.ProgressTokPerMs
-				own -= math.Min(math.Max(done, 0), math.Min(own, s.headMax))
+				own -= min(max(done, 0), min(own, s.headMax)) // math.Min and math.Max inline (see estimate)
 			}
 		}
-		return math.Max(own, float64(max(l.Waiting, 0))*k.meanUncached)
+		return max(own, float64(max(l.Waiting, 0))*k.meanUncached)
 	}
 	frac := k.uncachedFrac
 	if s != nil && s.sumPrompt > 0 {
@@ -807,7 +836,7 @@ func (k *KVAware) queuedTokens(c *kvroute.Candidate, s *epStats) float64 {
 		// prefix's burst onto cold endpoints that then prefilled it again).
 		frac = s.sumTok / s.sumPrompt
 	}
-	return math.Max(float64(max(l.InFlightTokens, 0))*frac, float64(max(l.Waiting, 0))*k.meanUncached)
+	return max(float64(max(l.InFlightTokens, 0))*frac, float64(max(l.Waiting, 0))*k.meanUncached)
 }
 
 // rates returns ms per uncached token and ms per queued request for the

@@ -1,0 +1,72 @@
+package policy
+
+import (
+	"math/rand/v2"
+	"reflect"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute"
+)
+
+// TestKVAwareStatsByPosition checks the per-position memory of endpoint
+// stats (epStat) against a policy that looks every candidate up afresh:
+// the same decisions while candidates keep their order, change it, come
+// and go, get a new Endpoint with an old ID, and gain stats.
+func TestKVAwareStatsByPosition(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 7))
+	got, err := NewKVAware(nil, 3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _ := NewKVAware(nil, 3)
+	fleet := make([]*kvroute.Endpoint, 12)
+	for i := range fleet {
+		fleet[i] = &kvroute.Endpoint{ID: "ep" + strconv.Itoa(i)}
+	}
+	order := r.Perm(len(fleet))[:8]
+	var open []*kvroute.Request
+	now := epoch
+	for step := range 3000 {
+		switch r.IntN(10) {
+		case 0:
+			r.Shuffle(len(order), func(i, j int) { order[i], order[j] = order[j], order[i] })
+		case 1:
+			order = r.Perm(len(fleet))[:4+r.IntN(len(fleet)-4)]
+		case 2:
+			i := r.IntN(len(fleet)) // same ID, new Endpoint
+			fleet[i] = &kvroute.Endpoint{ID: fleet[i].ID}
+		}
+		req, cands := randomState(r, len(order), true)
+		req.ID = strconv.Itoa(step)
+		for i, e := range order {
+			cands[i].Endpoint = fleet[e]
+		}
+		want.byPos = nil
+		dw := cloneDecision(want.Pick(now, req, cands))
+		dg := cloneDecision(got.Pick(now, req, cands))
+		if !reflect.DeepEqual(dg, dw) {
+			t.Fatalf("step %d: got %+v, want %+v", step, dg, dw)
+		}
+		if dg.Index >= 0 {
+			open = append(open, req)
+		}
+		for len(open) > 0 && r.IntN(3) != 0 {
+			i := r.IntN(len(open))
+			q, ep := open[i], ""
+			if r.IntN(2) == 0 {
+				got.FirstToken(now, q, ep)
+				want.FirstToken(now, q, ep)
+			} else {
+				got.Release(now, q, ep)
+				want.Release(now, q, ep)
+				open = append(open[:i], open[i+1:]...)
+			}
+		}
+		now = now.Add(time.Duration(r.IntN(20)) * time.Millisecond)
+	}
+	if len(got.eps) < len(fleet)/2 {
+		t.Fatalf("stats for %d endpoints, want most of %d: the test did not exercise them", len(got.eps), len(fleet))
+	}
+}
