@@ -119,10 +119,10 @@ type Approx struct {
 	// recomputes it), never late.
 	nextExpiry atomic.Int64
 
-	clears  []uint64 // trim's batch of table changes
-	miss    []uint64 // Record's blocks missing from the endpoint's map
-	indexed []uint64 // Record's bit set of the blocks the map holds
-	sink    uint64   // keeps the prefetching loads alive
+	clears []uint64 // trim's batch of table changes
+	miss   []uint64 // Record's blocks missing from the endpoint's map
+	at     []int32  // Record's map slot of each block, -1 when not indexed
+	sink   uint64   // keeps the prefetching loads alive
 }
 
 type agroup struct {
@@ -205,41 +205,46 @@ func (a *Approx) Record(now time.Time, endpoint string, hashes []uint64) {
 	// (every Record inserting and evicting) most blocks are never indexed,
 	// which saves a map insertion and deletion per block.
 	//
-	// One pass over the map first: which blocks it holds (indexed, a
-	// bit per block), and the table lines the others need, loaded
-	// together. The main loop then probes the map again only for the
-	// blocks it held, until it inserts one (a block repeated in the
-	// prompt may then be there): the pass's answer for the others
-	// stands while the map gains no key.
+	// One pass over the map first: where it holds each block (at: the
+	// slot, -1 when not indexed), and the table lines the others need,
+	// loaded together. The main loop then uses those slots instead of
+	// probing the map again, until it inserts a key (a block repeated in
+	// the prompt may then be there): the pass's answers stand while the
+	// map gains no key, as nothing moves in it before then.
 	a.sink += e.idx.touch(hashes)
 	miss := a.miss[:0] // the table lines only blocks missing from the map need
-	indexed := a.indexed[:0]
+	at := slices.Grow(a.at[:0], len(hashes))[:len(hashes)]
 	if e.idx.n > 0 {
-		indexed = slices.Grow(indexed, (len(hashes)+63)/64)[:(len(hashes)+63)/64]
-		clear(indexed)
 		for i, h := range hashes {
-			if h = nonZero(h); e.idx.find(h) == nil {
+			h = nonZero(h)
+			j := e.idx.findSlot(h)
+			if j < 0 {
 				miss = append(miss, h)
-			} else {
-				indexed[i/64] |= 1 << (i % 64)
 			}
+			at[i] = int32(j)
 		}
 	} else {
-		for _, h := range hashes {
+		for i, h := range hashes {
 			miss = append(miss, nonZero(h))
+			at[i] = -1
 		}
 	}
-	a.miss, a.indexed = miss, indexed
+	a.miss, a.at = miss, at
 	a.sink += e.g.tab.touch(miss)
 	grown := false // the map gained a key since the pass
 	for i := len(hashes) - 1; i >= 0; i-- {
 		h := nonZero(hashes[i]) // 0 is the tables' empty key; HashTokens never returns it
-		if grown || len(indexed) > 0 && indexed[i/64]&(1<<(i%64)) != 0 {
-			if v := e.idx.find(h); v != nil {
-				e.log.kill(*v)
-				*v = e.log.push(h, t, &e.idx)
-				continue
-			}
+		var v *uint64
+		switch {
+		case grown:
+			v = e.idx.find(h)
+		case at[i] >= 0:
+			v = &e.idx.slots[at[i]].v
+		}
+		if v != nil {
+			e.log.kill(*v)
+			*v = e.log.push(h, t, &e.idx)
+			continue
 		}
 		// Not indexed: the table says whether the endpoint holds it; if
 		// not, it goes in at once (one probe for both), so that a repeat

@@ -70,6 +70,23 @@ func (m *amap) find(k uint64) *uint64 {
 	}
 }
 
+// findSlot returns the index in m.slots of k's slot, or -1 when k is
+// absent. The index is valid until the next insertion or del.
+func (m *amap) findSlot(k uint64) int {
+	if m.n == 0 {
+		return -1
+	}
+	for i := m.home(k); ; i = (i + 1) & m.mask {
+		s := &m.slots[i]
+		if s.k == k {
+			return int(i)
+		}
+		if s.k == 0 {
+			return -1
+		}
+	}
+}
+
 // del removes k, which must be present.
 func (m *amap) del(k uint64) {
 	i := m.home(k)
