@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"testing"
+	"time"
 )
 
 // FuzzEngine interprets the input as a sequence of operations (add with
@@ -14,6 +15,8 @@ func FuzzEngine(f *testing.F) {
 	f.Add([]byte{0, 10, 3, 0, 5, 1, 0, 4, 4, 4, 2, 0, 3})
 	f.Add([]byte{0, 200, 9, 7, 0, 200, 9, 7, 4, 4, 4, 4, 1, 1, 4, 4})
 	f.Add([]byte{0, 1, 1, 255, 0, 255, 255, 255, 5, 4, 4, 4, 4, 4})
+	// Two requests, prefilled by steps, then decode runs at once.
+	f.Add([]byte{0, 1, 40, 90, 0, 0, 1, 1, 1, 0, 1, 30, 70, 0, 1, 2, 1, 1, 4, 1, 4, 1, 4, 1, 4, 0, 255, 15, 4, 0, 255, 15, 4, 0, 9, 3})
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		e := mustEngine(t, "tiny", func(c *Config) { c.NumGPUBlocks = 24; c.MaxModelLen = 256; c.MaxNumBatchedTokens = 64 })
 		d := newDriver(t, e)
@@ -26,6 +29,7 @@ func FuzzEngine(f *testing.F) {
 			return b
 		}
 		var ids []string
+		var run DecodedRun
 		for n := 0; len(ops) > 0 && n < 200; n++ {
 			switch next() % 6 {
 			case 0, 5: // add
@@ -69,6 +73,20 @@ func FuzzEngine(f *testing.F) {
 			case 3:
 				e.ResetPrefixCache()
 			case 4:
+				// A real-time driver computes plain decode runs at once.
+				if next()%2 == 0 {
+					until := d.now + time.Duration(next())*e.MinStepTime()
+					if n := e.DecodeSteps(d.now, until, int(next()%16)+1, &run); n > 0 {
+						for _, dur := range run.Durations {
+							d.now += dur
+						}
+						if d.now > until {
+							t.Fatalf("DecodeSteps ran to %v, past %v", d.now, until)
+						}
+						d.mirrorEvents(run.Events) // checks the pool and the events
+						continue
+					}
+				}
 				d.step()
 			}
 		}
