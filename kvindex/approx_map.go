@@ -13,12 +13,75 @@ type amap struct {
 	mask  uint64
 	shift uint // 64 - log2(len(slots))
 	n     int
+
+	// While the map is small (n <= amapFewMax) most lookups are of absent
+	// keys (under churn only the blocks recorded again while held are
+	// indexed, a few per prompt), and filt answers most of them without a
+	// probe: bit b is set when a key of bucket b (the top 8 bits of its
+	// hash) may be present. Insertions set bits; deletions leave them
+	// (filtDel counts them) until a rebuild. filtOK is false, and filt
+	// all ones, while the map is too large for the filter to help: from an
+	// insertion past
+	// amapFewMax until a deletion brings n down to amapFewMax/2 (so that a
+	// map hovering at the limit does not rebuild at every crossing).
+	filt    [4]uint64
+	filtOK  bool
+	filtDel int
 }
 
 const (
 	amapMinSlots = 16
 	amapMaxLoad  = 0.7 // n/len above which the array doubles
+	amapFewMax   = 64  // the largest n at which lookups consult filt
 )
+
+// bucket returns k's filter bit: the top 8 bits of the hash home takes
+// its slot from (find and findSlot compute it inline).
+func bucket(k uint64) uint64 { return (k * 0x9e3779b97f4a7c15) >> 56 }
+
+// dropFilter makes every lookup probe (filt all ones) until a rebuild.
+func (m *amap) dropFilter() {
+	m.filt = [4]uint64{^uint64(0), ^uint64(0), ^uint64(0), ^uint64(0)}
+	m.filtOK = false
+}
+
+func (m *amap) rebuildFilter() {
+	m.filt = [4]uint64{}
+	for _, s := range m.slots {
+		if s.k != 0 {
+			b := bucket(s.k)
+			m.filt[b>>6] |= 1 << (b & 63)
+		}
+	}
+	m.filtOK, m.filtDel = true, 0
+}
+
+// added notes an insertion of k in the filter (n counts it already).
+func (m *amap) added(k uint64) {
+	switch {
+	case m.n > amapFewMax:
+		if m.filtOK {
+			m.dropFilter()
+		}
+	case m.filtOK:
+		b := bucket(k)
+		m.filt[b>>6] |= 1 << (b & 63)
+	case m.n == 1:
+		m.rebuildFilter() // the first key: nothing to scan
+	}
+}
+
+// removed notes a deletion in the filter (n counts it already).
+func (m *amap) removed() {
+	switch {
+	case m.filtOK:
+		if m.filtDel++; m.filtDel > amapFewMax/2 {
+			m.rebuildFilter() // drop the deleted keys' bits
+		}
+	case m.n <= amapFewMax/2:
+		m.rebuildFilter()
+	}
+}
 
 func (m *amap) home(k uint64) uint64 { return (k * 0x9e3779b97f4a7c15) >> m.shift }
 
@@ -38,6 +101,7 @@ func (m *amap) slot(k uint64) (v *uint64, inserted bool) {
 				}
 				s.k, s.v = k, 0
 				m.n++
+				m.added(k)
 				return &s.v, true
 			}
 		}
@@ -50,16 +114,18 @@ func (m *amap) slot(k uint64) (v *uint64, inserted bool) {
 	s := &m.slots[i]
 	s.k, s.v = k, 0
 	m.n++
+	m.added(k)
 	return &s.v, true
 }
 
 // find returns k's value slot, or nil when k is absent. The pointer is
 // valid until the next insertion or del.
 func (m *amap) find(k uint64) *uint64 {
-	if m.n == 0 {
-		return nil
+	h := k * 0x9e3779b97f4a7c15 // home and bucket, written out to stay inlinable
+	if m.filt[h>>62]&(1<<(h>>56&63)) == 0 {
+		return nil // absent (also when the map is empty)
 	}
-	for i := m.home(k); ; i = (i + 1) & m.mask {
+	for i := h >> m.shift; ; i = (i + 1) & m.mask {
 		s := &m.slots[i]
 		if s.k == k {
 			return &s.v
@@ -73,10 +139,11 @@ func (m *amap) find(k uint64) *uint64 {
 // findSlot returns the index in m.slots of k's slot, or -1 when k is
 // absent. The index is valid until the next insertion or del.
 func (m *amap) findSlot(k uint64) int {
-	if m.n == 0 {
+	h := k * 0x9e3779b97f4a7c15 // as in find
+	if m.filt[h>>62]&(1<<(h>>56&63)) == 0 {
 		return -1
 	}
-	for i := m.home(k); ; i = (i + 1) & m.mask {
+	for i := h >> m.shift; ; i = (i + 1) & m.mask {
 		s := &m.slots[i]
 		if s.k == k {
 			return int(i)
@@ -115,6 +182,7 @@ func (m *amap) del(k uint64) {
 	if m.n*8 < len(m.slots) && len(m.slots) > amapMinSlots {
 		m.resize(len(m.slots) / 2)
 	}
+	m.removed()
 }
 
 // touch loads the home slot of each key (see atable.touch).

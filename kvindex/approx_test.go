@@ -400,3 +400,53 @@ func TestATableConcurrentReaders(t *testing.T) {
 		t.Fatal(badMsg)
 	}
 }
+
+// TestAmapFilter checks find and findSlot, for present and absent keys,
+// against a reference map while the map grows past amapFewMax and shrinks
+// back, so the filter is used, dropped and rebuilt.
+func TestAmapFilter(t *testing.T) {
+	rng := rand.New(rand.NewPCG(6, 6))
+	var m amap
+	ref := map[uint64]uint64{}
+	keys := []uint64{}
+	check := func(step int, k uint64) {
+		v, had := ref[k]
+		p, j := m.find(k), m.findSlot(k)
+		switch {
+		case had && (p == nil || *p != v || j < 0 || &m.slots[j].v != p):
+			t.Fatalf("step %d: key %d: find %v, findSlot %d, want value %d", step, k, p, j, v)
+		case !had && (p != nil || j >= 0):
+			t.Fatalf("step %d: absent key %d: find %v, findSlot %d", step, k, p, j)
+		}
+	}
+	used := 0
+	for step := 0; step < 100000; step++ {
+		target := 10 + 90*((step/3000)%2) // below and above amapFewMax in turn
+		if len(keys) == 0 || len(keys) < target && rng.IntN(2) == 0 {
+			k := rng.Uint64()%400 + 1
+			p, inserted := m.slot(k)
+			*p = rng.Uint64()
+			if inserted {
+				keys = append(keys, k)
+			}
+			ref[k] = *p
+		} else if rng.IntN(2) == 0 {
+			j := rng.IntN(len(keys))
+			k := keys[j]
+			keys[j] = keys[len(keys)-1]
+			keys = keys[:len(keys)-1]
+			m.del(k)
+			delete(ref, k)
+		}
+		check(step, rng.Uint64()%400+1)
+		if len(keys) > 0 {
+			check(step, keys[rng.IntN(len(keys))])
+		}
+		if m.filtOK {
+			used++
+		}
+	}
+	if used < 10000 {
+		t.Fatalf("the filter was valid in %d steps: the test did not exercise it", used)
+	}
+}
