@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/kvindex"
@@ -126,7 +127,15 @@ type Router struct {
 	cands  []kvroute.Candidate // reused by Route
 	hits   []kvindex.Hit       // reused by Route
 	hashes []uint64            // reused by Route for character-block hashes
+	// anyPrecise: some endpoint publishes KV events, so gap may hold
+	// entries (Route records into gap only for those endpoints).
+	anyPrecise bool
+	// idCache finds the endpoint an index hit names without hashing the
+	// name (see endpointOf); byID is the fallback.
+	idCache [1 << idCacheBits]*endpoint
 }
+
+const idCacheBits = 8
 
 type endpoint struct {
 	ep      kvroute.Endpoint
@@ -196,6 +205,7 @@ func New(cfg Config) (*Router, error) {
 		}
 		r.eps = append(r.eps, e)
 		r.byID[ep.ID] = e
+		r.anyPrecise = r.anyPrecise || e.precise
 	}
 	r.cands = make([]kvroute.Candidate, len(r.eps))
 	for i, e := range r.eps {
@@ -360,9 +370,11 @@ func (r *Router) matchPrefixes(now time.Time, req *kvroute.Request) {
 		return
 	}
 	r.hits = r.approx.MatchUnordered(now, req.BlockHashes, r.hits[:0])
-	r.hits = r.gap.MatchUnordered(now, req.BlockHashes, r.hits)
+	if r.anyPrecise {
+		r.hits = r.gap.MatchUnordered(now, req.BlockHashes, r.hits)
+	}
 	for _, h := range r.hits {
-		if e := r.byID[h.Endpoint]; e != nil && h.Blocks > e.cached {
+		if e := r.endpointOf(h.Endpoint); e != nil && h.Blocks > e.cached {
 			e.cached, e.tier = h.Blocks, kvroute.TierGPU
 		}
 	}
@@ -371,7 +383,7 @@ func (r *Router) matchPrefixes(now time.Time, req *kvroute.Request) {
 	}
 	r.hits = r.cfg.Precise.Match(req.BlockHashes, r.hits[:0])
 	for _, h := range r.hits {
-		e := r.byID[h.Endpoint]
+		e := r.endpointOf(h.Endpoint)
 		if e == nil || !e.precise {
 			continue
 		}
@@ -380,6 +392,25 @@ func (r *Router) matchPrefixes(now time.Time, req *kvroute.Request) {
 			e.cached, e.tier = h.Blocks, h.Tier
 		}
 	}
+}
+
+// endpointOf returns the endpoint with ID id, nil when there is none. The
+// prefix indexes name endpoints in their hits with the very strings the
+// router gave them (the endpoints' IDs), so a small cache indexed by the
+// string's address finds the endpoint without hashing the name; an ID
+// comparison (an address comparison when it hits) guards it, and the map
+// is the fallback. Called with r.mu held.
+func (r *Router) endpointOf(id string) *endpoint {
+	a := uint64(uintptr(unsafe.Pointer(unsafe.StringData(id))))
+	slot := &r.idCache[(a*0x9e3779b97f4a7c15)>>(64-idCacheBits)]
+	if e := *slot; e != nil && e.ep.ID == id {
+		return e
+	}
+	e := r.byID[id]
+	if e != nil {
+		*slot = e
+	}
+	return e
 }
 
 // blocksToTokens converts a leading-block match to prompt tokens.

@@ -405,3 +405,28 @@ func TestDecisionLogCandidates(t *testing.T) {
 		t.Errorf("got %+v and %+v, want e1 stale and e3 ejected", got[1], got[3])
 	}
 }
+
+// TestEndpointOf checks the endpoint lookup of index hits: the router's own
+// ID strings (the cache's case), equal strings with other backing arrays,
+// and unknown names.
+func TestEndpointOf(t *testing.T) {
+	r, err := New(Config{Model: "m", Endpoints: eps(100), Picker: &pickFirstHealthy{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for round := range 3 {
+		for i, e := range r.eps {
+			ids := []string{e.ep.ID, strings.Clone(e.ep.ID), fmt.Sprintf("e%d", i)}
+			for _, id := range ids {
+				if got := r.endpointOf(id); got != e {
+					t.Fatalf("round %d: endpointOf(%q) = %v, want endpoint %d", round, id, got, i)
+				}
+			}
+		}
+		for _, id := range []string{"", "e100", "nope"} {
+			if got := r.endpointOf(id); got != nil {
+				t.Fatalf("endpointOf(%q) = %v, want nil", id, got.ep.ID)
+			}
+		}
+	}
+}
