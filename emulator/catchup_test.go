@@ -102,89 +102,130 @@ func TestCatchUpMatchesStepping(t *testing.T) {
 	}
 }
 
-// loopDriver is a loop state driven in virtual time by driveLoop.
+// loopDriver drives a server's engine loop code in virtual time, without
+// sleeping: each step is computed at its start and finished at once
+// (finishStep without waiting), and with catchUp the plain decode runs
+// before the next command are computed with catchUp, as the loop does
+// after sleeping through them.
 type loopDriver struct {
 	*loopState
-	caught int // catchUp's runs
+	s       *Server
+	queue   []command // commands not applied yet, in time order
+	catchUp bool
+	caught  int // catchUp's runs
+	steps   int
 }
 
-// driveLoop runs the engine loop's code for the commands (in time order) in
-// virtual time, without sleeping: each step is computed at its start and
-// finished at once (finishStep without waiting), and with catchUp the
-// plain decode runs before the next command are computed with catchUp, as
-// the loop does after sleeping through them.
-func driveLoop(t testing.TB, s *Server, queue []command, catchUp bool) loopDriver {
-	ls := loopDriver{loopState: &loopState{live: map[string]*stream{}}}
-	ctx := context.Background()
-	for steps := 0; ; steps++ {
-		if steps > 1e7 {
+func newLoopDriver(s *Server, queue []command, catchUp bool) *loopDriver {
+	return &loopDriver{loopState: &loopState{live: map[string]*stream{}}, s: s, queue: queue, catchUp: catchUp}
+}
+
+// advance applies the commands due and computes one step or one run; it
+// returns false when nothing is left to do.
+func (ld *loopDriver) advance() bool {
+	s := ld.s
+	for len(ld.queue) > 0 && ld.queue[0].at <= ld.vnow {
+		s.apply(ld.vnow, &ld.queue[0], ld.loopState)
+		ld.queue = ld.queue[1:]
+	}
+	if !s.eng.HasWork() {
+		if len(ld.queue) == 0 {
+			return false
+		}
+		ld.vnow = ld.queue[0].at
+		return true
+	}
+	ld.steps++
+	if ld.catchUp {
+		ld.loopState.queue = ld.queue // catchUp stops before the next arrival
+		ok := s.catchUp(ld.loopState, time.Duration(1<<62))
+		ld.loopState.queue = nil
+		if ok {
+			ld.caught++
+			return true
+		}
+	}
+	s.eng.StepInto(ld.vnow, &ld.res)
+	s.finishStep(context.Background(), ld.loopState, false, ld.vnow)
+	return true
+}
+
+// driveLoop runs a loopDriver to the end.
+func driveLoop(t testing.TB, s *Server, queue []command, catchUp bool) *loopDriver {
+	ld := newLoopDriver(s, queue, catchUp)
+	for ld.advance() {
+		if ld.steps > 1e7 {
 			t.Fatal("the loop does not finish")
 		}
-		for len(queue) > 0 && queue[0].at <= ls.vnow {
-			s.apply(ls.vnow, &queue[0], ls.loopState)
-			queue = queue[1:]
-		}
-		if !s.eng.HasWork() {
-			if len(queue) == 0 {
-				return ls
-			}
-			ls.vnow = queue[0].at
-			continue
-		}
-		if catchUp {
-			ls.queue = queue // catchUp stops before the next arrival
-			ok := s.catchUp(ls.loopState, time.Duration(1<<62))
-			ls.queue = nil
-			if ok {
-				ls.caught++
-				continue
-			}
-		}
-		s.eng.StepInto(ls.vnow, &ls.res)
-		s.finishStep(ctx, ls.loopState, false, ls.vnow)
 	}
+	return ld
 }
 
 // BenchmarkLoop is the engine loop's CPU per request (model, deliver,
-// metrics; no HTTP) for one engine's share of TestFleetCPU's fleet: 12.5
-// non-streamed requests a second, 1,000 output tokens each, on the 8B
-// profile, stepping at every step or catching up with the runs slept
-// through.
+// metrics; no HTTP) on TestFleetCPU's load: 12.5 non-streamed requests a
+// second per engine, 1,000 output tokens each, on the 8B profile, stepping
+// at every step or catching up with the runs slept through. With 16
+// engines the loops are interleaved in virtual time, as in one process
+// hosting a fleet: each engine's state has left the CPU caches by the time
+// it runs again, as after a real sleep.
 func BenchmarkLoop(b *testing.B) {
 	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
 	if err != nil {
 		b.Fatal(err)
 	}
-	const n = 200
-	for _, catchUp := range []bool{false, true} {
-		b.Run(fmt.Sprintf("catchUp=%v", catchUp), func(b *testing.B) {
-			b.ReportAllocs()
-			steps := int64(0)
-			for b.Loop() {
-				b.StopTimer()
-				s, err := New(Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1})
-				if err != nil {
-					b.Fatal(err)
-				}
-				rng := rand.New(rand.NewPCG(1, 2))
-				queue := make([]command, n)
-				at := time.Duration(0)
-				for i := range queue {
-					at += time.Duration(rng.ExpFloat64() * float64(80*time.Millisecond))
-					prompt := make([]uint32, 200)
-					for j := range prompt {
-						prompt[j] = uint32(rng.IntN(30000))
+	const n = 200 // requests per engine
+	for _, engines := range []int{1, 16} {
+		for _, catchUp := range []bool{false, true} {
+			b.Run(fmt.Sprintf("engines=%d/catchUp=%v", engines, catchUp), func(b *testing.B) {
+				b.ReportAllocs()
+				steps := int64(0)
+				for b.Loop() {
+					b.StopTimer()
+					lds := make([]*loopDriver, engines)
+					for k := range lds {
+						s, err := New(Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1})
+						if err != nil {
+							b.Fatal(err)
+						}
+						lds[k] = newLoopDriver(s, fleetShare(uint64(k), n), catchUp)
 					}
-					id := fmt.Sprint("r", i)
-					req := &engine.Request{ID: id, Prompt: prompt, MaxTokens: 1000, IgnoreEOS: true}
-					queue[i] = command{kind: cmdAdd, req: req, st: newStream(id, 0, 1000), at: at}
+					b.StartTimer()
+					for live := engines; live > 0; {
+						next := 0 // the engine furthest behind in virtual time
+						for k, ld := range lds {
+							if ld != nil && (lds[next] == nil || ld.vnow < lds[next].vnow) {
+								next = k
+							}
+						}
+						if !lds[next].advance() {
+							steps += lds[next].s.eng.Stats().Steps
+							lds[next] = nil
+							live--
+						}
+					}
 				}
-				b.StartTimer()
-				driveLoop(b, s, queue, catchUp)
-				steps += s.eng.Stats().Steps
-			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/request")
-			b.ReportMetric(float64(steps)/float64(b.N*n), "steps/request")
-		})
+				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n*engines), "ns/request")
+				b.ReportMetric(float64(steps)/float64(b.N*n*engines), "steps/request")
+			})
+		}
 	}
+}
+
+// fleetShare returns n request arrivals for one engine: Poisson at 12.5 a
+// second, 200-token prompts, 1,000 output tokens.
+func fleetShare(seed uint64, n int) []command {
+	rng := rand.New(rand.NewPCG(seed, 2))
+	queue := make([]command, n)
+	at := time.Duration(0)
+	for i := range queue {
+		at += time.Duration(rng.ExpFloat64() * float64(80*time.Millisecond))
+		prompt := make([]uint32, 200)
+		for j := range prompt {
+			prompt[j] = uint32(rng.IntN(30000))
+		}
+		id := fmt.Sprint("r", i)
+		req := &engine.Request{ID: id, Prompt: prompt, MaxTokens: 1000, IgnoreEOS: true}
+		queue[i] = command{kind: cmdAdd, req: req, st: newStream(id, 0, 1000), at: at}
+	}
+	return queue
 }
