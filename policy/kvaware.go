@@ -421,6 +421,9 @@ var (
 	_ interface {
 		FirstToken(time.Time, *kvroute.Request, string)
 	} = (*KVAware)(nil) // router.FirstTokenObserver
+	_ interface {
+		RecycleScores([]kvroute.Score, []kvroute.Part) ([]kvroute.Score, []kvroute.Part)
+	} = (*KVAware)(nil) // router.ScoreRecycler
 )
 
 type epStats struct {
@@ -1145,6 +1148,15 @@ func (k *KVAware) FirstToken(now time.Time, req *kvroute.Request, _ string) {
 	}
 	pr.prefill = false
 	k.pending[key] = pr
+}
+
+// RecycleScores implements router.ScoreRecycler: it hands over the
+// buffers behind its last decision's Scores and their Parts (it will not
+// touch them again) and takes scores and parts as the buffers of its next
+// explanations, so that a decision log can keep explanations without
+// copying them.
+func (k *KVAware) RecycleScores(scores []kvroute.Score, parts []kvroute.Part) ([]kvroute.Score, []kvroute.Part) {
+	return k.buf.swap(scores, parts)
 }
 
 // Release implements kvroute.Releaser: the request ended (any outcome).

@@ -70,3 +70,34 @@ func TestKVAwareStatsByPosition(t *testing.T) {
 		t.Fatalf("stats for %d endpoints, want most of %d: the test did not exercise them", len(got.eps), len(fleet))
 	}
 }
+
+// TestKVAwareRecycleScores checks the trade of explanation buffers
+// (router.ScoreRecycler): the buffers handed over back the last decision's
+// Scores, the next Pick explains itself in the buffers it was given, and
+// the handed-over explanation is left as it was.
+func TestKVAwareRecycleScores(t *testing.T) {
+	k, err := NewKVAware(nil, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := rand.New(rand.NewPCG(3, 3))
+	req, cands := randomState(r, 16, true)
+	d1 := k.Pick(epoch, req, cands)
+	spareScores, spareParts := make([]kvroute.Score, 16), make([]kvroute.Part, 16*kvAwareParts)
+	s1, p1 := k.RecycleScores(spareScores, spareParts)
+	if len(d1.Scores) == 0 || &s1[:1][0] != &d1.Scores[0] {
+		t.Fatal("the buffers handed over do not back the decision's scores")
+	}
+	if sc := d1.Scores[0]; len(sc.Parts) > 0 && &p1[:1][0] != &sc.Parts[0] {
+		t.Fatal("the parts handed over do not back the decision's parts")
+	}
+	want := cloneDecision(d1)
+	req2, cands2 := randomState(r, 16, true)
+	d2 := k.Pick(epoch, req2, cands2)
+	if &d2.Scores[0] != &spareScores[0] || &d2.Scores[0].Parts[:1][0] != &spareParts[0] {
+		t.Fatal("the next Pick did not explain itself in the buffers it was given")
+	}
+	if got := cloneDecision(d1); !reflect.DeepEqual(got, want) {
+		t.Fatalf("the handed-over explanation changed: got %+v, want %+v", got.Scores, want.Scores)
+	}
+}

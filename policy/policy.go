@@ -105,6 +105,15 @@ func (b *scoreBuf) get(cands []kvroute.Candidate, nparts int) []kvroute.Score {
 	return b.scores
 }
 
+// swap takes scores and parts as the buffers of the next get and returns
+// the current ones, which back the last decision's Scores: the caller owns
+// them from now on (router.ScoreRecycler).
+func (b *scoreBuf) swap(scores []kvroute.Score, parts []kvroute.Part) ([]kvroute.Score, []kvroute.Part) {
+	oldScores, oldParts := b.scores, b.parts
+	b.scores, b.parts = scores[:0], parts[:0]
+	return oldScores, oldParts
+}
+
 func endpointID(c *kvroute.Candidate) string {
 	if c.Endpoint == nil {
 		return ""

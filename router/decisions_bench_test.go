@@ -27,7 +27,7 @@ func BenchmarkDecisionLogAdd(b *testing.B) {
 	now := t0
 	b.ReportAllocs()
 	for b.Loop() {
-		l.add(now, req, d, cands)
+		l.add(now, req, d, cands, nil)
 		now = now.Add(time.Millisecond)
 	}
 }

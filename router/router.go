@@ -326,7 +326,8 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 	if d.Index >= 0 && d.Index < len(r.eps) {
 		d.Endpoint = r.eps[d.Index].ep.ID
 	}
-	r.log.add(now, req, d, r.cands)
+	rcy, _ := r.picker.(ScoreRecycler)
+	r.log.add(now, req, d, r.cands, rcy)
 	if d.Index < 0 || d.Index >= len(r.eps) || !r.cands[d.Index].Healthy {
 		if d.Shed {
 			return nil, &ShedError{Err: kvroute.Error{Status: http.StatusTooManyRequests, Type: kvroute.TypeOverloaded, Code: "overloaded",

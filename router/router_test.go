@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -426,6 +427,75 @@ func TestEndpointOf(t *testing.T) {
 		for _, id := range []string{"", "e100", "nope"} {
 			if got := r.endpointOf(id); got != nil {
 				t.Fatalf("endpointOf(%q) = %v, want nil", id, got.ep.ID)
+			}
+		}
+	}
+}
+
+// recyclingPicker picks the first healthy candidate and explains each
+// decision with its sequence number, in buffers it reuses and trades with
+// the decision log (ScoreRecycler).
+type recyclingPicker struct {
+	n      int
+	scores []kvroute.Score
+	parts  []kvroute.Part
+	traded int
+}
+
+func (p *recyclingPicker) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
+	p.n++
+	if cap(p.scores) < len(cands) {
+		p.scores = make([]kvroute.Score, len(cands))
+	}
+	if cap(p.parts) < 2*len(cands) {
+		p.parts = make([]kvroute.Part, 2*len(cands))
+	}
+	p.scores, p.parts = p.scores[:len(cands)], p.parts[:2*len(cands)]
+	for i := range cands {
+		p.parts[2*i] = kvroute.Part{Name: "n", Value: float64(p.n)}
+		p.parts[2*i+1] = kvroute.Part{Name: "i", Value: float64(i)}
+		p.scores[i] = kvroute.Score{Endpoint: cands[i].Endpoint.ID, Value: float64(p.n), Eligible: true, Parts: p.parts[2*i : 2*i+2 : 2*i+2]}
+	}
+	return kvroute.Decision{Index: 0, Endpoint: cands[0].Endpoint.ID, Reason: "first", Scores: p.scores}
+}
+
+func (p *recyclingPicker) RecycleScores(s []kvroute.Score, parts []kvroute.Part) ([]kvroute.Score, []kvroute.Part) {
+	p.traded++
+	old, oldParts := p.scores, p.parts
+	p.scores, p.parts = s, parts
+	return old, oldParts
+}
+
+// TestDecisionLogRecycles checks that a picker's explanation buffers taken
+// over by the log keep every logged decision's explanation intact while
+// the picker reuses the buffers the log gave back.
+func TestDecisionLogRecycles(t *testing.T) {
+	p := &recyclingPicker{}
+	r, err := New(Config{Model: "m", Endpoints: eps(3), Picker: p, DecisionLog: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 11 {
+		if _, err := r.Route(t0, &kvroute.Request{ID: fmt.Sprint(i + 1), Model: "m"}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if p.traded != 11 {
+		t.Fatalf("RecycleScores called %d times, want 11", p.traded)
+	}
+	recs := r.Decisions(10)
+	if len(recs) != 4 {
+		t.Fatalf("got %d records, want 4", len(recs))
+	}
+	for j, rec := range recs {
+		n := float64(11 - j)
+		if rec.RequestID != fmt.Sprint(11-j) || len(rec.Decision.Scores) != 3 {
+			t.Fatalf("record %d: got request %q with %d scores, want %d with 3", j, rec.RequestID, len(rec.Decision.Scores), 11-j)
+		}
+		for i, sc := range rec.Decision.Scores {
+			want := []kvroute.Part{{Name: "n", Value: n}, {Name: "i", Value: float64(i)}}
+			if sc.Value != n || sc.Endpoint != fmt.Sprintf("e%d", i) || !slices.Equal(sc.Parts, want) {
+				t.Fatalf("record %d score %d: got %+v, want value %v, parts %v", j, i, sc, n, want)
 			}
 		}
 	}
