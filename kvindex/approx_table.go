@@ -50,7 +50,11 @@ type ashard struct {
 	used  int      // slots with a key (live + tombstones); writer only
 	live  int      // slots with a non-zero mask; writer only
 	spare *[]aslot // serial only: the array the last rebuild retired
-	_     [32]byte // keep shards on separate cache lines
+	// cur is *tab as the writer last stored it: the writer (and, when
+	// serial, every caller) reads it here, in the shard's own cache line,
+	// instead of through the published pointer.
+	cur []aslot
+	_   [8]byte // keep shards on separate cache lines
 }
 
 type aslot struct {
@@ -71,17 +75,33 @@ func newATable(shards int) *atable {
 	for i := range t.shards {
 		s := make([]aslot, aminSlots)
 		t.shards[i].tab.Store(&s)
+		t.shards[i].cur = s
 	}
 	return t
 }
 
-// locate returns key's shard and the array and first slot to probe.
+// locate returns key's shard and the array and first slot to probe, for
+// the writer.
 func (t *atable) locate(key uint64) (*ashard, []aslot, int) {
 	m := mix(key)
 	sh := &t.shards[m>>t.shift] // m>>64 is 0 with a single shard
-	arr := *sh.tab.Load()
+	arr := sh.cur
 	hi, _ := bits.Mul64(m<<(64-t.shift), uint64(len(arr)))
 	return sh, arr, int(hi)
+}
+
+// locateR is locate for readers: the published array, unless serial.
+func (t *atable) locateR(key uint64) ([]aslot, int) {
+	m := mix(key)
+	sh := &t.shards[m>>t.shift]
+	var arr []aslot
+	if t.serial {
+		arr = sh.cur
+	} else {
+		arr = *sh.tab.Load()
+	}
+	hi, _ := bits.Mul64(m<<(64-t.shift), uint64(len(arr)))
+	return arr, int(hi)
 }
 
 // home returns the first slot for key in an array of n slots of its shard.
@@ -92,7 +112,7 @@ func (t *atable) home(key uint64, n int) int {
 
 // get returns key's mask (0 when absent). It never blocks.
 func (t *atable) get(key uint64) uint64 {
-	_, arr, i := t.locate(key)
+	arr, i := t.locateR(key)
 	n := len(arr)
 	for {
 		k := atomic.LoadUint64(&arr[i].key)
@@ -255,10 +275,12 @@ func (t *atable) rebuild(sh *ashard) []aslot {
 		p := new([]aslot)
 		*p = arr
 		sh.tab.Store(p)
+		sh.cur = arr
 		return arr
 	}
 	*sp = arr
 	sh.tab.Store(sp)
+	sh.cur = arr
 	sh.spare = oldp // retired: no reader holds it or its array
 	return arr
 }
