@@ -213,9 +213,10 @@ func TestFleetCPU(t *testing.T) {
 		gen.Round(time.Millisecond), 100*gen.Seconds()/wall.Seconds(), float64(gen.Microseconds())/float64(n))
 	perEngine := func(v int64) float64 { return float64(v) / float64(engines) / wall.Seconds() }
 	perReq := func(v int64) float64 { return float64(v) / float64(max(n, 1)) }
-	t.Logf("wake-ups: threads' context switches %.0f/s per engine = %.1f per request (%.1f voluntary); engine loop's timed sleeps %.0f/s per engine = %.1f per request; steps %.0f/s per engine; %d connections accepted (%.2f per request)",
+	t.Logf("wake-ups: threads' context switches %.0f/s per engine = %.1f per request (%.1f voluntary); engine loop's timed sleeps %.0f/s per engine = %.1f per request; steps %.0f/s per engine (%.0f%% computed at once by catch-up); %d connections accepted (%.2f per request)",
 		perEngine(counts.nvcsw+counts.nivcsw), perReq(counts.nvcsw+counts.nivcsw), perReq(counts.nvcsw),
-		perEngine(counts.sleeps), perReq(counts.sleeps), perEngine(counts.steps), counts.conns, perReq(counts.conns))
+		perEngine(counts.sleeps), perReq(counts.sleeps), perEngine(counts.steps), 100*float64(counts.caught)/float64(max(counts.steps, 1)),
+		counts.conns, perReq(counts.conns))
 	// A process whose heap grows (a short soak ramps up to the steady
 	// concurrency) touches fresh memory: each page's first touch is a fault,
 	// costly in a VM. A long-running engine reuses its heap instead.
@@ -231,6 +232,7 @@ func TestFleetCPU(t *testing.T) {
 type soakCounts struct {
 	nvcsw, nivcsw, sleeps, steps, conns int64
 	minflt                              int64 // page faults served without I/O (first touches of fresh memory)
+	caught                              int64 // steps computed at once by catchUp
 }
 
 func (c *soakCounts) add(o soakCounts) {
@@ -240,6 +242,7 @@ func (c *soakCounts) add(o soakCounts) {
 	c.sleeps += o.sleeps
 	c.steps += o.steps
 	c.conns += o.conns
+	c.caught += o.caught
 }
 
 func (c *soakCounts) sub(o soakCounts) {
@@ -249,6 +252,7 @@ func (c *soakCounts) sub(o soakCounts) {
 	c.sleeps -= o.sleeps
 	c.steps -= o.steps
 	c.conns -= o.conns
+	c.caught -= o.caught
 }
 
 // soakEngine is one engine process of TestFleetCPU.
@@ -307,7 +311,7 @@ func (p *soakEngine) cpu(c *http.Client) (user, sys time.Duration, counts soakCo
 		return 0, 0, counts, err
 	}
 	var u, s int64
-	if _, err := fmt.Sscan(string(b), &u, &s, &counts.nvcsw, &counts.nivcsw, &counts.sleeps, &counts.steps, &counts.conns, &counts.minflt); err != nil {
+	if _, err := fmt.Sscan(string(b), &u, &s, &counts.nvcsw, &counts.nivcsw, &counts.sleeps, &counts.steps, &counts.conns, &counts.minflt, &counts.caught); err != nil {
 		return 0, 0, counts, fmt.Errorf("soak engine cpu %q: %w", b, err)
 	}
 	return time.Duration(u), time.Duration(s), counts, nil
@@ -388,12 +392,13 @@ func TestSoakEngineChild(t *testing.T) {
 	}
 	var servers []*Server
 	var conns atomic.Int64 // connections accepted, all engines
-	counters := func() (sleeps, steps int64) {
+	counters := func() (sleeps, steps, caught int64) {
 		for _, s := range servers {
 			sleeps += s.timerSleeps.Load()
 			steps += int64(s.metrics.stats().st.Steps)
+			caught += s.caughtUp.Load()
 		}
-		return sleeps, steps
+		return sleeps, steps, caught
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -415,8 +420,8 @@ func TestSoakEngineChild(t *testing.T) {
 			mux.HandleFunc("GET /_soak/cpu", func(w http.ResponseWriter, _ *http.Request) {
 				var ru syscall.Rusage
 				_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-				sleeps, steps := counters()
-				fmt.Fprintln(w, ru.Utime.Nano(), ru.Stime.Nano(), ru.Nvcsw, ru.Nivcsw, sleeps, steps, conns.Load(), ru.Minflt)
+				sleeps, steps, caught := counters()
+				fmt.Fprintln(w, ru.Utime.Nano(), ru.Stime.Nano(), ru.Nvcsw, ru.Nivcsw, sleeps, steps, conns.Load(), ru.Minflt, caught)
 			})
 			// The parent starts the CPU profile when the load starts.
 			mux.HandleFunc("POST /_soak/profile", func(w http.ResponseWriter, _ *http.Request) {
@@ -464,7 +469,7 @@ func TestSoakEngineChild(t *testing.T) {
 	}
 	wg.Wait()
 	if os.Getenv(envSoakProfile) != "" {
-		sleeps, steps := counters()
-		fmt.Fprintf(os.Stderr, "soak engines %d: %d timed sleeps, %d steps\n", os.Getpid(), sleeps, steps)
+		sleeps, steps, caught := counters()
+		fmt.Fprintf(os.Stderr, "soak engines %d: %d timed sleeps, %d steps (%d caught up)\n", os.Getpid(), sleeps, steps, caught)
 	}
 }

@@ -48,9 +48,10 @@ type Server struct {
 	minStep    time.Duration // the engine's MinStepTime
 	wake       chan struct{} // cap 1: the inbox holds a command for the loop now
 	posted     atomic.Bool   // the inbox may be non-empty (set under inMu)
-	// timerSleeps counts the loop's timed sleeps (each is a wake-up).
-	timerSleeps atomic.Int64
-	done        chan struct{} // closed when the loop exits
+	// timerSleeps counts the loop's timed sleeps (each is a wake-up);
+	// caughtUp the steps catchUp computed (engine.DecodeSteps).
+	timerSleeps, caughtUp atomic.Int64
+	done                  chan struct{} // closed when the loop exits
 
 	runMu   sync.Mutex         // protects started, closed and cancel
 	started bool               // Run was called
@@ -573,6 +574,7 @@ func (s *Server) catchUp(ls *loopState, woke time.Duration) bool {
 	if n == 0 {
 		return false
 	}
+	s.caughtUp.Add(int64(n))
 	r := len(run.Seqs)
 	s.metrics.mu.Lock()
 	s.metrics.iteration.observeN(float64(r), n)
