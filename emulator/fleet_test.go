@@ -16,6 +16,7 @@ import (
 	"path/filepath"
 	"runtime"
 	"runtime/pprof"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -43,6 +44,7 @@ const (
 	envSoakProfile  = "KVROUTE_SOAK_PROFILE"     // directory: each engine process writes a CPU profile of the load there
 	envSoakConns    = "KVROUTE_SOAK_CONNS"       // keep-alive connections opened per engine before measuring, default 0
 	envSoakPerProc  = "KVROUTE_SOAK_PER_PROCESS" // engines hosted by one process, default 1
+	envSoakFloor    = "KVROUTE_SOAK_FLOOR"       // 1: a fleet of trivial servers side by side, fed the same load
 )
 
 func envInt(name string, def int) int {
@@ -72,6 +74,11 @@ func setSoakInterval(cfg *Config, n int) { cfg.StreamInterval = n }
 // per engine first, as a router's pool would hold them in steady state.
 // KVROUTE_SOAK_PER_PROCESS=16 hosts all 16 engines in one process (each on
 // its own port), which shares one Go runtime's wake-ups between them.
+// KVROUTE_SOAK_FLOOR=1 runs a second fleet of trivial servers (see
+// TestSoakEngineChild) side by side, fed the same requests at the same
+// moments: on a shared machine the difference between the two, measured
+// in one run, is the emulator's own cost above what any HTTP server that
+// sleeps and answers costs.
 // The KVROUTE_SOAK_* variables above change the load.
 func TestFleetCPU(t *testing.T) {
 	if os.Getenv(envSoak) == "" {
@@ -83,74 +90,28 @@ func TestFleetCPU(t *testing.T) {
 	rate := float64(max(1, envInt(envSoakRate, 200)))
 	engines := max(1, envInt(envSoakEngines, 16))
 	interval := max(1, envInt(envSoakInterval, 1))
-
 	perProc := max(1, envInt(envSoakPerProc, 1))
-	var urls []string
-	var procs []*soakEngine
-	for len(urls) < engines {
-		p, err := startSoakEngine(interval, min(perProc, engines-len(urls)))
-		if err != nil {
-			t.Fatal(err)
-		}
-		procs = append(procs, p)
-		t.Cleanup(p.stop)
-		for _, a := range p.addrs {
-			urls = append(urls, "http://"+a)
-		}
+
+	fleets := []*soakFleet{{name: "engines", trivial: os.Getenv(envSoakTrivial) != ""}}
+	if os.Getenv(envSoakFloor) != "" {
+		fleets = []*soakFleet{{name: "engines"}, {name: "floor", trivial: true}}
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
-	var sysTime time.Duration // system part of the engines' CPU, summed by engineCPU
-	var counts soakCounts     // the engines' wake-up counters, summed by engineCPU
-	engineCPU := func() time.Duration {
-		var sum time.Duration
-		sysTime, counts = 0, soakCounts{}
-		for _, p := range procs {
-			u, s, c, err := p.cpu(client)
-			if err != nil {
-				t.Fatal(err)
-			}
-			sum += u + s
-			sysTime += s
-			counts.add(c)
-		}
-		return sum
-	}
-
-	// Warm up (the first request builds the tokenizer's tables), then
-	// measure the idle cost: the engines with no requests, over 2 s.
-	for _, u := range urls {
-		resp, err := client.Post(u+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"warm up","max_tokens":2}`))
-		if err != nil {
-			t.Fatal(err)
-		}
-		_, _ = io.Copy(io.Discard, resp.Body)
-		resp.Body.Close()
-	}
-	if conns := envInt(envSoakConns, 0); conns > 0 {
-		// Open conns keep-alive connections per engine (that many requests
-		// in flight at once), as a router's pool would hold them in steady
-		// state: the load then reuses them instead of dialling a new
-		// connection for most requests of a short run.
-		var wg sync.WaitGroup
-		for _, u := range urls {
-			for range conns {
-				wg.Go(func() {
-					resp, err := client.Post(u+"/v1/completions", "application/json", strings.NewReader(`{"prompt":"warm up","max_tokens":40}`))
-					if err != nil {
-						t.Error(err)
-						return
-					}
-					_, _ = io.Copy(io.Discard, resp.Body)
-					resp.Body.Close()
-				})
-			}
-		}
-		wg.Wait()
+	for _, f := range fleets {
+		f.start(t, engines, perProc, interval)
+		f.warmUp(t, client, envInt(envSoakConns, 0))
 	}
 	time.Sleep(500 * time.Millisecond)
-	idle0, idleStart := engineCPU(), time.Now()
+	for _, f := range fleets {
+		f.idle0, _, _ = f.cpu(t, client)
+	}
+	idleStart := time.Now()
 	time.Sleep(2 * time.Second)
-	idle, idleWall := engineCPU()-idle0, time.Since(idleStart)
+	idleWall := time.Since(idleStart)
+	for _, f := range fleets {
+		c, _, _ := f.cpu(t, client)
+		f.idle = c - f.idle0
+	}
 
 	systems := make([]string, 8)
 	for i := range systems {
@@ -158,16 +119,19 @@ func TestFleetCPU(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
 	var wg sync.WaitGroup
-	var done, failed, tokens atomic.Int64
 	if os.Getenv(envSoakProfile) != "" {
-		for _, p := range procs {
-			if err := p.startProfile(client); err != nil {
-				t.Fatal(err)
+		for _, f := range fleets {
+			for _, p := range f.procs {
+				if err := p.startProfile(client); err != nil {
+					t.Fatal(err)
+				}
 			}
 		}
 	}
-	eng0, gen0, start := engineCPU(), cputime.Process(), time.Now()
-	sys0, counts0 := sysTime, counts
+	for _, f := range fleets {
+		f.cpu0, f.sys0, f.counts0 = f.cpu(t, client)
+	}
+	gen0, start := cputime.Process(), time.Now()
 	next := start
 	for i := 0; time.Since(start) < time.Duration(secs)*time.Second; i++ {
 		next = next.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
@@ -176,54 +140,140 @@ func TestFleetCPU(t *testing.T) {
 		stream := i%100 < streamPct
 		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":"question %d about the rules"}],"max_tokens":%d,"ignore_eos":true,"stream":%v}`,
 			sys, i, outTokens, stream)
-		url := urls[i%engines] + "/v1/chat/completions"
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			resp, err := client.Post(url, "application/json", bytes.NewBufferString(body))
-			if err != nil {
-				failed.Add(1)
-				return
-			}
-			_, _ = io.Copy(io.Discard, resp.Body)
-			resp.Body.Close()
-			if resp.StatusCode != 200 {
-				failed.Add(1)
-				return
-			}
-			done.Add(1)
-			tokens.Add(int64(outTokens))
-		}()
+		for _, f := range fleets {
+			url := f.urls[i%engines] + "/v1/chat/completions"
+			wg.Go(func() {
+				resp, err := client.Post(url, "application/json", strings.NewReader(body))
+				if err != nil {
+					f.failed.Add(1)
+					return
+				}
+				_, _ = io.Copy(io.Discard, resp.Body)
+				resp.Body.Close()
+				if resp.StatusCode != 200 {
+					f.failed.Add(1)
+					return
+				}
+				f.done.Add(1)
+				f.tokens.Add(int64(outTokens))
+			})
+		}
 	}
 	wg.Wait()
 	wall := time.Since(start)
 	gen := cputime.Process() - gen0
-	eng := engineCPU() - eng0
-	sys := sysTime - sys0
-	counts.sub(counts0)
-	n, k := done.Load(), float64(tokens.Load())/1000
-	idleShare := idle.Seconds() / idleWall.Seconds()
-	t.Logf("%d engines in %d processes, %.0f req/s offered (%d%% streamed, stream interval %d), %d output tokens each, %v: %d requests done, %d failed, %.0f tokens",
-		engines, len(procs), rate, streamPct, interval, outTokens, wall.Round(time.Millisecond), n, failed.Load(), k*1000)
-	t.Logf("engines' CPU %v = %.1f%% of one core: %.1f us per request, %.1f us per 1,000 generated tokens (all of it charged to either)",
-		eng.Round(time.Millisecond), 100*eng.Seconds()/wall.Seconds(), float64(eng.Microseconds())/float64(n), float64(eng.Microseconds())/k)
-	t.Logf("of which system (kernel) time %v = %.0f%%; engines idle: %.2f%% of one core (all %d together, included above)",
-		sys.Round(time.Millisecond), 100*sys.Seconds()/eng.Seconds(), 100*idleShare, engines)
-	t.Logf("load generator (this process, not counted above): %v = %.1f%% of one core, %.0f us per request",
-		gen.Round(time.Millisecond), 100*gen.Seconds()/wall.Seconds(), float64(gen.Microseconds())/float64(n))
-	perEngine := func(v int64) float64 { return float64(v) / float64(engines) / wall.Seconds() }
-	perReq := func(v int64) float64 { return float64(v) / float64(max(n, 1)) }
-	t.Logf("wake-ups: threads' context switches %.0f/s per engine = %.1f per request (%.1f voluntary); engine loop's timed sleeps %.0f/s per engine = %.1f per request; steps %.0f/s per engine (%.0f%% computed at once by catch-up); %d connections accepted (%.2f per request)",
-		perEngine(counts.nvcsw+counts.nivcsw), perReq(counts.nvcsw+counts.nivcsw), perReq(counts.nvcsw),
-		perEngine(counts.sleeps), perReq(counts.sleeps), perEngine(counts.steps), 100*float64(counts.caught)/float64(max(counts.steps, 1)),
-		counts.conns, perReq(counts.conns))
-	// A process whose heap grows (a short soak ramps up to the steady
-	// concurrency) touches fresh memory: each page's first touch is a fault,
-	// costly in a VM. A long-running engine reuses its heap instead.
-	t.Logf("page faults (first touches of fresh memory): %.1f per request", perReq(counts.minflt))
-	if failed.Load() > 0 {
-		t.Errorf("%d requests failed", failed.Load())
+	var perReq [2]struct{ total, user float64 }
+	for k, f := range fleets {
+		cpu, sys, counts := f.cpu(t, client)
+		eng, sys := cpu-f.cpu0, sys-f.sys0
+		counts.sub(f.counts0)
+		n, tok := f.done.Load(), float64(f.tokens.Load())/1000
+		perReq[k].total = float64(eng.Microseconds()) / float64(max(n, 1))
+		perReq[k].user = float64((eng - sys).Microseconds()) / float64(max(n, 1))
+		kind := "emulated engines"
+		if f.trivial {
+			kind = "trivial servers (the floor)"
+		}
+		t.Logf("%s: %d %s in %d processes, %.0f req/s offered (%d%% streamed, stream interval %d), %d output tokens each, %v: %d requests done, %d failed, %.0f tokens",
+			f.name, engines, kind, len(f.procs), rate, streamPct, interval, outTokens, wall.Round(time.Millisecond), n, f.failed.Load(), tok*1000)
+		t.Logf("%s' CPU %v = %.1f%% of one core: %.1f us per request, %.1f us per 1,000 generated tokens (all of it charged to either)",
+			f.name, eng.Round(time.Millisecond), 100*eng.Seconds()/wall.Seconds(), perReq[k].total, float64(eng.Microseconds())/tok)
+		t.Logf("of which system (kernel) time %v = %.0f%% (user %.1f us per request); idle: %.2f%% of one core (all %d together, included above)",
+			sys.Round(time.Millisecond), 100*sys.Seconds()/eng.Seconds(), perReq[k].user, 100*f.idle.Seconds()/idleWall.Seconds(), engines)
+		perEngine := func(v int64) float64 { return float64(v) / float64(engines) / wall.Seconds() }
+		per := func(v int64) float64 { return float64(v) / float64(max(n, 1)) }
+		t.Logf("wake-ups: threads' context switches %.0f/s per engine = %.1f per request (%.1f voluntary); engine loop's timed sleeps %.0f/s per engine = %.1f per request; steps %.0f/s per engine (%.0f%% computed at once by catch-up); %d connections accepted (%.2f per request)",
+			perEngine(counts.nvcsw+counts.nivcsw), per(counts.nvcsw+counts.nivcsw), per(counts.nvcsw),
+			perEngine(counts.sleeps), per(counts.sleeps), perEngine(counts.steps), 100*float64(counts.caught)/float64(max(counts.steps, 1)),
+			counts.conns, per(counts.conns))
+		// A process whose heap grows (a short soak ramps up to the steady
+		// concurrency) touches fresh memory: each page's first touch is a
+		// fault, costly in a VM. A long-running engine reuses its heap instead.
+		t.Logf("page faults (first touches of fresh memory): %.1f per request", per(counts.minflt))
+		if f.failed.Load() > 0 {
+			t.Errorf("%s: %d requests failed", f.name, f.failed.Load())
+		}
 	}
+	t.Logf("load generator (this process, not counted above): %v = %.1f%% of one core",
+		gen.Round(time.Millisecond), 100*gen.Seconds()/wall.Seconds())
+	if len(fleets) == 2 {
+		t.Logf("side by side: the emulator costs %.1f us per request above the floor (%.1f vs %.1f), user time %.1f us (%.1f vs %.1f)",
+			perReq[0].total-perReq[1].total, perReq[0].total, perReq[1].total, perReq[0].user-perReq[1].user, perReq[0].user, perReq[1].user)
+	}
+}
+
+// soakFleet is one fleet of TestFleetCPU: engine processes hosting the
+// engines (or trivial servers), and what was measured of them.
+type soakFleet struct {
+	name    string
+	trivial bool
+	procs   []*soakEngine
+	urls    []string
+
+	idle0, idle          time.Duration
+	cpu0, sys0           time.Duration
+	counts0              soakCounts
+	done, failed, tokens atomic.Int64
+}
+
+// start runs the fleet's engine processes.
+func (f *soakFleet) start(t *testing.T, engines, perProc, interval int) {
+	for len(f.urls) < engines {
+		p, err := startSoakEngine(interval, min(perProc, engines-len(f.urls)), f.trivial)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f.procs = append(f.procs, p)
+		t.Cleanup(p.stop)
+		for _, a := range p.addrs {
+			f.urls = append(f.urls, "http://"+a)
+		}
+	}
+}
+
+// warmUp sends each engine a request (the first builds the tokenizer's
+// tables), then, with conns > 0, conns requests at once, opening that many
+// keep-alive connections per engine, as a router's pool would hold them in
+// steady state: the load then reuses them instead of dialling a new
+// connection for most requests of a short run.
+func (f *soakFleet) warmUp(t *testing.T, client *http.Client, conns int) {
+	post := func(u string, tokens int) {
+		resp, err := client.Post(u+"/v1/completions", "application/json", strings.NewReader(fmt.Sprintf(`{"prompt":"warm up","max_tokens":%d}`, tokens)))
+		if err != nil {
+			t.Error(err)
+			return
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+	}
+	for _, u := range f.urls {
+		post(u, 2)
+	}
+	var wg sync.WaitGroup
+	for _, u := range f.urls {
+		for range conns {
+			wg.Go(func() { post(u, 40) })
+		}
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+}
+
+// cpu sums the fleet's processes' CPU time (user and system), system time
+// and wake-up counters.
+func (f *soakFleet) cpu(t *testing.T, client *http.Client) (cpu, sys time.Duration, counts soakCounts) {
+	for _, p := range f.procs {
+		u, s, c, err := p.cpu(client)
+		if err != nil {
+			t.Fatal(err)
+		}
+		cpu += u + s
+		sys += s
+		counts.add(c)
+	}
+	return cpu, sys, counts
 }
 
 // soakCounts are an engine process's wake-up counters (GET /_soak/cpu):
@@ -265,9 +315,13 @@ type soakEngine struct {
 
 // startSoakEngine runs this test binary as an engine process
 // (TestSoakEngineChild) and reads the address it listens on.
-func startSoakEngine(interval, engines int) (*soakEngine, error) {
+func startSoakEngine(interval, engines int, trivial bool) (*soakEngine, error) {
 	cmd := exec.Command(os.Args[0], "-test.run=^TestSoakEngineChild$")
-	cmd.Env = append(os.Environ(), envSoakChild+"=1", envSoakInterval+"="+strconv.Itoa(interval), envSoakPerProc+"="+strconv.Itoa(engines))
+	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, envSoakTrivial+"=") })
+	cmd.Env = append(cmd.Env, envSoakChild+"=1", envSoakInterval+"="+strconv.Itoa(interval), envSoakPerProc+"="+strconv.Itoa(engines))
+	if trivial {
+		cmd.Env = append(cmd.Env, envSoakTrivial+"=1")
+	}
 	if p := os.Getenv(envSoakProcs); p != "" {
 		cmd.Env = append(cmd.Env, "GOMAXPROCS="+p)
 	}
