@@ -76,8 +76,10 @@
 // divides the writes.
 // TestFleetCPU (KVROUTE_SOAK=1) measures the CPU of 16 engine processes
 // under load, with their threads' context switches and the loop's timed
-// wake-ups per request; BenchmarkHandlerCPU the code's cost without the
-// wake-ups. What remains per request is mostly Go's runtime: each wake-up
+// wake-ups per request (KVROUTE_SOAK_FLOOR=1: side by side with a fleet of
+// trivial servers that only sleep and answer, fed the same requests);
+// BenchmarkHandlerCPU the code's cost without the wake-ups, BenchmarkLoop
+// the engine loop's alone. What remains per request is mostly Go's runtime: each wake-up
 // that makes a system call also wakes its sysmon thread, which then polls
 // every 20 us while the process is busy, and with GOMAXPROCS > 1 a woken
 // goroutine wakes a second thread; running each engine process with
