@@ -6,7 +6,6 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
-	"unicode/utf16"
 	"unicode/utf8"
 	"unsafe"
 
@@ -725,9 +724,11 @@ func (s *scanner) key() ([]byte, error) {
 	return raw, nil
 }
 
-// str reads a string at s.i (which is '"') and returns its raw contents and
-// whether they hold escapes.
-func (s *scanner) str() (raw []byte, esc bool, err error) {
+// strSlow is str one run between escapes at a time (bytes.IndexByte for
+// the next quote and backslash, a control-character check per run): str
+// leaves it the strings it finds wrong, so that the error is reported the
+// way it always was.
+func (s *scanner) strSlow() (raw []byte, esc bool, err error) {
 	s.i++ // opening quote
 	start, i, quote := s.i, s.i, -1
 	for {
@@ -1007,54 +1008,6 @@ func hexVal(c byte) rune {
 		return rune(c - 'A' + 10)
 	}
 	return -1
-}
-
-// unescape appends the value of a checked string's raw contents to dst, the
-// way encoding/json decodes it: invalid UTF-8 and lone surrogates become
-// U+FFFD.
-func unescape(dst, raw []byte) []byte {
-	for i := 0; i < len(raw); {
-		run := raw[i:] // copy the run up to the next backslash in bulk
-		if bs := bytes.IndexByte(run, '\\'); bs >= 0 {
-			run = run[:bs]
-		}
-		if len(run) > 0 {
-			dst = appendUTF8(dst, run)
-			i += len(run)
-			continue
-		}
-		switch c := raw[i+1]; c {
-		case '"', '\\', '/':
-			dst = append(dst, c)
-		case 'b':
-			dst = append(dst, '\b')
-		case 'f':
-			dst = append(dst, '\f')
-		case 'n':
-			dst = append(dst, '\n')
-		case 'r':
-			dst = append(dst, '\r')
-		case 't':
-			dst = append(dst, '\t')
-		case 'u':
-			r := getu4(raw[i+2:])
-			i += 6
-			if utf16.IsSurrogate(r) {
-				if i+6 <= len(raw) && raw[i] == '\\' && raw[i+1] == 'u' {
-					if r2 := utf16.DecodeRune(r, getu4(raw[i+2:])); r2 != utf8.RuneError {
-						dst = utf8.AppendRune(dst, r2)
-						i += 6
-						continue
-					}
-				}
-				r = utf8.RuneError
-			}
-			dst = utf8.AppendRune(dst, r)
-			continue
-		}
-		i += 2
-	}
-	return dst
 }
 
 func getu4(b []byte) rune {

@@ -385,6 +385,21 @@ func BenchmarkParseRequest32KiB(b *testing.B) {
 			}
 		})
 	}
+	for _, kind := range []Kind{KindCompletion, KindChat} {
+		body := promptBody(kind, 32<<10)
+		b.Run(kind.String()+"-into", func(b *testing.B) { // the proxy's way: a recycled prompt buffer
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			var buf []byte
+			for b.Loop() {
+				_, next, err := ParseRequestInto(kind, body, Options{Prompt: buf})
+				if err != nil {
+					b.Fatal(err)
+				}
+				buf = next
+			}
+		})
+	}
 	body := promptBody(KindChat, 32<<10)
 	b.Run("encoding-json-reference", func(b *testing.B) {
 		b.ReportAllocs()

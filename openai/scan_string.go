@@ -1,0 +1,166 @@
+package openai
+
+import (
+	"encoding/binary"
+	"math/bits"
+	"unicode/utf16"
+	"unicode/utf8"
+)
+
+// A JSON string's bytes are read eight at a time (SWAR: one 64-bit word,
+// each byte a lane) until one needs a look: a quote, a backslash, a
+// control character or, when copying, a non-ASCII byte.
+const (
+	swarOnes  = 0x0101010101010101
+	swarHighs = 0x8080808080808080
+)
+
+// strStop returns w's lanes that end a run for str (a quote, a backslash
+// or a byte below 0x20) as their high bits. Lanes above the lowest one
+// may be marked falsely (a borrow carries into them), so only the lowest
+// mark counts.
+func strStop(w uint64) uint64 {
+	q := w ^ (swarOnes * '"')
+	b := w ^ (swarOnes * '\\')
+	return ((q-swarOnes)&^q | (b-swarOnes)&^b | (w-swarOnes*0x20)&^w) & swarHighs
+}
+
+// copyStop returns w's lanes that end a run for unescape (a backslash or a
+// non-ASCII byte), as strStop does.
+func copyStop(w uint64) uint64 {
+	b := w ^ (swarOnes * '\\')
+	return ((b-swarOnes)&^b | w) & swarHighs
+}
+
+// nextStrStop returns the index of the first byte of b at or after i that
+// is a quote, a backslash or a control character, or len(b).
+func nextStrStop(b []byte, i int) int {
+	for ; i+8 <= len(b); i += 8 {
+		if m := strStop(binary.LittleEndian.Uint64(b[i:])); m != 0 {
+			return i + bits.TrailingZeros64(m)>>3
+		}
+	}
+	for ; i < len(b); i++ {
+		if c := b[i]; c == '"' || c == '\\' || c < 0x20 {
+			return i
+		}
+	}
+	return i
+}
+
+// nextCopyStop returns the index of the first byte of b at or after i
+// that is a backslash or not ASCII, or len(b).
+func nextCopyStop(b []byte, i int) int {
+	for ; i+8 <= len(b); i += 8 {
+		if m := copyStop(binary.LittleEndian.Uint64(b[i:])); m != 0 {
+			return i + bits.TrailingZeros64(m)>>3
+		}
+	}
+	for ; i < len(b); i++ {
+		if c := b[i]; c == '\\' || c >= 0x80 {
+			return i
+		}
+	}
+	return i
+}
+
+// str reads a string at s.i (which is '"') and returns its raw contents and
+// whether they hold escapes. It finds the next quote, backslash or control
+// character eight bytes at a time; a string it finds wrong (a control
+// character, a bad escape, no closing quote) it leaves to strSlow, which
+// reports the error.
+func (s *scanner) str() (raw []byte, esc bool, err error) {
+	b := s.b
+	start := s.i + 1
+	for i := start; ; {
+		i = nextStrStop(b, i)
+		if i >= len(b) || b[i] < 0x20 {
+			return s.strSlow()
+		}
+		if b[i] == '"' {
+			s.i = i + 1
+			return b[start:i], esc, nil
+		}
+		// A backslash.
+		if i+1 >= len(b) {
+			return s.strSlow()
+		}
+		switch b[i+1] {
+		case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+			i += 2
+		case 'u':
+			if i+6 > len(b) || !isHex4(b[i+2:i+6]) {
+				return s.strSlow()
+			}
+			i += 6
+		default:
+			return s.strSlow()
+		}
+		esc = true
+	}
+}
+
+func isHex4(b []byte) bool {
+	return hexVal(b[0]) >= 0 && hexVal(b[1]) >= 0 && hexVal(b[2]) >= 0 && hexVal(b[3]) >= 0
+}
+
+// unescape appends the value of a checked string's raw contents to dst, the
+// way encoding/json decodes it: invalid UTF-8 and lone surrogates become
+// U+FFFD. Runs of ASCII and valid UTF-8 are found eight bytes at a time and
+// copied whole.
+func unescape(dst, raw []byte) []byte {
+	for i := 0; i < len(raw); {
+		// The run up to the next backslash, with invalid UTF-8 replaced.
+		j := i
+		for {
+			j = nextCopyStop(raw, j)
+			if j >= len(raw) || raw[j] == '\\' {
+				break
+			}
+			r, size := utf8.DecodeRune(raw[j:]) // a backslash ends no rune
+			if r == utf8.RuneError && size == 1 {
+				dst = append(dst, raw[i:j]...)
+				dst = utf8.AppendRune(dst, utf8.RuneError)
+				j++
+				i = j
+				continue
+			}
+			j += size
+		}
+		dst = append(dst, raw[i:j]...)
+		if i = j; i >= len(raw) {
+			break
+		}
+		switch c := raw[i+1]; c {
+		case '"', '\\', '/':
+			dst = append(dst, c)
+		case 'b':
+			dst = append(dst, '\b')
+		case 'f':
+			dst = append(dst, '\f')
+		case 'n':
+			dst = append(dst, '\n')
+		case 'r':
+			dst = append(dst, '\r')
+		case 't':
+			dst = append(dst, '\t')
+		case 'u':
+			r := getu4(raw[i+2:])
+			i += 6
+			if utf16.IsSurrogate(r) {
+				if i+6 <= len(raw) && raw[i] == '\\' && raw[i+1] == 'u' {
+					if r2 := utf16.DecodeRune(r, getu4(raw[i+2:])); r2 != utf8.RuneError {
+						dst = utf8.AppendRune(dst, r2)
+						i += 6
+						continue
+					}
+				}
+				r = utf8.RuneError
+			}
+			dst = utf8.AppendRune(dst, r)
+			continue
+		}
+		i += 2
+	}
+	return dst
+}
