@@ -781,6 +781,11 @@ func (s *scanner) strSlow() (raw []byte, esc bool, err error) {
 // its value to dst, the way encoding/json decodes it: invalid UTF-8 and lone
 // surrogates become U+FFFD.
 func (s *scanner) strAppend(dst []byte) ([]byte, error) {
+	if cap(dst)-len(dst) >= len(s.b)-s.i { // room for anything left: one pass
+		if out, ok := s.strAppendFast(dst); ok {
+			return out, nil
+		}
+	}
 	raw, esc, err := s.str()
 	if err != nil {
 		return nil, err

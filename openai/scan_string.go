@@ -32,6 +32,110 @@ func copyStop(w uint64) uint64 {
 	return ((b-swarOnes)&^b | w) & swarHighs
 }
 
+// anyStop returns w's lanes that end a run for strAppendFast: a quote, a
+// backslash, a control character or a non-ASCII byte, as strStop does.
+func anyStop(w uint64) uint64 {
+	q := w ^ (swarOnes * '"')
+	b := w ^ (swarOnes * '\\')
+	return ((q-swarOnes)&^q | (b-swarOnes)&^b | (w-swarOnes*0x20)&^w | w) & swarHighs
+}
+
+// nextAnyStop returns the index of the first byte of b at or after i that
+// is a quote, a backslash, a control character or not ASCII, or len(b).
+func nextAnyStop(b []byte, i int) int {
+	for ; i+8 <= len(b); i += 8 {
+		if m := anyStop(binary.LittleEndian.Uint64(b[i:])); m != 0 {
+			return i + bits.TrailingZeros64(m)>>3
+		}
+	}
+	for ; i < len(b); i++ {
+		if c := b[i]; c == '"' || c == '\\' || c < 0x20 || c >= 0x80 {
+			return i
+		}
+	}
+	return i
+}
+
+// strAppendFast is strAppend in one pass: it checks the string at s.i and
+// appends its value to dst as it goes. It gives up at anything wrong (a
+// control character, a bad escape, no closing quote), leaving s.i where it
+// was and returning ok false; strAppend then reads the string with str,
+// which reports the error.
+func (s *scanner) strAppendFast(dst []byte) (out []byte, ok bool) {
+	b := s.b
+	n0 := len(dst)
+	i := s.i + 1
+	run := i // start of the bytes not yet appended
+	for {
+		i = nextAnyStop(b, i)
+		if i >= len(b) {
+			return dst[:n0], false
+		}
+		switch c := b[i]; {
+		case c == '"':
+			s.i = i + 1
+			return append(dst, b[run:i]...), true
+		case c >= 0x80:
+			r, size := utf8.DecodeRune(b[i:]) // a quote or backslash ends no rune
+			if r == utf8.RuneError && size == 1 {
+				dst = append(dst, b[run:i]...)
+				dst = utf8.AppendRune(dst, utf8.RuneError)
+				run = i + 1
+			}
+			i += size
+			continue
+		case c < 0x20:
+			return dst[:n0], false
+		}
+		// A backslash.
+		dst = append(dst, b[run:i]...)
+		if i+1 >= len(b) {
+			return dst[:n0], false
+		}
+		switch e := b[i+1]; e {
+		case '"', '\\', '/':
+			dst = append(dst, e)
+		case 'b':
+			dst = append(dst, '\b')
+		case 'f':
+			dst = append(dst, '\f')
+		case 'n':
+			dst = append(dst, '\n')
+		case 'r':
+			dst = append(dst, '\r')
+		case 't':
+			dst = append(dst, '\t')
+		case 'u':
+			if i+6 > len(b) || !isHex4(b[i+2:i+6]) {
+				return dst[:n0], false
+			}
+			r := getu4(b[i+2:])
+			i += 6
+			if utf16.IsSurrogate(r) {
+				if i+6 <= len(b) && b[i] == '\\' && b[i+1] == 'u' {
+					if !isHex4(b[i+2 : i+6]) {
+						return dst[:n0], false
+					}
+					if r2 := utf16.DecodeRune(r, getu4(b[i+2:])); r2 != utf8.RuneError {
+						dst = utf8.AppendRune(dst, r2)
+						i += 6
+						run = i
+						continue
+					}
+				}
+				r = utf8.RuneError
+			}
+			dst = utf8.AppendRune(dst, r)
+			run = i
+			continue
+		default:
+			return dst[:n0], false
+		}
+		i += 2
+		run = i
+	}
+}
+
 // nextStrStop returns the index of the first byte of b at or after i that
 // is a quote, a backslash or a control character, or len(b).
 func nextStrStop(b []byte, i int) int {

@@ -99,3 +99,46 @@ func TestStrFast(t *testing.T) {
 		}
 	}
 }
+
+// TestStrAppendOnePass checks strAppend's one pass (taken when dst has room
+// for the rest of the body) against its two passes (str, then unescape or
+// appendUTF8) on the strings of TestStrFast: the same value, error and
+// position.
+func TestStrAppendOnePass(t *testing.T) {
+	frags := []string{
+		"a", "The quick brown fox ", "0123456789abcdef", " ", "\"",
+		`\"`, `\\`, `\/`, `\b`, `\f`, `\n`, `\r`, `\t`, `\u00e9`, `\u0041`, `\ud83d\ude00`, `\ud800`, `\udc00x`, `\ud800\u0041`,
+		`\ud800\u12`, `\ud800\uZZZZ`, `\x`, `\u12G4`, `\u12`, `\`, "\x00", "\x1f", "\t", "\n",
+		"é", "日本語", "😀", "\xff", "\xe6\x97", "\xc3", "\x80", "\uFFFD", "~\x7f",
+	}
+	r := rand.New(rand.NewPCG(10, 10))
+	onePass := 0
+	for n := 0; n < 50000; n++ {
+		var b strings.Builder
+		b.WriteString(strings.Repeat(" ", r.IntN(9)))
+		b.WriteByte('"')
+		for k := r.IntN(12); k > 0; k-- {
+			b.WriteString(frags[r.IntN(len(frags))])
+		}
+		if r.IntN(8) != 0 {
+			b.WriteByte('"')
+		}
+		b.WriteString(strings.Repeat("x", r.IntN(3)))
+		body := []byte(b.String())
+		at := bytes.IndexByte(body, '"')
+		big := append(make([]byte, 0, 2*len(body)+16), "prefix"...) // room: one pass
+		small := []byte("prefix")                                   // no room: two passes
+		one, two := scanner{b: body, i: at}, scanner{b: body, i: at}
+		got, err := one.strAppend(big)
+		want, wantErr := two.strAppend(small)
+		if fmt.Sprint(err) != fmt.Sprint(wantErr) || !bytes.Equal(got, want) || one.i != two.i {
+			t.Fatalf("strAppend(%q): one pass %q, %v, i=%d; two passes %q, %v, i=%d", body, got, err, one.i, want, wantErr, two.i)
+		}
+		if _, ok := (&scanner{b: body, i: at}).strAppendFast(big[:6]); ok {
+			onePass++
+		}
+	}
+	if onePass < 10000 {
+		t.Fatalf("the one pass took %d strings: the test did not exercise it", onePass)
+	}
+}
