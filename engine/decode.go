@@ -141,8 +141,18 @@ func (e *Engine) DecodeSteps(now, until time.Duration, limit int, run *DecodedRu
 		run.Durations = append(run.Durations, d)
 	}
 	n = len(run.Durations)
-	for n > 0 && e.runBlocks(n) > e.pool.numFree {
-		n-- // the step that would preempt is StepInto's
+	if e.runBlocks(n) > e.pool.numFree {
+		// The most steps whose blocks fit (runBlocks grows with n): the
+		// step that would preempt is StepInto's.
+		lo, hi := 0, n // runBlocks(lo) fits, runBlocks(hi) does not
+		for hi-lo > 1 {
+			if mid := (lo + hi) / 2; e.runBlocks(mid) <= e.pool.numFree {
+				lo = mid
+			} else {
+				hi = mid
+			}
+		}
+		n = lo
 	}
 	run.Durations = run.Durations[:n]
 	if n == 0 {
