@@ -169,3 +169,38 @@ func compareEngines(t *testing.T, x, y *Engine, a, b *driver) {
 		}
 	}
 }
+
+// TestDecodeStepsStopsBeforePreemption: when the free blocks run out in the
+// middle of a decode run, DecodeSteps computes the steps whose blocks fit
+// and leaves the one that preempts to StepInto.
+func TestDecodeStepsStopsBeforePreemption(t *testing.T) {
+	mod := func(c *Config) { c.NumGPUBlocks = 10; c.MaxModelLen = 160; c.DisablePrefixCaching = true }
+	stepper, bulk := mustEngine(t, "tiny", mod), mustEngine(t, "tiny", mod)
+	a, b := newDriver(t, stepper), newDriver(t, bulk)
+	for _, e := range []*Engine{stepper, bulk} {
+		for _, id := range []string{"a", "b"} {
+			if err := e.Add(0, &Request{ID: id, Prompt: tokens(len(id)*1000, 60), MaxTokens: 90, IgnoreEOS: true}); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	for len(bulk.running) < 2 || bulk.running[0].outputs == 0 || bulk.running[1].outputs == 0 { // prefill both
+		a.step()
+		b.step()
+	}
+	var run DecodedRun
+	n := bulk.DecodeSteps(b.now, time.Hour, 1000, &run)
+	// Each request has computed 60 tokens into 4 blocks (64 slots); the 2
+	// free blocks take both to 80: 20 steps, the 21st needs an 11th block.
+	if n != 20 {
+		t.Fatalf("DecodeSteps computed %d steps, want 20", n)
+	}
+	for _, d := range run.Durations {
+		a.step()
+		b.now += d
+	}
+	compareEngines(t, stepper, bulk, a, b)
+	if r := b.step(); r.Preempted != 1 {
+		t.Errorf("the step after the run preempted %d requests, want 1", r.Preempted)
+	}
+}
