@@ -101,3 +101,20 @@ func TestKVAwareRecycleScores(t *testing.T) {
 		t.Fatalf("the handed-over explanation changed: got %+v, want %+v", got.Scores, want.Scores)
 	}
 }
+
+// TestKVAwareAveragesReachZero: a long run of fully cached requests decays
+// the uncached-size averages to exactly zero, not to a denormal (where
+// x0.95 rounds back to the same value and all arithmetic with it is slow).
+func TestKVAwareAveragesReachZero(t *testing.T) {
+	k, err := NewKVAware(nil, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	req := &kvroute.Request{ID: "r"} // each record replaces the last (a retry)
+	for range 20000 {
+		k.record(epoch, req, 1, "ep0", &candState{credit: 4096}, 4096)
+	}
+	if k.meanUncached != 0 || k.uncachedFrac != 0 {
+		t.Errorf("after 20,000 fully cached requests: mean uncached %g, uncached share %g; want 0", k.meanUncached, k.uncachedFrac)
+	}
+}
