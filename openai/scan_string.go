@@ -89,51 +89,53 @@ func (s *scanner) strAppendFast(dst []byte) (out []byte, ok bool) {
 		}
 		// A backslash.
 		dst = append(dst, b[run:i]...)
-		if i+1 >= len(b) {
+		if dst, i, ok = appendEscape(dst, b, i); !ok {
 			return dst[:n0], false
 		}
-		switch e := b[i+1]; e {
-		case '"', '\\', '/':
-			dst = append(dst, e)
-		case 'b':
-			dst = append(dst, '\b')
-		case 'f':
-			dst = append(dst, '\f')
-		case 'n':
-			dst = append(dst, '\n')
-		case 'r':
-			dst = append(dst, '\r')
-		case 't':
-			dst = append(dst, '\t')
-		case 'u':
-			if i+6 > len(b) || !isHex4(b[i+2:i+6]) {
-				return dst[:n0], false
-			}
-			r := getu4(b[i+2:])
-			i += 6
-			if utf16.IsSurrogate(r) {
-				if i+6 <= len(b) && b[i] == '\\' && b[i+1] == 'u' {
-					if !isHex4(b[i+2 : i+6]) {
-						return dst[:n0], false
-					}
-					if r2 := utf16.DecodeRune(r, getu4(b[i+2:])); r2 != utf8.RuneError {
-						dst = utf8.AppendRune(dst, r2)
-						i += 6
-						run = i
-						continue
-					}
-				}
-				r = utf8.RuneError
-			}
-			dst = utf8.AppendRune(dst, r)
-			run = i
-			continue
-		default:
-			return dst[:n0], false
-		}
-		i += 2
 		run = i
 	}
+}
+
+// appendEscape appends the value of the escape at b[i] (a backslash) to dst
+// as encoding/json decodes it (a lone surrogate becomes U+FFFD) and returns
+// the index after it; ok is false for a malformed escape.
+func appendEscape(dst, b []byte, i int) (_ []byte, next int, ok bool) {
+	if i+1 >= len(b) {
+		return dst, i, false
+	}
+	switch e := b[i+1]; e {
+	case '"', '\\', '/':
+		return append(dst, e), i + 2, true
+	case 'b':
+		return append(dst, '\b'), i + 2, true
+	case 'f':
+		return append(dst, '\f'), i + 2, true
+	case 'n':
+		return append(dst, '\n'), i + 2, true
+	case 'r':
+		return append(dst, '\r'), i + 2, true
+	case 't':
+		return append(dst, '\t'), i + 2, true
+	case 'u':
+		if i+6 > len(b) || !isHex4(b[i+2:i+6]) {
+			return dst, i, false
+		}
+		r := getu4(b[i+2:])
+		i += 6
+		if utf16.IsSurrogate(r) {
+			if i+6 <= len(b) && b[i] == '\\' && b[i+1] == 'u' {
+				if !isHex4(b[i+2 : i+6]) {
+					return dst, i, false
+				}
+				if r2 := utf16.DecodeRune(r, getu4(b[i+2:])); r2 != utf8.RuneError {
+					return utf8.AppendRune(dst, r2), i + 6, true
+				}
+			}
+			r = utf8.RuneError
+		}
+		return utf8.AppendRune(dst, r), i, true
+	}
+	return dst, i, false
 }
 
 // nextStrStop returns the index of the first byte of b at or after i that
@@ -235,36 +237,10 @@ func unescape(dst, raw []byte) []byte {
 		if i = j; i >= len(raw) {
 			break
 		}
-		switch c := raw[i+1]; c {
-		case '"', '\\', '/':
-			dst = append(dst, c)
-		case 'b':
-			dst = append(dst, '\b')
-		case 'f':
-			dst = append(dst, '\f')
-		case 'n':
-			dst = append(dst, '\n')
-		case 'r':
-			dst = append(dst, '\r')
-		case 't':
-			dst = append(dst, '\t')
-		case 'u':
-			r := getu4(raw[i+2:])
-			i += 6
-			if utf16.IsSurrogate(r) {
-				if i+6 <= len(raw) && raw[i] == '\\' && raw[i+1] == 'u' {
-					if r2 := utf16.DecodeRune(r, getu4(raw[i+2:])); r2 != utf8.RuneError {
-						dst = utf8.AppendRune(dst, r2)
-						i += 6
-						continue
-					}
-				}
-				r = utf8.RuneError
-			}
-			dst = utf8.AppendRune(dst, r)
-			continue
+		var ok bool
+		if dst, i, ok = appendEscape(dst, raw, i); !ok {
+			return append(dst, raw[i:]...) // str checked raw: not reached
 		}
-		i += 2
 	}
 	return dst
 }
