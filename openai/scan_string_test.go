@@ -59,31 +59,42 @@ func unescapeRef(dst, raw []byte) []byte {
 	return dst
 }
 
+// strFrags are the pieces of randomJSONString: ASCII, every escape (valid,
+// bad and cut short), control characters, UTF-8 (valid, invalid and cut
+// short).
+var strFrags = []string{
+	"a", "The quick brown fox ", "0123456789abcdef", " ", "\"",
+	`\"`, `\\`, `\/`, `\b`, `\f`, `\n`, `\r`, `\t`, `\u00e9`, `\u0041`, `\ud83d\ude00`, `\ud800`, `\udc00x`, `\ud800\u0041`,
+	`\ud800\u12`, `\ud800\uZZZZ`, `\x`, `\u12G4`, `\u12`, `\`, "\x00", "\x1f", "\t", "\n",
+	"é", "日本語", "😀", "\xff", "\xe6\x97", "\xc3", "\x80", "\uFFFD", "~\x7f",
+}
+
+// randomJSONString returns a body holding a random string of strFrags at a
+// random alignment, with a closing quote 7 times in 8, and the index of its
+// opening quote.
+func randomJSONString(r *rand.Rand) (body []byte, at int) {
+	var b strings.Builder
+	b.WriteString(strings.Repeat(" ", r.IntN(9))) // alignment
+	b.WriteByte('"')
+	for k := r.IntN(12); k > 0; k-- {
+		b.WriteString(strFrags[r.IntN(len(strFrags))])
+	}
+	if r.IntN(8) != 0 {
+		b.WriteByte('"')
+	}
+	b.WriteString(strings.Repeat("x", r.IntN(3)))
+	body = []byte(b.String())
+	return body, bytes.IndexByte(body, '"')
+}
+
 // TestStrFast checks str and unescape, which read eight bytes at a time,
 // against strSlow and unescapeRef on random strings of ASCII, every escape
 // (valid, bad and cut short), control characters, UTF-8 (valid, invalid
 // and cut short), with and without a closing quote, at every alignment.
 func TestStrFast(t *testing.T) {
-	frags := []string{
-		"a", "The quick brown fox ", "0123456789abcdef", " ", "\"",
-		`\"`, `\\`, `\/`, `\b`, `\f`, `\n`, `\r`, `\t`, `\u00e9`, `\u0041`, `\ud83d\ude00`, `\ud800`, `\udc00x`, `\ud800\u0041`,
-		`\x`, `\u12G4`, `\u12`, `\`, "\x00", "\x1f", "\t", "\n",
-		"é", "日本語", "😀", "\xff", "\xe6\x97", "\xc3", "\x80", "\uFFFD", "~\x7f",
-	}
 	r := rand.New(rand.NewPCG(9, 9))
 	for n := 0; n < 50000; n++ {
-		var b strings.Builder
-		b.WriteString(strings.Repeat(" ", r.IntN(9))) // alignment
-		b.WriteByte('"')
-		for k := r.IntN(12); k > 0; k-- {
-			b.WriteString(frags[r.IntN(len(frags))])
-		}
-		if r.IntN(8) != 0 {
-			b.WriteByte('"')
-		}
-		b.WriteString(strings.Repeat("x", r.IntN(3)))
-		body := []byte(b.String())
-		at := bytes.IndexByte(body, '"')
+		body, at := randomJSONString(r)
 		fast, slow := scanner{b: body, i: at}, scanner{b: body, i: at}
 		raw, esc, err := fast.str()
 		wantRaw, wantEsc, wantErr := slow.strSlow()
@@ -105,27 +116,10 @@ func TestStrFast(t *testing.T) {
 // appendUTF8) on the strings of TestStrFast: the same value, error and
 // position.
 func TestStrAppendOnePass(t *testing.T) {
-	frags := []string{
-		"a", "The quick brown fox ", "0123456789abcdef", " ", "\"",
-		`\"`, `\\`, `\/`, `\b`, `\f`, `\n`, `\r`, `\t`, `\u00e9`, `\u0041`, `\ud83d\ude00`, `\ud800`, `\udc00x`, `\ud800\u0041`,
-		`\ud800\u12`, `\ud800\uZZZZ`, `\x`, `\u12G4`, `\u12`, `\`, "\x00", "\x1f", "\t", "\n",
-		"é", "日本語", "😀", "\xff", "\xe6\x97", "\xc3", "\x80", "\uFFFD", "~\x7f",
-	}
 	r := rand.New(rand.NewPCG(10, 10))
 	onePass := 0
 	for n := 0; n < 50000; n++ {
-		var b strings.Builder
-		b.WriteString(strings.Repeat(" ", r.IntN(9)))
-		b.WriteByte('"')
-		for k := r.IntN(12); k > 0; k-- {
-			b.WriteString(frags[r.IntN(len(frags))])
-		}
-		if r.IntN(8) != 0 {
-			b.WriteByte('"')
-		}
-		b.WriteString(strings.Repeat("x", r.IntN(3)))
-		body := []byte(b.String())
-		at := bytes.IndexByte(body, '"')
+		body, at := randomJSONString(r)
 		big := append(make([]byte, 0, 2*len(body)+16), "prefix"...) // room: one pass
 		small := []byte("prefix")                                   // no room: two passes
 		one, two := scanner{b: body, i: at}, scanner{b: body, i: at}
