@@ -156,6 +156,25 @@ type endpoint struct {
 	cached int
 	tier   kvroute.Tier
 	prec   bool
+
+	// The view's last Load, protected by Router.mu: see currentLoad.
+	load             kvroute.Load
+	loadGen          uint64
+	loadFrom, loadTo time.Time
+	loadValid        bool
+}
+
+// currentLoad returns the endpoint's Load at now. A decision reads all the
+// endpoints' loads but changes at most one (its dispatch), and scrapes
+// come a few times a second: the Load is computed again only when the
+// view changed since (signals.View.Gen) or now is outside the times it
+// holds for (LoadUntil). Called with Router.mu held.
+func (e *endpoint) currentLoad(now time.Time) kvroute.Load {
+	if g := e.view.Gen(); !e.loadValid || g != e.loadGen || now.Before(e.loadFrom) || now.After(e.loadTo) {
+		e.load, e.loadTo = e.view.LoadUntil(now)
+		e.loadGen, e.loadFrom, e.loadValid = g, now, true
+	}
+	return e.load
 }
 
 // New returns a Router for cfg.
@@ -307,7 +326,7 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 		if c.Healthy {
 			healthy++
 		}
-		c.Load = e.view.Load(now)
+		c.Load = e.currentLoad(now)
 		if c.Load.KVCapacityTokens == 0 {
 			c.Load.KVCapacityTokens = e.ep.KVCapacityTokens
 		}

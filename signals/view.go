@@ -3,6 +3,7 @@ package signals
 import (
 	"math"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute"
@@ -83,6 +84,10 @@ type ViewStatus struct {
 type View struct {
 	cfg ViewConfig
 
+	// gen changes with the state (each mutation adds one, under mu,
+	// before it changes anything): see Gen.
+	gen atomic.Uint64
+
 	mu sync.Mutex // protects every field below
 
 	// Last observation.
@@ -146,6 +151,7 @@ func NewView(cfg ViewConfig) *View {
 // dropped.
 func (v *View) Observe(now time.Time, m Metrics) {
 	v.mu.Lock()
+	v.gen.Add(1)
 	defer v.mu.Unlock()
 	if !v.observedAt.IsZero() && now.Before(v.observedAt) {
 		v.outOfOrder++
@@ -209,6 +215,7 @@ func (v *View) addHitSample(now time.Time, m Metrics) {
 // stale even if young.
 func (v *View) ObserveError(now time.Time, err error) {
 	v.mu.Lock()
+	v.gen.Add(1)
 	defer v.mu.Unlock()
 	v.errors++
 	v.consecutive++
@@ -225,6 +232,7 @@ func (v *View) ObserveError(now time.Time, err error) {
 func (v *View) Dispatch(now time.Time, promptTokens int) Ticket {
 	promptTokens = max(promptTokens, 0)
 	v.mu.Lock()
+	v.gen.Add(1)
 	defer v.mu.Unlock()
 	v.seq++
 	v.inflight[v.seq] = &flight{at: now, tokens: promptTokens}
@@ -239,6 +247,7 @@ func (v *View) Dispatch(now time.Time, promptTokens int) Ticket {
 // Repeated calls and calls after Done are ignored.
 func (v *View) FirstToken(now time.Time, t Ticket) {
 	v.mu.Lock()
+	v.gen.Add(1)
 	defer v.mu.Unlock()
 	f := v.inflight[t.seq]
 	if f == nil || !f.firstAt.IsZero() {
@@ -256,6 +265,7 @@ func (v *View) FirstToken(now time.Time, t Ticket) {
 // cancelled). Repeated calls are ignored.
 func (v *View) Done(now time.Time, t Ticket) {
 	v.mu.Lock()
+	v.gen.Add(1)
 	defer v.mu.Unlock()
 	f := v.inflight[t.seq]
 	if f == nil {
@@ -306,10 +316,30 @@ func clampInt32(x int) int {
 	return max(math.MinInt32, min(math.MaxInt32, x))
 }
 
+// Gen returns a number that changes whenever the View's state does
+// (Observe, ObserveError, Dispatch, FirstToken, Done). Read before
+// LoadUntil, it tells a caller when that Load is out of date: a Load is
+// the Load of every time in [now, until] while Gen has not changed.
+func (v *View) Gen() uint64 { return v.gen.Load() }
+
 // Load returns the endpoint's load as the router should see it at now.
 func (v *View) Load(now time.Time) kvroute.Load {
+	l, _ := v.LoadUntil(now)
+	return l
+}
+
+// foreverTime is LoadUntil's until for a Load that changes only with the
+// View's state.
+var foreverTime = time.Unix(1<<62, 0)
+
+// LoadUntil is Load, with the last time at which it is still the View's
+// Load if the View does not change (see Gen): the state's load depends on
+// now only through its staleness, which sets in StaleAfter after the last
+// observation and then stays until the next.
+func (v *View) LoadUntil(now time.Time) (kvroute.Load, time.Time) {
 	v.mu.Lock()
 	defer v.mu.Unlock()
+	until := foreverTime
 	l := kvroute.Load{
 		InFlight:       v.prefill + v.decode,
 		InFlightTokens: v.prefillTk,
@@ -325,6 +355,9 @@ func (v *View) Load(now time.Time) kvroute.Load {
 
 	l.Stale = v.observedAt.IsZero() || now.Sub(v.observedAt) > v.cfg.StaleAfter ||
 		v.consecutive >= v.cfg.MaxConsecutiveErrors
+	if !l.Stale {
+		until = v.observedAt.Add(v.cfg.StaleAfter)
+	}
 	if l.Stale {
 		// Router-local counts only: requests waiting for a first token are
 		// queued or in prefill, the others decoding.
@@ -343,7 +376,7 @@ func (v *View) Load(now time.Time) kvroute.Load {
 	} else if capTokens > 0 {
 		l.KVUsage = clamp01(float64(v.prefillTk+v.decodeTk) / float64(capTokens))
 	}
-	return l
+	return l, until
 }
 
 // hitRate returns the token hit rate over the window, the lifetime ratio

@@ -2,9 +2,13 @@ package signals
 
 import (
 	"errors"
+	"math/rand/v2"
+	"reflect"
 	"sync"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute"
 )
 
 var t0 = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -227,5 +231,66 @@ func TestViewConcurrent(t *testing.T) {
 	wg.Wait()
 	if l := v.Load(at(600)); l.InFlight != 0 || l.InFlightTokens != 0 || l.DecodeTokens != 0 {
 		t.Fatalf("after all done: %+v", l)
+	}
+}
+
+// TestViewGenCachesLoad keeps a Load as the router does (recomputed only
+// when Gen changed or now left [from, until] of LoadUntil) through random
+// observations (fresh, late and out of order), scrape errors, dispatches,
+// first tokens and completions at random times, and checks that it is
+// always the Load computed afresh.
+func TestViewGenCachesLoad(t *testing.T) {
+	for seed := range uint64(4) {
+		r := rand.New(rand.NewPCG(seed, 11))
+		v := NewView(ViewConfig{StaleAfter: 300 * time.Millisecond})
+		var (
+			cached          kvroute.Load
+			gen             uint64
+			from, until     time.Time
+			valid           bool
+			tickets         []Ticket
+			now             = t0
+			recomputed, hit int
+		)
+		for step := range 20000 {
+			now = now.Add(time.Duration(r.IntN(60)) * time.Millisecond)
+			switch r.IntN(8) {
+			case 0:
+				m := vllmMetrics(float64(r.IntN(20)), float64(r.IntN(20)), r.Float64())
+				if r.IntN(2) == 0 {
+					m.Have |= HasPrefixCounters
+					m.PrefixQueries, m.PrefixHits = float64(1000*step), float64(500*step)
+				}
+				v.Observe(now.Add(-time.Duration(r.IntN(200))*time.Millisecond), m) // scraped a while ago
+			case 1:
+				v.ObserveError(now, errors.New("scrape failed"))
+			case 2, 3:
+				tickets = append(tickets, v.Dispatch(now, r.IntN(4000)))
+			case 4:
+				if len(tickets) > 0 {
+					v.FirstToken(now, tickets[r.IntN(len(tickets))])
+				}
+			case 5:
+				if len(tickets) > 0 {
+					i := r.IntN(len(tickets))
+					v.Done(now, tickets[i])
+					tickets = append(tickets[:i], tickets[i+1:]...)
+				}
+			}
+			g := v.Gen()
+			if !valid || g != gen || now.Before(from) || now.After(until) {
+				cached, until = v.LoadUntil(now)
+				gen, from, valid = g, now, true
+				recomputed++
+			} else {
+				hit++
+			}
+			if want := v.Load(now); !reflect.DeepEqual(cached, want) {
+				t.Fatalf("seed %d step %d: kept Load %+v, Load %+v", seed, step, cached, want)
+			}
+		}
+		if hit < 2000 || recomputed < 2000 {
+			t.Errorf("seed %d: %d Loads kept, %d recomputed: the test should exercise both", seed, hit, recomputed)
+		}
 	}
 }
