@@ -552,8 +552,8 @@ func (s *Server) sleepThrough(ctx context.Context, ls *loopState, until time.Dur
 // arrived before one of them started, no finish, no generation throughput
 // due at their ends (finishStep's, once a second). It records what
 // finishStep and deliver would have for each step (the batch sizes and
-// inter-token latencies in the same order, each stream's token count) and
-// reports whether it computed any.
+// inter-token latencies in the same order) and reports whether it
+// computed any.
 //
 // The stats snapshot, which finishStep publishes at the end of a step at
 // most every statsEvery, is published once, with the state at the end of
@@ -597,22 +597,9 @@ func (s *Server) catchUp(ls *loopState, woke time.Duration) bool {
 		}
 	}
 	s.metrics.mu.Unlock()
-	prev, next := ls.order, ls.spare[:0]
-	j := 0
-	for _, sq := range run.Seqs {
-		var st *stream
-		if j < len(prev) && prev[j].id == sq.ID {
-			st = prev[j]
-			j++
-		} else if st = ls.live[sq.ID]; st == nil {
-			continue
-		}
-		st.gen += n
-		st.since += n
-		next = append(next, st)
-	}
-	clear(prev)
-	ls.order, ls.spare = next, prev[:0]
+	// The streams are not touched (their memory is cold after a sleep):
+	// deliver counts a stream's tokens from its next output's Index, and
+	// the running order (ls.order) is the same.
 	pub := false
 	for _, d := range run.Durations {
 		ls.vnow += d
@@ -815,8 +802,10 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 		}
 		aborted := o.FinishReason == engine.FinishAbort
 		if !aborted {
-			st.gen++
-			st.since++
+			// The request generated Index tokens before this one (catchUp
+			// leaves the count of the steps it computed to this).
+			st.since += o.Index + 1 - st.gen
+			st.gen = o.Index + 1
 			// A whole response's handler recomputes its tokens (every 0);
 			// EOS has no text.
 			if st.every > 0 && !(o.Finished && o.FinishReason == engine.FinishStop) {
