@@ -14,14 +14,16 @@ import (
 	"github.com/kvroute/kvroute/internal/difftest"
 )
 
-// TestCatchUpMatchesStepping drives two servers' loop code in virtual time
-// with the same arrivals (bursts of non-streamed requests with shared
-// prefixes, EOS, aborts): one steps and finishes every step (the loop
-// awake at every step), the other computes each plain decode run it can
-// at once with catchUp, as the loop does after sleeping through one. Every
-// stream's count and outcome, the engine's Stats and the whole /metrics
-// exposition (latency histograms' buckets and sums, throughput gauges)
-// must be the same.
+// TestCatchUpMatchesStepping drives three servers' loop code in virtual
+// time with the same arrivals (bursts of non-streamed requests with shared
+// prefixes, EOS, aborts). The reference steps and finishes every step (the
+// loop awake at every step) and delivers every output to its stream; the
+// second steps too but delivers as the loop does when no handler is woken
+// per chunk (only finished outputs reach their streams); the third also
+// computes each plain decode run it can at once with catchUp, as the loop
+// does after sleeping through one. Every stream's count and outcome and
+// the whole /metrics exposition (latency histograms' buckets and sums,
+// throughput gauges, the engine's Stats) must be the same.
 func TestCatchUpMatchesStepping(t *testing.T) {
 	prof, err := engine.LookupProfile("tiny")
 	if err != nil {
@@ -30,10 +32,10 @@ func TestCatchUpMatchesStepping(t *testing.T) {
 	for seed := range uint64(3) {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			cfg := Config{Model: "m", Engine: engine.Config{Profile: prof, NumGPUBlocks: 96, MaxModelLen: 1024}, Speed: 1}
-			var out [2]string
-			var gens [2]map[string]int
+			var out [3]string
+			var gens [3]map[string]int
 			caught := 0
-			for mode := range 2 {
+			for mode := range 3 {
 				s, err := New(cfg)
 				if err != nil {
 					t.Fatal(err)
@@ -60,7 +62,7 @@ func TestCatchUpMatchesStepping(t *testing.T) {
 						queue = append(queue, command{kind: cmdAbort, id: fmt.Sprint("r", rng.IntN(i+1)), at: at + time.Millisecond})
 					}
 				}
-				ls := driveLoop(t, s, queue, mode == 1)
+				ls := driveLoop(t, s, queue, mode == 2, mode == 0)
 				caught += ls.caught
 				s.publishStats(&ls.acc)
 				var buf bytes.Buffer
@@ -90,12 +92,17 @@ func TestCatchUpMatchesStepping(t *testing.T) {
 			if caught < 20 {
 				t.Errorf("catchUp computed %d runs, want at least 20", caught)
 			}
-			if out[0] != out[1] {
-				t.Errorf("metrics differ (stepping vs catching up) at %s", difftest.FirstLine([]byte(out[0]), []byte(out[1])))
-			}
-			for id, g := range gens[0] {
-				if gens[1][id] != g {
-					t.Errorf("%s: %d tokens with catchUp, %d stepping", id, gens[1][id], g)
+			for mode, name := range []string{1: "delivering finished outputs only", 2: "catching up"} {
+				if mode == 0 {
+					continue
+				}
+				if out[mode] != out[0] {
+					t.Errorf("metrics differ (%s vs the reference) at %s", name, difftest.FirstLine([]byte(out[mode]), []byte(out[0])))
+				}
+				for id, g := range gens[0] {
+					if gens[mode][id] != g {
+						t.Errorf("%s: %d tokens %s, %d in the reference", id, gens[mode][id], name, g)
+					}
 				}
 			}
 		})
@@ -150,9 +157,10 @@ func (ld *loopDriver) advance() bool {
 	return true
 }
 
-// driveLoop runs a loopDriver to the end.
-func driveLoop(t testing.TB, s *Server, queue []command, catchUp bool) *loopDriver {
+// driveLoop runs a loopDriver to the end (fullDeliver: see loopState).
+func driveLoop(t testing.TB, s *Server, queue []command, catchUp, fullDeliver bool) *loopDriver {
 	ld := newLoopDriver(s, queue, catchUp)
+	ld.fullDeliver = fullDeliver
 	for ld.advance() {
 		if ld.steps > 1e7 {
 			t.Fatal("the loop does not finish")

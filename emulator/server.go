@@ -302,6 +302,10 @@ type loopState struct {
 	// notifying counts the live streams woken before they finish
 	// (stream.every > 0); spaced those with every > 1.
 	notifying, spaced int
+	// fullDeliver makes deliver look up the stream of every output, as
+	// it must while a handler is woken per chunk (the reference path for
+	// TestCatchUpMatchesStepping).
+	fullDeliver bool
 	// inProgress is set when sleepThrough computed into res a step that
 	// starts at vnow and had not ended when the loop woke: the loop
 	// completes it (completeStep) before anything else.
@@ -785,6 +789,24 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 	itlN := 0
 	for i := range res.Outputs {
 		o := &res.Outputs[i]
+		if ls.notifying == 0 && !o.Finished && !ls.fullDeliver {
+			// No handler is woken before its request finishes, and a
+			// stream's token count comes from its next output's Index: an
+			// unfinished output only adds its latency, and its stream
+			// (cold memory in a busy fleet) is not touched. (Every request
+			// in the engine has a live stream: apply adds both, and only
+			// a finish removes it.)
+			switch {
+			case o.First || o.ITL <= 0:
+				s.metrics.onOutput(o, 0, o.FinishReason) // generated counts only when finished
+			case o.ITL == itl:
+				itlN++
+			default:
+				s.metrics.observeITLs(itl, itlN)
+				itl, itlN = o.ITL, 1
+			}
+			continue
+		}
 		var st *stream
 		for k := j; k < len(prev) && k < j+4; k++ {
 			if prev[k].id == o.ID {
@@ -800,12 +822,18 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 		if !o.Finished {
 			next = append(next, st)
 		}
+		// The request generated Index tokens before this output (an
+		// abort's: before it was aborted). A stream's count is set from it,
+		// not counted here: catchUp, and deliver while no handler is woken
+		// per chunk, leave unfinished outputs to this.
 		aborted := o.FinishReason == engine.FinishAbort
+		gen := o.Index
 		if !aborted {
-			// The request generated Index tokens before this one (catchUp
-			// leaves the count of the steps it computed to this).
-			st.since += o.Index + 1 - st.gen
-			st.gen = o.Index + 1
+			gen++
+		}
+		st.since += gen - st.gen
+		st.gen = gen
+		if !aborted {
 			// A whole response's handler recomputes its tokens (every 0);
 			// EOS has no text.
 			if st.every > 0 && !(o.Finished && o.FinishReason == engine.FinishStop) {
