@@ -166,14 +166,51 @@ func (n *naiveApprox) match(now time.Time, hs []uint64) []Hit {
 	return out
 }
 
+// TestApproxDifferential checks Approx against a naive reference (an LRU
+// list per endpoint) through records, re-records of an endpoint's last
+// prompt or its prefix, capacity cuts, removals and clock jumps past TTL,
+// so that the ring grows, compacts and shrinks and the tables rebuild.
+// Variants: short prompts that branch, on small capacities; long prompts
+// with shared prefixes and duplicates inside a prompt (hashes that are not
+// a chain, which Match must still handle); a Serialized index (plain
+// stores, recycled arrays; small shards rebuild often); and chained
+// prompts, on which MatchUnordered's bisection must agree with the
+// reference too.
 func TestApproxDifferential(t *testing.T) {
-	for seed := uint64(1); seed <= 10; seed++ {
-		rng := rand.New(rand.NewPCG(seed, 11))
-		a := NewApprox(ApproxConfig{DefaultCapacityBlocks: 20, TTL: time.Minute, Shards: 2})
-		ref := &naiveApprox{ttl: time.Minute, defCap: 20, lists: map[string][]naiveEntry{}, capacity: map[string]int{}}
-		now := t0
-		eps := []string{"a", "b", "c"}
-		prompt := func() []uint64 {
+	for _, v := range []struct {
+		name   string
+		cfg    ApproxConfig
+		chains bool // no duplicates inside a prompt: check MatchUnordered
+		short  bool // short branching prompts, capacity 20
+	}{
+		{"short", ApproxConfig{Shards: 2}, false, true},
+		{"duplicates", ApproxConfig{Shards: 4}, false, false},
+		{"serialized/duplicates", ApproxConfig{Shards: 2, Serialized: true}, false, false},
+		{"serialized/chains", ApproxConfig{Shards: 2, Serialized: true}, true, false},
+		{"chains", ApproxConfig{Shards: 4}, true, false},
+	} {
+		t.Run(v.name, func(t *testing.T) {
+			for seed := uint64(1); seed <= 6; seed++ {
+				approxDifferential(t, seed, v.cfg, v.chains, v.short)
+			}
+		})
+	}
+}
+
+func approxDifferential(t *testing.T, seed uint64, cfg ApproxConfig, chains, short bool) {
+	rng := rand.New(rand.NewPCG(seed, 29))
+	capacity := 150
+	if short {
+		capacity = 20
+	}
+	cfg.DefaultCapacityBlocks, cfg.TTL = capacity, time.Minute
+	a := NewApprox(cfg)
+	ref := &naiveApprox{ttl: time.Minute, defCap: capacity, lists: map[string][]naiveEntry{}, capacity: map[string]int{}}
+	now := t0
+	eps := []string{"a", "b", "c", "d"}
+	last := map[string][]uint64{}
+	prompt := func() []uint64 {
+		if short {
 			base := uint64(rng.IntN(4)) * 100
 			hs := make([]uint64, 1+rng.IntN(10))
 			for i := range hs {
@@ -184,70 +221,6 @@ func TestApproxDifferential(t *testing.T) {
 			}
 			return hs
 		}
-		for step := 0; step < 2000; step++ {
-			now = now.Add(time.Duration(rng.IntN(3000)) * time.Millisecond)
-			ep := eps[rng.IntN(len(eps))]
-			switch op := rng.IntN(20); {
-			case op < 12:
-				hs := prompt()
-				a.Record(now, ep, hs)
-				ref.record(now, ep, hs)
-			case op < 13:
-				c := 5 + rng.IntN(30)
-				a.SetCapacity(ep, c)
-				ref.setCapacity(ep, c)
-			case op < 14:
-				a.Remove(ep)
-				delete(ref.lists, ep)
-				delete(ref.capacity, ep)
-			}
-			q := prompt()
-			got, want := a.Match(now, q, nil), ref.match(now, q)
-			if len(got) == 0 && len(want) == 0 {
-				continue
-			}
-			if !reflect.DeepEqual(got, want) {
-				t.Fatalf("seed %d step %d: Match(%v)\n got %+v\nwant %+v", seed, step, q, got, want)
-			}
-		}
-	}
-}
-
-// TestApproxDifferentialLong drives longer prompts with shared prefixes,
-// capacity cuts and clock jumps past TTL, so that the ring grows, compacts
-// and shrinks and the tables rebuild. Variants: duplicates inside a prompt
-// (hashes that are not a chain, which Match must still handle), a
-// Serialized index (plain stores, recycled arrays; small shards rebuild
-// often), and chained prompts, on which MatchUnordered's bisection must
-// agree with the reference too.
-func TestApproxDifferentialLong(t *testing.T) {
-	for _, v := range []struct {
-		name   string
-		cfg    ApproxConfig
-		chains bool // no duplicates inside a prompt: check MatchUnordered
-	}{
-		{"duplicates", ApproxConfig{Shards: 4}, false},
-		{"serialized/duplicates", ApproxConfig{Shards: 2, Serialized: true}, false},
-		{"serialized/chains", ApproxConfig{Shards: 2, Serialized: true}, true},
-		{"chains", ApproxConfig{Shards: 4}, true},
-	} {
-		t.Run(v.name, func(t *testing.T) {
-			for seed := uint64(1); seed <= 6; seed++ {
-				differentialLong(t, seed, v.cfg, v.chains)
-			}
-		})
-	}
-}
-
-func differentialLong(t *testing.T, seed uint64, cfg ApproxConfig, chains bool) {
-	rng := rand.New(rand.NewPCG(seed, 29))
-	cfg.DefaultCapacityBlocks, cfg.TTL = 150, time.Minute
-	a := NewApprox(cfg)
-	ref := &naiveApprox{ttl: time.Minute, defCap: 150, lists: map[string][]naiveEntry{}, capacity: map[string]int{}}
-	now := t0
-	eps := []string{"a", "b", "c", "d"}
-	last := map[string][]uint64{}
-	prompt := func() []uint64 {
 		base := uint64(rng.IntN(6)) * 1000
 		hs := make([]uint64, 1+rng.IntN(60))
 		for i := range hs {
