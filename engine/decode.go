@@ -49,9 +49,9 @@ func (e *Engine) decodeRun(limit int) (n, ctx int, finished bool) {
 		if s.outputs == 0 || s.computed != s.numTokens-1 {
 			return 0, 0, false // a prefill chunk (or the token after it) is pending
 		}
-		left := min(s.maxTokens-s.outputs, e.maxLen-s.numTokens) // steps to finish, the last included
-		if s.eosAt > s.outputs {
-			left = min(left, s.eosAt-s.outputs)
+		left := min(int(s.maxTokens)-s.outputs, e.maxLen-s.numTokens) // steps to finish, the last included
+		if eos := int(s.eosAt); eos > s.outputs {
+			left = min(left, eos-s.outputs)
 		}
 		if left <= n {
 			n, finished = left, true

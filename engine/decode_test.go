@@ -108,7 +108,7 @@ func TestDecodeSteps(t *testing.T) {
 							o := last[sq.ID]
 							s := bulk.seqs[sq.ID]
 							o.First, o.Index, o.Time = false, sq.From+k, now
-							o.Token = bulk.sampler.token(s.seed, s.eosAt, o.Index)
+							o.Token = bulk.sampler.token(s.seed, int(s.eosAt), o.Index)
 							o.ITL = d
 							if k == 0 {
 								o.ITL = sq.FirstITL

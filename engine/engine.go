@@ -219,30 +219,36 @@ const (
 )
 
 type sequence struct {
-	// Read or written for every scheduled token (schedule, add, allocate's
-	// fast path, emit, DecodeRun): kept together in the first three cache
-	// lines of the object (a busy fleet's steps miss the cache on each
-	// line of each running request).
-	status                         seqStatus
-	skipPrefill, holdKV            bool
-	numTokens, computed            int
-	outputs                        int
-	numStored                      int // blocks[:numStored] have been offered to the cache
-	blocks                         []int32
-	tokens                         []uint32 // prompt (from tokBase) + outputs (token mode); nil on the fast path
-	seed                           uint64
-	eosAt, maxTokens, promptLen    int
-	cachedTokens                   int
-	firstToken, lastToken, arrival time.Duration
-	id                             string
-
-	hashes      []uint64 // keys of full blocks known so far, in chain order
-	tokBase     int      // tokens[0] is token tokBase of the sequence (keepTokens)
-	parent      Digest   // digest of hashes[len-1] (token mode chain)
-	firstSched  time.Duration
-	preemptions int
-	admitted    bool
-	ownHashes   bool // hashes were allocated by Add (recyclable)
+	// The fields are grouped by when they are used, a cache line per group
+	// (a sequence is 256 bytes, so its lines are aligned): in a busy fleet
+	// every running request's lines miss the cache at each step, so a step
+	// should touch as few of them as it can (TestSequenceLayout).
+	//
+	// Line 0: read or written for every scheduled token (schedule, add,
+	// allocate's fast path, decode runs).
+	status              seqStatus
+	skipPrefill, holdKV bool
+	numTokens, computed int
+	outputs             int
+	numStored           int // blocks[:numStored] have been offered to the cache
+	blocks              []int32
+	// Line 1: for every output token (emit, token, decode runs).
+	tokens           []uint32 // prompt (from tokBase) + outputs (token mode); nil on the fast path
+	seed             uint64
+	lastToken        time.Duration
+	id               string
+	eosAt, maxTokens int32 // maxTokens <= the context length; eosAt <= maxTokens+1 (Add)
+	// Line 2: for every full block (blockKey).
+	hashes  []uint64 // keys of full blocks known so far, in chain order
+	tokBase int32    // tokens[0] is token tokBase of the sequence (keepTokens)
+	parentN int32    // parent is the digest of hashes[parentN-1] (token mode chain), when > 0
+	parent  Digest
+	// Line 3: at admission, the first token and the finish.
+	promptLen, cachedTokens         int
+	firstToken, arrival, firstSched time.Duration
+	preemptions                     int
+	admitted                        bool
+	ownHashes                       bool // hashes were allocated by Add (recyclable)
 }
 
 // Finished sequences are recycled, with their slices, when nothing else
@@ -415,11 +421,11 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 	}
 	s, spare := e.newSequence()
 	*s = sequence{
-		id: r.ID, promptLen: n, maxTokens: maxTok, seed: r.Seed, skipPrefill: r.SkipPrefill, holdKV: r.HoldKV,
+		id: r.ID, promptLen: n, maxTokens: int32(maxTok), seed: r.Seed, skipPrefill: r.SkipPrefill, holdKV: r.HoldKV,
 		numTokens: n, arrival: now,
 	}
 	if !r.IgnoreEOS && r.EOSAt > 0 {
-		s.eosAt = r.EOSAt
+		s.eosAt = int32(min(r.EOSAt, maxTok+1)) // a later EOS is never reached
 	}
 	if s.seed == 0 {
 		s.seed = xxh3.HashString(r.ID) | 1
@@ -448,6 +454,7 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 				s.parent = e.hash.Block(s.parent, r.Prompt[i*e.bs:(i+1)*e.bs])
 				s.hashes = append(s.hashes, s.parent.Key())
 			}
+			s.parentN = int32(full)
 		}
 		e.keepTokens(s, r.Prompt, spare.tokens, maxTok)
 	}
@@ -473,7 +480,7 @@ func (e *Engine) keepTokens(s *sequence, prompt, spare []uint32, maxTok int) {
 		room = min(maxTok, 2*e.bs)
 	}
 	n := len(prompt) - base
-	s.tokBase = base
+	s.tokBase = int32(base)
 	s.tokens = sized(spare, n, n+room)
 	copy(s.tokens, prompt[base:])
 }

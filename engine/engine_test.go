@@ -983,16 +983,90 @@ func TestRecycledSequences(t *testing.T) {
 	}
 }
 
-// TestSequenceLayout keeps the fields a step touches for every running
-// request in the first three cache lines of a sequence, and the sequence
-// in the 256-byte size class (whose objects start on a cache line).
+// TestSequenceLayout keeps each group of a sequence's fields (see the
+// type) in its own cache line, and the sequence in the 256-byte size class
+// (whose objects start on a cache line): a decode step touches lines 0 and
+// 1 of every running request, and line 2 once per block.
 func TestSequenceLayout(t *testing.T) {
 	var s sequence
-	if end := unsafe.Offsetof(s.id) + unsafe.Sizeof(s.id); end > 192 {
-		t.Errorf("the per-token fields end at byte %d, want <= 192", end)
+	type field struct {
+		name      string
+		off, size uintptr
+	}
+	lines := [][]field{
+		{{"status", unsafe.Offsetof(s.status), unsafe.Sizeof(s.status)}, {"blocks", unsafe.Offsetof(s.blocks), unsafe.Sizeof(s.blocks)}},
+		{{"tokens", unsafe.Offsetof(s.tokens), unsafe.Sizeof(s.tokens)}, {"maxTokens", unsafe.Offsetof(s.maxTokens), unsafe.Sizeof(s.maxTokens)}},
+		{{"hashes", unsafe.Offsetof(s.hashes), unsafe.Sizeof(s.hashes)}, {"parent", unsafe.Offsetof(s.parent), unsafe.Sizeof(s.parent)}},
+	}
+	for want, fs := range lines {
+		for _, f := range fs {
+			if first, last := f.off/64, (f.off+f.size-1)/64; first != uintptr(want) || last != uintptr(want) {
+				t.Errorf("field %s spans lines %d..%d, want line %d", f.name, first, last, want)
+			}
+		}
 	}
 	if size := unsafe.Sizeof(s); size > 256 || size <= 240 {
 		t.Errorf("sequence is %d bytes, want 241..256 (the 256-byte size class)", size)
+	}
+}
+
+// TestGeneratedBlockKeys checks every cached block's key against the chain
+// computed here over each request's prompt and output tokens, for every
+// hash function (the sha256 ones carry a 32-byte digest from block to
+// block, which the 64-bit keys alone cannot give), including a request
+// whose first keys are the caller's.
+func TestGeneratedBlockKeys(t *testing.T) {
+	for _, name := range []string{HashXXH3, HashSHA256, HashSHA256CBOR} {
+		t.Run(name, func(t *testing.T) {
+			h, err := NewHashFunc(name, "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, noEvents := range []bool{false, true} {
+				e := mustEngine(t, "tiny", func(c *Config) { c.HashFunc, c.NoEvents = h, noEvents })
+				reqs := map[string]*Request{}
+				outs := map[string][]uint32{}
+				var now time.Duration
+				for i := range 5 {
+					r := &Request{ID: fmt.Sprint("g", i), Prompt: tokens(i*1000, 16*i+5), MaxTokens: 40 + 7*i, Seed: uint64(i + 1)}
+					if i == 4 {
+						r.BlockHashes = []uint64{7, 8} // the rest of the chain continues from the caller's keys
+					}
+					if err := e.Add(now, r); err != nil {
+						t.Fatal(err)
+					}
+					reqs[r.ID] = r
+				}
+				var res StepResult
+				for e.HasWork() {
+					e.StepInto(now, &res)
+					now += res.Duration
+					for _, o := range res.Outputs {
+						outs[o.ID] = append(outs[o.ID], o.Token)
+					}
+				}
+				want := map[uint64]bool{}
+				for id, r := range reqs {
+					all := concat(r.Prompt, outs[id])
+					all = all[:len(all)-1] // the last token is never computed
+					parent := h.None()
+					for b := 0; (b+1)*16 <= len(all); b++ {
+						if b < len(r.BlockHashes) {
+							want[r.BlockHashes[b]] = true
+							parent = digestOf(r.BlockHashes[b])
+							continue
+						}
+						parent = h.Block(parent, all[b*16:(b+1)*16])
+						want[parent.Key()] = true
+					}
+				}
+				got := map[uint64]bool{}
+				e.pool.cached.each(func(k uint64, _ int32) { got[k] = true })
+				if len(want) < 15 || !maps.Equal(got, want) {
+					t.Errorf("NoEvents=%v: cached %d keys, want %d (the chains over prompts and outputs), equal: %v", noEvents, len(got), len(want), maps.Equal(got, want))
+				}
+			}
+		})
 	}
 }
 

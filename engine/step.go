@@ -277,7 +277,8 @@ func (e *Engine) stored(s *sequence, from, to int) {
 		ev.ParentHash = &s.hashes[from-1]
 	}
 	if s.tokens != nil {
-		ev.TokenIDs = s.tokens[from*e.bs-s.tokBase : to*e.bs-s.tokBase : to*e.bs-s.tokBase] // tokBase is 0 with events
+		base := int(s.tokBase) // 0 with events
+		ev.TokenIDs = s.tokens[from*e.bs-base : to*e.bs-base : to*e.bs-base]
 	}
 	r.Events = append(r.Events, ev)
 }
@@ -288,25 +289,30 @@ func (e *Engine) stored(s *sequence, from, to int) {
 func (e *Engine) blockKey(s *sequence, j int) uint64 {
 	for len(s.hashes) <= j {
 		i := len(s.hashes)
-		var parent uint64
-		if i > 0 {
-			parent = s.hashes[i-1]
-		}
 		if s.tokens != nil {
-			if i > 0 && s.parent.Key() != parent {
-				s.parent = digestOf(parent) // chain continues from caller-given keys
-			} else if i == 0 {
+			// s.parent is kept with the chain: reading hashes[i-1] instead
+			// would miss the cache (written a block's worth of steps ago).
+			switch {
+			case i == 0:
 				s.parent = e.hash.None()
+			case int(s.parentN) != i:
+				s.parent = digestOf(s.hashes[i-1]) // chain continues from caller-given keys
 			}
-			s.parent = e.hash.Block(s.parent, s.tokens[i*e.bs-s.tokBase:(i+1)*e.bs-s.tokBase]) // i*bs >= tokBase
+			base := int(s.tokBase)
+			s.parent = e.hash.Block(s.parent, s.tokens[i*e.bs-base:(i+1)*e.bs-base]) // i*bs >= tokBase
 			s.hashes = append(s.hashes, s.parent.Key())
+			s.parentN = int32(i + 1)
 			if e.cfg.NoEvents {
 				// No event reports the block's tokens: keep only those
 				// after it (see keepTokens).
-				s.tokens = s.tokens[:copy(s.tokens, s.tokens[(i+1)*e.bs-s.tokBase:])]
-				s.tokBase = (i + 1) * e.bs
+				s.tokens = s.tokens[:copy(s.tokens, s.tokens[(i+1)*e.bs-base:])]
+				s.tokBase = int32((i + 1) * e.bs)
 			}
 			continue
+		}
+		var parent uint64
+		if i > 0 {
+			parent = s.hashes[i-1]
 		}
 		// No token ids: the block's content is this request's own output
 		// (or unknown prompt), so its key only needs to be unique.
@@ -365,10 +371,10 @@ func (e *Engine) emit(s *sequence, t time.Duration, r *StepResult) bool {
 	s.lastToken = t
 	o.TTFT = s.firstToken - s.arrival
 	switch {
-	case s.eosAt > 0 && s.outputs == s.eosAt:
+	case s.eosAt > 0 && s.outputs == int(s.eosAt):
 		o.FinishReason = FinishStop
 		e.stats.FinishedStop++
-	case s.outputs >= s.maxTokens || s.numTokens >= e.maxLen:
+	case s.outputs >= int(s.maxTokens) || s.numTokens >= e.maxLen:
 		o.FinishReason = FinishLength
 		e.stats.FinishedLength++
 	default:
@@ -393,7 +399,7 @@ func (e *Engine) emit(s *sequence, t time.Duration, r *StepResult) bool {
 
 // token returns s's idx-th output token.
 func (e *Engine) token(s *sequence, idx int) uint32 {
-	return e.sampler.token(s.seed, s.eosAt, idx)
+	return e.sampler.token(s.seed, int(s.eosAt), idx)
 }
 
 // Sampler computes the output tokens of requests as the engine generates
