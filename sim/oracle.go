@@ -15,8 +15,25 @@ import (
 // Result.OracleHitRate; pass it in Config.OracleHitRate to compute it once
 // for several runs of the same workload.
 func OracleHitRate(reqs []workload.Request, blockSize int) float64 {
-	if blockSize <= 0 {
+	var queried, hit int64
+	for i, h := range oracleHits(reqs, blockSize) {
+		queried += int64(reqs[i].PromptLen)
+		hit += int64(h)
+	}
+	if blockSize <= 0 || queried == 0 {
 		return 0
+	}
+	return float64(hit) / float64(queried)
+}
+
+// oracleHits returns, for each request of reqs (in workload order), the
+// prompt tokens the oracle serves from cache, taking the requests in
+// arrival order (ties in workload order) as OracleHitRate does. All zero
+// when blockSize is not positive.
+func oracleHits(reqs []workload.Request, blockSize int) []int {
+	hits := make([]int, len(reqs))
+	if blockSize <= 0 {
+		return hits
 	}
 	order := make([]int, len(reqs))
 	for i := range order {
@@ -26,17 +43,17 @@ func OracleHitRate(reqs []workload.Request, blockSize int) float64 {
 	if segmentsOnly(reqs) {
 		o := newSegOracle()
 		for _, i := range order {
-			o.observe(reqs[i].Segments, blockSize, reqs[i].PromptLen)
+			hits[i] = o.observe(reqs[i].Segments, blockSize, reqs[i].PromptLen)
 		}
-		return o.rate()
+		return hits
 	}
 	o := newOracle()
 	var buf []uint64
 	for _, i := range order {
 		buf = reqs[i].BlockHashes(blockSize, buf[:0])
-		o.observe(buf, blockSize, reqs[i].PromptLen)
+		hits[i] = o.observe(buf, blockSize, reqs[i].PromptLen)
 	}
-	return o.rate()
+	return hits
 }
 
 // segmentsOnly reports whether every request's prompt is given as synthetic

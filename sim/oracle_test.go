@@ -1,7 +1,9 @@
 package sim
 
 import (
+	"slices"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/workload"
 )
@@ -131,5 +133,60 @@ func TestU64Max(t *testing.T) {
 		if got := m.update(k, -1); got != want {
 			t.Fatalf("final %d: got %d, want %d", k, got, want)
 		}
+	}
+}
+
+// TestOracleHits: per-request hits in workload order, requests taken in
+// arrival order, for segment prompts and token prompts; OracleHitRate is
+// their total over the prompt tokens.
+func TestOracleHits(t *testing.T) {
+	tok := func(n int) []uint32 {
+		out := make([]uint32, n)
+		for i := range out {
+			out[i] = uint32(i)
+		}
+		return out
+	}
+	seg := func(id string, at time.Duration, key uint64, n int) workload.Request {
+		return workload.Request{ID: id, Arrival: at, PromptLen: n, Segments: []workload.Segment{{Key: key, Len: n}}}
+	}
+	tokens := func(id string, at time.Duration, n int) workload.Request {
+		return workload.Request{ID: id, Arrival: at, PromptLen: n, Tokens: tok(n)}
+	}
+	for _, c := range []struct {
+		name string
+		reqs []workload.Request
+		want []int
+	}{
+		{"segments", []workload.Request{
+			seg("a", 0, 1, 40),           // cold
+			seg("b", time.Second, 1, 50), // after a and c: 40 shared tokens, 2 blocks
+			seg("c", time.Second/2, 1, 40),
+			seg("d", 2*time.Second, 1, 48), // b's 50: all 3 blocks, but at most (48-1)/16 = 2
+			seg("e", 2*time.Second, 2, 48), // another prefix: cold
+		}, []int{0, 32, 32, 32, 0}},
+		{"tokens", []workload.Request{
+			tokens("a", time.Second, 100), // after b's 20: 1 block
+			tokens("b", 0, 20),
+			tokens("c", 2*time.Second, 120), // a's 100: 6 blocks
+		}, []int{16, 0, 96}},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			got := oracleHits(c.reqs, 16)
+			if !slices.Equal(got, c.want) {
+				t.Fatalf("hits: got %v, want %v", got, c.want)
+			}
+			var q, h int
+			for i, r := range c.reqs {
+				q += r.PromptLen
+				h += c.want[i]
+			}
+			if got, want := OracleHitRate(c.reqs, 16), float64(h)/float64(q); got != want {
+				t.Errorf("OracleHitRate: got %g, want %g", got, want)
+			}
+			if got := oracleHits(c.reqs, 0); slices.ContainsFunc(got, func(n int) bool { return n != 0 }) {
+				t.Errorf("block size 0: got %v, want zeros", got)
+			}
+		})
 	}
 }

@@ -52,6 +52,11 @@ type Record struct {
 	TPOT time.Duration `json:"tpot_ns"`
 	// E2E is arrival to last token at the router.
 	E2E time.Duration `json:"e2e_ns"`
+	// TTFTBound is the least TTFT any router could give the request under
+	// the model: its prompt, less what a perfect, infinite, fleet-shared
+	// cache would hold, prefilled on an idle engine (TTFTBounds), plus the
+	// network round trip. 0 when no engine can hold the request.
+	TTFTBound time.Duration `json:"ttft_bound_ns,omitempty"`
 }
 
 // OK reports whether the request completed.
@@ -89,6 +94,13 @@ type Result struct {
 	Makespan time.Duration `json:"makespan_ns"`
 	// OracleHitRate is the hit-rate bound: infinite cache, perfect affinity.
 	OracleHitRate float64 `json:"oracle_hit_rate"`
+	// TTFTBound is the distribution of the records' TTFT bounds
+	// (Record.TTFTBound) over the requests some engine can hold: a floor
+	// under the TTFT percentiles that no router can beat under the model
+	// (no queueing, and the hits of a perfect, infinite, fleet-shared
+	// cache). Nearest-rank percentiles, as the report's TTFT; it depends on
+	// the workload, the fleet and the network latency, not on the policy.
+	TTFTBound report.Dist `json:"ttft_bound"`
 	// Events is the number of events processed.
 	Events int `json:"events"`
 	// Timeline is the per-engine utilisation over time: busy fraction, KV

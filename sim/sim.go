@@ -93,6 +93,13 @@ type Config struct {
 	// the workload and the engines' block size, so a caller running several
 	// policies computes it once). Nil computes it during the run.
 	OracleHitRate *float64
+	// TTFTBounds, when set, are the requests' TTFT lower bounds on the
+	// fleet's engines, one per request in workload order, computed
+	// beforehand with the package function TTFTBounds (they depend only on
+	// the workload and the fleet, so a caller running several policies
+	// computes them once). Nil computes them for the run. Run adds the
+	// network round trip (Record.TTFTBound, Result.TTFTBound).
+	TTFTBounds []time.Duration
 	// PD configures prefill/decode disaggregation for fleets with prefill
 	// or decode engines (Group.Role); see PDConfig.
 	PD PDConfig
@@ -265,8 +272,9 @@ type simulation struct {
 	order   []int32 // request indices by arrival
 	next    int     // next arrival in order
 	st      []reqState
-	oracle  *oracle    // over block hashes, or
-	soracle *segOracle // over segments, when every prompt is segments
+	oracle  *oracle         // over block hashes, or
+	soracle *segOracle      // over segments, when every prompt is segments
+	bounds  []time.Duration // per request: the TTFT lower bound on the engines (TTFTBounds)
 
 	blockSize  int  // the fleet's engine block size in tokens (the first engine's)
 	routerBS   int  // the router's block size in tokens
@@ -321,6 +329,14 @@ func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 		}
 	}
 	s.blockSize = s.engines[0].profile.BlockSize
+	if s.bounds = cfg.TTFTBounds; s.bounds == nil {
+		var err error
+		if s.bounds, err = TTFTBounds(cfg.Fleet, reqs); err != nil {
+			return nil, err
+		}
+	} else if len(s.bounds) != len(reqs) {
+		return nil, fmt.Errorf("sim: config: %d TTFT bounds for %d requests", len(s.bounds), len(reqs))
+	}
 	if cfg.OracleHitRate == nil {
 		if segmentsOnly(reqs) {
 			s.soracle = newSegOracle()
@@ -903,6 +919,7 @@ func (s *simulation) result() *Result {
 		res.KVUsage = append(res.KVUsage, kv)
 		res.Queue = append(res.Queue, q)
 	}
+	s.boundResult(res)
 	return res
 }
 

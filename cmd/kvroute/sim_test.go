@@ -4,12 +4,17 @@ import (
 	"bytes"
 	"context"
 	"errors"
+	"flag"
+	"math"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/report"
+	"github.com/kvroute/kvroute/sim"
 )
 
 // simArgs is a small, fast kvroute sim run on toy engines.
@@ -127,5 +132,75 @@ func TestSimCommandHFConfigPD(t *testing.T) {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
+	}
+}
+
+// TestSimCommandPrintsTTFTBound: kvroute sim --quiet prints the TTFT lower
+// bound's percentiles under the table (the workload's bounds plus the
+// network round trip, nearest-rank) and records them in report.json; no
+// policy's percentile is below the bound's.
+func TestSimCommandPrintsTTFTBound(t *testing.T) {
+	dir := t.TempDir()
+	var out, errb bytes.Buffer
+	args := append(append([]string{}, simArgs...), "--policies", "kv-aware,round_robin", "--out", dir)
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("run: %v\nstderr: %s", err, errb.String())
+	}
+
+	// The same workload and fleet, bounded here.
+	w, err := loadSimWorkload(&simOptions{workloadName: "chat", requests: 200, rate: 40, seed: 1,
+		params: "system_len=96,user_len=40,reply_len=24,max_len=700"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bounds, err := sim.TTFTBounds(sim.Fleet{{Count: 2, Profile: "tiny"}}, w.Requests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range bounds {
+		bounds[i] += 2 * sim.DefaultNetLatency
+	}
+	want := map[string]time.Duration{"p50": report.Percentile(bounds, 0.5), "p90": report.Percentile(bounds, 0.9),
+		"p99": report.Percentile(bounds, 0.99)}
+	line := ""
+	for _, l := range strings.Split(out.String(), "\n") {
+		if strings.HasPrefix(l, "ttft lower bound") {
+			line = l
+		}
+	}
+	if line == "" {
+		t.Fatalf("no ttft lower bound line:\n%s", out.String())
+	}
+	for _, q := range []string{"p50", "p90", "p99"} {
+		if s := q + " " + report.FormatDuration(want[q]); !strings.Contains(line, s) {
+			t.Errorf("bound line lacks %q: %s", s, line)
+		}
+	}
+
+	f, err := os.Open(filepath.Join(dir, "report.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rep, err := report.ReadJSON(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p99, err := strconv.ParseFloat(rep.Params["ttft_bound_p99_ms"], 64)
+	if err != nil || math.Abs(p99-float64(want["p99"])/1e6) > 0.001 {
+		t.Errorf("report.json ttft_bound_p99_ms %q (%v), want %v", rep.Params["ttft_bound_p99_ms"], err, want["p99"])
+	}
+	for _, row := range rep.Rows {
+		if row.Completed == row.Requests && (row.TTFT.P50 < want["p50"] || row.TTFT.P99 < want["p99"]) {
+			t.Errorf("%s: ttft p50 %v, p99 %v below the bound's %v, %v", row.Name, row.TTFT.P50, row.TTFT.P99, want["p50"], want["p99"])
+		}
+	}
+
+	var help bytes.Buffer
+	if err := run(context.Background(), []string{"sim", "--help"}, &help, &help); err != nil && !errors.Is(err, errUsage) && !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("--help: %v", err)
+	}
+	if !strings.Contains(help.String(), "TTFT lower bound") {
+		t.Errorf("--help does not explain the TTFT lower bound:\n%s", help.String())
 	}
 }
