@@ -170,6 +170,9 @@ func (e *Engine) DecodeSteps(now, until time.Duration, limit int, run *DecodedRu
 	t := now
 	for _, d := range run.Durations {
 		t += d
+		if e.caching {
+			e.keysAhead()
+		}
 		// StepInto's schedule allocates in running order, then each
 		// request's token is emitted: a request's allocation only needs
 		// its own earlier tokens, so one pass does both, keeping the
@@ -190,4 +193,23 @@ func (e *Engine) DecodeSteps(now, until time.Duration, limit int, run *DecodedRu
 	}
 	run.Events = res.Events
 	return n
+}
+
+// keysAhead computes the keys of the blocks the coming decode step fills
+// and loads their table slots, before the step. In a busy fleet each is a
+// cache miss (a request's chain state, then a random slot); issued
+// together here they overlap, where the step would stall on them one
+// request after another. The step's cacheFull then finds the keys
+// computed (blockKey) and the slots in the cache.
+func (e *Engine) keysAhead() {
+	var sink uint64
+	t := e.pool.cached
+	for _, s := range e.running {
+		if s.computed+1 != (s.numStored+1)*e.bs || s.numStored != len(s.hashes) {
+			continue
+		}
+		k := e.nextKey(s)
+		sink += t.slots[tag(k)&t.mask]
+	}
+	e.ahead = sink
 }

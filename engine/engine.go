@@ -228,6 +228,7 @@ type sequence struct {
 	// allocate's fast path, decode runs).
 	status              seqStatus
 	skipPrefill, holdKV bool
+	last                int32 // blocks[len(blocks)-1] when there is one (allocN; its line is cold when the block fills)
 	numTokens, computed int
 	outputs             int
 	numStored           int // blocks[:numStored] have been offered to the cache
@@ -330,6 +331,7 @@ type Engine struct {
 	pendingClear bool        // ResetPrefixCache ran: report AllBlocksCleared
 	held         int         // requests in statusHeld
 	stalled      bool        // the last step could admit no waiting request and ran nothing
+	ahead        uint64      // keysAhead's loads, kept so that they are made
 	stats        Stats
 }
 

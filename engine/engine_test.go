@@ -146,6 +146,9 @@ func checkInvariants(t testing.TB, e *Engine) {
 		if s.status == statusWaiting && len(s.blocks) != 0 {
 			t.Fatalf("waiting request %s holds %d blocks", s.id, len(s.blocks))
 		}
+		if n := len(s.blocks); n > 0 && s.last != s.blocks[n-1] {
+			t.Fatalf("request %s: last block %d, want %d", s.id, s.last, s.blocks[n-1])
+		}
 	}
 	free := 0
 	for i := range refs {

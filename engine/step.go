@@ -220,7 +220,8 @@ func (e *Engine) allocN(s *sequence, need int) {
 		start = len(r.removed)
 	}
 	for range need {
-		s.blocks = append(s.blocks, e.pool.alloc())
+		s.last = e.pool.alloc()
+		s.blocks = append(s.blocks, s.last)
 	}
 	if r != nil && len(r.removed) > start {
 		r.Events = append(r.Events, KVEvent{Kind: BlockRemoved, BlockHashes: r.removed[start:len(r.removed):len(r.removed)], Medium: MediumGPU})
@@ -249,7 +250,11 @@ func (e *Engine) cacheFull(s *sequence, upTo int) {
 	runStart := -1
 	for j := s.numStored; j < full; j++ {
 		key := e.blockKey(s, j)
-		if e.pool.cache(s.blocks[j], key) {
+		id := s.last // a decode step fills its last block
+		if j != len(s.blocks)-1 {
+			id = s.blocks[j]
+		}
+		if e.pool.cache(id, key) {
 			if runStart < 0 {
 				runStart = j
 			}
@@ -287,41 +292,53 @@ func (e *Engine) stored(s *sequence, from, to int) {
 // j holds tokens generated after Add (or prompt blocks BlockHashes did not
 // cover). Blocks are hashed in order, so j <= len(s.hashes).
 func (e *Engine) blockKey(s *sequence, j int) uint64 {
-	for len(s.hashes) <= j {
-		i := len(s.hashes)
-		if s.tokens != nil {
-			// s.parent is kept with the chain: reading hashes[i-1] instead
-			// would miss the cache (written a block's worth of steps ago).
-			switch {
-			case i == 0:
-				s.parent = e.hash.None()
-			case int(s.parentN) != i:
-				s.parent = digestOf(s.hashes[i-1]) // chain continues from caller-given keys
-			}
-			base := int(s.tokBase)
-			s.parent = e.hash.Block(s.parent, s.tokens[i*e.bs-base:(i+1)*e.bs-base]) // i*bs >= tokBase
-			s.hashes = append(s.hashes, s.parent.Key())
-			s.parentN = int32(i + 1)
-			if e.cfg.NoEvents {
-				// No event reports the block's tokens: keep only those
-				// after it (see keepTokens).
-				s.tokens = s.tokens[:copy(s.tokens, s.tokens[(i+1)*e.bs-base:])]
-				s.tokBase = int32((i + 1) * e.bs)
-			}
-			continue
-		}
-		var parent uint64
-		if i > 0 {
-			parent = s.hashes[i-1]
-		}
-		// No token ids: the block's content is this request's own output
-		// (or unknown prompt), so its key only needs to be unique.
-		var b [16]byte
-		binary.LittleEndian.PutUint64(b[:8], s.seed)
-		binary.LittleEndian.PutUint64(b[8:], uint64(i))
-		s.hashes = append(s.hashes, nonZero(xxh3.HashSeed(b[:], parent^0x9e3779b97f4a7c15)))
+	if j < len(s.hashes) {
+		return s.hashes[j]
 	}
-	return s.hashes[j]
+	var key uint64
+	for len(s.hashes) <= j {
+		key = e.nextKey(s)
+	}
+	return key // not read back from hashes: its line is cold (written once per block)
+}
+
+// nextKey computes the key of block len(s.hashes) of s and appends it.
+func (e *Engine) nextKey(s *sequence) uint64 {
+	i := len(s.hashes)
+	if s.tokens != nil {
+		// s.parent is kept with the chain: reading hashes[i-1] instead
+		// would miss the cache too.
+		switch {
+		case i == 0:
+			s.parent = e.hash.None()
+		case int(s.parentN) != i:
+			s.parent = digestOf(s.hashes[i-1]) // chain continues from caller-given keys
+		}
+		base := int(s.tokBase)
+		s.parent = e.hash.Block(s.parent, s.tokens[i*e.bs-base:(i+1)*e.bs-base]) // i*bs >= tokBase
+		key := s.parent.Key()
+		s.hashes = append(s.hashes, key)
+		s.parentN = int32(i + 1)
+		if e.cfg.NoEvents {
+			// No event reports the block's tokens: keep only those after
+			// it (see keepTokens).
+			s.tokens = s.tokens[:copy(s.tokens, s.tokens[(i+1)*e.bs-base:])]
+			s.tokBase = int32((i + 1) * e.bs)
+		}
+		return key
+	}
+	// No token ids: the block's content is this request's own output (or
+	// unknown prompt), so its key only needs to be unique.
+	var parent uint64
+	if i > 0 {
+		parent = s.hashes[i-1]
+	}
+	var b [16]byte
+	binary.LittleEndian.PutUint64(b[:8], s.seed)
+	binary.LittleEndian.PutUint64(b[8:], uint64(i))
+	key := nonZero(xxh3.HashSeed(b[:], parent^0x9e3779b97f4a7c15))
+	s.hashes = append(s.hashes, key)
+	return key
 }
 
 // preempt frees s's blocks and puts it back at the front of the waiting
