@@ -58,7 +58,10 @@
 // queue, prefill and first decode step; TPOT; end-to-end; cached tokens;
 // status), per-engine totals, a utilisation timeline and the oracle bound on
 // the prefix-cache hit rate (an infinite cache shared by the fleet: every
-// block seen before anywhere is a hit; see OracleHitRate). Result.Row,
+// block seen before anywhere is a hit; see OracleHitRate), and a lower bound
+// on each request's TTFT under the cost model (Record.TTFTBound, its
+// percentiles in Result.TTFTBound; see TTFTBounds): its prompt's oracle
+// misses prefilled with no queueing, which no router can beat. Result.Row,
 // Result.Samples and Result.Utilisation convert it to package report, the
 // format `kvroute bench` also writes, so simulated and measured runs compare
 // directly; WriteRecordsCSV writes the per-request records. A P/D run also
