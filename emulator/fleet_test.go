@@ -45,6 +45,7 @@ const (
 	envSoakConns    = "KVROUTE_SOAK_CONNS"       // keep-alive connections opened per engine before measuring, default 0
 	envSoakPerProc  = "KVROUTE_SOAK_PER_PROCESS" // engines hosted by one process, default 1
 	envSoakFloor    = "KVROUTE_SOAK_FLOOR"       // 1: a fleet of trivial servers side by side, fed the same load
+	envSoakAgainst  = "KVROUTE_SOAK_AGAINST"     // another build's emulator test binary: its fleet side by side, fed the same load
 )
 
 func envInt(name string, def int) int {
@@ -78,7 +79,10 @@ func setSoakInterval(cfg *Config, n int) { cfg.StreamInterval = n }
 // TestSoakEngineChild) side by side, fed the same requests at the same
 // moments: on a shared machine the difference between the two, measured
 // in one run, is the emulator's own cost above what any HTTP server that
-// sleeps and answers costs.
+// sleeps and answers costs. KVROUTE_SOAK_AGAINST=path runs one more
+// fleet from another build's test binary (`go test -c` of this package at
+// another commit), fed the same load: a change's effect measured in one
+// run, free of the machine's drift between runs.
 // The KVROUTE_SOAK_* variables above change the load.
 func TestFleetCPU(t *testing.T) {
 	if os.Getenv(envSoak) == "" {
@@ -95,6 +99,9 @@ func TestFleetCPU(t *testing.T) {
 	fleets := []*soakFleet{{name: "engines", trivial: os.Getenv(envSoakTrivial) != ""}}
 	if os.Getenv(envSoakFloor) != "" {
 		fleets = []*soakFleet{{name: "engines"}, {name: "floor", trivial: true}}
+	}
+	if bin := os.Getenv(envSoakAgainst); bin != "" {
+		fleets = append(fleets, &soakFleet{name: "against", bin: bin})
 	}
 	client := &http.Client{Transport: &http.Transport{MaxIdleConnsPerHost: 512}}
 	for _, f := range fleets {
@@ -162,7 +169,7 @@ func TestFleetCPU(t *testing.T) {
 	wg.Wait()
 	wall := time.Since(start)
 	gen := cputime.Process() - gen0
-	var perReq [2]struct{ total, user float64 }
+	perReq := make([]struct{ total, user float64 }, len(fleets))
 	for k, f := range fleets {
 		cpu, sys, counts := f.cpu(t, client)
 		eng, sys := cpu-f.cpu0, sys-f.sys0
@@ -196,9 +203,18 @@ func TestFleetCPU(t *testing.T) {
 	}
 	t.Logf("load generator (this process, not counted above): %v = %.1f%% of one core",
 		gen.Round(time.Millisecond), 100*gen.Seconds()/wall.Seconds())
-	if len(fleets) == 2 {
-		t.Logf("side by side: the emulator costs %.1f us per request above the floor (%.1f vs %.1f), user time %.1f us (%.1f vs %.1f)",
-			perReq[0].total-perReq[1].total, perReq[0].total, perReq[1].total, perReq[0].user-perReq[1].user, perReq[0].user, perReq[1].user)
+	if len(fleets) >= 2 && fleets[1].trivial {
+		for k, f := range fleets {
+			if k == 1 {
+				continue
+			}
+			t.Logf("side by side: the emulator (%s) costs %.1f us per request above the floor (%.1f vs %.1f), user time %.1f us (%.1f vs %.1f)",
+				f.name, perReq[k].total-perReq[1].total, perReq[k].total, perReq[1].total, perReq[k].user-perReq[1].user, perReq[k].user, perReq[1].user)
+		}
+	}
+	if k := len(fleets) - 1; fleets[k].bin != "" {
+		t.Logf("side by side: this build costs %+.1f us per request against %s (%.1f vs %.1f), user time %+.1f us",
+			perReq[0].total-perReq[k].total, fleets[k].bin, perReq[0].total, perReq[k].total, perReq[0].user-perReq[k].user)
 	}
 }
 
@@ -207,6 +223,7 @@ func TestFleetCPU(t *testing.T) {
 type soakFleet struct {
 	name    string
 	trivial bool
+	bin     string // the test binary run as its engine processes: this one when empty
 	procs   []*soakEngine
 	urls    []string
 
@@ -219,7 +236,7 @@ type soakFleet struct {
 // start runs the fleet's engine processes.
 func (f *soakFleet) start(t *testing.T, engines, perProc, interval int) {
 	for len(f.urls) < engines {
-		p, err := startSoakEngine(interval, min(perProc, engines-len(f.urls)), f.trivial)
+		p, err := startSoakEngine(f.bin, interval, min(perProc, engines-len(f.urls)), f.trivial)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -313,10 +330,14 @@ type soakEngine struct {
 	once  sync.Once
 }
 
-// startSoakEngine runs this test binary as an engine process
-// (TestSoakEngineChild) and reads the address it listens on.
-func startSoakEngine(interval, engines int, trivial bool) (*soakEngine, error) {
-	cmd := exec.Command(os.Args[0], "-test.run=^TestSoakEngineChild$")
+// startSoakEngine runs a test binary (bin, or this one when empty) as an
+// engine process (TestSoakEngineChild) and reads the addresses it listens
+// on.
+func startSoakEngine(bin string, interval, engines int, trivial bool) (*soakEngine, error) {
+	if bin == "" {
+		bin = os.Args[0]
+	}
+	cmd := exec.Command(bin, "-test.run=^TestSoakEngineChild$")
 	cmd.Env = slices.DeleteFunc(os.Environ(), func(kv string) bool { return strings.HasPrefix(kv, envSoakTrivial+"=") })
 	cmd.Env = append(cmd.Env, envSoakChild+"=1", envSoakInterval+"="+strconv.Itoa(interval), envSoakPerProc+"="+strconv.Itoa(engines))
 	if trivial {
