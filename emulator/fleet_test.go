@@ -81,8 +81,10 @@ func setSoakInterval(cfg *Config, n int) { cfg.StreamInterval = n }
 // in one run, is the emulator's own cost above what any HTTP server that
 // sleeps and answers costs. KVROUTE_SOAK_AGAINST=path runs one more
 // fleet from another build's test binary (`go test -c` of this package at
-// another commit), fed the same load: a change's effect measured in one
-// run, free of the machine's drift between runs.
+// another commit), fed the same load, so that a comparison shares the
+// machine's state. A fleet's position biases its figure (here the third
+// fleet measured 35-70 us per request more than the first, whichever build
+// ran it): run both orders and take half the difference of the two results.
 // The KVROUTE_SOAK_* variables above change the load.
 func TestFleetCPU(t *testing.T) {
 	if os.Getenv(envSoak) == "" {
