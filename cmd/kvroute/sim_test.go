@@ -38,15 +38,7 @@ func TestSimCommand(t *testing.T) {
 			t.Errorf("--out: %v", err)
 		}
 	}
-	f, err := os.Open(filepath.Join(dir, "report.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	rep, err := report.ReadJSON(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep := readReportJSON(t, filepath.Join(dir, "report.json"))
 	if len(rep.Rows) != 2 || rep.Source != "sim" || rep.Rows[0].Requests != 200 {
 		t.Fatalf("report.json: %d rows, source %q, first row %d requests; want 2 rows of 200 from sim", len(rep.Rows), rep.Source, rep.Rows[0].Requests)
 	}
@@ -177,15 +169,7 @@ func TestSimCommandPrintsTTFTBound(t *testing.T) {
 		}
 	}
 
-	f, err := os.Open(filepath.Join(dir, "report.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer f.Close()
-	rep, err := report.ReadJSON(f)
-	if err != nil {
-		t.Fatal(err)
-	}
+	rep := readReportJSON(t, filepath.Join(dir, "report.json"))
 	p99, err := strconv.ParseFloat(rep.Params["ttft_bound_p99_ms"], 64)
 	if err != nil || math.Abs(p99-float64(want["p99"])/1e6) > 0.001 {
 		t.Errorf("report.json ttft_bound_p99_ms %q (%v), want %v", rep.Params["ttft_bound_p99_ms"], err, want["p99"])
@@ -203,4 +187,19 @@ func TestSimCommandPrintsTTFTBound(t *testing.T) {
 	if !strings.Contains(help.String(), "TTFT lower bound") {
 		t.Errorf("--help does not explain the TTFT lower bound:\n%s", help.String())
 	}
+}
+
+// readReportJSON reads a report.json that a command wrote.
+func readReportJSON(t *testing.T, path string) *report.Report {
+	t.Helper()
+	f, err := os.Open(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	rep, err := report.ReadJSON(f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return rep
 }
