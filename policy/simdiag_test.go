@@ -29,6 +29,7 @@ type recorder struct {
 	// joined with the observed TTFT at release.
 	est     map[string][7]float64 // id -> queue_ms, prefill_ms, at (s), queued tokens, waiting, running, in-flight tokens
 	lastObs kvroute.Outcome
+	holders [65]int // picks by the number of healthy candidates caching a prefix of the request
 	csv     *strings.Builder
 }
 
@@ -47,6 +48,13 @@ func (r *recorder) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Can
 			break
 		}
 	}
+	nh := 0
+	for _, c := range cands {
+		if c.Healthy && c.CachedTokens > 0 {
+			nh++
+		}
+	}
+	r.holders[nh]++
 	mx, mi := 0, -1
 	for i, c := range cands {
 		if c.Healthy && c.CachedTokens > mx {
@@ -183,5 +191,6 @@ func TestSimDiag(t *testing.T) {
 		t.Logf("%-18s %+v", name, row)
 		t.Logf("%-18s picks %d, some cache %d, chosen cached %d; cached tokens chosen %d of best %d; reasons %v",
 			name, rec.picks, rec.avail, rec.credit, rec.chosenTok, rec.maxTok, rs)
+		t.Logf("%-18s picks by candidates caching a prefix: %v", name, rec.holders[:9])
 	}
 }
