@@ -196,11 +196,13 @@ func (e *Engine) DecodeSteps(now, until time.Duration, limit int, run *DecodedRu
 }
 
 // keysAhead computes the keys of the blocks the coming decode step fills
-// and loads their table slots, before the step. In a busy fleet each is a
-// cache miss (a request's chain state, then a random slot); issued
-// together here they overlap, where the step would stall on them one
-// request after another. The step's cacheFull then finds the keys
-// computed (blockKey) and the slots in the cache.
+// and loads their table slots, before the step, so that the step's
+// cacheFull finds the keys computed (blockKey) and the slots in the cache.
+// In a busy fleet each is a cache miss (a request's chain state, then a
+// random slot); loaded in this short loop rather than between the step's
+// allocations they can overlap a little (perf on the fleet soak: the
+// table's find under insert went from 15% of the engine loop to 4%, this
+// loop took 9%).
 func (e *Engine) keysAhead() {
 	var sink uint64
 	t := e.pool.cached
