@@ -82,9 +82,12 @@ func setSoakInterval(cfg *Config, n int) { cfg.StreamInterval = n }
 // sleeps and answers costs. KVROUTE_SOAK_AGAINST=path runs one more
 // fleet from another build's test binary (`go test -c` of this package at
 // another commit), fed the same load, so that a comparison shares the
-// machine's state. A fleet's position biases its figure (here the third
+// machine's state. Each request goes to the fleets in turn first (the
+// first receiver found its bytes warmer: with a fixed order the third
 // fleet measured 35-70 us per request more than the first, whichever build
-// ran it): run both orders and take half the difference of the two results.
+// ran it; rotated, the same build against itself measured -17.7 and -9.0
+// us). Some bias may remain: run both orders and take half the difference
+// of the two results.
 // The KVROUTE_SOAK_* variables above change the load.
 func TestFleetCPU(t *testing.T) {
 	if os.Getenv(envSoak) == "" {
@@ -149,7 +152,10 @@ func TestFleetCPU(t *testing.T) {
 		stream := i%100 < streamPct
 		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":"question %d about the rules"}],"max_tokens":%d,"ignore_eos":true,"stream":%v}`,
 			sys, i, outTokens, stream)
-		for _, f := range fleets {
+		for k := range fleets {
+			// Each fleet in turn is sent a request first: the first
+			// receiver may find its bytes warmer in the shared cache.
+			f := fleets[(i+k)%len(fleets)]
 			url := f.urls[i%engines] + "/v1/chat/completions"
 			wg.Go(func() {
 				resp, err := client.Post(url, "application/json", strings.NewReader(body))
