@@ -312,12 +312,7 @@ func TestAmapDifferential(t *testing.T) {
 			ref[k] = v
 			continue
 		}
-		j := rng.IntN(len(keys))
-		k := keys[j]
-		keys[j] = keys[len(keys)-1]
-		keys = keys[:len(keys)-1]
-		m.del(k)
-		delete(ref, k)
+		keys = deleteRandomKey(rng, keys, &m, ref)
 		if step%997 == 0 {
 			if m.n != len(ref) {
 				t.Fatalf("step %d: n = %d, want %d", step, m.n, len(ref))
@@ -404,12 +399,7 @@ func TestAmapFilter(t *testing.T) {
 			}
 			ref[k] = *p
 		} else if rng.IntN(2) == 0 {
-			j := rng.IntN(len(keys))
-			k := keys[j]
-			keys[j] = keys[len(keys)-1]
-			keys = keys[:len(keys)-1]
-			m.del(k)
-			delete(ref, k)
+			keys = deleteRandomKey(rng, keys, &m, ref)
 		}
 		check(step, rng.Uint64()%400+1)
 		if len(keys) > 0 {
@@ -422,4 +412,15 @@ func TestAmapFilter(t *testing.T) {
 	if used < 10000 {
 		t.Fatalf("the filter was valid in %d steps: the test did not exercise it", used)
 	}
+}
+
+// deleteRandomKey deletes one of keys, chosen at random, from m and its
+// reference ref, and returns keys without it.
+func deleteRandomKey(rng *rand.Rand, keys []uint64, m *amap, ref map[uint64]uint64) []uint64 {
+	j := rng.IntN(len(keys))
+	k := keys[j]
+	keys[j] = keys[len(keys)-1]
+	m.del(k)
+	delete(ref, k)
+	return keys[:len(keys)-1]
 }

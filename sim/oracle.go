@@ -80,8 +80,7 @@ func segmentsOnly(reqs []workload.Request) bool {
 // prompt had exactly this segment). The hit is that prefix in whole blocks,
 // capped like oracle's; a differential test checks that both agree.
 type segOracle struct {
-	longest      u64max
-	queried, hit int64
+	longest u64max
 }
 
 func newSegOracle() *segOracle { return &segOracle{} }
@@ -102,16 +101,7 @@ func (o *segOracle) observe(segs []workload.Segment, blockSize, promptLen int) i
 		n = min(shared/blockSize, max((promptLen-1)/blockSize, 0))
 	}
 	hit := n * blockSize
-	o.queried += int64(promptLen)
-	o.hit += int64(hit)
 	return hit
-}
-
-func (o *segOracle) rate() float64 {
-	if o.queried == 0 {
-		return 0
-	}
-	return float64(o.hit) / float64(o.queried)
 }
 
 // segChain extends a segment chain hash by one segment.
@@ -128,8 +118,6 @@ func segChain(chain uint64, sg workload.Segment) uint64 {
 // of L tokens can hit at most (L-1)/blockSize full blocks.
 type oracle struct {
 	seen u64set
-	// queried and hit count prompt tokens.
-	queried, hit int64
 }
 
 func newOracle() *oracle { return &oracle{} }
@@ -160,17 +148,7 @@ func (o *oracle) observe(hashes []uint64, blockSize, promptLen int) int {
 		n = min(n, max((promptLen-1)/blockSize, 0))
 	}
 	hit := n * blockSize
-	o.queried += int64(promptLen)
-	o.hit += int64(hit)
 	return hit
-}
-
-// rate returns the token hit rate so far (0 when nothing was queried).
-func (o *oracle) rate() float64 {
-	if o.queried == 0 {
-		return 0
-	}
-	return float64(o.hit) / float64(o.queried)
 }
 
 // u64set is an open-addressing hash set of uint64 keys that are already

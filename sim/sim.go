@@ -91,7 +91,8 @@ type Config struct {
 	// OracleHitRate, when set, is the oracle bound to report, computed
 	// beforehand with the package function OracleHitRate (it depends only on
 	// the workload and the engines' block size, so a caller running several
-	// policies computes it once). Nil computes it during the run.
+	// policies computes it once). Nil computes it for the run, at the first
+	// engine's block size.
 	OracleHitRate *float64
 	// TTFTBounds, when set, are the requests' TTFT lower bounds on the
 	// fleet's engines, one per request in workload order, computed
@@ -272,8 +273,7 @@ type simulation struct {
 	order   []int32 // request indices by arrival
 	next    int     // next arrival in order
 	st      []reqState
-	oracle  *oracle         // over block hashes, or
-	soracle *segOracle      // over segments, when every prompt is segments
+	oracle  float64         // the oracle hit rate (Config.OracleHitRate, or OracleHitRate's)
 	bounds  []time.Duration // per request: the TTFT lower bound on the engines (TTFTBounds)
 
 	blockSize  int  // the fleet's engine block size in tokens (the first engine's)
@@ -337,12 +337,10 @@ func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 	} else if len(s.bounds) != len(reqs) {
 		return nil, fmt.Errorf("sim: config: %d TTFT bounds for %d requests", len(s.bounds), len(reqs))
 	}
-	if cfg.OracleHitRate == nil {
-		if segmentsOnly(reqs) {
-			s.soracle = newSegOracle()
-		} else {
-			s.oracle = newOracle()
-		}
+	if cfg.OracleHitRate != nil {
+		s.oracle = *cfg.OracleHitRate
+	} else {
+		s.oracle = OracleHitRate(reqs, s.blockSize)
 	}
 	s.tokenMode = cfg.KVEvents
 	s.routerBS = cfg.RouterBlockTokens
@@ -569,12 +567,6 @@ func (s *simulation) arrive(i int32) {
 		st.ehashes = kvindex.HashTokens(st.tokens, s.blockSize, make([]uint64, 0, full))
 	} else {
 		st.ehashes = r.BlockHashes(s.blockSize, make([]uint64, 0, full))
-	}
-	switch {
-	case s.soracle != nil:
-		s.soracle.observe(r.Segments, s.blockSize, r.PromptLen)
-	case s.oracle != nil:
-		s.oracle.observe(st.ehashes, s.blockSize, r.PromptLen)
 	}
 	var rh []uint64
 	switch {
@@ -860,14 +852,7 @@ func (s *simulation) result() *Result {
 	if s.planners != nil {
 		res.Policy = "pd-" + string(s.planners[0].Config().Mode) + ":" + res.Policy
 	}
-	switch {
-	case s.soracle != nil:
-		res.OracleHitRate = s.soracle.rate()
-	case s.oracle != nil:
-		res.OracleHitRate = s.oracle.rate()
-	default:
-		res.OracleHitRate = *s.cfg.OracleHitRate
-	}
+	res.OracleHitRate = s.oracle
 	for i := range s.reqs {
 		r := &s.reqs[i]
 		st := &s.st[i]
