@@ -408,7 +408,10 @@ func (p KVAwareParams) Validate() error {
 // queued_tokens, in_flight, and capped/replica_trimmed/session_target flags
 // when they apply; Why says which cap) and a Reason with the chosen
 // candidate's TTFT estimate, built by the code that decides. Explain=false
-// leaves Scores nil on hot paths that do not log decisions.
+// leaves Scores nil on hot paths that do not log decisions. After
+// DeferExplanations (the router's decision log calls it) Pick leaves
+// Scores nil too but keeps the candidate states it decided from, and
+// Explain renders them with the same code when someone reads the log.
 //
 // KVAware keeps state (learned rates, in-flight accounting, the ring, scratch
 // buffers) without locks: it is not safe for concurrent use. The router
@@ -440,6 +443,11 @@ type KVAware struct {
 
 	workW     float64 // this decision's weight of added work
 	outTokens float64 // this request's expected output tokens
+
+	// deferred: the caller keeps explanations (DeferExplanations); target
+	// is the last Pick's session target (-1: none) for KeepExplanation.
+	deferred bool
+	target   int
 
 	// scratch, reused across calls
 	c       []candState
@@ -617,9 +625,10 @@ func (k *KVAware) Params() KVAwareParams { return k.p }
 func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
 	req = orEmpty(req)
 	var scores []kvroute.Score
-	if k.p.Explain {
+	if k.p.Explain && !k.deferred {
 		scores = k.buf.get(cands, kvAwareParts)
 	}
+	k.target = -1
 	n := len(cands)
 	if cap(k.c) < n {
 		k.c = make([]candState, n)
@@ -751,14 +760,14 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 
 	if !anyUnder && p.Overload != OverloadLeastLoaded {
 		k.judge(cands, false)
-		k.explain(cands, scores)
+		explain(k.c, cands, scores)
 		d := kvroute.None(NameKVAware, p.Overload+": every healthy candidate is over its queue or KV cap")
 		d.Shed = true
 		d.Scores = scores
 		return d
 	}
 	k.judge(cands, anyUnder)
-	k.explain(cands, scores)
+	explain(k.c, cands, scores)
 
 	k.elig = k.elig[:0]
 	best := math.Inf(1)
@@ -777,8 +786,9 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 			return k.c[c].elig && !k.c[c].affinityCapped() && !k.c[c].overBound
 		})
 		if t >= 0 {
+			k.target = t
 			if scores != nil {
-				scores[t].Parts = append(scores[t].Parts, kvroute.Part{Name: "session_target", Value: 1})
+				markTarget(scores, t)
 			}
 			if k.c[t].score <= best*(1+p.SessionTolerance)+p.SessionSlackMs {
 				choice, how = t, "session"
@@ -981,9 +991,9 @@ func (k *KVAware) judge(cands []kvroute.Candidate, anyUnder bool) {
 	}
 }
 
-// explain fills the scores from the candidate states (nil scores: nothing
-// to do).
-func (k *KVAware) explain(cands []kvroute.Candidate, scores []kvroute.Score) {
+// explain fills the scores from the candidate states c of a decision over
+// cands (nil scores: nothing to do).
+func explain(c []candState, cands []kvroute.Candidate, scores []kvroute.Score) {
 	if scores == nil {
 		return
 	}
@@ -991,7 +1001,7 @@ func (k *KVAware) explain(cands []kvroute.Candidate, scores []kvroute.Score) {
 		if !cands[i].Healthy {
 			continue
 		}
-		st := &k.c[i]
+		st := &c[i]
 		s := &scores[i]
 		s.Value = round3(st.score)
 		s.Parts = append(s.Parts,
@@ -1029,6 +1039,60 @@ func (k *KVAware) explain(cands []kvroute.Candidate, scores []kvroute.Score) {
 }
 
 func round3(x float64) float64 { return math.Round(x*1000) / 1000 }
+
+// markTarget marks candidate t of an explanation as the session's target.
+func markTarget(scores []kvroute.Score, t int) {
+	scores[t].Parts = append(scores[t].Parts, kvroute.Part{Name: "session_target", Value: 1})
+}
+
+// DeferExplanations makes Pick leave Decision.Scores nil from now on: the
+// caller keeps each decision's explanation with KeepExplanation and
+// renders it with Explain only when someone reads it (router.DeferredExplainer:
+// the router's decision log). Building the 64 candidates' scores of a
+// decision nobody reads was about a tenth of a routing decision.
+func (k *KVAware) DeferExplanations() { k.deferred = true }
+
+// keptExplanation is one decision's explanation as KeepExplanation keeps
+// it: the candidate states it was decided from and its session target.
+type keptExplanation struct {
+	c      []candState
+	target int // -1: none
+}
+
+// KeepExplanation returns what rendering the last Pick's explanation
+// takes (nil when Explain is off) and takes recycled, a value it returned
+// before that the caller no longer keeps (or nil), as storage for the
+// next Picks: the candidate states change hands instead of being copied.
+func (k *KVAware) KeepExplanation(recycled any) any {
+	if !k.p.Explain {
+		return nil
+	}
+	x, _ := recycled.(*keptExplanation)
+	if x == nil {
+		x = &keptExplanation{}
+	}
+	x.c, k.c = k.c, x.c[:0]
+	x.target = k.target
+	return x
+}
+
+// Explain renders a decision's explanation kept by KeepExplanation, for
+// the candidates it was made over, as Pick would have set Decision.Scores
+// (explain, as Pick calls it). It only reads kept: safe to call while
+// other Picks run.
+func (k *KVAware) Explain(kept any, cands []kvroute.Candidate) []kvroute.Score {
+	x, _ := kept.(*keptExplanation)
+	if x == nil || len(x.c) != len(cands) {
+		return nil
+	}
+	var b scoreBuf
+	scores := b.get(cands, kvAwareParts)
+	explain(x.c, cands, scores)
+	if x.target >= 0 {
+		markTarget(scores, x.target)
+	}
+	return scores
+}
 
 // reasonFor renders the decision's one-line reason.
 func (k *KVAware) reasonFor(cands []kvroute.Candidate, i int, how string, P int) string {

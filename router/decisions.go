@@ -40,14 +40,42 @@ type CandidateInput struct {
 // decisionLog is a ring of the last decisions; slots and their slices are
 // reused, so logging allocates nothing in steady state. A slot keeps the
 // candidates as the picker saw them; they become CandidateInputs only when
-// someone reads the log (Decisions), off the routing path.
+// someone reads the log (Decisions), off the routing path. So does the
+// explanation of a DeferredExplainer's decision.
 type decisionLog struct {
 	ring   []DecisionRecord      // Candidates stays nil: see cands
 	cands  [][]kvroute.Candidate // per slot: the candidates of the slot's decision
 	scores [][]kvroute.Score     // per slot: the storage behind the slot's Decision.Scores
 	parts  [][]kvroute.Part      // per slot: the storage behind their Parts
+	kept   []keptExplanation     // per slot: a deferred explanation (by nil: none)
 	next   int
 	seq    uint64
+}
+
+// keptExplanation is a decision's deferred explanation: by renders state.
+type keptExplanation struct {
+	by    DeferredExplainer
+	state any
+}
+
+// DeferredExplainer is implemented by pickers that can leave a decision's
+// explanation (Decision.Scores) to be rendered when someone reads it, from
+// the state the decision was made from and by the same code that would
+// have built it in Pick, as policy.KVAware does. The router calls
+// DeferExplanations when it takes the picker; from then on Pick leaves
+// Scores nil, and after each Pick that the decision log keeps, the log
+// calls KeepExplanation and keeps its result until Decisions renders it
+// with Explain. Building 64 candidates' scores for every decision, almost
+// all never read, was about a tenth of a decision.
+type DeferredExplainer interface {
+	DeferExplanations()
+	// KeepExplanation returns the state that renders the last Pick's
+	// explanation and takes recycled, a state it returned before that the
+	// log no longer keeps (or nil), as storage for later Picks.
+	KeepExplanation(recycled any) any
+	// Explain renders a kept state for the candidates of its decision. It
+	// must not change the picker: Decisions calls it between Picks.
+	Explain(kept any, cands []kvroute.Candidate) []kvroute.Score
 }
 
 // ScoreRecycler is implemented by pickers that keep their explanations
@@ -69,27 +97,66 @@ func newDecisionLog(n int) decisionLog {
 		n = 0
 	}
 	return decisionLog{ring: make([]DecisionRecord, n), cands: make([][]kvroute.Candidate, n),
-		scores: make([][]kvroute.Score, n), parts: make([][]kvroute.Part, n)}
+		scores: make([][]kvroute.Score, n), parts: make([][]kvroute.Part, n), kept: make([]keptExplanation, n)}
 }
 
-// add logs a decision. With a recycler (the picker that made d) the slot
-// takes over the buffers behind d's explanation; otherwise the explanation
-// is copied into the slot's own.
+// add logs a decision over a copy of cands; see put.
 func (l *decisionLog) add(now time.Time, req *kvroute.Request, d kvroute.Decision, cands []kvroute.Candidate, rcy ScoreRecycler) {
 	if len(l.ring) == 0 {
 		return
 	}
+	slot := l.put(now, req, d, rcy, nil)
+	l.cands[slot] = append(l.cands[slot][:0], cands...)
+}
+
+// take logs a decision and keeps cands itself instead of a copy: it
+// returns the candidates of the decision it drops (or new ones when none)
+// for the caller's next decision, with the same Endpoints as cands and
+// the other fields for the caller to set. With the log disabled it
+// returns cands. dx is the picker that made d when it defers its
+// explanations (see put).
+func (l *decisionLog) take(now time.Time, req *kvroute.Request, d kvroute.Decision, cands []kvroute.Candidate, rcy ScoreRecycler, dx DeferredExplainer) []kvroute.Candidate {
+	if len(l.ring) == 0 {
+		return cands
+	}
+	slot := l.put(now, req, d, rcy, dx)
+	old := l.cands[slot]
+	l.cands[slot] = cands
+	if len(old) != len(cands) {
+		old = make([]kvroute.Candidate, len(cands))
+		for i := range old {
+			old[i].Endpoint = cands[i].Endpoint
+		}
+	}
+	return old
+}
+
+// put logs a decision but for its candidates and returns its slot. With a
+// deferring explainer (dx: the picker that made d) the slot keeps dx's
+// state of the decision, handing dx the state the slot held when dx made
+// it; with a recycler (the picker that made d) the slot takes over the
+// buffers behind d's explanation; otherwise the explanation is copied into
+// the slot's own.
+func (l *decisionLog) put(now time.Time, req *kvroute.Request, d kvroute.Decision, rcy ScoreRecycler, dx DeferredExplainer) int {
 	l.seq++
 	slot := l.next
 	rec := &l.ring[slot]
 	l.next = (l.next + 1) % len(l.ring)
 	rec.Seq, rec.Time, rec.RequestID, rec.Model = l.seq, now, req.ID, req.Model
 	rec.Tenant, rec.SessionKey, rec.PromptTokens, rec.Blocks = req.Tenant, req.SessionKey, req.PromptTokens, len(req.BlockHashes)
-	l.cands[slot] = append(l.cands[slot][:0], cands...)
 	rec.Decision = d
+	if k := &l.kept[slot]; dx != nil {
+		var recycled any
+		if k.by == dx {
+			recycled = k.state
+		}
+		*k = keptExplanation{by: dx, state: dx.KeepExplanation(recycled)}
+	} else if k.by != nil {
+		*k = keptExplanation{}
+	}
 	if rcy != nil && d.Scores != nil {
 		l.scores[slot], l.parts[slot] = rcy.RecycleScores(l.scores[slot][:0], l.parts[slot][:0])
-		return
+		return slot
 	}
 	// Deep-copy the explanation into the slot's own storage: pickers may
 	// reuse their score buffers on the next call. The scores in one copy,
@@ -119,6 +186,7 @@ func (l *decisionLog) add(now time.Time, req *kvroute.Request, d kvroute.Decisio
 	if d.Scores != nil {
 		rec.Decision.Scores = scores
 	}
+	return slot
 }
 
 // candidateInputs converts a decision's candidates as the router saw them
@@ -155,6 +223,13 @@ func (r *Router) Decisions(n int) []DecisionRecord {
 		}
 		cp := *rec
 		cp.Candidates = candidateInputs(rec.Time, l.cands[slot])
+		if k := l.kept[slot]; k.by != nil {
+			if cp.Decision.Scores = k.by.Explain(k.state, l.cands[slot]); cp.Decision.Scores == nil {
+				cp.Decision.Scores = []kvroute.Score{}
+			}
+			out = append(out, cp)
+			continue
+		}
 		cp.Decision.Scores = make([]kvroute.Score, len(rec.Decision.Scores))
 		for j, sc := range rec.Decision.Scores {
 			sc.Parts = append([]kvroute.Part(nil), sc.Parts...)

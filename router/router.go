@@ -124,9 +124,11 @@ type Router struct {
 	approx *kvindex.Approx // endpoints without KV events
 	gap    *kvindex.Approx // endpoints with KV events: routed but not yet reported
 	log    decisionLog
-	cands  []kvroute.Candidate // reused by Route
+	cands  []kvroute.Candidate // reused by Route (traded with the decision log's)
 	hits   []kvindex.Hit       // reused by Route
 	hashes []uint64            // reused by Route for character-block hashes
+	// explainer is picker when it defers its explanations.
+	explainer DeferredExplainer
 	// anyPrecise: some endpoint publishes KV events, so gap may hold
 	// entries (Route records into gap only for those endpoints).
 	anyPrecise bool
@@ -230,6 +232,7 @@ func New(cfg Config) (*Router, error) {
 	for i, e := range r.eps {
 		r.cands[i].Endpoint = &e.ep
 	}
+	r.takePicker(cfg.Policy, cfg.Picker)
 	return r, nil
 }
 
@@ -266,7 +269,18 @@ func (r *Router) Policy() string {
 func (r *Router) SetPicker(policy string, p kvroute.Picker) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
+	r.takePicker(policy, p)
+}
+
+// takePicker makes p the picker. A DeferredExplainer is told to defer its
+// explanations to the decision log. Called with r.mu held (or before r is
+// shared).
+func (r *Router) takePicker(policy string, p kvroute.Picker) {
 	r.policy, r.picker = policy, p
+	r.explainer, _ = p.(DeferredExplainer)
+	if r.explainer != nil {
+		r.explainer.DeferExplanations()
+	}
 }
 
 // Flight is one routed attempt of a request, from Route to Done.
@@ -320,8 +334,9 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 	r.matchPrefixes(now, req)
 
 	healthy := 0
+	cands := r.cands
 	for i, e := range r.eps {
-		c := &r.cands[i]
+		c := &cands[i]
 		c.Healthy = e.healthyAt(now) && !contains(exclude, e.ep.ID)
 		if c.Healthy {
 			healthy++
@@ -338,7 +353,7 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 		return nil, r.unavailable(now, exclude)
 	}
 
-	d := r.picker.Pick(now, req, r.cands)
+	d := r.picker.Pick(now, req, cands)
 	if d.Policy == "" {
 		d.Policy = r.policy
 	}
@@ -346,8 +361,10 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 		d.Endpoint = r.eps[d.Index].ep.ID
 	}
 	rcy, _ := r.picker.(ScoreRecycler)
-	r.log.add(now, req, d, r.cands, rcy)
-	if d.Index < 0 || d.Index >= len(r.eps) || !r.cands[d.Index].Healthy {
+	// The log keeps cands (read below, not written: the log's now) and
+	// gives back the ones of the decision it drops for the next Route.
+	r.cands = r.log.take(now, req, d, cands, rcy, r.explainer)
+	if d.Index < 0 || d.Index >= len(r.eps) || !cands[d.Index].Healthy {
 		if d.Shed {
 			return nil, &ShedError{Err: kvroute.Error{Status: http.StatusTooManyRequests, Type: kvroute.TypeOverloaded, Code: "overloaded",
 				Message: fmt.Sprintf("model %q is overloaded: every endpoint is over its load cap (%s)", r.cfg.Model, d.Reason)},
@@ -360,7 +377,7 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 		return nil, r.unavailable(now, exclude)
 	}
 	e := r.eps[d.Index]
-	c := &r.cands[d.Index]
+	c := &cands[d.Index]
 	d.Scores = nil // the full explanation lives in the decision log (Decisions)
 	f := &Flight{
 		Decision:     d,
