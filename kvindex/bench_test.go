@@ -6,6 +6,7 @@ import (
 	"os"
 	"runtime"
 	"slices"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -426,4 +427,21 @@ func splitmix(x uint64) uint64 {
 	x = (x ^ (x >> 30)) * 0xbf58476d1ce4e5b9
 	x = (x ^ (x >> 27)) * 0x94d049bb133111eb
 	return x ^ (x >> 31)
+}
+
+// BenchmarkHashText is the router's prefix hashing of a 32 KiB prompt in
+// blocks of 128 characters (its default) and, for the library's general
+// path, of 100.
+func BenchmarkHashText(b *testing.B) {
+	text := strings.Repeat("the quick brown fox jumps over the lazy dog ", 32<<10/44+1)[:32<<10]
+	for _, chars := range []int{128, 100} {
+		b.Run(fmt.Sprintf("chars=%d", chars), func(b *testing.B) {
+			dst := make([]uint64, 0, len(text)/chars)
+			b.SetBytes(int64(len(text)))
+			b.ReportAllocs()
+			for b.Loop() {
+				dst = HashText(text, chars, dst[:0])
+			}
+		})
+	}
 }
