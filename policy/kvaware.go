@@ -443,6 +443,12 @@ type KVAware struct {
 
 	workW     float64 // this decision's weight of added work
 	outTokens float64 // this request's expected output tokens
+	// The estimate's terms that are the same for every candidate of a
+	// Pick, computed once per Pick: the attention ratio and the rates of
+	// a candidate without learned rates of its own (rates(nil)).
+	ratio               float64
+	fleetTok, fleetReq  float64
+	fleetLearned, perEp bool
 
 	// deferred: the caller keeps explanations (DeferExplanations); target
 	// is the last Pick's session target (-1: none) for KeepExplanation.
@@ -747,6 +753,9 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 
 	// Estimates.
 	P := max(req.PromptTokens, 0)
+	k.ratio = p.AttnUsPerTokenPerKTok / p.PrefillUsPerToken
+	k.fleetTok, k.fleetReq, k.fleetLearned = k.rates(nil)
+	k.perEp = p.Learn && p.LearnPerEndpoint
 	for i := range cands {
 		if !cands[i].Healthy {
 			continue
@@ -825,7 +834,10 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 func (k *KVAware) estimate(c *kvroute.Candidate, st *candState, P int) {
 	p := &k.p
 	l := &c.Load
-	tok, reqMs, learnedReq := k.rates(st.es)
+	tok, reqMs, learnedReq := k.fleetTok, k.fleetReq, k.fleetLearned
+	if k.perEp && st.es != nil {
+		tok, reqMs, learnedReq = k.rates(st.es)
+	}
 	own := float64(P - st.credit)
 	cpu := 0.0
 	if c.Tier == kvroute.TierCPU && st.credit > 0 {
@@ -852,7 +864,7 @@ func (k *KVAware) estimate(c *kvroute.Candidate, st *candState, P int) {
 			size = s.sumSq / s.sumTok
 		}
 	}
-	ratio := p.AttnUsPerTokenPerKTok / p.PrefillUsPerToken
+	ratio := k.ratio
 	queueMs := queued*tok*(1+ratio*size/2000) + stepsQ*stepMs
 	if learnedReq {
 		queueMs = math.Max(queueMs, float64(l.Queue())*reqMs)
