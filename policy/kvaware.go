@@ -756,36 +756,37 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	k.ratio = p.AttnUsPerTokenPerKTok / p.PrefillUsPerToken
 	k.fleetTok, k.fleetReq, k.fleetLearned = k.rates(nil)
 	k.perEp = p.Learn && p.LearnPerEndpoint
+	// One pass estimates, judges (eligible: healthy, and under the queue
+	// and KV caps unless none is or the request is shed) and collects the
+	// eligible and their best score.
+	shed := !anyUnder && p.Overload != OverloadLeastLoaded
+	capsRule := anyUnder && !shed
+	k.elig = k.elig[:0]
+	best := math.Inf(1)
 	for i := range cands {
+		st := &k.c[i]
 		if !cands[i].Healthy {
+			st.elig = false
 			continue
 		}
-		st := &k.c[i]
 		if !st.affinityCapped() {
 			st.credit = min(max(cands[i].CachedTokens, 0), P)
 		}
 		k.estimate(&cands[i], st, P)
+		if st.elig = !(capsRule && st.flags&(capQueue|capKV) != 0); st.elig {
+			k.elig = append(k.elig, i)
+			best = min(best, st.score) // math.Min inline (see estimate)
+		}
 	}
 
-	if !anyUnder && p.Overload != OverloadLeastLoaded {
-		k.judge(cands, false)
+	if shed {
 		explain(k.c, cands, scores)
 		d := kvroute.None(NameKVAware, p.Overload+": every healthy candidate is over its queue or KV cap")
 		d.Shed = true
 		d.Scores = scores
 		return d
 	}
-	k.judge(cands, anyUnder)
 	explain(k.c, cands, scores)
-
-	k.elig = k.elig[:0]
-	best := math.Inf(1)
-	for i := range cands {
-		if k.c[i].elig {
-			k.elig = append(k.elig, i)
-			best = min(best, k.c[i].score) // math.Min inline (see estimate)
-		}
-	}
 
 	choice, how := -1, ""
 	// Session affinity: the CHWBL target, honoured unless capped or clearly worse.
@@ -993,14 +994,6 @@ func hotKey(req *kvroute.Request, cands []kvroute.Candidate) (uint64, int) {
 		key = 1
 	}
 	return key, d
-}
-
-// judge marks which candidates are eligible: healthy, and under the queue
-// and KV caps unless none is.
-func (k *KVAware) judge(cands []kvroute.Candidate, anyUnder bool) {
-	for i := range cands {
-		k.c[i].elig = cands[i].Healthy && !(anyUnder && k.c[i].flags&(capQueue|capKV) != 0)
-	}
 }
 
 // explain fills the scores from the candidate states c of a decision over
