@@ -119,10 +119,11 @@ type Approx struct {
 	// recomputes it), never late.
 	nextExpiry atomic.Int64
 
-	clears []uint64 // trim's batch of table changes
-	miss   []uint64 // Record's blocks missing from the endpoint's map
-	at     []int32  // Record's map slot of each block, -1 when not indexed
-	sink   uint64   // keeps the prefetching loads alive
+	clears []uint64   // trim's batch of table changes
+	miss   []uint64   // Record's blocks missing from the endpoint's map
+	at     []int32    // Record's map slot of each block, -1 when not indexed
+	sink   uint64     // keeps the prefetching loads alive
+	lastEp *aendpoint // the endpoint whose map the last Record used (in cache)
 }
 
 type agroup struct {
@@ -211,7 +212,16 @@ func (a *Approx) Record(now time.Time, endpoint string, hashes []uint64) {
 	// probing the map again, until it inserts a key (a block repeated in
 	// the prompt may then be there): the pass's answers stand while the
 	// map gains no key, as nothing moves in it before then.
-	a.sink += e.idx.touch(hashes)
+	//
+	// The touch pass loads the map slots first so that their misses
+	// overlap; when the endpoint's map was the last Record's (a hot prefix
+	// on one endpoint: the router's hit regime) they are in cache, and the
+	// pass would only add its own loads (rotate16 in BenchmarkApproxRecord:
+	// about 2.4 -> 2.0 us).
+	if a.lastEp != e {
+		a.sink += e.idx.touch(hashes)
+	}
+	a.lastEp = e
 	miss := a.miss[:0] // the table lines only blocks missing from the map need
 	at := slices.Grow(a.at[:0], len(hashes))[:len(hashes)]
 	if e.idx.n > 0 {
@@ -378,6 +388,9 @@ func (a *Approx) Remove(endpoint string) {
 	e.capacity = 0
 	a.trim(e, 0, false)
 	delete(a.eps, endpoint)
+	if a.lastEp == e {
+		a.lastEp = nil
+	}
 	i := bits.TrailingZeros64(e.bit)
 	e.g.names[i].Store(nil)
 	e.g.inUse &^= e.bit
