@@ -431,7 +431,8 @@ func splitmix(x uint64) uint64 {
 
 // BenchmarkHashText is the router's prefix hashing of a 32 KiB prompt in
 // blocks of 128 characters (its default) and, for the library's general
-// path, of 100.
+// path, of 100; after=4KiB is HashTextAfter for prompts that share a
+// 4 KiB system prompt with the one before (the router's case).
 func BenchmarkHashText(b *testing.B) {
 	text := strings.Repeat("the quick brown fox jumps over the lazy dog ", 32<<10/44+1)[:32<<10]
 	for _, chars := range []int{128, 100} {
@@ -444,4 +445,19 @@ func BenchmarkHashText(b *testing.B) {
 			}
 		})
 	}
+	b.Run("chars=128/after=4KiB", func(b *testing.B) {
+		system := text[:4<<10]
+		var texts [2]string
+		for i := range texts {
+			texts[i] = (system + fmt.Sprintf("session %d: ", i) + text)[:32<<10]
+		}
+		dst := HashText(texts[1], 128, nil)
+		b.SetBytes(int64(len(text)))
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			dst = HashTextAfter(texts[i%2], texts[(i+1)%2], 128, dst)
+			i++
+		}
+	})
 }

@@ -69,9 +69,38 @@ func HashText(text string, blockChars int, dst []uint64) []uint64 {
 	if n == 0 {
 		return dst
 	}
-	dst = grow(dst, n)
+	return hashTextFrom(text, blockChars, 0, n, textSeed, dst)
+}
+
+// HashTextAfter returns HashText(text, blockChars, prevHashes[:0]) given
+// prevHashes = HashText(prev, blockChars, nil) (a prefix of it will do):
+// the leading blocks that text shares with prev byte for byte have the
+// same hashes, so those are kept and only the rest are hashed. Comparing
+// a block costs about half of hashing it, so a request that repeats the
+// previous one's system prompt or conversation skips that share of the
+// hashing.
+func HashTextAfter(text, prev string, blockChars int, prevHashes []uint64) []uint64 {
+	if blockChars <= 0 {
+		return prevHashes[:0]
+	}
+	n := len(text) / blockChars
+	k := 0
+	for k < n && k < len(prevHashes) && (k+1)*blockChars <= len(prev) &&
+		text[k*blockChars:(k+1)*blockChars] == prev[k*blockChars:(k+1)*blockChars] {
+		k++
+	}
 	h := textSeed
-	for i := 0; i < n; i++ {
+	if k > 0 {
+		h = prevHashes[k-1]
+	}
+	return hashTextFrom(text, blockChars, k, n, h, prevHashes[:k])
+}
+
+// hashTextFrom appends to dst the hashes of text's blocks from to n-1, h
+// being the hash of the block before them (textSeed for none).
+func hashTextFrom(text string, blockChars, from, n int, h uint64, dst []uint64) []uint64 {
+	dst = grow(dst, n-from)
+	for i := from; i < n; i++ {
 		h = nonZero(xxh3.HashStringSeed(text[i*blockChars:(i+1)*blockChars], h))
 		dst = append(dst, h)
 	}

@@ -1,6 +1,8 @@
 package kvindex
 
 import (
+	"slices"
+	"strings"
 	"testing"
 )
 
@@ -78,5 +80,44 @@ func BenchmarkHashTokens8k(b *testing.B) {
 	b.SetBytes(int64(len(toks) * 4))
 	for b.Loop() {
 		dst = HashTokens(toks, 16, dst[:0])
+	}
+}
+
+// TestHashTextAfter: HashTextAfter gives HashText's hashes whatever the
+// previous text shares with the new one: nothing, part of a block, whole
+// blocks, all of it, more than it; with the previous hashes whole or cut
+// short; and at block sizes that do and do not divide the texts.
+func TestHashTextAfter(t *testing.T) {
+	base := strings.Repeat("You are a careful assistant. ", 40) // 1160 bytes
+	texts := []string{
+		"",
+		base,
+		base[:500],
+		base[:500] + "X" + base[501:],
+		base[:512] + "a different ending that goes on for a while, longer than a block or two of the text",
+		"Y" + base[1:],
+		base + base,
+		base[:127],
+	}
+	for _, chars := range []int{16, 100, 128} {
+		for _, prev := range texts {
+			prevHashes := HashText(prev, chars, nil)
+			for _, text := range texts {
+				want := HashText(text, chars, nil)
+				for _, keep := range []int{len(prevHashes), len(prevHashes) / 2, 0} {
+					ph := append([]uint64(nil), prevHashes[:keep]...)
+					if got := HashTextAfter(text, prev, chars, ph); !slices.Equal(got, want) {
+						t.Fatalf("chars %d, prev %d bytes (%d hashes kept), text %d bytes: got %x, want %x",
+							chars, len(prev), keep, len(text), got, want)
+					}
+				}
+			}
+		}
+	}
+	if got, want := HashText(base, 100, []uint64{7}), append([]uint64{7}, HashText(base, 100, nil)...); !slices.Equal(got, want) {
+		t.Fatalf("HashText appending to dst: got %x, want %x", got, want)
+	}
+	if got := HashTextAfter(base, base, 0, []uint64{1, 2}); len(got) != 0 {
+		t.Fatalf("block size 0: got %v, want none", got)
 	}
 }

@@ -11,6 +11,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/internal/cputime"
+	"github.com/kvroute/kvroute/kvindex"
 	"github.com/kvroute/kvroute/policy"
 )
 
@@ -283,5 +284,36 @@ func TestDecisionsDeferredExplanation(t *testing.T) {
 				t.Fatal("no decision was explained: the comparison is vacuous")
 			}
 		})
+	}
+}
+
+// TestRouteHashesPrompt: Route keeps the character-block hashes of the
+// last prompt (reusing those of the blocks a new prompt shares with it):
+// after every Route they are HashText of that prompt, whatever the two
+// shared, and a request routed after another with the same prompt finds
+// it cached.
+func TestRouteHashesPrompt(t *testing.T) {
+	p, err := policy.New(policy.Default, nil, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(Config{Model: "m", Endpoints: eps(4), Picker: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := strings.Repeat("You are a careful assistant. ", 60)
+	prompts := []string{base, base, base[:700] + "!" + base[701:], base[:300], base + base, "short", base, strings.ToUpper(base)}
+	for i, prompt := range prompts {
+		f, err := r.Route(t0, &kvroute.Request{ID: fmt.Sprint(i), Model: "m", Prompt: prompt, PromptTokens: len(prompt) / 4}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := kvindex.HashText(prompt, r.cfg.BlockChars, nil); !slices.Equal(r.hashes, want) {
+			t.Fatalf("prompt %d: kept hashes %x, want HashText's %x", i, r.hashes, want)
+		}
+		if i == 1 && f.CachedTokens() == 0 {
+			t.Fatal("the same prompt again: nothing cached")
+		}
+		r.Done(t0, f, kvroute.Outcome{})
 	}
 }

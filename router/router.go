@@ -126,7 +126,8 @@ type Router struct {
 	log    decisionLog
 	cands  []kvroute.Candidate // reused by Route (traded with the decision log's)
 	hits   []kvindex.Hit       // reused by Route
-	hashes []uint64            // reused by Route for character-block hashes
+	hashes []uint64            // reused by Route for character-block hashes: HashText(prompt)
+	prompt string              // the prompt of the last character-block hashes
 	// explainer is picker when it defers its explanations.
 	explainer DeferredExplainer
 	// anyPrecise: some endpoint publishes KV events, so gap may hold
@@ -325,7 +326,10 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 
 	charMode := false
 	if req.BlockHashes == nil && req.Prompt != "" {
-		r.hashes = kvindex.HashText(req.Prompt, r.cfg.BlockChars, r.hashes[:0])
+		// The blocks this prompt shares with the last one (a system prompt,
+		// the conversation so far) keep their hashes.
+		r.hashes = kvindex.HashTextAfter(req.Prompt, r.prompt, r.cfg.BlockChars, r.hashes)
+		r.prompt = req.Prompt
 		req.BlockHashes = r.hashes
 		req.BlockSize = r.cfg.BlockChars
 		charMode = true
