@@ -4,7 +4,9 @@
 // A prompt is cut into blocks (the engine's block size in tokens, or a
 // number of bytes in approximate character mode) and each full block gets a
 // chained 64-bit hash (HashTokens, HashText, ChainHash): equal hashes at
-// position i mean equal prompts up to the end of block i. Two indexes map
+// position i mean equal prompts up to the end of block i (HashTextAfter
+// reuses the previous prompt's hashes for the blocks it shares with it).
+// Two indexes map
 // those keys to endpoints, and both Match a prompt's hashes to, per
 // endpoint, the number of leading blocks it holds (a Hit):
 //
