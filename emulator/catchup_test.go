@@ -175,7 +175,10 @@ func driveLoop(t testing.TB, s *Server, queue []command, catchUp, fullDeliver bo
 // at every step or catching up with the runs slept through. With 16
 // engines the loops are interleaved in virtual time, as in one process
 // hosting a fleet: each engine's state has left the CPU caches by the time
-// it runs again, as after a real sleep.
+// it runs again, as after a real sleep. With full=true each engine's KV
+// cache is filled first (fillKV), so every block the load allocates evicts
+// a cached one, as in an engine that has served for a while (200 requests
+// alone do not fill the 8B profile's cache).
 func BenchmarkLoop(b *testing.B) {
 	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
 	if err != nil {
@@ -184,39 +187,80 @@ func BenchmarkLoop(b *testing.B) {
 	const n = 200 // requests per engine
 	for _, engines := range []int{1, 16} {
 		for _, catchUp := range []bool{false, true} {
-			b.Run(fmt.Sprintf("engines=%d/catchUp=%v", engines, catchUp), func(b *testing.B) {
-				b.ReportAllocs()
-				steps := int64(0)
-				for b.Loop() {
-					b.StopTimer()
-					lds := make([]*loopDriver, engines)
-					for k := range lds {
-						s, err := New(Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1})
-						if err != nil {
-							b.Fatal(err)
+			for _, full := range []bool{false, true} {
+				b.Run(fmt.Sprintf("engines=%d/catchUp=%v/full=%v", engines, catchUp, full), func(b *testing.B) {
+					b.ReportAllocs()
+					steps := int64(0)
+					for b.Loop() {
+						b.StopTimer()
+						lds := make([]*loopDriver, engines)
+						for k := range lds {
+							s, err := New(Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1})
+							if err != nil {
+								b.Fatal(err)
+							}
+							queue := fleetShare(uint64(k), n)
+							var start time.Duration
+							if full {
+								start = fillKV(b, s.eng, prof, uint64(k))
+								for i := range queue {
+									queue[i].at += start
+								}
+							}
+							lds[k] = newLoopDriver(s, queue, catchUp)
+							lds[k].vnow = start
+							steps -= s.eng.Stats().Steps
 						}
-						lds[k] = newLoopDriver(s, fleetShare(uint64(k), n), catchUp)
-					}
-					b.StartTimer()
-					for live := engines; live > 0; {
-						next := 0 // the engine furthest behind in virtual time
-						for k, ld := range lds {
-							if ld != nil && (lds[next] == nil || ld.vnow < lds[next].vnow) {
-								next = k
+						b.StartTimer()
+						for live := engines; live > 0; {
+							next := 0 // the engine furthest behind in virtual time
+							for k, ld := range lds {
+								if ld != nil && (lds[next] == nil || ld.vnow < lds[next].vnow) {
+									next = k
+								}
+							}
+							if !lds[next].advance() {
+								steps += lds[next].s.eng.Stats().Steps
+								lds[next] = nil
+								live--
 							}
 						}
-						if !lds[next].advance() {
-							steps += lds[next].s.eng.Stats().Steps
-							lds[next] = nil
-							live--
-						}
 					}
-				}
-				b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n*engines), "ns/request")
-				b.ReportMetric(float64(steps)/float64(b.N*n*engines), "steps/request")
-			})
+					b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n*engines), "ns/request")
+					b.ReportMetric(float64(steps)/float64(b.N*n*engines), "steps/request")
+				})
+			}
 		}
 	}
+}
+
+// fillKV fills e's KV cache with the blocks of distinct prompts of one
+// output token each, stepping it from time 0, and returns the time it
+// ends: every block is then cached and unreferenced, so each later
+// allocation evicts one.
+func fillKV(tb testing.TB, e *engine.Engine, prof engine.Profile, seed uint64) time.Duration {
+	rng := rand.New(rand.NewPCG(seed, 7))
+	size := min(prof.MaxModelLen-1, 32<<10)
+	for i, filled := 0, 0; filled < prof.KVCapacityTokens()+prof.KVCapacityTokens()/8; i++ {
+		prompt := make([]uint32, size)
+		for j := range prompt {
+			prompt[j] = uint32(rng.IntN(30000))
+		}
+		if err := e.Add(0, &engine.Request{ID: fmt.Sprint("fill", i), Prompt: prompt, MaxTokens: 1}); err != nil {
+			tb.Fatal(err)
+		}
+		filled += size
+	}
+	var now time.Duration
+	var res engine.StepResult
+	for e.HasWork() {
+		e.StepInto(now, &res)
+		now += res.Duration
+	}
+	if st := e.Stats(); st.CachedBlocks < prof.NumGPUBlocks*9/10 {
+		tb.Fatalf("fillKV: %d blocks cached of %d", st.CachedBlocks, prof.NumGPUBlocks)
+	}
+	return now
 }
 
 // fleetShare returns n request arrivals for one engine: Poisson at 12.5 a

@@ -46,6 +46,7 @@ const (
 	envSoakPerProc  = "KVROUTE_SOAK_PER_PROCESS" // engines hosted by one process, default 1
 	envSoakFloor    = "KVROUTE_SOAK_FLOOR"       // 1: a fleet of trivial servers side by side, fed the same load
 	envSoakAgainst  = "KVROUTE_SOAK_AGAINST"     // another build's emulator test binary: its fleet side by side, fed the same load
+	envSoakFill     = "KVROUTE_SOAK_FILL"        // 0: skip filling the engines' KV caches before measuring (default: fill)
 )
 
 func envInt(name string, def int) int {
@@ -88,6 +89,12 @@ func setSoakInterval(cfg *Config, n int) { cfg.StreamInterval = n }
 // ran it; rotated, the same build against itself measured -17.7 and -9.0
 // us). Some bias may remain: run both orders and take half the difference
 // of the two results.
+// Before measuring, each engine's KV cache is filled with the blocks of
+// long distinct prompts (fillCache), so that every block the load
+// allocates evicts a cached one, as in an engine that has been serving for
+// a while; KVROUTE_SOAK_FILL=0 skips it (the load then fills the 8B
+// profile's caches only after about 36 s, and a shorter run measures an
+// engine that never evicts).
 // The KVROUTE_SOAK_* variables above change the load.
 func TestFleetCPU(t *testing.T) {
 	if os.Getenv(envSoak) == "" {
@@ -112,6 +119,24 @@ func TestFleetCPU(t *testing.T) {
 	for _, f := range fleets {
 		f.start(t, engines, perProc, interval)
 		f.warmUp(t, client, envInt(envSoakConns, 0))
+	}
+	if envInt(envSoakFill, 1) != 0 {
+		prof, err := engine.LookupProfile("llama-3.1-8b-h100")
+		if err != nil {
+			t.Fatal(err)
+		}
+		start, rounds := time.Now(), 0
+		for _, f := range fleets {
+			if !f.trivial {
+				rounds = max(rounds, f.fillCache(t, client, prof, 0))
+			}
+		}
+		for _, f := range fleets {
+			if f.trivial {
+				f.fillCache(t, client, prof, rounds)
+			}
+		}
+		t.Logf("KV caches filled in %v with %d prompts per engine (KVROUTE_SOAK_FILL=0 skips it)", time.Since(start).Round(time.Millisecond), rounds)
 	}
 	time.Sleep(500 * time.Millisecond)
 	for _, f := range fleets {
@@ -284,6 +309,61 @@ func (f *soakFleet) warmUp(t *testing.T, client *http.Client, conns int) {
 	if t.Failed() {
 		t.FailNow()
 	}
+}
+
+// fillCache sends each engine distinct long prompts with one output token
+// until their prompt tokens exceed its KV capacity (prof's blocks), the
+// engines in parallel: the free blocks are then all cached, and every
+// block the load allocates evicts the least recently used one. Prompt
+// tokens are counted from the responses' usage. It returns the most
+// prompts an engine needed. With rounds > 0 it sends each server that
+// many prompts instead (a trivial server has no cache to fill, but the
+// floor's heap should see the same bytes as the engines').
+func (f *soakFleet) fillCache(t *testing.T, client *http.Client, prof engine.Profile, rounds int) int {
+	capacity := prof.KVCapacityTokens()
+	chars := min(prof.MaxModelLen-16, 64<<10) // per prompt: the built-in tokenizer gives ~0.7 tokens a character here
+	var wg sync.WaitGroup
+	var most atomic.Int64
+	for k, u := range f.urls {
+		wg.Go(func() {
+			r := 0
+			for filled := 0; rounds == 0 && filled < capacity+capacity/8 || r < rounds; r++ {
+				var b strings.Builder
+				for i := 0; b.Len() < chars-24; i++ {
+					fmt.Fprintf(&b, "f%d.%d.%d ", k, r, i)
+				}
+				body, err := json.Marshal(map[string]any{"prompt": b.String(), "max_tokens": 1})
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				resp, err := client.Post(u+"/v1/completions", "application/json", bytes.NewReader(body))
+				if err != nil {
+					t.Error(err)
+					return
+				}
+				var out struct {
+					Usage struct {
+						PromptTokens int `json:"prompt_tokens"`
+					} `json:"usage"`
+				}
+				err = json.NewDecoder(resp.Body).Decode(&out)
+				resp.Body.Close()
+				if err != nil || resp.StatusCode != http.StatusOK || rounds == 0 && out.Usage.PromptTokens <= 0 {
+					t.Errorf("fill %s: status %d, %v, usage %+v", u, resp.StatusCode, err, out.Usage)
+					return
+				}
+				filled += out.Usage.PromptTokens
+			}
+			for m := most.Load(); int64(r) > m && !most.CompareAndSwap(m, int64(r)); m = most.Load() {
+			}
+		})
+	}
+	wg.Wait()
+	if t.Failed() {
+		t.FailNow()
+	}
+	return int(most.Load())
 }
 
 // cpu sums the fleet's processes' CPU time (user and system), system time

@@ -43,6 +43,13 @@ func (p *blockPool) sentinel() int32 { return int32(len(p.blocks) - 1) }
 // size returns the number of KV blocks.
 func (p *blockPool) size() int { return len(p.blocks) - 1 }
 
+// The free queue is a doubly linked list through the blocks, closed by the
+// sentinel, with one exception: the head's prev is not kept (it may name
+// the block popped before it). Popping the head then writes only the
+// sentinel instead of the next block too, which in a busy engine is a
+// cache miss per allocation (the next block was freed long ago); a block
+// that is not the head has a kept prev, since blocks join only at the tail.
+
 func (p *blockPool) pushTail(id int32) {
 	s := p.sentinel()
 	last := p.blocks[s].prev
@@ -53,9 +60,17 @@ func (p *blockPool) pushTail(id int32) {
 }
 
 func (p *blockPool) unlink(id int32) {
+	s := p.sentinel()
 	b := &p.blocks[id]
-	p.blocks[b.prev].next = b.next
-	p.blocks[b.next].prev = b.prev
+	if p.blocks[s].next == id { // the head: its prev is not kept
+		p.blocks[s].next = b.next
+		if b.next == s {
+			p.blocks[s].prev = s // the queue is empty
+		}
+	} else {
+		p.blocks[b.prev].next = b.next
+		p.blocks[b.next].prev = b.prev
+	}
 	b.prev, b.next = -1, -1
 	p.numFree--
 }
@@ -83,7 +98,7 @@ func (p *blockPool) alloc() int32 {
 	p.unlink(id)
 	b := &p.blocks[id]
 	if b.hashed {
-		p.cached.remove(b.hash) // clears b.hashed
+		p.cached.drop(id) // clears b.hashed
 		if p.onEvict != nil {
 			p.onEvict(b.hash)
 		}

@@ -180,7 +180,7 @@ func (e *Engine) DecodeSteps(now, until time.Duration, limit int, run *DecodedRu
 		for _, s := range e.running {
 			e.allocate(s, 1) // cannot fail: runBlocks fit
 			s.computed++
-			if s.tokens != nil {
+			if e.keepGen && s.tokenMode {
 				s.tokens = append(s.tokens, e.token(s, s.outputs))
 			}
 			s.outputs++

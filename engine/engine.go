@@ -228,24 +228,31 @@ type sequence struct {
 	// allocate's fast path, decode runs).
 	status              seqStatus
 	skipPrefill, holdKV bool
+	tokenMode           bool  // block keys chain over token ids (Add had a Prompt): tokens holds some
 	last                int32 // blocks[len(blocks)-1] when there is one (allocN; its line is cold when the block fills)
 	numTokens, computed int
 	outputs             int
 	numStored           int // blocks[:numStored] have been offered to the cache
 	blocks              []int32
 	// Line 1: for every output token (emit, token, decode runs).
-	tokens           []uint32 // prompt (from tokBase) + outputs (token mode); nil on the fast path
-	seed             uint64
-	lastToken        time.Duration
-	id               string
-	eosAt, maxTokens int32 // maxTokens <= the context length; eosAt <= maxTokens+1 (Add)
+	seed                    uint64
+	lastToken               time.Duration
+	id                      string
+	eosAt, maxTokens        int32 // maxTokens <= the context length; eosAt <= maxTokens+1 (Add)
+	ttft                    time.Duration
+	promptLen, cachedTokens int32
+	_                       [8]byte // line 2 starts on its own line
 	// Line 2: for every full block (blockKey).
 	hashes  []uint64 // keys of full blocks known so far, in chain order
 	tokBase int32    // tokens[0] is token tokBase of the sequence (keepTokens)
 	parentN int32    // parent is the digest of hashes[parentN-1] (token mode chain), when > 0
 	parent  Digest
-	// Line 3: at admission, the first token and the finish.
-	promptLen, cachedTokens         int
+	// Line 3: at admission, the first token and the finish, and the block
+	// with the prompt's last tokens. The generated tokens are appended to
+	// tokens only when KV events report them (Engine.keepGen); otherwise
+	// the sampler recomputes a block's outputs when it fills (nextKey), so
+	// no step writes them.
+	tokens                          []uint32 // prompt (from tokBase) [+ outputs (keepGen)]; token mode only
 	firstToken, arrival, firstSched time.Duration
 	preemptions                     int
 	admitted                        bool
@@ -332,6 +339,8 @@ type Engine struct {
 	held         int         // requests in statusHeld
 	stalled      bool        // the last step could admit no waiting request and ran nothing
 	ahead        uint64      // keysAhead's loads, kept so that they are made
+	keepGen      bool        // generated tokens are kept in sequence.tokens (KV events report them)
+	blockBuf     []uint32    // nextKey's scratch: a block's tokens recomputed
 	stats        Stats
 }
 
@@ -377,6 +386,8 @@ func New(cfg Config) (*Engine, error) {
 		pool: newBlockPool(p.NumGPUBlocks), seqs: make(map[string]*sequence),
 	}
 	e.sampler.vocabRem = newRemainder(e.sampler.vocab)
+	e.keepGen = e.caching && !cfg.NoEvents
+	e.blockBuf = make([]uint32, 0, p.BlockSize)
 	if e.hash == nil {
 		e.hash = XXH3()
 	}
@@ -423,7 +434,7 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 	}
 	s, spare := e.newSequence()
 	*s = sequence{
-		id: r.ID, promptLen: n, maxTokens: int32(maxTok), seed: r.Seed, skipPrefill: r.SkipPrefill, holdKV: r.HoldKV,
+		id: r.ID, promptLen: int32(n), maxTokens: int32(maxTok), seed: r.Seed, skipPrefill: r.SkipPrefill, holdKV: r.HoldKV,
 		numTokens: n, arrival: now,
 	}
 	if !r.IgnoreEOS && r.EOSAt > 0 {
@@ -467,21 +478,22 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 }
 
 // keepTokens copies into s.tokens (reusing spare) the prompt tokens s
-// still needs: all of them when KV events report stored blocks' tokens,
-// otherwise only those after the blocks whose keys are known (the key of a
-// later block, the last partial one with outputs, needs its tokens; a known
-// one's does not), so a long prompt is not copied for nothing. Without
-// events blockKey also drops a block's tokens once it has its key, so
-// s.tokens holds about a block of outputs at a time instead of all of them.
+// still needs: all of them when KV events report stored blocks' tokens
+// (with room for the outputs, appended as they are generated), otherwise
+// only those after the blocks whose keys are known (the key of a later
+// block needs its tokens; a known one's does not), so a long prompt is not
+// copied for nothing. Without events blockKey also drops a block's tokens
+// once it has its key, and the outputs are recomputed by the sampler when
+// their block fills instead of kept.
 func (e *Engine) keepTokens(s *sequence, prompt, spare []uint32, maxTok int) {
-	base, room := 0, min(maxTok, 4096)
-	if e.cfg.NoEvents || !e.caching {
+	base, room := 0, 0
+	if e.keepGen {
+		room = min(maxTok, 4096)
+	} else {
 		base = len(s.hashes) * e.bs
 	}
-	if e.cfg.NoEvents && e.caching {
-		room = min(maxTok, 2*e.bs)
-	}
 	n := len(prompt) - base
+	s.tokenMode = true
 	s.tokBase = int32(base)
 	s.tokens = sized(spare, n, n+room)
 	copy(s.tokens, prompt[base:])
@@ -514,11 +526,8 @@ func (e *Engine) Abort(now time.Duration, id string) {
 	s.status = statusDone
 	delete(e.seqs, id)
 	e.stats.FinishedAbort++
-	o := Output{ID: id, Index: s.outputs, Finished: true, FinishReason: FinishAbort, PromptTokens: s.promptLen,
-		CachedTokens: s.cachedTokens, Time: now, Arrival: s.arrival, Preemptions: s.preemptions}
-	if s.outputs > 0 {
-		o.TTFT = s.firstToken - s.arrival
-	}
+	o := Output{ID: id, Index: s.outputs, Finished: true, FinishReason: FinishAbort, PromptTokens: int(s.promptLen),
+		CachedTokens: int(s.cachedTokens), Time: now, Arrival: s.arrival, Preemptions: s.preemptions, TTFT: s.ttft}
 	e.aborted = append(e.aborted, o)
 	e.recycle(s)
 }

@@ -997,9 +997,12 @@ func TestSequenceLayout(t *testing.T) {
 		off, size uintptr
 	}
 	lines := [][]field{
-		{{"status", unsafe.Offsetof(s.status), unsafe.Sizeof(s.status)}, {"blocks", unsafe.Offsetof(s.blocks), unsafe.Sizeof(s.blocks)}},
-		{{"tokens", unsafe.Offsetof(s.tokens), unsafe.Sizeof(s.tokens)}, {"maxTokens", unsafe.Offsetof(s.maxTokens), unsafe.Sizeof(s.maxTokens)}},
+		{{"status", unsafe.Offsetof(s.status), unsafe.Sizeof(s.status)}, {"tokenMode", unsafe.Offsetof(s.tokenMode), unsafe.Sizeof(s.tokenMode)},
+			{"blocks", unsafe.Offsetof(s.blocks), unsafe.Sizeof(s.blocks)}},
+		{{"seed", unsafe.Offsetof(s.seed), unsafe.Sizeof(s.seed)}, {"ttft", unsafe.Offsetof(s.ttft), unsafe.Sizeof(s.ttft)},
+			{"cachedTokens", unsafe.Offsetof(s.cachedTokens), unsafe.Sizeof(s.cachedTokens)}},
 		{{"hashes", unsafe.Offsetof(s.hashes), unsafe.Sizeof(s.hashes)}, {"parent", unsafe.Offsetof(s.parent), unsafe.Sizeof(s.parent)}},
+		{{"tokens", unsafe.Offsetof(s.tokens), unsafe.Sizeof(s.tokens)}, {"ownHashes", unsafe.Offsetof(s.ownHashes), unsafe.Sizeof(s.ownHashes)}},
 	}
 	for want, fs := range lines {
 		for _, f := range fs {

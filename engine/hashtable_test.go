@@ -7,9 +7,11 @@ import (
 )
 
 // TestBlockTableDifferential checks the open-addressing table against a Go
-// map under random inserts and removals, with clustered and zero keys, and
+// map under random inserts and drops (which leave stale slots, and rebuild
+// the table when they fill it), with clustered and zero keys, and
 // keyspaces whose keys share tags (the low 32 bits of the spread key) with
-// others only by chance (a tag match is checked against the block's key).
+// others only by chance (a tag match is checked against the block's key),
+// and blocks that cache the key they held before.
 func TestBlockTableDifferential(t *testing.T) {
 	for _, keyspace := range []uint64{8, 100, 1 << 62, collide} {
 		rng := rand.New(rand.NewPCG(keyspace, 3))
@@ -21,6 +23,7 @@ func TestBlockTableDifferential(t *testing.T) {
 		}
 		tab := newBlockTable(max, blocks)
 		ref := map[uint64]int32{}
+		rebuilds := 0
 		for op := range 200000 {
 			var k uint64
 			if keyspace == collide {
@@ -34,7 +37,16 @@ func TestBlockTableDifferential(t *testing.T) {
 			case rng.IntN(3) > 0 && len(ref) < max:
 				_, had := ref[k]
 				id := free[rng.IntN(len(free))]
+				if old := blocks[id].hash; rng.IntN(4) == 0 && !blocks[id].hashed {
+					if _, taken := ref[old]; !taken {
+						k, had = old, false // the key it last held: its stale slot matches the tag
+					}
+				}
+				used := tab.used
 				added := tab.insert(k, id)
+				if added && tab.used < used {
+					rebuilds++
+				}
 				if added == had {
 					t.Fatalf("op %d: insert(%d) added=%v, reference had=%v", op, k, added, had)
 				}
@@ -46,14 +58,23 @@ func TestBlockTableDifferential(t *testing.T) {
 					}
 				}
 			default:
-				tab.remove(k)
+				if len(ref) > 0 && rng.IntN(2) == 0 { // a key held (a wide keyspace's random key never is)
+					for rk := range ref {
+						k = rk
+						break
+					}
+				}
 				if id, ok := ref[k]; ok {
+					tab.drop(id)
 					free = append(free, id)
 					if blocks[id].hashed {
-						t.Fatalf("op %d: remove(%d) left block %d hashed", op, k, id)
+						t.Fatalf("op %d: drop(%d) left block %d hashed", op, id, id)
 					}
 				}
 				delete(ref, k)
+			}
+			if tab.used > tab.maxUsed {
+				t.Fatalf("op %d: %d slots used, more than %d", op, tab.used, tab.maxUsed)
 			}
 			if op%97 == 0 {
 				if tab.len() != len(ref) {
@@ -65,7 +86,7 @@ func TestBlockTableDifferential(t *testing.T) {
 					}
 				}
 				n := 0
-				tab.each(func(k uint64, v int32) {
+				stale := tab.each(func(k uint64, v int32) {
 					n++
 					if ref[k] != v {
 						t.Fatalf("op %d: table has %d -> %d, reference %d", op, k, v, ref[k])
@@ -74,10 +95,16 @@ func TestBlockTableDifferential(t *testing.T) {
 				if n != len(ref) {
 					t.Fatalf("op %d: each visited %d, want %d", op, n, len(ref))
 				}
+				if n+stale != tab.used {
+					t.Fatalf("op %d: %d live and %d stale slots, used says %d", op, n, stale, tab.used)
+				}
 			}
 			if _, ok := tab.get(k); ok != (func() bool { _, ok := ref[k]; return ok })() {
 				t.Fatalf("op %d: get(%d) presence %v disagrees with the reference", op, k, ok)
 			}
+		}
+		if rebuilds == 0 {
+			t.Errorf("keyspace %d: no rebuild in 200,000 operations", keyspace)
 		}
 	}
 }

@@ -182,8 +182,8 @@ func (e *Engine) admit(now time.Duration, s *sequence, budget int) (int, bool) {
 	e.hitIDs = hits
 	hit := len(hits)
 	computed := hit * e.bs
-	if s.skipPrefill && s.outputs == 0 && computed < s.promptLen-1 {
-		computed = s.promptLen - 1 // KV transferred from the prefill engine
+	if promptLen := int(s.promptLen); s.skipPrefill && s.outputs == 0 && computed < promptLen-1 {
+		computed = promptLen - 1 // KV transferred from the prefill engine
 	}
 	n := min(s.numTokens-computed, budget)
 	need := (computed+n+e.bs-1)/e.bs - hit
@@ -201,7 +201,7 @@ func (e *Engine) admit(now time.Duration, s *sequence, budget int) (int, bool) {
 	if !s.admitted {
 		s.admitted = true
 		s.firstSched = now
-		s.cachedTokens = computed
+		s.cachedTokens = int32(computed)
 		e.stats.PrefixQueries += int64(s.promptLen)
 		e.stats.PrefixHits += int64(hit * e.bs)
 	}
@@ -281,7 +281,7 @@ func (e *Engine) stored(s *sequence, from, to int) {
 	if from > 0 {
 		ev.ParentHash = &s.hashes[from-1]
 	}
-	if s.tokens != nil {
+	if s.tokenMode {
 		base := int(s.tokBase) // 0 with events
 		ev.TokenIDs = s.tokens[from*e.bs-base : to*e.bs-base : to*e.bs-base]
 	}
@@ -305,7 +305,7 @@ func (e *Engine) blockKey(s *sequence, j int) uint64 {
 // nextKey computes the key of block len(s.hashes) of s and appends it.
 func (e *Engine) nextKey(s *sequence) uint64 {
 	i := len(s.hashes)
-	if s.tokens != nil {
+	if s.tokenMode {
 		// s.parent is kept with the chain: reading hashes[i-1] instead
 		// would miss the cache too.
 		switch {
@@ -314,17 +314,10 @@ func (e *Engine) nextKey(s *sequence) uint64 {
 		case int(s.parentN) != i:
 			s.parent = digestOf(s.hashes[i-1]) // chain continues from caller-given keys
 		}
-		base := int(s.tokBase)
-		s.parent = e.hash.Block(s.parent, s.tokens[i*e.bs-base:(i+1)*e.bs-base]) // i*bs >= tokBase
+		s.parent = e.hash.Block(s.parent, e.blockTokens(s, i))
 		key := s.parent.Key()
 		s.hashes = append(s.hashes, key)
 		s.parentN = int32(i + 1)
-		if e.cfg.NoEvents {
-			// No event reports the block's tokens: keep only those after
-			// it (see keepTokens).
-			s.tokens = s.tokens[:copy(s.tokens, s.tokens[(i+1)*e.bs-base:])]
-			s.tokBase = int32((i + 1) * e.bs)
-		}
 		return key
 	}
 	// No token ids: the block's content is this request's own output (or
@@ -339,6 +332,42 @@ func (e *Engine) nextKey(s *sequence) uint64 {
 	key := nonZero(xxh3.HashSeed(b[:], parent^0x9e3779b97f4a7c15))
 	s.hashes = append(s.hashes, key)
 	return key
+}
+
+// blockTokens returns the token ids of block i of s (token mode), the
+// block after the last keyed one. Without KV events it then drops the
+// stored tokens up to the block's end: a later key never needs them.
+func (e *Engine) blockTokens(s *sequence, i int) []uint32 {
+	lo, hi := i*e.bs, (i+1)*e.bs
+	if !e.keepGen && lo >= int(s.promptLen) {
+		// Outputs only (the common case of a decode step filling a block):
+		// recomputed, without touching the tokens' line.
+		b := e.blockBuf[:0]
+		for p := lo; p < hi; p++ {
+			b = append(b, e.token(s, p-int(s.promptLen)))
+		}
+		return b
+	}
+	base := int(s.tokBase) // lo >= base: blocks are keyed in order
+	if hi-base <= len(s.tokens) {
+		b := s.tokens[lo-base : hi-base]
+		if !e.keepGen {
+			// No event reports the block's tokens: keep only those after
+			// it (see keepTokens). b is used before the next write.
+			b = append(e.blockBuf[:0], b...)
+			s.tokens = s.tokens[:copy(s.tokens, s.tokens[hi-base:])]
+			s.tokBase = int32(hi)
+		}
+		return b
+	}
+	// The prompt's last tokens and the first outputs (only stored prompt
+	// tokens are: keepGen keeps every token, so it never gets here).
+	b := append(e.blockBuf[:0], s.tokens[lo-base:]...)
+	for p := base + len(s.tokens); p < hi; p++ {
+		b = append(b, e.token(s, p-int(s.promptLen)))
+	}
+	s.tokens, s.tokBase = s.tokens[:0], int32(hi)
+	return b
 }
 
 // preempt frees s's blocks and puts it back at the front of the waiting
@@ -370,23 +399,26 @@ func (e *Engine) emit(s *sequence, t time.Duration, r *StepResult) bool {
 	tok := e.token(s, idx)
 	s.outputs++
 	s.numTokens++
-	if s.tokens != nil {
+	if e.keepGen && s.tokenMode {
 		s.tokens = append(s.tokens, tok)
 	}
 	e.stats.GenerationTokens++
 	// Fill the output in place: Output is large, and this runs per token.
+	// Only the sequence's first two lines are read (the fourth is cold; it
+	// is read at the first token and the finish).
 	r.Outputs = append(r.Outputs, Output{})
 	o := &r.Outputs[len(r.Outputs)-1]
-	o.ID, o.Token, o.Index, o.PromptTokens, o.CachedTokens, o.Time = s.id, tok, idx, s.promptLen, s.cachedTokens, t
+	o.ID, o.Token, o.Index, o.PromptTokens, o.CachedTokens, o.Time = s.id, tok, idx, int(s.promptLen), int(s.cachedTokens), t
 	if idx == 0 {
 		o.First = true
 		s.firstToken = t
+		s.ttft = t - s.arrival
 		e.stats.PromptTokens += int64(s.promptLen)
 	} else {
 		o.ITL = t - s.lastToken
 	}
 	s.lastToken = t
-	o.TTFT = s.firstToken - s.arrival
+	o.TTFT = s.ttft
 	switch {
 	case s.eosAt > 0 && s.outputs == int(s.eosAt):
 		o.FinishReason = FinishStop
