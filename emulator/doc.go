@@ -77,14 +77,20 @@
 // TestFleetCPU (KVROUTE_SOAK=1) measures the CPU of 16 engine processes
 // under load, with their threads' context switches and the loop's timed
 // wake-ups per request (KVROUTE_SOAK_FLOOR=1: side by side with a fleet of
-// trivial servers that only sleep and answer, fed the same requests);
-// BenchmarkHandlerCPU the code's cost without the wake-ups, BenchmarkLoop
-// the engine loop's alone. What remains per request is mostly Go's runtime: each wake-up
-// that makes a system call also wakes its sysmon thread, which then polls
-// every 20 us while the process is busy, and with GOMAXPROCS > 1 a woken
-// goroutine wakes a second thread; running each engine process with
-// GOMAXPROCS=1 (KVROUTE_SOAK_PROCS=1) saves about a third of the context
-// switches.
+// trivial servers that only sleep and answer, fed the same requests), on
+// engines whose KV caches it fills first, so that every block evicts one
+// as in an engine that has served for a while; BenchmarkHandlerCPU the
+// code's cost without the wake-ups, BenchmarkLoop the engine loop's alone.
+// Much of a process's CPU per request is Go's runtime and net/http, the
+// floor's as well: each wake-up that makes a system call also wakes its
+// sysmon thread, which then polls every 20 us while the process is busy,
+// and with GOMAXPROCS > 1 a woken goroutine wakes a second thread; running
+// each engine process with GOMAXPROCS=1 (KVROUTE_SOAK_PROCS=1) saves about
+// a third of the context switches. Above the floor, the cost is the engine
+// loop's (about a third of an engine process's CPU, by perf), and the
+// loop's is memory latency: each wake-up reads every running request's
+// state cold, and each block a request fills touches a table slot and a
+// block at random.
 //
 // # Disaggregation
 //
