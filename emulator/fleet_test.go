@@ -93,8 +93,8 @@ func setSoakInterval(cfg *Config, n int) { cfg.StreamInterval = n }
 // long distinct prompts (fillCache), so that every block the load
 // allocates evicts a cached one, as in an engine that has been serving for
 // a while; KVROUTE_SOAK_FILL=0 skips it (the load then fills the 8B
-// profile's caches only after about 36 s, and a shorter run measures an
-// engine that never evicts).
+// profile's caches only after about half a minute, and a shorter run
+// measures engines that never evict).
 // The KVROUTE_SOAK_* variables above change the load.
 func TestFleetCPU(t *testing.T) {
 	if os.Getenv(envSoak) == "" {
