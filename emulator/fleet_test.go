@@ -323,10 +323,11 @@ func (f *soakFleet) fillCache(t *testing.T, client *http.Client, prof engine.Pro
 	capacity := prof.KVCapacityTokens()
 	chars := min(prof.MaxModelLen-16, 64<<10) // per prompt: the built-in tokenizer gives ~0.7 tokens a character here
 	var wg sync.WaitGroup
-	var most atomic.Int64
+	sent := make([]int, len(f.urls)) // prompts per server
 	for k, u := range f.urls {
 		wg.Go(func() {
 			r := 0
+			defer func() { sent[k] = r }()
 			for filled := 0; rounds == 0 && filled < capacity+capacity/8 || r < rounds; r++ {
 				var b strings.Builder
 				for i := 0; b.Len() < chars-24; i++ {
@@ -355,15 +356,13 @@ func (f *soakFleet) fillCache(t *testing.T, client *http.Client, prof engine.Pro
 				}
 				filled += out.Usage.PromptTokens
 			}
-			for m := most.Load(); int64(r) > m && !most.CompareAndSwap(m, int64(r)); m = most.Load() {
-			}
 		})
 	}
 	wg.Wait()
 	if t.Failed() {
 		t.FailNow()
 	}
-	return int(most.Load())
+	return slices.Max(sent)
 }
 
 // cpu sums the fleet's processes' CPU time (user and system), system time

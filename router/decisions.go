@@ -100,15 +100,6 @@ func newDecisionLog(n int) decisionLog {
 		scores: make([][]kvroute.Score, n), parts: make([][]kvroute.Part, n), kept: make([]keptExplanation, n)}
 }
 
-// add logs a decision over a copy of cands; see put.
-func (l *decisionLog) add(now time.Time, req *kvroute.Request, d kvroute.Decision, cands []kvroute.Candidate, rcy ScoreRecycler) {
-	if len(l.ring) == 0 {
-		return
-	}
-	slot := l.put(now, req, d, rcy, nil)
-	l.cands[slot] = append(l.cands[slot][:0], cands...)
-}
-
 // take logs a decision and keeps cands itself instead of a copy: it
 // returns the candidates of the decision it drops (or new ones when none)
 // for the caller's next decision, with the same Endpoints as cands and

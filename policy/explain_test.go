@@ -1,0 +1,119 @@
+package policy
+
+import (
+	"math/rand/v2"
+	"reflect"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute"
+)
+
+// TestKVAwareDeferredExplanation: with DeferExplanations, Pick decides as
+// before and leaves Scores nil, and Explain renders from KeepExplanation's
+// state exactly the Scores an explaining Pick returns, also for decisions
+// whose state was kept while later Picks ran on recycled storage (a ring
+// of 3, as the router's decision log keeps them). The decisions cover
+// session targets, queue and KV caps, the in-flight bound, shedding and
+// unhealthy candidates.
+func TestKVAwareDeferredExplanation(t *testing.T) {
+	for _, overload := range []string{OverloadLeastLoaded, OverloadShed} {
+		t.Run(overload, func(t *testing.T) {
+			p := DefaultKVAwareParams()
+			p.Overload = overload
+			p.QueueCap = 6
+			eager, err := NewKVAwareWith(p, 7)
+			if err != nil {
+				t.Fatal(err)
+			}
+			lazy, _ := NewKVAwareWith(p, 7)
+			lazy.DeferExplanations()
+			type kept struct {
+				state any
+				cands []kvroute.Candidate
+				want  []kvroute.Score
+			}
+			var ring [3]kept
+			r := rand.New(rand.NewPCG(3, 4))
+			req, cands := benchState()
+			sessions, shed := 0, 0
+			for step := range 400 {
+				for i := range cands {
+					l := &cands[i].Load
+					l.Waiting, l.InFlight, l.KVUsage = r.IntN(8), r.IntN(12), r.Float64()
+					cands[i].Healthy = r.IntN(20) != 0
+					if step%7 == 3 {
+						l.Waiting = p.QueueCap + r.IntN(3) // all over the queue cap
+					}
+					if step%97 == 13 {
+						cands[i].Healthy = false // none healthy
+					}
+				}
+				req.ID = strconv.Itoa(step)
+				req.SessionKey = ""
+				if step%3 == 0 {
+					req.SessionKey = "s" + strconv.Itoa(step%11)
+				}
+				want := eager.Pick(epoch, req, cands)
+				got := lazy.Pick(epoch, req, cands)
+				if got.Scores != nil {
+					t.Fatalf("step %d: deferred Pick set %d scores, want none", step, len(got.Scores))
+				}
+				if wantScores := want.Scores; true {
+					want.Scores = nil
+					if !reflect.DeepEqual(got, want) {
+						t.Fatalf("step %d: deferred decision\n%+v\nwant\n%+v", step, got, want)
+					}
+					want.Scores = wantScores
+				}
+				if want.Shed {
+					shed++
+				}
+				if strings.HasPrefix(want.Reason, "session") {
+					sessions++
+				}
+				k := &ring[step%len(ring)]
+				if k.state != nil { // about to be recycled: still intact?
+					if s := lazy.Explain(k.state, k.cands); !reflect.DeepEqual(s, k.want) {
+						t.Fatalf("step %d: kept explanation of step %d changed", step, step-len(ring))
+					}
+				}
+				k.state = lazy.KeepExplanation(k.state)
+				k.cands = append(k.cands[:0], cands...)
+				k.want = deepScores(want.Scores)
+				if s := lazy.Explain(k.state, k.cands); !reflect.DeepEqual(s, k.want) {
+					t.Fatalf("step %d: rendered\n%+v\nwant\n%+v", step, s, k.want)
+				}
+				for _, pk := range []interface {
+					FirstToken(time.Time, *kvroute.Request, string)
+					Release(time.Time, *kvroute.Request, string)
+				}{eager, lazy} {
+					if step%2 == 0 {
+						pk.FirstToken(epoch, req, "")
+						pk.Release(epoch, req, "")
+					}
+				}
+			}
+			if sessions == 0 || overload == OverloadShed && shed == 0 {
+				t.Fatalf("got %d session decisions and %d sheds: the test misses a case", sessions, shed)
+			}
+		})
+	}
+}
+
+// deepScores copies scores and their parts out of a policy's reused buffers.
+func deepScores(scores []kvroute.Score) []kvroute.Score {
+	if scores == nil {
+		return nil
+	}
+	out := make([]kvroute.Score, len(scores))
+	for i, s := range scores {
+		if s.Parts != nil {
+			s.Parts = append([]kvroute.Part{}, s.Parts...)
+		}
+		out[i] = s
+	}
+	return out
+}
