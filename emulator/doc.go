@@ -23,7 +23,13 @@
 // Prompts are tokenized with tokenizer.Builtin (chat messages rendered with
 // the ChatML template first); generated token ids come from the engine model
 // (seeded, so a request's text is deterministic for a seed) and are rendered
-// to text with the same tokenizer.
+// to text with the same tokenizer. With another Config.Tokenizer (a
+// HuggingFace tokenizer, `kvroute engine --tokenizer`) prompts are encoded as
+// vLLM encodes them: chat messages through the tokenizer's chat template,
+// completion prompts with its special tokens (BOS); the generated ids, drawn
+// from the model's vocabulary with the tokenizer's EOS, are decoded by it with
+// special tokens skipped, and a stream holds back the first bytes of a
+// character until its last byte is generated.
 //
 // One goroutine, started by Run, owns the engine model: it takes the
 // requests handlers queued, steps the model, sleeps the modelled step time

@@ -6,8 +6,6 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
-
-	"github.com/kvroute/kvroute/tokenizer"
 )
 
 // handleResetPrefixCache is vLLM's POST /reset_prefix_cache: it forgets
@@ -55,11 +53,14 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	var toks []uint32
 	switch {
 	case chat:
-		toks = s.cfg.Tokenizer.Encode(tokenizer.RenderChatML(req.chatMessages, true))
+		if toks, err = s.encodeMessages(req.chatMessages); err != nil {
+			writeError(w, http.StatusBadRequest, "chat template: "+err.Error())
+			return
+		}
 	case req.promptIDs != nil:
 		toks = req.promptIDs
 	default:
-		toks = s.cfg.Tokenizer.Encode(req.promptText)
+		toks = s.encodePrompt(req.promptText)
 	}
 	if toks == nil {
 		toks = []uint32{}

@@ -113,7 +113,11 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 	j := &job{chat: chat, req: req}
 	defer j.putText()
 	if chat {
-		j.prompt = s.encodeChat(req.chatMessages)
+		var err error
+		if j.prompt, err = s.encodeMessages(req.chatMessages); err != nil {
+			writeError(w, http.StatusBadRequest, "chat template: "+err.Error())
+			return
+		}
 		j.respID = openai.NewChatID()
 	} else {
 		if req.promptIDs != nil {
@@ -125,7 +129,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 				}
 			}
 		} else {
-			j.prompt = s.encode(req.promptText)
+			j.prompt = s.encodePrompt(req.promptText)
 		}
 		j.respID = openai.NewCompletionID()
 	}
@@ -237,7 +241,7 @@ func (s *Server) advance(j *job) bool {
 			j.textBuf = getBuf()
 			j.text = (*j.textBuf)[:0]
 		}
-		j.text, j.scratch = renderTokens(s.cfg.Tokenizer, j.text, p.toks, j.scratch)
+		j.text, j.scratch = s.render(j.text, p.toks, j.scratch)
 	}
 	if len(j.req.stops) > 0 && len(j.text) > j.checked {
 		if i, stop := stopMatch(j.text, j.checked, j.req.stops); i >= 0 {
@@ -339,6 +343,9 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 		upto := len(j.text)
 		if !done && j.maxStop > 1 {
 			upto = max(j.sent, upto-(j.maxStop-1)) // hold back a possible stop-string prefix
+		}
+		if !done && s.codec != nil {
+			upto = completeText(j.text, j.sent, upto) // and a character's first bytes
 		}
 		if j.chat && !j.roleWritten && (upto > j.sent || done || j.generated > 0) {
 			sw.AppendData(func(b []byte) []byte { return j.usage(openai.AppendChatRoleChunk(b, &j.hdr), 0) })

