@@ -203,7 +203,8 @@ func TestHFTokenizerCompletionAndCache(t *testing.T) {
 	}
 }
 
-// TestHFTokenizerConfig: the model's EOS becomes the tokenizer's, a
+// TestHFTokenizerConfig: the model's EOS becomes the tokenizer's, the
+// model generates only ids the tokenizer has, a
 // tokenizer with more ids than the model's vocabulary is refused, and a
 // chat template that fails is the client's 400.
 func TestHFTokenizerConfig(t *testing.T) {
@@ -220,6 +221,11 @@ func TestHFTokenizerConfig(t *testing.T) {
 	eos, _ := tiny.EOS()
 	if got := s.sampler.AppendTokens(nil, &engine.Request{Seed: 5, EOSAt: 2}, 2); got[1] != eos {
 		t.Errorf("the model's EOS: got tokens %v, want the tokenizer's EOS %d second", got, eos)
+	}
+	for _, id := range s.sampler.AppendTokens(nil, &engine.Request{Seed: 5}, 2000) {
+		if id >= uint32(tiny.VocabSize()) {
+			t.Fatalf("generated id %d: the tokenizer has %d ids", id, tiny.VocabSize())
+		}
 	}
 	code, b := post(t, hs.URL+"/v1/chat/completions", `{"messages":[{"role":"system","content":"x"},{"role":"user","content":"hi"}],"max_tokens":2}`)
 	if code != 400 || !strings.Contains(string(b), "System role not supported") {

@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/tokenizer"
 )
 
 // ErrStopped is the error of requests that were live when the engine loop
@@ -93,8 +94,13 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
-	if eos, ok := eosOf(cfg.Tokenizer); ok && codec != nil {
-		ec.Profile.Model.EOSTokenID = eos // the model ends a turn with its tokenizer's EOS
+	if codec != nil {
+		if eos, ok := eosOf(cfg.Tokenizer); ok {
+			ec.Profile.Model.EOSTokenID = eos // the model ends a turn with its tokenizer's EOS
+		}
+		if v, ok := cfg.Tokenizer.(tokenizer.Vocab); ok {
+			ec.OutputVocab = v.VocabSize() // and generates no id the tokenizer lacks
+		}
 	}
 	ec.NoEvents = cfg.KVEvents.Endpoint == ""
 	eng, err := engine.New(ec)

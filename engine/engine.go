@@ -38,6 +38,11 @@ type Config struct {
 	NoEvents bool
 	// Speed divides every modelled step time (2 = twice as fast). 0 means 1.
 	Speed float64
+	// OutputVocab, when in (0, the model's vocabulary), bounds the ids the
+	// model generates: a tokenizer smaller than the model's padded
+	// embedding table (Qwen2.5's 151,665 ids of 152,064) never sees a
+	// padding id.
+	OutputVocab int
 }
 
 // Request is one generation request as the engine sees it.
@@ -384,6 +389,9 @@ func New(cfg Config) (*Engine, error) {
 		maxLen: p.MaxModelLen, cost: newCostModel(p), hash: cfg.HashFunc, speed: cfg.Speed,
 		sampler: Sampler{vocab: uint32(p.Model.Vocab), eos: p.Model.EOSTokenID}, caching: !cfg.DisablePrefixCaching,
 		pool: newBlockPool(p.NumGPUBlocks), seqs: make(map[string]*sequence),
+	}
+	if v := cfg.OutputVocab; v > 0 && v < p.Model.Vocab {
+		e.sampler.vocab = uint32(v)
 	}
 	e.sampler.vocabRem = newRemainder(e.sampler.vocab)
 	e.keepGen = e.caching && !cfg.NoEvents
