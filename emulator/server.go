@@ -29,13 +29,16 @@ type Server struct {
 	eng     *engine.Engine // owned by the loop goroutine (Run)
 	sampler engine.Sampler // the engine's output tokens, for handlers
 	codec   *textCodec     // nil: the built-in tokenizer
-	metrics *metrics
-	pub     *publisher // nil without KV events
-	leases  leaseTable
-	client  *http.Client // side-channel calls to prefill engines
-	mux     *http.ServeMux
-	start   time.Time
-	created int64 // unix seconds, for response "created" fields
+	// tokCache is the built-in tokenizer's cache (nil with another
+	// tokenizer, whose codec has its own).
+	tokCache *tokenizer.Cache
+	metrics  *metrics
+	pub      *publisher // nil without KV events
+	leases   leaseTable
+	client   *http.Client // side-channel calls to prefill engines
+	mux      *http.ServeMux
+	start    time.Time
+	created  int64 // unix seconds, for response "created" fields
 
 	inMu  sync.Mutex // protects inbox, stopped, quiet and quietUntil
 	inbox []command
@@ -121,6 +124,9 @@ func New(cfg Config) (*Server, error) {
 		start: time.Now(), wake: make(chan struct{}, 1), done: make(chan struct{}), exited: make(chan struct{}),
 	}
 	s.created = s.start.Unix()
+	if codec == nil {
+		s.tokCache = tokenizer.NewBuiltinCache(tokenizer.CacheConfig{MaxTokens: cacheTokens})
+	}
 	s.minStep = eng.MinStepTime()
 	hashName := "xxh3"
 	if ec.HashFunc != nil {

@@ -142,6 +142,7 @@ type specialEncoder interface {
 // paths are faster (encode, encodeChat, renderTokens).
 type textCodec struct {
 	tok  tokenizer.Tokenizer
+	enc  tokenizer.Tokenizer     // tok, behind a tokenizer.Cache when it is a *tokenizer.HF
 	tmpl *tokenizer.ChatTemplate // nil: ChatML
 	skip []uint64                // bit id: a special token, rendered as nothing
 }
@@ -153,7 +154,10 @@ func newTextCodec(tok tokenizer.Tokenizer, vocab int) (*textCodec, error) {
 	if tok == tokenizer.Builtin() {
 		return nil, nil
 	}
-	c := &textCodec{tok: tok}
+	c := &textCodec{tok: tok, enc: tok}
+	if hf, ok := tok.(*tokenizer.HF); ok {
+		c.enc = tokenizer.NewCache(hf, tokenizer.CacheConfig{MaxTokens: cacheTokens})
+	}
 	if t, ok := tok.(tokenizer.Templater); ok {
 		tmpl, err := t.ChatTemplate()
 		switch {
@@ -196,15 +200,15 @@ func (c *textCodec) chat(msgs []tokenizer.Message) ([]uint32, error) {
 			return nil, err
 		}
 	}
-	return c.tok.Encode(text), nil
+	return c.enc.Encode(text), nil
 }
 
 // prompt encodes a completion prompt (with the tokenizer's special tokens).
 func (c *textCodec) prompt(text string) []uint32 {
-	if se, ok := c.tok.(specialEncoder); ok {
+	if se, ok := c.enc.(specialEncoder); ok {
 		return se.EncodeAddSpecial(text)
 	}
-	return c.tok.Encode(text)
+	return c.enc.Encode(text)
 }
 
 // render appends the text of generated ids to dst, special tokens skipped.
@@ -271,12 +275,22 @@ func (s *Server) render(dst []byte, ids, scratch []uint32) ([]byte, []uint32) {
 	return renderTokens(s.cfg.Tokenizer, dst, ids, scratch)
 }
 
-// encode is Tokenizer.Encode; for the built-in tokenizer the ids go into a
-// slice sized for English text (about 3.6 bytes a token) up front, so that
-// it does not grow (Encode's starts at one id per 4 bytes).
+// cacheTokens bounds a server's tokenizer cache (tokenizer.Cache: the ids
+// of the text between special tokens, such as a chat's system prompt and
+// earlier turns, are looked up instead of encoded again): 4 bytes a token.
+const cacheTokens = 1 << 16
+
+// encode is Tokenizer.Encode; for the built-in tokenizer (through the
+// server's cache, tokCache, when it has one) the ids go into a slice sized
+// for English text (about 3.6 bytes a token) up front, so that it does not
+// grow (Encode's starts at one id per 4 bytes).
 func (s *Server) encode(text string) []uint32 {
 	if s.cfg.Tokenizer == tokenizer.Builtin() {
-		if ae, ok := s.cfg.Tokenizer.(appendEncoder); ok {
+		var ae appendEncoder = s.tokCache
+		if s.tokCache == nil {
+			ae, _ = s.cfg.Tokenizer.(appendEncoder)
+		}
+		if ae != nil {
 			return ae.AppendEncode(make([]uint32, 0, len(text)/3+8), text)
 		}
 	}

@@ -3,6 +3,7 @@ package emulator
 import (
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvroute/kvroute/tokenizer"
@@ -137,19 +138,31 @@ func TestAppendChatML(t *testing.T) {
 }
 
 // TestEncodeMatchesTokenizer checks encode and encodeChat against the
-// tokenizer's Encode, for the built-in tokenizer (their sized fast path)
-// and another one.
+// tokenizer's Encode, for the built-in tokenizer (their sized fast path,
+// with and without the server's cache, twice: a miss, then a hit) and
+// another one.
 func TestEncodeMatchesTokenizer(t *testing.T) {
-	msgs := []tokenizer.Message{{Role: "system", Content: "System prompt 3 sets the rules. It's 42 ok?"}, {Role: "user", Content: "question"}}
-	for _, tok := range []tokenizer.Tokenizer{tokenizer.Builtin(), renderDecode{tokenizer.Builtin()}} {
-		s := &Server{cfg: Config{Tokenizer: tok}}
-		for _, text := range []string{"", "a", "Benchmarks measure the emulator's own cost per request. ", "ééé ... 123456 <|im_start|>x"} {
-			if got, want := s.encode(text), tok.Encode(text); !slices.Equal(got, want) {
-				t.Errorf("encode(%q): got %v, want %v", text, got, want)
+	msgs := []tokenizer.Message{{Role: "system", Content: strings.Repeat("System prompt 3 sets the rules. It's 42 ok? ", 3)}, {Role: "user", Content: "question"}}
+	servers := []*Server{
+		{cfg: Config{Tokenizer: tokenizer.Builtin()}},
+		{cfg: Config{Tokenizer: tokenizer.Builtin()}, tokCache: tokenizer.NewBuiltinCache(tokenizer.CacheConfig{})},
+		{cfg: Config{Tokenizer: renderDecode{tokenizer.Builtin()}}},
+	}
+	for i, s := range servers {
+		tok := s.cfg.Tokenizer
+		for range 2 {
+			for _, text := range []string{"", "a", "Benchmarks measure the emulator's own cost per request. ", "ééé ... 123456 <|im_start|>x",
+				"<|im_start|>" + strings.Repeat("long enough to be cached ", 4) + "<|im_end|>  "} {
+				if got, want := s.encode(text), tok.Encode(text); !slices.Equal(got, want) {
+					t.Errorf("server %d: encode(%q): got %v, want %v", i, text, got, want)
+				}
+			}
+			if got, want := s.encodeChat(msgs), tok.Encode(tokenizer.RenderChatML(msgs, true)); !slices.Equal(got, want) {
+				t.Errorf("server %d: encodeChat: got %v, want %v", i, got, want)
 			}
 		}
-		if got, want := s.encodeChat(msgs), tok.Encode(tokenizer.RenderChatML(msgs, true)); !slices.Equal(got, want) {
-			t.Errorf("encodeChat: got %v, want %v", got, want)
-		}
+	}
+	if st := servers[1].tokCache.Stats(); st.Hits == 0 {
+		t.Errorf("the cache was not used: %+v", st)
 	}
 }

@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"fmt"
 	"math/rand/v2"
 	"slices"
 	"strings"
@@ -233,5 +234,55 @@ func BenchmarkBuiltinEncode(b *testing.B) {
 	b.ReportAllocs()
 	for b.Loop() {
 		dst = tok.AppendEncode(dst[:0], text)
+	}
+}
+
+// BenchmarkBuiltinEncodeASCII is English prose: a chat's system prompt.
+func BenchmarkBuiltinEncodeASCII(b *testing.B) {
+	text := strings.Repeat("System prompt 3 sets the rules for this assistant. Answer briefly, cite the page (p. 12), and never guess.\n", 80)
+	tok := Builtin().(builtin)
+	dst := make([]uint32, 0, len(text))
+	b.SetBytes(int64(len(text)))
+	b.ReportAllocs()
+	for b.Loop() {
+		dst = tok.AppendEncode(dst[:0], text)
+	}
+}
+
+// FuzzBuiltinCache: the built-in tokenizer's Cache encodes every text as
+// the tokenizer does, on a miss and on a hit, however the text places its
+// special tokens (whole, split, adjacent, next to spaces).
+func FuzzBuiltinCache(f *testing.F) {
+	f.Add("<|im_start|>system\nYou are   helpful. <|im_end|>\n<|im_start|>user\n  hi <|im_end|>\n<|im_start|>assistant\n")
+	f.Add("a <|im_end|><|im_start|> b<<|im_end|>|<|<|endoftext|>  \t<|im_")
+	f.Add("x  <|im_end|>y!!<|im_start|>123<|im_end|>日本<|im_end|> ")
+	f.Fuzz(func(t *testing.T, s string) {
+		c := NewBuiltinCache(CacheConfig{MinSegmentBytes: 1, MaxTokens: 1 << 12})
+		want := Builtin().Encode(s)
+		for _, pass := range []string{"miss", "hit"} {
+			if got := c.Encode(s); !slices.Equal(got, want) {
+				t.Fatalf("%s: Cache.Encode(%q) = %v, want %v", pass, s, got, want)
+			}
+		}
+	})
+}
+
+func TestBuiltinCacheReuses(t *testing.T) {
+	c := NewBuiltinCache(CacheConfig{})
+	system := strings.Repeat("System prompt 3 sets the rules for this assistant. ", 30)
+	for i := range 3 {
+		text := RenderChatML([]Message{{Role: "system", Content: system}, {Role: "user", Content: fmt.Sprintf("question %d", i)}}, true)
+		if got, want := c.Encode(text), Builtin().Encode(text); !slices.Equal(got, want) {
+			t.Fatalf("turn %d: got %v, want %v", i, got, want)
+		}
+	}
+	if st := c.Stats(); st.Hits != 2 || st.Misses != 1 {
+		t.Errorf("got %d hits, %d misses; want the system message encoded once and found twice", st.Hits, st.Misses)
+	}
+	if _, err := c.ChatTemplate(); err != ErrNoChatTemplate {
+		t.Errorf("ChatTemplate: got %v, want ErrNoChatTemplate", err)
+	}
+	if c.VocabSize() != BuiltinVocabSize || c.Tokenizer() != nil {
+		t.Errorf("VocabSize %d, Tokenizer %v", c.VocabSize(), c.Tokenizer())
 	}
 }

@@ -46,7 +46,8 @@ type CacheStats struct {
 //
 // A Cache is safe for concurrent use.
 type Cache struct {
-	tok       *HF
+	tok       *HF       // nil in front of the built-in tokenizer
+	seg       segmenter // tok, or the built-in tokenizer
 	maxTokens int
 	minBytes  int
 	lineCuts  bool // segments are also cut at line starts (see lineCutsExact)
@@ -65,14 +66,50 @@ type cacheEntry struct {
 
 // NewCache returns an empty cache in front of tok.
 func NewCache(tok *HF, cfg CacheConfig) *Cache {
+	c := newCache(tok, cfg)
+	c.tok, c.lineCuts = tok, lineCutsExact(tok)
+	return c
+}
+
+// NewBuiltinCache returns an empty cache in front of the built-in tokenizer
+// (Builtin). It is exact for the same reason: the built-in tokenizer starts
+// a chunk after every special token and ends one before it (the last space
+// before a special token stays with its whitespace, as at the end of the
+// text), so the text between special tokens encodes alone. Its
+// EncodeAddSpecial is Encode (the built-in tokenizer adds no special token)
+// and it has no chat template (RenderChat uses ChatML).
+func NewBuiltinCache(cfg CacheConfig) *Cache {
+	return newCache(builtin{}, cfg)
+}
+
+func newCache(seg segmenter, cfg CacheConfig) *Cache {
 	if cfg.MaxTokens <= 0 {
 		cfg.MaxTokens = 1 << 20
 	}
 	if cfg.MinSegmentBytes <= 0 {
 		cfg.MinSegmentBytes = 64
 	}
-	return &Cache{tok: tok, maxTokens: cfg.MaxTokens, minBytes: cfg.MinSegmentBytes,
-		lineCuts: lineCutsExact(tok), byKey: make(map[xxh3.Uint128]*list.Element)}
+	return &Cache{seg: seg, maxTokens: cfg.MaxTokens, minBytes: cfg.MinSegmentBytes,
+		byKey: make(map[xxh3.Uint128]*list.Element)}
+}
+
+// segmenter is what a Cache needs of its tokenizer: the text cut at its
+// special tokens (split calls fn with each segment between them, and with
+// each special token's id and special true), and the ids of a segment.
+type segmenter interface {
+	Tokenizer
+	split(text string, fn func(seg string, id uint32, special bool))
+	appendSegment(dst []uint32, seg string) []uint32
+}
+
+func (t *HF) split(text string, fn func(seg string, id uint32, special bool)) {
+	t.added.split(text, func(seg string, tok *hfAddedToken) {
+		if tok != nil {
+			fn("", tok.ID, true)
+			return
+		}
+		fn(seg, 0, false)
+	})
 }
 
 var _ Tokenizer = (*Cache)(nil)
@@ -86,6 +123,9 @@ func (c *Cache) Encode(text string) []uint32 {
 // (a completion prompt, as vLLM encodes it).
 func (c *Cache) EncodeAddSpecial(text string) []uint32 {
 	t := c.tok
+	if t == nil {
+		return c.Encode(text)
+	}
 	ids := make([]uint32, 0, len(text)/3+4+len(t.prefixIDs)+len(t.suffixIDs))
 	ids = append(ids, t.prefixIDs...)
 	ids = c.AppendEncode(ids, text)
@@ -93,28 +133,45 @@ func (c *Cache) EncodeAddSpecial(text string) []uint32 {
 }
 
 // Decode is the tokenizer's Decode.
-func (c *Cache) Decode(ids []uint32) string { return c.tok.Decode(ids) }
+func (c *Cache) Decode(ids []uint32) string { return c.seg.Decode(ids) }
 
-// Tokenizer returns the tokenizer the cache is in front of.
+// Tokenizer returns the HuggingFace tokenizer the cache is in front of (nil
+// for NewBuiltinCache's).
 func (c *Cache) Tokenizer() *HF { return c.tok }
 
-// ChatTemplate is the tokenizer's ChatTemplate.
-func (c *Cache) ChatTemplate() (*ChatTemplate, error) { return c.tok.ChatTemplate() }
+// ChatTemplate is the tokenizer's ChatTemplate (ErrNoChatTemplate for the
+// built-in tokenizer).
+func (c *Cache) ChatTemplate() (*ChatTemplate, error) {
+	if c.tok == nil {
+		return nil, ErrNoChatTemplate
+	}
+	return c.tok.ChatTemplate()
+}
 
 // VocabSize is the tokenizer's VocabSize.
-func (c *Cache) VocabSize() int { return c.tok.VocabSize() }
+func (c *Cache) VocabSize() int {
+	if c.tok == nil {
+		return BuiltinVocabSize
+	}
+	return c.tok.VocabSize()
+}
 
 // EOS is the tokenizer's EOS.
-func (c *Cache) EOS() (uint32, bool) { return c.tok.EOS() }
+func (c *Cache) EOS() (uint32, bool) {
+	if c.tok == nil {
+		return builtin{}.EOS()
+	}
+	return c.tok.EOS()
+}
 
 // AppendEncode appends the ids of text to dst.
 func (c *Cache) AppendEncode(dst []uint32, text string) []uint32 {
-	c.tok.added.split(text, func(seg string, tok *hfAddedToken) {
+	c.seg.split(text, func(seg string, id uint32, special bool) {
 		switch {
-		case tok != nil:
-			dst = append(dst, tok.ID)
+		case special:
+			dst = append(dst, id)
 		case len(seg) < c.minBytes:
-			dst = c.tok.appendSegment(dst, seg)
+			dst = c.seg.appendSegment(dst, seg)
 		case c.lineCuts:
 			dst = c.appendLines(dst, seg)
 		default:
@@ -136,7 +193,7 @@ func (c *Cache) appendLines(dst []uint32, seg string) []uint32 {
 		}
 	}
 	if len(seg)-start < c.minBytes {
-		return c.tok.appendSegment(dst, seg[start:])
+		return c.seg.appendSegment(dst, seg[start:])
 	}
 	return c.appendCached(dst, seg[start:])
 }
@@ -172,7 +229,7 @@ func (c *Cache) appendCached(dst []uint32, seg string) []uint32 {
 	c.mu.Unlock()
 
 	start := len(dst)
-	dst = c.tok.appendSegment(dst, seg)
+	dst = c.seg.appendSegment(dst, seg)
 	n := len(dst) - start
 	if n > c.maxTokens {
 		return dst
