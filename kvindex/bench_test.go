@@ -305,6 +305,9 @@ var benchEndpointNames = func() []string {
 //   - rotate16: 16 prompts sharing a 32-block prefix, round-robin on one
 //     endpoint they all fit (the router's hit regime: every Record moves
 //     256 held blocks to the front);
+//   - rotate64: as rotate16 with 64 prompts, which overflow the endpoint
+//     (the router's churn regime: every Record inserts and evicts 224
+//     blocks);
 //   - evict: new random prompts on endpoints at capacity (each Record
 //     evicts as many blocks as it adds).
 func BenchmarkApproxRecord(b *testing.B) {
@@ -361,6 +364,24 @@ func BenchmarkApproxRecord(b *testing.B) {
 			}
 		}, func(a approxImpl, i int) {
 			a.Record(at(64+i), "e", prompts[i%16])
+		}, nil)
+	})
+	b.Run("rotate64", func(b *testing.B) {
+		// The router benchmark's sessions=64 (BenchmarkDecisionKVAware64):
+		// 64 prompts sharing a 32-block prefix round-robin on one
+		// endpoint of 12500 blocks, which they overflow, so every Record
+		// refreshes the prefix and inserts and evicts 224 blocks.
+		prompts := randomPrompts(rand.New(rand.NewPCG(5, 5)), 64, benchBlocks)
+		for _, p := range prompts {
+			copy(p[:32], prompts[0][:32])
+		}
+		benchApprox(b, benchBlocks, func(a approxImpl) {
+			a.SetCapacity("e", 12500)
+			for i := 0; i < 256; i++ {
+				a.Record(at(i), "e", prompts[i%64])
+			}
+		}, func(a approxImpl, i int) {
+			a.Record(at(256+i), "e", prompts[i%64])
 		}, nil)
 	})
 	b.Run("evict", func(b *testing.B) {
