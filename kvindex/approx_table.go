@@ -5,8 +5,9 @@ import (
 	"sync/atomic"
 )
 
-// atable is Approx's block table: block key -> 64-bit mask of the
-// endpoints of one group holding it. Like maskTable (table.go) it is
+// atable is Approx's block table for concurrent use (a Serialized Approx
+// uses btable): block key -> 64-bit mask of the endpoints of one group
+// holding it. Like maskTable (table.go) it is
 // sharded open addressing with linear probing that readers (get) use
 // without a lock and without ever waiting; unlike maskTable it has a single
 // writer (the caller holds Approx.mu), so writes take no shard lock and
@@ -39,22 +40,17 @@ import (
 type atable struct {
 	shards []ashard
 	shift  uint // 64 - log2(len(shards))
-	// serial: no reader runs while the writer works (ApproxConfig.Serialized),
-	// so writes are plain stores and rebuilds recycle retired arrays
-	// (ashard.spare).
-	serial bool
 }
 
 type ashard struct {
-	tab   atomic.Pointer[[]aslot]
-	used  int      // slots with a key (live + tombstones); writer only
-	live  int      // slots with a non-zero mask; writer only
-	spare *[]aslot // serial only: the array the last rebuild retired
-	// cur is *tab as the writer last stored it: the writer (and, when
-	// serial, every caller) reads it here, in the shard's own cache line,
-	// instead of through the published pointer.
+	tab  atomic.Pointer[[]aslot]
+	used int // slots with a key (live + tombstones); writer only
+	live int // slots with a non-zero mask; writer only
+	// cur is *tab as the writer last stored it: the writer reads it here,
+	// in the shard's own cache line, instead of through the published
+	// pointer.
 	cur []aslot
-	_   [8]byte // keep shards on separate cache lines
+	_   [16]byte // keep shards on separate cache lines
 }
 
 type aslot struct {
@@ -90,16 +86,11 @@ func (t *atable) locate(key uint64) (*ashard, []aslot, int) {
 	return sh, arr, int(hi)
 }
 
-// locateR is locate for readers: the published array, unless serial.
+// locateR is locate for readers: the published array.
 func (t *atable) locateR(key uint64) ([]aslot, int) {
 	m := mix(key)
 	sh := &t.shards[m>>t.shift]
-	var arr []aslot
-	if t.serial {
-		arr = sh.cur
-	} else {
-		arr = *sh.tab.Load()
-	}
+	arr := *sh.tab.Load()
 	hi, _ := bits.Mul64(m<<(64-t.shift), uint64(len(arr)))
 	return arr, int(hi)
 }
@@ -173,11 +164,7 @@ func (t *atable) update(key, set, clear uint64) (old uint64) {
 		if s.key == key {
 			old = s.mask
 			if nw := (old &^ clear) | set; nw != old {
-				if t.serial {
-					s.mask = nw
-				} else {
-					atomic.StoreUint64(&s.mask, nw)
-				}
+				atomic.StoreUint64(&s.mask, nw)
 				switch {
 				case old == 0:
 					sh.live++
@@ -205,10 +192,6 @@ func (t *atable) update(key, set, clear uint64) (old uint64) {
 		// Key first (the mask is 0), mask second: a reader that loaded
 		// the old key sees mask 0 or, loading the key again, the change.
 		s := &arr[reuse]
-		if t.serial {
-			s.key, s.mask = key, set
-			return 0
-		}
 		atomic.StoreUint64(&s.key, key)
 		atomic.StoreUint64(&s.mask, set)
 		return 0
@@ -227,11 +210,7 @@ func (t *atable) update(key, set, clear uint64) (old uint64) {
 	// a rebuild), so no reader loads its mask before it sees the key
 	// stored below: the mask needs no atomic store.
 	arr[i].mask = set
-	if t.serial {
-		arr[i].key = key
-	} else {
-		atomic.StoreUint64(&arr[i].key, key)
-	}
+	atomic.StoreUint64(&arr[i].key, key)
 	sh.used++
 	return 0
 }
@@ -240,24 +219,9 @@ func (t *atable) update(key, set, clear uint64) (old uint64) {
 // sized for atargetLoad (so it grows when there are few tombstones and
 // shrinks or stays when there are many). Writer only.
 func (t *atable) rebuild(sh *ashard) []aslot {
-	oldp := sh.tab.Load()
-	old := *oldp
+	old := *sh.tab.Load()
 	n := max(int(float64(sh.live+1)/atargetLoad)+1, aminSlots)
-	var arr []aslot
-	sp := sh.spare
-	if sp != nil && cap(*sp) >= n && cap(*sp) <= 2*n {
-		// Serial: no reader can hold the array the last rebuild
-		// retired, so it serves again.
-		arr = (*sp)[:n]
-		clear(arr)
-	} else if t.serial {
-		// A quarter more capacity, so that a shard that rebuilds at
-		// about the same size reuses it.
-		sp = new([]aslot)
-		arr = make([]aslot, n, n+n/4)
-	} else {
-		arr = make([]aslot, n) // no reader sees arr before the Store below
-	}
+	arr := make([]aslot, n) // no reader sees arr before the Store below
 	for _, s := range old {
 		if s.key == 0 || s.mask == 0 {
 			continue
@@ -271,16 +235,9 @@ func (t *atable) rebuild(sh *ashard) []aslot {
 		arr[i] = s
 	}
 	sh.used = sh.live
-	if !t.serial {
-		p := new([]aslot)
-		*p = arr
-		sh.tab.Store(p)
-		sh.cur = arr
-		return arr
-	}
-	*sp = arr
-	sh.tab.Store(sp)
+	p := new([]aslot)
+	*p = arr
+	sh.tab.Store(p)
 	sh.cur = arr
-	sh.spare = oldp // retired: no reader holds it or its array
 	return arr
 }

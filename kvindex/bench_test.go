@@ -308,6 +308,9 @@ var benchEndpointNames = func() []string {
 //   - rotate64: as rotate16 with 64 prompts, which overflow the endpoint
 //     (the router's churn regime: every Record inserts and evicts 224
 //     blocks);
+//   - spread256: 256 such prompts on 64 endpoints, 4 each (the router's
+//     loaded regime: as rotate16, but the endpoint's map and log are
+//     rarely in cache);
 //   - evict: new random prompts on endpoints at capacity (each Record
 //     evicts as many blocks as it adds).
 func BenchmarkApproxRecord(b *testing.B) {
@@ -382,6 +385,23 @@ func BenchmarkApproxRecord(b *testing.B) {
 			}
 		}, func(a approxImpl, i int) {
 			a.Record(at(256+i), "e", prompts[i%64])
+		}, nil)
+	})
+	b.Run("spread256", func(b *testing.B) {
+		// The router benchmark's loaded case: 256 prompts sharing a
+		// 32-block prefix, each on one of 64 endpoints (4 per endpoint,
+		// all held): every Record moves 256 held blocks to the front, on
+		// an endpoint whose map and log are rarely in cache.
+		prompts := randomPrompts(rand.New(rand.NewPCG(6, 6)), 256, benchBlocks)
+		for _, p := range prompts {
+			copy(p[:32], prompts[0][:32])
+		}
+		benchApprox(b, benchBlocks, func(a approxImpl) {
+			for i := 0; i < 1024; i++ {
+				a.Record(at(i), benchEndpointNames[i%64], prompts[i%256])
+			}
+		}, func(a approxImpl, i int) {
+			a.Record(at(1024+i), benchEndpointNames[i%64], prompts[i%256])
 		}, nil)
 	})
 	b.Run("evict", func(b *testing.B) {
