@@ -94,8 +94,8 @@ func (c *ApproxConfig) setDefaults() {
 // block recorded again gets a map entry naming its new entry at back; its
 // old entry is stale: a tombstone when the map named it, otherwise left in
 // place and told from the live one by the map when it reaches the front
-// (skipStale) or a compaction. Record prefetches the map slots and (for
-// atable) table lines a prompt needs before it uses them, and trim applies
+// (skipStale) or a compaction. Record prefetches the map slots and table
+// lines a prompt needs before it uses them, and trim applies
 // evictions to the table in one batch, so that the cache misses overlap
 // instead of queueing (see atable). Record allocates only when a
 // structure grows or an atable shard is rebuilt to purge tombstones (with
@@ -247,9 +247,9 @@ func (a *Approx) Record(now time.Time, endpoint string, hashes []uint64) {
 	}
 	a.miss, a.at = miss, at
 	if e.g.tab != nil {
-		// (The serial table's lines are in cache, or their misses overlap
-		// anyway: a touch pass only adds its own loads there.)
 		a.sink += e.g.tab.touch(miss)
+	} else {
+		a.sink += e.g.stab.touch(miss)
 	}
 	grown := false // the map gained a key since the pass
 	for i := len(hashes) - 1; i >= 0; i-- {
@@ -332,6 +332,7 @@ func (a *Approx) trim(e *aendpoint, t int64, ttl bool) {
 	}
 	a.clears = clears
 	if e.g.stab != nil {
+		a.sink += e.g.stab.touch(clears)
 		for _, k := range clears {
 			e.g.stab.update(k, 0, e.bit)
 		}

@@ -97,6 +97,17 @@ func (t *btable) find(key uint64) (bi uint64, j int) {
 	return bi, -1
 }
 
+// touch loads the home bucket of each key, so that the misses of a batch
+// overlap; it returns a value the caller must keep so the loads are not
+// dropped.
+func (t *btable) touch(keys []uint64) uint64 {
+	var sink uint64
+	for _, k := range keys {
+		sink += t.b[t.home(k)].keys[0]
+	}
+	return sink
+}
+
 // get returns key's mask (0 when absent).
 func (t *btable) get(key uint64) uint64 {
 	bi, j := t.find(key)
