@@ -84,24 +84,24 @@ func (c *ApproxConfig) setDefaults() {
 //
 // Layout: as in Index, endpoints are numbered in groups of 64 and a
 // lock-free table (atable; with ApproxConfig.Serialized, btable) maps each
-// block hash to the mask of endpoints holding it. Each endpoint keeps its recency order as a ring of entries
-// in Record order (alog: no linked list) and a map from block hash to the
-// ring position of its live entry (amap) for the blocks recorded again
-// while held only. A block recorded once has one entry and needs no map
-// entry (the table says that the endpoint holds it), so under churn, when
-// every Record inserts and evicts, a block costs the table two changes and
-// the ring two sequential writes, and no map insertion or deletion. A
-// block recorded again gets a map entry naming its new entry at back; its
-// old entry is stale: a tombstone when the map named it, otherwise left in
-// place and told from the live one by the map when it reaches the front
-// (skipStale) or a compaction. Record prefetches the map slots and table
-// lines a prompt needs before it uses them, and trim applies
-// evictions to the table in one batch, so that the cache misses overlap
-// instead of queueing (see atable). Record allocates only when a
+// block hash to the mask of endpoints holding it. Each endpoint keeps its
+// recency order as a ring of entries in Record order (alog: no linked list)
+// and a map from block hash to the ring position of its live entry (amap)
+// for the blocks recorded again while held only. A block recorded once has
+// one entry and needs no map entry (the table says that the endpoint holds
+// it), so under churn, when every Record inserts and evicts, a block costs
+// the table two changes and the ring two sequential writes, and no map
+// insertion or deletion. A block recorded again gets a map entry naming its
+// new entry at back; its old entry is stale: a tombstone when the map named
+// it, otherwise left in place and told from the live one by the map when it
+// reaches the front (skipStale) or a compaction. Record prefetches the map
+// slots and table lines a prompt needs before it uses them, and trim
+// applies evictions to the table in one batch, so that the cache misses
+// overlap instead of queueing (see atable). Record allocates only when a
 // structure grows or an atable shard is rebuilt to purge tombstones (with
-// Serialized, not at steady state: btable has no tombstones). Expired entries are dropped by Record and, once
-// the oldest entry's TTL has passed, by the next Match, so Match never
-// sees one.
+// Serialized, not at steady state: btable has no tombstones). Expired
+// entries are dropped by Record and, once the oldest entry's TTL has
+// passed, by the next Match, so Match never sees one.
 //
 // Approx is safe for concurrent use. Match takes no lock except for the
 // brief write lock of an expiry; Record, SetCapacity and Remove take the
