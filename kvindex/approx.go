@@ -94,7 +94,7 @@ func (c *ApproxConfig) setDefaults() {
 // insertion or deletion. A block recorded again gets a map entry naming its
 // new entry at back; its old entry is stale: a tombstone when the map named
 // it, otherwise left in place and told from the live one by the map when it
-// reaches the front (skipStale) or a compaction. Record prefetches the map
+// reaches the front (trim) or a compaction. Record prefetches the map
 // slots and table lines a prompt needs before it uses them, and trim
 // applies evictions to the table in one batch, so that the cache misses
 // overlap instead of queueing (see atable). Record allocates only when a
@@ -271,7 +271,7 @@ func (a *Approx) Record(now time.Time, endpoint string, hashes []uint64) {
 		// later in the prompt finds it held.
 		if e.g.set(h, e.bit)&e.bit != 0 {
 			// Held, with one entry somewhere in the log: from now on
-			// the index says which is live (see skipStale).
+			// the index says which is live (see trim).
 			pos := e.log.push(h, t, &e.idx)
 			v, _ := e.idx.slot(h)
 			*v = pos
@@ -286,45 +286,37 @@ func (a *Approx) Record(now time.Time, endpoint string, hashes []uint64) {
 	a.noteExpiry(e)
 }
 
-// skipStale advances e's log front past dead entries: tombstones, and
+// trim drops e's least recent entries while it is over capacity or (when
+// ttl) they expired at t, and clears the dropped keys from the table. On
+// the way it drops the dead entries it meets at the front: tombstones, and
 // entries of indexed blocks other than the one the index names (a block
 // recorded again while held, whose first entry was not indexed). Called
 // with a.mu held.
-// It reports whether the live entry it stops at is indexed (false when the
-// log is empty).
-func (a *Approx) skipStale(e *aendpoint) (indexed bool) {
+func (a *Approx) trim(e *aendpoint, t int64, ttl bool) {
+	clears := a.clears[:0]
 	l := &e.log
 	for l.front != l.back {
 		k := l.ring[l.front&l.mask].key
-		if k != 0 {
-			if e.idx.n == 0 {
-				return false // live: nothing is indexed
-			}
-			v := e.idx.find(k)
-			if v == nil {
-				return false // live
-			}
-			if *v == l.front {
-				return true // live
-			}
-			l.ring[l.front&l.mask].key = 0
+		if k == 0 {
+			l.front++ // tombstone
+			continue
 		}
-		l.front++
-	}
-	return false
-}
-
-// trim drops e's least recent entries while it is over capacity or (when
-// ttl) they expired at t, and clears the dropped keys from the table.
-// Called with a.mu held.
-func (a *Approx) trim(e *aendpoint, t int64, ttl bool) {
-	clears := a.clears[:0]
-	for {
-		indexed := a.skipStale(e)
-		if e.log.n == 0 || e.log.n <= e.capacity && (!ttl || t-e.log.oldest().t <= a.ttl) {
+		indexed := false
+		if e.idx.n > 0 {
+			if v := e.idx.find(k); v != nil {
+				if *v != l.front {
+					l.ring[l.front&l.mask].key = 0 // stale
+					l.front++
+					continue
+				}
+				indexed = true
+			}
+		}
+		// The front entry is live.
+		if l.n <= e.capacity && (!ttl || t-l.ring[l.front&l.mask].t <= a.ttl) {
 			break
 		}
-		k := e.log.pop()
+		l.pop()
 		if indexed {
 			e.idx.del(k)
 		}

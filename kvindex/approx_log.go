@@ -8,7 +8,7 @@ package kvindex
 // a tombstone (key 0) at its old position and appends it at back, so a hit
 // writes two places and never the neighbours a linked list would; a block
 // recorded again before it had an amap entry leaves its first entry in
-// place, stale (see Approx.skipStale). Eviction pops the front, reading
+// place, stale (see Approx.trim). Eviction pops the front, reading
 // the ring in order.
 //
 // Not safe for concurrent use: Approx.mu guards it.
@@ -31,12 +31,13 @@ const alogMinRing = 64
 // push appends key at back and returns its position. It may move live
 // entries (see makeRoom), updating their positions in idx.
 func (l *alog) push(key uint64, t int64, idx *amap) uint64 {
-	if l.back-l.front == uint64(len(l.ring)) {
+	s := l.back
+	if s-l.front == uint64(len(l.ring)) {
 		l.makeRoom(idx)
 	}
-	s := l.back
-	l.ring[s&l.mask] = aentry{key: key, t: t}
-	l.back++
+	e := &l.ring[s&l.mask]
+	e.key, e.t = key, t
+	l.back = s + 1
 	return s
 }
 
@@ -65,11 +66,11 @@ func (l *alog) refresh(hashes []uint64, t int64) bool {
 func (l *alog) kill(s uint64) { l.ring[s&l.mask].key = 0 }
 
 // oldest returns the least recent live entry; l.n must be > 0 and front on
-// a live entry (Approx.skipStale).
+// a live entry (Approx.trim).
 func (l *alog) oldest() aentry { return l.ring[l.front&l.mask] }
 
 // pop removes the front entry and returns its key; the front must be on
-// a live entry (Approx.skipStale).
+// a live entry (Approx.trim).
 func (l *alog) pop() uint64 {
 	k := l.ring[l.front&l.mask].key
 	l.ring[l.front&l.mask].key = 0
