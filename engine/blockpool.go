@@ -13,7 +13,10 @@ package engine
 type blockPool struct {
 	blocks  []kvBlock // the last element is the free-queue sentinel
 	numFree int
-	cached  *blockTable // hash -> block holding it
+	// deferred counts the full blocks whose keys are deferred (deferred.go)
+	// and that are still in the pool.
+	deferred int
+	cached   *blockTable // hash -> block holding it
 	// onEvict is called with the hash of each cached block that is evicted.
 	onEvict func(hash uint64)
 }
@@ -22,8 +25,9 @@ type kvBlock struct {
 	hash       uint64
 	ref        int32
 	prev, next int32  // free-queue links; -1 when not in the queue
-	hashed     bool   // hash is valid and cached[hash] == this block
 	mark       uint32 // admit's epoch, to stop at a repeated block
+	run        int32  // 1 + the retired deferred run holding the block (deferred.go); 0: none
+	hashed     bool   // hash is valid and cached[hash] == this block
 }
 
 func newBlockPool(n int) *blockPool {
@@ -102,6 +106,10 @@ func (p *blockPool) alloc() int32 {
 		if p.onEvict != nil {
 			p.onEvict(b.hash)
 		}
+	}
+	if b.run != 0 {
+		b.run = 0 // its key, deferred, is out of reach
+		p.deferred--
 	}
 	b.hash = 0
 	b.ref = 1

@@ -170,7 +170,7 @@ func (e *Engine) DecodeSteps(now, until time.Duration, limit int, run *DecodedRu
 	t := now
 	for _, d := range run.Durations {
 		t += d
-		if e.caching {
+		if e.caching && !e.deferKeys {
 			e.keysAhead()
 		}
 		// StepInto's schedule allocates in running order, then each

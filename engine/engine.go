@@ -261,7 +261,8 @@ type sequence struct {
 	firstToken, arrival, firstSched time.Duration
 	preemptions                     int
 	admitted                        bool
-	ownHashes                       bool // hashes were allocated by Add (recyclable)
+	ownHashes                       bool  // hashes were allocated by Add (recyclable)
+	run                             int32 // 1 + its run of blocks with deferred keys (deferred.go); 0: none
 }
 
 // Finished sequences are recycled, with their slices, when nothing else
@@ -296,6 +297,9 @@ func (e *Engine) newSequence() (*sequence, spareSlices) {
 // recycle keeps a finished sequence (statusDone, referenced by nothing
 // else) for a later Add.
 func (e *Engine) recycle(s *sequence) {
+	if s.run != 0 {
+		return // its retired run holds it; endRun recycles it
+	}
 	if e.cfg.NoEvents && len(e.spare) < maxSpare {
 		e.spare = append(e.spare, s)
 	}
@@ -347,6 +351,15 @@ type Engine struct {
 	keepGen      bool        // generated tokens are kept in sequence.tokens (KV events report them)
 	blockBuf     []uint32    // nextKey's scratch: a block's tokens recomputed
 	stats        Stats
+
+	// Deferred keys (deferred.go): with prefix caching and no KV events.
+	deferKeys bool
+	runs      []deferredRun
+	freeRuns  []int32
+	runByKey  map[uint64]int32 // a run's first key -> 1 + the first run of its chain
+	retired   int              // retired runs
+	sweepAt   int              // retired runs that start a sweep
+	minSweep  int              // the least sweepAt
 }
 
 // New returns an engine for cfg, or an error naming the bad field.
@@ -395,6 +408,10 @@ func New(cfg Config) (*Engine, error) {
 	}
 	e.sampler.vocabRem = newRemainder(e.sampler.vocab)
 	e.keepGen = e.caching && !cfg.NoEvents
+	if e.deferKeys = e.caching && cfg.NoEvents; e.deferKeys {
+		e.runByKey = make(map[uint64]int32)
+		e.sweepAt, e.minSweep = minSweep, minSweep
+	}
 	e.blockBuf = make([]uint32, 0, p.BlockSize)
 	if e.hash == nil {
 		e.hash = XXH3()
@@ -595,7 +612,7 @@ func (e *Engine) Stats() Stats {
 	st.Running = len(e.running)
 	st.Held = e.held
 	st.FreeBlocks = e.pool.numFree
-	st.CachedBlocks = e.pool.cached.len()
+	st.CachedBlocks = e.pool.cached.len() + e.pool.deferred
 	st.KVUsage = 1 - float64(e.pool.numFree)/float64(e.pool.size())
 	return st
 }
@@ -607,6 +624,7 @@ func (e *Engine) ResetPrefixCache() bool {
 	if !e.pool.reset() {
 		return false
 	}
+	e.dropRuns()
 	if e.caching && !e.cfg.NoEvents {
 		e.pendingClear = true
 	}
@@ -632,6 +650,7 @@ func (e *Engine) PrefixHit(r *Request) int {
 	hit := 0
 	if r.BlockHashes != nil {
 		for _, h := range r.BlockHashes[:min(limit, len(r.BlockHashes))] {
+			e.findDeferred(h)
 			if _, ok := e.pool.lookup(h); !ok {
 				break
 			}
@@ -642,6 +661,7 @@ func (e *Engine) PrefixHit(r *Request) int {
 	parent := e.hash.None()
 	for i := 0; i < limit && (i+1)*e.bs <= len(r.Prompt); i++ {
 		parent = e.hash.Block(parent, r.Prompt[i*e.bs:(i+1)*e.bs])
+		e.findDeferred(parent.Key())
 		if _, ok := e.pool.lookup(parent.Key()); !ok {
 			break
 		}

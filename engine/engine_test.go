@@ -199,6 +199,7 @@ func checkInvariants(t testing.TB, e *Engine) {
 			t.Fatalf("table %d -> block %d, which holds %d (hashed %v)", h, id, p.blocks[id].hash, p.blocks[id].hashed)
 		}
 	})
+	checkRuns(t, e)
 	held := 0
 	for _, s := range e.seqs {
 		if s.status == statusHeld {
@@ -1067,6 +1068,7 @@ func TestGeneratedBlockKeys(t *testing.T) {
 					}
 				}
 				got := map[uint64]bool{}
+				materializeAll(e)
 				e.pool.cached.each(func(k uint64, _ int32) { got[k] = true })
 				if len(want) < 15 || !maps.Equal(got, want) {
 					t.Errorf("NoEvents=%v: cached %d keys, want %d (the chains over prompts and outputs), equal: %v", noEvents, len(got), len(want), maps.Equal(got, want))
@@ -1144,6 +1146,7 @@ func TestNoEventsSameKeys(t *testing.T) {
 			now += res.Duration
 		}
 		m := map[uint64]bool{}
+		materializeAll(e)
 		e.pool.cached.each(func(k uint64, _ int32) { m[k] = true })
 		return m
 	}

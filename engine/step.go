@@ -167,7 +167,16 @@ func (e *Engine) admit(now time.Duration, s *sequence, budget int) (int, bool) {
 		// At least one token must be computed to produce logits.
 		limit := min((s.numTokens-1)/e.bs, len(s.hashes))
 		e.epoch++
+		if s.outputs > 0 && e.deferKeys {
+			// Recomputing after a preemption: its own outputs' blocks
+			// may still be cached (preempt keyed them).
+			limit = (s.numTokens - 1) / e.bs
+			for len(s.hashes) < limit {
+				e.nextKey(s)
+			}
+		}
 		for _, h := range s.hashes[:limit] {
+			e.findDeferred(h)
 			id, ok := e.pool.lookup(h)
 			if !ok || e.pool.blocks[id].mark == e.epoch {
 				break // a miss, or a key repeated in a caller-given chain
@@ -247,13 +256,21 @@ func (e *Engine) cacheFull(s *sequence, upTo int) {
 		s.numStored = max(s.numStored, full)
 		return
 	}
-	runStart := -1
+	runStart, end := -1, full
 	for j := s.numStored; j < full; j++ {
+		if e.deferring(s, j) {
+			e.deferBlocks(s, j, full) // output blocks: keyed when a lookup could reach them
+			end = j
+			break
+		}
 		key := e.blockKey(s, j)
 		id := s.last // a decode step fills its last block
 		if j != len(s.blocks)-1 {
 			id = s.blocks[j]
 		}
+		// A deferred block with this key filled before this one: it holds
+		// the key, as it would had it been keyed when it filled.
+		e.findDeferred(key)
 		if e.pool.cache(id, key) {
 			if runStart < 0 {
 				runStart = j
@@ -266,7 +283,7 @@ func (e *Engine) cacheFull(s *sequence, upTo int) {
 		}
 	}
 	if runStart >= 0 {
-		e.stored(s, runStart, full)
+		e.stored(s, runStart, end)
 	}
 	s.numStored = max(s.numStored, full)
 }
@@ -373,6 +390,13 @@ func (e *Engine) blockTokens(s *sequence, i int) []uint32 {
 // preempt frees s's blocks and puts it back at the front of the waiting
 // queue to be recomputed (vLLM's recompute preemption).
 func (e *Engine) preempt(s *sequence) {
+	if s.run != 0 {
+		// Key its deferred blocks now: its recomputation looks them up
+		// (they stay cached after the free) and nothing else holds its
+		// chain.
+		e.unlinkRun(s.run - 1)
+		e.materialize(s.run - 1)
+	}
 	e.freeBlocks(s)
 	s.computed = 0
 	s.numStored = 0
@@ -384,11 +408,19 @@ func (e *Engine) preempt(s *sequence) {
 
 // freeBlocks releases s's blocks tail first, so the free queue evicts a
 // sequence's last blocks before its first ones.
+// A request with deferred keys (deferred.go) keeps its block ids: its
+// retired run finds them.
 func (e *Engine) freeBlocks(s *sequence) {
+	retire := s.run != 0
+	if retire {
+		e.retire(s)
+	}
 	for i := len(s.blocks) - 1; i >= 0; i-- {
 		e.pool.release(s.blocks[i])
 	}
-	s.blocks = s.blocks[:0]
+	if !retire {
+		s.blocks = s.blocks[:0]
+	}
 	s.numStored = 0
 }
 

@@ -1,0 +1,231 @@
+package engine
+
+// Deferred keys.
+//
+// Without KV events nobody learns the key of a block of generated tokens
+// when it fills, and the only lookup that can find such a block is one
+// whose chain of keys passes through it: a later prompt that repeats the
+// request's prompt and outputs (a conversation's next turn sent as token
+// ids), or the request itself resumed after a preemption. Computing the key
+// of every output block and inserting it in the prefix-cache table as it
+// fills costs the engine loop a random memory access or two per block, for
+// keys that are almost never looked up.
+//
+// So with prefix caching and Config.NoEvents the engine keys a request's
+// output blocks (the first block holding an output token and every later
+// one) when a lookup could reach them instead: the first such block's key
+// is computed when it fills and indexes the request's run of deferred
+// blocks (runByKey); the run grows as blocks fill. A lookup of that key
+// (admit, PrefixHit) first inserts the whole run in the table (materialize:
+// the keys computed as blockKey would have, the blocks that are still in
+// the pool), so it finds them as it would have found blocks keyed when they
+// filled. A preempted request's run is inserted before its blocks are freed
+// (so that its recomputation finds them); a finished, aborted or released
+// request's run stays findable while its first block is in the pool (the
+// retired sequence keeps its key chain: its tail tokens and digest).
+// Eviction takes a freed request's blocks from its last one, so a retired
+// run loses blocks from its end; a block records the retired run that holds
+// it (kvBlock.run), and eviction clears that, which is how materialize
+// tells a block still in the pool from a reused one. Retired runs whose
+// first block was evicted can no longer be reached; sweepRuns drops them.
+//
+// Everything observable is as if each block were keyed when it filled:
+// hits, evictions, Stats (CachedBlocks counts deferred blocks), outputs.
+// The table caches one block per key, so which of two blocks with the same
+// content holds the key depends on the order they were keyed in: a block
+// being keyed first materializes the runs that start with its key (their
+// block filled before it), and a lookup materializes a run before any of
+// its blocks can be reached. One corner remains: a block that filled while
+// an equal block held its key is keyed, later, if that block was evicted
+// meanwhile (keyed when it filled, it would have stayed without a key).
+// FuzzDeferredKeys compares an engine with KV events (every block keyed
+// when it fills) step by step.
+
+// deferredRun is a request's run of blocks whose keys are deferred: blocks
+// from..from+n of its sequence.
+type deferredRun struct {
+	s       *sequence
+	key     uint64 // the key of the run's first block
+	from, n int32
+	next    int32 // 1 + the next run with the same first key; 0: none
+	retired bool  // s finished: its blocks are free, s.blocks keeps their ids
+	inUse   bool
+}
+
+// deferBlocks records that blocks j..full-1 of s filled with their keys
+// deferred, starting (or growing) s's run. Block j is the first output
+// block or a later one, and the blocks before it are keyed or in the run.
+func (e *Engine) deferBlocks(s *sequence, j, full int) {
+	if s.run == 0 {
+		key := e.blockKey(s, j)
+		r := e.newRun()
+		e.runs[r] = deferredRun{s: s, key: key, from: int32(j), inUse: true}
+		if head, ok := e.runByKey[key]; ok {
+			e.runs[r].next = head
+		}
+		e.runByKey[key] = r + 1
+		s.run = r + 1
+	}
+	e.runs[s.run-1].n += int32(full - j)
+	e.pool.deferred += full - j
+}
+
+// deferring reports whether block j of s is keyed later: an output block
+// (or one after it) whose key nobody has asked for.
+func (e *Engine) deferring(s *sequence, j int) bool {
+	return e.deferKeys && (s.run != 0 || j >= len(s.hashes) && (j+1)*e.bs > int(s.promptLen))
+}
+
+func (e *Engine) newRun() int32 {
+	if k := len(e.freeRuns); k > 0 {
+		r := e.freeRuns[k-1]
+		e.freeRuns = e.freeRuns[:k-1]
+		return r
+	}
+	e.runs = append(e.runs, deferredRun{})
+	return int32(len(e.runs) - 1)
+}
+
+// findDeferred makes the deferred runs whose first block has key findable
+// in the table, before a lookup of key.
+func (e *Engine) findDeferred(key uint64) {
+	if len(e.runByKey) == 0 {
+		return
+	}
+	head, ok := e.runByKey[key]
+	if !ok {
+		return
+	}
+	delete(e.runByKey, key)
+	for r := head; r != 0; {
+		next := e.runs[r-1].next
+		e.materialize(r - 1)
+		r = next
+	}
+}
+
+// materialize inserts run r's blocks that are still in the pool in the
+// table, under the keys blockKey gives them, and ends the run. The caller
+// has taken r off runByKey.
+func (e *Engine) materialize(r int32) {
+	run := &e.runs[r]
+	s := run.s
+	end := int(run.from + run.n)
+	for j := int(run.from); j < end; j++ {
+		id := s.blocks[j]
+		if run.retired {
+			b := &e.pool.blocks[id]
+			if b.run != r+1 {
+				// Evicted (and maybe reused): no lookup can pass it, so
+				// the blocks after it (evicted before it, as a rule) are
+				// out of reach.
+				e.forgetRun(r, j)
+				break
+			}
+			b.run = 0
+		}
+		e.pool.deferred--
+		e.pool.cache(id, e.blockKey(s, j))
+	}
+	e.endRun(r)
+}
+
+// endRun frees run r (off runByKey already), recycling its sequence when
+// it had finished.
+func (e *Engine) endRun(r int32) {
+	run := e.runs[r]
+	run.s.run = 0
+	if run.retired {
+		e.retired--
+		run.s.blocks = run.s.blocks[:0]
+		e.recycle(run.s)
+	}
+	e.runs[r] = deferredRun{}
+	e.freeRuns = append(e.freeRuns, r)
+}
+
+// unlinkRun takes run r off runByKey.
+func (e *Engine) unlinkRun(r int32) {
+	key := e.runs[r].key
+	prev := int32(0)
+	for x := e.runByKey[key]; x != 0; x = e.runs[x-1].next {
+		if x != r+1 {
+			prev = x
+			continue
+		}
+		next := e.runs[r].next
+		switch {
+		case prev != 0:
+			e.runs[prev-1].next = next
+		case next != 0:
+			e.runByKey[key] = next
+		default:
+			delete(e.runByKey, key)
+		}
+		return
+	}
+}
+
+// retire keeps the run of s, a request whose blocks are being freed for
+// good, findable: its deferred blocks record the run (eviction clears
+// that), and s keeps its block ids and key chain until the run ends.
+func (e *Engine) retire(s *sequence) {
+	r := s.run - 1
+	run := &e.runs[r]
+	run.retired = true
+	for _, id := range s.blocks[run.from : run.from+run.n] {
+		e.pool.blocks[id].run = r + 1
+	}
+	e.retired++
+	if e.retired > e.sweepAt {
+		e.sweepRuns()
+	}
+}
+
+// sweepRuns ends the retired runs whose first block was evicted (no lookup
+// can reach their blocks). It runs when the retired runs double since the
+// last sweep, so its cost per run is constant.
+func (e *Engine) sweepRuns() {
+	for r := range e.runs {
+		run := &e.runs[r]
+		if !run.inUse || !run.retired {
+			continue
+		}
+		if id := run.s.blocks[run.from]; e.pool.blocks[id].run == int32(r)+1 {
+			continue
+		}
+		e.forgetRun(int32(r), int(run.from))
+		e.unlinkRun(int32(r))
+		e.endRun(int32(r))
+	}
+	e.sweepAt = max(e.minSweep, 2*e.retired)
+}
+
+// forgetRun clears the mark of retired run r's blocks from j on that are
+// still in the pool (evicted ones were cleared by alloc): their keys are
+// out of reach.
+func (e *Engine) forgetRun(r int32, j int) {
+	run := &e.runs[r]
+	for _, id := range run.s.blocks[j : run.from+run.n] {
+		if b := &e.pool.blocks[id]; b.run == r+1 {
+			b.run = 0
+			e.pool.deferred--
+		}
+	}
+}
+
+// minSweep is the fewest retired runs that start a sweep (Engine.minSweep;
+// tests lower it).
+const minSweep = 256
+
+// dropRuns ends every run (ResetPrefixCache: no block is in use, so all
+// are retired).
+func (e *Engine) dropRuns() {
+	clear(e.runByKey)
+	for r := range e.runs {
+		if run := &e.runs[r]; run.inUse {
+			e.forgetRun(int32(r), int(run.from))
+			e.endRun(int32(r))
+		}
+	}
+}
