@@ -63,7 +63,10 @@ bytes/--fabric-gbps, then decodes without a prefill. A missing or expired lease 
 bootstrap_port = the prefill engine's side channel port, bootstrap_room) to
 both engines at once; the decode engine waits for the room's prefill.
 
-Profiles: %s.`
+Profiles: %s; or --hf-config config.json (with --gpu, --tp, --dtype) models a
+HuggingFace model: its KV bytes per token from the model's shape (MLA for
+DeepSeek-style models), its KV cache from GPU memory as vLLM sizes it, its step
+times from the same roofline as the built-in profiles.`
 
 func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("engine", "--model NAME [--profile NAME] [--listen ADDR] [flags]",
@@ -97,11 +100,13 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		defMaxTok   = fs.Int("default-max-tokens", 1024, "output limit of requests without max_tokens")
 		eosMean     = fs.Float64("eos-mean", 0, "mean output length before the model emits EOS (0 = never; requests end at max_tokens)")
 		streamIntvl = fs.Int("stream-interval", 1, "vLLM's --stream-interval: a streamed response sends the first token, then a chunk every N tokens")
+		hf          hfModel
 		tokPath     = fs.String("tokenizer", "builtin", "prompt tokenizer: builtin, or a HuggingFace model `directory` (tokenizer.json, and tokenizer_config.json for the chat template) or its tokenizer.json file")
 		logLevel    = fs.String("log-level", "info", "log level: debug, info, warn, error")
 		procs       = fs.Int("procs", 1, "OS threads running Go code at once (GOMAXPROCS) while the engine serves; 0 = the Go default (the GOMAXPROCS variable, else one per core). "+
 			"Default 1, unless the GOMAXPROCS variable is set: the engine is one event loop, and a wider runtime spends more CPU waking threads than it saves (16 engines at 200 req/s: about a quarter less CPU at 1)")
 	)
+	hf.register(fs, "the engine's model, GPU and KV cache (instead of --profile)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -112,9 +117,16 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *model == "" {
 		return usageErr("--model is required")
 	}
-	prof, err := engine.LookupProfile(*profile)
-	if err != nil {
-		return usageErr("%v", err)
+	prof, ok, _, err := hf.profile()
+	switch {
+	case err != nil:
+		return usageErr("--hf-config: %v", err)
+	case ok && flagSet(fs, "profile"):
+		return usageErr("give --profile or --hf-config, not both")
+	case !ok:
+		if prof, err = engine.LookupProfile(*profile); err != nil {
+			return usageErr("%v", err)
+		}
 	}
 	r, err := kvroute.ParseRole(*role)
 	if err != nil {

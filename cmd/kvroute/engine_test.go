@@ -16,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/engine"
 )
 
 func TestEngineHelpExplainsEveryFlag(t *testing.T) {
@@ -26,7 +28,7 @@ func TestEngineHelpExplainsEveryFlag(t *testing.T) {
 	}
 	for _, f := range []string{"model", "profile", "listen", "speed", "kv-blocks", "role", "metrics-flavor",
 		"kv-events-endpoint", "kv-events-replay", "kv-events-topic", "kv-events-encoding", "fabric-gbps", "pd-protocol",
-		"kv-lease", "pd-load-failure", "prefix-caching-hash-algo", "tokenizer"} {
+		"kv-lease", "pd-load-failure", "prefix-caching-hash-algo", "tokenizer", "hf-config", "gpu", "tp", "dtype"} {
 		if !strings.Contains(out.String(), "-"+f) {
 			t.Errorf("--help lacks -%s", f)
 		}
@@ -45,6 +47,9 @@ func TestEngineUsageErrors(t *testing.T) {
 		{[]string{"engine", "--model", "m", "--speed", "0"}, "--speed must be positive"},
 		{[]string{"engine", "--model", "m", "--prefix-caching-hash-algo", "md5"}, "prefix-caching-hash-algo"},
 		{[]string{"engine", "--model", "m", "--tokenizer", "testdata/no-such-dir"}, "--tokenizer: tokenizer: open testdata/no-such-dir/tokenizer.json"},
+		{[]string{"engine", "--model", "m", "--hf-config", "testdata/no-such-config.json"}, "--hf-config: open testdata/no-such-config.json"},
+		{[]string{"engine", "--model", "m", "--hf-config", "../../engine/testdata/hf/llama-3.1-8b.json", "--profile", "tiny"}, "not both"},
+		{[]string{"engine", "--model", "m", "--hf-config", "../../engine/testdata/hf/llama-3.1-8b.json", "--gpu", "tpu"}, "--hf-config: model"},
 	}
 	for _, tt := range tests {
 		var out bytes.Buffer
@@ -257,5 +262,33 @@ func TestEngineHFTokenizer(t *testing.T) {
 	// <|start_header_id|>assistant<|end_header_id|>\n\n: 17 tokens with this tokenizer_config.json's template.
 	if u, _ := chat["usage"].(map[string]any); fmt.Sprint(u["prompt_tokens"]) != "17" {
 		t.Errorf("chat usage: got %v, want 17 prompt tokens", chat["usage"])
+	}
+}
+
+// TestEngineHFConfig runs `kvroute engine --hf-config`: the engine's KV
+// cache is the one the profile built from the config has (as /metrics'
+// cache_config_info reports it).
+func TestEngineHFConfig(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a process")
+	}
+	const config = "../../engine/testdata/hf/qwen2.5-7b.json"
+	data, err := os.ReadFile(config)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, err := engine.ProfileFromHFConfig(data, "h100", 2, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := startEngine(t, "--model", "m", "--speed", "100", "--hf-config", config, "--tp", "2")
+	resp, err := http.Get("http://" + e.addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	body, _ := io.ReadAll(resp.Body)
+	if want := fmt.Sprintf(`num_gpu_blocks="%d"`, p.NumGPUBlocks); !strings.Contains(string(body), want) {
+		t.Errorf("/metrics lacks %s (the profile from %s at TP 2)", want, config)
 	}
 }

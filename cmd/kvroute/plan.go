@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"os"
 	"strings"
 	"time"
 
@@ -54,10 +53,11 @@ rate-x2,prompt-x2,node-lost. Deterministic for --seed (whatever --parallel).
 SVG charts (SLO attainment against fleet size).`
 
 type planOptions struct {
-	profile, hfConfig, gpu, dtype string
-	tp, kvCapacity                int
-	fabricGbps                    float64
-	fabricSetup                   time.Duration
+	profile     string
+	hf          hfModel
+	kvCapacity  int
+	fabricGbps  float64
+	fabricSetup time.Duration
 
 	trace                                                  string
 	rateScale                                              float64
@@ -89,10 +89,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		fmt.Sprintf(planDescription, strings.Join(engine.ProfileNames(), ", ")), stderr)
 	o := planOptions{ttft: map[string]*time.Duration{}, tpot: map[string]*time.Duration{}}
 	fs.StringVar(&o.profile, "profile", "llama-3.1-8b-h100", "engine profile `name`")
-	fs.StringVar(&o.hfConfig, "hf-config", "", "HuggingFace config.json `file` (instead of --profile; simulated like a built-in profile)")
-	fs.StringVar(&o.gpu, "gpu", "h100", "with --hf-config: GPU type (h100, h200, a100, l40s)")
-	fs.IntVar(&o.tp, "tp", 1, "with --hf-config: tensor-parallel GPUs per engine")
-	fs.StringVar(&o.dtype, "dtype", "", "with --hf-config: weight and KV dtype (bfloat16, fp8, ...; default the config's)")
+	o.hf.register(fs, "the model (instead of --profile; simulated like a built-in profile)")
 	fs.IntVar(&o.kvCapacity, "kv-capacity", 0, "override one engine's KV capacity in `tokens` (default: derived from memory)")
 	fs.Float64Var(&o.fabricGbps, "fabric-gbps", disagg.RDMAGbps, "fabric bandwidth per decode node for KV handoffs, Gbps")
 	fs.DurationVar(&o.fabricSetup, "fabric-setup", time.Millisecond, "fixed cost of one KV handoff")
@@ -244,16 +241,10 @@ func writeNodeLost(w io.Writer, r *planner.Result) {
 // input builds the planner input from the flags.
 func (o *planOptions) input() (planner.Input, error) {
 	var in planner.Input
-	switch {
-	case o.hfConfig != "":
-		data, err := os.ReadFile(o.hfConfig)
-		if err != nil {
-			return in, fmt.Errorf("plan: %w", err)
-		}
-		p, err := engine.ProfileFromHFConfig(data, o.gpu, o.tp, o.dtype)
-		if err != nil {
-			return in, fmt.Errorf("plan: model %s: %w", o.hfConfig, err)
-		}
+	switch p, ok, _, err := o.hf.profile(); {
+	case err != nil:
+		return in, fmt.Errorf("plan: %w", err)
+	case ok:
 		in.Profile = p
 	default:
 		p, err := engine.LookupProfile(o.profile)

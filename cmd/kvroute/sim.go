@@ -65,8 +65,7 @@ type simOptions struct {
 	duration                              time.Duration
 
 	engines, profile, fleetFile string
-	hfConfig, gpu, dtype        string
-	tp                          int
+	hf                          hfModel
 	policies                    stringList
 	policyParams                stringList
 	rateScale                   float64
@@ -104,10 +103,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&o.engines, "engines", "8", "engine `count` (with --profile) or groups COUNTxPROFILE,...")
 	fs.StringVar(&o.profile, "profile", "llama-3.1-8b-h100", "engine profile for --engines COUNT")
 	fs.StringVar(&o.fleetFile, "fleet", "", "fleet `file` (YAML), instead of --engines")
-	fs.StringVar(&o.hfConfig, "hf-config", "", "HuggingFace config.json `file`: the engines of --engines COUNT, or of groups named hf")
-	fs.StringVar(&o.gpu, "gpu", "h100", "with --hf-config: GPU type (h100, h200, a100, l40s)")
-	fs.IntVar(&o.tp, "tp", 1, "with --hf-config: tensor-parallel GPUs per engine")
-	fs.StringVar(&o.dtype, "dtype", "", "with --hf-config: weight and KV dtype (default the config's)")
+	o.hf.register(fs, "the engines of --engines COUNT, or of groups named hf")
 	fs.Var(&o.policies, "policies", "routing policies to compare, comma-separated (default kv-aware,round_robin,least_request)")
 	fs.Var(&o.policyParams, "policy-param", "policy parameter `POLICY.NAME=VALUE` (repeatable)")
 	fs.Float64Var(&o.rateScale, "rate-scale", 1, "multiply the workload's arrival rate by `X`")
@@ -167,15 +163,12 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	var hf *engine.Profile
 	defaultProfile := o.profile
-	if o.hfConfig != "" {
-		data, err := os.ReadFile(o.hfConfig)
-		if err != nil {
-			return fmt.Errorf("sim: %w", err)
-		}
-		p, err := engine.ProfileFromHFConfig(data, o.gpu, o.tp, o.dtype)
-		if err != nil {
-			return usageErr("model %s: %v", o.hfConfig, err)
-		}
+	switch p, ok, bad, err := o.hf.profile(); {
+	case bad:
+		return usageErr("%v", err)
+	case err != nil:
+		return fmt.Errorf("sim: %w", err)
+	case ok:
 		hf, defaultProfile = &p, p.Name
 	}
 	var fleet sim.Fleet
