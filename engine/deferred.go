@@ -42,13 +42,15 @@ package engine
 // when it fills) step by step.
 
 // deferredRun is a request's run of blocks whose keys are deferred: blocks
-// from..from+n of its sequence.
+// from..from+n of its sequence. A live run's n is not kept: its blocks are
+// all the full ones from on (from..s.numStored), and filling one touches
+// nothing but the sequence (see runLen).
 type deferredRun struct {
 	s       *sequence
 	key     uint64 // the key of the run's first block
-	from, n int32
-	next    int32 // 1 + the next run with the same first key; 0: none
-	retired bool  // s finished: its blocks are free, s.blocks keeps their ids
+	from, n int32  // n: set when the run retires
+	next    int32  // 1 + the next run with the same first key; 0: none
+	retired bool   // s finished: its blocks are free, s.blocks keeps their ids
 	inUse   bool
 }
 
@@ -64,11 +66,24 @@ func (e *Engine) deferBlocks(s *sequence, j, full int) {
 			e.runs[r].next = head
 		}
 		e.runByKey[key] = r + 1
+		e.keyCount[key>>keyCountShift]++
 		s.run = r + 1
 	}
-	e.runs[s.run-1].n += int32(full - j)
 	e.pool.deferred += full - j
 }
+
+// runLen returns the number of blocks in run r.
+func (e *Engine) runLen(r int32) int32 {
+	if run := &e.runs[r]; !run.retired {
+		return int32(run.s.numStored) - run.from
+	}
+	return e.runs[r].n
+}
+
+// keyCountShift keeps a key's top 12 bits: Engine.keyCount counts the
+// runs whose first key has each, so that findDeferred skips the map for
+// most keys.
+const keyCountShift = 52
 
 // deferring reports whether block j of s is keyed later: an output block
 // (or one after it) whose key nobody has asked for.
@@ -89,7 +104,7 @@ func (e *Engine) newRun() int32 {
 // findDeferred makes the deferred runs whose first block has key findable
 // in the table, before a lookup of key.
 func (e *Engine) findDeferred(key uint64) {
-	if len(e.runByKey) == 0 {
+	if e.keyCount == nil || e.keyCount[key>>keyCountShift] == 0 {
 		return
 	}
 	head, ok := e.runByKey[key]
@@ -99,6 +114,7 @@ func (e *Engine) findDeferred(key uint64) {
 	delete(e.runByKey, key)
 	for r := head; r != 0; {
 		next := e.runs[r-1].next
+		e.keyCount[key>>keyCountShift]--
 		e.materialize(r - 1)
 		r = next
 	}
@@ -110,7 +126,7 @@ func (e *Engine) findDeferred(key uint64) {
 func (e *Engine) materialize(r int32) {
 	run := &e.runs[r]
 	s := run.s
-	end := int(run.from + run.n)
+	end := int(run.from + e.runLen(r))
 	for j := int(run.from); j < end; j++ {
 		id := s.blocks[j]
 		if run.retired {
@@ -147,6 +163,7 @@ func (e *Engine) endRun(r int32) {
 // unlinkRun takes run r off runByKey.
 func (e *Engine) unlinkRun(r int32) {
 	key := e.runs[r].key
+	e.keyCount[key>>keyCountShift]--
 	prev := int32(0)
 	for x := e.runByKey[key]; x != 0; x = e.runs[x-1].next {
 		if x != r+1 {
@@ -172,6 +189,7 @@ func (e *Engine) unlinkRun(r int32) {
 func (e *Engine) retire(s *sequence) {
 	r := s.run - 1
 	run := &e.runs[r]
+	run.n = e.runLen(r)
 	run.retired = true
 	for _, id := range s.blocks[run.from : run.from+run.n] {
 		e.pool.blocks[id].run = r + 1
@@ -221,7 +239,11 @@ const minSweep = 256
 // dropRuns ends every run (ResetPrefixCache: no block is in use, so all
 // are retired).
 func (e *Engine) dropRuns() {
+	if !e.deferKeys {
+		return
+	}
 	clear(e.runByKey)
+	clear(e.keyCount[:])
 	for r := range e.runs {
 		if run := &e.runs[r]; run.inUse {
 			e.forgetRun(int32(r), int(run.from))

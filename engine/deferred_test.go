@@ -43,16 +43,19 @@ func checkRuns(t testing.TB, e *Engine) {
 		}
 	}
 	deferred, retired := 0, 0
+	var counted [1 << (64 - keyCountShift)]uint32
 	marked := map[int32]int32{} // block -> run
 	for r := range e.runs {
 		run := &e.runs[r]
 		if !run.inUse {
 			continue
 		}
-		if !onChain[int32(r)] || run.s.run != int32(r)+1 || run.n <= 0 {
-			t.Fatalf("run %d: on a chain %v, its sequence names run %d, %d blocks", r, onChain[int32(r)], run.s.run, run.n)
+		n := e.runLen(int32(r))
+		if !onChain[int32(r)] || run.s.run != int32(r)+1 || n <= 0 {
+			t.Fatalf("run %d: on a chain %v, its sequence names run %d, %d blocks", r, onChain[int32(r)], run.s.run, n)
 		}
-		blocks := run.s.blocks[run.from : run.from+run.n]
+		counted[run.key>>keyCountShift]++
+		blocks := run.s.blocks[run.from : run.from+n]
 		if live := e.seqs[run.s.id] == run.s; live == run.retired {
 			t.Fatalf("run %d: retired %v, but its request is live %v", r, run.retired, live)
 		}
@@ -77,6 +80,9 @@ func checkRuns(t testing.TB, e *Engine) {
 			}
 			deferred++
 		}
+	}
+	if counted != *e.keyCount {
+		t.Fatalf("keyCount does not count the runs' first keys")
 	}
 	if deferred != e.pool.deferred || retired != e.retired {
 		t.Fatalf("pool.deferred %d, %d deferred blocks found; %d retired runs, counted %d", e.pool.deferred, deferred, retired, e.retired)

@@ -356,10 +356,11 @@ type Engine struct {
 	deferKeys bool
 	runs      []deferredRun
 	freeRuns  []int32
-	runByKey  map[uint64]int32 // a run's first key -> 1 + the first run of its chain
-	retired   int              // retired runs
-	sweepAt   int              // retired runs that start a sweep
-	minSweep  int              // the least sweepAt
+	runByKey  map[uint64]int32                   // a run's first key -> 1 + the first run of its chain
+	keyCount  *[1 << (64 - keyCountShift)]uint32 // runs by the top bits of their first key (findDeferred's filter)
+	retired   int                                // retired runs
+	sweepAt   int                                // retired runs that start a sweep
+	minSweep  int                                // the least sweepAt
 }
 
 // New returns an engine for cfg, or an error naming the bad field.
@@ -410,6 +411,7 @@ func New(cfg Config) (*Engine, error) {
 	e.keepGen = e.caching && !cfg.NoEvents
 	if e.deferKeys = e.caching && cfg.NoEvents; e.deferKeys {
 		e.runByKey = make(map[uint64]int32)
+		e.keyCount = new([1 << (64 - keyCountShift)]uint32)
 		e.sweepAt, e.minSweep = minSweep, minSweep
 	}
 	e.blockBuf = make([]uint32, 0, p.BlockSize)
