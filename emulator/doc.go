@@ -95,8 +95,10 @@
 // a third of the context switches. Above the floor, the cost is the engine
 // loop's (about a third of an engine process's CPU, by perf), and the
 // loop's is memory latency: each wake-up reads every running request's
-// state cold, and each block a request fills touches a table slot and a
-// block at random.
+// state cold, and each block a request allocates touches a block at random
+// (and a table slot, for a prompt block; without KV events an output
+// block's key is deferred until a lookup could reach it, see the engine
+// package's deferred.go).
 //
 // # Disaggregation
 //
