@@ -270,13 +270,41 @@ func appendRaw(dst, raw []byte) []byte {
 
 const hexDigits = "0123456789abcdef"
 
+// plain8 reports whether the eight bytes of x need no escaping: each is
+// ASCII, at least 0x20, and none of " \\ < > & (SWAR: a byte of v is zero,
+// or below 0x20, where the subtraction borrows into its high bit; a borrow
+// from a flagged byte may flag the next, which only sends the bytes to the
+// per-byte loop).
+func plain8(x uint64) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	q, bs, lt, gt, amp := x^('"'*ones), x^('\\'*ones), x^('<'*ones), x^('>'*ones), x^('&'*ones)
+	bad := x | (x - 0x20*ones) | (q-ones)&^q | (bs-ones)&^bs | (lt-ones)&^lt | (gt-ones)&^gt | (amp-ones)&^amp
+	return bad&highs == 0
+}
+
+// load8 returns s[i:i+8] as a little-endian uint64 (one load).
+func load8(s string, i int) uint64 {
+	s = s[i : i+8]
+	return uint64(s[0]) | uint64(s[1])<<8 | uint64(s[2])<<16 | uint64(s[3])<<24 |
+		uint64(s[4])<<32 | uint64(s[5])<<40 | uint64(s[6])<<48 | uint64(s[7])<<56
+}
+
 // AppendJSONString appends s as a JSON string, escaped exactly as
 // encoding/json does (HTML-safe: <, > and & as \u003c etc.; invalid UTF-8 as
 // \ufffd; U+2028 and U+2029 escaped).
 func AppendJSONString(dst []byte, s string) []byte {
 	dst = append(dst, '"')
-	start := 0
+	start, slow := 0, 0 // the bytes before slow are looked at one by one
 	for i := 0; i < len(s); {
+		if i >= slow {
+			// Eight plain bytes at a time (generated text is mostly
+			// plain); eight with something to escape, one by one.
+			if i+8 <= len(s) && plain8(load8(s, i)) {
+				i += 8
+				continue
+			}
+			slow = i + 8
+		}
 		if b := s[i]; b < utf8.RuneSelf {
 			if b >= 0x20 && b != '"' && b != '\\' && b != '<' && b != '>' && b != '&' {
 				i++

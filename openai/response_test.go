@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"encoding/json"
 	"regexp"
+	"strings"
 	"testing"
 )
 
@@ -158,5 +159,25 @@ func BenchmarkAppendChatContentChunk(b *testing.B) {
 	buf := make([]byte, 0, 512)
 	for b.Loop() {
 		buf = AppendChatContentChunk(buf[:0], h, " token", "", nil)
+	}
+}
+
+// BenchmarkAppendJSONString: a whole response's generated text, plain
+// words and punctuation (the emulator's), and text with something to
+// escape every 40 bytes.
+func BenchmarkAppendJSONString(b *testing.B) {
+	for _, tc := range []struct{ name, unit string }{
+		{"plain", " bako tiru, mepa sodi. Dilo kani wuze"},
+		{"quoted", " bako tiru, mepa so. Dilo \"quoted\" kani"},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			text := strings.Repeat(tc.unit, 120)
+			buf := make([]byte, 0, 2*len(text))
+			b.SetBytes(int64(len(text)))
+			b.ReportAllocs()
+			for b.Loop() {
+				buf = AppendJSONString(buf[:0], text)
+			}
+		})
 	}
 }
