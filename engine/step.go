@@ -167,14 +167,6 @@ func (e *Engine) admit(now time.Duration, s *sequence, budget int) (int, bool) {
 		// At least one token must be computed to produce logits.
 		limit := min((s.numTokens-1)/e.bs, len(s.hashes))
 		e.epoch++
-		if s.outputs > 0 && e.deferKeys {
-			// Recomputing after a preemption: its own outputs' blocks
-			// may still be cached (preempt keyed them).
-			limit = (s.numTokens - 1) / e.bs
-			for len(s.hashes) < limit {
-				e.nextKey(s)
-			}
-		}
 		for _, h := range s.hashes[:limit] {
 			e.findDeferred(h)
 			id, ok := e.pool.lookup(h)
