@@ -2,7 +2,6 @@ package emulator
 
 import (
 	"encoding/binary"
-	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -158,14 +157,9 @@ func newTextCodec(tok tokenizer.Tokenizer, vocab int) (*textCodec, error) {
 	if hf, ok := tok.(*tokenizer.HF); ok {
 		c.enc = tokenizer.NewCache(hf, tokenizer.CacheConfig{MaxTokens: cacheTokens})
 	}
-	if t, ok := tok.(tokenizer.Templater); ok {
-		tmpl, err := t.ChatTemplate()
-		switch {
-		case err == nil:
-			c.tmpl = tmpl
-		case !errors.Is(err, tokenizer.ErrNoChatTemplate):
-			return nil, fmt.Errorf("emulator: tokenizer: %w", err)
-		}
+	var err error
+	if c.tmpl, err = tokenizer.TemplateOf(tok); err != nil {
+		return nil, fmt.Errorf("emulator: tokenizer: %w", err)
 	}
 	if v, ok := tok.(tokenizer.Vocab); ok && vocab > 0 && v.VocabSize() > vocab {
 		return nil, fmt.Errorf("emulator: the tokenizer has %d token ids, more than the model's vocabulary (%d): not this model's tokenizer?", v.VocabSize(), vocab)

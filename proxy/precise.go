@@ -41,11 +41,7 @@ func newPrecise(m *config.Model) (*precise, error) {
 			return nil, fmt.Errorf("precise.tokenizer: %w", err)
 		}
 		pc.cache = tokenizer.NewCache(hf, tokenizer.CacheConfig{MaxTokens: pr.CacheTokens})
-		tmpl, err := hf.ChatTemplate()
-		switch {
-		case err == nil:
-			pc.tmpl = tmpl
-		case !errors.Is(err, tokenizer.ErrNoChatTemplate):
+		if pc.tmpl, err = tokenizer.TemplateOf(hf); err != nil {
 			return nil, fmt.Errorf("precise.tokenizer: chat template: %w", err)
 		}
 	}

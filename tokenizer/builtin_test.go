@@ -226,26 +226,23 @@ func FuzzBuiltinEncode(f *testing.F) {
 	})
 }
 
+// BenchmarkBuiltinEncode: mixed text (code, digits, CJK), and English
+// prose (a chat's system prompt).
 func BenchmarkBuiltinEncode(b *testing.B) {
-	text := strings.Repeat("The router hashes token blocks of each prompt; 42 engines, 日本語, and code: f(x) = x**2.\n", 100)
-	tok := Builtin().(builtin)
-	dst := make([]uint32, 0, len(text))
-	b.SetBytes(int64(len(text)))
-	b.ReportAllocs()
-	for b.Loop() {
-		dst = tok.AppendEncode(dst[:0], text)
-	}
-}
-
-// BenchmarkBuiltinEncodeASCII is English prose: a chat's system prompt.
-func BenchmarkBuiltinEncodeASCII(b *testing.B) {
-	text := strings.Repeat("System prompt 3 sets the rules for this assistant. Answer briefly, cite the page (p. 12), and never guess.\n", 80)
-	tok := Builtin().(builtin)
-	dst := make([]uint32, 0, len(text))
-	b.SetBytes(int64(len(text)))
-	b.ReportAllocs()
-	for b.Loop() {
-		dst = tok.AppendEncode(dst[:0], text)
+	for _, tc := range []struct{ name, unit string }{
+		{"mixed", "The router hashes token blocks of each prompt; 42 engines, 日本語, and code: f(x) = x**2.\n"},
+		{"ascii", "System prompt 3 sets the rules for this assistant. Answer briefly, cite the page (p. 12), and never guess.\n"},
+	} {
+		b.Run(tc.name, func(b *testing.B) {
+			text := strings.Repeat(tc.unit, 8600/len(tc.unit))
+			tok := Builtin().(builtin)
+			dst := make([]uint32, 0, len(text))
+			b.SetBytes(int64(len(text)))
+			b.ReportAllocs()
+			for b.Loop() {
+				dst = tok.AppendEncode(dst[:0], text)
+			}
+		})
 	}
 }
 

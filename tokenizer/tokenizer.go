@@ -49,18 +49,31 @@ var (
 	_ Templater = (*Cache)(nil)
 )
 
+// TemplateOf returns tok's chat template, or nil when it has none (Builtin,
+// or a tokenizer.json without tokenizer_config.json's chat_template). It
+// fails only when the template does not compile.
+func TemplateOf(tok Tokenizer) (*ChatTemplate, error) {
+	t, ok := tok.(Templater)
+	if !ok {
+		return nil, nil
+	}
+	tmpl, err := t.ChatTemplate()
+	if errors.Is(err, ErrNoChatTemplate) {
+		return nil, nil
+	}
+	return tmpl, err
+}
+
 // RenderChat renders msgs to a prompt with tok's chat template when it has one
 // (an *HF or a *Cache from tokenizer_config.json), and with RenderChatML
 // otherwise (Builtin, or a tokenizer.json without a template).
 func RenderChat(tok Tokenizer, msgs []Message, addGenerationPrompt bool) (string, error) {
-	if t, ok := tok.(Templater); ok {
-		tmpl, err := t.ChatTemplate()
-		if err == nil {
-			return tmpl.Render(msgs, ChatOptions{AddGenerationPrompt: addGenerationPrompt})
-		}
-		if !errors.Is(err, ErrNoChatTemplate) {
-			return "", err
-		}
+	tmpl, err := TemplateOf(tok)
+	switch {
+	case err != nil:
+		return "", err
+	case tmpl != nil:
+		return tmpl.Render(msgs, ChatOptions{AddGenerationPrompt: addGenerationPrompt})
 	}
 	return RenderChatML(msgs, addGenerationPrompt), nil
 }
