@@ -69,7 +69,7 @@ DeepSeek-style models), its KV cache from GPU memory as vLLM sizes it, its step
 times from the same roofline as the built-in profiles.`
 
 func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("engine", "--model NAME [--profile NAME] [--listen ADDR] [flags]",
+	fs := newFlagSet("engine", "--model NAME [--profile NAME | --hf-config FILE] [--tokenizer DIR] [--listen ADDR] [flags]",
 		fmt.Sprintf(engineDescription, strings.Join(engine.ProfileNames(), ", ")), stderr)
 	var (
 		model       = fs.String("model", "", "served model `name` (required; requests must name it or omit model)")
