@@ -3,6 +3,7 @@ package proxy
 import (
 	"encoding/json"
 	"errors"
+	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
@@ -11,6 +12,9 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/emulator"
+	"github.com/kvroute/kvroute/emulator/emulatortest"
+	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/kvindex"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/tokenizer"
@@ -231,6 +235,62 @@ func BenchmarkPrecisePrepare(b *testing.B) {
 				var req kvroute.Request
 				if err := pc.prepare(openai.KindChat, body, &ri, &req); err != nil {
 					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// TestPreciseHFAgreesWithEngine: the router's precise mode and an emulated
+// engine given the same HuggingFace tokenizer (kvroute engine --tokenizer)
+// tokenize a request alike (the engine's /tokenize), so the block hashes the
+// router computes are those of the blocks the engine caches.
+func TestPreciseHFAgreesWithEngine(t *testing.T) {
+	for _, name := range []string{"qwen3", "llama3_1"} {
+		t.Run(name, func(t *testing.T) {
+			dir := filepath.Join("..", "tokenizer", "testdata", name)
+			if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+				t.Skipf("no %s tokenizer files (run scripts/tokenizer-fixtures.sh): %v", name, err)
+			}
+			hf, err := tokenizer.LoadDir(dir)
+			if err != nil {
+				t.Fatal(err)
+			}
+			prof, err := engine.LookupProfile("qwen2.5-7b-h100")
+			if name == "llama3_1" {
+				prof, err = engine.LookupProfile("llama-3.1-8b-h100")
+			}
+			if err != nil {
+				t.Fatal(err)
+			}
+			_, hs := emulatortest.Start(t, emulator.Config{Model: "m", Engine: engine.Config{Profile: prof}, Tokenizer: hf}, nil)
+			pc := newTestPrecise(t, dir)
+			for _, tc := range []struct {
+				kind openai.Kind
+				body string
+			}{
+				{openai.KindChat, `{"model":"m","messages":[{"role":"system","content":"You answer questions about chess."},{"role":"user","content":"How does a knight move? Answer in one line."}]}`},
+				{openai.KindChat, `{"model":"m","messages":[{"role":"user","content":"Bonjour, ça va ? 日本語も"},{"role":"assistant","content":"Oui."},{"role":"user","content":"Et toi ?"}]}`},
+				{openai.KindCompletion, `{"model":"m","prompt":"The knight moves in an L: two squares one way, one the other."}`},
+			} {
+				want, _, err := tokensOf(t, pc, tc.kind, tc.body)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp, err := http.Post(hs.URL+"/tokenize", "application/json", strings.NewReader(tc.body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				var got struct {
+					Tokens []uint32 `json:"tokens"`
+				}
+				err = json.NewDecoder(resp.Body).Decode(&got)
+				resp.Body.Close()
+				if err != nil {
+					t.Fatal(err)
+				}
+				if !slices.Equal(got.Tokens, want) {
+					t.Errorf("%s: the engine's ids %v, the router's %v", tc.body, got.Tokens, want)
 				}
 			}
 		})
