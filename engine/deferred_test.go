@@ -306,3 +306,39 @@ func TestDeferredSweep(t *testing.T) {
 	}
 	checkInvariants(t, e)
 }
+
+// TestDeferredRecyclesSequences: at steady state an engine with deferred
+// keys allocates nothing per request: a sweep returns hundreds of retired
+// sequences at once, and the spare list keeps them for the requests after
+// it (capped at maxSpare it dropped most: 1.9 allocations per request here).
+func TestDeferredRecyclesSequences(t *testing.T) {
+	e := mustEngine(t, "tiny", func(c *Config) { c.NoEvents = true; c.NumGPUBlocks = 4000; c.MaxModelLen = 512 })
+	sys := tokens(0, 100)
+	reqs := make([]Request, 6000) // AllocsPerRun runs its function twice
+	for i := range reqs {
+		reqs[i] = Request{ID: fmt.Sprint(i), Prompt: concat(sys, tokens(1000+i*20, 20)), MaxTokens: 100}
+	}
+	var now time.Duration
+	var res StepResult
+	run := func(from, to int) {
+		for i := from; i < to; i++ {
+			if err := e.Add(now, &reqs[i]); err != nil {
+				t.Fatal(err)
+			}
+			for range 16 { // about a request's share of the steps: the queue stays short
+				e.StepInto(now, &res)
+				now += res.Duration
+			}
+		}
+	}
+	run(0, 3000) // warm up: the cache fills, runs retire, sweeps start
+	if st := e.Stats(); e.sweepAt <= 2*maxSpare || st.Waiting > 10 || st.CachedBlocks < 3300 {
+		t.Fatalf("not at steady state: sweep threshold %d (want more than twice maxSpare %d), %d waiting, %d of 4000 blocks cached",
+			e.sweepAt, maxSpare, st.Waiting, st.CachedBlocks)
+	}
+	next := 3000
+	allocs := testing.AllocsPerRun(1, func() { run(next, next+1500); next += 1500 })
+	if per := allocs / 1500; per > 0.05 {
+		t.Errorf("%.2f allocations per request at steady state, want none", per)
+	}
+}
