@@ -50,8 +50,7 @@ type deferredRun struct {
 	key     uint64 // the key of the run's first block
 	from, n int32  // n: set when the run retires
 	next    int32  // 1 + the next run with the same first key; 0: none
-	retired bool   // s finished: its blocks are free, s.blocks keeps their ids
-	inUse   bool
+	retired bool   // s finished: its blocks are free, s.blocks keeps their ids (s is nil for a free run)
 }
 
 // deferBlocks records that blocks j..full-1 of s filled with their keys
@@ -61,7 +60,7 @@ func (e *Engine) deferBlocks(s *sequence, j, full int) {
 	if s.run == 0 {
 		key := e.blockKey(s, j)
 		r := e.newRun()
-		e.runs[r] = deferredRun{s: s, key: key, from: int32(j), inUse: true}
+		e.runs[r] = deferredRun{s: s, key: key, from: int32(j)}
 		if head, ok := e.runByKey[key]; ok {
 			e.runs[r].next = head
 		}
@@ -206,7 +205,7 @@ func (e *Engine) retire(s *sequence) {
 func (e *Engine) sweepRuns() {
 	for r := range e.runs {
 		run := &e.runs[r]
-		if !run.inUse || !run.retired {
+		if run.s == nil || !run.retired {
 			continue
 		}
 		if id := run.s.blocks[run.from]; e.pool.blocks[id].run == int32(r)+1 {
@@ -245,7 +244,7 @@ func (e *Engine) dropRuns() {
 	clear(e.runByKey)
 	clear(e.keyCount[:])
 	for r := range e.runs {
-		if run := &e.runs[r]; run.inUse {
+		if run := &e.runs[r]; run.s != nil {
 			e.forgetRun(int32(r), int(run.from))
 			e.endRun(int32(r))
 		}

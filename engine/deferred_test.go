@@ -36,7 +36,7 @@ func checkRuns(t testing.TB, e *Engine) {
 	onChain := map[int32]bool{}
 	for k, head := range e.runByKey {
 		for x := head; x != 0; x = e.runs[x-1].next {
-			if onChain[x-1] || !e.runs[x-1].inUse || e.runs[x-1].key != k {
+			if onChain[x-1] || e.runs[x-1].s == nil || e.runs[x-1].key != k {
 				t.Fatalf("run %d on key %d's chain: twice, unused or with key %d", x-1, k, e.runs[x-1].key)
 			}
 			onChain[x-1] = true
@@ -47,7 +47,7 @@ func checkRuns(t testing.TB, e *Engine) {
 	marked := map[int32]int32{} // block -> run
 	for r := range e.runs {
 		run := &e.runs[r]
-		if !run.inUse {
+		if run.s == nil {
 			continue
 		}
 		n := e.runLen(int32(r))
@@ -300,7 +300,7 @@ func TestDeferredSweep(t *testing.T) {
 		t.Fatalf("after a sweep: %d retired runs, %d keys; want only the last request's", e.retired, len(e.runByKey))
 	}
 	for _, run := range e.runs {
-		if run.inUse && run.s.id != "19" {
+		if run.s != nil && run.s.id != "19" {
 			t.Errorf("%s's run is left, want only 19's", run.s.id)
 		}
 	}

@@ -355,38 +355,29 @@ func BenchmarkApproxRecord(b *testing.B) {
 			}
 		}, func(a approxImpl, i int) { op(a, warm+i) }, nil)
 	})
-	b.Run("rotate16", func(b *testing.B) {
-		prompts := randomPrompts(rand.New(rand.NewPCG(4, 4)), 16, benchBlocks)
-		for _, p := range prompts {
-			copy(p[:32], prompts[0][:32])
-		}
-		benchApprox(b, benchBlocks, func(a approxImpl) {
-			a.SetCapacity("e", 12500)
-			for i := 0; i < 64; i++ {
-				a.Record(at(i), "e", prompts[i%16])
+	// rotate16 and rotate64: prompts sharing a 32-block prefix round-robin
+	// on one endpoint of 12500 blocks. 64 of them (the router benchmark's
+	// sessions=64, BenchmarkDecisionKVAware64) overflow it, so every Record
+	// refreshes the prefix and inserts and evicts 224 blocks.
+	for _, rot := range []struct {
+		prompts, warm int
+		seed          uint64
+	}{{16, 64, 4}, {64, 256, 5}} {
+		b.Run(fmt.Sprintf("rotate%d", rot.prompts), func(b *testing.B) {
+			prompts := randomPrompts(rand.New(rand.NewPCG(rot.seed, rot.seed)), rot.prompts, benchBlocks)
+			for _, p := range prompts {
+				copy(p[:32], prompts[0][:32])
 			}
-		}, func(a approxImpl, i int) {
-			a.Record(at(64+i), "e", prompts[i%16])
-		}, nil)
-	})
-	b.Run("rotate64", func(b *testing.B) {
-		// The router benchmark's sessions=64 (BenchmarkDecisionKVAware64):
-		// 64 prompts sharing a 32-block prefix round-robin on one
-		// endpoint of 12500 blocks, which they overflow, so every Record
-		// refreshes the prefix and inserts and evicts 224 blocks.
-		prompts := randomPrompts(rand.New(rand.NewPCG(5, 5)), 64, benchBlocks)
-		for _, p := range prompts {
-			copy(p[:32], prompts[0][:32])
-		}
-		benchApprox(b, benchBlocks, func(a approxImpl) {
-			a.SetCapacity("e", 12500)
-			for i := 0; i < 256; i++ {
-				a.Record(at(i), "e", prompts[i%64])
-			}
-		}, func(a approxImpl, i int) {
-			a.Record(at(256+i), "e", prompts[i%64])
-		}, nil)
-	})
+			benchApprox(b, benchBlocks, func(a approxImpl) {
+				a.SetCapacity("e", 12500)
+				for i := 0; i < rot.warm; i++ {
+					a.Record(at(i), "e", prompts[i%rot.prompts])
+				}
+			}, func(a approxImpl, i int) {
+				a.Record(at(rot.warm+i), "e", prompts[i%rot.prompts])
+			}, nil)
+		})
+	}
 	b.Run("spread256", func(b *testing.B) {
 		// The router benchmark's loaded case: 256 prompts sharing a
 		// 32-block prefix, each on one of 64 endpoints (4 per endpoint,

@@ -103,6 +103,18 @@ func TestPreciseBuiltin(t *testing.T) {
 	}
 }
 
+// fixtureDir returns the tokenizer package's testdata directory of model
+// name, or skips the test when scripts/tokenizer-fixtures.sh has not
+// fetched its files.
+func fixtureDir(t *testing.T, name string) string {
+	t.Helper()
+	dir := filepath.Join("..", "tokenizer", "testdata", name)
+	if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
+		t.Skipf("no %s tokenizer files (run scripts/tokenizer-fixtures.sh): %v", name, err)
+	}
+	return dir
+}
+
 // TestPreciseHFMatchesReference: with a HuggingFace tokenizer the router's
 // ids for chat requests (template, tools, enable_thinking) and completion
 // prompts are HuggingFace's reference ids (tokenizer/testdata/expected,
@@ -111,10 +123,7 @@ func TestPreciseBuiltin(t *testing.T) {
 func TestPreciseHFMatchesReference(t *testing.T) {
 	for _, name := range []string{"qwen3", "llama3_1"} {
 		t.Run(name, func(t *testing.T) {
-			dir := filepath.Join("..", "tokenizer", "testdata", name)
-			if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
-				t.Skipf("no %s tokenizer files (run scripts/tokenizer-fixtures.sh): %v", name, err)
-			}
+			dir := fixtureDir(t, name)
 			data, err := os.ReadFile(filepath.Join("..", "tokenizer", "testdata", "expected", name+".json"))
 			if err != nil {
 				t.Fatal(err)
@@ -248,10 +257,7 @@ func BenchmarkPrecisePrepare(b *testing.B) {
 func TestPreciseHFAgreesWithEngine(t *testing.T) {
 	for _, name := range []string{"qwen3", "llama3_1"} {
 		t.Run(name, func(t *testing.T) {
-			dir := filepath.Join("..", "tokenizer", "testdata", name)
-			if _, err := os.Stat(filepath.Join(dir, "tokenizer.json")); err != nil {
-				t.Skipf("no %s tokenizer files (run scripts/tokenizer-fixtures.sh): %v", name, err)
-			}
+			dir := fixtureDir(t, name)
 			hf, err := tokenizer.LoadDir(dir)
 			if err != nil {
 				t.Fatal(err)

@@ -117,7 +117,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *model == "" {
 		return usageErr("--model is required")
 	}
-	prof, ok, _, err := hf.profile()
+	prof, ok, err := hf.profile()
 	switch {
 	case err != nil:
 		return usageErr("--hf-config: %v", err)

@@ -24,19 +24,19 @@ func (m *hfModel) register(fs *flag.FlagSet, what string) {
 	fs.StringVar(&m.dtype, "dtype", "", "with --hf-config: weight and KV dtype (bfloat16, fp8, ...; default the config's)")
 }
 
-// profile builds the profile; ok is false without --hf-config. A file that
-// cannot be read is an error; a config that does not make a profile is
-// the user's (bad is true: a usage error).
-func (m *hfModel) profile() (p engine.Profile, ok, bad bool, err error) {
+// profile builds the profile; ok is false without --hf-config. Either
+// failure (a file that cannot be read, a config that makes no profile) is
+// the flag's.
+func (m *hfModel) profile() (p engine.Profile, ok bool, err error) {
 	if m.config == "" {
-		return p, false, false, nil
+		return p, false, nil
 	}
 	data, err := os.ReadFile(m.config)
 	if err != nil {
-		return p, true, false, err
+		return p, true, err
 	}
 	if p, err = engine.ProfileFromHFConfig(data, m.gpu, m.tp, m.dtype); err != nil {
-		return p, true, true, fmt.Errorf("model %s: %w", m.config, err)
+		return p, true, fmt.Errorf("model %s: %w", m.config, err)
 	}
-	return p, true, false, nil
+	return p, true, nil
 }

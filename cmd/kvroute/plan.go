@@ -241,7 +241,7 @@ func writeNodeLost(w io.Writer, r *planner.Result) {
 // input builds the planner input from the flags.
 func (o *planOptions) input() (planner.Input, error) {
 	var in planner.Input
-	switch p, ok, _, err := o.hf.profile(); {
+	switch p, ok, err := o.hf.profile(); {
 	case err != nil:
 		return in, fmt.Errorf("plan: %w", err)
 	case ok:

@@ -163,11 +163,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	var hf *engine.Profile
 	defaultProfile := o.profile
-	switch p, ok, bad, err := o.hf.profile(); {
-	case bad:
-		return usageErr("%v", err)
+	switch p, ok, err := o.hf.profile(); {
 	case err != nil:
-		return fmt.Errorf("sim: %w", err)
+		return usageErr("--hf-config: %v", err)
 	case ok:
 		hf, defaultProfile = &p, p.Name
 	}
