@@ -49,6 +49,7 @@ const maxHitSamples = 256
 // Ticket is ignored by both.
 type Ticket struct {
 	seq          uint64
+	slot         int32     // the request's entry in View.flights
 	At           time.Time // when the request was dispatched
 	PromptTokens int
 }
@@ -103,8 +104,13 @@ type View struct {
 	lastErrAt   time.Time
 
 	// Router-local state: requests in flight.
-	seq       uint64
-	inflight  map[uint64]*flight
+	seq uint64
+	// flights holds the requests in flight, each in the slot its Ticket
+	// names; a slot whose seq is not its ticket's (0 when free) is ended.
+	// free lists the free slots. Dispatch reuses them, so a steady load
+	// allocates nothing.
+	flights   []flight
+	free      []int32
 	prefill   int // in flight without a first token
 	prefillTk int // their prompt tokens
 	decode    int // in flight with a first token
@@ -121,7 +127,7 @@ type View struct {
 }
 
 type flight struct {
-	at      time.Time
+	seq     uint64 // the ticket's; 0 when the slot is free
 	tokens  int
 	firstAt time.Time // zero until FirstToken
 }
@@ -141,7 +147,7 @@ type hitSample struct {
 // and built from router-local counts until the first Observe.
 func NewView(cfg ViewConfig) *View {
 	cfg.setDefaults()
-	return &View{cfg: cfg, inflight: make(map[uint64]*flight)}
+	return &View{cfg: cfg}
 }
 
 // Observe records a successful scrape whose sample was taken at now (pass
@@ -235,11 +241,31 @@ func (v *View) Dispatch(now time.Time, promptTokens int) Ticket {
 	v.gen.Add(1)
 	defer v.mu.Unlock()
 	v.seq++
-	v.inflight[v.seq] = &flight{at: now, tokens: promptTokens}
+	var slot int32
+	if n := len(v.free); n > 0 {
+		slot = v.free[n-1]
+		v.free = v.free[:n-1]
+	} else {
+		slot = int32(len(v.flights))
+		v.flights = append(v.flights, flight{})
+	}
+	v.flights[slot] = flight{seq: v.seq, tokens: promptTokens}
 	v.prefill++
 	v.prefillTk += promptTokens
 	v.record(now, 1, 0, promptTokens)
-	return Ticket{seq: v.seq, At: now, PromptTokens: promptTokens}
+	return Ticket{seq: v.seq, slot: slot, At: now, PromptTokens: promptTokens}
+}
+
+// flight returns the entry of t's request, nil when it has ended (or t is
+// the zero Ticket, or another View's). Called with v.mu held.
+func (v *View) flight(t Ticket) *flight {
+	if t.seq == 0 || t.slot < 0 || int(t.slot) >= len(v.flights) {
+		return nil
+	}
+	if f := &v.flights[t.slot]; f.seq == t.seq {
+		return f
+	}
+	return nil
 }
 
 // FirstToken records that the request of t produced its first token at now:
@@ -249,7 +275,7 @@ func (v *View) FirstToken(now time.Time, t Ticket) {
 	v.mu.Lock()
 	v.gen.Add(1)
 	defer v.mu.Unlock()
-	f := v.inflight[t.seq]
+	f := v.flight(t)
 	if f == nil || !f.firstAt.IsZero() {
 		return
 	}
@@ -267,19 +293,21 @@ func (v *View) Done(now time.Time, t Ticket) {
 	v.mu.Lock()
 	v.gen.Add(1)
 	defer v.mu.Unlock()
-	f := v.inflight[t.seq]
+	f := v.flight(t)
 	if f == nil {
 		return
 	}
-	delete(v.inflight, t.seq)
-	if f.firstAt.IsZero() {
+	first, tokens := f.firstAt, f.tokens
+	*f = flight{}
+	v.free = append(v.free, t.slot)
+	if first.IsZero() {
 		v.prefill--
-		v.prefillTk -= f.tokens
-		v.record(now, -1, 0, -f.tokens)
+		v.prefillTk -= tokens
+		v.record(now, -1, 0, -tokens)
 	} else {
 		v.decode--
-		v.decodeTk -= f.tokens
-		v.record(now, 0, -1, -f.tokens)
+		v.decodeTk -= tokens
+		v.record(now, 0, -1, -tokens)
 	}
 }
 

@@ -185,6 +185,56 @@ func TestViewTicketsIgnored(t *testing.T) {
 	}
 }
 
+// TestViewSlotReuse checks that a ticket whose request ended is ignored
+// after Dispatch gave its slot to another request: a late FirstToken or a
+// repeated Done of the first must not move the second.
+func TestViewSlotReuse(t *testing.T) {
+	v := NewView(ViewConfig{})
+	a := v.Dispatch(at(0), 5)
+	v.Done(at(1), a)
+	b := v.Dispatch(at(2), 7) // takes a's slot
+	if b.slot != a.slot {
+		t.Fatalf("b got slot %d, want a's %d (the free list is not reused)", b.slot, a.slot)
+	}
+	v.FirstToken(at(3), a)
+	v.Done(at(3), a)
+	if l := v.Load(at(3)); l.InFlight != 1 || l.InFlightTokens != 7 {
+		t.Fatalf("after a's stale ticket: got %+v, want b alone in flight, waiting for its first token with 7 tokens", l)
+	}
+	v.FirstToken(at(4), b)
+	if l := v.Load(at(4)); l.InFlight != 1 || l.InFlightTokens != 0 {
+		t.Fatalf("after b's first token: got %+v, want 1 in flight, 0 tokens waiting", l)
+	}
+	v.Done(at(5), b)
+	if l := v.Load(at(5)); l.InFlight != 0 {
+		t.Fatalf("after b done: got %+v, want none in flight", l)
+	}
+}
+
+// TestViewSteadyStateAllocs checks that Dispatch, FirstToken and Done
+// allocate nothing once the View holds as many requests as the load keeps
+// in flight (the router calls them under its lock for every request).
+func TestViewSteadyStateAllocs(t *testing.T) {
+	v := NewView(ViewConfig{})
+	v.Observe(at(0), vllmMetrics(0, 0, 0))
+	var window [8]Ticket
+	i := 0
+	step := func() {
+		slot := i % len(window)
+		v.FirstToken(at(1), window[slot])
+		v.Done(at(1), window[slot])
+		window[slot] = v.Dispatch(at(1), 100)
+		i++
+	}
+	for range 64 {
+		step()
+	}
+	v.Observe(at(1), vllmMetrics(0, 0, 0)) // empties the transition log
+	if n := testing.AllocsPerRun(1000, step); n != 0 {
+		t.Fatalf("Dispatch+FirstToken+Done allocated %v times per request, want 0", n)
+	}
+}
+
 // TestViewLogBound checks that the transition log stays bounded without
 // scrapes and that folding keeps the sums.
 func TestViewLogBound(t *testing.T) {
