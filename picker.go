@@ -76,7 +76,10 @@ type Decision struct {
 	Endpoint string `json:"endpoint"`
 	// Policy names the policy that decided.
 	Policy string `json:"policy"`
-	// Reason is a short human explanation (e.g. "affinity: 12/14 blocks cached").
+	// Reason is a short human explanation (e.g. "affinity: 12/14 blocks
+	// cached"). A picker that defers its explanations to the router's
+	// decision log may leave only its head ("affinity") here: the log's
+	// copy (router.Decisions) has it whole.
 	Reason string `json:"reason"`
 	// Scores holds one entry per candidate when the picker explains itself;
 	// pickers may leave it nil when the caller did not ask for explanations.

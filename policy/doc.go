@@ -25,5 +25,10 @@
 // produced by the code that decides. Scores and their Parts live in buffers
 // the picker reuses: they are valid until its next Pick call, so a caller
 // that keeps decisions (a debug log) copies them, as package router does.
-// With that, a decision costs one allocation (its Reason) on the hot path.
+// With that, a decision costs one allocation (its Reason) on the hot path,
+// and none under the router, which defers kv-aware's explanations to its
+// decision log (router.DeferredExplainer): Pick then leaves Scores nil and
+// Reason says how it chose ("affinity", "lowest estimate", ...), and the
+// log renders the scores and the whole reason, with its figures, from the
+// state Pick kept, when someone reads it.
 package policy

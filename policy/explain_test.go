@@ -31,14 +31,24 @@ func TestKVAwareDeferredExplanation(t *testing.T) {
 			lazy, _ := NewKVAwareWith(p, 7)
 			lazy.DeferExplanations()
 			type kept struct {
-				state any
-				cands []kvroute.Candidate
-				want  []kvroute.Score
+				state  any
+				cands  []kvroute.Candidate
+				want   []kvroute.Score
+				reason string // the eager decision's
+				own    string // the deferred decision's
+			}
+			// The reason Explain renders: the eager one, or "" when the
+			// deferred decision's own is whole (it chose no endpoint).
+			wantRendered := func(k *kept) string {
+				if k.reason == k.own {
+					return ""
+				}
+				return k.reason
 			}
 			var ring [3]kept
 			r := rand.New(rand.NewPCG(3, 4))
 			req, cands := benchState()
-			sessions, shed := 0, 0
+			sessions, shed, chosen := 0, 0, 0
 			for step := range 400 {
 				for i := range cands {
 					l := &cands[i].Load
@@ -61,12 +71,20 @@ func TestKVAwareDeferredExplanation(t *testing.T) {
 				if got.Scores != nil {
 					t.Fatalf("step %d: deferred Pick set %d scores, want none", step, len(got.Scores))
 				}
-				if wantScores := want.Scores; true {
-					want.Scores = nil
+				// A deferred decision that chose an endpoint names how in its
+				// Reason and leaves the figures after it to Explain.
+				if want.Index >= 0 {
+					if got.Reason == want.Reason || !strings.HasPrefix(want.Reason, got.Reason+": ") {
+						t.Fatalf("step %d: deferred reason %q, want the head of %q", step, got.Reason, want.Reason)
+					}
+					chosen++
+				}
+				if wantScores, wantReason := want.Scores, want.Reason; true {
+					want.Scores, want.Reason = nil, got.Reason
 					if !reflect.DeepEqual(got, want) {
 						t.Fatalf("step %d: deferred decision\n%+v\nwant\n%+v", step, got, want)
 					}
-					want.Scores = wantScores
+					want.Scores, want.Reason = wantScores, wantReason
 				}
 				if want.Shed {
 					shed++
@@ -76,15 +94,15 @@ func TestKVAwareDeferredExplanation(t *testing.T) {
 				}
 				k := &ring[step%len(ring)]
 				if k.state != nil { // about to be recycled: still intact?
-					if s := lazy.Explain(k.state, k.cands); !reflect.DeepEqual(s, k.want) {
+					if s, r := lazy.Explain(k.state, k.cands); !reflect.DeepEqual(s, k.want) || r != wantRendered(k) {
 						t.Fatalf("step %d: kept explanation of step %d changed", step, step-len(ring))
 					}
 				}
 				k.state = lazy.KeepExplanation(k.state)
 				k.cands = append(k.cands[:0], cands...)
-				k.want = deepScores(want.Scores)
-				if s := lazy.Explain(k.state, k.cands); !reflect.DeepEqual(s, k.want) {
-					t.Fatalf("step %d: rendered\n%+v\nwant\n%+v", step, s, k.want)
+				k.want, k.reason, k.own = deepScores(want.Scores), want.Reason, got.Reason
+				if s, r := lazy.Explain(k.state, k.cands); !reflect.DeepEqual(s, k.want) || r != wantRendered(k) {
+					t.Fatalf("step %d: rendered\n%+v\nreason %q\nwant\n%+v\nreason %q", step, s, r, k.want, wantRendered(k))
 				}
 				for _, pk := range []interface {
 					FirstToken(time.Time, *kvroute.Request, string)
@@ -96,8 +114,8 @@ func TestKVAwareDeferredExplanation(t *testing.T) {
 					}
 				}
 			}
-			if sessions == 0 || overload == OverloadShed && shed == 0 {
-				t.Fatalf("got %d session decisions and %d sheds: the test misses a case", sessions, shed)
+			if sessions == 0 || chosen == 0 || overload == OverloadShed && shed == 0 {
+				t.Fatalf("got %d session decisions, %d that chose an endpoint and %d sheds: the test misses a case", sessions, chosen, shed)
 			}
 		})
 	}

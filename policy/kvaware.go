@@ -454,13 +454,15 @@ type KVAware struct {
 	// is the last Pick's session target (-1: none) for KeepExplanation.
 	deferred bool
 	target   int
+	// why is the last Pick's reason as a deferring Pick leaves it to be
+	// rendered (zero when it chose no endpoint: its reason is whole).
+	why reasonFigures
 
 	// scratch, reused across calls
 	c       []candState
 	elig    []int
 	tie     []int
 	holders []int
-	reason  []byte
 }
 
 var (
@@ -635,6 +637,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		scores = k.buf.get(cands, kvAwareParts)
 	}
 	k.target = -1
+	k.why = reasonFigures{}
 	n := len(cands)
 	if cap(k.c) < n {
 		k.c = make([]candState, n)
@@ -827,8 +830,17 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	if !anyUnder {
 		how = "overloaded"
 	}
-	k.record(now, req, hot, endpointID(&cands[choice]), &k.c[choice], P)
-	return chose(NameKVAware, cands, choice, k.reasonFor(cands, choice, how, P), scores)
+	st := &k.c[choice]
+	k.record(now, req, hot, endpointID(&cands[choice]), st, P)
+	why := reasonFigures{head: reasonHead(how, st.credit), est: st.est, queueMs: st.queueMs, prefMs: st.prefMs, credit: st.credit, P: P}
+	if k.deferred {
+		// The figures are rendered when someone reads the decision
+		// (Explain): formatting them for every decision was an
+		// allocation per decision.
+		k.why = why
+		return chose(NameKVAware, cands, choice, why.head, scores)
+	}
+	return chose(NameKVAware, cands, choice, why.String(), scores)
 }
 
 // estimate fills st's TTFT estimate for candidate c.
@@ -1058,37 +1070,49 @@ func markTarget(scores []kvroute.Score, t int) {
 func (k *KVAware) DeferExplanations() { k.deferred = true }
 
 // keptExplanation is one decision's explanation as KeepExplanation keeps
-// it: the candidate states it was decided from and its session target.
+// it: the candidate states it was decided from (none when Explain is
+// off), its session target and its reason's figures.
 type keptExplanation struct {
 	c      []candState
 	target int // -1: none
+	why    reasonFigures
 }
 
 // KeepExplanation returns what rendering the last Pick's explanation
-// takes (nil when Explain is off) and takes recycled, a value it returned
-// before that the caller no longer keeps (or nil), as storage for the
-// next Picks: the candidate states change hands instead of being copied.
+// takes and takes recycled, a value it returned before that the caller no
+// longer keeps (or nil), as storage for the next Picks: the candidate
+// states change hands instead of being copied. With Explain off it keeps
+// the reason's figures alone.
 func (k *KVAware) KeepExplanation(recycled any) any {
-	if !k.p.Explain {
-		return nil
-	}
 	x, _ := recycled.(*keptExplanation)
 	if x == nil {
 		x = &keptExplanation{}
 	}
-	x.c, k.c = k.c, x.c[:0]
-	x.target = k.target
+	if k.p.Explain {
+		x.c, k.c = k.c, x.c[:0]
+	} else {
+		x.c = x.c[:0]
+	}
+	x.target, x.why = k.target, k.why
 	return x
 }
 
 // Explain renders a decision's explanation kept by KeepExplanation, for
 // the candidates it was made over, as Pick would have set Decision.Scores
-// (explain, as Pick calls it). It only reads kept: safe to call while
-// other Picks run.
-func (k *KVAware) Explain(kept any, cands []kvroute.Candidate) []kvroute.Score {
+// (explain, as Pick calls it), and its whole reason ("" when the
+// decision's own is whole: it chose no endpoint). It only reads kept:
+// safe to call while other Picks run.
+func (k *KVAware) Explain(kept any, cands []kvroute.Candidate) ([]kvroute.Score, string) {
 	x, _ := kept.(*keptExplanation)
-	if x == nil || len(x.c) != len(cands) {
-		return nil
+	if x == nil {
+		return nil, ""
+	}
+	reason := ""
+	if x.why.head != "" {
+		reason = x.why.String()
+	}
+	if len(x.c) != len(cands) {
+		return nil, reason
 	}
 	var b scoreBuf
 	scores := b.get(cands, kvAwareParts)
@@ -1096,43 +1120,52 @@ func (k *KVAware) Explain(kept any, cands []kvroute.Candidate) []kvroute.Score {
 	if x.target >= 0 {
 		markTarget(scores, x.target)
 	}
-	return scores
+	return scores, reason
 }
 
-// reasonFor renders the decision's one-line reason.
-func (k *KVAware) reasonFor(cands []kvroute.Candidate, i int, how string, P int) string {
-	st := &k.c[i]
-	b := k.reason[:0]
+// reasonFigures is a decision's one-line reason in parts: how the
+// endpoint was chosen (head) and the chosen candidate's figures.
+type reasonFigures struct {
+	head                 string
+	est, queueMs, prefMs float64
+	credit, P            int
+}
+
+// reasonHead names how a candidate with credit cached tokens was chosen.
+func reasonHead(how string, credit int) string {
 	switch how {
 	case "session":
-		b = append(b, "session affinity"...)
+		return "session affinity"
 	case "overloaded":
-		b = append(b, "overloaded, least loaded"...)
+		return "overloaded, least loaded"
 	case "tie":
-		if st.credit > 0 {
-			b = append(b, "affinity, tie broken by load"...)
-		} else {
-			b = append(b, "miss, least loaded of two tied"...)
+		if credit > 0 {
+			return "affinity, tie broken by load"
 		}
-	default:
-		if st.credit > 0 {
-			b = append(b, "affinity"...)
-		} else {
-			b = append(b, "lowest estimate"...)
-		}
+		return "miss, least loaded of two tied"
 	}
+	if credit > 0 {
+		return "affinity"
+	}
+	return "lowest estimate"
+}
+
+// String renders the reason: its head, then the estimate and its parts,
+// then the cached share of the prompt.
+func (r reasonFigures) String() string {
+	b := make([]byte, 0, 96)
+	b = append(b, r.head...)
 	b = append(b, ": est "...)
-	b = strconv.AppendFloat(b, st.est, 'f', 1, 64)
+	b = strconv.AppendFloat(b, r.est, 'f', 1, 64)
 	b = append(b, " ms (queue "...)
-	b = strconv.AppendFloat(b, st.queueMs, 'f', 1, 64)
+	b = strconv.AppendFloat(b, r.queueMs, 'f', 1, 64)
 	b = append(b, " + prefill "...)
-	b = strconv.AppendFloat(b, st.prefMs, 'f', 1, 64)
+	b = strconv.AppendFloat(b, r.prefMs, 'f', 1, 64)
 	b = append(b, "), "...)
-	b = strconv.AppendInt(b, int64(st.credit), 10)
+	b = strconv.AppendInt(b, int64(r.credit), 10)
 	b = append(b, '/')
-	b = strconv.AppendInt(b, int64(P), 10)
+	b = strconv.AppendInt(b, int64(r.P), 10)
 	b = append(b, " tokens cached"...)
-	k.reason = b
 	return string(b)
 }
 

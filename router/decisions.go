@@ -73,9 +73,12 @@ type DeferredExplainer interface {
 	// explanation and takes recycled, a state it returned before that the
 	// log no longer keeps (or nil), as storage for later Picks.
 	KeepExplanation(recycled any) any
-	// Explain renders a kept state for the candidates of its decision. It
-	// must not change the picker: Decisions calls it between Picks.
-	Explain(kept any, cands []kvroute.Candidate) []kvroute.Score
+	// Explain renders a kept state for the candidates of its decision:
+	// the decision's Scores, and its whole Reason when Pick left only a
+	// part of it (a deferring picker may leave out what is costly to
+	// format; "" keeps the decision's). It must not change the picker:
+	// Decisions calls it between Picks.
+	Explain(kept any, cands []kvroute.Candidate) (scores []kvroute.Score, reason string)
 }
 
 // ScoreRecycler is implemented by pickers that keep their explanations
@@ -215,8 +218,12 @@ func (r *Router) Decisions(n int) []DecisionRecord {
 		cp := *rec
 		cp.Candidates = candidateInputs(rec.Time, l.cands[slot])
 		if k := l.kept[slot]; k.by != nil {
-			if cp.Decision.Scores = k.by.Explain(k.state, l.cands[slot]); cp.Decision.Scores == nil {
+			scores, reason := k.by.Explain(k.state, l.cands[slot])
+			if cp.Decision.Scores = scores; scores == nil {
 				cp.Decision.Scores = []kvroute.Score{}
+			}
+			if reason != "" {
+				cp.Decision.Reason = reason
 			}
 			out = append(out, cp)
 			continue

@@ -321,6 +321,11 @@ func (f *Flight) CachedTokens() int { return f.cachedTokens }
 // Errors are *kvroute.Error: 503 when no endpoint is healthy, 429 when the
 // policy sheds the request.
 func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*Flight, error) {
+	// The one allocation of a decision is made before the lock: during a
+	// GC cycle an allocation may be made to help mark, and under the lock
+	// every other request would wait for it. (Route allocates nothing else
+	// at steady state.)
+	f := new(Flight)
 	r.mu.Lock()
 	defer r.mu.Unlock()
 
@@ -383,7 +388,7 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 	e := r.eps[d.Index]
 	c := &cands[d.Index]
 	d.Scores = nil // the full explanation lives in the decision log (Decisions)
-	f := &Flight{
+	*f = Flight{
 		Decision:     d,
 		Endpoint:     &e.ep,
 		req:          req,
