@@ -66,6 +66,20 @@ func TestHashText(t *testing.T) {
 	if ha[0] != hb[0] || ha[1] == hb[1] {
 		t.Fatalf("got %x %x, want first equal, second different", ha, hb)
 	}
+	// Chained: the same block after a different first block hashes
+	// differently, and equal texts hash equally.
+	hc := HashText("HELLO WORLD, how are you today?", 8, nil)
+	if hc[1] == ha[1] || hc[2] == ha[2] {
+		t.Fatalf("blocks 1 and 2 after a different block 0: got %x, want both unlike %x", hc, ha)
+	}
+	if again := HashText("hello world, how are you today?", 8, nil); !slices.Equal(again, ha) {
+		t.Fatalf("the same text: got %x, then %x", ha, again)
+	}
+	for _, h := range append(ha, hb...) {
+		if h == 0 {
+			t.Fatal("hash 0")
+		}
+	}
 	// Text and token chains never share keys for the same bytes.
 	tok := HashTokens([]uint32{0x6c6c6568, 0x6f77206f}, 2, nil)
 	if tok[0] == ha[0] {
@@ -120,4 +134,26 @@ func TestHashTextAfter(t *testing.T) {
 	if got := HashTextAfter(base, base, 0, []uint64{1, 2}); len(got) != 0 {
 		t.Fatalf("block size 0: got %v, want none", got)
 	}
+}
+
+// FuzzHashTextAfter: HashTextAfter given the previous prompt's hashes (or a
+// prefix of them) returns HashText of the new prompt, whatever the two
+// share, and no hash is 0.
+func FuzzHashTextAfter(f *testing.F) {
+	f.Add("You are a careful assistant. Tell me a story.", "You are a careful assistant. Tell me a joke.", uint8(8), uint8(255))
+	f.Add("abcdefgh", "abcdefghij", uint8(4), uint8(1))
+	f.Add("", "prev", uint8(3), uint8(0))
+	f.Fuzz(func(t *testing.T, text, prev string, chars, keep uint8) {
+		c := int(chars%64) + 1
+		prevHashes := HashText(prev, c, nil)
+		prevHashes = prevHashes[:min(len(prevHashes), int(keep))]
+		want := HashText(text, c, nil)
+		got := HashTextAfter(text, prev, c, prevHashes)
+		if !slices.Equal(got, want) {
+			t.Fatalf("HashTextAfter(%q after %q, %d chars, %d kept) = %x, want HashText's %x", text, prev, c, len(prevHashes), got, want)
+		}
+		if slices.Contains(want, 0) {
+			t.Fatalf("HashText(%q, %d) has a 0 hash: %x", text, c, want)
+		}
+	})
 }
