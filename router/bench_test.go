@@ -43,56 +43,9 @@ func BenchmarkDecisionKVAware64(b *testing.B) {
 	b.Run("loaded/sessions=256/inflight=128", func(b *testing.B) { benchDecision(b, 256, 128) })
 }
 
-// benchDecision routes requests of sessions round-robin; each stays in
-// flight for the next inflight decisions (0: released at once).
+// benchDecision times decisionLoop's decisions.
 func benchDecision(b *testing.B, sessions, inflight int) {
-	p, err := policy.New(policy.Default, nil, 1)
-	if err != nil {
-		b.Fatal(err)
-	}
-	r, err := New(Config{Model: "m", Endpoints: eps(64), Policy: policy.Default, Picker: p, DecisionLog: 256})
-	if err != nil {
-		b.Fatal(err)
-	}
-	system := strings.Repeat("You are a careful assistant for the rules of the game. ", 4<<10/56)
-	prompts := make([]string, sessions)
-	for i := range prompts {
-		prompts[i] = (system + fmt.Sprintf("session %d: ", i) + strings.Repeat("the quick brown fox jumps over the lazy dog ", 32<<10/44))[:32<<10]
-	}
-	now := t0
-	reqs := make([]kvroute.Request, max(len(prompts), inflight+1))
-	flights := make([]*Flight, len(reqs))
-	reqIDs := make([]string, len(reqs))
-	for i := range reqIDs {
-		reqIDs[i] = fmt.Sprint(i)
-	}
-	i := 0
-	step := func() {
-		slot := i % len(reqs)
-		req := &reqs[slot]
-		old := flights[slot] // routed len(reqs) decisions ago (inflight > 0)
-		flights[slot] = nil
-		if old != nil {
-			r.FirstToken(now, old)
-			r.Done(now, old, kvroute.Outcome{TTFT: 50 * time.Millisecond, PromptTokens: 8192, CachedTokens: -1})
-		}
-		*req = kvroute.Request{ID: reqIDs[slot], Model: "m", Prompt: prompts[i%len(prompts)], PromptTokens: 8192, MaxTokens: 128}
-		f, err := r.Route(now, req, nil)
-		if err != nil {
-			b.Fatal(err)
-		}
-		if inflight > 0 {
-			flights[slot] = f
-		} else {
-			r.FirstToken(now, f)
-			r.Done(now, f, kvroute.Outcome{TTFT: 50 * time.Millisecond, PromptTokens: 8192, CachedTokens: -1})
-		}
-		now = now.Add(time.Millisecond)
-		i++
-		if i%100 == 0 {
-			scrape(r, now)
-		}
-	}
+	step := decisionLoop(b, sessions, inflight)
 	for range benchWarmUp {
 		step()
 	}
@@ -127,6 +80,62 @@ func scrape(r *Router, now time.Time) {
 
 // benchWarmUp is how many untimed decisions benchDecision makes first.
 const benchWarmUp = 20000
+
+// decisionLoop returns one decision of BenchmarkDecisionKVAware64's loop
+// (TestRouteAllocs counts its allocations): a router over 64 endpoints
+// with the default policy and a decision log routes 32 KiB prompts of
+// sessions round-robin, each request in flight for the next inflight
+// decisions (0: its first token and end are recorded at once), 1 ms
+// apart, the engines scraped every 100 ms.
+func decisionLoop(tb testing.TB, sessions, inflight int) (step func()) {
+	p, err := policy.New(policy.Default, nil, 1)
+	if err != nil {
+		tb.Fatal(err)
+	}
+	r, err := New(Config{Model: "m", Endpoints: eps(64), Policy: policy.Default, Picker: p, DecisionLog: 256})
+	if err != nil {
+		tb.Fatal(err)
+	}
+	system := strings.Repeat("You are a careful assistant for the rules of the game. ", 4<<10/56)
+	prompts := make([]string, sessions)
+	for i := range prompts {
+		prompts[i] = (system + fmt.Sprintf("session %d: ", i) + strings.Repeat("the quick brown fox jumps over the lazy dog ", 32<<10/44))[:32<<10]
+	}
+	now := t0
+	reqs := make([]kvroute.Request, max(len(prompts), inflight+1))
+	flights := make([]*Flight, len(reqs))
+	reqIDs := make([]string, len(reqs))
+	for i := range reqIDs {
+		reqIDs[i] = fmt.Sprint(i)
+	}
+	i := 0
+	return func() {
+		slot := i % len(reqs)
+		req := &reqs[slot]
+		old := flights[slot] // routed len(reqs) decisions ago (inflight > 0)
+		flights[slot] = nil
+		if old != nil {
+			r.FirstToken(now, old)
+			r.Done(now, old, kvroute.Outcome{TTFT: 50 * time.Millisecond, PromptTokens: 8192, CachedTokens: -1})
+		}
+		*req = kvroute.Request{ID: reqIDs[slot], Model: "m", Prompt: prompts[i%len(prompts)], PromptTokens: 8192, MaxTokens: 128}
+		f, err := r.Route(now, req, nil)
+		if err != nil {
+			tb.Fatal(err)
+		}
+		if inflight > 0 {
+			flights[slot] = f
+		} else {
+			r.FirstToken(now, f)
+			r.Done(now, f, kvroute.Outcome{TTFT: 50 * time.Millisecond, PromptTokens: 8192, CachedTokens: -1})
+		}
+		now = now.Add(time.Millisecond)
+		i++
+		if i%100 == 0 {
+			scrape(r, now)
+		}
+	}
+}
 
 // opTimer times single operations of a benchmark in wall time and reports
 // their p50 and p99 (p50-ns, p99-ns), and the thread's CPU time over all

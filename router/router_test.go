@@ -10,7 +10,6 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
-	"github.com/kvroute/kvroute/policy"
 	"github.com/kvroute/kvroute/signals"
 )
 
@@ -504,57 +503,21 @@ func TestDecisionLogRecycles(t *testing.T) {
 
 // TestRouteAllocs: at steady state a decision of the default policy, with
 // the decision log on and its first token and end recorded, allocates one
-// thing, the Flight Route returns. The signal views, the prefix index,
+// thing, the Flight Route returns: the signal views, the prefix index,
 // kv-aware's Pick (its reason and scores are deferred to the log) and the
-// log reuse their storage: an allocation under the router's lock can be
-// made to help the GC mark while every other request waits.
+// log reuse their storage. An allocation under the router's lock can be
+// made to help the GC mark while every other request waits. The loops
+// are BenchmarkDecisionKVAware64's.
 func TestRouteAllocs(t *testing.T) {
-	p, err := policy.New(policy.Default, nil, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := New(Config{Model: "m", Endpoints: eps(8), Policy: policy.Default, Picker: p, DecisionLog: 64})
-	if err != nil {
-		t.Fatal(err)
-	}
-	system := strings.Repeat("You are a careful assistant. ", 40)
-	prompts := make([]string, 12)
-	for i := range prompts {
-		prompts[i] = system + strings.Repeat(fmt.Sprintf("session %d asks again. ", i), 30)
-	}
-	now := t0
-	var window [16]*Flight // requests in flight
-	reqs := make([]kvroute.Request, len(window))
-	ids := make([]string, len(window))
-	for i := range ids {
-		ids[i] = fmt.Sprint(i)
-	}
-	i := 0
-	step := func() {
-		slot := i % len(window)
-		if f := window[slot]; f != nil {
-			r.FirstToken(now, f)
-			r.Done(now, f, kvroute.Outcome{TTFT: 30 * time.Millisecond, PromptTokens: 400})
-		}
-		reqs[slot] = kvroute.Request{ID: ids[slot], Model: "m", Prompt: prompts[i%len(prompts)], PromptTokens: 400, MaxTokens: 64}
-		f, err := r.Route(now, &reqs[slot], nil)
-		if err != nil {
-			t.Fatal(err)
-		}
-		window[slot] = f
-		if i%100 == 0 { // the scrape loop, every 100 ms
-			for _, ep := range eps(8) {
-				r.View(ep.ID).Observe(now, signals.Metrics{Flavor: signals.FlavorVLLM, Have: signals.HasWaiting | signals.HasRunning,
-					Running: 2})
+	for _, tc := range []struct{ sessions, inflight int }{{16, 0}, {256, 128}} {
+		t.Run(fmt.Sprintf("sessions=%d/inflight=%d", tc.sessions, tc.inflight), func(t *testing.T) {
+			step := decisionLoop(t, tc.sessions, tc.inflight)
+			for range 3000 { // until the structures stop growing
+				step()
 			}
-		}
-		now = now.Add(time.Millisecond)
-		i++
-	}
-	for range 2000 {
-		step()
-	}
-	if n := testing.AllocsPerRun(1000, step); n != 1 {
-		t.Fatalf("a decision allocated %v times, want 1 (its Flight)", n)
+			if n := testing.AllocsPerRun(500, step); n != 1 {
+				t.Fatalf("a decision allocated %v times, want 1 (its Flight)", n)
+			}
+		})
 	}
 }
