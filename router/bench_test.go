@@ -55,7 +55,6 @@ func benchDecision(b *testing.B, sessions, inflight int) {
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	b.ReportAllocs()
-	b.ResetTimer()
 	tm.begin()
 	for b.Loop() {
 		tm.start()

@@ -241,25 +241,29 @@ func (v *View) Dispatch(now time.Time, promptTokens int) Ticket {
 	v.gen.Add(1)
 	defer v.mu.Unlock()
 	v.seq++
+	f := flight{seq: v.seq, tokens: promptTokens}
 	var slot int32
 	if n := len(v.free); n > 0 {
 		slot = v.free[n-1]
 		v.free = v.free[:n-1]
+		v.flights[slot] = f
 	} else {
 		slot = int32(len(v.flights))
-		v.flights = append(v.flights, flight{})
+		v.flights = append(v.flights, f)
 	}
-	v.flights[slot] = flight{seq: v.seq, tokens: promptTokens}
 	v.prefill++
 	v.prefillTk += promptTokens
 	v.record(now, 1, 0, promptTokens)
 	return Ticket{seq: v.seq, slot: slot, At: now, PromptTokens: promptTokens}
 }
 
-// flight returns the entry of t's request, nil when it has ended (or t is
-// the zero Ticket, or another View's). Called with v.mu held.
+// flight returns the entry of t's request, nil when it has ended or t is
+// the zero Ticket. (A ticket of another View is not told apart: one whose
+// slot and sequence match a request of this View is taken for it, as when
+// tickets were looked up by sequence alone. The router keeps each ticket
+// with its endpoint.) Called with v.mu held.
 func (v *View) flight(t Ticket) *flight {
-	if t.seq == 0 || t.slot < 0 || int(t.slot) >= len(v.flights) {
+	if t.seq == 0 || uint32(t.slot) >= uint32(len(v.flights)) {
 		return nil
 	}
 	if f := &v.flights[t.slot]; f.seq == t.seq {
