@@ -33,8 +33,8 @@ func TestCatchUpMatchesStepping(t *testing.T) {
 		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
 			cfg := Config{Model: "m", Engine: engine.Config{Profile: prof, NumGPUBlocks: 96, MaxModelLen: 1024}, Speed: 1}
 			var out [3]string
-			var gens [3]map[string]int
-			caught := 0
+			var gens [3]map[string]string
+			caught, finishing := 0, 0
 			for mode := range 3 {
 				s, err := New(cfg)
 				if err != nil {
@@ -64,6 +64,7 @@ func TestCatchUpMatchesStepping(t *testing.T) {
 				}
 				ls := driveLoop(t, s, queue, mode == 2, mode == 0)
 				caught += ls.caught
+				finishing += ls.finishing
 				s.publishStats(&ls.acc)
 				var buf bytes.Buffer
 				mfs, err := s.metrics.reg.Gather()
@@ -80,17 +81,17 @@ func TestCatchUpMatchesStepping(t *testing.T) {
 						out[mode] += string(line)
 					}
 				}
-				gens[mode] = map[string]int{}
+				gens[mode] = map[string]string{}
 				for id, st := range streams {
-					gens[mode][id] = st.generated
+					gens[mode][id] = fmt.Sprintf("%d tokens, %s, %d/%d prompt tokens cached", st.generated, st.finishReason, st.cachedTokens, st.promptTokens)
 					if !st.finished && st.err == nil {
 						t.Fatalf("mode %d: %s did not finish", mode, id)
 					}
 				}
 			}
-			t.Logf("catchUp computed %d runs", caught)
-			if caught < 20 {
-				t.Errorf("catchUp computed %d runs, want at least 20", caught)
+			t.Logf("catchUp computed %d runs, %d of them ending in finishes", caught, finishing)
+			if caught < 20 || finishing < 10 {
+				t.Errorf("catchUp computed %d runs, %d ending in finishes: want at least 20 and 10", caught, finishing)
 			}
 			for mode, name := range []string{1: "delivering finished outputs only", 2: "catching up"} {
 				if mode == 0 {
@@ -101,7 +102,7 @@ func TestCatchUpMatchesStepping(t *testing.T) {
 				}
 				for id, g := range gens[0] {
 					if gens[mode][id] != g {
-						t.Errorf("%s: %d tokens %s, %d in the reference", id, gens[mode][id], name, g)
+						t.Errorf("%s: %s %s, %s in the reference", id, gens[mode][id], name, g)
 					}
 				}
 			}
@@ -120,7 +121,9 @@ type loopDriver struct {
 	queue   []command // commands not applied yet, in time order
 	catchUp bool
 	caught  int // catchUp's runs
-	steps   int
+	// finishing counts the runs that ended in finishes.
+	finishing int
+	steps     int
 }
 
 func newLoopDriver(s *Server, queue []command, catchUp bool) *loopDriver {
@@ -149,6 +152,9 @@ func (ld *loopDriver) advance() bool {
 		ld.loopState.queue = nil
 		if ok {
 			ld.caught++
+			if len(ld.run.Finished) > 0 {
+				ld.finishing++
+			}
 			return true
 		}
 	}

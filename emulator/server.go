@@ -572,19 +572,21 @@ func (s *Server) sleepThrough(ctx context.Context, ls *loopState, until time.Dur
 
 // catchUp computes at once (engine.DecodeSteps) the plain decode steps
 // that ended before woke while the loop slept, as far as nothing is due in
-// them: no handler to wake (no stream notified per chunk), no command
-// arrived before one of them started, no finish, no generation throughput
-// due at their ends (finishStep's, once a second). It records what
-// finishStep and deliver would have for each step (the batch sizes and
-// inter-token latencies in the same order) and reports whether it
-// computed any.
+// them: no handler to wake per chunk (no stream notified per chunk), no
+// command arrived before one of them started, no generation throughput due
+// at their ends (finishStep's, once a second). A step in which requests
+// finish ends the run; their handlers are woken as deliver wakes them. It
+// records what finishStep and deliver would have for each step (the batch
+// sizes and inter-token latencies in the same order, the finished
+// requests' metrics) and reports whether it computed any.
 //
 // The stats snapshot, which finishStep publishes at the end of a step at
-// most every statsEvery, is published once, with the state at the end of
-// the run (the state stepping publishes last when the run's last step is
-// due one, as steps of a millisecond or more are). Which step's state a
-// scrape reads while the loop catches up is a race either way; the
-// snapshot is due again at the same step as after stepping.
+// most every statsEvery and before it wakes a finished request's handler,
+// is published once, with the state at the end of the run (the state
+// stepping publishes last when the run's last step is due one, as steps
+// of a millisecond or more are). Which step's state a scrape reads while
+// the loop catches up is a race either way; the snapshot is due again at
+// the same step as after stepping.
 func (s *Server) catchUp(ls *loopState, woke time.Duration) bool {
 	if s.pub != nil || ls.notifying > 0 {
 		return false
@@ -599,39 +601,71 @@ func (s *Server) catchUp(ls *loopState, woke time.Duration) bool {
 		return false
 	}
 	s.caughtUp.Add(int64(n))
+	due := false
+	for _, d := range run.Durations {
+		ls.vnow += d
+		if ls.vnow-ls.lastPub >= statsEvery {
+			ls.lastPub, due = ls.vnow, true
+		}
+	}
+	finishing := len(run.Finished) > 0
+	if finishing {
+		s.publishStats(&ls.acc) // before the handlers are woken, as finishStep
+	}
 	r := len(run.Seqs)
 	s.metrics.mu.Lock()
 	s.metrics.iteration.observeN(float64(r), n)
-	var itl time.Duration
-	itlN := 0
-	for _, sq := range run.Seqs { // the first step's latencies, in order
-		switch {
-		case sq.FirstITL <= 0:
-		case sq.FirstITL == itl:
-			itlN++
-		default:
-			s.metrics.observeITLs(itl, itlN)
-			itl, itlN = sq.FirstITL, 1
+	// latencies records step k's inter-token latencies in running order,
+	// as deliver does (a run of equal ones at once), and finishes the
+	// requests that finished in it.
+	latencies := func(k int) {
+		fin := run.Finished
+		var itl time.Duration
+		itlN := 0
+		for _, sq := range run.Seqs {
+			if sq.Finished && k == n-1 {
+				s.metrics.observeITLs(itl, itlN)
+				itlN = 0
+				o := &fin[0]
+				fin = fin[1:]
+				if st := ls.live[o.ID]; st != nil {
+					st.count(o)
+					s.finished(o, st, ls)
+				}
+				continue
+			}
+			d := run.Durations[k]
+			if k == 0 {
+				d = sq.FirstITL
+			}
+			switch {
+			case d <= 0:
+			case d == itl:
+				itlN++
+			default:
+				s.metrics.observeITLs(itl, itlN)
+				itl, itlN = d, 1
+			}
 		}
+		s.metrics.observeITLs(itl, itlN)
 	}
-	s.metrics.observeITLs(itl, itlN)
-	for _, d := range run.Durations[1:] {
-		if d > 0 {
+	for k, d := range run.Durations {
+		if k == 0 || finishing && k == n-1 {
+			latencies(k)
+		} else if d > 0 {
 			s.metrics.observeITLs(d, r)
 		}
 	}
 	s.metrics.mu.Unlock()
-	// The streams are not touched (their memory is cold after a sleep):
-	// deliver counts a stream's tokens from its next output's Index, and
-	// the running order (ls.order) is the same.
-	pub := false
-	for _, d := range run.Durations {
-		ls.vnow += d
-		if ls.vnow-ls.lastPub >= statsEvery {
-			ls.lastPub, pub = ls.vnow, true
-		}
+	// The other streams are not touched (their memory is cold after a
+	// sleep): deliver counts a stream's tokens from its next output's
+	// Index. The running order (ls.order) is the same unless some
+	// finished; deliver then finds the streams anew.
+	if finishing {
+		clear(ls.order)
+		ls.order = ls.order[:0]
 	}
-	if pub {
+	if due {
 		s.publishStats(&ls.acc)
 	}
 	return true
@@ -842,27 +876,7 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 		if !o.Finished {
 			next = append(next, st)
 		}
-		// The request generated Index tokens before this output (an
-		// abort's: before it was aborted). A stream's count is set from it,
-		// not counted here: catchUp, and deliver while no handler is woken
-		// per chunk, leave unfinished outputs to this.
-		aborted := o.FinishReason == engine.FinishAbort
-		gen := o.Index
-		if !aborted {
-			gen++
-		}
-		st.since += gen - st.gen
-		st.gen = gen
-		if !aborted {
-			// A whole response's handler recomputes its tokens (every 0);
-			// EOS has no text.
-			if st.every > 0 && !(o.Finished && o.FinishReason == engine.FinishStop) {
-				st.pend = append(st.pend, o.Token)
-			}
-		}
-		if o.First {
-			st.cached = o.CachedTokens
-		}
+		st.count(o)
 		if !o.Finished {
 			switch {
 			case o.First || o.ITL <= 0:
@@ -886,48 +900,83 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 			}
 			continue
 		}
-		var blockIDs []int
-		if st.holdKV && !aborted {
-			blockIDs = s.eng.BlockIDs(o.ID)
-		}
-		reason := o.FinishReason
-		st.mu.Lock()
-		if len(st.toks) == 0 {
-			st.toks, st.pend = st.pend, nil
-		} else {
-			st.toks = append(st.toks, st.pend...)
-		}
-		st.generated = st.gen
-		st.finished = true
-		st.finishReason = o.FinishReason
-		if st.stopString != "" {
-			reason = engine.FinishStop
-		}
-		st.promptTokens = o.PromptTokens
-		st.cachedTokens = o.CachedTokens
-		st.blockIDs = blockIDs
-		st.mu.Unlock()
 		s.metrics.observeITLs(itl, itlN)
 		itlN = 0
-		s.metrics.onOutput(o, st.gen, reason)
-		delete(ls.live, o.ID)
-		if st.every > 0 {
-			ls.notifying--
-			if st.every > 1 {
-				ls.spaced--
-			}
-		}
-		ls.acc.promptSeconds += o.PrefillTime.Seconds()
-		ls.acc.decodeSeconds += o.DecodeTime.Seconds()
-		if aborted && reason == engine.FinishAbort {
-			ls.acc.aborted++
-		}
-		if blockIDs != nil {
-			s.grantLease(st, o.PromptTokens, blockIDs)
-		}
-		st.signal()
+		s.finished(o, st, ls)
 	}
 	s.metrics.observeITLs(itl, itlN)
 	clear(prev)
 	ls.order, ls.spare = next, prev[:0]
+}
+
+// count records o in its stream st: the tokens generated so far, the
+// tokens a streaming handler is due, the prompt's cached tokens.
+func (st *stream) count(o *engine.Output) {
+	// The request generated Index tokens before this output (an abort's:
+	// before it was aborted). A stream's count is set from it, not counted
+	// output by output: catchUp, and deliver while no handler is woken per
+	// chunk, leave unfinished outputs to this.
+	aborted := o.FinishReason == engine.FinishAbort
+	gen := o.Index
+	if !aborted {
+		gen++
+	}
+	st.since += gen - st.gen
+	st.gen = gen
+	if !aborted {
+		// A whole response's handler recomputes its tokens (every 0);
+		// EOS has no text.
+		if st.every > 0 && !(o.Finished && o.FinishReason == engine.FinishStop) {
+			st.pend = append(st.pend, o.Token)
+		}
+	}
+	if o.First {
+		st.cached = o.CachedTokens
+	}
+}
+
+// finished hands a request's last output o (counted: stream.count) to its
+// stream and wakes its handler, with the metrics of a finished request (the
+// step's inter-token latencies before it observed first); the request
+// leaves the loop's live streams.
+func (s *Server) finished(o *engine.Output, st *stream, ls *loopState) {
+	aborted := o.FinishReason == engine.FinishAbort
+	var blockIDs []int
+	if st.holdKV && !aborted {
+		blockIDs = s.eng.BlockIDs(o.ID)
+	}
+	reason := o.FinishReason
+	st.mu.Lock()
+	if len(st.toks) == 0 {
+		st.toks, st.pend = st.pend, nil
+	} else {
+		st.toks = append(st.toks, st.pend...)
+	}
+	st.generated = st.gen
+	st.finished = true
+	st.finishReason = o.FinishReason
+	if st.stopString != "" {
+		reason = engine.FinishStop
+	}
+	st.promptTokens = o.PromptTokens
+	st.cachedTokens = o.CachedTokens
+	st.blockIDs = blockIDs
+	st.mu.Unlock()
+	s.metrics.onOutput(o, st.gen, reason)
+	delete(ls.live, o.ID)
+	if st.every > 0 {
+		ls.notifying--
+		if st.every > 1 {
+			ls.spaced--
+		}
+	}
+	ls.acc.promptSeconds += o.PrefillTime.Seconds()
+	ls.acc.decodeSeconds += o.DecodeTime.Seconds()
+	if aborted && reason == engine.FinishAbort {
+		ls.acc.aborted++
+	}
+	if blockIDs != nil {
+		s.grantLease(st, o.PromptTokens, blockIDs)
+	}
+	st.signal()
 }

@@ -83,9 +83,15 @@ type DecodedRun struct {
 	// Durations are the steps' modelled durations, in order: the run's
 	// k-th step starts at now plus the sum of the durations before it.
 	Durations []time.Duration
-	// Seqs are the running requests, in the order StepInto reports their
-	// outputs; each produced one token in every step of the run.
+	// Seqs are the requests running when the run started, in the order
+	// StepInto reports their outputs; each produced one token in every
+	// step of the run.
 	Seqs []DecodedSeq
+	// Finished are the outputs of the requests that finished in the run's
+	// last step (their Seqs are marked Finished), in Seqs' order, exactly
+	// as StepInto reports them. Those requests have left the engine as
+	// after StepInto (a HoldKV one holds its blocks).
+	Finished []Output
 	// Events are the run's KV events in order, as the steps' StepResults
 	// would report them (BlockStored for the blocks the new tokens fill,
 	// BlockRemoved for the cached blocks their allocation evicts).
@@ -104,34 +110,35 @@ type DecodedSeq struct {
 	// FirstITL is the latency of the run's first token after the
 	// request's previous one; each later token's is its step's duration.
 	FirstITL time.Duration
+	// Finished marks a request whose last token is the run's last: its
+	// output is the next one in the run's Finished.
+	Finished bool
 }
 
 // DecodeSteps computes the plain decode steps ahead at once, starting at
 // virtual time now, exactly as that many StepInto calls at their start
 // times would (same tokens, block allocations, evictions, prefix-cache
-// entries, events and Stats), without building a StepResult per step. It
-// computes at most limit steps, none that ends after until, and none in
-// which a request finishes (that step is left to StepInto, whose outputs
-// the driver needs). It returns the number of steps computed, 0 when the
-// next step is not a plain decode step (see DecodeRun) or does not end by
-// until; run describes them.
+// entries, finishes, events and Stats), without building a StepResult per
+// step. It computes at most limit steps and none that ends after until;
+// a step in which requests finish ends the run (their outputs are the
+// run's Finished, the others' are summarised by Seqs). It returns the
+// number of steps computed, 0 when the next step is not a plain decode
+// step (see DecodeRun) or does not end by until; run describes them.
 //
 // A real-time driver that slept through a quiet run uses it to catch up
-// with the steps whose outputs nobody was waiting for: the cost is a few
-// nanoseconds per request and step instead of a StepResult's.
+// with the steps whose outputs nobody was waiting for, and the finish that
+// ends the run: the cost is a few nanoseconds per request and step instead
+// of a StepResult's.
 func (e *Engine) DecodeSteps(now, until time.Duration, limit int, run *DecodedRun) int {
-	run.Durations, run.Seqs, run.Events = run.Durations[:0], run.Seqs[:0], nil
-	n, ctx, finished := e.decodeRun(limit)
-	if finished {
-		n-- // the finishing step is StepInto's
-	}
-	if n <= 0 {
+	run.Durations, run.Seqs, run.Finished, run.Events = run.Durations[:0], run.Seqs[:0], run.Finished[:0], nil
+	whole, ctx, finished := e.decodeRun(limit)
+	if whole <= 0 {
 		return 0
 	}
 	r := len(e.running)
 	b := Batch{Seqs: r, Sampled: r, DecodeTokens: r}
 	end := now
-	for i := range n {
+	for i := range whole {
 		b.DecodeContext = ctx + i*r
 		d := e.stepTime(&b)
 		if end+d > until {
@@ -140,7 +147,7 @@ func (e *Engine) DecodeSteps(now, until time.Duration, limit int, run *DecodedRu
 		end += d
 		run.Durations = append(run.Durations, d)
 	}
-	n = len(run.Durations)
+	n := len(run.Durations)
 	if e.runBlocks(n) > e.pool.numFree {
 		// The most steps whose blocks fit (runBlocks grows with n): the
 		// step that would preempt is StepInto's.
@@ -158,6 +165,7 @@ func (e *Engine) DecodeSteps(now, until time.Duration, limit int, run *DecodedRu
 	if n == 0 {
 		return 0
 	}
+	finished = finished && n == whole // the finishing step is in the run
 	first := now + run.Durations[0]
 	for _, s := range e.running {
 		run.Seqs = append(run.Seqs, DecodedSeq{ID: s.id, From: s.outputs, FirstITL: first - s.lastToken})
@@ -168,18 +176,24 @@ func (e *Engine) DecodeSteps(now, until time.Duration, limit int, run *DecodedRu
 	e.res = res
 	defer func() { e.res = nil }()
 	t := now
-	for _, d := range run.Durations {
+	for k, d := range run.Durations {
 		t += d
 		if e.caching && !e.deferKeys {
 			e.keysAhead()
 		}
+		last := finished && k == n-1
 		// StepInto's schedule allocates in running order, then each
 		// request's token is emitted: a request's allocation only needs
 		// its own earlier tokens, so one pass does both, keeping the
-		// pool's order of operations.
-		for _, s := range e.running {
+		// pool's order of operations (the finished requests' blocks are
+		// freed after the pass, as StepInto frees them after schedule).
+		for i, s := range e.running {
 			e.allocate(s, 1) // cannot fail: runBlocks fit
 			s.computed++
+			if last {
+				e.emitLast(s, t, run, i)
+				continue
+			}
 			if e.keepGen && s.tokenMode {
 				s.tokens = append(s.tokens, e.token(s, s.outputs))
 			}
@@ -191,8 +205,46 @@ func (e *Engine) DecodeSteps(now, until time.Duration, limit int, run *DecodedRu
 		e.stats.BusyTime += d
 		e.stats.GenerationTokens += int64(r)
 	}
+	if finished {
+		for i := range run.Seqs {
+			if run.Seqs[i].Finished {
+				e.retireFinished(e.running[i])
+			}
+		}
+		e.dropFinished()
+	}
 	run.Events = res.Events
 	return n
+}
+
+// emitLast is emit for request i of a run's finishing step, at time t:
+// only a finishing request's output is built (into run.Finished); the
+// caller retires it after the step's allocations.
+func (e *Engine) emitLast(s *sequence, t time.Duration, run *DecodedRun, i int) {
+	idx := s.outputs
+	s.outputs++
+	s.numTokens++
+	tok := uint32(0)
+	if e.keepGen && s.tokenMode {
+		tok = e.token(s, idx)
+		s.tokens = append(s.tokens, tok)
+	}
+	reason := e.finishReason(s)
+	if reason == "" {
+		s.lastToken = t
+		return
+	}
+	if !(e.keepGen && s.tokenMode) {
+		tok = e.token(s, idx)
+	}
+	run.Finished = append(run.Finished, Output{})
+	o := &run.Finished[len(run.Finished)-1]
+	o.ID, o.Token, o.Index, o.PromptTokens, o.CachedTokens, o.Time = s.id, tok, idx, int(s.promptLen), int(s.cachedTokens), t
+	o.ITL = t - s.lastToken
+	o.TTFT = s.ttft
+	s.lastToken = t
+	e.finishOutput(s, o, reason)
+	run.Seqs[i].Finished = true
 }
 
 // keysAhead computes the keys of the blocks the coming decode step fills

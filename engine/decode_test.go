@@ -29,7 +29,7 @@ func TestDecodeSteps(t *testing.T) {
 				var live []string
 				last := map[string]Output{} // each request's latest output (the bulk engine's)
 				var run DecodedRun
-				runs, bulkSteps, removed := 0, 0, 0
+				runs, bulkSteps, removed, finishes := 0, 0, 0, 0
 				for i := 0; i < 300 || stepper.HasWork() || bulk.HasWork(); i++ {
 					if i > 1e5 {
 						t.Fatal("engines do not finish")
@@ -76,6 +76,15 @@ func TestDecodeSteps(t *testing.T) {
 					}
 
 					until := b.now + time.Duration(rng.IntN(400))*stepper.MinStepTime()
+					running := len(bulk.running)
+					type sampled struct {
+						seed  uint64
+						eosAt int
+					}
+					samples := map[string]sampled{} // finished requests leave bulk.seqs
+					for _, s := range bulk.running {
+						samples[s.id] = sampled{s.seed, int(s.eosAt)}
+					}
 					n := bulk.DecodeSteps(b.now, until, 1+rng.IntN(60), &run)
 					if n == 0 {
 						if bulk.HasWork() {
@@ -92,8 +101,11 @@ func TestDecodeSteps(t *testing.T) {
 					}
 					runs++
 					bulkSteps += n
-					if len(run.Durations) != n || len(run.Seqs) != len(bulk.running) {
-						t.Fatalf("run of %d steps: %d durations, %d requests (%d running)", n, len(run.Durations), len(run.Seqs), len(bulk.running))
+					if len(run.Durations) != n || len(run.Seqs) != running {
+						t.Fatalf("run of %d steps: %d durations, %d requests (%d running)", n, len(run.Durations), len(run.Seqs), running)
+					}
+					if len(run.Finished) > 0 {
+						finishes++
 					}
 					from := len(a.outputs)
 					for range n {
@@ -102,13 +114,22 @@ func TestDecodeSteps(t *testing.T) {
 					// The run's outputs, as Steps would have reported them.
 					var want []Output
 					now := b.now
+					fin := run.Finished
 					for k, d := range run.Durations {
 						now += d
 						for _, sq := range run.Seqs {
+							if sq.Finished && k == n-1 {
+								if len(fin) == 0 {
+									t.Fatalf("run of %d steps: %s marked finished, no output left", n, sq.ID)
+								}
+								want = append(want, fin[0])
+								fin = fin[1:]
+								continue
+							}
 							o := last[sq.ID]
-							s := bulk.seqs[sq.ID]
+							sm := samples[sq.ID]
 							o.First, o.Index, o.Time = false, sq.From+k, now
-							o.Token = bulk.sampler.token(s.seed, int(s.eosAt), o.Index)
+							o.Token = bulk.sampler.token(sm.seed, sm.eosAt, o.Index)
 							o.ITL = d
 							if k == 0 {
 								o.ITL = sq.FirstITL
@@ -116,6 +137,9 @@ func TestDecodeSteps(t *testing.T) {
 							last[sq.ID] = o
 							want = append(want, o)
 						}
+					}
+					if len(fin) > 0 {
+						t.Fatalf("run of %d steps: %d finished outputs for no request", n, len(fin))
 					}
 					if until < now {
 						t.Fatalf("run ends at %v, after until %v", now, until)
@@ -135,9 +159,9 @@ func TestDecodeSteps(t *testing.T) {
 					b.mirrorEvents(run.Events)
 					compareEngines(t, stepper, bulk, a, b)
 				}
-				t.Logf("DecodeSteps computed %d steps in %d runs, evicting in %d", bulkSteps, runs, removed)
-				if runs < 5 || bulkSteps < 100 {
-					t.Errorf("DecodeSteps computed %d steps in %d runs: it should find the plain decode runs", bulkSteps, runs)
+				t.Logf("DecodeSteps computed %d steps in %d runs, evicting in %d, finishing requests in %d", bulkSteps, runs, removed, finishes)
+				if runs < 5 || bulkSteps < 100 || finishes < 3 {
+					t.Errorf("DecodeSteps computed %d steps in %d runs, %d of them ending in finishes: it should find the plain decode runs and their finishes", bulkSteps, runs, finishes)
 				}
 			})
 		}

@@ -131,8 +131,9 @@ func FuzzDeferredKeys(f *testing.F) {
 			if next()%3 == 0 { // a real-time driver's decode run
 				until, limit := now+time.Duration(next()+1)*eager.MinStepTime(), next()%8+1
 				n := eager.DecodeSteps(now, until, limit, &runE)
-				if got := lazy.DecodeSteps(now, until, limit, &runL); got != n || !slices.Equal(runE.Durations, runL.Durations) || !slices.Equal(runE.Seqs, runL.Seqs) {
-					t.Fatalf("DecodeSteps at %v: %d steps %v %v, without events %d %v %v", now, n, runE.Durations, runE.Seqs, got, runL.Durations, runL.Seqs)
+				if got := lazy.DecodeSteps(now, until, limit, &runL); got != n || !slices.Equal(runE.Durations, runL.Durations) || !slices.Equal(runE.Seqs, runL.Seqs) ||
+					!slices.Equal(runE.Finished, runL.Finished) {
+					t.Fatalf("DecodeSteps at %v: %d steps %v %v %+v, without events %d %v %v %+v", now, n, runE.Durations, runE.Seqs, runE.Finished, got, runL.Durations, runL.Seqs, runL.Finished)
 				}
 				if n > 0 {
 					for _, d := range runE.Durations {

@@ -54,17 +54,7 @@ func (e *Engine) StepInto(now time.Duration, r *StepResult) {
 	clear(e.sched)
 	e.sched = e.sched[:0]
 	if finished {
-		keep := e.running[:0]
-		for _, s := range e.running {
-			switch s.status {
-			case statusRunning:
-				keep = append(keep, s)
-			case statusDone:
-				e.recycle(s) // off every list now (held ones wait for Release)
-			}
-		}
-		clear(e.running[len(keep):])
-		e.running = keep
+		e.dropFinished()
 	}
 }
 
@@ -443,31 +433,73 @@ func (e *Engine) emit(s *sequence, t time.Duration, r *StepResult) bool {
 	}
 	s.lastToken = t
 	o.TTFT = s.ttft
-	switch {
-	case s.eosAt > 0 && s.outputs == int(s.eosAt):
-		o.FinishReason = FinishStop
-		e.stats.FinishedStop++
-	case s.outputs >= int(s.maxTokens) || s.numTokens >= e.maxLen:
-		o.FinishReason = FinishLength
-		e.stats.FinishedLength++
-	default:
+	reason := e.finishReason(s)
+	if reason == "" {
 		return false
 	}
-	o.Finished = true
+	e.finishOutput(s, o, reason)
+	e.retireFinished(s)
+	return true
+}
+
+// finishReason returns why s finished with the token it just emitted, or
+// "" when it did not.
+func (e *Engine) finishReason(s *sequence) string {
+	switch {
+	case s.eosAt > 0 && s.outputs == int(s.eosAt):
+		return FinishStop
+	case s.outputs >= int(s.maxTokens) || s.numTokens >= e.maxLen:
+		return FinishLength
+	}
+	return ""
+}
+
+// finishOutput completes o, s's output at o.Time, as its last, and counts
+// the finish. The caller then retires s (retireFinished), after the
+// step's allocations.
+func (e *Engine) finishOutput(s *sequence, o *Output, reason string) {
+	if reason == FinishStop {
+		e.stats.FinishedStop++
+	} else {
+		e.stats.FinishedLength++
+	}
+	o.Finished, o.FinishReason = true, reason
 	o.Arrival = s.arrival
 	o.QueueTime = s.firstSched - s.arrival
 	o.PrefillTime = s.firstToken - s.firstSched
-	o.DecodeTime = t - s.firstToken
+	o.DecodeTime = o.Time - s.firstToken
 	o.Preemptions = s.preemptions
+}
+
+// retireFinished takes a finished s out of the engine: its KV stays held
+// for a HoldKV request (until Release), else its blocks are freed and it is
+// done. The step then drops it from the running list.
+func (e *Engine) retireFinished(s *sequence) {
 	if s.holdKV {
 		s.status = statusHeld
 		e.held++
-		return true
+		return
 	}
 	e.freeBlocks(s)
 	s.status = statusDone
 	delete(e.seqs, s.id)
-	return true
+}
+
+// dropFinished removes the requests that finished this step from the
+// running list, keeping its order, and recycles the done ones (held ones
+// wait for Release).
+func (e *Engine) dropFinished() {
+	keep := e.running[:0]
+	for _, s := range e.running {
+		switch s.status {
+		case statusRunning:
+			keep = append(keep, s)
+		case statusDone:
+			e.recycle(s) // off every list now
+		}
+	}
+	clear(e.running[len(keep):])
+	e.running = keep
 }
 
 // token returns s's idx-th output token.
