@@ -73,10 +73,11 @@
 // the loop, waking at the run's old end, sleeps through the step then in
 // progress and the rest of the run at once. So a non-streamed request costs
 // the loop about one timed wake-up (its finish) whatever its length. The
-// steps slept through that finish nothing are then computed at once
-// (engine.DecodeSteps): the loop records each step's batch size and
+// steps slept through, and the finish that ends them, are then computed at
+// once (engine.DecodeSteps): the loop records each step's batch size and
 // latencies in the metrics as stepping would, and the streams' token
-// counts, without a StepResult per step. A GET /metrics during such a run
+// counts, without a StepResult per step, and wakes the finished requests'
+// handlers as it would after stepping. A GET /metrics during such a run
 // first brings the snapshot up to date. Streaming at every token needs a
 // wake-up per step and a write per chunk, as in vLLM; --stream-interval
 // divides the writes.

@@ -18,8 +18,9 @@
 // request finishes, and how long they take) and MinStepTime bounds any
 // step from below, so a real-time driver can sleep through steps nobody
 // observes and compute them later at their own start times; DecodeSteps
-// computes such a run at once, with exactly the results of stepping it
-// (tokens, block allocations and evictions, prefix-cache entries, events,
+// computes such a run at once, the step in which requests finish included,
+// with exactly the results of stepping it (tokens, block allocations and
+// evictions, prefix-cache entries, the finished requests' outputs, events,
 // Stats) at a few nanoseconds per request and step.
 //
 // # Scheduling (vLLM V1)
