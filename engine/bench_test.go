@@ -58,6 +58,9 @@ func BenchmarkStepBatch64(b *testing.B) {
 						}
 						seqs += n * len(run.Seqs)
 						i += n - 1
+						for range run.Finished { // the run's last step finished them
+							add(now)
+						}
 						continue
 					}
 				}
