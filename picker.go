@@ -46,6 +46,15 @@ type Candidate struct {
 	// Precise reports that CachedBlocks comes from the engine's own KV events
 	// rather than from the router's record of what it routed.
 	Precise bool
+	// Evicts reports that the router's record of the endpoint's cache (the
+	// approximate index, sized from its KV capacity) has no room for the
+	// prompt blocks it does not hold: sending the request there pushes
+	// other prompts' blocks out. False when unknown (a precise endpoint).
+	Evicts bool
+	// Horizon, when Evicts, is how long that record keeps a block nobody
+	// sends again (the age of its least recent entry): a cache that turns
+	// over faster than prompts come back keeps none of them.
+	Horizon time.Duration
 }
 
 // Score is one candidate's part in a decision: the inputs the policy used

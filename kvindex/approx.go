@@ -131,6 +131,10 @@ type agroup struct {
 	tab   *atable // nil when Serialized
 	stab  *btable // Serialized only
 	names [64]atomic.Pointer[string]
+	// room is each endpoint's capacity less its live entries (Slot.Room),
+	// and oldest the Unix nanosecond time of its least recent entry
+	// (Slot.Oldest), stored under Approx.mu whenever they change.
+	room, oldest [64]atomic.Int64
 	inUse uint64 // guarded by Approx.mu
 }
 
@@ -180,6 +184,7 @@ func (a *Approx) endpoint(name string) *aendpoint {
 	n := name
 	g.names[i].Store(&n)
 	e := &aendpoint{name: name, g: g, bit: 1 << i, capacity: a.cfg.DefaultCapacityBlocks}
+	e.publishRoom()
 	a.eps[name] = e
 	return e
 }
@@ -322,6 +327,7 @@ func (a *Approx) trim(e *aendpoint, t int64, ttl bool) {
 		}
 		clears = append(clears, k)
 	}
+	e.publishRoom()
 	a.clears = clears
 	if e.g.stab != nil {
 		a.sink += e.g.stab.touch(clears)
@@ -331,6 +337,17 @@ func (a *Approx) trim(e *aendpoint, t int64, ttl bool) {
 	} else {
 		a.sink += e.g.tab.applyBatch(nil, clears, e.bit)
 	}
+}
+
+// publishRoom stores e's room for Slot.Room. Called with a.mu held.
+func (e *aendpoint) publishRoom() {
+	i := bits.TrailingZeros64(e.bit)
+	e.g.room[i].Store(int64(e.capacity - e.log.n))
+	t := int64(0)
+	if e.log.n > 0 {
+		t = e.log.oldest().t
+	}
+	e.g.oldest[i].Store(t)
 }
 
 // noteExpiry lowers nextExpiry to e's first expiry. Called with a.mu held.
@@ -383,7 +400,50 @@ func (a *Approx) SetCapacity(endpoint string, blocks int) {
 		a.trim(e, 0, false)
 		e.log.shrink()
 	}
+	e.publishRoom()
 	a.noteExpiry(e)
+}
+
+// Slot is a handle on one endpoint's room in an Approx (see Room): reading
+// it takes no lock and no lookup by name.
+type Slot struct {
+	g *agroup
+	i int
+}
+
+// Slot returns endpoint's handle, adding the endpoint (with the default
+// capacity) if it has no entries yet. It stays valid until Remove.
+func (a *Approx) Slot(endpoint string) Slot {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	e := a.endpoint(endpoint)
+	e.publishRoom()
+	return Slot{g: e.g, i: bits.TrailingZeros64(e.bit)}
+}
+
+// Room returns how many blocks the endpoint can be recorded to hold before
+// a Record must evict (its capacity less the entries it holds; entries
+// past their TTL count until dropped), or -1 for the zero Slot. Safe to
+// call concurrently with anything but Remove of the endpoint.
+func (s Slot) Room() int {
+	if s.g == nil {
+		return -1
+	}
+	return int(s.g.room[s.i].Load())
+}
+
+// Oldest returns when the endpoint's least recent entry was recorded (the
+// zero Time when it holds none, or for the zero Slot): for a full endpoint,
+// now less Oldest is how long it keeps a block nobody sends again. Safe to
+// call concurrently with anything but Remove of the endpoint.
+func (s Slot) Oldest() time.Time {
+	if s.g == nil {
+		return time.Time{}
+	}
+	if t := s.g.oldest[s.i].Load(); t != 0 {
+		return time.Unix(0, t)
+	}
+	return time.Time{}
 }
 
 // Remove forgets endpoint and all its entries.

@@ -264,6 +264,22 @@ func approxDifferential(t *testing.T, seed uint64, cfg ApproxConfig, chains, sho
 			delete(ref.lists, ep)
 			delete(ref.capacity, ep)
 		}
+		for ep, l := range ref.lists { // Room: capacity less the entries held
+			c, ok := ref.capacity[ep]
+			if !ok {
+				c = capacity
+			}
+			live := 0
+			for _, e := range l {
+				if now.Sub(e.seen) <= time.Minute {
+					live++
+				}
+			}
+			// Expired entries count until they are dropped.
+			if room := a.Slot(ep).Room(); room < c-len(l) || room > c-live {
+				t.Fatalf("seed %d step %d: %s's Room = %d, want %d..%d (capacity %d, %d entries, %d unexpired)", seed, step, ep, room, c-len(l), c-live, c, len(l), live)
+			}
+		}
 		q := prompt()
 		want := ref.match(now, q)
 		if got := a.Match(now, q, nil); (len(got) > 0 || len(want) > 0) && !reflect.DeepEqual(got, want) {
@@ -286,6 +302,38 @@ func approxDifferential(t *testing.T, seed uint64, cfg ApproxConfig, chains, sho
 	}
 	if got := a.Len(); got < n {
 		t.Errorf("seed %d: Len = %d, want at least the %d live entries", seed, got, n)
+	}
+}
+
+// TestApproxSlotRoom: a Slot's Room follows Record's inserts and
+// evictions, SetCapacity and expiry, and a new endpoint starts empty.
+func TestApproxSlotRoom(t *testing.T) {
+	a := NewApprox(ApproxConfig{DefaultCapacityBlocks: 10, TTL: time.Minute, Serialized: true})
+	if got := (Slot{}).Room(); got != -1 {
+		t.Errorf("zero Slot: Room = %d, want -1", got)
+	}
+	s := a.Slot("e")
+	check := func(when string, want int) {
+		t.Helper()
+		if got := s.Room(); got != want {
+			t.Errorf("%s: Room = %d, want %d", when, got, want)
+		}
+	}
+	check("new endpoint", 10)
+	a.Record(t0, "e", []uint64{1, 2, 3, 4})
+	check("4 blocks recorded", 6)
+	a.Record(t0, "e", []uint64{1, 2})
+	check("2 of them again", 6)
+	a.Record(t0, "e", []uint64{11, 12, 13, 14, 15, 16, 17, 18})
+	check("8 more: 2 evicted", 0)
+	a.SetCapacity("e", 20)
+	check("capacity 20", 10)
+	a.SetCapacity("e", 5)
+	check("capacity 5: 5 evicted", 0)
+	a.Match(t0.Add(2*time.Minute), []uint64{11}, nil)
+	check("all expired", 5)
+	if got := a.Slot("other").Room(); got != 10 {
+		t.Errorf("another endpoint: Room = %d, want 10", got)
 	}
 }
 

@@ -152,6 +152,28 @@ type KVAwareParams struct {
 	// cold fleet lost up to 25 points of p99 TTFT: sysprompt at 1000 req/s
 	// -31% -> -6% against the best baseline). Default 5s.
 	HotSettle time.Duration `param:"hot_settle"`
+	// SpareFull keeps a small shared prefix (a system prompt) from pulling
+	// requests onto a cache that thrashes. A small hit (under a quarter of
+	// the prompt's tokens cached) on a candidate whose cache is full
+	// (kvroute.Candidate.Evicts) and turns over within ThrashHorizon is
+	// credited no more than an eligible candidate with room for the
+	// request caches, and loses ties to candidates without such a hit:
+	// the request goes where it evicts nothing, instead of pushing out
+	// the blocks of the prompts that share the prefix before they come
+	// back. Preble's rule (explore unless more is cached than new),
+	// applied only where exploiting thrashes. Without it, 64 sessions of
+	// 8k-token prompts behind one 1k-token system prompt all went to its
+	// one holder, whose cache holds 16 of them, and each turn found only
+	// the system prompt cached while 63 endpoints idled
+	// (BenchmarkDecisionKVAware64, sessions=64). Applied to every full
+	// cache (no horizon), the Mooncake trace's first 3,000 requests lost
+	// 5% of p99 TTFT. Default true.
+	SpareFull bool `param:"spare_full"`
+	// ThrashHorizon is how soon a full cache must turn over (its least
+	// recent block's age, kvroute.Candidate.Horizon) for SpareFull to
+	// count it as thrashing: a block kept for less is gone before a
+	// person answers. Default 2s.
+	ThrashHorizon time.Duration `param:"thrash_horizon"`
 	// TrimKVUsage is the KV usage from which a holder outside a hot
 	// prefix's replica set loses its credit (the shrinking half of
 	// Replicate): below it a surplus replica costs no cache space that is
@@ -238,6 +260,8 @@ func DefaultKVAwareParams() KVAwareParams {
 		HotSlack:              2,
 		HotSettle:             5 * time.Second,
 		TrimKVUsage:           0.9,
+		SpareFull:             true,
+		ThrashHorizon:         2 * time.Second,
 		TenantFairness:        true,
 		PendingTTL:            10 * time.Minute,
 		Explain:               true,
@@ -283,6 +307,7 @@ func (p KVAwareParams) Validate() error {
 		check(n, "cpu_hit_cost", p.CPUHitCost >= 0 && p.CPUHitCost <= 1, "must be in [0, 1], got %v", p.CPUHitCost),
 		check(n, "pending_ttl", p.PendingTTL > 0, "must be > 0, got %v", p.PendingTTL),
 		check(n, "hot_settle", p.HotSettle >= 0, "must be >= 0, got %v", p.HotSettle),
+		check(n, "thrash_horizon", p.ThrashHorizon >= 0, "must be >= 0, got %v", p.ThrashHorizon),
 	}
 	for _, err := range errs {
 		if err != nil {
@@ -347,6 +372,9 @@ func (p KVAwareParams) Validate() error {
 // load alone) and is never a session target, so affinity cannot pile load
 // on a saturated node while others idle. Queue- and KV-capped candidates are
 // not eligible at all while any other healthy candidate is under those caps.
+// A small hit (under a quarter of the prompt cached) on a candidate whose
+// full cache turns over within ThrashHorizon is credited no more than an
+// eligible candidate with room caches (SpareFull).
 // When every candidate is over them, Overload decides: shed or queue, or
 // (least-loaded, the default) pick anyway, keeping affinity, since none is
 // better off than another and dropping affinity would only add work.
@@ -454,6 +482,9 @@ type KVAware struct {
 	// is the last Pick's session target (-1: none) for KeepExplanation.
 	deferred bool
 	target   int
+	// roomCached is the most tokens an eligible candidate with room caches
+	// (SpareFull), the credit of a capFull candidate.
+	roomCached int
 	// why is the last Pick's reason as a deferring Pick leaves it to be
 	// rendered (zero when it chose no endpoint: its reason is whole).
 	why reasonFigures
@@ -566,6 +597,7 @@ const (
 	capTenant
 	capTrimmed   // outside the hot prefix's replica set
 	capSaturated // over a hard cap like every other candidate (no effect on affinity)
+	capFull      // a small hit where the rest would evict, with room elsewhere (SpareFull)
 )
 
 type candState struct {
@@ -590,14 +622,14 @@ func (st *candState) affinityCapped() bool { return st.effFlags() != 0 }
 // effFlags returns the caps in force: the flags less queue and KV caps that
 // every candidate shares.
 func (st *candState) effFlags() uint8 {
-	f := st.flags
+	f := st.flags &^ capFull // cuts the credit, takes no affinity away
 	if f&capSaturated != 0 {
 		f &^= capQueue | capKV | capSaturated
 	}
 	return f
 }
 
-const kvAwareParts = 9
+const kvAwareParts = 10
 
 // NewKVAware builds the kv-aware policy from params (nil = defaults).
 func NewKVAware(params map[string]any, seed uint64) (*KVAware, error) {
@@ -749,6 +781,10 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		}
 	}
 
+	if p.SpareFull {
+		k.spareFull(req, cands, max(req.PromptTokens, 0))
+	}
+
 	// Hot prefix replica set.
 	if hot != 0 {
 		k.trimReplicas(cands, hot, depth, share)
@@ -774,6 +810,9 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		}
 		if !st.affinityCapped() {
 			st.credit = min(max(cands[i].CachedTokens, 0), P)
+			if st.flags&capFull != 0 {
+				st.credit = min(st.credit, k.roomCached) // SpareFull
+			}
 		}
 		k.estimate(&cands[i], st, P)
 		if st.elig = !(capsRule && st.flags&(capQueue|capKV) != 0); st.elig {
@@ -841,6 +880,56 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		return chose(NameKVAware, cands, choice, why.head, scores)
 	}
 	return chose(NameKVAware, cands, choice, why.String(), scores)
+}
+
+// spareFull applies SpareFull to the candidates of a request of P prompt
+// tokens: a candidate with a small hit (smallHit) whose cache thrashes
+// (thrashing) gets capFull when an eligible candidate (healthy, under the
+// queue and KV caps) has room for the request's blocks and caches no more
+// than it; its credit is then cut to the most such a candidate caches
+// (k.roomCached), and ties go to a candidate without capFull.
+func (k *KVAware) spareFull(req *kvroute.Request, cands []kvroute.Candidate, P int) {
+	if len(req.BlockHashes) == 0 || P == 0 {
+		return
+	}
+	small := false
+	for i := range cands {
+		c := &cands[i]
+		if c.Healthy && k.thrashing(c) && smallHit(c, P) {
+			small = true
+			break
+		}
+	}
+	if !small {
+		return // the common case: one pass, no second
+	}
+	room := -1 // the most an eligible candidate with room caches
+	for i := range cands {
+		if c := &cands[i]; c.Healthy && !c.Evicts && k.c[i].flags&(capQueue|capKV) == 0 {
+			room = max(room, c.CachedTokens)
+		}
+	}
+	if room < 0 {
+		return // no cache has room: a hit is worth what it saves
+	}
+	k.roomCached = room
+	for i := range cands {
+		if c := &cands[i]; c.Healthy && k.thrashing(c) && smallHit(c, P) && c.CachedTokens >= room {
+			k.c[i].flags |= capFull
+		}
+	}
+}
+
+// thrashing reports whether c's cache is full and turns over within
+// ThrashHorizon (SpareFull).
+func (k *KVAware) thrashing(c *kvroute.Candidate) bool {
+	return c.Evicts && c.Horizon < k.p.ThrashHorizon
+}
+
+// smallHit reports whether c caches some but under a quarter of a prompt
+// of P tokens (SpareFull).
+func smallHit(c *kvroute.Candidate, P int) bool {
+	return c.CachedTokens > 0 && 4*c.CachedTokens < P
 }
 
 // estimate fills st's TTFT estimate for candidate c.
@@ -950,9 +1039,12 @@ func (k *KVAware) rates(s *epStats) (tok, req float64, learned bool) {
 	return
 }
 
-// lessLoaded orders candidates i and j for tie breaks: fewer in-flight, then
-// a lower estimate.
+// lessLoaded orders candidates i and j for tie breaks: one without
+// capFull (SpareFull) first, then fewer in-flight, then a lower estimate.
 func (k *KVAware) lessLoaded(cands []kvroute.Candidate, i, j int) bool {
+	if a, b := k.c[i].flags&capFull != 0, k.c[j].flags&capFull != 0; a != b {
+		return b
+	}
 	if a, b := cands[i].Load.InFlight, cands[j].Load.InFlight; a != b {
 		return a < b
 	}
@@ -1044,12 +1136,17 @@ func explain(c []candState, cands []kvroute.Candidate, scores []kvroute.Score) {
 			s.Why = "capped: tenant over fair share"
 		case st.flags&capTrimmed != 0:
 			s.Why = "outside hot prefix replica set"
+		case st.flags&capFull != 0:
+			s.Why = "small hit on a thrashing cache: credited only what a candidate with room caches"
 		}
 		if st.effFlags()&(capQueue|capKV|capInflight|capTenant) != 0 {
 			s.Parts = append(s.Parts, kvroute.Part{Name: "capped", Value: 1})
 		}
 		if st.flags&capTrimmed != 0 {
 			s.Parts = append(s.Parts, kvroute.Part{Name: "replica_trimmed", Value: 1})
+		}
+		if st.flags&capFull != 0 {
+			s.Parts = append(s.Parts, kvroute.Part{Name: "cache_full", Value: 1})
 		}
 		s.Eligible = st.elig
 	}

@@ -33,6 +33,8 @@ type CandidateInput struct {
 	CachedTokens int     `json:"cached_tokens"`
 	Tier         string  `json:"tier"`
 	Precise      bool    `json:"precise"`
+	Evicts       bool    `json:"evicts,omitempty"`     // no room left for the prompt's uncached blocks (kvroute.Candidate.Evicts)
+	HorizonMS    float64 `json:"horizon_ms,omitempty"` // then how long the record keeps a block (kvroute.Candidate.Horizon)
 	Stale        bool    `json:"stale"`
 	SignalAgeMS  float64 `json:"signal_age_ms"`
 }
@@ -192,8 +194,9 @@ func candidateInputs(now time.Time, cands []kvroute.Candidate) []CandidateInput 
 		out[i] = CandidateInput{
 			Endpoint: c.Endpoint.ID, Healthy: c.Healthy,
 			Waiting: c.Load.Waiting, Running: c.Load.Running, InFlight: c.Load.InFlight, KVUsage: c.Load.KVUsage,
-			CachedBlocks: c.CachedBlocks, CachedTokens: c.CachedTokens, Tier: c.Tier.String(), Precise: c.Precise,
-			Stale: c.Load.Stale, SignalAgeMS: float64(c.Load.Age(now)) / float64(time.Millisecond),
+			CachedBlocks: c.CachedBlocks, CachedTokens: c.CachedTokens, Tier: c.Tier.String(), Precise: c.Precise, Evicts: c.Evicts,
+			HorizonMS: float64(c.Horizon) / float64(time.Millisecond),
+			Stale:     c.Load.Stale, SignalAgeMS: float64(c.Load.Age(now)) / float64(time.Millisecond),
 		}
 	}
 	return out

@@ -151,9 +151,10 @@ type endpoint struct {
 	ejections    int // consecutive ejections without a success: the back-off exponent
 	ejectedUntil time.Time
 	totalEjects  int
-	capBlocks    int // capacity last given to the approximate index
-	capTokens    int // the KV capacity capBlocks was computed from
-	capUnit      int // and the block unit: BlockSize, negated in character mode
+	capBlocks    int          // capacity last given to the approximate index
+	capTokens    int          // the KV capacity capBlocks was computed from
+	capUnit      int          // and the block unit: BlockSize, negated in character mode
+	slot         kvindex.Slot // its room in the approximate index
 
 	// Per-request scratch, protected by Router.mu.
 	cached int
@@ -224,6 +225,7 @@ func New(cfg Config) (*Router, error) {
 			view:     signals.NewView(signals.ViewConfig{StaleAfter: cfg.StaleAfter}),
 			precise:  precise[ep.ID] && cfg.Precise != nil,
 			activeOK: true,
+			slot:     r.approx.Slot(ep.ID),
 		}
 		r.eps = append(r.eps, e)
 		r.byID[ep.ID] = e
@@ -357,6 +359,15 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 		c.CachedBlocks, c.Tier, c.Precise = e.cached, e.tier, e.prec
 		c.CachedTokens = r.blocksToTokens(req, e.cached, charMode)
 		r.sizeApprox(e, c.Load.KVCapacityTokens, req, charMode)
+		// What the endpoint does not hold of the prompt would be recorded
+		// there: past its room, other prompts' blocks are evicted.
+		c.Evicts = !e.precise && len(req.BlockHashes) > 0 && e.slot.Room() < len(req.BlockHashes)-e.cached
+		c.Horizon = 0
+		if c.Evicts {
+			if o := e.slot.Oldest(); !o.IsZero() {
+				c.Horizon = now.Sub(o)
+			}
+		}
 	}
 	if healthy == 0 {
 		return nil, r.unavailable(now, exclude)

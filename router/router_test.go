@@ -521,3 +521,35 @@ func TestRouteAllocs(t *testing.T) {
 		})
 	}
 }
+
+// TestRouteEvicts: a candidate Evicts when the router's record of its
+// cache (capacity from DefaultCapacityTokens: 256 tokens = 8 blocks of 128
+// characters) has no room left for the prompt blocks it does not hold;
+// the decision log shows it.
+func TestRouteEvicts(t *testing.T) {
+	r, err := New(Config{Model: "m", Endpoints: eps(2), Policy: "test", Picker: &pickFirstHealthy{}, DefaultCapacityTokens: 256, DecisionLog: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := func(i int) string { return strings.Repeat(fmt.Sprintf("prompt %d. ", i), 60)[:512] } // 4 blocks
+	for i, want := range []bool{false, false, true, true} {
+		f, err := r.Route(t0, &kvroute.Request{ID: fmt.Sprint(i), Model: "m", Prompt: prompt(i % 3), PromptTokens: 128}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Done(t0, f, kvroute.Outcome{})
+		c := r.Decisions(1)[0].Candidates
+		if c[0].Evicts != want || c[1].Evicts {
+			t.Errorf("request %d (e0 holds %d blocks before it): Evicts %v, %v; want %v, false", i, 4*min(i, 2), c[0].Evicts, c[1].Evicts, want)
+		}
+	}
+	// The same prompt again: e0 holds all of it, nothing to record.
+	f, err := r.Route(t0, &kvroute.Request{ID: "again", Model: "m", Prompt: prompt(2), PromptTokens: 128}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Done(t0, f, kvroute.Outcome{})
+	if c := r.Decisions(1)[0].Candidates; c[0].Evicts || c[0].CachedBlocks != 4 {
+		t.Errorf("a prompt e0 holds: Evicts %v with %d blocks cached, want false with 4", c[0].Evicts, c[0].CachedBlocks)
+	}
+}
