@@ -135,7 +135,7 @@ type agroup struct {
 	// and oldest the Unix nanosecond time of its least recent entry
 	// (Slot.Oldest), stored under Approx.mu whenever they change.
 	room, oldest [64]atomic.Int64
-	inUse uint64 // guarded by Approx.mu
+	inUse        uint64 // guarded by Approx.mu
 }
 
 type aendpoint struct {

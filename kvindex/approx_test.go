@@ -320,18 +320,33 @@ func TestApproxSlotRoom(t *testing.T) {
 		}
 	}
 	check("new endpoint", 10)
+	if !s.Oldest().IsZero() {
+		t.Errorf("new endpoint: Oldest = %v, want zero", s.Oldest())
+	}
 	a.Record(t0, "e", []uint64{1, 2, 3, 4})
 	check("4 blocks recorded", 6)
+	if !s.Oldest().Equal(t0) {
+		t.Errorf("Oldest = %v, want %v", s.Oldest(), t0)
+	}
 	a.Record(t0, "e", []uint64{1, 2})
 	check("2 of them again", 6)
-	a.Record(t0, "e", []uint64{11, 12, 13, 14, 15, 16, 17, 18})
+	a.Record(t0.Add(time.Second), "e", []uint64{11, 12, 13, 14, 15, 16, 17, 18})
 	check("8 more: 2 evicted", 0)
+	if !s.Oldest().Equal(t0) {
+		t.Errorf("Oldest = %v, want %v (blocks 1 and 2 are left)", s.Oldest(), t0)
+	}
 	a.SetCapacity("e", 20)
 	check("capacity 20", 10)
 	a.SetCapacity("e", 5)
 	check("capacity 5: 5 evicted", 0)
+	if want := t0.Add(time.Second); !s.Oldest().Equal(want) {
+		t.Errorf("Oldest = %v, want %v (blocks 1 and 2 evicted)", s.Oldest(), want)
+	}
 	a.Match(t0.Add(2*time.Minute), []uint64{11}, nil)
 	check("all expired", 5)
+	if !s.Oldest().IsZero() {
+		t.Errorf("all expired: Oldest = %v, want zero", s.Oldest())
+	}
 	if got := a.Slot("other").Room(); got != 10 {
 		t.Errorf("another endpoint: Room = %d, want 10", got)
 	}

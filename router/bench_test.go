@@ -87,7 +87,14 @@ const benchWarmUp = 20000
 // decisions (0: its first token and end are recorded at once), 1 ms
 // apart, the engines scraped every 100 ms.
 func decisionLoop(tb testing.TB, sessions, inflight int) (step func()) {
-	p, err := policy.New(policy.Default, nil, 1)
+	_, step = decisionLoopWith(tb, sessions, inflight, nil)
+	return step
+}
+
+// decisionLoopWith is decisionLoop with the default policy's params, and
+// the router.
+func decisionLoopWith(tb testing.TB, sessions, inflight int, params map[string]any) (*Router, func()) {
+	p, err := policy.New(policy.Default, params, 1)
 	if err != nil {
 		tb.Fatal(err)
 	}
@@ -108,7 +115,7 @@ func decisionLoop(tb testing.TB, sessions, inflight int) (step func()) {
 		reqIDs[i] = fmt.Sprint(i)
 	}
 	i := 0
-	return func() {
+	return r, func() {
 		slot := i % len(reqs)
 		req := &reqs[slot]
 		old := flights[slot] // routed len(reqs) decisions ago (inflight > 0)

@@ -524,8 +524,9 @@ func TestRouteAllocs(t *testing.T) {
 
 // TestRouteEvicts: a candidate Evicts when the router's record of its
 // cache (capacity from DefaultCapacityTokens: 256 tokens = 8 blocks of 128
-// characters) has no room left for the prompt blocks it does not hold;
-// the decision log shows it.
+// characters) has no room left for the prompt blocks it does not hold, and
+// its Horizon is then the age of the record's least recent entry; the
+// decision log shows both.
 func TestRouteEvicts(t *testing.T) {
 	r, err := New(Config{Model: "m", Endpoints: eps(2), Policy: "test", Picker: &pickFirstHealthy{}, DefaultCapacityTokens: 256, DecisionLog: 8})
 	if err != nil {
@@ -533,23 +534,63 @@ func TestRouteEvicts(t *testing.T) {
 	}
 	prompt := func(i int) string { return strings.Repeat(fmt.Sprintf("prompt %d. ", i), 60)[:512] } // 4 blocks
 	for i, want := range []bool{false, false, true, true} {
-		f, err := r.Route(t0, &kvroute.Request{ID: fmt.Sprint(i), Model: "m", Prompt: prompt(i % 3), PromptTokens: 128}, nil)
+		// A second apart: when e0 is full, its least recent entry (the
+		// prompt before last) is 2s old.
+		now := t0.Add(time.Duration(i) * time.Second)
+		f, err := r.Route(now, &kvroute.Request{ID: fmt.Sprint(i), Model: "m", Prompt: prompt(i % 3), PromptTokens: 128}, nil)
 		if err != nil {
 			t.Fatal(err)
 		}
-		r.Done(t0, f, kvroute.Outcome{})
+		r.Done(now, f, kvroute.Outcome{})
 		c := r.Decisions(1)[0].Candidates
-		if c[0].Evicts != want || c[1].Evicts {
-			t.Errorf("request %d (e0 holds %d blocks before it): Evicts %v, %v; want %v, false", i, 4*min(i, 2), c[0].Evicts, c[1].Evicts, want)
+		wantHorizon := 0.0
+		if want {
+			wantHorizon = 2000
+		}
+		if c[0].Evicts != want || c[1].Evicts || c[0].HorizonMS != wantHorizon || c[1].HorizonMS != 0 {
+			t.Errorf("request %d (e0 holds %d blocks before it): Evicts %v, %v, horizon %v, %v ms; want %v, false, %v, 0",
+				i, 4*min(i, 2), c[0].Evicts, c[1].Evicts, c[0].HorizonMS, c[1].HorizonMS, want, wantHorizon)
 		}
 	}
 	// The same prompt again: e0 holds all of it, nothing to record.
-	f, err := r.Route(t0, &kvroute.Request{ID: "again", Model: "m", Prompt: prompt(2), PromptTokens: 128}, nil)
+	now := t0.Add(4 * time.Second)
+	f, err := r.Route(now, &kvroute.Request{ID: "again", Model: "m", Prompt: prompt(2), PromptTokens: 128}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.Done(t0, f, kvroute.Outcome{})
+	r.Done(now, f, kvroute.Outcome{})
 	if c := r.Decisions(1)[0].Candidates; c[0].Evicts || c[0].CachedBlocks != 4 {
 		t.Errorf("a prompt e0 holds: Evicts %v with %d blocks cached, want false with 4", c[0].Evicts, c[0].CachedBlocks)
+	}
+}
+
+// TestSessionsLeaveThrashingHolder is BenchmarkDecisionKVAware64's
+// sessions=64 regime: 64 sessions of 8k-token prompts (32 KiB) behind one
+// shared 1k-token system prompt, over 64 endpoints whose caches hold 16
+// sessions each. Without kv-aware's spare_full every session follows the
+// system prompt to its one holder, which thrashes: each turn finds only
+// the system prompt cached. With it, after a warm-up, every turn finds its
+// whole prompt cached.
+func TestSessionsLeaveThrashingHolder(t *testing.T) {
+	for _, spare := range []bool{true, false} {
+		r, step := decisionLoopWith(t, 64, 0, map[string]any{"spare_full": spare})
+		for range 3000 {
+			step()
+		}
+		whole := 0
+		ds := r.Decisions(256)
+		for _, d := range ds {
+			for _, c := range d.Candidates {
+				if c.Endpoint == d.Decision.Endpoint && c.CachedTokens == 8192 {
+					whole++
+				}
+			}
+		}
+		if spare && whole != len(ds) {
+			t.Errorf("spare_full: %d of the last %d turns found their whole prompt cached, want all", whole, len(ds))
+		}
+		if !spare && whole != 0 {
+			t.Errorf("without spare_full: %d of the last %d turns found their whole prompt cached, want none (the regime thrashes)", whole, len(ds))
+		}
 	}
 }
