@@ -372,12 +372,12 @@ func (p KVAwareParams) Validate() error {
 // load alone) and is never a session target, so affinity cannot pile load
 // on a saturated node while others idle. Queue- and KV-capped candidates are
 // not eligible at all while any other healthy candidate is under those caps.
-// A small hit (under a quarter of the prompt cached) on a candidate whose
-// full cache turns over within ThrashHorizon is credited no more than an
-// eligible candidate with room caches (SpareFull).
 // When every candidate is over them, Overload decides: shed or queue, or
 // (least-loaded, the default) pick anyway, keeping affinity, since none is
 // better off than another and dropping affinity would only add work.
+// A small hit (under a quarter of the prompt cached) on a candidate whose
+// full cache turns over within ThrashHorizon is credited no more than an
+// eligible candidate with room caches, and loses ties (SpareFull).
 //
 // # Picking
 //
@@ -597,7 +597,7 @@ const (
 	capTenant
 	capTrimmed   // outside the hot prefix's replica set
 	capSaturated // over a hard cap like every other candidate (no effect on affinity)
-	capFull      // a small hit where the rest would evict, with room elsewhere (SpareFull)
+	capFull      // a small hit on a thrashing cache, with room elsewhere (SpareFull)
 )
 
 type candState struct {
@@ -1146,7 +1146,7 @@ func explain(c []candState, cands []kvroute.Candidate, scores []kvroute.Score) {
 			s.Parts = append(s.Parts, kvroute.Part{Name: "replica_trimmed", Value: 1})
 		}
 		if st.flags&capFull != 0 {
-			s.Parts = append(s.Parts, kvroute.Part{Name: "cache_full", Value: 1})
+			s.Parts = append(s.Parts, kvroute.Part{Name: "thrashing", Value: 1})
 		}
 		s.Eligible = st.elig
 	}

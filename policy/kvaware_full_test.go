@@ -12,7 +12,7 @@ import (
 // (1k of 8k tokens) on a holder whose full cache thrashes (Evicts, with a
 // horizon under ThrashHorizon) does not follow it there while endpoints
 // with room idle: the holder is credited only what they cache
-// (cache_full) and loses the tie among equals. With the prefix on the
+// (thrashing) and loses the tie among equals. With the prefix on the
 // endpoints with room too, the holder keeps its credit but still loses
 // ties to them. A full cache that keeps blocks longer than the horizon,
 // every cache full, a hit of a quarter or more, the holder's room, or
@@ -32,7 +32,7 @@ func TestKVAwareSpareFull(t *testing.T) {
 		holderEvicts bool
 		horizon      time.Duration // the holder's
 		othersEvict  bool
-		full         bool // want cache_full on the holder
+		full         bool // want the holder marked thrashing
 		credit       int  // want the holder credited
 		holderChosen bool // want it chosen every time (else never)
 	}{
@@ -68,11 +68,11 @@ func TestKVAwareSpareFull(t *testing.T) {
 					holderPicks++
 				}
 				s := d.Scores[0]
-				if full := part(s, "cache_full") == 1; full != tt.full || part(s, "cached_tokens") != float64(tt.credit) {
-					t.Fatalf("holder's score %+v: want cache_full %v, %d tokens credited", s, tt.full, tt.credit)
+				if full := part(s, "thrashing") == 1; full != tt.full || part(s, "cached_tokens") != float64(tt.credit) {
+					t.Fatalf("holder's score %+v: want thrashing %v, %d tokens credited", s, tt.full, tt.credit)
 				}
 				if tt.full && s.Why == "" {
-					t.Errorf("holder's score: no Why for cache_full")
+					t.Errorf("holder's score: no Why for thrashing")
 				}
 				k.Release(t0, req, d.Endpoint)
 			}
