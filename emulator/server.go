@@ -620,12 +620,10 @@ func (s *Server) catchUp(ls *loopState, woke time.Duration) bool {
 	// requests that finished in it.
 	latencies := func(k int) {
 		fin := run.Finished
-		var itl time.Duration
-		itlN := 0
+		var itls itlRun
 		for _, sq := range run.Seqs {
 			if sq.Finished && k == n-1 {
-				s.metrics.observeITLs(itl, itlN)
-				itlN = 0
+				itls.flush(s.metrics)
 				o := &fin[0]
 				fin = fin[1:]
 				if st := ls.live[o.ID]; st != nil {
@@ -638,16 +636,9 @@ func (s *Server) catchUp(ls *loopState, woke time.Duration) bool {
 			if k == 0 {
 				d = sq.FirstITL
 			}
-			switch {
-			case d <= 0:
-			case d == itl:
-				itlN++
-			default:
-				s.metrics.observeITLs(itl, itlN)
-				itl, itlN = d, 1
-			}
+			itls.add(s.metrics, d)
 		}
-		s.metrics.observeITLs(itl, itlN)
+		itls.flush(s.metrics)
 	}
 	for k, d := range run.Durations {
 		if k == 0 || finishing && k == n-1 {
@@ -836,11 +827,7 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 	// order (a string compare of the same string) before hashing its ID.
 	prev, next := ls.order, ls.spare[:0]
 	j := 0
-	// The step's inter-token latencies are mostly one value: a run of equal
-	// ones is recorded at once (before any other latency, keeping the
-	// histogram's sum in order).
-	var itl time.Duration
-	itlN := 0
+	var itls itlRun
 	for i := range res.Outputs {
 		o := &res.Outputs[i]
 		if ls.notifying == 0 && !o.Finished && !ls.fullDeliver {
@@ -850,14 +837,10 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 			// (cold memory in a busy fleet) is not touched. (Every request
 			// in the engine has a live stream: apply adds both, and only
 			// a finish removes it.)
-			switch {
-			case o.First || o.ITL <= 0:
+			if o.First {
 				s.metrics.onOutput(o, 0, o.FinishReason) // generated counts only when finished
-			case o.ITL == itl:
-				itlN++
-			default:
-				s.metrics.observeITLs(itl, itlN)
-				itl, itlN = o.ITL, 1
+			} else {
+				itls.add(s.metrics, o.ITL)
 			}
 			continue
 		}
@@ -878,14 +861,10 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 		}
 		st.count(o)
 		if !o.Finished {
-			switch {
-			case o.First || o.ITL <= 0:
+			if o.First {
 				s.metrics.onOutput(o, st.gen, o.FinishReason)
-			case o.ITL == itl:
-				itlN++
-			default:
-				s.metrics.observeITLs(itl, itlN)
-				itl, itlN = o.ITL, 1
+			} else {
+				itls.add(s.metrics, o.ITL)
 			}
 			// vLLM's --stream-interval: the first token, then every
 			// interval tokens (and the last, below).
@@ -900,13 +879,40 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 			}
 			continue
 		}
-		s.metrics.observeITLs(itl, itlN)
-		itlN = 0
+		itls.flush(s.metrics)
 		s.finished(o, st, ls)
 	}
-	s.metrics.observeITLs(itl, itlN)
+	itls.flush(s.metrics)
 	clear(prev)
 	ls.order, ls.spare = next, prev[:0]
+}
+
+// itlRun batches a step's inter-token latencies, mostly one value: a run
+// of equal ones is recorded at once (metrics.observeITLs), before any
+// other latency, keeping the histogram's sum in order. The caller holds
+// the metrics' lock.
+type itlRun struct {
+	d time.Duration
+	n int
+}
+
+// add records one latency d (none when d <= 0).
+func (r *itlRun) add(m *metrics, d time.Duration) {
+	switch {
+	case d <= 0:
+	case d == r.d:
+		r.n++
+	default:
+		m.observeITLs(r.d, r.n)
+		r.d, r.n = d, 1
+	}
+}
+
+// flush records the run so far: before a latency recorded another way (a
+// finished request's, onOutput), and at the end of a step.
+func (r *itlRun) flush(m *metrics) {
+	m.observeITLs(r.d, r.n)
+	r.n = 0
 }
 
 // count records o in its stream st: the tokens generated so far, the

@@ -224,25 +224,17 @@ func (e *Engine) emitLast(s *sequence, t time.Duration, run *DecodedRun, i int) 
 	idx := s.outputs
 	s.outputs++
 	s.numTokens++
-	tok := uint32(0)
 	if e.keepGen && s.tokenMode {
-		tok = e.token(s, idx)
-		s.tokens = append(s.tokens, tok)
+		s.tokens = append(s.tokens, e.token(s, idx))
 	}
 	reason := e.finishReason(s)
 	if reason == "" {
 		s.lastToken = t
 		return
 	}
-	if !(e.keepGen && s.tokenMode) {
-		tok = e.token(s, idx)
-	}
 	run.Finished = append(run.Finished, Output{})
 	o := &run.Finished[len(run.Finished)-1]
-	o.ID, o.Token, o.Index, o.PromptTokens, o.CachedTokens, o.Time = s.id, tok, idx, int(s.promptLen), int(s.cachedTokens), t
-	o.ITL = t - s.lastToken
-	o.TTFT = s.ttft
-	s.lastToken = t
+	e.fillOutput(o, s, e.token(s, idx), idx, t)
 	e.finishOutput(s, o, reason)
 	run.Seqs[i].Finished = true
 }

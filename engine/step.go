@@ -421,7 +421,20 @@ func (e *Engine) emit(s *sequence, t time.Duration, r *StepResult) bool {
 	// Only the sequence's first two lines are read (the fourth is cold; it
 	// is read at the first token and the finish).
 	r.Outputs = append(r.Outputs, Output{})
-	o := &r.Outputs[len(r.Outputs)-1]
+	e.fillOutput(&r.Outputs[len(r.Outputs)-1], s, tok, idx, t)
+	reason := e.finishReason(s)
+	if reason == "" {
+		return false
+	}
+	e.finishOutput(s, &r.Outputs[len(r.Outputs)-1], reason)
+	e.retireFinished(s)
+	return true
+}
+
+// fillOutput fills o, a zero Output, with s's token tok, its idx-th output,
+// ready at t, and records t as s's last token time (and its first token's
+// when idx is 0).
+func (e *Engine) fillOutput(o *Output, s *sequence, tok uint32, idx int, t time.Duration) {
 	o.ID, o.Token, o.Index, o.PromptTokens, o.CachedTokens, o.Time = s.id, tok, idx, int(s.promptLen), int(s.cachedTokens), t
 	if idx == 0 {
 		o.First = true
@@ -433,13 +446,6 @@ func (e *Engine) emit(s *sequence, t time.Duration, r *StepResult) bool {
 	}
 	s.lastToken = t
 	o.TTFT = s.ttft
-	reason := e.finishReason(s)
-	if reason == "" {
-		return false
-	}
-	e.finishOutput(s, o, reason)
-	e.retireFinished(s)
-	return true
 }
 
 // finishReason returns why s finished with the token it just emitted, or

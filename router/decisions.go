@@ -194,9 +194,9 @@ func candidateInputs(now time.Time, cands []kvroute.Candidate) []CandidateInput 
 		out[i] = CandidateInput{
 			Endpoint: c.Endpoint.ID, Healthy: c.Healthy,
 			Waiting: c.Load.Waiting, Running: c.Load.Running, InFlight: c.Load.InFlight, KVUsage: c.Load.KVUsage,
-			CachedBlocks: c.CachedBlocks, CachedTokens: c.CachedTokens, Tier: c.Tier.String(), Precise: c.Precise, Evicts: c.Evicts,
-			HorizonMS: float64(c.Horizon) / float64(time.Millisecond),
-			Stale:     c.Load.Stale, SignalAgeMS: float64(c.Load.Age(now)) / float64(time.Millisecond),
+			CachedBlocks: c.CachedBlocks, CachedTokens: c.CachedTokens, Tier: c.Tier.String(), Precise: c.Precise,
+			Evicts: c.Evicts, HorizonMS: float64(c.Horizon) / float64(time.Millisecond),
+			Stale: c.Load.Stale, SignalAgeMS: float64(c.Load.Age(now)) / float64(time.Millisecond),
 		}
 	}
 	return out
