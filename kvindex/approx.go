@@ -84,24 +84,18 @@ func (c *ApproxConfig) setDefaults() {
 //
 // Layout: as in Index, endpoints are numbered in groups of 64 and a
 // lock-free table (atable; with ApproxConfig.Serialized, btable) maps each
-// block hash to the mask of endpoints holding it. Each endpoint keeps its
-// recency order as a ring of entries in Record order (alog: no linked list)
-// and a map from block hash to the ring position of its live entry (amap)
-// for the blocks recorded again while held only. A block recorded once has
-// one entry and needs no map entry (the table says that the endpoint holds
-// it), so under churn, when every Record inserts and evicts, a block costs
-// the table two changes and the ring two sequential writes, and no map
-// insertion or deletion. A block recorded again gets a map entry naming its
-// new entry at back; its old entry is stale: a tombstone when the map named
-// it, otherwise left in place and told from the live one by the map when it
-// reaches the front (trim) or a compaction. Record prefetches the map
-// slots and table lines a prompt needs before it uses them, and trim
-// applies evictions to the table in one batch, so that the cache misses
-// overlap instead of queueing (see atable). Record allocates only when a
-// structure grows or an atable shard is rebuilt to purge tombstones (with
-// Serialized, not at steady state: btable has no tombstones). Expired
-// entries are dropped by Record and, once the oldest entry's TTL has
-// passed, by the next Match, so Match never sees one.
+// block hash to the mask of endpoints holding it: Match reads only that.
+// Each endpoint keeps its recency order as a tree of the chains it holds
+// (atree: runs of blocks, each run stamped with its last Record, and a
+// heap of the leaves), so that recording a prompt the endpoint holds
+// costs a few lookups and a sequential compare, not a random access per
+// block; the blocks it adds and the ones it evicts change the table, which
+// Record loads a batch at a time (see atable) so that their cache misses
+// overlap. Record allocates only when a structure grows or an atable shard
+// is rebuilt to purge tombstones (with Serialized, not at steady state:
+// btable has no tombstones, and runs are recycled). Expired entries are
+// dropped by Record and, once the oldest entry's TTL has passed, by the
+// next Match, so Match never sees one.
 //
 // Approx is safe for concurrent use. Match takes no lock except for the
 // brief write lock of an expiry; Record, SetCapacity and Remove take the
@@ -111,7 +105,7 @@ type Approx struct {
 	cfg ApproxConfig
 	ttl int64 // cfg.TTL in nanoseconds
 
-	mu     sync.Mutex // guards eps, the endpoints' logs and maps, group bit allocation, sets, clears and sink
+	mu     sync.Mutex // guards eps, the endpoints' trees, group bit allocation, runs, clears and sink
 	eps    map[string]*aendpoint
 	groups atomic.Pointer[[]*agroup]
 	// nextExpiry is a Unix nanosecond time no later than the first moment
@@ -120,11 +114,9 @@ type Approx struct {
 	// recomputes it), never late.
 	nextExpiry atomic.Int64
 
-	clears []uint64   // trim's batch of table changes
-	miss   []uint64   // Record's blocks missing from the endpoint's map
-	at     []int32    // Record's map slot of each block, -1 when not indexed
-	sink   uint64     // keeps the prefetching loads alive
-	lastEp *aendpoint // the endpoint whose map the last Record used (in cache)
+	runs   runPool  // the trees' run arrays
+	clears []uint64 // trim's batch of table changes
+	sink   uint64   // keeps the prefetching loads alive
 }
 
 type agroup struct {
@@ -143,9 +135,7 @@ type aendpoint struct {
 	g        *agroup
 	bit      uint64
 	capacity int
-
-	idx amap // block hash -> position in log
-	log alog
+	tree     atree
 }
 
 // NewApprox returns an empty approximate index.
@@ -194,6 +184,12 @@ func (a *Approx) endpoint(name string) *aendpoint {
 // the first block most recent of all (an engine evicts a prompt's tail
 // before its head), and the least recent entries beyond the endpoint's
 // capacity or older than TTL are dropped.
+//
+// The hashes must be a chain, as HashText's, HashTokens' and vLLM's are:
+// equal hashes at a position imply equal blocks before it. Hashes that
+// are not (a key repeated within a prompt, or after other blocks than
+// before) are recorded without harm, but their blocks may then be
+// reported held or not held as the LRU order would not have them.
 func (a *Approx) Record(now time.Time, endpoint string, hashes []uint64) {
 	if len(hashes) == 0 {
 		return
@@ -202,130 +198,68 @@ func (a *Approx) Record(now time.Time, endpoint string, hashes []uint64) {
 	a.mu.Lock()
 	defer a.mu.Unlock()
 	e := a.endpoint(endpoint)
-	if e.log.refresh(hashes, t) {
-		// The prompt already is the endpoint's most recent entries, in
-		// order (the same prompt again, or a prefix of the last one):
-		// only their times change.
-		a.trim(e, t, true)
-		a.noteExpiry(e)
-		return
-	}
-	// Only blocks recorded again while held are indexed (e.idx: key ->
-	// position of its live entry), so that their old entry can be found
-	// and dropped. A block recorded once has one entry and needs no index
-	// entry: the table says whether the endpoint holds it. Under churn
-	// (every Record inserting and evicting) most blocks are never indexed,
-	// which saves a map insertion and deletion per block.
-	//
-	// One pass over the map first: where it holds each block (at: the
-	// slot, -1 when not indexed), and the table lines the others need,
-	// loaded together. The main loop then uses those slots instead of
-	// probing the map again, until it inserts a key (a block repeated in
-	// the prompt may then be there): the pass's answers stand while the
-	// map gains no key, as nothing moves in it before then.
-	//
-	// The touch pass loads the map slots first so that their misses
-	// overlap; when the endpoint's map was the last Record's (a hot prefix
-	// on one endpoint: the router's hit regime) they are in cache, and the
-	// pass would only add its own loads (rotate16 in BenchmarkApproxRecord:
-	// about 2.4 -> 2.0 us).
-	if a.lastEp != e {
-		a.sink += e.idx.touch(hashes)
-	}
-	a.lastEp = e
-	miss := a.miss[:0] // the table lines only blocks missing from the map need
-	at := slices.Grow(a.at[:0], len(hashes))[:len(hashes)]
-	if e.idx.n > 0 {
-		for i, h := range hashes {
-			h = nonZero(h)
-			j := e.idx.findSlot(h)
-			if j < 0 {
-				miss = append(miss, h)
-			}
-			at[i] = int32(j)
+	tr := &e.tree
+	tr.seq++
+	cur, covered := tr.walk(hashes, t)
+	if rest := hashes[covered:]; len(rest) > 0 {
+		var run []uint64
+		extend := cur >= 0 && tr.nodes[cur].heap >= 0 // a leaf the prompt goes past
+		if extend {
+			run = a.runs.grow(tr.nodes[cur].run, len(rest))
+		} else {
+			run = a.runs.get(len(rest))
 		}
-	} else {
-		for i, h := range hashes {
-			miss = append(miss, nonZero(h))
-			at[i] = -1
+		from := len(run)
+		for _, h := range rest {
+			run = append(run, nonZero(h)) // 0 is the tables' empty key; HashTokens never returns it
 		}
-	}
-	a.miss, a.at = miss, at
-	if e.g.tab != nil {
-		a.sink += e.g.tab.touch(miss)
-	} else {
-		a.sink += e.g.stab.touch(miss)
-	}
-	grown := false // the map gained a key since the pass
-	for i := len(hashes) - 1; i >= 0; i-- {
-		h := nonZero(hashes[i]) // 0 is the tables' empty key; HashTokens never returns it
-		var v *uint64
-		switch {
-		case grown:
-			v = e.idx.find(h)
-		case at[i] >= 0:
-			v = &e.idx.slots[at[i]].v
+		if extend {
+			tr.nodes[cur].run = run
+			tr.n += len(rest)
+		} else {
+			tr.addLeaf(cur, run, t)
 		}
-		if v != nil {
-			e.log.kill(*v)
-			*v = e.log.push(h, t, &e.idx)
-			continue
-		}
-		// Not indexed: the table says whether the endpoint holds it; if
-		// not, it goes in at once (one probe for both), so that a repeat
-		// later in the prompt finds it held.
-		if e.g.set(h, e.bit)&e.bit != 0 {
-			// Held, with one entry somewhere in the log: from now on
-			// the index says which is live (see trim).
-			pos := e.log.push(h, t, &e.idx)
-			v, _ := e.idx.slot(h)
-			*v = pos
-			grown = true
-			continue
-		}
-		// New.
-		e.log.n++
-		e.log.push(h, t, &e.idx)
+		a.insert(e, run[from:])
 	}
 	a.trim(e, t, true)
 	a.noteExpiry(e)
 }
 
+// insert sets e's bit on keys, blocks new to the endpoint, in the table.
+// Called with a.mu held.
+func (a *Approx) insert(e *aendpoint, keys []uint64) {
+	if e.g.tab != nil {
+		a.sink += e.g.tab.applyBatch(keys, nil, e.bit)
+		return
+	}
+	a.sink += e.g.stab.touch(keys)
+	for _, k := range keys {
+		e.g.stab.set(k, e.bit)
+	}
+}
+
 // trim drops e's least recent entries while it is over capacity or (when
-// ttl) they expired at t, and clears the dropped keys from the table. On
-// the way it drops the dead entries it meets at the front: tombstones, and
-// entries of indexed blocks other than the one the index names (a block
-// recorded again while held, whose first entry was not indexed). Called
-// with a.mu held.
+// ttl) they expired at t, and clears the dropped keys from the table.
+// Called with a.mu held.
 func (a *Approx) trim(e *aendpoint, t int64, ttl bool) {
 	clears := a.clears[:0]
-	l := &e.log
-	for l.front != l.back {
-		k := l.ring[l.front&l.mask].key
-		if k == 0 {
-			l.front++ // tombstone
-			continue
-		}
-		indexed := false
-		if e.idx.n > 0 {
-			if v := e.idx.find(k); v != nil {
-				if *v != l.front {
-					l.ring[l.front&l.mask].key = 0 // stale
-					l.front++
-					continue
-				}
-				indexed = true
-			}
-		}
-		// The front entry is live.
-		if l.n <= e.capacity && (!ttl || t-l.ring[l.front&l.mask].t <= a.ttl) {
+	tr := &e.tree
+	for nd := tr.least(); nd != nil; nd = tr.least() {
+		expired := ttl && t-nd.t > a.ttl
+		if !expired && tr.n <= e.capacity {
 			break
 		}
-		l.pop()
-		if indexed {
-			e.idx.del(k)
+		k := len(nd.run)
+		if !expired {
+			k = min(k, tr.n-e.capacity)
 		}
-		clears = append(clears, k)
+		clears = append(clears, nd.run[len(nd.run)-k:]...)
+		tr.n -= k
+		if k < len(nd.run) {
+			nd.run = nd.run[:len(nd.run)-k]
+			continue
+		}
+		a.runs.put(tr.dropLeast())
 	}
 	e.publishRoom()
 	a.clears = clears
@@ -342,20 +276,21 @@ func (a *Approx) trim(e *aendpoint, t int64, ttl bool) {
 // publishRoom stores e's room for Slot.Room. Called with a.mu held.
 func (e *aendpoint) publishRoom() {
 	i := bits.TrailingZeros64(e.bit)
-	e.g.room[i].Store(int64(e.capacity - e.log.n))
+	e.g.room[i].Store(int64(e.capacity - e.tree.n))
 	t := int64(0)
-	if e.log.n > 0 {
-		t = e.log.oldest().t
+	if nd := e.tree.least(); nd != nil {
+		t = nd.t
 	}
 	e.g.oldest[i].Store(t)
 }
 
 // noteExpiry lowers nextExpiry to e's first expiry. Called with a.mu held.
 func (a *Approx) noteExpiry(e *aendpoint) {
-	if e.log.n == 0 {
+	nd := e.tree.least()
+	if nd == nil {
 		return
 	}
-	if x := e.log.oldest().t + a.ttl; x < a.nextExpiry.Load() {
+	if x := nd.t + a.ttl; x < a.nextExpiry.Load() {
 		a.nextExpiry.Store(x)
 	}
 }
@@ -377,9 +312,8 @@ func (a *Approx) expire(t int64) {
 	next := int64(math.MaxInt64)
 	for _, e := range a.eps {
 		a.trim(e, t, true)
-		e.log.shrink()
-		if e.log.n > 0 {
-			next = min(next, e.log.oldest().t+a.ttl)
+		if nd := e.tree.least(); nd != nil {
+			next = min(next, nd.t+a.ttl)
 		}
 	}
 	a.nextExpiry.Store(next)
@@ -396,9 +330,8 @@ func (a *Approx) SetCapacity(endpoint string, blocks int) {
 	defer a.mu.Unlock()
 	e := a.endpoint(endpoint)
 	e.capacity = blocks
-	if e.log.n > e.capacity {
+	if e.tree.n > e.capacity {
 		a.trim(e, 0, false)
-		e.log.shrink()
 	}
 	e.publishRoom()
 	a.noteExpiry(e)
@@ -457,9 +390,6 @@ func (a *Approx) Remove(endpoint string) {
 	e.capacity = 0
 	a.trim(e, 0, false)
 	delete(a.eps, endpoint)
-	if a.lastEp == e {
-		a.lastEp = nil
-	}
 	i := bits.TrailingZeros64(e.bit)
 	e.g.names[i].Store(nil)
 	e.g.inUse &^= e.bit
@@ -471,7 +401,7 @@ func (a *Approx) Len() int {
 	defer a.mu.Unlock()
 	n := 0
 	for _, e := range a.eps {
-		n += e.log.n
+		n += e.tree.n
 	}
 	return n
 }

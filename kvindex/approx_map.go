@@ -2,22 +2,21 @@ package kvindex
 
 import "math/bits"
 
-// amap maps one endpoint's block keys to their positions in its alog (for
-// the blocks recorded again while held: see Approx): open addressing with
-// linear probing over a power-of-two array and backward-shift deletion (no
-// tombstones), 16 bytes a slot. Unlike emap it has slot (find or insert in
-// one probe). Keys must not be 0 (the empty slot). Not safe for concurrent use:
-// Approx.mu guards it.
+// amap maps block keys to values: an endpoint's atree finds its nodes by
+// the first key of their runs with it. Open addressing with linear probing
+// over a power-of-two array and backward-shift deletion (no tombstones), 16
+// bytes a slot. Unlike emap it has slot (find or insert in one probe). Keys
+// must not be 0 (the empty slot). Not safe for concurrent use: Approx.mu
+// guards it.
 type amap struct {
 	slots []eslot
 	mask  uint64
 	shift uint // 64 - log2(len(slots))
 	n     int
 
-	// While the map is small (n <= amapFewMax) most lookups are of absent
-	// keys (under churn only the blocks recorded again while held are
-	// indexed, a few per prompt), and filt answers most of them without a
-	// probe: bit b is set when a key of bucket b (the top 8 bits of its
+	// While the map is small (n <= amapFewMax) many lookups are of absent
+	// keys (under churn, the first block of every new prompt), and filt
+	// answers most of them without a probe: bit b is set when a key of bucket b (the top 8 bits of its
 	// hash) may be present. Insertions set bits; deletions leave them
 	// (filtDel counts them) until a rebuild. filtOK is false, and filt
 	// all ones, while the map is too large for the filter to help: from an
@@ -36,7 +35,7 @@ const (
 )
 
 // bucket returns k's filter bit: the top 8 bits of the hash home takes
-// its slot from (find and findSlot compute it inline).
+// its slot from (find computes it inline).
 func bucket(k uint64) uint64 { return (k * 0x9e3779b97f4a7c15) >> 56 }
 
 // dropFilter makes every lookup probe (filt all ones) until a rebuild.
@@ -136,24 +135,6 @@ func (m *amap) find(k uint64) *uint64 {
 	}
 }
 
-// findSlot returns the index in m.slots of k's slot, or -1 when k is
-// absent. The index is valid until the next insertion or del.
-func (m *amap) findSlot(k uint64) int {
-	h := k * 0x9e3779b97f4a7c15 // as in find
-	if m.filt[h>>62]&(1<<(h>>56&63)) == 0 {
-		return -1
-	}
-	for i := h >> m.shift; ; i = (i + 1) & m.mask {
-		s := &m.slots[i]
-		if s.k == k {
-			return int(i)
-		}
-		if s.k == 0 {
-			return -1
-		}
-	}
-}
-
 // del removes k, which must be present.
 func (m *amap) del(k uint64) {
 	i := m.home(k)
@@ -183,24 +164,6 @@ func (m *amap) del(k uint64) {
 		m.resize(len(m.slots) / 2)
 	}
 	m.removed()
-}
-
-// touch loads the home slot of each key (see atable.touch).
-func (m *amap) touch(keys []uint64) uint64 {
-	if len(m.slots) == 0 {
-		return 0
-	}
-	var sink uint64
-	for _, k := range keys {
-		i := m.home(nonZero(k))
-		// The home slot and the next, which is in the next cache line (4
-		// slots) when the home slot is its line's last: at the map's load
-		// most probe runs are one or two slots long. (Loading the next
-		// line always, as atable.touch does for its fuller table, loads
-		// twice the lines for the few runs that need it.)
-		sink += m.slots[i].k + m.slots[(i+1)&m.mask].k
-	}
-	return sink
 }
 
 func (m *amap) resize(size int) {

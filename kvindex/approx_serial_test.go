@@ -67,23 +67,38 @@ func TestApproxReRecordKeepsRecency(t *testing.T) {
 	}
 }
 
-// TestApproxChurnIndexesNothing checks that blocks recorded once are not
-// indexed: under churn (every Record inserting and evicting new blocks)
-// the endpoint's index stays empty, which is what makes such a Record
-// cheap.
-func TestApproxChurnIndexesNothing(t *testing.T) {
-	a := NewApprox(ApproxConfig{DefaultCapacityBlocks: 1000, Serialized: true})
-	ps := randomPrompts(rand.New(rand.NewPCG(9, 9)), 50, 100)
-	for i, p := range ps {
-		a.Record(t0.Add(time.Duration(i)*time.Millisecond), "e", p)
+// TestApproxTreeShape checks that a held prompt recorded again changes
+// no structure: prompts sharing a prefix are one node for the prefix and
+// one leaf each, and recording any of them again, or a prefix of one,
+// adds no node and no block.
+func TestApproxTreeShape(t *testing.T) {
+	a := NewApprox(ApproxConfig{DefaultCapacityBlocks: 10000, Serialized: true})
+	ps := randomPrompts(rand.New(rand.NewPCG(9, 9)), 16, 100)
+	for _, p := range ps {
+		copy(p[:20], ps[0][:20])
 	}
-	e := a.eps["e"]
-	if e.idx.n != 0 || e.log.n != 1000 {
-		t.Fatalf("after churn: %d indexed blocks, %d held; want 0 and 1000", e.idx.n, e.log.n)
+	nodes := func() (int, int) {
+		tr := &a.eps["e"].tree
+		return len(tr.nodes) - len(tr.free), tr.n
 	}
-	a.Record(t0.Add(time.Second), "e", ps[len(ps)-1]) // the last prompt again: refreshed in place
-	a.Record(t0.Add(2*time.Second), "e", ps[len(ps)-2])
-	if e.idx.n != 100 {
-		t.Fatalf("after recording a held prompt again: %d indexed blocks, want 100", e.idx.n)
+	at := t0
+	for _, p := range ps {
+		at = at.Add(time.Millisecond)
+		a.Record(at, "e", p)
 	}
+	if n, blocks := nodes(); n != 17 || blocks != 20+16*80 {
+		t.Fatalf("16 prompts sharing 20 blocks: %d nodes, %d blocks; want 17 and %d", n, blocks, 20+16*80)
+	}
+	for i := range 3 * len(ps) {
+		at = at.Add(time.Millisecond)
+		a.Record(at, "e", ps[(i*7)%len(ps)])
+	}
+	if n, blocks := nodes(); n != 17 || blocks != 20+16*80 {
+		t.Fatalf("after recording them again: %d nodes, %d blocks; want 17 and %d", n, blocks, 20+16*80)
+	}
+	a.Record(at, "e", ps[3][:50]) // splits prompt 3's leaf
+	if n, _ := nodes(); n != 18 {
+		t.Fatalf("after recording a prefix: %d nodes, want 18", n)
+	}
+	checkApprox(t, a, true)
 }

@@ -169,21 +169,24 @@ func (n *naiveApprox) match(now time.Time, hs []uint64) []Hit {
 // TestApproxDifferential checks Approx against a naive reference (an LRU
 // list per endpoint) through records, re-records of an endpoint's last
 // prompt or its prefix, capacity cuts, removals and clock jumps past TTL,
-// so that the ring grows, compacts and shrinks and the tables rebuild.
-// Variants: short prompts that branch, on small capacities; long prompts
-// with shared prefixes and duplicates inside a prompt (hashes that are not
+// so that trees split, grow, extend their leaves and lose them, and the
+// tables rebuild; after every operation the trees' invariants are checked
+// (checkApprox). Records are chains, as Record requires. Variants: short
+// prompts that branch, on small capacities; long prompts with shared
+// prefixes, queried with duplicates inside a prompt (hashes that are not
 // a chain, which Match must still handle); a Serialized index (plain
 // stores, recycled arrays; small shards rebuild often); and chained
-// prompts, on which MatchUnordered's bisection must agree with the
+// queries, on which MatchUnordered's bisection must agree with the
 // reference too.
 func TestApproxDifferential(t *testing.T) {
 	for _, v := range []struct {
 		name   string
 		cfg    ApproxConfig
-		chains bool // no duplicates inside a prompt: check MatchUnordered
+		chains bool // no duplicates inside a query: check MatchUnordered
 		short  bool // short branching prompts, capacity 20
 	}{
 		{"short", ApproxConfig{Shards: 2}, false, true},
+		{"serialized/short", ApproxConfig{Shards: 2, Serialized: true}, true, true},
 		{"duplicates", ApproxConfig{Shards: 4}, false, false},
 		{"serialized/duplicates", ApproxConfig{Shards: 2, Serialized: true}, false, false},
 		{"serialized/chains", ApproxConfig{Shards: 2, Serialized: true}, true, false},
@@ -195,6 +198,18 @@ func TestApproxDifferential(t *testing.T) {
 			}
 		})
 	}
+}
+
+// chainOf turns raw block contents into chained hashes: equal raw
+// prefixes give equal hashes, and a hash determines the blocks before it.
+func chainOf(raw []uint64) []uint64 {
+	hs := make([]uint64, len(raw))
+	h := uint64(0)
+	for i, r := range raw {
+		h = splitmix(h*31 + r)
+		hs[i] = h
+	}
+	return hs
 }
 
 func approxDifferential(t *testing.T, seed uint64, cfg ApproxConfig, chains, short bool) {
@@ -212,29 +227,37 @@ func approxDifferential(t *testing.T, seed uint64, cfg ApproxConfig, chains, sho
 	prompt := func() []uint64 {
 		if short {
 			base := uint64(rng.IntN(4)) * 100
-			hs := make([]uint64, 1+rng.IntN(10))
-			for i := range hs {
-				hs[i] = base + uint64(i) + 1
+			raw := make([]uint64, 1+rng.IntN(10))
+			for i := range raw {
+				raw[i] = base + uint64(i) + 1
 				if rng.IntN(8) == 0 {
-					hs[i] += 50 // a branch
+					raw[i] += 50 // a branch
 				}
 			}
-			return hs
+			return chainOf(raw)
 		}
 		base := uint64(rng.IntN(6)) * 1000
-		hs := make([]uint64, 1+rng.IntN(60))
-		for i := range hs {
-			hs[i] = base + uint64(i) + 1
-			if !chains && i > 0 && rng.IntN(30) == 0 {
-				hs[i] = hs[rng.IntN(i)] // a duplicate
-			}
+		raw := make([]uint64, 1+rng.IntN(60))
+		for i := range raw {
+			raw[i] = base + uint64(i) + 1
 		}
 		if rng.IntN(3) == 0 { // a new tail
-			for i := len(hs) / 2; i < len(hs); i++ {
-				hs[i] = rng.Uint64()>>1 | 1<<62
+			for i := len(raw) / 2; i < len(raw); i++ {
+				raw[i] = rng.Uint64()
 			}
 		}
-		return hs
+		return chainOf(raw)
+	}
+	query := func() []uint64 {
+		q := prompt()
+		if !chains {
+			for i := 1; i < len(q); i++ {
+				if rng.IntN(30) == 0 {
+					q[i] = q[rng.IntN(i)] // a duplicate
+				}
+			}
+		}
+		return q
 	}
 	for step := 0; step < 1500; step++ {
 		d := time.Duration(rng.IntN(2000)) * time.Millisecond
@@ -264,6 +287,7 @@ func approxDifferential(t *testing.T, seed uint64, cfg ApproxConfig, chains, sho
 			delete(ref.lists, ep)
 			delete(ref.capacity, ep)
 		}
+		checkApprox(t, a, true)
 		for ep, l := range ref.lists { // Room: capacity less the entries held
 			c, ok := ref.capacity[ep]
 			if !ok {
@@ -280,7 +304,7 @@ func approxDifferential(t *testing.T, seed uint64, cfg ApproxConfig, chains, sho
 				t.Fatalf("seed %d step %d: %s's Room = %d, want %d..%d (capacity %d, %d entries, %d unexpired)", seed, step, ep, room, c-len(l), c-live, c, len(l), live)
 			}
 		}
-		q := prompt()
+		q := query()
 		want := ref.match(now, q)
 		if got := a.Match(now, q, nil); (len(got) > 0 || len(want) > 0) && !reflect.DeepEqual(got, want) {
 			t.Fatalf("seed %d step %d: Match(%v)\n got %+v\nwant %+v", seed, step, q, got, want)
@@ -302,6 +326,129 @@ func approxDifferential(t *testing.T, seed uint64, cfg ApproxConfig, chains, sho
 	}
 	if got := a.Len(); got < n {
 		t.Errorf("seed %d: Len = %d, want at least the %d live entries", seed, got, n)
+	}
+}
+
+// checkApprox checks the invariants of a's trees (see atree): every node
+// in use has a non-empty run and is a leaf (in the heap, at the position
+// it records) exactly when no node names it as parent; the heap is
+// ordered by seq, and a parent's seq is at least its children's; n counts
+// the blocks of the runs; each run's first key finds its node in start,
+// and start names nothing else. With chains (every Record was a chain)
+// it also checks that a block key is in at most one run of an endpoint
+// and that the table holds the endpoint's bit for exactly its blocks.
+func checkApprox(t testing.TB, a *Approx, chains bool) {
+	t.Helper()
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	masks := map[*agroup]map[uint64]uint64{}
+	for name, e := range a.eps {
+		tr := &e.tree
+		inUse := map[int32]bool{}
+		for id := range tr.nodes {
+			inUse[int32(id)] = true
+		}
+		for _, id := range tr.free {
+			if tr.nodes[id].run != nil || tr.nodes[id].heap != -1 {
+				t.Fatalf("%s: free node %d in use: %+v", name, id, tr.nodes[id])
+			}
+			delete(inUse, id)
+		}
+		kids := map[int32]int32{}
+		n := 0
+		for id := range inUse {
+			nd := &tr.nodes[id]
+			if len(nd.run) == 0 {
+				t.Fatalf("%s: node %d has an empty run", name, id)
+			}
+			n += len(nd.run)
+			if nd.parent >= 0 {
+				if !inUse[nd.parent] {
+					t.Fatalf("%s: node %d's parent %d is not in use", name, id, nd.parent)
+				}
+				kids[nd.parent]++
+				if p := &tr.nodes[nd.parent]; p.seq < nd.seq {
+					t.Fatalf("%s: node %d's seq %d is above its parent's %d", name, id, nd.seq, p.seq)
+				}
+			}
+			if v := tr.start.find(nd.run[0]); chains && (v == nil || *v != uint64(id)) {
+				t.Fatalf("%s: start does not find node %d by its first key", name, id)
+			}
+		}
+		if n != tr.n {
+			t.Fatalf("%s: n = %d, runs hold %d", name, tr.n, n)
+		}
+		for id := range inUse {
+			nd := &tr.nodes[id]
+			if nd.kids != kids[id] {
+				t.Fatalf("%s: node %d counts %d children, has %d", name, id, nd.kids, kids[id])
+			}
+			if leaf := nd.kids == 0; leaf != (nd.heap >= 0) || leaf && tr.heap[nd.heap] != id {
+				t.Fatalf("%s: node %d: %d children, heap position %d", name, id, nd.kids, nd.heap)
+			}
+		}
+		for i, id := range tr.heap {
+			if i > 0 && tr.nodes[tr.heap[(i-1)/2]].seq > tr.nodes[id].seq {
+				t.Fatalf("%s: heap out of order at %d", name, i)
+			}
+		}
+		if tr.start.n != len(inUse) && chains {
+			t.Fatalf("%s: start has %d keys for %d nodes", name, tr.start.n, len(inUse))
+		}
+		if !chains {
+			continue
+		}
+		m := masks[e.g]
+		if m == nil {
+			m = map[uint64]uint64{}
+			masks[e.g] = m
+		}
+		for id := range inUse {
+			for _, k := range tr.nodes[id].run {
+				if m[k]&e.bit != 0 {
+					t.Fatalf("%s: key %x is held twice", name, k)
+				}
+				m[k] |= e.bit
+			}
+		}
+	}
+	for g, m := range masks {
+		for k, want := range m {
+			if got := g.get(k) & want; got != want {
+				t.Fatalf("table: key %x mask %x, want bits %x", k, got, want)
+			}
+		}
+	}
+}
+
+// TestApproxNotChains records hashes that are not chains (keys repeated
+// within a prompt and after other blocks) on small capacities: Record
+// must keep its structure whole and its size within capacity.
+func TestApproxNotChains(t *testing.T) {
+	for _, serialized := range []bool{false, true} {
+		rng := rand.New(rand.NewPCG(3, 3))
+		a := NewApprox(ApproxConfig{DefaultCapacityBlocks: 30, TTL: time.Minute, Serialized: serialized})
+		now := t0
+		for step := range 3000 {
+			now = now.Add(time.Duration(rng.IntN(1500)) * time.Millisecond)
+			hs := make([]uint64, 1+rng.IntN(12))
+			for i := range hs {
+				hs[i] = uint64(rng.IntN(40))
+			}
+			ep := []string{"a", "b"}[rng.IntN(2)]
+			a.Record(now, ep, hs)
+			if step%97 == 0 {
+				a.SetCapacity(ep, 1+rng.IntN(40))
+			}
+			checkApprox(t, a, false)
+			for _, name := range []string{"a", "b"} {
+				if e := a.eps[name]; e != nil && e.tree.n > e.capacity {
+					t.Fatalf("step %d: %s holds %d blocks, capacity %d", step, name, e.tree.n, e.capacity)
+				}
+			}
+			a.Match(now, hs, nil)
+			a.MatchUnordered(now, hs, nil)
+		}
 	}
 }
 
@@ -432,9 +579,9 @@ func TestATableConcurrentReaders(t *testing.T) {
 	}
 }
 
-// TestAmapFilter checks find and findSlot, for present and absent keys,
-// against a reference map while the map grows past amapFewMax and shrinks
-// back, so the filter is used, dropped and rebuilt.
+// TestAmapFilter checks find, for present and absent keys, against a
+// reference map while the map grows past amapFewMax and shrinks back, so
+// the filter is used, dropped and rebuilt.
 func TestAmapFilter(t *testing.T) {
 	rng := rand.New(rand.NewPCG(6, 6))
 	var m amap
@@ -442,12 +589,12 @@ func TestAmapFilter(t *testing.T) {
 	keys := []uint64{}
 	check := func(step int, k uint64) {
 		v, had := ref[k]
-		p, j := m.find(k), m.findSlot(k)
+		p := m.find(k)
 		switch {
-		case had && (p == nil || *p != v || j < 0 || &m.slots[j].v != p):
-			t.Fatalf("step %d: key %d: find %v, findSlot %d, want value %d", step, k, p, j, v)
-		case !had && (p != nil || j >= 0):
-			t.Fatalf("step %d: absent key %d: find %v, findSlot %d", step, k, p, j)
+		case had && (p == nil || *p != v):
+			t.Fatalf("step %d: key %d: find %v, want value %d", step, k, p, v)
+		case !had && p != nil:
+			t.Fatalf("step %d: absent key %d: find %v", step, k, p)
 		}
 	}
 	used := 0

@@ -309,8 +309,8 @@ var benchEndpointNames = func() []string {
 //     (the router's churn regime: every Record inserts and evicts 224
 //     blocks);
 //   - spread256: 256 such prompts on 64 endpoints, 4 each (the router's
-//     loaded regime: as rotate16, but the endpoint's map and log are
-//     rarely in cache);
+//     loaded regime: as rotate16, but the endpoint's tree is rarely in
+//     cache);
 //   - evict: new random prompts on endpoints at capacity (each Record
 //     evicts as many blocks as it adds).
 func BenchmarkApproxRecord(b *testing.B) {
@@ -382,7 +382,7 @@ func BenchmarkApproxRecord(b *testing.B) {
 		// The router benchmark's loaded case: 256 prompts sharing a
 		// 32-block prefix, each on one of 64 endpoints (4 per endpoint,
 		// all held): every Record moves 256 held blocks to the front, on
-		// an endpoint whose map and log are rarely in cache.
+		// an endpoint whose tree is rarely in cache.
 		prompts := randomPrompts(rand.New(rand.NewPCG(6, 6)), 256, benchBlocks)
 		for _, p := range prompts {
 			copy(p[:32], prompts[0][:32])

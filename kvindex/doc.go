@@ -14,7 +14,10 @@
 //     bounded by the endpoint's capacity in blocks, each entry trusted for a
 //     TTL. It needs no tokenizer and no engine support and is only as right
 //     as the engine's eviction is predictable. Its block table is its own
-//     single-writer table, lock-free for readers like Index's.
+//     single-writer table, lock-free for readers like Index's; each
+//     endpoint's recency order is a tree of the chains it holds (runs of
+//     blocks stamped with their last Record), so recording a prompt an
+//     endpoint already holds costs a few lookups, not one per block.
 //   - Index is fed by the engines' own KV-cache events (package signals has
 //     the subscriber): exact, including evictions and the CPU tier.
 //
