@@ -448,6 +448,38 @@ func TestDebugHeaderAndDecisions(t *testing.T) {
 	}
 }
 
+// TestPromptBuffersNotSharedWithRouter: the proxy parses each prompt into
+// a recycled buffer, so the next request's prompt is often written over the
+// last one's. Two requests in a row with prompts that share nothing: the
+// second must find nothing cached (the router once kept the last prompt
+// by reference and took the second for a repeat of the first).
+func TestPromptBuffersNotSharedWithRouter(t *testing.T) {
+	be := newBackend(t, "a", okHandler("a"))
+	cfg := testConfig("first", be.URL)
+	cfg.Debug.Enabled = true
+	tp := newTestProxy(t, cfg)
+	body := func(text string) string {
+		return `{"model":"m","messages":[{"role":"user","content":"` + text + `"}]}`
+	}
+	a := strings.Repeat("You are a helpful assistant. ", 40)
+	b := strings.Repeat("Tell me about the big city. ", 42)[:len(a)]
+	readAll(t, tp.post(t, PathChatCompletions, body(a)))
+	readAll(t, tp.post(t, PathChatCompletions, body(b)))
+	out := readAll(t, must(http.Get(tp.srv.URL + PathDecisions + "?model=m&n=1")))
+	var d map[string][]struct {
+		Blocks     int `json:"blocks"`
+		Candidates []struct {
+			CachedBlocks int `json:"cached_blocks"`
+		} `json:"candidates"`
+	}
+	if err := json.Unmarshal([]byte(out), &d); err != nil || len(d["m"]) != 1 || len(d["m"][0].Candidates) != 1 {
+		t.Fatalf("/debug/decisions: got %s (%v)", out, err)
+	}
+	if got := d["m"][0]; got.Blocks < 9 || got.Candidates[0].CachedBlocks != 0 {
+		t.Fatalf("second prompt: %d blocks, %d of them cached; want at least 9, none cached", got.Blocks, got.Candidates[0].CachedBlocks)
+	}
+}
+
 func TestDebugNeedsTokenWhenDisabled(t *testing.T) {
 	be := newBackend(t, "a", okHandler("a"))
 	cfg := testConfig("first", be.URL)

@@ -127,7 +127,7 @@ type Router struct {
 	cands  []kvroute.Candidate // reused by Route (traded with the decision log's)
 	hits   []kvindex.Hit       // reused by Route
 	hashes []uint64            // reused by Route for character-block hashes: HashText(prompt)
-	prompt string              // the prompt of the last character-block hashes
+	prompt []byte              // a copy of the prompt of the last character-block hashes (see Route)
 	// explainer is picker when it defers its explanations.
 	explainer DeferredExplainer
 	// anyPrecise: some endpoint publishes KV events, so gap may hold
@@ -334,9 +334,12 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 	charMode := false
 	if req.BlockHashes == nil && req.Prompt != "" {
 		// The blocks this prompt shares with the last one (a system prompt,
-		// the conversation so far) keep their hashes.
-		r.hashes = kvindex.HashTextAfter(req.Prompt, r.prompt, r.cfg.BlockChars, r.hashes)
-		r.prompt = req.Prompt
+		// the conversation so far) keep their hashes. The last one is kept
+		// as a copy: a request's prompt may live in storage its caller
+		// recycles once the request is done (the proxy's parse buffers),
+		// and the next prompt may then be written over it.
+		r.hashes = kvindex.HashTextAfter(req.Prompt, unsafe.String(unsafe.SliceData(r.prompt), len(r.prompt)), r.cfg.BlockChars, r.hashes)
+		r.prompt = append(r.prompt[:0], req.Prompt...)
 		req.BlockHashes = r.hashes
 		req.BlockSize = r.cfg.BlockChars
 		charMode = true
@@ -346,6 +349,7 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 
 	healthy := 0
 	cands := r.cands
+	memoBlocks, memoTokens := 0, 0 // blocksToTokens of the last endpoint with a hit (most hold the same prefix)
 	for i, e := range r.eps {
 		c := &cands[i]
 		c.Healthy = e.healthyAt(now) && !contains(exclude, e.ep.ID)
@@ -357,7 +361,10 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 			c.Load.KVCapacityTokens = e.ep.KVCapacityTokens
 		}
 		c.CachedBlocks, c.Tier, c.Precise = e.cached, e.tier, e.prec
-		c.CachedTokens = r.blocksToTokens(req, e.cached, charMode)
+		if e.cached != memoBlocks {
+			memoBlocks, memoTokens = e.cached, r.blocksToTokens(req, e.cached, charMode)
+		}
+		c.CachedTokens = memoTokens
 		r.sizeApprox(e, c.Load.KVCapacityTokens, req, charMode)
 		// What the endpoint does not hold of the prompt would be recorded
 		// there: past its room, other prompts' blocks are evicted.

@@ -8,6 +8,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/signals"
@@ -270,6 +271,34 @@ func TestApproximatePrefixAffinity(t *testing.T) {
 		if c.CachedBlocks != 0 {
 			t.Fatalf("after TTL: %s reports %d cached blocks", c.Endpoint, c.CachedBlocks)
 		}
+	}
+}
+
+// TestRecycledPromptStorage: the proxy parses each prompt into a
+// recycled buffer (openai.ParseRequestInto) and req.Prompt aliases it, so
+// once a request is done its prompt's bytes may become the next
+// request's. The router keeps the last prompt to reuse the hashes of the
+// blocks the next one shares with it: it must keep its own copy, or it
+// would find the next prompt "shared" with itself and give it the last
+// one's hashes (here: all 9 blocks cached on an endpoint that holds none
+// of them).
+func TestRecycledPromptStorage(t *testing.T) {
+	r := newTestRouter(t, 2, &pickFirstHealthy{})
+	a := strings.Repeat("You are a helpful assistant. ", 40)
+	b := strings.Repeat("Tell me about the big city. ", 42)[:len(a)]
+	buf := []byte(a)
+	f1, err := r.Route(t0, &kvroute.Request{ID: "1", Model: "m", Prompt: unsafe.String(&buf[0], len(buf)), PromptTokens: 300}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Done(t0, f1, kvroute.Outcome{})
+	copy(buf, b) // the buffer recycled for the next request
+	f2, err := r.Route(t0.Add(time.Second), &kvroute.Request{ID: "2", Model: "m", Prompt: unsafe.String(&buf[0], len(buf)), PromptTokens: 300}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := f2.CachedTokens(); got != 0 {
+		t.Fatalf("a prompt sharing nothing with the last one, in its recycled storage: %d tokens cached, want 0", got)
 	}
 }
 
