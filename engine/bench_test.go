@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"testing"
 	"time"
 
@@ -13,10 +14,13 @@ import (
 // BenchmarkStepBatch64 measures one scheduler step with 64 decoding
 // requests of ~1k context on the 8B profile (the issue's "ns per step at
 // batch 64"). Finished requests are replaced so the batch stays at 64.
+// The DecodeSteps modes compute the plain decode runs at once, with KV
+// events and without (as the emulator does when it catches up).
 func BenchmarkStepBatch64(b *testing.B) {
-	for _, mode := range []string{"tokens", "hashes", "tokens/DecodeSteps"} {
+	for _, mode := range []string{"tokens", "hashes", "tokens/DecodeSteps", "tokens/DecodeSteps/noEvents"} {
 		b.Run(mode, func(b *testing.B) {
-			e := mustEngine(b, "llama-3.1-8b-h100", nil)
+			decode := strings.HasPrefix(mode, "tokens/DecodeSteps")
+			e := mustEngine(b, "llama-3.1-8b-h100", func(c *Config) { c.NoEvents = strings.HasSuffix(mode, "noEvents") })
 			next := 0
 			add := func(now time.Duration) {
 				r := &Request{ID: fmt.Sprint("r", next), MaxTokens: 512}
@@ -49,7 +53,7 @@ func BenchmarkStepBatch64(b *testing.B) {
 			cpu0 := cputime.Process()
 			var run DecodedRun
 			for i := 0; i < b.N; i++ {
-				if mode == "tokens/DecodeSteps" {
+				if decode {
 					// Plain decode runs of up to 10 steps at once (a
 					// real-time driver's quiet runs), the rest stepped.
 					if n := e.DecodeSteps(now, math.MaxInt64, min(10, b.N-i), &run); n > 0 {

@@ -1,6 +1,9 @@
 package engine
 
-import "time"
+import (
+	"math/bits"
+	"time"
+)
 
 // A plain decode step is one in which every running request decodes one
 // token and nothing is admitted, preempted or reported but tokens (and the
@@ -97,7 +100,8 @@ type DecodedRun struct {
 	// BlockRemoved for the cached blocks their allocation evicts).
 	Events []KVEvent
 
-	res StepResult // collects the events (and their hashes' slab)
+	res   StepResult     // collects the events (and their hashes' slab)
+	sched decodeSchedule // the steps at which each request is visited
 }
 
 // DecodedSeq is one request's part in a DecodedRun.
@@ -127,8 +131,9 @@ type DecodedSeq struct {
 //
 // A real-time driver that slept through a quiet run uses it to catch up
 // with the steps whose outputs nobody was waiting for, and the finish that
-// ends the run: the cost is a few nanoseconds per request and step instead
-// of a StepResult's.
+// ends the run: a request costs a few nanoseconds per run and per block
+// boundary its tokens reach (decodePlain), not a StepResult's entry per
+// step.
 func (e *Engine) DecodeSteps(now, until time.Duration, limit int, run *DecodedRun) int {
 	run.Durations, run.Seqs, run.Finished, run.Events = run.Durations[:0], run.Seqs[:0], run.Finished[:0], nil
 	whole, ctx, finished := e.decodeRun(limit)
@@ -175,37 +180,26 @@ func (e *Engine) DecodeSteps(now, until time.Duration, limit int, run *DecodedRu
 	res.Events, res.removed = res.Events[:0], res.removed[:0]
 	e.res = res
 	defer func() { e.res = nil }()
-	t := now
-	for k, d := range run.Durations {
-		t += d
+	plain := n // the steps in which nobody finishes
+	if finished {
+		plain--
+	}
+	t := e.decodePlain(now, run.Durations[:plain], &run.sched)
+	if finished {
+		// The finishing step visits every request, as StepInto would:
+		// its allocations in running order, each request's token (and
+		// output, when it finishes) after its own allocation; the
+		// finished requests' blocks are freed after the pass, as StepInto
+		// frees them after schedule.
+		t += run.Durations[n-1]
 		if e.caching && !e.deferKeys {
 			e.keysAhead()
 		}
-		last := finished && k == n-1
-		// StepInto's schedule allocates in running order, then each
-		// request's token is emitted: a request's allocation only needs
-		// its own earlier tokens, so one pass does both, keeping the
-		// pool's order of operations (the finished requests' blocks are
-		// freed after the pass, as StepInto frees them after schedule).
 		for i, s := range e.running {
 			e.allocate(s, 1) // cannot fail: runBlocks fit
 			s.computed++
-			if last {
-				e.emitLast(s, t, run, i)
-				continue
-			}
-			if e.keepGen && s.tokenMode {
-				s.tokens = append(s.tokens, e.token(s, s.outputs))
-			}
-			s.outputs++
-			s.numTokens++
-			s.lastToken = t
+			e.emitLast(s, t, run, i)
 		}
-		e.stats.Steps++
-		e.stats.BusyTime += d
-		e.stats.GenerationTokens += int64(r)
-	}
-	if finished {
 		for i := range run.Seqs {
 			if run.Seqs[i].Finished {
 				e.retireFinished(e.running[i])
@@ -213,8 +207,125 @@ func (e *Engine) DecodeSteps(now, until time.Duration, limit int, run *DecodedRu
 		}
 		e.dropFinished()
 	}
+	e.stats.Steps += int64(n)
+	e.stats.BusyTime += t - now
+	e.stats.GenerationTokens += int64(n * r)
 	run.Events = res.Events
 	return n
+}
+
+// decodeSchedule is DecodeSteps' scratch (see decodePlain), reused by the
+// next run given the same DecodedRun.
+type decodeSchedule struct {
+	// due is a ring of bitmaps over the running requests' indices, one
+	// per step of a window of steps: the requests a step visits. Each bit
+	// is set for a step of the run and cleared by it, so due is all zero
+	// between runs.
+	due []uint64
+	// at counts, per running request, the run's steps applied to it
+	// (decodeTokens).
+	at []int32
+}
+
+// decodePlain computes the plain decode steps durs (none of which
+// finishes a request), the first starting at now, and returns when the
+// last ends.
+//
+// Each step gives every running request a token, but only a few steps
+// touch more than the request: allocate takes its slow path (allocN,
+// cacheFull: the shared block pool, the prefix cache, deferred keys,
+// events) only when a request's tokens reach a block boundary, and only
+// that path changes what its fast path tests (fastSteps). So a request is
+// visited only at the steps where it takes that path: it is first brought
+// to its state before the step (the tokens of the steps since its last
+// visit at once), so that the slow path sees what it would after stepping,
+// and is scheduled for its next visit. Within a step the visits go in
+// running order and the steps in order, which keeps the pool's order of
+// operations StepInto's. Every request gets the rest of its tokens at
+// the end. So the cost is per request and block boundary rather than per
+// request and step (with KV events, a request's tokens are still appended
+// one by one, to sequence.tokens).
+//
+// No step looks ahead as keysAhead does for a whole step: the visits of a
+// step are few, and loading their keys first was no faster (measured with
+// events on, one engine and sixteen interleaved; without events, as the
+// emulator runs it, there is nothing to load).
+func (e *Engine) decodePlain(now time.Duration, durs []time.Duration, sc *decodeSchedule) time.Duration {
+	r := len(e.running)
+	words := (r + 63) / 64
+	// A request is due again within bs+1 steps (fastSteps <= bs), so a
+	// window of bs+2 steps holds all its visits. One due beyond it would
+	// be made at the window's last step instead (a guard only: a visit on
+	// the fast path changes nothing).
+	window := e.bs + 2
+	// Sized for max_num_seqs once: the running list grows a request at a
+	// time, and reallocating as it does would allocate at every new high.
+	most := max(r, e.maxSeqs)
+	sc.due = sized(sc.due, window*words, window*((most+63)/64))
+	sc.at = sized(sc.at, r, most)
+	m := len(durs)
+	for i, s := range e.running {
+		sc.at[i] = 0
+		if k := min(e.fastSteps(s), window-1); k < m {
+			sc.due[k*words+i/64] |= 1 << (i % 64)
+		}
+	}
+	t, slot := now, 0
+	for k, d := range durs {
+		start := t
+		t += d
+		row := sc.due[slot*words : (slot+1)*words]
+		for w := range row {
+			for due := row[w]; due != 0; due &= due - 1 {
+				i := w*64 + bits.TrailingZeros64(due)
+				s := e.running[i]
+				e.decodeTokens(s, k-int(sc.at[i]), start)
+				e.allocate(s, 1) // cannot fail: runBlocks fit
+				e.decodeTokens(s, 1, t)
+				sc.at[i] = int32(k + 1)
+				if next := 1 + min(e.fastSteps(s), window-2); k+next < m {
+					sl := slot + next
+					if sl >= window {
+						sl -= window
+					}
+					sc.due[sl*words+w] |= 1 << (i % 64)
+				}
+			}
+			row[w] = 0
+		}
+		if slot++; slot == window {
+			slot = 0
+		}
+	}
+	for i, s := range e.running {
+		e.decodeTokens(s, m-int(sc.at[i]), t)
+	}
+	return t
+}
+
+// fastSteps returns how many plain decode steps s takes next on
+// allocate's fast path: the one after them reaches a block boundary (its
+// token needs a new block, or fills one for the prefix cache). It is at
+// most bs, as numStored*bs <= numTokens.
+func (e *Engine) fastSteps(s *sequence) int {
+	return max(0, min(len(s.blocks)*e.bs-s.computed, (s.numStored+1)*e.bs-1-s.computed))
+}
+
+// decodeTokens applies n plain decode steps to s, the last ending at t,
+// past its allocations: the tokens they compute and generate.
+func (e *Engine) decodeTokens(s *sequence, n int, t time.Duration) {
+	if n <= 0 {
+		return
+	}
+	if e.keepGen && s.tokenMode {
+		for idx := s.outputs; idx < s.outputs+n; idx++ {
+			s.tokens = append(s.tokens, e.token(s, idx))
+		}
+	}
+	s.computed += n
+	s.outputs += n
+	s.numTokens += n
+	s.lastToken = t
 }
 
 // emitLast is emit for request i of a run's finishing step, at time t:

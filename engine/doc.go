@@ -21,7 +21,8 @@
 // computes such a run at once, the step in which requests finish included,
 // with exactly the results of stepping it (tokens, block allocations and
 // evictions, prefix-cache entries, the finished requests' outputs, events,
-// Stats) at a few nanoseconds per request and step.
+// Stats), visiting a request only at the steps where its tokens reach a block
+// boundary and at the run's ends.
 //
 // # Scheduling (vLLM V1)
 //
