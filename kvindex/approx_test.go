@@ -634,3 +634,90 @@ func deleteRandomKey(rng *rand.Rand, keys []uint64, m *amap, ref map[uint64]uint
 	delete(ref, k)
 	return keys[:len(keys)-1]
 }
+
+// FuzzApprox drives an Approx and the naive reference through the
+// operations the fuzzer's bytes spell (records of chained prompts drawn
+// from a few branching stems, records of a prefix of the endpoint's last
+// prompt, capacity changes, removals, clock jumps), checking the trees'
+// invariants after each and Match, MatchUnordered and Room against the
+// reference.
+func FuzzApprox(f *testing.F) {
+	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15}, false)
+	f.Add([]byte{0x10, 0x31, 0x52, 0x13, 0x94, 0xf5, 0x26, 0x37, 0x08, 0x89}, true)
+	f.Fuzz(func(t *testing.T, ops []byte, serialized bool) {
+		const capacity = 12
+		a := NewApprox(ApproxConfig{DefaultCapacityBlocks: capacity, TTL: time.Minute, Shards: 2, Serialized: serialized})
+		ref := &naiveApprox{ttl: time.Minute, defCap: capacity, lists: map[string][]naiveEntry{}, capacity: map[string]int{}}
+		eps := []string{"a", "b", "c"}
+		last := map[string][]uint64{}
+		now := t0
+		// prompt spells a chained prompt from two bytes: its stem (which
+		// of 4 shared beginnings), its length (1-8 blocks) and the block
+		// after which it branches off the stem (none when past its end).
+		prompt := func(x, y byte) []uint64 {
+			raw := make([]uint64, 1+int(y&7))
+			for i := range raw {
+				raw[i] = uint64(x&3)*100 + uint64(i) + 1
+				if i >= int(y>>3&7) {
+					raw[i] += uint64(x>>2) * 1000 // the branch
+				}
+			}
+			return chainOf(raw)
+		}
+		for i := 0; i+2 < len(ops); i += 3 {
+			op, x, y := ops[i], ops[i+1], ops[i+2]
+			ep := eps[int(op>>4)%len(eps)]
+			switch op & 7 {
+			case 0, 1, 2:
+				hs := prompt(x, y)
+				a.Record(now, ep, hs)
+				ref.record(now, ep, hs)
+				last[ep] = hs
+			case 3:
+				if hs := last[ep]; len(hs) > 0 {
+					hs = hs[:1+int(x)%len(hs)]
+					a.Record(now, ep, hs)
+					ref.record(now, ep, hs)
+				}
+			case 4:
+				c := 1 + int(x)%20
+				a.SetCapacity(ep, c)
+				ref.setCapacity(ep, c)
+			case 5:
+				a.Remove(ep)
+				delete(ref.lists, ep)
+				delete(ref.capacity, ep)
+				delete(last, ep)
+			case 6:
+				now = now.Add(time.Duration(x) * time.Second) // up to past the TTL
+			case 7:
+				now = now.Add(time.Duration(x) * time.Millisecond)
+			}
+			checkApprox(t, a, true)
+			q := prompt(y, x)
+			want := ref.match(now, q)
+			if got := a.Match(now, q, nil); (len(got) > 0 || len(want) > 0) && !reflect.DeepEqual(got, want) {
+				t.Fatalf("op %d: Match(%v)\n got %+v\nwant %+v", i/3, q, got, want)
+			}
+			un := a.MatchUnordered(now, q, nil)
+			if sortHits(un); (len(un) > 0 || len(want) > 0) && !reflect.DeepEqual(un, want) {
+				t.Fatalf("op %d: MatchUnordered(%v), sorted\n got %+v\nwant %+v", i/3, q, un, want)
+			}
+			for ep, l := range ref.lists {
+				c, ok := ref.capacity[ep]
+				if !ok {
+					c = capacity
+				}
+				live := 0
+				for _, e := range l {
+					if now.Sub(e.seen) <= time.Minute {
+						live++
+					}
+				}
+				if room := a.Slot(ep).Room(); room < c-len(l) || room > c-live {
+					t.Fatalf("op %d: %s's Room = %d, want %d..%d", i/3, ep, room, c-len(l), c-live)
+				}
+			}
+		}
+	})
+}
