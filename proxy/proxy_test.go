@@ -465,7 +465,7 @@ func TestPromptBuffersNotSharedWithRouter(t *testing.T) {
 	b := strings.Repeat("Tell me about the big city. ", 42)[:len(a)]
 	readAll(t, tp.post(t, PathChatCompletions, body(a)))
 	readAll(t, tp.post(t, PathChatCompletions, body(b)))
-	out := readAll(t, must(http.Get(tp.srv.URL + PathDecisions + "?model=m&n=1")))
+	out := readAll(t, must(http.Get(tp.srv.URL+PathDecisions+"?model=m&n=1")))
 	var d map[string][]struct {
 		Blocks     int `json:"blocks"`
 		Candidates []struct {
