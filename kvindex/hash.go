@@ -88,34 +88,16 @@ func HashTextAfter(text, prev string, blockChars int, prevHashes []uint64) []uin
 		return prevHashes[:0]
 	}
 	n := len(text) / blockChars
-	k := sharedBlocks(text, prev, blockChars, min(n, len(prevHashes), len(prev)/blockChars))
+	k := 0
+	for k < n && k < len(prevHashes) && (k+1)*blockChars <= len(prev) &&
+		text[k*blockChars:(k+1)*blockChars] == prev[k*blockChars:(k+1)*blockChars] {
+		k++
+	}
 	h := textSeed
 	if k > 0 {
 		h = prevHashes[k-1]
 	}
 	return hashTextFrom(text, blockChars, k, n, h, prevHashes[:k])
-}
-
-// sharedBlocks returns how many of the first max blocks of blockChars
-// bytes a and b share byte for byte. When all of them are shared (the
-// common case: a conversation's next turn, the same system prompt) that
-// is one comparison of the whole span; otherwise it bisects, each step
-// one comparison of a prefix (a long comparison is a few bytes a cycle,
-// a block-by-block loop pays a call per block).
-func sharedBlocks(a, b string, blockChars, max int) int {
-	if max <= 0 || a[:max*blockChars] == b[:max*blockChars] {
-		return max
-	}
-	lo, hi := 0, max // blocks [0, lo) are shared; [0, hi) are not
-	for hi-lo > 1 {
-		mid := lo + (hi-lo)/2
-		if a[lo*blockChars:mid*blockChars] == b[lo*blockChars:mid*blockChars] {
-			lo = mid
-		} else {
-			hi = mid
-		}
-	}
-	return lo
 }
 
 // hashTextFrom appends to dst the hashes of text's blocks from to n-1, h

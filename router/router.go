@@ -349,7 +349,6 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 
 	healthy := 0
 	cands := r.cands
-	memoBlocks, memoTokens := 0, 0 // blocksToTokens of the last endpoint with a hit (most hold the same prefix)
 	for i, e := range r.eps {
 		c := &cands[i]
 		c.Healthy = e.healthyAt(now) && !contains(exclude, e.ep.ID)
@@ -361,10 +360,7 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 			c.Load.KVCapacityTokens = e.ep.KVCapacityTokens
 		}
 		c.CachedBlocks, c.Tier, c.Precise = e.cached, e.tier, e.prec
-		if e.cached != memoBlocks {
-			memoBlocks, memoTokens = e.cached, r.blocksToTokens(req, e.cached, charMode)
-		}
-		c.CachedTokens = memoTokens
+		c.CachedTokens = r.blocksToTokens(req, e.cached, charMode)
 		r.sizeApprox(e, c.Load.KVCapacityTokens, req, charMode)
 		// What the endpoint does not hold of the prompt would be recorded
 		// there: past its room, other prompts' blocks are evicted.
