@@ -94,6 +94,19 @@ type engineProc struct {
 	stderr *lockedBuffer
 }
 
+// logged reports whether the engine's stderr shows text within 5 s. The
+// engine logs before it serves, but its stderr reaches the buffer through
+// a pipe the exec package copies in a goroutine of its own, so a line
+// written before /health answered may not be in the buffer yet.
+func (p *engineProc) logged(text string) bool {
+	for deadline := time.Now().Add(5 * time.Second); !strings.Contains(p.stderr.String(), text); time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			return false
+		}
+	}
+	return true
+}
+
 func startEngine(t *testing.T, args ...string) *engineProc {
 	t.Helper()
 	addr := freeAddr(t)
@@ -164,7 +177,7 @@ func TestEnginePDBetweenProcesses(t *testing.T) {
 	side := freeAddr(t)
 	p := startEngine(t, append(common, "--role", "prefill", "--side-channel-listen", side)...)
 	d := startEngine(t, append(common, "--role", "decode")...)
-	if os.Getenv("GOMAXPROCS") == "" && !strings.Contains(d.stderr.String(), "procs=1") {
+	if os.Getenv("GOMAXPROCS") == "" && !d.logged("procs=1") {
 		t.Errorf("engine did not log procs=1 (the --procs default); stderr:\n%s", d.stderr.String())
 	}
 	prompt := strings.Repeat("A long shared document about disaggregated serving. ", 40)
