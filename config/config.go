@@ -577,6 +577,7 @@ func (m *Model) validate(v *validator, p string) {
 	}
 	m.PD.validate(v, p+".pd")
 	ids := map[string]int{}
+	decoders := 0
 	for i := range m.Endpoints {
 		e := &m.Endpoints[i]
 		ep := fmt.Sprintf("%s.endpoints[%d]", p, i)
@@ -590,8 +591,11 @@ func (m *Model) validate(v *validator, p string) {
 		} else {
 			ids[e.ID] = i
 		}
-		if _, err := kvroute.ParseRole(e.Role); err != nil {
+		if r, err := kvroute.ParseRole(e.Role); err != nil {
 			v.addf(ep+".role", "%q is not one of both, prefill, decode", e.Role)
+			decoders++ // reported above; no second error for the pool
+		} else if r.CanDecode() {
+			decoders++
 		}
 		if e.Weight <= 0 {
 			v.addf(ep+".weight", "%d is not positive", e.Weight)
@@ -627,6 +631,12 @@ func (m *Model) validate(v *validator, p string) {
 		if ev.ReplayAddress != "" && !strings.Contains(ev.ReplayAddress, "://") {
 			v.addf(ep+".kv_events.replay_address", "%q is not a ZMQ address (tcp://host:port, ipc://path)", ev.ReplayAddress)
 		}
+	}
+	if len(m.Endpoints) > 0 && decoders == 0 {
+		// A prefill engine hands its KV cache to a decode engine and
+		// generates nothing itself: such a pool would answer every request
+		// with a 503.
+		v.addf(p+".endpoints", "every endpoint has role prefill: at least one needs role both or decode to generate tokens")
 	}
 	sg := m.Signals
 	v.positiveDuration(p+".signals.scrape_interval", sg.ScrapeInterval)

@@ -79,6 +79,12 @@ func TestValidateErrors(t *testing.T) {
 			`models[0].endpoints[1].id: "http://127.0.0.1:8001" duplicates models[0].endpoints[0].id`},
 		{"bad role", func(c *Config) { c.Models[0].Endpoints[1].Role = "leader" },
 			`models[0].endpoints[1].role: "leader" is not one of both, prefill, decode`},
+		{"prefill only", func(c *Config) {
+			for i := range c.Models[0].Endpoints {
+				c.Models[0].Endpoints[i].Role = "prefill"
+			}
+		},
+			`models[0].endpoints: every endpoint has role prefill: at least one needs role both or decode to generate tokens`},
 		{"bad weight", func(c *Config) { c.Models[0].Endpoints[0].Weight = -2 },
 			`models[0].endpoints[0].weight: -2 is not positive`},
 		{"negative kv", func(c *Config) { c.Models[0].Endpoints[0].KVCapacityTokens = -1 },
