@@ -8,28 +8,29 @@ import "time"
 type Load struct {
 	// Waiting and Running are the engine's queue and batch, including the
 	// router's own dispatches since the last observation.
-	Waiting, Running int
+	Waiting int `json:"waiting"`
+	Running int `json:"running"`
 	// KVUsage is the fraction 0..1 of the engine's KV blocks in use.
-	KVUsage float64
+	KVUsage float64 `json:"kv_usage"`
 	// KVCapacityTokens is the engine's KV capacity in tokens (0 = unknown).
-	KVCapacityTokens int
+	KVCapacityTokens int `json:"kv_capacity_tokens"`
 	// InFlight is the number of requests the router holds open to the engine
 	// right now. It is always fresh.
-	InFlight int
+	InFlight int `json:"in_flight"`
 	// InFlightTokens is the sum of prompt tokens of InFlight requests that have
 	// not yet produced a first token (prefill work the router knows is queued).
-	InFlightTokens int
+	InFlightTokens int `json:"in_flight_tokens"`
 	// DecodeTokens is the router's estimate of the context held by requests
 	// that are decoding on the engine.
-	DecodeTokens int
+	DecodeTokens int `json:"decode_tokens"`
 	// PrefixHitRate is the engine's recent prefix-cache hit rate (tokens), or
 	// -1 when unknown.
-	PrefixHitRate float64
+	PrefixHitRate float64 `json:"prefix_hit_rate"`
 	// ObservedAt is when the engine signals were scraped (zero = never).
-	ObservedAt time.Time
+	ObservedAt time.Time `json:"observed_at,omitzero"`
 	// Stale reports that the engine signals are older than the configured
 	// limit; Waiting and Running are then router-local estimates only.
-	Stale bool
+	Stale bool `json:"stale"`
 }
 
 // Age returns how old the engine signals are at now (0 when never observed).

@@ -81,31 +81,35 @@ func (f Field) MarshalText() ([]byte, error) { return []byte(f.String()), nil }
 // served model names) are summed, except ratios which are averaged.
 type Metrics struct {
 	// Flavor is the flavour the metrics were read as (never FlavorAuto).
-	Flavor Flavor
+	Flavor Flavor `json:"flavor"`
 	// Have says which of the fields below the engine reported.
-	Have Field
+	Have Field `json:"have"`
 	// Waiting and Running are the engine's queued and batched requests.
-	Waiting, Running float64
+	Waiting float64 `json:"waiting"`
+	Running float64 `json:"running"`
 	// KVUsage is the fraction 0..1 of the KV cache in use.
-	KVUsage float64
+	KVUsage float64 `json:"kv_usage"`
 	// PrefixQueries and PrefixHits are cumulative prefix-cache counters in
 	// tokens; their rates give the hit rate.
-	PrefixQueries, PrefixHits float64
+	PrefixQueries float64 `json:"prefix_queries"`
+	PrefixHits    float64 `json:"prefix_hits"`
 	// CacheHitRate is an engine-computed hit rate gauge (SGLang), 0..1.
-	CacheHitRate float64
+	CacheHitRate float64 `json:"cache_hit_rate"`
 	// Preemptions is the cumulative count of preempted requests.
-	Preemptions float64
+	Preemptions float64 `json:"preemptions"`
 	// PromptTokens and GenerationTokens are cumulative token counters.
-	PromptTokens, GenerationTokens float64
+	PromptTokens     float64 `json:"prompt_tokens"`
+	GenerationTokens float64 `json:"generation_tokens"`
 	// BlockSize and NumGPUBlocks come from vllm:cache_config_info.
-	BlockSize, NumGPUBlocks int
+	BlockSize    int `json:"block_size"`
+	NumGPUBlocks int `json:"num_gpu_blocks"`
 	// KVCapacityTokens is the KV cache size in tokens: BlockSize*NumGPUBlocks
 	// for vLLM, sglang:max_total_num_tokens for SGLang; 0 = unknown.
-	KVCapacityTokens int
+	KVCapacityTokens int `json:"kv_capacity_tokens"`
 	// LoRAAdapters are the adapters running or waiting (vllm:lora_requests_info),
 	// sorted, without duplicates; MaxLoRA is the engine's max_lora (0 = unknown).
-	LoRAAdapters []string
-	MaxLoRA      int
+	LoRAAdapters []string `json:"lora_adapters,omitempty"`
+	MaxLoRA      int      `json:"max_lora,omitempty"`
 }
 
 // Has reports whether all fields in f were reported.

@@ -60,22 +60,24 @@ func (t Ticket) Valid() bool { return t.seq != 0 }
 // ViewStatus is a View's state for /metrics, logs and the dashboard.
 type ViewStatus struct {
 	// Last is the last successfully parsed scrape (zero before the first).
-	Last       Metrics
-	ObservedAt time.Time
+	Last       Metrics   `json:"last"`
+	ObservedAt time.Time `json:"observed_at,omitzero"`
 	// Scrapes counts successful observations, Errors failed ones;
 	// ConsecutiveErrors counts failures since the last success.
-	Scrapes, Errors   uint64
-	ConsecutiveErrors int
+	Scrapes           uint64 `json:"scrapes"`
+	Errors            uint64 `json:"errors"`
+	ConsecutiveErrors int    `json:"consecutive_errors"`
 	// LastError is the last failure's message ("" = none) and LastErrorAt
 	// its time.
-	LastError   string
-	LastErrorAt time.Time
+	LastError   string    `json:"last_error,omitempty"`
+	LastErrorAt time.Time `json:"last_error_at,omitzero"`
 	// OutOfOrder counts observations dropped because a newer one had
 	// already arrived.
-	OutOfOrder uint64
+	OutOfOrder uint64 `json:"out_of_order"`
 	// InFlight and InFlightTokens are the router's open requests and the
 	// prompt tokens of those still waiting for a first token.
-	InFlight, InFlightTokens int
+	InFlight       int `json:"in_flight"`
+	InFlightTokens int `json:"in_flight_tokens"`
 }
 
 // View is one endpoint's stale-signal model: the last scraped engine

@@ -1,6 +1,7 @@
 package signals
 
 import (
+	"encoding/json"
 	"errors"
 	"math/rand/v2"
 	"reflect"
@@ -342,5 +343,25 @@ func TestViewGenCachesLoad(t *testing.T) {
 		if hit < 2000 || recomputed < 2000 {
 			t.Errorf("seed %d: %d Loads kept, %d recomputed: the test should exercise both", seed, hit, recomputed)
 		}
+	}
+}
+
+// TestViewStatusJSON: /debug/endpoints shows a ViewStatus (and its last
+// Metrics) in the snake_case of the router's other debug output.
+func TestViewStatusJSON(t *testing.T) {
+	st := ViewStatus{
+		Last:    Metrics{Flavor: FlavorVLLM, Have: HasWaiting | HasRunning, Waiting: 1, Running: 2, BlockSize: 16},
+		Scrapes: 7, ConsecutiveErrors: 1, InFlight: 3,
+	}
+	b, err := json.Marshal(st)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const want = `{"last":{"flavor":"vllm","have":"waiting|running","waiting":1,"running":2,"kv_usage":0,` +
+		`"prefix_queries":0,"prefix_hits":0,"cache_hit_rate":0,"preemptions":0,"prompt_tokens":0,"generation_tokens":0,` +
+		`"block_size":16,"num_gpu_blocks":0,"kv_capacity_tokens":0},"scrapes":7,"errors":0,"consecutive_errors":1,` +
+		`"out_of_order":0,"in_flight":3,"in_flight_tokens":0}`
+	if string(b) != want {
+		t.Errorf("Marshal:\n got %s\nwant %s", b, want)
 	}
 }
