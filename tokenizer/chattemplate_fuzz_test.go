@@ -1,0 +1,67 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"strings"
+	"testing"
+)
+
+// fuzzTemplates are chat templates of the shapes real models ship: ChatML
+// (Qwen), Llama 3's header form with a system-message split and trim, and
+// one that walks tool calls and dumps them with tojson. Clients choose the
+// messages, so rendering them must fail cleanly or succeed, never panic.
+var fuzzTemplates = []string{
+	"{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}" +
+		"{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
+	"{{ bos_token }}{% if messages[0]['role'] == 'system' %}{% set loop_messages = messages[1:] %}" +
+		"{% set system_message = messages[0]['content'] | trim %}{% else %}{% set loop_messages = messages %}{% set system_message = '' %}{% endif %}" +
+		"{% if system_message %}{{ '<|start_header_id|>system<|end_header_id|>\n\n' + system_message + '<|eot_id|>' }}{% endif %}" +
+		"{% for message in loop_messages %}{% if (message['role'] == 'user') != (loop.index0 % 2 == 0) %}" +
+		"{{ raise_exception('Conversation roles must alternate user/assistant/user/assistant/...') }}{% endif %}" +
+		"{{ '<|start_header_id|>' + message['role'] + '<|end_header_id|>\n\n' + message['content'] | trim + '<|eot_id|>' }}{% endfor %}" +
+		"{% if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\n\n' }}{% endif %}",
+	"{% for m in messages %}{{ m.role }}:{% if m.content is string %}{{ m.content }}{% elif m.content %}" +
+		"{% for part in m.content %}{% if part.type == 'text' %}{{ part.text }}{% endif %}{% endfor %}{% endif %}" +
+		"{% if m.tool_calls %}{% for call in m.tool_calls %}<call>{{ call.function.name }} {{ call.function.arguments | tojson }}</call>{% endfor %}{% endif %}\n" +
+		"{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}",
+}
+
+// FuzzRenderJSON renders client-chosen messages (and a tools variable)
+// through each template. Whatever renders holds every user message's
+// text, for the ChatML template, verbatim.
+func FuzzRenderJSON(f *testing.F) {
+	f.Add([]byte(`[{"role": "system", "content": " be brief "}, {"role": "user", "content": "hi {{ 7*7 }} {% raw %}"}]`), []byte(`[{"type": "function"}]`))
+	f.Add([]byte(`[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}, {"role": "assistant", "content": null, "tool_calls": [{"function": {"name": "f", "arguments": {"b": 1, "a": [2]}}}]}]`), []byte(`null`))
+	f.Add([]byte(`[{"role": "assistant", "content": "x"}, {"role": "assistant", "content": "y"}]`), []byte(`{}`))
+	f.Add([]byte(`[{"role": 5, "content": {"nested": [[[]]]}}]`), []byte(`"s"`))
+	f.Add([]byte(`[]`), []byte(`[]`))
+	tmpls := make([]*ChatTemplate, len(fuzzTemplates))
+	for i, src := range fuzzTemplates {
+		t, err := NewChatTemplate(src, "<s>", "</s>")
+		if err != nil {
+			f.Fatalf("template %d: %v", i, err)
+		}
+		tmpls[i] = t
+	}
+	f.Fuzz(func(t *testing.T, messages, tools []byte) {
+		var vars map[string]json.RawMessage
+		if json.Valid(tools) {
+			vars = map[string]json.RawMessage{"tools": tools}
+		}
+		for i, tmpl := range tmpls {
+			out, err := tmpl.RenderJSON(messages, ChatOptions{AddGenerationPrompt: true, JSONVars: vars})
+			if err != nil || i != 0 {
+				continue
+			}
+			var msgs []map[string]any // exact keys, the last of duplicates (as valueFromJSON)
+			if json.Unmarshal(messages, &msgs) != nil {
+				continue
+			}
+			for _, m := range msgs {
+				if s, ok := m["content"].(string); ok && !strings.Contains(out, s) {
+					t.Fatalf("ChatML rendering lost a message's content %q:\n%s", s, out)
+				}
+			}
+		}
+	})
+}
