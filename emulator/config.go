@@ -77,10 +77,11 @@ type Config struct {
 	// EngineID is remote_engine_id; default a random UUID.
 	EngineID string
 
-	// DefaultMaxTokens is the output limit of a request that gives neither
-	// max_tokens nor max_completion_tokens; default 1024. (vLLM's default is
-	// the rest of the context; with a model that never emits EOS that would
-	// be 100k tokens.) Capped at the rest of the context.
+	// DefaultMaxTokens is the output limit of a chat request that gives
+	// neither max_tokens nor max_completion_tokens; default 1024. (vLLM's
+	// default is the rest of the context; with a model that never emits EOS
+	// that would be 100k tokens.) Capped at the rest of the context. A
+	// completions request without max_tokens gets vLLM's 16.
 	DefaultMaxTokens int
 	// EOSMean, when > 0, makes the model emit EOS after a geometric number of
 	// tokens with this mean (drawn from the request's seed) unless the

@@ -6,8 +6,11 @@
 // A Server serves:
 //
 //   - POST /v1/completions and POST /v1/chat/completions, streaming and not,
-//     in vLLM's exact JSON and SSE shapes (package openai), with vLLM's 400
-//     errors for bad input and for prompts longer than the model's context;
+//     in vLLM's exact JSON and SSE shapes (package openai), with vLLM's
+//     errors (status, type, param and, for prompts longer than the model's
+//     context, the message of its current renderer) for bad input, 404 for
+//     another model, and FastAPI's 404 and 405 for unknown routes and
+//     methods;
 //   - GET /metrics in the vLLM (current or legacy names), SGLang or llama.cpp
 //     flavour, on a private Prometheus registry;
 //   - GET /health, GET /v1/models, GET /version, POST /tokenize and POST

@@ -82,6 +82,11 @@ func TestTokenizeMatchesUsage(t *testing.T) {
 	if code != 200 || !strings.Contains(string(body), `"count":2`) {
 		t.Errorf("got %d %s, want 2 tokens", code, body)
 	}
+	// An empty prompt is a completions error, not a /tokenize one.
+	code, body = post(t, hs.URL+"/tokenize", `{"prompt":""}`)
+	if code != 200 || !strings.Contains(string(body), `"count":0`) {
+		t.Errorf("got %d %s, want 0 tokens", code, body)
+	}
 }
 
 func TestVersion(t *testing.T) {

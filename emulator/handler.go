@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -19,33 +20,79 @@ func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
 	stopped := s.stopped
 	s.inMu.Unlock()
 	if stopped {
-		writeError(w, http.StatusServiceUnavailable, "engine stopped")
+		// vLLM answers a dead engine's health check with a bare 503.
+		w.WriteHeader(http.StatusServiceUnavailable)
 		return
 	}
 	w.WriteHeader(http.StatusOK)
 }
 
+// modelPermission is vLLM's ModelPermission, one per model card.
+type modelPermission struct {
+	ID                 string  `json:"id"`
+	Object             string  `json:"object"`
+	Created            int64   `json:"created"`
+	AllowCreateEngine  bool    `json:"allow_create_engine"`
+	AllowSampling      bool    `json:"allow_sampling"`
+	AllowLogprobs      bool    `json:"allow_logprobs"`
+	AllowSearchIndices bool    `json:"allow_search_indices"`
+	AllowView          bool    `json:"allow_view"`
+	AllowFineTuning    bool    `json:"allow_fine_tuning"`
+	Organization       string  `json:"organization"`
+	Group              *string `json:"group"`
+	IsBlocking         bool    `json:"is_blocking"`
+}
+
+// handleModels is GET /v1/models in vLLM's ModelList shape: one card for
+// the served model with its max_model_len and a permission list (vLLM
+// makes the card, its "created" and the permission's id per request).
 func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 	type model struct {
-		ID          string  `json:"id"`
-		Object      string  `json:"object"`
-		Created     int64   `json:"created"`
-		OwnedBy     string  `json:"owned_by"`
-		Root        string  `json:"root"`
-		Parent      *string `json:"parent"`
-		MaxModelLen int     `json:"max_model_len"`
+		ID          string            `json:"id"`
+		Object      string            `json:"object"`
+		Created     int64             `json:"created"`
+		OwnedBy     string            `json:"owned_by"`
+		Root        string            `json:"root"`
+		Parent      *string           `json:"parent"`
+		MaxModelLen int               `json:"max_model_len"`
+		Permission  []modelPermission `json:"permission"`
 	}
+	now := time.Now().Unix()
+	perm := modelPermission{ID: "modelperm-" + strings.TrimPrefix(openai.NewCompletionID(), "cmpl-"),
+		Object: "model_permission", Created: now, AllowSampling: true, AllowLogprobs: true, AllowView: true,
+		Organization: "*"}
 	body, _ := json.Marshal(struct {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
-	}{"list", []model{{ID: s.cfg.Model, Object: "model", Created: s.created, OwnedBy: "vllm", Root: s.cfg.Model,
-		MaxModelLen: s.prof.MaxModelLen}}})
+	}{"list", []model{{ID: s.cfg.Model, Object: "model", Created: now, OwnedBy: "vllm", Root: s.cfg.Model,
+		MaxModelLen: s.prof.MaxModelLen, Permission: []modelPermission{perm}}}})
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(body)
 }
 
-func (s *Server) handleNotFound(w http.ResponseWriter, _ *http.Request) {
+// allowed is the Allow header of vLLM's routes the emulator serves, by
+// path: another method gets FastAPI's 405 (Starlette adds HEAD to GET
+// routes). /metrics is a mounted ASGI app in vLLM and left out.
+var allowed = map[string]string{
+	"/v1/completions":      "POST",
+	"/v1/chat/completions": "POST",
+	"/health":              "GET, HEAD",
+	"/v1/models":           "GET, HEAD",
+	"/version":             "GET, HEAD",
+	"/tokenize":            "POST",
+	"/reset_prefix_cache":  "POST",
+}
+
+// handleNotFound answers what no route takes as FastAPI does: 404, or 405
+// with Allow for a known path and another method.
+func (s *Server) handleNotFound(w http.ResponseWriter, r *http.Request) {
 	w.Header().Set("Content-Type", "application/json")
+	if allow, ok := allowed[r.URL.Path]; ok {
+		w.Header().Set("Allow", allow)
+		w.WriteHeader(http.StatusMethodNotAllowed)
+		_, _ = io.WriteString(w, `{"detail":"Method Not Allowed"}`)
+		return
+	}
 	w.WriteHeader(http.StatusNotFound)
 	_, _ = io.WriteString(w, `{"detail":"Not Found"}`)
 }
@@ -102,12 +149,15 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	req, aerr := parseRequest(body, chat)
 	putBody(bodyBuf) // parseRequest copies what it keeps
+	if aerr == nil && !chat && req.promptEmpty {
+		aerr = errNoPrompt() // (POST /tokenize takes an empty prompt)
+	}
 	if aerr != nil {
-		writeError(w, aerr.status, aerr.msg)
+		writeAPIError(w, aerr)
 		return
 	}
 	if req.Model != "" && req.Model != s.cfg.Model {
-		writeError(w, http.StatusNotFound, fmt.Sprintf("The model `%s` does not exist.", req.Model))
+		writeAPIError(w, &apiError{status: http.StatusNotFound, msg: fmt.Sprintf("The model `%s` does not exist.", req.Model), param: "model"})
 		return
 	}
 	j := &job{chat: chat, req: req}
@@ -138,7 +188,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	if aerr := s.checkLength(j); aerr != nil {
-		writeError(w, aerr.status, aerr.msg)
+		writeAPIError(w, aerr)
 		return
 	}
 	if id := r.Header.Get("X-Request-Id"); id != "" {
@@ -166,6 +216,9 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		seed = mix64(idCounter.Load()) ^ uint64(time.Now().UnixNano())
 	}
 	ereq.EOSAt = eosAt(seed, s.cfg.EOSMean)
+	if ereq.EOSAt > 0 && ereq.EOSAt <= req.MinTokens {
+		ereq.EOSAt = req.MinTokens + 1 // min_tokens holds EOS back
+	}
 	every := 0 // a whole response: the handler wakes when the request finished
 	switch {
 	case len(req.stops) > 0:
@@ -178,7 +231,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 	defer j.putToks()
 
 	if aerr := s.preparePD(r, j, ereq); aerr != nil {
-		writeError(w, aerr.status, aerr.msg)
+		writeAPIError(w, aerr)
 		return
 	}
 	if err := s.post(command{kind: cmdAdd, req: ereq, st: j.st}); err != nil {
@@ -193,23 +246,52 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 }
 
 // checkLength sets j.maxTokens and rejects requests that do not fit the
-// context, with vLLM's message.
+// context, as vLLM's renderer does (vllm/renderers/params.py,
+// TokenizeParams): the requested output alone must fit max_model_len, then
+// the prompt must fit what it leaves. A completion without max_tokens asks
+// for 16; a chat request without one gets what the context leaves (capped
+// by Config.DefaultMaxTokens), and a prompt that leaves nothing fails as
+// vLLM's sampling parameters do.
 func (s *Server) checkLength(j *job) *apiError {
 	maxLen := s.prof.MaxModelLen
 	n := len(j.prompt)
-	where := "prompt"
-	if j.chat {
-		where = "messages"
+	out, given, param := 0, j.req.MaxTokens != nil, "max_tokens"
+	switch {
+	case given:
+		out = *j.req.MaxTokens
+		if j.chat && j.req.MaxCompletionTokens != nil {
+			param = "max_completion_tokens"
+		}
+	case !j.chat: // vLLM's CompletionRequest: max_tokens 16 when absent or null
+		out, given = completionDefaultMaxTokens, true
 	}
-	if j.req.MaxTokens != nil {
-		j.maxTokens = *j.req.MaxTokens
-	} else {
-		j.maxTokens = min(s.cfg.DefaultMaxTokens, maxLen-n)
+	if err := lengthError(maxLen, n, out, param); err != nil {
+		return err
 	}
-	if n >= maxLen || n+j.maxTokens > maxLen {
-		return badRequest("This model's maximum context length is %d tokens. However, you requested %d tokens "+
-			"(%d in the %s, %d in the completion). Please reduce the length of the %s or completion.",
-			maxLen, n+max(j.maxTokens, 0), n, where, max(j.maxTokens, 0), where)
+	if given {
+		j.maxTokens = out
+		return checkMinTokens(j.req.MinTokens, out)
+	}
+	j.maxTokens = min(s.cfg.DefaultMaxTokens, maxLen-n)
+	if j.maxTokens < 1 {
+		return tooFewTokens(j.maxTokens)
+	}
+	return checkMinTokens(j.req.MinTokens, j.maxTokens)
+}
+
+// lengthError is vLLM's error for n prompt tokens and out requested output
+// tokens (named param) that do not fit maxLen, or nil when they fit.
+func lengthError(maxLen, n, out int, param string) *apiError {
+	if out > maxLen {
+		// vLLM's message has no space before "cannot" and names the
+		// limit twice (an f-string's "{max_total_tokens=}").
+		return validationError(param, out, "%s=%dcannot be greater than max_model_len=max_total_tokens=%d. "+
+			"Please request fewer output tokens.", param, out, maxLen)
+	}
+	if n > maxLen-out {
+		return validationError("input_tokens", n, "You passed %d input tokens and requested %d output tokens. "+
+			"However, the model's context length is only %d tokens, resulting in a maximum input length of %d tokens. "+
+			"Please reduce the length of the input prompt.", n, out, maxLen, maxLen-out)
 	}
 	return nil
 }
@@ -232,8 +314,9 @@ func (s *Server) advance(j *job) bool {
 	if j.stopped {
 		return true
 	}
+	before := j.generated // tokens out before p.toks
 	j.generated = p.generated
-	if len(p.toks) > 0 {
+	if toks := p.toks; len(toks) > 0 {
 		if j.textBuf == nil {
 			// Taken only now, not when the request arrives: a request
 			// waiting for its tokens holds no text buffer, so a few buffers
@@ -241,10 +324,21 @@ func (s *Server) advance(j *job) bool {
 			j.textBuf = getBuf()
 			j.text = (*j.textBuf)[:0]
 		}
-		j.text, j.scratch = s.render(j.text, p.toks, j.scratch)
+		if k := min(j.req.MinTokens-before, len(toks)); k > 0 && len(j.req.stops) > 0 {
+			// vLLM's detokenizer looks for stop strings only at steps
+			// after the first min_tokens tokens: theirs is never searched.
+			j.text, j.scratch = s.render(j.text, toks[:k], j.scratch)
+			j.checked, toks = len(j.text), toks[k:]
+		}
+		if len(toks) > 0 {
+			j.text, j.scratch = s.render(j.text, toks, j.scratch)
+		}
 	}
 	if len(j.req.stops) > 0 && len(j.text) > j.checked {
 		if i, stop := stopMatch(j.text, j.checked, j.req.stops); i >= 0 {
+			if j.req.IncludeStopStr {
+				i += len(stop)
+			}
 			j.text = j.text[:i]
 			j.stopped, j.finish, j.stopReason = true, openai.FinishStop, stop
 			if !p.finished {
@@ -304,8 +398,11 @@ func (s *Server) writeEngineError(w http.ResponseWriter, err error) {
 	var le *engine.LengthError
 	switch {
 	case errors.As(err, &le):
-		writeError(w, http.StatusBadRequest, fmt.Sprintf("This model's maximum context length is %d tokens. However, you requested %d tokens (%d in the messages, %d in the completion). Please reduce the length of the messages or completion.",
-			le.MaxModelLen, le.PromptTokens+le.MaxTokens, le.PromptTokens, le.MaxTokens))
+		aerr := lengthError(le.MaxModelLen, le.PromptTokens, le.MaxTokens, "max_tokens")
+		if aerr == nil { // no max_tokens, and the prompt leaves no room
+			aerr = tooFewTokens(le.MaxModelLen - le.PromptTokens)
+		}
+		writeAPIError(w, aerr)
 	case errors.Is(err, ErrStopped):
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 	default:
@@ -341,8 +438,8 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 			return
 		}
 		upto := len(j.text)
-		if !done && j.maxStop > 1 {
-			upto = max(j.sent, upto-(j.maxStop-1)) // hold back a possible stop-string prefix
+		if !done && j.maxStop > 1 && !j.req.IncludeStopStr {
+			upto = max(j.sent, upto-(j.maxStop-1)) // hold back a possible stop-string prefix (as vLLM's detokenizer does unless the stop string is to be output)
 		}
 		if !done && s.codec != nil {
 			upto = completeText(j.text, j.sent, upto) // and a character's first bytes

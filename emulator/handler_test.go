@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
@@ -14,29 +15,47 @@ import (
 	"github.com/kvroute/kvroute/openai"
 )
 
+// TestRequestErrors checks each bad input's status and vLLM's error body:
+// message, type ("Bad Request" for what vLLM's request models reject,
+// BadRequestError or NotFoundError for what its serving layer rejects) and
+// param (null unless vLLM names the field).
 func TestRequestErrors(t *testing.T) {
 	_, hs := testServer(t, Config{})
 	long := strings.Repeat("word ", 1100)
+	const bad = typeValidation
 	tests := []struct {
 		name, path, body string
 		status           int
 		msg              string
+		typ              string // "" is errorType(status)
+		param            any    // nil is null
 	}{
-		{"bad json", "/v1/completions", `{"prompt":`, 400, "JSON decode error"},
-		{"no prompt", "/v1/completions", `{"max_tokens":3}`, 400, "prompt"},
-		{"no messages", "/v1/chat/completions", `{"max_tokens":3}`, 400, "messages"},
-		{"n=2", "/v1/completions", `{"prompt":"a","n":2}`, 400, "n must be 1"},
-		{"max_tokens 0", "/v1/completions", `{"prompt":"a","max_tokens":0}`, 400, "max_tokens must be at least 1, got 0."},
-		{"stream options without stream", "/v1/completions", `{"prompt":"a","stream_options":{"include_usage":true}}`, 400, "Stream options can only be defined when `stream=True`."},
-		{"wrong model", "/v1/completions", `{"model":"other","prompt":"a"}`, 404, "The model `other` does not exist."},
-		{"too long", "/v1/completions", `{"prompt":"` + long + `","max_tokens":10}`, 400, "This model's maximum context length is 1024 tokens. However, you requested"},
-		{"too long chat", "/v1/chat/completions", `{"messages":[{"role":"user","content":"` + long + `"}]}`, 400, "in the messages"},
-		{"max_tokens too large", "/v1/completions", `{"prompt":"a","max_tokens":5000}`, 400, "(1 in the prompt, 5000 in the completion)"},
-		{"batched prompt", "/v1/completions", `{"prompt":["a","b"]}`, 400, "batched prompts"},
-		{"bad stop", "/v1/completions", `{"prompt":"a","stop":5}`, 400, "stop"},
-		{"bad content part", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}`, 400, "text only"},
-		{"empty prompt", "/v1/completions", `{"prompt":""}`, 400, "The prompt cannot be empty."},
-		{"token out of vocabulary", "/v1/completions", `{"prompt":[1,2,5000]}`, 400, "Token id 5000 is out of vocabulary"},
+		{"bad json", "/v1/completions", `{"prompt":`, 400, "JSON decode error", bad, "body"},
+		{"no prompt", "/v1/completions", `{"max_tokens":3}`, 400, "Either prompt or prompt_embeds must be provided and non-empty.", bad, "prompt"},
+		{"no messages", "/v1/chat/completions", `{"max_tokens":3}`, 400, "messages", bad, "body.messages"},
+		{"n=2", "/v1/completions", `{"prompt":"a","n":2}`, 400, "n must be 1", "", nil},
+		{"max_tokens 0", "/v1/completions", `{"prompt":"a","max_tokens":0}`, 400, "max_tokens must be at least 1, got 0. (parameter=max_tokens, value=0)", "", "max_tokens"},
+		{"max_completion_tokens -1", "/v1/chat/completions", `{"messages":[{"role":"user","content":"a"}],"max_completion_tokens":-1}`, 400, "max_tokens must be at least 1, got -1. (parameter=max_tokens, value=-1)", "", "max_tokens"},
+		{"min_tokens negative", "/v1/completions", `{"prompt":"a","min_tokens":-1}`, 400, "min_tokens must be greater than or equal to 0, got -1.", "", nil},
+		{"min_tokens above max_tokens", "/v1/completions", `{"prompt":"a","max_tokens":3,"min_tokens":4}`, 400, "min_tokens must be less than or equal to max_tokens=3, got 4.", "", nil},
+		{"min_tokens above default", "/v1/completions", `{"prompt":"a","min_tokens":17}`, 400, "min_tokens must be less than or equal to max_tokens=16, got 17.", "", nil},
+		{"stream options without stream", "/v1/completions", `{"prompt":"a","stream_options":{"include_usage":true}}`, 400, "Stream options can only be defined when `stream=True`.", bad, "stream_options"},
+		{"wrong model", "/v1/completions", `{"model":"other","prompt":"a"}`, 404, "The model `other` does not exist.", "", "model"},
+		{"too long", "/v1/completions", `{"prompt":"` + long + `","max_tokens":10}`, 400,
+			"You passed 1101 input tokens and requested 10 output tokens. However, the model's context length is only 1024 tokens, " +
+				"resulting in a maximum input length of 1014 tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value=1101)", "", "input_tokens"},
+		{"too long chat", "/v1/chat/completions", `{"messages":[{"role":"user","content":"` + long + `"}]}`, 400,
+			"input tokens and requested 0 output tokens. However, the model's context length is only 1024 tokens, resulting in a maximum input length of 1024 tokens.", "", "input_tokens"},
+		{"max_tokens too large", "/v1/completions", `{"prompt":"a","max_tokens":5000}`, 400,
+			"max_tokens=5000cannot be greater than max_model_len=max_total_tokens=1024. Please request fewer output tokens. (parameter=max_tokens, value=5000)", "", "max_tokens"},
+		{"max_completion_tokens too large", "/v1/chat/completions", `{"messages":[{"role":"user","content":"a"}],"max_completion_tokens":5000}`, 400,
+			"max_completion_tokens=5000cannot be greater than", "", "max_completion_tokens"},
+		{"batched prompt", "/v1/completions", `{"prompt":["a","b"]}`, 400, "batched prompts", "", nil},
+		{"bad stop", "/v1/completions", `{"prompt":"a","stop":5}`, 400, "stop", bad, "body.stop"},
+		{"bad content part", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}`, 400, "text only", bad, "body.messages.0.content"},
+		{"empty prompt", "/v1/completions", `{"prompt":""}`, 400, "Either prompt or prompt_embeds must be provided and non-empty.", bad, "prompt"},
+		{"empty prompt, encoding/json path", "/v1/completions", `{"prompt":"","Z":1}`, 400, "Either prompt or prompt_embeds must be provided and non-empty.", bad, "prompt"},
+		{"token out of vocabulary", "/v1/completions", `{"prompt":[1,2,5000]}`, 400, "Token id 5000 is out of vocabulary", "", nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -58,8 +77,15 @@ func TestRequestErrors(t *testing.T) {
 			if !strings.Contains(e.Error.Message, tt.msg) {
 				t.Errorf("got message %q, want it to contain %q", e.Error.Message, tt.msg)
 			}
-			if e.Error.Code != tt.status || e.Error.Type != errorType(tt.status) {
-				t.Errorf("got code %d type %q, want %d %q", e.Error.Code, e.Error.Type, tt.status, errorType(tt.status))
+			typ := tt.typ
+			if typ == "" {
+				typ = errorType(tt.status)
+			}
+			if e.Error.Code != tt.status || e.Error.Type != typ {
+				t.Errorf("got code %d type %q, want %d %q", e.Error.Code, e.Error.Type, tt.status, typ)
+			}
+			if e.Error.Param != tt.param {
+				t.Errorf("got param %v, want %v", e.Error.Param, tt.param)
 			}
 		})
 	}
@@ -68,23 +94,28 @@ func TestRequestErrors(t *testing.T) {
 func TestEndpoints(t *testing.T) {
 	_, hs := testServer(t, Config{})
 	tests := []struct {
-		path   string
-		status int
-		body   string
+		method, path string
+		status       int
+		body, allow  string
 	}{
-		{"/health", 200, ""},
-		{"/v1/models", 200, `"id":"tiny"`},
-		{"/nope", 404, `{"detail":"Not Found"}`},
+		{"GET", "/health", 200, "", ""},
+		{"GET", "/v1/models", 200, `"id":"tiny"`, ""},
+		{"GET", "/nope", 404, `{"detail":"Not Found"}`, ""},
+		{"GET", "/v1/completions", 405, `{"detail":"Method Not Allowed"}`, "POST"},
+		{"POST", "/health", 405, `{"detail":"Method Not Allowed"}`, "GET, HEAD"},
+		{"DELETE", "/v1/models", 405, `{"detail":"Method Not Allowed"}`, "GET, HEAD"},
 	}
 	for _, tt := range tests {
-		resp, err := http.Get(hs.URL + tt.path)
+		req, _ := http.NewRequest(tt.method, hs.URL+tt.path, nil)
+		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			t.Fatal(err)
 		}
 		b, _ := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		if resp.StatusCode != tt.status || !strings.Contains(string(b), tt.body) {
-			t.Errorf("%s: got %d %s, want %d containing %s", tt.path, resp.StatusCode, b, tt.status, tt.body)
+		if resp.StatusCode != tt.status || !strings.Contains(string(b), tt.body) || resp.Header.Get("Allow") != tt.allow {
+			t.Errorf("%s %s: got %d %s Allow %q, want %d containing %s Allow %q", tt.method, tt.path, resp.StatusCode, b,
+				resp.Header.Get("Allow"), tt.status, tt.body, tt.allow)
 		}
 	}
 }
@@ -354,5 +385,249 @@ func TestContinuousUsageStats(t *testing.T) {
 	}
 	if last != 4 {
 		t.Errorf("got final completion_tokens %d, want 4", last)
+	}
+}
+
+// TestStreamOptionsDefaults checks vLLM's StreamOptions defaults:
+// include_usage is true unless given, so {} or continuous_usage_stats alone
+// still end the stream with the usage chunk (and continuous_usage_stats
+// alone puts usage in every chunk); an empty stream_options is allowed
+// without stream, a non-empty one is not.
+func TestStreamOptionsDefaults(t *testing.T) {
+	_, hs := testServer(t, Config{Speed: 1})
+	tests := []struct {
+		name, opts             string
+		usageChunk, continuous bool
+	}{
+		{"empty", `{}`, true, false},
+		{"continuous only", `{"continuous_usage_stats":true}`, true, true},
+		{"include_usage false", `{"include_usage":false,"continuous_usage_stats":true}`, false, false},
+		{"include_usage null", `{"include_usage":null}`, false, false},
+		{"other key", `{"x":1}`, true, false},
+		{"null", `null`, false, false},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			resp, err := http.Post(hs.URL+"/v1/completions", "application/json", strings.NewReader(
+				`{"prompt":"count with me","max_tokens":3,"stream":true,"stream_options":`+tt.opts+`}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			events := readStream(t, resp.Body)
+			if len(events) < 2 || events[len(events)-1] != openai.Done {
+				t.Fatalf("got events %q, want chunks then [DONE]", events)
+			}
+			var chunks []openai.CompletionChunk
+			for _, e := range events[:len(events)-1] {
+				var c openai.CompletionChunk
+				if err := json.Unmarshal([]byte(e), &c); err != nil {
+					t.Fatalf("chunk %s: %v", e, err)
+				}
+				chunks = append(chunks, c)
+			}
+			last := chunks[len(chunks)-1]
+			gotUsageChunk := len(last.Choices) == 0 && last.Usage != nil
+			if gotUsageChunk != tt.usageChunk {
+				t.Errorf("got usage chunk %v (last event %s), want %v", gotUsageChunk, events[len(events)-2], tt.usageChunk)
+			}
+			if gotUsageChunk && (last.Usage.PromptTokens != 3 || last.Usage.CompletionTokens != 3) {
+				t.Errorf("got usage %+v, want 3 prompt and 3 completion tokens", *last.Usage)
+			}
+			for _, c := range chunks {
+				if len(c.Choices) > 0 && (c.Usage != nil) != tt.continuous {
+					t.Errorf("content chunk with usage %v, want %v", c.Usage != nil, tt.continuous)
+				}
+			}
+		})
+	}
+	t.Run("empty without stream", func(t *testing.T) {
+		code, body := post(t, hs.URL+"/v1/completions", `{"prompt":"a","max_tokens":1,"stream_options":{}}`)
+		if code != http.StatusOK {
+			t.Errorf("got %d %s, want 200 (vLLM's validator lets an empty stream_options through)", code, body)
+		}
+	})
+}
+
+// TestContentPartsJoined checks that a message given as text parts is
+// tokenized as vLLM renders it: the parts joined with newlines.
+func TestContentPartsJoined(t *testing.T) {
+	_, hs := testServer(t, Config{})
+	usage := func(content string) int {
+		t.Helper()
+		code, body := post(t, hs.URL+"/v1/chat/completions", `{"messages":[{"role":"user","content":`+content+`}],"max_tokens":1}`)
+		if code != http.StatusOK {
+			t.Fatalf("got %d %s", code, body)
+		}
+		var c openai.ChatCompletion
+		if err := json.Unmarshal(body, &c); err != nil {
+			t.Fatal(err)
+		}
+		return c.Usage.PromptTokens
+	}
+	parts := usage(`[{"type":"text","text":"alpha"},{"type":"text","text":"beta"}]`)
+	if joined := usage(`"alpha\nbeta"`); parts != joined {
+		t.Errorf("got %d prompt tokens for the parts, want %d (those of \"alpha\\nbeta\")", parts, joined)
+	}
+}
+
+// TestModelsShape checks GET /v1/models against vLLM's ModelList: the card's
+// fields and its permission list.
+func TestModelsShape(t *testing.T) {
+	_, hs := testServer(t, Config{})
+	resp, err := http.Get(hs.URL + "/v1/models")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var list struct {
+		Object string           `json:"object"`
+		Data   []map[string]any `json:"data"`
+	}
+	if err := json.NewDecoder(resp.Body).Decode(&list); err != nil {
+		t.Fatal(err)
+	}
+	if list.Object != "list" || len(list.Data) != 1 {
+		t.Fatalf("got %+v, want one model in a list", list)
+	}
+	card := list.Data[0]
+	for k, want := range map[string]any{"id": "tiny", "object": "model", "owned_by": "vllm", "root": "tiny", "parent": nil, "max_model_len": 1024.0} {
+		if got, ok := card[k]; !ok || got != want {
+			t.Errorf("got %s %v (present %v), want %v", k, got, ok, want)
+		}
+	}
+	perms, _ := card["permission"].([]any)
+	if len(perms) != 1 {
+		t.Fatalf("got permission %v, want one ModelPermission", card["permission"])
+	}
+	p := perms[0].(map[string]any)
+	if id, _ := p["id"].(string); !strings.HasPrefix(id, "modelperm-") || len(id) != len("modelperm-")+32 {
+		t.Errorf("got permission id %q, want modelperm- and 32 hex digits", id)
+	}
+	for k, want := range map[string]any{"object": "model_permission", "allow_create_engine": false, "allow_sampling": true,
+		"allow_logprobs": true, "allow_search_indices": false, "allow_view": true, "allow_fine_tuning": false,
+		"organization": "*", "group": nil, "is_blocking": false} {
+		if got, ok := p[k]; !ok || got != want {
+			t.Errorf("got permission %s %v (present %v), want %v", k, got, ok, want)
+		}
+	}
+	if _, ok := p["created"].(float64); !ok {
+		t.Errorf("got permission created %v, want a number", p["created"])
+	}
+}
+
+// TestMaxCompletionTokensScope checks that max_completion_tokens limits a
+// chat response but, as in vLLM (whose CompletionRequest has no such
+// field), is ignored by /v1/completions.
+func TestMaxCompletionTokensScope(t *testing.T) {
+	_, hs := testServer(t, Config{})
+	tests := []struct {
+		path, body string
+		want       int
+	}{
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}],"max_tokens":5,"max_completion_tokens":2,"ignore_eos":true}`, 2},
+		{"/v1/completions", `{"prompt":"hi","max_tokens":5,"max_completion_tokens":2,"ignore_eos":true}`, 5},
+	}
+	for _, tt := range tests {
+		code, body := post(t, hs.URL+tt.path, tt.body)
+		if code != http.StatusOK {
+			t.Fatalf("%s: got %d %s", tt.path, code, body)
+		}
+		var r struct {
+			Usage openai.Usage `json:"usage"`
+		}
+		if err := json.Unmarshal(body, &r); err != nil {
+			t.Fatal(err)
+		}
+		if r.Usage.CompletionTokens != tt.want {
+			t.Errorf("%s: got %d completion tokens, want %d", tt.path, r.Usage.CompletionTokens, tt.want)
+		}
+	}
+}
+
+// TestCompletionDefaultMaxTokens checks vLLM's CompletionRequest default:
+// a completions request without max_tokens (or with null) generates 16
+// tokens and is length-checked as asking for 16; chat gets the rest of the
+// context up to Config.DefaultMaxTokens.
+func TestCompletionDefaultMaxTokens(t *testing.T) {
+	_, hs := testServer(t, Config{DefaultMaxTokens: 40})
+	tests := []struct {
+		name, path, body string
+		want             int
+	}{
+		{"absent", "/v1/completions", `{"prompt":"hi"}`, 16},
+		{"null", "/v1/completions", `{"prompt":"hi","max_tokens":null}`, 16},
+		{"given", "/v1/completions", `{"prompt":"hi","max_tokens":20}`, 20},
+		{"chat", "/v1/chat/completions", `{"messages":[{"role":"user","content":"hi"}]}`, 40},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			code, body := post(t, hs.URL+tt.path, tt.body)
+			if code != http.StatusOK {
+				t.Fatalf("got %d %s", code, body)
+			}
+			var r struct {
+				Usage openai.Usage `json:"usage"`
+			}
+			if err := json.Unmarshal(body, &r); err != nil {
+				t.Fatal(err)
+			}
+			if r.Usage.CompletionTokens != tt.want {
+				t.Errorf("got %d completion tokens, want %d", r.Usage.CompletionTokens, tt.want)
+			}
+		})
+	}
+	long := strings.Repeat("word ", 1010) // 1011 tokens: fits the context, not with 16 more
+	code, body := post(t, hs.URL+"/v1/completions", `{"prompt":"`+long+`"}`)
+	if want := "You passed 1011 input tokens and requested 16 output tokens."; code != http.StatusBadRequest || !strings.Contains(string(body), want) {
+		t.Errorf("got %d %s, want 400 containing %q", code, body, want)
+	}
+}
+
+// TestMinTokens checks min_tokens as vLLM's sampler applies it: no EOS
+// before min_tokens tokens are out (the EOS, when it comes, is token
+// min_tokens+1 or later), and no stop string either.
+func TestMinTokens(t *testing.T) {
+	_, hs := testServer(t, Config{EOSMean: 2})
+	completion := func(body string) openai.Completion {
+		t.Helper()
+		code, b := post(t, hs.URL+"/v1/completions", body)
+		if code != http.StatusOK {
+			t.Fatalf("got %d %s", code, b)
+		}
+		var c openai.Completion
+		if err := json.Unmarshal(b, &c); err != nil {
+			t.Fatal(err)
+		}
+		return c
+	}
+	early := 0
+	for seed := range 20 {
+		free := completion(fmt.Sprintf(`{"prompt":"abc","max_tokens":20,"seed":%d}`, seed))
+		if free.Usage.CompletionTokens <= 10 {
+			early++
+		}
+		held := completion(fmt.Sprintf(`{"prompt":"abc","max_tokens":20,"min_tokens":10,"seed":%d}`, seed))
+		if n := held.Usage.CompletionTokens; n <= 10 {
+			t.Errorf("seed %d: got %d completion tokens (finish %s) with min_tokens 10, want more than 10", seed, n, *held.Choices[0].FinishReason)
+		}
+	}
+	if early == 0 {
+		t.Fatalf("no seed ended within 10 tokens without min_tokens: the test proves nothing")
+	}
+	// A stop string inside the first min_tokens tokens is not looked for.
+	full := completion(`{"prompt":"abc","max_tokens":12,"seed":3,"ignore_eos":true}`)
+	words := strings.Fields(full.Choices[0].Text)
+	if len(words) < 4 {
+		t.Fatalf("got %q, want 4+ words", full.Choices[0].Text)
+	}
+	stop := words[1]
+	if strings.Count(full.Choices[0].Text, stop) != 1 {
+		t.Skipf("stop %q occurs more than once in %q", stop, full.Choices[0].Text)
+	}
+	body, _ := json.Marshal(map[string]any{"prompt": "abc", "max_tokens": 12, "seed": 3, "ignore_eos": true, "stop": stop, "min_tokens": 11})
+	if got := completion(string(body)); got.Choices[0].Text != full.Choices[0].Text || *got.Choices[0].FinishReason != openai.FinishLength {
+		t.Errorf("stop %q within min_tokens: got %q finish %s, want the whole %q finish length", stop, got.Choices[0].Text,
+			*got.Choices[0].FinishReason, full.Choices[0].Text)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"net/http"
+	"strconv"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/openai"
@@ -22,9 +23,12 @@ type apiRequest struct {
 	MaxCompletionTokens *int            `json:"max_completion_tokens"`
 	Stop                json.RawMessage `json:"stop"`
 	IgnoreEOS           bool            `json:"ignore_eos"`
+	IncludeStopStr      bool            `json:"include_stop_str_in_output"` // keep a matched stop string in the text
+	MinTokens           int             `json:"min_tokens"`                 // no EOS, and no stop string, in the first MinTokens tokens
+	Stream              bool            `json:"stream"`
+	promptEmpty         bool            // completions: the prompt is the empty string (the bools share a word)
 	N                   *int            `json:"n"`
 	Seed                *int64          `json:"seed"`
-	Stream              bool            `json:"stream"`
 	StreamOptions       *streamOptions  `json:"stream_options"`
 	KVTransferParams    *kvTransfer     `json:"kv_transfer_params"`
 	BootstrapHost       string          `json:"bootstrap_host"`
@@ -44,9 +48,43 @@ type apiMessage struct {
 	Content json.RawMessage `json:"content"`
 }
 
+// streamOptions is stream_options as vLLM's StreamOptions has it:
+// include_usage defaults to true (only an explicit false or null turns the
+// usage chunk off), continuous_usage_stats to false.
 type streamOptions struct {
-	IncludeUsage         bool `json:"include_usage"`
-	ContinuousUsageStats bool `json:"continuous_usage_stats"`
+	IncludeUsage         bool
+	ContinuousUsageStats bool
+	// set is whether the object has any key: vLLM's validator rejects
+	// stream_options without stream=true only when the raw object is not
+	// empty ({} passes).
+	set bool
+}
+
+// UnmarshalJSON decodes stream_options with vLLM's defaults (the
+// encoding/json path; scanRequest's streamOptions is the fast one).
+func (so *streamOptions) UnmarshalJSON(b []byte) error {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(b, &m); err != nil {
+		return err
+	}
+	*so = streamOptions{IncludeUsage: true, set: len(m) > 0}
+	for k, v := range m {
+		var dst *bool
+		switch k {
+		case "include_usage":
+			dst = &so.IncludeUsage
+		case "continuous_usage_stats":
+			dst = &so.ContinuousUsageStats
+		default:
+			continue
+		}
+		var on *bool // null is None: false
+		if err := json.Unmarshal(v, &on); err != nil {
+			return fmt.Errorf("stream_options.%s: %w", k, err)
+		}
+		*dst = on != nil && *on
+	}
+	return nil
 }
 
 // kvTransfer is NixlConnector's kv_transfer_params.
@@ -65,6 +103,14 @@ type kvTransfer struct {
 type apiError struct {
 	status int
 	msg    string
+	// param is the request field the error is about (vLLM's
+	// VLLMValidationError parameter); "" writes null.
+	param string
+	// typ overrides the type errorType gives the status: vLLM answers
+	// errors found while FastAPI validates the body (pydantic, its model
+	// validators) with the HTTP phrase "Bad Request" instead of
+	// "BadRequestError".
+	typ string
 }
 
 func (e *apiError) Error() string { return e.msg }
@@ -72,6 +118,48 @@ func (e *apiError) Error() string { return e.msg }
 func badRequest(format string, args ...any) *apiError {
 	return &apiError{status: http.StatusBadRequest, msg: fmt.Sprintf(format, args...)}
 }
+
+// invalidBody is a 400 for a body vLLM rejects while validating it into
+// its request model: type "Bad Request" and the offending field in param.
+func invalidBody(param, format string, args ...any) *apiError {
+	return &apiError{status: http.StatusBadRequest, msg: fmt.Sprintf(format, args...), param: param, typ: typeValidation}
+}
+
+// errNoPrompt is vLLM's CompletionRequest validator's error for a prompt
+// that is missing, null or "".
+func errNoPrompt() *apiError {
+	return invalidBody("prompt", "Value error, Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)")
+}
+
+// tooFewTokens is vLLM's error for a max_tokens below 1 (its sampling
+// parameters' check).
+func tooFewTokens(n int) *apiError {
+	return validationError("max_tokens", n, "max_tokens must be at least 1, got %d.", n)
+}
+
+// checkMinTokens is vLLM's check of min_tokens against the request's final
+// max_tokens (its sampling parameters').
+func checkMinTokens(minTokens, maxTokens int) *apiError {
+	if minTokens < 0 {
+		return badRequest("min_tokens must be greater than or equal to 0, got %d.", minTokens)
+	}
+	if minTokens > maxTokens {
+		return badRequest("min_tokens must be less than or equal to max_tokens=%d, got %d.", maxTokens, minTokens)
+	}
+	return nil
+}
+
+// validationError is vLLM's VLLMValidationError raised while serving a
+// request: a 400 BadRequestError whose message ends with the parameter and
+// the rejected value, and whose param names the parameter.
+func validationError(param string, value int, format string, args ...any) *apiError {
+	msg := fmt.Sprintf(format, args...) + " (parameter=" + param + ", value=" + strconv.Itoa(value) + ")"
+	return &apiError{status: http.StatusBadRequest, msg: msg, param: param}
+}
+
+// typeValidation is the type of vLLM's RequestValidationError answers
+// (HTTPStatus.BAD_REQUEST.phrase).
+const typeValidation = "Bad Request"
 
 // errorType is the "type" vLLM puts in its error bodies for a status.
 func errorType(status int) string {
@@ -95,6 +183,16 @@ func vllmError(status int, msg string) *kvroute.Error {
 	return &kvroute.Error{Status: status, Type: errorType(status), Message: msg}
 }
 
+// kvError is e as the error openai.WriteError writes.
+func (e *apiError) kvError() *kvroute.Error {
+	ke := vllmError(e.status, e.msg)
+	ke.Param = e.param
+	if e.typ != "" {
+		ke.Type = e.typ
+	}
+	return ke
+}
+
 // appendErrorBody appends vLLM's error body (the payload of a mid-stream
 // error event too).
 func appendErrorBody(dst []byte, status int, msg string) []byte {
@@ -103,6 +201,11 @@ func appendErrorBody(dst []byte, status int, msg string) []byte {
 
 func writeError(w http.ResponseWriter, status int, msg string) {
 	openai.WriteError(w, vllmError(status, msg))
+}
+
+// writeAPIError writes e with its param and type.
+func writeAPIError(w http.ResponseWriter, e *apiError) {
+	openai.WriteError(w, e.kvError())
 }
 
 // parseRequest decodes and validates a request body the way vLLM's pydantic
@@ -117,7 +220,7 @@ func parseRequest(body []byte, chat bool) (*apiRequest, *apiError) {
 			return nil, aerr
 		}
 	}
-	if aerr := r.checkOptions(); aerr != nil {
+	if aerr := r.checkOptions(chat); aerr != nil {
 		return nil, aerr
 	}
 	if !ok {
@@ -128,20 +231,30 @@ func parseRequest(body []byte, chat bool) (*apiRequest, *apiError) {
 	return r, nil
 }
 
-// checkOptions validates n, max_tokens (max_completion_tokens takes its
-// place when given) and stream_options.
-func (r *apiRequest) checkOptions() *apiError {
+// completionDefaultMaxTokens is max_tokens of a /v1/completions request
+// that gives none or null (vLLM's CompletionRequest default, the OpenAI
+// Completions API's too).
+const completionDefaultMaxTokens = 16
+
+// checkOptions validates n, max_tokens (on chat, max_completion_tokens
+// takes its place when given; vLLM's CompletionRequest has no such field
+// and ignores it; its max_tokens defaults to 16, see checkLength) and
+// stream_options.
+func (r *apiRequest) checkOptions(chat bool) *apiError {
+	if r.StreamOptions != nil && r.StreamOptions.set && !r.Stream {
+		return invalidBody("stream_options", "Value error, Stream options can only be defined when `stream=True`.")
+	}
 	if r.N != nil && *r.N != 1 {
 		return badRequest("n=%d is not supported: this engine generates one choice per request (n must be 1)", *r.N)
+	}
+	if !chat {
+		r.MaxCompletionTokens = nil
 	}
 	if r.MaxCompletionTokens != nil {
 		r.MaxTokens = r.MaxCompletionTokens
 	}
 	if r.MaxTokens != nil && *r.MaxTokens < 1 {
-		return badRequest("max_tokens must be at least 1, got %d.", *r.MaxTokens)
-	}
-	if r.StreamOptions != nil && !r.Stream {
-		return badRequest("Stream options can only be defined when `stream=True`.")
+		return tooFewTokens(*r.MaxTokens)
 	}
 	return nil
 }
@@ -151,26 +264,26 @@ func (r *apiRequest) checkOptions() *apiError {
 func decodeRequest(body []byte, chat bool) (*apiRequest, *apiError) {
 	var r apiRequest
 	if err := json.Unmarshal(body, &r); err != nil {
-		return nil, badRequest("JSON decode error: %v", err)
+		return nil, invalidBody("body", "JSON decode error: %v", err)
 	}
 	if chat {
 		if r.Messages == nil {
-			return nil, badRequest("1 validation error for ChatCompletionRequest\nmessages\n  Field required")
+			return nil, invalidBody("body.messages", "1 validation error for ChatCompletionRequest\nmessages\n  Field required")
 		}
 		r.chatMessages = make([]tokenizer.Message, 0, len(r.Messages))
 		for i, m := range r.Messages {
 			if m.Role == "" {
-				return nil, badRequest("1 validation error for ChatCompletionRequest\nmessages.%d.role\n  Field required", i)
+				return nil, invalidBody(fmt.Sprintf("body.messages.%d.role", i), "1 validation error for ChatCompletionRequest\nmessages.%d.role\n  Field required", i)
 			}
 			text, err := messageText(m.Content)
 			if err != nil {
-				return nil, badRequest("1 validation error for ChatCompletionRequest\nmessages.%d.content\n  %v", i, err)
+				return nil, invalidBody(fmt.Sprintf("body.messages.%d.content", i), "1 validation error for ChatCompletionRequest\nmessages.%d.content\n  %v", i, err)
 			}
 			r.chatMessages = append(r.chatMessages, tokenizer.Message{Role: m.Role, Content: text})
 		}
 	} else {
 		if len(r.Prompt) == 0 || string(r.Prompt) == "null" {
-			return nil, badRequest("1 validation error for CompletionRequest\nprompt\n  Field required")
+			return nil, errNoPrompt()
 		}
 		if err := r.parsePrompt(); err != nil {
 			return nil, err
@@ -187,7 +300,7 @@ func (r *apiRequest) decodeExtra() *apiError {
 		if err := json.Unmarshal(r.Stop, &one); err == nil {
 			r.stops = []string{one}
 		} else if err := json.Unmarshal(r.Stop, &r.stops); err != nil {
-			return badRequest("1 validation error\nstop\n  Input should be a valid string or a list of strings")
+			return invalidBody("body.stop", "1 validation error\nstop\n  Input should be a valid string or a list of strings")
 		}
 	}
 	if len(r.BootstrapRoom) > 0 && string(r.BootstrapRoom) != "null" {
@@ -206,7 +319,8 @@ func (r *apiRequest) decodeExtra() *apiError {
 }
 
 // messageText returns a message's text: a string, null, or a list of
-// content parts whose "text" parts are concatenated.
+// content parts whose "text" parts are joined with newlines, as vLLM
+// renders them for a chat template that takes string content.
 func messageText(raw json.RawMessage) (string, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return "", nil
@@ -223,9 +337,12 @@ func messageText(raw json.RawMessage) (string, error) {
 		return "", fmt.Errorf("Input should be a valid string or a list of content parts")
 	}
 	var b []byte
-	for _, p := range parts {
+	for i, p := range parts {
 		if p.Type != "text" {
 			return "", fmt.Errorf("content part type %q is not supported (text only)", p.Type)
+		}
+		if i > 0 {
+			b = append(b, '\n') // vLLM joins text parts with "\n" (chat_utils.py)
 		}
 		b = append(b, p.Text...)
 	}
@@ -237,7 +354,7 @@ func messageText(raw json.RawMessage) (string, error) {
 func (r *apiRequest) parsePrompt() *apiError {
 	var s string
 	if err := json.Unmarshal(r.Prompt, &s); err == nil {
-		r.promptText = s
+		r.promptText, r.promptEmpty = s, s == ""
 		return nil
 	}
 	var ss []string
@@ -261,5 +378,5 @@ func (r *apiRequest) parsePrompt() *apiError {
 		r.promptIDs = idss[0]
 		return nil
 	}
-	return badRequest("1 validation error for CompletionRequest\nprompt\n  Input should be a string, a list of strings, a list of token ids or a list of lists of token ids")
+	return invalidBody("body.prompt", "1 validation error for CompletionRequest\nprompt\n  Input should be a string, a list of strings, a list of token ids or a list of lists of token ids")
 }

@@ -156,3 +156,64 @@ func TestStreamLayout(t *testing.T) {
 		t.Errorf("stream is %d bytes, want 241..256 (the 256-byte size class)", size)
 	}
 }
+
+// TestIncludeStopStrInOutput checks include_stop_str_in_output: the text
+// ends with the matched stop string, streamed or not, and stop_reason is
+// still that string.
+func TestIncludeStopStrInOutput(t *testing.T) {
+	_, hs := testServer(t, Config{Speed: 1})
+	_, body := post(t, hs.URL+"/v1/completions", `{"prompt":"abc","max_tokens":40,"seed":9,"ignore_eos":true}`)
+	var full openai.Completion
+	if err := json.Unmarshal(body, &full); err != nil {
+		t.Fatal(err)
+	}
+	text := full.Choices[0].Text
+	words := strings.Fields(text)
+	if len(words) < 12 {
+		t.Fatalf("got %q, want 12+ words", text)
+	}
+	stop := words[6] + " " + words[7]
+	i := strings.Index(text, stop)
+	want := text[:i+len(stop)]
+	for _, stream := range []bool{false, true} {
+		req, _ := json.Marshal(map[string]any{"prompt": "abc", "max_tokens": 40, "seed": 9, "ignore_eos": true,
+			"stream": stream, "stop": []string{"zzzzzzzzzzzz", stop}, "include_stop_str_in_output": true})
+		resp, err := http.Post(hs.URL+"/v1/completions", "application/json", bytes.NewReader(req))
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got strings.Builder
+		var finish string
+		var stopReason any
+		choices := func(cs []openai.CompletionChoice) {
+			for _, ch := range cs {
+				got.WriteString(ch.Text)
+				if ch.FinishReason != nil {
+					finish, stopReason = *ch.FinishReason, ch.StopReason
+				}
+			}
+		}
+		if stream {
+			for _, ev := range readStream(t, resp.Body) {
+				if ev == openai.Done {
+					continue
+				}
+				var c openai.CompletionChunk
+				if err := json.Unmarshal([]byte(ev), &c); err != nil {
+					t.Fatalf("chunk %q: %v", ev, err)
+				}
+				choices(c.Choices)
+			}
+		} else {
+			var c openai.Completion
+			if err := json.NewDecoder(resp.Body).Decode(&c); err != nil {
+				t.Fatal(err)
+			}
+			choices(c.Choices)
+		}
+		resp.Body.Close()
+		if got.String() != want || finish != openai.FinishStop || stopReason != stop {
+			t.Errorf("stream %v: got %q finish %q stop_reason %v, want %q stop %q", stream, got.String(), finish, stopReason, want, stop)
+		}
+	}
+}

@@ -23,7 +23,8 @@ import (
 // prompt (a string, a list of one string, or a list of token ids; completions
 // only, a chat request skips it as decodeRequest keeps it raw), messages
 // (chat only: objects with string role and content), max_tokens,
-// max_completion_tokens, n, seed (integers), ignore_eos, stream (booleans),
+// max_completion_tokens, min_tokens, n, seed (integers), ignore_eos,
+// include_stop_str_in_output, stream (booleans),
 // stop (a string or a list of strings) and stream_options (an object of
 // booleans); any other lowercase key is skipped (its value validated).
 func scanRequest(body []byte, chat bool) (*apiRequest, bool) {
@@ -89,8 +90,10 @@ const (
 	fieldN
 	fieldSeed
 	fieldIgnoreEOS
+	fieldIncludeStopStr
 	fieldStream
 	fieldStop
+	fieldMinTokens
 	fieldStreamOptions
 	fieldOther = 0 // unknown keys may repeat (encoding/json ignores them)
 )
@@ -136,12 +139,20 @@ func scanField(s *scanner, r *apiRequest, key []byte, chat bool) (uint32, bool) 
 		v, ok := s.boolean()
 		r.IgnoreEOS = v
 		return fieldIgnoreEOS, ok
+	case "include_stop_str_in_output":
+		v, ok := s.boolean()
+		r.IncludeStopStr = v
+		return fieldIncludeStopStr, ok
 	case "stream":
 		v, ok := s.boolean()
 		r.Stream = v
 		return fieldStream, ok
 	case "stop":
 		return fieldStop, s.stop(r)
+	case "min_tokens":
+		v, ok := s.integer(math.MinInt64, math.MaxInt64)
+		r.MinTokens = int(v)
+		return fieldMinTokens, ok
 	case "stream_options":
 		return fieldStreamOptions, s.streamOptions(r)
 	case "kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room":
@@ -338,7 +349,7 @@ func (s *scanner) lit(word string) bool {
 func (s *scanner) prompt(r *apiRequest) bool {
 	if s.i < len(s.b) && s.b[s.i] == '"' {
 		v, ok := s.str()
-		r.promptText = string(v)
+		r.promptText, r.promptEmpty = string(v), len(v) == 0
 		return ok
 	}
 	if !s.eat('[') {
@@ -474,12 +485,13 @@ func (s *scanner) stop(r *apiRequest) bool {
 	return ok
 }
 
-// streamOptions reads stream_options: an object of its two booleans.
+// streamOptions reads stream_options: an object of its two booleans
+// (include_usage true unless given).
 func (s *scanner) streamOptions(r *apiRequest) bool {
 	if !s.eat('{') {
 		return false
 	}
-	so := new(streamOptions)
+	so := &streamOptions{IncludeUsage: true} // vLLM's default
 	r.StreamOptions = so
 	var seen uint8
 	s.ws()
@@ -491,6 +503,7 @@ func (s *scanner) streamOptions(r *apiRequest) bool {
 		if !ok {
 			return false
 		}
+		so.set = true
 		s.ws()
 		if !s.eat(':') {
 			return false

@@ -22,6 +22,9 @@ var scanSeeds = []string{
 	`{"messages":[{"role":"user","content":"hi"}],"max_tokens":2,"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":false}}`,
 	`{"messages":[{"role":"user","content":"hi"}],"stream_options":{}}`,
 	`{"messages":[{"role":"user","content":"hi"}],"stream_options":null}`,
+	`{"prompt":"x","stream":true,"stream_options":{"continuous_usage_stats":true}}`,
+	`{"prompt":"x","stream":true,"stream_options":{"include_usage":null}}`, `{"prompt":"x","stream_options":{"other":1}}`,
+	`{"prompt":"x","stop":"a","include_stop_str_in_output":true,"min_tokens":3}`, `{"prompt":"x","min_tokens":null}`, `{"prompt":"x","min_tokens":-2}`, `{"prompt":"x","include_stop_str_in_output":null}`,
 	`{"messages":[{"role":"user","content":[{"type":"text","text":"x"}]}],"max_tokens":1}`,
 	`{"messages":[{"role":"user"}]}`, `{"messages":[{"content":"x"}]}`, `{"messages":[{"role":"","content":"x"}]}`,
 	`{"messages":[{"role":"user","content":null}]}`, `{"messages":[]}`, `{"messages":null}`, `{"messages":{}}`,
@@ -116,7 +119,7 @@ func BenchmarkParseRequest(b *testing.B) {
 		for b.Loop() {
 			r, aerr := decodeRequest(body, true)
 			if aerr == nil {
-				aerr = r.checkOptions()
+				aerr = r.checkOptions(true)
 			}
 			if aerr != nil {
 				b.Fatal(aerr.msg)

@@ -38,7 +38,6 @@ type Server struct {
 	client   *http.Client // side-channel calls to prefill engines
 	mux      *http.ServeMux
 	start    time.Time
-	created  int64 // unix seconds, for response "created" fields
 
 	inMu  sync.Mutex // protects inbox, stopped, quiet and quietUntil
 	inbox []command
@@ -123,7 +122,6 @@ func New(cfg Config) (*Server, error) {
 		},
 		start: time.Now(), wake: make(chan struct{}, 1), done: make(chan struct{}), exited: make(chan struct{}),
 	}
-	s.created = s.start.Unix()
 	if codec == nil {
 		s.tokCache = tokenizer.NewBuiltinCache(tokenizer.CacheConfig{MaxTokens: cacheTokens})
 	}

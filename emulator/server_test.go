@@ -172,6 +172,13 @@ func TestRunAndCloseLifecycle(t *testing.T) {
 		if rec.code != http.StatusServiceUnavailable {
 			t.Errorf("request after Close: got %d, want 503", rec.code)
 		}
+		// GET /health: vLLM's bare 503 (Response(status_code=503)), no body.
+		rec = newRecorder()
+		req, _ = http.NewRequest(http.MethodGet, "/health", nil)
+		s.Handler().ServeHTTP(rec, req)
+		if rec.code != http.StatusServiceUnavailable || rec.body.Len() != 0 {
+			t.Errorf("health after Close: got %d %q, want 503 and no body", rec.code, rec.body.String())
+		}
 	})
 	t.Run("close while running", func(t *testing.T) {
 		s, err := New(Config{Model: "tiny", Engine: tinyEngine(t), Speed: 0.01}) // very slow: requests stay live

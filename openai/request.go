@@ -42,8 +42,10 @@ type RequestInfo struct {
 	TokenIDs []uint32
 	// Stream is the "stream" field (false when absent or null).
 	Stream bool
-	// MaxTokens is "max_completion_tokens" when present, else "max_tokens";
-	// 0 when both are absent or null.
+	// MaxTokens is, for chat, "max_completion_tokens" when present, else
+	// "max_tokens"; for completions "max_tokens" (the Completions API, and
+	// vLLM's CompletionRequest, have no max_completion_tokens: it is
+	// skipped like any unknown field). 0 when absent or null.
 	MaxTokens int
 	// User is the "user" field ("" when absent or null).
 	User string
@@ -240,6 +242,9 @@ func (p *parser) known(key []byte) error {
 		}
 	case "max_tokens", "max_completion_tokens":
 		name := string(key)
+		if name == "max_completion_tokens" && p.kind != KindChat {
+			return s.skip(0)
+		}
 		if s.lit("null") {
 			if name == "max_tokens" {
 				p.maxTok.hasTokens = false

@@ -41,6 +41,8 @@ func TestParseRequest(t *testing.T) {
 			RequestInfo{Model: "mé", Prompt: "a\"b\\c\né😀\uFFFDx"}},
 		{"whitespace and nulls", KindCompletion, " {\n\"model\" : \"m\" ,\"stream\":null, \"max_tokens\":null,\"user\":null, \"prompt\" : \"p\"}\n",
 			RequestInfo{Model: "m", Prompt: "p"}},
+		{"max_completion_tokens ignored by completions", KindCompletion, `{"max_completion_tokens":"x","model":"m","max_tokens":9,"prompt":"p"}`,
+			RequestInfo{Model: "m", MaxTokens: 9, Prompt: "p"}},
 		{"max_completion_tokens wins", KindChat, `{"max_completion_tokens":7,"model":"m","max_tokens":9,"messages":[{"role":"user","content":"hi"}]}`,
 			RequestInfo{Model: "m", MaxTokens: 7, Prompt: chat("user", "hi"), Messages: 1}},
 		{"last duplicate wins", KindCompletion, `{"model":"a","prompt":"x","model":"b","stream":true,"stream":false}`,
@@ -123,7 +125,7 @@ func TestParseRequestErrors(t *testing.T) {
 		{"max_tokens float", KindCompletion, `{"model":"m","max_tokens":1.5,"prompt":"p"}`, "max_tokens", "invalid_type", "must be an integer, got 1.5"},
 		{"max_tokens negative", KindCompletion, `{"model":"m","max_tokens":-1,"prompt":"p"}`, "max_tokens", "invalid_value", "non-negative"},
 		{"max_tokens huge", KindCompletion, `{"model":"m","max_tokens":99999999999999999999,"prompt":"p"}`, "max_tokens", "invalid_value", ""},
-		{"max_tokens string", KindCompletion, `{"model":"m","max_completion_tokens":"5","prompt":"p"}`, "max_completion_tokens", "invalid_type", ""},
+		{"max_completion_tokens string", KindChat, `{"model":"m","max_completion_tokens":"5","messages":[{"role":"user","content":"x"}]}`, "max_completion_tokens", "invalid_type", ""},
 		{"user wrong type", KindCompletion, `{"model":"m","user":{},"prompt":"p"}`, "user", "invalid_type", "got an object"},
 		{"missing messages", KindChat, `{"model":"m"}`, "messages", "missing_messages", ""},
 		{"empty messages", KindChat, `{"model":"m","messages":[]}`, "messages", "empty_messages", "must not be empty"},
@@ -210,6 +212,9 @@ func reference(kind Kind, body []byte) (RequestInfo, bool) {
 	}
 	mt, hasMT, ok1 := intField("max_tokens")
 	mc, hasMC, ok2 := intField("max_completion_tokens")
+	if kind != KindChat { // not a completions field: skipped
+		hasMC, ok2 = false, true
+	}
 	if !ok1 || !ok2 {
 		return RequestInfo{}, false
 	}

@@ -31,9 +31,11 @@ behind vLLM's HTTP API. No GPU is used: each modelled step is slept for its
 modelled duration divided by --speed.
 
 Endpoints: POST /v1/completions and /v1/chat/completions (streaming or not, in
-vLLM's exact JSON and SSE shapes; max_tokens, max_completion_tokens, stop,
-ignore_eos, seed, stream_options.include_usage and continuous_usage_stats; n
-must be 1; the endpoint-load-metrics header on request), GET /metrics
+vLLM's exact JSON and SSE shapes; max_tokens (16 by default on completions),
+max_completion_tokens (chat), stop, include_stop_str_in_output, ignore_eos,
+seed, stream_options.include_usage and continuous_usage_stats; n must be 1;
+logprobs and echo are ignored; errors in vLLM's body with its status, type and
+param; the endpoint-load-metrics header on request), GET /metrics
 (--metrics-flavor), GET /health, GET /v1/models, GET /version, POST /tokenize,
 POST /reset_prefix_cache, and the P/D side channel POST /internal/kv/pull.
 Prompts are tokenized with the built-in deterministic tokenizer (chat messages
@@ -97,7 +99,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		loadFailure = fs.String("pd-load-failure", emulator.LoadFailureRecompute, "decode side, lease missing or expired: recompute (warn, prefill locally) or fail (500)")
 		sideListen  = fs.String("side-channel-listen", "", "also serve the P/D side channel on this `address` (like VLLM_NIXL_SIDE_CHANNEL_PORT or SGLang's bootstrap port); it is then the advertised one")
 		advertise   = fs.String("advertise", "", "side-channel `host:port` put in kv_transfer_params (default: --side-channel-listen, else --listen)")
-		defMaxTok   = fs.Int("default-max-tokens", 1024, "output limit of requests without max_tokens")
+		defMaxTok   = fs.Int("default-max-tokens", 1024, "output limit of chat requests without max_tokens (completions get vLLM's 16)")
 		eosMean     = fs.Float64("eos-mean", 0, "mean output length before the model emits EOS (0 = never; requests end at max_tokens)")
 		streamIntvl = fs.Int("stream-interval", 1, "vLLM's --stream-interval: a streamed response sends the first token, then a chunk every N tokens")
 		hf          hfModel
