@@ -167,6 +167,11 @@ type Result struct {
 	// Delayed counts requests sent later than scheduled because
 	// MaxInFlight requests were already in flight.
 	Delayed int
+	// ErrorExamples holds, per error kind (report.Sample.Err), what the
+	// first request that failed with it got: the server's error body (an
+	// HTTP error or an error event in the stream) or the transport error,
+	// cut to a few hundred bytes. Nil when no request failed.
+	ErrorExamples map[string]string
 }
 
 // Summary returns the run's report row (see report.Summarize).
@@ -248,6 +253,7 @@ schedule:
 	wg.Wait()
 	res.Elapsed = time.Since(res.Start)
 	res.Samples = r.coll.Samples()
+	res.ErrorExamples = r.examples
 	c.Logger.Info("bench done", "issued", issued, "elapsed", res.Elapsed, "delayed", res.Delayed)
 	return res, nil
 }
@@ -258,6 +264,29 @@ type runner struct {
 	url    string
 	coll   *report.Collector
 	runID  string
+
+	mu       sync.Mutex        // protects examples
+	examples map[string]string // error kind -> the first such failure's message
+}
+
+// maxExample bounds an error example's length in bytes.
+const maxExample = 300
+
+// example records msg as the example of error kind, unless it has one.
+func (r *runner) example(kind, msg string) {
+	msg = strings.Join(strings.Fields(msg), " ")
+	if len(msg) > maxExample {
+		msg = strings.ToValidUTF8(msg[:maxExample], "") + "..."
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.examples[kind]; ok {
+		return
+	}
+	if r.examples == nil {
+		r.examples = map[string]string{}
+	}
+	r.examples[kind] = msg
 }
 
 // body builds the JSON request body.
@@ -317,22 +346,64 @@ func (r *runner) do(ctx context.Context, req *workload.Request, sentAt time.Dura
 	if err != nil {
 		s.E2E = time.Since(t0)
 		s.Err = classify(ctx, err)
+		r.example(s.Err, err.Error())
 		return s
 	}
 	defer resp.Body.Close()
 	s.Engine = resp.Header.Get("X-Kvroute-Endpoint")
 	if resp.StatusCode != http.StatusOK {
+		head := make([]byte, 4*maxExample)
+		n, _ := io.ReadFull(resp.Body, head)
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
 		s.E2E = time.Since(t0)
 		if resp.StatusCode == http.StatusTooManyRequests {
 			s.Rejected = true
 		} else {
 			s.Err = "http_" + strconv.Itoa(resp.StatusCode)
+			r.example(s.Err, errorMessage(head[:n]))
 		}
+		return s
+	}
+	if ct := resp.Header.Get("Content-Type"); strings.HasPrefix(ct, "application/json") {
+		// A whole response, not a stream: the server ignored "stream":
+		// true, so there is no first token to time.
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 1<<20))
+		s.E2E = time.Since(t0)
+		s.Err = ErrBadReply
+		r.example(s.Err, "the server answered "+ct+", not a text/event-stream: it does not stream (\"stream\": true)")
 		return s
 	}
 	r.readStream(ctx, resp.Body, t0, &s)
 	return s
+}
+
+// errorMessage returns an error body's message: the OpenAI-style
+// {"error": {"message": ...}} (or a top-level "message" or "detail", as
+// some servers send), else the body itself.
+func errorMessage(body []byte) string {
+	var e struct {
+		Error   json.RawMessage `json:"error"`
+		Message string          `json:"message"`
+		Detail  any             `json:"detail"`
+	}
+	if json.Unmarshal(body, &e) == nil {
+		var env errorEnvelope
+		var str string
+		switch {
+		case json.Unmarshal(e.Error, &env) == nil && env.Message != "":
+			return env.Message
+		case json.Unmarshal(e.Error, &str) == nil && str != "":
+			return str
+		case e.Message != "":
+			return e.Message
+		case e.Detail != nil:
+			return fmt.Sprint(e.Detail)
+		}
+	}
+	if len(bytes.TrimSpace(body)) == 0 {
+		return "(empty body)"
+	}
+	return string(body)
 }
 
 // chunk is the union of the chat and completion chunk fields bench reads.
@@ -342,11 +413,14 @@ type chunk struct {
 		Delta struct {
 			Content          string `json:"content"`
 			ReasoningContent string `json:"reasoning_content"`
+			Reasoning        string `json:"reasoning"` // vLLM's newer name, OpenRouter's
 		} `json:"delta"`
 		FinishReason *string `json:"finish_reason"`
 	} `json:"choices"`
-	Usage *openai.Usage  `json:"usage"`
-	Error *errorEnvelope `json:"error"`
+	Usage *openai.Usage `json:"usage"`
+	// Error is an error event's: an object with a message (OpenAI, vLLM)
+	// or a string (TGI).
+	Error json.RawMessage `json:"error"`
 }
 
 type errorEnvelope struct {
@@ -368,10 +442,13 @@ func (r *runner) readStream(ctx context.Context, body io.Reader, t0 time.Time, s
 			case errors.Is(err, io.EOF) && done:
 			case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
 				s.Err = ErrMidstream
+				r.example(s.Err, "the stream ended before data: [DONE]")
 			case ctx.Err() != nil:
 				s.Err = classify(ctx, err)
+				r.example(s.Err, err.Error())
 			default:
 				s.Err = ErrMidstream
+				r.example(s.Err, err.Error())
 			}
 			break
 		}
@@ -385,11 +462,13 @@ func (r *runner) readStream(ctx context.Context, body io.Reader, t0 time.Time, s
 		if err := json.Unmarshal(ev.Data, &c); err != nil {
 			s.E2E = time.Since(t0)
 			s.Err = ErrBadReply
+			r.example(s.Err, fmt.Sprintf("%v: data: %s", err, ev.Data))
 			break
 		}
-		if c.Error != nil {
+		if len(c.Error) > 0 && string(c.Error) != "null" {
 			s.E2E = time.Since(t0)
 			s.Err = ErrMidstream
+			r.example(s.Err, "error event: "+errorMessage(ev.Data))
 			break
 		}
 		if c.Usage != nil {
@@ -397,7 +476,7 @@ func (r *runner) readStream(ctx context.Context, body io.Reader, t0 time.Time, s
 		}
 		got := false
 		for _, ch := range c.Choices {
-			if ch.Text != "" || ch.Delta.Content != "" || ch.Delta.ReasoningContent != "" {
+			if ch.Text != "" || ch.Delta.Content != "" || ch.Delta.ReasoningContent != "" || ch.Delta.Reasoning != "" {
 				got = true
 			}
 		}

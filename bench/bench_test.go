@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -208,6 +209,57 @@ func TestErrorsPerRequest(t *testing.T) {
 	row := res.Summary(report.SummaryOptions{Name: "x", OracleHitRate: -1})
 	if row.Completed != 1 || row.Rejected != 1 || row.ErrorCount() != 4 {
 		t.Errorf("row: completed %d rejected %d errors %v; want 1, 1, 4", row.Completed, row.Rejected, row.Errors)
+	}
+	// What the server said comes with the counts: the message of the
+	// error body or event, not just its kind.
+	if got := res.ErrorExamples["http_500"]; got != "boom" {
+		t.Errorf("ErrorExamples[http_500] = %q, want %q", got, "boom")
+	}
+	// (Alone: "cut" is a midstream error too, and the first one is kept.)
+	mres, err := Run(context.Background(), Config{URL: srv.URL, Model: "m", Timeout: time.Minute}, reqs("midstream"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, want := mres.ErrorExamples[ErrMidstream], "error event: engine died"; got != want {
+		t.Errorf("ErrorExamples[%s] = %q, want %q", ErrMidstream, got, want)
+	}
+	if got := hres.ErrorExamples[ErrTimeout]; got == "" {
+		t.Errorf("ErrorExamples[%s] is empty, want the transport error", ErrTimeout)
+	}
+}
+
+// TestNotStreamed: a server that answers a whole JSON response instead of a
+// stream is a bad response that says so, not a "midstream" failure.
+func TestNotStreamed(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		io.WriteString(w, `{"id":"x","object":"chat.completion","choices":[{"index":0,"message":{"role":"assistant","content":"hi"},"finish_reason":"stop"}],"usage":{"prompt_tokens":3,"completion_tokens":1,"total_tokens":4}}`)
+	}))
+	defer srv.Close()
+	res, err := Run(context.Background(), Config{URL: srv.URL, Model: "m"}, reqs("a"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := res.Samples[0].Err; got != ErrBadReply {
+		t.Errorf("error kind %q, want %q", got, ErrBadReply)
+	}
+	if got := res.ErrorExamples[ErrBadReply]; !strings.Contains(got, "not a text/event-stream") {
+		t.Errorf("example %q, want it to say the reply is not a stream", got)
+	}
+}
+
+func TestErrorMessage(t *testing.T) {
+	for _, tc := range []struct{ body, want string }{
+		{`{"error":{"message":"The model ` + "`x`" + ` does not exist.","type":"NotFoundError","code":404}}`, "The model `x` does not exist."},
+		{`{"error":"model not loaded"}`, "model not loaded"},
+		{`{"detail":"Not Found"}`, "Not Found"},
+		{`{"object":"error","message":"too long"}`, "too long"},
+		{"upstream connect error", "upstream connect error"},
+		{"", "(empty body)"},
+	} {
+		if got := errorMessage([]byte(tc.body)); got != tc.want {
+			t.Errorf("errorMessage(%q) = %q, want %q", tc.body, got, tc.want)
+		}
 	}
 }
 

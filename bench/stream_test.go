@@ -25,6 +25,9 @@ func TestReadStream(t *testing.T) {
 		{"truncated", "data: {\"choices\":[{\"text\":\"a\"}]}\n\n", ErrMidstream, 1, -1},
 		{"error event", "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"error\":{\"message\":\"x\"}}\n\ndata: [DONE]\n\n", ErrMidstream, 1, -1},
 		{"not json", "data: hello\n\n", ErrBadReply, 0, -1},
+		{"string error event", "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"error\":\"Input validation error\",\"error_type\":\"validation\"}\n\n", ErrMidstream, 1, -1},
+		{"null error", "data: {\"choices\":[{\"text\":\"a\"}],\"error\":null}\n\ndata: [DONE]\n\n", "", 1, -1},
+		{"reasoning", "data: {\"choices\":[{\"delta\":{\"reasoning\":\"hm\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n", "", 2, -1},
 		{"empty", "", ErrMidstream, 0, -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

@@ -409,3 +409,33 @@ func FuzzSummary(f *testing.F) {
 		}
 	})
 }
+
+// TestVerificationTableColumns: the verification table has a column for the
+// TTFT SLO's quantile only when it is not p90 or p99, which have theirs
+// (it printed "ttft p99" twice for a p99 SLO).
+func TestVerificationTableColumns(t *testing.T) {
+	ms := time.Millisecond
+	for _, tc := range []struct {
+		q    float64
+		want string
+	}{
+		{0.99, "fleet ttft p90 ttft p99 req/s hit% meets"},
+		{0.9, "fleet ttft p90 ttft p99 req/s hit% meets"},
+		{0.95, "fleet ttft p90 ttft p99 ttft p95 req/s hit% meets"},
+	} {
+		r := &Result{Name: "baseline", SLO: SLO{TTFT: Target{Quantile: tc.q, Limit: time.Second}},
+			Verify: &Verification{Requests: 10, Seed: 3, Aggregated: &Check{Fleet: "2", Engines: 2,
+				TTFT:          Latency{P90: 90 * ms, P99: 99 * ms, AtSLO: 95 * ms},
+				PredictedTTFT: Latency{P90: 90 * ms, P99: 99 * ms, AtSLO: 95 * ms}, ThroughputRPS: 1, PredictedThroughputRPS: 1, Meets: true}}}
+		var b strings.Builder
+		r.writeVerification(&b)
+		out := b.String()
+		i := strings.Index(out, "verification:")
+		if i < 0 {
+			t.Fatalf("p%g: no verification table:\n%s", 100*tc.q, out)
+		}
+		if head := strings.Join(strings.Fields(strings.SplitN(out[i:], "\n", 3)[1]), " "); head != tc.want {
+			t.Errorf("p%g: header %q, want %q", 100*tc.q, head, tc.want)
+		}
+	}
+}

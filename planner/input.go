@@ -6,6 +6,7 @@ import (
 	"math"
 	"runtime"
 	"slices"
+	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/disagg"
@@ -219,7 +220,7 @@ func (in *Input) Validate() error {
 		return bad("P/D mode %q must be conditional or always", in.PDMode)
 	}
 	if !slices.Contains(policy.Names(), in.Policy) {
-		return bad("unknown policy %q (known: %v)", in.Policy, policy.Names())
+		return bad("unknown policy %q (known: %s)", in.Policy, strings.Join(policy.Names(), ", "))
 	}
 	return nil
 }

@@ -56,8 +56,17 @@ func (r *Result) writeText(b *strings.Builder, md bool) {
 	for _, x := range []Bound{bd.Compute, bd.Memory, bd.Bandwidth} {
 		fmt.Fprintf(b, "  %-9s >= %5.2f engines -> %d\n      %s\n", x.Name, x.Engines, x.Need, x.Explain)
 	}
-	fmt.Fprintf(b, "  latency floors on an idle engine, every shared prefix cached: TTFT at the SLO quantile %s, TPOT %s (one sequence at that context)\n",
-		fmtDur(bd.TTFTFloor), fmtDur(bd.TPOTFloor))
+	// A floor is computed only for a target the SLO sets: no "TPOT 0".
+	var floors []string
+	if r.SLO.TTFT.Set() {
+		floors = append(floors, "TTFT at the SLO quantile "+fmtDur(bd.TTFTFloor))
+	}
+	if r.SLO.TPOT.Set() {
+		floors = append(floors, "TPOT "+fmtDur(bd.TPOTFloor)+" (one sequence at that context)")
+	}
+	if len(floors) > 0 {
+		fmt.Fprintf(b, "  latency floors on an idle engine, every shared prefix cached: %s\n", strings.Join(floors, ", "))
+	}
 	fmt.Fprintf(b, "  aggregated search starts at max(compute, memory) = %d engines\n", bd.Aggregated)
 
 	fmt.Fprintf(b, "\nsimulated: %s\n", r.Simulated)
@@ -156,32 +165,50 @@ func (r *Result) writeText(b *strings.Builder, md bool) {
 			notes = append(notes, f.Mode+" ("+f.Method+"): "+n)
 		}
 	}
-	if v := r.Verify; v != nil {
-		fmt.Fprintf(b, "\nverification: the whole workload (%d requests) on each planned fleet with seed %d, which the plan did not use:\n", v.Requests, v.Seed)
-		tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
-		fmt.Fprintln(tw, "fleet\t\tttft p90\tttft p99\tttft p"+qName(atQ(r.SLO.TTFT))+"\treq/s\thit%\tmeets\t")
-		for _, x := range []struct {
-			name string
-			c    *Check
-		}{{"aggregated", v.Aggregated}, {"disaggregated", v.Disaggregated}} {
-			c := x.c
-			if c == nil {
-				continue
-			}
-			fmt.Fprintf(tw, "%s %s\tpredicted\t%s\t%s\t%s\t%.3f\t\t\t\n", x.name, c.Fleet, fmtLat(c.PredictedTTFT.P90), fmtLat(c.PredictedTTFT.P99),
-				fmtLat(atOr99(c.PredictedTTFT, r.SLO.TTFT)), c.PredictedThroughputRPS)
-			fmt.Fprintf(tw, "\tsimulated\t%s\t%s\t%s\t%.3f\t%.1f\t%s\t\n", fmtLat(c.TTFT.P90), fmtLat(c.TTFT.P99),
-				fmtLat(atOr99(c.TTFT, r.SLO.TTFT)), c.ThroughputRPS, 100*c.HitRate, yes(c.Meets))
-			fmt.Fprintf(tw, "\tdifference\t%s\t%s\t%s\t%s\t\t\t\n", pct(c.TTFTP90Error), pct(c.TTFTP99Error), pct(c.TTFTError), pct(c.ThroughputError))
-		}
-		tw.Flush()
-	}
+	r.writeVerification(b)
 	if len(notes) > 0 {
 		fmt.Fprintf(b, "\nnotes:\n")
 		for _, n := range notes {
 			fmt.Fprintf(b, "  - %s\n", n)
 		}
 	}
+}
+
+// writeVerification prints the verification table (Result.Verify), if any.
+func (r *Result) writeVerification(b *strings.Builder) {
+	v := r.Verify
+	if v == nil {
+		return
+	}
+	fmt.Fprintf(b, "\nverification: the whole workload (%d requests) on each planned fleet with seed %d, which the plan did not use:\n", v.Requests, v.Seed)
+	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', tabwriter.AlignRight)
+	// The SLO's own quantile gets a column unless it is p90 or p99,
+	// which have theirs.
+	q := qName(atQ(r.SLO.TTFT))
+	atSLO := func(s string) string { return s + "\t" }
+	if q == "90" || q == "99" {
+		q, atSLO = "", func(string) string { return "" }
+	}
+	head := "fleet\t\tttft p90\tttft p99\t"
+	if q != "" {
+		head += "ttft p" + q + "\t"
+	}
+	fmt.Fprintln(tw, head+"req/s\thit%\tmeets\t")
+	for _, x := range []struct {
+		name string
+		c    *Check
+	}{{"aggregated", v.Aggregated}, {"disaggregated", v.Disaggregated}} {
+		c := x.c
+		if c == nil {
+			continue
+		}
+		fmt.Fprintf(tw, "%s %s\tpredicted\t%s\t%s\t%s%.3f\t\t\t\n", x.name, c.Fleet, fmtLat(c.PredictedTTFT.P90), fmtLat(c.PredictedTTFT.P99),
+			atSLO(fmtLat(atOr99(c.PredictedTTFT, r.SLO.TTFT))), c.PredictedThroughputRPS)
+		fmt.Fprintf(tw, "\tsimulated\t%s\t%s\t%s%.3f\t%.1f\t%s\t\n", fmtLat(c.TTFT.P90), fmtLat(c.TTFT.P99),
+			atSLO(fmtLat(atOr99(c.TTFT, r.SLO.TTFT))), c.ThroughputRPS, 100*c.HitRate, yes(c.Meets))
+		fmt.Fprintf(tw, "\tdifference\t%s\t%s\t%s%s\t\t\t\n", pct(c.TTFTP90Error), pct(c.TTFTP99Error), atSLO(pct(c.TTFTError)), pct(c.ThroughputError))
+	}
+	tw.Flush()
 }
 
 // candTable prints simulation runs; pd adds the pools' columns.

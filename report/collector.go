@@ -80,7 +80,8 @@ type SummaryOptions struct {
 	// Name and Load label the row.
 	Name string
 	Load float64
-	// SLO defines goodput; zero limits are no limit.
+	// SLO defines goodput; zero (or negative) limits are no limit, as
+	// SLO.String renders them.
 	SLO SLO
 	// Duration overrides the measured span (first arrival to last
 	// completion) used for rates; 0 = measured.
@@ -153,7 +154,7 @@ func Summarize(samples []Sample, o SummaryOptions) Row {
 			tpot = append(tpot, tp)
 		}
 		itl = append(itl, s.ITL...)
-		if (o.SLO.TTFT == 0 || s.TTFT <= o.SLO.TTFT) && (o.SLO.TPOT == 0 || tp <= o.SLO.TPOT) {
+		if (o.SLO.TTFT <= 0 || s.TTFT <= o.SLO.TTFT) && (o.SLO.TPOT <= 0 || tp <= o.SLO.TPOT) {
 			good++
 		}
 	}

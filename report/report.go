@@ -6,7 +6,8 @@ import (
 	"time"
 )
 
-// SLO is a service-level objective for goodput. A zero limit is no limit.
+// SLO is a service-level objective for goodput. A zero (or negative) limit is
+// no limit.
 type SLO struct {
 	// TTFT is the time-to-first-token limit.
 	TTFT time.Duration `json:"ttft_ns"`

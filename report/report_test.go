@@ -162,6 +162,17 @@ func TestSummarize(t *testing.T) {
 	}
 }
 
+// TestSummarizeNegativeSLOIsNone: a negative limit is no limit, as
+// SLO.String renders it ("none"), not a limit every request misses.
+func TestSummarizeNegativeSLOIsNone(t *testing.T) {
+	samples := []Sample{{TTFT: time.Millisecond, E2E: 10 * time.Millisecond, OutputTokens: 5}}
+	slo := SLO{TTFT: -time.Second, TPOT: -time.Second}
+	row := Summarize(samples, SummaryOptions{SLO: slo, OracleHitRate: -1})
+	if slo.String() != "none" || row.GoodputFrac != 1 {
+		t.Errorf("SLO %q: goodput fraction %v, want none and 1", slo, row.GoodputFrac)
+	}
+}
+
 func TestCollectorConcurrent(t *testing.T) {
 	c := NewCollector()
 	done := make(chan struct{})

@@ -107,20 +107,36 @@ func (f Fleet) Validate() error {
 			return fmt.Errorf("fleet: group %d (%s): %w", i, g.name(), err)
 		}
 	}
+	if f.prefillOnly() {
+		return errors.New("fleet: every engine is a prefill engine: a disaggregated fleet needs decode (or both) engines to generate the output")
+	}
 	if n := f.Size(); n > maxEngines {
 		return fmt.Errorf("fleet: %d engines is more than the limit of %d", n, maxEngines)
 	}
 	return nil
 }
 
+// prefillOnly reports whether every engine has the prefill role: no engine
+// could run a request's decode, so every request would fail.
+func (f Fleet) prefillOnly() bool {
+	for _, g := range f {
+		if r, _ := kvroute.ParseRole(g.Role); r != kvroute.RolePrefill {
+			return false
+		}
+	}
+	return len(f) > 0
+}
+
 // maxEngines bounds a fleet so that a typo (--engines 80000) fails fast.
 const maxEngines = 4096
 
 // ParseFleet reads the --engines flag: either a count ("8", every engine with
-// defaultProfile) or a comma-separated list of groups COUNTxPROFILE or PROFILE
-// (one engine), e.g. "4xllama-3.1-8b-h100,4xqwen2.5-7b-h100". A group may
-// end in /ROLE (prefill, decode or both), e.g.
-// "4xllama-3.1-8b-h100/prefill,4xllama-3.1-8b-h100/decode" (see PDConfig).
+// defaultProfile) or a comma-separated list of groups COUNTxPROFILE, PROFILE
+// (one engine) or COUNT (engines with defaultProfile), e.g.
+// "4xllama-3.1-8b-h100,4xqwen2.5-7b-h100". A group may end in /ROLE
+// (prefill, decode or both), e.g.
+// "4xllama-3.1-8b-h100/prefill,4xllama-3.1-8b-h100/decode" or, with
+// defaultProfile, "4/prefill,4/decode" (see PDConfig).
 func ParseFleet(spec, defaultProfile string) (Fleet, error) {
 	spec = strings.TrimSpace(spec)
 	if spec == "" {
@@ -147,7 +163,13 @@ func ParseFleet(spec, defaultProfile string) (Fleet, error) {
 			part, role = strings.TrimSpace(part[:i]), strings.TrimSpace(part[i+1:])
 		}
 		g := Group{Count: 1, Profile: part, Role: role}
-		if i := strings.IndexByte(part, 'x'); i > 0 {
+		if n, err := strconv.Atoi(part); err == nil {
+			// A bare count: that many engines of the default profile.
+			if defaultProfile == "" {
+				return nil, fmt.Errorf("parse fleet %q: group %q: an engine count needs a profile", spec, part)
+			}
+			g = Group{Count: n, Profile: defaultProfile, Role: role}
+		} else if i := strings.IndexByte(part, 'x'); i > 0 {
 			if n, err := strconv.Atoi(part[:i]); err == nil {
 				g = Group{Count: n, Profile: strings.TrimSpace(part[i+1:]), Role: role}
 			}

@@ -23,6 +23,11 @@ func TestParseFleet(t *testing.T) {
 		{spec: "3x", err: "profile is empty"},
 		{spec: "99999", def: "tiny", err: "limit"},
 		{spec: ",", err: "no engines"},
+		{spec: "2/prefill,3/decode", def: "tiny", want: Fleet{{Count: 2, Profile: "tiny", Role: "prefill"}, {Count: 3, Profile: "tiny", Role: "decode"}}},
+		{spec: "2,1xqwen2.5-7b-h100", def: "tiny", want: Fleet{{Count: 2, Profile: "tiny"}, {Count: 1, Profile: "qwen2.5-7b-h100"}}},
+		{spec: "2/prefill,2/decode", err: "needs a profile"},
+		{spec: "2xtiny/prefill", err: "every engine is a prefill engine"},
+		{spec: "1xtiny/prefill,1xtiny/prefill", err: "every engine is a prefill engine"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.spec, func(t *testing.T) {

@@ -135,6 +135,12 @@ func ParseTraceLine(line []byte, index int, opts ReadOptions) (Request, error) {
 	if r.PromptLen < 0 || r.OutputLen < 0 {
 		return Request{}, fmt.Errorf("negative length (input_length %d, output_length %d)", r.PromptLen, r.OutputLen)
 	}
+	if r.OutputLen == 0 {
+		// Every request generates at least its first token; max_tokens 0
+		// would mean "up to the model's length" to the engine model and to
+		// vLLM-compatible servers.
+		return Request{}, errors.New("output_length 0: a request generates at least one token")
+	}
 	if r.PromptLen > 1<<30 || r.OutputLen > 1<<30 {
 		return Request{}, fmt.Errorf("length too large (input_length %d, output_length %d)", r.PromptLen, r.OutputLen)
 	}

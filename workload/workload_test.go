@@ -80,6 +80,8 @@ func TestTraceParseErrors(t *testing.T) {
 		{"segments mismatch", `{"timestamp": 0, "input_length": 10, "output_length": 1, "hash_ids": [1], "segments": [[1, 5]]}`, "segments cover 5"},
 		{"tokens mismatch", `{"timestamp": 0, "input_length": 3, "output_length": 1, "hash_ids": [1], "tokens": [1]}`, "tokens has 1"},
 		{"trailing", `{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1]} {}`, "trailing"},
+		{"no output", `{"timestamp": 0, "input_length": 1, "output_length": 0, "hash_ids": [1]}`, "output_length 0"},
+		{"output missing", `{"timestamp": 0, "input_length": 1, "hash_ids": [1]}`, "output_length 0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ReadTrace(strings.NewReader("\n"+tc.line+"\n"), ReadOptions{})

@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -52,8 +53,12 @@ completions --prompt tokens sends token ids instead.
 
 Failures (refused connections, unknown hosts, HTTP errors, timeouts, errors
 in the middle of a stream) are counted per request by kind and never stop the
-run; 429 responses count as rejections. Exit status: 0 when the run finished
-(whatever the errors), 1 on a bad configuration or an unwritable --out.`
+run; the first failure of each kind is printed with what the server said.
+429 responses count as rejections. Ctrl-C stops sending and reports the
+requests sent so far. Exit status: 0 when the run finished or was
+interrupted (whatever the errors), 2 on a bad flag, 1 on another bad
+configuration (an unreadable trace or --merge file) or an unwritable --out
+(checked before the run).`
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	desc := fmt.Sprintf(benchDescription, strings.Join(workload.GeneratorNames(), ", "))
@@ -118,6 +123,16 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usageErr("--rate-scale %g must be positive", rateScale)
 	case rate < 0:
 		return usageErr("--rate %g must be positive", rate)
+	case sloTTFT < 0 || sloTPOT < 0:
+		return usageErr("--slo-ttft %v and --slo-tpot %v must not be negative (0 = none)", sloTTFT, sloTPOT)
+	case duration < 0:
+		return usageErr("--duration %v must not be negative (0 = all)", duration)
+	case maxRequests < 0:
+		return usageErr("--max-requests %d must not be negative (0 = no limit)", maxRequests)
+	case maxInFlight < 1:
+		return usageErr("--max-in-flight %d must be at least 1", maxInFlight)
+	case timeout <= 0:
+		return usageErr("--timeout %v must be positive", timeout)
 	}
 	hdr := http.Header{}
 	if key := os.Getenv("OPENAI_API_KEY"); key != "" {
@@ -152,7 +167,10 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if w, err = workload.ReadTraceFile(trace); err != nil {
 			return err
 		}
-		if rate > 0 && w.Span() > 0 && len(w.Requests) > 1 {
+		if rate > 0 {
+			if w.Span() <= 0 || len(w.Requests) < 2 {
+				return usageErr("--rate %g: the trace's requests all arrive at the same instant, so it has no rate to rescale", rate)
+			}
 			if err := w.ScaleRate(rate / (float64(len(w.Requests)-1) / w.Span().Seconds())); err != nil {
 				return err
 			}
@@ -187,7 +205,22 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err != nil {
 			return fmt.Errorf("bench: --merge %s: %w", f, err)
 		}
+		if len(r.Rows) == 0 {
+			return usageErr("--merge %s: the report has no rows (not a kvroute report.json?)", f)
+		}
+		// The table shows the first report's SLO over every row: goodput
+		// computed under another SLO would not compare.
+		if r.SLO != (report.SLO{TTFT: sloTTFT, TPOT: sloTPOT}) {
+			return usageErr("--merge %s: its goodput SLO is %s, this run's %s; give the same --slo-ttft and --slo-tpot",
+				f, r.SLO, report.SLO{TTFT: sloTTFT, TPOT: sloTPOT})
+		}
 		merged = append(merged, r)
+	}
+	if out != "" {
+		// Before the run, not after it: an unwritable --out would lose it.
+		if err := os.MkdirAll(out, 0o755); err != nil {
+			return fmt.Errorf("bench: --out: %w", err)
+		}
 	}
 
 	slo := report.SLO{TTFT: sloTTFT, TPOT: sloTPOT}
@@ -220,6 +253,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		progOut = io.Discard
 	}
 	samples := map[float64][]report.Sample{}
+	examples := map[string]string{} // error kind -> the first failure's message, over every run
 	for k, scale := range scales {
 		if ctx.Err() != nil {
 			break
@@ -231,11 +265,6 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		run.Limit(duration, maxRequests)
 		if len(run.Requests) == 0 {
 			return fmt.Errorf("bench: the workload has no requests")
-		}
-		oracle := workload.NewOracle(16)
-		var scratch []uint64
-		for i := range run.Requests {
-			scratch = oracle.Observe(&run.Requests[i], scratch)
 		}
 		label := "bench"
 		load := 0.0
@@ -250,6 +279,18 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return err
 		}
 		samples[scale] = res.Samples
+		for kind, msg := range res.ErrorExamples {
+			if _, ok := examples[kind]; !ok {
+				examples[kind] = msg
+			}
+		}
+		// The oracle bound of the requests sent: Run issues them in order,
+		// one sample each, so an interrupted run sent the first ones.
+		oracle := workload.NewOracle(16)
+		var scratch []uint64
+		for i := range run.Requests[:min(len(res.Samples), len(run.Requests))] {
+			scratch = oracle.Observe(&run.Requests[i], scratch)
+		}
 		rep.Rows = append(rep.Rows, res.Summary(report.SummaryOptions{Name: name, Load: load, SLO: slo, OracleHitRate: oracle.HitRate()}))
 		if k == len(scales)-1 {
 			if occ := report.Occupancy(res.Samples, 200); len(occ) > 0 {
@@ -272,6 +313,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	}
 	if err := rep.WriteTable(stdout); err != nil {
 		return err
+	}
+	if len(examples) > 0 && !quiet {
+		fmt.Fprintln(stderr, "first failure of each kind:")
+		for _, kind := range slices.Sorted(maps.Keys(examples)) {
+			fmt.Fprintf(stderr, "  %s: %s\n", kind, examples[kind])
+		}
 	}
 	if out != "" {
 		if _, err := rep.WriteDir(out); err != nil {

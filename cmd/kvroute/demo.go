@@ -36,14 +36,26 @@ everything.
 Workloads: %s. Policies: %s. Profiles: %s.`
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
+	cfg, noBrowser, err := parseDemoFlags(args, stderr)
+	if err != nil {
+		return err
+	}
+	cfg.Stdout = stdout
+	if !noBrowser {
+		cfg.OnReady = func(url string) { openBrowser(ctx, url) }
+	}
+	_, err = demo.Run(ctx, cfg)
+	return err
+}
+
+// parseDemoFlags builds the demo's configuration from its flags.
+func parseDemoFlags(args []string, stderr io.Writer) (cfg demo.Config, noBrowser bool, err error) {
 	fs := newFlagSet("demo", "[flags]", fmt.Sprintf(demoDescription, strings.Join(demo.WorkloadNames(), ", "),
 		strings.Join(policy.Names(), ", "), strings.Join(engine.ProfileNames(), ", ")), stderr)
 	var (
-		cfg       demo.Config
-		compare   string
-		noBrowser bool
-		quick     bool
-		verbose   bool
+		compare string
+		quick   bool
+		verbose bool
 	)
 	fs.IntVar(&cfg.Engines, "engines", demo.DefaultEngines, "number of emulated engines")
 	fs.StringVar(&cfg.Workload, "workload", demo.WorkloadMixed, "workload: mixed or a generator `name`")
@@ -60,10 +72,24 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "workload seed")
 	fs.BoolVar(&cfg.Linger, "keep", false, "keep the dashboard up after the run until Ctrl-C")
 	fs.BoolVar(&noBrowser, "no-browser", false, "do not open the dashboard in a browser")
-	fs.BoolVar(&quick, "quick", false, "a short run (10s, 2 engines) for a smoke test")
+	fs.BoolVar(&quick, "quick", false, "a short run (10s, 2 engines, unless --duration or --engines says otherwise) for a smoke test")
 	fs.BoolVar(&verbose, "v", false, "log the components' warnings to stderr")
 	if err := parseFlags(fs, args); err != nil {
-		return err
+		return cfg, false, err
+	}
+	// demo.Config reads zero as "the default": a zero given on the command
+	// line is a mistake, not a request for the default.
+	for _, f := range []struct {
+		name string
+		bad  bool
+	}{
+		{"engines", cfg.Engines < 1}, {"blocks", cfg.Blocks < 1}, {"speed", !(cfg.Speed > 0)},
+		{"rate", !(cfg.Rate > 0)}, {"duration", cfg.Duration <= 0},
+	} {
+		if f.bad {
+			fmt.Fprintf(stderr, "kvroute demo: --%s %s must be positive\n", f.name, fs.Lookup(f.name).Value)
+			return cfg, false, errUsage
+		}
 	}
 	switch strings.TrimSpace(compare) {
 	case "", "none":
@@ -74,7 +100,12 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 		cfg.Compare = l
 	}
 	if quick {
-		cfg.Duration, cfg.Engines = 10*time.Second, 2
+		if !flagSet(fs, "duration") {
+			cfg.Duration = 10 * time.Second
+		}
+		if !flagSet(fs, "engines") {
+			cfg.Engines = 2
+		}
 	}
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"
@@ -83,15 +114,10 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 			cfg.Listen = "127.0.0.1:8080"
 		}
 	}
-	cfg.Stdout = stdout
 	if verbose {
 		cfg.Logger = slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: slog.LevelWarn}))
 	}
-	if !noBrowser {
-		cfg.OnReady = func(url string) { openBrowser(ctx, url) }
-	}
-	_, err := demo.Run(ctx, cfg)
-	return err
+	return cfg, noBrowser, nil
 }
 
 // openBrowser opens url with the desktop's opener, if there is one, and

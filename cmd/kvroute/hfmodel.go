@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"flag"
 	"fmt"
 	"os"
@@ -14,10 +15,12 @@ import (
 type hfModel struct {
 	config, gpu, dtype string
 	tp                 int
+	fs                 *flag.FlagSet // the flags were registered on, to see which were given
 }
 
 // register adds the flags to fs; what says what the config models.
 func (m *hfModel) register(fs *flag.FlagSet, what string) {
+	m.fs = fs
 	fs.StringVar(&m.config, "hf-config", "", "HuggingFace config.json `file`: "+what)
 	fs.StringVar(&m.gpu, "gpu", "h100", "with --hf-config: GPU type (h100, h200, a100, l40s)")
 	fs.IntVar(&m.tp, "tp", 1, "with --hf-config: tensor-parallel GPUs per engine")
@@ -26,10 +29,20 @@ func (m *hfModel) register(fs *flag.FlagSet, what string) {
 
 // profile builds the profile; ok is false without --hf-config. Either
 // failure (a file that cannot be read, a config that makes no profile) is
-// the flag's.
+// the flag's, and so are --gpu, --tp or --dtype without it (they would be
+// ignored) and --profile with it (one of them would be).
 func (m *hfModel) profile() (p engine.Profile, ok bool, err error) {
+	given := func(name string) bool { return m.fs != nil && m.fs.Lookup(name) != nil && flagSet(m.fs, name) }
 	if m.config == "" {
+		for _, name := range []string{"gpu", "tp", "dtype"} {
+			if given(name) {
+				return p, false, fmt.Errorf("--%s applies to --hf-config, which is not given (a built-in --profile has its own GPU, TP and dtype)", name)
+			}
+		}
 		return p, false, nil
+	}
+	if given("profile") {
+		return p, true, errors.New("give --profile or --hf-config, not both")
 	}
 	data, err := os.ReadFile(m.config)
 	if err != nil {

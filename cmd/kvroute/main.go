@@ -46,15 +46,28 @@ var errUsage = errors.New("usage error")
 func main() {
 	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
+	interrupted := ctx.Err() != nil // before stop, which cancels ctx
 	stop()
+	os.Exit(exitCode(err, interrupted, os.Stderr))
+}
+
+// exitCode prints run's error to stderr and returns the exit status: 0
+// without one (or for --help), 2 for a usage error (already printed), 130
+// (128 + SIGINT, as shells report it) when a signal stopped a command that
+// ends with the cancellation (sim, plan; bench and demo report what
+// finished and return nil), else 1.
+func exitCode(err error, interrupted bool, stderr io.Writer) int {
 	switch {
-	case err == nil:
-	case errors.Is(err, flag.ErrHelp):
+	case err == nil, errors.Is(err, flag.ErrHelp):
+		return 0
 	case errors.Is(err, errUsage):
-		os.Exit(2)
+		return 2
+	case interrupted && errors.Is(err, context.Canceled):
+		fmt.Fprintln(stderr, "kvroute: interrupted")
+		return 130
 	default:
-		fmt.Fprintf(os.Stderr, "kvroute: %v\n", err)
-		os.Exit(1)
+		fmt.Fprintf(stderr, "kvroute: %v\n", err)
+		return 1
 	}
 }
 
@@ -67,9 +80,13 @@ func run(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	switch name {
 	case "-h", "-help", "--help", "help":
 		if len(args) > 1 && name == "help" {
-			if c, ok := commands[args[1]]; ok {
-				return c.run(ctx, []string{"--help"}, stdout, stderr)
+			c, ok := commands[args[1]]
+			if !ok {
+				fmt.Fprintf(stderr, "kvroute: unknown command %q\n\n", args[1])
+				usage(stderr)
+				return errUsage
 			}
+			return c.run(ctx, []string{"--help"}, stdout, stderr)
 		}
 		usage(stdout)
 		return nil

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"os"
 	"strings"
 	"time"
 
@@ -50,7 +51,8 @@ with --prompt-mean, --output-mean and optionally --shared-frac, --hot-prefixes,
 90, 95 or 99), e.g. --slo-ttft-p99 2s --slo-tpot-p99 100ms. What-ifs: --what-if
 rate-x2,prompt-x2,node-lost. Deterministic for --seed (whatever --parallel).
 --json prints JSON; --out DIR writes plan.json, plan.txt, plan.md, plan.html and
-SVG charts (SLO attainment against fleet size).`
+SVG charts (SLO attainment against fleet size). Ctrl-C stops planning (exit
+status 130) without a plan: a search cut short has no answer.`
 
 type planOptions struct {
 	profile     string
@@ -80,7 +82,11 @@ type planOptions struct {
 	json                    bool
 	out                     string
 	quiet                   bool
+	given                   func(flag string) bool // whether the flag was on the command line; nil = none was
 }
+
+// summaryFlags shape a summary workload; a trace ignores them.
+var summaryFlags = []string{"prompt-cv", "output-cv", "shared-frac", "hot-prefixes", "zipf", "arrival-cv", "max-len", "duration"}
 
 var sloQuantiles = []string{"50", "90", "95", "99"}
 
@@ -130,6 +136,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
+	o.given = func(name string) bool { return flagSet(fs, name) }
 	in, err := o.input()
 	if err != nil {
 		return err
@@ -137,6 +144,12 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	for _, w := range o.whatIf {
 		if w != "rate-x2" && w != "prompt-x2" && w != "node-lost" {
 			return fmt.Errorf("plan: unknown what-if %q (want rate-x2, prompt-x2 or node-lost)", w)
+		}
+	}
+	if o.out != "" {
+		// Before planning, not after it: an unwritable --out would lose the plan.
+		if err := os.MkdirAll(o.out, 0o755); err != nil {
+			return fmt.Errorf("plan: --out: %w", err)
 		}
 	}
 	start := time.Now()
@@ -289,6 +302,16 @@ func (o *planOptions) input() (planner.Input, error) {
 	in.GPUHourCost, in.Burst, in.MaxUtilisation = o.gpuCost, o.burst, o.maxUtil
 	in.Seed, in.Policy, in.MaxEngines, in.SimRequests = o.seed, o.policy, o.maxEngines, o.simRequests
 	in.ConfirmRequests, in.Seeds, in.PDMode, in.Parallel = o.confirmRequests, o.seeds, disagg.Mode(o.pdMode), o.parallel
+	// planner.Input reads zero as "the default": a zero given on the
+	// command line is a mistake, not a request for the default.
+	switch {
+	case o.burst == 0:
+		return in, errors.New("plan: --burst 0: the burst factor must be >= 1 (1 = no burst)")
+	case o.maxEngines == 0:
+		return in, errors.New("plan: --max-engines must be at least 1")
+	case o.maxUtil == 0:
+		return in, errors.New("plan: --max-util must be in (0, 1)")
+	}
 	if in.SimRequests == 0 {
 		return in, errors.New("plan: --sim-requests must be positive or -1 (all)")
 	}
@@ -305,9 +328,13 @@ func (o *planOptions) input() (planner.Input, error) {
 }
 
 func (o *planOptions) workload() (*workload.Workload, error) {
+	given := func(name string) bool { return o.given != nil && o.given(name) }
 	if o.rate != 0 || o.promptMean != 0 || o.outputMean != 0 {
 		if o.trace != "" {
 			return nil, errors.New("plan: give --trace or a summary (--rate, --prompt-mean, --output-mean), not both")
+		}
+		if given("rate-scale") {
+			return nil, errors.New("plan: --rate-scale scales a trace; a summary workload takes its rate from --rate")
 		}
 		s := planner.Summary{Rate: o.rate, Duration: o.duration, ArrivalCV: o.arrivalCV, PromptMean: o.promptMean,
 			PromptCV: o.promptCV, OutputMean: o.outputMean, OutputCV: o.outputCV, MaxLen: o.maxLen,
@@ -317,6 +344,11 @@ func (o *planOptions) workload() (*workload.Workload, error) {
 			return nil, fmt.Errorf("plan: %w", err)
 		}
 		return w, nil
+	}
+	for _, name := range summaryFlags {
+		if given(name) {
+			return nil, fmt.Errorf("plan: --%s shapes a summary workload (--rate, --prompt-mean, --output-mean), not a trace", name)
+		}
 	}
 	var w *workload.Workload
 	var err error
@@ -356,8 +388,10 @@ func (o *planOptions) plans(ctx context.Context, in planner.Input, stderr io.Wri
 		if prog != nil {
 			prog.Finish()
 		}
-		// A plan that searched and found nothing still shows its evidence.
-		if res != nil && len(res.Candidates) > 0 && !o.json {
+		// A plan that searched and found nothing still shows its evidence;
+		// an interrupted one found nothing only because it was stopped, and
+		// its table would say "no fleet meets the SLO".
+		if res != nil && len(res.Candidates) > 0 && !o.json && ctx.Err() == nil {
 			res.WriteTable(stderr)
 		}
 		return nil, fmt.Errorf("plan: %w", err)

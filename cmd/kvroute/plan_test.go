@@ -9,6 +9,11 @@ import (
 	"path/filepath"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/planner"
+	"github.com/kvroute/kvroute/sim"
 )
 
 // planArgs is a small summary-workload plan.
@@ -70,6 +75,16 @@ func TestPlanCommandBadInput(t *testing.T) {
 		{"bad config", []string{"plan", "--hf-config", badConfig, "--slo-ttft-p99", "1s"}, "num_hidden_layers -3 out of range"},
 		{"infeasible ttft", []string{"plan", "--slo-ttft-p99", "50ms", "--quiet"}, "TTFT p99 of 50ms is below the prefill time"},
 		{"trace and summary", []string{"plan", "--trace", "x.jsonl", "--rate", "1", "--slo-ttft-p99", "1s"}, "not both"},
+		{"zero burst", []string{"plan", "--burst", "0", "--slo-ttft-p99", "1s"}, "--burst 0"},
+		{"zero max-engines", []string{"plan", "--max-engines", "0", "--slo-ttft-p99", "1s"}, "--max-engines"},
+		{"zero max-util", []string{"plan", "--max-util", "0", "--slo-ttft-p99", "1s"}, "--max-util"},
+		{"unknown policy", []string{"plan", "--policy", "nope", "--slo-ttft-p99", "5s"}, "(known: dynamo, kubeai-chwbl, kv-aware"},
+		{"summary flag with a trace", []string{"plan", "--duration", "60s", "--slo-ttft-p99", "5s"}, "--duration shapes a summary workload"},
+		{"summary flag with a trace file", []string{"plan", "--trace", "x.jsonl", "--shared-frac", "0.5", "--slo-ttft-p99", "5s"}, "--shared-frac shapes a summary workload"},
+		{"rate-scale with a summary", []string{"plan", "--rate", "2", "--prompt-mean", "100", "--output-mean", "10", "--rate-scale", "2", "--slo-ttft-p99", "1s"}, "--rate-scale scales a trace"},
+		{"tp without hf-config", []string{"plan", "--tp", "4", "--slo-ttft-p99", "1s"}, "--tp applies to --hf-config"},
+		{"gpu without hf-config", []string{"plan", "--gpu", "a100", "--slo-ttft-p99", "1s"}, "--gpu applies to --hf-config"},
+		{"profile and hf-config", []string{"plan", "--profile", "tiny", "--hf-config", "../../engine/testdata/hf/llama-3.1-8b.json", "--slo-ttft-p99", "1s"}, "not both"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errb bytes.Buffer
@@ -78,5 +93,60 @@ func TestPlanCommandBadInput(t *testing.T) {
 				t.Errorf("err = %v, want one containing %q", err, tc.msg)
 			}
 		})
+	}
+}
+
+// TestPlanInterruptedShowsNoVerdict: a plan stopped mid-search (Ctrl-C)
+// returns the cancellation and does not print the partial search as a plan
+// whose fleets fail ("no fleet meets the SLO").
+func TestPlanInterruptedShowsNoVerdict(t *testing.T) {
+	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := sim.DefaultWorkload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	w.Limit(0, 1500)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	in := planner.Input{Profile: prof, Workload: w, SimRequests: 300, ConfirmRequests: 600, Seeds: 1,
+		SLO: planner.SLO{TTFT: planner.Target{Quantile: 0.9, Limit: 2 * time.Second}},
+		// Stop once the aggregated search of the window is done (its two
+		// runs), as Ctrl-C would: the plan then has candidates to show.
+		Progress: func(done, total int) {
+			if done >= 2 {
+				cancel()
+			}
+		}}
+	o := planOptions{quiet: true, verify: true}
+	var errb bytes.Buffer
+	res, err := o.plans(ctx, in, &errb)
+	if !errors.Is(err, context.Canceled) || res != nil {
+		t.Fatalf("plans: got %v, %v; want a cancellation and no result", res, err)
+	}
+	if s := errb.String(); strings.Contains(s, "meets") || strings.Contains(s, "no plan") {
+		t.Errorf("stderr shows a verdict of the interrupted search:\n%s", s)
+	}
+}
+
+// TestPlanFloorsOnlyForTargets: the latency floors line shows a floor only
+// for a target the SLO sets (it printed "TPOT 0" without a TPOT target).
+func TestPlanFloorsOnlyForTargets(t *testing.T) {
+	var out, errb bytes.Buffer
+	args := []string{"plan", "--rate", "20", "--prompt-mean", "800", "--output-mean", "60", "--duration", "20s", "--slo-ttft-p99", "300ms",
+		"--quiet", "--verify=false"}
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("run: %v\nstderr: %s", err, errb.String())
+	}
+	var line string
+	for _, l := range strings.Split(out.String(), "\n") {
+		if strings.Contains(l, "latency floors") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, "TTFT at the SLO quantile") || strings.Contains(line, "TPOT") {
+		t.Errorf("floors line %q: want the TTFT floor only", line)
 	}
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -46,7 +47,8 @@ The fleet is --engines COUNT with --profile, or --engines 4xPROFILE,2xPROFILE,
 or --fleet FILE (YAML: engines: [{count: 4, profile: NAME, num_gpu_blocks: N}]).
 --hf-config config.json (with --gpu, --tp, --dtype) models a HuggingFace model:
 --engines COUNT then runs it, and a group named hf (4xhf/prefill) takes it.
-A group may take a role, 4xPROFILE/prefill,4xPROFILE/decode (YAML: role: prefill):
+A group may take a role, 4xPROFILE/prefill,4xPROFILE/decode, or 4/prefill,4/decode
+for engines of --profile (YAML: role: prefill; a fleet needs engines that decode):
 such a fleet runs disaggregated (--pd-mode, --pd-gbps, --pd-setup), placed by the
 same P/D planner as 'kvroute serve', with the TTFT split adding the KV transfer.
 Profiles: ` + "%s" + `.
@@ -54,8 +56,10 @@ Policies: ` + "%s" + `.
 Generators: ` + "%s" + `.
 
 The run is deterministic for --seed. --out DIR writes report.json, report.csv,
-report.html (charts, works offline), SVG charts and requests.csv (one line per
-request, with the TTFT split into network, queue, prefill and first step).`
+report.txt (the table), report.html (charts, works offline), SVG charts and
+requests.csv (one line per request, with the TTFT split into network, queue,
+prefill, KV transfer and first step). Ctrl-C stops the runs in progress and
+reports those that finished (exit status 130).`
 
 // simOptions are the parsed flags of kvroute sim.
 type simOptions struct {
@@ -111,7 +115,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.Uint64Var(&o.seed, "seed", 1, "seed for the policies, scrape phases and generators")
 	fs.DurationVar(&o.sloTTFT, "slo-ttft", 2*time.Second, "goodput SLO: TTFT limit (0 = none)")
 	fs.DurationVar(&o.sloTPOT, "slo-tpot", 100*time.Millisecond, "goodput SLO: TPOT limit (0 = none)")
-	fs.StringVar(&o.out, "out", "", "write report.json, report.csv, report.html, SVG charts and requests.csv to `dir`")
+	fs.StringVar(&o.out, "out", "", "write report.json, report.csv, report.txt, report.html, SVG charts and requests.csv to `dir`")
 	fs.DurationVar(&o.scrapeInterval, "scrape-interval", sim.DefaultScrapeInterval, "how often the router scrapes each engine's metrics (negative = never)")
 	fs.DurationVar(&o.staleAfter, "stale-after", time.Second, "scraped signals older than this are stale")
 	fs.BoolVar(&o.kvEvents, "kv-events", false, "feed a precise prefix index from the engines' KV events")
@@ -136,6 +140,15 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if o.trace != "" && o.workloadName != "" {
 		return usageErr("--trace and --workload are exclusive")
 	}
+	if o.fleetFile != "" && (flagSet(fs, "engines") || flagSet(fs, "profile")) {
+		return usageErr("--fleet and --engines/--profile are exclusive (the fleet file names each group's count and profile)")
+	}
+	if o.routers > 1024 {
+		return usageErr("--routers %d must be at most 1024", o.routers)
+	}
+	if o.workloadName == "" && (o.params != "" || o.requests != 0 || o.rate != 0 || o.arrivals != "" || o.cv != 0) {
+		return usageErr("--params, --requests, --rate, --arrivals and --cv apply to --workload only (a trace has its own rate: --rate-scale)")
+	}
 	if len(o.policies) == 0 {
 		o.policies = stringList{policy.NameKVAware, policy.NameRoundRobin, policy.NameLeastRequest}
 	}
@@ -143,9 +156,12 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err != nil {
 		return usageErr("%v", err)
 	}
-	for _, p := range o.policies {
+	for i, p := range o.policies {
 		if _, err := policy.New(p, params[p], o.seed); err != nil {
 			return usageErr("%v", err)
+		}
+		if slices.Contains(o.policies[:i], p) {
+			return usageErr("--policies names %s twice (its rows would be identical)", p)
 		}
 	}
 	for p := range params {
@@ -203,9 +219,39 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if o.routerBlock < 1 {
 		return usageErr("--router-block-tokens %d must be at least 1", o.routerBlock)
 	}
+	switch {
+	case o.limit < 0:
+		return usageErr("--limit %d must not be negative (0 = all)", o.limit)
+	case o.duration < 0:
+		return usageErr("--duration %v must not be negative (0 = all)", o.duration)
+	case o.staleAfter < 0:
+		return usageErr("--stale-after %v must not be negative", o.staleAfter)
+	case o.sloTTFT < 0 || o.sloTPOT < 0:
+		return usageErr("--slo-ttft %v and --slo-tpot %v must not be negative (0 = none)", o.sloTTFT, o.sloTPOT)
+	case o.kvEventDelay < 0:
+		return usageErr("--kv-event-delay %v must not be negative", o.kvEventDelay)
+	case !(o.pdGbps > 0):
+		return usageErr("--pd-gbps %g must be positive", o.pdGbps)
+	case o.pdSetup < 0:
+		return usageErr("--pd-setup %v must not be negative", o.pdSetup)
+	}
+	switch disagg.Mode(o.pdMode) {
+	case disagg.ModeConditional, disagg.ModeAlways, disagg.ModeNever:
+	default:
+		return usageErr("--pd-mode %q must be conditional, always or never", o.pdMode)
+	}
 	w, err := loadSimWorkload(&o)
-	if err != nil {
+	switch {
+	case err != nil && o.workloadName != "":
+		return usageErr("%v", err) // the generator's flags: name, --params, --requests, --rate, ...
+	case err != nil:
 		return err
+	}
+	if o.out != "" {
+		// Before the runs, not after them: an unwritable --out would lose them.
+		if err := os.MkdirAll(o.out, 0o755); err != nil {
+			return fmt.Errorf("sim: --out: %w", err)
+		}
 	}
 	if len(w.Requests) == 0 {
 		return fmt.Errorf("sim: the workload has no requests")
@@ -273,8 +319,24 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	err = g.Wait()
 	bar.Finish()
 	wall := time.Since(start)
+	var interrupted error // Ctrl-C: the runs that finished are still reported
 	if err != nil {
-		return err
+		if ctx.Err() == nil || !errors.Is(err, context.Canceled) {
+			return err
+		}
+		var fj []job
+		var fr []*sim.Result
+		var fw []time.Duration
+		for i, res := range results {
+			if res != nil {
+				fj, fr, fw = append(fj, jobs[i]), append(fr, res), append(fw, walls[i])
+			}
+		}
+		if len(fr) == 0 {
+			return err
+		}
+		fmt.Fprintf(stderr, "interrupted: the report covers the %d of %d runs that finished\n", len(fr), len(jobs))
+		jobs, results, walls, interrupted = fj, fr, fw, err
 	}
 
 	rep := &report.Report{
@@ -301,13 +363,18 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if !sweep {
 		rep.Params["rate_scale"] = strconv.FormatFloat(scales[0], 'g', -1, 64)
 	}
+	heaviest := slices.Max(scales)
+	took := map[string]bool{} // policies whose heaviest-load utilisation is in
 	for i, res := range results {
 		load := 0.0
 		if sweep {
 			load = jobs[i].scale
 		}
 		rep.Rows = append(rep.Rows, res.Row(load))
-		if !sweep || i >= len(results)-len(o.policies) { // utilisation of the heaviest load point only
+		// Utilisation of the heaviest load point only (a --sweep list need
+		// not be in ascending order; a repeated scale gives its first run).
+		if !sweep || jobs[i].scale == heaviest && !took[jobs[i].policy] {
+			took[jobs[i].policy] = true
 			rep.Utilisation = append(rep.Utilisation, res.Utilisation(res.Policy)...)
 		}
 	}
@@ -328,11 +395,17 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			100*oracle, report.FormatDuration(bound.P50), report.FormatDuration(bound.P90), report.FormatDuration(bound.P99))
 	}
 	if !o.quiet {
+		// The name column fits the longest run name (P/D runs are named
+		// pd-conditional:POLICY).
+		nw := 20
+		for _, res := range results {
+			nw = max(nw, len(res.Policy))
+		}
 		fmt.Fprintln(stdout, "\nTTFT breakdown, mean over completed requests (network = router<->engine round trip):")
-		fmt.Fprintf(stdout, "%-20s %6s %9s %9s %9s %9s %11s\n", "name", "load", "network", "queue", "prefill", "transfer", "first step")
+		fmt.Fprintf(stdout, "%-*s %6s %9s %9s %9s %9s %11s\n", nw, "name", "load", "network", "queue", "prefill", "transfer", "first step")
 		for i, res := range results {
 			b := res.TTFTBreakdown()
-			fmt.Fprintf(stdout, "%-20s %6g %9s %9s %9s %9s %11s\n", res.Policy, jobs[i].scale, report.FormatDuration(b.Network),
+			fmt.Fprintf(stdout, "%-*s %6g %9s %9s %9s %9s %11s\n", nw, res.Policy, jobs[i].scale, report.FormatDuration(b.Network),
 				report.FormatDuration(b.Queue), report.FormatDuration(b.Prefill), report.FormatDuration(b.Transfer),
 				report.FormatDuration(b.FirstDecode))
 		}
@@ -343,10 +416,10 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			}
 			if i == 0 || results[i-1].FabricLoad(time.Second).Transfers == 0 {
 				fmt.Fprintln(stdout, "\nKV fabric (P/D handoffs; per decode node over one-second windows):")
-				fmt.Fprintf(stdout, "%-24s %6s %9s %11s %12s %12s %12s %9s %9s %9s\n", "name", "load", "handoffs", "total/s",
+				fmt.Fprintf(stdout, "%-*s %6s %9s %11s %12s %12s %12s %9s %9s %9s\n", nw, "name", "load", "handoffs", "total/s",
 					"node mean/s", "node p99/s", "node max/s", "time p50", "time p99", "queue p99")
 			}
-			fmt.Fprintf(stdout, "%-24s %6g %9d %11s %12s %12s %12s %9s %9s %9s\n", res.Policy, jobs[i].scale, fl.Transfers,
+			fmt.Fprintf(stdout, "%-*s %6g %9d %11s %12s %12s %12s %9s %9s %9s\n", nw, res.Policy, jobs[i].scale, fl.Transfers,
 				simBytes(fl.Total), simBytes(fl.PerDecodeMean), simBytes(fl.PerDecodeP99), simBytes(fl.PerDecodeMax),
 				report.FormatDuration(fl.TimeP50), report.FormatDuration(fl.TimeP99), report.FormatDuration(fl.QueueP99))
 		}
@@ -371,7 +444,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			fmt.Fprintf(stderr, "wrote %s\n", o.out)
 		}
 	}
-	return nil
+	return interrupted
 }
 
 // simBytes renders a byte rate in decimal units (GB = 1e9 bytes).
@@ -443,9 +516,6 @@ func loadSimWorkload(o *simOptions) (*workload.Workload, error) {
 	}
 	if err != nil {
 		return nil, err
-	}
-	if o.workloadName == "" && (o.params != "" || o.requests != 0 || o.rate != 0 || o.arrivals != "" || o.cv != 0) {
-		return nil, fmt.Errorf("sim: --params, --requests, --rate, --arrivals and --cv apply to --workload only")
 	}
 	w.Limit(o.duration, o.limit)
 	return w, nil

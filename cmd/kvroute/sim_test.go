@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"math"
@@ -42,6 +43,20 @@ func TestSimCommand(t *testing.T) {
 	if len(rep.Rows) != 2 || rep.Source != "sim" || rep.Rows[0].Requests != 200 {
 		t.Fatalf("report.json: %d rows, source %q, first row %d requests; want 2 rows of 200 from sim", len(rep.Rows), rep.Source, rep.Rows[0].Requests)
 	}
+	// --help names every file --out writes (but the charts, "SVG charts").
+	var help bytes.Buffer
+	if err := run(context.Background(), []string{"sim", "--help"}, &help, &help); !errors.Is(err, flag.ErrHelp) {
+		t.Fatalf("--help: %v", err)
+	}
+	entries, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		if !strings.HasSuffix(e.Name(), ".svg") && strings.Count(help.String(), e.Name()) < 2 { // description and --out
+			t.Errorf("--out wrote %s, which --help does not name in both the description and the flag", e.Name())
+		}
+	}
 	csv, err := os.ReadFile(filepath.Join(dir, "requests.csv"))
 	if err != nil {
 		t.Fatal(err)
@@ -74,7 +89,13 @@ func TestSimCommandFleetFile(t *testing.T) {
 		t.Fatal(err)
 	}
 	var out, errb bytes.Buffer
-	args := append(append([]string{}, simArgs...), "--policies", "least_request", "--fleet", path, "--out", t.TempDir())
+	// simArgs' --engines would be ignored: --fleet is the fleet.
+	var out0, errb0 bytes.Buffer
+	if err := run(context.Background(), append(append([]string{}, simArgs...), "--fleet", path), &out0, &errb0); !errors.Is(err, errUsage) {
+		t.Errorf("--fleet with --engines: got %v, want a usage error", err)
+	}
+	args := []string{"sim", "--workload", "chat", "--requests", "200", "--rate", "40", "--quiet",
+		"--params", "system_len=96,user_len=40,reply_len=24,max_len=700", "--policies", "least_request", "--fleet", path, "--out", t.TempDir()}
 	if err := run(context.Background(), args, &out, &errb); err != nil {
 		t.Fatalf("run: %v\nstderr: %s", err, errb.String())
 	}
@@ -93,11 +114,31 @@ func TestSimCommandUsageErrors(t *testing.T) {
 		{"--policy-param", "kv-aware"},
 		{"--policy-param", "llm-d.queue_weight=1"},
 		{"--routers", "0"},
+		{"--engines", "2xtiny/prefill"}, // nothing could decode: every request would fail
+		{"--limit", "-1"},               // was: all 12,031 requests
+		{"--duration", "-1s"},           // was: all
+		{"--stale-after", "-1s"},        // was: accepted
+		{"--pd-gbps", "0"},              // was: the default 400 Gb/s
+		{"--pd-mode", "sometimes"},      // was: ignored without prefill engines
+		{"--slo-ttft", "-1s"},           // was: exit 1 after loading the workload
+		{"--policies", "kv-aware,round_robin,kv-aware"},
+		{"--workload", "nope"}, // was: exit 1, unlike an unknown policy
+		{"--params", "nope=1"}, // likewise
+		{"--tp", "4"},          // without --hf-config it would be ignored
+		{"--gpu", "a100"},      // likewise
+		{"--dtype", "fp8"},     // likewise
 	} {
 		var out, errb bytes.Buffer
 		args := append(append([]string{}, simArgs...), extra...)
 		if err := run(context.Background(), args, &out, &errb); !errors.Is(err, errUsage) {
 			t.Errorf("%v: got %v, want a usage error", extra, err)
+		}
+	}
+	// Generator flags without --workload: the trace would ignore them.
+	for _, extra := range [][]string{{"--rate", "50"}, {"--requests", "10"}, {"--params", "turns=2"}} {
+		var out, errb bytes.Buffer
+		if err := run(context.Background(), append([]string{"sim", "--quiet", "--limit", "10"}, extra...), &out, &errb); !errors.Is(err, errUsage) {
+			t.Errorf("%v without --workload: got %v, want a usage error", extra, err)
 		}
 	}
 	var out, errb bytes.Buffer
@@ -202,4 +243,144 @@ func readReportJSON(t *testing.T, path string) *report.Report {
 		t.Fatal(err)
 	}
 	return rep
+}
+
+// TestSimCommandPDCounts: --engines N/prefill,M/decode, the form --pd-mode's
+// help names, runs a P/D fleet of --profile's engines.
+func TestSimCommandPDCounts(t *testing.T) {
+	var out, errb bytes.Buffer
+	args := append(append([]string{}, simArgs...), "--engines", "1/prefill,1/decode", "--profile", "tiny", "--policies", "kv-aware", "--pd-mode", "always")
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("run: %v\nstderr: %s", err, errb.String())
+	}
+	if !strings.Contains(out.String(), "pd-always:kv-aware") {
+		t.Errorf("output lacks the P/D row:\n%s", out.String())
+	}
+}
+
+// TestSimCommandOutBeforeRun: an unwritable --out fails before the
+// simulations, not after them.
+func TestSimCommandOutBeforeRun(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	args := append(append([]string{}, simArgs...), "--out", filepath.Join(file, "out"))
+	if err := run(context.Background(), args, &out, &errb); err == nil || !strings.Contains(err.Error(), "--out") {
+		t.Errorf("got %v, want an --out error", err)
+	}
+	if out.Len() > 0 {
+		t.Errorf("stdout %q: want no table (no run)", out.String())
+	}
+}
+
+// TestSimCommandBreakdownAligned: the TTFT breakdown and KV fabric tables
+// keep their columns under the header for long run names (a P/D run is
+// named pd-conditional:POLICY, longer than the name column was).
+func TestSimCommandBreakdownAligned(t *testing.T) {
+	var out, errb bytes.Buffer
+	args := []string{"sim", "--workload", "chat", "--requests", "60", "--rate", "20", "--engines", "1/prefill,1/decode", "--profile", "tiny",
+		"--params", "system_len=96,user_len=40,reply_len=24,max_len=700", "--policies", "sglang-cache-aware", "--pd-mode", "always"}
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("run: %v\nstderr: %s", err, errb.String())
+	}
+	// fieldEnd is the offset where the line's n-th field (from 0) ends.
+	fieldEnd := func(line string, n int) int {
+		end, in := -1, false
+		for i, r := range line + " " {
+			switch {
+			case r != ' ' && !in:
+				in = true
+			case r == ' ' && in:
+				in = false
+				if n--; n < 0 {
+					return i
+				}
+				end = i
+			}
+		}
+		return end
+	}
+	lines := strings.Split(out.String(), "\n")
+	tables := 0
+	for i, l := range lines {
+		if !strings.HasPrefix(l, "name ") || i+1 >= len(lines) || !strings.HasPrefix(lines[i+1], "pd-always:") {
+			continue
+		}
+		tables++
+		if h, r := fieldEnd(l, 1), fieldEnd(lines[i+1], 1); h != r {
+			t.Errorf("the load column ends at %d in the header, %d in the row:\n%s\n%s", h, r, l, lines[i+1])
+		}
+	}
+	if tables != 3 { // the report, the TTFT breakdown and the KV fabric
+		t.Errorf("found %d tables with a pd-always row, want 3:\n%s", tables, out.String())
+	}
+}
+
+// TestSimCommandSweepUtilisationHeaviest: the utilisation charts of a sweep
+// are the heaviest load point's, whatever the order of the --sweep list.
+func TestSimCommandSweepUtilisationHeaviest(t *testing.T) {
+	util := func(sweep string) string {
+		dir := t.TempDir()
+		var out, errb bytes.Buffer
+		args := append(append([]string{}, simArgs...), "--policies", "round_robin", "--sweep", sweep, "--out", dir)
+		if err := run(context.Background(), args, &out, &errb); err != nil {
+			t.Fatalf("run: %v\nstderr: %s", err, errb.String())
+		}
+		rep := readReportJSON(t, filepath.Join(dir, "report.json"))
+		b, err := json.Marshal(rep.Utilisation)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return string(b)
+	}
+	if up, down, light := util("0.5,2"), util("2,0.5"), util("0.5"); up != down || up == light {
+		t.Errorf("utilisation of --sweep 2,0.5 differs from --sweep 0.5,2's (the x2 point), or equals x0.5's:\n0.5,2: %.200s\n2,0.5: %.200s", up, down)
+	}
+}
+
+// countCtx is a context whose Err reports cancellation from its limit-th
+// call on (0 = never); calls counts them. sim.Run polls Err between events,
+// so a limit stops a run at a deterministic point.
+type countCtx struct {
+	context.Context
+	calls, limit int
+}
+
+func (c *countCtx) Err() error {
+	c.calls++
+	if c.limit > 0 && c.calls >= c.limit {
+		return context.Canceled
+	}
+	return nil
+}
+
+// TestSimCommandInterruptedReportsFinishedRuns: Ctrl-C during the second
+// policy's run still prints (and writes) the first policy's row, and returns
+// the cancellation.
+func TestSimCommandInterruptedReportsFinishedRuns(t *testing.T) {
+	// How many polls the first run takes on its own.
+	first := &countCtx{Context: context.Background()}
+	var out, errb bytes.Buffer
+	if err := run(first, append(append([]string{}, simArgs...), "--policies", "kv-aware"), &out, &errb); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	ctx := &countCtx{Context: context.Background(), limit: first.calls + 1}
+	dir := t.TempDir()
+	out.Reset()
+	errb.Reset()
+	err := run(ctx, append(append([]string{}, simArgs...), "--policies", "kv-aware,round_robin", "--out", dir), &out, &errb)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("run: got %v, want the cancellation", err)
+	}
+	if !strings.Contains(out.String(), "kv-aware") || strings.Contains(out.String(), "round_robin") {
+		t.Errorf("table: want the finished kv-aware row only:\n%s", out.String())
+	}
+	if !strings.Contains(errb.String(), "1 of 2 runs") {
+		t.Errorf("stderr %q does not say the report is partial", errb.String())
+	}
+	if rep := readReportJSON(t, filepath.Join(dir, "report.json")); len(rep.Rows) != 1 {
+		t.Errorf("report.json: %d rows, want 1", len(rep.Rows))
+	}
 }

@@ -1,0 +1,193 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"io"
+	"math"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"sync/atomic"
+	"testing"
+
+	"github.com/kvroute/kvroute/workload"
+)
+
+// TestBenchCommandUsageErrors: flag values bench cannot honour are usage
+// errors (exit 2) that name the flag, found before any request is sent (the
+// URL points nowhere).
+func TestBenchCommandUsageErrors(t *testing.T) {
+	base := []string{"bench", "--url", "http://127.0.0.1:1", "--model", "m", "--workload", "chat", "--requests", "5", "--quiet"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--slo-ttft", "-1s"}, "--slo-ttft"},
+		{[]string{"--slo-tpot", "-5ms"}, "--slo-tpot"},
+		{[]string{"--duration", "-1s"}, "--duration"},
+		{[]string{"--max-requests", "-1"}, "--max-requests"},
+		{[]string{"--max-in-flight", "0"}, "--max-in-flight"},
+		{[]string{"--max-in-flight", "-3"}, "--max-in-flight"},
+		{[]string{"--timeout", "-1s"}, "--timeout"},
+		{[]string{"--timeout", "0"}, "--timeout"},
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var out, errb bytes.Buffer
+			err := run(context.Background(), append(append([]string{}, base...), tc.args...), &out, &errb)
+			if !errors.Is(err, errUsage) || !strings.Contains(errb.String(), tc.want) {
+				t.Errorf("got %v, stderr %q; want a usage error naming %s", err, errb.String(), tc.want)
+			}
+			if out.Len() > 0 {
+				t.Errorf("stdout %q: want nothing (no run)", out.String())
+			}
+		})
+	}
+}
+
+// sseServer answers every request with a short OpenAI-style stream; each
+// request first calls onRequest with its 1-based number, if set.
+type sseServer struct {
+	n         atomic.Int32
+	onRequest func(n int)
+}
+
+func (s *sseServer) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	n := int(s.n.Add(1))
+	if s.onRequest != nil {
+		s.onRequest(n)
+	}
+	_, _ = io.Copy(io.Discard, r.Body)
+	w.Header().Set("Content-Type", "text/event-stream")
+	io.WriteString(w, `data: {"choices":[{"index":0,"delta":{"content":"a"}}]}`+"\n\n"+
+		`data: {"choices":[{"index":0,"delta":{"content":"b"}}]}`+"\n\n"+
+		`data: {"choices":[],"usage":{"prompt_tokens":10,"completion_tokens":2,"total_tokens":12}}`+"\n\ndata: [DONE]\n\n")
+}
+
+// TestBenchCommandTraceRate: --rate, which rescales a trace to that mean
+// rate, is refused (not silently ignored) for a trace whose requests all
+// arrive at once.
+func TestBenchCommandTraceRate(t *testing.T) {
+	dir := t.TempDir()
+	burst := filepath.Join(dir, "burst.jsonl")
+	line := `{"timestamp": 0, "input_length": 20, "output_length": 2, "hash_ids": [1]}` + "\n"
+	if err := os.WriteFile(burst, []byte(strings.Repeat(line, 3)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	args := []string{"bench", "--url", "http://127.0.0.1:1", "--model", "m", "--trace", burst, "--rate", "5", "--quiet"}
+	if err := run(context.Background(), args, &out, &errb); !errors.Is(err, errUsage) || !strings.Contains(errb.String(), "same instant") {
+		t.Errorf("got %v, stderr %q; want a usage error", err, errb.String())
+	}
+}
+
+// TestBenchCommandInterruptedOracle: after Ctrl-C the oracle column is the
+// bound of the requests sent, not of the whole workload.
+func TestBenchCommandInterruptedOracle(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const sent = 6
+	srv := httptest.NewServer(&sseServer{onRequest: func(n int) {
+		if n == sent {
+			cancel()
+		}
+	}})
+	defer srv.Close()
+	dir := t.TempDir()
+	var out, errb bytes.Buffer
+	args := []string{"bench", "--url", srv.URL, "--model", "m", "--workload", "chat", "--requests", "200", "--rate", "50",
+		"--params", "system_len=96,user_len=40,reply_len=24,max_len=700", "--quiet", "--out", dir}
+	if err := run(ctx, args, &out, &errb); err != nil {
+		t.Fatalf("run: %v\nstderr: %s", err, errb.String())
+	}
+	rep := readReportJSON(t, filepath.Join(dir, "report.json"))
+	row := rep.Rows[0]
+	if row.Requests >= 200 || row.Requests < sent {
+		t.Fatalf("the run sent %d requests; want an interrupted run of at least %d", row.Requests, sent)
+	}
+	w, err := workload.Generate("chat", workload.Options{Seed: 1, Requests: 200, Arrivals: workload.Arrivals{Rate: 50},
+		Params: map[string]float64{"system_len": 96, "user_len": 40, "reply_len": 24, "max_len": 700}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	oracle := func(reqs []workload.Request) float64 {
+		o := workload.NewOracle(16)
+		var scratch []uint64
+		for i := range reqs {
+			scratch = o.Observe(&reqs[i], scratch)
+		}
+		return o.HitRate()
+	}
+	want, whole := oracle(w.Requests[:row.Requests]), oracle(w.Requests)
+	if math.Abs(row.OracleHitRate-want) > 1e-9 {
+		t.Errorf("oracle hit rate %.4f, want %.4f (the %d requests sent; the whole workload's is %.4f)", row.OracleHitRate, want, row.Requests, whole)
+	}
+}
+
+// TestBenchCommandMergeChecks: --merge refuses a file that is not a report
+// and a report whose goodput SLO differs from the run's (the table would
+// show one SLO over rows computed under two).
+func TestBenchCommandMergeChecks(t *testing.T) {
+	dir := t.TempDir()
+	write := func(name, data string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(data), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	other := write("other.json", `{"title":"x","source":"bench","slo":{"ttft_ns":500000000,"tpot_ns":100000000},"rows":[{"name":"a","requests":1}]}`)
+	empty := write("empty.json", `{}`)
+	for _, tc := range []struct{ file, want string }{
+		{other, "SLO is ttft<=500ms tpot<=100ms"},
+		{empty, "no rows"},
+	} {
+		var out, errb bytes.Buffer
+		args := []string{"bench", "--url", "http://127.0.0.1:1", "--model", "m", "--workload", "chat", "--requests", "5", "--quiet", "--merge", tc.file}
+		if err := run(context.Background(), args, &out, &errb); !errors.Is(err, errUsage) || !strings.Contains(errb.String(), tc.want) {
+			t.Errorf("--merge %s: got %v, stderr %q; want a usage error containing %q", filepath.Base(tc.file), err, errb.String(), tc.want)
+		}
+	}
+}
+
+// TestBenchCommandOutBeforeRun: an unwritable --out fails before any
+// request is sent, not after the whole run.
+func TestBenchCommandOutBeforeRun(t *testing.T) {
+	srv := &sseServer{}
+	hs := httptest.NewServer(srv)
+	defer hs.Close()
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	args := []string{"bench", "--url", hs.URL, "--model", "m", "--workload", "chat", "--requests", "3", "--rate", "100", "--quiet", "--out", filepath.Join(file, "out")}
+	if err := run(context.Background(), args, &out, &errb); err == nil || !strings.Contains(err.Error(), "--out") {
+		t.Errorf("got %v, want an --out error", err)
+	}
+	if n := srv.n.Load(); n != 0 {
+		t.Errorf("%d requests sent before the --out error, want 0", n)
+	}
+}
+
+// TestBenchCommandPrintsFailures: the summary names what the server said
+// for each kind of failure, not only how many there were.
+func TestBenchCommandPrintsFailures(t *testing.T) {
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		io.WriteString(w, `{"object":"error","message":"The model `+"`m`"+` does not exist.","type":"NotFoundError","code":404}`)
+	}))
+	defer hs.Close()
+	var out, errb bytes.Buffer
+	args := []string{"bench", "--url", hs.URL, "--model", "m", "--workload", "chat", "--requests", "3", "--rate", "100"}
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("run: %v", err)
+	}
+	if want := "http_404: The model `m` does not exist."; !strings.Contains(errb.String(), want) {
+		t.Errorf("stderr lacks %q:\n%s", want, errb.String())
+	}
+}
