@@ -3,6 +3,7 @@ package proxy
 import (
 	"crypto/subtle"
 	"encoding/json"
+	"errors"
 	"io"
 	"net/http"
 	"strconv"
@@ -180,7 +181,14 @@ func (p *Proxy) serveAdminPolicy(w http.ResponseWriter, r *http.Request) {
 	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
 	dec.DisallowUnknownFields()
 	dec.UseNumber()
-	if err := dec.Decode(&u); err != nil {
+	err := dec.Decode(&u)
+	if err == nil {
+		// One object and nothing after it: the end of the body must follow.
+		if _, terr := dec.Token(); terr != io.EOF {
+			err = errors.New("unexpected data after the JSON object")
+		}
+	}
+	if err != nil {
 		openai.WriteError(w, kvroute.Errorf(http.StatusBadRequest, kvroute.TypeInvalidRequest, "invalid_json", "",
 			"body must be {\"model\",\"policy\",\"params\"}: %v", err))
 		return

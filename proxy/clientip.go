@@ -6,6 +6,7 @@ import (
 	"net/netip"
 	"strconv"
 	"strings"
+	"sync"
 
 	"github.com/kvroute/kvroute/config"
 )
@@ -66,10 +67,48 @@ func requestID(r *http.Request) string {
 	if id := r.Header.Get(HeaderRequestID); validRequestID(id) {
 		return id
 	}
+	return newRequestID()
+}
+
+func newRequestID() string {
 	var b [20]byte
 	buf := append(b[:0], "kvr-"...)
 	buf = strconv.AppendUint(buf, rand.Uint64(), 36)
 	return string(buf)
+}
+
+// idSet holds the routing IDs of the requests in progress. The routing
+// core names a request by kvroute.Request.ID (kv-aware keeps each routed
+// request's queued prefill and load under it until the request is done), so
+// two requests in progress must not share one; a client's X-Request-Id is
+// not unique (clients reuse one, or send a fixed one on every request). It
+// is safe for concurrent use.
+type idSet struct {
+	mu sync.Mutex          // guards m
+	m  map[string]struct{} // the IDs claimed and not yet released
+}
+
+// claim returns id when no request in progress has it, else id with a
+// fresh suffix (".kvr-..."), and holds the result until release.
+func (s *idSet) claim(id string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.m == nil {
+		s.m = make(map[string]struct{})
+	}
+	for k := id; ; k = id + "." + newRequestID() {
+		if _, taken := s.m[k]; !taken {
+			s.m[k] = struct{}{}
+			return k
+		}
+	}
+}
+
+// release ends the hold of a claimed ID.
+func (s *idSet) release(id string) {
+	s.mu.Lock()
+	delete(s.m, id)
+	s.mu.Unlock()
 }
 
 func validRequestID(id string) bool {

@@ -41,6 +41,7 @@ type exchange struct {
 	upstreamErr error       // the attempt's transport error, if any
 	streamErr   error       // the upstream failed after the first byte
 	clientGone  bool
+	shutdown    bool           // ended by the drain deadline (Serve)
 	served      bool           // the reverse proxy returned (rather than aborted the handler)
 	saved       *savedResponse // the last retried 5xx, replayed if no endpoint is left
 	tail        usageTail      // the attempt's last response bytes, for the engine's usage
@@ -87,8 +88,12 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 			"The model `%s` does not exist.", ri.Model))
 		return
 	}
+	// The client's ID goes to the engine and back to the client; the
+	// routing core gets one no other request in progress has.
+	routeID := p.ids.claim(id)
+	defer p.ids.release(routeID)
 	req := &kvroute.Request{
-		ID:           id,
+		ID:           routeID,
 		Model:        ri.Model,
 		Tenant:       ri.User,
 		SessionKey:   pl.session.key(r.Header, &ri),
@@ -121,10 +126,14 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 	defer promptBuffers.put(prompt)
 	x := &exchange{p: p, pool: pl, req: req, body: body, maxAttempts: p.cfg.Retry.Attempts, m: p.metrics.pools[pl.model]}
 	x.tried = make([]string, 0, x.maxAttempts)
-	x.ctx = context.WithValue(r.Context(), exchangeKey{}, x)
+	ctx, cancel := context.WithCancelCause(r.Context())
+	defer cancel(nil)
+	defer context.AfterFunc(p.hardStop, func() { cancel(errShutdown) })()
+	x.ctx = context.WithValue(ctx, exchangeKey{}, x)
 	out := r.WithContext(x.ctx)
 	out.Header.Set(HeaderRequestID, id)
 	out.ContentLength = int64(len(body))
+	out.TransferEncoding = nil // the body is read whole: send its length, not chunks
 	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	defer x.finish(w, start)
 
@@ -169,7 +178,8 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 		o := kvroute.Outcome{
 			PromptTokens: x.req.PromptTokens,
 			CachedTokens: -1,
-			Failed:       x.retry != retryNone || x.upstreamErr != nil || x.streamErr != nil || countsAsFailure(x.status),
+			Failed: x.retry != retryNone || x.upstreamErr != nil || x.streamErr != nil || x.shutdown ||
+				countsAsFailure(x.status),
 		}
 		// The first body byte is the first token only for streams; for other
 		// requests it comes with the last token, so the TTFT stays unknown (0).
@@ -246,6 +256,8 @@ func (x *exchange) finish(w http.ResponseWriter, start time.Time) {
 	now := p.now()
 	code := x.status
 	switch {
+	case x.shutdown:
+		code = http.StatusServiceUnavailable
 	case x.clientGone || (!x.served && x.ctx.Err() != nil):
 		code = statusClientClosed
 	case code == 0:
@@ -263,6 +275,16 @@ func (x *exchange) finish(w http.ResponseWriter, start time.Time) {
 			"duration", now.Sub(start), "stream_error", x.streamErr)
 	}
 }
+
+// errShutdown ends the requests still in progress when Serve's drain
+// deadline passes.
+// Its code is the status, as in vLLM's error events.
+var errShutdown = &kvroute.Error{Status: http.StatusServiceUnavailable, Type: kvroute.TypeUnavailable,
+	Message: "the router is shutting down and the drain deadline passed"}
+
+// shuttingDown reports whether the exchange was ended by the drain deadline
+// (rather than by its client going away).
+func (x *exchange) shuttingDown() bool { return errors.Is(context.Cause(x.ctx), errShutdown) }
 
 // statusClientClosed is nginx's code for a client that closed the
 // connection before the response was complete; it is only a metric label.

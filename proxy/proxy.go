@@ -1,6 +1,7 @@
 package proxy
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -65,10 +66,15 @@ type Proxy struct {
 	names        []string // model names, sorted
 	mux          *http.ServeMux
 	started      time.Time
-	draining     atomic.Bool      // set when Serve starts shutting down
-	sig          signalState      // the running signal loops (RunSignals)
-	fb           *feedbackMetrics // engine-reported prompt and cached tokens
-	pdMetrics    *disagg.Metrics  // P/D handoffs (disagg.go)
+	draining     atomic.Bool // set when Serve starts shutting down
+	// hardStop is cancelled with errShutdown when Serve's drain deadline
+	// passes: the requests still in progress end (see Serve).
+	hardStop  context.Context
+	stopAll   context.CancelCauseFunc
+	ids       idSet            // the routing IDs of the requests in progress
+	sig       signalState      // the running signal loops (RunSignals)
+	fb        *feedbackMetrics // engine-reported prompt and cached tokens
+	pdMetrics *disagg.Metrics  // P/D handoffs (disagg.go)
 }
 
 // pool is one model's endpoints, router and reverse proxies.
@@ -103,6 +109,7 @@ func New(opts Options) (*Proxy, error) {
 		gatherer:     opts.Gatherer,
 		pools:        make(map[string]*pool, len(cfg.Models)),
 	}
+	p.hardStop, p.stopAll = context.WithCancelCause(context.Background())
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}

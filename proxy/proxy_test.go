@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"bufio"
+	"bytes"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -9,9 +10,12 @@ import (
 	"net"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
@@ -515,6 +519,8 @@ func TestAdminPolicy(t *testing.T) {
 		{"unknown model", "0123456789abcdef", `{"model":"x","policy":"rr"}`, 404},
 		{"unknown policy", "0123456789abcdef", `{"model":"m","policy":"nope"}`, 400},
 		{"bad body", "0123456789abcdef", `{"model":"m","policy":"rr","extra":1}`, 400},
+		{"trailing data", "0123456789abcdef", `{"model":"m","policy":"rr"} {"model":"m","policy":"nope"}`, 400},
+		{"trailing garbage", "0123456789abcdef", `{"model":"m","policy":"rr"}x`, 400},
 		{"ok", "0123456789abcdef", `{"model":"m","policy":"rr","params":{"x":1}}`, 200},
 	}
 	for _, tc := range tests {
@@ -820,5 +826,272 @@ func TestClientClosingAfterDoneIsNotA499(t *testing.T) {
 	})
 	if v := tp.metric(t, tp.metrics.requests, "m", be.URL, "499"); v != 0 {
 		t.Errorf("kvroute_requests_total{code=499}: got %v, want 0", v)
+	}
+}
+
+// A client's X-Request-Id names its request to the engine and back, but two
+// requests in progress must reach the routing core under different IDs:
+// kv-aware keeps each request's queued prefill under its ID, and a reused
+// ID made it forget all but the last of them.
+func TestDuplicateClientRequestIDsRouteApart(t *testing.T) {
+	release := make(chan struct{})
+	var engineIDs sync.Map // X-Request-Id the engine saw -> count
+	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		n, _ := engineIDs.LoadOrStore(r.Header.Get(HeaderRequestID), new(atomic.Int32))
+		n.(*atomic.Int32).Add(1)
+		<-release
+		okHandler("a")(w, r)
+	})
+	var mu sync.Mutex
+	var routed []string
+	pickers := func(name string, params map[string]any, seed uint64) (kvroute.Picker, error) {
+		return kvroute.PickerFunc(func(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
+			mu.Lock()
+			routed = append(routed, req.ID)
+			mu.Unlock()
+			return firstHealthy(now, req, cands)
+		}), nil
+	}
+	tp := newTestProxyWith(t, testConfig("rec", be.URL), pickers)
+	send := func() *http.Response {
+		req, _ := http.NewRequest("POST", tp.srv.URL+PathCompletions, strings.NewReader(`{"model":"m","prompt":"hi"}`))
+		req.Header.Set(HeaderRequestID, "dup")
+		return must(http.DefaultClient.Do(req))
+	}
+	const n = 3
+	resps := make(chan *http.Response, n)
+	for range n {
+		go func() { resps <- send() }()
+	}
+	waitFor(t, "every request at the engine", func() bool { return be.hits.Load() == n })
+	close(release)
+	for range n {
+		resp := recv(t, "a response", resps)
+		readAll(t, resp)
+		if got := resp.Header.Get(HeaderRequestID); got != "dup" {
+			t.Errorf("response X-Request-Id: got %q, want the client's %q", got, "dup")
+		}
+	}
+	if c, ok := engineIDs.Load("dup"); !ok || c.(*atomic.Int32).Load() != n {
+		t.Errorf("the engine must see the client's X-Request-Id on every request")
+	}
+	mu.Lock()
+	got := append([]string(nil), routed...)
+	mu.Unlock()
+	seen := map[string]bool{}
+	for _, id := range got {
+		if seen[id] {
+			t.Errorf("routing IDs of requests in progress together: got %q, want distinct", got)
+			break
+		}
+		seen[id] = true
+	}
+	if !seen["dup"] {
+		t.Errorf("routing IDs: got %q, want the client's %q among them", got, "dup")
+	}
+	// Once they are done the client's ID is free again.
+	readAll(t, send())
+	mu.Lock()
+	last := routed[len(routed)-1]
+	mu.Unlock()
+	if last != "dup" {
+		t.Errorf("routing ID of a later request: got %q, want %q", last, "dup")
+	}
+}
+
+// A chunked request body is read whole before routing, so it goes to the
+// engine with its Content-Length: not every engine's server reads chunked
+// request bodies.
+func TestChunkedRequestForwardedWithLength(t *testing.T) {
+	type seen struct {
+		length int64
+		te     []string
+		body   string
+	}
+	got := make(chan seen, 1)
+	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		b, _ := io.ReadAll(r.Body)
+		got <- seen{r.ContentLength, r.TransferEncoding, string(b)}
+		okHandler("a")(w, r)
+	})
+	tp := newTestProxy(t, testConfig("first", be.URL))
+	req, _ := http.NewRequest("POST", tp.srv.URL+PathChatCompletions, io.MultiReader(strings.NewReader(chatBody)))
+	req.ContentLength = -1 // unknown: sent chunked
+	resp := must(http.DefaultClient.Do(req))
+	if out := readAll(t, resp); resp.StatusCode != http.StatusOK {
+		t.Fatalf("status: got %d %s, want 200", resp.StatusCode, out)
+	}
+	s := recv(t, "the engine's request", got)
+	if s.length != int64(len(chatBody)) || len(s.te) != 0 || s.body != chatBody {
+		t.Errorf("engine request: got Content-Length %d, Transfer-Encoding %q, body %q; want %d, none, %q",
+			s.length, s.te, s.body, len(chatBody), chatBody)
+	}
+}
+
+// With debug on, an engine's error response names the endpoint that sent
+// it, also when it was kept for a retry that found no other endpoint and
+// is replayed.
+func TestDebugHeaderOnReplayedFailure(t *testing.T) {
+	be := newBackend(t, "a", statusHandler(http.StatusInternalServerError))
+	cfg := testConfig("first", be.URL)
+	cfg.Debug.Enabled = true
+	cfg.Retry.Attempts = 2
+	tp := newTestProxy(t, cfg)
+	resp := tp.post(t, PathChatCompletions, chatBody)
+	out := readAll(t, resp)
+	if resp.StatusCode != http.StatusInternalServerError || !strings.Contains(out, "engine says 500") {
+		t.Fatalf("got %d %s, want the engine's 500", resp.StatusCode, out)
+	}
+	if got := resp.Header.Get(HeaderEndpoint); got != be.URL {
+		t.Errorf("%s: got %q, want %q", HeaderEndpoint, got, be.URL)
+	}
+}
+
+// A stream still running when the drain deadline passes is ended the way a
+// broken upstream stream is, with an error event and [DONE], not cut off;
+// the engine's request is cancelled, the endpoint is not blamed, and Serve
+// returns once the request is accounted for.
+func TestShutdownDeadlineEndsStreamsWithErrorEvent(t *testing.T) {
+	cancelled := make(chan struct{})
+	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body) // then a closed connection cancels r
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"n\":0}\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // generates until cancelled
+		close(cancelled)
+	})
+	cfg := testConfig("first", be.URL)
+	cfg.Timeouts.Shutdown = 50 * time.Millisecond
+	cfg.Models[0].Router.FailThreshold = 1
+	cfg.Models[0].Signals.Disabled = true // the backend serves no /metrics
+	reg := prometheus.NewRegistry()
+	p, err := New(Options{Config: cfg, NewPicker: testPickers, Registerer: reg})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- p.Serve(ctx, ln) }()
+	resp, err := http.Post("http://"+ln.Addr().String()+PathCompletions, "application/json", strings.NewReader(streamBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	if line, _ := br.ReadString('\n'); line != "data: {\"n\":0}\n" {
+		t.Fatalf("first line: got %q", line)
+	}
+	stop()
+	rest, _ := io.ReadAll(br)
+	resp.Body.Close()
+	got := events(t, bytes.NewReader(rest))
+	if len(got) != 2 || got[1] != "[DONE]" {
+		t.Fatalf("after the deadline: got %q, want an error event and [DONE]", rest)
+	}
+	var e openai.ErrorResponse
+	if err := json.Unmarshal([]byte(got[0]), &e); err != nil || e.Error.Code != float64(http.StatusServiceUnavailable) {
+		t.Errorf("error event: got %s (%v), want a vLLM-style error with code 503", got[0], err)
+	}
+	if err := recv(t, "Serve to return", served); err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+	recv(t, "the engine's request to be cancelled", cancelled)
+	tp := &testProxy{Proxy: p}
+	if v := tp.metric(t, p.metrics.requests, "m", be.URL, "503"); v != 1 {
+		t.Errorf("requests answered 503 when Serve returned: got %v, want 1", v)
+	}
+	if v := tp.metric(t, p.metrics.inflight, "m", be.URL); v != 0 {
+		t.Errorf("in flight when Serve returned: got %v, want 0", v)
+	}
+	if st := p.Router("m").Status(time.Now()); !st[0].Healthy {
+		t.Errorf("the endpoint was blamed for the shutdown: %+v", st[0])
+	}
+}
+
+// A request still waiting for its engine's response headers when the drain
+// deadline passes gets a 503 rather than a closed connection.
+func TestShutdownDeadlineAnswersWaitingRequests503(t *testing.T) {
+	arrived := make(chan struct{})
+	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body) // then a closed connection cancels r
+		close(arrived)
+		<-r.Context().Done() // a long non-streaming generation
+	})
+	cfg := testConfig("first", be.URL)
+	cfg.Timeouts.Shutdown = 50 * time.Millisecond
+	cfg.Models[0].Signals.Disabled = true
+	p, err := New(Options{Config: cfg, NewPicker: testPickers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- p.Serve(ctx, ln) }()
+	type result struct {
+		status int
+		body   string
+		err    error
+	}
+	done := make(chan result, 1)
+	go func() {
+		resp, err := http.Post("http://"+ln.Addr().String()+PathChatCompletions, "application/json", strings.NewReader(chatBody))
+		if err != nil {
+			done <- result{err: err}
+			return
+		}
+		b, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		done <- result{resp.StatusCode, string(b), err}
+	}()
+	recv(t, "the request at the engine", arrived)
+	stop()
+	res := recv(t, "the answer", done)
+	if res.err != nil || res.status != http.StatusServiceUnavailable || !strings.Contains(res.body, "shutting down") {
+		t.Errorf("got %d %q (%v), want a 503 saying the router is shutting down", res.status, res.body, res.err)
+	}
+	if err := recv(t, "Serve to return", served); err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+}
+
+// retry.attempts covers connect errors and 5xx: an engine that took the
+// request and did not answer within timeouts.upstream_header is not tried
+// again elsewhere (that would run the whole generation a second time and
+// double the client's wait); the client gets a 504.
+func TestUpstreamHeaderTimeoutIsNotRetried(t *testing.T) {
+	slow := newBackend(t, "slow", func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		<-r.Context().Done()
+	})
+	fast := newBackend(t, "fast", okHandler("fast"))
+	dead, _ := net.Listen("tcp", "127.0.0.1:0")
+	deadURL := "http://" + dead.Addr().String()
+	dead.Close()
+
+	cfg := testConfig("first", slow.URL, fast.URL)
+	cfg.Timeouts.UpstreamHeader = 50 * time.Millisecond
+	tp := newTestProxy(t, cfg)
+	resp := tp.post(t, PathChatCompletions, chatBody)
+	out := readAll(t, resp)
+	if resp.StatusCode != http.StatusGatewayTimeout {
+		t.Errorf("got %d %s, want 504", resp.StatusCode, out)
+	}
+	if n := fast.hits.Load(); n != 0 {
+		t.Errorf("requests retried on the other endpoint: got %d, want 0", n)
+	}
+	// A connect error is still retried.
+	tp2 := newTestProxy(t, testConfig("first", deadURL, fast.URL))
+	resp = tp2.post(t, PathChatCompletions, chatBody)
+	if out := readAll(t, resp); resp.StatusCode != http.StatusOK || fast.hits.Load() != 1 {
+		t.Errorf("after a connect error: got %d %s and %d requests on the other endpoint, want 200 and 1",
+			resp.StatusCode, out, fast.hits.Load())
 	}
 }

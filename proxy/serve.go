@@ -7,14 +7,22 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"time"
 )
+
+// shutdownGrace is how long the requests ended at the drain deadline have
+// to write their end before their connections are closed.
+const shutdownGrace = time.Second
 
 // Serve serves the proxy on ln and runs the active health checks and the
 // engine signals (RunSignals) until ctx is done. Then it stops accepting
 // connections, lets in-flight requests (streams included) finish for up to
-// timeouts.shutdown, closes whatever is left (cancelling those upstream
-// requests), stops the background loops and returns. It returns nil after a
-// shutdown asked for by ctx, else the server's error.
+// timeouts.shutdown, then ends whatever is left: their upstream requests
+// are cancelled, a stream ends with an error event (503) and "data: [DONE]",
+// a request with no response yet is answered 503; after up to a second
+// more for that, the remaining connections are closed. It stops the
+// background loops and returns. It returns nil after a shutdown asked for
+// by ctx, else the server's error.
 func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{
 		Handler:           p,
@@ -51,8 +59,17 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	defer cancel()
 	err := srv.Shutdown(sctx)
 	if errors.Is(err, context.DeadlineExceeded) {
-		p.log.Warn("drain deadline passed: closing the remaining connections")
-		err = srv.Close()
+		// End what is left: streams with an error event and [DONE], the
+		// others with a 503 when nothing was sent yet; give the handlers
+		// a moment to say so and return, then close the connections.
+		p.log.Warn("drain deadline passed: ending the requests still in progress")
+		p.stopAll(errShutdown)
+		gctx, gcancel := context.WithTimeout(context.Background(), shutdownGrace)
+		if srv.Shutdown(gctx) != nil {
+			_ = srv.Close()
+		}
+		gcancel()
+		err = nil
 	}
 	if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) && err == nil {
 		err = serr

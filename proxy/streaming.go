@@ -45,16 +45,26 @@ func (b *upstreamBody) Read(p []byte) (int, error) {
 	if err == nil || err == io.EOF {
 		return n, err
 	}
-	if b.x.ctx.Err() != nil {
-		if b.sse && b.sawDone() {
-			// The client hung up after the final event, before the engine
-			// closed its response: the exchange is complete.
-			return n, io.EOF
-		}
+	var end *kvroute.Error
+	switch {
+	case b.x.ctx.Err() != nil && b.sse && b.sawDone():
+		// The client hung up after the final event, before the engine
+		// closed its response: the exchange is complete.
+		return n, io.EOF
+	case b.x.ctx.Err() != nil && b.x.shuttingDown():
+		// The drain deadline passed: the engine's request is cancelled,
+		// and the client is told, as when a stream breaks; the endpoint
+		// is not to blame.
+		b.x.shutdown = true
+		end = errShutdown
+	case b.x.ctx.Err() != nil:
 		b.x.clientGone = true
 		return n, err // the client went away; nothing to tell it
+	default:
+		b.x.streamFailed(err)
+		end = &kvroute.Error{Status: http.StatusBadGateway, Type: kvroute.TypeUpstream,
+			Message: fmt.Sprintf("the stream from endpoint %s broke: %v", b.x.flight.Endpoint.ID, err)}
 	}
-	b.x.streamFailed(err)
 	if !b.sse {
 		return n, err
 	}
@@ -62,8 +72,7 @@ func (b *upstreamBody) Read(p []byte) (int, error) {
 	if b.started && !b.atEventBoundary() {
 		b.rest = append(b.rest, "\n\n"...) // terminate the broken event
 	}
-	b.rest = openai.AppendErrorEvent(b.rest, &kvroute.Error{Status: http.StatusBadGateway, Type: kvroute.TypeUpstream,
-		Message: fmt.Sprintf("the stream from endpoint %s broke: %v", b.x.flight.Endpoint.ID, err)})
+	b.rest = openai.AppendErrorEvent(b.rest, end)
 	return n, nil
 }
 

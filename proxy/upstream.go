@@ -132,18 +132,33 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 		return // modifyResponse recorded it; the attempt loop retries
 	}
 	if r.Context().Err() != nil {
+		if x.shuttingDown() { // not the endpoint's fault either
+			x.shutdown, x.status = true, errShutdown.Status
+			openai.WriteError(w, errShutdown)
+			return
+		}
 		x.clientGone = true // the client went away: not the endpoint's fault
 		return
 	}
 	x.reportHealth(p.now(), false)
 	x.upstreamErr = err
-	if x.canRetry() {
+	if x.canRetry() && !tookTooLong(err) {
 		x.retry = retryConnect
 		return
 	}
 	x.status = upstreamStatus(err)
 	openai.WriteError(w, &kvroute.Error{Status: x.status, Type: kvroute.TypeUpstream, Code: "upstream_error",
 		Message: fmt.Sprintf("endpoint %s of model %q failed: %v", x.flight.Endpoint.ID, x.req.Model, err)})
+}
+
+// tookTooLong reports whether an attempt failed because the engine, having
+// taken the request, did not answer within timeouts.upstream_header: not
+// retried, since another engine would run the whole generation again. A
+// timeout while connecting is a connect error, and is.
+func tookTooLong(err error) bool {
+	var ne net.Error
+	var oe *net.OpError
+	return errors.As(err, &ne) && ne.Timeout() && !(errors.As(err, &oe) && oe.Op == "dial")
 }
 
 // upstreamStatus maps a transport error to the client's status: 504 for a
@@ -174,7 +189,11 @@ type savedResponse struct {
 
 func (x *exchange) saveFailedResponse(resp *http.Response) {
 	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxSavedBody))
-	x.saved = &savedResponse{status: resp.StatusCode, header: resp.Header.Clone(), body: body}
+	h := resp.Header.Clone()
+	if x.p.cfg.Debug.Enabled {
+		h.Set(HeaderEndpoint, x.flight.Endpoint.ID)
+	}
+	x.saved = &savedResponse{status: resp.StatusCode, header: h, body: body}
 }
 
 // write replays a saved failed response to the client.

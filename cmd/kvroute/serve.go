@@ -55,7 +55,7 @@ field and its default), or for the quick case with flags only:
 
 --listen, --log-level and --log-format also override the file's values.
 SIGINT/SIGTERM stop accepting connections and drain in-flight requests for up
-to timeouts.shutdown.
+to timeouts.shutdown; streams still running then end with an error event.
 
 Policies: %s.`
 
