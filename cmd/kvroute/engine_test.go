@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
-	"os/signal"
 	"strings"
 	"sync"
 	"syscall"
@@ -68,7 +67,7 @@ func TestEngineHelperProcess(t *testing.T) {
 	if args == "" {
 		t.Skip("helper process for TestEnginePDBetweenProcesses")
 	}
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signalContext()
 	defer stop()
 	err := run(ctx, strings.Fields(args), os.Stdout, os.Stderr)
 	if err != nil {

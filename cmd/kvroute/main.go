@@ -44,11 +44,23 @@ func register(c command) {
 var errUsage = errors.New("usage error")
 
 func main() {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	ctx, stop := signalContext()
 	err := run(ctx, os.Args[1:], os.Stdout, os.Stderr)
 	interrupted := ctx.Err() != nil // before stop, which cancels ctx
 	stop()
 	os.Exit(exitCode(err, interrupted, os.Stderr))
+}
+
+// signalContext returns a context cancelled by the first SIGINT or
+// SIGTERM, which starts a command's orderly stop (serve's drain, bench's
+// and demo's partial report). That signal also hands the two signals back
+// to their default action, so a second one (Ctrl-C pressed again) ends the
+// process at once rather than waiting out a drain of up to
+// timeouts.shutdown.
+func signalContext() (context.Context, context.CancelFunc) {
+	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
+	context.AfterFunc(ctx, stop)
+	return ctx, stop
 }
 
 // exitCode prints run's error to stderr and returns the exit status: 0

@@ -6,8 +6,12 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"os"
+	"os/exec"
 	"strings"
+	"syscall"
 	"testing"
+	"time"
 )
 
 // TestExitCode: a command stopped by Ctrl-C says it was interrupted (not
@@ -51,5 +55,67 @@ func TestHelpUnknownCommand(t *testing.T) {
 	var out, errb bytes.Buffer
 	if err := run(context.Background(), []string{"help", "sim"}, &out, &errb); !errors.Is(err, flag.ErrHelp) || !strings.Contains(errb.String(), "Usage: kvroute sim") {
 		t.Errorf("help sim: got %v, want sim's help", err)
+	}
+}
+
+// TestSignalHelperProcess is not a test: TestSecondSignalEndsProcess runs
+// the test binary again with this test selected to get a process that,
+// like `kvroute serve` draining, keeps working after the first signal.
+func TestSignalHelperProcess(t *testing.T) {
+	if os.Getenv("KVROUTE_SIGNAL_HELPER") == "" {
+		t.Skip("helper process for TestSecondSignalEndsProcess")
+	}
+	ctx, stop := signalContext()
+	defer stop()
+	fmt.Println("ready")
+	<-ctx.Done()
+	fmt.Println("draining")
+	time.Sleep(time.Minute) // a long drain
+	os.Exit(0)
+}
+
+// TestSecondSignalEndsProcess: the first SIGINT starts the orderly stop,
+// a second one ends the process at once (the default action), not after
+// the drain.
+func TestSecondSignalEndsProcess(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a process")
+	}
+	cmd := exec.Command(os.Args[0], "-test.run=^TestSignalHelperProcess$")
+	cmd.Env = append(os.Environ(), "KVROUTE_SIGNAL_HELPER=1")
+	out := &lockedBuffer{}
+	cmd.Stdout = out
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	waitFor := func(text string) {
+		t.Helper()
+		for deadline := time.Now().Add(10 * time.Second); !strings.Contains(out.String(), text); time.Sleep(10 * time.Millisecond) {
+			if time.Now().After(deadline) {
+				_ = cmd.Process.Kill()
+				<-done
+				t.Fatalf("helper did not print %q; output %q", text, out.String())
+			}
+		}
+	}
+	waitFor("ready")
+	_ = cmd.Process.Signal(syscall.SIGINT)
+	waitFor("draining")
+	_ = cmd.Process.Signal(syscall.SIGINT)
+	select {
+	case err := <-done:
+		var ee *exec.ExitError
+		if !errors.As(err, &ee) {
+			t.Fatalf("helper exited with %v, want killed by SIGINT", err)
+		}
+		if ws, ok := ee.Sys().(syscall.WaitStatus); !ok || !ws.Signaled() || ws.Signal() != syscall.SIGINT {
+			t.Fatalf("helper exited with %v, want killed by SIGINT", err)
+		}
+	case <-time.After(20 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatal("the second SIGINT did not end the process")
 	}
 }

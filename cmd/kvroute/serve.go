@@ -1,9 +1,7 @@
 package main
 
 import (
-	"bytes"
 	"context"
-	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -13,7 +11,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
-	"go.yaml.in/yaml/v3"
 
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/policy"
@@ -162,32 +159,9 @@ func loadConfigFile(path string) (config.Config, error) {
 	if err != nil {
 		return config.Config{}, fmt.Errorf("config: %w", err)
 	}
-	cfg, err := parseConfig(data)
+	cfg, err := config.Parse(data)
 	if err != nil {
 		return config.Config{}, fmt.Errorf("config %s: %w", path, err)
-	}
-	return cfg, nil
-}
-
-// parseConfig decodes one YAML document into a config, applies defaults and
-// validates it.
-func parseConfig(data []byte) (config.Config, error) {
-	var cfg config.Config
-	dec := yaml.NewDecoder(bytes.NewReader(data))
-	dec.KnownFields(true)
-	if err := dec.Decode(&cfg); err != nil {
-		if errors.Is(err, io.EOF) {
-			return cfg, errors.New("the file is empty")
-		}
-		return cfg, err
-	}
-	var extra yaml.Node
-	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
-		return cfg, errors.New("the file holds more than one YAML document")
-	}
-	cfg.ApplyDefaults()
-	if err := cfg.Validate(); err != nil {
-		return cfg, err
 	}
 	return cfg, nil
 }
