@@ -68,6 +68,11 @@ type HandoffConfig struct {
 	// MaxReplyBytes caps a prefill reply (and a failed leg's error body);
 	// default 4 MiB.
 	MaxReplyBytes int64
+	// EndpointHeader, when set, is a response header naming the endpoint
+	// that answered the client (the decode engine, or the one that ran the
+	// request whole or sent the error): the router's debug header, which
+	// `kvroute bench` reads for its per-engine figures. Default none.
+	EndpointHeader string
 	// Metrics records the handoff (nil: none).
 	Metrics *Metrics
 	// Logger receives warnings and errors (nil: discard).
@@ -643,6 +648,9 @@ func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time) {
 			dst[k] = v
 		}
 	}
+	if h.cfg.EndpointHeader != "" {
+		dst.Set(h.cfg.EndpointHeader, f.Endpoint.ID)
+	}
 	x.w.WriteHeader(resp.StatusCode)
 	x.res.Status = resp.StatusCode
 	rc := http.NewResponseController(x.w)
@@ -695,6 +703,9 @@ func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time) {
 func (x *exchange) replay(l *LegError) {
 	if ct := l.header.Get("Content-Type"); ct != "" {
 		x.w.Header().Set("Content-Type", ct)
+	}
+	if x.h.cfg.EndpointHeader != "" && l.Endpoint != "" {
+		x.w.Header().Set(x.h.cfg.EndpointHeader, l.Endpoint)
 	}
 	x.w.WriteHeader(l.Status)
 	_, _ = x.w.Write(l.Body)

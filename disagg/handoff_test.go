@@ -136,7 +136,7 @@ func newPD(t *testing.T, proto string, mode Mode, eps ...kvroute.Endpoint) *pdFi
 	rec := &recorder{c: &http.Client{}}
 	logs := &syncBuf{}
 	h, err := NewHandoff(HandoffConfig{Router: r, Planner: pl, Client: rec, Protocol: proto, Metrics: m,
-		Logger: slog.New(slog.NewTextHandler(logs, nil))})
+		Logger: slog.New(slog.NewTextHandler(logs, nil)), EndpointHeader: testEndpointHeader})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -160,7 +160,17 @@ func newPD(t *testing.T, proto string, mode Mode, eps ...kvroute.Endpoint) *pdFi
 	return f
 }
 
+// testEndpointHeader is the fixture's HandoffConfig.EndpointHeader.
+const testEndpointHeader = "X-Test-Endpoint"
+
 func (f *pdFixture) post(t *testing.T, body string, hdr ...string) (int, string) {
+	t.Helper()
+	code, body, _ := f.postH(t, body, hdr...)
+	return code, body
+}
+
+// postH is post that also returns the endpoint header of the response.
+func (f *pdFixture) postH(t *testing.T, body string, hdr ...string) (int, string, string) {
 	t.Helper()
 	req, _ := http.NewRequest(http.MethodPost, f.srv.URL+"/v1/completions", strings.NewReader(body))
 	req.Header.Set("Content-Type", "application/json")
@@ -173,7 +183,7 @@ func (f *pdFixture) post(t *testing.T, body string, hdr ...string) (int, string)
 	}
 	defer resp.Body.Close()
 	b, _ := io.ReadAll(resp.Body)
-	return resp.StatusCode, string(b)
+	return resp.StatusCode, string(b), resp.Header.Get(testEndpointHeader)
 }
 
 func endpoint(id, u string, role kvroute.Role, labels ...string) kvroute.Endpoint {
@@ -209,9 +219,12 @@ func TestPDNixlEndToEnd(t *testing.T) {
 	f := newPD(t, ProtocolNixl, ModeAlways, endpoint("p", p.URL, kvroute.RolePrefill), endpoint("d", d.URL, kvroute.RoleDecode))
 
 	// Non-streaming.
-	code, body := f.post(t, completion(false, 5))
+	code, body, answered := f.postH(t, completion(false, 5))
 	if code != 200 {
 		t.Fatalf("got %d %s", code, body)
+	}
+	if answered != "d" {
+		t.Errorf("%s: got %q, want the decode endpoint d", testEndpointHeader, answered)
 	}
 	var c openai.Completion
 	if err := json.Unmarshal([]byte(body), &c); err != nil {
@@ -367,6 +380,19 @@ func TestPDFailures(t *testing.T) {
 		dl := f.rec.to(d.URL)
 		if last := dl[len(dl)-1].body; last["kv_transfer_params"] == nil {
 			t.Errorf("after the failed prefill: got decode leg %v, want a disaggregated one (via p)", last)
+		}
+	})
+	t.Run("prefill 400 -> the client's answer, naming the endpoint", func(t *testing.T) {
+		bad := fake(t, func(w http.ResponseWriter, _ *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(http.StatusBadRequest)
+			_, _ = io.WriteString(w, `{"error":{"message":"too long","type":"BadRequestError","param":null,"code":400}}`)
+		})
+		d := emu(t, kvroute.RoleDecode, emulator.PDNixl)
+		f := newPD(t, ProtocolNixl, ModeAlways, endpoint("bad", bad.URL, kvroute.RolePrefill), endpoint("d", d.URL, kvroute.RoleDecode))
+		code, body, answered := f.postH(t, completion(false, 2))
+		if code != 400 || !strings.Contains(body, "too long") || answered != "bad" {
+			t.Errorf("got %d %s from %q, want the engine's 400 from bad", code, body, answered)
 		}
 	})
 	t.Run("prefill 500, no other prefill node -> aggregated on the decode node", func(t *testing.T) {

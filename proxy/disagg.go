@@ -58,17 +58,22 @@ func pdLink(l config.PDLink) disagg.Link {
 
 // newHandoff builds the P/D handoff of a pool.
 func (p *Proxy) newHandoff(pl *pool, m *config.Model, planner *disagg.Planner) (*disagg.Handoff, error) {
+	hdr := ""
+	if p.cfg.Debug.Enabled {
+		hdr = HeaderEndpoint
+	}
 	return disagg.NewHandoff(disagg.HandoffConfig{
-		Model:         m.Name,
-		Router:        pl.router,
-		Planner:       planner,
-		Client:        &http.Client{Transport: p.transport},
-		Protocol:      m.PD.Protocol,
-		Attempts:      m.PD.Attempts,
-		BootstrapPort: m.PD.BootstrapPort,
-		Metrics:       p.pdMetrics,
-		Logger:        p.log,
-		Now:           p.now,
+		Model:          m.Name,
+		EndpointHeader: hdr,
+		Router:         pl.router,
+		Planner:        planner,
+		Client:         &http.Client{Transport: p.transport},
+		Protocol:       m.PD.Protocol,
+		Attempts:       m.PD.Attempts,
+		BootstrapPort:  m.PD.BootstrapPort,
+		Metrics:        p.pdMetrics,
+		Logger:         p.log,
+		Now:            p.now,
 		Queue: func(ctx context.Context, req *kvroute.Request, err error) (*router.Flight, error) {
 			return p.queue(ctx, pl, req, err)
 		},

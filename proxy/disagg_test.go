@@ -68,6 +68,7 @@ func TestDisaggregatedEndToEnd(t *testing.T) {
 					PD: config.PD{Protocol: proto, Mode: "always", Profile: "tiny"},
 				}},
 				HealthCheck: config.HealthCheck{Disabled: true},
+				Debug:       config.Debug{Enabled: true},
 			}
 			reg := prometheus.NewRegistry()
 			px, err := New(Options{Config: cfg, NewPicker: policy.New, Registerer: reg, Gatherer: reg})
@@ -100,6 +101,9 @@ func TestDisaggregatedEndToEnd(t *testing.T) {
 			}
 			if h.Get(HeaderRequestID) == "" {
 				t.Error("no X-Request-Id on the answer")
+			}
+			if got := h.Get(HeaderEndpoint); got != "d0" { // debug is on: kvroute bench reads it
+				t.Errorf("%s: got %q, want the decode endpoint d0", HeaderEndpoint, got)
 			}
 			code, body, _ = post(`{"model":"tiny","prompt":"` + prompt + `","max_tokens":3,"stream":true}`)
 			if code != 200 || !strings.HasSuffix(body, "data: [DONE]\n\n") {
