@@ -227,7 +227,11 @@ type exchange struct {
 
 // Serve answers one client request for path (/v1/completions or
 // /v1/chat/completions) whose body was already read and whose routing view
-// req was parsed. It writes the response and returns what happened.
+// req was parsed. It writes the response and returns what happened. A
+// request whose context the server cancels with a *kvroute.Error cause
+// (context.WithCancelCause; the proxy does at its drain deadline) is
+// answered with that error: a JSON error before the answer began, an
+// error event and "data: [DONE]" in a stream.
 func (h *Handoff) Serve(w http.ResponseWriter, r *http.Request, path string, body []byte, req *kvroute.Request) Result {
 	x := &exchange{h: h, w: w, r: r, ctx: r.Context(), path: path, body: body, req: req, start: h.cfg.Now()}
 	if err := CheckClientRequest(body, r.Header); err != nil {
@@ -244,7 +248,7 @@ func (h *Handoff) Serve(w http.ResponseWriter, r *http.Request, path string, bod
 	forceAgg := false
 	for attempt := 0; attempt < h.cfg.Attempts; attempt++ {
 		if x.ctx.Err() != nil {
-			x.res.Status = StatusClientClosed
+			x.clientGone()
 			return x.res
 		}
 		x.res.Attempts = attempt + 1
@@ -680,7 +684,13 @@ func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time) {
 		}
 		if err != nil {
 			streamErr = err
-			if x.req.Stream && x.ctx.Err() == nil {
+			stop := x.serverStop()
+			switch {
+			case !x.req.Stream:
+			case stop != nil:
+				_, _ = x.w.Write(openai.AppendErrorEvent(nil, stop))
+				_ = rc.Flush()
+			case x.ctx.Err() == nil:
 				_, _ = x.w.Write(openai.AppendErrorEvent(nil, &kvroute.Error{Status: http.StatusBadGateway,
 					Type: kvroute.TypeUpstream, Code: "upstream_error", Message: "the engine's stream broke: " + err.Error()}))
 				_ = rc.Flush()
@@ -691,7 +701,9 @@ func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time) {
 	failed := streamErr != nil
 	if failed {
 		x.res.Err = fmt.Errorf("disagg: stream from %s: %w", f.Endpoint.ID, streamErr)
-		if x.ctx.Err() != nil {
+		if stop := x.serverStop(); stop != nil {
+			x.res.Status = stop.Status
+		} else if x.ctx.Err() != nil {
 			x.res.Status = StatusClientClosed
 		}
 	}
@@ -738,7 +750,7 @@ func (x *exchange) writeRoutingFailure(err error) {
 // writeLastFailure answers a request whose every placement failed.
 func (x *exchange) writeLastFailure() {
 	if x.ctx.Err() != nil {
-		x.res.Status = StatusClientClosed
+		x.clientGone()
 		return
 	}
 	l := x.last
@@ -754,8 +766,29 @@ func (x *exchange) writeLastFailure() {
 		Message: fmt.Sprintf("model %q: every P/D placement tried failed (%v): %s", x.req.Model, x.tried, msg), Err: l})
 }
 
-// clientGone records a request whose client went away; it is answered.
+// clientGone records a request whose context ended before an answer
+// began: the client went away, or the server stopped it with an answer
+// (serverStop), which is written. The request is done either way.
 func (x *exchange) clientGone() bool {
+	if stop := x.serverStop(); stop != nil {
+		x.writeError(stop)
+		x.res.Status, x.res.Err = stop.Status, stop
+		return true
+	}
 	x.res.Status = StatusClientClosed
 	return true
+}
+
+// serverStop returns the answer the server gave when it cancelled the
+// request's context with a *kvroute.Error cause (the proxy's drain
+// deadline: 503), nil when the context is live or the client went away.
+func (x *exchange) serverStop() *kvroute.Error {
+	if x.ctx.Err() == nil {
+		return nil
+	}
+	var ke *kvroute.Error
+	if errors.As(context.Cause(x.ctx), &ke) {
+		return ke
+	}
+	return nil
 }

@@ -646,3 +646,93 @@ func TestWireForms(t *testing.T) {
 	}
 	var _ = bufio.NewReader
 }
+
+// TestPDServerStop: a request the server cancels with a *kvroute.Error
+// cause (the proxy's drain deadline) is answered with that error, as a
+// JSON error before the answer began and as an error event and [DONE] in
+// a stream; a plain cancellation (the client went away) is not answered.
+func TestPDServerStop(t *testing.T) {
+	stopErr := &kvroute.Error{Status: http.StatusServiceUnavailable, Type: kvroute.TypeUnavailable, Message: "shutting down"}
+	// serve runs the request and cancels it with cause once arrived is
+	// closed (nil: once the client was written to).
+	serve := func(t *testing.T, f *pdFixture, body string, arrived <-chan struct{}, cause error) (Result, *httptest.ResponseRecorder) {
+		t.Helper()
+		ctx, cancel := context.WithCancelCause(context.Background())
+		req := httptest.NewRequestWithContext(ctx, http.MethodPost, "/v1/completions", strings.NewReader(body))
+		ri, err := openai.ParseRequest(openai.KindCompletion, []byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		kr := &kvroute.Request{ID: "stop", Model: ri.Model, Prompt: ri.Prompt, PromptTokens: ri.PromptTokens(),
+			MaxTokens: ri.MaxTokens, Stream: ri.Stream, Arrival: time.Now()}
+		w := &firstWrite{ResponseRecorder: httptest.NewRecorder(), wrote: make(chan struct{})}
+		if arrived == nil {
+			arrived = w.wrote
+		}
+		go func() {
+			<-arrived
+			cancel(cause)
+		}()
+		return f.h.Serve(w, req, "/v1/completions", []byte(body), kr), w.ResponseRecorder
+	}
+	t.Run("before the answer", func(t *testing.T) {
+		arrived := make(chan struct{})
+		var once sync.Once
+		hang := fake(t, func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body) // then a closed connection cancels r
+			once.Do(func() { close(arrived) })
+			<-r.Context().Done()
+		})
+		d := emu(t, kvroute.RoleDecode, emulator.PDNixl)
+		f := newPD(t, ProtocolNixl, ModeAlways, endpoint("p", hang.URL, kvroute.RolePrefill), endpoint("d", d.URL, kvroute.RoleDecode))
+		res, rec := serve(t, f, completion(false, 2), arrived, stopErr)
+		if res.Status != 503 || rec.Code != 503 || !strings.Contains(rec.Body.String(), "shutting down") {
+			t.Errorf("got result %d, response %d %s; want the 503 stop error", res.Status, rec.Code, rec.Body)
+		}
+	})
+	t.Run("in a stream", func(t *testing.T) {
+		p := emu(t, kvroute.RolePrefill, emulator.PDNixl)
+		slow := fake(t, func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body) // then a closed connection cancels r
+			w.Header().Set("Content-Type", "text/event-stream")
+			_, _ = io.WriteString(w, "data: {\"n\":0}\n\n")
+			w.(http.Flusher).Flush()
+			<-r.Context().Done()
+		})
+		f := newPD(t, ProtocolNixl, ModeAlways, endpoint("p", p.URL, kvroute.RolePrefill), endpoint("d", slow.URL, kvroute.RoleDecode))
+		res, rec := serve(t, f, completion(true, 4), nil, stopErr)
+		body := rec.Body.String()
+		if res.Status != 503 || !strings.HasPrefix(body, "data: {\"n\":0}\n\n") || !strings.Contains(body, "shutting down") ||
+			!strings.HasSuffix(body, "data: [DONE]\n\n") {
+			t.Errorf("got result %d, stream %q; want the first event, the stop error event and [DONE]", res.Status, body)
+		}
+	})
+	t.Run("client gone", func(t *testing.T) {
+		arrived := make(chan struct{})
+		var once sync.Once
+		hang := fake(t, func(w http.ResponseWriter, r *http.Request) {
+			_, _ = io.Copy(io.Discard, r.Body) // then a closed connection cancels r
+			once.Do(func() { close(arrived) })
+			<-r.Context().Done()
+		})
+		d := emu(t, kvroute.RoleDecode, emulator.PDNixl)
+		f := newPD(t, ProtocolNixl, ModeAlways, endpoint("p", hang.URL, kvroute.RolePrefill), endpoint("d", d.URL, kvroute.RoleDecode))
+		res, rec := serve(t, f, completion(false, 2), arrived, nil)
+		if res.Status != StatusClientClosed || rec.Body.Len() != 0 {
+			t.Errorf("got result %d, body %q; want 499 and nothing written", res.Status, rec.Body)
+		}
+	})
+}
+
+// firstWrite is a ResponseRecorder that closes wrote at its first Write.
+type firstWrite struct {
+	*httptest.ResponseRecorder
+	once  sync.Once
+	wrote chan struct{}
+}
+
+func (w *firstWrite) Write(b []byte) (int, error) {
+	n, err := w.ResponseRecorder.Write(b)
+	w.once.Do(func() { close(w.wrote) })
+	return n, err
+}

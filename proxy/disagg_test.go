@@ -1,6 +1,9 @@
 package proxy
 
 import (
+	"bufio"
+	"bytes"
+	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -9,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
 
@@ -136,4 +140,71 @@ func TestDisaggregatedEndToEnd(t *testing.T) {
 			}
 		})
 	}
+}
+
+// TestDisaggregatedShutdownDeadline: on a P/D pool too, a stream still
+// running at the drain deadline ends with a 503 error event and [DONE],
+// and the decode engine's request is cancelled.
+func TestDisaggregatedShutdownDeadline(t *testing.T) {
+	ps, _ := pdEngine(t, kvroute.RolePrefill, "nixl")
+	cancelled := make(chan struct{})
+	ds := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !strings.HasPrefix(r.URL.Path, "/v1/") {
+			http.NotFound(w, r)
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body) // then a closed connection cancels r
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = io.WriteString(w, "data: {\"n\":0}\n\n")
+		w.(http.Flusher).Flush()
+		<-r.Context().Done() // generates until cancelled
+		close(cancelled)
+	}))
+	defer ds.Close()
+	cfg := config.Config{
+		Models: []config.Model{{
+			Name: "tiny",
+			Endpoints: []config.Endpoint{
+				{ID: "p0", URL: ps.URL, Role: "prefill"},
+				{ID: "d0", URL: ds.URL, Role: "decode"},
+			},
+			PD:      config.PD{Protocol: "nixl", Mode: "always", Profile: "tiny"},
+			Signals: config.Signals{Disabled: true},
+		}},
+		HealthCheck: config.HealthCheck{Disabled: true},
+		Timeouts:    config.Timeouts{Shutdown: 50 * time.Millisecond},
+	}
+	cfg.ApplyDefaults()
+	px, err := New(Options{Config: cfg, NewPicker: policy.New})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	defer stop()
+	served := make(chan error, 1)
+	go func() { served <- px.Serve(ctx, ln) }()
+	resp, err := http.Post("http://"+ln.Addr().String()+PathCompletions, "application/json",
+		strings.NewReader(`{"model":"tiny","prompt":"a prompt for the prefill node","max_tokens":50,"stream":true}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	if line, _ := br.ReadString('\n'); line != "data: {\"n\":0}\n" {
+		t.Fatalf("first line: got %q", line)
+	}
+	stop()
+	rest, _ := io.ReadAll(br)
+	resp.Body.Close()
+	got := events(t, bytes.NewReader(rest))
+	if len(got) != 2 || got[1] != "[DONE]" || !strings.Contains(got[0], "503") {
+		t.Fatalf("after the deadline: got %q, want a 503 error event and [DONE]", rest)
+	}
+	if err := recv(t, "Serve to return", served); err != nil {
+		t.Errorf("Serve: %v", err)
+	}
+	recv(t, "the decode engine's request to be cancelled", cancelled)
 }
