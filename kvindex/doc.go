@@ -27,7 +27,10 @@
 // each BlockStored's token ids and its parent's key, so requests hashed with
 // HashTokens match whatever hash function or seed the engine uses. Each
 // endpoint keeps a map from the engine's block hashes to keys (to apply
-// BlockRemoved and to find a new block's parent). A BlockStored whose parent
+// BlockRemoved and to find a new block's parent), and counts the GPU copies
+// of a block stored more than once: vLLM does not de-duplicate its cache and
+// reports each copy's BlockStored and BlockRemoved, so a block stays until
+// its last copy is removed. A BlockStored whose parent
 // was never seen (the router subscribed late, events were lost) cannot be
 // keyed and is counted as an orphan. Blocks whose engine hash covers more
 // than tokens (LoRA, multimodal inputs, cache salt) are keyed with a salt so

@@ -107,9 +107,17 @@ type iendpoint struct {
 	g    *igroup
 	bit  uint64
 
-	mu      sync.Mutex // serialises this endpoint's writers; guards the fields below
-	blocks  emap       // engine block hash -> key
-	evictAt uint64     // where the next capacity eviction starts scanning
+	mu     sync.Mutex // serialises this endpoint's writers; guards the fields below
+	blocks emap       // engine block hash -> key
+	// copies counts, per engine hash, the GPU copies beyond the first: vLLM
+	// does not de-duplicate its prefix cache (two requests that compute the
+	// same block in one step, or a fully cached prompt whose last block is
+	// recomputed, cache it twice), reports each copy's BlockStored and each
+	// copy's BlockRemoved, and keeps the block while one copy is left. Nil
+	// until a second copy is stored. Stale counts of hashes no longer held
+	// are dropped when met.
+	copies  map[uint64]uint32
+	evictAt uint64 // where the next capacity eviction starts scanning
 	removed bool
 }
 
@@ -219,12 +227,23 @@ func (x *Index) Store(endpoint string, s Stored) (int, error) {
 			parent ^= s.Salts[i]
 		}
 		key = ChainHash(parent, s.Tokens[i*bs:(i+1)*bs])
-		if old, ok := e.blocks.put(eh, key); !ok {
+		old, ok := e.blocks.put(eh, key)
+		switch {
+		case !ok:
 			added++
-		} else if old != key {
+			e.forgetCopies(eh)
+		case old != key:
 			// The engine reused a hash for other contents: forget the old key.
 			e.g.gpu.update(old, 0, e.bit)
 			e.g.cpu.update(old, 0, e.bit)
+			e.forgetCopies(eh)
+		case tab == e.g.gpu && tab.get(key)&e.bit != 0:
+			// Another GPU copy of a block held: its BlockRemoved will
+			// come on its own.
+			if e.copies == nil {
+				e.copies = make(map[uint64]uint32)
+			}
+			e.copies[eh]++
 		}
 		tab.update(key, e.bit, 0)
 	}
@@ -237,7 +256,8 @@ func (x *Index) Store(endpoint string, s Stored) (int, error) {
 
 // Evict applies a BlockRemoved event: endpoint no longer holds the blocks
 // with these engine hashes in tier (TierNone means GPU). Unknown hashes are
-// counted and ignored.
+// counted and ignored. A GPU block stored more than once (vLLM caches and
+// reports every copy it computes) stays until each copy is removed.
 func (x *Index) Evict(endpoint string, engineHashes []uint64, tier kvroute.Tier) {
 	x.mu.RLock()
 	e := x.eps[endpoint]
@@ -256,7 +276,19 @@ func (x *Index) Evict(endpoint string, engineHashes []uint64, tier kvroute.Tier)
 		key, ok := e.blocks.get(eh)
 		if !ok {
 			unknown++
+			e.forgetCopies(eh)
 			continue
+		}
+		if tab == e.g.gpu {
+			if n := e.copies[eh]; n > 0 {
+				// One GPU copy of several went: the block stays.
+				if n == 1 {
+					delete(e.copies, eh)
+				} else {
+					e.copies[eh] = n - 1
+				}
+				continue
+			}
 		}
 		tab.update(key, 0, e.bit)
 		if other.live.Load() == 0 || other.get(key)&e.bit == 0 {
@@ -285,9 +317,18 @@ func (x *Index) Clear(endpoint string) {
 	e.mu.Unlock()
 }
 
+// forgetCopies drops the extra copies counted for engine hash eh. Called
+// with e.mu held.
+func (e *iendpoint) forgetCopies(eh uint64) {
+	if e.copies != nil {
+		delete(e.copies, eh)
+	}
+}
+
 func (x *Index) clearLocked(e *iendpoint) {
 	n := e.blocks.Len()
 	e.blocks = emap{}
+	e.copies = nil
 	e.g.gpu.clearBits(e.bit)
 	e.g.cpu.clearBits(e.bit)
 	x.entries.Add(-int64(n))

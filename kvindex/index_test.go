@@ -197,12 +197,13 @@ type naiveIndex struct {
 type naiveEP struct {
 	blocks   map[uint64]uint64
 	gpu, cpu map[uint64]bool
+	copies   map[uint64]int // GPU copies of an engine hash beyond the first
 }
 
 func (n *naiveIndex) ep(name string) *naiveEP {
 	e := n.eps[name]
 	if e == nil {
-		e = &naiveEP{blocks: map[uint64]uint64{}, gpu: map[uint64]bool{}, cpu: map[uint64]bool{}}
+		e = &naiveEP{blocks: map[uint64]uint64{}, gpu: map[uint64]bool{}, cpu: map[uint64]bool{}, copies: map[uint64]int{}}
 		n.eps[name] = e
 	}
 	return e
@@ -220,9 +221,16 @@ func (n *naiveIndex) store(name string, s Stored) error {
 	}
 	for i, eh := range s.BlockHashes {
 		key = ChainHash(key, s.Tokens[i*n.bs:(i+1)*n.bs])
-		if old, ok := e.blocks[eh]; ok && old != key {
+		old, ok := e.blocks[eh]
+		if ok && old != key {
 			delete(e.gpu, old)
 			delete(e.cpu, old)
+		}
+		switch {
+		case !ok || old != key:
+			delete(e.copies, eh)
+		case s.Tier != kvroute.TierCPU && e.gpu[key]:
+			e.copies[eh]++
 		}
 		e.blocks[eh] = key
 		if s.Tier == kvroute.TierCPU {
@@ -242,6 +250,11 @@ func (n *naiveIndex) evict(name string, hs []uint64, tier kvroute.Tier) {
 	for _, eh := range hs {
 		key, ok := e.blocks[eh]
 		if !ok {
+			delete(e.copies, eh)
+			continue
+		}
+		if tier != kvroute.TierCPU && e.copies[eh] > 0 {
+			e.copies[eh]--
 			continue
 		}
 		this, other := e.gpu, e.cpu

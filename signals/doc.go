@@ -98,14 +98,24 @@
 //	                     replay socket or the replay cannot fill the gap: drop the endpoint's
 //	                     entries (resync), then apply
 //	seq <  next          the engine restarted: drop its entries, catch up, apply
+//	new connection, nothing applied yet (start, or after a restart)
+//	                     catch up at once: replay and apply whatever history the engine
+//	                     still buffers (batches that also arrive on the SUB socket are
+//	                     skipped); with no history or no answer, the first batch does:
 //	first batch, seq > 0 catch up: replay whatever history the engine still buffers
 //	first batch on a new connection, seq >= next
 //	                     replay from next-1 and compare that batch's bytes: the same
 //	                     engine -> fill the gap; different -> it restarted (drop its
-//	                     entries, catch up from 0); no replay socket -> resync
+//	                     entries, catch up from 0); no replay socket -> resync, unless
+//	                     the last connection only went idle and seq == next
+//	new dialled connection after a failed one
+//	                     the same check at once, before any batch (a restarted engine
+//	                     publishes nothing until it serves a request): restarted,
+//	                     replay failed or no replay socket -> drop its entries and take
+//	                     the next batch as a new subscription's
 //
-// Run owns the sockets and re-dials after failures or a silence of
-// IdleReconnect; in listen mode the listening socket stays bound for all of
-// Run. EncodeEventBatch writes the same payloads (for the engine
+// Run owns the sockets and re-dials after failures (after DialRetry) or a
+// silence of IdleReconnect (at once); in listen mode the listening socket
+// stays bound for all of Run. EncodeEventBatch writes the same payloads (for the engine
 // emulator and tests).
 package signals

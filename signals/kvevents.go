@@ -167,6 +167,116 @@ func isInt(c byte) bool {
 		(c >= msgpcode.Int8 && c <= msgpcode.Int64)
 }
 
+// valueLen returns the length in bytes of the msgpack value starting at p.
+// It walks nested arrays and maps with a counter, not recursion: a payload
+// of millions of nested one-element arrays (msgpack's own Skip and
+// DecodeRaw recurse once per level) would otherwise overflow the goroutine
+// stack, a fatal error that no recover catches, and take the router down.
+func valueLen(p []byte) (int, error) {
+	off, pending := 0, 1 // pending: values still to skip
+	for pending > 0 {
+		if off >= len(p) {
+			return 0, io.ErrUnexpectedEOF
+		}
+		pending--
+		c := p[off]
+		// head: bytes of the header, including c; n: length field (bytes
+		// of a string, bin or ext body, or elements of a container).
+		head, n, items := 1, uint64(0), uint64(0)
+		switch {
+		case c <= 0x7f || c >= 0xe0 || c == msgpcode.Nil || c == msgpcode.False || c == msgpcode.True:
+		case msgpcode.IsFixedMap(c):
+			items = 2 * uint64(c&0x0f)
+		case msgpcode.IsFixedArray(c):
+			items = uint64(c & 0x0f)
+		case msgpcode.IsFixedString(c):
+			n = uint64(c & 0x1f)
+		default:
+			var lenBytes int
+			switch c {
+			case msgpcode.Uint8, msgpcode.Int8:
+				head = 2
+			case msgpcode.Uint16, msgpcode.Int16, msgpcode.FixExt1:
+				head = 3
+			case msgpcode.FixExt2:
+				head = 4
+			case msgpcode.Float, msgpcode.Uint32, msgpcode.Int32:
+				head = 5
+			case msgpcode.FixExt4:
+				head = 6
+			case msgpcode.Double, msgpcode.Uint64, msgpcode.Int64:
+				head = 9
+			case msgpcode.FixExt8:
+				head = 10
+			case msgpcode.FixExt16:
+				head = 18
+			case msgpcode.Bin8, msgpcode.Str8:
+				lenBytes = 1
+			case msgpcode.Bin16, msgpcode.Str16, msgpcode.Array16, msgpcode.Map16:
+				lenBytes = 2
+			case msgpcode.Bin32, msgpcode.Str32, msgpcode.Array32, msgpcode.Map32:
+				lenBytes = 4
+			case msgpcode.Ext8:
+				lenBytes, head = 1, 2 // the code and the type byte
+			case msgpcode.Ext16:
+				lenBytes, head = 2, 2
+			case msgpcode.Ext32:
+				lenBytes, head = 4, 2
+			default:
+				return 0, fmt.Errorf("invalid code %#x", c)
+			}
+			if lenBytes > 0 {
+				if off+1+lenBytes > len(p) {
+					return 0, io.ErrUnexpectedEOF
+				}
+				for _, b := range p[off+1 : off+1+lenBytes] {
+					n = n<<8 | uint64(b)
+				}
+				head += lenBytes
+				switch c {
+				case msgpcode.Array16, msgpcode.Array32:
+					items, n = n, 0
+				case msgpcode.Map16, msgpcode.Map32:
+					items, n = 2*n, 0
+				}
+			}
+		}
+		off += head
+		if off > len(p) {
+			return 0, io.ErrUnexpectedEOF
+		}
+		// Every element takes at least a byte: longer lengths are lies,
+		// rejected before they can overflow anything.
+		left := uint64(len(p) - off)
+		if n > left || items > left || uint64(pending)+items > left {
+			return 0, io.ErrUnexpectedEOF
+		}
+		off += int(n)
+		pending += int(items)
+	}
+	return off, nil
+}
+
+// skip skips the next value.
+func (dec *EventDecoder) skip() error {
+	_, err := dec.raw()
+	return err
+}
+
+// raw returns the bytes of the next value (a subslice of the payload) and
+// moves past it.
+func (dec *EventDecoder) raw() ([]byte, error) {
+	pos := len(dec.payload) - dec.r.Len()
+	n, err := valueLen(dec.payload[pos:])
+	if err != nil {
+		return nil, err
+	}
+	if _, err := dec.r.Seek(int64(n), io.SeekCurrent); err != nil {
+		return nil, err
+	}
+	return dec.payload[pos : pos+n], nil
+}
+
 // str reads a string (or bin) into the scratch buffer; valid until the next
 // call.
 func (dec *EventDecoder) str() ([]byte, error) {
@@ -394,7 +504,7 @@ func (dec *EventDecoder) extraKeys(dst []uint64) ([]uint64, bool, error) {
 			dst = append(dst, 0)
 			continue
 		}
-		raw, err := dec.d.DecodeRaw()
+		raw, err := dec.raw()
 		if err != nil {
 			return dst, false, err
 		}
@@ -435,7 +545,7 @@ func (dec *EventDecoder) batch(b *EventBatch) error {
 			b.DPRank, b.HasDPRank = int(v), ok
 		}
 		for i := 3; i < n; i++ {
-			if err := dec.d.Skip(); err != nil {
+			if err := dec.skip(); err != nil {
 				return err
 			}
 		}
@@ -466,7 +576,7 @@ func (dec *EventDecoder) batch(b *EventBatch) error {
 				}
 				b.DPRank, b.HasDPRank = int(v), ok
 			default:
-				if err := dec.d.Skip(); err != nil {
+				if err := dec.skip(); err != nil {
 					return err
 				}
 			}
@@ -592,7 +702,7 @@ func (dec *EventDecoder) event(ev *KVEvent) error {
 		}
 		for i := 1; i < n; i++ {
 			if i-1 >= len(fields) {
-				if err := dec.d.Skip(); err != nil {
+				if err := dec.skip(); err != nil {
 					return err
 				}
 				continue
@@ -662,7 +772,7 @@ func (dec *EventDecoder) field(ev *KVEvent, id int, hadExtra *bool) error {
 	case fSlidingWindow:
 		ev.SlidingWindow, err = dec.smallInt()
 	default:
-		err = dec.d.Skip()
+		err = dec.skip()
 	}
 	return err
 }

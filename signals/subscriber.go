@@ -48,10 +48,12 @@ type SubscriberConfig struct {
 	Listen bool
 	// Sink receives the blocks. Required.
 	Sink Sink
-	// NoCatchUp disables replaying the engine's buffered history when the
-	// first batch seen (at start or after an engine restart) is not seq 0.
+	// NoCatchUp disables replaying the engine's buffered history at start
+	// and after an engine restart (as soon as the connection is made, or at
+	// the first batch seen when it is not seq 0).
 	NoCatchUp bool
-	// ReplayTimeout bounds one replay exchange; default 2s.
+	// ReplayTimeout bounds one replay exchange, and one dial (the
+	// connection and its ZMTP handshake); default 2s.
 	ReplayTimeout time.Duration
 	// IdleReconnect re-dials the engine after this long without a batch, in
 	// case the connection died silently (an engine restart); default 10s.
@@ -148,8 +150,13 @@ type SubscriberStatus struct {
 // same engine keeps the entries (and fills any gap), another one has them
 // dropped and its history caught up from seq 0. Without a replay socket a
 // new connection cannot be verified and drops the endpoint's entries
-// (resync). A listening socket stays bound for all of Run so that a
-// restarted engine can always connect back. Run owns the sockets.
+// (resync), except after an idle re-dial when the sequence continues
+// exactly. A dialled connection that follows a failed one is checked as
+// soon as it is made, before any batch: a restarted engine publishes
+// nothing until it serves a request, and its old entries would draw
+// requests to a cache that is gone meanwhile. A listening socket stays
+// bound for all of Run so that a restarted engine can always connect back.
+// Run owns the sockets.
 type Subscriber struct {
 	cfg SubscriberConfig
 
@@ -171,6 +178,23 @@ type Subscriber struct {
 	// restarted engine may have published more batches than the old one
 	// before the subscriber reconnects.
 	fresh bool
+	// idle is set when the last dialled session ended only because the
+	// engine was silent for IdleReconnect (the connection itself never
+	// failed): without replay, a first batch that continues the sequence
+	// exactly is then taken as the same engine's.
+	idle bool
+	// lost is set when a dialled session ended any other way (the
+	// connection failed, a dial failed): the engine may have restarted, so
+	// the next connection is checked as soon as it is made, before any
+	// batch (a restarted engine publishes nothing until it serves a
+	// request, and the router would route to its lost cache meanwhile).
+	lost bool
+	// dups holds the payload hashes of the batches a catch-up on connect
+	// applied, by sequence number, until a batch past them arrives: the
+	// same batches may also come on the SUB socket (published between the
+	// connection and the replay) and are then skipped, not taken for a
+	// restart.
+	dups map[uint64]uint64
 
 	mu sync.Mutex // guards st
 	st SubscriberStatus
@@ -224,6 +248,14 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			s.cfg.Logger.Warn("kv events: session ended", "endpoint", s.cfg.Endpoint, "address", s.cfg.Address, "err", err)
 			s.update(func(st *SubscriberStatus) { st.LastError = err.Error() })
 		}
+		if errors.Is(err, errIdle) && !s.lost {
+			// The connection was fine, only silent: re-dial at once, so
+			// that few batches are published while no connection is
+			// subscribed.
+			s.idle = true
+			continue
+		}
+		s.idle, s.lost = false, true
 		select {
 		case <-ctx.Done():
 		case <-time.After(s.cfg.DialRetry):
@@ -253,12 +285,24 @@ func (s *Subscriber) session(parent context.Context) error {
 		if err := sub.Listen(s.cfg.Address); err != nil {
 			return fmt.Errorf("listen %s: %w", s.cfg.Address, err)
 		}
-	} else if err := sub.Dial(s.cfg.Address); err != nil {
+	} else if err := dialWithin(sub, s.cfg.Address, s.cfg.ReplayTimeout, cancel); err != nil || ctx.Err() != nil {
+		if err == nil {
+			err = errors.New("no handshake in time")
+		}
 		return fmt.Errorf("dial %s: %w", s.cfg.Address, err)
 	}
 	s.update(func(st *SubscriberStatus) { st.Connected = true })
 	defer s.update(func(st *SubscriberStatus) { st.Connected = false })
 	s.fresh = true // a new connection: maybe a new engine
+	if s.lost && !s.cfg.Listen {
+		s.lost = false
+		if s.started {
+			s.verify(ctx)
+		}
+	}
+	if !s.started {
+		s.catchUp(ctx)
+	}
 
 	msgs := make(chan subMsg, 64)
 	var wg sync.WaitGroup
@@ -299,7 +343,7 @@ func (s *Subscriber) session(parent context.Context) error {
 		case <-ctx.Done():
 			return nil
 		case <-idle.C:
-			return errors.New("idle: no batch, reconnecting")
+			return errIdle
 		case m, ok := <-msgs:
 			if !ok {
 				return errors.New("receiver stopped")
@@ -328,6 +372,9 @@ func (s *Subscriber) session(parent context.Context) error {
 	}
 }
 
+// errIdle ends a dialled session that saw no batch for IdleReconnect.
+var errIdle = errors.New("idle: no batch, reconnecting")
+
 // nilLogger silences zmq4's own log output.
 var nilLogger = newDiscardLogger()
 
@@ -348,6 +395,14 @@ func splitFrames(f [][]byte) (uint64, []byte, error) {
 
 // handle applies the batch seq after checking the sequence.
 func (s *Subscriber) handle(ctx context.Context, seq uint64, payload []byte) {
+	if s.dups != nil {
+		if h, ok := s.dups[seq]; ok && seq < s.next && h == xxh3.Hash(payload) {
+			return // applied by the catch-up
+		}
+		if seq >= s.next {
+			s.dups = nil
+		}
+	}
 	fresh := s.fresh
 	s.fresh = false
 	switch {
@@ -357,7 +412,7 @@ func (s *Subscriber) handle(ctx context.Context, seq uint64, payload []byte) {
 			s.fill(ctx, 0, seq, false)
 		}
 	case fresh && seq >= s.next:
-		s.reconnected(ctx, seq)
+		s.reconnected(ctx, seq, s.idle)
 	case seq == s.next:
 	case seq > s.next:
 		s.update(func(st *SubscriberStatus) { st.Gaps++ })
@@ -394,10 +449,16 @@ func (s *Subscriber) restarted(ctx context.Context, seq uint64, why string) {
 // carries the engine's timestamp), a restarted one a different batch or
 // none. Then the gap [next, seq) is filled from the same answer. Without a
 // replay socket nothing can be verified and the endpoint's entries are
-// dropped (resync).
-func (s *Subscriber) reconnected(ctx context.Context, seq uint64) {
+// dropped (resync), unless the previous connection never failed and only
+// went silent (idle) and seq continues its sequence exactly: an idle
+// engine is re-dialled every IdleReconnect, and dropping its entries each
+// time would empty the index of every engine that is idle for a while.
+func (s *Subscriber) reconnected(ctx context.Context, seq uint64, idle bool) {
 	s.update(func(st *SubscriberStatus) { st.Reconnects++ })
 	if s.replay == nil {
+		if idle && seq == s.next {
+			return
+		}
 		s.resync("new connection without replay: the engine may have restarted")
 		return
 	}
@@ -421,6 +482,76 @@ func (s *Subscriber) reconnected(ctx context.Context, seq uint64) {
 	if !s.applyRange(got[1:], s.next, seq, true) {
 		s.resync("gap, replay incomplete")
 		return
+	}
+	s.update(func(st *SubscriberStatus) { st.Replays++ })
+}
+
+// verify checks a new dialled connection that follows a failed one, as
+// soon as it is made: the engine may have restarted with an empty cache,
+// and it publishes nothing until it serves a request, so waiting for its
+// first batch would leave its old entries in the index, drawing requests
+// to a cache that is gone. With a replay socket the last batch applied
+// (next-1) is asked for: the same bytes mean the same engine (its first
+// batch is then checked as after any gap); another batch or none means a
+// restarted engine, whose entries are dropped and whose first batch is
+// then taken as a new subscription's (catching up its history). Without
+// replay, or when the replay gets no answer (a restarting engine may not
+// have bound it yet), the entries are dropped (resync) as the first batch
+// would have dropped them, and that batch catches up what the replay still
+// buffers.
+func (s *Subscriber) verify(ctx context.Context) {
+	s.update(func(st *SubscriberStatus) { st.Reconnects++ })
+	s.fresh = false
+	if s.replay == nil {
+		s.resync("new connection without replay: the engine may have restarted")
+		s.started = false
+		return
+	}
+	last := s.next - 1 // started, so next >= 1
+	got, err := s.replayRetry(ctx, last)
+	if err != nil {
+		s.cfg.Logger.Warn("kv events: replay failed", "endpoint", s.cfg.Endpoint, "from", last, "err", err)
+		s.update(func(st *SubscriberStatus) { st.LastError = err.Error() })
+		s.resync("new connection, replay failed: the engine may have restarted")
+		s.started = false
+		return
+	}
+	if len(got) > 0 && got[0].seq == last && xxh3.Hash(got[0].payload) == s.lastHash {
+		return // the same engine
+	}
+	s.update(func(st *SubscriberStatus) { st.Restarts++ })
+	s.cfg.Logger.Info("kv events: engine restarted, dropping its entries", "endpoint", s.cfg.Endpoint,
+		"why", "new connection, the engine's history differs", "want", last)
+	s.cfg.Sink.Clear(s.cfg.Endpoint)
+	s.started = false
+}
+
+// catchUp replays and applies the history the engine buffers as soon as a
+// connection is made, before the subscription has seen a batch (the router
+// started, or the engine restarted): an engine that is idle publishes
+// nothing, and the cache it holds would stay unknown to the router until
+// its next batch. When the replay fails or the history is empty, the first
+// batch catches up instead.
+func (s *Subscriber) catchUp(ctx context.Context) {
+	if s.replay == nil || s.cfg.NoCatchUp {
+		return
+	}
+	got, err := s.replayRetry(ctx, 0)
+	if err != nil || len(got) == 0 {
+		if err != nil {
+			s.cfg.Logger.Warn("kv events: catch-up replay failed", "endpoint", s.cfg.Endpoint, "err", err)
+			s.update(func(st *SubscriberStatus) { st.LastError = err.Error() })
+		}
+		return
+	}
+	s.started, s.fresh = true, false
+	s.dups = make(map[uint64]uint64, len(got))
+	for i, r := range got {
+		if i > 0 && r.seq < s.next {
+			continue // not in order: take what continues the sequence
+		}
+		s.apply(r.seq, r.payload)
+		s.dups[r.seq] = s.lastHash
 	}
 	s.update(func(st *SubscriberStatus) { st.Replays++ })
 }
@@ -594,10 +725,12 @@ const endMarker = ^uint64(0)
 // ["", seq, payload] replies until the end marker seq -1 (a REQ socket
 // would fail after the first reply).
 func (s *Subscriber) zmqReplay(ctx context.Context, from uint64) ([]replayed, error) {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
 	d := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.ReplayTimeout),
 		zmq4.WithLogger(nilLogger))
 	defer d.Close()
-	if err := d.Dial(s.cfg.ReplayAddress); err != nil {
+	if err := dialWithin(d, s.cfg.ReplayAddress, s.cfg.ReplayTimeout, cancel); err != nil {
 		return nil, fmt.Errorf("replay: dial %s: %w", s.cfg.ReplayAddress, err)
 	}
 	var start [8]byte
