@@ -379,6 +379,22 @@ func (s Slot) Oldest() time.Time {
 	return time.Time{}
 }
 
+// Clear drops all of endpoint's entries; its capacity and Slot stay.
+func (a *Approx) Clear(endpoint string) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	e := a.eps[endpoint]
+	if e == nil {
+		return
+	}
+	capacity := e.capacity
+	e.capacity = 0
+	a.trim(e, 0, false)
+	e.capacity = capacity
+	e.publishRoom()
+	a.noteExpiry(e)
+}
+
 // Remove forgets endpoint and all its entries.
 func (a *Approx) Remove(endpoint string) {
 	a.mu.Lock()

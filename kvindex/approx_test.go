@@ -83,6 +83,32 @@ func TestApproxCapacity(t *testing.T) {
 	a.Remove("unknown")
 }
 
+// TestApproxClear: Clear drops one endpoint's entries and keeps its
+// capacity and Slot; the others' entries stay.
+func TestApproxClear(t *testing.T) {
+	for _, serialized := range []bool{false, true} {
+		a := NewApprox(ApproxConfig{DefaultCapacityBlocks: 8, Serialized: serialized})
+		a.SetCapacity("e", 6)
+		slot := a.Slot("e")
+		a.Record(t0, "e", []uint64{1, 2, 3})
+		a.Record(t0, "f", []uint64{1, 2})
+		a.Clear("e")
+		checkApprox(t, a, true)
+		if got := a.Match(t0, []uint64{1, 2, 3}, nil); !reflect.DeepEqual(got, []Hit{{"f", 2, kvroute.TierGPU, 2}}) {
+			t.Fatalf("serialized=%v: after Clear(e): got %v, want f's 2 blocks only", serialized, got)
+		}
+		if r := slot.Room(); r != 6 {
+			t.Fatalf("serialized=%v: after Clear(e): room %d, want the capacity 6", serialized, r)
+		}
+		a.Record(t0, "e", []uint64{1, 2, 3, 4, 5, 6, 7})
+		if got := a.Match(t0, []uint64{1, 2, 3, 4, 5, 6, 7}, nil); len(got) != 2 || got[0].Blocks != 6 {
+			t.Fatalf("serialized=%v: recorded again: got %v, want e holding 6 (its capacity)", serialized, got)
+		}
+		a.Clear("unknown")
+		checkApprox(t, a, true)
+	}
+}
+
 func TestApproxConcurrent(t *testing.T) {
 	a := NewApprox(ApproxConfig{DefaultCapacityBlocks: 100})
 	var wg sync.WaitGroup

@@ -9,6 +9,7 @@ import (
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/kvindex"
 	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/tokenizer"
 )
 
@@ -54,6 +55,27 @@ func newPrecise(m *config.Model) (*precise, error) {
 		pc.index = kvindex.NewIndex(kvindex.IndexConfig{BlockSize: pr.BlockSize, Capacity: pr.IndexCapacity})
 	}
 	return pc, nil
+}
+
+// kvSink is what a model's KV-event subscribers write to: the precise
+// index, and, when an endpoint's event history is reset (Clear: the engine
+// restarted, or a gap could not be filled; Remove: its subscription ended),
+// the router forgets its own recent dispatches there too, which stand in
+// for the events not yet come (router.Config.EventGap) and would otherwise
+// claim blocks the engine no longer has.
+type kvSink struct {
+	*kvindex.Index
+	router *router.Router
+}
+
+func (s *kvSink) Clear(endpoint string) {
+	s.Index.Clear(endpoint)
+	s.router.ForgetDispatches(endpoint)
+}
+
+func (s *kvSink) Remove(endpoint string) {
+	s.Index.Remove(endpoint)
+	s.router.ForgetDispatches(endpoint)
 }
 
 // errNotTokenized says a request's prompt has no single token sequence to

@@ -3,12 +3,14 @@ package proxy
 import (
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"os"
 	"path/filepath"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
@@ -17,6 +19,7 @@ import (
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/kvindex"
 	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/signals"
 	"github.com/kvroute/kvroute/tokenizer"
 )
 
@@ -300,5 +303,54 @@ func TestPreciseHFAgreesWithEngine(t *testing.T) {
 				}
 			}
 		})
+	}
+}
+
+// TestKVSinkClearForgetsDispatches: the KV-event subscribers write to the
+// pool's kvSink; when an endpoint's event history is reset (Clear), the
+// router stops claiming the prompts it routed there while waiting for
+// their events.
+func TestKVSinkClearForgetsDispatches(t *testing.T) {
+	cfg := testConfig("first", "http://127.0.0.1:1", "http://127.0.0.1:2")
+	m := &cfg.Models[0]
+	m.Precise = config.Precise{Tokenizer: config.BuiltinTokenizer}
+	for i := range m.Endpoints {
+		m.Endpoints[i].KVEvents = config.KVEvents{Address: fmt.Sprintf("tcp://127.0.0.1:%d", 5557+i)}
+	}
+	cfg.ApplyDefaults()
+	p, err := New(Options{Config: cfg, NewPicker: testPickers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	pl := p.pools["m"]
+	if pl.kvSink == nil {
+		t.Fatal("no kvSink on a pool with KV events")
+	}
+	for _, ts := range p.signalTargets() {
+		for _, tg := range ts {
+			if tg.KVEvents == nil || tg.KVEvents.Sink != signals.Sink(pl.kvSink) {
+				t.Fatalf("target %s: KV events not fed to the pool's kvSink: %+v", tg.Endpoint, tg.KVEvents)
+			}
+		}
+	}
+	r := pl.router
+	cached := func() int {
+		t.Helper()
+		req := &kvroute.Request{ID: "r", Model: "m", PromptTokens: 64, BlockSize: 16, BlockHashes: []uint64{1, 2, 3, 4}}
+		f, err := r.Route(time.Now(), req, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Done(time.Now(), f, kvroute.Outcome{})
+		return f.CachedTokens()
+	}
+	first := pl.eps[0].ID
+	cached()
+	if got := cached(); got != 64 {
+		t.Fatalf("routed once: %d tokens cached, want 64 (the router's own dispatch)", got)
+	}
+	pl.kvSink.Clear(first)
+	if got := cached(); got != 0 {
+		t.Fatalf("after the engine's history was reset: %d tokens cached, want 0", got)
 	}
 }

@@ -84,6 +84,7 @@ type pool struct {
 	eps     []kvroute.Endpoint
 	proxies map[string]*endpointProxy // by endpoint ID; read-only after New
 	precise *precise                  // token-level matching; nil when off
+	kvSink  *kvSink                   // what the KV-event subscribers feed; nil without precise.index
 	session *sessionSource            // the requests' affinity key
 	pd      *disagg.Handoff           // P/D pools only (disagg.go)
 }
@@ -207,6 +208,9 @@ func (p *Proxy) newPool(i int, m *config.Model) (*pool, error) {
 	}
 	pl := &pool{model: m.Name, router: r, eps: eps, proxies: make(map[string]*endpointProxy, len(eps)), precise: pc,
 		session: newSessionSource(m.Router.Session)}
+	if pc != nil && pc.index != nil {
+		pl.kvSink = &kvSink{Index: pc.index, router: r}
+	}
 	if planner != nil {
 		if pl.pd, err = p.newHandoff(pl, m, planner); err != nil {
 			return nil, fmt.Errorf("proxy: %s.pd: %w", path, err)

@@ -45,9 +45,9 @@ func (p *Proxy) signalTargets() map[scrapeGroup][]signals.Target {
 				Flavor:     signals.Flavor(e.Signals.Flavor),
 				View:       pl.router.View(e.ID),
 			}
-			if ev := e.KVEvents; ev.Address != "" && pl.precise != nil && pl.precise.index != nil {
+			if ev := e.KVEvents; ev.Address != "" && pl.kvSink != nil {
 				t.KVEvents = &signals.KVEventsTarget{Address: ev.Address, ReplayAddress: ev.ReplayAddress, Topic: ev.Topic,
-					Listen: ev.Listen, Sink: pl.precise.index}
+					Listen: ev.Listen, Sink: pl.kvSink}
 			}
 			if t.MetricsURL == "" && t.KVEvents == nil {
 				continue

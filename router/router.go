@@ -251,6 +251,18 @@ func (r *Router) Endpoints() []kvroute.Endpoint {
 	return out
 }
 
+// ForgetDispatches drops what the router recorded of its own dispatches to
+// endpoint while waiting for the engine's KV events (Config.EventGap): the
+// engine's event history was reset (it restarted, or a gap could not be
+// filled and the precise index dropped its entries), so those prompts may
+// be gone from its cache with no event to say so. Without it the router
+// went on claiming them for up to EventGap.
+func (r *Router) ForgetDispatches(endpoint string) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.gap.Clear(endpoint)
+}
+
 // View returns the signals view of an endpoint, or nil if unknown. Scrape
 // loops feed it; Route reads it.
 func (r *Router) View(endpointID string) *signals.View {

@@ -11,6 +11,7 @@ import (
 	"unsafe"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/kvindex"
 	"github.com/kvroute/kvroute/signals"
 )
 
@@ -621,5 +622,36 @@ func TestSessionsLeaveThrashingHolder(t *testing.T) {
 		if !spare && whole != 0 {
 			t.Errorf("without spare_full: %d of the last %d turns found their whole prompt cached, want none (the regime thrashes)", whole, len(ds))
 		}
+	}
+}
+
+// TestForgetDispatches: a prompt routed to an endpoint that publishes KV
+// events counts there (the gap index) until its events come; when the
+// engine's history is reset (ForgetDispatches), it no longer does.
+func TestForgetDispatches(t *testing.T) {
+	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 16})
+	r, err := New(Config{Model: "m", Endpoints: eps(2), Policy: "test", Picker: &pickFirstHealthy{},
+		Precise: idx, PreciseEndpoints: []string{"e0", "e1"}, DecisionLog: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashes := []uint64{11, 12, 13, 14}
+	route := func() []CandidateInput {
+		t.Helper()
+		req := &kvroute.Request{ID: "r", Model: "m", PromptTokens: 64, BlockSize: 16, BlockHashes: hashes}
+		f, err := r.Route(t0, req, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Done(t0, f, kvroute.Outcome{})
+		return r.Decisions(1)[0].Candidates
+	}
+	route() // to e0 (no cache anywhere: the first)
+	if c := route(); c[0].CachedBlocks != 4 || c[1].CachedBlocks != 0 {
+		t.Fatalf("routed once: cached blocks %d, %d; want 4 on e0 (the gap index), 0 on e1", c[0].CachedBlocks, c[1].CachedBlocks)
+	}
+	r.ForgetDispatches("e0")
+	if c := route(); c[0].CachedBlocks != 0 {
+		t.Fatalf("after ForgetDispatches(e0): e0 claims %d blocks, want 0", c[0].CachedBlocks)
 	}
 }
