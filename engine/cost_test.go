@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"strings"
 	"testing"
 	"time"
 )
@@ -297,4 +298,16 @@ func FuzzProfileFromHFConfig(f *testing.F) {
 			t.Fatalf("degenerate profile: kv %d, step %v", p.KVBytesPerToken(), p.StepTime(decodeBatch(4, 100)))
 		}
 	})
+}
+
+// TestLookupProfileUnknown: the error lists the known profiles as a user
+// would type them, not as a Go slice.
+func TestLookupProfileUnknown(t *testing.T) {
+	_, err := LookupProfile("llama-9b")
+	if err == nil {
+		t.Fatal("LookupProfile(llama-9b): no error")
+	}
+	if msg := err.Error(); !strings.Contains(msg, `"llama-9b"`) || !strings.Contains(msg, "(known: "+strings.Join(ProfileNames(), ", ")+")") {
+		t.Errorf("error %q, want the name and the known profiles comma-separated", msg)
+	}
 }

@@ -3,6 +3,7 @@ package engine
 import (
 	"fmt"
 	"sort"
+	"strings"
 )
 
 // Model is a transformer's shape, enough to derive weight bytes, FLOPs per
@@ -360,7 +361,7 @@ func ProfileNames() []string {
 func LookupProfile(name string) (Profile, error) {
 	p, ok := profiles()[name]
 	if !ok {
-		return Profile{}, fmt.Errorf("engine: unknown profile %q (known: %v)", name, ProfileNames())
+		return Profile{}, fmt.Errorf("engine: unknown profile %q (known: %s)", name, strings.Join(ProfileNames(), ", "))
 	}
 	return p, nil
 }
