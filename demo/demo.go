@@ -209,6 +209,7 @@ type demo struct {
 	mu       sync.Mutex // protects the fields below
 	state    ui.RunState
 	phaseEnd time.Time
+	release  func() // stops the lingering last phase's scrapers and health checks
 }
 
 // Models and Router make the current phase's router the dashboard's source.
@@ -377,6 +378,12 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		return err
 	})
 	err = g.Wait()
+	d.mu.Lock()
+	if d.release != nil {
+		d.release()
+		d.release = nil
+	}
+	d.mu.Unlock()
 	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		err = nil // interrupted: what finished is in res
 	}

@@ -3,9 +3,13 @@ package demo
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"fmt"
+	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -33,13 +37,29 @@ func TestRunCompares(t *testing.T) {
 			t.Errorf("%s: %d completed, %d errors (%v), want all done", want, row.Completed, row.ErrorCount(), row.Errors)
 		}
 	}
-	for _, want := range []string{"dashboard:", "admin token:", "kv-aware", "round_robin", "ttft50", "report files in " + dir} {
+	// Every phase's live line, though the phases (2 s) are shorter than
+	// the 5 s between lines when the output is not a terminal.
+	for _, want := range []string{"dashboard:", "admin token:", "[1/2 kv-aware", "[2/2 round_robin", "ttft50", "report files in " + dir} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("output lacks %q:\n%s", want, out.String())
 		}
 	}
 	if _, err := os.Stat(filepath.Join(dir, "report.json")); err != nil {
 		t.Errorf("report.json: %v", err)
+	}
+	// A phase's last live line counts the requests the table counts. (The
+	// router may count the very last answers a moment after the client
+	// read them: a few may be missing, not a second's worth.)
+	for i, pol := range []string{"kv-aware", "round_robin"} {
+		re := regexp.MustCompile(fmt.Sprintf(`(?m)^\[%d/2 %s +[^\]]*\] +(\d+) requests`, i+1, regexp.QuoteMeta(pol)))
+		m := re.FindAllStringSubmatch(out.String(), -1)
+		if len(m) == 0 {
+			continue // reported above
+		}
+		got, _ := strconv.Atoi(m[len(m)-1][1])
+		if want := res.Report.Rows[i].Requests; got < want-2 || got > want {
+			t.Errorf("%s: last live line says %d requests, the table %d:\n%s", pol, got, want, out.String())
+		}
 	}
 }
 
@@ -137,4 +157,78 @@ func TestBuildWorkload(t *testing.T) {
 func ExampleWorkloadNames() {
 	fmt.Println(WorkloadNames()[0])
 	// Output: mixed
+}
+
+// TestRunLingerKeepsFleetLive checks that with Linger (kvroute demo --keep)
+// the dashboard's fleet stays live after the run: the last phase's router
+// keeps scraping the engines, instead of every endpoint turning stale the
+// moment the run ends.
+func TestRunLingerKeepsFleetLive(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs a fleet for a few seconds")
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ready := make(chan string, 1)
+	done := make(chan error, 1)
+	go func() {
+		_, err := Run(ctx, Config{Engines: 2, Duration: 2 * time.Second, Rate: 4, NoCompare: true, Linger: true,
+			Out: t.TempDir(), OnReady: func(u string) { ready <- u }})
+		done <- err
+	}()
+	url := <-ready
+	type endpoint struct {
+		ID    string   `json:"id"`
+		Stale bool     `json:"stale"`
+		Age   *float64 `json:"signal_age_ms"`
+	}
+	var st struct {
+		Models []struct {
+			Endpoints []endpoint `json:"endpoints"`
+		} `json:"models"`
+		Run struct {
+			Done bool `json:"done"`
+		} `json:"run"`
+	}
+	get := func() {
+		t.Helper()
+		resp, err := http.Get(url + "api/state")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		if err := json.NewDecoder(resp.Body).Decode(&st); err != nil {
+			t.Fatal(err)
+		}
+	}
+	deadline := time.Now().Add(60 * time.Second)
+	for get(); !st.Run.Done; get() {
+		if time.Now().After(deadline) {
+			t.Fatal("the run did not finish")
+		}
+		time.Sleep(200 * time.Millisecond)
+	}
+	time.Sleep(3 * time.Second) // well past the router's stale_after (1s)
+	get()
+	if len(st.Models) != 1 || len(st.Models[0].Endpoints) != 2 {
+		t.Fatalf("state after the run: %+v, want the fleet", st.Models)
+	}
+	for _, e := range st.Models[0].Endpoints {
+		age := "never"
+		if e.Age != nil {
+			age = fmt.Sprintf("%.0f ms", *e.Age)
+		}
+		if e.Stale || e.Age == nil || *e.Age > 2000 {
+			t.Errorf("%s 3s after the run: stale %v, signal age %s; want live signals while the dashboard lingers", e.ID, e.Stale, age)
+		}
+	}
+	cancel()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("Run = %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("Run did not return after the cancel")
+	}
 }

@@ -48,9 +48,18 @@ func (d *demo) runPhases(ctx context.Context, rep *report.Report) error {
 				return err
 			}
 		}
-		row, err := d.runPhase(ctx, i, pol, phaseDur, wl, stats.OracleHitRate)
+		// With Linger the last phase's router keeps its scrapers and health
+		// checks until the dashboard goes away: the fleet it shows stays
+		// live instead of going stale the moment the run ends.
+		last := i == len(pols)-1
+		row, release, err := d.runPhase(ctx, i, pol, phaseDur, wl, stats.OracleHitRate, last && cfg.Linger)
 		if err != nil {
 			return err
+		}
+		if release != nil {
+			d.mu.Lock()
+			d.release = release
+			d.mu.Unlock()
 		}
 		rep.Rows = append(rep.Rows, row)
 		d.mu.Lock()
@@ -84,11 +93,13 @@ func (d *demo) newPhase(pol string) (*phase, error) {
 }
 
 // runPhase runs one policy: the router with its scrape loops and health
-// checks, the workload through it, and the live summary line.
-func (d *demo) runPhase(ctx context.Context, i int, pol string, dur time.Duration, wl *workload.Workload, oracle float64) (report.Row, error) {
+// checks, the workload through it, and the live summary line. With keep,
+// the scrape loops and health checks outlive the phase: release (non-nil
+// when the phase succeeded) stops them.
+func (d *demo) runPhase(ctx context.Context, i int, pol string, dur time.Duration, wl *workload.Workload, oracle float64, keep bool) (_ report.Row, release func(), _ error) {
 	ph, err := d.newPhase(pol)
 	if err != nil {
-		return report.Row{}, err
+		return report.Row{}, nil, err
 	}
 	rt := ph.proxy.Router(DefaultModel)
 	mgr, err := signals.NewManager(signals.ManagerConfig{
@@ -96,9 +107,8 @@ func (d *demo) runPhase(ctx context.Context, i int, pol string, dur time.Duratio
 		Logger: d.cfg.Logger,
 	})
 	if err != nil {
-		return report.Row{}, fmt.Errorf("demo: signals: %w", err)
+		return report.Row{}, nil, fmt.Errorf("demo: signals: %w", err)
 	}
-	defer mgr.Close()
 	var targets []signals.Target
 	ids := make([]string, 0, len(d.fleet.engines))
 	for _, e := range d.fleet.engines {
@@ -106,7 +116,8 @@ func (d *demo) runPhase(ctx context.Context, i int, pol string, dur time.Duratio
 		ids = append(ids, e.id)
 	}
 	if err := mgr.Sync(targets); err != nil {
-		return report.Row{}, fmt.Errorf("demo: signals: %w", err)
+		mgr.Close()
+		return report.Row{}, nil, fmt.Errorf("demo: signals: %w", err)
 	}
 
 	start := time.Now()
@@ -116,13 +127,21 @@ func (d *demo) runPhase(ctx context.Context, i int, pol string, dur time.Duratio
 	d.state.Phase, d.state.Policy, d.phaseEnd = i+1, pol, start.Add(dur)
 	d.mu.Unlock()
 
+	hctx, stopHealth := context.WithCancel(ctx)
+	var hwg sync.WaitGroup
+	hwg.Add(1)
+	go func() {
+		defer hwg.Done()
+		_ = ph.proxy.RunHealthChecks(hctx)
+	}()
+	release = func() {
+		stopHealth()
+		hwg.Wait()
+		mgr.Close()
+	}
 	pctx, stop := context.WithCancel(ctx)
 	var wg sync.WaitGroup
-	wg.Add(2)
-	go func() {
-		defer wg.Done()
-		_ = ph.proxy.RunHealthChecks(pctx)
-	}()
+	wg.Add(1)
 	go func() {
 		defer wg.Done()
 		d.live(pctx, i, pol, start, dur)
@@ -141,14 +160,20 @@ func (d *demo) runPhase(ctx context.Context, i int, pol string, dur time.Duratio
 	stop()
 	wg.Wait()
 	d.dash.Sample(time.Now())
-	if err != nil {
-		return report.Row{}, fmt.Errorf("demo: bench: %w", err)
+	if err == nil && ctx.Err() != nil {
+		err = ctx.Err()
+	} else if err != nil {
+		err = fmt.Errorf("demo: bench: %w", err)
 	}
-	if ctx.Err() != nil {
-		return report.Row{}, ctx.Err()
+	if err != nil || !keep {
+		release()
+		release = nil
+	}
+	if err != nil {
+		return report.Row{}, nil, err
 	}
 	fmt.Fprintln(d.cfg.Stdout)
-	return res.Summary(report.SummaryOptions{Name: pol, OracleHitRate: oracle, Engines: ids}), nil
+	return res.Summary(report.SummaryOptions{Name: pol, OracleHitRate: oracle, Engines: ids}), release, nil
 }
 
 // live redraws the one-line summary every second (in place on a terminal,
@@ -159,23 +184,45 @@ func (d *demo) live(ctx context.Context, i int, pol string, start time.Time, dur
 	w := d.cfg.Stdout
 	term := report.IsTerminal(w)
 	n := len(d.cfg.policies())
+	line := func(now time.Time) string {
+		t := d.dash.Totals()
+		// Past its time the phase waits for its last answers: the clock
+		// stops at the phase's length and the overtime shows apart.
+		el, over := now.Sub(start), ""
+		if el > dur {
+			if o := (el - dur).Round(time.Second); o > 0 {
+				over = fmt.Sprintf(" +%.0fs", o.Seconds())
+			}
+			el = dur
+		}
+		return fmt.Sprintf("[%d/%d %-14s %3.0fs/%.0fs%s] %5d requests  TTFT p50 %s  p99 %s  prefix hit rate %s",
+			i+1, n, pol, el.Seconds(), dur.Seconds(), over, t.Requests,
+			fmtDur(t.TTFTP50), fmtDur(t.TTFTP99), fmtRate(t.HitRate))
+	}
 	for k := 1; ; k++ {
 		select {
 		case <-ctx.Done():
+			// The phase's final figures, from a fresh point (the last one
+			// may be a second old); not on a terminal a line goes out only
+			// every five seconds, so without it a phase shorter than that
+			// would print nothing.
+			now := time.Now()
+			d.dash.SampleNow(now)
+			if term {
+				fmt.Fprintf(w, "\r%s\033[K", line(now))
+			} else {
+				fmt.Fprintln(w, line(now))
+			}
 			return
 		case now := <-tick.C:
 			d.dash.Sample(now)
 			if !term && k%5 != 0 {
 				continue
 			}
-			t := d.dash.Totals()
-			line := fmt.Sprintf("[%d/%d %-14s %3.0fs/%.0fs] %5d requests  TTFT p50 %s  p99 %s  prefix hit rate %s",
-				i+1, n, pol, now.Sub(start).Seconds(), dur.Seconds(), t.Requests,
-				fmtDur(t.TTFTP50), fmtDur(t.TTFTP99), fmtRate(t.HitRate))
 			if term {
-				fmt.Fprintf(w, "\r%s\033[K", line)
+				fmt.Fprintf(w, "\r%s\033[K", line(now))
 			} else {
-				fmt.Fprintln(w, line)
+				fmt.Fprintln(w, line(now))
 			}
 		}
 	}

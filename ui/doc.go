@@ -18,11 +18,14 @@
 //
 // The page polls GET <prefix>/api/state once a second. The Dashboard builds
 // that state from a Source (the routers: *proxy.Proxy implements it), an
-// optional prometheus.Gatherer (the router's kvroute_requests_total and
-// kvroute_upstream_ttfb_seconds give throughput and TTFT) and, for a demo,
-// the run's phases and results.
+// optional prometheus.Gatherer (the router's kvroute_requests_total gives
+// throughput; kvroute_upstream_ttfb_seconds and, for P/D models,
+// kvroute_pd_stage_seconds{stage="ttfb"} give TTFT) and, for a demo, the
+// run's phases and results. The load chart is kept per model (endpoint IDs
+// are unique per model only) and shows the model picked.
 //
-// Time series: Sample takes one point (at most one per SampleEvery); the
+// Time series: Sample takes one point (at most one per SampleEvery,
+// SampleNow one whatever the last one's age); the
 // demo calls it from its ticker, and a poll of the state takes a point when
 // the last one is older than that, so `kvroute serve` needs no goroutine for
 // the dashboard. TTFT quantiles are estimated from the histogram buckets as

@@ -13,6 +13,10 @@ import (
 const (
 	metricRequests = "kvroute_requests_total"
 	metricTTFB     = "kvroute_upstream_ttfb_seconds"
+	// metricPDStage's stage="ttfb" is the TTFB of a P/D model's requests
+	// (arrival to the client's first byte): the P/D handoff does not
+	// observe metricTTFB.
+	metricPDStage = "kvroute_pd_stage_seconds"
 )
 
 // window is the number of chart points the TTFT quantiles and the hit rate
@@ -34,8 +38,11 @@ func (h hist) total() float64 {
 	return h.counts[len(h.counts)-1]
 }
 
-// add adds o to h bucket by bucket; buckets missing from either side are
-// taken from the other (histograms of one metric share their bounds).
+// add adds o to h over the union of their bounds. At a bound one side
+// lacks, that side's count is its count at its next lower bound (a
+// cumulative histogram's lower estimate), so the sum stays cumulative:
+// histograms of different metrics (kvroute_upstream_ttfb_seconds and
+// kvroute_pd_stage_seconds) have different bounds.
 func (h hist) add(o hist) hist {
 	if len(h.bounds) == 0 {
 		return hist{bounds: slices.Clone(o.bounds), counts: slices.Clone(o.counts)}
@@ -43,15 +50,27 @@ func (h hist) add(o hist) hist {
 	if len(o.bounds) == 0 {
 		return h
 	}
-	out := hist{bounds: slices.Clone(h.bounds), counts: slices.Clone(h.counts)}
-	for i, b := range o.bounds {
-		j, ok := slices.BinarySearch(out.bounds, b)
-		if !ok {
-			continue
-		}
-		out.counts[j] += o.counts[i]
+	bounds := slices.Concat(h.bounds, o.bounds)
+	slices.Sort(bounds)
+	bounds = slices.Compact(bounds)
+	out := hist{bounds: bounds, counts: make([]float64, len(bounds))}
+	for i, b := range bounds {
+		out.counts[i] = h.at(b) + o.at(b)
 	}
 	return out
+}
+
+// at is h's cumulative count at bound b: the count of the highest bound
+// <= b, 0 below the first.
+func (h hist) at(b float64) float64 {
+	i, ok := slices.BinarySearch(h.bounds, b)
+	if ok {
+		return h.counts[i]
+	}
+	if i == 0 {
+		return 0
+	}
+	return h.counts[i-1]
 }
 
 // sub returns h - prev; when any bucket went down (the counters were reset,
@@ -105,7 +124,8 @@ func (h hist) quantile(q float64) float64 {
 type gathered struct {
 	ok       bool
 	requests float64
-	ttfb     hist
+	ttfb     hist // kvroute_upstream_ttfb_seconds
+	pdTTFB   hist // kvroute_pd_stage_seconds{stage="ttfb"}
 }
 
 // readFamilies extracts the dashboard's figures from gathered families,
@@ -124,9 +144,24 @@ func readFamilies(mfs []*dto.MetricFamily) gathered {
 			for _, m := range mf.GetMetric() {
 				g.ttfb = g.ttfb.add(histFromDTO(m.GetHistogram()))
 			}
+		case metricPDStage:
+			for _, m := range mf.GetMetric() {
+				if labelValue(m, "stage") == "ttfb" {
+					g.pdTTFB = g.pdTTFB.add(histFromDTO(m.GetHistogram()))
+				}
+			}
 		}
 	}
 	return g
+}
+
+func labelValue(m *dto.Metric, name string) string {
+	for _, l := range m.GetLabel() {
+		if l.GetName() == name {
+			return l.GetValue()
+		}
+	}
+	return ""
 }
 
 func histFromDTO(h *dto.Histogram) hist {
@@ -147,8 +182,7 @@ func histFromDTO(h *dto.Histogram) hist {
 
 // endpointSample is one endpoint's engine counters and load at a sample.
 type endpointSample struct {
-	key           string // model/endpoint: unique across models
-	id            string
+	model, id     string
 	scraped       bool
 	hits, queries float64
 	load          float64
@@ -159,12 +193,16 @@ type endpointSample struct {
 // rate).
 type point struct {
 	at           time.Time
-	dt           float64 // seconds since the previous point
-	requests     float64 // answered in the interval
-	ttfb         hist    // TTFB observations in the interval
-	hits, tokens float64 // engine prefix-cache hit and query tokens in the interval
-	load         map[string]float64
+	dt           float64           // seconds since the previous point
+	requests     float64           // answered in the interval
+	ttfb         hist              // TTFB observations in the interval
+	hits, tokens float64           // engine prefix-cache hit and query tokens in the interval
+	load         map[epRef]float64 // waiting + running per endpoint
 }
+
+// epRef names an endpoint of a model: endpoint IDs are unique per model
+// only, and two models' pools may share an ID (or an engine).
+type epRef struct{ model, id string }
 
 // mark labels the start of a run on the charts.
 type mark struct {
@@ -194,10 +232,10 @@ type sampler struct {
 	history int
 	last    time.Time
 	prev    gathered
-	prevEP  map[string]endpointSample // by key
+	prevEP  map[epRef]endpointSample
 	points  []point
 	marks   []mark
-	eps     []string // endpoint ids in first-seen order, for stable colours
+	eps     []epRef // endpoints in first-seen order
 
 	// totals since the last mark
 	label        string
@@ -209,7 +247,7 @@ type sampler struct {
 
 func (s *sampler) init(history int) {
 	s.history = history
-	s.prevEP = map[string]endpointSample{}
+	s.prevEP = map[epRef]endpointSample{}
 }
 
 func (s *sampler) mark(now time.Time, label string) {
@@ -225,7 +263,7 @@ func (s *sampler) mark(now time.Time, label string) {
 // counters. Counter resets (a new router, a restarted engine) count from
 // zero.
 func (s *sampler) add(now time.Time, g gathered, eps []endpointSample) {
-	p := point{at: now, load: make(map[string]float64, len(eps))}
+	p := point{at: now, load: make(map[epRef]float64, len(eps))}
 	if !s.last.IsZero() {
 		p.dt = now.Sub(s.last).Seconds()
 	}
@@ -234,20 +272,23 @@ func (s *sampler) add(now time.Time, g gathered, eps []endpointSample) {
 		if p.requests < 0 {
 			p.requests = g.requests
 		}
-		p.ttfb = g.ttfb.sub(s.prev.ttfb)
+		// Each metric's delta on its own: the P/D family appears with
+		// its first observation, and their bounds differ.
+		p.ttfb = g.ttfb.sub(s.prev.ttfb).add(g.pdTTFB.sub(s.prev.pdTTFB))
 		s.prev = g
 	}
-	seen := make(map[string]bool, len(eps))
+	seen := make(map[epRef]bool, len(eps))
 	for _, e := range eps {
-		seen[e.key] = true
-		if !slices.Contains(s.eps, e.id) {
-			s.eps = append(s.eps, e.id)
+		ref := epRef{e.model, e.id}
+		seen[ref] = true
+		if !slices.Contains(s.eps, ref) {
+			s.eps = append(s.eps, ref)
 		}
-		p.load[e.id] += e.load
+		p.load[ref] = e.load
 		if !e.scraped {
 			continue
 		}
-		if old, ok := s.prevEP[e.key]; ok {
+		if old, ok := s.prevEP[ref]; ok {
 			dh, dq := e.hits-old.hits, e.queries-old.queries
 			if dh < 0 || dq < 0 { // engine restarted
 				dh, dq = e.hits, e.queries
@@ -255,7 +296,7 @@ func (s *sampler) add(now time.Time, g gathered, eps []endpointSample) {
 			p.hits += dh
 			p.tokens += dq
 		}
-		s.prevEP[e.key] = e
+		s.prevEP[ref] = e
 	}
 	for k := range s.prevEP {
 		if !seen[k] {
@@ -290,14 +331,17 @@ func (s *sampler) totals() Totals {
 // series is the chart data sent to the page: parallel arrays, null where a
 // point has no data.
 type series struct {
-	T       []int64               `json:"t"` // unix ms
-	TTFTP50 []*float64            `json:"ttft_p50_ms"`
-	TTFTP99 []*float64            `json:"ttft_p99_ms"`
-	RPS     []*float64            `json:"rps"`
-	Hit     []*float64            `json:"hit_rate"`
-	Load    map[string][]*float64 `json:"load"`
-	Order   []string              `json:"endpoints"`
-	Marks   []markJSON            `json:"marks"`
+	T       []int64    `json:"t"` // unix ms
+	TTFTP50 []*float64 `json:"ttft_p50_ms"`
+	TTFTP99 []*float64 `json:"ttft_p99_ms"`
+	RPS     []*float64 `json:"rps"`
+	Hit     []*float64 `json:"hit_rate"`
+	// Load is waiting + running by model, then endpoint ID; Order lists
+	// each model's endpoint IDs, sorted. (Endpoint IDs are unique per model
+	// only.)
+	Load  map[string]map[string][]*float64 `json:"load"`
+	Order map[string][]string              `json:"endpoints"`
+	Marks []markJSON                       `json:"marks"`
 }
 
 type markJSON struct {
@@ -313,8 +357,16 @@ func num(v float64) *float64 {
 }
 
 func (s *sampler) series() series {
-	out := series{Load: map[string][]*float64{}, Order: slices.Clone(s.eps), Marks: []markJSON{}}
-	sort.Strings(out.Order)
+	out := series{Load: map[string]map[string][]*float64{}, Order: map[string][]string{}, Marks: []markJSON{}}
+	for _, ref := range s.eps {
+		out.Order[ref.model] = append(out.Order[ref.model], ref.id)
+		if out.Load[ref.model] == nil {
+			out.Load[ref.model] = map[string][]*float64{}
+		}
+	}
+	for _, ids := range out.Order {
+		sort.Strings(ids)
+	}
 	n := len(s.points)
 	for i, p := range s.points {
 		out.T = append(out.T, p.at.UnixMilli())
@@ -337,15 +389,16 @@ func (s *sampler) series() series {
 			hr = hits / tokens
 		}
 		out.Hit = append(out.Hit, num(hr))
-		for _, id := range s.eps {
-			v, ok := p.load[id]
-			if _, exists := out.Load[id]; !exists {
-				out.Load[id] = make([]*float64, i, n)
+		for _, ref := range s.eps {
+			v, ok := p.load[ref]
+			byID := out.Load[ref.model]
+			if _, exists := byID[ref.id]; !exists {
+				byID[ref.id] = make([]*float64, i, n)
 			}
 			if ok {
-				out.Load[id] = append(out.Load[id], num(v))
+				byID[ref.id] = append(byID[ref.id], num(v))
 			} else {
-				out.Load[id] = append(out.Load[id], nil)
+				byID[ref.id] = append(byID[ref.id], nil)
 			}
 		}
 	}

@@ -169,6 +169,17 @@ func (d *Dashboard) Sample(now time.Time) {
 	d.sampleLocked(now, false)
 }
 
+// SampleNow takes one chart point at now, however young the last one is:
+// for figures up to date at the end of a run.
+func (d *Dashboard) SampleNow(now time.Time) {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	if !now.After(d.s.last) {
+		return
+	}
+	d.sampleLocked(now, true)
+}
+
 // Mark starts a new run at now: it labels the charts (e.g. with the policy
 // name) and restarts the totals Totals reports.
 func (d *Dashboard) Mark(now time.Time, label string) {
@@ -211,7 +222,7 @@ func (d *Dashboard) endpointCounters(now time.Time) []endpointSample {
 		}
 		for _, st := range rt.Status(now) {
 			out = append(out, endpointSample{
-				key:     m + "/" + st.ID,
+				model:   m,
 				id:      st.ID,
 				scraped: st.Signals.Scrapes > 0,
 				hits:    st.Signals.Last.PrefixHits,

@@ -65,6 +65,7 @@
     selected: null,        // key of the decision open in the detail panel
     colors: new Map(),     // endpoint -> colour
     policiesFilled: false,
+    formFor: null,         // "model\npolicy" the policy switch last showed
     failures: 0,
   };
 
@@ -123,7 +124,7 @@
     }
     renderTiles(st, m);
     renderRun(st.run);
-    renderCharts(st.series);
+    renderCharts(st.series, m);
     renderPolicyForm(st);
   }
 
@@ -167,8 +168,10 @@
     if (run.done) {
       el.replaceChildren("demo finished: ", h("b", {}, run.phases + " policies compared"), " · workload " + run.workload);
     } else if (run.phase > 0) {
+      // Past its time the phase still waits for its last requests' answers.
+      const left = run.remaining_ms > 0 ? Math.ceil(run.remaining_ms / 1000) + " s left" : "answering its last requests";
       el.replaceChildren("demo phase ", h("b", {}, `${run.phase}/${run.phases}`), " · policy ", h("b", {}, run.policy),
-        " · " + Math.ceil(run.remaining_ms / 1000) + " s left · workload " + run.workload);
+        " · " + left + " · workload " + run.workload);
     } else {
       el.replaceChildren("demo starting…");
     }
@@ -314,6 +317,7 @@
 
   // ---- charts ------------------------------------------------------------
   const CH = { w: 560, h: 200, l: 46, r: 12, t: 12, b: 26 };
+  const GAP_MS = 5 * POLL_MS;
 
   // niceMax rounds v up to four equal steps of 1, 2, 2.5 or 5 times a power
   // of ten, so that the axis labels are round numbers.
@@ -325,9 +329,22 @@
     return 40 * p;
   }
 
+  // decimalsFor is the number of decimals that writes every multiple of step
+  // exactly (niceMax's steps: 1, 2, 2.5 or 5 times a power of ten), so that
+  // the axis labels of a small range (0.25, 0.5, ...) are not rounded into
+  // each other.
+  function decimalsFor(step) {
+    for (let d = 0; d < 6; d++) {
+      const x = step * Math.pow(10, d);
+      if (Math.abs(x - Math.round(x)) < 1e-6 * Math.max(1, x)) return d;
+    }
+    return 6;
+  }
+  const fmtAxis = (v, step) => String(Number(v.toFixed(decimalsFor(step))));
+
   // lineChart draws series [{name, color, values}] over times t into svg.
   function lineChart(svg, t, series, opts) {
-    const o = Object.assign({ fmt: (v) => fmtNum(v, 0), max: null, marks: [] }, opts);
+    const o = Object.assign({ fmt: fmtAxis, max: null, marks: [] }, opts);
     svg.replaceChildren();
     const x0 = CH.l, x1 = CH.w - CH.r, y0 = CH.h - CH.b, y1 = CH.t;
     const n = t.length;
@@ -340,7 +357,7 @@
     for (let i = 0; i <= 4; i++) {
       const v = (ymax * i) / 4, y = Y(v);
       svg.append(s("line", { x1: x0, x2: x1, y1: y, y2: y, class: i ? "grid-line" : "axis" }));
-      svg.append(s("text", { x: x0 - 6, y: y + 4, "text-anchor": "end" }, o.fmt(v)));
+      svg.append(s("text", { x: x0 - 6, y: y + 4, "text-anchor": "end", class: "y-tick" }, o.fmt(v, ymax / 4)));
     }
     if (n < 2) {
       svg.append(s("text", { x: (x0 + x1) / 2, y: (y0 + y1) / 2, "text-anchor": "middle", class: "empty" }, "collecting data…"));
@@ -355,43 +372,72 @@
       if (mk.t < tmin || mk.t > tmax) continue;
       const x = X(mk.t);
       svg.append(s("line", { x1: x, x2: x, y1: y1, y2: y0, class: "mark" }));
-      svg.append(s("text", { x: x + 4, y: y1 + 10, class: "mark-label" }, mk.label));
+      // Below the legend's row; in the right half the label reads leftwards
+      // from its line, so that it stays inside the chart.
+      const right = x > (x0 + x1) / 2;
+      svg.append(s("text", { x: right ? x - 4 : x + 4, y: y1 + 22, "text-anchor": right ? "end" : "start", class: "mark-label" }, mk.label));
     }
     for (const se of series) {
       let d = "", pen = false;
       for (let i = 0; i < n; i++) {
         const v = se.values[i];
         if (v === null || v === undefined) { pen = false; continue; }
+        // No point for a while (the router sampled nothing: a lingering demo
+        // nobody watched): lift the pen rather than draw a straight line
+        // through time without data.
+        if (pen && t[i] - t[i - 1] > GAP_MS) pen = false;
         d += (pen ? "L" : "M") + X(t[i]).toFixed(1) + " " + Y(v).toFixed(1);
         pen = true;
       }
       if (d) svg.append(s("path", { d, fill: "none", stroke: se.color, "stroke-width": se.width || 1.8, "stroke-linejoin": "round", "data-series": se.name }));
     }
-    // legend
-    let lx = x1;
-    for (const se of series.slice().reverse()) {
+    // legend, right-aligned on one row: as many series as fit, then "+N
+    // more" (a fleet of many endpoints; the fleet table has every colour).
+    const items = series.map((se) => {
       const label = se.name + (se.last !== undefined ? " " + se.last : "");
-      const wlen = 7 * label.length + 16;
-      lx -= wlen;
-      svg.append(s("rect", { x: lx, y: y1 - 2, width: 10, height: 3, fill: se.color }));
-      svg.append(s("text", { x: lx + 13, y: y1 + 2 }, label));
+      return { se, label, w: 7 * label.length + 16 };
+    });
+    let shown = items;
+    if (items.reduce((a, it) => a + it.w, 0) > x1 - x0) {
+      shown = [];
+      let used = 70; // room for "+N more"
+      for (const it of items) {
+        if (used + it.w > x1 - x0) break;
+        used += it.w;
+        shown.push(it);
+      }
+    }
+    let lx = x1;
+    if (shown.length < items.length) {
+      const more = `+${items.length - shown.length} more`;
+      lx -= 7 * more.length + 6;
+      svg.append(s("text", { x: lx, y: y1 + 2, class: "legend-more" }, more));
+    }
+    for (const it of shown.slice().reverse()) {
+      lx -= it.w;
+      svg.append(s("rect", { x: lx, y: y1 - 2, width: 10, height: 3, fill: it.se.color }));
+      svg.append(s("text", { x: lx + 13, y: y1 + 2 }, it.label));
     }
   }
 
-  function renderCharts(se) {
+  function renderCharts(se, m) {
     const t = se.t || [];
     const marks = se.marks || [];
     lineChart($("chart-ttft"), t, [
       { name: "p50", color: "#2f6fed", values: se.ttft_p50_ms, last: fmtMS(lastValue(se.ttft_p50_ms)) },
       { name: "p99", color: "#e8590c", values: se.ttft_p99_ms, last: fmtMS(lastValue(se.ttft_p99_ms)) },
-    ], { fmt: (v) => (v >= 1000 ? (v / 1000).toFixed(1) + "s" : v.toFixed(0) + "ms"), marks });
+    ], { fmt: (v, step) => (4 * step >= 1000 ? fmtAxis(v / 1000, step / 1000) + "s" : fmtAxis(v, step) + "ms"), marks });
     lineChart($("chart-rps"), t, [{ name: "req/s", color: "#2b9348", values: se.rps, last: fmtNum(lastValue(se.rps), 1) }],
-      { fmt: (v) => fmtNum(v, v < 10 ? 1 : 0), marks });
+      { marks });
     lineChart($("chart-hit"), t, [{ name: "hit rate", color: "#9c36b5", values: se.hit_rate, last: fmtPct(lastValue(se.hit_rate)) }],
       { fmt: (v) => fmtPct(v), max: 1, marks });
-    const eps = se.endpoints || [];
-    lineChart($("chart-load"), t, eps.map((ep) => ({ name: ep, color: color(ep), values: se.load[ep] || [], width: 1.5 })),
-      { fmt: (v) => fmtNum(v, 0), marks });
+    // The model shown's endpoints only: IDs are unique per model, and
+    // another model may have an endpoint of the same name.
+    const name = m ? m.name : null;
+    const eps = (name && se.endpoints && se.endpoints[name]) || [];
+    const load = (name && se.load && se.load[name]) || {};
+    lineChart($("chart-load"), t, eps.map((ep) => ({ name: ep, color: color(ep), values: load[ep] || [], width: 1.5 })),
+      { marks });
   }
 
   // ---- comparison ----------------------------------------------------------
@@ -432,7 +478,12 @@
       const x = 6 + i * (bw + 12), y = H - bottom - hgt;
       svg.append(s("rect", { x, y, width: bw, height: Math.max(hgt, 1), rx: 3, fill: BAR_COLORS[i % BAR_COLORS.length] }));
       svg.append(s("text", { x: x + bw / 2, y: y - 4, "text-anchor": "middle", class: "val" }, fmt(v)));
-      svg.append(s("text", { x: x + bw / 2, y: H - 6, "text-anchor": "middle" }, r.name.length > 12 ? r.name.slice(0, 11) + "…" : r.name));
+      // The name fits its bar's slot (about 6.5 px a character at 11 px),
+      // so that neighbours' names do not run into each other.
+      const fit = Math.max(3, Math.floor((bw + 10) / 6.5));
+      const label = s("text", { x: x + bw / 2, y: H - 6, "text-anchor": "middle", class: "bar-name" }, r.name.length > fit ? r.name.slice(0, fit - 1) + "…" : r.name);
+      label.append(s("title", {}, r.name));
+      svg.append(label);
     });
     return svg;
   }
@@ -441,9 +492,15 @@
   function renderPolicyForm(st) {
     if (!ui.policiesFilled && st.policies && st.policies.length) {
       $("policy-select").replaceChildren(...st.policies.map((p) => h("option", { value: p }, p)));
-      const m = currentModel(st);
-      if (m) $("policy-select").value = m.policy;
       ui.policiesFilled = true;
+    }
+    // The switch starts from the shown model's policy, and follows it when
+    // another model is picked or the policy changes (the admin API, the
+    // demo's next phase); the user's pick stays until then.
+    const m = currentModel(st);
+    if (m && ui.policiesFilled && ui.formFor !== m.name + "\n" + m.policy) {
+      $("policy-select").value = m.policy;
+      ui.formFor = m.name + "\n" + m.policy;
     }
     $("admin-note").textContent = st.admin.enabled
       ? `Switching calls the router's admin API (PUT ${st.admin.path}) with your token; without the right token the router refuses.`
