@@ -176,6 +176,9 @@ type Result struct {
 	Prefill, Decode string
 	// Attempts is the number of placements tried.
 	Attempts int
+	// TTFB is how long the answering engine (Decode) took to its first
+	// response byte, from when its leg was sent; 0 when none came.
+	TTFB time.Duration
 	// Err is the last leg failure, if any (also set when a stream broke
 	// after its first byte).
 	Err error
@@ -669,6 +672,7 @@ func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time) {
 				first = false
 				now := h.cfg.Now()
 				ttft = now.Sub(t0)
+				x.res.TTFB = ttft
 				h.cfg.Router.FirstToken(now, f)
 				h.cfg.Metrics.observeStage(h.cfg.Model, "decode_first_byte", ttft.Seconds())
 				h.cfg.Metrics.observeStage(h.cfg.Model, "ttfb", now.Sub(x.start).Seconds())

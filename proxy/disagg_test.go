@@ -127,13 +127,26 @@ func TestDisaggregatedEndToEnd(t *testing.T) {
 			// The P/D metrics are on the proxy's registry.
 			mfs, _ := reg.Gather()
 			found := false
+			var ttfbs uint64 // the decode engine's, as for an aggregated endpoint
 			for _, mf := range mfs {
-				if mf.GetName() == "kvroute_pd_decisions_total" {
+				switch mf.GetName() {
+				case "kvroute_pd_decisions_total":
 					found = true
+				case "kvroute_upstream_ttfb_seconds":
+					for _, m := range mf.GetMetric() {
+						for _, l := range m.GetLabel() {
+							if l.GetName() == "endpoint" && l.GetValue() == "d0" {
+								ttfbs += m.GetHistogram().GetSampleCount()
+							}
+						}
+					}
 				}
 			}
 			if !found {
 				t.Error("kvroute_pd_decisions_total not registered")
+			}
+			if ttfbs != 2 {
+				t.Errorf("kvroute_upstream_ttfb_seconds{endpoint=d0}: %d observations, want 2 (the two answered requests)", ttfbs)
 			}
 			if err := px.SetPolicy("tiny", "round_robin", nil); err == nil {
 				t.Error("SetPolicy on a P/D pool: got no error")

@@ -129,9 +129,20 @@ type gathered struct {
 }
 
 // readFamilies extracts the dashboard's figures from gathered families,
-// summing over every label combination.
+// summing over every label combination. A P/D model's TTFB is its
+// kvroute_pd_stage_seconds{stage="ttfb"} (from the request's start, the
+// prefill leg included); its decode engines' kvroute_upstream_ttfb_seconds
+// (from the decode leg's start) is left out, not counted twice.
 func readFamilies(mfs []*dto.MetricFamily) gathered {
 	var g gathered
+	pd := map[string]bool{} // models with P/D stage timings
+	for _, mf := range mfs {
+		if mf.GetName() == metricPDStage {
+			for _, m := range mf.GetMetric() {
+				pd[labelValue(m, "model")] = true
+			}
+		}
+	}
 	for _, mf := range mfs {
 		switch mf.GetName() {
 		case metricRequests:
@@ -142,7 +153,9 @@ func readFamilies(mfs []*dto.MetricFamily) gathered {
 		case metricTTFB:
 			g.ok = true
 			for _, m := range mf.GetMetric() {
-				g.ttfb = g.ttfb.add(histFromDTO(m.GetHistogram()))
+				if !pd[labelValue(m, "model")] {
+					g.ttfb = g.ttfb.add(histFromDTO(m.GetHistogram()))
+				}
 			}
 		case metricPDStage:
 			for _, m := range mf.GetMetric() {

@@ -178,3 +178,28 @@ func TestPDModelTTFT(t *testing.T) {
 		t.Errorf("TTFT chart's last p50 = %v ms, want within (2.5, 5] ms", last)
 	}
 }
+
+// TestReadFamiliesPDTTFBOnce: a P/D model's TTFB is its stage="ttfb"
+// timing (from the request's start); its decode engines' upstream TTFB
+// (from the decode leg's start) is not counted a second time. An
+// aggregated model's upstream TTFB still counts.
+func TestReadFamiliesPDTTFBOnce(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	up := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: metricTTFB, Help: "h", Buckets: []float64{.01, .1}},
+		[]string{"model", "endpoint"})
+	stage := prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: metricPDStage, Help: "h", Buckets: []float64{.01, .1}},
+		[]string{"model", "stage"})
+	reg.MustRegister(up, stage)
+	up.WithLabelValues("pd", "d").Observe(0.05)
+	stage.WithLabelValues("pd", "ttfb").Observe(0.005)
+	stage.WithLabelValues("pd", "prefill").Observe(0.003)
+	up.WithLabelValues("agg", "a").Observe(0.05)
+	mfs, err := reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := readFamilies(mfs)
+	if n, pd := g.ttfb.total(), g.pdTTFB.total(); n != 1 || pd != 1 {
+		t.Errorf("upstream TTFB counts %v requests, P/D TTFB %v; want 1 (agg's) and 1 (pd's)", n, pd)
+	}
+}
