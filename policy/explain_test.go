@@ -135,3 +135,44 @@ func deepScores(scores []kvroute.Score) []kvroute.Score {
 	}
 	return out
 }
+
+// TestKVAwareShedExplanation: a shed decision chooses no endpoint, and its
+// explanation says so: no candidate eligible, each capped and the request
+// shed (it used to call every candidate eligible, "affinity kept", as a
+// least-loaded decision over the same fleet does). The explanation of the
+// deferred decision (the router's decision log) is the same.
+func TestKVAwareShedExplanation(t *testing.T) {
+	for _, overload := range []string{OverloadShed, OverloadQueue, OverloadLeastLoaded} {
+		t.Run(overload, func(t *testing.T) {
+			p := DefaultKVAwareParams()
+			p.Overload, p.QueueCap = overload, 4
+			eager, _ := NewKVAwareWith(p, 1)
+			lazy, _ := NewKVAwareWith(p, 1)
+			lazy.DeferExplanations()
+			req, cands := benchState()
+			for i := range cands {
+				cands[i].Healthy = true
+				cands[i].Load.Waiting = p.QueueCap
+			}
+			d := eager.Pick(epoch, req, cands)
+			lazy.Pick(epoch, req, cands)
+			rendered, _ := lazy.Explain(lazy.KeepExplanation(nil), cands)
+			if shed := overload != OverloadLeastLoaded; d.Shed != shed || (d.Index >= 0) == shed {
+				t.Fatalf("decision %+v: want shed %v", d, shed)
+			}
+			for _, scores := range [][]kvroute.Score{d.Scores, rendered} {
+				if len(scores) != len(cands) {
+					t.Fatalf("%d scores for %d candidates", len(scores), len(cands))
+				}
+				for i, s := range scores {
+					if d.Shed && (s.Eligible || !strings.Contains(s.Why, "request shed")) {
+						t.Fatalf("shed decision: candidate %d eligible %v, why %q; want not eligible, capped, request shed", i, s.Eligible, s.Why)
+					}
+					if !d.Shed && (!s.Eligible || !strings.Contains(s.Why, "affinity kept")) {
+						t.Fatalf("least-loaded decision: candidate %d eligible %v, why %q; want eligible, affinity kept", i, s.Eligible, s.Why)
+					}
+				}
+			}
+		})
+	}
+}

@@ -822,6 +822,11 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	}
 
 	if shed {
+		// Nothing is chosen: the explanation must not call any candidate
+		// eligible (every one is over a hard cap).
+		for i := range k.c {
+			k.c[i].elig = false
+		}
 		explain(k.c, cands, scores)
 		d := kvroute.None(NameKVAware, p.Overload+": every healthy candidate is over its queue or KV cap")
 		d.Shed = true
@@ -1122,8 +1127,12 @@ func explain(c []candState, cands []kvroute.Candidate, scores []kvroute.Score) {
 			kvroute.Part{Name: "in_flight", Value: float64(cands[i].Load.InFlight)},
 		)
 		sat := ""
-		if st.flags&capSaturated != 0 {
+		switch {
+		case st.flags&capSaturated == 0:
+		case st.elig:
 			sat = " (as every candidate is; affinity kept)"
+		default: // shed: none was chosen
+			sat = " (as every candidate is; request shed)"
 		}
 		switch {
 		case st.flags&capQueue != 0:

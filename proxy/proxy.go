@@ -72,6 +72,7 @@ type Proxy struct {
 	hardStop  context.Context
 	stopAll   context.CancelCauseFunc
 	ids       idSet            // the routing IDs of the requests in progress
+	lines     waitLines        // the requests held by the queue escape hatch (queue.go)
 	sig       signalState      // the running signal loops (RunSignals)
 	fb        *feedbackMetrics // engine-reported prompt and cached tokens
 	pdMetrics *disagg.Metrics  // P/D handoffs (disagg.go)
