@@ -462,15 +462,11 @@ func (s *Subscriber) reconnected(ctx context.Context, seq uint64, idle bool) {
 		s.resync("new connection without replay: the engine may have restarted")
 		return
 	}
-	last := s.next - 1 // started, so next >= 1
-	got, err := s.replayRetry(ctx, last)
-	if err != nil {
-		s.cfg.Logger.Warn("kv events: replay failed", "endpoint", s.cfg.Endpoint, "from", last, "err", err)
-		s.update(func(st *SubscriberStatus) { st.LastError = err.Error() })
-		s.resync("new connection, replay failed: the engine may have restarted")
+	got, same, ok := s.replayLast(ctx)
+	if !ok {
 		return
 	}
-	if len(got) == 0 || got[0].seq != last || xxh3.Hash(got[0].payload) != s.lastHash {
+	if !same {
 		s.restarted(ctx, seq, "new connection, the engine's history differs")
 		return
 	}
@@ -484,6 +480,24 @@ func (s *Subscriber) reconnected(ctx context.Context, seq uint64, idle bool) {
 		return
 	}
 	s.update(func(st *SubscriberStatus) { st.Replays++ })
+}
+
+// replayLast asks the engine's replay socket for the history from the last
+// batch applied (next-1, so the subscription has started) and reports
+// whether the engine still has that batch byte for byte (the same engine;
+// a payload carries the engine's timestamp). When the replay gets no
+// answer it resyncs (the engine may have restarted) and reports !ok.
+func (s *Subscriber) replayLast(ctx context.Context) (got []replayed, same, ok bool) {
+	last := s.next - 1
+	got, err := s.replayRetry(ctx, last)
+	if err != nil {
+		s.cfg.Logger.Warn("kv events: replay failed", "endpoint", s.cfg.Endpoint, "from", last, "err", err)
+		s.update(func(st *SubscriberStatus) { st.LastError = err.Error() })
+		s.resync("new connection, replay failed: the engine may have restarted")
+		return nil, false, false
+	}
+	same = len(got) > 0 && got[0].seq == last && xxh3.Hash(got[0].payload) == s.lastHash
+	return got, same, true
 }
 
 // verify checks a new dialled connection that follows a failed one, as
@@ -507,21 +521,17 @@ func (s *Subscriber) verify(ctx context.Context) {
 		s.started = false
 		return
 	}
-	last := s.next - 1 // started, so next >= 1
-	got, err := s.replayRetry(ctx, last)
-	if err != nil {
-		s.cfg.Logger.Warn("kv events: replay failed", "endpoint", s.cfg.Endpoint, "from", last, "err", err)
-		s.update(func(st *SubscriberStatus) { st.LastError = err.Error() })
-		s.resync("new connection, replay failed: the engine may have restarted")
+	_, same, ok := s.replayLast(ctx)
+	if !ok {
 		s.started = false
 		return
 	}
-	if len(got) > 0 && got[0].seq == last && xxh3.Hash(got[0].payload) == s.lastHash {
+	if same {
 		return // the same engine
 	}
 	s.update(func(st *SubscriberStatus) { st.Restarts++ })
 	s.cfg.Logger.Info("kv events: engine restarted, dropping its entries", "endpoint", s.cfg.Endpoint,
-		"why", "new connection, the engine's history differs", "want", last)
+		"why", "new connection, the engine's history differs", "want", s.next-1)
 	s.cfg.Sink.Clear(s.cfg.Endpoint)
 	s.started = false
 }
