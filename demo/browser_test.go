@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"net/http"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strings"
 	"sync"
@@ -15,21 +14,9 @@ import (
 
 	"github.com/chromedp/cdproto/runtime"
 	"github.com/chromedp/chromedp"
-)
 
-// chromiumPath finds a Chromium binary: $KVROUTE_CHROMIUM, or chromium,
-// chromium-browser, google-chrome on PATH.
-func chromiumPath() string {
-	if p := os.Getenv("KVROUTE_CHROMIUM"); p != "" {
-		return p
-	}
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	return ""
-}
+	"github.com/kvroute/kvroute/internal/browsertest"
+)
 
 // TestDashboardInBrowser drives the dashboard of a running demo fleet in
 // real headless Chromium: the page loads and shows every endpoint, its
@@ -38,47 +25,19 @@ func chromiumPath() string {
 // and the comparison appears when the run ends. It saves a screenshot in
 // $KVROUTE_SCREENSHOT_DIR (or the test's temporary directory).
 func TestDashboardInBrowser(t *testing.T) {
-	bin := chromiumPath()
-	if bin == "" {
-		t.Skip("no chromium binary found (install Debian's chromium package, or set KVROUTE_CHROMIUM)")
-	}
-	if testing.Short() {
-		t.Skip("browser test: skipped with -short")
+	if browsertest.Path() == "" || testing.Short() {
+		browsertest.Start(t, context.Background(), 0, 0) // skips, saying why
 	}
 	const engines = 4
 	const token = "browser-test-admin-token"
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Second) // generous: the waits below are bounds, not assertions on speed
 	defer cancel()
 
-	// A fresh profile; removed after Chromium exits (t.TempDir's cleanup
-	// can race the browser's last writes).
-	profile, err := os.MkdirTemp("", "kvroute-chromium-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(profile)
-	actx, cancelAlloc := chromedp.NewExecAllocator(ctx,
-		chromedp.ExecPath(bin),
-		chromedp.Headless,
-		chromedp.NoSandbox,
-		chromedp.DisableGPU,
-		chromedp.NoFirstRun,
-		chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-quic", true),
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-sync", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.UserDataDir(profile),
-		chromedp.WindowSize(1440, 1000),
-	)
-	defer cancelAlloc()
-	bctx, cancelBrowser := chromedp.NewContext(actx)
-	defer cancelBrowser()
+	bctx, cancelBrowser := browsertest.Start(t, ctx, 1440, 1000)
 
 	var jsErrs []string
 	var mu sync.Mutex
-	err = chromedp.Listen(bctx, func(ev any) {
+	err := chromedp.Listen(bctx, func(ev any) {
 		if e, ok := ev.(*runtime.EventExceptionThrown); ok && e.ExceptionDetails != nil {
 			mu.Lock()
 			jsErrs = append(jsErrs, e.ExceptionDetails.Text)

@@ -4,8 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http/httptest"
-	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -16,22 +14,9 @@ import (
 	"github.com/chromedp/chromedp"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/browsertest"
 	"github.com/kvroute/kvroute/report"
 )
-
-// chromiumPath finds a Chromium binary: $KVROUTE_CHROMIUM, or chromium,
-// chromium-browser, google-chrome on PATH.
-func chromiumPath() string {
-	if p := os.Getenv("KVROUTE_CHROMIUM"); p != "" {
-		return p
-	}
-	for _, name := range []string{"chromium", "chromium-browser", "google-chrome", "google-chrome-stable"} {
-		if p, err := exec.LookPath(name); err == nil {
-			return p
-		}
-	}
-	return ""
-}
 
 // TestPageInBrowser loads the page in headless Chromium in front of two
 // models whose pools share an endpoint ID, with no traffic yet, and checks
@@ -39,12 +24,8 @@ func chromiumPath() string {
 // distinct values (not 0, 0, 1, 1, 1 for an empty range), and the load
 // chart draws the shown model's endpoints only, following the model picker.
 func TestPageInBrowser(t *testing.T) {
-	bin := chromiumPath()
-	if bin == "" {
-		t.Skip("no chromium binary found (install Debian's chromium package, or set KVROUTE_CHROMIUM)")
-	}
-	if testing.Short() {
-		t.Skip("browser test: skipped with -short")
+	if browsertest.Path() == "" || testing.Short() {
+		browsertest.Start(t, context.Background(), 0, 0) // skips, saying why
 	}
 	m1 := newModelRouter(t, "m1", "a", "b")
 	m2 := newPolicyRouter(t, "m2", "least_request", "a")
@@ -86,21 +67,7 @@ func TestPageInBrowser(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
 	defer cancel()
-	profile, err := os.MkdirTemp("", "kvroute-chromium-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer os.RemoveAll(profile)
-	actx, cancelAlloc := chromedp.NewExecAllocator(ctx,
-		chromedp.ExecPath(bin), chromedp.Headless, chromedp.NoSandbox, chromedp.DisableGPU,
-		chromedp.NoFirstRun, chromedp.NoDefaultBrowserCheck,
-		chromedp.Flag("disable-background-networking", true),
-		chromedp.Flag("disable-component-update", true),
-		chromedp.Flag("disable-dev-shm-usage", true),
-		chromedp.UserDataDir(profile), chromedp.WindowSize(1280, 900))
-	defer cancelAlloc()
-	bctx, cancelBrowser := chromedp.NewContext(actx)
-	defer cancelBrowser()
+	bctx, _ := browsertest.Start(t, ctx, 1280, 900)
 	var (
 		mu     sync.Mutex
 		jsErrs []string
