@@ -676,13 +676,7 @@ func TestPDServerStop(t *testing.T) {
 		return f.h.Serve(w, req, "/v1/completions", []byte(body), kr), w.ResponseRecorder
 	}
 	t.Run("before the answer", func(t *testing.T) {
-		arrived := make(chan struct{})
-		var once sync.Once
-		hang := fake(t, func(w http.ResponseWriter, r *http.Request) {
-			_, _ = io.Copy(io.Discard, r.Body) // then a closed connection cancels r
-			once.Do(func() { close(arrived) })
-			<-r.Context().Done()
-		})
+		hang, arrived := hangingEngine(t)
 		d := emu(t, kvroute.RoleDecode, emulator.PDNixl)
 		f := newPD(t, ProtocolNixl, ModeAlways, endpoint("p", hang.URL, kvroute.RolePrefill), endpoint("d", d.URL, kvroute.RoleDecode))
 		res, rec := serve(t, f, completion(false, 2), arrived, stopErr)
@@ -708,13 +702,7 @@ func TestPDServerStop(t *testing.T) {
 		}
 	})
 	t.Run("client gone", func(t *testing.T) {
-		arrived := make(chan struct{})
-		var once sync.Once
-		hang := fake(t, func(w http.ResponseWriter, r *http.Request) {
-			_, _ = io.Copy(io.Discard, r.Body) // then a closed connection cancels r
-			once.Do(func() { close(arrived) })
-			<-r.Context().Done()
-		})
+		hang, arrived := hangingEngine(t)
 		d := emu(t, kvroute.RoleDecode, emulator.PDNixl)
 		f := newPD(t, ProtocolNixl, ModeAlways, endpoint("p", hang.URL, kvroute.RolePrefill), endpoint("d", d.URL, kvroute.RoleDecode))
 		res, rec := serve(t, f, completion(false, 2), arrived, nil)
@@ -722,6 +710,18 @@ func TestPDServerStop(t *testing.T) {
 			t.Errorf("got result %d, body %q; want 499 and nothing written", res.Status, rec.Body)
 		}
 	})
+}
+
+// hangingEngine is an engine that takes requests and never answers;
+// arrived is closed when the first one has come.
+func hangingEngine(t *testing.T) (*httptest.Server, <-chan struct{}) {
+	arrived := make(chan struct{})
+	var once sync.Once
+	return fake(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body) // then a closed connection cancels r
+		once.Do(func() { close(arrived) })
+		<-r.Context().Done()
+	}), arrived
 }
 
 // firstWrite is a ResponseRecorder that closes wrote at its first Write.

@@ -1,9 +1,7 @@
 package proxy
 
 import (
-	"bufio"
 	"bytes"
-	"context"
 	"encoding/json"
 	"io"
 	"net"
@@ -192,23 +190,8 @@ func TestDisaggregatedShutdownDeadline(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	defer stop()
-	served := make(chan error, 1)
-	go func() { served <- px.Serve(ctx, ln) }()
-	resp, err := http.Post("http://"+ln.Addr().String()+PathCompletions, "application/json",
-		strings.NewReader(`{"model":"tiny","prompt":"a prompt for the prefill node","max_tokens":50,"stream":true}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	br := bufio.NewReader(resp.Body)
-	if line, _ := br.ReadString('\n'); line != "data: {\"n\":0}\n" {
-		t.Fatalf("first line: got %q", line)
-	}
+	st := startStream(t, px, `{"model":"tiny","prompt":"a prompt for the prefill node","max_tokens":50,"stream":true}`)
+	stop, served, br, resp := st.stop, st.served, st.rest, st.resp
 	stop()
 	rest, _ := io.ReadAll(br)
 	resp.Body.Close()

@@ -569,6 +569,39 @@ func TestNewErrors(t *testing.T) {
 	}
 }
 
+// servingStream is a proxy serving on a fresh listener with one stream in
+// progress, read up to the engine's first event ({"n":0}).
+type servingStream struct {
+	addr   string             // the listener's address
+	stop   context.CancelFunc // ends Serve's context, as SIGTERM does
+	served <-chan error       // what Serve returns
+	rest   *bufio.Reader      // the stream after its first event
+	resp   *http.Response
+}
+
+// startStream serves p and posts body, a stream whose engine first sends
+// the event {"n":0}.
+func startStream(t *testing.T, p *Proxy, body string) *servingStream {
+	t.Helper()
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, stop := context.WithCancel(context.Background())
+	t.Cleanup(stop)
+	served := make(chan error, 1)
+	go func() { served <- p.Serve(ctx, ln) }()
+	resp, err := http.Post("http://"+ln.Addr().String()+PathCompletions, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(resp.Body)
+	if line, _ := br.ReadString('\n'); line != "data: {\"n\":0}\n" {
+		t.Fatalf("first line: got %q", line)
+	}
+	return &servingStream{addr: ln.Addr().String(), stop: stop, served: served, rest: br, resp: resp}
+}
+
 func TestGracefulShutdownDrainsStreams(t *testing.T) {
 	release := make(chan struct{})
 	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
@@ -583,24 +616,11 @@ func TestGracefulShutdownDrainsStreams(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- p.Serve(ctx, ln) }()
-	resp, err := http.Post("http://"+ln.Addr().String()+PathCompletions, "application/json", strings.NewReader(streamBody))
-	if err != nil {
-		t.Fatal(err)
-	}
-	br := bufio.NewReader(resp.Body)
-	if line, _ := br.ReadString('\n'); line != "data: {\"n\":0}\n" {
-		t.Fatalf("first line: got %q", line)
-	}
+	st := startStream(t, p, streamBody)
+	stop, served, br, resp := st.stop, st.served, st.rest, st.resp
 	stop() // SIGTERM: stop accepting, drain
 	waitFor(t, "the proxy to stop accepting", func() bool {
-		c, err := net.Dial("tcp", ln.Addr().String())
+		c, err := net.Dial("tcp", st.addr)
 		if err == nil {
 			c.Close()
 		}
@@ -970,21 +990,8 @@ func TestShutdownDeadlineEndsStreamsWithErrorEvent(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- p.Serve(ctx, ln) }()
-	resp, err := http.Post("http://"+ln.Addr().String()+PathCompletions, "application/json", strings.NewReader(streamBody))
-	if err != nil {
-		t.Fatal(err)
-	}
-	br := bufio.NewReader(resp.Body)
-	if line, _ := br.ReadString('\n'); line != "data: {\"n\":0}\n" {
-		t.Fatalf("first line: got %q", line)
-	}
+	st := startStream(t, p, streamBody)
+	stop, served, br, resp := st.stop, st.served, st.rest, st.resp
 	stop()
 	rest, _ := io.ReadAll(br)
 	resp.Body.Close()
