@@ -83,12 +83,9 @@ func (p *Proxy) newHandoff(pl *pool, m *config.Model, planner *disagg.Planner) (
 // servePD answers a request for a P/D model and accounts for it like the
 // aggregated path does.
 func (p *Proxy) servePD(w http.ResponseWriter, r *http.Request, pl *pool, req *kvroute.Request, body []byte, start time.Time) {
-	// At the drain deadline the handoff's legs are cancelled and the
-	// client told why (errShutdown), as on aggregated pools.
-	ctx, cancel := context.WithCancelCause(r.Context())
-	defer cancel(nil)
-	defer context.AfterFunc(p.hardStop, func() { cancel(errShutdown) })()
-	res := pl.pd.Serve(w, r.WithContext(ctx), r.URL.Path, body, req)
+	// At the drain deadline Serve cancels the request's context with
+	// errShutdown: the handoff ends its legs and tells the client why.
+	res := pl.pd.Serve(w, r, r.URL.Path, body, req)
 	code := res.Status
 	if code == 0 {
 		code = http.StatusBadGateway

@@ -126,10 +126,7 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 	defer promptBuffers.put(prompt)
 	x := &exchange{p: p, pool: pl, req: req, body: body, maxAttempts: p.cfg.Retry.Attempts, m: p.metrics.pools[pl.model]}
 	x.tried = make([]string, 0, x.maxAttempts)
-	ctx, cancel := context.WithCancelCause(r.Context())
-	defer cancel(nil)
-	defer context.AfterFunc(p.hardStop, func() { cancel(errShutdown) })()
-	x.ctx = context.WithValue(ctx, exchangeKey{}, x)
+	x.ctx = context.WithValue(r.Context(), exchangeKey{}, x)
 	out := r.WithContext(x.ctx)
 	out.Header.Set(HeaderRequestID, id)
 	out.ContentLength = int64(len(body))

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"log/slog"
@@ -66,16 +65,12 @@ type Proxy struct {
 	names        []string // model names, sorted
 	mux          *http.ServeMux
 	started      time.Time
-	draining     atomic.Bool // set when Serve starts shutting down
-	// hardStop is cancelled with errShutdown when Serve's drain deadline
-	// passes: the requests still in progress end (see Serve).
-	hardStop  context.Context
-	stopAll   context.CancelCauseFunc
-	ids       idSet            // the routing IDs of the requests in progress
-	lines     waitLines        // the requests held by the queue escape hatch (queue.go)
-	sig       signalState      // the running signal loops (RunSignals)
-	fb        *feedbackMetrics // engine-reported prompt and cached tokens
-	pdMetrics *disagg.Metrics  // P/D handoffs (disagg.go)
+	draining     atomic.Bool      // set when Serve starts shutting down
+	ids          idSet            // the routing IDs of the requests in progress
+	lines        waitLines        // the requests held by the queue escape hatch (queue.go)
+	sig          signalState      // the running signal loops (RunSignals)
+	fb           *feedbackMetrics // engine-reported prompt and cached tokens
+	pdMetrics    *disagg.Metrics  // P/D handoffs (disagg.go)
 }
 
 // pool is one model's endpoints, router and reverse proxies.
@@ -111,7 +106,6 @@ func New(opts Options) (*Proxy, error) {
 		gatherer:     opts.Gatherer,
 		pools:        make(map[string]*pool, len(cfg.Models)),
 	}
-	p.hardStop, p.stopAll = context.WithCancelCause(context.Background())
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}

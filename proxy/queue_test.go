@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -272,16 +273,23 @@ func TestQueueDrainDeadline(t *testing.T) {
 	cfg := testConfig("queueing", engine.URL)
 	cfg.Retry.QueueWait = time.Minute
 	tp := newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return qp, nil })
+	// As Serve does: every request's context descends from one that the
+	// drain deadline cancels with errShutdown.
+	base, stopAll := context.WithCancelCause(context.Background())
+	srv := httptest.NewUnstartedServer(tp.Proxy)
+	srv.Config.BaseContext = func(net.Listener) context.Context { return base }
+	srv.Start()
+	t.Cleanup(srv.Close)
 	done := make(chan *http.Response, 1)
 	go func() {
-		resp, err := http.Post(tp.srv.URL+PathCompletions, "application/json", strings.NewReader(`{"model":"m","prompt":"hello"}`))
+		resp, err := http.Post(srv.URL+PathCompletions, "application/json", strings.NewReader(`{"model":"m","prompt":"hello"}`))
 		if err != nil {
 			t.Error(err)
 		}
 		done <- resp
 	}()
 	waitFor(t, "the request queued", func() bool { return tp.metric(t, tp.metrics.queued, "m") == 1 })
-	tp.stopAll(errShutdown)
+	stopAll(errShutdown)
 	resp := recv(t, "the answer", done)
 	if resp == nil {
 		return

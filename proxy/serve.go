@@ -31,6 +31,12 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 		MaxHeaderBytes:    p.cfg.Limits.MaxHeaderBytes,
 		ErrorLog:          slog.NewLogLogger(p.log.Handler(), slog.LevelDebug),
 	}
+	// Every request's context descends from base: at the drain deadline
+	// cancelling it with errShutdown ends the requests still in progress,
+	// and they tell their clients why (context.Cause).
+	base, stopAll := context.WithCancelCause(context.Background())
+	defer stopAll(nil)
+	srv.BaseContext = func(net.Listener) context.Context { return base }
 	hctx, stopHealth := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() { _ = p.RunHealthChecks(hctx) })
@@ -63,7 +69,7 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 		// others with a 503 when nothing was sent yet; give the handlers
 		// a moment to say so and return, then close the connections.
 		p.log.Warn("drain deadline passed: ending the requests still in progress")
-		p.stopAll(errShutdown)
+		stopAll(errShutdown)
 		gctx, gcancel := context.WithTimeout(context.Background(), shutdownGrace)
 		if srv.Shutdown(gctx) != nil {
 			_ = srv.Close()
