@@ -67,7 +67,6 @@ type Proxy struct {
 	started      time.Time
 	draining     atomic.Bool      // set when Serve starts shutting down
 	ids          idSet            // the routing IDs of the requests in progress
-	lines        waitLines        // the requests held by the queue escape hatch (queue.go)
 	sig          signalState      // the running signal loops (RunSignals)
 	fb           *feedbackMetrics // engine-reported prompt and cached tokens
 	pdMetrics    *disagg.Metrics  // P/D handoffs (disagg.go)
@@ -81,6 +80,7 @@ type pool struct {
 	proxies map[string]*endpointProxy // by endpoint ID; read-only after New
 	precise *precise                  // token-level matching; nil when off
 	kvSink  *kvSink                   // what the KV-event subscribers feed; nil without precise.index
+	line    waitLine                  // the requests held by the queue escape hatch (queue.go)
 	session *sessionSource            // the requests' affinity key
 	pd      *disagg.Handoff           // P/D pools only (disagg.go)
 }

@@ -38,8 +38,8 @@ func (p *Proxy) queue(ctx context.Context, pl *pool, req *kvroute.Request, err e
 	// The wait is real time, whatever clock routing uses.
 	timeout := time.NewTimer(wait)
 	defer timeout.Stop()
-	w := p.lines.join(pl.router, req.Tenant)
-	defer p.lines.leave(pl.router, w)
+	w := pl.line.join(req.Tenant)
+	defer pl.line.leave(w)
 	expired := func() error { return waitedOut(se, wait) }
 	ended := func() error {
 		if errors.Is(context.Cause(ctx), errShutdown) {
@@ -95,14 +95,6 @@ func waitedOut(se *router.ShedError, wait time.Duration) error {
 	return &out
 }
 
-// waitLines holds the waiting lines of the queued requests, one per
-// router (pool) with requests waiting; a line is dropped when it empties.
-// It is safe for concurrent use.
-type waitLines struct {
-	mu sync.Mutex
-	m  map[*router.Router]*waitLine
-}
-
 // waitLine is one pool's held requests, served in turn by tenant (fair
 // queuing): a request joining the line is tagged one past the later of its
 // tenant's last tag and the head's tag, and the lowest tag (then the
@@ -110,7 +102,9 @@ type waitLines struct {
 // across tenants, one tenant's burst queued ahead does not keep another's
 // request behind all of it: that request waits for at most one request of
 // each other tenant in line (besides the head).
+// It is safe for concurrent use; the zero value is an empty line.
 type waitLine struct {
+	mu      sync.Mutex        // guards the fields below
 	q       []*waiter         // in arrival order
 	head    *waiter           // the one whose turn it is
 	vnow    uint64            // the tag of the last head
@@ -126,18 +120,13 @@ type waiter struct {
 	tag    uint64
 }
 
-// join puts a new waiter of tenant in r's line.
-func (l *waitLines) join(r *router.Router, tenant string) *waiter {
+// join puts a new waiter of tenant in the line.
+func (line *waitLine) join(tenant string) *waiter {
 	w := &waiter{turn: make(chan struct{}), tenant: tenant}
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.m == nil {
-		l.m = make(map[*router.Router]*waitLine)
-	}
-	line := l.m[r]
-	if line == nil {
-		line = &waitLine{last: map[string]uint64{}, tenants: map[string]int{}}
-		l.m[r] = line
+	line.mu.Lock()
+	defer line.mu.Unlock()
+	if line.last == nil {
+		line.last, line.tenants = map[string]uint64{}, map[string]int{}
 	}
 	w.tag = max(line.vnow, line.last[tenant]) + 1
 	line.last[tenant] = w.tag
@@ -149,15 +138,11 @@ func (l *waitLines) join(r *router.Router, tenant string) *waiter {
 	return w
 }
 
-// leave takes w out of r's line; when w was at the head, the next waiter's
-// turn comes.
-func (l *waitLines) leave(r *router.Router, w *waiter) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	line := l.m[r]
-	if line == nil {
-		return
-	}
+// leave takes w out of the line; when w was at the head, the next
+// waiter's turn comes.
+func (line *waitLine) leave(w *waiter) {
+	line.mu.Lock()
+	defer line.mu.Unlock()
 	i := slices.Index(line.q, w)
 	if i < 0 {
 		return
@@ -168,7 +153,7 @@ func (l *waitLines) leave(r *router.Router, w *waiter) {
 		delete(line.last, w.tenant)
 	}
 	if len(line.q) == 0 {
-		delete(l.m, r)
+		line.head = nil
 		return
 	}
 	if line.head == w {
@@ -177,7 +162,7 @@ func (l *waitLines) leave(r *router.Router, w *waiter) {
 }
 
 // next gives the turn to the waiter with the lowest tag, the earliest
-// among equals.
+// among equals. Called with line.mu held and the line not empty.
 func (line *waitLine) next() {
 	h := line.q[0]
 	for _, w := range line.q[1:] {
@@ -189,12 +174,9 @@ func (line *waitLine) next() {
 	close(h.turn)
 }
 
-// waiting returns how many requests wait in r's line.
-func (l *waitLines) waiting(r *router.Router) int {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if line := l.m[r]; line != nil {
-		return len(line.q)
-	}
-	return 0
+// waiting returns how many requests wait in the line.
+func (line *waitLine) waiting() int {
+	line.mu.Lock()
+	defer line.mu.Unlock()
+	return len(line.q)
 }

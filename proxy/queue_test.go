@@ -169,7 +169,6 @@ func TestQueueFirstComeFirstServed(t *testing.T) {
 	cfg := testConfig("gate", engine.URL)
 	cfg.Retry.QueueWait = time.Minute
 	tp := newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return g, nil })
-	rt := tp.pools["m"].router
 	// On failure the held requests end with the test, not with queue_wait.
 	base, stop := context.WithCancel(context.Background())
 	t.Cleanup(stop)
@@ -226,7 +225,7 @@ func TestQueueFirstComeFirstServed(t *testing.T) {
 	if c := g.callsOf("leaver"); c != 1 {
 		t.Fatalf("the leaver routed %d times, want once", c)
 	}
-	if n := tp.lines.waiting(rt); n != 0 {
+	if n := tp.pools["m"].line.waiting(); n != 0 {
 		t.Fatalf("%d requests still in line", n)
 	}
 }
@@ -258,7 +257,7 @@ func TestQueueWaitRunsOut(t *testing.T) {
 	if e.Error.Code != "overloaded" || !strings.Contains(e.Error.Message, "waited 50ms in the router's queue") {
 		t.Fatalf("error %+v: want code overloaded and a message saying the request waited 50ms", e.Error)
 	}
-	if n := tp.lines.waiting(tp.pools["m"].router); n != 0 {
+	if n := tp.pools["m"].line.waiting(); n != 0 {
 		t.Fatalf("%d requests still in line", n)
 	}
 }
