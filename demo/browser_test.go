@@ -25,9 +25,7 @@ import (
 // and the comparison appears when the run ends. It saves a screenshot in
 // $KVROUTE_SCREENSHOT_DIR (or the test's temporary directory).
 func TestDashboardInBrowser(t *testing.T) {
-	if browsertest.Path() == "" || testing.Short() {
-		browsertest.Start(t, context.Background(), 0, 0) // skips, saying why
-	}
+	browsertest.Require(t) // before the set-up
 	const engines = 4
 	const token = "browser-test-admin-token"
 	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Second) // generous: the waits below are bounds, not assertions on speed

@@ -24,9 +24,7 @@ import (
 // distinct values (not 0, 0, 1, 1, 1 for an empty range), and the load
 // chart draws the shown model's endpoints only, following the model picker.
 func TestPageInBrowser(t *testing.T) {
-	if browsertest.Path() == "" || testing.Short() {
-		browsertest.Start(t, context.Background(), 0, 0) // skips, saying why
-	}
+	browsertest.Require(t) // before the set-up
 	m1 := newModelRouter(t, "m1", "a", "b")
 	m2 := newPolicyRouter(t, "m2", "least_request", "a")
 	var many []string // a big fleet: its load chart's legend cannot show every endpoint

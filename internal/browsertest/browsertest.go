@@ -25,28 +25,32 @@ func Path() string {
 	return ""
 }
 
-// Start skips t without a Chromium binary or with -short; otherwise it
-// starts headless Chromium with a fresh profile and a window of width x
+// Require skips t without a Chromium binary or with -short, saying why.
+func Require(t testing.TB) {
+	t.Helper()
+	if Path() == "" {
+		t.Skip("no chromium binary found (install Debian's chromium package, or set KVROUTE_CHROMIUM)")
+	}
+	if testing.Short() {
+		t.Skip("browser test: skipped with -short")
+	}
+}
+
+// Start skips t as Require does; otherwise it starts headless Chromium with a fresh profile and a window of width x
 // height pixels, for as long as ctx lasts, and returns the context of its
 // first tab and a function that closes the browser early. The browser is
 // closed and its profile removed when t ends (the profile after the
 // browser has exited: t.TempDir's cleanup can race its last writes).
 func Start(t testing.TB, ctx context.Context, width, height int) (context.Context, context.CancelFunc) {
 	t.Helper()
-	bin := Path()
-	if bin == "" {
-		t.Skip("no chromium binary found (install Debian's chromium package, or set KVROUTE_CHROMIUM)")
-	}
-	if testing.Short() {
-		t.Skip("browser test: skipped with -short")
-	}
+	Require(t)
 	profile, err := os.MkdirTemp("", "kvroute-chromium-")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(profile) })
 	actx, cancelAlloc := chromedp.NewExecAllocator(ctx,
-		chromedp.ExecPath(bin),
+		chromedp.ExecPath(Path()),
 		chromedp.Headless,
 		chromedp.NoSandbox,
 		chromedp.DisableGPU,
