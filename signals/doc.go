@@ -58,7 +58,8 @@
 // Staleness: once the photograph is older than ViewConfig.StaleAfter
 // (default 1s), or MaxConsecutiveErrors scrapes in a row failed, Load
 // reports Stale and falls back on router-local counts alone: Waiting =
-// requests in flight without a first token, Running = those with one.
+// requests in flight without a first token, Running = those with one,
+// KVUsage = their tokens over the KV capacity.
 // Failed scrapes are counted and reported (Snapshot), never silently
 // trusted. InFlight, InFlightTokens and DecodeTokens are always router-local
 // and so always fresh.

@@ -401,7 +401,11 @@ func (v *View) LoadUntil(now time.Time) (kvroute.Load, time.Time) {
 		l.Waiting = max(0, roundInt(v.last.Waiting)+v.dW)
 		l.Running = max(0, roundInt(v.last.Running)+v.dR)
 	}
-	if !v.observedAt.IsZero() && v.last.Has(HasKVUsage) {
+	if !l.Stale && v.last.Has(HasKVUsage) {
+		// The engine's figure, moved by the router's transitions since
+		// it was sampled. Once stale it is dropped like the queue
+		// counts: a figure of unknown age would keep a node that was
+		// full when its scrapes stopped looking full for ever.
 		u := v.last.KVUsage
 		if capTokens > 0 {
 			u += float64(v.dKV) / float64(capTokens)

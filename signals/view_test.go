@@ -365,3 +365,27 @@ func TestViewStatusJSON(t *testing.T) {
 		t.Errorf("Marshal:\n got %s\nwant %s", b, want)
 	}
 }
+
+// TestViewStaleKVUsage: once the signals are stale, KV usage is the
+// router's own in-flight tokens over the capacity, as Waiting and Running
+// fall back on router-local counts; a fresh scrape brings the engine's
+// figure back.
+func TestViewStaleKVUsage(t *testing.T) {
+	v := NewView(ViewConfig{StaleAfter: time.Second})
+	v.Observe(at(0), vllmMetrics(0, 0, 0.95)) // 1600 tokens capacity
+	if got, want := v.Load(at(500)).KVUsage, 0.95; got != want {
+		t.Fatalf("fresh: KVUsage = %v, want %v", got, want)
+	}
+	l := v.Load(at(1500))
+	if !l.Stale || l.KVUsage != 0 {
+		t.Fatalf("stale, nothing in flight: stale=%v KVUsage=%v, want true 0", l.Stale, l.KVUsage)
+	}
+	v.Dispatch(at(1600), 400)
+	if got, want := v.Load(at(1700)).KVUsage, 0.25; got != want {
+		t.Fatalf("stale, 400 tokens in flight: KVUsage = %v, want %v", got, want)
+	}
+	v.Observe(at(1800), vllmMetrics(1, 0, 0.5))
+	if got, want := v.Load(at(1900)).KVUsage, 0.5; got != want {
+		t.Fatalf("fresh again: KVUsage = %v, want %v", got, want)
+	}
+}
