@@ -18,8 +18,11 @@ import (
 // the default policy, over 64 endpoints, for 32 KiB prompts of sessions
 // sharing a 4 KiB system prompt: prefix hashing, index matches, signal
 // views, kv-aware's Pick, the decision log, the dispatch record and Done.
-// It reports the p50 and p99 of single decisions in wall time, and the
-// mean thread CPU time of a decision (see opTimer), at steady state: the
+// It reports the p50 and p99 of single decisions (Route) in wall time
+// (p50-ns, p99-ns), the same of the completion events that follow each
+// (FirstToken and Done: done-p50-ns, done-p99-ns) and of the two together
+// (step-p50-ns, step-p99-ns), and the mean thread CPU time of a whole step
+// (see opTimer), at steady state: the
 // timed decisions follow benchWarmUp untimed ones, by when the indexes,
 // the signal views and the decision log have grown to the size the load
 // keeps them at (the first few thousand decisions grow them into fresh
@@ -47,26 +50,41 @@ func BenchmarkDecisionKVAware64(b *testing.B) {
 func benchDecision(b *testing.B, sessions, inflight int) {
 	step := decisionLoop(b, sessions, inflight)
 	for range benchWarmUp {
-		step()
+		step(nil)
 	}
-	// The timer's buffer (8 MB) is allocated before the collection, not
-	// after: allocated after it, it took the heap past the collector's goal
-	// at once (sessions=16: 5 -> 13 MB), and the cycle it started marked
-	// for 3.6 ms through the first few hundred timed decisions, which were
-	// 2-3% of them and so the p99.
-	var tm opTimer
+	// The timers' buffers (8 MB each) are allocated before the collection,
+	// not after: allocated after it, one took the heap past the collector's
+	// goal at once (sessions=16: 5 -> 13 MB), and the cycle it started
+	// marked for 3.6 ms through the first few hundred timed decisions,
+	// which were 2-3% of them and so the p99.
+	var tm stepTimers
 	tm.init()
 	runtime.GC() // as testing does before a benchmark: the warm-up's garbage is not the timed run's
 	runtime.LockOSThread()
 	defer runtime.UnlockOSThread()
 	b.ReportAllocs()
-	tm.begin()
+	tm.step.begin()
 	for b.Loop() {
-		tm.start()
-		step()
-		tm.stop()
+		step(&tm)
 	}
-	tm.report(b)
+	tm.step.report(b, "step-")
+	tm.done.report(b, "done-")
+	tm.route.report(b, "")
+}
+
+// stepTimers time decisionLoop's steps: each whole, and its decision and
+// its completion events apart. The decision is what a request waits for
+// before it is sent; the completion events are other requests' (their first
+// token and end), recorded on their own goroutines, each a short hold of
+// the lock the decision takes.
+type stepTimers struct {
+	step, route, done opTimer
+}
+
+func (tm *stepTimers) init() {
+	tm.step.init()
+	tm.route.init()
+	tm.done.init()
 }
 
 // scrape does what the router's scrape loops would have done by now at the
@@ -91,14 +109,15 @@ const benchWarmUp = 20000
 // sessions round-robin, each request in flight for the next inflight
 // decisions (0: its first token and end are recorded at once), 1 ms
 // apart, the engines scraped every 100 ms.
-func decisionLoop(tb testing.TB, sessions, inflight int) (step func()) {
+func decisionLoop(tb testing.TB, sessions, inflight int) (step func(*stepTimers)) {
 	_, step = decisionLoopWith(tb, sessions, inflight, nil)
 	return step
 }
 
 // decisionLoopWith is decisionLoop with the default policy's params, and
 // the router.
-func decisionLoopWith(tb testing.TB, sessions, inflight int, params map[string]any) (*Router, func()) {
+// With timers, a step times itself into them (nil: untimed).
+func decisionLoopWith(tb testing.TB, sessions, inflight int, params map[string]any) (*Router, func(*stepTimers)) {
 	p, err := policy.New(policy.Default, params, 1)
 	if err != nil {
 		tb.Fatal(err)
@@ -120,25 +139,43 @@ func decisionLoopWith(tb testing.TB, sessions, inflight int, params map[string]a
 		reqIDs[i] = fmt.Sprint(i)
 	}
 	i := 0
-	return r, func() {
+	finish := func(f *Flight) {
+		r.FirstToken(now, f)
+		r.Done(now, f, kvroute.Outcome{TTFT: 50 * time.Millisecond, PromptTokens: 8192, CachedTokens: -1})
+	}
+	return r, func(tm *stepTimers) {
+		var began, routeStart, routeEnd time.Time
+		if tm != nil {
+			began = time.Now()
+		}
 		slot := i % len(reqs)
 		req := &reqs[slot]
 		old := flights[slot] // routed len(reqs) decisions ago (inflight > 0)
 		flights[slot] = nil
 		if old != nil {
-			r.FirstToken(now, old)
-			r.Done(now, old, kvroute.Outcome{TTFT: 50 * time.Millisecond, PromptTokens: 8192, CachedTokens: -1})
+			finish(old)
 		}
 		*req = kvroute.Request{ID: reqIDs[slot], Model: "m", Prompt: prompts[i%len(prompts)], PromptTokens: 8192, MaxTokens: 128}
+		if tm != nil {
+			routeStart = time.Now()
+		}
 		f, err := r.Route(now, req, nil)
+		if tm != nil {
+			routeEnd = time.Now()
+		}
 		if err != nil {
 			tb.Fatal(err)
 		}
 		if inflight > 0 {
 			flights[slot] = f
 		} else {
-			r.FirstToken(now, f)
-			r.Done(now, f, kvroute.Outcome{TTFT: 50 * time.Millisecond, PromptTokens: 8192, CachedTokens: -1})
+			finish(f)
+		}
+		if tm != nil {
+			end := time.Now()
+			tm.step.add(end.Sub(began))
+			tm.route.add(routeEnd.Sub(routeStart))
+			tm.done.add(routeStart.Sub(began) + end.Sub(routeEnd))
 		}
 		now = now.Add(time.Millisecond)
 		i++
@@ -163,9 +200,10 @@ func decisionLoopWith(tb testing.TB, sessions, inflight int, params map[string]a
 // tail from the code's either: the host takes the CPU away unseen by the
 // guest (no steal time), so the thread's CPU time counted those gaps too.
 type opTimer struct {
-	lat []time.Duration
-	t   time.Time     // wall time at start
-	cpu time.Duration // thread CPU time at begin
+	lat   []time.Duration
+	t     time.Time     // wall time at start
+	cpu   time.Duration // thread CPU time at begin
+	began bool
 }
 
 func (tm *opTimer) init() {
@@ -173,28 +211,35 @@ func (tm *opTimer) init() {
 }
 
 // begin starts the run: the thread's CPU time is counted from here.
-func (tm *opTimer) begin() { tm.cpu = cputime.Thread() }
+func (tm *opTimer) begin() { tm.cpu, tm.began = cputime.Thread(), true }
 
 // start begins timing one operation.
 func (tm *opTimer) start() { tm.t = time.Now() }
 
-// stop ends the operation start began (the first 1<<20 are kept).
-func (tm *opTimer) stop() {
+// stop ends the operation start began.
+func (tm *opTimer) stop() { tm.add(time.Since(tm.t)) }
+
+// add records an operation timed by the caller (the first 1<<20 are kept).
+func (tm *opTimer) add(d time.Duration) {
 	if len(tm.lat) < cap(tm.lat) {
-		tm.lat = append(tm.lat, time.Since(tm.t))
+		tm.lat = append(tm.lat, d)
 	}
 }
 
-func (tm *opTimer) report(b *testing.B) {
-	cpu := cputime.Thread() - tm.cpu
+// report reports the p50 and p99 as prefix+"p50-ns" and prefix+"p99-ns",
+// and the CPU time per operation since begin, if it was called.
+func (tm *opTimer) report(b *testing.B, prefix string) {
 	lat := tm.lat
 	if len(lat) == 0 {
 		return
 	}
 	slices.Sort(lat)
-	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), "p50-ns")
-	b.ReportMetric(float64(lat[min(len(lat)-1, len(lat)*99/100)].Nanoseconds()), "p99-ns")
-	if cpu > 0 {
+	b.ReportMetric(float64(lat[len(lat)/2].Nanoseconds()), prefix+"p50-ns")
+	b.ReportMetric(float64(lat[min(len(lat)-1, len(lat)*99/100)].Nanoseconds()), prefix+"p99-ns")
+	if !tm.began {
+		return
+	}
+	if cpu := cputime.Thread() - tm.cpu; cpu > 0 {
 		b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
 	}
 }
@@ -228,7 +273,7 @@ func BenchmarkMachineTail(b *testing.B) {
 				sink += spin(n)
 				tm.stop()
 			}
-			tm.report(b)
+			tm.report(b, "")
 			spinSink = sink
 		})
 	}

@@ -543,9 +543,9 @@ func TestRouteAllocs(t *testing.T) {
 		t.Run(fmt.Sprintf("sessions=%d/inflight=%d", tc.sessions, tc.inflight), func(t *testing.T) {
 			step := decisionLoop(t, tc.sessions, tc.inflight)
 			for range 3000 { // until the structures stop growing
-				step()
+				step(nil)
 			}
-			if n := testing.AllocsPerRun(500, step); n != 1 {
+			if n := testing.AllocsPerRun(500, func() { step(nil) }); n != 1 {
 				t.Fatalf("a decision allocated %v times, want 1 (its Flight)", n)
 			}
 		})
@@ -605,7 +605,7 @@ func TestSessionsLeaveThrashingHolder(t *testing.T) {
 	for _, spare := range []bool{true, false} {
 		r, step := decisionLoopWith(t, 64, 0, map[string]any{"spare_full": spare})
 		for range 3000 {
-			step()
+			step(nil)
 		}
 		whole := 0
 		ds := r.Decisions(256)
