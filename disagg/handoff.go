@@ -82,11 +82,13 @@ type HandoffConfig struct {
 	// Room draws SGLang bootstrap rooms; default a crypto-random 63-bit
 	// value.
 	Room func() uint64
-	// Queue, when set, is handed the routing error of a request's first
-	// placement before it is answered: it may hold the request and route
-	// it again as load drains (the router's queue escape hatch), returning
-	// the flight or the error to answer with. Nil: the error is answered.
-	Queue func(ctx context.Context, req *kvroute.Request, err error) (*router.Flight, error)
+	// Admit, when set, routes a request's first placement in place of
+	// Router.Route (with nothing excluded): the proxy's queue escape hatch,
+	// which may hold the request (in line behind requests held before it,
+	// or when the policy sheds it with the "queue" action) and route it as
+	// load drains. It returns the flight, or the error to answer with.
+	// Nil: Router.Route.
+	Admit func(ctx context.Context, req *kvroute.Request) (*router.Flight, error)
 }
 
 // Handoff serves the requests of one P/D model: it places each request
@@ -282,10 +284,12 @@ func (h *Handoff) Serve(w http.ResponseWriter, r *http.Request, path string, bod
 // failed prefill leg, decode is the planned decode node.
 func (x *exchange) placeAndRun(last bool) (done bool, decode *kvroute.Endpoint) {
 	h := x.h
-	now := h.cfg.Now()
-	f, err := h.cfg.Router.Route(now, x.req, x.tried)
-	if err != nil && h.cfg.Queue != nil && x.last == nil && len(x.tried) == 0 {
-		f, err = h.cfg.Queue(x.ctx, x.req, err)
+	var f *router.Flight
+	var err error
+	if h.cfg.Admit != nil && x.res.Attempts == 1 {
+		f, err = h.cfg.Admit(x.ctx, x.req)
+	} else {
+		f, err = h.cfg.Router.Route(h.cfg.Now(), x.req, x.tried)
 	}
 	if err != nil {
 		x.writeRoutingFailure(err)

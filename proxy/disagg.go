@@ -19,8 +19,10 @@ import (
 // disagg.Planner (the configured policy, or kv-aware with parameters
 // derived from pd.profile, places the prefill stage); the handoff runs the
 // legs in the engines' protocol (pd.protocol) and streams the decode
-// engine's answer. A request the prefill policy sheds with the "queue"
-// action is held by the same queue as on aggregated pools. Requests carrying handoff fields (kv_transfer_params,
+// engine's answer. The first placement of a request goes through the same
+// queue as on aggregated pools (admit): in line behind the requests held,
+// if any, and held when the prefill policy sheds it with the "queue"
+// action. Requests carrying handoff fields (kv_transfer_params,
 // bootstrap_*) or endpoint-naming headers are rejected with 400.
 
 // newPlanner builds the P/D planner of model m, with picker (nil: the
@@ -74,8 +76,8 @@ func (p *Proxy) newHandoff(pl *pool, m *config.Model, planner *disagg.Planner) (
 		Metrics:        p.pdMetrics,
 		Logger:         p.log,
 		Now:            p.now,
-		Queue: func(ctx context.Context, req *kvroute.Request, err error) (*router.Flight, error) {
-			return p.queue(ctx, pl, req, err)
+		Admit: func(ctx context.Context, req *kvroute.Request) (*router.Flight, error) {
+			return p.admit(ctx, pl, req, nil)
 		},
 	})
 }

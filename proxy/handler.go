@@ -117,7 +117,10 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 		}
 	}
 	if pl.pd != nil {
-		// Not recycled: the handoff's goroutines may outlive this handler.
+		// Serve returns once every leg of the request has ended (so the
+		// routing ID, released on return, is free), but prompt is not
+		// recycled: the planner may keep the request past Serve (a pin
+		// that a failed Route did not consume).
 		p.servePD(w, r, pl, req, body, start)
 		return
 	}
@@ -135,11 +138,14 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 	defer x.finish(w, start)
 
 	for x.attempt = 0; x.attempt < x.maxAttempts; x.attempt++ {
-		t0 := p.now()
-		f, err := pl.router.Route(t0, req, x.tried)
-		x.m.decision.Observe(p.now().Sub(t0).Seconds())
-		if err != nil && x.attempt == 0 {
-			f, err = p.queue(x.ctx, pl, req, err)
+		var f *router.Flight
+		var err error
+		if x.attempt == 0 {
+			f, err = p.admit(x.ctx, pl, req, x.m) // in line behind the held requests, if any
+		} else {
+			t0 := p.now()
+			f, err = pl.router.Route(t0, req, x.tried)
+			x.m.decision.Observe(p.now().Sub(t0).Seconds())
 		}
 		if err != nil {
 			if x.attempt > 0 {

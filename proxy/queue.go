@@ -4,8 +4,10 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net/http"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute"
@@ -13,46 +15,88 @@ import (
 	"github.com/kvroute/kvroute/router"
 )
 
+// admit routes the first attempt of a request on pl. While requests wait
+// in the pool's line it does not route the request but puts it in line
+// behind them (hold): one arriving just as room frees does not overtake
+// those that waited longer. A request the policy sheds with the "queue"
+// action is held too (queue). m records the routing decision's latency
+// (nil: not recorded). With the line empty, admit costs one atomic load
+// more than routing.
+func (p *Proxy) admit(ctx context.Context, pl *pool, req *kvroute.Request, m *poolMetrics) (*router.Flight, error) {
+	if pl.line.busy() {
+		p.metrics.queued.WithLabelValues(pl.model).Inc()
+		return p.hold(ctx, pl, req, nil)
+	}
+	t0 := p.now()
+	f, err := pl.router.Route(t0, req, nil)
+	if m != nil {
+		m.decision.Observe(p.now().Sub(t0).Seconds())
+	}
+	if err != nil {
+		return p.queue(ctx, pl, req, err)
+	}
+	return f, nil
+}
+
 // queue holds a request that the policy shed with the "queue" action (every
 // endpoint over its load cap) and routes it again as load drains, for at
-// most retry.queue_wait. The held requests of a pool wait in line, first
-// come first served within a tenant and in turn across tenants (see
-// waitLine): only the one at the head routes again, with a growing
-// pause (10 ms doubling to 200 ms), and when it leaves (routed, out of
-// time, or its client gone) the next one routes at once. Any other error,
-// or a "shed" action, is returned as it is; when the wait runs out the last
-// shed error is, saying how long the request waited (the client then gets
-// 429 with Retry-After). The client going away ends the wait and frees its
-// place in line; so does the drain deadline, and the request is answered
-// as the others then in progress are (503, errShutdown), not as shed.
+// most retry.queue_wait (see hold). Any other error, or a "shed" action,
+// is returned as it is.
 func (p *Proxy) queue(ctx context.Context, pl *pool, req *kvroute.Request, err error) (*router.Flight, error) {
 	var se *router.ShedError
 	if !errors.As(err, &se) || policy.OverloadAction(se.Decision) != policy.OverloadQueue {
 		return nil, err
 	}
 	p.metrics.queued.WithLabelValues(pl.model).Inc()
-	wait := p.cfg.Retry.QueueWait
-	if wait <= 0 {
+	if p.cfg.Retry.QueueWait <= 0 {
 		return nil, err
 	}
+	return p.hold(ctx, pl, req, se)
+}
+
+// hold keeps a request in pl's line for at most retry.queue_wait (> 0) and
+// routes it when its turn comes. se is the error with which the policy
+// shed the request, nil when the request was not routed yet (it arrived
+// while others waited, see admit). The held requests of a pool wait in
+// line, first come first served within a tenant and in turn across
+// tenants (see waitLine): only the one at the head routes, at once when
+// its turn comes after others' (or when it was never routed), then again
+// after a growing pause (10 ms doubling to 200 ms); when it leaves
+// (routed, out of time, or its client gone) the next one routes at once.
+// A request not routed before is answered as it would have been at an
+// empty line when its first routing fails otherwise than by a "queue"
+// shed. When the wait runs out the last shed error is returned, saying
+// how long the request waited (the client then gets 429 with
+// Retry-After). The client going away ends the wait and frees its place
+// in line; so does the drain deadline, and the request is answered as the
+// others then in progress are (503, errShutdown), not as shed.
+func (p *Proxy) hold(ctx context.Context, pl *pool, req *kvroute.Request, se *router.ShedError) (*router.Flight, error) {
+	wait := p.cfg.Retry.QueueWait
 	// The wait is real time, whatever clock routing uses.
 	timeout := time.NewTimer(wait)
 	defer timeout.Stop()
 	w := pl.line.join(req.Tenant)
 	defer pl.line.leave(w)
+	routed := se != nil
+	if !routed {
+		se = behindShed(pl.model)
+	}
 	expired := func() error { return waitedOut(se, wait) }
 	ended := func() error {
 		if errors.Is(context.Cause(ctx), errShutdown) {
 			return errShutdown
 		}
-		return err // the client went away: nobody reads the answer
+		return se // the client went away: nobody reads the answer
 	}
 
 	pause := 10 * time.Millisecond
+	if !routed {
+		pause = 0
+	}
 	select {
 	case <-w.turn:
-		// At the head from the start: the fleet just shed the request,
-		// so pause before routing it again.
+		// At the head from the start: the fleet just shed the request
+		// (if it was routed), so pause before routing it again.
 	default:
 		// Behind others: routing again is the head's business until it
 		// leaves; then there may be room at once.
@@ -78,12 +122,24 @@ func (p *Proxy) queue(ctx context.Context, pl *pool, req *kvroute.Request, err e
 			case <-t.C:
 			}
 		}
-		var f *router.Flight
-		if f, err = pl.router.Route(p.now(), req, nil); err == nil || !errors.As(err, &se) {
+		f, err := pl.router.Route(p.now(), req, nil)
+		if err == nil || !errors.As(err, &se) {
 			return f, err
 		}
+		if !routed && policy.OverloadAction(se.Decision) != policy.OverloadQueue {
+			return nil, err // shed, not queued: as at an empty line
+		}
+		routed = true
 		pause = min(max(2*pause, 10*time.Millisecond), 200*time.Millisecond)
 	}
+}
+
+// behindShed is the shed error of a request that waited in line behind
+// others and was not routed (its queue_wait ran out first, or its client
+// went away).
+func behindShed(model string) *router.ShedError {
+	return &router.ShedError{Err: kvroute.Error{Status: http.StatusTooManyRequests, Type: kvroute.TypeOverloaded, Code: "overloaded",
+		Message: fmt.Sprintf("model %q is overloaded: requests held before this one were still waiting for room", model)}}
 }
 
 // waitedOut is the answer to a request whose queue_wait ran out: the last
@@ -110,6 +166,9 @@ type waitLine struct {
 	vnow    uint64            // the tag of the last head
 	last    map[string]uint64 // per tenant with requests in line, its last tag
 	tenants map[string]int    // per tenant, its requests in line
+	// n is len(q), written under mu and read without it (busy): a
+	// request arriving at an empty line takes no lock.
+	n atomic.Int32
 }
 
 // waiter is one held request's place in line; turn is closed when it
@@ -132,6 +191,7 @@ func (line *waitLine) join(tenant string) *waiter {
 	line.last[tenant] = w.tag
 	line.tenants[tenant]++
 	line.q = append(line.q, w)
+	line.n.Store(int32(len(line.q)))
 	if line.head == nil {
 		line.next()
 	}
@@ -148,6 +208,7 @@ func (line *waitLine) leave(w *waiter) {
 		return
 	}
 	line.q = slices.Delete(line.q, i, i+1)
+	line.n.Store(int32(len(line.q)))
 	if line.tenants[w.tenant]--; line.tenants[w.tenant] == 0 {
 		delete(line.tenants, w.tenant)
 		delete(line.last, w.tenant)
@@ -173,6 +234,9 @@ func (line *waitLine) next() {
 	line.head, line.vnow = h, max(line.vnow, h.tag)
 	close(h.turn)
 }
+
+// busy reports whether requests wait in the line, without taking its lock.
+func (line *waitLine) busy() bool { return line.n.Load() > 0 }
 
 // waiting returns how many requests wait in the line.
 func (line *waitLine) waiting() int {
