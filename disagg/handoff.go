@@ -269,6 +269,7 @@ func (h *Handoff) Serve(w http.ResponseWriter, r *http.Request, path string, bod
 				// decode node rather than risk another prefill.
 				forceAgg = true
 				h.cfg.Planner.Pin(x.req, fallbackDecode.ID)
+				defer h.cfg.Planner.Unpin(x.req) // the client may leave before the attempt
 			}
 		}
 		if done {
@@ -386,6 +387,7 @@ func (x *exchange) runNixl(pf *router.Flight, plan *Plan, last bool) (bool, *kvr
 	}
 	dreq := *x.req
 	h.cfg.Planner.Pin(&dreq, plan.Decode.ID)
+	defer h.cfg.Planner.Unpin(&dreq)
 	for try := 0; try < 2; try++ {
 		now := h.cfg.Now()
 		df, err := h.cfg.Router.Route(now, &dreq, x.tried)
@@ -471,6 +473,7 @@ func (x *exchange) runSGLang(pf *router.Flight, plan *Plan) bool {
 	}
 	dreq := *x.req
 	h.cfg.Planner.Pin(&dreq, plan.Decode.ID)
+	defer h.cfg.Planner.Unpin(&dreq)
 	df, err := h.cfg.Router.Route(h.cfg.Now(), &dreq, x.tried)
 	if err != nil {
 		h.cfg.Router.Done(h.cfg.Now(), pf, kvroute.Outcome{Failed: true})

@@ -314,6 +314,15 @@ func (p *Planner) PinDecode(req *kvroute.Request, from *kvroute.Endpoint) {
 	p.mu.Unlock()
 }
 
+// Unpin drops req's pin if no Pick consumed it: a Route that failed before
+// the picker ran (no eligible endpoint) leaves it. Callers that Pin defer
+// it, so that a pin (and the request it holds) never outlives its request.
+func (p *Planner) Unpin(req *kvroute.Request) {
+	p.mu.Lock()
+	delete(p.pins, req)
+	p.mu.Unlock()
+}
+
 // Take returns and forgets the plan the last Pick made for req.
 func (p *Planner) Take(req *kvroute.Request) (Plan, bool) {
 	p.mu.Lock()
