@@ -70,6 +70,10 @@ type Proxy struct {
 	sig          signalState      // the running signal loops (RunSignals)
 	fb           *feedbackMetrics // engine-reported prompt and cached tokens
 	pdMetrics    *disagg.Metrics  // P/D handoffs (disagg.go)
+	// queuePause is how long the head of a pool's line pauses before it
+	// routes again after a shed: first, doubling up to max, unless the
+	// router signals that load drained (queue.go). Tests lengthen it.
+	queuePause struct{ first, max time.Duration }
 }
 
 // pool is one model's endpoints, router and reverse proxies.
@@ -106,6 +110,7 @@ func New(opts Options) (*Proxy, error) {
 		gatherer:     opts.Gatherer,
 		pools:        make(map[string]*pool, len(cfg.Models)),
 	}
+	p.queuePause.first, p.queuePause.max = 10*time.Millisecond, 200*time.Millisecond
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}

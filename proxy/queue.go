@@ -61,7 +61,9 @@ func (p *Proxy) queue(ctx context.Context, pl *pool, req *kvroute.Request, err e
 // line, first come first served within a tenant and in turn across
 // tenants (see waitLine): only the one at the head routes, at once when
 // its turn comes after others' (or when it was never routed), then again
-// after a growing pause (10 ms doubling to 200 ms); when it leaves
+// when the router signals that load drained (a flight got its first token
+// or ended: Router.Drained) or after a growing pause (10 ms doubling to
+// 200 ms: load that drains in the engines' signals); when it leaves
 // (routed, out of time, or its client gone) the next one routes at once.
 // A request not routed before is answered as it would have been at an
 // empty line when its first routing fails otherwise than by a "queue"
@@ -89,7 +91,7 @@ func (p *Proxy) hold(ctx context.Context, pl *pool, req *kvroute.Request, se *ro
 		return se // the client went away: nobody reads the answer
 	}
 
-	pause := 10 * time.Millisecond
+	pause := p.queuePause.first
 	if !routed {
 		pause = 0
 	}
@@ -120,6 +122,10 @@ func (p *Proxy) hold(ctx context.Context, pl *pool, req *kvroute.Request, se *ro
 				t.Stop()
 				return nil, expired()
 			case <-t.C:
+			case <-pl.router.Drained():
+				// A flight ended or got its first token: there may be
+				// room now rather than at the end of the pause.
+				t.Stop()
 			}
 		}
 		f, err := pl.router.Route(p.now(), req, nil)
@@ -130,7 +136,7 @@ func (p *Proxy) hold(ctx context.Context, pl *pool, req *kvroute.Request, se *ro
 			return nil, err // shed, not queued: as at an empty line
 		}
 		routed = true
-		pause = min(max(2*pause, 10*time.Millisecond), 200*time.Millisecond)
+		pause = min(max(2*pause, p.queuePause.first), p.queuePause.max)
 	}
 }
 

@@ -49,7 +49,7 @@ func TestQueueHoldsThenRoutes(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			qp := &queueingPicker{n: tt.sheds}
 			cfg := testConfig("queueing", engine.URL)
-			cfg.Retry.QueueWait = 100 * time.Millisecond
+			cfg.Retry.QueueWait = queueWaitFor(tt.want)
 			tp := newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return qp, nil })
 			resp := tp.post(t, PathCompletions, `{"model":"m","prompt":"hello"}`)
 			body := readAll(t, resp)
@@ -67,6 +67,17 @@ func TestQueueHoldsThenRoutes(t *testing.T) {
 			}
 		})
 	}
+}
+
+// queueWaitFor is the queue_wait of a case that expects status want: a
+// request that must wait it out gets 100 ms; one that must be routed
+// after three sheds gets a minute, as the pauses between its tries
+// (10 + 20 + 40 ms) outlasted 100 ms on a loaded machine.
+func queueWaitFor(want int) time.Duration {
+	if want == http.StatusTooManyRequests {
+		return 100 * time.Millisecond
+	}
+	return time.Minute
 }
 
 // TestQueueOnDisaggregatedPool: the queue escape hatch holds a P/D
@@ -96,7 +107,7 @@ func TestQueueOnDisaggregatedPool(t *testing.T) {
 					PD:     config.PD{Protocol: "nixl", Mode: "always", Profile: "tiny"},
 				}},
 				HealthCheck: config.HealthCheck{Disabled: true},
-				Retry:       config.Retry{QueueWait: 100 * time.Millisecond},
+				Retry:       config.Retry{QueueWait: queueWaitFor(tt.want)},
 			}
 			tp := newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return qp, nil })
 			resp := tp.post(t, PathCompletions, `{"model":"tiny","prompt":"held until the prefill pool drains","max_tokens":2}`)

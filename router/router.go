@@ -136,6 +136,9 @@ type Router struct {
 	// idCache finds the endpoint an index hit names without hashing the
 	// name (see endpointOf); byID is the fallback.
 	idCache [1 << idCacheBits]*endpoint
+	// drained is signalled (never blocking) when a flight gets its first
+	// token or ends (see Drained).
+	drained chan struct{}
 }
 
 const idCacheBits = 8
@@ -195,10 +198,11 @@ func New(cfg Config) (*Router, error) {
 		precise[id] = true
 	}
 	r := &Router{
-		cfg:    cfg,
-		picker: cfg.Picker,
-		policy: cfg.Policy,
-		byID:   make(map[string]*endpoint, len(cfg.Endpoints)),
+		cfg:     cfg,
+		picker:  cfg.Picker,
+		policy:  cfg.Policy,
+		drained: make(chan struct{}, 1),
+		byID:    make(map[string]*endpoint, len(cfg.Endpoints)),
 		// Route calls Match and Record under mu, and nothing else reaches
 		// the approximate indexes: they may skip their lock-free readers'
 		// guarantees.
@@ -604,6 +608,24 @@ func (r *Router) FirstToken(now time.Time, f *Flight) {
 	if o, ok := r.picker.(FirstTokenObserver); ok {
 		o.FirstToken(now, f.req, f.e.ep.ID)
 	}
+	r.wake()
+}
+
+// Drained returns a channel that receives after a flight gets its first
+// token or ends: the load the router counts on its endpoint went down, so
+// a request the policy shed may fit now (the proxy's queue routes the head
+// of its line again at once). It is buffered one deep and never blocks a
+// sender, so one receive may stand for several events, or for one that
+// happened before the receiver began to wait; load that drains in the
+// engines' signals alone is not signalled.
+func (r *Router) Drained() <-chan struct{} { return r.drained }
+
+// wake signals Drained.
+func (r *Router) wake() {
+	select {
+	case r.drained <- struct{}{}:
+	default:
+	}
 }
 
 // Done ends a flight: the router no longer holds it in flight. o reports the
@@ -628,6 +650,7 @@ func (r *Router) Done(now time.Time, f *Flight, o kvroute.Outcome) {
 	if rel, ok := r.picker.(kvroute.Releaser); ok {
 		rel.Release(now, f.req, f.e.ep.ID)
 	}
+	r.wake()
 }
 
 func contains(list []string, s string) bool {
