@@ -114,9 +114,20 @@
 //	                     publishes nothing until it serves a request): restarted,
 //	                     replay failed or no replay socket -> drop its entries and take
 //	                     the next batch as a new subscription's
+//	new connection to a listening socket (tcp, ipc), after its ZMTP handshake
+//	                     the same check at once, before any of its batches; then a catch-up
+//	                     if nothing of the engine's is trusted
 //
 // Run owns the sockets and re-dials after failures (after DialRetry) or a
 // silence of IdleReconnect (at once); in listen mode the listening socket
-// stays bound for all of Run. EncodeEventBatch writes the same payloads (for the engine
-// emulator and tests).
+// stays bound for all of Run, with no idle timer. EncodeEventBatch writes
+// the same payloads (for the engine emulator and tests).
+//
+// Every ZMTP connection, dialled or accepted, reads through a frame
+// scanner (zmqframe.go): a peer that announces a frame or multipart
+// message over SubscriberConfig.MaxFrameSize (default 64 MiB) is dropped
+// before zmq4 allocates for it. A listening socket reads each peer's side
+// of the handshake itself, within ReplayTimeout, before zmq4 takes the
+// connection (zmqlisten.go): a peer that connects and stays silent is
+// dropped and never holds up another engine's connection.
 package signals

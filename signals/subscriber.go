@@ -53,8 +53,17 @@ type SubscriberConfig struct {
 	// the first batch seen when it is not seq 0).
 	NoCatchUp bool
 	// ReplayTimeout bounds one replay exchange, and one dial (the
-	// connection and its ZMTP handshake); default 2s.
+	// connection and its ZMTP handshake); with Listen, it bounds an
+	// engine's side of the ZMTP handshake on each connection it makes (a
+	// peer that connects and stays silent is dropped then, and never holds
+	// up another's connection); default 2s.
 	ReplayTimeout time.Duration
+	// MaxFrameSize bounds the ZMTP frames an engine may send, and its
+	// multipart messages (the sum of their frames, each but the last
+	// counting 32 bytes more): a connection whose peer announces more is
+	// dropped before anything is allocated for it. 0 means
+	// DefaultMaxFrameSize (64 MiB); at least 1024 otherwise.
+	MaxFrameSize int64
 	// IdleReconnect re-dials the engine after this long without a batch, in
 	// case the connection died silently (an engine restart); default 10s.
 	// Not used with Listen.
@@ -75,6 +84,9 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.DialRetry <= 0 {
 		c.DialRetry = 500 * time.Millisecond
 	}
+	if c.MaxFrameSize == 0 {
+		c.MaxFrameSize = DefaultMaxFrameSize
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -87,6 +99,8 @@ func (c *SubscriberConfig) Validate() error {
 		return errors.New("subscriber: Endpoint is empty")
 	case c.Sink == nil:
 		return errors.New("subscriber: Sink is nil")
+	case c.MaxFrameSize != 0 && c.MaxFrameSize < 1024:
+		return fmt.Errorf("subscriber: MaxFrameSize %d is below 1024", c.MaxFrameSize)
 	}
 	if err := validZMQAddr(c.Address, c.Listen || strings.Contains(c.Address, "*")); err != nil {
 		return fmt.Errorf("subscriber: Address: %w", err)
@@ -154,7 +168,10 @@ type SubscriberStatus struct {
 // exactly. A dialled connection that follows a failed one is checked as
 // soon as it is made, before any batch: a restarted engine publishes
 // nothing until it serves a request, and its old entries would draw
-// requests to a cache that is gone meanwhile. A listening socket stays
+// requests to a cache that is gone meanwhile. Likewise every connection an
+// engine makes to a listening socket (tcp:// or ipc://) is checked as soon
+// as its handshake is done, before any of its batches, or, before the
+// first batch, has the engine's history caught up. A listening socket stays
 // bound for all of Run so that a restarted engine can always connect back.
 // Run owns the sockets.
 type Subscriber struct {
@@ -172,9 +189,10 @@ type Subscriber struct {
 	next     uint64 // the sequence number expected next
 	lastHash uint64 // xxh3 of the payload of batch next-1
 	// fresh is set when a new connection may carry another engine (a new
-	// dialled session, or a listening socket that lost a connection): the
-	// next batch is checked against the engine's replay history, or forces
-	// a resync without replay. A sequence number alone cannot tell: a
+	// dialled session, or a listening socket that lost a connection over
+	// a transport that does not report new ones, inproc): the next batch
+	// is checked against the engine's replay history, or forces a resync
+	// without replay. A sequence number alone cannot tell: a
 	// restarted engine may have published more batches than the old one
 	// before the subscriber reconnects.
 	fresh bool
@@ -275,14 +293,29 @@ type subMsg struct {
 func (s *Subscriber) session(parent context.Context) error {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
-	sub := zmq4.NewSub(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.ReplayTimeout),
+	opts := zmtpOptions{maxFrame: uint64(s.cfg.MaxFrameSize), handshake: s.cfg.ReplayTimeout}
+	// connected receives a listening socket's new connections (over the
+	// subscriber's own transports, tcp and ipc), each before any of its
+	// messages; nil otherwise.
+	var connected chan struct{}
+	if _, own := ownAddr(s.cfg.Address); own && s.cfg.Listen {
+		connected = make(chan struct{})
+		opts.onHandshake = func() {
+			select {
+			case connected <- struct{}{}:
+			case <-ctx.Done():
+			}
+		}
+	}
+	sub := zmq4.NewSub(withZMTPOptions(ctx, opts), zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.ReplayTimeout),
 		zmq4.WithLogger(nilLogger))
 	defer sub.Close()
 	if err := sub.SetOption(zmq4.OptionSubscribe, s.cfg.Topic); err != nil {
 		return fmt.Errorf("subscribe: %w", err)
 	}
 	if s.cfg.Listen {
-		if err := sub.Listen(s.cfg.Address); err != nil {
+		addr, _ := ownAddr(s.cfg.Address)
+		if err := sub.Listen(addr); err != nil {
 			return fmt.Errorf("listen %s: %w", s.cfg.Address, err)
 		}
 	} else if err := dialWithin(sub, s.cfg.Address, s.cfg.ReplayTimeout, cancel); err != nil || ctx.Err() != nil {
@@ -293,15 +326,17 @@ func (s *Subscriber) session(parent context.Context) error {
 	}
 	s.update(func(st *SubscriberStatus) { st.Connected = true })
 	defer s.update(func(st *SubscriberStatus) { st.Connected = false })
-	s.fresh = true // a new connection: maybe a new engine
-	if s.lost && !s.cfg.Listen {
-		s.lost = false
-		if s.started {
-			s.verify(ctx)
+	if connected == nil {
+		s.fresh = true // a new connection: maybe a new engine
+		if s.lost && !s.cfg.Listen {
+			s.lost = false
+			if s.started {
+				s.verify(ctx)
+			}
 		}
-	}
-	if !s.started {
-		s.catchUp(ctx)
+		if !s.started {
+			s.catchUp(ctx)
+		}
 	}
 
 	msgs := make(chan subMsg, 64)
@@ -344,6 +379,8 @@ func (s *Subscriber) session(parent context.Context) error {
 			return nil
 		case <-idle.C:
 			return errIdle
+		case <-connected:
+			s.engineConnected(ctx)
 		case m, ok := <-msgs:
 			if !ok {
 				return errors.New("receiver stopped")
@@ -355,13 +392,21 @@ func (s *Subscriber) session(parent context.Context) error {
 				// The engine's connection ended; keep the listening
 				// socket bound so that the restarted engine can connect
 				// (closing it would also drop a connection the new
-				// engine already made), and check the next batch.
+				// engine already made). Its new connection is checked
+				// when it is made; over a transport that does not
+				// tell (inproc), the next batch is.
 				s.cfg.Logger.Info("kv events: engine connection ended", "endpoint", s.cfg.Endpoint, "err", m.err)
 				s.update(func(st *SubscriberStatus) { st.LastError = m.err.Error() })
-				s.fresh = true
+				if connected == nil {
+					s.fresh = true
+				}
 				continue
 			}
-			idle.Reset(s.cfg.IdleReconnect)
+			if !s.cfg.Listen {
+				// (A listening socket has no idle timer: re-binding it
+				// would drop the engine's connection.)
+				idle.Reset(s.cfg.IdleReconnect)
+			}
 			seq, payload, err := splitFrames(m.frames)
 			if err != nil {
 				s.update(func(st *SubscriberStatus) { st.DecodeErrors++; st.LastError = err.Error() })
@@ -534,6 +579,24 @@ func (s *Subscriber) verify(ctx context.Context) {
 		"why", "new connection, the engine's history differs", "want", s.next-1)
 	s.cfg.Sink.Clear(s.cfg.Endpoint)
 	s.started = false
+}
+
+// engineConnected handles an engine's new connection to the listening
+// socket, as soon as its handshake is done and before any of its batches,
+// as a dialled session handles its connection: any connection after the
+// first may come from a restarted engine, whose cache is gone but which
+// publishes nothing until it serves a request, so it is verified at once
+// (see verify), not at its first batch; then, when nothing of the engine's
+// is trusted (the first connection, or a restart found), its history is
+// caught up.
+func (s *Subscriber) engineConnected(ctx context.Context) {
+	s.fresh = false
+	if s.started {
+		s.verify(ctx)
+	}
+	if !s.started {
+		s.catchUp(ctx)
+	}
 }
 
 // catchUp replays and applies the history the engine buffers as soon as a
@@ -737,8 +800,8 @@ const endMarker = ^uint64(0)
 func (s *Subscriber) zmqReplay(ctx context.Context, from uint64) ([]replayed, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	d := zmq4.NewDealer(ctx, zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.ReplayTimeout),
-		zmq4.WithLogger(nilLogger))
+	d := zmq4.NewDealer(withZMTPOptions(ctx, zmtpOptions{maxFrame: uint64(s.cfg.MaxFrameSize)}),
+		zmq4.WithDialerMaxRetries(0), zmq4.WithDialerTimeout(s.cfg.ReplayTimeout), zmq4.WithLogger(nilLogger))
 	defer d.Close()
 	if err := dialWithin(d, s.cfg.ReplayAddress, s.cfg.ReplayTimeout, cancel); err != nil {
 		return nil, fmt.Errorf("replay: dial %s: %w", s.cfg.ReplayAddress, err)

@@ -461,6 +461,8 @@ func TestSubscriberConfigValidate(t *testing.T) {
 		{Endpoint: "e", Address: "tcp://h:1"},
 		{Endpoint: "e", Address: "h:1", Sink: idx},
 		{Endpoint: "e", Address: "tcp://h:1", ReplayAddress: "x", Sink: idx},
+		{Endpoint: "e", Address: "tcp://h:1", Sink: idx, MaxFrameSize: 100},
+		{Endpoint: "e", Address: "tcp://h:1", Sink: idx, MaxFrameSize: -1},
 	} {
 		if _, err := NewSubscriber(c); err == nil {
 			t.Errorf("NewSubscriber(%+v): no error", c)

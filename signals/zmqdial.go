@@ -20,47 +20,66 @@ import (
 // own, registered with zmq4 once, that close each connection when the
 // socket's context ends; cancelling the context (at the end of a session,
 // a replay's timeout, or a handshake that takes too long) unblocks Dial.
+// The same transports listen through a zmtpListener (zmqlisten.go), and
+// every connection, dialled or accepted, reads through a zmtpConn, which
+// bounds the frames a peer may announce (zmqframe.go). The socket's
+// context carries their options (withZMTPOptions).
 
-// dialSchemes maps the schemes the subscriber dials to its own transports'.
-var dialSchemes = map[string]string{"tcp": "kvroute-tcp", "ipc": "kvroute-ipc"}
+// ownSchemes maps the schemes the subscriber dials and listens on to its
+// own transports'.
+var ownSchemes = map[string]string{"tcp": "kvroute-tcp", "ipc": "kvroute-ipc"}
 
-var registerDialers = sync.OnceValue(func() error {
-	for scheme, own := range dialSchemes {
+var registerTransports = sync.OnceValue(func() error {
+	for scheme, own := range ownSchemes {
 		network := scheme
 		if scheme == "ipc" {
 			network = "unix"
 		}
-		if err := zmq4.RegisterTransport(own, ctxTransport{Transport: transport.New(network), network: network}); err != nil {
+		if err := zmq4.RegisterTransport(own, zmtpTransport{Transport: transport.New(network), network: network}); err != nil {
 			return err
 		}
 	}
 	return nil
 })
 
-// dialAddr returns the address to give zmq4's Dial for addr: the same
-// endpoint on the subscriber's own transport.
-func dialAddr(addr string) string {
+// ownAddr returns the address to give zmq4's Dial or Listen for addr: the
+// same endpoint on the subscriber's own transport, and true; or addr and
+// false for a scheme it has no transport for (inproc).
+func ownAddr(addr string) (string, bool) {
 	scheme, rest, ok := strings.Cut(addr, "://")
-	if own := dialSchemes[scheme]; ok && own != "" && registerDialers() == nil {
-		return own + "://" + rest
+	if own := ownSchemes[scheme]; ok && own != "" && registerTransports() == nil {
+		return own + "://" + rest, true
 	}
-	return addr
+	return addr, false
 }
 
-// ctxTransport dials like zmq4's own tcp and ipc transports and closes the
-// connection when ctx (the zmq4 socket's) is done.
-type ctxTransport struct {
+// zmtpTransport dials and listens like zmq4's own tcp and ipc transports
+// (whose Addr it keeps), through zmtpConns and zmtpListeners.
+type zmtpTransport struct {
 	transport.Transport
 	network string
 }
 
-func (t ctxTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
+var _ transport.Transport = zmtpTransport{}
+
+// Dial connects to addr; the connection is closed when ctx (the zmq4
+// socket's) is done.
+func (t zmtpTransport) Dial(ctx context.Context, d transport.Dialer, addr string) (net.Conn, error) {
 	c, err := d.DialContext(ctx, t.network, addr)
 	if err != nil {
 		return nil, err
 	}
-	context.AfterFunc(ctx, func() { c.Close() })
-	return c, nil
+	return newZMTPConn(ctx, c, zmtpOptionsFrom(ctx).maxFrame), nil
+}
+
+// Listen binds addr; the listener's connections are closed when ctx (the
+// zmq4 socket's) is done, and the listener when zmq4 closes it.
+func (t zmtpTransport) Listen(ctx context.Context, addr string) (net.Listener, error) {
+	ln, err := net.Listen(t.network, addr)
+	if err != nil {
+		return nil, err
+	}
+	return newZMTPListener(ctx, ln, zmtpOptionsFrom(ctx)), nil
 }
 
 // dialWithin dials sock to addr, giving up (by cancelling cancel, the
@@ -69,5 +88,6 @@ func (t ctxTransport) Dial(ctx context.Context, d transport.Dialer, addr string)
 func dialWithin(sock zmq4.Socket, addr string, timeout time.Duration, cancel context.CancelFunc) error {
 	t := time.AfterFunc(timeout, cancel)
 	defer t.Stop()
-	return sock.Dial(dialAddr(addr))
+	a, _ := ownAddr(addr)
+	return sock.Dial(a)
 }
