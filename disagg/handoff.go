@@ -68,6 +68,12 @@ type HandoffConfig struct {
 	// MaxReplyBytes caps a prefill reply (and a failed leg's error body);
 	// default 4 MiB.
 	MaxReplyBytes int64
+	// PrefillGrace bounds how long an SGLang handoff waits for the prefill
+	// leg's reply once the decode leg has answered the client in full
+	// (the KV cache did arrive then): past it the leg is cancelled, so a
+	// stuck prefill engine cannot hold the end of the client's response;
+	// default 5s.
+	PrefillGrace time.Duration
 	// EndpointHeader, when set, is a response header naming the endpoint
 	// that answered the client (the decode engine, or the one that ran the
 	// request whole or sent the error): the router's debug header, which
@@ -147,6 +153,9 @@ func NewHandoff(cfg HandoffConfig) (*Handoff, error) {
 	}
 	if cfg.MaxReplyBytes <= 0 {
 		cfg.MaxReplyBytes = 4 << 20
+	}
+	if cfg.PrefillGrace <= 0 {
+		cfg.PrefillGrace = 5 * time.Second
 	}
 	if cfg.Now == nil {
 		cfg.Now = time.Now
@@ -552,13 +561,32 @@ func (x *exchange) runSGLang(pf *router.Flight, plan *Plan) bool {
 	// breaks the stream.
 	x.stream(d.resp, df, t0)
 	if !pdone {
-		perr = <-pch
+		perr = x.awaitPrefill(pch, cancel, plan.Prefill.ID)
 	}
 	x.sglangDone(pf, perr, t0)
 	if perr != nil && x.res.Err == nil {
 		x.res.Err = perr
 	}
 	return true
+}
+
+// awaitPrefill waits for the prefill leg's result (on pch) after the decode
+// leg answered, for at most PrefillGrace; then it cancels the legs (cancel)
+// and takes the prefill for done: the decode's answer means its KV cache
+// arrived, and only the prefill's reply was owed.
+func (x *exchange) awaitPrefill(pch <-chan *LegError, cancel context.CancelFunc, prefill string) *LegError {
+	t := time.NewTimer(x.h.cfg.PrefillGrace)
+	defer t.Stop()
+	select {
+	case perr := <-pch:
+		return perr
+	case <-t.C:
+	}
+	cancel()
+	<-pch
+	x.h.log.Warn("pd: prefill leg still unanswered after the decode leg answered; cancelled it", "request_id", x.req.ID,
+		"endpoint", prefill, "grace", x.h.cfg.PrefillGrace)
+	return nil
 }
 
 // sglangDone ends the prefill leg's flight.
