@@ -85,6 +85,11 @@ type Config struct {
 	Client *http.Client
 	// Progress, when non-nil, is advanced once per finished request.
 	Progress *report.Progress
+	// Collector, when non-nil, also receives each request's sample as the
+	// request finishes, so that a caller can show the figures so far
+	// (Collector.Summary) while Run runs: the same samples, and so the same
+	// figures, as the Result's once the run ends. Nil = none.
+	Collector *report.Collector
 	// Logger receives per-run information; nil = discard.
 	Logger *slog.Logger
 }
@@ -247,6 +252,9 @@ schedule:
 			defer func() { <-sem }()
 			s := r.do(ctx, req, time.Since(res.Start))
 			r.coll.Add(s)
+			if c.Collector != nil {
+				c.Collector.Add(s)
+			}
 			c.Progress.Add(1)
 		}()
 	}

@@ -28,6 +28,11 @@
 // started before it returns, also when its context is cancelled (in-flight
 // requests are then cancelled and recorded as canceled).
 //
+// Config.Collector receives each sample as its request finishes, for
+// figures while the run goes on (kvroute demo's live line). Oracle is the
+// bound on a row's hit rate (the oracle% column) over the same requests the
+// hit rate counts, carried over consecutive runs against one server.
+//
 // Results feed the shared report format: Result.Summary gives a report.Row,
 // report.Occupancy the in-flight requests over time per engine; the command
 // (kvroute bench) prints the same table, JSON, CSV and HTML as kvroute sim.

@@ -7,7 +7,10 @@
 // workload) replayed open-loop by package bench. The same workload then
 // replays through each comparison policy, on cold caches behind a fresh
 // router, and Run prints the side-by-side table and writes the report files
-// (package report).
+// (package report). The live line each phase prints, the dashboard's
+// summary tiles and the table's row come from the same samples, the load
+// generator's measurements, computed the same way (report.Summarize): the
+// phase's last line shows its row's figures.
 //
 // One HTTP server serves the dashboard at /ui and the current router
 // everywhere else (the OpenAI API, /metrics, /debug/*, PUT /admin/policy).

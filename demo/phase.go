@@ -120,11 +120,19 @@ func (d *demo) runPhase(ctx context.Context, i int, pol string, dur time.Duratio
 		return report.Row{}, nil, fmt.Errorf("demo: signals: %w", err)
 	}
 
+	// The live line, the dashboard's tiles and the final row are computed
+	// the same way from the same samples (the client's measurements): the
+	// last line and the tiles at the end show the row's figures.
+	opts := report.SummaryOptions{Name: pol, OracleHitRate: oracle, Engines: ids}
+	coll := report.NewCollector()
+	current := func() report.Row { return coll.Summary(opts) }
+
 	start := time.Now()
 	d.cur.Store(ph)
 	d.dash.Mark(start, pol)
 	d.mu.Lock()
 	d.state.Phase, d.state.Policy, d.phaseEnd = i+1, pol, start.Add(dur)
+	d.state.Current = current
 	d.mu.Unlock()
 
 	hctx, stopHealth := context.WithCancel(ctx)
@@ -144,7 +152,7 @@ func (d *demo) runPhase(ctx context.Context, i int, pol string, dur time.Duratio
 	wg.Add(1)
 	go func() {
 		defer wg.Done()
-		d.live(pctx, i, pol, start, dur)
+		d.live(pctx, i, pol, start, dur, current)
 	}()
 	res, err := bench.Run(ctx, bench.Config{
 		URL:   d.base,
@@ -155,6 +163,7 @@ func (d *demo) runPhase(ctx context.Context, i int, pol string, dur time.Duratio
 		Duration:  dur,
 		IgnoreEOS: true,
 		Timeout:   time.Minute,
+		Collector: coll,
 		Logger:    d.cfg.Logger,
 	}, wl.Requests)
 	stop()
@@ -173,32 +182,23 @@ func (d *demo) runPhase(ctx context.Context, i int, pol string, dur time.Duratio
 		return report.Row{}, nil, err
 	}
 	fmt.Fprintln(d.cfg.Stdout)
-	return res.Summary(report.SummaryOptions{Name: pol, OracleHitRate: oracle, Engines: ids}), release, nil
+	return res.Summary(opts), release, nil
 }
 
 // live redraws the one-line summary every second (in place on a terminal,
 // every five seconds as a new line otherwise) and takes the chart points.
-func (d *demo) live(ctx context.Context, i int, pol string, start time.Time, dur time.Duration) {
+// The line's figures are the phase's report row so far (row): the requests
+// finished, and their TTFT percentiles and prefix hit rate as the client
+// measured them, computed as the final table computes them, so that its
+// last figures are the table's. (Only the dashboard's charts estimate TTFT
+// from the router's histogram buckets, and say so.)
+func (d *demo) live(ctx context.Context, i int, pol string, start time.Time, dur time.Duration, row func() report.Row) {
 	tick := time.NewTicker(time.Second)
 	defer tick.Stop()
 	w := d.cfg.Stdout
 	term := report.IsTerminal(w)
 	n := len(d.cfg.policies())
-	line := func(now time.Time) string {
-		t := d.dash.Totals()
-		// Past its time the phase waits for its last answers: the clock
-		// stops at the phase's length and the overtime shows apart.
-		el, over := now.Sub(start), ""
-		if el > dur {
-			if o := (el - dur).Round(time.Second); o > 0 {
-				over = fmt.Sprintf(" +%.0fs", o.Seconds())
-			}
-			el = dur
-		}
-		return fmt.Sprintf("[%d/%d %-14s %3.0fs/%.0fs%s] %5d requests  TTFT p50 %s  p99 %s  prefix hit rate %s",
-			i+1, n, pol, el.Seconds(), dur.Seconds(), over, t.Requests,
-			fmtDur(t.TTFTP50), fmtDur(t.TTFTP99), fmtRate(t.HitRate))
-	}
+	line := func(now time.Time) string { return liveLine(i+1, n, pol, now.Sub(start), dur, row()) }
 	for k := 1; ; k++ {
 		select {
 		case <-ctx.Done():
@@ -228,6 +228,24 @@ func (d *demo) live(ctx context.Context, i int, pol string, start time.Time, dur
 	}
 }
 
+// liveLine is phase i of n's summary line, el into a phase of length dur,
+// with the phase's row so far.
+func liveLine(i, n int, pol string, el, dur time.Duration, r report.Row) string {
+	// Past its time the phase waits for its last answers: the clock stops
+	// at the phase's length and the overtime shows apart, in a field of
+	// its own so that the columns stay where they were.
+	over := ""
+	if el > dur {
+		if o := (el - dur).Round(time.Second); o > 0 {
+			over = fmt.Sprintf(" +%.0fs", o.Seconds())
+		}
+		el = dur
+	}
+	return fmt.Sprintf("[%d/%d %-14s %3.0fs/%.0fs%-5s] %5d requests  TTFT p50 %s  p99 %s  prefix hit rate %s",
+		i, n, pol, el.Seconds(), dur.Seconds(), over, r.Requests,
+		fmtDur(r.TTFT.P50), fmtDur(r.TTFT.P99), fmtRate(r.HitRate))
+}
+
 func fmtDur(d time.Duration) string {
 	if d <= 0 {
 		return "    -"
@@ -237,7 +255,7 @@ func fmtDur(d time.Duration) string {
 
 func fmtRate(r float64) string {
 	if r < 0 {
-		return "  -"
+		return "    -"
 	}
-	return fmt.Sprintf("%3.0f%%", 100*r)
+	return fmt.Sprintf("%5.1f%%", 100*r)
 }

@@ -29,7 +29,14 @@
 // demo calls it from its ticker, and a poll of the state takes a point when
 // the last one is older than that, so `kvroute serve` needs no goroutine for
 // the dashboard. TTFT quantiles are estimated from the histogram buckets as
-// Prometheus' histogram_quantile does (linear within a bucket).
+// Prometheus' histogram_quantile does (linear within a bucket), and the page
+// says so. A demo run (RunState.Current) gives the summary tiles its
+// running phase's report row instead, the load generator's own
+// measurements, so that the tiles, the comparison and the demo's terminal
+// line show one set of figures.
+//
+// A disaggregated (prefill/decode) pool shows policy "pd", as its decisions
+// name it, with the configured policy as the prefill stage's.
 //
 // A Dashboard is safe for concurrent use and starts no goroutines.
 package ui

@@ -3,9 +3,14 @@ package ui
 import (
 	"time"
 
+	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/report"
 	"github.com/kvroute/kvroute/router"
 )
+
+// policyPD is the policy a disaggregated (P/D) pool shows: the name its
+// planner gives its decisions.
+const policyPD = "pd"
 
 // state is the body of GET <prefix>/api/state.
 type state struct {
@@ -25,10 +30,17 @@ type adminJSON struct {
 }
 
 type modelJSON struct {
-	Name      string                  `json:"name"`
-	Policy    string                  `json:"policy"`
-	Endpoints []endpointJSON          `json:"endpoints"`
-	Decisions []router.DecisionRecord `json:"decisions"`
+	Name string `json:"name"`
+	// Policy names what places the model's requests, as its decisions
+	// (/debug/decisions) name it: "pd" for a P/D pool.
+	Policy string `json:"policy"`
+	// PD marks a disaggregated (prefill/decode) pool; PrefillPolicy is then
+	// the configured policy, which places the prefill stage inside the P/D
+	// plan. The admin API does not switch a P/D pool's policy.
+	PD            bool                    `json:"pd"`
+	PrefillPolicy string                  `json:"prefill_policy,omitempty"`
+	Endpoints     []endpointJSON          `json:"endpoints"`
+	Decisions     []router.DecisionRecord `json:"decisions"`
 }
 
 // endpointJSON is one row of the fleet table.
@@ -55,7 +67,13 @@ type endpointJSON struct {
 }
 
 type totalsJSON struct {
-	Label    string   `json:"label"`
+	Label string `json:"label"`
+	// Source says where the figures come from: "router" (requests the
+	// router answered, TTFT estimated from its TTFB histogram buckets, the
+	// engines' prefix-cache counters) or "client" (a demo phase's row so
+	// far: the load generator's own measurements, as the comparison shows
+	// them).
+	Source   string   `json:"source"`
 	Requests int      `json:"requests"`
 	TTFTP50  *float64 `json:"ttft_p50_ms"`
 	TTFTP99  *float64 `json:"ttft_p99_ms"`
@@ -75,17 +93,17 @@ type runJSON struct {
 
 // rowJSON is one policy's result in the comparison.
 type rowJSON struct {
-	Name      string  `json:"name"`
-	Requests  int     `json:"requests"`
-	Completed int     `json:"completed"`
-	Errors    int     `json:"errors"`
-	TTFTP50   float64 `json:"ttft_p50_ms"`
-	TTFTP99   float64 `json:"ttft_p99_ms"`
-	E2EP50    float64 `json:"e2e_p50_ms"`
-	RPS       float64 `json:"throughput_rps"`
-	OutputTPS float64 `json:"output_tps"`
-	HitRate   float64 `json:"hit_rate"`
-	Oracle    float64 `json:"oracle_hit_rate"`
+	Name      string   `json:"name"`
+	Requests  int      `json:"requests"`
+	Completed int      `json:"completed"`
+	Errors    int      `json:"errors"`
+	TTFTP50   float64  `json:"ttft_p50_ms"`
+	TTFTP99   float64  `json:"ttft_p99_ms"`
+	E2EP50    float64  `json:"e2e_p50_ms"`
+	RPS       float64  `json:"throughput_rps"`
+	OutputTPS float64  `json:"output_tps"`
+	HitRate   *float64 `json:"hit_rate"`        // null = unknown (the engines reported no cached tokens)
+	Oracle    *float64 `json:"oracle_hit_rate"` // null = unknown
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
@@ -94,8 +112,17 @@ func rowFrom(r report.Row) rowJSON {
 	return rowJSON{
 		Name: r.Name, Requests: r.Requests, Completed: r.Completed, Errors: r.ErrorCount(),
 		TTFTP50: ms(r.TTFT.P50), TTFTP99: ms(r.TTFT.P99), E2EP50: ms(r.E2E.P50),
-		RPS: r.ThroughputRPS, OutputTPS: r.OutputTPS, HitRate: r.HitRate, Oracle: r.OracleHitRate,
+		RPS: r.ThroughputRPS, OutputTPS: r.OutputTPS, HitRate: fraction(r.HitRate), Oracle: fraction(r.OracleHitRate),
 	}
+}
+
+// fraction is a rate for the page: nil (null, shown as "–") when negative,
+// report.Row's "unknown".
+func fraction(v float64) *float64 {
+	if v < 0 {
+		return nil
+	}
+	return num(v)
 }
 
 // buildState assembles the page's state; the caller holds d.mu.
@@ -119,11 +146,20 @@ func (d *Dashboard) buildState(now time.Time) state {
 		}
 		for _, es := range rt.Status(now) {
 			m.Endpoints = append(m.Endpoints, endpointFrom(now, es))
+			// A pool with a prefill or decode endpoint is disaggregated
+			// (config.Model.Disaggregated): the P/D planner places its
+			// requests and names itself in their decisions.
+			if r, err := kvroute.ParseRole(es.Role); err == nil && r != kvroute.RoleBoth {
+				m.PD = true
+			}
+		}
+		if m.PD {
+			m.Policy, m.PrefillPolicy = policyPD, rt.Policy()
 		}
 		st.Models = append(st.Models, m)
 	}
 	t := d.s.totals()
-	st.Totals = totalsJSON{Label: t.Label, Requests: t.Requests}
+	st.Totals = totalsJSON{Label: t.Label, Source: "router", Requests: t.Requests}
 	if t.Requests > 0 && t.TTFTP50 > 0 {
 		st.Totals.TTFTP50, st.Totals.TTFTP99 = num(ms(t.TTFTP50)), num(ms(t.TTFTP99))
 	}
@@ -132,6 +168,9 @@ func (d *Dashboard) buildState(now time.Time) state {
 	}
 	if d.opts.Run != nil {
 		rs := d.opts.Run()
+		if rs.Current != nil {
+			st.Totals = totalsFromRow(t.Label, rs.Current())
+		}
 		if rs.Title != "" {
 			st.Title = rs.Title
 		}
@@ -143,6 +182,16 @@ func (d *Dashboard) buildState(now time.Time) state {
 		st.Run = rj
 	}
 	return st
+}
+
+// totalsFromRow gives the summary tiles a report row's figures.
+func totalsFromRow(label string, r report.Row) totalsJSON {
+	t := totalsJSON{Label: label, Source: "client", Requests: r.Requests}
+	if r.TTFT.N > 0 {
+		t.TTFTP50, t.TTFTP99 = num(ms(r.TTFT.P50)), num(ms(r.TTFT.P99))
+	}
+	t.HitRate = fraction(r.HitRate)
+	return t
 }
 
 func endpointFrom(now time.Time, es router.EndpointStatus) endpointJSON {

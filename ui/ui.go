@@ -44,6 +44,13 @@ type RunState struct {
 	Done bool
 	// Rows are the finished phases' results, one per policy.
 	Rows []report.Row
+	// Current, when set, gives the current (or last) phase's figures so
+	// far as its row will show them: the summary tiles then show these
+	// (requests finished, TTFT percentiles and hit rate measured by the
+	// load generator) instead of the dashboard's estimates from the
+	// router's metrics, so that they agree with Rows and the run's own
+	// output. Nil: the router's estimates.
+	Current func() report.Row
 }
 
 // Options configure a Dashboard. Source is required; the rest have the

@@ -116,7 +116,9 @@
         ui.decisions.clear();
         ui.selected = null;
       }
-      $("current-policy").textContent = m.policy;
+      // A P/D pool's requests are placed by its P/D plan ("pd", as its
+      // decisions say); the configured policy places the prefill stage.
+      $("current-policy").textContent = m.pd && m.prefill_policy ? `${m.policy} · prefill: ${m.prefill_policy}` : m.policy;
       m.endpoints.forEach((e) => color(e.id));
       renderFleet(m);
       ingestDecisions(m);
@@ -148,6 +150,11 @@
     const t = st.totals;
     $("tile-requests").textContent = t.requests.toLocaleString();
     $("totals-label").textContent = t.label ? "· " + t.label : "";
+    // Where the figures come from: a demo phase's own measurements (as its
+    // row in the comparison will show them), or the router's estimates.
+    $("totals-source").textContent = t.source === "client"
+      ? "requests finished, TTFT and prefix hit rate as the load generator measured them (the comparison's figures)"
+      : "requests the router answered; TTFT estimated from the router's TTFB histogram buckets; prefix hit rate from the engines' counters";
     $("tile-p50").textContent = fmtMS(t.ttft_p50_ms);
     $("tile-p99").textContent = fmtMS(t.ttft_p99_ms);
     $("tile-hit").textContent = fmtPct(t.hit_rate, 1);
@@ -499,12 +506,14 @@
     // demo's next phase); the user's pick stays until then.
     const m = currentModel(st);
     if (m && ui.policiesFilled && ui.formFor !== m.name + "\n" + m.policy) {
-      $("policy-select").value = m.policy;
+      $("policy-select").value = m.pd ? m.prefill_policy : m.policy;
       ui.formFor = m.name + "\n" + m.policy;
     }
-    $("admin-note").textContent = st.admin.enabled
-      ? `Switching calls the router's admin API (PUT ${st.admin.path}) with your token; without the right token the router refuses.`
-      : `The router has no admin token configured: the dashboard is read-only and the admin API (${st.admin.path}) refuses every switch.`;
+    $("admin-note").textContent = m && m.pd
+      ? `${m.name} is disaggregated: its P/D plan places every request (policy pd, with ${m.prefill_policy} for the prefill stage), set by its pd configuration; the admin API refuses a switch.`
+      : st.admin.enabled
+        ? `Switching calls the router's admin API (PUT ${st.admin.path}) with your token; without the right token the router refuses.`
+        : `The router has no admin token configured: the dashboard is read-only and the admin API (${st.admin.path}) refuses every switch.`;
   }
 
   async function switchPolicy(ev) {
