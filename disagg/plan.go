@@ -213,6 +213,10 @@ func (p *Plan) Parts() []kvroute.Part {
 	}
 }
 
+// PolicyName is the policy a P/D pool's decisions name (the Planner's);
+// the configured policy places the prefill stage inside the plan.
+const PolicyName = "pd"
+
 // Planner places requests on a P/D pool: prefill cache- and load-aware,
 // decode by KV headroom, batch and transfer cost, and decides per request
 // whether to disaggregate at all. It is a kvroute.Picker for router.Router,
@@ -359,10 +363,10 @@ func (p *Planner) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	if pinned {
 		for i := range cands {
 			if cands[i].Endpoint.ID == pn.id && cands[i].Healthy {
-				return kvroute.Chose("pd", cands, i, "decode leg of the P/D plan")
+				return kvroute.Chose(PolicyName, cands, i, "decode leg of the P/D plan")
 			}
 		}
-		return kvroute.None("pd", fmt.Sprintf("pinned endpoint %q is not available", pn.id))
+		return kvroute.None(PolicyName, fmt.Sprintf("pinned endpoint %q is not available", pn.id))
 	}
 	plan := p.Plan(now, req, cands)
 	if plan.Decision.Index >= 0 {
@@ -440,7 +444,7 @@ func (p *Planner) Plan(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 			pi = pd.Index
 		} else if pd.Shed {
 			d := pd
-			d.Policy = "pd"
+			d.Policy = PolicyName
 			return Plan{Decision: d, Reason: d.Reason}
 		}
 	}
@@ -470,7 +474,7 @@ func (p *Planner) Plan(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	}
 	if dc.d.Index < 0 {
 		d := dc.d
-		d.Policy = "pd"
+		d.Policy = PolicyName
 		return Plan{Decision: d, Reason: d.Reason}
 	}
 	dcand := &cands[dc.d.Index]
@@ -508,7 +512,7 @@ func (p *Planner) Plan(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		plan.PrefillQueue, plan.PrefillTime, plan.Transfer = aq, ap, Estimate{}
 	}
 	plan.Reason, plan.Rule = reason, rule
-	d := kvroute.Chose("pd", cands, first, reason)
+	d := kvroute.Chose(PolicyName, cands, first, reason)
 	head := kvroute.Score{Endpoint: plan.Prefill.ID + ">" + plan.Decode.ID, Value: ms(plan.AggregatedTTFT), Eligible: true, Parts: plan.Parts()}
 	if disagg {
 		head.Value = ms(plan.DisaggregatedTTFT)

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/disagg"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/router"
 )
@@ -139,13 +140,21 @@ func (p *Proxy) serveEndpoints(w http.ResponseWriter, r *http.Request) {
 	}
 	now := p.now()
 	type model struct {
-		Policy    string                  `json:"policy"`
-		Endpoints []router.EndpointStatus `json:"endpoints"`
+		// Policy names what places the requests, as their decisions do:
+		// on a P/D pool the planner ("pd"), PrefillPolicy then being the
+		// configured policy that places the prefill stage.
+		Policy        string                  `json:"policy"`
+		PrefillPolicy string                  `json:"prefill_policy,omitempty"`
+		Endpoints     []router.EndpointStatus `json:"endpoints"`
 	}
 	out := make(map[string]model, len(names))
 	for _, name := range names {
-		rt := p.pools[name].router
-		out[name] = model{Policy: rt.Policy(), Endpoints: rt.Status(now)}
+		pl := p.pools[name]
+		m := model{Policy: pl.router.Policy(), Endpoints: pl.router.Status(now)}
+		if pl.pd != nil {
+			m.Policy, m.PrefillPolicy = disagg.PolicyName, m.Policy
+		}
+		out[name] = m
 	}
 	writeJSON(w, http.StatusOK, out)
 }

@@ -149,6 +149,20 @@ func TestDisaggregatedEndToEnd(t *testing.T) {
 			if err := px.SetPolicy("tiny", "round_robin", nil); err == nil {
 				t.Error("SetPolicy on a P/D pool: got no error")
 			}
+			// /debug/endpoints names the policy as the decisions do.
+			resp, err := http.Get(srv.URL + PathEndpoints)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var eps map[string]struct {
+				Policy        string `json:"policy"`
+				PrefillPolicy string `json:"prefill_policy"`
+			}
+			err = json.NewDecoder(resp.Body).Decode(&eps)
+			resp.Body.Close()
+			if err != nil || eps["tiny"].Policy != "pd" || eps["tiny"].PrefillPolicy != policy.Default {
+				t.Errorf("%s: got %+v (%v), want policy pd, prefill_policy %s", PathEndpoints, eps, err, policy.Default)
+			}
 		})
 	}
 }

@@ -4,13 +4,10 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/disagg"
 	"github.com/kvroute/kvroute/report"
 	"github.com/kvroute/kvroute/router"
 )
-
-// policyPD is the policy a disaggregated (P/D) pool shows: the name its
-// planner gives its decisions.
-const policyPD = "pd"
 
 // state is the body of GET <prefix>/api/state.
 type state struct {
@@ -154,7 +151,7 @@ func (d *Dashboard) buildState(now time.Time) state {
 			}
 		}
 		if m.PD {
-			m.Policy, m.PrefillPolicy = policyPD, rt.Policy()
+			m.Policy, m.PrefillPolicy = disagg.PolicyName, rt.Policy()
 		}
 		st.Models = append(st.Models, m)
 	}
