@@ -1,7 +1,9 @@
 package engine
 
 // blockPool is the paged KV cache: a fixed array of blocks, a free queue in
-// vLLM's eviction order, and the prefix-cache map from block hash to block.
+// vLLM's eviction order, and the prefix-cache map from block hash to the
+// blocks caching it (several when requests computed the same block, as in
+// vLLM).
 //
 // The free queue (vLLM's FreeKVCacheBlockQueue) is a doubly linked list
 // threaded through the blocks: allocation pops the head; a freed block is
@@ -16,7 +18,7 @@ type blockPool struct {
 	// deferred counts the full blocks whose keys are deferred (deferred.go)
 	// and that are still in the pool.
 	deferred int
-	cached   *blockTable // hash -> block holding it
+	cached   *blockTable // hash -> blocks holding it
 	// onEvict is called with the hash of each cached block that is evicted.
 	onEvict func(hash uint64)
 }
@@ -27,7 +29,7 @@ type kvBlock struct {
 	prev, next int32  // free-queue links; -1 when not in the queue
 	mark       uint32 // admit's epoch, to stop at a repeated block
 	run        int32  // 1 + the retired deferred run holding the block (deferred.go); 0: none
-	hashed     bool   // hash is valid and cached[hash] == this block
+	hashed     bool   // hash is valid and cached[hash] holds this block
 }
 
 func newBlockPool(n int) *blockPool {
@@ -79,7 +81,8 @@ func (p *blockPool) unlink(id int32) {
 	p.numFree--
 }
 
-// lookup returns the block caching hash.
+// lookup returns the block caching hash, the one cached first when
+// several do (vLLM's get_cached_block).
 func (p *blockPool) lookup(hash uint64) (int32, bool) {
 	return p.cached.get(hash)
 }
@@ -94,8 +97,9 @@ func (p *blockPool) touch(id int32) {
 	b.ref++
 }
 
-// alloc pops the head of the free queue, evicting its cached hash if any.
-// The caller has checked numFree.
+// alloc pops the head of the free queue, evicting its cached hash if any
+// (other blocks caching the same hash stay cached: vLLM's
+// _maybe_evict_cached_block). The caller has checked numFree.
 func (p *blockPool) alloc() int32 {
 	s := p.sentinel()
 	id := p.blocks[s].next
@@ -126,11 +130,11 @@ func (p *blockPool) release(id int32) {
 	}
 }
 
-// cache registers block id under hash (setting its hash and hashed). It
-// returns false (and leaves the block uncached) when another block already
-// caches hash.
-func (p *blockPool) cache(id int32, hash uint64) bool {
-	return p.cached.insert(hash, id)
+// cache registers block id under hash (setting its hash and hashed), after
+// any other block caching hash: vLLM does not de-duplicate the cache
+// (block tables are append-only), so each copy is cached and reported.
+func (p *blockPool) cache(id int32, hash uint64) {
+	p.cached.insert(hash, id)
 }
 
 // reset forgets every cached hash. It fails (returns false) while any block

@@ -31,15 +31,16 @@ package engine
 //
 // Everything observable is as if each block were keyed when it filled:
 // hits, evictions, Stats (CachedBlocks counts deferred blocks), outputs.
-// The table caches one block per key, so which of two blocks with the same
-// content holds the key depends on the order they were keyed in: a block
-// being keyed first materializes the runs that start with its key (their
-// block filled before it), and a lookup materializes a run before any of
-// its blocks can be reached. One corner remains: a block that filled while
-// an equal block held its key is keyed, later, if that block was evicted
-// meanwhile (keyed when it filled, it would have stayed without a key).
-// FuzzDeferredKeys compares an engine with KV events (every block keyed
-// when it fills) step by step.
+// The table caches every copy of a key and a lookup returns the copy
+// cached first, so the order copies are keyed in must be the order they
+// filled in: a block being keyed first materializes the runs that start
+// with its key (their blocks filled before it; a later block of such a
+// run is reached only through its first one, whose key the block's own
+// chain passed), a lookup materializes a run before any of its blocks can
+// be reached, and runs sharing a first key (requests with equal prompts
+// and seeds) are materialized oldest first. FuzzDeferredKeys compares an
+// engine with KV events (every block keyed when it fills) step by step,
+// the copies each key has and their order included.
 
 // deferredRun is a request's run of blocks whose keys are deferred: blocks
 // from..from+n of its sequence. A live run's n is not kept: its blocks are
@@ -101,7 +102,8 @@ func (e *Engine) newRun() int32 {
 }
 
 // findDeferred makes the deferred runs whose first block has key findable
-// in the table, before a lookup of key.
+// in the table, before a lookup of key: oldest run first, so that their
+// copies of a block are cached in the order they filled.
 func (e *Engine) findDeferred(key uint64) {
 	if e.keyCount == nil || e.keyCount[key>>keyCountShift] == 0 {
 		return
@@ -111,12 +113,15 @@ func (e *Engine) findDeferred(key uint64) {
 		return
 	}
 	delete(e.runByKey, key)
-	for r := head; r != 0; {
-		next := e.runs[r-1].next
-		e.keyCount[key>>keyCountShift]--
-		e.materialize(r - 1)
-		r = next
+	chain := e.chainBuf[:0] // newest first
+	for r := head; r != 0; r = e.runs[r-1].next {
+		chain = append(chain, r-1)
 	}
+	for i := len(chain) - 1; i >= 0; i-- {
+		e.keyCount[key>>keyCountShift]--
+		e.materialize(chain[i])
+	}
+	e.chainBuf = chain[:0]
 }
 
 // materialize inserts run r's blocks that are still in the pool in the

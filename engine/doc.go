@@ -58,6 +58,16 @@
 // medium "GPU"), BlockRemoved on eviction, AllBlocksCleared after
 // ResetPrefixCache.
 //
+// Like vLLM's block pool the cache does not de-duplicate: a request that
+// computes a block another one already cached (the last full block of a
+// prompt whose earlier blocks were hits, since one token is always
+// computed; or equal outputs of requests with equal prompts and seeds)
+// caches its copy under the same hash and reports it with its own
+// BlockStored. A lookup hits the copy cached first of those still cached;
+// evicting a copy reports BlockRemoved for the hash while the other copies
+// stay cached and hittable, so a consumer of the events counts copies
+// (kvindex.Index does).
+//
 // # Step time
 //
 // Step time follows the roofline form of the project's papers.md section 4.8:
@@ -84,8 +94,6 @@
 //     constant, no async scheduling overlap, no speculative decoding.
 //   - One KV cache group (no hybrid/sliding-window models), no LoRA, no
 //     multimodal or cache_salt extra keys, no CPU offload tier.
-//   - Duplicate blocks computed concurrently by two requests are not both
-//     cached: the second stays uncached (vLLM caches both under one hash).
 //   - vLLM's reserved null block is not modelled; KV usage is
 //     used blocks / NumGPUBlocks.
 //   - Prefix-cache query and hit counters count each request once, when first

@@ -184,7 +184,8 @@ type Stats struct {
 	// KVUsage is the fraction of blocks in use (referenced), 0..1.
 	KVUsage float64
 	// NumGPUBlocks and BlockSize describe the cache; FreeBlocks counts
-	// unreferenced blocks, CachedBlocks blocks holding a cached hash.
+	// unreferenced blocks, CachedBlocks blocks holding a cached hash (each
+	// copy of a hash that several blocks cache counts).
 	NumGPUBlocks, BlockSize  int
 	FreeBlocks, CachedBlocks int
 	// Counters since New, in tokens where vLLM counts tokens.
@@ -360,7 +361,8 @@ type Engine struct {
 	deferKeys bool
 	runs      []deferredRun
 	freeRuns  []int32
-	runByKey  map[uint64]int32                   // a run's first key -> 1 + the first run of its chain
+	runByKey  map[uint64]int32                   // a run's first key -> 1 + the newest run of its chain
+	chainBuf  []int32                            // findDeferred's scratch
 	keyCount  *[1 << (64 - keyCountShift)]uint32 // runs by the top bits of their first key (findDeferred's filter)
 	retired   int                                // retired runs
 	sweepAt   int                                // retired runs that start a sweep

@@ -7,23 +7,30 @@ import (
 )
 
 // TestBlockTableDifferential checks the open-addressing table against a Go
-// map under random inserts and drops (which leave stale slots, and rebuild
-// the table when they fill it), with clustered and zero keys, and
-// keyspaces whose keys share tags (the low 32 bits of the spread key) with
-// others only by chance (a tag match is checked against the block's key),
-// and blocks that cache the key they held before.
+// map of each key's copies in the order they were cached, under random
+// inserts (a quarter of them copies of a key already cached) and drops of
+// any copy (which leave stale slots, and rebuild the table when they fill
+// it), with clustered and zero keys, and keyspaces whose keys share tags
+// (the low 32 bits of the spread key) with others only by chance (a tag
+// match is checked against the block's key), and blocks that cache the
+// key they held before (their stale slot, earlier in the probe run, must
+// not pass for their new entry).
 func TestBlockTableDifferential(t *testing.T) {
-	for _, keyspace := range []uint64{8, 100, 1 << 62, collide} {
+	for _, tc := range []struct {
+		keyspace uint64
+		copies   bool // insert copies of cached keys (a wide keyspace has none otherwise: rebuild's fast path)
+	}{{8, true}, {100, true}, {1 << 62, true}, {1 << 62, false}, {collide, true}} {
+		keyspace := tc.keyspace
 		rng := rand.New(rand.NewPCG(keyspace, 3))
 		const max = 300
-		blocks := make([]kvBlock, max)
-		var free []int32 // ids holding no entry
+		blocks := make([]kvBlock, max+1) // the last is the pool's sentinel, never hashed
+		var free []int32                 // ids holding no entry
 		for id := range int32(max) {
 			free = append(free, id)
 		}
 		tab := newBlockTable(max, blocks)
-		ref := map[uint64]int32{}
-		rebuilds := 0
+		ref := map[uint64][]int32{} // key -> its copies, first cached first
+		entries, rebuilds, dups := 0, 0, 0
 		for op := range 200000 {
 			var k uint64
 			if keyspace == collide {
@@ -34,28 +41,30 @@ func TestBlockTableDifferential(t *testing.T) {
 				k = rng.Uint64N(keyspace)
 			}
 			switch {
-			case rng.IntN(3) > 0 && len(ref) < max:
-				_, had := ref[k]
+			case rng.IntN(3) > 0 && entries < max:
 				id := free[rng.IntN(len(free))]
-				if old := blocks[id].hash; rng.IntN(4) == 0 && !blocks[id].hashed {
-					if _, taken := ref[old]; !taken {
-						k, had = old, false // the key it last held: its stale slot matches the tag
+				switch {
+				case rng.IntN(4) == 0 && !blocks[id].hashed && (tc.copies || len(ref[blocks[id].hash]) == 0):
+					k = blocks[id].hash // the key it last held: its stale slot matches the tag
+				case tc.copies && rng.IntN(4) == 0 && len(ref) > 0:
+					for rk := range ref {
+						k = rk // another copy
+						break
 					}
+				}
+				if len(ref[k]) > 0 {
+					dups++
 				}
 				used := tab.used
-				added := tab.insert(k, id)
-				if added && tab.used < used {
+				tab.insert(k, id)
+				if tab.used < used {
 					rebuilds++
 				}
-				if added == had {
-					t.Fatalf("op %d: insert(%d) added=%v, reference had=%v", op, k, added, had)
-				}
-				if added {
-					ref[k] = id
-					free = slices.DeleteFunc(free, func(f int32) bool { return f == id })
-					if b := blocks[id]; !b.hashed || b.hash != k {
-						t.Fatalf("op %d: insert(%d, %d) left the block %+v, want it holding the key", op, k, id, b)
-					}
+				ref[k] = append(ref[k], id)
+				entries++
+				free = slices.DeleteFunc(free, func(f int32) bool { return f == id })
+				if b := blocks[id]; !b.hashed || b.hash != k {
+					t.Fatalf("op %d: insert(%d, %d) left the block %+v, want it holding the key", op, k, id, b)
 				}
 			default:
 				if len(ref) > 0 && rng.IntN(2) == 0 { // a key held (a wide keyspace's random key never is)
@@ -64,47 +73,62 @@ func TestBlockTableDifferential(t *testing.T) {
 						break
 					}
 				}
-				if id, ok := ref[k]; ok {
-					tab.drop(id)
-					free = append(free, id)
-					if blocks[id].hashed {
-						t.Fatalf("op %d: drop(%d) left block %d hashed", op, id, id)
-					}
+				ids := ref[k]
+				if len(ids) == 0 {
+					break
 				}
-				delete(ref, k)
+				c := rng.IntN(len(ids)) // any copy: eviction order is the free queue's
+				id := ids[c]
+				tab.drop(id)
+				free = append(free, id)
+				entries--
+				if blocks[id].hashed {
+					t.Fatalf("op %d: drop(%d) left block %d hashed", op, id, id)
+				}
+				if ids = slices.Delete(ids, c, c+1); len(ids) == 0 {
+					delete(ref, k)
+				} else {
+					ref[k] = ids
+				}
 			}
 			if tab.used > tab.maxUsed {
 				t.Fatalf("op %d: %d slots used, more than %d", op, tab.used, tab.maxUsed)
 			}
 			if op%97 == 0 {
-				if tab.len() != len(ref) {
-					t.Fatalf("op %d: len %d, want %d", op, tab.len(), len(ref))
+				if tab.len() != entries {
+					t.Fatalf("op %d: len %d, want %d", op, tab.len(), entries)
 				}
 				for rk, rv := range ref {
-					if v, ok := tab.get(rk); !ok || v != rv {
-						t.Fatalf("op %d: get(%d) = %d,%v, want %d", op, rk, v, ok, rv)
+					if v, ok := tab.get(rk); !ok || v != rv[0] {
+						t.Fatalf("op %d: get(%d) = %d,%v, want %d (the first of %v)", op, rk, v, ok, rv[0], rv)
+					}
+					var got []int32
+					tab.copies(rk, func(id int32) { got = append(got, id) })
+					if !slices.Equal(got, rv) {
+						t.Fatalf("op %d: copies of %d = %v, want %v", op, rk, got, rv)
 					}
 				}
 				n := 0
 				stale := tab.each(func(k uint64, v int32) {
 					n++
-					if ref[k] != v {
-						t.Fatalf("op %d: table has %d -> %d, reference %d", op, k, v, ref[k])
+					if !slices.Contains(ref[k], v) {
+						t.Fatalf("op %d: table has %d -> %d, reference %v", op, k, v, ref[k])
 					}
 				})
-				if n != len(ref) {
-					t.Fatalf("op %d: each visited %d, want %d", op, n, len(ref))
+				if n != entries {
+					t.Fatalf("op %d: each visited %d, want %d", op, n, entries)
 				}
 				if n+stale != tab.used {
 					t.Fatalf("op %d: %d live and %d stale slots, used says %d", op, n, stale, tab.used)
 				}
 			}
-			if _, ok := tab.get(k); ok != (func() bool { _, ok := ref[k]; return ok })() {
-				t.Fatalf("op %d: get(%d) presence %v disagrees with the reference", op, k, ok)
+			if v, ok := tab.get(k); ok != (len(ref[k]) > 0) || ok && v != ref[k][0] {
+				t.Fatalf("op %d: get(%d) = %d,%v, want the first of %v", op, k, v, ok, ref[k])
 			}
 		}
-		if rebuilds == 0 {
-			t.Errorf("keyspace %d: no rebuild in 200,000 operations", keyspace)
+		if rebuilds == 0 || (dups > 0) != tc.copies || tab.dups != tc.copies {
+			t.Errorf("keyspace %d: %d rebuilds and %d inserts of a second copy in 200,000 operations (table marked %v), want copies %v",
+				keyspace, rebuilds, dups, tab.dups, tc.copies)
 		}
 	}
 }

@@ -226,9 +226,10 @@ func (e *Engine) evicted(hash uint64) {
 	}
 }
 
-// cacheFull offers to the prefix cache every block of s that is full within
-// the first upTo tokens, reporting runs of newly cached blocks as
-// BlockStored events.
+// cacheFull caches every block of s that is full within the first upTo
+// tokens and not cached yet, reporting them as one BlockStored event, as
+// vLLM's cache_full_blocks does (a block another request also computed is
+// cached and reported as well: a second copy under the same hash).
 func (e *Engine) cacheFull(s *sequence, upTo int) {
 	full := min(upTo, s.numTokens) / e.bs
 	if full <= s.numStored {
@@ -238,8 +239,8 @@ func (e *Engine) cacheFull(s *sequence, upTo int) {
 		s.numStored = max(s.numStored, full)
 		return
 	}
-	runStart, end := -1, full
-	for j := s.numStored; j < full; j++ {
+	from, end := s.numStored, full
+	for j := from; j < full; j++ {
 		if e.deferring(s, j) {
 			e.deferBlocks(s, j, full) // output blocks: keyed when a lookup could reach them
 			end = j
@@ -250,22 +251,14 @@ func (e *Engine) cacheFull(s *sequence, upTo int) {
 		if j != len(s.blocks)-1 {
 			id = s.blocks[j]
 		}
-		// A deferred block with this key filled before this one: it holds
-		// the key, as it would had it been keyed when it filled.
+		// A deferred block with this key filled before this one: it is
+		// cached first, as it would have been had it been keyed when it
+		// filled.
 		e.findDeferred(key)
-		if e.pool.cache(id, key) {
-			if runStart < 0 {
-				runStart = j
-			}
-			continue
-		}
-		if runStart >= 0 {
-			e.stored(s, runStart, j)
-			runStart = -1
-		}
+		e.pool.cache(id, key)
 	}
-	if runStart >= 0 {
-		e.stored(s, runStart, end)
+	if end > from {
+		e.stored(s, from, end)
 	}
 	s.numStored = max(s.numStored, full)
 }
