@@ -95,12 +95,35 @@ func EncodeEventBatch(dst []byte, encoding string, ts float64, events []engine.K
 	return buf.Bytes(), nil
 }
 
+// encodeBatch writes one batch. A BlockRemoved of several hashes (the
+// engine reports an allocation's evictions together) goes out as one event
+// per hash, as vLLM's BlockPool emits one per evicted block
+// (_maybe_evict_cached_block).
 func encodeBatch(enc *msgpack.Encoder, asMap bool, ts float64, events []engine.KVEvent) error {
 	_ = enc.EncodeArrayLen(3)
 	_ = enc.EncodeFloat64(ts)
-	_ = enc.EncodeArrayLen(len(events))
+	n := 0
 	for i := range events {
-		if err := encodeEvent(enc, asMap, &events[i]); err != nil {
+		if ev := &events[i]; ev.Kind == engine.BlockRemoved && len(ev.BlockHashes) > 1 {
+			n += len(ev.BlockHashes)
+		} else {
+			n++
+		}
+	}
+	_ = enc.EncodeArrayLen(n)
+	for i := range events {
+		ev := &events[i]
+		if ev.Kind == engine.BlockRemoved && len(ev.BlockHashes) > 1 {
+			one := *ev
+			for k := range ev.BlockHashes {
+				one.BlockHashes = ev.BlockHashes[k : k+1]
+				if err := encodeEvent(enc, asMap, &one); err != nil {
+					return err
+				}
+			}
+			continue
+		}
+		if err := encodeEvent(enc, asMap, ev); err != nil {
 			return err
 		}
 	}

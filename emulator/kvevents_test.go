@@ -10,6 +10,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -382,5 +383,32 @@ func TestKVEventsSHA256Vectors(t *testing.T) {
 			t.Fatal("no events")
 		}
 		post(t, hs.URL+"/reset_prefix_cache", "")
+	}
+}
+
+// TestEncodeEvictionsOnePerBlock: the engine reports an allocation's
+// evictions as one BlockRemoved of several hashes; on the wire they are one
+// BlockRemoved per block, as vLLM's BlockPool emits them, in order and
+// between the events around them.
+func TestEncodeEvictionsOnePerBlock(t *testing.T) {
+	evs := []engine.KVEvent{
+		{Kind: engine.BlockRemoved, BlockHashes: []uint64{11, 12, 13}, Medium: "GPU"},
+		{Kind: engine.BlockStored, BlockHashes: []uint64{7}, TokenIDs: []uint32{5, 6}, BlockSize: 2},
+		{Kind: engine.BlockRemoved, BlockHashes: []uint64{14}, Medium: "GPU"},
+	}
+	for _, enc := range []string{EncodingArray, EncodingMap} {
+		b, err := EncodeEventBatch(nil, enc, 1, evs)
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, got := decodeBatch(t, b, enc)
+		var kinds []string
+		for _, e := range got {
+			kinds = append(kinds, fmt.Sprint(e.Type, e.Hashes))
+		}
+		want := []string{"BlockRemoved[11]", "BlockRemoved[12]", "BlockRemoved[13]", "BlockStored[7]", "BlockRemoved[14]"}
+		if !slices.Equal(kinds, want) {
+			t.Errorf("%s: got events %v, want %v", enc, kinds, want)
+		}
 	}
 }
