@@ -473,6 +473,7 @@ func (p *Planner) Plan(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		cands[pi].Healthy = healthy
 	}
 	if dc.d.Index < 0 {
+		p.unpick(now, req, cands, pi)
 		d := dc.d
 		d.Policy = PolicyName
 		return Plan{Decision: d, Reason: d.Reason}
@@ -510,6 +511,11 @@ func (p *Planner) Plan(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		plan.Ticket, plan.Transfer = p.fabric.Reserve(now, ready, pc.Endpoint, dcand.Endpoint, plan.Transfer.Bytes)
 	} else {
 		plan.PrefillQueue, plan.PrefillTime, plan.Transfer = aq, ap, Estimate{}
+		if pi != first {
+			// The prefill runs on the decode node: the prefill picker's
+			// node gets nothing.
+			p.unpick(now, req, cands, pi)
+		}
 	}
 	plan.Reason, plan.Rule = reason, rule
 	d := kvroute.Chose(PolicyName, cands, first, reason)
@@ -520,6 +526,19 @@ func (p *Planner) Plan(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	d.Scores = append([]kvroute.Score{head}, dc.d.Scores...)
 	plan.Decision = d
 	return plan
+}
+
+// unpick tells the prefill picker that its choice for req, candidate pi
+// (none when < 0), is not dispatched: a picker that counts the load it
+// placed per request (kv-aware's pending prefill) would otherwise charge
+// that node until the request ends.
+func (p *Planner) unpick(now time.Time, req *kvroute.Request, cands []kvroute.Candidate, pi int) {
+	if pi < 0 {
+		return
+	}
+	if rel, ok := p.prefill.(kvroute.Releaser); ok {
+		rel.Release(now, req, cands[pi].Endpoint.ID)
+	}
 }
 
 // decide applies the mode and the conditional rule to a plan with both
