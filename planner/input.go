@@ -12,6 +12,7 @@ import (
 	"github.com/kvroute/kvroute/disagg"
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/policy"
+	"github.com/kvroute/kvroute/sim"
 	"github.com/kvroute/kvroute/workload"
 )
 
@@ -172,6 +173,9 @@ func (in *Input) Validate() error {
 	if in.Fabric.Gbps < 0 || math.IsNaN(in.Fabric.Gbps) || math.IsInf(in.Fabric.Gbps, 0) {
 		return bad("fabric bandwidth %v Gbps must be a positive number", in.Fabric.Gbps)
 	}
+	if in.Fabric.Gbps > 0 && in.Fabric.Gbps < sim.MinLinkGbps {
+		return bad("fabric bandwidth %v Gbps is below the %v Gbps the simulator models", in.Fabric.Gbps, sim.MinLinkGbps)
+	}
 	if in.Fabric.Efficiency < 0 || in.Fabric.Efficiency > 1 {
 		return bad("fabric efficiency %v must be in (0, 1]", in.Fabric.Efficiency)
 	}
@@ -207,7 +211,7 @@ func (in *Input) Validate() error {
 	if in.WarmUp < 0 || in.WarmUp >= 0.9 || math.IsNaN(in.WarmUp) {
 		return bad("warm-up fraction %v must be in [0, 0.9)", in.WarmUp)
 	}
-	if in.MaxUtilisation <= 0 || in.MaxUtilisation >= 1 {
+	if !(in.MaxUtilisation > 0 && in.MaxUtilisation < 1) {
 		return bad("max utilisation %v must be in (0, 1)", in.MaxUtilisation)
 	}
 	if in.Seeds < 1 || in.Seeds > 16 {

@@ -84,7 +84,8 @@ type Row struct {
 	// HitRate is cached over prompt tokens of completed requests that
 	// reported cached tokens; -1 when none did.
 	HitRate float64 `json:"hit_rate"`
-	// OracleHitRate is the infinite-cache bound for the workload; -1 unknown.
+	// OracleHitRate is the infinite-cache bound on HitRate, over the same
+	// requests (the completed ones); -1 unknown.
 	OracleHitRate float64 `json:"oracle_hit_rate"`
 	// Imbalance is the busiest engine's share of requests over the mean
 	// share (1 = perfectly even); -1 when engines are unknown.

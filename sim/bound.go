@@ -222,7 +222,9 @@ func (s *simulation) boundResult(res *Result) {
 	for i := range res.Records {
 		if b := s.bounds[i]; b > 0 {
 			res.Records[i].TTFTBound = b + 2*s.cfg.NetLatency
-			d = append(d, res.Records[i].TTFTBound)
+			if res.Records[i].OK() {
+				d = append(d, res.Records[i].TTFTBound)
+			}
 		}
 	}
 	res.TTFTBound = boundDist(d)

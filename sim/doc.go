@@ -60,8 +60,12 @@
 // the prefix-cache hit rate (an infinite cache shared by the fleet: every
 // block seen before anywhere is a hit; see OracleHitRate), and a lower bound
 // on each request's TTFT under the cost model (Record.TTFTBound, its
-// percentiles in Result.TTFTBound; see TTFTBounds): its prompt's oracle
-// misses prefilled with no queueing, which no router can beat. Result.Row,
+// percentiles over the completed requests in Result.TTFTBound; see
+// TTFTBounds): its prompt's oracle misses prefilled with no queueing, which
+// no router can beat. Result.Row reports the oracle over the completed
+// requests too (Result.CompletedOracleHitRate), the population of its hit
+// rate. A run whose virtual time would overflow the clock (a rate scale
+// near zero, a KV link below MinLinkGbps) is an error. Result.Row,
 // Result.Samples and Result.Utilisation convert it to package report, the
 // format `kvroute bench` also writes, so simulated and measured runs compare
 // directly; WriteRecordsCSV writes the per-request records. A P/D run also

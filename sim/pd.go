@@ -10,6 +10,7 @@ import (
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/policy"
 	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/workload"
 )
 
 // PDConfig configures prefill/decode disaggregation. It applies when the
@@ -188,6 +189,12 @@ func (s *simulation) pdPrefilled(i int32) {
 	start := s.now + s.cfg.NetLatency
 	bytes := disagg.ShapeOf(s.engines[pd.pEng].profile).Bytes(s.reqs[i].PromptLen)
 	tk, est := s.fabric.Reserve(wall(start), wall(start), pd.plan.Prefill, df.Endpoint, bytes)
+	if t := est.Total(); t < 0 || start+t < start || start+t > workload.MaxSpan {
+		// The link's time for the bytes overflowed time.Duration.
+		s.fail(fmt.Errorf("sim: a KV transfer of %d bytes over link %s (%g Gbps) takes longer than the simulator's clock can hold",
+			bytes, est.Link.Name, est.Link.Gbps))
+		return
+	}
 	pd.ticket = tk
 	s.transfers = append(s.transfers, Transfer{ID: s.reqs[i].ID, Prefill: s.engines[pd.pEng].id, Decode: df.Endpoint.ID,
 		Bytes: bytes, Ready: start, Wire: start + est.Setup + est.Queue, End: start + est.Total()})
@@ -245,5 +252,28 @@ func (c *Config) pdValidate() error {
 	if c.Picker != nil {
 		return fmt.Errorf("sim: config: a custom Picker cannot place a P/D fleet")
 	}
-	return c.pdLinks().Validate()
+	links := c.pdLinks()
+	if err := links.Validate(); err != nil {
+		return err
+	}
+	for _, l := range append([]disagg.Link{links.Default}, linkRules(links)...) {
+		if gbps := l.BytesPerSecond() * 8 / 1e9; gbps < MinLinkGbps {
+			return fmt.Errorf("sim: config: pd link %s: %g Gbps effective is below the %g Gbps a simulated KV handoff may use (a long prompt's KV would take hours)",
+				l.Name, gbps, MinLinkGbps)
+		}
+	}
+	return nil
+}
+
+// MinLinkGbps is the slowest P/D fabric link the simulator accepts: below
+// it a long prompt's KV takes hours to move, the handoffs queue for years of
+// virtual time and the run never ends in practice.
+const MinLinkGbps = 0.01
+
+func linkRules(l disagg.Links) []disagg.Link {
+	out := make([]disagg.Link, len(l.Rules))
+	for i, r := range l.Rules {
+		out[i] = r.Link
+	}
+	return out
 }

@@ -94,12 +94,17 @@ type Result struct {
 	Makespan time.Duration `json:"makespan_ns"`
 	// OracleHitRate is the hit-rate bound: infinite cache, perfect affinity.
 	OracleHitRate float64 `json:"oracle_hit_rate"`
+	// CompletedOracleHitRate is the same bound over the completed requests
+	// only, the ones the report's hit rate counts (OracleHitRate when every
+	// request completed); Row reports it next to the hit rate.
+	CompletedOracleHitRate float64 `json:"completed_oracle_hit_rate"`
 	// TTFTBound is the distribution of the records' TTFT bounds
-	// (Record.TTFTBound) over the requests some engine can hold: a floor
-	// under the TTFT percentiles that no router can beat under the model
-	// (no queueing, and the hits of a perfect, infinite, fleet-shared
-	// cache). Nearest-rank percentiles, as the report's TTFT; it depends on
-	// the workload, the fleet and the network latency, not on the policy.
+	// (Record.TTFTBound) over the completed requests, the ones the report's
+	// TTFT percentiles count: a floor under those percentiles that no
+	// router can beat under the model (no queueing, and the hits of a
+	// perfect, infinite, fleet-shared cache). Nearest-rank percentiles, as
+	// the report's TTFT; when every request completes it depends on the
+	// workload, the fleet and the network latency, not on the policy.
 	TTFTBound report.Dist `json:"ttft_bound"`
 	// Events is the number of events processed.
 	Events int `json:"events"`
@@ -167,7 +172,7 @@ func (r *Result) Row(load float64) report.Row {
 		Name:          r.Policy,
 		Load:          load,
 		SLO:           report.SLO{TTFT: r.slo.TTFT, TPOT: r.slo.TPOT},
-		OracleHitRate: r.OracleHitRate,
+		OracleHitRate: r.CompletedOracleHitRate,
 		Engines:       names,
 		Preemptions:   extra,
 	})

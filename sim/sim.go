@@ -287,6 +287,7 @@ type simulation struct {
 	planners   []*disagg.Planner // per replica, for P/D fleets (pd.go)
 	fabric     *disagg.Fabric    // the KV transfers that happen, for P/D fleets
 	transfers  []Transfer        // every KV transfer, in the order they were planned
+	err        error             // the first event that could not be scheduled ends the run with it
 }
 
 func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
@@ -417,7 +418,12 @@ func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 		}
 		s.order[i] = int32(i)
 		s.st[i].eng = -1
-		s.st[i].arrival = time.Duration(float64(reqs[i].Arrival) / cfg.RateScale)
+		a := float64(reqs[i].Arrival) / cfg.RateScale
+		if a > float64(workload.MaxSpan) {
+			return nil, fmt.Errorf("sim: rate scale %g would put request %q's arrival (%v) beyond the %.0f years of the simulator's clock",
+				cfg.RateScale, reqs[i].ID, reqs[i].Arrival, workload.MaxSpan.Hours()/(365*24))
+		}
+		s.st[i].arrival = time.Duration(a)
 	}
 	slices.SortStableFunc(s.order, func(a, b int32) int { return cmp.Compare(s.st[a].arrival, s.st[b].arrival) })
 	span := time.Duration(0)
@@ -433,10 +439,25 @@ func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 // are counted in pending; the periodic ones (scrapes, samples) are not, so
 // that a run in which nothing but them is left can stop.
 func (s *simulation) schedule(at time.Duration, kind eventKind, eng, arg int32) {
+	if at < s.now || at > workload.MaxSpan {
+		// A duration too long for the clock wrapped around (a link of a
+		// few bits per second, an engine model at a crawl): the run has no
+		// meaningful result.
+		s.fail(fmt.Errorf("sim: an event at %.3g hours of virtual time is beyond the %.0f years of the simulator's clock (or overflowed it)",
+			float64(at)/float64(time.Hour), workload.MaxSpan.Hours()/(365*24)))
+		return
+	}
 	if !periodic(kind) {
 		s.pending++
 	}
 	s.q.push(at, kind, eng, arg)
+}
+
+// fail ends the run with err (the first one wins).
+func (s *simulation) fail(err error) {
+	if s.err == nil {
+		s.err = err
+	}
 }
 
 func periodic(k eventKind) bool { return k == evScrape || k == evObserve || k == evSample }
@@ -477,6 +498,9 @@ func (s *simulation) run(ctx context.Context) error {
 			unfinished = fmt.Sprintf("not finished %v after the last arrival (Config.Drain)", s.cfg.Drain)
 			break
 		}
+		if s.err != nil {
+			return s.err
+		}
 		ev := s.q.pop()
 		s.now = ev.at
 		if !periodic(ev.kind) {
@@ -506,6 +530,9 @@ func (s *simulation) run(ctx context.Context) error {
 		case evPDTransferred:
 			s.pdTransferred(ev.arg)
 		}
+	}
+	if s.err != nil {
+		return s.err
 	}
 	// Requests still open now are past the drain limit, or stuck on an
 	// engine that cannot schedule them: report them as failed.
@@ -693,8 +720,10 @@ func (s *simulation) step(ei int32) {
 	e.stepStart = s.now
 	e.busyTime += d
 	e.steps++
-	s.timeline.addBusy(int(ei), s.now, d)
 	s.schedule(s.now+d, evStep, ei, -1)
+	if s.err == nil {
+		s.timeline.addBusy(int(ei), s.now, d)
+	}
 }
 
 // copyEvents copies a step's KV events out of the engine's reused result:
@@ -905,7 +934,35 @@ func (s *simulation) result() *Result {
 		res.Queue = append(res.Queue, q)
 	}
 	s.boundResult(res)
+	res.CompletedOracleHitRate = s.completedOracle(res)
 	return res
+}
+
+// completedOracle is the oracle hit rate over the completed requests' prompts,
+// the population the row's hit rate is measured on: when some requests fail
+// or are shed (a drain, an overloaded fleet) the workload's oracle is not a
+// bound on the hit rate of the others (they may be the ones that hit).
+func (s *simulation) completedOracle(res *Result) float64 {
+	ok := 0
+	for i := range res.Records {
+		if res.Records[i].OK() {
+			ok++
+		}
+	}
+	if ok == len(res.Records) {
+		return res.OracleHitRate
+	}
+	var prompt, hit int64
+	for i, h := range oracleHits(s.reqs, s.blockSize) {
+		if res.Records[i].OK() {
+			prompt += int64(s.reqs[i].PromptLen)
+			hit += int64(h)
+		}
+	}
+	if prompt == 0 {
+		return 0
+	}
+	return float64(hit) / float64(prompt)
 }
 
 // fifo is a queue that reuses its backing array once drained.

@@ -20,12 +20,19 @@ const (
 	Trace = "trace"
 )
 
+// MaxRate is the largest arrival rate Validate accepts, in requests per
+// second: gaps are whole nanoseconds, so a mean gap under a microsecond
+// would be distorted by rounding (and under a nanosecond every gap is 0:
+// a generator that waits for its clock to pass a time never finishes).
+const MaxRate = 1e6
+
 // Arrivals configures an arrival process. The zero value is Poisson at 10
 // requests per second.
 type Arrivals struct {
 	// Kind is poisson (default), gamma, constant or trace.
 	Kind string
-	// Rate is the mean number of arrivals per second; default 10.
+	// Rate is the mean number of arrivals per second, at most MaxRate;
+	// default 10.
 	Rate float64
 	// CV is the coefficient of variation of gamma gaps; default 2.
 	CV float64
@@ -54,6 +61,9 @@ func (a Arrivals) Validate() error {
 	}
 	if !(a.Rate > 0) || math.IsInf(a.Rate, 0) {
 		return fmt.Errorf("workload: arrivals.rate %v must be > 0", a.Rate)
+	}
+	if a.Rate > MaxRate {
+		return fmt.Errorf("workload: arrivals.rate %v requests/s is above the maximum %g (arrival times are whole nanoseconds)", a.Rate, float64(MaxRate))
 	}
 	if !(a.CV > 0) || a.CV > 100 {
 		return fmt.Errorf("workload: arrivals.cv %v must be in (0, 100]", a.CV)

@@ -291,32 +291,43 @@ func genChat(g *gen) []Request {
 	a.Rate /= float64(turns)
 	next := a.Gaps(g.rng)
 	sys := Segment{Key: g.named("system", 0), Len: g.n("system_len")}
+	userLen, replyLen, think, maxLen := g.p("user_len"), g.p("reply_len"), g.p("think_s"), g.n("max_len")
 	var reqs []Request
 	// Warm start: sessions begin up to 2*turns*think_s before time 0 and
 	// only their turns at or after 0 are kept, so the request rate is steady
 	// from the start instead of ramping up while sessions accumulate.
-	t := -secs(2 * float64(turns) * g.p("think_s"))
+	t := -secs(2 * float64(turns) * think)
 	s := 0
+	// keepUntil drops turns arriving after it: once Requests arrivals are
+	// known, later ones are cut by Generate anyway. Without it the requests
+	// kept (and the sessions started to reach the cutoff) would grow with
+	// the rate times the warm start.
+	keepUntil := time.Duration(math.MaxInt64)
+	var hist []Segment // reused: newRequest copies the segments it keeps
 	session := func() {
 		t += next()
-		id := fmt.Sprintf("s%d", s)
+		id := s
 		s++
 		n := 1 + g.rng.IntN(2*turns-1)
-		hist := []Segment{sys}
+		hist = append(hist[:0], sys)
+		plen := max(sys.Len, 0)
 		at := t
 		for k := 0; k < n; k++ {
-			hist = append(hist, Segment{Key: g.key(), Len: g.length(g.p("user_len"))})
-			out := g.length(g.p("reply_len"))
-			r := newRequest(at, out, hist...)
-			if k > 0 && r.PromptLen > g.n("max_len") {
+			user := Segment{Key: g.key(), Len: g.length(userLen)}
+			hist = append(hist, user)
+			plen += max(user.Len, 0)
+			out := g.length(replyLen)
+			if k > 0 && plen > maxLen {
 				break
 			}
-			r.Session = id
-			if at >= 0 {
+			if at >= 0 && at <= keepUntil {
+				r := newRequest(at, out, hist...)
+				r.Session = "s" + strconv.Itoa(id)
 				reqs = append(reqs, r)
 			}
 			hist = append(hist, Segment{Key: g.key(), Len: out})
-			at += g.exp(g.p("think_s"))
+			plen += out
+			at += g.exp(think)
 		}
 	}
 	over := func() bool { return g.opts.Duration > 0 && t > g.opts.Duration }
@@ -326,19 +337,30 @@ func genChat(g *gen) []Request {
 	// Later turns of the sessions so far reach far beyond the last session
 	// start; keep starting sessions until no new one can arrive before the
 	// Requests-th arrival, so that the first Requests arrivals (kept by
-	// Generate) are at the steady rate.
+	// Generate) are at the steady rate. That arrival only moves earlier as
+	// sessions are added: refine it as the requests pile up, dropping the
+	// ones after it (their order is kept, so Generate keeps the same ones).
 	if len(reqs) >= g.opts.Requests {
-		at := make([]time.Duration, len(reqs))
-		for i := range reqs {
-			at[i] = reqs[i].Arrival
-		}
-		slices.Sort(at)
-		cutoff := at[g.opts.Requests-1]
-		for t <= cutoff && !over() {
+		keepUntil = nthArrival(reqs, g.opts.Requests)
+		for t <= keepUntil && !over() {
 			session()
+			if len(reqs) >= 2*g.opts.Requests {
+				keepUntil = nthArrival(reqs, g.opts.Requests)
+				reqs = slices.DeleteFunc(reqs, func(r Request) bool { return r.Arrival > keepUntil })
+			}
 		}
 	}
 	return reqs
+}
+
+// nthArrival returns the n-th earliest arrival of reqs (1 <= n <= len(reqs)).
+func nthArrival(reqs []Request, n int) time.Duration {
+	at := make([]time.Duration, len(reqs))
+	for i := range reqs {
+		at[i] = reqs[i].Arrival
+	}
+	slices.Sort(at)
+	return at[n-1]
 }
 
 func genRAG(g *gen) []Request {

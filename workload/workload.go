@@ -29,14 +29,25 @@ func (w *Workload) Validate() error {
 	return nil
 }
 
+// MaxSpan is the longest arrival span a workload may be stretched to
+// (ScaleRate) and that the simulator accepts: virtual time is an int64 of
+// nanoseconds (292 years), and the requests still have to run after the
+// last arrival.
+const MaxSpan = 100 * 365 * 24 * time.Hour
+
 // ScaleRate multiplies the arrival rate by x (>0): every arrival offset is
-// divided by x, so x=2 replays the workload twice as fast.
+// divided by x, so x=2 replays the workload twice as fast. x is at most 1e9,
+// and may not stretch the last arrival beyond MaxSpan.
 func (w *Workload) ScaleRate(x float64) error {
 	if !(x > 0) || x > 1e9 {
-		return fmt.Errorf("workload: rate scale %v must be > 0", x)
+		return fmt.Errorf("workload: rate scale %v must be in (0, 1e9]", x)
 	}
 	if x == 1 {
 		return nil
+	}
+	if span := float64(w.Span()) / x; span > float64(MaxSpan) {
+		return fmt.Errorf("workload: rate scale %v would stretch the last arrival (%v) beyond the %.0f years a workload may span",
+			x, w.Span(), MaxSpan.Hours()/(365*24))
 	}
 	for i := range w.Requests {
 		w.Requests[i].Arrival = time.Duration(float64(w.Requests[i].Arrival) / x)

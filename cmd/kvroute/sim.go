@@ -37,7 +37,8 @@ Under the table, the TTFT lower bound: for each request, the prompt tokens a
 perfect cache would not hold (the oracle's: infinite, shared by the whole fleet,
 every block an earlier request had is a hit) prefilled alone on an idle engine of
 the fleet's fastest kind, in chunks of max_num_batched_tokens, plus the network
-round trip; its p50, p90 and p99 over the workload. No router can beat it under
+round trip; its p50, p90 and p99 over the workload (over each run's completed
+requests, printed per run, when some fail). No router can beat it under
 the model (no queueing and a perfect, infinite, shared cache): a policy's ttft99
 close to the bound's p99 leaves nothing for routing to win.
 
@@ -120,7 +121,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.DurationVar(&o.staleAfter, "stale-after", time.Second, "scraped signals older than this are stale")
 	fs.BoolVar(&o.kvEvents, "kv-events", false, "feed a precise prefix index from the engines' KV events")
 	fs.DurationVar(&o.kvEventDelay, "kv-event-delay", sim.DefaultKVEventDelay, "KV-event delivery delay")
-	fs.DurationVar(&o.netLatency, "net-latency", sim.DefaultNetLatency, "one-way router<->engine latency (negative = 0)")
+	fs.DurationVar(&o.netLatency, "net-latency", sim.DefaultNetLatency, "one-way router<->engine latency (0 or negative = none)")
 	fs.IntVar(&o.routers, "routers", 1, "router replicas behind a load balancer (each sees only its own dispatches between scrapes)")
 	fs.IntVar(&o.routerBlock, "router-block-tokens", sim.DefaultRouterBlockTokens, "the router's prefix block size in tokens (with --kv-events: the engines')")
 	fs.BoolVar(&o.routerText, "router-text", false, "route on the prompt text in characters, as kvroute serve does without a tokenizer (slower; for comparisons with kvroute bench)")
@@ -145,6 +146,26 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if o.routers > 1024 {
 		return usageErr("--routers %d must be at most 1024", o.routers)
+	}
+	// sim.Config and workload.Options read zero as "the default": a zero
+	// given on the command line would silently run something else.
+	for _, z := range []struct {
+		name, hint string
+		zero       bool
+	}{
+		{"requests", "at least 1 (default 1000)", o.requests == 0},
+		{"rate", "positive (default 10)", o.rate == 0},
+		{"cv", "positive (default 2)", o.cv == 0},
+		{"scrape-interval", "positive, or negative for never", o.scrapeInterval == 0},
+		{"stale-after", "positive (default 1s)", o.staleAfter == 0},
+		{"kv-event-delay", "positive (e.g. 1ms)", o.kvEventDelay == 0},
+	} {
+		if z.zero && flagSet(fs, z.name) {
+			return usageErr("--%s 0: must be %s", z.name, z.hint)
+		}
+	}
+	if o.netLatency == 0 && flagSet(fs, "net-latency") {
+		o.netLatency = -1 // none (sim.Config: 0 is the 1ms default, negative 0)
 	}
 	if o.workloadName == "" && (o.params != "" || o.requests != 0 || o.rate != 0 || o.arrivals != "" || o.cv != 0) {
 		return usageErr("--params, --requests, --rate, --arrivals and --cv apply to --workload only (a trace has its own rate: --rate-scale)")
@@ -352,7 +373,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			"stale_after":     o.staleAfter.String(),
 			"kv_events":       strconv.FormatBool(o.kvEvents),
 			"kv_event_delay":  o.kvEventDelay.String(),
-			"net_latency":     o.netLatency.String(),
+			"net_latency":     max(o.netLatency, 0).String(),
 			"routers":         strconv.Itoa(o.routers),
 			"router_block":    strconv.Itoa(o.routerBlock),
 			"router_text":     strconv.FormatBool(o.routerText),
@@ -378,8 +399,14 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			rep.Utilisation = append(rep.Utilisation, res.Utilisation(res.Policy)...)
 		}
 	}
-	bound := results[0].TTFTBound // the same for every run: workload, fleet and network only
-	if bound.N > 0 {
+	// The bound covers each run's completed requests (the population of its
+	// TTFT percentiles): the same for every run when they all complete.
+	bound := results[0].TTFTBound
+	sameBound := true
+	for _, res := range results {
+		sameBound = sameBound && res.TTFTBound == bound
+	}
+	if bound.N > 0 && sameBound {
 		for _, q := range []struct {
 			name string
 			d    time.Duration
@@ -390,9 +417,20 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if err := rep.WriteTable(stdout); err != nil {
 		return err
 	}
-	if bound.N > 0 {
+	switch {
+	case sameBound && bound.N > 0:
 		fmt.Fprintf(stdout, "ttft lower bound (no queueing, perfect infinite shared cache; oracle hit %.1f%%): p50 %s  p90 %s  p99 %s\n",
 			100*oracle, report.FormatDuration(bound.P50), report.FormatDuration(bound.P90), report.FormatDuration(bound.P99))
+	case !sameBound:
+		fmt.Fprintf(stdout, "ttft lower bound over each run's completed requests (no queueing, perfect infinite shared cache; workload oracle hit %.1f%%):\n", 100*oracle)
+		for i, res := range results {
+			b := res.TTFTBound
+			name := res.Policy
+			if sweep {
+				name += fmt.Sprintf(" x%g", jobs[i].scale)
+			}
+			fmt.Fprintf(stdout, "  %s: p50 %s  p90 %s  p99 %s\n", name, report.FormatDuration(b.P50), report.FormatDuration(b.P90), report.FormatDuration(b.P99))
+		}
 	}
 	if !o.quiet {
 		// The name column fits the longest run name (P/D runs are named

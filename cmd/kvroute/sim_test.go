@@ -384,3 +384,51 @@ func TestSimCommandInterruptedReportsFinishedRuns(t *testing.T) {
 		t.Errorf("report.json: %d rows, want 1", len(rep.Rows))
 	}
 }
+
+// TestSimCommandExplicitZeros: sim.Config and the generators read zero as
+// "the default", so --rate 0 ran at 10/s and --requests 0 ran 1000 requests
+// without a word; a zero given on the command line is now a usage error,
+// except --net-latency 0, which means no latency (it was the 1ms default).
+func TestSimCommandExplicitZeros(t *testing.T) {
+	for _, extra := range [][]string{
+		{"--rate", "0"},
+		{"--requests", "0"},
+		{"--arrivals", "gamma", "--cv", "0"},
+		{"--scrape-interval", "0"},
+		{"--stale-after", "0"},
+		{"--kv-event-delay", "0"},
+	} {
+		var out, errb bytes.Buffer
+		args := append(append([]string{}, simArgs...), extra...)
+		if err := run(context.Background(), args, &out, &errb); !errors.Is(err, errUsage) || !strings.Contains(errb.String(), extra[len(extra)-2]+" 0") {
+			t.Errorf("%v: got %v (%q), want a usage error naming the flag", extra, err, errb.String())
+		}
+	}
+	table := func(lat string) string {
+		var out, errb bytes.Buffer
+		args := append(append([]string{}, simArgs...), "--net-latency", lat, "--policies", "round_robin", "--requests", "60")
+		if err := run(context.Background(), args, &out, &errb); err != nil {
+			t.Fatalf("--net-latency %s: %v: %s", lat, err, errb.String())
+		}
+		return out.String()
+	}
+	if zero, none := table("0"), table("-1ms"); zero != none {
+		t.Errorf("--net-latency 0 differs from a negative latency (none):\n%s\nvs\n%s", zero, none)
+	}
+}
+
+// TestSimCommandBoundPerRunWhenSomeFail: when runs complete different
+// requests (a drain), each run's TTFT bound covers its own completed
+// requests, printed per run; one line for all was below some rows' TTFT p99.
+func TestSimCommandBoundPerRunWhenSomeFail(t *testing.T) {
+	var out, errb bytes.Buffer
+	args := []string{"sim", "--limit", "30", "--engines", "2", "--drain", "1ns", "--quiet", "--policies", "kv-aware,round_robin"}
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("%v: %s", err, errb.String())
+	}
+	s := out.String()
+	if !strings.Contains(s, "ttft lower bound over each run's completed requests") ||
+		!strings.Contains(s, "\n  kv-aware: p50 ") || !strings.Contains(s, "\n  round_robin: p50 ") {
+		t.Errorf("want one bound line per run:\n%s", s)
+	}
+}

@@ -1,0 +1,101 @@
+package sim
+
+import (
+	"context"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/disagg"
+)
+
+// TestClockOverflowIsAnError: a rate scale or a KV link that pushes virtual
+// time past what time.Duration holds ends the run with an error; it used to
+// wrap the clock negative and panic indexing the utilisation timeline.
+func TestClockOverflowIsAnError(t *testing.T) {
+	reqs := smallChat(t, 40, 20, 1)
+	pd := Fleet{{Count: 1, Profile: "tiny", NumGPUBlocks: 256, Role: "prefill"}, {Count: 1, Profile: "tiny", NumGPUBlocks: 256, Role: "decode"}}
+	for _, tc := range []struct {
+		name string
+		cfg  Config
+		want string
+	}{
+		{"rate scale", Config{Fleet: tinyFleet(2), RateScale: 1e-12}, "rate scale"},
+		{"link too slow", Config{Fleet: pd, PD: PDConfig{Mode: disagg.ModeAlways,
+			Links: disagg.UniformLinks(disagg.Link{Name: "slow", Gbps: 1e-300})}}, "below"},
+		{"link setup beyond the clock", Config{Fleet: pd, PD: PDConfig{Mode: disagg.ModeAlways,
+			Links: disagg.UniformLinks(disagg.Link{Name: "far", Gbps: 400, Setup: 200 * 365 * 24 * time.Hour})}}, "clock"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Run(context.Background(), tc.cfg, reqs)
+			if err == nil || !strings.Contains(err.Error(), tc.want) {
+				t.Errorf("got %v, want an error containing %q", err, tc.want)
+			}
+		})
+	}
+}
+
+// TestTimelineCoarsens: a run far longer than its arrivals' span keeps a
+// bounded timeline, with the busy time and samples it was given.
+func TestTimelineCoarsens(t *testing.T) {
+	tl := newTimeline(time.Second, 0, 2)
+	tl.addBusy(0, 0, 1500*time.Millisecond)
+	tl.sample(1, 500*time.Millisecond, 0.5, 3)
+	far := 10 * maxTimelineBuckets * time.Second
+	tl.addBusy(1, far, 3*time.Second)
+	tl.sample(1, far, 0.25, 1)
+	if n := len(tl.busy); n > maxTimelineBuckets {
+		t.Fatalf("%d buckets, want at most %d", n, maxTimelineBuckets)
+	}
+	if tl.step != 16*time.Second {
+		t.Errorf("step %v, want 16s (doubled until %v fits in %d buckets)", tl.step, far, maxTimelineBuckets)
+	}
+	var busy [2]time.Duration
+	var samples [2]int32
+	for b := range tl.busy {
+		for e := range 2 {
+			busy[e] += tl.busy[b][e]
+			samples[e] += tl.samples[b][e]
+		}
+	}
+	if busy != [2]time.Duration{1500 * time.Millisecond, 3 * time.Second} || samples != [2]int32{0, 2} {
+		t.Errorf("busy %v, samples %v; want [1.5s 3s] and [0 2]", busy, samples)
+	}
+	if got := tl.busy[0][0]; got != 1500*time.Millisecond {
+		t.Errorf("first bucket busy %v, want 1.5s", got)
+	}
+	if got := tl.kv[0][1] / float64(tl.samples[0][1]); got != 0.5 {
+		t.Errorf("first bucket kv mean %v, want 0.5", got)
+	}
+}
+
+// TestFailedRequestsKeepBounds: when some requests do not complete (a
+// drain), the row's hit rate and TTFT percentiles cover the completed ones
+// only, and so must the oracle and the TTFT bound printed next to them: a
+// hit rate above its oracle, or a p99 below its lower bound, was shown.
+func TestFailedRequestsKeepBounds(t *testing.T) {
+	w, err := DefaultWorkload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		engines int
+		limit   int
+		policy  string
+	}{{8, 100, "least_request"}, {2, 30, "kv-aware"}, {2, 30, "round_robin"}} {
+		reqs := w.Requests[:tc.limit]
+		res := mustRun(t, Config{Fleet: Fleet{{Count: tc.engines, Profile: "llama-3.1-8b-h100"}}, Policy: tc.policy, Seed: 1, Drain: time.Nanosecond}, reqs)
+		row := res.Row(0)
+		if row.Completed == len(reqs) || row.Completed == 0 {
+			t.Fatalf("%s: %d of %d completed: want the drain to cut some", tc.policy, row.Completed, len(reqs))
+		}
+		if row.HitRate > row.OracleHitRate+1e-9 {
+			t.Errorf("%d x %s: hit rate %.4f above the oracle %.4f shown next to it", tc.engines, tc.policy, row.HitRate, row.OracleHitRate)
+		}
+		b := res.TTFTBound
+		if row.TTFT.P50 < b.P50 || row.TTFT.P90 < b.P90 || row.TTFT.P99 < b.P99 {
+			t.Errorf("%d x %s: TTFT p50/p90/p99 %v/%v/%v below the lower bound's %v/%v/%v", tc.engines, tc.policy,
+				row.TTFT.P50, row.TTFT.P90, row.TTFT.P99, b.P50, b.P90, b.P99)
+		}
+	}
+}
