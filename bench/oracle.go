@@ -1,8 +1,6 @@
 package bench
 
 import (
-	"math"
-
 	"github.com/kvroute/kvroute/report"
 	"github.com/kvroute/kvroute/workload"
 )
@@ -22,10 +20,9 @@ import (
 //
 // Not safe for concurrent use.
 type Oracle struct {
-	o      *workload.Oracle
-	prompt int64 // prompt tokens fed to o
-	hits   int64 // o's cached tokens so far
-	buf    []uint64
+	o    *workload.Oracle
+	hits int64 // o's cached tokens so far
+	buf  []uint64
 }
 
 // NewOracle returns an oracle at the given block size (<= 0 means 16)
@@ -38,9 +35,7 @@ func NewOracle(blockSize int) *Oracle {
 // prompt tokens the oracle had cached.
 func (o *Oracle) Observe(r *workload.Request) int {
 	o.buf = o.o.Observe(r, o.buf)
-	o.prompt += int64(r.PromptLen)
-	// workload.Oracle reports a rate only; its count is exact in float64.
-	hits := int64(math.Round(o.o.HitRate() * float64(o.prompt)))
+	hits := o.o.CachedTokens()
 	d := hits - o.hits
 	o.hits = hits
 	return int(d)

@@ -166,8 +166,9 @@ func NewOracle(blockSize int) *Oracle {
 	return &Oracle{blockSize: blockSize, seen: map[uint64]struct{}{}}
 }
 
-// Observe records r and returns its cached tokens under the oracle; buf is
-// scratch space for block hashes, returned for reuse.
+// Observe records r (its cached tokens under the oracle count in
+// CachedTokens); buf is scratch space for block hashes, returned for
+// reuse.
 func (o *Oracle) Observe(r *Request, buf []uint64) []uint64 {
 	buf = r.BlockHashes(o.blockSize, buf[:0])
 	lead := true
@@ -185,6 +186,10 @@ func (o *Oracle) Observe(r *Request, buf []uint64) []uint64 {
 	o.total += int64(r.PromptLen)
 	return buf
 }
+
+// CachedTokens returns the prompt tokens the oracle had cached, over every
+// request observed so far.
+func (o *Oracle) CachedTokens() int64 { return o.hit }
 
 // HitRate returns cached prompt tokens over all prompt tokens so far (0
 // before any token).
