@@ -116,7 +116,11 @@ func (l Link) Duration(bytes int64) time.Duration {
 	if bytes <= 0 {
 		return 0
 	}
-	return l.Setup + l.wire(float64(bytes))
+	w := l.wire(float64(bytes))
+	if l.Setup > 0 && w > time.Duration(math.MaxInt64)-l.Setup {
+		return time.Duration(math.MaxInt64)
+	}
+	return l.Setup + w
 }
 
 // wire is the time bytes occupy the link, without setup.
@@ -125,7 +129,11 @@ func (l Link) wire(bytes float64) time.Duration {
 	if bps <= 0 || bytes <= 0 {
 		return 0
 	}
-	return time.Duration(math.Ceil(bytes / bps * float64(time.Second)))
+	ns := math.Ceil(bytes / bps * float64(time.Second))
+	if ns >= math.MaxInt64 {
+		return time.Duration(math.MaxInt64) // saturate: a conversion past it wraps negative
+	}
+	return time.Duration(ns)
 }
 
 // LinkRule assigns a link to endpoint pairs that share labels.

@@ -1,6 +1,7 @@
 package disagg
 
 import (
+	"math"
 	"os"
 	"testing"
 	"time"
@@ -169,5 +170,17 @@ func TestFabricCongestion(t *testing.T) {
 	// Same endpoint: no transfer.
 	if tk, e := f.Reserve(t0, t0, p1, p1, gb); tk != 0 || e.Total() != 0 {
 		t.Errorf("self transfer: got %v %+v", tk, e)
+	}
+}
+
+// TestLinkDurationSaturates: a transfer too long for a time.Duration (a
+// crawling link) saturates at the longest one instead of wrapping negative.
+func TestLinkDurationSaturates(t *testing.T) {
+	l := Link{Name: "crawl", Gbps: 1e-12, Setup: time.Millisecond}
+	if got := l.Duration(1e12); got != time.Duration(math.MaxInt64) {
+		t.Fatalf("1 TB over a 1e-12 Gbps link: got %v, want the longest duration", got)
+	}
+	if got := (Link{Gbps: 8}).Duration(1e9); got != time.Second {
+		t.Fatalf("1 GB over 8 Gbps: got %v, want 1s", got)
 	}
 }
