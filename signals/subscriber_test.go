@@ -215,6 +215,15 @@ func startSub(t *testing.T, eng *fakeEngine, mutate func(*SubscriberConfig)) *ha
 	t.Helper()
 	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 4, Shards: 4})
 	cfg := SubscriberConfig{Endpoint: "e1", Address: eng.pubAddr, ReplayAddress: eng.replayAddr, Topic: testTopic, Sink: idx}
+	sub, ctx := runSubscriber(t, cfg, mutate)
+	eng.waitSubscribed()
+	return &harness{eng: eng, idx: idx, sub: sub, ctx: ctx}
+}
+
+// runSubscriber runs a Subscriber of cfg (changed by mutate, if not nil)
+// until the test ends, and returns it with the context it runs under.
+func runSubscriber(t *testing.T, cfg SubscriberConfig, mutate func(*SubscriberConfig)) (*Subscriber, context.Context) {
+	t.Helper()
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -231,8 +240,7 @@ func startSub(t *testing.T, eng *fakeEngine, mutate func(*SubscriberConfig)) *ha
 			t.Errorf("Run: %v", err)
 		}
 	})
-	eng.waitSubscribed()
-	return &harness{eng: eng, idx: idx, sub: sub, ctx: ctx}
+	return sub, ctx
 }
 
 func (h *harness) waitSeq(t *testing.T, seq int64) SubscriberStatus {

@@ -148,22 +148,7 @@ func startListenSub(t *testing.T, mutate func(*SubscriberConfig)) *listenHarness
 	addr := freeTCPAddr(t)
 	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 4, Shards: 4})
 	cfg := SubscriberConfig{Endpoint: "e1", Address: addr, Listen: true, Topic: testTopic, Sink: idx}
-	if mutate != nil {
-		mutate(&cfg)
-	}
-	sub, err := NewSubscriber(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sub.Run(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
+	sub, ctx := runSubscriber(t, cfg, mutate)
 	waitFor(t, "listening", func() bool { return sub.Status().Connected })
 	return &listenHarness{harness: harness{idx: idx, sub: sub, ctx: ctx}, addr: addr}
 }
