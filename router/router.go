@@ -410,6 +410,11 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 				Decision: d}
 		}
 		if d.Index >= 0 {
+			if rel, ok := r.picker.(kvroute.Releaser); ok && d.Index < len(r.eps) {
+				// Not dispatched: a picker that counts what it placed per
+				// request must not charge the endpoint until a sweep.
+				rel.Release(now, req, r.eps[d.Index].ep.ID)
+			}
 			return nil, &kvroute.Error{Status: http.StatusInternalServerError, Type: kvroute.TypeInternal, Code: "bad_decision",
 				Message: fmt.Sprintf("policy %s chose an ineligible endpoint (index %d)", d.Policy, d.Index)}
 		}
