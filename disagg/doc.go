@@ -38,6 +38,17 @@
 //     transfer_ms, aggregated_ttft_ms, disaggregated_ttft_ms, ...) and a
 //     one-line Reason, in the router's decision log.
 //
+// The Planner's decisions name policy "pd" (PolicyName); the configured
+// policy is the prefill stage's. When a plan does not send the request to
+// the prefill picker's node (aggregated on the decode node, or no decode
+// node found), the Planner releases that pick at once (kvroute.Releaser),
+// so the node is not charged the request's prefill until the request ends.
+// A handoff pins the Route of its decode leg to the planned node (Pin;
+// PinDecode when a failed decode leg is retried elsewhere); the next Pick
+// for the request consumes the pin, and Unpin drops one that no Pick
+// consumed (a Route that failed before the picker ran, a client gone), so
+// a pin never outlives its request.
+//
 // The estimates use engine.Profile.StepTime, the step-time model the
 // simulator's engines run on. Planning does no I/O and never reads the
 // clock.
@@ -50,7 +61,14 @@
 // to the decode engine with the returned kv_transfer_params, the same
 // X-Request-Id on both) or SGLang's bootstrap form (bootstrap_host, port
 // and a random 63-bit room, lists of one per item for a batched request;
-// both legs at once; the decode reply returned).
+// both legs at once; the decode reply returned). Once an SGLang decode leg
+// has answered the client in full, the prefill leg's reply is awaited for
+// HandoffConfig.PrefillGrace (default 5s) at most, then the leg is
+// cancelled and counted done (the decode's answer means the KV arrived),
+// so a stuck prefill engine cannot hold the end of the response.
+// HandoffConfig.Admit routes a request's first placement in place of
+// Router.Route: the proxy's queue escape hatch (in line behind the
+// requests held, or held when the prefill policy sheds it with "queue").
 // It recovers from failed legs (see Handoff), rejects client requests that
 // carry handoff fields or endpoint-naming headers, and records Prometheus
 // metrics on a registry passed in.

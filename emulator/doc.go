@@ -17,7 +17,9 @@
 //     /reset_prefix_cache as vLLM has them, and vLLM's in-band load report
 //     (the endpoint-load-metrics response header, on request);
 //   - KV-cache events over ZMQ (a PUB socket and the replay ROUTER socket),
-//     array or map encoded, exactly as vLLM publishes them;
+//     array or map encoded, exactly as vLLM publishes them (one
+//     BlockRemoved per evicted block; a block two requests computed is
+//     cached twice, each copy with its own BlockStored);
 //   - prefill/decode disaggregation in vLLM's NixlConnector form
 //     (kv_transfer_params) or SGLang's bootstrap form, with a small side
 //     channel (POST /internal/kv/pull) that the decode engine calls on the

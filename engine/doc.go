@@ -55,8 +55,9 @@
 // prefix outlives its suffix). Blocks are cached as soon as they are
 // allocated for tokens whose ids are known, as vLLM does, and the step's KV
 // events report it: BlockStored (with parent hash, token ids, block size and
-// medium "GPU"), BlockRemoved on eviction, AllBlocksCleared after
-// ResetPrefixCache.
+// medium "GPU"), BlockRemoved on eviction (one event listing the hashes an
+// allocation evicts; the emulator sends one per block, as vLLM does),
+// AllBlocksCleared after ResetPrefixCache.
 //
 // Like vLLM's block pool the cache does not de-duplicate: a request that
 // computes a block another one already cached (the last full block of a

@@ -65,6 +65,10 @@
 // TPOT, KV capacity and link ingress; prefill pool for TTFT = queue +
 // chunked prefill + KV handoff + first decode step) starts the P/D search.
 //
+// Input.Validate reports the first invalid field (ErrBadInput), among
+// them a fabric slower than the simulator models (sim.MinLinkGbps) and a
+// NaN SLO quantile, burst factor or utilisation target.
+//
 // Plans are deterministic for Input.Seed whatever Input.Parallel (the
 // simulations are independent runs keyed by fleet, seed and rate scale).
 // Nothing here does I/O except Result.WriteDir; Plan is safe to call

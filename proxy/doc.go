@@ -12,15 +12,44 @@
 // "data: [DONE]". Every HTTP-facing error goes through openai.WriteError.
 //
 // One file per concern: proxy.go (Options, New, routes), handler.go (the
-// inference request path), upstream.go (transport and reverse proxies),
-// retry.go (what is retried), streaming.go (first byte, mid-stream
-// failures), healthcheck.go (active checks), metrics.go (Prometheus),
-// admin.go (admin, debug, health and models endpoints), clientip.go
-// (trusted clients, routing headers, request IDs), serve.go (the
-// http.Server and graceful shutdown), signals.go (engine metrics scraping
-// and KV-event subscriptions feeding the routers), precise.go (token-level
-// prefix matching: tokenizer, chat template, block hashes, precise index)
-// and feedback.go (the engine's usage, read from the response's tail).
+// inference request path), queue.go (the queue escape hatch: a pool's line
+// of held requests), disagg.go (P/D pools: disagg.Planner and
+// disagg.Handoff), upstream.go (transport and reverse proxies), retry.go
+// (what is retried), streaming.go (first byte, mid-stream failures),
+// healthcheck.go (active checks), metrics.go (Prometheus), admin.go (admin,
+// debug, health and models endpoints), ui.go (the dashboard at /ui),
+// clientip.go (trusted clients, routing headers, request IDs), session.go
+// (session affinity keys), serve.go (the http.Server and graceful
+// shutdown), signals.go (engine metrics scraping and KV-event
+// subscriptions feeding the routers), precise.go (token-level prefix
+// matching: tokenizer, chat template, block hashes, precise index),
+// buffers.go (recycled prompt buffers) and feedback.go (the engine's
+// usage, read from the response's tail).
+//
+// # Queue escape hatch
+//
+// When the policy sheds a request's first placement with the "queue"
+// action (kv-aware's overload: queue, every endpoint over its load cap),
+// the request is held in its pool's line for at most retry.queue_wait
+// instead of being answered 429 at once. While requests wait in a pool's
+// line, a request arriving at that pool is not routed but joins the line
+// behind them, so a request arriving just as room frees does not overtake
+// those that waited longer; with the line empty, routing is unchanged.
+// The line is first come first served within a tenant and takes tenants
+// in turn. Only its head routes: at once when its turn comes after
+// others', then again as soon as the router signals drained load (a
+// flight got its first token or ended: router.Router.Drained) or after a
+// pause (10 ms doubling to 200 ms, for load that drains only in the
+// engines' signals). A request that waited behind others and is then shed
+// with another action than "queue" is answered as it would have been at
+// an empty line. When queue_wait runs out the client gets 429 with
+// Retry-After, saying how long it waited; a client that goes away frees
+// its place, and at a shutdown's drain deadline the request is answered
+// 503 like the others in progress. kvroute_queued_requests_total counts
+// the requests held, shed ones and those in line behind others alike.
+// Retries (later attempts) are not queued.
+// P/D pools queue their first placements the same way
+// (disagg.HandoffConfig.Admit).
 //
 // # Signals and precise mode
 //
@@ -35,6 +64,14 @@
 // prompt_tokens_details) reaches learning policies in kvroute.Outcome and
 // the kvroute_prefix_cached_tokens_total and kvroute_prompt_tokens_total
 // counters.
+//
+// # Debug endpoints
+//
+// /debug/decisions lists each model's recent decisions, /debug/endpoints
+// each model's policy and endpoint status. A P/D pool's policy reads "pd"
+// (disagg.PolicyName), as its decisions name it, with prefill_policy the
+// configured policy that places the prefill stage; PUT /admin/policy does
+// not switch a P/D pool's policy (409).
 //
 // A Proxy is safe for concurrent use. Its background work, the active
 // health checks and the engine signals, runs inside Serve (or

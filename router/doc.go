@@ -20,7 +20,12 @@
 // decision for /debug/decisions. The caller reports the first token and the
 // end of each request (FirstToken, Done) so in-flight counts stay exact;
 // pickers hear of them through the optional kvroute.Learner and
-// kvroute.Releaser (at Done) and FirstTokenObserver (at FirstToken).
+// kvroute.Releaser (at Done) and FirstTokenObserver (at FirstToken). A
+// decision Route refuses (the picker chose an ineligible endpoint) is
+// released to a Releaser at once. Drained returns a channel signalled
+// (never blocking, one deep) at each FirstToken and Done: the load the
+// router counts went down, so a request the policy shed may fit now (the
+// proxy's queue routes the head of its line again on it).
 //
 // Router does no I/O, starts no goroutines and never reads the wall clock:
 // every method takes now. A Router is safe for concurrent use; calls into

@@ -64,8 +64,12 @@
 // TTFTBounds): its prompt's oracle misses prefilled with no queueing, which
 // no router can beat. Result.Row reports the oracle over the completed
 // requests too (Result.CompletedOracleHitRate), the population of its hit
-// rate. A run whose virtual time would overflow the clock (a rate scale
-// near zero, a KV link below MinLinkGbps) is an error. Result.Row,
+// rate. A P/D fabric link below MinLinkGbps (0.01 Gbps effective) is a
+// Config error, and a run whose virtual time would pass workload.MaxSpan
+// (a rate scale near zero stretching the arrivals, a transfer or step too
+// long for the clock) ends in an error instead of a result. The
+// utilisation timeline doubles its bucket width rather than grow past
+// 4,096 buckets. Result.Row,
 // Result.Samples and Result.Utilisation convert it to package report, the
 // format `kvroute bench` also writes, so simulated and measured runs compare
 // directly; WriteRecordsCSV writes the per-request records. A P/D run also

@@ -33,7 +33,9 @@
 // says so. A demo run (RunState.Current) gives the summary tiles its
 // running phase's report row instead, the load generator's own
 // measurements, so that the tiles, the comparison and the demo's terminal
-// line show one set of figures.
+// line show one set of figures (the state's totals say which: source
+// "router" or "client"). A hit rate that is unknown (the engines report no
+// cached tokens) shows "–".
 //
 // A disaggregated (prefill/decode) pool shows policy "pd", as its decisions
 // name it, with the configured policy as the prefill stage's.

@@ -40,7 +40,8 @@
 // never materialises tokens: a block is hashed from the (key, offset, length)
 // pieces of the segments it covers, which identifies its tokens exactly. Use
 // the same function everywhere hashes are compared in one simulation. Oracle
-// computes the infinite-cache hit-rate bound of a request stream.
+// computes the infinite-cache hit-rate bound of a request stream (HitRate;
+// CachedTokens, the prompt tokens it had cached).
 //
 // # Generators
 //
@@ -49,9 +50,12 @@
 // popularity), sysprompt (a few long shared system prompts), storm (a burst
 // on one hot prefix over background traffic), tenants (a skewed tenant mix).
 // Options give the seed, request count, duration, arrival process (Poisson,
-// gamma with a CV, constant) and the generator's documented Params. The same
-// options always give the same workload. Workload.ScaleRate scales the
-// arrival rate of any workload, traces included.
+// gamma with a CV, constant; a rate of at most MaxRate, 1e6 requests/s,
+// since arrival times are whole nanoseconds) and the generator's documented
+// Params. The same options always give the same workload.
+// Workload.ScaleRate scales the arrival rate of any workload, traces
+// included, by a factor in (0, 1e9] that does not stretch the last arrival
+// beyond MaxSpan (100 years).
 //
 // Nothing in this package does I/O except the Read/Write functions, and no
 // type is safe for concurrent mutation; a Request may be read concurrently.
