@@ -184,7 +184,7 @@ func (ls Links) Validate() error {
 		if l.Gbps <= 0 || math.IsNaN(l.Gbps) || math.IsInf(l.Gbps, 0) {
 			return fmt.Errorf("disagg: links: %s: gbps must be > 0, got %v", where, l.Gbps)
 		}
-		if l.Efficiency < 0 || l.Efficiency > 1 {
+		if !(l.Efficiency >= 0 && l.Efficiency <= 1) { // NaN too
 			return fmt.Errorf("disagg: links: %s: efficiency must be in [0, 1], got %v", where, l.Efficiency)
 		}
 		if l.Setup < 0 {

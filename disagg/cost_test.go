@@ -115,6 +115,9 @@ func TestLinksBetween(t *testing.T) {
 	if err := (Links{Default: Link{Gbps: 0}}).Validate(); err == nil {
 		t.Error("zero default gbps: got no error")
 	}
+	if err := (Links{Default: Link{Gbps: 100, Efficiency: math.NaN()}}).Validate(); err == nil {
+		t.Error("NaN efficiency accepted")
+	}
 	if err := DefaultLinks().Validate(); err != nil {
 		t.Errorf("default links: %v", err)
 	}

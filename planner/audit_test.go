@@ -25,6 +25,9 @@ func TestBadInputNaNAndCrawlingFabric(t *testing.T) {
 	}{
 		{"max util NaN", Input{Profile: p, Workload: w, SLO: slo, MaxUtilisation: math.NaN()}, "max utilisation"},
 		{"fabric 1e-300 Gbps", Input{Profile: p, Workload: w, SLO: slo, Fabric: disagg.Link{Gbps: 1e-300}}, "fabric bandwidth"},
+		{"fabric efficiency NaN", Input{Profile: p, Workload: w, SLO: slo, Fabric: disagg.Link{Gbps: 50, Efficiency: math.NaN()}}, "fabric efficiency"},
+		// 1 Gbps at 0.5% efficiency is 0.005 Gbps effective, as the simulator sees it.
+		{"fabric slow after efficiency", Input{Profile: p, Workload: w, SLO: slo, Fabric: disagg.Link{Gbps: 1, Efficiency: 0.005}}, "effective"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Plan(t.Context(), tc.in)

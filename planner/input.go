@@ -173,11 +173,12 @@ func (in *Input) Validate() error {
 	if in.Fabric.Gbps < 0 || math.IsNaN(in.Fabric.Gbps) || math.IsInf(in.Fabric.Gbps, 0) {
 		return bad("fabric bandwidth %v Gbps must be a positive number", in.Fabric.Gbps)
 	}
-	if in.Fabric.Gbps > 0 && in.Fabric.Gbps < sim.MinLinkGbps {
-		return bad("fabric bandwidth %v Gbps is below the %v Gbps the simulator models", in.Fabric.Gbps, sim.MinLinkGbps)
-	}
-	if in.Fabric.Efficiency < 0 || in.Fabric.Efficiency > 1 {
+	if !(in.Fabric.Efficiency >= 0 && in.Fabric.Efficiency <= 1) { // NaN too
 		return bad("fabric efficiency %v must be in (0, 1]", in.Fabric.Efficiency)
+	}
+	// As the simulator checks it: the effective rate (line rate x efficiency).
+	if eff := in.Fabric.BytesPerSecond() * 8 / 1e9; in.Fabric.Gbps > 0 && eff < sim.MinLinkGbps {
+		return bad("fabric bandwidth %v Gbps (%v Gbps effective) is below the %v Gbps the simulator models", in.Fabric.Gbps, eff, sim.MinLinkGbps)
 	}
 	if in.Fabric.Setup < 0 {
 		return bad("fabric setup %v is negative", in.Fabric.Setup)
