@@ -275,7 +275,9 @@ type Retry struct {
 	Attempts int `yaml:"attempts"`
 	// QueueWait is how long a request the policy asks to queue (kv-aware's
 	// overload: queue, when every endpoint is over its cap) is held before
-	// it is answered 429; it is routed again as load drains. Default 5s.
+	// it is answered 429; it is routed again as load drains. A request
+	// arriving while others are held waits in line behind them, for as
+	// long at most. Default 5s.
 	QueueWait time.Duration `yaml:"queue_wait"`
 }
 

@@ -61,7 +61,7 @@ func newMetrics(p *Proxy) *metrics {
 		}, []string{"model", "endpoint", "reason"}),
 		queued: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_queued_requests_total",
-			Help: "Requests held in the router because every endpoint was over its load cap (policy overload: queue).",
+			Help: "Requests held in the router's queue: shed because every endpoint was over its load cap (policy overload: queue), or arrived while others were held.",
 		}, []string{"model"}),
 		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_ejections_total",
