@@ -129,5 +129,7 @@
 // before zmq4 allocates for it. A listening socket reads each peer's side
 // of the handshake itself, within ReplayTimeout, before zmq4 takes the
 // connection (zmqlisten.go): a peer that connects and stays silent is
-// dropped and never holds up another engine's connection.
+// dropped and never holds up another engine's connection; so is a peer
+// whose READY names another socket type than PUB or XPUB (zmq4 would
+// reject it, and it must not pass for an engine's reconnection).
 package signals

@@ -294,6 +294,11 @@ func (s *Subscriber) session(parent context.Context) error {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
 	opts := zmtpOptions{maxFrame: uint64(s.cfg.MaxFrameSize), handshake: s.cfg.ReplayTimeout}
+	if s.cfg.Listen {
+		// Only publishers: zmq4 would reject any other peer after its
+		// handshake, which would have passed for an engine's reconnection.
+		opts.peerTypes = []string{"PUB", "XPUB"}
+	}
 	// connected receives a listening socket's new connections (over the
 	// subscriber's own transports, tcp and ipc), each before any of its
 	// messages; nil otherwise.

@@ -3,6 +3,7 @@ package signals
 import (
 	"errors"
 	"fmt"
+	"strings"
 )
 
 // zmq4 (v0.17.0) reads a ZMTP frame by allocating a buffer of the size its
@@ -158,4 +159,63 @@ func (s *zmtpScanner) endFrame(i uint64) {
 		s.msg = 0
 	}
 	s.state = scanFlags
+}
+
+// zmtpFlagCommand marks a command frame (READY, ERROR, ...).
+const zmtpFlagCommand = 0x4
+
+// readySocketType returns the Socket-Type property of the READY command
+// that is the first frame after the greeting in b (a peer's side of the
+// handshake: greeting, then the command), and false when b holds no
+// well-formed READY command with that property. The command's body is
+// its name (a length byte, "READY") then properties, each a name (a length
+// byte, matched without regard to case) and a value (a 4-byte big-endian
+// length).
+func readySocketType(b []byte) (string, bool) {
+	if len(b) < zmtpGreetingLen+2 {
+		return "", false
+	}
+	b = b[zmtpGreetingLen:]
+	flags := b[0]
+	if flags&zmtpFlagCommand == 0 || flags&zmtpFlagMore != 0 {
+		return "", false
+	}
+	var size uint64
+	if flags&zmtpFlagLong != 0 {
+		if len(b) < 9 {
+			return "", false
+		}
+		for _, c := range b[1:9] {
+			size = size<<8 | uint64(c)
+		}
+		b = b[9:]
+	} else {
+		size, b = uint64(b[1]), b[2:]
+	}
+	if size > uint64(len(b)) {
+		return "", false
+	}
+	body := b[:size]
+	if len(body) < 6 || body[0] != 5 || string(body[1:6]) != "READY" {
+		return "", false
+	}
+	props := body[6:]
+	for len(props) > 0 {
+		n := int(props[0])
+		if len(props) < 1+n+4 {
+			return "", false
+		}
+		name := props[1 : 1+n]
+		vl := uint64(props[1+n])<<24 | uint64(props[2+n])<<16 | uint64(props[3+n])<<8 | uint64(props[4+n])
+		props = props[5+n:]
+		if vl > uint64(len(props)) {
+			return "", false
+		}
+		value := props[:vl]
+		props = props[vl:]
+		if strings.EqualFold(string(name), "Socket-Type") {
+			return string(value), true
+		}
+	}
+	return "", false
 }

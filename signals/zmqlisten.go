@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"slices"
 	"sync"
 	"time"
 )
@@ -48,6 +49,12 @@ type zmtpOptions struct {
 	// reading past its handshake; 0 means zmtpAdoptTimeout. Tests shorten
 	// it.
 	adopt time.Duration
+	// peerTypes, when not empty, are the socket types (READY's
+	// Socket-Type, e.g. PUB) a listening socket accepts: another peer is
+	// closed after its handshake, before zmq4 (which would reject it) or
+	// onHandshake sees it, so that it does not pass for a reconnecting
+	// engine.
+	peerTypes []string
 }
 
 type zmtpOptionsKey struct{}
@@ -192,8 +199,8 @@ func (c *zmtpConn) Write(p []byte) (int, error) {
 
 // readHandshake sends zmtpNullGreeting and reads the peer's side of the
 // handshake (greeting and first command, READY) into c.pre, all by
-// deadline.
-func (c *zmtpConn) readHandshake(deadline time.Time) error {
+// deadline. With peerTypes, the READY must name one of them.
+func (c *zmtpConn) readHandshake(deadline time.Time, peerTypes []string) error {
 	if err := c.Conn.SetDeadline(deadline); err != nil {
 		return err
 	}
@@ -216,6 +223,15 @@ func (c *zmtpConn) readHandshake(deadline time.Time) error {
 			return fmt.Errorf("zmtp: read handshake (%d bytes): %w", len(c.pre), err)
 		case len(c.pre) > zmtpMaxHandshake:
 			return fmt.Errorf("zmtp: handshake over %d bytes", zmtpMaxHandshake)
+		}
+	}
+	if len(peerTypes) > 0 {
+		st, ok := readySocketType(c.pre)
+		if !ok {
+			return errors.New("zmtp: the peer's first command is not a READY naming its socket type")
+		}
+		if !slices.Contains(peerTypes, st) {
+			return fmt.Errorf("zmtp: the peer is a %s socket, want one of %v", st, peerTypes)
 		}
 	}
 	return c.Conn.SetDeadline(time.Time{})
@@ -294,7 +310,7 @@ func (l *zmtpListener) acceptLoop() {
 // connection for Accept, or closes it.
 func (l *zmtpListener) handshake(c *zmtpConn) {
 	defer l.wg.Done()
-	err := c.readHandshake(time.Now().Add(l.opts.handshake))
+	err := c.readHandshake(time.Now().Add(l.opts.handshake), l.opts.peerTypes)
 	l.mu.Lock()
 	delete(l.pending, c)
 	l.mu.Unlock()
