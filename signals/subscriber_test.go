@@ -488,19 +488,7 @@ func TestSubscriberListen(t *testing.T) {
 	addr := "tcp://" + l.Addr().String()
 	l.Close()
 	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 4})
-	sub, err := NewSubscriber(SubscriberConfig{Endpoint: "e1", Address: addr, Listen: true, Topic: testTopic, Sink: idx})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sub.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	sub, _ := runSubscriber(t, SubscriberConfig{Endpoint: "e1", Address: addr, Listen: true, Topic: testTopic, Sink: idx}, nil)
 	waitFor(t, "listening", func() bool { return sub.Status().Connected })
 
 	ectx, ecancel := context.WithCancel(context.Background())
@@ -677,20 +665,8 @@ func TestSubscriberListenRestart(t *testing.T) {
 	addr := "tcp://" + l.Addr().String()
 	l.Close()
 	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 4})
-	sub, err := NewSubscriber(SubscriberConfig{Endpoint: "e1", Address: addr, Listen: true, Topic: testTopic,
-		Sink: idx, DialRetry: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sub.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	sub, _ := runSubscriber(t, SubscriberConfig{Endpoint: "e1", Address: addr, Listen: true, Topic: testTopic,
+		Sink: idx, DialRetry: 10 * time.Millisecond}, nil)
 	waitFor(t, "listening", func() bool { return sub.Status().Connected })
 
 	prompts := [][]uint32{prompt, prompt2}

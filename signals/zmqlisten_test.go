@@ -279,20 +279,8 @@ func TestZMTPDialOversizedFrame(t *testing.T) {
 	defer ln.Close()
 
 	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 4})
-	sub, err := NewSubscriber(SubscriberConfig{Endpoint: "e1", Address: "tcp://" + ln.Addr().String(), Topic: testTopic,
-		Sink: idx, DialRetry: time.Hour})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- sub.Run(ctx) }()
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	}()
+	sub, _ := runSubscriber(t, SubscriberConfig{Endpoint: "e1", Address: "tcp://" + ln.Addr().String(), Topic: testTopic,
+		Sink: idx, DialRetry: time.Hour}, nil)
 	var p *rawPeer
 	select {
 	case p = <-peers:
