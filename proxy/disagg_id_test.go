@@ -11,7 +11,6 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
-	"github.com/kvroute/kvroute/config"
 )
 
 // idPicker is a prefill policy that records the routing IDs it places.
@@ -74,19 +73,7 @@ func TestPDRoutingIDHeldUntilLegsEnd(t *testing.T) {
 	}))
 	t.Cleanup(decode.Close)
 	ip := &idPicker{}
-	cfg := config.Config{
-		Models: []config.Model{{
-			Name: "tiny",
-			Endpoints: []config.Endpoint{
-				{ID: "p0", URL: prefill.URL, Role: "prefill"},
-				{ID: "d0", URL: decode.URL, Role: "decode"},
-			},
-			Policy:  config.Policy{Name: "ids"},
-			PD:      config.PD{Protocol: "sglang", Mode: "always", Profile: "tiny"},
-			Signals: config.Signals{Disabled: true},
-		}},
-		HealthCheck: config.HealthCheck{Disabled: true},
-	}
+	cfg := pdTestConfig("ids", "sglang", prefill.URL, decode.URL)
 	tp := newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return ip, nil })
 	base, stop := context.WithCancel(context.Background())
 	t.Cleanup(stop)

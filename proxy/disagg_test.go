@@ -186,19 +186,8 @@ func TestDisaggregatedShutdownDeadline(t *testing.T) {
 		close(cancelled)
 	}))
 	defer ds.Close()
-	cfg := config.Config{
-		Models: []config.Model{{
-			Name: "tiny",
-			Endpoints: []config.Endpoint{
-				{ID: "p0", URL: ps.URL, Role: "prefill"},
-				{ID: "d0", URL: ds.URL, Role: "decode"},
-			},
-			PD:      config.PD{Protocol: "nixl", Mode: "always", Profile: "tiny"},
-			Signals: config.Signals{Disabled: true},
-		}},
-		HealthCheck: config.HealthCheck{Disabled: true},
-		Timeouts:    config.Timeouts{Shutdown: 50 * time.Millisecond},
-	}
+	cfg := pdTestConfig("", "nixl", ps.URL, ds.URL)
+	cfg.Timeouts.Shutdown = 50 * time.Millisecond
 	cfg.ApplyDefaults()
 	px, err := New(Options{Config: cfg, NewPicker: policy.New})
 	if err != nil {

@@ -178,6 +178,25 @@ func testConfig(policy string, urls ...string) config.Config {
 	return c
 }
 
+// pdTestConfig is a one-model P/D config ("tiny": prefill p0, decode d0,
+// protocol proto, mode always) with the given test policy ("" for the
+// default), engine signals and active health checks off.
+func pdTestConfig(policy, proto, prefillURL, decodeURL string) config.Config {
+	return config.Config{
+		Models: []config.Model{{
+			Name: "tiny",
+			Endpoints: []config.Endpoint{
+				{ID: "p0", URL: prefillURL, Role: "prefill"},
+				{ID: "d0", URL: decodeURL, Role: "decode"},
+			},
+			Policy:  config.Policy{Name: policy},
+			PD:      config.PD{Protocol: proto, Mode: "always", Profile: "tiny"},
+			Signals: config.Signals{Disabled: true},
+		}},
+		HealthCheck: config.HealthCheck{Disabled: true},
+	}
+}
+
 type testProxy struct {
 	*Proxy
 	srv   *httptest.Server

@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
-	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/policy"
 )
 
@@ -214,20 +213,8 @@ func TestQueueNoOvertakingDisaggregated(t *testing.T) {
 	decode := httptest.NewServer(okHandler("d0"))
 	t.Cleanup(decode.Close)
 	sp := newSlotPicker()
-	cfg := config.Config{
-		Models: []config.Model{{
-			Name: "tiny",
-			Endpoints: []config.Endpoint{
-				{ID: "p0", URL: prefill.URL, Role: "prefill"},
-				{ID: "d0", URL: decode.URL, Role: "decode"},
-			},
-			Policy:  config.Policy{Name: "slot"},
-			PD:      config.PD{Protocol: "nixl", Mode: "always", Profile: "tiny"},
-			Signals: config.Signals{Disabled: true},
-		}},
-		HealthCheck: config.HealthCheck{Disabled: true},
-		Retry:       config.Retry{QueueWait: time.Minute},
-	}
+	cfg := pdTestConfig("slot", "nixl", prefill.URL, decode.URL)
+	cfg.Retry.QueueWait = time.Minute
 	tp := newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return sp, nil })
 	checkNoOvertaking(t, tp, sp, prefill, "tiny")
 }

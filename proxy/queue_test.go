@@ -14,7 +14,6 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
-	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/policy"
 )
 
@@ -96,19 +95,8 @@ func TestQueueOnDisaggregatedPool(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			qp := &queueingPicker{n: tt.sheds}
-			cfg := config.Config{
-				Models: []config.Model{{
-					Name: "tiny",
-					Endpoints: []config.Endpoint{
-						{ID: "p0", URL: ps.URL, Role: "prefill"},
-						{ID: "d0", URL: ds.URL, Role: "decode"},
-					},
-					Policy: config.Policy{Name: "queueing"},
-					PD:     config.PD{Protocol: "nixl", Mode: "always", Profile: "tiny"},
-				}},
-				HealthCheck: config.HealthCheck{Disabled: true},
-				Retry:       config.Retry{QueueWait: queueWaitFor(tt.want)},
-			}
+			cfg := pdTestConfig("queueing", "nixl", ps.URL, ds.URL)
+			cfg.Retry.QueueWait = queueWaitFor(tt.want)
 			tp := newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return qp, nil })
 			resp := tp.post(t, PathCompletions, `{"model":"tiny","prompt":"held until the prefill pool drains","max_tokens":2}`)
 			body := readAll(t, resp)
