@@ -71,7 +71,10 @@
 // requests held, or held when the prefill policy sheds it with "queue").
 // It recovers from failed legs (see Handoff), rejects client requests that
 // carry handoff fields or endpoint-naming headers, and records Prometheus
-// metrics on a registry passed in.
+// metrics on a registry passed in. An answer that breaks after its status
+// was sent ends as the aggregated proxy path ends it: an event stream with
+// its broken event terminated, vLLM's error event and "data: [DONE]";
+// any other body is left for the caller to abort (Result.Abort).
 //
 // Planner, Fabric and Handoff are safe for concurrent use (Planner.Pick,
 // like every Picker, is serialised by its router); DecodePicker is not.

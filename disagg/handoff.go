@@ -111,7 +111,10 @@ type HandoffConfig struct {
 //     (the request never reached the engine, so the prefill's KV lease is
 //     untouched) is retried once on another decode node with the same
 //     kv_transfer_params; any other decode failure leads to a new plan,
-//     which re-runs the prefill (now mostly a prefix-cache hit);
+//     which re-runs the prefill (now mostly a prefix-cache hit), except
+//     a timeout waiting for the answer (the client's response header
+//     timeout), answered 504 at once as on the aggregated path: the
+//     generation would run again only to time out the same way;
 //   - SGLang's two legs share one context: when either fails, both are
 //     cancelled and the pair is placed again with a new room;
 //   - a client that goes away cancels every leg in flight.
@@ -193,6 +196,13 @@ type Result struct {
 	// Err is the last leg failure, if any (also set when a stream broke
 	// after its first byte).
 	Err error
+	// Abort reports that the answer broke after its status was sent, in a
+	// body with no in-band way to say so (not an event stream): the caller
+	// must abort the response once its accounting is done
+	// (panic(http.ErrAbortHandler), as httputil.ReverseProxy does), so that
+	// the client sees a broken response rather than a complete-looking
+	// truncated one.
+	Abort bool
 }
 
 // StatusClientClosed is the status recorded when the client went away.
@@ -210,6 +220,10 @@ type LegError struct {
 	header http.Header
 	// Connect reports a transport error before the request was sent.
 	Connect bool
+	// Timeout reports that the engine took the request and did not answer
+	// in time (the client's response header timeout: the proxy's
+	// timeouts.upstream_header).
+	Timeout bool
 	Err     error
 }
 
@@ -355,6 +369,9 @@ func (x *exchange) runWhole(f *router.Flight, leg string) bool {
 		case lerr.Status >= 400 && lerr.Status < 500:
 			x.replay(lerr)
 			return true
+		case lerr.Timeout:
+			x.writeTimeout(lerr)
+			return true
 		}
 		return false
 	}
@@ -417,6 +434,10 @@ func (x *exchange) runNixl(pf *router.Flight, plan *Plan, last bool) (bool, *kvr
 			}
 			if lerr.Status >= 400 && lerr.Status < 500 {
 				x.replay(lerr)
+				return true, nil
+			}
+			if lerr.Timeout {
+				x.writeTimeout(lerr)
 				return true, nil
 			}
 			if lerr.Connect && try == 0 {
@@ -552,6 +573,10 @@ func (x *exchange) runSGLang(pf *router.Flight, plan *Plan) bool {
 			x.replay(d.err)
 			return true
 		}
+		if d.err != nil && d.err.Timeout {
+			x.writeTimeout(d.err)
+			return true
+		}
 		h.cfg.Metrics.fallback(h.cfg.Model, "replan")
 		return false
 	}
@@ -639,7 +664,10 @@ func (x *exchange) post(ctx context.Context, e *kvroute.Endpoint, body []byte, l
 		if ctx.Err() != nil {
 			reason = "cancelled"
 		}
-		return nil, &LegError{Leg: leg, Endpoint: e.ID, Reason: reason, Connect: isConnectError(err), Err: err}
+		connect := isConnectError(err)
+		var ne net.Error
+		timeout := !connect && ctx.Err() == nil && errors.As(err, &ne) && ne.Timeout()
+		return nil, &LegError{Leg: leg, Endpoint: e.ID, Reason: reason, Connect: connect, Timeout: timeout, Err: err}
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		b, _ := io.ReadAll(io.LimitReader(resp.Body, h.cfg.MaxReplyBytes))
@@ -695,9 +723,11 @@ func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time) {
 	}
 	x.w.WriteHeader(resp.StatusCode)
 	x.res.Status = resp.StatusCode
+	sse := isEventStream(resp.Header)
 	rc := http.NewResponseController(x.w)
 	buf := make([]byte, 32<<10)
 	first := true
+	var tail eventTail
 	var ttft time.Duration
 	var streamErr error
 	for {
@@ -712,6 +742,7 @@ func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time) {
 				h.cfg.Metrics.observeStage(h.cfg.Model, "decode_first_byte", ttft.Seconds())
 				h.cfg.Metrics.observeStage(h.cfg.Model, "ttfb", now.Sub(x.start).Seconds())
 			}
+			tail.add(buf[:n])
 			if _, werr := x.w.Write(buf[:n]); werr != nil {
 				streamErr = werr
 				break
@@ -722,16 +753,29 @@ func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time) {
 			break
 		}
 		if err != nil {
+			if sse && tail.sawDone() {
+				// The stream broke after its final event (the client hung
+				// up, or SGLang's prefill leg failed, before the engine
+				// closed its response): the answer is complete.
+				break
+			}
 			streamErr = err
-			stop := x.serverStop()
-			switch {
-			case !x.req.Stream:
-			case stop != nil:
-				_, _ = x.w.Write(openai.AppendErrorEvent(nil, stop))
-				_ = rc.Flush()
-			case x.ctx.Err() == nil:
-				_, _ = x.w.Write(openai.AppendErrorEvent(nil, &kvroute.Error{Status: http.StatusBadGateway,
-					Type: kvroute.TypeUpstream, Code: "upstream_error", Message: "the engine's stream broke: " + err.Error()}))
+			var end *kvroute.Error
+			if stop := x.serverStop(); stop != nil {
+				end = stop
+			} else if x.ctx.Err() == nil {
+				end = &kvroute.Error{Status: http.StatusBadGateway, Type: kvroute.TypeUpstream,
+					Message: "the engine's stream broke: " + err.Error()}
+			}
+			// A JSON body cannot carry the error: the caller aborts it
+			// (Result.Abort). A stream ends as vLLM ends a failed one, the
+			// event it broke in (if any) terminated first.
+			if sse && end != nil {
+				var b []byte
+				if !first && !tail.atBoundary() {
+					b = append(b, "\n\n"...)
+				}
+				_, _ = x.w.Write(openai.AppendErrorEvent(b, end))
 				_ = rc.Flush()
 			}
 			break
@@ -739,6 +783,7 @@ func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time) {
 	}
 	failed := streamErr != nil
 	if failed {
+		x.res.Abort = !sse
 		x.res.Err = fmt.Errorf("disagg: stream from %s: %w", f.Endpoint.ID, streamErr)
 		if stop := x.serverStop(); stop != nil {
 			x.res.Status = stop.Status
@@ -747,6 +792,37 @@ func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time) {
 		}
 	}
 	h.cfg.Router.Done(h.cfg.Now(), f, kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, TTFT: ttft, Failed: failed})
+}
+
+// eventTail is the last bytes of a response passed on to the client: did
+// an event stream break mid-event, or after its final event?
+type eventTail [16]byte
+
+func (t *eventTail) add(p []byte) {
+	if len(p) >= len(t) {
+		copy(t[:], p[len(p)-len(t):])
+		return
+	}
+	k := copy(t[:], t[len(p):])
+	copy(t[k:], p)
+}
+
+// atBoundary reports whether the bytes passed on end an event.
+func (t *eventTail) atBoundary() bool {
+	e := t[len(t)-4:]
+	return e[2] == '\n' && e[3] == '\n' || string(e) == "\r\n\r\n"
+}
+
+// sawDone reports whether the bytes passed on end with the final event.
+func (t *eventTail) sawDone() bool {
+	const done = "data: " + openai.Done + "\n\n"
+	return string(t[len(t)-len(done):]) == done
+}
+
+// isEventStream reports whether a response is a server-sent event stream.
+func isEventStream(h http.Header) bool {
+	ct, _, _ := strings.Cut(h.Get("Content-Type"), ";")
+	return strings.EqualFold(strings.TrimSpace(ct), openai.ContentTypeEventStream)
 }
 
 // replay writes a failed leg's own error response (a 4xx the client must
@@ -763,6 +839,18 @@ func (x *exchange) replay(l *LegError) {
 	x.res.Status = l.Status
 }
 
+// writeTimeout answers a leg that ran the generation (decode, or the
+// whole request) and got no answer in time: 504, as the aggregated path
+// does, and not retried, since another placement would run the whole
+// generation again.
+func (x *exchange) writeTimeout(l *LegError) {
+	if x.h.cfg.EndpointHeader != "" {
+		x.w.Header().Set(x.h.cfg.EndpointHeader, l.Endpoint)
+	}
+	x.writeError(&kvroute.Error{Status: http.StatusGatewayTimeout, Type: kvroute.TypeUpstream, Code: "upstream_error",
+		Message: fmt.Sprintf("model %q: no answer in time", x.req.Model), Err: l})
+}
+
 func (x *exchange) writeError(err error) {
 	openai.WriteError(x.w, err)
 	x.res.Status = kvroute.StatusOf(err)
@@ -772,6 +860,12 @@ func (x *exchange) writeError(err error) {
 // writeRoutingFailure answers when the router has no endpoint: with the
 // last leg failure when there was one.
 func (x *exchange) writeRoutingFailure(err error) {
+	if x.ctx.Err() != nil {
+		// The client went away (or the server stopped the request) while
+		// Admit held it: that, not the fleet's answer, ends the request.
+		x.clientGone()
+		return
+	}
 	if x.last != nil {
 		x.writeLastFailure()
 		return
@@ -797,12 +891,14 @@ func (x *exchange) writeLastFailure() {
 		x.replay(l)
 		return
 	}
-	msg := "no placement left to try"
+	e := &kvroute.Error{Status: http.StatusBadGateway, Type: kvroute.TypeUpstream, Code: "upstream_error",
+		Message: fmt.Sprintf("model %q: every P/D placement tried failed (%v)", x.req.Model, x.tried)}
 	if l != nil {
-		msg = l.Error()
+		e.Err = l // (its message ends e's: not repeated in Message)
+	} else {
+		e.Message += ": no placement left to try"
 	}
-	x.writeError(&kvroute.Error{Status: http.StatusBadGateway, Type: kvroute.TypeUpstream, Code: "upstream_error",
-		Message: fmt.Sprintf("model %q: every P/D placement tried failed (%v): %s", x.req.Model, x.tried, msg), Err: l})
+	x.writeError(e)
 }
 
 // clientGone records a request whose context ended before an answer

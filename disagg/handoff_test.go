@@ -154,7 +154,9 @@ func newPD(t *testing.T, proto string, mode Mode, eps ...kvroute.Endpoint) *pdFi
 		}
 		kr := &kvroute.Request{ID: "req-" + strconv.Itoa(int(time.Now().UnixNano()%1e9)), Model: ri.Model, Prompt: ri.Prompt,
 			PromptTokens: ri.PromptTokens(), MaxTokens: ri.MaxTokens, Stream: ri.Stream, Arrival: time.Now()}
-		h.Serve(w, req, req.URL.Path, body, kr)
+		if res := h.Serve(w, req, req.URL.Path, body, kr); res.Abort {
+			panic(http.ErrAbortHandler) // as the proxy does
+		}
 	}))
 	t.Cleanup(f.srv.Close)
 	return f

@@ -104,4 +104,10 @@ func (p *Proxy) servePD(w http.ResponseWriter, r *http.Request, pl *pool, req *k
 			"endpoint", res.Decode, "disaggregated", res.Disaggregated, "status", code, "attempts", res.Attempts,
 			"stream", req.Stream, "prompt_tokens", req.PromptTokens, "duration", now.Sub(start), "error", res.Err)
 	}
+	if res.Abort {
+		// The answer broke after its status was sent, in a body that
+		// cannot say so: abort the response, as the reverse proxy does on
+		// the aggregated path, rather than end it as if complete.
+		panic(http.ErrAbortHandler)
+	}
 }

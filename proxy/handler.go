@@ -259,7 +259,7 @@ func (x *exchange) finish(w http.ResponseWriter, start time.Time) {
 	now := p.now()
 	code := x.status
 	switch {
-	case x.shutdown:
+	case x.shutdown || (!x.served && x.shuttingDown()): // (held in the queue, say)
 		code = http.StatusServiceUnavailable
 	case x.clientGone || (!x.served && x.ctx.Err() != nil):
 		code = statusClientClosed
