@@ -48,6 +48,11 @@ var (
 	ErrBadStored = errors.New("kvindex: malformed stored blocks")
 	// ErrRemoved: the endpoint was removed while the call was in progress.
 	ErrRemoved = errors.New("kvindex: endpoint removed")
+	// ErrUnknownBlocks: a BlockStored without token ids (vLLM's CPU
+	// offloading reports the blocks it copies by hash alone) names blocks
+	// this endpoint never stored with their tokens, so their keys are
+	// unknown; the blocks it does know are indexed.
+	ErrUnknownBlocks = errors.New("kvindex: blocks stored without tokens are unknown")
 )
 
 // Stored is one BlockStored event as the index needs it.
@@ -58,7 +63,11 @@ type Stored struct {
 	// when HasParent (false for a sequence's first block).
 	Parent    uint64
 	HasParent bool
-	// Tokens are the token ids of all the blocks, concatenated.
+	// Tokens are the token ids of all the blocks, concatenated. Empty
+	// Tokens name blocks by their engine hashes alone (vLLM's
+	// OffloadingConnector reports its CPU copies so): blocks the endpoint
+	// stored earlier with their tokens gain the tier, others are skipped
+	// (ErrUnknownBlocks); Parent and Salts are then ignored.
 	Tokens []uint32
 	// BlockSize is the tokens per block (0 = the index's).
 	BlockSize int
@@ -187,6 +196,9 @@ func (x *Index) Store(endpoint string, s Stored) (int, error) {
 	if bs <= 0 {
 		return 0, fmt.Errorf("%w: no block size", ErrBadStored)
 	}
+	if len(s.Tokens) == 0 {
+		return x.storeKnown(endpoint, s, bs)
+	}
 	if cur := x.BlockSize(); cur == 0 {
 		x.blockSize.CompareAndSwap(0, int64(bs))
 	}
@@ -254,6 +266,56 @@ func (x *Index) Store(endpoint string, s Stored) (int, error) {
 	return len(s.BlockHashes), nil
 }
 
+// storeKnown applies a BlockStored without token ids: the blocks of s
+// that endpoint already holds in a tier (stored with their tokens, whose
+// keys it therefore knows) are added to s.Tier. It neither learns the block
+// size nor adds an endpoint.
+func (x *Index) storeKnown(endpoint string, s Stored, bs int) (int, error) {
+	if cur := x.BlockSize(); cur != bs {
+		if cur == 0 {
+			// Nothing was stored with tokens yet: every block is unknown.
+			x.orphans.Add(1)
+			return 0, fmt.Errorf("%w: %d blocks", ErrUnknownBlocks, len(s.BlockHashes))
+		}
+		x.mismatches.Add(1)
+		return 0, fmt.Errorf("%w: event %d, index %d", ErrBlockSize, bs, cur)
+	}
+	x.mu.RLock()
+	e := x.eps[endpoint]
+	x.mu.RUnlock()
+	if e == nil {
+		x.orphans.Add(1)
+		return 0, fmt.Errorf("%w: %d blocks", ErrUnknownBlocks, len(s.BlockHashes))
+	}
+	tab := e.table(s.Tier)
+	known := 0
+	e.mu.Lock()
+	if e.removed {
+		e.mu.Unlock()
+		return 0, ErrRemoved
+	}
+	for _, eh := range s.BlockHashes {
+		key, ok := e.blocks.get(eh)
+		if !ok {
+			continue
+		}
+		known++
+		if tab == e.g.gpu && tab.get(key)&e.bit != 0 {
+			if e.copies == nil {
+				e.copies = make(map[uint64]uint32)
+			}
+			e.copies[eh]++
+		}
+		tab.update(key, e.bit, 0)
+	}
+	e.mu.Unlock()
+	if unknown := len(s.BlockHashes) - known; unknown > 0 {
+		x.orphans.Add(1)
+		return known, fmt.Errorf("%w: %d of %d blocks", ErrUnknownBlocks, unknown, len(s.BlockHashes))
+	}
+	return known, nil
+}
+
 // Evict applies a BlockRemoved event: endpoint no longer holds the blocks
 // with these engine hashes in tier (TierNone means GPU). Unknown hashes are
 // counted and ignored. A GPU block stored more than once (vLLM caches and
@@ -312,8 +374,17 @@ func (x *Index) Clear(endpoint string) {
 	if e == nil {
 		return
 	}
+	x.clear(e)
+}
+
+// clear drops e's entries unless e was removed since it was looked up:
+// Remove has dropped them, and e's bit in its group's masks may belong to
+// another endpoint by now.
+func (x *Index) clear(e *iendpoint) {
 	e.mu.Lock()
-	x.clearLocked(e)
+	if !e.removed {
+		x.clearLocked(e)
+	}
 	e.mu.Unlock()
 }
 
@@ -472,7 +543,8 @@ type IndexStats struct {
 	Entries, Keys, Endpoints int
 	// BlockSize is the block size in tokens (0 until learned).
 	BlockSize int
-	// Orphans counts BlockStored events dropped for an unknown parent;
+	// Orphans counts BlockStored events dropped for an unknown parent, and
+	// those without token ids that named unknown blocks;
 	// UnknownRemoves BlockRemoved hashes never stored; Evictions entries
 	// dropped for capacity; BlockSizeMismatches events with another block
 	// size.

@@ -79,11 +79,13 @@
 // over the interval (default 100 ms), each scrape has a timeout (default 1s;
 // scrapes of one endpoint never overlap) and a body size cap (4 MiB), the http.Client is passed in, and
 // a failed scrape is recorded with View.ObserveError. Manager owns the loops:
-// Sync starts, restarts and stops them (waiting for each to exit), Close
-// stops all; its per-endpoint metrics (kvroute_endpoint_signal_age_seconds,
-// kvroute_endpoint_scrape_errors_total, kvroute_endpoint_waiting, ..._running,
-// ..._kv_usage, KV-event counters) are collected from the live state on the
-// Registerer it was given. Lock order: Manager.mu, then a View's,
+// Sync starts, restarts and stops them (waiting for each to exit; a changed
+// endpoint whose KV-event target is the same keeps its subscriber, one whose
+// target changed has its entries removed from the old Sink before a new
+// subscriber starts from scratch), Close stops all; its per-endpoint metrics
+// (kvroute_endpoint_signal_age_seconds, kvroute_endpoint_scrape_errors_total,
+// kvroute_endpoint_waiting, ..._running, ..._kv_usage, KV-event counters)
+// are collected from the live state on the Registerer it was given. Lock order: Manager.mu, then a View's,
 // Scraper's or Subscriber's own lock.
 //
 // # KV-cache events
@@ -117,6 +119,12 @@
 //	new connection to a listening socket (tcp, ipc), after its ZMTP handshake
 //	                     the same check at once, before any of its batches; then a catch-up
 //	                     if nothing of the engine's is trusted
+//
+// Events of one KV cache group feed the Sink: group 0, or, once a
+// BlockStored names a full-attention group (kv_cache_spec_kind), that
+// group (a hybrid model's group 0 may be a sliding-window or Mamba one). A
+// BlockStored without token ids (vLLM's CPU offloading names its copies by
+// hash alone) adds its tier to blocks the endpoint stored with their tokens.
 //
 // Run owns the sockets and re-dials after failures (after DialRetry) or a
 // silence of IdleReconnect (at once); in listen mode the listening socket

@@ -740,7 +740,12 @@ func (dec *EventDecoder) event(ev *KVEvent) error {
 	if !hadExtra {
 		ev.ExtraKeys = nil
 	}
-	if ev.Kind == EventBlockStored && ev.BlockSize > 0 && len(ev.TokenIDs) != ev.BlockSize*len(ev.BlockHashes) {
+	// A BlockStored without token ids is legal: vLLM's OffloadingConnector
+	// reports the blocks it copies to the CPU tier by hash alone
+	// (token_ids=[], parent None, medium "CPU"); the Sink keys them by the
+	// blocks' earlier GPU stores.
+	if ev.Kind == EventBlockStored && ev.BlockSize > 0 && len(ev.TokenIDs) > 0 &&
+		len(ev.TokenIDs) != ev.BlockSize*len(ev.BlockHashes) {
 		return fmt.Errorf("BlockStored: %d token ids for %d blocks of %d", len(ev.TokenIDs), len(ev.BlockHashes), ev.BlockSize)
 	}
 	return nil

@@ -45,7 +45,8 @@ type managed struct {
 	target  Target
 	scraper *Scraper
 	sub     *Subscriber
-	loops   []*loop
+	// scrapeLoop and subLoop run scraper and sub (nil when there is none).
+	scrapeLoop, subLoop *loop
 }
 
 // NewManager returns a Manager with no endpoints and registers its
@@ -72,8 +73,12 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 
 // Sync makes the running endpoints those of targets: new ones start,
 // missing ones stop (and their KV-event entries are removed from their
-// Sink), changed ones restart. It validates every target first and changes
-// nothing when one is invalid.
+// Sink), changed ones restart. A changed endpoint whose KVEvents are the
+// same keeps its subscriber (and its entries); one whose KVEvents changed
+// gets a new subscriber, and its entries are removed from the old Sink
+// first: the new subscription (maybe of another engine) rebuilds them from
+// scratch. It validates every target first and changes nothing when one is
+// invalid.
 func (m *Manager) Sync(targets []Target) error {
 	want := make(map[string]Target, len(targets))
 	for _, t := range targets {
@@ -95,10 +100,11 @@ func (m *Manager) Sync(targets []Target) error {
 		return errors.New("signals manager: closed")
 	}
 	for name, t := range want {
-		if cur := m.targets[name]; cur != nil && sameTarget(cur.target, t) {
+		cur := m.targets[name]
+		if cur != nil && sameTarget(cur.target, t) {
 			continue
 		}
-		mg, err := m.build(t)
+		mg, err := m.build(t, cur)
 		if err != nil {
 			return err
 		}
@@ -106,24 +112,31 @@ func (m *Manager) Sync(targets []Target) error {
 	}
 	// Stop removed and changed endpoints, then start the new ones.
 	for name, cur := range m.targets {
-		t, keep := want[name]
-		if keep && built[name] == nil {
+		_, keep := want[name]
+		mg := built[name]
+		if keep && mg == nil {
 			continue
 		}
-		for _, l := range cur.loops {
-			l.stop()
+		cur.scrapeLoop.stop()
+		if mg == nil || mg.sub != cur.sub {
+			cur.subLoop.stop()
+			if ev := cur.target.KVEvents; ev != nil {
+				// Its entries came from a subscription that ends here:
+				// a new one catches up with its engine's history from
+				// scratch, and re-applying batches already applied
+				// would count every block held twice (as a second
+				// copy, kept after its removal).
+				ev.Sink.Remove(name)
+			}
 		}
 		delete(m.targets, name)
-		if ev := cur.target.KVEvents; ev != nil && (!keep || t.KVEvents == nil || t.KVEvents.Sink != ev.Sink) {
-			ev.Sink.Remove(name)
-		}
 	}
 	for name, mg := range built {
 		if mg.scraper != nil {
-			mg.loops = append(mg.loops, startLoop(m.ctx, mg.scraper.Run))
+			mg.scrapeLoop = startLoop(m.ctx, mg.scraper.Run)
 		}
-		if mg.sub != nil {
-			mg.loops = append(mg.loops, startLoop(m.ctx, mg.sub.Run))
+		if mg.sub != nil && mg.subLoop == nil {
+			mg.subLoop = startLoop(m.ctx, mg.sub.Run)
 		}
 		m.targets[name] = mg
 	}
@@ -133,10 +146,34 @@ func (m *Manager) Sync(targets []Target) error {
 func sameTarget(a, b Target) bool {
 	return a.Endpoint == b.Endpoint && a.MetricsURL == b.MetricsURL && a.Flavor == b.Flavor && a.View == b.View &&
 		reflect.ValueOf(a.OnMetrics).Pointer() == reflect.ValueOf(b.OnMetrics).Pointer() &&
-		reflect.DeepEqual(a.KVEvents, b.KVEvents)
+		sameKVEvents(a.KVEvents, b.KVEvents)
 }
 
-func (m *Manager) build(t Target) (*managed, error) {
+// sameKVEvents reports whether two KV-event targets are the same
+// subscription into the same Sink.
+func sameKVEvents(a, b *KVEventsTarget) bool {
+	if a == nil || b == nil {
+		return a == b
+	}
+	return a.Address == b.Address && a.ReplayAddress == b.ReplayAddress && a.Topic == b.Topic && a.Listen == b.Listen &&
+		sameSink(a.Sink, b.Sink)
+}
+
+// sameSink compares two Sinks with ==: pointers by identity, never by
+// content (reflect.DeepEqual would walk an index that is large and written
+// concurrently). Sinks of a type == cannot compare are never the same.
+func sameSink(a, b Sink) (same bool) {
+	defer func() {
+		if recover() != nil {
+			same = false
+		}
+	}()
+	return a == b
+}
+
+// build returns the loops of t; cur, when not nil, is the endpoint's
+// running state, whose subscriber t keeps when its KVEvents are the same.
+func (m *Manager) build(t Target, cur *managed) (*managed, error) {
 	mg := &managed{target: t}
 	if t.MetricsURL != "" {
 		s, err := NewScraper(m.cfg.Scrape, t)
@@ -145,7 +182,9 @@ func (m *Manager) build(t Target) (*managed, error) {
 		}
 		mg.scraper = s
 	}
-	if ev := t.KVEvents; ev != nil {
+	if cur != nil && cur.sub != nil && sameKVEvents(cur.target.KVEvents, t.KVEvents) {
+		mg.sub, mg.subLoop = cur.sub, cur.subLoop
+	} else if ev := t.KVEvents; ev != nil {
 		sub, err := NewSubscriber(SubscriberConfig{Endpoint: t.Endpoint, Address: ev.Address, ReplayAddress: ev.ReplayAddress,
 			Topic: ev.Topic, Listen: ev.Listen, Sink: ev.Sink, Logger: m.cfg.Logger})
 		if err != nil {
@@ -167,9 +206,8 @@ func (m *Manager) Close() {
 	m.closed = true
 	m.end()
 	for _, mg := range m.targets {
-		for _, l := range mg.loops {
-			l.stop()
-		}
+		mg.scrapeLoop.stop()
+		mg.subLoop.stop()
 	}
 	m.mu.Unlock()
 	if m.cfg.Registerer != nil {

@@ -141,8 +141,9 @@ type SubscriberStatus struct {
 	// after the first, each checked for an engine restart.
 	Gaps, Replays, Resyncs, Restarts, Reconnects uint64
 	// DecodeErrors counts undecodable batches; Orphans BlockStored events
-	// whose parent was unknown; StoreErrors other rejected events; Skipped
-	// events of other KV cache groups and unknown types.
+	// whose parent was unknown, or without token ids (CPU offloading) naming
+	// blocks never stored with them; StoreErrors other rejected events;
+	// Skipped events of other KV cache groups and unknown types.
 	DecodeErrors, Orphans, StoreErrors, Skipped uint64
 	LastError                                   string
 }
@@ -184,6 +185,11 @@ type Subscriber struct {
 	dec   *EventDecoder
 	batch EventBatch
 	salts []uint64
+	// group is the KV cache group whose events feed the Sink: 0 until a
+	// BlockStored names a full-attention group (fullSeen), then the first
+	// such group (see followGroup).
+	group    int
+	fullSeen bool
 
 	started  bool
 	next     uint64 // the sequence number expected next
@@ -713,10 +719,11 @@ func (s *Subscriber) apply(seq uint64, payload []byte) {
 	}
 	var stored, orphans, storeErrs, skipped uint64
 	var lastErr error
+	s.followGroup(&s.batch)
 	for i := range s.batch.Events {
 		ev := &s.batch.Events[i]
-		if ev.GroupIdx != 0 {
-			skipped++ // other KV cache groups (sliding window, mamba) do not serve prefixes
+		if ev.GroupIdx != s.group && ev.Kind != EventAllBlocksCleared {
+			skipped++ // other KV cache groups (sliding window, mamba) do not decide prefix hits
 			continue
 		}
 		switch ev.Kind {
@@ -727,7 +734,7 @@ func (s *Subscriber) apply(seq uint64, payload []byte) {
 			})
 			stored += uint64(n)
 			switch {
-			case errors.Is(err, kvindex.ErrUnknownParent):
+			case errors.Is(err, kvindex.ErrUnknownParent), errors.Is(err, kvindex.ErrUnknownBlocks):
 				orphans++
 			case err != nil:
 				storeErrs++
@@ -755,6 +762,46 @@ func (s *Subscriber) apply(seq uint64, payload []byte) {
 			st.LastError = lastErr.Error()
 		}
 	})
+}
+
+// followGroup picks, from the BlockStored events of batch, the KV cache
+// group whose events feed the Sink. A hybrid model (sliding-window or Mamba
+// layers besides full attention: Gemma 3, GPT-OSS, Qwen3-Next ...) has one
+// group per layer type, numbered in the order the model's layers first use
+// each type, and vLLM publishes every group's blocks in the step's batch,
+// BlockStored events naming their group's kind (kv_cache_spec_kind),
+// BlockRemoved events only its index. The prefix a request can reuse is the
+// full-attention group's (a sliding-window group frees the blocks outside
+// its window early; a Mamba group has another block size), and group 0 is
+// often another kind (Gemma 3's first layer is a sliding-window one). So
+// the first full-attention group a BlockStored names is followed from its
+// batch on; until one does (engines that send no kinds: older vLLM,
+// SGLang; models without full attention), group 0. Were another group's
+// entries taken before, they are dropped.
+func (s *Subscriber) followGroup(batch *EventBatch) {
+	if s.fullSeen {
+		return
+	}
+	for i := range batch.Events {
+		ev := &batch.Events[i]
+		if ev.Kind != EventBlockStored || !fullAttention(ev.SpecKind) {
+			continue
+		}
+		s.fullSeen = true
+		if ev.GroupIdx != s.group {
+			s.cfg.Logger.Info("kv events: following the full-attention KV cache group", "endpoint", s.cfg.Endpoint,
+				"group", ev.GroupIdx, "kind", ev.SpecKind, "was", s.group)
+			s.group = ev.GroupIdx
+			s.cfg.Sink.Clear(s.cfg.Endpoint)
+		}
+		return
+	}
+}
+
+// fullAttention reports whether a KV cache spec kind keeps every block of a
+// prefix (vLLM's full_attention, mla_attention, sink_full_attention).
+func fullAttention(kind string) bool {
+	return kind == "full_attention" || kind == "mla_attention" || strings.HasSuffix(kind, "_full_attention")
 }
 
 // saltsFor returns per-block salts for blocks whose engine hash covers more
