@@ -145,6 +145,10 @@ type Outcome struct {
 	TTFT time.Duration
 	// Failed reports an error response or a transport failure.
 	Failed bool
+	// Decode marks the decode leg of a disaggregated request: its TTFT is
+	// the KV pull and one decode step after the prefill leg, not a
+	// prefill, so a learner of prefill rates skips it.
+	Decode bool
 }
 
 // Learner is implemented by pickers that learn from outcomes (e.g. per

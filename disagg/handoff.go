@@ -696,7 +696,7 @@ func (x *exchange) legFailed(f *router.Flight, lerr *LegError) {
 		h.log.Warn("pd: leg failed", "request_id", x.req.ID, "leg", lerr.Leg, "endpoint", lerr.Endpoint, "reason", lerr.Reason,
 			"status", lerr.Status, "error", lerr.Err)
 	}
-	h.cfg.Router.Done(now, f, kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, Failed: true})
+	h.cfg.Router.Done(now, f, kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, Failed: true, Decode: lerr.Leg == "decode"})
 	h.cfg.Metrics.failure(h.cfg.Model, lerr.Leg, lerr.Reason)
 	x.last = lerr
 	x.res.Err = lerr
@@ -791,7 +791,8 @@ func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time) {
 			x.res.Status = StatusClientClosed
 		}
 	}
-	h.cfg.Router.Done(h.cfg.Now(), f, kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, TTFT: ttft, Failed: failed})
+	h.cfg.Router.Done(h.cfg.Now(), f, kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, TTFT: ttft, Failed: failed,
+		Decode: x.res.Disaggregated})
 }
 
 // eventTail is the last bytes of a response passed on to the client: did

@@ -391,9 +391,13 @@ func (p *Planner) purge(now time.Time) {
 	}
 }
 
-// Observe implements kvroute.Learner by passing prefill-leg outcomes on to
-// the prefill picker.
+// Observe implements kvroute.Learner by passing the outcomes of prefill
+// legs and of requests placed whole on one node on to the prefill picker:
+// a decode leg's (Outcome.Decode) TTFT measures the KV pull, not a prefill.
 func (p *Planner) Observe(now time.Time, o kvroute.Outcome) {
+	if o.Decode {
+		return
+	}
 	if l, ok := p.prefill.(kvroute.Learner); ok {
 		l.Observe(now, o)
 	}

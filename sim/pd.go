@@ -80,8 +80,8 @@ func (c *Config) pdOn() bool {
 // newPlanner builds router replica k's P/D planner.
 func (s *simulation) newPlanner(k int, prof engine.Profile) (*disagg.Planner, error) {
 	pc := s.cfg.PD
-	var prefill kvroute.Picker
-	if !(s.cfg.Policy == policy.NameKVAware && len(s.cfg.PolicyParams) == 0) {
+	prefill := s.cfg.Picker // nil: the Planner's own kv-aware
+	if prefill == nil && !(s.cfg.Policy == policy.NameKVAware && len(s.cfg.PolicyParams) == 0) {
 		p, err := policy.New(s.cfg.Policy, s.cfg.PolicyParams, s.cfg.Seed+uint64(k))
 		if err != nil {
 			return nil, err
@@ -248,9 +248,6 @@ func (c *Config) pdValidate() error {
 	case "", disagg.ModeConditional, disagg.ModeAlways, disagg.ModeNever:
 	default:
 		return fmt.Errorf("sim: config: pd.mode must be conditional, always or never, got %q", c.PD.Mode)
-	}
-	if c.Picker != nil {
-		return fmt.Errorf("sim: config: a custom Picker cannot place a P/D fleet")
 	}
 	links := c.pdLinks()
 	if err := links.Validate(); err != nil {

@@ -5,6 +5,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/disagg"
 	"github.com/kvroute/kvroute/workload"
 )
@@ -113,5 +114,55 @@ func TestPDFleetParse(t *testing.T) {
 	cfg.applyDefaults()
 	if err := cfg.Validate(); err == nil {
 		t.Error("bad mode: got no error")
+	}
+}
+
+// learningPicker places the prefill stage on the first healthy candidate
+// and records the outcomes it is taught.
+type learningPicker struct{ got []kvroute.Outcome }
+
+func (l *learningPicker) Pick(_ time.Time, _ *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
+	for i, c := range cands {
+		if c.Healthy {
+			return kvroute.Chose("learn", cands, i, "first healthy")
+		}
+	}
+	return kvroute.None("learn", "none")
+}
+
+func (l *learningPicker) Observe(_ time.Time, o kvroute.Outcome) { l.got = append(l.got, o) }
+
+// TestPDPrefillPolicyLearnsPrefillLegs: a custom Picker places the prefill
+// stage of a P/D fleet, and learns only from the prefill legs: a decode
+// leg's TTFT is the KV pull, not a prefill.
+func TestPDPrefillPolicyLearnsPrefillLegs(t *testing.T) {
+	f := Fleet{{Count: 1, Profile: "tiny", NumGPUBlocks: 256, Role: "prefill"}, {Count: 1, Profile: "tiny", NumGPUBlocks: 256, Role: "decode"}}
+	lp := &learningPicker{}
+	reqs := smallChat(t, 30, 20, 1)
+	res, err := Run(context.Background(), Config{Fleet: f, Seed: 1, Picker: lp, PD: PDConfig{Mode: disagg.ModeAlways}}, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	completed := 0
+	for i := range res.Records {
+		if res.Records[i].OK() {
+			completed++
+		}
+	}
+	if completed == 0 {
+		t.Fatal("no request completed")
+	}
+	prefill := res.Engines[0].ID
+	n := 0
+	for _, o := range lp.got {
+		if o.Decode || o.Endpoint != prefill {
+			t.Errorf("the prefill policy was taught %+v, want only outcomes of %s's prefill legs", o, prefill)
+		}
+		if !o.Failed {
+			n++
+		}
+	}
+	if n != completed {
+		t.Errorf("taught %d prefill outcomes, want one per completed request (%d)", n, completed)
 	}
 }

@@ -33,7 +33,8 @@ type Config struct {
 	// PolicyParams are the policy's parameters (nil = defaults).
 	PolicyParams map[string]any
 	// Picker, when set, is used instead of building Policy (tests, custom
-	// policies); Policy then only names it in the report.
+	// policies); Policy then only names it in the report. With prefill or
+	// decode engines it places the prefill stage, as Policy would.
 	Picker kvroute.Picker
 	// Seed seeds the policy and the scrape phases; the same seed, config and
 	// workload give the same result.
@@ -806,6 +807,7 @@ func (s *simulation) done(i int32) {
 		CachedTokens: st.cached,
 		TTFT:         st.ttft,
 		Failed:       failed,
+		Decode:       st.pd != nil, // the decode leg (the prefill's ended in pdPrefilled)
 	})
 	s.finish(i)
 }

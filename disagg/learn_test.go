@@ -1,5 +1,3 @@
-//go:build kvroute_known_issues
-
 package disagg
 
 import (
@@ -14,9 +12,6 @@ import (
 	"github.com/kvroute/kvroute/emulator"
 	"github.com/kvroute/kvroute/router"
 )
-
-// Known issues, not fixed in this package: run with
-// go test -tags kvroute_known_issues ./disagg
 
 // learningPicker is a prefill policy that picks the first healthy
 // candidate and records the outcomes it is taught from.
@@ -40,14 +35,12 @@ func (l *learningPicker) Observe(_ time.Time, o kvroute.Outcome) {
 	l.mu.Unlock()
 }
 
-// TestPlannerTeachesPrefillPolicyPrefillLegsOnly: Planner.Observe says it
-// passes prefill-leg outcomes to the prefill policy, but the router calls
-// it for every flight, the decode leg's included (Router.Done -> Learner):
-// kv-aware with learn: true then learns a "prefill rate" from the decode
-// engine's TTFT (the KV pull and one decode step, full prompt, cached
-// unknown), dragging its fleet-wide rate towards its lower clamp. The
-// Outcome carries no request, so the Planner cannot tell the legs apart;
-// the simulator (sim/pd.go) feeds decode-leg outcomes the same way.
+// TestPlannerTeachesPrefillPolicyPrefillLegsOnly: the router reports every
+// flight's outcome to its picker (Router.Done -> Learner), the decode leg's
+// included, whose TTFT is the KV pull and a decode step; the Planner passes
+// on only the prefill leg's (kv-aware with learn: true learned a "prefill
+// rate" from the decode engine's TTFT, which dragged its fleet-wide rate
+// towards its lower clamp).
 func TestPlannerTeachesPrefillPolicyPrefillLegsOnly(t *testing.T) {
 	lp := &learningPicker{}
 	pl, err := NewPlanner(Config{Profile: mustProfile(t, "tiny"), Mode: ModeAlways, Seed: 1, Prefill: lp,
@@ -74,6 +67,9 @@ func TestPlannerTeachesPrefillPolicyPrefillLegsOnly(t *testing.T) {
 	}
 	lp.mu.Lock()
 	defer lp.mu.Unlock()
+	if len(lp.got) != 1 {
+		t.Errorf("the prefill policy was taught %d outcomes, want 1 (the prefill leg's): %+v", len(lp.got), lp.got)
+	}
 	for _, o := range lp.got {
 		if o.Endpoint != "p" {
 			t.Errorf("the prefill policy was taught %+v, the outcome of the decode leg on %s", o, o.Endpoint)
