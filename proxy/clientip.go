@@ -1,6 +1,8 @@
 package proxy
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"math/rand/v2"
 	"net/http"
 	"net/netip"
@@ -25,7 +27,8 @@ const (
 	// HeaderKVSession is a trusted client's session key (wins over
 	// HeaderSession).
 	HeaderKVSession = "X-Kvroute-Session"
-	// HeaderTenant is a trusted client's tenant (wins over the "user" field).
+	// HeaderTenant is a trusted client's tenant (wins over the API key and
+	// the "user" field; see tenantOf).
 	HeaderTenant = "X-Kvroute-Tenant"
 	// HeaderEndpoint names the chosen endpoint on responses when debug is on.
 	HeaderEndpoint = "X-Kvroute-Endpoint"
@@ -122,4 +125,33 @@ func validRequestID(id string) bool {
 		}
 	}
 	return true
+}
+
+// tenantOf returns the tenant a request counts against for fairness
+// (kv-aware's tenant cap, the queue's turns): a trusted client's
+// HeaderTenant; else the API key it authenticates with (Authorization:
+// Bearer), which a client cannot mint at will as it can "user" values,
+// named "key:" and a digest so that no log, decision or metric shows the
+// key; else the body's "user" field ("" for none: the default tenant).
+func tenantOf(r *http.Request, trusted bool, user string) string {
+	if trusted {
+		if t := r.Header.Get(HeaderTenant); t != "" {
+			return t
+		}
+	}
+	if key := bearerToken(r.Header.Get("Authorization")); key != "" {
+		sum := sha256.Sum256([]byte(key))
+		return "key:" + hex.EncodeToString(sum[:8])
+	}
+	return user
+}
+
+// bearerToken returns the token of an "Authorization: Bearer TOKEN" value
+// (the scheme is case-insensitive), or "".
+func bearerToken(auth string) string {
+	const scheme = "bearer "
+	if len(auth) <= len(scheme) || !strings.EqualFold(auth[:len(scheme)], scheme) {
+		return ""
+	}
+	return strings.TrimSpace(auth[len(scheme):])
 }

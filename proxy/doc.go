@@ -48,6 +48,15 @@
 // 503 like the others in progress. kvroute_queued_requests_total counts
 // the requests held, shed ones and those in line behind others alike.
 // Retries (later attempts) are not queued.
+//
+// # Tenants
+//
+// A request's tenant (kv-aware's tenant fairness, the line's turns) is a
+// trusted client's X-Kvroute-Tenant header; else the API key it
+// authenticates with (Authorization: Bearer), named "key:" and the first
+// 8 bytes of its SHA-256 in hex, so the key itself appears in no log,
+// decision or metric; else the body's "user" field. A client cannot mint
+// API keys as it can "user" values to take more turns.
 // P/D pools queue their first placements the same way
 // (disagg.HandoffConfig.Admit).
 //

@@ -95,7 +95,7 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 	req := &kvroute.Request{
 		ID:           routeID,
 		Model:        ri.Model,
-		Tenant:       ri.User,
+		Tenant:       tenantOf(r, trusted, ri.User),
 		SessionKey:   pl.session.key(r.Header, &ri),
 		Prompt:       ri.Prompt,
 		PromptTokens: ri.PromptTokens(),
@@ -109,9 +109,6 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 		}
 	}
 	if trusted {
-		if t := r.Header.Get(HeaderTenant); t != "" {
-			req.Tenant = t
-		}
 		if s := r.Header.Get(HeaderKVSession); s != "" {
 			req.SessionKey = s
 		}

@@ -4,6 +4,8 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -729,6 +731,13 @@ func TestSessionAndTenantReachTheRouter(t *testing.T) {
 		{"session header", nil, map[string]string{"X-Session-Id": "s1"}, "s1", "alice"},
 		{"untrusted routing headers ignored", nil, map[string]string{"X-Session-Id": "s1", "X-Kvroute-Session": "s2", "X-Kvroute-Tenant": "t2"}, "s1", "alice"},
 		{"trusted routing headers win", []string{"127.0.0.1"}, map[string]string{"X-Session-Id": "s1", "X-Kvroute-Session": "s2", "X-Kvroute-Tenant": "t2"}, "s2", "t2"},
+		// The API key, which a client cannot vary as it can "user", names
+		// the tenant, by a digest: the key shows nowhere.
+		{"api key wins over the user field", nil, map[string]string{"Authorization": "Bearer sk-secret-1"}, "", keyTenant("sk-secret-1")},
+		{"api key scheme is case-insensitive", nil, map[string]string{"Authorization": "bearer sk-secret-1"}, "", keyTenant("sk-secret-1")},
+		{"another api key, another tenant", nil, map[string]string{"Authorization": "Bearer sk-secret-2"}, "", keyTenant("sk-secret-2")},
+		{"not a bearer token", nil, map[string]string{"Authorization": "Basic dTpw"}, "", "alice"},
+		{"trusted tenant header wins over the api key", []string{"127.0.0.1"}, map[string]string{"Authorization": "Bearer sk-secret-1", "X-Kvroute-Tenant": "t2"}, "", "t2"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -744,8 +753,20 @@ func TestSessionAndTenantReachTheRouter(t *testing.T) {
 			if len(d) != 1 || d[0].SessionKey != tc.wantSession || d[0].Tenant != tc.wantTenant {
 				t.Errorf("decision: got %+v, want session %q tenant %q", d, tc.wantSession, tc.wantTenant)
 			}
+			if b, _ := json.Marshal(d); bytes.Contains(b, []byte("sk-secret")) {
+				t.Errorf("the decision log shows the API key: %s", b)
+			}
 		})
 	}
+	if keyTenant("sk-secret-1") == keyTenant("sk-secret-2") {
+		t.Error("two API keys share a tenant")
+	}
+}
+
+// keyTenant is the tenant of requests authenticated with key.
+func keyTenant(key string) string {
+	sum := sha256.Sum256([]byte(key))
+	return "key:" + hex.EncodeToString(sum[:8])
 }
 
 // TestWithEveryPolicy routes through the real policies: every one must
