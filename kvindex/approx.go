@@ -122,6 +122,7 @@ type Approx struct {
 type agroup struct {
 	tab   *atable // nil when Serialized
 	stab  *btable // Serialized only
+	base  int     // the group's first slot number (Slot.Index): 64 times its place in groups
 	names [64]atomic.Pointer[string]
 	// room is each endpoint's capacity less its live entries (Slot.Room),
 	// and oldest the Unix nanosecond time of its least recent entry
@@ -160,7 +161,7 @@ func (a *Approx) endpoint(name string) *aendpoint {
 		}
 	}
 	if g == nil {
-		g = &agroup{}
+		g = &agroup{base: 64 * len(groups)}
 		if a.cfg.Serialized {
 			g.stab = newBTable()
 		} else {
@@ -379,6 +380,16 @@ func (s Slot) Oldest() time.Time {
 	return time.Time{}
 }
 
+// Index returns the slot's number in its Approx, -1 for the zero Slot:
+// slots are numbered from 0, densely while no endpoint is removed, and
+// MatchSlots names its hits by it.
+func (s Slot) Index() int {
+	if s.g == nil {
+		return -1
+	}
+	return s.g.base + s.i
+}
+
 // Clear drops all of endpoint's entries; its capacity and Slot stay.
 func (a *Approx) Clear(endpoint string) {
 	a.mu.Lock()
@@ -465,40 +476,78 @@ func (a *Approx) MatchUnordered(now time.Time, hashes []uint64, dst []Hit) []Hit
 		return dst
 	}
 	a.expireAt(now)
+	var depth [64]int32
 	for _, g := range *a.groups.Load() {
-		first := g.get(nonZero(hashes[0]))
-		if first == 0 {
-			continue
+		for b := g.depths(hashes, &depth); b != 0; b &= b - 1 {
+			i := bits.TrailingZeros64(b)
+			dst = g.hit(dst, i, int(depth[i]))
 		}
-		last := first
-		if n > 1 {
-			last = g.get(nonZero(hashes[n-1])) & first
-		}
-		for b := last; b != 0; b &= b - 1 {
-			dst = g.hit(dst, bits.TrailingZeros64(b), n)
-		}
-		dst = g.bisect(dst, hashes, 0, first, n-1, last)
 	}
 	return dst
 }
 
-// bisect appends the hits of the endpoints that hold block lo of hashes
+// SlotHit is a hit of MatchSlots: the endpoint with the Slot numbered Slot
+// (Slot.Index) holds the first Blocks blocks of the prompt.
+type SlotHit struct {
+	Slot, Blocks int32
+}
+
+// MatchSlots is MatchUnordered with the hits naming their endpoints by
+// slot number rather than by name: the router, which keeps its endpoints
+// by slot, finds each hit's without a lookup by name.
+func (a *Approx) MatchSlots(now time.Time, hashes []uint64, dst []SlotHit) []SlotHit {
+	if len(hashes) == 0 {
+		return dst
+	}
+	a.expireAt(now)
+	var depth [64]int32
+	for _, g := range *a.groups.Load() {
+		for b := g.depths(hashes, &depth); b != 0; b &= b - 1 {
+			if i := bits.TrailingZeros64(b); g.names[i].Load() != nil {
+				dst = append(dst, SlotHit{Slot: int32(g.base + i), Blocks: depth[i]})
+			}
+		}
+	}
+	return dst
+}
+
+// depths finds, for each endpoint of the group holding the first block of
+// the chain hashes (not empty), how many leading blocks it holds: it
+// returns their mask and sets depth[i] for each endpoint i in it.
+func (g *agroup) depths(hashes []uint64, depth *[64]int32) uint64 {
+	n := len(hashes)
+	first := g.get(nonZero(hashes[0]))
+	if first == 0 {
+		return 0
+	}
+	last := first
+	if n > 1 {
+		last = g.get(nonZero(hashes[n-1])) & first
+	}
+	for b := last; b != 0; b &= b - 1 {
+		depth[bits.TrailingZeros64(b)] = int32(n)
+	}
+	g.bisect(depth, hashes, 0, first, n-1, last)
+	return first
+}
+
+// bisect sets the depths of the endpoints that hold block lo of hashes
 // (mask mlo) but not block hi (mask mhi, a subset of mlo): each holds a
 // prefix ending in [lo, hi).
-func (g *agroup) bisect(dst []Hit, hashes []uint64, lo int, mlo uint64, hi int, mhi uint64) []Hit {
+func (g *agroup) bisect(depth *[64]int32, hashes []uint64, lo int, mlo uint64, hi int, mhi uint64) {
 	if mlo&^mhi == 0 {
-		return dst
+		return
 	}
 	if hi-lo == 1 {
 		for b := mlo &^ mhi; b != 0; b &= b - 1 {
-			dst = g.hit(dst, bits.TrailingZeros64(b), hi)
+			depth[bits.TrailingZeros64(b)] = int32(hi)
 		}
-		return dst
+		return
 	}
 	mid := lo + (hi-lo)/2
 	mm := g.get(nonZero(hashes[mid]))&mlo | mhi
-	dst = g.bisect(dst, hashes, lo, mlo, mid, mm)
-	return g.bisect(dst, hashes, mid, mm, hi, mhi)
+	g.bisect(depth, hashes, lo, mlo, mid, mm)
+	g.bisect(depth, hashes, mid, mm, hi, mhi)
 }
 
 // get returns key's mask in the group's table.

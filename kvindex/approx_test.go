@@ -345,6 +345,9 @@ func approxDifferential(t *testing.T, seed uint64, cfg ApproxConfig, chains, sho
 			if sortHits(un); (len(un) > 0 || len(want) > 0) && !reflect.DeepEqual(un, want) {
 				t.Fatalf("seed %d step %d: MatchUnordered(%v), sorted\n got %+v\nwant %+v", seed, step, q, un, want)
 			}
+			if sl := slotHits(a, a.MatchSlots(now, q, nil)); (len(sl) > 0 || len(want) > 0) && !reflect.DeepEqual(sl, want) {
+				t.Fatalf("seed %d step %d: MatchSlots(%v), named and sorted\n got %+v\nwant %+v", seed, step, q, sl, want)
+			}
 		}
 	}
 	n := 0
@@ -734,6 +737,9 @@ func FuzzApprox(f *testing.F) {
 			if sortHits(un); (len(un) > 0 || len(want) > 0) && !reflect.DeepEqual(un, want) {
 				t.Fatalf("op %d: MatchUnordered(%v), sorted\n got %+v\nwant %+v", i/3, q, un, want)
 			}
+			if sl := slotHits(a, a.MatchSlots(now, q, nil)); (len(sl) > 0 || len(want) > 0) && !reflect.DeepEqual(sl, want) {
+				t.Fatalf("op %d: MatchSlots(%v), named and sorted\n got %+v\nwant %+v", i/3, q, sl, want)
+			}
 			for ep := range ref.lists {
 				if lo, hi := ref.room(now, ep); a.Slot(ep).Room() < lo || a.Slot(ep).Room() > hi {
 					t.Fatalf("op %d: %s's Room = %d, want %d..%d", i/3, ep, a.Slot(ep).Room(), lo, hi)
@@ -741,4 +747,21 @@ func FuzzApprox(f *testing.F) {
 			}
 		}
 	})
+}
+
+// slotHits converts MatchSlots' hits to Match's, named by the endpoints
+// whose Slot has their number, and sorted as Match sorts them.
+func slotHits(a *Approx, hits []SlotHit) []Hit {
+	var out []Hit
+	for _, h := range hits {
+		name := ""
+		for ep := range a.eps {
+			if a.Slot(ep).Index() == int(h.Slot) {
+				name = ep
+			}
+		}
+		out = append(out, Hit{Endpoint: name, Blocks: int(h.Blocks), Tier: kvroute.TierGPU, GPUBlocks: int(h.Blocks)})
+	}
+	sortHits(out)
+	return out
 }

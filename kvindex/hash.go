@@ -80,24 +80,45 @@ func HashText(text string, blockChars int, dst []uint64) []uint64 {
 // prevHashes = HashText(prev, blockChars, nil) (a prefix of it will do):
 // the leading blocks that text shares with prev byte for byte have the
 // same hashes, so those are kept and only the rest are hashed. Comparing
-// a block costs about half of hashing it, so a request that repeats the
-// previous one's system prompt or conversation skips that share of the
-// hashing.
+// bytes costs a fraction of hashing them, so a request that repeats the
+// previous one's system prompt or conversation skips most of that share
+// of the hashing.
 func HashTextAfter(text, prev string, blockChars int, prevHashes []uint64) []uint64 {
 	if blockChars <= 0 {
 		return prevHashes[:0]
 	}
 	n := len(text) / blockChars
-	k := 0
-	for k < n && k < len(prevHashes) && (k+1)*blockChars <= len(prev) &&
-		text[k*blockChars:(k+1)*blockChars] == prev[k*blockChars:(k+1)*blockChars] {
-		k++
-	}
+	k := min(n, len(prevHashes), len(prev)/blockChars)
+	k = sharedBlocks(text[:k*blockChars], prev[:k*blockChars], blockChars)
 	h := textSeed
 	if k > 0 {
 		h = prevHashes[k-1]
 	}
 	return hashTextFrom(text, blockChars, k, n, h, prevHashes[:k])
+}
+
+// sharedBlocks returns how many leading blocks of blockChars bytes a and b
+// have equal. It compares runs of blocks, doubling from 16 while they are
+// equal, then, from where one was not, runs of 16 and single blocks: one
+// long comparison runs at the memory's speed, where one per block pays a
+// call each.
+func sharedBlocks(a, b string, blockChars int) int {
+	n := min(len(a), len(b)) / blockChars
+	k := 0
+	for run := 16; k < n; run *= 2 {
+		end := min(k+run, n) * blockChars
+		if a[k*blockChars:end] != b[k*blockChars:end] {
+			break
+		}
+		k = end / blockChars
+	}
+	for k+16 <= n && a[k*blockChars:(k+16)*blockChars] == b[k*blockChars:(k+16)*blockChars] {
+		k += 16
+	}
+	for k < n && a[k*blockChars:(k+1)*blockChars] == b[k*blockChars:(k+1)*blockChars] {
+		k++
+	}
+	return k
 }
 
 // hashTextFrom appends to dst the hashes of text's blocks from to n-1, h
@@ -111,11 +132,45 @@ func HashTextAfter(text, prev string, blockChars int, prevHashes []uint64) []uin
 // side by side).
 func hashTextFrom(text string, blockChars, from, n int, h uint64, dst []uint64) []uint64 {
 	dst = grow(dst, n-from)
+	if blockChars == 128 {
+		for i := from; i < n; i++ {
+			h = chainText(h, xxh3Len128((*[128]byte)(unsafe.Pointer(unsafe.StringData(text[i*128:])))))
+			dst = append(dst, h)
+		}
+		return dst
+	}
 	for i := from; i < n; i++ {
 		h = chainText(h, xxh3.HashString(text[i*blockChars:(i+1)*blockChars]))
 		dst = append(dst, h)
 	}
 	return dst
+}
+
+// xxh3Len128 is xxh3.HashString of exactly 128 bytes (unseeded XXH3-64):
+// its path for 17-128 bytes written out for that length, with its reads
+// at fixed offsets and the default secret's words as constants. The
+// router's default block size is 128 bytes; its prompts' hashing takes
+// about 10% less CPU time so (BenchmarkHashText, user time side by side:
+// 1.63-1.72 s against 1.77-1.93 s). TestXXH3Len128 checks it against xxh3.
+func xxh3Len128(b *[128]byte) uint64 {
+	r := func(i int) uint64 { return binary.LittleEndian.Uint64(b[i:]) }
+	fold := func(x, y uint64) uint64 {
+		hi, lo := bits.Mul64(x, y)
+		return hi ^ lo
+	}
+	acc := uint64(0x1bbcd8c2f5e54380) // 128 * PRIME64_1, mod 2^64
+	acc += fold(r(0)^0xbe4ba423396cfeb8, r(8)^0x1cad21f72c81017c)
+	acc += fold(r(112)^0xdb979083e96dd4de, r(120)^0x1f67b3b7a4a44072)
+	acc += fold(r(16)^0x78e5c0cc4ee679cb, r(24)^0x2172ffcc7dd05a82)
+	acc += fold(r(96)^0x8e2443f7744608b8, r(104)^0x4c263a81e69035e0)
+	acc += fold(r(32)^0xcb00c391bb52283c, r(40)^0xa32e531b8b65d088)
+	acc += fold(r(80)^0x4ef90da297486471, r(88)^0xd8acdea946ef1938)
+	acc += fold(r(48)^0x3f349ce33f76faa8, r(56)^0x1d4f0bc7c7bbdcf9)
+	acc += fold(r(64)^0x3159b4cd4be0518a, r(72)^0x647378d9c97e9fc8)
+	// XXH3's avalanche.
+	acc ^= acc >> 37
+	acc *= 0x165667919e3779f9
+	return acc ^ acc>>32
 }
 
 // chainText folds a block's content hash c into the hash h of the blocks

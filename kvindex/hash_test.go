@@ -1,9 +1,12 @@
 package kvindex
 
 import (
+	"math/rand/v2"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/zeebo/xxh3"
 )
 
 func seqTokens(n int, start uint32) []uint32 {
@@ -156,4 +159,56 @@ func FuzzHashTextAfter(f *testing.F) {
 			t.Fatalf("HashText(%q, %d) has a 0 hash: %x", text, c, want)
 		}
 	})
+}
+
+// TestXXH3Len128: xxh3Len128 is xxh3's hash of 128 bytes, for text and
+// for random bytes.
+func TestXXH3Len128(t *testing.T) {
+	text := strings.Repeat("You are a careful assistant. ", 20)
+	rng := rand.New(rand.NewPCG(1, 2))
+	for i := range 2000 {
+		var b [128]byte
+		if i < len(text)-128 {
+			copy(b[:], text[i:])
+		} else {
+			for j := range b {
+				b[j] = byte(rng.Uint32())
+			}
+		}
+		if got, want := xxh3Len128(&b), xxh3.Hash(b[:]); got != want {
+			t.Fatalf("%q: got %x, want xxh3's %x", b[:], got, want)
+		}
+	}
+}
+
+// FuzzXXH3Len128: xxh3Len128 is xxh3's hash of any 128 bytes.
+func FuzzXXH3Len128(f *testing.F) {
+	f.Add(strings.Repeat("a", 128))
+	f.Fuzz(func(t *testing.T, s string) {
+		var b [128]byte
+		copy(b[:], s)
+		if got, want := xxh3Len128(&b), xxh3.Hash(b[:]); got != want {
+			t.Fatalf("%q: got %x, want xxh3's %x", b[:], got, want)
+		}
+	})
+}
+
+// TestSharedBlocks: sharedBlocks counts the leading equal blocks wherever
+// the first difference falls, up to the shorter text's whole blocks.
+func TestSharedBlocks(t *testing.T) {
+	base := strings.Repeat("0123456789abcdef", 300) // 4800 bytes
+	for _, bc := range []int{1, 7, 16, 128} {
+		for _, at := range []int{0, 1, 15, 16, 17, 100, 127, 128, 129, 1000, 2047, 2048, 4000, 4799, 4800} {
+			other := base
+			if at < len(base) {
+				other = base[:at] + "X" + base[at+1:]
+			}
+			if got, want := sharedBlocks(base, other, bc), at/bc; got != want {
+				t.Errorf("block %d, difference at %d: got %d, want %d", bc, at, got, want)
+			}
+			if got, want := sharedBlocks(base, base[:at], bc), at/bc; got != want {
+				t.Errorf("block %d, prefix of %d: got %d, want %d", bc, at, got, want)
+			}
+		}
+	}
 }

@@ -125,16 +125,25 @@ type Router struct {
 	gap    *kvindex.Approx // endpoints with KV events: routed but not yet reported
 	log    decisionLog
 	cands  []kvroute.Candidate // reused by Route (traded with the decision log's)
-	hits   []kvindex.Hit       // reused by Route
-	hashes []uint64            // reused by Route for character-block hashes: HashText(prompt)
-	prompt []byte              // a copy of the prompt of the last character-block hashes (see Route)
+	hits   []kvindex.Hit       // reused by Route (the precise index's)
+	// slotHits is reused by Route for the approximate indexes' hits,
+	// which name endpoints by slot number: bySlot and byGapSlot map those
+	// of approx and gap to indexes in eps (-1: none).
+	slotHits          []kvindex.SlotHit
+	bySlot, byGapSlot []int32
+	// matches is Route's scratch: each endpoint's prefix match, by index
+	// in eps (matchPrefixes).
+	matches []prefixMatch
+	hashes  []uint64 // reused by Route for character-block hashes: HashText(prompt)
+	prompt  []byte   // a copy of the prompt of the last character-block hashes (see Route)
 	// explainer is picker when it defers its explanations.
 	explainer DeferredExplainer
 	// anyPrecise: some endpoint publishes KV events, so gap may hold
 	// entries (Route records into gap only for those endpoints).
 	anyPrecise bool
-	// idCache finds the endpoint an index hit names without hashing the
-	// name (see endpointOf); byID is the fallback.
+	// idCache finds the endpoint a precise index hit names without
+	// hashing the name (see endpointOf); byID is the fallback. (The
+	// approximate indexes' hits name endpoints by slot: bySlot.)
 	idCache [1 << idCacheBits]*endpoint
 	// drained is signalled (never blocking) when a flight gets its first
 	// token or ends (see Drained).
@@ -145,6 +154,7 @@ const idCacheBits = 8
 
 type endpoint struct {
 	ep      kvroute.Endpoint
+	idx     int // in Router.eps
 	view    *signals.View
 	precise bool
 
@@ -158,13 +168,10 @@ type endpoint struct {
 	capTokens    int          // the KV capacity capBlocks was computed from
 	capUnit      int          // and the block unit: BlockSize, negated in character mode
 	slot         kvindex.Slot // its room in the approximate index
+	gapSlot      kvindex.Slot // and in gap
 
-	// Per-request scratch, protected by Router.mu.
-	cached int
-	tier   kvroute.Tier
-	prec   bool
-
-	// The view's last Load, protected by Router.mu: see currentLoad.
+	// The view's last Load, protected by Router.mu: see currentLoad. Its
+	// KVCapacityTokens falls back to the endpoint's configured one.
 	load             kvroute.Load
 	loadGen          uint64
 	loadFrom, loadTo time.Time
@@ -175,13 +182,18 @@ type endpoint struct {
 // endpoints' loads but changes at most one (its dispatch), and scrapes
 // come a few times a second: the Load is computed again only when the
 // view changed since (signals.View.Gen) or now is outside the times it
-// holds for (LoadUntil). Called with Router.mu held.
-func (e *endpoint) currentLoad(now time.Time) kvroute.Load {
+// holds for (LoadUntil). Called with Router.mu held. The Load returned is
+// e.load: a decision copies it once, into its candidate (a Load is 96
+// bytes, returned by value it was copied twice).
+func (e *endpoint) currentLoad(now time.Time) *kvroute.Load {
 	if g := e.view.Gen(); !e.loadValid || g != e.loadGen || now.Before(e.loadFrom) || now.After(e.loadTo) {
 		e.load, e.loadTo = e.view.LoadUntil(now)
+		if e.load.KVCapacityTokens == 0 {
+			e.load.KVCapacityTokens = e.ep.KVCapacityTokens
+		}
 		e.loadGen, e.loadFrom, e.loadValid = g, now, true
 	}
-	return e.load
+	return &e.load
 }
 
 // New returns a Router for cfg.
@@ -226,16 +238,21 @@ func New(cfg Config) (*Router, error) {
 		}
 		e := &endpoint{
 			ep:       ep,
+			idx:      len(r.eps),
 			view:     signals.NewView(signals.ViewConfig{StaleAfter: cfg.StaleAfter}),
 			precise:  precise[ep.ID] && cfg.Precise != nil,
 			activeOK: true,
 			slot:     r.approx.Slot(ep.ID),
+			gapSlot:  r.gap.Slot(ep.ID),
 		}
+		r.bySlot = setSlot(r.bySlot, e.slot, e.idx)
+		r.byGapSlot = setSlot(r.byGapSlot, e.gapSlot, e.idx)
 		r.eps = append(r.eps, e)
 		r.byID[ep.ID] = e
 		r.anyPrecise = r.anyPrecise || e.precise
 	}
 	r.cands = make([]kvroute.Candidate, len(r.eps))
+	r.matches = make([]prefixMatch, len(r.eps))
 	for i, e := range r.eps {
 		r.cands[i].Endpoint = &e.ep
 	}
@@ -365,22 +382,27 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 
 	healthy := 0
 	cands := r.cands
+	// Most endpoints hold the same number of blocks (none, or a shared
+	// system prompt): their tokens are converted once.
+	tokBlocks, tokens := 0, 0
 	for i, e := range r.eps {
 		c := &cands[i]
+		m := r.matches[i]
 		c.Healthy = e.healthyAt(now) && !contains(exclude, e.ep.ID)
 		if c.Healthy {
 			healthy++
 		}
-		c.Load = e.currentLoad(now)
-		if c.Load.KVCapacityTokens == 0 {
-			c.Load.KVCapacityTokens = e.ep.KVCapacityTokens
+		l := e.currentLoad(now)
+		c.Load = *l
+		c.CachedBlocks, c.Tier, c.Precise = m.cached, m.tier, m.prec
+		if m.cached != tokBlocks {
+			tokBlocks, tokens = m.cached, r.blocksToTokens(req, m.cached, charMode)
 		}
-		c.CachedBlocks, c.Tier, c.Precise = e.cached, e.tier, e.prec
-		c.CachedTokens = r.blocksToTokens(req, e.cached, charMode)
-		r.sizeApprox(e, c.Load.KVCapacityTokens, req, charMode)
+		c.CachedTokens = tokens
+		r.sizeApprox(e, l.KVCapacityTokens, req, charMode)
 		// What the endpoint does not hold of the prompt would be recorded
 		// there: past its room, other prompts' blocks are evicted.
-		c.Evicts = !e.precise && len(req.BlockHashes) > 0 && e.slot.Room() < len(req.BlockHashes)-e.cached
+		c.Evicts = !e.precise && len(req.BlockHashes) > 0 && e.slot.Room() < len(req.BlockHashes)-m.cached
 		c.Horizon = 0
 		if c.Evicts {
 			if o := e.slot.Oldest(); !o.IsZero() {
@@ -442,22 +464,35 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 	return f, nil
 }
 
-// matchPrefixes fills each endpoint's cached/tier scratch for req.
-func (r *Router) matchPrefixes(now time.Time, req *kvroute.Request) {
-	for _, e := range r.eps {
-		e.cached, e.tier, e.prec = 0, kvroute.TierNone, false
+// prefixMatch is one endpoint's prefix match for the request being
+// routed: the leading blocks it holds, their tier, and whether the precise
+// index said so.
+type prefixMatch struct {
+	cached int
+	tier   kvroute.Tier
+	prec   bool
+}
+
+// setSlot records in bySlot that slot s is endpoint i's.
+func setSlot(bySlot []int32, s kvindex.Slot, i int) []int32 {
+	for len(bySlot) <= s.Index() {
+		bySlot = append(bySlot, -1)
 	}
+	bySlot[s.Index()] = int32(i)
+	return bySlot
+}
+
+// matchPrefixes fills r.matches for req.
+func (r *Router) matchPrefixes(now time.Time, req *kvroute.Request) {
+	clear(r.matches)
 	if len(req.BlockHashes) == 0 {
 		return
 	}
-	r.hits = r.approx.MatchUnordered(now, req.BlockHashes, r.hits[:0])
+	r.slotHits = r.approx.MatchSlots(now, req.BlockHashes, r.slotHits[:0])
+	r.takeSlotHits(r.bySlot)
 	if r.anyPrecise {
-		r.hits = r.gap.MatchUnordered(now, req.BlockHashes, r.hits)
-	}
-	for _, h := range r.hits {
-		if e := r.endpointOf(h.Endpoint); e != nil && h.Blocks > e.cached {
-			e.cached, e.tier = h.Blocks, kvroute.TierGPU
-		}
+		r.slotHits = r.gap.MatchSlots(now, req.BlockHashes, r.slotHits[:0])
+		r.takeSlotHits(r.byGapSlot)
 	}
 	if r.cfg.Precise == nil {
 		return
@@ -468,9 +503,23 @@ func (r *Router) matchPrefixes(now time.Time, req *kvroute.Request) {
 		if e == nil || !e.precise {
 			continue
 		}
-		e.prec = true
-		if h.Blocks >= e.cached {
-			e.cached, e.tier = h.Blocks, h.Tier
+		m := &r.matches[e.idx]
+		m.prec = true
+		if h.Blocks >= m.cached {
+			m.cached, m.tier = h.Blocks, h.Tier
+		}
+	}
+}
+
+// takeSlotHits records r.slotHits, an approximate index's, in r.matches;
+// bySlot maps the index's slots to endpoints.
+func (r *Router) takeSlotHits(bySlot []int32) {
+	for _, h := range r.slotHits {
+		if int(h.Slot) >= len(bySlot) || bySlot[h.Slot] < 0 {
+			continue
+		}
+		if m := &r.matches[bySlot[h.Slot]]; int(h.Blocks) > m.cached {
+			m.cached, m.tier = int(h.Blocks), kvroute.TierGPU
 		}
 	}
 }
