@@ -32,7 +32,10 @@
 // reports each copy's BlockStored and BlockRemoved, so a block stays until
 // its last copy is removed. A BlockStored whose parent
 // was never seen (the router subscribed late, events were lost) cannot be
-// keyed and is counted as an orphan. Blocks whose engine hash covers more
+// keyed and is counted as an orphan. A BlockStored without token ids (vLLM's
+// CPU offloading names the blocks it copies by engine hash alone) adds its
+// tier to blocks the endpoint stored earlier with their tokens; blocks it
+// never did are skipped (ErrUnknownBlocks). Blocks whose engine hash covers more
 // than tokens (LoRA, multimodal inputs, cache salt) are keyed with a salt so
 // plain prompts never match them.
 //
