@@ -579,19 +579,31 @@ func (m *Model) validate(v *validator, p string) {
 	}
 	m.PD.validate(v, p+".pd")
 	ids := map[string]int{}
+	engines := map[string]int{} // engine URL and role -> first endpoint
 	decoders := 0
 	for i := range m.Endpoints {
 		e := &m.Endpoints[i]
 		ep := fmt.Sprintf("%s.endpoints[%d]", p, i)
+		sameEngine := false
 		if err := checkURL(e.URL); err != nil {
 			v.addf(ep+".url", "%q %v", e.URL, err)
+		} else if r, err := kvroute.ParseRole(e.Role); err == nil {
+			// One engine listed twice in a role would take twice its share
+			// of the pool's requests under two names.
+			key := engineKey(e.URL) + " " + r.String()
+			if j, dup := engines[key]; dup {
+				v.addf(ep+".url", "%q is the engine of %s.endpoints[%d] again; list each engine once", e.URL, p, j)
+				sameEngine = true
+			} else {
+				engines[key] = i
+			}
 		}
 		if e.ID == "" {
 			v.addf(ep+".id", "is empty")
-		} else if j, dup := ids[e.ID]; dup {
-			v.addf(ep+".id", "%q duplicates %s.endpoints[%d].id", e.ID, p, j)
-		} else {
+		} else if j, dup := ids[e.ID]; !dup {
 			ids[e.ID] = i
+		} else if !sameEngine { // else reported for the url
+			v.addf(ep+".id", "%q duplicates %s.endpoints[%d].id", e.ID, p, j)
 		}
 		if r, err := kvroute.ParseRole(e.Role); err != nil {
 			v.addf(ep+".role", "%q is not one of both, prefill, decode", e.Role)
@@ -688,6 +700,16 @@ func validFlavor(f string) bool {
 		}
 	}
 	return false
+}
+
+// engineKey is a checked URL as the engine it names: scheme and host
+// without case, path without a trailing slash.
+func engineKey(s string) string {
+	u, err := url.Parse(s)
+	if err != nil {
+		return s
+	}
+	return strings.ToLower(u.Scheme) + "://" + strings.ToLower(u.Host) + strings.TrimRight(u.Path, "/")
 }
 
 func checkURL(s string) error {

@@ -77,6 +77,12 @@ func TestValidateErrors(t *testing.T) {
 			`models[0].endpoints[0].url: "" is empty`},
 		{"dup id", func(c *Config) { c.Models[0].Endpoints[1].ID = c.Models[0].Endpoints[0].ID },
 			`models[0].endpoints[1].id: "http://127.0.0.1:8001" duplicates models[0].endpoints[0].id`},
+		// One engine twice in a role, under two ids (or one URL with and
+		// without its trailing slash): it would take two shares.
+		{"dup engine", func(c *Config) {
+			c.Models[0].Endpoints[1].URL = "HTTP://127.0.0.1:8001/"
+		},
+			`models[0].endpoints[1].url: "HTTP://127.0.0.1:8001/" is the engine of models[0].endpoints[0] again; list each engine once`},
 		{"bad role", func(c *Config) { c.Models[0].Endpoints[1].Role = "leader" },
 			`models[0].endpoints[1].role: "leader" is not one of both, prefill, decode`},
 		{"prefill only", func(c *Config) {
@@ -182,5 +188,16 @@ func TestKVEndpoints(t *testing.T) {
 	c.Models[0].Endpoints[1].Labels["zone"] = "b"
 	if eps[1].Labels["zone"] != "a" {
 		t.Error("KVEndpoints shares the labels map with the config")
+	}
+}
+
+// TestValidateEngineInTwoRoles: one engine may be listed once per role
+// (prefill and decode), only not twice in one.
+func TestValidateEngineInTwoRoles(t *testing.T) {
+	c := valid()
+	c.Models[0].Endpoints[0].Role = "prefill"
+	c.Models[0].Endpoints[1].URL, c.Models[0].Endpoints[1].Role = "http://127.0.0.1:8001", "decode"
+	if err := c.Validate(); err != nil {
+		t.Errorf("Validate: got %v, want nil", err)
 	}
 }

@@ -9,7 +9,8 @@
 //	models[0].endpoints[2].url: "htp://x" is not an http(s) URL
 //
 // Field paths use the YAML names of the fields. Struct tags give those names;
-// this package does not read files.
+// this package does not read files. Parse decodes YAML bytes strictly, and its
+// decoding errors name the line, on one line (line 3: unknown field "modelz").
 //
 // Policy names and parameters are checked by whoever builds the pickers
 // (package proxy, with policy.New); Validate checks only that a name is set.

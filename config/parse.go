@@ -4,6 +4,9 @@ import (
 	"bytes"
 	"errors"
 	"io"
+	"regexp"
+	"strconv"
+	"strings"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -19,7 +22,7 @@ func Parse(data []byte) (Config, error) {
 		if errors.Is(err, io.EOF) {
 			return cfg, errors.New("the file is empty")
 		}
-		return cfg, err
+		return cfg, decodeError(err)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
@@ -30,4 +33,28 @@ func Parse(data []byte) (Config, error) {
 		return cfg, err
 	}
 	return cfg, nil
+}
+
+// unknownField matches the YAML decoder's message for a field the
+// structs do not have, which names a Go type rather than the YAML.
+var unknownField = regexp.MustCompile(`^(line \d+): field (.*) not found in type \S+$`)
+
+// decodeError turns the YAML decoder's type errors ("yaml: unmarshal
+// errors:" and one indented line per error, naming Go types) into one
+// line: "line 3: unknown field "modelz"; line 9: cannot unmarshal ...".
+func decodeError(err error) error {
+	var te *yaml.TypeError
+	if !errors.As(err, &te) {
+		return err
+	}
+	msgs := make([]string, len(te.Errors))
+	for i, m := range te.Errors {
+		if s := unknownField.FindStringSubmatch(m); s != nil {
+			m = s[1] + ": unknown field " + strconv.Quote(s[2])
+		} else if strings.HasSuffix(m, " into time.Duration") {
+			m += ` (a duration has a unit: "5s", "500ms")`
+		}
+		msgs[i] = m
+	}
+	return errors.New(strings.Join(msgs, "; "))
 }

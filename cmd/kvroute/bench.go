@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -68,7 +69,7 @@ configuration (an unreadable trace or --merge file) or an unwritable --out
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	desc := fmt.Sprintf(benchDescription, strings.Join(workload.GeneratorNames(), ", "))
-	fs := newFlagSet("bench", "--url URL --model NAME (--trace FILE | --workload NAME) [flags]", desc, stderr)
+	fs := newFlagSet("bench", "--url URL --model NAME (--trace FILE | --workload NAME) [flags]", desc, stdout, stderr)
 	var (
 		url, model, trace, wlName, params, arrivals, api, prompt, out, name string
 		rate, rateScale, cv                                                 float64
@@ -96,7 +97,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.DurationVar(&timeout, "timeout", 10*time.Minute, "per-request timeout, send to end of stream")
 	fs.StringVar(&api, "api", bench.APIChat, "chat (/v1/chat/completions) or completions (/v1/completions)")
 	fs.StringVar(&prompt, "prompt", bench.PromptText, "prompt form: text, or tokens (with --api completions)")
-	fs.BoolVar(&ignoreEOS, "ignore-eos", true, `send "ignore_eos": true so every request generates its full output length (vLLM extension)`)
+	fs.BoolVar(&ignoreEOS, "ignore-eos", true, `send "ignore_eos": true so every request generates its full output length (vLLM extension; --ignore-eos=false lets the server stop at EOS)`)
 	fs.Var(&headers, "header", "extra request header `'Name: value'` (repeatable); $OPENAI_API_KEY, if set, is sent as a bearer token")
 	fs.DurationVar(&sloTTFT, "slo-ttft", 2*time.Second, "goodput SLO: TTFT limit (0 = none)")
 	fs.DurationVar(&sloTPOT, "slo-tpot", 100*time.Millisecond, "goodput SLO: TPOT limit (0 = none)")
@@ -127,8 +128,18 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usageErr("--params, --requests, --arrivals and --cv apply to --workload only")
 	case !(rateScale > 0):
 		return usageErr("--rate-scale %g must be positive", rateScale)
-	case rate < 0:
+	case rate < 0 || math.IsNaN(rate) || rate == 0 && flagSet(fs, "rate"): // 0 would be the generator's default
 		return usageErr("--rate %g must be positive", rate)
+	case requests < 0 || requests == 0 && flagSet(fs, "requests"):
+		return usageErr("--requests %d must be at least 1", requests)
+	case cv < 0 || math.IsNaN(cv) || cv == 0 && flagSet(fs, "cv"):
+		return usageErr("--cv %g must be positive", cv)
+	case api != bench.APIChat && api != bench.APICompletions:
+		return usageErr("--api %q is not one of %s, %s", api, bench.APIChat, bench.APICompletions)
+	case prompt != bench.PromptText && prompt != bench.PromptTokens:
+		return usageErr("--prompt %q is not one of %s, %s", prompt, bench.PromptText, bench.PromptTokens)
+	case prompt == bench.PromptTokens && api != bench.APICompletions:
+		return usageErr("--prompt tokens needs --api completions (chat messages are text)")
 	case sloTTFT < 0 || sloTPOT < 0:
 		return usageErr("--slo-ttft %v and --slo-tpot %v must not be negative (0 = none)", sloTTFT, sloTPOT)
 	case duration < 0:
@@ -154,6 +165,9 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cfg := bench.Config{URL: url, Model: model, API: api, Prompt: prompt, MaxInFlight: maxInFlight,
 		Timeout: timeout, Duration: duration, MaxRequests: maxRequests, IgnoreEOS: ignoreEOS, Header: hdr}
 	if err := cfg.Validate(); err != nil {
+		if strings.HasPrefix(err.Error(), "bench: url") {
+			return usageErr("--%s", strings.TrimPrefix(err.Error(), "bench: "))
+		}
 		fmt.Fprintf(stderr, "kvroute %v\n", err)
 		return errUsage
 	}

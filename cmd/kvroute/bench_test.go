@@ -36,6 +36,15 @@ func TestBenchCommandUsageErrors(t *testing.T) {
 		{[]string{"--max-in-flight", "-3"}, "--max-in-flight"},
 		{[]string{"--timeout", "-1s"}, "--timeout"},
 		{[]string{"--timeout", "0"}, "--timeout"},
+		{[]string{"--rate", "0"}, "--rate 0 must be positive"}, // was: ran at the default 10/s
+		{[]string{"--rate", "-1"}, "--rate -1 must be positive"},
+		{[]string{"--requests", "0"}, "--requests 0 must be at least 1"},   // was: the default 1000
+		{[]string{"--requests", "-1"}, "--requests -1 must be at least 1"}, // was: "workload: requests -1 out of range"
+		{[]string{"--cv", "-1"}, "--cv -1 must be positive"},
+		{[]string{"--api", "embeddings"}, `--api "embeddings" is not one of chat, completions`},
+		{[]string{"--prompt", "ids"}, `--prompt "ids" is not one of text, tokens`},
+		{[]string{"--prompt", "tokens"}, "--prompt tokens needs --api completions"},
+		{[]string{"--url", "localhost:8000"}, `--url "localhost:8000": scheme must be http or https`},
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			var out, errb bytes.Buffer

@@ -8,6 +8,7 @@ import (
 	"net"
 	"os/exec"
 	"runtime"
+	"strconv"
 	"strings"
 	"time"
 
@@ -36,7 +37,7 @@ everything.
 Workloads: %s. Policies: %s. Profiles: %s.`
 
 func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error {
-	cfg, noBrowser, err := parseDemoFlags(args, stderr)
+	cfg, noBrowser, err := parseDemoFlags(args, stdout, stderr)
 	if err != nil {
 		return err
 	}
@@ -49,9 +50,9 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 }
 
 // parseDemoFlags builds the demo's configuration from its flags.
-func parseDemoFlags(args []string, stderr io.Writer) (cfg demo.Config, noBrowser bool, err error) {
+func parseDemoFlags(args []string, stdout, stderr io.Writer) (cfg demo.Config, noBrowser bool, err error) {
 	fs := newFlagSet("demo", "[flags]", fmt.Sprintf(demoDescription, strings.Join(demo.WorkloadNames(), ", "),
-		strings.Join(policy.Names(), ", "), strings.Join(engine.ProfileNames(), ", ")), stderr)
+		strings.Join(policy.Names(), ", "), strings.Join(engine.ProfileNames(), ", ")), stdout, stderr)
 	var (
 		compare string
 		quick   bool
@@ -107,6 +108,20 @@ func parseDemoFlags(args []string, stderr io.Writer) (cfg demo.Config, noBrowser
 			cfg.Engines = 2
 		}
 	}
+	if cfg.Listen != "" {
+		if _, _, err := net.SplitHostPort(cfg.Listen); err != nil {
+			fmt.Fprintf(stderr, "kvroute demo: --listen %q is not a host:port address\n", cfg.Listen)
+			return cfg, false, errUsage
+		}
+	}
+	// What demo.Run would refuse (naming its config's fields) is the
+	// flags' error: name the flag, exit status 2.
+	if err := cfg.Validate(); err != nil {
+		for _, line := range strings.Split(err.Error(), "\n") {
+			fmt.Fprintf(stderr, "kvroute demo: %s\n", demoFlagError(line, cfg.Policy))
+		}
+		return cfg, false, errUsage
+	}
 	if cfg.Listen == "" {
 		cfg.Listen = "127.0.0.1:0"
 		if ln, err := net.Listen("tcp", "127.0.0.1:8080"); err == nil {
@@ -139,4 +154,28 @@ func openBrowser(ctx context.Context, url string) {
 		cmd = exec.CommandContext(ctx, "xdg-open", url)
 	}
 	_ = cmd.Run()
+}
+
+// demoFlagError renames a demo.Config validation error after its flag:
+// "engines: 70 is not in 1..64" becomes "--engines: 70 is not in 1..64",
+// and a policy's error names --policy or --compare.
+func demoFlagError(msg, shownFirst string) string {
+	field, rest, ok := strings.Cut(msg, ": ")
+	if !ok {
+		return msg
+	}
+	if name, isPolicy := strings.CutPrefix(field, "policy "); isPolicy {
+		flagName := "--compare"
+		if name == strconv.Quote(shownFirst) {
+			flagName = "--policy"
+		}
+		return flagName + " " + name + ": " + strings.TrimPrefix(rest, "policy: ")
+	}
+	switch field {
+	case "engines", "profile", "blocks", "speed", "workload", "rate", "duration":
+		return "--" + field + ": " + rest
+	case "admin token":
+		return "--admin-token: " + rest
+	}
+	return msg
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"errors"
+	"io"
 	"strings"
 	"testing"
 	"time"
@@ -23,7 +24,7 @@ func TestDemoFlags(t *testing.T) {
 		{[]string{"--quick", "--duration", "20s"}, 2, 20 * time.Second},
 	} {
 		var errb bytes.Buffer
-		cfg, _, err := parseDemoFlags(append([]string{"--listen", "127.0.0.1:0"}, tc.args...), &errb)
+		cfg, _, err := parseDemoFlags(append([]string{"--listen", "127.0.0.1:0"}, tc.args...), io.Discard, &errb)
 		if err != nil {
 			t.Fatalf("%v: %v\n%s", tc.args, err, errb.String())
 		}
@@ -31,9 +32,31 @@ func TestDemoFlags(t *testing.T) {
 			t.Errorf("%v: %d engines for %v, want %d for %v", tc.args, cfg.Engines, cfg.Duration, tc.engines, tc.duration)
 		}
 	}
+	// What demo.Config refuses is a usage error too (it was exit status 1,
+	// named by the config's field: `demo: policy "nope": policy: unknown
+	// policy`), named by the flag.
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--policy", "nope"}, `kvroute demo: --policy "nope": unknown policy "nope" (known: dynamo,`},
+		{[]string{"--compare", "kv-aware,nope"}, `kvroute demo: --compare "nope": unknown policy "nope"`},
+		{[]string{"--workload", "nope"}, `kvroute demo: --workload: "nope" is not one of mixed, chat`},
+		{[]string{"--profile", "nope"}, `kvroute demo: --profile: engine: unknown profile "nope"`},
+		{[]string{"--engines", "70"}, "kvroute demo: --engines: 70 is not in 1..64"},
+		{[]string{"--blocks", "10"}, "kvroute demo: --blocks: 10 is below 64"},
+		{[]string{"--admin-token", "short"}, "kvroute demo: --admin-token: needs at least 16 characters"},
+		{[]string{"--listen", "bad"}, `kvroute demo: --listen "bad" is not a host:port address`},
+	} {
+		var errb bytes.Buffer
+		_, _, err := parseDemoFlags(tc.args, io.Discard, &errb)
+		if !errors.Is(err, errUsage) || !strings.Contains(errb.String(), tc.want) {
+			t.Errorf("%v: got %v, stderr %q; want a usage error with %q", tc.args, err, errb.String(), tc.want)
+		}
+	}
 	for _, args := range [][]string{{"--engines", "0"}, {"--rate", "0"}, {"--speed", "0"}, {"--blocks", "0"}, {"--duration", "0"}, {"--engines", "-2"}} {
 		var errb bytes.Buffer
-		_, _, err := parseDemoFlags(args, &errb)
+		_, _, err := parseDemoFlags(args, io.Discard, &errb)
 		if !errors.Is(err, errUsage) || !strings.Contains(errb.String(), args[0]) {
 			t.Errorf("%v: got %v, stderr %q; want a usage error naming %s", args, err, errb.String(), args[0])
 		}

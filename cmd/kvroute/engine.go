@@ -3,13 +3,16 @@ package main
 import (
 	"context"
 	"errors"
+	"flag"
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"os"
 	"runtime"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -68,11 +71,15 @@ both engines at once; the decode engine waits for the room's prefill.
 Profiles: %s; or --hf-config config.json (with --gpu, --tp, --dtype) models a
 HuggingFace model: its KV bytes per token from the model's shape (MLA for
 DeepSeek-style models), its KV cache from GPU memory as vLLM sizes it, its step
-times from the same roofline as the built-in profiles.`
+times from the same roofline as the built-in profiles.
+
+SIGINT/SIGTERM stop accepting connections; the requests in flight run to their
+end for up to --shutdown-timeout, then what is left ends with an error event (a
+second signal ends the process at once).`
 
 func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("engine", "--model NAME [--profile NAME | --hf-config FILE] [--tokenizer DIR] [--listen ADDR] [flags]",
-		fmt.Sprintf(engineDescription, strings.Join(engine.ProfileNames(), ", ")), stderr)
+		fmt.Sprintf(engineDescription, strings.Join(engine.ProfileNames(), ", ")), stdout, stderr)
 	var (
 		model       = fs.String("model", "", "served model `name` (required; requests must name it or omit model)")
 		profile     = fs.String("profile", "llama-3.1-8b-h100", "engine profile `name` (model, GPU, TP, cost model)")
@@ -105,6 +112,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		hf          hfModel
 		tokPath     = fs.String("tokenizer", "builtin", "prompt tokenizer: builtin, or a HuggingFace model `directory` (tokenizer.json, and tokenizer_config.json for the chat template) or its tokenizer.json file")
 		logLevel    = fs.String("log-level", "info", "log level: debug, info, warn, error")
+		shutdownTO  = fs.Duration("shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long requests in flight may run to their end before they are cut with an error event (0 = at once; a second signal ends the process at once)")
 		procs       = fs.Int("procs", 1, "OS threads running Go code at once (GOMAXPROCS) while the engine serves; 0 = the Go default (the GOMAXPROCS variable, else one per core). "+
 			"Default 1, unless the GOMAXPROCS variable is set: the engine is one event loop, and a wider runtime spends more CPU waking threads than it saves (16 engines at 200 req/s: about a quarter less CPU at 1)")
 	)
@@ -121,6 +129,8 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	prof, ok, err := hf.profile()
 	switch {
+	case err != nil && strings.HasPrefix(err.Error(), "--"): // --gpu without --hf-config, ...
+		return usageErr("%v", err)
 	case err != nil:
 		return usageErr("--hf-config: %v", err)
 	case ok && flagSet(fs, "profile"):
@@ -132,11 +142,14 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	r, err := kvroute.ParseRole(*role)
 	if err != nil {
-		return usageErr("%v", err)
+		return usageErr("--role %q is not one of both, prefill, decode", *role)
 	}
 	var level slog.Level
 	if err := level.UnmarshalText([]byte(*logLevel)); err != nil {
-		return usageErr("--log-level: %v", err)
+		return usageErr("--log-level %q is not one of debug, info, warn, error", *logLevel)
+	}
+	if err := checkEngineFlags(fs); err != nil {
+		return usageErr("%v", err)
 	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	ec := engine.Config{Profile: prof, NumGPUBlocks: *kvBlocks, BlockSize: *blockSize, MaxNumSeqs: *maxNumSeqs,
@@ -206,7 +219,12 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	g, gctx := errgroup.WithContext(ctx)
-	g.Go(func() error { return srv.Run(gctx) })
+	// The engine loop outlives the signal: it keeps stepping while the HTTP
+	// servers drain, so that the requests in flight finish (a router in
+	// front may be draining its own), and stops after them.
+	loopCtx, stopLoop := context.WithCancel(context.WithoutCancel(ctx))
+	defer stopLoop()
+	g.Go(func() error { return srv.Run(loopCtx) })
 	g.Go(func() error {
 		if err := hs.Serve(ln); err != nil && !errors.Is(err, http.ErrServerClosed) {
 			return fmt.Errorf("engine: serve: %w", err)
@@ -225,15 +243,89 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	g.Go(func() error {
 		<-gctx.Done()
-		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		timeout := *shutdownTO
+		if ctx.Err() != nil {
+			logger.Info("shutting down: finishing the requests in flight", "timeout", timeout)
+		} else { // a failure, not a stop: the requests in flight cannot finish
+			stopLoop()
+			timeout = min(timeout, 5*time.Second)
+		}
+		sctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		_ = hs.Shutdown(sctx)
 		if side != nil {
+			// After the HTTP server: a decode engine may still pull the KV
+			// of a request that just finished its prefill here.
 			_ = side.Shutdown(sctx)
 		}
+		stopLoop() // cuts what is left with an error event
 		return srv.Close()
 	})
 	return g.Wait()
+}
+
+// checkEngineFlags checks the values the emulator's and the engine's
+// configs would reject, or read as "the default", naming the flag given.
+func checkEngineFlags(fs *flag.FlagSet) error {
+	get := func(name string) flag.Getter { return fs.Lookup(name).Value.(flag.Getter) }
+	for _, name := range []string{"kv-blocks", "block-size", "max-num-seqs", "max-num-batched-tokens", "max-model-len",
+		"kv-events-buffer-steps", "default-max-tokens"} {
+		if n := get(name).Get().(int); n < 0 {
+			return fmt.Errorf("--%s %d must not be negative", name, n)
+		}
+	}
+	for _, name := range []string{"fabric-gbps", "eos-mean"} {
+		if v := get(name).Get().(float64); !(v >= 0) || math.IsInf(v, 0) {
+			return fmt.Errorf("--%s %v must be a number, not negative", name, v)
+		}
+	}
+	for _, name := range []string{"kv-lease", "kv-transfer-setup", "shutdown-timeout"} {
+		if d := get(name).Get().(time.Duration); d < 0 {
+			return fmt.Errorf("--%s %v must not be negative", name, d)
+		}
+	}
+	for _, c := range []struct {
+		name  string
+		valid []string
+	}{
+		{"metrics-flavor", emulator.Flavors},
+		{"pd-protocol", []string{emulator.PDNixl, emulator.PDSGLang}},
+		{"pd-load-failure", []string{emulator.LoadFailureRecompute, emulator.LoadFailureFail}},
+		{"kv-events-encoding", []string{emulator.EncodingArray, emulator.EncodingMap}},
+	} {
+		if v := get(c.name).String(); !slices.Contains(c.valid, v) {
+			return fmt.Errorf("--%s %q is not one of %s", c.name, v, strings.Join(c.valid, ", "))
+		}
+	}
+	for _, name := range []string{"kv-events-endpoint", "kv-events-replay"} {
+		if v := get(name).String(); v != "" && !validZMQEndpoint(v) {
+			return fmt.Errorf("--%s %q is not a ZMQ endpoint such as tcp://*:5557, tcp://127.0.0.1:5557 or ipc:///tmp/kv", name, v)
+		}
+	}
+	if get("kv-events-replay").String() != "" && get("kv-events-endpoint").String() == "" {
+		return errors.New("--kv-events-replay needs --kv-events-endpoint")
+	}
+	return nil
+}
+
+// validZMQEndpoint reports whether s is a tcp://host:port (host may be *),
+// ipc://path or inproc://name endpoint.
+func validZMQEndpoint(s string) bool {
+	scheme, rest, ok := strings.Cut(s, "://")
+	switch {
+	case !ok || rest == "":
+		return false
+	case scheme == "ipc" || scheme == "inproc":
+		return true
+	case scheme != "tcp":
+		return false
+	}
+	host, port, err := net.SplitHostPort(rest)
+	if err != nil || host == "" {
+		return false
+	}
+	n, err := strconv.Atoi(port)
+	return err == nil && n >= 0 && n <= 65535
 }
 
 // advertiseAddr returns the side-channel host and port: --advertise when

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
@@ -41,8 +42,26 @@ func TestEngineUsageErrors(t *testing.T) {
 	}{
 		{[]string{"engine"}, "--model is required"},
 		{[]string{"engine", "--model", "m", "--profile", "nope"}, "unknown profile"},
-		{[]string{"engine", "--model", "m", "--role", "x"}, "parse role"},
-		{[]string{"engine", "--model", "m", "--metrics-flavor", "x"}, "MetricsFlavor"},
+		{[]string{"engine", "--model", "m", "--role", "x"}, `--role "x" is not one of both, prefill, decode`},
+		{[]string{"engine", "--model", "m", "--metrics-flavor", "x"}, `--metrics-flavor "x" is not one of vllm, vllm-legacy, sglang, llamacpp`},
+		// Each flag by its name, not the config field it fills ("negative
+		// override in Config", "FabricGbps, LeaseTimeout, ... must not be
+		// negative", "PDProtocol").
+		{[]string{"engine", "--model", "m", "--kv-blocks", "-3"}, "--kv-blocks -3 must not be negative"},
+		{[]string{"engine", "--model", "m", "--max-num-seqs", "-1"}, "--max-num-seqs -1 must not be negative"},
+		{[]string{"engine", "--model", "m", "--default-max-tokens", "-1"}, "--default-max-tokens -1 must not be negative"},
+		{[]string{"engine", "--model", "m", "--fabric-gbps", "-5"}, "--fabric-gbps -5 must be a number, not negative"},
+		{[]string{"engine", "--model", "m", "--eos-mean", "NaN"}, "--eos-mean NaN must be a number"},
+		{[]string{"engine", "--model", "m", "--kv-lease", "-1s"}, "--kv-lease -1s must not be negative"},
+		{[]string{"engine", "--model", "m", "--shutdown-timeout", "-1s"}, "--shutdown-timeout -1s must not be negative"},
+		{[]string{"engine", "--model", "m", "--pd-protocol", "x"}, `--pd-protocol "x" is not one of nixl, sglang`},
+		{[]string{"engine", "--model", "m", "--pd-load-failure", "x"}, `--pd-load-failure "x" is not one of recompute, fail`},
+		{[]string{"engine", "--model", "m", "--kv-events-encoding", "x"}, `--kv-events-encoding "x" is not one of array, map`},
+		{[]string{"engine", "--model", "m", "--kv-events-endpoint", "foo"}, `--kv-events-endpoint "foo" is not a ZMQ endpoint`},
+		{[]string{"engine", "--model", "m", "--kv-events-endpoint", "tcp://*:99999"}, `--kv-events-endpoint "tcp://*:99999" is not a ZMQ endpoint`},
+		{[]string{"engine", "--model", "m", "--kv-events-replay", "tcp://*:5558"}, "--kv-events-replay needs --kv-events-endpoint"},
+		{[]string{"engine", "--model", "m", "--log-level", "loud"}, `--log-level "loud" is not one of debug, info, warn, error`},
+		{[]string{"engine", "--model", "m", "--gpu", "a100"}, "kvroute engine: --gpu applies to --hf-config"},
 		{[]string{"engine", "--model", "m", "--speed", "0"}, "--speed must be positive"},
 		{[]string{"engine", "--model", "m", "--prefix-caching-hash-algo", "md5"}, "prefix-caching-hash-algo"},
 		{[]string{"engine", "--model", "m", "--tokenizer", "testdata/no-such-dir"}, "--tokenizer: tokenizer: open testdata/no-such-dir/tokenizer.json"},
@@ -302,5 +321,68 @@ func TestEngineHFConfig(t *testing.T) {
 	body, _ := io.ReadAll(resp.Body)
 	if want := fmt.Sprintf(`num_gpu_blocks="%d"`, p.NumGPUBlocks); !strings.Contains(string(body), want) {
 		t.Errorf("/metrics lacks %s (the profile from %s at TP 2)", want, config)
+	}
+}
+
+// TestEngineDrainsOnStop: the stop signal (Ctrl-C, SIGTERM: run's context)
+// lets a stream in flight run to its end, as kvroute serve drains, instead
+// of cutting it with an "engine stopped" error event; --shutdown-timeout
+// bounds the wait, and what is left then is cut.
+func TestEngineDrainsOnStop(t *testing.T) {
+	for _, tc := range []struct {
+		name, timeout string
+		wantCut       bool
+	}{
+		{"drains", "30s", false},
+		{"timeout cuts", "1ms", true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			addr := freeAddr(t)
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			out := &lockedBuffer{}
+			done := make(chan error, 1)
+			go func() {
+				done <- run(ctx, []string{"engine", "--model", "m", "--listen", addr, "--speed", "20", "--log-level", "warn",
+					"--shutdown-timeout", tc.timeout}, out, out)
+			}()
+			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+				resp, err := http.Get("http://" + addr + "/health")
+				if err == nil {
+					resp.Body.Close()
+					break
+				}
+				if time.Now().After(deadline) {
+					t.Fatalf("engine not up: %v\n%s", err, out.String())
+				}
+			}
+			resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(
+				`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1500,"stream":true}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			r := bufio.NewReader(resp.Body)
+			first, err := r.ReadString('\n') // the first event is out: the request is in flight
+			if err != nil {
+				t.Fatal(err)
+			}
+			cancel()
+			rest, _ := io.ReadAll(r)
+			body := first + string(rest)
+			cut := strings.Contains(body, `"error"`)
+			finished := strings.Contains(body, `"finish_reason":"length"`)
+			if cut != tc.wantCut || finished == tc.wantCut {
+				t.Errorf("stream cut %v, finished %v; want cut %v (its end: %q)", cut, finished, tc.wantCut, body[max(0, len(body)-300):])
+			}
+			select {
+			case err := <-done:
+				if err != nil {
+					t.Errorf("engine: %v", err)
+				}
+			case <-time.After(20 * time.Second):
+				t.Fatal("engine did not stop")
+			}
+		})
 	}
 }

@@ -134,32 +134,54 @@ Run 'kvroute <command> --help' for a command's flags.`)
 }
 
 // newFlagSet returns a flag set that prints a usage header and the command's
-// flags on --help, and returns errors instead of exiting.
-func newFlagSet(name, usageLine, description string, stderr io.Writer) *flag.FlagSet {
+// flags on --help, to stdout as 'kvroute --help' does (so that it pipes into
+// a pager or grep), writes its errors to stderr, and returns errors instead
+// of exiting.
+func newFlagSet(name, usageLine, description string, stdout, stderr io.Writer) *flag.FlagSet {
 	fs := flag.NewFlagSet("kvroute "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	fs.Usage = func() {
-		fmt.Fprintf(fs.Output(), "Usage: kvroute %s %s\n\n%s\n\nFlags:\n", name, usageLine, strings.TrimSpace(description))
-		fs.PrintDefaults()
+		fmt.Fprintf(stdout, "Usage: %s\n\n%s\n", strings.TrimSpace("kvroute "+name+" "+usageLine), strings.TrimSpace(description))
+		hasFlags := false
+		fs.VisitAll(func(*flag.Flag) { hasFlags = true })
+		if hasFlags {
+			fmt.Fprintln(stdout, "\nFlags:")
+			fs.SetOutput(stdout)
+			fs.PrintDefaults()
+			fs.SetOutput(stderr)
+		}
 	}
 	return fs
 }
 
-// parseFlags parses args into fs, mapping a parse error to errUsage (the flag
-// package has already printed it) and --help to flag.ErrHelp.
+// parseFlags parses args into fs, mapping a parse error to errUsage and
+// --help to flag.ErrHelp. --help prints the whole help; a bad flag prints
+// the flag package's one-line error and where the help is, not the whole
+// help, which would bury the error.
 func parseFlags(fs *flag.FlagSet, args []string) error {
-	if err := fs.Parse(args); err != nil {
+	full := fs.Usage
+	fs.Usage = func() {}
+	err := fs.Parse(args)
+	fs.Usage = full
+	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
+			full()
 			return flag.ErrHelp
 		}
+		shortUsage(fs)
 		return errUsage
 	}
 	if fs.NArg() > 0 {
-		fmt.Fprintf(fs.Output(), "unexpected arguments: %q\n", fs.Args())
-		fs.Usage()
+		fmt.Fprintf(fs.Output(), "%s: unexpected arguments: %q\n", fs.Name(), fs.Args())
+		shortUsage(fs)
 		return errUsage
 	}
 	return nil
+}
+
+// shortUsage follows a usage error: it says where the command's help is.
+func shortUsage(fs *flag.FlagSet) {
+	fmt.Fprintf(fs.Output(), "Run '%s --help' for usage.\n", fs.Name())
 }
 
 // stringList is a repeatable string flag (--endpoint a --endpoint b, or a,b).

@@ -53,8 +53,22 @@ func TestHelpUnknownCommand(t *testing.T) {
 		}
 	}
 	var out, errb bytes.Buffer
-	if err := run(context.Background(), []string{"help", "sim"}, &out, &errb); !errors.Is(err, flag.ErrHelp) || !strings.Contains(errb.String(), "Usage: kvroute sim") {
+	if err := run(context.Background(), []string{"help", "sim"}, &out, &errb); !errors.Is(err, flag.ErrHelp) || !strings.Contains(out.String(), "Usage: kvroute sim") {
 		t.Errorf("help sim: got %v, want sim's help", err)
+	}
+}
+
+// TestHelpOnStdout: every command's --help goes to stdout, as 'kvroute
+// --help' does, so that it pipes into a pager or grep (it went to stderr).
+func TestHelpOnStdout(t *testing.T) {
+	for name := range commands {
+		var out, errb bytes.Buffer
+		err := run(context.Background(), []string{name, "--help"}, &out, &errb)
+		wantFlags := name != "version" // the one command without flags says nothing of them
+		if !errors.Is(err, flag.ErrHelp) || !strings.HasPrefix(out.String(), "Usage: kvroute "+name) || strings.Contains(out.String(), "Flags:") != wantFlags ||
+			strings.Contains(out.String(), " \n") || errb.Len() > 0 {
+			t.Errorf("%s --help: got %v, stdout %.40q..., stderr %q; want the help on stdout only", name, err, out.String(), errb.String())
+		}
 	}
 }
 

@@ -5,13 +5,16 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"os"
+	"slices"
 	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/disagg"
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/planner"
+	"github.com/kvroute/kvroute/policy"
 	"github.com/kvroute/kvroute/report"
 	"github.com/kvroute/kvroute/sim"
 	"github.com/kvroute/kvroute/workload"
@@ -52,7 +55,9 @@ with --prompt-mean, --output-mean and optionally --shared-frac, --hot-prefixes,
 rate-x2,prompt-x2,node-lost. Deterministic for --seed (whatever --parallel).
 --json prints JSON; --out DIR writes plan.json, plan.txt, plan.md, plan.html and
 SVG charts (SLO attainment against fleet size). Ctrl-C stops planning (exit
-status 130) without a plan: a search cut short has no answer.`
+status 130) without a plan: a search cut short has no answer. Exit status 2 on
+a bad flag value, 1 when no fleet meets the SLO (the search is printed) or the
+trace cannot be read.`
 
 type planOptions struct {
 	profile     string
@@ -92,7 +97,7 @@ var sloQuantiles = []string{"50", "90", "95", "99"}
 
 func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("plan", "[--profile NAME | --hf-config FILE] [--trace FILE | --rate R ...] --slo-ttft-p99 D [flags]",
-		fmt.Sprintf(planDescription, strings.Join(engine.ProfileNames(), ", ")), stderr)
+		fmt.Sprintf(planDescription, strings.Join(engine.ProfileNames(), ", ")), stdout, stderr)
 	o := planOptions{ttft: map[string]*time.Duration{}, tpot: map[string]*time.Duration{}}
 	fs.StringVar(&o.profile, "profile", "llama-3.1-8b-h100", "engine profile `name`")
 	o.hf.register(fs, "the model (instead of --profile; simulated like a built-in profile)")
@@ -106,7 +111,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Float64Var(&o.promptCV, "prompt-cv", 1, "summary: prompt length coefficient of variation (lognormal)")
 	fs.Float64Var(&o.outputMean, "output-mean", 0, "summary: mean output tokens")
 	fs.Float64Var(&o.outputCV, "output-cv", 1, "summary: output length coefficient of variation (lognormal)")
-	fs.Float64Var(&o.sharedFrac, "shared-frac", 0, "summary: fraction of prompt tokens in shared prefixes, 0..1")
+	fs.Float64Var(&o.sharedFrac, "shared-frac", 0, "summary: fraction of prompt tokens in shared prefixes, in [0, 1)")
 	fs.IntVar(&o.hotPrefixes, "hot-prefixes", 8, "summary: number of distinct shared prefixes")
 	fs.Float64Var(&o.zipf, "zipf", 1, "summary: popularity exponent over the shared prefixes (0 = uniform)")
 	fs.Float64Var(&o.arrivalCV, "arrival-cv", 1, "summary: inter-arrival coefficient of variation (1 = Poisson)")
@@ -128,8 +133,8 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.IntVar(&o.seeds, "seeds", 2, "seeds the chosen fleets are confirmed with (the prediction is their mean; the spread is shown)")
 	fs.StringVar(&o.pdMode, "pd-mode", "conditional", "how the disaggregated fleet's router splits requests: conditional (as kvroute serve) or always")
 	fs.IntVar(&o.parallel, "parallel", 0, "simulations run at once (default GOMAXPROCS; the plan does not depend on it)")
-	fs.Var(&o.whatIf, "what-if", "what-if scenarios: rate-x2, prompt-x2, node-lost (comma-separated or repeated)")
-	fs.BoolVar(&o.verify, "verify", true, "re-simulate the whole workload on the planned fleets with a seed the plan did not use")
+	fs.Var(&o.whatIf, "what-if", "what-if `scenarios`: rate-x2, prompt-x2, node-lost (comma-separated or repeated; default none)")
+	fs.BoolVar(&o.verify, "verify", true, "re-simulate the whole workload on the planned fleets with a seed the plan did not use (--verify=false skips it)")
 	fs.BoolVar(&o.json, "json", false, "print the plan as JSON")
 	fs.StringVar(&o.out, "out", "", "write plan.json, plan.txt, plan.md, plan.html and SVG charts into `dir`")
 	fs.BoolVar(&o.quiet, "quiet", false, "no progress bar or timing")
@@ -138,13 +143,18 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	o.given = func(name string) bool { return flagSet(fs, name) }
 	in, err := o.input()
+	for _, w := range o.whatIf {
+		if err == nil && w != "rate-x2" && w != "prompt-x2" && w != "node-lost" {
+			err = planFlagErrorf("--what-if %q is not one of rate-x2, prompt-x2, node-lost", w)
+		}
+	}
+	var fe *planFlagError
+	if errors.As(err, &fe) {
+		fmt.Fprintf(stderr, "kvroute plan: %s\n", fe.msg)
+		return errUsage
+	}
 	if err != nil {
 		return err
-	}
-	for _, w := range o.whatIf {
-		if w != "rate-x2" && w != "prompt-x2" && w != "node-lost" {
-			return fmt.Errorf("plan: unknown what-if %q (want rate-x2, prompt-x2 or node-lost)", w)
-		}
 	}
 	if o.out != "" {
 		// Before planning, not after it: an unwritable --out would lose the plan.
@@ -154,6 +164,10 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	}
 	start := time.Now()
 	results, err := o.plans(ctx, in, stderr)
+	if errors.Is(err, planner.ErrBadInput) { // one the flag checks missed: still the flags'
+		fmt.Fprintf(stderr, "kvroute %v\n", err)
+		return errUsage
+	}
 	if err != nil {
 		return err
 	}
@@ -255,20 +269,22 @@ func writeNodeLost(w io.Writer, r *planner.Result) {
 func (o *planOptions) input() (planner.Input, error) {
 	var in planner.Input
 	switch p, ok, err := o.hf.profile(); {
+	case err != nil && strings.HasPrefix(err.Error(), "--"): // --gpu without --hf-config, ...
+		return in, planFlagErrorf("%v", err)
 	case err != nil:
-		return in, fmt.Errorf("plan: %w", err)
+		return in, planFlagErrorf("--hf-config: %v", err)
 	case ok:
 		in.Profile = p
 	default:
 		p, err := engine.LookupProfile(o.profile)
 		if err != nil {
-			return in, fmt.Errorf("plan: unknown profile %q (known: %s; or give --hf-config)", o.profile, strings.Join(engine.ProfileNames(), ", "))
+			return in, planFlagErrorf("--profile: unknown profile %q (known: %s; or give --hf-config)", o.profile, strings.Join(engine.ProfileNames(), ", "))
 		}
 		in.Profile = p
 	}
 	in.KVCapacityTokens = o.kvCapacity
-	if o.fabricGbps <= 0 {
-		return in, fmt.Errorf("plan: --fabric-gbps %v must be positive", o.fabricGbps)
+	if err := o.checkFlags(); err != nil {
+		return in, err
 	}
 	in.Fabric = disagg.Link{Name: "fabric", Gbps: o.fabricGbps, Setup: o.fabricSetup}
 	var err error
@@ -287,67 +303,117 @@ func (o *planOptions) input() (planner.Input, error) {
 				continue
 			}
 			if v < 0 {
-				return in, fmt.Errorf("plan: --slo-%s-p%s %v is negative", x.name, q, v)
+				return in, planFlagErrorf("--slo-%s-p%s %v is negative", x.name, q, v)
 			}
 			if x.t.Set() {
-				return in, fmt.Errorf("plan: give one --slo-%s-pNN target, not several", x.name)
+				return in, planFlagErrorf("give one --slo-%s-pNN target, not several", x.name)
 			}
 			qq := map[string]float64{"50": 0.5, "90": 0.9, "95": 0.95, "99": 0.99}[q]
 			*x.t = planner.Target{Quantile: qq, Limit: v}
 		}
 	}
 	if !in.SLO.TTFT.Set() && !in.SLO.TPOT.Set() {
-		return in, errors.New("plan: no SLO: give --slo-ttft-pNN and/or --slo-tpot-pNN (e.g. --slo-ttft-p99 2s --slo-tpot-p99 100ms)")
+		return in, planFlagErrorf("no SLO: give --slo-ttft-pNN and/or --slo-tpot-pNN (e.g. --slo-ttft-p99 2s --slo-tpot-p99 100ms)")
 	}
 	in.GPUHourCost, in.Burst, in.MaxUtilisation = o.gpuCost, o.burst, o.maxUtil
 	in.Seed, in.Policy, in.MaxEngines, in.SimRequests = o.seed, o.policy, o.maxEngines, o.simRequests
 	in.ConfirmRequests, in.Seeds, in.PDMode, in.Parallel = o.confirmRequests, o.seeds, disagg.Mode(o.pdMode), o.parallel
-	// planner.Input reads zero as "the default": a zero given on the
-	// command line is a mistake, not a request for the default.
-	switch {
-	case o.burst == 0:
-		return in, errors.New("plan: --burst 0: the burst factor must be >= 1 (1 = no burst)")
-	case o.maxEngines == 0:
-		return in, errors.New("plan: --max-engines must be at least 1")
-	case o.maxUtil == 0:
-		return in, errors.New("plan: --max-util must be in (0, 1)")
-	}
-	if in.SimRequests == 0 {
-		return in, errors.New("plan: --sim-requests must be positive or -1 (all)")
-	}
-	if in.ConfirmRequests == 0 {
-		return in, errors.New("plan: --confirm-requests must be positive or -1 (all)")
-	}
-	if o.seeds < 1 {
-		return in, fmt.Errorf("plan: --seeds %d must be at least 1", o.seeds)
-	}
-	if o.parallel < 0 {
-		return in, fmt.Errorf("plan: --parallel %d must not be negative", o.parallel)
-	}
 	return in, nil
+}
+
+// planFlagError is a flag value plan cannot use: a usage error (exit
+// status 2) whose message names the flag.
+type planFlagError struct{ msg string }
+
+func (e *planFlagError) Error() string { return "plan: " + e.msg }
+
+func planFlagErrorf(format string, a ...any) error {
+	return &planFlagError{fmt.Sprintf(format, a...)}
+}
+
+// checkFlags checks the flags planner.Input and planner.Summary would
+// refuse (naming their fields, not the flags) or read as "the default": a
+// zero given on the command line is a mistake, not a request for the
+// default.
+func (o *planOptions) checkFlags() error {
+	finite := func(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
+	summary := o.rate != 0 || o.promptMean != 0 || o.outputMean != 0
+	switch {
+	case summary && o.trace != "":
+		return planFlagErrorf("give --trace or a summary (--rate, --prompt-mean, --output-mean), not both")
+	case !finite(o.fabricGbps) || o.fabricGbps <= 0:
+		return planFlagErrorf("--fabric-gbps %v must be positive", o.fabricGbps)
+	case o.fabricSetup < 0:
+		return planFlagErrorf("--fabric-setup %v must not be negative", o.fabricSetup)
+	case o.kvCapacity < 0:
+		return planFlagErrorf("--kv-capacity %d must not be negative (0 = derived from memory)", o.kvCapacity)
+	case summary && (!finite(o.rate) || o.rate <= 0):
+		return planFlagErrorf("--rate %v must be positive", o.rate)
+	case summary && (!finite(o.promptMean) || o.promptMean < 1):
+		return planFlagErrorf("--prompt-mean %v must be at least 1 token", o.promptMean)
+	case summary && (!finite(o.outputMean) || o.outputMean < 1):
+		return planFlagErrorf("--output-mean %v must be at least 1 token", o.outputMean)
+	case !finite(o.sharedFrac) || o.sharedFrac < 0 || o.sharedFrac >= 1:
+		return planFlagErrorf("--shared-frac %v must be in [0, 1)", o.sharedFrac)
+	case !finite(o.promptCV) || o.promptCV < 0:
+		return planFlagErrorf("--prompt-cv %v must not be negative", o.promptCV)
+	case !finite(o.outputCV) || o.outputCV < 0:
+		return planFlagErrorf("--output-cv %v must not be negative", o.outputCV)
+	case !finite(o.arrivalCV) || o.arrivalCV < 0:
+		return planFlagErrorf("--arrival-cv %v must not be negative", o.arrivalCV)
+	case !finite(o.zipf) || o.zipf < 0:
+		return planFlagErrorf("--zipf %v must not be negative", o.zipf)
+	case o.hotPrefixes < 0:
+		return planFlagErrorf("--hot-prefixes %d must not be negative", o.hotPrefixes)
+	case o.maxLen < 0:
+		return planFlagErrorf("--max-len %d must not be negative", o.maxLen)
+	case o.duration < 0:
+		return planFlagErrorf("--duration %v must not be negative", o.duration)
+	case !finite(o.gpuCost) || o.gpuCost < 0:
+		return planFlagErrorf("--gpu-hour-cost %v must not be negative", o.gpuCost)
+	case !finite(o.burst) || o.burst < 1:
+		return planFlagErrorf("--burst %v: the burst factor must be >= 1 (1 = no burst)", o.burst)
+	case o.maxEngines < 1:
+		return planFlagErrorf("--max-engines %d must be at least 1", o.maxEngines)
+	case !(o.maxUtil > 0 && o.maxUtil < 1):
+		return planFlagErrorf("--max-util %v must be in (0, 1)", o.maxUtil)
+	case o.simRequests == 0 || o.simRequests < -1:
+		return planFlagErrorf("--sim-requests %d must be positive or -1 (all)", o.simRequests)
+	case o.confirmRequests == 0 || o.confirmRequests < -1:
+		return planFlagErrorf("--confirm-requests %d must be positive or -1 (all)", o.confirmRequests)
+	case o.seeds < 1 || o.seeds > 16:
+		return planFlagErrorf("--seeds %d must be in 1..16", o.seeds)
+	case o.parallel < 0:
+		return planFlagErrorf("--parallel %d must not be negative (0 = GOMAXPROCS)", o.parallel)
+	case o.pdMode != string(disagg.ModeConditional) && o.pdMode != string(disagg.ModeAlways):
+		return planFlagErrorf("--pd-mode %q is not one of conditional, always", o.pdMode)
+	case o.policy != "" && !slices.Contains(policy.Names(), o.policy):
+		return planFlagErrorf("--policy %q: unknown policy (known: %s)", o.policy, strings.Join(policy.Names(), ", "))
+	}
+	return nil
 }
 
 func (o *planOptions) workload() (*workload.Workload, error) {
 	given := func(name string) bool { return o.given != nil && o.given(name) }
 	if o.rate != 0 || o.promptMean != 0 || o.outputMean != 0 {
 		if o.trace != "" {
-			return nil, errors.New("plan: give --trace or a summary (--rate, --prompt-mean, --output-mean), not both")
+			return nil, planFlagErrorf("give --trace or a summary (--rate, --prompt-mean, --output-mean), not both")
 		}
 		if given("rate-scale") {
-			return nil, errors.New("plan: --rate-scale scales a trace; a summary workload takes its rate from --rate")
+			return nil, planFlagErrorf("--rate-scale scales a trace; a summary workload takes its rate from --rate")
 		}
 		s := planner.Summary{Rate: o.rate, Duration: o.duration, ArrivalCV: o.arrivalCV, PromptMean: o.promptMean,
 			PromptCV: o.promptCV, OutputMean: o.outputMean, OutputCV: o.outputCV, MaxLen: o.maxLen,
 			SharedFraction: o.sharedFrac, HotPrefixes: o.hotPrefixes, Zipf: o.zipf}
 		w, err := s.Workload(o.seed)
 		if err != nil {
-			return nil, fmt.Errorf("plan: %w", err)
+			return nil, &planFlagError{err.Error()} // the summary's flags
 		}
 		return w, nil
 	}
 	for _, name := range summaryFlags {
 		if given(name) {
-			return nil, fmt.Errorf("plan: --%s shapes a summary workload (--rate, --prompt-mean, --output-mean), not a trace", name)
+			return nil, planFlagErrorf("--%s shapes a summary workload (--rate, --prompt-mean, --output-mean), not a trace", name)
 		}
 	}
 	var w *workload.Workload
@@ -360,8 +426,8 @@ func (o *planOptions) workload() (*workload.Workload, error) {
 	if err != nil {
 		return nil, fmt.Errorf("plan: %w", err)
 	}
-	if o.rateScale <= 0 {
-		return nil, fmt.Errorf("plan: --rate-scale %v must be positive", o.rateScale)
+	if !(o.rateScale > 0) {
+		return nil, planFlagErrorf("--rate-scale %v must be positive", o.rateScale)
 	}
 	if o.rateScale != 1 {
 		if err := w.ScaleRate(o.rateScale); err != nil {

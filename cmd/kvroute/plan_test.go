@@ -56,40 +56,55 @@ func TestPlanCommandJSON(t *testing.T) {
 	}
 }
 
+// TestPlanCommandBadInput: a flag value plan cannot use is a usage error
+// (exit status 2, as in the other commands; it was 1) on one line that
+// names the flag ("--rate -2", not the planner's "rate -2 req/s"); an SLO
+// no fleet can meet is an answer, exit status 1.
 func TestPlanCommandBadInput(t *testing.T) {
 	badConfig := filepath.Join(t.TempDir(), "config.json")
 	// A config.json with a field out of range.
 	if err := os.WriteFile(badConfig, []byte(`{"model_type":"llama","hidden_size":4096,"num_attention_heads":32,"num_hidden_layers":-3,"vocab_size":1000}`), 0o644); err != nil {
 		t.Fatal(err)
 	}
+	summary := []string{"plan", "--rate", "2", "--prompt-mean", "100", "--output-mean", "10", "--slo-ttft-p99", "1s"}
 	for _, tc := range []struct {
-		name string
-		args []string
-		msg  string
+		name  string
+		args  []string
+		msg   string
+		usage bool
 	}{
-		{"negative rate", []string{"plan", "--rate", "-2", "--prompt-mean", "100", "--output-mean", "10", "--slo-ttft-p99", "1s"}, "rate -2 req/s must be positive"},
-		{"no slo", []string{"plan", "--rate", "2", "--prompt-mean", "100", "--output-mean", "10"}, "no SLO"},
-		{"two ttft targets", []string{"plan", "--slo-ttft-p99", "1s", "--slo-ttft-p90", "500ms"}, "one --slo-ttft-pNN"},
-		{"unknown profile", []string{"plan", "--profile", "gpt-9", "--slo-ttft-p99", "1s"}, `unknown profile "gpt-9"`},
-		{"unknown what-if", []string{"plan", "--slo-ttft-p99", "1s", "--what-if", "meteor"}, `unknown what-if "meteor"`},
-		{"bad config", []string{"plan", "--hf-config", badConfig, "--slo-ttft-p99", "1s"}, "num_hidden_layers -3 out of range"},
-		{"infeasible ttft", []string{"plan", "--slo-ttft-p99", "50ms", "--quiet"}, "TTFT p99 of 50ms is below the prefill time"},
-		{"trace and summary", []string{"plan", "--trace", "x.jsonl", "--rate", "1", "--slo-ttft-p99", "1s"}, "not both"},
-		{"zero burst", []string{"plan", "--burst", "0", "--slo-ttft-p99", "1s"}, "--burst 0"},
-		{"zero max-engines", []string{"plan", "--max-engines", "0", "--slo-ttft-p99", "1s"}, "--max-engines"},
-		{"zero max-util", []string{"plan", "--max-util", "0", "--slo-ttft-p99", "1s"}, "--max-util"},
-		{"unknown policy", []string{"plan", "--policy", "nope", "--slo-ttft-p99", "5s"}, "(known: dynamo, kubeai-chwbl, kv-aware"},
-		{"summary flag with a trace", []string{"plan", "--duration", "60s", "--slo-ttft-p99", "5s"}, "--duration shapes a summary workload"},
-		{"summary flag with a trace file", []string{"plan", "--trace", "x.jsonl", "--shared-frac", "0.5", "--slo-ttft-p99", "5s"}, "--shared-frac shapes a summary workload"},
-		{"rate-scale with a summary", []string{"plan", "--rate", "2", "--prompt-mean", "100", "--output-mean", "10", "--rate-scale", "2", "--slo-ttft-p99", "1s"}, "--rate-scale scales a trace"},
-		{"tp without hf-config", []string{"plan", "--tp", "4", "--slo-ttft-p99", "1s"}, "--tp applies to --hf-config"},
-		{"gpu without hf-config", []string{"plan", "--gpu", "a100", "--slo-ttft-p99", "1s"}, "--gpu applies to --hf-config"},
-		{"profile and hf-config", []string{"plan", "--profile", "tiny", "--hf-config", "../../engine/testdata/hf/llama-3.1-8b.json", "--slo-ttft-p99", "1s"}, "not both"},
+		{"negative rate", []string{"plan", "--rate", "-2", "--prompt-mean", "100", "--output-mean", "10", "--slo-ttft-p99", "1s"}, "--rate -2 must be positive", true},
+		{"no prompt mean", []string{"plan", "--rate", "2", "--output-mean", "10", "--slo-ttft-p99", "1s"}, "--prompt-mean 0 must be at least 1 token", true},
+		{"shared-frac 1", append(summary, "--shared-frac", "1"), "--shared-frac 1 must be in [0, 1)", true},
+		{"max-util 2", []string{"plan", "--max-util", "2", "--slo-ttft-p99", "1s"}, "--max-util 2 must be in (0, 1)", true},
+		{"negative kv-capacity", []string{"plan", "--kv-capacity", "-1", "--slo-ttft-p99", "1s"}, "--kv-capacity -1 must not be negative", true},
+		{"pd-mode never", []string{"plan", "--pd-mode", "never", "--slo-ttft-p99", "1s"}, `--pd-mode "never" is not one of conditional, always`, true},
+		{"seeds 17", []string{"plan", "--seeds", "17", "--slo-ttft-p99", "1s"}, "--seeds 17 must be in 1..16", true},
+		{"no slo", []string{"plan", "--rate", "2", "--prompt-mean", "100", "--output-mean", "10"}, "no SLO", true},
+		{"two ttft targets", []string{"plan", "--slo-ttft-p99", "1s", "--slo-ttft-p90", "500ms"}, "one --slo-ttft-pNN", true},
+		{"unknown profile", []string{"plan", "--profile", "gpt-9", "--slo-ttft-p99", "1s"}, `--profile: unknown profile "gpt-9"`, true},
+		{"unknown what-if", []string{"plan", "--slo-ttft-p99", "1s", "--what-if", "meteor"}, `--what-if "meteor" is not one of rate-x2, prompt-x2, node-lost`, true},
+		{"bad config", []string{"plan", "--hf-config", badConfig, "--slo-ttft-p99", "1s"}, "num_hidden_layers -3 out of range", true},
+		{"trace and summary", []string{"plan", "--trace", "x.jsonl", "--rate", "1", "--slo-ttft-p99", "1s"}, "not both", true},
+		{"zero burst", []string{"plan", "--burst", "0", "--slo-ttft-p99", "1s"}, "--burst 0", true},
+		{"zero max-engines", []string{"plan", "--max-engines", "0", "--slo-ttft-p99", "1s"}, "--max-engines", true},
+		{"zero max-util", []string{"plan", "--max-util", "0", "--slo-ttft-p99", "1s"}, "--max-util", true},
+		{"unknown policy", []string{"plan", "--policy", "nope", "--slo-ttft-p99", "5s"}, "(known: dynamo, kubeai-chwbl, kv-aware", true},
+		{"summary flag with a trace", []string{"plan", "--duration", "60s", "--slo-ttft-p99", "5s"}, "--duration shapes a summary workload", true},
+		{"summary flag with a trace file", []string{"plan", "--trace", "x.jsonl", "--shared-frac", "0.5", "--slo-ttft-p99", "5s"}, "--shared-frac shapes a summary workload", true},
+		{"rate-scale with a summary", append(summary, "--rate-scale", "2"), "--rate-scale scales a trace", true},
+		{"tp without hf-config", []string{"plan", "--tp", "4", "--slo-ttft-p99", "1s"}, "kvroute plan: --tp applies to --hf-config", true},
+		{"gpu without hf-config", []string{"plan", "--gpu", "a100", "--slo-ttft-p99", "1s"}, "kvroute plan: --gpu applies to --hf-config", true},
+		{"profile and hf-config", []string{"plan", "--profile", "tiny", "--hf-config", "../../engine/testdata/hf/llama-3.1-8b.json", "--slo-ttft-p99", "1s"}, "not both", true},
+		{"infeasible ttft", []string{"plan", "--slo-ttft-p99", "50ms", "--quiet"}, "TTFT p99 of 50ms is below the prefill time", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errb bytes.Buffer
 			err := run(context.Background(), tc.args, &out, &errb)
-			if err == nil || errors.Is(err, errUsage) || !strings.Contains(err.Error(), tc.msg) {
+			switch {
+			case tc.usage && (!errors.Is(err, errUsage) || !strings.Contains(errb.String(), tc.msg) || strings.Count(errb.String(), "\n") != 1):
+				t.Errorf("got %v, stderr %q; want a usage error, one line containing %q", err, errb.String(), tc.msg)
+			case !tc.usage && (err == nil || errors.Is(err, errUsage) || !strings.Contains(err.Error(), tc.msg)):
 				t.Errorf("err = %v, want one containing %q", err, tc.msg)
 			}
 		})

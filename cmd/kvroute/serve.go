@@ -2,11 +2,13 @@ package main
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"os"
+	"slices"
 	"strings"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -58,7 +60,7 @@ Policies: %s.`
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("serve", "--config FILE | --model NAME --endpoint URL... [flags]",
-		fmt.Sprintf(serveDescription, strings.Join(policy.Names(), ", ")), stderr)
+		fmt.Sprintf(serveDescription, strings.Join(policy.Names(), ", ")), stdout, stderr)
 	var (
 		configFile = fs.String("config", "", "YAML config `file`")
 		checkFile  = fs.String("check-config", "", "validate the YAML config `file` (including policies and their params), print a summary and exit")
@@ -74,8 +76,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return err
 	}
 	usageErr := func(format string, a ...any) error {
-		fmt.Fprintf(stderr, format+"\n\n", a...)
-		fs.Usage()
+		fmt.Fprintf(stderr, "kvroute serve: "+format+"\n", a...)
+		shortUsage(fs)
 		return errUsage
 	}
 
@@ -109,6 +111,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	case *model != "" && len(endpoints) > 0:
 		cfg = quickConfig(*model, *policyName, endpoints)
+	case *model != "":
+		return usageErr("--model %s needs at least one --endpoint URL", *model)
+	case len(endpoints) > 0:
+		return usageErr("--endpoint needs --model NAME, the model the endpoints serve")
 	default:
 		return usageErr("need --config FILE, or --model NAME with at least one --endpoint URL")
 	}
@@ -121,8 +127,17 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if *logFormat != "" {
 		cfg.Log.Format = *logFormat
 	}
+	quick := *configFile == ""
+	if quick && *policyName != "" && !slices.Contains(policy.Names(), *policyName) {
+		return usageErr("--policy %q: unknown policy (known: %s)", *policyName, strings.Join(policy.Names(), ", "))
+	}
 	cfg.ApplyDefaults()
 	if err := cfg.Validate(); err != nil {
+		// A value that came from a flag is the flag's error (exit status
+		// 2, named as the user typed it); the rest are the file's.
+		if msgs := serveFlagErrors(err, quick, func(name string) bool { return flagSet(fs, name) }); len(msgs) > 0 {
+			return usageErr("%s", strings.Join(msgs, "; "))
+		}
 		return fmt.Errorf("invalid config: %w", err)
 	}
 
@@ -133,6 +148,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(collectors.NewGoCollector(), collectors.NewProcessCollector(collectors.ProcessCollectorOpts{}))
 	p, err := proxy.New(proxy.Options{Config: cfg, NewPicker: policy.New, Logger: logger, Registerer: reg, Gatherer: reg})
+	if err != nil && !quick {
+		return fmt.Errorf("%s: %w", *configFile, err) // as --check-config says it
+	}
 	if err != nil {
 		return err
 	}
@@ -176,4 +194,42 @@ func newLogger(w io.Writer, c config.Log) (*slog.Logger, error) {
 		return slog.New(slog.NewJSONHandler(w, opts)), nil
 	}
 	return slog.New(slog.NewTextHandler(w, opts)), nil
+}
+
+// serveFlagErrors returns the validation errors of the fields the command
+// line set, each named by its flag: --listen, --log-level and --log-format
+// when given, and in quick mode (no --config) the model, its endpoints and
+// its policy. It returns nothing when any error is the config file's, so
+// that the whole list is reported against the file.
+func serveFlagErrors(err error, quick bool, given func(string) bool) []string {
+	var errs config.Errors
+	if !errors.As(err, &errs) {
+		return nil
+	}
+	var msgs []string
+	for _, e := range errs {
+		flagName := ""
+		switch {
+		case e.Path == "listen" && given("listen"):
+			flagName = "listen"
+		case e.Path == "log.level" && given("log-level"):
+			flagName = "log-level"
+		case e.Path == "log.format" && given("log-format"):
+			flagName = "log-format"
+		case quick && e.Path == "models[0].name":
+			flagName = "model"
+		case quick && strings.HasPrefix(e.Path, "models[0].endpoints["):
+			flagName = "endpoint"
+			if strings.Contains(e.Msg, "duplicates") || strings.Contains(e.Msg, "again; list each engine once") {
+				e = &config.FieldError{Path: e.Path, Msg: strings.Fields(e.Msg)[0] + " is given twice"}
+			}
+		case quick && strings.HasPrefix(e.Path, "models[0].policy"):
+			flagName = "policy"
+		}
+		if flagName == "" {
+			return nil
+		}
+		msgs = append(msgs, "--"+flagName+": "+e.Msg)
+	}
+	return msgs
 }

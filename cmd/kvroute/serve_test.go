@@ -99,7 +99,7 @@ func TestParseConfigErrors(t *testing.T) {
 		name, yaml, want string
 	}{
 		{"empty", "", "the file is empty"},
-		{"unknown field", "models:\n  - name: m\n    endpointz: []\n", "line 3: field endpointz not found"},
+		{"unknown field", "models:\n  - name: m\n    endpointz: []\n", `line 3: unknown field "endpointz"`},
 		{"wrong type", "retry:\n  attempts: many\n", "cannot unmarshal !!str `many` into int"},
 		{"bare number duration", "timeouts:\n  dial: 5\n", "cannot unmarshal !!int `5` into time.Duration"},
 		{"two documents", "listen: \":1\"\n---\nlisten: \":2\"\n", "more than one YAML document"},
@@ -131,7 +131,7 @@ func TestServeCheckConfig(t *testing.T) {
 		{"missing file", []string{"--check-config", filepath.Join(dir, "none.yaml")}, "", "no such file"},
 		{"no source", nil, "", "usage error"},
 		{"both sources", []string{"--config", examplePath, "--model", "m"}, "", "usage error"},
-		{"bad quick endpoint", []string{"--model", "m", "--endpoint", "htp://x"}, "", `models[0].endpoints[0].url: "htp://x" is not an http(s) URL`},
+		{"bad quick endpoint", []string{"--model", "m", "--endpoint", "htp://x"}, "", "usage error"},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -150,6 +150,63 @@ func TestServeCheckConfig(t *testing.T) {
 	}
 }
 
+// TestServeFlagErrors: a bad value given by a flag is a usage error (exit
+// status 2) on one line that names the flag as typed, not the config field
+// it fills (models[0].endpoints[0].url) or, for the policy, a failure of
+// the proxy; a config file's own errors still name its fields.
+func TestServeFlagErrors(t *testing.T) {
+	dir := t.TempDir()
+	good := filepath.Join(dir, "good.yaml")
+	os.WriteFile(good, []byte("models: [{name: m, endpoints: [{url: 'http://127.0.0.1:1'}]}]\n"), 0o644)
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("models: [{name: m, endpoints: [{url: 'htp://x'}]}]\n"), 0o644)
+	quick := []string{"--model", "m", "--endpoint", "http://127.0.0.1:1"}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // stderr's first line, after "kvroute serve: "
+	}{
+		{"bad endpoint", []string{"--model", "m", "--endpoint", "htp://x"}, `--endpoint: "htp://x" is not an http(s) URL`},
+		{"endpoint twice", []string{"--model", "m", "--endpoint", "http://a:1", "--endpoint", "http://a:1"}, `--endpoint: "http://a:1" is given twice`},
+		{"unknown policy", append(quick, "--policy", "nope"), `--policy "nope": unknown policy (known: dynamo,`},
+		{"bad listen", append(quick, "--listen", "8080"), `--listen: "8080" is not a host:port address`},
+		{"bad log level", append(quick, "--log-level", "loud"), `--log-level: "loud" is not one of debug, info, warn, error`},
+		{"bad log format", append(quick, "--log-format", "xml"), `--log-format: "xml" is not one of text, json`},
+		{"two bad flags", []string{"--model", "m", "--endpoint", "ftp://a", "--listen", "x"},
+			`--listen: "x" is not a host:port address; --endpoint: "ftp://a" is not an http(s) URL`},
+		{"bad listen over a file", []string{"--config", good, "--listen", "x"}, `--listen: "x" is not a host:port address`},
+		{"model without endpoint", []string{"--model", "m"}, "--model m needs at least one --endpoint URL"},
+		{"endpoint without model", []string{"--endpoint", "http://a:1"}, "--endpoint needs --model NAME"},
+		{"unknown flag", []string{"--bogus"}, "flag provided but not defined: -bogus"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			err := run(context.Background(), append([]string{"serve"}, tc.args...), &out, &errOut)
+			first, rest, _ := strings.Cut(errOut.String(), "\n")
+			if !errors.Is(err, errUsage) || !strings.Contains(first, tc.want) {
+				t.Errorf("got %v, stderr %q; want a usage error whose first line has %q", err, errOut.String(), tc.want)
+			}
+			if rest != "Run 'kvroute serve --help' for usage.\n" {
+				t.Errorf("stderr after the error: got %q, want only the pointer to --help", rest)
+			}
+		})
+	}
+	// The file's own errors are the file's: exit status 1, field paths.
+	var out, errOut bytes.Buffer
+	err := run(context.Background(), []string{"serve", "--config", bad, "--listen", "127.0.0.1:0"}, &out, &errOut)
+	if err == nil || errors.Is(err, errUsage) || !strings.Contains(err.Error(), `models[0].endpoints[0].url: "htp://x"`) {
+		t.Errorf("bad file: got %v, want the file's field error", err)
+	}
+	// A policy the file names that does not exist: the error names the
+	// file, as --check-config's does (it named neither).
+	badPolicy := filepath.Join(dir, "policy.yaml")
+	os.WriteFile(badPolicy, []byte("models: [{name: m, policy: {name: nope}, endpoints: [{url: 'http://127.0.0.1:1'}]}]\n"), 0o644)
+	err = run(context.Background(), []string{"serve", "--config", badPolicy, "--listen", "127.0.0.1:0"}, &out, &errOut)
+	if err == nil || errors.Is(err, errUsage) || !strings.HasPrefix(err.Error(), badPolicy+": ") || !strings.Contains(err.Error(), `unknown policy "nope"`) {
+		t.Errorf("bad policy in the file: got %v, want an error naming the file and the policy", err)
+	}
+}
+
 func TestServeHelpExplainsEveryFlag(t *testing.T) {
 	var out, errOut bytes.Buffer
 	err := run(context.Background(), []string{"serve", "--help"}, &out, &errOut)
@@ -157,9 +214,12 @@ func TestServeHelpExplainsEveryFlag(t *testing.T) {
 		t.Fatalf("got %v, want flag.ErrHelp", err)
 	}
 	for _, f := range []string{"-config", "-check-config", "-listen", "-model", "-endpoint", "-policy", "-log-level", "-log-format", "kv-aware"} {
-		if !strings.Contains(errOut.String(), f) {
+		if !strings.Contains(out.String(), f) {
 			t.Errorf("--help lacks %s", f)
 		}
+	}
+	if errOut.Len() > 0 {
+		t.Errorf("--help wrote %q to stderr; want it all on stdout (kvroute serve --help | less)", errOut.String())
 	}
 }
 

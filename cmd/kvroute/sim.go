@@ -5,6 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
+	"net/http"
 	"os"
 	"path/filepath"
 	"runtime"
@@ -59,8 +61,10 @@ Generators: ` + "%s" + `.
 The run is deterministic for --seed. --out DIR writes report.json, report.csv,
 report.txt (the table), report.html (charts, works offline), SVG charts and
 requests.csv (one line per request, with the TTFT split into network, queue,
-prefill, KV transfer and first step). Ctrl-C stops the runs in progress and
-reports those that finished (exit status 130).`
+prefill, KV transfer and first step). Failed requests are counted per kind in
+the table; the first of each kind is printed with its reason (e.g. a prompt
+longer than the engines' max model length). Ctrl-C stops the runs in progress
+and reports those that finished (exit status 130).`
 
 // simOptions are the parsed flags of kvroute sim.
 type simOptions struct {
@@ -94,7 +98,7 @@ type simOptions struct {
 func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	desc := fmt.Sprintf(simDescription, strings.Join(engine.ProfileNames(), ", "),
 		strings.Join(policy.Names(), ", "), strings.Join(workload.GeneratorNames(), ", "))
-	fs := newFlagSet("sim", "[--trace FILE | --workload NAME] [flags]", desc, stderr)
+	fs := newFlagSet("sim", "[--trace FILE | --workload NAME] [flags]", desc, stdout, stderr)
 	var o simOptions
 	fs.StringVar(&o.trace, "trace", "", "Mooncake JSONL trace `file` (default: the embedded conversation trace)")
 	fs.StringVar(&o.workloadName, "workload", "", "generate a workload with this generator instead of a trace")
@@ -109,7 +113,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&o.profile, "profile", "llama-3.1-8b-h100", "engine profile for --engines COUNT")
 	fs.StringVar(&o.fleetFile, "fleet", "", "fleet `file` (YAML), instead of --engines")
 	o.hf.register(fs, "the engines of --engines COUNT, or of groups named hf")
-	fs.Var(&o.policies, "policies", "routing policies to compare, comma-separated (default kv-aware,round_robin,least_request)")
+	fs.Var(&o.policies, "policies", "routing `policies` to compare, comma-separated (default kv-aware,round_robin,least_request)")
 	fs.Var(&o.policyParams, "policy-param", "policy parameter `POLICY.NAME=VALUE` (repeatable)")
 	fs.Float64Var(&o.rateScale, "rate-scale", 1, "multiply the workload's arrival rate by `X`")
 	fs.StringVar(&o.sweep, "sweep", "", "sweep the rate scale: `FROM:TO:STEP` or a list X,Y,... (overrides --rate-scale)")
@@ -148,20 +152,23 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return usageErr("--routers %d must be at most 1024", o.routers)
 	}
 	// sim.Config and workload.Options read zero as "the default": a zero
-	// given on the command line would silently run something else.
+	// given on the command line would silently run something else. A
+	// negative generator value is the flag's error too, not the
+	// generator's field's ("arrivals.rate -5").
 	for _, z := range []struct {
 		name, hint string
-		zero       bool
+		bad        bool
 	}{
-		{"requests", "at least 1 (default 1000)", o.requests == 0},
-		{"rate", "positive (default 10)", o.rate == 0},
-		{"cv", "positive (default 2)", o.cv == 0},
+		{"requests", "at least 1 (default 1000)", o.requests <= 0},
+		{"rate", "positive (default 10)", !(o.rate > 0)},
+		{"cv", "positive (default 2)", !(o.cv > 0)},
 		{"scrape-interval", "positive, or negative for never", o.scrapeInterval == 0},
 		{"stale-after", "positive (default 1s)", o.staleAfter == 0},
 		{"kv-event-delay", "positive (e.g. 1ms)", o.kvEventDelay == 0},
+		{"parallel", "at least 1", o.parallel < 1},
 	} {
-		if z.zero && flagSet(fs, z.name) {
-			return usageErr("--%s 0: must be %s", z.name, z.hint)
+		if z.bad && flagSet(fs, z.name) {
+			return usageErr("--%s %s: must be %s", z.name, fs.Lookup(z.name).Value, z.hint)
 		}
 	}
 	if o.netLatency == 0 && flagSet(fs, "net-latency") {
@@ -224,9 +231,6 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if _, err := engine.LookupProfile(g.Profile); err != nil {
 			return usageErr("%v", err)
 		}
-	}
-	if o.parallel < 1 {
-		o.parallel = 1
 	}
 	if o.routers < 1 {
 		return usageErr("--routers %d must be at least 1", o.routers)
@@ -461,6 +465,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 				simBytes(fl.Total), simBytes(fl.PerDecodeMean), simBytes(fl.PerDecodeP99), simBytes(fl.PerDecodeMax),
 				report.FormatDuration(fl.TimeP50), report.FormatDuration(fl.TimeP99), report.FormatDuration(fl.QueueP99))
 		}
+		writeSimFailures(stderr, results)
 		var simWall time.Duration
 		for _, d := range walls {
 			simWall += d
@@ -483,6 +488,33 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		}
 	}
 	return interrupted
+}
+
+// writeSimFailures prints the first failure of each kind over the runs,
+// with its reason, as bench does: the table's "errors ...: http_400=38"
+// alone does not say that the prompts were longer than the engines'
+// context.
+func writeSimFailures(w io.Writer, results []*sim.Result) {
+	first := map[string]string{}
+	for _, res := range results {
+		for i := range res.Records {
+			rec := &res.Records[i]
+			if rec.Status == http.StatusOK || rec.Status == http.StatusTooManyRequests {
+				continue
+			}
+			kind := "http_" + strconv.Itoa(rec.Status)
+			if _, ok := first[kind]; !ok {
+				first[kind] = fmt.Sprintf("%s (request %s)", rec.Error, rec.ID)
+			}
+		}
+	}
+	if len(first) == 0 {
+		return
+	}
+	fmt.Fprintln(w, "first failure of each kind:")
+	for _, kind := range slices.Sorted(maps.Keys(first)) {
+		fmt.Fprintf(w, "  %s: %s\n", kind, first[kind])
+	}
 }
 
 // simBytes renders a byte rate in decimal units (GB = 1e9 bytes).

@@ -147,6 +147,29 @@ func TestSimCommandUsageErrors(t *testing.T) {
 	}
 }
 
+// TestSimCommandNamesTheFlag: a bad generator value is the flag's usage
+// error, named as typed ("--rate -5"), not the generator's field
+// ("arrivals.rate -5 must be > 0", "requests -5 out of range"), and
+// --parallel 0 is refused rather than quietly run as 1.
+func TestSimCommandNamesTheFlag(t *testing.T) {
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--rate", "-5"}, "kvroute sim: --rate -5: must be positive"},
+		{[]string{"--rate", "0"}, "kvroute sim: --rate 0: must be positive"},
+		{[]string{"--requests", "-5"}, "kvroute sim: --requests -5: must be at least 1"},
+		{[]string{"--cv", "-1", "--arrivals", "gamma"}, "kvroute sim: --cv -1: must be positive"},
+		{[]string{"--parallel", "0"}, "kvroute sim: --parallel 0: must be at least 1"},
+	} {
+		var out, errb bytes.Buffer
+		args := append([]string{"sim", "--workload", "chat", "--quiet"}, tc.args...)
+		if err := run(context.Background(), args, &out, &errb); !errors.Is(err, errUsage) || !strings.Contains(errb.String(), tc.want) {
+			t.Errorf("%v: got %v, stderr %q; want a usage error with %q", tc.args, err, errb.String(), tc.want)
+		}
+	}
+}
+
 // TestSimCommandHFConfigPD: a model from a config.json runs as a P/D fleet
 // (groups named hf), and the run prints the KV fabric it used.
 func TestSimCommandHFConfigPD(t *testing.T) {
@@ -430,5 +453,22 @@ func TestSimCommandBoundPerRunWhenSomeFail(t *testing.T) {
 	if !strings.Contains(s, "ttft lower bound over each run's completed requests") ||
 		!strings.Contains(s, "\n  kv-aware: p50 ") || !strings.Contains(s, "\n  round_robin: p50 ") {
 		t.Errorf("want one bound line per run:\n%s", s)
+	}
+}
+
+// TestSimCommandPrintsFailures: failed requests are explained, as bench
+// explains them: the table's "errors kv-aware: http_400=38" alone did not
+// say that the prompts were longer than the engines' context.
+func TestSimCommandPrintsFailures(t *testing.T) {
+	var out, errb bytes.Buffer
+	args := []string{"sim", "--engines", "2xtiny", "--workload", "chat", "--requests", "50", "--policies", "kv-aware"}
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("run: %v\n%s", err, errb.String())
+	}
+	if !strings.Contains(out.String(), "http_400=") {
+		t.Fatalf("the run had no refused request; the test needs one:\n%s", out.String())
+	}
+	if s := errb.String(); !strings.Contains(s, "first failure of each kind:\n  http_400: engine: add: ") || !strings.Contains(s, "exceed the max model length 1024") {
+		t.Errorf("stderr does not explain the failures:\n%s", s)
 	}
 }

@@ -12,7 +12,7 @@ func init() {
 }
 
 func runVersion(_ context.Context, args []string, stdout, stderr io.Writer) error {
-	fs := newFlagSet("version", "", "Print kvroute's version and the Go version it was built with.", stderr)
+	fs := newFlagSet("version", "", "Print kvroute's version and the Go version it was built with.", stdout, stderr)
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
