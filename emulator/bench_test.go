@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"sync"
 	"testing"
@@ -125,4 +126,32 @@ func BenchmarkHandlerCPU(b *testing.B) {
 			})
 		})
 	}
+}
+
+// BenchmarkHandlerChatCPU is BenchmarkHandlerCPU with the soak's requests
+// (TestFleetCPU): chat requests of a ~1.6 KB system prompt, one of 8, and
+// a short user turn, whole responses of 1,000 tokens.
+func BenchmarkHandlerChatCPU(b *testing.B) {
+	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
+	if err != nil {
+		b.Fatal(err)
+	}
+	heads := make([]string, 8) // the body up to the user turn's number
+	for i := range heads {
+		heads[i] = fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":"question `,
+			strings.Repeat(fmt.Sprintf("System prompt %d sets the rules for this assistant. ", i), 30))
+	}
+	const tail = ` about the rules"}],"max_tokens":1000,"ignore_eos":true,"stream":false}`
+	b.ReportAllocs()
+	s, _ := testServer(b, Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1e6})
+	h := s.Handler()
+	cpuPerRequest(b, 1000, func(i int) {
+		body := heads[i%len(heads)] + strconv.Itoa(i) + tail
+		r, _ := http.NewRequest(http.MethodPost, "/v1/chat/completions", strings.NewReader(body))
+		rec := newRecorder()
+		h.ServeHTTP(rec, r)
+		if rec.code != 200 {
+			b.Errorf("status %d", rec.code)
+		}
+	})
 }

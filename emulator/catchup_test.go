@@ -67,7 +67,7 @@ func TestCatchUpMatchesStepping(t *testing.T) {
 				finishing += ls.finishing
 				s.publishStats(&ls.acc)
 				var buf bytes.Buffer
-				mfs, err := s.metrics.reg.Gather()
+				mfs, err := s.metrics.gather()
 				if err != nil {
 					t.Fatal(err)
 				}

@@ -132,6 +132,11 @@ type job struct {
 	roleWritten bool
 	chunked     bool // an output was due (--stream-interval)
 	chunkedAt   int  // generated tokens at the last due output
+	// direct is set for a whole response without stop strings whose
+	// tokens render as plain words (Server.plainWords): its text is not
+	// rendered into text but straight into the body (appendWhole), which
+	// needs no escaping.
+	direct bool
 }
 
 func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
@@ -148,7 +153,12 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	req, aerr := parseRequest(body, chat)
-	putBody(bodyBuf) // parseRequest copies what it keeps
+	if !chat || aerr != nil {
+		// parseRequest copies what it keeps, but for a chat request's
+		// messages: they alias the body, recycled once they are encoded.
+		putBody(bodyBuf)
+		bodyBuf = nil
+	}
 	if aerr == nil && !chat && req.promptEmpty {
 		aerr = errNoPrompt() // (POST /tokenize takes an empty prompt)
 	}
@@ -157,6 +167,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	if req.Model != "" && req.Model != s.cfg.Model {
+		putBody(bodyBuf)
 		writeAPIError(w, &apiError{status: http.StatusNotFound, msg: fmt.Sprintf("The model `%s` does not exist.", req.Model), param: "model"})
 		return
 	}
@@ -164,7 +175,10 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 	defer j.putText()
 	if chat {
 		var err error
-		if j.prompt, err = s.encodeMessages(req.chatMessages); err != nil {
+		j.prompt, err = s.encodeMessages(req.chatMessages)
+		req.chatMessages = nil
+		putBody(bodyBuf)
+		if err != nil {
 			writeError(w, http.StatusBadRequest, "chat template: "+err.Error())
 			return
 		}
@@ -201,8 +215,9 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 			j.respID = "cmpl-" + id
 		}
 	}
-	j.engineID = j.respID + "-" + strconv.FormatUint(idCounter.Add(1), 36)
-	j.hdr = openai.ChunkHeader{ID: j.respID, Model: s.cfg.Model, Created: time.Now().Unix()}
+	j.engineID = engineRequestID(j.respID, idCounter.Add(1))
+	now := time.Now() // one clock reading for created and the seed
+	j.hdr = openai.ChunkHeader{ID: j.respID, Model: s.cfg.Model, Created: now.Unix()}
 	for _, stop := range req.stops {
 		j.maxStop = max(j.maxStop, len(stop))
 	}
@@ -213,7 +228,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		seed = mix64(uint64(*req.Seed)) | 1
 		ereq.Seed = seed
 	} else {
-		seed = mix64(idCounter.Load()) ^ uint64(time.Now().UnixNano())
+		seed = mix64(idCounter.Load()) ^ uint64(now.UnixNano())
 	}
 	ereq.EOSAt = eosAt(seed, s.cfg.EOSMean)
 	if ereq.EOSAt > 0 && ereq.EOSAt <= req.MinTokens {
@@ -227,6 +242,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		every = s.cfg.StreamInterval
 	}
 	j.st = newStream(j.engineID, every, j.maxTokens)
+	j.direct = every == 0 && s.plainWords
 	j.ereq = ereq
 	defer j.putToks()
 
@@ -243,6 +259,19 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	s.serveWhole(w, r, j)
+}
+
+// engineRequestID is the engine's id of the request answered as respID,
+// the n-th of the process: respID-n (n in base 36), built on the stack
+// (one allocation, the string's; not inlined, so that its buffer is not
+// in handle's frame, on the stack for the whole request).
+//
+//go:noinline
+func engineRequestID(respID string, n uint64) string {
+	var buf [64]byte
+	b := append(buf[:0], respID...)
+	b = append(b, '-')
+	return string(strconv.AppendUint(b, n, 36))
 }
 
 // checkLength sets j.maxTokens and rejects requests that do not fit the
@@ -316,7 +345,7 @@ func (s *Server) advance(j *job) bool {
 	}
 	before := j.generated // tokens out before p.toks
 	j.generated = p.generated
-	if toks := p.toks; len(toks) > 0 {
+	if toks := p.toks; len(toks) > 0 && !j.direct {
 		if j.textBuf == nil {
 			// Taken only now, not when the request arrives: a request
 			// waiting for its tokens holds no text buffer, so a few buffers

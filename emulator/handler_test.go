@@ -6,13 +6,17 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/tokenizer"
 )
 
 // TestRequestErrors checks each bad input's status and vLLM's error body:
@@ -630,4 +634,64 @@ func TestMinTokens(t *testing.T) {
 		t.Errorf("stop %q within min_tokens: got %q finish %s, want the whole %q finish length", stop, got.Choices[0].Text,
 			*got.Choices[0].FinishReason, full.Choices[0].Text)
 	}
+}
+
+// TestEngineRequestID: the engine's request id is the response id, a dash
+// and the request's number in base 36, made in one allocation.
+func TestEngineRequestID(t *testing.T) {
+	for _, tc := range []struct {
+		resp string
+		n    uint64
+	}{{"cmpl-1", 0}, {"chatcmpl-" + strings.Repeat("f", 32), 123456789}, {"cmpl-" + strings.Repeat("x", 100), math.MaxUint64}} {
+		if got, want := engineRequestID(tc.resp, tc.n), tc.resp+"-"+strconv.FormatUint(tc.n, 36); got != want {
+			t.Errorf("engineRequestID(%q, %d) = %q, want %q", tc.resp, tc.n, got, want)
+		}
+	}
+	id := "chatcmpl-" + strings.Repeat("f", 32)
+	if n := testing.AllocsPerRun(100, func() { _ = engineRequestID(id, 987654321) }); n != 1 {
+		t.Errorf("engineRequestID: %v allocations, want 1", n)
+	}
+}
+
+// TestRoleString: the common roles come without an allocation, others as
+// they are.
+func TestRoleString(t *testing.T) {
+	for _, r := range []string{"system", "user", "assistant", "tool", "x"} {
+		if got := roleString([]byte(r)); got != r {
+			t.Errorf("roleString(%q) = %q", r, got)
+		}
+	}
+	b := []byte("assistant")
+	if n := testing.AllocsPerRun(100, func() { _ = roleString(b) }); n != 0 {
+		t.Errorf("roleString(assistant): %v allocations, want 0", n)
+	}
+}
+
+// TestChatBodyRecycled: chat requests whose contents alias their bodies
+// (recycled through bodyPool once encoded), served at once, each get the
+// prompt of their own messages.
+func TestChatBodyRecycled(t *testing.T) {
+	s, hs := testServer(t, Config{})
+	var wg sync.WaitGroup
+	for i := range 40 {
+		wg.Go(func() {
+			sys := strings.Repeat(fmt.Sprintf("rule %d applies here. ", i), 5+i%7)
+			msgs := []tokenizer.Message{{Role: "system", Content: sys}, {Role: "user", Content: fmt.Sprintf("question %d", i)}}
+			body := fmt.Sprintf(`{"messages":[{"role":"system","content":%q},{"role":"user","content":%q}],"max_tokens":2}`, sys, msgs[1].Content)
+			code, out := post(t, hs.URL+"/v1/chat/completions", body)
+			var resp struct {
+				Usage struct {
+					PromptTokens int `json:"prompt_tokens"`
+				}
+			}
+			if err := json.Unmarshal(out, &resp); code != 200 || err != nil {
+				t.Errorf("request %d: status %d, %v: %s", i, code, err, out)
+				return
+			}
+			if want := len(s.encodeChat(msgs)); resp.Usage.PromptTokens != want {
+				t.Errorf("request %d: %d prompt tokens, want %d", i, resp.Usage.PromptTokens, want)
+			}
+		})
+	}
+	wg.Wait()
 }

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math"
+	"math/bits"
 	"net/http"
 	"strconv"
 	"sync"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/kvroute/kvroute/engine"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 )
 
@@ -78,7 +80,8 @@ type snapshot struct {
 }
 
 // metrics holds one Server's instruments. Histograms that the flavour does
-// not have are nil. The loop goroutine is the only writer.
+// not have are nil. The loop goroutine makes the observations; a scrape
+// records those still pending (flush), under mu.
 type metrics struct {
 	reg *prometheus.Registry
 	// snapMu protects snap, the last published snapshot (a leaf lock): the
@@ -95,10 +98,32 @@ type metrics struct {
 	promptTokens, genTokens, maxTokensParam, maxGenTokens   *hist
 	nParam, iteration                                       *hist
 	success                                                 map[string]prometheus.Counter
+	// adds and finishes are the observations of queued and finished
+	// requests not yet recorded (under mu): the histograms only they
+	// change (the parameters', the finished requests' latencies and
+	// sizes) and the success counters take them in batches (flush), in
+	// order, so that a request does not touch a dozen histograms' cold
+	// memory (a busy fleet's loop wakes with a cold cache). Whoever reads
+	// those flushes first (gather, Collect).
+	adds     []int // max_tokens
+	finishes []finishObs
 }
 
-// hist is a classic Prometheus histogram written by one goroutine under
-// metrics.mu and exposed as a const histogram at scrape time.
+// finishObs is what a finished request records in the histograms only
+// finished requests change, and in its success counter.
+type finishObs struct {
+	e2e, queue, inference, prefill, decode float64
+	promptTokens, generated, tpot          float64
+	hasTPOT                                bool
+	reason                                 string
+}
+
+// pendMax is the most pending observations of each kind (adds, finishes)
+// before they are recorded.
+const pendMax = 32
+
+// hist is a classic Prometheus histogram written under metrics.mu and
+// exposed as a const histogram at scrape time.
 type hist struct {
 	desc   *prometheus.Desc
 	upper  []float64
@@ -143,11 +168,53 @@ func (h *hist) observeN(v float64, n int) {
 	h.observe(v)
 	h.counts[h.lastBucket] += uint64(n - 1)
 	h.count += uint64(n - 1)
-	sum := h.sum
-	for range n - 1 {
-		sum += v
+	h.sum = addN(h.sum, v, n-1)
+}
+
+// addN returns sum after n float64 additions of v, one after the other
+// (each rounded to nearest, ties to even), bit for bit, without making
+// them all: a step records a batch of ~100 equal latencies, and n
+// dependent additions were most of observeN's cost.
+//
+// While the running sum stays in one binade [2^e, 2^(e+1)), every sum is
+// a multiple of the binade's ulp u, and an addition rounds it to the
+// multiple nearest to sum+v: it adds v rounded to a multiple of u, the
+// same each time, except for a tie (v an odd multiple of u/2), which
+// rounds to an even multiple and so may add one u more the first time,
+// then the same from the second on. So once two additions were made
+// within the binade, the next ones add the second's increment d for as
+// long as sum+d stays below the binade's end: their result is computed
+// at once, in units of u. The additions near each binade's start are
+// made one by one, as are those of values the argument does not cover
+// (v <= 0, sums that are not positive normal numbers, the last binade).
+func addN(sum, v float64, n int) float64 {
+	const mant = 1<<52 - 1
+	for n > 0 {
+		if n < 4 || !(v > 0) || !(sum > 0) {
+			sum += v
+			n--
+			continue
+		}
+		s1 := sum + v
+		s2 := s1 + v
+		s3 := s2 + v
+		n -= 3
+		b1, b2, b3 := math.Float64bits(s1), math.Float64bits(s2), math.Float64bits(s3)
+		exp := b3 >> 52
+		if b1>>52 != exp || b2>>52 != exp || exp == 0 || exp >= 0x7fe {
+			sum = s3 // a binade boundary, a subnormal, or the last binade (+Inf)
+			continue
+		}
+		d := b3 - b2                    // the increment, in ulps (s2, s3: same binade)
+		a := b3&mant | 1<<52            // s3 in ulps, in [2^52, 2^53)
+		k, room := uint64(n), 1<<53-1-a // additions computed at once; a + k*d <= 1<<53-1
+		if hi, lo := bits.Mul64(k, d); hi != 0 || lo > room {
+			k = room / d // the binade ends first
+		}
+		sum = math.Float64frombits(exp<<52 | (a+k*d)&mant)
+		n -= int(k)
 	}
-	h.sum = sum
+	return sum
 }
 
 // Describe and Collect make metrics a prometheus.Collector of its
@@ -161,6 +228,7 @@ func (m *metrics) Describe(ch chan<- *prometheus.Desc) {
 func (m *metrics) Collect(ch chan<- prometheus.Metric) {
 	m.mu.Lock()
 	defer m.mu.Unlock()
+	m.flush()
 	for _, h := range m.hists {
 		buckets := make(map[float64]uint64, len(h.upper))
 		var cum uint64
@@ -366,9 +434,48 @@ func (m *metrics) llamacpp() {
 // onAdd records a request's parameters when it is queued. The caller holds
 // m.mu (as for onOutput and onStep).
 func (m *metrics) onAdd(maxTokens int) {
-	m.maxTokensParam.observe(float64(maxTokens))
-	m.maxGenTokens.observe(float64(maxTokens))
-	m.nParam.observe(1)
+	if len(m.adds) == pendMax {
+		m.flush()
+	}
+	m.adds = append(m.adds, maxTokens)
+}
+
+// flush records the pending observations (adds, finishes), in the order
+// they were made. The caller holds m.mu.
+func (m *metrics) flush() {
+	for _, n := range m.adds {
+		m.maxTokensParam.observe(float64(n))
+		m.maxGenTokens.observe(float64(n))
+		m.nParam.observe(1)
+	}
+	m.adds = m.adds[:0]
+	for i := range m.finishes {
+		f := &m.finishes[i]
+		if c := m.success[f.reason]; c != nil {
+			c.Inc()
+		}
+		m.e2e.observe(f.e2e)
+		m.queue.observe(f.queue)
+		m.inference.observe(f.inference)
+		m.prefill.observe(f.prefill)
+		m.decode.observe(f.decode)
+		m.promptTokens.observe(f.promptTokens)
+		m.genTokens.observe(f.generated)
+		if f.hasTPOT {
+			m.tpot.observe(f.tpot)
+		}
+	}
+	clear(m.finishes)
+	m.finishes = m.finishes[:0]
+}
+
+// gather returns the registry's metrics, the pending observations
+// recorded first.
+func (m *metrics) gather() ([]*dto.MetricFamily, error) {
+	m.mu.Lock()
+	m.flush()
+	m.mu.Unlock()
+	return m.reg.Gather()
 }
 
 // onOutput records one engine output. generated is the number of tokens the
@@ -386,20 +493,17 @@ func (m *metrics) onOutput(o *engine.Output, generated int, reason string) {
 	if !o.Finished {
 		return
 	}
-	if c := m.success[reason]; c != nil {
-		c.Inc()
+	if len(m.finishes) == pendMax {
+		m.flush()
 	}
-	e2e := (o.Time - o.Arrival).Seconds()
-	m.e2e.observe(e2e)
-	m.queue.observe(o.QueueTime.Seconds())
-	m.inference.observe((o.PrefillTime + o.DecodeTime).Seconds())
-	m.prefill.observe(o.PrefillTime.Seconds())
-	m.decode.observe(o.DecodeTime.Seconds())
-	m.promptTokens.observe(float64(o.PromptTokens))
-	m.genTokens.observe(float64(generated))
-	if generated > 1 {
-		m.tpot.observe(o.DecodeTime.Seconds() / float64(generated-1))
+	f := finishObs{e2e: (o.Time - o.Arrival).Seconds(), queue: o.QueueTime.Seconds(),
+		inference: (o.PrefillTime + o.DecodeTime).Seconds(), prefill: o.PrefillTime.Seconds(),
+		decode: o.DecodeTime.Seconds(), promptTokens: float64(o.PromptTokens), generated: float64(generated),
+		hasTPOT: generated > 1, reason: reason}
+	if f.hasTPOT {
+		f.tpot = o.DecodeTime.Seconds() / float64(generated-1)
 	}
+	m.finishes = append(m.finishes, f)
 }
 
 // observeITLs records n inter-token latencies d, as n onOutput calls of
@@ -425,7 +529,7 @@ const contentTypeMetrics = "text/plain; version=0.0.4; charset=utf-8"
 // Content-Type vLLM sends (no content negotiation, like vLLM's default).
 func (s *Server) handleMetrics(w http.ResponseWriter, r *http.Request) {
 	s.syncStats(r.Context())
-	mfs, err := s.metrics.reg.Gather()
+	mfs, err := s.metrics.gather()
 	if err != nil {
 		writeError(w, http.StatusInternalServerError, "gather metrics: "+err.Error())
 		return

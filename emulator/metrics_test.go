@@ -3,11 +3,14 @@ package emulator
 import (
 	"fmt"
 	"math"
+	"math/rand/v2"
 	"net/http"
 	"slices"
 	"strings"
 	"testing"
+	"time"
 
+	"github.com/kvroute/kvroute/engine"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -312,4 +315,144 @@ func TestHistObserveN(t *testing.T) {
 	}
 	var nilHist *hist
 	nilHist.observeN(1, 3) // no histogram in this flavour: no-op
+}
+
+// naiveAddN is addN's reference: n additions, one by one.
+func naiveAddN(sum, v float64, n int) float64 {
+	for range n {
+		sum += v
+	}
+	return sum
+}
+
+// TestAddN checks addN against n additions one by one, bit for bit:
+// sums and values of every scale, values that tie at some binade of the
+// sum (an odd multiple of half its ulp), and runs that cross binades,
+// reach the subnormals or overflow.
+func TestAddN(t *testing.T) {
+	rng := rand.New(rand.NewPCG(7, 11))
+	type tc struct {
+		sum, v float64
+		n      int
+	}
+	cases := []tc{
+		{0, 0.0065, 1000}, {0, 1, 1 << 20}, {1, 0x1p-53, 10}, {1, 0x1p-52, 10}, {1, 3 * 0x1p-53, 100},
+		{1 << 52, 0.5, 20}, {1 << 52, 1.5, 20}, {1 << 53, 1, 10}, {1 << 53, 3, 10}, {math.MaxFloat64 / 2, math.MaxFloat64 / 8, 10},
+		{0x1p-1074, 0x1p-1074, 5000}, {0x1p-1022, 0x1p-1060, 5000}, {-1, 0.25, 100}, {1, -0.3, 100}, {1, 0, 10},
+		{math.NaN(), 1, 10}, {1, math.NaN(), 10}, {math.Inf(1), 1, 10}, {1, math.Inf(1), 10}, {3, 2, 0},
+	}
+	for range 20000 {
+		sum := math.Ldexp(rng.Float64(), rng.IntN(120)-60)
+		if rng.IntN(8) == 0 {
+			sum = 0
+		}
+		v := math.Ldexp(rng.Float64(), rng.IntN(80)-60)
+		switch rng.IntN(4) {
+		case 0: // a tie at the sum's binade or a later one: an odd multiple of half an ulp
+			_, e := math.Frexp(math.Max(sum, v))
+			half := math.Ldexp(1, e-54+rng.IntN(4))
+			v = float64(2*rng.IntN(1<<10)+1) * half
+		case 1: // a value with few significant bits (step latencies in seconds are often short)
+			v = math.Ldexp(float64(rng.IntN(1<<12)), rng.IntN(20)-30)
+		}
+		cases = append(cases, tc{sum, v, rng.IntN(3000)})
+	}
+	for _, c := range cases {
+		got, want := addN(c.sum, c.v, c.n), naiveAddN(c.sum, c.v, c.n)
+		if math.Float64bits(got) != math.Float64bits(want) && !(math.IsNaN(got) && math.IsNaN(want)) {
+			t.Fatalf("addN(%v, %v, %d) = %v (%#x), want %v (%#x)", c.sum, c.v, c.n, got, math.Float64bits(got), want, math.Float64bits(want))
+		}
+	}
+}
+
+func FuzzAddN(f *testing.F) {
+	f.Add(0.0, 0.0065, uint16(1000))
+	f.Add(1.0, 3*0x1p-53, uint16(100))
+	f.Add(float64(1<<52), 1.5, uint16(50))
+	f.Fuzz(func(t *testing.T, sum, v float64, n uint16) {
+		got, want := addN(sum, v, int(n)), naiveAddN(sum, v, int(n))
+		if math.Float64bits(got) != math.Float64bits(want) && !(math.IsNaN(got) && math.IsNaN(want)) {
+			t.Fatalf("addN(%v, %v, %d) = %v, want %v", sum, v, n, got, want)
+		}
+	})
+}
+
+// BenchmarkHistObserveN records a step's batch of 96 equal inter-token
+// latencies, as deliver does.
+func BenchmarkHistObserveN(b *testing.B) {
+	h := &hist{upper: itlBuckets, counts: make([]uint64, len(itlBuckets)+1), lastV: math.NaN()}
+	b.ReportAllocs()
+	for i := range b.N {
+		h.observeN(0.0065+float64(i%3)*1e-4, 96)
+	}
+}
+
+// TestMetricsPendingBatches: the observations of queued and finished
+// requests, recorded in batches (metrics.adds and finishes), give the
+// exposition that recording each at once gives, across several batches
+// and interleaved with the steps' latencies, in every flavour.
+func TestMetricsPendingBatches(t *testing.T) {
+	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	rng := rand.New(rand.NewPCG(1, 9))
+	type call struct {
+		add       int
+		o         engine.Output
+		generated int
+		reason    string
+	}
+	var calls []call
+	for i := range 3*pendMax + 5 {
+		calls = append(calls, call{add: 1 + rng.IntN(4000)})
+		ms := func() time.Duration { return time.Duration(rng.IntN(5e9)) }
+		o := engine.Output{Finished: i%5 != 0, First: i%7 == 0, FinishReason: []string{"stop", "length", "abort"}[i%3],
+			PromptTokens: rng.IntN(9000), Arrival: ms(), QueueTime: ms(), PrefillTime: ms(), DecodeTime: ms(), TTFT: ms(), ITL: ms()}
+		o.Time = o.Arrival + ms()
+		calls = append(calls, call{add: -1, o: o, generated: rng.IntN(3), reason: o.FinishReason})
+		if i%4 == 1 {
+			calls[len(calls)-1].generated = 100 + rng.IntN(2000)
+		}
+	}
+	for _, flavor := range Flavors {
+		var out [2]string
+		for k, eachAtOnce := range []bool{false, true} {
+			m, err := newMetrics(flavor, "m", prof, "xxh3", time.Unix(1700000000, 0))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range calls {
+				m.mu.Lock()
+				if c.add > 0 {
+					m.onAdd(c.add)
+				} else {
+					m.onOutput(&c.o, c.generated, c.reason)
+					m.observeITLs(time.Duration(c.generated)*time.Millisecond, 3)
+				}
+				if eachAtOnce {
+					m.flush()
+				}
+				m.mu.Unlock()
+			}
+			mfs, err := m.gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			var b strings.Builder
+			enc := expfmt.NewEncoder(&b, expfmt.NewFormat(expfmt.TypeTextPlain))
+			for _, mf := range mfs {
+				if err := enc.Encode(mf); err != nil {
+					t.Fatal(err)
+				}
+			}
+			out[k] = b.String()
+		}
+		if out[0] != out[1] {
+			t.Errorf("%s: batched exposition differs from recording each at once:\n%s\nwant\n%s", flavor, out[0], out[1])
+		}
+		if flavor == FlavorVLLM && !strings.Contains(out[0], `vllm:request_params_max_tokens_count{engine="0",model_name="m"} 101`) {
+			t.Errorf("vllm: want all 101 queued requests' max_tokens counted")
+		}
+	}
 }

@@ -211,7 +211,9 @@ func writeAPIError(w http.ResponseWriter, e *apiError) {
 // parseRequest decodes and validates a request body the way vLLM's pydantic
 // models and serving layer do (for the fields the emulator honours). A body
 // of the common shape takes the fast path (scanRequest); the rest, errors
-// included, goes through encoding/json (decodeRequest).
+// included, goes through encoding/json (decodeRequest). Chat messages'
+// contents may alias body (scanRequest's): body must not change while
+// they are used.
 func parseRequest(body []byte, chat bool) (*apiRequest, *apiError) {
 	r, ok := scanRequest(body, chat)
 	if !ok {

@@ -92,11 +92,11 @@ func (s *Server) appendWhole(dst []byte, j *job, kv map[string]any) []byte {
 	dst = openai.AppendJSONString(dst, s.cfg.Model)
 	if j.chat {
 		dst = append(dst, `,"choices":[{"index":0,"message":{"role":"assistant","reasoning_content":null,"content":`...)
-		dst = openai.AppendJSONString(dst, bytesString(j.text))
+		dst = s.appendText(dst, j)
 		dst = append(dst, `,"tool_calls":[]},"logprobs":null,"finish_reason":`...)
 	} else {
 		dst = append(dst, `,"choices":[{"index":0,"text":`...)
-		dst = openai.AppendJSONString(dst, bytesString(j.text))
+		dst = s.appendText(dst, j)
 		dst = append(dst, `,"logprobs":null,"finish_reason":`...)
 	}
 	dst = openai.AppendJSONString(dst, j.finish)
@@ -118,4 +118,16 @@ func (s *Server) appendWhole(dst []byte, j *job, kv map[string]any) []byte {
 		dst = append(dst, b...)
 	}
 	return append(dst, '}')
+}
+
+// appendText appends the text of a whole response j as a JSON string: a
+// direct job's tokens rendered straight into it (plain words need no
+// escaping), else j.text escaped.
+func (s *Server) appendText(dst []byte, j *job) []byte {
+	if !j.direct {
+		return openai.AppendJSONString(dst, bytesString(j.text))
+	}
+	dst = append(dst, '"')
+	dst, _ = renderTokens(s.cfg.Tokenizer, dst, j.prog.toks, nil)
+	return append(dst, '"')
 }

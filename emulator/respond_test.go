@@ -217,3 +217,43 @@ func TestIncludeStopStrInOutput(t *testing.T) {
 		}
 	}
 }
+
+// TestJSONPlain: a byte jsonPlain accepts is one AppendJSONString copies
+// as it is (appendText copies plain rendered words unescaped).
+func TestJSONPlain(t *testing.T) {
+	for c := range 256 {
+		s := string([]byte{byte(c)})
+		if jsonPlain(s) && string(openai.AppendJSONString(nil, s)) != `"`+s+`"` {
+			t.Errorf("jsonPlain(%q) = true, but AppendJSONString gives %s", s, openai.AppendJSONString(nil, s))
+		}
+	}
+	if !jsonPlain("abc xyz.,") || jsonPlain("a<b") || jsonPlain("\x7f") {
+		t.Error("jsonPlain: wrong verdict on letters, spaces and punctuation")
+	}
+}
+
+// TestAppendTextDirect: with the built-in tokenizer a whole response
+// renders its tokens straight into the body (plainWords), and the body
+// is the one of the text rendered first and escaped.
+func TestAppendTextDirect(t *testing.T) {
+	s, err := New(Config{Model: "m", Engine: tinyEngine(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !s.plainWords {
+		t.Fatal("plainWords false with the built-in tokenizer, want true")
+	}
+	toks := make([]uint32, 300)
+	for i := range toks {
+		toks[i] = uint32(i*7919) % 128256
+	}
+	text, _ := s.render(nil, toks, nil)
+	for _, chat := range []bool{false, true} {
+		direct := &job{chat: chat, respID: "cmpl-1", direct: true, finish: openai.FinishLength, generated: len(toks)}
+		direct.prog.toks = toks
+		rendered := &job{chat: chat, respID: "cmpl-1", text: text, finish: openai.FinishLength, generated: len(toks)}
+		if got, want := s.appendWhole(nil, direct, nil), s.appendWhole(nil, rendered, nil); !bytes.Equal(got, want) {
+			t.Errorf("chat %v: direct body\n%s\nwant\n%s", chat, got, want)
+		}
+	}
+}

@@ -2,6 +2,7 @@ package emulator
 
 import (
 	"bytes"
+	"encoding/binary"
 	"math"
 	"unicode/utf8"
 
@@ -27,6 +28,10 @@ import (
 // include_stop_str_in_output, stream (booleans),
 // stop (a string or a list of strings) and stream_options (an object of
 // booleans); any other lowercase key is skipped (its value validated).
+//
+// The messages' contents alias body (a chat request's system prompt is
+// kilobytes, needed only until it is encoded): the caller must not change
+// body while it uses them. Every other string is a copy.
 func scanRequest(body []byte, chat bool) (*apiRequest, bool) {
 	s := scanner{b: body}
 	r := new(apiRequest)
@@ -228,15 +233,38 @@ func (s *scanner) str() ([]byte, bool) {
 		s.i = start + k
 		return s.strEscaped(start)
 	}
-	var or byte
-	for _, c := range v {
-		if c < 0x20 {
-			return nil, false
-		}
-		or |= c
+	if !plainString(v) {
+		return nil, false
 	}
 	s.i = start + end + 1
-	return v, or < utf8.RuneSelf || utf8.Valid(v)
+	return v, true
+}
+
+// plainString reports whether v, a string's bytes without quotes or
+// backslashes, has no control character and is valid UTF-8: what
+// encoding/json decodes to the same bytes. Eight bytes at a time (a chat
+// request's system prompt is kilobytes): a byte below 0x20 borrows into
+// its own high bit in x - 0x20 (a borrow into the next byte only follows
+// one), and the high bits of all words say whether there is non-ASCII
+// text, which utf8.Valid then checks.
+func plainString(v []byte) bool {
+	const ones, highs = 0x0101010101010101, 0x8080808080808080
+	var or uint64
+	i := 0
+	for ; i+8 <= len(v); i += 8 {
+		x := binary.LittleEndian.Uint64(v[i:])
+		if (x-0x20*ones)&^x&highs != 0 {
+			return false
+		}
+		or |= x
+	}
+	for _, c := range v[i:] {
+		if c < 0x20 {
+			return false
+		}
+		or |= uint64(c)
+	}
+	return or&highs == 0 || utf8.Valid(v)
 }
 
 // strEscaped finishes str from the first backslash (at s.i) of a string
@@ -439,14 +467,14 @@ func (s *scanner) message() (tokenizer.Message, bool) {
 			if role || len(v) == 0 {
 				return m, false // repeated, or empty (an error)
 			}
-			m.Role, role = string(v), true
+			m.Role, role = roleString(v), true
 		case "content":
 			var v []byte
 			v, ok = s.str()
 			if content {
 				return m, false
 			}
-			m.Content, content = string(v), true
+			m.Content, content = bytesString(v), true // aliases the body (see scanRequest)
 		default:
 			ok = s.skip(0)
 		}
@@ -463,6 +491,19 @@ func (s *scanner) message() (tokenizer.Message, bool) {
 		}
 		return m, false
 	}
+}
+
+// roleString is string(v), without an allocation for the common roles.
+func roleString(v []byte) string {
+	switch string(v) {
+	case "system":
+		return "system"
+	case "user":
+		return "user"
+	case "assistant":
+		return "assistant"
+	}
+	return string(v)
 }
 
 // stop reads a stop string or a list of them.

@@ -1,10 +1,13 @@
 package emulator
 
 import (
+	"bytes"
 	"fmt"
 	"reflect"
 	"strings"
 	"testing"
+	"unicode/utf8"
+	"unsafe"
 )
 
 // scanSeeds are request bodies of every shape: the fast path's and those
@@ -126,4 +129,56 @@ func BenchmarkParseRequest(b *testing.B) {
 			}
 		}
 	})
+}
+
+// TestPlainString checks plainString against a byte-by-byte reference on
+// strings of every length up to 40 with a control character, a byte of
+// 0x7f or 0x80 and above, or valid and invalid UTF-8 at each position.
+func TestPlainString(t *testing.T) {
+	naive := func(v []byte) bool {
+		for _, c := range v {
+			if c < 0x20 {
+				return false
+			}
+		}
+		return utf8.Valid(v)
+	}
+	for n := range 41 {
+		base := bytes.Repeat([]byte("a"), n)
+		check := func(v []byte) {
+			if got, want := plainString(v), naive(v); got != want {
+				t.Fatalf("plainString(%q) = %v, want %v", v, got, want)
+			}
+		}
+		check(base)
+		for i := range n {
+			for _, c := range []byte{0, 0x1f, 0x20, 0x7f, 0x80, 0xc3, 0xff, '\t', '\n'} {
+				v := bytes.Clone(base)
+				v[i] = c
+				check(v)
+				if i+1 < n {
+					v[i+1] = 0xa9 // "é" when v[i] is 0xc3
+					check(v)
+					v[i+1] = 0x1f // a control character after a non-ASCII byte
+					check(v)
+				}
+			}
+		}
+	}
+}
+
+// TestScanMessagesAliasBody: the fast path's message contents are views
+// of the body, not copies (a system prompt is kilobytes); handle recycles
+// the body only once they are encoded (TestChatBodyRecycled).
+func TestScanMessagesAliasBody(t *testing.T) {
+	body := []byte(scanSeeds[0])
+	r, ok := scanRequest(body, true)
+	if !ok {
+		t.Fatal("scanRequest: got false, want the fast path")
+	}
+	c := r.chatMessages[0].Content
+	i := bytes.Index(body, []byte(c))
+	if i < 0 || unsafe.StringData(c) != &body[i] {
+		t.Errorf("content %q is a copy, want a view of the body", c)
+	}
 }

@@ -29,6 +29,10 @@ type Server struct {
 	eng     *engine.Engine // owned by the loop goroutine (Run)
 	sampler engine.Sampler // the engine's output tokens, for handlers
 	codec   *textCodec     // nil: the built-in tokenizer
+	// plainWords is set when generated tokens render through the built-in
+	// tokenizer's word tables (renderTokens), into text JSON need not
+	// escape (builtinWords checks it).
+	plainWords bool
 	// tokCache is the built-in tokenizer's cache (nil with another
 	// tokenizer, whose codec has its own).
 	tokCache *tokenizer.Cache
@@ -124,6 +128,9 @@ func New(cfg Config) (*Server, error) {
 	}
 	if codec == nil {
 		s.tokCache = tokenizer.NewBuiltinCache(tokenizer.CacheConfig{MaxTokens: cacheTokens})
+		if cfg.Tokenizer == tokenizer.Builtin() {
+			_, s.plainWords = builtinWords()
+		}
 	}
 	s.minStep = eng.MinStepTime()
 	hashName := "xxh3"
@@ -140,8 +147,8 @@ func New(cfg Config) (*Server, error) {
 		s.pub = newPublisher(cfg.KVEvents, cfg.Logger)
 	}
 	s.mux = http.NewServeMux()
-	s.mux.HandleFunc("POST /v1/completions", s.handleCompletions)
-	s.mux.HandleFunc("POST /v1/chat/completions", s.handleChat)
+	s.mux.HandleFunc(patCompletions, s.handleCompletions)
+	s.mux.HandleFunc(patChat, s.handleChat)
 	s.mux.HandleFunc("GET /metrics", s.handleMetrics)
 	s.mux.HandleFunc("GET /health", s.handleHealth)
 	s.mux.HandleFunc("GET /v1/models", s.handleModels)
@@ -162,7 +169,34 @@ func newUUID() string {
 }
 
 // Handler returns the server's HTTP handler.
-func (s *Server) Handler() http.Handler { return s.mux }
+func (s *Server) Handler() http.Handler { return http.HandlerFunc(s.route) }
+
+// The patterns of the generation endpoints.
+const (
+	patCompletions = "POST /v1/completions"
+	patChat        = "POST /v1/chat/completions"
+)
+
+// route serves a request as s.mux does, without the mux's routing for the
+// generation endpoints (every request's): a POST whose escaped path is
+// exactly theirs is the one the mux gives their handler (a clean path, no
+// redirect, no other pattern that could take it), with r.Pattern set as
+// the mux sets it. Everything else goes through the mux.
+func (s *Server) route(w http.ResponseWriter, r *http.Request) {
+	if r.Method == http.MethodPost {
+		switch r.URL.EscapedPath() {
+		case "/v1/chat/completions":
+			r.Pattern = patChat
+			s.handleChat(w, r)
+			return
+		case "/v1/completions":
+			r.Pattern = patCompletions
+			s.handleCompletions(w, r)
+			return
+		}
+	}
+	s.mux.ServeHTTP(w, r)
+}
 
 // SideChannelHandler serves only the P/D side channel (POST
 // /internal/kv/pull), for a separate listener like vLLM's NIXL side-channel

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync"
 	"testing"
@@ -278,6 +279,31 @@ func TestWholeMatchesStream(t *testing.T) {
 			ch := w.Choices[0]
 			if got := ch.Text + ch.Message.Content; got != text || ch.FinishReason != finish || w.Usage.CompletionTokens != tokens {
 				t.Errorf("%s: whole %q %s %d tokens, streamed %q %s %d tokens", body, got, ch.FinishReason, w.Usage.CompletionTokens, text, finish, tokens)
+			}
+		}
+	}
+}
+
+// TestRouteMatchesMux: the handler (route, which serves the generation
+// endpoints without the mux's routing) answers every method and path as
+// the mux alone does, and sets the same r.Pattern.
+func TestRouteMatchesMux(t *testing.T) {
+	s, _ := testServer(t, Config{})
+	for _, method := range []string{http.MethodPost, http.MethodGet, http.MethodPut, http.MethodHead, "post"} {
+		for _, target := range []string{"/v1/completions", "/v1/chat/completions", "/v1/completions/", "//v1/completions",
+			"/v1/./chat/completions", "/v1/chat/completions?x=1", "/v1/%63ompletions", "/V1/completions", "/health", "/nope",
+			"http://other.host/v1/completions"} {
+			serve := func(h http.Handler) (*httptest.ResponseRecorder, string) {
+				r := httptest.NewRequest(method, target, strings.NewReader(`{"prompt":[]}`)) // a 400: no generation
+				w := httptest.NewRecorder()
+				h.ServeHTTP(w, r)
+				return w, r.Pattern
+			}
+			got, gotPat := serve(s.Handler())
+			want, wantPat := serve(s.mux)
+			if got.Code != want.Code || got.Body.String() != want.Body.String() || !reflect.DeepEqual(got.Header(), want.Header()) || gotPat != wantPat {
+				t.Errorf("%s %s: got %d %q %v pattern %q, want the mux's %d %q %v pattern %q", method, target,
+					got.Code, got.Body, got.Header(), gotPat, want.Code, want.Body, want.Header(), wantPat)
 			}
 		}
 	}

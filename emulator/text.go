@@ -31,7 +31,9 @@ func textID(t uint32) uint32 {
 // has no state across ids, so the concatenation equals Decode of the
 // sequence. The table is built from Decode and checked against it for
 // every regular id on first use (a few milliseconds); ok is false
-// (renderTokens then calls Decode) if that layout ever changes. A word is
+// (renderTokens then calls Decode) if that layout ever changes, or if a
+// word has a byte a JSON string escapes (appendText copies rendered words
+// into a response body as they are). A word is
 // packed in one uint64, its bytes from the low end and its length in the top
 // byte: one 8-byte store per token.
 var builtinWords = sync.OnceValues(func() (*wordTables, bool) {
@@ -40,7 +42,7 @@ var builtinWords = sync.OnceValues(func() (*wordTables, bool) {
 	word := func(r uint32) (uint64, bool) {
 		id[0] = tokenizer.BuiltinFirstRegular + r
 		w := tok.Decode(id)
-		if len(w) > 7 {
+		if len(w) > 7 || !jsonPlain(w) {
 			return 0, false
 		}
 		var b [8]byte
@@ -77,6 +79,17 @@ var builtinWords = sync.OnceValues(func() (*wordTables, bool) {
 	return wt, true
 })
 
+// jsonPlain reports whether openai.AppendJSONString leaves s's bytes as
+// they are: printable ASCII other than " \ < > &.
+func jsonPlain(s string) bool {
+	for _, c := range []byte(s) {
+		if c < 0x20 || c >= 0x7f || strings.IndexByte(`"\<>&`, c) >= 0 {
+			return false
+		}
+	}
+	return true
+}
+
 // syllables is the number of syllables: 17 consonants x 5 vowels.
 const syllables = 85
 
@@ -106,7 +119,10 @@ func renderTokens(tok tokenizer.Tokenizer, dst []byte, ids []uint32, scratch []u
 			k := len(dst)
 			buf := dst[:cap(dst)]
 			for _, t := range ids {
-				w := wt.word(t % n) // textID(t) - BuiltinFirstRegular
+				if t >= n { // rare: the engine's ids are below its vocabulary, mostly smaller than n
+					t %= n
+				}
+				w := wt.word(t) // textID(t) - BuiltinFirstRegular
 				binary.LittleEndian.PutUint64(buf[k:], w)
 				k += int(w >> 56)
 			}

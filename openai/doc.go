@@ -11,5 +11,6 @@
 //   - response and streaming-chunk types and the SSE reader and writer.
 //
 // Functions are safe for concurrent use; an SSEReader or SSEWriter belongs to
-// one goroutine.
+// one goroutine, and so does a ChunkHeader (the chunk writers keep its
+// JSON in it).
 package openai

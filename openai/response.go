@@ -152,23 +152,50 @@ func newID(prefix string) string {
 			b[i+j] = byte(v >> (8 * j))
 		}
 	}
-	dst := make([]byte, len(prefix)+32)
-	copy(dst, prefix)
-	hex.Encode(dst[len(prefix):], b[:])
+	var buf [48]byte // the id is built on the stack: one allocation, the string's
+	dst := append(buf[:0], prefix...)
+	dst = hex.AppendEncode(dst, b[:])
 	return string(dst)
 }
 
 // ChunkHeader holds the fields every streaming chunk of one response
 // repeats. The Append functions below write vLLM's exact chunk JSON without
 // reflection; they are the emulator's hot path and produce the same JSON as
-// encoding/json on ChatChunk and CompletionChunk (a test checks).
+// encoding/json on ChatChunk and CompletionChunk (a test checks). They
+// keep the JSON of the header's fields in it, made at the first chunk and
+// made again when a field changed: a ChunkHeader (and its copies, which
+// share it) is not safe for concurrent use.
 type ChunkHeader struct {
 	ID      string
 	Model   string
 	Created int64
+
+	pre *headerJSON // made at the first chunk
 }
 
+// headerJSON is what ChunkHeader.append writes for object and the fields
+// id, model and created.
+type headerJSON struct {
+	b                 []byte
+	id, model, object string
+	created           int64
+}
+
+// append appends the chunk's start: its id, object, created and model.
 func (h *ChunkHeader) append(dst []byte, object string) []byte {
+	p := h.pre
+	if p == nil {
+		p = new(headerJSON)
+		h.pre = p
+	} else if object == p.object && h.ID == p.id && h.Model == p.model && h.Created == p.created {
+		return append(dst, p.b...)
+	}
+	p.b = h.appendFields(p.b[:0], object)
+	p.id, p.model, p.object, p.created = h.ID, h.Model, object, h.Created
+	return append(dst, p.b...)
+}
+
+func (h *ChunkHeader) appendFields(dst []byte, object string) []byte {
 	dst = append(dst, `{"id":`...)
 	dst = AppendJSONString(dst, h.ID)
 	dst = append(dst, `,"object":"`...)
@@ -270,6 +297,15 @@ func appendRaw(dst, raw []byte) []byte {
 
 const hexDigits = "0123456789abcdef"
 
+// jsonPlainByte says which ASCII bytes AppendJSONString copies as they
+// are: all but control characters, " \ and the HTML-unsafe < > &.
+var jsonPlainByte = func() (t [utf8.RuneSelf]bool) {
+	for b := range t {
+		t[b] = b >= 0x20 && b != '"' && b != '\\' && b != '<' && b != '>' && b != '&'
+	}
+	return t
+}()
+
 // plain8 reports whether the eight bytes of x need no escaping: each is
 // ASCII, at least 0x20, and none of " \\ < > & (SWAR: a byte of v is zero,
 // or below 0x20, where the subtraction borrows into its high bit; a borrow
@@ -299,14 +335,18 @@ func AppendJSONString(dst []byte, s string) []byte {
 		if i >= slow {
 			// Eight plain bytes at a time (generated text is mostly
 			// plain); eight with something to escape, one by one.
-			if i+8 <= len(s) && plain8(load8(s, i)) {
-				i += 8
-				continue
+			if i+8 <= len(s) {
+				if plain8(load8(s, i)) {
+					i += 8
+					continue
+				}
+			} else if len(s) >= 8 && plain8(load8(s, len(s)-8)) {
+				break // the last bytes, looked at again with the ones before them
 			}
 			slow = i + 8
 		}
 		if b := s[i]; b < utf8.RuneSelf {
-			if b >= 0x20 && b != '"' && b != '\\' && b != '<' && b != '>' && b != '&' {
+			if jsonPlainByte[b] {
 				i++
 				continue
 			}

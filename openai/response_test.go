@@ -99,6 +99,10 @@ func TestNewID(t *testing.T) {
 	if a, b := NewChatID(), NewChatID(); a == b {
 		t.Errorf("got two equal ids %q", a)
 	}
+	// The emulator makes one per request: the string is its only allocation.
+	if n := testing.AllocsPerRun(100, func() { _ = NewChatID() }); n != 1 {
+		t.Errorf("NewChatID: %v allocations, want 1", n)
+	}
 }
 
 func TestUsageCachedTokens(t *testing.T) {
@@ -180,4 +184,53 @@ func BenchmarkAppendJSONString(b *testing.B) {
 			}
 		})
 	}
+}
+
+// TestAppendJSONStringPositions compares AppendJSONString with
+// encoding/json on strings of every length up to 24 with a byte to
+// escape, or a multi-byte character, at each position: the eight-byte
+// checks, the last eight bytes' and the byte-by-byte path all meet them.
+func TestAppendJSONStringPositions(t *testing.T) {
+	for n := range 25 {
+		base := strings.Repeat("x", n)
+		for i := range n {
+			for _, c := range []string{"\"", "\\", "<", "&", "\x00", "\x1f", "\x7f", "\xff", "é", "\u2028", " "} {
+				s := base[:i] + c + base[i+1:]
+				want, err := json.Marshal(s)
+				if err != nil {
+					t.Fatal(err)
+				}
+				if got := AppendJSONString(nil, s); !bytes.Equal(got, want) {
+					t.Errorf("AppendJSONString(%q) = %s, want %s", s, got, want)
+				}
+			}
+		}
+	}
+}
+
+// TestChunkHeaderReuse: a header's JSON kept from one chunk is made again
+// when the object or a field changes: every chunk equals the one a fresh
+// header writes.
+func TestChunkHeaderReuse(t *testing.T) {
+	h := &ChunkHeader{ID: "chatcmpl-1", Model: "m", Created: 1}
+	check := func(step string, got []byte, want func(*ChunkHeader) []byte) {
+		t.Helper()
+		fresh := *h
+		fresh.pre = nil
+		if w := want(&fresh); !bytes.Equal(got, w) {
+			t.Errorf("%s: got %s, want %s", step, got, w)
+		}
+	}
+	content := func(h *ChunkHeader) []byte { return AppendChatContentChunk(nil, h, "x", "", nil) }
+	usage := func(h *ChunkHeader) []byte { return AppendUsageChunk(nil, h, ObjectTextCompletion, 1, 2, 3) }
+	check("first", content(h), content)
+	check("again", content(h), content)
+	check("other object", usage(h), usage)
+	check("object back", content(h), content)
+	h.ID = "chatcmpl-2"
+	check("id", content(h), content)
+	h.Model = "n<&>"
+	check("model", content(h), content)
+	h.Created = 7
+	check("created", content(h), content)
 }

@@ -166,19 +166,33 @@ func (c *Cache) EOS() (uint32, bool) {
 
 // AppendEncode appends the ids of text to dst.
 func (c *Cache) AppendEncode(dst []uint32, text string) []uint32 {
-	c.seg.split(text, func(seg string, id uint32, special bool) {
-		switch {
-		case special:
-			dst = append(dst, id)
-		case len(seg) < c.minBytes:
-			dst = c.seg.appendSegment(dst, seg)
-		case c.lineCuts:
-			dst = c.appendLines(dst, seg)
-		default:
-			dst = c.appendCached(dst, seg)
-		}
-	})
+	if b, ok := c.seg.(builtin); ok {
+		// A direct call: the callback (and dst, which it updates) stay on
+		// the stack instead of two allocations per call.
+		b.split(text, func(seg string, id uint32, special bool) { dst = c.appendPiece(dst, seg, id, special) })
+		return dst
+	}
+	return c.appendSplit(dst, text)
+}
+
+// appendSplit is AppendEncode through the segmenter's split.
+func (c *Cache) appendSplit(dst []uint32, text string) []uint32 {
+	c.seg.split(text, func(seg string, id uint32, special bool) { dst = c.appendPiece(dst, seg, id, special) })
 	return dst
+}
+
+// appendPiece appends the ids of one piece of split's: a special token's
+// id, or a segment's ids.
+func (c *Cache) appendPiece(dst []uint32, seg string, id uint32, special bool) []uint32 {
+	switch {
+	case special:
+		return append(dst, id)
+	case len(seg) < c.minBytes:
+		return c.seg.appendSegment(dst, seg)
+	case c.lineCuts:
+		return c.appendLines(dst, seg)
+	}
+	return c.appendCached(dst, seg)
 }
 
 // appendLines cuts seg into pieces of at least minBytes at line starts (a

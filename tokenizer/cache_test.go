@@ -175,3 +175,20 @@ func TestCacheLineCuts(t *testing.T) {
 		})
 	}
 }
+
+// TestBuiltinCacheHitAllocs: a built-in cache's AppendEncode of a chat
+// prompt whose long segments are cached allocates nothing into a slice
+// with room (the emulator encodes each request's prompt so).
+func TestBuiltinCacheHitAllocs(t *testing.T) {
+	c := NewBuiltinCache(CacheConfig{})
+	text := RenderChatML([]Message{{Role: "system", Content: strings.Repeat("System prompt 1 sets the rules for this assistant. ", 30)},
+		{Role: "user", Content: "question 7 about the rules"}}, true)
+	dst := make([]uint32, 0, len(text))
+	want := Builtin().Encode(text)
+	if got := c.AppendEncode(dst, text); !slices.Equal(got, want) {
+		t.Fatalf("AppendEncode: got %d ids, want Encode's %d", len(got), len(want))
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = c.AppendEncode(dst, text) }); n != 0 {
+		t.Errorf("AppendEncode with a cache hit: %v allocations, want 0", n)
+	}
+}
