@@ -249,8 +249,11 @@ type Timeouts struct {
 	// Dial bounds connecting to an engine; default 5s.
 	Dial time.Duration `yaml:"dial"`
 	// UpstreamHeader bounds the wait for an engine's response headers (for
-	// non-streaming requests that is the whole generation); default 0, no
-	// limit.
+	// non-streaming requests that is the whole generation), and then each
+	// silence of the response while the router waits for its next bytes (a
+	// stream from an engine that hangs mid-answer ends with a 504 error
+	// event; time spent waiting for a slow client does not count); default
+	// 0, no limit. Disaggregated (P/D) pools bound only the headers.
 	UpstreamHeader time.Duration `yaml:"upstream_header"`
 	// Shutdown is how long in-flight requests may drain on SIGTERM/SIGINT
 	// before the router closes them; default 30s.

@@ -9,13 +9,17 @@
 // away cancels the upstream request. A connect error or a 5xx before the
 // first response byte is retried on another endpoint (retry.attempts); a
 // failure after it ends an event stream with vLLM's error event and
-// "data: [DONE]". Every HTTP-facing error goes through openai.WriteError.
+// "data: [DONE]". With timeouts.upstream_header set, it bounds both the wait
+// for an engine's response headers (504, not retried) and any silence of
+// the response after them: a stream from an engine that hangs mid-response
+// (SIGSTOP, a wedged GPU) ends with a 504 error event rather than holding
+// its client. Every HTTP-facing error goes through openai.WriteError.
 //
 // One file per concern: proxy.go (Options, New, routes), handler.go (the
 // inference request path), queue.go (the queue escape hatch: a pool's line
 // of held requests), disagg.go (P/D pools: disagg.Planner and
 // disagg.Handoff), upstream.go (transport and reverse proxies), retry.go
-// (what is retried), streaming.go (first byte, mid-stream failures),
+// (what is retried), streaming.go (first byte, mid-stream failures, silent responses),
 // healthcheck.go (active checks), metrics.go (Prometheus), admin.go (admin,
 // debug, health and models endpoints), ui.go (the dashboard at /ui),
 // clientip.go (trusted clients, routing headers, request IDs), session.go

@@ -43,6 +43,7 @@ type exchange struct {
 	clientGone  bool
 	shutdown    bool           // ended by the drain deadline (Serve)
 	served      bool           // the reverse proxy returned (rather than aborted the handler)
+	stall       *stallWatch    // the attempt's silence bound, once its response is flowing (nil: none)
 	saved       *savedResponse // the last retried 5xx, replayed if no endpoint is left
 	tail        usageTail      // the attempt's last response bytes, for the engine's usage
 	tw          tailWriter     // the client's ResponseWriter, keeping tail
@@ -173,7 +174,19 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 	x.tw = tailWriter{ResponseWriter: w, tail: &x.tail}
 	inflight := x.m.inflight[f.Endpoint.ID]
 	inflight.Inc()
+	attempt := out
+	if d := p.cfg.Timeouts.UpstreamHeader; d > 0 {
+		// The attempt's own context, so that a response gone silent for
+		// upstream_header can be cut without the client's context.
+		ctx, cancel := context.WithCancelCause(x.ctx)
+		x.stall = &stallWatch{limit: d, cancel: cancel}
+		attempt = out.WithContext(ctx)
+	}
 	defer func() { // also runs when the reverse proxy aborts the handler
+		if x.stall != nil {
+			x.stall.stop()
+			x.stall = nil
+		}
 		inflight.Dec()
 		o := kvroute.Outcome{
 			PromptTokens: x.req.PromptTokens,
@@ -194,7 +207,7 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 		}
 		x.pool.router.Done(p.now(), f, o)
 	}()
-	x.pool.proxies[f.Endpoint.ID].rp.ServeHTTP(&x.tw, out) // panics with http.ErrAbortHandler when a copy fails
+	x.pool.proxies[f.Endpoint.ID].rp.ServeHTTP(&x.tw, attempt) // panics with http.ErrAbortHandler when a copy fails
 	x.served = true
 	return x.retry != retryNone
 }

@@ -117,6 +117,9 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		h.Set(HeaderEndpoint, x.flight.Endpoint.ID)
 	}
 	resp.Body = &upstreamBody{rc: resp.Body, x: x, sse: isEventStream(resp.Header)}
+	if x.stall != nil {
+		x.stall.start()
+	}
 	return nil
 }
 

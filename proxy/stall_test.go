@@ -1,0 +1,125 @@
+package proxy
+
+import (
+	"encoding/json"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/openai"
+)
+
+// An engine that stops after sending its stream's headers and first chunk
+// (SIGSTOP, a wedged GPU) must not hold the client forever: once the
+// stream has been silent for timeouts.upstream_header it ends with a 504
+// error event and [DONE], and counts as the endpoint's failure.
+func TestStalledStreamEndsWithErrorEvent(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"n\":0}\n\n")
+		w.(http.Flusher).Flush()
+		select { // hung: neither more bytes nor a closed connection
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	cfg := testConfig("first", be.URL)
+	cfg.Timeouts.UpstreamHeader = 200 * time.Millisecond
+	tp := newTestProxy(t, cfg)
+
+	type answer struct {
+		status int
+		events []string
+		err    error
+	}
+	got := make(chan answer, 1)
+	go func() {
+		resp, err := http.Post(tp.srv.URL+PathCompletions, "application/json", strings.NewReader(streamBody))
+		if err != nil {
+			got <- answer{err: err}
+			return
+		}
+		defer resp.Body.Close()
+		got <- answer{status: resp.StatusCode, events: events(t, resp.Body)}
+	}()
+	a := recv(t, "the stalled stream's end (the router waited for the hung engine)", got)
+	if a.err != nil {
+		t.Fatal(a.err)
+	}
+	if a.status != http.StatusOK || len(a.events) != 3 || a.events[0] != `{"n":0}` || a.events[2] != "[DONE]" {
+		t.Fatalf("got %d %q, want 200 with the first chunk, an error event and [DONE]", a.status, a.events)
+	}
+	var e openai.ErrorResponse
+	if err := json.Unmarshal([]byte(a.events[1]), &e); err != nil || e.Error.Code != float64(504) || !strings.Contains(e.Error.Message, "sent nothing") {
+		t.Errorf("error event: got %s (%v), want code 504 saying the endpoint sent nothing", a.events[1], err)
+	}
+	if v := tp.metric(t, tp.metrics.streamErrors, "m", be.URL); v != 1 {
+		t.Errorf("kvroute_upstream_stream_errors_total: got %v, want 1", v)
+	}
+	if v := tp.metric(t, tp.metrics.inflight, "m", be.URL); v != 0 {
+		t.Errorf("kvroute_inflight_requests: got %v, want 0", v)
+	}
+}
+
+// A stream that keeps sending, each gap shorter than upstream_header, runs
+// to its end however long it takes in all.
+func TestSlowSteadyStreamIsNotCut(t *testing.T) {
+	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		for i := range 8 {
+			fmt.Fprintf(w, "data: {\"n\":%d}\n\n", i)
+			w.(http.Flusher).Flush()
+			time.Sleep(50 * time.Millisecond)
+		}
+		fmt.Fprint(w, "data: [DONE]\n\n")
+	})
+	cfg := testConfig("first", be.URL)
+	cfg.Timeouts.UpstreamHeader = 150 * time.Millisecond
+	tp := newTestProxy(t, cfg)
+	resp := tp.post(t, PathCompletions, streamBody)
+	got := events(t, strings.NewReader(readAll(t, resp)))
+	if len(got) != 9 || got[8] != "[DONE]" || strings.Contains(strings.Join(got, ""), "error") {
+		t.Fatalf("events: got %q, want 8 chunks and [DONE]", got)
+	}
+	if v := tp.metric(t, tp.metrics.streamErrors, "m", be.URL); v != 0 {
+		t.Errorf("kvroute_upstream_stream_errors_total: got %v, want 0", v)
+	}
+}
+
+// A client that stops reading for a while (a full TCP window) stalls the
+// copy, not the engine: the response is not cut, and the endpoint is not
+// blamed.
+func TestSlowClientIsNotAStalledEngine(t *testing.T) {
+	const size = 32 << 20 // more than loopback's socket buffers hold
+	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "application/json")
+		w.Header().Set("Content-Length", fmt.Sprint(size))
+		chunk := []byte(strings.Repeat("x", 64<<10))
+		for n := 0; n < size; n += len(chunk) {
+			if _, err := w.Write(chunk); err != nil {
+				return
+			}
+		}
+	})
+	cfg := testConfig("first", be.URL)
+	cfg.Timeouts.UpstreamHeader = 100 * time.Millisecond
+	tp := newTestProxy(t, cfg)
+	resp := tp.post(t, PathChatCompletions, chatBody)
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		t.Fatalf("status %d: %s", resp.StatusCode, readAll(t, resp))
+	}
+	time.Sleep(time.Second) // the client reads nothing; the buffers fill
+	n, err := io.Copy(io.Discard, resp.Body)
+	if err != nil || n != size {
+		t.Fatalf("read %d bytes, %v; want %d bytes", n, err, size)
+	}
+	if v := tp.metric(t, tp.metrics.streamErrors, "m", be.URL); v != 0 {
+		t.Errorf("kvroute_upstream_stream_errors_total: got %v, want 0", v)
+	}
+}
