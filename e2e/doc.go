@@ -13,4 +13,10 @@
 //
 // Every wait polls with a deadline; nothing sleeps to assert. The package
 // has no exported API: run it with `go test ./e2e` (about 15 seconds).
+//
+// Two long runs are opt-in: KVROUTE_FIDELITY=1 (the simulator against a
+// live fleet at full scale) and KVROUTE_CHAOS=1 (TestChaos, about two
+// minutes: the real `kvroute engine` and `kvroute serve` binaries under
+// load while engines are killed, stopped, restarted one by one and their
+// metrics fail; every answer must be complete or a clear error).
 package e2e
