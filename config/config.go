@@ -252,8 +252,9 @@ type Timeouts struct {
 	// non-streaming requests that is the whole generation), and then each
 	// silence of the response while the router waits for its next bytes (a
 	// stream from an engine that hangs mid-answer ends with a 504 error
-	// event; time spent waiting for a slow client does not count); default
-	// 0, no limit. Disaggregated (P/D) pools bound only the headers.
+	// event, a JSON body is aborted; time spent waiting for a slow client
+	// does not count), on aggregated and P/D pools alike; default 0, no
+	// limit.
 	UpstreamHeader time.Duration `yaml:"upstream_header"`
 	// Shutdown is how long in-flight requests may drain on SIGTERM/SIGINT
 	// before the router closes them; default 30s.

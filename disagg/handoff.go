@@ -10,12 +10,14 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute"
@@ -74,6 +76,13 @@ type HandoffConfig struct {
 	// stuck prefill engine cannot hold the end of the client's response;
 	// default 5s.
 	PrefillGrace time.Duration
+	// Silence, when positive, bounds each wait for the next bytes of an
+	// answer being passed on to the client (the proxy's
+	// timeouts.upstream_header, which bounds its headers): an engine that
+	// hangs mid-answer ends the stream with a 504 error event (a JSON body
+	// is aborted) and is reported failed. Time spent writing to a slow
+	// client does not count. Default 0: no bound.
+	Silence time.Duration
 	// EndpointHeader, when set, is a response header naming the endpoint
 	// that answered the client (the decode engine, or the one that ran the
 	// request whole or sent the error): the router's debug header, which
@@ -360,7 +369,9 @@ func (x *exchange) aggregatedOnDecode() bool {
 func (x *exchange) runWhole(f *router.Flight, leg string) bool {
 	h := x.h
 	t0 := h.cfg.Now()
-	resp, lerr := x.post(x.ctx, f.Endpoint, x.body, leg)
+	ctx, cut := context.WithCancel(x.ctx) // cut: the answer went silent (stream)
+	defer cut()
+	resp, lerr := x.post(ctx, f.Endpoint, x.body, leg)
 	if lerr != nil {
 		x.legFailed(f, lerr)
 		switch {
@@ -377,7 +388,7 @@ func (x *exchange) runWhole(f *router.Flight, leg string) bool {
 	}
 	h.cfg.Router.ReportResult(h.cfg.Now(), f.Endpoint.ID, true)
 	x.res.Prefill, x.res.Decode, x.res.Disaggregated = f.Endpoint.ID, f.Endpoint.ID, false
-	x.stream(resp, f, t0)
+	x.stream(resp, f, t0, cut)
 	return true
 }
 
@@ -426,7 +437,9 @@ func (x *exchange) runNixl(pf *router.Flight, plan *Plan, last bool) (bool, *kvr
 			return true, nil
 		}
 		td := h.cfg.Now()
-		resp, lerr := x.post(x.ctx, df.Endpoint, dbody, "decode")
+		dctx, cut := context.WithCancel(x.ctx) // cut: the answer went silent (stream)
+		defer cut()
+		resp, lerr := x.post(dctx, df.Endpoint, dbody, "decode")
 		if lerr != nil {
 			x.legFailed(df, lerr)
 			if x.ctx.Err() != nil {
@@ -452,7 +465,7 @@ func (x *exchange) runNixl(pf *router.Flight, plan *Plan, last bool) (bool, *kvr
 		}
 		h.cfg.Router.ReportResult(h.cfg.Now(), df.Endpoint.ID, true)
 		x.res.Prefill, x.res.Decode, x.res.Disaggregated = plan.Prefill.ID, df.Endpoint.ID, true
-		x.stream(resp, df, td)
+		x.stream(resp, df, td, cut)
 		return true, nil
 	}
 	return false, nil
@@ -584,7 +597,7 @@ func (x *exchange) runSGLang(pf *router.Flight, plan *Plan) bool {
 	x.res.Prefill, x.res.Decode, x.res.Disaggregated = plan.Prefill.ID, df.Endpoint.ID, true
 	// A prefill failing while the decode streams cancels ctx, which
 	// breaks the stream.
-	x.stream(d.resp, df, t0)
+	x.stream(d.resp, df, t0, cancel) // a silent decode answer cancels both legs
 	if !pdone {
 		perr = x.awaitPrefill(pch, cancel, plan.Prefill.ID)
 	}
@@ -709,7 +722,7 @@ var hopHeaders = map[string]bool{"Connection": true, "Keep-Alive": true, "Proxy-
 // stream copies an engine's answer to the client, flushing every read.
 // The flight sees its first token at the first body byte and ends when the
 // copy does.
-func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time) {
+func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time, cut context.CancelFunc) {
 	h := x.h
 	defer resp.Body.Close()
 	dst := x.w.Header()
@@ -730,8 +743,26 @@ func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time) {
 	var tail eventTail
 	var ttft time.Duration
 	var streamErr error
+	// silence cuts a read that waits on the engine for longer than
+	// Silence, by cancelling the request's context (cut), which ends the
+	// read with an error.
+	var silence *time.Timer
+	var silent atomic.Bool
+	if d := h.cfg.Silence; d > 0 {
+		silence = time.AfterFunc(time.Duration(math.MaxInt64), func() {
+			silent.Store(true)
+			cut()
+		})
+		defer silence.Stop()
+	}
 	for {
+		if silence != nil {
+			silence.Reset(h.cfg.Silence)
+		}
 		n, err := resp.Body.Read(buf)
+		if silence != nil {
+			silence.Stop()
+		}
 		if n > 0 {
 			if first {
 				first = false
@@ -763,6 +794,13 @@ func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time) {
 			var end *kvroute.Error
 			if stop := x.serverStop(); stop != nil {
 				end = stop
+			} else if silent.Load() && x.ctx.Err() == nil {
+				streamErr = fmt.Errorf("%w: %w", errSilent, err)
+				end = &kvroute.Error{Status: http.StatusGatewayTimeout, Type: kvroute.TypeUpstream,
+					Message: fmt.Sprintf("endpoint %s sent nothing for %s", f.Endpoint.ID, h.cfg.Silence)}
+				if h.cfg.Router.ReportResult(h.cfg.Now(), f.Endpoint.ID, false) {
+					h.log.Warn("pd: endpoint ejected", "endpoint", f.Endpoint.ID)
+				}
 			} else if x.ctx.Err() == nil {
 				end = &kvroute.Error{Status: http.StatusBadGateway, Type: kvroute.TypeUpstream,
 					Message: "the engine's stream broke: " + err.Error()}
@@ -794,6 +832,9 @@ func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time) {
 	h.cfg.Router.Done(h.cfg.Now(), f, kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, TTFT: ttft, Failed: failed,
 		Decode: x.res.Disaggregated})
 }
+
+// errSilent ends an answer whose engine sent nothing for Silence.
+var errSilent = errors.New("the engine's answer went silent")
 
 // eventTail is the last bytes of a response passed on to the client: did
 // an event stream break mid-event, or after its final event?

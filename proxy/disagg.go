@@ -73,6 +73,7 @@ func (p *Proxy) newHandoff(pl *pool, m *config.Model, planner *disagg.Planner) (
 		Protocol:       m.PD.Protocol,
 		Attempts:       m.PD.Attempts,
 		BootstrapPort:  m.PD.BootstrapPort,
+		Silence:        p.cfg.Timeouts.UpstreamHeader,
 		Metrics:        p.pdMetrics,
 		Logger:         p.log,
 		Now:            p.now,
