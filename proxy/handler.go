@@ -135,6 +135,7 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 	out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
 	defer x.finish(w, start)
 
+	var failed string // the endpoint of the last attempt, which failed in a way another may fix
 	for x.attempt = 0; x.attempt < x.maxAttempts; x.attempt++ {
 		var f *router.Flight
 		var err error
@@ -147,20 +148,28 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 		}
 		if err != nil {
 			if x.attempt > 0 {
-				x.writeLastFailure(w) // no endpoint left for the retry
+				p.log.Warn("attempt failed, no other endpoint to retry on", "request_id", id, "model", pl.model,
+					"endpoint", failed, "reason", x.retry.String(), "status", x.status, "error", x.upstreamErr)
+				x.writeLastFailure(w)
 			} else {
 				x.writeError(w, err)
 			}
 			return
 		}
+		if x.attempt > 0 {
+			// A retry is counted and logged once it has somewhere to go.
+			p.metrics.retries.WithLabelValues(pl.model, failed, x.retry.String()).Inc()
+			p.log.Warn("retrying on another endpoint", "request_id", id, "model", pl.model, "failed", failed,
+				"endpoint", f.Endpoint.ID, "reason", x.retry.String(), "status", x.status, "error", x.upstreamErr)
+		}
 		x.tried = append(x.tried, f.Endpoint.ID)
 		if !x.forward(w, out, f) {
 			return
 		}
-		p.metrics.retries.WithLabelValues(pl.model, f.Endpoint.ID, x.retry.String()).Inc()
-		p.log.Warn("retrying on another endpoint", "request_id", id, "model", pl.model, "endpoint", f.Endpoint.ID,
-			"reason", x.retry.String(), "status", x.status, "error", x.upstreamErr)
+		failed = f.Endpoint.ID
 	}
+	p.log.Warn("attempt failed, retries exhausted", "request_id", id, "model", pl.model, "endpoint", failed,
+		"reason", x.retry.String(), "status", x.status, "error", x.upstreamErr, "attempts", x.maxAttempts)
 }
 
 // forward runs one attempt on the flight's endpoint and reports whether it

@@ -161,12 +161,19 @@ func TestRetryExhaustedReturnsUpstreamFailure(t *testing.T) {
 	if ids := resp.Header.Values(HeaderRequestID); len(ids) != 1 {
 		t.Errorf("X-Request-Id: got %q, want one", ids)
 	}
-	// One endpoint only: its own 5xx body comes back.
+	// One retry happened (a to b); b's failure had nowhere to go.
+	if va, vb := tp.metric(t, tp.metrics.retries, "m", a.URL, "status_5xx"), tp.metric(t, tp.metrics.retries, "m", b.URL, "status_5xx"); va+vb != 1 {
+		t.Errorf("kvroute_retries_total: got %v from a and %v from b, want 1 in all", va, vb)
+	}
+	// One endpoint only: its own 5xx body comes back, and nothing was retried.
 	tp1 := newTestProxy(t, testConfig("first", a.URL))
 	resp = tp1.post(t, PathChatCompletions, chatBody)
 	out = readAll(t, resp)
 	if resp.StatusCode != 500 || !strings.Contains(out, "engine says 500") {
 		t.Errorf("single endpoint: got %d %q, want its 500", resp.StatusCode, out)
+	}
+	if v := tp1.metric(t, tp1.metrics.retries, "m", a.URL, "status_5xx"); v != 0 {
+		t.Errorf("single endpoint: kvroute_retries_total = %v, want 0 (no other endpoint to retry on)", v)
 	}
 }
 
