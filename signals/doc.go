@@ -8,7 +8,10 @@
 //
 // ParseMetrics reads a body with the Prometheus text parser (expfmt) and
 // normalises it (Metrics); the flavour is detected from the metric names or
-// forced:
+// forced. A text page whose every line a mirror of expfmt's rules vouches
+// for is handed to expfmt with only the families read (parsefilter.go:
+// about 70 us for a vLLM page instead of 0.9 ms), with identical results
+// and errors; any other page is parsed whole:
 //
 //	flavour      waiting                    running                  KV usage                    prefix hits / queries (tokens)
 //	vllm         vllm:num_requests_waiting  vllm:num_requests_running vllm:kv_cache_usage_perc   vllm:prefix_cache_{hits,queries}_total

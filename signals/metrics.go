@@ -1,6 +1,7 @@
 package signals
 
 import (
+	"bytes"
 	"errors"
 	"fmt"
 	"io"
@@ -12,7 +13,6 @@ import (
 
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
 )
 
 // Flavor names an engine's metrics dialect.
@@ -126,16 +126,35 @@ const MaxFamilies = 10000
 // OpenMetrics or protobuf parser chosen by contentType ("" or an unknown
 // type means the text format) and extracts the routing signals of flavour
 // (FlavorAuto detects it). Callers should cap the body size.
+//
+// Text bodies take a fast path that gives expfmt only the families read
+// (see parsefilter.go); the result, errors included, is the same as parsing
+// every family.
 func ParseMetrics(r io.Reader, contentType string, flavor Flavor) (Metrics, error) {
-	fams, err := decodeFamilies(r, contentType)
+	body, err := io.ReadAll(r)
 	if err != nil {
 		return Metrics{}, fmt.Errorf("parse metrics: %w", err)
 	}
+	return newMetricsParser().parse(body, contentType, flavor)
+}
+
+// parse is ParseMetrics on a body in memory, with p's buffers.
+func (p *metricsParser) parse(body []byte, contentType string, flavor Flavor) (Metrics, error) {
+	fams, prefixes, err := p.decode(body, contentType)
+	if err != nil {
+		return Metrics{}, fmt.Errorf("parse metrics: %w", err)
+	}
+	return extract(fams, prefixes, flavor)
+}
+
+// extract reads the signals of flavour from fams; prefixes are the engine
+// prefixes of the page's families (for FlavorAuto).
+func extract(fams map[string]*dto.MetricFamily, prefixes prefixSet, flavor Flavor) (Metrics, error) {
 	if flavor == "" {
 		flavor = FlavorAuto
 	}
 	if flavor == FlavorAuto {
-		flavor = DetectFlavor(fams)
+		flavor = detectFlavor(prefixes, fams)
 		if flavor == "" {
 			return Metrics{}, fmt.Errorf("parse metrics: %w", ErrUnknownFlavor)
 		}
@@ -163,21 +182,14 @@ func ParseMetrics(r io.Reader, contentType string, flavor Flavor) (Metrics, erro
 // recognised. vLLM is FlavorVLLMLegacy when only the pre-0.12 names
 // (vllm:gpu_cache_usage_perc, vllm:gpu_prefix_cache_*) are present.
 func DetectFlavor(fams map[string]*dto.MetricFamily) Flavor {
-	var vllm, sglang, llama, tgi bool
-	for name := range fams {
-		switch {
-		case strings.HasPrefix(name, "vllm:"):
-			vllm = true
-		case strings.HasPrefix(name, "sglang:"):
-			sglang = true
-		case strings.HasPrefix(name, "llamacpp:"):
-			llama = true
-		case strings.HasPrefix(name, "tgi_"):
-			tgi = true
-		}
-	}
+	return detectFlavor(familyPrefixes(fams), fams)
+}
+
+// detectFlavor is DetectFlavor with the name prefixes of the page's
+// families given (fams may hold only the families read).
+func detectFlavor(prefixes prefixSet, fams map[string]*dto.MetricFamily) Flavor {
 	switch {
-	case vllm:
+	case prefixes&prefixVLLM != 0:
 		_, kv := fams["vllm:kv_cache_usage_perc"]
 		_, pq := fams["vllm:prefix_cache_queries_total"]
 		_, okv := fams["vllm:gpu_cache_usage_perc"]
@@ -186,24 +198,28 @@ func DetectFlavor(fams map[string]*dto.MetricFamily) Flavor {
 			return FlavorVLLMLegacy
 		}
 		return FlavorVLLM
-	case sglang:
+	case prefixes&prefixSGLang != 0:
 		return FlavorSGLang
-	case llama:
+	case prefixes&prefixLlamaCPP != 0:
 		return FlavorLlamaCPP
-	case tgi:
+	case prefixes&prefixTGI != 0:
 		return FlavorTGI
 	}
 	return ""
 }
 
-func decodeFamilies(r io.Reader, contentType string) (map[string]*dto.MetricFamily, error) {
+func (p *metricsParser) decode(body []byte, contentType string) (map[string]*dto.MetricFamily, prefixSet, error) {
 	format := expfmt.FmtUnknown
 	if contentType != "" {
 		format = expfmt.ResponseFormat(http.Header{"Content-Type": {contentType}})
 	}
 	switch format.FormatType() {
 	case expfmt.TypeProtoDelim:
-		return decodeWith(expfmt.NewDecoder(r, format))
+		fams, err := decodeWith(expfmt.NewDecoder(bytes.NewReader(body), format))
+		if err != nil {
+			return nil, 0, err
+		}
+		return fams, familyPrefixes(fams), nil
 	case expfmt.TypeOpenMetrics:
 		// expfmt's OpenMetrics decoder is a general ABNF parser that takes
 		// seconds on a vLLM body, unusable at a 100 ms interval. The text
@@ -211,23 +227,19 @@ func decodeFamilies(r io.Reader, contentType string) (map[string]*dto.MetricFami
 		// counters' _total samples become untyped families); exemplars and
 		// float timestamps are not supported. Scrapes ask for the text
 		// format, so engines rarely send this.
-		return parseText(r)
+		return p.parseText(body)
 	}
 	// The text format, and anything unrecognised (engines often send text
 	// with a sloppy content type).
-	return parseText(r)
+	return p.parseText(body)
 }
 
-func parseText(r io.Reader) (map[string]*dto.MetricFamily, error) {
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(r)
-	if err != nil {
-		return nil, err
-	}
+// checkFamilies bounds the number of families of a page.
+func checkFamilies(fams map[string]*dto.MetricFamily) error {
 	if len(fams) > MaxFamilies {
-		return nil, fmt.Errorf("%d metric families, more than %d", len(fams), MaxFamilies)
+		return fmt.Errorf("%d metric families, more than %d", len(fams), MaxFamilies)
 	}
-	return fams, nil
+	return nil
 }
 
 func decodeWith(dec expfmt.Decoder) (map[string]*dto.MetricFamily, error) {

@@ -235,6 +235,11 @@ func FuzzParseMetrics(f *testing.F) {
 	f.Add([]byte("# TYPE x counter\nx_total 1\n# EOF\n"), "application/openmetrics-text; version=1.0.0")
 	f.Fuzz(func(t *testing.T, body []byte, ct string) {
 		m, err := ParseMetrics(bytes.NewReader(body), ct, FlavorAuto)
+		// The fast path changes nothing (FuzzParseFilter tries every flavour).
+		want, wantErr := referenceParseMetrics(bytes.NewReader(body), ct, FlavorAuto)
+		if d := sameResult(m, err, want, wantErr); d != nil {
+			t.Fatal(d)
+		}
 		if err != nil {
 			return
 		}

@@ -97,7 +97,9 @@ type Scraper struct {
 	cfg    ScrapeConfig
 	target Target
 
-	buf bytes.Buffer // body buffer, reused; only the loop goroutine uses it
+	// Reused from one scrape to the next; only the loop goroutine uses them.
+	buf    bytes.Buffer   // the body
+	parser *metricsParser // parses the body
 
 	lastDuration atomic.Int64 // nanoseconds of the last scrape
 	flavor       atomic.Pointer[Flavor]
@@ -122,7 +124,7 @@ func NewScraper(cfg ScrapeConfig, t Target) (*Scraper, error) {
 	if _, err := ParseFlavor(string(t.Flavor)); err != nil {
 		return nil, fmt.Errorf("scraper %s: %w", t.Endpoint, err)
 	}
-	return &Scraper{cfg: cfg, target: t}, nil
+	return &Scraper{cfg: cfg, target: t, parser: newMetricsParser()}, nil
 }
 
 // Offset returns how long after start the first scrape of endpoint happens:
@@ -155,7 +157,8 @@ func (s *Scraper) Run(ctx context.Context) error {
 	}
 }
 
-// ScrapeOnce scrapes once and records the result in the View.
+// ScrapeOnce scrapes once and records the result in the View. It reuses
+// the Scraper's buffers: it must not run concurrently with itself or Run.
 func (s *Scraper) ScrapeOnce(ctx context.Context) {
 	start := time.Now()
 	m, err := s.fetch(ctx)
@@ -215,7 +218,7 @@ func (s *Scraper) fetch(ctx context.Context) (Metrics, error) {
 	if n > s.cfg.MaxBodyBytes {
 		return Metrics{}, fmt.Errorf("scrape: body exceeds %d bytes", s.cfg.MaxBodyBytes)
 	}
-	return ParseMetrics(bytes.NewReader(s.buf.Bytes()), resp.Header.Get("Content-Type"), s.target.Flavor)
+	return s.parser.parse(s.buf.Bytes(), resp.Header.Get("Content-Type"), s.target.Flavor)
 }
 
 // LastDuration is how long the last scrape took.
