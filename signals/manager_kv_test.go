@@ -15,28 +15,7 @@ import (
 // index kept routing to blocks the engine had evicted. The subscriber now
 // keeps running.
 func TestManagerChangedTargetKeepsSubscription(t *testing.T) {
-	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 4, Shards: 4})
-	m, err := NewManager(ManagerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	eng := newFakeEngine(t, true, EventEncoding{})
-	target := Target{Endpoint: "e1", View: NewView(ViewConfig{}),
-		KVEvents: &KVEventsTarget{Address: eng.pubAddr, ReplayAddress: eng.replayAddr, Topic: testTopic, Sink: idx}}
-	if err := m.Sync([]Target{target}); err != nil {
-		t.Fatal(err)
-	}
-	eng.waitSubscribed()
-	eng.publish(false, stored(0, 3))
-	q := kvindex.HashTokens(prompt, 4, nil)
-	held := func() int {
-		if hits := idx.Match(q, nil); len(hits) == 1 {
-			return hits[0].Blocks
-		}
-		return 0
-	}
-	waitFor(t, "3 blocks indexed", func() bool { return held() == 3 })
+	m, idx, eng, target, held := managedWithBlocks(t)
 	replays := func() int {
 		eng.mu.Lock()
 		defer eng.mu.Unlock()
@@ -67,28 +46,7 @@ func TestManagerChangedTargetKeepsSubscription(t *testing.T) {
 // requests to a cache that was gone. They are removed, and the new
 // subscription indexes its own engine's blocks.
 func TestManagerChangedKVEventsDropsEntries(t *testing.T) {
-	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 4, Shards: 4})
-	m, err := NewManager(ManagerConfig{})
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer m.Close()
-	old := newFakeEngine(t, true, EventEncoding{})
-	target := Target{Endpoint: "e1", View: NewView(ViewConfig{}),
-		KVEvents: &KVEventsTarget{Address: old.pubAddr, ReplayAddress: old.replayAddr, Topic: testTopic, Sink: idx}}
-	if err := m.Sync([]Target{target}); err != nil {
-		t.Fatal(err)
-	}
-	old.waitSubscribed()
-	old.publish(false, stored(0, 3))
-	q := kvindex.HashTokens(prompt, 4, nil)
-	held := func() int {
-		if hits := idx.Match(q, nil); len(hits) == 1 {
-			return hits[0].Blocks
-		}
-		return 0
-	}
-	waitFor(t, "3 blocks indexed", func() bool { return held() == 3 })
+	m, idx, _, target, held := managedWithBlocks(t)
 
 	eng := newFakeEngine(t, true, EventEncoding{})
 	target.KVEvents = &KVEventsTarget{Address: eng.pubAddr, ReplayAddress: eng.replayAddr, Topic: testTopic, Sink: idx}
@@ -131,4 +89,35 @@ func TestSameKVEvents(t *testing.T) {
 			t.Errorf("%s: got %v, want %v", tc.name, got, tc.want)
 		}
 	}
+}
+
+// managedWithBlocks starts a Manager with one endpoint, e1, subscribed to a
+// fake engine's KV events into an index, and waits until the engine's
+// first three blocks of prompt are indexed; held reports how many of them
+// the index holds. The Manager is closed when the test ends.
+func managedWithBlocks(t *testing.T) (m *Manager, idx *kvindex.Index, eng *fakeEngine, target Target, held func() int) {
+	t.Helper()
+	idx = kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 4, Shards: 4})
+	m, err := NewManager(ManagerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	eng = newFakeEngine(t, true, EventEncoding{})
+	target = Target{Endpoint: "e1", View: NewView(ViewConfig{}),
+		KVEvents: &KVEventsTarget{Address: eng.pubAddr, ReplayAddress: eng.replayAddr, Topic: testTopic, Sink: idx}}
+	if err := m.Sync([]Target{target}); err != nil {
+		t.Fatal(err)
+	}
+	eng.waitSubscribed()
+	eng.publish(false, stored(0, 3))
+	q := kvindex.HashTokens(prompt, 4, nil)
+	held = func() int {
+		if hits := idx.Match(q, nil); len(hits) == 1 {
+			return hits[0].Blocks
+		}
+		return 0
+	}
+	waitFor(t, "3 blocks indexed", func() bool { return held() == 3 })
+	return m, idx, eng, target, held
 }
