@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"context"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -55,45 +54,5 @@ func TestQueueClientGoneIs499(t *testing.T) {
 				t.Errorf("%d requests still in line", n)
 			}
 		})
-	}
-}
-
-// TestQueueDrainDeadlineCounted503: a request held in the queue when the
-// drain deadline passes is answered 503 (TestQueueDrainDeadline) and
-// counted so, not as its client's (499): the router ended it.
-func TestQueueDrainDeadlineCounted503(t *testing.T) {
-	engine := httptest.NewServer(statusHandler(http.StatusOK))
-	t.Cleanup(engine.Close)
-	qp := &queueingPicker{n: -1}
-	cfg := testConfig("queueing", engine.URL)
-	cfg.Retry.QueueWait = time.Minute
-	tp := newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return qp, nil })
-	// As Serve does: every request's context descends from one that the
-	// drain deadline cancels with errShutdown.
-	base, stopAll := context.WithCancelCause(context.Background())
-	srv := httptest.NewUnstartedServer(tp.Proxy)
-	srv.Config.BaseContext = func(net.Listener) context.Context { return base }
-	srv.Start()
-	t.Cleanup(srv.Close)
-	done := make(chan answer, 1)
-	go func() {
-		resp, err := http.Post(srv.URL+PathCompletions, "application/json", strings.NewReader(`{"model":"m","prompt":"hello"}`))
-		if err != nil {
-			done <- answer{err: err}
-			return
-		}
-		resp.Body.Close()
-		done <- answer{status: resp.StatusCode}
-	}()
-	waitFor(t, "the request held", func() bool { return tp.pools["m"].line.waiting() == 1 })
-	stopAll(errShutdown)
-	if a := recv(t, "the answer", done); a.err != nil || a.status != http.StatusServiceUnavailable {
-		t.Fatalf("got %d (%v), want 503", a.status, a.err)
-	}
-	waitFor(t, "the request accounted for", func() bool {
-		return tp.metric(t, tp.metrics.requests, "m", "", "503")+tp.metric(t, tp.metrics.requests, "m", "", "499") == 1
-	})
-	if got := tp.metric(t, tp.metrics.requests, "m", "", "503"); got != 1 {
-		t.Errorf("kvroute_requests_total{code=503}: got %v, want 1 (499: %v)", got, tp.metric(t, tp.metrics.requests, "m", "", "499"))
 	}
 }

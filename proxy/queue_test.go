@@ -264,7 +264,7 @@ func TestQueueWaitRunsOut(t *testing.T) {
 
 // TestQueueDrainDeadline: a request held in the queue when the drain
 // deadline passes gets the 503 every other request then in progress gets,
-// not a 429 that says the fleet is overloaded.
+// not a 429 that says the fleet is overloaded, and is counted so.
 func TestQueueDrainDeadline(t *testing.T) {
 	engine := httptest.NewServer(statusHandler(http.StatusOK))
 	t.Cleanup(engine.Close)
@@ -296,6 +296,14 @@ func TestQueueDrainDeadline(t *testing.T) {
 	body := readAll(t, resp)
 	if resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(body, "shutting down") {
 		t.Fatalf("got %d (%s), want 503 saying the router is shutting down", resp.StatusCode, body)
+	}
+	// Counted as answered (503), not as its client's (499): the router
+	// ended it.
+	waitFor(t, "the request accounted for", func() bool {
+		return tp.metric(t, tp.metrics.requests, "m", "", "503")+tp.metric(t, tp.metrics.requests, "m", "", "499") == 1
+	})
+	if got := tp.metric(t, tp.metrics.requests, "m", "", "503"); got != 1 {
+		t.Errorf("kvroute_requests_total{code=503}: got %v, want 1 (499: %v)", got, tp.metric(t, tp.metrics.requests, "m", "", "499"))
 	}
 }
 
