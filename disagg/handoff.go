@@ -10,17 +10,16 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"math"
 	"net"
 	"net/http"
 	"net/url"
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/silence"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/router"
 )
@@ -743,26 +742,19 @@ func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time, c
 	var tail eventTail
 	var ttft time.Duration
 	var streamErr error
-	// silence cuts a read that waits on the engine for longer than
-	// Silence, by cancelling the request's context (cut), which ends the
-	// read with an error.
-	var silence *time.Timer
-	var silent atomic.Bool
-	if d := h.cfg.Silence; d > 0 {
-		silence = time.AfterFunc(time.Duration(math.MaxInt64), func() {
-			silent.Store(true)
-			cut()
-		})
-		defer silence.Stop()
+	// quiet cuts a read that waits on the engine for longer than Silence,
+	// by cancelling the request's context (cut), which ends the read with
+	// an error.
+	var quiet *silence.Watch
+	if h.cfg.Silence > 0 {
+		quiet = &silence.Watch{Limit: h.cfg.Silence, Cut: cut}
+		quiet.Arm()
+		defer quiet.Stop()
 	}
 	for {
-		if silence != nil {
-			silence.Reset(h.cfg.Silence)
-		}
+		quiet.Waiting(true)
 		n, err := resp.Body.Read(buf)
-		if silence != nil {
-			silence.Stop()
-		}
+		quiet.Waiting(false)
 		if n > 0 {
 			if first {
 				first = false
@@ -794,7 +786,7 @@ func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time, c
 			var end *kvroute.Error
 			if stop := x.serverStop(); stop != nil {
 				end = stop
-			} else if silent.Load() && x.ctx.Err() == nil {
+			} else if quiet.Fired() && x.ctx.Err() == nil {
 				streamErr = fmt.Errorf("%w: %w", errSilent, err)
 				end = &kvroute.Error{Status: http.StatusGatewayTimeout, Type: kvroute.TypeUpstream,
 					Message: fmt.Sprintf("endpoint %s sent nothing for %s", f.Endpoint.ID, h.cfg.Silence)}

@@ -12,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/silence"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/router"
 )
@@ -43,7 +44,7 @@ type exchange struct {
 	clientGone  bool
 	shutdown    bool           // ended by the drain deadline (Serve)
 	served      bool           // the reverse proxy returned (rather than aborted the handler)
-	stall       *stallWatch    // the attempt's silence bound, once its response is flowing (nil: none)
+	stall       *silence.Watch // the attempt's silence bound, once its response is flowing (nil: none)
 	saved       *savedResponse // the last retried 5xx, replayed if no endpoint is left
 	tail        usageTail      // the attempt's last response bytes, for the engine's usage
 	tw          tailWriter     // the client's ResponseWriter, keeping tail
@@ -188,14 +189,13 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 		// The attempt's own context, so that a response gone silent for
 		// upstream_header can be cut without the client's context.
 		ctx, cancel := context.WithCancelCause(x.ctx)
-		x.stall = &stallWatch{limit: d, cancel: cancel}
+		defer cancel(nil)
+		x.stall = &silence.Watch{Limit: d, Cut: func() { cancel(errStalled) }}
 		attempt = out.WithContext(ctx)
 	}
 	defer func() { // also runs when the reverse proxy aborts the handler
-		if x.stall != nil {
-			x.stall.stop()
-			x.stall = nil
-		}
+		x.stall.Stop()
+		x.stall = nil
 		inflight.Dec()
 		o := kvroute.Outcome{
 			PromptTokens: x.req.PromptTokens,

@@ -1,13 +1,10 @@
 package proxy
 
 import (
-	"context"
 	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"sync/atomic"
-	"time"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/openai"
@@ -38,13 +35,9 @@ func (b *upstreamBody) Read(p []byte) (int, error) {
 		b.rest = b.rest[n:]
 		return n, nil
 	}
-	if b.x.stall != nil {
-		b.x.stall.waiting(true)
-	}
+	b.x.stall.Waiting(true)
 	n, err := b.rc.Read(p)
-	if b.x.stall != nil {
-		b.x.stall.waiting(false)
-	}
+	b.x.stall.Waiting(false)
 	if n > 0 {
 		if !b.started {
 			b.started = true
@@ -57,12 +50,12 @@ func (b *upstreamBody) Read(p []byte) (int, error) {
 	}
 	var end *kvroute.Error
 	switch {
-	case b.x.stall != nil && b.x.stall.fired() && b.x.ctx.Err() == nil:
+	case b.x.stall.Fired() && b.x.ctx.Err() == nil:
 		// The engine, stopped or wedged, sent nothing for upstream_header:
 		// the client is told rather than left waiting for it.
 		b.x.streamFailed(errStalled)
 		end = &kvroute.Error{Status: http.StatusGatewayTimeout, Type: kvroute.TypeUpstream,
-			Message: fmt.Sprintf("endpoint %s sent nothing for %s", b.x.flight.Endpoint.ID, b.x.stall.limit)}
+			Message: fmt.Sprintf("endpoint %s sent nothing for %s", b.x.flight.Endpoint.ID, b.x.stall.Limit)}
 	case b.x.ctx.Err() != nil && b.sse && b.sawDone():
 		// The client hung up after the final event, before the engine
 		// closed its response: the exchange is complete.
@@ -126,74 +119,3 @@ func (x *exchange) streamFailed(err error) {
 
 // errStalled cuts an attempt whose response went silent.
 var errStalled = errors.New("proxy: the endpoint's response went silent for timeouts.upstream_header")
-
-// stallWatch bounds the silence of an attempt's response once its headers
-// have arrived: with timeouts.upstream_header set, a response (an event
-// stream, mostly) that brings no byte for that long while the proxy waits
-// for one is cut, as a response whose headers do not come is. Without it, a
-// stream from an engine that hangs after its headers (SIGSTOP, a wedged
-// GPU, a network partition that drops packets) holds its client forever.
-// Only time spent waiting on the engine counts: a client slow to read (a
-// full TCP window) stalls the copy, not the engine. The limit is generous
-// by construction: a non-streaming request must produce its whole
-// generation within it. It is safe for concurrent use: the timer fires on
-// its own goroutine while the handler's reads mark their waits.
-type stallWatch struct {
-	limit  time.Duration
-	cancel context.CancelCauseFunc // cancels the attempt's context
-	since  atomic.Int64            // monotonic ns after epoch (+1) the current read began; 0 = not reading
-	hit    atomic.Bool             // the limit was reached
-	done   atomic.Bool             // stopped: check re-arms nothing
-	epoch  time.Time               // set by start, before t
-	t      atomic.Pointer[time.Timer]
-}
-
-// start arms the watch when the response headers arrive.
-func (s *stallWatch) start() {
-	s.epoch = time.Now()
-	t := time.AfterFunc(time.Duration(1<<62), s.check) // armed below, once check can see it
-	s.t.Store(t)
-	t.Reset(s.limit)
-}
-
-// waiting marks the start (true) and the end of a read from the engine:
-// an atomic store, no timer operation on the copy path.
-func (s *stallWatch) waiting(on bool) {
-	if !on {
-		s.since.Store(0)
-		return
-	}
-	s.since.Store(int64(time.Since(s.epoch)) + 1)
-}
-
-// check runs when the timer fires: re-arm it for the rest of the limit of
-// the read in progress (or a whole limit between reads), or cut the
-// attempt.
-func (s *stallWatch) check() {
-	if s.done.Load() {
-		return
-	}
-	began := s.since.Load()
-	if began == 0 {
-		s.t.Load().Reset(s.limit)
-		return
-	}
-	silent := time.Since(s.epoch) - time.Duration(began-1)
-	if silent < s.limit {
-		s.t.Load().Reset(s.limit - silent)
-		return
-	}
-	s.hit.Store(true)
-	s.cancel(errStalled)
-}
-
-func (s *stallWatch) fired() bool { return s.hit.Load() }
-
-// stop disarms the watch and releases the attempt's context.
-func (s *stallWatch) stop() {
-	s.done.Store(true)
-	if t := s.t.Load(); t != nil {
-		t.Stop()
-	}
-	s.cancel(nil)
-}

@@ -117,9 +117,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		h.Set(HeaderEndpoint, x.flight.Endpoint.ID)
 	}
 	resp.Body = &upstreamBody{rc: resp.Body, x: x, sse: isEventStream(resp.Header)}
-	if x.stall != nil {
-		x.stall.start()
-	}
+	x.stall.Arm()
 	return nil
 }
 
