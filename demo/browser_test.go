@@ -123,8 +123,8 @@ func TestDashboardInBrowser(t *testing.T) {
 		t.Fatalf("switch without token: %v", err)
 	}
 	wait("the refusal", `document.getElementById('policy-result').classList.contains('err')`, 30*time.Second)
-	if got := text("#policy-result"); !strings.Contains(got, "403") {
-		t.Errorf("refusal = %q, want the admin API's 403", got)
+	if got := text("#policy-result"); !strings.Contains(got, "401") {
+		t.Errorf("refusal = %q, want the admin API's 401", got)
 	}
 	before := statePolicy(t, url)
 	if before != "kv-aware" && before != "round_robin" {

@@ -89,8 +89,26 @@ func (p *Proxy) authorized(r *http.Request) bool {
 	return subtle.ConstantTimeCompare([]byte(h[len(prefix):]), []byte(tok)) == 1
 }
 
-var errForbidden = kvroute.Errorf(http.StatusForbidden, "permission_error", "forbidden", "",
-	"this endpoint needs the admin token: Authorization: Bearer <admin.token>")
+// Refusals of the admin and debug endpoints. With an admin token
+// configured, a request without it (or with another) is unauthenticated:
+// 401 with a Bearer challenge (RFC 6750), so a client knows to send the
+// token. Without one, no credential can open the endpoint: 403.
+var (
+	errUnauthorized = kvroute.Errorf(http.StatusUnauthorized, "authentication_error", "invalid_token", "",
+		"this endpoint needs the admin token: Authorization: Bearer <admin.token>")
+	errForbidden = kvroute.Errorf(http.StatusForbidden, "permission_error", "forbidden", "",
+		"this endpoint is closed: the router has no admin.token and debug.enabled is false")
+)
+
+// refuse answers a request that authorized refused.
+func (p *Proxy) refuse(w http.ResponseWriter) {
+	if p.cfg.Admin.Token == "" {
+		openai.WriteError(w, errForbidden)
+		return
+	}
+	w.Header().Set("WWW-Authenticate", `Bearer realm="kvroute"`)
+	openai.WriteError(w, errUnauthorized)
+}
 
 // debugAllowed: debug endpoints are open when debug.enabled, else they need
 // the admin token.
@@ -98,7 +116,7 @@ func (p *Proxy) debugAllowed(w http.ResponseWriter, r *http.Request) bool {
 	if p.cfg.Debug.Enabled || p.authorized(r) {
 		return true
 	}
-	openai.WriteError(w, errForbidden)
+	p.refuse(w)
 	return false
 }
 
@@ -183,7 +201,7 @@ type PolicyUpdate struct {
 // when admin.token is set and needs that token.
 func (p *Proxy) serveAdminPolicy(w http.ResponseWriter, r *http.Request) {
 	if !p.authorized(r) {
-		openai.WriteError(w, errForbidden)
+		p.refuse(w)
 		return
 	}
 	var u PolicyUpdate

@@ -503,14 +503,30 @@ func TestDebugNeedsTokenWhenDisabled(t *testing.T) {
 		t.Error("debug header sent with debug disabled")
 	}
 	resp = must(http.Get(tp.srv.URL + PathDecisions))
-	if readAll(t, resp); resp.StatusCode != 403 {
-		t.Errorf("/debug/decisions without token: got %d, want 403", resp.StatusCode)
+	if readAll(t, resp); resp.StatusCode != 401 || resp.Header.Get("WWW-Authenticate") != `Bearer realm="kvroute"` {
+		t.Errorf("/debug/decisions without token: got %d (WWW-Authenticate %q), want 401 with a Bearer challenge",
+			resp.StatusCode, resp.Header.Get("WWW-Authenticate"))
 	}
 	req, _ := http.NewRequest("GET", tp.srv.URL+PathDecisions, nil)
 	req.Header.Set("Authorization", "Bearer 0123456789abcdef")
 	resp = must(http.DefaultClient.Do(req))
 	if readAll(t, resp); resp.StatusCode != 200 {
 		t.Errorf("/debug/decisions with token: got %d, want 200", resp.StatusCode)
+	}
+}
+
+// TestDebugClosedWithoutToken: with neither debug.enabled nor an admin
+// token, no credential opens the debug endpoints: 403, no challenge.
+func TestDebugClosedWithoutToken(t *testing.T) {
+	be := newBackend(t, "a", okHandler("a"))
+	tp := newTestProxy(t, testConfig("first", be.URL))
+	req, _ := http.NewRequest("GET", tp.srv.URL+PathDecisions, nil)
+	req.Header.Set("Authorization", "Bearer anything")
+	resp := must(http.DefaultClient.Do(req))
+	body := readAll(t, resp)
+	if resp.StatusCode != 403 || resp.Header.Get("WWW-Authenticate") != "" || !strings.Contains(body, "no admin.token") {
+		t.Errorf("/debug/decisions with no admin token configured: got %d (WWW-Authenticate %q) %s, want 403 without a challenge",
+			resp.StatusCode, resp.Header.Get("WWW-Authenticate"), body)
 	}
 }
 
@@ -523,8 +539,9 @@ func TestAdminPolicy(t *testing.T) {
 		name, token, body string
 		want              int
 	}{
-		{"no token", "", `{"model":"m","policy":"rr"}`, 403},
-		{"wrong token", "0123456789abcdeX", `{"model":"m","policy":"rr"}`, 403},
+		{"no token", "", `{"model":"m","policy":"rr"}`, 401},
+		{"wrong token", "0123456789abcdeX", `{"model":"m","policy":"rr"}`, 401},
+		{"not bearer", "Basic 0123456789abcdef", `{"model":"m","policy":"rr"}`, 401},
 		{"unknown model", "0123456789abcdef", `{"model":"x","policy":"rr"}`, 404},
 		{"unknown policy", "0123456789abcdef", `{"model":"m","policy":"nope"}`, 400},
 		{"bad body", "0123456789abcdef", `{"model":"m","policy":"rr","extra":1}`, 400},
@@ -535,12 +552,17 @@ func TestAdminPolicy(t *testing.T) {
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
 			req, _ := http.NewRequest("PUT", tp.srv.URL+PathAdminPolicy, strings.NewReader(tc.body))
-			if tc.token != "" {
+			switch {
+			case strings.Contains(tc.token, " "):
+				req.Header.Set("Authorization", tc.token)
+			case tc.token != "":
 				req.Header.Set("Authorization", "Bearer "+tc.token)
 			}
 			resp := must(http.DefaultClient.Do(req))
 			if out := readAll(t, resp); resp.StatusCode != tc.want {
 				t.Errorf("got %d %s, want %d", resp.StatusCode, out, tc.want)
+			} else if challenge := resp.Header.Get("WWW-Authenticate"); (tc.want == 401) != (challenge != "") {
+				t.Errorf("status %d with WWW-Authenticate %q: a 401, and only a 401, carries the challenge", resp.StatusCode, challenge)
 			}
 		})
 	}

@@ -32,8 +32,8 @@ func TestDashboardMounted(t *testing.T) {
 		t.Fatalf("GET /ui/: got %d %.80q, want the page", resp.StatusCode, body)
 	}
 	// The state API is as protected as /debug/*: refused without the token.
-	if resp, body := get("/ui/api/state", ""); resp.StatusCode != http.StatusForbidden {
-		t.Fatalf("GET /ui/api/state without token: got %d %q, want 403", resp.StatusCode, body)
+	if resp, body := get("/ui/api/state", ""); resp.StatusCode != http.StatusUnauthorized {
+		t.Fatalf("GET /ui/api/state without token: got %d %q, want 401", resp.StatusCode, body)
 	}
 	resp, body = get("/ui/api/state", "s3cret-dashboard-token")
 	if resp.StatusCode != http.StatusOK || !strings.Contains(body, backend) {

@@ -3,6 +3,7 @@ package ui
 import (
 	"context"
 	"fmt"
+	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
@@ -241,5 +242,51 @@ func TestPageInBrowser(t *testing.T) {
 	defer mu.Unlock()
 	if len(jsErrs) > 0 {
 		t.Errorf("JavaScript exceptions: %q", jsErrs)
+	}
+}
+
+// TestLockedPageInBrowser: the state API refuses the page until it has the
+// admin token. With a token configured (401) the page says it is locked and
+// asks for it, then shows the fleet once it is typed in; with none (403) it
+// says the state is closed.
+func TestLockedPageInBrowser(t *testing.T) {
+	browsertest.Require(t)
+	const token = "secret-token-0123456789"
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	bctx, _ := browsertest.Start(t, ctx, 1280, 900)
+	for _, admin := range []bool{true, false} {
+		d, err := New(Options{
+			Source:       fakeSource{newModelRouter(t, "m1", "a", "b")},
+			AdminEnabled: admin,
+			Authorize:    func(r *http.Request) bool { return admin && r.Header.Get("Authorization") == "Bearer "+token },
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		srv := httptest.NewServer(d)
+		defer srv.Close()
+		wait := func(what, expr string) {
+			t.Helper()
+			if _, err := chromedp.Run(bctx, chromedp.Poll[bool](expr, chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+				page, _ := chromedp.Run(bctx, chromedp.Evaluate[string](`document.body.innerText.slice(0, 1500)`))
+				t.Fatalf("admin %v: %s: %v (%s)\npage text:\n%s", admin, what, err, expr, page)
+			}
+		}
+		if err := chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/ui/")); err != nil {
+			t.Fatalf("navigate: %v", err)
+		}
+		if !admin {
+			wait("the page says the state is closed", `document.getElementById('updated').textContent.startsWith('closed:')`)
+			continue
+		}
+		wait("the page asks for the token", `document.getElementById('updated').textContent.startsWith('locked:')`)
+		if n, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll('#fleet tbody tr[data-endpoint]').length`)); err != nil || n != 0 {
+			t.Fatalf("locked page shows %d fleet rows (%v), want none", n, err)
+		}
+		if err := chromedp.Do(bctx, chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`document.getElementById('admin-token').value = %q`, token), chromedp.EvalIgnoreExceptions)); err != nil {
+			t.Fatal(err)
+		}
+		wait("the fleet once the token is given", `document.querySelectorAll('#fleet tbody tr[data-endpoint]').length === 2`)
 	}
 }

@@ -73,8 +73,9 @@ type Options struct {
 	Policies []string
 	// Authorize, when set, guards the state API (the fleet, the decisions
 	// with their request IDs, session keys and tenants): requests it refuses
-	// get a 403, and the page asks for the admin token, which it then sends
-	// as "Authorization: Bearer TOKEN". The page and its assets stay public.
+	// get a 401 when AdminEnabled, and the page asks for the admin token,
+	// which it then sends as "Authorization: Bearer TOKEN"; without an admin
+	// token they get a 403. The page and its assets stay public.
 	// Nil: the state is open to whoever reaches the dashboard.
 	Authorize func(r *http.Request) bool
 	// Run, when set, describes a demo run (banner and comparison).
@@ -142,6 +143,21 @@ func New(opts Options) (*Dashboard, error) {
 	return d, nil
 }
 
+// refuse answers a state request Authorize refused: 401 with a Bearer
+// challenge when the router has an admin token (AdminEnabled), which the
+// page then asks for; 403 when it has none, as no token can open it.
+func (d *Dashboard) refuse(w http.ResponseWriter) {
+	w.Header().Set("Content-Type", "application/json")
+	if !d.opts.AdminEnabled {
+		w.WriteHeader(http.StatusForbidden)
+		_, _ = w.Write([]byte(`{"error":{"message":"the dashboard's data is closed: the router has no admin.token and debug.enabled is false","type":"permission_error","code":"forbidden"}}` + "\n"))
+		return
+	}
+	w.Header().Set("WWW-Authenticate", `Bearer realm="kvroute"`)
+	w.WriteHeader(http.StatusUnauthorized)
+	_, _ = w.Write([]byte(`{"error":{"message":"the dashboard's data needs the admin token: Authorization: Bearer <admin.token>","type":"authentication_error","code":"invalid_token"}}` + "\n"))
+}
+
 // ServeHTTP serves the page (Prefix/), its assets and Prefix/api/state.
 func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p := d.opts.Prefix
@@ -153,9 +169,7 @@ func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
 	case r.URL.Path == p+"/api/state":
 		if d.opts.Authorize != nil && !d.opts.Authorize(r) {
-			w.Header().Set("Content-Type", "application/json")
-			w.WriteHeader(http.StatusForbidden)
-			_, _ = w.Write([]byte(`{"error":{"message":"the dashboard's data needs the admin token: Authorization: Bearer <admin.token>","type":"permission_error","code":"forbidden"}}` + "\n"))
+			d.refuse(w)
 			return
 		}
 		d.serveState(w, r)

@@ -217,22 +217,26 @@ func TestNewNeedsSource(t *testing.T) {
 }
 
 func TestDashboardAuthorize(t *testing.T) {
-	d, err := New(Options{Source: fakeSource{newTestRouter(t)}, Authorize: func(r *http.Request) bool {
+	authorize := func(r *http.Request) bool {
 		return r.Header.Get("Authorization") == "Bearer secret-token-0123456789"
-	}})
-	if err != nil {
-		t.Fatal(err)
 	}
 	tests := []struct {
+		admin      bool // the router has an admin token
 		path, auth string
 		code       int
 	}{
-		{"/ui/api/state", "", http.StatusForbidden},
-		{"/ui/api/state", "Bearer wrong", http.StatusForbidden},
-		{"/ui/api/state", "Bearer secret-token-0123456789", http.StatusOK},
-		{"/ui/", "", http.StatusOK}, // the page itself is public
+		{true, "/ui/api/state", "", http.StatusUnauthorized},
+		{true, "/ui/api/state", "Bearer wrong", http.StatusUnauthorized},
+		{true, "/ui/api/state", "Bearer secret-token-0123456789", http.StatusOK},
+		{true, "/ui/", "", http.StatusOK}, // the page itself is public
+		{false, "/ui/api/state", "Bearer wrong", http.StatusForbidden},
+		{false, "/ui/", "", http.StatusOK},
 	}
 	for _, tt := range tests {
+		d, err := New(Options{Source: fakeSource{newTestRouter(t)}, Authorize: authorize, AdminEnabled: tt.admin})
+		if err != nil {
+			t.Fatal(err)
+		}
 		req := httptest.NewRequest(http.MethodGet, tt.path, nil)
 		if tt.auth != "" {
 			req.Header.Set("Authorization", tt.auth)
@@ -240,7 +244,11 @@ func TestDashboardAuthorize(t *testing.T) {
 		rec := httptest.NewRecorder()
 		d.ServeHTTP(rec, req)
 		if rec.Code != tt.code {
-			t.Errorf("GET %s (auth %q) = %d, want %d", tt.path, tt.auth, rec.Code, tt.code)
+			t.Errorf("admin %v: GET %s (auth %q) = %d, want %d", tt.admin, tt.path, tt.auth, rec.Code, tt.code)
+		}
+		if challenge := rec.Header().Get("WWW-Authenticate"); (tt.code == http.StatusUnauthorized) != (challenge != "") {
+			t.Errorf("admin %v: GET %s = %d with WWW-Authenticate %q: a 401, and only a 401, carries the challenge",
+				tt.admin, tt.path, rec.Code, challenge)
 		}
 	}
 }

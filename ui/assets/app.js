@@ -84,10 +84,15 @@
     try {
       const token = $("admin-token").value.trim();
       const resp = await fetch("api/state", { cache: "no-store", headers: token ? { Authorization: "Bearer " + token } : {} });
-      if (resp.status === 403) {
+      if (resp.status === 401) {
         $("live-dot").className = "dot off";
         $("updated").textContent = "locked: enter the admin token (Routing policy, below) to see the fleet";
         $("admin-token").placeholder = "needed to view";
+        return;
+      }
+      if (resp.status === 403) {
+        $("live-dot").className = "dot off";
+        $("updated").textContent = "closed: the router has no admin token and its debug mode is off";
         return;
       }
       if (!resp.ok) throw new Error("HTTP " + resp.status);
