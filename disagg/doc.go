@@ -59,7 +59,9 @@
 // in: vLLM's NixlConnector (a prefill request with max_tokens=1, stream
 // false and kv_transfer_params.do_remote_decode, then the original request
 // to the decode engine with the returned kv_transfer_params, the same
-// X-Request-Id on both) or SGLang's bootstrap form (bootstrap_host, port
+// X-Request-Id on both: the request's ID with a random suffix, new at each
+// placement, so that a re-planned request never reaches a prefill engine
+// under the id of a prefill it still holds) or SGLang's bootstrap form (bootstrap_host, port
 // and a random 63-bit room, lists of one per item for a batched request;
 // both legs at once; the decode reply returned). Once an SGLang decode leg
 // has answered the client in full, the prefill leg's reply is awaited for

@@ -181,6 +181,29 @@ func NewHandoff(cfg HandoffConfig) (*Handoff, error) {
 	return &Handoff{cfg: cfg, log: log}, nil
 }
 
+// newLegID gives the placement about to run its own X-Request-Id: the
+// request's ID, a dot and 8 random base-36 digits. Every leg of one
+// placement carries it (the decode leg's retry too): vLLM's NixlConnector
+// before its remote_request_id (protocol version 2) found the prefill's
+// held blocks by the decode request's own id. A second placement must not
+// reuse it: a vLLM that does not randomise request ids (before v0.14, or
+// VLLM_DISABLE_REQUEST_ID_RANDOMIZATION) still holds the first prefill
+// under it, and a duplicate id fails its scheduler's assertion (or, in
+// older versions, replaces the held request). Random, not a counter: a
+// client that sends the same X-Request-Id on every request would collide
+// with its own earlier request's held prefill.
+func (x *exchange) newLegID() {
+	const digits = "0123456789abcdefghijklmnopqrstuvwxyz"
+	var b [8]byte
+	_, _ = rand.Read(b[:])
+	id := make([]byte, 0, len(x.req.ID)+9)
+	id = append(append(id, x.req.ID...), '.')
+	for _, c := range b {
+		id = append(id, digits[int(c)%len(digits)])
+	}
+	x.legID = string(id)
+}
+
 func cryptoRoom() uint64 {
 	var b [8]byte
 	_, _ = rand.Read(b[:])
@@ -248,13 +271,15 @@ func (e *LegError) Unwrap() error { return e.Err }
 
 // exchange is one request through the handoff.
 type exchange struct {
-	h     *Handoff
-	w     http.ResponseWriter
-	r     *http.Request
-	ctx   context.Context
-	path  string
-	body  []byte
-	req   *kvroute.Request
+	h    *Handoff
+	w    http.ResponseWriter
+	r    *http.Request
+	ctx  context.Context
+	path string
+	body []byte
+	req  *kvroute.Request
+	// legID is the X-Request-Id of the current placement's legs (newLegID).
+	legID string
 	tried []string
 	last  *LegError
 	res   Result
@@ -327,12 +352,13 @@ func (x *exchange) placeAndRun(last bool) (done bool, decode *kvroute.Endpoint) 
 		x.writeRoutingFailure(err)
 		return true, nil
 	}
+	x.newLegID()
 	plan, ok := h.cfg.Planner.Take(x.req)
 	if !ok { // not planned by the Planner (a foreign picker): run whole on f
 		plan = Plan{Prefill: f.Endpoint, Decode: f.Endpoint, Rule: "unplanned"}
 	}
 	h.cfg.Metrics.decision(h.cfg.Model, &plan)
-	h.log.Debug("pd: placed", "request_id", x.req.ID, "disaggregated", plan.Disaggregated, "prefill", plan.Prefill.ID,
+	h.log.Debug("pd: placed", "request_id", x.req.ID, "leg_id", x.legID, "disaggregated", plan.Disaggregated, "prefill", plan.Prefill.ID,
 		"decode", plan.Decode.ID, "reason", plan.Reason)
 	if !plan.Disaggregated {
 		if x.last != nil && x.last.Leg == "prefill" {
@@ -358,6 +384,7 @@ func (x *exchange) aggregatedOnDecode() bool {
 		return true
 	}
 	h.cfg.Planner.Take(x.req) // nothing planned after a pin; keep the books clean
+	x.newLegID()
 	h.cfg.Metrics.fallback(h.cfg.Model, "aggregated")
 	h.log.Warn("pd: prefill failed, running aggregated on the decode node", "request_id", x.req.ID, "endpoint", f.Endpoint.ID)
 	return x.runWhole(f, "aggregated")
@@ -669,7 +696,7 @@ func (x *exchange) post(ctx context.Context, e *kvroute.Endpoint, body []byte, l
 		}
 	}
 	hr.Header.Set("Content-Type", "application/json")
-	hr.Header.Set("X-Request-Id", x.req.ID) // the same id on every leg
+	hr.Header.Set("X-Request-Id", x.legID) // the same id on every leg of a placement
 	resp, err := h.cfg.Client.Do(hr)
 	if err != nil {
 		reason := "transport"

@@ -152,7 +152,11 @@ func newPD(t *testing.T, proto string, mode Mode, eps ...kvroute.Endpoint) *pdFi
 			openai.WriteError(w, err)
 			return
 		}
-		kr := &kvroute.Request{ID: "req-" + strconv.Itoa(int(time.Now().UnixNano()%1e9)), Model: ri.Model, Prompt: ri.Prompt,
+		id := req.Header.Get("X-Request-Id") // the client's, as the proxy takes it
+		if id == "" {
+			id = "req-" + strconv.Itoa(int(time.Now().UnixNano()%1e9))
+		}
+		kr := &kvroute.Request{ID: id, Model: ri.Model, Prompt: ri.Prompt,
 			PromptTokens: ri.PromptTokens(), MaxTokens: ri.MaxTokens, Stream: ri.Stream, Arrival: time.Now()}
 		if res := h.Serve(w, req, req.URL.Path, body, kr); res.Abort {
 			panic(http.ErrAbortHandler) // as the proxy does
@@ -446,9 +450,26 @@ func TestPDFailures(t *testing.T) {
 		d := emu(t, kvroute.RoleDecode, emulator.PDNixl)
 		f := newPD(t, ProtocolNixl, ModeAlways, endpoint("p", p.URL, kvroute.RolePrefill), endpoint("bad", bad.URL, kvroute.RoleDecode),
 			endpoint("d", d.URL, kvroute.RoleDecode))
-		for i := range 2 {
-			if code, body := f.post(t, completion(false, 2)); code != 200 {
+		for i := range 2 { // a client that sends one id on every request
+			if code, body := f.post(t, completion(false, 2), "X-Request-Id", "fixed"); code != 200 {
 				t.Fatalf("request %d: got %d %s", i, code, body)
+			}
+		}
+		// Each placement has its own X-Request-Id, the client's with a
+		// suffix: a re-planned request (or the client's next one) never
+		// reaches the prefill engine under the id of a prefill it holds.
+		// Its decode leg carries the same id as its prefill.
+		seen := map[string]bool{}
+		for _, l := range f.rec.to(p.URL) {
+			if seen[l.id] || !strings.HasPrefix(l.id, "fixed.") {
+				t.Errorf("prefill leg X-Request-Id %q: want a new id per placement, starting with the client's", l.id)
+			}
+			seen[l.id] = true
+		}
+		for _, l := range append(f.rec.to(bad.URL), f.rec.to(d.URL)...) {
+			kv, _ := l.body["kv_transfer_params"].(map[string]any)
+			if rid, _ := kv["remote_request_id"].(string); l.id != rid || !seen[l.id] {
+				t.Errorf("decode leg X-Request-Id %q with remote_request_id %q: want its prefill's id", l.id, rid)
 			}
 		}
 		nbad, np := len(f.rec.to(bad.URL)), len(f.rec.to(p.URL))
@@ -485,6 +506,15 @@ func TestPDFailures(t *testing.T) {
 		}
 		if np := len(f.rec.to(p.URL)); np != sent {
 			t.Errorf("prefill legs: got %d for %d requests (the lease was not reused)", np, sent)
+		}
+		prefills := map[string]bool{}
+		for _, l := range f.rec.to(p.URL) {
+			prefills[l.id] = true
+		}
+		for _, l := range append(f.rec.to(deadURL), f.rec.to(d.URL)...) {
+			if !prefills[l.id] {
+				t.Errorf("decode leg X-Request-Id %q: want its prefill's (the retry is the same placement)", l.id)
+			}
 		}
 	})
 	t.Run("sglang prefill 500 cancels the decode leg", func(t *testing.T) {
