@@ -76,6 +76,13 @@ type Config struct {
 	AdvertisePort int
 	// EngineID is remote_engine_id; default a random UUID.
 	EngineID string
+	// DataParallelRank is the engine's data-parallel rank (vLLM's DP engine
+	// index) when it is one of the engine cores of a DP server (NewDP):
+	// its /metrics series carry engine="<rank>", its KV-event batches
+	// data_parallel_rank, and its KV-event endpoints are offset by it as
+	// vLLM offsets them (tcp port + rank, inproc suffix _dp<rank>).
+	// Default 0.
+	DataParallelRank int
 
 	// DefaultMaxTokens is the output limit of a chat request that gives
 	// neither max_tokens nor max_completion_tokens; default 1024. (vLLM's
@@ -167,6 +174,9 @@ func (c *Config) validate() error {
 	if c.FabricGbps < 0 || c.LeaseTimeout < 0 || c.TransferSetup < 0 || c.BootstrapWait < 0 || c.EOSMean < 0 ||
 		c.DefaultMaxTokens < 0 || c.MaxBodyBytes < 0 || c.StreamInterval < 0 {
 		errs = append(errs, errors.New("emulator: FabricGbps, LeaseTimeout, TransferSetup, BootstrapWait, EOSMean, DefaultMaxTokens, MaxBodyBytes and StreamInterval must not be negative"))
+	}
+	if c.DataParallelRank < 0 {
+		errs = append(errs, fmt.Errorf("emulator: DataParallelRank %d must not be negative", c.DataParallelRank))
 	}
 	if c.AdvertisePort < 0 || c.AdvertisePort > 65535 {
 		errs = append(errs, fmt.Errorf("emulator: AdvertisePort %d out of range", c.AdvertisePort))

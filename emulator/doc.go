@@ -106,6 +106,20 @@
 // block's key is deferred until a lookup could reach it, see the engine
 // package's deferred.go).
 //
+// # Data parallelism
+//
+// NewDP runs N Servers (ranks) behind one HTTP endpoint, as vLLM's
+// --data-parallel-size N with internal load balancing: each rank has its
+// own engine model, KV cache, loop goroutine and KV-event publisher
+// (Config.DataParallelRank: its engine label in /metrics, its
+// data_parallel_rank in event batches, its endpoints offset as vLLM offsets
+// them, tcp port + rank). Rank 0's handler parses and validates every
+// generation request, then hands it to the rank named by the
+// X-data-parallel-rank header or, without one, to the rank vLLM's front end
+// picks (DP.pick); a rank out of range is vLLM's 400 error (a single
+// Server checks the header too). The DP's /metrics merges every rank's
+// families; /health fails when any rank's loop has stopped.
+//
 // # Disaggregation
 //
 // See PullRequest for the side channel. A decode engine whose pull fails

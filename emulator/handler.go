@@ -246,6 +246,25 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 	j.ereq = ereq
 	defer j.putToks()
 
+	if d := s.dp; d != nil {
+		// A data-parallel server: validated as vLLM's front end validates,
+		// the request goes to the engine core of the rank d picks (the
+		// X-data-parallel-rank header's, or its load balancer's).
+		k, aerr := d.pick(r.Header)
+		if aerr != nil {
+			writeRankError(w, req.Stream, aerr)
+			return
+		}
+		defer d.release(k)
+		s = d.ranks[k]
+	} else if v := r.Header[HeaderDataParallelRank]; v != nil {
+		// One engine checks the header's rank too (vLLM's data parallel
+		// size is then 1).
+		if _, _, aerr := headerRank(v[0], 1); aerr != nil {
+			writeRankError(w, req.Stream, aerr)
+			return
+		}
+	}
 	if aerr := s.preparePD(r, j, ereq); aerr != nil {
 		writeAPIError(w, aerr)
 		return

@@ -6,6 +6,7 @@ import (
 	"encoding/binary"
 	"fmt"
 	"log/slog"
+	"strconv"
 	"strings"
 	"sync"
 	"time"
@@ -73,6 +74,32 @@ func (c *KVEventsConfig) validate() error {
 	return nil
 }
 
+// offsetEndpoint is endpoint moved to data parallel rank rank as vLLM's
+// ZmqEventPublisher.offset_endpoint_port moves it (for the PUB and the
+// replay endpoint alike): unchanged for rank 0 or an empty endpoint; an
+// endpoint containing "inproc" gets the suffix _dp<rank>; one containing
+// "tcp" and a colon gets its port (after the last colon) plus rank; any
+// other (ipc://) is an error, as in vLLM.
+func offsetEndpoint(endpoint string, rank int) (string, error) {
+	switch {
+	case endpoint == "" || rank == 0:
+		return endpoint, nil
+	case strings.Contains(endpoint, "inproc"):
+		return endpoint + "_dp" + strconv.Itoa(rank), nil
+	case strings.Contains(endpoint, "tcp"):
+		i := strings.LastIndexByte(endpoint, ':')
+		if i < 0 {
+			return endpoint, nil
+		}
+		port, err := strconv.Atoi(endpoint[i+1:])
+		if err != nil {
+			return "", fmt.Errorf("emulator: KVEvents endpoint %q: no port to offset by data parallel rank %d", endpoint, rank)
+		}
+		return endpoint[:i+1] + strconv.Itoa(port+rank), nil
+	}
+	return "", fmt.Errorf("emulator: KVEvents endpoint %q: data parallel rank %d needs a tcp or inproc endpoint (vLLM: \"Invalid endpoint: must contain 'inproc' or 'tcp'\")", endpoint, rank)
+}
+
 // shouldBind reports whether vLLM binds (rather than connects) the PUB
 // socket for endpoint.
 func shouldBind(endpoint string) bool {
@@ -85,11 +112,18 @@ func shouldBind(endpoint string) bool {
 // each event positional (EncodingArray) or a map (EncodingMap), with
 // trailing default-valued fields omitted as omit_defaults does.
 func EncodeEventBatch(dst []byte, encoding string, ts float64, events []engine.KVEvent) ([]byte, error) {
+	return EncodeEventBatchRank(dst, encoding, ts, 0, events)
+}
+
+// EncodeEventBatchRank is EncodeEventBatch for the engine core of data
+// parallel rank rank: the batch's data_parallel_rank is rank, as vLLM's
+// ZmqEventPublisher sets it to its own rank.
+func EncodeEventBatchRank(dst []byte, encoding string, ts float64, rank int, events []engine.KVEvent) ([]byte, error) {
 	buf := bytes.NewBuffer(dst)
 	enc := msgpack.GetEncoder()
 	defer msgpack.PutEncoder(enc)
 	enc.Reset(buf)
-	if err := encodeBatch(enc, encoding == EncodingMap, ts, events); err != nil {
+	if err := encodeBatch(enc, encoding == EncodingMap, ts, rank, events); err != nil {
 		return dst, fmt.Errorf("emulator: encode kv events: %w", err)
 	}
 	return buf.Bytes(), nil
@@ -99,7 +133,7 @@ func EncodeEventBatch(dst []byte, encoding string, ts float64, events []engine.K
 // engine reports an allocation's evictions together) goes out as one event
 // per hash, as vLLM's BlockPool emits one per evicted block
 // (_maybe_evict_cached_block).
-func encodeBatch(enc *msgpack.Encoder, asMap bool, ts float64, events []engine.KVEvent) error {
+func encodeBatch(enc *msgpack.Encoder, asMap bool, ts float64, rank int, events []engine.KVEvent) error {
 	_ = enc.EncodeArrayLen(3)
 	_ = enc.EncodeFloat64(ts)
 	n := 0
@@ -127,7 +161,7 @@ func encodeBatch(enc *msgpack.Encoder, asMap bool, ts float64, events []engine.K
 			return err
 		}
 	}
-	return enc.EncodeInt(0) // data_parallel_rank
+	return enc.EncodeInt(int64(rank)) // data_parallel_rank
 }
 
 func encodeHashes(enc *msgpack.Encoder, hs []uint64) {

@@ -257,11 +257,17 @@ func (m *metrics) publish(s *snapshot) {
 
 // newMetrics builds the instruments of a flavour on a private registry.
 func newMetrics(flavor, model string, prof engine.Profile, hashAlgo string, start time.Time) (*metrics, error) {
+	return newRankMetrics(flavor, model, 0, prof, hashAlgo, start)
+}
+
+// newRankMetrics is newMetrics for the engine core of data parallel rank
+// rank: vLLM's series carry engine="<rank>" (vllm/v1/metrics/loggers.py).
+func newRankMetrics(flavor, model string, rank int, prof engine.Profile, hashAlgo string, start time.Time) (*metrics, error) {
 	m := &metrics{reg: prometheus.NewRegistry(), success: map[string]prometheus.Counter{}}
 	created := float64(start.UnixNano()) / 1e9
 	switch flavor {
 	case FlavorVLLM, FlavorVLLMLegacy:
-		m.vllm(flavor == FlavorVLLMLegacy, prometheus.Labels{"model_name": model, "engine": "0"}, prof, hashAlgo, created)
+		m.vllm(flavor == FlavorVLLMLegacy, prometheus.Labels{"model_name": model, "engine": strconv.Itoa(rank)}, prof, hashAlgo, created)
 	case FlavorSGLang:
 		m.sglang(prometheus.Labels{"model_name": model}, prof, created)
 	case FlavorLlamaCpp:
@@ -359,7 +365,7 @@ func (m *metrics) vllm(legacy bool, l prometheus.Labels, prof engine.Profile, ha
 	m.nParam = m.histogram("vllm:request_params_n", "Histogram of the n request parameter.", l, nBuckets, created)
 	m.iteration = m.histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", l, iterationBuckets, created)
 
-	info := prometheus.Labels{"engine": "0", "block_size": strconv.Itoa(prof.BlockSize), "cache_dtype": "auto",
+	info := prometheus.Labels{"engine": l["engine"], "block_size": strconv.Itoa(prof.BlockSize), "cache_dtype": "auto",
 		"enable_prefix_caching": "True", "gpu_memory_utilization": strconv.FormatFloat(prof.GPUMemoryUtilization, 'g', -1, 64),
 		"num_gpu_blocks": strconv.Itoa(prof.NumGPUBlocks), "num_cpu_blocks": "None", "prefix_caching_hash_algo": hashAlgo}
 	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig", ConstLabels: info})

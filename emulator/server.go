@@ -42,6 +42,9 @@ type Server struct {
 	client   *http.Client // side-channel calls to prefill engines
 	mux      *http.ServeMux
 	start    time.Time
+	// dp is set on the front engine core of a data-parallel server (NewDP):
+	// its generation handlers hand each request to the rank dp picks.
+	dp *DP
 
 	inMu  sync.Mutex // protects inbox, stopped, quiet and quietUntil
 	inbox []command
@@ -91,8 +94,14 @@ type command struct {
 // New validates cfg, fills its defaults and builds the engine model.
 func New(cfg Config) (*Server, error) {
 	cfg.setDefaults()
-	if err := cfg.validate(); err != nil {
+	err := cfg.validate()
+	if err != nil {
 		return nil, err
+	}
+	for _, ep := range []*string{&cfg.KVEvents.Endpoint, &cfg.KVEvents.ReplayEndpoint} {
+		if *ep, err = offsetEndpoint(*ep, cfg.DataParallelRank); err != nil {
+			return nil, err
+		}
 	}
 	ec := cfg.Engine
 	ec.Speed = cfg.Speed
@@ -137,7 +146,7 @@ func New(cfg Config) (*Server, error) {
 	if ec.HashFunc != nil {
 		hashName = ec.HashFunc.Name()
 	}
-	s.metrics, err = newMetrics(cfg.MetricsFlavor, cfg.Model, s.prof, hashName, s.start)
+	s.metrics, err = newRankMetrics(cfg.MetricsFlavor, cfg.Model, cfg.DataParallelRank, s.prof, hashName, s.start)
 	if err != nil {
 		return nil, err
 	}
@@ -779,7 +788,8 @@ func (s *Server) finishStep(ctx context.Context, ls *loopState, wait bool, now t
 	s.deliver(res, ls)
 	if s.pub != nil && len(res.Events) > 0 {
 		var err error
-		ls.evbuf, err = EncodeEventBatch(ls.evbuf[:0], s.cfg.KVEvents.Encoding, float64(time.Now().UnixNano())/1e9, res.Events)
+		ls.evbuf, err = EncodeEventBatchRank(ls.evbuf[:0], s.cfg.KVEvents.Encoding, float64(time.Now().UnixNano())/1e9,
+			s.cfg.DataParallelRank, res.Events)
 		if err != nil {
 			s.cfg.Logger.Error("kv events", "err", err)
 		} else {

@@ -73,6 +73,21 @@ HuggingFace model: its KV bytes per token from the model's shape (MLA for
 DeepSeek-style models), its KV cache from GPU memory as vLLM sizes it, its step
 times from the same roofline as the built-in profiles.
 
+Data parallelism: --data-parallel-size N runs N engine cores behind the one HTTP
+endpoint, as vLLM's --data-parallel-size with its internal load balancer: each
+rank has its own KV cache (--kv-blocks each), scheduler and KV-event stream.
+A request goes to the rank its X-data-parallel-rank header names (a value that
+is not an integer is ignored; one out of range is vLLM's 400 error, or a stream
+whose one event is that error; a single engine accepts only 0), else to the
+rank vLLM's front end picks: the lowest max(its requests in flight, waiting +
+running), waiting requests weighing more when the rank's KV cache is over half
+full, ties in turn. /metrics has every rank's series with engine="<rank>" (vllm
+and vllm-legacy flavours only). Rank r publishes its KV events with
+data_parallel_rank r on the tcp port of --kv-events-endpoint (and of
+--kv-events-replay) plus r, as vLLM offsets them (inproc endpoints get the
+suffix _dp<r>; vLLM refuses ipc endpoints). P/D roles need
+--data-parallel-size 1.
+
 SIGINT/SIGTERM stop accepting connections; the requests in flight run to their
 end for up to --shutdown-timeout, then what is left ends with an error event (a
 second signal ends the process at once).`
@@ -109,6 +124,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		defMaxTok   = fs.Int("default-max-tokens", 1024, "output limit of chat requests without max_tokens (completions get vLLM's 16)")
 		eosMean     = fs.Float64("eos-mean", 0, "mean output length before the model emits EOS (0 = never; requests end at max_tokens)")
 		streamIntvl = fs.Int("stream-interval", 1, "vLLM's --stream-interval: a streamed response sends the first token, then a chunk every N tokens")
+		dpSize      = fs.Int("data-parallel-size", 1, "vLLM's --data-parallel-size: `N` engine cores (each with its own KV cache, scheduler and KV events on port+rank) behind one endpoint; requests go to the rank of their X-data-parallel-rank header or vLLM's internal load balancer's")
 		hf          hfModel
 		tokPath     = fs.String("tokenizer", "builtin", "prompt tokenizer: builtin, or a HuggingFace model `directory` (tokenizer.json, and tokenizer_config.json for the chat template) or its tokenizer.json file")
 		logLevel    = fs.String("log-level", "info", "log level: debug, info, warn, error")
@@ -183,7 +199,10 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *procs < 0 {
 		return usageErr("--procs must be 0 or more")
 	}
-	srv, err := emulator.New(cfg)
+	if err := checkDataParallel(*dpSize, *flavor, r, *evEndpoint, *evReplay); err != nil {
+		return usageErr("%v", err)
+	}
+	srv, err := emulator.NewDP(cfg, *dpSize)
 	if err != nil {
 		return usageErr("%v", err)
 	}
@@ -213,9 +232,13 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(n))
 	}
 	p := srv.Profile()
-	logger.Info("engine listening", "addr", ln.Addr().String(), "model", *model, "profile", p.Name, "speed", *speed,
+	attrs := []any{"addr", ln.Addr().String(), "model", *model, "profile", p.Name, "speed", *speed,
 		"role", r.String(), "kv_blocks", p.NumGPUBlocks, "block_size", p.BlockSize, "max_model_len", p.MaxModelLen,
-		"kv_events", *evEndpoint, "engine_id", srv.EngineID(), "procs", runtime.GOMAXPROCS(0))
+		"kv_events", *evEndpoint, "engine_id", srv.EngineID(), "procs", runtime.GOMAXPROCS(0)}
+	if srv.Size() > 1 {
+		attrs = append(attrs, "data_parallel_size", srv.Size())
+	}
+	logger.Info("engine listening", attrs...)
 
 	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
 	g, gctx := errgroup.WithContext(ctx)
@@ -304,6 +327,36 @@ func checkEngineFlags(fs *flag.FlagSet) error {
 	}
 	if get("kv-events-replay").String() != "" && get("kv-events-endpoint").String() == "" {
 		return errors.New("--kv-events-replay needs --kv-events-endpoint")
+	}
+	return nil
+}
+
+// checkDataParallel checks --data-parallel-size against the flags it
+// cannot go with.
+func checkDataParallel(size int, flavor string, role kvroute.Role, endpoints ...string) error {
+	if size < 1 {
+		return fmt.Errorf("--data-parallel-size %d must be at least 1", size)
+	}
+	if size == 1 {
+		return nil
+	}
+	if flavor != emulator.FlavorVLLM && flavor != emulator.FlavorVLLMLegacy {
+		return fmt.Errorf("--data-parallel-size %d needs --metrics-flavor %s or %s: %s's /metrics has no per-rank engine label",
+			size, emulator.FlavorVLLM, emulator.FlavorVLLMLegacy, flavor)
+	}
+	if role != kvroute.RoleBoth {
+		return fmt.Errorf("--data-parallel-size %d needs --role both: P/D roles are not emulated per rank", size)
+	}
+	for i, name := range []string{"kv-events-endpoint", "kv-events-replay"} {
+		ep := endpoints[i]
+		if strings.HasPrefix(ep, "ipc://") && !strings.Contains(ep, "tcp") && !strings.Contains(ep, "inproc") {
+			return fmt.Errorf("--%s %q: with --data-parallel-size each rank needs its own endpoint, and vLLM offsets only tcp ports and inproc names", name, ep)
+		}
+		if c := strings.LastIndexByte(ep, ':'); strings.HasPrefix(ep, "tcp://") && c >= 0 {
+			if port, err := strconv.Atoi(ep[c+1:]); err == nil && port+size-1 > 65535 {
+				return fmt.Errorf("--%s %q: rank %d's port %d (port + rank) is out of range", name, ep, size-1, port+size-1)
+			}
+		}
 	}
 	return nil
 }

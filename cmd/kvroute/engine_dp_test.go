@@ -1,0 +1,128 @@
+package main
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"io"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestEngineDataParallelUsageErrors(t *testing.T) {
+	tests := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--data-parallel-size", "0"}, "--data-parallel-size 0 must be at least 1"},
+		{[]string{"--data-parallel-size", "-2"}, "--data-parallel-size -2 must be at least 1"},
+		{[]string{"--data-parallel-size", "2", "--metrics-flavor", "sglang"}, "--data-parallel-size 2 needs --metrics-flavor vllm or vllm-legacy"},
+		{[]string{"--data-parallel-size", "2", "--metrics-flavor", "llamacpp"}, "needs --metrics-flavor vllm or vllm-legacy"},
+		{[]string{"--data-parallel-size", "2", "--role", "prefill"}, "--data-parallel-size 2 needs --role both"},
+		{[]string{"--data-parallel-size", "3", "--role", "decode"}, "needs --role both"},
+		{[]string{"--data-parallel-size", "2", "--kv-events-endpoint", "ipc:///tmp/kv"}, `--kv-events-endpoint "ipc:///tmp/kv": with --data-parallel-size`},
+		{[]string{"--data-parallel-size", "2", "--kv-events-endpoint", "tcp://*:5557", "--kv-events-replay", "ipc:///tmp/r"}, `--kv-events-replay "ipc:///tmp/r"`},
+		{[]string{"--data-parallel-size", "2", "--kv-events-endpoint", "tcp://*:65535"}, `rank 1's port 65536 (port + rank) is out of range`},
+		{[]string{"--data-parallel-size", "x"}, `invalid value "x" for flag -data-parallel-size`},
+	}
+	for _, tt := range tests {
+		var out bytes.Buffer
+		args := append([]string{"engine", "--model", "m"}, tt.args...)
+		if err := run(context.Background(), args, &out, &out); err != errUsage || !strings.Contains(out.String(), tt.want) {
+			t.Errorf("%v: got %v %q, want a usage error mentioning %q", args, err, out.String(), tt.want)
+		}
+	}
+}
+
+func TestEngineHelpExplainsDataParallel(t *testing.T) {
+	var out bytes.Buffer
+	_ = run(context.Background(), []string{"engine", "--help"}, &out, &out)
+	for _, want := range []string{"-data-parallel-size", "X-data-parallel-rank", `engine="<rank>"`, "port"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("--help lacks %q", want)
+		}
+	}
+}
+
+// TestEngineDataParallel runs `kvroute engine --data-parallel-size 2`: a
+// request pinned to rank 1 shows in rank 1's /metrics series, and the stop
+// signal lets a stream in flight on rank 1 run to its end.
+func TestEngineDataParallel(t *testing.T) {
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := &lockedBuffer{}
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, []string{"engine", "--model", "m", "--listen", addr, "--speed", "20", "--log-level", "info",
+			"--data-parallel-size", "2"}, out, out)
+	}()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		resp, err := http.Get("http://" + addr + "/health")
+		if err == nil {
+			resp.Body.Close()
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("engine not up: %v\n%s", err, out.String())
+		}
+	}
+	if !strings.Contains(out.String(), "data_parallel_size=2") {
+		t.Errorf("the log does not give the size: %s", out.String())
+	}
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/completions", strings.NewReader(`{"model":"m","prompt":"hi","max_tokens":2}`))
+	req.Header.Set("X-Data-Parallel-Rank", "1")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 200 {
+		t.Fatalf("pinned request: got %d", resp.StatusCode)
+	}
+	resp, err = http.Get("http://" + addr + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	page, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	for _, want := range []string{
+		`vllm:request_success_total{engine="1",finished_reason="length",model_name="m"} 1`,
+		`vllm:request_success_total{engine="0",finished_reason="length",model_name="m"} 0`,
+	} {
+		if !strings.Contains(string(page), want) {
+			t.Errorf("/metrics lacks %s", want)
+		}
+	}
+
+	req, _ = http.NewRequest(http.MethodPost, "http://"+addr+"/v1/chat/completions", strings.NewReader(
+		`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":800,"stream":true}`))
+	req.Header.Set("X-Data-Parallel-Rank", "1")
+	resp, err = http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	r := bufio.NewReader(resp.Body)
+	first, err := r.ReadString('\n') // the stream is in flight
+	if err != nil {
+		t.Fatal(err)
+	}
+	cancel()
+	rest, _ := io.ReadAll(r)
+	body := first + string(rest)
+	if strings.Contains(body, `"error"`) || !strings.Contains(body, `"finish_reason":"length"`) {
+		t.Errorf("stream on rank 1 was not drained: its end %q", body[max(0, len(body)-300):])
+	}
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("engine: %v", err)
+		}
+	case <-time.After(20 * time.Second):
+		t.Fatal("engine did not stop")
+	}
+}
