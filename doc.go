@@ -10,6 +10,12 @@
 // slice of Candidates and call a Picker, passing the current time in, so what
 // the simulator predicts is what the router does.
 //
+// An Endpoint whose DataParallelSize is above 1 is one rank of a
+// data-parallel engine (several engine cores, each with its own KV cache,
+// behind one URL): to the router and the policies it is an endpoint like
+// any other, with an ID of its own (DataParallelID); the proxy pins its
+// requests with HeaderDataParallelRank. The zero value is a plain endpoint.
+//
 // Import direction:
 //
 //	cmd -> {proxy, sim, planner, emulator, signals} -> {router, policy, kvindex, engine, workload, openai} -> kvroute

@@ -2,6 +2,7 @@ package kvroute
 
 import (
 	"fmt"
+	"strconv"
 	"strings"
 )
 
@@ -68,4 +69,29 @@ type Endpoint struct {
 	// KVCapacityTokens is the engine's KV-cache capacity in tokens when known
 	// from config; 0 means learn it from the engine's metrics.
 	KVCapacityTokens int
+	// DataParallelSize, when above 1, makes the endpoint one rank of a
+	// data-parallel engine (vLLM --data-parallel-size): that many engine
+	// cores, each with its own KV cache, behind one URL. The zero value (and
+	// 1) is a plain endpoint.
+	DataParallelSize int
+	// DataParallelRank is, when DataParallelSize > 1, the endpoint's place
+	// among the ranks behind its URL, 0 to DataParallelSize-1: the value of
+	// HeaderDataParallelRank that pins its requests to it (vLLM's server
+	// indexes its own engine cores so; with --data-parallel-start-rank S
+	// their global ranks are S and up, which the ID names).
+	DataParallelRank int
+}
+
+// HeaderDataParallelRank is the request header that pins a request to one
+// data-parallel rank of an engine (vLLM's OpenAI server and SGLang read it,
+// case-insensitively).
+const HeaderDataParallelRank = "X-Data-Parallel-Rank"
+
+// IsDataParallel reports whether e is one rank of a data-parallel engine.
+func (e *Endpoint) IsDataParallel() bool { return e.DataParallelSize > 1 }
+
+// DataParallelID is the ID of data-parallel rank rank of the endpoint
+// configured as id: id#dp<rank>, e.g. gpu-0#dp1.
+func DataParallelID(id string, rank int) string {
+	return id + "#dp" + strconv.Itoa(rank)
 }

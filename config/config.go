@@ -86,8 +86,39 @@ type Endpoint struct {
 	Signals EndpointSignals `yaml:"signals"`
 	// KVEvents is where the engine publishes its KV-cache events (vLLM
 	// --kv-events-config); default none. It needs the model's
-	// precise.tokenizer.
+	// precise.tokenizer. With DataParallelSize > 1 these are the addresses
+	// of vLLM's --kv-events-config (rank 0's); rank r's are offset as vLLM
+	// offsets them (see DataParallelSize).
 	KVEvents KVEvents `yaml:"kv_events"`
+	// DataParallelSize is the number of data-parallel ranks behind URL
+	// (vLLM --data-parallel-size with its internal load balancer: one HTTP
+	// server, that many engine cores, each with its own KV cache); default
+	// 1. Above 1 the endpoint is routed as that many endpoints, one per
+	// rank, with IDs ID#dp0 ... ID#dp<N-1> (but see DataParallelStartRank):
+	// each is pinned with the X-Data-Parallel-Rank request header, observes
+	// the series of its own engine="<rank>" label of the one metrics scrape
+	// (vLLM flavours only), and subscribes to its own KV events at the
+	// kv_events addresses with the tcp port plus its rank (vLLM's publisher
+	// of rank r binds port + r). Weight and kv_capacity_tokens apply to
+	// each rank. Not allowed in a prefill/decode pool.
+	DataParallelSize int `yaml:"data_parallel_size"`
+	// DataParallelStartRank is the data-parallel rank of the first engine
+	// core behind URL, when a deployment spans nodes and each node's server
+	// fronts its own ranks (vLLM --data-parallel-start-rank with
+	// --data-parallel-hybrid-lb; DataParallelSize is then the node's
+	// --data-parallel-size-local); default 0. The ranks behind URL are
+	// start ... start+N-1: their IDs (ID#dp<rank>), engine labels and
+	// KV-event ports (port + rank) use these ranks, while the
+	// X-Data-Parallel-Rank header names a rank by its place behind URL (0
+	// ... N-1), as vLLM's server indexes its own engine cores. Only with
+	// DataParallelSize above 1.
+	DataParallelStartRank int `yaml:"data_parallel_start_rank"`
+}
+
+// RankID is the routing endpoint ID of the i-th data-parallel rank behind
+// the endpoint's URL (0 <= i < DataParallelSize): ID#dp<start+i>.
+func (e *Endpoint) RankID(i int) string {
+	return kvroute.DataParallelID(e.ID, e.DataParallelStartRank+i)
 }
 
 // Signals configures how a model's endpoints are scraped (GET metrics_path
@@ -400,6 +431,7 @@ func (m *Model) applyDefaults() {
 		setDefault(&e.ID, e.URL)
 		setDefault(&e.Role, kvroute.RoleBoth.String())
 		setDefault(&e.Weight, 1)
+		setDefault(&e.DataParallelSize, 1)
 	}
 	setDefault(&m.Policy.Name, DefaultPolicy)
 	r := &m.Router
@@ -609,6 +641,7 @@ func (m *Model) validate(v *validator, p string) {
 		} else if !sameEngine { // else reported for the url
 			v.addf(ep+".id", "%q duplicates %s.endpoints[%d].id", e.ID, p, j)
 		}
+		m.validateDataParallel(v, p, i)
 		if r, err := kvroute.ParseRole(e.Role); err != nil {
 			v.addf(ep+".role", "%q is not one of both, prefill, decode", e.Role)
 			decoders++ // reported above; no second error for the pool
@@ -650,6 +683,7 @@ func (m *Model) validate(v *validator, p string) {
 			v.addf(ep+".kv_events.replay_address", "%q is not a ZMQ address (tcp://host:port, ipc://path)", ev.ReplayAddress)
 		}
 	}
+	checkRankIDs(v, p, m.Endpoints)
 	if len(m.Endpoints) > 0 && decoders == 0 {
 		// A prefill engine hands its KV cache to a decode engine and
 		// generates nothing itself: such a pool would answer every request
@@ -779,9 +813,11 @@ func (c *Config) ModelNames() []string {
 	return out
 }
 
-// KVEndpoints converts a validated model's endpoints to the domain type.
+// KVEndpoints converts a validated model's endpoints to the domain type,
+// in config order, a data-parallel endpoint (data_parallel_size N > 1)
+// expanded into its N ranks (see Endpoint.DataParallelSize).
 func (m *Model) KVEndpoints() ([]kvroute.Endpoint, error) {
-	out := make([]kvroute.Endpoint, len(m.Endpoints))
+	out := make([]kvroute.Endpoint, 0, len(m.Endpoints))
 	for i, e := range m.Endpoints {
 		role, err := kvroute.ParseRole(e.Role)
 		if err != nil {
@@ -791,13 +827,29 @@ func (m *Model) KVEndpoints() ([]kvroute.Endpoint, error) {
 		for k, v := range e.Labels {
 			labels[k] = v
 		}
-		out[i] = kvroute.Endpoint{
+		ke := kvroute.Endpoint{
 			ID:               e.ID,
 			URL:              strings.TrimRight(e.URL, "/"),
 			Role:             role,
 			Weight:           e.Weight,
 			Labels:           labels,
 			KVCapacityTokens: e.KVCapacityTokens,
+		}
+		if e.DataParallelSize <= 1 {
+			out = append(out, ke)
+			continue
+		}
+		for r := range e.DataParallelSize {
+			rk := ke
+			rk.ID = e.RankID(r)
+			rk.DataParallelSize, rk.DataParallelRank = e.DataParallelSize, r
+			if r > 0 { // each rank its own map: endpoints are immutable, but not shared
+				rk.Labels = make(map[string]string, len(labels))
+				for k, v := range labels {
+					rk.Labels[k] = v
+				}
+			}
+			out = append(out, rk)
 		}
 	}
 	return out, nil

@@ -12,6 +12,16 @@
 // this package does not read files. Parse decodes YAML bytes strictly, and its
 // decoding errors name the line, on one line (line 3: unknown field "modelz").
 //
+// An endpoint with data_parallel_size N > 1 (one vLLM server in front of N
+// data-parallel engine cores) stays one entry here; KVEndpoints expands it
+// into N routing endpoints, ID#dp0 ... ID#dp<N-1> (Endpoint.RankID; from
+// data_parallel_start_rank S on a node of a multi-node deployment: ID#dp<S>
+// ...), and DataParallelAddress gives each rank's KV-event addresses (the
+// tcp port plus the rank, as vLLM's publishers bind them). Validate refuses it in a
+// prefill/decode pool, with non-vLLM metrics unless scraping is off, and with
+// KV-event addresses vLLM cannot offset (ipc://) or whose ports would pass
+// 65535.
+//
 // Policy names and parameters are checked by whoever builds the pickers
 // (package proxy, with policy.New); Validate checks only that a name is set.
 //

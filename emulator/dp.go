@@ -63,8 +63,8 @@ const lbRefresh = 100 * time.Millisecond
 
 // HeaderDataParallelRank is the request header that pins a request to a
 // data-parallel rank (vLLM's X-data-parallel-rank; names are
-// case-insensitive).
-const HeaderDataParallelRank = "X-Data-Parallel-Rank"
+// case-insensitive): the one the router sends.
+const HeaderDataParallelRank = kvroute.HeaderDataParallelRank
 
 // NewDP builds a data-parallel engine of size ranks, each configured by cfg
 // with DataParallelRank set to its rank (cfg.DataParallelRank must be 0)

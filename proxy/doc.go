@@ -30,6 +30,24 @@
 // buffers.go (recycled prompt buffers) and feedback.go (the engine's
 // usage, read from the response's tail).
 //
+// # Data-parallel engines
+//
+// An endpoint with data_parallel_size N > 1 (a vLLM --data-parallel-size
+// server: N engine cores behind one URL) is N endpoints to the router,
+// ID#dp0 ... ID#dp<N-1> (ID#dp<S> ... with data_parallel_start_rank S),
+// each with its own reverse proxy, which sets X-Data-Parallel-Rank to its
+// place behind the URL (0 ... N-1, how vLLM's server indexes its engine
+// cores) on every upstream request, retries included. Every reverse proxy drops a client's copy of that header first,
+// trusted client or not, so that no client overrides the router's pin (P/D
+// legs forward only disagg.ForwardHeaders, and config refuses data-parallel
+// endpoints in P/D pools). One scrape of the server's metrics per interval
+// is split by engine label among the ranks (signals.Target.Ranks); rank r
+// subscribes to the kv_events addresses with the tcp port + r (r being the
+// global rank, from S on). One active
+// health check of the URL applies to all its ranks (vLLM's /health answers
+// for the whole server), while passive ejection counts each rank's own
+// failures: a rank that errors leaves the rotation, its siblings stay.
+//
 // # Queue escape hatch
 //
 // When the policy sheds a request's first placement with the "queue"

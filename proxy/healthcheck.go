@@ -16,8 +16,10 @@ import (
 // unhealthy_threshold consecutive failed checks (any status but 2xx, or no
 // answer within health_check.timeout) and healthy again after
 // healthy_threshold consecutive successes. Probes of different endpoints
-// are spread over the interval. With health_check.disabled it returns at
-// once.
+// are spread over the interval. The ranks of a data-parallel endpoint
+// share one probe of their URL, whose result applies to every rank (vLLM's
+// /health answers for the whole server). With health_check.disabled it
+// returns at once.
 func (p *Proxy) RunHealthChecks(ctx context.Context) error {
 	if p.cfg.HealthCheck.Disabled {
 		return nil
@@ -26,9 +28,16 @@ func (p *Proxy) RunHealthChecks(ctx context.Context) error {
 	var wg sync.WaitGroup
 	for _, name := range p.names {
 		pl := p.pools[name]
-		for i := range pl.eps {
-			t := &probe{p: p, pool: pl, id: pl.eps[i].ID, url: strings.TrimRight(pl.eps[i].URL, "/") + p.cfg.HealthCheck.Path,
+		for i := 0; i < len(pl.eps); i++ {
+			e := &pl.eps[i]
+			t := &probe{p: p, pool: pl, ids: []string{e.ID}, url: strings.TrimRight(e.URL, "/") + p.cfg.HealthCheck.Path,
 				client: client, healthy: true}
+			// KVEndpoints lists a data-parallel endpoint's ranks in order.
+			for e.IsDataParallel() && i+1 < len(pl.eps) && pl.eps[i+1].IsDataParallel() && pl.eps[i+1].DataParallelRank > 0 &&
+				pl.eps[i+1].URL == e.URL {
+				i++
+				t.ids = append(t.ids, pl.eps[i].ID)
+			}
 			wg.Go(func() { t.loop(ctx) })
 		}
 	}
@@ -36,11 +45,13 @@ func (p *Proxy) RunHealthChecks(ctx context.Context) error {
 	return nil
 }
 
-// probe is the active health state of one endpoint; it belongs to its loop.
+// probe is the active health state of one endpoint (or of the ranks of a
+// data-parallel one); it belongs to its loop.
 type probe struct {
 	p       *Proxy
 	pool    *pool
-	id, url string
+	ids     []string // the endpoints whose URL is probed
+	url     string
 	client  *http.Client
 	healthy bool
 	streak  int // consecutive results contradicting healthy
@@ -49,7 +60,7 @@ type probe struct {
 func (t *probe) loop(ctx context.Context) {
 	interval := t.p.cfg.HealthCheck.Interval
 	h := fnv.New64a()
-	_, _ = h.Write([]byte(t.pool.model + "\x00" + t.id))
+	_, _ = h.Write([]byte(t.pool.model + "\x00" + t.ids[0]))
 	timer := time.NewTimer(time.Duration(h.Sum64() % uint64(interval)))
 	defer timer.Stop()
 	for {
@@ -72,7 +83,7 @@ func (t *probe) check(ctx context.Context) bool {
 	resp, err := t.client.Do(req)
 	if err != nil {
 		if ctx.Err() == nil {
-			t.p.log.Debug("health check failed", "model", t.pool.model, "endpoint", t.id, "error", err)
+			t.p.log.Debug("health check failed", "model", t.pool.model, "endpoint", t.ids[0], "error", err)
 		}
 		return false
 	}
@@ -96,11 +107,14 @@ func (t *probe) observe(ok bool) {
 		return
 	}
 	t.healthy, t.streak = ok, 0
-	t.pool.router.SetActiveHealth(t.p.now(), t.id, ok)
-	if ok {
-		t.p.log.Info("endpoint passes health checks again", "model", t.pool.model, "endpoint", t.id)
-	} else {
-		t.p.metrics.ejections.WithLabelValues(t.pool.model, t.id, "active").Inc()
-		t.p.log.Warn("endpoint fails health checks", "model", t.pool.model, "endpoint", t.id, "url", t.url)
+	now := t.p.now()
+	for _, id := range t.ids {
+		t.pool.router.SetActiveHealth(now, id, ok)
+		if ok {
+			t.p.log.Info("endpoint passes health checks again", "model", t.pool.model, "endpoint", id)
+		} else {
+			t.p.metrics.ejections.WithLabelValues(t.pool.model, id, "active").Inc()
+			t.p.log.Warn("endpoint fails health checks", "model", t.pool.model, "endpoint", id, "url", t.url)
+		}
 	}
 }

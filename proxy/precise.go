@@ -47,7 +47,13 @@ func newPrecise(m *config.Model) (*precise, error) {
 		}
 	}
 	for _, e := range m.Endpoints {
-		if e.KVEvents.Address != "" {
+		switch {
+		case e.KVEvents.Address == "":
+		case e.DataParallelSize > 1: // each rank its own events
+			for i := range e.DataParallelSize {
+				pc.endpoints = append(pc.endpoints, e.RankID(i))
+			}
+		default:
 			pc.endpoints = append(pc.endpoints, e.ID)
 		}
 	}

@@ -43,14 +43,24 @@ func (p *Proxy) signalTargets() map[scrapeGroup][]signals.Target {
 				Endpoint:   e.ID,
 				MetricsURL: m.MetricsURL(i),
 				Flavor:     signals.Flavor(e.Signals.Flavor),
-				View:       pl.router.View(e.ID),
 			}
-			if ev := e.KVEvents; ev.Address != "" && pl.kvSink != nil {
-				t.KVEvents = &signals.KVEventsTarget{Address: ev.Address, ReplayAddress: ev.ReplayAddress, Topic: ev.Topic,
-					Listen: ev.Listen, Sink: pl.kvSink}
-			}
-			if t.MetricsURL == "" && t.KVEvents == nil {
-				continue
+			if e.DataParallelSize > 1 {
+				// One scrape for the engine, split among its ranks;
+				// each rank's own KV events.
+				t.FirstRank = e.DataParallelStartRank
+				for i := range e.DataParallelSize {
+					id := e.RankID(i)
+					t.Ranks = append(t.Ranks, signals.RankTarget{Endpoint: id, View: pl.router.View(id),
+						KVEvents: pl.kvEventsTarget(e, e.DataParallelStartRank+i)})
+				}
+				if t.MetricsURL == "" && t.Ranks[0].KVEvents == nil {
+					continue
+				}
+			} else {
+				t.View, t.KVEvents = pl.router.View(e.ID), pl.kvEventsTarget(e, 0)
+				if t.MetricsURL == "" && t.KVEvents == nil {
+					continue
+				}
 			}
 			g := scrapeGroup{model: name, interval: e.Signals.ScrapeInterval, timeout: e.Signals.ScrapeTimeout}
 			groups[g] = append(groups[g], t)
@@ -59,18 +69,53 @@ func (p *Proxy) signalTargets() map[scrapeGroup][]signals.Target {
 	return groups
 }
 
-// checkKVEvents validates every kv_events section as the subscriber will,
-// so that a bad address fails New rather than the running proxy.
+// kvEventsTarget is the KV-event subscription of endpoint e's
+// data-parallel rank rank (0 for an endpoint that is not data-parallel), or
+// nil without events: the configured addresses, offset for the rank as
+// vLLM offsets them.
+func (pl *pool) kvEventsTarget(e *config.Endpoint, rank int) *signals.KVEventsTarget {
+	ev := e.KVEvents
+	if ev.Address == "" || pl.kvSink == nil {
+		return nil
+	}
+	addr, replay, err := rankAddresses(ev, rank)
+	if err != nil {
+		return nil // config.Validate refused it
+	}
+	return &signals.KVEventsTarget{Address: addr, ReplayAddress: replay, Topic: ev.Topic, Listen: ev.Listen, Sink: pl.kvSink,
+		DataParallel: e.DataParallelSize > 1, DataParallelRank: rank}
+}
+
+// rankAddresses returns rank rank's KV-event addresses.
+func rankAddresses(ev config.KVEvents, rank int) (addr, replay string, err error) {
+	if addr, err = config.DataParallelAddress(ev.Address, rank); err != nil {
+		return "", "", err
+	}
+	if replay, err = config.DataParallelAddress(ev.ReplayAddress, rank); err != nil {
+		return "", "", err
+	}
+	return addr, replay, nil
+}
+
+// checkKVEvents validates every kv_events section as the subscriber will
+// (every rank's, for a data-parallel endpoint), so that a bad address
+// fails New rather than the running proxy.
 func checkKVEvents(path string, m *config.Model) error {
 	for i, e := range m.Endpoints {
 		ev := e.KVEvents
 		if ev.Address == "" {
 			continue
 		}
-		sc := signals.SubscriberConfig{Endpoint: e.ID, Address: ev.Address, ReplayAddress: ev.ReplayAddress, Topic: ev.Topic,
-			Listen: ev.Listen, Sink: nopSink{}}
-		if err := sc.Validate(); err != nil {
-			return fmt.Errorf("proxy: %s.endpoints[%d].kv_events: %w", path, i, err)
+		for r := range max(e.DataParallelSize, 1) {
+			addr, replay, err := rankAddresses(ev, e.DataParallelStartRank+r)
+			if err != nil {
+				return fmt.Errorf("proxy: %s.endpoints[%d].kv_events: %w", path, i, err)
+			}
+			sc := signals.SubscriberConfig{Endpoint: e.ID, Address: addr, ReplayAddress: replay, Topic: ev.Topic,
+				Listen: ev.Listen, Sink: nopSink{}}
+			if err := sc.Validate(); err != nil {
+				return fmt.Errorf("proxy: %s.endpoints[%d].kv_events: %w", path, i, err)
+			}
 		}
 	}
 	return nil
@@ -183,13 +228,14 @@ var (
 	sigGaps     = prometheus.NewDesc("kvroute_endpoint_kv_event_gaps_total", "KV-event sequence gaps.", sigLabels, nil)
 	sigResyncs  = prometheus.NewDesc("kvroute_endpoint_kv_event_resyncs_total", "Times the endpoint's precise index entries were dropped to resynchronise.", sigLabels, nil)
 	sigRestarts = prometheus.NewDesc("kvroute_endpoint_kv_event_restarts_total", "KV-event sequence restarts (engine restarts).", sigLabels, nil)
+	sigRanks    = prometheus.NewDesc("kvroute_endpoint_kv_event_rank_mismatches_total", "KV-event batches of a data-parallel rank's subscription not applied: they named another data_parallel_rank.", sigLabels, nil)
 	sigConn     = prometheus.NewDesc("kvroute_endpoint_kv_events_connected", "1 while the endpoint's KV-event subscriber is connected.", sigLabels, nil)
 	sigEntries  = prometheus.NewDesc("kvroute_precise_index_entries", "(block, endpoint) entries in the model's precise prefix index.", []string{"model"}, nil)
 )
 
 func (c signalCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{sigAge, sigStale, sigScrapes, sigErrors, sigWaiting, sigRunning, sigKV, sigCapacity,
-		sigHitRate, sigBatches, sigGaps, sigResyncs, sigRestarts, sigConn, sigEntries} {
+		sigHitRate, sigBatches, sigGaps, sigResyncs, sigRestarts, sigRanks, sigConn, sigEntries} {
 		ch <- d
 	}
 }
@@ -226,6 +272,7 @@ func (c signalCollector) Collect(ch chan<- prometheus.Metric) {
 				counter(sigGaps, ev.Gaps)
 				counter(sigResyncs, ev.Resyncs)
 				counter(sigRestarts, ev.Restarts)
+				counter(sigRanks, ev.RankMismatches)
 				gauge(sigConn, b2f(ev.Connected))
 			}
 		}

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"net/http/httputil"
 	"net/url"
+	"strconv"
 	"sync"
 	"time"
 
@@ -67,9 +68,20 @@ func (p *Proxy) newEndpointProxy(pl *pool, ep *kvroute.Endpoint) (*endpointProxy
 		return nil, err
 	}
 	e := &endpointProxy{ep: ep, target: target}
+	rank := ""
+	if ep.IsDataParallel() {
+		rank = strconv.Itoa(ep.DataParallelRank)
+	}
 	e.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
+			// The router pins a data-parallel rank; a client never does
+			// (it would override the pin, or pick a rank behind a plain
+			// endpoint's back).
+			pr.Out.Header.Del(kvroute.HeaderDataParallelRank)
+			if rank != "" {
+				pr.Out.Header.Set(kvroute.HeaderDataParallelRank, rank)
+			}
 			if x := exchangeFrom(pr.Out.Context()); x != nil {
 				// The reverse proxy hides the body behind a wrapper that
 				// net/http cannot see into, so it flushes the headers

@@ -22,7 +22,12 @@
 //
 // vLLM's vllm:cache_config_info gives the block size and the number of GPU
 // blocks (KV capacity), vllm:lora_requests_info the adapters loaded. Series
-// of several data-parallel engines are summed (ratios averaged).
+// of several data-parallel engines are summed (ratios averaged) by
+// ParseMetrics; ParseMetricsRanks instead gives each rank of a vLLM
+// --data-parallel-size server the series of its own engine="<rank>" label
+// (vllm:cache_config_info included), for a Target with Ranks: one scrape of
+// the server per interval, each rank's View observing its own signals, a
+// failed scrape (or a rank with no series) that rank's failure.
 //
 // # The stale-signal model
 //
@@ -122,6 +127,12 @@
 //	new connection to a listening socket (tcp, ipc), after its ZMTP handshake
 //	                     the same check at once, before any of its batches; then a catch-up
 //	                     if nothing of the engine's is trusted
+//
+// A data-parallel rank's subscription (SubscriberConfig.DataParallel: vLLM's
+// rank r publishes on the configured tcp port + r) checks each batch's
+// data_parallel_rank: a batch naming another rank is not applied (its
+// blocks are in another rank's cache), only counted (RankMismatches) and
+// logged once; a batch without one is applied.
 //
 // Events of one KV cache group feed the Sink: group 0, or, once a
 // BlockStored names a full-attention group (kv_cache_spec_kind), that

@@ -79,19 +79,49 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 // first: the new subscription (maybe of another engine) rebuilds them from
 // scratch. It validates every target first and changes nothing when one is
 // invalid.
+//
+// A data-parallel target (Target.Ranks) runs as one scrape loop under its
+// Endpoint, splitting each page among its ranks, and one entry per rank
+// under the rank's Endpoint with the rank's KV-event subscriber: Status
+// reports the ranks, not the engine.
 func (m *Manager) Sync(targets []Target) error {
 	want := make(map[string]Target, len(targets))
-	for _, t := range targets {
+	add := func(t Target) error {
 		if t.Endpoint == "" {
 			return errors.New("signals manager: target with empty Endpoint")
 		}
 		if _, dup := want[t.Endpoint]; dup {
 			return fmt.Errorf("signals manager: endpoint %q listed twice", t.Endpoint)
 		}
-		if t.View == nil {
+		if t.View == nil && len(t.Ranks) == 0 {
 			return fmt.Errorf("signals manager: endpoint %q: View is nil", t.Endpoint)
 		}
 		want[t.Endpoint] = t
+		return nil
+	}
+	for _, t := range targets {
+		if len(t.Ranks) == 0 {
+			t.group = ""
+			if err := add(t); err != nil {
+				return err
+			}
+			continue
+		}
+		// The engine's scrape, and each rank with its KV events.
+		g := Target{Endpoint: t.Endpoint, MetricsURL: t.MetricsURL, Flavor: t.Flavor, Ranks: make([]RankTarget, len(t.Ranks)),
+			FirstRank: t.FirstRank}
+		for r, rt := range t.Ranks {
+			g.Ranks[r] = RankTarget{Endpoint: rt.Endpoint, View: rt.View}
+			if err := add(Target{Endpoint: rt.Endpoint, View: rt.View, KVEvents: rt.KVEvents, group: t.Endpoint}); err != nil {
+				return err
+			}
+		}
+		if g.MetricsURL == "" {
+			continue // no scraping: the ranks' Views stay router-local
+		}
+		if err := add(g); err != nil {
+			return err
+		}
 	}
 	built := make(map[string]*managed)
 	m.mu.Lock()
@@ -146,7 +176,8 @@ func (m *Manager) Sync(targets []Target) error {
 func sameTarget(a, b Target) bool {
 	return a.Endpoint == b.Endpoint && a.MetricsURL == b.MetricsURL && a.Flavor == b.Flavor && a.View == b.View &&
 		reflect.ValueOf(a.OnMetrics).Pointer() == reflect.ValueOf(b.OnMetrics).Pointer() &&
-		sameKVEvents(a.KVEvents, b.KVEvents)
+		sameKVEvents(a.KVEvents, b.KVEvents) && a.group == b.group && a.FirstRank == b.FirstRank &&
+		slices.EqualFunc(a.Ranks, b.Ranks, func(x, y RankTarget) bool { return x.Endpoint == y.Endpoint && x.View == y.View })
 }
 
 // sameKVEvents reports whether two KV-event targets are the same
@@ -156,7 +187,7 @@ func sameKVEvents(a, b *KVEventsTarget) bool {
 		return a == b
 	}
 	return a.Address == b.Address && a.ReplayAddress == b.ReplayAddress && a.Topic == b.Topic && a.Listen == b.Listen &&
-		sameSink(a.Sink, b.Sink)
+		a.DataParallel == b.DataParallel && a.DataParallelRank == b.DataParallelRank && sameSink(a.Sink, b.Sink)
 }
 
 // sameSink compares two Sinks with ==: pointers by identity, never by
@@ -186,7 +217,8 @@ func (m *Manager) build(t Target, cur *managed) (*managed, error) {
 		mg.sub, mg.subLoop = cur.sub, cur.subLoop
 	} else if ev := t.KVEvents; ev != nil {
 		sub, err := NewSubscriber(SubscriberConfig{Endpoint: t.Endpoint, Address: ev.Address, ReplayAddress: ev.ReplayAddress,
-			Topic: ev.Topic, Listen: ev.Listen, Sink: ev.Sink, Logger: m.cfg.Logger})
+			Topic: ev.Topic, Listen: ev.Listen, Sink: ev.Sink, Logger: m.cfg.Logger,
+			DataParallel: ev.DataParallel, DataParallelRank: ev.DataParallelRank})
 		if err != nil {
 			return nil, fmt.Errorf("signals manager: endpoint %q: %w", t.Endpoint, err)
 		}
@@ -235,10 +267,17 @@ func (m *Manager) Status() []EndpointStatus {
 	m.mu.Lock()
 	out := make([]EndpointStatus, 0, len(m.targets))
 	for name, mg := range m.targets {
+		if len(mg.target.Ranks) > 0 {
+			continue // a data-parallel engine's scrape: its ranks are reported
+		}
 		st := EndpointStatus{Endpoint: name, View: mg.target.View.Snapshot(), Load: mg.target.View.Load(now), Flavor: mg.target.Flavor}
-		if mg.scraper != nil {
-			st.ScrapeDuration = mg.scraper.LastDuration()
-			if f := mg.scraper.DetectedFlavor(); f != "" {
+		sc := mg.scraper
+		if g := m.targets[mg.target.group]; mg.target.group != "" && g != nil {
+			sc, st.Flavor = g.scraper, g.target.Flavor
+		}
+		if sc != nil {
+			st.ScrapeDuration = sc.LastDuration()
+			if f := sc.DetectedFlavor(); f != "" {
 				st.Flavor = f
 			}
 		}

@@ -467,3 +467,86 @@ func extractTGI(fams map[string]*dto.MetricFamily, m *Metrics) {
 	v, ok = sum(fams, "tgi_batch_current_size")
 	set(m, HasRunning, &m.Running, v, ok)
 }
+
+// EngineLabel is the label vLLM puts on each data-parallel engine core's
+// series: its rank, "0" to "N-1" (and "0" on a single engine).
+const EngineLabel = "engine"
+
+// ParseMetricsRanks reads the /metrics body of a data-parallel vLLM server
+// (ranks data-parallel engine cores behind one URL, the first of them rank
+// first: 0, or vLLM's --data-parallel-start-rank) as ParseMetrics does, but
+// gives each of them the signals of its own series: out[i] those labelled
+// engine="<first+i>" (series without an engine label, such as
+// vllm:lora_requests_info, count for every rank; series of other ranks are
+// ignored). The metrics must be vLLM's (flavor auto, vllm or vllm-legacy):
+// other engines have no engine label. The error joins every rank's: a rank
+// without queue metrics has a zero Metrics (Have 0) and an error naming its
+// engine label.
+func ParseMetricsRanks(r io.Reader, contentType string, flavor Flavor, first, ranks int) ([]Metrics, error) {
+	body, err := io.ReadAll(r)
+	if err != nil {
+		return nil, fmt.Errorf("parse metrics: %w", err)
+	}
+	out := make([]Metrics, ranks)
+	errs := make([]error, ranks)
+	newMetricsParser().parseRanks(body, contentType, flavor, first, out, errs)
+	return out, errors.Join(errs...)
+}
+
+// parseRanks is ParseMetricsRanks on a body in memory, with p's buffers:
+// rank first+i's signals go to out[i] and its error to errs[i] (nil when
+// fine).
+func (p *metricsParser) parseRanks(body []byte, contentType string, flavor Flavor, first int, out []Metrics, errs []error) {
+	fail := func(err error) {
+		for r := range out {
+			out[r], errs[r] = Metrics{}, err
+		}
+	}
+	fams, prefixes, err := p.decode(body, contentType)
+	if err != nil {
+		fail(fmt.Errorf("parse metrics: %w", err))
+		return
+	}
+	if flavor == "" || flavor == FlavorAuto {
+		if flavor = detectFlavor(prefixes, fams); flavor == "" {
+			fail(fmt.Errorf("parse metrics: %w", ErrUnknownFlavor))
+			return
+		}
+	}
+	if flavor != FlavorVLLM && flavor != FlavorVLLMLegacy {
+		fail(fmt.Errorf("parse metrics: data-parallel ranks need vLLM metrics (an engine label per rank), not %s", flavor))
+		return
+	}
+	// Each family's series by rank; -1 collects those without an engine
+	// label.
+	byRank := make([]map[string]*dto.MetricFamily, len(out))
+	for r := range byRank {
+		byRank[r] = make(map[string]*dto.MetricFamily, len(fams))
+	}
+	for name, mf := range fams {
+		for _, s := range mf.GetMetric() {
+			v, ok := label(s, EngineLabel)
+			var ranks []map[string]*dto.MetricFamily
+			if !ok {
+				ranks = byRank // engine-wide: every rank's
+			} else if r, err := strconv.Atoi(v); err == nil && r-first >= 0 && r-first < len(byRank) && strconv.Itoa(r) == v {
+				ranks = byRank[r-first : r-first+1]
+			}
+			for _, fm := range ranks {
+				f := fm[name]
+				if f == nil {
+					f = &dto.MetricFamily{Name: mf.Name, Help: mf.Help, Type: mf.Type, Unit: mf.Unit}
+					fm[name] = f
+				}
+				f.Metric = append(f.Metric, s)
+			}
+		}
+	}
+	for r := range out {
+		m, err := extract(byRank[r], prefixes, flavor)
+		if err != nil {
+			m, err = Metrics{}, fmt.Errorf("parse metrics: no %s queue metrics with %s=%q", flavor, EngineLabel, strconv.Itoa(first+r))
+		}
+		out[r], errs[r] = m, err
+	}
+}

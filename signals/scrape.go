@@ -66,12 +66,41 @@ type Target struct {
 	MetricsURL string
 	// Flavor of the engine's metrics; "" or auto detects it.
 	Flavor Flavor
-	// View receives the observations. Required.
+	// View receives the observations. Required, unless Ranks is set.
 	View *View
 	// OnMetrics, if set, is called after each successful scrape (e.g. to
 	// size the approximate index from NumGPUBlocks). It must not block.
+	// Not called for a target with Ranks.
 	OnMetrics func(now time.Time, m Metrics)
-	// KVEvents, if set, subscribes to the engine's KV-cache events.
+	// KVEvents, if set, subscribes to the engine's KV-cache events. Unused
+	// with Ranks (each rank has its own).
+	KVEvents *KVEventsTarget
+	// Ranks, when set, makes the target a data-parallel engine: one
+	// server (MetricsURL) in front of len(Ranks) engine cores, each routed
+	// as an endpoint of its own. Its metrics are scraped once per interval
+	// and split by their engine label (ParseMetricsRanks, vLLM only):
+	// Ranks[i]'s View observes the series labelled engine="<FirstRank+i>";
+	// a failed scrape is every rank's failure. View, OnMetrics and KVEvents
+	// are then unused.
+	Ranks []RankTarget
+	// FirstRank is the data-parallel rank of Ranks[0]: 0, or the server's
+	// vLLM --data-parallel-start-rank.
+	FirstRank int
+
+	// group, on a rank's own target inside a Manager, is the Endpoint of
+	// its data-parallel engine's target (see Manager.Sync).
+	group string
+}
+
+// RankTarget is one rank of a data-parallel Target.
+type RankTarget struct {
+	// Endpoint is the rank's endpoint ID (metric label, Sink name).
+	// Required, unique among every target's and rank's.
+	Endpoint string
+	// View receives the rank's observations. Required.
+	View *View
+	// KVEvents, if set, subscribes to the rank's own KV-cache events (vLLM:
+	// the engine's addresses with the tcp port plus the rank).
 	KVEvents *KVEventsTarget
 }
 
@@ -86,6 +115,11 @@ type KVEventsTarget struct {
 	Listen bool
 	// Sink receives the blocks (the model's precise index). Required.
 	Sink Sink
+	// DataParallel and DataParallelRank as in SubscriberConfig: the
+	// subscription of one rank of a data-parallel engine, whose batches
+	// naming another rank are not applied.
+	DataParallel     bool
+	DataParallelRank int
 }
 
 // Scraper is one endpoint's scrape loop, modelled on Prometheus' scrape
@@ -104,6 +138,12 @@ type Scraper struct {
 	lastDuration atomic.Int64 // nanoseconds of the last scrape
 	flavor       atomic.Pointer[Flavor]
 	failing      bool // in a failure streak; only the loop goroutine uses it
+
+	// A data-parallel target's scrape, split by rank (Target.Ranks); only
+	// the loop goroutine uses them.
+	rankMetrics []Metrics
+	rankErrs    []error
+	rankFailing []bool // per rank: in a failure streak of its own series
 }
 
 // NewScraper returns the scrape loop for t.
@@ -112,8 +152,13 @@ func NewScraper(cfg ScrapeConfig, t Target) (*Scraper, error) {
 	if t.Endpoint == "" {
 		return nil, errors.New("scraper: Target.Endpoint is empty")
 	}
-	if t.View == nil {
+	if t.View == nil && len(t.Ranks) == 0 {
 		return nil, fmt.Errorf("scraper %s: Target.View is nil", t.Endpoint)
+	}
+	for r, rt := range t.Ranks {
+		if rt.View == nil {
+			return nil, fmt.Errorf("scraper %s: Target.Ranks[%d].View is nil", t.Endpoint, r)
+		}
 	}
 	if t.MetricsURL == "" {
 		return nil, fmt.Errorf("scraper %s: Target.MetricsURL is empty", t.Endpoint)
@@ -124,7 +169,11 @@ func NewScraper(cfg ScrapeConfig, t Target) (*Scraper, error) {
 	if _, err := ParseFlavor(string(t.Flavor)); err != nil {
 		return nil, fmt.Errorf("scraper %s: %w", t.Endpoint, err)
 	}
-	return &Scraper{cfg: cfg, target: t, parser: newMetricsParser()}, nil
+	s := &Scraper{cfg: cfg, target: t, parser: newMetricsParser()}
+	if n := len(t.Ranks); n > 0 {
+		s.rankMetrics, s.rankErrs, s.rankFailing = make([]Metrics, n), make([]error, n), make([]bool, n)
+	}
+	return s, nil
 }
 
 // Offset returns how long after start the first scrape of endpoint happens:
@@ -160,6 +209,10 @@ func (s *Scraper) Run(ctx context.Context) error {
 // ScrapeOnce scrapes once and records the result in the View. It reuses
 // the Scraper's buffers: it must not run concurrently with itself or Run.
 func (s *Scraper) ScrapeOnce(ctx context.Context) {
+	if len(s.target.Ranks) > 0 {
+		s.scrapeRanks(ctx)
+		return
+	}
 	start := time.Now()
 	m, err := s.fetch(ctx)
 	s.lastDuration.Store(int64(time.Since(start)))
@@ -192,33 +245,79 @@ func (s *Scraper) ScrapeOnce(ctx context.Context) {
 // acceptHeader asks for the text format, as Prometheus does for 0.0.4.
 const acceptHeader = "text/plain;version=0.0.4;q=0.9,*/*;q=0.1"
 
+// scrapeRanks is ScrapeOnce for a data-parallel target: one fetch, each
+// rank observing its own series.
+func (s *Scraper) scrapeRanks(ctx context.Context) {
+	start := time.Now()
+	ct, err := s.fetchBody(ctx)
+	s.lastDuration.Store(int64(time.Since(start)))
+	if ctx.Err() != nil {
+		return
+	}
+	if err == nil {
+		s.parser.parseRanks(s.buf.Bytes(), ct, s.target.Flavor, s.target.FirstRank, s.rankMetrics, s.rankErrs)
+	}
+	now := time.Now()
+	for r, rt := range s.target.Ranks {
+		rerr := err
+		if rerr == nil {
+			rerr = s.rankErrs[r]
+		}
+		if rerr != nil {
+			rt.View.ObserveError(now, rerr)
+			if !s.rankFailing[r] {
+				s.cfg.Logger.Warn("scrape failed", "endpoint", rt.Endpoint, "url", s.target.MetricsURL, "err", rerr)
+			}
+			s.rankFailing[r] = true
+			continue
+		}
+		if s.rankFailing[r] {
+			s.cfg.Logger.Info("scrape recovered", "endpoint", rt.Endpoint)
+		}
+		s.rankFailing[r] = false
+		m := s.rankMetrics[r]
+		f := m.Flavor
+		s.flavor.Store(&f)
+		rt.View.Observe(start, m)
+	}
+}
+
 func (s *Scraper) fetch(ctx context.Context) (Metrics, error) {
+	ct, err := s.fetchBody(ctx)
+	if err != nil {
+		return Metrics{}, err
+	}
+	return s.parser.parse(s.buf.Bytes(), ct, s.target.Flavor)
+}
+
+// fetchBody GETs the metrics into s.buf and returns their content type.
+func (s *Scraper) fetchBody(ctx context.Context) (string, error) {
 	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.target.MetricsURL, nil)
 	if err != nil {
-		return Metrics{}, fmt.Errorf("scrape: %w", err)
+		return "", fmt.Errorf("scrape: %w", err)
 	}
 	req.Header.Set("Accept", acceptHeader)
 	req.Header.Set("User-Agent", "kvroute")
 	resp, err := s.cfg.Client.Do(req)
 	if err != nil {
-		return Metrics{}, fmt.Errorf("scrape: %w", err)
+		return "", fmt.Errorf("scrape: %w", err)
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return Metrics{}, fmt.Errorf("scrape: status %s", resp.Status)
+		return "", fmt.Errorf("scrape: status %s", resp.Status)
 	}
 	s.buf.Reset()
 	n, err := s.buf.ReadFrom(io.LimitReader(resp.Body, s.cfg.MaxBodyBytes+1))
 	if err != nil {
-		return Metrics{}, fmt.Errorf("scrape: read body: %w", err)
+		return "", fmt.Errorf("scrape: read body: %w", err)
 	}
 	if n > s.cfg.MaxBodyBytes {
-		return Metrics{}, fmt.Errorf("scrape: body exceeds %d bytes", s.cfg.MaxBodyBytes)
+		return "", fmt.Errorf("scrape: body exceeds %d bytes", s.cfg.MaxBodyBytes)
 	}
-	return s.parser.parse(s.buf.Bytes(), resp.Header.Get("Content-Type"), s.target.Flavor)
+	return resp.Header.Get("Content-Type"), nil
 }
 
 // LastDuration is how long the last scrape took.

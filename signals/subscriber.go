@@ -72,6 +72,15 @@ type SubscriberConfig struct {
 	DialRetry time.Duration
 	// Logger receives warnings (gaps, resyncs, decode errors); nil discards.
 	Logger *slog.Logger
+	// DataParallel makes the subscription that of one data-parallel rank,
+	// DataParallelRank, of an engine (vLLM --data-parallel-size, each rank
+	// publishing on its own port): a batch whose data_parallel_rank names
+	// another rank is not applied (its blocks are in another rank's cache)
+	// but counted in SubscriberStatus.RankMismatches, and logged the first
+	// time. Batches without a rank (older vLLM, SGLang) are applied.
+	// Without DataParallel the rank is not checked.
+	DataParallel     bool
+	DataParallelRank int
 }
 
 func (c *SubscriberConfig) setDefaults() {
@@ -145,7 +154,10 @@ type SubscriberStatus struct {
 	// blocks never stored with them; StoreErrors other rejected events;
 	// Skipped events of other KV cache groups and unknown types.
 	DecodeErrors, Orphans, StoreErrors, Skipped uint64
-	LastError                                   string
+	// RankMismatches counts the batches not applied because they named
+	// another data-parallel rank (SubscriberConfig.DataParallel).
+	RankMismatches uint64
+	LastError      string
 }
 
 // Subscriber follows one engine's KV-cache events (vLLM's ZMQ publisher)
@@ -190,6 +202,9 @@ type Subscriber struct {
 	// such group (see followGroup).
 	group    int
 	fullSeen bool
+	// rankWarned is set once a batch of another data-parallel rank was
+	// logged (SubscriberConfig.DataParallel).
+	rankWarned bool
 
 	started  bool
 	next     uint64 // the sequence number expected next
@@ -715,6 +730,23 @@ func (s *Subscriber) apply(seq uint64, payload []byte) {
 		// The batch's changes are lost: the index can no longer be trusted.
 		s.update(func(st *SubscriberStatus) { st.DecodeErrors++; st.LastError = err.Error(); st.LastSeq = int64(seq) })
 		s.resync("undecodable batch")
+		return
+	}
+	if b := &s.batch; s.cfg.DataParallel && b.HasDPRank && b.DPRank != s.cfg.DataParallelRank {
+		// Another rank's blocks: applying them would send this rank the
+		// prefixes another one holds. The sequence still moves on (this
+		// stream's batches are all there), so no gap is seen.
+		if !s.rankWarned {
+			s.rankWarned = true
+			s.cfg.Logger.Warn("kv events: batch of another data-parallel rank ignored (is the address the rank's, port + rank?)",
+				"endpoint", s.cfg.Endpoint, "address", s.cfg.Address, "want_rank", s.cfg.DataParallelRank, "got_rank", b.DPRank)
+		}
+		now := time.Now()
+		s.update(func(st *SubscriberStatus) {
+			st.LastSeq, st.LastBatchAt = int64(seq), now
+			st.RankMismatches++
+			st.LastError = fmt.Sprintf("batch %d names data_parallel_rank %d, not %d", seq, b.DPRank, s.cfg.DataParallelRank)
+		})
 		return
 	}
 	var stored, orphans, storeErrs, skipped uint64

@@ -30,6 +30,8 @@ type fakeEngine struct {
 	pubAddr    string
 	replayAddr string
 	enc        EventEncoding
+	dpRank     int  // the data_parallel_rank its batches carry
+	noRank     bool // its batches carry no data_parallel_rank (older vLLM, SGLang)
 
 	mu      sync.Mutex
 	seq     uint64
@@ -129,7 +131,7 @@ func be64(v uint64) []byte {
 func (e *fakeEngine) publish(drop bool, events ...KVEvent) uint64 {
 	e.t.Helper()
 	// Like vLLM's time.time(): batches of two engines differ.
-	b := EventBatch{TS: float64(time.Now().UnixNano()) / 1e9, Events: events, HasDPRank: true}
+	b := EventBatch{TS: float64(time.Now().UnixNano()) / 1e9, Events: events, DPRank: e.dpRank, HasDPRank: !e.noRank}
 	p, err := EncodeEventBatch(nil, &b, e.enc)
 	if err != nil {
 		e.t.Fatal(err)

@@ -46,6 +46,14 @@ matches KV blocks; endpoints with kv_events (the engine's ZMQ publisher) feed a
 precise index of what each engine really caches. The engines' reported cached
 tokens are counted in kvroute_prefix_cached_tokens_total.
 
+A vLLM server started with --data-parallel-size N (N engine cores, each with
+its own KV cache, behind one URL) is routed as N endpoints, ID#dp0 ... ID#dp<N-1>,
+when its endpoint sets data_parallel_size: N (quick mode: --data-parallel-size N):
+each request is pinned to its rank with the X-Data-Parallel-Rank header (a
+client's copy is always dropped), each rank reads its own engine="<rank>"
+series of the one metrics scrape, and rank r's KV events are read at the
+kv_events addresses' tcp port + r.
+
 Configure it with a YAML file (--config; see kvroute.example.yaml for every
 field and its default), or for the quick case with flags only:
 
@@ -69,6 +77,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		policyName = fs.String("policy", "", "quick mode: the routing `policy` (default \""+config.DefaultPolicy+"\")")
 		logLevel   = fs.String("log-level", "", "log `level`: debug, info, warn, error (default \"info\", or the config's log.level)")
 		logFormat  = fs.String("log-format", "", "log `format`: text or json (default \"text\", or the config's log.format)")
+		dpSize     = fs.Int("data-parallel-size", 0, "quick mode: the data-parallel `ranks` behind each --endpoint (vLLM --data-parallel-size), each routed as an endpoint of its own (default 1)")
 		endpoints  stringList
 	)
 	fs.Var(&endpoints, "endpoint", "quick mode: an engine's base `URL`, e.g. http://127.0.0.1:8000 (repeatable, or comma-separated)")
@@ -102,15 +111,15 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 
 	var cfg config.Config
 	switch {
-	case *configFile != "" && (*model != "" || len(endpoints) > 0 || *policyName != ""):
-		return usageErr("use either --config or --model/--endpoint/--policy, not both")
+	case *configFile != "" && (*model != "" || len(endpoints) > 0 || *policyName != "" || flagSet(fs, "data-parallel-size")):
+		return usageErr("use either --config or --model/--endpoint/--policy/--data-parallel-size, not both")
 	case *configFile != "":
 		var err error
 		if cfg, err = loadConfigFile(*configFile); err != nil {
 			return err
 		}
 	case *model != "" && len(endpoints) > 0:
-		cfg = quickConfig(*model, *policyName, endpoints)
+		cfg = quickConfig(*model, *policyName, endpoints, *dpSize)
 	case *model != "":
 		return usageErr("--model %s needs at least one --endpoint URL", *model)
 	case len(endpoints) > 0:
@@ -161,11 +170,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	return p.Serve(ctx, ln)
 }
 
-// quickConfig is the config of the flags-only mode: one model.
-func quickConfig(model, policyName string, urls []string) config.Config {
+// quickConfig is the config of the flags-only mode: one model, each
+// endpoint with dpSize data-parallel ranks (0: the default, 1).
+func quickConfig(model, policyName string, urls []string, dpSize int) config.Config {
 	m := config.Model{Name: model, Policy: config.Policy{Name: policyName}}
 	for _, u := range urls {
-		m.Endpoints = append(m.Endpoints, config.Endpoint{URL: u})
+		m.Endpoints = append(m.Endpoints, config.Endpoint{URL: u, DataParallelSize: dpSize})
 	}
 	return config.Config{Models: []config.Model{m}}
 }
@@ -218,6 +228,8 @@ func serveFlagErrors(err error, quick bool, given func(string) bool) []string {
 			flagName = "log-format"
 		case quick && e.Path == "models[0].name":
 			flagName = "model"
+		case quick && strings.HasPrefix(e.Path, "models[0].endpoints[") && strings.HasSuffix(e.Path, ".data_parallel_size"):
+			flagName = "data-parallel-size"
 		case quick && strings.HasPrefix(e.Path, "models[0].endpoints["):
 			flagName = "endpoint"
 			if strings.Contains(e.Msg, "duplicates") || strings.Contains(e.Msg, "again; list each engine once") {
@@ -229,7 +241,9 @@ func serveFlagErrors(err error, quick bool, given func(string) bool) []string {
 		if flagName == "" {
 			return nil
 		}
-		msgs = append(msgs, "--"+flagName+": "+e.Msg)
+		if msg := "--" + flagName + ": " + e.Msg; !slices.Contains(msgs, msg) { // one per flag, not per endpoint
+			msgs = append(msgs, msg)
+		}
 	}
 	return msgs
 }

@@ -178,12 +178,16 @@ func TestServeFlagErrors(t *testing.T) {
 		{"model without endpoint", []string{"--model", "m"}, "--model m needs at least one --endpoint URL"},
 		{"endpoint without model", []string{"--endpoint", "http://a:1"}, "--endpoint needs --model NAME"},
 		{"unknown flag", []string{"--bogus"}, "flag provided but not defined: -bogus"},
+		{"bad data-parallel size", []string{"--model", "m", "--endpoint", "http://a:1", "--endpoint", "http://b:1", "--data-parallel-size", "-1"},
+			"--data-parallel-size: -1 is not positive\n"},
+		{"data-parallel size over a file", []string{"--config", good, "--data-parallel-size", "2"},
+			"use either --config or --model/--endpoint/--policy/--data-parallel-size, not both"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errOut bytes.Buffer
 			err := run(context.Background(), append([]string{"serve"}, tc.args...), &out, &errOut)
 			first, rest, _ := strings.Cut(errOut.String(), "\n")
-			if !errors.Is(err, errUsage) || !strings.Contains(first, tc.want) {
+			if !errors.Is(err, errUsage) || !strings.Contains(first+"\n", tc.want) {
 				t.Errorf("got %v, stderr %q; want a usage error whose first line has %q", err, errOut.String(), tc.want)
 			}
 			if rest != "Run 'kvroute serve --help' for usage.\n" {
@@ -213,7 +217,8 @@ func TestServeHelpExplainsEveryFlag(t *testing.T) {
 	if err == nil || !errors.Is(err, flagErrHelp()) {
 		t.Fatalf("got %v, want flag.ErrHelp", err)
 	}
-	for _, f := range []string{"-config", "-check-config", "-listen", "-model", "-endpoint", "-policy", "-log-level", "-log-format", "kv-aware"} {
+	for _, f := range []string{"-config", "-check-config", "-listen", "-model", "-endpoint", "-policy", "-log-level", "-log-format",
+		"-data-parallel-size", "X-Data-Parallel-Rank", "kv-aware"} {
 		if !strings.Contains(out.String(), f) {
 			t.Errorf("--help lacks %s", f)
 		}
@@ -269,3 +274,28 @@ func TestServeQuickModeServesAndStops(t *testing.T) {
 }
 
 func flagErrHelp() error { return flag.ErrHelp }
+
+// TestServeQuickDataParallel: --data-parallel-size gives every --endpoint
+// that many ranks, each routed as an endpoint of its own.
+func TestServeQuickDataParallel(t *testing.T) {
+	cfg := quickConfig("m", "", []string{"http://a:1", "http://b:1"}, 2)
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	eps, err := cfg.Models[0].KVEndpoints()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ids []string
+	for _, e := range eps {
+		ids = append(ids, e.ID)
+	}
+	if got, want := strings.Join(ids, " "), "http://a:1#dp0 http://a:1#dp1 http://b:1#dp0 http://b:1#dp1"; got != want {
+		t.Errorf("got endpoints %s, want %s", got, want)
+	}
+	cfg = quickConfig("m", "", []string{"http://a:1"}, 0)
+	if cfg.ApplyDefaults(); cfg.Models[0].Endpoints[0].DataParallelSize != 1 {
+		t.Errorf("without the flag: got data_parallel_size %d, want 1", cfg.Models[0].Endpoints[0].DataParallelSize)
+	}
+}
