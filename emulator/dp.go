@@ -399,10 +399,7 @@ func (d *DP) handleMetrics(w http.ResponseWriter, r *http.Request) {
 // (its engine client is dead when any engine core is).
 func (d *DP) handleHealth(w http.ResponseWriter, r *http.Request) {
 	for _, s := range d.ranks {
-		s.inMu.Lock()
-		stopped := s.stopped
-		s.inMu.Unlock()
-		if stopped {
+		if s.isStopped() {
 			w.WriteHeader(http.StatusServiceUnavailable)
 			return
 		}

@@ -26,19 +26,7 @@ import (
 // speed 100 unless cfg says otherwise) behind an httptest server.
 func testDP(t testing.TB, cfg Config, size int) (*DP, *httptest.Server) {
 	t.Helper()
-	if cfg.Model == "" {
-		cfg.Model = "tiny"
-	}
-	if cfg.Engine.Profile.Name == "" {
-		p, err := engine.LookupProfile("tiny")
-		if err != nil {
-			t.Fatal(err)
-		}
-		cfg.Engine.Profile = p
-	}
-	if cfg.Speed == 0 {
-		cfg.Speed = 100
-	}
+	testDefaults(t, &cfg)
 	d, err := NewDP(cfg, size)
 	if err != nil {
 		t.Fatal(err)

@@ -16,15 +16,19 @@ import (
 )
 
 func (s *Server) handleHealth(w http.ResponseWriter, _ *http.Request) {
-	s.inMu.Lock()
-	stopped := s.stopped
-	s.inMu.Unlock()
-	if stopped {
+	if s.isStopped() {
 		// vLLM answers a dead engine's health check with a bare 503.
 		w.WriteHeader(http.StatusServiceUnavailable)
 		return
 	}
 	w.WriteHeader(http.StatusOK)
+}
+
+// isStopped reports whether the engine's loop has stopped.
+func (s *Server) isStopped() bool {
+	s.inMu.Lock()
+	defer s.inMu.Unlock()
+	return s.stopped
 }
 
 // modelPermission is vLLM's ModelPermission, one per model card.

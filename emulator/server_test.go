@@ -18,8 +18,9 @@ import (
 	"github.com/kvroute/kvroute/openai"
 )
 
-// testServer runs a Server on an httptest server until the test ends.
-func testServer(t testing.TB, cfg Config) (*Server, *httptest.Server) {
+// testDefaults fills what the tests' engines leave unset: model "tiny",
+// the tiny profile, speed 100.
+func testDefaults(t testing.TB, cfg *Config) {
 	t.Helper()
 	if cfg.Model == "" {
 		cfg.Model = "tiny"
@@ -34,6 +35,12 @@ func testServer(t testing.TB, cfg Config) (*Server, *httptest.Server) {
 	if cfg.Speed == 0 {
 		cfg.Speed = 100
 	}
+}
+
+// testServer runs a Server on an httptest server until the test ends.
+func testServer(t testing.TB, cfg Config) (*Server, *httptest.Server) {
+	t.Helper()
+	testDefaults(t, &cfg)
 	s, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)

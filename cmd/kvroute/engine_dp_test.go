@@ -59,16 +59,7 @@ func TestEngineDataParallel(t *testing.T) {
 		done <- run(ctx, []string{"engine", "--model", "m", "--listen", addr, "--speed", "20", "--log-level", "info",
 			"--data-parallel-size", "2"}, out, out)
 	}()
-	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		resp, err := http.Get("http://" + addr + "/health")
-		if err == nil {
-			resp.Body.Close()
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("engine not up: %v\n%s", err, out.String())
-		}
-	}
+	awaitEngineUp(t, addr, out)
 	if !strings.Contains(out.String(), "data_parallel_size=2") {
 		t.Errorf("the log does not give the size: %s", out.String())
 	}

@@ -231,6 +231,22 @@ func TestEnginePDBetweenProcesses(t *testing.T) {
 	}
 }
 
+// awaitEngineUp waits until the engine run in-process at addr answers
+// /health, failing with its output out after 10s.
+func awaitEngineUp(t *testing.T, addr string, out *lockedBuffer) {
+	t.Helper()
+	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
+		resp, err := http.Get("http://" + addr + "/health")
+		if err == nil {
+			resp.Body.Close()
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("engine not up: %v\n%s", err, out.String())
+		}
+	}
+}
+
 // lockedBuffer is a bytes.Buffer safe for the exec copier and the test.
 type lockedBuffer struct {
 	mu sync.Mutex
@@ -346,16 +362,7 @@ func TestEngineDrainsOnStop(t *testing.T) {
 				done <- run(ctx, []string{"engine", "--model", "m", "--listen", addr, "--speed", "20", "--log-level", "warn",
 					"--shutdown-timeout", tc.timeout}, out, out)
 			}()
-			for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-				resp, err := http.Get("http://" + addr + "/health")
-				if err == nil {
-					resp.Body.Close()
-					break
-				}
-				if time.Now().After(deadline) {
-					t.Fatalf("engine not up: %v\n%s", err, out.String())
-				}
-			}
+			awaitEngineUp(t, addr, out)
 			resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(
 				`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1500,"stream":true}`))
 			if err != nil {
