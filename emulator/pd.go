@@ -86,8 +86,9 @@ func (s *Server) preparePD(r *http.Request, j *job, ereq *engine.Request) *apiEr
 			ereq.HoldKV, ereq.MaxTokens = true, 1
 			j.maxTokens, j.st.maxTokens = 1, 1
 			// The lease is named by the proxy's X-Request-Id when there is
-			// one (decode engines of vLLM < 0.11 find it by that header,
-			// without remote_request_id), else by the engine's own id.
+			// one (decode engines before NixlConnector's protocol version 2,
+			// vLLM PR #29665, find it by that header, without
+			// remote_request_id), else by the engine's own id.
 			j.remoteID = j.engineID
 			if id := r.Header.Get("X-Request-Id"); id != "" {
 				j.remoteID = id
