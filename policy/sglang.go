@@ -61,7 +61,16 @@ type SGLang struct {
 	buf       []byte
 }
 
-var _ kvroute.Picker = (*SGLang)(nil)
+var (
+	_ kvroute.Picker                      = (*SGLang)(nil)
+	_ interface{ ForgetEndpoint(string) } = (*SGLang)(nil) // router.EndpointForgetter
+)
+
+// ForgetEndpoint drops what the tree holds for a worker removed from the
+// pool (the SGLang router's remove_tenant when a worker is removed), so
+// that an engine added later under its name does not inherit it. The
+// router calls it (router.EndpointForgetter).
+func (s *SGLang) ForgetEndpoint(id string) { s.tree.removeTenant(id) }
 
 func newSGLang(params map[string]any, _ uint64) (*SGLang, error) {
 	p := SGLangParams{CacheThreshold: 0.3, BalanceAbsThreshold: 64, BalanceRelThreshold: 1.5,

@@ -94,8 +94,8 @@ func (p *Proxy) servePD(w http.ResponseWriter, r *http.Request, pl *pool, req *k
 		code = http.StatusBadGateway
 	}
 	now := p.now()
-	if o := p.metrics.pools[pl.model].ttfb[res.Decode]; o != nil && res.TTFB > 0 {
-		o.Observe(res.TTFB.Seconds()) // as the aggregated path does for its endpoint
+	if up := pl.set.Load().byID[res.Decode]; up != nil && res.TTFB > 0 {
+		up.ttfb.Observe(res.TTFB.Seconds()) // as the aggregated path does for its endpoint
 	}
 	p.metrics.requests.WithLabelValues(pl.model, res.Decode, strconv.Itoa(code)).Inc()
 	p.metrics.pools[pl.model].duration.Observe(now.Sub(start).Seconds())

@@ -27,8 +27,9 @@
 // shutdown), signals.go (engine metrics scraping and KV-event
 // subscriptions feeding the routers), precise.go (token-level prefix
 // matching: tokenizer, chat template, block hashes, precise index),
-// buffers.go (recycled prompt buffers) and feedback.go (the engine's
-// usage, read from the response's tail).
+// buffers.go (recycled prompt buffers), feedback.go (the engine's
+// usage, read from the response's tail) and reload.go (live endpoint
+// changes: a pool's endpoint set, Reload).
 //
 // # Data-parallel engines
 //
@@ -103,6 +104,23 @@
 // (disagg.PolicyName), as its decisions name it, with prefill_policy the
 // configured policy that places the prefill stage; PUT /admin/policy does
 // not switch a P/D pool's policy (409).
+//
+// # Live endpoint changes
+//
+// Reload (kvroute serve calls it on SIGHUP) takes a new configuration,
+// validates it whole, and applies each model's endpoint list while
+// requests flow: the router takes the new list (router.Router.SetEndpoints:
+// endpoints that stay keep their routing state), and each added endpoint
+// gets its reverse proxy, scrape loop, KV-event subscription and health
+// probe, while a removed one's are stopped and waited for, its
+// precise-index entries removed and its metric series deleted. Requests in
+// progress on a removed endpoint finish; they are counted in the metrics
+// without its label. A pool's endpoints are an immutable endpointSet read
+// through an atomic pointer. Nothing else is applied live: the other
+// fields that differ are logged (ReloadResult.Restart); a P/D pool's
+// endpoint change is refused. Reloads are counted in
+// kvroute_config_reloads_total{result}, kvroute_config_last_reload_successful
+// and kvroute_config_last_reload_success_timestamp_seconds.
 //
 // A Proxy is safe for concurrent use. Its background work, the active
 // health checks and the engine signals, runs inside Serve (or

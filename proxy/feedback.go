@@ -132,17 +132,15 @@ func intAfter(b, key []byte) (int, bool) {
 }
 
 // feedbackMetrics count the prompt tokens engines reported and how many of
-// them they served from their prefix cache, per model and endpoint.
+// them they served from their prefix cache, per model and endpoint. Each
+// endpoint's children are resolved once, in its endpointProxy.
 type feedbackMetrics struct {
-	cached  *prometheus.CounterVec
-	prompt  *prometheus.CounterVec
-	byModel map[string]map[string]*tokenCounters // read-only after newFeedbackMetrics
+	cached *prometheus.CounterVec
+	prompt *prometheus.CounterVec
 }
 
-type tokenCounters struct{ cached, prompt prometheus.Counter }
-
-func newFeedbackMetrics(p *Proxy) *feedbackMetrics {
-	f := &feedbackMetrics{
+func newFeedbackMetrics() *feedbackMetrics {
+	return &feedbackMetrics{
 		cached: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_prefix_cached_tokens_total",
 			Help: "Prompt tokens the engines reported served from their prefix cache (usage.prompt_tokens_details.cached_tokens), for responses that reported it.",
@@ -151,26 +149,16 @@ func newFeedbackMetrics(p *Proxy) *feedbackMetrics {
 			Name: "kvroute_prompt_tokens_total",
 			Help: "Prompt tokens the engines reported (usage.prompt_tokens) for responses that reported cached tokens: the denominator of the prefix hit rate.",
 		}, []string{"model", "endpoint"}),
-		byModel: make(map[string]map[string]*tokenCounters, len(p.pools)),
 	}
-	for name, pl := range p.pools {
-		m := make(map[string]*tokenCounters, len(pl.eps))
-		for _, ep := range pl.eps {
-			m[ep.ID] = &tokenCounters{cached: f.cached.WithLabelValues(name, ep.ID), prompt: f.prompt.WithLabelValues(name, ep.ID)}
-		}
-		f.byModel[name] = m
-	}
-	return f
 }
 
-// observe counts one response's usage.
-func (f *feedbackMetrics) observe(model, endpoint string, prompt, cached int) {
-	c := f.byModel[model][endpoint]
-	if c == nil || cached < 0 {
+// observeUsage counts one response's usage on its endpoint.
+func (e *endpointProxy) observeUsage(prompt, cached int) {
+	if cached < 0 {
 		return
 	}
-	c.prompt.Add(float64(prompt))
-	c.cached.Add(float64(cached))
+	e.prompt.Add(float64(prompt))
+	e.cached.Add(float64(cached))
 }
 
 func (f *feedbackMetrics) collectors() []prometheus.Collector {

@@ -35,6 +35,7 @@ type exchange struct {
 
 	// The current attempt.
 	flight      *router.Flight
+	up          *endpointProxy // the flight's endpoint
 	attemptAt   time.Time
 	firstByteAt time.Time
 	status      int         // the response status, or the status of the error written
@@ -159,7 +160,7 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 		}
 		if x.attempt > 0 {
 			// A retry is counted and logged once it has somewhere to go.
-			p.metrics.retries.WithLabelValues(pl.model, failed, x.retry.String()).Inc()
+			p.metrics.retries.WithLabelValues(pl.model, pl.label(failed), x.retry.String()).Inc()
 			p.log.Warn("retrying on another endpoint", "request_id", id, "model", pl.model, "failed", failed,
 				"endpoint", f.Endpoint.ID, "reason", x.retry.String(), "status", x.status, "error", x.upstreamErr)
 		}
@@ -179,10 +180,14 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 	p := x.p
 	x.flight, x.attemptAt, x.firstByteAt = f, p.now(), time.Time{}
 	x.status, x.retry, x.upstreamErr = 0, retryNone, nil
+	x.up = x.pool.upstream(f.Endpoint)
+	if x.up == nil {
+		return x.gone(w, f)
+	}
 	out.Body = io.NopCloser(bytes.NewReader(x.body))
 	x.tail.reset()
 	x.tw = tailWriter{ResponseWriter: w, tail: &x.tail}
-	inflight := x.m.inflight[f.Endpoint.ID]
+	inflight := x.up.inflight
 	inflight.Inc()
 	attempt := out
 	if d := p.cfg.Timeouts.UpstreamHeader; d > 0 {
@@ -211,28 +216,48 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 		if !o.Failed && x.status == http.StatusOK {
 			if prompt, cached, ok := parseUsage(x.tail.bytes()); ok {
 				o.PromptTokens, o.CachedTokens = prompt, cached
-				p.fb.observe(x.pool.model, f.Endpoint.ID, prompt, cached)
+				x.up.observeUsage(prompt, cached)
 			}
 		}
 		x.pool.router.Done(p.now(), f, o)
 	}()
-	x.pool.proxies[f.Endpoint.ID].rp.ServeHTTP(&x.tw, attempt) // panics with http.ErrAbortHandler when a copy fails
+	x.up.rp.ServeHTTP(&x.tw, attempt) // panics with http.ErrAbortHandler when a copy fails
 	x.served = true
 	return x.retry != retryNone
+}
+
+// errEndpointGone is the failure of an attempt whose endpoint left the
+// pool (a config reload) between its routing and its dispatch.
+var errEndpointGone = errors.New("the endpoint was removed from the pool")
+
+// gone ends an attempt routed to an endpoint that a reload removed before
+// it was sent: retried on another endpoint when it may be, else 503. The
+// endpoint's health is not at fault.
+func (x *exchange) gone(w http.ResponseWriter, f *router.Flight) (retry bool) {
+	x.upstreamErr = errEndpointGone
+	x.pool.router.Done(x.p.now(), f, kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, Failed: true})
+	if x.canRetry() {
+		x.retry = retryGone
+		return true
+	}
+	x.status = http.StatusServiceUnavailable
+	openai.WriteError(w, &kvroute.Error{Status: x.status, Type: kvroute.TypeUnavailable, Code: "endpoint_removed",
+		Message: fmt.Sprintf("endpoint %s of model %q was removed from the pool", f.Endpoint.ID, x.req.Model)})
+	return false
 }
 
 // firstByte records the first response body byte of the attempt.
 func (x *exchange) firstByte(now time.Time) {
 	x.firstByteAt = now
 	x.pool.router.FirstToken(now, x.flight)
-	x.m.ttfb[x.flight.Endpoint.ID].Observe(now.Sub(x.attemptAt).Seconds())
+	x.up.ttfb.Observe(now.Sub(x.attemptAt).Seconds())
 }
 
 // reportHealth feeds passive health and counts ejections.
 func (x *exchange) reportHealth(now time.Time, ok bool) {
 	id := x.flight.Endpoint.ID
 	if x.pool.router.ReportResult(now, id, ok) {
-		x.p.metrics.ejections.WithLabelValues(x.pool.model, id, "passive").Inc()
+		x.p.metrics.ejections.WithLabelValues(x.pool.model, x.pool.label(id), "passive").Inc()
 		x.p.log.Warn("endpoint ejected", "model", x.pool.model, "endpoint", id, "request_id", x.req.ID)
 	}
 }
@@ -287,7 +312,7 @@ func (x *exchange) finish(w http.ResponseWriter, start time.Time) {
 	}
 	endpoint := ""
 	if x.flight != nil {
-		endpoint = x.flight.Endpoint.ID
+		endpoint = x.pool.label(x.flight.Endpoint.ID)
 	}
 	p.metrics.requests.WithLabelValues(x.pool.model, endpoint, strconv.Itoa(code)).Inc()
 	x.m.duration.Observe(now.Sub(start).Seconds())

@@ -18,31 +18,128 @@ import (
 // healthy_threshold consecutive successes. Probes of different endpoints
 // are spread over the interval. The ranks of a data-parallel endpoint
 // share one probe of their URL, whose result applies to every rank (vLLM's
-// /health answers for the whole server). With health_check.disabled it
-// returns at once.
+// /health answers for the whole server). A Reload that removes an endpoint
+// stops its probe (and waits for it); one that adds an endpoint starts
+// one. With health_check.disabled it returns at once.
 func (p *Proxy) RunHealthChecks(ctx context.Context) error {
 	if p.cfg.HealthCheck.Disabled {
 		return nil
 	}
-	client := &http.Client{Transport: p.transport, Timeout: p.cfg.HealthCheck.Timeout}
-	var wg sync.WaitGroup
+	h := &p.health
+	h.mu.Lock()
+	if h.ctx != nil {
+		h.mu.Unlock()
+		return nil // already running
+	}
+	h.ctx = ctx
+	h.client = &http.Client{Transport: p.transport, Timeout: p.cfg.HealthCheck.Timeout}
+	h.probes = make(map[probeKey]*runningProbe)
+	h.mu.Unlock()
+	p.reloadMu.Lock() // a reload between two pools' starts would find one started, not the other
 	for _, name := range p.names {
-		pl := p.pools[name]
-		for i := 0; i < len(pl.eps); i++ {
-			e := &pl.eps[i]
-			t := &probe{p: p, pool: pl, ids: []string{e.ID}, url: strings.TrimRight(e.URL, "/") + p.cfg.HealthCheck.Path,
-				client: client, healthy: true}
-			// KVEndpoints lists a data-parallel endpoint's ranks in order.
-			for e.IsDataParallel() && i+1 < len(pl.eps) && pl.eps[i+1].IsDataParallel() && pl.eps[i+1].DataParallelRank > 0 &&
-				pl.eps[i+1].URL == e.URL {
-				i++
-				t.ids = append(t.ids, pl.eps[i].ID)
-			}
-			wg.Go(func() { t.loop(ctx) })
+		h.start(p, p.pools[name])
+	}
+	p.reloadMu.Unlock()
+	<-ctx.Done()
+	h.mu.Lock()
+	h.ctx, h.probes = nil, nil
+	h.mu.Unlock()
+	h.wg.Wait()
+	return nil
+}
+
+// healthState is the running health probes, which a Reload changes.
+type healthState struct {
+	mu     sync.Mutex      // guards ctx, client and probes
+	ctx    context.Context // RunHealthChecks' context; nil when not running
+	client *http.Client
+	probes map[probeKey]*runningProbe
+	wg     sync.WaitGroup // every probe loop
+}
+
+// probeKey names a probe: a model's URL and the endpoints it covers.
+type probeKey struct{ model, url, ids string }
+
+// runningProbe is a probe loop, cancelled by cancel; done is closed when
+// it has returned.
+type runningProbe struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+// wanted returns the probes of pool pl's endpoint set s, by key.
+func (h *healthState) wanted(p *Proxy, pl *pool, s *endpointSet) map[probeKey]*probe {
+	out := make(map[probeKey]*probe)
+	eps := s.eps
+	for i := 0; i < len(eps); i++ {
+		e := &eps[i]
+		t := &probe{p: p, pool: pl, ids: []string{e.ID}, url: strings.TrimRight(e.URL, "/") + p.cfg.HealthCheck.Path, healthy: true}
+		// KVEndpoints lists a data-parallel endpoint's ranks in order.
+		for e.IsDataParallel() && i+1 < len(eps) && eps[i+1].IsDataParallel() && eps[i+1].DataParallelRank > 0 &&
+			eps[i+1].URL == e.URL {
+			i++
+			t.ids = append(t.ids, eps[i].ID)
+		}
+		out[probeKey{model: pl.model, url: t.url, ids: strings.Join(t.ids, "\x00")}] = t
+	}
+	return out
+}
+
+// stopOld stops the probes of pool pl that its next endpoint set does not
+// have, and waits for them.
+func (h *healthState) stopOld(p *Proxy, pl *pool, next *endpointSet) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ctx == nil {
+		return
+	}
+	want := h.wanted(p, pl, next)
+	for k, rp := range h.probes {
+		if _, ok := want[k]; k.model != pl.model || ok {
+			continue
+		}
+		rp.cancel()
+		<-rp.done
+		delete(h.probes, k)
+	}
+}
+
+// start starts the probes of pool pl's current endpoints that are not
+// running. A new probe starts healthy, as its endpoints do in the router:
+// a probe's key (URL and endpoint IDs) changes only with its engine, which
+// the router then takes as a new endpoint too (router.SetEndpoints).
+func (h *healthState) start(p *Proxy, pl *pool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ctx == nil {
+		return
+	}
+	for k, t := range h.wanted(p, pl, pl.set.Load()) {
+		if h.probes[k] != nil {
+			continue
+		}
+		t.client = h.client
+		ctx, cancel := context.WithCancel(h.ctx)
+		rp := &runningProbe{cancel: cancel, done: make(chan struct{})}
+		h.probes[k] = rp
+		h.wg.Go(func() {
+			defer close(rp.done)
+			t.loop(ctx)
+		})
+	}
+}
+
+// running returns the keys of the running probes of a model (tests).
+func (h *healthState) running(model string) []probeKey {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	var out []probeKey
+	for k := range h.probes {
+		if k.model == model {
+			out = append(out, k)
 		}
 	}
-	wg.Wait()
-	return nil
+	return out
 }
 
 // probe is the active health state of one endpoint (or of the ranks of a

@@ -20,14 +20,19 @@ type metrics struct {
 	ejections    *prometheus.CounterVec   // model, endpoint, kind (passive|active)
 	streamErrors *prometheus.CounterVec   // model, endpoint
 	healthy      *healthCollector
-	pools        map[string]*poolMetrics // read-only after newMetrics
+	pools        map[string]*poolMetrics // read-only after New (models are not added live)
+
+	// The config reloads (reload.go), as Prometheus reports its own.
+	reloads         *prometheus.CounterVec // result: success|failure
+	reloadOK        prometheus.Gauge
+	reloadSuccessAt prometheus.Gauge
 }
 
+// poolMetrics are a model's children; an endpoint's are in its
+// endpointProxy.
 type poolMetrics struct {
 	duration prometheus.Observer
 	decision prometheus.Observer
-	inflight map[string]prometheus.Gauge    // by endpoint ID
-	ttfb     map[string]prometheus.Observer // by endpoint ID
 }
 
 func newMetrics(p *Proxy) *metrics {
@@ -74,28 +79,52 @@ func newMetrics(p *Proxy) *metrics {
 		healthy: &healthCollector{p: p, desc: prometheus.NewDesc("kvroute_endpoint_healthy",
 			"1 when the endpoint may be picked (passes health checks and is not ejected), else 0.",
 			[]string{"model", "endpoint"}, nil)},
-		pools: make(map[string]*poolMetrics, len(p.pools)),
+		pools: make(map[string]*poolMetrics),
+		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_config_reloads_total",
+			Help: "Config reloads (SIGHUP), by result: success or failure (the file did not load or validate; nothing changed).",
+		}, []string{"result"}),
+		reloadOK: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvroute_config_last_reload_successful",
+			Help: "1 when the last config reload succeeded (or none was tried), else 0.",
+		}),
+		reloadSuccessAt: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "kvroute_config_last_reload_success_timestamp_seconds",
+			Help: "When the config was last loaded successfully (at start, or by a reload), in Unix seconds.",
+		}),
 	}
-	for name, pl := range p.pools {
-		pm := &poolMetrics{
-			duration: m.duration.WithLabelValues(name),
-			decision: m.decision.WithLabelValues(name),
-			inflight: make(map[string]prometheus.Gauge, len(pl.eps)),
-			ttfb:     make(map[string]prometheus.Observer, len(pl.eps)),
-		}
-		for _, ep := range pl.eps {
-			pm.inflight[ep.ID] = m.inflight.WithLabelValues(name, ep.ID)
-			pm.ttfb[ep.ID] = m.ttfb.WithLabelValues(name, ep.ID)
-		}
-		m.pools[name] = pm
-	}
+	m.reloads.WithLabelValues("success")
+	m.reloads.WithLabelValues("failure")
+	m.reloadOK.Set(1)
+	m.reloadSuccessAt.Set(float64(p.now().UnixNano()) / 1e9)
 	return m
+}
+
+// addPool resolves a model's children.
+func (m *metrics) addPool(name string) {
+	m.pools[name] = &poolMetrics{duration: m.duration.WithLabelValues(name), decision: m.decision.WithLabelValues(name)}
+}
+
+// forgetEndpoint deletes every series of an endpoint removed from a
+// model's pool, so that /metrics shows no ghosts. (Requests still in
+// progress on it are counted without it: see pool.label.)
+func (p *Proxy) forgetEndpoint(model, id string) {
+	m := p.metrics
+	labels := prometheus.Labels{"model": model, "endpoint": id}
+	m.inflight.Delete(labels)
+	m.ttfb.Delete(labels)
+	m.streamErrors.Delete(labels)
+	m.requests.DeletePartialMatch(labels)
+	m.retries.DeletePartialMatch(labels)
+	m.ejections.DeletePartialMatch(labels)
+	p.fb.cached.Delete(labels)
+	p.fb.prompt.Delete(labels)
 }
 
 func (m *metrics) register(reg prometheus.Registerer) error {
 	var errs []error
 	for _, c := range []prometheus.Collector{m.requests, m.inflight, m.ttfb, m.duration, m.decision, m.retries, m.queued,
-		m.ejections, m.streamErrors, m.healthy} {
+		m.ejections, m.streamErrors, m.healthy, m.reloads, m.reloadOK, m.reloadSuccessAt} {
 		errs = append(errs, reg.Register(c))
 	}
 	return errors.Join(errs...)

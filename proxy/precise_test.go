@@ -344,7 +344,7 @@ func TestKVSinkClearForgetsDispatches(t *testing.T) {
 		r.Done(time.Now(), f, kvroute.Outcome{})
 		return f.CachedTokens()
 	}
-	first := pl.eps[0].ID
+	first := pl.set.Load().eps[0].ID
 	cached()
 	if got := cached(); got != 64 {
 		t.Fatalf("routed once: %d tokens cached, want 64 (the router's own dispatch)", got)

@@ -7,7 +7,9 @@ import (
 	"math/rand/v2"
 	"net/http"
 	"net/netip"
+	"slices"
 	"sort"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -68,8 +70,14 @@ type Proxy struct {
 	draining     atomic.Bool      // set when Serve starts shutting down
 	ids          idSet            // the routing IDs of the requests in progress
 	sig          signalState      // the running signal loops (RunSignals)
+	health       healthState      // the running health probes (RunHealthChecks)
 	fb           *feedbackMetrics // engine-reported prompt and cached tokens
 	pdMetrics    *disagg.Metrics  // P/D handoffs (disagg.go)
+	// reloadMu serialises Reload, and the start of the background loops
+	// with it; applied is the configuration running, the models'
+	// endpoints as last reloaded (guarded by reloadMu).
+	reloadMu sync.Mutex
+	applied  config.Config
 	// queuePause is how long the head of a pool's line pauses before it
 	// routes again after a shed: first, doubling up to max, unless the
 	// router signals that load drained (queue.go). Tests lengthen it.
@@ -79,14 +87,14 @@ type Proxy struct {
 // pool is one model's endpoints, router and reverse proxies.
 type pool struct {
 	model   string
+	index   int // the model's place in the config's models (for field paths)
 	router  *router.Router
-	eps     []kvroute.Endpoint
-	proxies map[string]*endpointProxy // by endpoint ID; read-only after New
-	precise *precise                  // token-level matching; nil when off
-	kvSink  *kvSink                   // what the KV-event subscribers feed; nil without precise.index
-	line    waitLine                  // the requests held by the queue escape hatch (queue.go)
-	session *sessionSource            // the requests' affinity key
-	pd      *disagg.Handoff           // P/D pools only (disagg.go)
+	set     atomic.Pointer[endpointSet] // the endpoints now; a reload replaces it (reload.go)
+	precise *precise                    // token-level matching; nil when off
+	kvSink  *kvSink                     // what the KV-event subscribers feed; nil without precise.index
+	line    waitLine                    // the requests held by the queue escape hatch (queue.go)
+	session *sessionSource              // the requests' affinity key
+	pd      *disagg.Handoff             // P/D pools only (disagg.go)
 }
 
 // New builds a Proxy: applies the config's defaults, validates it, builds
@@ -102,6 +110,7 @@ func New(opts Options) (*Proxy, error) {
 	}
 	p := &Proxy{
 		cfg:          cfg,
+		applied:      cfg,
 		sessionField: cfg.SessionField(),
 		log:          opts.Logger,
 		now:          opts.Now,
@@ -110,6 +119,7 @@ func New(opts Options) (*Proxy, error) {
 		gatherer:     opts.Gatherer,
 		pools:        make(map[string]*pool, len(cfg.Models)),
 	}
+	p.applied.Models = slices.Clone(cfg.Models) // Reload replaces their endpoints
 	p.queuePause.first, p.queuePause.max = 10*time.Millisecond, 200*time.Millisecond
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
@@ -131,6 +141,8 @@ func New(opts Options) (*Proxy, error) {
 	if p.pdMetrics, err = disagg.NewMetrics(opts.Registerer); err != nil {
 		return nil, fmt.Errorf("proxy: register metrics: %w", err)
 	}
+	p.metrics = newMetrics(p)
+	p.fb = newFeedbackMetrics()
 	for i := range cfg.Models {
 		pl, err := p.newPool(i, &cfg.Models[i])
 		if err != nil {
@@ -140,8 +152,9 @@ func New(opts Options) (*Proxy, error) {
 		p.names = append(p.names, pl.model)
 	}
 	sort.Strings(p.names)
-	p.metrics = newMetrics(p)
-	p.fb = newFeedbackMetrics(p)
+	for _, name := range p.names {
+		p.metrics.addPool(name)
+	}
 	if opts.Registerer != nil {
 		if err := p.metrics.register(opts.Registerer); err != nil {
 			return nil, fmt.Errorf("proxy: register metrics: %w", err)
@@ -206,8 +219,7 @@ func (p *Proxy) newPool(i int, m *config.Model) (*pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy: %s: %w", path, err)
 	}
-	pl := &pool{model: m.Name, router: r, eps: eps, proxies: make(map[string]*endpointProxy, len(eps)), precise: pc,
-		session: newSessionSource(m.Router.Session)}
+	pl := &pool{model: m.Name, index: i, router: r, precise: pc, session: newSessionSource(m.Router.Session)}
 	if pc != nil && pc.index != nil {
 		pl.kvSink = &kvSink{Index: pc.index, router: r}
 	}
@@ -216,13 +228,11 @@ func (p *Proxy) newPool(i int, m *config.Model) (*pool, error) {
 			return nil, fmt.Errorf("proxy: %s.pd: %w", path, err)
 		}
 	}
-	for j := range eps {
-		ep, err := p.newEndpointProxy(pl, &eps[j])
-		if err != nil {
-			return nil, fmt.Errorf("proxy: %s.endpoints[%d].url: %w", path, j, err)
-		}
-		pl.proxies[eps[j].ID] = ep
+	set, err := p.newEndpointSet(pl, m, eps, nil)
+	if err != nil {
+		return nil, fmt.Errorf("proxy: %s.%w", path, err)
 	}
+	pl.set.Store(set)
 	return pl, nil
 }
 

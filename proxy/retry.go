@@ -16,6 +16,7 @@ const (
 	retryNone    retryReason = iota
 	retryConnect             // transport error before any response byte
 	retryStatus              // 5xx response headers, before any body byte reached the client
+	retryGone                // the endpoint left the pool (a reload) before the attempt was sent
 )
 
 func (r retryReason) String() string {
@@ -24,6 +25,8 @@ func (r retryReason) String() string {
 		return "connect_error"
 	case retryStatus:
 		return "status_5xx"
+	case retryGone:
+		return "endpoint_removed"
 	}
 	return "none"
 }

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"sync"
@@ -19,7 +20,7 @@ import (
 // endpoint feeding the endpoint's signals.View in its router, and one
 // KV-event subscriber per endpoint with kv_events feeding the model's
 // precise index. signals.Manager owns the loops; RunSignals owns the
-// managers.
+// managers, which a Reload syncs with the pools' new endpoints.
 
 // scrapeGroup is the endpoints of one model sharing scrape settings: one
 // signals.Manager each (a Manager has one ScrapeConfig and names its
@@ -36,7 +37,7 @@ func (p *Proxy) signalTargets() map[scrapeGroup][]signals.Target {
 	groups := make(map[scrapeGroup][]signals.Target)
 	for _, name := range p.names {
 		pl := p.pools[name]
-		m := p.cfg.Model(name)
+		m := pl.set.Load().model
 		for i := range m.Endpoints {
 			e := &m.Endpoints[i]
 			t := signals.Target{
@@ -127,74 +128,124 @@ func checkKVEvents(path string, m *config.Model) error {
 // Serve runs it; call it yourself only when serving the Proxy as a plain
 // http.Handler. Per model: signals.scrape_interval, scrape_timeout, flavor
 // and metrics_path, with per-endpoint overrides; signals.disabled turns
-// scraping off.
+// scraping off. A Reload starts and stops the loops of the endpoints it
+// adds and removes.
 func (p *Proxy) RunSignals(ctx context.Context) error {
-	groups := p.signalTargets()
-	if len(groups) == 0 {
-		return nil
+	s := &p.sig
+	p.reloadMu.Lock()
+	s.mu.Lock()
+	if s.client != nil {
+		s.mu.Unlock()
+		p.reloadMu.Unlock()
+		return errors.New("proxy: signals: already running")
 	}
-	client := &http.Client{Transport: p.transport}
-	var managers []*signals.Manager
+	s.client = &http.Client{Transport: p.transport}
+	s.managers = make(map[scrapeGroup]*signals.Manager)
+	err := s.syncLocked(p)
+	n := len(s.managers)
+	s.mu.Unlock()
+	p.reloadMu.Unlock()
 	defer func() {
-		p.sig.set(nil)
-		for _, mg := range managers {
+		s.mu.Lock()
+		for _, mg := range s.managers {
 			mg.Close()
 		}
+		s.managers, s.client = nil, nil
+		s.mu.Unlock()
 	}()
-	for g, targets := range groups {
-		mg, err := signals.NewManager(signals.ManagerConfig{
-			Scrape: signals.ScrapeConfig{Interval: g.interval, Timeout: g.timeout, Client: client},
-			Logger: p.log.With("model", g.model),
-		})
-		if err != nil {
-			return fmt.Errorf("proxy: signals of model %q: %w", g.model, err)
-		}
-		managers = append(managers, mg)
-		if err := mg.Sync(targets); err != nil {
-			return fmt.Errorf("proxy: signals of model %q: %w", g.model, err)
-		}
-		p.sig.add(g.model, mg)
+	if err != nil {
+		return err
 	}
-	p.log.Info("engine signals running", "scrape_groups", len(groups))
+	if n > 0 {
+		p.log.Info("engine signals running", "scrape_groups", n)
+	}
 	<-ctx.Done()
 	return nil
 }
 
-// signalState is the running signal managers, for the metrics collector.
+// signalState is the running signal managers, one per scrape group.
 type signalState struct {
-	mu       sync.Mutex // guards managers
-	managers map[string][]*signals.Manager
+	mu       sync.Mutex   // guards client and managers
+	client   *http.Client // nil when RunSignals is not running
+	managers map[scrapeGroup]*signals.Manager
 }
 
-func (s *signalState) add(model string, mg *signals.Manager) {
+// sync makes the running loops those of the pools' endpoints now: a
+// Reload calls it after changing them. It does nothing when RunSignals
+// is not running.
+func (s *signalState) sync(p *Proxy) error {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	if s.managers == nil {
-		s.managers = make(map[string][]*signals.Manager)
+	if s.client == nil {
+		return nil
 	}
-	s.managers[model] = append(s.managers[model], mg)
+	return s.syncLocked(p)
 }
 
-func (s *signalState) set(m map[string][]*signals.Manager) {
+// syncLocked syncs every scrape group's manager with its targets, making
+// the managers of new groups and closing those of groups left empty
+// (their KV-event entries removed first). Called with s.mu held.
+func (s *signalState) syncLocked(p *Proxy) error {
+	groups := p.signalTargets()
+	var errs []error
+	for g, mg := range s.managers {
+		if _, ok := groups[g]; ok {
+			continue
+		}
+		if err := mg.Sync(nil); err != nil {
+			errs = append(errs, err)
+		}
+		mg.Close()
+		delete(s.managers, g)
+	}
+	for g, targets := range groups {
+		mg := s.managers[g]
+		if mg == nil {
+			var err error
+			mg, err = signals.NewManager(signals.ManagerConfig{
+				Scrape: signals.ScrapeConfig{Interval: g.interval, Timeout: g.timeout, Client: s.client},
+				Logger: p.log.With("model", g.model),
+			})
+			if err != nil {
+				errs = append(errs, fmt.Errorf("proxy: signals of model %q: %w", g.model, err))
+				continue
+			}
+			s.managers[g] = mg
+		}
+		if err := mg.Sync(targets); err != nil {
+			errs = append(errs, fmt.Errorf("proxy: signals of model %q: %w", g.model, err))
+		}
+	}
+	return errors.Join(errs...)
+}
+
+// status returns the signals status of every running endpoint of a model
+// (the ranks of a data-parallel engine, not the engine).
+func (s *signalState) status(model string) []signals.EndpointStatus {
 	s.mu.Lock()
-	s.managers = m
+	var mgs []*signals.Manager
+	for g, mg := range s.managers {
+		if g.model == model {
+			mgs = append(mgs, mg)
+		}
+	}
 	s.mu.Unlock()
+	var out []signals.EndpointStatus
+	for _, mg := range mgs {
+		out = append(out, mg.Status()...)
+	}
+	return out
 }
 
 // kvEvents returns the KV-event subscribers' status of a model by endpoint.
 func (s *signalState) kvEvents(model string) map[string]signals.SubscriberStatus {
-	s.mu.Lock()
-	mgs := append([]*signals.Manager(nil), s.managers[model]...)
-	s.mu.Unlock()
 	var out map[string]signals.SubscriberStatus
-	for _, mg := range mgs {
-		for _, st := range mg.Status() {
-			if st.KVEvents != nil {
-				if out == nil {
-					out = make(map[string]signals.SubscriberStatus)
-				}
-				out[st.Endpoint] = *st.KVEvents
+	for _, st := range s.status(model) {
+		if st.KVEvents != nil {
+			if out == nil {
+				out = make(map[string]signals.SubscriberStatus)
 			}
+			out[st.Endpoint] = *st.KVEvents
 		}
 	}
 	return out

@@ -14,6 +14,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus"
+
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/openai"
@@ -55,11 +57,16 @@ func (b *bufferPool) Put(buf []byte) { b.p.Put(&buf) }
 
 var copyBuffers httputil.BufferPool = &bufferPool{}
 
-// endpointProxy forwards requests to one endpoint.
+// endpointProxy forwards requests to one endpoint and holds its metrics'
+// children, resolved once.
 type endpointProxy struct {
 	ep     *kvroute.Endpoint
 	target *url.URL
 	rp     *httputil.ReverseProxy
+
+	inflight       prometheus.Gauge
+	ttfb           prometheus.Observer
+	cached, prompt prometheus.Counter // the engine's usage (feedback.go)
 }
 
 func (p *Proxy) newEndpointProxy(pl *pool, ep *kvroute.Endpoint) (*endpointProxy, error) {
@@ -67,7 +74,12 @@ func (p *Proxy) newEndpointProxy(pl *pool, ep *kvroute.Endpoint) (*endpointProxy
 	if err != nil {
 		return nil, err
 	}
-	e := &endpointProxy{ep: ep, target: target}
+	e := &endpointProxy{ep: ep, target: target,
+		inflight: p.metrics.inflight.WithLabelValues(pl.model, ep.ID),
+		ttfb:     p.metrics.ttfb.WithLabelValues(pl.model, ep.ID),
+		cached:   p.fb.cached.WithLabelValues(pl.model, ep.ID),
+		prompt:   p.fb.prompt.WithLabelValues(pl.model, ep.ID),
+	}
 	rank := ""
 	if ep.IsDataParallel() {
 		rank = strconv.Itoa(ep.DataParallelRank)

@@ -27,6 +27,15 @@
 // router counts went down, so a request the policy shed may fit now (the
 // proxy's queue routes the head of its line again on it).
 //
+// The pool can change while the router runs: SetEndpoints takes the new
+// endpoint list and keeps the state of every endpoint that stays (health,
+// signals, in-flight counts, approximate-index entries, the picker's
+// learned state); removed endpoints are never chosen again, while their
+// flights end normally; added ones start as at New. An ID whose URL (or
+// data-parallel place) changed is another engine: removed and added.
+// Pickers keeping per-endpoint state forget removed endpoints through
+// EndpointForgetter.
+//
 // Router does no I/O, starts no goroutines and never reads the wall clock:
 // every method takes now. A Router is safe for concurrent use; calls into
 // the Picker are serialised by the Router's mutex, so pickers need no locks.

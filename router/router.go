@@ -3,6 +3,7 @@ package router
 import (
 	"errors"
 	"fmt"
+	"maps"
 	"math"
 	"net/http"
 	"sync"
@@ -19,6 +20,7 @@ type Config struct {
 	// Model is the model name this pool serves.
 	Model string
 	// Endpoints are the pool's endpoints; IDs must be unique. Required.
+	// SetEndpoints changes them later.
 	Endpoints []kvroute.Endpoint
 	// Policy names the policy behind Picker, for decisions and logs.
 	Policy string
@@ -202,19 +204,16 @@ func New(cfg Config) (*Router, error) {
 	if cfg.Picker == nil {
 		return nil, errors.New("router: config: picker is required")
 	}
-	if len(cfg.Endpoints) == 0 {
-		return nil, fmt.Errorf("router: config: model %q has no endpoints", cfg.Model)
-	}
-	precise := make(map[string]bool, len(cfg.PreciseEndpoints))
-	for _, id := range cfg.PreciseEndpoints {
-		precise[id] = true
+	list, err := checkEndpoints(cfg.Model, cfg.Endpoints)
+	if err != nil {
+		return nil, fmt.Errorf("router: config: %w", err)
 	}
 	r := &Router{
 		cfg:     cfg,
 		picker:  cfg.Picker,
 		policy:  cfg.Policy,
 		drained: make(chan struct{}, 1),
-		byID:    make(map[string]*endpoint, len(cfg.Endpoints)),
+		byID:    make(map[string]*endpoint, len(list)),
 		// Route calls Match and Record under mu, and nothing else reaches
 		// the approximate indexes: they may skip their lock-free readers'
 		// guarantees.
@@ -222,42 +221,188 @@ func New(cfg Config) (*Router, error) {
 		gap:    kvindex.NewApprox(kvindex.ApproxConfig{TTL: cfg.EventGap, Serialized: true}),
 		log:    newDecisionLog(cfg.DecisionLog),
 	}
-	for i := range cfg.Endpoints {
-		ep := cfg.Endpoints[i]
+	precise := preciseSet(cfg.PreciseEndpoints)
+	eps := make([]*endpoint, len(list))
+	for i := range list {
+		eps[i] = r.newEndpoint(list[i], precise[list[i].ID])
+	}
+	r.install(eps)
+	r.takePicker(cfg.Policy, cfg.Picker)
+	return r, nil
+}
+
+// checkEndpoints returns eps with their defaults (ID: the URL; Weight: 1)
+// after checking that there is at least one and that IDs are unique.
+func checkEndpoints(model string, eps []kvroute.Endpoint) ([]kvroute.Endpoint, error) {
+	if len(eps) == 0 {
+		return nil, fmt.Errorf("model %q has no endpoints", model)
+	}
+	out := make([]kvroute.Endpoint, len(eps))
+	seen := make(map[string]bool, len(eps))
+	for i, ep := range eps {
 		if ep.ID == "" {
 			ep.ID = ep.URL
 		}
 		if ep.ID == "" {
-			return nil, fmt.Errorf("router: config: endpoints[%d]: id or url is required", i)
+			return nil, fmt.Errorf("endpoints[%d]: id or url is required", i)
 		}
-		if _, dup := r.byID[ep.ID]; dup {
-			return nil, fmt.Errorf("router: config: endpoints[%d]: duplicate id %q", i, ep.ID)
+		if seen[ep.ID] {
+			return nil, fmt.Errorf("endpoints[%d]: duplicate id %q", i, ep.ID)
 		}
+		seen[ep.ID] = true
 		if ep.Weight <= 0 {
 			ep.Weight = 1
 		}
-		e := &endpoint{
-			ep:       ep,
-			idx:      len(r.eps),
-			view:     signals.NewView(signals.ViewConfig{StaleAfter: cfg.StaleAfter}),
-			precise:  precise[ep.ID] && cfg.Precise != nil,
-			activeOK: true,
-			slot:     r.approx.Slot(ep.ID),
-			gapSlot:  r.gap.Slot(ep.ID),
-		}
-		r.bySlot = setSlot(r.bySlot, e.slot, e.idx)
-		r.byGapSlot = setSlot(r.byGapSlot, e.gapSlot, e.idx)
-		r.eps = append(r.eps, e)
-		r.byID[ep.ID] = e
+		out[i] = ep
+	}
+	return out, nil
+}
+
+func preciseSet(ids []string) map[string]bool {
+	m := make(map[string]bool, len(ids))
+	for _, id := range ids {
+		m[id] = true
+	}
+	return m
+}
+
+// newEndpoint returns the state of an endpoint new to the pool: healthy,
+// no signals yet, nothing in the approximate indexes. Called with r.mu
+// held (or before r is shared).
+func (r *Router) newEndpoint(ep kvroute.Endpoint, precise bool) *endpoint {
+	return &endpoint{
+		ep:       ep,
+		view:     signals.NewView(signals.ViewConfig{StaleAfter: r.cfg.StaleAfter}),
+		precise:  precise && r.cfg.Precise != nil,
+		activeOK: true,
+		slot:     r.approx.Slot(ep.ID),
+		gapSlot:  r.gap.Slot(ep.ID),
+	}
+}
+
+// install makes eps the pool, in this order: it numbers them and rebuilds
+// every table that maps IDs, slots and positions to endpoints. Called with
+// r.mu held (or before r is shared).
+func (r *Router) install(eps []*endpoint) {
+	r.eps = eps
+	r.byID = make(map[string]*endpoint, len(eps))
+	r.bySlot, r.byGapSlot = r.bySlot[:0], r.byGapSlot[:0]
+	r.anyPrecise = false
+	clear(r.idCache[:]) // it may name endpoints gone or replaced
+	for i, e := range eps {
+		e.idx = i
+		r.byID[e.ep.ID] = e
+		r.bySlot = setSlot(r.bySlot, e.slot, i)
+		r.byGapSlot = setSlot(r.byGapSlot, e.gapSlot, i)
 		r.anyPrecise = r.anyPrecise || e.precise
 	}
-	r.cands = make([]kvroute.Candidate, len(r.eps))
-	r.matches = make([]prefixMatch, len(r.eps))
-	for i, e := range r.eps {
-		r.cands[i].Endpoint = &e.ep
+	// Route sets every field of every candidate, Endpoint included (the
+	// decision log hands back candidates of decisions made over an
+	// earlier pool).
+	r.cands = make([]kvroute.Candidate, len(eps))
+	r.matches = make([]prefixMatch, len(eps))
+}
+
+// EndpointForgetter is implemented by pickers that keep state per
+// endpoint ID beyond the flights they hear of (policy.SGLang's radix tree
+// of what each worker holds). SetEndpoints calls ForgetEndpoint, under the
+// router's lock, for each endpoint it removes or replaces by another
+// engine under the same ID. Flights still in progress on it may still end
+// with Learner and Releaser calls naming it.
+type EndpointForgetter interface {
+	ForgetEndpoint(id string)
+}
+
+// SetEndpoints makes eps the pool's endpoints, in this order, while the
+// router runs: what New does with Config.Endpoints (IDs default to URLs,
+// weights to 1; at least one endpoint; IDs unique) and
+// Config.PreciseEndpoints (precise: the IDs whose KV events feed
+// Config.Precise). On an error nothing changes.
+//
+// An endpoint is known by its ID. One whose ID stays and whose engine is
+// the same (same URL, and same data-parallel size and rank) keeps
+// everything: health and ejection, its signals.View and the dispatches in
+// flight it counts, its approximate-index entries, the picker's learned
+// state. Its role, weight, labels and KV capacity are updated in place
+// (for the decisions made from then on); when whether its KV events feed
+// the precise index changes, its approximate-index entries are dropped.
+// An ID whose URL or data-parallel place changed names another engine: it
+// is removed and added. A removed endpoint is never chosen again and its
+// approximate-index entries are dropped (its precise-index entries are its
+// KV-event subscription's to remove); flights already routed to it end
+// normally: FirstToken and Done count them on its own View and tell the
+// picker as usual. An added endpoint starts as at New: healthy, no signals,
+// nothing cached. Pickers that keep state per endpoint ID forget removed
+// endpoints through EndpointForgetter; the rest see the new pool at their
+// next Pick (the candidates are the pool, in order).
+func (r *Router) SetEndpoints(now time.Time, eps []kvroute.Endpoint, precise []string) error {
+	list, err := checkEndpoints(r.cfg.Model, eps)
+	if err != nil {
+		return fmt.Errorf("router: set endpoints: %w", err)
 	}
-	r.takePicker(cfg.Policy, cfg.Picker)
-	return r, nil
+	isPrecise := preciseSet(precise)
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	// Which endpoints stay: the rest are removed before any is added, so
+	// that an engine replaced under its ID gets a fresh index slot.
+	stays := make(map[string]*endpoint, len(list))
+	for i := range list {
+		if old := r.byID[list[i].ID]; old != nil && sameEngine(&old.ep, &list[i]) {
+			stays[old.ep.ID] = old
+		}
+	}
+	forget, _ := r.picker.(EndpointForgetter)
+	added := false
+	for _, e := range r.eps {
+		if stays[e.ep.ID] == e {
+			continue
+		}
+		r.approx.Remove(e.ep.ID)
+		r.gap.Remove(e.ep.ID)
+		if forget != nil {
+			forget.ForgetEndpoint(e.ep.ID)
+		}
+	}
+	next := make([]*endpoint, len(list))
+	for i, ep := range list {
+		p := isPrecise[ep.ID] && r.cfg.Precise != nil
+		old := stays[ep.ID]
+		switch {
+		case old == nil:
+			next[i], added = r.newEndpoint(ep, p), true
+		case sameEndpoint(&old.ep, &ep) && old.precise == p:
+			next[i] = old
+		default:
+			// Updated in place, as a copy: flights in progress read the
+			// old one's Endpoint without the lock.
+			e := new(endpoint)
+			*e = *old
+			e.ep, e.loadValid = ep, false
+			if e.precise != p {
+				e.precise = p
+				r.approx.Clear(ep.ID)
+				r.gap.Clear(ep.ID)
+			}
+			next[i] = e
+		}
+	}
+	r.install(next)
+	if added {
+		r.wake() // a request held for room may fit on a new endpoint
+	}
+	return nil
+}
+
+// sameEngine reports whether a and b, of the same ID, are the same engine:
+// the same URL and place among its data-parallel ranks.
+func sameEngine(a, b *kvroute.Endpoint) bool {
+	return a.URL == b.URL && a.DataParallelSize == b.DataParallelSize && a.DataParallelRank == b.DataParallelRank
+}
+
+// sameEndpoint reports whether a and b are equal in every field.
+func sameEndpoint(a, b *kvroute.Endpoint) bool {
+	return a.ID == b.ID && sameEngine(a, b) && a.Role == b.Role && a.Weight == b.Weight &&
+		a.KVCapacityTokens == b.KVCapacityTokens && maps.Equal(a.Labels, b.Labels)
 }
 
 // Model returns the model name.
@@ -265,6 +410,8 @@ func (r *Router) Model() string { return r.cfg.Model }
 
 // Endpoints returns the pool's endpoints in configuration order.
 func (r *Router) Endpoints() []kvroute.Endpoint {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	out := make([]kvroute.Endpoint, len(r.eps))
 	for i, e := range r.eps {
 		out[i] = e.ep
@@ -284,9 +431,11 @@ func (r *Router) ForgetDispatches(endpoint string) {
 	r.gap.Clear(endpoint)
 }
 
-// View returns the signals view of an endpoint, or nil if unknown. Scrape
-// loops feed it; Route reads it.
+// View returns the signals view of an endpoint, or nil if it is not in
+// the pool. Scrape loops feed it; Route reads it.
 func (r *Router) View(endpointID string) *signals.View {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	if e := r.byID[endpointID]; e != nil {
 		return e.view
 	}
@@ -388,6 +537,7 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 	for i, e := range r.eps {
 		c := &cands[i]
 		m := r.matches[i]
+		c.Endpoint = &e.ep
 		c.Healthy = e.healthyAt(now) && !contains(exclude, e.ep.ID)
 		if c.Healthy {
 			healthy++

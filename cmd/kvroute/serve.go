@@ -8,8 +8,11 @@ import (
 	"log/slog"
 	"net"
 	"os"
+	"os/signal"
 	"slices"
 	"strings"
+	"sync"
+	"syscall"
 
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
@@ -63,6 +66,18 @@ field and its default), or for the quick case with flags only:
 --listen, --log-level and --log-format also override the file's values.
 SIGINT/SIGTERM stop accepting connections and drain in-flight requests for up
 to timeouts.shutdown; streams still running then end with an error event.
+
+SIGHUP (with --config) reads the file again and applies its models' endpoint
+lists without a restart: engines added start taking requests (with their
+metrics scrape, kv_events subscription and health check), engines removed take
+no new ones while their requests in progress finish, and the engines that stay
+keep their routing state (cache index, health, learned rates). An ID whose url
+changed is a new engine. The whole file is validated first: an invalid file is
+logged as an error naming the field, and nothing changes. Other changes
+(models added or removed, listen, policies, timeouts, ...) need a restart: they
+are logged and not applied. A P/D model's endpoints cannot change live (the
+reload is refused). kvroute_config_reloads_total{result} and
+kvroute_config_last_reload_success_timestamp_seconds report reloads.
 
 Policies: %s.`
 
@@ -167,7 +182,50 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	return p.Serve(ctx, ln)
+	if quick {
+		return p.Serve(ctx, ln)
+	}
+	// SIGHUP reloads the file, with the same flags over it.
+	load := func() (config.Config, error) {
+		c, err := loadConfigFile(*configFile)
+		if err != nil {
+			return c, err
+		}
+		if *listen != "" {
+			c.Listen = *listen
+		}
+		if *logLevel != "" {
+			c.Log.Level = *logLevel
+		}
+		if *logFormat != "" {
+			c.Log.Format = *logFormat
+		}
+		return c, nil
+	}
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
+	rctx, stopReloads := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	wg.Go(func() { reloadOnSignal(rctx, hup, p, *configFile, load, logger) })
+	err = p.Serve(ctx, ln)
+	stopReloads()
+	wg.Wait()
+	return err
+}
+
+// reloadOnSignal reloads p's config (load) on each receive from sig until
+// ctx is done. proxy.Reload logs what it did, or the error.
+func reloadOnSignal(ctx context.Context, sig <-chan os.Signal, p *proxy.Proxy, file string, load func() (config.Config, error), log *slog.Logger) {
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-sig:
+		}
+		log.Info("reloading the config", "file", file)
+		_, _ = p.Reload(load)
+	}
 }
 
 // quickConfig is the config of the flags-only mode: one model, each

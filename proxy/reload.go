@@ -1,0 +1,371 @@
+package proxy
+
+import (
+	"fmt"
+	"maps"
+	"reflect"
+	"strings"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/config"
+)
+
+// This file changes the pools' endpoints while the proxy serves: Reload
+// takes a new configuration and applies its endpoint lists. A pool's
+// endpoints are an immutable endpointSet that a reload replaces whole;
+// the request path reads it through pool.set without locks.
+
+// endpointSet is a pool's endpoints at one time and what the request path
+// needs of each. It is never modified once stored in pool.set.
+type endpointSet struct {
+	// model is the model's config as applied: its endpoints are this
+	// set's (the scrape targets, KV-event subscriptions and health
+	// probes are built from it); its other fields are the ones New took.
+	model *config.Model
+	eps   []kvroute.Endpoint        // the router's endpoints (KVEndpoints: data-parallel ranks expanded)
+	byID  map[string]*endpointProxy // by endpoint ID
+}
+
+// newEndpointSet builds the set of m's endpoints eps (m.KVEndpoints()).
+// An endpoint of old that is unchanged keeps its reverse proxy. Errors
+// name the config field below the model.
+func (p *Proxy) newEndpointSet(pl *pool, m *config.Model, eps []kvroute.Endpoint, old *endpointSet) (*endpointSet, error) {
+	s := &endpointSet{model: m, eps: eps, byID: make(map[string]*endpointProxy, len(eps))}
+	for j := range eps {
+		ep := &eps[j]
+		if old != nil {
+			if up := old.byID[ep.ID]; up != nil && sameEndpoint(up.ep, ep) {
+				s.byID[ep.ID] = up
+				continue
+			}
+		}
+		up, err := p.newEndpointProxy(pl, ep)
+		if err != nil {
+			return nil, fmt.Errorf("endpoints[%d].url: %w", configIndex(m, ep.ID), err)
+		}
+		s.byID[ep.ID] = up
+	}
+	return s, nil
+}
+
+// configIndex returns the index in m.Endpoints of the endpoint that router
+// endpoint id is (or is a data-parallel rank of), -1 if none.
+func configIndex(m *config.Model, id string) int {
+	for i := range m.Endpoints {
+		e := &m.Endpoints[i]
+		if e.DataParallelSize <= 1 && e.ID == id {
+			return i
+		}
+		for r := range e.DataParallelSize {
+			if e.RankID(r) == id {
+				return i
+			}
+		}
+	}
+	return -1
+}
+
+// sameEndpoint reports whether a and b are equal in every field.
+func sameEndpoint(a, b *kvroute.Endpoint) bool {
+	return a.ID == b.ID && a.URL == b.URL && a.Role == b.Role && a.Weight == b.Weight &&
+		a.KVCapacityTokens == b.KVCapacityTokens && a.DataParallelSize == b.DataParallelSize &&
+		a.DataParallelRank == b.DataParallelRank && maps.Equal(a.Labels, b.Labels)
+}
+
+// upstream returns the reverse proxy of a routed endpoint, nil when it is
+// no longer in the pool as routed (a reload removed it, or put another
+// engine under its ID, since).
+func (pl *pool) upstream(ep *kvroute.Endpoint) *endpointProxy {
+	up := pl.set.Load().byID[ep.ID]
+	if up == nil || up.ep.URL != ep.URL || up.ep.DataParallelRank != ep.DataParallelRank {
+		return nil
+	}
+	return up
+}
+
+// label returns id as the endpoint label of a metric, "" when the endpoint
+// is no longer in the pool: a request that ends on an endpoint after a
+// reload removed it is counted without it, rather than bringing back the
+// series the reload deleted.
+func (pl *pool) label(id string) string {
+	if _, ok := pl.set.Load().byID[id]; ok {
+		return id
+	}
+	return ""
+}
+
+// preciseIDs returns the endpoints of set whose KV events feed the pool's
+// precise index.
+func (pl *pool) preciseIDs(m *config.Model) []string {
+	if pl.kvSink == nil {
+		return nil
+	}
+	var out []string
+	for _, e := range m.Endpoints {
+		switch {
+		case e.KVEvents.Address == "":
+		case e.DataParallelSize > 1:
+			for r := range e.DataParallelSize {
+				out = append(out, e.RankID(r))
+			}
+		default:
+			out = append(out, e.ID)
+		}
+	}
+	return out
+}
+
+// ReloadResult is what a Reload did.
+type ReloadResult struct {
+	// Models lists the models whose endpoints changed, in config order.
+	Models []ModelChange
+	// Restart lists the config fields that differ from the running
+	// configuration but are not applied live (everything but the models'
+	// endpoint lists), e.g. "listen", "models[0].policy", "models: model
+	// \"b\" added". They take effect at the next start.
+	Restart []string
+}
+
+// ModelChange is the change of one model's endpoints, by router endpoint
+// ID (a data-parallel engine's ranks are endpoints).
+type ModelChange struct {
+	Model string
+	// Added and Removed endpoints; Changed ones kept their ID with other
+	// settings (another URL or data-parallel place is another engine: its
+	// routing state starts afresh, as an added endpoint's).
+	Added, Removed, Changed []string
+}
+
+// planned is one model's validated change, ready to apply.
+type planned struct {
+	pl     *pool
+	model  *config.Model
+	set    *endpointSet
+	change ModelChange
+}
+
+// Reload applies a new configuration's endpoint lists while the proxy
+// serves. load returns the configuration (cmd reads the file again on
+// SIGHUP). It is validated whole first (config.Validate, then what New
+// checks of each changed model's endpoints: kv_events addresses, URLs); an
+// invalid configuration changes nothing and is returned as an error
+// naming the field. Then, per model whose endpoints differ, the router
+// takes the new list (router.Router.SetEndpoints: endpoints that stay keep
+// their routing state), each new endpoint gets its reverse proxy, scrape
+// loop, KV-event subscription and health probe, and a removed one's are
+// stopped (its precise-index entries removed) and its metric series
+// deleted; requests in progress on it finish. A data-parallel endpoint's
+// ranks are endpoints: its data_parallel_size may change too.
+//
+// Nothing else is applied live: models added or removed, listen, policies,
+// timeouts and every other field keep their running values, and the
+// result's Restart names each one that differs (Reload logs them as a
+// warning). A disaggregated (pd) model's endpoints cannot change live: a
+// configuration changing them is refused whole.
+//
+// Reload logs one line per changed model (added, removed and changed
+// endpoint IDs) and counts the outcome in kvroute_config_reloads_total,
+// kvroute_config_last_reload_successful and
+// kvroute_config_last_reload_success_timestamp_seconds. Reloads are
+// serialised.
+func (p *Proxy) Reload(load func() (config.Config, error)) (ReloadResult, error) {
+	p.reloadMu.Lock()
+	defer p.reloadMu.Unlock()
+	res, err := p.reload(load)
+	if err != nil {
+		p.metrics.reloads.WithLabelValues("failure").Inc()
+		p.metrics.reloadOK.Set(0)
+		p.log.Error("config reload failed: nothing changed", "error", err)
+		return ReloadResult{}, err
+	}
+	p.metrics.reloads.WithLabelValues("success").Inc()
+	p.metrics.reloadOK.Set(1)
+	p.metrics.reloadSuccessAt.Set(float64(p.now().UnixNano()) / 1e9)
+	if len(res.Restart) > 0 {
+		p.log.Warn("config reload: these changes need a restart and were not applied", "fields", strings.Join(res.Restart, "; "))
+	}
+	p.log.Info("config reloaded", "models_changed", len(res.Models))
+	return res, nil
+}
+
+func (p *Proxy) reload(load func() (config.Config, error)) (ReloadResult, error) {
+	cfg, err := load()
+	if err != nil {
+		return ReloadResult{}, fmt.Errorf("proxy: reload: %w", err)
+	}
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		return ReloadResult{}, fmt.Errorf("proxy: reload: invalid config: %w", err)
+	}
+	var res ReloadResult
+	res.Restart = restartFields(&p.applied, &cfg)
+	var plans []planned
+	for i := range cfg.Models {
+		m := &cfg.Models[i]
+		pl := p.pools[m.Name]
+		if pl == nil {
+			continue // a new model: in Restart
+		}
+		cur := pl.set.Load()
+		if reflect.DeepEqual(cur.model.Endpoints, m.Endpoints) {
+			continue
+		}
+		path := fmt.Sprintf("models[%d]", i)
+		if pl.pd != nil {
+			return ReloadResult{}, fmt.Errorf("proxy: reload: %s.endpoints: model %q is disaggregated (pd): its endpoints change only with a restart", path, m.Name)
+		}
+		eps, err := m.KVEndpoints()
+		if err != nil {
+			return ReloadResult{}, fmt.Errorf("proxy: reload: %s: %w", path, err)
+		}
+		if err := checkKVEvents(path, m); err != nil {
+			return ReloadResult{}, fmt.Errorf("proxy: reload: %w", err)
+		}
+		// The model as it runs, with the new endpoints.
+		run := *cur.model
+		run.Endpoints = m.Endpoints
+		set, err := p.newEndpointSet(pl, &run, eps, cur)
+		if err != nil {
+			return ReloadResult{}, fmt.Errorf("proxy: reload: %s.%w", path, err)
+		}
+		if pl.kvSink == nil {
+			for j, e := range m.Endpoints {
+				if e.KVEvents.Address != "" {
+					res.Restart = append(res.Restart, fmt.Sprintf("%s.endpoints[%d].kv_events (the model had no precise index at start)", path, j))
+				}
+			}
+		}
+		plans = append(plans, planned{pl: pl, model: &run, set: set, change: diffEndpoints(m.Name, cur.eps, eps)})
+	}
+	// Valid: apply.
+	for _, pc := range plans {
+		if err := p.apply(pc); err != nil {
+			// SetEndpoints checks only what KVEndpoints and Validate did.
+			return ReloadResult{}, err
+		}
+		res.Models = append(res.Models, pc.change)
+	}
+	// What runs now: the new endpoints of the models served.
+	for i := range p.applied.Models {
+		if pl := p.pools[p.applied.Models[i].Name]; pl != nil {
+			p.applied.Models[i].Endpoints = pl.set.Load().model.Endpoints
+		}
+	}
+	return res, nil
+}
+
+// apply makes a validated change: the health probes of endpoints leaving
+// stop first (none may report on an ID that names another engine next),
+// then the new set is published with the old endpoints' reverse proxies
+// still in it, the router takes the new list, the set without them is
+// published, the signal loops follow, the new probes start, and the
+// removed endpoints' metric series go.
+func (p *Proxy) apply(pc planned) error {
+	pl, cur := pc.pl, pc.pl.set.Load()
+	p.health.stopOld(p, pl, pc.set)
+	both := &endpointSet{model: pc.set.model, eps: pc.set.eps, byID: make(map[string]*endpointProxy, len(cur.byID)+len(pc.set.byID))}
+	maps.Copy(both.byID, cur.byID)
+	maps.Copy(both.byID, pc.set.byID)
+	pl.set.Store(both) // a request routed just before the change finds its endpoint
+	if err := pl.router.SetEndpoints(p.now(), pc.set.eps, pl.preciseIDs(pc.model)); err != nil {
+		pl.set.Store(cur)
+		p.health.start(p, pl)
+		return fmt.Errorf("proxy: reload: model %q: %w", pl.model, err)
+	}
+	pl.set.Store(pc.set)
+	if err := p.sig.sync(p); err != nil {
+		p.log.Error("config reload: engine signals", "model", pl.model, "error", err)
+	}
+	p.health.start(p, pl)
+	for _, id := range pc.change.Removed {
+		p.forgetEndpoint(pl.model, id)
+	}
+	c := pc.change
+	p.log.Info("endpoints changed", "model", c.Model, "added", c.Added, "removed", c.Removed, "changed", c.Changed,
+		"endpoints", len(pc.set.eps))
+	return nil
+}
+
+// diffEndpoints compares a pool's endpoints before and after.
+func diffEndpoints(model string, before, after []kvroute.Endpoint) ModelChange {
+	c := ModelChange{Model: model}
+	old := make(map[string]*kvroute.Endpoint, len(before))
+	for i := range before {
+		old[before[i].ID] = &before[i]
+	}
+	seen := make(map[string]bool, len(after))
+	for i := range after {
+		e := &after[i]
+		seen[e.ID] = true
+		switch o := old[e.ID]; {
+		case o == nil:
+			c.Added = append(c.Added, e.ID)
+		case !sameEndpoint(o, e):
+			c.Changed = append(c.Changed, e.ID)
+		}
+	}
+	for i := range before {
+		if !seen[before[i].ID] {
+			c.Removed = append(c.Removed, before[i].ID)
+		}
+	}
+	return c
+}
+
+// restartFields names the fields of next that differ from cur, the
+// running configuration, other than the models' endpoint lists: what a
+// reload does not apply.
+func restartFields(cur, next *config.Config) []string {
+	var out []string
+	cv, nv := reflect.ValueOf(*cur), reflect.ValueOf(*next)
+	ct := cv.Type()
+	for i := range ct.NumField() {
+		f := ct.Field(i)
+		name := yamlName(f)
+		if f.Name == "Models" || !f.IsExported() {
+			continue
+		}
+		if !reflect.DeepEqual(cv.Field(i).Interface(), nv.Field(i).Interface()) {
+			out = append(out, name)
+		}
+	}
+	curIdx := make(map[string]int, len(cur.Models))
+	for i, m := range cur.Models {
+		curIdx[m.Name] = i
+	}
+	nextNames := make(map[string]bool, len(next.Models))
+	for i := range next.Models {
+		m := &next.Models[i]
+		nextNames[m.Name] = true
+		j, ok := curIdx[m.Name]
+		if !ok {
+			out = append(out, fmt.Sprintf("models: model %q added", m.Name))
+			continue
+		}
+		mv, ov := reflect.ValueOf(*m), reflect.ValueOf(cur.Models[j])
+		mt := mv.Type()
+		for k := range mt.NumField() {
+			f := mt.Field(k)
+			if f.Name == "Endpoints" || !f.IsExported() {
+				continue
+			}
+			if !reflect.DeepEqual(mv.Field(k).Interface(), ov.Field(k).Interface()) {
+				out = append(out, fmt.Sprintf("models[%d].%s", i, yamlName(f)))
+			}
+		}
+	}
+	for _, m := range cur.Models {
+		if !nextNames[m.Name] {
+			out = append(out, fmt.Sprintf("models: model %q removed", m.Name))
+		}
+	}
+	return out
+}
+
+// yamlName is a struct field's name in the config file.
+func yamlName(f reflect.StructField) string {
+	if tag, _, _ := strings.Cut(f.Tag.Get("yaml"), ","); tag != "" && tag != "-" {
+		return tag
+	}
+	return strings.ToLower(f.Name)
+}
