@@ -29,15 +29,14 @@ func DataParallelAddress(addr string, rank int) (string, error) {
 	case strings.HasPrefix(addr, "inproc://"):
 		return addr + "_dp" + strconv.Itoa(rank), nil
 	case strings.HasPrefix(addr, "tcp://"):
-		i := strings.LastIndexByte(addr, ':')
-		port, err := strconv.Atoi(addr[i+1:])
-		if i < len("tcp://") || err != nil || port < 0 {
+		host, port, ok := tcpPort(addr)
+		if !ok || port < 0 {
 			return "", fmt.Errorf("%q has no port to offset by the data-parallel rank", addr)
 		}
 		if port+rank > 65535 {
 			return "", fmt.Errorf("%q: port %d + rank %d is above 65535", addr, port, rank)
 		}
-		return addr[:i+1] + strconv.Itoa(port+rank), nil
+		return "tcp://" + host + ":" + strconv.Itoa(port+rank), nil
 	}
 	return "", errors.New("vLLM offsets only tcp:// ports (and inproc:// names) by data-parallel rank: use a tcp:// address")
 }
@@ -81,6 +80,15 @@ func (m *Model) validateDataParallel(v *validator, p string, i int) {
 		v.addf(path, "%d needs vLLM metrics, whose engine label tells the ranks apart; signals.flavor %q has no such label "+
 			"(use auto, vllm or vllm-legacy, or set signals.disabled to route on router-local counts)", n, f)
 	}
+	if h1, p1, ok1 := tcpPort(e.KVEvents.Address); ok1 {
+		if h2, p2, ok2 := tcpPort(e.KVEvents.ReplayAddress); ok2 && h1 == h2 && p1-p2 < n && p2-p1 < n {
+			// vLLM binds rank r's sockets at port + r: rank 1's events
+			// would take rank 0's replay port (or the other way round).
+			v.addf(fmt.Sprintf("%s.endpoints[%d].kv_events.replay_address", p, i),
+				"port %d: with data_parallel_size %d the ranks' replay ports %d-%d overlap their event ports %d-%d (vLLM binds both at port + rank): put them at least %d apart",
+				p2, n, p2+e.DataParallelStartRank, p2+last, p1+e.DataParallelStartRank, p1+last, n)
+		}
+	}
 	for _, a := range []struct{ field, addr string }{{"address", e.KVEvents.Address}, {"replay_address", e.KVEvents.ReplayAddress}} {
 		if a.addr == "" || !strings.Contains(a.addr, "://") { // no events, or reported already
 			continue
@@ -89,6 +97,16 @@ func (m *Model) validateDataParallel(v *validator, p string, i int) {
 			v.addf(fmt.Sprintf("%s.endpoints[%d].kv_events.%s", p, i, a.field), "with data_parallel_size %d: %v", n, err)
 		}
 	}
+}
+
+// tcpPort splits a tcp:// address into its host and port.
+func tcpPort(addr string) (host string, port int, ok bool) {
+	i := strings.LastIndexByte(addr, ':')
+	if !strings.HasPrefix(addr, "tcp://") || i < len("tcp://") {
+		return "", 0, false
+	}
+	port, err := strconv.Atoi(addr[i+1:])
+	return addr[len("tcp://"):i], port, err == nil
 }
 
 // checkRankIDs reports the rank IDs of data-parallel endpoints (id#dp<r>)
@@ -100,10 +118,10 @@ func checkRankIDs(v *validator, p string, eps []Endpoint) {
 		if _, dup := first[e.ID]; !dup {
 			first[e.ID] = i
 		}
-		if e.DataParallelSize <= 1 {
-			if _, dup := owner[e.ID]; !dup {
-				owner[e.ID] = i
-			}
+		// A data-parallel endpoint's own ID names its scrape in the
+		// signals manager: it must not be another endpoint's rank ID either.
+		if _, dup := owner[e.ID]; !dup {
+			owner[e.ID] = i
 		}
 	}
 	for i, e := range eps {

@@ -169,6 +169,15 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 			return
 		}
 		failed = f.Endpoint.ID
+		if x.retry == retryConnect && f.Endpoint.IsDataParallel() {
+			// The server did not take the connection: its other
+			// data-parallel ranks, behind the same URL, would not either.
+			for _, e := range pl.set.Load().eps {
+				if e.URL == f.Endpoint.URL && e.ID != f.Endpoint.ID {
+					x.tried = append(x.tried, e.ID)
+				}
+			}
+		}
 	}
 	p.log.Warn("attempt failed, retries exhausted", "request_id", id, "model", pl.model, "endpoint", failed,
 		"reason", x.retry.String(), "status", x.status, "error", x.upstreamErr, "attempts", x.maxAttempts)
