@@ -142,15 +142,19 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	default:
 		return usageErr("need --config FILE, or --model NAME with at least one --endpoint URL")
 	}
-	if *listen != "" {
-		cfg.Listen = *listen
+	// The flags that apply over a config file (at start and each reload).
+	overlay := func(c *config.Config) {
+		if *listen != "" {
+			c.Listen = *listen
+		}
+		if *logLevel != "" {
+			c.Log.Level = *logLevel
+		}
+		if *logFormat != "" {
+			c.Log.Format = *logFormat
+		}
 	}
-	if *logLevel != "" {
-		cfg.Log.Level = *logLevel
-	}
-	if *logFormat != "" {
-		cfg.Log.Format = *logFormat
-	}
+	overlay(&cfg)
 	quick := *configFile == ""
 	if quick && *policyName != "" && !slices.Contains(policy.Names(), *policyName) {
 		return usageErr("--policy %q: unknown policy (known: %s)", *policyName, strings.Join(policy.Names(), ", "))
@@ -188,19 +192,10 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// SIGHUP reloads the file, with the same flags over it.
 	load := func() (config.Config, error) {
 		c, err := loadConfigFile(*configFile)
-		if err != nil {
-			return c, err
+		if err == nil {
+			overlay(&c)
 		}
-		if *listen != "" {
-			c.Listen = *listen
-		}
-		if *logLevel != "" {
-			c.Log.Level = *logLevel
-		}
-		if *logFormat != "" {
-			c.Log.Format = *logFormat
-		}
-		return c, nil
+		return c, err
 	}
 	hup := make(chan os.Signal, 1)
 	signal.Notify(hup, syscall.SIGHUP)
