@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"net"
 	"net/http"
@@ -484,5 +485,202 @@ func TestDataParallelHealthCheck(t *testing.T) {
 	elapsed := time.Since(start)
 	if n, most := int(probes.Load()), int(elapsed/(20*time.Millisecond))+2; n > most {
 		t.Errorf("got %d probes of the URL in %v, want at most %d (one loop at a 20ms interval)", n, elapsed, most)
+	}
+}
+
+// shrunkVLLM is a vLLM server with --data-parallel-size 2 behind a config
+// that says more: /metrics has engine="0" and "1" only, and a request
+// pinned to a rank it does not have gets vLLM's 400 (a stream: a 200 whose
+// one event is that error). It records the ranks of the requests it gets.
+func shrunkVLLM(t *testing.T, dp *rankRecorder) *backend {
+	ok := dp.handler("dp")
+	return newBackend(t, "dp", func(w http.ResponseWriter, r *http.Request) {
+		if r.URL.Path == "/metrics" {
+			for _, name := range []string{"vllm:num_requests_running", "vllm:num_requests_waiting"} {
+				fmt.Fprintf(w, "# TYPE %s gauge\n%s{engine=\"0\",model_name=\"m\"} 0\n%s{engine=\"1\",model_name=\"m\"} 0\n", name, name, name)
+			}
+			return
+		}
+		rank, err := strconv.Atoi(r.Header.Get(kvroute.HeaderDataParallelRank))
+		if err != nil || rank < 2 {
+			ok(w, r)
+			return
+		}
+		dp.mu.Lock()
+		dp.got = append(dp.got, r.Header.Values(kvroute.HeaderDataParallelRank))
+		dp.mu.Unlock()
+		msg := fmt.Sprintf(`{"error":{"message":"data_parallel_rank %d is out of range [0, 2).","type":"BadRequestError","param":null,"code":400}}`, rank)
+		if strings.Contains(dpRequestBody(r), `"stream":true`) {
+			w.Header().Set("Content-Type", "text/event-stream")
+			fmt.Fprintf(w, "data: %s\n\n", msg)
+			return
+		}
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusBadRequest)
+		_, _ = w.Write([]byte(msg))
+	})
+}
+
+func dpRequestBody(r *http.Request) string {
+	var b strings.Builder
+	buf := make([]byte, 4096)
+	for {
+		n, err := r.Body.Read(buf)
+		b.Write(buf[:n])
+		if err != nil {
+			return b.String()
+		}
+	}
+}
+
+// TestDataParallelAbsentRanks: data_parallel_size 4 in front of a server
+// with two ranks. Once its metrics were scraped, ranks 2 and 3 (no
+// engine="2" or "3" series) are out of rotation, whatever the policy (for
+// kv-aware their stale signals look idle) and though the URL's health
+// probe passes: every request succeeds on rank 0 or 1. /debug/endpoints,
+// kvroute_endpoint_absent and kvroute_endpoint_healthy say so. A reload
+// down to two ranks and back re-adds them present, and the next scrape
+// takes them out again.
+func TestDataParallelAbsentRanks(t *testing.T) {
+	for _, name := range []string{policy.Default, "rr"} {
+		t.Run(name, func(t *testing.T) {
+			dp := &rankRecorder{}
+			b := shrunkVLLM(t, dp)
+			cfg := dpConfig(name, b.URL, 4, "")
+			cfg.Models[0].Signals = config.Signals{ScrapeInterval: 10 * time.Millisecond}
+			cfg.HealthCheck = config.HealthCheck{Interval: 50 * time.Millisecond, Timeout: 50 * time.Millisecond, UnhealthyThreshold: 5, HealthyThreshold: 1}
+			newPicker := testPickers
+			if name == policy.Default {
+				newPicker = policy.New
+			}
+			tp := newTestProxyWith(t, cfg, newPicker)
+			ctx, cancel := context.WithCancel(context.Background())
+			done := make(chan error, 2)
+			go func() { done <- tp.RunSignals(ctx) }()
+			go func() { done <- tp.RunHealthChecks(ctx) }()
+			t.Cleanup(func() {
+				cancel()
+				for range 2 {
+					if err := <-done; err != nil {
+						t.Errorf("RunSignals or RunHealthChecks: %v", err)
+					}
+				}
+			})
+			r := tp.Router("m")
+			outs := func() string {
+				var s []string
+				for _, st := range r.Status(tp.clock.Now()) {
+					s = append(s, fmt.Sprintf("%s=%v/%s", st.ID, st.Healthy, st.Out))
+				}
+				return strings.Join(s, " ")
+			}
+			absent := func() bool {
+				st := r.Status(tp.clock.Now())
+				return len(st) == 4 && st[2].Absent && st[3].Absent
+			}
+			const want = "dp#dp0=true/ dp#dp1=true/ dp#dp2=false/absent_rank dp#dp3=false/absent_rank"
+			waitFor(t, "the first scrape", func() bool { return r.Status(tp.clock.Now())[0].Signals.Scrapes > 0 })
+			if !absent() {
+				waitFor(t, "ranks 2 and 3 absent", absent)
+			}
+			time.Sleep(150 * time.Millisecond) // health probes pass meanwhile: they do not bring them back
+			if got := outs(); got != want {
+				t.Errorf("after passing health probes: got %s, want %s", got, want)
+			}
+
+			post := func(n int) {
+				t.Helper()
+				for i := range n {
+					tp.clock.Advance(10 * time.Millisecond)
+					resp := tp.post(t, PathCompletions, fmt.Sprintf(`{"model":"m","prompt":"hello %d","stream":%v}`, i, i%2 == 0))
+					body := readAll(t, resp)
+					if resp.StatusCode != http.StatusOK || strings.Contains(body, "out of range") {
+						t.Fatalf("request %d: status %d from %s: %s", i, resp.StatusCode, resp.Header.Get(HeaderEndpoint), body)
+					}
+				}
+				for _, got := range dp.take() {
+					if len(got) != 1 || (got[0] != "0" && got[0] != "1") {
+						t.Errorf("a request went to rank %v, which the server does not have", got)
+					}
+				}
+			}
+			post(40)
+
+			// What an operator sees.
+			resp, err := http.Get(tp.srv.URL + PathEndpoints)
+			if err != nil {
+				t.Fatal(err)
+			}
+			var eps map[string]struct {
+				Endpoints []struct {
+					ID      string
+					Healthy bool
+					Absent  bool
+					Out     string
+				}
+			}
+			if err := json.NewDecoder(resp.Body).Decode(&eps); err != nil {
+				t.Fatal(err)
+			}
+			resp.Body.Close()
+			if got := fmt.Sprintf("%+v", eps["m"].Endpoints); got != "[{ID:dp#dp0 Healthy:true Absent:false Out:} {ID:dp#dp1 Healthy:true Absent:false Out:} "+
+				"{ID:dp#dp2 Healthy:false Absent:true Out:absent_rank} {ID:dp#dp3 Healthy:false Absent:true Out:absent_rank}]" {
+				t.Errorf("%s: got %s", PathEndpoints, got)
+			}
+			gauges := map[string]float64{}
+			mfs, err := tp.reg.Gather()
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, mf := range mfs {
+				for _, m := range mf.GetMetric() {
+					var ep, kind string
+					for _, l := range m.GetLabel() {
+						switch l.GetName() {
+						case "endpoint":
+							ep = l.GetValue()
+						case "kind":
+							kind = l.GetValue()
+						}
+					}
+					switch n := mf.GetName(); n {
+					case "kvroute_endpoint_absent", "kvroute_endpoint_healthy":
+						gauges[n+"{"+ep+"}"] = m.GetGauge().GetValue()
+					case "kvroute_ejections_total":
+						gauges[n+"{"+ep+","+kind+"}"] = m.GetCounter().GetValue()
+					}
+				}
+			}
+			for k, v := range map[string]float64{
+				"kvroute_endpoint_absent{dp#dp1}": 0, "kvroute_endpoint_absent{dp#dp2}": 1, "kvroute_endpoint_absent{dp#dp3}": 1,
+				"kvroute_endpoint_healthy{dp#dp1}": 1, "kvroute_endpoint_healthy{dp#dp2}": 0,
+				"kvroute_ejections_total{dp#dp2,absent}": 1, "kvroute_ejections_total{dp#dp3,absent}": 1,
+			} {
+				if got, ok := gauges[k]; !ok || got != v {
+					t.Errorf("%s: got %v (present %v), want %v", k, got, ok, v)
+				}
+			}
+
+			// A reload down to the server's two ranks, then back to four:
+			// the ranks added again start present, and the next scrape
+			// takes them out.
+			two := cfg
+			two.Models = slices.Clone(cfg.Models)
+			two.Models[0].Endpoints = slices.Clone(cfg.Models[0].Endpoints)
+			two.Models[0].Endpoints[0].DataParallelSize = 2
+			if _, err := tp.Reload(func() (config.Config, error) { return two, nil }); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "two ranks", func() bool { return outs() == "dp#dp0=true/ dp#dp1=true/" })
+			post(10)
+			if _, err := tp.Reload(func() (config.Config, error) { return cfg, nil }); err != nil {
+				t.Fatal(err)
+			}
+			waitFor(t, "ranks 2 and 3 absent again", absent)
+			if got := outs(); got != want {
+				t.Errorf("after the reload: got %s, want %s", got, want)
+			}
+			post(20)
+		})
 	}
 }

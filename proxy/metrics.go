@@ -17,7 +17,7 @@ type metrics struct {
 	decision     *prometheus.HistogramVec // model
 	retries      *prometheus.CounterVec   // model, endpoint, reason
 	queued       *prometheus.CounterVec   // model
-	ejections    *prometheus.CounterVec   // model, endpoint, kind (passive|active)
+	ejections    *prometheus.CounterVec   // model, endpoint, kind (passive|active|absent)
 	streamErrors *prometheus.CounterVec   // model, endpoint
 	healthy      *healthCollector
 	pools        map[string]*poolMetrics // read-only after New (models are not added live)
@@ -70,15 +70,18 @@ func newMetrics(p *Proxy) *metrics {
 		}, []string{"model"}),
 		ejections: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_ejections_total",
-			Help: "Endpoints taken out of rotation: passive (consecutive failures) or active (health checks).",
+			Help: "Endpoints taken out of rotation: passive (consecutive failures), active (health checks) or absent (a data-parallel rank missing from its server's metrics).",
 		}, []string{"model", "endpoint", "kind"}),
 		streamErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_upstream_stream_errors_total",
 			Help: "Responses that broke after their first byte (streams are ended with an error event).",
 		}, []string{"model", "endpoint"}),
 		healthy: &healthCollector{p: p, desc: prometheus.NewDesc("kvroute_endpoint_healthy",
-			"1 when the endpoint may be picked (passes health checks and is not ejected), else 0.",
-			[]string{"model", "endpoint"}, nil)},
+			"1 when the endpoint may be picked (passes health checks, is not ejected, and is not a data-parallel rank absent from its server), else 0.",
+			[]string{"model", "endpoint"}, nil),
+			absent: prometheus.NewDesc("kvroute_endpoint_absent",
+				"1 while the endpoint, a data-parallel rank, is out of rotation because its server's metrics have no series with its engine label (data_parallel_size larger than the server's), else 0.",
+				[]string{"model", "endpoint"}, nil)},
 		pools: make(map[string]*poolMetrics),
 		reloads: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_config_reloads_total",
@@ -133,11 +136,11 @@ func (m *metrics) register(reg prometheus.Registerer) error {
 // healthCollector reports every endpoint's health from the routers at
 // scrape time, so the gauge is never stale.
 type healthCollector struct {
-	p    *Proxy
-	desc *prometheus.Desc
+	p            *Proxy
+	desc, absent *prometheus.Desc
 }
 
-func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc }
+func (c *healthCollector) Describe(ch chan<- *prometheus.Desc) { ch <- c.desc; ch <- c.absent }
 
 func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
 	now := c.p.now()
@@ -148,6 +151,7 @@ func (c *healthCollector) Collect(ch chan<- prometheus.Metric) {
 				v = 1
 			}
 			ch <- prometheus.MustNewConstMetric(c.desc, prometheus.GaugeValue, v, name, st.ID)
+			ch <- prometheus.MustNewConstMetric(c.absent, prometheus.GaugeValue, b2f(st.Absent), name, st.ID)
 		}
 	}
 }

@@ -52,7 +52,7 @@ func (p *Proxy) signalTargets() map[scrapeGroup][]signals.Target {
 				for i := range e.DataParallelSize {
 					id := e.RankID(i)
 					t.Ranks = append(t.Ranks, signals.RankTarget{Endpoint: id, View: pl.router.View(id),
-						KVEvents: pl.kvEventsTarget(e, e.DataParallelStartRank+i)})
+						KVEvents: pl.kvEventsTarget(e, e.DataParallelStartRank+i), OnAbsent: p.onAbsent(pl, id)})
 				}
 				if t.MetricsURL == "" && t.Ranks[0].KVEvents == nil {
 					continue
@@ -68,6 +68,23 @@ func (p *Proxy) signalTargets() map[scrapeGroup][]signals.Target {
 		}
 	}
 	return groups
+}
+
+// onAbsent is rank id's signals.RankTarget.OnAbsent: the scrape of its
+// server tells the router whether the server has the rank (an absent rank
+// is out of rotation until its series come back; the scraper logs each
+// change), and each time it leaves the rotation counts as an ejection of
+// kind "absent". Every call returns the same function's closure, so that
+// a Reload's Sync keeps the running scrape loops (signals.Manager compares
+// the functions' code).
+func (p *Proxy) onAbsent(pl *pool, id string) func(time.Time, bool) {
+	return func(now time.Time, absent bool) {
+		if pl.router.SetAbsent(now, id, absent) && absent {
+			if l := pl.label(id); l != "" {
+				p.metrics.ejections.WithLabelValues(pl.model, l, "absent").Inc()
+			}
+		}
+	}
 }
 
 // kvEventsTarget is the KV-event subscription of endpoint e's

@@ -9,7 +9,30 @@ import (
 
 // healthyAt reports whether e may be picked at now. Callers hold Router.mu.
 func (e *endpoint) healthyAt(now time.Time) bool {
-	return e.activeOK && !now.Before(e.ejectedUntil)
+	return e.activeOK && !e.absent && !now.Before(e.ejectedUntil)
+}
+
+// SetAbsent records whether the endpoint, a data-parallel rank, is absent
+// from its server: the server's metrics have no series of its rank
+// (data_parallel_size larger than the server's, or ranks scaled down), and
+// the server refuses requests pinned to it. An absent endpoint is never
+// picked, whatever its health checks and ejections say (the server's one
+// health probe passes for its absent ranks too), until SetAbsent(false).
+// Endpoints start present, and one removed and added again by SetEndpoints
+// starts present again; one that stays keeps its state. It reports whether
+// the state changed.
+func (r *Router) SetAbsent(now time.Time, endpointID string, absent bool) (changed bool) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	e := r.byID[endpointID]
+	if e == nil || e.absent == absent {
+		return false
+	}
+	e.absent = absent
+	if !absent {
+		r.wake() // a request held for room may fit on it
+	}
+	return true
 }
 
 // ReportResult records the passive health outcome of one attempt on an
@@ -54,15 +77,33 @@ func (r *Router) SetActiveHealth(now time.Time, endpointID string, ok bool) {
 	}
 }
 
+// Why an endpoint is out of rotation (EndpointStatus.Out).
+const (
+	// OutAbsent: a data-parallel rank its server does not have (SetAbsent).
+	OutAbsent = "absent_rank"
+	// OutActive: failing active health checks (SetActiveHealth).
+	OutActive = "health_check"
+	// OutEjected: passively ejected after failures (ReportResult).
+	OutEjected = "ejected"
+)
+
 // EndpointStatus is one endpoint's state for metrics, the admin API and the
 // dashboard.
 type EndpointStatus struct {
-	ID       string            `json:"id"`
-	URL      string            `json:"url"`
-	Role     string            `json:"role"`
-	Labels   map[string]string `json:"labels,omitempty"`
-	Healthy  bool              `json:"healthy"`
-	ActiveOK bool              `json:"active_ok"`
+	ID     string            `json:"id"`
+	URL    string            `json:"url"`
+	Role   string            `json:"role"`
+	Labels map[string]string `json:"labels,omitempty"`
+	// Healthy reports that the endpoint may be picked; when not, Out says
+	// why.
+	Healthy  bool `json:"healthy"`
+	ActiveOK bool `json:"active_ok"`
+	// Absent reports a data-parallel rank missing from its server's
+	// metrics (SetAbsent).
+	Absent bool `json:"absent,omitempty"`
+	// Out is why the endpoint is out of rotation, "" when it is not: OutAbsent,
+	// OutActive or OutEjected, the first that applies.
+	Out string `json:"out,omitempty"`
 	// EjectedUntil is set while the endpoint is passively ejected.
 	EjectedUntil time.Time `json:"ejected_until,omitzero"`
 	Ejections    int       `json:"ejections"`
@@ -90,6 +131,14 @@ func (r *Router) Status(now time.Time) []EndpointStatus {
 		}
 		if e.ejectedUntil.After(now) {
 			s.EjectedUntil = e.ejectedUntil
+		}
+		switch {
+		case e.absent:
+			s.Absent, s.Out = true, OutAbsent
+		case !e.activeOK:
+			s.Out = OutActive
+		case !s.EjectedUntil.IsZero():
+			s.Out = OutEjected
 		}
 		out[i] = s
 	}

@@ -166,6 +166,7 @@ type endpoint struct {
 	ejections    int // consecutive ejections without a success: the back-off exponent
 	ejectedUntil time.Time
 	totalEjects  int
+	absent       bool         // out of rotation: see SetAbsent
 	capBlocks    int          // capacity last given to the approximate index
 	capTokens    int          // the KV capacity capBlocks was computed from
 	capUnit      int          // and the block unit: BlockSize, negated in character mode
@@ -332,7 +333,9 @@ type EndpointForgetter interface {
 // KV-event subscription's to remove); flights already routed to it end
 // normally: FirstToken and Done count them on its own View and tell the
 // picker as usual. An added endpoint starts as at New: healthy, no signals,
-// nothing cached. Pickers that keep state per endpoint ID forget removed
+// nothing cached, present (SetAbsent). One that stays keeps whether it is
+// absent (its scrape loop, which tells, keeps running or restates it).
+// Pickers that keep state per endpoint ID forget removed
 // endpoints through EndpointForgetter; the rest see the new pool at their
 // next Pick (the candidates are the pool, in order).
 func (r *Router) SetEndpoints(now time.Time, eps []kvroute.Endpoint, precise []string) error {

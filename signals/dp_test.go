@@ -1,13 +1,18 @@
 package signals
 
 import (
+	"bytes"
+	"context"
 	"fmt"
+	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -278,4 +283,171 @@ func TestManagerDataParallel(t *testing.T) {
 		t.Errorf("got Status endpoints %v, want [e#dp0 e#dp1]", names)
 	}
 
+}
+
+// dpPage is a data-parallel vLLM server's metrics page with queue metrics
+// for the given engine labels (a page without labels when none).
+func dpPage(engines ...int) string {
+	var b strings.Builder
+	for _, name := range []string{"vllm:num_requests_running", "vllm:num_requests_waiting"} {
+		fmt.Fprintf(&b, "# TYPE %s gauge\n", name)
+		if len(engines) == 0 {
+			fmt.Fprintf(&b, "%s{model_name=\"tiny\"} 1\n", name)
+		}
+		for _, e := range engines {
+			fmt.Fprintf(&b, "%s{engine=\"%d\",model_name=\"tiny\"} %d\n", name, e, e+1)
+		}
+	}
+	b.WriteString("# TYPE vllm:lora_requests_info gauge\nvllm:lora_requests_info{max_lora=\"0\"} 1\n")
+	return b.String()
+}
+
+// TestScrapeRanksAbsent: a four-rank target in front of a server whose page
+// has engine="0" and "1" only reports ranks 2 and 3 absent (once, with an
+// ERROR naming the page's labels and the configured ranks), and present
+// again when the page grows; a failed scrape or an unreadable page tells
+// nothing, a page without engine labels is every rank's, and one whose
+// labels name none of the configured ranks takes none out.
+func TestScrapeRanksAbsent(t *testing.T) {
+	var mu sync.Mutex
+	page, status := dpPage(0, 1), http.StatusOK
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		mu.Lock()
+		p, st := page, status
+		mu.Unlock()
+		w.WriteHeader(st)
+		_, _ = io.WriteString(w, p)
+	}))
+	t.Cleanup(srv.Close)
+	serve := func(p string, st int) {
+		mu.Lock()
+		page, status = p, st
+		mu.Unlock()
+	}
+
+	var calls []string // "dp2=absent"
+	var logs bytes.Buffer
+	target := Target{Endpoint: "dp", MetricsURL: srv.URL + "/metrics"}
+	for r := range 4 {
+		id := fmt.Sprintf("dp#dp%d", r)
+		target.Ranks = append(target.Ranks, RankTarget{Endpoint: id, View: NewView(ViewConfig{}),
+			OnAbsent: func(_ time.Time, absent bool) {
+				calls = append(calls, fmt.Sprintf("%s=%v", id, map[bool]string{true: "absent", false: "present"}[absent]))
+			}})
+	}
+	s, err := NewScraper(ScrapeConfig{Logger: slog.New(slog.NewTextHandler(&logs, nil))}, target)
+	if err != nil {
+		t.Fatal(err)
+	}
+	step := func(what string, want string) {
+		t.Helper()
+		calls = nil
+		s.ScrapeOnce(context.Background())
+		if got := strings.Join(calls, " "); got != want {
+			t.Errorf("%s: got calls %q, want %q", what, got, want)
+		}
+	}
+	errorLines := func() []string {
+		var out []string
+		for _, l := range strings.Split(logs.String(), "\n") {
+			if strings.Contains(l, "level=ERROR") {
+				out = append(out, l)
+			}
+		}
+		return out
+	}
+
+	step("first page, two ranks", "dp#dp0=present dp#dp1=present dp#dp2=absent dp#dp3=absent")
+	errs := errorLines()
+	if len(errs) != 2 {
+		t.Fatalf("got ERROR lines %q, want one for each of dp#dp2 and dp#dp3", errs)
+	}
+	for i, l := range errs {
+		for _, want := range []string{fmt.Sprintf("endpoint=dp#dp%d", i+2), fmt.Sprintf("rank=%d", i+2), "engines=0,1", "configured_ranks=0-3"} {
+			if !strings.Contains(l, want) {
+				t.Errorf("ERROR line %q does not say %s", l, want)
+			}
+		}
+	}
+	if v := target.Ranks[2].View.Snapshot(); v.Scrapes != 0 || v.Errors == 0 {
+		t.Errorf("absent rank's view: %d scrapes, %d errors; want its signals failing", v.Scrapes, v.Errors)
+	}
+	step("same page again", "") // no change, no call
+	if n := len(errorLines()); n != 2 || strings.Contains(logs.String(), "level=WARN") {
+		t.Errorf("after a second scrape: %d ERROR lines (want still 2), log:\n%s", n, logs.String())
+	}
+
+	serve("", http.StatusInternalServerError)
+	step("failed scrape", "")
+	serve("garbage{{{\n", http.StatusOK)
+	step("unreadable page", "")
+	serve("sglang:num_queue_reqs 1\nsglang:num_running_reqs 1\n", http.StatusOK)
+	step("not vLLM's metrics", "")
+
+	serve(dpPage(0, 1, 2, 3), http.StatusOK)
+	step("the page grows", "dp#dp2=present dp#dp3=present")
+	if !strings.Contains(logs.String(), "data-parallel rank back") {
+		t.Errorf("no INFO line for the ranks back; log:\n%s", logs.String())
+	}
+	if v := target.Ranks[3].View.Snapshot(); v.Scrapes == 0 || v.Last.Waiting != 4 {
+		t.Errorf("rank 3's view: %d scrapes, waiting %v; want its own series (4)", v.Scrapes, v.Last.Waiting)
+	}
+
+	serve(dpPage(0, 1, 2), http.StatusOK)
+	step("scaled down to three", "dp#dp3=absent")
+	serve(dpPage(), http.StatusOK)
+	step("no engine labels", "dp#dp3=present")
+	serve(dpPage(0, 1), http.StatusOK)
+	step("two again", "dp#dp2=absent dp#dp3=absent")
+	logs.Reset()
+	serve(dpPage(7, 8), http.StatusOK)
+	step("labels of none of the configured ranks", "dp#dp2=present dp#dp3=present")
+	if errs := errorLines(); len(errs) != 1 || !strings.Contains(errs[0], "engines=7,8") {
+		t.Errorf("got ERROR lines %q, want one naming the page's engines 7,8", errs)
+	}
+}
+
+// TestManagerRanksAbsent: the Manager's loop of a data-parallel target
+// calls each rank's OnAbsent, and restates the ranks' presence when a Sync
+// replaces the loop.
+func TestManagerRanksAbsent(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.WriteString(w, dpPage(0, 1))
+	}))
+	t.Cleanup(srv.Close)
+	var mu sync.Mutex
+	state := map[string]bool{}
+	target := Target{Endpoint: "dp", MetricsURL: srv.URL + "/metrics"}
+	for r := range 3 {
+		id := fmt.Sprintf("dp#dp%d", r)
+		target.Ranks = append(target.Ranks, RankTarget{Endpoint: id, View: NewView(ViewConfig{}),
+			OnAbsent: func(_ time.Time, absent bool) {
+				mu.Lock()
+				state[id] = absent
+				mu.Unlock()
+			}})
+	}
+	mg, err := NewManager(ManagerConfig{Scrape: ScrapeConfig{Interval: 10 * time.Millisecond}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(mg.Close)
+	if err := mg.Sync([]Target{target}); err != nil {
+		t.Fatal(err)
+	}
+	got := func() string {
+		mu.Lock()
+		defer mu.Unlock()
+		return fmt.Sprint(state)
+	}
+	waitFor(t, "rank 2 absent", func() bool { return got() == "map[dp#dp0:false dp#dp1:false dp#dp2:true]" })
+	// A new loop (another flavour setting) tells again from scratch.
+	mu.Lock()
+	clear(state)
+	mu.Unlock()
+	target.Flavor = FlavorVLLM
+	if err := mg.Sync([]Target{target}); err != nil {
+		t.Fatal(err)
+	}
+	waitFor(t, "the new loop's verdict", func() bool { return got() == "map[dp#dp0:false dp#dp1:false dp#dp2:true]" })
 }

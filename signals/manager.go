@@ -111,7 +111,7 @@ func (m *Manager) Sync(targets []Target) error {
 		g := Target{Endpoint: t.Endpoint, MetricsURL: t.MetricsURL, Flavor: t.Flavor, Ranks: make([]RankTarget, len(t.Ranks)),
 			FirstRank: t.FirstRank}
 		for r, rt := range t.Ranks {
-			g.Ranks[r] = RankTarget{Endpoint: rt.Endpoint, View: rt.View}
+			g.Ranks[r] = RankTarget{Endpoint: rt.Endpoint, View: rt.View, OnAbsent: rt.OnAbsent}
 			if err := add(Target{Endpoint: rt.Endpoint, View: rt.View, KVEvents: rt.KVEvents, group: t.Endpoint}); err != nil {
 				return err
 			}
@@ -177,7 +177,10 @@ func sameTarget(a, b Target) bool {
 	return a.Endpoint == b.Endpoint && a.MetricsURL == b.MetricsURL && a.Flavor == b.Flavor && a.View == b.View &&
 		reflect.ValueOf(a.OnMetrics).Pointer() == reflect.ValueOf(b.OnMetrics).Pointer() &&
 		sameKVEvents(a.KVEvents, b.KVEvents) && a.group == b.group && a.FirstRank == b.FirstRank &&
-		slices.EqualFunc(a.Ranks, b.Ranks, func(x, y RankTarget) bool { return x.Endpoint == y.Endpoint && x.View == y.View })
+		slices.EqualFunc(a.Ranks, b.Ranks, func(x, y RankTarget) bool {
+			return x.Endpoint == y.Endpoint && x.View == y.View &&
+				reflect.ValueOf(x.OnAbsent).Pointer() == reflect.ValueOf(y.OnAbsent).Pointer()
+		})
 }
 
 // sameKVEvents reports whether two KV-event targets are the same

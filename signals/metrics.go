@@ -489,14 +489,15 @@ func ParseMetricsRanks(r io.Reader, contentType string, flavor Flavor, first, ra
 	}
 	out := make([]Metrics, ranks)
 	errs := make([]error, ranks)
-	newMetricsParser().parseRanks(body, contentType, flavor, first, out, errs)
+	newMetricsParser().parseRanks(body, contentType, flavor, first, out, errs, nil)
 	return out, errors.Join(errs...)
 }
 
 // parseRanks is ParseMetricsRanks on a body in memory, with p's buffers:
 // rank first+i's signals go to out[i] and its error to errs[i] (nil when
-// fine).
-func (p *metricsParser) parseRanks(body []byte, contentType string, flavor Flavor, first int, out []Metrics, errs []error) {
+// fine). seen, when not nil, records the page's engine labels once it reads
+// as vLLM metrics (see engineLabels).
+func (p *metricsParser) parseRanks(body []byte, contentType string, flavor Flavor, first int, out []Metrics, errs []error, seen *engineLabels) {
 	fail := func(err error) {
 		for r := range out {
 			out[r], errs[r] = Metrics{}, err
@@ -517,6 +518,9 @@ func (p *metricsParser) parseRanks(body []byte, contentType string, flavor Flavo
 		fail(fmt.Errorf("parse metrics: data-parallel ranks need vLLM metrics (an engine label per rank), not %s", flavor))
 		return
 	}
+	if seen != nil {
+		seen.read = true
+	}
 	// Each family's series by rank; -1 collects those without an engine
 	// label.
 	byRank := make([]map[string]*dto.MetricFamily, len(out))
@@ -531,6 +535,9 @@ func (p *metricsParser) parseRanks(body []byte, contentType string, flavor Flavo
 				ranks = byRank // engine-wide: every rank's
 			} else if r, err := strconv.Atoi(v); err == nil && r-first >= 0 && r-first < len(byRank) && strconv.Itoa(r) == v {
 				ranks = byRank[r-first : r-first+1]
+				seen.note(v, r-first)
+			} else {
+				seen.note(v, -1)
 			}
 			for _, fm := range ranks {
 				f := fm[name]

@@ -8,6 +8,9 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
+	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -102,6 +105,20 @@ type RankTarget struct {
 	// KVEvents, if set, subscribes to the rank's own KV-cache events (vLLM:
 	// the engine's addresses with the tcp port plus the rank).
 	KVEvents *KVEventsTarget
+	// OnAbsent, if set, is told whether the server still has this rank
+	// (the router takes an absent rank out of rotation: vLLM answers
+	// requests pinned to it with 400 "data_parallel_rank ... is out of
+	// range"). A rank is absent when a scrape read the page as vLLM
+	// metrics, the page labels series by engine, some of them with one of
+	// the target's ranks, and none with this one: data_parallel_size
+	// larger than the server's, or ranks scaled down. It is present again
+	// when a later page has its series, and on a page without engine
+	// labels (a server without data parallelism: its series count for
+	// every rank). A failed scrape (connection refused, bad page, not
+	// vLLM's) tells nothing: the rank's signals only age. Called from the
+	// scrape loop at its first page that tells, then at each change (so a
+	// new loop restates what an earlier one said); it must not block.
+	OnAbsent func(now time.Time, absent bool)
 }
 
 // KVEventsTarget is where an endpoint publishes KV-cache events and where
@@ -143,7 +160,78 @@ type Scraper struct {
 	// the loop goroutine uses them.
 	rankMetrics []Metrics
 	rankErrs    []error
-	rankFailing []bool // per rank: in a failure streak of its own series
+	rankFailing []bool       // per rank: in a failure streak of its own series
+	rankState   []rankState  // per rank: whether the server has it
+	seen        engineLabels // the last page's engine labels
+	mismatch    bool         // the last page that told had none of the ranks' labels
+}
+
+// rankState is whether a data-parallel server has a rank, as its scrapes
+// last told.
+type rankState uint8
+
+const (
+	rankUnknown rankState = iota // no page told yet
+	rankPresent
+	rankAbsent
+)
+
+// maxEngineValues bounds the distinct engine label values kept of a page
+// (for the log).
+const maxEngineValues = 64
+
+// engineLabels is what parseRanks saw of a page's engine labels.
+type engineLabels struct {
+	read    bool     // the page read as vLLM metrics: the fields below are its
+	present []bool   // per rank of the target: a series labelled with it
+	values  []string // the distinct engine label values, at most maxEngineValues
+	more    bool     // values left out
+}
+
+func (l *engineLabels) reset(ranks int) {
+	l.read, l.more = false, false
+	clear(l.values) // they point into the previous page's families
+	l.values = l.values[:0]
+	if cap(l.present) < ranks {
+		l.present = make([]bool, ranks)
+	}
+	l.present = l.present[:ranks]
+	clear(l.present)
+}
+
+// note records a series labelled engine=v, the target's rank index i (-1:
+// not one of its ranks). A nil l records nothing.
+func (l *engineLabels) note(v string, i int) {
+	if l == nil {
+		return
+	}
+	if i >= 0 {
+		l.present[i] = true
+	}
+	if slices.Contains(l.values, v) {
+		return
+	}
+	if len(l.values) == maxEngineValues {
+		l.more = true
+		return
+	}
+	l.values = append(l.values, v)
+}
+
+// String lists the values sorted as numbers where they are ("0,1,10").
+func (l *engineLabels) String() string {
+	vs := slices.Clone(l.values)
+	slices.SortFunc(vs, func(a, b string) int {
+		if len(a) != len(b) {
+			return len(a) - len(b)
+		}
+		return strings.Compare(a, b)
+	})
+	s := strings.Join(vs, ",")
+	if l.more {
+		s += ",..."
+	}
+	return s
 }
 
 // NewScraper returns the scrape loop for t.
@@ -172,6 +260,7 @@ func NewScraper(cfg ScrapeConfig, t Target) (*Scraper, error) {
 	s := &Scraper{cfg: cfg, target: t, parser: newMetricsParser()}
 	if n := len(t.Ranks); n > 0 {
 		s.rankMetrics, s.rankErrs, s.rankFailing = make([]Metrics, n), make([]error, n), make([]bool, n)
+		s.rankState = make([]rankState, n)
 	}
 	return s, nil
 }
@@ -254,10 +343,12 @@ func (s *Scraper) scrapeRanks(ctx context.Context) {
 	if ctx.Err() != nil {
 		return
 	}
+	s.seen.reset(len(s.target.Ranks))
 	if err == nil {
-		s.parser.parseRanks(s.buf.Bytes(), ct, s.target.Flavor, s.target.FirstRank, s.rankMetrics, s.rankErrs)
+		s.parser.parseRanks(s.buf.Bytes(), ct, s.target.Flavor, s.target.FirstRank, s.rankMetrics, s.rankErrs, &s.seen)
 	}
 	now := time.Now()
+	s.updatePresence(now)
 	for r, rt := range s.target.Ranks {
 		rerr := err
 		if rerr == nil {
@@ -265,7 +356,7 @@ func (s *Scraper) scrapeRanks(ctx context.Context) {
 		}
 		if rerr != nil {
 			rt.View.ObserveError(now, rerr)
-			if !s.rankFailing[r] {
+			if !s.rankFailing[r] && s.rankState[r] != rankAbsent { // an absent rank's ERROR said it
 				s.cfg.Logger.Warn("scrape failed", "endpoint", rt.Endpoint, "url", s.target.MetricsURL, "err", rerr)
 			}
 			s.rankFailing[r] = true
@@ -280,6 +371,61 @@ func (s *Scraper) scrapeRanks(ctx context.Context) {
 		s.flavor.Store(&f)
 		rt.View.Observe(start, m)
 	}
+}
+
+// updatePresence tells each rank whether the page just parsed has it (see
+// RankTarget.OnAbsent), logging each change: an ERROR naming the page's
+// engine labels and the configured ranks when a rank goes absent.
+func (s *Scraper) updatePresence(now time.Time) {
+	if !s.seen.read {
+		return // the scrape failed: it tells nothing
+	}
+	labelled, some := len(s.seen.values) > 0, slices.Contains(s.seen.present, true)
+	if labelled && !some {
+		// Labels, but none of the ranks': the configuration's ranks are
+		// not the server's numbering (data_parallel_start_rank?). Taking
+		// every rank out would stop a server that may well serve; their
+		// signals stay stale, as a rank without queue metrics.
+		if !s.mismatch {
+			s.cfg.Logger.Error("data-parallel server's metrics label none of the configured ranks: their signals stay stale",
+				"endpoint", s.target.Endpoint, "url", s.target.MetricsURL, "engines", s.seen.String(), "configured_ranks", s.rankRange())
+		}
+		s.mismatch = true
+	} else {
+		s.mismatch = false
+	}
+	for r, rt := range s.target.Ranks {
+		st := rankPresent
+		if labelled && some && !s.seen.present[r] {
+			st = rankAbsent
+		}
+		old := s.rankState[r]
+		if st == old {
+			continue
+		}
+		s.rankState[r] = st
+		switch {
+		case st == rankAbsent:
+			s.cfg.Logger.Error("data-parallel rank absent from the server's metrics: out of rotation until its series come back",
+				"endpoint", rt.Endpoint, "url", s.target.MetricsURL, "rank", s.target.FirstRank+r,
+				"engines", s.seen.String(), "configured_ranks", s.rankRange())
+		case old == rankAbsent:
+			s.cfg.Logger.Info("data-parallel rank back in the server's metrics: in rotation again",
+				"endpoint", rt.Endpoint, "url", s.target.MetricsURL, "rank", s.target.FirstRank+r, "engines", s.seen.String())
+		}
+		if rt.OnAbsent != nil {
+			rt.OnAbsent(now, st == rankAbsent)
+		}
+	}
+}
+
+// rankRange is the target's ranks for the log: "0-3".
+func (s *Scraper) rankRange() string {
+	first := s.target.FirstRank
+	if len(s.target.Ranks) == 1 {
+		return strconv.Itoa(first)
+	}
+	return strconv.Itoa(first) + "-" + strconv.Itoa(first+len(s.target.Ranks)-1)
 }
 
 func (s *Scraper) fetch(ctx context.Context) (Metrics, error) {
