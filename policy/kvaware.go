@@ -450,7 +450,7 @@ type KVAware struct {
 	rng *rand.Rand
 
 	ring *ring
-	eps  map[string]*epStats // learned rates per endpoint ID; entries are never deleted
+	eps  map[string]*epStats // learned rates per endpoint ID; deleted only by ForgetEndpoint
 	// byPos remembers epStat's answer per candidate position; epsGen
 	// counts the entries added to eps, which invalidates a nil answer.
 	byPos  []posStat
@@ -554,6 +554,27 @@ type posStat struct {
 	id  string
 	s   *epStats // nil: none when gen was current
 	gen uint64
+}
+
+// ForgetEndpoint implements router.EndpointForgetter: an endpoint removed
+// from the pool (or replaced by another engine under its ID) takes its
+// learned rates and in-flight sums with it, so that an engine added later
+// under the ID starts from the fleet's rates, as a new endpoint does.
+// Requests still in flight on it are no longer charged to any endpoint:
+// their end does not touch the stats a new engine under the ID builds.
+func (k *KVAware) ForgetEndpoint(id string) {
+	if _, ok := k.eps[id]; !ok {
+		return
+	}
+	delete(k.eps, id)
+	k.epsGen++
+	clear(k.byPos) // it may hold the deleted stats
+	for key, pr := range k.pending {
+		if pr.endpoint == id {
+			pr.endpoint = ""
+			k.pending[key] = pr
+		}
+	}
 }
 
 // stat returns id's stats, creating them.

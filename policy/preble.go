@@ -93,6 +93,13 @@ func newPreble(params map[string]any, seed uint64) (*Preble, error) {
 	return &Preble{p: p, rng: newRand(seed), hist: make(map[string]*prebleHist)}, nil
 }
 
+// ForgetEndpoint implements router.EndpointForgetter: an endpoint removed
+// from the pool takes its load window with it, so that an engine added
+// later under its ID does not inherit it.
+func (pr *Preble) ForgetEndpoint(id string) {
+	delete(pr.hist, id)
+}
+
 // Pick implements kvroute.Picker.
 func (pr *Preble) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
 	req = orEmpty(req)

@@ -244,6 +244,11 @@ var errEndpointGone = errors.New("the endpoint was removed from the pool")
 // endpoint's health is not at fault.
 func (x *exchange) gone(w http.ResponseWriter, f *router.Flight) (retry bool) {
 	x.upstreamErr = errEndpointGone
+	// The attempt never reached the engine: its ID is not "tried" (it may
+	// name the engine a reload put in its place, which a retry may take).
+	if n := len(x.tried); n > 0 && x.tried[n-1] == f.Endpoint.ID {
+		x.tried = x.tried[:n-1]
+	}
 	x.pool.router.Done(x.p.now(), f, kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, Failed: true})
 	if x.canRetry() {
 		x.retry = retryGone
@@ -262,8 +267,13 @@ func (x *exchange) firstByte(now time.Time) {
 	x.up.ttfb.Observe(now.Sub(x.attemptAt).Seconds())
 }
 
-// reportHealth feeds passive health and counts ejections.
+// reportHealth feeds passive health and counts ejections. An attempt on an
+// endpoint that a reload has removed since, or whose ID now names another
+// engine, says nothing of the endpoint the ID names now.
 func (x *exchange) reportHealth(now time.Time, ok bool) {
+	if x.pool.upstream(x.flight.Endpoint) == nil {
+		return
+	}
 	id := x.flight.Endpoint.ID
 	if x.pool.router.ReportResult(now, id, ok) {
 		x.p.metrics.ejections.WithLabelValues(x.pool.model, x.pool.label(id), "passive").Inc()
@@ -300,6 +310,13 @@ func (x *exchange) writeLastFailure(w http.ResponseWriter) {
 	err := x.upstreamErr
 	if err == nil {
 		err = errors.New("no endpoint left to retry on")
+	}
+	if errors.Is(err, errEndpointGone) {
+		// Not an upstream's failure: the pool changed under the request.
+		x.status = http.StatusServiceUnavailable
+		openai.WriteError(w, &kvroute.Error{Status: x.status, Type: kvroute.TypeUnavailable, Code: "endpoint_removed",
+			Message: fmt.Sprintf("model %q: the endpoint chosen was removed from the pool before the request was sent, and no other could take it", x.req.Model)})
+		return
 	}
 	x.status = upstreamStatus(err)
 	openai.WriteError(w, &kvroute.Error{Status: x.status, Type: kvroute.TypeUpstream, Code: "upstream_error",

@@ -166,7 +166,11 @@ func (t *probe) loop(ctx context.Context) {
 			return
 		case <-timer.C:
 		}
-		t.observe(t.check(ctx))
+		ok := t.check(ctx)
+		if ctx.Err() != nil {
+			return // stopped mid-check (a reload, shutdown): not the engine's failure
+		}
+		t.observe(ok)
 		timer.Reset(interval)
 	}
 }

@@ -852,7 +852,12 @@ func (r *Router) Done(now time.Time, f *Flight, o kvroute.Outcome) {
 	o.Endpoint = f.e.ep.ID
 	o.QueueDepth = f.queue
 	if l, ok := r.picker.(kvroute.Learner); ok {
-		l.Observe(now, o)
+		// A flight on an endpoint that SetEndpoints removed since, or
+		// whose ID names another engine now, teaches nothing of the
+		// endpoint the ID names (it was forgotten).
+		if cur := r.byID[f.e.ep.ID]; cur != nil && sameEngine(&cur.ep, &f.e.ep) {
+			l.Observe(now, o)
+		}
 	}
 	if rel, ok := r.picker.(kvroute.Releaser); ok {
 		rel.Release(now, f.req, f.e.ep.ID)
