@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"sort"
 	"strings"
+	"sync"
 	"syscall"
 )
 
@@ -56,10 +57,30 @@ func main() {
 // and demo's partial report). That signal also hands the two signals back
 // to their default action, so a second one (Ctrl-C pressed again) ends the
 // process at once rather than waiting out a drain of up to
-// timeouts.shutdown.
+// timeouts.shutdown. The signals are handed back before the context is
+// cancelled: whatever the command does once it sees the cancellation, a
+// second signal finds the default action (with signal.NotifyContext
+// undone by context.AfterFunc, a second signal sent as soon as the drain
+// began could still be swallowed on a loaded machine).
 func signalContext() (context.Context, context.CancelFunc) {
-	ctx, stop := signal.NotifyContext(context.Background(), os.Interrupt, syscall.SIGTERM)
-	context.AfterFunc(ctx, stop)
+	ctx, cancel := context.WithCancel(context.Background())
+	sig := make(chan os.Signal, 1)
+	signal.Notify(sig, os.Interrupt, syscall.SIGTERM)
+	stopped, exited := make(chan struct{}), make(chan struct{})
+	go func() { // ends at the first signal or at stop, which waits for it
+		defer close(exited)
+		select {
+		case <-sig:
+		case <-stopped:
+		}
+		signal.Stop(sig)
+		cancel()
+	}()
+	var once sync.Once
+	stop := func() {
+		once.Do(func() { close(stopped) })
+		<-exited
+	}
 	return ctx, stop
 }
 
