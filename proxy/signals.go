@@ -157,7 +157,7 @@ func (p *Proxy) RunSignals(ctx context.Context) error {
 		return errors.New("proxy: signals: already running")
 	}
 	s.client = &http.Client{Transport: p.transport}
-	s.managers = make(map[scrapeGroup]*signals.Manager)
+	s.managers, s.synced = make(map[scrapeGroup]*signals.Manager), nil
 	err := s.syncLocked(p)
 	n := len(s.managers)
 	s.mu.Unlock()
@@ -167,7 +167,7 @@ func (p *Proxy) RunSignals(ctx context.Context) error {
 		for _, mg := range s.managers {
 			mg.Close()
 		}
-		s.managers, s.client = nil, nil
+		s.managers, s.synced, s.client = nil, nil, nil
 		s.mu.Unlock()
 	}()
 	if err != nil {
@@ -182,9 +182,10 @@ func (p *Proxy) RunSignals(ctx context.Context) error {
 
 // signalState is the running signal managers, one per scrape group.
 type signalState struct {
-	mu       sync.Mutex   // guards client and managers
+	mu       sync.Mutex   // guards client, managers and synced
 	client   *http.Client // nil when RunSignals is not running
 	managers map[scrapeGroup]*signals.Manager
+	synced   map[scrapeGroup]map[string]bool // the targets each manager was last synced with, by Endpoint
 }
 
 // sync makes the running loops those of the pools' endpoints now: a
@@ -205,15 +206,35 @@ func (s *signalState) sync(p *Proxy) error {
 func (s *signalState) syncLocked(p *Proxy) error {
 	groups := p.signalTargets()
 	var errs []error
+	// First every target leaving its manager stops (an endpoint that moves
+	// to another scrape group too): its KV-event subscription releases a
+	// socket it listens on, and its index entries are removed, before the
+	// new group's subscription starts.
 	for g, mg := range s.managers {
-		if _, ok := groups[g]; ok {
+		targets, ok := groups[g]
+		if !ok {
+			if err := mg.Sync(nil); err != nil {
+				errs = append(errs, err)
+			}
+			mg.Close()
+			delete(s.managers, g)
+			delete(s.synced, g)
 			continue
 		}
-		if err := mg.Sync(nil); err != nil {
-			errs = append(errs, err)
+		var kept []signals.Target
+		for _, t := range targets {
+			if s.synced[g][t.Endpoint] {
+				kept = append(kept, t)
+			}
 		}
-		mg.Close()
-		delete(s.managers, g)
+		if len(kept) < len(s.synced[g]) {
+			if err := mg.Sync(kept); err != nil {
+				errs = append(errs, fmt.Errorf("proxy: signals of model %q: %w", g.model, err))
+			}
+		}
+	}
+	if s.synced == nil {
+		s.synced = make(map[scrapeGroup]map[string]bool)
 	}
 	for g, targets := range groups {
 		mg := s.managers[g]
@@ -232,6 +253,11 @@ func (s *signalState) syncLocked(p *Proxy) error {
 		if err := mg.Sync(targets); err != nil {
 			errs = append(errs, fmt.Errorf("proxy: signals of model %q: %w", g.model, err))
 		}
+		ids := make(map[string]bool, len(targets))
+		for _, t := range targets {
+			ids[t.Endpoint] = true
+		}
+		s.synced[g] = ids
 	}
 	return errors.Join(errs...)
 }
