@@ -47,8 +47,13 @@ type Model struct {
 	// Name is the model name clients send in the request's "model" field.
 	// Required and unique.
 	Name string `yaml:"name"`
-	// Endpoints are the engines serving the model. At least one is required.
+	// Endpoints are the engines serving the model. At least one is
+	// required, unless Discovery finds them.
 	Endpoints []Endpoint `yaml:"endpoints"`
+	// Discovery finds the model's endpoints at run time instead of
+	// Endpoints; default nil: none, the endpoints are listed. Not allowed
+	// with Endpoints.
+	Discovery *Discovery `yaml:"discovery"`
 	// Policy is the routing policy; default kv-aware with no parameters.
 	Policy Policy `yaml:"policy"`
 	// Router holds the routing core's parameters.
@@ -460,6 +465,7 @@ func (m *Model) applyDefaults() {
 		setDefault(&pr.CacheTokens, DefaultTokenizerCache)
 		setDefault(&pr.IndexCapacity, DefaultIndexCapacity)
 	}
+	m.applyDiscoveryDefaults()
 }
 
 // MetricsURL returns the URL scraped for endpoint i ("" when scraping is
@@ -610,9 +616,10 @@ func (m *Model) validate(v *validator, p string) {
 	if strings.TrimSpace(m.Name) == "" {
 		v.addf(p+".name", "is empty")
 	}
-	if len(m.Endpoints) == 0 {
+	if len(m.Endpoints) == 0 && m.Discovery == nil {
 		v.addf(p+".endpoints", "at least one endpoint is required")
 	}
+	m.validateDiscovery(v, p)
 	m.PD.validate(v, p+".pd")
 	ids := map[string]int{}
 	engines := map[string]int{} // engine URL and role -> first endpoint

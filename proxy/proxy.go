@@ -19,6 +19,7 @@ import (
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/disagg"
+	"github.com/kvroute/kvroute/kvindex"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/router"
 	"github.com/kvroute/kvroute/ui"
@@ -47,6 +48,12 @@ type Options struct {
 	Transport http.RoundTripper
 	// Now is the clock; nil is time.Now.
 	Now func() time.Time
+	// KubeClient returns the Kubernetes client of a model's discovery
+	// (discovery.kubernetes) and the namespace to watch when the config
+	// leaves it empty; nil connects as the config says (kubeconfig, or the
+	// in-cluster service account) and defaults the namespace to the pod's
+	// own, else "default". Tests pass a fake clientset.
+	KubeClient KubeClientFunc
 }
 
 // Proxy is the routing proxy. Build it with New; it is an http.Handler.
@@ -75,9 +82,13 @@ type Proxy struct {
 	pdMetrics    *disagg.Metrics  // P/D handoffs (disagg.go)
 	// reloadMu serialises Reload, and the start of the background loops
 	// with it; applied is the configuration running, the models'
-	// endpoints as last reloaded (guarded by reloadMu).
-	reloadMu sync.Mutex
-	applied  config.Config
+	// endpoints as last reloaded or discovered (guarded by reloadMu).
+	reloadMu   sync.Mutex
+	applied    config.Config
+	kubeClient KubeClientFunc    // Options.KubeClient, defaulted
+	disc       *discoveryMetrics // discovery.go
+	debounce   time.Duration     // how long a discovery waits for more changes before applying them
+	discRun    atomic.Bool       // set while RunDiscovery runs
 	// queuePause is how long the head of a pool's line pauses before it
 	// routes again after a shed: first, doubling up to max, unless the
 	// router signals that load drained (queue.go). Tests lengthen it.
@@ -95,6 +106,10 @@ type pool struct {
 	line    waitLine                    // the requests held by the queue escape hatch (queue.go)
 	session *sessionSource              // the requests' affinity key
 	pd      *disagg.Handoff             // P/D pools only (disagg.go)
+	// discovered: the pool's endpoints come from its model's discovery
+	// disc (discovery.go), not from the config's list; they may be none.
+	discovered bool
+	disc       *discoverer
 }
 
 // New builds a Proxy: applies the config's defaults, validates it, builds
@@ -118,6 +133,11 @@ func New(opts Options) (*Proxy, error) {
 		transport:    opts.Transport,
 		gatherer:     opts.Gatherer,
 		pools:        make(map[string]*pool, len(cfg.Models)),
+		kubeClient:   opts.KubeClient,
+		debounce:     defaultDebounce,
+	}
+	if p.kubeClient == nil {
+		p.kubeClient = connectKube
 	}
 	p.applied.Models = slices.Clone(cfg.Models) // Reload replaces their endpoints
 	p.queuePause.first, p.queuePause.max = 10*time.Millisecond, 200*time.Millisecond
@@ -143,6 +163,7 @@ func New(opts Options) (*Proxy, error) {
 	}
 	p.metrics = newMetrics(p)
 	p.fb = newFeedbackMetrics()
+	p.disc = newDiscoveryMetrics()
 	for i := range cfg.Models {
 		pl, err := p.newPool(i, &cfg.Models[i])
 		if err != nil {
@@ -154,12 +175,15 @@ func New(opts Options) (*Proxy, error) {
 	sort.Strings(p.names)
 	for _, name := range p.names {
 		p.metrics.addPool(name)
+		if p.pools[name].discovered {
+			p.disc.addModel(name)
+		}
 	}
 	if opts.Registerer != nil {
 		if err := p.metrics.register(opts.Registerer); err != nil {
 			return nil, fmt.Errorf("proxy: register metrics: %w", err)
 		}
-		for _, c := range append(p.fb.collectors(), signalCollector{p}) {
+		for _, c := range append(append(p.fb.collectors(), signalCollector{p}), p.disc.collectors()...) {
 			if err := opts.Registerer.Register(c); err != nil {
 				return nil, fmt.Errorf("proxy: register metrics: %w", err)
 			}
@@ -187,6 +211,10 @@ func (p *Proxy) newPool(i int, m *config.Model) (*pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy: %s.%w", path, err)
 	}
+	if pc != nil && pc.index == nil && m.Discovered() && m.Discovery.Kubernetes.Endpoint.KVEvents.Port > 0 {
+		// The engines that will publish KV events are not known yet.
+		pc.index = kvindex.NewIndex(kvindex.IndexConfig{BlockSize: m.Precise.BlockSize, Capacity: m.Precise.IndexCapacity})
+	}
 	var planner *disagg.Planner
 	if m.Disaggregated() {
 		prefill := picker
@@ -211,6 +239,7 @@ func (p *Proxy) newPool(i int, m *config.Model) (*pool, error) {
 			MaxEjection:   m.Router.MaxEjection,
 		},
 		DecisionLog: m.Router.DecisionLog,
+		AllowEmpty:  m.Discovered(),
 	}
 	if pc != nil && pc.index != nil {
 		rc.Precise, rc.PreciseEndpoints = pc.index, pc.endpoints
@@ -219,7 +248,7 @@ func (p *Proxy) newPool(i int, m *config.Model) (*pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy: %s: %w", path, err)
 	}
-	pl := &pool{model: m.Name, index: i, router: r, precise: pc, session: newSessionSource(m.Router.Session)}
+	pl := &pool{model: m.Name, index: i, router: r, precise: pc, session: newSessionSource(m.Router.Session), discovered: m.Discovered()}
 	if pc != nil && pc.index != nil {
 		pl.kvSink = &kvSink{Index: pc.index, router: r}
 	}
@@ -233,6 +262,9 @@ func (p *Proxy) newPool(i int, m *config.Model) (*pool, error) {
 		return nil, fmt.Errorf("proxy: %s.%w", path, err)
 	}
 	pl.set.Store(set)
+	if pl.discovered {
+		pl.disc = p.newDiscoverer(pl, m)
+	}
 	return pl, nil
 }
 

@@ -206,27 +206,18 @@ func (p *Proxy) reload(load func() (config.Config, error)) (ReloadResult, error)
 		if pl == nil {
 			continue // a new model: in Restart
 		}
-		cur := pl.set.Load()
-		if reflect.DeepEqual(cur.model.Endpoints, m.Endpoints) {
+		if pl.discovered || m.Discovered() {
+			// Its endpoints are its discovery's (a discovery block
+			// added, removed or changed is in Restart).
 			continue
 		}
 		path := fmt.Sprintf("models[%d]", i)
-		if pl.pd != nil {
-			return ReloadResult{}, fmt.Errorf("proxy: reload: %s.endpoints: model %q is disaggregated (pd): its endpoints change only with a restart", path, m.Name)
-		}
-		eps, err := m.KVEndpoints()
+		pc, err := p.planEndpoints(pl, path, m.Endpoints)
 		if err != nil {
-			return ReloadResult{}, fmt.Errorf("proxy: reload: %s: %w", path, err)
-		}
-		if err := checkKVEvents(path, m); err != nil {
 			return ReloadResult{}, fmt.Errorf("proxy: reload: %w", err)
 		}
-		// The model as it runs, with the new endpoints.
-		run := *cur.model
-		run.Endpoints = m.Endpoints
-		set, err := p.newEndpointSet(pl, &run, eps, cur)
-		if err != nil {
-			return ReloadResult{}, fmt.Errorf("proxy: reload: %s.%w", path, err)
+		if pc == nil {
+			continue
 		}
 		if pl.kvSink == nil {
 			for j, e := range m.Endpoints {
@@ -235,32 +226,60 @@ func (p *Proxy) reload(load func() (config.Config, error)) (ReloadResult, error)
 				}
 			}
 		}
-		plans = append(plans, planned{pl: pl, model: &run, set: set, change: diffEndpoints(m.Name, cur.eps, eps)})
+		plans = append(plans, *pc)
 	}
 	// Valid: apply.
 	for _, pc := range plans {
-		if err := p.apply(pc); err != nil {
+		if err := p.apply(pc, "reload"); err != nil {
 			// SetEndpoints checks only what KVEndpoints and Validate did.
-			return ReloadResult{}, err
+			return ReloadResult{}, fmt.Errorf("proxy: reload: %w", err)
 		}
 		res.Models = append(res.Models, pc.change)
-	}
-	// What runs now: the new endpoints of the models served.
-	for i := range p.applied.Models {
-		if pl := p.pools[p.applied.Models[i].Name]; pl != nil {
-			p.applied.Models[i].Endpoints = pl.set.Load().model.Endpoints
-		}
 	}
 	return res, nil
 }
 
-// apply makes a validated change: the health probes of endpoints leaving
-// stop first (none may report on an ID that names another engine next),
-// then the new set is published with the old endpoints' reverse proxies
-// still in it, the router takes the new list, the set without them is
-// published, the signal loops follow, the new probes start, and the
-// removed endpoints' metric series go.
-func (p *Proxy) apply(pc planned) error {
+// planEndpoints validates the change of pool pl's endpoints to endpoints
+// (as configured: data-parallel endpoints not expanded) as New would
+// (KVEndpoints, kv_events addresses, URLs) and builds what apply makes of
+// it; nil when they are the pool's already. Errors name the field below
+// path, the model's. Reload and the discoveries (discovery.go) both change
+// pools through planEndpoints and apply, with reloadMu held.
+func (p *Proxy) planEndpoints(pl *pool, path string, endpoints []config.Endpoint) (*planned, error) {
+	cur := pl.set.Load()
+	if reflect.DeepEqual(cur.model.Endpoints, endpoints) {
+		return nil, nil
+	}
+	if pl.pd != nil {
+		return nil, fmt.Errorf("%s.endpoints: model %q is disaggregated (pd): its endpoints change only with a restart", path, pl.model)
+	}
+	// The model as it runs, with the new endpoints.
+	run := *cur.model
+	run.Endpoints = endpoints
+	eps, err := run.KVEndpoints()
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if err := checkKVEvents(path, &run); err != nil {
+		return nil, err
+	}
+	set, err := p.newEndpointSet(pl, &run, eps, cur)
+	if err != nil {
+		return nil, fmt.Errorf("%s.%w", path, err)
+	}
+	return &planned{pl: pl, model: &run, set: set, change: diffEndpoints(pl.model, cur.eps, eps)}, nil
+}
+
+// apply makes a validated change (planEndpoints): the health probes of
+// endpoints leaving stop first (none may report on an ID that names another
+// engine next), then the new set is published with the old endpoints'
+// reverse proxies still in it, the router takes the new list, the set
+// without them is published, the signal loops follow, the new probes
+// start, the removed endpoints' metric series go, and the running
+// configuration (p.applied) takes the model's new endpoints. It logs one
+// line naming the change and its source ("reload", "discovery"). Called
+// with reloadMu held.
+func (p *Proxy) apply(pc planned, source string) error {
 	pl, cur := pc.pl, pc.pl.set.Load()
 	p.health.stopOld(p, pl, pc.set)
 	both := &endpointSet{model: pc.set.model, eps: pc.set.eps, byID: make(map[string]*endpointProxy, len(cur.byID)+len(pc.set.byID))}
@@ -270,18 +289,19 @@ func (p *Proxy) apply(pc planned) error {
 	if err := pl.router.SetEndpoints(p.now(), pc.set.eps, pl.preciseIDs(pc.model)); err != nil {
 		pl.set.Store(cur)
 		p.health.start(p, pl)
-		return fmt.Errorf("proxy: reload: model %q: %w", pl.model, err)
+		return fmt.Errorf("model %q: %w", pl.model, err)
 	}
 	pl.set.Store(pc.set)
 	if err := p.sig.sync(p); err != nil {
-		p.log.Error("config reload: engine signals", "model", pl.model, "error", err)
+		p.log.Error("endpoints changed: engine signals", "model", pl.model, "source", source, "error", err)
 	}
 	p.health.start(p, pl)
 	for _, id := range pc.change.Removed {
 		p.forgetEndpoint(pl.model, id)
 	}
+	p.applied.Models[pl.index].Endpoints = pc.model.Endpoints // what runs now
 	c := pc.change
-	p.log.Info("endpoints changed", "model", c.Model, "added", c.Added, "removed", c.Removed, "changed", c.Changed,
+	p.log.Info("endpoints changed", "model", c.Model, "source", source, "added", c.Added, "removed", c.Removed, "changed", c.Changed,
 		"endpoints", len(pc.set.eps))
 	return nil
 }

@@ -14,8 +14,9 @@ import (
 // to write their end before their connections are closed.
 const shutdownGrace = time.Second
 
-// Serve serves the proxy on ln and runs the active health checks and the
-// engine signals (RunSignals) until ctx is done. Then it stops accepting
+// Serve serves the proxy on ln and runs the active health checks, the
+// engine signals (RunSignals) and the models' endpoint discoveries
+// (RunDiscovery) until ctx is done. Then it stops accepting
 // connections, lets in-flight requests (streams included) finish for up to
 // timeouts.shutdown, then ends whatever is left: their upstream requests
 // are cancelled, a stream ends with an error event (503) and "data: [DONE]",
@@ -44,6 +45,11 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	wg.Go(func() {
 		if err := p.RunSignals(hctx); err != nil {
 			p.log.Error("engine signals stopped", "error", err)
+		}
+	})
+	wg.Go(func() {
+		if err := p.RunDiscovery(hctx); err != nil {
+			p.log.Error("endpoint discovery stopped", "error", err)
 		}
 	})
 	defer func() {

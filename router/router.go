@@ -19,9 +19,15 @@ import (
 type Config struct {
 	// Model is the model name this pool serves.
 	Model string
-	// Endpoints are the pool's endpoints; IDs must be unique. Required.
-	// SetEndpoints changes them later.
+	// Endpoints are the pool's endpoints; IDs must be unique. Required
+	// unless AllowEmpty. SetEndpoints changes them later.
 	Endpoints []kvroute.Endpoint
+	// AllowEmpty lets the pool have no endpoints, at New and SetEndpoints:
+	// a pool whose endpoints are discovered (none may be ready yet, or all
+	// may have gone). Route then answers every request with an
+	// *UnavailableError (503, code "no_endpoints"). Default false: an empty
+	// list is an error.
+	AllowEmpty bool
 	// Policy names the policy behind Picker, for decisions and logs.
 	Policy string
 	// Picker chooses endpoints. Required.
@@ -205,7 +211,7 @@ func New(cfg Config) (*Router, error) {
 	if cfg.Picker == nil {
 		return nil, errors.New("router: config: picker is required")
 	}
-	list, err := checkEndpoints(cfg.Model, cfg.Endpoints)
+	list, err := checkEndpoints(cfg.Model, cfg.Endpoints, cfg.AllowEmpty)
 	if err != nil {
 		return nil, fmt.Errorf("router: config: %w", err)
 	}
@@ -233,9 +239,10 @@ func New(cfg Config) (*Router, error) {
 }
 
 // checkEndpoints returns eps with their defaults (ID: the URL; Weight: 1)
-// after checking that there is at least one and that IDs are unique.
-func checkEndpoints(model string, eps []kvroute.Endpoint) ([]kvroute.Endpoint, error) {
-	if len(eps) == 0 {
+// after checking that there is at least one (unless allowEmpty) and that
+// IDs are unique.
+func checkEndpoints(model string, eps []kvroute.Endpoint, allowEmpty bool) ([]kvroute.Endpoint, error) {
+	if len(eps) == 0 && !allowEmpty {
 		return nil, fmt.Errorf("model %q has no endpoints", model)
 	}
 	out := make([]kvroute.Endpoint, len(eps))
@@ -316,7 +323,8 @@ type EndpointForgetter interface {
 
 // SetEndpoints makes eps the pool's endpoints, in this order, while the
 // router runs: what New does with Config.Endpoints (IDs default to URLs,
-// weights to 1; at least one endpoint; IDs unique) and
+// weights to 1; at least one endpoint unless Config.AllowEmpty; IDs
+// unique) and
 // Config.PreciseEndpoints (precise: the IDs whose KV events feed
 // Config.Precise). On an error nothing changes.
 //
@@ -339,7 +347,7 @@ type EndpointForgetter interface {
 // endpoints through EndpointForgetter; the rest see the new pool at their
 // next Pick (the candidates are the pool, in order).
 func (r *Router) SetEndpoints(now time.Time, eps []kvroute.Endpoint, precise []string) error {
-	list, err := checkEndpoints(r.cfg.Model, eps)
+	list, err := checkEndpoints(r.cfg.Model, eps, r.cfg.AllowEmpty)
 	if err != nil {
 		return fmt.Errorf("router: set endpoints: %w", err)
 	}
@@ -505,8 +513,9 @@ func (f *Flight) CachedTokens() int { return f.cachedTokens }
 // endpoints already tried for this request), and records the dispatch. It
 // fills req.BlockHashes from req.Prompt when the caller left them nil.
 //
-// Errors are *kvroute.Error: 503 when no endpoint is healthy, 429 when the
-// policy sheds the request.
+// Errors are *kvroute.Error: 503 when no endpoint is healthy or the pool
+// has none (Config.AllowEmpty), 429 when the policy sheds the request. The
+// picker is never called without a healthy candidate.
 func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*Flight, error) {
 	// The one allocation of a decision is made before the lock: during a
 	// GC cycle an allocation may be made to help mark, and under the lock
@@ -753,6 +762,11 @@ func (r *Router) sizeApprox(e *endpoint, capTokens int, req *kvroute.Request, ch
 // unavailable builds the 503 for a pool with no healthy endpoint; its
 // RetryAfter is the time until the first ejection ends (at least 1s).
 func (r *Router) unavailable(now time.Time, exclude []string) error {
+	if len(r.eps) == 0 {
+		return &UnavailableError{Err: kvroute.Error{Status: http.StatusServiceUnavailable, Type: kvroute.TypeUnavailable,
+			Code: "no_endpoints", Message: fmt.Sprintf("model %q has no endpoints (none discovered ready yet)", r.cfg.Model)},
+			RetryAfter: emptyRetryAfter}
+	}
 	wait := time.Duration(0)
 	for _, e := range r.eps {
 		if e.ejectedUntil.After(now) {
@@ -772,6 +786,10 @@ func (r *Router) unavailable(now time.Time, exclude []string) error {
 	return &UnavailableError{Err: kvroute.Error{Status: http.StatusServiceUnavailable, Type: kvroute.TypeUnavailable,
 		Code: "no_healthy_endpoint", Message: msg}, RetryAfter: secs}
 }
+
+// emptyRetryAfter is the Retry-After, in seconds, of a pool without
+// endpoints: an engine that a discovery will find takes seconds to start.
+const emptyRetryAfter = 5
 
 // UnavailableError is returned by Route when no endpoint can take the
 // request; RetryAfter is the suggested Retry-After in seconds.

@@ -79,6 +79,16 @@ are logged and not applied. A P/D model's endpoints cannot change live (the
 reload is refused). kvroute_config_reloads_total{result} and
 kvroute_config_last_reload_success_timestamp_seconds report reloads.
 
+Kubernetes discovery: a model with discovery.kubernetes.service instead of
+endpoints follows that Service's EndpointSlices (an informer, in-cluster config
+or kubeconfig): each ready engine (pod) becomes an endpoint from the
+discovery's endpoint template, at discovery.kubernetes.port; engines not ready
+or terminating take no new requests and finish those in progress. Until one is
+ready the model answers 503 with Retry-After and /readyz is 503. A SIGHUP
+leaves discovered endpoint lists alone (a changed discovery block needs a
+restart). kvroute_discovery_endpoints{model} and
+kvroute_discovery_errors_total{model} report it.
+
 Policies: %s.`
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {

@@ -1,0 +1,245 @@
+package config
+
+import (
+	"fmt"
+	"net"
+	"regexp"
+	"strconv"
+	"strings"
+
+	"github.com/kvroute/kvroute"
+)
+
+// Discovery finds a model's endpoints at run time instead of listing them
+// (Model.Endpoints): the pool follows the engines as they come and go. The
+// endpoint list of a model with discovery belongs to it: a reload does not
+// change it, and a change of the discovery block itself needs a restart.
+type Discovery struct {
+	// Kubernetes discovers the ready endpoints of a Service from its
+	// EndpointSlices. Required (it is the only source).
+	Kubernetes *Kubernetes `yaml:"kubernetes"`
+}
+
+// Kubernetes discovers a model's engines from the EndpointSlices of a
+// Kubernetes Service (those labelled kubernetes.io/service-name=<service>),
+// watched with an informer. Every ready endpoint (conditions.ready, not
+// terminating) is an engine: its ID is the endpoint's targetRef name (the
+// pod's name), else IP:port; it gets the labels zone and node from the
+// endpoint's zone and nodeName, under Endpoint.Labels.
+type Kubernetes struct {
+	// Service is the Service whose EndpointSlices are watched. Required.
+	Service string `yaml:"service"`
+	// Namespace is the Service's namespace; default "": the router pod's
+	// own namespace when it runs in a cluster, else "default".
+	Namespace string `yaml:"namespace"`
+	// Port is the EndpointSlice port the engines serve HTTP on, by name
+	// (e.g. "http") or number; default "": the slice's only port (a slice
+	// with several is skipped and the error logged).
+	Port string `yaml:"port"`
+	// Scheme is the engines' URL scheme, http or https; default "http".
+	Scheme string `yaml:"scheme"`
+	// Kubeconfig is the kubeconfig file used to reach the API server;
+	// default "": the in-cluster config (service account) when running in
+	// a pod, else $KUBECONFIG or ~/.kube/config.
+	Kubeconfig string `yaml:"kubeconfig"`
+	// Endpoint is applied to every discovered engine.
+	Endpoint EndpointTemplate `yaml:"endpoint"`
+}
+
+// EndpointTemplate is what a discovered engine's endpoint has besides its
+// address: the fields of Endpoint that do not name the engine, with
+// KV-event ports instead of addresses.
+type EndpointTemplate struct {
+	// Role is both; default both. (A prefill/decode pool's endpoints
+	// cannot change while the router runs, so discovery refuses them.)
+	Role string `yaml:"role"`
+	// Weight scales each engine's share for weight-aware policies; default 1.
+	Weight int `yaml:"weight"`
+	// Labels are added to each engine's, over the discovered zone and node;
+	// default none.
+	Labels map[string]string `yaml:"labels"`
+	// KVCapacityTokens is each engine's KV capacity in tokens; default 0:
+	// learnt from the engine's metrics.
+	KVCapacityTokens int `yaml:"kv_capacity_tokens"`
+	// Signals overrides the model's signals settings for each engine, as
+	// Endpoint.Signals does; metrics_url is not allowed (it would name one
+	// engine).
+	Signals EndpointSignals `yaml:"signals"`
+	// KVEvents are the ports each engine publishes its KV-cache events on,
+	// dialled at tcp://<endpoint IP>:<port>; default none.
+	KVEvents KVEventPorts `yaml:"kv_events"`
+	// DataParallelSize is each engine's data-parallel ranks behind its URL,
+	// as Endpoint.DataParallelSize; default 1.
+	DataParallelSize int `yaml:"data_parallel_size"`
+}
+
+// KVEventPorts are a discovered engine's KV-event ports.
+type KVEventPorts struct {
+	// Port is the ZMQ PUB port; default 0: no events.
+	Port int `yaml:"port"`
+	// ReplayPort is the ZMQ ROUTER replay port; default 0: none.
+	ReplayPort int `yaml:"replay_port"`
+	// Topic is the ZMQ topic subscribed to; default "" (all).
+	Topic string `yaml:"topic"`
+}
+
+// DefaultDiscoveryScheme is discovery.kubernetes.scheme's default.
+const DefaultDiscoveryScheme = "http"
+
+// Discovered reports whether the model's endpoints are discovered.
+func (m *Model) Discovered() bool { return m.Discovery != nil }
+
+// DiscoveredEngine is one ready engine a discovery found.
+type DiscoveredEngine struct {
+	// ID names it: the pod's name, else host:port.
+	ID string
+	// Host is its IP address, Port its HTTP port.
+	Host string
+	Port int
+	// Zone and Node are where it runs, "" when unknown.
+	Zone, Node string
+}
+
+// EndpointOf returns the endpoint of a discovered engine: the template (with
+// defaults applied) at its address.
+func (k *Kubernetes) EndpointOf(d DiscoveredEngine) Endpoint {
+	t := &k.Endpoint
+	labels := make(map[string]string, len(t.Labels)+2)
+	if d.Zone != "" {
+		labels["zone"] = d.Zone
+	}
+	if d.Node != "" {
+		labels["node"] = d.Node
+	}
+	for key, v := range t.Labels {
+		labels[key] = v // the template's win
+	}
+	e := Endpoint{
+		ID:               d.ID,
+		URL:              k.Scheme + "://" + net.JoinHostPort(d.Host, strconv.Itoa(d.Port)),
+		Role:             t.Role,
+		Weight:           t.Weight,
+		Labels:           labels,
+		KVCapacityTokens: t.KVCapacityTokens,
+		Signals:          t.Signals,
+		DataParallelSize: t.DataParallelSize,
+	}
+	if t.KVEvents.Port > 0 {
+		e.KVEvents = KVEvents{Address: "tcp://" + net.JoinHostPort(d.Host, strconv.Itoa(t.KVEvents.Port)), Topic: t.KVEvents.Topic}
+		if t.KVEvents.ReplayPort > 0 {
+			e.KVEvents.ReplayAddress = "tcp://" + net.JoinHostPort(d.Host, strconv.Itoa(t.KVEvents.ReplayPort))
+		}
+	}
+	return e
+}
+
+// applyDiscoveryDefaults fills the discovery's defaults, after the
+// model's signals defaults.
+func (m *Model) applyDiscoveryDefaults() {
+	if m.Discovery == nil || m.Discovery.Kubernetes == nil {
+		return
+	}
+	k := m.Discovery.Kubernetes
+	setDefault(&k.Scheme, DefaultDiscoveryScheme)
+	t := &k.Endpoint
+	setDefault(&t.Role, kvroute.RoleBoth.String())
+	setDefault(&t.Weight, 1)
+	setDefault(&t.DataParallelSize, 1)
+	setDefault(&t.Signals.ScrapeInterval, m.Signals.ScrapeInterval)
+	setDefault(&t.Signals.ScrapeTimeout, m.Signals.ScrapeTimeout)
+	setDefault(&t.Signals.Flavor, m.Signals.Flavor)
+}
+
+var (
+	dns1035Label = regexp.MustCompile(`^[a-z]([-a-z0-9]*[a-z0-9])?$`)
+	dns1123Label = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+	portName     = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
+)
+
+// validateDiscovery checks the discovery block of model p.
+func (m *Model) validateDiscovery(v *validator, p string) {
+	if m.Discovery == nil {
+		return
+	}
+	p += ".discovery"
+	if len(m.Endpoints) > 0 {
+		v.addf(p, "is set with endpoints: a model's endpoints are listed or discovered, not both")
+	}
+	k := m.Discovery.Kubernetes
+	if k == nil {
+		v.addf(p+".kubernetes", "is required (the only discovery source)")
+		return
+	}
+	p += ".kubernetes"
+	switch {
+	case k.Service == "":
+		v.addf(p+".service", "is required")
+	case len(k.Service) > 63 || !dns1035Label.MatchString(k.Service):
+		v.addf(p+".service", "%q is not a Service name (a DNS-1035 label)", k.Service)
+	}
+	if k.Namespace != "" && (len(k.Namespace) > 63 || !dns1123Label.MatchString(k.Namespace)) {
+		v.addf(p+".namespace", "%q is not a namespace name (a DNS-1123 label)", k.Namespace)
+	}
+	if k.Port != "" {
+		if n, err := strconv.Atoi(k.Port); err == nil {
+			if n < 1 || n > 65535 {
+				v.addf(p+".port", "%d is not a port number (1-65535)", n)
+			}
+		} else if len(k.Port) > 15 || !portName.MatchString(k.Port) || !strings.ContainsAny(k.Port, "abcdefghijklmnopqrstuvwxyz") {
+			v.addf(p+".port", "%q is neither a port number nor a port name", k.Port)
+		}
+	}
+	if k.Scheme != "http" && k.Scheme != "https" {
+		v.addf(p+".scheme", "%q is not one of http, https", k.Scheme)
+	}
+	t := &k.Endpoint
+	ep := p + ".endpoint"
+	if r, err := kvroute.ParseRole(t.Role); err != nil {
+		v.addf(ep+".role", "%q is not one of both, prefill, decode", t.Role)
+	} else if r != kvroute.RoleBoth {
+		v.addf(ep+".role", "%q: discovered endpoints must be role both (a prefill/decode pool cannot change while the router runs)", t.Role)
+	}
+	if t.Weight <= 0 {
+		v.addf(ep+".weight", "%d is not positive", t.Weight)
+	}
+	if t.KVCapacityTokens < 0 {
+		v.addf(ep+".kv_capacity_tokens", "%d is negative", t.KVCapacityTokens)
+	}
+	if n := t.DataParallelSize; n < 1 || n > MaxDataParallelSize {
+		v.addf(ep+".data_parallel_size", "%d is not in 1-%d", n, MaxDataParallelSize)
+	}
+	es := t.Signals
+	v.positiveDuration(ep+".signals.scrape_interval", es.ScrapeInterval)
+	v.positiveDuration(ep+".signals.scrape_timeout", es.ScrapeTimeout)
+	if !validFlavor(es.Flavor) {
+		v.addf(ep+".signals.flavor", "%q is not one of %s", es.Flavor, strings.Join(MetricsFlavors, ", "))
+	}
+	if es.MetricsURL != "" {
+		v.addf(ep+".signals.metrics_url", "is not allowed in a template: it would name one engine (use signals.metrics_path)")
+	}
+	ev := t.KVEvents
+	for _, f := range []struct {
+		name string
+		port int
+	}{{"port", ev.Port}, {"replay_port", ev.ReplayPort}} {
+		if f.port < 0 || f.port > 65535 {
+			v.addf(ep+".kv_events."+f.name, "%d is not a port number (1-65535)", f.port)
+		}
+	}
+	switch {
+	case ev.Port == 0 && (ev.ReplayPort != 0 || ev.Topic != ""):
+		v.addf(ep+".kv_events.port", "is not set but other kv_events fields are")
+	case ev.Port != 0 && !m.Precise.Enabled():
+		v.addf(ep+".kv_events", "needs %s.precise.tokenizer: KV events are matched on token ids", strings.TrimSuffix(p, ".discovery.kubernetes"))
+	case t.DataParallelSize > 1 && ev.Port > 0 && max(ev.Port, ev.ReplayPort)+t.DataParallelSize-1 > 65535:
+		v.addf(ep+".kv_events.port", "%d + data-parallel ranks is above 65535", ev.Port)
+	case t.DataParallelSize > 1 && ev.ReplayPort > 0 && ev.ReplayPort < ev.Port+t.DataParallelSize && ev.Port < ev.ReplayPort+t.DataParallelSize:
+		v.addf(ep+".kv_events.replay_port", "%d overlaps the event ports of the %d ranks from %d", ev.ReplayPort, t.DataParallelSize, ev.Port)
+	}
+}
+
+// String names the discovery source, for logs: kubernetes
+// service namespace/name (namespace "" when defaulted at run time).
+func (k *Kubernetes) String() string {
+	return fmt.Sprintf("kubernetes service %s/%s", k.Namespace, k.Service)
+}

@@ -1,0 +1,333 @@
+package proxy
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+	discoveryv1 "k8s.io/api/discovery/v1"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/labels"
+	"k8s.io/client-go/informers"
+	"k8s.io/client-go/kubernetes"
+	"k8s.io/client-go/rest"
+	"k8s.io/client-go/tools/cache"
+	"k8s.io/client-go/tools/clientcmd"
+
+	"github.com/kvroute/kvroute/config"
+)
+
+// This file discovers models' endpoints in Kubernetes. A model with
+// discovery.kubernetes gets one informer (RunDiscovery, which Serve runs)
+// on the EndpointSlices of its Service; each change, debounced, becomes
+// the pool's new endpoint list, applied exactly as a Reload applies a
+// config's (planEndpoints, apply): added engines get their reverse proxy,
+// signal loops and health probe, removed ones take no new requests and
+// finish those in progress. Such a pool may be empty: its requests are
+// answered 503 (router.Config.AllowEmpty). A Reload leaves its endpoints
+// alone.
+
+// defaultDebounce is how long a discovery waits after a change of its
+// EndpointSlices for more before it applies them (a rollout changes many
+// at once).
+const defaultDebounce = 250 * time.Millisecond
+
+// KubeClientFunc returns the Kubernetes client a model's discovery watches
+// with, and the namespace it watches when discovery.kubernetes.namespace
+// is empty.
+type KubeClientFunc func(k *config.Kubernetes) (client kubernetes.Interface, namespace string, err error)
+
+// serviceAccountNamespace holds the pod's namespace in a cluster.
+const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/namespace"
+
+// connectKube is the default KubeClientFunc: k.Kubeconfig when set, else
+// the in-cluster config (the pod's service account and namespace), else
+// $KUBECONFIG or ~/.kube/config with namespace "default". It does not
+// reach the API server.
+func connectKube(k *config.Kubernetes) (kubernetes.Interface, string, error) {
+	var rc *rest.Config
+	ns := metav1.NamespaceDefault
+	if k.Kubeconfig == "" {
+		if c, err := rest.InClusterConfig(); err == nil {
+			rc = c
+			if b, err := os.ReadFile(serviceAccountNamespace); err == nil && strings.TrimSpace(string(b)) != "" {
+				ns = strings.TrimSpace(string(b))
+			}
+		}
+	}
+	if rc == nil {
+		rules := clientcmd.NewDefaultClientConfigLoadingRules() // $KUBECONFIG, else ~/.kube/config
+		rules.ExplicitPath = k.Kubeconfig
+		c, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+		if err != nil {
+			return nil, "", fmt.Errorf("kubernetes config (not in a cluster; kubeconfig %q): %w", k.Kubeconfig, err)
+		}
+		rc = c
+	}
+	rc.UserAgent = "kvroute"
+	c, err := kubernetes.NewForConfig(rc)
+	if err != nil {
+		return nil, "", fmt.Errorf("kubernetes client: %w", err)
+	}
+	return c, ns, nil
+}
+
+// discoverer is one model's discovery: built by New, run by RunDiscovery.
+type discoverer struct {
+	pl   *pool
+	k    *config.Kubernetes
+	path string // the model's config path, for errors
+}
+
+// newDiscoverer returns pool pl's discovery (its model m's). It connects
+// when it runs: New (and so --check-config) does not need the cluster.
+func (p *Proxy) newDiscoverer(pl *pool, m *config.Model) *discoverer {
+	return &discoverer{pl: pl, k: m.Discovery.Kubernetes, path: fmt.Sprintf("models[%d]", pl.index)}
+}
+
+// RunDiscovery runs the discovery of every model that has one until ctx is
+// done, then stops the informers and returns once their goroutines have
+// exited. Serve runs it; call it yourself only when serving the Proxy as a
+// plain http.Handler. Each model's informer watches the EndpointSlices
+// labelled kubernetes.io/service-name=<service> in its namespace; after a
+// change, and a quiet period of 250ms, the model's endpoints become the
+// ready ones (see config.Kubernetes), logged as one line with the IDs
+// added and removed. A slice whose port cannot be chosen (none named so,
+// or several and no discovery.kubernetes.port) is skipped and the error
+// logged and counted in kvroute_discovery_errors_total, as are failed
+// watches (the informer retries them) and endpoint lists that cannot be
+// applied (the pool keeps its endpoints). A discovery that cannot get its
+// client (no in-cluster config, no kubeconfig) does not run: its model
+// stays without endpoints, and RunDiscovery returns that error, naming the
+// field, once every other discovery has ended.
+func (p *Proxy) RunDiscovery(ctx context.Context) error {
+	if !p.discRun.CompareAndSwap(false, true) {
+		return errors.New("proxy: discovery: already running")
+	}
+	defer p.discRun.Store(false)
+	var wg sync.WaitGroup
+	errs := make([]error, len(p.names))
+	for i, name := range p.names {
+		if d := p.pools[name].disc; d != nil {
+			wg.Go(func() { errs[i] = d.run(ctx, p) })
+		}
+	}
+	wg.Wait()
+	return errors.Join(errs...)
+}
+
+// run watches the model's EndpointSlices until ctx is done. It returns an
+// error only when it cannot start.
+func (d *discoverer) run(ctx context.Context, p *Proxy) error {
+	model := d.pl.model
+	client, ns, err := p.kubeClient(d.k)
+	if err != nil {
+		p.disc.errors.WithLabelValues(model).Inc()
+		err = fmt.Errorf("proxy: %s.discovery.kubernetes: %w", d.path, err)
+		p.log.Error("discovery: not running; the model has no endpoints", "model", model, "error", err)
+		return err
+	}
+	if d.k.Namespace != "" {
+		ns = d.k.Namespace
+	}
+	log := p.log.With("model", model, "service", d.k.Service, "namespace", ns)
+	selector := discoveryv1.LabelServiceName + "=" + d.k.Service
+	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns),
+		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
+	defer factory.Shutdown() // after ctx is done: waits for the informer's goroutines
+	slicesInf := factory.Discovery().V1().EndpointSlices()
+	inf := slicesInf.Informer()
+	kick := make(chan struct{}, 1)
+	notify := func(any) {
+		select {
+		case kick <- struct{}{}:
+		default:
+		}
+	}
+	if _, err := inf.AddEventHandler(cache.ResourceEventHandlerFuncs{
+		AddFunc:    notify,
+		UpdateFunc: func(_, obj any) { notify(obj) },
+		DeleteFunc: notify,
+	}); err != nil {
+		p.disc.errors.WithLabelValues(model).Inc()
+		return fmt.Errorf("proxy: %s.discovery: %w", d.path, err)
+	}
+	_ = inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
+		p.disc.errors.WithLabelValues(model).Inc()
+		log.Warn("discovery: watching EndpointSlices failed; retrying", "error", err)
+	})
+	factory.Start(ctx.Done())
+	log.Info("discovery: watching EndpointSlices", "selector", selector)
+	if !cache.WaitForCacheSync(ctx.Done(), inf.HasSynced) {
+		return nil // ctx done
+	}
+	notify(nil) // the first list, even an empty one
+	timer := time.NewTimer(time.Hour)
+	timer.Stop()
+	defer timer.Stop()
+	pending := false
+	for {
+		select {
+		case <-ctx.Done():
+			return nil
+		case <-kick:
+			if !pending {
+				pending = true
+				timer.Reset(p.debounce)
+			}
+		case <-timer.C:
+			pending = false
+			list, err := slicesInf.Lister().EndpointSlices(ns).List(labels.Everything())
+			if err != nil {
+				p.disc.errors.WithLabelValues(model).Inc()
+				log.Error("discovery: listing EndpointSlices", "error", err)
+				continue
+			}
+			d.update(p, log, list)
+		}
+	}
+}
+
+// update makes the ready engines of list the pool's endpoints.
+func (d *discoverer) update(p *Proxy, log interface {
+	Error(msg string, args ...any)
+}, list []*discoveryv1.EndpointSlice) {
+	model := d.pl.model
+	engines, problems := readyEngines(d.k.Service, d.k.Port, list)
+	for _, err := range problems {
+		p.disc.errors.WithLabelValues(model).Inc()
+		log.Error("discovery: EndpointSlice skipped", "error", err)
+	}
+	p.disc.endpoints.WithLabelValues(model).Set(float64(len(engines)))
+	endpoints := make([]config.Endpoint, len(engines))
+	for i, e := range engines {
+		endpoints[i] = d.k.EndpointOf(e)
+	}
+	p.reloadMu.Lock()
+	defer p.reloadMu.Unlock()
+	pc, err := p.planEndpoints(d.pl, d.path, endpoints)
+	if err == nil && pc != nil {
+		err = p.apply(*pc, "discovery")
+	}
+	if err != nil {
+		p.disc.errors.WithLabelValues(model).Inc()
+		log.Error("discovery: endpoints not applied; the pool keeps its endpoints", "error", err)
+	}
+}
+
+// readyEngines returns the ready engines of a Service's EndpointSlices,
+// sorted by ID: every endpoint whose conditions say ready (unset counts as
+// ready, as the API documents) and not terminating, at its first address
+// and the port named port (a name or number; "" is the slice's only
+// port). A pod listed twice (the IPv4 and IPv6 slices of a dual-stack
+// Service) counts once, at its IPv4 address. Slices of other Services and
+// of FQDN addresses are ignored; those whose port cannot be chosen are
+// skipped, each with an error.
+func readyEngines(service, port string, list []*discoveryv1.EndpointSlice) ([]config.DiscoveredEngine, []error) {
+	list = slices.Clone(list)
+	slices.SortFunc(list, func(a, b *discoveryv1.EndpointSlice) int {
+		return cmp.Or(cmp.Compare(a.AddressType, b.AddressType), cmp.Compare(a.Name, b.Name)) // IPv4 before IPv6
+	})
+	var out []config.DiscoveredEngine
+	var errs []error
+	seen := make(map[string]bool)
+	for _, s := range list {
+		if s.Labels[discoveryv1.LabelServiceName] != service || len(s.Endpoints) == 0 ||
+			(s.AddressType != discoveryv1.AddressTypeIPv4 && s.AddressType != discoveryv1.AddressTypeIPv6) {
+			continue
+		}
+		n, err := slicePort(s, port)
+		if err != nil {
+			errs = append(errs, fmt.Errorf("EndpointSlice %s/%s: %w", s.Namespace, s.Name, err))
+			continue
+		}
+		for _, e := range s.Endpoints {
+			c := e.Conditions
+			if (c.Ready != nil && !*c.Ready) || (c.Terminating != nil && *c.Terminating) || len(e.Addresses) == 0 {
+				continue
+			}
+			host := e.Addresses[0]
+			id := net.JoinHostPort(host, strconv.Itoa(n))
+			if e.TargetRef != nil && e.TargetRef.Name != "" {
+				id = e.TargetRef.Name
+			}
+			if seen[id] {
+				continue
+			}
+			seen[id] = true
+			out = append(out, config.DiscoveredEngine{ID: id, Host: host, Port: n, Zone: deref(e.Zone), Node: deref(e.NodeName)})
+		}
+	}
+	slices.SortFunc(out, func(a, b config.DiscoveredEngine) int { return cmp.Compare(a.ID, b.ID) })
+	return out, errs
+}
+
+// slicePort returns the number of slice s's port named port (a name or a
+// number), or of its only port when port is "".
+func slicePort(s *discoveryv1.EndpointSlice, port string) (int, error) {
+	var names []string
+	for _, sp := range s.Ports {
+		if sp.Port == nil {
+			continue
+		}
+		name := deref(sp.Name)
+		names = append(names, cmp.Or(name, "(unnamed)")+"="+strconv.Itoa(int(*sp.Port)))
+		if port != "" && (name == port || strconv.Itoa(int(*sp.Port)) == port) {
+			return int(*sp.Port), nil
+		}
+	}
+	switch {
+	case port != "":
+		return 0, fmt.Errorf("no port %q among its ports [%s]", port, strings.Join(names, " "))
+	case len(names) == 0:
+		return 0, errors.New("it has no ports")
+	case len(names) > 1:
+		return 0, fmt.Errorf("several ports [%s] and discovery.kubernetes.port does not choose one", strings.Join(names, " "))
+	}
+	return int(*s.Ports[0].Port), nil
+}
+
+func deref(s *string) string {
+	if s == nil {
+		return ""
+	}
+	return *s
+}
+
+// discoveryMetrics are the discoveries' metrics.
+type discoveryMetrics struct {
+	endpoints *prometheus.GaugeVec   // model
+	errors    *prometheus.CounterVec // model
+}
+
+func newDiscoveryMetrics() *discoveryMetrics {
+	return &discoveryMetrics{
+		endpoints: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Name: "kvroute_discovery_endpoints",
+			Help: "Ready engines the model's discovery saw at its last change (its pool's endpoints, before data-parallel ranks).",
+		}, []string{"model"}),
+		errors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "kvroute_discovery_errors_total",
+			Help: "Discovery errors: failed watches, EndpointSlices skipped (no usable port), endpoint lists not applied.",
+		}, []string{"model"}),
+	}
+}
+
+// addModel makes a discovered model's series, at zero.
+func (m *discoveryMetrics) addModel(name string) {
+	m.endpoints.WithLabelValues(name)
+	m.errors.WithLabelValues(name)
+}
+
+func (m *discoveryMetrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{m.endpoints, m.errors}
+}
