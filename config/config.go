@@ -429,6 +429,16 @@ func (c *Config) ApplyDefaults() {
 	setDefault(&c.Log.Level, DefaultLogLevel)
 }
 
+// InheritSignals fills the endpoint's own signals settings left unset
+// (scrape interval and timeout, flavour) from its model's, s, as
+// ApplyDefaults does.
+func (e *Endpoint) InheritSignals(s *Signals) {
+	es := &e.Signals
+	setDefault(&es.ScrapeInterval, s.ScrapeInterval)
+	setDefault(&es.ScrapeTimeout, s.ScrapeTimeout)
+	setDefault(&es.Flavor, s.Flavor)
+}
+
 func (m *Model) applyDefaults() {
 	m.PD.applyDefaults()
 	for i := range m.Endpoints {
@@ -454,10 +464,7 @@ func (m *Model) applyDefaults() {
 	setDefault(&sg.Flavor, DefaultMetricsFlavor)
 	setDefault(&sg.MetricsPath, DefaultMetricsPath)
 	for i := range m.Endpoints {
-		es := &m.Endpoints[i].Signals
-		setDefault(&es.ScrapeInterval, sg.ScrapeInterval)
-		setDefault(&es.ScrapeTimeout, sg.ScrapeTimeout)
-		setDefault(&es.Flavor, sg.Flavor)
+		m.Endpoints[i].InheritSignals(sg)
 	}
 	if m.Precise.Enabled() {
 		pr := &m.Precise

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"maps"
 	"reflect"
+	"slices"
 	"strings"
 
 	"github.com/kvroute/kvroute"
@@ -41,11 +42,30 @@ func (p *Proxy) newEndpointSet(pl *pool, m *config.Model, eps []kvroute.Endpoint
 		}
 		up, err := p.newEndpointProxy(pl, ep)
 		if err != nil {
+			p.forgetNew(pl, s, old)
 			return nil, fmt.Errorf("endpoints[%d].url: %w", configIndex(m, ep.ID), err)
 		}
 		s.byID[ep.ID] = up
 	}
 	return s, nil
+}
+
+// forgetNew deletes the metric series that building set made for
+// endpoints old does not have: a change refused after its sets were
+// built leaves no series of endpoints that never joined.
+func (p *Proxy) forgetNew(pl *pool, set, old *endpointSet) {
+	for id := range set.byID {
+		if old == nil || old.byID[id] == nil {
+			p.forgetEndpoint(pl.model, id)
+		}
+	}
+}
+
+// dropPlanned undoes the metric series of changes planned but not applied.
+func (p *Proxy) dropPlanned(plans []planned) {
+	for _, pc := range plans {
+		p.forgetNew(pc.pl, pc.set, pc.pl.set.Load())
+	}
 }
 
 // configIndex returns the index in m.Endpoints of the endpoint that router
@@ -193,6 +213,20 @@ func (p *Proxy) reload(load func() (config.Config, error)) (ReloadResult, error)
 	if err != nil {
 		return ReloadResult{}, fmt.Errorf("proxy: reload: %w", err)
 	}
+	// The endpoints' own signals settings as written: ApplyDefaults fills
+	// those left unset from the file's model settings, but a running model
+	// keeps its own settings until a restart, and its endpoints inherit
+	// from those (else a model-level scrape_interval changed in the file
+	// would reach every endpoint as an endpoint change, and a P/D model's
+	// reload would be refused for it).
+	own := make(map[string][]config.EndpointSignals, len(cfg.Models))
+	for _, m := range cfg.Models {
+		s := make([]config.EndpointSignals, len(m.Endpoints))
+		for j := range m.Endpoints {
+			s[j] = m.Endpoints[j].Signals
+		}
+		own[m.Name] = s
+	}
 	cfg.ApplyDefaults()
 	if err := cfg.Validate(); err != nil {
 		return ReloadResult{}, fmt.Errorf("proxy: reload: invalid config: %w", err)
@@ -212,8 +246,15 @@ func (p *Proxy) reload(load func() (config.Config, error)) (ReloadResult, error)
 			continue
 		}
 		path := fmt.Sprintf("models[%d]", i)
-		pc, err := p.planEndpoints(pl, path, m.Endpoints)
+		running := pl.set.Load().model
+		eps := slices.Clone(m.Endpoints)
+		for j := range eps {
+			eps[j].Signals = own[m.Name][j]
+			eps[j].InheritSignals(&running.Signals)
+		}
+		pc, err := p.planEndpoints(pl, path, eps)
 		if err != nil {
+			p.dropPlanned(plans)
 			return ReloadResult{}, fmt.Errorf("proxy: reload: %w", err)
 		}
 		if pc == nil {
@@ -229,8 +270,9 @@ func (p *Proxy) reload(load func() (config.Config, error)) (ReloadResult, error)
 		plans = append(plans, *pc)
 	}
 	// Valid: apply.
-	for _, pc := range plans {
+	for k, pc := range plans {
 		if err := p.apply(pc, "reload"); err != nil {
+			p.dropPlanned(plans[k+1:])
 			// SetEndpoints checks only what KVEndpoints and Validate did.
 			return ReloadResult{}, fmt.Errorf("proxy: reload: %w", err)
 		}

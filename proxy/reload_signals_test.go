@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"log/slog"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -74,5 +75,80 @@ func TestReloadMovesScrapeGroup(t *testing.T) {
 		if strings.Contains(l, "address already in use") {
 			t.Errorf("a subscription found its address in use: %s", l)
 		}
+	}
+}
+
+// TestReloadModelSignalsNeedRestart: a model-level signals setting changed
+// in the file is reported as needing a restart and is not applied: the
+// endpoints, which inherit it, keep inheriting the running value (so it
+// is not an endpoint change either).
+func TestReloadModelSignalsNeedRestart(t *testing.T) {
+	a := newBackend(t, "a", okHandler("a"))
+	mk := func(iv time.Duration) config.Config {
+		c := testConfig(policy.Default, a.URL)
+		c.Models[0].Signals = config.Signals{ScrapeInterval: iv}
+		return c
+	}
+	tp := newTestProxyWith(t, mk(time.Second), policy.New)
+	res, err := tp.Reload(reloadTo(mk(10 * time.Millisecond)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Models) != 0 || !slices.Contains(res.Restart, "models[0].signals") {
+		t.Errorf("reload: models %+v, restart %q; want no endpoint change and models[0].signals needing a restart", res.Models, res.Restart)
+	}
+	if got := tp.Router("m").Endpoints(); len(got) != 1 {
+		t.Fatalf("endpoints %+v", got)
+	}
+	if iv := tp.pools["m"].set.Load().model.Endpoints[0].Signals.ScrapeInterval; iv != time.Second {
+		t.Errorf("the endpoint's scrape interval after the reload: %v, want the running 1s", iv)
+	}
+	// An endpoint's own setting is the endpoint's, and changes live.
+	next := mk(10 * time.Millisecond)
+	next.Models[0].Endpoints[0].Signals.ScrapeInterval = 50 * time.Millisecond
+	if res, err := tp.Reload(reloadTo(next)); err != nil || len(res.Models) != 1 {
+		t.Errorf("reload of the endpoint's own scrape_interval: %+v, %v; want one model changed", res, err)
+	}
+}
+
+// TestReloadPDModelSignalsNotRefused: a model-level signals setting
+// changed on a P/D model (needing a restart) does not refuse the reload as
+// if its endpoints had changed: another model's endpoints change.
+func TestReloadPDModelSignalsNotRefused(t *testing.T) {
+	a := newBackend(t, "a", okHandler("a"))
+	b := newBackend(t, "b", okHandler("b"))
+	mk := func(iv time.Duration, urls ...string) config.Config {
+		c := testConfig(policy.Default, urls...)
+		pd := pdTestConfig("", "nixl", a.URL, b.URL)
+		pd.Models[0].Signals = config.Signals{ScrapeInterval: iv}
+		c.Models = append(c.Models, pd.Models[0])
+		return c
+	}
+	tp := newTestProxyWith(t, mk(time.Second, a.URL), policy.New)
+	res, err := tp.Reload(reloadTo(mk(500*time.Millisecond, a.URL, b.URL)))
+	if err != nil || len(res.Models) != 1 || res.Models[0].Model != "m" {
+		t.Errorf("reload: %+v, %v; want model m's endpoints changed", res, err)
+	}
+}
+
+// TestReloadRefusedLeavesNoSeries: a reload refused after a model's new
+// endpoints were prepared (here: another model is P/D) leaves no metric
+// series of endpoints that never joined.
+func TestReloadRefusedLeavesNoSeries(t *testing.T) {
+	a := newBackend(t, "a", okHandler("a"))
+	cfg := testConfig(policy.Default, a.URL)
+	cfg.Models = append(cfg.Models, pdTestConfig("", "nixl", a.URL, a.URL).Models[0])
+	cfg.Models[0].Signals.Disabled = true
+	tp := newTestProxyWith(t, cfg, policy.New)
+	next := cfg
+	next.Models = slices.Clone(cfg.Models)
+	next.Models[0].Endpoints = append(slices.Clone(cfg.Models[0].Endpoints), config.Endpoint{ID: "ghost", URL: "http://127.0.0.1:1"})
+	next.Models[1].Endpoints = slices.Clone(cfg.Models[1].Endpoints)
+	next.Models[1].Endpoints[0].Weight = 2
+	if _, err := tp.Reload(reloadTo(next)); err == nil {
+		t.Fatal("a reload changing a P/D model's endpoints was not refused")
+	}
+	if out := gather(t, tp); strings.Contains(out, "ghost") {
+		t.Errorf("/metrics names an endpoint that never joined:\n%s", grepLines(out, "ghost"))
 	}
 }

@@ -133,6 +133,12 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Fprintf(stdout, "%s: ok (%d models, %d endpoints)\n", *checkFile, len(cfg.Models), n)
 		return nil
 	}
+	// SIGHUP is caught from here on, before the slow part of the start (a
+	// tokenizer to load): its default action would end the process. One
+	// sent before the router serves waits in the channel.
+	hup := make(chan os.Signal, 1)
+	signal.Notify(hup, syscall.SIGHUP)
+	defer signal.Stop(hup)
 
 	var cfg config.Config
 	switch {
@@ -196,20 +202,18 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if err != nil {
 		return fmt.Errorf("serve: %w", err)
 	}
-	if quick {
-		return p.Serve(ctx, ln)
-	}
-	// SIGHUP reloads the file, with the same flags over it.
-	load := func() (config.Config, error) {
-		c, err := loadConfigFile(*configFile)
-		if err == nil {
-			overlay(&c)
+	// SIGHUP reloads the file, with the same flags over it; in quick mode
+	// there is nothing to reload (nil).
+	var load func() (config.Config, error)
+	if !quick {
+		load = func() (config.Config, error) {
+			c, err := loadConfigFile(*configFile)
+			if err == nil {
+				overlay(&c)
+			}
+			return c, err
 		}
-		return c, err
 	}
-	hup := make(chan os.Signal, 1)
-	signal.Notify(hup, syscall.SIGHUP)
-	defer signal.Stop(hup)
 	rctx, stopReloads := context.WithCancel(ctx)
 	var wg sync.WaitGroup
 	wg.Go(func() { reloadOnSignal(rctx, hup, p, *configFile, load, logger) })
@@ -220,13 +224,18 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 }
 
 // reloadOnSignal reloads p's config (load) on each receive from sig until
-// ctx is done. proxy.Reload logs what it did, or the error.
+// ctx is done. proxy.Reload logs what it did, or the error. With load nil
+// (quick mode, no file) it logs that there is nothing to reload.
 func reloadOnSignal(ctx context.Context, sig <-chan os.Signal, p *proxy.Proxy, file string, load func() (config.Config, error), log *slog.Logger) {
 	for {
 		select {
 		case <-ctx.Done():
 			return
 		case <-sig:
+		}
+		if load == nil {
+			log.Warn("SIGHUP: nothing to reload (quick mode has no --config file); the router keeps running")
+			continue
 		}
 		log.Info("reloading the config", "file", file)
 		_, _ = p.Reload(load)

@@ -176,3 +176,69 @@ timeouts: {shutdown: 2s}
 		t.Fatal("serve did not stop on SIGTERM")
 	}
 }
+
+// TestServeQuickModeSIGHUP: without --config there is nothing to reload:
+// a SIGHUP is logged and the router keeps serving (its default action
+// would end the process).
+func TestServeQuickModeSIGHUP(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a process")
+	}
+	engine := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		fmt.Fprint(w, `{"id":"cmpl-1","object":"text_completion","model":"m","choices":[{"index":0,"text":"x","finish_reason":"stop"}]}`)
+	}))
+	t.Cleanup(engine.Close)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := ln.Addr().String()
+	ln.Close()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestServeHelperProcess$")
+	cmd.Env = append(os.Environ(), "KVROUTE_SERVE_HELPER="+strings.Join([]string{"serve", "--listen", addr, "--model", "m",
+		"--endpoint", engine.URL, "--log-level", "info"}, "\n"))
+	logs := &lockedBuffer{}
+	cmd.Stderr = logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	defer func() {
+		_ = cmd.Process.Kill()
+		<-done
+	}()
+	post := func() int {
+		resp, err := http.Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"hi"}`))
+		if err != nil {
+			return 0
+		}
+		_, _ = io.Copy(io.Discard, resp.Body)
+		resp.Body.Close()
+		return resp.StatusCode
+	}
+	for deadline := time.Now().Add(10 * time.Second); post() != http.StatusOK; time.Sleep(20 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatalf("the router does not serve; logs:\n%s", logs.String())
+		}
+	}
+	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
+		t.Fatal(err)
+	}
+	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), "nothing to reload"); time.Sleep(20 * time.Millisecond) {
+		select {
+		case err := <-done:
+			done <- err
+			t.Fatalf("serve ended on SIGHUP: %v; logs:\n%s", err, logs.String())
+		default:
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no log of the SIGHUP; logs:\n%s", logs.String())
+		}
+	}
+	if code := post(); code != http.StatusOK {
+		t.Errorf("after the SIGHUP: status %d, want 200", code)
+	}
+}
