@@ -48,6 +48,7 @@ type endpointJSON struct {
 	Healthy        bool     `json:"healthy"`
 	ActiveOK       bool     `json:"active_ok"`
 	Ejected        bool     `json:"ejected"`
+	Absent         bool     `json:"absent"` // a data-parallel rank its server does not have
 	Ejections      int      `json:"ejections"`
 	Waiting        int      `json:"waiting"`
 	Running        int      `json:"running"`
@@ -195,7 +196,7 @@ func endpointFrom(now time.Time, es router.EndpointStatus) endpointJSON {
 	l := es.Load
 	e := endpointJSON{
 		ID: es.ID, URL: es.URL, Role: es.Role, Healthy: es.Healthy, ActiveOK: es.ActiveOK,
-		Ejected: es.EjectedUntil.After(now), Ejections: es.Ejections,
+		Ejected: es.EjectedUntil.After(now), Absent: es.Absent, Ejections: es.Ejections,
 		Waiting: l.Waiting, Running: l.Running, KVUsage: l.KVUsage, Stale: l.Stale,
 		InFlight: l.InFlight, InFlightTokens: l.InFlightTokens,
 		Scrapes: es.Signals.Scrapes, ScrapeErrors: es.Signals.Errors, LastError: es.Signals.LastError,

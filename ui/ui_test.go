@@ -116,6 +116,8 @@ func TestDashboardState(t *testing.T) {
 		ttfb.WithLabelValues(f.Endpoint.ID).Observe(0.08)
 	}
 	now = now.Add(time.Second)
+	absent := r.Endpoints()[1].ID // as a data-parallel rank its server does not have
+	r.SetAbsent(now, absent, true)
 
 	rec := httptest.NewRecorder()
 	d.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/ui/api/state", nil))
@@ -128,6 +130,11 @@ func TestDashboardState(t *testing.T) {
 	}
 	if len(st.Models) != 1 || len(st.Models[0].Endpoints) != 2 {
 		t.Fatalf("models = %+v, want one model with two endpoints", st.Models)
+	}
+	for _, e := range st.Models[0].Endpoints {
+		if e.Absent != (e.ID == absent) || e.Absent && e.Healthy {
+			t.Errorf("endpoint %s: absent %v healthy %v, want %s alone absent (and not healthy)", e.ID, e.Absent, e.Healthy, absent)
+		}
 	}
 	if got := st.Models[0].Policy; got != "kv-aware" {
 		t.Errorf("policy = %q, want kv-aware", got)

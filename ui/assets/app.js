@@ -196,7 +196,7 @@
     $("fleet-count").textContent = `· ${m.endpoints.length} endpoints of ${m.name}`;
     const rows = m.endpoints.map((e) => {
       const health = !e.healthy
-        ? h("span", { class: "health bad" }, e.ejected ? "ejected" : e.active_ok ? "down" : "failing checks")
+        ? h("span", { class: "health bad" }, e.absent ? "absent rank" : e.ejected ? "ejected" : e.active_ok ? "down" : "failing checks")
         : h("span", { class: "health ok" }, "healthy");
       const kvPct = Math.max(0, Math.min(1, e.kv_usage || 0));
       const kv = h("div", { class: "kv" },
