@@ -298,15 +298,7 @@ func testDataParallelSignals(t *testing.T, start int) {
 	m.Endpoints[0].KVEvents = config.KVEvents{Address: "tcp://127.0.0.1:" + strconv.Itoa(port)}
 	m.Endpoints[0].DataParallelStartRank = start
 	tp := newTestProxyWith(t, cfg, policy.New)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- tp.RunSignals(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("RunSignals: %v", err)
-		}
-	})
+	runSignals(t, tp)
 
 	r := tp.Router("m")
 	waitFor(t, "both ranks scraped", func() bool {
@@ -392,15 +384,7 @@ func TestDataParallelAffinity(t *testing.T) {
 	m.Precise = config.Precise{Tokenizer: config.BuiltinTokenizer}
 	m.Endpoints[0].KVEvents = config.KVEvents{Address: "tcp://127.0.0.1:" + strconv.Itoa(port)}
 	tp := newTestProxyWith(t, cfg, policy.New)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- tp.RunSignals(ctx) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("RunSignals: %v", err)
-		}
-	})
+	runSignals(t, tp)
 	for _, p := range pubs {
 		p.waitSubscribed()
 	}
@@ -683,4 +667,18 @@ func TestDataParallelAbsentRanks(t *testing.T) {
 			post(20)
 		})
 	}
+}
+
+// runSignals runs tp's engine signals (RunSignals) until the test ends.
+func runSignals(t *testing.T, tp *testProxy) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- tp.RunSignals(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		if err := <-done; err != nil {
+			t.Errorf("RunSignals: %v", err)
+		}
+	})
 }
