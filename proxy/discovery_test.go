@@ -423,3 +423,35 @@ func TestDiscoveryClientError(t *testing.T) {
 		t.Errorf("endpoints: got %d, want 0", n)
 	}
 }
+
+// TestDiscoveryKVEvents: a discovered model whose endpoint template
+// publishes KV events has a precise index from the start (it has no
+// endpoints yet), and each engine discovered gets its KV-event
+// subscription at its pod's address and the template's port.
+func TestDiscoveryKVEvents(t *testing.T) {
+	a := newBackend(t, "a", okHandler("a"))
+	host, port := hostPort(t, a.URL)
+	cluster := newFakeCluster()
+	cfg := discoveryConfig("first")
+	m := &cfg.Models[0]
+	m.Precise = config.Precise{Tokenizer: config.BuiltinTokenizer}
+	m.Discovery.Kubernetes.Endpoint.KVEvents = config.KVEventPorts{Port: 5557}
+	tp := discoveryProxy(t, cfg, cluster)
+	if tp.PreciseIndex("m") == nil {
+		t.Fatal("no precise index for a discovered model whose engines publish KV events")
+	}
+	<-cluster.watching
+	cluster.put(t, slice("s1", "vllm", "http", port, readyEndpoint("pod-a", host)))
+	waitFor(t, "pod-a discovered", func() bool { return len(tp.Router("m").Endpoints()) == 1 })
+	var got []string
+	for _, ts := range tp.signalTargets() {
+		for _, tg := range ts {
+			if tg.KVEvents != nil {
+				got = append(got, tg.Endpoint+" "+tg.KVEvents.Address)
+			}
+		}
+	}
+	if want := "pod-a tcp://" + host + ":5557"; len(got) != 1 || got[0] != want {
+		t.Errorf("KV-event subscriptions: got %q, want [%s]", got, want)
+	}
+}
