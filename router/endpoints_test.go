@@ -556,3 +556,46 @@ func TestSetEndpointsForgetsPickerState(t *testing.T) {
 		t.Fatalf("got %s, want e1 (e0's tree forgotten)", f.Endpoint.ID)
 	}
 }
+
+// observingPicker is pickFirstHealthy that counts the outcomes it learns
+// from, by endpoint.
+type observingPicker struct {
+	pickFirstHealthy
+	observed map[string]int
+}
+
+func (p *observingPicker) Observe(_ time.Time, o kvroute.Outcome) { p.observed[o.Endpoint]++ }
+
+// TestSetEndpointsRemovedTeachesNothing: a flight that ends after its
+// engine left the pool is not learned from, even when the endpoint was
+// first updated in place (the flight holds the copy from before) and only
+// then removed; one whose engine stays, updated in place, is.
+func TestSetEndpointsRemovedTeachesNothing(t *testing.T) {
+	p := &observingPicker{observed: map[string]int{}}
+	r := newTestRouter(t, 2, p)
+	route := func(id string) *Flight {
+		t.Helper()
+		f, err := r.Route(t0, &kvroute.Request{ID: id, Model: "m", Prompt: "x"}, []string{"e1"})
+		if err != nil || f.Endpoint.ID != "e0" {
+			t.Fatalf("route %s: %v, %v; want e0", id, f, err)
+		}
+		return f
+	}
+	kept, gone := route("kept"), route("gone")
+	heavier := epsOf(0, 1)
+	heavier[0].Weight = 3 // e0 updated in place: the flights hold its old copy
+	if err := r.SetEndpoints(t0, heavier, nil); err != nil {
+		t.Fatal(err)
+	}
+	r.Done(t0, kept, kvroute.Outcome{})
+	if p.observed["e0"] != 1 {
+		t.Fatalf("the flight on e0, updated in place, was not learned from: %v", p.observed)
+	}
+	if err := r.SetEndpoints(t0, epsOf(1), nil); err != nil {
+		t.Fatal(err)
+	}
+	r.Done(t0, gone, kvroute.Outcome{})
+	if p.observed["e0"] != 1 {
+		t.Errorf("a flight on e0 after e0 was removed was learned from: %v", p.observed)
+	}
+}

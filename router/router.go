@@ -161,8 +161,11 @@ type Router struct {
 const idCacheBits = 8
 
 type endpoint struct {
-	ep      kvroute.Endpoint
-	idx     int // in Router.eps
+	ep  kvroute.Endpoint
+	idx int // in Router.eps
+	// engine is shared by the copies SetEndpoints makes of an endpoint
+	// updated in place: one engine, however many copies flights hold.
+	engine  *engineLife
 	view    *signals.View
 	precise bool
 
@@ -274,12 +277,21 @@ func preciseSet(ids []string) map[string]bool {
 	return m
 }
 
+// engineLife is what the copies of one endpoint share. Protected by
+// Router.mu.
+type engineLife struct {
+	// removed: SetEndpoints took the engine out of the pool (removed, or
+	// its ID given to another engine).
+	removed bool
+}
+
 // newEndpoint returns the state of an endpoint new to the pool: healthy,
 // no signals yet, nothing in the approximate indexes. Called with r.mu
 // held (or before r is shared).
 func (r *Router) newEndpoint(ep kvroute.Endpoint, precise bool) *endpoint {
 	return &endpoint{
 		ep:       ep,
+		engine:   new(engineLife),
 		view:     signals.NewView(signals.ViewConfig{StaleAfter: r.cfg.StaleAfter}),
 		precise:  precise && r.cfg.Precise != nil,
 		activeOK: true,
@@ -368,6 +380,7 @@ func (r *Router) SetEndpoints(now time.Time, eps []kvroute.Endpoint, precise []s
 		if stays[e.ep.ID] == e {
 			continue
 		}
+		e.engine.removed = true
 		r.approx.Remove(e.ep.ID)
 		r.gap.Remove(e.ep.ID)
 		if forget != nil {
@@ -870,10 +883,10 @@ func (r *Router) Done(now time.Time, f *Flight, o kvroute.Outcome) {
 	o.Endpoint = f.e.ep.ID
 	o.QueueDepth = f.queue
 	if l, ok := r.picker.(kvroute.Learner); ok {
-		// A flight on an endpoint that SetEndpoints removed since, or
-		// whose ID names another engine now, teaches nothing of the
+		// A flight on an engine that SetEndpoints removed since (its ID
+		// gone, or naming another engine now) teaches nothing of the
 		// endpoint the ID names (it was forgotten).
-		if cur := r.byID[f.e.ep.ID]; cur != nil && sameEngine(&cur.ep, &f.e.ep) {
+		if !f.e.engine.removed {
 			l.Observe(now, o)
 		}
 	}
