@@ -34,18 +34,7 @@ func testDP(t testing.TB, cfg Config, size int) (*DP, *httptest.Server) {
 	hs := httptest.NewServer(d.Handler())
 	host, port := splitHostPort(t, hs.URL)
 	d.SetAdvertise(host, port)
-	ctx, cancel := context.WithCancel(context.Background())
-	var wg sync.WaitGroup
-	wg.Go(func() {
-		if err := d.Run(ctx); err != nil {
-			t.Errorf("Run: %v", err)
-		}
-	})
-	t.Cleanup(func() {
-		hs.Close()
-		cancel()
-		wg.Wait()
-	})
+	runUntilCleanup(t, hs, d.Run)
 	return d, hs
 }
 

@@ -48,21 +48,25 @@ func testServer(t testing.TB, cfg Config) (*Server, *httptest.Server) {
 	hs := httptest.NewServer(s.Handler())
 	host, port := splitHostPort(t, hs.URL)
 	s.SetAdvertise(host, port)
+	runUntilCleanup(t, hs, s.Run)
+	return s, hs
+}
+
+// runUntilCleanup runs run (an engine's Run) until the test ends, then
+// closes hs, stops it and waits for it.
+func runUntilCleanup(t testing.TB, hs *httptest.Server, run func(context.Context) error) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
-	wg.Add(1)
-	go func() {
-		defer wg.Done()
-		if err := s.Run(ctx); err != nil {
+	wg.Go(func() {
+		if err := run(ctx); err != nil {
 			t.Errorf("Run: %v", err)
 		}
-	}()
+	})
 	t.Cleanup(func() {
 		hs.Close()
 		cancel()
 		wg.Wait()
 	})
-	return s, hs
 }
 
 func post(t testing.TB, url, body string) (int, []byte) {

@@ -54,12 +54,7 @@ func TestEngineDataParallel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	out := &lockedBuffer{}
-	done := make(chan error, 1)
-	go func() {
-		done <- run(ctx, []string{"engine", "--model", "m", "--listen", addr, "--speed", "20", "--log-level", "info",
-			"--data-parallel-size", "2"}, out, out)
-	}()
-	awaitEngineUp(t, addr, out)
+	done := engineInProcess(t, ctx, addr, out, "--log-level", "info", "--data-parallel-size", "2")
 	if !strings.Contains(out.String(), "data_parallel_size=2") {
 		t.Errorf("the log does not give the size: %s", out.String())
 	}

@@ -231,15 +231,21 @@ func TestEnginePDBetweenProcesses(t *testing.T) {
 	}
 }
 
-// awaitEngineUp waits until the engine run in-process at addr answers
-// /health, failing with its output out after 10s.
-func awaitEngineUp(t *testing.T, addr string, out *lockedBuffer) {
+// engineInProcess runs `kvroute engine --model m --listen addr --speed 20`
+// and args in-process until ctx is done, writing to out, and returns once
+// it answers /health (failing with its output after 10s); run's error
+// comes on the channel returned.
+func engineInProcess(t *testing.T, ctx context.Context, addr string, out *lockedBuffer, args ...string) <-chan error {
 	t.Helper()
+	done := make(chan error, 1)
+	go func() {
+		done <- run(ctx, append([]string{"engine", "--model", "m", "--listen", addr, "--speed", "20"}, args...), out, out)
+	}()
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
 		resp, err := http.Get("http://" + addr + "/health")
 		if err == nil {
 			resp.Body.Close()
-			return
+			return done
 		}
 		if time.Now().After(deadline) {
 			t.Fatalf("engine not up: %v\n%s", err, out.String())
@@ -357,12 +363,7 @@ func TestEngineDrainsOnStop(t *testing.T) {
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			out := &lockedBuffer{}
-			done := make(chan error, 1)
-			go func() {
-				done <- run(ctx, []string{"engine", "--model", "m", "--listen", addr, "--speed", "20", "--log-level", "warn",
-					"--shutdown-timeout", tc.timeout}, out, out)
-			}()
-			awaitEngineUp(t, addr, out)
+			done := engineInProcess(t, ctx, addr, out, "--log-level", "warn", "--shutdown-timeout", tc.timeout)
 			resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(
 				`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1500,"stream":true}`))
 			if err != nil {

@@ -33,6 +33,36 @@ func TestServeHelperProcess(t *testing.T) {
 	os.Exit(exitCode(err, interrupted, os.Stderr))
 }
 
+// serveProcess is `kvroute serve` run as a process of its own (this test
+// binary as TestServeHelperProcess), killed at the end of the test unless
+// it exited.
+type serveProcess struct {
+	cmd    *exec.Cmd
+	logs   *lockedBuffer // its stderr
+	done   chan error    // cmd.Wait's result
+	exited bool          // done was read
+}
+
+// startServeProcess starts `kvroute` with args.
+func startServeProcess(t *testing.T, args ...string) *serveProcess {
+	t.Helper()
+	cmd := exec.Command(os.Args[0], "-test.run=^TestServeHelperProcess$")
+	cmd.Env = append(os.Environ(), "KVROUTE_SERVE_HELPER="+strings.Join(args, "\n"))
+	sp := &serveProcess{cmd: cmd, logs: &lockedBuffer{}, done: make(chan error, 1)}
+	cmd.Stderr = sp.logs
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { sp.done <- cmd.Wait() }()
+	t.Cleanup(func() {
+		if !sp.exited {
+			_ = cmd.Process.Kill()
+			<-sp.done
+		}
+	})
+	return sp
+}
+
 // TestServeReloadsOnSIGHUP: `kvroute serve --config FILE` reads the file
 // again on SIGHUP and routes to the engine it adds; an invalid file then
 // changes nothing and is counted as a failed reload.
@@ -77,22 +107,8 @@ timeouts: {shutdown: 2s}
 	}
 	write(fmt.Sprintf("      - {id: a, url: %s}", a.URL))
 
-	cmd := exec.Command(os.Args[0], "-test.run=^TestServeHelperProcess$")
-	cmd.Env = append(os.Environ(), "KVROUTE_SERVE_HELPER="+strings.Join([]string{"serve", "--config", path, "--log-level", "info"}, "\n"))
-	logs := &lockedBuffer{}
-	cmd.Stderr = logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	stopped := false
-	t.Cleanup(func() {
-		if !stopped {
-			_ = cmd.Process.Kill()
-			<-done
-		}
-	})
+	sp := startServeProcess(t, "serve", "--config", path, "--log-level", "info")
+	cmd, logs := sp.cmd, sp.logs
 	base := "http://" + addr
 	poll := func(what string, cond func() bool) {
 		t.Helper()
@@ -167,8 +183,8 @@ timeouts: {shutdown: 2s}
 
 	_ = cmd.Process.Signal(syscall.SIGTERM)
 	select {
-	case err := <-done:
-		stopped = true
+	case err := <-sp.done:
+		sp.exited = true
 		if err != nil {
 			t.Fatalf("serve exited with %v; logs:\n%s", err, logs.String())
 		}
@@ -196,20 +212,8 @@ func TestServeQuickModeSIGHUP(t *testing.T) {
 	}
 	addr := ln.Addr().String()
 	ln.Close()
-	cmd := exec.Command(os.Args[0], "-test.run=^TestServeHelperProcess$")
-	cmd.Env = append(os.Environ(), "KVROUTE_SERVE_HELPER="+strings.Join([]string{"serve", "--listen", addr, "--model", "m",
-		"--endpoint", engine.URL, "--log-level", "info"}, "\n"))
-	logs := &lockedBuffer{}
-	cmd.Stderr = logs
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
-	defer func() {
-		_ = cmd.Process.Kill()
-		<-done
-	}()
+	sp := startServeProcess(t, "serve", "--listen", addr, "--model", "m", "--endpoint", engine.URL, "--log-level", "info")
+	cmd, logs := sp.cmd, sp.logs
 	post := func() int {
 		resp, err := http.Post("http://"+addr+"/v1/completions", "application/json", strings.NewReader(`{"model":"m","prompt":"hi"}`))
 		if err != nil {
@@ -229,8 +233,8 @@ func TestServeQuickModeSIGHUP(t *testing.T) {
 	}
 	for deadline := time.Now().Add(10 * time.Second); !strings.Contains(logs.String(), "nothing to reload"); time.Sleep(20 * time.Millisecond) {
 		select {
-		case err := <-done:
-			done <- err
+		case err := <-sp.done:
+			sp.exited = true
 			t.Fatalf("serve ended on SIGHUP: %v; logs:\n%s", err, logs.String())
 		default:
 		}
