@@ -10,7 +10,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/policy"
 )
@@ -75,39 +74,9 @@ func TestReloadBetweenRouteAndDispatchSameID(t *testing.T) {
 		c.Models[0].Endpoints[0].ID = "gpu-0"
 		return c
 	}
-	var armed atomic.Bool
-	var p *Proxy
-	clock := newFakeClock()
-	now := func() time.Time {
-		if armed.CompareAndSwap(true, false) { // the first clock read after the pick
-			if _, err := p.Reload(reloadTo(mk(b.URL))); err != nil {
-				t.Error(err)
-			}
-		}
-		return clock.Now()
-	}
-	pickers := func(string, map[string]any, uint64) (kvroute.Picker, error) {
-		return kvroute.PickerFunc(func(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
-			d := firstHealthy(now, req, cands)
-			if d.Index >= 0 && cands[d.Index].Endpoint.URL == a.URL {
-				armed.Store(true)
-			}
-			return d
-		}), nil
-	}
-	var err error
-	p, err = New(Options{Config: mk(a.URL), NewPicker: pickers, Now: now})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(p)
-	t.Cleanup(srv.Close)
-	resp, err := http.Post(srv.URL+PathCompletions, "application/json", strings.NewReader(`{"model":"m","prompt":"hi"}`))
-	if err != nil {
-		t.Fatal(err)
-	}
-	if body := readAll(t, resp); resp.StatusCode != http.StatusOK || b.hits.Load() != 1 || a.hits.Load() != 0 {
-		t.Errorf("got %d %s (a hits %d, b hits %d), want 200 from b, gpu-0's engine now", resp.StatusCode, body, a.hits.Load(), b.hits.Load())
+	_, status, body := reloadWhileRouting(t, mk(a.URL), mk(b.URL), a.URL)
+	if status != http.StatusOK || b.hits.Load() != 1 || a.hits.Load() != 0 {
+		t.Errorf("got %d %s (a hits %d, b hits %d), want 200 from b, gpu-0's engine now", status, body, a.hits.Load(), b.hits.Load())
 	}
 }
 

@@ -460,27 +460,27 @@ func TestReloadDataParallel(t *testing.T) {
 	}
 }
 
-// TestReloadBetweenRouteAndDispatch: a request routed to an endpoint that
-// a reload removes before the request is sent is retried on another
-// endpoint, and the removed one sees nothing.
-func TestReloadBetweenRouteAndDispatch(t *testing.T) {
-	a := newBackend(t, "a", okHandler("a"))
-	b := newBackend(t, "b", okHandler("b"))
+// reloadWhileRouting serves one request through a proxy of start whose
+// picker, having chosen the endpoint at trigger (the first healthy), makes
+// the clock's next reading (before the request is sent) reload next. It
+// returns the proxy (with its registry) and the response's status and body.
+func reloadWhileRouting(t *testing.T, start, next config.Config, trigger string) (tp *testProxy, status int, body string) {
+	t.Helper()
 	var armed atomic.Bool // set by the picker: the clock's next reading reloads
 	var p *Proxy
 	clock := newFakeClock()
 	now := func() time.Time {
 		if armed.CompareAndSwap(true, false) {
-			if _, err := p.Reload(reloadTo(testConfig("first", b.URL))); err != nil {
+			if _, err := p.Reload(reloadTo(next)); err != nil {
 				t.Error(err)
 			}
 		}
 		return clock.Now()
 	}
-	pickers := func(name string, params map[string]any, seed uint64) (kvroute.Picker, error) {
+	pickers := func(string, map[string]any, uint64) (kvroute.Picker, error) {
 		return kvroute.PickerFunc(func(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
 			d := firstHealthy(now, req, cands)
-			if d.Index >= 0 && cands[d.Index].Endpoint.URL == a.URL {
+			if d.Index >= 0 && cands[d.Index].Endpoint.URL == trigger {
 				armed.Store(true)
 			}
 			return d
@@ -488,7 +488,7 @@ func TestReloadBetweenRouteAndDispatch(t *testing.T) {
 	}
 	reg := prometheus.NewRegistry()
 	var err error
-	p, err = New(Options{Config: testConfig("first", a.URL, b.URL), NewPicker: pickers, Registerer: reg, Gatherer: reg, Now: now})
+	p, err = New(Options{Config: start, NewPicker: pickers, Registerer: reg, Gatherer: reg, Now: now})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -498,17 +498,27 @@ func TestReloadBetweenRouteAndDispatch(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if body := readAll(t, resp); resp.StatusCode != http.StatusOK || !strings.Contains(body, "from b") {
-		t.Fatalf("got %d %q, want b's answer", resp.StatusCode, body)
+	body = readAll(t, resp)
+	return &testProxy{Proxy: p, reg: reg, clock: clock}, resp.StatusCode, body
+}
+
+// TestReloadBetweenRouteAndDispatch: a request routed to an endpoint that
+// a reload removes before the request is sent is retried on another
+// endpoint, and the removed one sees nothing.
+func TestReloadBetweenRouteAndDispatch(t *testing.T) {
+	a := newBackend(t, "a", okHandler("a"))
+	b := newBackend(t, "b", okHandler("b"))
+	tp, status, body := reloadWhileRouting(t, testConfig("first", a.URL, b.URL), testConfig("first", b.URL), a.URL)
+	if status != http.StatusOK || !strings.Contains(body, "from b") {
+		t.Fatalf("got %d %q, want b's answer", status, body)
 	}
 	if a.hits.Load() != 0 {
 		t.Errorf("the removed endpoint got %d requests", a.hits.Load())
 	}
-	tp := &testProxy{Proxy: p, reg: reg}
-	if got := tp.metric(t, p.metrics.retries, "m", "", "endpoint_removed"); got != 1 {
+	if got := tp.metric(t, tp.metrics.retries, "m", "", "endpoint_removed"); got != 1 {
 		t.Errorf("retries for a removed endpoint: got %v, want 1", got)
 	}
-	if got := p.Router("m").View(b.URL).Load(clock.Now()).InFlight; got != 0 {
+	if got := tp.Router("m").View(b.URL).Load(tp.clock.Now()).InFlight; got != 0 {
 		t.Errorf("b in flight at the end: %d", got)
 	}
 }
