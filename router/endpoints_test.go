@@ -137,12 +137,10 @@ func TestSetEndpointsKeepsSurvivors(t *testing.T) {
 	}
 }
 
-// TestSetEndpointsDropsRemovedEntries: a removed endpoint's approximate
-// entries go with it; the same engine added back later starts with none.
-func TestSetEndpointsDropsRemovedEntries(t *testing.T) {
-	p := &recordingPicker{}
-	r := newTestRouter(t, 2, p)
-	prompt := strings.Repeat("a prompt that will be forgotten. ", 20)
+// servedThenReadded routes prompt (to e0, the first healthy) and ends it,
+// then removes e0 from r's pool and adds it back after e1.
+func servedThenReadded(t *testing.T, r *Router, prompt string) {
+	t.Helper()
 	f, err := r.Route(t0, &kvroute.Request{ID: "1", Model: "m", Prompt: prompt}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -154,6 +152,15 @@ func TestSetEndpointsDropsRemovedEntries(t *testing.T) {
 	if err := r.SetEndpoints(t0, epsOf(1, 0), nil); err != nil {
 		t.Fatal(err)
 	}
+}
+
+// TestSetEndpointsDropsRemovedEntries: a removed endpoint's approximate
+// entries go with it; the same engine added back later starts with none.
+func TestSetEndpointsDropsRemovedEntries(t *testing.T) {
+	p := &recordingPicker{}
+	r := newTestRouter(t, 2, p)
+	prompt := strings.Repeat("a prompt that will be forgotten. ", 20)
+	servedThenReadded(t, r, prompt)
 	if _, err := r.Route(t0, &kvroute.Request{ID: "2", Model: "m", Prompt: prompt}, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -535,20 +542,10 @@ func TestSetEndpointsForgetsPickerState(t *testing.T) {
 	}
 	r := newTestRouter(t, 1, pk)
 	prompt := strings.Repeat("a prompt only e0 has seen. ", 10)
-	f, err := r.Route(t0, &kvroute.Request{ID: "1", Model: "m", Prompt: prompt}, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r.Done(t0, f, kvroute.Outcome{})
-	if err := r.SetEndpoints(t0, epsOf(1), nil); err != nil {
-		t.Fatal(err)
-	}
-	if err := r.SetEndpoints(t0, epsOf(1, 0), nil); err != nil {
-		t.Fatal(err)
-	}
+	servedThenReadded(t, r, prompt)
 	// A miss goes to the smallest tree, the first on ties: e1. Had the
 	// tree kept e0's prompt, the request would follow it to e0.
-	f, err = r.Route(t0, &kvroute.Request{ID: "2", Model: "m", Prompt: prompt}, nil)
+	f, err := r.Route(t0, &kvroute.Request{ID: "2", Model: "m", Prompt: prompt}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
