@@ -160,7 +160,9 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 		}
 		if x.attempt > 0 {
 			// A retry is counted and logged once it has somewhere to go.
+			x.m.series.RLock()
 			p.metrics.retries.WithLabelValues(pl.model, pl.label(failed), x.retry.String()).Inc()
+			x.m.series.RUnlock()
 			p.log.Warn("retrying on another endpoint", "request_id", id, "model", pl.model, "failed", failed,
 				"endpoint", f.Endpoint.ID, "reason", x.retry.String(), "status", x.status, "error", x.upstreamErr)
 		}
@@ -276,7 +278,9 @@ func (x *exchange) reportHealth(now time.Time, ok bool) {
 	}
 	id := x.flight.Endpoint.ID
 	if x.pool.router.ReportResult(now, id, ok) {
+		x.m.series.RLock()
 		x.p.metrics.ejections.WithLabelValues(x.pool.model, x.pool.label(id), "passive").Inc()
+		x.m.series.RUnlock()
 		x.p.log.Warn("endpoint ejected", "model", x.pool.model, "endpoint", id, "request_id", x.req.ID)
 	}
 }
@@ -337,10 +341,12 @@ func (x *exchange) finish(w http.ResponseWriter, start time.Time) {
 		code = http.StatusBadGateway
 	}
 	endpoint := ""
+	x.m.series.RLock()
 	if x.flight != nil {
 		endpoint = x.pool.label(x.flight.Endpoint.ID)
 	}
 	p.metrics.requests.WithLabelValues(x.pool.model, endpoint, strconv.Itoa(code)).Inc()
+	x.m.series.RUnlock()
 	x.m.duration.Observe(now.Sub(start).Seconds())
 	if p.log.Enabled(x.ctx, levelFor(code)) {
 		p.log.Log(x.ctx, levelFor(code), "request", "request_id", x.req.ID, "model", x.req.Model, "endpoint", endpoint,

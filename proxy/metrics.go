@@ -3,6 +3,7 @@ package proxy
 import (
 	"errors"
 	"log/slog"
+	"sync"
 
 	"github.com/prometheus/client_golang/prometheus"
 )
@@ -33,6 +34,19 @@ type metrics struct {
 type poolMetrics struct {
 	duration prometheus.Observer
 	decision prometheus.Observer
+
+	// series makes a write of a series by endpoint label atomic with the
+	// deletion of a removed endpoint's series: a writer holds it (read)
+	// from pool.label's check that the endpoint is in the pool to the
+	// write, and forgetEndpoint holds it (write) while it deletes. A
+	// reload publishes the set without the endpoint before it deletes, so
+	// a writer either wrote before the deletion or finds the endpoint
+	// gone: none brings a deleted series back. Writes through the
+	// endpointProxy's children (inflight, ttfb, the usage counters) need
+	// no lock: a deleted series' child is detached from its vector, so an
+	// Inc before the removal and its Dec after it reach that child alone
+	// (an ID added again gets a new child, starting at 0).
+	series sync.RWMutex
 }
 
 func newMetrics(p *Proxy) *metrics {
@@ -110,9 +124,15 @@ func (m *metrics) addPool(name string) {
 
 // forgetEndpoint deletes every series of an endpoint removed from a
 // model's pool, so that /metrics shows no ghosts. (Requests still in
-// progress on it are counted without it: see pool.label.)
+// progress on it are counted without it: see pool.label.) Called once
+// the endpoint is out of the pool's set; it waits for the writers that
+// found it still there (poolMetrics.series).
 func (p *Proxy) forgetEndpoint(model, id string) {
 	m := p.metrics
+	if pm := m.pools[model]; pm != nil { // nil while New builds the pools: nothing writes yet
+		pm.series.Lock()
+		defer pm.series.Unlock()
+	}
 	labels := prometheus.Labels{"model": model, "endpoint": id}
 	m.inflight.Delete(labels)
 	m.ttfb.Delete(labels)

@@ -106,13 +106,27 @@ func (pl *pool) upstream(ep *kvroute.Endpoint) *endpointProxy {
 // label returns id as the endpoint label of a metric, "" when the endpoint
 // is no longer in the pool: a request that ends on an endpoint after a
 // reload removed it is counted without it, rather than bringing back the
-// series the reload deleted.
+// series the reload deleted. The caller holds the pool's
+// poolMetrics.series (read) from label to its write of the series, so
+// that the reload cannot delete the series in between.
 func (pl *pool) label(id string) string {
 	if _, ok := pl.set.Load().byID[id]; ok {
+		if testHookLabel != nil {
+			testHookLabel(pl.model, id)
+		}
 		return id
 	}
 	return ""
 }
+
+// Test hooks, nil outside tests: testHookLabel runs in pool.label between
+// the check that the endpoint is in the pool and the caller's write;
+// testHookForget runs in apply just before the removed endpoints' series
+// are deleted.
+var (
+	testHookLabel  func(model, id string)
+	testHookForget func()
+)
 
 // preciseIDs returns the endpoints of set whose KV events feed the pool's
 // precise index.
@@ -338,8 +352,11 @@ func (p *Proxy) apply(pc planned, source string) error {
 		p.log.Error("endpoints changed: engine signals", "model", pl.model, "source", source, "error", err)
 	}
 	p.health.start(p, pl)
+	if testHookForget != nil {
+		testHookForget()
+	}
 	for _, id := range pc.change.Removed {
-		p.forgetEndpoint(pl.model, id)
+		p.forgetEndpoint(pl.model, id) // after the set without it is published: see poolMetrics.series
 	}
 	p.applied.Models[pl.index].Endpoints = pc.model.Endpoints // what runs now
 	c := pc.change

@@ -80,9 +80,12 @@ func (p *Proxy) signalTargets() map[scrapeGroup][]signals.Target {
 func (p *Proxy) onAbsent(pl *pool, id string) func(time.Time, bool) {
 	return func(now time.Time, absent bool) {
 		if pl.router.SetAbsent(now, id, absent) && absent {
+			pm := p.metrics.pools[pl.model]
+			pm.series.RLock()
 			if l := pl.label(id); l != "" {
 				p.metrics.ejections.WithLabelValues(pl.model, l, "absent").Inc()
 			}
+			pm.series.RUnlock()
 		}
 	}
 }

@@ -112,7 +112,9 @@ func (b *upstreamBody) Close() error { return b.rc.Close() }
 func (x *exchange) streamFailed(err error) {
 	x.streamErr = err
 	x.reportHealth(x.p.now(), false)
+	x.m.series.RLock()
 	x.p.metrics.streamErrors.WithLabelValues(x.pool.model, x.pool.label(x.flight.Endpoint.ID)).Inc()
+	x.m.series.RUnlock()
 	x.p.log.Warn("upstream failed mid-response", "request_id", x.req.ID, "model", x.pool.model,
 		"endpoint", x.flight.Endpoint.ID, "error", err)
 }
