@@ -90,6 +90,16 @@ const HeaderDataParallelRank = "X-Data-Parallel-Rank"
 // IsDataParallel reports whether e is one rank of a data-parallel engine.
 func (e *Endpoint) IsDataParallel() bool { return e.DataParallelSize > 1 }
 
+// SameEngine reports whether e and o, of one ID, name the same engine in
+// the same role: the same URL, place among its data-parallel ranks and
+// role. An ID whose engine is not the same (an endpoint change put another
+// engine, or another role, under it) has learned nothing of the old one:
+// health, learned rates and pins do not carry over.
+func (e *Endpoint) SameEngine(o *Endpoint) bool {
+	return e.URL == o.URL && e.DataParallelSize == o.DataParallelSize && e.DataParallelRank == o.DataParallelRank &&
+		e.Role == o.Role
+}
+
 // DataParallelID is the ID of data-parallel rank rank of the endpoint
 // configured as id: id#dp<rank>, e.g. gpu-0#dp1.
 func DataParallelID(id string, rank int) string {

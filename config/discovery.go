@@ -14,10 +14,43 @@ import (
 // (Model.Endpoints): the pool follows the engines as they come and go. The
 // endpoint list of a model with discovery belongs to it: a reload does not
 // change it, and a change of the discovery block itself needs a restart.
+//
+// A model may have several sources, each with its own endpoint template:
+// its pool is the union of their engines. A prefill/decode model has two,
+// its prefill Service (endpoint role prefill) and its decode Service (role
+// decode), which grow and shrink separately.
 type Discovery struct {
 	// Kubernetes discovers the ready endpoints of a Service from its
-	// EndpointSlices. Required (it is the only source).
+	// EndpointSlices. Required unless Sources lists a source.
 	Kubernetes *Kubernetes `yaml:"kubernetes"`
+	// Sources are more sources whose engines join the pool, after
+	// Kubernetes's (if set); default none.
+	Sources []Source `yaml:"sources"`
+}
+
+// Source is one of Discovery.Sources.
+type Source struct {
+	// Kubernetes discovers the ready endpoints of a Service. Required.
+	Kubernetes *Kubernetes `yaml:"kubernetes"`
+}
+
+// KubernetesSources returns the discovery's sources in order
+// (Discovery.Kubernetes first, then Sources), each with its config path
+// below the discovery block ("kubernetes", "sources[1].kubernetes");
+// nil for a nil Discovery. Sources left nil (invalid) are skipped.
+func (d *Discovery) KubernetesSources() (srcs []*Kubernetes, paths []string) {
+	if d == nil {
+		return nil, nil
+	}
+	if d.Kubernetes != nil {
+		srcs, paths = append(srcs, d.Kubernetes), append(paths, "kubernetes")
+	}
+	for i, s := range d.Sources {
+		if s.Kubernetes != nil {
+			srcs, paths = append(srcs, s.Kubernetes), append(paths, fmt.Sprintf("sources[%d].kubernetes", i))
+		}
+	}
+	return srcs, paths
 }
 
 // Kubernetes discovers a model's engines from the EndpointSlices of a
@@ -50,8 +83,9 @@ type Kubernetes struct {
 // address: the fields of Endpoint that do not name the engine, with
 // KV-event ports instead of addresses.
 type EndpointTemplate struct {
-	// Role is both; default both. (A prefill/decode pool's endpoints
-	// cannot change while the router runs, so discovery refuses them.)
+	// Role is both, prefill or decode; default both. A model whose
+	// sources' roles include prefill or decode is disaggregated (see
+	// Model.PD): e.g. one source of role prefill and one of role decode.
 	Role string `yaml:"role"`
 	// Weight scales each engine's share for weight-aware policies; default 1.
 	Weight int `yaml:"weight"`
@@ -136,10 +170,13 @@ func (k *Kubernetes) EndpointOf(d DiscoveredEngine) Endpoint {
 // applyDiscoveryDefaults fills the discovery's defaults, after the
 // model's signals defaults.
 func (m *Model) applyDiscoveryDefaults() {
-	if m.Discovery == nil || m.Discovery.Kubernetes == nil {
-		return
+	srcs, _ := m.Discovery.KubernetesSources()
+	for _, k := range srcs {
+		m.applyKubernetesDefaults(k)
 	}
-	k := m.Discovery.Kubernetes
+}
+
+func (m *Model) applyKubernetesDefaults(k *Kubernetes) {
 	setDefault(&k.Scheme, DefaultDiscoveryScheme)
 	t := &k.Endpoint
 	setDefault(&t.Role, kvroute.RoleBoth.String())
@@ -161,16 +198,51 @@ func (m *Model) validateDiscovery(v *validator, p string) {
 	if m.Discovery == nil {
 		return
 	}
+	mp := p
 	p += ".discovery"
 	if len(m.Endpoints) > 0 {
 		v.addf(p, "is set with endpoints: a model's endpoints are listed or discovered, not both")
 	}
-	k := m.Discovery.Kubernetes
-	if k == nil {
-		v.addf(p+".kubernetes", "is required (the only discovery source)")
+	d := m.Discovery
+	if d.Kubernetes == nil && len(d.Sources) == 0 {
+		v.addf(p+".kubernetes", "is required unless sources lists a source")
 		return
 	}
-	p += ".kubernetes"
+	for i, s := range d.Sources {
+		if s.Kubernetes == nil {
+			v.addf(fmt.Sprintf("%s.sources[%d].kubernetes", p, i), "is required")
+		}
+	}
+	srcs, paths := d.KubernetesSources()
+	services := map[string]string{} // kubeconfig, namespace and Service -> first source's path
+	pd := m.Disaggregated()
+	decoders := 0
+	for i, k := range srcs {
+		sp := p + "." + paths[i]
+		m.validateKubernetes(v, mp, sp, k)
+		key := k.Kubeconfig + "\x00" + k.Namespace + "\x00" + k.Service
+		if first, dup := services[key]; dup && k.Service != "" {
+			v.addf(sp+".service", "%q is the Service of %s again; list each Service once", k.Service, first)
+		} else {
+			services[key] = sp
+		}
+		r, err := kvroute.ParseRole(k.Endpoint.Role)
+		if err != nil || r.CanDecode() {
+			decoders++ // (an invalid role is reported for its source)
+		}
+		if pd && k.Endpoint.DataParallelSize > 1 {
+			v.addf(sp+".endpoint.data_parallel_size", "%d: data-parallel endpoints are not supported in a prefill/decode pool",
+				k.Endpoint.DataParallelSize)
+		}
+	}
+	if len(srcs) > 0 && decoders == 0 {
+		v.addf(p, "every source's endpoint role is prefill: at least one needs role both or decode to generate tokens")
+	}
+}
+
+// validateKubernetes checks Kubernetes source k, at config path p, of the
+// model at path mp.
+func (m *Model) validateKubernetes(v *validator, mp, p string, k *Kubernetes) {
 	switch {
 	case k.Service == "":
 		v.addf(p+".service", "is required")
@@ -194,10 +266,8 @@ func (m *Model) validateDiscovery(v *validator, p string) {
 	}
 	t := &k.Endpoint
 	ep := p + ".endpoint"
-	if r, err := kvroute.ParseRole(t.Role); err != nil {
+	if _, err := kvroute.ParseRole(t.Role); err != nil {
 		v.addf(ep+".role", "%q is not one of both, prefill, decode", t.Role)
-	} else if r != kvroute.RoleBoth {
-		v.addf(ep+".role", "%q: discovered endpoints must be role both (a prefill/decode pool cannot change while the router runs)", t.Role)
 	}
 	if t.Weight <= 0 {
 		v.addf(ep+".weight", "%d is not positive", t.Weight)
@@ -230,7 +300,7 @@ func (m *Model) validateDiscovery(v *validator, p string) {
 	case ev.Port == 0 && (ev.ReplayPort != 0 || ev.Topic != ""):
 		v.addf(ep+".kv_events.port", "is not set but other kv_events fields are")
 	case ev.Port != 0 && !m.Precise.Enabled():
-		v.addf(ep+".kv_events", "needs %s.precise.tokenizer: KV events are matched on token ids", strings.TrimSuffix(p, ".discovery.kubernetes"))
+		v.addf(ep+".kv_events", "needs %s.precise.tokenizer: KV events are matched on token ids", mp)
 	case t.DataParallelSize > 1 && ev.Port > 0 && max(ev.Port, ev.ReplayPort)+t.DataParallelSize-1 > 65535:
 		v.addf(ep+".kv_events.port", "%d + data-parallel ranks is above 65535", ev.Port)
 	case t.DataParallelSize > 1 && ev.ReplayPort > 0 && ev.ReplayPort < ev.Port+t.DataParallelSize && ev.Port < ev.ReplayPort+t.DataParallelSize:

@@ -69,6 +69,51 @@ func TestDiscoveryDefaultsAndEndpoint(t *testing.T) {
 	}
 }
 
+// pdSource is a valid Kubernetes source of c's discovered model: Service
+// svc in namespace inference, endpoint role role, defaults applied.
+func pdSource(c *Config, svc, role string) *Kubernetes {
+	k := &Kubernetes{Service: svc, Namespace: "inference", Endpoint: EndpointTemplate{Role: role}}
+	c.Models[0].applyKubernetesDefaults(k)
+	return k
+}
+
+// TestDiscoveryPDSources: a prefill Service and a decode Service, each
+// with its own template, make a disaggregated model whose sources come in
+// order with their config paths.
+func TestDiscoveryPDSources(t *testing.T) {
+	c, err := Parse([]byte(`
+models:
+  - name: llama
+    discovery:
+      kubernetes:
+        service: llama-prefill
+        endpoint: {role: prefill, labels: {bootstrap_port: "8998"}}
+      sources:
+        - kubernetes:
+            service: llama-decode
+            endpoint: {role: decode}
+`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := &c.Models[0]
+	if !m.Discovered() || !m.Disaggregated() {
+		t.Fatalf("Discovered %v Disaggregated %v, want true true", m.Discovered(), m.Disaggregated())
+	}
+	srcs, paths := m.Discovery.KubernetesSources()
+	if len(srcs) != 2 || srcs[0].Service != "llama-prefill" || srcs[1].Service != "llama-decode" ||
+		paths[0] != "kubernetes" || paths[1] != "sources[0].kubernetes" {
+		t.Fatalf("sources: got %v at %v", srcs, paths)
+	}
+	if srcs[1].Scheme != "http" || srcs[1].Endpoint.Weight != 1 || srcs[1].Endpoint.Signals.Flavor != "auto" {
+		t.Errorf("the second source's defaults: got %+v", srcs[1])
+	}
+	e := srcs[1].EndpointOf(DiscoveredEngine{ID: "llama-decode-0", Host: "10.0.0.9", Port: 8000})
+	if e.Role != "decode" {
+		t.Errorf("a decode Service's engine: role %q, want decode", e.Role)
+	}
+}
+
 func TestDiscoveryValidation(t *testing.T) {
 	k := func(c *Config) *Kubernetes { return c.Models[0].Discovery.Kubernetes }
 	tests := []struct {
@@ -79,7 +124,24 @@ func TestDiscoveryValidation(t *testing.T) {
 		{"both static and discovery", func(c *Config) { c.Models[0].Endpoints = []Endpoint{{URL: "http://127.0.0.1:8001"}} },
 			`models[0].discovery: is set with endpoints: a model's endpoints are listed or discovered, not both`},
 		{"no source", func(c *Config) { c.Models[0].Discovery.Kubernetes = nil },
-			`models[0].discovery.kubernetes: is required (the only discovery source)`},
+			`models[0].discovery.kubernetes: is required unless sources lists a source`},
+		{"empty source", func(c *Config) { c.Models[0].Discovery.Sources = []Source{{}} },
+			`models[0].discovery.sources[0].kubernetes: is required`},
+		{"second source checked", func(c *Config) {
+			c.Models[0].Discovery.Sources = []Source{{Kubernetes: &Kubernetes{Service: "d", Scheme: "ftp"}}}
+		},
+			`models[0].discovery.sources[0].kubernetes.scheme: "ftp" is not one of http, https`},
+		{"same Service twice", func(c *Config) {
+			c.Models[0].Discovery.Sources = []Source{{Kubernetes: pdSource(c, "vllm-llama", "decode")}}
+		}, `models[0].discovery.sources[0].kubernetes.service: "vllm-llama" is the Service of models[0].discovery.kubernetes again; list each Service once`},
+		{"prefill only", func(c *Config) { k(c).Endpoint.Role = "prefill" },
+			`models[0].discovery: every source's endpoint role is prefill: at least one needs role both or decode to generate tokens`},
+		{"data-parallel prefill/decode", func(c *Config) {
+			k(c).Endpoint.Role = "prefill"
+			k(c).Endpoint.KVEvents.ReplayPort = 0
+			c.Models[0].Discovery.Sources = []Source{{Kubernetes: pdSource(c, "vllm-decode", "decode")}}
+			c.Models[0].Discovery.Sources[0].Kubernetes.Endpoint.DataParallelSize = 2
+		}, `models[0].discovery.sources[0].kubernetes.endpoint.data_parallel_size: 2: data-parallel endpoints are not supported in a prefill/decode pool`},
 		{"missing service", func(c *Config) { k(c).Service = "" }, `models[0].discovery.kubernetes.service: is required`},
 		{"bad service", func(c *Config) { k(c).Service = "Vllm_llama" },
 			`models[0].discovery.kubernetes.service: "Vllm_llama" is not a Service name (a DNS-1035 label)`},
@@ -91,8 +153,6 @@ func TestDiscoveryValidation(t *testing.T) {
 		{"bad port name", func(c *Config) { k(c).Port = "HTTP_port" },
 			`models[0].discovery.kubernetes.port: "HTTP_port" is neither a port number nor a port name`},
 		{"scheme", func(c *Config) { k(c).Scheme = "grpc" }, `models[0].discovery.kubernetes.scheme: "grpc" is not one of http, https`},
-		{"prefill/decode", func(c *Config) { k(c).Endpoint.Role = "prefill" },
-			`models[0].discovery.kubernetes.endpoint.role: "prefill": discovered endpoints must be role both (a prefill/decode pool cannot change while the router runs)`},
 		{"role", func(c *Config) { k(c).Endpoint.Role = "leader" },
 			`models[0].discovery.kubernetes.endpoint.role: "leader" is not one of both, prefill, decode`},
 		{"weight", func(c *Config) { k(c).Endpoint.Weight = -1 }, `models[0].discovery.kubernetes.endpoint.weight: -1 is not positive`},
@@ -163,7 +223,7 @@ func TestExampleDiscovery(t *testing.T) {
 	if k := c.Models[0].Discovery.Kubernetes; k.Service != "vllm-llama" || k.Port != "http" {
 		t.Errorf("got %+v", k)
 	}
-	for _, typ := range []reflect.Type{reflect.TypeFor[Kubernetes](), reflect.TypeFor[EndpointTemplate](),
+	for _, typ := range []reflect.Type{reflect.TypeFor[Discovery](), reflect.TypeFor[Source](), reflect.TypeFor[Kubernetes](), reflect.TypeFor[EndpointTemplate](),
 		reflect.TypeFor[KVEventPorts](), reflect.TypeFor[EndpointSignals]()} {
 		for i := range typ.NumField() {
 			if name, _, _ := strings.Cut(typ.Field(i).Tag.Get("yaml"), ","); !strings.Contains(block, " "+name+":") {

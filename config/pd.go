@@ -70,10 +70,21 @@ const (
 )
 
 // Disaggregated reports whether the model's pool has prefill or decode
-// endpoints.
+// endpoints: listed, or, for a discovered model, the endpoint template of
+// one of its discovery's sources.
 func (m *Model) Disaggregated() bool {
+	pd := func(role string) bool {
+		r, err := kvroute.ParseRole(role)
+		return err == nil && r != kvroute.RoleBoth
+	}
 	for _, e := range m.Endpoints {
-		if r, err := kvroute.ParseRole(e.Role); err == nil && r != kvroute.RoleBoth {
+		if pd(e.Role) {
+			return true
+		}
+	}
+	srcs, _ := m.Discovery.KubernetesSources()
+	for _, k := range srcs {
+		if pd(k.Endpoint.Role) {
 			return true
 		}
 	}

@@ -43,11 +43,21 @@
 // the prefill picker's node (aggregated on the decode node, or no decode
 // node found), the Planner releases that pick at once (kvroute.Releaser),
 // so the node is not charged the request's prefill until the request ends.
-// A handoff pins the Route of its decode leg to the planned node (Pin;
-// PinDecode when a failed decode leg is retried elsewhere); the next Pick
-// for the request consumes the pin, and Unpin drops one that no Pick
-// consumed (a Route that failed before the picker ran, a client gone), so
-// a pin never outlives its request.
+// A handoff pins the Route of its decode leg to the planned node
+// (PinEndpoint: that engine in that role, or none; PinDecode when a failed
+// decode leg is retried elsewhere); the next Pick for the request consumes
+// the pin, and Unpin drops one that no Pick consumed (a Route that failed
+// before the picker ran, a client gone), so a pin never outlives its
+// request.
+//
+// The pool's endpoints may change while it serves (the router's
+// SetEndpoints: a reload, a discovery). The Planner is a
+// router.EndpointForgetter: an endpoint removed, or whose ID now names
+// another engine or role, is forgotten by the prefill picker (if it keeps
+// per-endpoint state) and its bookings on its own GPU links leave the
+// fabric. A handoff checks before each leg that its endpoint is still in
+// the pool as routed (HandoffConfig.Live) and places the request again if
+// not.
 //
 // The estimates use engine.Profile.StepTime, the step-time model the
 // simulator's engines run on. Planning does no I/O and never reads the

@@ -144,6 +144,23 @@ func (f *Fabric) Release(t Ticket) {
 	f.mu.Unlock()
 }
 
+// forgetEndpoint drops the transfers booked on endpoint id's own GPU
+// links (same-node transfers into or out of it): the endpoint left the
+// pool, or another engine took its ID.
+func (f *Fabric) forgetEndpoint(id string) {
+	out, in := "gpu-out|"+id, "gpu-in|"+id
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for t, x := range f.xfers {
+		for _, r := range x.res {
+			if r == out || r == in {
+				delete(f.xfers, t)
+				break
+			}
+		}
+	}
+}
+
 // InFlight returns the number of reserved transfers not yet over at now
 // and the bytes they still have to move.
 func (f *Fabric) InFlight(now time.Time) (n int, bytes float64) {

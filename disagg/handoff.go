@@ -103,6 +103,18 @@ type HandoffConfig struct {
 	// load drains. It returns the flight, or the error to answer with.
 	// Nil: Router.Route.
 	Admit func(ctx context.Context, req *kvroute.Request) (*router.Flight, error)
+	// Live, when set, reports whether endpoint e, as a leg was routed to
+	// it, is still in the pool: the pool's endpoints change while it
+	// serves (the proxy's config reload and discovery), and an endpoint
+	// removed since, or whose ID names another engine or role now, is not
+	// live. A leg routed to an endpoint no longer live is not sent: its
+	// flight ends, nobody's health is reported, and the request is placed
+	// again over the pool as it is now (a decode leg whose prefill is done
+	// goes to another decode node, as after a connect error); when no
+	// placement is left it is answered 503 with code endpoint_removed. A
+	// leg already sent when its endpoint leaves runs to its end, without
+	// health reports. Nil: every endpoint routed to is live.
+	Live func(e *kvroute.Endpoint) bool
 }
 
 // Handoff serves the requests of one P/D model: it places each request
@@ -239,11 +251,19 @@ type Result struct {
 // StatusClientClosed is the status recorded when the client went away.
 const StatusClientClosed = 499
 
+// ReasonRemoved is the LegError.Reason of a leg not sent because its
+// endpoint left the pool after it was routed (HandoffConfig.Live).
+const ReasonRemoved = "endpoint_removed"
+
+// errEndpointRemoved is the Err of a ReasonRemoved leg.
+var errEndpointRemoved = errors.New("the endpoint was removed from the pool before the leg was sent")
+
 // LegError is a failed leg.
 type LegError struct {
 	// Leg is prefill, decode or aggregated; Endpoint the engine's ID.
 	Leg, Endpoint string
-	// Reason is status, transport, missing_kv_params or cancelled.
+	// Reason is status, transport, missing_kv_params, cancelled or
+	// endpoint_removed (ReasonRemoved).
 	Reason string
 	// Status and Body are the engine's error response, if it sent one.
 	Status int
@@ -324,7 +344,7 @@ func (h *Handoff) Serve(w http.ResponseWriter, r *http.Request, path string, bod
 				// The next attempt is the last: run aggregated on the
 				// decode node rather than risk another prefill.
 				forceAgg = true
-				h.cfg.Planner.Pin(x.req, fallbackDecode.ID)
+				h.cfg.Planner.PinEndpoint(x.req, fallbackDecode)
 				defer h.cfg.Planner.Unpin(x.req) // the client may leave before the attempt
 			}
 		}
@@ -394,6 +414,9 @@ func (x *exchange) aggregatedOnDecode() bool {
 // answer back.
 func (x *exchange) runWhole(f *router.Flight, leg string) bool {
 	h := x.h
+	if x.gone(f, leg) {
+		return false
+	}
 	t0 := h.cfg.Now()
 	ctx, cut := context.WithCancel(x.ctx) // cut: the answer went silent (stream)
 	defer cut()
@@ -412,7 +435,7 @@ func (x *exchange) runWhole(f *router.Flight, leg string) bool {
 		}
 		return false
 	}
-	h.cfg.Router.ReportResult(h.cfg.Now(), f.Endpoint.ID, true)
+	x.report(f, true)
 	x.res.Prefill, x.res.Decode, x.res.Disaggregated = f.Endpoint.ID, f.Endpoint.ID, false
 	x.stream(resp, f, t0, cut)
 	return true
@@ -428,6 +451,9 @@ func (x *exchange) runNixl(pf *router.Flight, plan *Plan, last bool) (bool, *kvr
 		x.writeError(kvroute.Errorf(http.StatusBadRequest, kvroute.TypeInvalidRequest, "invalid_body", "", "%v", err))
 		h.cfg.Router.Done(h.cfg.Now(), pf, kvroute.Outcome{Failed: true})
 		return true, nil
+	}
+	if x.gone(pf, "prefill") {
+		return false, nil // placed again over the pool as it is now
 	}
 	t0 := h.cfg.Now()
 	params, lerr := x.prefillNixl(pf, pbody)
@@ -449,7 +475,7 @@ func (x *exchange) runNixl(pf *router.Flight, plan *Plan, last bool) (bool, *kvr
 		return true, nil
 	}
 	dreq := *x.req
-	h.cfg.Planner.Pin(&dreq, plan.Decode.ID)
+	h.cfg.Planner.PinEndpoint(&dreq, plan.Decode)
 	defer h.cfg.Planner.Unpin(&dreq)
 	for try := 0; try < 2; try++ {
 		now := h.cfg.Now()
@@ -461,6 +487,13 @@ func (x *exchange) runNixl(pf *router.Flight, plan *Plan, last bool) (bool, *kvr
 		if err != nil {
 			x.writeRoutingFailure(err)
 			return true, nil
+		}
+		if x.gone(df, "decode") {
+			if try == 0 { // the lease is untouched: another decode node can pull it
+				h.cfg.Planner.PinDecode(&dreq, plan.Prefill)
+				continue
+			}
+			return false, nil
 		}
 		td := h.cfg.Now()
 		dctx, cut := context.WithCancel(x.ctx) // cut: the answer went silent (stream)
@@ -489,7 +522,7 @@ func (x *exchange) runNixl(pf *router.Flight, plan *Plan, last bool) (bool, *kvr
 			h.cfg.Metrics.fallback(h.cfg.Model, "replan")
 			return false, nil
 		}
-		h.cfg.Router.ReportResult(h.cfg.Now(), df.Endpoint.ID, true)
+		x.report(df, true)
 		x.res.Prefill, x.res.Decode, x.res.Disaggregated = plan.Prefill.ID, df.Endpoint.ID, true
 		x.stream(resp, df, td, cut)
 		return true, nil
@@ -523,7 +556,7 @@ func (x *exchange) prefillNixl(pf *router.Flight, pbody []byte) (json.RawMessage
 		return nil, lerr
 	}
 	now := h.cfg.Now()
-	h.cfg.Router.ReportResult(now, pf.Endpoint.ID, true)
+	x.report(pf, true)
 	h.cfg.Router.FirstToken(now, pf)
 	h.cfg.Router.Done(now, pf, kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, TTFT: now.Sub(t0)})
 	return params, nil
@@ -533,6 +566,9 @@ func (x *exchange) prefillNixl(pf *router.Flight, pbody []byte) (json.RawMessage
 func (x *exchange) runSGLang(pf *router.Flight, plan *Plan) bool {
 	h := x.h
 	defer h.cfg.Planner.Finish(plan.Ticket)
+	if x.gone(pf, "prefill") {
+		return false
+	}
 	host, port := bootstrapAddr(plan.Prefill, h.cfg.BootstrapPort)
 	body, err := SGLangBody(x.body, host, port, h.cfg.Room())
 	if err != nil {
@@ -541,13 +577,24 @@ func (x *exchange) runSGLang(pf *router.Flight, plan *Plan) bool {
 		return true
 	}
 	dreq := *x.req
-	h.cfg.Planner.Pin(&dreq, plan.Decode.ID)
+	h.cfg.Planner.PinEndpoint(&dreq, plan.Decode)
 	defer h.cfg.Planner.Unpin(&dreq)
 	df, err := h.cfg.Router.Route(h.cfg.Now(), &dreq, x.tried)
 	if err != nil {
 		h.cfg.Router.Done(h.cfg.Now(), pf, kvroute.Outcome{Failed: true})
+		if !x.live(plan.Decode) {
+			// The planned decode node left the pool since the plan: the
+			// pair is placed again.
+			x.last = &LegError{Leg: "decode", Endpoint: plan.Decode.ID, Reason: ReasonRemoved, Err: errEndpointRemoved}
+			h.cfg.Metrics.failure(h.cfg.Model, "decode", ReasonRemoved)
+			return false
+		}
 		x.writeRoutingFailure(err)
 		return true
+	}
+	if x.gone(df, "decode") {
+		h.cfg.Router.Done(h.cfg.Now(), pf, kvroute.Outcome{Failed: true})
+		return false
 	}
 	ctx, cancel := context.WithCancel(x.ctx)
 	defer cancel()
@@ -619,7 +666,7 @@ func (x *exchange) runSGLang(pf *router.Flight, plan *Plan) bool {
 		h.cfg.Metrics.fallback(h.cfg.Model, "replan")
 		return false
 	}
-	h.cfg.Router.ReportResult(h.cfg.Now(), df.Endpoint.ID, true)
+	x.report(df, true)
 	x.res.Prefill, x.res.Decode, x.res.Disaggregated = plan.Prefill.ID, df.Endpoint.ID, true
 	// A prefill failing while the decode streams cancels ctx, which
 	// breaks the stream.
@@ -661,7 +708,7 @@ func (x *exchange) sglangDone(pf *router.Flight, perr *LegError, t0 time.Time) {
 		return
 	}
 	now := h.cfg.Now()
-	h.cfg.Router.ReportResult(now, pf.Endpoint.ID, true)
+	x.report(pf, true)
 	h.cfg.Router.FirstToken(now, pf)
 	h.cfg.Router.Done(now, pf, kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, TTFT: now.Sub(t0)})
 	h.cfg.Metrics.observeStage(h.cfg.Model, "prefill", now.Sub(t0).Seconds())
@@ -727,10 +774,8 @@ func isConnectError(err error) bool {
 func (x *exchange) legFailed(f *router.Flight, lerr *LegError) {
 	h := x.h
 	now := h.cfg.Now()
-	if lerr.Reason != "cancelled" && !(lerr.Status >= 400 && lerr.Status < 500) {
-		if h.cfg.Router.ReportResult(now, f.Endpoint.ID, false) {
-			h.log.Warn("pd: endpoint ejected", "endpoint", f.Endpoint.ID)
-		}
+	if lerr.Reason != "cancelled" && lerr.Reason != ReasonRemoved && !(lerr.Status >= 400 && lerr.Status < 500) {
+		x.report(f, false)
 		x.tried = append(x.tried, f.Endpoint.ID)
 		h.log.Warn("pd: leg failed", "request_id", x.req.ID, "leg", lerr.Leg, "endpoint", lerr.Endpoint, "reason", lerr.Reason,
 			"status", lerr.Status, "error", lerr.Err)
@@ -739,6 +784,41 @@ func (x *exchange) legFailed(f *router.Flight, lerr *LegError) {
 	h.cfg.Metrics.failure(h.cfg.Model, lerr.Leg, lerr.Reason)
 	x.last = lerr
 	x.res.Err = lerr
+}
+
+// live reports whether endpoint e, as routed, is still in the pool
+// (HandoffConfig.Live).
+func (x *exchange) live(e *kvroute.Endpoint) bool {
+	return x.h.cfg.Live == nil || x.h.cfg.Live(e)
+}
+
+// gone reports whether flight f, about to run leg, was routed to an
+// endpoint that has left the pool since; if so the flight ends as a
+// ReasonRemoved failure: the leg is not sent, no health is reported and
+// its ID is not excluded from the next placement (it may name the engine
+// that took its place).
+func (x *exchange) gone(f *router.Flight, leg string) bool {
+	if x.live(f.Endpoint) {
+		return false
+	}
+	x.h.log.Warn("pd: endpoint removed from the pool before the leg was sent; placing again", "request_id", x.req.ID,
+		"leg", leg, "endpoint", f.Endpoint.ID)
+	x.legFailed(f, &LegError{Leg: leg, Endpoint: f.Endpoint.ID, Reason: ReasonRemoved, Err: errEndpointRemoved})
+	return true
+}
+
+// report feeds passive health with the result of a leg on f's endpoint,
+// unless the endpoint has left the pool since it was routed: a leg on an
+// engine removed, or replaced under its ID, says nothing of the engine the
+// ID names now.
+func (x *exchange) report(f *router.Flight, ok bool) {
+	h := x.h
+	if !x.live(f.Endpoint) {
+		return
+	}
+	if h.cfg.Router.ReportResult(h.cfg.Now(), f.Endpoint.ID, ok) {
+		h.log.Warn("pd: endpoint ejected", "endpoint", f.Endpoint.ID)
+	}
 }
 
 // hop-by-hop headers are not copied to the client.
@@ -817,9 +897,7 @@ func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time, c
 				streamErr = fmt.Errorf("%w: %w", errSilent, err)
 				end = &kvroute.Error{Status: http.StatusGatewayTimeout, Type: kvroute.TypeUpstream,
 					Message: fmt.Sprintf("endpoint %s sent nothing for %s", f.Endpoint.ID, h.cfg.Silence)}
-				if h.cfg.Router.ReportResult(h.cfg.Now(), f.Endpoint.ID, false) {
-					h.log.Warn("pd: endpoint ejected", "endpoint", f.Endpoint.ID)
-				}
+				x.report(f, false)
 			} else if x.ctx.Err() == nil {
 				end = &kvroute.Error{Status: http.StatusBadGateway, Type: kvroute.TypeUpstream,
 					Message: "the engine's stream broke: " + err.Error()}
@@ -950,6 +1028,12 @@ func (x *exchange) writeLastFailure() {
 	l := x.last
 	if l != nil && l.Status >= 500 && len(l.Body) > 0 {
 		x.replay(l)
+		return
+	}
+	if l != nil && l.Reason == ReasonRemoved {
+		// Not an engine's failure: the pool changed under the request.
+		x.writeError(&kvroute.Error{Status: http.StatusServiceUnavailable, Type: kvroute.TypeUnavailable, Code: ReasonRemoved, Err: l,
+			Message: fmt.Sprintf("model %q: the endpoint chosen was removed from the pool before the request was sent, and no other could take it", x.req.Model)})
 		return
 	}
 	e := &kvroute.Error{Status: http.StatusBadGateway, Type: kvroute.TypeUpstream, Code: "upstream_error",

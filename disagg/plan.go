@@ -241,10 +241,12 @@ type Planner struct {
 	pins  map[*kvroute.Request]pin
 }
 
-// pin is a Pick instruction for one request: a fixed endpoint, or (id "")
-// a decode-stage placement with the transfer from the endpoint from.
+// pin is a Pick instruction for one request: a fixed endpoint (by id, and
+// when ep is set the same engine in the same role as ep), or (id "") a
+// decode-stage placement with the transfer from the endpoint from.
 type pin struct {
 	id   string
+	ep   *kvroute.Endpoint
 	from *kvroute.Endpoint
 }
 
@@ -259,6 +261,7 @@ var (
 	_ kvroute.Releaser = (*Planner)(nil)
 
 	_ router.FirstTokenObserver = (*Planner)(nil)
+	_ router.EndpointForgetter  = (*Planner)(nil)
 )
 
 // NewPlanner validates cfg (after defaults) and returns a Planner.
@@ -303,9 +306,24 @@ func (p *Planner) Config() Config { return p.cfg }
 // Pin makes the next Pick for req choose endpoint id (the decode leg of
 // req's plan, or a retry's replacement) without planning. Route the decode
 // leg with exclude listing every other endpoint, or rely on Pin alone.
+// Where the pool's endpoints may change between the plan and the leg, use
+// PinEndpoint.
 func (p *Planner) Pin(req *kvroute.Request, id string) {
 	p.mu.Lock()
 	p.pins[req] = pin{id: id}
+	p.mu.Unlock()
+}
+
+// PinEndpoint is Pin of endpoint e as planned: the next Pick for req
+// chooses the candidate of e's ID only if it is still the same engine in
+// the same role (URL, data-parallel place and role), else none. An
+// endpoint that an endpoint change (router.Router.SetEndpoints) removed
+// since, or whose ID it gave to another engine or role, is not available:
+// a decode leg is never sent to an engine that cannot decode, or to one
+// other than the plan's.
+func (p *Planner) PinEndpoint(req *kvroute.Request, e *kvroute.Endpoint) {
+	p.mu.Lock()
+	p.pins[req] = pin{id: e.ID, ep: e}
 	p.mu.Unlock()
 }
 
@@ -362,7 +380,7 @@ func (p *Planner) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	}
 	if pinned {
 		for i := range cands {
-			if cands[i].Endpoint.ID == pn.id && cands[i].Healthy {
+			if c := cands[i].Endpoint; c.ID == pn.id && (pn.ep == nil || c.SameEngine(pn.ep)) && cands[i].Healthy {
 				return kvroute.Chose(PolicyName, cands, i, "decode leg of the P/D plan")
 			}
 		}
@@ -410,6 +428,23 @@ func (p *Planner) Release(now time.Time, req *kvroute.Request, endpoint string) 
 	if rel, ok := p.prefill.(kvroute.Releaser); ok {
 		rel.Release(now, req, endpoint)
 	}
+}
+
+// ForgetEndpoint implements router.EndpointForgetter: the pool's endpoint
+// change (router.Router.SetEndpoints) removed endpoint id, or put another
+// engine or role under it. The prefill picker forgets it (if it keeps
+// state per endpoint: kv-aware's learned rates, a radix tree of what each
+// worker holds), and the fabric drops the reservations of transfers into
+// or out of its GPU links, so that an engine added later under the ID
+// queues behind none of its predecessor's. Transfers between nodes are
+// booked on the nodes' ports, which other endpoints share: they stay until
+// released or over. Requests in progress keep their plans and pins; a pin
+// to the endpoint finds it unavailable (Pin).
+func (p *Planner) ForgetEndpoint(id string) {
+	if f, ok := p.prefill.(router.EndpointForgetter); ok {
+		f.ForgetEndpoint(id)
+	}
+	p.fabric.forgetEndpoint(id)
 }
 
 // FirstToken implements router.FirstTokenObserver: the prefill picker

@@ -80,6 +80,9 @@ func (p *Proxy) newHandoff(pl *pool, m *config.Model, planner *disagg.Planner) (
 		Admit: func(ctx context.Context, req *kvroute.Request) (*router.Flight, error) {
 			return p.admit(ctx, pl, req, nil)
 		},
+		// A reload or discovery may remove a leg's endpoint between its
+		// routing and its sending (reload.go).
+		Live: func(e *kvroute.Endpoint) bool { return pl.upstream(e) != nil },
 	})
 }
 
@@ -97,8 +100,11 @@ func (p *Proxy) servePD(w http.ResponseWriter, r *http.Request, pl *pool, req *k
 	if up := pl.set.Load().byID[res.Decode]; up != nil && res.TTFB > 0 {
 		up.ttfb.Observe(res.TTFB.Seconds()) // as the aggregated path does for its endpoint
 	}
-	p.metrics.requests.WithLabelValues(pl.model, res.Decode, strconv.Itoa(code)).Inc()
-	p.metrics.pools[pl.model].duration.Observe(now.Sub(start).Seconds())
+	m := p.metrics.pools[pl.model]
+	m.series.RLock() // from label to the write: see poolMetrics.series
+	p.metrics.requests.WithLabelValues(pl.model, pl.label(res.Decode), strconv.Itoa(code)).Inc()
+	m.series.RUnlock()
+	m.duration.Observe(now.Sub(start).Seconds())
 	lvl := levelFor(code)
 	if p.log.Enabled(r.Context(), lvl) {
 		p.log.Log(r.Context(), lvl, "request", "request_id", req.ID, "model", req.Model, "prefill", res.Prefill,

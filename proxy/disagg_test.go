@@ -26,6 +26,13 @@ import (
 // it receives.
 func pdEngine(t *testing.T, role kvroute.Role, proto string) (*httptest.Server, func() []map[string]any) {
 	t.Helper()
+	return pdEngineHook(t, role, proto, nil)
+}
+
+// pdEngineHook is pdEngine whose engine first runs hook, when not nil, on
+// each request for /v1/ it records; a hook returning true has answered it.
+func pdEngineHook(t *testing.T, role kvroute.Role, proto string, hook func(http.ResponseWriter, *http.Request) bool) (*httptest.Server, func() []map[string]any) {
+	t.Helper()
 	var mu sync.Mutex
 	var bodies []map[string]any
 	record := func(h http.Handler) http.Handler {
@@ -38,6 +45,9 @@ func pdEngine(t *testing.T, role kvroute.Role, proto string) (*httptest.Server, 
 				bodies = append(bodies, m)
 				mu.Unlock()
 				r.Body = io.NopCloser(strings.NewReader(string(b)))
+				if hook != nil && hook(w, r) {
+					return
+				}
 			}
 			h.ServeHTTP(w, r)
 		})

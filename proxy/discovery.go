@@ -27,14 +27,17 @@ import (
 )
 
 // This file discovers models' endpoints in Kubernetes. A model with
-// discovery.kubernetes gets one informer (RunDiscovery, which Serve runs)
-// on the EndpointSlices of its Service; each change, debounced, becomes
-// the pool's new endpoint list, applied exactly as a Reload applies a
-// config's (planEndpoints, apply): added engines get their reverse proxy,
-// signal loops and health probe, removed ones take no new requests and
-// finish those in progress. Such a pool may be empty: its requests are
-// answered 503 (router.Config.AllowEmpty). A Reload leaves its endpoints
-// alone.
+// discovery gets one informer (RunDiscovery, which Serve runs) per source
+// (discovery.kubernetes, discovery.sources[i].kubernetes) on the
+// EndpointSlices of its Service; each change, debounced, becomes that
+// source's part of the pool (its engines, with its endpoint template: a
+// prefill/decode model's prefill and decode Services), and the union of
+// the parts, in source order, the pool's new endpoint list, applied
+// exactly as a Reload applies a config's (planEndpoints, apply): added
+// engines get their reverse proxy, signal loops and health probe, removed
+// ones take no new requests and finish those in progress. Such a pool may
+// be empty: its requests are answered 503 (router.Config.AllowEmpty). A
+// Reload leaves its endpoints alone.
 
 // defaultDebounce is how long a discovery waits after a change of its
 // EndpointSlices for more before it applies them (a rollout changes many
@@ -83,64 +86,93 @@ func connectKube(k *config.Kubernetes) (kubernetes.Interface, string, error) {
 
 // discoverer is one model's discovery: built by New, run by RunDiscovery.
 type discoverer struct {
-	pl   *pool
-	k    *config.Kubernetes
-	path string // the model's config path, for errors
+	pl    *pool
+	srcs  []*config.Kubernetes // the sources, in config order
+	paths []string             // their config paths (models[i].discovery.kubernetes, ...)
+	path  string               // the model's config path, for errors
+	// listed is each source's endpoints as last listed, nil until its
+	// first list: the pool takes the union once every source has listed.
+	// Guarded by the Proxy's reloadMu.
+	listed [][]config.Endpoint
 }
 
 // newDiscoverer returns pool pl's discovery (its model m's). It connects
 // when it runs: New (and so --check-config) does not need the cluster.
 func (p *Proxy) newDiscoverer(pl *pool, m *config.Model) *discoverer {
-	return &discoverer{pl: pl, k: m.Discovery.Kubernetes, path: fmt.Sprintf("models[%d]", pl.index)}
+	d := &discoverer{pl: pl, path: fmt.Sprintf("models[%d]", pl.index)}
+	srcs, paths := m.Discovery.KubernetesSources()
+	d.srcs, d.listed = srcs, make([][]config.Endpoint, len(srcs))
+	for _, sp := range paths {
+		d.paths = append(d.paths, d.path+".discovery."+sp)
+	}
+	return d
 }
 
 // RunDiscovery runs the discovery of every model that has one until ctx is
 // done, then stops the informers and returns once their goroutines have
 // exited. Serve runs it; call it yourself only when serving the Proxy as a
-// plain http.Handler. Each model's informer watches the EndpointSlices
+// plain http.Handler. Each source's informer watches the EndpointSlices
 // labelled kubernetes.io/service-name=<service> in its namespace; after a
-// change, and a quiet period of 250ms, the model's endpoints become the
-// ready ones (see config.Kubernetes), logged as one line with the IDs
-// added and removed. A slice whose port cannot be chosen (none named so,
+// change, and a quiet period of 250ms, the source's part of the model's
+// endpoints becomes the ready ones (see config.Kubernetes), and the
+// model's endpoints the union of its sources' parts, logged as one line
+// with the IDs added and removed. A model with several sources takes its
+// first endpoints once each source has listed its Service once (a P/D
+// pool does not start with its prefill engines and no decode engine for
+// want of the other list); an engine listed by two sources (one pod behind
+// both Services) joins with the first one's template, and the other is
+// logged and counted as an error. A slice whose port cannot be chosen (none named so,
 // or several and no discovery.kubernetes.port) is skipped and the error
 // logged and counted in kvroute_discovery_errors_total, as are failed
 // watches (the informer retries them) and endpoint lists that cannot be
-// applied (the pool keeps its endpoints). A discovery that cannot get its
+// applied (the pool keeps its endpoints). A source that cannot get its
 // client (no in-cluster config, no kubeconfig) does not run: its model
-// stays without endpoints, and RunDiscovery returns that error, naming the
-// field, once every other discovery has ended.
+// stays without endpoints (its other sources' included), and RunDiscovery
+// returns that error, naming the field, once every other discovery has
+// ended.
 func (p *Proxy) RunDiscovery(ctx context.Context) error {
 	if !p.discRun.CompareAndSwap(false, true) {
 		return errors.New("proxy: discovery: already running")
 	}
 	defer p.discRun.Store(false)
 	var wg sync.WaitGroup
-	errs := make([]error, len(p.names))
-	for i, name := range p.names {
-		if d := p.pools[name].disc; d != nil {
-			wg.Go(func() { errs[i] = d.run(ctx, p) })
+	var errs []error
+	var mu sync.Mutex // protects errs
+	for _, name := range p.names {
+		d := p.pools[name].disc
+		if d == nil {
+			continue
+		}
+		for i := range d.srcs {
+			wg.Go(func() {
+				if err := d.run(ctx, p, i); err != nil {
+					mu.Lock()
+					errs = append(errs, err)
+					mu.Unlock()
+				}
+			})
 		}
 	}
 	wg.Wait()
 	return errors.Join(errs...)
 }
 
-// run watches the model's EndpointSlices until ctx is done. It returns an
+// run watches source i's EndpointSlices until ctx is done. It returns an
 // error only when it cannot start.
-func (d *discoverer) run(ctx context.Context, p *Proxy) error {
-	model := d.pl.model
-	client, ns, err := p.kubeClient(d.k)
+func (d *discoverer) run(ctx context.Context, p *Proxy, i int) error {
+	model, k := d.pl.model, d.srcs[i]
+	client, ns, err := p.kubeClient(k)
 	if err != nil {
 		p.disc.errors.WithLabelValues(model).Inc()
-		err = fmt.Errorf("proxy: %s.discovery.kubernetes: %w", d.path, err)
+		err = fmt.Errorf("proxy: %s: %w", d.paths[i], err)
 		p.log.Error("discovery: not running; the model has no endpoints", "model", model, "error", err)
 		return err
 	}
-	if d.k.Namespace != "" {
-		ns = d.k.Namespace
+	if k.Namespace != "" {
+		ns = k.Namespace
 	}
-	log := p.log.With("model", model, "service", d.k.Service, "namespace", ns)
-	selector := discoveryv1.LabelServiceName + "=" + d.k.Service
+	log := p.log.With("model", model, "service", k.Service, "namespace", ns)
+	selector := discoveryv1.LabelServiceName + "=" + k.Service
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
 	defer factory.Shutdown() // after ctx is done: waits for the informer's goroutines
@@ -159,7 +191,7 @@ func (d *discoverer) run(ctx context.Context, p *Proxy) error {
 		DeleteFunc: notify,
 	}); err != nil {
 		p.disc.errors.WithLabelValues(model).Inc()
-		return fmt.Errorf("proxy: %s.discovery: %w", d.path, err)
+		return fmt.Errorf("proxy: %s: %w", d.paths[i], err)
 	}
 	_ = inf.SetWatchErrorHandler(func(_ *cache.Reflector, err error) {
 		p.disc.errors.WithLabelValues(model).Inc()
@@ -192,28 +224,48 @@ func (d *discoverer) run(ctx context.Context, p *Proxy) error {
 				log.Error("discovery: listing EndpointSlices", "error", err)
 				continue
 			}
-			d.update(p, log, list)
+			d.update(p, log, i, list)
 		}
 	}
 }
 
-// update makes the ready engines of list the pool's endpoints.
+// update makes the ready engines of list source i's part of the pool's
+// endpoints, and the union of the parts the pool's endpoints once every
+// source has listed.
 func (d *discoverer) update(p *Proxy, log interface {
 	Error(msg string, args ...any)
-}, list []*discoveryv1.EndpointSlice) {
-	model := d.pl.model
-	engines, problems := readyEngines(d.k.Service, d.k.Port, list)
+}, i int, list []*discoveryv1.EndpointSlice) {
+	model, k := d.pl.model, d.srcs[i]
+	engines, problems := readyEngines(k.Service, k.Port, list)
 	for _, err := range problems {
 		p.disc.errors.WithLabelValues(model).Inc()
 		log.Error("discovery: EndpointSlice skipped", "error", err)
 	}
-	p.disc.endpoints.WithLabelValues(model).Set(float64(len(engines)))
-	endpoints := make([]config.Endpoint, len(engines))
-	for i, e := range engines {
-		endpoints[i] = d.k.EndpointOf(e)
+	part := make([]config.Endpoint, len(engines))
+	for j, e := range engines {
+		part[j] = k.EndpointOf(e)
 	}
 	p.reloadMu.Lock()
 	defer p.reloadMu.Unlock()
+	d.listed[i] = part
+	endpoints := []config.Endpoint{}
+	seen := make(map[string]int)
+	for j, l := range d.listed {
+		if l == nil {
+			return // a source not listed yet
+		}
+		for _, e := range l {
+			if first, dup := seen[e.ID]; dup {
+				p.disc.errors.WithLabelValues(model).Inc()
+				log.Error("discovery: engine listed by two sources; it joins with the first one's endpoint template", "endpoint", e.ID,
+					"first", d.paths[first], "again", d.paths[j])
+				continue
+			}
+			seen[e.ID] = j
+			endpoints = append(endpoints, e)
+		}
+	}
+	p.disc.endpoints.WithLabelValues(model).Set(float64(len(endpoints)))
 	pc, err := p.planEndpoints(d.pl, d.path, endpoints)
 	if err == nil && pc != nil {
 		err = p.apply(*pc, "discovery")

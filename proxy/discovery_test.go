@@ -14,6 +14,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -32,10 +33,12 @@ import (
 // fakeCluster is a fake API server holding EndpointSlices. watching is
 // closed once an informer watches them: a change made after that reaches
 // it (the fake's watch would miss changes made between its list and its
-// watch).
+// watch); watches counts the informers watching (one per discovery
+// source).
 type fakeCluster struct {
 	client   *fake.Clientset
 	watching chan struct{}
+	watches  atomic.Int32
 }
 
 func newFakeCluster() *fakeCluster {
@@ -46,6 +49,7 @@ func newFakeCluster() *fakeCluster {
 		if err != nil {
 			return false, nil, err
 		}
+		c.watches.Add(1)
 		once.Do(func() { close(c.watching) })
 		return true, w, nil
 	})

@@ -116,9 +116,13 @@
 // precise-index entries removed and its metric series deleted. Requests in
 // progress on a removed endpoint finish; they are counted in the metrics
 // without its label. A pool's endpoints are an immutable endpointSet read
-// through an atomic pointer. Nothing else is applied live: the other
-// fields that differ are logged (ReloadResult.Restart); a P/D pool's
-// endpoint change is refused. Reloads are counted in
+// through an atomic pointer. A P/D pool's endpoints change the same way:
+// its planner forgets what it kept of the endpoints removed (or whose ID
+// now names another engine or role), and a leg routed to an endpoint
+// removed before it was sent is placed again (disagg.HandoffConfig.Live);
+// a change that would make a model aggregated or disaggregated is refused.
+// Nothing else is applied live: the other fields that differ are logged
+// (ReloadResult.Restart). Reloads are counted in
 // kvroute_config_reloads_total{result}, kvroute_config_last_reload_successful
 // and kvroute_config_last_reload_success_timestamp_seconds.
 //

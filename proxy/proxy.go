@@ -211,7 +211,8 @@ func (p *Proxy) newPool(i int, m *config.Model) (*pool, error) {
 	if err != nil {
 		return nil, fmt.Errorf("proxy: %s.%w", path, err)
 	}
-	if pc != nil && pc.index == nil && m.Discovered() && m.Discovery.Kubernetes.Endpoint.KVEvents.Port > 0 {
+	srcs, _ := m.Discovery.KubernetesSources()
+	if pc != nil && pc.index == nil && slices.ContainsFunc(srcs, func(k *config.Kubernetes) bool { return k.Endpoint.KVEvents.Port > 0 }) {
 		// The engines that will publish KV events are not known yet.
 		pc.index = kvindex.NewIndex(kvindex.IndexConfig{BlockSize: m.Precise.BlockSize, Capacity: m.Precise.IndexCapacity})
 	}

@@ -94,10 +94,10 @@ func sameEndpoint(a, b *kvroute.Endpoint) bool {
 
 // upstream returns the reverse proxy of a routed endpoint, nil when it is
 // no longer in the pool as routed (a reload removed it, or put another
-// engine under its ID, since).
+// engine or role under its ID, since).
 func (pl *pool) upstream(ep *kvroute.Endpoint) *endpointProxy {
 	up := pl.set.Load().byID[ep.ID]
-	if up == nil || up.ep.URL != ep.URL || up.ep.DataParallelRank != ep.DataParallelRank {
+	if up == nil || !up.ep.SameEngine(ep) {
 		return nil
 	}
 	return up
@@ -194,8 +194,18 @@ type planned struct {
 // Nothing else is applied live: models added or removed, listen, policies,
 // timeouts and every other field keep their running values, and the
 // result's Restart names each one that differs (Reload logs them as a
-// warning). A disaggregated (pd) model's endpoints cannot change live: a
-// configuration changing them is refused whole.
+// warning).
+//
+// A disaggregated (pd) model's endpoints change live the same way, its
+// prefill and decode pools each growing or shrinking, and an endpoint
+// whose role changes under its ID counts as another engine (removed and
+// added: router.Router.SetEndpoints). Its planner forgets what it kept of
+// the removed endpoints (disagg.Planner.ForgetEndpoint), and a request
+// whose next leg was routed to an endpoint removed since is placed again
+// over the new pool (disagg.HandoffConfig.Live); legs already sent run to
+// their end. Whether a model is disaggregated does not change live: a
+// configuration giving a P/D model only role both endpoints, or an
+// aggregated model a prefill or decode endpoint, is refused whole.
 //
 // Reload logs one line per changed model (added, removed and changed
 // endpoint IDs) and counts the outcome in kvroute_config_reloads_total,
@@ -306,12 +316,12 @@ func (p *Proxy) planEndpoints(pl *pool, path string, endpoints []config.Endpoint
 	if reflect.DeepEqual(cur.model.Endpoints, endpoints) {
 		return nil, nil
 	}
-	if pl.pd != nil {
-		return nil, fmt.Errorf("%s.endpoints: model %q is disaggregated (pd): its endpoints change only with a restart", path, pl.model)
-	}
 	// The model as it runs, with the new endpoints.
 	run := *cur.model
 	run.Endpoints = endpoints
+	if err := checkDisaggregated(pl, path, &run); err != nil {
+		return nil, err
+	}
 	eps, err := run.KVEndpoints()
 	if err != nil {
 		return nil, fmt.Errorf("%s: %w", path, err)
@@ -324,6 +334,31 @@ func (p *Proxy) planEndpoints(pl *pool, path string, endpoints []config.Endpoint
 		return nil, fmt.Errorf("%s.%w", path, err)
 	}
 	return &planned{pl: pl, model: &run, set: set, change: diffEndpoints(pl.model, cur.eps, eps)}, nil
+}
+
+// checkDisaggregated refuses a change of pool pl's endpoints to run's that
+// would change whether the model is disaggregated: a P/D pool's picker is
+// the prefill/decode planner and its requests go through the handoff, an
+// aggregated pool's do not, and neither is rebuilt live. A P/D pool keeps
+// at least one prefill or decode endpoint (unless it has none at all, as a
+// discovered pool may); an aggregated pool gets none. The rest of what a
+// P/D pool needs (a decode-capable endpoint, no data-parallel endpoints)
+// is config.Validate's, for a reload, as at start.
+func checkDisaggregated(pl *pool, path string, run *config.Model) error {
+	pd := run.Disaggregated()
+	switch {
+	case pl.pd != nil && !pd && len(run.Endpoints) > 0:
+		return fmt.Errorf("%s.endpoints: model %q is disaggregated (pd): at least one endpoint needs role prefill or decode "+
+			"(the model becomes aggregated only with a restart)", path, pl.model)
+	case pl.pd == nil && pd:
+		for j, e := range run.Endpoints {
+			if r, err := kvroute.ParseRole(e.Role); err == nil && r != kvroute.RoleBoth {
+				return fmt.Errorf("%s.endpoints[%d].role: %q: model %q is aggregated: it becomes disaggregated (pd) only with a restart",
+					path, j, e.Role, pl.model)
+			}
+		}
+	}
+	return nil
 }
 
 // apply makes a validated change (planEndpoints): the health probes of

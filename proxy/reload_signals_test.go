@@ -132,21 +132,25 @@ func TestReloadPDModelSignalsNotRefused(t *testing.T) {
 }
 
 // TestReloadRefusedLeavesNoSeries: a reload refused after a model's new
-// endpoints were prepared (here: another model is P/D) leaves no metric
-// series of endpoints that never joined.
+// endpoints were prepared (here: another, aggregated, model is given a
+// decode endpoint, which needs a restart) leaves no metric series of
+// endpoints that never joined.
 func TestReloadRefusedLeavesNoSeries(t *testing.T) {
 	a := newBackend(t, "a", okHandler("a"))
 	cfg := testConfig(policy.Default, a.URL)
-	cfg.Models = append(cfg.Models, pdTestConfig("", "nixl", a.URL, a.URL).Models[0])
+	other := testConfig(policy.Default, a.URL).Models[0]
+	other.Name = "other"
+	cfg.Models = append(cfg.Models, other)
 	cfg.Models[0].Signals.Disabled = true
+	cfg.Models[1].Signals.Disabled = true
 	tp := newTestProxyWith(t, cfg, policy.New)
 	next := cfg
 	next.Models = slices.Clone(cfg.Models)
 	next.Models[0].Endpoints = append(slices.Clone(cfg.Models[0].Endpoints), config.Endpoint{ID: "ghost", URL: "http://127.0.0.1:1"})
 	next.Models[1].Endpoints = slices.Clone(cfg.Models[1].Endpoints)
-	next.Models[1].Endpoints[0].Weight = 2
+	next.Models[1].Endpoints[0].Role = "decode"
 	if _, err := tp.Reload(reloadTo(next)); err == nil {
-		t.Fatal("a reload changing a P/D model's endpoints was not refused")
+		t.Fatal("a reload making an aggregated model disaggregated was not refused")
 	}
 	if out := gather(t, tp); strings.Contains(out, "ghost") {
 		t.Errorf("/metrics names an endpoint that never joined:\n%s", grepLines(out, "ghost"))

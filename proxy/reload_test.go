@@ -416,20 +416,6 @@ func TestReloadRestartFields(t *testing.T) {
 	}
 }
 
-// TestReloadRefusesPD: a P/D pool's endpoints do not change live.
-func TestReloadRefusesPD(t *testing.T) {
-	cfg := pdTestConfig("", "nixl", "http://127.0.0.1:1", "http://127.0.0.1:2")
-	tp := newTestProxyWith(t, cfg, policy.New)
-	next := pdTestConfig("", "nixl", "http://127.0.0.1:1", "http://127.0.0.1:3")
-	_, err := tp.Reload(reloadTo(next))
-	if err == nil || !strings.Contains(err.Error(), "models[0].endpoints") || !strings.Contains(err.Error(), "disaggregated") {
-		t.Fatalf("got %v, want a refusal naming models[0].endpoints", err)
-	}
-	if got := tp.Router("tiny").Endpoints()[1].URL; got != "http://127.0.0.1:2" {
-		t.Errorf("decode endpoint: got %s, want unchanged", got)
-	}
-}
-
 // TestReloadDataParallel: a data-parallel engine's ranks are endpoints; a
 // reload adding ranks adds endpoints with their rank header.
 func TestReloadDataParallel(t *testing.T) {

@@ -173,7 +173,7 @@ func TestSetEndpointsDropsRemovedEntries(t *testing.T) {
 // another engine (fresh state); other fields change in place.
 func TestSetEndpointsChangedEndpoint(t *testing.T) {
 	p := &recordingPicker{}
-	r, err := New(Config{Model: "m", Endpoints: eps(2), Policy: "test", Picker: p,
+	r, err := New(Config{Model: "m", Endpoints: eps(3), Policy: "test", Picker: p,
 		Health: HealthConfig{FailThreshold: 1, BaseEjection: time.Minute}})
 	if err != nil {
 		t.Fatal(err)
@@ -183,12 +183,14 @@ func TestSetEndpointsChangedEndpoint(t *testing.T) {
 	}
 	r.ReportResult(t0, "e0", false)
 	r.ReportResult(t0, "e1", false)
-	view1 := r.View("e1")
+	r.ReportResult(t0, "e2", false)
+	view1, view2 := r.View("e1"), r.View("e2")
 
-	list := epsOf(0, 1)
+	list := epsOf(0, 1, 2)
 	list[0].Labels = map[string]string{"zone": "b"}
 	list[0].Weight, list[0].KVCapacityTokens = 3, 1000
 	list[1].URL = "http://127.0.0.1:9999"
+	list[2].Role = kvroute.RoleDecode // a prefill/decode pool's engine changing role
 	if err := r.SetEndpoints(t0, list, nil); err != nil {
 		t.Fatal(err)
 	}
@@ -206,6 +208,9 @@ func TestSetEndpointsChangedEndpoint(t *testing.T) {
 	st1 := statusOf(t, r, t0, "e1")
 	if !st1.Healthy || st1.URL != "http://127.0.0.1:9999" || r.View("e1") == view1 {
 		t.Errorf("e1 (URL changed): healthy %v, url %s, same View %v; want a fresh endpoint", st1.Healthy, st1.URL, r.View("e1") == view1)
+	}
+	if st2 := statusOf(t, r, t0, "e2"); !st2.Healthy || st2.Role != "decode" || r.View("e2") == view2 {
+		t.Errorf("e2 (role changed): healthy %v, role %s, same View %v; want a fresh endpoint", st2.Healthy, st2.Role, r.View("e2") == view2)
 	}
 }
 

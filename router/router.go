@@ -341,14 +341,15 @@ type EndpointForgetter interface {
 // Config.Precise). On an error nothing changes.
 //
 // An endpoint is known by its ID. One whose ID stays and whose engine is
-// the same (same URL, and same data-parallel size and rank) keeps
+// the same (same URL, same data-parallel size and rank, same role) keeps
 // everything: health and ejection, its signals.View and the dispatches in
 // flight it counts, its approximate-index entries, the picker's learned
-// state. Its role, weight, labels and KV capacity are updated in place
-// (for the decisions made from then on); when whether its KV events feed
-// the precise index changes, its approximate-index entries are dropped.
-// An ID whose URL or data-parallel place changed names another engine: it
-// is removed and added. A removed endpoint is never chosen again and its
+// state. Its weight, labels and KV capacity are updated in place (for the
+// decisions made from then on); when whether its KV events feed the
+// precise index changes, its approximate-index entries are dropped. An ID
+// whose URL, data-parallel place or role changed names another engine:
+// it is removed and added (a prefill engine turned decode has learned
+// nothing as a decode engine). A removed endpoint is never chosen again and its
 // approximate-index entries are dropped (its precise-index entries are its
 // KV-event subscription's to remove); flights already routed to it end
 // normally: FirstToken and Done count them on its own View and tell the
@@ -370,7 +371,7 @@ func (r *Router) SetEndpoints(now time.Time, eps []kvroute.Endpoint, precise []s
 	// that an engine replaced under its ID gets a fresh index slot.
 	stays := make(map[string]*endpoint, len(list))
 	for i := range list {
-		if old := r.byID[list[i].ID]; old != nil && sameEngine(&old.ep, &list[i]) {
+		if old := r.byID[list[i].ID]; old != nil && old.ep.SameEngine(&list[i]) {
 			stays[old.ep.ID] = old
 		}
 	}
@@ -417,15 +418,9 @@ func (r *Router) SetEndpoints(now time.Time, eps []kvroute.Endpoint, precise []s
 	return nil
 }
 
-// sameEngine reports whether a and b, of the same ID, are the same engine:
-// the same URL and place among its data-parallel ranks.
-func sameEngine(a, b *kvroute.Endpoint) bool {
-	return a.URL == b.URL && a.DataParallelSize == b.DataParallelSize && a.DataParallelRank == b.DataParallelRank
-}
-
 // sameEndpoint reports whether a and b are equal in every field.
 func sameEndpoint(a, b *kvroute.Endpoint) bool {
-	return a.ID == b.ID && sameEngine(a, b) && a.Role == b.Role && a.Weight == b.Weight &&
+	return a.ID == b.ID && a.SameEngine(b) && a.Weight == b.Weight &&
 		a.KVCapacityTokens == b.KVCapacityTokens && maps.Equal(a.Labels, b.Labels)
 }
 

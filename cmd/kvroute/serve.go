@@ -75,8 +75,9 @@ keep their routing state (cache index, health, learned rates). An ID whose url
 changed is a new engine. The whole file is validated first: an invalid file is
 logged as an error naming the field, and nothing changes. Other changes
 (models added or removed, listen, policies, timeouts, ...) need a restart: they
-are logged and not applied. A P/D model's endpoints cannot change live (the
-reload is refused). kvroute_config_reloads_total{result} and
+are logged and not applied. A P/D model's prefill and decode endpoints change
+live the same way; a leg planned on an engine removed before it is sent is
+placed again. kvroute_config_reloads_total{result} and
 kvroute_config_last_reload_success_timestamp_seconds report reloads.
 
 Kubernetes discovery: a model with discovery.kubernetes.service instead of
@@ -86,7 +87,9 @@ discovery's endpoint template, at discovery.kubernetes.port; engines not ready
 or terminating take no new requests and finish those in progress. Until one is
 ready the model answers 503 with Retry-After and /readyz is 503. A SIGHUP
 leaves discovered endpoint lists alone (a changed discovery block needs a
-restart). kvroute_discovery_endpoints{model} and
+restart). A P/D model lists a source per pool under discovery.sources (each
+a kubernetes block, e.g. role prefill and role decode templates).
+kvroute_discovery_endpoints{model} and
 kvroute_discovery_errors_total{model} report it.
 
 Policies: %s.`
