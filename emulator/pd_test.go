@@ -1,7 +1,6 @@
 package emulator
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -13,27 +12,11 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/syncbuf"
 	"github.com/kvroute/kvroute/openai"
 )
 
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuffer) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuffer) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
-}
-
-func logTo(b *syncBuffer) *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
+func logTo(b *syncbuf.Buffer) *slog.Logger { return slog.New(slog.NewTextHandler(b, nil)) }
 
 const pdPrompt = "Disaggregated serving splits the prompt computation from token generation across two engines."
 
@@ -52,7 +35,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 }
 
 func TestPDNixlHandshake(t *testing.T) {
-	var plog, dlog syncBuffer
+	var plog, dlog syncbuf.Buffer
 	_, ps := testServer(t, Config{Role: kvroute.RolePrefill, Logger: logTo(&plog)})
 	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, Logger: logTo(&dlog)})
 
@@ -109,7 +92,7 @@ func TestPDNixlHandshake(t *testing.T) {
 }
 
 func TestPDLeaseExpiryAndFailPolicy(t *testing.T) {
-	var plog syncBuffer
+	var plog syncbuf.Buffer
 	_, ps := testServer(t, Config{Role: kvroute.RolePrefill, Logger: logTo(&plog), LeaseTimeout: time.Second}) // 10 ms at speed 100
 	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, LoadFailure: LoadFailureFail})
 	code, body := post(t, ps.URL+"/v1/completions", fmt.Sprintf(`{"prompt":%q,"max_tokens":1,"kv_transfer_params":{"do_remote_decode":true}}`, pdPrompt))
@@ -128,7 +111,7 @@ func TestPDLeaseExpiryAndFailPolicy(t *testing.T) {
 }
 
 func TestPDSGLangBootstrap(t *testing.T) {
-	var dlog syncBuffer
+	var dlog syncbuf.Buffer
 	_, ps := testServer(t, Config{Role: kvroute.RolePrefill, PDProtocol: PDSGLang})
 	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, PDProtocol: PDSGLang, Logger: logTo(&dlog)})
 	host, port := splitHostPort(t, ps.URL)
@@ -166,7 +149,7 @@ func TestPDSGLangBootstrap(t *testing.T) {
 // no remote_request_id, and the lease is found by the proxy's X-Request-Id,
 // which both legs carry.
 func TestPDNixlByRequestIDHeader(t *testing.T) {
-	var dlog syncBuffer
+	var dlog syncbuf.Buffer
 	_, ps := testServer(t, Config{Role: kvroute.RolePrefill})
 	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, Logger: logTo(&dlog)})
 	send := func(url, body string) (int, []byte) {

@@ -1,37 +1,18 @@
 package proxy
 
 import (
-	"bytes"
 	"context"
 	"log/slog"
 	"slices"
 	"strconv"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/syncbuf"
 	"github.com/kvroute/kvroute/policy"
 )
-
-// syncBuffer is a bytes.Buffer safe for a logger and the test.
-type syncBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *syncBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *syncBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
-}
 
 // TestReloadMovesScrapeGroup: an endpoint whose own scrape_interval
 // changes moves to another scrape group (another signals.Manager); its
@@ -51,7 +32,7 @@ func TestReloadMovesScrapeGroup(t *testing.T) {
 		m.Endpoints[1].KVEvents = config.KVEvents{Address: "tcp://127.0.0.1:" + strconv.Itoa(port), Listen: true}
 		return c
 	}
-	var logs syncBuffer
+	var logs syncbuf.Buffer
 	p, err := New(Options{Config: mk(10 * time.Millisecond), NewPicker: policy.New,
 		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"bytes"
 	"context"
+	"github.com/kvroute/kvroute/internal/syncbuf"
 	"io"
 	"net/http"
 	"strings"
@@ -53,7 +54,7 @@ func TestEngineDataParallel(t *testing.T) {
 	addr := freeAddr(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	out := &lockedBuffer{}
+	out := &syncbuf.Buffer{}
 	done := engineInProcess(t, ctx, addr, out, "--log-level", "info", "--data-parallel-size", "2")
 	if !strings.Contains(out.String(), "data_parallel_size=2") {
 		t.Errorf("the log does not give the size: %s", out.String())

@@ -12,12 +12,12 @@ import (
 	"os"
 	"os/exec"
 	"strings"
-	"sync"
 	"syscall"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/internal/syncbuf"
 )
 
 func TestEngineHelpExplainsEveryFlag(t *testing.T) {
@@ -109,7 +109,7 @@ func freeAddr(t *testing.T) string {
 type engineProc struct {
 	cmd    *exec.Cmd
 	addr   string
-	stderr *lockedBuffer
+	stderr *syncbuf.Buffer
 }
 
 // logged reports whether the engine's stderr shows text within 5 s. The
@@ -130,7 +130,7 @@ func startEngine(t *testing.T, args ...string) *engineProc {
 	addr := freeAddr(t)
 	cmd := exec.Command(os.Args[0], "-test.run=^TestEngineHelperProcess$")
 	cmd.Env = append(os.Environ(), "KVROUTE_ENGINE_HELPER_ARGS="+strings.Join(append([]string{"engine", "--listen", addr}, args...), " "))
-	stderr := &lockedBuffer{}
+	stderr := &syncbuf.Buffer{}
 	cmd.Stderr = stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -235,7 +235,7 @@ func TestEnginePDBetweenProcesses(t *testing.T) {
 // and args in-process until ctx is done, writing to out, and returns once
 // it answers /health (failing with its output after 10s); run's error
 // comes on the channel returned.
-func engineInProcess(t *testing.T, ctx context.Context, addr string, out *lockedBuffer, args ...string) <-chan error {
+func engineInProcess(t *testing.T, ctx context.Context, addr string, out *syncbuf.Buffer, args ...string) <-chan error {
 	t.Helper()
 	done := make(chan error, 1)
 	go func() {
@@ -251,24 +251,6 @@ func engineInProcess(t *testing.T, ctx context.Context, addr string, out *locked
 			t.Fatalf("engine not up: %v\n%s", err, out.String())
 		}
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for the exec copier and the test.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }
 
 func TestEngineProcs(t *testing.T) {
@@ -362,7 +344,7 @@ func TestEngineDrainsOnStop(t *testing.T) {
 			addr := freeAddr(t)
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
-			out := &lockedBuffer{}
+			out := &syncbuf.Buffer{}
 			done := engineInProcess(t, ctx, addr, out, "--log-level", "warn", "--shutdown-timeout", tc.timeout)
 			resp, err := http.Post("http://"+addr+"/v1/chat/completions", "application/json", strings.NewReader(
 				`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_tokens":1500,"stream":true}`))

@@ -6,6 +6,7 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"github.com/kvroute/kvroute/internal/syncbuf"
 	"os"
 	"os/exec"
 	"strings"
@@ -97,7 +98,7 @@ func TestSecondSignalEndsProcess(t *testing.T) {
 	}
 	cmd := exec.Command(os.Args[0], "-test.run=^TestSignalHelperProcess$")
 	cmd.Env = append(os.Environ(), "KVROUTE_SIGNAL_HELPER=1")
-	out := &lockedBuffer{}
+	out := &syncbuf.Buffer{}
 	cmd.Stdout = out
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

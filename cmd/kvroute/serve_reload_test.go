@@ -2,6 +2,7 @@ package main
 
 import (
 	"fmt"
+	"github.com/kvroute/kvroute/internal/syncbuf"
 	"io"
 	"net"
 	"net/http"
@@ -38,9 +39,9 @@ func TestServeHelperProcess(t *testing.T) {
 // it exited.
 type serveProcess struct {
 	cmd    *exec.Cmd
-	logs   *lockedBuffer // its stderr
-	done   chan error    // cmd.Wait's result
-	exited bool          // done was read
+	logs   *syncbuf.Buffer // its stderr
+	done   chan error      // cmd.Wait's result
+	exited bool            // done was read
 }
 
 // startServeProcess starts `kvroute` with args.
@@ -48,7 +49,7 @@ func startServeProcess(t *testing.T, args ...string) *serveProcess {
 	t.Helper()
 	cmd := exec.Command(os.Args[0], "-test.run=^TestServeHelperProcess$")
 	cmd.Env = append(os.Environ(), "KVROUTE_SERVE_HELPER="+strings.Join(args, "\n"))
-	sp := &serveProcess{cmd: cmd, logs: &lockedBuffer{}, done: make(chan error, 1)}
+	sp := &serveProcess{cmd: cmd, logs: &syncbuf.Buffer{}, done: make(chan error, 1)}
 	cmd.Stderr = sp.logs
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)

@@ -47,6 +47,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/syncbuf"
 	"github.com/kvroute/kvroute/policy"
 	"github.com/kvroute/kvroute/proxy"
 )
@@ -686,7 +687,7 @@ func TestRouterBinary(t *testing.T) {
 		}
 	}
 	cmd.Env = append(cmd.Env, "HOME="+dir, "KUBECONFIG="+filepath.Join(dir, "no-kubeconfig"))
-	var stderr lockedBuffer // read while the process writes it
+	var stderr syncbuf.Buffer // read while the process writes it
 	cmd.Stdout, cmd.Stderr = &stderr, &stderr
 	if err := cmd.Start(); err != nil {
 		t.Fatal(err)
@@ -740,23 +741,4 @@ func TestRouterBinary(t *testing.T) {
 		<-exited
 		t.Errorf("kvroute still running after SIGTERM and timeouts.shutdown + 10s\n%s", &stderr)
 	}
-}
-
-// lockedBuffer is a bytes.Buffer safe for one writer and concurrent
-// readers.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (b *lockedBuffer) Write(p []byte) (int, error) {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.Write(p)
-}
-
-func (b *lockedBuffer) String() string {
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	return b.b.String()
 }
