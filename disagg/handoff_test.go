@@ -23,6 +23,7 @@ import (
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/emulator"
 	"github.com/kvroute/kvroute/emulator/emulatortest"
+	"github.com/kvroute/kvroute/internal/syncbuf"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/router"
 )
@@ -95,24 +96,7 @@ type pdFixture struct {
 	rec  *recorder
 	reg  *prometheus.Registry
 	srv  *httptest.Server
-	logs *syncBuf
-}
-
-type syncBuf struct {
-	mu sync.Mutex
-	b  bytes.Buffer
-}
-
-func (s *syncBuf) Write(p []byte) (int, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.Write(p)
-}
-
-func (s *syncBuf) String() string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.b.String()
+	logs *syncbuf.Buffer
 }
 
 // newPD builds a router + planner + handoff over eps and serves it like
@@ -134,7 +118,7 @@ func newPD(t *testing.T, proto string, mode Mode, eps ...kvroute.Endpoint) *pdFi
 		t.Fatal(err)
 	}
 	rec := &recorder{c: &http.Client{}}
-	logs := &syncBuf{}
+	logs := &syncbuf.Buffer{}
 	h, err := NewHandoff(HandoffConfig{Router: r, Planner: pl, Client: rec, Protocol: proto, Metrics: m,
 		Logger: slog.New(slog.NewTextHandler(logs, nil)), EndpointHeader: testEndpointHeader})
 	if err != nil {

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"net/http"
 	"slices"
 	"testing"
 
@@ -45,17 +44,7 @@ func TestDiscoveryPD(t *testing.T) {
 		return slices.Equal(pool(), []string{"prefill-0 prefill", "decode-0 decode"})
 	})
 	waitFor(t, "both sources' informers watching", func() bool { return cluster.watches.Load() >= 2 })
-	serve := func(n int) {
-		t.Helper()
-		for range n {
-			if resp := tp.post(t, PathCompletions, pdPrompt); resp.StatusCode != http.StatusOK {
-				t.Fatalf("status %d: %s", resp.StatusCode, readAll(t, resp))
-			} else {
-				readAll(t, resp)
-			}
-		}
-	}
-	serve(1)
+	tp.postOK(t, 1, PathCompletions, pdPrompt)
 	if np, nd := len(pbodies()), decodeLegs(d0bodies()); np != 1 || nd != 1 {
 		t.Fatalf("got %d prefill legs and %d decode legs on decode-0, want 1 and 1", np, nd)
 	}
@@ -65,7 +54,7 @@ func TestDiscoveryPD(t *testing.T) {
 	waitFor(t, "decode-1 discovered", func() bool {
 		return slices.Equal(pool(), []string{"prefill-0 prefill", "decode-0 decode", "decode-1 decode"})
 	})
-	serve(4)
+	tp.postOK(t, 4, PathCompletions, pdPrompt)
 	if n := decodeLegs(d1bodies()); n == 0 {
 		t.Error("the decode engine added to the decode Service got no decode leg")
 	}
@@ -79,7 +68,7 @@ func TestDiscoveryPD(t *testing.T) {
 		return slices.Equal(pool(), []string{"prefill-0 prefill", "decode-1 decode"})
 	})
 	n0 := decodeLegs(d0bodies())
-	serve(2)
+	tp.postOK(t, 2, PathCompletions, pdPrompt)
 	if n := decodeLegs(d0bodies()); n != n0 {
 		t.Errorf("decode-0 got %d decode legs after it left the Service", n-n0)
 	}

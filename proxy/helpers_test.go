@@ -231,6 +231,18 @@ func (tp *testProxy) post(t testing.TB, path, body string) *http.Response {
 	return resp
 }
 
+// postOK posts body to path n times, each answer read whole, and fails
+// the test at the first that is not 200.
+func (tp *testProxy) postOK(t testing.TB, n int, path, body string) {
+	t.Helper()
+	for range n {
+		resp := tp.post(t, path, body)
+		if b := readAll(t, resp); resp.StatusCode != http.StatusOK {
+			t.Fatalf("POST %s: status %d: %s", path, resp.StatusCode, b)
+		}
+	}
+}
+
 // counter reads a counter or gauge with the given labels (0 if absent).
 func (tp *testProxy) metric(t testing.TB, c prometheus.Collector, labels ...string) float64 {
 	t.Helper()

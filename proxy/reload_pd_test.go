@@ -59,13 +59,7 @@ func TestReloadPDAddsDecode(t *testing.T) {
 	if len(res.Models) != 1 || !slices.Equal(res.Models[0].Added, []string{"d1"}) {
 		t.Fatalf("got %+v, want d1 added", res)
 	}
-	for range 4 {
-		if resp := tp.post(t, PathCompletions, pdPrompt); resp.StatusCode != http.StatusOK {
-			t.Fatalf("status %d: %s", resp.StatusCode, readAll(t, resp))
-		} else {
-			readAll(t, resp)
-		}
-	}
+	tp.postOK(t, 4, PathCompletions, pdPrompt)
 	if n0, n1 := decodeLegs(d0bodies()), decodeLegs(d1bodies()); n1 == 0 || n0+n1 != 4 {
 		t.Errorf("decode legs: d0 %d, d1 %d; want 4 in all, some on the added d1", n0, n1)
 	}
@@ -139,13 +133,7 @@ func TestReloadPDRemovedMidFlight(t *testing.T) {
 				t.Fatalf("endpoints after the reload: %v, want %s gone", got, tc.remove)
 			}
 			np0 := len(p0bodies())
-			for range 2 {
-				if resp := tp.post(t, PathCompletions, pdPrompt); resp.StatusCode != http.StatusOK {
-					t.Fatalf("after the reload: status %d: %s", resp.StatusCode, readAll(t, resp))
-				} else {
-					readAll(t, resp)
-				}
-			}
+			tp.postOK(t, 2, PathCompletions, pdPrompt)
 			if tc.leg == kvroute.RolePrefill {
 				if n := len(p0bodies()); n != np0 || len(p1bodies()) == 0 {
 					t.Errorf("after the reload: p0 got %d more legs, p1 %d; want none on p0", n-np0, len(p1bodies()))
@@ -273,13 +261,7 @@ func TestReloadPDRoleChange(t *testing.T) {
 	if !slices.Equal(forgot, []string{"d0", "x"}) {
 		t.Errorf("the prefill policy forgot %v, want [d0 x]", forgot)
 	}
-	for range 2 {
-		if resp := tp.post(t, PathCompletions, pdPrompt); resp.StatusCode != http.StatusOK {
-			t.Fatalf("status %d: %s", resp.StatusCode, readAll(t, resp))
-		} else {
-			readAll(t, resp)
-		}
-	}
+	tp.postOK(t, 2, PathCompletions, pdPrompt)
 	if n := decodeLegs(xbodies()); n != 2 {
 		t.Errorf("decode legs on x: got %d, want 2 (its ejection as a prefill node forgotten)", n)
 	}
