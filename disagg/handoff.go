@@ -485,6 +485,15 @@ func (x *exchange) runNixl(pf *router.Flight, plan *Plan, last bool) (bool, *kvr
 			df, err = h.cfg.Router.Route(now, &dreq, x.tried)
 		}
 		if err != nil {
+			if !x.live(plan.Decode) {
+				// The planned decode node left the pool since the plan
+				// and no other can take the leg: placed again, as
+				// runSGLang does (answered endpoint_removed when nothing
+				// is left to try).
+				x.last = &LegError{Leg: "decode", Endpoint: plan.Decode.ID, Reason: ReasonRemoved, Err: errEndpointRemoved}
+				h.cfg.Metrics.failure(h.cfg.Model, "decode", ReasonRemoved)
+				return false, nil
+			}
 			x.writeRoutingFailure(err)
 			return true, nil
 		}

@@ -110,3 +110,36 @@ func TestPDEveryLegEndpointRemoved(t *testing.T) {
 		t.Errorf("engines got %d legs, want 0", n)
 	}
 }
+
+// TestPDOnlyDecodeRemoved: the only decode endpoint leaves the pool while
+// the prefill leg runs, so no decode leg can be routed: both protocols
+// answer 503 endpoint_removed (the pool changed under the request), not
+// no_healthy_endpoint.
+func TestPDOnlyDecodeRemoved(t *testing.T) {
+	for _, proto := range []string{ProtocolNixl, ProtocolSGLang} {
+		t.Run(proto, func(t *testing.T) {
+			p := emu(t, kvroute.RolePrefill, proto)
+			d := emu(t, kvroute.RoleDecode, proto)
+			_, port := hostPort(t, p.URL)
+			f := newPD(t, proto, ModeAlways, endpoint("p", p.URL, kvroute.RolePrefill, LabelBootstrapPort, strconv.Itoa(port)),
+				endpoint("d", d.URL, kvroute.RoleDecode))
+			var once sync.Once
+			f.h.cfg.Live = func(e *kvroute.Endpoint) bool {
+				if e.Role == kvroute.RolePrefill {
+					once.Do(func() {
+						eps := slices.DeleteFunc(f.r.Endpoints(), func(c kvroute.Endpoint) bool { return c.ID == "d" })
+						if err := f.r.SetEndpoints(time.Now(), eps, nil); err != nil {
+							t.Error(err)
+						}
+					})
+				}
+				return slices.ContainsFunc(f.r.Endpoints(), func(c kvroute.Endpoint) bool { return c.ID == e.ID && c.SameEngine(e) })
+			}
+			code, body := f.post(t, completion(false, 3))
+			var e struct{ Error struct{ Code string } }
+			if err := json.Unmarshal([]byte(body), &e); err != nil || code != http.StatusServiceUnavailable || e.Error.Code != ReasonRemoved {
+				t.Fatalf("got %d %s, want 503 with code %s", code, body, ReasonRemoved)
+			}
+		})
+	}
+}
