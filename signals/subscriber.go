@@ -284,7 +284,13 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			break
 		}
 		if err != nil {
-			s.cfg.Logger.Warn("kv events: session ended", "endpoint", s.cfg.Endpoint, "address", s.cfg.Address, "err", err)
+			// An idle engine's session ends every IdleReconnect: routine,
+			// not worth a warning.
+			lvl := slog.LevelWarn
+			if errors.Is(err, errIdle) {
+				lvl = slog.LevelDebug
+			}
+			s.cfg.Logger.Log(ctx, lvl, "kv events: session ended", "endpoint", s.cfg.Endpoint, "address", s.cfg.Address, "err", err)
 			s.update(func(st *SubscriberStatus) { st.LastError = err.Error() })
 		}
 		if errors.Is(err, errIdle) && !s.lost {

@@ -3,6 +3,7 @@ package signals
 import (
 	"context"
 	"fmt"
+	"log/slog"
 	"net"
 	"strings"
 	"sync"
@@ -11,6 +12,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 
+	"github.com/kvroute/kvroute/internal/syncbuf"
 	"github.com/kvroute/kvroute/kvindex"
 )
 
@@ -43,11 +45,13 @@ func awaitNewConnection(t *testing.T, h *harness, why string) {
 // engine idle for 10s lost all its entries with its next request.)
 func TestSubscriberIdleKeepsEntriesWithoutReplay(t *testing.T) {
 	eng := newFakeEngine(t, false, EventEncoding{})
+	var logs syncbuf.Buffer
 	h := startSub(t, eng, func(c *SubscriberConfig) {
 		// Long enough that the new connection does not go idle too
 		// before the next batch is published.
 		c.IdleReconnect = time.Second
 		c.DialRetry = 10 * time.Millisecond
+		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelInfo}))
 	})
 	eng.publish(false, stored(0, 3))
 	h.waitSeq(t, 0)
@@ -60,7 +64,10 @@ func TestSubscriberIdleKeepsEntriesWithoutReplay(t *testing.T) {
 	if st.Resyncs != 0 || st.Restarts != 0 || st.Reconnects != 1 {
 		t.Errorf("status %+v: want 1 reconnect, no resync, no restart", st)
 	}
-
+	// An idle engine reconnects every IdleReconnect: not a warning.
+	if strings.Contains(logs.String(), "level=WARN") {
+		t.Errorf("an idle reconnect logged a warning:\n%s", logs.String())
+	}
 }
 
 // TestSubscriberRestartDetectedOnConnect: the engine is killed and a new

@@ -35,7 +35,7 @@ forwarded byte for byte; event streams are passed through chunk by chunk. A
 connect error or 5xx before the first response byte is retried on another
 endpoint. GET /v1/models lists the models. The router's own endpoints:
 /metrics (Prometheus), /healthz, /readyz, /debug/decisions and
-/debug/endpoints (open with debug.enabled, else they need the admin token),
+/debug/endpoints (open with debug.enabled or --debug, else they need the admin token),
 and PUT /admin/policy {"model","policy","params"} (only with admin.token,
 sent as "Authorization: Bearer TOKEN").
 
@@ -63,7 +63,7 @@ field and its default), or for the quick case with flags only:
   kvroute serve --listen :8080 --model llama --endpoint http://10.0.0.7:8000 \
       --endpoint http://10.0.0.8:8000 --policy least_request
 
---listen, --log-level and --log-format also override the file's values.
+--listen, --log-level, --log-format and --debug also override the file's values.
 SIGINT/SIGTERM stop accepting connections and drain in-flight requests for up
 to timeouts.shutdown; streams still running then end with an error event.
 
@@ -72,7 +72,7 @@ lists without a restart: engines added start taking requests (with their
 metrics scrape, kv_events subscription and health check), engines removed take
 no new ones while their requests in progress finish, and the engines that stay
 keep their routing state (cache index, health, learned rates). An ID whose url
-changed is a new engine. The whole file is validated first: an invalid file is
+or role changed is a new engine. The whole file is validated first: an invalid file is
 logged as an error naming the field, and nothing changes. Other changes
 (models added or removed, listen, policies, timeouts, ...) need a restart: they
 are logged and not applied. A P/D model's prefill and decode endpoints change
@@ -105,6 +105,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		policyName = fs.String("policy", "", "quick mode: the routing `policy` (default \""+config.DefaultPolicy+"\")")
 		logLevel   = fs.String("log-level", "", "log `level`: debug, info, warn, error (default \"info\", or the config's log.level)")
 		logFormat  = fs.String("log-format", "", "log `format`: text or json (default \"text\", or the config's log.format)")
+		debug      = fs.Bool("debug", false, "open /debug/*, the dashboard's data and the "+proxy.HeaderEndpoint+" response header to every client (debug.enabled; trusted networks only: the admin token guards them otherwise)")
 		dpSize     = fs.Int("data-parallel-size", 0, "quick mode: the data-parallel `ranks` behind each --endpoint (vLLM --data-parallel-size), each routed as an endpoint of its own (default 1)")
 		endpoints  stringList
 	)
@@ -171,6 +172,9 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		if *logFormat != "" {
 			c.Log.Format = *logFormat
+		}
+		if *debug {
+			c.Debug.Enabled = true
 		}
 	}
 	overlay(&cfg)

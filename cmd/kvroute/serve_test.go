@@ -242,7 +242,7 @@ func TestServeQuickModeServesAndStops(t *testing.T) {
 	var out, errOut bytes.Buffer
 	go func() {
 		done <- run(ctx, []string{"serve", "--listen", addr, "--model", "m", "--endpoint", "http://127.0.0.1:1",
-			"--policy", "round_robin", "--log-level", "warn"}, &out, &errOut)
+			"--policy", "round_robin", "--log-level", "warn", "--debug"}, &out, &errOut)
 	}()
 	var resp *http.Response
 	deadline := time.Now().Add(10 * time.Second)
@@ -261,6 +261,15 @@ func TestServeQuickModeServesAndStops(t *testing.T) {
 	resp.Body.Close()
 	if resp.StatusCode != 200 || !strings.Contains(buf.String(), `"id":"m"`) {
 		t.Errorf("/v1/models: got %d %s", resp.StatusCode, buf.String())
+	}
+	// --debug opens the debug pages without an admin token.
+	if resp, err := http.Get("http://" + addr + "/debug/endpoints"); err != nil {
+		t.Error(err)
+	} else {
+		resp.Body.Close()
+		if resp.StatusCode != http.StatusOK {
+			t.Errorf("--debug: /debug/endpoints answered %d, want 200", resp.StatusCode)
+		}
 	}
 	stop()
 	select {

@@ -101,8 +101,8 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs := newFlagSet("sim", "[--trace FILE | --workload NAME] [flags]", desc, stdout, stderr)
 	var o simOptions
 	fs.StringVar(&o.trace, "trace", "", "Mooncake JSONL trace `file` (default: the embedded conversation trace)")
-	fs.StringVar(&o.workloadName, "workload", "", "generate a workload with this generator instead of a trace")
-	fs.StringVar(&o.params, "params", "", "generator parameters `k=v,...` (see the generator list)")
+	fs.StringVar(&o.workloadName, "workload", "", "generate a workload with this generator instead of a trace ('list' prints them with their parameters)")
+	fs.StringVar(&o.params, "params", "", "generator parameters `k=v,...` (see --workload list)")
 	fs.IntVar(&o.requests, "requests", 0, "generator: number of requests (default 1000)")
 	fs.Float64Var(&o.rate, "rate", 0, "generator: mean arrivals per second (default 10)")
 	fs.StringVar(&o.arrivals, "arrivals", "", "generator: arrival process poisson, gamma or constant (default poisson)")
@@ -141,6 +141,10 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	usageErr := func(format string, a ...any) error {
 		fmt.Fprintf(stderr, "kvroute sim: "+format+"\n", a...)
 		return errUsage
+	}
+	if o.workloadName == "list" {
+		printGenerators(stdout)
+		return nil
 	}
 	if o.trace != "" && o.workloadName != "" {
 		return usageErr("--trace and --workload are exclusive")

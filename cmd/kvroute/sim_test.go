@@ -16,6 +16,7 @@ import (
 
 	"github.com/kvroute/kvroute/report"
 	"github.com/kvroute/kvroute/sim"
+	"github.com/kvroute/kvroute/workload"
 )
 
 // simArgs is a small, fast kvroute sim run on toy engines.
@@ -470,5 +471,26 @@ func TestSimCommandPrintsFailures(t *testing.T) {
 	}
 	if s := errb.String(); !strings.Contains(s, "first failure of each kind:\n  http_400: engine: add: ") || !strings.Contains(s, "exceed the max model length 1024") {
 		t.Errorf("stderr does not explain the failures:\n%s", s)
+	}
+}
+
+// TestWorkloadList: `sim --workload list` and `bench --workload list` print
+// every generator with its parameters (sim's --params help points there).
+func TestWorkloadList(t *testing.T) {
+	for _, cmd := range []string{"sim", "bench"} {
+		var out, errb bytes.Buffer
+		if err := run(context.Background(), []string{cmd, "--workload", "list"}, &out, &errb); err != nil {
+			t.Fatalf("%s --workload list: %v\n%s", cmd, err, errb.String())
+		}
+		for _, g := range workload.Generators() {
+			if !strings.Contains(out.String(), g.Name+": ") {
+				t.Errorf("%s --workload list lacks %q:\n%s", cmd, g.Name, out.String())
+			}
+			for _, p := range g.Params {
+				if !strings.Contains(out.String(), "    "+p.Name+" ") {
+					t.Errorf("%s --workload list lacks %s's parameter %q", cmd, g.Name, p.Name)
+				}
+			}
+		}
 	}
 }
