@@ -54,25 +54,40 @@ func (p *Proxy) serveHealthz(w http.ResponseWriter, _ *http.Request) {
 }
 
 // serveReadyz is 200 when the proxy is not shutting down and every model
-// has a healthy endpoint, else 503 with the models that have none.
+// has a healthy endpoint, else 503 with the models that have none (and,
+// among them, those whose discovery could not start). While the active
+// health checks run (Serve), an endpoint counts only once its probe has
+// passed a check: at start the router is not ready until each model has
+// an endpoint that answered, and an endpoint added later (a reload, a
+// discovery) counts from its first check passed, which does not make a
+// model whose other endpoints are healthy unready meanwhile.
 func (p *Proxy) serveReadyz(w http.ResponseWriter, _ *http.Request) {
 	if p.draining.Load() {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "draining"})
 		return
 	}
 	now := p.now()
-	var down []string
+	var down, notRunning []string
 	for _, n := range p.names {
+		pl := p.pools[n]
+		passed, gated := p.health.passedBy(n)
 		up := false
-		for _, st := range p.pools[n].router.Status(now) {
-			up = up || st.Healthy
+		for _, st := range pl.router.Status(now) {
+			up = up || (st.Healthy && (!gated || passed[st.ID]))
 		}
 		if !up {
 			down = append(down, n)
+			if pl.disc != nil && pl.disc.notRunning() != nil {
+				notRunning = append(notRunning, n)
+			}
 		}
 	}
 	if len(down) > 0 {
-		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "unavailable", "models_without_healthy_endpoint": down})
+		body := map[string]any{"status": "unavailable", "models_without_healthy_endpoint": down}
+		if len(notRunning) > 0 {
+			body["models_without_running_discovery"] = notRunning
+		}
+		writeJSON(w, http.StatusServiceUnavailable, body)
 		return
 	}
 	writeJSON(w, http.StatusOK, map[string]string{"status": "ready"})

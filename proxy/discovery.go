@@ -6,11 +6,13 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/http"
 	"os"
 	"slices"
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,6 +25,7 @@ import (
 	"k8s.io/client-go/tools/cache"
 	"k8s.io/client-go/tools/clientcmd"
 
+	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
 )
 
@@ -94,6 +97,25 @@ type discoverer struct {
 	// first list: the pool takes the union once every source has listed.
 	// Guarded by the Proxy's reloadMu.
 	listed [][]config.Endpoint
+	// failed is the config path of a source that could not start (its
+	// client), nil while none has failed since RunDiscovery started.
+	failed atomic.Pointer[string]
+}
+
+// codeDiscoveryNotRunning is the error code of a request for a model
+// whose discovery could not start.
+const codeDiscoveryNotRunning = "discovery_not_running"
+
+// notRunning returns the error that answers a request for the model while
+// a source of its discovery could not start (its pool then has no
+// endpoints and gets none: waiting does not help), else nil.
+func (d *discoverer) notRunning() error {
+	path := d.failed.Load()
+	if path == nil {
+		return nil
+	}
+	return &kvroute.Error{Status: http.StatusServiceUnavailable, Type: kvroute.TypeUnavailable, Code: codeDiscoveryNotRunning,
+		Message: fmt.Sprintf("model %q has no endpoints: its Kubernetes discovery (%s) is not running (see the router's log)", d.pl.model, *path)}
 }
 
 // newDiscoverer returns pool pl's discovery (its model m's). It connects
@@ -127,9 +149,10 @@ func (p *Proxy) newDiscoverer(pl *pool, m *config.Model) *discoverer {
 // watches (the informer retries them) and endpoint lists that cannot be
 // applied (the pool keeps its endpoints). A source that cannot get its
 // client (no in-cluster config, no kubeconfig) does not run: its model
-// stays without endpoints (its other sources' included), and RunDiscovery
-// returns that error, naming the field, once every other discovery has
-// ended.
+// stays without endpoints (its other sources' included), its requests
+// are answered 503 discovery_not_running (without Retry-After) and
+// /readyz names it, and RunDiscovery returns that error, naming the
+// field, once every other discovery has ended.
 func (p *Proxy) RunDiscovery(ctx context.Context) error {
 	if !p.discRun.CompareAndSwap(false, true) {
 		return errors.New("proxy: discovery: already running")
@@ -143,6 +166,7 @@ func (p *Proxy) RunDiscovery(ctx context.Context) error {
 		if d == nil {
 			continue
 		}
+		d.failed.Store(nil)
 		for i := range d.srcs {
 			wg.Go(func() {
 				if err := d.run(ctx, p, i); err != nil {
@@ -165,6 +189,7 @@ func (d *discoverer) run(ctx context.Context, p *Proxy, i int) error {
 	if err != nil {
 		p.disc.errors.WithLabelValues(model).Inc()
 		err = fmt.Errorf("proxy: %s: %w", d.paths[i], err)
+		d.failed.CompareAndSwap(nil, &d.paths[i])
 		p.log.Error("discovery: not running; the model has no endpoints", "model", model, "error", err)
 		return err
 	}

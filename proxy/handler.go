@@ -9,6 +9,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"sync"
 	"time"
 
 	"github.com/kvroute/kvroute"
@@ -49,6 +50,7 @@ type exchange struct {
 	saved       *savedResponse // the last retried 5xx, replayed if no endpoint is left
 	tail        usageTail      // the attempt's last response bytes, for the engine's usage
 	tw          tailWriter     // the client's ResponseWriter, keeping tail
+	mark        errorMarker    // under tw: marks the engine's own error responses
 }
 
 func exchangeFrom(ctx context.Context) *exchange {
@@ -90,6 +92,13 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 		p.reject(w, r, start, "", kvroute.Errorf(http.StatusNotFound, kvroute.TypeNotFound, "model_not_found", "model",
 			"The model `%s` does not exist.", ri.Model))
 		return
+	}
+	if pl.disc != nil { // its discovery could not start: say so, not "none ready yet"
+		if err := pl.disc.notRunning(); err != nil && len(pl.set.Load().eps) == 0 {
+			promptBuffers.put(prompt)
+			p.reject(w, r, start, pl.model, err)
+			return
+		}
 	}
 	// The client's ID goes to the engine and back to the client; the
 	// routing core gets one no other request in progress has.
@@ -197,7 +206,8 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 	}
 	out.Body = io.NopCloser(bytes.NewReader(x.body))
 	x.tail.reset()
-	x.tw = tailWriter{ResponseWriter: w, tail: &x.tail}
+	x.mark = errorMarker{ResponseWriter: w, x: x}
+	x.tw = tailWriter{ResponseWriter: &x.mark, tail: &x.tail}
 	inflight := x.up.inflight
 	inflight.Inc()
 	attempt := out
@@ -231,6 +241,9 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 			}
 		}
 		x.pool.router.Done(p.now(), f, o)
+		if x.status == http.StatusNotFound && x.fromUpstream(x.status) {
+			p.notFound.warn(p, x.pool.model, f.Endpoint.ID, out.URL.Path)
+		}
 	}()
 	x.up.rp.ServeHTTP(&x.tw, attempt) // panics with http.ErrAbortHandler when a copy fails
 	x.served = true
@@ -293,7 +306,10 @@ func (x *exchange) writeError(w http.ResponseWriter, err error) {
 func writeRoutingError(w http.ResponseWriter, err error) int {
 	status := kvroute.StatusOf(err)
 	var ue *router.UnavailableError
+	var ke *kvroute.Error
 	switch {
+	case errors.As(err, &ke) && ke.Code == codeDiscoveryNotRunning:
+		// No Retry-After: waiting does not help.
 	case errors.As(err, &ue):
 		w.Header().Set("Retry-After", strconv.Itoa(max(ue.RetryAfter, 1)))
 	case status == http.StatusServiceUnavailable || status == http.StatusTooManyRequests:
@@ -308,6 +324,7 @@ func writeRoutingError(w http.ResponseWriter, err error) int {
 func (x *exchange) writeLastFailure(w http.ResponseWriter) {
 	if x.saved != nil {
 		x.status = x.saved.status
+		w.Header().Set(HeaderErrorSource, errorSourceUpstream)
 		x.saved.write(w)
 		return
 	}
@@ -325,6 +342,92 @@ func (x *exchange) writeLastFailure(w http.ResponseWriter) {
 	x.status = upstreamStatus(err)
 	openai.WriteError(w, &kvroute.Error{Status: x.status, Type: kvroute.TypeUpstream, Code: "upstream_error",
 		Message: fmt.Sprintf("model %q: every endpoint tried failed (%s): %v", x.req.Model, x.tried, err)})
+}
+
+// HeaderErrorSource is "upstream" on an error response (status 400 and
+// up) that an engine sent and the router passes through unchanged, such
+// as an engine's 404 for a model it does not serve under the name asked
+// for; the router's own error responses do not have it. Which endpoint
+// answered is named only with debug.enabled (HeaderEndpoint).
+const HeaderErrorSource = "X-Kvroute-Error-Source"
+
+const errorSourceUpstream = "upstream"
+
+// errorMarker is the client's ResponseWriter as the reverse proxy sees it
+// (under tailWriter): it marks the engine's error responses with
+// HeaderErrorSource. Unwrap keeps http.ResponseController working.
+type errorMarker struct {
+	http.ResponseWriter
+	x *exchange
+}
+
+func (w *errorMarker) WriteHeader(code int) {
+	if code >= 400 && w.x.fromUpstream(code) {
+		w.Header().Set(HeaderErrorSource, errorSourceUpstream)
+	}
+	w.ResponseWriter.WriteHeader(code)
+}
+
+// Unwrap returns the client's ResponseWriter.
+func (w *errorMarker) Unwrap() http.ResponseWriter { return w.ResponseWriter }
+
+// fromUpstream reports whether a response of status code in the current
+// attempt is the engine's own (passed through), not one the router wrote
+// for a failed attempt.
+func (x *exchange) fromUpstream(code int) bool {
+	return code == x.status && x.upstreamErr == nil && x.retry == retryNone && !x.shutdown
+}
+
+// notFoundEvery is how often an endpoint's 404s are logged at most.
+const notFoundEvery = time.Minute
+
+// notFoundLog rate-limits the warning that an engine answered an
+// inference request 404: once per endpoint per notFoundEvery, with the
+// number suppressed since. Safe for concurrent use.
+type notFoundLog struct {
+	mu   sync.Mutex                      // guards last
+	last map[notFoundKey]*notFoundLogged // by model and endpoint
+}
+
+type notFoundKey struct{ model, endpoint string }
+
+type notFoundLogged struct {
+	at         time.Time // when it was last logged
+	suppressed int       // 404s not logged since
+}
+
+// warn logs an engine's 404 (on path, for model) unless the endpoint's
+// last one logged is more recent than notFoundEvery. The engine most
+// likely does not serve the model under the router's name: the model's
+// name must be the one the engine serves (vLLM's --served-model-name).
+func (l *notFoundLog) warn(p *Proxy, model, endpoint, path string) {
+	now := p.now()
+	k := notFoundKey{model, endpoint}
+	l.mu.Lock()
+	e := l.last[k]
+	if e != nil && now.Sub(e.at) < notFoundEvery {
+		e.suppressed++
+		l.mu.Unlock()
+		return
+	}
+	suppressed := 0
+	if e != nil {
+		suppressed = e.suppressed
+	}
+	if l.last == nil {
+		l.last = make(map[notFoundKey]*notFoundLogged)
+	}
+	for k, e := range l.last { // endpoints gone (reloads, discovery)
+		if now.Sub(e.at) > 10*notFoundEvery {
+			delete(l.last, k)
+		}
+	}
+	l.last[k] = &notFoundLogged{at: now}
+	l.mu.Unlock()
+	p.log.Warn("engine answered 404: it likely does not serve the model under this name, or not at this path",
+		"model", model, "endpoint", endpoint, "path", path,
+		"hint", "the engine must serve the model as "+strconv.Quote(model)+" (vLLM: --served-model-name); the 404 is passed to the client",
+		"suppressed", suppressed)
 }
 
 // finish accounts for the request once it is answered (or aborted).

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -20,7 +21,9 @@ import (
 // share one probe of their URL, whose result applies to every rank (vLLM's
 // /health answers for the whole server). A Reload that removes an endpoint
 // stops its probe (and waits for it); one that adds an endpoint starts
-// one. With health_check.disabled it returns at once.
+// one. While it runs, /readyz counts only the endpoints whose probe has
+// passed a check (see serveReadyz). With health_check.disabled it returns
+// at once.
 func (p *Proxy) RunHealthChecks(ctx context.Context) error {
 	if p.cfg.HealthCheck.Disabled {
 		return nil
@@ -31,6 +34,7 @@ func (p *Proxy) RunHealthChecks(ctx context.Context) error {
 		h.mu.Unlock()
 		return nil // already running
 	}
+	h.gated = true
 	h.ctx = ctx
 	h.client = &http.Client{Transport: p.transport, Timeout: p.cfg.HealthCheck.Timeout}
 	h.probes = make(map[probeKey]*runningProbe)
@@ -42,7 +46,7 @@ func (p *Proxy) RunHealthChecks(ctx context.Context) error {
 	p.reloadMu.Unlock()
 	<-ctx.Done()
 	h.mu.Lock()
-	h.ctx, h.probes = nil, nil
+	h.ctx, h.probes, h.gated = nil, nil, false
 	h.mu.Unlock()
 	h.wg.Wait()
 	return nil
@@ -50,11 +54,46 @@ func (p *Proxy) RunHealthChecks(ctx context.Context) error {
 
 // healthState is the running health probes, which a Reload changes.
 type healthState struct {
-	mu     sync.Mutex      // guards ctx, client and probes
+	mu     sync.Mutex      // guards ctx, client, probes and gated
 	ctx    context.Context // RunHealthChecks' context; nil when not running
 	client *http.Client
 	probes map[probeKey]*runningProbe
-	wg     sync.WaitGroup // every probe loop
+	// gated: readiness waits for the probes (passedBy), from the start of
+	// Serve (expect) or of RunHealthChecks until RunHealthChecks returns.
+	gated bool
+	wg    sync.WaitGroup // every probe loop
+}
+
+// expect gates readiness on the probes before RunHealthChecks has started
+// them: Serve calls it before it accepts connections, so that a /readyz
+// that comes first is not answered from endpoints nothing has checked.
+func (h *healthState) expect(p *Proxy) {
+	if p.cfg.HealthCheck.Disabled {
+		return
+	}
+	h.mu.Lock()
+	h.gated = true
+	h.mu.Unlock()
+}
+
+// passedBy returns the endpoints of model whose probe has passed a check
+// since it started, and whether readiness is gated on them (false: the
+// probes do not run, and every endpoint counts).
+func (h *healthState) passedBy(model string) (passed map[string]bool, gated bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if !h.gated {
+		return nil, false
+	}
+	passed = make(map[string]bool)
+	for k, rp := range h.probes {
+		if k.model == model && rp.passed.Load() {
+			for _, id := range rp.ids {
+				passed[id] = true
+			}
+		}
+	}
+	return passed, true
 }
 
 // probeKey names a probe: a model's URL and the endpoints it covers.
@@ -65,6 +104,8 @@ type probeKey struct{ model, url, ids string }
 type runningProbe struct {
 	cancel context.CancelFunc
 	done   chan struct{}
+	ids    []string    // the endpoints it checks
+	passed atomic.Bool // a check has passed (set by the loop)
 }
 
 // wanted returns the probes of pool pl's endpoint set s, by key.
@@ -120,7 +161,8 @@ func (h *healthState) start(p *Proxy, pl *pool) {
 		}
 		t.client = h.client
 		ctx, cancel := context.WithCancel(h.ctx)
-		rp := &runningProbe{cancel: cancel, done: make(chan struct{})}
+		rp := &runningProbe{cancel: cancel, done: make(chan struct{}), ids: t.ids}
+		t.passed = &rp.passed
 		h.probes[k] = rp
 		h.wg.Go(func() {
 			defer close(rp.done)
@@ -151,7 +193,8 @@ type probe struct {
 	url     string
 	client  *http.Client
 	healthy bool
-	streak  int // consecutive results contradicting healthy
+	streak  int          // consecutive results contradicting healthy
+	passed  *atomic.Bool // its runningProbe's: set at the first check passed
 }
 
 func (t *probe) loop(ctx context.Context) {
@@ -171,6 +214,9 @@ func (t *probe) loop(ctx context.Context) {
 			return // stopped mid-check (a reload, shutdown): not the engine's failure
 		}
 		t.observe(ok)
+		if ok && !t.passed.Load() {
+			t.passed.Store(true)
+		}
 		timer.Reset(interval)
 	}
 }

@@ -80,6 +80,7 @@ type Proxy struct {
 	health       healthState      // the running health probes (RunHealthChecks)
 	fb           *feedbackMetrics // engine-reported prompt and cached tokens
 	pdMetrics    *disagg.Metrics  // P/D handoffs (disagg.go)
+	notFound     notFoundLog      // the engines' 404s logged (handler.go)
 	// reloadMu serialises Reload, and the start of the background loops
 	// with it; applied is the configuration running, the models'
 	// endpoints as last reloaded or discovered (guarded by reloadMu).

@@ -40,6 +40,7 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	srv.BaseContext = func(net.Listener) context.Context { return base }
 	hctx, stopHealth := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
+	p.health.expect(p) // /readyz waits for the probes from the first connection
 	wg.Go(func() { _ = p.RunHealthChecks(hctx) })
 	wg.Go(func() { p.runUISampler(hctx) })
 	wg.Go(func() {
