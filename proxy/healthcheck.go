@@ -96,8 +96,12 @@ func (h *healthState) passedBy(model string) (passed map[string]bool, gated bool
 	return passed, true
 }
 
-// probeKey names a probe: a model's URL and the endpoints it covers.
-type probeKey struct{ model, url, ids string }
+// probeKey names a probe: a model's URL, the endpoints it covers and
+// their role. An endpoint whose role changes under its ID is another
+// engine to the router (kvroute.Endpoint.SameEngine), which starts it
+// healthy: its probe starts anew too, or a probe that had seen it fail
+// would never report it again.
+type probeKey struct{ model, url, ids, role string }
 
 // runningProbe is a probe loop, cancelled by cancel; done is closed when
 // it has returned.
@@ -121,7 +125,7 @@ func (h *healthState) wanted(p *Proxy, pl *pool, s *endpointSet) map[probeKey]*p
 			i++
 			t.ids = append(t.ids, eps[i].ID)
 		}
-		out[probeKey{model: pl.model, url: t.url, ids: strings.Join(t.ids, "\x00")}] = t
+		out[probeKey{model: pl.model, url: t.url, ids: strings.Join(t.ids, "\x00"), role: e.Role.String()}] = t
 	}
 	return out
 }
