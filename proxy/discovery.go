@@ -97,6 +97,11 @@ type discoverer struct {
 	// first list: the pool takes the union once every source has listed.
 	// Guarded by the Proxy's reloadMu.
 	listed [][]config.Endpoint
+	// qualify is set when the sources watch more than one namespace (or
+	// cluster): an engine's ID is then <namespace>/<pod>, since pods of
+	// one name (vllm-0 of a prefill and of a decode StatefulSet) are
+	// distinct engines in distinct namespaces.
+	qualify bool
 	// failed is the config path of a source that could not start (its
 	// client), nil while none has failed since RunDiscovery started.
 	failed atomic.Pointer[string]
@@ -124,6 +129,9 @@ func (p *Proxy) newDiscoverer(pl *pool, m *config.Model) *discoverer {
 	d := &discoverer{pl: pl, path: fmt.Sprintf("models[%d]", pl.index)}
 	srcs, paths := m.Discovery.KubernetesSources()
 	d.srcs, d.listed = srcs, make([][]config.Endpoint, len(srcs))
+	for _, k := range srcs[min(1, len(srcs)):] {
+		d.qualify = d.qualify || k.Namespace != srcs[0].Namespace || k.Kubeconfig != srcs[0].Kubeconfig
+	}
 	for _, sp := range paths {
 		d.paths = append(d.paths, d.path+".discovery."+sp)
 	}
@@ -143,7 +151,8 @@ func (p *Proxy) newDiscoverer(pl *pool, m *config.Model) *discoverer {
 // pool does not start with its prefill engines and no decode engine for
 // want of the other list); an engine listed by two sources (one pod behind
 // both Services) joins with the first one's template, and the other is
-// logged and counted as an error. A slice whose port cannot be chosen (none named so,
+// logged and counted as an error. When the sources watch more than one
+// namespace or cluster, engines are named <namespace>/<pod>. A slice whose port cannot be chosen (none named so,
 // or several and no discovery.kubernetes.port) is skipped and the error
 // logged and counted in kvroute_discovery_errors_total, as are failed
 // watches (the informer retries them) and endpoint lists that cannot be
@@ -249,17 +258,17 @@ func (d *discoverer) run(ctx context.Context, p *Proxy, i int) error {
 				log.Error("discovery: listing EndpointSlices", "error", err)
 				continue
 			}
-			d.update(p, log, i, list)
+			d.update(p, log, i, ns, list)
 		}
 	}
 }
 
-// update makes the ready engines of list source i's part of the pool's
-// endpoints, and the union of the parts the pool's endpoints once every
-// source has listed.
+// update makes the ready engines of list (source i's, in namespace ns)
+// its part of the pool's endpoints, and the union of the parts the pool's
+// endpoints once every source has listed.
 func (d *discoverer) update(p *Proxy, log interface {
 	Error(msg string, args ...any)
-}, i int, list []*discoveryv1.EndpointSlice) {
+}, i int, ns string, list []*discoveryv1.EndpointSlice) {
 	model, k := d.pl.model, d.srcs[i]
 	engines, problems := readyEngines(k.Service, k.Port, list)
 	for _, err := range problems {
@@ -268,6 +277,9 @@ func (d *discoverer) update(p *Proxy, log interface {
 	}
 	part := make([]config.Endpoint, len(engines))
 	for j, e := range engines {
+		if d.qualify {
+			e.ID = ns + "/" + e.ID
+		}
 		part[j] = k.EndpointOf(e)
 	}
 	p.reloadMu.Lock()

@@ -73,3 +73,36 @@ func TestDiscoveryPD(t *testing.T) {
 		t.Errorf("decode-0 got %d decode legs after it left the Service", n-n0)
 	}
 }
+
+// TestDiscoverySourcesInTwoNamespaces: a prefill and a decode
+// StatefulSet of one name in two namespaces both have a pod vllm-0; they
+// are two engines. A model whose sources watch several namespaces names
+// its engines <namespace>/<pod>, so both join and requests are served.
+func TestDiscoverySourcesInTwoNamespaces(t *testing.T) {
+	ps, _ := pdEngine(t, kvroute.RolePrefill, "nixl")
+	ds, _ := pdEngine(t, kvroute.RoleDecode, "nixl")
+	source := func(ns, role string) *config.Kubernetes {
+		return &config.Kubernetes{Service: "vllm", Namespace: ns, Port: "http", Endpoint: config.EndpointTemplate{Role: role}}
+	}
+	cfg := withEndpoints(pdTestConfig("first", "nixl", "", ""))
+	cfg.Models[0].Discovery = &config.Discovery{Sources: []config.Source{
+		{Kubernetes: source("prefill-ns", "prefill")}, {Kubernetes: source("decode-ns", "decode")}}}
+	cluster := newFakeCluster()
+	ph, pp := hostPort(t, ps.URL)
+	dh, dp := hostPort(t, ds.URL)
+	sp := slice("vllm-a", "vllm", "http", pp, readyEndpoint("vllm-0", ph))
+	sp.Namespace = "prefill-ns"
+	sd := slice("vllm-b", "vllm", "http", dp, readyEndpoint("vllm-0", dh))
+	sd.Namespace = "decode-ns"
+	cluster.put(t, sp)
+	cluster.put(t, sd)
+	tp := discoveryProxy(t, cfg, cluster)
+	waitFor(t, "both vllm-0 pods discovered", func() bool {
+		var pool []string
+		for _, e := range tp.Router("tiny").Endpoints() {
+			pool = append(pool, e.ID+" "+e.URL+" "+e.Role.String())
+		}
+		return slices.Equal(pool, []string{"prefill-ns/vllm-0 " + ps.URL + " prefill", "decode-ns/vllm-0 " + ds.URL + " decode"})
+	})
+	tp.postOK(t, 2, PathCompletions, pdPrompt)
+}
