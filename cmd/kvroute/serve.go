@@ -85,7 +85,9 @@ endpoints follows that Service's EndpointSlices (an informer, in-cluster config
 or kubeconfig): each ready engine (pod) becomes an endpoint from the
 discovery's endpoint template, at discovery.kubernetes.port; engines not ready
 or terminating take no new requests and finish those in progress. Until one is
-ready the model answers 503 with Retry-After and /readyz is 503. A SIGHUP
+ready the model answers 503 with Retry-After and /readyz is 503 (a discovery
+that cannot start, e.g. no cluster or kubeconfig: 503 discovery_not_running,
+without Retry-After). A SIGHUP
 leaves discovered endpoint lists alone (a changed discovery block needs a
 restart). A P/D model lists a source per pool under discovery.sources (each
 a kubernetes block, e.g. role prefill and role decode templates).
