@@ -105,7 +105,9 @@ type Endpoint struct {
 	// (vLLM flavours only), and subscribes to its own KV events at the
 	// kv_events addresses with the tcp port plus its rank (vLLM's publisher
 	// of rank r binds port + r). Weight and kv_capacity_tokens apply to
-	// each rank. Not allowed in a prefill/decode pool.
+	// each rank. In a prefill/decode pool each rank is a prefill or
+	// decode endpoint of its own (Role applies to every rank), each P/D
+	// leg pinned to its rank.
 	DataParallelSize int `yaml:"data_parallel_size"`
 	// DataParallelStartRank is the data-parallel rank of the first engine
 	// core behind URL, when a deployment spans nodes and each node's server
@@ -116,7 +118,9 @@ type Endpoint struct {
 	// KV-event ports (port + rank) use these ranks, while the
 	// X-Data-Parallel-Rank header names a rank by its place behind URL (0
 	// ... N-1), as vLLM's server indexes its own engine cores. Only with
-	// DataParallelSize above 1.
+	// DataParallelSize above 1, and not on a prefill-capable endpoint of
+	// a pd.protocol sglang pool (SGLang's decode finds the prefill rank
+	// as bootstrap_room modulo the whole server's data-parallel size).
 	DataParallelStartRank int `yaml:"data_parallel_start_rank"`
 }
 

@@ -215,7 +215,6 @@ func (m *Model) validateDiscovery(v *validator, p string) {
 	}
 	srcs, paths := d.KubernetesSources()
 	services := map[string]string{} // kubeconfig, namespace and Service -> first source's path
-	pd := m.Disaggregated()
 	decoders := 0
 	for i, k := range srcs {
 		sp := p + "." + paths[i]
@@ -229,10 +228,6 @@ func (m *Model) validateDiscovery(v *validator, p string) {
 		r, err := kvroute.ParseRole(k.Endpoint.Role)
 		if err != nil || r.CanDecode() {
 			decoders++ // (an invalid role is reported for its source)
-		}
-		if pd && k.Endpoint.DataParallelSize > 1 {
-			v.addf(sp+".endpoint.data_parallel_size", "%d: data-parallel endpoints are not supported in a prefill/decode pool",
-				k.Endpoint.DataParallelSize)
 		}
 	}
 	if len(srcs) > 0 && decoders == 0 {

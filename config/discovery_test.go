@@ -136,12 +136,6 @@ func TestDiscoveryValidation(t *testing.T) {
 		}, `models[0].discovery.sources[0].kubernetes.service: "vllm-llama" is the Service of models[0].discovery.kubernetes again; list each Service once`},
 		{"prefill only", func(c *Config) { k(c).Endpoint.Role = "prefill" },
 			`models[0].discovery: every source's endpoint role is prefill: at least one needs role both or decode to generate tokens`},
-		{"data-parallel prefill/decode", func(c *Config) {
-			k(c).Endpoint.Role = "prefill"
-			k(c).Endpoint.KVEvents.ReplayPort = 0
-			c.Models[0].Discovery.Sources = []Source{{Kubernetes: pdSource(c, "vllm-decode", "decode")}}
-			c.Models[0].Discovery.Sources[0].Kubernetes.Endpoint.DataParallelSize = 2
-		}, `models[0].discovery.sources[0].kubernetes.endpoint.data_parallel_size: 2: data-parallel endpoints are not supported in a prefill/decode pool`},
 		{"missing service", func(c *Config) { k(c).Service = "" }, `models[0].discovery.kubernetes.service: is required`},
 		{"bad service", func(c *Config) { k(c).Service = "Vllm_llama" },
 			`models[0].discovery.kubernetes.service: "Vllm_llama" is not a Service name (a DNS-1035 label)`},

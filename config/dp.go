@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+
+	"github.com/kvroute/kvroute"
 )
 
 // Data-parallel endpoints (data_parallel_size > 1): one URL in front of N
@@ -70,10 +72,15 @@ func (m *Model) validateDataParallel(v *validator, p string, i int) {
 		v.addf(sp, "%d: ranks above 65535", e.DataParallelStartRank)
 		return
 	}
-	if m.Disaggregated() {
-		// A P/D leg would need its rank pinned and its handoff addressed
-		// to the rank's own KV connector; the handoff does neither.
-		v.addf(path, "%d: data-parallel endpoints are not supported in a prefill/decode pool", n)
+	if r, err := kvroute.ParseRole(e.Role); err == nil && r.CanPrefill() && e.DataParallelStartRank != 0 &&
+		m.Disaggregated() && m.PD.Protocol == "sglang" {
+		// An SGLang decode engine finds the prefill's DP group as
+		// bootstrap_room modulo the prefill server's DP size: the router
+		// can pick the room for a rank only when the ranks behind the URL
+		// are all the server's ranks.
+		v.addf(fmt.Sprintf("%s.endpoints[%d].data_parallel_start_rank", p, i),
+			"%d: with pd.protocol sglang a prefill endpoint must front all its server's ranks (start rank 0): "+
+				"SGLang's decode engine finds the prefill rank from bootstrap_room modulo the server's data-parallel size", e.DataParallelStartRank)
 	}
 	scraped := !m.Signals.Disabled && !e.Signals.Disabled
 	if f := e.Signals.Flavor; scraped && f != "auto" && f != "vllm" && f != "vllm-legacy" {

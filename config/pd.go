@@ -23,7 +23,8 @@ type PD struct {
 	Profile string `yaml:"profile"`
 	// Links map endpoint pairs to fabric links by shared labels, first
 	// match wins; default: same node label -> NVLink 3600 Gb/s, same rack or
-	// zone -> RDMA 400 Gb/s.
+	// zone -> RDMA 400 Gb/s. The data-parallel ranks of one endpoint
+	// without a node label share one (their URL's).
 	Links []PDLink `yaml:"links"`
 	// DefaultLink is the link between endpoints no rule matches; default
 	// TCP 100 Gb/s with 2 ms setup.

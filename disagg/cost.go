@@ -161,6 +161,8 @@ const (
 // DefaultLinks returns the default fabric: same "node" label -> NVLink
 // (450 GB/s, 0.1 ms setup), same "rack" or same "zone" label -> RDMA
 // (400 Gb/s, 1 ms setup), anything else -> TCP (100 Gb/s, 2 ms setup).
+// Data-parallel ranks of one URL without a "node" label share one (see
+// NodeOf).
 func DefaultLinks() Links {
 	nv := Link{Name: "nvlink", Gbps: NVLinkGbps, Setup: 100 * time.Microsecond}
 	rdma := Link{Name: "rdma", Gbps: RDMAGbps, Setup: time.Millisecond}
@@ -223,21 +225,29 @@ func (ls Links) Between(a, b *kvroute.Endpoint) Link {
 
 func sameLabels(a, b *kvroute.Endpoint, keys []string) bool {
 	for _, k := range keys {
-		va, ok := a.Labels[k]
-		if !ok || va == "" {
-			return false
-		}
-		if vb, ok := b.Labels[k]; !ok || vb != va {
+		va, vb := label(a, k), label(b, k)
+		if va == "" || vb != va {
 			return false
 		}
 	}
 	return true
 }
 
+// label is e's label k; a data-parallel rank without a "node" label has
+// its server's URL for it (the ranks behind one URL share a machine).
+func label(e *kvroute.Endpoint, k string) string {
+	if v := e.Labels[k]; v != "" || k != "node" || !e.IsDataParallel() {
+		return v
+	}
+	return "url:" + e.URL
+}
+
 // NodeOf returns the fabric node an endpoint sits on: its "node" label,
-// else its ID (one node per endpoint).
+// else, for a data-parallel rank, its server (every rank behind one URL:
+// the ranks of one vLLM or SGLang server are on one machine), else its ID
+// (one node per endpoint).
 func NodeOf(e *kvroute.Endpoint) string {
-	if n := e.Labels["node"]; n != "" {
+	if n := label(e, "node"); n != "" {
 		return n
 	}
 	return e.ID

@@ -88,6 +88,19 @@
 // its broken event terminated, vLLM's error event and "data: [DONE]";
 // any other body is left for the caller to abort (Result.Abort).
 //
+// Data-parallel endpoints (vLLM --data-parallel-size, SGLang DP
+// attention: each rank an endpoint of its own, kvroute.Endpoint
+// DataParallelRank) take P/D legs like any other endpoint: every leg, the
+// "run whole" fallback too, carries kvroute.HeaderDataParallelRank for its
+// rank (a client's copy is refused). vLLM's prefill rank answers with
+// kv_transfer_params naming its own engine (remote_engine_id
+// <engine_id>_dp<rank>, its own side-channel port), which the handoff
+// copies verbatim, so the decode rank pulls from the rank that holds the
+// KV; an SGLang handoff picks bootstrap_room so that its remainder modulo
+// the prefill's DataParallelSize is the prefill rank (the DP group an
+// SGLang decode engine reads from), a batch's rooms DataParallelSize
+// apart. The ranks of one URL are one fabric node (NodeOf).
+//
 // Planner, Fabric and Handoff are safe for concurrent use (Planner.Pick,
 // like every Picker, is serialised by its router); DecodePicker is not.
 package disagg

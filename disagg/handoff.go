@@ -579,7 +579,7 @@ func (x *exchange) runSGLang(pf *router.Flight, plan *Plan) bool {
 		return false
 	}
 	host, port := bootstrapAddr(plan.Prefill, h.cfg.BootstrapPort)
-	body, err := SGLangBody(x.body, host, port, h.cfg.Room())
+	body, err := sglangBody(x.body, host, port, rankRoom(h.cfg.Room(), plan.Prefill), uint64(max(plan.Prefill.DataParallelSize, 1)))
 	if err != nil {
 		x.writeError(kvroute.Errorf(http.StatusBadRequest, kvroute.TypeInvalidRequest, "invalid_body", "", "%v", err))
 		h.cfg.Router.Done(h.cfg.Now(), pf, kvroute.Outcome{Failed: true})
@@ -737,6 +737,26 @@ func bootstrapAddr(e *kvroute.Endpoint, def int) (string, int) {
 	return host, port
 }
 
+// rankRoom returns a room near room (room's low 62 bits, moved by less
+// than DataParallelSize) whose remainder modulo
+// DataParallelSize is prefill's data-parallel rank: an SGLang decode
+// engine that is not told the prefill's rank looks for the KV in the
+// prefill's DP group bootstrap_room % its DP size (the KV receivers in
+// python/sglang/srt/disaggregation/), and the prefill leg runs on the rank
+// the router pinned. A room for a plain endpoint is room itself.
+func rankRoom(room uint64, prefill *kvroute.Endpoint) uint64 {
+	if !prefill.IsDataParallel() {
+		return room
+	}
+	n := uint64(prefill.DataParallelSize)
+	room &= 1<<62 - 1 // a batch's rooms, stride n apart (sglangBody), stay below 1<<63
+	r := room - room%n + uint64(prefill.DataParallelRank)%n
+	if r > room && r >= n {
+		r -= n
+	}
+	return r
+}
+
 // post sends one leg. A non-2xx answer is a *LegError with the engine's
 // body; on success the caller owns resp.Body.
 func (x *exchange) post(ctx context.Context, e *kvroute.Endpoint, body []byte, leg string) (*http.Response, *LegError) {
@@ -753,6 +773,15 @@ func (x *exchange) post(ctx context.Context, e *kvroute.Endpoint, body []byte, l
 	}
 	hr.Header.Set("Content-Type", "application/json")
 	hr.Header.Set("X-Request-Id", x.legID) // the same id on every leg of a placement
+	if e.IsDataParallel() {
+		// Pin the leg to the rank the router chose, as the aggregated path
+		// does (a client's copy of the header was refused, and is never
+		// forwarded): the prefill leg's rank is the one whose KV connector
+		// holds the blocks and names itself in kv_transfer_params
+		// (remote_engine_id <id>_dp<rank>, its own side-channel port), the
+		// decode leg's the one that pulls them.
+		hr.Header.Set(kvroute.HeaderDataParallelRank, strconv.Itoa(e.DataParallelRank))
+	}
 	resp, err := h.cfg.Client.Do(hr)
 	if err != nil {
 		reason := "transport"

@@ -158,6 +158,13 @@ func KVTransferParams(reply []byte) (json.RawMessage, error) {
 // ("prompt" or "text" holding an array of strings or of token-id arrays,
 // even of one); a single prompt of token ids is not a batch.
 func SGLangBody(body []byte, host string, port int, room uint64) ([]byte, error) {
+	return sglangBody(body, host, port, room, 1)
+}
+
+// sglangBody is SGLangBody with the rooms of a batch's items stride apart
+// (room, room+stride, ...): a prefill engine's data-parallel rank count,
+// so that every item's room names the rank (see rankRoom).
+func sglangBody(body []byte, host string, port int, room, stride uint64) ([]byte, error) {
 	m, err := decodeObject(body)
 	if err != nil {
 		return nil, fmt.Errorf("disagg: sglang body: %w", err)
@@ -180,7 +187,7 @@ func SGLangBody(body []byte, host string, port int, room uint64) ([]byte, error)
 		}
 		hosts = append(hosts, h...)
 		ports = strconv.AppendInt(ports, int64(port), 10)
-		rooms = strconv.AppendUint(rooms, (room+uint64(i))&(1<<63-1), 10)
+		rooms = strconv.AppendUint(rooms, (room+uint64(i)*stride)&(1<<63-1), 10)
 	}
 	m["bootstrap_host"] = append(hosts, ']')
 	m["bootstrap_port"] = append(ports, ']')

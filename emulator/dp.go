@@ -69,9 +69,10 @@ const HeaderDataParallelRank = kvroute.HeaderDataParallelRank
 // NewDP builds a data-parallel engine of size ranks, each configured by cfg
 // with DataParallelRank set to its rank (cfg.DataParallelRank must be 0)
 // and, when size > 1, EngineID suffixed with _dp<rank> (vLLM suffixes the
-// KV connector's engine_id so). size > 1 needs a vLLM metrics flavour
-// (SGLang's and llama.cpp's /metrics have no engine label) and Role both
-// (the P/D roles are not modelled per rank).
+// KV connector's engine_id so, in vllm/v1/engine/core.py). size > 1 needs
+// a vLLM metrics flavour (SGLang's and llama.cpp's /metrics have no engine
+// label). Every Role is allowed: the ranks of a prefill or decode server
+// each hold and pull their own KV (see DP.handlePull).
 func NewDP(cfg Config, size int) (*DP, error) {
 	switch {
 	case size < 1:
@@ -85,9 +86,6 @@ func NewDP(cfg Config, size int) (*DP, error) {
 		default:
 			return nil, fmt.Errorf("emulator: data parallel size %d needs the %s or %s metrics flavour, not %q",
 				size, FlavorVLLM, FlavorVLLMLegacy, cfg.MetricsFlavor)
-		}
-		if cfg.Role != kvroute.RoleBoth {
-			return nil, fmt.Errorf("emulator: data parallel size %d needs Role both, not %s", size, cfg.Role)
 		}
 		if cfg.EngineID == "" {
 			cfg.EngineID = newUUID()
@@ -440,8 +438,24 @@ func (d *DP) handleResetPrefixCache(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 }
 
-// handlePull hands a side-channel pull to the rank that holds its lease
-// (rank 0 when none does: its answer is the missing lease's).
+// handlePull hands a side-channel pull to the rank it names, as the
+// engines find a data-parallel rank's KV:
+//
+//   - NIXL form with remote_engine_id (what vLLM's decode side expects of
+//     the handshake, from the prefill's kv_transfer_params): the rank with
+//     that engine ID. vLLM gives each rank its own side-channel port and
+//     engine ID <id>_dp<rank> and fails the handshake with "Remote NIXL
+//     agent engine ID mismatch" when the agent answering is another: here
+//     one side channel serves every rank, and an ID no rank has is
+//     answered by rank 0 with that mismatch.
+//   - SGLang form: rank bootstrap_room modulo the rank count, the DP group
+//     an SGLang decode engine not told the prefill's rank reads from.
+//   - NIXL form without remote_engine_id (older callers): the rank that
+//     holds the lease, rank 0 when none does.
+//
+// A rank that does not hold the lease answers as a plain engine does: no
+// held KV (so a pull from the wrong rank fails, and the decode engine
+// follows its LoadFailure).
 func (d *DP) handlePull(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(io.LimitReader(r.Body, 1<<20))
 	if err != nil {
@@ -450,22 +464,28 @@ func (d *DP) handlePull(w http.ResponseWriter, r *http.Request) {
 	}
 	var pr PullRequest
 	_ = json.Unmarshal(body, &pr)
-	var key string
-	switch {
-	case pr.RemoteRequestID != "":
-		key = reqKey(pr.RemoteRequestID)
-	case pr.BootstrapRoom != nil:
-		key = roomKey(*pr.BootstrapRoom)
-	}
 	s := d.ranks[0]
-	for _, rs := range d.ranks {
-		rs.leases.mu.Lock()
-		held := rs.leases.m[key] != nil
-		rs.leases.mu.Unlock()
-		if held {
-			s = rs
-			break
+	switch {
+	case pr.RemoteRequestID != "" && pr.RemoteEngineID != "":
+		for _, rs := range d.ranks {
+			if rs.cfg.EngineID == pr.RemoteEngineID {
+				s = rs
+				break
+			}
 		}
+	case pr.RemoteRequestID != "":
+		key := reqKey(pr.RemoteRequestID)
+		for _, rs := range d.ranks {
+			rs.leases.mu.Lock()
+			held := rs.leases.m[key] != nil
+			rs.leases.mu.Unlock()
+			if held {
+				s = rs
+				break
+			}
+		}
+	case pr.BootstrapRoom != nil:
+		s = d.ranks[*pr.BootstrapRoom%uint64(len(d.ranks))]
 	}
 	r.Body = io.NopCloser(bytes.NewReader(body))
 	s.handlePull(w, r)

@@ -416,7 +416,6 @@ func TestNewDPErrors(t *testing.T) {
 	}{
 		{"size 0", func(*Config) {}, 0, "at least 1"},
 		{"sglang", func(c *Config) { c.MetricsFlavor = FlavorSGLang }, 2, "metrics flavour"},
-		{"prefill", func(c *Config) { c.Role = 1 }, 2, "Role both"},
 		{"ipc events", func(c *Config) { c.KVEvents.Endpoint = "ipc:///tmp/kvroute-dp-test" }, 2, "tcp or inproc"},
 		{"rank set", func(c *Config) { c.DataParallelRank = 1 }, 2, "leave it 0"},
 	} {

@@ -35,6 +35,11 @@ type PullRequest struct {
 	// RemoteRequestID is the prefill engine's request id
 	// (kv_transfer_params.remote_request_id), NIXL form.
 	RemoteRequestID string `json:"remote_request_id,omitempty"`
+	// RemoteEngineID is the engine the puller expects to answer
+	// (kv_transfer_params.remote_engine_id), NIXL form: another engine
+	// refuses the pull, as vLLM's handshake does on an engine ID
+	// mismatch. Empty: any.
+	RemoteEngineID string `json:"remote_engine_id,omitempty"`
 	// BootstrapRoom is the SGLang room, bootstrap form.
 	BootstrapRoom *uint64 `json:"bootstrap_room,omitempty"`
 	// EngineID names the pulling engine (for logs).
@@ -100,7 +105,8 @@ func (s *Server) preparePD(r *http.Request, j *job, ereq *engine.Request) *apiEr
 			if id == "" {
 				id = r.Header.Get("X-Request-Id")
 			}
-			return s.pullForDecode(r.Context(), j, ereq, kv.RemoteHost, kv.RemotePort, PullRequest{RemoteRequestID: id})
+			return s.pullForDecode(r.Context(), j, ereq, kv.RemoteHost, kv.RemotePort,
+				PullRequest{RemoteRequestID: id, RemoteEngineID: kv.RemoteEngineID})
 		}
 	case PDSGLang:
 		if req.room == nil {
@@ -278,6 +284,13 @@ func (s *Server) handlePull(w http.ResponseWriter, r *http.Request) {
 		key = roomKey(*pr.BootstrapRoom)
 	default:
 		writeError(w, http.StatusBadRequest, "kv pull: remote_request_id or bootstrap_room required")
+		return
+	}
+	if pr.RemoteEngineID != "" && pr.RemoteEngineID != s.cfg.EngineID {
+		// vLLM's NixlConnector handshake: "Remote NIXL agent engine ID
+		// mismatch" (the KV is another engine's, or another rank's).
+		writeError(w, http.StatusNotFound, fmt.Sprintf("kv pull: remote engine ID mismatch: expected %s, this engine is %s",
+			pr.RemoteEngineID, s.cfg.EngineID))
 		return
 	}
 	wait := min(time.Duration(pr.WaitSeconds*float64(time.Second)), s.cfg.BootstrapWait)

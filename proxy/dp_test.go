@@ -159,17 +159,6 @@ func TestDataParallelRetryPinsRank(t *testing.T) {
 	}
 }
 
-// TestDataParallelPDRefused: data-parallel endpoints are refused in a
-// prefill/decode pool, with the field named.
-func TestDataParallelPDRefused(t *testing.T) {
-	cfg := pdTestConfig("", "nixl", "http://127.0.0.1:1", "http://127.0.0.1:2")
-	cfg.Models[0].Endpoints[1].DataParallelSize = 2
-	_, err := New(Options{Config: cfg, NewPicker: testPickers})
-	if err == nil || !strings.Contains(err.Error(), "models[0].endpoints[1].data_parallel_size: 2: data-parallel endpoints are not supported in a prefill/decode pool") {
-		t.Fatalf("got %v, want the data_parallel_size field refused", err)
-	}
-}
-
 // consecutivePorts returns n consecutive TCP ports on 127.0.0.1 that were
 // free when it looked.
 func consecutivePorts(t *testing.T, n int) int {

@@ -342,8 +342,9 @@ func (p *Proxy) planEndpoints(pl *pool, path string, endpoints []config.Endpoint
 // aggregated pool's do not, and neither is rebuilt live. A P/D pool keeps
 // at least one prefill or decode endpoint (unless it has none at all, as a
 // discovered pool may); an aggregated pool gets none. The rest of what a
-// P/D pool needs (a decode-capable endpoint, no data-parallel endpoints)
-// is config.Validate's, for a reload, as at start.
+// P/D pool needs (a decode-capable endpoint; data-parallel endpoints are
+// allowed, their ranks pinned on each leg by the handoff) is
+// config.Validate's, for a reload, as at start.
 func checkDisaggregated(pl *pool, path string, run *config.Model) error {
 	pd := run.Disaggregated()
 	switch {

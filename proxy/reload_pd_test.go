@@ -156,8 +156,6 @@ func TestReloadPDRefused(t *testing.T) {
 	tp := newTestProxy(t, cfg)
 	before := pdEndpoints(tp)
 	p0, d0 := cfg.Models[0].Endpoints[0], cfg.Models[0].Endpoints[1]
-	dp := d0
-	dp.DataParallelSize = 2
 	bad := d0
 	bad.Role = "encode"
 	both := d0
@@ -169,7 +167,6 @@ func TestReloadPDRefused(t *testing.T) {
 	}{
 		{"no decode endpoint", []config.Endpoint{p0}, []string{"models[0].endpoints", "role both or decode"}},
 		{"no prefill or decode role", []config.Endpoint{both}, []string{"models[0].endpoints", "disaggregated"}},
-		{"data-parallel", []config.Endpoint{p0, dp}, []string{"models[0].endpoints[1].data_parallel_size", "prefill/decode"}},
 		{"unknown role", []config.Endpoint{p0, bad}, []string{"models[0].endpoints[1].role"}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {

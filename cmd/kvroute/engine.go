@@ -199,7 +199,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if *procs < 0 {
 		return usageErr("--procs must be 0 or more")
 	}
-	if err := checkDataParallel(*dpSize, *flavor, r, *evEndpoint, *evReplay); err != nil {
+	if err := checkDataParallel(*dpSize, *flavor, *evEndpoint, *evReplay); err != nil {
 		return usageErr("%v", err)
 	}
 	srv, err := emulator.NewDP(cfg, *dpSize)
@@ -333,7 +333,7 @@ func checkEngineFlags(fs *flag.FlagSet) error {
 
 // checkDataParallel checks --data-parallel-size against the flags it
 // cannot go with.
-func checkDataParallel(size int, flavor string, role kvroute.Role, endpoints ...string) error {
+func checkDataParallel(size int, flavor string, endpoints ...string) error {
 	if size < 1 {
 		return fmt.Errorf("--data-parallel-size %d must be at least 1", size)
 	}
@@ -343,9 +343,6 @@ func checkDataParallel(size int, flavor string, role kvroute.Role, endpoints ...
 	if flavor != emulator.FlavorVLLM && flavor != emulator.FlavorVLLMLegacy {
 		return fmt.Errorf("--data-parallel-size %d needs --metrics-flavor %s or %s: %s's /metrics has no per-rank engine label",
 			size, emulator.FlavorVLLM, emulator.FlavorVLLMLegacy, flavor)
-	}
-	if role != kvroute.RoleBoth {
-		return fmt.Errorf("--data-parallel-size %d needs --role both: P/D roles are not emulated per rank", size)
 	}
 	for i, name := range []string{"kv-events-endpoint", "kv-events-replay"} {
 		ep := endpoints[i]

@@ -4,12 +4,15 @@ import (
 	"bufio"
 	"bytes"
 	"context"
-	"github.com/kvroute/kvroute/internal/syncbuf"
+	"encoding/json"
 	"io"
 	"net/http"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/syncbuf"
 )
 
 func TestEngineDataParallelUsageErrors(t *testing.T) {
@@ -21,8 +24,6 @@ func TestEngineDataParallelUsageErrors(t *testing.T) {
 		{[]string{"--data-parallel-size", "-2"}, "--data-parallel-size -2 must be at least 1"},
 		{[]string{"--data-parallel-size", "2", "--metrics-flavor", "sglang"}, "--data-parallel-size 2 needs --metrics-flavor vllm or vllm-legacy"},
 		{[]string{"--data-parallel-size", "2", "--metrics-flavor", "llamacpp"}, "needs --metrics-flavor vllm or vllm-legacy"},
-		{[]string{"--data-parallel-size", "2", "--role", "prefill"}, "--data-parallel-size 2 needs --role both"},
-		{[]string{"--data-parallel-size", "3", "--role", "decode"}, "needs --role both"},
 		{[]string{"--data-parallel-size", "2", "--kv-events-endpoint", "ipc:///tmp/kv"}, `--kv-events-endpoint "ipc:///tmp/kv": with --data-parallel-size`},
 		{[]string{"--data-parallel-size", "2", "--kv-events-endpoint", "tcp://*:5557", "--kv-events-replay", "ipc:///tmp/r"}, `--kv-events-replay "ipc:///tmp/r"`},
 		{[]string{"--data-parallel-size", "2", "--kv-events-endpoint", "tcp://*:65535"}, `rank 1's port 65536 (port + rank) is out of range`},
@@ -111,5 +112,56 @@ func TestEngineDataParallel(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("engine did not stop")
+	}
+}
+
+// TestEngineDataParallelPD runs the NixlConnector handshake between a
+// prefill and a decode `kvroute engine --data-parallel-size 2`, each leg
+// pinned to a rank as kvroute serve pins it: the prefill rank names its
+// own engine (<engine_id>_dp<r>, as vLLM does), and the decode rank pulls
+// the blocks from it without a transfer failure.
+func TestEngineDataParallelPD(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	side := freeAddr(t)
+	pAddr, dAddr := freeAddr(t), freeAddr(t)
+	pout, dout := &syncbuf.Buffer{}, &syncbuf.Buffer{}
+	pdone := engineInProcess(t, ctx, pAddr, pout, "--role", "prefill", "--data-parallel-size", "2", "--side-channel-listen", side)
+	ddone := engineInProcess(t, ctx, dAddr, dout, "--role", "decode", "--data-parallel-size", "2")
+	prompt := strings.Repeat("A long shared document about disaggregated serving. ", 40)
+	post := func(addr string, rank int, body map[string]any) map[string]any {
+		t.Helper()
+		b, _ := json.Marshal(body)
+		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/completions", bytes.NewReader(b))
+		req.Header.Set("X-Data-Parallel-Rank", strconv.Itoa(rank))
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 {
+			t.Fatalf("POST %s rank %d: %d %v %v", addr, rank, resp.StatusCode, out, err)
+		}
+		return out
+	}
+	pr := post(pAddr, 1, map[string]any{"model": "m", "prompt": prompt, "max_tokens": 1,
+		"kv_transfer_params": map[string]any{"do_remote_decode": true}})
+	kv, _ := pr["kv_transfer_params"].(map[string]any)
+	if id, _ := kv["remote_engine_id"].(string); !strings.HasSuffix(id, "_dp1") {
+		t.Fatalf("prefill rank 1 named engine %v, want one ending _dp1 (kv_transfer_params %v)", kv["remote_engine_id"], kv)
+	}
+	dr := post(dAddr, 0, map[string]any{"model": "m", "prompt": prompt, "max_tokens": 8, "kv_transfer_params": kv})
+	if usage, _ := dr["usage"].(map[string]any); usage["completion_tokens"] != float64(8) {
+		t.Errorf("decode: got %v", dr)
+	}
+	if strings.Contains(dout.String(), "kv transfer failed") {
+		t.Errorf("the decode rank's pull failed:\n%s", dout.String())
+	}
+	cancel()
+	for _, done := range []<-chan error{pdone, ddone} {
+		if err := <-done; err != nil {
+			t.Errorf("engine: %v", err)
+		}
 	}
 }

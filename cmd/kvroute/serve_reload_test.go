@@ -2,7 +2,6 @@ package main
 
 import (
 	"fmt"
-	"github.com/kvroute/kvroute/internal/syncbuf"
 	"io"
 	"net"
 	"net/http"
@@ -17,6 +16,8 @@ import (
 	"syscall"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute/internal/syncbuf"
 )
 
 // TestServeHelperProcess is not a test: TestServeReloadsOnSIGHUP runs the

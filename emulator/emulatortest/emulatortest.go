@@ -23,6 +23,30 @@ import (
 // tiny profile and a zero cfg.Speed is 100 (a hundred times real time).
 func Start(t testing.TB, cfg emulator.Config, wrap func(http.Handler) http.Handler) (*emulator.Server, *httptest.Server) {
 	t.Helper()
+	cfg = defaults(t, cfg)
+	s, err := emulator.New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, serve(t, s.Handler(), wrap, s.SetAdvertise, s.Run)
+}
+
+// StartDP is Start for a data-parallel engine of size ranks
+// (emulator.NewDP): one httptest.Server in front of every rank, which
+// serves their P/D side channel too.
+func StartDP(t testing.TB, cfg emulator.Config, size int, wrap func(http.Handler) http.Handler) (*emulator.DP, *httptest.Server) {
+	t.Helper()
+	cfg = defaults(t, cfg)
+	d, err := emulator.NewDP(cfg, size)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d, serve(t, d.Handler(), wrap, d.SetAdvertise, d.Run)
+}
+
+// defaults fills Start's defaults into cfg.
+func defaults(t testing.TB, cfg emulator.Config) emulator.Config {
+	t.Helper()
 	if cfg.Engine.Profile.Name == "" {
 		p, err := engine.LookupProfile("tiny")
 		if err != nil {
@@ -33,11 +57,15 @@ func Start(t testing.TB, cfg emulator.Config, wrap func(http.Handler) http.Handl
 	if cfg.Speed == 0 {
 		cfg.Speed = 100
 	}
-	s, err := emulator.New(cfg)
-	if err != nil {
-		t.Fatal(err)
-	}
-	h := s.Handler()
+	return cfg
+}
+
+// serve runs engine handler h (wrapped by wrap) behind an httptest.Server,
+// tells the engine its address (advertise) and runs its loop (run) until
+// the test ends.
+func serve(t testing.TB, h http.Handler, wrap func(http.Handler) http.Handler, advertise func(string, int),
+	run func(context.Context) error) *httptest.Server {
+	t.Helper()
 	if wrap != nil {
 		h = wrap(h)
 	}
@@ -47,11 +75,11 @@ func Start(t testing.TB, cfg emulator.Config, wrap func(http.Handler) http.Handl
 		t.Fatal(err)
 	}
 	p, _ := strconv.Atoi(port)
-	s.SetAdvertise(host, p)
+	advertise(host, p)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Go(func() {
-		if err := s.Run(ctx); err != nil {
+		if err := run(ctx); err != nil {
 			t.Errorf("emulated engine: Run: %v", err)
 		}
 	})
@@ -60,5 +88,5 @@ func Start(t testing.TB, cfg emulator.Config, wrap func(http.Handler) http.Handl
 		cancel()
 		wg.Wait()
 	})
-	return s, hs
+	return hs
 }
