@@ -4,12 +4,9 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"sync"
 	"testing"
-
-	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
@@ -54,17 +51,11 @@ func TestDataParallelPDEndToEnd(t *testing.T) {
 		HealthCheck: config.HealthCheck{Disabled: true},
 		Debug:       config.Debug{Enabled: true},
 	}
-	reg := prometheus.NewRegistry()
-	px, err := New(Options{Config: cfg, NewPicker: policy.New, Registerer: reg, Gatherer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	srv := httptest.NewServer(px)
-	defer srv.Close()
+	tp := newTestProxyWith(t, cfg, policy.New)
 	const n = 6
 	for i := range n {
 		body := fmt.Sprintf(`{"model":"tiny","prompt":"request %d: the prefill rank holds the KV and the decode rank pulls it.","max_tokens":3}`, i)
-		resp, err := http.Post(srv.URL+"/v1/completions", "application/json", strings.NewReader(body))
+		resp, err := http.Post(tp.srv.URL+"/v1/completions", "application/json", strings.NewReader(body))
 		if err != nil {
 			t.Fatal(err)
 		}
