@@ -50,3 +50,12 @@ func StatusOf(err error) int {
 	}
 	return http.StatusInternalServerError
 }
+
+// HeaderErrorSource is set to ErrorSourceUpstream on an error response
+// (status 400 and up) that an engine sent and the router passes through
+// unchanged, such as an engine's 404 for a model it does not serve under
+// the name asked for; the router's own error responses do not have it.
+const HeaderErrorSource = "X-Kvroute-Error-Source"
+
+// ErrorSourceUpstream is the HeaderErrorSource value of an engine's error.
+const ErrorSourceUpstream = "upstream"

@@ -1011,6 +1011,9 @@ func (x *exchange) replay(l *LegError) {
 	if x.h.cfg.EndpointHeader != "" && l.Endpoint != "" {
 		x.w.Header().Set(x.h.cfg.EndpointHeader, l.Endpoint)
 	}
+	if l.Status >= 400 {
+		x.w.Header().Set(kvroute.HeaderErrorSource, kvroute.ErrorSourceUpstream) // the engine's own answer
+	}
 	x.w.WriteHeader(l.Status)
 	_, _ = x.w.Write(l.Body)
 	x.res.Status = l.Status

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strconv"
@@ -110,6 +111,10 @@ func (p *Proxy) servePD(w http.ResponseWriter, r *http.Request, pl *pool, req *k
 		p.log.Log(r.Context(), lvl, "request", "request_id", req.ID, "model", req.Model, "prefill", res.Prefill,
 			"endpoint", res.Decode, "disaggregated", res.Disaggregated, "status", code, "attempts", res.Attempts,
 			"stream", req.Stream, "prompt_tokens", req.PromptTokens, "duration", now.Sub(start), "error", res.Err)
+	}
+	var le *disagg.LegError
+	if code == http.StatusNotFound && errors.As(res.Err, &le) && le.Status == http.StatusNotFound {
+		p.notFound.warn(p, pl.model, le.Endpoint, r.URL.Path) // the engine's 404, replayed
 	}
 	if res.Abort {
 		// The answer broke after its status was sent, in a body that

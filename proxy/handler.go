@@ -344,14 +344,13 @@ func (x *exchange) writeLastFailure(w http.ResponseWriter) {
 		Message: fmt.Sprintf("model %q: every endpoint tried failed (%s): %v", x.req.Model, x.tried, err)})
 }
 
-// HeaderErrorSource is "upstream" on an error response (status 400 and
-// up) that an engine sent and the router passes through unchanged, such
-// as an engine's 404 for a model it does not serve under the name asked
-// for; the router's own error responses do not have it. Which endpoint
-// answered is named only with debug.enabled (HeaderEndpoint).
-const HeaderErrorSource = "X-Kvroute-Error-Source"
+// HeaderErrorSource is kvroute.HeaderErrorSource: "upstream" on an
+// engine's error answer passed through (the aggregated path's and the P/D
+// handoff's). Which endpoint answered is named only with debug.enabled
+// (HeaderEndpoint).
+const HeaderErrorSource = kvroute.HeaderErrorSource
 
-const errorSourceUpstream = "upstream"
+const errorSourceUpstream = kvroute.ErrorSourceUpstream
 
 // errorMarker is the client's ResponseWriter as the reverse proxy sees it
 // (under tailWriter): it marks the engine's error responses with

@@ -11,6 +11,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/internal/syncbuf"
 )
@@ -144,4 +145,29 @@ func TestErrorSourceHeader(t *testing.T) {
 				resp.Header.Get(HeaderErrorSource))
 		}
 	})
+}
+
+// TestPDEngineNotFound: on a P/D model, an engine's 404 for its leg is
+// replayed to the client marked as the engine's, and logged like the
+// aggregated path's.
+func TestPDEngineNotFound(t *testing.T) {
+	ps, _ := pdEngineHook(t, kvroute.RolePrefill, "nixl", func(w http.ResponseWriter, _ *http.Request) bool {
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusNotFound)
+		_, _ = io.WriteString(w, vllmNotFound)
+		return true
+	})
+	ds, _ := pdEngine(t, kvroute.RoleDecode, "nixl")
+	var logs syncbuf.Buffer
+	tp := loggedProxy(t, pdTestConfig("first", "nixl", ps.URL, ds.URL), &logs)
+	resp := tp.post(t, PathCompletions, pdPrompt)
+	if body := readAll(t, resp); resp.StatusCode != http.StatusNotFound || body != vllmNotFound {
+		t.Errorf("got %d %s, want the engine's 404 %s", resp.StatusCode, body, vllmNotFound)
+	}
+	if got := resp.Header.Get(HeaderErrorSource); got != "upstream" {
+		t.Errorf("%s: got %q, want \"upstream\"", HeaderErrorSource, got)
+	}
+	if w := notFoundWarnings(&logs); len(w) != 1 || !strings.Contains(w[0], "endpoint=p0") {
+		t.Errorf("got warnings %q, want one naming endpoint p0\nlogs:\n%s", w, logs.String())
+	}
 }
