@@ -47,6 +47,10 @@ import (
 // at once).
 const defaultDebounce = 250 * time.Millisecond
 
+// defaultDiscoveryWait is how long a model's discovery sources all get to
+// list before the pool takes the engines of those that have.
+const defaultDiscoveryWait = 30 * time.Second
+
 // KubeClientFunc returns the Kubernetes client a model's discovery watches
 // with, and the namespace it watches when discovery.kubernetes.namespace
 // is empty.
@@ -97,6 +101,11 @@ type discoverer struct {
 	// first list: the pool takes the union once every source has listed.
 	// Guarded by the Proxy's reloadMu.
 	listed [][]config.Endpoint
+	// waited is set once the model's sources had discWait to list: the
+	// pool then takes the union of those that have (a source refused its
+	// list, by RBAC say, does not hold the others' engines back for
+	// ever). Guarded by the Proxy's reloadMu.
+	waited bool
 	// qualify is set when the sources watch more than one namespace (or
 	// cluster): an engine's ID is then <namespace>/<pod>, since pods of
 	// one name (vllm-0 of a prefill and of a decode StatefulSet) are
@@ -149,7 +158,9 @@ func (p *Proxy) newDiscoverer(pl *pool, m *config.Model) *discoverer {
 // with the IDs added and removed. A model with several sources takes its
 // first endpoints once each source has listed its Service once (a P/D
 // pool does not start with its prefill engines and no decode engine for
-// want of the other list); an engine listed by two sources (one pod behind
+// want of the other list), or 30s after the start those of the sources
+// that have listed (a warning names the others, which join when they
+// list); an engine listed by two sources (one pod behind
 // both Services) joins with the first one's template, and the other is
 // logged and counted as an error. When the sources watch more than one
 // namespace or cluster, engines are named <namespace>/<pod>. A slice whose port cannot be chosen (none named so,
@@ -176,6 +187,20 @@ func (p *Proxy) RunDiscovery(ctx context.Context) error {
 			continue
 		}
 		d.failed.Store(nil)
+		p.reloadMu.Lock()
+		d.waited = false
+		p.reloadMu.Unlock()
+		if len(d.srcs) > 1 {
+			wg.Go(func() {
+				t := time.NewTimer(p.discWait)
+				defer t.Stop()
+				select {
+				case <-ctx.Done():
+				case <-t.C:
+					d.waitOver(p)
+				}
+			})
+		}
 		for i := range d.srcs {
 			wg.Go(func() {
 				if err := d.run(ctx, p, i); err != nil {
@@ -285,10 +310,46 @@ func (d *discoverer) update(p *Proxy, log interface {
 	p.reloadMu.Lock()
 	defer p.reloadMu.Unlock()
 	d.listed[i] = part
+	d.apply(p, log)
+}
+
+// waitOver is called once the model's sources have had discWait to list:
+// the pool takes the union of those that have, and the others are logged.
+func (d *discoverer) waitOver(p *Proxy) {
+	p.reloadMu.Lock()
+	defer p.reloadMu.Unlock()
+	d.waited = true
+	var missing []string
+	for j, l := range d.listed {
+		if l == nil {
+			missing = append(missing, d.paths[j])
+		}
+	}
+	if len(missing) == 0 {
+		return // applied already
+	}
+	log := p.log.With("model", d.pl.model)
+	log.Warn("discovery: sources not listed yet; the pool takes the engines of the others meanwhile", "sources", missing,
+		"waited", p.discWait)
+	if len(missing) < len(d.listed) {
+		d.apply(p, log)
+	}
+}
+
+// apply makes the union of the sources' parts the pool's endpoints, once
+// every source has listed (or discWait is over: then the union of those
+// that have). Called with reloadMu held.
+func (d *discoverer) apply(p *Proxy, log interface {
+	Error(msg string, args ...any)
+}) {
+	model := d.pl.model
 	endpoints := []config.Endpoint{}
 	seen := make(map[string]int)
 	for j, l := range d.listed {
 		if l == nil {
+			if d.waited {
+				continue
+			}
 			return // a source not listed yet
 		}
 		for _, e := range l {

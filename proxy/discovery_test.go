@@ -21,7 +21,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
+	apierrors "k8s.io/apimachinery/pkg/api/errors"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	k8sruntime "k8s.io/apimachinery/pkg/runtime"
+	"k8s.io/apimachinery/pkg/runtime/schema"
 	"k8s.io/apimachinery/pkg/watch"
 	"k8s.io/client-go/kubernetes"
 	"k8s.io/client-go/kubernetes/fake"
@@ -145,7 +148,8 @@ func discoveryConfig(pol string) config.Config {
 }
 
 // discoveryProxy is a test proxy of cfg on cluster, its discovery running
-// (debounced 10ms) until the test ends.
+// (debounced 10ms; sources that have listed applied after 1s without the
+// others) until the test ends.
 func discoveryProxy(t *testing.T, cfg config.Config, cluster *fakeCluster) *testProxy {
 	t.Helper()
 	reg := prometheus.NewRegistry()
@@ -155,7 +159,7 @@ func discoveryProxy(t *testing.T, cfg config.Config, cluster *fakeCluster) *test
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	p.debounce = 10 * time.Millisecond
+	p.debounce, p.discWait = 10*time.Millisecond, time.Second
 	srv := httptest.NewServer(p)
 	t.Cleanup(srv.Close)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -452,4 +456,28 @@ func TestDiscoveryKVEvents(t *testing.T) {
 	if want := "pod-a tcp://" + host + ":5557"; len(got) != 1 || got[0] != want {
 		t.Errorf("KV-event subscriptions: got %q, want [%s]", got, want)
 	}
+}
+
+// TestDiscoverySourceNeverLists: of a model's two sources, one is refused
+// its list (no Role in its namespace). The other's engines join once the
+// sources have had their wait, rather than never.
+func TestDiscoverySourceNeverLists(t *testing.T) {
+	e := newBackend(t, "e", okHandler("e"))
+	cfg := discoveryConfig("first")
+	cfg.Models[0].Discovery.Sources = []config.Source{{Kubernetes: &config.Kubernetes{Service: "vllm", Namespace: "locked", Port: "http"}}}
+	cluster := newFakeCluster()
+	cluster.client.PrependReactor("list", "endpointslices", func(a clienttesting.Action) (bool, k8sruntime.Object, error) {
+		if a.GetNamespace() == "locked" {
+			return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "discovery.k8s.io", Resource: "endpointslices"}, "", nil)
+		}
+		return false, nil, nil
+	})
+	h, port := hostPort(t, e.URL)
+	cluster.put(t, slice("vllm-a", "vllm", "http", port, readyEndpoint("e-0", h)))
+	tp := discoveryProxy(t, cfg, cluster)
+	waitFor(t, "the listed source's engine joins", func() bool {
+		eps := tp.Router("m").Endpoints()
+		return len(eps) == 1 && eps[0].ID == "inference/e-0"
+	})
+	tp.postOK(t, 1, PathCompletions, `{"model":"m","prompt":"hi"}`)
 }

@@ -89,6 +89,7 @@ type Proxy struct {
 	kubeClient KubeClientFunc    // Options.KubeClient, defaulted
 	disc       *discoveryMetrics // discovery.go
 	debounce   time.Duration     // how long a discovery waits for more changes before applying them
+	discWait   time.Duration     // how long a model's discovery sources all get to list before those that have are applied
 	discRun    atomic.Bool       // set while RunDiscovery runs
 	// queuePause is how long the head of a pool's line pauses before it
 	// routes again after a shed: first, doubling up to max, unless the
@@ -136,6 +137,7 @@ func New(opts Options) (*Proxy, error) {
 		pools:        make(map[string]*pool, len(cfg.Models)),
 		kubeClient:   opts.KubeClient,
 		debounce:     defaultDebounce,
+		discWait:     defaultDiscoveryWait,
 	}
 	if p.kubeClient == nil {
 		p.kubeClient = connectKube
