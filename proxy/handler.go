@@ -390,6 +390,14 @@ type notFoundLog struct {
 
 type notFoundKey struct{ model, endpoint string }
 
+// forget drops an endpoint removed from its model's pool, so that a
+// fleet whose engines come and go (discovery) does not grow the map.
+func (l *notFoundLog) forget(model, endpoint string) {
+	l.mu.Lock()
+	delete(l.last, notFoundKey{model, endpoint})
+	l.mu.Unlock()
+}
+
 type notFoundLogged struct {
 	at         time.Time // when it was last logged
 	suppressed int       // 404s not logged since

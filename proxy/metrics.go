@@ -142,6 +142,7 @@ func (p *Proxy) forgetEndpoint(model, id string) {
 	m.ejections.DeletePartialMatch(labels)
 	p.fb.cached.Delete(labels)
 	p.fb.prompt.Delete(labels)
+	p.notFound.forget(model, id)
 }
 
 func (m *metrics) register(reg prometheus.Registerer) error {

@@ -104,6 +104,18 @@ func TestEngineNotFoundIsDiagnosable(t *testing.T) {
 		t.Errorf("unknown model: got %d with %s %q, want the router's 404 unmarked", resp.StatusCode,
 			HeaderErrorSource, resp.Header.Get(HeaderErrorSource))
 	}
+
+	// An endpoint removed by a reload leaves the rate limiter's map.
+	other := newBackend(t, "b", okHandler("b"))
+	if _, err := tp.Reload(reloadTo(testConfig("first", other.URL))); err != nil {
+		t.Fatal(err)
+	}
+	tp.notFound.mu.Lock()
+	n := len(tp.notFound.last)
+	tp.notFound.mu.Unlock()
+	if n != 0 {
+		t.Errorf("after the endpoint's removal the 404 log keeps %d entries, want 0", n)
+	}
 }
 
 // TestErrorSourceHeader: the engine's error responses passed through are
