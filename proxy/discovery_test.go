@@ -7,7 +7,6 @@ import (
 	"fmt"
 	"net"
 	"net/http"
-	"net/http/httptest"
 	"net/url"
 	"runtime"
 	"slices"
@@ -18,7 +17,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
 	corev1 "k8s.io/api/core/v1"
 	discoveryv1 "k8s.io/api/discovery/v1"
 	apierrors "k8s.io/apimachinery/pkg/api/errors"
@@ -152,16 +150,9 @@ func discoveryConfig(pol string) config.Config {
 // others) until the test ends.
 func discoveryProxy(t *testing.T, cfg config.Config, cluster *fakeCluster) *testProxy {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	clock := newFakeClock()
-	p, err := New(Options{Config: cfg, NewPicker: testPickers, Registerer: reg, Gatherer: reg, Now: clock.Now,
-		KubeClient: cluster.kubeClient})
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
+	tp := newTestProxyOpts(t, Options{Config: cfg, NewPicker: testPickers, KubeClient: cluster.kubeClient})
+	p := tp.Proxy
 	p.debounce, p.discWait = 10*time.Millisecond, time.Second
-	srv := httptest.NewServer(p)
-	t.Cleanup(srv.Close)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
 	go func() { done <- p.RunDiscovery(ctx) }()
@@ -170,7 +161,7 @@ func discoveryProxy(t *testing.T, cfg config.Config, cluster *fakeCluster) *test
 		recv(t, "RunDiscovery to return", done)
 	})
 	recv(t, "the informer's watch", cluster.watching)
-	return &testProxy{Proxy: p, srv: srv, reg: reg, clock: clock}
+	return tp
 }
 
 // checkNoEndpoints checks that a request for m is answered 503 with a

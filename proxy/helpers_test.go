@@ -211,9 +211,17 @@ func newTestProxy(t testing.TB, cfg config.Config) *testProxy {
 
 func newTestProxyWith(t testing.TB, cfg config.Config, pickers NewPickerFunc) *testProxy {
 	t.Helper()
+	return newTestProxyOpts(t, Options{Config: cfg, NewPicker: pickers})
+}
+
+// newTestProxyOpts serves a Proxy of opts, given its own registry and a
+// fake clock, on an httptest server until the test ends.
+func newTestProxyOpts(t testing.TB, opts Options) *testProxy {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	clock := newFakeClock()
-	p, err := New(Options{Config: cfg, NewPicker: pickers, Registerer: reg, Gatherer: reg, Now: clock.Now})
+	opts.Registerer, opts.Gatherer, opts.Now = reg, reg, clock.Now
+	p, err := New(opts)
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}

@@ -9,8 +9,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/internal/syncbuf"
@@ -24,16 +22,8 @@ const vllmNotFound = `{"error":{"message":"The model ` + "`m`" + ` does not exis
 // (info), go to logs.
 func loggedProxy(t *testing.T, cfg config.Config, logs *syncbuf.Buffer) *testProxy {
 	t.Helper()
-	reg := prometheus.NewRegistry()
-	clock := newFakeClock()
-	p, err := New(Options{Config: cfg, NewPicker: testPickers, Registerer: reg, Gatherer: reg, Now: clock.Now,
+	return newTestProxyOpts(t, Options{Config: cfg, NewPicker: testPickers,
 		Logger: slog.New(slog.NewTextHandler(logs, &slog.HandlerOptions{Level: slog.LevelInfo}))})
-	if err != nil {
-		t.Fatalf("New: %v", err)
-	}
-	srv := httptest.NewServer(p)
-	t.Cleanup(srv.Close)
-	return &testProxy{Proxy: p, srv: srv, reg: reg, clock: clock}
 }
 
 // notFoundWarnings returns the log lines warning of an engine's 404.
