@@ -118,7 +118,12 @@
 // X-data-parallel-rank header or, without one, to the rank vLLM's front end
 // picks (DP.pick); a rank out of range is vLLM's 400 error (a single
 // Server checks the header too). The DP's /metrics merges every rank's
-// families; /health fails when any rank's loop has stopped.
+// families; /health fails when any rank's loop has stopped. In a P/D role
+// each rank holds and pulls its own KV under its engine id (<id>_dp<r>):
+// the DP's side channel finds the rank a pull names (DP.handlePull), and
+// Rank(k).SideChannelHandler serves rank k alone, on its own port as vLLM
+// gives each rank one (`kvroute engine --side-channel-listen` listens on
+// port + rank with the NIXL protocol).
 //
 // # Disaggregation
 //

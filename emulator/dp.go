@@ -133,7 +133,8 @@ func (d *DP) Profile() engine.Profile { return d.ranks[0].Profile() }
 // EngineID returns rank 0's remote_engine_id.
 func (d *DP) EngineID() string { return d.ranks[0].EngineID() }
 
-// SetAdvertise sets every rank's side-channel address (Server.SetAdvertise).
+// SetAdvertise sets every rank's side-channel address (Server.SetAdvertise);
+// Rank(k).SetAdvertise then gives a rank its own port.
 func (d *DP) SetAdvertise(host string, port int) {
 	for _, s := range d.ranks {
 		s.SetAdvertise(host, port)
@@ -445,9 +446,11 @@ func (d *DP) handleResetPrefixCache(w http.ResponseWriter, r *http.Request) {
 //     the handshake, from the prefill's kv_transfer_params): the rank with
 //     that engine ID. vLLM gives each rank its own side-channel port and
 //     engine ID <id>_dp<rank> and fails the handshake with "Remote NIXL
-//     agent engine ID mismatch" when the agent answering is another: here
-//     one side channel serves every rank, and an ID no rank has is
-//     answered by rank 0 with that mismatch.
+//     agent engine ID mismatch" when the agent answering is another. A
+//     rank's own port serves only that rank (Rank(k).SideChannelHandler,
+//     as `kvroute engine --side-channel-listen` serves it); this shared
+//     one finds the rank, and an ID no rank has is answered by rank 0
+//     with that mismatch.
 //   - SGLang form: rank bootstrap_room modulo the rank count, the DP group
 //     an SGLang decode engine not told the prefill's rank reads from.
 //   - NIXL form without remote_engine_id (older callers): the rank that

@@ -85,8 +85,12 @@ full, ties in turn. /metrics has every rank's series with engine="<rank>" (vllm
 and vllm-legacy flavours only). Rank r publishes its KV events with
 data_parallel_rank r on the tcp port of --kv-events-endpoint (and of
 --kv-events-replay) plus r, as vLLM offsets them (inproc endpoints get the
-suffix _dp<r>; vLLM refuses ipc endpoints). P/D roles need
---data-parallel-size 1.
+suffix _dp<r>; vLLM refuses ipc endpoints). With a P/D role each rank holds
+and pulls its own KV under its engine id <engine_id>_dp<r> (a pull naming
+another rank's id gets vLLM's engine ID mismatch); with --side-channel-listen
+and --pd-protocol nixl rank r serves its side channel on that port + r and
+advertises it, as vLLM offsets VLLM_NIXL_SIDE_CHANNEL_PORT (SGLang's one
+bootstrap port serves every rank, by bootstrap_room modulo N).
 
 SIGINT/SIGTERM stop accepting connections; the requests in flight run to their
 end for up to --shutdown-timeout, then what is left ends with an error event (a
@@ -119,8 +123,8 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		setup       = fs.Duration("kv-transfer-setup", 2*time.Millisecond, "fixed cost of one KV transfer")
 		lease       = fs.Duration("kv-lease", 480*time.Second, "how long a prefill engine holds KV for a decode engine (VLLM_NIXL_ABORT_REQUEST_TIMEOUT)")
 		loadFailure = fs.String("pd-load-failure", emulator.LoadFailureRecompute, "decode side, lease missing or expired: recompute (warn, prefill locally) or fail (500)")
-		sideListen  = fs.String("side-channel-listen", "", "also serve the P/D side channel on this `address` (like VLLM_NIXL_SIDE_CHANNEL_PORT or SGLang's bootstrap port); it is then the advertised one")
-		advertise   = fs.String("advertise", "", "side-channel `host:port` put in kv_transfer_params (default: --side-channel-listen, else --listen)")
+		sideListen  = fs.String("side-channel-listen", "", "also serve the P/D side channel on this `address` (like VLLM_NIXL_SIDE_CHANNEL_PORT or SGLang's bootstrap port); it is then the advertised one. With --data-parallel-size N and --pd-protocol nixl, rank r listens on its port + r, as vLLM's ranks do")
+		advertise   = fs.String("advertise", "", "side-channel `host:port` put in kv_transfer_params (default: --side-channel-listen, else --listen); with ranks on their own side-channel ports, rank r advertises port + r")
 		defMaxTok   = fs.Int("default-max-tokens", 1024, "output limit of chat requests without max_tokens (completions get vLLM's 16)")
 		eosMean     = fs.Float64("eos-mean", 0, "mean output length before the model emits EOS (0 = never; requests end at max_tokens)")
 		streamIntvl = fs.Int("stream-interval", 1, "vLLM's --stream-interval: a streamed response sends the first token, then a chunk every N tokens; tokens generated while the previous chunk is still being written go out together, as vLLM merges the outputs of a lagging reader (at a high --speed, chunks carry more tokens)")
@@ -206,28 +210,62 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err != nil {
 		return usageErr("%v", err)
 	}
+	// With --side-channel-listen the side channel has its own listeners:
+	// one per data-parallel rank for the NIXL protocol (base port + rank,
+	// as vLLM offsets VLLM_NIXL_SIDE_CHANNEL_PORT), one for SGLang's (its
+	// bootstrap server serves every rank).
+	var sideAddrs []string
+	if *sideListen != "" {
+		perRank := 1
+		if *pdProtocol == emulator.PDNixl {
+			perRank = srv.Size()
+		}
+		if sideAddrs, err = rankAddrs(*sideListen, perRank); err != nil {
+			return usageErr("--side-channel-listen: %v", err)
+		}
+	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return fmt.Errorf("engine: %w", err)
 	}
-	var sideLn net.Listener
-	advAddr := ln.Addr()
-	if *sideListen != "" {
-		if sideLn, err = net.Listen("tcp", *sideListen); err != nil {
-			ln.Close()
-			return fmt.Errorf("engine: side channel: %w", err)
+	var sideLns []net.Listener
+	closeAll := func() {
+		ln.Close()
+		for _, l := range sideLns {
+			l.Close()
 		}
-		advAddr = sideLn.Addr()
+	}
+	advAddr := ln.Addr()
+	if len(sideAddrs) > 0 {
+		for _, a := range sideAddrs {
+			l, err := net.Listen("tcp", a)
+			if err != nil {
+				closeAll()
+				return fmt.Errorf("engine: side channel: %w", err)
+			}
+			sideLns = append(sideLns, l)
+		}
+		advAddr = sideLns[0].Addr()
 	}
 	advHost, advPort, err := advertiseAddr(*advertise, advAddr)
 	if err != nil {
-		ln.Close()
-		if sideLn != nil {
-			sideLn.Close()
-		}
+		closeAll()
 		return usageErr("--advertise: %v", err)
 	}
 	srv.SetAdvertise(advHost, advPort)
+	if len(sideLns) > 1 {
+		for k, l := range sideLns {
+			port := advPort + k // --advertise names the base port, as VLLM_NIXL_SIDE_CHANNEL_PORT does
+			if *advertise == "" {
+				port = l.Addr().(*net.TCPAddr).Port
+			}
+			if port > 65535 {
+				closeAll()
+				return usageErr("--advertise: rank %d's port %d (port + rank) is out of range", k, port)
+			}
+			srv.Rank(k).SetAdvertise(advHost, port)
+		}
+	}
 	if n := engineProcs(*procs, flagSet(fs, "procs"), os.Getenv("GOMAXPROCS") != ""); n > 0 {
 		defer runtime.GOMAXPROCS(runtime.GOMAXPROCS(n))
 	}
@@ -254,11 +292,16 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		return nil
 	})
-	var side *http.Server
-	if sideLn != nil {
-		side = &http.Server{Handler: srv.SideChannelHandler(), ReadHeaderTimeout: 10 * time.Second}
+	var sides []*http.Server
+	for k, l := range sideLns {
+		h := srv.SideChannelHandler() // one listener: it finds the rank (DP.handlePull)
+		if len(sideLns) > 1 {
+			h = srv.Rank(k).SideChannelHandler() // rank k's own port
+		}
+		side := &http.Server{Handler: h, ReadHeaderTimeout: 10 * time.Second}
+		sides = append(sides, side)
 		g.Go(func() error {
-			if err := side.Serve(sideLn); err != nil && !errors.Is(err, http.ErrServerClosed) {
+			if err := side.Serve(l); err != nil && !errors.Is(err, http.ErrServerClosed) {
 				return fmt.Errorf("engine: side channel: %w", err)
 			}
 			return nil
@@ -276,9 +319,9 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		sctx, cancel := context.WithTimeout(context.Background(), timeout)
 		defer cancel()
 		_ = hs.Shutdown(sctx)
-		if side != nil {
-			// After the HTTP server: a decode engine may still pull the KV
-			// of a request that just finished its prefill here.
+		// After the HTTP server: a decode engine may still pull the KV of
+		// a request that just finished its prefill here.
+		for _, side := range sides {
 			_ = side.Shutdown(sctx)
 		}
 		stopLoop() // cuts what is left with an error event
@@ -376,6 +419,32 @@ func validZMQEndpoint(s string) bool {
 	}
 	n, err := strconv.Atoi(port)
 	return err == nil && n >= 0 && n <= 65535
+}
+
+// rankAddrs returns the listen addresses of n side channels based at
+// addr: addr's port + k for rank k (each its own free port when addr's port
+// is 0).
+func rankAddrs(addr string, n int) ([]string, error) {
+	host, portStr, err := net.SplitHostPort(addr)
+	if err != nil {
+		return nil, err
+	}
+	port, err := strconv.Atoi(portStr)
+	if err != nil || port < 0 || port > 65535 {
+		return nil, fmt.Errorf("bad port %q", portStr)
+	}
+	addrs := make([]string, n)
+	for k := range addrs {
+		p := port
+		if port != 0 {
+			p += k
+		}
+		if p > 65535 {
+			return nil, fmt.Errorf("rank %d's port %d (port + rank) is out of range", k, p)
+		}
+		addrs[k] = net.JoinHostPort(host, strconv.Itoa(p))
+	}
+	return addrs, nil
 }
 
 // advertiseAddr returns the side-channel host and port: --advertise when

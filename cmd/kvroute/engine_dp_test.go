@@ -5,8 +5,11 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
+	"net"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -28,11 +31,17 @@ func TestEngineDataParallelUsageErrors(t *testing.T) {
 		{[]string{"--data-parallel-size", "2", "--kv-events-endpoint", "tcp://*:5557", "--kv-events-replay", "ipc:///tmp/r"}, `--kv-events-replay "ipc:///tmp/r"`},
 		{[]string{"--data-parallel-size", "2", "--kv-events-endpoint", "tcp://*:65535"}, `rank 1's port 65536 (port + rank) is out of range`},
 		{[]string{"--data-parallel-size", "x"}, `invalid value "x" for flag -data-parallel-size`},
+		{[]string{"--data-parallel-size", "2", "--side-channel-listen", "127.0.0.1:65535"}, `--side-channel-listen: rank 1's port 65536 (port + rank) is out of range`},
+		{[]string{"--data-parallel-size", "2", "--listen", "127.0.0.1:0", "--side-channel-listen", "127.0.0.1:0", "--advertise", "h:65535"}, `--advertise: rank 1's port 65536 (port + rank) is out of range`},
 	}
 	for _, tt := range tests {
 		var out bytes.Buffer
 		args := append([]string{"engine", "--model", "m"}, tt.args...)
-		if err := run(context.Background(), args, &out, &out); err != errUsage || !strings.Contains(out.String(), tt.want) {
+		// Bounded: an engine that accepted the flags would serve until stopped.
+		ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+		err := run(ctx, args, &out, &out)
+		cancel()
+		if err != errUsage || !strings.Contains(out.String(), tt.want) {
 			t.Errorf("%v: got %v %q, want a usage error mentioning %q", args, err, out.String(), tt.want)
 		}
 	}
@@ -162,6 +171,129 @@ func TestEngineDataParallelPD(t *testing.T) {
 	for _, done := range []<-chan error{pdone, ddone} {
 		if err := <-done; err != nil {
 			t.Errorf("engine: %v", err)
+		}
+	}
+}
+
+// consecutivePorts returns a host:port whose port and the n-1 after it
+// were free a moment ago.
+func consecutivePorts(t *testing.T, n int) string {
+	t.Helper()
+	for range 50 {
+		base := freeAddr(t)
+		_, ps, _ := net.SplitHostPort(base)
+		p, _ := strconv.Atoi(ps)
+		free := p+n-1 <= 65535
+		for k := 1; k < n && free; k++ {
+			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p+k)))
+			if free = err == nil; free {
+				l.Close()
+			}
+		}
+		if free {
+			return base
+		}
+	}
+	t.Fatalf("no %d consecutive free ports", n)
+	return ""
+}
+
+// TestEngineDataParallelSidePorts: with --side-channel-listen and the
+// NIXL protocol, rank r of a data-parallel prefill engine serves its side
+// channel on the base port + r and names that port in its
+// kv_transfer_params, as vLLM offsets VLLM_NIXL_SIDE_CHANNEL_PORT per rank;
+// a rank's port answers only for that rank (another rank's engine id gets
+// the engine ID mismatch), and the decode engine pulls through it. With
+// --advertise, rank r advertises its port + r.
+func TestEngineDataParallelSidePorts(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	side := consecutivePorts(t, 2)
+	host, ps, _ := net.SplitHostPort(side)
+	base, _ := strconv.Atoi(ps)
+	pAddr, dAddr, aAddr := freeAddr(t), freeAddr(t), freeAddr(t)
+	pout, dout, aout := &syncbuf.Buffer{}, &syncbuf.Buffer{}, &syncbuf.Buffer{}
+	pdone := engineInProcess(t, ctx, pAddr, pout, "--role", "prefill", "--data-parallel-size", "2", "--side-channel-listen", side)
+	ddone := engineInProcess(t, ctx, dAddr, dout, "--role", "decode", "--data-parallel-size", "2")
+	adone := engineInProcess(t, ctx, aAddr, aout, "--role", "prefill", "--data-parallel-size", "2",
+		"--side-channel-listen", "127.0.0.1:0", "--advertise", "prefill.example:9000")
+	prompt := strings.Repeat("Each rank has its own side channel. ", 40)
+	post := func(addr, path string, rank int, body map[string]any) (int, map[string]any) {
+		t.Helper()
+		b, _ := json.Marshal(body)
+		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+path, bytes.NewReader(b))
+		if rank >= 0 {
+			req.Header.Set("X-Data-Parallel-Rank", strconv.Itoa(rank))
+		}
+		resp, err := http.DefaultClient.Do(req)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		var out map[string]any
+		_ = json.NewDecoder(resp.Body).Decode(&out)
+		return resp.StatusCode, out
+	}
+	prefill := func(addr string, rank int) map[string]any {
+		t.Helper()
+		code, out := post(addr, "/v1/completions", rank, map[string]any{"model": "m", "prompt": prompt, "max_tokens": 1,
+			"kv_transfer_params": map[string]any{"do_remote_decode": true}})
+		if code != 200 {
+			t.Fatalf("prefill rank %d: %d %v", rank, code, out)
+		}
+		kv, _ := out["kv_transfer_params"].(map[string]any)
+		return kv
+	}
+	var kvs []map[string]any
+	for rank := range 2 {
+		kv := prefill(pAddr, rank)
+		if kv["remote_host"] != host || kv["remote_port"] != float64(base+rank) {
+			t.Errorf("rank %d advertises %v:%v, want %s:%d", rank, kv["remote_host"], kv["remote_port"], host, base+rank)
+		}
+		kvs = append(kvs, kv)
+		if kv := prefill(aAddr, rank); kv["remote_host"] != "prefill.example" || kv["remote_port"] != float64(9000+rank) {
+			t.Errorf("--advertise prefill.example:9000: rank %d advertises %v:%v, want prefill.example:%d", rank, kv["remote_host"], kv["remote_port"], 9000+rank)
+		}
+	}
+	// Rank 1's port does not serve rank 0's KV.
+	code, out := post(net.JoinHostPort(host, strconv.Itoa(base+1)), "/internal/kv/pull", -1, map[string]any{
+		"remote_request_id": kvs[0]["remote_request_id"], "remote_engine_id": kvs[0]["remote_engine_id"]})
+	if msg, _ := out["error"].(map[string]any); code != http.StatusNotFound || !strings.Contains(fmt.Sprint(msg["message"]), "engine ID mismatch") {
+		t.Errorf("rank 0's pull on rank 1's port: %d %v, want 404 engine ID mismatch", code, out)
+	}
+	// The decode engine pulls rank 1's KV through rank 1's port.
+	code, dr := post(dAddr, "/v1/completions", 0, map[string]any{"model": "m", "prompt": prompt, "max_tokens": 8, "kv_transfer_params": kvs[1]})
+	if usage, _ := dr["usage"].(map[string]any); code != 200 || usage["completion_tokens"] != float64(8) {
+		t.Errorf("decode: %d %v", code, dr)
+	}
+	if strings.Contains(dout.String(), "kv transfer failed") {
+		t.Errorf("the decode rank's pull failed:\n%s", dout.String())
+	}
+	cancel()
+	for _, done := range []<-chan error{pdone, ddone, adone} {
+		if err := <-done; err != nil {
+			t.Errorf("engine: %v", err)
+		}
+	}
+}
+
+func TestRankAddrs(t *testing.T) {
+	for _, tc := range []struct {
+		addr string
+		n    int
+		want []string
+		err  bool
+	}{
+		{"127.0.0.1:5600", 3, []string{"127.0.0.1:5600", "127.0.0.1:5601", "127.0.0.1:5602"}, false},
+		{":0", 2, []string{":0", ":0"}, false}, // each its own free port
+		{"[::1]:7000", 1, []string{"[::1]:7000"}, false},
+		{"h:65535", 2, nil, true},
+		{"h:x", 1, nil, true},
+		{"nohostport", 1, nil, true},
+	} {
+		got, err := rankAddrs(tc.addr, tc.n)
+		if (err != nil) != tc.err || !slices.Equal(got, tc.want) {
+			t.Errorf("rankAddrs(%q, %d) = %v, %v; want %v (error %v)", tc.addr, tc.n, got, err, tc.want, tc.err)
 		}
 	}
 }
