@@ -140,17 +140,9 @@ func TestEngineDataParallelPD(t *testing.T) {
 	prompt := strings.Repeat("A long shared document about disaggregated serving. ", 40)
 	post := func(addr string, rank int, body map[string]any) map[string]any {
 		t.Helper()
-		b, _ := json.Marshal(body)
-		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+"/v1/completions", bytes.NewReader(b))
-		req.Header.Set("X-Data-Parallel-Rank", strconv.Itoa(rank))
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var out map[string]any
-		if err := json.NewDecoder(resp.Body).Decode(&out); err != nil || resp.StatusCode != 200 {
-			t.Fatalf("POST %s rank %d: %d %v %v", addr, rank, resp.StatusCode, out, err)
+		code, out := postRank(t, addr, "/v1/completions", rank, body)
+		if code != 200 {
+			t.Fatalf("POST %s rank %d: %d %v", addr, rank, code, out)
 		}
 		return out
 	}
@@ -173,6 +165,25 @@ func TestEngineDataParallelPD(t *testing.T) {
 			t.Errorf("engine: %v", err)
 		}
 	}
+}
+
+// postRank posts body as JSON to http://addr+path pinned to rank (none
+// when rank < 0) and returns the status and the decoded JSON answer.
+func postRank(t *testing.T, addr, path string, rank int, body map[string]any) (int, map[string]any) {
+	t.Helper()
+	b, _ := json.Marshal(body)
+	req, _ := http.NewRequest(http.MethodPost, "http://"+addr+path, bytes.NewReader(b))
+	if rank >= 0 {
+		req.Header.Set("X-Data-Parallel-Rank", strconv.Itoa(rank))
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out map[string]any
+	_ = json.NewDecoder(resp.Body).Decode(&out)
+	return resp.StatusCode, out
 }
 
 // consecutivePorts returns a host:port whose port and the n-1 after it
@@ -218,25 +229,9 @@ func TestEngineDataParallelSidePorts(t *testing.T) {
 	adone := engineInProcess(t, ctx, aAddr, aout, "--role", "prefill", "--data-parallel-size", "2",
 		"--side-channel-listen", "127.0.0.1:0", "--advertise", "prefill.example:9000")
 	prompt := strings.Repeat("Each rank has its own side channel. ", 40)
-	post := func(addr, path string, rank int, body map[string]any) (int, map[string]any) {
-		t.Helper()
-		b, _ := json.Marshal(body)
-		req, _ := http.NewRequest(http.MethodPost, "http://"+addr+path, bytes.NewReader(b))
-		if rank >= 0 {
-			req.Header.Set("X-Data-Parallel-Rank", strconv.Itoa(rank))
-		}
-		resp, err := http.DefaultClient.Do(req)
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer resp.Body.Close()
-		var out map[string]any
-		_ = json.NewDecoder(resp.Body).Decode(&out)
-		return resp.StatusCode, out
-	}
 	prefill := func(addr string, rank int) map[string]any {
 		t.Helper()
-		code, out := post(addr, "/v1/completions", rank, map[string]any{"model": "m", "prompt": prompt, "max_tokens": 1,
+		code, out := postRank(t, addr, "/v1/completions", rank, map[string]any{"model": "m", "prompt": prompt, "max_tokens": 1,
 			"kv_transfer_params": map[string]any{"do_remote_decode": true}})
 		if code != 200 {
 			t.Fatalf("prefill rank %d: %d %v", rank, code, out)
@@ -256,13 +251,13 @@ func TestEngineDataParallelSidePorts(t *testing.T) {
 		}
 	}
 	// Rank 1's port does not serve rank 0's KV.
-	code, out := post(net.JoinHostPort(host, strconv.Itoa(base+1)), "/internal/kv/pull", -1, map[string]any{
+	code, out := postRank(t, net.JoinHostPort(host, strconv.Itoa(base+1)), "/internal/kv/pull", -1, map[string]any{
 		"remote_request_id": kvs[0]["remote_request_id"], "remote_engine_id": kvs[0]["remote_engine_id"]})
 	if msg, _ := out["error"].(map[string]any); code != http.StatusNotFound || !strings.Contains(fmt.Sprint(msg["message"]), "engine ID mismatch") {
 		t.Errorf("rank 0's pull on rank 1's port: %d %v, want 404 engine ID mismatch", code, out)
 	}
 	// The decode engine pulls rank 1's KV through rank 1's port.
-	code, dr := post(dAddr, "/v1/completions", 0, map[string]any{"model": "m", "prompt": prompt, "max_tokens": 8, "kv_transfer_params": kvs[1]})
+	code, dr := postRank(t, dAddr, "/v1/completions", 0, map[string]any{"model": "m", "prompt": prompt, "max_tokens": 8, "kv_transfer_params": kvs[1]})
 	if usage, _ := dr["usage"].(map[string]any); code != 200 || usage["completion_tokens"] != float64(8) {
 		t.Errorf("decode: %d %v", code, dr)
 	}
