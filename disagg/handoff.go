@@ -664,9 +664,15 @@ func (x *exchange) runSGLang(pf *router.Flight, plan *Plan) bool {
 		if x.ctx.Err() != nil {
 			return x.clientGone()
 		}
-		if d.err != nil && d.err.Status >= 400 && d.err.Status < 500 {
-			x.replay(d.err)
-			return true
+		// A leg's 4xx is the engine's answer to the client's request: it
+		// is replayed, not placed again. The prefill's comes first: its
+		// failure cancelled the decode leg.
+		for _, l := range []*LegError{perr, d.err} {
+			if l != nil && l.Status >= 400 && l.Status < 500 {
+				x.res.Err = l
+				x.replay(l)
+				return true
+			}
 		}
 		if d.err != nil && d.err.Timeout {
 			x.writeTimeout(d.err)
@@ -815,6 +821,16 @@ func (x *exchange) legFailed(f *router.Flight, lerr *LegError) {
 	if lerr.Reason != "cancelled" && lerr.Reason != ReasonRemoved && !(lerr.Status >= 400 && lerr.Status < 500) {
 		x.report(f, false)
 		x.tried = append(x.tried, f.Endpoint.ID)
+		if lerr.Connect && f.Endpoint.IsDataParallel() {
+			// The server did not take the connection: its other
+			// data-parallel ranks, behind the same URL, would not either
+			// (as the aggregated path excludes them).
+			for _, e := range h.cfg.Router.Endpoints() {
+				if e.URL == f.Endpoint.URL && e.ID != f.Endpoint.ID {
+					x.tried = append(x.tried, e.ID)
+				}
+			}
+		}
 		h.log.Warn("pd: leg failed", "request_id", x.req.ID, "leg", lerr.Leg, "endpoint", lerr.Endpoint, "reason", lerr.Reason,
 			"status", lerr.Status, "error", lerr.Err)
 	}

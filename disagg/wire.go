@@ -19,7 +19,7 @@ import (
 var ReservedFields = []string{
 	"kv_transfer_params",                                 // vLLM NixlConnector (remote_host, remote_port, ...)
 	"bootstrap_host", "bootstrap_port", "bootstrap_room", // SGLang
-	"routed_dp_rank", "disagg_prefill_dp_rank", // SGLang DP attention
+	"routed_dp_rank", "disagg_prefill_dp_rank", "data_parallel_rank", // SGLang DP attention (data_parallel_rank: its older name, still read)
 	"remote_prefiller", "remote_decoder", "remote_kv_source", // llm-d offloading connector
 }
 
