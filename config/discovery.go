@@ -24,7 +24,11 @@ type Discovery struct {
 	// EndpointSlices. Required unless Sources lists a source.
 	Kubernetes *Kubernetes `yaml:"kubernetes"`
 	// Sources are more sources whose engines join the pool, after
-	// Kubernetes's (if set); default none.
+	// Kubernetes's (if set); default none. An engine's ID is its pod's
+	// name; <namespace>/<pod> when the sources watch more than one
+	// namespace; <cluster>/<namespace>/<pod> when they use more than one
+	// kubeconfig, the cluster named after its kubeconfig file (base name
+	// without extension; "" is "local").
 	Sources []Source `yaml:"sources"`
 }
 

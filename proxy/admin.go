@@ -54,38 +54,56 @@ func (p *Proxy) serveHealthz(w http.ResponseWriter, _ *http.Request) {
 }
 
 // serveReadyz is 200 when the proxy is not shutting down and every model
-// has a healthy endpoint, else 503 with the models that have none (and,
-// among them, those whose discovery could not start). While the active
-// health checks run (Serve), an endpoint counts only once its probe has
-// passed a check: at start the router is not ready until each model has
-// an endpoint that answered, and an endpoint added later (a reload, a
-// discovery) counts from its first check passed, which does not make a
-// model whose other endpoints are healthy unready meanwhile.
+// has a healthy endpoint, a prefill/decode model one that can decode (role
+// decode or both: without a prefill engine the planner runs requests whole
+// on decode engines, rule no_prefill, but a prefill engine alone serves
+// nothing), else 503 with the models that have none (and, among them,
+// those whose discovery could not start), and the P/D models without a
+// healthy decode endpoint. While
+// the active health checks run (Serve), an endpoint counts only once its
+// probe has passed a check: at start the router is not ready until each
+// model has an endpoint that answered, and an endpoint added later (a
+// reload, a discovery) counts from its first check passed, which does not
+// make a model whose other endpoints are healthy unready meanwhile.
 func (p *Proxy) serveReadyz(w http.ResponseWriter, _ *http.Request) {
 	if p.draining.Load() {
 		writeJSON(w, http.StatusServiceUnavailable, map[string]any{"status": "draining"})
 		return
 	}
 	now := p.now()
-	var down, notRunning []string
+	var down, notRunning, noDecode []string
 	for _, n := range p.names {
 		pl := p.pools[n]
 		passed, gated := p.health.passedBy(n)
-		up := false
+		up, decode := false, false
 		for _, st := range pl.router.Status(now) {
-			up = up || (st.Healthy && (!gated || passed[st.ID]))
+			if !st.Healthy || (gated && !passed[st.ID]) {
+				continue
+			}
+			r, err := kvroute.ParseRole(st.Role)
+			up = true
+			decode = decode || (err == nil && r.CanDecode())
 		}
-		if !up {
+		switch {
+		case !up:
 			down = append(down, n)
 			if pl.disc != nil && pl.disc.notRunning() != nil {
 				notRunning = append(notRunning, n)
 			}
+		case pl.pd != nil && !decode:
+			noDecode = append(noDecode, n)
 		}
 	}
-	if len(down) > 0 {
-		body := map[string]any{"status": "unavailable", "models_without_healthy_endpoint": down}
-		if len(notRunning) > 0 {
-			body["models_without_running_discovery"] = notRunning
+	if len(down)+len(noDecode) > 0 {
+		body := map[string]any{"status": "unavailable"}
+		for k, l := range map[string][]string{
+			"models_without_healthy_endpoint":        down,
+			"models_without_running_discovery":       notRunning,
+			"models_without_healthy_decode_endpoint": noDecode,
+		} {
+			if len(l) > 0 {
+				body[k] = l
+			}
 		}
 		writeJSON(w, http.StatusServiceUnavailable, body)
 		return

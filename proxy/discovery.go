@@ -8,6 +8,7 @@ import (
 	"net"
 	"net/http"
 	"os"
+	"path/filepath"
 	"slices"
 	"strconv"
 	"strings"
@@ -104,15 +105,23 @@ type discoverer struct {
 	// waited is set once the model's sources had discWait to list: the
 	// pool then takes the union of those that have (a source refused its
 	// list, by RBAC say, does not hold the others' engines back for
-	// ever). Guarded by the Proxy's reloadMu.
+	// ever). It does not apply while a source could not start (failed).
+	// Guarded by the Proxy's reloadMu.
 	waited bool
 	// qualify is set when the sources watch more than one namespace (or
-	// cluster): an engine's ID is then <namespace>/<pod>, since pods of
+	// use more than one kubeconfig): an engine's ID is then
+	// <namespace>/<pod> (under its cluster's name: clusters), since pods of
 	// one name (vllm-0 of a prefill and of a decode StatefulSet) are
 	// distinct engines in distinct namespaces.
 	qualify bool
+	// clusters names each source's cluster (clusterNames) when the
+	// sources use more than one kubeconfig, else it is nil: an engine's ID
+	// is then <cluster>/<namespace>/<pod>, since two clusters may each
+	// have a namespace and a pod of one name.
+	clusters []string
 	// failed is the config path of a source that could not start (its
-	// client), nil while none has failed since RunDiscovery started.
+	// client), nil while none has failed since RunDiscovery started. The
+	// pool then has no endpoints (apply).
 	failed atomic.Pointer[string]
 }
 
@@ -138,13 +147,100 @@ func (p *Proxy) newDiscoverer(pl *pool, m *config.Model) *discoverer {
 	d := &discoverer{pl: pl, path: fmt.Sprintf("models[%d]", pl.index)}
 	srcs, paths := m.Discovery.KubernetesSources()
 	d.srcs, d.listed = srcs, make([][]config.Endpoint, len(srcs))
-	for _, k := range srcs[min(1, len(srcs)):] {
+	kubeconfigs := make([]string, len(srcs))
+	for i, k := range srcs {
+		kubeconfigs[i] = k.Kubeconfig
 		d.qualify = d.qualify || k.Namespace != srcs[0].Namespace || k.Kubeconfig != srcs[0].Kubeconfig
 	}
+	d.clusters = clusterNames(kubeconfigs)
 	for _, sp := range paths {
 		d.paths = append(d.paths, d.path+".discovery."+sp)
 	}
 	return d
+}
+
+// clusterNames names the clusters of a model's sources for their
+// engines' IDs, one name per source (kubeconfigs: their kubeconfig files,
+// in order); nil when they all use one kubeconfig. A cluster is named by
+// its kubeconfig file's base name without extension
+// ("/etc/kube/prefill.yaml": "prefill"; "", the in-cluster config or
+// $KUBECONFIG: "local"); files that share a name, by as many of their
+// parent directories as tell them apart, joined with "-" and without
+// leading dots ("/etc/kube/east/config": "east-config"); paths that even
+// so share one (a relative and an absolute path) are numbered from the
+// second ("kube-config-2"). The names come from the config alone: they
+// are known before any cluster is reached, and an engine keeps its ID
+// across restarts.
+func clusterNames(kubeconfigs []string) []string {
+	clean := func(k string) string {
+		if k == "" {
+			return ""
+		}
+		return filepath.Clean(k)
+	}
+	var files []string // distinct, in order
+	for _, k := range kubeconfigs {
+		if !slices.Contains(files, clean(k)) {
+			files = append(files, clean(k))
+		}
+	}
+	if len(files) < 2 {
+		return nil
+	}
+	elems := make([][]string, len(files)) // each file's path elements, base name first
+	for i, f := range files {
+		all := strings.Split(filepath.ToSlash(f), "/")
+		for j := len(all) - 1; j >= 0; j-- {
+			e := all[j]
+			if base := strings.TrimSuffix(e, filepath.Ext(e)); j == len(all)-1 && base != "" {
+				e = base
+			}
+			if e = strings.TrimLeft(e, "."); e != "" {
+				elems[i] = append(elems[i], e)
+			}
+		}
+		if len(elems[i]) == 0 {
+			elems[i] = []string{"local"}
+		}
+	}
+	depth := make([]int, len(files)) // how many of elems[i] name file i
+	name := func(i int) string {
+		e := slices.Clone(elems[i][:depth[i]])
+		slices.Reverse(e)
+		return strings.Join(e, "-")
+	}
+	for i := range depth {
+		depth[i] = 1
+	}
+	for grew := true; grew; {
+		grew = false
+		byName := make(map[string][]int)
+		for i := range files {
+			byName[name(i)] = append(byName[name(i)], i)
+		}
+		for _, same := range byName {
+			for _, i := range same {
+				if len(same) > 1 && depth[i] < len(elems[i]) {
+					depth[i]++
+					grew = true
+				}
+			}
+		}
+	}
+	byFile := make(map[string]string, len(files))
+	taken := make(map[string]bool, len(files))
+	for i, f := range files {
+		n := name(i)
+		for k := 2; taken[n]; k++ {
+			n = name(i) + "-" + strconv.Itoa(k)
+		}
+		taken[n], byFile[f] = true, n
+	}
+	out := make([]string, len(kubeconfigs))
+	for i, k := range kubeconfigs {
+		out[i] = byFile[clean(k)]
+	}
+	return out
 }
 
 // RunDiscovery runs the discovery of every model that has one until ctx is
@@ -163,13 +259,17 @@ func (p *Proxy) newDiscoverer(pl *pool, m *config.Model) *discoverer {
 // list); an engine listed by two sources (one pod behind
 // both Services) joins with the first one's template, and the other is
 // logged and counted as an error. When the sources watch more than one
-// namespace or cluster, engines are named <namespace>/<pod>. A slice whose port cannot be chosen (none named so,
-// or several and no discovery.kubernetes.port) is skipped and the error
-// logged and counted in kvroute_discovery_errors_total, as are failed
+// namespace, engines are named <namespace>/<pod>; when they use more
+// than one kubeconfig, <cluster>/<namespace>/<pod>, the cluster named
+// after its kubeconfig file (clusterNames). A slice whose port cannot be
+// chosen (none named so, or several and no discovery.kubernetes.port) is
+// skipped and the error logged and counted in
+// kvroute_discovery_errors_total, as are failed
 // watches (the informer retries them) and endpoint lists that cannot be
 // applied (the pool keeps its endpoints). A source that cannot get its
 // client (no in-cluster config, no kubeconfig) does not run: its model
-// stays without endpoints (its other sources' included), its requests
+// stays without endpoints (its other sources' included, even after the
+// 30s: a P/D pool of one side would fail every request), its requests
 // are answered 503 discovery_not_running (without Retry-After) and
 // /readyz names it, and RunDiscovery returns that error, naming the
 // field, once every other discovery has ended.
@@ -223,14 +323,18 @@ func (d *discoverer) run(ctx context.Context, p *Proxy, i int) error {
 	if err != nil {
 		p.disc.errors.WithLabelValues(model).Inc()
 		err = fmt.Errorf("proxy: %s: %w", d.paths[i], err)
-		d.failed.CompareAndSwap(nil, &d.paths[i])
-		p.log.Error("discovery: not running; the model has no endpoints", "model", model, "error", err)
+		log := p.log.With("model", model)
+		log.Error("discovery: not running; the model has no endpoints", "error", err)
+		d.fail(p, log, i)
 		return err
 	}
 	if k.Namespace != "" {
 		ns = k.Namespace
 	}
 	log := p.log.With("model", model, "service", k.Service, "namespace", ns)
+	if d.clusters != nil {
+		log = log.With("cluster", d.clusters[i])
+	}
 	selector := discoveryv1.LabelServiceName + "=" + k.Service
 	factory := informers.NewSharedInformerFactoryWithOptions(client, 0, informers.WithNamespace(ns),
 		informers.WithTweakListOptions(func(o *metav1.ListOptions) { o.LabelSelector = selector }))
@@ -305,6 +409,9 @@ func (d *discoverer) update(p *Proxy, log interface {
 		if d.qualify {
 			e.ID = ns + "/" + e.ID
 		}
+		if d.clusters != nil {
+			e.ID = d.clusters[i] + "/" + e.ID
+		}
 		part[j] = k.EndpointOf(e)
 	}
 	p.reloadMu.Lock()
@@ -313,12 +420,29 @@ func (d *discoverer) update(p *Proxy, log interface {
 	d.apply(p, log)
 }
 
+// fail records that source i could not start: the pool leaves the
+// endpoints it may have taken meanwhile (the other sources' after the
+// wait) and takes none until RunDiscovery runs again.
+func (d *discoverer) fail(p *Proxy, log interface {
+	Error(msg string, args ...any)
+}, i int) {
+	p.reloadMu.Lock()
+	defer p.reloadMu.Unlock()
+	d.failed.CompareAndSwap(nil, &d.paths[i])
+	d.apply(p, log)
+}
+
 // waitOver is called once the model's sources have had discWait to list:
 // the pool takes the union of those that have, and the others are logged.
+// A source that could not start is not waited for (fail logged it): the
+// pool stays without endpoints.
 func (d *discoverer) waitOver(p *Proxy) {
 	p.reloadMu.Lock()
 	defer p.reloadMu.Unlock()
 	d.waited = true
+	if d.failed.Load() != nil {
+		return
+	}
 	var missing []string
 	for j, l := range d.listed {
 		if l == nil {
@@ -338,30 +462,23 @@ func (d *discoverer) waitOver(p *Proxy) {
 
 // apply makes the union of the sources' parts the pool's endpoints, once
 // every source has listed (or discWait is over: then the union of those
-// that have). Called with reloadMu held.
+// that have), and none while a source could not start (failed): a source
+// that will not list is not waited out, so a P/D pool does not run with
+// one side, and requests are told discovery_not_running. Called with
+// reloadMu held.
 func (d *discoverer) apply(p *Proxy, log interface {
 	Error(msg string, args ...any)
 }) {
 	model := d.pl.model
 	endpoints := []config.Endpoint{}
-	seen := make(map[string]int)
-	for j, l := range d.listed {
-		if l == nil {
-			if d.waited {
-				continue
-			}
-			return // a source not listed yet
+	if d.failed.Load() == nil {
+		var ok bool
+		if endpoints, ok = d.union(p, log); !ok {
+			return
 		}
-		for _, e := range l {
-			if first, dup := seen[e.ID]; dup {
-				p.disc.errors.WithLabelValues(model).Inc()
-				log.Error("discovery: engine listed by two sources; it joins with the first one's endpoint template", "endpoint", e.ID,
-					"first", d.paths[first], "again", d.paths[j])
-				continue
-			}
-			seen[e.ID] = j
-			endpoints = append(endpoints, e)
-		}
+	} else if len(d.pl.set.Load().model.Endpoints) == 0 {
+		p.disc.endpoints.WithLabelValues(model).Set(0)
+		return // none to remove
 	}
 	p.disc.endpoints.WithLabelValues(model).Set(float64(len(endpoints)))
 	pc, err := p.planEndpoints(d.pl, d.path, endpoints)
@@ -372,6 +489,36 @@ func (d *discoverer) apply(p *Proxy, log interface {
 		p.disc.errors.WithLabelValues(model).Inc()
 		log.Error("discovery: endpoints not applied; the pool keeps its endpoints", "error", err)
 	}
+}
+
+// union returns the union of the sources' parts, in source order, and
+// true; false while a source has not listed and discWait is not over. An
+// engine listed by two sources is taken from the first (the other is
+// logged and counted). Called with reloadMu held.
+func (d *discoverer) union(p *Proxy, log interface {
+	Error(msg string, args ...any)
+}) ([]config.Endpoint, bool) {
+	endpoints := []config.Endpoint{}
+	seen := make(map[string]int)
+	for j, l := range d.listed {
+		if l == nil {
+			if d.waited {
+				continue
+			}
+			return nil, false // a source not listed yet
+		}
+		for _, e := range l {
+			if first, dup := seen[e.ID]; dup {
+				p.disc.errors.WithLabelValues(d.pl.model).Inc()
+				log.Error("discovery: engine listed by two sources; it joins with the first one's endpoint template", "endpoint", e.ID,
+					"first", d.paths[first], "again", d.paths[j])
+				continue
+			}
+			seen[e.ID] = j
+			endpoints = append(endpoints, e)
+		}
+	}
+	return endpoints, true
 }
 
 // readyEngines returns the ready engines of a Service's EndpointSlices,

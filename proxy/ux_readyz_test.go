@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
 )
 
@@ -118,4 +119,52 @@ func TestReadyzWaitsForHealthChecks(t *testing.T) {
 			t.Errorf("every engine down: got %d %s, want 503", code, body)
 		}
 	})
+}
+
+// TestReadyzPD: a prefill/decode model is ready only with a healthy
+// endpoint that can decode (without a prefill engine the planner runs
+// requests whole on decode engines; a prefill engine alone serves
+// nothing); /readyz names it under models_without_healthy_decode_endpoint.
+// A model without any healthy endpoint is named as before.
+func TestReadyzPD(t *testing.T) {
+	for _, tc := range []struct {
+		name              string
+		prefillUp, decUp  bool
+		wantCode          int
+		wantIn, wantNotIn string
+	}{
+		{"both up", true, true, http.StatusOK, `"status":"ready"`, "models_without"},
+		{"decode down", true, false, http.StatusServiceUnavailable,
+			`"models_without_healthy_decode_endpoint":["tiny"]`, "models_without_healthy_endpoint"},
+		{"prefill down", false, true, http.StatusOK, `"status":"ready"`, "models_without"},
+		{"both down", false, false, http.StatusServiceUnavailable,
+			`"models_without_healthy_endpoint":["tiny"]`, "models_without_healthy_decode_endpoint"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			engine := func(role kvroute.Role, up bool) string {
+				if !up {
+					return closedURL(t)
+				}
+				s, _ := pdEngine(t, role, "nixl")
+				return s.URL
+			}
+			cfg := pdTestConfig("first", "nixl", engine(kvroute.RolePrefill, tc.prefillUp), engine(kvroute.RoleDecode, tc.decUp))
+			cfg.HealthCheck = config.HealthCheck{Interval: 50 * time.Millisecond, Timeout: 50 * time.Millisecond}
+			p, url := serveProxy(t, cfg)
+			checked := func() bool { // every endpoint checked (passed, or failed and out)
+				passed, _ := p.health.passedBy("tiny")
+				for _, st := range p.Router("tiny").Status(time.Now()) {
+					if st.Healthy && !passed[st.ID] {
+						return false
+					}
+				}
+				return true
+			}
+			waitFor(t, "the health checks", checked)
+			code, body := readyz(t, url)
+			if code != tc.wantCode || !strings.Contains(body, tc.wantIn) || strings.Contains(body, tc.wantNotIn) {
+				t.Errorf("got %d %s, want %d with %s and without %s", code, body, tc.wantCode, tc.wantIn, tc.wantNotIn)
+			}
+		})
+	}
 }

@@ -90,7 +90,15 @@ that cannot start, e.g. no cluster or kubeconfig: 503 discovery_not_running,
 without Retry-After). A SIGHUP
 leaves discovered endpoint lists alone (a changed discovery block needs a
 restart). A P/D model lists a source per pool under discovery.sources (each
-a kubernetes block, e.g. role prefill and role decode templates).
+a kubernetes block, e.g. role prefill and role decode templates): its pool
+takes their engines once each has listed, or after 30s those of the sources
+that have; a source that cannot start leaves the model without endpoints (its
+other sources' included) and answering discovery_not_running. An engine's ID
+is its pod's name; <namespace>/<pod> when the sources watch several
+namespaces; <cluster>/<namespace>/<pod> when they use several kubeconfigs,
+the cluster named after its kubeconfig file (base name without extension,
+"local" for the default). A P/D model is ready (/readyz) only with a healthy
+endpoint that can decode.
 kvroute_discovery_endpoints{model} and
 kvroute_discovery_errors_total{model} report it.
 
