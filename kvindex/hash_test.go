@@ -212,3 +212,26 @@ func TestSharedBlocks(t *testing.T) {
 		}
 	}
 }
+
+// TestHashText128: hashText128 is xxh3Len128 and chainText block by block,
+// appended after what dst holds.
+func TestHashText128(t *testing.T) {
+	rng := rand.New(rand.NewPCG(3, 4))
+	text := make([]byte, 128*9)
+	for i := range text {
+		text[i] = byte(rng.Uint32())
+	}
+	for _, h0 := range []uint64{textSeed, 0, 1, 0x9e3779b97f4a7c15} {
+		want := []uint64{7}
+		h := h0
+		for i := 0; i < len(text)/128; i++ {
+			h = chainText(h, xxh3Len128((*[128]byte)(text[i*128:])))
+			want = append(want, h)
+		}
+		dst := make([]uint64, 1, 1+len(text)/128)
+		dst[0] = 7
+		if got := hashText128(string(text), h0, dst); !slices.Equal(got, want) {
+			t.Errorf("seed %x: got %x, want %x", h0, got, want)
+		}
+	}
+}

@@ -451,7 +451,7 @@ type KVAware struct {
 
 	ring *ring
 	eps  map[string]*epStats // learned rates per endpoint ID; deleted only by ForgetEndpoint
-	// byPos remembers epStat's answer per candidate position; epsGen
+	// byPos remembers lookupStat's answer per candidate position; epsGen
 	// counts the entries added to eps, which invalidates a nil answer.
 	byPos  []posStat
 	epsGen uint64
@@ -477,6 +477,9 @@ type KVAware struct {
 	ratio               float64
 	fleetTok, fleetReq  float64
 	fleetLearned, perEp bool
+	// memo is estimate's, by candidate position (see estimateMemo).
+	memo     []estimateMemo
+	attnMemo attnMemo
 
 	// deferred: the caller keeps explanations (DeferExplanations); target
 	// is the last Pick's session target (-1: none) for KeepExplanation.
@@ -526,30 +529,25 @@ type epStats struct {
 	headMax    float64
 }
 
-// epStat returns the stats of candidate i, c, nil when there are none yet.
-// A caller such as the router passes the same candidates in the same order
-// every time, so the answer for position i is kept (k.byPos) and reused
-// while the candidate there has the same ID (a string comparison, which
-// is a pointer comparison for the same string) and, for a nil answer, no
-// stats were created since: one map lookup per candidate saved.
-func (k *KVAware) epStat(i int, c *kvroute.Candidate) *epStats {
+// lookupStat returns the stats of candidate i, c, nil when there are none
+// yet, and keeps the answer in k.byPos. A caller such as the router passes
+// the same candidates in the same order every time, so Pick reuses the
+// answer for position i while the candidate there has the same ID (a
+// string comparison, which is a pointer comparison for the same string)
+// and, for a nil answer, no stats were created since: one map lookup per
+// candidate saved. (Pick makes that check itself, inline: as a call per
+// candidate, epStat, it was 7% of a Pick in BenchmarkPick's profile.)
+func (k *KVAware) lookupStat(i int, c *kvroute.Candidate) *epStats {
 	if len(k.eps) == 0 {
 		return nil
 	}
 	id := endpointID(c)
-	if i < len(k.byPos) {
-		if m := &k.byPos[i]; m.id == id && (m.s != nil || m.gen == k.epsGen) {
-			return m.s
-		}
-	} else {
-		k.byPos = append(k.byPos, make([]posStat, i+1-len(k.byPos))...)
-	}
 	s := k.eps[id]
 	k.byPos[i] = posStat{id: id, s: s, gen: k.epsGen}
 	return s
 }
 
-// posStat is epStat's memory of the stats of one candidate position.
+// posStat is lookupStat's memory of the stats of one candidate position.
 type posStat struct {
 	id  string
 	s   *epStats // nil: none when gen was current
@@ -583,7 +581,7 @@ func (k *KVAware) stat(id string) *epStats {
 	if s == nil {
 		s = &epStats{}
 		k.eps[id] = s
-		k.epsGen++ // a nil kept by epStat may be stale now
+		k.epsGen++ // a nil kept by lookupStat may be stale now
 	}
 	return s
 }
@@ -621,20 +619,26 @@ const (
 	capFull      // a small hit on a thrashing cache, with room elsewhere (SpareFull)
 )
 
+// candState is a candidate's state in a Pick. It is one cache line (64
+// bytes): Pick writes one per candidate, into memory that the router's
+// decision log hands back seldom in cache (KeepExplanation), so the fewer
+// lines the better; the estimate (queueMs + prefMs) and the decode term
+// it used to keep too made it 80.
 type candState struct {
 	elig      bool // may be chosen
 	overBound bool // in-flight + 1 above the bound (session targets must not be)
 	flags     uint8
 	credit    int     // cached tokens credited
-	est       float64 // estimated TTFT, ms
 	work      float64 // prefill compute this request adds to the endpoint, ms
-	decodeMs  float64 // the request's decode time at this endpoint's step time
-	score     float64 // est + work and decode terms: lower wins
+	score     float64 // est() + work and decode terms: lower wins
 	queueMs   float64
 	prefMs    float64
 	queued    float64  // uncached prompt tokens queued ahead (queuedTokens)
 	es        *epStats // the endpoint's stats, nil when none: looked up once per Pick
 }
+
+// est returns the estimated TTFT, ms.
+func (st *candState) est() float64 { return st.queueMs + st.prefMs }
 
 // affinityCapped reports whether a cap takes the candidate's cache credit
 // away. Queue and KV caps do not when every candidate is over them.
@@ -697,18 +701,45 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	}
 	k.c = k.c[:n]
 	k.now = now
-	clear(k.c)
 
-	total, healthy, waiting := 0, 0, 0
+	// Each candidate's state starts here, whole: clearing k.c first and
+	// then setting two fields wrote it twice (k.c changes hands with the
+	// router's decision log, so it is seldom in cache).
+	if len(k.byPos) < n {
+		k.byPos = append(k.byPos, make([]posStat, n-len(k.byPos))...)
+	}
+	// The loop also finds the deepest prefix a healthy candidate caches
+	// (hotKey's depth) and whether one has a small hit on a thrashing
+	// cache (spareFull's first question): as passes of their own, those
+	// were a fifth of a Pick (BenchmarkDecisionKVAware64, pprof).
+	P := max(req.PromptTokens, 0)
+	total, healthy, waiting, deepest, smallThrash := 0, 0, 0, 0, false
 	for i := range cands {
-		if cands[i].Healthy {
-			total += cands[i].Load.InFlight
-			waiting += max(cands[i].Load.Waiting, 0)
-			healthy++
-			st := &k.c[i]
-			st.es = k.epStat(i, &cands[i])
-			st.queued = k.queuedTokens(&cands[i], st.es)
+		st := &k.c[i]
+		c := &cands[i]
+		if !c.Healthy {
+			*st = candState{}
+			continue
 		}
+		total += c.Load.InFlight
+		waiting += max(c.Load.Waiting, 0)
+		healthy++
+		deepest = max(deepest, c.CachedBlocks)
+		smallThrash = smallThrash || k.thrashing(c) && smallHit(c, P)
+		es := k.byPos[i].s // the stats lookupStat found here, if still true
+		if m := &k.byPos[i]; m.id != endpointID(&cands[i]) || (es == nil && m.gen != k.epsGen) {
+			es = k.lookupStat(i, &cands[i])
+		}
+		var queued float64
+		if k.firstTokens && (es == nil || es.pendTok == 0) {
+			// queuedTokens with no prefill of its own queued there (most
+			// endpoints, most of the time), inline: its call per
+			// candidate was 7% of a Pick (BenchmarkPick, pprof).
+			queued = max(0, float64(max(cands[i].Load.Waiting, 0))*k.meanUncached)
+		} else {
+			queued = k.queuedTokens(&cands[i], es)
+		}
+		*st = candState{es: es, queued: queued}
 	}
 	if healthy == 0 {
 		return noneHealthy(NameKVAware, cands, scores)
@@ -729,7 +760,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	hot, depth := uint64(0), 0                                // the hot prefix's key and depth (0: none)
 	share := math.Max(1, p.C*float64(total)/float64(healthy)) // one endpoint's share of a prefix's demand
 	if p.Replicate {
-		hot, depth = hotKey(req, cands)
+		hot, depth = hotKey(req, deepest)
 	}
 	hotDepth := 0 // depth of a hot prefix whose over-bound holders are capped (HotSpread)
 	hotBound := inflightCap
@@ -802,8 +833,8 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		}
 	}
 
-	if p.SpareFull {
-		k.spareFull(req, cands, max(req.PromptTokens, 0))
+	if p.SpareFull && smallThrash {
+		k.spareFull(req, cands, P)
 	}
 
 	// Hot prefix replica set.
@@ -812,10 +843,12 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	}
 
 	// Estimates.
-	P := max(req.PromptTokens, 0)
 	k.ratio = p.AttnUsPerTokenPerKTok / p.PrefillUsPerToken
 	k.fleetTok, k.fleetReq, k.fleetLearned = k.rates(nil)
 	k.perEp = p.Learn && p.LearnPerEndpoint
+	if len(k.memo) < n {
+		k.memo = make([]estimateMemo, n)
+	}
 	// One pass estimates, judges (eligible: healthy, and under the queue
 	// and KV caps unless none is or the request is shed) and collects the
 	// eligible and their best score.
@@ -835,7 +868,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 				st.credit = min(st.credit, k.roomCached) // SpareFull
 			}
 		}
-		k.estimate(&cands[i], st, P)
+		k.estimate(i, &cands[i], st, P)
 		if st.elig = !(capsRule && st.flags&(capQueue|capKV) != 0); st.elig {
 			k.elig = append(k.elig, i)
 			best = min(best, st.score) // math.Min inline (see estimate)
@@ -897,7 +930,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	}
 	st := &k.c[choice]
 	k.record(now, req, hot, endpointID(&cands[choice]), st, P)
-	why := reasonFigures{head: reasonHead(how, st.credit), est: st.est, queueMs: st.queueMs, prefMs: st.prefMs, credit: st.credit, P: P}
+	why := reasonFigures{head: reasonHead(how, st.credit), est: st.est(), queueMs: st.queueMs, prefMs: st.prefMs, credit: st.credit, P: P}
 	if k.deferred {
 		// The figures are rendered when someone reads the decision
 		// (Explain): formatting them for every decision was an
@@ -913,21 +946,11 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 // (thrashing) gets capFull when an eligible candidate (healthy, under the
 // queue and KV caps) has room for the request's blocks and caches no more
 // than it; its credit is then cut to the most such a candidate caches
-// (k.roomCached), and ties go to a candidate without capFull.
+// (k.roomCached), and ties go to a candidate without capFull. Pick calls it
+// only when some healthy candidate has such a hit (seldom).
 func (k *KVAware) spareFull(req *kvroute.Request, cands []kvroute.Candidate, P int) {
 	if len(req.BlockHashes) == 0 || P == 0 {
 		return
-	}
-	small := false
-	for i := range cands {
-		c := &cands[i]
-		if c.Healthy && k.thrashing(c) && smallHit(c, P) {
-			small = true
-			break
-		}
-	}
-	if !small {
-		return // the common case: one pass, no second
 	}
 	room := -1 // the most an eligible candidate with room caches
 	for i := range cands {
@@ -959,7 +982,7 @@ func smallHit(c *kvroute.Candidate, P int) bool {
 }
 
 // estimate fills st's TTFT estimate for candidate c.
-func (k *KVAware) estimate(c *kvroute.Candidate, st *candState, P int) {
+func (k *KVAware) estimate(i int, c *kvroute.Candidate, st *candState, P int) {
 	p := &k.p
 	l := &c.Load
 	tok, reqMs, learnedReq := k.fleetTok, k.fleetReq, k.fleetLearned
@@ -972,13 +995,21 @@ func (k *KVAware) estimate(c *kvroute.Candidate, st *candState, P int) {
 		cpu = float64(st.credit)
 	}
 	queued := st.queued
-	stepMs := (p.StepOverheadUs + float64(max(l.Running, 0))*p.DecodeUsPerToken +
-		float64(max(l.DecodeTokens, 0))/1000*p.DecodeUsPerCtxKTok) / 1000
-	// The builtin min and max are math.Min and math.Max inline: they differ
-	// only for a NaN against an infinity, which finite inputs rule out.
-	budget := max(float64(p.MaxBatchedTokens-max(l.Running, 0)), float64(p.MaxBatchedTokens)/4)
-	stepsQ := math.Ceil(queued / budget)
-	stepsAll := max(math.Ceil((queued+own)/budget), stepsQ+1)
+	m := &k.memo[i]
+	if run, dec := max(l.Running, 0), max(l.DecodeTokens, 0); !m.stepOK || run != m.running || dec != m.decodeTokens {
+		m.running, m.decodeTokens, m.stepOK = run, dec, true
+		m.stepMs = (p.StepOverheadUs + float64(run)*p.DecodeUsPerToken +
+			float64(dec)/1000*p.DecodeUsPerCtxKTok) / 1000
+		// The builtin min and max are math.Min and math.Max inline: they differ
+		// only for a NaN against an infinity, which finite inputs rule out.
+		m.budget = max(float64(p.MaxBatchedTokens-run), float64(p.MaxBatchedTokens)/4)
+	}
+	stepMs, budget := m.stepMs, m.budget
+	stepsQ := queued // Ceil(±0/budget) is the same zero: no division for an empty queue
+	if queued != 0 {
+		stepsQ = math.Ceil(queued / budget)
+	}
+	stepsAll := max(m.ceilDiv(queued+own, budget), stepsQ+1)
 	// Queued prompts attend over themselves too: weight the queued tokens by
 	// the mean size of the requests routed there and not yet released
 	// (sum of squares over sum), or by the mean uncached size when the
@@ -993,20 +1024,75 @@ func (k *KVAware) estimate(c *kvroute.Candidate, st *candState, P int) {
 		}
 	}
 	ratio := k.ratio
-	queueMs := queued*tok*(1+ratio*size/2000) + stepsQ*stepMs
+	if b := math.Float64bits(size); !m.sizeOK || b != m.size {
+		m.size, m.sizeOK = b, true
+		m.sizeAttn = 1 + ratio*size/2000
+	}
+	queueMs := queued*tok*m.sizeAttn + stepsQ*stepMs
 	if learnedReq {
 		queueMs = math.Max(queueMs, float64(l.Queue())*reqMs)
 	} else {
 		queueMs += float64(l.Queue()) * reqMs
 	}
-	ctxK := (float64(st.credit) + own/2) / 1000
-	attn := 1 + ratio*ctxK
+	a := &k.attnMemo
+	if !a.ok || st.credit != a.credit || P != a.prompt {
+		a.credit, a.prompt, a.ok = st.credit, P, true
+		ctxK := (float64(st.credit) + own/2) / 1000
+		a.attn = 1 + ratio*ctxK
+	}
+	attn := a.attn
 	prefMs := own*tok*attn + cpu*tok*p.CPUHitCost + (stepsAll-stepsQ)*stepMs
 	st.queued, st.queueMs, st.prefMs = queued, queueMs, prefMs
-	st.est = queueMs + prefMs
 	st.work = own * tok * attn
-	st.decodeMs = k.outTokens * stepMs
-	st.score = st.est + k.workW*st.work + p.DecodeWeight*st.decodeMs
+	decodeMs := k.outTokens * stepMs // the request's decode time at this endpoint's step time
+	st.score = st.est() + k.workW*st.work + p.DecodeWeight*decodeMs
+}
+
+// estimateMemo keeps, for one candidate position, terms of estimate that
+// cost a division or two and depend on few of the candidate's inputs, as
+// computed for the inputs it had last: a caller such as the router passes
+// the same endpoints in the same order every time, and an endpoint's load
+// changes far less often than it is a candidate, so they are mostly the
+// same. Without it estimate made seven divisions per candidate, and was
+// 6.5% of BenchmarkDecisionKVAware64's profile; with it, 3%. The same
+// inputs, bit for bit, give the same terms, so the estimate is what it
+// would be without (TestEstimateMemo); the params, which the terms depend
+// on too, never change.
+type estimateMemo struct {
+	// stepMs and budget, for a Load's Running and DecodeTokens (clamped
+	// at 0).
+	running, decodeTokens int
+	stepMs, budget        float64
+	stepOK                bool
+	// sizeAttn, the queued prompts' attention factor for their mean size
+	// (its bits).
+	size     uint64
+	sizeAttn float64
+	sizeOK   bool
+	// ceilX and ceilB are the bits of ceilDiv's last arguments, ceilV its
+	// answer.
+	ceilX, ceilB uint64
+	ceilV        float64
+	ceilOK       bool
+}
+
+// ceilDiv returns math.Ceil(x / b), remembering the last answer.
+func (m *estimateMemo) ceilDiv(x, b float64) float64 {
+	bx, bb := math.Float64bits(x), math.Float64bits(b)
+	if !m.ceilOK || bx != m.ceilX || bb != m.ceilB {
+		m.ceilX, m.ceilB, m.ceilV, m.ceilOK = bx, bb, math.Ceil(x/b), true
+	}
+	return m.ceilV
+}
+
+// attnMemo is estimate's attention factor for a candidate credited credit
+// tokens of a prompt of prompt tokens, as computed for the last candidate:
+// most candidates of a Pick cache the same (nothing, or a shared system
+// prompt).
+type attnMemo struct {
+	credit, prompt int
+	attn           float64
+	ok             bool
 }
 
 // queuedTokens estimates the uncached prompt tokens queued ahead on an
@@ -1106,17 +1192,12 @@ func (k *KVAware) trimReplicas(cands []kvroute.Candidate, key uint64, d int, sha
 	}
 }
 
-// hotKey returns the request's hot prefix key (its block hash at the
-// deepest depth any healthy candidate caches; never 0) and that depth, or
-// 0, 0 when no candidate caches a prefix.
-func hotKey(req *kvroute.Request, cands []kvroute.Candidate) (uint64, int) {
-	d := 0
-	for i := range cands {
-		if cands[i].Healthy && cands[i].CachedBlocks > d {
-			d = cands[i].CachedBlocks
-		}
-	}
-	if d == 0 || d > len(req.BlockHashes) {
+// hotKey returns the request's hot prefix key (its block hash at deepest,
+// the deepest depth any healthy candidate caches; never 0) and that depth,
+// or 0, 0 when no candidate caches a prefix.
+func hotKey(req *kvroute.Request, deepest int) (uint64, int) {
+	d := deepest
+	if d <= 0 || d > len(req.BlockHashes) {
 		return 0, 0
 	}
 	key := req.BlockHashes[d-1]

@@ -9,7 +9,13 @@ import (
 
 // healthyAt reports whether e may be picked at now. Callers hold Router.mu.
 func (e *endpoint) healthyAt(now time.Time) bool {
-	return e.activeOK && !e.absent && !now.Before(e.ejectedUntil)
+	c := newNowCmp(now)
+	return e.healthy(&c)
+}
+
+// healthy is healthyAt at c.now.
+func (e *endpoint) healthy(c *nowCmp) bool {
+	return e.activeOK && !e.absent && !c.before(e.ejectedUntil)
 }
 
 // SetAbsent records whether the endpoint, a data-parallel rank, is absent
