@@ -740,14 +740,15 @@ func (dec *EventDecoder) event(ev *KVEvent) error {
 	if !hadExtra {
 		ev.ExtraKeys = nil
 	}
-	// A BlockStored without token ids is legal: vLLM's OffloadingConnector
-	// reports the blocks it copies to the CPU tier by hash alone
-	// (token_ids=[], parent None, medium "CPU"); the Sink keys them by the
-	// blocks' earlier GPU stores.
-	if ev.Kind == EventBlockStored && ev.BlockSize > 0 && len(ev.TokenIDs) > 0 &&
-		len(ev.TokenIDs) != ev.BlockSize*len(ev.BlockHashes) {
-		return fmt.Errorf("BlockStored: %d token ids for %d blocks of %d", len(ev.TokenIDs), len(ev.BlockHashes), ev.BlockSize)
-	}
+	// The token ids need not be block_size per block hash: a hybrid
+	// model's sliding-window or Mamba group leaves its null blocks out of
+	// block_hashes but not out of token_ids (vLLM's
+	// BlockPool.cache_full_blocks), and a BlockStored without token ids is
+	// legal too (the OffloadingConnector reports the blocks it copies to
+	// the CPU tier by hash alone). The decoder takes the event as sent;
+	// the Sink checks the events it is given (those of the group the
+	// Subscriber follows), and a bad one is a store error, not a batch
+	// that cannot be decoded (which would clear the endpoint's entries).
 	return nil
 }
 

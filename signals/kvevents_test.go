@@ -269,7 +269,6 @@ func TestDecodeErrors(t *testing.T) {
 		{"huge array", b(t, "92 cb 3ff8000000000000 dd ffffffff"), "elements in"},
 		{"bad token", b(t, "92 cb 3ff8000000000000 91 94", s("BlockStored"), "91 01 c0 91 a1 78"), "token id"},
 		{"negative token", b(t, "92 cb 3ff8000000000000 91 94", s("BlockStored"), "91 01 c0 91 ff"), "out of range"},
-		{"token count", b(t, "92 cb 3ff8000000000000 91 95", s("BlockStored"), "91 01 c0 91 01 02"), "token ids for"},
 		{"nil hash", b(t, "92 cb 3ff8000000000000 91 92", s("BlockRemoved"), "91 c0"), "nil block hash"},
 		{"trailing", b(t, "92 cb 3ff8000000000000 90 00"), "trailing"},
 		{"truncated", b(t, "92 cb 3ff8000000000000 91 92", s("BlockRemoved"), "92 01"), "elements in"},
