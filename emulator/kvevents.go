@@ -44,8 +44,10 @@ type KVEventsConfig struct {
 	// BufferSteps is how many batches the replay buffer keeps; default
 	// 10000.
 	BufferSteps int
-	// MaxQueue bounds batches waiting to be sent; beyond it batches are
-	// dropped (counted, logged). Default 100000.
+	// MaxQueue bounds batches waiting to be sent (vLLM's max_queue_size);
+	// beyond it batches are dropped, counted and logged, before they get a
+	// sequence number, so no subscriber sees them missing (vLLM's engine
+	// blocks instead). Default 100000.
 	MaxQueue int
 }
 
@@ -261,33 +263,56 @@ type publisher struct {
 	cfg KVEventsConfig
 	log *slog.Logger
 
-	ch chan []byte // encoded batches from the engine loop
-
-	mu      sync.Mutex // protects ring, next, dropped
-	ring    [][]byte   // ring[seq % len] = payload of batch seq
-	next    uint64     // seq of the next batch
+	// The encoded batches from the engine loop wait in queue (at most
+	// cfg.MaxQueue, grown as needed rather than allocated at that size);
+	// wake tells run there are some.
+	qmu     sync.Mutex
+	queue   [][]byte
+	spare   [][]byte // run's last batch of the queue, reused
 	dropped int64
+	wake    chan struct{}
+
+	mu   sync.Mutex // protects ring, next
+	ring [][]byte   // ring[seq % len] = payload of batch seq
+	next uint64     // seq of the next batch
 }
 
 func newPublisher(cfg KVEventsConfig, log *slog.Logger) *publisher {
-	return &publisher{cfg: cfg, log: log, ch: make(chan []byte, min(cfg.MaxQueue, 4096)),
-		ring: make([][]byte, max(cfg.BufferSteps, 1))}
+	return &publisher{cfg: cfg, log: log, wake: make(chan struct{}, 1), ring: make([][]byte, max(cfg.BufferSteps, 1))}
 }
 
 // publish queues one encoded batch (see EncodeEventBatch) without
 // blocking; payload must not be modified afterwards.
 func (p *publisher) publish(payload []byte) {
-	select {
-	case p.ch <- payload:
-	default:
-		p.mu.Lock()
+	p.qmu.Lock()
+	full := len(p.queue) >= p.cfg.MaxQueue
+	if full {
 		p.dropped++
-		n := p.dropped
-		p.mu.Unlock()
-		if n == 1 || n%1000 == 0 {
-			p.log.Warn("kv events: queue full, batch dropped", "dropped", n)
-		}
+	} else {
+		p.queue = append(p.queue, payload)
 	}
+	n := p.dropped
+	p.qmu.Unlock()
+	if full {
+		if n == 1 || n%1000 == 0 {
+			p.log.Warn("kv events: queue full, batch dropped", "dropped", n, "max_queue", p.cfg.MaxQueue)
+		}
+		return
+	}
+	select {
+	case p.wake <- struct{}{}:
+	default: // run has been told
+	}
+}
+
+// take returns the queued batches, in order, and empties the queue.
+func (p *publisher) take() [][]byte {
+	p.qmu.Lock()
+	defer p.qmu.Unlock()
+	q := p.queue
+	clear(p.spare)
+	p.queue, p.spare = p.spare[:0], q
+	return q
 }
 
 // open creates and binds (or connects) the sockets. Connecting never fails:
@@ -343,16 +368,18 @@ func (p *publisher) run(ctx context.Context, pub, router zmq4.Socket) {
 		select {
 		case <-ctx.Done():
 			done = true
-		case payload := <-p.ch:
-			p.mu.Lock()
-			seq := p.next
-			p.next++
-			p.ring[seq%uint64(len(p.ring))] = payload
-			p.mu.Unlock()
-			var seqb [8]byte
-			binary.BigEndian.PutUint64(seqb[:], seq)
-			if err := pub.Send(zmq4.NewMsgFrom(topic, seqb[:], payload)); err != nil && ctx.Err() == nil {
-				p.log.Debug("kv events: send", "err", err)
+		case <-p.wake:
+			for _, payload := range p.take() {
+				p.mu.Lock()
+				seq := p.next
+				p.next++
+				p.ring[seq%uint64(len(p.ring))] = payload
+				p.mu.Unlock()
+				var seqb [8]byte
+				binary.BigEndian.PutUint64(seqb[:], seq)
+				if err := pub.Send(zmq4.NewMsgFrom(topic, seqb[:], payload)); err != nil && ctx.Err() == nil {
+					p.log.Debug("kv events: send", "err", err)
+				}
 			}
 		}
 	}
