@@ -132,7 +132,10 @@ func validRequestID(id string) bool {
 // HeaderTenant; else the API key it authenticates with (Authorization:
 // Bearer), which a client cannot mint at will as it can "user" values,
 // named "key:" and a digest so that no log, decision or metric shows the
-// key; else the body's "user" field ("" for none: the default tenant).
+// key; else the body's "user" field ("" for none: the default tenant), one
+// that starts with "key:" prefixed with "user:" (a client without the key
+// would otherwise join the key's tenant by naming its digest, which
+// /debug/decisions shows).
 func tenantOf(r *http.Request, trusted bool, user string) string {
 	if trusted {
 		if t := r.Header.Get(HeaderTenant); t != "" {
@@ -142,6 +145,9 @@ func tenantOf(r *http.Request, trusted bool, user string) string {
 	if key := bearerToken(r.Header.Get("Authorization")); key != "" {
 		sum := sha256.Sum256([]byte(key))
 		return "key:" + hex.EncodeToString(sum[:8])
+	}
+	if strings.HasPrefix(user, "key:") {
+		return "user:" + user
 	}
 	return user
 }

@@ -78,8 +78,10 @@
 // trusted client's X-Kvroute-Tenant header; else the API key it
 // authenticates with (Authorization: Bearer), named "key:" and the first
 // 8 bytes of its SHA-256 in hex, so the key itself appears in no log,
-// decision or metric; else the body's "user" field. A client cannot mint
-// API keys as it can "user" values to take more turns.
+// decision or metric; else the body's "user" field (one that starts with
+// "key:" is named "user:" and the value, so that it cannot join an API
+// key's tenant). A client cannot mint API keys as it can "user" values to
+// take more turns.
 // P/D pools queue their first placements the same way
 // (disagg.HandoffConfig.Admit).
 //

@@ -50,16 +50,19 @@ func (b *upstreamBody) Read(p []byte) (int, error) {
 	}
 	var end *kvroute.Error
 	switch {
+	case b.sse && b.sawDone():
+		// The final event was sent: the exchange is complete, whatever
+		// ends the response now (the client hanging up, the engine or a
+		// hop between dropping the connection or going silent before
+		// closing it). Nothing may follow [DONE], and the endpoint is not
+		// to blame.
+		return n, io.EOF
 	case b.x.stall.Fired() && b.x.ctx.Err() == nil:
 		// The engine, stopped or wedged, sent nothing for upstream_header:
 		// the client is told rather than left waiting for it.
 		b.x.streamFailed(errStalled)
 		end = &kvroute.Error{Status: http.StatusGatewayTimeout, Type: kvroute.TypeUpstream,
 			Message: fmt.Sprintf("endpoint %s sent nothing for %s", b.x.flight.Endpoint.ID, b.x.stall.Limit)}
-	case b.x.ctx.Err() != nil && b.sse && b.sawDone():
-		// The client hung up after the final event, before the engine
-		// closed its response: the exchange is complete.
-		return n, io.EOF
 	case b.x.ctx.Err() != nil && b.x.shuttingDown():
 		// The drain deadline passed: the engine's request is cancelled,
 		// and the client is told, as when a stream breaks; the endpoint
