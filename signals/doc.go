@@ -121,9 +121,10 @@
 //	                     the last connection only went idle and seq == next
 //	new dialled connection after a failed one
 //	                     the same check at once, before any batch (a restarted engine
-//	                     publishes nothing until it serves a request): restarted,
-//	                     replay failed or no replay socket -> drop its entries and take
-//	                     the next batch as a new subscription's
+//	                     publishes nothing until it serves a request): the same engine
+//	                     -> apply the batches it published meanwhile (in the answer);
+//	                     restarted, replay failed or no replay socket -> drop its
+//	                     entries and take the next batch as a new subscription's
 //	new connection to a listening socket (tcp, ipc), after its ZMTP handshake
 //	                     the same check at once, before any of its batches; then a catch-up
 //	                     if nothing of the engine's is trusted

@@ -582,8 +582,9 @@ func (s *Subscriber) replayLast(ctx context.Context) (got []replayed, same, ok b
 // and it publishes nothing until it serves a request, so waiting for its
 // first batch would leave its old entries in the index, drawing requests
 // to a cache that is gone. With a replay socket the last batch applied
-// (next-1) is asked for: the same bytes mean the same engine (its first
-// batch is then checked as after any gap); another batch or none means a
+// (next-1) is asked for: the same bytes mean the same engine (the batches
+// after it in the answer, published while the connection was down, are
+// applied at once: applyMissed); another batch or none means a
 // restarted engine, whose entries are dropped and whose first batch is
 // then taken as a new subscription's (catching up its history). Without
 // replay, or when the replay gets no answer (a restarting engine may not
@@ -598,19 +599,43 @@ func (s *Subscriber) verify(ctx context.Context) {
 		s.started = false
 		return
 	}
-	_, same, ok := s.replayLast(ctx)
+	got, same, ok := s.replayLast(ctx)
 	if !ok {
 		s.started = false
 		return
 	}
 	if same {
-		return // the same engine
+		s.applyMissed(got[1:])
+		return
 	}
 	s.update(func(st *SubscriberStatus) { st.Restarts++ })
 	s.cfg.Logger.Info("kv events: engine restarted, dropping its entries", "endpoint", s.cfg.Endpoint,
 		"why", "new connection, the engine's history differs", "want", s.next-1)
 	s.cfg.Sink.Clear(s.cfg.Endpoint)
 	s.started = false
+}
+
+// applyMissed applies the batches a verified engine published while its
+// connection was down (the replay after next-1): an engine that went idle
+// meanwhile publishes nothing that would bring them, and the index would
+// go on claiming the blocks it evicted. Their copies the new subscription
+// may deliver are skipped (dups). A hole in them (the engine's buffer
+// cannot have one) drops the endpoint's entries.
+func (s *Subscriber) applyMissed(got []replayed) {
+	if len(got) == 0 {
+		return
+	}
+	s.dups = make(map[uint64]uint64, len(got))
+	for _, r := range got {
+		if r.seq != s.next {
+			s.cfg.Logger.Warn("kv events: replay incomplete", "endpoint", s.cfg.Endpoint, "want", s.next, "got", r.seq)
+			s.resync("new connection, replay incomplete")
+			return
+		}
+		s.apply(r.seq, r.payload)
+		s.dups[r.seq] = s.lastHash
+	}
+	s.update(func(st *SubscriberStatus) { st.Replays++ })
 }
 
 // engineConnected handles an engine's new connection to the listening
