@@ -2,13 +2,16 @@ package kvroute
 
 import (
 	"bytes"
+	"slices"
 	"strconv"
 )
 
 // The canonical chat prompt is the text the router hashes for a chat
 // request (Request.Prompt). Each message is written as
 //
-//	<len(role)>:<role>,<content with every NUL byte written as NUL 0x01>NUL NUL
+//	<len(role)>:<role>,<content with every NUL byte written as NUL 0x01>[NUL 0x02 <tool calls JSON>]NUL NUL
+//
+// after the request's tools, when it has some: NUL 0x03 <tools JSON> NUL NUL.
 //
 // The form is injective (no two conversations share a canonical text, since
 // the role is length-framed and the content's terminator cannot occur inside
@@ -53,6 +56,35 @@ func AppendChatContent(dst, content []byte) []byte {
 
 // ChatTerminator ends a canonical message's content.
 const ChatTerminator = "\x00\x00"
+
+// A message's tool calls follow its content after NUL 0x02, and a
+// request's tools come before its first message after NUL 0x03, each as
+// its JSON (which has no NUL byte) and the latter ended by the
+// terminator: escaped content has a NUL only before 0x01, and a message
+// starts with a digit, so the form stays injective.
+const (
+	chatToolCalls = 0x02
+	chatTools     = 0x03
+)
+
+// AppendChatToolCalls appends a message's tool calls (their JSON) after
+// its content; the caller then terminates the message.
+func AppendChatToolCalls(dst, toolCalls []byte) []byte {
+	dst = append(dst, chatNUL, chatToolCalls)
+	return append(dst, toolCalls...)
+}
+
+// PrependChatTools puts a request's tools (their JSON) before the
+// canonical messages in dst, in place when dst has the room.
+func PrependChatTools(dst, tools []byte) []byte {
+	n := 2 + len(tools) + len(ChatTerminator)
+	dst = slices.Grow(dst, n)[:len(dst)+n]
+	copy(dst[n:], dst[:len(dst)-n])
+	dst[0], dst[1] = chatNUL, chatTools
+	copy(dst[2:], tools)
+	copy(dst[2+len(tools):], ChatTerminator)
+	return dst
+}
 
 // ForEachChatMessage calls fn for each message of a canonical chat prompt,
 // in order, until fn returns false. It reports whether prompt is entirely in

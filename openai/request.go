@@ -78,10 +78,13 @@ const maxDepth = 10000
 // The canonical prompt is, for completions, the prompt string itself; for a
 // batch of strings each one framed as a netstring ("<len>:<text>,"); for
 // token ids the decimal ids each followed by a space. For chat it is the
-// messages in kvroute's canonical chat form (kvroute.AppendChatMessage): no
-// two different conversations share a canonical text, a conversation's text
-// is a prefix of its continuation's, and two conversations whose messages
-// share a long prefix share it in their canonical texts. Content given as parts
+// messages in kvroute's canonical chat form (kvroute.AppendChatMessage),
+// with an assistant message's "tool_calls" after its content and the
+// request's "tools" before the first message, each as its raw JSON (chat
+// templates render them into the prompt): no two different conversations
+// share a canonical text, a conversation's text is a prefix of its
+// continuation's, and two conversations whose messages share a long
+// prefix share it in their canonical texts. Content given as parts
 // joins the text parts with "\n" (as vLLM renders them) and keeps other
 // parts (images, audio) as their raw JSON.
 //
@@ -123,6 +126,7 @@ type parser struct {
 	role         []byte // scratch for a message's role
 	hdr          []byte // scratch for a message's frame
 	seen         struct{ model, prompt, messages bool }
+	tools        []byte // the raw JSON of a chat request's "tools" (nil: none)
 	maxTok       struct {
 		tokens, completion    int
 		hasTokens, hasComplet bool
@@ -185,6 +189,9 @@ func (p *parser) parse() (RequestInfo, error) {
 		if !p.seen.messages {
 			return RequestInfo{}, invalid("messages", "missing_messages", "the \"messages\" field is required")
 		}
+	}
+	if p.kind == KindChat && p.tools != nil {
+		p.prompt = kvroute.PrependChatTools(p.prompt, p.tools)
 	}
 	if len(p.prompt) > 0 {
 		// p.prompt is never written again: share it rather than copy it.
@@ -281,6 +288,15 @@ func (p *parser) known(key []byte) error {
 			return s.skip(0)
 		}
 		return p.messages()
+	case "tools":
+		if p.kind != KindChat {
+			return s.skip(0)
+		}
+		start := s.i
+		if err := s.skip(0); err != nil {
+			return err
+		}
+		p.tools = listValue(s.b[start:s.i])
 	default:
 		return s.skip(0)
 	}
@@ -499,6 +515,7 @@ func (p *parser) message(idx int) error {
 	start := len(p.prompt)
 	role := p.role[:0]
 	hasRole := false
+	var toolCalls []byte // the raw JSON of the message's "tool_calls"
 	defer func() { p.role = role }()
 	s.ws()
 	if s.peek() == '}' {
@@ -528,6 +545,12 @@ func (p *parser) message(idx int) error {
 				if p.prompt, err = p.msgContent(idx, p.prompt[:start]); err != nil {
 					return err
 				}
+			case "tool_calls":
+				from := s.i
+				if err := s.skip(0); err != nil {
+					return err
+				}
+				toolCalls = listValue(s.b[from:s.i])
 			default:
 				if err := s.skip(0); err != nil {
 					return err
@@ -558,8 +581,20 @@ func (p *parser) message(idx int) error {
 		esc := kvroute.AppendChatContent(nil, content)
 		p.prompt = append(p.prompt[:start+len(hdr)], esc...)
 	}
+	if toolCalls != nil {
+		p.prompt = kvroute.AppendChatToolCalls(p.prompt, toolCalls)
+	}
 	p.prompt = append(p.prompt, kvroute.ChatTerminator...)
 	return nil
+}
+
+// listValue returns raw, a JSON value, unless it is null or an empty
+// array (no tools, no tool calls: rendered as none), then nil.
+func listValue(raw []byte) []byte {
+	if string(raw) == "null" || raw[0] == '[' && len(bytes.TrimSpace(raw[1:len(raw)-1])) == 0 {
+		return nil
+	}
+	return raw
 }
 
 // msgParam names a message field in errors (built only when needed).

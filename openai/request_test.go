@@ -54,10 +54,15 @@ func TestParseRequest(t *testing.T) {
 			RequestInfo{Model: "m", Prompt: "1 22 333 ", TokenIDs: []uint32{1, 22, 333}}},
 		{"batch of token ids", KindCompletion, `{"model":"m","prompt":[[1,2],[3]]}`,
 			RequestInfo{Model: "m", Prompt: "1 2 3 ", TokenIDs: []uint32{1, 2, 3}}},
-		{"chat skips unknown fields", KindChat,
+		{"chat skips unknown fields, keeps tools", KindChat,
 			`{"model":"m","temperature":0.5,"tools":[{"type":"function","function":{"name":"f","parameters":{"a":[1,{"b":null}]}}}],` +
 				`"messages":[{"role":"system","content":"be brief","name":"x"},{"role":"user","content":null,"tool_calls":[]}],"prompt":{"ignored":true}}`,
-			RequestInfo{Model: "m", Prompt: chat("system", "be brief", "user", ""), Messages: 2}},
+			RequestInfo{Model: "m", Prompt: "\x00\x03" + `[{"type":"function","function":{"name":"f","parameters":{"a":[1,{"b":null}]}}}]` + "\x00\x00" +
+				chat("system", "be brief", "user", ""), Messages: 2}},
+		{"chat with tool calls", KindChat,
+			`{"model":"m","tools":null,"messages":[{"role":"user","content":"hi"},{"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}],"role":"assistant","content":"a\u0000b"}]}`,
+			RequestInfo{Model: "m", Prompt: chat("user", "hi") + "9:assistant,a\x00\x01b\x00\x02" +
+				`[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]` + "\x00\x00", Messages: 2}},
 		{"content parts", KindChat,
 			`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"data:x"}},{"text":"b","type":"text"}]}]}`,
 			RequestInfo{Model: "m", Prompt: chat("user", "a\n"+`{"type":"image_url","image_url":{"url":"data:x"}}`+"\nb"), Messages: 1}},
@@ -266,6 +271,13 @@ func reference(kind Kind, body []byte) (RequestInfo, bool) {
 		if json.Unmarshal(raw, &msgs) != nil || len(msgs) == 0 {
 			return RequestInfo{}, false
 		}
+		// Tools and tool calls count as their raw JSON, unless null or [].
+		list := func(r json.RawMessage) []byte {
+			if string(r) == "null" || r[0] == '[' && len(bytes.TrimSpace(r[1:len(r)-1])) == 0 {
+				return nil
+			}
+			return r
+		}
 		for _, m := range msgs {
 			if m == nil {
 				return RequestInfo{}, false
@@ -304,8 +316,18 @@ func reference(kind Kind, body []byte) (RequestInfo, bool) {
 					return RequestInfo{}, false
 				}
 			}
-			prompt = kvroute.AppendChatMessage(prompt, []byte(role), content)
+			if tc, has := m["tool_calls"]; has && list(tc) != nil {
+				prompt = kvroute.AppendChatRole(prompt, []byte(role))
+				prompt = kvroute.AppendChatContent(prompt, content)
+				prompt = kvroute.AppendChatToolCalls(prompt, tc)
+				prompt = append(prompt, kvroute.ChatTerminator...)
+			} else {
+				prompt = kvroute.AppendChatMessage(prompt, []byte(role), content)
+			}
 			ri.Messages++
+		}
+		if tools, has := top["tools"]; has && list(tools) != nil {
+			prompt = kvroute.PrependChatTools(prompt, tools)
 		}
 	}
 	ri.Prompt = string(prompt)
@@ -320,6 +342,8 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"m","prompt":[[1],[2,3]]}`,
 		`{"model":"m","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":3}`,
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"}]}]}`,
+		`{"model":"m","tools":[{"type":"function"}],"messages":[{"role":"assistant","content":null,"tool_calls":[{"id":"c"}]},{"role":"tool","content":"1"}],"tools":[ ]}`,
+		`{"model":"m","tools":[[]],"messages":[{"tool_calls":null,"role":"user","content":"x","tool_calls":[1]}]}`,
 		`{"model":"m\ud800","prompt":"\u00e9\"","x":[{"y":-1.5e3},true,false,null]}`,
 		`{"model":"m","model":null}`,
 		`[]`, `{`, `{"model":`,
@@ -497,5 +521,35 @@ func TestIndexControl(t *testing.T) {
 				t.Fatalf("indexControl(%q) = %d, want %d", b, got, at)
 			}
 		}
+	}
+}
+
+// TestToolsInCanonicalPrompt: conversations that differ only in the tools
+// offered (chat templates render them at the start of the prompt) or in an
+// assistant's tool calls have different canonical texts (they were one),
+// and a conversation's text is still a prefix of its continuation's.
+func TestToolsInCanonicalPrompt(t *testing.T) {
+	a := `{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"x\":1}"}}]}]}`
+	b := `{"model":"m","tools":[{"type":"function","function":{"name":"g"}}],"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"c9","type":"function","function":{"name":"g","arguments":"{\"y\":2}"}}]}]}`
+	c := `{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"c9","type":"function","function":{"name":"g","arguments":"{\"y\":2}"}}]}]}`
+	next := `{"model":"m","tools":[{"type":"function","function":{"name":"f"}}],"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"x\":1}"}}]},{"role":"tool","content":"42"}]}`
+	parse := func(body string) string {
+		t.Helper()
+		ri, err := ParseRequest(KindChat, []byte(body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return ri.Prompt
+	}
+	pa, pb, pc, pn := parse(a), parse(b), parse(c), parse(next)
+	if pa == pb || pa == pc || pb == pc {
+		t.Errorf("different tools or tool calls share a canonical text: %q %q %q", pa, pb, pc)
+	}
+	if !strings.HasPrefix(pn, pa) {
+		t.Errorf("the continuation's text %q does not start with the conversation's %q", pn, pa)
+	}
+	noTools := parse(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+	if empty := parse(`{"model":"m","tools":[ ],"messages":[{"role":"user","content":"hi"}]}`); empty != noTools {
+		t.Errorf("tools [] gives %q, want the text without tools %q", empty, noTools)
 	}
 }
