@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"slices"
 	"strconv"
+	"strings"
 )
 
 // The canonical chat prompt is the text the router hashes for a chat
@@ -89,12 +90,34 @@ func PrependChatTools(dst, tools []byte) []byte {
 // ForEachChatMessage calls fn for each message of a canonical chat prompt,
 // in order, until fn returns false. It reports whether prompt is entirely in
 // canonical chat form; fn may have been called for a valid prefix when it
-// is not. Content is unescaped (allocating only when it held NUL bytes).
+// is not. Content is unescaped (allocating only when it held NUL bytes);
+// the request's tools and a message's tool calls are skipped.
 func ForEachChatMessage(prompt string, fn func(role, content string) bool) bool {
+	return forEachChat(prompt, nil, func(role, content, _ string) bool { return fn(role, content) })
+}
+
+// forEachChat is ForEachChatMessage with each message's tool calls (their
+// JSON, "" for none) and, when tools is not nil, the request's tools.
+func forEachChat(prompt string, tools *string, fn func(role, content, toolCalls string) bool) bool {
 	if prompt == "" {
 		return false
 	}
-	for i := 0; i < len(prompt); {
+	i := 0
+	if prompt[0] == chatNUL {
+		// The tools: NUL 0x03 <JSON, no NUL> NUL NUL.
+		end := strings.IndexByte(prompt[min(2, len(prompt)):], chatNUL) + 2
+		if len(prompt) < 2 || prompt[1] != chatTools || end <= 2 || end+1 >= len(prompt) || prompt[end+1] != chatNUL {
+			return false
+		}
+		if tools != nil {
+			*tools = prompt[2:end]
+		}
+		i = end + 2
+		if i == len(prompt) {
+			return false // no message
+		}
+	}
+	for i < len(prompt) {
 		// Role: <len>:<role>,
 		j := i
 		n := 0
@@ -102,11 +125,12 @@ func ForEachChatMessage(prompt string, fn func(role, content string) bool) bool 
 			n = n*10 + int(prompt[j]-'0')
 			j++
 		}
-		if j == i || j >= len(prompt) || prompt[j] != ':' || j+1+n >= len(prompt) || prompt[j+1+n] != ',' {
+		if j == i || j >= len(prompt) || prompt[j] != ':' || j+1+n >= len(prompt) || prompt[j+1+n] != ',' ||
+			prompt[i] == '0' && j-i > 1 { // a length has no leading zeros
 			return false
 		}
 		role := prompt[j+1 : j+1+n]
-		// Content up to an unescaped NUL NUL.
+		// Content up to an unescaped NUL NUL (or NUL 0x02 and tool calls).
 		k := j + 2 + n
 		start, escaped := k, false
 		for {
@@ -117,7 +141,7 @@ func ForEachChatMessage(prompt string, fn func(role, content string) bool) bool 
 				k++
 				continue
 			}
-			if prompt[k+1] == chatNUL {
+			if prompt[k+1] == chatNUL || prompt[k+1] == chatToolCalls {
 				break
 			}
 			if prompt[k+1] != chatEscaped {
@@ -130,10 +154,20 @@ func ForEachChatMessage(prompt string, fn func(role, content string) bool) bool 
 		if escaped {
 			content = unescapeChat(content)
 		}
-		if !fn(role, content) {
+		next, calls := k+2, ""
+		if prompt[k+1] == chatToolCalls {
+			// The tool calls' JSON (no NUL) up to the terminator.
+			end := strings.IndexByte(prompt[next:], chatNUL)
+			if end <= 0 || next+end+1 >= len(prompt) || prompt[next+end+1] != chatNUL {
+				return false
+			}
+			calls = prompt[next : next+end]
+			next += end + 2
+		}
+		if !fn(role, content, calls) {
 			return true
 		}
-		i = k + 2
+		i = next
 	}
 	return true
 }

@@ -242,6 +242,7 @@ func TestKubeAIKey(t *testing.T) {
 		{"plain completion prompt", "plain completion prompt"},
 		{"5:first,6:second,", "first"}, // a batch of completion prompts
 		{"3:abc", "3:abc"},             // not a netstring sequence
+		{string(kvroute.PrependChatTools([]byte(chat("user", "with tools")), []byte(`[{"type":"function"}]`))), "with tools"},
 	}
 	for _, tt := range tests {
 		if got := KubeAIKey(tt.prompt, 100); got != tt.want {
