@@ -26,7 +26,8 @@ type Config struct {
 	Timeouts Timeouts `yaml:"timeouts"`
 	// Limits bound what a client may send.
 	Limits Limits `yaml:"limits"`
-	// Retry controls retries before the first response byte.
+	// Retry controls retries before the first response byte reaches the
+	// client.
 	Retry Retry `yaml:"retry"`
 	// HealthCheck controls active health checks of every endpoint.
 	HealthCheck HealthCheck `yaml:"health_check"`
@@ -292,9 +293,9 @@ type Timeouts struct {
 	// non-streaming requests that is the whole generation), and then each
 	// silence of the response while the router waits for its next bytes (a
 	// stream from an engine that hangs mid-answer ends with a 504 error
-	// event, a JSON body is aborted; time spent waiting for a slow client
-	// does not count), on aggregated and P/D pools alike; default 0, no
-	// limit.
+	// event, a JSON body is aborted, a 5xx body still being read is retried
+	// without it or answered 504; time spent waiting for a slow client does
+	// not count), on aggregated and P/D pools alike; default 0, no limit.
 	UpstreamHeader time.Duration `yaml:"upstream_header"`
 	// Shutdown is how long in-flight requests may drain on SIGTERM/SIGINT
 	// before the router closes them; default 30s.
@@ -311,8 +312,12 @@ type Limits struct {
 	MaxHeaderBytes int `yaml:"max_header_bytes"`
 }
 
-// Retry controls retries of requests that failed before the first response
-// byte (connect error or 5xx) on another endpoint.
+// Retry controls retries, on another endpoint, of requests that failed
+// before the first response byte reached the client: a connect error, a
+// connection that failed after the request was sent and before the
+// response headers (the engine may have run part of the work: an engine
+// that crashed mid-generation), or a 5xx response. A response whose
+// headers took longer than timeouts.upstream_header is not retried.
 type Retry struct {
 	// Attempts is the total number of endpoints tried per request, the first
 	// included; default 2. 1 disables retries.

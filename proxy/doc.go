@@ -6,14 +6,24 @@
 // what routing needs, routed by its model to that model's router.Router,
 // and forwarded byte for byte by an httputil.ReverseProxy to the chosen
 // engine. Server-sent events are flushed chunk by chunk; a client that goes
-// away cancels the upstream request. A connect error or a 5xx before the
-// first response byte is retried on another endpoint (retry.attempts); a
-// failure after it ends an event stream with vLLM's error event and
-// "data: [DONE]". With timeouts.upstream_header set, it bounds both the wait
-// for an engine's response headers (504, not retried) and any silence of
-// the response after them: a stream from an engine that hangs mid-response
-// (SIGSTOP, a wedged GPU) ends with a 504 error event rather than holding
-// its client. Every HTTP-facing error goes through openai.WriteError.
+// away cancels the upstream request. A failure before the first response
+// byte reaches the client is retried on another endpoint (retry.attempts),
+// counted in kvroute_retries_total by reason: connect_error (the dial
+// failed: the engine never saw the request, and a data-parallel server's
+// other ranks are skipped too), upstream_reset (the connection failed after
+// the request was sent and before the response headers: the engine may
+// have run part of the work, typically a vLLM server that crashed
+// mid-generation of a non-streamed answer; its other ranks stay eligible)
+// or status_5xx (a 5xx response; its body, up to 64 KiB, is kept to replay
+// if no endpoint is left). A failure after the first byte ends an event
+// stream with vLLM's error event and "data: [DONE]". With
+// timeouts.upstream_header set, it bounds both the wait for an engine's
+// response headers (504, not retried) and each silence of the response
+// after them: a stream from an engine that hangs mid-response (SIGSTOP, a
+// wedged GPU) ends with a 504 error event rather than holding its client,
+// and a 5xx whose body goes silent is retried without its body, or, with
+// no retry left, answered 504. Every HTTP-facing error goes through
+// openai.WriteError.
 //
 // One file per concern: proxy.go (Options, New, routes), handler.go (the
 // inference request path), queue.go (the queue escape hatch: a pool's line

@@ -320,7 +320,8 @@ func writeRoutingError(w http.ResponseWriter, err error) int {
 }
 
 // writeLastFailure answers a request whose retry found no endpoint: with
-// the failed attempt's own 5xx response when there was one, else 502.
+// the failed attempt's own 5xx response when there was one, else 502
+// (504 when the failure was a silence).
 func (x *exchange) writeLastFailure(w http.ResponseWriter) {
 	if x.saved != nil {
 		x.status = x.saved.status

@@ -76,7 +76,7 @@ func newMetrics(p *Proxy) *metrics {
 		}, []string{"model"}),
 		retries: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_retries_total",
-			Help: "Attempts retried on another endpoint, by the endpoint that failed and why (connect_error, status_5xx).",
+			Help: "Attempts retried on another endpoint, by the endpoint that failed and why (connect_error, upstream_reset, status_5xx, endpoint_removed).",
 		}, []string{"model", "endpoint", "reason"}),
 		queued: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_queued_requests_total",

@@ -9,12 +9,14 @@ import (
 // may serve; upstreamError recognises it and leaves the response unwritten.
 var errRetry = errors.New("proxy: retryable upstream status")
 
-// retryReason says why an attempt is retried.
+// retryReason says why an attempt is retried: the reason label of
+// kvroute_retries_total.
 type retryReason uint8
 
 const (
 	retryNone    retryReason = iota
-	retryConnect             // transport error before any response byte
+	retryConnect             // dial error (isDialError): the engine never saw the request
+	retryReset               // other transport error before the response headers: the engine may have run part of the work
 	retryStatus              // 5xx response headers, before any body byte reached the client
 	retryGone                // the endpoint left the pool (a reload) before the attempt was sent
 )
@@ -23,6 +25,8 @@ func (r retryReason) String() string {
 	switch r {
 	case retryConnect:
 		return "connect_error"
+	case retryReset:
+		return "upstream_reset"
 	case retryStatus:
 		return "status_5xx"
 	case retryGone:

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/silence"
 	"github.com/kvroute/kvroute/openai"
 )
 
@@ -117,7 +118,12 @@ func (p *Proxy) newEndpointProxy(pl *pool, ep *kvroute.Endpoint) (*endpointProxy
 }
 
 // modifyResponse runs when an endpoint's response headers arrive, before
-// anything is sent to the client: the last moment a 5xx can be retried.
+// anything is sent to the client: the last moment a 5xx can be retried. A
+// 5xx's body is read here (up to maxSavedBody), under the attempt's
+// silence bound like any other wait for the engine's bytes: kept to replay
+// if its retry finds no endpoint, or passed on when no retry is left. A
+// body that goes silent or breaks fails the attempt without it
+// (failedBodyError): retried, or answered by upstreamError.
 func (p *Proxy) modifyResponse(resp *http.Response) error {
 	x := exchangeFrom(resp.Request.Context())
 	if x == nil {
@@ -125,13 +131,28 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	}
 	now := p.now()
 	x.status = resp.StatusCode
+	x.stall.Arm()
 	if countsAsFailure(resp.StatusCode) {
 		x.reportHealth(now, false)
-		if x.canRetry() {
-			x.saveFailedResponse(resp)
+		body, err := io.ReadAll(io.LimitReader(watchedReader{resp.Body, x.stall}, maxSavedBody))
+		switch {
+		case err != nil && x.ctx.Err() != nil:
+			return err // the client went away, or the drain deadline passed: upstreamError says which
+		case err != nil:
+			err = &failedBodyError{endpoint: x.flight.Endpoint.ID, status: resp.StatusCode, silence: x.stall, err: err}
+			x.upstreamErr = err
+			if x.canRetry() {
+				x.retry = retryStatus
+				return errRetry
+			}
+			return err
+		case x.canRetry():
+			x.saveFailedResponse(resp, body)
 			x.retry = retryStatus
 			return errRetry
 		}
+		// The last attempt: the body read so far, then the rest.
+		resp.Body = prefixedBody{Reader: io.MultiReader(bytes.NewReader(body), resp.Body), Closer: resp.Body}
 	} else {
 		x.reportHealth(now, true)
 	}
@@ -141,12 +162,54 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		h.Set(HeaderEndpoint, x.flight.Endpoint.ID)
 	}
 	resp.Body = &upstreamBody{rc: resp.Body, x: x, sse: isEventStream(resp.Header)}
-	x.stall.Arm()
 	return nil
 }
 
+// watchedReader marks each read of a response body as a wait on the
+// engine, for the attempt's silence bound (nil: none).
+type watchedReader struct {
+	r io.Reader
+	w *silence.Watch
+}
+
+func (r watchedReader) Read(p []byte) (int, error) {
+	r.w.Waiting(true)
+	n, err := r.r.Read(p)
+	r.w.Waiting(false)
+	return n, err
+}
+
+// prefixedBody is a response body whose first bytes were read ahead.
+type prefixedBody struct {
+	io.Reader
+	io.Closer
+}
+
+// failedBodyError is the failure of an attempt whose 5xx response body,
+// read before anything reached the client, went silent for
+// timeouts.upstream_header or broke. modifyResponse has reported the
+// endpoint's health; the client gets 504 (silent) or 502.
+type failedBodyError struct {
+	endpoint string
+	status   int
+	silence  *silence.Watch // the attempt's bound: Fired if it cut the read
+	err      error
+}
+
+func (e *failedBodyError) Error() string {
+	if e.silent() {
+		return fmt.Sprintf("endpoint %s answered %d, then its body sent nothing for %s", e.endpoint, e.status, e.silence.Limit)
+	}
+	return fmt.Sprintf("endpoint %s answered %d, then its body broke: %v", e.endpoint, e.status, e.err)
+}
+
+func (e *failedBodyError) Unwrap() error { return e.err }
+
+func (e *failedBodyError) silent() bool { return e.silence.Fired() }
+
 // upstreamError handles every failure of an attempt: a transport error
-// (connect error, reset, timeout) or errRetry from modifyResponse.
+// (connect error, reset, timeout), errRetry from modifyResponse, or a
+// failedBodyError from it on the last attempt.
 func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	x := exchangeFrom(r.Context())
 	if x == nil {
@@ -155,6 +218,13 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 	}
 	if errors.Is(err, errRetry) {
 		return // modifyResponse recorded it; the attempt loop retries
+	}
+	var fe *failedBodyError
+	if errors.As(err, &fe) { // before the context's check: a silence cut cancels the attempt's
+		x.status = upstreamStatus(err)
+		openai.WriteError(w, &kvroute.Error{Status: x.status, Type: kvroute.TypeUpstream, Code: "upstream_error",
+			Message: fmt.Sprintf("model %q: %v", x.req.Model, err)})
+		return
 	}
 	if r.Context().Err() != nil {
 		if x.shuttingDown() { // not the endpoint's fault either
@@ -168,12 +238,28 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 	x.reportHealth(p.now(), false)
 	x.upstreamErr = err
 	if x.canRetry() && !tookTooLong(err) {
-		x.retry = retryConnect
+		// An LLM request has no effect beyond its cost: one the engine took
+		// and lost (it died mid-generation, before its headers) is retried
+		// too, under its own reason.
+		x.retry = retryReset
+		if isDialError(err) {
+			x.retry = retryConnect
+		}
 		return
 	}
 	x.status = upstreamStatus(err)
 	openai.WriteError(w, &kvroute.Error{Status: x.status, Type: kvroute.TypeUpstream, Code: "upstream_error",
 		Message: fmt.Sprintf("endpoint %s of model %q failed: %v", x.flight.Endpoint.ID, x.req.Model, err)})
+}
+
+// isDialError reports whether an attempt failed connecting (DNS, refused,
+// unreachable, the dial's timeout): the engine never saw the request, and
+// a data-parallel server's other ranks, behind the same address, would
+// not take it either. Other transport errors before the response headers
+// come from a connection the request was (or was being) sent on.
+func isDialError(err error) bool {
+	var oe *net.OpError
+	return errors.As(err, &oe) && oe.Op == "dial"
 }
 
 // tookTooLong reports whether an attempt failed because the engine, having
@@ -182,14 +268,20 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 // timeout while connecting is a connect error, and is.
 func tookTooLong(err error) bool {
 	var ne net.Error
-	var oe *net.OpError
-	return errors.As(err, &ne) && ne.Timeout() && !(errors.As(err, &oe) && oe.Op == "dial")
+	return errors.As(err, &ne) && ne.Timeout() && !isDialError(err)
 }
 
 // upstreamStatus maps a transport error to the client's status: 504 for a
-// timeout, 502 otherwise.
+// timeout or a failed response's body gone silent, 502 otherwise.
 func upstreamStatus(err error) int {
 	var ne net.Error
+	var fe *failedBodyError
+	if errors.As(err, &fe) {
+		if fe.silent() {
+			return http.StatusGatewayTimeout
+		}
+		return http.StatusBadGateway
+	}
 	if errors.As(err, &ne) && ne.Timeout() {
 		return http.StatusGatewayTimeout
 	}
@@ -202,7 +294,8 @@ func isEventStream(h http.Header) bool {
 }
 
 // maxSavedBody bounds the body of a failed response kept to replay when no
-// other endpoint can take the retry.
+// other endpoint can take the retry, and the part of it read ahead on the
+// last attempt.
 const maxSavedBody = 64 << 10
 
 // savedResponse is a 5xx response kept while a retry is attempted.
@@ -212,8 +305,9 @@ type savedResponse struct {
 	body   []byte
 }
 
-func (x *exchange) saveFailedResponse(resp *http.Response) {
-	body, _ := io.ReadAll(io.LimitReader(resp.Body, maxSavedBody))
+// saveFailedResponse keeps resp, with the first bytes of its body read by
+// modifyResponse, to replay if no other endpoint can take the retry.
+func (x *exchange) saveFailedResponse(resp *http.Response, body []byte) {
 	h := resp.Header.Clone()
 	if x.p.cfg.Debug.Enabled {
 		h.Set(HeaderEndpoint, x.flight.Endpoint.ID)
