@@ -16,6 +16,7 @@ import (
 	"strconv"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute"
@@ -80,7 +81,9 @@ type HandoffConfig struct {
 	// timeouts.upstream_header, which bounds its headers): an engine that
 	// hangs mid-answer ends the stream with a 504 error event (a JSON body
 	// is aborted) and is reported failed. Time spent writing to a slow
-	// client does not count. Default 0: no bound.
+	// client does not count. It bounds the same way the replies the router
+	// reads whole (a prefill's, an error to replay): one cut is a failed
+	// leg. Default 0: no bound.
 	Silence time.Duration
 	// EndpointHeader, when set, is a response header naming the endpoint
 	// that answered the client (the decode engine, or the one that ran the
@@ -549,7 +552,7 @@ func (x *exchange) prefillNixl(pf *router.Flight, pbody []byte) (json.RawMessage
 		x.legFailed(pf, lerr)
 		return nil, lerr
 	}
-	b, err := io.ReadAll(io.LimitReader(resp.Body, h.cfg.MaxReplyBytes))
+	b, err := h.readReply(resp.Body)
 	resp.Body.Close()
 	if err != nil {
 		lerr = &LegError{Leg: "prefill", Endpoint: pf.Endpoint.ID, Reason: "transport", Err: err}
@@ -620,7 +623,7 @@ func (x *exchange) runSGLang(pf *router.Flight, plan *Plan) bool {
 		defer wg.Done()
 		resp, lerr := x.post(ctx, plan.Prefill, body, "prefill")
 		if lerr == nil {
-			_, err := io.Copy(io.Discard, io.LimitReader(resp.Body, h.cfg.MaxReplyBytes))
+			_, err := h.readReply(resp.Body)
 			resp.Body.Close()
 			if err != nil {
 				lerr = &LegError{Leg: "prefill", Endpoint: plan.Prefill.ID, Reason: "transport", Err: err}
@@ -800,11 +803,47 @@ func (x *exchange) post(ctx context.Context, e *kvroute.Endpoint, body []byte, l
 		return nil, &LegError{Leg: leg, Endpoint: e.ID, Reason: reason, Connect: connect, Timeout: timeout, Err: err}
 	}
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, h.cfg.MaxReplyBytes))
+		b, err := h.readReply(resp.Body)
 		resp.Body.Close()
+		if err != nil { // the engine's answer is not whole: not one to replay
+			return nil, &LegError{Leg: leg, Endpoint: e.ID, Reason: "transport", Err: fmt.Errorf("%d answer: %w", resp.StatusCode, err)}
+		}
 		return nil, &LegError{Leg: leg, Endpoint: e.ID, Reason: "status", Status: resp.StatusCode, Body: b, header: resp.Header}
 	}
 	return resp, nil
+}
+
+// readReply reads a leg's whole reply body (at most MaxReplyBytes), which
+// the router needs before it answers anything (an error to replay, a
+// prefill's kv_transfer_params): each wait for its next bytes is bounded
+// by Silence, as the waits of an answer passed on are, so an engine that
+// sent its headers and hung cannot hold the request. A silence closes the
+// body and is reported as errSilent.
+func (h *Handoff) readReply(body io.ReadCloser) ([]byte, error) {
+	r := io.LimitReader(body, h.cfg.MaxReplyBytes)
+	if h.cfg.Silence <= 0 {
+		return io.ReadAll(r)
+	}
+	var cut atomic.Bool
+	t := time.AfterFunc(h.cfg.Silence, func() { cut.Store(true); body.Close() })
+	defer t.Stop()
+	var b []byte
+	buf := make([]byte, 4<<10)
+	for {
+		n, err := r.Read(buf)
+		b = append(b, buf[:n]...)
+		if n > 0 {
+			t.Reset(h.cfg.Silence)
+		}
+		switch {
+		case err == io.EOF:
+			return b, nil
+		case err != nil && cut.Load():
+			return b, fmt.Errorf("%w: nothing for %s", errSilent, h.cfg.Silence)
+		case err != nil:
+			return b, err
+		}
+	}
 }
 
 // isConnectError reports an error from before the request was sent.

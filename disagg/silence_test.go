@@ -113,3 +113,39 @@ func TestPDSlowSteadyDecodeIsNotCut(t *testing.T) {
 		t.Errorf("client got %q, want the 8 events and [DONE]", got)
 	}
 }
+
+// TestPDSilentErrorBodyIsBounded: a decode engine that sends a 500's
+// headers and part of its body, then hangs, held the request as long as
+// it hung (the router reads an error body whole, to replay it); with
+// Silence the read is cut, the leg counts as failed (not an answer to
+// replay) and the request ends.
+func TestPDSilentErrorBodyIsBounded(t *testing.T) {
+	release := make(chan struct{})
+	defer close(release)
+	d := fake(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", "application/json")
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = io.WriteString(w, `{"error":`)
+		w.(http.Flusher).Flush()
+		select { // hung
+		case <-r.Context().Done():
+		case <-release:
+		}
+	})
+	h := silentPD(t, d, 300*time.Millisecond)
+	done := make(chan struct{})
+	var res Result
+	go func() {
+		defer close(done)
+		res, _ = serveStream(t, h)
+	}()
+	select {
+	case <-done:
+	case <-time.After(20 * time.Second):
+		t.Fatal("a decode engine's silent 500 body held the request")
+	}
+	if !errors.Is(res.Err, errSilent) {
+		t.Errorf("result error %v, want the 500's body gone silent", res.Err)
+	}
+}
