@@ -49,6 +49,25 @@ func serveStream(t *testing.T, h *Handoff) (Result, string) {
 	return res, w.Body.String()
 }
 
+// serveWithin is serveStream, failing the test with msg when the request
+// has not ended within limit.
+func serveWithin(t *testing.T, h *Handoff, limit time.Duration, msg string) (Result, string) {
+	t.Helper()
+	done := make(chan struct{})
+	var res Result
+	var got string
+	go func() {
+		defer close(done)
+		res, got = serveStream(t, h)
+	}()
+	select {
+	case <-done:
+	case <-time.After(limit):
+		t.Fatal(msg)
+	}
+	return res, got
+}
+
 // TestPDSilentDecodeEndsTheStream: a decode engine that hangs after the
 // first event of its answer (SIGSTOP, a wedged GPU) held the client as
 // long as it hung; with Silence (the proxy's timeouts.upstream_header) the
@@ -69,18 +88,7 @@ func TestPDSilentDecodeEndsTheStream(t *testing.T) {
 	})
 	h := silentPD(t, d, 300*time.Millisecond)
 	start := time.Now()
-	done := make(chan struct{})
-	var res Result
-	var got string
-	go func() {
-		defer close(done)
-		res, got = serveStream(t, h)
-	}()
-	select {
-	case <-done:
-	case <-time.After(30 * time.Second):
-		t.Fatal("the stream of a silent decode engine did not end")
-	}
+	res, got := serveWithin(t, h, 30*time.Second, "the stream of a silent decode engine did not end")
 	if !errors.Is(res.Err, errSilent) {
 		t.Errorf("result error %v, want the answer gone silent", res.Err)
 	}
@@ -134,17 +142,7 @@ func TestPDSilentErrorBodyIsBounded(t *testing.T) {
 		}
 	})
 	h := silentPD(t, d, 300*time.Millisecond)
-	done := make(chan struct{})
-	var res Result
-	go func() {
-		defer close(done)
-		res, _ = serveStream(t, h)
-	}()
-	select {
-	case <-done:
-	case <-time.After(20 * time.Second):
-		t.Fatal("a decode engine's silent 500 body held the request")
-	}
+	res, _ := serveWithin(t, h, 20*time.Second, "a decode engine's silent 500 body held the request")
 	if !errors.Is(res.Err, errSilent) {
 		t.Errorf("result error %v, want the 500's body gone silent", res.Err)
 	}

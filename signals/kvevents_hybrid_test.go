@@ -19,18 +19,7 @@ import (
 // of the followed group whose counts disagree is a store error, not a
 // resync.
 func TestHybridNullBlocksKeepIndex(t *testing.T) {
-	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 4, Shards: 4})
-	s, err := NewSubscriber(SubscriberConfig{Endpoint: "e1", Address: "tcp://127.0.0.1:1", Sink: idx})
-	if err != nil {
-		t.Fatal(err)
-	}
-	q := kvindex.HashTokens(prompt, 4, nil)
-	held := func() int {
-		if h := idx.Match(q, nil); len(h) > 0 {
-			return h[0].Blocks
-		}
-		return 0
-	}
+	s, held := indexedSubscriber(t)
 	full := stored(0, 3) // group 1: full attention
 	full.GroupIdx, full.SpecKind = 1, "full_attention"
 	mamba := KVEvent{Kind: EventBlockStored, BlockSize: 4, Medium: "GPU", GroupIdx: 0, SpecKind: "mamba",
@@ -68,4 +57,23 @@ func stored3() KVEvent {
 	ev := stored(3, 4)
 	ev.GroupIdx, ev.SpecKind = 1, "full_attention"
 	return ev
+}
+
+// indexedSubscriber returns a subscriber of endpoint e1 feeding an index of
+// blocks of 4 tokens, and a function that says how many leading blocks of
+// prompt the index holds there.
+func indexedSubscriber(t *testing.T) (*Subscriber, func() int) {
+	t.Helper()
+	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 4, Shards: 4})
+	s, err := NewSubscriber(SubscriberConfig{Endpoint: "e1", Address: "tcp://127.0.0.1:1", Sink: idx})
+	if err != nil {
+		t.Fatal(err)
+	}
+	q := kvindex.HashTokens(prompt, 4, nil)
+	return s, func() int {
+		if h := idx.Match(q, nil); len(h) > 0 {
+			return h[0].Blocks
+		}
+		return 0
+	}
 }

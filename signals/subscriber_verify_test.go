@@ -3,8 +3,6 @@ package signals
 import (
 	"context"
 	"testing"
-
-	"github.com/kvroute/kvroute/kvindex"
 )
 
 // TestVerifyAppliesMissedBatches: a dialled connection that follows a
@@ -16,11 +14,7 @@ import (
 // blocks). The same batch delivered again by the new subscription is
 // skipped, not taken for a restarted engine's.
 func TestVerifyAppliesMissedBatches(t *testing.T) {
-	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 4, Shards: 4})
-	s, err := NewSubscriber(SubscriberConfig{Endpoint: "e1", Address: "tcp://127.0.0.1:1", Sink: idx})
-	if err != nil {
-		t.Fatal(err)
-	}
+	s, held := indexedSubscriber(t)
 	enc := func(evs ...KVEvent) []byte {
 		b := EventBatch{TS: 1.5, Events: evs, HasDPRank: true}
 		p, err := EncodeEventBatch(nil, &b, EventEncoding{})
@@ -36,12 +30,6 @@ func TestVerifyAppliesMissedBatches(t *testing.T) {
 	}
 	s.started = true // the subscription had caught up ...
 	s.handle(context.Background(), 0, b0)
-	held := func() int {
-		if h := idx.Match(kvindex.HashTokens(prompt, 4, nil), nil); len(h) > 0 {
-			return h[0].Blocks
-		}
-		return 0
-	}
 	if held() != 3 {
 		t.Fatalf("setup: %d held", held())
 	}
