@@ -114,7 +114,9 @@ func TestSubscriberRestartDetectedOnConnect(t *testing.T) {
 // fails (here: the PUB socket is replaced, the ROUTER socket and its
 // history stay, as after a network failure) and the subscriber reconnects
 // to the same engine: the check on connect finds the same history and the
-// entries stay; a gap is filled from the replay.
+// entries stay; the batch lost meanwhile is applied from a replay, the
+// check's own when the engine had published it by then (applyMissed), else
+// the gap's.
 func TestSubscriberReconnectVerifiedSameEngine(t *testing.T) {
 	old := newFakeEngine(t, true, EventEncoding{})
 	h := startSub(t, old, func(c *SubscriberConfig) { c.DialRetry = 10 * time.Millisecond })
@@ -139,8 +141,8 @@ func TestSubscriberReconnectVerifiedSameEngine(t *testing.T) {
 	if got := matchedOn(h.idx, prompt); got != 6 {
 		t.Errorf("matched %d blocks, want 6; status %+v", got, st)
 	}
-	if st.Restarts != 0 || st.Resyncs != 0 || st.Reconnects != 1 || st.Gaps != 1 {
-		t.Errorf("status %+v: want 1 reconnect, 1 gap, no restart, no resync", st)
+	if st.Restarts != 0 || st.Resyncs != 0 || st.Reconnects != 1 || st.Replays != 1 || st.Gaps > 1 {
+		t.Errorf("status %+v: want 1 reconnect, 1 replay (at the check or for a gap), no restart, no resync", st)
 	}
 }
 
