@@ -16,7 +16,6 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute"
@@ -797,7 +796,7 @@ func (x *exchange) post(ctx context.Context, e *kvroute.Endpoint, body []byte, l
 		if ctx.Err() != nil {
 			reason = "cancelled"
 		}
-		connect := isConnectError(err)
+		connect := IsConnectError(err)
 		var ne net.Error
 		timeout := !connect && ctx.Err() == nil && errors.As(err, &ne) && ne.Timeout()
 		return nil, &LegError{Leg: leg, Endpoint: e.ID, Reason: reason, Connect: connect, Timeout: timeout, Err: err}
@@ -820,34 +819,22 @@ func (x *exchange) post(ctx context.Context, e *kvroute.Endpoint, body []byte, l
 // sent its headers and hung cannot hold the request. A silence closes the
 // body and is reported as errSilent.
 func (h *Handoff) readReply(body io.ReadCloser) ([]byte, error) {
-	r := io.LimitReader(body, h.cfg.MaxReplyBytes)
-	if h.cfg.Silence <= 0 {
-		return io.ReadAll(r)
+	var quiet *silence.Watch // nil: no bound
+	if h.cfg.Silence > 0 {
+		quiet = &silence.Watch{Limit: h.cfg.Silence, Cut: func() { body.Close() }}
+		quiet.Arm()
+		defer quiet.Stop()
 	}
-	var cut atomic.Bool
-	t := time.AfterFunc(h.cfg.Silence, func() { cut.Store(true); body.Close() })
-	defer t.Stop()
-	var b []byte
-	buf := make([]byte, 4<<10)
-	for {
-		n, err := r.Read(buf)
-		b = append(b, buf[:n]...)
-		if n > 0 {
-			t.Reset(h.cfg.Silence)
-		}
-		switch {
-		case err == io.EOF:
-			return b, nil
-		case err != nil && cut.Load():
-			return b, fmt.Errorf("%w: nothing for %s", errSilent, h.cfg.Silence)
-		case err != nil:
-			return b, err
-		}
+	b, err := io.ReadAll(io.LimitReader(silence.Reader(body, quiet), h.cfg.MaxReplyBytes))
+	if err != nil && quiet.Fired() {
+		return b, fmt.Errorf("%w: nothing for %s", errSilent, h.cfg.Silence)
 	}
+	return b, err
 }
 
-// isConnectError reports an error from before the request was sent.
-func isConnectError(err error) bool {
+// IsConnectError reports an error from connecting (DNS, refused,
+// unreachable, the dial's timeout): the engine never saw the request.
+func IsConnectError(err error) bool {
 	var op *net.OpError
 	return errors.As(err, &op) && op.Op == "dial"
 }
@@ -864,11 +851,7 @@ func (x *exchange) legFailed(f *router.Flight, lerr *LegError) {
 			// The server did not take the connection: its other
 			// data-parallel ranks, behind the same URL, would not either
 			// (as the aggregated path excludes them).
-			for _, e := range h.cfg.Router.Endpoints() {
-				if e.URL == f.Endpoint.URL && e.ID != f.Endpoint.ID {
-					x.tried = append(x.tried, e.ID)
-				}
-			}
+			x.tried = h.cfg.Router.AppendSameServer(x.tried, f.Endpoint)
 		}
 		h.log.Warn("pd: leg failed", "request_id", x.req.ID, "leg", lerr.Leg, "endpoint", lerr.Endpoint, "reason", lerr.Reason,
 			"status", lerr.Status, "error", lerr.Err)

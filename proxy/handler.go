@@ -183,11 +183,7 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 		if x.retry == retryConnect && f.Endpoint.IsDataParallel() {
 			// The server did not take the connection: its other
 			// data-parallel ranks, behind the same URL, would not either.
-			for _, e := range pl.set.Load().eps {
-				if e.URL == f.Endpoint.URL && e.ID != f.Endpoint.ID {
-					x.tried = append(x.tried, e.ID)
-				}
-			}
+			x.tried = pl.router.AppendSameServer(x.tried, f.Endpoint)
 		}
 	}
 	p.log.Warn("attempt failed, retries exhausted", "request_id", id, "model", pl.model, "endpoint", failed,

@@ -15,7 +15,7 @@ type retryReason uint8
 
 const (
 	retryNone    retryReason = iota
-	retryConnect             // dial error (isDialError): the engine never saw the request
+	retryConnect             // dial error (disagg.IsConnectError): the engine never saw the request
 	retryReset               // other transport error before the response headers: the engine may have run part of the work
 	retryStatus              // 5xx response headers, before any body byte reached the client
 	retryGone                // the endpoint left the pool (a reload) before the attempt was sent

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/disagg"
 	"github.com/kvroute/kvroute/internal/silence"
 	"github.com/kvroute/kvroute/openai"
 )
@@ -134,7 +135,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	x.stall.Arm()
 	if countsAsFailure(resp.StatusCode) {
 		x.reportHealth(now, false)
-		body, err := io.ReadAll(io.LimitReader(watchedReader{resp.Body, x.stall}, maxSavedBody))
+		body, err := io.ReadAll(io.LimitReader(silence.Reader(resp.Body, x.stall), maxSavedBody))
 		switch {
 		case err != nil && x.ctx.Err() != nil:
 			return err // the client went away, or the drain deadline passed: upstreamError says which
@@ -163,20 +164,6 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	}
 	resp.Body = &upstreamBody{rc: resp.Body, x: x, sse: isEventStream(resp.Header)}
 	return nil
-}
-
-// watchedReader marks each read of a response body as a wait on the
-// engine, for the attempt's silence bound (nil: none).
-type watchedReader struct {
-	r io.Reader
-	w *silence.Watch
-}
-
-func (r watchedReader) Read(p []byte) (int, error) {
-	r.w.Waiting(true)
-	n, err := r.r.Read(p)
-	r.w.Waiting(false)
-	return n, err
 }
 
 // prefixedBody is a response body whose first bytes were read ahead.
@@ -242,7 +229,7 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 		// and lost (it died mid-generation, before its headers) is retried
 		// too, under its own reason.
 		x.retry = retryReset
-		if isDialError(err) {
+		if disagg.IsConnectError(err) {
 			x.retry = retryConnect
 		}
 		return
@@ -252,23 +239,13 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 		Message: fmt.Sprintf("endpoint %s of model %q failed: %v", x.flight.Endpoint.ID, x.req.Model, err)})
 }
 
-// isDialError reports whether an attempt failed connecting (DNS, refused,
-// unreachable, the dial's timeout): the engine never saw the request, and
-// a data-parallel server's other ranks, behind the same address, would
-// not take it either. Other transport errors before the response headers
-// come from a connection the request was (or was being) sent on.
-func isDialError(err error) bool {
-	var oe *net.OpError
-	return errors.As(err, &oe) && oe.Op == "dial"
-}
-
 // tookTooLong reports whether an attempt failed because the engine, having
 // taken the request, did not answer within timeouts.upstream_header: not
 // retried, since another engine would run the whole generation again. A
 // timeout while connecting is a connect error, and is.
 func tookTooLong(err error) bool {
 	var ne net.Error
-	return errors.As(err, &ne) && ne.Timeout() && !isDialError(err)
+	return errors.As(err, &ne) && ne.Timeout() && !disagg.IsConnectError(err)
 }
 
 // upstreamStatus maps a transport error to the client's status: 504 for a

@@ -490,6 +490,21 @@ func (r *Router) Endpoints() []kvroute.Endpoint {
 	return out
 }
 
+// AppendSameServer appends to dst the IDs of the pool's endpoints other
+// than e at e's URL (the other data-parallel ranks of its server): a
+// server that refused a connection to one refuses them all, so a retry
+// excludes them too.
+func (r *Router) AppendSameServer(dst []string, e *kvroute.Endpoint) []string {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	for _, o := range r.eps {
+		if o.ep.URL == e.URL && o.ep.ID != e.ID {
+			dst = append(dst, o.ep.ID)
+		}
+	}
+	return dst
+}
+
 // ForgetDispatches drops what the router recorded of its own dispatches to
 // endpoint while waiting for the engine's KV events (Config.EventGap): the
 // engine's event history was reset (it restarted, or a gap could not be

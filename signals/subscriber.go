@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"strings"
 	"sync"
 	"time"
@@ -626,14 +627,9 @@ func (s *Subscriber) applyMissed(got []replayed) {
 		return
 	}
 	s.dups = make(map[uint64]uint64, len(got))
-	for _, r := range got {
-		if r.seq != s.next {
-			s.cfg.Logger.Warn("kv events: replay incomplete", "endpoint", s.cfg.Endpoint, "want", s.next, "got", r.seq)
-			s.resync("new connection, replay incomplete")
-			return
-		}
-		s.apply(r.seq, r.payload)
-		s.dups[r.seq] = s.lastHash
+	if !s.applyRange(got, s.next, got[len(got)-1].seq+1, true) {
+		s.resync("new connection, replay incomplete")
+		return
 	}
 	s.update(func(st *SubscriberStatus) { st.Replays++ })
 }
@@ -676,13 +672,7 @@ func (s *Subscriber) catchUp(ctx context.Context) {
 	}
 	s.started, s.fresh = true, false
 	s.dups = make(map[uint64]uint64, len(got))
-	for i, r := range got {
-		if i > 0 && r.seq < s.next {
-			continue // not in order: take what continues the sequence
-		}
-		s.apply(r.seq, r.payload)
-		s.dups[r.seq] = s.lastHash
-	}
+	s.applyRange(got, got[0].seq, math.MaxUint64, false) // what continues the sequence
 	s.update(func(st *SubscriberStatus) { st.Replays++ })
 }
 
@@ -722,7 +712,9 @@ func (s *Subscriber) replayRetry(ctx context.Context, from uint64) ([]replayed, 
 }
 
 // applyRange applies the replayed batches in [from, to). With strict, it
-// stops and reports false unless they cover the whole range in order.
+// stops and reports false unless they cover the whole range in order. Each
+// batch applied is kept in dups, when set, so that the subscription's copy
+// of it is skipped (handle).
 func (s *Subscriber) applyRange(got []replayed, from, to uint64, strict bool) bool {
 	want := from
 	for _, r := range got {
@@ -738,6 +730,9 @@ func (s *Subscriber) applyRange(got []replayed, from, to uint64, strict bool) bo
 			// take what there is.
 		}
 		s.apply(r.seq, r.payload)
+		if s.dups != nil {
+			s.dups[r.seq] = s.lastHash
+		}
 		want = r.seq + 1
 	}
 	if strict && want != to {

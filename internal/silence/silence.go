@@ -8,6 +8,7 @@
 package silence
 
 import (
+	"io"
 	"sync/atomic"
 	"time"
 )
@@ -87,4 +88,26 @@ func (w *Watch) Stop() {
 	if t := w.t.Load(); t != nil {
 		t.Stop()
 	}
+}
+
+// Reader returns r with each of its reads marked as a wait on the
+// upstream for w (r itself when w is nil): for a body read whole before
+// anything is passed on, such as an error answer to keep.
+func Reader(r io.Reader, w *Watch) io.Reader {
+	if w == nil {
+		return r
+	}
+	return watched{r, w}
+}
+
+type watched struct {
+	r io.Reader
+	w *Watch
+}
+
+func (r watched) Read(p []byte) (int, error) {
+	r.w.Waiting(true)
+	n, err := r.r.Read(p)
+	r.w.Waiting(false)
+	return n, err
 }

@@ -1,6 +1,8 @@
 package silence
 
 import (
+	"errors"
+	"io"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -46,5 +48,24 @@ func TestWatchStopped(t *testing.T) {
 	time.Sleep(50 * time.Millisecond)
 	if w.Fired() {
 		t.Error("fired after Stop")
+	}
+}
+
+// TestReader: a read through Reader that blocks past the limit is cut (the
+// cut closes the pipe, ending the read with an error); without a Watch it
+// is the reader itself.
+func TestReader(t *testing.T) {
+	pr, pw := io.Pipe()
+	defer pw.Close()
+	if Reader(pr, nil) != io.Reader(pr) {
+		t.Error("Reader without a Watch wraps the reader")
+	}
+	w := &Watch{Limit: 20 * time.Millisecond, Cut: func() { pr.CloseWithError(errors.New("cut")) }}
+	w.Arm()
+	defer w.Stop()
+	go func() { _, _ = pw.Write([]byte("first")) }()
+	b, err := io.ReadAll(Reader(pr, w))
+	if string(b) != "first" || err == nil || !w.Fired() {
+		t.Errorf("read %q, %v, fired %v; want the bytes before the silence, an error and fired", b, err, w.Fired())
 	}
 }
