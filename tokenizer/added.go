@@ -56,7 +56,18 @@ func newAddedMatcher(tokens []hfAddedToken) addedMatcher {
 	return m
 }
 
-func isWordRune(r rune) bool { return r == '_' || unicode.IsLetter(r) || unicode.IsNumber(r) }
+// isWordRune reports whether r is a word character as the regex \w of Rust's
+// regex crate (Unicode's): Alphabetic (letters, letter numbers such as Ⅻ,
+// Other_Alphabetic), marks, decimal digits, connector punctuation (_, ‿) and
+// the joiners U+200C and U+200D. HuggingFace's AddedVocabulary checks
+// single_word tokens with it; other numbers (², ①) are not word characters.
+func isWordRune(r rune) bool {
+	if r < utf8.RuneSelf {
+		return r == '_' || ('0' <= r && r <= '9') || ('a' <= r && r <= 'z') || ('A' <= r && r <= 'Z')
+	}
+	return unicode.In(r, unicode.L, unicode.M, unicode.Nd, unicode.Nl, unicode.Pc,
+		unicode.Other_Alphabetic, unicode.Join_Control)
+}
 
 // singleWordOK reports whether a match s[i:e] of a single_word token stands
 // alone (no word character touches it).
@@ -74,19 +85,19 @@ func singleWordOK(s string, i, e int) bool {
 	return true
 }
 
-// matchAt returns the longest added token whose content starts at s[i].
-func (m *addedMatcher) matchAt(s string, i int) *hfAddedToken {
-	var best *hfAddedToken
+// matchAt returns the longest added token whose content starts at s[i], and
+// the end of its match.
+func (m *addedMatcher) matchAt(s string, i int) (best *hfAddedToken, end int) {
 	n := int32(0)
 	for j := i; j < len(s); j++ {
 		if n = m.nodes[n].child(s[j]); n < 0 {
 			break
 		}
-		if a := m.nodes[n].tok; a != nil && (!a.SingleWord || singleWordOK(s, i, j+1)) {
-			best = a
+		if a := m.nodes[n].tok; a != nil {
+			best, end = a, j+1
 		}
 	}
-	return best
+	return best, end
 }
 
 // split calls fn for each piece of s in order: text between added tokens with
@@ -103,11 +114,17 @@ func (m *addedMatcher) split(s string, fn func(seg string, tok *hfAddedToken)) {
 		if !m.first[s[i]] {
 			continue
 		}
-		a := m.matchAt(s, i)
+		a, to := m.matchAt(s, i)
 		if a == nil {
 			continue
 		}
-		from, to := i, i+len(a.Content)
+		if a.SingleWord && !singleWordOK(s, i, to) {
+			// Rejected whole, as HuggingFace's leftmost-longest matcher
+			// does: no shorter or overlapping token is looked for in it.
+			i = to - 1
+			continue
+		}
+		from := i
 		if a.LStrip {
 			for from > start {
 				r, n := utf8.DecodeLastRuneInString(s[start:from])

@@ -309,3 +309,62 @@ func TestLlamaClassAddsBOS(t *testing.T) {
 		}
 	}
 }
+
+// tinyWith loads testdata/tiny/tokenizer.json after edit changes its JSON.
+func tinyWith(t *testing.T, edit func(map[string]any)) *HF {
+	t.Helper()
+	var m map[string]any
+	if err := json.Unmarshal(mustRead(t, "testdata/tiny/tokenizer.json"), &m); err != nil {
+		t.Fatal(err)
+	}
+	edit(m)
+	data, err := json.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := Load(data, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok
+}
+
+// addToken appends an added token to a tokenizer.json's added_tokens.
+func addToken(m map[string]any, id int, content string, normalized bool) {
+	m["added_tokens"] = append(m["added_tokens"].([]any), map[string]any{
+		"id": id, "content": content, "normalized": normalized, "special": false,
+		"single_word": false, "lstrip": false, "rstrip": false,
+	})
+}
+
+// TestAddedSingleWord checks single_word tokens ([MASK] in testdata/tiny,
+// with lstrip) as HuggingFace's AddedVocabulary: a match is rejected when a
+// word character (the regex \w: letters, marks, decimal digits, connector
+// punctuation, joiners) touches it, so ² (a number but not a digit) does not
+// stop it; and a rejected match is skipped whole, no shorter or overlapping
+// token is looked for inside it. The expectations are HuggingFace tokenizers
+// 0.23.2's, with its ids.
+func TestAddedSingleWord(t *testing.T) {
+	tok := tinyWith(t, func(m map[string]any) { addToken(m, 304, "SK", false) })
+	tests := []struct {
+		text string
+		want []uint32
+	}{
+		{"x²[MASK]", []uint32{'x', 0xC2, 0xB2, 303}},
+		{"x [MASK]²", []uint32{'x', 303, 0xC2, 0xB2}},
+		{"x\u0301 [MASK]", []uint32{'x', 0xCC, 0x81, 303}},
+		{"x‿[MASK]", []uint32{'x', 0xE2, 0x80, 0xBF, '[', 'M', 'A', 'S', 'K', ']'}},
+		{"x\u200d[MASK]", []uint32{'x', 0xE2, 0x80, 0x8D, '[', 'M', 'A', 'S', 'K', ']'}},
+		{"Ⅻ[MASK]", []uint32{0xE2, 0x85, 0xAB, '[', 'M', 'A', 'S', 'K', ']'}},
+		{"١[MASK]", []uint32{0xD9, 0xA1, '[', 'M', 'A', 'S', 'K', ']'}},
+		{"x_[MASK]", []uint32{'x', '_', '[', 'M', 'A', 'S', 'K', ']'}},
+		{"a[MASK]", []uint32{'a', '[', 'M', 'A', 'S', 'K', ']'}},
+		{"a [MASK]b", []uint32{'a', ' ', '[', 'M', 'A', 'S', 'K', ']', 'b'}},
+		{"SK", []uint32{304}},
+	}
+	for _, tt := range tests {
+		if got := tok.Encode(tt.text); !slices.Equal(got, tt.want) {
+			t.Errorf("Encode(%q) = %v, want %v", tt.text, got, tt.want)
+		}
+	}
+}
