@@ -28,7 +28,11 @@ func (n *trieNode) child(b byte) int32 {
 	return -1
 }
 
-func newAddedMatcher(tokens []hfAddedToken) addedMatcher {
+// newAddedMatcher returns a matcher of tokens. With normalize non-nil the
+// tokens are matched in normalized text by their normalized content, as
+// HuggingFace's AddedVocabulary does for tokens marked normalized; byContent
+// keeps their content as written.
+func newAddedMatcher(tokens []hfAddedToken, normalize func(string) string) addedMatcher {
 	m := addedMatcher{
 		nodes:     make([]trieNode, 1),
 		byContent: make(map[string]*hfAddedToken, len(tokens)),
@@ -39,19 +43,28 @@ func newAddedMatcher(tokens []hfAddedToken) addedMatcher {
 			continue
 		}
 		m.byContent[a.Content] = a
-		m.first[a.Content[0]] = true
+		pattern := a.Content
+		if normalize != nil {
+			pattern = normalize(pattern)
+		}
+		if pattern == "" {
+			continue
+		}
+		m.first[pattern[0]] = true
 		n := int32(0)
-		for j := 0; j < len(a.Content); j++ {
-			c := m.nodes[n].child(a.Content[j])
+		for j := 0; j < len(pattern); j++ {
+			c := m.nodes[n].child(pattern[j])
 			if c < 0 {
 				c = int32(len(m.nodes))
 				m.nodes = append(m.nodes, trieNode{})
-				m.nodes[n].labels = append(m.nodes[n].labels, a.Content[j])
+				m.nodes[n].labels = append(m.nodes[n].labels, pattern[j])
 				m.nodes[n].children = append(m.nodes[n].children, c)
 			}
 			n = c
 		}
-		m.nodes[n].tok = a
+		if m.nodes[n].tok == nil { // two contents may normalize alike: the first wins
+			m.nodes[n].tok = a
+		}
 	}
 	return m
 }

@@ -110,8 +110,8 @@ func load(tokenizerJSON, tokenizerConfigJSON []byte) (*HF, error) {
 			raw = append(raw, a)
 		}
 	}
-	t.added = newAddedMatcher(raw)
-	t.addedNorm = newAddedMatcher(normd)
+	t.added = newAddedMatcher(raw, nil)
+	t.addedNorm = newAddedMatcher(normd, t.normalize)
 	t.vocabSize = len(t.idToToken)
 	if len(tokenizerConfigJSON) > 0 {
 		if err := t.loadConfig(tokenizerConfigJSON); err != nil {

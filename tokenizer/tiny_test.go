@@ -368,3 +368,32 @@ func TestAddedSingleWord(t *testing.T) {
 		}
 	}
 }
+
+// TestAddedNormalized checks that an added token marked normalized is
+// matched in the normalized text by its normalized content, as
+// HuggingFace's AddedVocabulary does: with a Lowercase normalizer, a
+// normalized "<|User|>" matches "<|USER|>" and "<|User|>" (the raw-matched
+// <|user|> of testdata/tiny is found first in the raw text). The
+// expectations are HuggingFace tokenizers 0.23.2's, with its ids.
+func TestAddedNormalized(t *testing.T) {
+	tok := tinyWith(t, func(m map[string]any) {
+		m["normalizer"] = map[string]any{"type": "Lowercase"}
+		addToken(m, 304, "<|User|>", true)
+	})
+	tests := []struct {
+		text string
+		want []uint32
+	}{
+		{"<|User|>", []uint32{304}},
+		{"<|user|>", []uint32{302}},
+		{"<|USER|>hi", []uint32{304, 'h', 'i'}},
+	}
+	for _, tt := range tests {
+		if got := tok.Encode(tt.text); !slices.Equal(got, tt.want) {
+			t.Errorf("Encode(%q) = %v, want %v", tt.text, got, tt.want)
+		}
+	}
+	if id, ok := tok.TokenID("<|User|>"); !ok || id != 304 {
+		t.Errorf("TokenID(<|User|>) = %d, %v, want 304, true", id, ok)
+	}
+}
