@@ -193,7 +193,7 @@ func normalizerFunc(c hfComponent, depth int) (func(string) string, error) {
 	case "NFKD":
 		return norm.NFKD.String, nil
 	case "Lowercase":
-		return strings.ToLower, nil
+		return lowercase, nil
 	case "Sequence":
 		if depth > 8 {
 			return nil, errors.New("normalizer: sequences nested too deep")
@@ -221,6 +221,18 @@ func normalizerFunc(c hfComponent, depth int) (func(string) string, error) {
 		}, nil
 	}
 	return nil, fmt.Errorf("normalizer %q is not supported", c.Type)
+}
+
+// lowercase is HuggingFace's Lowercase normalizer: each character through
+// Rust's char::to_lowercase, which differs from Go's unicode.ToLower on
+// İ (U+0130), lowercased to "i" and a combining dot above (U+0307) by
+// Unicode's SpecialCasing rather than to a bare "i" (and on letters added
+// after Go's Unicode 15.0 tables, which Go leaves as they are).
+func lowercase(s string) string {
+	if strings.ContainsRune(s, 'İ') {
+		s = strings.ReplaceAll(s, "İ", "i\u0307")
+	}
+	return strings.ToLower(s)
 }
 
 func (t *HF) loadNormalizer(raw json.RawMessage) error {

@@ -397,3 +397,26 @@ func TestAddedNormalized(t *testing.T) {
 		t.Errorf("TokenID(<|User|>) = %d, %v, want 304, true", id, ok)
 	}
 }
+
+// TestLowercaseNormalizer checks the Lowercase normalizer against
+// HuggingFace's, which lowercases each character with Rust's
+// char::to_lowercase: İ (U+0130) becomes "i" and a combining dot above
+// (U+0307), not Go's single "i"; final sigma is not special-cased. The
+// expectations are HuggingFace tokenizers 0.23.2's.
+func TestLowercaseNormalizer(t *testing.T) {
+	tok := tinyWith(t, func(m map[string]any) { m["normalizer"] = map[string]any{"type": "Lowercase"} })
+	tests := []struct {
+		text string
+		want []uint32
+	}{
+		{"İ", []uint32{'i', 0xCC, 0x87}},
+		{"hİ <|user|>", []uint32{'h', 'i', 0xCC, 0x87, ' ', 302}},
+		{"ΣΑΣ", []uint32{0xCF, 0x83, 0xCE, 0xB1, 0xCF, 0x83}},
+		{"ǅ", []uint32{0xC7, 0x86}},
+	}
+	for _, tt := range tests {
+		if got := tok.Encode(tt.text); !slices.Equal(got, tt.want) {
+			t.Errorf("Encode(%q) = %v, want %v", tt.text, got, tt.want)
+		}
+	}
+}
