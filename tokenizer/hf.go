@@ -174,10 +174,8 @@ func (t *HF) loadModel(m *hfModel) error {
 		if !ok1 || !ok2 || !ok3 {
 			return fmt.Errorf("merge %d (%q %q): token not in vocab", rank, l, r)
 		}
-		k := pairKey(li, ri)
-		if _, dup := b.merges[k]; !dup {
-			b.merges[k] = mergeRule{rank: uint32(rank), id: mi}
-		}
+		// A pair listed twice takes its last rank, as in HuggingFace's BPE.
+		b.merges[pairKey(li, ri)] = mergeRule{rank: uint32(rank), id: mi}
 	}
 	return nil
 }

@@ -420,3 +420,19 @@ func TestLowercaseNormalizer(t *testing.T) {
 		}
 	}
 }
+
+// TestDuplicateMerges checks that a merge listed twice takes the rank of its
+// last occurrence, as in HuggingFace's BPE (its merge map is built in list
+// order, later entries replacing earlier ones): with the merges 1 2, 12 3,
+// 2 3, 1 2 the pair (2, 3) merges before (1, 2). The expectation is
+// HuggingFace tokenizers 0.23.2's.
+func TestDuplicateMerges(t *testing.T) {
+	tok := tinyWith(t, func(m map[string]any) {
+		model := m["model"].(map[string]any)
+		model["vocab"].(map[string]any)["23"] = 304
+		model["merges"] = append(model["merges"].([]any), "2 3", "1 2")
+	})
+	if got, want := tok.Encode("123"), []uint32{'1', 304}; !slices.Equal(got, want) {
+		t.Errorf("Encode(123) = %v, want %v", got, want)
+	}
+}
