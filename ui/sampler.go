@@ -1,6 +1,7 @@
 package ui
 
 import (
+	"maps"
 	"math"
 	"slices"
 	"sort"
@@ -119,13 +120,53 @@ func (h hist) quantile(q float64) float64 {
 	return lo
 }
 
-// gathered is what the dashboard reads from the router's metrics: every
-// answered request and the merged upstream TTFB histogram.
+// gathered is what the dashboard reads from the router's metrics, per
+// series (keyed by its labels, seriesKey): the answered requests and the
+// TTFB histograms. Deltas are taken per series, as Prometheus' rate() does:
+// the proxy deletes a removed endpoint's series, and their sums going down
+// is no counter reset.
 type gathered struct {
 	ok       bool
-	requests float64
-	ttfb     hist // kvroute_upstream_ttfb_seconds
-	pdTTFB   hist // kvroute_pd_stage_seconds{stage="ttfb"}
+	requests map[string]float64 // kvroute_requests_total
+	ttfb     map[string]hist    // kvroute_upstream_ttfb_seconds
+	pdTTFB   map[string]hist    // kvroute_pd_stage_seconds{stage="ttfb"}
+}
+
+// seriesKey identifies a series of a family by its label pairs (sorted by
+// name in a gathered family).
+func seriesKey(m *dto.Metric) string {
+	var b []byte
+	for _, l := range m.GetLabel() {
+		b = append(b, l.GetName()...)
+		b = append(b, 0xff)
+		b = append(b, l.GetValue()...)
+		b = append(b, 0xfe)
+	}
+	return string(b)
+}
+
+// counterDelta is what the series of cur added since prev: a series new
+// since prev, or that went down (reset: a new child after its deletion),
+// counts whole; a series gone since prev (deleted) counts nothing.
+func counterDelta(cur, prev map[string]float64) float64 {
+	var d float64
+	for k, v := range cur {
+		if old, ok := prev[k]; ok && v >= old {
+			v -= old
+		}
+		d += v
+	}
+	return d
+}
+
+// histDelta is the observations the series of cur added since prev, merged
+// (hist.sub treats a series' reset as counterDelta does).
+func histDelta(cur, prev map[string]hist) hist {
+	var d hist
+	for _, k := range slices.Sorted(maps.Keys(cur)) {
+		d = d.add(cur[k].sub(prev[k]))
+	}
+	return d
 }
 
 // readFamilies extracts the dashboard's figures from gathered families,
@@ -134,7 +175,7 @@ type gathered struct {
 // prefill leg included); its decode engines' kvroute_upstream_ttfb_seconds
 // (from the decode leg's start) is left out, not counted twice.
 func readFamilies(mfs []*dto.MetricFamily) gathered {
-	var g gathered
+	g := gathered{requests: map[string]float64{}, ttfb: map[string]hist{}, pdTTFB: map[string]hist{}}
 	pd := map[string]bool{} // models with P/D stage timings
 	for _, mf := range mfs {
 		if mf.GetName() == metricPDStage {
@@ -148,19 +189,19 @@ func readFamilies(mfs []*dto.MetricFamily) gathered {
 		case metricRequests:
 			g.ok = true
 			for _, m := range mf.GetMetric() {
-				g.requests += m.GetCounter().GetValue()
+				g.requests[seriesKey(m)] = m.GetCounter().GetValue()
 			}
 		case metricTTFB:
 			g.ok = true
 			for _, m := range mf.GetMetric() {
 				if !pd[labelValue(m, "model")] {
-					g.ttfb = g.ttfb.add(histFromDTO(m.GetHistogram()))
+					g.ttfb[seriesKey(m)] = histFromDTO(m.GetHistogram())
 				}
 			}
 		case metricPDStage:
 			for _, m := range mf.GetMetric() {
 				if labelValue(m, "stage") == "ttfb" {
-					g.pdTTFB = g.pdTTFB.add(histFromDTO(m.GetHistogram()))
+					g.pdTTFB[seriesKey(m)] = histFromDTO(m.GetHistogram())
 				}
 			}
 		}
@@ -281,13 +322,10 @@ func (s *sampler) add(now time.Time, g gathered, eps []endpointSample) {
 		p.dt = now.Sub(s.last).Seconds()
 	}
 	if g.ok {
-		p.requests = g.requests - s.prev.requests
-		if p.requests < 0 {
-			p.requests = g.requests
-		}
-		// Each metric's delta on its own: the P/D family appears with
-		// its first observation, and their bounds differ.
-		p.ttfb = g.ttfb.sub(s.prev.ttfb).add(g.pdTTFB.sub(s.prev.pdTTFB))
+		// Per series: a removed endpoint's deleted series is no reset of
+		// the others.
+		p.requests = counterDelta(g.requests, s.prev.requests)
+		p.ttfb = histDelta(g.ttfb, s.prev.ttfb).add(histDelta(g.pdTTFB, s.prev.pdTTFB))
 		s.prev = g
 	}
 	seen := make(map[epRef]bool, len(eps))

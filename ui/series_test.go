@@ -199,7 +199,7 @@ func TestReadFamiliesPDTTFBOnce(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := readFamilies(mfs)
-	if n, pd := g.ttfb.total(), g.pdTTFB.total(); n != 1 || pd != 1 {
+	if n, pd := histDelta(g.ttfb, nil).total(), histDelta(g.pdTTFB, nil).total(); n != 1 || pd != 1 {
 		t.Errorf("upstream TTFB counts %v requests, P/D TTFB %v; want 1 (agg's) and 1 (pd's)", n, pd)
 	}
 }

@@ -122,3 +122,52 @@ func deref(p *float64) any {
 	}
 	return *p
 }
+
+// TestRemovedEndpointNoSpike: when an endpoint leaves a pool the proxy
+// deletes its series (forgetEndpoint), so the sums of the router's
+// counters go down. That is not a counter reset: the remaining endpoints'
+// counters carry on, and only what they added since the last point is new.
+// Before, the whole of their lifetime counts was taken as the interval's:
+// the throughput chart showed every request ever answered as one second's,
+// the totals counted them again, and the TTFT of the last seconds was that
+// of the router's whole life.
+func TestRemovedEndpointNoSpike(t *testing.T) {
+	reg, reqs, ttfb := testMetrics(t)
+	now := time.Unix(1000, 0)
+	d, err := New(Options{Source: fakeSource{newTestRouter(t)}, Gatherer: reg, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Before the run: a answered 1000 fast requests, b 500 slow ones.
+	reqs.WithLabelValues("a").Add(1000)
+	reqs.WithLabelValues("b").Add(500)
+	for range 1000 {
+		ttfb.WithLabelValues("a").Observe(0.03)
+	}
+	for range 500 {
+		ttfb.WithLabelValues("b").Observe(0.3)
+	}
+	d.Mark(now, "run")
+	// a leaves the pool; b answers 2 requests at 80 ms.
+	reqs.DeleteLabelValues("a")
+	ttfb.DeleteLabelValues("a")
+	reqs.WithLabelValues("b").Add(2)
+	ttfb.WithLabelValues("b").Observe(0.08)
+	ttfb.WithLabelValues("b").Observe(0.08)
+	now = now.Add(time.Second)
+	d.Sample(now)
+
+	tot := d.Totals()
+	if tot.Requests != 2 {
+		t.Errorf("requests since the mark = %d, want 2", tot.Requests)
+	}
+	if tot.TTFTP99 <= 50*time.Millisecond || tot.TTFTP99 > 100*time.Millisecond {
+		t.Errorf("TTFT p99 since the mark = %v, want within (50, 100] ms (the 2 new requests)", tot.TTFTP99)
+	}
+	d.mu.Lock()
+	se := d.s.series()
+	d.mu.Unlock()
+	if rps := se.RPS[len(se.RPS)-1]; rps == nil || *rps != 2 {
+		t.Errorf("last throughput point = %v rps, want 2", deref(rps))
+	}
+}
