@@ -323,9 +323,12 @@ func (s *sampler) add(now time.Time, g gathered, eps []endpointSample) {
 	}
 	if g.ok {
 		// Per series: a removed endpoint's deleted series is no reset of
-		// the others.
-		p.requests = counterDelta(g.requests, s.prev.requests)
-		p.ttfb = histDelta(g.ttfb, s.prev.ttfb).add(histDelta(g.pdTTFB, s.prev.pdTTFB))
+		// the others. The first point only sets the baselines: the
+		// router's counters hold its whole life before it.
+		if !s.last.IsZero() {
+			p.requests = counterDelta(g.requests, s.prev.requests)
+			p.ttfb = histDelta(g.ttfb, s.prev.ttfb).add(histDelta(g.pdTTFB, s.prev.pdTTFB))
+		}
 		s.prev = g
 	}
 	seen := make(map[epRef]bool, len(eps))

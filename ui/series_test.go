@@ -203,3 +203,37 @@ func TestReadFamiliesPDTTFBOnce(t *testing.T) {
 		t.Errorf("upstream TTFB counts %v requests, P/D TTFB %v; want 1 (agg's) and 1 (pd's)", n, pd)
 	}
 }
+
+// TestFirstPointIsBaseline: the dashboard's first point (its first poll,
+// perhaps long after the router started) only sets the baselines of the
+// router's counters. Before, it held every TTFB the router had observed,
+// and the TTFT chart's sliding window showed the router's lifetime
+// quantiles for its first points instead of the last seconds'.
+func TestFirstPointIsBaseline(t *testing.T) {
+	reg, reqs, ttfb := testMetrics(t)
+	for range 500 { // before the dashboard's first point: slow
+		reqs.WithLabelValues("a").Inc()
+		ttfb.WithLabelValues("a").Observe(0.3)
+	}
+	now := time.Unix(1000, 0)
+	d, err := New(Options{Source: fakeSource{newTestRouter(t)}, Gatherer: reg, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d.Sample(now)
+	for range 2 {
+		reqs.WithLabelValues("a").Inc()
+		ttfb.WithLabelValues("a").Observe(0.08)
+	}
+	now = now.Add(time.Second)
+	d.Sample(now)
+	d.mu.Lock()
+	se := d.s.series()
+	d.mu.Unlock()
+	if p99 := se.TTFTP99[len(se.TTFTP99)-1]; p99 == nil || *p99 <= 50 || *p99 > 100 {
+		t.Errorf("TTFT chart's p99 after the first second = %v ms, want within (50, 100] (the 2 requests since the first point)", deref(p99))
+	}
+	if p50 := se.TTFTP50[0]; p50 != nil {
+		t.Errorf("TTFT chart's first point = %v ms, want none (a baseline)", *p50)
+	}
+}
