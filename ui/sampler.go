@@ -289,7 +289,9 @@ type sampler struct {
 	prevEP  map[epRef]endpointSample
 	points  []point
 	marks   []mark
-	eps     []epRef // endpoints in first-seen order
+	eps     []epRef          // endpoints in the points, in first-seen order
+	n       uint64           // points taken
+	seenAt  map[epRef]uint64 // each of eps' last point (n then)
 
 	// totals since the last mark
 	label        string
@@ -302,6 +304,7 @@ type sampler struct {
 func (s *sampler) init(history int) {
 	s.history = history
 	s.prevEP = map[epRef]endpointSample{}
+	s.seenAt = map[epRef]uint64{}
 }
 
 func (s *sampler) mark(now time.Time, label string) {
@@ -331,13 +334,15 @@ func (s *sampler) add(now time.Time, g gathered, eps []endpointSample) {
 		}
 		s.prev = g
 	}
+	s.n++
 	seen := make(map[epRef]bool, len(eps))
 	for _, e := range eps {
 		ref := epRef{e.model, e.id}
 		seen[ref] = true
-		if !slices.Contains(s.eps, ref) {
+		if _, ok := s.seenAt[ref]; !ok {
 			s.eps = append(s.eps, ref)
 		}
+		s.seenAt[ref] = s.n
 		p.load[ref] = e.load
 		if !e.scraped {
 			continue
@@ -367,6 +372,16 @@ func (s *sampler) add(now time.Time, g gathered, eps []endpointSample) {
 	s.points = append(s.points, p)
 	if len(s.points) > s.history {
 		s.points = slices.Delete(s.points, 0, len(s.points)-s.history)
+		// Endpoints gone from every point kept (they left their pool)
+		// leave the chart: with discovery churn they would pile up.
+		oldest := s.n - uint64(len(s.points)) + 1
+		s.eps = slices.DeleteFunc(s.eps, func(ref epRef) bool {
+			if s.seenAt[ref] < oldest {
+				delete(s.seenAt, ref)
+				return true
+			}
+			return false
+		})
 	}
 }
 

@@ -6,6 +6,7 @@ import (
 	"net/http"
 	"net/http/httptest"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -235,5 +236,46 @@ func TestFirstPointIsBaseline(t *testing.T) {
 	}
 	if p50 := se.TTFTP50[0]; p50 != nil {
 		t.Errorf("TTFT chart's first point = %v ms, want none (a baseline)", *p50)
+	}
+}
+
+// churnSource serves one model whose router is replaced at will (endpoints
+// coming and going, as with discovery).
+type churnSource struct{ r *router.Router }
+
+func (s *churnSource) Models() []string             { return []string{s.r.Model()} }
+func (s *churnSource) Router(string) *router.Router { return s.r }
+
+// TestSeriesForgetsDepartedEndpoints: an endpoint that left the pool is
+// dropped from the load chart once its last point has aged out of the
+// history. Before, every endpoint ever seen stayed, and with discovery
+// churn (a new pod ID per rollout) each state response carried a series
+// of History nulls for each of them, without bound.
+func TestSeriesForgetsDepartedEndpoints(t *testing.T) {
+	src := &churnSource{}
+	now := time.Unix(1000, 0)
+	d, err := New(Options{Source: src, History: 3, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range 20 {
+		src.r = newModelRouter(t, "m", "stable", "pod-"+strconv.Itoa(i))
+		d.Sample(now)
+		now = now.Add(time.Second)
+	}
+	d.mu.Lock()
+	se := d.s.series()
+	d.mu.Unlock()
+	want := []string{"pod-17", "pod-18", "pod-19", "stable"}
+	if got := se.Order["m"]; !slices.Equal(got, want) {
+		t.Errorf("chart endpoints = %q, want %q (those in the last 3 points)", got, want)
+	}
+	if n := len(se.Load["m"]); n != len(want) {
+		t.Errorf("%d load series, want %d", n, len(want))
+	}
+	for id, vals := range se.Load["m"] {
+		if len(vals) != 3 {
+			t.Errorf("load series %s has %d points, want 3", id, len(vals))
+		}
 	}
 }
