@@ -78,7 +78,8 @@ type Config struct {
 	// dashboard's switch); default a random token, printed at start.
 	AdminToken string
 	// Out is the directory the report files go to; default a new
-	// temporary directory.
+	// temporary directory, removed again when no report is written (the
+	// run failed to start or no policy finished).
 	Out string
 	// Seed makes the workload reproducible; default 1.
 	Seed uint64
@@ -99,7 +100,9 @@ type Result struct {
 	URL string
 	// Report holds one row per policy that ran to its end.
 	Report *report.Report
-	// Dir is the report directory and Files the files written there.
+	// Dir is the report directory and Files the files written there. A
+	// temporary directory (Config.Out empty) that got no files is removed,
+	// and Dir is then empty.
 	Dir   string
 	Files []string
 }
@@ -281,7 +284,8 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 		cfg.AdminToken = hex.EncodeToString(b[:])
 	}
 	out := cfg.Out
-	if out == "" {
+	madeOut := out == "" // a temporary directory, removed if no report goes there
+	if madeOut {
 		dir, err := os.MkdirTemp("", "kvroute-demo-")
 		if err != nil {
 			return nil, fmt.Errorf("demo: %w", err)
@@ -290,17 +294,28 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	} else if err := os.MkdirAll(out, 0o755); err != nil {
 		return nil, fmt.Errorf("demo: %w", err)
 	}
+	// dropOut removes the temporary directory when nothing was written to
+	// it (a failed start, or no policy finished): os.Remove leaves a
+	// directory that is not empty.
+	dropOut := func(res *Result) {
+		if madeOut && (res == nil || len(res.Files) == 0) && os.Remove(out) == nil && res != nil {
+			res.Dir = ""
+		}
+	}
 	prof, err := engine.LookupProfile(cfg.Profile)
 	if err != nil {
+		dropOut(nil)
 		return nil, fmt.Errorf("demo: %w", err)
 	}
 	fl, err := newFleet(cfg.Engines, DefaultModel, prof, cfg.Blocks, cfg.Speed)
 	if err != nil {
+		dropOut(nil)
 		return nil, err
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		fl.closeListeners()
+		dropOut(nil)
 		return nil, fmt.Errorf("demo: listen: %w", err)
 	}
 	d := &demo{cfg: cfg, fleet: fl, base: "http://" + ln.Addr().String()}
@@ -315,6 +330,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		fl.closeListeners()
 		_ = ln.Close()
+		dropOut(nil)
 		return nil, fmt.Errorf("demo: %w", err)
 	}
 	url := d.base + "/ui/"
@@ -387,6 +403,7 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		err = nil // interrupted: what finished is in res
 	}
+	dropOut(res)
 	return res, err
 }
 

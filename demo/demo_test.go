@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -250,5 +251,46 @@ func TestRunLingerKeepsFleetLive(t *testing.T) {
 		}
 	case <-time.After(20 * time.Second):
 		t.Fatal("Run did not return after the cancel")
+	}
+}
+
+// TestRunLeavesNoEmptyTempDir: a run that writes no report (its address
+// is taken, or it is interrupted before a policy finished) removes the
+// temporary report directory it made, instead of leaving an empty
+// kvroute-demo-* directory behind on every failed or Ctrl-C'd start.
+func TestRunLeavesNoEmptyTempDir(t *testing.T) {
+	tmp := t.TempDir()
+	t.Setenv("TMPDIR", tmp)
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer ln.Close()
+	if _, err := Run(context.Background(), Config{Engines: 1, Listen: ln.Addr().String()}); err == nil ||
+		!strings.Contains(err.Error(), "listen") {
+		t.Fatalf("Run on a taken address = %v, want a listen error", err)
+	}
+	ents, err := os.ReadDir(tmp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range ents {
+		t.Errorf("left in TMPDIR after a failed start: %s", e.Name())
+	}
+
+	if testing.Short() {
+		return
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	res, err := Run(ctx, Config{Engines: 1, Duration: time.Minute, OnReady: func(string) { cancel() }})
+	if err != nil {
+		t.Fatalf("Run after cancel = %v, want nil", err)
+	}
+	if res.Dir != "" || len(res.Files) != 0 {
+		t.Errorf("interrupted run: Dir %q, files %q; want none (no policy finished)", res.Dir, res.Files)
+	}
+	if ents, _ = os.ReadDir(tmp); len(ents) != 0 {
+		t.Errorf("left in TMPDIR after an interrupted run: %s", ents[0].Name())
 	}
 }
