@@ -22,7 +22,9 @@
 // style, DeepSeek) load too but are not checked against a reference.
 // SentencePiece-style tokenizers (Metaspace, byte_fallback: Llama 2, Mistral
 // 7B v0.1, Gemma) and WordPiece are rejected with an error naming the
-// unsupported component.
+// unsupported component, and so is a BPE without a ByteLevel pre-tokenizer
+// (or with a Split after it), which HuggingFace runs on characters rather
+// than on byte-level runes.
 //
 // The BPE is this package's own (~400 lines), not a library's: the Go
 // candidates do not load these files. The latest release of

@@ -29,6 +29,7 @@ type HF struct {
 	normalize  func(string) string // nil: none
 	splitters  []splitter          // applied in order; nil: the whole segment is one word
 	prefixSp   bool                // ByteLevel add_prefix_space
+	byteLevel  bool                // the pre-tokenizer has a ByteLevel step (required)
 	added      addedMatcher        // tokens matched in the raw text
 	addedNorm  addedMatcher        // tokens matched in normalized text
 	addedByID  map[uint32]hfAddedToken
@@ -113,6 +114,12 @@ func load(tokenizerJSON, tokenizerConfigJSON []byte) (*HF, error) {
 	t.added = newAddedMatcher(raw, nil)
 	t.addedNorm = newAddedMatcher(normd, t.normalize)
 	t.vocabSize = len(t.idToToken)
+	if !t.byteLevel {
+		// The BPE here runs on the bytes' byte-level runes, which is what
+		// HuggingFace does only after a ByteLevel pre-tokenizer; without
+		// one it runs on the characters and the ids differ.
+		return nil, errors.New("pre_tokenizer: no ByteLevel step: only byte-level BPE tokenizers are supported")
+	}
 	if len(tokenizerConfigJSON) > 0 {
 		if err := t.loadConfig(tokenizerConfigJSON); err != nil {
 			return nil, err
@@ -263,6 +270,10 @@ func (t *HF) loadPreTokenizer(raw json.RawMessage, depth int) error {
 		}
 		return nil
 	case "Split":
+		if t.byteLevel {
+			// HuggingFace would split the byte-level runes (Ġ for a space).
+			return errors.New("pre_tokenizer Split after ByteLevel is not supported")
+		}
 		if c.Pattern == nil {
 			return errors.New("pre_tokenizer Split: no pattern")
 		}
@@ -287,7 +298,7 @@ func (t *HF) loadPreTokenizer(raw json.RawMessage, depth int) error {
 		if len(t.splitters) > 0 && c.AddPrefixSpace {
 			return errors.New("pre_tokenizer ByteLevel: add_prefix_space after a Split is not supported")
 		}
-		t.prefixSp = c.AddPrefixSpace
+		t.prefixSp, t.byteLevel = c.AddPrefixSpace, true
 		if c.UseRegex == nil || *c.UseRegex {
 			s, err := newRegexSplitter(patternGPT2)
 			if err != nil {

@@ -113,6 +113,13 @@ func TestLoadErrors(t *testing.T) {
 		{"decoder", `{"decoder": {"type": "Metaspace"}, "model": {"type": "BPE", "vocab": {"a": 0}}}`, "Metaspace"},
 		{"post-processor", `{"post_processor": {"type": "BertProcessing"}, "model": {"type": "BPE", "vocab": {"a": 0}}}`, "BertProcessing"},
 		{"empty added", `{"added_tokens": [{"id": 1, "content": ""}], "model": {"type": "BPE", "vocab": {"a": 0}}}`, "empty content"},
+		// Without a ByteLevel pre-tokenizer HuggingFace runs the BPE on the
+		// text's characters, not on its bytes' byte-level runes: "a b" is
+		// [a, b] there (no token for a raw space), [a, Ġ, b] here.
+		{"no ByteLevel", `{"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "Ġ": 2}}}`, "ByteLevel"},
+		{"Split without ByteLevel", `{"pre_tokenizer": {"type": "Split", "pattern": {"String": " "}, "behavior": "Isolated"}, "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "Ġ": 2}}}`, "ByteLevel"},
+		// A Split after ByteLevel sees the byte-level runes (Ġ, not " ").
+		{"Split after ByteLevel", `{"pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "ByteLevel", "use_regex": false}, {"type": "Split", "pattern": {"String": " "}, "behavior": "Isolated"}]}, "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "Ġ": 2}}}`, "after ByteLevel"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -141,8 +148,8 @@ func FuzzLoad(f *testing.F) {
 		f.Fatal(err)
 	}
 	f.Add(good, "hello world")
-	f.Add([]byte(`{"model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": [["a", "b"]]}, "added_tokens": [{"id": 3, "content": "x", "lstrip": true, "rstrip": true}]}`), "ab xab")
-	f.Add([]byte(`{"normalizer": {"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Lowercase"}]}, "pre_tokenizer": {"type": "Split", "pattern": {"String": " "}, "behavior": "Isolated"}, "model": {"vocab": {"a": 0}}}`), "A a")
+	f.Add([]byte(`{"pre_tokenizer": {"type": "ByteLevel", "use_regex": false}, "model": {"type": "BPE", "vocab": {"a": 0, "b": 1, "ab": 2}, "merges": [["a", "b"]]}, "added_tokens": [{"id": 3, "content": "x", "lstrip": true, "rstrip": true}]}`), "ab xab")
+	f.Add([]byte(`{"normalizer": {"type": "Sequence", "normalizers": [{"type": "NFKC"}, {"type": "Lowercase"}]}, "pre_tokenizer": {"type": "Sequence", "pretokenizers": [{"type": "Split", "pattern": {"String": " "}, "behavior": "Isolated"}, {"type": "ByteLevel", "use_regex": false}]}, "model": {"vocab": {"a": 0}}}`), "A a")
 	f.Fuzz(func(t *testing.T, data []byte, text string) {
 		tok, err := Load(data, nil)
 		if err != nil {
