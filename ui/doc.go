@@ -25,10 +25,14 @@
 // are unique per model only) and shows the model picked.
 //
 // Time series: Sample takes one point (at most one per SampleEvery,
-// SampleNow one whatever the last one's age); the
-// demo calls it from its ticker, and a poll of the state takes a point when
-// the last one is older than that, so `kvroute serve` needs no goroutine for
-// the dashboard. TTFT quantiles are estimated from the histogram buckets as
+// SampleNow one whatever the last one's age); the demo calls it from its
+// ticker and `kvroute serve` once a second (the proxy's Serve runs that
+// loop), and a poll of the state takes a point when the last one is older
+// than that. Each point holds the router's counters' increase since the
+// previous one, per series (a removed endpoint's deleted series is no
+// reset); the first point only sets their baselines. Endpoints that left
+// their pool leave the load chart once their last point is out of the
+// History. TTFT quantiles are estimated from the histogram buckets as
 // Prometheus' histogram_quantile does (linear within a bucket), and the page
 // says so. A demo run (RunState.Current) gives the summary tiles its
 // running phase's report row instead, the load generator's own
