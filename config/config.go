@@ -198,8 +198,10 @@ type Precise struct {
 	// BlockSize is the engines' KV block size in tokens (vLLM
 	// --block-size); prompts are hashed in blocks of this size. Default 16.
 	BlockSize int `yaml:"block_size"`
-	// CacheTokens bounds the tokenizer's prefix cache, in token ids held;
-	// default 1048576.
+	// CacheTokens bounds the tokenizer's prefix cache, in token ids (4
+	// bytes each): every id held counts one and every cached segment about
+	// 44 more for its bookkeeping, so the cache takes about 4 x CacheTokens
+	// bytes; default 1048576 (4 MiB).
 	CacheTokens int `yaml:"cache_tokens"`
 	// IndexCapacity bounds the precise index's (block, endpoint) entries
 	// (a safety net: KV events normally keep it far below); default 8388608.

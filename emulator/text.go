@@ -287,7 +287,8 @@ func (s *Server) render(dst []byte, ids, scratch []uint32) ([]byte, []uint32) {
 
 // cacheTokens bounds a server's tokenizer cache (tokenizer.Cache: the ids
 // of the text between special tokens, such as a chat's system prompt and
-// earlier turns, are looked up instead of encoded again): 4 bytes a token.
+// earlier turns, are looked up instead of encoded again): 4 bytes a token,
+// and about 44 tokens' worth per cached segment (tokenizer.CacheConfig).
 const cacheTokens = 1 << 16
 
 // encode is Tokenizer.Encode; for the built-in tokenizer (through the

@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"fmt"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -84,15 +85,16 @@ func TestCacheMultiTurn(t *testing.T) {
 
 func TestCacheEviction(t *testing.T) {
 	tok := loadTiny(t)
-	cache := NewCache(tok, CacheConfig{MaxTokens: 50, MinSegmentBytes: 1})
+	const budget = 8 * (entryCost + 6) // a few entries of a few ids
+	cache := NewCache(tok, CacheConfig{MaxTokens: budget, MinSegmentBytes: 1})
 	r := rand.New(rand.NewPCG(5, 6))
 	for i := range 500 {
 		text := fmt.Sprintf("hello world %d <s> %d", r.IntN(40), i)
 		if got, want := cache.Encode(text), tok.Encode(text); !slices.Equal(got, want) {
 			t.Fatalf("Encode(%q) = %v, want %v", text, got, want)
 		}
-		if s := cache.Stats(); s.Tokens > 50 {
-			t.Fatalf("after %d texts: %d tokens held, want <= 50", i, s.Tokens)
+		if s := cache.Stats(); s.Tokens+entryCost*s.Entries > budget {
+			t.Fatalf("after %d texts: %d tokens held in %d entries, over the budget %d", i, s.Tokens, s.Entries, budget)
 		}
 	}
 	s := cache.Stats()
@@ -191,4 +193,49 @@ func TestBuiltinCacheHitAllocs(t *testing.T) {
 	if n := testing.AllocsPerRun(100, func() { _ = c.AppendEncode(dst, text) }); n != 0 {
 		t.Errorf("AppendEncode with a cache hit: %v allocations, want 0", n)
 	}
+}
+
+// TestCacheChargesEntries: the budget counts each entry's bookkeeping
+// (entryCost ids' worth) beside its ids, so a cache of many short segments
+// stays within about 4 x MaxTokens bytes. Counting the ids alone, the
+// default budget held 51 MB of Llama 3's short segments.
+func TestCacheChargesEntries(t *testing.T) {
+	tok := loadTiny(t)
+	const budget = 4000
+	cache := NewCache(tok, CacheConfig{MaxTokens: budget, MinSegmentBytes: 1})
+	for i := range 2000 {
+		cache.Encode(fmt.Sprintf("w%d", i))
+		s := cache.Stats()
+		if charged := s.Tokens + entryCost*s.Entries; charged > budget {
+			t.Fatalf("after %d segments: %d ids + %d entries x %d = %d, over the budget %d", i+1, s.Tokens, s.Entries, entryCost, charged, budget)
+		}
+	}
+	s := cache.Stats()
+	if s.Entries == 0 || s.Entries > budget/entryCost {
+		t.Fatalf("%d entries held, want 1..%d", s.Entries, budget/entryCost)
+	}
+
+	// The charge is about what an entry takes: fill a cache with short
+	// segments and weigh the heap.
+	big := NewCache(tok, CacheConfig{MaxTokens: 1 << 30, MinSegmentBytes: 1})
+	texts := make([]string, 20000)
+	for i := range texts {
+		texts[i] = fmt.Sprintf("v%d", i)
+	}
+	var m0, m1 runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&m0)
+	for _, text := range texts {
+		big.Encode(text)
+	}
+	runtime.GC()
+	runtime.ReadMemStats(&m1)
+	s = big.Stats()
+	perEntry := float64(int64(m1.HeapAlloc)-int64(m0.HeapAlloc)) / float64(s.Entries)
+	charged := 4 * float64(s.Tokens+entryCost*s.Entries) / float64(s.Entries)
+	t.Logf("%d entries of %.2f ids: %.0f bytes each on the heap, %.0f charged", s.Entries, float64(s.Tokens)/float64(s.Entries), perEntry, charged)
+	if perEntry > 1.5*charged {
+		t.Errorf("an entry takes %.0f bytes of heap, %.0f charged: entryCost is too low", perEntry, charged)
+	}
+	runtime.KeepAlive(big)
 }
