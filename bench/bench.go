@@ -47,7 +47,7 @@ const (
 	ErrTimeout   = "timeout"   // the per-request timeout expired
 	ErrCanceled  = "canceled"  // the run was cancelled (e.g. Ctrl-C)
 	ErrTransport = "transport" // any other failure before a response
-	ErrMidstream = "midstream" // an error event or a broken stream after a 200
+	ErrMidstream = "midstream" // an error event, a finish_reason "abort" or a broken stream after a 200
 	ErrBadReply  = "bad_response"
 	// HTTP errors are "http_<status>", e.g. http_500; 429 is a rejection.
 )
@@ -441,6 +441,7 @@ func (r *runner) readStream(ctx context.Context, body io.Reader, t0 time.Time, s
 	var last time.Time
 	chunks := 0
 	done := false
+	aborted := false // a choice finished with "abort"
 	var usage *openai.Usage
 	for {
 		ev, err := sr.Next()
@@ -487,6 +488,9 @@ func (r *runner) readStream(ctx context.Context, body io.Reader, t0 time.Time, s
 			if ch.Text != "" || ch.Delta.Content != "" || ch.Delta.ReasoningContent != "" || ch.Delta.Reasoning != "" {
 				got = true
 			}
+			if ch.FinishReason != nil && *ch.FinishReason == openai.FinishAbort {
+				aborted = true
+			}
 		}
 		if got {
 			if chunks == 0 {
@@ -497,6 +501,13 @@ func (r *runner) readStream(ctx context.Context, body io.Reader, t0 time.Time, s
 			last = now
 			chunks++
 		}
+	}
+	if aborted && s.Err == "" {
+		// The engine gave up on the request (vLLM: an abort, e.g. a
+		// failed KV transfer) and ended the stream as if it had finished:
+		// the answer is cut short, a failure like a broken stream.
+		s.Err = ErrMidstream
+		r.example(s.Err, fmt.Sprintf("the server aborted the request (finish_reason %q) after %d content chunks", openai.FinishAbort, chunks))
 	}
 	s.OutputTokens = chunks
 	if usage != nil {

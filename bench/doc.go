@@ -15,9 +15,10 @@
 //
 // Every failure is recorded on the request's report.Sample and never stops
 // the run: connect (refused or unreachable), dns, timeout, canceled,
-// transport, http_<status>, midstream (an error event or a broken stream
-// after a 200) and bad_response (also a 200 with a JSON body: a server that
-// does not stream); a 429 counts as a rejection. Result.ErrorExamples keeps,
+// transport, http_<status>, midstream (an error event, a choice finished
+// with finish_reason "abort" as vLLM ends a request its engine aborted, or a
+// broken stream after a 200) and bad_response (also a 200 with a JSON body:
+// a server that does not stream); a 429 counts as a rejection. Result.ErrorExamples keeps,
 // per kind, what the first such failure got (the server's error message or
 // the transport error). Run returns an error only for a bad Config (an
 // unparseable URL, a missing model).

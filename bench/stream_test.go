@@ -29,6 +29,12 @@ func TestReadStream(t *testing.T) {
 		{"null error", "data: {\"choices\":[{\"text\":\"a\"}],\"error\":null}\n\ndata: [DONE]\n\n", "", 1, -1},
 		{"reasoning", "data: {\"choices\":[{\"delta\":{\"reasoning\":\"hm\"}}]}\n\ndata: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: [DONE]\n\n", "", 2, -1},
 		{"empty", "", ErrMidstream, 0, -1},
+		// vLLM ends a request its engine aborted with finish_reason
+		// "abort", usage and [DONE]: a failure, not a shorter answer.
+		{"aborted", "data: {\"choices\":[{\"delta\":{\"content\":\"a\"},\"finish_reason\":null}]}\n\n" +
+			"data: {\"choices\":[{\"delta\":{\"content\":\"\"},\"finish_reason\":\"abort\"}]}\n\n" +
+			"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1,\"total_tokens\":10}}\n\ndata: [DONE]\n\n", ErrMidstream, 1, -1},
+		{"finished", "data: {\"choices\":[{\"delta\":{\"content\":\"a\"},\"finish_reason\":\"length\"}]}\n\ndata: [DONE]\n\n", "", 1, -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := &runner{}
@@ -36,6 +42,9 @@ func TestReadStream(t *testing.T) {
 			r.readStream(context.Background(), bytes.NewReader([]byte(tc.body)), time.Now(), &s)
 			if s.Err != tc.err || s.OutputTokens != tc.tokens || s.CachedTokens != tc.cached {
 				t.Errorf("got err %q tokens %d cached %d, want %q %d %d", s.Err, s.OutputTokens, s.CachedTokens, tc.err, tc.tokens, tc.cached)
+			}
+			if s.Err != "" && r.examples[s.Err] == "" {
+				t.Errorf("no example for error kind %q", s.Err)
 			}
 		})
 	}
