@@ -440,39 +440,43 @@ func (r *runner) readStream(ctx context.Context, body io.Reader, t0 time.Time, s
 	sr := openai.NewSSEReader(body)
 	var last time.Time
 	chunks := 0
-	done := false
 	aborted := false // a choice finished with "abort"
+	bad := ""        // the first unparseable event, with why
+	badLast := false // the last event read was unparseable
 	var usage *openai.Usage
 	for {
 		ev, err := sr.Next()
 		if err != nil {
 			s.E2E = time.Since(t0)
-			switch {
-			case errors.Is(err, io.EOF) && done:
-			case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
-				s.Err = ErrMidstream
-				r.example(s.Err, "the stream ended before data: [DONE]")
-			case ctx.Err() != nil:
-				s.Err = classify(ctx, err)
-				r.example(s.Err, err.Error())
-			default:
-				s.Err = ErrMidstream
-				r.example(s.Err, err.Error())
+			ended := "the stream ended before data: [DONE]"
+			if badLast {
+				ended += ", its last event unparseable (cut short?): " + bad
+			}
+			if bad == "" || !errors.Is(err, io.EOF) {
+				// (A stream that ended cleanly after an unparseable event
+				// failed for that event, below.)
+				r.broken(ctx, err, ended, s)
 			}
 			break
 		}
+		badLast = false
 		if ev.IsDone() {
-			done = true
 			s.E2E = time.Since(t0)
 			break
 		}
 		now := time.Now()
 		var c chunk
 		if err := json.Unmarshal(ev.Data, &c); err != nil {
-			s.E2E = time.Since(t0)
-			s.Err = ErrBadReply
-			r.example(s.Err, fmt.Sprintf("%v: data: %s", err, ev.Data))
-			break
+			// Read on: what follows may say why. An event cut short by a
+			// stream that broke or timed out halfway through it (the SSE
+			// reader hands it over as if whole), or that kvroute serve
+			// ended with an error event after an engine's stream broke
+			// mid-event, is a failure of the stream, not a bad reply.
+			if bad == "" {
+				bad = fmt.Sprintf("%v: data: %s", err, ev.Data)
+			}
+			badLast = true
+			continue
 		}
 		if len(c.Error) > 0 && string(c.Error) != "null" {
 			s.E2E = time.Since(t0)
@@ -502,6 +506,10 @@ func (r *runner) readStream(ctx context.Context, body io.Reader, t0 time.Time, s
 			chunks++
 		}
 	}
+	if bad != "" && s.Err == "" {
+		s.Err = ErrBadReply
+		r.example(s.Err, bad)
+	}
 	if aborted && s.Err == "" {
 		// The engine gave up on the request (vLLM: an abort, e.g. a
 		// failed KV transfer) and ended the stream as if it had finished:
@@ -521,6 +529,22 @@ func (r *runner) readStream(ctx context.Context, body io.Reader, t0 time.Time, s
 	}
 	if s.Err == "" && chunks == 0 {
 		s.TTFT = s.E2E
+	}
+}
+
+// broken records on s a stream that ended by err before data: [DONE]
+// (ended is the example for a stream that just stopped).
+func (r *runner) broken(ctx context.Context, err error, ended string, s *report.Sample) {
+	switch {
+	case errors.Is(err, io.EOF) || errors.Is(err, io.ErrUnexpectedEOF):
+		s.Err = ErrMidstream
+		r.example(s.Err, ended)
+	case ctx.Err() != nil:
+		s.Err = classify(ctx, err)
+		r.example(s.Err, err.Error())
+	default:
+		s.Err = ErrMidstream
+		r.example(s.Err, err.Error())
 	}
 }
 

@@ -14,6 +14,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/report"
 	"github.com/kvroute/kvroute/workload"
@@ -402,5 +403,54 @@ func TestEndpoint(t *testing.T) {
 		if got := c.endpoint(); got != tc.want {
 			t.Errorf("endpoint(%q, %s) = %q, want %q", tc.url, tc.api, got, tc.want)
 		}
+	}
+}
+
+// TestStreamBrokenMidEvent: a stream that breaks (or times out) halfway
+// through an event leaves the SSE reader an unterminated, unparseable last
+// event, and kvroute serve ends an engine's stream that broke so with the
+// cut event then an error event; the request failed for the break
+// (midstream, timeout, with what the router said), not for a bad reply.
+func TestStreamBrokenMidEvent(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body) // (unread, it would make the close a reset, which may drop what was sent)
+		w.Header().Set("Content-Type", openai.ContentTypeEventStream)
+		io.WriteString(w, "data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[{\"del")
+		w.(http.Flusher).Flush()
+		switch r.Header.Get("X-Session-Id") {
+		case "router":
+			// kvroute serve ends an engine's stream that broke mid-event
+			// this way: the event cut short, then an error event.
+			w.Write(openai.AppendErrorEvent([]byte("\n\n"), &kvroute.Error{Status: http.StatusBadGateway,
+				Type: kvroute.TypeUpstream, Message: "the stream from endpoint e1 broke: unexpected EOF"}))
+			return
+		case "hang":
+			<-r.Context().Done()
+			return
+		}
+		panic(http.ErrAbortHandler) // drop the connection mid-event
+	}))
+	defer srv.Close()
+	for _, tc := range []struct {
+		session, want string
+		timeout       time.Duration
+		example       string
+	}{
+		{"cut", ErrMidstream, time.Minute, "cut short"},
+		{"hang", ErrTimeout, 200 * time.Millisecond, ""},
+		{"router", ErrMidstream, time.Minute, "error event: the stream from endpoint e1 broke"},
+	} {
+		t.Run(tc.session, func(t *testing.T) {
+			res, err := Run(context.Background(), Config{URL: srv.URL, Model: "m", Timeout: tc.timeout}, reqs(tc.session))
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got := res.Samples[0].Err; got != tc.want {
+				t.Errorf("error kind %q (examples %v), want %q", got, res.ErrorExamples, tc.want)
+			}
+			if got := res.ErrorExamples[tc.want]; got == "" || !strings.Contains(got, tc.example) {
+				t.Errorf("examples %v: want one for %q that says %q", res.ErrorExamples, tc.want, tc.example)
+			}
+		})
 	}
 }

@@ -54,6 +54,7 @@ func FuzzReadStream(f *testing.F) {
 	f.Add([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1,\"total_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":0}}}\n\ndata: [DONE]\n\n"))
 	f.Add([]byte("data: {\"error\":{\"message\":\"x\"}}\n\n"))
 	f.Add([]byte(": ping\r\nevent: x\r\ndata: [DONE]\r\n\r\n"))
+	f.Add([]byte("data: {\"choices\":[{\"text\":\"a\",\"finish_reason\":\"abort\"}]}\n\ndata: {\"choi"))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		r := &runner{}
 		s := report.Sample{CachedTokens: -1}
