@@ -118,6 +118,9 @@ func Generate(name string, opts Options) (*Workload, error) {
 		if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
 			return nil, fmt.Errorf("workload: generator %s: parameter %s=%v must be >= 0", name, k, v)
 		}
+		if v == 0 && slices.Contains(outputParams, k) {
+			return nil, fmt.Errorf("workload: generator %s: parameter %s=0: a request generates at least one token", name, k)
+		}
 		params[k] = v
 	}
 	st := &gen{
@@ -140,6 +143,13 @@ func Generate(name string, opts Options) (*Workload, error) {
 	AssignHashIDs(w.Requests)
 	return w, w.Validate()
 }
+
+// outputParams are the generator parameters that set a request's output
+// length. They must be positive: a request generates at least one token
+// (ReadTrace refuses an output_length of 0 too), and max_tokens 0 would
+// mean "up to the model's length" to the engine model and to
+// vLLM-compatible servers.
+var outputParams = []string{"output_len", "reply_len"}
 
 // gen is a generator's state.
 type gen struct {
@@ -220,7 +230,7 @@ var generators = []Generator{
 			{"turns", 4, "mean turns per session (uniform on 1..2*turns-1)"},
 			{"system_len", 400, "tokens of the system prompt shared by all sessions (0 = none)"},
 			{"user_len", 150, "mean tokens per user message"},
-			{"reply_len", 300, "mean tokens per reply (the turn's output length)"},
+			{"reply_len", 300, "mean tokens per reply (the turn's output length; > 0)"},
 			{"think_s", 15, "mean think time between a turn and the next, seconds (exponential)"},
 			{"max_len", 32000, "a session ends once its prompt would exceed this many tokens"},
 		},
@@ -236,7 +246,7 @@ var generators = []Generator{
 			{"zipf", 1.1, "Zipf exponent of document popularity (> 1)"},
 			{"question_len", 80, "mean question length, tokens"},
 			{"system_len", 300, "shared system prompt, tokens (0 = none)"},
-			{"output_len", 250, "mean output length, tokens"},
+			{"output_len", 250, "mean output length, tokens (> 0)"},
 		},
 		gen: genRAG,
 	},
@@ -247,7 +257,7 @@ var generators = []Generator{
 			{"prompts", 4, "number of distinct system prompts (chosen uniformly)"},
 			{"system_len", 6000, "system prompt length, tokens"},
 			{"user_len", 200, "mean user message length, tokens"},
-			{"output_len", 200, "mean output length, tokens"},
+			{"output_len", 200, "mean output length, tokens (> 0)"},
 			{"users", 1000, "distinct users (session ids)"},
 		},
 		gen: genSysPrompt,
@@ -261,7 +271,7 @@ var generators = []Generator{
 			{"prefix_len", 2000, "background prefix length, tokens"},
 			{"hot_len", 6000, "hot prefix length, tokens"},
 			{"suffix_len", 100, "mean unique suffix length, tokens"},
-			{"output_len", 150, "mean output length, tokens"},
+			{"output_len", 150, "mean output length, tokens (> 0)"},
 			{"burst", 200, "requests in the burst"},
 			{"burst_at_s", 10, "burst start, seconds after the first arrival"},
 			{"burst_s", 2, "burst length, seconds (arrivals uniform within it)"},
@@ -278,7 +288,7 @@ var generators = []Generator{
 			{"system_len", 1000, "per-tenant system prompt, tokens"},
 			{"heavy_len", 4000, "mean extra document length for tenant-0, tokens (from 20 shared docs)"},
 			{"user_len", 300, "mean user message, tokens"},
-			{"output_len", 200, "mean output length, tokens"},
+			{"output_len", 200, "mean output length, tokens (> 0)"},
 		},
 		gen: genTenants,
 	},

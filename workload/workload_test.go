@@ -293,6 +293,10 @@ func TestGenerateErrors(t *testing.T) {
 		{"negative param", "rag", Options{Params: map[string]float64{"docs": -1}}, "must be >= 0"},
 		{"bad rate", "rag", Options{Arrivals: Arrivals{Rate: -1}}, "rate"},
 		{"bad kind", "rag", Options{Arrivals: Arrivals{Kind: "weibull"}}, "arrivals.kind"},
+		// A request generates at least one token (ReadTrace refuses an
+		// output_length of 0): max_tokens 0 is "up to the model's length".
+		{"zero output", "rag", Options{Params: map[string]float64{"output_len": 0}}, "output_len=0"},
+		{"zero reply", "chat", Options{Params: map[string]float64{"reply_len": 0}}, "reply_len=0"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Generate(tc.gen, tc.opts)
