@@ -37,8 +37,9 @@ and its tenant in the "user" field; the X-Kvroute-Endpoint response header
 (kvroute serve with debug.enabled) names the engine, for the imbalance column
 and per-engine charts.
 
-The workload is --trace FILE (Mooncake JSONL; --rate R rescales it to R
-requests per second on average, --rate-scale X speeds it up X times) or
+The workload is --trace FILE (Mooncake JSONL, replayed from its first
+request: timestamps count from it; --rate R rescales it to R requests per
+second on average, --rate-scale X speeds it up X times) or
 --workload NAME (a generator: ` + "%s" + `;
 --rate is its mean arrival rate, --params its parameters, see
 'kvroute bench --workload list'). --duration keeps the requests that arrive
@@ -187,13 +188,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if w, err = workload.ReadTraceFile(trace); err != nil {
 			return err
 		}
-		if rate > 0 {
-			if w.Span() <= 0 || len(w.Requests) < 2 {
-				return usageErr("--rate %g: the trace's requests all arrive at the same instant, so it has no rate to rescale", rate)
-			}
-			if err := w.ScaleRate(rate / (float64(len(w.Requests)-1) / w.Span().Seconds())); err != nil {
-				return err
-			}
+		if err := benchTrace(w, rate); err != nil {
+			return usageErr("%v", err)
 		}
 	} else {
 		p, err := workload.ParseParams(params)
@@ -363,6 +359,27 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if !quiet {
 			fmt.Fprintf(stderr, "wrote %s\n", out)
 		}
+	}
+	return nil
+}
+
+// benchTrace readies a trace for the run. Its clock starts at its first
+// request: a slice cut from a longer trace, or one with absolute timestamps,
+// would otherwise idle until its first timestamp, and its rate would be
+// counted over a span that starts at 0. With rate > 0 it is then rescaled
+// to rate requests per second on average.
+func benchTrace(w *workload.Workload, rate float64) error {
+	if len(w.Requests) > 0 {
+		first := w.Requests[0].Arrival // ReadTrace sorts by arrival
+		for i := range w.Requests {
+			w.Requests[i].Arrival -= first
+		}
+	}
+	if rate > 0 {
+		if w.Span() <= 0 || len(w.Requests) < 2 {
+			return fmt.Errorf("--rate %g: the trace's requests all arrive at the same instant, so it has no rate to rescale", rate)
+		}
+		return w.ScaleRate(rate / (float64(len(w.Requests)-1) / w.Span().Seconds()))
 	}
 	return nil
 }

@@ -10,9 +10,11 @@ import (
 	"net/http/httptest"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/emulator"
 	"github.com/kvroute/kvroute/engine"
@@ -280,5 +282,37 @@ func TestBenchCommandWarmServerNote(t *testing.T) {
 	}
 	if want := "hit% above oracle%"; !strings.Contains(errb.String(), want) {
 		t.Errorf("stderr lacks %q:\n%s\n%s", want, out.String(), errb.String())
+	}
+}
+
+// TestBenchTraceStartsAtFirstRequest: a trace whose first request is not at
+// 0 (a slice of a longer trace, absolute timestamps) is replayed from its
+// first request, and --rate counts its rate over its own span: it idled
+// until the first timestamp, and rescaled by a rate counted from 0.
+func TestBenchTraceStartsAtFirstRequest(t *testing.T) {
+	trace := func() *workload.Workload {
+		w := &workload.Workload{}
+		for i := range 10 { // 10 requests 100ms apart, from 100s on
+			w.Requests = append(w.Requests, workload.Request{ID: strconv.Itoa(i), PromptLen: 1, OutputLen: 1,
+				Arrival: 100*time.Second + time.Duration(i)*100*time.Millisecond})
+		}
+		return w
+	}
+	for _, tc := range []struct {
+		rate float64
+		gap  time.Duration // between consecutive arrivals, from 0
+	}{
+		{0, 100 * time.Millisecond},  // the trace's own rate
+		{100, 10 * time.Millisecond}, // 100 requests per second
+	} {
+		w := trace()
+		if err := benchTrace(w, tc.rate); err != nil {
+			t.Fatalf("rate %g: %v", tc.rate, err)
+		}
+		for i, r := range w.Requests {
+			if want := time.Duration(i) * tc.gap; r.Arrival != want {
+				t.Errorf("rate %g: request %d arrives at %v, want %v", tc.rate, i, r.Arrival, want)
+			}
+		}
 	}
 }
