@@ -132,6 +132,12 @@ func ParseTraceLine(line []byte, index int, opts ReadOptions) (Request, error) {
 	if r.ID == "" {
 		r.ID = defaultID(index)
 	}
+	if len(r.Tokens) == 0 {
+		// "tokens": [] is no tokens, as "segments": [] and "text": "" are
+		// no segments and no text (and as WriteTrace writes it: not at
+		// all): the line is in the Mooncake form, checked as such.
+		r.Tokens = nil
+	}
 	if r.PromptLen < 0 || r.OutputLen < 0 {
 		return Request{}, fmt.Errorf("negative length (input_length %d, output_length %d)", r.PromptLen, r.OutputLen)
 	}
