@@ -534,3 +534,31 @@ func TestWriteSamplesCSV(t *testing.T) {
 		t.Errorf("got:\n%s\nwant:\n%s", got, want)
 	}
 }
+
+// TestChartLongNameStaysUTF8: a legend cuts a long name to fit, on a
+// character boundary: cut inside a multi-byte character, the standalone
+// .svg file was not UTF-8 and no XML reader (browsers included) opened it.
+func TestChartLongNameStaysUTF8(t *testing.T) {
+	name := strings.Repeat("é", 30) // 60 bytes: a cut at byte 23 falls inside an é
+	rep := &Report{Rows: []Row{{Name: name, TTFTQuantiles: []float64{0.1, 0.2}}}}
+	charts := rep.Charts()
+	if len(charts) == 0 {
+		t.Fatal("no chart")
+	}
+	for _, c := range charts {
+		dec := xml.NewDecoder(strings.NewReader(svgHeader + c.SVG))
+		dec.Strict = true
+		for {
+			_, err := dec.Token()
+			if err == io.EOF {
+				break
+			}
+			if err != nil {
+				t.Fatalf("%s: %v", c.Name, err)
+			}
+		}
+		if !strings.Contains(c.SVG, ">"+strings.Repeat("é", 23)+"…<") {
+			t.Errorf("%s: legend does not hold the name cut to 23 characters and …", c.Name)
+		}
+	}
+}

@@ -7,6 +7,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"unicode/utf8"
 )
 
 // Chart is one rendered chart: Name is a file-name stem (e.g. ttft_cdf), SVG
@@ -199,11 +200,20 @@ func (c lineChart) render() string {
 	return b.String()
 }
 
+// truncate cuts s to n characters, the last an ellipsis when it cut, on
+// character boundaries (a cut inside a multi-byte character is not UTF-8,
+// which no XML reader accepts).
 func truncate(s string, n int) string {
-	if len(s) <= n {
+	if utf8.RuneCountInString(s) <= n {
 		return s
 	}
-	return s[:n-1] + "…"
+	i, k := 0, 0
+	for k < n-1 {
+		_, size := utf8.DecodeRuneInString(s[i:])
+		i += size
+		k++
+	}
+	return s[:i] + "…"
 }
 
 // niceTicks returns evenly spaced round tick values covering [lo, hi].
