@@ -323,7 +323,8 @@ func (r *runner) body(req *workload.Request) ([]byte, error) {
 }
 
 // do sends one request and measures it. sentAt is the send offset from the
-// run's start; the sample's Arrival is the scheduled offset.
+// run's start, and the sample's Arrival (the scheduled offset unless
+// MaxInFlight delayed the request, see Result.Samples).
 func (r *runner) do(ctx context.Context, req *workload.Request, sentAt time.Duration) report.Sample {
 	s := report.Sample{ID: req.ID, Arrival: sentAt, PromptTokens: req.PromptLen, CachedTokens: -1}
 	body, err := r.body(req)
