@@ -383,8 +383,24 @@ func (r *runner) do(ctx context.Context, req *workload.Request, sentAt time.Dura
 		return s
 	}
 	r.readStream(ctx, resp.Body, t0, &s)
+	// Read the body to its end, so that the connection serves a later
+	// request: the end (of a chunked body) comes a moment after [DONE],
+	// and a body closed before it closes its connection, so the next
+	// request pays for a new one (TCP, TLS) in its TTFT and the client
+	// piles up sockets in TIME_WAIT. A server that keeps the body open
+	// after [DONE] costs drainWait; the connection is then dropped.
+	stop := time.AfterFunc(drainWait, cancel)
+	_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, maxDrain))
+	stop.Stop()
 	return s
 }
+
+// drainWait and maxDrain bound the wait for, and the bytes read to, the end
+// of a stream's body after its last event.
+const (
+	drainWait = 250 * time.Millisecond
+	maxDrain  = 64 << 10
+)
 
 // errorMessage returns an error body's message: the OpenAI-style
 // {"error": {"message": ...}} (or a top-level "message" or "detail", as

@@ -454,3 +454,45 @@ func TestStreamBrokenMidEvent(t *testing.T) {
 		})
 	}
 }
+
+// TestConnectionsReused: a request reads its body to the end after
+// data: [DONE], so that its connection serves the next request. A server
+// ends the body a moment after [DONE] (vLLM's uvicorn sends the chunked
+// body's end in a write of its own); closed before that end, the
+// connection was dropped, and every request paid for a new one (TCP, TLS)
+// in its TTFT and left a socket in TIME_WAIT behind.
+func TestConnectionsReused(t *testing.T) {
+	fs := &fakeServer{}
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		fs.ServeHTTP(w, r)
+		time.Sleep(2 * time.Millisecond) // then the body ends
+	}))
+	var conns atomic.Int32
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
+	srv.Start()
+	defer srv.Close()
+	var rs []workload.Request
+	for i := range 20 {
+		r := reqs("x")[0]
+		r.ID = fmt.Sprint(i)
+		rs = append(rs, r)
+	}
+	res, err := Run(context.Background(), Config{URL: srv.URL, Model: "m", MaxInFlight: 1}, rs) // one at a time
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range res.Samples {
+		if !s.OK() {
+			t.Fatalf("request %s: error %q", s.ID, s.Err)
+		}
+	}
+	// One connection serves them all; a few more would be a stalled
+	// machine missing the body's end (a connection is then dropped).
+	if got := conns.Load(); got > 5 {
+		t.Errorf("%d requests one after the other opened %d connections, want 1", len(rs), got)
+	}
+}
