@@ -7,11 +7,13 @@
 // queueing in the server shows up in the measurements instead of slowing the
 // client down (open loop). Each request is a streaming POST with
 // stream_options.include_usage; bench measures the time to the first content
-// chunk (TTFT), the gaps between content chunks (inter-token latency), the
-// end-to-end latency to the end of the stream, and reads prompt, completion
-// and cached tokens (usage.prompt_tokens_details.cached_tokens) from the
-// usage chunk. The X-Kvroute-Endpoint response header, when the router sends
-// it, names the engine that served the request.
+// chunk (TTFT; a stream that completes without one, its answer empty or
+// reported in usage only, has TTFT = E2E), the gaps between content chunks
+// (inter-token latency), the end-to-end latency to the end of the stream
+// (data: [DONE]), and reads prompt, completion and cached tokens
+// (usage.prompt_tokens_details.cached_tokens) from the usage chunk. The
+// X-Kvroute-Endpoint response header, when the router sends it, names the
+// engine that served the request.
 //
 // Every failure is recorded on the request's report.Sample and never stops
 // the run: connect (refused or unreachable), dns, timeout, canceled,

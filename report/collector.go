@@ -15,8 +15,9 @@ type Sample struct {
 	// Arrival is when the request was issued, as an offset from the run's
 	// start.
 	Arrival time.Duration
-	// TTFT is the time to the first output token (0 when none arrived); E2E
-	// the time to the last byte or the error.
+	// TTFT is the time to the first output token (0 when none arrived
+	// before a failure; bench: E2E for a completed stream that carried no
+	// content); E2E the time to the last byte or the error.
 	TTFT, E2E time.Duration
 	// ITL are the gaps between successive output tokens (optional).
 	ITL []time.Duration
