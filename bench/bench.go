@@ -188,12 +188,18 @@ func (r *Result) Summary(o report.SummaryOptions) report.Row {
 // Start + reqs[i].Arrival, whatever happened to earlier ones, in its own
 // goroutine (at most MaxInFlight at once), and measured from send to last
 // byte. Failures of any kind are recorded per request; Run returns an error
-// only for a bad configuration. Cancelling ctx stops issuing and cancels the
-// requests in flight (recorded as canceled); Run always waits for every
-// goroutine it started.
+// only for a bad configuration or requests out of arrival order. Cancelling
+// ctx stops issuing and cancels the requests in flight (recorded as
+// canceled); Run always waits for every goroutine it started.
 func Run(ctx context.Context, cfg Config, reqs []workload.Request) (*Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
+	}
+	for i := 1; i < len(reqs); i++ {
+		if reqs[i].Arrival < reqs[i-1].Arrival {
+			return nil, fmt.Errorf("bench: request %q arrives at %v, before the one before it (%v): requests go in arrival order",
+				reqs[i].ID, reqs[i].Arrival, reqs[i-1].Arrival)
+		}
 	}
 	c := cfg.withDefaults()
 	client := c.Client

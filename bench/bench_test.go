@@ -496,3 +496,16 @@ func TestConnectionsReused(t *testing.T) {
 		t.Errorf("%d requests one after the other opened %d connections, want 1", len(rs), got)
 	}
 }
+
+// TestRequestsOutOfOrder: Run sends each request at its arrival only when
+// the requests come in arrival order (it waits for them one by one, and
+// stops at the first beyond Duration); it says so instead of sending a
+// request late, or not at all.
+func TestRequestsOutOfOrder(t *testing.T) {
+	rs := reqs("a", "b")
+	rs[0].Arrival = time.Second
+	_, err := Run(context.Background(), Config{URL: "http://127.0.0.1:1", Model: "m", Timeout: time.Second}, rs)
+	if err == nil || !strings.Contains(err.Error(), "arrival order") {
+		t.Fatalf("got %v, want an error about the arrival order", err)
+	}
+}

@@ -20,10 +20,10 @@
 // transport, http_<status>, midstream (an error event, a choice finished
 // with finish_reason "abort" as vLLM ends a request its engine aborted, or a
 // broken stream after a 200) and bad_response (also a 200 with a JSON body:
-// a server that does not stream); a 429 counts as a rejection. Result.ErrorExamples keeps,
-// per kind, what the first such failure got (the server's error message or
-// the transport error). Run returns an error only for a bad Config (an
-// unparseable URL, a missing model).
+// a server that does not stream); a 429 counts as a rejection.
+// Result.ErrorExamples keeps, per kind, what the first such failure got (the
+// server's error message or the transport error). Run returns an error only for a bad Config (an
+// unparseable URL, a missing model) or requests out of arrival order.
 //
 // Concurrency: Run starts one goroutine per in-flight request, at most
 // Config.MaxInFlight at once; when the cap is reached the next request waits
