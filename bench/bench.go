@@ -78,7 +78,8 @@ type Config struct {
 	// IgnoreEOS sends vLLM's "ignore_eos": true so that every request
 	// generates exactly its OutputLen tokens.
 	IgnoreEOS bool
-	// Header is added to every request (e.g. Authorization).
+	// Header is added to every request (e.g. Authorization); a Host field
+	// sets the requests' host (a virtual host behind an ingress).
 	Header http.Header
 	// Client sends the requests; nil = a client with a transport sized for
 	// MaxInFlight and no overall timeout.
@@ -346,6 +347,10 @@ func (r *runner) do(ctx context.Context, req *workload.Request, sentAt time.Dura
 		return s
 	}
 	for k, vs := range r.cfg.Header {
+		if http.CanonicalHeaderKey(k) == "Host" && len(vs) > 0 {
+			hreq.Host = vs[0] // net/http sends req.Host, ignoring a Host field in the header
+			continue
+		}
 		for _, v := range vs {
 			hreq.Header.Add(k, v)
 		}

@@ -509,3 +509,28 @@ func TestRequestsOutOfOrder(t *testing.T) {
 		t.Fatalf("got %v, want an error about the arrival order", err)
 	}
 }
+
+// TestHostHeader: a Host header (--header 'Host: name', to reach a virtual
+// host behind an ingress) is the request's host; net/http ignores a Host
+// field among the headers, so it was not sent.
+func TestHostHeader(t *testing.T) {
+	hosts := make(chan string, 1)
+	fs := &fakeServer{}
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		hosts <- r.Host
+		fs.ServeHTTP(w, r)
+	}))
+	defer srv.Close()
+	hdr := http.Header{}
+	hdr.Set("Host", "llm.example.test")
+	res, err := Run(context.Background(), Config{URL: srv.URL, Model: "m", Header: hdr}, reqs("x"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if s := res.Samples[0]; !s.OK() {
+		t.Fatalf("error %q", s.Err)
+	}
+	if got := <-hosts; got != "llm.example.test" {
+		t.Errorf("the server saw host %q, want llm.example.test", got)
+	}
+}

@@ -99,7 +99,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&api, "api", bench.APIChat, "chat (/v1/chat/completions) or completions (/v1/completions)")
 	fs.StringVar(&prompt, "prompt", bench.PromptText, "prompt form: text, or tokens (with --api completions)")
 	fs.BoolVar(&ignoreEOS, "ignore-eos", true, `send "ignore_eos": true so every request generates its full output length (vLLM extension; --ignore-eos=false lets the server stop at EOS)`)
-	fs.Var(&headers, "header", "extra request header `'Name: value'` (repeatable); $OPENAI_API_KEY, if set, is sent as a bearer token")
+	fs.Var(&headers, "header", "extra request header `'Name: value'` (repeatable; Host sets the requests' host); $OPENAI_API_KEY, if set, is sent as a bearer token")
 	fs.DurationVar(&sloTTFT, "slo-ttft", 2*time.Second, "goodput SLO: TTFT limit (0 = none)")
 	fs.DurationVar(&sloTPOT, "slo-tpot", 100*time.Millisecond, "goodput SLO: TPOT limit (0 = none)")
 	fs.StringVar(&out, "out", "", "write report.json, report.csv, report.txt, report.html, SVG charts and requests.csv to `dir`")
