@@ -86,7 +86,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&trace, "trace", "", "Mooncake JSONL trace `file` to replay")
 	fs.StringVar(&wlName, "workload", "", "generator `name` to run instead of a trace ('list' prints them)")
 	fs.StringVar(&params, "params", "", "generator parameters `k=v,...`")
-	fs.IntVar(&requests, "requests", 0, "generator: number of requests (default: enough for --duration at --rate, else 1000)")
+	fs.IntVar(&requests, "requests", 0, "generator: number of requests (default: enough for --duration at --rate, a storm's burst on top, else 1000)")
 	fs.Float64Var(&rate, "rate", 0, "mean requests per second `R`: the generator's rate (default 10), or a trace's rescaled rate")
 	fs.Float64Var(&rateScale, "rate-scale", 1, "multiply the arrival rate by `X` (after --rate)")
 	fs.StringVar(&arrivals, "arrivals", "", "generator: arrival process poisson, gamma or constant (default poisson)")
@@ -198,11 +198,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		n := requests
 		if n == 0 && duration > 0 {
-			r := rate
-			if r == 0 {
-				r = 10
-			}
-			n = int(r*slices.Max(scales)*duration.Seconds()*1.5) + 10
+			n = requestsFor(wlName, p, rate*slices.Max(scales), duration)
 		}
 		w, err = workload.Generate(wlName, workload.Options{Seed: seed, Requests: n,
 			Arrivals: workload.Arrivals{Kind: arrivals, Rate: rate, CV: cv}, Params: p})
@@ -382,6 +378,30 @@ func benchTrace(w *workload.Workload, rate float64) error {
 		return w.ScaleRate(rate / (float64(len(w.Requests)-1) / w.Span().Seconds()))
 	}
 	return nil
+}
+
+// requestsFor returns how many requests generator name must make for its
+// traffic at rate (0 = the generators' default) to last duration: the
+// expected arrivals with a margin, plus the storm's burst, which comes on
+// top of its traffic at rate but counts towards its requests (and took
+// them first: the background traffic stopped early, or never started).
+func requestsFor(name string, params map[string]float64, rate float64, duration time.Duration) int {
+	if rate == 0 {
+		rate = 10
+	}
+	n := int(rate*duration.Seconds()*1.5) + 10
+	if name == "storm" {
+		burst, ok := params["burst"]
+		for _, g := range workload.Generators() {
+			for _, p := range g.Params {
+				if !ok && g.Name == name && p.Name == "burst" {
+					burst = p.Default
+				}
+			}
+		}
+		n += int(min(burst, 1e8)) // Generate refuses more than 1e8 requests
+	}
+	return n
 }
 
 // writeFileWith creates path and fills it with f.

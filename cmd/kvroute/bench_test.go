@@ -316,3 +316,42 @@ func TestBenchTraceStartsAtFirstRequest(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchGeneratorRequestsLastTheDuration: with --duration and no
+// --requests, a generator makes enough requests for its traffic at --rate
+// to last the whole duration. The storm's burst counts towards its
+// requests: it took them first, and the background traffic stopped early
+// (at 3.5s of a 15s run at 10/s) or never started (a 5s run sent nothing).
+func TestBenchGeneratorRequestsLastTheDuration(t *testing.T) {
+	for _, tc := range []struct {
+		gen    string
+		params map[string]float64
+		rate   float64
+		dur    time.Duration
+	}{
+		{"storm", nil, 10, 15 * time.Second},
+		{"storm", nil, 0, 5 * time.Second},
+		{"storm", map[string]float64{"burst": 50}, 20, 8 * time.Second},
+		{"rag", nil, 10, 15 * time.Second},
+		{"chat", nil, 5, 30 * time.Second},
+	} {
+		n := requestsFor(tc.gen, tc.params, tc.rate, tc.dur)
+		w, err := workload.Generate(tc.gen, workload.Options{Seed: 1, Requests: n,
+			Arrivals: workload.Arrivals{Rate: tc.rate}, Params: tc.params})
+		if err != nil {
+			t.Fatal(err)
+		}
+		// The traffic at the rate (the storm's background, not its hot
+		// burst) still arrives in the last tenth of the duration.
+		late := 0
+		for _, r := range w.Requests {
+			if r.Session != "hot" && r.Arrival > tc.dur*9/10 && r.Arrival <= tc.dur {
+				late++
+			}
+		}
+		if late == 0 {
+			t.Errorf("%s %v at %g/s for %v: %d requests, none at the rate in the last tenth of the duration (last arrival %v)",
+				tc.gen, tc.params, tc.rate, tc.dur, n, w.Span())
+		}
+	}
+}
