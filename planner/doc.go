@@ -48,8 +48,8 @@
 // P/D the fabric bandwidth: total, and mean, p99 and largest per decode node
 // over one-second windows, from the simulated transfers) is the mean over the
 // seeds, with their spread (Fleet.Spread). A confirmed fleet one engine
-// smaller that passes with the first seed is taken instead, and one that
-// misses grows. The burst (Input.Burst) and one node lost (the worse pool
+// smaller that passes with the first seed is taken instead (an aggregated
+// one never below the closed-form bound), and one that misses grows. The burst (Input.Burst) and one node lost (the worse pool
 // for P/D) are confirming runs too. Verify simulates the whole workload on
 // each planned fleet with seed Seed+Seeds, which the plan did not use, and
 // reports predicted against simulated TTFT (at the SLO quantile, p90, p99)

@@ -376,3 +376,30 @@ func TestWriteDir(t *testing.T) {
 		t.Error("plan.html lacks inline charts or has a script")
 	}
 }
+
+// TestSearchAggregatedNeverBelowFloor: a search whose start passes steps
+// down to the floor (the closed-form bound the confirming search is given)
+// and stops there: fleets below it are never simulated nor chosen, even when
+// they would pass. With floor 1 (the window's search) it still steps down
+// to the smallest passing fleet.
+func TestSearchAggregatedNeverBelowFloor(t *testing.T) {
+	in := smallInput(t, 30)
+	in.defaults()
+	for _, tc := range []struct{ start, floor, want int }{
+		{4, 4, 4}, {6, 4, 4}, {9, 4, 4}, {9, 1, 2}, {3, 1, 2},
+	} {
+		s := newSearch(&in)
+		var tried []int
+		s.evalHook = func(l layout) Candidate {
+			tried = append(tried, l.A)
+			return Candidate{Engines: l.A, Meets: l.A >= 2}
+		}
+		got, note, err := s.searchAggregated(t.Context(), tc.start, tc.floor, true)
+		if err != nil || got != tc.want {
+			t.Errorf("start %d floor %d: got %d (%q, %v), want %d", tc.start, tc.floor, got, note, err, tc.want)
+		}
+		if m := slices.Min(tried); m < tc.floor {
+			t.Errorf("start %d floor %d: simulated %d engines (tried %v), below the floor", tc.start, tc.floor, m, tried)
+		}
+	}
+}

@@ -323,6 +323,9 @@ func (s *search) searchAggregated(ctx context.Context, start, floor int, confirm
 				step *= 2
 			}
 		}
+		// Stepping down reached the floor without a failure: the
+		// bisection below must not go under it.
+		lo = max(lo, floor-1)
 	} else {
 		lo = start
 		tried := []Candidate{c}

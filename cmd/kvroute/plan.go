@@ -41,7 +41,7 @@ at, then shrinking each pool). The chosen fleets are confirmed on the whole
 workload (--confirm-requests) with --seeds seeds: the predicted TTFT, TPOT,
 throughput and fabric bandwidth (total, and mean/p99/max per decode node) are
 their mean, their spread is shown, and a smaller fleet that passes there is
-taken instead. The analytical model's fleets are printed next to the simulated
+taken instead (an aggregated one never below the bound). The analytical model's fleets are printed next to the simulated
 ones. --verify re-simulates the whole workload on each planned fleet with a
 seed the plan did not use and prints predicted vs simulated TTFT p90/p99 and
 throughput.
