@@ -6,7 +6,7 @@ import (
 )
 
 func BenchmarkAnalyse(b *testing.B) {
-	w, err := Summary{Rate: 50, Duration: 60 * time.Second, PromptMean: 4000, OutputMean: 200, SharedFraction: 0.5}.Workload(1)
+	w, err := Summary{Rate: 50, Duration: 60 * time.Second, PromptMean: 4000, OutputMean: 200, SharedFraction: 0.5, Zipf: 1}.Workload(1)
 	if err != nil {
 		b.Fatal(err)
 	}

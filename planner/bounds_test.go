@@ -2,7 +2,9 @@ package planner
 
 import (
 	"errors"
+	"maps"
 	"math"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -181,7 +183,7 @@ func TestQuantiles(t *testing.T) {
 // TestOracleCachedSegmentsMatchBlocks is a differential test: the segment
 // fast path of oracleCached agrees with hashing every block.
 func TestOracleCachedSegmentsMatchBlocks(t *testing.T) {
-	w, err := Summary{Rate: 50, Duration: 10 * time.Second, PromptMean: 700, OutputMean: 20, SharedFraction: 0.5, HotPrefixes: 4}.Workload(3)
+	w, err := Summary{Rate: 50, Duration: 10 * time.Second, PromptMean: 700, OutputMean: 20, SharedFraction: 0.5, HotPrefixes: 4, Zipf: 1}.Workload(3)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -248,7 +250,7 @@ func TestHotPrefixes(t *testing.T) {
 
 func TestMonotoneBounds(t *testing.T) {
 	p := mustProfile(t, "llama-3.1-70b-h100-tp4")
-	base, err := Summary{Rate: 4, Duration: 60 * time.Second, PromptMean: 3000, OutputMean: 200, SharedFraction: 0.4}.Workload(1)
+	base, err := Summary{Rate: 4, Duration: 60 * time.Second, PromptMean: 3000, OutputMean: 200, SharedFraction: 0.4, Zipf: 1}.Workload(1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -437,5 +439,40 @@ func TestVerificationTableColumns(t *testing.T) {
 		if head := strings.Join(strings.Fields(strings.SplitN(out[i:], "\n", 3)[1]), " "); head != tc.want {
 			t.Errorf("p%g: header %q, want %q", 100*tc.q, head, tc.want)
 		}
+	}
+}
+
+// TestSummaryZipfZeroIsUniform: Zipf 0 weighs every hot prefix alike (1/k^0),
+// as Summary's doc and kvroute plan's --zipf ("0 = uniform") say; it was
+// replaced by the exponent 1, which sent about 48% of 4 prefixes' requests
+// to the first. Zipf 1 still favours the first prefix.
+func TestSummaryZipfZeroIsUniform(t *testing.T) {
+	share := func(zipf float64) []float64 {
+		w, err := Summary{Rate: 100, Duration: 40 * time.Second, PromptMean: 1000, OutputMean: 50, SharedFraction: 0.5,
+			HotPrefixes: 4, Zipf: zipf}.Workload(1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		counts := map[uint64]int{}
+		for _, r := range w.Requests {
+			counts[r.Segments[0].Key]++
+		}
+		var out []float64
+		for _, k := range slices.Sorted(maps.Keys(counts)) {
+			out = append(out, float64(counts[k])/float64(len(w.Requests)))
+		}
+		return out
+	}
+	u := share(0)
+	if len(u) != 4 {
+		t.Fatalf("zipf 0: %d prefixes used, want 4", len(u))
+	}
+	for k, s := range u {
+		if !near(s, 0.25, 0.05) {
+			t.Errorf("zipf 0: prefix %d has %.3f of the requests, want about 0.25 (uniform); shares %.3f", k, s, u)
+		}
+	}
+	if z := share(1); !near(z[0], 0.48, 0.05) {
+		t.Errorf("zipf 1: the first prefix has %.3f of the requests, want about 0.48 (1/(1+1/2+1/3+1/4))", z[0])
 	}
 }

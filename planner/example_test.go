@@ -16,7 +16,7 @@ func ExamplePlan() {
 	}
 	// 20 requests/s of 800-token prompts, half of the tokens in 8 shared
 	// prefixes, 60-token answers.
-	w, err := planner.Summary{Rate: 20, Duration: 30 * time.Second, PromptMean: 800, OutputMean: 60, SharedFraction: 0.5}.Workload(1)
+	w, err := planner.Summary{Rate: 20, Duration: 30 * time.Second, PromptMean: 800, OutputMean: 60, SharedFraction: 0.5, Zipf: 1}.Workload(1)
 	if err != nil {
 		panic(err)
 	}
@@ -41,7 +41,7 @@ func ExamplePlan() {
 
 func ExampleSummary_Workload() {
 	w, err := planner.Summary{Rate: 10, Duration: time.Minute, PromptMean: 2000, OutputMean: 200,
-		SharedFraction: 0.6, HotPrefixes: 4}.Workload(42)
+		SharedFraction: 0.6, HotPrefixes: 4, Zipf: 1}.Workload(42)
 	if err != nil {
 		panic(err)
 	}

@@ -26,7 +26,7 @@ func smallInput(t testing.TB, rate float64) Input {
 
 func sizedInput(t testing.TB, rate float64, d time.Duration, simRequests int) Input {
 	t.Helper()
-	w, err := Summary{Rate: rate, Duration: d, PromptMean: 800, OutputMean: 60, SharedFraction: 0.5}.Workload(1)
+	w, err := Summary{Rate: rate, Duration: d, PromptMean: 800, OutputMean: 60, SharedFraction: 0.5, Zipf: 1}.Workload(1)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -41,11 +41,11 @@ func sizedInput(t testing.TB, rate float64, d time.Duration, simRequests int) In
 // above the whole workload's).
 func surgeInput(t testing.TB) Input {
 	t.Helper()
-	a, err := Summary{Rate: 180, Duration: 1000 * time.Second / 180, PromptMean: 800, OutputMean: 60, SharedFraction: 0.5}.Workload(1)
+	a, err := Summary{Rate: 180, Duration: 1000 * time.Second / 180, PromptMean: 800, OutputMean: 60, SharedFraction: 0.5, Zipf: 1}.Workload(1)
 	if err != nil {
 		t.Fatal(err)
 	}
-	b, err := Summary{Rate: 60, Duration: 2000 * time.Second / 60, PromptMean: 800, OutputMean: 60, SharedFraction: 0.5}.Workload(2)
+	b, err := Summary{Rate: 60, Duration: 2000 * time.Second / 60, PromptMean: 800, OutputMean: 60, SharedFraction: 0.5, Zipf: 1}.Workload(2)
 	if err != nil {
 		t.Fatal(err)
 	}

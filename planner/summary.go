@@ -41,7 +41,8 @@ type Summary struct {
 	// SharedFraction > 0.
 	HotPrefixes int
 	// Zipf is the popularity exponent over the prefixes (rank k is chosen
-	// with weight 1/k^Zipf); default 1. 0 is uniform.
+	// with weight 1/k^Zipf): 0 (the zero value) is uniform, 1 the usual
+	// Zipf law (kvroute plan's --zipf default).
 	Zipf float64
 }
 
@@ -99,9 +100,6 @@ func (s Summary) Workload(seed uint64) (*workload.Workload, error) {
 	}
 	if s.SharedFraction > 0 && s.HotPrefixes == 0 {
 		s.HotPrefixes = 8
-	}
-	if s.Zipf == 0 && s.HotPrefixes > 0 {
-		s.Zipf = 1
 	}
 	if s.Duration == 0 {
 		s.Duration = time.Duration(2000 / s.Rate * float64(time.Second))
