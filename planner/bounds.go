@@ -163,6 +163,7 @@ func hotPrefixes(in *Input, d *Demand, c Costs, n int) {
 	}
 	type node struct {
 		count, maxChild, tokens int
+		first                   int     // the first request through it: ranks ties
 		work                    float64 // engine-seconds of the requests through it
 	}
 	nodes := map[uint64]*node{}
@@ -177,7 +178,7 @@ func hotPrefixes(in *Input, d *Demand, c Costs, n int) {
 			tokens += sg.Len
 			nd := nodes[chain]
 			if nd == nil {
-				nd = &node{tokens: tokens}
+				nd = &node{tokens: tokens, first: i}
 				nodes[chain] = nd
 			}
 			nd.count++
@@ -198,7 +199,10 @@ func hotPrefixes(in *Input, d *Demand, c Costs, n int) {
 		if hot[a].count != hot[b].count {
 			return hot[a].count > hot[b].count
 		}
-		return hot[a].tokens > hot[b].tokens
+		if hot[a].tokens != hot[b].tokens {
+			return hot[a].tokens > hot[b].tokens
+		}
+		return hot[a].first < hot[b].first
 	})
 	for k, nd := range hot {
 		if k >= n {

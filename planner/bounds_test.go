@@ -476,3 +476,43 @@ func TestSummaryZipfZeroIsUniform(t *testing.T) {
 		t.Errorf("zipf 1: the first prefix has %.3f of the requests, want about 0.48 (1/(1+1/2+1/3+1/4))", z[0])
 	}
 }
+
+// TestHotPrefixesDeterministic: prefixes with as many requests and tokens
+// as each other are ranked by their first request, not by the order of a Go
+// map (the plan's hot-prefix table, loads and copies changed from run to
+// run with one seed).
+func TestHotPrefixesDeterministic(t *testing.T) {
+	var w workload.Workload
+	// Six prefixes of 400 tokens, two requests each, different outputs (so
+	// different loads).
+	for i := range 12 {
+		key := uint64(i % 6)
+		w.Requests = append(w.Requests, workload.Request{ID: "r" + itoa(i), Arrival: time.Duration(i) * time.Second,
+			PromptLen: 500, OutputLen: 10 + 40*int(key), Segments: []workload.Segment{{Key: key, Len: 400}, {Key: uint64(100 + i), Len: 100}}})
+	}
+	p := mustProfile(t, "llama-3.1-8b-h100")
+	in := Input{Profile: p, Workload: &w, SLO: SLO{TTFT: Target{0.99, time.Second}}}
+	in.defaults()
+	d := analyse(&w, p.BlockSize)
+	b, err := computeBounds(&in, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	hotPrefixes(&in, d, b.Costs, 3)
+	want := slices.Clone(d.HotPrefixes)
+	for range 30 {
+		hotPrefixes(&in, d, b.Costs, 3)
+		if !slices.Equal(d.HotPrefixes, want) {
+			t.Fatalf("hot prefixes %+v, then %+v: not deterministic", want, d.HotPrefixes)
+		}
+	}
+	// The first three prefixes requested, in that order: outputs 10, 50, 90.
+	for k, h := range want {
+		if h.Requests != 2 || h.Rank != k+1 {
+			t.Errorf("hot prefix %d = %+v, want rank %d with 2 requests", k, h, k+1)
+		}
+	}
+	if len(want) != 3 || !(want[0].Load < want[1].Load && want[1].Load < want[2].Load) {
+		t.Errorf("hot prefixes %+v: want the first three requested (loads increasing with their outputs)", want)
+	}
+}

@@ -31,7 +31,8 @@ type Demand struct {
 	// shared by the fleet would serve (the upper bound on the hit rate).
 	OracleHitRate float64 `json:"oracle_hit_rate"`
 	// HotPrefixes are the most requested shared prefixes (branch points of
-	// the prompt tree), most requested first.
+	// the prompt tree), most requested first (ties: the longer, then the
+	// one requested first).
 	HotPrefixes []HotPrefix `json:"hot_prefixes,omitempty"`
 
 	reqs   []workload.Request
