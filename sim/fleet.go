@@ -96,6 +96,9 @@ func (f Fleet) Validate() error {
 		switch {
 		case g.Count < 1:
 			return fmt.Errorf("fleet: group %d (%s): count %d must be at least 1", i, g.name(), g.Count)
+		case g.Count > maxEngines:
+			// Checked per group first: a sum of huge counts wraps around.
+			return fmt.Errorf("fleet: group %d (%s): %d engines is more than the limit of %d", i, g.name(), g.Count, maxEngines)
 		case g.Profile == "" && g.Spec == nil:
 			return fmt.Errorf("fleet: group %d: profile is empty", i)
 		case g.NumGPUBlocks < 0, g.MaxNumSeqs < 0, g.MaxNumBatchedTokens < 0:

@@ -22,6 +22,11 @@ func TestParseFleet(t *testing.T) {
 		{spec: "0xtiny", err: "at least 1"},
 		{spec: "3x", err: "profile is empty"},
 		{spec: "99999", def: "tiny", err: "limit"},
+		// Counts whose sum wraps around int (to 2^63 and to 5) are over
+		// the limit too, not a fleet of a few engines that then tries to
+		// build 2^62 of them.
+		{spec: "4611686018427387904xtiny,4611686018427387904xtiny", err: "limit"},
+		{spec: "4611686018427387904xtiny,4611686018427387904xtiny,4611686018427387904xtiny,4611686018427387904xtiny,5xtiny", err: "limit"},
 		{spec: ",", err: "no engines"},
 		{spec: "2/prefill,3/decode", def: "tiny", want: Fleet{{Count: 2, Profile: "tiny", Role: "prefill"}, {Count: 3, Profile: "tiny", Role: "decode"}}},
 		{spec: "2,1xqwen2.5-7b-h100", def: "tiny", want: Fleet{{Count: 2, Profile: "tiny"}, {Count: 1, Profile: "qwen2.5-7b-h100"}}},
@@ -83,7 +88,7 @@ func FuzzParseFleet(f *testing.F) {
 	f.Add("8")
 	f.Fuzz(func(t *testing.T, spec string) {
 		fl, err := ParseFleet(spec, "tiny")
-		if err == nil && (fl.Validate() != nil || fl.Size() < 1) {
+		if err == nil && (fl.Validate() != nil || fl.Size() < 1 || fl.Size() > maxEngines) {
 			t.Fatalf("accepted an invalid fleet %+v", fl)
 		}
 	})
