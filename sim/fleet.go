@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"errors"
 	"fmt"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -241,10 +242,13 @@ func ParseSweep(spec string) ([]float64, error) {
 		if !(from > 0) || !(to >= from) || !(step > 0) {
 			return nil, fmt.Errorf("parse sweep %q: want 0 < FROM <= TO and STEP > 0", spec)
 		}
-		n := int((to-from)/step+1e-9) + 1
-		if n > maxSweep {
-			return nil, fmt.Errorf("parse sweep %q: %d points is more than %d", spec, n, maxSweep)
+		// Count in floating point first: a count too large for an int
+		// converts to a negative one.
+		steps := (to-from)/step + 1e-9
+		if !(steps < maxSweep) {
+			return nil, fmt.Errorf("parse sweep %q: %.4g points is more than %d", spec, math.Floor(steps)+1, maxSweep)
 		}
+		n := int(steps) + 1
 		out := make([]float64, n)
 		for i := range out {
 			// Round to 1e-9 so 0.1 steps print as 0.3, not 0.30000000000000004.

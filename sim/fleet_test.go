@@ -111,6 +111,10 @@ func TestParseSweep(t *testing.T) {
 		{spec: "1:2", err: true},
 		{spec: "1,-1", err: true},
 		{spec: "1:1e9:1e-9", err: true},
+		// So many points that their count overflows int: an error, not a
+		// negative count that panics in make.
+		{spec: "1:1e300:1e-300", err: true},
+		{spec: "0.5:1e308:1e-10", err: true},
 		{spec: "a:b:c", err: true},
 	}
 	for _, tt := range tests {
@@ -130,6 +134,8 @@ func TestParseSweep(t *testing.T) {
 func FuzzParseSweep(f *testing.F) {
 	f.Add("0.5:2:0.25")
 	f.Add("1,2,3")
+	f.Add("1:1e300:1e-300")
+	f.Add("1:Inf:1")
 	f.Fuzz(func(t *testing.T, spec string) {
 		got, err := ParseSweep(spec)
 		if err != nil {
