@@ -166,7 +166,9 @@ func (s *simulation) pdPrefilled(i int32) {
 	now := wall(s.now)
 	rt.FirstToken(now, pd.pflight)
 	rt.Done(now, pd.pflight, kvroute.Outcome{PromptTokens: st.rreq.PromptTokens, CachedTokens: -1, TTFT: s.now - st.arrival})
-	s.planners[st.rt].Finish(pd.plan.Ticket)
+	// The plan's fabric reservation stays until the request ends (finish),
+	// as kvroute serve's handoff keeps it until its legs return: plans made
+	// while the KV moves queue behind it.
 	pl := s.planners[st.rt]
 	pl.Pin(&pd.dreq, pd.plan.Decode.ID)
 	df, err := rt.Route(now, &pd.dreq, nil)

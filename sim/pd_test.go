@@ -166,3 +166,56 @@ func TestPDPrefillPolicyLearnsPrefillLegs(t *testing.T) {
 		t.Errorf("taught %d prefill outcomes, want one per completed request (%d)", n, completed)
 	}
 }
+
+// TestPDPlannerKeepsHandoffBookedUntilDone: the router's P/D planner keeps a
+// disaggregated request's transfer on its fabric's books until the request
+// ends, as kvroute serve's handoff does (Planner.Finish when the NixlConnector
+// legs return), so that plans made while the KV moves queue behind it. The
+// simulator released it when the prefill reply arrived, before the transfer
+// began: its planner then priced the next handoffs on a link it took to be
+// idle.
+func TestPDPlannerKeepsHandoffBookedUntilDone(t *testing.T) {
+	f, err := ParseFleet("1xllama-3.1-8b-h100/prefill,1xllama-3.1-8b-h100/decode", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	// A 4,000-token prompt's KV (about 0.5 GB) over a 1 Gbps link: seconds
+	// on the wire, well past the prefill reply.
+	reqs := []workload.Request{{ID: "a", PromptLen: 4000, OutputLen: 8, Segments: []workload.Segment{{Key: 1, Len: 4000}}}}
+	cfg := Config{Fleet: f, Seed: 1, ScrapeInterval: -1, PD: PDConfig{Mode: disagg.ModeAlways,
+		Links: disagg.UniformLinks(disagg.Link{Name: "slow", Gbps: 1, Setup: time.Millisecond})}}
+	cfg.applyDefaults()
+	if err := cfg.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	s, err := newSimulation(cfg, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.schedule(0, evArrival, -1, 0)
+	s.next = 1
+	fab := s.planners[0].Fabric()
+	var sawPrefilled, sawTransferred bool
+	for s.q.Len() > 0 && s.finished < 1 {
+		ev := s.q.pop()
+		s.handle(ev)
+		if s.err != nil {
+			t.Fatal(s.err)
+		}
+		switch ev.kind {
+		case evPDPrefilled:
+			sawPrefilled = true
+			if n, _ := fab.InFlight(wall(s.now)); n != 1 {
+				t.Errorf("after the prefill reply (%v): the planner's fabric has %d transfers booked, want the handoff's", s.now, n)
+			}
+		case evPDTransferred:
+			sawTransferred = true
+		}
+	}
+	if !sawPrefilled || !sawTransferred || !s.st[0].finished {
+		t.Fatalf("the request did not run disaggregated to its end (prefilled %v, transferred %v)", sawPrefilled, sawTransferred)
+	}
+	if n, _ := fab.InFlight(wall(s.now)); n != 0 {
+		t.Errorf("after the request ended: %d transfers still booked, want 0", n)
+	}
+}

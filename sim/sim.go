@@ -502,35 +502,7 @@ func (s *simulation) run(ctx context.Context) error {
 		if s.err != nil {
 			return s.err
 		}
-		ev := s.q.pop()
-		s.now = ev.at
-		if !periodic(ev.kind) {
-			s.pending--
-		}
-		switch ev.kind {
-		case evArrival:
-			s.arrive(ev.arg)
-		case evDeliver:
-			s.deliver(ev.eng, ev.arg)
-		case evStep:
-			s.step(ev.eng)
-		case evScrape:
-			s.scrape(ev.eng, ev.arg)
-		case evObserve:
-			s.observe(ev.eng, ev.arg)
-		case evFirstToken:
-			s.firstToken(ev.arg)
-		case evDone:
-			s.done(ev.arg)
-		case evKVEvents:
-			s.applyKV(ev.eng)
-		case evSample:
-			s.sample(ev.eng)
-		case evPDPrefilled:
-			s.pdPrefilled(ev.arg)
-		case evPDTransferred:
-			s.pdTransferred(ev.arg)
-		}
+		s.handle(s.q.pop())
 	}
 	if s.err != nil {
 		return s.err
@@ -545,6 +517,38 @@ func (s *simulation) run(ctx context.Context) error {
 		}
 	}
 	return nil
+}
+
+// handle advances the clock to ev and runs it.
+func (s *simulation) handle(ev event) {
+	s.now = ev.at
+	if !periodic(ev.kind) {
+		s.pending--
+	}
+	switch ev.kind {
+	case evArrival:
+		s.arrive(ev.arg)
+	case evDeliver:
+		s.deliver(ev.eng, ev.arg)
+	case evStep:
+		s.step(ev.eng)
+	case evScrape:
+		s.scrape(ev.eng, ev.arg)
+	case evObserve:
+		s.observe(ev.eng, ev.arg)
+	case evFirstToken:
+		s.firstToken(ev.arg)
+	case evDone:
+		s.done(ev.arg)
+	case evKVEvents:
+		s.applyKV(ev.eng)
+	case evSample:
+		s.sample(ev.eng)
+	case evPDPrefilled:
+		s.pdPrefilled(ev.arg)
+	case evPDTransferred:
+		s.pdTransferred(ev.arg)
+	}
 }
 
 // parseEngineID parses the decimal request index the simulator gives the
@@ -819,6 +823,10 @@ func (s *simulation) finish(i int32) {
 		panic("sim: request " + s.reqs[i].ID + " finished twice") // a simulator bug, not bad input
 	}
 	st.finished = true
+	if st.pd != nil {
+		// The router's P/D planner forgets the plan's transfer (pdPrefilled).
+		s.planners[st.rt].Finish(st.pd.plan.Ticket)
+	}
 	// Drop the prompt's hashes: nothing reads them once the request is done.
 	st.ehashes, st.rreq.BlockHashes, st.ereq.BlockHashes, st.rreq.Prompt = nil, nil, nil, ""
 	s.finished++
