@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/disagg"
+	"github.com/kvroute/kvroute/workload"
 )
 
 // TestClockOverflowIsAnError: a rate scale or a KV link that pushes virtual
@@ -96,6 +97,47 @@ func TestFailedRequestsKeepBounds(t *testing.T) {
 		if row.TTFT.P50 < b.P50 || row.TTFT.P90 < b.P90 || row.TTFT.P99 < b.P99 {
 			t.Errorf("%d x %s: TTFT p50/p90/p99 %v/%v/%v below the lower bound's %v/%v/%v", tc.engines, tc.policy,
 				row.TTFT.P50, row.TTFT.P90, row.TTFT.P99, b.P50, b.P90, b.P99)
+		}
+	}
+}
+
+// TestLateFirstArrivalStartsTheClockNearIt: a trace whose timestamps start
+// far from 0 (absolute ones: a production log in Unix milliseconds starts
+// about 56 years in) is simulated from shortly before its first request,
+// not from 0: the idle engines were scraped every ScrapeInterval and sampled
+// from time 0 on, about 18 billion events per engine before the first
+// request for such a log, so the run never ended in practice. The records
+// and transfers keep the workload's clock, and a run does not depend on
+// where the workload starts beyond that (one a day later gives the same
+// records a day later).
+func TestLateFirstArrivalStartsTheClockNearIt(t *testing.T) {
+	base := smallChat(t, 40, 20, 5)
+	shifted := func(by time.Duration) []workload.Request {
+		out := append([]workload.Request(nil), base...)
+		for i := range out {
+			out[i].Arrival += by
+		}
+		return out
+	}
+	const day = 24 * time.Hour
+	a := mustRun(t, Config{Fleet: tinyFleet(2), Policy: "least_request", Seed: 1}, shifted(day))
+	b := mustRun(t, Config{Fleet: tinyFleet(2), Policy: "least_request", Seed: 1}, shifted(2*day))
+	// 40 requests on 2 engines: a few thousand events, not 2 x 864,000
+	// scrapes of idle engines over the day before the first request.
+	if a.Events > 20000 {
+		t.Errorf("%d events for 40 requests arriving a day in: the idle day was simulated", a.Events)
+	}
+	for i := range a.Records {
+		ra, rb := a.Records[i], b.Records[i]
+		if ra.Arrival != base[i].Arrival+day {
+			t.Errorf("record %s: arrival %v, want the workload's %v", ra.ID, ra.Arrival, base[i].Arrival+day)
+		}
+		rb.Arrival -= day
+		if ra != rb {
+			t.Fatalf("record %d: a day later %+v, two days later (less a day) %+v: want the same", i, ra, rb)
+		}
+		if !ra.OK() {
+			t.Errorf("record %s: status %d %s", ra.ID, ra.Status, ra.Error)
 		}
 	}
 }

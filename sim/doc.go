@@ -9,7 +9,11 @@
 //
 // Time is virtual: an agenda (a binary heap) holds the events, ordered by
 // time and then by the order they were scheduled, so a run is deterministic
-// for a seed. The events are
+// for a seed. The clock starts at the workload's time 0, or, when its first
+// request arrives more than a minute later (a trace with absolute
+// timestamps), on a whole number of scrape intervals a minute or so before
+// it, rather than scrape idle engines until then; records keep the
+// workload's clock. The events are
 //
 //   - arrival: the router routes the request (router.Route) at its arrival
 //     time, scaled by Config.RateScale; a shed request (429) or a pool with

@@ -8,7 +8,8 @@ import (
 
 // Transfer is one KV handoff of a disaggregated request: the decode engine
 // pulls the prompt's KV from the prefill engine over the fabric (see
-// PDConfig). Times are virtual, since the start of the run.
+// PDConfig). Times are virtual, on the workload's clock like
+// Record.Arrival.
 type Transfer struct {
 	// ID is the request's workload ID.
 	ID string `json:"id"`

@@ -13,7 +13,8 @@ type Record struct {
 	ID string `json:"id"`
 	// Engine is the engine the router chose ("" when rejected by the router).
 	Engine string `json:"engine,omitempty"`
-	// Arrival is the scaled arrival time since the start of the run.
+	// Arrival is the request's arrival on the workload's clock, scaled
+	// (Config.RateScale divides it).
 	Arrival time.Duration `json:"arrival_ns"`
 	// Status is 200 for a completed request, 429 when shed, 503 when no
 	// endpoint was available, 400 when the engine refused the request.
@@ -90,7 +91,10 @@ type Result struct {
 	Records []Record `json:"records"`
 	// Engines are in fleet order.
 	Engines []EngineResult `json:"engines"`
-	// Makespan is the virtual time from the first arrival to the last event.
+	// Makespan is the virtual time from the start of the simulation's
+	// clock to the last event: from the workload's time 0, or, when its
+	// first request comes more than a minute later, from a minute or so
+	// before it (see the package doc). Engine utilisation is over it.
 	Makespan time.Duration `json:"makespan_ns"`
 	// OracleHitRate is the hit-rate bound: infinite cache, perfect affinity.
 	OracleHitRate float64 `json:"oracle_hit_rate"`

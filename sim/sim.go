@@ -236,7 +236,7 @@ type scrape struct {
 
 // reqState is a request's life in the simulation.
 type reqState struct {
-	arrival time.Duration // scaled arrival time
+	arrival time.Duration // scaled arrival time, on the simulation's clock (less simulation.offset)
 	rt      int32         // the router replica that routed it
 	eng     int32         // engine index, -1 before routing or when rejected
 	ehashes []uint64      // block hashes at the fleet's engine block size
@@ -275,6 +275,7 @@ type simulation struct {
 	next    int     // next arrival in order
 	st      []reqState
 	oracle  float64         // the oracle hit rate (Config.OracleHitRate, or OracleHitRate's)
+	offset  time.Duration   // the workload time the clock starts at (clockOffset); reqState.arrival is after it
 	bounds  []time.Duration // per request: the TTFT lower bound on the engines (TTFTBounds)
 
 	blockSize  int  // the fleet's engine block size in tokens (the first engine's)
@@ -427,6 +428,12 @@ func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 		s.st[i].arrival = time.Duration(a)
 	}
 	slices.SortStableFunc(s.order, func(a, b int32) int { return cmp.Compare(s.st[a].arrival, s.st[b].arrival) })
+	if len(s.order) > 0 {
+		s.offset = clockOffset(s.st[s.order[0]].arrival, cfg.ScrapeInterval)
+		for i := range s.st {
+			s.st[i].arrival -= s.offset
+		}
+	}
 	span := time.Duration(0)
 	if n := len(s.order); n > 0 {
 		span = s.st[s.order[n-1]].arrival
@@ -434,6 +441,26 @@ func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 	s.timeline = newTimeline(cfg.TimelineStep, span, len(s.engines))
 	s.progEvery = max(len(reqs)/100, 1)
 	return s, nil
+}
+
+// leadIn is how long before a late first arrival the clock starts
+// (clockOffset).
+const leadIn = time.Minute
+
+// clockOffset returns the workload time the virtual clock starts at: 0, or,
+// when the first request arrives later than leadIn (a trace with absolute
+// timestamps, e.g. a production log in Unix milliseconds), between leadIn
+// and leadIn plus one scrape interval before it, on a whole number of
+// scrape intervals. From 0 the idle engines would be scraped and sampled
+// every interval until the first request: billions of events that change
+// nothing. A run then depends on where its workload starts only through
+// the scrape phases, as before.
+func clockOffset(first, scrapeInterval time.Duration) time.Duration {
+	if first <= leadIn {
+		return 0
+	}
+	step := max(scrapeInterval, 1)
+	return (first - leadIn) / step * step
 }
 
 // schedule puts an event on the agenda. Events that move requests forward
@@ -885,6 +912,10 @@ func (s *simulation) result() *Result {
 		Transfers:    s.transfers,
 		slo:          s.cfg.SLO,
 	}
+	for i := range res.Transfers { // on the workload's clock, like the records
+		t := &res.Transfers[i]
+		t.Ready, t.Wire, t.End = t.Ready+s.offset, t.Wire+s.offset, t.End+s.offset
+	}
 	if res.Policy == "" {
 		res.Policy = "custom"
 	}
@@ -897,7 +928,7 @@ func (s *simulation) result() *Result {
 		st := &s.st[i]
 		rec := Record{
 			ID:           r.ID,
-			Arrival:      st.arrival,
+			Arrival:      st.arrival + s.offset,
 			Status:       st.status,
 			Error:        st.errMsg,
 			PromptTokens: r.PromptLen,
