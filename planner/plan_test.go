@@ -403,3 +403,39 @@ func TestSearchAggregatedNeverBelowFloor(t *testing.T) {
 		}
 	}
 }
+
+// TestSearchListsWhatItAsked: the plan's candidate tables list the fleets
+// the search evaluated, not those it simulated ahead on spare cores
+// (prefetch, only with Input.Parallel > 1): a plan printed the same for one
+// core and for four except for extra rows the search never read.
+func TestSearchListsWhatItAsked(t *testing.T) {
+	in := sizedInput(t, 30, 10*time.Second, 40)
+	in.Parallel = 2
+	in.defaults()
+	s := newSearch(&in)
+	if err := s.prefetch(t.Context(), false, layout{A: 3}, layout{P: 1, D: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := s.eval(t.Context(), layout{A: 2}, false); err != nil {
+		t.Fatal(err)
+	}
+	sizes := func(cs []Candidate) (out []string) {
+		for _, c := range cs {
+			out = append(out, fmt.Sprintf("%d (%d:%d)", c.Engines, c.Prefill, c.Decode))
+		}
+		return out
+	}
+	if got := s.window(false); len(got) != 1 || got[0].Engines != 2 {
+		t.Errorf("aggregated window candidates %v, want the one evaluated (2 engines)", sizes(got))
+	}
+	if got := s.window(true); len(got) != 0 {
+		t.Errorf("disaggregated window candidates %v, want none (only prefetched)", sizes(got))
+	}
+	// A prefetched fleet the search then asks for is listed.
+	if _, err := s.eval(t.Context(), layout{A: 3}, false); err != nil {
+		t.Fatal(err)
+	}
+	if got := s.window(false); len(got) != 2 {
+		t.Errorf("aggregated window candidates %v, want 2 and 3 engines", sizes(got))
+	}
+}

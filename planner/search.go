@@ -68,9 +68,10 @@ type search struct {
 	warm          int     // leading window requests simulated but not measured
 	sem           chan struct{}
 
-	mu   sync.Mutex // guards runs and done
-	runs map[runKey]Candidate
-	done int
+	mu    sync.Mutex // guards runs, asked and done
+	runs  map[runKey]Candidate
+	asked map[runKey]bool // the runs the plan asked for (not only prefetched): the ones it lists
+	done  int
 
 	// evalHook, when set, replaces the search-window simulation (tests of
 	// the search logic).
@@ -79,7 +80,7 @@ type search struct {
 
 func newSearch(in *Input) *search {
 	s := &search{in: in, reqs: simWorkload(in.Workload, in.SimRequests), confirm: simWorkload(in.Workload, in.ConfirmRequests),
-		runs: map[runKey]Candidate{}}
+		runs: map[runKey]Candidate{}, asked: map[runKey]bool{}}
 	for k := range in.Seeds {
 		s.seeds = append(s.seeds, in.Seed+uint64(k))
 	}
@@ -148,10 +149,19 @@ func (s *search) simulate(ctx context.Context, k runKey) (Candidate, error) {
 // runAll simulates the keys not yet run, up to Input.Parallel at once
 // (across concurrent callers), and returns every key's candidate.
 func (s *search) runAll(ctx context.Context, keys []runKey) ([]Candidate, error) {
+	return s.simulateAll(ctx, keys, true)
+}
+
+// simulateAll is runAll; ask records the keys as asked for (listed in the
+// plan), which a prefetch does not.
+func (s *search) simulateAll(ctx context.Context, keys []runKey, ask bool) ([]Candidate, error) {
 	var todo []runKey
 	seen := map[runKey]bool{}
 	s.mu.Lock()
 	for _, k := range keys {
+		if ask {
+			s.asked[k] = true
+		}
 		if _, ok := s.runs[k]; !ok && !seen[k] {
 			seen[k] = true
 			todo = append(todo, k)
@@ -207,7 +217,7 @@ func (s *search) eval(ctx context.Context, l layout, confirm bool) (Candidate, e
 	if s.evalHook != nil {
 		c := s.evalHook(l)
 		s.mu.Lock()
-		s.runs[k] = c
+		s.runs[k], s.asked[k] = c, true
 		s.mu.Unlock()
 		return c, nil
 	}
@@ -219,7 +229,9 @@ func (s *search) eval(ctx context.Context, l layout, confirm bool) (Candidate, e
 }
 
 // prefetch runs layouts the search will probably ask for next, at once
-// (they fill Input.Parallel cores instead of one).
+// (they fill Input.Parallel cores instead of one). They are listed in the
+// plan only if the search asks for them, so that it prints the same
+// whatever Input.Parallel.
 func (s *search) prefetch(ctx context.Context, confirm bool, ls ...layout) error {
 	if s.evalHook != nil || s.in.Parallel < 2 {
 		return nil
@@ -230,7 +242,7 @@ func (s *search) prefetch(ctx context.Context, confirm bool, ls ...layout) error
 			keys = append(keys, runKey{l: l, confirm: confirm, seed: s.seeds[0], scale: 1})
 		}
 	}
-	_, err := s.runAll(ctx, keys)
+	_, err := s.simulateAll(ctx, keys, false)
 	return err
 }
 
@@ -241,7 +253,7 @@ func (s *search) window(pd bool) []Candidate {
 	defer s.mu.Unlock()
 	var out []Candidate
 	for k, c := range s.runs {
-		if !k.confirm && k.scale == 1 && k.l.pd() == pd {
+		if s.asked[k] && !k.confirm && k.scale == 1 && k.l.pd() == pd {
 			out = append(out, c)
 		}
 	}
@@ -255,7 +267,7 @@ func (s *search) confirmations() []Candidate {
 	defer s.mu.Unlock()
 	var out []Candidate
 	for k, c := range s.runs {
-		if k.confirm {
+		if s.asked[k] && k.confirm {
 			out = append(out, c)
 		}
 	}
