@@ -69,11 +69,16 @@ func (ri *RequestInfo) PromptTokens() int {
 // maxDepth bounds the nesting of skipped values, as encoding/json does.
 const maxDepth = 10000
 
+// utf8BOM is the UTF-8 byte-order mark, which a body may start with.
+const utf8BOM = "\xef\xbb\xbf"
+
 // ParseRequest scans a completion or chat-completion request body once,
 // without building a document tree, and returns the fields routing needs.
 // Every value is checked to be well-formed JSON, so a body ParseRequest
-// accepts is one encoding/json accepts; object keys match case-sensitively
-// and the last of duplicate keys wins.
+// accepts is one encoding/json accepts, but for one leading UTF-8
+// byte-order mark, which it skips as vLLM and SGLang do (Python's
+// json.loads skips it in bytes; the body is forwarded with it); object keys
+// match case-sensitively and the last of duplicate keys wins.
 //
 // The canonical prompt is, for completions, the prompt string itself; for a
 // batch of strings each one framed as a netstring ("<len>:<text>,"); for
@@ -135,6 +140,9 @@ type parser struct {
 
 func (p *parser) parse() (RequestInfo, error) {
 	s := &p.s
+	if len(s.b) >= len(utf8BOM) && string(s.b[:len(utf8BOM)]) == utf8BOM {
+		s.i = len(utf8BOM) // as Python's json.loads reads bytes: the engines accept it
+	}
 	s.ws()
 	if s.i >= len(s.b) {
 		return RequestInfo{}, invalid("", "empty_body", "request body is empty; want a JSON object")

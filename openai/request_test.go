@@ -171,6 +171,7 @@ func TestParseRequestErrors(t *testing.T) {
 // reports that the body is not acceptable. It is the oracle of the fuzz
 // test.
 func reference(kind Kind, body []byte) (RequestInfo, bool) {
+	body = bytes.TrimPrefix(body, []byte(utf8BOM)) // one leading mark is skipped
 	var top map[string]json.RawMessage
 	if err := json.Unmarshal(body, &top); err != nil || top == nil {
 		return RequestInfo{}, false
@@ -347,6 +348,7 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"m\ud800","prompt":"\u00e9\"","x":[{"y":-1.5e3},true,false,null]}`,
 		`{"model":"m","model":null}`,
 		`[]`, `{`, `{"model":`,
+		"\xef\xbb\xbf{\"model\":\"m\",\"prompt\":\"p\"}",
 	}
 	for _, s := range seeds {
 		f.Add(uint8(0), []byte(s))
@@ -377,7 +379,7 @@ func FuzzParseRequest(f *testing.F) {
 			}
 			return
 		}
-		if !json.Valid(body) {
+		if !json.Valid(bytes.TrimPrefix(body, []byte(utf8BOM))) {
 			t.Fatalf("ParseRequest(%s, %q) accepted invalid JSON", kind, body)
 		}
 		if !ok {
@@ -551,5 +553,38 @@ func TestToolsInCanonicalPrompt(t *testing.T) {
 	noTools := parse(`{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
 	if empty := parse(`{"model":"m","tools":[ ],"messages":[{"role":"user","content":"hi"}]}`); empty != noTools {
 		t.Errorf("tools [] gives %q, want the text without tools %q", empty, noTools)
+	}
+}
+
+// TestParseRequestByteOrderMark: a body that starts with a UTF-8
+// byte-order mark (Windows tools write one) is read as the JSON after it,
+// as vLLM and SGLang read it (Python's json.loads skips it in bytes); a
+// mark anywhere else is an error, as it is for them.
+func TestParseRequestByteOrderMark(t *testing.T) {
+	const bom = "\xef\xbb\xbf"
+	for _, tc := range []struct {
+		kind Kind
+		body string
+	}{
+		{KindCompletion, `{"model":"m","prompt":"hello","max_tokens":3}`},
+		{KindChat, `{"model":"m","messages":[{"role":"user","content":"hi"}],"stream":true}`},
+	} {
+		want, err := ParseRequest(tc.kind, []byte(tc.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := ParseRequest(tc.kind, []byte(bom+tc.body))
+		if err != nil {
+			t.Fatalf("ParseRequest(%s, BOM+%s): %v", tc.kind, tc.body, err)
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Errorf("ParseRequest(%s, BOM+%s):\n got %+v\nwant %+v", tc.kind, tc.body, got, want)
+		}
+		for _, bad := range []string{" " + bom + tc.body, bom + bom + tc.body, tc.body[:1] + bom + tc.body[1:]} {
+			var e *kvroute.Error
+			if _, err := ParseRequest(tc.kind, []byte(bad)); !errors.As(err, &e) || e.Status != 400 || e.Code != "invalid_json" {
+				t.Errorf("ParseRequest(%s, %q): got %v, want a 400 invalid_json error", tc.kind, bad, err)
+			}
+		}
 	}
 }
