@@ -55,16 +55,29 @@ type RequestInfo struct {
 	// Options.SessionField: a string's value, or the JSON text of a number,
 	// boolean, object or array; "" when absent or null.
 	SessionValue string
+
+	// mediaBytes is how much of Prompt is the JSON of content parts that
+	// are not text, and mediaParts how many they are.
+	mediaBytes, mediaParts int
 }
 
 // PromptTokens estimates the prompt's length in tokens: exact for token-id
-// prompts, about four characters per token for text.
+// prompts, about four characters per token for text, and for each chat
+// content part that is not text (an image, audio) nonTextPartTokens,
+// whatever the size of its JSON (a data URL's base64 is not prompt text).
 func (ri *RequestInfo) PromptTokens() int {
 	if ri.TokenIDs != nil {
 		return len(ri.TokenIDs)
 	}
-	return (len(ri.Prompt) + 3) / 4
+	return (len(ri.Prompt)-ri.mediaBytes+3)/4 + ri.mediaParts*nonTextPartTokens
 }
+
+// nonTextPartTokens is what PromptTokens counts for a content part that is
+// not text (an image, audio, a video): engines turn one into a number of
+// placeholder tokens that depends on the model and the media (576 for
+// LLaVA-1.5, 1,369 for a 1024x1024 image with Qwen2.5-VL, 765 for
+// OpenAI's own high-detail 1024x1024), not on the length of its JSON.
+const nonTextPartTokens = 1024
 
 // maxDepth bounds the nesting of skipped values, as encoding/json does.
 const maxDepth = 10000
@@ -136,6 +149,7 @@ type parser struct {
 		tokens, completion    int
 		hasTokens, hasComplet bool
 	}
+	media struct{ bytes, parts int } // the non-text parts of the message being read
 }
 
 func (p *parser) parse() (RequestInfo, error) {
@@ -487,6 +501,7 @@ func (p *parser) messages() error {
 	}
 	p.prompt = p.prompt[:0]
 	p.ri.Messages = 0
+	p.ri.mediaBytes, p.ri.mediaParts = 0, 0
 	if s.peek() != '[' {
 		return p.wrongType("messages", "an array of messages")
 	}
@@ -525,6 +540,7 @@ func (p *parser) message(idx int) error {
 	hasRole := false
 	var toolCalls []byte // the raw JSON of the message's "tool_calls"
 	defer func() { p.role = role }()
+	p.media.bytes, p.media.parts = 0, 0
 	s.ws()
 	if s.peek() == '}' {
 		s.i++
@@ -593,6 +609,8 @@ func (p *parser) message(idx int) error {
 		p.prompt = kvroute.AppendChatToolCalls(p.prompt, toolCalls)
 	}
 	p.prompt = append(p.prompt, kvroute.ChatTerminator...)
+	p.ri.mediaBytes += p.media.bytes
+	p.ri.mediaParts += p.media.parts
 	return nil
 }
 
@@ -611,9 +629,11 @@ func msgParam(idx int, field string) string {
 }
 
 // msgContent reads message idx's content: null, a string or an array of
-// parts, and appends it to dst.
+// parts, and appends it to dst. It counts the parts that are not text in
+// p.media.
 func (p *parser) msgContent(idx int, dst []byte) ([]byte, error) {
 	s := &p.s
+	p.media.bytes, p.media.parts = 0, 0
 	switch c := s.peek(); {
 	case s.lit("null"):
 		return dst, nil
@@ -642,6 +662,8 @@ func (p *parser) msgContent(idx int, dst []byte) ([]byte, error) {
 			dst = append(dst, text...)
 		} else {
 			dst = append(dst, s.b[start:s.i]...)
+			p.media.bytes += s.i - start
+			p.media.parts++
 		}
 		more, err := s.more(']')
 		if err != nil {

@@ -65,7 +65,8 @@ func TestParseRequest(t *testing.T) {
 				`[{"id":"c1","type":"function","function":{"name":"f","arguments":"{}"}}]` + "\x00\x00", Messages: 2}},
 		{"content parts", KindChat,
 			`{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"data:x"}},{"text":"b","type":"text"}]}]}`,
-			RequestInfo{Model: "m", Prompt: chat("user", "a\n"+`{"type":"image_url","image_url":{"url":"data:x"}}`+"\nb"), Messages: 1}},
+			RequestInfo{Model: "m", Prompt: chat("user", "a\n"+`{"type":"image_url","image_url":{"url":"data:x"}}`+"\nb"), Messages: 1,
+				mediaBytes: len(`{"type":"image_url","image_url":{"url":"data:x"}}`), mediaParts: 1}},
 		{"completion ignores messages", KindCompletion, `{"model":"m","prompt":"p","messages":7}`, RequestInfo{Model: "m", Prompt: "p"}},
 	}
 	for _, tc := range tests {
@@ -387,6 +388,7 @@ func FuzzParseRequest(f *testing.F) {
 		}
 		if strings.Contains(want.Prompt, "<raw>") {
 			got.Prompt, want.Prompt = "", "" // raw parts: see the table tests
+			got.mediaBytes, got.mediaParts = 0, 0
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("ParseRequest(%s, %q):\n got %+v\nwant %+v", kind, body, got, want)
@@ -586,5 +588,41 @@ func TestParseRequestByteOrderMark(t *testing.T) {
 				t.Errorf("ParseRequest(%s, %q): got %v, want a 400 invalid_json error", tc.kind, bad, err)
 			}
 		}
+	}
+}
+
+// TestPromptTokensNonTextParts: an image (or audio) part is estimated as
+// nonTextPartTokens, not as a quarter of its JSON: a data URL of a
+// megabyte is not 262,144 prompt tokens (what the load the router books
+// for the request, and the KV room P/D decode placement asks for, rest on).
+func TestPromptTokensNonTextParts(t *testing.T) {
+	text := `{"type":"text","text":"What is in this image?"}`
+	image := `{"type":"image_url","image_url":{"url":"data:image/png;base64,` + strings.Repeat("A", 1<<20) + `"}}`
+	textOnly, err := ParseRequest(KindChat, []byte(`{"model":"m","messages":[{"role":"user","content":[`+text+`]}]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		name, body string
+		parts      int // non-text parts
+	}{
+		{"image after text", `{"model":"m","messages":[{"role":"user","content":[` + text + `,` + image + `]}]}`, 1},
+		{"two images", `{"model":"m","messages":[{"role":"user","content":[` + text + `,` + image + `,` + image + `]}]}`, 2},
+		{"image in an earlier message", `{"model":"m","messages":[{"role":"user","content":[` + image + `]},{"role":"user","content":[` + text + `]}]}`, 1},
+		{"content given again", `{"model":"m","messages":[{"role":"user","content":[` + image + `],"content":[` + text + `]}]}`, 0},
+		{"messages given again", `{"model":"m","messages":[{"role":"user","content":[` + image + `]}],"messages":[{"role":"user","content":[` + text + `]}]}`, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ri, err := ParseRequest(KindChat, []byte(tc.body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			// The text around the parts still counts (about four bytes a
+			// token), each non-text part nonTextPartTokens.
+			lo := textOnly.PromptTokens() + tc.parts*nonTextPartTokens
+			if got := ri.PromptTokens(); got < lo || got > lo+8 {
+				t.Errorf("PromptTokens() = %d, want %d to %d (text %d, %d non-text parts)", got, lo, lo+8, textOnly.PromptTokens(), tc.parts)
+			}
+		})
 	}
 }
