@@ -43,21 +43,32 @@ func SetHeaders(h http.Header) {
 	h.Set("X-Accel-Buffering", "no")
 }
 
-// Data buffers one event whose data is payload. A payload holding newlines
-// is split into several data lines as the SSE format requires.
+// Data buffers one event whose data is payload. A payload holding line
+// breaks (LF, CRLF or a bare CR, which readers all end a line at) is split
+// into several data lines as the SSE format requires; a reader joins them
+// with LF.
 func (w *SSEWriter) Data(payload []byte) {
+	w.buf = appendLines(w.buf, "data: ", payload)
+	w.buf = append(w.buf, '\n')
+}
+
+// appendLines appends text as lines, each prefix and one line of text, at
+// every line break of text (LF, CRLF or CR).
+func appendLines(dst []byte, prefix string, text []byte) []byte {
 	for {
-		i := bytes.IndexByte(payload, '\n')
-		w.buf = append(w.buf, "data: "...)
+		i := bytes.IndexAny(text, "\r\n")
+		dst = append(dst, prefix...)
 		if i < 0 {
-			w.buf = append(w.buf, payload...)
-			break
+			dst = append(dst, text...)
+			return append(dst, '\n')
 		}
-		w.buf = append(w.buf, payload[:i]...)
-		w.buf = append(w.buf, '\n')
-		payload = payload[i+1:]
+		dst = append(dst, text[:i]...)
+		dst = append(dst, '\n')
+		if text[i] == '\r' && i+1 < len(text) && text[i+1] == '\n' {
+			i++
+		}
+		text = text[i+1:]
 	}
-	w.buf = append(w.buf, '\n', '\n')
 }
 
 // AppendData appends an event to the internal buffer through fn, which
@@ -73,12 +84,11 @@ func (w *SSEWriter) AppendData(fn func(dst []byte) []byte) {
 // Done buffers the terminating "data: [DONE]" event.
 func (w *SSEWriter) Done() { w.buf = append(w.buf, "data: [DONE]\n\n"...) }
 
-// Comment buffers an SSE comment line (": text"), which clients ignore;
-// useful as a keep-alive.
+// Comment buffers an SSE comment (": text", a comment line for each line
+// of text), which clients ignore; useful as a keep-alive.
 func (w *SSEWriter) Comment(text string) {
-	w.buf = append(w.buf, ": "...)
-	w.buf = append(w.buf, text...)
-	w.buf = append(w.buf, '\n', '\n')
+	w.buf = appendLines(w.buf, ": ", []byte(text))
+	w.buf = append(w.buf, '\n')
 }
 
 // Buffered returns the number of bytes waiting for Flush.

@@ -294,3 +294,33 @@ func ExampleSSEWriter() {
 	//
 	// data: [DONE]
 }
+
+// TestSSEWriterLineBreaks: Data and Comment split their text at every
+// line break a reader sees (CR, LF and CRLF), so a payload holding a bare
+// CR keeps the text after it and a comment cannot start an event.
+func TestSSEWriterLineBreaks(t *testing.T) {
+	var buf bytes.Buffer
+	w := NewSSEWriter(&buf)
+	payloads := []string{"a\rb", "a\r\nb", "a\nb", "a\r\rb\n", "\r", "x"}
+	for _, p := range payloads {
+		w.Data([]byte(p))
+	}
+	w.Comment("keep-alive\ndata: injected\r\rdata: too")
+	w.Done()
+	if err := w.Flush(); err != nil {
+		t.Fatal(err)
+	}
+	got, err := readAll(&buf, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []ev
+	for _, p := range payloads {
+		p = strings.ReplaceAll(strings.ReplaceAll(p, "\r\n", "\n"), "\r", "\n")
+		want = append(want, ev{Data: p})
+	}
+	want = append(want, ev{Data: Done})
+	if !reflect.DeepEqual(got, want) {
+		t.Errorf("stream %q read as\n got %+v\nwant %+v", buf.String(), got, want)
+	}
+}
