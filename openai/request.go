@@ -3,6 +3,7 @@ package openai
 import (
 	"bytes"
 	"encoding/binary"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -45,7 +46,8 @@ type RequestInfo struct {
 	// MaxTokens is, for chat, "max_completion_tokens" when present, else
 	// "max_tokens"; for completions "max_tokens" (the Completions API, and
 	// vLLM's CompletionRequest, have no max_completion_tokens: it is
-	// skipped like any unknown field). 0 when absent or null.
+	// skipped like any unknown field). 0 when absent or null. A number
+	// with a whole value counts whatever its form (1024.0, 1e3).
 	MaxTokens int
 	// User is the "user" field ("" when absent or null).
 	User string
@@ -343,7 +345,10 @@ func (p *parser) stringOrNull(param string) (string, bool, error) {
 	return string(unescape(nil, raw)), false, nil
 }
 
-// integer reads a non-negative JSON integer (no fraction, no exponent).
+// integer reads a non-negative JSON integer: a number whose value is whole,
+// written with a fraction or an exponent or not (1024.0 and 1e3 are
+// integers to vLLM's request models, and Python's json.dumps writes a
+// computed float so).
 func (p *parser) integer(param string) (int, error) {
 	s := &p.s
 	c := s.peek()
@@ -356,7 +361,14 @@ func (p *parser) integer(param string) (int, error) {
 		return 0, err
 	}
 	if !isInt {
-		return 0, invalid(param, "invalid_type", "%q must be an integer, got %s", param, s.b[start:s.i])
+		f, err := strconv.ParseFloat(string(s.b[start:s.i]), 64)
+		switch {
+		case err == nil && f != math.Trunc(f):
+			return 0, invalid(param, "invalid_type", "%q must be an integer, got %s", param, s.b[start:s.i])
+		case err != nil || f < 0 || f >= 1<<63:
+			return 0, invalid(param, "invalid_value", "%q must be a non-negative integer that fits in 64 bits, got %s", param, s.b[start:s.i])
+		}
+		return int(f), nil
 	}
 	n, err := strconv.Atoi(string(s.b[start:s.i]))
 	if err != nil || n < 0 {

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"math"
 	"reflect"
 	"strconv"
 	"strings"
@@ -198,7 +199,15 @@ func reference(kind Kind, body []byte) (RequestInfo, bool) {
 			return 0, false, true
 		}
 		var n int
-		if json.Unmarshal(raw, &n) != nil || n < 0 {
+		if json.Unmarshal(raw, &n) != nil {
+			// A whole number written as a float (1024.0, 1e3) counts.
+			var f float64
+			if json.Unmarshal(raw, &f) != nil || f != math.Trunc(f) || f >= 1<<63 {
+				return 0, false, false
+			}
+			n = int(f)
+		}
+		if n < 0 {
 			return 0, false, false
 		}
 		return n, true, true
@@ -350,6 +359,7 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"m","model":null}`,
 		`[]`, `{`, `{"model":`,
 		"\xef\xbb\xbf{\"model\":\"m\",\"prompt\":\"p\"}",
+		`{"model":"m","prompt":"p","max_tokens":1.6e1}`,
 	}
 	for _, s := range seeds {
 		f.Add(uint8(0), []byte(s))
@@ -624,5 +634,37 @@ func TestPromptTokensNonTextParts(t *testing.T) {
 				t.Errorf("PromptTokens() = %d, want %d to %d (text %d, %d non-text parts)", got, lo, lo+8, textOnly.PromptTokens(), tc.parts)
 			}
 		})
+	}
+}
+
+// TestParseRequestIntegralFloatMaxTokens: a max_tokens written as a number
+// with a fraction or an exponent but a whole value (1024.0, 1e3: what
+// Python's json.dumps writes for a computed float) is that integer, as
+// vLLM's request models read it; a fractional or out-of-range one is
+// still a 400.
+func TestParseRequestIntegralFloatMaxTokens(t *testing.T) {
+	for _, tc := range []struct {
+		num  string
+		want int
+	}{
+		{"1024.0", 1024}, {"1e3", 1000}, {"1.5e1", 15}, {"2E+2", 200}, {"-0.0", 0}, {"0e5", 0},
+	} {
+		for _, field := range []string{"max_tokens", "max_completion_tokens"} {
+			body := `{"model":"m","messages":[{"role":"user","content":"x"}],"` + field + `":` + tc.num + `}`
+			ri, err := ParseRequest(KindChat, []byte(body))
+			if err != nil || ri.MaxTokens != tc.want {
+				t.Errorf("ParseRequest(%s): got MaxTokens %d, error %v; want %d", body, ri.MaxTokens, err, tc.want)
+			}
+		}
+	}
+	for _, tc := range []struct{ num, code string }{
+		{"1.5", "invalid_type"}, {"1e-1", "invalid_type"}, {"-1.0", "invalid_value"}, {"1e19", "invalid_value"}, {"1e400", "invalid_value"},
+	} {
+		body := `{"model":"m","prompt":"p","max_tokens":` + tc.num + `}`
+		_, err := ParseRequest(KindCompletion, []byte(body))
+		var e *kvroute.Error
+		if !errors.As(err, &e) || e.Status != 400 || e.Code != tc.code || e.Param != "max_tokens" {
+			t.Errorf("ParseRequest(%s): got %v, want a 400 %s error on max_tokens", body, err, tc.code)
+		}
 	}
 }
