@@ -725,6 +725,13 @@ func (p *parser) part(idx, n int) (text []byte, isText bool, err error) {
 				return nil, false, err
 			}
 		default:
+			// The last of duplicate keys wins: a "type" or "text" that is
+			// not a string undoes one before it.
+			if k == "type" {
+				typ = typ[:0]
+			} else if k == "text" {
+				hasText = false
+			}
 			if err := s.skip(0); err != nil {
 				return nil, false, err
 			}
