@@ -111,7 +111,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		fmt.Sprintf(serveDescription, strings.Join(policy.Names(), ", ")), stdout, stderr)
 	var (
 		configFile = fs.String("config", "", "YAML config `file`")
-		checkFile  = fs.String("check-config", "", "validate the YAML config `file` (including policies and their params), print a summary and exit")
+		checkFile  = fs.String("check-config", "", "validate the YAML config `file` (including policies and their params, and the --listen, --log-level and --log-format given over it), print a summary and exit")
 		listen     = fs.String("listen", "", "listen `address` (default \""+config.DefaultListen+"\", or the config's listen)")
 		model      = fs.String("model", "", "quick mode: the served model `name` (instead of --config)")
 		policyName = fs.String("policy", "", "quick mode: the routing `policy` (default \""+config.DefaultPolicy+"\")")
@@ -131,13 +131,39 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return errUsage
 	}
 
+	// The flags that apply over a config file (at start, each reload, and
+	// --check-config).
+	overlay := func(c *config.Config) {
+		if *listen != "" {
+			c.Listen = *listen
+		}
+		if *logLevel != "" {
+			c.Log.Level = *logLevel
+		}
+		if *logFormat != "" {
+			c.Log.Format = *logFormat
+		}
+		if *debug {
+			c.Debug.Enabled = true
+		}
+	}
+
 	if *checkFile != "" {
-		if *configFile != "" || *model != "" || len(endpoints) > 0 {
-			return usageErr("--check-config takes no other config source")
+		// It checks what --config would run: the flags that apply over
+		// the file are checked with it; the quick mode's have no place.
+		if *configFile != "" || *model != "" || len(endpoints) > 0 || *policyName != "" || flagSet(fs, "data-parallel-size") {
+			return usageErr("--check-config takes no other config source (--config, --model, --endpoint, --policy, --data-parallel-size)")
 		}
 		cfg, err := loadConfigFile(*checkFile)
 		if err != nil {
 			return err
+		}
+		overlay(&cfg)
+		if err := cfg.Validate(); err != nil {
+			if msgs := serveFlagErrors(err, false, func(name string) bool { return flagSet(fs, name) }); len(msgs) > 0 {
+				return usageErr("%s", strings.Join(msgs, "; "))
+			}
+			return fmt.Errorf("invalid config: %w", err)
 		}
 		if _, err := proxy.New(proxy.Options{Config: cfg, NewPicker: policy.New}); err != nil {
 			return fmt.Errorf("%s: %w", *checkFile, err)
@@ -173,21 +199,6 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usageErr("--endpoint needs --model NAME, the model the endpoints serve")
 	default:
 		return usageErr("need --config FILE, or --model NAME with at least one --endpoint URL")
-	}
-	// The flags that apply over a config file (at start and each reload).
-	overlay := func(c *config.Config) {
-		if *listen != "" {
-			c.Listen = *listen
-		}
-		if *logLevel != "" {
-			c.Log.Level = *logLevel
-		}
-		if *logFormat != "" {
-			c.Log.Format = *logFormat
-		}
-		if *debug {
-			c.Debug.Enabled = true
-		}
 	}
 	overlay(&cfg)
 	quick := *configFile == ""

@@ -182,6 +182,12 @@ func TestServeFlagErrors(t *testing.T) {
 			"--data-parallel-size: -1 is not positive\n"},
 		{"data-parallel size over a file", []string{"--config", good, "--data-parallel-size", "2"},
 			"use either --config or --model/--endpoint/--policy/--data-parallel-size, not both"},
+		// --check-config checks what --config would run: the flags that
+		// apply over a file are checked with it, the quick-mode ones refused.
+		{"bad listen over a checked file", []string{"--check-config", good, "--listen", "x"}, `--listen: "x" is not a host:port address`},
+		{"bad log level over a checked file", []string{"--check-config", good, "--log-level", "loud"}, `--log-level: "loud" is not one of debug, info, warn, error`},
+		{"policy with --check-config", []string{"--check-config", good, "--policy", "random"}, "--check-config takes no other config source"},
+		{"data-parallel size with --check-config", []string{"--check-config", good, "--data-parallel-size", "2"}, "--check-config takes no other config source"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errOut bytes.Buffer
