@@ -75,7 +75,8 @@ type Endpoint struct {
 	// ID names the endpoint in metrics, logs and decisions; default the URL.
 	// Unique within the model.
 	ID string `yaml:"id"`
-	// URL is the engine's base URL (http or https, no query), e.g.
+	// URL is the engine's base URL (http or https, no query, not ending
+	// in /v1: requests keep their /v1/... path), e.g.
 	// http://10.0.0.7:8000. Required.
 	URL string `yaml:"url"`
 	// Role is both, prefill or decode; default both.
@@ -648,6 +649,11 @@ func (m *Model) validate(v *validator, p string) {
 		sameEngine := false
 		if err := checkURL(e.URL); err != nil {
 			v.addf(ep+".url", "%q %v", e.URL, err)
+		} else if base, ok := strings.CutSuffix(strings.TrimRight(e.URL, "/"), "/v1"); ok {
+			// An OpenAI client's base URL: the requests would go to
+			// /v1/v1/..., the scrapes and health checks to /v1/metrics
+			// and /v1/health.
+			v.addf(ep+".url", "%q ends in /v1: give the engine's base URL (%s); the router adds each request's /v1/... path", e.URL, base)
 		} else if r, err := kvroute.ParseRole(e.Role); err == nil {
 			// One engine listed twice in a role would take twice its share
 			// of the pool's requests under two names.

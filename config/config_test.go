@@ -75,6 +75,13 @@ func TestValidateErrors(t *testing.T) {
 			`models[0].endpoints[0].url: "http://a:1/?x=1" has a query or fragment`},
 		{"empty url", func(c *Config) { c.Models[0].Endpoints[0].URL = "" },
 			`models[0].endpoints[0].url: "" is empty`},
+		// OpenAI clients' base URLs end in /v1; an engine URL that does
+		// sends every request to /v1/v1/... and every scrape and health
+		// check to /v1/metrics and /v1/health, all 404.
+		{"url ends in /v1", func(c *Config) { c.Models[0].Endpoints[0].URL = "http://a:1/v1" },
+			`models[0].endpoints[0].url: "http://a:1/v1" ends in /v1: give the engine's base URL (http://a:1); the router adds each request's /v1/... path`},
+		{"url ends in /v1/", func(c *Config) { c.Models[0].Endpoints[1].URL = "http://gw/llama/v1/" },
+			`models[0].endpoints[1].url: "http://gw/llama/v1/" ends in /v1: give the engine's base URL (http://gw/llama); the router adds each request's /v1/... path`},
 		{"dup id", func(c *Config) { c.Models[0].Endpoints[1].ID = c.Models[0].Endpoints[0].ID },
 			`models[0].endpoints[1].id: "http://127.0.0.1:8001" duplicates models[0].endpoints[0].id`},
 		// One engine twice in a role, under two ids (or one URL with and
