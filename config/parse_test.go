@@ -108,3 +108,46 @@ func FuzzParse(f *testing.F) {
 		}
 	})
 }
+
+// TestParseRefusesWhatTheDecoderDropsSilently: the YAML decoder truncates
+// a fraction given for a whole-number field (weight: 0.5 became 0, then
+// the default 1; retry.attempts: 1.5 became 1, no retries) and drops an
+// empty list entry (a "-" with nothing under it), which also shifted the
+// indices that later errors name. Each is an error naming its field.
+func TestParseRefusesWhatTheDecoderDropsSilently(t *testing.T) {
+	tests := []struct {
+		name, yaml, want string
+	}{
+		{"fraction for an int", "models: [{name: m, endpoints: [{url: 'http://a:1', weight: 0.5}]}]",
+			"models[0].endpoints[0].weight: 0.5 is not a whole number"},
+		{"fraction at top level", "retry: {attempts: 1.5}\nmodels: [{name: m, endpoints: [{url: 'http://a:1'}]}]",
+			"retry.attempts: 1.5 is not a whole number"},
+		{"fraction for a uint", "models: [{name: m, policy: {seed: 2.5}, endpoints: [{url: 'http://a:1'}]}]",
+			"models[0].policy.seed: 2.5 is not a whole number"},
+		{"fraction in a discovery template", "models: [{name: m, discovery: {kubernetes: {service: s, endpoint: {weight: 1.25}}}}]",
+			"models[0].discovery.kubernetes.endpoint.weight: 1.25 is not a whole number"},
+		{"empty model entry", "models:\n  -\n  - name: m\n    endpoints: [{url: 'http://a:1'}]\n",
+			"models[0]: is an empty list entry"},
+		{"empty endpoint entry", "models:\n  - name: m\n    endpoints:\n      - url: http://a:1\n      -\n",
+			"models[0].endpoints[1]: is an empty list entry"},
+		{"empty trusted client", "trusted_clients: [10.0.0.1, null]\nmodels: [{name: m, endpoints: [{url: 'http://a:1'}]}]",
+			"trusted_clients[1]: is an empty list entry"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml))
+			var es Errors
+			if !errors.As(err, &es) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Parse: got %v, want config.Errors with %q", err, tc.want)
+			}
+		})
+	}
+	// A whole number written as a float is a whole number.
+	cfg, err := Parse([]byte("limits: {max_body_bytes: 1e6}\nmodels: [{name: m, endpoints: [{url: 'http://a:1', weight: 2.0}]}]"))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	if cfg.Limits.MaxBodyBytes != 1e6 || cfg.Models[0].Endpoints[0].Weight != 2 {
+		t.Errorf("got max_body_bytes %d weight %d, want 1000000 and 2", cfg.Limits.MaxBodyBytes, cfg.Models[0].Endpoints[0].Weight)
+	}
+}
