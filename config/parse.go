@@ -27,7 +27,7 @@ func Parse(data []byte) (Config, error) {
 		if errors.Is(err, io.EOF) {
 			return cfg, errors.New("the file is empty")
 		}
-		return cfg, decodeError(err)
+		return cfg, decodeError(err, data)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
@@ -49,28 +49,114 @@ func Parse(data []byte) (Config, error) {
 	return cfg, nil
 }
 
-// unknownField matches the YAML decoder's message for a field the
-// structs do not have, which names a Go type rather than the YAML.
-var unknownField = regexp.MustCompile(`^(line \d+): field (.*) not found in type \S+$`)
+// The YAML decoder's messages for a field the structs do not have and for
+// a value of the wrong type, which name a Go type rather than the YAML.
+var (
+	unknownField = regexp.MustCompile(`^line (\d+): field (.*) not found in type \S+$`)
+	wrongType    = regexp.MustCompile("^line (\\d+): cannot unmarshal (!!\\S+)(?: `(.*)`)? into (.+)$")
+)
 
 // decodeError turns the YAML decoder's type errors ("yaml: unmarshal
 // errors:" and one indented line per error, naming Go types) into one
-// line: "line 3: unknown field "modelz"; line 9: cannot unmarshal ...".
-func decodeError(err error) error {
+// line naming the fields by their paths, as validation errors do: "line 3:
+// unknown field "modelz"; line 9: models[0].policy: cannot unmarshal
+// !!str `least_r...` into a mapping". data is the document decoded.
+func decodeError(err error, data []byte) error {
 	var te *yaml.TypeError
 	if !errors.As(err, &te) {
 		return err
 	}
+	var doc yaml.Node
+	var ss []site
+	if yaml.Unmarshal(data, &doc) == nil {
+		sites(&doc, "", &ss, 0)
+	}
+	// find returns the path of the first site not yet used that match
+	// accepts, or "".
+	used := make([]bool, len(ss))
+	find := func(match func(site) bool) (string, bool) {
+		for i, s := range ss {
+			if !used[i] && match(s) {
+				used[i] = true
+				return s.path, true
+			}
+		}
+		return "", false
+	}
 	msgs := make([]string, len(te.Errors))
 	for i, m := range te.Errors {
 		if s := unknownField.FindStringSubmatch(m); s != nil {
-			m = s[1] + ": unknown field " + strconv.Quote(s[2])
-		} else if strings.HasSuffix(m, " into time.Duration") {
-			m += ` (a duration has a unit: "5s", "500ms")`
+			line, name := s[1], s[2]
+			m = "line " + line + ": unknown field " + strconv.Quote(name)
+			if p, ok := find(func(x site) bool { return x.key && strconv.Itoa(x.line) == line && x.value == name }); ok && p != "" {
+				m += " in " + p
+			}
+		} else if s := wrongType.FindStringSubmatch(m); s != nil {
+			line, tag, val, into := s[1], s[2], s[3], s[4]
+			prefix, cut := strings.CutSuffix(val, "...")
+			p, ok := find(func(x site) bool {
+				return !x.key && strconv.Itoa(x.line) == line && x.tag == tag &&
+					(x.value == val || cut && strings.HasPrefix(x.value, prefix))
+			})
+			switch {
+			case strings.HasPrefix(into, "config."), strings.HasPrefix(into, "map["):
+				into = "a mapping"
+			case strings.HasPrefix(into, "[]"):
+				into = "a list"
+			}
+			m = "line " + line + ": "
+			if ok && p != "" {
+				m += p + ": "
+			}
+			m += "cannot unmarshal " + tag
+			if s[3] != "" || strings.Contains(te.Errors[i], "`") {
+				m += " `" + val + "`"
+			}
+			m += " into " + into
+			if into == "time.Duration" {
+				m += ` (a duration has a unit: "5s", "500ms")`
+			}
 		}
 		msgs[i] = m
 	}
 	return errors.New(strings.Join(msgs, "; "))
+}
+
+// site is a key or value of the YAML document, for decodeError: its line,
+// its path (a key's is its mapping's), tag and text.
+type site struct {
+	line       int
+	path       string
+	tag, value string
+	key        bool
+}
+
+// sites appends n's keys and values below path to ss, in document order.
+// Aliases are not followed; depth bounds the walk.
+func sites(n *yaml.Node, path string, ss *[]site, depth int) {
+	if depth > 1000 {
+		return
+	}
+	switch n.Kind {
+	case yaml.DocumentNode:
+		for _, c := range n.Content {
+			sites(c, path, ss, depth+1)
+		}
+	case yaml.MappingNode:
+		for i := 0; i+1 < len(n.Content); i += 2 {
+			k, v := n.Content[i], n.Content[i+1]
+			p := joinPath(path, k.Value)
+			*ss = append(*ss, site{line: k.Line, path: path, value: k.Value, key: true},
+				site{line: v.Line, path: p, tag: v.ShortTag(), value: v.Value})
+			sites(v, p, ss, depth+1)
+		}
+	case yaml.SequenceNode:
+		for i, c := range n.Content {
+			p := fmt.Sprintf("%s[%d]", path, i)
+			*ss = append(*ss, site{line: c.Line, path: p, tag: c.ShortTag(), value: c.Value})
+			sites(c, p, ss, depth+1)
+		}
+	}
 }
 
 // checkNode reports, under path, what the YAML decoder would take from

@@ -19,8 +19,8 @@ func TestParse(t *testing.T) {
 		{"two documents", "models: []\n---\nlisten: ':1'\n", "more than one YAML document"},
 		{"unknown field", "modelz: []", `line 1: unknown field "modelz"`},
 		{"unknown fields, one line", "listen: ':1'\nmodels: [{name: m, endpointz: [], endpoints: [{url: 'http://a:1', wieght: 2}]}]",
-			`line 2: unknown field "endpointz"; line 2: unknown field "wieght"`},
-		{"duration without unit", "timeouts: {dial: 5}", "line 1: cannot unmarshal !!int `5` into time.Duration (a duration has a unit: \"5s\", \"500ms\")"},
+			`line 2: unknown field "endpointz" in models[0]; line 2: unknown field "wieght" in models[0].endpoints[0]`},
+		{"duration without unit", "timeouts: {dial: 5}", "line 1: timeouts.dial: cannot unmarshal !!int `5` into time.Duration (a duration has a unit: \"5s\", \"500ms\")"},
 		{"invalid", "models: []", "models: at least one model is required"},
 		{"every error", "listen: x\nmodels: [{name: m, endpoints: [{url: 'ftp://a'}]}]",
 			`listen: "x" is not a host:port address; models[0].endpoints[0].url: "ftp://a" is not an http(s) URL`},
@@ -149,5 +149,40 @@ func TestParseRefusesWhatTheDecoderDropsSilently(t *testing.T) {
 	}
 	if cfg.Limits.MaxBodyBytes != 1e6 || cfg.Models[0].Endpoints[0].Weight != 2 {
 		t.Errorf("got max_body_bytes %d weight %d, want 1000000 and 2", cfg.Limits.MaxBodyBytes, cfg.Models[0].Endpoints[0].Weight)
+	}
+}
+
+// TestParseDecodeErrorsNameTheField: a value of the wrong type, and an
+// unknown field, are named by their path as validation errors are (the
+// decoder gave a line and a Go type: "line 3: cannot unmarshal !!str
+// `least_r...` into config.Policy").
+func TestParseDecodeErrorsNameTheField(t *testing.T) {
+	tests := []struct {
+		name, yaml string
+		want       []string
+	}{
+		{"wrong type", "models:\n  - name: m\n    endpoints:\n      - url: http://a:1\n        weight: two\n",
+			[]string{"line 5: models[0].endpoints[0].weight: cannot unmarshal !!str `two` into int"}},
+		{"a string for a block", "models:\n  - name: m\n    policy: least_request\n",
+			[]string{"line 3: models[0].policy: cannot unmarshal !!str `least_r...` into a mapping"}},
+		{"a mapping for a list", "models:\n  - name: m\n    endpoints:\n      url: http://a:1\n",
+			[]string{"line 4: models[0].endpoints: cannot unmarshal !!map into a list"}},
+		{"unknown field", "models:\n  - name: m\n    endpoints:\n      - url: http://a:1\n        wieght: 2\n",
+			[]string{`line 5: unknown field "wieght" in models[0].endpoints[0]`}},
+		{"two on one line", "models: [{name: m, endpoints: [{url: 'http://a:1', weight: x, kv_capacity_tokens: x}]}]",
+			[]string{"line 1: models[0].endpoints[0].weight: cannot unmarshal !!str `x` into int",
+				"line 1: models[0].endpoints[0].kv_capacity_tokens: cannot unmarshal !!str `x` into int"}},
+		{"duration without unit", "timeouts:\n  dial: 5\n",
+			[]string{"line 2: timeouts.dial: cannot unmarshal !!int `5` into time.Duration (a duration has a unit"}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml))
+			for _, w := range tc.want {
+				if err == nil || !strings.Contains(err.Error(), w) {
+					t.Errorf("Parse: got %v, want an error containing %q", err, w)
+				}
+			}
+		})
 	}
 }
