@@ -9,6 +9,7 @@ import (
 	"net/url"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"time"
 
@@ -560,8 +561,10 @@ func (c *Config) Validate() error {
 	v := &validator{}
 	if c.Listen == "" {
 		v.addf("listen", "is empty")
-	} else if _, _, err := net.SplitHostPort(c.Listen); err != nil {
+	} else if _, port, err := net.SplitHostPort(c.Listen); err != nil {
 		v.addf("listen", "%q is not a host:port address", c.Listen)
+	} else if n, err := strconv.Atoi(port); err == nil && (n < 0 || n > 65535) {
+		v.addf("listen", "%q has port %d, not 0-65535", c.Listen, n)
 	}
 	if len(c.Models) == 0 {
 		v.addf("models", "at least one model is required")
@@ -788,12 +791,17 @@ func checkURL(s string) error {
 		return errors.New("is empty")
 	case err != nil || (u.Scheme != "http" && u.Scheme != "https"):
 		return errors.New("is not an http(s) URL")
-	case u.Host == "":
+	case u.Hostname() == "":
 		return errors.New("has no host")
 	case u.RawQuery != "" || u.Fragment != "":
 		return errors.New("has a query or fragment")
 	case u.User != nil:
 		return errors.New("has user info")
+	}
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("has port %s, not 1-65535", p)
+		}
 	}
 	return nil
 }

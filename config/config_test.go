@@ -75,6 +75,15 @@ func TestValidateErrors(t *testing.T) {
 			`models[0].endpoints[0].url: "http://a:1/?x=1" has a query or fragment`},
 		{"empty url", func(c *Config) { c.Models[0].Endpoints[0].URL = "" },
 			`models[0].endpoints[0].url: "" is empty`},
+		// URLs and addresses no connection can use, refused by
+		// --check-config rather than failing every request (or the start).
+		{"url without host name", func(c *Config) { c.Models[0].Endpoints[0].URL = "http://:8000" },
+			`models[0].endpoints[0].url: "http://:8000" has no host`},
+		{"url port out of range", func(c *Config) { c.Models[0].Endpoints[0].URL = "http://a:99999" },
+			`models[0].endpoints[0].url: "http://a:99999" has port 99999, not 1-65535`},
+		{"url port 0", func(c *Config) { c.Models[0].Endpoints[0].URL = "http://a:0" },
+			`models[0].endpoints[0].url: "http://a:0" has port 0, not 1-65535`},
+		{"listen port out of range", func(c *Config) { c.Listen = ":99999" }, `listen: ":99999" has port 99999, not 0-65535`},
 		// OpenAI clients' base URLs end in /v1; an engine URL that does
 		// sends every request to /v1/v1/... and every scrape and health
 		// check to /v1/metrics and /v1/health, all 404.
