@@ -16,7 +16,8 @@ import (
 
 // Parse decodes a YAML configuration strictly (unknown fields are errors,
 // as are more than one document, a number with a fraction for a
-// whole-number field and an empty list entry), applies the defaults and
+// whole-number field, an empty list entry and a ${VARIABLE}: the file is
+// not expanded), applies the defaults and
 // validates it. A validation failure returns Errors, every invalid field
 // at once.
 func Parse(data []byte) (Config, error) {
@@ -159,13 +160,20 @@ func sites(n *yaml.Node, path string, ss *[]site, depth int) {
 	}
 }
 
+// envReference matches a string that names an environment variable, as
+// a shell or envsubst would expand it: ${NAME} anywhere, or the whole
+// value $NAME in capitals.
+var envReference = regexp.MustCompile(`\$\{[A-Za-z_][A-Za-z0-9_]*\}|^\$[A-Z_][A-Z0-9_]*$`)
+
 // checkNode reports, under path, what the YAML decoder would take from
 // node n, decoded into a value of type t, without an error but without
 // keeping it: a number with a fraction for a whole-number field (it
 // truncates it: weight 0.5 became 0, then the default 1) and an empty
 // list entry ("-" with nothing after it: dropped, and the entries after it
-// moved up, so that errors named the wrong index). depth bounds the walk
-// through aliases.
+// moved up, so that errors named the wrong index); and a string that names
+// an environment variable, which the file does not expand (an admin token
+// ${KVROUTE_ADMIN_TOKEN} was that text). depth bounds the walk through
+// aliases.
 func checkNode(v *validator, n *yaml.Node, t reflect.Type, path string, depth int) {
 	if depth > 100 {
 		return
@@ -217,6 +225,10 @@ func checkNode(v *validator, n *yaml.Node, t reflect.Type, path string, depth in
 				}
 			}
 			checkNode(v, c, t.Elem(), p, depth+1)
+		}
+	case reflect.String:
+		if n.Kind == yaml.ScalarNode && envReference.MatchString(n.Value) {
+			v.addf(path, "%q names an environment variable, but the file is not expanded: write the value itself", n.Value)
 		}
 	case reflect.Int, reflect.Int8, reflect.Int16, reflect.Int32, reflect.Int64,
 		reflect.Uint, reflect.Uint8, reflect.Uint16, reflect.Uint32, reflect.Uint64:

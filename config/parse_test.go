@@ -186,3 +186,33 @@ func TestParseDecodeErrorsNameTheField(t *testing.T) {
 		})
 	}
 }
+
+// TestParseRefusesUnexpandedVariables: the file is not expanded, so an
+// admin token written as ${KVROUTE_ADMIN_TOKEN} (long enough to pass as a
+// token) was that very text, a token anyone reading the docs could send.
+func TestParseRefusesUnexpandedVariables(t *testing.T) {
+	base := "models: [{name: m, endpoints: [{url: 'http://a:1'}]}]\n"
+	tests := []struct {
+		name, yaml, want string
+	}{
+		{"admin token", base + "admin: {token: '${KVROUTE_ADMIN_TOKEN}'}",
+			`admin.token: "${KVROUTE_ADMIN_TOKEN}" names an environment variable, but the file is not expanded: write the value itself`},
+		{"bare variable", base + "admin: {token: $KVROUTE_ADMIN_TOKEN}",
+			`admin.token: "$KVROUTE_ADMIN_TOKEN" names an environment variable`},
+		{"in a url", "models: [{name: m, endpoints: [{url: 'http://${ENGINE_HOST}:8000'}]}]",
+			`models[0].endpoints[0].url: "http://${ENGINE_HOST}:8000" names an environment variable`},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml))
+			var es Errors
+			if !errors.As(err, &es) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Parse: got %v, want config.Errors with %q", err, tc.want)
+			}
+		})
+	}
+	// A dollar sign that names no variable is text.
+	if _, err := Parse([]byte(base + "admin: {token: 'pa$$word-0123456789'}")); err != nil {
+		t.Errorf("Parse: %v", err)
+	}
+}
