@@ -199,6 +199,8 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	if *speed <= 0 {
 		return usageErr("--speed must be positive")
+	} else if !(*speed > 0) || math.IsInf(*speed, 1) { // NaN: every request hung after its first token
+		return usageErr("--speed %v must be a positive number", *speed)
 	}
 	if *procs < 0 {
 		return usageErr("--procs must be 0 or more")

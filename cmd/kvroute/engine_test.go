@@ -63,15 +63,22 @@ func TestEngineUsageErrors(t *testing.T) {
 		{[]string{"engine", "--model", "m", "--log-level", "loud"}, `--log-level "loud" is not one of debug, info, warn, error`},
 		{[]string{"engine", "--model", "m", "--gpu", "a100"}, "kvroute engine: --gpu applies to --hf-config"},
 		{[]string{"engine", "--model", "m", "--speed", "0"}, "--speed must be positive"},
+		// NaN passed "<= 0" and hung every request after its first token.
+		{[]string{"engine", "--model", "m", "--speed", "NaN"}, "--speed NaN must be a positive number"},
+		{[]string{"engine", "--model", "m", "--speed", "+Inf"}, "--speed +Inf must be a positive number"},
 		{[]string{"engine", "--model", "m", "--prefix-caching-hash-algo", "md5"}, "prefix-caching-hash-algo"},
 		{[]string{"engine", "--model", "m", "--tokenizer", "testdata/no-such-dir"}, "--tokenizer: tokenizer: open testdata/no-such-dir/tokenizer.json"},
 		{[]string{"engine", "--model", "m", "--hf-config", "testdata/no-such-config.json"}, "--hf-config: open testdata/no-such-config.json"},
 		{[]string{"engine", "--model", "m", "--hf-config", "../../engine/testdata/hf/llama-3.1-8b.json", "--profile", "tiny"}, "not both"},
 		{[]string{"engine", "--model", "m", "--hf-config", "../../engine/testdata/hf/llama-3.1-8b.json", "--gpu", "tpu"}, "--hf-config: model"},
 	}
+	// Cancelled: a flag value wrongly accepted makes the engine stop at
+	// once (and the case fail) rather than serve until the test times out.
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
 	for _, tt := range tests {
 		var out bytes.Buffer
-		err := run(context.Background(), tt.args, &out, &out)
+		err := run(ctx, tt.args, &out, &out)
 		if err != errUsage || !strings.Contains(out.String(), tt.want) {
 			t.Errorf("%v: got %v %q, want usage error mentioning %q", tt.args, err, out.String(), tt.want)
 		}
