@@ -13,14 +13,15 @@ import (
 // (shared prefixes, EOS, held KV, aborts, caller-given hashes, a cache small
 // enough to evict and preempt): one only steps, the other computes every
 // plain decode run it is offered with DecodeSteps (random limits and time
-// bounds). After each of its runs the stepping engine takes as many steps,
-// and the two must agree on every token, time and latency, every KV event,
-// the Stats, each request's blocks and the whole block pool (free-queue
-// order included). With and without events, and in two shapes: the tiny
-// profile's 8 requests at most, and a wide batch of up to 200 requests
-// arriving in bursts (DecodeSteps visits a request only at its block
-// boundaries: many requests at different phases, more than a 64-bit word
-// of them, in runs longer than its window of steps).
+// bounds), both resuming late now and then. After each of its runs the
+// stepping engine takes as many steps, and the two must agree on every
+// token, time and latency, every KV event, the Stats, each request's
+// blocks and the whole block pool (free-queue order included). With and
+// without events, and in two shapes: the tiny profile's 8 requests at
+// most, and a wide batch of up to 200 requests arriving in bursts
+// (DecodeSteps visits a request only at its block boundaries: many
+// requests at different phases, more than a 64-bit word of them, in runs
+// longer than its window of steps).
 func TestDecodeSteps(t *testing.T) {
 	shapes := []decodeShape{
 		{name: "narrow", seeds: 4, blocks: 40, burst: 3, minRun: 2},
@@ -55,6 +56,7 @@ func testDecodeSteps(t *testing.T, seed uint64, noEvents bool, sh decodeShape) {
 	stepper, bulk := mustEngine(t, "tiny", mod), mustEngine(t, "tiny", mod)
 	a, b := newDriver(t, stepper), newDriver(t, bulk)
 	rng := rand.New(rand.NewPCG(seed, 3))
+	gaps := rand.New(rand.NewPCG(seed, 4)) // apart, so that the workload is the same
 	prefixes := [][]uint32{tokens(1, 64), tokens(5000, 200), tokens(9000, 33)}
 	var live []string
 	last := map[string]Output{} // each request's latest output (the bulk engine's)
@@ -113,6 +115,14 @@ func testDecodeSteps(t *testing.T, seed uint64, noEvents bool, sh decodeShape) {
 			}
 		}
 
+		if gaps.IntN(4) == 0 {
+			// The driver resumes late (a real-time loop behind its
+			// clock): the next step starts after the last one ended, and
+			// its tokens' latencies count from the tokens before the gap.
+			gap := time.Duration(1 + gaps.IntN(int(stepper.MinStepTime())))
+			a.now += gap
+			b.now += gap
+		}
 		until := b.now + time.Duration(rng.IntN(400))*stepper.MinStepTime()
 		running := len(bulk.running)
 		type sampled struct {
