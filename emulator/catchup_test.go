@@ -287,3 +287,88 @@ func fleetShare(seed uint64, n int) []command {
 	}
 	return queue
 }
+
+// BenchmarkLoopCold is BenchmarkLoop's one engine (catching up, its KV
+// cache full) with the CPU caches and TLB emptied before each turn of the
+// loop, as in a fleet soak where every engine's memory has gone cold by the
+// time it wakes: between two turns (a step, or a run caught up) a 64 MB
+// buffer is read, one load per cache line, with the timer stopped. After
+// each turn the engine looks ahead for the next quiet run (DecodeRun), as
+// the loop does before it sleeps (quietRun); that is timed. ns/request is
+// the loop's time per request, the evictions excluded, split in the turns
+// that caught up with a run (catchUp-ns), those that stepped (step-ns) and
+// the looks ahead (DecodeRun-ns); turns/request is how often it woke.
+func BenchmarkLoopCold(b *testing.B) {
+	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
+	if err != nil {
+		b.Fatal(err)
+	}
+	const n = 200 // requests
+	b.ReportAllocs()
+	turns := 0
+	var caughtUp, stepped, ahead time.Duration // turns that caught up, that stepped; the looks ahead
+	for b.Loop() {
+		b.StopTimer()
+		s, err := New(Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1})
+		if err != nil {
+			b.Fatal(err)
+		}
+		queue := fleetShare(0, n)
+		start := fillKV(b, s.eng, prof, 0)
+		for i := range queue {
+			queue[i].at += start
+		}
+		ld := newLoopDriver(s, queue, true)
+		ld.vnow = start
+		evictCaches()
+		b.StartTimer()
+		for {
+			t0, caught := time.Now(), ld.caught
+			if !ld.advance() {
+				break
+			}
+			t1 := time.Now()
+			s.eng.DecodeRun(256)
+			t2 := time.Now()
+			if ld.caught > caught {
+				caughtUp += t1.Sub(t0)
+			} else {
+				stepped += t1.Sub(t0)
+			}
+			ahead += t2.Sub(t1)
+			turns++
+			b.StopTimer()
+			evictCaches()
+			b.StartTimer()
+		}
+	}
+	per := func(d time.Duration) float64 { return float64(d.Nanoseconds()) / float64(b.N*n) }
+	b.ReportMetric(per(b.Elapsed()), "ns/request")
+	b.ReportMetric(per(caughtUp), "catchUp-ns/request")
+	b.ReportMetric(per(stepped), "step-ns/request")
+	b.ReportMetric(per(ahead), "DecodeRun-ns/request")
+	b.ReportMetric(float64(turns)/float64(b.N*n), "turns/request")
+}
+
+// evictBuf is larger than the CPU's last-level cache: reading it empties
+// the caches (evictCaches). It is written once first: pages never written
+// all read the kernel's one zero page, which would evict nothing.
+var evictBuf []uint64
+
+// evictSink keeps evictCaches' loads.
+var evictSink uint64
+
+// evictCaches reads a word of every cache line of evictBuf.
+func evictCaches() {
+	if evictBuf == nil {
+		evictBuf = make([]uint64, 64<<20/8)
+		for i := range evictBuf {
+			evictBuf[i] = uint64(i)
+		}
+	}
+	var x uint64
+	for i := 0; i < len(evictBuf); i += 8 {
+		x += evictBuf[i]
+	}
+	evictSink += x
+}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"strings"
 	"testing"
 	"time"
@@ -178,4 +179,104 @@ func BenchmarkHashBlock(b *testing.B) {
 			}
 		})
 	}
+}
+
+// BenchmarkDecodeStepsCold is a real-time driver catching up after a sleep
+// in a busy fleet, where the engine's memory has gone cold: 128 requests of
+// 1,000 output tokens decode at staggered phases on the 8B profile without
+// KV events (one finishes about every 8 steps; a new one replaces it,
+// untimed), and each timed operation is one DecodeSteps run of at most 8
+// steps, the CPU caches emptied before it (evictCaches, untimed; it empties
+// the code's lines too, as the data's). Before each run, untimed, the
+// driver looks ahead (DecodeRun), as a real-time one does before it sleeps.
+// With arrival=true an arrival follows each run, as when a request arrives
+// during a sleep: the new request's prefill step (StepInto) is timed with
+// the run. cpu-ns/op is the timed part's CPU time on its thread: on a
+// shared machine the wall time includes waiting for a core, so compare
+// builds on it, alternated (its noise is still about 20%).
+func BenchmarkDecodeStepsCold(b *testing.B) {
+	for _, arrival := range []bool{false, true} {
+		b.Run(fmt.Sprint("arrival=", arrival), func(b *testing.B) {
+			const running = 128
+			e := mustEngine(b, "llama-3.1-8b-h100", func(c *Config) { c.NoEvents = true })
+			var now time.Duration
+			var res StepResult
+			next := 0
+			add := func() {
+				r := &Request{ID: fmt.Sprint("r", next), Prompt: tokens(next*1000, 200), MaxTokens: 1000, IgnoreEOS: true}
+				next++
+				if err := e.Add(now, r); err != nil {
+					b.Fatal(err)
+				}
+			}
+			step := func() {
+				e.StepInto(now, &res)
+				now += res.Duration
+			}
+			for len(e.running) < running { // staggered: one arrival every 7 steps
+				add()
+				for range 7 {
+					step()
+				}
+			}
+			var run DecodedRun
+			steps := 0
+			runtime.LockOSThread()
+			defer runtime.UnlockOSThread()
+			var cpu time.Duration // the timed part's, on this thread
+			b.ReportAllocs()
+			target := running
+			if arrival {
+				target-- // the arrival makes it up
+			}
+			for b.Loop() {
+				b.StopTimer()
+				for len(e.running) < target || e.waiting.len() > 0 || e.running[len(e.running)-1].outputs == 0 {
+					if len(e.running)+e.waiting.len() < target {
+						add()
+					}
+					step()
+				}
+				e.DecodeRun(256) // the driver looks ahead before it sleeps
+				evictCaches()
+				b.StartTimer()
+				cpu0 := cputime.Thread()
+				n := e.DecodeSteps(now, math.MaxInt64, 8, &run)
+				for _, d := range run.Durations {
+					now += d
+				}
+				if arrival {
+					add()
+					step()
+				}
+				cpu += cputime.Thread() - cpu0
+				steps += n
+			}
+			b.ReportMetric(float64(steps)/float64(b.N), "steps/op")
+			b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+		})
+	}
+}
+
+// evictBuf is larger than the CPU's last-level cache: reading it empties
+// the caches (evictCaches). It is written once first: pages never written
+// all read the kernel's one zero page, which would evict nothing.
+var evictBuf []uint64
+
+// evictSink keeps evictCaches' loads.
+var evictSink uint64
+
+// evictCaches reads a word of every cache line of evictBuf.
+func evictCaches() {
+	if evictBuf == nil {
+		evictBuf = make([]uint64, 64<<20/8)
+		for i := range evictBuf {
+			evictBuf[i] = uint64(i)
+		}
+	}
+	var x uint64
+	for i := 0; i < len(evictBuf); i += 8 {
+		x += evictBuf[i]
+	}
+	evictSink += x
 }
