@@ -11,6 +11,7 @@ import (
 	"github.com/prometheus/common/expfmt"
 
 	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/internal/coldcache"
 	"github.com/kvroute/kvroute/internal/difftest"
 )
 
@@ -320,7 +321,7 @@ func BenchmarkLoopCold(b *testing.B) {
 		}
 		ld := newLoopDriver(s, queue, true)
 		ld.vnow = start
-		evictCaches()
+		coldcache.Evict()
 		b.StartTimer()
 		for {
 			t0, caught := time.Now(), ld.caught
@@ -338,7 +339,7 @@ func BenchmarkLoopCold(b *testing.B) {
 			ahead += t2.Sub(t1)
 			turns++
 			b.StopTimer()
-			evictCaches()
+			coldcache.Evict()
 			b.StartTimer()
 		}
 	}
@@ -348,27 +349,4 @@ func BenchmarkLoopCold(b *testing.B) {
 	b.ReportMetric(per(stepped), "step-ns/request")
 	b.ReportMetric(per(ahead), "DecodeRun-ns/request")
 	b.ReportMetric(float64(turns)/float64(b.N*n), "turns/request")
-}
-
-// evictBuf is larger than the CPU's last-level cache: reading it empties
-// the caches (evictCaches). It is written once first: pages never written
-// all read the kernel's one zero page, which would evict nothing.
-var evictBuf []uint64
-
-// evictSink keeps evictCaches' loads.
-var evictSink uint64
-
-// evictCaches reads a word of every cache line of evictBuf.
-func evictCaches() {
-	if evictBuf == nil {
-		evictBuf = make([]uint64, 64<<20/8)
-		for i := range evictBuf {
-			evictBuf[i] = uint64(i)
-		}
-	}
-	var x uint64
-	for i := 0; i < len(evictBuf); i += 8 {
-		x += evictBuf[i]
-	}
-	evictSink += x
 }

@@ -9,6 +9,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/coldcache"
 	"github.com/kvroute/kvroute/internal/cputime"
 )
 
@@ -186,7 +187,7 @@ func BenchmarkHashBlock(b *testing.B) {
 // 1,000 output tokens decode at staggered phases on the 8B profile without
 // KV events (one finishes about every 8 steps; a new one replaces it,
 // untimed), and each timed operation is one DecodeSteps run of at most 8
-// steps, the CPU caches emptied before it (evictCaches, untimed; it empties
+// steps, the CPU caches emptied before it (coldcache.Evict, untimed; it empties
 // the code's lines too, as the data's). Before each run, untimed, the
 // driver looks ahead (DecodeRun), as a real-time one does before it sleeps.
 // With arrival=true an arrival follows each run, as when a request arrives
@@ -238,7 +239,7 @@ func BenchmarkDecodeStepsCold(b *testing.B) {
 					step()
 				}
 				e.DecodeRun(256) // the driver looks ahead before it sleeps
-				evictCaches()
+				coldcache.Evict()
 				b.StartTimer()
 				cpu0 := cputime.Thread()
 				n := e.DecodeSteps(now, math.MaxInt64, 8, &run)
@@ -256,27 +257,4 @@ func BenchmarkDecodeStepsCold(b *testing.B) {
 			b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
 		})
 	}
-}
-
-// evictBuf is larger than the CPU's last-level cache: reading it empties
-// the caches (evictCaches). It is written once first: pages never written
-// all read the kernel's one zero page, which would evict nothing.
-var evictBuf []uint64
-
-// evictSink keeps evictCaches' loads.
-var evictSink uint64
-
-// evictCaches reads a word of every cache line of evictBuf.
-func evictCaches() {
-	if evictBuf == nil {
-		evictBuf = make([]uint64, 64<<20/8)
-		for i := range evictBuf {
-			evictBuf[i] = uint64(i)
-		}
-	}
-	var x uint64
-	for i := 0; i < len(evictBuf); i += 8 {
-		x += evictBuf[i]
-	}
-	evictSink += x
 }
