@@ -727,7 +727,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		deepest = max(deepest, c.CachedBlocks)
 		smallThrash = smallThrash || k.thrashing(c) && smallHit(c, P)
 		es := k.byPos[i].s // the stats lookupStat found here, if still true
-		if m := &k.byPos[i]; m.id != endpointID(&cands[i]) || (es == nil && m.gen != k.epsGen) {
+		if m := &k.byPos[i]; !sameString(m.id, endpointID(&cands[i])) || (es == nil && m.gen != k.epsGen) {
 			es = k.lookupStat(i, &cands[i])
 		}
 		var queued float64

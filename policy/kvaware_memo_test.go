@@ -180,3 +180,21 @@ func TestKVAwareMemoAcrossPicks(t *testing.T) {
 		now = now.Add(time.Duration(r.IntN(50)) * time.Millisecond)
 	}
 }
+
+// TestSameString: sameString is ==, whether the two strings are the same
+// bytes in memory or copies.
+func TestSameString(t *testing.T) {
+	id := "endpoint-7"
+	cp := string([]byte(id))
+	for _, c := range []struct {
+		a, b string
+		want bool
+	}{
+		{id, id, true}, {id, cp, true}, {"", "", true}, {id, id[:9], false},
+		{id, "endpoint-8", false}, {id[:9], id[1:], false}, {"", id, false},
+	} {
+		if got := sameString(c.a, c.b); got != c.want || got != (c.a == c.b) {
+			t.Errorf("sameString(%q, %q) = %v, want %v", c.a, c.b, got, c.want)
+		}
+	}
+}

@@ -5,6 +5,7 @@ import (
 	"math/rand/v2"
 	"sort"
 	"strings"
+	"unsafe"
 
 	"github.com/kvroute/kvroute"
 )
@@ -119,6 +120,14 @@ func endpointID(c *kvroute.Candidate) string {
 		return ""
 	}
 	return c.Endpoint.ID
+}
+
+// sameString reports whether a == b, without a call when they are the same
+// string (same bytes in memory): a candidate's ID is, from one Pick to the
+// next, and Pick compares one per candidate (a string comparison calls
+// the runtime whenever the lengths are equal).
+func sameString(a, b string) bool {
+	return len(a) == len(b) && (unsafe.StringData(a) == unsafe.StringData(b) || a == b)
 }
 
 // chose returns a decision for candidate i with the given scores.
