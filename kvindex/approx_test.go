@@ -765,3 +765,21 @@ func slotHits(a *Approx, hits []SlotHit) []Hit {
 	sortHits(out)
 	return out
 }
+
+// TestApproxRecordHeldWithZeroKey: recording again a prompt the endpoint
+// holds walks it whole, also when a hash is 0 (kept as 1, the tables'
+// empty key being 0), which the walk's comparison of whole runs finds
+// unequal and leaves to its comparison key by key: nothing is added.
+func TestApproxRecordHeldWithZeroKey(t *testing.T) {
+	hs := []uint64{11, 0, 13, 14, 15}
+	a := NewApprox(ApproxConfig{DefaultCapacityBlocks: 100, TTL: time.Minute, Serialized: true})
+	for range 3 {
+		a.Record(t0, "a", hs)
+		if got := a.eps["a"].tree.n; got != len(hs) {
+			t.Fatalf("after recording the same %d blocks again: %d held, want %d", len(hs), got, len(hs))
+		}
+		if got := a.Match(t0, hs, nil); len(got) != 1 || got[0].Blocks != len(hs) {
+			t.Fatalf("Match = %+v, want a's %d blocks", got, len(hs))
+		}
+	}
+}

@@ -1,6 +1,9 @@
 package kvindex
 
-import "math/bits"
+import (
+	"math/bits"
+	"unsafe"
+)
 
 // atree is one endpoint's recency order in an Approx: the chains it holds,
 // as a tree of runs. A node holds a run of consecutive blocks of a chain
@@ -73,6 +76,13 @@ func (tr *atree) walk(hashes []uint64, t int64) (cur int32, covered int) {
 		}
 		run := tr.nodes[id].run
 		j, m := 1, min(len(run), len(hashes)-covered)
+		if m > 1 && keysBytes(run[1:m]) == keysBytes(hashes[covered+1:covered+m]) {
+			// All equal, compared in one run (the runtime's vectorised
+			// comparison): a prompt the endpoint holds, the common case.
+			// The keys are nonZero, so a 0 among hashes compares unequal
+			// here and the loop below maps it as Record does.
+			j = m
+		}
 		for j < m && run[j] == nonZero(hashes[covered+j]) {
 			j++
 		}
@@ -269,4 +279,10 @@ func (p *runPool) grow(s []uint64, extra int) []uint64 {
 	ns := append(p.get(len(s)+extra), s...)
 	p.put(s)
 	return ns
+}
+
+// keysBytes returns the bytes of keys as a string, without a copy, for a
+// comparison: keys must not change while it is in use.
+func keysBytes(keys []uint64) string {
+	return unsafe.String((*byte)(unsafe.Pointer(unsafe.SliceData(keys))), 8*len(keys))
 }
