@@ -310,7 +310,7 @@ func (s *Server) checkLength(j *job) *apiError {
 	out, given, param := 0, j.req.MaxTokens != nil, "max_tokens"
 	switch {
 	case given:
-		out = *j.req.MaxTokens
+		out = int(*j.req.MaxTokens)
 		if j.chat && j.req.MaxCompletionTokens != nil {
 			param = "max_completion_tokens"
 		}

@@ -60,6 +60,8 @@ func TestRequestErrors(t *testing.T) {
 		{"empty prompt", "/v1/completions", `{"prompt":""}`, 400, "Either prompt or prompt_embeds must be provided and non-empty.", bad, "prompt"},
 		{"empty prompt, encoding/json path", "/v1/completions", `{"prompt":"","Z":1}`, 400, "Either prompt or prompt_embeds must be provided and non-empty.", bad, "prompt"},
 		{"token out of vocabulary", "/v1/completions", `{"prompt":[1,2,5000]}`, 400, "Token id 5000 is out of vocabulary", "", nil},
+		{"max_tokens with a fraction", "/v1/completions", `{"prompt":"a","max_tokens":1.5}`, 400, "got a number with a fractional part", bad, "body"},
+		{"max_tokens 0.0", "/v1/completions", `{"prompt":"a","max_tokens":0.0}`, 400, "max_tokens must be at least 1, got 0.", "", "max_tokens"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -92,6 +94,34 @@ func TestRequestErrors(t *testing.T) {
 				t.Errorf("got param %v, want %v", e.Error.Param, tt.param)
 			}
 		})
+	}
+}
+
+// TestRequestLaxForms: what vLLM's server accepts beyond strict JSON
+// integers and bodies: a leading byte-order mark (Python's json.loads
+// skips it in bytes) and max_tokens written as a whole number in float
+// form (pydantic's lax integers), as the router's parser accepts them too.
+func TestRequestLaxForms(t *testing.T) {
+	_, hs := testServer(t, Config{})
+	for _, tc := range []struct{ path, body string }{
+		{"/v1/completions", "\ufeff{\"prompt\":\"a b\",\"max_tokens\":3,\"ignore_eos\":true}"},
+		{"/v1/completions", `{"prompt":"a b","max_tokens":3.0,"ignore_eos":true}`},
+		{"/v1/completions", `{"prompt":"a b","max_tokens":3e0,"ignore_eos":true,"Z":1}`},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"a"}],"max_completion_tokens":3.0,"ignore_eos":true}`},
+	} {
+		code, body := post(t, hs.URL+tc.path, tc.body)
+		if code != 200 {
+			t.Errorf("%s %q: status %d (%s), want 200", tc.path, tc.body, code, body)
+			continue
+		}
+		var r struct {
+			Usage struct {
+				CompletionTokens int `json:"completion_tokens"`
+			} `json:"usage"`
+		}
+		if err := json.Unmarshal(body, &r); err != nil || r.Usage.CompletionTokens != 3 {
+			t.Errorf("%s %q: %s (%v), want 3 completion tokens", tc.path, tc.body, body, err)
+		}
 	}
 }
 

@@ -1,8 +1,10 @@
 package emulator
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net/http"
 	"strconv"
 
@@ -19,8 +21,8 @@ type apiRequest struct {
 	Model               string          `json:"model"`
 	Prompt              json.RawMessage `json:"prompt"`
 	Messages            []apiMessage    `json:"messages"`
-	MaxTokens           *int            `json:"max_tokens"`
-	MaxCompletionTokens *int            `json:"max_completion_tokens"`
+	MaxTokens           *wholeInt       `json:"max_tokens"`
+	MaxCompletionTokens *wholeInt       `json:"max_completion_tokens"`
 	Stop                json.RawMessage `json:"stop"`
 	IgnoreEOS           bool            `json:"ignore_eos"`
 	IncludeStopStr      bool            `json:"include_stop_str_in_output"` // keep a matched stop string in the text
@@ -215,6 +217,9 @@ func writeAPIError(w http.ResponseWriter, e *apiError) {
 // contents may alias body (scanRequest's): body must not change while
 // they are used.
 func parseRequest(body []byte, chat bool) (*apiRequest, *apiError) {
+	// A leading byte-order mark is skipped, as Python's json.loads skips it
+	// in bytes (vLLM's server reads the body so).
+	body = bytes.TrimPrefix(body, []byte(utf8BOM))
 	r, ok := scanRequest(body, chat)
 	if !ok {
 		var aerr *apiError
@@ -256,8 +261,36 @@ func (r *apiRequest) checkOptions(chat bool) *apiError {
 		r.MaxTokens = r.MaxCompletionTokens
 	}
 	if r.MaxTokens != nil && *r.MaxTokens < 1 {
-		return tooFewTokens(*r.MaxTokens)
+		return tooFewTokens(int(*r.MaxTokens))
 	}
+	return nil
+}
+
+// utf8BOM is the UTF-8 byte-order mark.
+const utf8BOM = "\xef\xbb\xbf"
+
+// wholeInt is an integer field of a request as vLLM's (lax) pydantic
+// models read it: a JSON integer, or a number in float form whose value
+// is whole (1024.0, 1e3, as Python's json.dumps writes a computed value).
+type wholeInt int
+
+// UnmarshalJSON reads an integer, or a whole number in float form.
+func (w *wholeInt) UnmarshalJSON(b []byte) error {
+	if n, err := strconv.ParseInt(string(b), 10, strconv.IntSize); err == nil {
+		*w = wholeInt(n)
+		return nil
+	}
+	f, err := strconv.ParseFloat(string(b), 64)
+	if err != nil || math.IsInf(f, 0) {
+		return fmt.Errorf("Input should be a valid integer, got %s", b)
+	}
+	if f != math.Trunc(f) {
+		return fmt.Errorf("Input should be a valid integer, got a number with a fractional part (%s)", b)
+	}
+	if f < math.MinInt || f >= math.MaxInt {
+		return fmt.Errorf("Input should be a valid integer, got %s, out of range", b)
+	}
+	*w = wholeInt(f)
 	return nil
 }
 

@@ -126,11 +126,11 @@ func scanField(s *scanner, r *apiRequest, key []byte, chat bool) (uint32, bool) 
 		return fieldMessages, s.messages(r)
 	case "max_tokens":
 		v, ok := s.intPtr(math.MinInt, math.MaxInt)
-		r.MaxTokens = v
+		r.MaxTokens = (*wholeInt)(v)
 		return fieldMaxTokens, ok
 	case "max_completion_tokens":
 		v, ok := s.intPtr(math.MinInt, math.MaxInt)
-		r.MaxCompletionTokens = v
+		r.MaxCompletionTokens = (*wholeInt)(v)
 		return fieldMaxCompletionTokens, ok
 	case "n":
 		v, ok := s.intPtr(math.MinInt, math.MaxInt)

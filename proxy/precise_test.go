@@ -80,6 +80,11 @@ func TestPreciseBuiltin(t *testing.T) {
 		{"completion", openai.KindCompletion, `{"model":"m","prompt":"The quick brown fox jumps over the lazy dog"}`, b.Encode("The quick brown fox jumps over the lazy dog"), nil},
 		{"completion list of one", openai.KindCompletion, `{"model":"m","prompt":["one prompt"]}`, b.Encode("one prompt"), nil},
 		{"token ids", openai.KindCompletion, `{"model":"m","prompt":[5,6,7,8]}`, []uint32{5, 6, 7, 8}, nil},
+		// A leading byte-order mark, which ParseRequest skips (the
+		// engines read such bodies): before, precise mode fell back to
+		// character matching for them.
+		{"chat after a BOM", openai.KindChat, "\ufeff" + `{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hello there, how are you?"}]}`, b.Encode(chat), nil},
+		{"token ids after a BOM", openai.KindCompletion, "\ufeff" + `{"model":"m","prompt":[5,6,7,8]}`, []uint32{5, 6, 7, 8}, nil},
 		{"batch", openai.KindCompletion, `{"model":"m","prompt":["a","b"]}`, nil, errNotTokenized},
 		{"batch of ids", openai.KindCompletion, `{"model":"m","prompt":[[1,2],[3]]}`, nil, errNotTokenized},
 	}
