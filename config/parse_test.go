@@ -114,10 +114,27 @@ func FuzzParse(f *testing.F) {
 // the default 1; retry.attempts: 1.5 became 1, no retries) and drops an
 // empty list entry (a "-" with nothing under it), which also shifted the
 // indices that later errors name. Each is an error naming its field.
+// parseErrorCase is a document Parse refuses with Errors holding want.
+type parseErrorCase struct {
+	name, yaml, want string
+}
+
+// checkParseErrors runs Parse on each case.
+func checkParseErrors(t *testing.T, tests []parseErrorCase) {
+	t.Helper()
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			_, err := Parse([]byte(tc.yaml))
+			var es Errors
+			if !errors.As(err, &es) || !strings.Contains(err.Error(), tc.want) {
+				t.Fatalf("Parse: got %v, want config.Errors with %q", err, tc.want)
+			}
+		})
+	}
+}
+
 func TestParseRefusesWhatTheDecoderDropsSilently(t *testing.T) {
-	tests := []struct {
-		name, yaml, want string
-	}{
+	tests := []parseErrorCase{
 		{"fraction for an int", "models: [{name: m, endpoints: [{url: 'http://a:1', weight: 0.5}]}]",
 			"models[0].endpoints[0].weight: 0.5 is not a whole number"},
 		{"fraction at top level", "retry: {attempts: 1.5}\nmodels: [{name: m, endpoints: [{url: 'http://a:1'}]}]",
@@ -133,15 +150,7 @@ func TestParseRefusesWhatTheDecoderDropsSilently(t *testing.T) {
 		{"empty trusted client", "trusted_clients: [10.0.0.1, null]\nmodels: [{name: m, endpoints: [{url: 'http://a:1'}]}]",
 			"trusted_clients[1]: is an empty list entry"},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := Parse([]byte(tc.yaml))
-			var es Errors
-			if !errors.As(err, &es) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("Parse: got %v, want config.Errors with %q", err, tc.want)
-			}
-		})
-	}
+	checkParseErrors(t, tests)
 	// A whole number written as a float is a whole number.
 	cfg, err := Parse([]byte("limits: {max_body_bytes: 1e6}\nmodels: [{name: m, endpoints: [{url: 'http://a:1', weight: 2.0}]}]"))
 	if err != nil {
@@ -192,9 +201,7 @@ func TestParseDecodeErrorsNameTheField(t *testing.T) {
 // token) was that very text, a token anyone reading the docs could send.
 func TestParseRefusesUnexpandedVariables(t *testing.T) {
 	base := "models: [{name: m, endpoints: [{url: 'http://a:1'}]}]\n"
-	tests := []struct {
-		name, yaml, want string
-	}{
+	tests := []parseErrorCase{
 		{"admin token", base + "admin: {token: '${KVROUTE_ADMIN_TOKEN}'}",
 			`admin.token: "${KVROUTE_ADMIN_TOKEN}" names an environment variable, but the file is not expanded: write the value itself`},
 		{"bare variable", base + "admin: {token: $KVROUTE_ADMIN_TOKEN}",
@@ -202,15 +209,7 @@ func TestParseRefusesUnexpandedVariables(t *testing.T) {
 		{"in a url", "models: [{name: m, endpoints: [{url: 'http://${ENGINE_HOST}:8000'}]}]",
 			`models[0].endpoints[0].url: "http://${ENGINE_HOST}:8000" names an environment variable`},
 	}
-	for _, tc := range tests {
-		t.Run(tc.name, func(t *testing.T) {
-			_, err := Parse([]byte(tc.yaml))
-			var es Errors
-			if !errors.As(err, &es) || !strings.Contains(err.Error(), tc.want) {
-				t.Fatalf("Parse: got %v, want config.Errors with %q", err, tc.want)
-			}
-		})
-	}
+	checkParseErrors(t, tests)
 	// A dollar sign that names no variable is text.
 	if _, err := Parse([]byte(base + "admin: {token: 'pa$$word-0123456789'}")); err != nil {
 		t.Errorf("Parse: %v", err)

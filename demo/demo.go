@@ -273,7 +273,7 @@ func (d *demo) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 // with Linger, until ctx is done) and returns the comparison. Cancelling
 // ctx stops everything cleanly; Run then returns the policies finished so
 // far and a nil error.
-func Run(ctx context.Context, cfg Config) (*Result, error) {
+func Run(ctx context.Context, cfg Config) (res *Result, err error) {
 	cfg.applyDefaults()
 	if err := cfg.Validate(); err != nil {
 		return nil, fmt.Errorf("demo: %w", err)
@@ -294,28 +294,25 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	} else if err := os.MkdirAll(out, 0o755); err != nil {
 		return nil, fmt.Errorf("demo: %w", err)
 	}
-	// dropOut removes the temporary directory when nothing was written to
-	// it (a failed start, or no policy finished): os.Remove leaves a
-	// directory that is not empty.
-	dropOut := func(res *Result) {
+	// The temporary directory goes again when nothing was written to it (a
+	// failed start, or no policy finished): os.Remove leaves a directory
+	// that is not empty.
+	defer func() {
 		if madeOut && (res == nil || len(res.Files) == 0) && os.Remove(out) == nil && res != nil {
 			res.Dir = ""
 		}
-	}
+	}()
 	prof, err := engine.LookupProfile(cfg.Profile)
 	if err != nil {
-		dropOut(nil)
 		return nil, fmt.Errorf("demo: %w", err)
 	}
 	fl, err := newFleet(cfg.Engines, DefaultModel, prof, cfg.Blocks, cfg.Speed)
 	if err != nil {
-		dropOut(nil)
 		return nil, err
 	}
 	ln, err := net.Listen("tcp", cfg.Listen)
 	if err != nil {
 		fl.closeListeners()
-		dropOut(nil)
 		return nil, fmt.Errorf("demo: listen: %w", err)
 	}
 	d := &demo{cfg: cfg, fleet: fl, base: "http://" + ln.Addr().String()}
@@ -330,11 +327,10 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if err != nil {
 		fl.closeListeners()
 		_ = ln.Close()
-		dropOut(nil)
 		return nil, fmt.Errorf("demo: %w", err)
 	}
 	url := d.base + "/ui/"
-	res := &Result{URL: url, Dir: out, Report: &report.Report{}}
+	res = &Result{URL: url, Dir: out, Report: &report.Report{}}
 	hs := &http.Server{Handler: d, ReadHeaderTimeout: 10 * time.Second}
 
 	// Every goroutine belongs to g: the engines, the dashboard's server and
@@ -403,7 +399,6 @@ func Run(ctx context.Context, cfg Config) (*Result, error) {
 	if ctx.Err() != nil && errors.Is(err, context.Canceled) {
 		err = nil // interrupted: what finished is in res
 	}
-	dropOut(res)
 	return res, err
 }
 

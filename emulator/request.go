@@ -1,7 +1,6 @@
 package emulator
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -217,9 +216,7 @@ func writeAPIError(w http.ResponseWriter, e *apiError) {
 // contents may alias body (scanRequest's): body must not change while
 // they are used.
 func parseRequest(body []byte, chat bool) (*apiRequest, *apiError) {
-	// A leading byte-order mark is skipped, as Python's json.loads skips it
-	// in bytes (vLLM's server reads the body so).
-	body = bytes.TrimPrefix(body, []byte(utf8BOM))
+	body = openai.TrimBOM(body) // as vLLM's server reads it
 	r, ok := scanRequest(body, chat)
 	if !ok {
 		var aerr *apiError
@@ -265,9 +262,6 @@ func (r *apiRequest) checkOptions(chat bool) *apiError {
 	}
 	return nil
 }
-
-// utf8BOM is the UTF-8 byte-order mark.
-const utf8BOM = "\xef\xbb\xbf"
 
 // wholeInt is an integer field of a request as vLLM's (lax) pydantic
 // models read it: a JSON integer, or a number in float form whose value

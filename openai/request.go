@@ -87,6 +87,12 @@ const maxDepth = 10000
 // utf8BOM is the UTF-8 byte-order mark, which a body may start with.
 const utf8BOM = "\xef\xbb\xbf"
 
+// TrimBOM returns body without its leading UTF-8 byte-order mark, if it has
+// one: the engines' servers read such a body (Python's json.loads skips the
+// mark in bytes), and so do ParseRequest and whatever decodes a body after
+// it with encoding/json, which does not.
+func TrimBOM(body []byte) []byte { return bytes.TrimPrefix(body, []byte(utf8BOM)) }
+
 // ParseRequest scans a completion or chat-completion request body once,
 // without building a document tree, and returns the fields routing needs.
 // Every value is checked to be well-formed JSON, so a body ParseRequest
@@ -156,9 +162,7 @@ type parser struct {
 
 func (p *parser) parse() (RequestInfo, error) {
 	s := &p.s
-	if len(s.b) >= len(utf8BOM) && string(s.b[:len(utf8BOM)]) == utf8BOM {
-		s.i = len(utf8BOM) // as Python's json.loads reads bytes: the engines accept it
-	}
+	s.i = len(s.b) - len(TrimBOM(s.b)) // as Python's json.loads reads bytes: the engines accept it
 	s.ws()
 	if s.i >= len(s.b) {
 		return RequestInfo{}, invalid("", "empty_body", "request body is empty; want a JSON object")

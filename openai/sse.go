@@ -240,7 +240,7 @@ func (r *SSEReader) Next() (Event, error) {
 		line, err := r.readLine()
 		if !r.started && err == nil {
 			r.started = true
-			line = bytes.TrimPrefix(line, []byte("\xef\xbb\xbf"))
+			line = TrimBOM(line)
 		}
 		if err != nil {
 			if err == ErrEventTooLarge {

@@ -218,6 +218,21 @@ func TestOracleCachedSegmentsMatchBlocks(t *testing.T) {
 	}
 }
 
+// hotPrefixInput is the 8B profile's input for w (a TTFT p99 SLO of 1 s),
+// its analysis and bounds, for hotPrefixes.
+func hotPrefixInput(t *testing.T, w *workload.Workload) (Input, *Demand, Bounds) {
+	t.Helper()
+	p := mustProfile(t, "llama-3.1-8b-h100")
+	in := Input{Profile: p, Workload: w, SLO: SLO{TTFT: Target{0.99, time.Second}}}
+	in.defaults()
+	d := analyse(w, p.BlockSize)
+	b, err := computeBounds(&in, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return in, d, b
+}
+
 func TestHotPrefixes(t *testing.T) {
 	// Two prefixes of 400 tokens: 3 requests on A, 1 on B; every request
 	// has its own suffix.
@@ -226,14 +241,7 @@ func TestHotPrefixes(t *testing.T) {
 		w.Requests = append(w.Requests, workload.Request{ID: "r" + itoa(i), Arrival: time.Duration(i) * time.Second,
 			PromptLen: 500, OutputLen: 10, Segments: []workload.Segment{{Key: key, Len: 400}, {Key: uint64(100 + i), Len: 100}}})
 	}
-	p := mustProfile(t, "llama-3.1-8b-h100")
-	in := Input{Profile: p, Workload: &w, SLO: SLO{TTFT: Target{0.99, time.Second}}}
-	in.defaults()
-	d := analyse(&w, p.BlockSize)
-	b, err := computeBounds(&in, d)
-	if err != nil {
-		t.Fatal(err)
-	}
+	in, d, b := hotPrefixInput(t, &w)
 	hotPrefixes(&in, d, b.Costs, 5)
 	if len(d.HotPrefixes) != 1 {
 		t.Fatalf("hot prefixes = %+v, want one (prefix A, 3 requests)", d.HotPrefixes)
@@ -490,14 +498,7 @@ func TestHotPrefixesDeterministic(t *testing.T) {
 		w.Requests = append(w.Requests, workload.Request{ID: "r" + itoa(i), Arrival: time.Duration(i) * time.Second,
 			PromptLen: 500, OutputLen: 10 + 40*int(key), Segments: []workload.Segment{{Key: key, Len: 400}, {Key: uint64(100 + i), Len: 100}}})
 	}
-	p := mustProfile(t, "llama-3.1-8b-h100")
-	in := Input{Profile: p, Workload: &w, SLO: SLO{TTFT: Target{0.99, time.Second}}}
-	in.defaults()
-	d := analyse(&w, p.BlockSize)
-	b, err := computeBounds(&in, d)
-	if err != nil {
-		t.Fatal(err)
-	}
+	in, d, b := hotPrefixInput(t, &w)
 	hotPrefixes(&in, d, b.Costs, 3)
 	want := slices.Clone(d.HotPrefixes)
 	for range 30 {

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -121,9 +120,7 @@ func (pc *precise) prepare(kind openai.Kind, body []byte, ri *openai.RequestInfo
 // special tokens; for a completion the prompt encoded with them (as vLLM
 // does), or the ids the request sent.
 func (pc *precise) tokens(kind openai.Kind, body []byte, ri *openai.RequestInfo) ([]uint32, error) {
-	// A leading byte-order mark, which openai.ParseRequest skips too (the
-	// engines' servers read such a body); encoding/json does not.
-	body = bytes.TrimPrefix(body, []byte("\xef\xbb\xbf"))
+	body = openai.TrimBOM(body) // as ParseRequest and the engines read it
 	if kind == openai.KindCompletion && ri.TokenIDs != nil {
 		var b preciseBody
 		if err := json.Unmarshal(body, &b); err != nil {

@@ -478,18 +478,23 @@ func FuzzReadJSON(f *testing.F) {
 		if err := rep.WriteHTML(&html); err != nil {
 			t.Fatal(err)
 		}
-		dec := xml.NewDecoder(&html)
-		dec.Strict = true
-		for {
-			_, err := dec.Token()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				t.Fatalf("HTML not well formed: %v", err)
-			}
+		if err := wellFormed(&html); err != nil {
+			t.Fatalf("HTML not well formed: %v", err)
 		}
 	})
+}
+
+// wellFormed reads r as strict XML to its end.
+func wellFormed(r io.Reader) error {
+	dec := xml.NewDecoder(r)
+	dec.Strict = true
+	for {
+		if _, err := dec.Token(); err == io.EOF {
+			return nil
+		} else if err != nil {
+			return err
+		}
+	}
 }
 
 func BenchmarkSummarize(b *testing.B) {
@@ -546,16 +551,8 @@ func TestChartLongNameStaysUTF8(t *testing.T) {
 		t.Fatal("no chart")
 	}
 	for _, c := range charts {
-		dec := xml.NewDecoder(strings.NewReader(svgHeader + c.SVG))
-		dec.Strict = true
-		for {
-			_, err := dec.Token()
-			if err == io.EOF {
-				break
-			}
-			if err != nil {
-				t.Fatalf("%s: %v", c.Name, err)
-			}
+		if err := wellFormed(strings.NewReader(svgHeader + c.SVG)); err != nil {
+			t.Fatalf("%s: %v", c.Name, err)
 		}
 		if !strings.Contains(c.SVG, ">"+strings.Repeat("é", 23)+"…<") {
 			t.Errorf("%s: legend does not hold the name cut to 23 characters and …", c.Name)

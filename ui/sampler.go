@@ -335,10 +335,8 @@ func (s *sampler) add(now time.Time, g gathered, eps []endpointSample) {
 		s.prev = g
 	}
 	s.n++
-	seen := make(map[epRef]bool, len(eps))
 	for _, e := range eps {
 		ref := epRef{e.model, e.id}
-		seen[ref] = true
 		if _, ok := s.seenAt[ref]; !ok {
 			s.eps = append(s.eps, ref)
 		}
@@ -358,7 +356,7 @@ func (s *sampler) add(now time.Time, g gathered, eps []endpointSample) {
 		s.prevEP[ref] = e
 	}
 	for k := range s.prevEP {
-		if !seen[k] {
+		if s.seenAt[k] != s.n { // not in this sample
 			delete(s.prevEP, k)
 		}
 	}
