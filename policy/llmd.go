@@ -89,7 +89,11 @@ func (l *LLMD) Pick(_ time.Time, req *kvroute.Request, cands []kvroute.Candidate
 		if maxQ > minQ {
 			queue = float64(maxQ-c.Load.Waiting) / float64(maxQ-minQ)
 		}
-		kv := 1 - math.Min(math.Max(c.Load.KVUsage, 0), 1)
+		u := c.Load.KVUsage
+		if math.IsNaN(u) {
+			u = 1 // unknown: scored as full, not NaN (no candidate would equal a NaN best)
+		}
+		kv := 1 - math.Min(math.Max(u, 0), 1)
 		v := round3(l.p.PrefixWeight*prefix + l.p.QueueWeight*queue + l.p.KVWeight*kv)
 		s := &scores[i]
 		s.Value = v

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"math"
 	"math/rand/v2"
 	"sort"
 	"strconv"
@@ -269,4 +270,24 @@ func FuzzKubeAIKey(f *testing.F) {
 			t.Fatalf("key %q longer than %d characters", got, n)
 		}
 	})
+}
+
+// TestLLMDNaNKVUsage: a candidate whose KV usage is NaN (a driver without
+// the signals package's filtering) scores as a full cache, 0 for the
+// kv-cache-utilization scorer: Pick must not panic with no candidate at
+// the (NaN) best score, and must still choose.
+func TestLLMDNaNKVUsage(t *testing.T) {
+	p, _ := New(NameLLMD, nil, 1)
+	req := &kvroute.Request{ID: "r", PromptTokens: 1024, BlockSize: 64, BlockHashes: make([]uint64, 16)}
+	cands := []kvroute.Candidate{
+		cand("a", kvroute.Load{KVUsage: math.NaN()}, 0, 0), // 0 + 2*1 + 2*0 = 2
+		cand("b", kvroute.Load{KVUsage: 0.5}, 0, 0),        // 0 + 2*1 + 2*0.5 = 3
+	}
+	d := p.Pick(epoch, req, cands)
+	if d.Endpoint != "b" {
+		t.Fatalf("chose %q, want b (%s)", d.Endpoint, d.Reason)
+	}
+	if got := d.Scores[0].Value; got != 2 {
+		t.Errorf("a score %v, want 2", got)
+	}
 }
