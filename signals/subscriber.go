@@ -712,10 +712,19 @@ func (s *Subscriber) replayRetry(ctx context.Context, from uint64) ([]replayed, 
 }
 
 // applyRange applies the replayed batches in [from, to). With strict, it
-// stops and reports false unless they cover the whole range in order. Each
-// batch applied is kept in dups, when set, so that the subscription's copy
-// of it is skipped (handle).
+// stops and reports false unless they cover the whole range in order.
+// Without, it catches up: the engine's buffer may have lost its oldest
+// batches, so the range may start later than from, but only the batches
+// after the last hole are applied, and none unless they reach to-1 (when
+// to is not math.MaxUint64, the batch that follows them): a hole (a batch
+// the engine's ROUTER socket dropped at its high-water mark) may hold the
+// BlockRemoved of blocks stored before it. Each batch applied is kept in
+// dups, when set, so that the subscription's copy of it is skipped
+// (handle).
 func (s *Subscriber) applyRange(got []replayed, from, to uint64, strict bool) bool {
+	if !strict {
+		got = s.lastRun(got, from, to)
+	}
 	want := from
 	for _, r := range got {
 		if r.seq < want || r.seq >= to {
@@ -740,6 +749,37 @@ func (s *Subscriber) applyRange(got []replayed, from, to uint64, strict bool) bo
 		return false
 	}
 	return true
+}
+
+// lastRun returns the batches of got from the start of the last run of
+// consecutive sequence numbers in [from, to) on (earlier ones repeated in
+// it are skipped by applyRange), or nil when there is none or, to being
+// finite, it does not end at to-1.
+func (s *Subscriber) lastRun(got []replayed, from, to uint64) []replayed {
+	start := -1
+	var prev uint64
+	for i, r := range got {
+		if r.seq < from || r.seq >= to || (start >= 0 && r.seq <= prev) {
+			continue
+		}
+		if start < 0 || r.seq != prev+1 {
+			if start >= 0 {
+				s.cfg.Logger.Warn("kv events: hole in the replayed history, applying what follows it", "endpoint", s.cfg.Endpoint,
+					"want", prev+1, "got", r.seq)
+			}
+			start = i
+		}
+		prev = r.seq
+	}
+	if start < 0 {
+		return nil
+	}
+	if to != math.MaxUint64 && prev != to-1 {
+		s.cfg.Logger.Warn("kv events: replayed history ends before the batch that follows it, not applied", "endpoint", s.cfg.Endpoint,
+			"want", to-1, "got", prev)
+		return nil
+	}
+	return got[start:]
 }
 
 func (s *Subscriber) resync(why string) {
