@@ -586,10 +586,22 @@ func (dec *EventDecoder) batch(b *EventBatch) error {
 	return fmt.Errorf("batch: want an array or a map, got code %#x", c)
 }
 
+// minEventBytes is the least an event takes in a payload: every event an
+// engine publishes is an array or a map that names its type, "BlockStored"
+// the shortest (["BlockStored"]: 13 bytes). A decoded event (a KVEvent) takes
+// some 180 bytes, so an events array of more elements than the bytes left
+// allow at that rate is rejected before anything is allocated for it: a
+// payload of one-byte events ({}: an unknown type) made the decoder
+// allocate about 180 times its size.
+const minEventBytes = 13
+
 func (dec *EventDecoder) events(b *EventBatch) error {
 	n, err := dec.arrayLen()
 	if err != nil {
 		return fmt.Errorf("events: %w", err)
+	}
+	if n > dec.r.Len()/minEventBytes {
+		return fmt.Errorf("events: %d events in %d bytes", n, dec.r.Len())
 	}
 	for i := 0; i < n; i++ {
 		var ev *KVEvent
