@@ -1552,9 +1552,10 @@ func (k *KVAware) Release(_ time.Time, req *kvroute.Request, _ string) {
 // Observe implements kvroute.Learner: it updates the learned rates from an
 // observed TTFT. Requests that met an empty queue measure ms per uncached
 // token; the others measure ms per queued request (what is left of the TTFT
-// after the request's own prefill, divided by the queue it met).
+// after the request's own prefill, divided by the queue it met). A decode
+// leg's outcome (Outcome.Decode) times a KV pull, not a prefill: skipped.
 func (k *KVAware) Observe(_ time.Time, o kvroute.Outcome) {
-	if !k.p.Learn || o.Failed || o.TTFT <= 0 || o.PromptTokens <= 0 {
+	if !k.p.Learn || o.Failed || o.Decode || o.TTFT <= 0 || o.PromptTokens <= 0 {
 		return
 	}
 	ttft := float64(o.TTFT) / float64(time.Millisecond)

@@ -333,3 +333,21 @@ func TestKVAwareTenantFairness(t *testing.T) {
 		k.Release(epoch, &kvroute.Request{ID: "q" + tt.tenant}, "")
 	}
 }
+
+// TestKVAwareObserveSkipsDecodeLeg: a decode leg's outcome
+// (kvroute.Outcome.Decode) times a KV pull and a decode step, not a
+// prefill, so a learner of prefill rates must skip it (the field's doc):
+// kv-aware learned from it as from a prefill.
+func TestKVAwareObserveSkipsDecodeLeg(t *testing.T) {
+	k, _ := NewKVAware(map[string]any{"learn": true, "learn_per_endpoint": true}, 1)
+	for i := 0; i < 30; i++ {
+		k.Observe(epoch, kvroute.Outcome{Endpoint: "d", PromptTokens: 1000, CachedTokens: 0, TTFT: 900 * time.Millisecond, Decode: true})
+		k.Observe(epoch, kvroute.Outcome{Endpoint: "d", PromptTokens: 1000, CachedTokens: 0, QueueDepth: 3, TTFT: 900 * time.Millisecond, Decode: true})
+	}
+	if s := k.eps["d"]; s != nil && (s.nTok != 0 || s.nReq != 0) {
+		t.Fatalf("learned from decode legs: %+v", *s)
+	}
+	if k.all.nTok != 0 || k.all.nReq != 0 {
+		t.Fatalf("fleet rates learned from decode legs: %+v", k.all)
+	}
+}
