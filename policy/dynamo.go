@@ -36,10 +36,14 @@ type DynamoParams struct {
 //	cost           = prefill_load_scale x prefill_blocks + decode_blocks   (lowest wins)
 //
 // with overlap_credit = overlap_score_credit x cached device blocks +
-// host_cache_hit_weight x cached host blocks. Active prefill blocks are the
-// router's in-flight prompt tokens that have not produced a first token
-// (Load.InFlightTokens), active decode blocks its decoding context
-// (Load.DecodeTokens), both in blocks. At temperature 0 the argmin wins;
+// host_cache_hit_weight x cached host blocks. Active prefill blocks are, as
+// Dynamo's ActiveSequences counts them (new_tokens, mark_prefill_completed),
+// the uncached tokens of the requests in flight that have not produced a
+// first token: the router's in-flight prompt tokens (Load.InFlightTokens)
+// less the tokens cached for the requests this picker sent there, which it
+// keeps until their first token (FirstToken) or end (Release). Active decode
+// blocks are the router's decoding context (Load.DecodeTokens), both in
+// blocks. At temperature 0 the argmin wins;
 // Dynamo breaks ties by the smaller radix tree, which a picker cannot see,
 // so ties break at random here. Defaults: prefill_load_scale 1,
 // overlap_score_credit 1, host_cache_hit_weight 0.75, temperature 0.
@@ -49,9 +53,34 @@ type Dynamo struct {
 	p   DynamoParams
 	rng *rand.Rand
 	tie []int
+
+	// pending holds the requests sent that have no first token yet (by
+	// request), and cached, per endpoint, the sum of their cached tokens:
+	// the part of Load.InFlightTokens that is no prefill work.
+	pending map[pendingKey]dynamoPending
+	cached  map[string]int
+	picks   uint64
 }
 
-var _ kvroute.Picker = (*Dynamo)(nil)
+type dynamoPending struct {
+	endpoint string
+	cached   int
+	at       time.Time
+}
+
+// dynamoPendingTTL bounds how long a request waits for its first token or
+// Release before it is dropped (a driver that reports neither cannot grow
+// pending without bound).
+const dynamoPendingTTL = 10 * time.Minute
+
+var (
+	_ kvroute.Picker   = (*Dynamo)(nil)
+	_ kvroute.Releaser = (*Dynamo)(nil)
+	_ interface {
+		FirstToken(time.Time, *kvroute.Request, string)
+	} = (*Dynamo)(nil) // router.FirstTokenObserver
+	_ interface{ ForgetEndpoint(string) } = (*Dynamo)(nil) // router.EndpointForgetter
+)
 
 func newDynamo(params map[string]any, seed uint64) (*Dynamo, error) {
 	p := DynamoParams{PrefillLoadScale: 1, OverlapScoreCredit: 1, HostCacheHitWeight: 0.75}
@@ -69,11 +98,11 @@ func newDynamo(params map[string]any, seed uint64) (*Dynamo, error) {
 			return nil, c
 		}
 	}
-	return &Dynamo{p: p, rng: newRand(seed)}, nil
+	return &Dynamo{p: p, rng: newRand(seed), pending: make(map[pendingKey]dynamoPending), cached: make(map[string]int)}, nil
 }
 
 // Pick implements kvroute.Picker.
-func (d *Dynamo) Pick(_ time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
+func (d *Dynamo) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
 	req = orEmpty(req)
 	scores := d.buf.get(cands, 4)
 	bs := d.p.BlockSize
@@ -97,7 +126,7 @@ func (d *Dynamo) Pick(_ time.Time, req *kvroute.Request, cands []kvroute.Candida
 		}
 		// CachedBlocks counts the request's blocks (req.BlockSize tokens each).
 		overlap := float64(max(c.CachedTokens, 0)) / fbs * credit
-		activePrefill := float64(max(c.Load.InFlightTokens, 0)) / fbs
+		activePrefill := float64(max(c.Load.InFlightTokens-d.cached[endpointID(c)], 0)) / fbs
 		prefill := math.Max(activePrefill+promptBlocks-overlap, 0)
 		activeDecode := float64(max(c.Load.DecodeTokens, 0)) / fbs
 		decode := activeDecode + promptBlocks
@@ -115,7 +144,9 @@ func (d *Dynamo) Pick(_ time.Time, req *kvroute.Request, cands []kvroute.Candida
 		return noneHealthy(NameDynamo, cands, scores)
 	}
 	if d.p.Temperature > 0 {
-		return chose(NameDynamo, cands, d.softmax(cands, scores, lo, hi), "softmax sample over costs", scores)
+		i := d.softmax(cands, scores, lo, hi)
+		d.record(now, req, &cands[i])
+		return chose(NameDynamo, cands, i, "softmax sample over costs", scores)
 	}
 	d.tie = d.tie[:0]
 	for i := range cands {
@@ -123,7 +154,66 @@ func (d *Dynamo) Pick(_ time.Time, req *kvroute.Request, cands []kvroute.Candida
 			d.tie = append(d.tie, i)
 		}
 	}
-	return chose(NameDynamo, cands, d.tie[d.rng.IntN(len(d.tie))], "lowest cost", scores)
+	i := d.tie[d.rng.IntN(len(d.tie))]
+	d.record(now, req, &cands[i])
+	return chose(NameDynamo, cands, i, "lowest cost", scores)
+}
+
+// record notes that req goes to c: its cached tokens count against c's
+// in-flight prompt tokens until its first token or end.
+func (d *Dynamo) record(now time.Time, req *kvroute.Request, c *kvroute.Candidate) {
+	key := reqKey(req)
+	d.drop(key) // a retry of the same request: replace
+	pr := dynamoPending{endpoint: endpointID(c), cached: min(max(c.CachedTokens, 0), max(req.PromptTokens, 0)), at: now}
+	d.pending[key] = pr
+	d.cached[pr.endpoint] += pr.cached
+	if d.picks++; d.picks%4096 == 0 || len(d.pending) > 1<<16 {
+		for k, p := range d.pending {
+			if now.Sub(p.at) > dynamoPendingTTL {
+				d.drop(k)
+			}
+		}
+	}
+}
+
+// drop forgets the pending request key, if any.
+func (d *Dynamo) drop(key pendingKey) {
+	pr, ok := d.pending[key]
+	if !ok {
+		return
+	}
+	delete(d.pending, key)
+	if d.cached[pr.endpoint] -= pr.cached; d.cached[pr.endpoint] <= 0 {
+		delete(d.cached, pr.endpoint)
+	}
+}
+
+// FirstToken implements router.FirstTokenObserver: req's prefill is done
+// (Dynamo's mark_prefill_completed), and its prompt no longer counts in
+// Load.InFlightTokens.
+func (d *Dynamo) FirstToken(_ time.Time, req *kvroute.Request, _ string) {
+	if req != nil {
+		d.drop(reqKey(req))
+	}
+}
+
+// Release implements kvroute.Releaser: the request ended (any outcome).
+func (d *Dynamo) Release(_ time.Time, req *kvroute.Request, _ string) {
+	if req != nil {
+		d.drop(reqKey(req))
+	}
+}
+
+// ForgetEndpoint implements router.EndpointForgetter: the requests in
+// flight on a removed endpoint no longer count against an engine added
+// later under its ID.
+func (d *Dynamo) ForgetEndpoint(id string) {
+	for k, p := range d.pending {
+		if p.endpoint == id {
+			delete(d.pending, k)
+		}
+	}
+	delete(d.cached, id)
 }
 
 // softmax samples a candidate as selector.rs softmax_sample does: logits =

@@ -591,6 +591,15 @@ type pendingKey struct {
 	ptr *kvroute.Request // when the request has no ID
 }
 
+// reqKey returns req's key in a picker's per-request state: its ID, or the
+// request itself when it has none.
+func reqKey(req *kvroute.Request) pendingKey {
+	if req.ID == "" {
+		return pendingKey{ptr: req}
+	}
+	return pendingKey{id: req.ID}
+}
+
 // prefixDemand is a prefix's in-flight requests (tracked by the policy)
 // and since when it has had any.
 type prefixDemand struct {

@@ -291,3 +291,40 @@ func TestLLMDNaNKVUsage(t *testing.T) {
 		t.Errorf("a score %v, want 2", got)
 	}
 }
+
+// TestDynamoActivePrefillIsUncached: Dynamo counts a worker's active
+// prefill as the uncached tokens of its requests without a first token
+// (ActiveSequences: new_tokens = isl - overlap x block_size, removed by
+// mark_prefill_completed), not their whole prompts. A second cache hit on
+// the holder of a 100-block prompt (96 blocks cached) costs 8 + 100 there
+// and 100 + 100 on an idle worker without the prefix: it stays on the
+// holder. Counting the first hit's whole prompt (Load.InFlightTokens) as
+// prefill made the holder cost 104 + 100 and sent it away.
+func TestDynamoActivePrefillIsUncached(t *testing.T) {
+	p, _ := New(NameDynamo, nil, 1)
+	dy := p.(*Dynamo)
+	req := func(id string) *kvroute.Request {
+		return &kvroute.Request{ID: id, PromptTokens: 1600, BlockSize: 16, BlockHashes: make([]uint64, 100)}
+	}
+	holder := cand("holder", kvroute.Load{}, 96, 96*16)
+	idle := cand("idle", kvroute.Load{}, 0, 0)
+	r1 := req("r1")
+	if d := p.Pick(epoch, r1, []kvroute.Candidate{holder, idle}); d.Endpoint != "holder" {
+		t.Fatalf("r1 chose %q (%s), want holder", d.Endpoint, d.Reason)
+	}
+	// The router now counts r1's prompt in the holder's in-flight tokens.
+	holder.Load = kvroute.Load{InFlight: 1, InFlightTokens: 1600}
+	d := p.Pick(epoch, req("r2"), []kvroute.Candidate{holder, idle})
+	if got := part(d.Scores[0], "prefill_blocks"); got != 8 {
+		t.Errorf("holder prefill_blocks = %v, want 8 (r1's 4 uncached + r2's 4)", got)
+	}
+	if d.Endpoint != "holder" {
+		t.Fatalf("r2 chose %q (%s), want holder", d.Endpoint, d.Reason)
+	}
+	// r1's first token and r2's end take their cached tokens off again.
+	dy.FirstToken(epoch, r1, "holder")
+	dy.Release(epoch, req("r2"), "holder")
+	if len(dy.pending) != 0 || len(dy.cached) != 0 {
+		t.Errorf("after first token and release: pending %v, cached %v, want none", dy.pending, dy.cached)
+	}
+}
