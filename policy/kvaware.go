@@ -368,7 +368,7 @@ func (p KVAwareParams) Validate() error {
 // half the decisions under load), or, when it is congested (more prefill
 // queued than one engine step takes), its in-flight count plus one would
 // exceed max(C x m, m + InflightSlack) where m = (total in-flight + 1) /
-// healthy. A capped candidate gets no credit for its cache (it competes on
+// healthy (twice that caps it congested or not). A capped candidate gets no credit for its cache (it competes on
 // load alone) and is never a session target, so affinity cannot pile load
 // on a saturated node while others idle. Queue- and KV-capped candidates are
 // not eligible at all while any other healthy candidate is under those caps.
@@ -425,9 +425,10 @@ func (p KVAwareParams) Validate() error {
 //
 // The policy counts in-flight requests per tenant (released by Release). A
 // tenant above C x its fair share (tracked in-flight / active tenants) loses
-// affinity preference first: for its requests the in-flight cap is the plain
-// mean (factor 1, no slack), so its hot prefix spreads before it can crowd
-// the holders other tenants depend on.
+// affinity preference first: for its requests a congested candidate is
+// capped once its in-flight count plus one exceeds m + InflightSlack/2 (m as
+// in Caps) rather than the in-flight bound, so its hot prefix spreads before
+// it can crowd the holders other tenants depend on.
 //
 // # Explanation
 //
