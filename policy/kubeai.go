@@ -37,8 +37,9 @@ type KubeAIParams struct {
 //     endpoint visited.
 //
 // The text comes from Request.Prompt in the canonical form of package openai
-// (chat: role and content of each message as netstrings); a prompt that is
-// not in that form is treated as a completion prompt. Unhealthy endpoints
+// (chat: kvroute's canonical chat form, kvroute.ForEachChatMessage; a batch
+// of completion prompts: netstrings); a prompt in neither form is treated as
+// a single completion prompt. Unhealthy endpoints
 // are skipped on the walk, which is the same as leaving them off the ring.
 // Defaults: mean_load_factor 125, replication 256, prefix_char_length 100.
 // Not safe for concurrent use.
