@@ -38,8 +38,9 @@ func (k EventKind) String() string {
 
 // KVEvent is one decoded KV-cache event (vllm/distributed/kv_events.py).
 // Engine block hashes are reduced to 64 bits: integers as sent (vLLM sends
-// the low 64 bits of the sha256 digest), byte digests by their last 8 bytes
-// read big-endian (the same value the integer form would carry), other byte
+// the low 64 bits of the sha256 digest), byte digests of 8, 16 or 32 bytes
+// by their last 8 bytes read big-endian (the same value the integer form
+// would carry), shorter byte strings by their big-endian value, other byte
 // strings by XXH3.
 type KVEvent struct {
 	Kind        EventKind
@@ -376,9 +377,10 @@ func (dec *EventDecoder) hash() (h uint64, ok bool, err error) {
 }
 
 // bytesHash reduces a byte block hash to 64 bits: the last 8 bytes read
-// big-endian for digests of 8 bytes or more (vLLM's int form keeps the low 64
-// bits of int.from_bytes(digest, "big")), the big-endian value of shorter
-// ones.
+// big-endian for digests of 8, 16 or 32 bytes (sha256, sha256_cbor: 32;
+// xxhash: 16; vLLM's int form keeps the low 64 bits of
+// int.from_bytes(digest, "big")), XXH3 for other lengths of 8 bytes or more,
+// the big-endian value of shorter ones.
 func bytesHash(b []byte) uint64 {
 	if len(b) >= 8 {
 		if len(b) == 32 || len(b) == 16 || len(b) == 8 {
