@@ -9,8 +9,15 @@ import (
 
 // metricsOf is what engine e's /metrics page says right now, as the
 // router's scraper would parse it (the vLLM flavour, like the emulator's).
+// During a step it is the engine as the step found it: like the step's
+// outputs, its outcome (admissions, finished requests, blocks allocated
+// and freed, prefix-cache counters) shows when the step ends, as the
+// emulator's page and vLLM's per-step stats show it.
 func metricsOf(e *simEngine) signals.Metrics {
-	st := e.eng.Stats()
+	st := e.pre
+	if !e.inStep {
+		st = e.eng.Stats()
+	}
 	return signals.Metrics{
 		Flavor: signals.FlavorVLLM,
 		Have: signals.HasWaiting | signals.HasRunning | signals.HasKVUsage | signals.HasPrefixCounters |

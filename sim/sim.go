@@ -218,6 +218,7 @@ type simEngine struct {
 	busy    bool              // an evStep is on the agenda
 	inStep  bool              // res holds a step in progress, delivered at its end
 	res     engine.StepResult // the step in progress (reused: engine.StepInto)
+	pre     engine.Stats      // the engine when the step in progress started: what a scrape sees until it ends
 	kvQueue fifo[[]engine.KVEvent]
 	scrapes []fifo[scrape] // per router replica: scrapes in transit to it
 
@@ -737,6 +738,7 @@ func (s *simulation) step(ei int32) {
 		e.busy = false
 		return
 	}
+	e.pre = e.eng.Stats()
 	e.eng.StepInto(s.now, &e.res)
 	d := e.res.Duration
 	if d <= 0 {
