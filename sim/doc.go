@@ -27,8 +27,10 @@
 //     end-to-end latency are measured, as the live router would;
 //   - scrape: every ScrapeInterval, with a per-engine phase, the engine's
 //     engine.Stats are turned into signals.Metrics (what its /metrics page
-//     would say) and reach the router's signals.View NetLatency later, so the
-//     router routes on signals as stale as in production;
+//     would say: during a step, the engine as the step found it, since the
+//     emulator and vLLM publish a step's stats when it ends) and reach the
+//     router's signals.View NetLatency later, so the router routes on
+//     signals as stale as in production;
 //   - KV events (with Config.KVEvents): the engine's BlockStored/BlockRemoved
 //     events reach the precise index KVEventDelay after their step;
 //   - sample: four times per timeline bucket, each engine's KV usage and
