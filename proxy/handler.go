@@ -219,11 +219,15 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 		x.stall.Stop()
 		x.stall = nil
 		inflight.Dec()
+		// Any error answer is a failed outcome (its first byte is no first
+		// token), though only some are the endpoint's failure for passive
+		// health (countsAsFailure): a prompt over the context length is
+		// vLLM's 400, at once.
 		o := kvroute.Outcome{
 			PromptTokens: x.req.PromptTokens,
 			CachedTokens: -1,
 			Failed: x.retry != retryNone || x.upstreamErr != nil || x.streamErr != nil || x.shutdown ||
-				countsAsFailure(x.status),
+				x.status >= http.StatusBadRequest,
 		}
 		// The first body byte is the first token only for streams; for other
 		// requests it comes with the last token, so the TTFT stays unknown (0).

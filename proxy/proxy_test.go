@@ -860,6 +860,39 @@ func TestOutcomesReachLearningPolicies(t *testing.T) {
 	}
 }
 
+// TestErrorAnswerIsAFailedOutcome: an engine's error answer (a prompt over
+// the context length is vLLM's 400, at once) is a failed outcome without a
+// TTFT (kvroute.Outcome: Failed reports an error response), though it is not
+// the endpoint's failure for passive health: the first byte of an error
+// body is no first token, and a learning policy took it for a prefill of
+// the whole prompt in a few milliseconds.
+func TestErrorAnswerIsAFailedOutcome(t *testing.T) {
+	var tp *testProxy
+	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		tp.clock.Advance(3 * time.Millisecond)
+		statusHandler(http.StatusBadRequest)(w, r)
+	})
+	cfg := testConfig("learn", be.URL)
+	l := &learner{}
+	tp = newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return l, nil })
+	bodies := []string{streamBody, `{"model":"m","prompt":"hello"}`, streamBody, streamBody} // more than fail_threshold
+	for _, body := range bodies {
+		resp := tp.post(t, PathCompletions, body)
+		if b := readAll(t, resp); resp.StatusCode != http.StatusBadRequest {
+			t.Fatalf("status: got %d (%s), want the engine's 400", resp.StatusCode, b)
+		}
+	}
+	waitFor(t, "the outcomes", func() bool { return len(l.got()) == len(bodies) })
+	for i, o := range l.got() {
+		if !o.Failed || o.TTFT != 0 {
+			t.Errorf("outcome %d: got %+v, want failed without a TTFT", i, o)
+		}
+	}
+	if got := tp.Router("m").Status(tp.clock.Now())[0]; !got.Healthy || got.Ejections != 0 {
+		t.Errorf("endpoint: got healthy %v, %d ejections; an error answer is not the endpoint's failure", got.Healthy, got.Ejections)
+	}
+}
+
 // TestClientClosingAfterDoneIsNotA499: a client that hangs up once it has
 // the final event, before the engine closes its response, got everything.
 func TestClientClosingAfterDoneIsNotA499(t *testing.T) {
