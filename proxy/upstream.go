@@ -2,6 +2,8 @@ package proxy
 
 import (
 	"bytes"
+	"context"
+	"crypto/tls"
 	"errors"
 	"fmt"
 	"io"
@@ -30,6 +32,7 @@ func newTransport(t config.Timeouts) *http.Transport {
 	return &http.Transport{
 		Proxy:                 nil, // engines are reached directly, never through HTTP_PROXY
 		DialContext:           d.DialContext,
+		DialTLSContext:        dialTLS(d, t.Dial),
 		MaxIdleConns:          1024,
 		MaxIdleConnsPerHost:   256,
 		IdleConnTimeout:       90 * time.Second,
@@ -42,6 +45,37 @@ func newTransport(t config.Timeouts) *http.Transport {
 		// buffer for the second. 64 KiB carries headers and a typical
 		// prompt in one write, with no per-request buffer.
 		WriteBufferSize: 64 << 10,
+	}
+}
+
+// dialTLS connects to an https engine: its TCP dial and its TLS
+// handshake, both within timeout (timeouts.dial). net/http's own handshake
+// has no bound (TLSHandshakeTimeout 0), so an engine that takes
+// connections but never answers (stopped: the kernel still accepts) held
+// the request for as long as it stayed stopped. A failed handshake is a
+// dial error (*net.OpError "dial", disagg.IsConnectError): the engine
+// never saw the request, which is retried as a connect error.
+func dialTLS(d *net.Dialer, timeout time.Duration) func(ctx context.Context, network, addr string) (net.Conn, error) {
+	return func(ctx context.Context, network, addr string) (net.Conn, error) {
+		if timeout > 0 {
+			var cancel context.CancelFunc
+			ctx, cancel = context.WithTimeout(ctx, timeout)
+			defer cancel()
+		}
+		conn, err := d.DialContext(ctx, network, addr)
+		if err != nil {
+			return nil, err
+		}
+		host, _, err := net.SplitHostPort(addr)
+		if err != nil {
+			host = addr
+		}
+		tc := tls.Client(conn, &tls.Config{ServerName: host})
+		if err := tc.HandshakeContext(ctx); err != nil {
+			_ = conn.Close()
+			return nil, &net.OpError{Op: "dial", Net: network, Source: conn.LocalAddr(), Addr: conn.RemoteAddr(), Err: err}
+		}
+		return tc, nil
 	}
 }
 
