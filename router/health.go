@@ -130,6 +130,9 @@ func (r *Router) Status(now time.Time) []EndpointStatus {
 	out := make([]EndpointStatus, len(r.eps))
 	for i, e := range r.eps {
 		l := e.view.Load(now)
+		if l.KVCapacityTokens == 0 { // as Route sees it (currentLoad)
+			l.KVCapacityTokens = e.ep.KVCapacityTokens
+		}
 		s := EndpointStatus{
 			ID: e.ep.ID, URL: e.ep.URL, Role: e.ep.Role.String(), Labels: e.ep.Labels,
 			Healthy: e.healthyAt(now), ActiveOK: e.activeOK, Ejections: e.totalEjects,

@@ -655,3 +655,38 @@ func TestForgetDispatches(t *testing.T) {
 		t.Fatalf("after ForgetDispatches(e0): e0 claims %d blocks, want 0", c[0].CachedBlocks)
 	}
 }
+
+// TestStatusLoadIsTheRoutingView: EndpointStatus.Load is the load the
+// router decides from, whose KV capacity falls back to the endpoint's
+// configured one when its metrics do not give it (proxy's
+// kvroute_endpoint_kv_capacity_tokens: "block size x GPU blocks, or
+// config"); Status read the view alone and said 0.
+func TestStatusLoadIsTheRoutingView(t *testing.T) {
+	list := eps(2)
+	list[0].KVCapacityTokens = 50_000
+	var seen []int
+	pick := kvroute.PickerFunc(func(_ time.Time, _ *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
+		for _, c := range cands {
+			seen = append(seen, c.Load.KVCapacityTokens)
+		}
+		return kvroute.Chose("test", cands, 0, "test")
+	})
+	r, err := New(Config{Model: "m", Endpoints: list, Picker: pick})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := r.Route(t0, &kvroute.Request{ID: "a", Prompt: "hello"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer r.Done(t0, f, kvroute.Outcome{})
+	st := r.Status(t0)
+	for i := range st {
+		if got, want := st[i].Load.KVCapacityTokens, seen[i]; got != want {
+			t.Errorf("%s: Status's KV capacity %d, want %d as routing saw it", st[i].ID, got, want)
+		}
+	}
+	if got := st[0].Load.KVCapacityTokens; got != 50_000 {
+		t.Errorf("e0: Status's KV capacity %d, want the configured 50000", got)
+	}
+}
