@@ -376,37 +376,52 @@ func (s *Server) advance(j *job) bool {
 			j.textBuf = getBuf()
 			j.text = (*j.textBuf)[:0]
 		}
-		if k := min(j.req.MinTokens-before, len(toks)); k > 0 && len(j.req.stops) > 0 {
-			// vLLM's detokenizer looks for stop strings only at steps
-			// after the first min_tokens tokens: theirs is never searched.
-			j.text, j.scratch = s.render(j.text, toks[:k], j.scratch)
-			j.checked, toks = len(j.text), toks[k:]
-		}
-		if len(toks) > 0 {
+		if len(j.req.stops) == 0 {
 			j.text, j.scratch = s.render(j.text, toks, j.scratch)
-		}
-	}
-	if len(j.req.stops) > 0 && len(j.text) > j.checked {
-		if i, stop := stopMatch(j.text, j.checked, j.req.stops); i >= 0 {
-			if j.req.IncludeStopStr {
-				i += len(stop)
-			}
-			j.text = j.text[:i]
-			j.stopped, j.finish, j.stopReason = true, openai.FinishStop, stop
-			if !p.finished {
-				j.st.mu.Lock()
-				j.st.stopString = stop
-				j.st.mu.Unlock()
-				_ = s.post(command{kind: cmdAbort, id: j.engineID})
-			}
+		} else if s.searchStops(j, toks, before, p.finished) {
 			return true
 		}
-		j.checked = len(j.text)
 	}
 	if p.finished {
 		j.finish = p.finishReason
 	}
 	return p.finished
+}
+
+// searchStops renders toks, the tokens generated after the first before,
+// and looks for the stop strings as vLLM's detokenizer does at every step:
+// in each token's text (a handler may take several tokens at one wake-up),
+// from the token after the first min_tokens on. On a match it truncates
+// the text, counts the tokens up to the one that completed the match (the
+// request's output as vLLM reports it), aborts the engine's request unless
+// it finished, and reports true.
+func (s *Server) searchStops(j *job, toks []uint32, before int, finished bool) bool {
+	for i := range toks {
+		j.text, j.scratch = s.render(j.text, toks[i:i+1], j.scratch)
+		if before+i < j.req.MinTokens || len(j.text) == j.checked {
+			j.checked = len(j.text) // within min_tokens, or no new text: not searched
+			continue
+		}
+		at, stop := stopMatch(j.text, j.checked, j.req.stops)
+		j.checked = len(j.text)
+		if at < 0 {
+			continue
+		}
+		if j.req.IncludeStopStr {
+			at += len(stop)
+		}
+		j.text = j.text[:at]
+		j.generated = before + i + 1
+		j.stopped, j.finish, j.stopReason = true, openai.FinishStop, stop
+		if !finished {
+			j.st.mu.Lock()
+			j.st.stopString = stop
+			j.st.mu.Unlock()
+			_ = s.post(command{kind: cmdAbort, id: j.engineID})
+		}
+		return true
+	}
+	return false
 }
 
 // wait blocks until the stream has news or the client is gone.

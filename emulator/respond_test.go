@@ -3,6 +3,7 @@ package emulator
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -255,5 +256,76 @@ func TestAppendTextDirect(t *testing.T) {
 		if got, want := s.appendWhole(nil, direct, nil), s.appendWhole(nil, rendered, nil); !bytes.Equal(got, want) {
 			t.Errorf("chat %v: direct body\n%s\nwant\n%s", chat, got, want)
 		}
+	}
+}
+
+// TestStopStringListOrder checks which stop string ends a request when a
+// token's text holds several: vLLM's check_stop_strings takes the first
+// one of the request's list that occurs in the new text, not the one
+// starting first.
+func TestStopStringListOrder(t *testing.T) {
+	_, hs := testServer(t, Config{})
+	for seed := 1; seed < 100; seed++ {
+		_, body := post(t, hs.URL+"/v1/completions", fmt.Sprintf(`{"prompt":"abc","max_tokens":1,"seed":%d}`, seed))
+		var one openai.Completion
+		if err := json.Unmarshal(body, &one); err != nil {
+			t.Fatal(err)
+		}
+		text := one.Choices[0].Text // one token: " " and two syllables
+		if len(text) != 5 || text[1:3] == text[3:5] {
+			continue
+		}
+		first, second := text[1:3], text[3:5]
+		req, _ := json.Marshal(map[string]any{"prompt": "abc", "max_tokens": 1, "seed": seed, "stop": []string{second, first}})
+		_, body = post(t, hs.URL+"/v1/completions", string(req))
+		var got openai.Completion
+		if err := json.Unmarshal(body, &got); err != nil {
+			t.Fatal(err)
+		}
+		c := got.Choices[0]
+		if want := text[:3]; c.Text != want || c.StopReason != second {
+			t.Errorf("token %q, stop [%q %q]: got text %q stop_reason %v, want %q %q", text, second, first, c.Text, c.StopReason, want, second)
+		}
+		return
+	}
+	t.Fatal("no seed gave a token of two different syllables")
+}
+
+// TestStopStringTokensBatched checks a handler that takes several tokens
+// at one wake-up (the loop ran ahead of it): the stop string is looked for
+// token by token, as vLLM's detokenizer does at every step, so the match
+// that completes first wins and usage counts the tokens up to the one that
+// completed it, not those the handler took after it.
+func TestStopStringTokensBatched(t *testing.T) {
+	s, err := New(Config{Model: "tiny", Engine: tinyEngine(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	toks := []uint32{101, 202, 303, 404, 505, 606}
+	var words []string
+	for _, tk := range toks {
+		w, _ := s.render(nil, []uint32{tk}, nil)
+		words = append(words, string(w))
+	}
+	all := strings.Join(words, "")
+	// A stop string completed by token 2, and one that starts before it
+	// but is completed only by token 4.
+	early := strings.TrimSpace(words[2])
+	late := words[1] + words[2] + words[3] + words[4]
+	if strings.Count(all, early) != 1 || len(words[4]) == 0 {
+		t.Skipf("words %q: %q is not unique", words, early)
+	}
+	st := newStream("r", 1, 100)
+	st.toks = append([]uint32(nil), toks...)
+	st.generated = len(toks)
+	j := &job{req: &apiRequest{stops: []string{late, early}}, st: st}
+	j.maxStop = len(late)
+	if !s.advance(j) {
+		t.Fatal("advance: got not done, want a stop-string match")
+	}
+	want := words[0] + words[1] + words[2][:strings.Index(words[2], early)]
+	if string(j.text) != want || j.stopReason != early || j.generated != 3 {
+		t.Errorf("got text %q stop %q generated %d, want %q %q 3", j.text, j.stopReason, j.generated, want, early)
 	}
 }

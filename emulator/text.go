@@ -339,23 +339,22 @@ func appendChatML(dst []byte, msgs []tokenizer.Message) []byte {
 	return append(dst, "assistant\n"...)
 }
 
-// stopMatch finds the earliest stop string in text that ends at or after
-// from (the first byte not checked before). It returns the index where the
-// match starts and the stop string, or -1.
+// stopMatch finds a stop string in text that ends at or after from (the
+// first byte not checked before), as vLLM's check_stop_strings does: the
+// first of stops, in the request's order, that occurs there (at its first
+// occurrence). It returns the index where the match starts and the stop
+// string, or -1.
 func stopMatch(text []byte, from int, stops []string) (int, string) {
-	best, which := -1, ""
 	for _, s := range stops {
 		if s == "" {
 			continue
 		}
 		start := max(0, from-len(s)+1)
 		if i := strings.Index(string(text[start:]), s); i >= 0 {
-			if j := start + i; best < 0 || j < best {
-				best, which = j, s
-			}
+			return start + i, s
 		}
 	}
-	return best, which
+	return -1, ""
 }
 
 // mix64 is SplitMix64's finaliser: a cheap, well-spread hash of x.

@@ -52,8 +52,8 @@ func TestStopMatch(t *testing.T) {
 		which string
 	}{
 		{"hello world", 0, []string{"wor"}, 6, "wor"},
-		{"hello world", 7, []string{"wor"}, 6, "wor"}, // straddles the checked boundary
-		{"hello world", 0, []string{"xyz", "lo", "he"}, 0, "he"},
+		{"hello world", 7, []string{"wor"}, 6, "wor"},            // straddles the checked boundary
+		{"hello world", 0, []string{"xyz", "lo", "he"}, 3, "lo"}, // the list's order, as vLLM's check_stop_strings
 		{"hello", 0, []string{""}, -1, ""},
 		{"abc", 2, []string{"abc"}, 0, "abc"},
 		{"abc", 3, []string{"abc"}, -1, ""}, // already checked
