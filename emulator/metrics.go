@@ -98,28 +98,30 @@ type metrics struct {
 	promptTokens, genTokens, maxTokensParam, maxGenTokens   *hist
 	nParam, iteration                                       *hist
 	success                                                 map[string]prometheus.Counter
-	// adds and finishes are the observations of queued and finished
-	// requests not yet recorded (under mu): the histograms only they
-	// change (the parameters', the finished requests' latencies and
-	// sizes) and the success counters take them in batches (flush), in
-	// order, so that a request does not touch a dozen histograms' cold
-	// memory (a busy fleet's loop wakes with a cold cache). Whoever reads
-	// those flushes first (gather, Collect).
-	adds     []int // max_tokens
+	// finishes are the observations of finished requests not yet
+	// recorded (under mu): the histograms only they change (the
+	// parameters', the finished requests' latencies and sizes) and the
+	// success counters take them in batches (flush), in order, so that a
+	// request does not touch a dozen histograms' cold memory (a busy
+	// fleet's loop wakes with a cold cache). Whoever reads those flushes
+	// first (gather, Collect).
 	finishes []finishObs
 }
 
 // finishObs is what a finished request records in the histograms only
-// finished requests change, and in its success counter.
+// finished requests change, and in its success counter. As in vLLM
+// (IterationStats.update_from_finished_request), its parameters
+// (max_tokens, n) are recorded when it finishes, max_num_generation_tokens
+// is the tokens it generated, and its time per output token is 0 when it
+// generated one token or none.
 type finishObs struct {
 	e2e, queue, inference, prefill, decode float64
 	promptTokens, generated, tpot          float64
-	hasTPOT                                bool
+	maxTokens                              float64
 	reason                                 string
 }
 
-// pendMax is the most pending observations of each kind (adds, finishes)
-// before they are recorded.
+// pendMax is the most pending finishes before they are recorded.
 const pendMax = 32
 
 // hist is a classic Prometheus histogram written under metrics.mu and
@@ -437,24 +439,9 @@ func (m *metrics) llamacpp() {
 	})
 }
 
-// onAdd records a request's parameters when it is queued. The caller holds
-// m.mu (as for onOutput and onStep).
-func (m *metrics) onAdd(maxTokens int) {
-	if len(m.adds) == pendMax {
-		m.flush()
-	}
-	m.adds = append(m.adds, maxTokens)
-}
-
-// flush records the pending observations (adds, finishes), in the order
-// they were made. The caller holds m.mu.
+// flush records the pending finishes, in the order they were made. The
+// caller holds m.mu (as for onOutput and onStep).
 func (m *metrics) flush() {
-	for _, n := range m.adds {
-		m.maxTokensParam.observe(float64(n))
-		m.maxGenTokens.observe(float64(n))
-		m.nParam.observe(1)
-	}
-	m.adds = m.adds[:0]
 	for i := range m.finishes {
 		f := &m.finishes[i]
 		if c := m.success[f.reason]; c != nil {
@@ -467,9 +454,10 @@ func (m *metrics) flush() {
 		m.decode.observe(f.decode)
 		m.promptTokens.observe(f.promptTokens)
 		m.genTokens.observe(f.generated)
-		if f.hasTPOT {
-			m.tpot.observe(f.tpot)
-		}
+		m.tpot.observe(f.tpot)
+		m.maxTokensParam.observe(f.maxTokens)
+		m.maxGenTokens.observe(f.generated) // n is 1: the most tokens of the request's choices
+		m.nParam.observe(1)
 	}
 	clear(m.finishes)
 	m.finishes = m.finishes[:0]
@@ -487,8 +475,9 @@ func (m *metrics) gather() ([]*dto.MetricFamily, error) {
 // onOutput records one engine output. generated is the number of tokens the
 // request produced so far; reason the finish reason to count (it may differ
 // from o.FinishReason: a stop string ends a request with an abort in the
-// engine but "stop" for the client).
-func (m *metrics) onOutput(o *engine.Output, generated int, reason string) {
+// engine but "stop" for the client); maxTokens the request's max_tokens
+// (read when o is its last output).
+func (m *metrics) onOutput(o *engine.Output, generated int, reason string, maxTokens int) {
 	if o.FinishReason != engine.FinishAbort || generated > 0 {
 		if o.First {
 			m.ttft.observe(o.TTFT.Seconds())
@@ -505,8 +494,8 @@ func (m *metrics) onOutput(o *engine.Output, generated int, reason string) {
 	f := finishObs{e2e: (o.Time - o.Arrival).Seconds(), queue: o.QueueTime.Seconds(),
 		inference: (o.PrefillTime + o.DecodeTime).Seconds(), prefill: o.PrefillTime.Seconds(),
 		decode: o.DecodeTime.Seconds(), promptTokens: float64(o.PromptTokens), generated: float64(generated),
-		hasTPOT: generated > 1, reason: reason}
-	if f.hasTPOT {
+		maxTokens: float64(maxTokens), reason: reason}
+	if generated > 1 {
 		f.tpot = o.DecodeTime.Seconds() / float64(generated-1)
 	}
 	m.finishes = append(m.finishes, f)

@@ -1,6 +1,7 @@
 package emulator
 
 import (
+	"encoding/json"
 	"fmt"
 	"math"
 	"math/rand/v2"
@@ -11,6 +12,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/openai"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -387,8 +389,8 @@ func BenchmarkHistObserveN(b *testing.B) {
 	}
 }
 
-// TestMetricsPendingBatches: the observations of queued and finished
-// requests, recorded in batches (metrics.adds and finishes), give the
+// TestMetricsPendingBatches: the observations of finished requests,
+// recorded in batches (metrics.finishes), give the
 // exposition that recording each at once gives, across several batches
 // and interleaved with the steps' latencies, in every flavour.
 func TestMetricsPendingBatches(t *testing.T) {
@@ -398,19 +400,22 @@ func TestMetricsPendingBatches(t *testing.T) {
 	}
 	rng := rand.New(rand.NewPCG(1, 9))
 	type call struct {
-		add       int
 		o         engine.Output
 		generated int
 		reason    string
+		maxTokens int
 	}
 	var calls []call
+	finished := 0
 	for i := range 3*pendMax + 5 {
-		calls = append(calls, call{add: 1 + rng.IntN(4000)})
 		ms := func() time.Duration { return time.Duration(rng.IntN(5e9)) }
 		o := engine.Output{Finished: i%5 != 0, First: i%7 == 0, FinishReason: []string{"stop", "length", "abort"}[i%3],
 			PromptTokens: rng.IntN(9000), Arrival: ms(), QueueTime: ms(), PrefillTime: ms(), DecodeTime: ms(), TTFT: ms(), ITL: ms()}
 		o.Time = o.Arrival + ms()
-		calls = append(calls, call{add: -1, o: o, generated: rng.IntN(3), reason: o.FinishReason})
+		calls = append(calls, call{o: o, generated: rng.IntN(3), reason: o.FinishReason, maxTokens: 1 + rng.IntN(4000)})
+		if o.Finished {
+			finished++
+		}
 		if i%4 == 1 {
 			calls[len(calls)-1].generated = 100 + rng.IntN(2000)
 		}
@@ -424,12 +429,8 @@ func TestMetricsPendingBatches(t *testing.T) {
 			}
 			for _, c := range calls {
 				m.mu.Lock()
-				if c.add > 0 {
-					m.onAdd(c.add)
-				} else {
-					m.onOutput(&c.o, c.generated, c.reason)
-					m.observeITLs(time.Duration(c.generated)*time.Millisecond, 3)
-				}
+				m.onOutput(&c.o, c.generated, c.reason, c.maxTokens)
+				m.observeITLs(time.Duration(c.generated)*time.Millisecond, 3)
 				if eachAtOnce {
 					m.flush()
 				}
@@ -451,8 +452,57 @@ func TestMetricsPendingBatches(t *testing.T) {
 		if out[0] != out[1] {
 			t.Errorf("%s: batched exposition differs from recording each at once:\n%s\nwant\n%s", flavor, out[0], out[1])
 		}
-		if flavor == FlavorVLLM && !strings.Contains(out[0], `vllm:request_params_max_tokens_count{engine="0",model_name="m"} 101`) {
-			t.Errorf("vllm: want all 101 queued requests' max_tokens counted")
+		if want := fmt.Sprintf(`vllm:request_params_max_tokens_count{engine="0",model_name="m"} %d`, finished); flavor == FlavorVLLM && !strings.Contains(out[0], want) {
+			t.Errorf("vllm: want all %d finished requests' max_tokens counted", finished)
 		}
+	}
+}
+
+// TestMetricsFinishedRequestParams checks the histograms vLLM records for
+// each finished request (IterationStats.update_from_finished_request and
+// ParentRequest.observe_finished_request): max_num_generation_tokens is
+// the tokens the request generated (the most of its n choices), not its
+// max_tokens; request_time_per_output_token is observed for every finished
+// request, 0 when it generated one token.
+func TestMetricsFinishedRequestParams(t *testing.T) {
+	_, hs := testServer(t, Config{EOSMean: 4})
+	completion := func(body string) int {
+		t.Helper()
+		code, b := post(t, hs.URL+"/v1/completions", body)
+		if code != 200 {
+			t.Fatalf("got status %d (%s)", code, b)
+		}
+		var c openai.Completion
+		if err := json.Unmarshal(b, &c); err != nil {
+			t.Fatal(err)
+		}
+		return c.Usage.CompletionTokens
+	}
+	// A one-token request, and requests until one ends with EOS before
+	// its max_tokens.
+	gen, maxTokens, reqs := completion(`{"prompt":"abc","max_tokens":1,"ignore_eos":true}`), 1, 1
+	for seed := 1; ; seed++ {
+		n := completion(fmt.Sprintf(`{"prompt":"abc","max_tokens":50,"seed":%d}`, seed))
+		gen, maxTokens, reqs = gen+n, maxTokens+50, reqs+1
+		if n < 50 {
+			break
+		}
+		if seed == 100 {
+			t.Fatal("no request ended with EOS")
+		}
+	}
+	mfs := scrape(t, hs.URL)
+	hist := func(name string) (count uint64, sum float64) {
+		h := mfs[name].GetMetric()[0].GetHistogram()
+		return h.GetSampleCount(), h.GetSampleSum()
+	}
+	if n, sum := hist("vllm:request_max_num_generation_tokens"); n != uint64(reqs) || sum != float64(gen) {
+		t.Errorf("request_max_num_generation_tokens: got count %d sum %v, want %d and %d (the tokens generated)", n, sum, reqs, gen)
+	}
+	if n, sum := hist("vllm:request_params_max_tokens"); n != uint64(reqs) || sum != float64(maxTokens) {
+		t.Errorf("request_params_max_tokens: got count %d sum %v, want %d and %d", n, sum, reqs, maxTokens)
+	}
+	if n, _ := hist("vllm:request_time_per_output_token_seconds"); n != uint64(reqs) {
+		t.Errorf("request_time_per_output_token_seconds: got count %d, want %d (a one-token request observes 0)", n, reqs)
 	}
 }

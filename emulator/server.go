@@ -837,9 +837,6 @@ func (s *Server) apply(now time.Duration, c *command, ls *loopState) bool {
 				ls.spaced++
 			}
 		}
-		s.metrics.mu.Lock()
-		s.metrics.onAdd(c.st.maxTokens)
-		s.metrics.mu.Unlock()
 		ls.acc.maxContext = max(ls.acc.maxContext, c.req.PromptLen+c.st.maxTokens)
 	case cmdAbort:
 		s.eng.Abort(now, c.id)
@@ -880,7 +877,7 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 			// in the engine has a live stream: apply adds both, and only
 			// a finish removes it.)
 			if o.First {
-				s.metrics.onOutput(o, 0, o.FinishReason) // generated counts only when finished
+				s.metrics.onOutput(o, 0, o.FinishReason, 0) // generated counts only when finished
 			} else {
 				itls.add(s.metrics, o.ITL)
 			}
@@ -904,7 +901,7 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 		st.count(o)
 		if !o.Finished {
 			if o.First {
-				s.metrics.onOutput(o, st.gen, o.FinishReason)
+				s.metrics.onOutput(o, st.gen, o.FinishReason, 0)
 			} else {
 				itls.add(s.metrics, o.ITL)
 			}
@@ -1010,7 +1007,7 @@ func (s *Server) finished(o *engine.Output, st *stream, ls *loopState) {
 	st.cachedTokens = o.CachedTokens
 	st.blockIDs = blockIDs
 	st.mu.Unlock()
-	s.metrics.onOutput(o, st.gen, reason)
+	s.metrics.onOutput(o, st.gen, reason, st.maxTokens)
 	delete(ls.live, o.ID)
 	if st.every > 0 {
 		ls.notifying--
