@@ -510,9 +510,23 @@ func (m *metrics) observeITLs(d time.Duration, n int) {
 	}
 }
 
-// onStep records a step's batch size.
+// onStep records a step's tokens as vLLM's iteration_tokens_total counts
+// them (IterationStats.update_from_output): the tokens its outputs
+// generated, plus the whole prompt (cached tokens included) of each
+// request that got its first token; a step with no output (a prefill
+// chunk alone) is not observed.
 func (m *metrics) onStep(res *engine.StepResult) {
-	if n := res.Batch.PrefillTokens + res.Batch.DecodeTokens; n > 0 {
+	n := 0
+	for i := range res.Outputs {
+		o := &res.Outputs[i]
+		if o.First {
+			n += o.PromptTokens
+		}
+		if !o.Finished || o.FinishReason != engine.FinishAbort {
+			n++
+		}
+	}
+	if n > 0 {
 		m.iteration.observe(float64(n))
 	}
 }

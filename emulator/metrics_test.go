@@ -506,3 +506,38 @@ func TestMetricsFinishedRequestParams(t *testing.T) {
 		t.Errorf("request_time_per_output_token_seconds: got count %d, want %d (a one-token request observes 0)", n, reqs)
 	}
 }
+
+// TestMetricsIterationTokens checks vllm:iteration_tokens_total as vLLM
+// records it (IterationStats.update_from_output, AsyncLLM's output
+// handler): per step with outputs, the tokens generated plus the whole
+// prompt of each request that got its first token (cached tokens
+// included); a step that only computes a prefill chunk, with no output,
+// is not observed.
+func TestMetricsIterationTokens(t *testing.T) {
+	prof, err := engine.LookupProfile("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := newMetrics(FlavorVLLM, "m", prof, "xxh3", time.Unix(1700000000, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	steps := []engine.StepResult{
+		// A first chunk of a 100-token prompt: no output.
+		{Batch: engine.Batch{Seqs: 1, PrefillTokens: 64}},
+		// Its last 4 tokens (32 were cached) and a decode: 100 + 1 + 1.
+		{Batch: engine.Batch{Seqs: 2, PrefillTokens: 4, DecodeTokens: 1},
+			Outputs: []engine.Output{{ID: "a", First: true, PromptTokens: 100}, {ID: "b", Index: 7}}},
+		// Two decodes: 2.
+		{Batch: engine.Batch{Seqs: 2, DecodeTokens: 2}, Outputs: []engine.Output{{ID: "a", Index: 1}, {ID: "b", Index: 8}}},
+	}
+	m.mu.Lock()
+	for i := range steps {
+		m.onStep(&steps[i])
+	}
+	m.mu.Unlock()
+	h := m.iteration
+	if h.count != 2 || h.sum != 104 {
+		t.Errorf("iteration_tokens_total: got count %d sum %v, want 2 and 104", h.count, h.sum)
+	}
+}
