@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strconv"
 	"strings"
 	"sync/atomic"
@@ -322,13 +323,26 @@ func (s *Server) checkLength(j *job) *apiError {
 	}
 	if given {
 		j.maxTokens = out
-		return checkMinTokens(j.req.MinTokens, out)
+		return j.req.checkSampling(out)
 	}
 	j.maxTokens = min(s.cfg.DefaultMaxTokens, maxLen-n)
 	if j.maxTokens < 1 {
 		return tooFewTokens(j.maxTokens)
 	}
-	return checkMinTokens(j.req.MinTokens, j.maxTokens)
+	return j.req.checkSampling(j.maxTokens)
+}
+
+// checkSampling is the rest of vLLM's sampling parameters' checks, in
+// their order: min_tokens against the final max_tokens, then the stop
+// strings (an empty one would match everywhere).
+func (r *apiRequest) checkSampling(maxTokens int) *apiError {
+	if aerr := checkMinTokens(r.MinTokens, maxTokens); aerr != nil {
+		return aerr
+	}
+	if slices.Contains(r.stops, "") {
+		return badRequest("stop cannot contain an empty string.")
+	}
+	return nil
 }
 
 // lengthError is vLLM's error for n prompt tokens and out requested output

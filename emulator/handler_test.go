@@ -56,6 +56,8 @@ func TestRequestErrors(t *testing.T) {
 			"max_completion_tokens=5000cannot be greater than", "", "max_completion_tokens"},
 		{"batched prompt", "/v1/completions", `{"prompt":["a","b"]}`, 400, "batched prompts", "", nil},
 		{"bad stop", "/v1/completions", `{"prompt":"a","stop":5}`, 400, "stop", bad, "body.stop"},
+		{"empty stop", "/v1/completions", `{"prompt":"a","stop":""}`, 400, "stop cannot contain an empty string.", "", nil},
+		{"empty stop in list", "/v1/chat/completions", `{"messages":[{"role":"user","content":"a"}],"stop":["x",""]}`, 400, "stop cannot contain an empty string.", "", nil},
 		{"bad content part", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}`, 400, "text only", bad, "body.messages.0.content"},
 		{"empty prompt", "/v1/completions", `{"prompt":""}`, 400, "Either prompt or prompt_embeds must be provided and non-empty.", bad, "prompt"},
 		{"empty prompt, encoding/json path", "/v1/completions", `{"prompt":"","Z":1}`, 400, "Either prompt or prompt_embeds must be provided and non-empty.", bad, "prompt"},
