@@ -236,8 +236,8 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		seed = mix64(idCounter.Load()) ^ uint64(now.UnixNano())
 	}
 	ereq.EOSAt = eosAt(seed, s.cfg.EOSMean)
-	if ereq.EOSAt > 0 && ereq.EOSAt <= req.MinTokens {
-		ereq.EOSAt = req.MinTokens + 1 // min_tokens holds EOS back
+	if minTokens := int(req.MinTokens); ereq.EOSAt > 0 && ereq.EOSAt <= minTokens {
+		ereq.EOSAt = minTokens + 1 // min_tokens holds EOS back
 	}
 	every := 0 // a whole response: the handler wakes when the request finished
 	switch {
@@ -336,7 +336,7 @@ func (s *Server) checkLength(j *job) *apiError {
 // their order: min_tokens against the final max_tokens, then the stop
 // strings (an empty one would match everywhere).
 func (r *apiRequest) checkSampling(maxTokens int) *apiError {
-	if aerr := checkMinTokens(r.MinTokens, maxTokens); aerr != nil {
+	if aerr := checkMinTokens(int(r.MinTokens), maxTokens); aerr != nil {
 		return aerr
 	}
 	if slices.Contains(r.stops, "") {
@@ -412,7 +412,7 @@ func (s *Server) advance(j *job) bool {
 func (s *Server) searchStops(j *job, toks []uint32, before int, finished bool) bool {
 	for i := range toks {
 		j.text, j.scratch = s.render(j.text, toks[i:i+1], j.scratch)
-		if before+i < j.req.MinTokens || len(j.text) == j.checked {
+		if before+i < int(j.req.MinTokens) || len(j.text) == j.checked {
 			j.checked = len(j.text) // within min_tokens, or no new text: not searched
 			continue
 		}

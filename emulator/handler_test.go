@@ -110,6 +110,8 @@ func TestRequestLaxForms(t *testing.T) {
 		{"/v1/completions", `{"prompt":"a b","max_tokens":3.0,"ignore_eos":true}`},
 		{"/v1/completions", `{"prompt":"a b","max_tokens":3e0,"ignore_eos":true,"Z":1}`},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"a"}],"max_completion_tokens":3.0,"ignore_eos":true}`},
+		{"/v1/completions", `{"prompt":"a b","max_tokens":3,"seed":7.0,"min_tokens":1.0,"n":1.0,"ignore_eos":true}`},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"a"}],"max_tokens":3,"seed":-2e3,"ignore_eos":true}`},
 	} {
 		code, body := post(t, hs.URL+tc.path, tc.body)
 		if code != 200 {

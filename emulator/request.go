@@ -25,11 +25,11 @@ type apiRequest struct {
 	Stop                json.RawMessage `json:"stop"`
 	IgnoreEOS           bool            `json:"ignore_eos"`
 	IncludeStopStr      bool            `json:"include_stop_str_in_output"` // keep a matched stop string in the text
-	MinTokens           int             `json:"min_tokens"`                 // no EOS, and no stop string, in the first MinTokens tokens
+	MinTokens           wholeInt        `json:"min_tokens"`                 // no EOS, and no stop string, in the first MinTokens tokens
 	Stream              bool            `json:"stream"`
 	promptEmpty         bool            // completions: the prompt is the empty string (the bools share a word)
-	N                   *int            `json:"n"`
-	Seed                *int64          `json:"seed"`
+	N                   *wholeInt       `json:"n"`
+	Seed                *wholeInt       `json:"seed"`
 	StreamOptions       *streamOptions  `json:"stream_options"`
 	KVTransferParams    *kvTransfer     `json:"kv_transfer_params"`
 	BootstrapHost       string          `json:"bootstrap_host"`
@@ -263,7 +263,8 @@ func (r *apiRequest) checkOptions(chat bool) *apiError {
 	return nil
 }
 
-// wholeInt is an integer field of a request as vLLM's (lax) pydantic
+// wholeInt is an integer field of a request (max_tokens,
+// max_completion_tokens, n, seed, min_tokens) as vLLM's (lax) pydantic
 // models read it: a JSON integer, or a number in float form whose value
 // is whole (1024.0, 1e3, as Python's json.dumps writes a computed value).
 type wholeInt int

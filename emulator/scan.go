@@ -134,11 +134,12 @@ func scanField(s *scanner, r *apiRequest, key []byte, chat bool) (uint32, bool) 
 		return fieldMaxCompletionTokens, ok
 	case "n":
 		v, ok := s.intPtr(math.MinInt, math.MaxInt)
-		r.N = v
+		r.N = (*wholeInt)(v)
 		return fieldN, ok
 	case "seed":
-		v, ok := s.integer(math.MinInt64, math.MaxInt64)
-		r.Seed = &v
+		v, ok := s.integer(math.MinInt, math.MaxInt)
+		seed := wholeInt(v)
+		r.Seed = &seed
 		return fieldSeed, ok
 	case "ignore_eos":
 		v, ok := s.boolean()
@@ -155,8 +156,8 @@ func scanField(s *scanner, r *apiRequest, key []byte, chat bool) (uint32, bool) 
 	case "stop":
 		return fieldStop, s.stop(r)
 	case "min_tokens":
-		v, ok := s.integer(math.MinInt64, math.MaxInt64)
-		r.MinTokens = int(v)
+		v, ok := s.integer(math.MinInt, math.MaxInt)
+		r.MinTokens = wholeInt(v)
 		return fieldMinTokens, ok
 	case "stream_options":
 		return fieldStreamOptions, s.streamOptions(r)
