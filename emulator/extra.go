@@ -33,7 +33,9 @@ func (s *Server) handleResetPrefixCache(w http.ResponseWriter, r *http.Request) 
 // handleTokenize is vLLM's POST /tokenize: {"prompt": ...} or
 // {"messages": [...]} (rendered with the chat template and the generation
 // prompt, as the chat endpoint does) -> {"count", "max_model_len",
-// "tokens"}.
+// "tokens"}. As in vLLM the model is checked, and the generation options
+// of a request body (max_tokens, n, stream_options, stop) are extra keys
+// its tokenize request models ignore.
 func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
 	if err != nil {
@@ -45,9 +47,13 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	}
 	_ = json.Unmarshal(body, &probe)
 	chat := len(probe.Messages) > 0
-	req, aerr := parseRequest(body, chat)
+	req, _, aerr := parseBody(body, chat)
 	if aerr != nil {
-		writeError(w, aerr.status, aerr.msg)
+		writeAPIError(w, aerr)
+		return
+	}
+	if req.Model != "" && req.Model != s.cfg.Model {
+		writeAPIError(w, errNoModel(req.Model))
 		return
 	}
 	var toks []uint32

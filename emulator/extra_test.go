@@ -159,3 +159,42 @@ func TestResetPrefixCache(t *testing.T) {
 		time.Sleep(20 * time.Millisecond)
 	}
 }
+
+// TestTokenizeRequests checks POST /tokenize against vLLM's
+// create_tokenize: it checks the model (404 for another), its request
+// models have no generation options (a generation request's max_tokens,
+// n or stream_options are extra keys, ignored), and a body its models
+// reject is the 400 of vLLM's validation handler (type "Bad Request",
+// param).
+func TestTokenizeRequests(t *testing.T) {
+	_, hs := testServer(t, Config{})
+	for _, tc := range []struct {
+		body   string
+		status int
+		typ    string
+		param  any
+	}{
+		{`{"model":"other","prompt":"hello world"}`, 404, "NotFoundError", "model"},
+		{`{"prompt":"hello world","max_tokens":0,"n":2,"stream_options":{"include_usage":true}}`, 200, "", nil},
+		{`{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":0}`, 200, "", nil},
+		{`{"prompt":5}`, 400, typeValidation, "body.prompt"},
+	} {
+		code, body := post(t, hs.URL+"/tokenize", tc.body)
+		if code != tc.status {
+			t.Errorf("%s: got status %d (%s), want %d", tc.body, code, body, tc.status)
+			continue
+		}
+		if code == 200 {
+			continue
+		}
+		var e struct {
+			Error struct {
+				Type  string `json:"type"`
+				Param any    `json:"param"`
+			} `json:"error"`
+		}
+		if err := json.Unmarshal(body, &e); err != nil || e.Error.Type != tc.typ || e.Error.Param != tc.param {
+			t.Errorf("%s: got %s, want type %q param %v", tc.body, body, tc.typ, tc.param)
+		}
+	}
+}

@@ -173,7 +173,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	if req.Model != "" && req.Model != s.cfg.Model {
 		putBody(bodyBuf)
-		writeAPIError(w, &apiError{status: http.StatusNotFound, msg: fmt.Sprintf("The model `%s` does not exist.", req.Model), param: "model"})
+		writeAPIError(w, errNoModel(req.Model))
 		return
 	}
 	j := &job{chat: chat, req: req}

@@ -132,6 +132,11 @@ func errNoPrompt() *apiError {
 	return invalidBody("prompt", "Value error, Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)")
 }
 
+// errNoModel is vLLM's error for a request naming another model.
+func errNoModel(model string) *apiError {
+	return &apiError{status: http.StatusNotFound, msg: fmt.Sprintf("The model `%s` does not exist.", model), param: "model"}
+}
+
 // tooFewTokens is vLLM's error for a max_tokens below 1 (its sampling
 // parameters' check).
 func tooFewTokens(n int) *apiError {
@@ -216,23 +221,31 @@ func writeAPIError(w http.ResponseWriter, e *apiError) {
 // contents may alias body (scanRequest's): body must not change while
 // they are used.
 func parseRequest(body []byte, chat bool) (*apiRequest, *apiError) {
-	body = openai.TrimBOM(body) // as vLLM's server reads it
-	r, ok := scanRequest(body, chat)
-	if !ok {
-		var aerr *apiError
-		if r, aerr = decodeRequest(body, chat); aerr != nil {
-			return nil, aerr
-		}
+	r, scanned, aerr := parseBody(body, chat)
+	if aerr != nil {
+		return nil, aerr
 	}
 	if aerr := r.checkOptions(chat); aerr != nil {
 		return nil, aerr
 	}
-	if !ok {
+	if !scanned {
 		if aerr := r.decodeExtra(); aerr != nil {
 			return nil, aerr
 		}
 	}
 	return r, nil
+}
+
+// parseBody decodes the prompt or the messages of a body and the fields
+// the fast path reads (scanned reports that it took the body), without
+// the generation options' checks: what POST /tokenize needs.
+func parseBody(body []byte, chat bool) (r *apiRequest, scanned bool, aerr *apiError) {
+	body = openai.TrimBOM(body) // as vLLM's server reads it
+	if r, ok := scanRequest(body, chat); ok {
+		return r, true, nil
+	}
+	r, aerr = decodeRequest(body, chat)
+	return r, false, aerr
 }
 
 // completionDefaultMaxTokens is max_tokens of a /v1/completions request
