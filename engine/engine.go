@@ -188,7 +188,8 @@ type Stats struct {
 	// copy of a hash that several blocks cache counts).
 	NumGPUBlocks, BlockSize  int
 	FreeBlocks, CachedBlocks int
-	// Counters since New, in tokens where vLLM counts tokens.
+	// Counters since New, in tokens where vLLM counts tokens. The prefix
+	// cache's stay 0 with DisablePrefixCaching, as vLLM's do.
 	PrefixQueries, PrefixHits      int64
 	Preemptions                    int64
 	PromptTokens, GenerationTokens int64

@@ -687,6 +687,11 @@ func TestDisablePrefixCaching(t *testing.T) {
 	if got := d.byID("b")[0].CachedTokens; got != 0 || len(d.events) != 0 {
 		t.Errorf("without prefix caching: %d cached tokens, %d events", got, len(d.events))
 	}
+	// vLLM's get_computed_blocks returns before it records a query when
+	// prefix caching is off: its counters stay 0.
+	if st := e.Stats(); st.PrefixQueries != 0 || st.PrefixHits != 0 {
+		t.Errorf("without prefix caching: got %d prefix queries and %d hits, want 0 and 0", st.PrefixQueries, st.PrefixHits)
+	}
 }
 
 // randomWorkload drives an engine with shared prefixes, random lengths,

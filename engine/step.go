@@ -193,8 +193,10 @@ func (e *Engine) admit(now time.Duration, s *sequence, budget int) (int, bool) {
 		s.admitted = true
 		s.firstSched = now
 		s.cachedTokens = int32(computed)
-		e.stats.PrefixQueries += int64(s.promptLen)
-		e.stats.PrefixHits += int64(hit * e.bs)
+		if e.caching { // vLLM records no query when prefix caching is off
+			e.stats.PrefixQueries += int64(s.promptLen)
+			e.stats.PrefixHits += int64(hit * e.bs)
+		}
 	}
 	return n, true
 }
