@@ -259,17 +259,18 @@ func (m *metrics) publish(s *snapshot) {
 
 // newMetrics builds the instruments of a flavour on a private registry.
 func newMetrics(flavor, model string, prof engine.Profile, hashAlgo string, start time.Time) (*metrics, error) {
-	return newRankMetrics(flavor, model, 0, prof, hashAlgo, start)
+	return newRankMetrics(flavor, model, 0, prof, hashAlgo, true, start)
 }
 
 // newRankMetrics is newMetrics for the engine core of data parallel rank
-// rank: vLLM's series carry engine="<rank>" (vllm/v1/metrics/loggers.py).
-func newRankMetrics(flavor, model string, rank int, prof engine.Profile, hashAlgo string, start time.Time) (*metrics, error) {
+// rank: vLLM's series carry engine="<rank>" (vllm/v1/metrics/loggers.py);
+// caching is whether the engine caches prefixes (cache_config_info).
+func newRankMetrics(flavor, model string, rank int, prof engine.Profile, hashAlgo string, caching bool, start time.Time) (*metrics, error) {
 	m := &metrics{reg: prometheus.NewRegistry(), success: map[string]prometheus.Counter{}}
 	created := float64(start.UnixNano()) / 1e9
 	switch flavor {
 	case FlavorVLLM, FlavorVLLMLegacy:
-		m.vllm(flavor == FlavorVLLMLegacy, prometheus.Labels{"model_name": model, "engine": strconv.Itoa(rank)}, prof, hashAlgo, created)
+		m.vllm(flavor == FlavorVLLMLegacy, prometheus.Labels{"model_name": model, "engine": strconv.Itoa(rank)}, prof, hashAlgo, caching, created)
 	case FlavorSGLang:
 		m.sglang(prometheus.Labels{"model_name": model}, prof, created)
 	case FlavorLlamaCpp:
@@ -313,7 +314,7 @@ func (m *metrics) histogram(name, help string, labels prometheus.Labels, buckets
 	return h
 }
 
-func (m *metrics) vllm(legacy bool, l prometheus.Labels, prof engine.Profile, hashAlgo string, created float64) {
+func (m *metrics) vllm(legacy bool, l prometheus.Labels, prof engine.Profile, hashAlgo string, caching bool, created float64) {
 	m.gaugeFunc("vllm:num_requests_running", "Number of requests in model execution batches.", l,
 		func(s *snapshot) float64 { return float64(s.st.Running) })
 	m.gaugeFunc("vllm:num_requests_waiting", "Number of requests waiting to be processed.", l,
@@ -368,11 +369,19 @@ func (m *metrics) vllm(legacy bool, l prometheus.Labels, prof engine.Profile, ha
 	m.iteration = m.histogram("vllm:iteration_tokens_total", "Histogram of number of tokens per engine_step.", l, iterationBuckets, created)
 
 	info := prometheus.Labels{"engine": l["engine"], "block_size": strconv.Itoa(prof.BlockSize), "cache_dtype": "auto",
-		"enable_prefix_caching": "True", "gpu_memory_utilization": strconv.FormatFloat(prof.GPUMemoryUtilization, 'g', -1, 64),
+		"enable_prefix_caching": pyBool(caching), "gpu_memory_utilization": strconv.FormatFloat(prof.GPUMemoryUtilization, 'g', -1, 64),
 		"num_gpu_blocks": strconv.Itoa(prof.NumGPUBlocks), "num_cpu_blocks": "None", "prefix_caching_hash_algo": hashAlgo}
 	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig", ConstLabels: info})
 	g.Set(1)
 	m.reg.MustRegister(g)
+}
+
+// pyBool is Python's str of a bool, as vLLM's info labels write one.
+func pyBool(b bool) string {
+	if b {
+		return "True"
+	}
+	return "False"
 }
 
 func (m *metrics) sglang(l prometheus.Labels, prof engine.Profile, created float64) {

@@ -541,3 +541,19 @@ func TestMetricsIterationTokens(t *testing.T) {
 		t.Errorf("iteration_tokens_total: got count %d sum %v, want 2 and 104", h.count, h.sum)
 	}
 }
+
+// TestCacheConfigInfoPrefixCaching: vllm:cache_config_info's
+// enable_prefix_caching label says whether the engine caches prefixes.
+func TestCacheConfigInfoPrefixCaching(t *testing.T) {
+	for _, off := range []bool{false, true} {
+		cfg := Config{}
+		testDefaults(t, &cfg)
+		cfg.Engine.DisablePrefixCaching = off
+		_, hs := testServer(t, cfg)
+		m := scrape(t, hs.URL)["vllm:cache_config_info"].GetMetric()[0]
+		want := map[bool]string{false: "True", true: "False"}[off]
+		if got := labelsOf(m)["enable_prefix_caching"]; got != want {
+			t.Errorf("DisablePrefixCaching %v: got enable_prefix_caching %q, want %q", off, got, want)
+		}
+	}
+}

@@ -146,7 +146,7 @@ func New(cfg Config) (*Server, error) {
 	if ec.HashFunc != nil {
 		hashName = ec.HashFunc.Name()
 	}
-	s.metrics, err = newRankMetrics(cfg.MetricsFlavor, cfg.Model, cfg.DataParallelRank, s.prof, hashName, s.start)
+	s.metrics, err = newRankMetrics(cfg.MetricsFlavor, cfg.Model, cfg.DataParallelRank, s.prof, hashName, !ec.DisablePrefixCaching, s.start)
 	if err != nil {
 		return nil, err
 	}
