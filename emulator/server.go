@@ -393,6 +393,13 @@ func (s *Server) loop(ctx context.Context) {
 		for _, st := range ls.live {
 			st.fail(ErrStopped)
 		}
+		// Requests taken from the inbox but not applied yet (sleepThrough
+		// keeps those that arrived after the step in progress started).
+		for i := range ls.queue {
+			if c := &ls.queue[i]; c.kind == cmdAdd {
+				c.st.fail(ErrStopped)
+			}
+		}
 	}()
 	for {
 		if ls.inProgress {
