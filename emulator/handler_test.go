@@ -729,3 +729,39 @@ func TestChatBodyRecycled(t *testing.T) {
 	}
 	wg.Wait()
 }
+
+// TestRequestKeysCaseSensitive: vLLM's request models (pydantic) match
+// keys exactly, so a key that differs only in case is an unknown key,
+// ignored (as the router's parser ignores it), where encoding/json would
+// take it for the field.
+func TestRequestKeysCaseSensitive(t *testing.T) {
+	_, hs := testServer(t, Config{})
+	for _, tc := range []struct {
+		path, body string
+		status     int
+		completion int // completion tokens of a 200
+	}{
+		{"/v1/completions", `{"prompt":"a b","max_tokens":2,"ignore_eos":true,"Stream":true}`, 200, 2},
+		{"/v1/completions", `{"prompt":"a b","max_tokens":2,"ignore_eos":true,"MAX_TOKENS":5}`, 200, 2},
+		{"/v1/completions", `{"Prompt":"a b","max_tokens":2}`, 400, 0},
+		{"/v1/chat/completions", `{"messages":[{"Role":"user","content":"hi"}],"max_tokens":2}`, 400, 0},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"text","text":"hi","Type":"image_url"}]}],"max_tokens":2,"ignore_eos":true}`, 200, 2},
+	} {
+		code, body := post(t, hs.URL+tc.path, tc.body)
+		if code != tc.status {
+			t.Errorf("%s: got status %d (%.200s), want %d", tc.body, code, body, tc.status)
+			continue
+		}
+		if code != 200 {
+			continue
+		}
+		var r struct {
+			Usage struct {
+				CompletionTokens int `json:"completion_tokens"`
+			} `json:"usage"`
+		}
+		if err := json.Unmarshal(body, &r); err != nil || r.Usage.CompletionTokens != tc.completion {
+			t.Errorf("%s: got %.200s (%v), want a JSON response with %d completion tokens", tc.body, body, err, tc.completion)
+		}
+	}
+}

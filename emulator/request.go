@@ -1,11 +1,16 @@
 package emulator
 
 import (
+	"bytes"
 	"encoding/json"
 	"fmt"
 	"math"
 	"net/http"
+	"reflect"
 	"strconv"
+	"strings"
+	"sync"
+	"unicode"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/openai"
@@ -47,6 +52,114 @@ type apiRequest struct {
 type apiMessage struct {
 	Role    string          `json:"role"`
 	Content json.RawMessage `json:"content"`
+}
+
+// UnmarshalJSON decodes a message with its keys matched exactly
+// (exactKeys).
+func (m *apiMessage) UnmarshalJSON(b []byte) error {
+	type plain apiMessage
+	return json.Unmarshal(exactKeys(b, "role", "content"), (*plain)(m))
+}
+
+// contentPart is a part of a message's content list.
+type contentPart struct {
+	Type string `json:"type"`
+	Text string `json:"text"`
+}
+
+// UnmarshalJSON decodes a part with its keys matched exactly (exactKeys).
+func (p *contentPart) UnmarshalJSON(b []byte) error {
+	type plain contentPart
+	return json.Unmarshal(exactKeys(b, "type", "text"), (*plain)(p))
+}
+
+// foldedKey reports whether the JSON object obj may have a key that names
+// one of keys only up to case: it walks obj's keys with the fast path's
+// scanner (its values skipped), and reports true as well when obj is
+// beyond that scanner (exactKeys then decodes it to know).
+func foldedKey(obj []byte, keys []string) bool {
+	s := scanner{b: obj}
+	s.ws()
+	if !s.eat('{') {
+		return true
+	}
+	s.ws()
+	if s.eat('}') {
+		return false
+	}
+	for {
+		k, ok := s.str()
+		if !ok {
+			return true
+		}
+		if bytes.ContainsFunc(k, func(r rune) bool { return r != unicode.ToLower(r) || r == 'ſ' }) {
+			for _, key := range keys {
+				if strings.EqualFold(string(k), key) && string(k) != key {
+					return true
+				}
+			}
+		}
+		s.ws()
+		if !s.eat(':') {
+			return true
+		}
+		s.ws()
+		if !s.skip(0) {
+			return true
+		}
+		s.ws()
+		if s.eat(',') {
+			s.ws()
+			continue
+		}
+		return !s.eat('}')
+	}
+}
+
+// requestKeys are the JSON keys of apiRequest's fields.
+var requestKeys = sync.OnceValue(func() []string {
+	var keys []string
+	t := reflect.TypeFor[apiRequest]()
+	for i := range t.NumField() {
+		if k, _, _ := strings.Cut(t.Field(i).Tag.Get("json"), ","); k != "" && k != "-" {
+			keys = append(keys, k)
+		}
+	}
+	return keys
+})
+
+// exactKeys returns obj, a JSON object, without the keys that name one of
+// keys only up to case, and obj itself when it has none: pydantic (vLLM's
+// request models, and the router's parser) matches keys exactly, so such
+// a key is an unknown one, ignored, where encoding/json would take it for
+// the field (the last of the two in the body winning). Only bodies the
+// fast path (scanRequest, exact keys) leaves to encoding/json come here.
+func exactKeys(obj []byte, keys ...string) []byte {
+	if !foldedKey(obj, keys) {
+		return obj
+	}
+	var m map[string]json.RawMessage
+	if json.Unmarshal(obj, &m) != nil {
+		return obj // encoding/json reports the error
+	}
+	folded := false
+	for k := range m {
+		for _, key := range keys {
+			if k != key && strings.EqualFold(k, key) {
+				delete(m, k)
+				folded = true
+				break
+			}
+		}
+	}
+	if !folded {
+		return obj
+	}
+	b, err := json.Marshal(m)
+	if err != nil {
+		return obj
+	}
+	return b
 }
 
 // streamOptions is stream_options as vLLM's StreamOptions has it:
@@ -306,7 +419,7 @@ func (w *wholeInt) UnmarshalJSON(b []byte) error {
 // prompt (their errors come first, as vLLM's validation reports them).
 func decodeRequest(body []byte, chat bool) (*apiRequest, *apiError) {
 	var r apiRequest
-	if err := json.Unmarshal(body, &r); err != nil {
+	if err := json.Unmarshal(exactKeys(body, requestKeys()...), &r); err != nil {
 		return nil, invalidBody("body", "JSON decode error: %v", err)
 	}
 	if chat {
@@ -372,10 +485,7 @@ func messageText(raw json.RawMessage) (string, error) {
 	if err := json.Unmarshal(raw, &s); err == nil {
 		return s, nil
 	}
-	var parts []struct {
-		Type string `json:"type"`
-		Text string `json:"text"`
-	}
+	var parts []contentPart
 	if err := json.Unmarshal(raw, &parts); err != nil {
 		return "", fmt.Errorf("Input should be a valid string or a list of content parts")
 	}
