@@ -322,6 +322,9 @@ func (s *Server) checkLength(j *job) *apiError {
 		return err
 	}
 	if given {
+		if out < 1 {
+			return tooFewTokens(out)
+		}
 		j.maxTokens = out
 		return j.req.checkSampling(out)
 	}

@@ -45,6 +45,7 @@ func TestRequestErrors(t *testing.T) {
 		{"min_tokens above default", "/v1/completions", `{"prompt":"a","min_tokens":17}`, 400, "min_tokens must be less than or equal to max_tokens=16, got 17.", "", nil},
 		{"stream options without stream", "/v1/completions", `{"prompt":"a","stream_options":{"include_usage":true}}`, 400, "Stream options can only be defined when `stream=True`.", bad, "stream_options"},
 		{"wrong model", "/v1/completions", `{"model":"other","prompt":"a"}`, 404, "The model `other` does not exist.", "", "model"},
+		{"wrong model, max_tokens 0", "/v1/completions", `{"model":"other","prompt":"a","max_tokens":0}`, 404, "The model `other` does not exist.", "", "model"},
 		{"too long", "/v1/completions", `{"prompt":"` + long + `","max_tokens":10}`, 400,
 			"You passed 1101 input tokens and requested 10 output tokens. However, the model's context length is only 1024 tokens, " +
 				"resulting in a maximum input length of 1014 tokens. Please reduce the length of the input prompt. (parameter=input_tokens, value=1101)", "", "input_tokens"},

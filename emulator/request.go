@@ -366,10 +366,11 @@ func parseBody(body []byte, chat bool) (r *apiRequest, scanned bool, aerr *apiEr
 // Completions API's too).
 const completionDefaultMaxTokens = 16
 
-// checkOptions validates n, max_tokens (on chat, max_completion_tokens
-// takes its place when given; vLLM's CompletionRequest has no such field
-// and ignores it; its max_tokens defaults to 16, see checkLength) and
-// stream_options.
+// checkOptions validates n and stream_options, and picks max_tokens (on
+// chat, max_completion_tokens takes its place when given; vLLM's
+// CompletionRequest has no such field and ignores it; its max_tokens
+// defaults to 16). checkLength checks max_tokens, after the model, as
+// vLLM's sampling parameters do.
 func (r *apiRequest) checkOptions(chat bool) *apiError {
 	if r.StreamOptions != nil && r.StreamOptions.set && !r.Stream {
 		return invalidBody("stream_options", "Value error, Stream options can only be defined when `stream=True`.")
@@ -382,9 +383,6 @@ func (r *apiRequest) checkOptions(chat bool) *apiError {
 	}
 	if r.MaxCompletionTokens != nil {
 		r.MaxTokens = r.MaxCompletionTokens
-	}
-	if r.MaxTokens != nil && *r.MaxTokens < 1 {
-		return tooFewTokens(int(*r.MaxTokens))
 	}
 	return nil
 }
