@@ -187,9 +187,11 @@ func encodeEvent(enc *msgpack.Encoder, asMap bool, ev *engine.KVEvent) error {
 	case engine.BlockStored:
 		// Fields: block_hashes, parent_block_hash, token_ids, block_size,
 		// lora_id, medium, lora_name (required, so always present), then
-		// extra_keys and group_idx in the map form (vLLM >= 0.26 sets them).
+		// extra_keys, group_idx and kv_cache_spec_kind in the map form
+		// (vLLM >= 0.26 sets them; kv_cache_spec_sliding_window is None,
+		// omitted).
 		if asMap {
-			_ = enc.EncodeMapLen(10)
+			_ = enc.EncodeMapLen(11)
 		} else {
 			_ = enc.EncodeArrayLen(8)
 		}
@@ -224,6 +226,8 @@ func encodeEvent(enc *msgpack.Encoder, asMap bool, ev *engine.KVEvent) error {
 			}
 			key("group_idx")
 			_ = enc.EncodeInt(0)
+			key("kv_cache_spec_kind")
+			_ = enc.EncodeString("full_attention")
 		}
 	case engine.BlockRemoved:
 		if asMap {

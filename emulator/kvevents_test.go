@@ -412,3 +412,23 @@ func TestEncodeEvictionsOnePerBlock(t *testing.T) {
 		}
 	}
 }
+
+// TestMapEventsSpecKind: in the map encoding (vLLM >= 0.26) a BlockStored
+// names its KV cache group and the group's kind, as vLLM's capture shows
+// ('group_idx': 0, 'kv_cache_spec_kind': 'full_attention'); a router
+// follows the full-attention group by it.
+func TestMapEventsSpecKind(t *testing.T) {
+	b, err := EncodeEventBatch(nil, EncodingMap, 1, []engine.KVEvent{
+		{Kind: engine.BlockStored, BlockHashes: []uint64{1}, TokenIDs: []uint32{1, 2}, BlockSize: 2}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var batch []any
+	if err := msgpack.Unmarshal(b, &batch); err != nil {
+		t.Fatal(err)
+	}
+	ev := batch[1].([]any)[0].(map[string]any)
+	if kind, group := ev["kv_cache_spec_kind"], ev["group_idx"]; kind != "full_attention" || group == nil || toU64(t, group) != 0 {
+		t.Errorf("BlockStored: got kv_cache_spec_kind %v group_idx %v, want full_attention and 0 (%v)", kind, group, ev)
+	}
+}
