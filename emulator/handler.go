@@ -176,6 +176,11 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeAPIError(w, errNoModel(req.Model))
 		return
 	}
+	if !chat && req.hasSuffix() {
+		putBody(bodyBuf)
+		writeError(w, http.StatusBadRequest, "suffix is not currently supported")
+		return
+	}
 	j := &job{chat: chat, req: req}
 	defer j.putText()
 	if chat {

@@ -45,6 +45,8 @@ func TestRequestErrors(t *testing.T) {
 		{"min_tokens above default", "/v1/completions", `{"prompt":"a","min_tokens":17}`, 400, "min_tokens must be less than or equal to max_tokens=16, got 17.", "", nil},
 		{"stream options without stream", "/v1/completions", `{"prompt":"a","stream_options":{"include_usage":true}}`, 400, "Stream options can only be defined when `stream=True`.", bad, "stream_options"},
 		{"wrong model", "/v1/completions", `{"model":"other","prompt":"a"}`, 404, "The model `other` does not exist.", "", "model"},
+		{"suffix", "/v1/completions", `{"prompt":"a","suffix":"b"}`, 400, "suffix is not currently supported", "", nil},
+		{"empty suffix", "/v1/completions", `{"prompt":"a","suffix":""}`, 400, "suffix is not currently supported", "", nil},
 		{"wrong model, max_tokens 0", "/v1/completions", `{"model":"other","prompt":"a","max_tokens":0}`, 404, "The model `other` does not exist.", "", "model"},
 		{"too long", "/v1/completions", `{"prompt":"` + long + `","max_tokens":10}`, 400,
 			"You passed 1101 input tokens and requested 10 output tokens. However, the model's context length is only 1024 tokens, " +
@@ -112,6 +114,8 @@ func TestRequestLaxForms(t *testing.T) {
 		{"/v1/completions", `{"prompt":"a b","max_tokens":3e0,"ignore_eos":true,"Z":1}`},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"a"}],"max_completion_tokens":3.0,"ignore_eos":true}`},
 		{"/v1/completions", `{"prompt":"a b","max_tokens":3,"seed":7.0,"min_tokens":1.0,"n":1.0,"ignore_eos":true}`},
+		{"/v1/completions", `{"prompt":"a b","max_tokens":3,"ignore_eos":true,"suffix":null}`},
+		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"a"}],"max_tokens":3,"ignore_eos":true,"suffix":"x"}`},
 		{"/v1/chat/completions", `{"messages":[{"role":"user","content":"a"}],"max_tokens":3,"seed":-2e3,"ignore_eos":true}`},
 	} {
 		code, body := post(t, hs.URL+tc.path, tc.body)

@@ -40,6 +40,7 @@ type apiRequest struct {
 	BootstrapHost       string          `json:"bootstrap_host"`
 	BootstrapPort       json.RawMessage `json:"bootstrap_port"`
 	BootstrapRoom       json.RawMessage `json:"bootstrap_room"`
+	Suffix              json.RawMessage `json:"suffix"` // completions: vLLM rejects any but null (hasSuffix)
 
 	stops        []string // parsed Stop
 	promptText   string   // completions: text prompt
@@ -243,6 +244,12 @@ func invalidBody(param, format string, args ...any) *apiError {
 // that is missing, null or "".
 func errNoPrompt() *apiError {
 	return invalidBody("prompt", "Value error, Either prompt or prompt_embeds must be provided and non-empty. (parameter=prompt)")
+}
+
+// hasSuffix reports whether a completions request gives a suffix, which
+// vLLM does not support (its serving layer's 400, after the model check).
+func (r *apiRequest) hasSuffix() bool {
+	return len(r.Suffix) > 0 && string(r.Suffix) != "null"
 }
 
 // errNoModel is vLLM's error for a request naming another model.

@@ -163,6 +163,10 @@ func scanField(s *scanner, r *apiRequest, key []byte, chat bool) (uint32, bool) 
 		return fieldStreamOptions, s.streamOptions(r)
 	case "kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room":
 		return 0, false // P/D fields: decodeRequest
+	case "suffix":
+		if !chat {
+			return 0, false // decodeRequest keeps it (hasSuffix)
+		}
 	}
 	return fieldOther, s.skip(0)
 }

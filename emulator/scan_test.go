@@ -96,7 +96,7 @@ func checkScan(t *testing.T, body []byte, chat bool) {
 		t.Fatalf("body %q chat %v: the fast path took it, encoding/json rejects it: %s", body, chat, aerr.msg)
 	}
 	// The raw fields are decodeRequest's intermediate forms.
-	want.Prompt, want.Messages, want.Stop, want.BootstrapPort, want.BootstrapRoom = nil, nil, nil, nil, nil
+	want.Prompt, want.Messages, want.Stop, want.BootstrapPort, want.BootstrapRoom, want.Suffix = nil, nil, nil, nil, nil, nil
 	if !reflect.DeepEqual(fast, want) {
 		t.Fatalf("body %q chat %v:\ngot  %+v\nwant %+v", body, chat, *fast, *want)
 	}
