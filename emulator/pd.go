@@ -184,8 +184,8 @@ func (s *Server) pull(ctx context.Context, host string, port int, pr PullRequest
 // pull_scheduler form).
 func (s *Server) kvTransferParams(j *job) map[string]any {
 	ids := j.prog.blockIDs
-	if ids == nil {
-		ids = []int{}
+	if ids == nil || len(j.prompt) < s.prof.BlockSize {
+		ids = []int{} // nothing held to transfer (grantLease)
 	}
 	return map[string]any{
 		"do_remote_prefill": true,
@@ -200,8 +200,16 @@ func (s *Server) kvTransferParams(j *job) map[string]any {
 	}
 }
 
-// grantLease is called by the loop when a HoldKV request finished.
+// grantLease is called by the loop when a HoldKV request finished. A
+// prompt shorter than one block is not held: no decode engine pulls it
+// (pullForDecode recomputes it), so its blocks are freed at once, as
+// vLLM's NixlConnector frees them ("If prompt < block_size, no xfer so
+// free blocks immediately").
 func (s *Server) grantLease(st *stream, promptTokens int, blockIDs []int) {
+	if promptTokens < s.prof.BlockSize {
+		_ = s.post(command{kind: cmdRelease, id: st.id})
+		return
+	}
 	key := st.leaseKey
 	t := &s.leases
 	t.mu.Lock()

@@ -183,3 +183,33 @@ func TestPDNixlByRequestIDHeader(t *testing.T) {
 	}
 	waitFor(t, "the prefill engine to release the blocks", func() bool { return kvUsage(t, ps.URL) == 0 })
 }
+
+// TestPDShortPromptNotHeld: a prompt shorter than one KV block has no
+// transfer (the decode engine recomputes it, pullForDecode), so the prefill
+// engine must not hold its blocks for a pull that never comes, as vLLM's
+// NixlConnector frees them at once ("If prompt < block_size, no xfer so
+// free blocks immediately"): they were held until the lease expired.
+func TestPDShortPromptNotHeld(t *testing.T) {
+	ps, phs := testServer(t, Config{Role: kvroute.RolePrefill, LeaseTimeout: time.Hour}) // 36 s at speed 100
+	_, dhs := testServer(t, Config{Role: kvroute.RoleDecode, LoadFailure: LoadFailureFail})
+	code, body := post(t, phs.URL+"/v1/completions", `{"prompt":"Hi","max_tokens":1,"stream":false,
+		"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}}`)
+	if code != 200 {
+		t.Fatalf("prefill: got %d %s", code, body)
+	}
+	var pr openai.Completion
+	if err := json.Unmarshal(body, &pr); err != nil {
+		t.Fatal(err)
+	}
+	if n, bs := pr.Usage.PromptTokens, ps.Profile().BlockSize; n >= bs {
+		t.Fatalf("prompt of %d tokens, want fewer than a block (%d)", n, bs)
+	}
+	if ids, ok := pr.KVTransferParams["remote_block_ids"].([]any); !ok || len(ids) != 0 {
+		t.Errorf("got remote_block_ids %v, want [] (no block to transfer)", pr.KVTransferParams["remote_block_ids"])
+	}
+	b, _ := json.Marshal(map[string]any{"prompt": "Hi", "max_tokens": 2, "kv_transfer_params": pr.KVTransferParams})
+	if code, body = post(t, dhs.URL+"/v1/completions", string(b)); code != 200 {
+		t.Fatalf("decode: got %d %s", code, body)
+	}
+	waitFor(t, "the prefill engine to free the short prompt's blocks", func() bool { return kvUsage(t, phs.URL) == 0 })
+}
