@@ -123,8 +123,12 @@ type HandoffConfig struct {
 // with the router and Planner, runs the legs in the engines' own protocol,
 // streams the answer to the client and recovers from failed legs:
 //
-//   - a prefill leg that fails (transport error, 5xx, or a reply without
-//     kv_transfer_params, which is counted and logged) leads to a new plan
+//   - a prefill reply without kv_transfer_params whose request ended on
+//     its one token (finish_reason "stop": vLLM hands KV over only for a
+//     request its length cap ended) is no failure: the request runs whole
+//     on the planned decode node;
+//   - a prefill leg that fails (transport error, 5xx, or another reply
+//     without kv_transfer_params, which is counted and logged) leads to a new plan
 //     that avoids the failed node: another prefill node, or, when none is
 //     left, aggregated on a decode node (the planner's no_prefill rule);
 //     on the last attempt the request runs aggregated on the planned
@@ -471,10 +475,12 @@ func (x *exchange) runNixl(pf *router.Flight, plan *Plan, last bool) (bool, *kvr
 		return false, plan.Decode
 	}
 	h.cfg.Metrics.observeStage(h.cfg.Model, "prefill", h.cfg.Now().Sub(t0).Seconds())
-	dbody, err := NixlDecodeBody(x.body, params)
-	if err != nil {
-		x.writeError(kvroute.Errorf(http.StatusBadRequest, kvroute.TypeInvalidRequest, "invalid_body", "", "%v", err))
-		return true, nil
+	dbody := x.body // no params (the prefill stopped on its first token): the decode node runs it whole
+	if params != nil {
+		if dbody, err = NixlDecodeBody(x.body, params); err != nil {
+			x.writeError(kvroute.Errorf(http.StatusBadRequest, kvroute.TypeInvalidRequest, "invalid_body", "", "%v", err))
+			return true, nil
+		}
 	}
 	dreq := *x.req
 	h.cfg.Planner.PinEndpoint(&dreq, plan.Decode)
@@ -542,7 +548,8 @@ func (x *exchange) runNixl(pf *router.Flight, plan *Plan, last bool) (bool, *kvr
 }
 
 // prefillNixl runs the prefill leg and returns the engine's
-// kv_transfer_params.
+// kv_transfer_params: nil, with no error, when the request ended on its
+// first token (stoppedEarly), which leaves no KV to hand over.
 func (x *exchange) prefillNixl(pf *router.Flight, pbody []byte) (json.RawMessage, *LegError) {
 	h := x.h
 	t0 := h.cfg.Now()
@@ -559,6 +566,15 @@ func (x *exchange) prefillNixl(pf *router.Flight, pbody []byte) (json.RawMessage
 		return nil, lerr
 	}
 	params, err := KVTransferParams(b)
+	if err != nil && errors.Is(err, ErrMissingKVParams) && stoppedEarly(b) {
+		// The request ended on its first token (EOS, a stop string): the
+		// engine holds no KV for it, and it is not the engine's failure.
+		// The caller runs it whole on the decode node (nil params), as
+		// vLLM's toy proxy sends it on without params.
+		h.log.Debug("pd: prefill leg stopped on its first token, no KV to hand over; running whole on the decode node",
+			"request_id", x.req.ID, "endpoint", pf.Endpoint.ID)
+		params, err = nil, nil
+	}
 	if err != nil {
 		lerr = &LegError{Leg: "prefill", Endpoint: pf.Endpoint.ID, Reason: "missing_kv_params", Status: resp.StatusCode, Err: err}
 		h.log.Error("pd: prefill reply without kv_transfer_params: is the engine's KV connector configured? not recomputing on the decode node",

@@ -150,6 +150,29 @@ func KVTransferParams(reply []byte) (json.RawMessage, error) {
 	return kv, nil
 }
 
+// stoppedEarly reports whether a prefill reply is a request its one token
+// ended: every choice finished "stop" (EOS, a stop string or a stop token),
+// not by the length cap of max_tokens=1. vLLM's KV connectors hand the KV
+// over only for a request finished by its length cap
+// (FINISHED_LENGTH_CAPPED in NixlConnector.request_finished); for any
+// other they free the blocks and the reply has no kv_transfer_params.
+func stoppedEarly(reply []byte) bool {
+	var r struct {
+		Choices []struct {
+			FinishReason *string `json:"finish_reason"`
+		} `json:"choices"`
+	}
+	if json.Unmarshal(reply, &r) != nil || len(r.Choices) == 0 {
+		return false
+	}
+	for _, c := range r.Choices {
+		if c.FinishReason == nil || *c.FinishReason != "stop" {
+			return false
+		}
+	}
+	return true
+}
+
 // SGLangBody adds SGLang's bootstrap fields to a client body: the prefill
 // engine's host and bootstrap port and the room that pairs the two legs. A
 // batched request gets lists of equal length, one entry per item, as
