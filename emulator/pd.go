@@ -15,6 +15,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/openai"
 )
 
 // The P/D side channel. The prefill engine keeps a lease on the KV blocks
@@ -181,8 +182,15 @@ func (s *Server) pull(ctx context.Context, host string, port int, pr PullRequest
 }
 
 // kvTransferParams is the prefill leg's answer (NixlConnector,
-// pull_scheduler form).
+// pull_scheduler form), or nil for a request its one token ended (EOS or
+// a stop string), whose lease ends at once: vLLM's connector hands over
+// only the KV of a request its length cap ended (FINISHED_LENGTH_CAPPED)
+// and frees the blocks of any other.
 func (s *Server) kvTransferParams(j *job) map[string]any {
+	if j.finish != openai.FinishLength {
+		s.dropLease(j)
+		return nil
+	}
 	ids := j.prog.blockIDs
 	if ids == nil || len(j.prompt) < s.prof.BlockSize {
 		ids = []int{} // nothing held to transfer (grantLease)
@@ -227,6 +235,21 @@ func (s *Server) grantLease(st *stream, promptTokens int, blockIDs []int) {
 	l.timer = time.AfterFunc(s.cfg.scaled(s.cfg.LeaseTimeout), func() { s.expire(key, l) })
 	close(l.ready)
 	t.mu.Unlock()
+}
+
+// dropLease frees the blocks of j's lease, if one is held for it.
+func (s *Server) dropLease(j *job) {
+	t := &s.leases
+	t.mu.Lock()
+	l := t.m[j.st.leaseKey]
+	if l == nil || !l.granted || l.engineReqID != j.st.id {
+		t.mu.Unlock()
+		return
+	}
+	delete(t.m, j.st.leaseKey)
+	l.timer.Stop()
+	t.mu.Unlock()
+	_ = s.post(command{kind: cmdRelease, id: l.engineReqID})
 }
 
 func (s *Server) expire(key string, l *lease) {

@@ -213,3 +213,43 @@ func TestPDShortPromptNotHeld(t *testing.T) {
 	}
 	waitFor(t, "the prefill engine to free the short prompt's blocks", func() bool { return kvUsage(t, phs.URL) == 0 })
 }
+
+// TestPDPrefillStoppedNoParams: a prefill leg that its one token ends (EOS,
+// or a stop string) is not handed over: vLLM's NixlConnector gives
+// kv_transfer_params only for a request its length cap ended
+// (request_finished returns None otherwise) and frees the blocks at once.
+// The emulator answered params and held the blocks for a pull.
+func TestPDPrefillStoppedNoParams(t *testing.T) {
+	const prefill = `"max_tokens":1,"stream":false,"seed":7,"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`
+	check := func(t *testing.T, url, body string) {
+		t.Helper()
+		code, b := post(t, url+"/v1/completions", body)
+		if code != 200 {
+			t.Fatalf("prefill: got %d %s", code, b)
+		}
+		var pr openai.Completion
+		if err := json.Unmarshal(b, &pr); err != nil {
+			t.Fatal(err)
+		}
+		if len(pr.Choices) != 1 || pr.Choices[0].FinishReason == nil || *pr.Choices[0].FinishReason != openai.FinishStop {
+			t.Fatalf("prefill: got %s, want finish_reason stop", b)
+		}
+		if pr.KVTransferParams != nil {
+			t.Errorf("prefill: got kv_transfer_params %v, want null", pr.KVTransferParams)
+		}
+		waitFor(t, "the prefill engine to free the stopped request's blocks", func() bool { return kvUsage(t, url) == 0 })
+	}
+	t.Run("eos", func(t *testing.T) {
+		_, hs := testServer(t, Config{Role: kvroute.RolePrefill, EOSMean: 1, LeaseTimeout: time.Hour}) // EOS first
+		check(t, hs.URL, fmt.Sprintf(`{"prompt":%q,%s}`, pdPrompt, prefill))
+	})
+	t.Run("stop string", func(t *testing.T) {
+		_, hs := testServer(t, Config{Role: kvroute.RolePrefill, LeaseTimeout: time.Hour})
+		_, b := post(t, hs.URL+"/v1/completions", fmt.Sprintf(`{"prompt":%q,"max_tokens":1,"seed":7}`, pdPrompt))
+		var c openai.Completion
+		if err := json.Unmarshal(b, &c); err != nil || len(c.Choices) != 1 || c.Choices[0].Text == "" {
+			t.Fatalf("first token: got %s (%v)", b, err)
+		}
+		check(t, hs.URL, fmt.Sprintf(`{"prompt":%q,"stop":[%q],%s}`, pdPrompt, c.Choices[0].Text, prefill))
+	})
+}
