@@ -540,6 +540,9 @@ func (x *exchange) runNixl(pf *router.Flight, plan *Plan, last bool) (bool, *kvr
 			return false, nil
 		}
 		x.report(df, true)
+		if params != nil {
+			x.handed(plan, df.Endpoint)
+		}
 		x.res.Prefill, x.res.Decode, x.res.Disaggregated = plan.Prefill.ID, df.Endpoint.ID, true
 		x.stream(resp, df, td, cut)
 		return true, nil
@@ -700,6 +703,7 @@ func (x *exchange) runSGLang(pf *router.Flight, plan *Plan) bool {
 		return false
 	}
 	x.report(df, true)
+	x.handed(plan, df.Endpoint)
 	x.res.Prefill, x.res.Decode, x.res.Disaggregated = plan.Prefill.ID, df.Endpoint.ID, true
 	// A prefill failing while the decode streams cancels ctx, which
 	// breaks the stream.
@@ -712,6 +716,13 @@ func (x *exchange) runSGLang(pf *router.Flight, plan *Plan) bool {
 		x.res.Err = perr
 	}
 	return true
+}
+
+// handed counts the KV bytes of plan's handoff, whose decode leg, on
+// decode (the plan's node or a retry's), was answered.
+func (x *exchange) handed(plan *Plan, decode *kvroute.Endpoint) {
+	h := x.h
+	h.cfg.Metrics.handed(h.cfg.Model, h.cfg.Planner.Fabric().Links().Between(plan.Prefill, decode).Name, plan.Transfer.Bytes)
 }
 
 // awaitPrefill waits for the prefill leg's result (on pch) after the decode

@@ -31,7 +31,7 @@ func NewMetrics(reg prometheus.Registerer) (*Metrics, error) {
 			Help:    "Latency of each P/D stage as the router sees it: prefill (prefill leg reply), decode_first_byte (decode leg dispatch to first byte), ttfb (arrival to first byte to the client).",
 			Buckets: buckets}, []string{"model", "stage"}),
 		transferBytes: prometheus.NewCounterVec(prometheus.CounterOpts{Name: "kvroute_pd_transfer_bytes_total",
-			Help: "KV bytes handed from prefill to decode engines, per fabric link class."}, []string{"model", "link"}),
+			Help: "KV bytes handed from prefill to decode engines (each handoff whose decode leg was answered, at its planned size), per fabric link class."}, []string{"model", "link"}),
 		transferEst: prometheus.NewHistogramVec(prometheus.HistogramOpts{Name: "kvroute_pd_transfer_estimated_seconds",
 			Help:    "Estimated KV transfer time (setup + fabric queueing + wire) per planned handoff, per link class.",
 			Buckets: buckets}, []string{"model", "link"}),
@@ -74,11 +74,16 @@ func (m *Metrics) decision(model string, p *Plan) {
 	mode := "aggregated"
 	if p.Disaggregated {
 		mode = "disaggregated"
-		link := p.Transfer.Link.Name
-		m.transferBytes.WithLabelValues(model, link).Add(float64(p.Transfer.Bytes))
-		m.transferEst.WithLabelValues(model, link).Observe(p.Transfer.Total().Seconds())
+		m.transferEst.WithLabelValues(model, p.Transfer.Link.Name).Observe(p.Transfer.Total().Seconds())
 	}
 	m.decisions.WithLabelValues(model, mode, p.Rule).Inc()
+}
+
+// handed counts a handoff's KV bytes once its decode leg was answered.
+func (m *Metrics) handed(model, link string, bytes int64) {
+	if m != nil {
+		m.transferBytes.WithLabelValues(model, link).Add(float64(bytes))
+	}
 }
 
 func (m *Metrics) observeStage(model, stage string, seconds float64) {
