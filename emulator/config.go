@@ -64,7 +64,9 @@ type Config struct {
 	FabricGbps float64
 	// TransferSetup is the fixed cost of one KV transfer; default 2 ms.
 	TransferSetup time.Duration
-	// LoadFailure is LoadFailureRecompute (default) or LoadFailureFail.
+	// LoadFailure is LoadFailureFail (default: vLLM's kv_load_failure_policy
+	// default since vLLM PR #34896; SGLang's decode engines never recompute)
+	// or LoadFailureRecompute.
 	LoadFailure string
 	// BootstrapWait bounds how long an SGLang decode leg waits for its
 	// prefill's room; default 60 s.
@@ -129,7 +131,7 @@ func (c *Config) setDefaults() {
 		c.TransferSetup = 2 * time.Millisecond
 	}
 	if c.LoadFailure == "" {
-		c.LoadFailure = LoadFailureRecompute
+		c.LoadFailure = LoadFailureFail
 	}
 	if c.BootstrapWait == 0 {
 		c.BootstrapWait = 60 * time.Second

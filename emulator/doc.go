@@ -128,9 +128,9 @@
 // # Disaggregation
 //
 // See PullRequest for the side channel. A decode engine whose pull fails
-// recomputes the prompt locally with a warning (Config.LoadFailure
-// "recompute", vLLM's kv_load_failure_policy) or fails the request with a
-// 500 ("fail").
+// fails the request with a 500 (Config.LoadFailure "fail", the default, as
+// vLLM's kv_load_failure_policy) or recomputes the prompt locally with a
+// warning ("recompute").
 //
 // The Server's methods are safe for concurrent use.
 package emulator

@@ -27,9 +27,9 @@ import (
 // by bootstrap_room and the pull waits for the prefill to finish.
 //
 // A decode engine whose pull fails (lease missing or expired, prefill
-// engine unreachable) follows LoadFailure: recompute the prompt locally
-// with a warning (vLLM's kv_load_failure_policy="recompute"), or fail the
-// request with a 500 error ("fail").
+// engine unreachable) follows LoadFailure: fail the request with a 500
+// error ("fail", the default, as vLLM's kv_load_failure_policy), or
+// recompute the prompt locally with a warning ("recompute").
 
 // PullRequest is the body of POST /internal/kv/pull.
 type PullRequest struct {

@@ -37,7 +37,7 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 func TestPDNixlHandshake(t *testing.T) {
 	var plog, dlog syncbuf.Buffer
 	_, ps := testServer(t, Config{Role: kvroute.RolePrefill, Logger: logTo(&plog)})
-	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, Logger: logTo(&dlog)})
+	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, Logger: logTo(&dlog), LoadFailure: LoadFailureRecompute})
 
 	// 1. The proxy's prefill request (toy_proxy_server.py).
 	code, body := post(t, ps.URL+"/v1/completions", fmt.Sprintf(`{"prompt":%q,"max_tokens":1,"stream":false,
@@ -252,4 +252,23 @@ func TestPDPrefillStoppedNoParams(t *testing.T) {
 		}
 		check(t, hs.URL, fmt.Sprintf(`{"prompt":%q,"stop":[%q],%s}`, pdPrompt, c.Choices[0].Text, prefill))
 	})
+}
+
+// TestPDLoadFailureDefaultFails: by default a decode engine whose pull
+// fails (here: no lease, the prefill engine never held one) fails the
+// request, as vLLM does since its kv_load_failure_policy default became
+// "fail" (vLLM PR #34896; SGLang's decode engines never recompute a
+// prompt either). The emulator recomputed it by default, so a lost lease
+// went unnoticed behind a 200.
+func TestPDLoadFailureDefaultFails(t *testing.T) {
+	_, ps := testServer(t, Config{Role: kvroute.RolePrefill})
+	_, ds := testServer(t, Config{Role: kvroute.RoleDecode})
+	host, port := splitHostPort(t, ps.URL)
+	b, _ := json.Marshal(map[string]any{"prompt": pdPrompt, "max_tokens": 2, "kv_transfer_params": map[string]any{
+		"do_remote_prefill": true, "do_remote_decode": false, "remote_block_ids": []int{0, 1}, "remote_engine_id": "gone",
+		"remote_request_id": "never-prefilled", "remote_host": host, "remote_port": port}})
+	code, body := post(t, ds.URL+"/v1/completions", string(b))
+	if code != http.StatusInternalServerError || !strings.Contains(string(body), "KV transfer failed") {
+		t.Errorf("got %d %s, want 500 KV transfer failed", code, body)
+	}
 }

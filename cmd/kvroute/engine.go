@@ -122,7 +122,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fabricGbps  = fs.Float64("fabric-gbps", 100, "prefill->decode link speed for KV transfers, Gbit/s")
 		setup       = fs.Duration("kv-transfer-setup", 2*time.Millisecond, "fixed cost of one KV transfer")
 		lease       = fs.Duration("kv-lease", 480*time.Second, "how long a prefill engine holds KV for a decode engine (VLLM_NIXL_ABORT_REQUEST_TIMEOUT)")
-		loadFailure = fs.String("pd-load-failure", emulator.LoadFailureRecompute, "decode side, lease missing or expired: recompute (warn, prefill locally) or fail (500)")
+		loadFailure = fs.String("pd-load-failure", emulator.LoadFailureFail, "decode side, lease missing or expired: fail (500, vLLM's kv_load_failure_policy default) or recompute (warn, prefill locally)")
 		sideListen  = fs.String("side-channel-listen", "", "also serve the P/D side channel on this `address` (like VLLM_NIXL_SIDE_CHANNEL_PORT or SGLang's bootstrap port); it is then the advertised one. With --data-parallel-size N and --pd-protocol nixl, rank r listens on its port + r, as vLLM's ranks do")
 		advertise   = fs.String("advertise", "", "side-channel `host:port` put in kv_transfer_params (default: --side-channel-listen, else --listen); with ranks on their own side-channel ports, rank r advertises port + r")
 		defMaxTok   = fs.Int("default-max-tokens", 1024, "output limit of chat requests without max_tokens (completions get vLLM's 16)")

@@ -201,7 +201,7 @@ func TestEnginePDBetweenProcesses(t *testing.T) {
 	common := []string{"--model", "m", "--profile", "llama-3.1-8b-h100", "--speed", "10"}
 	side := freeAddr(t)
 	p := startEngine(t, append(common, "--role", "prefill", "--side-channel-listen", side)...)
-	d := startEngine(t, append(common, "--role", "decode")...)
+	d := startEngine(t, append(common, "--role", "decode", "--pd-load-failure", "recompute")...)
 	if os.Getenv("GOMAXPROCS") == "" && !d.logged("procs=1") {
 		t.Errorf("engine did not log procs=1 (the --procs default); stderr:\n%s", d.stderr.String())
 	}
