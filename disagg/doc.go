@@ -71,7 +71,11 @@
 // to the decode engine with the returned kv_transfer_params, the same
 // X-Request-Id on both: the request's ID with a random suffix, new at each
 // placement, so that a re-planned request never reaches a prefill engine
-// under the id of a prefill it still holds) or SGLang's bootstrap form (bootstrap_host, port
+// under the id of a prefill it still holds; a prefill reply without
+// kv_transfer_params whose one token ended the request, finish_reason
+// "stop", is no failure: vLLM hands over only what its length cap ended,
+// and the original request runs whole on the decode engine) or SGLang's
+// bootstrap form (bootstrap_host, port
 // and a random 63-bit room, lists of one per item for a batched request;
 // both legs at once; the decode reply returned). Once an SGLang decode leg
 // has answered the client in full, the prefill leg's reply is awaited for
