@@ -570,7 +570,7 @@ func (x *exchange) prefillNixl(pf *router.Flight, pbody []byte) (json.RawMessage
 	}
 	params, err := KVTransferParams(b)
 	if err != nil && errors.Is(err, ErrMissingKVParams) && stoppedEarly(b) {
-		// The request ended on its first token (EOS, a stop string): the
+		// The request ended on its first token (EOS, a stop token): the
 		// engine holds no KV for it, and it is not the engine's failure.
 		// The caller runs it whole on the decode node (nil params), as
 		// vLLM's toy proxy sends it on without params.

@@ -12,7 +12,7 @@ import (
 )
 
 // TestPDPrefillStoppedEarly: a prefill leg whose one token ends the
-// request (EOS, a stop string or stop token: finish_reason "stop") gets no
+// request (EOS or a stop token: finish_reason "stop") gets no
 // kv_transfer_params from vLLM's NixlConnector, which hands the KV over
 // only for a request finished by its length cap (request_finished returns
 // None otherwise, and frees the blocks). That is not the engine's failure:

@@ -150,9 +150,10 @@ func KVTransferParams(reply []byte) (json.RawMessage, error) {
 	return kv, nil
 }
 
-// stoppedEarly reports whether a prefill reply is a request its one token
-// ended: every choice finished "stop" (EOS, a stop string or a stop token),
-// not by the length cap of max_tokens=1. vLLM's KV connectors hand the KV
+// stoppedEarly reports whether a prefill reply (one without
+// kv_transfer_params) is a request its one token ended: every choice
+// finished "stop" (EOS or a stop token, which vLLM's check_stop tests
+// before the length cap of max_tokens=1). vLLM's KV connectors hand the KV
 // over only for a request finished by its length cap
 // (FINISHED_LENGTH_CAPPED in NixlConnector.request_finished); for any
 // other they free the blocks and the reply has no kv_transfer_params.

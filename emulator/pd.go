@@ -15,7 +15,6 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/engine"
-	"github.com/kvroute/kvroute/openai"
 )
 
 // The P/D side channel. The prefill engine keeps a lease on the KV blocks
@@ -182,12 +181,13 @@ func (s *Server) pull(ctx context.Context, host string, port int, pr PullRequest
 }
 
 // kvTransferParams is the prefill leg's answer (NixlConnector,
-// pull_scheduler form), or nil for a request its one token ended (EOS or
-// a stop string), whose lease ends at once: vLLM's connector hands over
-// only the KV of a request its length cap ended (FINISHED_LENGTH_CAPPED)
-// and frees the blocks of any other.
+// pull_scheduler form), or nil for a request the engine ended on its one
+// token (EOS), whose lease ends at once: vLLM's connector hands over only
+// the KV of a request its length cap ended (FINISHED_LENGTH_CAPPED) and
+// frees the blocks of any other. A stop string is matched by the front
+// end after the engine ended the request by its length cap: handed over.
 func (s *Server) kvTransferParams(j *job) map[string]any {
-	if j.finish != openai.FinishLength {
+	if j.prog.finishReason != engine.FinishLength {
 		s.dropLease(j)
 		return nil
 	}

@@ -214,14 +214,17 @@ func TestPDShortPromptNotHeld(t *testing.T) {
 	waitFor(t, "the prefill engine to free the short prompt's blocks", func() bool { return kvUsage(t, phs.URL) == 0 })
 }
 
-// TestPDPrefillStoppedNoParams: a prefill leg that its one token ends (EOS,
-// or a stop string) is not handed over: vLLM's NixlConnector gives
+// TestPDPrefillStoppedNoParams: a prefill leg that its one token ends in
+// the engine core (EOS; vLLM's check_stop tests EOS and stop tokens before
+// the length cap) is not handed over: vLLM's NixlConnector gives
 // kv_transfer_params only for a request its length cap ended
 // (request_finished returns None otherwise) and frees the blocks at once.
-// The emulator answered params and held the blocks for a pull.
+// A stop string is found by the front end once the engine core ended the
+// request by its length cap: that KV is handed over (params, finish_reason
+// "stop"). The emulator answered params and held the blocks after an EOS.
 func TestPDPrefillStoppedNoParams(t *testing.T) {
 	const prefill = `"max_tokens":1,"stream":false,"seed":7,"kv_transfer_params":{"do_remote_decode":true,"do_remote_prefill":false,"remote_engine_id":null,"remote_block_ids":null,"remote_host":null,"remote_port":null}`
-	check := func(t *testing.T, url, body string) {
+	check := func(t *testing.T, url, body string, handed bool) {
 		t.Helper()
 		code, b := post(t, url+"/v1/completions", body)
 		if code != 200 {
@@ -234,14 +237,23 @@ func TestPDPrefillStoppedNoParams(t *testing.T) {
 		if len(pr.Choices) != 1 || pr.Choices[0].FinishReason == nil || *pr.Choices[0].FinishReason != openai.FinishStop {
 			t.Fatalf("prefill: got %s, want finish_reason stop", b)
 		}
-		if pr.KVTransferParams != nil {
-			t.Errorf("prefill: got kv_transfer_params %v, want null", pr.KVTransferParams)
+		if !handed {
+			if pr.KVTransferParams != nil {
+				t.Errorf("prefill: got kv_transfer_params %v, want null", pr.KVTransferParams)
+			}
+			waitFor(t, "the prefill engine to free the stopped request's blocks", func() bool { return kvUsage(t, url) == 0 })
+			return
 		}
-		waitFor(t, "the prefill engine to free the stopped request's blocks", func() bool { return kvUsage(t, url) == 0 })
+		if pr.KVTransferParams == nil || pr.KVTransferParams["do_remote_prefill"] != true {
+			t.Errorf("prefill: got kv_transfer_params %v, want the handoff's", pr.KVTransferParams)
+		}
+		if u := kvUsage(t, url); u <= 0 {
+			t.Errorf("prefill engine: got KV usage %v, want the blocks held for the pull", u)
+		}
 	}
 	t.Run("eos", func(t *testing.T) {
 		_, hs := testServer(t, Config{Role: kvroute.RolePrefill, EOSMean: 1, LeaseTimeout: time.Hour}) // EOS first
-		check(t, hs.URL, fmt.Sprintf(`{"prompt":%q,%s}`, pdPrompt, prefill))
+		check(t, hs.URL, fmt.Sprintf(`{"prompt":%q,%s}`, pdPrompt, prefill), false)
 	})
 	t.Run("stop string", func(t *testing.T) {
 		_, hs := testServer(t, Config{Role: kvroute.RolePrefill, LeaseTimeout: time.Hour})
@@ -250,7 +262,7 @@ func TestPDPrefillStoppedNoParams(t *testing.T) {
 		if err := json.Unmarshal(b, &c); err != nil || len(c.Choices) != 1 || c.Choices[0].Text == "" {
 			t.Fatalf("first token: got %s (%v)", b, err)
 		}
-		check(t, hs.URL, fmt.Sprintf(`{"prompt":%q,"stop":[%q],%s}`, pdPrompt, c.Choices[0].Text, prefill))
+		check(t, hs.URL, fmt.Sprintf(`{"prompt":%q,"stop":[%q],%s}`, pdPrompt, c.Choices[0].Text, prefill), true)
 	})
 }
 
