@@ -194,7 +194,6 @@ func (m *Model) applyKubernetesDefaults(k *Kubernetes) {
 var (
 	dns1035Label = regexp.MustCompile(`^[a-z]([-a-z0-9]*[a-z0-9])?$`)
 	dns1123Label = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
-	portName     = regexp.MustCompile(`^[a-z0-9]([-a-z0-9]*[a-z0-9])?$`)
 )
 
 // validateDiscovery checks the discovery block of model p.
@@ -256,7 +255,7 @@ func (m *Model) validateKubernetes(v *validator, mp, p string, k *Kubernetes) {
 			if n < 1 || n > 65535 {
 				v.addf(p+".port", "%d is not a port number (1-65535)", n)
 			}
-		} else if len(k.Port) > 15 || !portName.MatchString(k.Port) || !strings.ContainsAny(k.Port, "abcdefghijklmnopqrstuvwxyz") {
+		} else if len(k.Port) > 63 || !dns1123Label.MatchString(k.Port) { // an EndpointSlice port's name is its Service port's
 			v.addf(p+".port", "%q is neither a port number nor a port name", k.Port)
 		}
 	}

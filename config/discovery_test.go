@@ -226,3 +226,25 @@ func TestExampleDiscovery(t *testing.T) {
 		}
 	}
 }
+
+// TestDiscoveryPortNames: discovery.kubernetes.port names an EndpointSlice
+// port, whose name is its Service port's: a DNS-1123 label of up to 63
+// characters (not a container port's IANA service name of up to 15).
+func TestDiscoveryPortNames(t *testing.T) {
+	long := "openai-compatible-http-" + strings.Repeat("x", 40) // 63 characters
+	for _, port := range []string{"http", "vllm-openai-api-http", long} {
+		c := discovered(t)
+		c.Models[0].Discovery.Kubernetes.Port = port
+		if err := c.Validate(); err != nil {
+			t.Errorf("port %q (%d characters): got %v, want valid", port, len(port), err)
+		}
+	}
+	for _, port := range []string{long + "x", "-http", "http-", "Http"} {
+		c := discovered(t)
+		c.Models[0].Discovery.Kubernetes.Port = port
+		want := `models[0].discovery.kubernetes.port: "` + port + `" is neither a port number nor a port name`
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("port %q: got %v, want %s", port, err, want)
+		}
+	}
+}
