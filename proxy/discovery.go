@@ -247,8 +247,9 @@ func clusterNames(kubeconfigs []string) []string {
 // done, then stops the informers and returns once their goroutines have
 // exited. Serve runs it; call it yourself only when serving the Proxy as a
 // plain http.Handler. Each source's informer watches the EndpointSlices
-// labelled kubernetes.io/service-name=<service> in its namespace; after a
-// change, and a quiet period of 250ms, the source's part of the model's
+// labelled kubernetes.io/service-name=<service> in its namespace; 250ms
+// after a change (with the changes that came meanwhile: a rollout that
+// goes on is followed, not waited out), the source's part of the model's
 // endpoints becomes the ready ones (see config.Kubernetes), and the
 // model's endpoints the union of its sources' parts, logged as one line
 // with the IDs added and removed. A model with several sources takes its
