@@ -17,10 +17,12 @@
 // into N routing endpoints, ID#dp0 ... ID#dp<N-1> (Endpoint.RankID; from
 // data_parallel_start_rank S on a node of a multi-node deployment: ID#dp<S>
 // ...), and DataParallelAddress gives each rank's KV-event addresses (the
-// tcp port plus the rank, as vLLM's publishers bind them). Validate refuses it in a
-// prefill/decode pool, with non-vLLM metrics unless scraping is off, and with
-// KV-event addresses vLLM cannot offset (ipc://) or whose ports would pass
-// 65535.
+// tcp port plus the rank, as vLLM's publishers bind them). Validate refuses it
+// with non-vLLM metrics unless scraping is off, with KV-event addresses vLLM
+// cannot offset (ipc://) or whose ports would pass 65535, and, with
+// pd.protocol sglang, as a prefill endpoint with a data_parallel_start_rank.
+// In a prefill/decode pool its ranks are prefill or decode endpoints like any
+// other.
 //
 // Policy names and parameters are checked by whoever builds the pickers
 // (package proxy, with policy.New); Validate checks only that a name is set.

@@ -50,8 +50,8 @@
 // place behind the URL (0 ... N-1, how vLLM's server indexes its engine
 // cores) on every upstream request, retries included. Every reverse proxy drops a client's copy of that header first,
 // trusted client or not, so that no client overrides the router's pin (P/D
-// legs forward only disagg.ForwardHeaders, and config refuses data-parallel
-// endpoints in P/D pools). One scrape of the server's metrics per interval
+// legs forward only disagg.ForwardHeaders, and each leg to a rank sets that
+// rank's header itself). One scrape of the server's metrics per interval
 // is split by engine label among the ranks (signals.Target.Ranks); rank r
 // subscribes to the kv_events addresses with the tcp port + r (r being the
 // global rank, from S on). One active
