@@ -12,7 +12,8 @@
 // failing scrapes mark an endpoint stale without stopping routing.
 //
 // Every wait polls with a deadline; nothing sleeps to assert. The package
-// has no exported API: run it with `go test ./e2e` (about 15 seconds).
+// has no exported API: run it with `go test ./e2e` (about 25 seconds, 20 of
+// them TestFidelity's real traffic, which -short skips).
 //
 // Two long runs are opt-in: KVROUTE_FIDELITY=1 (the simulator against a
 // live fleet at full scale) and KVROUTE_CHAOS=1 (TestChaos, about two
