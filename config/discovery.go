@@ -251,11 +251,12 @@ func (m *Model) validateKubernetes(v *validator, mp, p string, k *Kubernetes) {
 		v.addf(p+".namespace", "%q is not a namespace name (a DNS-1123 label)", k.Namespace)
 	}
 	if k.Port != "" {
-		if n, err := strconv.Atoi(k.Port); err == nil {
-			if n < 1 || n > 65535 {
-				v.addf(p+".port", "%d is not a port number (1-65535)", n)
-			}
-		} else if len(k.Port) > 63 || !dns1123Label.MatchString(k.Port) { // an EndpointSlice port's name is its Service port's
+		switch n, err := strconv.Atoi(k.Port); {
+		case err == nil && strconv.Itoa(n) != k.Port: // the discovery compares it with a slice's port as text
+			v.addf(p+".port", "%q: write the port number as %d", k.Port, n)
+		case err == nil && (n < 1 || n > 65535):
+			v.addf(p+".port", "%d is not a port number (1-65535)", n)
+		case err != nil && (len(k.Port) > 63 || !dns1123Label.MatchString(k.Port)): // an EndpointSlice port's name is its Service port's
 			v.addf(p+".port", "%q is neither a port number nor a port name", k.Port)
 		}
 	}

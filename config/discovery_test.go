@@ -239,10 +239,24 @@ func TestDiscoveryPortNames(t *testing.T) {
 			t.Errorf("port %q (%d characters): got %v, want valid", port, len(port), err)
 		}
 	}
-	for _, port := range []string{long + "x", "-http", "http-", "Http"} {
+	for _, port := range []string{long + "x", "-http", "http-", "Http", "8000 "} {
 		c := discovered(t)
 		c.Models[0].Discovery.Kubernetes.Port = port
 		want := `models[0].discovery.kubernetes.port: "` + port + `" is neither a port number nor a port name`
+		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), want) {
+			t.Errorf("port %q: got %v, want %s", port, err, want)
+		}
+	}
+}
+
+// TestDiscoveryPortNumberForm: a port number written otherwise than as its
+// digits would match no slice's port (the discovery compares the texts):
+// it is refused at load, not skipped slice after slice at run time.
+func TestDiscoveryPortNumberForm(t *testing.T) {
+	for _, port := range []string{"+80", "080"} {
+		c := discovered(t)
+		c.Models[0].Discovery.Kubernetes.Port = port
+		want := `models[0].discovery.kubernetes.port: "` + port + `": write the port number as 80`
 		if err := c.Validate(); err == nil || !strings.Contains(err.Error(), want) {
 			t.Errorf("port %q: got %v, want %s", port, err, want)
 		}
