@@ -182,11 +182,15 @@ func TestDashboardInBrowser(t *testing.T) {
 	saveScreenshot(t, bctx, filepath.Join(dir, "dashboard-live.png"))
 	detail := text("#decision-detail")
 	// The policy that made it is the first phase's, or on a loaded machine,
-	// where getting here can take longer than that phase, the second's;
-	// kv-aware's score parts include the queue estimate.
+	// where getting here can take longer than that phase, the second's, or
+	// least_request, switched to above, when the feed has no newer decision
+	// yet; kv-aware's score parts include the queue estimate.
 	want := []string{"Decision #", "engine-0", "engine-3", "round_robin"}
-	if strings.Contains(detail, "kv-aware") {
+	switch {
+	case strings.Contains(detail, "kv-aware"):
 		want = []string{"Decision #", "engine-0", "engine-3", "kv-aware", "queue_ms"}
+	case strings.Contains(detail, "least_request"):
+		want = []string{"Decision #", "engine-0", "engine-3", "least_request", "in_flight"}
 	}
 	for _, w := range want {
 		if !strings.Contains(detail, w) {
