@@ -131,6 +131,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usageErr("--rate-scale %g must be positive", rateScale)
 	case rate < 0 || math.IsNaN(rate) || rate == 0 && flagSet(fs, "rate"): // 0 would be the generator's default
 		return usageErr("--rate %g must be positive", rate)
+	case rate > workload.MaxRate:
+		return usageErr("--rate %g must be at most %g (arrival times are whole nanoseconds)", rate, float64(workload.MaxRate))
 	case requests < 0 || requests == 0 && flagSet(fs, "requests"):
 		return usageErr("--requests %d must be at least 1", requests)
 	case cv < 0 || math.IsNaN(cv) || cv == 0 && flagSet(fs, "cv"):
@@ -199,6 +201,17 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		n := requests
 		if n == 0 && duration > 0 {
 			n = requestsFor(wlName, p, rate*slices.Max(scales), duration)
+			if n > maxGenerated {
+				at := fmt.Sprintf("--rate %g", rate)
+				if rate == 0 {
+					at = "the default rate 10"
+				}
+				if x := slices.Max(scales); x != 1 {
+					at += fmt.Sprintf(" x%g", x)
+				}
+				return usageErr("--duration %v at %s needs more than %d requests, a generator's most: give --requests, or a shorter --duration",
+					duration, at, maxGenerated)
+			}
 		}
 		w, err = workload.Generate(wlName, workload.Options{Seed: seed, Requests: n,
 			Arrivals: workload.Arrivals{Kind: arrivals, Rate: rate, CV: cv}, Params: p})
@@ -380,6 +393,9 @@ func benchTrace(w *workload.Workload, rate float64) error {
 	return nil
 }
 
+// maxGenerated is the most requests workload.Generate makes.
+const maxGenerated = 100_000_000
+
 // requestsFor returns how many requests generator name must make for its
 // traffic at rate (0 = the generators' default) to last duration: the
 // expected arrivals with a margin, plus the storm's burst, which comes on
@@ -389,7 +405,7 @@ func requestsFor(name string, params map[string]float64, rate float64, duration 
 	if rate == 0 {
 		rate = 10
 	}
-	n := int(rate*duration.Seconds()*1.5) + 10
+	n := int(min(rate*duration.Seconds()*1.5, maxGenerated)) + 10 // bounded: no int overflow
 	if name == "storm" {
 		burst, ok := params["burst"]
 		for _, g := range workload.Generators() {

@@ -355,3 +355,28 @@ func TestBenchGeneratorRequestsLastTheDuration(t *testing.T) {
 		}
 	}
 }
+
+// TestBenchCommandRateLimits: a --rate the generators cannot make, or
+// one that with --duration asks for more requests than a generator makes,
+// is a usage error naming the flags, not the generator's field or the
+// request count bench derived from them.
+func TestBenchCommandRateLimits(t *testing.T) {
+	base := []string{"bench", "--url", "http://127.0.0.1:1", "--model", "m", "--workload", "chat", "--quiet"}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--rate", "inf"}, "--rate +Inf must be at most 1e+06"},                         // was: workload: arrivals.rate +Inf must be > 0
+		{[]string{"--rate", "2e6"}, "--rate 2e+06 must be at most 1e+06"},                        // was: workload: arrivals.rate 2e+06 requests/s ...
+		{[]string{"--rate", "inf", "--duration", "1s"}, "--rate +Inf must be"},                   // was: workload: requests -9223372036854775798 out of range
+		{[]string{"--rate", "2e5", "--duration", "1000s"}, "--duration 16m40s at --rate 200000"}, // was: workload: requests 300000010 out of range
+	} {
+		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
+			var out, errb bytes.Buffer
+			err := run(context.Background(), append(append([]string{}, base...), tc.args...), &out, &errb)
+			if !errors.Is(err, errUsage) || !strings.Contains(errb.String(), tc.want) {
+				t.Errorf("got %v, stderr %q; want a usage error containing %q", err, errb.String(), tc.want)
+			}
+		})
+	}
+}
