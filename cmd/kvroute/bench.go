@@ -135,6 +135,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usageErr("--rate %g must be at most %g (arrival times are whole nanoseconds)", rate, float64(workload.MaxRate))
 	case requests < 0 || requests == 0 && flagSet(fs, "requests"):
 		return usageErr("--requests %d must be at least 1", requests)
+	case requests > maxGenerated:
+		return usageErr("--requests %d must be at most %d", requests, maxGenerated)
 	case cv < 0 || math.IsNaN(cv) || cv == 0 && flagSet(fs, "cv"):
 		return usageErr("--cv %g must be positive", cv)
 	case api != bench.APIChat && api != bench.APICompletions:

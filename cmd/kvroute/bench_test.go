@@ -370,6 +370,7 @@ func TestBenchCommandRateLimits(t *testing.T) {
 		{[]string{"--rate", "2e6"}, "--rate 2e+06 must be at most 1e+06"},                        // was: workload: arrivals.rate 2e+06 requests/s ...
 		{[]string{"--rate", "inf", "--duration", "1s"}, "--rate +Inf must be"},                   // was: workload: requests -9223372036854775798 out of range
 		{[]string{"--rate", "2e5", "--duration", "1000s"}, "--duration 16m40s at --rate 200000"}, // was: workload: requests 300000010 out of range
+		{[]string{"--requests", "200000000"}, "--requests 200000000 must be at most 100000000"},  // was: workload: requests 200000000 out of range
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			var out, errb bytes.Buffer

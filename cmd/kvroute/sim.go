@@ -164,7 +164,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		bad        bool
 	}{
 		{"requests", "at least 1 (default 1000)", o.requests <= 0},
+		{"requests", fmt.Sprintf("at most %d", maxGenerated), o.requests > maxGenerated},
 		{"rate", "positive (default 10)", !(o.rate > 0)},
+		{"rate", fmt.Sprintf("at most %g (arrival times are whole nanoseconds)", float64(workload.MaxRate)), o.rate > workload.MaxRate},
 		{"cv", "positive (default 2)", !(o.cv > 0)},
 		{"scrape-interval", "positive, or negative for never", o.scrapeInterval == 0},
 		{"stale-after", "positive (default 1s)", o.staleAfter == 0},

@@ -162,6 +162,9 @@ func TestSimCommandNamesTheFlag(t *testing.T) {
 		{[]string{"--requests", "-5"}, "kvroute sim: --requests -5: must be at least 1"},
 		{[]string{"--cv", "-1", "--arrivals", "gamma"}, "kvroute sim: --cv -1: must be positive"},
 		{[]string{"--parallel", "0"}, "kvroute sim: --parallel 0: must be at least 1"},
+		{[]string{"--rate", "inf"}, "kvroute sim: --rate +Inf: must be at most 1e+06"},      // was: arrivals.rate +Inf must be > 0
+		{[]string{"--rate", "2e6"}, "kvroute sim: --rate 2e+06: must be at most 1e+06"},     // was: arrivals.rate 2e+06 requests/s is above ...
+		{[]string{"--requests", "200000000"}, "kvroute sim: --requests 200000000: must be"}, // was: requests 200000000 out of range
 	} {
 		var out, errb bytes.Buffer
 		args := append([]string{"sim", "--workload", "chat", "--quiet"}, tc.args...)
