@@ -191,6 +191,8 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if cfg, err = loadConfigFile(*configFile); err != nil {
 			return err
 		}
+	case *model != "" && len(endpoints) > 0 && *dpSize == 0 && flagSet(fs, "data-parallel-size"):
+		return usageErr("--data-parallel-size: 0 is not positive") // quickConfig's 0 is the default, 1
 	case *model != "" && len(endpoints) > 0:
 		cfg = quickConfig(*model, *policyName, endpoints, *dpSize)
 	case *model != "":

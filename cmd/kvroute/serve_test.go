@@ -180,6 +180,8 @@ func TestServeFlagErrors(t *testing.T) {
 		{"unknown flag", []string{"--bogus"}, "flag provided but not defined: -bogus"},
 		{"bad data-parallel size", []string{"--model", "m", "--endpoint", "http://a:1", "--endpoint", "http://b:1", "--data-parallel-size", "-1"},
 			"--data-parallel-size: -1 is not positive\n"},
+		{"zero data-parallel size", append(quick, "--listen", "127.0.0.1:0", "--data-parallel-size", "0"), // was: ran with 1
+			"--data-parallel-size: 0 is not positive\n"},
 		{"data-parallel size over a file", []string{"--config", good, "--data-parallel-size", "2"},
 			"use either --config or --model/--endpoint/--policy/--data-parallel-size, not both"},
 		// --check-config checks what --config would run: the flags that
