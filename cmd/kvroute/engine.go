@@ -336,20 +336,27 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 // configs would reject, or read as "the default", naming the flag given.
 func checkEngineFlags(fs *flag.FlagSet) error {
 	get := func(name string) flag.Getter { return fs.Lookup(name).Value.(flag.Getter) }
+	const zero = "must be positive (0 reads as the default)" // the flags whose 0 means something else
 	for _, name := range []string{"kv-blocks", "block-size", "max-num-seqs", "max-num-batched-tokens", "max-model-len",
 		"kv-events-buffer-steps", "default-max-tokens"} {
 		if n := get(name).Get().(int); n < 0 {
 			return fmt.Errorf("--%s %d must not be negative", name, n)
+		} else if n == 0 && flagSet(fs, name) {
+			return fmt.Errorf("--%s 0 %s", name, zero)
 		}
 	}
 	for _, name := range []string{"fabric-gbps", "eos-mean"} {
 		if v := get(name).Get().(float64); !(v >= 0) || math.IsInf(v, 0) {
 			return fmt.Errorf("--%s %v must be a number, not negative", name, v)
+		} else if v == 0 && name == "fabric-gbps" && flagSet(fs, name) { // --eos-mean 0: never
+			return fmt.Errorf("--%s 0 %s", name, zero)
 		}
 	}
 	for _, name := range []string{"kv-lease", "kv-transfer-setup", "shutdown-timeout"} {
 		if d := get(name).Get().(time.Duration); d < 0 {
 			return fmt.Errorf("--%s %v must not be negative", name, d)
+		} else if d == 0 && name != "shutdown-timeout" && flagSet(fs, name) { // --shutdown-timeout 0: at once
+			return fmt.Errorf("--%s %v %s", name, d, zero)
 		}
 	}
 	for _, c := range []struct {
