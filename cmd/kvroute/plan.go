@@ -357,16 +357,26 @@ func (o *planOptions) checkFlags() error {
 		return planFlagErrorf("--shared-frac %v must be in [0, 1)", o.sharedFrac)
 	case !finite(o.promptCV) || o.promptCV < 0:
 		return planFlagErrorf("--prompt-cv %v must not be negative", o.promptCV)
+	case o.promptCV == 0: // planner.Summary's zero value is its default (the flag's is 1)
+		return planFlagErrorf("--prompt-cv 0 must be positive (0 reads as the default 1)")
 	case !finite(o.outputCV) || o.outputCV < 0:
 		return planFlagErrorf("--output-cv %v must not be negative", o.outputCV)
+	case o.outputCV == 0:
+		return planFlagErrorf("--output-cv 0 must be positive (0 reads as the default 1)")
 	case !finite(o.arrivalCV) || o.arrivalCV < 0:
 		return planFlagErrorf("--arrival-cv %v must not be negative", o.arrivalCV)
+	case o.arrivalCV == 0:
+		return planFlagErrorf("--arrival-cv 0 must be positive (0 reads as the default 1, Poisson)")
 	case !finite(o.zipf) || o.zipf < 0:
 		return planFlagErrorf("--zipf %v must not be negative", o.zipf)
 	case o.hotPrefixes < 0:
 		return planFlagErrorf("--hot-prefixes %d must not be negative", o.hotPrefixes)
+	case o.hotPrefixes == 0 && o.sharedFrac > 0:
+		return planFlagErrorf("--hot-prefixes 0 must be at least 1 with --shared-frac %v (0 reads as the default 8)", o.sharedFrac)
 	case o.maxLen < 0:
 		return planFlagErrorf("--max-len %d must not be negative", o.maxLen)
+	case o.maxLen == 0:
+		return planFlagErrorf("--max-len 0 must be positive (0 reads as the default 32768)")
 	case o.duration < 0:
 		return planFlagErrorf("--duration %v must not be negative", o.duration)
 	case !finite(o.gpuCost) || o.gpuCost < 0:

@@ -67,6 +67,8 @@ func TestPlanCommandBadInput(t *testing.T) {
 		t.Fatal(err)
 	}
 	summary := []string{"plan", "--rate", "2", "--prompt-mean", "100", "--output-mean", "10", "--slo-ttft-p99", "1s"}
+	quick := append(summary, "--quiet", "--sim-requests", "100", "--confirm-requests", "100", "--verify=false")
+	quick = quick[:len(quick):len(quick)] // each case appends to its own copy
 	for _, tc := range []struct {
 		name  string
 		args  []string
@@ -97,6 +99,13 @@ func TestPlanCommandBadInput(t *testing.T) {
 		{"gpu without hf-config", []string{"plan", "--gpu", "a100", "--slo-ttft-p99", "1s"}, "kvroute plan: --gpu applies to --hf-config", true},
 		{"profile and hf-config", []string{"plan", "--profile", "tiny", "--hf-config", "../../engine/testdata/hf/llama-3.1-8b.json", "--slo-ttft-p99", "1s"}, "not both", true},
 		{"infeasible ttft", []string{"plan", "--slo-ttft-p99", "50ms", "--quiet"}, "TTFT p99 of 50ms is below the prefill time", false},
+		// A zero the summary reads as its default (was: planned as Poisson
+		// arrivals, lengths of CV 1, 32768 tokens, 8 prefixes).
+		{"zero arrival-cv", append(quick, "--arrival-cv", "0"), "--arrival-cv 0 must be positive (0 reads as the default 1", true},
+		{"zero prompt-cv", append(quick, "--prompt-cv", "0"), "--prompt-cv 0 must be positive (0 reads as the default 1)", true},
+		{"zero output-cv", append(quick, "--output-cv", "0"), "--output-cv 0 must be positive (0 reads as the default 1)", true},
+		{"zero max-len", append(quick, "--max-len", "0"), "--max-len 0 must be positive", true},
+		{"zero hot-prefixes", append(quick, "--shared-frac", "0.5", "--hot-prefixes", "0"), "--hot-prefixes 0 must be at least 1", true},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var out, errb bytes.Buffer
