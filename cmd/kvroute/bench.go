@@ -131,7 +131,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usageErr("--rate-scale %g must be positive", rateScale)
 	case rate < 0 || math.IsNaN(rate) || rate == 0 && flagSet(fs, "rate"): // 0 would be the generator's default
 		return usageErr("--rate %g must be positive", rate)
-	case rate > workload.MaxRate:
+	case wlName != "" && rate > workload.MaxRate: // a generator's limit (a trace is rescaled)
 		return usageErr("--rate %g must be at most %g (arrival times are whole nanoseconds)", rate, float64(workload.MaxRate))
 	case requests < 0 || requests == 0 && flagSet(fs, "requests"):
 		return usageErr("--requests %d must be at least 1", requests)
