@@ -121,7 +121,10 @@ func TestSubscriberReconnectVerifiedSameEngine(t *testing.T) {
 	old := newFakeEngine(t, true, EventEncoding{})
 	h := startSub(t, old, func(c *SubscriberConfig) { c.DialRetry = 10 * time.Millisecond })
 	old.publish(false, stored(0, 3))
-	h.waitSeq(t, 0)
+	// The catch-up at the first connection replays batch 0 when the
+	// engine had published it by then: a replay counted before the one
+	// this test is about.
+	before := h.waitSeq(t, 0).Replays
 	// A new PUB socket at the same address, sharing the old one's
 	// sequence and replay history.
 	pubAddr := old.pubAddr
@@ -141,8 +144,8 @@ func TestSubscriberReconnectVerifiedSameEngine(t *testing.T) {
 	if got := matchedOn(h.idx, prompt); got != 6 {
 		t.Errorf("matched %d blocks, want 6; status %+v", got, st)
 	}
-	if st.Restarts != 0 || st.Resyncs != 0 || st.Reconnects != 1 || st.Replays != 1 || st.Gaps > 1 {
-		t.Errorf("status %+v: want 1 reconnect, 1 replay (at the check or for a gap), no restart, no resync", st)
+	if st.Restarts != 0 || st.Resyncs != 0 || st.Reconnects != 1 || st.Replays-before != 1 || st.Gaps > 1 {
+		t.Errorf("status %+v (%d replays before): want 1 reconnect, 1 replay (at the check or for a gap), no restart, no resync", st, before)
 	}
 }
 
