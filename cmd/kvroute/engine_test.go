@@ -262,6 +262,11 @@ func engineInProcess(t *testing.T, ctx context.Context, addr string, out *syncbu
 			resp.Body.Close()
 			return done
 		}
+		select {
+		case rerr := <-done: // it stopped (a port taken meanwhile): say why, at once
+			t.Fatalf("engine exited before it was up: %v\n%s", rerr, out.String())
+		default:
+		}
 		if time.Now().After(deadline) {
 			t.Fatalf("engine not up: %v\n%s", err, out.String())
 		}
