@@ -21,16 +21,7 @@ func TestScrapeDuringStepSeesStateBeforeIt(t *testing.T) {
 	s.schedule(reqs[0].Arrival, evArrival, -1, 0)
 	s.next = 1
 	for !e.inStep && s.q.Len() > 0 {
-		ev := s.q.pop()
-		s.now = ev.at
-		switch ev.kind {
-		case evArrival:
-			s.arrive(ev.arg)
-		case evDeliver:
-			s.deliver(ev.eng, ev.arg)
-		case evStep:
-			s.step(ev.eng)
-		}
+		s.handle(s.q.pop())
 	}
 	if !e.inStep {
 		t.Fatal("the engine never started a step")
@@ -41,10 +32,10 @@ func TestScrapeDuringStepSeesStateBeforeIt(t *testing.T) {
 			m.Waiting, m.Running, m.KVUsage)
 	}
 	// At the step's end the scrape sees its outcome.
-	for ev := s.q.pop(); ; ev = s.q.pop() {
-		s.now = ev.at
+	for s.q.Len() > 0 {
+		ev := s.q.pop()
+		s.handle(ev)
 		if ev.kind == evStep {
-			s.step(ev.eng)
 			break
 		}
 	}
