@@ -265,6 +265,20 @@ func (s *Server) expire(key string, l *lease) {
 	_ = s.post(command{kind: cmdRelease, id: l.engineReqID})
 }
 
+// stopAll ends every lease when the server stops: their timers are stopped
+// (a timer fired up to LeaseTimeout after Close, owned by nothing), and a
+// pull or a waiting take finds none.
+func (t *leaseTable) stopAll() {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	for key, l := range t.m {
+		if l.timer != nil {
+			l.timer.Stop()
+		}
+		delete(t.m, key)
+	}
+}
+
 // take removes and returns a granted lease, waiting up to wait for it to be
 // granted. nil means missing or expired.
 func (t *leaseTable) take(ctx context.Context, key string, wait time.Duration) *lease {

@@ -287,7 +287,8 @@ func (s *Server) Close() error {
 	return nil
 }
 
-// shutdown marks the loop stopped and fails what was still queued.
+// shutdown marks the loop stopped, fails what was still queued and ends
+// the KV leases (leaseTable.stopAll).
 func (s *Server) shutdown() {
 	s.inMu.Lock()
 	if s.stopped {
@@ -298,6 +299,7 @@ func (s *Server) shutdown() {
 	inbox := s.inbox
 	s.inbox = nil
 	s.inMu.Unlock()
+	s.leases.stopAll()
 	for _, c := range inbox {
 		if c.kind == cmdAdd {
 			c.st.fail(ErrStopped)

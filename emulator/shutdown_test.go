@@ -3,11 +3,15 @@ package emulator
 import (
 	"context"
 	"errors"
+	"log/slog"
+	"strings"
 	"testing"
 	"testing/synctest"
 	"time"
 
+	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/internal/syncbuf"
 )
 
 // TestRunFailsQueuedRequests: a request posted while the loop sleeps
@@ -47,6 +51,37 @@ func TestRunFailsQueuedRequests(t *testing.T) {
 			if !p.finished || !errors.Is(p.err, ErrStopped) {
 				t.Errorf("request %s after Run returned: finished %v err %v, want ErrStopped", st.id, p.finished, p.err)
 			}
+		}
+	})
+}
+
+// TestCloseStopsLeaseTimers: a prefill engine's KV leases end with the
+// server: Close stops their timers, so none fires after it (each fired a
+// "kv lease expired" warning up to --kv-lease after the engine stopped,
+// from a timer nothing owned).
+func TestCloseStopsLeaseTimers(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var logs syncbuf.Buffer
+		s, err := New(Config{Model: "tiny", Engine: tinyEngine(t), Speed: 1, Role: kvroute.RolePrefill,
+			LeaseTimeout: time.Second, Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+		if err != nil {
+			t.Fatal(err)
+		}
+		st := newStream("p", 0, 1)
+		st.leaseKey = "room-1"
+		s.grantLease(st, 4*s.prof.BlockSize, []int{1, 2, 3, 4})
+		if err := s.Close(); err != nil {
+			t.Fatal(err)
+		}
+		time.Sleep(2 * time.Second)
+		synctest.Wait()
+		if strings.Contains(logs.String(), "lease expired") {
+			t.Errorf("a lease timer fired after Close:\n%s", logs.String())
+		}
+		s.leases.mu.Lock()
+		defer s.leases.mu.Unlock()
+		if n := len(s.leases.m); n != 0 {
+			t.Errorf("%d leases left after Close, want 0", n)
 		}
 	})
 }
