@@ -60,7 +60,9 @@ replays buffered batches from a requested sequence number.
 Prefill/decode disaggregation: with --pd-protocol nixl (vLLM NixlConnector) a
 prefill engine given kv_transfer_params.do_remote_decode=true computes the
 prompt, holds its KV blocks for --kv-lease and answers the kv_transfer_params a
-decode engine needs; a decode engine given do_remote_prefill=true pulls the
+decode engine needs (a prompt shorter than one block, or a prefill whose one
+token ended the request, holds none: the answer has remote_block_ids [] or no
+kv_transfer_params, as vLLM's); a decode engine given do_remote_prefill=true pulls the
 blocks from remote_host:remote_port (the prefill engine's side channel: its
 HTTP address, or --side-channel-listen), spending --kv-transfer-setup plus
 bytes/--fabric-gbps, then decodes without a prefill. A missing or expired lease is handled per --pd-load-failure. With
