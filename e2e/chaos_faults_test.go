@@ -167,7 +167,7 @@ log:
 	// Let the router's connection pools and goroutines settle with a little
 	// traffic before the baseline.
 	warmLoad := newChaosLoad(r.url)
-	warm := warmLoad.start(chaosWorkers)
+	warm := warmLoad.start(t, chaosWorkers)
 	time.Sleep(3 * time.Second)
 	warm()
 	warmLoad.client.CloseIdleConnections() // the router's server side of them goes too
@@ -179,7 +179,7 @@ log:
 	t.Logf("baseline: go_goroutines %.0f, open sockets %d, requests so far %.0f", gBefore, sockBefore, reqBefore)
 
 	lg := newChaosLoad(r.url)
-	stop := lg.start(chaosWorkers)
+	stop := lg.start(t, chaosWorkers)
 	t0 := time.Now()
 	mark := func(what string) { lg.mark(what); t.Logf("[%5.1fs] %s", time.Since(t0).Seconds(), what) }
 	time.Sleep(5 * time.Second)
@@ -820,8 +820,9 @@ func (l *chaosLoad) mark(what string) {
 }
 
 // start runs n workers until the returned function is called, which waits
-// for them.
-func (l *chaosLoad) start(n int) (stop func()) {
+// for them; the test's end calls it too, so that a step that fails the test
+// does not leave them sending requests into the next test.
+func (l *chaosLoad) start(t testing.TB, n int) (stop func()) {
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	for w := range n {
@@ -840,7 +841,10 @@ func (l *chaosLoad) start(n int) (stop func()) {
 			}
 		})
 	}
-	return func() { cancel(); wg.Wait() }
+	var once sync.Once
+	stop = func() { once.Do(func() { cancel(); wg.Wait() }) }
+	t.Cleanup(stop)
+	return stop
 }
 
 // do sends one request and classifies its answer. The request is not tied
