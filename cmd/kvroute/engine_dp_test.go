@@ -132,10 +132,12 @@ func TestEngineDataParallel(t *testing.T) {
 func TestEngineDataParallelPD(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	side := freeAddr(t)
-	pAddr, dAddr := freeAddr(t), freeAddr(t)
+	dAddr := freeAddr(t)
 	pout, dout := &syncbuf.Buffer{}, &syncbuf.Buffer{}
-	pdone := engineInProcess(t, ctx, pAddr, pout, "--role", "prefill", "--data-parallel-size", "2", "--side-channel-listen", side)
+	pAddr, _, pdone := engineOnFreePorts(t, ctx, pout, func() (string, []string) {
+		// Rank r's side channel is on the given port + r.
+		return freeAddr(t), []string{"--role", "prefill", "--data-parallel-size", "2", "--side-channel-listen", consecutivePorts(t, 2)}
+	})
 	ddone := engineInProcess(t, ctx, dAddr, dout, "--role", "decode", "--data-parallel-size", "2")
 	prompt := strings.Repeat("A long shared document about disaggregated serving. ", 40)
 	post := func(addr string, rank int, body map[string]any) map[string]any {
@@ -219,12 +221,14 @@ func consecutivePorts(t *testing.T, n int) string {
 func TestEngineDataParallelSidePorts(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	side := consecutivePorts(t, 2)
+	dAddr, aAddr := freeAddr(t), freeAddr(t)
+	pout, dout, aout := &syncbuf.Buffer{}, &syncbuf.Buffer{}, &syncbuf.Buffer{}
+	pAddr, pargs, pdone := engineOnFreePorts(t, ctx, pout, func() (string, []string) {
+		return freeAddr(t), []string{"--role", "prefill", "--data-parallel-size", "2", "--side-channel-listen", consecutivePorts(t, 2)}
+	})
+	side := pargs[len(pargs)-1]
 	host, ps, _ := net.SplitHostPort(side)
 	base, _ := strconv.Atoi(ps)
-	pAddr, dAddr, aAddr := freeAddr(t), freeAddr(t), freeAddr(t)
-	pout, dout, aout := &syncbuf.Buffer{}, &syncbuf.Buffer{}, &syncbuf.Buffer{}
-	pdone := engineInProcess(t, ctx, pAddr, pout, "--role", "prefill", "--data-parallel-size", "2", "--side-channel-listen", side)
 	ddone := engineInProcess(t, ctx, dAddr, dout, "--role", "decode", "--data-parallel-size", "2")
 	adone := engineInProcess(t, ctx, aAddr, aout, "--role", "prefill", "--data-parallel-size", "2",
 		"--side-channel-listen", "127.0.0.1:0", "--advertise", "prefill.example:9000")

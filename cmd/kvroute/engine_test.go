@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net"
@@ -248,28 +249,62 @@ func TestEnginePDBetweenProcesses(t *testing.T) {
 
 // engineInProcess runs `kvroute engine --model m --listen addr --speed 20`
 // and args in-process until ctx is done, writing to out, and returns once
-// it answers /health (failing with its output after 10s); run's error
-// comes on the channel returned.
+// it answers /health (failing with its output after 10s, or at once when
+// it exits first); run's error comes on the channel returned.
 func engineInProcess(t *testing.T, ctx context.Context, addr string, out *syncbuf.Buffer, args ...string) <-chan error {
 	t.Helper()
+	done, err := tryEngineInProcess(ctx, addr, out, args...)
+	if err != nil {
+		t.Fatalf("%v\n%s", err, out.String())
+	}
+	return done
+}
+
+// tryEngineInProcess is engineInProcess reporting an engine that is not up as an
+// error (errExited wrapping run's error when it exited before it was up).
+func tryEngineInProcess(ctx context.Context, addr string, out *syncbuf.Buffer, args ...string) (<-chan error, error) {
 	done := make(chan error, 1)
 	go func() {
 		done <- run(ctx, append([]string{"engine", "--model", "m", "--listen", addr, "--speed", "20"}, args...), out, out)
 	}()
+	probe := &http.Client{Timeout: time.Second} // a port another listener took would never answer
 	for deadline := time.Now().Add(10 * time.Second); ; time.Sleep(20 * time.Millisecond) {
-		resp, err := http.Get("http://" + addr + "/health")
+		resp, err := probe.Get("http://" + addr + "/health")
 		if err == nil {
 			resp.Body.Close()
-			return done
+			return done, nil
 		}
 		select {
 		case rerr := <-done: // it stopped (a port taken meanwhile): say why, at once
-			t.Fatalf("engine exited before it was up: %v\n%s", rerr, out.String())
+			return nil, fmt.Errorf("%w: %v", errExited, rerr)
 		default:
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("engine not up: %v\n%s", err, out.String())
+			return nil, fmt.Errorf("engine not up: %v", err)
 		}
+	}
+}
+
+var errExited = errors.New("engine exited before it was up")
+
+// engineOnFreePorts starts an engine as engineInProcess does on the ports
+// pick chooses (its --listen address and the arguments naming its other
+// ports), and chooses again when the engine could not bind one: a port
+// found free can be taken before the engine binds it, by the ephemeral
+// port of some outgoing connection on a busy machine. It returns the
+// address and arguments it started with.
+func engineOnFreePorts(t *testing.T, ctx context.Context, out *syncbuf.Buffer, pick func() (addr string, args []string)) (string, []string, <-chan error) {
+	t.Helper()
+	for attempt := 1; ; attempt++ {
+		addr, args := pick()
+		done, err := tryEngineInProcess(ctx, addr, out, args...)
+		if err == nil {
+			return addr, args, done
+		}
+		if attempt == 3 || !errors.Is(err, errExited) || !strings.Contains(err.Error(), "address already in use") {
+			t.Fatalf("%v\n%s", err, out.String())
+		}
+		t.Logf("ports %s %v taken meanwhile, choosing others: %v", addr, args, err)
 	}
 }
 
