@@ -28,7 +28,7 @@ func Parse(data []byte) (Config, error) {
 		if errors.Is(err, io.EOF) {
 			return cfg, errors.New("the file is empty")
 		}
-		return cfg, decodeError(err, data)
+		return cfg, DecodeError(err, data)
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
@@ -55,14 +55,18 @@ func Parse(data []byte) (Config, error) {
 var (
 	unknownField = regexp.MustCompile(`^line (\d+): field (.*) not found in type \S+$`)
 	wrongType    = regexp.MustCompile("^line (\\d+): cannot unmarshal (!!\\S+)(?: `(.*)`)? into (.+)$")
+	// goStruct matches a named type of a package (config.Model, sim.Group):
+	// a mapping in the file.
+	goStruct = regexp.MustCompile(`^[a-z][a-z0-9]*\.[A-Z]\w*$`)
 )
 
-// decodeError turns the YAML decoder's type errors ("yaml: unmarshal
+// DecodeError turns the YAML decoder's type errors ("yaml: unmarshal
 // errors:" and one indented line per error, naming Go types) into one
 // line naming the fields by their paths, as validation errors do: "line 3:
 // unknown field "modelz"; line 9: models[0].policy: cannot unmarshal
-// !!str `least_r...` into a mapping". data is the document decoded.
-func decodeError(err error, data []byte) error {
+// !!str `least_r...` into a mapping". data is the document decoded. Other
+// errors are returned as they are. The simulator's fleet files use it too.
+func DecodeError(err error, data []byte) error {
 	var te *yaml.TypeError
 	if !errors.As(err, &te) {
 		return err
@@ -100,7 +104,7 @@ func decodeError(err error, data []byte) error {
 					(x.value == val || cut && strings.HasPrefix(x.value, prefix))
 			})
 			switch {
-			case strings.HasPrefix(into, "config."), strings.HasPrefix(into, "map["):
+			case goStruct.MatchString(into) && into != "time.Duration", strings.HasPrefix(into, "map["):
 				into = "a mapping"
 			case strings.HasPrefix(into, "[]"):
 				into = "a list"
@@ -123,7 +127,7 @@ func decodeError(err error, data []byte) error {
 	return errors.New(strings.Join(msgs, "; "))
 }
 
-// site is a key or value of the YAML document, for decodeError: its line,
+// site is a key or value of the YAML document, for DecodeError: its line,
 // its path (a key's is its mapping's), tag and text.
 type site struct {
 	line       int

@@ -12,6 +12,7 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/engine"
 )
 
@@ -201,7 +202,7 @@ func ParseFleetFile(data []byte) (Fleet, error) {
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
 	if err := dec.Decode(&ff); err != nil {
-		return nil, fmt.Errorf("parse fleet file: %w", err)
+		return nil, fmt.Errorf("parse fleet file: %w", config.DecodeError(err, data))
 	}
 	if err := ff.Engines.Validate(); err != nil {
 		return nil, fmt.Errorf("parse fleet file: %w", err)

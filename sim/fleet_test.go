@@ -70,6 +70,17 @@ func TestParseFleetFile(t *testing.T) {
 			t.Errorf("ParseFleetFile(%q): got nil error, want one", bad)
 		}
 	}
+	// The decoder's errors name the file's fields, not Go types, as the
+	// config file's do.
+	for bad, want := range map[string]string{
+		"engines:\n  - {count: 1, profile: tiny, colour: red}": `parse fleet file: line 2: unknown field "colour" in engines[0]`,
+		"engines:\n  - {count: x, profile: tiny}":              "parse fleet file: line 2: engines[0].count: cannot unmarshal !!str `x` into int",
+		"engines:\n  - 3": "parse fleet file: line 2: engines[0]: cannot unmarshal !!int `3` into a mapping",
+	} {
+		if _, err := ParseFleetFile([]byte(bad)); err == nil || err.Error() != want {
+			t.Errorf("ParseFleetFile(%q): got %v, want %s", bad, err, want)
+		}
+	}
 }
 
 func FuzzParseFleetFile(f *testing.F) {
