@@ -1407,10 +1407,7 @@ func (k *KVAware) record(now time.Time, req *kvroute.Request, prefix uint64, end
 		}
 	}
 	k.picks++
-	key := pendingKey{id: req.ID}
-	if req.ID == "" {
-		key.ptr = req
-	}
+	key := reqKey(req)
 	if old, ok := k.pending[key]; ok { // a retry of the same request: replace
 		k.untrack(old)
 	}
@@ -1519,10 +1516,7 @@ func (k *KVAware) FirstToken(now time.Time, req *kvroute.Request, _ string) {
 		return
 	}
 	k.firstTokens = true
-	key := pendingKey{id: req.ID}
-	if req.ID == "" {
-		key.ptr = req
-	}
+	key := reqKey(req)
 	pr, ok := k.pending[key]
 	if !ok || !pr.prefill {
 		return
@@ -1549,10 +1543,7 @@ func (k *KVAware) Release(_ time.Time, req *kvroute.Request, _ string) {
 	if req == nil {
 		return
 	}
-	key := pendingKey{id: req.ID}
-	if req.ID == "" {
-		key.ptr = req
-	}
+	key := reqKey(req)
 	if pr, ok := k.pending[key]; ok {
 		k.untrack(pr)
 		delete(k.pending, key)

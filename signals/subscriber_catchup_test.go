@@ -25,54 +25,33 @@ func TestCatchUpHistoryWithHole(t *testing.T) {
 		return p
 	}
 	b0, b2, b3 := enc(stored(0, 3)), enc(removed(5)), enc(removed(4))
-	// Batch 1 (removed(0, 1, 2)) is missing from every answer.
-
-	t.Run("catch-up on connect", func(t *testing.T) {
-		s, held := indexedSubscriber(t)
-		s.replay = func(ctx context.Context, from uint64) ([]replayed, error) {
-			return []replayed{{0, b0}, {2, b2}}, nil
-		}
-		s.catchUp(context.Background())
-		if got := held(); got != 0 {
-			t.Errorf("after a catch-up whose replay lacks batch 1 the index claims %d blocks, want 0", got)
-		}
-		if st := s.Status(); st.LastSeq != 2 {
-			t.Errorf("last seq %d, want 2", st.LastSeq)
-		}
-	})
-	t.Run("first batch", func(t *testing.T) {
-		s, held := indexedSubscriber(t)
-		s.replay = func(ctx context.Context, from uint64) ([]replayed, error) {
-			return []replayed{{0, b0}, {2, b2}}, nil
-		}
-		s.handle(context.Background(), 3, b3) // the first batch seen
-		if got := held(); got != 0 {
-			t.Errorf("after a first batch whose catch-up lacks batch 1 the index claims %d blocks, want 0", got)
-		}
-		if st := s.Status(); st.LastSeq != 3 {
-			t.Errorf("last seq %d, want 3", st.LastSeq)
-		}
-	})
-	t.Run("tail missing", func(t *testing.T) {
-		s, held := indexedSubscriber(t)
-		s.replay = func(ctx context.Context, from uint64) ([]replayed, error) {
-			return []replayed{{0, b0}}, nil // batches 1 and 2 dropped
-		}
-		s.handle(context.Background(), 3, b3)
-		if got := held(); got != 0 {
-			t.Errorf("after a first batch whose catch-up ends at batch 0 (not 2) the index claims %d blocks, want 0", got)
-		}
-	})
-	t.Run("oldest gone", func(t *testing.T) {
+	// Batch 1 (removed(0, 1, 2), evicting what batch 0 stored) is missing
+	// from the first three answers; the last is another history.
+	catchUp := func(s *Subscriber) { s.catchUp(context.Background()) }
+	firstBatch := func(s *Subscriber) { s.handle(context.Background(), 3, b3) }
+	for _, tc := range []struct {
+		name     string
+		replayed []replayed
+		run      func(*Subscriber)
+		held     int   // blocks the index claims after
+		seq      int64 // last seq after (0: not checked)
+	}{
+		{"catch-up on connect", []replayed{{0, b0}, {2, b2}}, catchUp, 0, 2},
+		{"first batch", []replayed{{0, b0}, {2, b2}}, firstBatch, 0, 3},
+		{"tail missing", []replayed{{0, b0}}, firstBatch, 0, 0}, // batches 1 and 2 dropped
 		// The engine's buffer lost batch 0: what it holds is applied.
-		s, held := indexedSubscriber(t)
-		b1s, b2s := enc(stored(0, 2)), enc(stored(2, 3))
-		s.replay = func(ctx context.Context, from uint64) ([]replayed, error) {
-			return []replayed{{1, b1s}, {2, b2s}}, nil
-		}
-		s.handle(context.Background(), 3, b3)
-		if got := held(); got != 3 {
-			t.Errorf("after a catch-up of batches 1 and 2 the index claims %d blocks, want 3", got)
-		}
-	})
+		{"oldest gone", []replayed{{1, enc(stored(0, 2))}, {2, enc(stored(2, 3))}}, firstBatch, 3, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, held := indexedSubscriber(t)
+			s.replay = func(ctx context.Context, from uint64) ([]replayed, error) { return tc.replayed, nil }
+			tc.run(s)
+			if got := held(); got != tc.held {
+				t.Errorf("the index claims %d blocks, want %d", got, tc.held)
+			}
+			if st := s.Status(); tc.seq != 0 && st.LastSeq != tc.seq {
+				t.Errorf("last seq %d, want %d", st.LastSeq, tc.seq)
+			}
+		})
+	}
 }
