@@ -34,7 +34,7 @@ func Example() {
 	// Output:
 	// b
 	// affinity: est 31.1 ms (queue 2.0 + prefill 29.1), 3072/4096 tokens cached
-	// a eligible=true score=260.4 why=""
-	// b eligible=true score=131.0 why=""
+	// a eligible=true score=342.1 why=""
+	// b eligible=true score=212.6 why=""
 	// c eligible=false score=0.0 why="unhealthy"
 }

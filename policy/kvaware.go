@@ -206,12 +206,19 @@ type KVAwareParams struct {
 	// for KV memory (in the simulator 25 did better than 15, 35 or 45).
 	ProgressTokPerMs float64 `param:"progress_tok_per_ms"`
 
-	// DecodeWeight weighs the request's own decode time at the endpoint's
-	// current step time (OutputTokens x step): it steers decode-heavy work
-	// away from nodes whose batches are already slow, which keeps TPOT and
-	// throughput level when affinity would otherwise concentrate decodes.
-	// Default 0.05 (in the simulator it kept throughput level with the
-	// peers at no cost in p99 TTFT).
+	// DecodeWeight weighs the request's own decode time at the step time
+	// the endpoint will have once the requests the router holds open there
+	// decode (OutputTokens x decode step; see Estimate): it steers
+	// decode-heavy work away from nodes whose batches are or are about to
+	// be slow, which keeps TPOT and throughput level when affinity would
+	// otherwise concentrate decodes. Default 0.1. In the simulator, over
+	// the README's burst rows and seeds 1-6, it raised the lowest
+	// throughput against the best baseline from -7.6% to -1.5% (rag at
+	// 420 req/s) and from -9.0% to -0.5% (tenants at 650 req/s) at the
+	// same mean p99 TTFT margin (the sum over the rows -55.6 -> -56.0
+	// points); with the step as the batch is now, 0.1 gave up p99 TTFT
+	// for it, and on the projected step 0.15 and 0.2 did (rag at 420
+	// req/s +3% and +13% over 6 and 2 seeds, against -4%).
 	DecodeWeight float64 `param:"decode_weight"`
 	// OutputTokens is the expected output length for DecodeWeight (capped
 	// by the request's max_tokens). Default 256.
@@ -269,7 +276,7 @@ func DefaultKVAwareParams() KVAwareParams {
 		WorkLoadGain:          1,
 		ProgressTokPerMs:      25,
 		OutputTokens:          256,
-		DecodeWeight:          0.05,
+		DecodeWeight:          0.1,
 	}
 }
 
@@ -333,7 +340,9 @@ func (p KVAwareParams) Validate() error {
 //	          + ceil(queued/budget) x step + Queue() x QueuedRequestMs
 //	prefill = own x tok x (1 + attention over cached+own/2 context) + remaining steps x step
 //	TTFT    = queue + prefill
-//	score   = TTFT + w x own x tok x attention + DecodeWeight x OutputTokens x step
+//	dstep   = StepOverheadUs + (max(InFlight, Running) + 1) x DecodeUsPerToken
+//	          + (DecodeTokens + InFlightTokens + PromptTokens)/1000 x DecodeUsPerCtxKTok
+//	score   = TTFT + w x own x tok x attention + DecodeWeight x OutputTokens x dstep
 //	          with w = WorkWeight x (1 + WorkLoadGain x mean waiting)
 //
 // where budget is MaxBatchedTokens less one token per running sequence, tok
@@ -640,6 +649,7 @@ type candState struct {
 	flags     uint8
 	credit    int     // cached tokens credited
 	work      float64 // prefill compute this request adds to the endpoint, ms
+	decode    float64 // the score's decode term: DecodeWeight x its decode time there, ms
 	score     float64 // est() + work and decode terms: lower wins
 	queueMs   float64
 	prefMs    float64
@@ -1054,8 +1064,26 @@ func (k *KVAware) estimate(i int, c *kvroute.Candidate, st *candState, P int) {
 	prefMs := own*tok*attn + cpu*tok*p.CPUHitCost + (stepsAll-stepsQ)*stepMs
 	st.queued, st.queueMs, st.prefMs = queued, queueMs, prefMs
 	st.work = own * tok * attn
-	decodeMs := k.outTokens * stepMs // the request's decode time at this endpoint's step time
-	st.score = st.est() + k.workW*st.work + p.DecodeWeight*decodeMs
+	st.decode = p.DecodeWeight * k.outTokens * decodeStepMs(p, l, P)
+	st.score = st.est() + k.workW*st.work + st.decode
+}
+
+// decodeStepMs is the step time, in milliseconds, the request of P prompt
+// tokens will decode at on an endpoint of load l: its batch once every
+// request the router holds open there decodes (InFlight, or the engine's
+// Running when larger, plus this one) over the context they will hold
+// (the prompts already decoding, DecodeTokens, those still waiting for a
+// first token, InFlightTokens, and this one). The step the queue estimate
+// uses is the batch as it is now; in a burst most of an endpoint's
+// requests are still queued, so that step said nothing of where their
+// contexts would land, and affinity piled long cached prompts onto one
+// engine whose decode then ended the burst last (rag at 420 req/s, seed
+// 1: one engine held 1.5 times the others' prompt tokens, decoded at 49
+// ms per token against 35-41 and finished 3 s after them).
+func decodeStepMs(p *KVAwareParams, l *kvroute.Load, P int) float64 {
+	batch := max(l.InFlight, l.Running, 0) + 1
+	ctx := max(l.DecodeTokens, 0) + max(l.InFlightTokens, 0) + P
+	return (p.StepOverheadUs + float64(batch)*p.DecodeUsPerToken + float64(ctx)/1000*p.DecodeUsPerCtxKTok) / 1000
 }
 
 // estimateMemo keeps, for one candidate position, terms of estimate that
@@ -1234,6 +1262,7 @@ func explain(c []candState, cands []kvroute.Candidate, scores []kvroute.Score) {
 			kvroute.Part{Name: "queue_ms", Value: round3(st.queueMs)},
 			kvroute.Part{Name: "prefill_ms", Value: round3(st.prefMs)},
 			kvroute.Part{Name: "work_ms", Value: round3(st.work)},
+			kvroute.Part{Name: "decode_ms", Value: round3(st.decode)},
 			kvroute.Part{Name: "cached_tokens", Value: float64(st.credit)},
 			kvroute.Part{Name: "queued_tokens", Value: round3(st.queued)},
 			kvroute.Part{Name: "in_flight", Value: float64(cands[i].Load.InFlight)},

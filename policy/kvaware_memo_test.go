@@ -54,8 +54,10 @@ func refEstimate(k *KVAware, c *kvroute.Candidate, st *candState, P int) {
 	st.queued, st.queueMs, st.prefMs = queued, queueMs, prefMs
 	est := queueMs + prefMs
 	st.work = own * tok * attn
-	decodeMs := k.outTokens * stepMs
-	st.score = est + k.workW*st.work + p.DecodeWeight*decodeMs
+	dstep := (p.StepOverheadUs + float64(max(l.InFlight, l.Running, 0)+1)*p.DecodeUsPerToken +
+		float64(max(l.DecodeTokens, 0)+max(l.InFlightTokens, 0)+P)/1000*p.DecodeUsPerCtxKTok) / 1000
+	st.decode = p.DecodeWeight * k.outTokens * dstep
+	st.score = est + k.workW*st.work + st.decode
 }
 
 // TestEstimateMemo: estimate, which keeps terms per candidate position and

@@ -197,3 +197,40 @@ func TestKVAwareHotSpread(t *testing.T) {
 		}
 	}
 }
+
+// TestKVAwareDecodeStepProjected: the decode term prices the step an
+// endpoint will run once the requests the router holds open there decode,
+// so of two endpoints alike now (no queue, nothing cached, the same batch
+// and decoding context), the one about to decode long prompts it was just
+// sent (InFlightTokens) loses, although it holds fewer requests. With the
+// step as the batch is now the two scored alike and the tie went to the
+// one with fewer in flight: the burst pile-up that ended rag at 420 req/s
+// last.
+func TestKVAwareDecodeStepProjected(t *testing.T) {
+	k, err := NewKVAware(nil, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The router reports first tokens: the queue estimate then counts only
+	// the policy's own queued prefill (none here), not InFlightTokens.
+	k.FirstToken(epoch, &kvroute.Request{ID: "unknown"}, "long")
+	now := kvroute.Load{Running: 4, DecodeTokens: 8000}
+	long, short := now, now
+	long.InFlight, long.InFlightTokens = 2, 100000 // two 50k-token prompts, cached, about to decode
+	short.InFlight, short.InFlightTokens = 3, 3000
+	cands := []kvroute.Candidate{cand("long", long, 0, 0), cand("short", short, 0, 0)}
+	d := k.Pick(epoch, &kvroute.Request{ID: "r", PromptTokens: 1000}, cands)
+	if d.Endpoint != "short" {
+		t.Errorf("chose %s (%s), want short", d.Endpoint, d.Reason)
+	}
+	p := k.Params()
+	for i, c := range cands {
+		batch := float64(max(c.Load.InFlight, c.Load.Running) + 1)
+		ctx := float64(c.Load.DecodeTokens + c.Load.InFlightTokens + 1000)
+		want := p.DecodeWeight * float64(p.OutputTokens) *
+			(p.StepOverheadUs + batch*p.DecodeUsPerToken + ctx/1000*p.DecodeUsPerCtxKTok) / 1000
+		if got := part(d.Scores[i], "decode_ms"); math.Abs(got-want) > 0.001 {
+			t.Errorf("%s: decode_ms = %v, want %v", c.Endpoint.ID, got, want)
+		}
+	}
+}
