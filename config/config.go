@@ -295,9 +295,10 @@ type Timeouts struct {
 	Dial time.Duration `yaml:"dial"`
 	// UpstreamHeader bounds the wait for an engine's response headers (for
 	// non-streaming requests that is the whole generation), and then each
-	// silence of the response while the router waits for its next bytes (a
-	// stream from an engine that hangs mid-answer ends with a 504 error
-	// event, a JSON body is aborted, a 5xx body still being read is retried
+	// silence of the response while the router waits for its next bytes (on
+	// an aggregated pool a wait for the first body byte is answered 504 and
+	// not retried, as a wait for the headers; a stream from an engine that
+	// hangs mid-answer ends with a 504 error event, a JSON body is aborted, a 5xx body still being read is retried
 	// without it or answered 504; time spent waiting for a slow client does
 	// not count), on aggregated and P/D pools alike; default 0, no limit.
 	UpstreamHeader time.Duration `yaml:"upstream_header"`
@@ -319,9 +320,11 @@ type Limits struct {
 // Retry controls retries, on another endpoint, of requests that failed
 // before the first response byte reached the client: a connect error, a
 // connection that failed after the request was sent and before the
-// response headers (the engine may have run part of the work: an engine
-// that crashed mid-generation), or a 5xx response. A response whose
-// headers took longer than timeouts.upstream_header is not retried.
+// response's first body byte (the engine may have run part of the work: an
+// engine that crashed mid-generation, or after a stream's headers; the
+// headers reach the client only with that byte), or a 5xx response. A
+// response whose headers, or first body byte, took longer than
+// timeouts.upstream_header is not retried.
 type Retry struct {
 	// Attempts is the total number of endpoints tried per request, the first
 	// included; default 2. 1 disables retries.

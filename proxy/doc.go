@@ -11,19 +11,25 @@
 // counted in kvroute_retries_total by reason: connect_error (the dial
 // failed: the engine never saw the request, and a data-parallel server's
 // other ranks are skipped too), upstream_reset (the connection failed after
-// the request was sent and before the response headers: the engine may
+// the request was sent and before the first body byte: the engine may
 // have run part of the work, typically a vLLM server that crashed
-// mid-generation of a non-streamed answer; its other ranks stay eligible)
+// mid-generation of a non-streamed answer, or one that sent a stream's
+// headers and died before its first token; its other ranks stay eligible)
 // or status_5xx (a 5xx response; its body, up to 64 KiB, is kept to replay
-// if no endpoint is left). A failure after the first byte ends an event
-// stream with vLLM's error event and "data: [DONE]". With
-// timeouts.upstream_header set, it bounds both the wait for an engine's
-// response headers (504, not retried) and each silence of the response
-// after them: a stream from an engine that hangs mid-response (SIGSTOP, a
-// wedged GPU) ends with a 504 error event rather than holding its client,
-// and a 5xx whose body goes silent is retried without its body, or, with
-// no retry left, answered 504. Every HTTP-facing error goes through
-// openai.WriteError.
+// if no endpoint is left). A response's status and headers go to the
+// client with its first body byte (or its end, for an empty body), so a
+// failure between the engine's headers and its first byte has sent the
+// client nothing; with no retry left it is answered 502 (504 if silent).
+// A failure after the first byte is not retried: it ends an event stream
+// with vLLM's error event and "data: [DONE]", and aborts another response.
+// With timeouts.upstream_header set, it bounds both the wait for an
+// engine's response headers (504, not retried) and each silence of the
+// response after them: a wait for the first byte as long is answered 504,
+// not retried, as a wait for the headers; a stream from an engine that
+// hangs mid-response (SIGSTOP, a wedged GPU) ends with a 504 error event
+// rather than holding its client, and a 5xx whose body goes silent is
+// retried without its body, or, with no retry left, answered 504. Every
+// HTTP-facing error goes through openai.WriteError.
 //
 // One file per concern: proxy.go (Options, New, routes), handler.go (the
 // inference request path), queue.go (the queue escape hatch: a pool's line

@@ -5,8 +5,9 @@ import (
 	"net/http"
 )
 
-// errRetry is returned by modifyResponse for a 5xx that another endpoint
-// may serve; upstreamError recognises it and leaves the response unwritten.
+// errRetry is returned by modifyResponse for a 5xx, or a response that
+// failed before its first body byte, that another endpoint may serve;
+// upstreamError recognises it and leaves the response unwritten.
 var errRetry = errors.New("proxy: retryable upstream status")
 
 // retryReason says why an attempt is retried: the reason label of
@@ -16,7 +17,7 @@ type retryReason uint8
 const (
 	retryNone    retryReason = iota
 	retryConnect             // dial error (disagg.IsConnectError): the engine never saw the request
-	retryReset               // other transport error before the response headers: the engine may have run part of the work
+	retryReset               // other transport error before the first body byte: the engine may have run part of the work
 	retryStatus              // 5xx response headers, before any body byte reached the client
 	retryGone                // the endpoint left the pool (a reload) before the attempt was sent
 )

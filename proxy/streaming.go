@@ -11,7 +11,8 @@ import (
 )
 
 // upstreamBody wraps an endpoint's response body on its way to the client.
-// It notes the first byte (the first token of a stream) and, when an event
+// It reads the first bytes before the headers are sent (readFirst), notes
+// the first byte (the first token of a stream) and, when an event
 // stream breaks after its first byte, ends it the way vLLM ends a failed
 // stream: an error event and "data: [DONE]", so that clients see a clean
 // end rather than a truncated connection. Other bodies that break are
@@ -24,6 +25,38 @@ type upstreamBody struct {
 	tail    [16]byte // the last bytes passed on: did a stream break mid-event, or end?
 	ended   bool     // the upstream failed: serve rest, then EOF
 	rest    []byte
+
+	// What readFirst read: served before anything else.
+	first    [512]byte
+	head     []byte // first's bytes not yet passed on
+	firstErr error  // the error that came with them (io.EOF: an empty or short body), returned after head
+}
+
+// readFirst reads the body's first bytes, or its end, before the response's
+// headers go to the client (modifyResponse): the first byte is the last
+// moment an attempt can fail and be retried, so an error before it is
+// returned (no byte read), and the headers are not sent. An error after
+// some bytes is returned by Read after them, as any later failure.
+func (b *upstreamBody) readFirst() error {
+	for {
+		b.x.stall.Waiting(true)
+		n, err := b.rc.Read(b.first[:])
+		b.x.stall.Waiting(false)
+		if n > 0 {
+			b.started = true
+			b.x.firstByte(b.x.p.now())
+			b.remember(b.first[:n])
+			b.head, b.firstErr = b.first[:n], err
+			return nil
+		}
+		if err == io.EOF {
+			b.firstErr = err
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+	}
 }
 
 func (b *upstreamBody) Read(p []byte) (int, error) {
@@ -35,9 +68,20 @@ func (b *upstreamBody) Read(p []byte) (int, error) {
 		b.rest = b.rest[n:]
 		return n, nil
 	}
-	b.x.stall.Waiting(true)
-	n, err := b.rc.Read(p)
-	b.x.stall.Waiting(false)
+	if len(b.head) > 0 {
+		n := copy(p, b.head)
+		b.head = b.head[n:]
+		return n, nil
+	}
+	var n int
+	var err error
+	if b.firstErr != nil {
+		err, b.firstErr = b.firstErr, nil
+	} else {
+		b.x.stall.Waiting(true)
+		n, err = b.rc.Read(p)
+		b.x.stall.Waiting(false)
+	}
 	if n > 0 {
 		if !b.started {
 			b.started = true

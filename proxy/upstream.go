@@ -153,12 +153,17 @@ func (p *Proxy) newEndpointProxy(pl *pool, ep *kvroute.Endpoint) (*endpointProxy
 }
 
 // modifyResponse runs when an endpoint's response headers arrive, before
-// anything is sent to the client: the last moment a 5xx can be retried. A
-// 5xx's body is read here (up to maxSavedBody), under the attempt's
-// silence bound like any other wait for the engine's bytes: kept to replay
-// if its retry finds no endpoint, or passed on when no retry is left. A
-// body that goes silent or breaks fails the attempt without it
-// (failedBodyError): retried, or answered by upstreamError.
+// anything is sent to the client: the last moment an attempt can be
+// retried. A 5xx's body is read here (up to maxSavedBody), under the
+// attempt's silence bound like any other wait for the engine's bytes: kept
+// to replay if its retry finds no endpoint, or passed on when no retry is
+// left. A body that goes silent or breaks fails the attempt without it
+// (failedBodyError): retried, or answered by upstreamError. Another
+// response's first body bytes are read here too (upstreamBody.readFirst),
+// so that its headers reach the client only with them: a body that breaks
+// before its first byte fails the attempt the same way (retried as
+// upstream_reset), one silent for upstream_header is answered 504 and not
+// retried, like a wait for the headers.
 func (p *Proxy) modifyResponse(resp *http.Response) error {
 	x := exchangeFrom(resp.Request.Context())
 	if x == nil {
@@ -188,15 +193,34 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		}
 		// The last attempt: the body read so far, then the rest.
 		resp.Body = prefixedBody{Reader: io.MultiReader(bytes.NewReader(body), resp.Body), Closer: resp.Body}
+		resp.Body = &upstreamBody{rc: resp.Body, x: x, sse: isEventStream(resp.Header)}
 	} else {
-		x.reportHealth(now, true)
+		// The headers go to the client with the first body byte (or the
+		// body's end): until then the attempt may fail and be retried.
+		b := &upstreamBody{rc: resp.Body, x: x, sse: isEventStream(resp.Header)}
+		if err := b.readFirst(); err != nil {
+			if x.ctx.Err() != nil {
+				return err // the client went away, or the drain deadline passed: upstreamError says which
+			}
+			x.reportHealth(p.now(), false)
+			err = &failedBodyError{endpoint: x.flight.Endpoint.ID, status: resp.StatusCode, silence: x.stall, err: err}
+			x.upstreamErr = err
+			// A silence is not retried, as a wait for the headers is not
+			// (tookTooLong): the engine took the request.
+			if x.canRetry() && !x.stall.Fired() {
+				x.retry = retryReset
+				return errRetry
+			}
+			return err
+		}
+		x.reportHealth(p.now(), true)
+		resp.Body = b
 	}
 	h := resp.Header
 	h.Del(HeaderRequestID) // the client's response already carries ours
 	if p.cfg.Debug.Enabled {
 		h.Set(HeaderEndpoint, x.flight.Endpoint.ID)
 	}
-	resp.Body = &upstreamBody{rc: resp.Body, x: x, sse: isEventStream(resp.Header)}
 	return nil
 }
 
@@ -206,10 +230,10 @@ type prefixedBody struct {
 	io.Closer
 }
 
-// failedBodyError is the failure of an attempt whose 5xx response body,
-// read before anything reached the client, went silent for
-// timeouts.upstream_header or broke. modifyResponse has reported the
-// endpoint's health; the client gets 504 (silent) or 502.
+// failedBodyError is the failure of an attempt whose response body, read
+// before anything reached the client (a 5xx's, or another's first bytes),
+// went silent for timeouts.upstream_header or broke. modifyResponse has
+// reported the endpoint's health; the client gets 504 (silent) or 502.
 type failedBodyError struct {
 	endpoint string
 	status   int
@@ -230,7 +254,7 @@ func (e *failedBodyError) silent() bool { return e.silence.Fired() }
 
 // upstreamError handles every failure of an attempt: a transport error
 // (connect error, reset, timeout), errRetry from modifyResponse, or a
-// failedBodyError from it on the last attempt.
+// failedBodyError from it that is not retried.
 func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error) {
 	x := exchangeFrom(r.Context())
 	if x == nil {
