@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -234,5 +235,29 @@ func TestEmptyBodyIsPassedOn(t *testing.T) {
 	waitFor(t, "the attempt's outcome", func() bool { return len(outcomes()) == 1 })
 	if got := outcomes(); got[0].Failed {
 		t.Errorf("outcome: got %+v, want a success", got[0])
+	}
+}
+
+// emptyReads is a body whose reads return nothing and no error, 10,000
+// times (so that a reader that never gives up ends), then an error.
+type emptyReads struct{ n int }
+
+func (r *emptyReads) Read([]byte) (int, error) {
+	if r.n++; r.n > 10_000 {
+		return 0, errors.New("read 10,000 times")
+	}
+	return 0, nil
+}
+
+func (r *emptyReads) Close() error { return nil }
+
+// TestReadFirstNoProgress: a body that returns nothing and no error, read
+// after read, fails the first read with io.ErrNoProgress rather than
+// spinning the handler forever.
+func TestReadFirstNoProgress(t *testing.T) {
+	rc := &emptyReads{}
+	b := &upstreamBody{rc: rc, x: &exchange{}}
+	if err := b.readFirst(); err != io.ErrNoProgress || rc.n != maxEmptyReads {
+		t.Errorf("got %v after %d reads, want %v after %d", err, rc.n, io.ErrNoProgress, maxEmptyReads)
 	}
 }

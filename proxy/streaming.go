@@ -36,9 +36,11 @@ type upstreamBody struct {
 // headers go to the client (modifyResponse): the first byte is the last
 // moment an attempt can fail and be retried, so an error before it is
 // returned (no byte read), and the headers are not sent. An error after
-// some bytes is returned by Read after them, as any later failure.
+// some bytes is returned by Read after them, as any later failure. A body
+// that keeps returning nothing and no error fails with io.ErrNoProgress, as
+// bufio's readers do.
 func (b *upstreamBody) readFirst() error {
-	for {
+	for range maxEmptyReads {
 		b.x.stall.Waiting(true)
 		n, err := b.rc.Read(b.first[:])
 		b.x.stall.Waiting(false)
@@ -57,7 +59,11 @@ func (b *upstreamBody) readFirst() error {
 			return err
 		}
 	}
+	return io.ErrNoProgress
 }
+
+// maxEmptyReads is how many reads returning nothing readFirst makes.
+const maxEmptyReads = 100
 
 func (b *upstreamBody) Read(p []byte) (int, error) {
 	if b.ended {
