@@ -71,6 +71,29 @@ func (s KVShape) BytesPerToken() int64 {
 	return int64(s.Layers) * int64(s.KVHeads) * int64(s.HeadDim) * 2 * int64(s.BytesPerElem)
 }
 
+// PulledTokens returns how many of a prompt's tokens a decode engine pulls
+// from the prefill engine when it already holds cached of them (its
+// prefix-cache hit, in tokens), as vLLM's NixlConnector does: the decode
+// engine's scheduler first matches its own prefix cache
+// (KVCacheManager.get_computed_blocks: whole blocks, at most prompt-1
+// tokens, since the last token is computed again for its logits), then
+// asks the connector for the rest (get_num_new_matched_tokens: prompt
+// minus that local hit), and the worker reads only those blocks, the
+// prefill engine's last ones (_read_blocks). So a prompt the decode
+// engine holds whole still pulls its last block, and one it holds none of
+// pulls every token. blockSize is the engine's block size (<= 0: hits are
+// not rounded to blocks). A partial last block counts as its tokens.
+func PulledTokens(prompt, cached, blockSize int) int {
+	if prompt <= 0 {
+		return 0
+	}
+	hit := min(max(cached, 0), prompt-1)
+	if blockSize > 0 {
+		hit = hit / blockSize * blockSize
+	}
+	return prompt - hit
+}
+
 // Bytes returns the KV bytes of tokens tokens.
 func (s KVShape) Bytes(tokens int) int64 {
 	if tokens <= 0 {

@@ -65,17 +65,22 @@ func (p DecodeParams) Validate() error {
 	return nil
 }
 
-// DecodePicker places the decode stage. It ignores prompt prefixes (the
-// KV arrives by transfer) and scores each decode-capable candidate, lower
-// is better:
+// DecodePicker places the decode stage. It scores each decode-capable
+// candidate, lower is better:
 //
-//	score = transfer_ms (from the chosen prefill node, with fabric queueing)
+//	score = transfer_ms (from the chosen prefill node, with fabric queueing,
+//	        of the prompt KV the candidate does not hold: PulledTokens of its
+//	        CachedTokens)
 //	      + TPOTWeight x step_ms (one decode step with this request in the batch)
 //	      + waiting x step_ms (requests queued for KV space ahead of it)
 //	      + kv_penalty_ms (KV usage after admission above KVSoftCap)
 //
-// Candidates the request does not fit in (prompt + output tokens over the
-// free KV) are not eligible unless none fits. It implements kvroute.Picker
+// A candidate that holds the conversation's earlier turns pulls only the
+// new part of the prompt, as vLLM's NixlConnector does, so it wins when
+// the fabric is slow; the prefix is not otherwise scored (the decode
+// engine computes one token). Candidates the request does not fit in
+// (prompt + output tokens over the free KV) are not eligible unless none
+// fits. It implements kvroute.Picker
 // (as a plain decode picker with no prefill node: no transfer term); the
 // Planner calls PickFrom with the chosen prefill endpoint. Not safe for
 // concurrent use (a tie-break position), like every Picker.
@@ -109,7 +114,6 @@ func (dp *DecodePicker) PickFrom(now, ready time.Time, req *kvroute.Request, can
 	if req.MaxTokens <= 0 {
 		need = req.PromptTokens + dp.p.OutputTokens
 	}
-	bytes := dp.cost.shape.Bytes(req.PromptTokens)
 	dp.scores = dp.scores[:0]
 	type opt struct {
 		i     int
@@ -132,8 +136,9 @@ func (dp *DecodePicker) PickFrom(now, ready time.Time, req *kvroute.Request, can
 			continue
 		}
 		var xfer Estimate
+		pulled := PulledTokens(req.PromptTokens, c.CachedTokens, dp.cost.prof.BlockSize)
 		if prefill != nil && dp.fabric != nil {
-			xfer = dp.fabric.Estimate(now, ready, prefill, c.Endpoint, bytes)
+			xfer = dp.fabric.Estimate(now, ready, prefill, c.Endpoint, dp.cost.shape.Bytes(pulled))
 		}
 		step := dp.cost.decodeStep(c.Load, req.PromptTokens)
 		capTok := dp.cost.capacityTokens(c)
@@ -150,7 +155,8 @@ func (dp *DecodePicker) PickFrom(now, ready time.Time, req *kvroute.Request, can
 		waiting := float64(max(c.Load.Waiting, 0)) * ms(step)
 		score := ms(xfer.Total()) + dp.p.TPOTWeight*ms(step) + waiting + pen
 		s.Value, s.Eligible = score, true
-		s.Parts = []kvroute.Part{{Name: "transfer_ms", Value: ms(xfer.Total())}, {Name: "step_ms", Value: ms(step)},
+		s.Parts = []kvroute.Part{{Name: "transfer_ms", Value: ms(xfer.Total())}, {Name: "transfer_mb", Value: float64(xfer.Bytes) / 1e6},
+			{Name: "step_ms", Value: ms(step)},
 			{Name: "waiting_ms", Value: waiting}, {Name: "kv_after", Value: after}, {Name: "kv_penalty_ms", Value: pen}}
 		if !fits {
 			s.Why = "kv full"
@@ -176,6 +182,9 @@ func (dp *DecodePicker) PickFrom(now, ready time.Time, req *kvroute.Request, can
 	o := tied[dp.turn%uint64(len(tied))]
 	dp.turn++
 	reason := fmt.Sprintf("decode: score %.1f ms (transfer %.1f, step %.2f)", o.score, ms(o.xfer.Total()), ms(o.step))
+	if o.xfer.Bytes > 0 {
+		reason = fmt.Sprintf("decode: score %.1f ms (transfer %.1f of %.1f MB, step %.2f)", o.score, ms(o.xfer.Total()), float64(o.xfer.Bytes)/1e6, ms(o.step))
+	}
 	if !anyFits {
 		reason += "; no candidate has KV room, least bad"
 	}

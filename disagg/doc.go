@@ -7,7 +7,10 @@
 //
 // KVShape sizes a handoff: bytes = tokens x layers x KV heads x head dim x 2
 // x bytes per element (or tokens x layers x latent dim x bytes for MLA
-// models), from an engine.Profile or a HuggingFace config.json. A Link's
+// models), from an engine.Profile or a HuggingFace config.json. The tokens
+// are the prompt's past what the decode node's prefix cache holds
+// (PulledTokens of its Candidate.CachedTokens: whole blocks, never the last
+// prompt token), as vLLM's NixlConnector pulls only those. A Link's
 // time is setup + bytes / effective bandwidth; Links picks the link between
 // two endpoints by their labels (default: same "node" NVLink 450 GB/s, same
 // "rack" or "zone" RDMA 400 Gb/s, else TCP 100 Gb/s). The Fabric books the
@@ -25,10 +28,12 @@
 //   - places the prefill stage with a cache- and load-aware picker (the
 //     kv-aware policy, parameters derived from the engine profile) over the
 //     prefill-capable candidates;
-//   - places the decode stage with DecodePicker, which ignores prompt
-//     prefixes and weighs KV headroom, the running batch (the decode step
-//     time with the request in it) and the transfer from the chosen prefill
-//     node, fabric queueing included;
+//   - places the decode stage with DecodePicker, which weighs KV
+//     headroom, the running batch (the decode step time with the request
+//     in it) and the transfer from the chosen prefill node, fabric
+//     queueing included, of the prompt KV the decode node does not hold
+//     (a node with the conversation's earlier turns pulls only the new
+//     turn: it wins when the fabric is slow);
 //   - decides, in ModeConditional, whether to run aggregated on the decode
 //     node instead: short uncached prompts, Dynamo's isl_bounding rule, or
 //     an estimated TTFT aggregated (queue + prefill, plus a charge for

@@ -172,7 +172,8 @@ type Plan struct {
 	Rule   string
 	// The estimates behind the choice. PrefillQueue and PrefillTime are on
 	// the prefill node; Transfer is the KV handoff to Decode (with fabric
-	// queueing); DecodeStep the first decode step. AggregatedTTFT and
+	// queueing) of the prompt tokens Decode does not hold (PulledTokens);
+	// DecodeStep the first decode step. AggregatedTTFT and
 	// DisaggregatedTTFT are the two sides of the comparison (0 when a side
 	// was not possible).
 	PrefillQueue, PrefillTime time.Duration
