@@ -79,7 +79,9 @@
 // Result.Samples and Result.Utilisation convert it to package report, the
 // format `kvroute bench` also writes, so simulated and measured runs compare
 // directly; WriteRecordsCSV writes the per-request records. A P/D run also
-// lists every KV handoff (Result.Transfers: bytes, ready, wire start, end);
+// lists every KV handoff (Result.Transfers: bytes, ready, wire start, end;
+// the bytes are the prompt's past the decode engine's own prefix-cache hit,
+// disagg.PulledTokens, as vLLM's NixlConnector pulls);
 // Result.FabricLoad turns them into the fabric bandwidth the fleet used
 // (total, and mean, p99 and peak per decode engine over one-second windows).
 //

@@ -16,7 +16,8 @@ type Transfer struct {
 	// Prefill and Decode are the sending and receiving engines.
 	Prefill string `json:"prefill"`
 	Decode  string `json:"decode"`
-	// Bytes is the KV moved.
+	// Bytes is the KV moved: the prompt tokens past the decode engine's
+	// prefix-cache hit (disagg.PulledTokens).
 	Bytes int64 `json:"bytes"`
 	// Ready is when the decode leg reached its engine and asked for the
 	// KV; Wire when the bytes started to move (after the link's setup and

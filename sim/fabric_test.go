@@ -50,8 +50,11 @@ func TestFabricLoadByHand(t *testing.T) {
 }
 
 // TestPDTransfersRecorded: every disaggregated request of a simulated P/D
-// run has one transfer, its size from the KV shape, ending when its
-// decode leg could start.
+// run has one transfer, its size from the KV shape of the prompt tokens
+// past the decode engine's prefix-cache hit (whole blocks: the prompt's
+// length less a multiple of the block size, at least one token; on this
+// workload of hot documents some hit), ending when its decode leg could
+// start.
 func TestPDTransfersRecorded(t *testing.T) {
 	res := pdRun(t, pdFleet, disagg.ModeAlways, 400)
 	prof, _ := engine.LookupProfile("llama-3.1-8b-h100")
@@ -60,6 +63,7 @@ func TestPDTransfersRecorded(t *testing.T) {
 	for i := range res.Records {
 		byID[res.Records[i].ID] = &res.Records[i]
 	}
+	partial := 0
 	if len(res.Transfers) != len(res.Records) {
 		t.Fatalf("got %d transfers for %d always-disaggregated requests", len(res.Transfers), len(res.Records))
 	}
@@ -68,12 +72,19 @@ func TestPDTransfersRecorded(t *testing.T) {
 		if rec == nil || tr.Decode != rec.Engine || tr.Prefill != rec.PrefillEngine {
 			t.Fatalf("transfer %+v does not match its record %+v", tr, rec)
 		}
-		if want := shape.Bytes(rec.PromptTokens); tr.Bytes != want {
-			t.Errorf("request %s: got %d bytes, want %d", tr.ID, tr.Bytes, want)
+		bpt := shape.BytesPerToken()
+		if k := tr.Bytes / bpt; tr.Bytes%bpt != 0 || k < 1 || int(k) > rec.PromptTokens || (rec.PromptTokens-int(k))%prof.BlockSize != 0 {
+			t.Errorf("request %s: got %d bytes (%d tokens), want the KV of %d tokens less whole blocks", tr.ID, tr.Bytes, k, rec.PromptTokens)
+		}
+		if tr.Bytes < shape.Bytes(rec.PromptTokens) {
+			partial++
 		}
 		if !(tr.Ready <= tr.Wire && tr.Wire < tr.End) || tr.End-tr.Ready > rec.Transfer {
 			t.Errorf("request %s: transfer %v..%v..%v longer than the record's transfer %v", tr.ID, tr.Ready, tr.Wire, tr.End, rec.Transfer)
 		}
+	}
+	if partial == 0 {
+		t.Errorf("no transfer smaller than its prompt's KV: decode engines hold the hot documents")
 	}
 	fl := res.FabricLoad(0)
 	if fl.DecodeEngines != 2 || fl.Total <= 0 || fl.PerDecodeP99 < fl.PerDecodeMean {

@@ -23,7 +23,10 @@ import (
 // reaches the router, which routes the decode leg; the decode leg reaches
 // the decode engine, which pulls the KV over the fabric (setup + queueing
 // behind the transfers in flight on the same ports + wire time, modelled by
-// a disagg.Fabric of the transfers that actually happen); the prefill
+// a disagg.Fabric of the transfers that actually happen) of the prompt
+// tokens past its own prefix-cache hit (disagg.PulledTokens: a decode
+// engine holding the conversation's earlier turns pulls the new turn's
+// KV, as vLLM's NixlConnector does); the prefill
 // engine then releases the blocks and the decode engine generates with no
 // prefill (engine.Request.SkipPrefill). The record's TTFT splits into
 // queue and prefill (on the prefill engine), transfer (the router hop and
@@ -189,7 +192,7 @@ func (s *simulation) pdPrefilled(i int32) {
 	s.engines[pd.dEng].routed++
 	// The decode leg reaches its engine, which pulls the KV.
 	start := s.now + s.cfg.NetLatency
-	bytes := disagg.ShapeOf(s.engines[pd.pEng].profile).Bytes(s.reqs[i].PromptLen)
+	bytes := disagg.ShapeOf(s.engines[pd.pEng].profile).Bytes(s.pulledTokens(pd.dEng, i))
 	tk, est := s.fabric.Reserve(wall(start), wall(start), pd.plan.Prefill, df.Endpoint, bytes)
 	if t := est.Total(); t < 0 || start+t < start || start+t > workload.MaxSpan {
 		// The link's time for the bytes overflowed time.Duration.
@@ -201,6 +204,27 @@ func (s *simulation) pdPrefilled(i int32) {
 	s.transfers = append(s.transfers, Transfer{ID: s.reqs[i].ID, Prefill: s.engines[pd.pEng].id, Decode: df.Endpoint.ID,
 		Bytes: bytes, Ready: start, Wire: start + est.Setup + est.Queue, End: start + est.Total()})
 	s.schedule(start+est.Total(), evPDTransferred, pd.dEng, i)
+}
+
+// pulledTokens returns the prompt tokens of request i whose KV decode
+// engine ei pulls: those past its own prefix-cache hit
+// (disagg.PulledTokens), as vLLM's NixlConnector pulls only the blocks the
+// decode engine's cache lacks. The planner priced the same from the
+// router's view of that cache.
+func (s *simulation) pulledTokens(ei, i int32) int {
+	e := s.engines[ei]
+	r := &s.reqs[i]
+	st := &s.st[i]
+	probe := engine.Request{PromptLen: r.PromptLen}
+	switch {
+	case s.tokenMode:
+		probe.Prompt = st.pd.tokens
+	case e.profile.BlockSize == s.blockSize:
+		probe.BlockHashes = st.ehashes
+	default:
+		probe.BlockHashes = r.BlockHashes(e.profile.BlockSize, nil)
+	}
+	return disagg.PulledTokens(r.PromptLen, e.eng.PrefixHit(&probe), e.profile.BlockSize)
 }
 
 // pdTransferred: the KV is on the decode engine: the prefill engine

@@ -43,7 +43,12 @@ func TestPDSimulation(t *testing.T) {
 	if always.Policy != "pd-always:kv-aware" {
 		t.Errorf("got policy name %q", always.Policy)
 	}
+	gbps := map[string]float64{"always": 400, "slow": 100, "never": 400}
 	for name, res := range map[string]*Result{"always": always, "slow": slow, "never": never} {
+		pulled := map[string]int64{}
+		for _, tr := range res.Transfers {
+			pulled[tr.ID] = tr.Bytes
+		}
 		for i := range res.Records {
 			r := &res.Records[i]
 			if !r.OK() {
@@ -59,9 +64,10 @@ func TestPDSimulation(t *testing.T) {
 					t.Errorf("never: request %s ran on %s/%s with transfer %v", r.ID, r.PrefillEngine, r.Engine, r.Transfer)
 				}
 			default:
-				// 8B: 131,072 B/token; at least the wire time of the prompt.
-				wire := time.Duration(float64(r.PromptTokens) * 131072 * 8 / (400e9) * float64(time.Second))
-				if r.Transfer < wire || (r.PrefillEngine != "e0" && r.PrefillEngine != "e1") || (r.Engine != "e2" && r.Engine != "e3") {
+				// At least the wire time of the KV pulled (the prompt
+				// past the decode engine's prefix-cache hit).
+				wire := time.Duration(float64(pulled[r.ID]) * 8 / (gbps[name] * 1e9) * float64(time.Second))
+				if pulled[r.ID] <= 0 || r.Transfer < wire || (r.PrefillEngine != "e0" && r.PrefillEngine != "e1") || (r.Engine != "e2" && r.Engine != "e3") {
 					t.Errorf("%s: request %s: prefill %s decode %s transfer %v (wire alone %v)", name, r.ID, r.PrefillEngine, r.Engine, r.Transfer, wire)
 				}
 			}
