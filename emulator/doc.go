@@ -23,7 +23,9 @@
 //   - prefill/decode disaggregation in vLLM's NixlConnector form
 //     (kv_transfer_params) or SGLang's bootstrap form, with a small side
 //     channel (POST /internal/kv/pull) that the decode engine calls on the
-//     prefill engine to pull and release the held KV blocks.
+//     prefill engine to pull and release the held KV blocks (in the
+//     NixlConnector form, for the transfer time of the prompt tokens past
+//     the decode engine's own prefix-cache hit, as vLLM pulls only those).
 //
 // Prompts are tokenized with tokenizer.Builtin (chat messages rendered with
 // the ChatML template first); generated token ids come from the engine model

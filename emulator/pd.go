@@ -106,7 +106,7 @@ func (s *Server) preparePD(r *http.Request, j *job, ereq *engine.Request) *apiEr
 				id = r.Header.Get("X-Request-Id")
 			}
 			return s.pullForDecode(r.Context(), j, ereq, kv.RemoteHost, kv.RemotePort,
-				PullRequest{RemoteRequestID: id, RemoteEngineID: kv.RemoteEngineID})
+				PullRequest{RemoteRequestID: id, RemoteEngineID: kv.RemoteEngineID}, true)
 		}
 	case PDSGLang:
 		if req.room == nil {
@@ -119,7 +119,7 @@ func (s *Server) preparePD(r *http.Request, j *job, ereq *engine.Request) *apiEr
 			j.st.holdKV, j.st.leaseKey = true, roomKey(*req.room)
 		case kvroute.RoleDecode:
 			return s.pullForDecode(r.Context(), j, ereq, req.BootstrapHost, req.port,
-				PullRequest{BootstrapRoom: req.room, WaitSeconds: s.cfg.BootstrapWait.Seconds()})
+				PullRequest{BootstrapRoom: req.room, WaitSeconds: s.cfg.BootstrapWait.Seconds()}, false)
 		}
 	}
 	return nil
@@ -133,13 +133,25 @@ func (s *Server) transferTime(tokens int) time.Duration {
 }
 
 // pullForDecode pulls the prompt's KV from the prefill engine; on success
-// the request skips its prefill.
-func (s *Server) pullForDecode(ctx context.Context, j *job, ereq *engine.Request, host string, port int, pr PullRequest) *apiError {
+// the request skips its prefill. With local (vLLM's NixlConnector) only
+// the tokens past this engine's own prefix-cache hit move: the scheduler's
+// local hit (KVCacheManager.get_computed_blocks: whole blocks, never the
+// last prompt token) is passed to get_num_new_matched_tokens, which asks
+// the prefill engine for the rest, and _read_blocks reads only those
+// blocks. The transfer time is that of the tokens moved.
+func (s *Server) pullForDecode(ctx context.Context, j *job, ereq *engine.Request, host string, port int, pr PullRequest, local bool) *apiError {
 	if len(j.prompt) < s.prof.BlockSize {
 		return nil // vLLM: no transfer for a prompt shorter than one block
 	}
+	hit := 0
+	if local {
+		var err error
+		if hit, err = s.prefixHit(ctx, ereq); err != nil {
+			return &apiError{status: http.StatusServiceUnavailable, msg: "kv pull: " + err.Error()}
+		}
+	}
 	pr.EngineID = s.cfg.EngineID
-	pr.TransferSeconds = s.transferTime(len(j.prompt)).Seconds()
+	pr.TransferSeconds = s.transferTime(len(j.prompt) - hit).Seconds()
 	_, err := s.pull(ctx, host, port, pr)
 	if err == nil {
 		ereq.SkipPrefill = true
@@ -150,6 +162,23 @@ func (s *Server) pullForDecode(ctx context.Context, j *job, ereq *engine.Request
 	}
 	s.cfg.Logger.Warn("kv transfer failed, recomputing the prompt locally", "request", j.engineID, "err", err)
 	return nil
+}
+
+// prefixHit returns the prompt tokens of r this engine's prefix cache
+// holds (engine.PrefixHit, asked of the engine loop).
+func (s *Server) prefixHit(ctx context.Context, r *engine.Request) (int, error) {
+	hit := make(chan int, 1)
+	if err := s.post(command{kind: cmdPrefixHit, req: r, hit: hit}); err != nil {
+		return 0, err
+	}
+	select {
+	case n := <-hit:
+		return n, nil
+	case <-s.done:
+		return 0, ErrStopped
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
 }
 
 // pull calls the prefill engine's side channel.

@@ -79,15 +79,17 @@ const (
 	cmdAbort
 	cmdRelease
 	cmdReset
-	cmdSync // publish the stats snapshot now (a /metrics scrape during a quiet run)
+	cmdSync      // publish the stats snapshot now (a /metrics scrape during a quiet run)
+	cmdPrefixHit // probe the prefix cache for req (a P/D decode leg's local hit)
 )
 
 type command struct {
 	kind commandKind
-	req  *engine.Request // cmdAdd
+	req  *engine.Request // cmdAdd, cmdPrefixHit
 	st   *stream         // cmdAdd
 	id   string          // cmdAbort, cmdRelease
 	done chan bool       // cmdReset: the result; cmdSync: closed when published
+	hit  chan int        // cmdPrefixHit: the hit in tokens (buffered)
 	at   time.Duration   // when it was posted (Server.now)
 }
 
@@ -858,6 +860,8 @@ func (s *Server) apply(now time.Duration, c *command, ls *loopState) bool {
 	case cmdSync:
 		s.publishStats(&ls.acc)
 		close(c.done)
+	case cmdPrefixHit:
+		c.hit <- s.eng.PrefixHit(c.req)
 	}
 	return false
 }

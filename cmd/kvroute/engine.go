@@ -65,7 +65,8 @@ token ended the request, holds none: the answer has remote_block_ids [] or no
 kv_transfer_params, as vLLM's); a decode engine given do_remote_prefill=true pulls the
 blocks from remote_host:remote_port (the prefill engine's side channel: its
 HTTP address, or --side-channel-listen), spending --kv-transfer-setup plus
-bytes/--fabric-gbps, then decodes without a prefill. A missing or expired lease is handled per --pd-load-failure. With
+bytes/--fabric-gbps (the bytes of the prompt past its own prefix-cache hit, as
+vLLM pulls only those), then decodes without a prefill. A missing or expired lease is handled per --pd-load-failure. With
 --pd-protocol sglang the router sends the same request (bootstrap_host,
 bootstrap_port = the prefill engine's side channel port, bootstrap_room) to
 both engines at once; the decode engine waits for the room's prefill.
