@@ -13,6 +13,7 @@ import (
 type PD struct {
 	// Protocol is the engines' handoff: nixl (vLLM NixlConnector,
 	// kv_transfer_params) or sglang (bootstrap_host/port/room); default nixl.
+	// The placement sizes each transfer for it (disagg.Config.Protocol).
 	Protocol string `yaml:"protocol"`
 	// Mode is conditional (disaggregate only when the estimate says it
 	// pays), always or never; default conditional.

@@ -77,7 +77,8 @@ func (p DecodeParams) Validate() error {
 //
 // A candidate that holds the conversation's earlier turns pulls only the
 // new part of the prompt, as vLLM's NixlConnector does, so it wins when
-// the fabric is slow; the prefix is not otherwise scored (the decode
+// the fabric is slow (not under Config.Protocol sglang, whose decode
+// engines receive the whole prompt's KV); the prefix is not otherwise scored (the decode
 // engine computes one token). Candidates the request does not fit in
 // (prompt + output tokens over the free KV) are not eligible unless none
 // fits. It implements kvroute.Picker
@@ -88,6 +89,7 @@ type DecodePicker struct {
 	p      DecodeParams
 	cost   costModel
 	fabric *Fabric
+	whole  bool // every transfer moves the whole prompt (Config.Protocol sglang)
 	turn   uint64
 	scores []kvroute.Score
 }
@@ -136,7 +138,10 @@ func (dp *DecodePicker) PickFrom(now, ready time.Time, req *kvroute.Request, can
 			continue
 		}
 		var xfer Estimate
-		pulled := PulledTokens(req.PromptTokens, c.CachedTokens, dp.cost.prof.BlockSize)
+		pulled := req.PromptTokens
+		if !dp.whole {
+			pulled = PulledTokens(pulled, c.CachedTokens, dp.cost.prof.BlockSize)
+		}
 		if prefill != nil && dp.fabric != nil {
 			xfer = dp.fabric.Estimate(now, ready, prefill, c.Endpoint, dp.cost.shape.Bytes(pulled))
 		}

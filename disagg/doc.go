@@ -10,7 +10,9 @@
 // models), from an engine.Profile or a HuggingFace config.json. The tokens
 // are the prompt's past what the decode node's prefix cache holds
 // (PulledTokens of its Candidate.CachedTokens: whole blocks, never the last
-// prompt token), as vLLM's NixlConnector pulls only those. A Link's
+// prompt token), as vLLM's NixlConnector pulls only those; with
+// Config.Protocol sglang, the whole prompt (SGLang's decode engines keep no
+// radix cache in P/D by default). A Link's
 // time is setup + bytes / effective bandwidth; Links picks the link between
 // two endpoints by their labels (default: same "node" NVLink 450 GB/s, same
 // "rack" or "zone" RDMA 400 Gb/s, else TCP 100 Gb/s). The Fabric books the

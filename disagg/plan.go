@@ -92,6 +92,14 @@ type Config struct {
 	Fabric *Fabric
 	// Mode is conditional (default), always or never.
 	Mode Mode
+	// Protocol is the engines' handoff protocol, which decides the KV a
+	// transfer moves: ProtocolNixl (default), the prompt past the decode
+	// node's own prefix-cache hit (PulledTokens: vLLM's NixlConnector
+	// pulls only the blocks the decode engine lacks); ProtocolSGLang, the
+	// whole prompt (SGLang's decode engines receive every prompt token's
+	// KV: their radix cache is off in P/D unless
+	// --disaggregation-decode-enable-radix-cache).
+	Protocol string
 	// Conditional holds the thresholds of ModeConditional.
 	Conditional Conditional
 	// Decode configures decode placement.
@@ -126,6 +134,11 @@ func (c *Config) Validate() error {
 	default:
 		return fmt.Errorf("disagg: config: mode must be conditional, always or never, got %q", c.Mode)
 	}
+	switch c.Protocol {
+	case ProtocolNixl, ProtocolSGLang:
+	default:
+		return fmt.Errorf("disagg: config: protocol must be %s or %s, got %q", ProtocolNixl, ProtocolSGLang, c.Protocol)
+	}
 	if c.Conditional.LocalRatio > 1 || math.IsNaN(c.Conditional.LocalRatio) {
 		return fmt.Errorf("disagg: config: conditional.local_ratio must be <= 1, got %v", c.Conditional.LocalRatio)
 	}
@@ -147,6 +160,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Mode == "" {
 		c.Mode = ModeConditional
+	}
+	if c.Protocol == "" {
+		c.Protocol = ProtocolNixl
 	}
 	c.Conditional.applyDefaults()
 	c.Decode.applyDefaults()
@@ -286,7 +302,7 @@ func NewPlanner(cfg Config) (*Planner, error) {
 	cost := costModel{prof: cfg.Profile, shape: cfg.Shape, meanQueued: cfg.MeanQueuedTokens}
 	return &Planner{
 		cfg: cfg, cost: cost, prefill: pk, fabric: fab,
-		decode: &DecodePicker{p: cfg.Decode, cost: cost, fabric: fab},
+		decode: &DecodePicker{p: cfg.Decode, cost: cost, fabric: fab, whole: cfg.Protocol == ProtocolSGLang},
 		plans:  make(map[*kvroute.Request]*planEntry),
 		pins:   make(map[*kvroute.Request]pin),
 	}, nil
@@ -295,7 +311,7 @@ func NewPlanner(cfg Config) (*Planner, error) {
 // NewDecodePicker returns a decode picker with the planner's parameters
 // and fabric, for callers that place the decode stage alone.
 func (p *Planner) NewDecodePicker() *DecodePicker {
-	return &DecodePicker{p: p.cfg.Decode, cost: p.cost, fabric: p.fabric}
+	return &DecodePicker{p: p.cfg.Decode, cost: p.cost, fabric: p.fabric, whole: p.cfg.Protocol == ProtocolSGLang}
 }
 
 // Fabric returns the planner's fabric.

@@ -85,6 +85,23 @@ func TestDecodePrefersHolderOnSlowFabric(t *testing.T) {
 		}
 	})
 
+	t.Run("sglang: the whole prompt", func(t *testing.T) {
+		// SGLang's decode engines receive every prompt token's KV: holding
+		// the earlier turns saves no transfer.
+		pl, err := NewPlanner(Config{Profile: mustProfile(t, "llama-3.1-8b-h100"), Links: slow, Mode: ModeAlways, Protocol: ProtocolSGLang, Seed: 1})
+		if err != nil {
+			t.Fatal(err)
+		}
+		plan := pl.Plan(t0, req("r", prompt, 256), cands(candSpec{ep: p}, candSpec{ep: cold}, candSpec{ep: holder, cached: held}))
+		if want := pl.Config().Shape.Bytes(prompt); plan.Transfer.Bytes != want {
+			t.Errorf("transfer to %s: got %d bytes, want the whole prompt's %d", plan.Decode.ID, plan.Transfer.Bytes, want)
+		}
+		if _, err := NewPlanner(Config{Profile: mustProfile(t, "tiny"), Protocol: "carrier-pigeon"}); err == nil ||
+			!strings.Contains(err.Error(), "protocol") {
+			t.Errorf("bad protocol: got %v, want an error naming protocol", err)
+		}
+	})
+
 	t.Run("no prefix info: whole prompt, in turn", func(t *testing.T) {
 		pl := newPlanner(t, ModeAlways, slow)
 		var got []string

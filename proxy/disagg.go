@@ -45,9 +45,10 @@ func newPlanner(m *config.Model, picker kvroute.Picker) (*disagg.Planner, error)
 		links.Default = pdLink(pc.DefaultLink)
 	}
 	return disagg.NewPlanner(disagg.Config{
-		Profile: prof,
-		Links:   links,
-		Mode:    disagg.Mode(pc.Mode),
+		Profile:  prof,
+		Links:    links,
+		Mode:     disagg.Mode(pc.Mode),
+		Protocol: pc.Protocol,
 		Conditional: disagg.Conditional{ShortTokens: pc.ShortTokens, LocalISL: pc.LocalISL, LocalRatio: pc.LocalRatio,
 			MaxLocalTokens: pc.MaxLocalTokens, Margin: pc.Margin},
 		Prefill: picker,
