@@ -65,6 +65,17 @@ type SubscriberConfig struct {
 	// dropped before anything is allocated for it. 0 means
 	// DefaultMaxFrameSize (64 MiB); at least 1024 otherwise.
 	MaxFrameSize int64
+	// MaxReplayBatches and MaxReplayBytes bound one replay answer, its
+	// batches and the bytes of their payloads: an answer that grows past
+	// either without its end marker (a broken or hostile peer streaming
+	// batches) is dropped and the replay fails, as one that times out
+	// does, instead of holding memory without bound until ReplayTimeout.
+	// vLLM's answer holds at most its replay buffer, buffer_steps batches
+	// (default 10000): raise MaxReplayBatches to the engine's buffer_steps
+	// when that is larger. 0 means DefaultMaxReplayBatches (10000) and
+	// DefaultMaxReplayBytes (512 MiB).
+	MaxReplayBatches int
+	MaxReplayBytes   int64
 	// IdleReconnect re-dials the engine after this long without a batch, in
 	// case the connection died silently (an engine restart); default 10s.
 	// Not used with Listen.
@@ -97,6 +108,12 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.MaxFrameSize == 0 {
 		c.MaxFrameSize = DefaultMaxFrameSize
 	}
+	if c.MaxReplayBatches == 0 {
+		c.MaxReplayBatches = DefaultMaxReplayBatches
+	}
+	if c.MaxReplayBytes == 0 {
+		c.MaxReplayBytes = DefaultMaxReplayBytes
+	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
@@ -111,6 +128,10 @@ func (c *SubscriberConfig) Validate() error {
 		return errors.New("subscriber: Sink is nil")
 	case c.MaxFrameSize != 0 && c.MaxFrameSize < 1024:
 		return fmt.Errorf("subscriber: MaxFrameSize %d is below 1024", c.MaxFrameSize)
+	case c.MaxReplayBatches < 0:
+		return fmt.Errorf("subscriber: MaxReplayBatches %d is negative", c.MaxReplayBatches)
+	case c.MaxReplayBytes < 0:
+		return fmt.Errorf("subscriber: MaxReplayBytes %d is negative", c.MaxReplayBytes)
 	}
 	if err := validZMQAddr(c.Address, c.Listen || strings.Contains(c.Address, "*")); err != nil {
 		return fmt.Errorf("subscriber: Address: %w", err)
@@ -702,8 +723,8 @@ func (s *Subscriber) replayRetry(ctx context.Context, from uint64) ([]replayed, 
 		rctx, cancel := context.WithTimeout(ctx, s.cfg.ReplayTimeout)
 		got, err = s.replay(rctx, from)
 		cancel()
-		if err == nil || len(got) > 0 {
-			break
+		if err == nil || len(got) > 0 || errors.Is(err, errReplayTooLong) {
+			break // an answer, even a failed one: asking again would get the same
 		}
 		s.cfg.Logger.Warn("kv events: replay got no answer", "endpoint", s.cfg.Endpoint, "from", from,
 			"attempt", attempt+1, "err", err)
@@ -943,10 +964,28 @@ func mediumTier(m string) kvroute.Tier {
 // endMarker is the replay's end-of-stream sequence number (-1 as int64).
 const endMarker = ^uint64(0)
 
+const (
+	// DefaultMaxReplayBatches is the default
+	// SubscriberConfig.MaxReplayBatches: vLLM's default replay buffer
+	// (--kv-events-config buffer_steps), the most batches its answer holds.
+	DefaultMaxReplayBatches = 10000
+	// DefaultMaxReplayBytes is the default SubscriberConfig.MaxReplayBytes:
+	// 512 MiB, DefaultMaxReplayBatches batches of about 50 KiB, what a
+	// step that stores a chunked prefill of 8192 tokens publishes (the
+	// buffer's decode steps publish far less).
+	DefaultMaxReplayBytes = 512 << 20
+)
+
+// errReplayTooLong fails a replay answer over SubscriberConfig's
+// MaxReplayBatches or MaxReplayBytes.
+var errReplayTooLong = errors.New("answer too long")
+
 // zmqReplay asks the engine's ROUTER replay socket for every buffered batch
 // from seq from on: it sends ["", from] on a DEALER socket and reads
 // ["", seq, payload] replies until the end marker seq -1 (a REQ socket
-// would fail after the first reply).
+// would fail after the first reply). An answer over MaxReplayBatches
+// batches or MaxReplayBytes bytes fails (errReplayTooLong), its batches
+// dropped: the callers would apply no part of a failed answer.
 func (s *Subscriber) zmqReplay(ctx context.Context, from uint64) ([]replayed, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
@@ -962,6 +1001,7 @@ func (s *Subscriber) zmqReplay(ctx context.Context, from uint64) ([]replayed, er
 		return nil, fmt.Errorf("replay: send: %w", err)
 	}
 	var out []replayed
+	var size int64
 	for {
 		m, err := d.Recv()
 		if err != nil {
@@ -977,6 +1017,15 @@ func (s *Subscriber) zmqReplay(ctx context.Context, from uint64) ([]replayed, er
 		seq := binary.BigEndian.Uint64(f[0])
 		if seq == endMarker {
 			return out, nil
+		}
+		size += int64(len(f[1]))
+		switch {
+		case len(out) == s.cfg.MaxReplayBatches:
+			return nil, fmt.Errorf("replay: %w: more than %d batches without the end marker (MaxReplayBatches; is the engine's buffer_steps larger?)",
+				errReplayTooLong, s.cfg.MaxReplayBatches)
+		case size > s.cfg.MaxReplayBytes:
+			return nil, fmt.Errorf("replay: %w: more than %d bytes of batches without the end marker (MaxReplayBytes), after %d batches",
+				errReplayTooLong, s.cfg.MaxReplayBytes, len(out))
 		}
 		out = append(out, replayed{seq: seq, payload: f[1]})
 	}

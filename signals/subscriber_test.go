@@ -32,6 +32,10 @@ type fakeEngine struct {
 	enc        EventEncoding
 	dpRank     int  // the data_parallel_rank its batches carry
 	noRank     bool // its batches carry no data_parallel_rank (older vLLM, SGLang)
+	// endless makes its replay answer a broken peer's: its buffer's
+	// batches again and again, numbered on from the start asked for,
+	// without ever the end marker. Set before a replay is asked for.
+	endless bool
 
 	mu      sync.Mutex
 	seq     uint64
@@ -96,8 +100,14 @@ func (e *fakeEngine) close() {
 // unanswered.
 func (e *fakeEngine) serveReplay() {
 	defer e.wg.Done()
+	stopEndless := func() {}
+	defer func() { stopEndless() }()
 	for e.ctx.Err() == nil {
 		m, err := e.route.Recv()
+		// A new request, or the last one's DEALER hung up (zmq4's ROUTER
+		// reports it as an error; its sends to a peer gone succeed).
+		stopEndless()
+		stopEndless = func() {}
 		if err != nil {
 			continue
 		}
@@ -109,6 +119,16 @@ func (e *fakeEngine) serveReplay() {
 		e.replays++
 		buf := slices.Clone(e.buf)
 		e.mu.Unlock()
+		if e.endless {
+			ctx, cancel := context.WithCancel(e.ctx)
+			done := make(chan struct{})
+			go func() { // owned by this loop: stopped at the next receive or its end
+				defer close(done)
+				e.serveEndless(ctx, id, start, buf)
+			}()
+			stopEndless = func() { cancel(); <-done }
+			continue
+		}
 		for _, r := range buf {
 			if r.seq >= start {
 				if err := e.route.Send(zmq4.NewMsgFrom(id, []byte{}, be64(r.seq), r.payload)); err != nil {
@@ -117,6 +137,19 @@ func (e *fakeEngine) serveReplay() {
 			}
 		}
 		_ = e.route.Send(zmq4.NewMsgFrom(id, []byte{}, be64(endMarker), []byte{}))
+	}
+}
+
+// serveEndless answers one replay request without an end, until ctx is
+// done or a send fails.
+func (e *fakeEngine) serveEndless(ctx context.Context, id []byte, start uint64, buf []replayed) {
+	if len(buf) == 0 {
+		return
+	}
+	for seq := start; ctx.Err() == nil; seq++ {
+		if err := e.route.Send(zmq4.NewMsgFrom(id, []byte{}, be64(seq), buf[int(seq-start)%len(buf)].payload)); err != nil {
+			return
+		}
 	}
 }
 
