@@ -62,7 +62,14 @@ func (d *Discovery) KubernetesSources() (srcs []*Kubernetes, paths []string) {
 // watched with an informer. Every ready endpoint (conditions.ready, not
 // terminating) is an engine: its ID is the endpoint's targetRef name (the
 // pod's name), else IP:port; it gets the labels zone and node from the
-// endpoint's zone and nodeName, under Endpoint.Labels.
+// endpoint's zone and nodeName, under Endpoint.Labels. A dual-stack
+// Service lists each backend in an IPv4 and an IPv6 slice: it is one
+// engine, at its IPv4 address, when its endpoints have a targetRef (the
+// same pod) or, without one, a hostname (each IPv6 endpoint pairs with an
+// IPv4 one of the same hostname). Endpoints with neither are keyed by
+// IP:port: nothing tells that two addresses are one backend's, so such a
+// backend listed in both families is two engines (twice its share), and
+// the router logs a warning once.
 type Kubernetes struct {
 	// Service is the Service whose EndpointSlices are watched. Required.
 	Service string `yaml:"service"`

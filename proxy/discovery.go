@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"os"
@@ -123,6 +124,9 @@ type discoverer struct {
 	// client), nil while none has failed since RunDiscovery started. The
 	// pool then has no endpoints (apply).
 	failed atomic.Pointer[string]
+	// dualWarned is set once a source's listing had endpoints without
+	// targetRef or hostname in both address families (logged once).
+	dualWarned atomic.Bool
 }
 
 // codeDiscoveryNotRunning is the error code of a request for a model
@@ -396,14 +400,17 @@ func (d *discoverer) run(ctx context.Context, p *Proxy, i int) error {
 // update makes the ready engines of list (source i's, in namespace ns)
 // its part of the pool's endpoints, and the union of the parts the pool's
 // endpoints once every source has listed.
-func (d *discoverer) update(p *Proxy, log interface {
-	Error(msg string, args ...any)
-}, i int, ns string, list []*discoveryv1.EndpointSlice) {
+func (d *discoverer) update(p *Proxy, log *slog.Logger, i int, ns string, list []*discoveryv1.EndpointSlice) {
 	model, k := d.pl.model, d.srcs[i]
-	engines, problems := readyEngines(k.Service, k.Port, list)
+	engines, problems, unkeyed := readyEngines(k.Service, k.Port, list)
 	for _, err := range problems {
 		p.disc.errors.WithLabelValues(model).Inc()
 		log.Error("discovery: EndpointSlice skipped", "error", err)
+	}
+	if unkeyed && d.dualWarned.CompareAndSwap(false, true) {
+		log.Warn("discovery: the Service's IPv4 and IPv6 EndpointSlices both have endpoints without targetRef or hostname; "+
+			"each address is taken for its own engine, so a backend listed in both families gets twice its share "+
+			"(set the endpoints' hostname, or list one family's addresses)", "service", k.Service)
 	}
 	part := make([]config.Endpoint, len(engines))
 	for j, e := range engines {
@@ -526,11 +533,17 @@ func (d *discoverer) union(p *Proxy, log interface {
 // sorted by ID: every endpoint whose conditions say ready (unset counts as
 // ready, as the API documents) and not terminating, at its first address
 // and the port named port (a name or number; "" is the slice's only
-// port). A pod listed twice (the IPv4 and IPv6 slices of a dual-stack
-// Service) counts once, at its IPv4 address. Slices of other Services and
-// of FQDN addresses are ignored; those whose port cannot be chosen are
-// skipped, each with an error.
-func readyEngines(service, port string, list []*discoveryv1.EndpointSlice) ([]config.DiscoveredEngine, []error) {
+// port). A backend listed twice (the IPv4 and IPv6 slices of a dual-stack
+// Service) counts once, at its IPv4 address: a pod by its targetRef; an
+// endpoint without one by its hostname, each IPv6 endpoint pairing with
+// an IPv4 one of the same hostname (the API calls endpoints of one
+// hostname fungible: one DNS name). An endpoint with neither is keyed by
+// IP:port, and nothing tells its two addresses are one backend's:
+// unkeyed reports that both families had such endpoints (their backends
+// may be listed twice). Slices of other Services and of FQDN addresses
+// are ignored; those whose port cannot be chosen are skipped, each with
+// an error.
+func readyEngines(service, port string, list []*discoveryv1.EndpointSlice) (_ []config.DiscoveredEngine, _ []error, unkeyed bool) {
 	list = slices.Clone(list)
 	slices.SortFunc(list, func(a, b *discoveryv1.EndpointSlice) int {
 		return cmp.Or(cmp.Compare(a.AddressType, b.AddressType), cmp.Compare(a.Name, b.Name)) // IPv4 before IPv6
@@ -538,6 +551,8 @@ func readyEngines(service, port string, list []*discoveryv1.EndpointSlice) ([]co
 	var out []config.DiscoveredEngine
 	var errs []error
 	seen := make(map[string]bool)
+	v4Hosts := make(map[string]int) // IPv4 endpoints without targetRef by hostname, not yet paired
+	var bare [2]bool                // IPv4, IPv6 endpoints with neither targetRef nor hostname
 	for _, s := range list {
 		if s.Labels[discoveryv1.LabelServiceName] != service || len(s.Endpoints) == 0 ||
 			(s.AddressType != discoveryv1.AddressTypeIPv4 && s.AddressType != discoveryv1.AddressTypeIPv6) {
@@ -555,8 +570,19 @@ func readyEngines(service, port string, list []*discoveryv1.EndpointSlice) ([]co
 			}
 			host := e.Addresses[0]
 			id := net.JoinHostPort(host, strconv.Itoa(n))
-			if e.TargetRef != nil && e.TargetRef.Name != "" {
+			v6 := s.AddressType == discoveryv1.AddressTypeIPv6
+			switch {
+			case e.TargetRef != nil && e.TargetRef.Name != "":
 				id = e.TargetRef.Name
+			case e.Hostname != nil && *e.Hostname != "" && !v6:
+				v4Hosts[*e.Hostname]++
+			case e.Hostname != nil && *e.Hostname != "":
+				if v4Hosts[*e.Hostname] > 0 {
+					v4Hosts[*e.Hostname]-- // the IPv4 endpoint's twin
+					continue
+				}
+			default:
+				bare[b2i(v6)] = true
 			}
 			if seen[id] {
 				continue
@@ -566,7 +592,14 @@ func readyEngines(service, port string, list []*discoveryv1.EndpointSlice) ([]co
 		}
 	}
 	slices.SortFunc(out, func(a, b config.DiscoveredEngine) int { return cmp.Compare(a.ID, b.ID) })
-	return out, errs
+	return out, errs, bare[0] && bare[1]
+}
+
+func b2i(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
 }
 
 // slicePort returns the number of slice s's port named port (a name or a

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/url"
@@ -29,6 +30,7 @@ import (
 	clienttesting "k8s.io/client-go/testing"
 
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/syncbuf"
 )
 
 // fakeCluster is a fake API server holding EndpointSlices. watching is
@@ -150,7 +152,14 @@ func discoveryConfig(pol string) config.Config {
 // others) until the test ends.
 func discoveryProxy(t *testing.T, cfg config.Config, cluster *fakeCluster) *testProxy {
 	t.Helper()
-	tp := newTestProxyOpts(t, Options{Config: cfg, NewPicker: testPickers, KubeClient: cluster.kubeClient})
+	return discoveryProxyOpts(t, Options{Config: cfg}, cluster)
+}
+
+// discoveryProxyOpts is discoveryProxy with opts (a Logger, say).
+func discoveryProxyOpts(t *testing.T, opts Options, cluster *fakeCluster) *testProxy {
+	t.Helper()
+	opts.NewPicker, opts.KubeClient = testPickers, cluster.kubeClient
+	tp := newTestProxyOpts(t, opts)
 	p := tp.Proxy
 	p.debounce, p.discWait = 10*time.Millisecond, time.Second
 	ctx, cancel := context.WithCancel(context.Background())
@@ -321,6 +330,9 @@ func TestReadyEngines(t *testing.T) {
 	twoPorts.Ports = append(twoPorts.Ports, discoveryv1.EndpointPort{Name: &metricsName, Port: &metricsPort})
 	v6 := slice("v6", "vllm", "http", 8000, readyEndpoint("pod-a", "fd00::1"), readyEndpoint("pod-6", "fd00::6"))
 	v6.AddressType = discoveryv1.AddressTypeIPv6
+	// h1 twice in each family: two backends; h2 only in IPv6.
+	v6Hosts := slice("v6", "vllm", "http", 8000, hostEndpoint("h1", "fd00::1"), hostEndpoint("h1", "fd00::2"), hostEndpoint("h2", "fd00::3"))
+	v6Hosts.AddressType = discoveryv1.AddressTypeIPv6
 	tests := []struct {
 		name    string
 		port    string
@@ -348,12 +360,15 @@ func TestReadyEngines(t *testing.T) {
 			nil, ""},
 		{"dual stack: once, IPv4", "http", []*discoveryv1.EndpointSlice{v6, slice("v4", "vllm", "http", 8000, readyEndpoint("pod-a", "10.0.0.1"))},
 			[]string{"pod-6@fd00::6:8000", "pod-a@10.0.0.1:8000"}, ""},
+		{"dual stack without pods: once by hostname", "http", []*discoveryv1.EndpointSlice{v6Hosts, slice("v4", "vllm", "http", 8000,
+			hostEndpoint("h1", "10.0.0.1"), hostEndpoint("h1", "10.0.0.2"))},
+			[]string{"10.0.0.1:8000@10.0.0.1:8000", "10.0.0.2:8000@10.0.0.2:8000", "[fd00::3]:8000@fd00::3:8000"}, ""},
 		{"sorted by ID", "http", []*discoveryv1.EndpointSlice{slice("s", "vllm", "http", 8000, readyEndpoint("pod-b", "10.0.0.2"), readyEndpoint("pod-a", "10.0.0.1"))},
 			[]string{"pod-a@10.0.0.1:8000", "pod-b@10.0.0.2:8000"}, ""},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
-			got, errs := readyEngines("vllm", tc.port, tc.slices)
+			got, errs, _ := readyEngines("vllm", tc.port, tc.slices)
 			var ids []string
 			for _, e := range got {
 				ids = append(ids, fmt.Sprintf("%s@%s:%d", e.ID, e.Host, e.Port))
@@ -369,9 +384,50 @@ func TestReadyEngines(t *testing.T) {
 			}
 		})
 	}
-	got, _ := readyEngines("vllm", "http", []*discoveryv1.EndpointSlice{slice("s", "vllm", "http", 8000, withZone)})
+	got, _, _ := readyEngines("vllm", "http", []*discoveryv1.EndpointSlice{slice("s", "vllm", "http", 8000, withZone)})
 	if len(got) != 1 || got[0].Zone != zone || got[0].Node != node {
 		t.Errorf("zone and node: got %+v", got)
+	}
+}
+
+// hostEndpoint is a ready endpoint without a pod, of hostname host ("":
+// none), at ip.
+func hostEndpoint(host, ip string) discoveryv1.Endpoint {
+	e := readyEndpoint("", ip)
+	if host != "" {
+		e.Hostname = &host
+	}
+	return e
+}
+
+// TestDiscoveryDualStackWithoutTargetRef: a dual-stack Service's backends
+// are listed in an IPv4 and an IPv6 EndpointSlice; those without a
+// targetRef (a Service without selector, its slices written by hand or by
+// a controller) were keyed by IP:port, so each took two engines' share.
+// One with a hostname is now taken once, at its IPv4 address, its IPv6
+// twin paired by hostname; endpoints of one hostname within a family stay
+// distinct; one with neither is still listed per address (nothing tells
+// they are one backend), and the router warns once.
+func TestDiscoveryDualStackWithoutTargetRef(t *testing.T) {
+	var logs syncbuf.Buffer
+	cluster := newFakeCluster()
+	tp := discoveryProxyOpts(t, Options{Config: discoveryConfig("first"),
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelWarn}))}, cluster)
+	v4 := slice("vllm-v4", "vllm", "http", 8000, hostEndpoint("engine-a", "10.0.0.1"), hostEndpoint("engine-b", "10.0.0.2"),
+		hostEndpoint("engine-b", "10.0.0.3"), hostEndpoint("", "10.0.0.4"))
+	v6 := slice("vllm-v6", "vllm", "http", 8000, hostEndpoint("engine-a", "fd00::1"), hostEndpoint("engine-b", "fd00::2"),
+		hostEndpoint("engine-b", "fd00::3"), hostEndpoint("", "fd00::4"))
+	v6.AddressType = discoveryv1.AddressTypeIPv6
+	cluster.put(t, v4)
+	cluster.put(t, v6)
+	want := []string{"10.0.0.1:8000", "10.0.0.2:8000", "10.0.0.3:8000", "10.0.0.4:8000", "[fd00::4]:8000"}
+	waitFor(t, "the dual-stack engines", func() bool { return slices.Equal(endpointIDs(tp, "m"), want) })
+	v4.Endpoints = append(v4.Endpoints, hostEndpoint("engine-c", "10.0.0.5")) // a second listing, still warned once
+	cluster.put(t, v4)
+	want = slices.Insert(want, 4, "10.0.0.5:8000")
+	waitFor(t, "engine-c", func() bool { return slices.Equal(endpointIDs(tp, "m"), want) })
+	if n := strings.Count(logs.String(), "without targetRef or hostname"); n != 1 {
+		t.Errorf("warnings about endpoints without targetRef or hostname in both families: got %d, want 1; log:\n%s", n, logs.String())
 	}
 }
 
