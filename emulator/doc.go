@@ -12,7 +12,11 @@
 //     another model, and FastAPI's 404 and 405 for unknown routes and
 //     methods;
 //   - GET /metrics in the vLLM (current or legacy names), SGLang or llama.cpp
-//     flavour, on a private Prometheus registry;
+//     flavour, on a private Prometheus registry; a request a stop string
+//     ended counts, in vllm:generation_tokens_total and its finish (reason
+//     stop, request_generation_tokens), the tokens up to the match, as
+//     vLLM's output processor does, not those the engine produced before
+//     its abort arrived;
 //   - GET /health, GET /v1/models, GET /version, POST /tokenize and POST
 //     /reset_prefix_cache as vLLM has them, and vLLM's in-band load report
 //     (the endpoint-load-metrics response header, on request);

@@ -252,6 +252,9 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		every = s.cfg.StreamInterval
 	}
 	j.st = newStream(j.engineID, every, j.maxTokens)
+	if len(req.stops) > 0 {
+		j.st.stop = &stopState{}
+	}
 	j.direct = every == 0 && s.plainWords
 	j.ereq = ereq
 	defer j.putToks()
@@ -374,11 +377,96 @@ func lengthError(maxLen, n, out int, param string) *apiError {
 func (s *Server) abort(j *job) {
 	j.st.aborted.Store(true)
 	_ = s.post(command{kind: cmdAbort, id: j.engineID})
+	if ss := j.st.stop; ss != nil {
+		// A finish held for this handler is recorded now, with every
+		// token; one still to come is recorded by the loop (st.aborted).
+		j.st.mu.Lock()
+		f, m, n := ss.fin, ss.m, j.st.generated-ss.counted
+		ss.fin = nil
+		if f != nil {
+			ss.counted += n
+		}
+		j.st.mu.Unlock()
+		if f != nil {
+			m.stopCounted.Add(int64(n))
+			m.mu.Lock()
+			m.addFinish(*f)
+			m.mu.Unlock()
+		}
+	}
 }
 
 // advance takes the stream's new tokens, renders them and applies stop
-// strings. It reports whether the request is over.
+// strings. It reports whether the request is over. A request with stop
+// strings then counts its tokens searched (settleStop).
 func (s *Server) advance(j *job) bool {
+	over := s.advanceText(j)
+	if j.st.stop != nil {
+		s.settleStop(j)
+	}
+	return over
+}
+
+// settleStop counts the tokens of a request with stop strings that its
+// handler searched, up to the one that completed a match (vLLM counts
+// those its output processor processed), and records its finish when the
+// engine finished it before the handler searched its last tokens: with
+// the tokens counted and "stop" when a stop string matched.
+func (s *Server) settleStop(j *job) {
+	ss := j.st.stop
+	j.st.mu.Lock()
+	n := max(0, j.generated-ss.counted)
+	ss.counted += n
+	m, f := ss.m, ss.fin
+	if f != nil && (j.stopped || j.prog.finished) {
+		ss.fin = nil
+		f.generated = float64(ss.counted)
+		f.tpot = 0
+		if ss.counted > 1 {
+			f.tpot = f.decode / float64(ss.counted-1)
+		}
+		if j.stopped {
+			f.reason = engine.FinishStop
+		}
+	} else {
+		f = nil
+	}
+	j.st.mu.Unlock()
+	if m == nil {
+		return // not added to an engine (yet)
+	}
+	if n > 0 {
+		m.stopCounted.Add(int64(n))
+	}
+	if f != nil {
+		m.mu.Lock()
+		m.addFinish(*f)
+		m.mu.Unlock()
+	}
+}
+
+// stopMatched records that stop ended the request before the engine
+// finished it, with its tokens up to the match counted, in one step: the
+// engine's last output, which may follow the abort at once, finds both
+// (Server.finished).
+func (s *Server) stopMatched(j *job, stop string) {
+	ss := j.st.stop
+	if ss == nil {
+		return
+	}
+	j.st.mu.Lock()
+	n := max(0, j.generated-ss.counted)
+	ss.counted += n
+	ss.match = stop
+	m := ss.m
+	j.st.mu.Unlock()
+	if m != nil && n > 0 {
+		m.stopCounted.Add(int64(n))
+	}
+}
+
+// advanceText is advance before the stop strings' accounting.
+func (s *Server) advanceText(j *job) bool {
 	j.prog = j.st.take(j.buf)
 	p := &j.prog
 	j.buf = p.toks
@@ -436,9 +524,7 @@ func (s *Server) searchStops(j *job, toks []uint32, before int, finished bool) b
 		j.generated = before + i + 1
 		j.stopped, j.finish, j.stopReason = true, openai.FinishStop, stop
 		if !finished {
-			j.st.mu.Lock()
-			j.st.stopString = stop
-			j.st.mu.Unlock()
+			s.stopMatched(j, stop)
 			_ = s.post(command{kind: cmdAbort, id: j.engineID})
 		}
 		return true

@@ -8,6 +8,7 @@ import (
 	"net/http"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/kvroute/kvroute/engine"
@@ -77,6 +78,11 @@ type snapshot struct {
 	maxContext                   int
 	genThroughput                float64 // tokens/s over the last second
 	requests, aborted            int64
+	// stopGen counts the tokens the engine generated for requests with
+	// stop strings (counted with its GenerationTokens, when a step is
+	// computed): vllm:generation_tokens_total has instead the tokens their
+	// handlers counted (metrics.stopCounted; see stopState).
+	stopGen int64
 }
 
 // metrics holds one Server's instruments. Histograms that the flavour does
@@ -106,6 +112,9 @@ type metrics struct {
 	// fleet's loop wakes with a cold cache). Whoever reads those flushes
 	// first (gather, Collect).
 	finishes []finishObs
+	// stopCounted counts the tokens of requests with stop strings up to
+	// their match (stopState), for vllm:generation_tokens_total.
+	stopCounted atomic.Int64
 }
 
 // finishObs is what a finished request records in the histograms only
@@ -335,7 +344,7 @@ func (m *metrics) vllm(legacy bool, l prometheus.Labels, prof engine.Profile, ha
 	m.counterFunc("vllm:prompt_tokens_total", "Number of prefill tokens processed.", l, created,
 		func(s *snapshot) float64 { return float64(s.st.PromptTokens) })
 	m.counterFunc("vllm:generation_tokens_total", "Number of generation tokens processed.", l, created,
-		func(s *snapshot) float64 { return float64(s.st.GenerationTokens) })
+		func(s *snapshot) float64 { return float64(s.st.GenerationTokens - s.stopGen + m.stopCounted.Load()) })
 
 	const successHelp = "Count of successfully processed requests."
 	sv := prometheus.NewCounterVec(prometheus.CounterOpts{Name: "vllm:request_success_total", Help: successHelp, ConstLabels: l},
@@ -487,6 +496,16 @@ func (m *metrics) gather() ([]*dto.MetricFamily, error) {
 // engine but "stop" for the client); maxTokens the request's max_tokens
 // (read when o is its last output).
 func (m *metrics) onOutput(o *engine.Output, generated int, reason string, maxTokens int) {
+	m.onLatency(o, generated)
+	if !o.Finished {
+		return
+	}
+	m.addFinish(finishOf(o, generated, reason, maxTokens))
+}
+
+// onLatency records the time to first token or inter-token latency of o,
+// as onOutput does.
+func (m *metrics) onLatency(o *engine.Output, generated int) {
 	if o.FinishReason != engine.FinishAbort || generated > 0 {
 		if o.First {
 			m.ttft.observe(o.TTFT.Seconds())
@@ -494,18 +513,25 @@ func (m *metrics) onOutput(o *engine.Output, generated int, reason string, maxTo
 			m.itl.observe(o.ITL.Seconds())
 		}
 	}
-	if !o.Finished {
-		return
-	}
-	if len(m.finishes) == pendMax {
-		m.flush()
-	}
+}
+
+// finishOf is the observation of a request's last output o (see onOutput).
+func finishOf(o *engine.Output, generated int, reason string, maxTokens int) finishObs {
 	f := finishObs{e2e: (o.Time - o.Arrival).Seconds(), queue: o.QueueTime.Seconds(),
 		inference: (o.PrefillTime + o.DecodeTime).Seconds(), prefill: o.PrefillTime.Seconds(),
 		decode: o.DecodeTime.Seconds(), promptTokens: float64(o.PromptTokens), generated: float64(generated),
 		maxTokens: float64(maxTokens), reason: reason}
 	if generated > 1 {
 		f.tpot = o.DecodeTime.Seconds() / float64(generated-1)
+	}
+	return f
+}
+
+// addFinish records a finished request's observation f (pending until
+// the next flush). The caller holds m.mu.
+func (m *metrics) addFinish(f finishObs) {
+	if len(m.finishes) == pendMax {
+		m.flush()
 	}
 	m.finishes = append(m.finishes, f)
 }

@@ -365,8 +365,9 @@ type loopState struct {
 	lastReal time.Duration
 	unread   int
 	// notifying counts the live streams woken before they finish
-	// (stream.every > 0); spaced those with every > 1.
-	notifying, spaced int
+	// (stream.every > 0); spaced those with every > 1; stops those of
+	// requests with stop strings (stream.stop).
+	notifying, spaced, stops int
 	// fullDeliver makes deliver look up the stream of every output, as
 	// it must while a handler is woken per chunk (the reference path for
 	// TestCatchUpMatchesStepping).
@@ -453,6 +454,7 @@ func (s *Server) loop(ctx context.Context) {
 			continue
 		}
 		s.eng.StepInto(ls.vnow, &ls.res)
+		s.countStops(ls)
 		if !s.completeStep(ctx, ls, real) {
 			return
 		}
@@ -479,6 +481,26 @@ func (s *Server) completeStep(ctx context.Context, ls *loopState, real time.Dura
 		}
 	}
 	return s.finishStep(ctx, ls, true, real)
+}
+
+// countStops adds to ls.acc.stopGen the tokens that the step just computed
+// into ls.res generated for requests with stop strings (every output but
+// an abort's is a token), as the engine added them to its
+// GenerationTokens: a snapshot has both or neither. catchUp computes no
+// such request's steps (their handlers are woken at every token).
+func (s *Server) countStops(ls *loopState) {
+	if ls.stops == 0 {
+		return
+	}
+	for i := range ls.res.Outputs {
+		o := &ls.res.Outputs[i]
+		if o.Finished && o.FinishReason == engine.FinishAbort {
+			continue
+		}
+		if st := ls.live[o.ID]; st != nil && st.stop != nil {
+			ls.acc.stopGen++
+		}
+	}
 }
 
 // finishes reports whether a request finished in the step.
@@ -611,6 +633,7 @@ func (s *Server) sleepThrough(ctx context.Context, ls *loopState, until time.Dur
 			clear(ls.queue[len(kept):])
 			ls.queue = kept
 		}
+		s.countStops(ls) // after the snapshot of the state before the step
 		if ls.vnow+ls.res.Duration > woke && ls.notifying == 0 && !finishes(&ls.res) {
 			ls.inProgress = true
 			return true
@@ -842,6 +865,12 @@ func (s *Server) apply(now time.Duration, c *command, ls *loopState) bool {
 		}
 		ls.acc.requests++
 		ls.live[c.req.ID] = c.st
+		if c.st.stop != nil {
+			c.st.mu.Lock()
+			c.st.stop.m = s.metrics
+			c.st.mu.Unlock()
+			ls.stops++
+		}
 		if c.st.every > 0 {
 			ls.notifying++
 			if c.st.every > 1 {
@@ -1013,14 +1042,32 @@ func (s *Server) finished(o *engine.Output, st *stream, ls *loopState) {
 	st.generated = st.gen
 	st.finished = true
 	st.finishReason = o.FinishReason
-	if st.stopString != "" {
-		reason = engine.FinishStop
+	generated, record := st.gen, true
+	if ss := st.stop; ss != nil {
+		// Counted as vLLM's output processor counts it (stopState): up
+		// to the match; with every token when the client is gone; else
+		// by its handler, once it searched the last tokens.
+		switch {
+		case ss.match != "":
+			reason, generated = engine.FinishStop, ss.counted
+		case st.aborted.Load():
+			s.metrics.stopCounted.Add(int64(st.gen - ss.counted))
+			ss.counted = st.gen
+		default:
+			f := finishOf(o, st.gen, reason, st.maxTokens)
+			ss.fin, record = &f, false
+		}
+		ls.stops--
 	}
 	st.promptTokens = o.PromptTokens
 	st.cachedTokens = o.CachedTokens
 	st.blockIDs = blockIDs
 	st.mu.Unlock()
-	s.metrics.onOutput(o, st.gen, reason, st.maxTokens)
+	if record {
+		s.metrics.onOutput(o, generated, reason, st.maxTokens)
+	} else {
+		s.metrics.onLatency(o, generated) // the finish is its handler's to record
+	}
 	delete(ls.live, o.ID)
 	if st.every > 0 {
 		ls.notifying--

@@ -40,11 +40,30 @@ type stream struct {
 	generated    int        // tokens generated so far (EOS included)
 	finished     bool
 	finishReason string
-	stopString   string // set by the handler when a stop string ended the request
+	stop         *stopState // a request with stop strings' accounting; nil without
 	promptTokens int
 	cachedTokens int
 	blockIDs     []int // held blocks (holdKV)
 	err          error // the request failed (Add error, engine stopped)
+}
+
+// stopState is the accounting of a request with stop strings, guarded by
+// its stream's mu. vLLM counts a request's generated tokens, and records
+// its finish, where it also matches the stop strings (the front end's
+// output processor, step by step): outputs the engine produced after the
+// step whose tokens completed a match (before its abort arrived) belong
+// to a request already gone there, and are not counted. The emulator's
+// handler matches them, as often after the engine ran ahead, so it counts
+// them (counted) and the loop leaves them out of the engine's count
+// (snapshot.stopGen).
+type stopState struct {
+	m       *metrics // of the engine that runs the request; set when it is added
+	match   string   // the stop string that ended the request; "" until one did
+	counted int      // tokens counted in m.stopCounted (searched, up to the match)
+	// fin is the request's finish when the engine finished it before its
+	// handler searched its last tokens: recorded by the handler then,
+	// with the tokens up to a match and "stop" if one is found.
+	fin *finishObs
 }
 
 // newStream returns the stream of a request. A whole response (every 0)

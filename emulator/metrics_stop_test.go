@@ -1,0 +1,120 @@
+package emulator
+
+import (
+	"encoding/json"
+	"fmt"
+	"strings"
+	"testing"
+
+	dto "github.com/prometheus/client_model/go"
+
+	"github.com/kvroute/kvroute/openai"
+)
+
+// TestMetricsStopStringTokens: vLLM counts a request's generated tokens,
+// and records its finish, in its front end's output processor, which also
+// matches the stop strings after each engine step; a request a stop string
+// ended is gone there, so the tokens the engine produced after that step
+// (before its abort reached the engine) are counted nowhere:
+// vllm:generation_tokens_total and request_generation_tokens have the
+// tokens up to the match, the usage's completion_tokens. The emulator
+// counted what its engine produced: one step more (Speed 1), or at a high
+// Speed every token up to max_tokens (the engine runs ahead of the
+// handler that matches) with the finish counted as length.
+func TestMetricsStopStringTokens(t *testing.T) {
+	for _, speed := range []float64{1, 1000} {
+		for _, stream := range []bool{false, true} {
+			t.Run(fmt.Sprintf("speed %v stream %v", speed, stream), func(t *testing.T) {
+				_, hs := testServer(t, Config{Speed: speed})
+				_, body := post(t, hs.URL+"/v1/completions", `{"prompt":"abc","max_tokens":30,"seed":9,"ignore_eos":true}`)
+				var full openai.Completion
+				if err := json.Unmarshal(body, &full); err != nil {
+					t.Fatal(err)
+				}
+				words := strings.Fields(full.Choices[0].Text)
+				if len(words) < 6 {
+					t.Fatalf("got %q, want 6+ words", full.Choices[0].Text)
+				}
+				stopAt := countStop(t, hs.URL, words[4], false)
+				if stream {
+					// The streamed response's tokens are the same as the
+					// whole one's (same seed).
+					if got := countStop(t, hs.URL, words[4], true); got != stopAt {
+						t.Fatalf("streamed completion_tokens %d, whole %d", got, stopAt)
+					}
+				}
+				reqs := 2
+				if stream {
+					reqs = 3
+				}
+				var mfs map[string]*dto.MetricFamily
+				waitFor(t, "the finishes recorded", func() bool {
+					mfs = scrape(t, hs.URL)
+					n := 0
+					for _, m := range mfs["vllm:request_success_total"].GetMetric() {
+						n += int(value(m))
+					}
+					return n == reqs
+				})
+				gen := 30 + (reqs-1)*stopAt
+				if got := value(mfs["vllm:generation_tokens_total"].GetMetric()[0]); got != float64(gen) {
+					t.Errorf("generation_tokens_total: got %v, want %d (30 + %d x %d up to the stop string)", got, gen, reqs-1, stopAt)
+				}
+				h := mfs["vllm:request_generation_tokens"].GetMetric()[0].GetHistogram()
+				if h.GetSampleCount() != uint64(reqs) || h.GetSampleSum() != float64(gen) {
+					t.Errorf("request_generation_tokens: got count %d sum %v, want %d and %d", h.GetSampleCount(), h.GetSampleSum(), reqs, gen)
+				}
+				for _, m := range mfs["vllm:request_success_total"].GetMetric() {
+					reason, want := labelsOf(m)["finished_reason"], 0.0
+					switch reason {
+					case "length":
+						want = 1
+					case "stop":
+						want = float64(reqs - 1)
+					}
+					if got := value(m); got != want {
+						t.Errorf("request_success_total{finished_reason=%q}: got %v, want %v", reason, got, want)
+					}
+				}
+			})
+		}
+	}
+}
+
+// countStop sends the seed's request with stop string stop and returns its
+// completion tokens.
+func countStop(t *testing.T, url, stop string, stream bool) int {
+	t.Helper()
+	r := map[string]any{"prompt": "abc", "max_tokens": 30, "seed": 9, "ignore_eos": true, "stop": []string{stop}}
+	if stream {
+		r["stream"], r["stream_options"] = true, map[string]any{"include_usage": true}
+	}
+	req, _ := json.Marshal(r)
+	code, body := post(t, url+"/v1/completions", string(req))
+	if code != 200 {
+		t.Fatalf("got %d %s", code, body)
+	}
+	if stream {
+		i := strings.LastIndex(string(body), `"usage":`)
+		if i < 0 {
+			t.Fatalf("no usage in %s", body)
+		}
+		var u struct {
+			Usage openai.Usage `json:"usage"`
+		}
+		line := string(body)[strings.LastIndex(string(body[:i]), "data: ")+len("data: "):]
+		line = line[:strings.Index(line, "\n")]
+		if err := json.Unmarshal([]byte(line), &u); err != nil {
+			t.Fatalf("usage chunk %q: %v", line, err)
+		}
+		return u.Usage.CompletionTokens
+	}
+	var c openai.Completion
+	if err := json.Unmarshal(body, &c); err != nil {
+		t.Fatal(err)
+	}
+	if *c.Choices[0].FinishReason != "stop" {
+		t.Fatalf("finish %q, want stop", *c.Choices[0].FinishReason)
+	}
+	return c.Usage.CompletionTokens
+}
