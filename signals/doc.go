@@ -151,7 +151,8 @@
 // Every ZMTP connection, dialled or accepted, reads through a frame
 // scanner (zmqframe.go): a peer that announces a frame or multipart
 // message over SubscriberConfig.MaxFrameSize (default 64 MiB) is dropped
-// before zmq4 allocates for it. A replay answer that passes
+// before zmq4 allocates for it; a session reads at most 64 messages and
+// MaxFrameSize bytes ahead of their handling. A replay answer that passes
 // SubscriberConfig.MaxReplayBatches (default 10000, vLLM's default
 // buffer_steps) or MaxReplayBytes (512 MiB) without its end marker fails
 // and none of it is applied. A listening socket reads each peer's side

@@ -9,6 +9,7 @@ import (
 	"math"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-zeromq/zmq4"
@@ -62,8 +63,10 @@ type SubscriberConfig struct {
 	// MaxFrameSize bounds the ZMTP frames an engine may send, and its
 	// multipart messages (the sum of their frames, each but the last
 	// counting 32 bytes more): a connection whose peer announces more is
-	// dropped before anything is allocated for it. 0 means
-	// DefaultMaxFrameSize (64 MiB); at least 1024 otherwise.
+	// dropped before anything is allocated for it. It also bounds the
+	// bytes of the messages a session reads ahead of their handling (at
+	// most 64 messages; a larger one alone). 0 means DefaultMaxFrameSize
+	// (64 MiB); at least 1024 otherwise.
 	MaxFrameSize int64
 	// MaxReplayBatches and MaxReplayBytes bound one replay answer, its
 	// batches and the bytes of their payloads: an answer that grows past
@@ -257,6 +260,9 @@ type Subscriber struct {
 	// restart.
 	dups map[uint64]uint64
 
+	// gate is the current session's read-ahead bound (tests look at it).
+	gate atomic.Pointer[byteGate]
+
 	mu sync.Mutex // guards st
 	st SubscriberStatus
 }
@@ -335,6 +341,71 @@ func (s *Subscriber) Run(ctx context.Context) error {
 type subMsg struct {
 	frames [][]byte
 	err    error
+	size   int64 // framesSize(frames)
+}
+
+// framesSize is the bytes of a message's frames.
+func framesSize(f [][]byte) int64 {
+	var n int64
+	for _, b := range f {
+		n += int64(len(b))
+	}
+	return n
+}
+
+// byteGate bounds the bytes of the messages a session's reader has
+// handed over and the session has not taken yet: acquire waits while
+// they would go over limit, unless none are queued (a larger message
+// passes alone). Safe for one acquiring and one releasing goroutine.
+type byteGate struct {
+	limit int64
+	freed chan struct{} // signalled (capacity 1) when bytes are released
+
+	mu      sync.Mutex // guards queued and waiting
+	queued  int64
+	waiting bool // acquire waits for bytes to be released
+}
+
+func newByteGate(limit int64) *byteGate {
+	return &byteGate{limit: limit, freed: make(chan struct{}, 1)}
+}
+
+// acquire adds n bytes once they fit, and reports false if ctx is done
+// first.
+func (g *byteGate) acquire(ctx context.Context, n int64) bool {
+	for {
+		g.mu.Lock()
+		g.waiting = g.queued > 0 && g.queued+n > g.limit
+		if !g.waiting {
+			g.queued += n
+			g.mu.Unlock()
+			return true
+		}
+		g.mu.Unlock()
+		select {
+		case <-g.freed:
+		case <-ctx.Done():
+			return false
+		}
+	}
+}
+
+// state returns the bytes queued and whether acquire is waiting.
+func (g *byteGate) state() (int64, bool) {
+	g.mu.Lock()
+	defer g.mu.Unlock()
+	return g.queued, g.waiting
+}
+
+// release takes n bytes acquired back.
+func (g *byteGate) release(n int64) {
+	g.mu.Lock()
+	g.queued -= n
+	g.mu.Unlock()
+	select {
+	case g.freed <- struct{}{}:
+	default:
+	}
 }
 
 // session runs one SUB connection until ctx is done, the connection fails
@@ -393,7 +464,12 @@ func (s *Subscriber) session(parent context.Context) error {
 		}
 	}
 
+	// The messages read ahead of their handling: at most 64, and
+	// MaxFrameSize bytes (a larger message alone), not 64 of the largest
+	// an engine may send (4 GiB by default).
 	msgs := make(chan subMsg, 64)
+	gate := newByteGate(s.cfg.MaxFrameSize)
+	s.gate.Store(gate)
 	var wg sync.WaitGroup
 	wg.Add(1)
 	go func() { // owned by this session: stops when ctx is cancelled below
@@ -404,8 +480,12 @@ func (s *Subscriber) session(parent context.Context) error {
 			if err != nil && ctx.Err() != nil {
 				return
 			}
+			size := framesSize(m.Frames)
+			if !gate.acquire(ctx, size) {
+				return
+			}
 			select {
-			case msgs <- subMsg{frames: m.Frames, err: err}:
+			case msgs <- subMsg{frames: m.Frames, err: err, size: size}:
 			case <-ctx.Done():
 				return
 			}
@@ -439,6 +519,7 @@ func (s *Subscriber) session(parent context.Context) error {
 			if !ok {
 				return errors.New("receiver stopped")
 			}
+			gate.release(m.size)
 			if m.err != nil {
 				if !s.cfg.Listen {
 					return fmt.Errorf("recv: %w", m.err)

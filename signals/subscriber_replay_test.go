@@ -4,9 +4,13 @@ import (
 	"context"
 	"errors"
 	"strings"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/go-zeromq/zmq4"
+
+	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/kvindex"
 )
 
@@ -68,5 +72,57 @@ func TestSubscriberConfigReplayBounds(t *testing.T) {
 		if _, err := NewSubscriber(c); err == nil || !strings.Contains(err.Error(), "negative") {
 			t.Errorf("NewSubscriber(%+v): err %v, want a negative bound's", c, err)
 		}
+	}
+}
+
+// blockingSink holds every Store until release is closed.
+type blockingSink struct {
+	release chan struct{}
+	stores  atomic.Int64
+}
+
+func (b *blockingSink) Store(string, kvindex.Stored) (int, error) {
+	b.stores.Add(1)
+	<-b.release
+	return 0, nil
+}
+func (b *blockingSink) Evict(string, []uint64, kvroute.Tier) {}
+func (b *blockingSink) Clear(string)                         {}
+func (b *blockingSink) Remove(string)                        {}
+
+// TestSubscriberReadAheadBounded: the messages a session reads ahead of
+// their handling were bounded in number (64) only, so a peer sending
+// large ones while a batch was being applied had up to 64 x MaxFrameSize
+// (4 GiB by default) held; they are now bounded by MaxFrameSize bytes
+// too. Without the bound the reader never waits (the test times out
+// waiting for it): "timed out waiting for the reader to wait".
+func TestSubscriberReadAheadBounded(t *testing.T) {
+	eng := newFakeEngine(t, false, EventEncoding{})
+	sink := &blockingSink{release: make(chan struct{})}
+	const limit = 1 << 20
+	h := startSub(t, eng, func(c *SubscriberConfig) {
+		c.Sink, c.MaxFrameSize = sink, limit
+	})
+	t.Cleanup(func() { close(sink.release) })
+	eng.publish(false, stored(0, 1))
+	waitFor(t, "the first batch's Store", func() bool { return sink.stores.Load() == 1 })
+	big := make([]byte, 400<<10)
+	for i := range 6 {
+		if err := eng.pub.Send(zmq4.NewMsgFrom([]byte(testTopic), be64(uint64(1+i)), big)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var queued int64
+	waitFor(t, "the reader to wait", func() bool {
+		g := h.sub.gate.Load()
+		if g == nil {
+			return false
+		}
+		var waiting bool
+		queued, waiting = g.state()
+		return waiting
+	})
+	if queued > limit {
+		t.Errorf("bytes read ahead: got %d, want at most %d", queued, limit)
 	}
 }
