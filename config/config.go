@@ -187,6 +187,10 @@ type KVEvents struct {
 	// Listen binds Address for engines that connect to the router (a "*"
 	// host implies it); default false: the router dials the engine.
 	Listen bool `yaml:"listen"`
+	// ReplayBufferSteps is the engine's replay buffer (vLLM
+	// --kv-events-config buffer_steps): a replay answer of more batches
+	// fails; default 0: vLLM's default, 10000.
+	ReplayBufferSteps int `yaml:"replay_buffer_steps"`
 }
 
 // Precise configures token-level prefix matching for a model.
@@ -708,7 +712,7 @@ func (m *Model) validate(v *validator, p string) {
 		}
 		ev := e.KVEvents
 		switch {
-		case ev.Address == "" && (ev.ReplayAddress != "" || ev.Topic != "" || ev.Listen):
+		case ev.Address == "" && (ev.ReplayAddress != "" || ev.Topic != "" || ev.Listen || ev.ReplayBufferSteps != 0):
 			v.addf(ep+".kv_events.address", "is empty but other kv_events fields are set")
 		case ev.Address != "" && !m.Precise.Enabled():
 			v.addf(ep+".kv_events", "needs %s.precise.tokenizer: KV events are matched on token ids", p)
@@ -718,6 +722,9 @@ func (m *Model) validate(v *validator, p string) {
 		}
 		if ev.ReplayAddress != "" && !strings.Contains(ev.ReplayAddress, "://") {
 			v.addf(ep+".kv_events.replay_address", "%q is not a ZMQ address (tcp://host:port, ipc://path)", ev.ReplayAddress)
+		}
+		if ev.ReplayBufferSteps < 0 {
+			v.addf(ep+".kv_events.replay_buffer_steps", "%d is negative", ev.ReplayBufferSteps)
 		}
 	}
 	checkRankIDs(v, p, m.Endpoints)

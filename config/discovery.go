@@ -126,6 +126,9 @@ type KVEventPorts struct {
 	ReplayPort int `yaml:"replay_port"`
 	// Topic is the ZMQ topic subscribed to; default "" (all).
 	Topic string `yaml:"topic"`
+	// ReplayBufferSteps is as KVEvents.ReplayBufferSteps; default 0:
+	// 10000.
+	ReplayBufferSteps int `yaml:"replay_buffer_steps"`
 }
 
 // DefaultDiscoveryScheme is discovery.kubernetes.scheme's default.
@@ -170,7 +173,8 @@ func (k *Kubernetes) EndpointOf(d DiscoveredEngine) Endpoint {
 		DataParallelSize: t.DataParallelSize,
 	}
 	if t.KVEvents.Port > 0 {
-		e.KVEvents = KVEvents{Address: "tcp://" + net.JoinHostPort(d.Host, strconv.Itoa(t.KVEvents.Port)), Topic: t.KVEvents.Topic}
+		e.KVEvents = KVEvents{Address: "tcp://" + net.JoinHostPort(d.Host, strconv.Itoa(t.KVEvents.Port)), Topic: t.KVEvents.Topic,
+			ReplayBufferSteps: t.KVEvents.ReplayBufferSteps}
 		if t.KVEvents.ReplayPort > 0 {
 			e.KVEvents.ReplayAddress = "tcp://" + net.JoinHostPort(d.Host, strconv.Itoa(t.KVEvents.ReplayPort))
 		}
@@ -303,7 +307,9 @@ func (m *Model) validateKubernetes(v *validator, mp, p string, k *Kubernetes) {
 		}
 	}
 	switch {
-	case ev.Port == 0 && (ev.ReplayPort != 0 || ev.Topic != ""):
+	case ev.ReplayBufferSteps < 0:
+		v.addf(ep+".kv_events.replay_buffer_steps", "%d is negative", ev.ReplayBufferSteps)
+	case ev.Port == 0 && (ev.ReplayPort != 0 || ev.Topic != "" || ev.ReplayBufferSteps != 0):
 		v.addf(ep+".kv_events.port", "is not set but other kv_events fields are")
 	case ev.Port != 0 && !m.Precise.Enabled():
 		v.addf(ep+".kv_events", "needs %s.precise.tokenizer: KV events are matched on token ids", mp)

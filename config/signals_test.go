@@ -73,6 +73,14 @@ func TestSignalsValidation(t *testing.T) {
 			m.Precise.Tokenizer = BuiltinTokenizer
 			m.Endpoints[0].KVEvents = KVEvents{Address: "tcp://a:1", ReplayAddress: "a:2"}
 		}, `models[0].endpoints[0].kv_events.replay_address: "a:2"`},
+		{"replay buffer steps", func(m *Model) {
+			m.Precise.Tokenizer = BuiltinTokenizer
+			m.Endpoints[0].KVEvents = KVEvents{Address: "tcp://a:1", ReplayBufferSteps: -1}
+		}, `models[0].endpoints[0].kv_events.replay_buffer_steps: -1 is negative`},
+		{"replay buffer steps without address", func(m *Model) {
+			m.Precise.Tokenizer = BuiltinTokenizer
+			m.Endpoints[0].KVEvents.ReplayBufferSteps = 20000
+		}, "models[0].endpoints[0].kv_events.address: is empty"},
 		{"precise fields without tokenizer", func(m *Model) { m.Precise.BlockSize = 32 }, "models[0].precise.tokenizer: is empty but other precise fields are set"},
 		{"precise block size", func(m *Model) { m.Precise = Precise{Tokenizer: BuiltinTokenizer, BlockSize: -16} }, "models[0].precise.block_size: -16 is not positive"},
 	}

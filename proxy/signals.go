@@ -104,7 +104,7 @@ func (pl *pool) kvEventsTarget(e *config.Endpoint, rank int) *signals.KVEventsTa
 		return nil // config.Validate refused it
 	}
 	return &signals.KVEventsTarget{Address: addr, ReplayAddress: replay, Topic: ev.Topic, Listen: ev.Listen, Sink: pl.kvSink,
-		DataParallel: e.DataParallelSize > 1, DataParallelRank: rank}
+		DataParallel: e.DataParallelSize > 1, DataParallelRank: rank, MaxReplayBatches: ev.ReplayBufferSteps}
 }
 
 // rankAddresses returns rank rank's KV-event addresses.
@@ -133,7 +133,7 @@ func checkKVEvents(path string, m *config.Model) error {
 				return fmt.Errorf("proxy: %s.endpoints[%d].kv_events: %w", path, i, err)
 			}
 			sc := signals.SubscriberConfig{Endpoint: e.ID, Address: addr, ReplayAddress: replay, Topic: ev.Topic,
-				Listen: ev.Listen, Sink: nopSink{}}
+				Listen: ev.Listen, Sink: nopSink{}, MaxReplayBatches: ev.ReplayBufferSteps}
 			if err := sc.Validate(); err != nil {
 				return fmt.Errorf("proxy: %s.endpoints[%d].kv_events: %w", path, i, err)
 			}

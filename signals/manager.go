@@ -190,7 +190,8 @@ func sameKVEvents(a, b *KVEventsTarget) bool {
 		return a == b
 	}
 	return a.Address == b.Address && a.ReplayAddress == b.ReplayAddress && a.Topic == b.Topic && a.Listen == b.Listen &&
-		a.DataParallel == b.DataParallel && a.DataParallelRank == b.DataParallelRank && sameSink(a.Sink, b.Sink)
+		a.DataParallel == b.DataParallel && a.DataParallelRank == b.DataParallelRank && a.MaxReplayBatches == b.MaxReplayBatches &&
+		sameSink(a.Sink, b.Sink)
 }
 
 // sameSink compares two Sinks with ==: pointers by identity, never by
@@ -221,7 +222,7 @@ func (m *Manager) build(t Target, cur *managed) (*managed, error) {
 	} else if ev := t.KVEvents; ev != nil {
 		sub, err := NewSubscriber(SubscriberConfig{Endpoint: t.Endpoint, Address: ev.Address, ReplayAddress: ev.ReplayAddress,
 			Topic: ev.Topic, Listen: ev.Listen, Sink: ev.Sink, Logger: m.cfg.Logger,
-			DataParallel: ev.DataParallel, DataParallelRank: ev.DataParallelRank})
+			DataParallel: ev.DataParallel, DataParallelRank: ev.DataParallelRank, MaxReplayBatches: ev.MaxReplayBatches})
 		if err != nil {
 			return nil, fmt.Errorf("signals manager: endpoint %q: %w", t.Endpoint, err)
 		}

@@ -121,3 +121,34 @@ func managedWithBlocks(t *testing.T) (m *Manager, idx *kvindex.Index, eng *fakeE
 	waitFor(t, "3 blocks indexed", func() bool { return held() == 3 })
 	return m, idx, eng, target, held
 }
+
+// TestManagerReplayBound: a target's MaxReplayBatches (an engine's
+// kv_events.replay_buffer_steps) bounds its subscriber's replay answers,
+// and a change of it restarts the subscription.
+func TestManagerReplayBound(t *testing.T) {
+	m, err := NewManager(ManagerConfig{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(m.Close)
+	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 4})
+	sub := func(n int) *Subscriber {
+		t.Helper()
+		target := Target{Endpoint: "e1", View: NewView(ViewConfig{}),
+			KVEvents: &KVEventsTarget{Address: "tcp://127.0.0.1:1", Sink: idx, MaxReplayBatches: n}}
+		if err := m.Sync([]Target{target}); err != nil {
+			t.Fatal(err)
+		}
+		m.mu.Lock()
+		defer m.mu.Unlock()
+		return m.targets["e1"].sub
+	}
+	first := sub(0)
+	if got := first.cfg.MaxReplayBatches; got != DefaultMaxReplayBatches {
+		t.Errorf("default bound: got %d, want %d", got, DefaultMaxReplayBatches)
+	}
+	second := sub(20000)
+	if got := second.cfg.MaxReplayBatches; got != 20000 || second == first {
+		t.Errorf("bound 20000: got %d (same subscriber: %v)", got, second == first)
+	}
+}

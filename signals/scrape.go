@@ -137,6 +137,8 @@ type KVEventsTarget struct {
 	// naming another rank are not applied.
 	DataParallel     bool
 	DataParallelRank int
+	// MaxReplayBatches as in SubscriberConfig (0: its default).
+	MaxReplayBatches int
 }
 
 // Scraper is one endpoint's scrape loop, modelled on Prometheus' scrape

@@ -75,7 +75,7 @@ type SubscriberConfig struct {
 	// does, instead of holding memory without bound until ReplayTimeout.
 	// vLLM's answer holds at most its replay buffer, buffer_steps batches
 	// (default 10000): raise MaxReplayBatches to the engine's buffer_steps
-	// when that is larger. 0 means DefaultMaxReplayBatches (10000) and
+	// when that is larger (the config's kv_events.replay_buffer_steps). 0 means DefaultMaxReplayBatches (10000) and
 	// DefaultMaxReplayBytes (512 MiB).
 	MaxReplayBatches int
 	MaxReplayBytes   int64
@@ -1102,7 +1102,7 @@ func (s *Subscriber) zmqReplay(ctx context.Context, from uint64) ([]replayed, er
 		size += int64(len(f[1]))
 		switch {
 		case len(out) == s.cfg.MaxReplayBatches:
-			return nil, fmt.Errorf("replay: %w: more than %d batches without the end marker (MaxReplayBatches; is the engine's buffer_steps larger?)",
+			return nil, fmt.Errorf("replay: %w: more than %d batches without the end marker (is the engine's buffer_steps larger? set kv_events.replay_buffer_steps)",
 				errReplayTooLong, s.cfg.MaxReplayBatches)
 		case size > s.cfg.MaxReplayBytes:
 			return nil, fmt.Errorf("replay: %w: more than %d bytes of batches without the end marker (MaxReplayBytes), after %d batches",
