@@ -52,7 +52,9 @@
 // Options give the seed, request count, duration, arrival process (Poisson,
 // gamma with a CV, constant; a rate of at most MaxRate, 1e6 requests/s,
 // since arrival times are whole nanoseconds) and the generator's documented
-// Params. The same options always give the same workload.
+// Params, each refused outside its range (Param.Min and Max, whole numbers
+// for counts; a length is at most MaxLen tokens). The same options always
+// give the same workload.
 // Workload.ScaleRate scales the arrival rate of any workload, traces
 // included, by a factor in (0, 1e9] that does not stretch the last arrival
 // beyond MaxSpan (100 years).

@@ -2,6 +2,7 @@ package workload
 
 import (
 	"fmt"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -29,11 +30,33 @@ type Options struct {
 	Params map[string]float64
 }
 
-// Param documents one generator parameter.
+// Param documents one generator parameter and the values Generate accepts.
 type Param struct {
 	Name    string
 	Default float64
 	Doc     string
+	// Min and Max bound the value (inclusive). Lengths are at most MaxLen
+	// tokens; counts and times have bounds that keep a workload's
+	// generation, hashing and memory in proportion to its requests.
+	Min, Max float64
+	// Int marks a count or a fixed length, which must be a whole number.
+	Int bool
+}
+
+// check reports a value outside the parameter's range, naming generator g.
+func (p Param) check(g string, v float64) error {
+	switch {
+	case math.IsNaN(v) || v < p.Min || v > p.Max:
+		what := ""
+		if p.Min == 1 && slices.Contains(outputParams, p.Name) {
+			what = ": a request generates at least one token"
+		}
+		return fmt.Errorf("workload: generator %s: parameter %s=%v must be in [%s, %s]%s", g, p.Name, v,
+			strconv.FormatFloat(p.Min, 'f', -1, 64), strconv.FormatFloat(p.Max, 'f', -1, 64), what)
+	case p.Int && v != math.Trunc(v):
+		return fmt.Errorf("workload: generator %s: parameter %s=%v must be a whole number", g, p.Name, v)
+	}
+	return nil
 }
 
 // Generator describes a built-in workload generator.
@@ -107,19 +130,18 @@ func Generate(name string, opts Options) (*Workload, error) {
 	for _, p := range g.Params {
 		params[p.Name] = p.Default
 	}
-	for k, v := range opts.Params {
-		if _, ok := params[k]; !ok {
+	for _, k := range slices.Sorted(maps.Keys(opts.Params)) { // the first bad one by name: the same error every time
+		v := opts.Params[k]
+		i := slices.IndexFunc(g.Params, func(p Param) bool { return p.Name == k })
+		if i < 0 {
 			var known []string
 			for _, p := range g.Params {
 				known = append(known, p.Name)
 			}
 			return nil, fmt.Errorf("workload: generator %s has no parameter %q (have %s)", name, k, strings.Join(known, ", "))
 		}
-		if v < 0 || math.IsNaN(v) || math.IsInf(v, 0) {
-			return nil, fmt.Errorf("workload: generator %s: parameter %s=%v must be >= 0", name, k, v)
-		}
-		if v == 0 && slices.Contains(outputParams, k) {
-			return nil, fmt.Errorf("workload: generator %s: parameter %s=0: a request generates at least one token", name, k)
+		if err := g.Params[i].check(name, v); err != nil {
+			return nil, err
 		}
 		params[k] = v
 	}
@@ -145,11 +167,46 @@ func Generate(name string, opts Options) (*Workload, error) {
 }
 
 // outputParams are the generator parameters that set a request's output
-// length. They must be positive: a request generates at least one token
+// length. Their Min is 1: a request generates at least one token
 // (ReadTrace refuses an output_length of 0 too), and max_tokens 0 would
 // mean "up to the model's length" to the engine model and to
 // vLLM-compatible servers.
 var outputParams = []string{"output_len", "reply_len"}
+
+// Parameter ranges (Param.Min, Param.Max).
+const (
+	// maxCount bounds counts that cost one draw per request (users,
+	// prefixes).
+	maxCount = 1e9
+	// maxTable bounds counts that the generator tabulates up front or
+	// walks per request (docs, prompts' and tenants' tables, turns).
+	maxTable   = 1e6
+	maxTenants = 1e4
+	// maxSeconds is the longest time a parameter may give: secs' limit.
+	maxSeconds = 1e9
+)
+
+// lenParam, outParam, countParam and secParam declare parameters with
+// their ranges.
+func lenParam(name string, def float64, doc string) Param {
+	return Param{Name: name, Default: def, Doc: doc, Max: MaxLen}
+}
+
+func fixedLenParam(name string, def float64, doc string) Param {
+	return Param{Name: name, Default: def, Doc: doc, Max: MaxLen, Int: true}
+}
+
+func outParam(name string, def float64, doc string) Param {
+	return Param{Name: name, Default: def, Doc: doc, Min: 1, Max: MaxLen}
+}
+
+func countParam(name string, def float64, doc string, lo, hi float64) Param {
+	return Param{Name: name, Default: def, Doc: doc, Min: lo, Max: hi, Int: true}
+}
+
+func secParam(name string, def float64, doc string) Param {
+	return Param{Name: name, Default: def, Doc: doc, Max: maxSeconds}
+}
 
 // gen is a generator's state.
 type gen struct {
@@ -227,12 +284,12 @@ var generators = []Generator{
 			"user messages and replies) plus a new user message; turns are separated by think time; sessions " +
 			"already under way at time 0 are included (warm start), so the rate is steady from the start",
 		Params: []Param{
-			{"turns", 4, "mean turns per session (uniform on 1..2*turns-1)"},
-			{"system_len", 400, "tokens of the system prompt shared by all sessions (0 = none)"},
-			{"user_len", 150, "mean tokens per user message"},
-			{"reply_len", 300, "mean tokens per reply (the turn's output length; > 0)"},
-			{"think_s", 15, "mean think time between a turn and the next, seconds (exponential)"},
-			{"max_len", 32000, "a session ends once its prompt would exceed this many tokens"},
+			countParam("turns", 4, "mean turns per session (uniform on 1..2*turns-1)", 1, maxTable),
+			fixedLenParam("system_len", 400, "tokens of the system prompt shared by all sessions (0 = none)"),
+			lenParam("user_len", 150, "mean tokens per user message"),
+			outParam("reply_len", 300, "mean tokens per reply (the turn's output length; > 0)"),
+			secParam("think_s", 15, "mean think time between a turn and the next, seconds (exponential)"),
+			fixedLenParam("max_len", 32000, "a session ends once its prompt would exceed this many tokens"),
 		},
 		gen: genChat,
 	},
@@ -241,12 +298,12 @@ var generators = []Generator{
 		Summary: "retrieval-augmented generation over a hot document set: system prompt + one document " +
 			"(Zipf popularity) + a unique question",
 		Params: []Param{
-			{"docs", 200, "number of documents"},
-			{"doc_len", 3000, "mean document length, tokens"},
-			{"zipf", 1.1, "Zipf exponent of document popularity (> 1)"},
-			{"question_len", 80, "mean question length, tokens"},
-			{"system_len", 300, "shared system prompt, tokens (0 = none)"},
-			{"output_len", 250, "mean output length, tokens (> 0)"},
+			countParam("docs", 200, "number of documents", 1, maxTable),
+			lenParam("doc_len", 3000, "mean document length, tokens"),
+			{Name: "zipf", Default: 1.1, Doc: "Zipf exponent of document popularity (1 is taken as 1.0001)", Min: 1, Max: 100},
+			lenParam("question_len", 80, "mean question length, tokens"),
+			fixedLenParam("system_len", 300, "shared system prompt, tokens (0 = none)"),
+			outParam("output_len", 250, "mean output length, tokens (> 0)"),
 		},
 		gen: genRAG,
 	},
@@ -254,11 +311,11 @@ var generators = []Generator{
 		Name:    "sysprompt",
 		Summary: "a few long system prompts shared by many users, each request adding a short unique user message",
 		Params: []Param{
-			{"prompts", 4, "number of distinct system prompts (chosen uniformly)"},
-			{"system_len", 6000, "system prompt length, tokens"},
-			{"user_len", 200, "mean user message length, tokens"},
-			{"output_len", 200, "mean output length, tokens (> 0)"},
-			{"users", 1000, "distinct users (session ids)"},
+			countParam("prompts", 4, "number of distinct system prompts (chosen uniformly)", 1, maxCount),
+			fixedLenParam("system_len", 6000, "system prompt length, tokens"),
+			lenParam("user_len", 200, "mean user message length, tokens"),
+			outParam("output_len", 200, "mean output length, tokens (> 0)"),
+			countParam("users", 1000, "distinct users (session ids)", 1, maxCount),
 		},
 		gen: genSysPrompt,
 	},
@@ -267,14 +324,14 @@ var generators = []Generator{
 		Summary: "background traffic over many distinct prefixes plus one burst of requests sharing a hot " +
 			"prefix (the affinity pile-up case); the burst counts towards requests",
 		Params: []Param{
-			{"prefixes", 200, "distinct background prefixes (chosen uniformly)"},
-			{"prefix_len", 2000, "background prefix length, tokens"},
-			{"hot_len", 6000, "hot prefix length, tokens"},
-			{"suffix_len", 100, "mean unique suffix length, tokens"},
-			{"output_len", 150, "mean output length, tokens (> 0)"},
-			{"burst", 200, "requests in the burst"},
-			{"burst_at_s", 10, "burst start, seconds after the first arrival"},
-			{"burst_s", 2, "burst length, seconds (arrivals uniform within it)"},
+			countParam("prefixes", 200, "distinct background prefixes (chosen uniformly)", 1, maxCount),
+			fixedLenParam("prefix_len", 2000, "background prefix length, tokens"),
+			fixedLenParam("hot_len", 6000, "hot prefix length, tokens"),
+			lenParam("suffix_len", 100, "mean unique suffix length, tokens"),
+			outParam("output_len", 150, "mean output length, tokens (> 0)"),
+			countParam("burst", 200, "requests in the burst", 0, maxCount),
+			secParam("burst_at_s", 10, "burst start, seconds after the first arrival"),
+			secParam("burst_s", 2, "burst length, seconds (arrivals uniform within it)"),
 		},
 		gen: genStorm,
 	},
@@ -283,12 +340,12 @@ var generators = []Generator{
 		Summary: "a mix of tenants with skewed shares: each has its own system prompt; tenant-0 is heavy " +
 			"(long documents in front of its messages)",
 		Params: []Param{
-			{"tenants", 4, "number of tenants"},
-			{"skew", 1, "tenant i's share is proportional to 1/(i+1)^skew"},
-			{"system_len", 1000, "per-tenant system prompt, tokens"},
-			{"heavy_len", 4000, "mean extra document length for tenant-0, tokens (from 20 shared docs)"},
-			{"user_len", 300, "mean user message, tokens"},
-			{"output_len", 200, "mean output length, tokens (> 0)"},
+			countParam("tenants", 4, "number of tenants", 1, maxTenants),
+			{Name: "skew", Default: 1, Doc: "tenant i's share is proportional to 1/(i+1)^skew", Max: 100},
+			fixedLenParam("system_len", 1000, "per-tenant system prompt, tokens"),
+			lenParam("heavy_len", 4000, "mean extra document length for tenant-0, tokens (from 20 shared docs)"),
+			lenParam("user_len", 300, "mean user message, tokens"),
+			outParam("output_len", 200, "mean output length, tokens (> 0)"),
 		},
 		gen: genTenants,
 	},

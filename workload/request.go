@@ -12,6 +12,13 @@ import (
 // TraceBlockSize is the block size, in tokens, of Mooncake trace hash ids.
 const TraceBlockSize = 512
 
+// MaxLen is the longest length, in tokens, a generator parameter may give
+// (Param.Max): 1Mi tokens, the context of the longest-context models
+// commonly served (the built-in engine profiles hold 128k). Above it a
+// request's prompt only takes seconds to hash, and gigabytes, before the
+// engines refuse it.
+const MaxLen = 1 << 20
+
 // Synthetic token space: segment tokens are drawn uniformly from
 // [FirstTokenID, FirstTokenID+NumTokenIDs), valid ids in every common
 // vocabulary. There is one id per synthetic word (see TokenWord), so a

@@ -290,13 +290,27 @@ func TestGenerateErrors(t *testing.T) {
 	}{
 		{"unknown generator", "nope", Options{}, "unknown generator"},
 		{"unknown param", "chat", Options{Params: map[string]float64{"bogus": 1}}, `no parameter "bogus"`},
-		{"negative param", "rag", Options{Params: map[string]float64{"docs": -1}}, "must be >= 0"},
+		{"negative param", "rag", Options{Params: map[string]float64{"docs": -1}}, "docs=-1 must be in [1, 1000000]"},
+		// Values the generators used to take silently for others (0 docs,
+		// turns or tenants as 1, a Zipf exponent below 1 as 1.0001, a
+		// fractional count truncated), or that made generation and the
+		// prompts' hashing take minutes and gigabytes (a length of 1e12
+		// tokens: kvroute sim ran for 10 minutes at 14.7 GB).
+		{"zero docs", "rag", Options{Params: map[string]float64{"docs": 0}}, "docs=0 must be in [1, 1000000]"},
+		{"zero turns", "chat", Options{Params: map[string]float64{"turns": 0}}, "turns=0 must be in [1, 1000000]"},
+		{"zero tenants", "tenants", Options{Params: map[string]float64{"tenants": 0}}, "tenants=0 must be in [1, 10000]"},
+		{"zipf below 1", "rag", Options{Params: map[string]float64{"zipf": 0.5}}, "zipf=0.5 must be in [1, 100]"},
+		{"fractional count", "sysprompt", Options{Params: map[string]float64{"prompts": 2.5}}, "prompts=2.5 must be a whole number"},
+		{"fractional length", "storm", Options{Params: map[string]float64{"hot_len": 10.5}}, "hot_len=10.5 must be a whole number"},
+		{"too many docs", "rag", Options{Requests: 1, Params: map[string]float64{"docs": 1e7}}, "docs=1e+07 must be in [1, 1000000]"},
+		{"too long", "rag", Options{Requests: 1, Params: map[string]float64{"doc_len": 2e6}}, "doc_len=2e+06 must be in [0, 1048576]"},
+		{"nan", "chat", Options{Params: map[string]float64{"think_s": math.NaN()}}, "think_s=NaN must be in"},
 		{"bad rate", "rag", Options{Arrivals: Arrivals{Rate: -1}}, "rate"},
 		{"bad kind", "rag", Options{Arrivals: Arrivals{Kind: "weibull"}}, "arrivals.kind"},
 		// A request generates at least one token (ReadTrace refuses an
 		// output_length of 0): max_tokens 0 is "up to the model's length".
 		{"zero output", "rag", Options{Params: map[string]float64{"output_len": 0}}, "output_len=0"},
-		{"zero reply", "chat", Options{Params: map[string]float64{"reply_len": 0}}, "reply_len=0"},
+		{"zero reply", "chat", Options{Params: map[string]float64{"reply_len": 0}}, "reply_len=0 must be in [1, 1048576]: a request generates at least one token"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Generate(tc.gen, tc.opts)
@@ -304,6 +318,23 @@ func TestGenerateErrors(t *testing.T) {
 				t.Errorf("got %v, want error containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestParamDefaultsInRange checks that every generator takes its own
+// defaults, and the ends of every range.
+func TestParamDefaultsInRange(t *testing.T) {
+	for _, g := range Generators() {
+		for _, p := range g.Params {
+			if err := p.check(g.Name, p.Default); err != nil {
+				t.Errorf("default: %v", err)
+			}
+			for _, v := range []float64{p.Min, p.Max} {
+				if err := p.check(g.Name, v); err != nil {
+					t.Errorf("range end: %v", err)
+				}
+			}
+		}
 	}
 }
 

@@ -443,7 +443,8 @@ func printGenerators(w io.Writer) {
 	for _, g := range workload.Generators() {
 		fmt.Fprintf(w, "%s: %s\n", g.Name, g.Summary)
 		for _, p := range g.Params {
-			fmt.Fprintf(w, "    %-12s %-8s %s\n", p.Name, strconv.FormatFloat(p.Default, 'g', -1, 64), p.Doc)
+			fmt.Fprintf(w, "    %-12s %-8s %s [%s..%s]\n", p.Name, strconv.FormatFloat(p.Default, 'g', -1, 64), p.Doc,
+				strconv.FormatFloat(p.Min, 'f', -1, 64), strconv.FormatFloat(p.Max, 'f', -1, 64))
 		}
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"fmt"
 	"math"
 	"os"
 	"path/filepath"
@@ -492,6 +493,9 @@ func TestWorkloadList(t *testing.T) {
 			for _, p := range g.Params {
 				if !strings.Contains(out.String(), "    "+p.Name+" ") {
 					t.Errorf("%s --workload list lacks %s's parameter %q", cmd, g.Name, p.Name)
+				}
+				if r := fmt.Sprintf("[%s..%s]", strconv.FormatFloat(p.Min, 'f', -1, 64), strconv.FormatFloat(p.Max, 'f', -1, 64)); !strings.Contains(out.String(), r) {
+					t.Errorf("%s --workload list lacks %s's range %s", cmd, p.Name, r)
 				}
 			}
 		}
