@@ -2,7 +2,6 @@ package report
 
 import (
 	"fmt"
-	"html"
 	"io"
 	"strings"
 )
@@ -12,7 +11,7 @@ import (
 // external stylesheet, font or image, so it works offline.
 func (r *Report) WriteHTML(w io.Writer) error {
 	var b strings.Builder
-	esc := html.EscapeString
+	esc := escape
 	title := r.Title
 	if title == "" {
 		title = "kvroute report"

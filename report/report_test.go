@@ -559,3 +559,32 @@ func TestChartLongNameStaysUTF8(t *testing.T) {
 		}
 	}
 }
+
+// TestNamesWithIllegalXMLCharacters: a control character or a byte that is
+// not UTF-8 in a name, a title or a setting left the HTML and the
+// standalone .svg files not well formed (XML syntax error: illegal
+// character code U+0008), which no browser opens as SVG. FuzzReadJSON found
+// the name "\b".
+func TestNamesWithIllegalXMLCharacters(t *testing.T) {
+	for _, bad := range []string{"a\bb", "a\xffb", "a\uFFFEb", "a\x00b"} {
+		rep := &Report{Title: bad, Workload: bad, Params: map[string]string{bad: bad},
+			Rows: []Row{{Name: bad, TTFTQuantiles: []float64{0.1, 0.2}, Errors: map[string]int{bad: 1}},
+				{Name: bad, Load: 2, TTFTQuantiles: []float64{0.1, 0.3}}},
+			Utilisation: []Utilisation{{Run: bad, Metric: bad, Engines: []Series{{Name: bad, X: []float64{0, 1}, Y: []float64{0, 1}}}}}}
+		for _, c := range rep.Charts() {
+			if err := wellFormed(strings.NewReader(svgHeader + c.SVG)); err != nil {
+				t.Errorf("%q: %s.svg: %v", bad, c.Name, err)
+			}
+			if !strings.Contains(c.SVG, "a\uFFFDb") {
+				t.Errorf("%q: %s.svg does not show the name with U+FFFD", bad, c.Name)
+			}
+		}
+		var html bytes.Buffer
+		if err := rep.WriteHTML(&html); err != nil {
+			t.Fatal(err)
+		}
+		if err := wellFormed(&html); err != nil {
+			t.Errorf("%q: report.html: %v", bad, err)
+		}
+	}
+}

@@ -121,6 +121,23 @@ func fileSafe(s string) string {
 	return s
 }
 
+// escape makes s safe as XML text or an attribute value: characters XML
+// does not allow (control characters other than tab, newline and carriage
+// return, U+FFFE, U+FFFF, bytes that are not UTF-8) become U+FFFD, then
+// markup is escaped. A standalone .svg file is read as XML: one such
+// character in a name and no browser opens it.
+func escape(s string) string {
+	return html.EscapeString(strings.Map(func(r rune) rune {
+		switch {
+		case r == '\t' || r == '\n' || r == '\r':
+			return r
+		case r < 0x20, r == 0xFFFE, r == 0xFFFF:
+			return utf8.RuneError
+		}
+		return r // strings.Map turns bytes that are not UTF-8 into U+FFFD
+	}, s))
+}
+
 func finite(v float64) bool { return !math.IsNaN(v) && !math.IsInf(v, 0) }
 
 func (c lineChart) render() string {
@@ -152,9 +169,9 @@ func (c lineChart) render() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, `<svg xmlns="http://www.w3.org/2000/svg" width="%d" height="%d" viewBox="0 0 %d %d" font-family="sans-serif" font-size="12">`+"\n",
 		chartW, chartH, chartW, chartH)
-	fmt.Fprintf(&b, `<title>%s</title>`+"\n", html.EscapeString(c.title))
+	fmt.Fprintf(&b, `<title>%s</title>`+"\n", escape(c.title))
 	fmt.Fprintf(&b, `<rect width="%d" height="%d" fill="#ffffff"/>`+"\n", chartW, chartH)
-	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="15" font-weight="bold">%s</text>`+"\n", marginL, html.EscapeString(c.title))
+	fmt.Fprintf(&b, `<text x="%d" y="22" font-size="15" font-weight="bold">%s</text>`+"\n", marginL, escape(c.title))
 	// Grid and ticks.
 	for _, t := range xt {
 		x := px(t)
@@ -167,9 +184,9 @@ func (c lineChart) render() string {
 		fmt.Fprintf(&b, `<text x="%d" y="%.1f" text-anchor="end">%s</text>`+"\n", marginL-6, y+4, tickLabel(t))
 	}
 	fmt.Fprintf(&b, `<rect x="%d" y="%d" width="%.0f" height="%.0f" fill="none" stroke="#333333"/>`+"\n", marginL, marginT, pw, ph)
-	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", float64(marginL)+pw/2, chartH-10, html.EscapeString(c.xLabel))
+	fmt.Fprintf(&b, `<text x="%.1f" y="%d" text-anchor="middle">%s</text>`+"\n", float64(marginL)+pw/2, chartH-10, escape(c.xLabel))
 	fmt.Fprintf(&b, `<text x="16" y="%.1f" text-anchor="middle" transform="rotate(-90 16 %.1f)">%s</text>`+"\n",
-		float64(marginT)+ph/2, float64(marginT)+ph/2, html.EscapeString(c.yLabel))
+		float64(marginT)+ph/2, float64(marginT)+ph/2, escape(c.yLabel))
 	// Series.
 	for i, s := range c.series {
 		color := palette[i%len(palette)]
@@ -180,7 +197,7 @@ func (c lineChart) render() string {
 			}
 			pts = append(pts, fmt.Sprintf("%.1f,%.1f", px(s.X[j]), py(s.Y[j])))
 		}
-		fmt.Fprintf(&b, `<g class="series" data-name="%s">`, html.EscapeString(s.Name))
+		fmt.Fprintf(&b, `<g class="series" data-name="%s">`, escape(s.Name))
 		if len(pts) > 0 {
 			fmt.Fprintf(&b, `<polyline fill="none" stroke="%s" stroke-width="2" points="%s"/>`, color, strings.Join(pts, " "))
 		}
@@ -194,7 +211,7 @@ func (c lineChart) render() string {
 		// Legend.
 		ly := marginT + 8 + i*18
 		fmt.Fprintf(&b, `<line x1="%d" y1="%d" x2="%d" y2="%d" stroke="%s" stroke-width="3"/>`, chartW-marginR+12, ly, chartW-marginR+32, ly, color)
-		fmt.Fprintf(&b, `<text x="%d" y="%d">%s</text>`+"\n", chartW-marginR+38, ly+4, html.EscapeString(truncate(s.Name, 24)))
+		fmt.Fprintf(&b, `<text x="%d" y="%d">%s</text>`+"\n", chartW-marginR+38, ly+4, escape(truncate(s.Name, 24)))
 	}
 	b.WriteString("</svg>\n")
 	return b.String()
