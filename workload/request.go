@@ -12,7 +12,8 @@ import (
 // TraceBlockSize is the block size, in tokens, of Mooncake trace hash ids.
 const TraceBlockSize = 512
 
-// MaxLen is the longest length, in tokens, a generator parameter may give
+// MaxLen is the longest prompt or output, in tokens, a trace line may
+// give (ReadTrace) and the longest length a generator parameter may give
 // (Param.Max): 1Mi tokens, the context of the longest-context models
 // commonly served (the built-in engine profiles hold 128k). Above it a
 // request's prompt only takes seconds to hash, and gigabytes, before the

@@ -147,8 +147,8 @@ func ParseTraceLine(line []byte, index int, opts ReadOptions) (Request, error) {
 		// vLLM-compatible servers.
 		return Request{}, errors.New("output_length 0: a request generates at least one token")
 	}
-	if r.PromptLen > 1<<30 || r.OutputLen > 1<<30 {
-		return Request{}, fmt.Errorf("length too large (input_length %d, output_length %d)", r.PromptLen, r.OutputLen)
+	if r.PromptLen > MaxLen || r.OutputLen > MaxLen {
+		return Request{}, fmt.Errorf("length too large (input_length %d, output_length %d; at most %d tokens)", r.PromptLen, r.OutputLen, MaxLen)
 	}
 	switch {
 	case tl.ArrivalNS != nil:
@@ -168,7 +168,7 @@ func ParseTraceLine(line []byte, index int, opts ReadOptions) (Request, error) {
 	if len(tl.Segments) > 0 {
 		r.Segments = make([]Segment, len(tl.Segments))
 		for i, s := range tl.Segments {
-			if s[1] == 0 || s[1] > 1<<30 {
+			if s[1] == 0 || s[1] > MaxLen {
 				return Request{}, fmt.Errorf("segment %d has bad length %d", i, s[1])
 			}
 			r.Segments[i] = Segment{Key: s[0], Len: int(s[1])}

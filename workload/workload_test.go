@@ -82,6 +82,11 @@ func TestTraceParseErrors(t *testing.T) {
 		{"trailing", `{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1]} {}`, "trailing"},
 		{"no output", `{"timestamp": 0, "input_length": 1, "output_length": 0, "hash_ids": [1]}`, "output_length 0"},
 		{"output missing", `{"timestamp": 0, "input_length": 1, "hash_ids": [1]}`, "output_length 0"},
+		// Four cheap lines like these held kvroute sim for minutes hashing
+		// prompts of 1<<30 tokens (the limit was 1<<30) that no engine
+		// would take.
+		{"prompt too long", `{"timestamp": 0, "input_length": 1048577, "output_length": 1, "segments": [[7, 1048577]]}`, "at most 1048576 tokens"},
+		{"output too long", `{"timestamp": 0, "input_length": 1, "output_length": 1048577, "segments": [[7, 1]]}`, "at most 1048576 tokens"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := ReadTrace(strings.NewReader("\n"+tc.line+"\n"), ReadOptions{})
@@ -89,6 +94,15 @@ func TestTraceParseErrors(t *testing.T) {
 				t.Errorf("got %v, want an error on line 2 containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestTraceMaxLen: a line at MaxLen tokens parses.
+func TestTraceMaxLen(t *testing.T) {
+	line := `{"timestamp": 0, "input_length": 1048576, "output_length": 1048576, "hash_ids": [], "segments": [[7, 1048576]]}`
+	r, err := ParseTraceLine([]byte(line), 0, ReadOptions{})
+	if err != nil || r.PromptLen != MaxLen || r.OutputLen != MaxLen {
+		t.Errorf("got %d, %d, %v, want %d, %d, <nil>", r.PromptLen, r.OutputLen, err, MaxLen, MaxLen)
 	}
 }
 
