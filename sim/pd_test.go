@@ -225,3 +225,32 @@ func TestPDPlannerKeepsHandoffBookedUntilDone(t *testing.T) {
 		t.Errorf("after the request ended: %d transfers still booked, want 0", n)
 	}
 }
+
+// TestPDRowImbalance: a P/D run's imbalance is over the engines its records
+// name (the decode engines): counted as idle, the prefill engines made it
+// 2.03 for round_robin over two decode engines that got 500 requests each.
+func TestPDRowImbalance(t *testing.T) {
+	for _, mode := range []disagg.Mode{disagg.ModeAlways, disagg.ModeNever} {
+		res := pdRun(t, pdFleet, mode, 400)
+		count := map[string]int{}
+		for i := range res.Records {
+			count[res.Records[i].Engine]++
+		}
+		most := 0
+		for _, n := range count {
+			most = max(most, n)
+		}
+		want := float64(most) / (float64(len(res.Records)) / 2) // two decode engines
+		row := res.Row(0)
+		if d := row.Imbalance - want; d < -1e-9 || d > 1e-9 {
+			t.Errorf("%s: imbalance %.3f, want %.3f (records per engine %v)", mode, row.Imbalance, want, count)
+		}
+		var names []string
+		for _, e := range row.Engines {
+			names = append(names, e.Name)
+		}
+		if len(names) != 2 || names[0] != "e2" || names[1] != "e3" {
+			t.Errorf("%s: row engines %v, want [e2 e3]", mode, names)
+		}
+	}
+}

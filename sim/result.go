@@ -5,6 +5,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/report"
 )
 
@@ -154,12 +155,18 @@ func (r *Result) Samples() []report.Sample {
 }
 
 // Row summarises the run as one report row named by the policy, at load
-// (the x-axis of a sweep; usually the rate scale).
+// (the x-axis of a sweep; usually the rate scale). Its imbalance and
+// per-engine counts are over the engines a record names (Record.Engine),
+// idle ones included: in a P/D fleet the decode engines, since a prefill
+// engine's leg is in Record.PrefillEngine (counted as idle, the prefill
+// engines doubled a balanced fleet's imbalance).
 func (r *Result) Row(load float64) report.Row {
-	names := make([]string, len(r.Engines))
+	names := make([]string, 0, len(r.Engines))
 	pre := 0
-	for i, e := range r.Engines {
-		names[i] = e.ID
+	for _, e := range r.Engines {
+		if e.Role != kvroute.RolePrefill.String() {
+			names = append(names, e.ID)
+		}
 		pre += e.Preemptions
 	}
 	// Per-request preemption counts are in the samples when the engine
