@@ -237,6 +237,10 @@ func ParseSweep(spec string) ([]float64, error) {
 			if err != nil {
 				return nil, fmt.Errorf("parse sweep %q: %w", spec, err)
 			}
+			if math.IsInf(x, 0) {
+				// An infinite step made 0*Inf, a NaN scale.
+				return nil, fmt.Errorf("parse sweep %q: %s is not finite", spec, strings.TrimSpace(s))
+			}
 			v[i] = x
 		}
 		from, to, step := v[0], v[1], v[2]
@@ -263,8 +267,8 @@ func ParseSweep(spec string) ([]float64, error) {
 		if err != nil {
 			return nil, fmt.Errorf("parse sweep %q: %w", spec, err)
 		}
-		if !(x > 0) {
-			return nil, fmt.Errorf("parse sweep %q: scale %g must be positive", spec, x)
+		if !(x > 0) || math.IsInf(x, 1) {
+			return nil, fmt.Errorf("parse sweep %q: scale %g must be positive and finite", spec, x)
 		}
 		out = append(out, x)
 	}

@@ -1,6 +1,7 @@
 package sim
 
 import (
+	"math"
 	"reflect"
 	"strings"
 	"testing"
@@ -127,6 +128,11 @@ func TestParseSweep(t *testing.T) {
 		{spec: "1:1e300:1e-300", err: true},
 		{spec: "0.5:1e308:1e-10", err: true},
 		{spec: "a:b:c", err: true},
+		// An infinite step gave the scale NaN (0*Inf), run as
+		// -9.2e9 ("rate scale -9.223372036854776e+09 must be positive");
+		// an infinite scale was refused only by sim.Config.
+		{spec: "1:1:Inf", err: true},
+		{spec: "1,Inf", err: true},
 	}
 	for _, tt := range tests {
 		got, err := ParseSweep(tt.spec)
@@ -156,7 +162,7 @@ func FuzzParseSweep(f *testing.F) {
 			t.Fatalf("ParseSweep(%q): %d points", spec, len(got))
 		}
 		for _, x := range got {
-			if !(x > 0) {
+			if !(x > 0) || math.IsInf(x, 1) {
 				t.Fatalf("ParseSweep(%q): non-positive scale %g", spec, x)
 			}
 		}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"io"
 	"maps"
+	"math"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -208,8 +209,8 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if scales, err = sim.ParseSweep(o.sweep); err != nil {
 			return usageErr("--sweep: %v", err)
 		}
-	} else if !(o.rateScale > 0) {
-		return usageErr("--rate-scale %g must be positive", o.rateScale)
+	} else if !(o.rateScale > 0) || math.IsInf(o.rateScale, 1) {
+		return usageErr("--rate-scale %g must be positive and finite", o.rateScale)
 	}
 	var hf *engine.Profile
 	defaultProfile := o.profile

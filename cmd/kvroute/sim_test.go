@@ -111,6 +111,8 @@ func TestSimCommandUsageErrors(t *testing.T) {
 		{"--policies", "nope"},
 		{"--trace", "x.jsonl"},
 		{"--sweep", "2:1:1"},
+		{"--sweep", "1:1:Inf"},  // was: exit 1, "rate scale -9.223372036854776e+09 must be positive"
+		{"--rate-scale", "Inf"}, // was: exit 1, "rate scale +Inf must be positive"
 		{"--engines", "0xtiny"},
 		{"--engines", "2xnope"},
 		{"--policy-param", "kv-aware"},
