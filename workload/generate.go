@@ -158,7 +158,7 @@ func Generate(name string, opts Options) (*Workload, error) {
 	}
 	sortByArrival(reqs)
 	w := &Workload{Name: name, Requests: reqs}
-	w.Limit(opts.Duration, opts.Requests)
+	w.limitAt(opts.Duration, opts.Requests) // Options.Duration is on the generator's clock
 	for i := range w.Requests {
 		w.Requests[i].ID = defaultID(i)
 	}

@@ -2,6 +2,7 @@ package workload
 
 import (
 	"fmt"
+	"math"
 	"slices"
 	"time"
 )
@@ -55,9 +56,25 @@ func (w *Workload) ScaleRate(x float64) error {
 	return nil
 }
 
-// Limit keeps only the requests that arrive within d (0 = no limit) and at
-// most n of them (0 = no limit).
+// Limit keeps only the requests that arrive within d of the first one (0 =
+// no limit) and at most n of them (0 = no limit). A trace's timestamps may
+// be absolute (a production log in Unix milliseconds, which the simulator
+// replays from its first request): d counts from the first arrival, not
+// from 0.
 func (w *Workload) Limit(d time.Duration, n int) {
+	if d > 0 && len(w.Requests) > 0 {
+		if first := w.Requests[0].Arrival; d <= math.MaxInt64-first {
+			d += first
+		} else {
+			d = 0 // past the end of the clock: no limit
+		}
+	}
+	w.limitAt(d, n)
+}
+
+// limitAt keeps only the requests that arrive at or before d (0 = no
+// limit) and at most n of them (0 = no limit).
+func (w *Workload) limitAt(d time.Duration, n int) {
 	if d > 0 {
 		i, _ := slices.BinarySearchFunc(w.Requests, d, func(r Request, d time.Duration) int {
 			if r.Arrival <= d {

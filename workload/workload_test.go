@@ -484,6 +484,37 @@ func TestScaleAndLimit(t *testing.T) {
 	}
 }
 
+// TestLimitAbsoluteTimestamps: a trace logged in Unix milliseconds keeps
+// the requests within d of its first one; Limit counted d from 0, kept
+// none, and kvroute sim --duration 5s said "the workload has no requests".
+func TestLimitAbsoluteTimestamps(t *testing.T) {
+	const t0 = 1764000000000 * time.Millisecond
+	mk := func() *Workload {
+		w := &Workload{}
+		for i := range 100 {
+			w.Requests = append(w.Requests, Request{ID: defaultID(i), Arrival: t0 + time.Duration(i)*100*time.Millisecond,
+				PromptLen: 1, OutputLen: 1, Segments: []Segment{{Key: 1, Len: 1}}})
+		}
+		return w
+	}
+	for _, tc := range []struct {
+		d    time.Duration
+		n    int
+		want int
+	}{
+		{5 * time.Second, 0, 51}, // arrivals t0 + 0, 0.1, ..., 5 s
+		{5 * time.Second, 10, 10},
+		{math.MaxInt64, 0, 100}, // past the end of the clock: everything
+		{0, 0, 100},
+	} {
+		w := mk()
+		w.Limit(tc.d, tc.n)
+		if got := len(w.Requests); got != tc.want {
+			t.Errorf("Limit(%v, %d): got %d requests, want %d", tc.d, tc.n, got, tc.want)
+		}
+	}
+}
+
 func TestOracle(t *testing.T) {
 	o := NewOracle(4)
 	r1 := Request{PromptLen: 12, Tokens: []uint32{1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12}}

@@ -92,7 +92,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&arrivals, "arrivals", "", "generator: arrival process poisson, gamma or constant (default poisson)")
 	fs.Float64Var(&cv, "cv", 0, "generator: coefficient of variation of gamma arrivals (default 2)")
 	fs.Uint64Var(&seed, "seed", 1, "generator seed")
-	fs.DurationVar(&duration, "duration", 0, "send only requests arriving within this `duration` of the start (0 = all)")
+	fs.DurationVar(&duration, "duration", 0, "send only requests arriving within this `duration` of the first (0 = all)")
 	fs.IntVar(&maxRequests, "max-requests", 0, "send at most `N` requests (0 = no limit)")
 	fs.IntVar(&maxInFlight, "max-in-flight", 1024, "cap on concurrent requests; beyond it requests wait for a slot")
 	fs.DurationVar(&timeout, "timeout", 10*time.Minute, "per-request timeout, send to end of stream")

@@ -108,7 +108,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.Float64Var(&o.rate, "rate", 0, "generator: mean arrivals per second (default 10)")
 	fs.StringVar(&o.arrivals, "arrivals", "", "generator: arrival process poisson, gamma or constant (default poisson)")
 	fs.Float64Var(&o.cv, "cv", 0, "generator: coefficient of variation of gamma arrivals (default 2)")
-	fs.DurationVar(&o.duration, "duration", 0, "keep only requests arriving within this (unscaled) `duration` (0 = all)")
+	fs.DurationVar(&o.duration, "duration", 0, "keep only requests arriving within this (unscaled) `duration` of the first (0 = all)")
 	fs.IntVar(&o.limit, "limit", 0, "keep only the first `N` requests (0 = all)")
 	fs.StringVar(&o.engines, "engines", "8", "engine `count` (with --profile) or groups COUNTxPROFILE,...")
 	fs.StringVar(&o.profile, "profile", "llama-3.1-8b-h100", "engine profile for --engines COUNT")
