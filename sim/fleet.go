@@ -221,6 +221,9 @@ func LoadFleetFile(path string) (Fleet, error) {
 
 // ParseSweep reads a rate-scale sweep FROM:TO:STEP (e.g. 0.5:2:0.25, both
 // ends included) or a comma-separated list of scales (0.5,1,2).
+// sweepRound is the precision of a FROM:TO:STEP sweep's points.
+const sweepRound = 1e-9
+
 func ParseSweep(spec string) ([]float64, error) {
 	spec = strings.TrimSpace(spec)
 	if spec == "" {
@@ -247,6 +250,10 @@ func ParseSweep(spec string) ([]float64, error) {
 		if !(from > 0) || !(to >= from) || !(step > 0) {
 			return nil, fmt.Errorf("parse sweep %q: want 0 < FROM <= TO and STEP > 0", spec)
 		}
+		if from < sweepRound {
+			// Rounded, it would be scale 0: sim.Config's default, 1.
+			return nil, fmt.Errorf("parse sweep %q: FROM %g is below %g (the points are rounded to it)", spec, from, sweepRound)
+		}
 		// Count in floating point first: a count too large for an int
 		// converts to a negative one.
 		steps := (to-from)/step + 1e-9
@@ -257,7 +264,7 @@ func ParseSweep(spec string) ([]float64, error) {
 		out := make([]float64, n)
 		for i := range out {
 			// Round to 1e-9 so 0.1 steps print as 0.3, not 0.30000000000000004.
-			out[i] = roundTo(from+float64(i)*step, 1e9)
+			out[i] = roundTo(from+float64(i)*step, 1/sweepRound)
 		}
 		return out, nil
 	}

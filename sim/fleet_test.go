@@ -133,6 +133,10 @@ func TestParseSweep(t *testing.T) {
 		// an infinite scale was refused only by sim.Config.
 		{spec: "1:1:Inf", err: true},
 		{spec: "1,Inf", err: true},
+		// FROM rounded to 0: sim.Config ran it at its default scale, 1,
+		// in a row labelled load 0.
+		{spec: "1e-10:1:1", err: true},
+		{spec: "1e-9:1e-9:1", want: []float64{1e-9}},
 	}
 	for _, tt := range tests {
 		got, err := ParseSweep(tt.spec)
