@@ -39,7 +39,8 @@
 // measurements, so that the tiles, the comparison and the demo's terminal
 // line show one set of figures (the state's totals say which: source
 // "router" or "client"). A hit rate that is unknown (the engines report no
-// cached tokens) shows "–".
+// cached tokens) shows "–", as does a comparison row's latency when none of
+// its requests completed (never marked the best).
 //
 // A disaggregated (prefill/decode) pool shows policy "pd", as its decisions
 // name it, with the configured policy as the prefill stage's.

@@ -95,9 +95,9 @@ type rowJSON struct {
 	Requests  int      `json:"requests"`
 	Completed int      `json:"completed"`
 	Errors    int      `json:"errors"`
-	TTFTP50   float64  `json:"ttft_p50_ms"`
-	TTFTP99   float64  `json:"ttft_p99_ms"`
-	E2EP50    float64  `json:"e2e_p50_ms"`
+	TTFTP50   *float64 `json:"ttft_p50_ms"` // null = no request completed
+	TTFTP99   *float64 `json:"ttft_p99_ms"`
+	E2EP50    *float64 `json:"e2e_p50_ms"`
 	RPS       float64  `json:"throughput_rps"`
 	OutputTPS float64  `json:"output_tps"`
 	HitRate   *float64 `json:"hit_rate"`        // null = unknown (the engines reported no cached tokens)
@@ -106,12 +106,21 @@ type rowJSON struct {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
+// rowFrom is a report row for the comparison. A latency with no completed
+// request behind it is null ("–"), not 0: a policy whose requests all
+// failed showed TTFT "0.0 ms" and was marked the best.
 func rowFrom(r report.Row) rowJSON {
-	return rowJSON{
+	row := rowJSON{
 		Name: r.Name, Requests: r.Requests, Completed: r.Completed, Errors: r.ErrorCount(),
-		TTFTP50: ms(r.TTFT.P50), TTFTP99: ms(r.TTFT.P99), E2EP50: ms(r.E2E.P50),
 		RPS: r.ThroughputRPS, OutputTPS: r.OutputTPS, HitRate: fraction(r.HitRate), Oracle: fraction(r.OracleHitRate),
 	}
+	if r.TTFT.N > 0 {
+		row.TTFTP50, row.TTFTP99 = num(ms(r.TTFT.P50)), num(ms(r.TTFT.P99))
+	}
+	if r.E2E.N > 0 {
+		row.E2EP50 = num(ms(r.E2E.P50))
+	}
+	return row
 }
 
 // fraction is a rate for the page: nil (null, shown as "–") when negative,

@@ -116,6 +116,42 @@ func TestCompareUnknownHitRate(t *testing.T) {
 	}
 }
 
+// TestCompareNoCompletedRequest: a comparison row with no completed request
+// has no TTFT: it goes to the page as null ("–"), not 0 ("0.0 ms", which
+// the page marked as the best p50).
+func TestCompareNoCompletedRequest(t *testing.T) {
+	rows := []report.Row{{Name: "a", Requests: 2, Errors: map[string]int{"http_500": 2}, HitRate: -1, OracleHitRate: -1},
+		{Name: "b", Requests: 2, Completed: 2, TTFT: report.Dist{N: 2, P50: 80 * time.Millisecond, P99: 90 * time.Millisecond},
+			E2E: report.Dist{N: 2, P50: time.Second}}}
+	d, err := New(Options{Source: fakeSource{newTestRouter(t)}, Run: func() RunState { return RunState{Phases: 2, Done: true, Rows: rows} }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	d.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/ui/api/state", nil))
+	var st struct {
+		Run struct {
+			Rows []struct {
+				P50 *float64 `json:"ttft_p50_ms"`
+				P99 *float64 `json:"ttft_p99_ms"`
+				E2E *float64 `json:"e2e_p50_ms"`
+			} `json:"rows"`
+		} `json:"run"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil {
+		t.Fatal(err)
+	}
+	if len(st.Run.Rows) != 2 {
+		t.Fatalf("%d rows, want 2", len(st.Run.Rows))
+	}
+	if r := st.Run.Rows[0]; r.P50 != nil || r.P99 != nil || r.E2E != nil {
+		t.Errorf("no completed request: sent %v / %v / %v, want null / null / null", deref(r.P50), deref(r.P99), deref(r.E2E))
+	}
+	if r := st.Run.Rows[1]; r.P50 == nil || *r.P50 != 80 || r.P99 == nil || *r.P99 != 90 || r.E2E == nil || *r.E2E != 1000 {
+		t.Errorf("sent %v / %v / %v, want 80 / 90 / 1000", deref(r.P50), deref(r.P99), deref(r.E2E))
+	}
+}
+
 func deref(p *float64) any {
 	if p == nil {
 		return nil

@@ -459,7 +459,8 @@
     card.hidden = rows.length === 0;
     if (!rows.length) return;
     $("compare-sub").textContent = `· same workload (${run.workload}) through each policy on cold caches`;
-    const best = (key, lower) => rows.reduce((b, r) => (b === null || (lower ? r[key] < b[key] : r[key] > b[key]) ? r : b), null);
+    // A null figure (no request completed) is never the best.
+    const best = (key, lower) => rows.reduce((b, r) => (r[key] === null ? b : b === null || (lower ? r[key] < b[key] : r[key] > b[key]) ? r : b), null);
     const bestP50 = best("ttft_p50_ms", true);
     $("compare").tBodies[0].replaceChildren(...rows.map((r) => h("tr", { class: r === bestP50 && rows.length > 1 ? "best" : "", "data-policy": r.name },
       h("td", {}, r.name),
