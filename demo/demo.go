@@ -164,13 +164,13 @@ func (c *Config) Validate() error {
 	if c.Blocks < 64 {
 		errs = append(errs, fmt.Errorf("blocks: %d is below 64", c.Blocks))
 	}
-	if c.Speed <= 0 || c.Speed > 1000 {
+	if !(c.Speed > 0 && c.Speed <= 1000) { // NaN too
 		errs = append(errs, fmt.Errorf("speed: %g is not in (0, 1000]", c.Speed))
 	}
 	if !slices.Contains(WorkloadNames(), c.Workload) {
 		errs = append(errs, fmt.Errorf("workload: %q is not one of %s", c.Workload, strings.Join(WorkloadNames(), ", ")))
 	}
-	if c.Rate <= 0 || c.Rate > 1000 {
+	if !(c.Rate > 0 && c.Rate <= 1000) { // NaN too
 		errs = append(errs, fmt.Errorf("rate: %g is not in (0, 1000]", c.Rate))
 	}
 	if c.Duration < time.Second {

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"math"
 	"net"
 	"net/http"
 	"os"
@@ -117,6 +118,9 @@ func TestConfigValidate(t *testing.T) {
 		{"compare", Config{Compare: []string{"round_robin", "bogus"}}, "policy \"bogus\""},
 		{"token", Config{AdminToken: "short"}, "admin token"},
 		{"duration", Config{Duration: time.Millisecond}, "duration"},
+		// NaN passed "<= 0 || > 1000": the engines ran at speed NaN.
+		{"speed NaN", Config{Speed: math.NaN()}, "speed"},
+		{"rate NaN", Config{Rate: math.NaN()}, "rate"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
