@@ -202,7 +202,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		n := requests
 		if n == 0 && duration > 0 {
-			n = requestsFor(wlName, p, rate*slices.Max(scales), duration)
+			n = requestsFor(wlName, p, rate, slices.Max(scales), duration)
 			if n > maxGenerated {
 				at := fmt.Sprintf("--rate %g", rate)
 				if rate == 0 {
@@ -399,14 +399,16 @@ func benchTrace(w *workload.Workload, rate float64) error {
 const maxGenerated = 100_000_000
 
 // requestsFor returns how many requests generator name must make for its
-// traffic at rate (0 = the generators' default) to last duration: the
-// expected arrivals with a margin, plus the storm's burst, which comes on
-// top of its traffic at rate but counts towards its requests (and took
-// them first: the background traffic stopped early, or never started).
-func requestsFor(name string, params map[string]float64, rate float64, duration time.Duration) int {
+// traffic at rate (0 = the generators' default) sped up scale times
+// (--rate-scale, a sweep's largest) to last duration: the expected arrivals
+// with a margin, plus the storm's burst, which comes on top of its traffic
+// at rate but counts towards its requests (and took them first: the
+// background traffic stopped early, or never started).
+func requestsFor(name string, params map[string]float64, rate, scale float64, duration time.Duration) int {
 	if rate == 0 {
 		rate = 10
 	}
+	rate *= scale
 	n := int(min(rate*duration.Seconds()*1.5, maxGenerated)) + 10 // bounded: no int overflow
 	if name == "storm" {
 		burst, ok := params["burst"]

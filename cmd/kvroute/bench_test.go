@@ -318,27 +318,35 @@ func TestBenchTraceStartsAtFirstRequest(t *testing.T) {
 }
 
 // TestBenchGeneratorRequestsLastTheDuration: with --duration and no
-// --requests, a generator makes enough requests for its traffic at --rate
-// to last the whole duration. The storm's burst counts towards its
-// requests: it took them first, and the background traffic stopped early
-// (at 3.5s of a 15s run at 10/s) or never started (a 5s run sent nothing).
+// --requests, a generator makes enough requests for its traffic at --rate,
+// sped up by --rate-scale (a sweep's largest), to last the whole duration.
+// The storm's burst counts towards its requests: it took them first, and
+// the background traffic stopped early (at 3.5s of a 15s run at 10/s) or
+// never started (a 5s run sent nothing). Without --rate the scale was
+// dropped: --rate-scale 4 --duration 20s made 310 requests, the last at 7.3s.
 func TestBenchGeneratorRequestsLastTheDuration(t *testing.T) {
 	for _, tc := range []struct {
 		gen    string
 		params map[string]float64
 		rate   float64
+		scale  float64
 		dur    time.Duration
 	}{
-		{"storm", nil, 10, 15 * time.Second},
-		{"storm", nil, 0, 5 * time.Second},
-		{"storm", map[string]float64{"burst": 50}, 20, 8 * time.Second},
-		{"rag", nil, 10, 15 * time.Second},
-		{"chat", nil, 5, 30 * time.Second},
+		{"storm", nil, 10, 1, 15 * time.Second},
+		{"storm", nil, 0, 1, 5 * time.Second},
+		{"storm", map[string]float64{"burst": 50}, 20, 1, 8 * time.Second},
+		{"rag", nil, 10, 1, 15 * time.Second},
+		{"chat", nil, 5, 1, 30 * time.Second},
+		{"rag", nil, 0, 4, 20 * time.Second},
+		{"rag", nil, 5, 3, 20 * time.Second},
 	} {
-		n := requestsFor(tc.gen, tc.params, tc.rate, tc.dur)
+		n := requestsFor(tc.gen, tc.params, tc.rate, tc.scale, tc.dur)
 		w, err := workload.Generate(tc.gen, workload.Options{Seed: 1, Requests: n,
 			Arrivals: workload.Arrivals{Rate: tc.rate}, Params: tc.params})
 		if err != nil {
+			t.Fatal(err)
+		}
+		if err := w.ScaleRate(tc.scale); err != nil {
 			t.Fatal(err)
 		}
 		// The traffic at the rate (the storm's background, not its hot
@@ -350,8 +358,8 @@ func TestBenchGeneratorRequestsLastTheDuration(t *testing.T) {
 			}
 		}
 		if late == 0 {
-			t.Errorf("%s %v at %g/s for %v: %d requests, none at the rate in the last tenth of the duration (last arrival %v)",
-				tc.gen, tc.params, tc.rate, tc.dur, n, w.Span())
+			t.Errorf("%s %v at %g/s x%g for %v: %d requests, none at the rate in the last tenth of the duration (last arrival %v)",
+				tc.gen, tc.params, tc.rate, tc.scale, tc.dur, n, w.Span())
 		}
 	}
 }
