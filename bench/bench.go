@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"mime"
 	"net"
 	"net/http"
 	"net/url"
@@ -393,7 +394,7 @@ func (r *runner) do(ctx context.Context, req *workload.Request, sentAt time.Dura
 		r.example(s.Err, "the server answered "+ct+", not a text/event-stream: it does not stream (\"stream\": true)")
 		return s
 	}
-	r.readStream(ctx, resp.Body, t0, &s)
+	r.readStream(ctx, resp.Body, resp.Header.Get("Content-Type"), t0, &s)
 	// Read the body to its end, so that the connection serves a later
 	// request: the end (of a chunked body) comes a moment after [DONE],
 	// and a body closed before it closes its connection, so the next
@@ -463,11 +464,21 @@ type errorEnvelope struct {
 	Message string `json:"message"`
 }
 
-// readStream consumes an SSE response, filling s's timings and counts.
-func (r *runner) readStream(ctx context.Context, body io.Reader, t0 time.Time, s *report.Sample) {
+// readStream consumes an SSE response, filling s's timings and counts. ct
+// is the response's Content-Type: a body of another type (a web page at the
+// URL) that holds no event is a bad reply, not a broken stream; one that
+// holds events is read as a stream (a Go server that sets no type sends
+// text/plain).
+func (r *runner) readStream(ctx context.Context, body io.Reader, ct string, t0 time.Time, s *report.Sample) {
+	var head *headReader
+	if mt, _, _ := mime.ParseMediaType(ct); ct != "" && mt != openai.ContentTypeEventStream {
+		head = &headReader{r: body}
+		body = head
+	}
 	sr := openai.NewSSEReader(body)
 	var last time.Time
 	chunks := 0
+	events := 0
 	aborted := false // a choice finished with "abort"
 	bad := ""        // the first unparseable event, with why
 	badLast := false // the last event read was unparseable
@@ -476,6 +487,11 @@ func (r *runner) readStream(ctx context.Context, body io.Reader, t0 time.Time, s
 		ev, err := sr.Next()
 		if err != nil {
 			s.E2E = time.Since(t0)
+			if events == 0 && head != nil && errors.Is(err, io.EOF) {
+				s.Err = ErrBadReply
+				r.example(s.Err, fmt.Sprintf("the server answered %s, not a text/event-stream, and no event: %s", ct, head.b))
+				break
+			}
 			ended := "the stream ended before data: [DONE]"
 			if badLast {
 				ended += ", its last event unparseable (cut short?): " + bad
@@ -488,6 +504,7 @@ func (r *runner) readStream(ctx context.Context, body io.Reader, t0 time.Time, s
 			break
 		}
 		badLast = false
+		events++
 		if ev.IsDone() {
 			s.E2E = time.Since(t0)
 			break
@@ -558,6 +575,20 @@ func (r *runner) readStream(ctx context.Context, body io.Reader, t0 time.Time, s
 	if s.Err == "" && chunks == 0 {
 		s.TTFT = s.E2E
 	}
+}
+
+// headReader keeps the first maxExample bytes read through it.
+type headReader struct {
+	r io.Reader
+	b []byte
+}
+
+func (h *headReader) Read(p []byte) (int, error) {
+	n, err := h.r.Read(p)
+	if k := min(n, maxExample-len(h.b)); k > 0 {
+		h.b = append(h.b, p[:k]...)
+	}
+	return n, err
 }
 
 // broken records on s a stream that ended by err before data: [DONE]

@@ -249,6 +249,37 @@ func TestNotStreamed(t *testing.T) {
 	}
 }
 
+// TestNotAStream: a 200 whose body is not an event stream (a web page at
+// the URL, a proxy's notice) is a bad reply that says what came back, not a
+// stream broken midway; a stream served without its content type (a Go
+// server that sets none sends text/plain) is still read as one.
+func TestNotAStream(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if r.Header.Get("X-Session-Id") == "page" {
+			w.Header().Set("Content-Type", "text/html; charset=utf-8")
+			io.WriteString(w, "<!doctype html><html><body>Welcome to the dashboard</body></html>\n")
+			return
+		}
+		io.WriteString(w, "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: [DONE]\n\n")
+	}))
+	defer srv.Close()
+	rs := reqs("page", "sniffed")
+	res, err := Run(context.Background(), Config{URL: srv.URL, Model: "m"}, rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	got := bySession(res, rs)
+	if s := got["page"]; s.Err != ErrBadReply {
+		t.Errorf("a web page: error kind %q, want %q (examples %q)", s.Err, ErrBadReply, res.ErrorExamples)
+	}
+	if ex := res.ErrorExamples[ErrBadReply]; !strings.Contains(ex, "text/html") || !strings.Contains(ex, "Welcome to the dashboard") {
+		t.Errorf("example %q, want the content type and the body's start", ex)
+	}
+	if s := got["sniffed"]; s.Err != "" || s.OutputTokens != 1 {
+		t.Errorf("a stream sent as %s: error %q, %d tokens; want a success with 1", "text/plain", s.Err, s.OutputTokens)
+	}
+}
+
 func TestErrorMessage(t *testing.T) {
 	for _, tc := range []struct{ body, want string }{
 		{`{"error":{"message":"The model ` + "`x`" + ` does not exist.","type":"NotFoundError","code":404}}`, "The model `x` does not exist."},

@@ -20,7 +20,8 @@
 // transport, http_<status>, midstream (an error event, a choice finished
 // with finish_reason "abort" as vLLM ends a request its engine aborted, or a
 // broken stream after a 200) and bad_response (also a 200 with a JSON body:
-// a server that does not stream); a 429 counts as a rejection.
+// a server that does not stream, or a body of another type holding no event,
+// such as a web page at the URL); a 429 counts as a rejection.
 // Result.ErrorExamples keeps, per kind, what the first such failure got (the
 // server's error message or the transport error). Run returns an error only for a bad Config (an
 // unparseable URL, a missing model) or requests out of arrival order.

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/report"
 )
 
@@ -39,7 +40,7 @@ func TestReadStream(t *testing.T) {
 		t.Run(tc.name, func(t *testing.T) {
 			r := &runner{}
 			s := report.Sample{CachedTokens: -1}
-			r.readStream(context.Background(), bytes.NewReader([]byte(tc.body)), time.Now(), &s)
+			r.readStream(context.Background(), bytes.NewReader([]byte(tc.body)), openai.ContentTypeEventStream, time.Now(), &s)
 			if s.Err != tc.err || s.OutputTokens != tc.tokens || s.CachedTokens != tc.cached {
 				t.Errorf("got err %q tokens %d cached %d, want %q %d %d", s.Err, s.OutputTokens, s.CachedTokens, tc.err, tc.tokens, tc.cached)
 			}
@@ -58,7 +59,7 @@ func FuzzReadStream(f *testing.F) {
 	f.Fuzz(func(t *testing.T, body []byte) {
 		r := &runner{}
 		s := report.Sample{CachedTokens: -1}
-		r.readStream(context.Background(), bytes.NewReader(body), time.Now(), &s)
+		r.readStream(context.Background(), bytes.NewReader(body), "", time.Now(), &s)
 		if s.Err == "" {
 			if s.TTFT < 0 || s.TTFT > s.E2E {
 				t.Fatalf("TTFT %v outside [0, E2E %v]", s.TTFT, s.E2E)
@@ -89,7 +90,7 @@ func BenchmarkReadStream(b *testing.B) {
 	b.SetBytes(int64(len(data)))
 	for b.Loop() {
 		s := report.Sample{CachedTokens: -1}
-		r.readStream(context.Background(), bytes.NewReader(data), time.Now(), &s)
+		r.readStream(context.Background(), bytes.NewReader(data), openai.ContentTypeEventStream, time.Now(), &s)
 		if s.OutputTokens != 256 {
 			b.Fatalf("tokens %d", s.OutputTokens)
 		}
