@@ -337,6 +337,11 @@ func TestSummaryValidate(t *testing.T) {
 		{"shared", func(s *Summary) { s.SharedFraction = 1 }, "shared fraction"},
 		{"too long", func(s *Summary) { s.PromptMean, s.MaxLen = 5000, 4096 }, "exceed the max length"},
 		{"zipf", func(s *Summary) { s.Zipf = -1 }, "zipf"},
+		// Beyond what the arrival process models (was: at 1e9/s 3408
+		// requests within 2us, planned as 1.7e9 req/s; at CV 1000 129127
+		// requests within 2ms, all but 3 gaps 0).
+		{"rate above MaxRate", func(s *Summary) { s.Rate = 1e9 }, "rate 1e+09 req/s is above the 1e+06"},
+		{"arrival cv above 100", func(s *Summary) { s.ArrivalCV = 1000 }, "arrival CV 1000 is above the 100"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := ok

@@ -18,13 +18,13 @@ import (
 // every prefix is 1200 tokens and suffixes average 800.
 type Summary struct {
 	// Rate is the mean request rate per second (Poisson arrivals, or gamma
-	// with ArrivalCV). Required, > 0.
+	// with ArrivalCV). Required, > 0 and at most workload.MaxRate.
 	Rate float64
 	// Duration is the span of the generated stream; default enough for
 	// 2000 requests.
 	Duration time.Duration
 	// ArrivalCV is the coefficient of variation of inter-arrival gaps; 0 or 1
-	// is Poisson, above 1 burstier (gamma).
+	// is Poisson, above 1 burstier (gamma); at most 100.
 	ArrivalCV float64
 	// PromptMean and PromptCV: prompt lengths in tokens, lognormal; CV
 	// default 1. PromptMean required, >= 1.
@@ -46,6 +46,10 @@ type Summary struct {
 	Zipf float64
 }
 
+// maxArrivalCV is the largest Summary.ArrivalCV: workload.Arrivals'
+// limit on gamma arrivals.
+const maxArrivalCV = 100
+
 // Validate reports the first bad field, wrapping ErrBadInput.
 func (s Summary) Validate() error {
 	bad := func(format string, a ...any) error {
@@ -55,10 +59,14 @@ func (s Summary) Validate() error {
 	switch {
 	case !finite(s.Rate) || s.Rate <= 0:
 		return bad("rate %v req/s must be positive", s.Rate)
+	case s.Rate > workload.MaxRate:
+		return bad("rate %v req/s is above the %g the arrivals model (arrival times are whole nanoseconds)", s.Rate, float64(workload.MaxRate))
 	case s.Duration < 0:
 		return bad("duration %v is negative", s.Duration)
 	case !finite(s.ArrivalCV) || s.ArrivalCV < 0:
 		return bad("arrival CV %v is negative", s.ArrivalCV)
+	case s.ArrivalCV > maxArrivalCV:
+		return bad("arrival CV %v is above the %g gamma arrivals model", s.ArrivalCV, float64(maxArrivalCV))
 	case !finite(s.PromptMean) || s.PromptMean < 1:
 		return bad("prompt mean %v tokens must be >= 1", s.PromptMean)
 	case !finite(s.OutputMean) || s.OutputMean < 1:

@@ -349,6 +349,8 @@ func (o *planOptions) checkFlags() error {
 		return planFlagErrorf("--kv-capacity %d must not be negative (0 = derived from memory)", o.kvCapacity)
 	case summary && (!finite(o.rate) || o.rate <= 0):
 		return planFlagErrorf("--rate %v must be positive", o.rate)
+	case summary && o.rate > workload.MaxRate:
+		return planFlagErrorf("--rate %v must be at most %g (arrival times are whole nanoseconds)", o.rate, float64(workload.MaxRate))
 	case summary && (!finite(o.promptMean) || o.promptMean < 1):
 		return planFlagErrorf("--prompt-mean %v must be at least 1 token", o.promptMean)
 	case summary && (!finite(o.outputMean) || o.outputMean < 1):
@@ -367,6 +369,8 @@ func (o *planOptions) checkFlags() error {
 		return planFlagErrorf("--arrival-cv %v must not be negative", o.arrivalCV)
 	case o.arrivalCV == 0:
 		return planFlagErrorf("--arrival-cv 0 must be positive (0 reads as the default 1, Poisson)")
+	case o.arrivalCV > 100:
+		return planFlagErrorf("--arrival-cv %v must be at most 100", o.arrivalCV)
 	case !finite(o.zipf) || o.zipf < 0:
 		return planFlagErrorf("--zipf %v must not be negative", o.zipf)
 	case o.hotPrefixes < 0:
@@ -436,8 +440,8 @@ func (o *planOptions) workload() (*workload.Workload, error) {
 	if err != nil {
 		return nil, fmt.Errorf("plan: %w", err)
 	}
-	if !(o.rateScale > 0) {
-		return nil, planFlagErrorf("--rate-scale %v must be positive", o.rateScale)
+	if !(o.rateScale > 0) || o.rateScale > 1e9 {
+		return nil, planFlagErrorf("--rate-scale %v must be positive and at most 1e9", o.rateScale)
 	}
 	if o.rateScale != 1 {
 		if err := w.ScaleRate(o.rateScale); err != nil {

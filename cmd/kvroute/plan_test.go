@@ -95,6 +95,13 @@ func TestPlanCommandBadInput(t *testing.T) {
 		{"summary flag with a trace", []string{"plan", "--duration", "60s", "--slo-ttft-p99", "5s"}, "--duration shapes a summary workload", true},
 		{"summary flag with a trace file", []string{"plan", "--trace", "x.jsonl", "--shared-frac", "0.5", "--slo-ttft-p99", "5s"}, "--shared-frac shapes a summary workload", true},
 		{"rate-scale with a summary", append(summary, "--rate-scale", "2"), "--rate-scale scales a trace", true},
+		// Beyond what the arrivals model (was: planned a burst of 3408
+		// requests within 2us as 1.7e9 req/s, exit status 0; at CV 1000
+		// 129127 requests within 2ms; --rate-scale inf an exit status 1
+		// naming the workload's "rate scale").
+		{"rate above 1e6", []string{"plan", "--rate", "1e9", "--prompt-mean", "100", "--output-mean", "10", "--slo-ttft-p99", "1s"}, "--rate 1e+09 must be at most 1e+06", true},
+		{"arrival-cv above 100", append(summary, "--arrival-cv", "1000"), "--arrival-cv 1000 must be at most 100", true},
+		{"rate-scale inf", []string{"plan", "--rate-scale", "inf", "--slo-ttft-p99", "1s"}, "--rate-scale +Inf must be positive and at most 1e9", true},
 		{"tp without hf-config", []string{"plan", "--tp", "4", "--slo-ttft-p99", "1s"}, "kvroute plan: --tp applies to --hf-config", true},
 		{"gpu without hf-config", []string{"plan", "--gpu", "a100", "--slo-ttft-p99", "1s"}, "kvroute plan: --gpu applies to --hf-config", true},
 		{"profile and hf-config", []string{"plan", "--profile", "tiny", "--hf-config", "../../engine/testdata/hf/llama-3.1-8b.json", "--slo-ttft-p99", "1s"}, "not both", true},
