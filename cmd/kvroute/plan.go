@@ -489,22 +489,29 @@ func (o *planOptions) plans(ctx context.Context, in planner.Input, stderr io.Wri
 		if name == "node-lost" {
 			continue
 		}
-		w, err := planner.WhatIf(in.Workload, name)
+		r, err := planWhatIf(ctx, in, name)
 		if err != nil {
-			return nil, fmt.Errorf("plan: %w", err)
+			return nil, err
 		}
-		wi := in
-		wi.Workload = w
-		wi.Progress = nil
-		r, err := planner.Plan(ctx, wi)
-		if err != nil {
-			// An infeasible what-if is an answer, not a failure.
-			if r == nil {
-				return nil, fmt.Errorf("plan: what-if %s: %w", name, err)
-			}
-		}
-		r.Name = name
 		out = append(out, r)
 	}
 	return out, nil
+}
+
+// planWhatIf plans the what-if scenario name on in's workload. A scenario
+// no fleet meets is an answer (the result says why), not a failure; any
+// other error, an interruption among them, is.
+func planWhatIf(ctx context.Context, in planner.Input, name string) (*planner.Result, error) {
+	w, err := planner.WhatIf(in.Workload, name)
+	if err != nil {
+		return nil, fmt.Errorf("plan: %w", err)
+	}
+	in.Workload = w
+	in.Progress = nil
+	r, err := planner.Plan(ctx, in)
+	if err != nil && (r == nil || !errors.Is(err, planner.ErrInfeasible)) {
+		return nil, fmt.Errorf("plan: what-if %s: %w", name, err)
+	}
+	r.Name = name
+	return r, nil
 }

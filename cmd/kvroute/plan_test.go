@@ -181,3 +181,32 @@ func TestPlanFloorsOnlyForTargets(t *testing.T) {
 		t.Errorf("floors line %q: want the TTFT floor only", line)
 	}
 }
+
+// TestPlanWhatIfInterrupted: Ctrl-C during a what-if stops the command with
+// the interruption (exit status 130), as during the baseline; it printed
+// the cut-short what-if as a plan ("no fleet meets") and exited 0. A
+// what-if no fleet meets is still an answer.
+func TestPlanWhatIfInterrupted(t *testing.T) {
+	prof, err := engine.LookupProfile("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := planner.Summary{Rate: 5, Duration: 20 * time.Second, PromptMean: 300, OutputMean: 20, MaxLen: 1000}.Workload(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := planner.Input{Profile: prof, Workload: w, SimRequests: 50, ConfirmRequests: 50, Seeds: 1,
+		SLO: planner.SLO{TTFT: planner.Target{Quantile: 0.99, Limit: 2 * time.Second}}}
+
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	if r, err := planWhatIf(ctx, in, "rate-x2"); !errors.Is(err, context.Canceled) {
+		t.Errorf("interrupted what-if: got %v (result %v), want the cancellation", err, r != nil)
+	}
+
+	// Twice the prompts exceed the profile's 1024-token model length.
+	r, err := planWhatIf(context.Background(), in, "prompt-x2")
+	if err != nil || r == nil || r.Name != "prompt-x2" || !strings.Contains(r.Error, "SLO cannot be met") {
+		t.Errorf("infeasible what-if: got %v, %+v; want a result that says why", err, r)
+	}
+}
