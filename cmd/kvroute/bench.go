@@ -86,7 +86,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.StringVar(&trace, "trace", "", "Mooncake JSONL trace `file` to replay")
 	fs.StringVar(&wlName, "workload", "", "generator `name` to run instead of a trace ('list' prints them)")
 	fs.StringVar(&params, "params", "", "generator parameters `k=v,...`")
-	fs.IntVar(&requests, "requests", 0, "generator: number of requests (default: enough for --duration at --rate, a storm's burst on top, else 1000)")
+	fs.IntVar(&requests, "requests", 0, "generator: number of requests (default: enough for --duration at --rate times --rate-scale or a sweep's largest, a storm's burst on top, else 1000)")
 	fs.Float64Var(&rate, "rate", 0, "mean requests per second `R`: the generator's rate (default 10), or a trace's rescaled rate")
 	fs.Float64Var(&rateScale, "rate-scale", 1, "multiply the arrival rate by `X` (after --rate)")
 	fs.StringVar(&arrivals, "arrivals", "", "generator: arrival process poisson, gamma or constant (default poisson)")
