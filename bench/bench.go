@@ -80,7 +80,9 @@ type Config struct {
 	// generates exactly its OutputLen tokens.
 	IgnoreEOS bool
 	// Header is added to every request (e.g. Authorization); a Host field
-	// sets the requests' host (a virtual host behind an ingress).
+	// sets the requests' host (a virtual host behind an ingress). Validate
+	// refuses a name that is not an HTTP token and a value with a control
+	// character (net/http would fail every request).
 	Header http.Header
 	// Client sends the requests; nil = a client with a transport sized for
 	// MaxInFlight and no overall timeout.
@@ -146,7 +148,44 @@ func (c *Config) Validate() error {
 	default:
 		return fmt.Errorf("bench: prompt %q is not one of text, tokens", o.Prompt)
 	}
+	for k, vs := range o.Header {
+		if !validHeaderName(k) {
+			return fmt.Errorf("bench: header %q: not a valid header name", k)
+		}
+		for _, v := range vs {
+			if !validHeaderValue(v) {
+				return fmt.Errorf("bench: header %s: value %q holds a control character", k, v)
+			}
+		}
+	}
 	return nil
+}
+
+// validHeaderName reports whether k is an HTTP field name (an RFC 9110
+// token), as net/http requires of every request it sends.
+func validHeaderName(k string) bool {
+	if k == "" {
+		return false
+	}
+	for _, c := range []byte(k) {
+		switch {
+		case 'a' <= c && c <= 'z', 'A' <= c && c <= 'Z', '0' <= c && c <= '9':
+		case strings.IndexByte("!#$%&'*+-.^_`|~", c) >= 0:
+		default:
+			return false
+		}
+	}
+	return true
+}
+
+// validHeaderValue reports whether v holds no control character but tab.
+func validHeaderValue(v string) bool {
+	for _, c := range []byte(v) {
+		if c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // endpoint returns the full request URL.

@@ -416,6 +416,10 @@ func TestConfigErrors(t *testing.T) {
 		{Config{URL: "http://x", Model: "m", API: "embeddings"}, "api"},
 		{Config{URL: "http://x", Model: "m", Prompt: PromptTokens}, "completions"},
 		{Config{URL: "http://x\x7f", Model: "m"}, "url"},
+		// net/http refuses to send them: every request failed (transport).
+		{Config{URL: "http://x", Model: "m", Header: http.Header{"X Foo": {"bar"}}}, `header "X Foo": not a valid header name`},
+		{Config{URL: "http://x", Model: "m", Header: http.Header{"X-Foo": {"a\x01b"}}}, "header X-Foo: value"},
+		{Config{URL: "http://x", Model: "m", Header: http.Header{"Host": {"a\nb"}}}, "header Host: value"},
 	} {
 		if _, err := Run(context.Background(), tc.cfg, nil); err == nil || !strings.Contains(err.Error(), tc.want) {
 			t.Errorf("%+v: got %v, want error containing %q", tc.cfg, err, tc.want)

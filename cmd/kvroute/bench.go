@@ -170,7 +170,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	cfg := bench.Config{URL: url, Model: model, API: api, Prompt: prompt, MaxInFlight: maxInFlight,
 		Timeout: timeout, Duration: duration, MaxRequests: maxRequests, IgnoreEOS: ignoreEOS, Header: hdr}
 	if err := cfg.Validate(); err != nil {
-		if strings.HasPrefix(err.Error(), "bench: url") {
+		if strings.HasPrefix(err.Error(), "bench: url") || strings.HasPrefix(err.Error(), "bench: header") {
 			return usageErr("--%s", strings.TrimPrefix(err.Error(), "bench: "))
 		}
 		fmt.Fprintf(stderr, "kvroute %v\n", err)
