@@ -37,8 +37,9 @@
 //     analytical estimate below: a fleet that misses grows the pool its
 //     misses point at (decode for TPOT; for TTFT the side where the slow
 //     requests spent their time: queue and prefill on a prefill engine, or
-//     the handoff and the decode node), then each pool shrinks by bisection
-//     while the fleet still passes.
+//     the handoff and the decode node; at the search's size cap, twice the
+//     aggregated fleet, an engine moves to that pool from the other), then
+//     each pool shrinks by bisection while the fleet still passes.
 //
 // The chosen fleets are then confirmed on the whole workload (its first
 // Input.ConfirmRequests requests) with Input.Seeds seeds: a window is not the

@@ -255,6 +255,42 @@ func TestSearchDisaggregatedLogic(t *testing.T) {
 	}
 }
 
+// TestSearchDisaggregatedAtTheCap: a start at the size cap (the plan caps
+// the P/D search at twice the aggregated fleet and scales the analytical
+// start down to it, e.g. 16:1 to 11:1 of 12) whose misses point at one
+// pool moves engines to it from the other: the search ended after that one
+// candidate with "no disaggregated fleet of up to 12 engines meets the
+// SLO" (on the conversation trace at TTFT p99 5s), though 5:3 is within
+// the cap.
+func TestSearchDisaggregatedAtTheCap(t *testing.T) {
+	in := smallInput(t, 30)
+	in.defaults()
+	fake := func(l layout) Candidate { // meets from 5 prefill and 3 decode engines
+		c := Candidate{Engines: l.size(), Prefill: l.P, Decode: l.D}
+		c.TTFT.AtSLO = 300 * time.Millisecond * 45 / time.Duration(10*l.P)
+		c.TPOT.AtSLO = 50 * time.Millisecond * 25 / time.Duration(10*l.D)
+		if c.TTFT.AtSLO > in.SLO.TTFT.Limit {
+			c.tailPrefill = 1
+		}
+		c.Meets = meets(c.TTFT, in.SLO.TTFT) && meets(c.TPOT, in.SLO.TPOT)
+		return c
+	}
+	for _, start := range []layout{{P: 7, D: 1}, {P: 1, D: 7}, {P: 11, D: 1}} {
+		s := newSearch(&in)
+		s.evalHook = fake
+		got, note, err := s.searchDisaggregated(t.Context(), start, start.size(), false)
+		if err != nil || got != (layout{P: 5, D: 3}) {
+			t.Errorf("start %v, at most %d engines: got %v (%q, %v), want 5:3", start, start.size(), got, note, err)
+		}
+	}
+	// Both pools miss at the cap: no room to move engines.
+	s := newSearch(&in)
+	s.evalHook = fake
+	if got, note, err := s.searchDisaggregated(t.Context(), layout{P: 3, D: 2}, 5, false); err != nil || got.size() != 0 || !strings.Contains(note, "up to 5 engines") {
+		t.Errorf("3:2 at most 5: got %v (%q, %v), want no fleet", got, note, err)
+	}
+}
+
 func TestGrow(t *testing.T) {
 	slo := SLO{TTFT: Target{0.9, time.Second}, TPOT: Target{0.99, 50 * time.Millisecond}}
 	slowT := Latency{AtSLO: 2 * time.Second}

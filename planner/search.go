@@ -440,7 +440,7 @@ func grow(l layout, c Candidate, slo SLO) layout {
 
 // searchDisaggregated returns the smallest P:D fleet it finds meeting the
 // SLO with at most maxN engines, on the search window or (confirm) the
-// confirming workload, from start: grow (see grow) until a fleet passes, then shrink each pool in
+// confirming workload, from start: grow (see grow; at maxN, see fitCap) until a fleet passes, then shrink each pool in
 // turn (one fewer, then bisection) while the fleet still passes, until
 // neither pool can shrink. A pool whose growth improved the missed latency
 // by less than 2% is at a plateau: the other pool grows instead, and when
@@ -510,7 +510,7 @@ func (s *search) searchDisaggregated(ctx context.Context, start layout, maxN int
 			return layout{}, "the SLO latencies stop improving with more prefill or decode engines" + flatNote +
 				": the tail is the slowest requests' own prefill, handoff and first step, which no fleet size shortens", nil
 		}
-		l = next
+		l = fitCap(l, next, maxN)
 	}
 	// Shrink: the smallest passing count of each pool with the other
 	// fixed, until neither changes: steps down of 1, 1, 2, 4, ... (the
@@ -556,6 +556,35 @@ func (s *search) searchDisaggregated(ctx context.Context, start layout, maxN int
 		}
 	}
 	return l, "", nil
+}
+
+// fitCap returns next, the growth of l, within maxN engines: a pool that
+// grows alone takes the room left, or, with none left, one engine from the
+// other pool. Without it a start at the cap (the plan scales the
+// analytical start down to it) ended the search after one candidate. When
+// both pools grow there is nothing to move: next is returned as it is.
+func fitCap(l, next layout, maxN int) layout {
+	if next.size() <= maxN || l.size() > maxN {
+		return next
+	}
+	room := maxN - l.size()
+	switch {
+	case next.P > l.P && next.D == l.D:
+		if room > 0 {
+			return layout{P: l.P + room, D: l.D}
+		}
+		if l.D > 1 {
+			return layout{P: l.P + 1, D: l.D - 1}
+		}
+	case next.D > l.D && next.P == l.P:
+		if room > 0 {
+			return layout{P: l.P, D: l.D + room}
+		}
+		if l.P > 1 {
+			return layout{P: l.P - 1, D: l.D + 1}
+		}
+	}
+	return next
 }
 
 // neighbours are the layouts one engine smaller (one lost node).
