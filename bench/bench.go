@@ -57,7 +57,8 @@ const (
 type Config struct {
 	// URL is the server's base URL, e.g. http://127.0.0.1:8000; the API
 	// path (/v1/chat/completions or /v1/completions) is appended unless the
-	// URL already ends in it. Required.
+	// URL already ends in it (Validate refuses one that ends in the other
+	// API's path). Required.
 	URL string
 	// Model is the "model" field of every request. Required.
 	Model string
@@ -138,6 +139,16 @@ func (c *Config) Validate() error {
 	case APIChat, APICompletions:
 	default:
 		return fmt.Errorf("bench: api %q is not one of chat, completions", o.API)
+	}
+	// A URL that ends in the other API's path would get that path
+	// appended (.../v1/completions/v1/chat/completions): a 404 each.
+	if p := strings.TrimRight(u.Path, "/"); strings.HasSuffix(p, "/v1/chat/completions") && o.API != APIChat ||
+		strings.HasSuffix(p, "/v1/completions") && o.API != APICompletions {
+		want := APIChat
+		if o.API == APIChat {
+			want = APICompletions
+		}
+		return fmt.Errorf("bench: url %q is the %s API's path, not the %s API's: give the server's base URL or api %s", o.URL, want, o.API, want)
 	}
 	switch o.Prompt {
 	case PromptText:

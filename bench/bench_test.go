@@ -416,6 +416,10 @@ func TestConfigErrors(t *testing.T) {
 		{Config{URL: "http://x", Model: "m", API: "embeddings"}, "api"},
 		{Config{URL: "http://x", Model: "m", Prompt: PromptTokens}, "completions"},
 		{Config{URL: "http://x\x7f", Model: "m"}, "url"},
+		// The other API's path: requests went to
+		// .../v1/completions/v1/chat/completions, a 404 each.
+		{Config{URL: "http://x/v1/completions", Model: "m"}, `url "http://x/v1/completions" is the completions API's path, not the chat API's`},
+		{Config{URL: "http://x/v1/chat/completions/", Model: "m", API: APICompletions}, "is the chat API's path"},
 		// net/http refuses to send them: every request failed (transport).
 		{Config{URL: "http://x", Model: "m", Header: http.Header{"X Foo": {"bar"}}}, `header "X Foo": not a valid header name`},
 		{Config{URL: "http://x", Model: "m", Header: http.Header{"X-Foo": {"a\x01b"}}}, "header X-Foo: value"},

@@ -47,7 +47,8 @@ func TestBenchCommandUsageErrors(t *testing.T) {
 		{[]string{"--prompt", "ids"}, `--prompt "ids" is not one of text, tokens`},
 		{[]string{"--prompt", "tokens"}, "--prompt tokens needs --api completions"},
 		{[]string{"--url", "localhost:8000"}, `--url "localhost:8000": scheme must be http or https`},
-		{[]string{"--header", "X Foo: bar"}, `kvroute bench: --header "X Foo": not a valid header name`}, // was: every request failed, transport
+		{[]string{"--url", "http://127.0.0.1:1/v1/completions"}, `--url "http://127.0.0.1:1/v1/completions" is the completions API's path`}, // was: a 404 each
+		{[]string{"--header", "X Foo: bar"}, `kvroute bench: --header "X Foo": not a valid header name`},                                    // was: every request failed, transport
 	} {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
 			var out, errb bytes.Buffer
