@@ -74,7 +74,9 @@ func TestPreciseBuiltin(t *testing.T) {
 		err  error
 	}{
 		{"chat", openai.KindChat, `{"model":"m","messages":[{"role":"system","content":"Be brief."},{"role":"user","content":"Hello there, how are you?"}]}`, b.Encode(chat), nil},
-		{"chat parts", openai.KindChat, `{"model":"m","messages":[{"role":"system","content":[{"type":"text","text":"Be "},{"type":"text","text":"brief."}]},{"role":"user","content":"Hello there, how are you?"}]}`, b.Encode(chat), nil},
+		// Text parts joined with "\n", as vLLM and the emulated engine join them.
+		{"chat parts", openai.KindChat, `{"model":"m","messages":[{"role":"system","content":[{"type":"text","text":"Be"},{"type":"text","text":"brief."}]},{"role":"user","content":"Hello there, how are you?"}]}`,
+			b.Encode(tokenizer.RenderChatML([]tokenizer.Message{{Role: "system", Content: "Be\nbrief."}, {Role: "user", Content: "Hello there, how are you?"}}, true)), nil},
 		{"chat no generation prompt", openai.KindChat, `{"model":"m","add_generation_prompt":false,"messages":[{"role":"user","content":"x"}]}`,
 			b.Encode(tokenizer.RenderChatML([]tokenizer.Message{{Role: "user", Content: "x"}}, false)), nil},
 		{"completion", openai.KindCompletion, `{"model":"m","prompt":"The quick brown fox jumps over the lazy dog"}`, b.Encode("The quick brown fox jumps over the lazy dog"), nil},
@@ -287,27 +289,58 @@ func TestPreciseHFAgreesWithEngine(t *testing.T) {
 				{openai.KindChat, `{"model":"m","messages":[{"role":"user","content":"Bonjour, ça va ? 日本語も"},{"role":"assistant","content":"Oui."},{"role":"user","content":"Et toi ?"}]}`},
 				{openai.KindCompletion, `{"model":"m","prompt":"The knight moves in an L: two squares one way, one the other."}`},
 			} {
-				want, _, err := tokensOf(t, pc, tc.kind, tc.body)
-				if err != nil {
-					t.Fatal(err)
-				}
-				resp, err := http.Post(hs.URL+"/tokenize", "application/json", strings.NewReader(tc.body))
-				if err != nil {
-					t.Fatal(err)
-				}
-				var got struct {
-					Tokens []uint32 `json:"tokens"`
-				}
-				err = json.NewDecoder(resp.Body).Decode(&got)
-				resp.Body.Close()
-				if err != nil {
-					t.Fatal(err)
-				}
-				if !slices.Equal(got.Tokens, want) {
-					t.Errorf("%s: the engine's ids %v, the router's %v", tc.body, got.Tokens, want)
-				}
+				checkEngineTokens(t, pc, hs.URL, tc.kind, tc.body)
 			}
 		})
+	}
+}
+
+// TestPreciseBuiltinAgreesWithEngine: the router's precise mode with the
+// built-in tokenizer and an emulated engine with its default (built-in)
+// tokenizer tokenize a request alike, content given as parts included:
+// the engine joins text parts with "\n", as vLLM does.
+func TestPreciseBuiltinAgreesWithEngine(t *testing.T) {
+	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, hs := emulatortest.Start(t, emulator.Config{Model: "m", Engine: engine.Config{Profile: prof}}, nil)
+	pc := newTestPrecise(t, config.BuiltinTokenizer)
+	for _, tc := range []struct {
+		kind openai.Kind
+		body string
+	}{
+		{openai.KindChat, `{"model":"m","messages":[{"role":"system","content":"You answer questions about chess."},{"role":"user","content":"How does a knight move?"}]}`},
+		{openai.KindChat, `{"model":"m","messages":[{"role":"system","content":[{"type":"text","text":"You answer questions"},{"type":"text","text":"about chess."}]},{"role":"user","content":[{"type":"text","text":"How does a knight move?"}]}]}`},
+		{openai.KindChat, `{"model":"m","messages":[{"role":"user","content":[]},{"role":"assistant","content":null},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":""},{"type":"text","text":"b"}]}]}`},
+		{openai.KindCompletion, `{"model":"m","prompt":"The knight moves in an L: two squares one way, one the other."}`},
+	} {
+		checkEngineTokens(t, pc, hs.URL, tc.kind, tc.body)
+	}
+}
+
+// checkEngineTokens checks that the router's precise ids for body are the
+// ones the emulated engine at url reports on /tokenize.
+func checkEngineTokens(t *testing.T, pc *precise, url string, kind openai.Kind, body string) {
+	t.Helper()
+	want, _, err := tokensOf(t, pc, kind, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.Post(url+"/tokenize", "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got struct {
+		Tokens []uint32 `json:"tokens"`
+	}
+	err = json.NewDecoder(resp.Body).Decode(&got)
+	resp.Body.Close()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got.Tokens, want) {
+		t.Errorf("%s: the engine's ids %v, the router's %v", body, got.Tokens, want)
 	}
 }
 
