@@ -111,8 +111,11 @@ func TrimBOM(body []byte) []byte { return bytes.TrimPrefix(body, []byte(utf8BOM)
 // share a canonical text, a conversation's text is a prefix of its
 // continuation's, and two conversations whose messages share a long
 // prefix share it in their canonical texts. Content given as parts
-// joins the text parts with "\n" (as vLLM renders them) and keeps other
-// parts (images, audio) as their raw JSON.
+// joins the parts with "\n" (as vLLM joins text parts): the parts vLLM
+// reads as text ("text", "input_text" and "output_text" by their "text",
+// "refusal" and "thinking" by the member of that name) as their text, or
+// not at all when it is empty, null or absent (vLLM drops those), and
+// other parts (images, audio) as their raw JSON.
 //
 // Errors are *kvroute.Error values with status 400, an OpenAI error type
 // and the offending field in Param.
@@ -664,22 +667,26 @@ func (p *parser) msgContent(idx int, dst []byte) ([]byte, error) {
 		s.i++
 		return dst, nil
 	}
+	written := 0 // parts written to dst
 	for n := 0; ; n++ {
 		s.ws()
 		start := s.i
-		text, isText, err := p.part(idx, n)
+		text, kind, err := p.part(idx, n)
 		if err != nil {
 			return nil, err
 		}
-		if n > 0 {
+		if kind != partNone && written > 0 {
 			dst = append(dst, '\n')
 		}
-		if isText {
+		switch kind {
+		case partText:
 			dst = append(dst, text...)
-		} else {
+			written++
+		case partOther:
 			dst = append(dst, s.b[start:s.i]...)
 			p.media.bytes += s.i - start
 			p.media.parts++
+			written++
 		}
 		more, err := s.more(']')
 		if err != nil {
@@ -691,67 +698,125 @@ func (p *parser) msgContent(idx int, dst []byte) ([]byte, error) {
 	}
 }
 
-// part reads one content part; for {"type":"text","text":...} it returns
-// the text.
-func (p *parser) part(idx, n int) (text []byte, isText bool, err error) {
+// What a content part is to the canonical prompt.
+const (
+	partNone  = iota // nothing: a text part without text, which vLLM drops
+	partText         // its text
+	partOther        // not text (an image, audio): its JSON
+)
+
+// textKey names the member that holds the text of a part of type typ that
+// vLLM reads as text (chat_utils.py's MM_PARSER_MAP: "text", the Responses
+// API's "input_text" and "output_text", "refusal" and "thinking"), or ""
+// for a part that is not text.
+func textKey(typ []byte) string {
+	switch string(typ) {
+	case "text", "input_text", "output_text":
+		return "text"
+	case "refusal":
+		return "refusal"
+	case "thinking":
+		return "thinking"
+	}
+	return ""
+}
+
+// partValue is a content part's member that may hold its text: its
+// string value and whether it is a string (false when it is absent or
+// null), or whether it is of another type.
+type partValue struct {
+	str           []byte
+	isStr, isElse bool
+}
+
+// part reads one content part. A part vLLM reads as text (textKey) is
+// partText with its text when that is a non-empty string, and partNone
+// when it is empty, null or absent (vLLM drops such a part); any other
+// part is partOther.
+func (p *parser) part(idx, n int) (text []byte, kind int, err error) {
 	s := &p.s
 	if s.peek() != '{' {
-		return nil, false, p.wrongType(msgParam(idx, ".content["+strconv.Itoa(n)+"]"), "an object")
+		return nil, 0, p.wrongType(msgParam(idx, ".content["+strconv.Itoa(n)+"]"), "an object")
 	}
 	s.i++
 	var typ []byte
-	hasText := false
+	var vals [3]partValue // "text", "refusal", "thinking"
 	s.ws()
 	if s.peek() == '}' {
 		s.i++
-		return nil, false, nil
+		return nil, partOther, nil
 	}
 	for {
 		s.ws()
 		key, err := s.key()
 		if err != nil {
-			return nil, false, err
+			return nil, 0, err
 		}
 		s.ws()
 		if err := s.expect(':'); err != nil {
-			return nil, false, err
+			return nil, 0, err
 		}
 		s.ws()
-		switch k := string(key); {
-		case (k == "type" || k == "text") && s.peek() == '"':
-			if k == "type" {
-				typ, err = s.strAppend(typ[:0])
-			} else {
-				text, err = s.strAppend(text[:0])
-				hasText = true
+		// The last of duplicate keys wins: a "type" that is not a string
+		// undoes one before it, and so does a text member of any value.
+		k, slot := string(key), -1
+		switch k {
+		case "text":
+			slot = 0
+		case "refusal":
+			slot = 1
+		case "thinking":
+			slot = 2
+		}
+		switch {
+		case k == "type" && s.peek() == '"':
+			if typ, err = s.strAppend(typ[:0]); err != nil {
+				return nil, 0, err
 			}
-			if err != nil {
-				return nil, false, err
+		case slot >= 0 && s.peek() == '"':
+			v := &vals[slot]
+			if v.str, err = s.strAppend(v.str[:0]); err != nil {
+				return nil, 0, err
 			}
+			v.isStr, v.isElse = true, false
+		case slot >= 0 && s.lit("null"):
+			vals[slot].isStr, vals[slot].isElse = false, false
 		default:
-			// The last of duplicate keys wins: a "type" or "text" that is
-			// not a string undoes one before it.
 			if k == "type" {
 				typ = typ[:0]
-			} else if k == "text" {
-				hasText = false
+			} else if slot >= 0 {
+				vals[slot].isStr, vals[slot].isElse = false, true
 			}
 			if err := s.skip(0); err != nil {
-				return nil, false, err
+				return nil, 0, err
 			}
 		}
 		more, err := s.more('}')
 		if err != nil {
-			return nil, false, err
+			return nil, 0, err
 		}
 		if !more {
 			break
 		}
 	}
-	if string(typ) == "text" && hasText {
-		return text, true, nil
+	var v *partValue
+	switch textKey(typ) {
+	case "":
+		return nil, partOther, nil
+	case "text":
+		v = &vals[0]
+	case "refusal":
+		v = &vals[1]
+	default:
+		v = &vals[2]
 	}
-	return nil, false, nil
+	switch {
+	case v.isElse:
+		return nil, partOther, nil
+	case !v.isStr || len(v.str) == 0:
+		return nil, partNone, nil
+	}
+	return v.str, partText, nil
 }
 
 func appendNetstring(dst, s []byte) []byte {

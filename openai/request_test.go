@@ -310,23 +310,35 @@ func reference(kind Kind, body []byte) (RequestInfo, bool) {
 					if json.Unmarshal(c, &raws) != nil {
 						return RequestInfo{}, false
 					}
+					written := 0
 					for i, p := range parts {
 						if p == nil {
 							return RequestInfo{}, false
 						}
-						if i > 0 {
-							content = append(content, '\n')
-						}
+						// A part vLLM reads as text: its text, or
+						// nothing when that is empty, null or absent.
 						var typ, text string
 						tr, th := p["type"]
-						xr, xh := p["text"]
-						if th && xh && tr[0] == '"' && xr[0] == '"' && json.Unmarshal(tr, &typ) == nil && json.Unmarshal(xr, &text) == nil && typ == "text" {
+						key := map[string]string{"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking"}
+						textLike := th && tr[0] == '"' && json.Unmarshal(tr, &typ) == nil && key[typ] != ""
+						xr, xh := p[key[typ]]
+						switch {
+						case textLike && (!xh || string(xr) == "null" || string(xr) == `""`):
+							continue // dropped, no separator
+						case textLike && xr[0] == '"' && json.Unmarshal(xr, &text) == nil && text != "":
+							if written > 0 {
+								content = append(content, '\n')
+							}
 							content = append(content, text...)
-						} else {
+						default:
+							if written > 0 {
+								content = append(content, '\n')
+							}
 							content = append(content, raws[i]...)
 							ri.mediaBytes += len(raws[i])
 							ri.mediaParts++
 						}
+						written++
 					}
 				default:
 					return RequestInfo{}, false
@@ -366,6 +378,7 @@ func FuzzParseRequest(f *testing.F) {
 		"\xef\xbb\xbf{\"model\":\"m\",\"prompt\":\"p\"}",
 		`{"model":"m","prompt":"p","max_tokens":1.6e1}`,
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}, {"type":"text","text":"a","text":null}]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"text","text":""},{"type":"refusal","refusal":null},{"thinking":"b","type":"thinking"}]}]}`,
 	}
 	for _, s := range seeds {
 		f.Add(uint8(0), []byte(s))
@@ -672,11 +685,11 @@ func TestParseRequestIntegralFloatMaxTokens(t *testing.T) {
 }
 
 // TestParseRequestPartDuplicateKeys: in a content part too the last of
-// duplicate keys wins: a part whose last "text" or "type" is not a string
-// is not a text part, whatever came before.
+// duplicate keys wins: a part whose last "type" is not a string, or whose
+// last "text" is neither a string nor null, is not a text part, whatever
+// came before (a last "text" null drops the part: TestParseRequestTextLikeParts).
 func TestParseRequestPartDuplicateKeys(t *testing.T) {
 	for _, part := range []string{
-		`{"type":"text","text":"a","text":null}`,
 		`{"type":"text","text":"a","type":null}`,
 		`{"type":"text","text":"a","type":5}`,
 		`{"text":"a","type":"text","text":["b"]}`,
@@ -689,6 +702,53 @@ func TestParseRequestPartDuplicateKeys(t *testing.T) {
 		want := string(kvroute.AppendChatMessage(nil, []byte("user"), []byte(part)))
 		if ri.Prompt != want || ri.mediaParts != 1 {
 			t.Errorf("ParseRequest(%s): got prompt %q, %d non-text parts; want %q, 1", body, ri.Prompt, ri.mediaParts, want)
+		}
+	}
+}
+
+// TestParseRequestTextLikeParts: the parts vLLM reads as text are text in
+// the canonical prompt and counted as text, not as an image's
+// nonTextPartTokens: "input_text" and "output_text" (their "text"),
+// "refusal" (its "refusal") and "thinking" (its "thinking"); and a text
+// part whose text is empty, null or absent is dropped, with no "\n" for
+// it, as vLLM drops it (chat_utils.py: `if parse_res:`), so that
+// [{"type":"text","text":"a"},{"type":"text","text":""}] is "a" as the
+// engines render it.
+func TestParseRequestTextLikeParts(t *testing.T) {
+	for _, tc := range []struct {
+		parts string
+		want  string // the message's content in the canonical prompt
+		media int    // non-text parts
+	}{
+		{`{"type":"input_text","text":"hello there"}`, "hello there", 0},
+		{`{"type":"output_text","text":"hello there"}`, "hello there", 0},
+		{`{"type":"refusal","refusal":"I can't"}`, "I can't", 0},
+		{`{"thinking":"hmm","type":"thinking","closed":true}`, "hmm", 0},
+		{`{"type":"text","text":"a"},{"type":"input_text","text":"b"}`, "a\nb", 0},
+		{`{"type":"text","text":"a"},{"type":"text","text":""},{"type":"text","text":"b"}`, "a\nb", 0},
+		{`{"type":"text","text":null},{"type":"text","text":"x"}`, "x", 0},
+		{`{"type":"text"},{"type":"text","text":"x"},{"type":"refusal","refusal":null}`, "x", 0},
+		{`{"type":"text","text":""}`, "", 0},
+		{`{"type":"text","text":"a","text":null}`, "", 0}, // the last of duplicate keys wins
+		{`{"type":"refusal","text":"a"}`, "", 0},          // a refusal's text is its "refusal"
+		// Not text: kept as their JSON, counted as non-text parts.
+		{`{"type":"input_text","text":5}`, `{"type":"input_text","text":5}`, 1},
+		{`{"text":"a"}`, `{"text":"a"}`, 1},
+		{`{"type":"image_url","image_url":{"url":"x"}},{"type":"text","text":"a"}`, `{"type":"image_url","image_url":{"url":"x"}}` + "\na", 1},
+	} {
+		body := `{"model":"m","messages":[{"role":"user","content":[` + tc.parts + `]}]}`
+		ri, err := ParseRequest(KindChat, []byte(body))
+		if err != nil {
+			t.Fatalf("ParseRequest(%s): %v", body, err)
+		}
+		want := string(kvroute.AppendChatMessage(nil, []byte("user"), []byte(tc.want)))
+		if ri.Prompt != want || ri.mediaParts != tc.media {
+			t.Errorf("ParseRequest(%s): got prompt %q, %d non-text parts; want %q, %d", body, ri.Prompt, ri.mediaParts, want, tc.media)
+		}
+		if tc.media == 0 {
+			if got, wantTok := ri.PromptTokens(), (len(want)+3)/4; got != wantTok {
+				t.Errorf("ParseRequest(%s).PromptTokens() = %d, want %d", body, got, wantTok)
+			}
 		}
 	}
 }
