@@ -493,7 +493,8 @@ func TestStreamOptionsDefaults(t *testing.T) {
 }
 
 // TestContentPartsJoined checks that a message given as text parts is
-// tokenized as vLLM renders it: the parts joined with newlines.
+// tokenized as vLLM renders it: the parts joined with newlines, those whose
+// text is empty or null dropped (chat_utils.py: `if parse_res:`).
 func TestContentPartsJoined(t *testing.T) {
 	_, hs := testServer(t, Config{})
 	usage := func(content string) int {
@@ -509,8 +510,27 @@ func TestContentPartsJoined(t *testing.T) {
 		return c.Usage.PromptTokens
 	}
 	parts := usage(`[{"type":"text","text":"alpha"},{"type":"text","text":"beta"}]`)
-	if joined := usage(`"alpha\nbeta"`); parts != joined {
+	joined := usage(`"alpha\nbeta"`)
+	if parts != joined {
 		t.Errorf("got %d prompt tokens for the parts, want %d (those of \"alpha\\nbeta\")", parts, joined)
+	}
+	ids := func(content string) string {
+		t.Helper()
+		code, body := post(t, hs.URL+"/tokenize", `{"messages":[{"role":"user","content":`+content+`}]}`)
+		if code != http.StatusOK {
+			t.Fatalf("got %d %s", code, body)
+		}
+		var tok struct {
+			Tokens []uint32 `json:"tokens"`
+		}
+		if err := json.Unmarshal(body, &tok); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(tok.Tokens)
+	}
+	empty := `[{"type":"text","text":""},{"type":"text","text":"alpha"},{"type":"text","text":null},{"type":"text","text":""},{"type":"text","text":"beta"}]`
+	if got, want := ids(empty), ids(`"alpha\nbeta"`); got != want {
+		t.Errorf("got ids %s for %s, want %s (those of \"alpha\\nbeta\")", got, empty, want)
 	}
 }
 

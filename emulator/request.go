@@ -481,7 +481,8 @@ func (r *apiRequest) decodeExtra() *apiError {
 
 // messageText returns a message's text: a string, null, or a list of
 // content parts whose "text" parts are joined with newlines, as vLLM
-// renders them for a chat template that takes string content.
+// renders them for a chat template that takes string content (a part
+// whose text is empty or null is dropped, as vLLM drops it).
 func messageText(raw json.RawMessage) (string, error) {
 	if len(raw) == 0 || string(raw) == "null" {
 		return "", nil
@@ -495,14 +496,19 @@ func messageText(raw json.RawMessage) (string, error) {
 		return "", fmt.Errorf("Input should be a valid string or a list of content parts")
 	}
 	var b []byte
-	for i, p := range parts {
+	written := false
+	for _, p := range parts {
 		if p.Type != "text" {
 			return "", fmt.Errorf("content part type %q is not supported (text only)", p.Type)
 		}
-		if i > 0 {
+		if p.Text == "" {
+			continue // vLLM keeps only the parts that parse to a true value (chat_utils.py: `if parse_res:`)
+		}
+		if written {
 			b = append(b, '\n') // vLLM joins text parts with "\n" (chat_utils.py)
 		}
 		b = append(b, p.Text...)
+		written = true
 	}
 	return string(b), nil
 }

@@ -185,7 +185,8 @@ type chatMLBody struct {
 
 // chatMLTokens renders a chat request with ChatML (the built-in template,
 // or a tokenizer without one) and encodes it. Content parts are the text
-// parts joined with "\n", as vLLM and the emulated engine read them.
+// parts joined with "\n", those with an empty or null text dropped, as
+// vLLM and the emulated engine read them.
 func (pc *precise) chatMLTokens(body []byte) ([]uint32, error) {
 	var in chatMLBody
 	if err := json.Unmarshal(body, &in); err != nil {
@@ -208,11 +209,14 @@ func (pc *precise) chatMLTokens(body []byte) ([]uint32, error) {
 			return nil, fmt.Errorf("precise: messages[%d].content: %w", i, err)
 		}
 		var text []byte
-		for j, p := range parts {
+		for _, p := range parts {
 			if p.Type != "text" {
 				return nil, fmt.Errorf("precise: messages[%d].content: part type %q is not text", i, p.Type)
 			}
-			if j > 0 {
+			if p.Text == "" {
+				continue
+			}
+			if len(text) > 0 {
 				text = append(text, '\n')
 			}
 			text = append(text, p.Text...)
