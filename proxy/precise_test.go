@@ -288,6 +288,10 @@ func TestPreciseHFAgreesWithEngine(t *testing.T) {
 				{openai.KindChat, `{"model":"m","messages":[{"role":"system","content":"You answer questions about chess."},{"role":"user","content":"How does a knight move? Answer in one line."}]}`},
 				{openai.KindChat, `{"model":"m","messages":[{"role":"user","content":"Bonjour, ça va ? 日本語も"},{"role":"assistant","content":"Oui."},{"role":"user","content":"Et toi ?"}]}`},
 				{openai.KindCompletion, `{"model":"m","prompt":"The knight moves in an L: two squares one way, one the other."}`},
+				// Content as text parts: rendered as vLLM renders them for
+				// these templates (string content, the parts joined with
+				// "\n"), not failing the template or as a list's repr.
+				{openai.KindChat, `{"model":"m","messages":[{"role":"system","content":[{"type":"text","text":"You answer questions"},{"type":"text","text":"about chess."}]},{"role":"user","content":[{"type":"text","text":"How does a knight move?"}]}]}`},
 			} {
 				checkEngineTokens(t, pc, hs.URL, tc.kind, tc.body)
 			}

@@ -19,6 +19,9 @@ import (
 type ChatTemplate struct {
 	tmpl     *jinja.Template
 	bos, eos string
+	// stringContent: vLLM gives this template string content (see
+	// stringContents), not lists of parts.
+	stringContent bool
 }
 
 // NewChatTemplate compiles a chat template; bos and eos are the values of the
@@ -28,7 +31,7 @@ func NewChatTemplate(source, bos, eos string) (*ChatTemplate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: chat template: %w", err)
 	}
-	return &ChatTemplate{tmpl: t, bos: bos, eos: eos}, nil
+	return &ChatTemplate{tmpl: t, bos: bos, eos: eos, stringContent: stringContent(source)}, nil
 }
 
 // ChatOptions are the optional inputs of a chat template rendering.
@@ -65,7 +68,11 @@ func (c *ChatTemplate) RenderAny(messages []any, opts ChatOptions) (string, erro
 
 // RenderJSON renders the raw JSON array of messages of an OpenAI-style chat
 // request, keeping object key order as Python's json and jinja2 do (what a
-// vLLM server renders).
+// vLLM server renders). As vLLM does, it gives a template that does not
+// loop over a message's content parts (most text models' templates) each
+// message's content as a string: the text parts joined with "\n" (empty
+// ones dropped), "" for null; a part that is not text is then an error.
+// A template that loops over the parts gets the request's content as it is.
 func (c *ChatTemplate) RenderJSON(messages json.RawMessage, opts ChatOptions) (string, error) {
 	v, err := valueFromJSON(messages)
 	if err != nil {
@@ -73,6 +80,11 @@ func (c *ChatTemplate) RenderJSON(messages json.RawMessage, opts ChatOptions) (s
 	}
 	if !v.IsList() {
 		return "", errors.New("tokenizer: render chat template: messages is not a JSON array")
+	}
+	if c.stringContent {
+		if err := stringContents(v); err != nil {
+			return "", fmt.Errorf("tokenizer: render chat template: %w", err)
+		}
 	}
 	return c.render(v, opts)
 }

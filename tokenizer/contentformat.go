@@ -1,0 +1,130 @@
+package tokenizer
+
+import (
+	"fmt"
+	"regexp"
+	"strings"
+
+	"github.com/ardanlabs/jinja"
+)
+
+// vLLM hands a chat template each message's content in one of two forms,
+// chosen from the template's source (chat_utils.py, _detect_content_format,
+// with --chat-template-content-format auto): "openai" when the template
+// loops over a message's content ({% for part in message['content'] %},
+// where message is the variable of a loop over messages or over a variable
+// assigned from it), and "string" otherwise. In the string form the content
+// is always a string: the text of its parts joined with "\n", parts whose
+// text is empty or null dropped, and "" for a message without content.
+// Templates written for string content (Qwen3, Llama 3.x, DeepSeek-V3)
+// fail on a list of parts or render its Python repr, so RenderJSON makes
+// the same conversion for them.
+//
+// vLLM walks the template's syntax tree; these expressions find the same
+// loops and assignments in its source text.
+var (
+	// {% set x = y %}, {% set x = y[1:] %}, {% set x = y | f %}
+	setVarRE = regexp.MustCompile(`\{%-?\s*set\s+(\w+)\s*=\s*(\w+)\s*(?:\[[^\]]*:[^\]]*\]\s*)?(?:\||-?%\}|\bis\b)`)
+	// {% for x in y %}, {% for x in y[::-1] %}, {% for x in y | f %}
+	forVarRE = regexp.MustCompile(`\{%-?\s*for\s+(\w+)\s+in\s+(\w+)\s*(?:\[[^\]]*:[^\]]*\]\s*)?(?:\||-?%\}|\bif\b|\brecursive\b)`)
+	// {% for x in y.content ... %}, {% for x in y['content'] ... %}
+	forContentRE = regexp.MustCompile(`\{%-?\s*for\s+\w+\s+in\s+(\w+)\s*(?:\.\s*content\b|\[\s*(?:'content'|"content")\s*\])`)
+)
+
+// stringContent reports whether vLLM renders the chat template source with
+// string content (see above): no loop over a message's content.
+func stringContent(source string) bool {
+	messages := map[string]bool{"messages": true}
+	for changed := true; changed; { // the variables assigned from messages, transitively
+		changed = false
+		for _, m := range setVarRE.FindAllStringSubmatch(source, -1) {
+			if messages[m[2]] && !messages[m[1]] {
+				messages[m[1]], changed = true, true
+			}
+		}
+	}
+	message := map[string]bool{}
+	for _, m := range forVarRE.FindAllStringSubmatch(source, -1) {
+		if messages[m[2]] {
+			message[m[1]] = true
+		}
+	}
+	for _, m := range forContentRE.FindAllStringSubmatch(source, -1) {
+		if message[m[1]] {
+			return false
+		}
+	}
+	return true
+}
+
+// textPartKey names the member holding the text of a content part of type
+// typ that vLLM reads as text (chat_utils.py's MM_PARSER_MAP), or "".
+func textPartKey(typ string) string {
+	switch typ {
+	case "text", "input_text", "output_text":
+		return "text"
+	case "refusal", "thinking":
+		return typ
+	}
+	return ""
+}
+
+// stringContents gives each message of messages (a list) string content as
+// vLLM does for a template that takes strings: a list of parts becomes the
+// text of its text parts (and of parts that are plain strings) joined with
+// "\n", those with empty or null text dropped; null or no content "". A part that is not text (an image) is
+// an error: rendering it needs the model's placeholder for it.
+func stringContents(messages jinja.Value) error {
+	for i, m := range messages.AsList().Items {
+		if !m.IsDict() {
+			continue // the template decides what to make of it
+		}
+		msg := m.AsDict()
+		content, ok := msg.Get("content")
+		switch {
+		case !ok || content.IsNone():
+			msg.Set("content", jinja.NewString(""))
+			continue
+		case !content.IsList():
+			continue
+		}
+		var b strings.Builder
+		for j, p := range content.AsList().Items {
+			if p.IsString() { // a part may be a plain string
+				if p.AsString() != "" {
+					if b.Len() > 0 {
+						b.WriteByte('\n')
+					}
+					b.WriteString(p.AsString())
+				}
+				continue
+			}
+			var typ jinja.Value
+			if p.IsDict() {
+				typ, _ = p.AsDict().Get("type")
+			}
+			key := ""
+			if typ.IsString() {
+				key = textPartKey(typ.AsString())
+			}
+			if key == "" {
+				return fmt.Errorf("messages[%d].content[%d] is not a text part", i, j)
+			}
+			text, _ := p.AsDict().Get(key)
+			switch {
+			case text.IsUndefined(), text.IsNone():
+				continue
+			case !text.IsString():
+				return fmt.Errorf("messages[%d].content[%d].%s is not a string", i, j, key)
+			case text.AsString() == "":
+				continue
+			}
+			if b.Len() > 0 {
+				b.WriteByte('\n')
+			}
+			b.WriteString(text.AsString())
+		}
+		msg.Set("content", jinja.NewString(b.String()))
+	}
+	return nil
+}

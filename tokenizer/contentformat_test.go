@@ -1,0 +1,76 @@
+package tokenizer
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestStringContent: a template is given string content unless it loops
+// over a message's content, the message being the variable of a loop over
+// messages or over a variable assigned from it (vLLM's
+// _detect_content_format).
+func TestStringContent(t *testing.T) {
+	for _, tc := range []struct {
+		source string
+		want   bool
+	}{
+		{`{% for message in messages %}{{ message.content }}{% endfor %}`, true},
+		{`{% for message in messages %}{% for part in message.content %}{{ part.text }}{% endfor %}{% endfor %}`, false},
+		{`{%- for message in messages -%}{%- for part in message['content'] | selectattr('type', 'equalto', 'text') -%}{{ part.text }}{%- endfor -%}{%- endfor -%}`, false},
+		{`{% set loop_messages = messages[1:] %}{% for m in loop_messages %}{% for c in m["content"] %}{{ c }}{% endfor %}{% endfor %}`, false},
+		{`{% for m in messages[::-1] %}{% for c in m.content %}{{ c }}{% endfor %}{% endfor %}`, false},
+		// A loop over the content of something that is not a message.
+		{`{% for tool in tools %}{% for c in tool.content %}{{ c }}{% endfor %}{% endfor %}{% for m in messages %}{{ m.content }}{% endfor %}`, true},
+		{`{% set first = messages[0] %}{% for c in first.content %}{{ c }}{% endfor %}`, true},
+		{`{% for m in messages %}{% for call in m.tool_calls %}{{ call }}{% endfor %}{% endfor %}`, true},
+	} {
+		if got := stringContent(tc.source); got != tc.want {
+			t.Errorf("stringContent(%s) = %v, want %v", tc.source, got, tc.want)
+		}
+	}
+}
+
+// TestRenderJSONStringContent: a template that takes string content
+// renders a message given as text parts as the parts' texts joined with
+// "\n" (empty or null ones dropped, the parts vLLM reads as text
+// included), and null content as "", as vLLM renders them; a template
+// that loops over the parts gets them as they are.
+func TestRenderJSONStringContent(t *testing.T) {
+	str, err := NewChatTemplate(`{% for m in messages %}[{{ m.role }}:{{ m.content }}]{% endfor %}`, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	parts, err := NewChatTemplate(`{% for m in messages %}[{{ m.role }}:{% for p in m.content %}<{{ p.text }}>{% endfor %}]{% endfor %}`, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		tmpl     *ChatTemplate
+		messages string
+		want     string
+	}{
+		{str, `[{"role":"user","content":"alpha\nbeta"}]`, "[user:alpha\nbeta]"},
+		{str, `[{"role":"user","content":[{"type":"text","text":"alpha"},{"type":"text","text":"beta"}]}]`, "[user:alpha\nbeta]"},
+		{str, `[{"role":"user","content":[{"type":"text","text":""},{"type":"input_text","text":"alpha"},{"type":"text","text":null},{"type":"text"},{"type":"refusal","refusal":"beta"}]}]`, "[user:alpha\nbeta]"},
+		{str, `[{"role":"user","content":["alpha","",{"type":"text","text":"beta"}]}]`, "[user:alpha\nbeta]"},
+		{str, `[{"role":"assistant","content":null},{"role":"user"},{"role":"user","content":[]}]`, "[assistant:][user:][user:]"},
+		{parts, `[{"role":"user","content":[{"type":"text","text":"alpha"},{"type":"text","text":"beta"}]}]`, "[user:<alpha><beta>]"},
+	} {
+		got, err := tc.tmpl.RenderJSON([]byte(tc.messages), ChatOptions{})
+		if err != nil {
+			t.Fatalf("RenderJSON(%s): %v", tc.messages, err)
+		}
+		if got != tc.want {
+			t.Errorf("RenderJSON(%s) = %q, want %q", tc.messages, got, tc.want)
+		}
+	}
+	for _, bad := range []string{
+		`[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}]}]`,
+		`[{"role":"user","content":[{"type":"text","text":5}]}]`,
+		`[{"role":"user","content":[5]}]`,
+	} {
+		if _, err := str.RenderJSON([]byte(bad), ChatOptions{}); err == nil || !strings.Contains(err.Error(), "messages[0].content[0]") {
+			t.Errorf("RenderJSON(%s): got error %v, want one naming messages[0].content[0]", bad, err)
+		}
+	}
+}
