@@ -729,14 +729,24 @@ type partValue struct {
 	isStr, isElse bool
 }
 
-// part reads one content part. A part vLLM reads as text (textKey) is
-// partText with its text when that is a non-empty string, and partNone
-// when it is empty, null or absent (vLLM drops such a part); any other
-// part is partOther.
+// part reads one content part. A plain string (a text part to vLLM) and
+// a part vLLM reads as text (textKey) are partText with their text when it
+// is a non-empty string, and partNone when it is empty, null or absent
+// (vLLM drops such a part); any other part is partOther.
 func (p *parser) part(idx, n int) (text []byte, kind int, err error) {
 	s := &p.s
-	if s.peek() != '{' {
-		return nil, 0, p.wrongType(msgParam(idx, ".content["+strconv.Itoa(n)+"]"), "an object")
+	switch s.peek() {
+	case '"':
+		if text, err = s.strAppend(nil); err != nil {
+			return nil, 0, err
+		}
+		if len(text) == 0 {
+			return nil, partNone, nil
+		}
+		return text, partText, nil
+	case '{':
+	default:
+		return nil, 0, p.wrongType(msgParam(idx, ".content["+strconv.Itoa(n)+"]"), "an object or a string")
 	}
 	s.i++
 	var typ []byte

@@ -141,7 +141,7 @@ func TestParseRequestErrors(t *testing.T) {
 		{"message without role", KindChat, `{"model":"m","messages":[{"role":"user","content":"a"},{"content":"b"}]}`, "messages[1].role", "missing_role", ""},
 		{"role wrong type", KindChat, `{"model":"m","messages":[{"role":1}]}`, "messages[0].role", "invalid_type", ""},
 		{"content wrong type", KindChat, `{"model":"m","messages":[{"role":"user","content":5}]}`, "messages[0].content", "invalid_type", ""},
-		{"part wrong type", KindChat, `{"model":"m","messages":[{"role":"user","content":["x"]}]}`, "messages[0].content[0]", "invalid_type", ""},
+		{"part wrong type", KindChat, `{"model":"m","messages":[{"role":"user","content":[5]}]}`, "messages[0].content[0]", "invalid_type", ""},
 		{"missing prompt", KindCompletion, `{"model":"m"}`, "prompt", "missing_prompt", ""},
 		{"prompt wrong type", KindCompletion, `{"model":"m","prompt":{}}`, "prompt", "invalid_type", ""},
 		{"empty prompt array", KindCompletion, `{"model":"m","prompt":[]}`, "prompt", "empty_prompt", ""},
@@ -304,15 +304,29 @@ func reference(kind Kind, body []byte) (RequestInfo, bool) {
 				switch {
 				case c[0] == '"' && json.Unmarshal(c, &s) == nil:
 					content = []byte(s)
-				case c[0] == '[' && json.Unmarshal(c, &parts) == nil:
+				case c[0] == '[':
 					// A part that is not text is its JSON as the body has it.
 					var raws []json.RawMessage
 					if json.Unmarshal(c, &raws) != nil {
 						return RequestInfo{}, false
 					}
+					parts = make([]map[string]json.RawMessage, len(raws))
 					written := 0
 					for i, p := range parts {
-						if p == nil {
+						if r := raws[i]; r[0] == '"' { // a string is a text part
+							if json.Unmarshal(r, &s) != nil {
+								return RequestInfo{}, false
+							}
+							if s != "" {
+								if written > 0 {
+									content = append(content, '\n')
+								}
+								content = append(content, s...)
+								written++
+							}
+							continue
+						}
+						if json.Unmarshal(raws[i], &p) != nil || p == nil {
 							return RequestInfo{}, false
 						}
 						// A part vLLM reads as text: its text, or
@@ -379,6 +393,7 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"m","prompt":"p","max_tokens":1.6e1}`,
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}, {"type":"text","text":"a","text":null}]}]}`,
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"text","text":""},{"type":"refusal","refusal":null},{"thinking":"b","type":"thinking"}]}]}`,
+		`{"model":"m","messages":[{"role":"user","content":["a","",{"type":"text","text":"b"},"\u00e9"]}]}`,
 	}
 	for _, s := range seeds {
 		f.Add(uint8(0), []byte(s))
@@ -721,6 +736,7 @@ func TestParseRequestTextLikeParts(t *testing.T) {
 		media int    // non-text parts
 	}{
 		{`{"type":"input_text","text":"hello there"}`, "hello there", 0},
+		{`"hello",{"type":"text","text":"there"},""`, "hello\nthere", 0}, // a string is a text part to vLLM
 		{`{"type":"output_text","text":"hello there"}`, "hello there", 0},
 		{`{"type":"refusal","refusal":"I can't"}`, "I can't", 0},
 		{`{"thinking":"hmm","type":"thinking","closed":true}`, "hmm", 0},
