@@ -396,3 +396,28 @@ func TestKVSinkClearForgetsDispatches(t *testing.T) {
 		t.Fatalf("after the engine's history was reset: %d tokens cached, want 0", got)
 	}
 }
+
+// TestPreciseHFToolsAsVLLM: a chat request with tools (key order as a
+// client wrote it, description left out) and a tool call whose arguments
+// are a JSON string, as OpenAI clients send them, gets the ids of the
+// request as vLLM hands it to the template: tools as its request model
+// dumps them, arguments decoded. (Qwen3's template writes both with
+// tojson.)
+func TestPreciseHFToolsAsVLLM(t *testing.T) {
+	pc := newTestPrecise(t, fixtureDir(t, "qwen3"))
+	sent := `{"model":"m","tools":[{"function":{"parameters":{"type":"object","properties":{"city":{"type":"string"}}},"name":"get_weather"},"type":"function"}],` +
+		`"messages":[{"role":"user","content":"Weather in Paris?"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},{"role":"tool","tool_call_id":"c1","content":"18C"}]}`
+	asVLLM := `{"model":"m","tools":[{"type":"function","function":{"name":"get_weather","description":null,"parameters":{"type":"object","properties":{"city":{"type":"string"}}}}}],` +
+		`"messages":[{"role":"user","content":"Weather in Paris?"},{"role":"assistant","content":"","tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":{"city":"Paris"}}}]},{"role":"tool","tool_call_id":"c1","content":"18C"}]}`
+	got, _, err := tokensOf(t, pc, openai.KindChat, sent)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _, err := tokensOf(t, pc, openai.KindChat, asVLLM)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("ids of the request as sent:\n%s\nwant those vLLM renders:\n%s", pc.cache.Decode(got), pc.cache.Decode(want))
+	}
+}

@@ -45,7 +45,9 @@ type ChatOptions struct {
 	Vars map[string]any
 	// JSONVars are extra template variables as raw JSON (for example a
 	// request's "tools"), decoded keeping object key order, as Python does:
-	// tojson output, and so the prompt, depends on it. Default none.
+	// tojson output, and so the prompt, depends on it. "tools" is given
+	// the shape vLLM's request model gives it (contentformat.go: keys in
+	// the model's order, defaults filled in). Default none.
 	JSONVars map[string]json.RawMessage
 }
 
@@ -73,6 +75,8 @@ func (c *ChatTemplate) RenderAny(messages []any, opts ChatOptions) (string, erro
 // message's content as a string: the text parts joined with "\n" (empty
 // ones dropped), "" for null; a part that is not text is then an error.
 // A template that loops over the parts gets the request's content as it is.
+// An assistant message's tool call arguments sent as a JSON string are
+// decoded, as vLLM decodes them (contentformat.go).
 func (c *ChatTemplate) RenderJSON(messages json.RawMessage, opts ChatOptions) (string, error) {
 	v, err := valueFromJSON(messages)
 	if err != nil {
@@ -86,6 +90,7 @@ func (c *ChatTemplate) RenderJSON(messages json.RawMessage, opts ChatOptions) (s
 			return "", fmt.Errorf("tokenizer: render chat template: %w", err)
 		}
 	}
+	toolCallArguments(v)
 	return c.render(v, opts)
 }
 
@@ -103,6 +108,9 @@ func (c *ChatTemplate) render(messages jinja.Value, opts ChatOptions) (string, e
 		v, err := valueFromJSON(raw)
 		if err != nil {
 			return "", fmt.Errorf("tokenizer: render chat template: variable %s: %w", k, err)
+		}
+		if k == "tools" {
+			v = dumpTools(v)
 		}
 		data[k] = v
 	}

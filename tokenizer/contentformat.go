@@ -128,3 +128,121 @@ func stringContents(messages jinja.Value) error {
 	}
 	return nil
 }
+
+// vLLM also reshapes two parts of a chat request before its template sees
+// them, and RenderJSON does the same:
+//
+//   - an assistant message's tool calls: a function's "arguments", which
+//     OpenAI clients send as a JSON string, is decoded (an invalid one
+//     becomes {}, a value neither a string, an object nor an array {}),
+//     and an empty "tool_calls" list is removed (chat_utils.py,
+//     _postprocess_messages);
+//   - the request's "tools" (ChatOptions.JSONVars["tools"]): each tool is
+//     its request model's model_dump, whose keys come in the model's order
+//     with its defaults filled in: {"type": "function", "function":
+//     {"name", "description": null, "parameters": null, ...}, ...}, other
+//     keys after, as sent.
+//
+// Templates render both with tojson, so a request's key order and whether
+// it spelled a default out would otherwise change the prompt's tokens.
+
+// toolCallArguments decodes each assistant tool call's arguments in
+// messages (a list) and drops empty tool_calls lists.
+func toolCallArguments(messages jinja.Value) {
+	for _, m := range messages.AsList().Items {
+		if !m.IsDict() {
+			continue
+		}
+		msg := m.AsDict()
+		role, _ := msg.Get("role")
+		calls, ok := msg.Get("tool_calls")
+		if !role.IsString() || role.AsString() != "assistant" || !ok || !calls.IsList() {
+			continue
+		}
+		if calls.AsList().Len() == 0 {
+			deleteKey(msg, "tool_calls")
+			continue
+		}
+		for _, c := range calls.AsList().Items {
+			if !c.IsDict() {
+				continue
+			}
+			fn, _ := c.AsDict().Get("function")
+			if !fn.IsDict() {
+				continue
+			}
+			args, _ := fn.AsDict().Get("arguments")
+			switch {
+			case args.IsString():
+				v, err := valueFromJSON([]byte(args.AsString()))
+				if err != nil {
+					v = jinja.NewDict()
+				}
+				fn.AsDict().Set("arguments", v)
+			case !args.IsDict() && !args.IsList():
+				fn.AsDict().Set("arguments", jinja.NewDict())
+			}
+		}
+	}
+}
+
+// deleteKey removes key from d.
+func deleteKey(d *jinja.Dict, key string) {
+	if _, ok := d.Data[key]; !ok {
+		return
+	}
+	delete(d.Data, key)
+	for i, k := range d.Keys {
+		if k == key {
+			d.Keys = append(d.Keys[:i], d.Keys[i+1:]...)
+			return
+		}
+	}
+}
+
+// dumpTools returns tools (a list) as vLLM's request model dumps it: each
+// tool {"type", "function": {"name", "description", "parameters", ...},
+// ...} with the defaults ("function", null, null) of missing keys. A value
+// of another shape is left as it is (vLLM refuses such a request).
+func dumpTools(tools jinja.Value) jinja.Value {
+	if !tools.IsList() {
+		return tools
+	}
+	out := make([]jinja.Value, len(tools.AsList().Items))
+	for i, t := range tools.AsList().Items {
+		out[i] = t
+		if !t.IsDict() {
+			continue
+		}
+		fn, _ := t.AsDict().Get("function")
+		if !fn.IsDict() {
+			continue
+		}
+		f := ordered(fn.AsDict(), []string{"name", "description", "parameters"}, jinja.None())
+		tool := ordered(t.AsDict(), []string{"type", "function"}, jinja.NewString("function"))
+		tool.AsDict().Set("function", f)
+		out[i] = tool
+	}
+	return jinja.NewList(out)
+}
+
+// ordered returns a copy of d with first's keys first, in that order (a
+// missing one with the value def, but for "function" and "name", which are
+// required and only reordered), then d's other keys in their order.
+func ordered(d *jinja.Dict, first []string, def jinja.Value) jinja.Value {
+	out := jinja.NewDict()
+	o := out.AsDict()
+	for _, k := range first {
+		if v, ok := d.Get(k); ok {
+			o.Set(k, v)
+		} else if k != "function" && k != "name" {
+			o.Set(k, def)
+		}
+	}
+	for _, k := range d.Keys {
+		if !o.Has(k) {
+			o.Set(k, d.Data[k])
+		}
+	}
+	return out
+}

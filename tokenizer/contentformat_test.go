@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"encoding/json"
 	"strings"
 	"testing"
 )
@@ -71,6 +72,34 @@ func TestRenderJSONStringContent(t *testing.T) {
 	} {
 		if _, err := str.RenderJSON([]byte(bad), ChatOptions{}); err == nil || !strings.Contains(err.Error(), "messages[0].content[0]") {
 			t.Errorf("RenderJSON(%s): got error %v, want one naming messages[0].content[0]", bad, err)
+		}
+	}
+}
+
+// TestRenderJSONToolsAsVLLM: tool call arguments sent as a JSON string (as
+// OpenAI clients send them) are rendered as the decoded value, and tools
+// as vLLM's request model dumps them (keys in its order, defaults filled
+// in), whatever the request's key order: templates render both with
+// tojson, and vLLM renders them so.
+func TestRenderJSONToolsAsVLLM(t *testing.T) {
+	tmpl, err := NewChatTemplate(`{{ tools | tojson }}|{% for m in messages %}{{ m.role }}{% if m.tool_calls is defined %}:{% for c in m.tool_calls %}{{ c.function.arguments | tojson }};{% endfor %}{% endif %}|{% endfor %}`, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	canonical := `[{"type": "function", "function": {"name": "f", "description": null, "parameters": null}}, {"type": "function", "function": {"name": "g", "description": "d", "parameters": {"b": 1, "a": 2}, "strict": true}, "x": 1}]`
+	for _, tc := range []struct {
+		tools, messages, want string
+	}{
+		{`[{"function":{"name":"f"}},{"x":1,"function":{"strict":true,"parameters":{"b":1,"a":2},"name":"g","description":"d"},"type":"function"}]`,
+			`[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"type":"function","function":{"name":"f","arguments":"{\"city\":\"Z\u00fcrich\",\"days\":3}"}},{"function":{"name":"f","arguments":"not json"}},{"function":{"name":"f","arguments":null}},{"function":{"name":"f","arguments":"[1]"}}]},{"role":"assistant","content":"x","tool_calls":[]}]`,
+			canonical + `|user|assistant:{"city": "Zürich", "days": 3};{};{};[1];|assistant|`},
+	} {
+		got, err := tmpl.RenderJSON([]byte(tc.messages), ChatOptions{JSONVars: map[string]json.RawMessage{"tools": json.RawMessage(tc.tools)}})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got != tc.want {
+			t.Errorf("RenderJSON:\n got %s\nwant %s", got, tc.want)
 		}
 	}
 }
