@@ -111,11 +111,11 @@ func TrimBOM(body []byte) []byte { return bytes.TrimPrefix(body, []byte(utf8BOM)
 // share a canonical text, a conversation's text is a prefix of its
 // continuation's, and two conversations whose messages share a long
 // prefix share it in their canonical texts. Content given as parts
-// joins the parts with "\n" (as vLLM joins text parts): the parts vLLM
-// reads as text ("text", "input_text" and "output_text" by their "text",
-// "refusal" and "thinking" by the member of that name) as their text, or
-// not at all when it is empty, null or absent (vLLM drops those), and
-// other parts (images, audio) as their raw JSON.
+// joins the parts with "\n" (as vLLM joins text parts): plain strings and
+// the parts vLLM reads as text ("text", "input_text" and "output_text" by
+// their "text", "refusal" and "thinking" by the member of that name) as
+// their text, or not at all when it is empty, null or absent (vLLM drops
+// those), and other parts (images, audio) as their raw JSON.
 //
 // Errors are *kvroute.Error values with status 400, an OpenAI error type
 // and the offending field in Param.
