@@ -117,8 +117,9 @@ func (pc *precise) prepare(kind openai.Kind, body []byte, ri *openai.RequestInfo
 // tokens returns the prompt's token ids: for chat the messages rendered
 // with the chat template (ChatML for the built-in tokenizer or a tokenizer
 // without a template) with the generation prompt, encoded without added
-// special tokens; for a completion the prompt encoded with them (as vLLM
-// does), or the ids the request sent.
+// special tokens unless the request sets add_special_tokens; for a
+// completion the prompt encoded with them unless it sets it false (as
+// vLLM does), or the ids the request sent.
 func (pc *precise) tokens(kind openai.Kind, body []byte, ri *openai.RequestInfo) ([]uint32, error) {
 	body = openai.TrimBOM(body) // as ParseRequest and the engines read it
 	if kind == openai.KindCompletion && ri.TokenIDs != nil {
@@ -169,6 +170,9 @@ func (pc *precise) tokens(kind openai.Kind, body []byte, ri *openai.RequestInfo)
 	text, err := pc.tmpl.RenderJSON(b.Messages, opts)
 	if err != nil {
 		return nil, fmt.Errorf("precise: chat template: %w", err)
+	}
+	if b.AddSpecialTokens != nil && *b.AddSpecialTokens { // vLLM's chat default is false
+		return pc.cache.EncodeAddSpecial(text), nil
 	}
 	return pc.cache.Encode(text), nil
 }

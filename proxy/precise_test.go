@@ -421,3 +421,33 @@ func TestPreciseHFToolsAsVLLM(t *testing.T) {
 		t.Errorf("ids of the request as sent:\n%s\nwant those vLLM renders:\n%s", pc.cache.Decode(got), pc.cache.Decode(want))
 	}
 }
+
+// TestPreciseHFChatAddSpecialTokens: a chat request with
+// "add_special_tokens": true has its rendered prompt encoded with the
+// tokenizer's special tokens (Llama 3.1's BOS again before the template's
+// own), as vLLM encodes it; without it, or false, without them.
+func TestPreciseHFChatAddSpecialTokens(t *testing.T) {
+	dir := fixtureDir(t, "llama3_1")
+	pc := newTestPrecise(t, dir)
+	msgs := `"messages":[{"role":"user","content":"How does a knight move?"}]`
+	plain, _, err := tokensOf(t, pc, openai.KindChat, `{"model":"m",`+msgs+`}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		flag string
+		want []uint32
+	}{
+		{`"add_special_tokens":false,`, plain},
+		{`"add_special_tokens":null,`, plain},
+		{`"add_special_tokens":true,`, append(pc.cache.EncodeAddSpecial(""), plain...)},
+	} {
+		got, _, err := tokensOf(t, pc, openai.KindChat, `{"model":"m",`+tc.flag+msgs+`}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: got %v, want %v", tc.flag, got, tc.want)
+		}
+	}
+}
