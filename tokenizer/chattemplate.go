@@ -76,7 +76,8 @@ func (c *ChatTemplate) RenderAny(messages []any, opts ChatOptions) (string, erro
 // ones dropped), "" for null; a part that is not text is then an error.
 // A template that loops over the parts gets the request's content as it is.
 // An assistant message's tool call arguments sent as a JSON string are
-// decoded, as vLLM decodes them (contentformat.go).
+// decoded, and each message keeps only the keys vLLM's ConversationMessage
+// has, as vLLM does (contentformat.go).
 func (c *ChatTemplate) RenderJSON(messages json.RawMessage, opts ChatOptions) (string, error) {
 	v, err := valueFromJSON(messages)
 	if err != nil {
@@ -90,6 +91,7 @@ func (c *ChatTemplate) RenderJSON(messages json.RawMessage, opts ChatOptions) (s
 			return "", fmt.Errorf("tokenizer: render chat template: %w", err)
 		}
 	}
+	conversationMessages(v)
 	toolCallArguments(v)
 	return c.render(v, opts)
 }

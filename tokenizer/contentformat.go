@@ -246,3 +246,61 @@ func ordered(d *jinja.Dict, first []string, def jinja.Value) jinja.Value {
 	}
 	return out
 }
+
+// conversationMessages rebuilds each message of messages (a list) with only the
+// keys vLLM's ConversationMessage keeps, in its order (chat_utils.py,
+// _parse_chat_message_content): role, content, then for an assistant
+// tool_calls (unless null) and, when it has a "reasoning", that as
+// "reasoning" and "reasoning_content"; for a tool message tool_call_id;
+// name and task when they are strings; for a developer message tools.
+// Whatever else a client sends in a message, such as a "reasoning_content"
+// of its own, vLLM's template never sees.
+func conversationMessages(messages jinja.Value) {
+	items := messages.AsList().Items
+	for i, m := range items {
+		if !m.IsDict() {
+			continue
+		}
+		in := m.AsDict()
+		out := jinja.NewDict()
+		o := out.AsDict()
+		role, hasRole := in.Get("role")
+		if hasRole {
+			o.Set("role", role)
+		}
+		if c, ok := in.Get("content"); ok {
+			o.Set("content", c)
+		}
+		r := ""
+		if role.IsString() {
+			r = role.AsString()
+		}
+		switch r {
+		case "assistant":
+			if v, ok := in.Get("tool_calls"); ok && !v.IsNone() {
+				o.Set("tool_calls", v)
+			}
+			if v, ok := in.Get("reasoning"); ok && !v.IsNone() {
+				o.Set("reasoning", v)
+				o.Set("reasoning_content", v)
+			}
+		case "tool":
+			if v, ok := in.Get("tool_call_id"); ok {
+				o.Set("tool_call_id", v)
+			}
+		}
+		for _, k := range []string{"name", "task"} {
+			if v, ok := in.Get(k); ok && v.IsString() {
+				o.Set(k, v)
+			}
+		}
+		if r == "developer" {
+			v, ok := in.Get("tools")
+			if !ok {
+				v = jinja.None()
+			}
+			o.Set("tools", v)
+		}
+		items[i] = out
+	}
+}

@@ -103,3 +103,34 @@ func TestRenderJSONToolsAsVLLM(t *testing.T) {
 		}
 	}
 }
+
+// TestRenderJSONConversationKeys: a template sees of each message only the
+// keys vLLM's ConversationMessage keeps, in its order: a client's own
+// "reasoning_content" and other extra keys are gone, an assistant's
+// "reasoning" is also its "reasoning_content", a null tool_calls is gone.
+func TestRenderJSONConversationKeys(t *testing.T) {
+	tmpl, err := NewChatTemplate(`{% for m in messages %}{{ m | tojson + '\n' }}{% endfor %}`, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	messages := `[{"content":"be brief","role":"system","extra":1},` +
+		`{"role":"user","content":"hi","name":"ann","task":5},` +
+		`{"role":"assistant","content":"x","reasoning_content":"old","tool_calls":null},` +
+		`{"reasoning":"r","role":"assistant","content":"y","tool_calls":[{"function":{"name":"f","arguments":{}}}]},` +
+		`{"role":"tool","tool_call_id":"c1","content":"ok","id":"z"},` +
+		`{"role":"developer","content":"d"}]`
+	want := `{"role": "system", "content": "be brief"}
+{"role": "user", "content": "hi", "name": "ann"}
+{"role": "assistant", "content": "x"}
+{"role": "assistant", "content": "y", "tool_calls": [{"function": {"name": "f", "arguments": {}}}], "reasoning": "r", "reasoning_content": "r"}
+{"role": "tool", "content": "ok", "tool_call_id": "c1"}
+{"role": "developer", "content": "d", "tools": null}
+`
+	got, err := tmpl.RenderJSON([]byte(messages), ChatOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got != want {
+		t.Errorf("RenderJSON:\n got %s\nwant %s", got, want)
+	}
+}
