@@ -27,7 +27,7 @@ type ChatTemplate struct {
 // NewChatTemplate compiles a chat template; bos and eos are the values of the
 // bos_token and eos_token variables.
 func NewChatTemplate(source, bos, eos string) (*ChatTemplate, error) {
-	t, err := jinja.Compile(source)
+	t, err := jinja.Compile(jinjaTrimGuard(source))
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: chat template: %w", err)
 	}

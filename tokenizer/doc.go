@@ -44,7 +44,10 @@
 // Chat templates (ChatTemplate) are rendered with github.com/ardanlabs/jinja,
 // a pure-Go Jinja engine made for chat templates, with transformers'
 // apply_chat_template settings (trim_blocks, lstrip_blocks, raise_exception,
-// tojson, strftime_now). As vLLM does, RenderJSON gives a template that does
+// tojson, strftime_now). That engine applies a tag's whitespace control
+// past a neighbouring tag and keeps a template's final newline, unlike
+// jinja2; jinjatrim.go rewrites a template's source so that both render it
+// alike (TestChatTemplateWhitespaceMatchesJinja2). As vLLM does, RenderJSON gives a template that does
 // not loop over a message's content parts (contentformat.go: vLLM's
 // "string" content format, which Qwen3, Llama 3.x and DeepSeek-V3 have)
 // each message's content as one string, its text parts joined with "\n";
