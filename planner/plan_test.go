@@ -196,11 +196,14 @@ func TestPlanDisaggregatedSimulated(t *testing.T) {
 	if d.SplitFraction != 1 {
 		t.Errorf("mode always split %.3f of the requests, want all", d.SplitFraction)
 	}
-	// Every prompt's KV crosses the fabric: total = rate x mean prompt x
-	// KV bytes per token (within the run's edges).
-	want := res.Demand.Rate * res.Demand.PromptMean * float64(res.Bounds.Costs.KVBytesPerToken)
-	if fb.Total < 0.9*want || fb.Total > 1.1*want {
-		t.Errorf("fabric total %.3g B/s, want about %.3g (every prompt's KV)", fb.Total, want)
+	// The KV of every prompt past the decode node's own prefix-cache hit
+	// crosses the fabric (disagg.PulledTokens): at most rate x mean prompt
+	// x KV bytes per token (within the run's edges), and on this workload,
+	// whose prompts share half their tokens as prefixes the decode nodes
+	// come to hold, well below it (about half), but not nothing.
+	whole := res.Demand.Rate * res.Demand.PromptMean * float64(res.Bounds.Costs.KVBytesPerToken)
+	if fb.Total < 0.2*whole || fb.Total > 1.1*whole {
+		t.Errorf("fabric total %.3g B/s, want between 0.2 and 1.1 x every prompt's KV (%.3g)", fb.Total, whole)
 	}
 	if got := fb.PerDecodeMean * float64(d.Decode); math.Abs(got-fb.Total) > 1e-6*fb.Total {
 		t.Errorf("per decode node mean %.3g x %d nodes = %.3g, want the total %.3g", fb.PerDecodeMean, d.Decode, got, fb.Total)
