@@ -53,6 +53,15 @@ func learnerProxy(t *testing.T, urls ...string) (*testProxy, func() []kvroute.Ou
 	return tp, func() []kvroute.Outcome { return l.got() }
 }
 
+// firstByteCases are the two kinds of answer whose first byte the proxy
+// waits for before the headers go out: a stream and a JSON body.
+var firstByteCases = []struct {
+	name, contentType, path, body string
+}{
+	{"stream", openai.ContentTypeEventStream, PathCompletions, streamBody},
+	{"json", "application/json", PathChatCompletions, chatBody},
+}
+
 // TestFailureBeforeFirstByteIsRetried: an engine that sends its 200's
 // headers and then dies before the first body byte has sent the client
 // nothing (the headers wait for that byte), so the request is retried on
@@ -61,12 +70,7 @@ func learnerProxy(t *testing.T, urls ...string) (*testProxy, func() []kvroute.Ou
 // failure (a failed outcome for the policy, passive health, the retry
 // counted as upstream_reset).
 func TestFailureBeforeFirstByteIsRetried(t *testing.T) {
-	for _, tc := range []struct {
-		name, contentType, path, body string
-	}{
-		{"stream", openai.ContentTypeEventStream, PathCompletions, streamBody},
-		{"json", "application/json", PathChatCompletions, chatBody},
-	} {
+	for _, tc := range firstByteCases {
 		t.Run(tc.name, func(t *testing.T) {
 			dying := newBackend(t, "dying", headersThenDie(t, tc.contentType, ""))
 			good := newBackend(t, "good", okHandler("good"))
@@ -157,22 +161,13 @@ func TestFailureAfterFirstByteIsNotRetried(t *testing.T) {
 // answered 502 in OpenAI's error shape (nothing had reached the client),
 // not a 200 whose body is an error event or cut short.
 func TestFailureBeforeFirstByteNoRetryLeft(t *testing.T) {
-	for _, tc := range []struct {
-		name, contentType, path, body string
-	}{
-		{"stream", openai.ContentTypeEventStream, PathCompletions, streamBody},
-		{"json", "application/json", PathChatCompletions, chatBody},
-	} {
+	for _, tc := range firstByteCases {
 		t.Run(tc.name, func(t *testing.T) {
 			dying := newBackend(t, "dying", headersThenDie(t, tc.contentType, ""))
 			tp := newTestProxy(t, testConfig("first", dying.URL))
 			resp := tp.post(t, tc.path, tc.body)
 			b := readAll(t, resp)
-			var e openai.ErrorResponse
-			if jerr := json.Unmarshal([]byte(b), &e); resp.StatusCode != http.StatusBadGateway || jerr != nil ||
-				!strings.Contains(e.Error.Message, "answered 200, then its body broke") {
-				t.Fatalf("got %d %q (%v), want 502 in OpenAI's error shape saying the 200's body broke", resp.StatusCode, b, jerr)
-			}
+			wantErrorBody(t, resp.StatusCode, b, http.StatusBadGateway, "answered 200, then its body broke")
 			waitFor(t, "the request accounted for as 502", func() bool {
 				return tp.metric(t, tp.metrics.requests, "m", dying.URL, "502") == 1
 			})
@@ -204,11 +199,7 @@ func TestSilenceBeforeFirstByteIs504(t *testing.T) {
 	tp := newTestProxy(t, cfg)
 	resp := tp.post(t, PathCompletions, streamBody)
 	b := readAll(t, resp)
-	var e openai.ErrorResponse
-	if jerr := json.Unmarshal([]byte(b), &e); resp.StatusCode != http.StatusGatewayTimeout || jerr != nil ||
-		!strings.Contains(e.Error.Message, "sent nothing") {
-		t.Fatalf("got %d %q (%v), want 504 in OpenAI's error shape saying the body sent nothing", resp.StatusCode, b, jerr)
-	}
+	wantErrorBody(t, resp.StatusCode, b, http.StatusGatewayTimeout, "sent nothing")
 	if g := good.hits.Load(); g != 0 {
 		t.Errorf("requests to good: got %d, want 0 (not retried)", g)
 	}

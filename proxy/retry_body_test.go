@@ -83,10 +83,8 @@ func TestLast5xxSilentBodyAnswered504(t *testing.T) {
 				t.Fatalf("client: %v (held past upstream_header=200ms)", err)
 			}
 			b := readAll(t, resp)
-			var e openai.ErrorResponse
-			if jerr := json.Unmarshal([]byte(b), &e); resp.StatusCode != http.StatusGatewayTimeout || jerr != nil ||
-				e.Error.Type != kvroute.TypeUpstream || !strings.Contains(e.Error.Message, "sent nothing for 200ms") {
-				t.Fatalf("got %d %q (%v), want 504 in OpenAI's error shape saying the body sent nothing for 200ms", resp.StatusCode, b, jerr)
+			if e := wantErrorBody(t, resp.StatusCode, b, http.StatusGatewayTimeout, "sent nothing for 200ms"); e.Error.Type != kvroute.TypeUpstream {
+				t.Errorf("error type %q, want %q", e.Error.Type, kvroute.TypeUpstream)
 			}
 			if src := resp.Header.Get(HeaderErrorSource); src != "" {
 				t.Errorf("%s: got %q, want none (the router's answer)", HeaderErrorSource, src)
@@ -207,9 +205,16 @@ func TestLast5xxBrokenBodyAnswered502(t *testing.T) {
 	tp := newTestProxy(t, cfg)
 	resp := tp.post(t, PathChatCompletions, chatBody)
 	b := readAll(t, resp)
+	wantErrorBody(t, resp.StatusCode, b, http.StatusBadGateway, "answered 500, then its body broke")
+}
+
+// wantErrorBody fails t unless an answer of status and body is want in
+// OpenAI's error shape with a message containing msg, and returns it.
+func wantErrorBody(t *testing.T, status int, body string, want int, msg string) openai.ErrorResponse {
+	t.Helper()
 	var e openai.ErrorResponse
-	if jerr := json.Unmarshal([]byte(b), &e); resp.StatusCode != http.StatusBadGateway || jerr != nil ||
-		!strings.Contains(e.Error.Message, "answered 500, then its body broke") {
-		t.Fatalf("got %d %q (%v), want 502 in OpenAI's error shape saying the 500's body broke", resp.StatusCode, b, jerr)
+	if jerr := json.Unmarshal([]byte(body), &e); status != want || jerr != nil || !strings.Contains(e.Error.Message, msg) {
+		t.Fatalf("got %d %q (%v), want %d in OpenAI's error shape saying %q", status, body, jerr, want, msg)
 	}
+	return e
 }

@@ -82,18 +82,27 @@ func TestTotalsFromRun(t *testing.T) {
 	}
 }
 
-// TestCompareUnknownHitRate: a comparison row whose hit rate or oracle is
-// unknown (report.Row's -1: the engines reported no cached tokens) goes to
-// the page as null, shown as "–", not as -1 (which the page drew as
-// "-100.0%" and a bar below the axis).
-func TestCompareUnknownHitRate(t *testing.T) {
-	rows := []report.Row{{Name: "a", Requests: 2, Completed: 2, HitRate: -1, OracleHitRate: -1}, {Name: "b", Requests: 2, Completed: 2, HitRate: 0.25, OracleHitRate: 0.5}}
+// compareState serves /ui/api/state for a finished run whose comparison
+// rows are rows and decodes it into st.
+func compareState(t *testing.T, rows []report.Row, st any) {
+	t.Helper()
 	d, err := New(Options{Source: fakeSource{newTestRouter(t)}, Run: func() RunState { return RunState{Phases: 2, Done: true, Rows: rows} }})
 	if err != nil {
 		t.Fatal(err)
 	}
 	rec := httptest.NewRecorder()
 	d.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/ui/api/state", nil))
+	if err := json.Unmarshal(rec.Body.Bytes(), st); err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestCompareUnknownHitRate: a comparison row whose hit rate or oracle is
+// unknown (report.Row's -1: the engines reported no cached tokens) goes to
+// the page as null, shown as "–", not as -1 (which the page drew as
+// "-100.0%" and a bar below the axis).
+func TestCompareUnknownHitRate(t *testing.T) {
+	rows := []report.Row{{Name: "a", Requests: 2, Completed: 2, HitRate: -1, OracleHitRate: -1}, {Name: "b", Requests: 2, Completed: 2, HitRate: 0.25, OracleHitRate: 0.5}}
 	var st struct {
 		Run struct {
 			Rows []struct {
@@ -102,9 +111,7 @@ func TestCompareUnknownHitRate(t *testing.T) {
 			} `json:"rows"`
 		} `json:"run"`
 	}
-	if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil {
-		t.Fatal(err)
-	}
+	compareState(t, rows, &st)
 	if len(st.Run.Rows) != 2 {
 		t.Fatalf("%d rows, want 2", len(st.Run.Rows))
 	}
@@ -123,12 +130,6 @@ func TestCompareNoCompletedRequest(t *testing.T) {
 	rows := []report.Row{{Name: "a", Requests: 2, Errors: map[string]int{"http_500": 2}, HitRate: -1, OracleHitRate: -1},
 		{Name: "b", Requests: 2, Completed: 2, TTFT: report.Dist{N: 2, P50: 80 * time.Millisecond, P99: 90 * time.Millisecond},
 			E2E: report.Dist{N: 2, P50: time.Second}}}
-	d, err := New(Options{Source: fakeSource{newTestRouter(t)}, Run: func() RunState { return RunState{Phases: 2, Done: true, Rows: rows} }})
-	if err != nil {
-		t.Fatal(err)
-	}
-	rec := httptest.NewRecorder()
-	d.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/ui/api/state", nil))
 	var st struct {
 		Run struct {
 			Rows []struct {
@@ -138,9 +139,7 @@ func TestCompareNoCompletedRequest(t *testing.T) {
 			} `json:"rows"`
 		} `json:"run"`
 	}
-	if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil {
-		t.Fatal(err)
-	}
+	compareState(t, rows, &st)
 	if len(st.Run.Rows) != 2 {
 		t.Fatalf("%d rows, want 2", len(st.Run.Rows))
 	}
