@@ -94,10 +94,15 @@
 // requests held, or held when the prefill policy sheds it with "queue").
 // It recovers from failed legs (see Handoff), rejects client requests that
 // carry handoff fields or endpoint-naming headers, and records Prometheus
-// metrics on a registry passed in. An answer that breaks after its status
-// was sent ends as the aggregated proxy path ends it: an event stream with
-// its broken event terminated, vLLM's error event and "data: [DONE]";
-// any other body is left for the caller to abort (Result.Abort).
+// metrics on a registry passed in. An answer's status and headers reach
+// the client with its first body byte, as on the aggregated proxy path:
+// a leg whose answer breaks before it is a failed leg, placed again (a
+// decode leg with its prefill: the decode engine may have pulled the KV
+// cache already), or answered 504 if it went silent (Silence). An answer
+// that breaks after its first byte ends as the aggregated path ends it:
+// an event stream with its broken event terminated, vLLM's error event
+// and "data: [DONE]"; any other body is left for the caller to abort
+// (Result.Abort).
 //
 // Data-parallel endpoints (vLLM --data-parallel-size, SGLang DP
 // attention: each rank an endpoint of its own, kvroute.Endpoint

@@ -79,10 +79,12 @@ type HandoffConfig struct {
 	// answer being passed on to the client (the proxy's
 	// timeouts.upstream_header, which bounds its headers): an engine that
 	// hangs mid-answer ends the stream with a 504 error event (a JSON body
-	// is aborted) and is reported failed. Time spent writing to a slow
-	// client does not count. It bounds the same way the replies the router
-	// reads whole (a prefill's, an error to replay): one cut is a failed
-	// leg. Default 0: no bound.
+	// is aborted) and is reported failed; one that hangs before its
+	// answer's first byte is reported failed and answered 504, not placed
+	// again (its headers were not passed on). Time spent writing to a
+	// slow client does not count. It bounds the same way the replies the
+	// router reads whole (a prefill's, an error to replay): one cut is a
+	// failed leg. Default 0: no bound.
 	Silence time.Duration
 	// EndpointHeader, when set, is a response header naming the endpoint
 	// that answered the client (the decode engine, or the one that ran the
@@ -133,14 +135,25 @@ type HandoffConfig struct {
 //     left, aggregated on a decode node (the planner's no_prefill rule);
 //     on the last attempt the request runs aggregated on the planned
 //     decode node at once;
+//   - an answer's status and headers go to the client with its first
+//     body byte (or its end, for an empty body), as on the aggregated
+//     path, so a leg whose answer breaks between its headers and its
+//     first byte has sent the client nothing and fails like one that got
+//     no answer;
 //   - a decode leg that fails before its first byte with a connect error
 //     (the request never reached the engine, so the prefill's KV lease is
 //     untouched) is retried once on another decode node with the same
-//     kv_transfer_params; any other decode failure leads to a new plan,
-//     which re-runs the prefill (now mostly a prefix-cache hit), except
-//     a timeout waiting for the answer (the client's response header
-//     timeout), answered 504 at once as on the aggregated path: the
-//     generation would run again only to time out the same way;
+//     kv_transfer_params; any other decode failure before its first byte
+//     (a 5xx, a connection that breaks after the request was sent, before
+//     or after the answer's headers: the engine may have pulled the KV,
+//     and vLLM's prefill engine then holds no lease for another decode
+//     node) leads to a new plan, which re-runs the prefill (now mostly a
+//     prefix-cache hit), except a timeout waiting for the answer (the
+//     client's response header timeout, or Silence before its first
+//     byte), answered 504 at once as on the aggregated path: the
+//     generation would run again only to time out the same way; a leg
+//     that runs the request whole on one node (aggregated) is placed
+//     again, or answered 504, the same way;
 //   - SGLang's two legs share one context: when either fails, both are
 //     cancelled and the pair is placed again with a new room;
 //   - a client that goes away cancels every leg in flight.
@@ -279,7 +292,8 @@ type LegError struct {
 	Connect bool
 	// Timeout reports that the engine took the request and did not answer
 	// in time (the client's response header timeout: the proxy's
-	// timeouts.upstream_header).
+	// timeouts.upstream_header), or sent its answer's headers and then
+	// nothing for Silence.
 	Timeout bool
 	Err     error
 }
@@ -427,6 +441,10 @@ func (x *exchange) runWhole(f *router.Flight, leg string) bool {
 	ctx, cut := context.WithCancel(x.ctx) // cut: the answer went silent (stream)
 	defer cut()
 	resp, lerr := x.post(ctx, f.Endpoint, x.body, leg)
+	var a *answer
+	if lerr == nil {
+		a, lerr = x.begin(ctx, cut, resp, f, leg, t0)
+	}
 	if lerr != nil {
 		x.legFailed(f, lerr)
 		switch {
@@ -443,7 +461,7 @@ func (x *exchange) runWhole(f *router.Flight, leg string) bool {
 	}
 	x.report(f, true)
 	x.res.Prefill, x.res.Decode, x.res.Disaggregated = f.Endpoint.ID, f.Endpoint.ID, false
-	x.stream(resp, f, t0, cut)
+	x.stream(a, f)
 	return true
 }
 
@@ -516,6 +534,13 @@ func (x *exchange) runNixl(pf *router.Flight, plan *Plan, last bool) (bool, *kvr
 		dctx, cut := context.WithCancel(x.ctx) // cut: the answer went silent (stream)
 		defer cut()
 		resp, lerr := x.post(dctx, df.Endpoint, dbody, "decode")
+		var a *answer
+		if lerr == nil {
+			// Its first bytes: a decode engine whose connection breaks
+			// after its headers may have pulled the KV cache, leaving
+			// no lease for another decode node: placed again below.
+			a, lerr = x.begin(dctx, cut, resp, df, "decode", td)
+		}
 		if lerr != nil {
 			x.legFailed(df, lerr)
 			if x.ctx.Err() != nil {
@@ -544,7 +569,7 @@ func (x *exchange) runNixl(pf *router.Flight, plan *Plan, last bool) (bool, *kvr
 			x.handed(plan, df.Endpoint)
 		}
 		x.res.Prefill, x.res.Decode, x.res.Disaggregated = plan.Prefill.ID, df.Endpoint.ID, true
-		x.stream(resp, df, td, cut)
+		x.stream(a, df)
 		return true, nil
 	}
 	return false, nil
@@ -668,6 +693,15 @@ func (x *exchange) runSGLang(pf *router.Flight, plan *Plan) bool {
 		d = <-dch
 	case d = <-dch:
 	}
+	var a *answer
+	if d.err == nil && perr == nil {
+		// The decode answer's first bytes, before anything goes to the
+		// client: a decode leg that breaks before them is placed again
+		// with its prefill, as one that failed outright. A prefill
+		// failing meanwhile cancels ctx, which breaks the read; a silent
+		// decode answer cancels both legs.
+		a, d.err = x.begin(ctx, cancel, d.resp, df, "decode", t0)
+	}
 	if d.err != nil || perr != nil {
 		cancel()
 		if d.err == nil {
@@ -707,7 +741,7 @@ func (x *exchange) runSGLang(pf *router.Flight, plan *Plan) bool {
 	x.res.Prefill, x.res.Decode, x.res.Disaggregated = plan.Prefill.ID, df.Endpoint.ID, true
 	// A prefill failing while the decode streams cancels ctx, which
 	// breaks the stream.
-	x.stream(d.resp, df, t0, cancel) // a silent decode answer cancels both legs
+	x.stream(a, df)
 	if !pdone {
 		perr = x.awaitPrefill(pch, cancel, plan.Prefill.ID)
 	}
@@ -928,12 +962,86 @@ func (x *exchange) report(f *router.Flight, ok bool) {
 var hopHeaders = map[string]bool{"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true,
 	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true}
 
-// stream copies an engine's answer to the client, flushing every read.
-// The flight sees its first token at the first body byte and ends when the
-// copy does.
-func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time, cut context.CancelFunc) {
+// answer is a leg's 2xx response whose first bytes, or its end, were read
+// (begin) before anything went to the client.
+type answer struct {
+	resp  *http.Response
+	quiet *silence.Watch // the answer's silence bound (nil: none), armed
+	buf   []byte         // buf[:n] are the first bytes
+	n     int
+	err   error         // what came with them: nil, io.EOF (a body this short), or the error after them
+	ttft  time.Duration // from the leg's dispatch to its first byte (0: an empty body)
+}
+
+// maxEmptyReads is how many reads returning nothing begin makes before it
+// fails the answer with io.ErrNoProgress, as bufio's readers do.
+const maxEmptyReads = 100
+
+// begin reads the first bytes of a leg's 2xx answer, or its end, before its
+// status and headers go to the client: until then the leg may fail and the
+// request be placed again, as the aggregated path retries an attempt
+// whose body breaks before its first byte. Each wait is bounded by
+// Silence (the watch cuts the leg by cancelling ctx with cut). A failure
+// before the first byte closes the body and is a *LegError: Timeout when
+// the answer went silent (the engine took the generation: answered 504,
+// not retried, as a wait for the headers), cancelled when ctx ended
+// otherwise (the client left, or SGLang's prefill leg failed), else
+// transport (the engine's connection broke after its headers). On
+// success the first byte is the flight's first token.
+func (x *exchange) begin(ctx context.Context, cut context.CancelFunc, resp *http.Response, f *router.Flight, leg string, t0 time.Time) (*answer, *LegError) {
 	h := x.h
+	a := &answer{resp: resp, buf: make([]byte, 32<<10)}
+	if h.cfg.Silence > 0 {
+		a.quiet = &silence.Watch{Limit: h.cfg.Silence, Cut: cut}
+		a.quiet.Arm()
+	}
+	err := io.ErrNoProgress
+	for range maxEmptyReads {
+		a.quiet.Waiting(true)
+		a.n, a.err = resp.Body.Read(a.buf)
+		a.quiet.Waiting(false)
+		if a.n > 0 || a.err == io.EOF {
+			err = nil
+			break
+		}
+		if a.err != nil {
+			err = a.err
+			break
+		}
+	}
+	if err != nil {
+		a.quiet.Stop()
+		resp.Body.Close()
+		lerr := &LegError{Leg: leg, Endpoint: f.Endpoint.ID, Reason: "transport",
+			Err: fmt.Errorf("answered %d, then its body broke before its first byte: %w", resp.StatusCode, err)}
+		switch {
+		case a.quiet.Fired() && x.ctx.Err() == nil:
+			lerr.Timeout = true
+			lerr.Err = fmt.Errorf("answered %d, then %w: nothing for %s", resp.StatusCode, errSilent, h.cfg.Silence)
+		case ctx.Err() != nil:
+			lerr.Reason = "cancelled"
+		}
+		return nil, lerr
+	}
+	if a.n > 0 {
+		now := h.cfg.Now()
+		a.ttft = now.Sub(t0)
+		x.res.TTFB = a.ttft
+		h.cfg.Router.FirstToken(now, f)
+		h.cfg.Metrics.observeStage(h.cfg.Model, "decode_first_byte", a.ttft.Seconds())
+		h.cfg.Metrics.observeStage(h.cfg.Model, "ttfb", now.Sub(x.start).Seconds())
+	}
+	return a, nil
+}
+
+// stream sends an answer begun (begin) to the client: its status and
+// headers with its first bytes, then the rest, flushing every read. The
+// flight ends when the copy does.
+func (x *exchange) stream(a *answer, f *router.Flight) {
+	h := x.h
+	resp, quiet := a.resp, a.quiet
 	defer resp.Body.Close()
+	defer quiet.Stop()
 	dst := x.w.Header()
 	for k, v := range resp.Header {
 		if !hopHeaders[k] && k != "X-Request-Id" {
@@ -947,34 +1055,12 @@ func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time, c
 	x.res.Status = resp.StatusCode
 	sse := isEventStream(resp.Header)
 	rc := http.NewResponseController(x.w)
-	buf := make([]byte, 32<<10)
-	first := true
+	buf := a.buf
 	var tail eventTail
-	var ttft time.Duration
 	var streamErr error
-	// quiet cuts a read that waits on the engine for longer than Silence,
-	// by cancelling the request's context (cut), which ends the read with
-	// an error.
-	var quiet *silence.Watch
-	if h.cfg.Silence > 0 {
-		quiet = &silence.Watch{Limit: h.cfg.Silence, Cut: cut}
-		quiet.Arm()
-		defer quiet.Stop()
-	}
+	n, err := a.n, a.err // the first bytes, read by begin
 	for {
-		quiet.Waiting(true)
-		n, err := resp.Body.Read(buf)
-		quiet.Waiting(false)
 		if n > 0 {
-			if first {
-				first = false
-				now := h.cfg.Now()
-				ttft = now.Sub(t0)
-				x.res.TTFB = ttft
-				h.cfg.Router.FirstToken(now, f)
-				h.cfg.Metrics.observeStage(h.cfg.Model, "decode_first_byte", ttft.Seconds())
-				h.cfg.Metrics.observeStage(h.cfg.Model, "ttfb", now.Sub(x.start).Seconds())
-			}
 			tail.add(buf[:n])
 			if _, werr := x.w.Write(buf[:n]); werr != nil {
 				streamErr = werr
@@ -1007,10 +1093,12 @@ func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time, c
 			}
 			// A JSON body cannot carry the error: the caller aborts it
 			// (Result.Abort). A stream ends as vLLM ends a failed one, the
-			// event it broke in (if any) terminated first.
+			// event it broke in (if any) terminated first (some bytes
+			// went out: a failure before the first one failed the leg in
+			// begin).
 			if sse && end != nil {
 				var b []byte
-				if !first && !tail.atBoundary() {
+				if !tail.atBoundary() {
 					b = append(b, "\n\n"...)
 				}
 				_, _ = x.w.Write(openai.AppendErrorEvent(b, end))
@@ -1018,6 +1106,9 @@ func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time, c
 			}
 			break
 		}
+		quiet.Waiting(true)
+		n, err = resp.Body.Read(buf)
+		quiet.Waiting(false)
 	}
 	failed := streamErr != nil
 	if failed {
@@ -1029,7 +1120,7 @@ func (x *exchange) stream(resp *http.Response, f *router.Flight, t0 time.Time, c
 			x.res.Status = StatusClientClosed
 		}
 	}
-	h.cfg.Router.Done(h.cfg.Now(), f, kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, TTFT: ttft, Failed: failed,
+	h.cfg.Router.Done(h.cfg.Now(), f, kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, TTFT: a.ttft, Failed: failed,
 		Decode: x.res.Disaggregated})
 }
 
