@@ -293,3 +293,40 @@ func TestPDDecodeBodyWithoutProgress(t *testing.T) {
 	}
 	checkBooks(t, f)
 }
+
+// TestPDSGLangPrefillFailsAfterDecodeHeaders: an SGLang prefill leg that
+// fails once the decode engine has sent its answer's headers, before any
+// body byte, cancels the pair before the client got anything: the request
+// is placed again (here aggregated on the decode node, the only prefill
+// node having failed) and the client gets a whole answer, not a 200 whose
+// stream carries the cancelled decode leg's error.
+func TestPDSGLangPrefillFailsAfterDecodeHeaders(t *testing.T) {
+	headers := make(chan struct{})
+	var first atomic.Bool
+	d := emu(t, kvroute.RoleDecode, emulator.PDSGLang)
+	front := resetFront(t, d.URL, func() bool { return false })
+	dec := fake(t, func(w http.ResponseWriter, r *http.Request) {
+		if !first.CompareAndSwap(false, true) {
+			front.Config.Handler.ServeHTTP(w, r)
+			return
+		}
+		_, _ = io.Copy(io.Discard, r.Body)
+		w.Header().Set("Content-Type", openai.ContentTypeEventStream)
+		w.WriteHeader(http.StatusOK)
+		w.(http.Flusher).Flush()
+		close(headers)
+		<-r.Context().Done() // waits for a bootstrap that never comes
+	})
+	p := fake(t, func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		<-headers
+		status500(w, r)
+	})
+	f := newPD(t, ProtocolSGLang, ModeAlways, endpoint("p", p.URL, kvroute.RolePrefill), endpoint("d", dec.URL, kvroute.RoleDecode))
+	res, w := serveDirect(t, f, true)
+	wholeAnswer(t, res, w, true)
+	if n := len(f.rec.to(dec.URL)); n != 2 {
+		t.Errorf("decode node legs: got %d, want 2 (the pair, then the request whole)", n)
+	}
+	checkBooks(t, f)
+}
