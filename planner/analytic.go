@@ -41,7 +41,8 @@ type FabricNeed struct {
 	LinkUtilP99  float64 `json:"link_util_p99"`
 	// TransferP50 and TransferP99 are the handoff times: simulated, setup,
 	// queueing behind other transfers and wire; analytical, the median and
-	// p99 prompt on an idle link. QueueP99 is the simulated p99 queueing.
+	// p99 handoff (the prompt tokens past the decode engine's prefix hit) on
+	// an idle link. QueueP99 is the simulated p99 queueing.
 	TransferP50 time.Duration `json:"transfer_p50_ns"`
 	TransferP99 time.Duration `json:"transfer_p99_ns"`
 	QueueP99    time.Duration `json:"queue_p99_ns,omitempty"`
@@ -185,6 +186,7 @@ type model struct {
 	meanSvc float64
 	cs2     float64
 	meanU   float64
+	pulled  []int   // per demand request, the prompt tokens its KV handoff moves (expected)
 	rate    float64 // request rate (the demand's, times a burst factor)
 	reqs    []workload.Request
 	acScale float64 // calibration of the queue's variability term (1 = Allen-Cunneen)
@@ -194,14 +196,33 @@ type model struct {
 // and the prefix-cached tokens each got (from a simulation of the router's
 // policy); with nil reqs the whole demand is used with the oracle's cached
 // tokens scaled to the hit rate hit.
+//
+// A disaggregated request's KV handoff moves only the prompt tokens past
+// its decode engine's own prefix-cache hit (disagg.PulledTokens, as the
+// simulator and kvroute serve charge it). The decode placement prices each
+// candidate's pull from its hit and so prefers an engine holding the
+// prefix, as the policy does for the prefill, so the model takes the
+// decode engine's hit to be the request's prefix hit: cached for reqs, and
+// for the whole demand (the fabric's bandwidth) the oracle's cached tokens
+// scaled by the hit rate over the oracle's on the same requests. These are
+// estimates, not bounds (the closed-form floor is Demand.pulledFloor).
 func newModel(in *Input, d *Demand, c Costs, hit float64, reqs []workload.Request, cached []int) *model {
 	m := &model{in: in, d: d, c: c, hit: hit, rate: d.Rate, reqs: reqs, acScale: 1}
+	bs := in.Profile.BlockSize
+	oracle := d.OracleHitRate
+	if reqs != nil {
+		oracle = tokenShare(reqs, oracleCached(reqs, bs))
+	}
+	scale := 0.0
+	if oracle > 0 {
+		scale = min(1, hit/oracle)
+	}
+	m.pulled = make([]int, len(d.reqs))
+	for i := range d.reqs {
+		m.pulled[i] = disagg.PulledTokens(d.reqs[i].PromptLen, int(float64(d.cached[i])*scale), bs)
+	}
 	if reqs == nil {
 		m.reqs = d.reqs
-		scale := 0.0
-		if d.OracleHitRate > 0 {
-			scale = min(1, hit/d.OracleHitRate)
-		}
 		cached = make([]int, len(d.reqs))
 		for i := range d.reqs {
 			cached[i] = int(float64(d.cached[i]) * scale)
@@ -396,7 +417,8 @@ func (m *model) decodeOK(dn int) (b float64, tp Latency, ok bool) {
 }
 
 // handoffLatency returns, per request (sampled), the TTFT without queueing
-// on a disaggregated fleet: prefill + KV handoff + first decode step.
+// on a disaggregated fleet: prefill + KV handoff (of the prompt tokens past
+// the request's prefix hit, see newModel) + first decode step.
 func (m *model) handoffLatency(b float64) []time.Duration {
 	p := m.in.Profile
 	shape := disagg.ShapeOf(p)
@@ -405,7 +427,8 @@ func (m *model) handoffLatency(b float64) []time.Duration {
 	for i := range m.reqs {
 		// Three hops: router -> prefill, prefill -> decode (in the
 		// handoff), decode -> router.
-		xs[i] = chunkedPrefill(p, m.uncache[i], m.cachedE[i]) + m.in.Fabric.Duration(shape.Bytes(m.reqs[i].PromptLen)) +
+		pulled := disagg.PulledTokens(m.reqs[i].PromptLen, m.cachedE[i], p.BlockSize)
+		xs[i] = chunkedPrefill(p, m.uncache[i], m.cachedE[i]) + m.in.Fabric.Duration(shape.Bytes(pulled)) +
 			firstStep + netRTT + netRTT/2
 	}
 	return sample(xs, 1500)
@@ -475,7 +498,8 @@ func (m *model) analyticDisaggregated(bwNeed int) Fleet {
 }
 
 // fabric computes the handoff bandwidth for dn decode nodes, requests
-// assigned round robin, in one-second windows.
+// assigned round robin, in one-second windows, each moving the prompt
+// tokens past its decode engine's prefix hit (m.pulled).
 func (m *model) fabric(dn int, shape disagg.KVShape, link disagg.Link) *FabricNeed {
 	d := m.d
 	fn := &FabricNeed{Link: link.Name, Gbps: link.Gbps, Source: "disagg.KVShape + disagg.Link cost model"}
@@ -484,7 +508,7 @@ func (m *model) fabric(dn int, shape disagg.KVShape, link disagg.Link) *FabricNe
 	per := map[[2]int64]float64{}
 	t0 := d.reqs[0].Arrival
 	for i := range d.reqs {
-		bytes[i] = shape.Bytes(d.reqs[i].PromptLen)
+		bytes[i] = shape.Bytes(m.pulled[i])
 		tot += float64(bytes[i])
 		sec := int64((d.reqs[i].Arrival - t0) / time.Second)
 		per[[2]int64{int64(i % dn), sec}] += float64(bytes[i])
@@ -509,12 +533,8 @@ func (m *model) fabric(dn int, shape disagg.KVShape, link disagg.Link) *FabricNe
 	}
 	bw := link.BytesPerSecond()
 	fn.LinkUtilMean, fn.LinkUtilP99 = fn.PerDecodeMean/bw, fn.PerDecodeP99/bw
-	prompts := make([]int, len(d.reqs))
-	for i := range d.reqs {
-		prompts[i] = d.reqs[i].PromptLen
-	}
-	fn.TransferP50 = link.Duration(shape.Bytes(quantileInt(prompts, 0.5)))
-	fn.TransferP99 = link.Duration(shape.Bytes(quantileInt(prompts, 0.99)))
+	fn.TransferP50 = link.Duration(shape.Bytes(quantileInt(m.pulled, 0.5)))
+	fn.TransferP99 = link.Duration(shape.Bytes(quantileInt(m.pulled, 0.99)))
 	return fn
 }
 

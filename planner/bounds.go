@@ -26,7 +26,9 @@ type Bounds struct {
 	// Memory: KV working set (Little's law) over one engine's capacity.
 	Memory Bound `json:"memory"`
 	// Bandwidth: decode nodes needed to absorb the P/D handoffs at the
-	// target link utilisation (disaggregated fleets only).
+	// target link utilisation (disaggregated fleets only), each handoff
+	// moving only the prompt blocks its decode node lacks: at least every
+	// distinct block of the prompts once, and each prompt's last block.
 	Bandwidth Bound `json:"bandwidth"`
 	// Aggregated is max(compute, memory): where the search starts.
 	Aggregated int `json:"aggregated"`
@@ -116,14 +118,18 @@ func computeBounds(in *Input, d *Demand) (Bounds, error) {
 	b.Memory.Explain = fmt.Sprintf("%.1f requests in flight (%.2f req/s x %s mean end-to-end at the ideal batch) x %.0f KV tokens each (uncached prompt + half the output) + %.0f shared-prefix tokens = %.0f tokens / %d tokens per engine = %.2f engines",
 		inflight, d.Rate, fmtDur(e2e), perReq, shared, ws, capTok, b.Memory.Engines)
 
-	// Bandwidth for P/D handoffs.
-	bytesPerSec := d.Rate * d.PromptMean * float64(c.KVBytesPerToken)
+	// Bandwidth for P/D handoffs: a decode engine pulls only the prompt
+	// blocks its own prefix cache lacks (disagg.PulledTokens), so the
+	// bytes are the fewest the handoffs can move (pulledFloor), never more:
+	// the bound must err low.
+	pulled := float64(d.pulledFloor(p.BlockSize)) / float64(len(d.reqs))
+	bytesPerSec := d.Rate * pulled * float64(c.KVBytesPerToken)
 	linkBps := in.Fabric.BytesPerSecond() * in.MaxUtilisation
 	b.Bandwidth.Name = "bandwidth"
 	b.Bandwidth.Engines = bytesPerSec / linkBps
 	b.Bandwidth.Need = max(1, int(math.Ceil(b.Bandwidth.Engines-1e-9)))
-	b.Bandwidth.Explain = fmt.Sprintf("P/D moves each prompt's KV: %.2f req/s x %.0f tokens x %s/token = %s/s; at %.0f%% of a %g Gbps %s link (%s/s) per decode node that is %.2f decode nodes",
-		d.Rate, d.PromptMean, fmtBytes(float64(c.KVBytesPerToken)), fmtBytes(bytesPerSec), 100*in.MaxUtilisation, in.Fabric.Gbps, in.Fabric.Name, fmtBytes(linkBps), b.Bandwidth.Engines)
+	b.Bandwidth.Explain = fmt.Sprintf("P/D moves the KV of each prompt's blocks a decode node does not hold, at least %.0f of the %.0f tokens of the mean prompt (every shared block crosses the fabric once): %.2f req/s x %.0f tokens x %s/token = %s/s; at %.0f%% of a %g Gbps %s link (%s/s) per decode node that is %.2f decode nodes",
+		pulled, d.PromptMean, d.Rate, pulled, fmtBytes(float64(c.KVBytesPerToken)), fmtBytes(bytesPerSec), 100*in.MaxUtilisation, in.Fabric.Gbps, in.Fabric.Name, fmtBytes(linkBps), b.Bandwidth.Engines)
 
 	b.Aggregated = max(b.Compute.Need, b.Memory.Need)
 	return b, nil

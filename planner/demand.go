@@ -159,6 +159,46 @@ func oracleCached(reqs []workload.Request, blockSize int) []int {
 	return out
 }
 
+// pulledFloor returns the fewest prompt tokens the KV handoffs of a
+// disaggregated fleet serving every request of d can move in all, in
+// whatever order the requests reach their decode engines. A decode engine
+// pulls a prompt's tokens past its own prefix-cache hit
+// (disagg.PulledTokens: whole blocks, never the last token), and its cache
+// holds only full blocks of prompts pulled to it before, so each distinct
+// full block of the workload's prompts crosses the fabric at least once,
+// and every prompt pulls its partial last block. That sum is each prompt
+// less the leading blocks an earlier prompt had (the oracle's hit before
+// it is capped below the whole prompt; the blocks are chained, so a block
+// seen before is a leading one): d.cached, except that a prompt of whole
+// blocks whose capped hit stops one block short may have been seen whole,
+// so that block is not counted either. It is a floor on the sum, not on
+// each request.
+func (d *Demand) pulledFloor(blockSize int) int64 {
+	var n int64
+	for i := range d.reqs {
+		p := d.reqs[i].PromptLen
+		u := p - d.cached[i]
+		if blockSize > 0 && p > 0 && p%blockSize == 0 && d.cached[i] == p-blockSize {
+			u = 0
+		}
+		n += int64(max(u, 0))
+	}
+	return n
+}
+
+// tokenShare is the share of reqs' prompt tokens that cached covers.
+func tokenShare(reqs []workload.Request, cached []int) float64 {
+	var c, p int64
+	for i := range reqs {
+		c += int64(cached[i])
+		p += int64(reqs[i].PromptLen)
+	}
+	if p == 0 {
+		return 0
+	}
+	return float64(c) / float64(p)
+}
+
 // segmentsOnly reports whether every prompt is given as segments only.
 func segmentsOnly(reqs []workload.Request) bool {
 	for i := range reqs {

@@ -16,7 +16,10 @@
 //   - memory: the KV working set by Little's law against one engine's
 //     capacity;
 //   - bandwidth: the KV handoff bytes/s of a disaggregated fleet against a
-//     decode node's link (package disagg's KVShape and Link);
+//     decode node's link (package disagg's KVShape and Link), a handoff
+//     moving only the prompt blocks its decode node lacks
+//     (disagg.PulledTokens): at least every distinct block of the prompts
+//     once and each prompt's partial last block, whatever the order;
 //   - latency floors: the TTFT of the SLO's quantile request on an idle
 //     engine with every shared prefix cached, and one decode step of a single
 //     sequence. An SLO below them is infeasible for any fleet (ErrInfeasible,
@@ -64,7 +67,8 @@
 // than 10% off (as NVIDIA Dynamo's planner corrects its profile with
 // observed/expected TTFT). The disaggregated model (decode pool sized for
 // TPOT, KV capacity and link ingress; prefill pool for TTFT = queue +
-// chunked prefill + KV handoff + first decode step) starts the P/D search.
+// chunked prefill + KV handoff of the prompt past the prefix hit + first
+// decode step) starts the P/D search.
 //
 // Input.Validate reports the first invalid field (ErrBadInput), among
 // them a fabric slower than the simulator models (sim.MinLinkGbps) and a

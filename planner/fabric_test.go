@@ -1,0 +1,254 @@
+package planner
+
+import (
+	"math"
+	"math/rand/v2"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/disagg"
+	"github.com/kvroute/kvroute/sim"
+	"github.com/kvroute/kvroute/workload"
+)
+
+// sharedInput is a P/D plan input whose requests share long prefixes: 90%
+// of 4000-token prompts come from a few hot prefixes, so a decode engine
+// that holds a prefix pulls only the rest of the prompt.
+func sharedInput(t testing.TB) Input {
+	t.Helper()
+	w, err := Summary{Rate: 30, Duration: 30 * time.Second, PromptMean: 4000, OutputMean: 100, SharedFraction: 0.9, Zipf: 1}.Workload(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	in := Input{Profile: mustProfile(t, "llama-3.1-8b-h100"), Workload: w, Seed: 1, SimRequests: -1, ConfirmRequests: -1,
+		PDMode: disagg.ModeAlways, SLO: SLO{TTFT: Target{0.99, 2 * time.Second}, TPOT: Target{0.99, 100 * time.Millisecond}}}
+	in.defaults()
+	return in
+}
+
+// TestFabricEstimateMatchesSimulation: the analytical fabric bandwidth of a
+// disaggregated fleet is within 10% of what the simulator charges the same
+// fleet on a workload with long shared prefixes. The simulator (as kvroute
+// serve) moves only the prompt blocks the decode engine lacks; pricing
+// whole prompts put the estimate about 9x too high here.
+func TestFabricEstimateMatchesSimulation(t *testing.T) {
+	in := sharedInput(t)
+	d := analyse(in.Workload, in.Profile.BlockSize)
+	b, err := computeBounds(&in, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s := newSearch(&in)
+	// The model's prefix hits come from a simulated aggregated fleet, as
+	// Plan takes them.
+	agg, err := s.eval(t.Context(), layout{A: 4}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newModel(&in, d, b.Costs, agg.HitRate, s.reqs, agg.cached)
+	for _, l := range []layout{{P: 2, D: 2}, {P: 3, D: 1}} {
+		pd, err := s.eval(t.Context(), l, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got := m.fabric(l.D, disagg.ShapeOf(in.Profile), in.Fabric)
+		want := pd.Fabric
+		t.Logf("%s: analytical %s/s (mean per decode node %s/s, handoff p50 %v), simulated %s/s (%s/s, %v); hit rate %.1f%%",
+			l, fmtBytes(got.Total), fmtBytes(got.PerDecodeMean), got.TransferP50, fmtBytes(want.Total), fmtBytes(want.PerDecodeMean), want.TransferP50, 100*agg.HitRate)
+		if e := got.Total/want.Total - 1; math.Abs(e) > 0.10 {
+			t.Errorf("%s: analytical fabric total %s/s, simulated %s/s: error %+.1f%% over 10%%", l, fmtBytes(got.Total), fmtBytes(want.Total), 100*e)
+		}
+		if e := got.PerDecodeMean/want.PerDecodeMean - 1; math.Abs(e) > 0.10 {
+			t.Errorf("%s: analytical fabric per decode node %s/s, simulated %s/s: error %+.1f%% over 10%%", l, fmtBytes(got.PerDecodeMean), fmtBytes(want.PerDecodeMean), 100*e)
+		}
+	}
+}
+
+// TestBandwidthBoundBelowSimulation: the closed-form bandwidth bound stays a
+// lower bound: its bytes over the workload's span are at most the bytes the
+// simulator moves through the fabric, on workloads with and without shared
+// prefixes, for fleets of several shapes.
+func TestBandwidthBoundBelowSimulation(t *testing.T) {
+	shared := sharedInput(t)
+	half := sizedInput(t, 60, 20*time.Second, -1)
+	half.PDMode = disagg.ModeAlways
+	half.defaults()
+	none := Input{Profile: shared.Profile, Workload: constWorkload(300, 20, 3000, 50), PDMode: disagg.ModeAlways, SLO: shared.SLO}
+	none.defaults()
+	for _, tc := range []struct {
+		name string
+		in   Input
+	}{{"long shared prefixes", shared}, {"half shared", half}, {"no sharing", none}} {
+		in := tc.in
+		d := analyse(in.Workload, in.Profile.BlockSize)
+		b, err := computeBounds(&in, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		bound := b.Bandwidth.Engines * in.Fabric.BytesPerSecond() * in.MaxUtilisation * d.Span.Seconds()
+		for _, fleet := range []string{"2/prefill,2/decode", "3/prefill,1/decode", "1/prefill,4/decode"} {
+			f, err := sim.ParseFleet(fleet, in.Profile.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := sim.Run(t.Context(), sim.Config{Fleet: f, Seed: 1, PD: sim.PDConfig{Mode: disagg.ModeAlways, Links: uniformLinks(&in)}}, in.Workload.Requests)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := r.FabricLoad(time.Second).Bytes
+			t.Logf("%s on %s: bound %.4g bytes, simulated %d", tc.name, fleet, bound, got)
+			if bound > float64(got) {
+				t.Errorf("%s on %s: the bandwidth bound's %.4g bytes over the span exceed the %d bytes the simulator moved: not a lower bound",
+					tc.name, fleet, bound, got)
+			}
+		}
+	}
+}
+
+// minPulled is the naive reference for pulledFloor: the fewest prompt
+// tokens the handoffs of reqs move over every order they could reach one
+// decode engine with an infinite prefix cache in (one engine holding
+// everything pulled before is the best case for every order), each pulling
+// disagg.PulledTokens of its hit, its full blocks cached after it.
+func minPulled(reqs []workload.Request, bs int) int {
+	best := math.MaxInt
+	idx := make([]int, len(reqs))
+	for i := range idx {
+		idx[i] = i
+	}
+	var perm func(k int)
+	perm = func(k int) {
+		if k == len(idx) {
+			cache := map[uint64]bool{}
+			total := 0
+			for _, i := range idx {
+				hs := reqs[i].BlockHashes(bs, nil)
+				hit := 0
+				for hit < len(hs) && cache[hs[hit]] {
+					hit++
+				}
+				total += disagg.PulledTokens(reqs[i].PromptLen, hit*bs, bs)
+				for _, h := range hs {
+					cache[h] = true
+				}
+			}
+			best = min(best, total)
+			return
+		}
+		for j := k; j < len(idx); j++ {
+			idx[k], idx[j] = idx[j], idx[k]
+			perm(k + 1)
+			idx[k], idx[j] = idx[j], idx[k]
+		}
+	}
+	perm(0)
+	return best
+}
+
+// TestPulledFloorHandWorked: the floor on the tokens the handoffs move holds
+// whatever order requests reach their decode engines in. Request a is two
+// blocks (32 tokens), b its first block (16 tokens), arriving after it, e a
+// and 5 more tokens. In arrival order a pulls 32, b, whose whole prompt was
+// seen, still pulls its last block (16), and e its partial block (5): 53.
+// But if b's handoff comes first on the engine that then takes a and e, b
+// pulls 16, a only its second block and e 5: 37, the floor (every distinct
+// block once, and every partial last block).
+func TestPulledFloorHandWorked(t *testing.T) {
+	seg := func(id string, at, n int) workload.Request {
+		return workload.Request{ID: id, Arrival: time.Duration(at) * time.Second, PromptLen: n, OutputLen: 4,
+			Segments: []workload.Segment{{Key: 7, Len: n}}}
+	}
+	for _, tc := range []struct {
+		name           string
+		reqs           []workload.Request
+		arrival, floor int
+		tight          bool
+	}{
+		{"nested", []workload.Request{seg("a", 0, 32), seg("b", 1, 16), seg("e", 2, 37)}, 53, 37, true},
+		// c repeats a: in any order one of them pulls the last block the
+		// other brought (the last token is computed again), which the
+		// floor does not count (it cannot tell a repeat from a prompt
+		// seen up to its last block): a floor, not the minimum.
+		{"repeat", []workload.Request{seg("a", 0, 32), seg("b", 1, 16), seg("c", 2, 32), seg("e", 3, 37)}, 69, 37, false},
+	} {
+		w := &workload.Workload{Name: tc.name, Requests: tc.reqs}
+		d := analyse(w, 16)
+		arrival := 0
+		for i := range d.reqs {
+			arrival += disagg.PulledTokens(d.reqs[i].PromptLen, d.cached[i], 16)
+		}
+		if arrival != tc.arrival {
+			t.Errorf("%s: pulled in arrival order = %d, want %d", tc.name, arrival, tc.arrival)
+		}
+		floor, least := d.pulledFloor(16), minPulled(tc.reqs, 16)
+		if floor != int64(tc.floor) || floor > int64(least) || tc.tight && floor != int64(least) {
+			t.Errorf("%s: pulledFloor = %d, want %d (the least over every order is %d)", tc.name, floor, tc.floor, least)
+		}
+	}
+}
+
+// TestPulledFloorDifferential: on random small workloads of nested and
+// branching prompts (some of whole blocks), pulledFloor is never above the
+// least the handoffs move over every order (minPulled).
+func TestPulledFloorDifferential(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	for trial := range 300 {
+		n := 2 + rng.IntN(5)
+		w := &workload.Workload{Name: "random"}
+		for i := range n {
+			// One to three segments; keys from a small set so that
+			// prompts nest and branch; lengths often whole blocks.
+			var segs []workload.Segment
+			plen := 0
+			for range 1 + rng.IntN(3) {
+				l := 16 * (1 + rng.IntN(3))
+				if rng.IntN(3) == 0 {
+					l += 1 + rng.IntN(15)
+				}
+				segs = append(segs, workload.Segment{Key: uint64(rng.IntN(3)), Len: l})
+				plen += l
+			}
+			w.Requests = append(w.Requests, workload.Request{ID: itoa(i), Arrival: time.Duration(i) * time.Second,
+				PromptLen: plen, OutputLen: 4, Segments: segs})
+		}
+		d := analyse(w, 16)
+		if floor, least := d.pulledFloor(16), minPulled(w.Requests, 16); floor > int64(least) {
+			t.Fatalf("trial %d: pulledFloor = %d, above the least over every order %d; requests %+v", trial, floor, least, w.Requests)
+		}
+	}
+}
+
+// TestHandoffLatencyPulled: the analytical TTFT of a disaggregated request
+// prices the KV handoff of the prompt tokens past its prefix hit, not the
+// whole prompt: prefill of the uncached part + the handoff of the pulled
+// tokens on the link + the first decode step + the network hops.
+func TestHandoffLatencyPulled(t *testing.T) {
+	p := mustProfile(t, "llama-3.1-8b-h100")
+	w := constWorkload(3, 1, 4000, 50)
+	in := Input{Profile: p, Workload: w, SLO: SLO{TTFT: Target{0.99, 2 * time.Second}},
+		Fabric: disagg.Link{Name: "eth", Gbps: 10, Setup: time.Millisecond}}
+	in.defaults()
+	d := analyse(w, p.BlockSize)
+	b, err := computeBounds(&in, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cached := []int{0, 2000, 3990}
+	m := newModel(&in, d, b.Costs, 0.5, w.Requests, cached)
+	got := m.handoffLatency(1) // sorted
+	shape := disagg.ShapeOf(p)
+	first := p.DecodeTime(1, m.c.DecodeContext)
+	var want, whole []time.Duration
+	for _, c := range cached {
+		// 3990 cached: 3984 in whole blocks (249 x 16), 16 tokens pulled.
+		pulled := disagg.PulledTokens(4000, c, p.BlockSize)
+		want = append(want, chunkedPrefill(p, 4000-c, c)+in.Fabric.Duration(shape.Bytes(pulled))+first+netRTT+netRTT/2)
+		whole = append(whole, chunkedPrefill(p, 4000-c, c)+in.Fabric.Duration(shape.Bytes(4000))+first+netRTT+netRTT/2)
+	}
+	slices.Sort(want)
+	slices.Sort(whole)
+	if !slices.Equal(got, want) {
+		t.Errorf("handoff latencies %v, want %v (pricing whole prompts: %v)", got, want, whole)
+	}
+}
