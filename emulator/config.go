@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"time"
 
 	"github.com/kvroute/kvroute"
@@ -41,6 +42,7 @@ type Config struct {
 	// profile's. Engine.Speed is set from Speed.
 	Engine engine.Config
 	// Speed runs the model this many times faster than real time; default 1.
+	// It must be a positive, finite number.
 	Speed float64
 	// Role is the engine's role in a disaggregated pool; default both.
 	Role kvroute.Role
@@ -60,7 +62,7 @@ type Config struct {
 	// VLLM_NIXL_ABORT_REQUEST_TIMEOUT.
 	LeaseTimeout time.Duration
 	// FabricGbps is the prefill->decode link speed used for the KV
-	// transfer time; default 100.
+	// transfer time; default 100. It must be finite, as must EOSMean.
 	FabricGbps float64
 	// TransferSetup is the fixed cost of one KV transfer; default 2 ms.
 	TransferSetup time.Duration
@@ -159,8 +161,16 @@ func (c *Config) validate() error {
 	if c.Model == "" {
 		errs = append(errs, errors.New("emulator: Model is required"))
 	}
-	if c.Speed < 0 {
-		errs = append(errs, fmt.Errorf("emulator: Speed %v must be positive", c.Speed))
+	if !(c.Speed > 0) || math.IsInf(c.Speed, 1) { // NaN compares false: it would hang every request
+		errs = append(errs, fmt.Errorf("emulator: Speed %v must be a positive number", c.Speed))
+	}
+	for _, f := range []struct {
+		name string
+		v    float64
+	}{{"FabricGbps", c.FabricGbps}, {"EOSMean", c.EOSMean}} {
+		if math.IsNaN(f.v) || math.IsInf(f.v, 0) {
+			errs = append(errs, fmt.Errorf("emulator: %s %v must be a finite number", f.name, f.v))
+		}
 	}
 	switch c.MetricsFlavor {
 	case FlavorVLLM, FlavorVLLMLegacy, FlavorSGLang, FlavorLlamaCpp:
