@@ -10,7 +10,11 @@
 //     errors (status, type, param and, for prompts longer than the model's
 //     context, the message of its current renderer) for bad input, 404 for
 //     another model, and FastAPI's 404 and 405 for unknown routes and
-//     methods;
+//     methods; chat content given as a list of parts is read as vLLM
+//     reads it for a text-only model (the text of its text, input_text,
+//     output_text, refusal and thinking parts and of plain strings, joined
+//     with "\n"), and an image, audio or video part is vLLM's 400 "<model>
+//     is not a multimodal model";
 //   - GET /metrics in the vLLM (current or legacy names), SGLang or llama.cpp
 //     flavour, on a private Prometheus registry; a request a stop string
 //     ended counts, in vllm:generation_tokens_total and its finish (reason

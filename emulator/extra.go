@@ -59,6 +59,10 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	var toks []uint32
 	switch {
 	case chat:
+		if aerr := s.contentError(req); aerr != nil {
+			writeAPIError(w, aerr)
+			return
+		}
 		if toks, err = s.encodeMessages(req.chatMessages); err != nil {
 			writeError(w, http.StatusBadRequest, "chat template: "+err.Error())
 			return

@@ -178,6 +178,9 @@ func TestTokenizeRequests(t *testing.T) {
 		{`{"prompt":"hello world","max_tokens":0,"n":2,"stream_options":{"include_usage":true}}`, 200, "", nil},
 		{`{"model":"tiny","messages":[{"role":"user","content":"hi"}],"max_completion_tokens":0}`, 200, "", nil},
 		{`{"prompt":5}`, 400, typeValidation, "body.prompt"},
+		// A content part vLLM refuses is refused after the model check.
+		{`{"model":"other","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/y.png"}}]}]}`, 404, "NotFoundError", "model"},
+		{`{"messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/y.png"}}]}]}`, 400, "BadRequestError", nil},
 	} {
 		code, body := post(t, hs.URL+"/tokenize", tc.body)
 		if code != tc.status {
@@ -196,5 +199,44 @@ func TestTokenizeRequests(t *testing.T) {
 		if err := json.Unmarshal(body, &e); err != nil || e.Error.Type != tc.typ || e.Error.Param != tc.param {
 			t.Errorf("%s: got %s, want type %q param %v", tc.body, body, tc.typ, tc.param)
 		}
+	}
+}
+
+// TestContentPartsAsText: the content parts vLLM reads as text (plain
+// strings, "text", "input_text" and "output_text" by their text, "refusal"
+// and "thinking" by the member of that name, "tool_reference" by its name) give a chat the prompt of
+// their texts joined with "\n", those with empty, null or no text dropped
+// (chat_utils.py, _parse_chat_message_content_part).
+func TestContentPartsAsText(t *testing.T) {
+	_, hs := testServer(t, Config{})
+	tokens := func(content string) string {
+		t.Helper()
+		code, body := post(t, hs.URL+"/tokenize", `{"messages":[{"role":"user","content":"q"},{"role":"assistant","content":`+content+`}]}`)
+		if code != 200 {
+			t.Fatalf("tokenize %s: got status %d (%s), want 200", content, code, body)
+		}
+		var tk struct {
+			Tokens []uint32 `json:"tokens"`
+		}
+		if err := json.Unmarshal(body, &tk); err != nil {
+			t.Fatal(err)
+		}
+		return fmt.Sprint(tk.Tokens)
+	}
+	want := tokens(`"alpha\nbeta"`)
+	for _, parts := range []string{
+		`[{"type":"text","text":"alpha"},{"type":"text","text":"beta"}]`,
+		`[{"type":"input_text","text":"alpha"},{"type":"output_text","text":"beta"}]`,
+		`["alpha",{"type":"refusal","refusal":"beta"}]`,
+		`[{"type":"tool_reference","name":"alpha"},{"type":"tool_reference"},{"type":"text","text":"beta"}]`,
+		`[{"type":"thinking","thinking":"alpha","closed":true},{"type":"text","text":null},{"type":"input_text","text":""},{"type":"refusal"},"",{"type":"text","text":"beta"}]`,
+	} {
+		if got := tokens(parts); got != want {
+			t.Errorf("content %s: got tokens %s, want %s (those of \"alpha\\nbeta\")", parts, got, want)
+		}
+	}
+	code, body := post(t, hs.URL+"/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"input_text","text":"hi"}]},{"role":"assistant","content":[{"type":"refusal","refusal":"no"}]},{"role":"user","content":["again"]}],"max_tokens":2}`)
+	if code != 200 {
+		t.Errorf("chat with input_text, refusal and string parts: got status %d (%s), want 200", code, body)
 	}
 }

@@ -184,6 +184,11 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 	j := &job{chat: chat, req: req}
 	defer j.putText()
 	if chat {
+		if aerr := s.contentError(req); aerr != nil {
+			putBody(bodyBuf)
+			writeAPIError(w, aerr)
+			return
+		}
 		var err error
 		j.prompt, err = s.encodeMessages(req.chatMessages)
 		req.chatMessages = nil

@@ -61,7 +61,19 @@ func TestRequestErrors(t *testing.T) {
 		{"bad stop", "/v1/completions", `{"prompt":"a","stop":5}`, 400, "stop", bad, "body.stop"},
 		{"empty stop", "/v1/completions", `{"prompt":"a","stop":""}`, 400, "stop cannot contain an empty string.", "", nil},
 		{"empty stop in list", "/v1/chat/completions", `{"messages":[{"role":"user","content":"a"}],"stop":["x",""]}`, 400, "stop cannot contain an empty string.", "", nil},
-		{"bad content part", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"image_url"}]}]}`, 400, "text only", bad, "body.messages.0.content"},
+		// Content parts vLLM refuses when it renders the messages, after
+		// the model check (chat_utils.py): an image on a text-only model, a
+		// type it does not know, a part without a type.
+		{"image part", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"http://x/y.png"}}]}]}`, 400, "tiny is not a multimodal model", "", nil},
+		{"image part without type", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"image_url":"http://x/y.png"}]}]}`, 400, "tiny is not a multimodal model", "", nil},
+		{"audio part", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"input_audio","input_audio":{"data":"AA==","format":"wav"}}]}]}`, 400, "tiny is not a multimodal model", "", nil},
+		{"image part, wrong model", "/v1/chat/completions", `{"model":"other","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"http://x/y.png"}}]}]}`, 404, "The model `other` does not exist.", "", "model"},
+		{"unknown part type", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"foo","text":"a"}]}]}`, 400,
+			"Unsupported chat content part type: 'foo'. Supported types: audio_embeds, audio_url, image_embeds, image_pil, image_url, input_audio, input_image, input_text, output_text, prompt_embeds, refusal, text, thinking, tool_reference, video_url. (parameter=type, value=foo)", "", "type"},
+		{"part without type", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"text":"a"}]}]}`, 400, "Missing 'type' field in multimodal part.", "", nil},
+		{"part with a number type", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":1,"text":"a"}]}]}`, 400, "Invalid 'type' field in multimodal part.", "", nil},
+		{"text part with a number", "/v1/chat/completions", `{"messages":[{"role":"user","content":[{"type":"text","text":1}]}]}`, 400, "should be a valid string", bad, "body.messages.0.content"},
+		{"content a number", "/v1/chat/completions", `{"messages":[{"role":"user","content":1}]}`, 400, "Input should be a valid string or a list of content parts", bad, "body.messages.0.content"},
 		{"empty prompt", "/v1/completions", `{"prompt":""}`, 400, "Either prompt or prompt_embeds must be provided and non-empty.", bad, "prompt"},
 		{"empty prompt, encoding/json path", "/v1/completions", `{"prompt":"","Z":1}`, 400, "Either prompt or prompt_embeds must be provided and non-empty.", bad, "prompt"},
 		{"token out of vocabulary", "/v1/completions", `{"prompt":[1,2,5000]}`, 400, "Token id 5000 is out of vocabulary", "", nil},
@@ -329,6 +341,7 @@ func FuzzHandler(f *testing.F) {
 		`{"prompt":[1,2,3],"max_tokens":1,"stop":["a","b"]}`,
 		`{"prompt":[[5,6]],"max_completion_tokens":2,"seed":-1}`,
 		`{"messages":[{"role":"user","content":[{"type":"text","text":"x"}]}],"max_tokens":1,"n":1}`,
+		`{"messages":[{"role":"user","content":["a",{"type":"input_text","text":null},{"type":"image_url","image_url":{"url":"u"}},{"type":7},{"text":"b"},{"type":"tool_reference","name":"t"}]}],"max_tokens":1}`,
 		`{"prompt":"x","kv_transfer_params":{"do_remote_decode":true},"max_tokens":1}`,
 		`{"prompt":"x","bootstrap_room":5,"bootstrap_port":1}`,
 		`{"prompt":null}`, `[]`, `{"prompt":"a","max_tokens":-1}`, "\x00",

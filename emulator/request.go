@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,8 +47,9 @@ type apiRequest struct {
 	promptText   string   // completions: text prompt
 	promptIDs    []uint32 // completions: token-id prompt
 	chatMessages []tokenizer.Message
-	room         *uint64 // parsed BootstrapRoom
-	port         int     // parsed BootstrapPort
+	partErr      *contentErr // chat: the first content part vLLM refuses (contentError)
+	room         *uint64     // parsed BootstrapRoom
+	port         int         // parsed BootstrapPort
 }
 
 type apiMessage struct {
@@ -60,18 +62,6 @@ type apiMessage struct {
 func (m *apiMessage) UnmarshalJSON(b []byte) error {
 	type plain apiMessage
 	return json.Unmarshal(exactKeys(b, "role", "content"), (*plain)(m))
-}
-
-// contentPart is a part of a message's content list.
-type contentPart struct {
-	Type string `json:"type"`
-	Text string `json:"text"`
-}
-
-// UnmarshalJSON decodes a part with its keys matched exactly (exactKeys).
-func (p *contentPart) UnmarshalJSON(b []byte) error {
-	type plain contentPart
-	return json.Unmarshal(exactKeys(b, "type", "text"), (*plain)(p))
 }
 
 // foldedKey reports whether the JSON object obj may have a key that names
@@ -436,9 +426,12 @@ func decodeRequest(body []byte, chat bool) (*apiRequest, *apiError) {
 			if m.Role == "" {
 				return nil, invalidBody(fmt.Sprintf("body.messages.%d.role", i), "1 validation error for ChatCompletionRequest\nmessages.%d.role\n  Field required", i)
 			}
-			text, err := messageText(m.Content)
+			text, perr, err := messageText(m.Content)
 			if err != nil {
 				return nil, invalidBody(fmt.Sprintf("body.messages.%d.content", i), "1 validation error for ChatCompletionRequest\nmessages.%d.content\n  %v", i, err)
+			}
+			if r.partErr == nil {
+				r.partErr = perr
 			}
 			r.chatMessages = append(r.chatMessages, tokenizer.Message{Role: m.Role, Content: text})
 		}
@@ -480,37 +473,145 @@ func (r *apiRequest) decodeExtra() *apiError {
 }
 
 // messageText returns a message's text: a string, null, or a list of
-// content parts whose "text" parts are joined with newlines, as vLLM
-// renders them for a chat template that takes string content (a part
-// whose text is empty or null is dropped, as vLLM drops it).
-func messageText(raw json.RawMessage) (string, error) {
+// content parts joined with newlines, as vLLM renders them for a chat
+// template that takes string content (chat_utils.py,
+// _parse_chat_message_content_parts): a part that is a plain string, and
+// the parts vLLM reads as text ("text", "input_text" and "output_text" by
+// their "text", "refusal" and "thinking" by the member of that name), give
+// their text; one whose text is empty, null or absent is dropped, as vLLM
+// drops it. A part vLLM refuses only when it renders the messages (an
+// image on this text-only model, a type it does not know) is refused in
+// partErr, reported after the model check as vLLM reports it (contentError);
+// err is a content of the wrong shape, which vLLM's request model refuses.
+func messageText(raw json.RawMessage) (text string, partErr *contentErr, err error) {
 	if len(raw) == 0 || string(raw) == "null" {
-		return "", nil
+		return "", nil, nil
 	}
 	var s string
 	if err := json.Unmarshal(raw, &s); err == nil {
-		return s, nil
+		return s, nil, nil
 	}
-	var parts []contentPart
+	var parts []json.RawMessage
 	if err := json.Unmarshal(raw, &parts); err != nil {
-		return "", fmt.Errorf("Input should be a valid string or a list of content parts")
+		return "", nil, fmt.Errorf("Input should be a valid string or a list of content parts")
 	}
 	var b []byte
 	written := false
-	for _, p := range parts {
-		if p.Type != "text" {
-			return "", fmt.Errorf("content part type %q is not supported (text only)", p.Type)
+	for _, raw := range parts {
+		var t string
+		if json.Unmarshal(raw, &t) != nil {
+			var p map[string]json.RawMessage // keys matched exactly, as pydantic does
+			if err := json.Unmarshal(raw, &p); err != nil {
+				return "", nil, fmt.Errorf("Input should be a valid string or a content part object")
+			}
+			var perr *contentErr
+			if t, perr, err = partText(p); err != nil {
+				return "", nil, err
+			}
+			if perr != nil {
+				if partErr == nil {
+					partErr = perr // vLLM stops at the first
+				}
+				continue
+			}
 		}
-		if p.Text == "" {
+		if t == "" {
 			continue // vLLM keeps only the parts that parse to a true value (chat_utils.py: `if parse_res:`)
 		}
 		if written {
 			b = append(b, '\n') // vLLM joins text parts with "\n" (chat_utils.py)
 		}
-		b = append(b, p.Text...)
+		b = append(b, t...)
 		written = true
 	}
-	return string(b), nil
+	return string(b), partErr, nil
+}
+
+// mediaParts are the content part types (and, in a part without a type,
+// the members) vLLM reads as images, audio or video, which a text-only
+// model refuses (chat_utils.py's MM_PARSER_MAP).
+var mediaParts = []string{"image_url", "input_image", "image_pil", "image_embeds", "audio_url", "input_audio", "audio_embeds", "video_url"}
+
+// supportedParts is vLLM's list of content part types in its error for
+// another one (MM_PARSER_MAP's keys, sorted).
+const supportedParts = "audio_embeds, audio_url, image_embeds, image_pil, image_url, input_audio, input_image, input_text, output_text, prompt_embeds, refusal, text, thinking, tool_reference, video_url"
+
+// partText returns the text of a content part object p as vLLM reads it
+// (messageText), or the error vLLM gives for it when it renders the
+// messages.
+func partText(p map[string]json.RawMessage) (string, *contentErr, error) {
+	var typ string
+	rawType, hasType := p["type"]
+	if hasType && string(rawType) != "null" {
+		if json.Unmarshal(rawType, &typ) != nil {
+			return "", &contentErr{msg: "Invalid 'type' field in multimodal part."}, nil
+		}
+	} else {
+		for _, k := range mediaParts { // vLLM finds the kind of a part without a type by its members
+			if _, ok := p[k]; ok {
+				return "", &contentErr{media: true}, nil
+			}
+		}
+		return "", &contentErr{msg: "Missing 'type' field in multimodal part."}, nil
+	}
+	key := ""
+	switch typ {
+	case "text", "input_text", "output_text":
+		key = "text"
+	case "refusal", "thinking":
+		key = typ
+	case "tool_reference": // the name of a deferred tool, as text to a template that takes strings
+		key = "name"
+	case "prompt_embeds":
+		return "", &contentErr{msg: "You must set `--enable-prompt-embeds` to input `prompt_embeds`"}, nil
+	default:
+		if slices.Contains(mediaParts, typ) {
+			return "", &contentErr{media: true}, nil
+		}
+		return "", &contentErr{msg: fmt.Sprintf("Unsupported chat content part type: %s. Supported types: %s. (parameter=type, value=%s)", pyRepr(typ), supportedParts, typ), param: "type"}, nil
+	}
+	var t *string // absent or null: no text, dropped
+	if v, ok := p[key]; ok {
+		if err := json.Unmarshal(v, &t); err != nil {
+			return "", nil, fmt.Errorf("content part %q: %s should be a valid string", typ, key)
+		}
+	}
+	if t == nil {
+		return "", nil, nil
+	}
+	return *t, nil, nil
+}
+
+// pyRepr is Python's repr of a string, for the common case: single
+// quotes, unless the string has one and no double quote.
+func pyRepr(s string) string {
+	if strings.Contains(s, "'") && !strings.Contains(s, `"`) {
+		return `"` + s + `"`
+	}
+	return "'" + strings.ReplaceAll(strings.ReplaceAll(s, `\`, `\\`), "'", `\'`) + "'"
+}
+
+// contentErr is a content part vLLM refuses when it renders a chat
+// request's messages, after it has checked the model: a part of a type it
+// does not know (param "type"), or an image, audio or video part, which a
+// text-only model refuses with "<model> is not a multimodal model".
+type contentErr struct {
+	msg   string
+	param string
+	media bool
+}
+
+// contentError is the 400 vLLM answers for a request whose content parts
+// it refuses (apiRequest.partErr), or nil.
+func (s *Server) contentError(r *apiRequest) *apiError {
+	e := r.partErr
+	if e == nil {
+		return nil
+	}
+	if e.media {
+		return badRequest("%s is not a multimodal model", s.cfg.Model)
+	}
+	return &apiError{status: http.StatusBadRequest, msg: e.msg, param: e.param}
 }
 
 // parsePrompt accepts a string, a list of one string, a list of token ids,
