@@ -36,15 +36,22 @@
 //     the decode engine's own prefix-cache hit, as vLLM pulls only those).
 //
 // Prompts are tokenized with tokenizer.Builtin (chat messages rendered with
-// the ChatML template first); generated token ids come from the engine model
+// the ChatML template first, with the generation prompt unless the request
+// sets add_generation_prompt false, cut after the final message's content
+// for continue_final_message); generated token ids come from the engine model
 // (seeded, so a request's text is deterministic for a seed) and are rendered
 // to text with the same tokenizer. With another Config.Tokenizer (a
 // HuggingFace tokenizer, `kvroute engine --tokenizer`) prompts are encoded as
 // vLLM encodes them: chat messages through the tokenizer's chat template,
-// completion prompts with its special tokens (BOS); the generated ids, drawn
+// completion prompts with its special tokens (BOS) unless the request's
+// add_special_tokens is false; the generated ids, drawn
 // from the model's vocabulary with the tokenizer's EOS, are decoded by it with
 // special tokens skipped, and a stream holds back the first bytes of a
-// character until its last byte is generated.
+// character until its last byte is generated. A chat
+// request's add_generation_prompt, continue_final_message,
+// chat_template_kwargs (which override the first two, as in vLLM) and tools
+// reach the template as in vLLM, and add_special_tokens true adds the
+// tokenizer's special tokens to the rendered prompt.
 //
 // One goroutine, started by Run, owns the engine model: it takes the
 // requests handlers queued, steps the model, sleeps the modelled step time

@@ -59,18 +59,22 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 	var toks []uint32
 	switch {
 	case chat:
-		if aerr := s.contentError(req); aerr != nil {
-			writeAPIError(w, aerr)
-			return
+		aerr := s.contentError(req)
+		var opts *chatOpts
+		if aerr == nil {
+			opts, aerr = req.chatOptions()
 		}
-		if toks, err = s.encodeMessages(req.chatMessages); err != nil {
-			writeError(w, http.StatusBadRequest, "chat template: "+err.Error())
+		if aerr == nil {
+			toks, aerr = s.encodeMessages(req.chatMessages, opts)
+		}
+		if aerr != nil {
+			writeAPIError(w, aerr)
 			return
 		}
 	case req.promptIDs != nil:
 		toks = req.promptIDs
 	default:
-		toks = s.encodePrompt(req.promptText)
+		toks = s.encodePrompt(req.promptText, req)
 	}
 	if toks == nil {
 		toks = []uint32{}

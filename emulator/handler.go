@@ -184,17 +184,18 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 	j := &job{chat: chat, req: req}
 	defer j.putText()
 	if chat {
-		if aerr := s.contentError(req); aerr != nil {
-			putBody(bodyBuf)
-			writeAPIError(w, aerr)
-			return
+		aerr := s.contentError(req)
+		var opts *chatOpts
+		if aerr == nil {
+			opts, aerr = req.chatOptions()
 		}
-		var err error
-		j.prompt, err = s.encodeMessages(req.chatMessages)
+		if aerr == nil {
+			j.prompt, aerr = s.encodeMessages(req.chatMessages, opts)
+		}
 		req.chatMessages = nil
 		putBody(bodyBuf)
-		if err != nil {
-			writeError(w, http.StatusBadRequest, "chat template: "+err.Error())
+		if aerr != nil {
+			writeAPIError(w, aerr)
 			return
 		}
 		j.respID = openai.NewChatID()
@@ -208,7 +209,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 				}
 			}
 		} else {
-			j.prompt = s.encodePrompt(req.promptText)
+			j.prompt = s.encodePrompt(req.promptText, req)
 		}
 		j.respID = openai.NewCompletionID()
 	}

@@ -342,6 +342,7 @@ func FuzzHandler(f *testing.F) {
 		`{"prompt":[[5,6]],"max_completion_tokens":2,"seed":-1}`,
 		`{"messages":[{"role":"user","content":[{"type":"text","text":"x"}]}],"max_tokens":1,"n":1}`,
 		`{"messages":[{"role":"user","content":["a",{"type":"input_text","text":null},{"type":"image_url","image_url":{"url":"u"}},{"type":7},{"text":"b"},{"type":"tool_reference","name":"t"}]}],"max_tokens":1}`,
+		`{"messages":[{"role":"user","content":"a"},{"role":"assistant","content":"b"}],"add_generation_prompt":false,"continue_final_message":true,"add_special_tokens":true,"chat_template_kwargs":{"x":1},"tools":[],"max_tokens":1}`,
 		`{"prompt":"x","kv_transfer_params":{"do_remote_decode":true},"max_tokens":1}`,
 		`{"prompt":"x","bootstrap_room":5,"bootstrap_port":1}`,
 		`{"prompt":null}`, `[]`, `{"prompt":"a","max_tokens":-1}`, "\x00",

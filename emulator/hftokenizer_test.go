@@ -271,3 +271,115 @@ func TestCompleteText(t *testing.T) {
 		t.Errorf("invalid bytes: got %d, want 3 (not held)", got)
 	}
 }
+
+// TestChatTemplateOptions: a chat request's add_generation_prompt,
+// continue_final_message, add_special_tokens, chat_template_kwargs and tools
+// reach the chat template and the tokenizer as in vLLM (the kwargs override
+// the request's own options), and a completion's add_special_tokens false
+// leaves out the BOS; the combinations vLLM refuses are its 400s.
+func TestChatTemplateOptions(t *testing.T) {
+	tj, err := os.ReadFile("../tokenizer/testdata/tiny/tokenizer.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := `{% if tools %}[tools:{% for t in tools %}{{ t.function.name }}{% endfor %}]{% endif %}` +
+		`{% if greeting is defined %}[{{ greeting }}]{% endif %}` +
+		`{% for m in messages %}<|user|>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}` +
+		`{% if add_generation_prompt %}<|user|>assistant:{% endif %}`
+	cfg, _ := json.Marshal(map[string]string{"bos_token": "<s>", "eos_token": "</s>", "chat_template": tmpl})
+	tiny, err := tokenizer.Load(tj, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, hs := testServer(t, Config{Tokenizer: tiny})
+	const hi = `"messages":[{"role":"user","content":"hi"}]`
+	const cont = `"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Sure, "}]`
+	plain := func(text string) []uint32 { return tiny.Encode(text) }
+	for _, tc := range []struct {
+		name, body string
+		want       []uint32
+	}{
+		{"defaults", `{` + hi + `}`, plain("<|user|>user: hi</s><|user|>assistant:")},
+		{"no generation prompt", `{` + hi + `,"add_generation_prompt":false}`, plain("<|user|>user: hi</s>")},
+		{"continue the final message", `{` + cont + `,"add_generation_prompt":false,"continue_final_message":true}`,
+			plain("<|user|>user: hi</s><|user|>assistant: Sure, ")},
+		{"special tokens", `{` + hi + `,"add_special_tokens":true}`, tiny.EncodeAddSpecial("<|user|>user: hi</s><|user|>assistant:")},
+		{"template kwargs", `{` + hi + `,"chat_template_kwargs":{"greeting":"hello"}}`, plain("[hello]<|user|>user: hi</s><|user|>assistant:")},
+		{"tools", `{` + hi + `,"tools":[{"type":"function","function":{"name":"f"}}]}`, plain("[tools:f]<|user|>user: hi</s><|user|>assistant:")},
+		{"kwargs override", `{` + hi + `,"chat_template_kwargs":{"add_generation_prompt":false}}`, plain("<|user|>user: hi</s>")},
+		{"kwargs continue", `{` + cont + `,"chat_template_kwargs":{"add_generation_prompt":false,"continue_final_message":true}}`,
+			plain("<|user|>user: hi</s><|user|>assistant: Sure, ")},
+		{"completion", `{"prompt":"hi"}`, tiny.EncodeAddSpecial("hi")},
+		{"completion without special tokens", `{"prompt":"hi","add_special_tokens":false}`, plain("hi")},
+	} {
+		code, body := post(t, hs.URL+"/tokenize", tc.body)
+		var tk struct {
+			Tokens []uint32 `json:"tokens"`
+		}
+		if code != 200 || json.Unmarshal(body, &tk) != nil {
+			t.Errorf("%s: tokenize %s: got %d %s, want 200", tc.name, tc.body, code, body)
+			continue
+		}
+		if fmt.Sprint(tk.Tokens) != fmt.Sprint(tc.want) {
+			t.Errorf("%s: tokenize %s: got %v, want %v", tc.name, tc.body, tk.Tokens, tc.want)
+		}
+		path := "/v1/completions"
+		if strings.Contains(tc.body, "messages") {
+			path = "/v1/chat/completions"
+		}
+		code, body = post(t, hs.URL+path, tc.body[:len(tc.body)-1]+`,"max_tokens":1}`)
+		var c struct {
+			Usage openai.Usage `json:"usage"`
+		}
+		if code != 200 || json.Unmarshal(body, &c) != nil || c.Usage.PromptTokens != len(tc.want) {
+			t.Errorf("%s: %s: got %d %s, want 200 with %d prompt tokens", tc.name, path, code, body, len(tc.want))
+		}
+	}
+	for _, tc := range []struct {
+		body, msg, typ string
+	}{
+		{`{` + cont + `,"add_generation_prompt":true,"continue_final_message":true}`,
+			"Value error, Cannot set both `continue_final_message` and `add_generation_prompt` to True.", typeValidation},
+		{`{` + cont + `,"continue_final_message":true}`, "continue_final_message and add_generation_prompt are not compatible.", "BadRequestError"},
+		{`{` + hi + `,"chat_template_kwargs":{"tokenize":false}}`, "Found unexpected chat template kwargs from request: {'tokenize'}", "BadRequestError"},
+	} {
+		for _, path := range []string{"/tokenize", "/v1/chat/completions"} {
+			code, body := post(t, hs.URL+path, tc.body)
+			var e struct {
+				Error struct {
+					Message, Type string
+				} `json:"error"`
+			}
+			if code != 400 || json.Unmarshal(body, &e) != nil || !strings.Contains(e.Error.Message, tc.msg) || e.Error.Type != tc.typ {
+				t.Errorf("%s %s: got %d %s, want 400 %s %q", path, tc.body, code, body, tc.typ, tc.msg)
+			}
+		}
+	}
+}
+
+// TestChatMLOptions: with the built-in tokenizer (the ChatML template)
+// add_generation_prompt and continue_final_message change the prompt as
+// they do in vLLM.
+func TestChatMLOptions(t *testing.T) {
+	_, hs := testServer(t, Config{})
+	msgs := []tokenizer.Message{{Role: "user", Content: "hi"}, {Role: "assistant", Content: "Sure"}}
+	noGen := tokenizer.RenderChatML(msgs, false)
+	for _, tc := range []struct {
+		body, text string
+	}{
+		{`{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Sure"}],"add_generation_prompt":false}`, noGen},
+		{`{"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Sure"}],"add_generation_prompt":false,"continue_final_message":true}`,
+			noGen[:strings.LastIndex(noGen, "Sure")+len("Sure")]},
+	} {
+		code, body := post(t, hs.URL+"/tokenize", tc.body)
+		var tk struct {
+			Tokens []uint32 `json:"tokens"`
+		}
+		if code != 200 || json.Unmarshal(body, &tk) != nil {
+			t.Fatalf("tokenize %s: got %d %s", tc.body, code, body)
+		}
+		if want := tokenizer.Builtin().Encode(tc.text); fmt.Sprint(tk.Tokens) != fmt.Sprint(want) {
+			t.Errorf("tokenize %s: got %v, want %v (%q)", tc.body, tk.Tokens, want, tc.text)
+		}
+	}
+}

@@ -42,6 +42,14 @@ type apiRequest struct {
 	BootstrapPort       json.RawMessage `json:"bootstrap_port"`
 	BootstrapRoom       json.RawMessage `json:"bootstrap_room"`
 	Suffix              json.RawMessage `json:"suffix"` // completions: vLLM rejects any but null (hasSuffix)
+	// The chat template's and the tokenizer's options (vLLM's chat and
+	// tokenize requests; chatOptions). AddSpecialTokens is the
+	// completions' too (default true there, false for chat).
+	AddGenerationPrompt  *bool                      `json:"add_generation_prompt"`
+	ContinueFinalMessage bool                       `json:"continue_final_message"`
+	AddSpecialTokens     *bool                      `json:"add_special_tokens"`
+	ChatTemplateKwargs   map[string]json.RawMessage `json:"chat_template_kwargs"`
+	Tools                json.RawMessage            `json:"tools"`
 
 	stops        []string // parsed Stop
 	promptText   string   // completions: text prompt
@@ -434,6 +442,11 @@ func decodeRequest(body []byte, chat bool) (*apiRequest, *apiError) {
 				r.partErr = perr
 			}
 			r.chatMessages = append(r.chatMessages, tokenizer.Message{Role: m.Role, Content: text})
+		}
+		// vLLM's check_generation_prompt, on the request as sent (an
+		// add_generation_prompt left to its default true passes here).
+		if r.ContinueFinalMessage && r.AddGenerationPrompt != nil && *r.AddGenerationPrompt {
+			return nil, invalidBody("body", "Value error, Cannot set both `continue_final_message` and `add_generation_prompt` to True.")
 		}
 	} else {
 		if len(r.Prompt) == 0 || string(r.Prompt) == "null" {

@@ -16,7 +16,8 @@ import (
 // body is anything else: then decodeRequest decides, so every error and
 // every unusual input (escapes other than the simple ones, \u escapes,
 // invalid UTF-8, nulls, duplicate or non-lowercase keys, numbers that are
-// not plain integers, content parts, P/D fields, nesting deeper than
+// not plain integers, content parts, P/D fields, the chat template's and
+// tokenizer's options (add_generation_prompt, ...), nesting deeper than
 // maxScanDepth) is handled exactly as before. FuzzParseRequest checks that
 // whenever it succeeds it agrees with decodeRequest.
 //
@@ -163,6 +164,8 @@ func scanField(s *scanner, r *apiRequest, key []byte, chat bool) (uint32, bool) 
 		return fieldStreamOptions, s.streamOptions(r)
 	case "kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room":
 		return 0, false // P/D fields: decodeRequest
+	case "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template_kwargs", "tools":
+		return 0, false // template and tokenizer options: decodeRequest
 	case "suffix":
 		if !chat {
 			return 0, false // decodeRequest keeps it (hasSuffix)

@@ -2,11 +2,13 @@ package emulator
 
 import (
 	"encoding/binary"
+	"encoding/json"
 	"fmt"
 	"math"
 	"slices"
 	"strings"
 	"sync"
+	"unicode"
 	"unicode/utf8"
 
 	"github.com/kvroute/kvroute/tokenizer"
@@ -197,28 +199,154 @@ func newTextCodec(tok tokenizer.Tokenizer, vocab int) (*textCodec, error) {
 	return c, nil
 }
 
-// chat renders msgs with the chat template (and the generation prompt)
-// and encodes the result as vLLM does a chat prompt: the template writes
-// the special tokens, so none are added.
-func (c *textCodec) chat(msgs []tokenizer.Message) ([]uint32, error) {
+// chat renders msgs with the chat template and the request's options o
+// (nil: vLLM's defaults, the generation prompt and nothing else) and
+// encodes the result as vLLM does a chat prompt: the template writes the
+// special tokens, so none are added unless the request's
+// add_special_tokens asks for them.
+func (c *textCodec) chat(msgs []tokenizer.Message, o *chatOpts) ([]uint32, *apiError) {
+	addGen := o == nil || o.addGen
 	text := ""
 	if c.tmpl == nil {
-		text = tokenizer.RenderChatML(msgs, true)
+		text = tokenizer.RenderChatML(msgs, addGen)
 	} else {
+		opts := tokenizer.ChatOptions{AddGenerationPrompt: addGen}
+		if o != nil {
+			opts.JSONVars = o.vars
+		}
 		var err error
-		if text, err = c.tmpl.Render(msgs, tokenizer.ChatOptions{AddGenerationPrompt: true}); err != nil {
-			return nil, err
+		if text, err = c.tmpl.Render(msgs, opts); err != nil {
+			return nil, badRequest("chat template: %v", err)
 		}
 	}
-	return c.enc.Encode(text), nil
+	if o != nil && o.cont {
+		var aerr *apiError
+		if text, aerr = continueFinal(text, msgs); aerr != nil {
+			return nil, aerr
+		}
+	}
+	return c.prompt(text, o != nil && o.addSpecial), nil
 }
 
-// prompt encodes a completion prompt (with the tokenizer's special tokens).
-func (c *textCodec) prompt(text string) []uint32 {
-	if se, ok := c.enc.(specialEncoder); ok {
+// prompt encodes a prompt, with the tokenizer's special tokens (BOS) when
+// special is set (a completion prompt's default).
+func (c *textCodec) prompt(text string, special bool) []uint32 {
+	if se, ok := c.enc.(specialEncoder); ok && special {
 		return se.EncodeAddSpecial(text)
 	}
 	return c.enc.Encode(text)
+}
+
+// chatOpts are the options of a chat request that change its prompt, as
+// vLLM applies them: its add_generation_prompt (default true) and
+// continue_final_message, either overridden by the same key in
+// chat_template_kwargs (vLLM updates its template arguments with them);
+// add_special_tokens (default false for chat); and the template variables
+// vars: chat_template_kwargs, and the request's tools unless those name
+// their own.
+type chatOpts struct {
+	addGen, cont, addSpecial bool
+	vars                     map[string]json.RawMessage
+}
+
+// chatOptions returns a chat request's options, nil when they are all
+// vLLM's defaults (the common case, which allocates nothing), or vLLM's
+// error for them: the template arguments a request may not set, and
+// continue_final_message with the generation prompt (transformers'
+// apply_chat_template's error).
+func (r *apiRequest) chatOptions() (*chatOpts, *apiError) {
+	if (r.AddGenerationPrompt == nil || *r.AddGenerationPrompt) && !r.ContinueFinalMessage &&
+		(r.AddSpecialTokens == nil || !*r.AddSpecialTokens) && len(r.ChatTemplateKwargs) == 0 && !hasJSON(r.Tools) {
+		return nil, nil
+	}
+	o := &chatOpts{addGen: r.AddGenerationPrompt == nil || *r.AddGenerationPrompt, cont: r.ContinueFinalMessage,
+		addSpecial: r.AddSpecialTokens != nil && *r.AddSpecialTokens}
+	var unexpected []string
+	for k, v := range r.ChatTemplateKwargs {
+		switch k {
+		case "chat_template", "tokenize":
+			unexpected = append(unexpected, "'"+k+"'")
+			continue
+		case "add_generation_prompt":
+			o.addGen = pyTruthy(v)
+		case "continue_final_message":
+			o.cont = pyTruthy(v)
+			continue // an argument of apply_chat_template, not a template variable
+		}
+		if o.vars == nil {
+			o.vars = make(map[string]json.RawMessage, len(r.ChatTemplateKwargs)+1)
+		}
+		o.vars[k] = v
+	}
+	if len(unexpected) > 0 {
+		slices.Sort(unexpected)
+		return nil, badRequest("Found unexpected chat template kwargs from request: {%s}", strings.Join(unexpected, ", "))
+	}
+	if _, ok := o.vars["tools"]; !ok && hasJSON(r.Tools) {
+		if o.vars == nil {
+			o.vars = make(map[string]json.RawMessage, 1)
+		}
+		o.vars["tools"] = r.Tools
+	}
+	if o.cont && o.addGen {
+		return nil, badRequest("continue_final_message and add_generation_prompt are not compatible. " +
+			"Use continue_final_message when you want the model to continue the final message, " +
+			"and add_generation_prompt when you want to add a header that will prompt it to start a new assistant message instead.")
+	}
+	return o, nil
+}
+
+// hasJSON reports whether a raw field holds a value other than null.
+func hasJSON(raw json.RawMessage) bool {
+	return len(raw) > 0 && string(raw) != "null"
+}
+
+// pyTruthy is Python's truth value of a JSON value: false for false, null,
+// zero, "" and empty arrays and objects.
+func pyTruthy(raw json.RawMessage) bool {
+	var v any
+	if json.Unmarshal(raw, &v) != nil {
+		return false
+	}
+	switch v := v.(type) {
+	case nil:
+		return false
+	case bool:
+		return v
+	case float64:
+		return v != 0
+	case string:
+		return v != ""
+	case []any:
+		return len(v) > 0
+	case map[string]any:
+		return len(v) > 0
+	}
+	return true
+}
+
+// continueFinal cuts the rendered chat text after the final message's
+// content, as transformers' apply_chat_template does for
+// continue_final_message (the template's end of turn dropped, so that the
+// model continues that message): at the content's last occurrence, with
+// its trailing whitespace when the template kept it.
+func continueFinal(text string, msgs []tokenizer.Message) (string, *apiError) {
+	final := ""
+	if len(msgs) > 0 {
+		final = msgs[len(msgs)-1].Content
+	}
+	trimmed := strings.TrimSpace(final)
+	at := strings.LastIndex(text, trimmed)
+	if at < 0 {
+		return "", badRequest("continue_final_message is set but the final message does not appear in the chat after " +
+			"applying the chat template! This can happen if the chat template deletes portions of the final message. " +
+			"Please verify the chat template and final message in your chat to ensure they are compatible.")
+	}
+	end := min(at+len(strings.TrimLeftFunc(final, unicode.IsSpace)), len(text))
+	if text[at:end] == final {
+		return text[:end], nil // the template kept the message's trailing whitespace
+	}
+	return text[:at+len(trimmed)], nil
 }
 
 // render appends the text of generated ids to dst, special tokens skipped.
@@ -260,21 +388,35 @@ func eosOf(tok tokenizer.Tokenizer) (uint32, bool) {
 	return 0, false
 }
 
-// encodePrompt encodes a completion prompt's text.
-func (s *Server) encodePrompt(text string) []uint32 {
+// encodePrompt encodes a completion prompt's text, with the tokenizer's
+// special tokens unless the request's add_special_tokens is false.
+func (s *Server) encodePrompt(text string, r *apiRequest) []uint32 {
 	if s.codec != nil {
-		return s.codec.prompt(text)
+		return s.codec.prompt(text, r.AddSpecialTokens == nil || *r.AddSpecialTokens)
 	}
 	return s.encode(text)
 }
 
 // encodeMessages encodes a chat request's messages through the chat
-// template; a template that fails is the client's error.
-func (s *Server) encodeMessages(msgs []tokenizer.Message) ([]uint32, error) {
+// template with the request's options o (chatOptions; nil for vLLM's
+// defaults); a template that fails is the client's error. The built-in
+// tokenizer's ChatML template has no variables but add_generation_prompt,
+// and the tokenizer no special tokens to add.
+func (s *Server) encodeMessages(msgs []tokenizer.Message, o *chatOpts) ([]uint32, *apiError) {
 	if s.codec != nil {
-		return s.codec.chat(msgs)
+		return s.codec.chat(msgs, o)
 	}
-	return s.encodeChat(msgs), nil
+	if o == nil || o.addGen && !o.cont {
+		return s.encodeChat(msgs), nil
+	}
+	text := tokenizer.RenderChatML(msgs, o.addGen)
+	if o.cont {
+		var aerr *apiError
+		if text, aerr = continueFinal(text, msgs); aerr != nil {
+			return nil, aerr
+		}
+	}
+	return s.encode(text), nil
 }
 
 // render appends the text of generated ids to dst.

@@ -166,3 +166,28 @@ func TestEncodeMatchesTokenizer(t *testing.T) {
 		t.Errorf("the cache was not used: %+v", st)
 	}
 }
+
+// TestContinueFinal: continue_final_message cuts the rendered chat after
+// the final message's content as transformers does: with its trailing
+// whitespace when the template kept it, without when the template trimmed
+// it, and an error when the template dropped the content.
+func TestContinueFinal(t *testing.T) {
+	msgs := func(final string) []tokenizer.Message {
+		return []tokenizer.Message{{Role: "user", Content: "Sure"}, {Role: "assistant", Content: final}}
+	}
+	for _, tc := range []struct {
+		text, final, want string
+	}{
+		{"U: Sure</s>A: Sure </s>", "Sure ", "U: Sure</s>A: Sure "},  // kept, and the last occurrence
+		{"U: Sure</s>A: Sure</s>", " Sure \n", "U: Sure</s>A: Sure"}, // trimmed by the template
+		{"U: Sure</s>A: </s>", "", "U: Sure</s>A: </s>"},             // nothing to find: all of it
+	} {
+		got, aerr := continueFinal(tc.text, msgs(tc.final))
+		if aerr != nil || got != tc.want {
+			t.Errorf("continueFinal(%q, final %q) = %q, %v; want %q", tc.text, tc.final, got, aerr, tc.want)
+		}
+	}
+	if _, aerr := continueFinal("U: Sure</s>A: </s>", msgs("Maybe")); aerr == nil || !strings.Contains(aerr.msg, "does not appear in the chat") {
+		t.Errorf("final message dropped by the template: got %v, want transformers' error", aerr)
+	}
+}

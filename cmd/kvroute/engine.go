@@ -46,8 +46,10 @@ rendered with the ChatML template first), so equal text prefixes give equal
 cached blocks; generated text is deterministic for a seed. With --tokenizer (a
 HuggingFace tokenizer.json) prompts are tokenized as vLLM does with that
 tokenizer: chat messages through its chat template (tokenizer_config.json;
-ChatML when there is none), completion prompts with its special tokens (BOS),
-and generated ids, drawn from the model's vocabulary, are decoded with it,
+ChatML when there is none) with the request's add_generation_prompt,
+continue_final_message, chat_template_kwargs and tools, completion prompts
+with its special tokens (BOS) unless add_special_tokens is false, and
+generated ids, drawn from the model's vocabulary, are decoded with it,
 special tokens skipped; its EOS token ends a turn.
 
 KV-cache events (--kv-events-endpoint) go out on a ZMQ PUB socket exactly as vLLM
