@@ -17,10 +17,12 @@
 //     is not a multimodal model";
 //   - GET /metrics in the vLLM (current or legacy names), SGLang or llama.cpp
 //     flavour, on a private Prometheus registry; a request a stop string
-//     ended counts, in vllm:generation_tokens_total and its finish (reason
-//     stop, request_generation_tokens), the tokens up to the match, as
-//     vLLM's output processor does, not those the engine produced before
-//     its abort arrived;
+//     ended counts, in vllm:generation_tokens_total, its finish (reason
+//     stop, request_generation_tokens) and inter_token_latency_seconds
+//     (recorded with its finish), the tokens up to the match, as vLLM's
+//     output processor does, not those the engine produced before its
+//     abort arrived (iteration_tokens_total leaves out those the loop
+//     delivers after the handler matched, not those it delivered before);
 //   - GET /health, GET /v1/models, GET /version, POST /tokenize and POST
 //     /reset_prefix_cache as vLLM has them, and vLLM's in-band load report
 //     (the endpoint-load-metrics response header, on request);

@@ -389,13 +389,16 @@ func (s *Server) abort(j *job) {
 		j.st.mu.Lock()
 		f, m, n := ss.fin, ss.m, j.st.generated-ss.counted
 		ss.fin = nil
+		var itls []time.Duration
 		if f != nil {
 			ss.counted += n
+			itls = ss.takeITLs(ss.counted)
 		}
 		j.st.mu.Unlock()
 		if f != nil {
 			m.stopCounted.Add(int64(n))
 			m.mu.Lock()
+			m.observeLatencies(itls)
 			m.addFinish(*f)
 			m.mu.Unlock()
 		}
@@ -424,8 +427,10 @@ func (s *Server) settleStop(j *job) {
 	n := max(0, j.generated-ss.counted)
 	ss.counted += n
 	m, f := ss.m, ss.fin
+	var itls []time.Duration
 	if f != nil && (j.stopped || j.prog.finished) {
 		ss.fin = nil
+		itls = ss.takeITLs(ss.counted)
 		f.generated = float64(ss.counted)
 		f.tpot = 0
 		if ss.counted > 1 {
@@ -446,6 +451,7 @@ func (s *Server) settleStop(j *job) {
 	}
 	if f != nil {
 		m.mu.Lock()
+		m.observeLatencies(itls)
 		m.addFinish(*f)
 		m.mu.Unlock()
 	}

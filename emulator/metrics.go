@@ -545,12 +545,24 @@ func (m *metrics) observeITLs(d time.Duration, n int) {
 	}
 }
 
+// observeLatencies records inter-token latencies (those of a request with
+// stop strings, stopState.takeITLs). The caller holds m.mu.
+func (m *metrics) observeLatencies(itls []time.Duration) {
+	for _, d := range itls {
+		if d > 0 {
+			m.itl.observe(d.Seconds())
+		}
+	}
+}
+
 // onStep records a step's tokens as vLLM's iteration_tokens_total counts
 // them (IterationStats.update_from_output): the tokens its outputs
 // generated, plus the whole prompt (cached tokens included) of each
-// request that got its first token; a step with no output (a prefill
-// chunk alone) is not observed.
-func (m *metrics) onStep(res *engine.StepResult) {
+// request that got its first token, but for stopped outputs, one token
+// each of requests a stop string already ended (stoppedOutputs), which
+// vLLM's front end ignores; a step with no output (a prefill chunk alone)
+// is not observed.
+func (m *metrics) onStep(res *engine.StepResult, stopped int) {
 	n := 0
 	for i := range res.Outputs {
 		o := &res.Outputs[i]
@@ -562,7 +574,7 @@ func (m *metrics) onStep(res *engine.StepResult) {
 		}
 	}
 	if n > 0 {
-		m.iteration.observe(float64(n))
+		m.iteration.observe(float64(n - stopped)) // vLLM observes a step whose outputs it all ignored as 0
 	}
 }
 

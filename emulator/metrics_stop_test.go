@@ -5,9 +5,11 @@ import (
 	"fmt"
 	"strings"
 	"testing"
+	"time"
 
 	dto "github.com/prometheus/client_model/go"
 
+	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/openai"
 )
 
@@ -20,7 +22,8 @@ import (
 // tokens up to the match, the usage's completion_tokens. The emulator
 // counted what its engine produced: one step more (Speed 1), or at a high
 // Speed every token up to max_tokens (the engine runs ahead of the
-// handler that matches) with the finish counted as length.
+// handler that matches) with the finish counted as length; and it
+// observed an inter-token latency for each of those tokens.
 func TestMetricsStopStringTokens(t *testing.T) {
 	for _, speed := range []float64{1, 1000} {
 		for _, stream := range []bool{false, true} {
@@ -59,6 +62,12 @@ func TestMetricsStopStringTokens(t *testing.T) {
 				gen := 30 + (reqs-1)*stopAt
 				if got := value(mfs["vllm:generation_tokens_total"].GetMetric()[0]); got != float64(gen) {
 					t.Errorf("generation_tokens_total: got %v, want %d (30 + %d x %d up to the stop string)", got, gen, reqs-1, stopAt)
+				}
+				// vLLM observes an inter-token latency for each token it
+				// counted after a request's first: none after the match.
+				itl := mfs["vllm:inter_token_latency_seconds"].GetMetric()[0].GetHistogram()
+				if want := uint64(29 + (reqs-1)*(stopAt-1)); itl.GetSampleCount() != want {
+					t.Errorf("inter_token_latency_seconds: got count %d, want %d (29 + %d x %d up to the stop string)", itl.GetSampleCount(), want, reqs-1, stopAt-1)
 				}
 				h := mfs["vllm:request_generation_tokens"].GetMetric()[0].GetHistogram()
 				if h.GetSampleCount() != uint64(reqs) || h.GetSampleSum() != float64(gen) {
@@ -117,4 +126,34 @@ func countStop(t *testing.T, url, stop string, stream bool) int {
 		t.Fatalf("finish %q, want stop", *c.Choices[0].FinishReason)
 	}
 	return c.Usage.CompletionTokens
+}
+
+// TestMetricsStoppedOutputs: the loop's outputs of a request whose stop
+// string its handler already matched (computed before the abort reached
+// the engine) are not observed, as vLLM's front end, which forgot the
+// request at the match, ignores them: vllm:iteration_tokens_total counts
+// the step's other tokens, and inter_token_latency_seconds has no latency
+// of theirs (a stopped request's latencies wait for its finish, which
+// records those of its tokens up to the match).
+func TestMetricsStoppedOutputs(t *testing.T) {
+	s, err := New(Config{Model: "tiny", Engine: tinyEngine(t)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { s.Close() })
+	stopped := newStream("a", 1, 30)
+	stopped.stop = &stopState{m: s.metrics, match: "x", counted: 5}
+	plain := newStream("b", 1, 30)
+	ls := &loopState{live: map[string]*stream{"a": stopped, "b": plain}, notifying: 2, stops: 1}
+	res := engine.StepResult{Outputs: []engine.Output{{ID: "a", Index: 6, ITL: time.Millisecond}, {ID: "b", Index: 3, ITL: time.Millisecond}}}
+	s.deliver(&res, ls)
+	m := s.metrics
+	m.mu.Lock()
+	defer m.mu.Unlock()
+	if m.iteration.count != 1 || m.iteration.sum != 1 {
+		t.Errorf("iteration_tokens_total: got count %d sum %v, want 1 and 1 (b's token alone)", m.iteration.count, m.iteration.sum)
+	}
+	if m.itl.count != 1 {
+		t.Errorf("inter_token_latency_seconds: got count %d, want 1 (b's latency alone)", m.itl.count)
+	}
 }

@@ -533,7 +533,7 @@ func TestMetricsIterationTokens(t *testing.T) {
 	}
 	m.mu.Lock()
 	for i := range steps {
-		m.onStep(&steps[i])
+		m.onStep(&steps[i], 0)
 	}
 	m.mu.Unlock()
 	h := m.iteration

@@ -902,7 +902,7 @@ func (s *Server) apply(now time.Duration, c *command, ls *loopState) bool {
 func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 	s.metrics.mu.Lock()
 	defer s.metrics.mu.Unlock()
-	s.metrics.onStep(res)
+	s.metrics.onStep(res, stoppedOutputs(res, ls))
 	// The engine reports its running requests in the same order step after
 	// step: find each output's stream at the cursor in the previous step's
 	// order (a string compare of the same string) before hashing its ID.
@@ -942,9 +942,14 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 		}
 		st.count(o)
 		if !o.Finished {
-			if o.First {
+			switch {
+			case o.First:
 				s.metrics.onOutput(o, st.gen, o.FinishReason, 0)
-			} else {
+			case st.stop != nil: // recorded with its finish, up to the match (stopState.itls)
+				st.mu.Lock()
+				st.stop.itls = append(st.stop.itls, o.ITL)
+				st.mu.Unlock()
+			default:
 				itls.add(s.metrics, o.ITL)
 			}
 			// vLLM's --stream-interval: the first token, then every
@@ -966,6 +971,33 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 	itls.flush(s.metrics)
 	clear(prev)
 	ls.order, ls.spare = next, prev[:0]
+}
+
+// stoppedOutputs counts the outputs of res that belong to requests a stop
+// string already ended (their handler matched it; the engine computed the
+// step before their abort arrived): vLLM's front end, which has forgotten
+// such a request, ignores them (OutputProcessor.process_outputs). Outputs
+// the engine produced after the match but before the handler searched
+// them are not found: the loop learns of a match from the handler.
+func stoppedOutputs(res *engine.StepResult, ls *loopState) int {
+	if ls.stops == 0 {
+		return 0
+	}
+	n := 0
+	for i := range res.Outputs {
+		o := &res.Outputs[i]
+		if o.Finished && o.FinishReason == engine.FinishAbort {
+			continue
+		}
+		if st := ls.live[o.ID]; st != nil && st.stop != nil {
+			st.mu.Lock()
+			if st.stop.match != "" {
+				n++
+			}
+			st.mu.Unlock()
+		}
+	}
+	return n
 }
 
 // itlRun batches a step's inter-token latencies, mostly one value: a run
@@ -1043,16 +1075,22 @@ func (s *Server) finished(o *engine.Output, st *stream, ls *loopState) {
 	st.finished = true
 	st.finishReason = o.FinishReason
 	generated, record := st.gen, true
+	var itls []time.Duration // a request with stop strings' latencies, recorded with its finish
 	if ss := st.stop; ss != nil {
+		if !o.First && !aborted {
+			ss.itls = append(ss.itls, o.ITL)
+		}
 		// Counted as vLLM's output processor counts it (stopState): up
 		// to the match; with every token when the client is gone; else
 		// by its handler, once it searched the last tokens.
 		switch {
 		case ss.match != "":
 			reason, generated = engine.FinishStop, ss.counted
+			itls = ss.takeITLs(ss.counted)
 		case st.aborted.Load():
 			s.metrics.stopCounted.Add(int64(st.gen - ss.counted))
 			ss.counted = st.gen
+			itls = ss.takeITLs(ss.counted)
 		default:
 			f := finishOf(o, st.gen, reason, st.maxTokens)
 			ss.fin, record = &f, false
@@ -1063,9 +1101,15 @@ func (s *Server) finished(o *engine.Output, st *stream, ls *loopState) {
 	st.cachedTokens = o.CachedTokens
 	st.blockIDs = blockIDs
 	st.mu.Unlock()
-	if record {
+	switch {
+	case st.stop != nil && !o.First: // its latency is among the request's (stopState.itls)
+		s.metrics.observeLatencies(itls)
+		if record {
+			s.metrics.addFinish(finishOf(o, generated, reason, st.maxTokens))
+		}
+	case record:
 		s.metrics.onOutput(o, generated, reason, st.maxTokens)
-	} else {
+	default:
 		s.metrics.onLatency(o, generated) // the finish is its handler's to record
 	}
 	delete(ls.live, o.ID)

@@ -3,6 +3,7 @@ package emulator
 import (
 	"sync"
 	"sync/atomic"
+	"time"
 )
 
 // stream carries one request's progress from the engine loop to its HTTP
@@ -64,6 +65,21 @@ type stopState struct {
 	// handler searched its last tokens: recorded by the handler then,
 	// with the tokens up to a match and "stop" if one is found.
 	fin *finishObs
+	// itls are the inter-token latencies of the request's tokens after
+	// the first, in order, appended by the loop. vLLM observes those of
+	// the tokens it counted (up to the match), so they are recorded with
+	// the finish, the first counted-1 of them (takeITLs).
+	itls []time.Duration
+}
+
+// takeITLs returns the inter-token latencies of the first counted tokens
+// of a request with stop strings (those vLLM counted), to be recorded with
+// metrics.observeLatencies, and forgets them all. The caller holds the
+// stream's mu.
+func (ss *stopState) takeITLs(counted int) []time.Duration {
+	d := ss.itls[:min(len(ss.itls), max(0, counted-1))]
+	ss.itls = nil
+	return d
 }
 
 // newStream returns the stream of a request. A whole response (every 0)
