@@ -23,6 +23,9 @@
 //     output processor does, not those the engine produced before its
 //     abort arrived (iteration_tokens_total leaves out those the loop
 //     delivers after the handler matched, not those it delivered before);
+//     a request whose client left records no finish (vLLM's front end
+//     forgets it: request_success_total has no "abort" for it, the
+//     per-request histograms nothing), its tokens until then counted;
 //   - GET /health, GET /v1/models, GET /version, POST /tokenize and POST
 //     /reset_prefix_cache as vLLM has them, and vLLM's in-band load report
 //     (the endpoint-load-metrics response header, on request);

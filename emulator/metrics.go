@@ -115,6 +115,12 @@ type metrics struct {
 	// stopCounted counts the tokens of requests with stop strings up to
 	// their match (stopState), for vllm:generation_tokens_total.
 	stopCounted atomic.Int64
+	// dropAborts: a request its client left records no finish (vLLM: its
+	// front end forgets the request, OutputProcessor.abort_requests, so
+	// request_success_total and the per-request histograms never see it;
+	// the tokens it generated before are counted). Set for the vLLM
+	// flavours.
+	dropAborts bool
 }
 
 // finishObs is what a finished request records in the histograms only
@@ -279,6 +285,7 @@ func newRankMetrics(flavor, model string, rank int, prof engine.Profile, hashAlg
 	created := float64(start.UnixNano()) / 1e9
 	switch flavor {
 	case FlavorVLLM, FlavorVLLMLegacy:
+		m.dropAborts = true
 		m.vllm(flavor == FlavorVLLMLegacy, prometheus.Labels{"model_name": model, "engine": strconv.Itoa(rank)}, prof, hashAlgo, caching, created)
 	case FlavorSGLang:
 		m.sglang(prometheus.Labels{"model_name": model}, prof, created)

@@ -1101,6 +1101,9 @@ func (s *Server) finished(o *engine.Output, st *stream, ls *loopState) {
 	st.cachedTokens = o.CachedTokens
 	st.blockIDs = blockIDs
 	st.mu.Unlock()
+	if aborted && reason == engine.FinishAbort && s.metrics.dropAborts {
+		record = false // the client left (metrics.dropAborts)
+	}
 	switch {
 	case st.stop != nil && !o.First: // its latency is among the request's (stopState.itls)
 		s.metrics.observeLatencies(itls)
@@ -1110,7 +1113,7 @@ func (s *Server) finished(o *engine.Output, st *stream, ls *loopState) {
 	case record:
 		s.metrics.onOutput(o, generated, reason, st.maxTokens)
 	default:
-		s.metrics.onLatency(o, generated) // the finish is its handler's to record
+		s.metrics.onLatency(o, generated) // no finish, or its handler's to record
 	}
 	delete(ls.live, o.ID)
 	if st.every > 0 {
