@@ -18,7 +18,8 @@
 //   - GET /metrics in the vLLM (current or legacy names), SGLang or llama.cpp
 //     flavour, on a private Prometheus registry; a request a stop string
 //     ended counts, in vllm:generation_tokens_total, its finish (reason
-//     stop, request_generation_tokens) and inter_token_latency_seconds
+//     stop, request_generation_tokens; its decode, inference and
+//     end-to-end times end at the match) and inter_token_latency_seconds
 //     (recorded with its finish), the tokens up to the match, as vLLM's
 //     output processor does, not those the engine produced before its
 //     abort arrived (iteration_tokens_total leaves out those the loop

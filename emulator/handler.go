@@ -393,6 +393,8 @@ func (s *Server) abort(j *job) {
 		if f != nil {
 			ss.counted += n
 			itls = ss.takeITLs(ss.counted)
+			f.generated = float64(ss.counted)
+			f.decodeUntil(itls, ss.counted)
 		}
 		j.st.mu.Unlock()
 		if f != nil {
@@ -432,10 +434,7 @@ func (s *Server) settleStop(j *job) {
 		ss.fin = nil
 		itls = ss.takeITLs(ss.counted)
 		f.generated = float64(ss.counted)
-		f.tpot = 0
-		if ss.counted > 1 {
-			f.tpot = f.decode / float64(ss.counted-1)
-		}
+		f.decodeUntil(itls, ss.counted)
 		if j.stopped {
 			f.reason = engine.FinishStop
 		}

@@ -534,6 +534,28 @@ func finishOf(o *engine.Output, generated int, reason string, maxTokens int) fin
 	return f
 }
 
+// decodeUntil makes f, the finish of a request with stop strings, end
+// at its last counted token (the one that completed a match, or its last),
+// whose inter-token latencies after the first are itls: vLLM records the
+// finish at the step of the match, so its decode phase, and with it the
+// request's inference time, end-to-end latency and time per output token,
+// ends there, not where the engine stopped (its abort, or a finish the
+// handler had not yet searched).
+func (f *finishObs) decodeUntil(itls []time.Duration, counted int) {
+	var d time.Duration
+	for _, x := range itls {
+		d += x
+	}
+	dec := d.Seconds()
+	f.e2e += dec - f.decode
+	f.inference += dec - f.decode
+	f.decode = dec
+	f.tpot = 0
+	if counted > 1 {
+		f.tpot = dec / float64(counted-1)
+	}
+}
+
 // addFinish records a finished request's observation f (pending until
 // the next flush). The caller holds m.mu.
 func (m *metrics) addFinish(f finishObs) {

@@ -3,6 +3,7 @@ package emulator
 import (
 	"encoding/json"
 	"fmt"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -68,6 +69,17 @@ func TestMetricsStopStringTokens(t *testing.T) {
 				itl := mfs["vllm:inter_token_latency_seconds"].GetMetric()[0].GetHistogram()
 				if want := uint64(29 + (reqs-1)*(stopAt-1)); itl.GetSampleCount() != want {
 					t.Errorf("inter_token_latency_seconds: got count %d, want %d (29 + %d x %d up to the stop string)", itl.GetSampleCount(), want, reqs-1, stopAt-1)
+				}
+				// Its finish ends at the match too: a request's decode time
+				// is the sum of its inter-token latencies, its end-to-end
+				// latency its queue, prefill and decode times.
+				sum := func(name string) float64 { return mfs[name].GetMetric()[0].GetHistogram().GetSampleSum() }
+				if dec := sum("vllm:request_decode_time_seconds"); math.Abs(dec-itl.GetSampleSum()) > 1e-9 {
+					t.Errorf("request_decode_time_seconds: got sum %v, want %v (inter_token_latency_seconds' sum)", dec, itl.GetSampleSum())
+				}
+				phases := sum("vllm:request_queue_time_seconds") + sum("vllm:request_prefill_time_seconds") + sum("vllm:request_decode_time_seconds")
+				if e2e := sum("vllm:e2e_request_latency_seconds"); math.Abs(e2e-phases) > 1e-9 {
+					t.Errorf("e2e_request_latency_seconds: got sum %v, want %v (queue + prefill + decode)", e2e, phases)
 				}
 				h := mfs["vllm:request_generation_tokens"].GetMetric()[0].GetHistogram()
 				if h.GetSampleCount() != uint64(reqs) || h.GetSampleSum() != float64(gen) {

@@ -1108,7 +1108,9 @@ func (s *Server) finished(o *engine.Output, st *stream, ls *loopState) {
 	case st.stop != nil && !o.First: // its latency is among the request's (stopState.itls)
 		s.metrics.observeLatencies(itls)
 		if record {
-			s.metrics.addFinish(finishOf(o, generated, reason, st.maxTokens))
+			f := finishOf(o, generated, reason, st.maxTokens)
+			f.decodeUntil(itls, generated)
+			s.metrics.addFinish(f)
 		}
 	case record:
 		s.metrics.onOutput(o, generated, reason, st.maxTokens)
@@ -1122,8 +1124,10 @@ func (s *Server) finished(o *engine.Output, st *stream, ls *loopState) {
 			ls.spaced--
 		}
 	}
-	ls.acc.promptSeconds += o.PrefillTime.Seconds()
-	ls.acc.decodeSeconds += o.DecodeTime.Seconds()
+	if !aborted { // (an abort's phases are for vLLM's finish, above)
+		ls.acc.promptSeconds += o.PrefillTime.Seconds()
+		ls.acc.decodeSeconds += o.DecodeTime.Seconds()
+	}
 	if aborted && reason == engine.FinishAbort {
 		ls.acc.aborted++
 	}

@@ -109,7 +109,9 @@ type Output struct {
 	TTFT, ITL time.Duration
 	// The rest is set only when Finished: arrival, time queued before first
 	// scheduled, prefill (first scheduled -> first token), decode (first ->
-	// last token), and the number of times the request was preempted.
+	// last token; for an abort, first token -> the abort), and the number
+	// of times the request was preempted. An abort has the phases the
+	// request reached (none if it was never scheduled).
 	Arrival     time.Duration
 	QueueTime   time.Duration
 	PrefillTime time.Duration
@@ -562,6 +564,13 @@ func (e *Engine) Abort(now time.Duration, id string) {
 	e.stats.FinishedAbort++
 	o := Output{ID: id, Index: s.outputs, Finished: true, FinishReason: FinishAbort, PromptTokens: int(s.promptLen),
 		CachedTokens: int(s.cachedTokens), Time: now, Arrival: s.arrival, Preemptions: s.preemptions, TTFT: s.ttft}
+	if s.admitted { // its phases until the abort, as a finish has them
+		o.QueueTime = s.firstSched - s.arrival
+		if s.outputs > 0 {
+			o.PrefillTime = s.firstToken - s.firstSched
+			o.DecodeTime = now - s.firstToken
+		}
+	}
 	e.aborted = append(e.aborted, o)
 	e.recycle(s)
 }
