@@ -48,7 +48,9 @@
 // (seeded, so a request's text is deterministic for a seed) and are rendered
 // to text with the same tokenizer. With another Config.Tokenizer (a
 // HuggingFace tokenizer, `kvroute engine --tokenizer`) prompts are encoded as
-// vLLM encodes them: chat messages through the tokenizer's chat template,
+// vLLM encodes them: chat messages through the tokenizer's chat template
+// (each message with the keys vLLM's ConversationMessage keeps: an
+// assistant's tool_calls, a tool message's tool_call_id, a name, ...),
 // completion prompts with its special tokens (BOS) unless the request's
 // add_special_tokens is false; the generated ids, drawn
 // from the model's vocabulary with the tokenizer's EOS, are decoded by it with

@@ -65,7 +65,7 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 			opts, aerr = req.chatOptions()
 		}
 		if aerr == nil {
-			toks, aerr = s.encodeMessages(req.chatMessages, opts)
+			toks, aerr = s.encodeMessages(req, opts)
 		}
 		if aerr != nil {
 			writeAPIError(w, aerr)

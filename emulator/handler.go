@@ -190,9 +190,9 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 			opts, aerr = req.chatOptions()
 		}
 		if aerr == nil {
-			j.prompt, aerr = s.encodeMessages(req.chatMessages, opts)
+			j.prompt, aerr = s.encodeMessages(req, opts)
 		}
-		req.chatMessages = nil
+		req.chatMessages, req.messagesJSON = nil, nil
 		putBody(bodyBuf)
 		if aerr != nil {
 			writeAPIError(w, aerr)

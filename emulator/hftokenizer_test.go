@@ -383,3 +383,51 @@ func TestChatMLOptions(t *testing.T) {
 		}
 	}
 }
+
+// TestChatTemplateMessageKeys: a HuggingFace chat template sees the keys
+// vLLM gives it besides role and content (a message's name, an
+// assistant's tool_calls with their arguments decoded, a tool message's
+// tool_call_id), on the fast parser's path and on encoding/json's, as the
+// router's precise mode renders them (tokenizer.ChatTemplate.RenderJSON).
+func TestChatTemplateMessageKeys(t *testing.T) {
+	tj, err := os.ReadFile("../tokenizer/testdata/tiny/tokenizer.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	src := `{% for m in messages %}<|user|>{{ m['role'] }}{% if m.name is defined %}({{ m.name }}){% endif %}: {{ m['content'] }}` +
+		`{% if m.tool_calls is defined %}{% for c in m.tool_calls %}[call {{ c.function.name }} {{ c.function.arguments.x }}]{% endfor %}{% endif %}` +
+		`{% if m.tool_call_id is defined %}[for {{ m.tool_call_id }}]{% endif %}</s>{% endfor %}{% if add_generation_prompt %}<|user|>assistant:{% endif %}`
+	cfg, _ := json.Marshal(map[string]string{"bos_token": "<s>", "eos_token": "</s>", "chat_template": src})
+	tiny, err := tokenizer.Load(tj, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl, err := tiny.ChatTemplate()
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, hs := testServer(t, Config{Tokenizer: tiny})
+	for _, tc := range []struct {
+		messages, mark string
+	}{
+		{`[{"role":"user","name":"bob","content":"hi"}]`, "user(bob): hi"}, // the fast path
+		{`[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"id":"c1","type":"function","function":{"name":"f","arguments":"{\"x\": 7}"}}]},` +
+			`{"role":"tool","tool_call_id":"c1","content":"8"}]`, "[call f 7]</s><|user|>tool: 8[for c1]"},
+	} {
+		text, err := tmpl.RenderJSON(json.RawMessage(tc.messages), tokenizer.ChatOptions{AddGenerationPrompt: true})
+		if err != nil || !strings.Contains(text, tc.mark) {
+			t.Fatalf("RenderJSON(%s) = %q, %v; want it to contain %q", tc.messages, text, err, tc.mark)
+		}
+		code, body := post(t, hs.URL+"/tokenize", `{"messages":`+tc.messages+`}`)
+		var tk struct {
+			Tokens []uint32 `json:"tokens"`
+		}
+		if code != 200 || json.Unmarshal(body, &tk) != nil {
+			t.Errorf("tokenize %s: got %d %s, want 200", tc.messages, code, body)
+			continue
+		}
+		if want := tiny.Encode(text); fmt.Sprint(tk.Tokens) != fmt.Sprint(want) {
+			t.Errorf("tokenize %s: got %v, want %v (%q)", tc.messages, tk.Tokens, want, text)
+		}
+	}
+}

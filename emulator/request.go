@@ -55,6 +55,10 @@ type apiRequest struct {
 	promptText   string   // completions: text prompt
 	promptIDs    []uint32 // completions: token-id prompt
 	chatMessages []tokenizer.Message
+	// messagesJSON is the messages' JSON, for a HuggingFace chat template
+	// (tokenizer.ChatTemplate.RenderJSON: the keys vLLM gives a template
+	// besides role and content, such as an assistant's tool_calls).
+	messagesJSON []byte
 	partErr      *contentErr // chat: the first content part vLLM refuses (contentError)
 	room         *uint64     // parsed BootstrapRoom
 	port         int         // parsed BootstrapPort
@@ -442,6 +446,12 @@ func decodeRequest(body []byte, chat bool) (*apiRequest, *apiError) {
 				r.partErr = perr
 			}
 			r.chatMessages = append(r.chatMessages, tokenizer.Message{Role: m.Role, Content: text})
+		}
+		var raw struct {
+			Messages json.RawMessage `json:"messages"`
+		}
+		if json.Unmarshal(exactKeys(body, "messages"), &raw) == nil {
+			r.messagesJSON = raw.Messages
 		}
 		// vLLM's check_generation_prompt, on the request as sent (an
 		// add_generation_prompt left to its default true passes here).

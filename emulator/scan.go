@@ -124,7 +124,10 @@ func scanField(s *scanner, r *apiRequest, key []byte, chat bool) (uint32, bool) 
 		if !chat {
 			return 0, false
 		}
-		return fieldMessages, s.messages(r)
+		start := s.i
+		ok := s.messages(r)
+		r.messagesJSON = s.b[start:s.i] // aliases the body, as the contents do
+		return fieldMessages, ok
 	case "max_tokens":
 		v, ok := s.intPtr(math.MinInt, math.MaxInt)
 		r.MaxTokens = (*wholeInt)(v)

@@ -1,6 +1,7 @@
 package emulator
 
 import (
+	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -204,7 +205,7 @@ func newTextCodec(tok tokenizer.Tokenizer, vocab int) (*textCodec, error) {
 // encodes the result as vLLM does a chat prompt: the template writes the
 // special tokens, so none are added unless the request's
 // add_special_tokens asks for them.
-func (c *textCodec) chat(msgs []tokenizer.Message, o *chatOpts) ([]uint32, *apiError) {
+func (c *textCodec) chat(msgs []tokenizer.Message, msgsJSON []byte, o *chatOpts) ([]uint32, *apiError) {
 	addGen := o == nil || o.addGen
 	text := ""
 	if c.tmpl == nil {
@@ -215,7 +216,15 @@ func (c *textCodec) chat(msgs []tokenizer.Message, o *chatOpts) ([]uint32, *apiE
 			opts.JSONVars = o.vars
 		}
 		var err error
-		if text, err = c.tmpl.Render(msgs, opts); err != nil {
+		// The messages as vLLM gives them to the template (tool calls,
+		// names, ...); but for a tool_reference part, which RenderJSON does
+		// not read as text, role and content alone.
+		if msgsJSON != nil && !bytes.Contains(msgsJSON, []byte(`"tool_reference"`)) {
+			text, err = c.tmpl.RenderJSON(msgsJSON, opts)
+		} else {
+			text, err = c.tmpl.Render(msgs, opts)
+		}
+		if err != nil {
 			return nil, badRequest("chat template: %v", err)
 		}
 	}
@@ -397,14 +406,16 @@ func (s *Server) encodePrompt(text string, r *apiRequest) []uint32 {
 	return s.encode(text)
 }
 
-// encodeMessages encodes a chat request's messages through the chat
-// template with the request's options o (chatOptions; nil for vLLM's
+// encodeMessages encodes a chat request's messages (for a HuggingFace
+// template, their JSON, with the keys vLLM gives a template besides role
+// and content) through the chat template with the request's options o (chatOptions; nil for vLLM's
 // defaults); a template that fails is the client's error. The built-in
 // tokenizer's ChatML template has no variables but add_generation_prompt,
 // and the tokenizer no special tokens to add.
-func (s *Server) encodeMessages(msgs []tokenizer.Message, o *chatOpts) ([]uint32, *apiError) {
+func (s *Server) encodeMessages(r *apiRequest, o *chatOpts) ([]uint32, *apiError) {
+	msgs := r.chatMessages
 	if s.codec != nil {
-		return s.codec.chat(msgs, o)
+		return s.codec.chat(msgs, r.messagesJSON, o)
 	}
 	if o == nil || o.addGen && !o.cont {
 		return s.encodeChat(msgs), nil
