@@ -13,6 +13,7 @@ import (
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 	"sync"
@@ -46,11 +47,16 @@ const (
 	ErrConnect   = "connect"   // connection refused or unreachable
 	ErrDNS       = "dns"       // host name did not resolve
 	ErrTimeout   = "timeout"   // the per-request timeout expired
-	ErrCanceled  = "canceled"  // the run was cancelled (e.g. Ctrl-C)
+	ErrCanceled  = "canceled"  // cancelled while the run went on (a request cut short by the run's end is ErrInterrupted)
 	ErrTransport = "transport" // any other failure before a response
 	ErrMidstream = "midstream" // an error event, a finish_reason "abort" or a broken stream after a 200
 	ErrBadReply  = "bad_response"
 	// HTTP errors are "http_<status>", e.g. http_500; 429 is a rejection.
+
+	// ErrInterrupted marks the samples in Result.Interrupted: requests cut
+	// short by the cancellation of the run's context (e.g. Ctrl-C). It is
+	// not a failure and never appears in Result.Samples.
+	ErrInterrupted = "interrupted"
 )
 
 // Config configures a run. Zero fields take the documented defaults.
@@ -221,6 +227,12 @@ type Result struct {
 	// Start is the wall-clock start of the run, Elapsed its length.
 	Start   time.Time
 	Elapsed time.Duration
+	// Interrupted holds the requests in flight when the run's context was
+	// cancelled (e.g. Ctrl-C) and cut short by it, their Err
+	// ErrInterrupted: they have no outcome, neither completed nor failed,
+	// so they are not in Samples (nor given to Config.Collector), whose
+	// error rate they would distort. Nil when the run was not interrupted.
+	Interrupted []report.Sample
 	// Delayed counts requests sent later than scheduled because
 	// MaxInFlight requests were already in flight.
 	Delayed int
@@ -241,8 +253,9 @@ func (r *Result) Summary(o report.SummaryOptions) report.Row {
 // goroutine (at most MaxInFlight at once), and measured from send to last
 // byte. Failures of any kind are recorded per request; Run returns an error
 // only for a bad configuration or requests out of arrival order. Cancelling
-// ctx stops issuing and cancels the requests in flight (recorded as
-// canceled); Run always waits for every goroutine it started.
+// ctx stops issuing and cancels the requests in flight (recorded in
+// Result.Interrupted, not as failures); Run always waits for every
+// goroutine it started.
 func Run(ctx context.Context, cfg Config, reqs []workload.Request) (*Result, error) {
 	if err := cfg.Validate(); err != nil {
 		return nil, err
@@ -263,7 +276,7 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request) (*Result, err
 		client = &http.Client{Transport: tr}
 		defer tr.CloseIdleConnections()
 	}
-	r := &runner{cfg: c, client: client, url: c.endpoint(), coll: report.NewCollector(),
+	r := &runner{cfg: c, client: client, url: c.endpoint(), coll: report.NewCollector(), cut: report.NewCollector(),
 		runID: strconv.FormatInt(time.Now().UnixNano()%1e10, 36)}
 	res := &Result{Start: time.Now()}
 	sem := make(chan struct{}, c.MaxInFlight)
@@ -309,18 +322,33 @@ schedule:
 			defer wg.Done()
 			defer func() { <-sem }()
 			s := r.do(ctx, req, time.Since(res.Start))
+			defer c.Progress.Add(1)
+			if s.Err == ErrCanceled && ctx.Err() != nil {
+				// Cut short by the run's end: no outcome to count.
+				s.Err = ErrInterrupted
+				r.cut.Add(s)
+				return
+			}
 			r.coll.Add(s)
 			if c.Collector != nil {
 				c.Collector.Add(s)
 			}
-			c.Progress.Add(1)
 		}()
 	}
 	wg.Wait()
 	res.Elapsed = time.Since(res.Start)
 	res.Samples = r.coll.Samples()
+	if r.cut.Len() > 0 {
+		res.Interrupted = r.cut.Samples()
+		if !slices.ContainsFunc(res.Samples, func(s report.Sample) bool { return s.Err == ErrCanceled }) {
+			delete(r.examples, ErrCanceled) // the interrupted requests' (no failure)
+			if len(r.examples) == 0 {
+				r.examples = nil
+			}
+		}
+	}
 	res.ErrorExamples = r.examples
-	c.Logger.Info("bench done", "issued", issued, "elapsed", res.Elapsed, "delayed", res.Delayed)
+	c.Logger.Info("bench done", "issued", issued, "elapsed", res.Elapsed, "delayed", res.Delayed, "interrupted", len(res.Interrupted))
 	return res, nil
 }
 
@@ -328,7 +356,8 @@ type runner struct {
 	cfg    Config
 	client *http.Client
 	url    string
-	coll   *report.Collector
+	coll   *report.Collector // the samples of requests with an outcome
+	cut    *report.Collector // those of requests cut short by the run's cancellation
 	runID  string
 
 	mu       sync.Mutex        // protects examples

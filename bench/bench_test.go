@@ -375,13 +375,11 @@ func TestLimitsAndCancel(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
 	res, _ = Run(ctx, Config{URL: srv.URL, Model: "m"}, rs)
-	if len(res.Samples) > 1 {
-		t.Errorf("cancelled run issued %d requests", len(res.Samples))
+	if n := len(res.Samples) + len(res.Interrupted); n > 1 {
+		t.Errorf("cancelled run issued %d requests", n)
 	}
-	for _, s := range res.Samples {
-		if s.Err != ErrCanceled {
-			t.Errorf("cancelled request: kind %q, want canceled", s.Err)
-		}
+	if len(res.Samples) > 0 {
+		t.Errorf("cancelled run: samples %+v, want none (a request cut short is in Interrupted)", res.Samples)
 	}
 }
 
@@ -571,5 +569,61 @@ func TestHostHeader(t *testing.T) {
 	}
 	if got := <-hosts; got != "llm.example.test" {
 		t.Errorf("the server saw host %q, want llm.example.test", got)
+	}
+}
+
+// TestInterrupted: cancelling a run's context (Ctrl-C) cuts short the
+// requests in flight; they have no outcome, so they are counted apart
+// (Result.Interrupted), not as failures that would raise the error rate.
+// MaxInFlight 1 makes the order exact: the first requests complete, the
+// one the server is answering when the run is cancelled is cut short, the
+// rest are never sent. Either way: before the response's headers, or in
+// the middle of its stream.
+func TestInterrupted(t *testing.T) {
+	for _, midstream := range []bool{false, true} {
+		t.Run(fmt.Sprintf("midstream=%v", midstream), func(t *testing.T) {
+			ctx, cancel := context.WithCancel(context.Background())
+			defer cancel()
+			fs := &fakeServer{}
+			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				if r.Header.Get("X-Session-Id") != "last" {
+					fs.ServeHTTP(w, r)
+					return
+				}
+				_, _ = io.Copy(io.Discard, r.Body) // (until then the server does not see the client leave)
+				if midstream {
+					openai.SetHeaders(w.Header())
+					sse := openai.NewSSEWriter(w)
+					sse.Data([]byte(`{"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}`))
+					_ = sse.Flush()
+				}
+				cancel() // Ctrl-C while this request is in flight
+				<-r.Context().Done()
+			}))
+			defer srv.Close()
+			rs := reqs("x", "x", "x", "last", "x")
+			res, err := Run(ctx, Config{URL: srv.URL, Model: "m", MaxInFlight: 1}, rs)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if len(res.Samples) != 3 {
+				t.Errorf("%d samples, want the 3 requests that completed before the interrupt: %+v", len(res.Samples), res.Samples)
+			}
+			for _, s := range res.Samples {
+				if !s.OK() {
+					t.Errorf("sample %s: error %q, want none", s.ID, s.Err)
+				}
+			}
+			if len(res.Interrupted) != 1 || res.Interrupted[0].ID != "r3" || res.Interrupted[0].Err != ErrInterrupted {
+				t.Errorf("interrupted %+v, want request r3 with kind %q", res.Interrupted, ErrInterrupted)
+			}
+			row := res.Summary(report.SummaryOptions{Name: "x", OracleHitRate: -1})
+			if row.Requests != 3 || row.Completed != 3 || row.ErrorCount() != 0 {
+				t.Errorf("row: requests %d completed %d errors %v; want 3, 3, none", row.Requests, row.Completed, row.Errors)
+			}
+			if _, ok := res.ErrorExamples[ErrCanceled]; ok || len(res.ErrorExamples) > 0 {
+				t.Errorf("error examples %v, want none (no request failed)", res.ErrorExamples)
+			}
+		})
 	}
 }

@@ -16,8 +16,8 @@
 // engine that served the request.
 //
 // Every failure is recorded on the request's report.Sample and never stops
-// the run: connect (refused or unreachable), dns, timeout, canceled,
-// transport, http_<status>, midstream (an error event, a choice finished
+// the run: connect (refused or unreachable), dns, timeout, transport,
+// http_<status>, midstream (an error event, a choice finished
 // with finish_reason "abort" as vLLM ends a request its engine aborted, or a
 // broken stream after a 200) and bad_response (also a 200 with a JSON body:
 // a server that does not stream, or a body of another type holding no event,
@@ -29,8 +29,10 @@
 // Concurrency: Run starts one goroutine per in-flight request, at most
 // Config.MaxInFlight at once; when the cap is reached the next request waits
 // for a slot (Result.Delayed counts those). Run waits for every goroutine it
-// started before it returns, also when its context is cancelled (in-flight
-// requests are then cancelled and recorded as canceled).
+// started before it returns, also when its context is cancelled: in-flight
+// requests are then cancelled, and recorded apart in Result.Interrupted
+// (kind interrupted), not in Samples: cut short, they have no outcome, and
+// counted as failures they would distort the run's error rate.
 //
 // Config.Collector receives each sample as its request finishes, for
 // figures while the run goes on (kvroute demo's live line). Oracle is the

@@ -141,7 +141,7 @@ func (r *Report) columns() []column {
 
 // WriteTable writes the report as an aligned plain-text table: a title
 // line, the SLO, one row per Row, then the errors by kind of rows that had
-// any.
+// any and the Interrupted requests of rows that had some.
 func (r *Report) WriteTable(w io.Writer) error {
 	cols := r.columns()
 	cells := make([][]string, 0, len(r.Rows)+1)
@@ -195,6 +195,17 @@ func (r *Report) WriteTable(w io.Writer) error {
 			label += "@" + strconv.FormatFloat(row.Load, 'g', 4, 64)
 		}
 		fmt.Fprintf(&b, "errors %s: %s\n", label, strings.Join(parts, " "))
+	}
+	for i := range r.Rows {
+		row := &r.Rows[i]
+		if row.Interrupted == 0 {
+			continue
+		}
+		label := row.Name
+		if r.IsSweep() {
+			label += "@" + strconv.FormatFloat(row.Load, 'g', 4, 64)
+		}
+		fmt.Fprintf(&b, "interrupted %s: %d requests in flight cut short, counted in none of reqs, ok, err, rej\n", label, row.Interrupted)
 	}
 	_, err := io.WriteString(w, b.String())
 	return err

@@ -49,13 +49,19 @@ type Row struct {
 	// 0 when the report is not a sweep.
 	Load float64 `json:"load"`
 
-	// Requests counts every request issued; Completed those that finished
-	// without error; Rejected those refused by the router or engine (429 or
-	// shed), which are not counted in Errors.
+	// Requests counts every request issued but the Interrupted ones;
+	// Completed those that finished without error; Rejected those refused
+	// by the router or engine (429 or shed), which are not counted in
+	// Errors.
 	Requests  int            `json:"requests"`
 	Completed int            `json:"completed"`
 	Rejected  int            `json:"rejected"`
 	Errors    map[string]int `json:"errors,omitempty"` // by kind, e.g. connect, http_500, timeout
+	// Interrupted counts the requests cut short by the run's interruption
+	// (bench: in flight at Ctrl-C), set by the driver: they had no
+	// outcome, so they count in none of the above (nor in any figure
+	// below).
+	Interrupted int `json:"interrupted,omitempty"`
 	// Preemptions counts engine preemptions (sim: summed over engines).
 	Preemptions int `json:"preemptions"`
 

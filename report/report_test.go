@@ -207,6 +207,30 @@ func TestJSONRoundTrip(t *testing.T) {
 	}
 }
 
+// TestInterruptedRow: a row's interrupted requests (bench: in flight at
+// Ctrl-C) show under the table and survive the JSON round trip.
+func TestInterruptedRow(t *testing.T) {
+	rep := &Report{Title: "kvroute bench", Rows: []Row{{Name: "bench", Requests: 5, Completed: 5, Interrupted: 2}}}
+	var buf bytes.Buffer
+	if err := rep.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if want := "interrupted bench: 2 requests in flight cut short"; !strings.Contains(buf.String(), want) {
+		t.Errorf("table lacks %q:\n%s", want, buf.String())
+	}
+	buf.Reset()
+	if err := rep.WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	got, err := ReadJSON(&buf)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Rows[0].Interrupted != 2 {
+		t.Errorf("interrupted %d after the JSON round trip, want 2", got.Rows[0].Interrupted)
+	}
+}
+
 func TestCSV(t *testing.T) {
 	rep := sweepReport()
 	var buf bytes.Buffer

@@ -63,7 +63,9 @@ Failures (refused connections, unknown hosts, HTTP errors, timeouts, errors
 in the middle of a stream) are counted per request by kind and never stop the
 run; the first failure of each kind is printed with what the server said.
 429 responses count as rejections. Ctrl-C stops sending and reports the
-requests sent so far. Exit status: 0 when the run finished or was
+requests that ended before it; those it cuts short in flight are not errors
+but counted apart as interrupted (under the table, in report.json's rows and
+in requests.csv's error column). Exit status: 0 when the run finished or was
 interrupted (whatever the errors), 2 on a bad flag, 1 on another bad
 configuration (an unreadable trace or --merge file) or an unwritable --out
 (checked before the run).`
@@ -282,6 +284,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	samples := map[float64][]report.Sample{}
 	oracle := bench.NewOracle(16)   // one server: its caches carry over from run to run
 	warm := false                   // a row's hit% is above its oracle%
+	interrupted := 0                // requests cut short by Ctrl-C
 	examples := map[string]string{} // error kind -> the first failure's message, over every run
 	for k, scale := range scales {
 		if ctx.Err() != nil {
@@ -307,7 +310,11 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if err != nil {
 			return err
 		}
-		samples[scale] = res.Samples
+		// The interrupted requests were sent (the server may have cached
+		// their prompts): requests.csv and the oracle count them.
+		sent := append(slices.Clip(res.Samples), res.Interrupted...)
+		samples[scale] = sent
+		interrupted += len(res.Interrupted)
 		for kind, msg := range res.ErrorExamples {
 			if _, ok := examples[kind]; !ok {
 				examples[kind] = msg
@@ -317,7 +324,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		// what the earlier runs of a sweep sent (the server's caches carry
 		// over) already in the oracle's cache.
 		row := res.Summary(report.SummaryOptions{Name: name, Load: load, SLO: slo,
-			OracleHitRate: oracle.HitRate(run.Requests, res.Samples)})
+			OracleHitRate: oracle.HitRate(run.Requests, sent)})
+		row.Interrupted = len(res.Interrupted)
 		if row.HitRate > row.OracleHitRate+1e-9 && row.OracleHitRate >= 0 {
 			warm = true
 		}
@@ -329,14 +337,18 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		if !quiet {
 			fmt.Fprintf(stderr, "rate x%g: sent %d requests in %v (%d delayed by --max-in-flight)\n",
-				scale, len(res.Samples), res.Elapsed.Round(time.Millisecond), res.Delayed)
+				scale, len(sent), res.Elapsed.Round(time.Millisecond), res.Delayed)
 		}
 	}
 	if len(scales) == 1 {
 		rep.Params["rate_scale"] = strconv.FormatFloat(scales[0], 'g', -1, 64)
 	}
 	if ctx.Err() != nil && !quiet {
-		fmt.Fprintln(stderr, "interrupted: the report covers the requests sent so far")
+		msg := "interrupted: the report covers the requests that ended before it"
+		if interrupted > 0 {
+			msg += fmt.Sprintf("; %d in flight were cut short (not counted as errors)", interrupted)
+		}
+		fmt.Fprintln(stderr, msg)
 	}
 	if len(merged) > 0 {
 		rep = report.Merge(append(merged, rep)...)

@@ -120,8 +120,9 @@ func TestBenchCommandInterruptedOracle(t *testing.T) {
 	}
 	rep := readReportJSON(t, filepath.Join(dir, "report.json"))
 	row := rep.Rows[0]
-	if row.Requests >= 200 || row.Requests < sent {
-		t.Fatalf("the run sent %d requests; want an interrupted run of at least %d", row.Requests, sent)
+	issued := row.Requests + row.Interrupted
+	if issued >= 200 || issued < sent {
+		t.Fatalf("the run sent %d requests; want an interrupted run of at least %d", issued, sent)
 	}
 	w, err := workload.Generate("chat", workload.Options{Seed: 1, Requests: 200, Arrivals: workload.Arrivals{Rate: 50},
 		Params: map[string]float64{"system_len": 96, "user_len": 40, "reply_len": 24, "max_len": 700}})
@@ -136,9 +137,63 @@ func TestBenchCommandInterruptedOracle(t *testing.T) {
 		}
 		return o.HitRate()
 	}
-	want, whole := oracle(w.Requests[:row.Requests]), oracle(w.Requests)
+	want, whole := oracle(w.Requests[:issued]), oracle(w.Requests)
 	if math.Abs(row.OracleHitRate-want) > 1e-9 {
-		t.Errorf("oracle hit rate %.4f, want %.4f (the %d requests sent; the whole workload's is %.4f)", row.OracleHitRate, want, row.Requests, whole)
+		t.Errorf("oracle hit rate %.4f, want %.4f (the %d requests sent; the whole workload's is %.4f)", row.OracleHitRate, want, issued, whole)
+	}
+}
+
+// TestBenchCommandInterrupted: the requests in flight at Ctrl-C are cut
+// short, not failed: the report counts them apart as interrupted (table,
+// report.json, requests.csv), and its error count stays that of the run.
+// They were counted as "canceled" errors, so an interrupted run against a
+// healthy server reported failures. --max-in-flight 1 makes the run exact:
+// the server holds request number sent until the interrupt.
+func TestBenchCommandInterrupted(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	const sent = 4
+	srv := &sseServer{}
+	hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if srv.n.Load() == sent-1 {
+			srv.n.Add(1)
+			_, _ = io.Copy(io.Discard, r.Body)
+			cancel() // Ctrl-C while this request is in flight
+			<-r.Context().Done()
+			return
+		}
+		srv.ServeHTTP(w, r)
+	}))
+	defer hs.Close()
+	dir := t.TempDir()
+	var out, errb bytes.Buffer
+	args := []string{"bench", "--url", hs.URL, "--model", "m", "--workload", "chat", "--requests", "20", "--rate", "1000",
+		"--max-in-flight", "1", "--out", dir}
+	if err := run(ctx, args, &out, &errb); err != nil {
+		t.Fatalf("run: %v\nstderr: %s", err, errb.String())
+	}
+	row := readReportJSON(t, filepath.Join(dir, "report.json")).Rows[0]
+	if row.Requests != sent-1 || row.Completed != sent-1 || row.ErrorCount() != 0 || row.Interrupted != 1 {
+		t.Errorf("report.json: requests %d, completed %d, errors %v, interrupted %d; want %d, %d, none, 1",
+			row.Requests, row.Completed, row.Errors, row.Interrupted, sent-1, sent-1)
+	}
+	for _, want := range []string{"interrupted bench: 1 requests in flight cut short"} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, out.String())
+		}
+	}
+	if strings.Contains(out.String(), "errors bench") {
+		t.Errorf("table reports errors:\n%s", out.String())
+	}
+	if want := "1 in flight were cut short"; !strings.Contains(errb.String(), want) {
+		t.Errorf("stderr lacks %q:\n%s", want, errb.String())
+	}
+	csv, err := os.ReadFile(filepath.Join(dir, "requests.csv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if lines := strings.Split(strings.TrimSpace(string(csv)), "\n"); len(lines) != 1+sent || strings.Count(string(csv), ",interrupted,") != 1 {
+		t.Errorf("requests.csv: want a header and %d requests, one of them interrupted:\n%s", sent, csv)
 	}
 }
 
