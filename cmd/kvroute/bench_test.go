@@ -374,6 +374,46 @@ func TestBenchTraceStartsAtFirstRequest(t *testing.T) {
 	}
 }
 
+// TestBenchTraceAbsoluteTimestamps: a trace file in Unix milliseconds
+// with uneven gaps, read as kvroute bench reads it, is replayed from its
+// first record, and --rate R gives it a mean rate of R requests per second
+// (its n-1 gaps average 1/R) with the gaps in their proportions.
+func TestBenchTraceAbsoluteTimestamps(t *testing.T) {
+	stamps := []int64{1700000000000, 1700000000100, 1700000000150, 1700000001150, 1700000001160, 1700000004000}
+	var b strings.Builder
+	for _, ts := range stamps {
+		b.WriteString(`{"timestamp": ` + strconv.FormatInt(ts, 10) + `, "input_length": 20, "output_length": 2, "hash_ids": [1]}` + "\n")
+	}
+	file := filepath.Join(t.TempDir(), "epoch.jsonl")
+	if err := os.WriteFile(file, []byte(b.String()), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, rate := range []float64{0, 5, 250} {
+		w, err := workload.ReadTraceFile(file)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := benchTrace(w, rate); err != nil {
+			t.Fatalf("--rate %g: %v", rate, err)
+		}
+		speed := 1.0 // the trace's own rate: 5 gaps in 4s
+		if rate > 0 {
+			speed = rate / (float64(len(stamps)-1) / 4.0)
+		}
+		for i, r := range w.Requests {
+			want := float64(stamps[i]-stamps[0]) * 1e6 / speed // ns
+			if math.Abs(float64(r.Arrival)-want) > 1e3 {
+				t.Errorf("--rate %g: request %d arrives at %v, want %v", rate, i, r.Arrival, time.Duration(want))
+			}
+		}
+		if rate > 0 {
+			if got := float64(len(w.Requests)-1) / w.Span().Seconds(); math.Abs(got-rate) > 1e-6*rate {
+				t.Errorf("--rate %g: mean rate %g requests/s", rate, got)
+			}
+		}
+	}
+}
+
 // TestBenchGeneratorRequestsLastTheDuration: with --duration and no
 // --requests, a generator makes enough requests for its traffic at --rate,
 // sped up by --rate-scale (a sweep's largest), to last the whole duration.
