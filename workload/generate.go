@@ -151,6 +151,7 @@ func Generate(name string, opts Options) (*Workload, error) {
 		rng:    rand.New(rand.NewPCG(opts.Seed, 0x6b76726f757465)),
 		kind:   name,
 	}
+	st.keyBase = opts.Seed ^ hashString(name)
 	st.gaps = opts.Arrivals.Gaps(st.rng)
 	reqs := g.gen(st)
 	if st.err != nil {
@@ -215,8 +216,11 @@ type gen struct {
 	rng    *rand.Rand
 	gaps   func() time.Duration
 	kind   string
-	keys   uint64
-	err    error
+	keys   uint64 // keys drawn so far (key)
+	// keyBase is opts.Seed ^ hashString(kind), key's part that does not
+	// change.
+	keyBase uint64
+	err     error
 }
 
 func (g *gen) p(name string) float64 { return g.params[name] }
@@ -233,7 +237,12 @@ func (g *gen) n(name string) int {
 // to collide with a trace's small hash ids or another generator's keys.
 func (g *gen) key() uint64 {
 	g.keys++
-	return splitmix64(g.opts.Seed ^ splitmix64(g.keys) ^ hashString(g.kind))
+	return g.keyOf(g.keys)
+}
+
+// keyOf returns the key that key returns when its count reaches n.
+func (g *gen) keyOf(n uint64) uint64 {
+	return splitmix64(splitmix64(n) ^ g.keyBase)
 }
 
 // named returns the key of a named shared segment (system prompt i, doc i).
@@ -370,17 +379,28 @@ func genChat(g *gen) []Request {
 	// kept (and the sessions started to reach the cutoff) would grow with
 	// the rate times the warm start.
 	keepUntil := time.Duration(math.MaxInt64)
-	var hist []Segment // reused: newRequest copies the segments it keeps
+	// hist is the session's prompt so far, reused: newRequest copies the
+	// segments it keeps. Its messages' keys are drawn as key() would draw
+	// them, but hashed (keyOf) only once a turn is kept: most sessions of
+	// the warm start end before time 0, and at a high rate they are most of
+	// the work. hist[:ready] are hashed, the others hold their key's count.
+	var hist []Segment
+	ready := 0
+	draw := func(n int) Segment {
+		g.keys++
+		return Segment{Key: g.keys, Len: n}
+	}
 	session := func() {
 		t += next()
 		id := s
 		s++
 		n := 1 + g.rng.IntN(2*turns-1)
 		hist = append(hist[:0], sys)
+		ready = 1
 		plen := max(sys.Len, 0)
 		at := t
 		for k := 0; k < n; k++ {
-			user := Segment{Key: g.key(), Len: g.length(userLen)}
+			user := draw(g.length(userLen))
 			hist = append(hist, user)
 			plen += max(user.Len, 0)
 			out := g.length(replyLen)
@@ -388,11 +408,14 @@ func genChat(g *gen) []Request {
 				break
 			}
 			if at >= 0 && at <= keepUntil {
+				for ; ready < len(hist); ready++ {
+					hist[ready].Key = g.keyOf(hist[ready].Key)
+				}
 				r := newRequest(at, out, hist...)
 				r.Session = "s" + strconv.Itoa(id)
 				reqs = append(reqs, r)
 			}
-			hist = append(hist, Segment{Key: g.key(), Len: out})
+			hist = append(hist, draw(out))
 			plen += out
 			at += g.exp(think)
 		}

@@ -629,3 +629,13 @@ func TestChatRateSteadyFromStart(t *testing.T) {
 		t.Errorf("request rate: first tenth %.1f/s, overall %.1f/s; want both about 20/s", head, overall)
 	}
 }
+
+// BenchmarkGenerateChatWarmStart: the chat generator at a high rate, where
+// its warm start (sessions under way at time 0) dominates: 2*turns*think_s
+// of sessions before time 0, 30 times the rate with the defaults.
+func BenchmarkGenerateChatWarmStart(b *testing.B) {
+	b.ReportAllocs()
+	for b.Loop() {
+		genOrFatal(b, "chat", Options{Seed: 1, Requests: 2000, Arrivals: Arrivals{Rate: 100000}})
+	}
+}
