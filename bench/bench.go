@@ -302,10 +302,11 @@ schedule:
 			case <-timer.C:
 			}
 		}
+		late := false // waited for a slot
 		select {
 		case sem <- struct{}{}:
 		default:
-			res.Delayed++
+			late = true
 			select {
 			case sem <- struct{}{}:
 			case <-ctx.Done():
@@ -315,6 +316,9 @@ schedule:
 		if ctx.Err() != nil {
 			<-sem
 			break
+		}
+		if late { // (counted once sent: one that never was is not late)
+			res.Delayed++
 		}
 		issued++
 		wg.Add(1)

@@ -617,6 +617,11 @@ func TestInterrupted(t *testing.T) {
 			if len(res.Interrupted) != 1 || res.Interrupted[0].ID != "r3" || res.Interrupted[0].Err != ErrInterrupted {
 				t.Errorf("interrupted %+v, want request r3 with kind %q", res.Interrupted, ErrInterrupted)
 			}
+			// r1..r3 waited for the slot and were sent; r4 waited and
+			// never was: it is not a request sent late.
+			if res.Delayed != 3 {
+				t.Errorf("delayed %d, want 3", res.Delayed)
+			}
 			row := res.Summary(report.SummaryOptions{Name: "x", OracleHitRate: -1})
 			if row.Requests != 3 || row.Completed != 3 || row.ErrorCount() != 0 {
 				t.Errorf("row: requests %d completed %d errors %v; want 3, 3, none", row.Requests, row.Completed, row.Errors)
