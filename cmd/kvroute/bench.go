@@ -32,10 +32,11 @@ inter-token latency, TPOT, end-to-end latency, and reads the cached prompt
 tokens from usage.prompt_tokens_details.cached_tokens. It prints the same
 table as 'kvroute sim'; --out DIR also writes report.json, report.csv,
 report.txt, report.html (charts, works offline), SVG charts and requests.csv
-(one line per request). A request's session goes in the X-Session-Id header
-and its tenant in the "user" field; the X-Kvroute-Endpoint response header
-(kvroute serve with debug.enabled) names the engine, for the imbalance column
-and per-engine charts.
+(one line per request; a sweep writes requests_xSCALE.csv per run). A
+request's session goes in the X-Session-Id header and its tenant in the
+"user" field; the X-Kvroute-Endpoint response header (kvroute serve with
+debug.enabled) names the engine, for the imbalance column and per-engine
+charts.
 
 The workload is --trace FILE (Mooncake JSONL, replayed from its first
 request: timestamps count from it; --rate R rescales it to R requests per
@@ -281,7 +282,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if quiet {
 		progOut = io.Discard
 	}
-	samples := map[float64][]report.Sample{}
+	var csvs []requestsCSV          // one per run
 	oracle := bench.NewOracle(16)   // one server: its caches carry over from run to run
 	warm := false                   // a row's hit% is above its oracle%
 	interrupted := 0                // requests cut short by Ctrl-C
@@ -313,7 +314,14 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		// The interrupted requests were sent (the server may have cached
 		// their prompts): requests.csv and the oracle count them.
 		sent := append(slices.Clip(res.Samples), res.Interrupted...)
-		samples[scale] = sent
+		file := "requests.csv"
+		if len(scales) > 1 {
+			file = fmt.Sprintf("requests_x%g.csv", scale)
+			if slices.ContainsFunc(csvs, func(c requestsCSV) bool { return c.file == file }) {
+				file = fmt.Sprintf("requests_x%g_run%d.csv", scale, k+1) // a scale that comes again
+			}
+		}
+		csvs = append(csvs, requestsCSV{file, sent})
 		interrupted += len(res.Interrupted)
 		for kind, msg := range res.ErrorExamples {
 			if _, ok := examples[kind]; !ok {
@@ -370,12 +378,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		if _, err := rep.WriteDir(out); err != nil {
 			return err
 		}
-		for scale, ss := range samples {
-			file := "requests.csv"
-			if len(scales) > 1 {
-				file = fmt.Sprintf("requests_x%g.csv", scale)
-			}
-			if err := writeFileWith(filepath.Join(out, file), func(w io.Writer) error { return report.WriteSamplesCSV(w, ss) }); err != nil {
+		for _, c := range csvs {
+			if err := writeFileWith(filepath.Join(out, c.file), func(w io.Writer) error { return report.WriteSamplesCSV(w, c.samples) }); err != nil {
 				return err
 			}
 		}
@@ -384,6 +388,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 	}
 	return nil
+}
+
+// requestsCSV is one run's requests.csv: its file name and samples.
+type requestsCSV struct {
+	file    string
+	samples []report.Sample
 }
 
 // benchTrace readies a trace for the run. Its clock starts at its first

@@ -319,6 +319,40 @@ func TestBenchCommandSweepOracleBound(t *testing.T) {
 	}
 }
 
+// TestBenchCommandSweepRequestsCSV: --out writes one requests CSV per run
+// of a sweep, also when a scale comes twice (--sweep 1,1: a cold run, then
+// a warm one): the second run's file overwrote the first's.
+func TestBenchCommandSweepRequestsCSV(t *testing.T) {
+	srv := &sseServer{}
+	hs := httptest.NewServer(srv)
+	defer hs.Close()
+	dir := t.TempDir()
+	var out, errb bytes.Buffer
+	args := []string{"bench", "--url", hs.URL, "--model", "m", "--workload", "sysprompt", "--requests", "3", "--rate", "100",
+		"--sweep", "1,2,1", "--quiet", "--out", dir}
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("run: %v\nstderr: %s", err, errb.String())
+	}
+	if n := srv.n.Load(); n != 9 {
+		t.Fatalf("the server got %d requests, want 9 (3 runs of 3)", n)
+	}
+	files, err := filepath.Glob(filepath.Join(dir, "requests*.csv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	lines := 0
+	for _, f := range files {
+		data, err := os.ReadFile(f)
+		if err != nil {
+			t.Fatal(err)
+		}
+		lines += strings.Count(string(data), "\n") - 1 // the header
+	}
+	if len(files) != 3 || lines != 9 {
+		t.Errorf("requests CSVs %q hold %d requests; want 3 files (one per run), 9 requests", files, lines)
+	}
+}
+
 // TestBenchCommandWarmServerNote: a server that held the prompts before
 // the run reports more cached tokens than a cold start allows; bench says
 // so under the table instead of leaving hit% above oracle% unexplained.
