@@ -65,6 +65,12 @@ td:first-child,th:first-child{text-align:left}
 		b.WriteString(strings.Join(errRows, ""))
 		b.WriteString("</table>\n")
 	}
+	for i := range r.Rows {
+		if row := &r.Rows[i]; row.Interrupted > 0 {
+			fmt.Fprintf(&b, "<p class=\"interrupted\">%s (load %g): %d requests in flight cut short by the interruption, counted in none of reqs, ok, err, rej</p>\n",
+				esc(row.Name), row.Load, row.Interrupted)
+		}
+	}
 	charts := r.Charts()
 	if len(charts) > 0 {
 		b.WriteString("<h2>Charts</h2>\n")

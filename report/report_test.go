@@ -208,7 +208,8 @@ func TestJSONRoundTrip(t *testing.T) {
 }
 
 // TestInterruptedRow: a row's interrupted requests (bench: in flight at
-// Ctrl-C) show under the table and survive the JSON round trip.
+// Ctrl-C) show under the table and in the HTML, and survive the JSON round
+// trip.
 func TestInterruptedRow(t *testing.T) {
 	rep := &Report{Title: "kvroute bench", Rows: []Row{{Name: "bench", Requests: 5, Completed: 5, Interrupted: 2}}}
 	var buf bytes.Buffer
@@ -217,6 +218,13 @@ func TestInterruptedRow(t *testing.T) {
 	}
 	if want := "interrupted bench: 2 requests in flight cut short"; !strings.Contains(buf.String(), want) {
 		t.Errorf("table lacks %q:\n%s", want, buf.String())
+	}
+	buf.Reset()
+	if err := rep.WriteHTML(&buf); err != nil {
+		t.Fatal(err)
+	}
+	if want := "bench (load 0): 2 requests in flight cut short"; !strings.Contains(buf.String(), want) {
+		t.Errorf("HTML lacks %q:\n%s", want, buf.String())
 	}
 	buf.Reset()
 	if err := rep.WriteJSON(&buf); err != nil {
