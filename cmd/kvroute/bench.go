@@ -66,10 +66,10 @@ run; the first failure of each kind is printed with what the server said.
 429 responses count as rejections. Ctrl-C stops sending and reports the
 requests that ended before it; those it cuts short in flight are not errors
 but counted apart as interrupted (under the table, in report.html, in
-report.json's rows and in requests.csv's error column). Exit status: 0 when the run finished or was
-interrupted (whatever the errors), 2 on a bad flag, 1 on another bad
-configuration (an unreadable trace or --merge file) or an unwritable --out
-(checked before the run).`
+report.json's rows and in requests.csv's error column). Exit status: 0 when
+the run finished or was interrupted (whatever the errors), 2 on a bad flag, 1
+on another bad configuration (an unreadable trace or --merge file) or an
+unwritable --out (checked before the run).`
 
 func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	desc := fmt.Sprintf(benchDescription, strings.Join(workload.GeneratorNames(), ", "))
