@@ -412,7 +412,10 @@ func benchTrace(w *workload.Workload, rate float64) error {
 		if w.Span() <= 0 || len(w.Requests) < 2 {
 			return fmt.Errorf("--rate %g: the trace's requests all arrive at the same instant, so it has no rate to rescale", rate)
 		}
-		return w.ScaleRate(rate / (float64(len(w.Requests)-1) / w.Span().Seconds()))
+		own := float64(len(w.Requests)-1) / w.Span().Seconds()
+		if err := w.ScaleRate(rate / own); err != nil {
+			return fmt.Errorf("--rate %g: the trace's own rate is %g requests/s: %w", rate, own, err)
+		}
 	}
 	return nil
 }

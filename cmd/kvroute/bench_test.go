@@ -99,6 +99,26 @@ func TestBenchCommandTraceRate(t *testing.T) {
 	}
 }
 
+// TestBenchCommandTraceRateOutOfRange: a --rate that would rescale a
+// trace beyond what a workload may be (arrivals closer than ScaleRate's
+// limit, or spread over more than MaxSpan) is a usage error that names
+// --rate, not the rate scale bench computed from it.
+func TestBenchCommandTraceRateOutOfRange(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "t.jsonl")
+	data := `{"timestamp": 1700000000000, "input_length": 20, "output_length": 2, "hash_ids": [1]}` + "\n" +
+		`{"timestamp": 1700000001000, "input_length": 20, "output_length": 2, "hash_ids": [1]}` + "\n"
+	if err := os.WriteFile(file, []byte(data), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, rate := range []string{"2e+09", "1e-12"} {
+		var out, errb bytes.Buffer
+		args := []string{"bench", "--url", "http://127.0.0.1:1", "--model", "m", "--trace", file, "--rate", rate, "--quiet"}
+		if err := run(context.Background(), args, &out, &errb); !errors.Is(err, errUsage) || !strings.HasPrefix(errb.String(), "kvroute bench: --rate "+rate+": ") {
+			t.Errorf("--rate %s: got %v, stderr %q; want a usage error naming --rate", rate, err, errb.String())
+		}
+	}
+}
+
 // TestBenchCommandInterruptedOracle: after Ctrl-C the oracle column is the
 // bound of the requests sent, not of the whole workload.
 func TestBenchCommandInterruptedOracle(t *testing.T) {
