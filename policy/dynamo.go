@@ -90,6 +90,7 @@ func newDynamo(params map[string]any, seed uint64) (*Dynamo, error) {
 	for _, c := range []error{
 		check(NameDynamo, "block_size", p.BlockSize >= 0, "must be >= 0, got %d", p.BlockSize),
 		check(NameDynamo, "prefill_load_scale", p.PrefillLoadScale >= 0, "must be >= 0, got %v", p.PrefillLoadScale),
+		check(NameDynamo, "prefill_load_scale", p.PrefillLoadScale <= maxNumberParam, "must be at most %g, got %v", maxNumberParam, p.PrefillLoadScale),
 		check(NameDynamo, "overlap_score_credit", p.OverlapScoreCredit >= 0, "must be >= 0, got %v", p.OverlapScoreCredit),
 		check(NameDynamo, "host_cache_hit_weight", p.HostCacheHitWeight >= 0, "must be >= 0, got %v", p.HostCacheHitWeight),
 		check(NameDynamo, "temperature", p.Temperature >= 0, "must be >= 0, got %v", p.Temperature),

@@ -13,7 +13,8 @@ import (
 // default: start from DefaultKVAwareParams (New does). The rates describe one
 // engine; the defaults are fitted to the default engine profile
 // (llama-3.1-8b-h100: engine.Profile PrefillTime and DecodeTime). For other
-// engines derive them from the profile, or set learn=true.
+// engines derive them from the profile, or set learn=true. The rates,
+// weights, slacks and tolerances are at most 1e9 (Validate).
 type KVAwareParams struct {
 	// PrefillUsPerToken is the prefill compute time per uncached prompt token,
 	// in microseconds. Default 20 (about 50k tokens/s).
@@ -280,7 +281,9 @@ func DefaultKVAwareParams() KVAwareParams {
 	}
 }
 
-// Validate reports the first out-of-range field, naming its param.
+// Validate reports the first out-of-range field, naming its param. The
+// estimate's rates, weights, slacks and tolerances are at most
+// maxNumberParam.
 func (p KVAwareParams) Validate() error {
 	n := NameKVAware
 	for _, c := range []struct {
@@ -294,6 +297,9 @@ func (p KVAwareParams) Validate() error {
 		{"session_tolerance", p.SessionTolerance}, {"hot_slack", p.HotSlack}, {"work_weight", p.WorkWeight}, {"progress_tok_per_ms", p.ProgressTokPerMs}, {"work_load_gain", p.WorkLoadGain}, {"decode_weight", p.DecodeWeight},
 	} {
 		if err := check(n, c.name, c.v >= 0, "must be >= 0, got %v", c.v); err != nil {
+			return err
+		}
+		if err := check(n, c.name, c.v <= maxNumberParam, "must be at most %g, got %v", maxNumberParam, c.v); err != nil {
 			return err
 		}
 	}

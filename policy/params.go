@@ -156,6 +156,13 @@ func toFloat(v any) (float64, bool) {
 	return 0, false
 }
 
+// maxNumberParam bounds the number params of a score's terms (rates,
+// weights, slacks): far above any real engine's, and low enough that no
+// product of them with a load reaches +Inf, whose differences and whose
+// products with zero are NaN (a NaN score ties with nothing: kv-aware's
+// tie break had no candidate to draw from, and panicked).
+const maxNumberParam = 1e9
+
 // check returns an error naming the param when ok is false.
 func check(policy, param string, ok bool, format string, args ...any) error {
 	if ok {

@@ -83,7 +83,9 @@ func newPreble(params map[string]any, seed uint64) (*Preble, error) {
 	for _, c := range []error{
 		check(NamePrebleE2, "window", p.Window > 0, "must be > 0, got %v", p.Window),
 		check(NamePrebleE2, "prefill_us_per_token", p.PrefillUsPerToken >= 0, "must be >= 0, got %v", p.PrefillUsPerToken),
+		check(NamePrebleE2, "prefill_us_per_token", p.PrefillUsPerToken <= maxNumberParam, "must be at most %g, got %v", maxNumberParam, p.PrefillUsPerToken),
 		check(NamePrebleE2, "tpot_ms", p.TPOTMs >= 0, "must be >= 0, got %v", p.TPOTMs),
+		check(NamePrebleE2, "tpot_ms", p.TPOTMs <= maxNumberParam, "must be at most %g, got %v", maxNumberParam, p.TPOTMs),
 		check(NamePrebleE2, "output_tokens", p.OutputTokens >= 0, "must be >= 0, got %d", p.OutputTokens),
 	} {
 		if c != nil {
