@@ -70,6 +70,12 @@ func setParam(f reflect.Value, v any) error {
 			if !ok {
 				return fmt.Errorf("want a duration (\"250ms\" or seconds), got %T", v)
 			}
+			// A number of seconds past a Duration's range (or NaN, YAML's
+			// .nan) converts to whatever the platform makes of it: on
+			// amd64 the most negative Duration.
+			if ns := sec * float64(time.Second); !(math.Abs(ns) < math.MaxInt64) {
+				return fmt.Errorf("want a duration, got %v seconds", sec)
+			}
 			f.SetInt(int64(sec * float64(time.Second)))
 			return nil
 		}

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"encoding/json"
+	"math"
 	"slices"
 	"strings"
 	"testing"
@@ -44,6 +45,11 @@ func TestNewErrors(t *testing.T) {
 		{"ill-typed bool", NameKVAware, map[string]any{"learn": 1}, `param "learn": want a boolean`},
 		{"ill-typed string", NameKVAware, map[string]any{"overload": 3}, `param "overload": want a string`},
 		{"bad duration", NameKVAware, map[string]any{"pending_ttl": "soon"}, `param "pending_ttl": want a duration`},
+		// Seconds a Duration cannot hold were the most negative Duration on
+		// amd64 ("must be >= 0, got -2562047h47m16.854775808s").
+		{"duration past range", NameKVAware, map[string]any{"hot_settle": 1e10}, `param "hot_settle": want a duration, got 1e+10 seconds`},
+		{"duration NaN", NameKVAware, map[string]any{"thrash_horizon": math.NaN()}, `param "thrash_horizon": want a duration`},
+		{"duration +Inf", NamePrebleE2, map[string]any{"window": math.Inf(1)}, `param "window": want a duration`},
 		{"range c", NameKVAware, map[string]any{"c": 0.5}, `param "c": must be >= 1`},
 		{"range overload", NameKVAware, map[string]any{"overload": "drop"}, `param "overload": must be one of`},
 		{"range kv_cap", NameKVAware, map[string]any{"kv_cap": 1.5}, `param "kv_cap"`},
