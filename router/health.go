@@ -61,9 +61,12 @@ func (r *Router) ReportResult(now time.Time, endpointID string, ok bool) (ejecte
 	if e.consecFails < r.cfg.Health.FailThreshold || now.Before(e.ejectedUntil) {
 		return false
 	}
-	d := r.cfg.Health.BaseEjection << min(e.ejections, 20)
-	if d > r.cfg.Health.MaxEjection || d <= 0 {
-		d = r.cfg.Health.MaxEjection
+	// Base << shift, unless that is over the cap: checked before the
+	// shift, which wraps (a base of hours shifted 20 times may wrap to a
+	// positive length shorter than the last ejection's).
+	d, shift := r.cfg.Health.MaxEjection, min(e.ejections, 20)
+	if r.cfg.Health.BaseEjection <= d>>shift {
+		d = r.cfg.Health.BaseEjection << shift
 	}
 	e.ejectedUntil = now.Add(d)
 	e.ejections++

@@ -189,6 +189,31 @@ func TestPassiveEjectionAndBackoff(t *testing.T) {
 	}
 }
 
+// TestEjectionBackoffNoOverflow: the back-off doubles up to MaxEjection
+// and stays there, even for a base ejection so long that doubling it 20
+// times wraps an int64: 2^44+2^30 ns (about 4.9h) shifted by 20 wrapped to
+// 2^50 ns (13 days), shorter than the 1000h cap the ejections before it had.
+func TestEjectionBackoffNoOverflow(t *testing.T) {
+	base, limit := time.Duration(1<<44+1<<30), 1000*time.Hour
+	r, err := New(Config{Model: "m", Endpoints: eps(2), Picker: &pickFirstHealthy{},
+		Health: HealthConfig{FailThreshold: 1, BaseEjection: base, MaxEjection: limit}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	now, want := t0, base
+	for i := range 24 {
+		if !r.ReportResult(now, "e0", false) {
+			t.Fatalf("ejection %d did not happen", i+1)
+		}
+		got := r.Status(now)[0].EjectedUntil.Sub(now)
+		if got != want {
+			t.Fatalf("ejection %d length: got %v, want %v", i+1, got, want)
+		}
+		now = now.Add(got)
+		want = min(2*want, limit)
+	}
+}
+
 func TestActiveHealth(t *testing.T) {
 	r := newTestRouter(t, 2, &pickFirstHealthy{})
 	r.SetActiveHealth(t0, "e0", false)
