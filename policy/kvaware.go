@@ -448,10 +448,11 @@ func (p KVAwareParams) Validate() error {
 // # Explanation
 //
 // Every decision carries one Score per candidate (Value = the score, in ms;
-// Parts queue_ms, prefill_ms, work_ms, cached_tokens credited,
-// queued_tokens, in_flight, and capped/replica_trimmed/session_target flags
-// when they apply; Why says which cap) and a Reason with the chosen
-// candidate's TTFT estimate, built by the code that decides. Explain=false
+// Parts queue_ms, prefill_ms, work_ms, decode_ms, cached_tokens credited,
+// queued_tokens, in_flight, and capped/replica_trimmed/thrashing/
+// session_target flags when they apply; Why says which cap) and a Reason
+// with the chosen candidate's TTFT estimate, built by the code that
+// decides. Explain=false
 // leaves Scores nil on hot paths that do not log decisions. After
 // DeferExplanations (the router's decision log calls it) Pick leaves
 // Scores nil too but keeps the candidate states it decided from, and
