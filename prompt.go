@@ -88,10 +88,12 @@ func PrependChatTools(dst, tools []byte) []byte {
 }
 
 // ForEachChatMessage calls fn for each message of a canonical chat prompt,
-// in order, until fn returns false. It reports whether prompt is entirely in
-// canonical chat form; fn may have been called for a valid prefix when it
-// is not. Content is unescaped (allocating only when it held NUL bytes);
-// the request's tools and a message's tool calls are skipped.
+// in order, until fn returns false. It reports whether prompt is in
+// canonical chat form as far as it read it: entirely, unless fn stopped
+// it (what follows the message fn returned false for is not checked); fn
+// may have been called for a valid prefix when it is not. Content is
+// unescaped (allocating only when it held NUL bytes); the request's tools
+// and a message's tool calls are skipped.
 func ForEachChatMessage(prompt string, fn func(role, content string) bool) bool {
 	return forEachChat(prompt, nil, func(role, content, _ string) bool { return fn(role, content) })
 }
