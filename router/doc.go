@@ -23,9 +23,11 @@
 // kvroute.Releaser (at Done) and FirstTokenObserver (at FirstToken). A
 // decision Route refuses (the picker chose an ineligible endpoint) is
 // released to a Releaser at once. Drained returns a channel signalled
-// (never blocking, one deep) at each FirstToken and Done: the load the
-// router counts went down, so a request the policy shed may fit now (the
-// proxy's queue routes the head of its line again on it).
+// (never blocking, one deep) at each FirstToken and Done, when the load
+// the router counts went down, and when an endpoint joins the candidates
+// (added, present again, passing its health checks again): a request the
+// policy shed may fit now (the proxy's queue routes the head of its line
+// again on it).
 //
 // The pool can change while the router runs: SetEndpoints takes the new
 // endpoint list and keeps the state of every endpoint that stays (health,

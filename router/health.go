@@ -77,12 +77,15 @@ func (r *Router) ReportResult(now time.Time, endpointID string, ok bool) (ejecte
 
 // SetActiveHealth records an active health check's verdict (the checker
 // applies its own pass/fail thresholds). An endpoint failing active checks is
-// never picked.
+// never picked; one that passes again signals Drained.
 func (r *Router) SetActiveHealth(now time.Time, endpointID string, ok bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if e := r.byID[endpointID]; e != nil {
+	if e := r.byID[endpointID]; e != nil && e.activeOK != ok {
 		e.activeOK = ok
+		if ok {
+			r.wake() // a request held for room may fit on it
+		}
 	}
 }
 

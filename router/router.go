@@ -922,12 +922,15 @@ func (r *Router) FirstToken(now time.Time, f *Flight) {
 }
 
 // Drained returns a channel that receives after a flight gets its first
-// token or ends: the load the router counts on its endpoint went down, so
-// a request the policy shed may fit now (the proxy's queue routes the head
-// of its line again at once). It is buffered one deep and never blocks a
-// sender, so one receive may stand for several events, or for one that
-// happened before the receiver began to wait; load that drains in the
-// engines' signals alone is not signalled.
+// token or ends (the load the router counts on its endpoint went down),
+// and after an endpoint joins the candidates (SetEndpoints adds one,
+// SetAbsent makes a rank present again, SetActiveHealth passes one
+// again): a request the policy shed may fit now (the proxy's queue routes
+// the head of its line again at once). It is buffered one deep and never
+// blocks a sender, so one receive may stand for several events, or for
+// one that happened before the receiver began to wait; load that drains
+// in the engines' signals alone, and the end of a passive ejection, are
+// not signalled.
 func (r *Router) Drained() <-chan struct{} { return r.drained }
 
 // wake signals Drained.

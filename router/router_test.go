@@ -715,3 +715,56 @@ func TestStatusLoadIsTheRoutingView(t *testing.T) {
 		t.Errorf("e0: Status's KV capacity %d, want the configured 50000", got)
 	}
 }
+
+// TestDrainedSignals: Drained is signalled whenever a request held for
+// room may fit now: a flight's first token and end, an endpoint added, a
+// rank present again, and an endpoint passing its active health checks
+// again (SetActiveHealth(true) was not signalled, so a held request
+// waited out the proxy queue's pause for an endpoint that was back).
+// Nothing else signals it.
+func TestDrainedSignals(t *testing.T) {
+	r := newTestRouter(t, 2, &pickFirstHealthy{})
+	drained := func() bool {
+		select {
+		case <-r.Drained():
+			return true
+		default:
+			return false
+		}
+	}
+	f, err := r.Route(t0, &kvroute.Request{ID: "a", Model: "m"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	drained() // empty the channel
+	steps := []struct {
+		name string
+		do   func()
+		want bool
+	}{
+		{"first token", func() { r.FirstToken(t0, f) }, true},
+		{"done", func() { r.Done(t0, f, kvroute.Outcome{}) }, true},
+		{"active health fails", func() { r.SetActiveHealth(t0, "e1", false) }, false},
+		{"active health fails again", func() { r.SetActiveHealth(t0, "e1", false) }, false},
+		{"active health passes", func() { r.SetActiveHealth(t0, "e1", true) }, true},
+		{"active health passes again", func() { r.SetActiveHealth(t0, "e1", true) }, false},
+		{"absent", func() { r.SetAbsent(t0, "e1", true) }, false},
+		{"present", func() { r.SetAbsent(t0, "e1", false) }, true},
+		{"endpoint added", func() {
+			if err := r.SetEndpoints(t0, eps(3), nil); err != nil {
+				t.Fatal(err)
+			}
+		}, true},
+		{"endpoint removed", func() {
+			if err := r.SetEndpoints(t0, eps(2), nil); err != nil {
+				t.Fatal(err)
+			}
+		}, false},
+	}
+	for _, s := range steps {
+		s.do()
+		if got := drained(); got != s.want {
+			t.Errorf("%s: Drained signalled %v, want %v", s.name, got, s.want)
+		}
+	}
+}
