@@ -813,22 +813,32 @@ func (r *Router) blocksToTokens(req *kvroute.Request, blocks int, charMode bool)
 }
 
 // sizeApprox keeps the approximate index's per-endpoint capacity in step
-// with the endpoint's KV capacity, in the request's block unit.
+// with the endpoint's KV capacity, in the request's block unit; once a
+// request came with token blocks, in those: a prompt precise mode could
+// not tokenize (routed on character blocks, of another size) does not
+// resize the index its token-block prompts fill, which trimmed them to
+// the capacity in character blocks at each such request.
 func (r *Router) sizeApprox(e *endpoint, capTokens int, req *kvroute.Request, charMode bool) {
 	unit := req.BlockSize
 	if charMode {
 		unit = -unit
+		if e.capUnit > 0 {
+			unit = e.capUnit
+		}
 	}
 	if capTokens == e.capTokens && unit == e.capUnit && e.capBlocks != 0 {
 		return // as last time
+	}
+	if unit == 0 {
+		return // no blocks to size in (the request has no hashes)
 	}
 	e.capTokens, e.capUnit = capTokens, unit
 	if capTokens <= 0 {
 		capTokens = r.cfg.DefaultCapacityTokens
 	}
-	blockTokens := float64(req.BlockSize)
-	if charMode {
-		blockTokens = float64(req.BlockSize) / r.cfg.CharsPerToken
+	blockTokens := float64(unit)
+	if unit < 0 {
+		blockTokens = float64(-unit) / r.cfg.CharsPerToken
 	}
 	if blockTokens <= 0 {
 		return

@@ -768,3 +768,44 @@ func TestDrainedSignals(t *testing.T) {
 		}
 	}
 }
+
+// TestApproxCapacityMixedUnits: with a tokenizer (precise mode) a prompt
+// that cannot be tokenized is routed on character blocks. Its block unit
+// (128 characters, 32 tokens) must not resize the approximate index
+// sized in token blocks (16 tokens): each such request halved every
+// endpoint's capacity in blocks and trimmed the token-block prompts down
+// to it (the 80-block prompt here kept 49 blocks), until the next token
+// request grew it back with the entries gone.
+func TestApproxCapacityMixedUnits(t *testing.T) {
+	r, err := New(Config{Model: "m", Endpoints: []kvroute.Endpoint{{ID: "a", KVCapacityTokens: 16 * 100}}, Picker: &pickFirstHealthy{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	toks := make([]uint32, 16*80)
+	for i := range toks {
+		toks[i] = uint32(i)
+	}
+	h := kvindex.HashTokens(toks, 16, nil)
+	route := func(req *kvroute.Request) *Flight {
+		t.Helper()
+		f, err := r.Route(t0, req, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Done(t0, f, kvroute.Outcome{})
+		return f
+	}
+	tokens := func(id string) *kvroute.Request {
+		return &kvroute.Request{ID: id, PromptTokens: len(toks), BlockSize: 16, BlockHashes: h}
+	}
+	route(tokens("1"))
+	if got := route(tokens("2")).CachedTokens(); got != len(toks) {
+		t.Fatalf("the token prompt again: got %d tokens cached, want %d", got, len(toks))
+	}
+	for i := range 3 {
+		route(&kvroute.Request{ID: fmt.Sprint("c", i), Prompt: strings.Repeat(fmt.Sprint(i), 300), PromptTokens: 75})
+	}
+	if got := route(tokens("3")).CachedTokens(); got != len(toks) {
+		t.Errorf("the token prompt after character-block prompts: got %d tokens cached, want %d", got, len(toks))
+	}
+}
