@@ -61,7 +61,7 @@ type Endpoint struct {
 	// Role is the endpoint's role in the pool; default both.
 	Role Role
 	// Weight scales the endpoint's share of load for policies that use weights;
-	// default 1.
+	// default 1. None of package policy's policies does.
 	Weight int
 	// Labels are free-form (zone, node, gpu, link); disaggregation uses them to
 	// find the fabric link between two endpoints.
