@@ -60,6 +60,8 @@ type Dynamo struct {
 	pending map[pendingKey]dynamoPending
 	cached  map[string]int
 	picks   uint64
+	sweepAt int // pending's size above which a Pick sweeps (past pendingSweepMin)
+	sweeps  int // sweeps done
 }
 
 type dynamoPending struct {
@@ -168,12 +170,14 @@ func (d *Dynamo) record(now time.Time, req *kvroute.Request, c *kvroute.Candidat
 	pr := dynamoPending{endpoint: endpointID(c), cached: min(max(c.CachedTokens, 0), max(req.PromptTokens, 0)), at: now}
 	d.pending[key] = pr
 	d.cached[pr.endpoint] += pr.cached
-	if d.picks++; d.picks%4096 == 0 || len(d.pending) > 1<<16 {
+	if d.picks++; d.picks%4096 == 0 || len(d.pending) > max(d.sweepAt, pendingSweepMin) {
+		d.sweeps++
 		for k, p := range d.pending {
 			if now.Sub(p.at) > dynamoPendingTTL {
 				d.drop(k)
 			}
 		}
+		d.sweepAt = 2 * len(d.pending)
 	}
 }
 

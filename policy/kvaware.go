@@ -483,6 +483,8 @@ type KVAware struct {
 	tenantsActive  int
 	tracked        int // requests in pending
 	picks          uint64
+	sweepAt        int  // pending's size above which a Pick sweeps (past pendingSweepMin)
+	sweeps         int  // sweeps done
 	firstTokens    bool // the router reports first tokens (FirstToken)
 	now            time.Time
 
@@ -1450,7 +1452,7 @@ func (k *KVAware) record(now time.Time, req *kvroute.Request, prefix uint64, end
 	pr := pendingReq{prefix: prefix, tenant: req.Tenant, endpoint: endpoint, size: float64(P - st.credit), prompt: float64(P), at: now, prefill: true}
 	k.pending[key] = pr
 	k.track(pr)
-	if k.picks%4096 == 0 || len(k.pending) > 1<<16 {
+	if k.picks%4096 == 0 || len(k.pending) > max(k.sweepAt, pendingSweepMin) {
 		k.sweep(now)
 	}
 }
@@ -1508,14 +1510,17 @@ func (k *KVAware) untrack(pr pendingReq) {
 	}
 }
 
-// sweep drops per-request state older than PendingTTL.
+// sweep drops per-request state older than PendingTTL. The next sweep for
+// pending's size waits until it doubles (see pendingSweepMin).
 func (k *KVAware) sweep(now time.Time) {
+	k.sweeps++
 	for key, pr := range k.pending {
 		if now.Sub(pr.at) > k.p.PendingTTL {
 			k.untrack(pr)
 			delete(k.pending, key)
 		}
 	}
+	k.sweepAt = 2 * len(k.pending)
 }
 
 // tenantOver reports whether tenant holds more than C x its fair share of the

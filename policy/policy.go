@@ -167,6 +167,15 @@ func chwblOK(load, total, n int, factor float64) bool {
 	return float64(load)+1 <= float64(total+1)/float64(n)*factor
 }
 
+// pendingSweepMin is the size of a picker's per-request state (requests
+// routed and not yet released) above which a Pick sweeps it for entries
+// past their TTL at once rather than at its next 4096th Pick; after a
+// sweep, the next waits until the state doubles. A sweep is a pass over
+// every entry: with more requests than that in flight, each Pick swept
+// them all while none was stale (65,536 entries, about a millisecond a
+// decision, under the router's lock).
+const pendingSweepMin = 1 << 16
+
 // orEmpty returns req, or an empty request for a nil one (a bad call must not
 // panic the router).
 func orEmpty(req *kvroute.Request) *kvroute.Request {
