@@ -175,7 +175,7 @@ type endpoint struct {
 
 	capBlocks int          // capacity last given to the approximate index
 	capTokens int          // the KV capacity capBlocks was computed from
-	capUnit   int          // and the block unit: BlockSize, negated in character mode
+	capUnit   int          // and the block unit: BlockSize, negated in character mode (see sizeApprox)
 	slot      kvindex.Slot // its room in the approximate index
 
 	// The view's last Load, protected by Router.mu: see currentLoad. Its
