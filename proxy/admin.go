@@ -230,6 +230,9 @@ type PolicyUpdate struct {
 	Params map[string]any `json:"params"`
 }
 
+// maxAdminBody bounds the body of PUT /admin/policy.
+const maxAdminBody = 1 << 20
+
 // serveAdminPolicy switches a model's policy at runtime. It exists only
 // when admin.token is set and needs that token.
 func (p *Proxy) serveAdminPolicy(w http.ResponseWriter, r *http.Request) {
@@ -238,7 +241,9 @@ func (p *Proxy) serveAdminPolicy(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	var u PolicyUpdate
-	dec := json.NewDecoder(io.LimitReader(r.Body, 1<<20))
+	// A body over the limit fails with 413; cut short by a LimitReader it
+	// was answered 400 "unexpected EOF", as if the JSON were broken.
+	dec := json.NewDecoder(http.MaxBytesReader(w, r.Body, maxAdminBody))
 	dec.DisallowUnknownFields()
 	dec.UseNumber()
 	err := dec.Decode(&u)
@@ -247,6 +252,11 @@ func (p *Proxy) serveAdminPolicy(w http.ResponseWriter, r *http.Request) {
 		if _, terr := dec.Token(); terr != io.EOF {
 			err = errors.New("unexpected data after the JSON object")
 		}
+	}
+	var mbe *http.MaxBytesError
+	if errors.As(err, &mbe) {
+		openai.WriteError(w, tooLarge(mbe.Limit))
+		return
 	}
 	if err != nil {
 		openai.WriteError(w, kvroute.Errorf(http.StatusBadRequest, kvroute.TypeInvalidRequest, "invalid_json", "",

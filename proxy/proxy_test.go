@@ -547,6 +547,8 @@ func TestAdminPolicy(t *testing.T) {
 		{"bad body", "0123456789abcdef", `{"model":"m","policy":"rr","extra":1}`, 400},
 		{"trailing data", "0123456789abcdef", `{"model":"m","policy":"rr"} {"model":"m","policy":"nope"}`, 400},
 		{"trailing garbage", "0123456789abcdef", `{"model":"m","policy":"rr"}x`, 400},
+		// Valid JSON, but over the 1 MiB limit: 413, not a 400 "unexpected EOF".
+		{"too large", "0123456789abcdef", `{"model":"m","policy":"rr","params":{"x":"` + strings.Repeat("a", 1<<20) + `"}}`, 413},
 		{"ok", "0123456789abcdef", `{"model":"m","policy":"rr","params":{"x":1}}`, 200},
 	}
 	for _, tc := range tests {
@@ -561,6 +563,8 @@ func TestAdminPolicy(t *testing.T) {
 			resp := must(http.DefaultClient.Do(req))
 			if out := readAll(t, resp); resp.StatusCode != tc.want {
 				t.Errorf("got %d %s, want %d", resp.StatusCode, out, tc.want)
+			} else if tc.want == 413 {
+				wantErrorBody(t, resp.StatusCode, out, 413, "larger than the limit of 1048576 bytes")
 			} else if challenge := resp.Header.Get("WWW-Authenticate"); (tc.want == 401) != (challenge != "") {
 				t.Errorf("status %d with WWW-Authenticate %q: a 401, and only a 401, carries the challenge", resp.StatusCode, challenge)
 			}
