@@ -722,6 +722,8 @@ func (m *Model) validate(v *validator, p string) {
 		}
 		if ev.ReplayAddress != "" && !strings.Contains(ev.ReplayAddress, "://") {
 			v.addf(ep+".kv_events.replay_address", "%q is not a ZMQ address (tcp://host:port, ipc://path)", ev.ReplayAddress)
+		} else if e.DataParallelSize <= 1 && sameZMQAddress(ev.Address, ev.ReplayAddress) { // (a data-parallel endpoint's overlap is reported by validateDataParallel)
+			v.addf(ep+".kv_events.replay_address", "%q is kv_events.address again: the engine's replay socket (vLLM's replay_endpoint, a ROUTER) and its event socket (PUB) are two sockets on two addresses", ev.ReplayAddress)
 		}
 		if ev.ReplayBufferSteps < 0 {
 			v.addf(ep+".kv_events.replay_buffer_steps", "%d is negative", ev.ReplayBufferSteps)
@@ -773,6 +775,21 @@ func (m *Model) validate(v *validator, p string) {
 	if h := r.Session.Header; strings.TrimSpace(h) == "" || strings.ContainsAny(h, " :\t\r\n") {
 		v.addf(p+".router.session.header", "%q is not a header name", h)
 	}
+}
+
+// sameZMQAddress reports whether two ZMQ addresses, neither "", name one
+// socket: the same text, or tcp:// addresses with the same host (without
+// case) and port.
+func sameZMQAddress(a, b string) bool {
+	if a == "" || b == "" {
+		return false
+	}
+	if a == b {
+		return true
+	}
+	h1, p1, ok1 := tcpPort(a)
+	h2, p2, ok2 := tcpPort(b)
+	return ok1 && ok2 && p1 == p2 && strings.EqualFold(h1, h2)
 }
 
 func validFlavor(f string) bool {

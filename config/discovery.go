@@ -317,6 +317,8 @@ func (m *Model) validateKubernetes(v *validator, mp, p string, k *Kubernetes) {
 		v.addf(ep+".kv_events.port", "%d + data-parallel ranks is above 65535", ev.Port)
 	case t.DataParallelSize > 1 && ev.ReplayPort > 0 && ev.ReplayPort < ev.Port+t.DataParallelSize && ev.Port < ev.ReplayPort+t.DataParallelSize:
 		v.addf(ep+".kv_events.replay_port", "%d overlaps the event ports of the %d ranks from %d", ev.ReplayPort, t.DataParallelSize, ev.Port)
+	case ev.Port > 0 && ev.ReplayPort == ev.Port:
+		v.addf(ep+".kv_events.replay_port", "%d is kv_events.port again: the engine's replay socket (vLLM's replay_endpoint, a ROUTER) and its event socket (PUB) are two sockets on two ports", ev.ReplayPort)
 	}
 }
 

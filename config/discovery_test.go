@@ -158,6 +158,8 @@ func TestDiscoveryValidation(t *testing.T) {
 			`models[0].discovery.kubernetes.endpoint.kv_events.port: is not set but other kv_events fields are`},
 		{"kv events without tokenizer", func(c *Config) { c.Models[0].Precise = Precise{} },
 			`models[0].discovery.kubernetes.endpoint.kv_events: needs models[0].precise.tokenizer: KV events are matched on token ids`},
+		{"replay port is the port", func(c *Config) { k(c).Endpoint.KVEvents.ReplayPort = 5557 },
+			`models[0].discovery.kubernetes.endpoint.kv_events.replay_port: 5557 is kv_events.port again: the engine's replay socket (vLLM's replay_endpoint, a ROUTER) and its event socket (PUB) are two sockets on two ports`},
 		{"dp replay overlap", func(c *Config) { k(c).Endpoint.DataParallelSize = 4; k(c).Endpoint.KVEvents.ReplayPort = 5559 },
 			`models[0].discovery.kubernetes.endpoint.kv_events.replay_port: 5559 overlaps the event ports of the 4 ranks from 5557`},
 	}

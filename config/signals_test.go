@@ -73,6 +73,14 @@ func TestSignalsValidation(t *testing.T) {
 			m.Precise.Tokenizer = BuiltinTokenizer
 			m.Endpoints[0].KVEvents = KVEvents{Address: "tcp://a:1", ReplayAddress: "a:2"}
 		}, `models[0].endpoints[0].kv_events.replay_address: "a:2"`},
+		{"replay address is the address", func(m *Model) {
+			m.Precise.Tokenizer = BuiltinTokenizer
+			m.Endpoints[0].KVEvents = KVEvents{Address: "tcp://a:5557", ReplayAddress: "tcp://A:5557"}
+		}, `models[0].endpoints[0].kv_events.replay_address: "tcp://A:5557" is kv_events.address again`},
+		{"ipc replay address is the address", func(m *Model) {
+			m.Precise.Tokenizer = BuiltinTokenizer
+			m.Endpoints[0].KVEvents = KVEvents{Address: "ipc:///tmp/kv", ReplayAddress: "ipc:///tmp/kv"}
+		}, `models[0].endpoints[0].kv_events.replay_address: "ipc:///tmp/kv" is kv_events.address again`},
 		{"replay buffer steps", func(m *Model) {
 			m.Precise.Tokenizer = BuiltinTokenizer
 			m.Endpoints[0].KVEvents = KVEvents{Address: "tcp://a:1", ReplayBufferSteps: -1}
