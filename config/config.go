@@ -169,7 +169,8 @@ type EndpointSignals struct {
 	// Flavor overrides signals.flavor.
 	Flavor string `yaml:"flavor"`
 	// MetricsURL is the full metrics URL when the engine serves its metrics
-	// elsewhere than url + signals.metrics_path; default "".
+	// elsewhere than url + signals.metrics_path, query included (llama.cpp's
+	// router mode: http://host:8080/metrics?model=NAME); default "".
 	MetricsURL string `yaml:"metrics_url"`
 }
 
@@ -657,7 +658,7 @@ func (m *Model) validate(v *validator, p string) {
 		e := &m.Endpoints[i]
 		ep := fmt.Sprintf("%s.endpoints[%d]", p, i)
 		sameEngine := false
-		if err := checkURL(e.URL); err != nil {
+		if err := checkURL(e.URL, false); err != nil {
 			v.addf(ep+".url", "%q %v", e.URL, err)
 		} else if base, ok := strings.CutSuffix(strings.TrimRight(e.URL, "/"), "/v1"); ok {
 			// An OpenAI client's base URL: the requests would go to
@@ -706,7 +707,7 @@ func (m *Model) validate(v *validator, p string) {
 			v.addf(ep+".signals.flavor", "%q is not one of %s", es.Flavor, strings.Join(MetricsFlavors, ", "))
 		}
 		if es.MetricsURL != "" {
-			if err := checkURL(es.MetricsURL); err != nil {
+			if err := checkURL(es.MetricsURL, true); err != nil {
 				v.addf(ep+".signals.metrics_url", "%q %v", es.MetricsURL, err)
 			}
 		}
@@ -811,7 +812,10 @@ func engineKey(s string) string {
 	return strings.ToLower(u.Scheme) + "://" + strings.ToLower(u.Host) + strings.TrimRight(u.Path, "/")
 }
 
-func checkURL(s string) error {
+// checkURL checks an http(s) URL with a host and no user info or
+// fragment; a query only when query is set (a metrics URL may need one:
+// llama.cpp's router mode serves a model's metrics at /metrics?model=NAME).
+func checkURL(s string, query bool) error {
 	u, err := url.Parse(s)
 	switch {
 	case s == "":
@@ -820,7 +824,9 @@ func checkURL(s string) error {
 		return errors.New("is not an http(s) URL")
 	case u.Hostname() == "":
 		return errors.New("has no host")
-	case u.RawQuery != "" || u.Fragment != "":
+	case query && u.Fragment != "":
+		return errors.New("has a fragment")
+	case !query && (u.RawQuery != "" || u.Fragment != ""):
 		return errors.New("has a query or fragment")
 	case u.User != nil:
 		return errors.New("has user info")

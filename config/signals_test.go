@@ -60,6 +60,8 @@ func TestSignalsValidation(t *testing.T) {
 		{"bad path", func(m *Model) { m.Signals.MetricsPath = "metrics" }, `models[0].signals.metrics_path: "metrics" does not start with /`},
 		{"endpoint flavor", func(m *Model) { m.Endpoints[0].Signals.Flavor = "x" }, `models[0].endpoints[0].signals.flavor: "x"`},
 		{"endpoint metrics url", func(m *Model) { m.Endpoints[0].Signals.MetricsURL = "ftp://x" }, `models[0].endpoints[0].signals.metrics_url: "ftp://x" is not an http(s) URL`},
+		{"endpoint metrics url fragment", func(m *Model) { m.Endpoints[0].Signals.MetricsURL = "http://a:1/metrics#x" }, `models[0].endpoints[0].signals.metrics_url: "http://a:1/metrics#x" has a fragment`},
+		{"endpoint url query", func(m *Model) { m.Endpoints[0].URL = "http://a:1/?x=1" }, `models[0].endpoints[0].url: "http://a:1/?x=1" has a query or fragment`},
 		{"events without precise", func(m *Model) { m.Endpoints[0].KVEvents.Address = "tcp://a:5557" }, "models[0].endpoints[0].kv_events: needs models[0].precise.tokenizer"},
 		{"events without address", func(m *Model) {
 			m.Precise.Tokenizer = BuiltinTokenizer
@@ -103,5 +105,24 @@ func TestSignalsValidation(t *testing.T) {
 				t.Fatalf("got %v, want an error containing %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// TestMetricsURLQuery: an endpoint's metrics_url may carry a query
+// (llama.cpp's router mode serves a model's metrics at /metrics?model=NAME),
+// scraped as written; its url may not.
+func TestMetricsURLQuery(t *testing.T) {
+	cfg, err := Parse([]byte(`models:
+  - name: m
+    signals: {flavor: llamacpp}
+    endpoints:
+      - url: http://a:8080
+        signals: {metrics_url: "http://a:8080/metrics?model=qwen"}
+`))
+	if err != nil {
+		t.Fatalf("Parse: %v", err)
+	}
+	if got, want := cfg.Models[0].MetricsURL(0), "http://a:8080/metrics?model=qwen"; got != want {
+		t.Errorf("MetricsURL: got %q, want %q", got, want)
 	}
 }
