@@ -74,7 +74,8 @@
 //
 // The prefix-cache hit rate is the rate of the engine's token counters over
 // the scrapes of the last ViewConfig.HitRateWindow (a counter going down
-// means the engine restarted and starts a new window).
+// means the engine restarted and starts a new window); unknown (-1) while
+// the signals are stale.
 //
 // A View never reads the clock: callers (the proxy with time.Now, the
 // simulator with virtual time) pass now in. Views are safe for concurrent

@@ -394,9 +394,11 @@ func (v *View) LoadUntil(now time.Time) (kvroute.Load, time.Time) {
 	}
 	if l.Stale {
 		// Router-local counts only: requests waiting for a first token are
-		// queued or in prefill, the others decoding.
+		// queued or in prefill, the others decoding. The hit rate of
+		// scrapes that stopped is not the engine's recent one: unknown.
 		l.Waiting = v.prefill
 		l.Running = v.decode
+		l.PrefixHitRate = -1
 	} else {
 		l.Waiting = max(0, roundInt(v.last.Waiting)+v.dW)
 		l.Running = max(0, roundInt(v.last.Running)+v.dR)

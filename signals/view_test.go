@@ -163,6 +163,11 @@ func TestViewHitRate(t *testing.T) {
 			t.Errorf("at %ds: PrefixHitRate = %v, want %v", c.sec, got, c.want)
 		}
 	}
+	// Once the scrapes stop (the engine stopped answering), the signals go
+	// stale and so does the last window's rate: unknown, not 1 for ever.
+	if got := v.Load(t0.Add(16*time.Second + v.cfg.StaleAfter + time.Millisecond)).PrefixHitRate; got != -1 {
+		t.Errorf("stale: PrefixHitRate = %v, want -1", got)
+	}
 	// An engine-computed gauge is used when there are no counters.
 	v2 := NewView(ViewConfig{})
 	v2.Observe(t0, Metrics{Have: HasWaiting | HasCacheHitRate, CacheHitRate: 0.3})
