@@ -137,7 +137,10 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 	// pickers that store text, like sglang's tree, copy it).
 	defer promptBuffers.put(prompt)
 	x := &exchange{p: p, pool: pl, req: req, body: body, maxAttempts: p.cfg.Retry.Attempts, m: p.metrics.pools[pl.model]}
-	x.tried = make([]string, 0, x.maxAttempts)
+	// Sized for the attempts the pool can take: retry.attempts may be any
+	// number ("every endpoint"), and sized by it alone a large one took the
+	// process down (runtime: out of memory).
+	x.tried = make([]string, 0, min(x.maxAttempts, len(pl.set.Load().eps)))
 	x.ctx = context.WithValue(r.Context(), exchangeKey{}, x)
 	out := r.WithContext(x.ctx)
 	out.Header.Set(HeaderRequestID, id)

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -217,4 +218,25 @@ func wantErrorBody(t *testing.T, status int, body string, want int, msg string) 
 		t.Fatalf("got %d %q (%v), want %d in OpenAI's error shape saying %q", status, body, jerr, want, msg)
 	}
 	return e
+}
+
+// TestRetryAttemptsAboveThePool: retry.attempts larger than any pool
+// ("try every endpoint", which config accepts) retries as usual; the
+// handler once sized a slice by it per request, and a huge value panicked
+// every request (makeslice: cap out of range).
+func TestRetryAttemptsAboveThePool(t *testing.T) {
+	dead := httptest.NewServer(http.NotFoundHandler())
+	deadURL := dead.URL
+	dead.Close()
+	live := newBackend(t, "live", okHandler("live"))
+	cfg := testConfig("first", deadURL, live.URL)
+	cfg.Retry.Attempts = 1 << 40
+	tp := newTestProxy(t, cfg)
+	resp, err := http.Post(tp.srv.URL+PathCompletions, "application/json", strings.NewReader(`{"model":"m","prompt":"hi"}`))
+	if err != nil {
+		t.Fatalf("POST: %v (want 200 from live after a connect error)", err)
+	}
+	if body := readAll(t, resp); resp.StatusCode != http.StatusOK {
+		t.Fatalf("got %d %s, want 200 from live after a connect error", resp.StatusCode, body)
+	}
 }
