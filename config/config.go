@@ -250,7 +250,8 @@ type Router struct {
 	// MaxEjection caps the ejection length; default 30s.
 	MaxEjection time.Duration `yaml:"max_ejection"`
 	// DecisionLog is the number of recent decisions kept for
-	// /debug/decisions; default 256.
+	// /debug/decisions; default 256, at most MaxDecisionLog (the log is
+	// allocated whole at start, some 300 bytes a decision).
 	DecisionLog int `yaml:"decision_log"`
 	// Session says where a request's session (or document) affinity key
 	// comes from; the first source that gives one wins.
@@ -422,6 +423,10 @@ const (
 	// tokenizer.
 	BuiltinTokenizer = "builtin"
 )
+
+// MaxDecisionLog bounds router.decision_log: the log is allocated whole at
+// start, and a large one took the router down (runtime: out of memory).
+const MaxDecisionLog = 100000
 
 // ApplyDefaults replaces zero values by their documented defaults, in place.
 // It never overwrites a value that was set, valid or not.
@@ -766,6 +771,9 @@ func (m *Model) validate(v *validator, p string) {
 		v.addf(p+".router.max_ejection", "%s is shorter than router.base_ejection (%s)", r.MaxEjection, r.BaseEjection)
 	}
 	v.positive(p+".router.decision_log", int64(r.DecisionLog))
+	if r.DecisionLog > MaxDecisionLog {
+		v.addf(p+".router.decision_log", "%d is above %d (the log is allocated whole at start)", r.DecisionLog, MaxDecisionLog)
+	}
 	if r.Session.PromptRegexp != "" {
 		if re, err := regexp.Compile(r.Session.PromptRegexp); err != nil {
 			v.addf(p+".router.session.prompt_regexp", "%q does not compile: %v", r.Session.PromptRegexp, err)

@@ -130,6 +130,8 @@ func TestValidateErrors(t *testing.T) {
 		{"ejection", func(c *Config) { c.Models[0].Router.MaxEjection = time.Millisecond },
 			`models[0].router.max_ejection: 1ms is shorter than router.base_ejection (1s)`},
 		{"block chars", func(c *Config) { c.Models[0].Router.BlockChars = -1 }, `models[0].router.block_chars: -1 is not positive`},
+		{"decision log too large", func(c *Config) { c.Models[0].Router.DecisionLog = 1 << 30 },
+			`models[0].router.decision_log: 1073741824 is above 100000 (the log is allocated whole at start)`},
 		{"policy", func(c *Config) { c.Models[0].Policy.Name = " " }, `models[0].policy.name: is empty`},
 	}
 	for _, tc := range tests {
