@@ -85,7 +85,9 @@ type SubscriberConfig struct {
 	IdleReconnect time.Duration
 	// DialRetry is the pause between failed dials; default 500ms.
 	DialRetry time.Duration
-	// Logger receives warnings (gaps, resyncs, decode errors); nil discards.
+	// Logger receives warnings (gaps, resyncs, decode errors; a failing
+	// connection once per failure streak, the dials that keep failing
+	// after it at debug level); nil discards.
 	Logger *slog.Logger
 	// DataParallel makes the subscription that of one data-parallel rank,
 	// DataParallelRank, of an engine (vLLM --data-parallel-size, each rank
@@ -253,6 +255,10 @@ type Subscriber struct {
 	// batch (a restarted engine publishes nothing until it serves a
 	// request, and the router would route to its lost cache meanwhile).
 	lost bool
+	// up is set once the current session's socket is connected (or
+	// listening); failing while sessions end without one since the last
+	// failure logged (Run logs a failure streak once).
+	up, failing bool
 	// dups holds the payload hashes of the batches a catch-up on connect
 	// applied, by sequence number, until a batch past them arrives: the
 	// same batches may also come on the SUB socket (published between the
@@ -313,10 +319,17 @@ func (s *Subscriber) Run(ctx context.Context) error {
 		}
 		if err != nil {
 			// An idle engine's session ends every IdleReconnect: routine,
-			// not worth a warning.
+			// not worth a warning. Nor is each dial of an engine that
+			// stays down (every DialRetry) once the first failure is.
 			lvl := slog.LevelWarn
-			if errors.Is(err, errIdle) {
+			if s.up {
+				s.failing = false
+			}
+			switch {
+			case errors.Is(err, errIdle), s.failing:
 				lvl = slog.LevelDebug
+			default:
+				s.failing = true
 			}
 			s.cfg.Logger.Log(ctx, lvl, "kv events: session ended", "endpoint", s.cfg.Endpoint, "address", s.cfg.Address, "err", err)
 			s.update(func(st *SubscriberStatus) { st.LastError = err.Error() })
@@ -413,6 +426,7 @@ func (g *byteGate) release(n int64) {
 func (s *Subscriber) session(parent context.Context) error {
 	ctx, cancel := context.WithCancel(parent)
 	defer cancel()
+	s.up = false
 	opts := zmtpOptions{maxFrame: uint64(s.cfg.MaxFrameSize), handshake: s.cfg.ReplayTimeout}
 	if s.cfg.Listen {
 		// Only publishers: zmq4 would reject any other peer after its
@@ -451,6 +465,10 @@ func (s *Subscriber) session(parent context.Context) error {
 	}
 	s.update(func(st *SubscriberStatus) { st.Connected = true })
 	defer s.update(func(st *SubscriberStatus) { st.Connected = false })
+	s.up = true
+	if s.failing {
+		s.cfg.Logger.Info("kv events: connected again", "endpoint", s.cfg.Endpoint, "address", s.cfg.Address)
+	}
 	if connected == nil {
 		s.fresh = true // a new connection: maybe a new engine
 		if s.lost && !s.cfg.Listen {

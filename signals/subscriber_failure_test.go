@@ -281,3 +281,34 @@ func TestSubscriberCatchUpOnConnect(t *testing.T) {
 		t.Errorf("status %+v: want 3 batches, no restart, resync or gap", st)
 	}
 }
+
+// TestSubscriberDialFailuresLoggedOnce: an engine that stays down is
+// re-dialled every DialRetry; the first failure is a warning, the next
+// ones of the streak only debug lines (each was a warning: two a second
+// per endpoint for as long as the engine was down). A connection made
+// after them is logged, and its failure is a warning again.
+func TestSubscriberDialFailuresLoggedOnce(t *testing.T) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	addr := "tcp://" + l.Addr().String()
+	l.Close() // nothing listens there: every dial fails
+	var logs syncbuf.Buffer
+	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 4})
+	sub, _ := runSubscriber(t, SubscriberConfig{Endpoint: "e1", Address: addr, Topic: testTopic, Sink: idx}, func(c *SubscriberConfig) {
+		c.DialRetry = time.Millisecond
+		c.Logger = slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	})
+	count := func(s string) int { return strings.Count(logs.String(), s) }
+	waitFor(t, "5 failed dials", func() bool { return count("session ended") >= 5 })
+	if n := count("level=WARN"); n != 1 {
+		t.Fatalf("%d warnings for one streak of failed dials, want 1:\n%s", n, logs.String())
+	}
+	eng := newFakeEngineAt(t, addr, "", EventEncoding{})
+	eng.waitSubscribed()
+	waitFor(t, "the connection logged", func() bool { return count("connected again") == 1 })
+	eng.close()
+	waitFor(t, "the connection's failure warned", func() bool { return count("level=WARN") == 2 })
+	waitFor(t, "disconnect", func() bool { return !sub.Status().Connected })
+}
