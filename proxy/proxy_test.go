@@ -672,6 +672,60 @@ func TestGracefulShutdownDrainsStreams(t *testing.T) {
 	}
 }
 
+// TestServeListenerFailureDrains: when the listener fails (Serve's own
+// error, no shutdown asked for), the stream in progress is drained and,
+// at the drain deadline, ended as at a shutdown (error event, [DONE]).
+// Serve returned at once instead, without waiting for its handlers, and
+// the cancel of their base context on its way out cut the stream short
+// with no error event (the stream's rest was "\n"), as if its client had
+// gone.
+func TestServeListenerFailureDrains(t *testing.T) {
+	release := make(chan struct{})
+	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		fmt.Fprint(w, "data: {\"n\":0}\n\n")
+		w.(http.Flusher).Flush()
+		select {
+		case <-release:
+		case <-r.Context().Done():
+		}
+	})
+	t.Cleanup(func() { close(release) })
+	cfg := testConfig("first", be.URL)
+	cfg.Timeouts.Shutdown = 50 * time.Millisecond
+	p, err := New(Options{Config: cfg, NewPicker: testPickers})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	served := make(chan error, 1)
+	go func() { served <- p.Serve(context.Background(), ln) }()
+	resp, err := http.Post("http://"+ln.Addr().String()+PathCompletions, "application/json", strings.NewReader(streamBody))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	br := bufio.NewReader(resp.Body)
+	if line, _ := br.ReadString('\n'); line != "data: {\"n\":0}\n" {
+		t.Fatalf("first line: got %q", line)
+	}
+	ln.Close() // the listener fails
+	rest := make(chan string, 1)
+	go func() {
+		b, _ := io.ReadAll(br)
+		rest <- string(b)
+	}()
+	if got := recv(t, "the stream to end", rest); !strings.Contains(got, "shutting down") || !strings.HasSuffix(got, "data: [DONE]\n\n") {
+		t.Errorf("the stream's end: got %q, want the drain deadline's error event and [DONE]", got)
+	}
+	if err := recv(t, "Serve to return", served); err == nil {
+		t.Error("Serve: got nil, want the listener's error")
+	}
+}
+
 func TestShedIs429WithRetryAfter(t *testing.T) {
 	be := newBackend(t, "a", okHandler("a"))
 	tp := newTestProxy(t, testConfig("shed", be.URL))

@@ -23,7 +23,8 @@ const shutdownGrace = time.Second
 // a request with no response yet is answered 503; after up to a second
 // more for that, the remaining connections are closed. It stops the
 // background loops and returns. It returns nil after a shutdown asked for
-// by ctx, else the server's error.
+// by ctx, else the server's error; a server that fails (its listener)
+// drains and ends its in-flight requests the same way before returning.
 func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	srv := &http.Server{
 		Handler:           p,
@@ -61,9 +62,13 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(ln) }()
 	p.log.Info("serving", "addr", ln.Addr().String(), "models", p.names)
+	var serveErr error // the server's own end (its listener failed), before any shutdown
 	select {
-	case err := <-errc:
-		return err
+	case serveErr = <-errc:
+		// The connections still open are drained as at a shutdown: left
+		// alone, their requests ran on after Serve returned, with no one
+		// to end them.
+		p.log.Error("the listener failed: draining in-flight requests", "error", serveErr)
 	case <-ctx.Done():
 	}
 	p.draining.Store(true)
@@ -84,7 +89,9 @@ func (p *Proxy) Serve(ctx context.Context, ln net.Listener) error {
 		gcancel()
 		err = nil
 	}
-	if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) && err == nil {
+	if serveErr != nil {
+		err = serveErr
+	} else if serr := <-errc; !errors.Is(serr, http.ErrServerClosed) && err == nil {
 		err = serr
 	}
 	p.log.Info("stopped")
