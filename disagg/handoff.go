@@ -1056,12 +1056,12 @@ func (x *exchange) stream(a *answer, f *router.Flight) {
 	sse := isEventStream(resp.Header)
 	rc := http.NewResponseController(x.w)
 	buf := a.buf
-	var tail eventTail
+	var tail openai.EventTail
 	var streamErr error
 	n, err := a.n, a.err // the first bytes, read by begin
 	for {
 		if n > 0 {
-			tail.add(buf[:n])
+			tail.Add(buf[:n])
 			if _, werr := x.w.Write(buf[:n]); werr != nil {
 				streamErr = werr
 				break
@@ -1072,7 +1072,7 @@ func (x *exchange) stream(a *answer, f *router.Flight) {
 			break
 		}
 		if err != nil {
-			if sse && tail.sawDone() {
+			if sse && tail.SawDone() {
 				// The stream broke after its final event (the client hung
 				// up, or SGLang's prefill leg failed, before the engine
 				// closed its response): the answer is complete.
@@ -1098,7 +1098,7 @@ func (x *exchange) stream(a *answer, f *router.Flight) {
 			// begin).
 			if sse && end != nil {
 				var b []byte
-				if !tail.atBoundary() {
+				if !tail.AtBoundary() {
 					b = append(b, "\n\n"...)
 				}
 				_, _ = x.w.Write(openai.AppendErrorEvent(b, end))
@@ -1126,31 +1126,6 @@ func (x *exchange) stream(a *answer, f *router.Flight) {
 
 // errSilent ends an answer whose engine sent nothing for Silence.
 var errSilent = errors.New("the engine's answer went silent")
-
-// eventTail is the last bytes of a response passed on to the client: did
-// an event stream break mid-event, or after its final event?
-type eventTail [16]byte
-
-func (t *eventTail) add(p []byte) {
-	if len(p) >= len(t) {
-		copy(t[:], p[len(p)-len(t):])
-		return
-	}
-	k := copy(t[:], t[len(p):])
-	copy(t[k:], p)
-}
-
-// atBoundary reports whether the bytes passed on end an event.
-func (t *eventTail) atBoundary() bool {
-	e := t[len(t)-4:]
-	return e[2] == '\n' && e[3] == '\n' || string(e) == "\r\n\r\n"
-}
-
-// sawDone reports whether the bytes passed on end with the final event.
-func (t *eventTail) sawDone() bool {
-	const done = "data: " + openai.Done + "\n\n"
-	return string(t[len(t)-len(done):]) == done
-}
 
 // isEventStream reports whether a response is a server-sent event stream.
 func isEventStream(h http.Header) bool {

@@ -297,3 +297,55 @@ func (r *SSEReader) Next() (Event, error) {
 func (r *SSEReader) event() Event {
 	return Event{Type: string(r.evType), ID: r.id, Data: r.data, Retry: r.retry}
 }
+
+// EventTail keeps the last bytes of an event stream passed on, to tell
+// whether it stopped between events or mid-event, and whether its final
+// data: [DONE] event was sent. Events may end with any of the line endings
+// the SSE format allows (LF, CRLF, CR). The zero value is ready to use.
+type EventTail [24]byte
+
+// Add records p, the next bytes of the stream.
+func (t *EventTail) Add(p []byte) {
+	if len(p) >= len(t) {
+		copy(t[:], p[len(p)-len(t):])
+		return
+	}
+	k := copy(t[:], t[len(p):])
+	copy(t[k:], p)
+}
+
+// AtBoundary reports whether the bytes added so far end an event (a blank
+// line).
+func (t *EventTail) AtBoundary() bool {
+	_, ok := eventEnd(t[:])
+	return ok
+}
+
+// SawDone reports whether the bytes added so far end with the final
+// data: [DONE] event.
+func (t *EventTail) SawDone() bool {
+	const line = "data: " + Done
+	b, ok := eventEnd(t[:])
+	return ok && len(b) >= len(line) && string(b[len(b)-len(line):]) == line
+}
+
+// cutEOL removes one line ending (CRLF, LF or CR) from the end of b.
+func cutEOL(b []byte) ([]byte, bool) {
+	switch {
+	case len(b) >= 2 && b[len(b)-2] == '\r' && b[len(b)-1] == '\n':
+		return b[:len(b)-2], true
+	case len(b) >= 1 && (b[len(b)-1] == '\n' || b[len(b)-1] == '\r'):
+		return b[:len(b)-1], true
+	}
+	return b, false
+}
+
+// eventEnd reports whether b ends with a blank line (an event's end) and
+// returns b without it.
+func eventEnd(b []byte) ([]byte, bool) {
+	b, ok := cutEOL(b)
+	if !ok {
+		return b, false
+	}
+	return cutEOL(b)
+}

@@ -22,8 +22,8 @@ type upstreamBody struct {
 	x       *exchange
 	sse     bool
 	started bool
-	tail    [16]byte // the last bytes passed on: did a stream break mid-event, or end?
-	ended   bool     // the upstream failed: serve rest, then EOF
+	tail    openai.EventTail // the last bytes passed on: did a stream break mid-event, or end?
+	ended   bool             // the upstream failed: serve rest, then EOF
 	rest    []byte
 
 	// What readFirst read: served before anything else.
@@ -47,7 +47,7 @@ func (b *upstreamBody) readFirst() error {
 		if n > 0 {
 			b.started = true
 			b.x.firstByte(b.x.p.now())
-			b.remember(b.first[:n])
+			b.tail.Add(b.first[:n])
 			b.head, b.firstErr = b.first[:n], err
 			return nil
 		}
@@ -93,14 +93,14 @@ func (b *upstreamBody) Read(p []byte) (int, error) {
 			b.started = true
 			b.x.firstByte(b.x.p.now())
 		}
-		b.remember(p[:n])
+		b.tail.Add(p[:n])
 	}
 	if err == nil || err == io.EOF {
 		return n, err
 	}
 	var end *kvroute.Error
 	switch {
-	case b.sse && b.sawDone():
+	case b.sse && b.tail.SawDone():
 		// The final event was sent: the exchange is complete, whatever
 		// ends the response now (the client hanging up, the engine or a
 		// hop between dropping the connection or going silent before
@@ -131,32 +131,11 @@ func (b *upstreamBody) Read(p []byte) (int, error) {
 		return n, err
 	}
 	b.ended = true
-	if b.started && !b.atEventBoundary() {
+	if b.started && !b.tail.AtBoundary() {
 		b.rest = append(b.rest, "\n\n"...) // terminate the broken event
 	}
 	b.rest = openai.AppendErrorEvent(b.rest, end)
 	return n, nil
-}
-
-func (b *upstreamBody) remember(p []byte) {
-	if len(p) >= len(b.tail) {
-		copy(b.tail[:], p[len(p)-len(b.tail):])
-		return
-	}
-	k := copy(b.tail[:], b.tail[len(p):])
-	copy(b.tail[k:], p)
-}
-
-func (b *upstreamBody) atEventBoundary() bool {
-	t := b.tail[len(b.tail)-4:]
-	return (t[2] == '\n' && t[3] == '\n') || (t[0] == '\r' && t[1] == '\n' && t[2] == '\r' && t[3] == '\n')
-}
-
-// doneEvent ends every OpenAI-style stream.
-const doneEvent = "data: " + openai.Done + "\n\n"
-
-func (b *upstreamBody) sawDone() bool {
-	return string(b.tail[len(b.tail)-len(doneEvent):]) == doneEvent
 }
 
 func (b *upstreamBody) Close() error { return b.rc.Close() }

@@ -1,0 +1,41 @@
+package openai
+
+import "testing"
+
+// TestEventTail: the end of an event and the final [DONE] event are told
+// with each line ending the SSE format allows, across writes of any size.
+func TestEventTail(t *testing.T) {
+	for _, tc := range []struct {
+		stream         string
+		boundary, done bool
+	}{
+		{"", false, false},
+		{"data: {}\n\n", true, false},
+		{"data: {}\r\n\r\n", true, false},
+		{"data: {}\r\r", true, false},
+		{"data: {}\n", false, false},
+		{"data: {}\r\n", false, false},
+		{"data: {\"a\":", false, false},
+		{"data: {}\n\ndata: [DONE]\n\n", true, true},
+		{"data: {}\r\n\r\ndata: [DONE]\r\n\r\n", true, true},
+		{"data: {}\r\rdata: [DONE]\r\r", true, true},
+		{"data: [DONE]\n\n", true, true},
+		{"data: [DONE]\n", false, false},
+		{"data: [DONE]\n\ndata: {}\n\n", true, false},
+	} {
+		for _, size := range []int{1, 3, 1000} {
+			var tail EventTail
+			for s := tc.stream; s != ""; {
+				n := min(size, len(s))
+				tail.Add([]byte(s[:n]))
+				s = s[n:]
+			}
+			if got := tail.AtBoundary(); got != tc.boundary {
+				t.Errorf("%q in writes of %d: AtBoundary = %v, want %v", tc.stream, size, got, tc.boundary)
+			}
+			if got := tail.SawDone(); got != tc.done {
+				t.Errorf("%q in writes of %d: SawDone = %v, want %v", tc.stream, size, got, tc.done)
+			}
+		}
+	}
+}
