@@ -176,3 +176,25 @@ func TestKVAwareShedExplanation(t *testing.T) {
 		})
 	}
 }
+
+// TestKVAwareOverloadedReason: with every candidate over its queue cap and
+// overload least-loaded, kv-aware picks as it does under the caps (here the
+// one candidate caching the prompt, though it is not the least loaded), and
+// its reason says how, after "overloaded, " (it read "overloaded, least
+// loaded" whatever the pick was).
+func TestKVAwareOverloadedReason(t *testing.T) {
+	p := DefaultKVAwareParams()
+	p.QueueCap = 4
+	k, _ := NewKVAwareWith(p, 1)
+	l := kvroute.Load{Waiting: p.QueueCap, Running: 8}
+	req := &kvroute.Request{PromptTokens: 8192, BlockHashes: make([]uint64, 128)}
+	cands := []kvroute.Candidate{cand("a", l, 0, 0), cand("b", l, 128, 8192), cand("c", l, 0, 0)}
+	cands[1].Load.Waiting++ // the most loaded
+	d := k.Pick(epoch, req, cands)
+	if d.Index != 1 {
+		t.Fatalf("chose %d (%s), want 1: the cached prompt", d.Index, d.Reason)
+	}
+	if !strings.HasPrefix(d.Reason, "overloaded, affinity") {
+		t.Errorf("reason %q, want it to start with \"overloaded, affinity\"", d.Reason)
+	}
+}

@@ -84,7 +84,9 @@ type KVAwareParams struct {
 	// disables. Default 1 (see Caps in the KVAware doc).
 	KVCap float64 `param:"kv_cap"`
 	// Overload says what to do when every healthy endpoint is over its queue
-	// or KV cap: "least-loaded" picks the least loaded anyway (default);
+	// or KV cap: "least-loaded" (default) picks anyway, as it picks when
+	// some are under the caps (the lowest estimate, session affinity and
+	// ties as usual; the reason starts "overloaded, ");
 	// "shed" and "queue" return Decision{Shed: true}, and the router answers
 	// 429 with Retry-After or holds the request for a bounded wait (the
 	// decision's Reason starts with "shed:" or "queue:").
@@ -954,12 +956,13 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 			choice, how = a, "tie"
 		}
 	}
-	if !anyUnder {
-		how = "overloaded"
-	}
 	st := &k.c[choice]
 	k.record(now, req, hot, endpointID(&cands[choice]), st, P)
-	why := reasonFigures{head: reasonHead(how, st.credit), est: st.est(), queueMs: st.queueMs, prefMs: st.prefMs, credit: st.credit, P: P}
+	head := reasonHead(how, st.credit)
+	if !anyUnder {
+		head = overloadedHead[head]
+	}
+	why := reasonFigures{head: head, est: st.est(), queueMs: st.queueMs, prefMs: st.prefMs, credit: st.credit, P: P}
 	if k.deferred {
 		// The figures are rendered when someone reads the decision
 		// (Explain): formatting them for every decision was an
@@ -1392,8 +1395,6 @@ func reasonHead(how string, credit int) string {
 	switch how {
 	case "session":
 		return "session affinity"
-	case "overloaded":
-		return "overloaded, least loaded"
 	case "tie":
 		if credit > 0 {
 			return "affinity, tie broken by load"
@@ -1404,6 +1405,16 @@ func reasonHead(how string, credit int) string {
 		return "affinity"
 	}
 	return "lowest estimate"
+}
+
+// overloadedHead is reasonHead's when every healthy candidate is over its
+// queue or KV cap and Overload is least-loaded: the pick is made as usual.
+var overloadedHead = map[string]string{
+	"session affinity":               "overloaded, session affinity",
+	"affinity, tie broken by load":   "overloaded, affinity, tie broken by load",
+	"miss, least loaded of two tied": "overloaded, miss, least loaded of two tied",
+	"affinity":                       "overloaded, affinity",
+	"lowest estimate":                "overloaded, lowest estimate",
 }
 
 // String renders the reason: its head, then the estimate and its parts,
