@@ -141,7 +141,7 @@ type Signals struct {
 	// only. Default false.
 	Disabled bool `yaml:"disabled"`
 	// ScrapeInterval is the time between two scrapes of one endpoint;
-	// default 100ms.
+	// at least MinInterval; default 100ms.
 	ScrapeInterval time.Duration `yaml:"scrape_interval"`
 	// ScrapeTimeout bounds one scrape; default 1s.
 	ScrapeTimeout time.Duration `yaml:"scrape_timeout"`
@@ -350,7 +350,8 @@ type HealthCheck struct {
 	Disabled bool `yaml:"disabled"`
 	// Path is the path probed on each endpoint; default "/health".
 	Path string `yaml:"path"`
-	// Interval is the time between two checks of one endpoint; default 5s.
+	// Interval is the time between two checks of one endpoint, at least
+	// MinInterval; default 5s.
 	Interval time.Duration `yaml:"interval"`
 	// Timeout bounds one check; default 2s, and at most Interval.
 	Timeout time.Duration `yaml:"timeout"`
@@ -562,6 +563,22 @@ func (v *validator) positiveDuration(path string, d time.Duration) {
 	}
 }
 
+// MinInterval is the shortest health_check.interval and
+// signals.scrape_interval: below it the router would probe or scrape its
+// engines continuously.
+const MinInterval = time.Millisecond
+
+// interval checks a probe or scrape interval: positive, and at least
+// MinInterval.
+func (v *validator) interval(path string, d time.Duration) {
+	switch {
+	case d <= 0:
+		v.addf(path, "%s is not positive", d)
+	case d < MinInterval:
+		v.addf(path, "%s is shorter than %s: the router would probe its engines continuously", d, MinInterval)
+	}
+}
+
 func (v *validator) positive(path string, n int64) {
 	if n <= 0 {
 		v.addf(path, "%d is not positive", n)
@@ -620,7 +637,7 @@ func (c *Config) Validate() error {
 	if !strings.HasPrefix(h.Path, "/") {
 		v.addf("health_check.path", "%q does not start with /", h.Path)
 	}
-	v.positive("health_check.interval", int64(h.Interval))
+	v.interval("health_check.interval", h.Interval)
 	v.positive("health_check.timeout", int64(h.Timeout))
 	if h.Timeout > h.Interval && h.Interval > 0 {
 		v.addf("health_check.timeout", "%s is longer than health_check.interval (%s)", h.Timeout, h.Interval)
@@ -703,7 +720,7 @@ func (m *Model) validate(v *validator, p string) {
 		}
 		es := e.Signals
 		if es.ScrapeInterval != m.Signals.ScrapeInterval { // else reported for the model
-			v.positiveDuration(ep+".signals.scrape_interval", es.ScrapeInterval)
+			v.interval(ep+".signals.scrape_interval", es.ScrapeInterval)
 		}
 		if es.ScrapeTimeout != m.Signals.ScrapeTimeout {
 			v.positiveDuration(ep+".signals.scrape_timeout", es.ScrapeTimeout)
@@ -743,7 +760,7 @@ func (m *Model) validate(v *validator, p string) {
 		v.addf(p+".endpoints", "every endpoint has role prefill: at least one needs role both or decode to generate tokens")
 	}
 	sg := m.Signals
-	v.positiveDuration(p+".signals.scrape_interval", sg.ScrapeInterval)
+	v.interval(p+".signals.scrape_interval", sg.ScrapeInterval)
 	v.positiveDuration(p+".signals.scrape_timeout", sg.ScrapeTimeout)
 	v.positiveDuration(p+".signals.stale_after", sg.StaleAfter)
 	if !validFlavor(sg.Flavor) {

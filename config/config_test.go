@@ -120,6 +120,8 @@ func TestValidateErrors(t *testing.T) {
 		{"attempts", func(c *Config) { c.Retry.Attempts = 0 }, `retry.attempts: 0 is not positive`},
 		{"body limit", func(c *Config) { c.Limits.MaxBodyBytes = -5 }, `limits.max_body_bytes: -5 is not positive`},
 		{"health path", func(c *Config) { c.HealthCheck.Path = "health" }, `health_check.path: "health" does not start with /`},
+		{"health interval", func(c *Config) { c.HealthCheck.Interval, c.HealthCheck.Timeout = time.Nanosecond, time.Nanosecond },
+			`health_check.interval: 1ns is shorter than 1ms: the router would probe its engines continuously`},
 		{"health timeout", func(c *Config) { c.HealthCheck.Timeout = time.Minute },
 			`health_check.timeout: 1m0s is longer than health_check.interval (5s)`},
 		{"trusted", func(c *Config) { c.TrustedClients = []string{"10.0.0.0/8", "10.0.0.300"} },

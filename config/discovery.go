@@ -289,7 +289,7 @@ func (m *Model) validateKubernetes(v *validator, mp, p string, k *Kubernetes) {
 		v.addf(ep+".data_parallel_size", "%d is not in 1-%d", n, MaxDataParallelSize)
 	}
 	es := t.Signals
-	v.positiveDuration(ep+".signals.scrape_interval", es.ScrapeInterval)
+	v.interval(ep+".signals.scrape_interval", es.ScrapeInterval)
 	v.positiveDuration(ep+".signals.scrape_timeout", es.ScrapeTimeout)
 	if !validFlavor(es.Flavor) {
 		v.addf(ep+".signals.flavor", "%q is not one of %s", es.Flavor, strings.Join(MetricsFlavors, ", "))

@@ -56,6 +56,10 @@ func TestSignalsValidation(t *testing.T) {
 		want string
 	}{
 		{"negative interval", func(m *Model) { m.Signals.ScrapeInterval = -time.Second }, "models[0].signals.scrape_interval: -1s is not positive"},
+		{"tiny interval", func(m *Model) { m.Signals.ScrapeInterval = time.Nanosecond },
+			"models[0].signals.scrape_interval: 1ns is shorter than 1ms: the router would probe its engines continuously"},
+		{"tiny endpoint interval", func(m *Model) { m.Endpoints[0].Signals.ScrapeInterval = 999 * time.Microsecond },
+			"models[0].endpoints[0].signals.scrape_interval: 999µs is shorter than 1ms"},
 		{"bad flavor", func(m *Model) { m.Signals.Flavor = "vllm2" }, `models[0].signals.flavor: "vllm2" is not one of auto, vllm`},
 		{"bad path", func(m *Model) { m.Signals.MetricsPath = "metrics" }, `models[0].signals.metrics_path: "metrics" does not start with /`},
 		{"endpoint flavor", func(m *Model) { m.Endpoints[0].Signals.Flavor = "x" }, `models[0].endpoints[0].signals.flavor: "x"`},
