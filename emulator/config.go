@@ -163,6 +163,8 @@ func (c *Config) validate() error {
 	}
 	if !(c.Speed > 0) || math.IsInf(c.Speed, 1) { // NaN compares false: it would hang every request
 		errs = append(errs, fmt.Errorf("emulator: Speed %v must be a positive number", c.Speed))
+	} else if c.Speed < MinSpeed { // the model's durations, divided by it, would overflow
+		errs = append(errs, fmt.Errorf("emulator: Speed %v is below %v", c.Speed, MinSpeed))
 	}
 	for _, f := range []struct {
 		name string
@@ -198,6 +200,11 @@ func (c *Config) validate() error {
 	}
 	return errors.Join(errs...)
 }
+
+// MinSpeed is the slowest Config.Speed: a thousand times slower than the
+// model. Slower, a model duration divided by it (a KV lease of 480 s, a
+// long prefill) overflows time.Duration and requests hang.
+const MinSpeed = 1e-3
 
 // scaled converts a model-time duration to real time.
 func (c *Config) scaled(d time.Duration) time.Duration {

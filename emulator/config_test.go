@@ -20,6 +20,7 @@ func TestConfigRejectsNonFiniteFloats(t *testing.T) {
 		{"speed +Inf", Config{Speed: inf}, "Speed +Inf"},
 		{"speed -Inf", Config{Speed: -inf}, "Speed -Inf"},
 		{"speed negative", Config{Speed: -2}, "Speed -2"},
+		{"speed tiny", Config{Speed: 1e-300}, "Speed 1e-300 is below 0.001"},
 		{"fabric NaN", Config{FabricGbps: nan}, "FabricGbps NaN"},
 		{"fabric +Inf", Config{FabricGbps: inf}, "FabricGbps +Inf"},
 		{"eos NaN", Config{EOSMean: nan}, "EOSMean NaN"},

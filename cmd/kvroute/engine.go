@@ -108,7 +108,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		model       = fs.String("model", "", "served model `name` (required; requests must name it or omit model)")
 		profile     = fs.String("profile", "llama-3.1-8b-h100", "engine profile `name` (model, GPU, TP, cost model)")
 		listen      = fs.String("listen", "127.0.0.1:8000", "HTTP listen `address`")
-		speed       = fs.Float64("speed", 1, "run the model this many times faster than real time")
+		speed       = fs.Float64("speed", 1, "run the model this many times faster than real time (at least 0.001)")
 		kvBlocks    = fs.Int("kv-blocks", 0, "KV cache size in blocks (default: the profile's, from GPU memory)")
 		blockSize   = fs.Int("block-size", 0, "tokens per KV block (default: the profile's, 16)")
 		maxNumSeqs  = fs.Int("max-num-seqs", 0, "vLLM max_num_seqs (default: the profile's)")
@@ -206,6 +206,8 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return usageErr("--speed must be positive")
 	} else if !(*speed > 0) || math.IsInf(*speed, 1) { // NaN: every request hung after its first token
 		return usageErr("--speed %v must be a positive number", *speed)
+	} else if *speed < emulator.MinSpeed {
+		return usageErr("--speed %v is below %v: model durations divided by it would overflow", *speed, emulator.MinSpeed)
 	}
 	if *procs < 0 {
 		return usageErr("--procs must be 0 or more")

@@ -72,6 +72,7 @@ func TestEngineUsageErrors(t *testing.T) {
 		{[]string{"engine", "--model", "m", "--log-level", "loud"}, `--log-level "loud" is not one of debug, info, warn, error`},
 		{[]string{"engine", "--model", "m", "--gpu", "a100"}, "kvroute engine: --gpu applies to --hf-config"},
 		{[]string{"engine", "--model", "m", "--speed", "0"}, "--speed must be positive"},
+		{[]string{"engine", "--model", "m", "--speed", "1e-300"}, "--speed 1e-300 is below 0.001"},
 		// NaN passed "<= 0" and hung every request after its first token.
 		{[]string{"engine", "--model", "m", "--speed", "NaN"}, "--speed NaN must be a positive number"},
 		{[]string{"engine", "--model", "m", "--speed", "+Inf"}, "--speed +Inf must be a positive number"},
