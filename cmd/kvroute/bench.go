@@ -351,6 +351,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if len(scales) == 1 {
 		rep.Params["rate_scale"] = strconv.FormatFloat(scales[0], 'g', -1, 64)
 	}
+	if ctx.Err() != nil {
+		// In the report itself too (its table's parameters, report.json):
+		// the stderr line below is not there with --quiet, and a run cut
+		// short between two requests has no interrupted row count.
+		rep.Params["interrupted"] = "true"
+	}
 	if ctx.Err() != nil && !quiet {
 		msg := "interrupted: the report covers the requests that ended before it"
 		if interrupted > 0 {

@@ -192,7 +192,11 @@ func TestBenchCommandInterrupted(t *testing.T) {
 	if err := run(ctx, args, &out, &errb); err != nil {
 		t.Fatalf("run: %v\nstderr: %s", err, errb.String())
 	}
-	row := readReportJSON(t, filepath.Join(dir, "report.json")).Rows[0]
+	rep := readReportJSON(t, filepath.Join(dir, "report.json"))
+	if rep.Params["interrupted"] != "true" {
+		t.Errorf("report.json params %v: want interrupted=true", rep.Params)
+	}
+	row := rep.Rows[0]
 	if row.Requests != sent-1 || row.Completed != sent-1 || row.ErrorCount() != 0 || row.Interrupted != 1 {
 		t.Errorf("report.json: requests %d, completed %d, errors %v, interrupted %d; want %d, %d, none, 1",
 			row.Requests, row.Completed, row.Errors, row.Interrupted, sent-1, sent-1)
