@@ -614,9 +614,9 @@ type servingStream struct {
 	resp   *http.Response
 }
 
-// startStream serves p and posts body, a stream whose engine first sends
-// the event {"n":0}.
-func startStream(t *testing.T, p *Proxy, body string) *servingStream {
+// startServe runs p.Serve on a new loopback listener until stop (or the
+// test's end) and reports what it returns on served.
+func startServe(t *testing.T, p *Proxy) (ln net.Listener, stop context.CancelFunc, served <-chan error) {
 	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -624,8 +624,16 @@ func startStream(t *testing.T, p *Proxy, body string) *servingStream {
 	}
 	ctx, stop := context.WithCancel(context.Background())
 	t.Cleanup(stop)
-	served := make(chan error, 1)
-	go func() { served <- p.Serve(ctx, ln) }()
+	ch := make(chan error, 1)
+	go func() { ch <- p.Serve(ctx, ln) }()
+	return ln, stop, ch
+}
+
+// startStream serves p and posts body, a stream whose engine first sends
+// the event {"n":0}.
+func startStream(t *testing.T, p *Proxy, body string) *servingStream {
+	t.Helper()
+	ln, stop, served := startServe(t, p)
 	resp, err := http.Post("http://"+ln.Addr().String()+PathCompletions, "application/json", strings.NewReader(body))
 	if err != nil {
 		t.Fatal(err)
@@ -697,12 +705,7 @@ func TestServeListenerFailureDrains(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	served := make(chan error, 1)
-	go func() { served <- p.Serve(context.Background(), ln) }()
+	ln, _, served := startServe(t, p)
 	resp, err := http.Post("http://"+ln.Addr().String()+PathCompletions, "application/json", strings.NewReader(streamBody))
 	if err != nil {
 		t.Fatal(err)
@@ -1176,13 +1179,7 @@ func TestShutdownDeadlineAnswersWaitingRequests503(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, stop := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- p.Serve(ctx, ln) }()
+	ln, stop, served := startServe(t, p)
 	type result struct {
 		status int
 		body   string

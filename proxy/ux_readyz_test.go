@@ -1,8 +1,6 @@
 package proxy
 
 import (
-	"context"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -21,15 +19,9 @@ func serveProxy(t *testing.T, cfg config.Config) (*Proxy, string) {
 	if err != nil {
 		t.Fatalf("New: %v", err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Serve(ctx, ln) }()
+	ln, stop, done := startServe(t, p)
 	t.Cleanup(func() {
-		cancel()
+		stop()
 		if err := recv(t, "Serve to return", done); err != nil {
 			t.Errorf("Serve: %v", err)
 		}
