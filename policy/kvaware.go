@@ -960,7 +960,11 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	k.record(now, req, hot, endpointID(&cands[choice]), st, P)
 	head := reasonHead(how, st.credit)
 	if !anyUnder {
-		head = overloadedHead[head]
+		if h, ok := overloadedHead[head]; ok {
+			head = h
+		} else {
+			head = "overloaded, " + head // a head the table lacks: allocates
+		}
 	}
 	why := reasonFigures{head: head, est: st.est(), queueMs: st.queueMs, prefMs: st.prefMs, credit: st.credit, P: P}
 	if k.deferred {
@@ -1409,6 +1413,7 @@ func reasonHead(how string, credit int) string {
 
 // overloadedHead is reasonHead's when every healthy candidate is over its
 // queue or KV cap and Overload is least-loaded: the pick is made as usual.
+// Constants, so that the decision does not allocate its reason.
 var overloadedHead = map[string]string{
 	"session affinity":               "overloaded, session affinity",
 	"affinity, tie broken by load":   "overloaded, affinity, tie broken by load",

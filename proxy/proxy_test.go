@@ -607,7 +607,7 @@ func TestNewErrors(t *testing.T) {
 // servingStream is a proxy serving on a fresh listener with one stream in
 // progress, read up to the engine's first event ({"n":0}).
 type servingStream struct {
-	addr   string             // the listener's address
+	ln     net.Listener       // the listener Serve accepts on
 	stop   context.CancelFunc // ends Serve's context, as SIGTERM does
 	served <-chan error       // what Serve returns
 	rest   *bufio.Reader      // the stream after its first event
@@ -642,7 +642,7 @@ func startStream(t *testing.T, p *Proxy, body string) *servingStream {
 	if line, _ := br.ReadString('\n'); line != "data: {\"n\":0}\n" {
 		t.Fatalf("first line: got %q", line)
 	}
-	return &servingStream{addr: ln.Addr().String(), stop: stop, served: served, rest: br, resp: resp}
+	return &servingStream{ln: ln, stop: stop, served: served, rest: br, resp: resp}
 }
 
 func TestGracefulShutdownDrainsStreams(t *testing.T) {
@@ -663,7 +663,7 @@ func TestGracefulShutdownDrainsStreams(t *testing.T) {
 	stop, served, br, resp := st.stop, st.served, st.rest, st.resp
 	stop() // SIGTERM: stop accepting, drain
 	waitFor(t, "the proxy to stop accepting", func() bool {
-		c, err := net.Dial("tcp", st.addr)
+		c, err := net.Dial("tcp", st.ln.Addr().String())
 		if err == nil {
 			c.Close()
 		}
@@ -705,17 +705,10 @@ func TestServeListenerFailureDrains(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, _, served := startServe(t, p)
-	resp, err := http.Post("http://"+ln.Addr().String()+PathCompletions, "application/json", strings.NewReader(streamBody))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	br := bufio.NewReader(resp.Body)
-	if line, _ := br.ReadString('\n'); line != "data: {\"n\":0}\n" {
-		t.Fatalf("first line: got %q", line)
-	}
-	ln.Close() // the listener fails
+	st := startStream(t, p, streamBody)
+	served, br := st.served, st.rest
+	defer st.resp.Body.Close()
+	st.ln.Close() // the listener fails
 	rest := make(chan string, 1)
 	go func() {
 		b, _ := io.ReadAll(br)
