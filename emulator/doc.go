@@ -22,8 +22,9 @@
 //     end-to-end times end at the match) and inter_token_latency_seconds
 //     (recorded with its finish), the tokens up to the match, as vLLM's
 //     output processor does, not those the engine produced before its
-//     abort arrived (iteration_tokens_total leaves out those the loop
-//     delivers after the handler matched, not those it delivered before);
+//     abort arrived (iteration_tokens_total too: a step with such a
+//     request's outputs is observed once its handler searched their
+//     tokens, as vLLM's front end observes a step once it processed it);
 //     a request whose client left records no finish (vLLM's front end
 //     forgets it: request_success_total has no "abort" for it, the
 //     per-request histograms nothing), its tokens until then counted;

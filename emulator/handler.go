@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"slices"
 	"strconv"
@@ -135,8 +136,9 @@ type job struct {
 	prog        progress
 	stopped     bool // a stop string matched
 	roleWritten bool
-	chunked     bool // an output was due (--stream-interval)
-	chunkedAt   int  // generated tokens at the last due output
+	held        []iterOut // a request with stop strings' outputs decided (stopState.takeHeld)
+	chunked     bool      // an output was due (--stream-interval)
+	chunkedAt   int       // generated tokens at the last due output
 	// direct is set for a whole response without stop strings whose
 	// tokens render as plain words (Server.plainWords): its text is not
 	// rendered into text but straight into the body (appendWhole), which
@@ -396,12 +398,21 @@ func (s *Server) abort(j *job) {
 			f.generated = float64(ss.counted)
 			f.decodeUntil(itls, ss.counted)
 		}
+		// The held outputs count: a request whose client left has all
+		// its tokens counted (none is held after a match).
+		held := ss.takeHeld(j.held[:0], true)
 		j.st.mu.Unlock()
+		j.held = held
 		if f != nil {
 			m.stopCounted.Add(int64(n))
+		}
+		if f != nil || len(held) > 0 {
 			m.mu.Lock()
-			m.observeLatencies(itls)
-			m.addFinish(*f)
+			m.decideIter(held, math.MaxInt)
+			if f != nil {
+				m.observeLatencies(itls)
+				m.addFinish(*f)
+			}
 			m.mu.Unlock()
 		}
 	}
@@ -441,17 +452,22 @@ func (s *Server) settleStop(j *job) {
 	} else {
 		f = nil
 	}
+	held, counted := ss.takeHeld(j.held[:0], j.stopped || j.prog.finished), ss.counted
 	j.st.mu.Unlock()
+	j.held = held
 	if m == nil {
 		return // not added to an engine (yet)
 	}
 	if n > 0 {
 		m.stopCounted.Add(int64(n))
 	}
-	if f != nil {
+	if f != nil || len(held) > 0 {
 		m.mu.Lock()
-		m.observeLatencies(itls)
-		m.addFinish(*f)
+		m.decideIter(held, counted)
+		if f != nil {
+			m.observeLatencies(itls)
+			m.addFinish(*f)
+		}
 		m.mu.Unlock()
 	}
 }

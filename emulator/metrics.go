@@ -465,7 +465,7 @@ func (m *metrics) llamacpp() {
 }
 
 // flush records the pending finishes, in the order they were made. The
-// caller holds m.mu (as for onOutput and onStep).
+// caller holds m.mu (as for onOutput and observeStep).
 func (m *metrics) flush() {
 	for i := range m.finishes {
 		f := &m.finishes[i]
@@ -584,26 +584,76 @@ func (m *metrics) observeLatencies(itls []time.Duration) {
 	}
 }
 
-// onStep records a step's tokens as vLLM's iteration_tokens_total counts
-// them (IterationStats.update_from_output): the tokens its outputs
-// generated, plus the whole prompt (cached tokens included) of each
-// request that got its first token, but for stopped outputs, one token
-// each of requests a stop string already ended (stoppedOutputs), which
-// vLLM's front end ignores; a step with no output (a prefill chunk alone)
-// is not observed.
-func (m *metrics) onStep(res *engine.StepResult, stopped int) {
-	n := 0
+// stepTokens is a step's tokens as vLLM's iteration_tokens_total counts
+// them (IterationStats.update_from_output): those of its outputs
+// (outputTokens); and whether it is observed at all: a step with no
+// output (a prefill chunk alone) is not.
+func stepTokens(res *engine.StepResult) (n int, observed bool) {
 	for i := range res.Outputs {
-		o := &res.Outputs[i]
-		if o.First {
-			n += o.PromptTokens
-		}
-		if !o.Finished || o.FinishReason != engine.FinishAbort {
-			n++
-		}
+		n += outputTokens(&res.Outputs[i])
 	}
-	if n > 0 {
-		m.iteration.observe(float64(n - stopped)) // vLLM observes a step whose outputs it all ignored as 0
+	return n, n > 0
+}
+
+// outputTokens is what one output adds to its step's iteration tokens:
+// the token it generated (an abort's has none), plus the whole prompt
+// (cached tokens included) when it is the request's first.
+func outputTokens(o *engine.Output) int {
+	n := 0
+	if o.First {
+		n += o.PromptTokens
+	}
+	if !o.Finished || o.FinishReason != engine.FinishAbort {
+		n++
+	}
+	return n
+}
+
+// observeStep records a step's n tokens (stepTokens, less its outputs of
+// requests with stop strings left out or held): at once, or, with held,
+// when its held outputs are decided (decideIter). The caller holds m.mu.
+func (m *metrics) observeStep(n int, observed bool, held *iterStep) {
+	switch {
+	case held != nil:
+		held.n += n
+	case observed:
+		m.iteration.observe(float64(n))
+	}
+}
+
+// iterStep is a step's vllm:iteration_tokens_total observation waiting
+// for the handlers of requests with stop strings to search the tokens of
+// its outputs of theirs (held, iterOut): vLLM's front end processes a
+// step's outputs in order and forgets a request at the output whose
+// tokens complete a stop string, so the step's count depends on whether
+// a match came before. It is observed when its last held output is
+// decided, with n then (0 if every output was left out: vLLM observes
+// such a step). Guarded by metrics.mu.
+type iterStep struct {
+	n    int // tokens counted: the step's other outputs and those decided counted
+	open int // held outputs not decided yet
+}
+
+// iterOut is an output of a request with stop strings held in its
+// step's observation (stopState.held).
+type iterOut struct {
+	step   *iterStep
+	index  int // tokens the request generated before it (engine.Output.Index)
+	tokens int // what it adds to the step when counted (outputTokens)
+}
+
+// decideIter decides held outputs of one request: those before its first
+// counted tokens count in their step (vLLM processed them; the rest came
+// after the match), and a step is observed when its last held output is
+// decided. The caller holds m.mu.
+func (m *metrics) decideIter(outs []iterOut, counted int) {
+	for _, o := range outs {
+		if o.index < counted {
+			o.step.n += o.tokens
+		}
+		if o.step.open--; o.step.open == 0 {
+			m.iteration.observe(float64(o.step.n))
+		}
 	}
 }
 

@@ -64,6 +64,13 @@ func TestMetricsStopStringTokens(t *testing.T) {
 				if got := value(mfs["vllm:generation_tokens_total"].GetMetric()[0]); got != float64(gen) {
 					t.Errorf("generation_tokens_total: got %v, want %d (30 + %d x %d up to the stop string)", got, gen, reqs-1, stopAt)
 				}
+				// vLLM's iteration_tokens_total counts, step by step, the
+				// same prompt and generated tokens as the two counters.
+				prompt := value(mfs["vllm:prompt_tokens_total"].GetMetric()[0])
+				iter := mfs["vllm:iteration_tokens_total"].GetMetric()[0].GetHistogram()
+				if want := prompt + float64(gen); iter.GetSampleSum() != want {
+					t.Errorf("iteration_tokens_total: got sum %v, want %v (prompt_tokens_total + generation_tokens_total)", iter.GetSampleSum(), want)
+				}
 				// vLLM observes an inter-token latency for each token it
 				// counted after a request's first: none after the match.
 				itl := mfs["vllm:inter_token_latency_seconds"].GetMetric()[0].GetHistogram()
@@ -167,5 +174,77 @@ func TestMetricsStoppedOutputs(t *testing.T) {
 	}
 	if m.itl.count != 1 {
 		t.Errorf("inter_token_latency_seconds: got count %d, want 1 (b's latency alone)", m.itl.count)
+	}
+}
+
+// TestMetricsHeldOutputs: a step's outputs of a request with stop strings
+// that the handler has not searched yet count in vllm:iteration_tokens_total
+// as vLLM's front end counts them once it processed the step: those up to
+// the output whose token completed a match, not those after (the engine
+// computed them before its abort arrived), and all of them when the
+// client left. The emulator counted the outputs it delivered before the
+// handler matched, whichever side of the match they were.
+func TestMetricsHeldOutputs(t *testing.T) {
+	type search struct {
+		generated int  // tokens the handler searched
+		match     bool // the last of them completed a stop string
+		abort     bool // instead, the client left
+	}
+	for _, tc := range []struct {
+		name     string
+		steps    int // steps delivered: a's outputs 5, 6, ...; b's 3, 4, ... beside
+		searches []search
+		// after each search: observations and their sum
+		count []uint64
+		sum   []float64
+	}{
+		// a's token 6 (index 5) completes the match: step 1 counts it
+		// (1+1), step 2 leaves a's out (1).
+		{"match", 2, []search{{generated: 6, match: true}}, []uint64{2}, []float64{3}},
+		// Token 6 searched without a match: step 1 is decided (2); token 7
+		// matches: step 2 counts it (2), step 3 not (1).
+		{"search then match", 3, []search{{generated: 6}, {generated: 7, match: true}}, []uint64{1, 3}, []float64{2, 5}},
+		// The client left: every token counts.
+		{"client left", 2, []search{{abort: true}}, []uint64{2}, []float64{4}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			s, err := New(Config{Model: "tiny", Engine: tinyEngine(t)})
+			if err != nil {
+				t.Fatal(err)
+			}
+			t.Cleanup(func() { s.Close() })
+			a := newStream("a", 1, 30)
+			a.stop = &stopState{m: s.metrics}
+			b := newStream("b", 1, 30)
+			ls := &loopState{live: map[string]*stream{"a": a, "b": b}, notifying: 2, stops: 1}
+			for k := range tc.steps {
+				res := engine.StepResult{Outputs: []engine.Output{
+					{ID: "a", Index: 5 + k, ITL: time.Millisecond}, {ID: "b", Index: 3 + k, ITL: time.Millisecond}}}
+				s.deliver(&res, ls)
+			}
+			m := s.metrics
+			m.mu.Lock()
+			if m.iteration.count != 0 {
+				t.Errorf("before the search: got %d observations, want 0 (held)", m.iteration.count)
+			}
+			m.mu.Unlock()
+			j := &job{st: a, engineID: "a"}
+			for i, sr := range tc.searches {
+				if sr.abort {
+					s.abort(j)
+				} else {
+					j.generated, j.stopped = sr.generated, sr.match
+					if sr.match {
+						s.stopMatched(j, "x")
+					}
+					s.settleStop(j)
+				}
+				m.mu.Lock()
+				if m.iteration.count != tc.count[i] || m.iteration.sum != tc.sum[i] {
+					t.Errorf("after search %d: got count %d sum %v, want %d and %v", i, m.iteration.count, m.iteration.sum, tc.count[i], tc.sum[i])
+				}
+				m.mu.Unlock()
+			}
+		})
 	}
 }

@@ -533,7 +533,8 @@ func TestMetricsIterationTokens(t *testing.T) {
 	}
 	m.mu.Lock()
 	for i := range steps {
-		m.onStep(&steps[i], 0)
+		n, ok := stepTokens(&steps[i])
+		m.observeStep(n, ok, nil)
 	}
 	m.mu.Unlock()
 	h := m.iteration

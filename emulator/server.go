@@ -368,6 +368,12 @@ type loopState struct {
 	// (stream.every > 0); spaced those with every > 1; stops those of
 	// requests with stop strings (stream.stop).
 	notifying, spaced, stops int
+	// iterLess and iterHeld are deliver's for the step it delivers: the
+	// tokens of outputs of requests with stop strings left out of the
+	// step's count or held, and the step's observation when one is held
+	// (holdIter).
+	iterLess int
+	iterHeld *iterStep
 	// fullDeliver makes deliver look up the stream of every output, as
 	// it must while a handler is woken per chunk (the reference path for
 	// TestCatchUpMatchesStepping).
@@ -902,7 +908,8 @@ func (s *Server) apply(now time.Duration, c *command, ls *loopState) bool {
 func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 	s.metrics.mu.Lock()
 	defer s.metrics.mu.Unlock()
-	s.metrics.onStep(res, stoppedOutputs(res, ls))
+	iterN, observed := stepTokens(res)
+	ls.iterLess, ls.iterHeld = 0, nil
 	// The engine reports its running requests in the same order step after
 	// step: find each output's stream at the cursor in the previous step's
 	// order (a string compare of the same string) before hashing its ID.
@@ -942,13 +949,18 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 		}
 		st.count(o)
 		if !o.Finished {
+			if ss := st.stop; ss != nil {
+				st.mu.Lock()
+				ls.holdIter(o, st)
+				if !o.First { // recorded with its finish, up to the match (stopState.itls)
+					ss.itls = append(ss.itls, o.ITL)
+				}
+				st.mu.Unlock()
+			}
 			switch {
 			case o.First:
 				s.metrics.onOutput(o, st.gen, o.FinishReason, 0)
-			case st.stop != nil: // recorded with its finish, up to the match (stopState.itls)
-				st.mu.Lock()
-				st.stop.itls = append(st.stop.itls, o.ITL)
-				st.mu.Unlock()
+			case st.stop != nil:
 			default:
 				itls.add(s.metrics, o.ITL)
 			}
@@ -969,35 +981,35 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 		s.finished(o, st, ls)
 	}
 	itls.flush(s.metrics)
+	s.metrics.observeStep(iterN-ls.iterLess, observed, ls.iterHeld)
+	ls.iterHeld = nil
 	clear(prev)
 	ls.order, ls.spare = next, prev[:0]
 }
 
-// stoppedOutputs counts the outputs of res that belong to requests a stop
-// string already ended (their handler matched it; the engine computed the
-// step before their abort arrived): vLLM's front end, which has forgotten
-// such a request, ignores them (OutputProcessor.process_outputs). Outputs
-// the engine produced after the match but before the handler searched
-// them are not found: the loop learns of a match from the handler.
-func stoppedOutputs(res *engine.StepResult, ls *loopState) int {
-	if ls.stops == 0 {
-		return 0
-	}
-	n := 0
-	for i := range res.Outputs {
-		o := &res.Outputs[i]
-		if o.Finished && o.FinishReason == engine.FinishAbort {
-			continue
+// holdIter decides how o, an output of a request with stop strings, counts
+// in its step's vllm:iteration_tokens_total, as vLLM's front end counts it
+// (it forgets the request at the output whose tokens complete a match, and
+// ignores the outputs the engine computed before the abort arrived): left
+// out when a stop string already matched; counted when the client left
+// (its tokens all count, as in generation_tokens_total); else held, with
+// the step's observation, until the handler searched o's token (settleStop
+// decides it). The caller holds the metrics' lock and st.mu.
+func (ls *loopState) holdIter(o *engine.Output, st *stream) {
+	t := outputTokens(o)
+	ss := st.stop
+	switch {
+	case t == 0 || st.aborted.Load():
+	case ss.match != "":
+		ls.iterLess += t
+	default:
+		ls.iterLess += t
+		if ls.iterHeld == nil {
+			ls.iterHeld = new(iterStep)
 		}
-		if st := ls.live[o.ID]; st != nil && st.stop != nil {
-			st.mu.Lock()
-			if st.stop.match != "" {
-				n++
-			}
-			st.mu.Unlock()
-		}
+		ls.iterHeld.open++
+		ss.held = append(ss.held, iterOut{step: ls.iterHeld, index: o.Index, tokens: t})
 	}
-	return n
 }
 
 // itlRun batches a step's inter-token latencies, mostly one value: a run
@@ -1077,6 +1089,7 @@ func (s *Server) finished(o *engine.Output, st *stream, ls *loopState) {
 	generated, record := st.gen, true
 	var itls []time.Duration // a request with stop strings' latencies, recorded with its finish
 	if ss := st.stop; ss != nil {
+		ls.holdIter(o, st)
 		if !o.First && !aborted {
 			ss.itls = append(ss.itls, o.ITL)
 		}

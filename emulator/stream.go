@@ -70,6 +70,32 @@ type stopState struct {
 	// the tokens it counted (up to the match), so they are recorded with
 	// the finish, the first counted-1 of them (takeITLs).
 	itls []time.Duration
+	// held are the request's outputs whose step's iteration_tokens_total
+	// observation waits for the handler to search their tokens (the loop
+	// appends them, holdIter; the handler takes those it decided,
+	// takeHeld), in order.
+	held []iterOut
+}
+
+// takeHeld appends to dst, and removes, the held outputs the handler's
+// search decided: those of the tokens it searched (ss.counted), or all
+// when it searched the last or matched (final). Their step's counts are
+// decided with metrics.decideIter, under the metrics' lock, which the loop
+// holds while it holds st.mu: dst is the handler's, and the loop's later
+// appends do not touch it. The caller holds the stream's mu.
+func (ss *stopState) takeHeld(dst []iterOut, final bool) []iterOut {
+	k := len(ss.held)
+	if !final {
+		k = 0
+		for k < len(ss.held) && ss.held[k].index < ss.counted {
+			k++
+		}
+	}
+	dst = append(dst, ss.held[:k]...)
+	n := copy(ss.held, ss.held[k:])
+	clear(ss.held[n:])
+	ss.held = ss.held[:n]
+	return dst
 }
 
 // takeITLs returns the inter-token latencies of the first counted tokens
