@@ -350,3 +350,35 @@ func BenchmarkLoopCold(b *testing.B) {
 	b.ReportMetric(per(ahead), "DecodeRun-ns/request")
 	b.ReportMetric(float64(turns)/float64(b.N*n), "turns/request")
 }
+
+// TestCatchUpStepInProgress: a command that arrives during a step the
+// loop slept through joins the next step, so catchUp computes the step in
+// progress at its arrival too (it stopped at the step before, and the
+// loop stepped that one alone: one more pass over the running requests'
+// cold memory per arriving request).
+func TestCatchUpStepInProgress(t *testing.T) {
+	prof, err := engine.LookupProfile("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	queue := []command{{kind: cmdAdd, req: &engine.Request{ID: "a", Prompt: make([]uint32, 40), MaxTokens: 100, IgnoreEOS: true},
+		st: newStream("a", 0, 100)}}
+	ld := newLoopDriver(s, queue, false)
+	for ld.steps < 3 { // admitted and decoding
+		ld.advance()
+	}
+	at := ld.vnow + 1 // during the next step
+	ld.queue = []command{{kind: cmdAdd, req: &engine.Request{ID: "b", Prompt: make([]uint32, 40), MaxTokens: 100, IgnoreEOS: true},
+		st: newStream("b", 0, 100), at: at}}
+	ld.loopState.queue = ld.queue
+	if !s.catchUp(ld.loopState, time.Hour) {
+		t.Fatal("catchUp computed nothing: the step in progress when the command arrived was left to StepInto")
+	}
+	if got := s.caughtUp.Load(); got != 1 || ld.vnow <= at {
+		t.Errorf("catchUp computed %d steps, up to %v: want 1, the step in progress at %v", got, ld.vnow, at)
+	}
+}

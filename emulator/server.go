@@ -673,11 +673,14 @@ func (s *Server) catchUp(ls *loopState, woke time.Duration) bool {
 		return false
 	}
 	until := min(woke, ls.tpStart+time.Second-1)
+	before := time.Duration(math.MaxInt64)
 	for i := range ls.queue {
-		until = min(until, ls.queue[i].at-1) // a step that starts at or after at comes after it
+		// A step that starts at or after at comes after the command; the
+		// step in progress at at does not see it, and is caught up too.
+		before = min(before, ls.queue[i].at)
 	}
 	run := &ls.run
-	n := s.eng.DecodeSteps(ls.vnow, until, math.MaxInt, run)
+	n := s.eng.DecodeStepsBefore(ls.vnow, until, before, math.MaxInt, run)
 	if n == 0 {
 		return false
 	}

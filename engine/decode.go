@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"math"
 	"math/bits"
 	"time"
 )
@@ -135,6 +136,15 @@ type DecodedSeq struct {
 // boundary its tokens reach (decodePlain), not a StepResult's entry per
 // step.
 func (e *Engine) DecodeSteps(now, until time.Duration, limit int, run *DecodedRun) int {
+	return e.DecodeStepsBefore(now, until, math.MaxInt64, limit, run)
+}
+
+// DecodeStepsBefore is DecodeSteps computing no step that starts at or
+// after before either: a driver catching up with steps after an input
+// arrived at before (a request, an abort) includes the step in progress
+// then, which the input does not change (it joins the next step), and
+// stops at the step that must see it.
+func (e *Engine) DecodeStepsBefore(now, until, before time.Duration, limit int, run *DecodedRun) int {
 	run.Durations, run.Seqs, run.Finished, run.Events = run.Durations[:0], run.Seqs[:0], run.Finished[:0], nil
 	whole, ctx, finished := e.decodeRun(limit)
 	if whole <= 0 {
@@ -144,6 +154,9 @@ func (e *Engine) DecodeSteps(now, until time.Duration, limit int, run *DecodedRu
 	b := Batch{Seqs: r, Sampled: r, DecodeTokens: r}
 	end := now
 	for i := range whole {
+		if end >= before { // the step would start at or after before
+			break
+		}
 		b.DecodeContext = ctx + i*r
 		d := e.stepTime(&b)
 		if end+d > until {

@@ -342,3 +342,52 @@ func TestDecodeStepsAllocs(t *testing.T) {
 		})
 	}
 }
+
+// TestDecodeStepsBefore: DecodeStepsBefore computes the steps that start
+// before before (the one in progress then included) and end by until, as
+// stepping computes them.
+func TestDecodeStepsBefore(t *testing.T) {
+	setup := func() (*Engine, time.Duration) {
+		e := mustEngine(t, "tiny", nil)
+		for i := range 3 {
+			if err := e.Add(0, &Request{ID: fmt.Sprint("r", i), Prompt: tokens(i*1000, 40), MaxTokens: 200, IgnoreEOS: true}); err != nil {
+				t.Fatal(err)
+			}
+		}
+		var now time.Duration
+		var res StepResult
+		for e.waiting.len() > 0 || e.running[len(e.running)-1].outputs == 0 {
+			e.StepInto(now, &res)
+			now += res.Duration
+		}
+		return e, now
+	}
+	ref, now := setup()
+	var run DecodedRun
+	if n := ref.DecodeSteps(now, time.Hour, 10, &run); n != 10 {
+		t.Fatalf("DecodeSteps computed %d steps, want 10", n)
+	}
+	starts := []time.Duration{now} // starts[k]: step k's start; starts[k+1] its end
+	for _, d := range run.Durations {
+		starts = append(starts, starts[len(starts)-1]+d)
+	}
+	for _, tc := range []struct {
+		name          string
+		before, until time.Duration
+		want          int
+	}{
+		{"in step 4", starts[4] + 1, time.Hour, 5},
+		{"at step 4's start", starts[4], time.Hour, 4},
+		{"until cuts first", starts[6] + 1, starts[5], 5},
+		{"before the first", now, time.Hour, 0},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			e, now := setup()
+			var got DecodedRun
+			n := e.DecodeStepsBefore(now, tc.until, tc.before, 10, &got)
+			if n != tc.want || !slices.Equal(got.Durations, run.Durations[:n]) {
+				t.Errorf("got %d steps %v, want %d %v", n, got.Durations, tc.want, run.Durations[:tc.want])
+			}
+		})
+	}
+}

@@ -22,7 +22,8 @@
 // with exactly the results of stepping it (tokens, block allocations and
 // evictions, prefix-cache entries, the finished requests' outputs, events,
 // Stats), visiting a request only at the steps where its tokens reach a block
-// boundary and at the run's ends.
+// boundary and at the run's ends (DecodeStepsBefore: up to the step in
+// progress when an input arrives).
 //
 // # Scheduling (vLLM V1)
 //
