@@ -144,8 +144,12 @@
 // BlockStored without token ids (vLLM's CPU offloading names its copies by
 // hash alone) adds its tier to blocks the endpoint stored with their tokens.
 //
-// Run owns the sockets and re-dials after failures (after DialRetry) or a
-// silence of IdleReconnect (at once); in listen mode the listening socket
+// Run owns the sockets and re-dials after failures or a silence of
+// IdleReconnect (at once). After failures it backs off as gRPC does:
+// DialRetry (500ms) times 1.6 per failure in a row, up to MaxDialRetry
+// (5s), each pause spread by ±20% so that the subscriptions of engines that
+// went down together do not re-dial in lockstep; a connection made resets
+// it. In listen mode the listening socket
 // stays bound for all of Run, with no idle timer. EncodeEventBatch writes
 // the same payloads (for the engine emulator and tests).
 //

@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math"
+	"math/rand/v2"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -83,8 +84,19 @@ type SubscriberConfig struct {
 	// case the connection died silently (an engine restart); default 10s.
 	// Not used with Listen.
 	IdleReconnect time.Duration
-	// DialRetry is the pause between failed dials; default 500ms.
+	// DialRetry is the pause after a failed dial or a failed connection;
+	// each further failure in a row multiplies it by 1.6, up to
+	// MaxDialRetry, and every pause is randomised by ±20%, so that the
+	// subscribers of engines that went down together (a fleet restart) do
+	// not re-dial them in lockstep (gRPC's connection back-off). A
+	// connection made resets it; an idle re-dial (IdleReconnect) does not
+	// wait. Default 500ms.
 	DialRetry time.Duration
+	// MaxDialRetry caps the pause between failed dials (before its ±20%):
+	// an engine that comes back is connected to, and checked for a
+	// restart, at most about this long after. Default 5s, and at least
+	// DialRetry.
+	MaxDialRetry time.Duration
 	// Logger receives warnings (gaps, resyncs, decode errors; a failing
 	// connection once per failure streak, the dials that keep failing
 	// after it at debug level); nil discards.
@@ -110,6 +122,10 @@ func (c *SubscriberConfig) setDefaults() {
 	if c.DialRetry <= 0 {
 		c.DialRetry = 500 * time.Millisecond
 	}
+	if c.MaxDialRetry <= 0 {
+		c.MaxDialRetry = 5 * time.Second
+	}
+	c.MaxDialRetry = max(c.MaxDialRetry, c.DialRetry)
 	if c.MaxFrameSize == 0 {
 		c.MaxFrameSize = DefaultMaxFrameSize
 	}
@@ -220,6 +236,13 @@ type Subscriber struct {
 	// replay fetches batches [from, ...) from the engine; nil = no replay.
 	// A field so that tests can count calls; set by NewSubscriber.
 	replay func(ctx context.Context, from uint64) ([]replayed, error)
+	// runSession runs one session (session); pause waits d, reporting false
+	// if ctx is done first; retry computes the pauses between failed
+	// sessions. Fields so that tests can fake sessions and record pauses;
+	// set by NewSubscriber.
+	runSession func(ctx context.Context) error
+	pause      func(ctx context.Context, d time.Duration) bool
+	retry      backoff
 
 	dec   *EventDecoder
 	batch EventBatch
@@ -289,6 +312,8 @@ func NewSubscriber(cfg SubscriberConfig) (*Subscriber, error) {
 	}
 	s := &Subscriber{cfg: cfg, dec: NewEventDecoder()}
 	s.st.LastSeq = -1
+	s.runSession, s.pause = s.session, sleepCtx
+	s.retry = backoff{base: cfg.DialRetry, max: cfg.MaxDialRetry, rnd: rand.Float64}
 	if cfg.ReplayAddress != "" {
 		s.replay = s.zmqReplay
 	}
@@ -309,18 +334,24 @@ func (s *Subscriber) update(fn func(st *SubscriberStatus)) {
 }
 
 // Run subscribes and applies batches until ctx is done, re-dialling after
-// connection failures and long silences. It returns nil when ctx is
+// connection failures (after a back-off: DialRetry growing to MaxDialRetry,
+// with jitter) and long silences (at once). It returns nil when ctx is
 // cancelled.
 func (s *Subscriber) Run(ctx context.Context) error {
 	for ctx.Err() == nil {
-		err := s.session(ctx)
+		err := s.runSession(ctx)
 		if ctx.Err() != nil {
 			break
+		}
+		if s.up {
+			// A connection was made: the engine is back, and its next
+			// failure starts a new streak.
+			s.retry.reset()
 		}
 		if err != nil {
 			// An idle engine's session ends every IdleReconnect: routine,
 			// not worth a warning. Nor is each dial of an engine that
-			// stays down (every DialRetry) once the first failure is.
+			// stays down (every back-off pause) once the first failure is.
 			lvl := slog.LevelWarn
 			if s.up {
 				s.failing = false
@@ -342,13 +373,53 @@ func (s *Subscriber) Run(ctx context.Context) error {
 			continue
 		}
 		s.idle, s.lost = false, true
-		select {
-		case <-ctx.Done():
-		case <-time.After(s.cfg.DialRetry):
-		}
+		s.pause(ctx, s.retry.next())
 	}
 	s.update(func(st *SubscriberStatus) { st.Connected = false })
 	return nil
+}
+
+// Connection back-off (SubscriberConfig.DialRetry), as gRPC's
+// (grpc/doc/connection-backoff.md): each failure in a row multiplies the
+// pause by backoffFactor, and each pause is spread by ±backoffJitter.
+const (
+	backoffFactor = 1.6
+	backoffJitter = 0.2
+)
+
+// backoff computes the pauses between a subscriber's failed sessions: the
+// n-th failure in a row waits min(base*1.6^n, max), times a random factor
+// in [0.8, 1.2). Not safe for concurrent use (Run's own).
+type backoff struct {
+	base, max time.Duration
+	rnd       func() float64 // uniform in [0, 1): rand.Float64, or a test's
+	n         int            // failures since the last reset
+}
+
+// next returns the pause after one more failure.
+func (b *backoff) next() time.Duration {
+	d := float64(b.base)
+	for i := 0; i < b.n && d < float64(b.max); i++ {
+		d *= backoffFactor
+	}
+	d = min(d, float64(b.max))
+	b.n++
+	return time.Duration(d * (1 + backoffJitter*(2*b.rnd()-1)))
+}
+
+// reset starts a new streak: the next pause is about base again.
+func (b *backoff) reset() { b.n = 0 }
+
+// sleepCtx waits d, and reports false if ctx is done first.
+func sleepCtx(ctx context.Context, d time.Duration) bool {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return false
+	case <-t.C:
+		return true
+	}
 }
 
 type subMsg struct {
