@@ -23,7 +23,13 @@
 // vLLM's vllm:cache_config_info gives the block size and the number of GPU
 // blocks (KV capacity), vllm:lora_requests_info the adapters loaded. Series
 // of several data-parallel engines are summed (ratios averaged) by
-// ParseMetrics; ParseMetricsRanks instead gives each rank of a vLLM
+// ParseMetrics. SGLang publishes its scheduler gauges once per scheduler
+// worker, labelled with its ranks: the copies of one data-parallel group's
+// numbers (series differing only in tp_rank, pp_rank, moe_ep_rank: its
+// pipeline stages, and its tensor-parallel ranks with
+// --enable-metrics-for-all-schedulers) count once, the largest copy;
+// data-parallel groups (dp_rank, DP attention's too) add up, their
+// token_usage averaged weighted by max_total_num_tokens. ParseMetricsRanks instead gives each rank of a vLLM
 // --data-parallel-size server the series of its own engine="<rank>" label
 // (vllm:cache_config_info included), for a Target with Ranks: one scrape of
 // the server per interval, each rank's View observing its own signals, a

@@ -417,15 +417,20 @@ func extractVLLM(fams map[string]*dto.MetricFamily, m *Metrics) {
 }
 
 func extractSGLang(fams map[string]*dto.MetricFamily, m *Metrics) {
-	v, ok := sum(fams, "sglang:num_queue_reqs")
-	set(m, HasWaiting, &m.Waiting, v, ok)
-	v, ok = sum(fams, "sglang:num_running_reqs")
-	set(m, HasRunning, &m.Running, v, ok)
-	v, ok = mean(fams, "sglang:token_usage")
-	set(m, HasKVUsage, &m.KVUsage, clamp01(v), ok)
-	v, ok = mean(fams, "sglang:cache_hit_rate")
-	set(m, HasCacheHitRate, &m.CacheHitRate, clamp01(v), ok)
-	// Cached tokens (all sources) over prompt tokens give the token hit rate.
+	// The scheduler gauges come once per scheduler (sglangSchedulers):
+	// queues and capacities add up over data-parallel schedulers, whose
+	// replicas count once.
+	waiting := sglangSchedulers(fams, "sglang:num_queue_reqs")
+	set(m, HasWaiting, &m.Waiting, waiting.sum(), len(waiting) > 0)
+	running := sglangSchedulers(fams, "sglang:num_running_reqs")
+	set(m, HasRunning, &m.Running, running.sum(), len(running) > 0)
+	capacity := sglangSchedulers(fams, "sglang:max_total_num_tokens")
+	usage := sglangSchedulers(fams, "sglang:token_usage")
+	set(m, HasKVUsage, &m.KVUsage, clamp01(usage.weightedMean(capacity)), len(usage) > 0)
+	hit := sglangSchedulers(fams, "sglang:cache_hit_rate")
+	set(m, HasCacheHitRate, &m.CacheHitRate, clamp01(hit.weightedMean(nil)), len(hit) > 0)
+	// Cached tokens (all sources) over prompt tokens give the token hit
+	// rate. The tokenizer counts them, once for the server.
 	h, hok := sum(fams, "sglang:cached_tokens_total", "sglang:cached_tokens")
 	q, qok := sum(fams, "sglang:prompt_tokens_total", "sglang:prompt_tokens")
 	if hok && qok {
@@ -434,12 +439,98 @@ func extractSGLang(fams map[string]*dto.MetricFamily, m *Metrics) {
 	}
 	m.PromptTokens = q
 	m.GenerationTokens, _ = sum(fams, "sglang:generation_tokens_total", "sglang:generation_tokens")
-	v, ok = sum(fams, "sglang:num_retracted_reqs_total")
-	set(m, HasPreemptions, &m.Preemptions, v, ok)
-	if v, ok := sum(fams, "sglang:max_total_num_tokens"); ok && v > 0 && v < math.MaxInt32 {
+	retracted := sglangSchedulers(fams, "sglang:num_retracted_reqs_total")
+	set(m, HasPreemptions, &m.Preemptions, retracted.sum(), len(retracted) > 0)
+	if v := capacity.sum(); v > 0 && v < math.MaxInt32 {
 		m.KVCapacityTokens = int(v)
 		m.Have |= HasKVCapacity
 	}
+}
+
+// sglangReplicaLabels name the ranks of the workers that share one SGLang
+// scheduler's batch: the tensor- (and expert-) parallel ranks of a
+// data-parallel group (with DP attention, of an attention group), and its
+// pipeline stages. Each publishes the group's own numbers, labelled with
+// its ranks: the stages by default, the tensor-parallel ranks with
+// --enable-metrics-for-all-schedulers. A data-parallel group (dp_rank)
+// has requests and a KV pool of its own.
+var sglangReplicaLabels = []string{"tp_rank", "pp_rank", "moe_ep_rank"}
+
+// schedValues are one value per scheduler, keyed by its labels.
+type schedValues map[string]float64
+
+func (v schedValues) sum() float64 {
+	var t float64
+	for _, x := range v {
+		t += x
+	}
+	return t
+}
+
+// weightedMean averages v's values weighted by w's for the same
+// schedulers, or plainly when w lacks one of them or has no weight.
+func (v schedValues) weightedMean(w schedValues) float64 {
+	if len(v) == 0 {
+		return 0
+	}
+	var t, tw float64
+	for k, x := range v {
+		wk, ok := w[k]
+		if !ok || wk <= 0 {
+			return v.sum() / float64(len(v))
+		}
+		t += x * wk
+		tw += wk
+	}
+	return t / tw
+}
+
+// sglangSchedulers returns the finite values of the first family found
+// among names, one per scheduler: series whose labels differ only in
+// sglangReplicaLabels are copies of one scheduler's numbers (the largest
+// is taken: copies sampled at different steps err towards load), and any
+// other label (dp_rank, model_name, engine_type, extra labels) tells
+// schedulers apart. Empty when there is none.
+func sglangSchedulers(fams map[string]*dto.MetricFamily, names ...string) schedValues {
+	var out schedValues
+	for _, name := range names {
+		mf := fams[name]
+		if mf == nil {
+			continue
+		}
+		for _, s := range mf.GetMetric() {
+			v, good := value(mf, s)
+			if !good || math.IsNaN(v) || math.IsInf(v, 0) {
+				continue
+			}
+			if out == nil {
+				out = make(schedValues, 1)
+			}
+			var k string // a lone series needs no key (the usual page)
+			if len(mf.GetMetric()) > 1 {
+				k = schedulerKey(s)
+			}
+			if old, ok := out[k]; !ok || v > old {
+				out[k] = v
+			}
+		}
+		if out != nil {
+			return out
+		}
+	}
+	return nil
+}
+
+// schedulerKey is a series' labels but sglangReplicaLabels, sorted by name.
+func schedulerKey(s *dto.Metric) string {
+	var pairs []string
+	for _, lp := range s.GetLabel() {
+		if !slices.Contains(sglangReplicaLabels, lp.GetName()) {
+			pairs = append(pairs, lp.GetName()+"\xff"+lp.GetValue())
+		}
+	}
+	slices.Sort(pairs)
+	return strings.Join(pairs, "\xfe")
 }
 
 func extractLlamaCPP(fams map[string]*dto.MetricFamily, m *Metrics) {

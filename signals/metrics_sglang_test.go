@@ -1,0 +1,121 @@
+package signals
+
+import (
+	"fmt"
+	"math"
+	"strings"
+	"testing"
+)
+
+// sglangPage writes an SGLang /metrics page with one series per scheduler
+// worker: each of schedulers is a label set and its (running, queued,
+// token usage, capacity, cache hit rate, retracted) gauges.
+func sglangPage(workers []sglangWorker) string {
+	var b strings.Builder
+	gauges := []struct {
+		name string
+		val  func(w sglangWorker) float64
+	}{
+		{"sglang:num_running_reqs", func(w sglangWorker) float64 { return w.running }},
+		{"sglang:num_queue_reqs", func(w sglangWorker) float64 { return w.queued }},
+		{"sglang:token_usage", func(w sglangWorker) float64 { return w.usage }},
+		{"sglang:max_total_num_tokens", func(w sglangWorker) float64 { return w.capacity }},
+		{"sglang:cache_hit_rate", func(w sglangWorker) float64 { return w.hitRate }},
+		{"sglang:num_retracted_reqs_total", func(w sglangWorker) float64 { return w.retracted }},
+	}
+	for _, g := range gauges {
+		typ := "gauge"
+		if strings.HasSuffix(g.name, "_total") {
+			typ = "counter"
+		}
+		fmt.Fprintf(&b, "# HELP %s x\n# TYPE %s %s\n", g.name, g.name, typ)
+		for _, w := range workers {
+			fmt.Fprintf(&b, "%s{engine_type=\"unified\",model_name=\"Qwen/Qwen3-8B\",%s} %g\n", g.name, w.labels, g.val(w))
+		}
+	}
+	b.WriteString("# HELP sglang:prompt_tokens_total x\n# TYPE sglang:prompt_tokens_total counter\n")
+	b.WriteString("sglang:prompt_tokens_total{model_name=\"Qwen/Qwen3-8B\"} 1000\n")
+	b.WriteString("# HELP sglang:cached_tokens_total x\n# TYPE sglang:cached_tokens_total counter\n")
+	b.WriteString("sglang:cached_tokens_total{cache_source=\"device\",model_name=\"Qwen/Qwen3-8B\"} 300\n")
+	b.WriteString("sglang:cached_tokens_total{cache_source=\"host\",model_name=\"Qwen/Qwen3-8B\"} 100\n")
+	return b.String()
+}
+
+type sglangWorker struct {
+	labels                                               string
+	running, queued, usage, capacity, hitRate, retracted float64
+}
+
+// TestParseMetricsSGLangSchedulers: an SGLang server with several
+// schedulers publishes one series per scheduler worker, labelled with its
+// ranks. The tensor-parallel ranks of one data-parallel group (all of them
+// with --enable-metrics-for-all-schedulers) and its pipeline stages (by
+// default) publish the same batch's numbers: counted once. Data-parallel
+// groups (dp_rank; DP attention's too) each have their own requests and KV
+// pool: their queues and capacities add up, their KV usage is averaged
+// weighted by capacity. (Every series was added up: a TP=2 server
+// reported twice its queue, and its capacity twice over.)
+func TestParseMetricsSGLangSchedulers(t *testing.T) {
+	type want struct {
+		waiting, running, usage, hit, retracted float64
+		capacity                                int
+	}
+	tests := []struct {
+		name    string
+		workers []sglangWorker
+		want    want
+	}{
+		{"one scheduler", []sglangWorker{
+			{`moe_ep_rank="0",pp_rank="0",tp_rank="0"`, 12, 3, 0.28, 442357, 0.5, 2},
+		}, want{3, 12, 0.28, 0.5, 2, 442357}},
+		{"tp 2, metrics for all schedulers", []sglangWorker{
+			{`moe_ep_rank="0",pp_rank="0",tp_rank="0"`, 12, 3, 0.28, 442357, 0.5, 2},
+			{`moe_ep_rank="0",pp_rank="0",tp_rank="1"`, 12, 3, 0.28, 442357, 0.5, 2},
+		}, want{3, 12, 0.28, 0.5, 2, 442357}},
+		{"pp 2", []sglangWorker{
+			{`moe_ep_rank="0",pp_rank="0",tp_rank="0"`, 8, 1, 0.5, 100000, 0.25, 0},
+			// The last stage sampled one step later: a request more.
+			{`moe_ep_rank="0",pp_rank="1",tp_rank="0"`, 9, 1, 0.5, 100000, 0.25, 0},
+		}, want{1, 9, 0.5, 0.25, 0, 100000}},
+		{"dp 2 (one scheduler each)", []sglangWorker{
+			{`dp_rank="0",moe_ep_rank="0",pp_rank="0",tp_rank="0"`, 10, 3, 0.5, 200000, 0.2, 1},
+			{`dp_rank="1",moe_ep_rank="0",pp_rank="0",tp_rank="0"`, 6, 1, 0.25, 200000, 0.4, 2},
+		}, want{4, 16, 0.375, 0.3, 3, 400000}},
+		{"dp attention tp 4 dp 2, metrics for all schedulers", []sglangWorker{
+			{`dp_rank="0",moe_ep_rank="0",pp_rank="0",tp_rank="0"`, 10, 3, 0.5, 200000, 0.2, 1},
+			{`dp_rank="0",moe_ep_rank="0",pp_rank="0",tp_rank="1"`, 10, 3, 0.5, 200000, 0.2, 1},
+			{`dp_rank="1",moe_ep_rank="1",pp_rank="0",tp_rank="2"`, 6, 1, 0.25, 200000, 0.4, 2},
+			{`dp_rank="1",moe_ep_rank="1",pp_rank="0",tp_rank="3"`, 6, 1, 0.25, 200000, 0.4, 2},
+		}, want{4, 16, 0.375, 0.3, 3, 400000}},
+		{"dp 2, unequal pools", []sglangWorker{
+			{`dp_rank="0",pp_rank="0",tp_rank="0"`, 1, 0, 0.5, 300000, 0, 0},
+			{`dp_rank="1",pp_rank="0",tp_rank="0"`, 1, 0, 0.1, 100000, 0, 0},
+		}, want{0, 2, 0.4, 0, 0, 400000}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := ParseMetrics(strings.NewReader(sglangPage(tt.workers)), textCT, FlavorAuto)
+			if err != nil {
+				t.Fatalf("ParseMetrics: %v", err)
+			}
+			if got.Flavor != FlavorSGLang {
+				t.Fatalf("flavor %q, want sglang", got.Flavor)
+			}
+			w := tt.want
+			for _, c := range []struct {
+				name      string
+				got, want float64
+			}{
+				{"Waiting", got.Waiting, w.waiting}, {"Running", got.Running, w.running},
+				{"KVUsage", got.KVUsage, w.usage}, {"CacheHitRate", got.CacheHitRate, w.hit},
+				{"Preemptions", got.Preemptions, w.retracted},
+				{"KVCapacityTokens", float64(got.KVCapacityTokens), float64(w.capacity)},
+				{"PrefixQueries", got.PrefixQueries, 1000}, {"PrefixHits", got.PrefixHits, 400},
+			} {
+				if math.Abs(c.got-c.want) > 1e-9 {
+					t.Errorf("%s: got %v, want %v", c.name, c.got, c.want)
+				}
+			}
+		})
+	}
+}
