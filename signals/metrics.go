@@ -439,7 +439,12 @@ func extractSGLang(fams map[string]*dto.MetricFamily, m *Metrics) {
 	}
 	m.PromptTokens = q
 	m.GenerationTokens, _ = sum(fams, "sglang:generation_tokens_total", "sglang:generation_tokens")
-	retracted := sglangSchedulers(fams, "sglang:num_retracted_reqs_total")
+	// SGLang's counter of retracted requests (preempted for KV space) is
+	// sglang:num_retracted_requests_total; some versions had a cumulative
+	// gauge sglang:total_retracted_reqs instead. (sglang:num_retracted_reqs
+	// counts the retractions since its last stats line, not a total.)
+	retracted := sglangSchedulers(fams, "sglang:num_retracted_requests_total", "sglang:num_retracted_reqs_total",
+		"sglang:total_retracted_reqs")
 	set(m, HasPreemptions, &m.Preemptions, retracted.sum(), len(retracted) > 0)
 	if v := capacity.sum(); v > 0 && v < math.MaxInt32 {
 		m.KVCapacityTokens = int(v)

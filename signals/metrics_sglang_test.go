@@ -119,3 +119,30 @@ func TestParseMetricsSGLangSchedulers(t *testing.T) {
 		})
 	}
 }
+
+// TestParseMetricsSGLangRetracted: SGLang counts retracted requests in
+// sglang:num_retracted_requests_total (its collector's Counter
+// "sglang:num_retracted_requests"); only a sglang:num_retracted_reqs_total,
+// which it does not publish, was read, so Preemptions stayed unknown.
+func TestParseMetricsSGLangRetracted(t *testing.T) {
+	page := `# HELP sglang:num_running_reqs x
+# TYPE sglang:num_running_reqs gauge
+sglang:num_running_reqs{engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 4
+# HELP sglang:num_queue_reqs x
+# TYPE sglang:num_queue_reqs gauge
+sglang:num_queue_reqs{engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 1
+# HELP sglang:num_retracted_reqs x
+# TYPE sglang:num_retracted_reqs gauge
+sglang:num_retracted_reqs{engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 0
+# HELP sglang:num_retracted_requests_total Total number of retracted requests.
+# TYPE sglang:num_retracted_requests_total counter
+sglang:num_retracted_requests_total{engine_type="unified",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"} 7
+`
+	got, err := ParseMetrics(strings.NewReader(page), textCT, FlavorAuto)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got.Have&HasPreemptions == 0 || got.Preemptions != 7 {
+		t.Errorf("Preemptions: got %v (have %v), want 7", got.Preemptions, got.Have&HasPreemptions != 0)
+	}
+}

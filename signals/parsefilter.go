@@ -70,7 +70,8 @@ var wantedFamilies = map[string]struct{}{
 	"sglang:cached_tokens_total": {}, "sglang:cached_tokens": {},
 	"sglang:prompt_tokens_total": {}, "sglang:prompt_tokens": {},
 	"sglang:generation_tokens_total": {}, "sglang:generation_tokens": {},
-	"sglang:num_retracted_reqs_total": {}, "sglang:max_total_num_tokens": {},
+	"sglang:num_retracted_requests_total": {}, "sglang:num_retracted_reqs_total": {}, "sglang:total_retracted_reqs": {},
+	"sglang:max_total_num_tokens": {},
 
 	"llamacpp:requests_deferred": {}, "llamacpp:requests_processing": {},
 	"llamacpp:kv_cache_usage_ratio": {}, "llamacpp:prompt_tokens_total": {},
