@@ -468,6 +468,8 @@ func (x *Index) evict() {
 // ordered by Blocks descending then Endpoint. Hit.Tier is TierGPU when all
 // those blocks are on the GPU and TierCPU when some are only in host memory;
 // Hit.GPUBlocks is the leading run on the GPU alone. Match takes no lock.
+// Racing a Remove, a hit may name the endpoint removed (callers keep the
+// endpoints they know), never another endpoint that took its place.
 func (x *Index) Match(hashes []uint64, dst []Hit) []Hit {
 	if len(hashes) == 0 {
 		return dst
@@ -480,15 +482,40 @@ func (x *Index) Match(hashes []uint64, dst []Hit) []Hit {
 	return dst
 }
 
+// match appends g's hits. A bit may change hands while it reads: Remove
+// frees an endpoint's bit (after clearing its blocks and its name) and the
+// next endpoint added takes it (a new name, then its blocks), so blocks
+// read before the change and a name read after it would credit one
+// endpoint with another's prefix. So the names of the bits holding the
+// first block are read first and the masks after them, and a hit is
+// emitted only if its bit's name is still the same pointer (every endpoint
+// added gets a new one): the masks it was counted from were that
+// endpoint's. (A hit may name an endpoint whose Remove is under way, with
+// fewer blocks: the router drops endpoints it does not know.)
 func (g *igroup) match(hashes []uint64, dst []Hit) []Hit {
 	cpuOn := g.cpu.live.Load() > 0
-	var gpuRun [64]int32
-	gpu := g.gpu.get(hashes[0])
-	alive := gpu
+	alive := g.gpu.get(hashes[0])
 	if cpuOn {
 		alive |= g.cpu.get(hashes[0])
 	}
 	if alive == 0 {
+		return dst
+	}
+	var names [64]*string
+	for b := alive; b != 0; b &= b - 1 {
+		i := bits.TrailingZeros64(b)
+		if names[i] = g.names[i].Load(); names[i] == nil {
+			alive &^= 1 << i
+		}
+	}
+	// The first block again, read after the names.
+	var gpuRun [64]int32
+	gpu := g.gpu.get(hashes[0]) & alive
+	held := gpu
+	if cpuOn {
+		held |= g.cpu.get(hashes[0])
+	}
+	if alive &= held; alive == 0 {
 		return dst
 	}
 	gpuAlive := gpu
@@ -506,7 +533,7 @@ func (g *igroup) match(hashes []uint64, dst []Hit) []Hit {
 		}
 		if ended := alive &^ held; ended != 0 {
 			for b := ended; b != 0; b &= b - 1 {
-				dst = g.hit(dst, bits.TrailingZeros64(b), i, &gpuRun, gpuAlive)
+				dst = g.hit(dst, bits.TrailingZeros64(b), i, &gpuRun, gpuAlive, &names)
 			}
 			alive &= held
 			if alive == 0 {
@@ -515,14 +542,16 @@ func (g *igroup) match(hashes []uint64, dst []Hit) []Hit {
 		}
 	}
 	for b := alive; b != 0; b &= b - 1 {
-		dst = g.hit(dst, bits.TrailingZeros64(b), len(hashes), &gpuRun, gpuAlive)
+		dst = g.hit(dst, bits.TrailingZeros64(b), len(hashes), &gpuRun, gpuAlive, &names)
 	}
 	return dst
 }
 
-func (g *igroup) hit(dst []Hit, bit, blocks int, gpuRun *[64]int32, gpuAlive uint64) []Hit {
+// hit appends bit's hit unless the bit changed hands since names was read
+// (see match).
+func (g *igroup) hit(dst []Hit, bit, blocks int, gpuRun *[64]int32, gpuAlive uint64, names *[64]*string) []Hit {
 	name := g.names[bit].Load()
-	if name == nil {
+	if name == nil || name != names[bit] {
 		return dst
 	}
 	gb := blocks
