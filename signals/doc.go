@@ -97,7 +97,10 @@
 // Sync starts, restarts and stops them (waiting for each to exit; a changed
 // endpoint whose KV-event target is the same keeps its subscriber, one whose
 // target changed has its entries removed from the old Sink before a new
-// subscriber starts from scratch), Close stops all; its per-endpoint metrics
+// subscriber starts from scratch; one whose MetricsURL changed has its
+// View's scraped signals forgotten, View.ResetSignals, so that neither the
+// old source's last observation nor its counters pass for the new
+// one's), Close stops all; its per-endpoint metrics
 // (kvroute_endpoint_signal_age_seconds, kvroute_endpoint_scrape_errors_total,
 // kvroute_endpoint_waiting, ..._running, ..._kv_usage, KV-event counters)
 // are collected from the live state on the Registerer it was given. Lock order: Manager.mu, then a View's,

@@ -77,8 +77,10 @@ func NewManager(cfg ManagerConfig) (*Manager, error) {
 // same keeps its subscriber (and its entries); one whose KVEvents changed
 // gets a new subscriber, and its entries are removed from the old Sink
 // first: the new subscription (maybe of another engine) rebuilds them from
-// scratch. It validates every target first and changes nothing when one is
-// invalid.
+// scratch. A changed endpoint that keeps its View but scrapes another
+// MetricsURL (or, for a data-parallel rank, another FirstRank) has the
+// View's scraped signals reset (View.ResetSignals). It validates every
+// target first and changes nothing when one is invalid.
 //
 // A data-parallel target (Target.Ranks) runs as one scrape loop under its
 // Endpoint, splitting each page among its ranks, and one entry per rank
@@ -124,6 +126,7 @@ func (m *Manager) Sync(targets []Target) error {
 		}
 	}
 	built := make(map[string]*managed)
+	prev := make(map[string]Target) // the changed targets' old versions
 	m.mu.Lock()
 	defer m.mu.Unlock()
 	if m.closed {
@@ -139,6 +142,9 @@ func (m *Manager) Sync(targets []Target) error {
 			return err
 		}
 		built[name] = mg
+		if cur != nil {
+			prev[name] = cur.target
+		}
 	}
 	// Stop removed and changed endpoints, then start the new ones.
 	for name, cur := range m.targets {
@@ -162,6 +168,9 @@ func (m *Manager) Sync(targets []Target) error {
 		delete(m.targets, name)
 	}
 	for name, mg := range built {
+		if old, ok := prev[name]; ok {
+			resetMovedViews(old, mg.target)
+		}
 		if mg.scraper != nil {
 			mg.scrapeLoop = startLoop(m.ctx, mg.scraper.Run)
 		}
@@ -171,6 +180,27 @@ func (m *Manager) Sync(targets []Target) error {
 		m.targets[name] = mg
 	}
 	return nil
+}
+
+// resetMovedViews resets the Views that t, the new version of target old,
+// keeps but fills from another source: another MetricsURL, or, for a rank,
+// another place in its server's numbering (FirstRank). The old source's
+// last observation would otherwise pass for the new one's until its first
+// scrape, and its prefix-cache counters would be taken for the same
+// engine's (the hit rate computed across both). Called after old's loop
+// stopped, before t's starts.
+func resetMovedViews(old, t Target) {
+	if old.MetricsURL == t.MetricsURL && old.FirstRank == t.FirstRank {
+		return
+	}
+	if t.View != nil && t.View == old.View && old.MetricsURL != "" {
+		t.View.ResetSignals()
+	}
+	for r, rt := range t.Ranks {
+		if r < len(old.Ranks) && old.Ranks[r].View == rt.View && old.MetricsURL != "" {
+			rt.View.ResetSignals()
+		}
+	}
 }
 
 func sameTarget(a, b Target) bool {

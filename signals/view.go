@@ -218,6 +218,21 @@ func (v *View) addHitSample(now time.Time, m Metrics) {
 	v.hits = append(v.hits, hitSample{at: now, queries: m.PrefixQueries, hits: m.PrefixHits})
 }
 
+// ResetSignals forgets the scraped signals: the last observation, the
+// failures since it and the hit-rate window, for a View whose metrics now
+// come from elsewhere (Manager.Sync calls it when a target's MetricsURL
+// changes). Until the next Observe its Load is stale, from router-local
+// counts, and the next hit rate is not computed across two sources'
+// counters. The requests in flight, and the counts of scrapes and errors,
+// stay.
+func (v *View) ResetSignals() {
+	v.mu.Lock()
+	v.gen.Add(1)
+	defer v.mu.Unlock()
+	v.last, v.observedAt, v.consecutive = Metrics{}, time.Time{}, 0
+	v.hits = v.hits[:0]
+}
+
 // ObserveError records a failed scrape at now. The last good signals keep
 // aging; after MaxConsecutiveErrors failures in a row they are reported
 // stale even if young.
