@@ -443,17 +443,19 @@ func (a *Approx) Match(now time.Time, hashes []uint64, dst []Hit) []Hit {
 	}
 	a.expireAt(now)
 	start := len(dst)
+	var nm [64]*string
+	names := a.namesBuf(&nm)
 	for _, g := range *a.groups.Load() {
-		alive := g.get(nonZero(hashes[0]))
+		alive := g.first(hashes, names)
 		for i := 1; i < len(hashes) && alive != 0; i++ {
 			held := g.get(nonZero(hashes[i]))
 			for b := alive &^ held; b != 0; b &= b - 1 {
-				dst = g.hit(dst, bits.TrailingZeros64(b), i)
+				dst = g.hit(dst, bits.TrailingZeros64(b), i, names)
 			}
 			alive &= held
 		}
 		for b := alive; b != 0; b &= b - 1 {
-			dst = g.hit(dst, bits.TrailingZeros64(b), len(hashes))
+			dst = g.hit(dst, bits.TrailingZeros64(b), len(hashes), names)
 		}
 	}
 	sortHits(dst[start:])
@@ -477,10 +479,12 @@ func (a *Approx) MatchUnordered(now time.Time, hashes []uint64, dst []Hit) []Hit
 	}
 	a.expireAt(now)
 	var depth [64]int32
+	var nm [64]*string
+	names := a.namesBuf(&nm)
 	for _, g := range *a.groups.Load() {
-		for b := g.depths(hashes, &depth); b != 0; b &= b - 1 {
+		for b := g.depths(hashes, &depth, names); b != 0; b &= b - 1 {
 			i := bits.TrailingZeros64(b)
-			dst = g.hit(dst, i, int(depth[i]))
+			dst = g.hit(dst, i, int(depth[i]), names)
 		}
 	}
 	return dst
@@ -494,7 +498,11 @@ type SlotHit struct {
 
 // MatchSlots is MatchUnordered with the hits naming their endpoints by
 // slot number rather than by name: the router, which keeps its endpoints
-// by slot, finds each hit's without a lookup by name.
+// by slot, finds each hit's without a lookup by name. A slot names
+// whichever endpoint holds it when the caller looks: a MatchSlots that
+// overlaps a Remove and the Record that gives the slot to another endpoint
+// may credit that one with the removed one's blocks (the router serialises
+// its calls).
 func (a *Approx) MatchSlots(now time.Time, hashes []uint64, dst []SlotHit) []SlotHit {
 	if len(hashes) == 0 {
 		return dst
@@ -502,7 +510,7 @@ func (a *Approx) MatchSlots(now time.Time, hashes []uint64, dst []SlotHit) []Slo
 	a.expireAt(now)
 	var depth [64]int32
 	for _, g := range *a.groups.Load() {
-		for b := g.depths(hashes, &depth); b != 0; b &= b - 1 {
+		for b := g.depths(hashes, &depth, nil); b != 0; b &= b - 1 {
 			if i := bits.TrailingZeros64(b); g.names[i].Load() != nil {
 				dst = append(dst, SlotHit{Slot: int32(g.base + i), Blocks: depth[i]})
 			}
@@ -514,9 +522,9 @@ func (a *Approx) MatchSlots(now time.Time, hashes []uint64, dst []SlotHit) []Slo
 // depths finds, for each endpoint of the group holding the first block of
 // the chain hashes (not empty), how many leading blocks it holds: it
 // returns their mask and sets depth[i] for each endpoint i in it.
-func (g *agroup) depths(hashes []uint64, depth *[64]int32) uint64 {
+func (g *agroup) depths(hashes []uint64, depth *[64]int32, names *[64]*string) uint64 {
 	n := len(hashes)
-	first := g.get(nonZero(hashes[0]))
+	first := g.first(hashes, names)
 	if first == 0 {
 		return 0
 	}
@@ -567,9 +575,40 @@ func (g *agroup) set(key, bit uint64) uint64 {
 	return g.tab.set(key, bit)
 }
 
-func (g *agroup) hit(dst []Hit, bit, blocks int) []Hit {
+// namesBuf returns buf for a match of a's to read names into, or nil
+// when a is Serialized: no Remove then runs during a match.
+func (a *Approx) namesBuf(buf *[64]*string) *[64]*string {
+	if a.cfg.Serialized {
+		return nil
+	}
+	return buf
+}
+
+// first returns the mask of hashes' first block. With names (a concurrent
+// Approx), it reads the names of the mask's endpoints into names first,
+// then the mask again, without the bits with no name: a Remove and an
+// Record of another endpoint may hand a bit over during a match, and
+// hit then drops a bit whose name changed, as Index's match does (see
+// igroup.match), so that no endpoint is credited with another's blocks.
+func (g *agroup) first(hashes []uint64, names *[64]*string) uint64 {
+	m := g.get(nonZero(hashes[0]))
+	if names == nil || m == 0 {
+		return m
+	}
+	for b := m; b != 0; b &= b - 1 {
+		i := bits.TrailingZeros64(b)
+		if names[i] = g.names[i].Load(); names[i] == nil {
+			m &^= 1 << i
+		}
+	}
+	return m & g.get(nonZero(hashes[0]))
+}
+
+// hit appends bit's hit, unless it has no endpoint, or, with names, the
+// bit changed hands since first read its name.
+func (g *agroup) hit(dst []Hit, bit, blocks int, names *[64]*string) []Hit {
 	name := g.names[bit].Load()
-	if name == nil {
+	if name == nil || (names != nil && name != names[bit]) {
 		return dst
 	}
 	return append(dst, Hit{Endpoint: *name, Blocks: blocks, Tier: kvroute.TierGPU, GPUBlocks: blocks})

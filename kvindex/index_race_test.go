@@ -4,6 +4,7 @@ import (
 	"sync"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute"
 )
@@ -82,5 +83,64 @@ func TestIndexMatchRacingRemove(t *testing.T) {
 	}
 	if st := x.Stats(); st.Entries != 0 || st.Keys != 0 || st.Endpoints != 0 {
 		t.Fatalf("stats after every endpoint left: %+v, want empty", st)
+	}
+}
+
+// TestApproxMatchRacingRemove is TestIndexMatchRacingRemove for a
+// concurrent (not Serialized) Approx, through Match and MatchUnordered:
+// a Match that read a's blocks before Remove("a") and the bit's name
+// after Record gave the bit to "b" credited b with a's prefix.
+func TestApproxMatchRacingRemove(t *testing.T) {
+	const bs, blocks = 4, 8
+	ph, qh := HashTokens(seqTokens(blocks*bs, 1), bs, nil), HashTokens(seqTokens(blocks*bs, 1000), bs, nil)
+	rounds := 3000
+	if testing.Short() {
+		rounds = 300
+	}
+	now := time.Unix(1000, 0)
+	a := NewApprox(ApproxConfig{TTL: time.Hour})
+	var done atomic.Bool
+	var wg sync.WaitGroup
+	wg.Add(1)
+	go func() { // the writer: a and b take turns on bit 0
+		defer wg.Done()
+		defer done.Store(true)
+		for range rounds {
+			a.Record(now, "a", ph)
+			a.Remove("a")
+			a.Record(now, "b", qh)
+			a.Remove("b")
+		}
+	}()
+	var wrong atomic.Int64
+	for _, c := range []struct {
+		hashes    []uint64
+		owner     string
+		unordered bool
+	}{{ph, "a", false}, {qh, "b", true}} {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			var hits []Hit
+			for !done.Load() {
+				if c.unordered {
+					hits = a.MatchUnordered(now, c.hashes, hits[:0])
+				} else {
+					hits = a.Match(now, c.hashes, hits[:0])
+				}
+				for _, h := range hits {
+					if h.Endpoint != c.owner || h.Blocks > blocks {
+						wrong.Add(1)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if n := wrong.Load(); n > 0 {
+		t.Fatalf("%d hits named another endpoint than the prompt's owner", n)
+	}
+	if n := a.Len(); n != 0 {
+		t.Fatalf("%d entries after every endpoint left, want 0", n)
 	}
 }
