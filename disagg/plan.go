@@ -535,20 +535,14 @@ func (p *Planner) Plan(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		return Plan{Decision: d, Reason: d.Reason}
 	}
 	dcand := &cands[dc.d.Index]
-	plan := Plan{Decode: dcand.Endpoint, Prefill: dcand.Endpoint, DecodeStep: dc.step,
-		UncachedDecode: max(req.PromptTokens-dcand.CachedTokens, 0)}
-	aq := p.cost.queue(dcand.Load)
-	ap := p.cost.prefill(plan.UncachedDecode, dcand.CachedTokens, dcand.Load)
-	plan.AggregatedTTFT = aq + ap
-	if w := p.cfg.Conditional.StallWeight; w > 0 {
-		plan.Stall = time.Duration(w * float64(max(dcand.Load.Running, 0)) * float64(ap))
-	}
+	plan := Plan{Decode: dcand.Endpoint, Prefill: dcand.Endpoint, DecodeStep: dc.step}
+	aq, ap := p.aggregatedSide(&plan, req.PromptTokens, dcand.CachedTokens, dcand.Load)
 	disagg, rule, reason := false, "", ""
 	if pc != nil && pc.Endpoint.ID != dcand.Endpoint.ID {
 		plan.UncachedPrefill = max(req.PromptTokens-pc.CachedTokens, 0)
 		plan.PrefillQueue, plan.PrefillTime, plan.Transfer = pqueue, ptime, dc.transfer
 		plan.DisaggregatedTTFT = pqueue + ptime + dc.transfer.Total() + dc.step
-		disagg, rule, reason = p.decide(req, &plan)
+		disagg, rule, reason = p.decide(req.PromptTokens, &plan)
 	} else {
 		plan.PrefillQueue, plan.PrefillTime = aq, ap
 		switch {
@@ -597,9 +591,75 @@ func (p *Planner) unpick(now time.Time, req *kvroute.Request, cands []kvroute.Ca
 	}
 }
 
+// aggregatedSide fills pl's aggregated estimate for a request of prompt
+// tokens run whole on a decode node that holds cached of them under load
+// l: UncachedDecode, AggregatedTTFT (queue + prefill there) and Stall. It
+// returns the queue and the prefill.
+func (p *Planner) aggregatedSide(pl *Plan, prompt, cached int, l kvroute.Load) (queue, prefill time.Duration) {
+	pl.UncachedDecode = max(prompt-cached, 0)
+	queue = p.cost.queue(l)
+	prefill = p.cost.prefill(pl.UncachedDecode, cached, l)
+	pl.AggregatedTTFT = queue + prefill
+	if w := p.cfg.Conditional.StallWeight; w > 0 {
+		pl.Stall = time.Duration(w * float64(max(l.Running, 0)) * float64(prefill))
+	}
+	return queue, prefill
+}
+
+// Scenario is one request on a prefill node and a decode node, as WhatIf
+// prices it.
+type Scenario struct {
+	// PromptTokens is the request's prompt.
+	PromptTokens int
+	// CachedPrefill and CachedDecode are the prompt tokens each node holds
+	// in its prefix cache.
+	CachedPrefill, CachedDecode int
+	// PrefillLoad and DecodeLoad are the nodes' loads (as a Candidate's).
+	PrefillLoad, DecodeLoad kvroute.Load
+	// Link is the fabric link between the nodes; the transfer is priced on
+	// it idle (setup + wire, no queueing).
+	Link Link
+}
+
+// WhatIf returns the plan Plan would make for s's request, with the same
+// cost model, mode and conditional rule (Conditional), without placing
+// anything: it books no transfer, consults no picker and keeps no state,
+// so it is safe for concurrent use. Prefill and Decode are nil, Ticket
+// and Decision zero. Capacity planners (package planner) use it to tell
+// which requests the router would hand off, and so the fabric they load.
+func (p *Planner) WhatIf(s Scenario) Plan {
+	var pl Plan
+	pl.DecodeStep = p.cost.decodeStep(s.DecodeLoad, s.PromptTokens)
+	aq, ap := p.aggregatedSide(&pl, s.PromptTokens, s.CachedDecode, s.DecodeLoad)
+	if p.cfg.Mode == ModeNever {
+		pl.PrefillQueue, pl.PrefillTime = aq, ap
+		pl.Rule, pl.Reason = "never", "aggregated: mode never"
+		return pl
+	}
+	cp := min(max(s.CachedPrefill, 0), s.PromptTokens)
+	pl.UncachedPrefill = s.PromptTokens - cp
+	pl.PrefillQueue = p.cost.queue(s.PrefillLoad)
+	pl.PrefillTime = p.cost.prefill(pl.UncachedPrefill, cp, s.PrefillLoad)
+	pulled := s.PromptTokens
+	if p.cfg.Protocol != ProtocolSGLang {
+		pulled = PulledTokens(s.PromptTokens, s.CachedDecode, p.cost.prof.BlockSize)
+	}
+	if b := p.cost.shape.Bytes(pulled); b > 0 {
+		pl.Transfer = Estimate{Link: s.Link, Bytes: b, Setup: s.Link.Setup, Wire: s.Link.wire(float64(b))}
+	}
+	pl.DisaggregatedTTFT = pl.PrefillQueue + pl.PrefillTime + pl.Transfer.Total() + pl.DecodeStep
+	var dis bool
+	dis, pl.Rule, pl.Reason = p.decide(s.PromptTokens, &pl)
+	pl.Disaggregated = dis
+	if !dis {
+		pl.PrefillQueue, pl.PrefillTime, pl.Transfer = aq, ap, Estimate{}
+	}
+	return pl
+}
+
 // decide applies the mode and the conditional rule to a plan with both
-// sides estimated.
-func (p *Planner) decide(req *kvroute.Request, pl *Plan) (bool, string, string) {
+// sides estimated, for a request of prompt tokens.
+func (p *Planner) decide(prompt int, pl *Plan) (bool, string, string) {
 	c := p.cfg.Conditional
 	agg, dis := ms(pl.AggregatedTTFT), ms(pl.DisaggregatedTTFT)
 	u := pl.UncachedDecode
@@ -612,10 +672,10 @@ func (p *Planner) decide(req *kvroute.Request, pl *Plan) (bool, string, string) 
 	if c.ShortTokens >= 0 && u <= c.ShortTokens {
 		return false, "short", fmt.Sprintf("aggregated: short uncached prompt (%d <= %d tokens)", u, c.ShortTokens)
 	}
-	if c.LocalISL >= 0 && c.LocalRatio >= 0 && req.PromptTokens > 0 && u < c.LocalISL &&
-		float64(u)/float64(req.PromptTokens) < c.LocalRatio {
+	if c.LocalISL >= 0 && c.LocalRatio >= 0 && prompt > 0 && u < c.LocalISL &&
+		float64(u)/float64(prompt) < c.LocalRatio {
 		return false, "cached", fmt.Sprintf("aggregated: mostly cached on the decode node (%d uncached < %d, %.2f < %.2f of %d)",
-			u, c.LocalISL, float64(u)/float64(req.PromptTokens), c.LocalRatio, req.PromptTokens)
+			u, c.LocalISL, float64(u)/float64(prompt), c.LocalRatio, prompt)
 	}
 	aggCost := agg + ms(pl.Stall)
 	if c.MaxLocalTokens >= 0 && u <= c.MaxLocalTokens && aggCost < dis*(1-c.Margin) {

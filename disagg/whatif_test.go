@@ -1,0 +1,59 @@
+package disagg
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute"
+)
+
+// TestWhatIfMatchesPlan: WhatIf decides and prices a request as Plan does
+// on one prefill and one decode node with the same loads, prefix hits and
+// an idle fabric, for every rule of the conditional mode and for the
+// other modes, and books nothing.
+func TestWhatIfMatchesPlan(t *testing.T) {
+	p1, _, _, d2 := pool()
+	busy := kvroute.Load{Running: 40, DecodeTokens: 40 * 2000, Waiting: 3, InFlightTokens: 30000}
+	for _, tc := range []struct {
+		name           string
+		mode           Mode
+		prompt         int
+		cachedP, cache int
+		pl, dl         kvroute.Load
+		rule           string
+	}{
+		{"short", ModeConditional, 200, 0, 0, kvroute.Load{}, kvroute.Load{}, "short"},
+		{"cached on decode", ModeConditional, 3000, 0, 2400, kvroute.Load{}, kvroute.Load{}, "cached"},
+		{"cheaper locally", ModeConditional, 4000, 0, 0, busy, kvroute.Load{Running: 2, DecodeTokens: 4000}, "cheaper"},
+		{"long", ModeConditional, 30000, 0, 0, busy, kvroute.Load{}, "max_local"},
+		{"cost", ModeConditional, 8000, 0, 0, kvroute.Load{}, busy, "cost"},
+		{"always", ModeAlways, 200, 0, 0, kvroute.Load{}, kvroute.Load{}, "always"},
+		{"never", ModeNever, 8000, 0, 0, kvroute.Load{}, busy, "never"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			links := UniformLinks(Link{Name: "rdma", Gbps: RDMAGbps, Setup: time.Millisecond})
+			pl := newPlanner(t, tc.mode, links)
+			r := req(tc.name, tc.prompt, 100)
+			cs := cands(candSpec{ep: p1, load: tc.pl, cached: tc.cachedP}, candSpec{ep: d2, load: tc.dl, cached: tc.cache})
+			now := time.Unix(1000, 0)
+			want := pl.Plan(now, r, cs)
+			pl.Finish(want.Ticket)
+			got := pl.WhatIf(Scenario{PromptTokens: tc.prompt, CachedPrefill: tc.cachedP, CachedDecode: tc.cache,
+				PrefillLoad: tc.pl, DecodeLoad: tc.dl, Link: links.Default})
+			if got.Rule != want.Rule || got.Disaggregated != want.Disaggregated || got.Reason != want.Reason {
+				t.Errorf("WhatIf: %v %q (%s), Plan: %v %q (%s)", got.Disaggregated, got.Rule, got.Reason, want.Disaggregated, want.Rule, want.Reason)
+			}
+			if got.Rule != tc.rule {
+				t.Errorf("rule %q, want %q (%s)", got.Rule, tc.rule, got.Reason)
+			}
+			if got.AggregatedTTFT != want.AggregatedTTFT || got.DisaggregatedTTFT != want.DisaggregatedTTFT || got.Stall != want.Stall ||
+				got.PrefillQueue != want.PrefillQueue || got.PrefillTime != want.PrefillTime || got.Transfer != want.Transfer ||
+				got.DecodeStep != want.DecodeStep || got.UncachedDecode != want.UncachedDecode {
+				t.Errorf("WhatIf estimates %+v\nPlan's %+v", got, want)
+			}
+			if n, _ := pl.Fabric().InFlight(now); n != 0 {
+				t.Errorf("%d transfers booked, want 0", n)
+			}
+		})
+	}
+}
