@@ -8,6 +8,7 @@ import (
 	"strconv"
 	"time"
 
+	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/disagg"
 	"github.com/kvroute/kvroute/workload"
 )
@@ -30,7 +31,8 @@ type FabricNeed struct {
 	// PerDecodeP99 and PerDecodeMax one decode node's ingress: the mean,
 	// and the p99 and largest over one-second windows (simulated: the
 	// transfers the router placed, each spread over its wire time;
-	// analytical: requests spread round robin at their arrival).
+	// analytical: requests spread round robin at their arrival, each
+	// counted with the probability that the router hands it off).
 	Total         float64 `json:"total_bytes_per_s"`
 	PerDecodeMean float64 `json:"per_decode_mean_bytes_per_s"`
 	PerDecodeP99  float64 `json:"per_decode_p99_bytes_per_s"`
@@ -186,7 +188,9 @@ type model struct {
 	meanSvc float64
 	cs2     float64
 	meanU   float64
-	pulled  []int   // per demand request, the prompt tokens its KV handoff moves (expected)
+	pulled  []int // per demand request, the prompt tokens its KV handoff moves (expected)
+	dcached []int // per demand request, the prompt tokens its decode engine holds (expected)
+	pd      *disagg.Planner
 	rate    float64 // request rate (the demand's, times a burst factor)
 	reqs    []workload.Request
 	acScale float64 // calibration of the queue's variability term (1 = Allen-Cunneen)
@@ -217,10 +221,16 @@ func newModel(in *Input, d *Demand, c Costs, hit float64, reqs []workload.Reques
 	if oracle > 0 {
 		scale = min(1, hit/oracle)
 	}
-	m.pulled = make([]int, len(d.reqs))
+	m.pulled, m.dcached = make([]int, len(d.reqs)), make([]int, len(d.reqs))
 	for i := range d.reqs {
-		m.pulled[i] = disagg.PulledTokens(d.reqs[i].PromptLen, int(float64(d.cached[i])*scale), bs)
+		m.dcached[i] = int(float64(d.cached[i]) * scale)
+		m.pulled[i] = disagg.PulledTokens(d.reqs[i].PromptLen, m.dcached[i], bs)
 	}
+	// The router's P/D placement, as the simulator builds it: its
+	// conditional rule decides which requests hand their KV off. Input
+	// validation leaves nothing for NewPlanner to refuse; should it, every
+	// request is taken to hand off (the always mode's fabric).
+	m.pd, _ = disagg.NewPlanner(disagg.Config{Profile: in.Profile, Links: uniformLinks(in), Mode: in.PDMode})
 	if reqs == nil {
 		m.reqs = d.reqs
 		cached = make([]int, len(d.reqs))
@@ -441,7 +451,7 @@ func (m *model) disaggAt(f *Fleet, pn, dn int) bool {
 	f.Prefill, f.Decode, f.Engines = pn, dn, pn+dn
 	b, tp, okD := m.decodeOK(dn)
 	f.DecodeBatch, f.TPOT = b, tp
-	f.Fabric = m.fabric(dn, disagg.ShapeOf(in.Profile), in.Fabric)
+	f.Fabric = m.fabric(pn, dn, b, disagg.ShapeOf(in.Profile), in.Fabric)
 	qm, okP := newQueue(m.rate, m.meanSvc, d.ArrivalCV2, m.cs2, pn, m.acScale)
 	f.PrefillUtil = qm.Rho
 	f.DecodeUtil = b / float64(max(1, m.c.DecodeBatch))
@@ -497,18 +507,110 @@ func (m *model) analyticDisaggregated(bwNeed int) Fleet {
 	return f
 }
 
-// fabric computes the handoff bandwidth for dn decode nodes, requests
-// assigned round robin, in one-second windows, each moving the prompt
-// tokens past its decode engine's prefix hit (m.pulled).
-func (m *model) fabric(dn int, shape disagg.KVShape, link disagg.Link) *FabricNeed {
+// split returns, per demand request, the probability that the router's
+// P/D placement (disagg.Planner.WhatIf: its mode and conditional rule on
+// its cost model) hands its KV off on pn prefill nodes and decode nodes
+// whose decode batch is b: a request it runs whole on the decode node (short,
+// mostly cached there, or cheaper there) moves no KV. Both nodes are taken
+// to hold the request's expected prefix hit and the link to be idle.
+//
+// The rule weighs the prefill node's queue, which the handoffs themselves
+// make. The queue is M/G/c over the prefill pool fed by the handed-off
+// requests: an arrival finds a free prefill node (nothing in flight)
+// with probability 1-C, else, on the node it is sent to, its wait over
+// the mean prefill in requests, each counted at the handed-off prompts'
+// mean, as the router counts in-flight prompt tokens (Load.InFlightTokens).
+// The handoff probabilities are iterated (damped) to the fixed point of
+// that loop on a sample of the requests, then applied to all.
+func (m *model) split(pn int, b float64) []float64 {
+	reqs := m.d.reqs
+	out := make([]float64, len(reqs))
+	if m.pd == nil || m.in.PDMode == disagg.ModeAlways {
+		for i := range out {
+			out[i] = 1
+		}
+		return out
+	}
+	run := int(math.Round(b))
+	dl := kvroute.Load{Running: run, DecodeTokens: run * m.c.DecodeContext}
+	hands := func(i, inflight int) float64 {
+		if m.pd.WhatIf(disagg.Scenario{PromptTokens: reqs[i].PromptLen, CachedPrefill: m.dcached[i], CachedDecode: m.dcached[i],
+			PrefillLoad: kvroute.Load{InFlightTokens: inflight}, DecodeLoad: dl, Link: m.in.Fabric}).Disaggregated {
+			return 1
+		}
+		return 0
+	}
+	const samples, maxInflight = 1000, 1 << 20
+	var idx []int
+	for i := 0; i < len(reqs); i += max(1, len(reqs)/samples) {
+		idx = append(idx, i)
+	}
+	idle := make([]float64, len(idx))
+	for k, i := range idx {
+		idle[k] = hands(i, 0)
+	}
+	// busy returns the queue's C and the in-flight prompt tokens on a
+	// busy prefill node when request k hands off with probability w[k].
+	busy := func(w []float64) (float64, int) {
+		var n, svc, svc2, prompt float64
+		for k, i := range idx {
+			x := float64(reqs[i].PromptLen-min(m.dcached[i], reqs[i].PromptLen-1)) * m.c.PrefillPerToken.Seconds()
+			n, svc, svc2, prompt = n+w[k], svc+w[k]*x, svc2+w[k]*x*x, prompt+w[k]*float64(reqs[i].PromptLen)
+		}
+		if n == 0 || svc == 0 {
+			return 0, 0
+		}
+		mean := svc / n
+		cs2 := (svc2/n - mean*mean) / (mean * mean)
+		qm, ok := newQueue(m.rate*n/float64(len(idx)), mean, m.d.ArrivalCV2, cs2, pn, m.acScale)
+		if !ok || qm.Theta <= 0 {
+			return 1, maxInflight
+		}
+		return qm.C, int(min(maxInflight, prompt/n/(qm.Theta*mean)))
+	}
+	w := slices.Clone(idle)
+	var c float64
+	var at int
+	for range 30 {
+		c, at = busy(w)
+		moved := 0.0
+		for k, i := range idx {
+			nw := (1-c)*idle[k] + c*hands(i, at)
+			moved = max(moved, math.Abs(nw-w[k]))
+			w[k] = (w[k] + nw) / 2
+		}
+		if moved < 1e-3 {
+			break
+		}
+	}
+	c, at = busy(w)
+	for i := range reqs {
+		out[i] = (1-c)*hands(i, 0) + c*hands(i, at)
+	}
+	return out
+}
+
+// fabric computes the handoff bandwidth for pn prefill and dn decode
+// nodes running a mean batch of b sequences each, requests assigned round
+// robin, in one-second windows, each request moving the prompt tokens past
+// its decode engine's prefix hit (m.pulled) times the probability that the
+// router hands it off (split: in conditional mode it runs the rest whole
+// on their decode nodes, and they move nothing).
+func (m *model) fabric(pn, dn int, b float64, shape disagg.KVShape, link disagg.Link) *FabricNeed {
 	d := m.d
 	fn := &FabricNeed{Link: link.Name, Gbps: link.Gbps, Source: "disagg.KVShape + disagg.Link cost model"}
 	bytes := make([]int64, len(d.reqs))
+	var moved []int
 	var tot float64
 	per := map[[2]int64]float64{}
 	t0 := d.reqs[0].Arrival
+	split := m.split(pn, b)
 	for i := range d.reqs {
-		bytes[i] = shape.Bytes(m.pulled[i])
+		if split[i] == 0 {
+			continue
+		}
+		moved = append(moved, m.pulled[i])
+		bytes[i] = int64(split[i] * float64(shape.Bytes(m.pulled[i])))
 		tot += float64(bytes[i])
 		sec := int64((d.reqs[i].Arrival - t0) / time.Second)
 		per[[2]int64{int64(i % dn), sec}] += float64(bytes[i])
@@ -533,8 +635,10 @@ func (m *model) fabric(dn int, shape disagg.KVShape, link disagg.Link) *FabricNe
 	}
 	bw := link.BytesPerSecond()
 	fn.LinkUtilMean, fn.LinkUtilP99 = fn.PerDecodeMean/bw, fn.PerDecodeP99/bw
-	fn.TransferP50 = link.Duration(shape.Bytes(quantileInt(m.pulled, 0.5)))
-	fn.TransferP99 = link.Duration(shape.Bytes(quantileInt(m.pulled, 0.99)))
+	if len(moved) > 0 {
+		fn.TransferP50 = link.Duration(shape.Bytes(quantileInt(moved, 0.5)))
+		fn.TransferP99 = link.Duration(shape.Bytes(quantileInt(moved, 0.99)))
+	}
 	return fn
 }
 

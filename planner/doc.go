@@ -68,7 +68,10 @@
 // observed/expected TTFT). The disaggregated model (decode pool sized for
 // TPOT, KV capacity and link ingress; prefill pool for TTFT = queue +
 // chunked prefill + KV handoff of the prompt past the prefix hit + first
-// decode step) starts the P/D search.
+// decode step) starts the P/D search. Its fabric counts only the handoffs
+// the router makes: in conditional mode the same disagg.Planner rule
+// (Planner.WhatIf) keeps short, mostly cached and cheaper-locally requests
+// on their decode nodes, weighing the prefill queue the handoffs make.
 //
 // Input.Validate reports the first invalid field (ErrBadInput), among
 // them a fabric slower than the simulator models (sim.MinLinkGbps) and a
