@@ -30,7 +30,13 @@
 //     would say: during a step, the engine as the step found it, since the
 //     emulator and vLLM publish a step's stats when it ends) and reach the
 //     router's signals.View NetLatency later, so the router routes on
-//     signals as stale as in production;
+//     signals as stale as in production. While the fleet is idle (no
+//     request in flight, nothing on the agenda but the next arrival and the
+//     periodic events) the engines and views cannot change, so an engine's
+//     scrapes up to that arrival all read the same metrics: the first of
+//     them records them all at once (signals.View.ObserveRepeat, which
+//     leaves the view as the separate observations would), and a run at a
+//     low rate costs about its requests, not its span over the interval;
 //   - KV events (with Config.KVEvents): the engine's BlockStored/BlockRemoved
 //     events reach the precise index KVEventDelay after their step;
 //   - sample: four times per timeline bucket, each engine's KV usage and

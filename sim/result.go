@@ -111,7 +111,9 @@ type Result struct {
 	// the report's TTFT; when every request completes it depends on the
 	// workload, the fleet and the network latency, not on the policy.
 	TTFTBound report.Dist `json:"ttft_bound"`
-	// Events is the number of events processed.
+	// Events is the number of events scheduled (an idle fleet's scrapes up
+	// to the next arrival are one per engine and replica; see the package
+	// documentation).
 	Events int `json:"events"`
 	// Timeline is the per-engine utilisation over time: busy fraction, KV
 	// usage and queue (waiting + running) per bucket.

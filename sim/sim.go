@@ -284,13 +284,17 @@ type simulation struct {
 	tokenMode  bool // materialise prompts as tokens (the precise index needs them)
 	routerStep int  // routerBS / blockSize when it divides evenly, else 0
 	finished   int
-	pending    int // events on the agenda that are not periodic
-	progEvery  int
-	timeline   *timeline
-	planners   []*disagg.Planner // per replica, for P/D fleets (pd.go)
-	fabric     *disagg.Fabric    // the KV transfers that happen, for P/D fleets
-	transfers  []Transfer        // every KV transfer, in the order they were planned
-	err        error             // the first event that could not be scheduled ends the run with it
+	pending    int           // events on the agenda that are not periodic
+	stopAt     time.Duration // the run stops after this time (Config.Drain; MaxInt64 without)
+	// everyScrape turns idle fast-forwarding off (idleScrapes): tests run
+	// it as the reference.
+	everyScrape bool
+	progEvery   int
+	timeline    *timeline
+	planners    []*disagg.Planner // per replica, for P/D fleets (pd.go)
+	fabric      *disagg.Fabric    // the KV transfers that happen, for P/D fleets
+	transfers   []Transfer        // every KV transfer, in the order they were planned
+	err         error             // the first event that could not be scheduled ends the run with it
 }
 
 func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
@@ -511,10 +515,11 @@ func (s *simulation) run(ctx context.Context) error {
 			}
 		}
 	}
-	stopAt := time.Duration(math.MaxInt64)
+	s.stopAt = time.Duration(math.MaxInt64)
 	if s.cfg.Drain > 0 {
-		stopAt = s.st[s.order[total-1]].arrival + s.cfg.Drain
+		s.stopAt = s.st[s.order[total-1]].arrival + s.cfg.Drain
 	}
+	stopAt := s.stopAt
 	unfinished := "never completed: the engine could not schedule it"
 	for n := 0; s.q.Len() > 0 && s.finished < total && s.pending > 0; n++ {
 		if n&4095 == 0 {
@@ -865,13 +870,49 @@ func (s *simulation) finish(i int32) {
 }
 
 // scrape takes a snapshot of engine ei's metrics for router replica k; it
-// reaches the router after the network latency.
+// reaches the router after the network latency. While the fleet is idle
+// (idleScrapes) it records, at once, every scrape up to the next event
+// that can change an engine or a router view: they would all read the
+// same metrics, and nothing reads the view before that event.
 func (s *simulation) scrape(ei, k int32) {
 	e := s.engines[ei]
 	m := metricsOf(e)
+	if n := s.idleScrapes(ei, k); n > 1 {
+		s.rts[k].View(e.id).ObserveRepeat(wall(s.now-s.cfg.NetLatency), s.cfg.ScrapeInterval, n, m)
+		s.schedule(s.now+time.Duration(n)*s.cfg.ScrapeInterval, evScrape, ei, k)
+		return
+	}
 	e.scrapes[k].push(scrape{sent: s.now - s.cfg.NetLatency, m: m})
 	s.schedule(s.now+s.cfg.NetLatency, evObserve, ei, k)
 	s.schedule(s.now+s.cfg.ScrapeInterval, evScrape, ei, k)
+}
+
+// idleScrapes returns how many scrapes of engine ei by replica k, from
+// this one (s.now) on every ScrapeInterval, reach the router before
+// anything can change the engine or the replica's view of it: with no
+// event on the agenda but the periodic ones and the next arrival (every
+// request so far has finished; a stuck one has no events), the engines
+// and the router are frozen until that arrival, so those scrapes all read
+// the same metrics and their observations (each NetLatency after it, as
+// scrape schedules them) can be recorded now, in order, as long as none
+// is still in flight from before (the replica's queue of scrapes for the
+// engine is empty) and each lands strictly before the arrival (an
+// observation at the same instant comes after it, as it was scheduled
+// after it) and by the end of the run (Config.Drain). 0 when the fleet is
+// not idle.
+func (s *simulation) idleScrapes(ei, k int32) int {
+	if s.everyScrape || s.pending != 1 || s.arrived >= s.next || len(s.engines[ei].scrapes[k].items) > 0 {
+		return 0
+	}
+	end := s.st[s.order[s.next-1]].arrival // exclusive
+	if s.stopAt < end {
+		end = s.stopAt + 1
+	}
+	land := s.now + max(s.cfg.NetLatency, 0)
+	if land >= end {
+		return 0
+	}
+	return int((end-1-land)/s.cfg.ScrapeInterval) + 1
 }
 
 func (s *simulation) observe(ei, k int32) {
