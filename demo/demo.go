@@ -22,6 +22,7 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"golang.org/x/sync/errgroup"
 
+	"github.com/kvroute/kvroute/emulator"
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/policy"
 	"github.com/kvroute/kvroute/proxy"
@@ -54,8 +55,8 @@ type Config struct {
 	// purpose so that spreading shared prefixes over every engine thrashes
 	// the caches; default 700 (11,200 tokens).
 	Blocks int
-	// Speed runs the engines this many times faster than real time;
-	// default 1.5.
+	// Speed runs the engines this many times faster than real time, from
+	// emulator.MinSpeed (0.001) to 1000; default 1.5.
 	Speed float64
 	// Workload is mixed (default) or a generator name (WorkloadNames).
 	Workload string
@@ -164,8 +165,8 @@ func (c *Config) Validate() error {
 	if c.Blocks < 64 {
 		errs = append(errs, fmt.Errorf("blocks: %d is below 64", c.Blocks))
 	}
-	if !(c.Speed > 0 && c.Speed <= 1000) { // NaN too
-		errs = append(errs, fmt.Errorf("speed: %g is not in (0, 1000]", c.Speed))
+	if !(c.Speed >= emulator.MinSpeed && c.Speed <= 1000) { // NaN too
+		errs = append(errs, fmt.Errorf("speed: %g is not in [%g, 1000]", c.Speed, emulator.MinSpeed))
 	}
 	if !slices.Contains(WorkloadNames(), c.Workload) {
 		errs = append(errs, fmt.Errorf("workload: %q is not one of %s", c.Workload, strings.Join(WorkloadNames(), ", ")))

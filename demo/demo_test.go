@@ -121,6 +121,10 @@ func TestConfigValidate(t *testing.T) {
 		// NaN passed "<= 0 || > 1000": the engines ran at speed NaN.
 		{"speed NaN", Config{Speed: math.NaN()}, "speed"},
 		{"rate NaN", Config{Rate: math.NaN()}, "rate"},
+		// Below emulator.MinSpeed the demo passed Validate and failed
+		// later, when the emulator refused it (exit status 1).
+		{"speed tiny", Config{Speed: 0.0001}, "speed"},
+		{"speed min", Config{Speed: 0.001}, ""},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

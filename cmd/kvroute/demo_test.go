@@ -45,6 +45,9 @@ func TestDemoFlags(t *testing.T) {
 		{[]string{"--profile", "nope"}, `kvroute demo: --profile: engine: unknown profile "nope"`},
 		{[]string{"--engines", "70"}, "kvroute demo: --engines: 70 is not in 1..64"},
 		{[]string{"--blocks", "10"}, "kvroute demo: --blocks: 10 is below 64"},
+		// Below the emulator's least speed it was exit status 1, named by
+		// the emulator's field: "demo: engine 0: emulator: Speed 0.0001".
+		{[]string{"--speed", "0.0001"}, "kvroute demo: --speed: 0.0001 is not in [0.001, 1000]"},
 		{[]string{"--admin-token", "short"}, "kvroute demo: --admin-token: needs at least 16 characters"},
 		{[]string{"--listen", "bad"}, `kvroute demo: --listen "bad" is not a host:port address`},
 	} {
