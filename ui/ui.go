@@ -13,6 +13,8 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/policy"
 	"github.com/kvroute/kvroute/report"
 	"github.com/kvroute/kvroute/router"
@@ -145,20 +147,22 @@ func New(opts Options) (*Dashboard, error) {
 
 // refuse answers a state request Authorize refused: 401 with a Bearer
 // challenge when the router has an admin token (AdminEnabled), which the
-// page then asks for; 403 when it has none, as no token can open it.
+// page then asks for; 403 when it has none, as no token can open it. The
+// bodies are the router's own OpenAI-style errors.
 func (d *Dashboard) refuse(w http.ResponseWriter) {
-	w.Header().Set("Content-Type", "application/json")
 	if !d.opts.AdminEnabled {
-		w.WriteHeader(http.StatusForbidden)
-		_, _ = w.Write([]byte(`{"error":{"message":"the dashboard's data is closed: the router has no admin.token and debug.enabled is false","type":"permission_error","code":"forbidden"}}` + "\n"))
+		openai.WriteError(w, kvroute.Errorf(http.StatusForbidden, "permission_error", "forbidden", "",
+			"the dashboard's data is closed: the router has no admin.token and debug.enabled is false"))
 		return
 	}
 	w.Header().Set("WWW-Authenticate", `Bearer realm="kvroute"`)
-	w.WriteHeader(http.StatusUnauthorized)
-	_, _ = w.Write([]byte(`{"error":{"message":"the dashboard's data needs the admin token: Authorization: Bearer <admin.token>","type":"authentication_error","code":"invalid_token"}}` + "\n"))
+	openai.WriteError(w, kvroute.Errorf(http.StatusUnauthorized, "authentication_error", "invalid_token", "",
+		"the dashboard's data needs the admin token: Authorization: Bearer <admin.token>"))
 }
 
 // ServeHTTP serves the page (Prefix/), its assets and Prefix/api/state.
+// Its errors on the API (405 with Allow, 401/403, 404 under Prefix/api/)
+// are OpenAI-style JSON bodies, as the router's own.
 func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	p := d.opts.Prefix
 	switch {
@@ -166,13 +170,17 @@ func (d *Dashboard) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 		http.Redirect(w, r, p+"/", http.StatusFound)
 	case r.Method != http.MethodGet && r.Method != http.MethodHead:
 		w.Header().Set("Allow", "GET, HEAD")
-		http.Error(w, "method not allowed", http.StatusMethodNotAllowed)
+		openai.WriteError(w, kvroute.Errorf(http.StatusMethodNotAllowed, kvroute.TypeInvalidRequest, "method_not_allowed", "",
+			"method %s is not allowed on %s; use GET", r.Method, r.URL.Path))
 	case r.URL.Path == p+"/api/state":
 		if d.opts.Authorize != nil && !d.opts.Authorize(r) {
 			d.refuse(w)
 			return
 		}
 		d.serveState(w, r)
+	case strings.HasPrefix(r.URL.Path, p+"/api/"):
+		openai.WriteError(w, kvroute.Errorf(http.StatusNotFound, kvroute.TypeNotFound, "not_found", "",
+			"no route for %s %s", r.Method, r.URL.Path))
 	case strings.HasPrefix(r.URL.Path, p+"/"):
 		w.Header().Set("Cache-Control", "no-cache")
 		w.Header().Set("Content-Security-Policy", "default-src 'self'; img-src 'self' data:; style-src 'self'; script-src 'self'; connect-src 'self'")
@@ -263,7 +271,8 @@ func (d *Dashboard) serveState(w http.ResponseWriter, r *http.Request) {
 	d.mu.Unlock()
 	b, err := json.Marshal(st)
 	if err != nil {
-		http.Error(w, err.Error(), http.StatusInternalServerError)
+		openai.WriteError(w, kvroute.Errorf(http.StatusInternalServerError, kvroute.TypeInternal, "internal_error", "",
+			"ui: state: %v", err))
 		return
 	}
 	w.Header().Set("Content-Type", "application/json")

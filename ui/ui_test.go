@@ -259,3 +259,61 @@ func TestDashboardAuthorize(t *testing.T) {
 		}
 	}
 }
+
+// TestDashboardErrorBodies: the dashboard's API errors are the router's
+// OpenAI-style JSON bodies ({"error":{"message","type","param","code"}}),
+// as /debug/* and /admin/policy answer them. The 405 was "method not
+// allowed" in text/plain, the 401 and 403 bodies had no "param", and an
+// unknown API path was the file server's "404 page not found".
+func TestDashboardErrorBodies(t *testing.T) {
+	tests := []struct {
+		admin        bool
+		method, path string
+		code         int
+		typ, errCode string
+		allow        string
+	}{
+		{true, "POST", "/ui/api/state", http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "GET, HEAD"},
+		{true, "DELETE", "/ui/", http.StatusMethodNotAllowed, "invalid_request_error", "method_not_allowed", "GET, HEAD"},
+		{true, "GET", "/ui/api/state", http.StatusUnauthorized, "authentication_error", "invalid_token", ""},
+		{false, "GET", "/ui/api/state", http.StatusForbidden, "permission_error", "forbidden", ""},
+		{true, "GET", "/ui/api/nope", http.StatusNotFound, "not_found_error", "not_found", ""},
+	}
+	for _, tt := range tests {
+		t.Run(tt.method+" "+tt.path, func(t *testing.T) {
+			d, err := New(Options{Source: fakeSource{newTestRouter(t)}, AdminEnabled: tt.admin,
+				Authorize: func(*http.Request) bool { return false }})
+			if err != nil {
+				t.Fatal(err)
+			}
+			rec := httptest.NewRecorder()
+			d.ServeHTTP(rec, httptest.NewRequest(tt.method, tt.path, nil))
+			if rec.Code != tt.code {
+				t.Fatalf("code = %d, want %d", rec.Code, tt.code)
+			}
+			if got := rec.Header().Get("Allow"); got != tt.allow {
+				t.Errorf("Allow = %q, want %q", got, tt.allow)
+			}
+			if ct := rec.Header().Get("Content-Type"); ct != "application/json" {
+				t.Errorf("Content-Type = %q, want application/json", ct)
+			}
+			var body struct {
+				Error map[string]json.RawMessage `json:"error"`
+			}
+			if err := json.Unmarshal(rec.Body.Bytes(), &body); err != nil {
+				t.Fatalf("body %q: %v, want an OpenAI-style JSON error", rec.Body.String(), err)
+			}
+			for _, k := range []string{"message", "type", "param", "code"} {
+				if _, ok := body.Error[k]; !ok {
+					t.Errorf("body %q lacks error.%s", rec.Body.String(), k)
+				}
+			}
+			if got := string(body.Error["type"]); got != `"`+tt.typ+`"` {
+				t.Errorf("error.type = %s, want %q", got, tt.typ)
+			}
+			if got := string(body.Error["code"]); got != `"`+tt.errCode+`"` {
+				t.Errorf("error.code = %s, want %q", got, tt.errCode)
+			}
+		})
+	}
+}
