@@ -450,11 +450,24 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		for _, res := range results {
 			nw = max(nw, len(res.Policy))
 		}
+		// A load column as the report's table has one: in a sweep only
+		// (a single run's load is 0 in report.json and report.csv, and its
+		// rate scale is in the parameters).
+		load := func(i int) string {
+			if !sweep {
+				return ""
+			}
+			return fmt.Sprintf(" %6g", jobs[i].scale)
+		}
+		loadHead := ""
+		if sweep {
+			loadHead = fmt.Sprintf(" %6s", "load")
+		}
 		fmt.Fprintln(stdout, "\nTTFT breakdown, mean over completed requests (network = router<->engine round trip):")
-		fmt.Fprintf(stdout, "%-*s %6s %9s %9s %9s %9s %11s\n", nw, "name", "load", "network", "queue", "prefill", "transfer", "first step")
+		fmt.Fprintf(stdout, "%-*s%s %9s %9s %9s %9s %11s\n", nw, "name", loadHead, "network", "queue", "prefill", "transfer", "first step")
 		for i, res := range results {
 			b := res.TTFTBreakdown()
-			fmt.Fprintf(stdout, "%-*s %6g %9s %9s %9s %9s %11s\n", nw, res.Policy, jobs[i].scale, report.FormatDuration(b.Network),
+			fmt.Fprintf(stdout, "%-*s%s %9s %9s %9s %9s %11s\n", nw, res.Policy, load(i), report.FormatDuration(b.Network),
 				report.FormatDuration(b.Queue), report.FormatDuration(b.Prefill), report.FormatDuration(b.Transfer),
 				report.FormatDuration(b.FirstDecode))
 		}
@@ -465,10 +478,10 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			}
 			if i == 0 || results[i-1].FabricLoad(time.Second).Transfers == 0 {
 				fmt.Fprintln(stdout, "\nKV fabric (P/D handoffs; per decode node over one-second windows):")
-				fmt.Fprintf(stdout, "%-*s %6s %9s %11s %12s %12s %12s %9s %9s %9s\n", nw, "name", "load", "handoffs", "total/s",
+				fmt.Fprintf(stdout, "%-*s%s %9s %11s %12s %12s %12s %9s %9s %9s\n", nw, "name", loadHead, "handoffs", "total/s",
 					"node mean/s", "node p99/s", "node max/s", "time p50", "time p99", "queue p99")
 			}
-			fmt.Fprintf(stdout, "%-*s %6g %9d %11s %12s %12s %12s %9s %9s %9s\n", nw, res.Policy, jobs[i].scale, fl.Transfers,
+			fmt.Fprintf(stdout, "%-*s%s %9d %11s %12s %12s %12s %9s %9s %9s\n", nw, res.Policy, load(i), fl.Transfers,
 				simBytes(fl.Total), simBytes(fl.PerDecodeMean), simBytes(fl.PerDecodeP99), simBytes(fl.PerDecodeMax),
 				report.FormatDuration(fl.TimeP50), report.FormatDuration(fl.TimeP99), report.FormatDuration(fl.QueueP99))
 		}

@@ -10,6 +10,7 @@ import (
 	"math"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -501,5 +502,50 @@ func TestWorkloadList(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// TestSimCommandLoadColumns: every table sim prints gives a run the load
+// report.json (and report.csv) give it. The TTFT breakdown and KV fabric
+// tables printed the rate scale as the load of a run that was not a sweep
+// ("load 2" for --rate-scale 2), where the report says 0 and its table has
+// no load column.
+func TestSimCommandLoadColumns(t *testing.T) {
+	for _, extra := range [][]string{{"--rate-scale", "2"}, {"--sweep", "1,2"}} {
+		t.Run(strings.Join(extra, " "), func(t *testing.T) {
+			dir := t.TempDir()
+			var out, errb bytes.Buffer
+			args := []string{"sim", "--workload", "chat", "--requests", "60", "--rate", "20", "--engines", "1/prefill,1/decode", "--profile", "tiny",
+				"--params", "system_len=96,user_len=40,reply_len=24,max_len=700", "--policies", "round_robin", "--pd-mode", "always", "--out", dir}
+			if err := run(context.Background(), append(args, extra...), &out, &errb); err != nil {
+				t.Fatalf("run: %v\nstderr: %s", err, errb.String())
+			}
+			rep := readReportJSON(t, filepath.Join(dir, "report.json"))
+			lines := strings.Split(out.String(), "\n")
+			tables := 0
+			for i, l := range lines {
+				head := strings.Fields(l)
+				if len(head) == 0 || head[0] != "name" {
+					continue
+				}
+				tables++
+				col := slices.Index(head, "load")
+				for j, row := range lines[i+1:] {
+					if strings.TrimSpace(row) == "" || j >= len(rep.Rows) {
+						break
+					}
+					f := strings.Fields(row)
+					switch {
+					case col < 0 && rep.Rows[j].Load != 0:
+						t.Errorf("table %q has no load column, report.json's row %d has load %g", l, j, rep.Rows[j].Load)
+					case col >= 0 && (col >= len(f) || f[col] != strconv.FormatFloat(rep.Rows[j].Load, 'g', -1, 64)):
+						t.Errorf("table %q row %q: load column differs from report.json's load %g", l, row, rep.Rows[j].Load)
+					}
+				}
+			}
+			if tables != 3 { // the report, the TTFT breakdown and the KV fabric
+				t.Errorf("found %d tables, want 3:\n%s", tables, out.String())
+			}
+		})
 	}
 }
