@@ -199,6 +199,9 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 		cfg.Tokenizer = hf
 	}
+	if err := checkListenAddr(*listen); err != nil {
+		return usageErr("--listen: %v", err)
+	}
 	if *streamIntvl < 1 {
 		return usageErr("--stream-interval must be at least 1")
 	}
@@ -435,6 +438,23 @@ func validZMQEndpoint(s string) bool {
 	}
 	n, err := strconv.Atoi(port)
 	return err == nil && n >= 0 && n <= 65535
+}
+
+// checkListenAddr checks a listen address as the router's config checks
+// its listen: an empty one (net.Listen's "any port on every interface")
+// or one without a port is an error, not a surprise at listen time.
+func checkListenAddr(addr string) error {
+	if addr == "" {
+		return errors.New("is empty (give host:port, e.g. 127.0.0.1:8000)")
+	}
+	_, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("%q is not a host:port address", addr)
+	}
+	if n, err := strconv.Atoi(port); err == nil && (n < 0 || n > 65535) {
+		return fmt.Errorf("%q has port %d, not 0-65535", addr, n)
+	}
+	return nil
 }
 
 // rankAddrs returns the listen addresses of n side channels based at

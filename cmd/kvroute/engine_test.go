@@ -42,6 +42,11 @@ func TestEngineUsageErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"engine"}, "--model is required"},
+		// An empty --listen listened on a random port of every interface,
+		// and a bad one failed at listen time with exit status 1.
+		{[]string{"engine", "--model", "m", "--listen", ""}, "--listen: is empty"},
+		{[]string{"engine", "--model", "m", "--listen", "bad"}, `--listen: "bad" is not a host:port address`},
+		{[]string{"engine", "--model", "m", "--listen", "127.0.0.1:99999"}, `--listen: "127.0.0.1:99999" has port 99999, not 0-65535`},
 		{[]string{"engine", "--model", "m", "--profile", "nope"}, "unknown profile"},
 		{[]string{"engine", "--model", "m", "--role", "x"}, `--role "x" is not one of both, prefill, decode`},
 		{[]string{"engine", "--model", "m", "--metrics-flavor", "x"}, `--metrics-flavor "x" is not one of vllm, vllm-legacy, sglang, llamacpp`},
