@@ -177,18 +177,27 @@ func newFlagSet(name, usageLine, description string, stdout, stderr io.Writer) *
 
 // parseFlags parses args into fs, mapping a parse error to errUsage and
 // --help to flag.ErrHelp. --help prints the whole help; a bad flag prints
-// the flag package's one-line error and where the help is, not the whole
-// help, which would bury the error.
+// the flag package's one-line error after the command's name ("kvroute
+// sim: invalid value ...") and where the help is, not the whole help,
+// which would bury the error.
 func parseFlags(fs *flag.FlagSet, args []string) error {
 	full := fs.Usage
 	fs.Usage = func() {}
+	// The flag package prints its error ("flag provided but not defined:
+	// -bogus") bare; it is printed here after the command's name, as the
+	// commands' own usage errors are.
+	out := fs.Output()
+	var msg strings.Builder
+	fs.SetOutput(&msg)
 	err := fs.Parse(args)
+	fs.SetOutput(out)
 	fs.Usage = full
 	if err != nil {
 		if errors.Is(err, flag.ErrHelp) {
 			full()
 			return flag.ErrHelp
 		}
+		fmt.Fprintf(out, "%s: %s\n", fs.Name(), strings.TrimSpace(msg.String()))
 		shortUsage(fs)
 		return errUsage
 	}

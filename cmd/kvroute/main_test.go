@@ -135,3 +135,30 @@ func TestSecondSignalEndsProcess(t *testing.T) {
 		t.Fatal("the second SIGINT did not end the process")
 	}
 }
+
+// TestFlagErrorsNameCommand: the flag package's own errors (an unknown
+// flag, a value that does not parse) come after the command's name, as the
+// commands' other usage errors do; they were printed bare ("flag provided
+// but not defined: -bogus").
+func TestFlagErrorsNameCommand(t *testing.T) {
+	for name := range commands {
+		for _, tc := range []struct {
+			args []string
+			want string
+		}{
+			{[]string{"--bogus"}, "flag provided but not defined: -bogus"},
+		} {
+			var out, errb bytes.Buffer
+			err := run(context.Background(), append([]string{name}, tc.args...), &out, &errb)
+			want := "kvroute " + name + ": " + tc.want + "\nRun 'kvroute " + name + " --help' for usage.\n"
+			if !errors.Is(err, errUsage) || errb.String() != want {
+				t.Errorf("%s %v: got %v, stderr %q; want a usage error, stderr %q", name, tc.args, err, errb.String(), want)
+			}
+		}
+	}
+	var out, errb bytes.Buffer
+	err := run(context.Background(), []string{"sim", "--rate", "x"}, &out, &errb)
+	if want := `kvroute sim: invalid value "x" for flag -rate: parse error` + "\n"; !errors.Is(err, errUsage) || !strings.HasPrefix(errb.String(), want) {
+		t.Errorf("sim --rate x: got %v, stderr %q; want %q first", err, errb.String(), want)
+	}
+}
