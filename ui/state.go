@@ -215,7 +215,9 @@ func endpointFrom(now time.Time, es router.EndpointStatus) endpointJSON {
 		e.HitRate = num(l.PrefixHitRate)
 	}
 	if !l.ObservedAt.IsZero() {
-		e.SignalAgeMS = num(ms(l.Age(now)))
+		// A scrape sent after now (they run while the state is built)
+		// is fresh, not negative in age.
+		e.SignalAgeMS = num(ms(max(0, l.Age(now))))
 	}
 	return e
 }

@@ -14,6 +14,7 @@ import (
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/policy"
 	"github.com/kvroute/kvroute/router"
+	"github.com/kvroute/kvroute/signals"
 )
 
 func TestHistQuantile(t *testing.T) {
@@ -315,5 +316,42 @@ func TestDashboardErrorBodies(t *testing.T) {
 				t.Errorf("error.code = %s, want %q", got, tt.errCode)
 			}
 		})
+	}
+}
+
+// TestDashboardSignalAgeNotNegative: a scrape sent after the state's clock
+// reading (signals' observed_at is when the scrape was sent, and scrapes
+// run while the state is built) is 0 ms old, not -1 ms as the fleet table
+// showed it.
+func TestDashboardSignalAgeNotNegative(t *testing.T) {
+	r := newTestRouter(t)
+	now := time.Unix(1000, 0)
+	r.View("a").Observe(now.Add(time.Millisecond), signals.Metrics{Flavor: signals.FlavorVLLM, Have: signals.HasWaiting, Waiting: 1})
+	d, err := New(Options{Source: fakeSource{r}, Now: func() time.Time { return now }})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	d.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/ui/api/state", nil))
+	var st struct {
+		Models []struct {
+			Endpoints []struct {
+				ID          string   `json:"id"`
+				SignalAgeMS *float64 `json:"signal_age_ms"`
+			} `json:"endpoints"`
+		} `json:"models"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil || len(st.Models) != 1 {
+		t.Fatalf("state %q: %v, want one model", rec.Body.String(), err)
+	}
+	for _, e := range st.Models[0].Endpoints {
+		if e.ID != "a" {
+			continue
+		}
+		if e.SignalAgeMS == nil {
+			t.Errorf("endpoint a: signal_age_ms = null, want 0 (observed 1ms after the state's now)")
+		} else if *e.SignalAgeMS != 0 {
+			t.Errorf("endpoint a: signal_age_ms = %v, want 0 (observed 1ms after the state's now)", *e.SignalAgeMS)
+		}
 	}
 }
