@@ -38,8 +38,9 @@ a 5xx, all before the first response byte reached the client, is retried on
 another endpoint (retry.attempts). GET /v1/models lists the models. The router's own
 endpoints: /metrics (Prometheus), /healthz, /readyz, /debug/decisions and
 /debug/endpoints (open with debug.enabled or --debug, else they need the admin token),
-and PUT /admin/policy {"model","policy","params"} (only with admin.token,
-sent as "Authorization: Bearer TOKEN").
+the live dashboard at /ui/ (the page is public; its data, /ui/api/state, is
+guarded as /debug/* is), and PUT /admin/policy {"model","policy","params"}
+(only with admin.token, sent as "Authorization: Bearer TOKEN").
 
 Engine signals: every endpoint's /metrics (vLLM, SGLang, llama.cpp, TGI) is
 scraped every signals.scrape_interval (100ms) and combined with the router's own
