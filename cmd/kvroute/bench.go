@@ -193,7 +193,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	var err error
 	if trace != "" {
 		if w, err = workload.ReadTraceFile(trace); err != nil {
-			return err
+			return fmt.Errorf("bench: --trace: %w", err)
 		}
 		if err := benchTrace(w, rate); err != nil {
 			return usageErr("%v", err)

@@ -162,3 +162,23 @@ func TestFlagErrorsNameCommand(t *testing.T) {
 		t.Errorf("sim --rate x: got %v, stderr %q; want %q first", err, errb.String(), want)
 	}
 }
+
+// TestTraceErrorsNameFlag: a --trace that cannot be read is the flag's
+// error in sim, bench and plan (exit status 1: a bad file, not bad usage);
+// it said "workload: read trace: open ...", naming neither the command
+// nor the flag (sim, bench).
+func TestTraceErrorsNameFlag(t *testing.T) {
+	missing := t.TempDir() + "/missing.jsonl"
+	for _, args := range [][]string{
+		{"sim", "--trace", missing},
+		{"bench", "--url", "http://127.0.0.1:1", "--model", "m", "--trace", missing},
+		{"plan", "--slo-ttft-p99", "2s", "--trace", missing},
+	} {
+		var out, errb bytes.Buffer
+		err := run(context.Background(), args, &out, &errb)
+		want := args[0] + ": --trace: workload: read trace: open " + missing
+		if err == nil || errors.Is(err, errUsage) || !strings.HasPrefix(err.Error(), want) {
+			t.Errorf("%v: got %v, want an error starting %q", args, err, want)
+		}
+	}
+}

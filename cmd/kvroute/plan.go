@@ -433,7 +433,9 @@ func (o *planOptions) workload() (*workload.Workload, error) {
 	var w *workload.Workload
 	var err error
 	if o.trace != "" {
-		w, err = workload.ReadTraceFile(o.trace)
+		if w, err = workload.ReadTraceFile(o.trace); err != nil {
+			err = fmt.Errorf("--trace: %w", err)
+		}
 	} else {
 		w, err = sim.DefaultWorkload()
 	}

@@ -589,7 +589,9 @@ func loadSimWorkload(o *simOptions) (*workload.Workload, error) {
 	var err error
 	switch {
 	case o.trace != "":
-		w, err = workload.ReadTraceFile(o.trace)
+		if w, err = workload.ReadTraceFile(o.trace); err != nil {
+			return nil, fmt.Errorf("sim: --trace: %w", err)
+		}
 	case o.workloadName != "":
 		var params map[string]float64
 		if params, err = workload.ParseParams(o.params); err != nil {
