@@ -60,6 +60,28 @@ var (
 	goStruct = regexp.MustCompile(`^[a-z][a-z0-9]*\.[A-Z]\w*$`)
 )
 
+// durationSyntax is the form of a Go duration ("1h30m", "500ms", "-1.5s").
+var durationSyntax = regexp.MustCompile(`^[-+]?(([0-9]+(\.[0-9]*)?|\.[0-9]+)(ns|us|µs|μs|ms|s|m|h))+$`)
+
+// plainNumber is a number without a unit ("5", "0.5", "1e3").
+var plainNumber = regexp.MustCompile(`^[-+]?([0-9]+(\.[0-9]*)?|\.[0-9]+)([eE][-+]?[0-9]+)?$`)
+
+// durationHint says why v is not a duration: a number without its unit
+// ("5"), one out of range ("999999999h": time.ParseDuration's "invalid
+// duration" too), or something else.
+func durationHint(v string) string {
+	switch {
+	case v == "":
+		return ` (a duration has a unit: "5s", "500ms")`
+	case durationSyntax.MatchString(v):
+		return " (out of range: a duration is at most 2562047h)"
+	}
+	if plainNumber.MatchString(v) {
+		return ` (a duration has a unit: "5s", "500ms")`
+	}
+	return ` (a duration is a number with a unit: "5s", "500ms", "1h30m")`
+}
+
 // DecodeError turns the YAML decoder's type errors ("yaml: unmarshal
 // errors:" and one indented line per error, naming Go types) into one
 // line naming the fields by their paths, as validation errors do: "line 3:
@@ -99,9 +121,14 @@ func DecodeError(err error, data []byte) error {
 		} else if s := wrongType.FindStringSubmatch(m); s != nil {
 			line, tag, val, into := s[1], s[2], s[3], s[4]
 			prefix, cut := strings.CutSuffix(val, "...")
+			full := val // the value, which the decoder cuts after 7 characters
 			p, ok := find(func(x site) bool {
-				return !x.key && strconv.Itoa(x.line) == line && x.tag == tag &&
-					(x.value == val || cut && strings.HasPrefix(x.value, prefix))
+				if !x.key && strconv.Itoa(x.line) == line && x.tag == tag &&
+					(x.value == val || cut && strings.HasPrefix(x.value, prefix)) {
+					full = x.value
+					return true
+				}
+				return false
 			})
 			switch {
 			case goStruct.MatchString(into) && into != "time.Duration", strings.HasPrefix(into, "map["):
@@ -119,7 +146,7 @@ func DecodeError(err error, data []byte) error {
 			}
 			m += " into " + into
 			if into == "time.Duration" {
-				m += ` (a duration has a unit: "5s", "500ms")`
+				m += durationHint(full)
 			}
 		}
 		msgs[i] = m

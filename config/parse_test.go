@@ -183,6 +183,14 @@ func TestParseDecodeErrorsNameTheField(t *testing.T) {
 				"line 1: models[0].endpoints[0].kv_capacity_tokens: cannot unmarshal !!str `x` into int"}},
 		{"duration without unit", "timeouts:\n  dial: 5\n",
 			[]string{"line 2: timeouts.dial: cannot unmarshal !!int `5` into time.Duration (a duration has a unit"}},
+		// A duration out of range, or not a number, was also told "a
+		// duration has a unit", which it had.
+		{"duration out of range", "timeouts:\n  dial: 999999999h\n",
+			[]string{"line 2: timeouts.dial: cannot unmarshal !!str `999999999h` into time.Duration (out of range: a duration is at most 2562047h)"}},
+		{"duration not a number", "timeouts:\n  dial: NaN\n",
+			[]string{"line 2: timeouts.dial: cannot unmarshal !!str `NaN` into time.Duration (a duration is a number with a unit: \"5s\", \"500ms\", \"1h30m\")"}},
+		{"duration in seconds without unit", "timeouts:\n  dial: 2.5\n",
+			[]string{"line 2: timeouts.dial: cannot unmarshal !!float `2.5` into time.Duration (a duration has a unit"}},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
