@@ -99,7 +99,9 @@ bootstrap port serves every rank, by bootstrap_room modulo N).
 
 SIGINT/SIGTERM stop accepting connections; the requests in flight run to their
 end for up to --shutdown-timeout, then what is left ends with an error event (a
-second signal ends the process at once).`
+second signal ends the process at once). Exit status: 0 once stopped by a
+signal, 2 on a bad flag or flag value, 1 on another error (a listen address in
+use).`
 
 func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("engine", "--model NAME [--profile NAME | --hf-config FILE] [--tokenizer DIR] [--listen ADDR] [flags]",

@@ -68,7 +68,10 @@ field and its default), or for the quick case with flags only:
 
 --listen, --log-level, --log-format and --debug also override the file's values.
 SIGINT/SIGTERM stop accepting connections and drain in-flight requests for up
-to timeouts.shutdown; streams still running then end with an error event.
+to timeouts.shutdown; streams still running then end with an error event (a
+second signal ends the process at once). Exit status: 0 once stopped by a
+signal, 2 on a bad flag or flag value, 1 on another error (a config file that
+cannot be read or is invalid, a listen address in use).
 
 SIGHUP (with --config) reads the file again and applies its models' endpoint
 lists without a restart: engines added start taking requests (with their
