@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"os"
 	"os/exec"
 	"runtime"
 	"strconv"
@@ -32,7 +33,9 @@ through each --compare policy on cold caches, and the side-by-side table
 Open the printed URL for the live dashboard: the fleet, every routing decision
 with the candidates' scores, charts and the policy switch (it asks for the
 printed admin token). --no-browser keeps the browser closed; Ctrl-C stops
-everything.
+everything and prints the table of the policies that finished. Exit status: 0
+when the run finished or was interrupted, 2 on a bad flag or flag value, 1 on
+another error (a listen address in use, an unwritable --out).
 
 Workloads: %s. Policies: %s. Profiles: %s.`
 
@@ -40,6 +43,13 @@ func runDemo(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	cfg, noBrowser, err := parseDemoFlags(args, stdout, stderr)
 	if err != nil {
 		return err
+	}
+	if cfg.Out != "" {
+		// Named by its flag, as sim's and bench's --out are (demo.Run's
+		// error said "demo: mkdir ...").
+		if err := os.MkdirAll(cfg.Out, 0o755); err != nil {
+			return fmt.Errorf("demo: --out: %w", err)
+		}
 	}
 	cfg.Stdout = stdout
 	if !noBrowser {

@@ -2,8 +2,11 @@ package main
 
 import (
 	"bytes"
+	"context"
 	"errors"
 	"io"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -63,5 +66,19 @@ func TestDemoFlags(t *testing.T) {
 		if !errors.Is(err, errUsage) || !strings.Contains(errb.String(), args[0]) {
 			t.Errorf("%v: got %v, stderr %q; want a usage error naming %s", args, err, errb.String(), args[0])
 		}
+	}
+}
+
+// TestDemoOutError: an --out that cannot be made is named by its flag
+// (exit status 1, before anything starts); it was "demo: mkdir ...".
+func TestDemoOutError(t *testing.T) {
+	file := filepath.Join(t.TempDir(), "file")
+	if err := os.WriteFile(file, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	err := run(context.Background(), []string{"demo", "--no-browser", "--listen", "127.0.0.1:0", "--out", filepath.Join(file, "report")}, &out, &errb)
+	if err == nil || errors.Is(err, errUsage) || !strings.HasPrefix(err.Error(), "demo: --out: mkdir ") {
+		t.Errorf("got %v, want an error starting \"demo: --out: mkdir \"", err)
 	}
 }
