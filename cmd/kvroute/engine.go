@@ -18,6 +18,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/emulator"
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/tokenizer"
@@ -111,7 +112,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		profile     = fs.String("profile", "llama-3.1-8b-h100", "engine profile `name` (model, GPU, TP, cost model)")
 		listen      = fs.String("listen", "127.0.0.1:8000", "HTTP listen `address`")
 		speed       = fs.Float64("speed", 1, "run the model this many times faster than real time (at least 0.001)")
-		kvBlocks    = fs.Int("kv-blocks", 0, "KV cache size in blocks (default: the profile's, from GPU memory)")
+		kvBlocks    = fs.Int("kv-blocks", 0, "KV cache size in blocks, at most 16777216 (default: the profile's, from GPU memory)")
 		blockSize   = fs.Int("block-size", 0, "tokens per KV block (default: the profile's, 16)")
 		maxNumSeqs  = fs.Int("max-num-seqs", 0, "vLLM max_num_seqs (default: the profile's)")
 		maxBatched  = fs.Int("max-num-batched-tokens", 0, "per-step token budget (default: the profile's)")
@@ -135,7 +136,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		defMaxTok   = fs.Int("default-max-tokens", 1024, "output limit of chat requests without max_tokens (completions get vLLM's 16)")
 		eosMean     = fs.Float64("eos-mean", 0, "mean output length before the model emits EOS (0 = never; requests end at max_tokens)")
 		streamIntvl = fs.Int("stream-interval", 1, "vLLM's --stream-interval: a streamed response sends the first token, then a chunk every N tokens; tokens generated while the previous chunk is still being written go out together, as vLLM merges the outputs of a lagging reader (at a high --speed, chunks carry more tokens)")
-		dpSize      = fs.Int("data-parallel-size", 1, "vLLM's --data-parallel-size: `N` engine cores (each with its own KV cache, scheduler and KV events on port+rank) behind one endpoint; requests go to the rank of their X-data-parallel-rank header or vLLM's internal load balancer's")
+		dpSize      = fs.Int("data-parallel-size", 1, "vLLM's --data-parallel-size: `N` engine cores (each with its own KV cache, scheduler and KV events on port+rank) behind one endpoint, at most 1024; requests go to the rank of their X-data-parallel-rank header or vLLM's internal load balancer's")
 		hf          hfModel
 		tokPath     = fs.String("tokenizer", "builtin", "prompt tokenizer: builtin, or a HuggingFace model `directory` (tokenizer.json, and tokenizer_config.json for the chat template) or its tokenizer.json file")
 		logLevel    = fs.String("log-level", "info", "log level: debug, info, warn, error")
@@ -344,11 +345,20 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return g.Wait()
 }
 
+// maxEngineKVBlocks bounds --kv-blocks: 2^24 blocks (268M tokens of 16,
+// far above any GPU's KV cache) hold about 0.5 GB of the engine model.
+const maxEngineKVBlocks = 1 << 24
+
 // checkEngineFlags checks the values the emulator's and the engine's
 // configs would reject, or read as "the default", naming the flag given.
 func checkEngineFlags(fs *flag.FlagSet) error {
 	get := func(name string) flag.Getter { return fs.Lookup(name).Value.(flag.Getter) }
 	const zero = "must be positive (0 reads as the default)" // the flags whose 0 means something else
+	// The engine model keeps about 32 bytes per block: 2e9 blocks ended in
+	// the runtime's "fatal error: out of memory" and a stack trace.
+	if n := get("kv-blocks").Get().(int); n > maxEngineKVBlocks {
+		return fmt.Errorf("--kv-blocks %d must be at most %d", n, maxEngineKVBlocks)
+	}
 	for _, name := range []string{"kv-blocks", "block-size", "max-num-seqs", "max-num-batched-tokens", "max-model-len",
 		"kv-events-buffer-steps", "default-max-tokens"} {
 		if n := get(name).Get().(int); n < 0 {
@@ -400,6 +410,9 @@ func checkEngineFlags(fs *flag.FlagSet) error {
 func checkDataParallel(size int, flavor string, endpoints ...string) error {
 	if size < 1 {
 		return fmt.Errorf("--data-parallel-size %d must be at least 1", size)
+	}
+	if size > config.MaxDataParallelSize { // 100000 ranks ran the machine out of memory
+		return fmt.Errorf("--data-parallel-size %d must be at most %d (as the router's data_parallel_size)", size, config.MaxDataParallelSize)
 	}
 	if size == 1 {
 		return nil

@@ -42,6 +42,10 @@ func TestEngineUsageErrors(t *testing.T) {
 		want string
 	}{
 		{[]string{"engine"}, "--model is required"},
+		// Out of memory: the runtime's fatal error and a stack trace (2e9
+		// blocks), or the machine's memory taken (100000 ranks).
+		{[]string{"engine", "--model", "m", "--kv-blocks", "2000000000"}, "--kv-blocks 2000000000 must be at most 16777216"},
+		{[]string{"engine", "--model", "m", "--data-parallel-size", "100000"}, "--data-parallel-size 100000 must be at most 1024"},
 		// An empty --listen listened on a random port of every interface,
 		// and a bad one failed at listen time with exit status 1.
 		{[]string{"engine", "--model", "m", "--listen", ""}, "--listen: is empty"},
