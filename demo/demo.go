@@ -33,9 +33,13 @@ import (
 
 // Defaults of Config.
 const (
-	DefaultEngines  = 4
-	DefaultProfile  = "llama-3.1-70b-h100-tp4"
-	DefaultBlocks   = 700
+	DefaultEngines = 4
+	DefaultProfile = "llama-3.1-70b-h100-tp4"
+	DefaultBlocks  = 700
+	// MaxBlocks bounds Config.Blocks: 262144 blocks (4M tokens) per
+	// engine, far past where the demo's caches stop thrashing, keep 64
+	// engines' models within about 0.5 GB.
+	MaxBlocks       = 1 << 18
 	DefaultSpeed    = 1.5
 	DefaultRate     = 12
 	DefaultDuration = 60 * time.Second
@@ -53,7 +57,7 @@ type Config struct {
 	Profile string
 	// Blocks is each engine's KV cache size in 16-token blocks, small on
 	// purpose so that spreading shared prefixes over every engine thrashes
-	// the caches; default 700 (11,200 tokens).
+	// the caches; default 700 (11,200 tokens), at most MaxBlocks.
 	Blocks int
 	// Speed runs the engines this many times faster than real time, from
 	// emulator.MinSpeed (0.001) to 1000; default 1.5.
@@ -164,6 +168,8 @@ func (c *Config) Validate() error {
 	}
 	if c.Blocks < 64 {
 		errs = append(errs, fmt.Errorf("blocks: %d is below 64", c.Blocks))
+	} else if c.Blocks > MaxBlocks { // 2e9 ended in the runtime's "fatal error: out of memory"
+		errs = append(errs, fmt.Errorf("blocks: %d is above %d", c.Blocks, MaxBlocks))
 	}
 	if !(c.Speed >= emulator.MinSpeed && c.Speed <= 1000) { // NaN too
 		errs = append(errs, fmt.Errorf("speed: %g is not in [%g, 1000]", c.Speed, emulator.MinSpeed))

@@ -124,6 +124,8 @@ func TestConfigValidate(t *testing.T) {
 		// Below emulator.MinSpeed the demo passed Validate and failed
 		// later, when the emulator refused it (exit status 1).
 		{"speed tiny", Config{Speed: 0.0001}, "speed"},
+		// 2e9 blocks passed and the runtime died out of memory.
+		{"blocks huge", Config{Blocks: 2000000000}, "blocks: 2000000000 is above 262144"},
 		{"speed min", Config{Speed: 0.001}, ""},
 	}
 	for _, tt := range tests {

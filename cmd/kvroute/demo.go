@@ -77,7 +77,7 @@ func parseDemoFlags(args []string, stdout, stderr io.Writer) (cfg demo.Config, n
 	fs.StringVar(&cfg.AdminToken, "admin-token", "", "admin `token` for the policy switch, at least 16 characters (default random, printed)")
 	fs.StringVar(&cfg.Out, "out", "", "report `dir` (default a new temporary directory)")
 	fs.StringVar(&cfg.Profile, "profile", demo.DefaultProfile, "engine `profile`")
-	fs.IntVar(&cfg.Blocks, "blocks", demo.DefaultBlocks, "KV cache size per engine in 16-token blocks")
+	fs.IntVar(&cfg.Blocks, "blocks", demo.DefaultBlocks, "KV cache size per engine in 16-token blocks (64 to 262144)")
 	fs.Float64Var(&cfg.Speed, "speed", demo.DefaultSpeed, "run the engines this many times faster than real time (0.001 to 1000)")
 	fs.Float64Var(&cfg.Rate, "rate", demo.DefaultRate, "mean arrival rate, requests per second")
 	fs.Uint64Var(&cfg.Seed, "seed", 1, "workload seed")

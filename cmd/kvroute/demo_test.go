@@ -48,6 +48,7 @@ func TestDemoFlags(t *testing.T) {
 		{[]string{"--profile", "nope"}, `kvroute demo: --profile: engine: unknown profile "nope"`},
 		{[]string{"--engines", "70"}, "kvroute demo: --engines: 70 is not in 1..64"},
 		{[]string{"--blocks", "10"}, "kvroute demo: --blocks: 10 is below 64"},
+		{[]string{"--blocks", "2000000000"}, "kvroute demo: --blocks: 2000000000 is above 262144"},
 		// Below the emulator's least speed it was exit status 1, named by
 		// the emulator's field: "demo: engine 0: emulator: Speed 0.0001".
 		{[]string{"--speed", "0.0001"}, "kvroute demo: --speed: 0.0001 is not in [0.001, 1000]"},
