@@ -20,6 +20,11 @@ import (
 	"github.com/kvroute/kvroute/workload"
 )
 
+// maxPlanKVTokens bounds --kv-capacity: the simulated engines hold their
+// caches in blocks, at most maxEngineKVBlocks of 16 tokens, as kvroute
+// engine's --kv-blocks.
+const maxPlanKVTokens = maxEngineKVBlocks * 16
+
 func init() {
 	register(command{name: "plan", summary: "capacity planning: the cheapest fleet meeting TTFT/TPOT SLOs, aggregated vs disaggregated", run: runPlan})
 }
@@ -101,7 +106,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	o := planOptions{ttft: map[string]*time.Duration{}, tpot: map[string]*time.Duration{}}
 	fs.StringVar(&o.profile, "profile", "llama-3.1-8b-h100", "engine profile `name`")
 	o.hf.register(fs, "the model (instead of --profile; simulated like a built-in profile)")
-	fs.IntVar(&o.kvCapacity, "kv-capacity", 0, "override one engine's KV capacity in `tokens` (default: derived from memory)")
+	fs.IntVar(&o.kvCapacity, "kv-capacity", 0, "override one engine's KV capacity in `tokens`, at most 268435456 (default: derived from memory)")
 	fs.Float64Var(&o.fabricGbps, "fabric-gbps", disagg.RDMAGbps, "fabric bandwidth per decode node for KV handoffs, Gbps")
 	fs.DurationVar(&o.fabricSetup, "fabric-setup", time.Millisecond, "fixed cost of one KV handoff")
 	fs.StringVar(&o.trace, "trace", "", "Mooncake JSONL trace `file` (default: the embedded conversation trace)")
@@ -347,6 +352,8 @@ func (o *planOptions) checkFlags() error {
 		return planFlagErrorf("--fabric-setup %v must not be negative", o.fabricSetup)
 	case o.kvCapacity < 0:
 		return planFlagErrorf("--kv-capacity %d must not be negative (0 = derived from memory)", o.kvCapacity)
+	case o.kvCapacity > maxPlanKVTokens: // 2e12 ended in the runtime's "fatal error: out of memory"
+		return planFlagErrorf("--kv-capacity %d must be at most %d tokens", o.kvCapacity, maxPlanKVTokens)
 	case summary && (!finite(o.rate) || o.rate <= 0):
 		return planFlagErrorf("--rate %v must be positive", o.rate)
 	case summary && o.rate > workload.MaxRate:

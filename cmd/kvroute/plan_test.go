@@ -80,6 +80,9 @@ func TestPlanCommandBadInput(t *testing.T) {
 		{"shared-frac 1", append(summary, "--shared-frac", "1"), "--shared-frac 1 must be in [0, 1)", true},
 		{"max-util 2", []string{"plan", "--max-util", "2", "--slo-ttft-p99", "1s"}, "--max-util 2 must be in (0, 1)", true},
 		{"negative kv-capacity", []string{"plan", "--kv-capacity", "-1", "--slo-ttft-p99", "1s"}, "--kv-capacity -1 must not be negative", true},
+		// The simulated engines' caches took the memory: the runtime's
+		// "fatal error: out of memory" and a stack trace.
+		{"huge kv-capacity", append(quick, "--kv-capacity", "2000000000000"), "--kv-capacity 2000000000000 must be at most 268435456 tokens", true},
 		{"pd-mode never", []string{"plan", "--pd-mode", "never", "--slo-ttft-p99", "1s"}, `--pd-mode "never" is not one of conditional, always`, true},
 		{"seeds 17", []string{"plan", "--seeds", "17", "--slo-ttft-p99", "1s"}, "--seeds 17 must be in 1..16", true},
 		{"no slo", []string{"plan", "--rate", "2", "--prompt-mean", "100", "--output-mean", "10"}, "no SLO", true},
