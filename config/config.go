@@ -141,7 +141,7 @@ type Signals struct {
 	// only. Default false.
 	Disabled bool `yaml:"disabled"`
 	// ScrapeInterval is the time between two scrapes of one endpoint;
-	// at least MinInterval; default 100ms.
+	// at least MinInterval and shorter than StaleAfter; default 100ms.
 	ScrapeInterval time.Duration `yaml:"scrape_interval"`
 	// ScrapeTimeout bounds one scrape; default 1s.
 	ScrapeTimeout time.Duration `yaml:"scrape_timeout"`
@@ -579,6 +579,16 @@ func (v *validator) interval(path string, d time.Duration) {
 	}
 }
 
+// fresh reports a scrape interval that is not below the age at which
+// scraped signals go stale: every signal would be stale before the next
+// scrape replaced it, and routing would fall back on router-local counts
+// most of the time without saying so.
+func (v *validator) fresh(path string, interval, staleAfter time.Duration) {
+	if interval > 0 && staleAfter > 0 && interval >= staleAfter {
+		v.addf(path, "%s is not shorter than signals.stale_after (%s): each scrape would go stale before the next; shorten the interval or raise stale_after", interval, staleAfter)
+	}
+}
+
 func (v *validator) positive(path string, n int64) {
 	if n <= 0 {
 		v.addf(path, "%d is not positive", n)
@@ -721,6 +731,9 @@ func (m *Model) validate(v *validator, p string) {
 		es := e.Signals
 		if es.ScrapeInterval != m.Signals.ScrapeInterval { // else reported for the model
 			v.interval(ep+".signals.scrape_interval", es.ScrapeInterval)
+			if !es.Disabled && !m.Signals.Disabled {
+				v.fresh(ep+".signals.scrape_interval", es.ScrapeInterval, m.Signals.StaleAfter)
+			}
 		}
 		if es.ScrapeTimeout != m.Signals.ScrapeTimeout {
 			v.positiveDuration(ep+".signals.scrape_timeout", es.ScrapeTimeout)
@@ -763,6 +776,9 @@ func (m *Model) validate(v *validator, p string) {
 	v.interval(p+".signals.scrape_interval", sg.ScrapeInterval)
 	v.positiveDuration(p+".signals.scrape_timeout", sg.ScrapeTimeout)
 	v.positiveDuration(p+".signals.stale_after", sg.StaleAfter)
+	if !sg.Disabled {
+		v.fresh(p+".signals.scrape_interval", sg.ScrapeInterval, sg.StaleAfter)
+	}
 	if !validFlavor(sg.Flavor) {
 		v.addf(p+".signals.flavor", "%q is not one of %s", sg.Flavor, strings.Join(MetricsFlavors, ", "))
 	}

@@ -135,6 +135,10 @@ func TestValidateErrors(t *testing.T) {
 		{"decision log too large", func(c *Config) { c.Models[0].Router.DecisionLog = 1 << 30 },
 			`models[0].router.decision_log: 1073741824 is above 100000 (the log is allocated whole at start)`},
 		{"policy", func(c *Config) { c.Models[0].Policy.Name = " " }, `models[0].policy.name: is empty`},
+		{"scrape slower than stale", func(c *Config) { c.Models[0].Signals.ScrapeInterval = c.Models[0].Signals.StaleAfter },
+			`models[0].signals.scrape_interval: 1s is not shorter than signals.stale_after (1s): each scrape would go stale before the next; shorten the interval or raise stale_after`},
+		{"endpoint scrape slower than stale", func(c *Config) { c.Models[0].Endpoints[1].Signals.ScrapeInterval = 2 * time.Second },
+			`models[0].endpoints[1].signals.scrape_interval: 2s is not shorter than signals.stale_after (1s): each scrape would go stale before the next; shorten the interval or raise stale_after`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -158,6 +162,24 @@ func TestValidateErrors(t *testing.T) {
 				t.Errorf("Validate:\n got %v\nwant an error %q", err, tc.want)
 			}
 		})
+	}
+}
+
+// A scrape interval at or past stale_after is refused only while scraping
+// is on: with signals disabled neither is used.
+func TestValidateScrapeIntervalDisabled(t *testing.T) {
+	c := valid()
+	c.Models[0].Signals.ScrapeInterval = 5 * time.Second
+	c.Models[0].Endpoints[1].Signals.ScrapeInterval = 5 * time.Second
+	c.Models[0].Signals.Disabled = true
+	if err := c.Validate(); err != nil {
+		t.Errorf("Validate with signals disabled: got %v, want nil", err)
+	}
+	c = valid()
+	c.Models[0].Signals.StaleAfter = 10 * time.Second
+	c.Models[0].Signals.ScrapeInterval = 5 * time.Second
+	if err := c.Validate(); err != nil {
+		t.Errorf("Validate with stale_after 10s: got %v, want nil", err)
 	}
 }
 

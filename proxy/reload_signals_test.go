@@ -70,7 +70,7 @@ func TestReloadModelSignalsNeedRestart(t *testing.T) {
 		c.Models[0].Signals = config.Signals{ScrapeInterval: iv}
 		return c
 	}
-	tp := newTestProxyWith(t, mk(time.Second), policy.New)
+	tp := newTestProxyWith(t, mk(700*time.Millisecond), policy.New)
 	res, err := tp.Reload(reloadTo(mk(10 * time.Millisecond)))
 	if err != nil {
 		t.Fatal(err)
@@ -81,8 +81,8 @@ func TestReloadModelSignalsNeedRestart(t *testing.T) {
 	if got := tp.Router("m").Endpoints(); len(got) != 1 {
 		t.Fatalf("endpoints %+v", got)
 	}
-	if iv := tp.pools["m"].set.Load().model.Endpoints[0].Signals.ScrapeInterval; iv != time.Second {
-		t.Errorf("the endpoint's scrape interval after the reload: %v, want the running 1s", iv)
+	if iv := tp.pools["m"].set.Load().model.Endpoints[0].Signals.ScrapeInterval; iv != 700*time.Millisecond {
+		t.Errorf("the endpoint's scrape interval after the reload: %v, want the running 700ms", iv)
 	}
 	// An endpoint's own setting is the endpoint's, and changes live.
 	next := mk(10 * time.Millisecond)
@@ -105,7 +105,7 @@ func TestReloadPDModelSignalsNotRefused(t *testing.T) {
 		c.Models = append(c.Models, pd.Models[0])
 		return c
 	}
-	tp := newTestProxyWith(t, mk(time.Second, a.URL), policy.New)
+	tp := newTestProxyWith(t, mk(700*time.Millisecond, a.URL), policy.New)
 	res, err := tp.Reload(reloadTo(mk(500*time.Millisecond, a.URL, b.URL)))
 	if err != nil || len(res.Models) != 1 || res.Models[0].Model != "m" {
 		t.Errorf("reload: %+v, %v; want model m's endpoints changed", res, err)
