@@ -372,6 +372,11 @@ type Engine struct {
 	minSweep  int                                // the least sweepAt
 }
 
+// MaxNumGPUBlocks bounds an engine's KV cache: 2^24 blocks (268M tokens of
+// 16, far above any GPU's KV cache) hold about 0.5 GB of the engine model's
+// own state; a larger count would exhaust the host's memory, not model a GPU.
+const MaxNumGPUBlocks = 1 << 24
+
 // New returns an engine for cfg, or an error naming the bad field.
 func New(cfg Config) (*Engine, error) {
 	p := cfg.Profile
@@ -392,6 +397,9 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if cfg.MaxNumBatchedTokens > 0 {
 		p.MaxNumBatchedTokens = cfg.MaxNumBatchedTokens
+	}
+	if p.NumGPUBlocks > MaxNumGPUBlocks {
+		return nil, fmt.Errorf("engine: new: NumGPUBlocks %d is above %d", p.NumGPUBlocks, MaxNumGPUBlocks)
 	}
 	if cfg.MaxModelLen > 0 {
 		p.MaxModelLen = cfg.MaxModelLen

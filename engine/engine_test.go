@@ -544,6 +544,7 @@ func TestNewErrors(t *testing.T) {
 		{"negative", Config{Profile: p, MaxNumSeqs: -1}},
 		{"context larger than cache", Config{Profile: p, MaxModelLen: 4096}},
 		{"huge block", Config{Profile: p, BlockSize: 256}},
+		{"cache beyond MaxNumGPUBlocks", Config{Profile: p, NumGPUBlocks: MaxNumGPUBlocks + 1}},
 	}
 	for _, tt := range tests {
 		if _, err := New(tt.cfg); err == nil {

@@ -105,6 +105,8 @@ func (f Fleet) Validate() error {
 			return fmt.Errorf("fleet: group %d: profile is empty", i)
 		case g.NumGPUBlocks < 0, g.MaxNumSeqs < 0, g.MaxNumBatchedTokens < 0:
 			return fmt.Errorf("fleet: group %d (%s): overrides must not be negative", i, g.name())
+		case g.NumGPUBlocks > engine.MaxNumGPUBlocks:
+			return fmt.Errorf("fleet: group %d (%s): num_gpu_blocks %d is above the limit of %d", i, g.name(), g.NumGPUBlocks, engine.MaxNumGPUBlocks)
 		case g.Speed < 0:
 			return fmt.Errorf("fleet: group %d (%s): speed %g must not be negative", i, g.name(), g.Speed)
 		}

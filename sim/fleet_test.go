@@ -77,6 +77,9 @@ func TestParseFleetFile(t *testing.T) {
 		"engines:\n  - {count: 1, profile: tiny, colour: red}": `parse fleet file: line 2: unknown field "colour" in engines[0]`,
 		"engines:\n  - {count: x, profile: tiny}":              "parse fleet file: line 2: engines[0].count: cannot unmarshal !!str `x` into int",
 		"engines:\n  - 3": "parse fleet file: line 2: engines[0]: cannot unmarshal !!int `3` into a mapping",
+		// Two billion blocks would take the host's memory (it did, with a
+		// Go stack trace), not model a GPU.
+		"engines:\n  - {count: 1, profile: tiny, num_gpu_blocks: 2000000000}": "parse fleet file: fleet: group 0 (tiny): num_gpu_blocks 2000000000 is above the limit of 16777216",
 	} {
 		if _, err := ParseFleetFile([]byte(bad)); err == nil || err.Error() != want {
 			t.Errorf("ParseFleetFile(%q): got %v, want %s", bad, err, want)

@@ -345,9 +345,8 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	return g.Wait()
 }
 
-// maxEngineKVBlocks bounds --kv-blocks: 2^24 blocks (268M tokens of 16,
-// far above any GPU's KV cache) hold about 0.5 GB of the engine model.
-const maxEngineKVBlocks = 1 << 24
+// maxEngineKVBlocks bounds --kv-blocks: engine.MaxNumGPUBlocks.
+const maxEngineKVBlocks = engine.MaxNumGPUBlocks
 
 // checkEngineFlags checks the values the emulator's and the engine's
 // configs would reject, or read as "the default", naming the flag given.
