@@ -188,9 +188,14 @@ type chatMLBody struct {
 }
 
 // chatMLTokens renders a chat request with ChatML (the built-in template,
-// or a tokenizer without one) and encodes it. Content parts are the text
-// parts joined with "\n", those with an empty or null text dropped, as
-// vLLM and the emulated engine read them.
+// or a tokenizer without one) and encodes it. Content given as parts is
+// read as vLLM and the emulated engine read it for a text-only model
+// (tokenizer.StringContent): the parts read as text ("text", "input_text",
+// "output_text", "refusal", "thinking", "tool_reference", plain strings)
+// joined with "\n", those without text dropped. A part that is not text
+// (an image) is an error, and the request is then matched on characters:
+// its tokens depend on the model's placeholders, and a text-only engine
+// refuses it with its own 400.
 func (pc *precise) chatMLTokens(body []byte) ([]uint32, error) {
 	var in chatMLBody
 	if err := json.Unmarshal(body, &in); err != nil {
@@ -199,33 +204,14 @@ func (pc *precise) chatMLTokens(body []byte) ([]uint32, error) {
 	out := make([]tokenizer.Message, len(in.Messages))
 	for i, m := range in.Messages {
 		out[i].Role = m.Role
-		if len(m.Content) == 0 || string(m.Content) == "null" {
-			continue
+		if len(m.Content) > 0 && m.Content[0] == '"' && json.Unmarshal(m.Content, &out[i].Content) == nil {
+			continue // the common case, without the parts reader
 		}
-		if json.Unmarshal(m.Content, &out[i].Content) == nil {
-			continue
+		text, err := tokenizer.StringContent(m.Content)
+		if err != nil {
+			return nil, fmt.Errorf("precise: messages[%d]: %w", i, err)
 		}
-		var parts []struct {
-			Type string `json:"type"`
-			Text string `json:"text"`
-		}
-		if err := json.Unmarshal(m.Content, &parts); err != nil {
-			return nil, fmt.Errorf("precise: messages[%d].content: %w", i, err)
-		}
-		var text []byte
-		for _, p := range parts {
-			if p.Type != "text" {
-				return nil, fmt.Errorf("precise: messages[%d].content: part type %q is not text", i, p.Type)
-			}
-			if p.Text == "" {
-				continue
-			}
-			if len(text) > 0 {
-				text = append(text, '\n')
-			}
-			text = append(text, p.Text...)
-		}
-		out[i].Content = string(text)
+		out[i].Content = text
 	}
 	text := tokenizer.RenderChatML(out, in.AddGenerationPrompt == nil || *in.AddGenerationPrompt)
 	if pc.builtin != nil {

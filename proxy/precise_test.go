@@ -317,9 +317,47 @@ func TestPreciseBuiltinAgreesWithEngine(t *testing.T) {
 		{openai.KindChat, `{"model":"m","messages":[{"role":"system","content":"You answer questions about chess."},{"role":"user","content":"How does a knight move?"}]}`},
 		{openai.KindChat, `{"model":"m","messages":[{"role":"system","content":[{"type":"text","text":"You answer questions"},{"type":"text","text":"about chess."}]},{"role":"user","content":[{"type":"text","text":"How does a knight move?"}]}]}`},
 		{openai.KindChat, `{"model":"m","messages":[{"role":"user","content":[]},{"role":"assistant","content":null},{"role":"user","content":[{"type":"text","text":"a"},{"type":"text","text":""},{"type":"text","text":"b"}]}]}`},
+		// Every part vLLM reads as text for a text-only model: before,
+		// precise mode refused all but "text" and matched these requests
+		// on characters.
+		{openai.KindChat, `{"model":"m","messages":[{"role":"system","content":[{"type":"input_text","text":"You answer questions"},"about chess."]},` +
+			`{"role":"assistant","content":[{"type":"thinking","thinking":"The user wants rules."},{"type":"output_text","text":"Ask me."},{"type":"refusal","refusal":"Not that."}]},` +
+			`{"role":"tool","tool_call_id":"c1","content":[{"type":"tool_reference","name":"lookup_rules"},{"type":"tool_reference"},{"type":"input_text","text":null}]},` +
+			`{"role":"user","content":[{"type":"text","text":"How does a knight move?"}]}]}`},
 		{openai.KindCompletion, `{"model":"m","prompt":"The knight moves in an L: two squares one way, one the other."}`},
 	} {
 		checkEngineTokens(t, pc, hs.URL, tc.kind, tc.body)
+	}
+}
+
+// TestPreciseNotTextFallsBack: a chat request with a part precise mode
+// cannot render (an image: its tokens are the model's placeholders) is
+// routed on characters, and the engine answers it (a text-only engine
+// refuses it with its own 400, which the client gets); the router neither
+// refuses it nor hashes tokens the engine never caches.
+func TestPreciseNotTextFallsBack(t *testing.T) {
+	pc := newTestPrecise(t, config.BuiltinTokenizer)
+	image := `{"model":"m","messages":[{"role":"user","content":[{"type":"text","text":"What is this?"},{"type":"image_url","image_url":{"url":"data:image/png;base64,iVBORw0KGgo="}}]}]}`
+	if _, req, err := tokensOf(t, pc, openai.KindChat, image); !errors.Is(err, tokenizer.ErrNotText) || req.BlockHashes != nil {
+		t.Fatalf("image part: error %v, hashes %v; want tokenizer.ErrNotText and none", err, req.BlockHashes)
+	}
+
+	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, hs := emulatortest.Start(t, emulator.Config{Model: "m", Engine: engine.Config{Profile: prof}}, nil)
+	cfg := testConfig("first", hs.URL)
+	cfg.Models[0].Precise = config.Precise{Tokenizer: config.BuiltinTokenizer}
+	tp := newTestProxy(t, cfg)
+	resp := tp.post(t, "/v1/chat/completions", image)
+	body := readAll(t, resp)
+	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "is not a multimodal model") {
+		t.Errorf("image part: %d %s; want the engine's 400", resp.StatusCode, body)
+	}
+	resp = tp.post(t, "/v1/chat/completions", `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":[{"type":"input_text","text":"Hello"},{"type":"tool_reference","name":"lookup"}]}]}`)
+	if body := readAll(t, resp); resp.StatusCode != http.StatusOK {
+		t.Errorf("text parts: %d %s; want 200", resp.StatusCode, body)
 	}
 }
 

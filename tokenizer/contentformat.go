@@ -1,6 +1,8 @@
 package tokenizer
 
 import (
+	"encoding/json"
+	"errors"
 	"fmt"
 	"regexp"
 	"strings"
@@ -58,22 +60,62 @@ func stringContent(source string) bool {
 }
 
 // textPartKey names the member holding the text of a content part of type
-// typ that vLLM reads as text (chat_utils.py's MM_PARSER_MAP), or "".
+// typ that vLLM reads as text in string content (chat_utils.py's
+// MM_PARSER_MAP): "text", "input_text" and "output_text" by their "text",
+// "refusal" and "thinking" by the member of that name, "tool_reference"
+// (a deferred tool) by its "name"; or "" for a part that is not text.
 func textPartKey(typ string) string {
 	switch typ {
 	case "text", "input_text", "output_text":
 		return "text"
 	case "refusal", "thinking":
 		return typ
+	case "tool_reference":
+		return "name"
 	}
 	return ""
 }
 
+// ErrNotText is the error (wrapped) of a message content part that is not
+// text (an image, audio, a part of an unknown type): rendering it needs
+// the model's placeholder for it, or the engine refuses it.
+var ErrNotText = errors.New("not a text part")
+
+// StringContent reads content, the raw JSON of a chat message's
+// "content", as vLLM gives it to a chat template that takes string content
+// (such as the ChatML one, RenderChatML), as RenderJSON does for such a
+// template (stringContents): a string as it is, null or nothing as "", a
+// list of parts as the text of those read as text joined with "\n". A part
+// that is not text is an error (errors.Is ErrNotText), and so is a value
+// of another type.
+func StringContent(content json.RawMessage) (string, error) {
+	if len(content) == 0 {
+		return "", nil
+	}
+	v, err := valueFromJSON(content)
+	if err != nil {
+		return "", fmt.Errorf("tokenizer: content: %w", err)
+	}
+	switch {
+	case v.IsNone():
+		return "", nil
+	case v.IsString():
+		return v.AsString(), nil
+	case !v.IsList():
+		return "", errors.New("tokenizer: content is not a string, a list of parts or null")
+	}
+	text, err := partsText(v.AsList())
+	if err != nil {
+		return "", fmt.Errorf("tokenizer: %w", err)
+	}
+	return text, nil
+}
+
 // stringContents gives each message of messages (a list) string content as
 // vLLM does for a template that takes strings: a list of parts becomes the
-// text of its text parts (and of parts that are plain strings) joined with
-// "\n", those with empty or null text dropped; null or no content "". A part that is not text (an image) is
-// an error: rendering it needs the model's placeholder for it.
+// text of its text parts (partsText); null or no content "". A part that is
+// not text (an image) is an error (ErrNotText): rendering it needs the
+// model's placeholder for it.
 func stringContents(messages jinja.Value) error {
 	for i, m := range messages.AsList().Items {
 		if !m.IsDict() {
@@ -88,45 +130,58 @@ func stringContents(messages jinja.Value) error {
 		case !content.IsList():
 			continue
 		}
-		var b strings.Builder
-		for j, p := range content.AsList().Items {
-			if p.IsString() { // a part may be a plain string
-				if p.AsString() != "" {
-					if b.Len() > 0 {
-						b.WriteByte('\n')
-					}
-					b.WriteString(p.AsString())
-				}
-				continue
-			}
-			var typ jinja.Value
-			if p.IsDict() {
-				typ, _ = p.AsDict().Get("type")
-			}
-			key := ""
-			if typ.IsString() {
-				key = textPartKey(typ.AsString())
-			}
-			if key == "" {
-				return fmt.Errorf("messages[%d].content[%d] is not a text part", i, j)
-			}
-			text, _ := p.AsDict().Get(key)
-			switch {
-			case text.IsUndefined(), text.IsNone():
-				continue
-			case !text.IsString():
-				return fmt.Errorf("messages[%d].content[%d].%s is not a string", i, j, key)
-			case text.AsString() == "":
-				continue
-			}
-			if b.Len() > 0 {
-				b.WriteByte('\n')
-			}
-			b.WriteString(text.AsString())
+		text, err := partsText(content.AsList())
+		if err != nil {
+			return fmt.Errorf("messages[%d].%w", i, err)
 		}
-		msg.Set("content", jinja.NewString(b.String()))
+		msg.Set("content", jinja.NewString(text))
 	}
 	return nil
+}
+
+// partsText is the text of a message's content parts as vLLM reads them
+// for a template that takes strings: the text of the parts read as text
+// (textPartKey) and of parts that are plain strings, joined with "\n",
+// those with empty or null text dropped. A part that is not text is an
+// error (ErrNotText).
+func partsText(parts *jinja.List) (string, error) {
+	var b strings.Builder
+	for j, p := range parts.Items {
+		if p.IsString() { // a part may be a plain string
+			if p.AsString() != "" {
+				if b.Len() > 0 {
+					b.WriteByte('\n')
+				}
+				b.WriteString(p.AsString())
+			}
+			continue
+		}
+		var typ jinja.Value
+		if p.IsDict() {
+			typ, _ = p.AsDict().Get("type")
+		}
+		key := ""
+		if typ.IsString() {
+			key = textPartKey(typ.AsString())
+		}
+		if key == "" {
+			return "", fmt.Errorf("content[%d]: %w", j, ErrNotText)
+		}
+		text, _ := p.AsDict().Get(key)
+		switch {
+		case text.IsUndefined(), text.IsNone():
+			continue
+		case !text.IsString():
+			return "", fmt.Errorf("content[%d].%s is not a string", j, key)
+		case text.AsString() == "":
+			continue
+		}
+		if b.Len() > 0 {
+			b.WriteByte('\n')
+		}
+		b.WriteString(text.AsString())
+	}
+	return b.String(), nil
 }
 
 // vLLM also reshapes two parts of a chat request before its template sees

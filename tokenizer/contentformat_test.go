@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"encoding/json"
+	"errors"
 	"strings"
 	"testing"
 )
@@ -54,6 +55,8 @@ func TestRenderJSONStringContent(t *testing.T) {
 		{str, `[{"role":"user","content":[{"type":"text","text":"alpha"},{"type":"text","text":"beta"}]}]`, "[user:alpha\nbeta]"},
 		{str, `[{"role":"user","content":[{"type":"text","text":""},{"type":"input_text","text":"alpha"},{"type":"text","text":null},{"type":"text"},{"type":"refusal","refusal":"beta"}]}]`, "[user:alpha\nbeta]"},
 		{str, `[{"role":"user","content":["alpha","",{"type":"text","text":"beta"}]}]`, "[user:alpha\nbeta]"},
+		// A deferred tool's reference is its name, as vLLM reads it.
+		{str, `[{"role":"tool","content":[{"type":"tool_reference","name":"alpha"},{"type":"tool_reference"},{"type":"thinking","thinking":"beta"},{"type":"output_text","text":"gamma"}]}]`, "[tool:alpha\nbeta\ngamma]"},
 		{str, `[{"role":"assistant","content":null},{"role":"user"},{"role":"user","content":[]}]`, "[assistant:][user:][user:]"},
 		{parts, `[{"role":"user","content":[{"type":"text","text":"alpha"},{"type":"text","text":"beta"}]}]`, "[user:<alpha><beta>]"},
 	} {
@@ -72,6 +75,39 @@ func TestRenderJSONStringContent(t *testing.T) {
 	} {
 		if _, err := str.RenderJSON([]byte(bad), ChatOptions{}); err == nil || !strings.Contains(err.Error(), "messages[0].content[0]") {
 			t.Errorf("RenderJSON(%s): got error %v, want one naming messages[0].content[0]", bad, err)
+		}
+	}
+}
+
+// TestStringContentParts: StringContent reads a message's content as RenderJSON
+// gives it to a template that takes strings, and says which part is not
+// text.
+func TestStringContentParts(t *testing.T) {
+	for _, tc := range []struct{ content, want string }{
+		{`"a"`, "a"},
+		{`null`, ""},
+		{``, ""},
+		{`[]`, ""},
+		{`[{"type":"input_text","text":"b"},"c",{"type":"refusal","refusal":null},{"type":"tool_reference","name":"d"},{"type":"thinking","thinking":""}]`, "b\nc\nd"},
+	} {
+		if got, err := StringContent([]byte(tc.content)); err != nil || got != tc.want {
+			t.Errorf("StringContent(%s): got %q, %v; want %q", tc.content, got, err, tc.want)
+		}
+	}
+	for _, tc := range []struct {
+		content string
+		want    string
+		notText bool
+	}{
+		{`[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]`, "content[1]", true},
+		{`[{"type":"video"}]`, "content[0]", true},
+		{`[{"type":"text","text":7}]`, "content[0].text is not a string", false},
+		{`7`, "content is not a string", false},
+		{`[{"type":"text"`, "content", false},
+	} {
+		_, err := StringContent([]byte(tc.content))
+		if err == nil || !strings.Contains(err.Error(), tc.want) || errors.Is(err, ErrNotText) != tc.notText {
+			t.Errorf("StringContent(%s): got error %v, want one naming %s (ErrNotText %v)", tc.content, err, tc.want, tc.notText)
 		}
 	}
 }
