@@ -34,7 +34,12 @@ type Config struct {
 	HealthCheck HealthCheck `yaml:"health_check"`
 	// TrustedClients are the client addresses (CIDR prefixes or single IPs)
 	// allowed to send routing instructions in x-kvroute-* headers; those
-	// headers are stripped from every other client's requests. Default: none.
+	// headers are stripped from every other client's requests. They are
+	// also the proxies (a gateway in front of the router) whose
+	// X-Forwarded-For, X-Forwarded-Host and X-Forwarded-Proto reach the
+	// engines, the router appending the client's address to
+	// X-Forwarded-For; every other client's are replaced with its own
+	// address, host and scheme. Default: none.
 	TrustedClients []string `yaml:"trusted_clients"`
 	// Admin configures the admin API.
 	Admin Admin `yaml:"admin"`

@@ -31,8 +31,12 @@ var EndpointHeaders = []string{
 }
 
 // ForwardHeaders are the only client headers the handoff passes to the
-// engines (besides Content-Type and X-Request-Id, which it sets).
-var ForwardHeaders = []string{"Authorization", "Accept", "Traceparent", "Tracestate", "User-Agent"}
+// engines (besides Content-Type and X-Request-Id, which it sets). The
+// forwarding headers (X-Forwarded-For, -Host, -Proto) are passed as the
+// request to Serve has them: its caller sets them (the proxy sets them
+// from the client's address, and drops an untrusted client's own).
+var ForwardHeaders = []string{"Authorization", "Accept", "Traceparent", "Tracestate", "User-Agent",
+	"X-Forwarded-For", "X-Forwarded-Host", "X-Forwarded-Proto"}
 
 // ErrMissingKVParams is the error of a prefill reply without
 // kv_transfer_params: the prefill engine did not hold the KV for a remote

@@ -4,6 +4,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"math/rand/v2"
+	"net"
 	"net/http"
 	"net/netip"
 	"strconv"
@@ -62,6 +63,56 @@ func (p *Proxy) stripRoutingHeaders(r *http.Request) {
 		if len(k) >= len(HeaderRoutingPrefix) && strings.EqualFold(k[:len(HeaderRoutingPrefix)], HeaderRoutingPrefix) {
 			delete(r.Header, k)
 		}
+	}
+}
+
+// The forwarding headers the engines get on every request (the
+// aggregated path's and each P/D leg's), as Caddy and nginx set them.
+const (
+	headerForwardedFor   = "X-Forwarded-For"
+	headerForwardedHost  = "X-Forwarded-Host"
+	headerForwardedProto = "X-Forwarded-Proto"
+)
+
+// forwardedHeaders are the headers setForwarded writes.
+var forwardedHeaders = []string{headerForwardedFor, headerForwardedHost, headerForwardedProto}
+
+// setForwarded sets r's forwarding headers to what the engines should see:
+// X-Forwarded-For is the client's address, X-Forwarded-Host the host it
+// asked for and X-Forwarded-Proto the scheme it used ("http" or "https").
+// A trusted client (trusted_clients: a gateway in front of the router)
+// keeps the X-Forwarded-For it sent, the router appending the gateway's
+// address (httputil.ProxyRequest.SetXForwarded), and the X-Forwarded-Host
+// and X-Forwarded-Proto it sent; any other client's forwarding headers
+// are dropped, as it could otherwise put any address in the engines' logs.
+// The standard Forwarded header is never passed on.
+func setForwarded(r *http.Request, trusted bool) {
+	h := r.Header
+	var prior []string
+	if trusted {
+		prior = h.Values(headerForwardedFor)
+	}
+	for _, k := range forwardedHeaders {
+		if !trusted {
+			delete(h, k)
+		}
+	}
+	delete(h, "Forwarded")
+	if ip, _, err := net.SplitHostPort(r.RemoteAddr); err == nil {
+		if len(prior) > 0 {
+			ip = strings.Join(prior, ", ") + ", " + ip
+		}
+		h.Set(headerForwardedFor, ip)
+	}
+	if h.Get(headerForwardedHost) == "" && r.Host != "" {
+		h.Set(headerForwardedHost, r.Host)
+	}
+	if h.Get(headerForwardedProto) == "" {
+		proto := "http"
+		if r.TLS != nil {
+			proto = "https"
+		}
+		h.Set(headerForwardedProto, proto)
 	}
 }
 

@@ -38,7 +38,7 @@
 // (what is retried), streaming.go (first byte, mid-stream failures, silent responses),
 // healthcheck.go (active checks), metrics.go (Prometheus), admin.go (admin,
 // debug, health and models endpoints), ui.go (the dashboard at /ui),
-// clientip.go (trusted clients, routing headers, request IDs), session.go
+// clientip.go (trusted clients, routing and forwarding headers, request IDs), session.go
 // (session affinity keys), serve.go (the http.Server and graceful
 // shutdown), signals.go (engine metrics scraping and KV-event
 // subscriptions feeding the routers), precise.go (token-level prefix

@@ -75,6 +75,7 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 	if !trusted {
 		p.stripRoutingHeaders(r)
 	}
+	setForwarded(r, trusted)
 	body, err := p.readBody(w, r)
 	if err != nil {
 		p.reject(w, r, start, "", err)

@@ -123,6 +123,13 @@ func (p *Proxy) newEndpointProxy(pl *pool, ep *kvroute.Endpoint) (*endpointProxy
 	e.rp = &httputil.ReverseProxy{
 		Rewrite: func(pr *httputil.ProxyRequest) {
 			pr.SetURL(target)
+			// The reverse proxy drops the client's forwarding headers;
+			// the handler has set them (setForwarded).
+			for _, k := range forwardedHeaders {
+				if v := pr.In.Header[k]; len(v) > 0 {
+					pr.Out.Header[k] = v
+				}
+			}
 			// The router pins a data-parallel rank; a client never does
 			// (it would override the pin, or pick a rank behind a plain
 			// endpoint's back).
