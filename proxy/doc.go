@@ -16,7 +16,8 @@
 // mid-generation of a non-streamed answer, or one that sent a stream's
 // headers and died before its first token; its other ranks stay eligible)
 // or status_5xx (a 5xx response; its body, up to 64 KiB, is kept to replay
-// if no endpoint is left). A response's status and headers go to the
+// if no endpoint is left; a larger one is answered with the router's own
+// error under the engine's status, never cut). A response's status and headers go to the
 // client with its first body byte (or its end, for an empty body), so a
 // failure between the engine's headers and its first byte has sent the
 // client nothing; with no retry left it is answered 502 (504 if silent).

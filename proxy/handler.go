@@ -329,7 +329,6 @@ func writeRoutingError(w http.ResponseWriter, err error) int {
 func (x *exchange) writeLastFailure(w http.ResponseWriter) {
 	if x.saved != nil {
 		x.status = x.saved.status
-		w.Header().Set(HeaderErrorSource, errorSourceUpstream)
 		x.saved.write(w)
 		return
 	}

@@ -240,3 +240,57 @@ func TestRetryAttemptsAboveThePool(t *testing.T) {
 		t.Fatalf("got %d %s, want 200 from live after a connect error", resp.StatusCode, body)
 	}
 }
+
+// TestLarge5xxReplayedWhole: a 5xx whose body is larger than the router
+// keeps for a replay (maxSavedBody), retried and then with no endpoint left
+// to take the retry, reaches the client as a whole, well-formed answer with
+// a correct Content-Length. Before, the client got the body's first 64 KiB
+// under a Content-Length that matched them: a cut JSON document it could
+// not tell from a whole one. A body that fits is replayed as the engine
+// sent it; one whose last attempt streams it gets it whole too.
+func TestLarge5xxReplayedWhole(t *testing.T) {
+	big := `{"error":{"message":"` + strings.Repeat("x", 100<<10) + `","type":"InternalServerError","param":null,"code":500}}`
+	small := `{"error":{"message":"engine says 500","type":"InternalServerError","param":null,"code":500}}`
+	for _, tc := range []struct {
+		name     string
+		body     string
+		attempts int
+		same     bool // the client gets the engine's body
+	}{
+		{"large, replayed", big, 2, false},
+		{"small, replayed", small, 2, true},
+		{"large, last attempt", big, 1, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			bad := newBackend(t, "bad", func(w http.ResponseWriter, r *http.Request) {
+				_, _ = io.Copy(io.Discard, r.Body)
+				w.Header().Set("Content-Type", "application/json")
+				w.Header().Set("Content-Length", fmt.Sprint(len(tc.body)))
+				w.WriteHeader(http.StatusInternalServerError)
+				_, _ = io.WriteString(w, tc.body)
+			})
+			cfg := testConfig("first", bad.URL)
+			cfg.Retry.Attempts = tc.attempts
+			tp := newTestProxy(t, cfg)
+			resp := tp.post(t, PathChatCompletions, chatBody)
+			b := readAll(t, resp)
+			if resp.StatusCode != http.StatusInternalServerError {
+				t.Errorf("status: got %d, want the engine's 500", resp.StatusCode)
+			}
+			if cl := resp.Header.Get("Content-Length"); cl != fmt.Sprint(len(b)) {
+				t.Errorf("Content-Length %s, body %d bytes", cl, len(b))
+			}
+			var e openai.ErrorResponse
+			if err := json.Unmarshal([]byte(b), &e); err != nil || e.Error.Message == "" {
+				t.Fatalf("body (%d bytes) is not a whole error document: %v", len(b), err)
+			}
+			if got := b == tc.body; got != tc.same {
+				t.Errorf("the engine's body passed on: %v, want %v (got %.200s)", got, tc.same, b)
+			}
+			if !tc.same && (resp.Header.Get(HeaderErrorSource) != "" || !strings.Contains(e.Error.Message, "answered 500")) {
+				t.Errorf("the router's answer: %s %q, %q; want no %s and a message saying what the engine answered",
+					HeaderErrorSource, resp.Header.Get(HeaderErrorSource), e.Error.Message, HeaderErrorSource)
+			}
+		})
+	}
+}

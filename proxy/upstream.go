@@ -181,7 +181,8 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	x.stall.Arm()
 	if countsAsFailure(resp.StatusCode) {
 		x.reportHealth(now, false)
-		body, err := io.ReadAll(io.LimitReader(silence.Reader(resp.Body, x.stall), maxSavedBody))
+		// One byte over the bound says the body is not whole.
+		body, err := io.ReadAll(io.LimitReader(silence.Reader(resp.Body, x.stall), maxSavedBody+1))
 		switch {
 		case err != nil && x.ctx.Err() != nil:
 			return err // the client went away, or the drain deadline passed: upstreamError says which
@@ -342,24 +343,43 @@ const maxSavedBody = 64 << 10
 
 // savedResponse is a 5xx response kept while a retry is attempted.
 type savedResponse struct {
-	status int
-	header http.Header
-	body   []byte
+	status   int
+	header   http.Header
+	body     []byte // the whole body; nil when it was over maxSavedBody
+	endpoint string
+	model    string
 }
 
-// saveFailedResponse keeps resp, with the first bytes of its body read by
-// modifyResponse, to replay if no other endpoint can take the retry.
+// saveFailedResponse keeps resp, with its body read by modifyResponse (at
+// most maxSavedBody+1 bytes), to replay if no other endpoint can take the
+// retry. A body over maxSavedBody is not kept: a cut one would reach the
+// client as a well-formed-looking but corrupt answer.
 func (x *exchange) saveFailedResponse(resp *http.Response, body []byte) {
 	h := resp.Header.Clone()
 	if x.p.cfg.Debug.Enabled {
 		h.Set(HeaderEndpoint, x.flight.Endpoint.ID)
 	}
-	x.saved = &savedResponse{status: resp.StatusCode, header: h, body: body}
+	if len(body) > maxSavedBody {
+		body = nil
+	}
+	x.saved = &savedResponse{status: resp.StatusCode, header: h, body: body, endpoint: x.flight.Endpoint.ID, model: x.req.Model}
 }
 
-// write replays a saved failed response to the client.
+// write replays a saved failed response to the client: the engine's own
+// answer (marked HeaderErrorSource upstream) when its body was kept whole,
+// else the router's OpenAI-style error with the engine's status.
 func (s *savedResponse) write(w http.ResponseWriter) {
+	if s.body == nil {
+		if v := s.header.Get(HeaderEndpoint); v != "" {
+			w.Header().Set(HeaderEndpoint, v)
+		}
+		openai.WriteError(w, &kvroute.Error{Status: s.status, Type: kvroute.TypeUpstream, Code: "upstream_error",
+			Message: fmt.Sprintf("model %q: endpoint %s answered %d with a body over %d KiB, not kept to pass on, and no other endpoint could take the retry",
+				s.model, s.endpoint, s.status, maxSavedBody>>10)})
+		return
+	}
 	h := w.Header()
+	h.Set(HeaderErrorSource, errorSourceUpstream)
 	for k, v := range s.header {
 		if k == "Content-Length" || k == "Connection" || k == "Transfer-Encoding" || k == "Keep-Alive" || k == HeaderRequestID {
 			continue
