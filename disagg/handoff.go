@@ -255,8 +255,12 @@ type Result struct {
 	// TTFB is how long the answering engine (Decode) took to its first
 	// response byte, from when its leg was sent; 0 when none came.
 	TTFB time.Duration
-	// Err is the last leg failure, if any (also set when a stream broke
-	// after its first byte).
+	// Err is why the request failed: the last leg failure when no
+	// placement answered, the answer's own failure when it broke after its
+	// first byte, or the prefill leg's failure after an SGLang decode leg
+	// answered. Nil when the client got a whole answer, even after failed
+	// legs that a later placement recovered from (the handoff's metrics
+	// and logs count those).
 	Err error
 	// Abort reports that the answer broke after its status was sent, in a
 	// body with no in-band way to say so (not an event stream): the caller
@@ -1052,7 +1056,9 @@ func (x *exchange) stream(a *answer, f *router.Flight) {
 		dst.Set(h.cfg.EndpointHeader, f.Endpoint.ID)
 	}
 	x.w.WriteHeader(resp.StatusCode)
-	x.res.Status = resp.StatusCode
+	// This answer is the request's outcome: a failed leg before it, which
+	// a placement since recovered from, is not the request's error.
+	x.res.Status, x.res.Err = resp.StatusCode, nil
 	sse := isEventStream(resp.Header)
 	rc := http.NewResponseController(x.w)
 	buf := a.buf

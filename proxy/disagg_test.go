@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"encoding/json"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -18,6 +20,7 @@ import (
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/emulator"
 	"github.com/kvroute/kvroute/emulator/emulatortest"
+	"github.com/kvroute/kvroute/internal/syncbuf"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/policy"
 )
@@ -216,4 +219,43 @@ func TestDisaggregatedShutdownDeadline(t *testing.T) {
 		t.Errorf("Serve: %v", err)
 	}
 	recv(t, "the decode engine's request to be cancelled", cancelled)
+}
+
+// TestPDRecoveredLegLogsSuccess: a P/D request whose first decode leg
+// failed (a 500) and whose retry answered it is logged as the success it
+// is: status 200 and no error (before, the log line carried the failure
+// the retry recovered from).
+func TestPDRecoveredLegLogsSuccess(t *testing.T) {
+	var decodeLegs atomic.Int32
+	failFirst := func(w http.ResponseWriter, r *http.Request) bool {
+		if decodeLegs.Add(1) > 1 {
+			return false
+		}
+		statusHandler(http.StatusInternalServerError)(w, r)
+		return true
+	}
+	ps, _ := pdEngine(t, kvroute.RolePrefill, "nixl")
+	dA, _ := pdEngineHook(t, kvroute.RoleDecode, "nixl", failFirst)
+	dB, _ := pdEngineHook(t, kvroute.RoleDecode, "nixl", failFirst)
+	cfg := pdTestConfig("", "nixl", ps.URL, dA.URL)
+	cfg.Models[0].Endpoints = append(cfg.Models[0].Endpoints, config.Endpoint{ID: "d1", URL: dB.URL, Role: "decode"})
+	var logs syncbuf.Buffer
+	tp := newTestProxyOpts(t, Options{Config: cfg, NewPicker: policy.New,
+		Logger: slog.New(slog.NewTextHandler(&logs, &slog.HandlerOptions{Level: slog.LevelDebug}))})
+	resp := tp.post(t, "/v1/completions", `{"model":"tiny","prompt":"hello there","max_tokens":2}`)
+	if body := readAll(t, resp); resp.StatusCode != http.StatusOK {
+		t.Fatalf("got %d %s", resp.StatusCode, body)
+	}
+	if n := decodeLegs.Load(); n != 2 {
+		t.Fatalf("%d decode legs, want a failed one and its retry", n)
+	}
+	var line string
+	for _, l := range strings.Split(logs.String(), "\n") {
+		if strings.Contains(l, "msg=request ") {
+			line = l
+		}
+	}
+	if !strings.Contains(line, "status=200") || !strings.Contains(line, "error=<nil>") {
+		t.Errorf("request log: got %q, want status=200 and no error", line)
+	}
 }
