@@ -66,8 +66,10 @@ type HandoffConfig struct {
 	// BootstrapPort is the prefill engines' SGLang bootstrap port when an
 	// endpoint has no bootstrap_port label; default 8998.
 	BootstrapPort int
-	// MaxReplyBytes caps a prefill reply (and a failed leg's error body);
-	// default 4 MiB.
+	// MaxReplyBytes caps a reply the router reads whole: a prefill reply
+	// (one over it fails the leg) and a failed leg's error body (one over
+	// it is answered with the router's own error under the engine's
+	// status). Neither is ever cut. Default 4 MiB.
 	MaxReplyBytes int64
 	// PrefillGrace bounds how long an SGLang handoff waits for the prefill
 	// leg's reply once the decode leg has answered the client in full
@@ -869,6 +871,11 @@ func (x *exchange) post(ctx context.Context, e *kvroute.Endpoint, body []byte, l
 	if resp.StatusCode < 200 || resp.StatusCode > 299 {
 		b, err := h.readReply(resp.Body)
 		resp.Body.Close()
+		if errors.Is(err, errReplyTooLarge) {
+			// The engine's answer, whole, but too large to replay: its
+			// status stands, answered with the router's error (replay).
+			return nil, &LegError{Leg: leg, Endpoint: e.ID, Reason: "status", Status: resp.StatusCode, header: resp.Header, Err: err}
+		}
 		if err != nil { // the engine's answer is not whole: not one to replay
 			return nil, &LegError{Leg: leg, Endpoint: e.ID, Reason: "transport", Err: fmt.Errorf("%d answer: %w", resp.StatusCode, err)}
 		}
@@ -890,12 +897,22 @@ func (h *Handoff) readReply(body io.ReadCloser) ([]byte, error) {
 		quiet.Arm()
 		defer quiet.Stop()
 	}
-	b, err := io.ReadAll(io.LimitReader(silence.Reader(body, quiet), h.cfg.MaxReplyBytes))
+	// One byte over the cap says the reply is not whole.
+	b, err := io.ReadAll(io.LimitReader(silence.Reader(body, quiet), h.cfg.MaxReplyBytes+1))
 	if err != nil && quiet.Fired() {
 		return b, fmt.Errorf("%w: nothing for %s", errSilent, h.cfg.Silence)
 	}
+	if err == nil && int64(len(b)) > h.cfg.MaxReplyBytes {
+		return nil, fmt.Errorf("%w (%d bytes)", errReplyTooLarge, h.cfg.MaxReplyBytes)
+	}
 	return b, err
 }
+
+// errReplyTooLarge is the failure of a reply the router must read whole
+// (a prefill's, an error to replay) that is over MaxReplyBytes: cut, it
+// would be a corrupt answer, or a prefill reply read as one without
+// kv_transfer_params.
+var errReplyTooLarge = errors.New("the reply is over the size the router reads whole")
 
 // IsConnectError reports an error from connecting (DNS, refused,
 // unreachable, the dial's timeout): the engine never saw the request.
@@ -1142,6 +1159,15 @@ func isEventStream(h http.Header) bool {
 // replay writes a failed leg's own error response (a 4xx the client must
 // see, or the last 5xx when nothing is left to try).
 func (x *exchange) replay(l *LegError) {
+	if l.Body == nil && errors.Is(l.Err, errReplyTooLarge) {
+		if x.h.cfg.EndpointHeader != "" && l.Endpoint != "" {
+			x.w.Header().Set(x.h.cfg.EndpointHeader, l.Endpoint)
+		}
+		openai.WriteError(x.w, &kvroute.Error{Status: l.Status, Type: kvroute.TypeUpstream, Code: "upstream_error",
+			Message: fmt.Sprintf("model %q: the %s leg's engine answered %d with a body over %d bytes, not passed on", x.req.Model, l.Leg, l.Status, x.h.cfg.MaxReplyBytes)})
+		x.res.Status = l.Status
+		return
+	}
 	if ct := l.header.Get("Content-Type"); ct != "" {
 		x.w.Header().Set("Content-Type", ct)
 	}
@@ -1204,7 +1230,7 @@ func (x *exchange) writeLastFailure() {
 		return
 	}
 	l := x.last
-	if l != nil && l.Status >= 500 && len(l.Body) > 0 {
+	if l != nil && l.Status >= 500 && (len(l.Body) > 0 || errors.Is(l.Err, errReplyTooLarge)) {
 		x.replay(l)
 		return
 	}
