@@ -114,8 +114,9 @@ func TrimBOM(body []byte) []byte { return bytes.TrimPrefix(body, []byte(utf8BOM)
 // joins the parts with "\n" (as vLLM joins text parts): plain strings and
 // the parts vLLM reads as text ("text", "input_text" and "output_text" by
 // their "text", "refusal" and "thinking" by the member of that name) as
-// their text, or not at all when it is empty, null or absent (vLLM drops
-// those), and other parts (images, audio) as their raw JSON.
+// their text ("tool_reference" its "name"), or not at all when it is
+// empty, null or absent (vLLM drops those), and other parts (images,
+// audio) as their raw JSON.
 //
 // Errors are *kvroute.Error values with status 400, an OpenAI error type
 // and the offending field in Param.
@@ -707,8 +708,9 @@ const (
 
 // textKey names the member that holds the text of a part of type typ that
 // vLLM reads as text (chat_utils.py's MM_PARSER_MAP: "text", the Responses
-// API's "input_text" and "output_text", "refusal" and "thinking"), or ""
-// for a part that is not text.
+// API's "input_text" and "output_text", "refusal" and "thinking", and
+// "tool_reference", a deferred tool, by its "name"), or "" for a part that
+// is not text.
 func textKey(typ []byte) string {
 	switch string(typ) {
 	case "text", "input_text", "output_text":
@@ -717,6 +719,8 @@ func textKey(typ []byte) string {
 		return "refusal"
 	case "thinking":
 		return "thinking"
+	case "tool_reference":
+		return "name"
 	}
 	return ""
 }
@@ -750,7 +754,7 @@ func (p *parser) part(idx, n int) (text []byte, kind int, err error) {
 	}
 	s.i++
 	var typ []byte
-	var vals [3]partValue // "text", "refusal", "thinking"
+	var vals [4]partValue // "text", "refusal", "thinking", "name"
 	s.ws()
 	if s.peek() == '}' {
 		s.i++
@@ -777,6 +781,8 @@ func (p *parser) part(idx, n int) (text []byte, kind int, err error) {
 			slot = 1
 		case "thinking":
 			slot = 2
+		case "name":
+			slot = 3
 		}
 		switch {
 		case k == "type" && s.peek() == '"':
@@ -817,8 +823,10 @@ func (p *parser) part(idx, n int) (text []byte, kind int, err error) {
 		v = &vals[0]
 	case "refusal":
 		v = &vals[1]
-	default:
+	case "thinking":
 		v = &vals[2]
+	default:
+		v = &vals[3]
 	}
 	switch {
 	case v.isElse:

@@ -333,7 +333,7 @@ func reference(kind Kind, body []byte) (RequestInfo, bool) {
 						// nothing when that is empty, null or absent.
 						var typ, text string
 						tr, th := p["type"]
-						key := map[string]string{"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking"}
+						key := map[string]string{"text": "text", "input_text": "text", "output_text": "text", "refusal": "refusal", "thinking": "thinking", "tool_reference": "name"}
 						textLike := th && tr[0] == '"' && json.Unmarshal(tr, &typ) == nil && key[typ] != ""
 						xr, xh := p[key[typ]]
 						switch {
@@ -747,6 +747,10 @@ func TestParseRequestTextLikeParts(t *testing.T) {
 		{`{"type":"text","text":""}`, "", 0},
 		{`{"type":"text","text":"a","text":null}`, "", 0}, // the last of duplicate keys wins
 		{`{"type":"refusal","text":"a"}`, "", 0},          // a refusal's text is its "refusal"
+		// A deferred tool's reference is its name (before, its JSON,
+		// counted as an image's nonTextPartTokens).
+		{`{"type":"tool_reference","name":"lookup"},{"type":"tool_reference","name":null},{"name":"x","type":"tool_reference"}`, "lookup\nx", 0},
+		{`{"type":"tool_reference","text":"a"}`, "", 0},
 		// Not text: kept as their JSON, counted as non-text parts.
 		{`{"type":"input_text","text":5}`, `{"type":"input_text","text":5}`, 1},
 		{`{"text":"a"}`, `{"text":"a"}`, 1},
