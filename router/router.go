@@ -36,7 +36,10 @@ type Config struct {
 	// used when a request carries no token block hashes. Default 128.
 	BlockChars int
 	// CharsPerToken converts characters to tokens when estimating how many
-	// prompt tokens a character-block match covers. Default 4.
+	// prompt tokens a character-block match covers. Default 4 (zero or
+	// negative). Otherwise at least MinCharsPerToken: New rejects NaN,
+	// infinities and smaller values (a character count divided by them
+	// is no token count: NaN sized the approximate index to one block).
 	CharsPerToken float64
 	// StaleAfter marks engine signals older than this as stale. Default 1s.
 	StaleAfter time.Duration
@@ -61,6 +64,9 @@ type Config struct {
 	// negative disables the log.
 	DecisionLog int
 }
+
+// MinCharsPerToken is the smallest Config.CharsPerToken New accepts.
+const MinCharsPerToken = 0.01
 
 // PreciseIndex is the precise prefix index as the router uses it:
 // *kvindex.Index implements it.
@@ -262,6 +268,9 @@ func (c *nowCmp) after(t time.Time) bool {
 
 // New returns a Router for cfg.
 func New(cfg Config) (*Router, error) {
+	if x := cfg.CharsPerToken; math.IsNaN(x) || math.IsInf(x, 0) || x > 0 && x < MinCharsPerToken {
+		return nil, fmt.Errorf("router: config: chars per token %v is not a finite number of at least %v (or 0 for the default 4)", x, MinCharsPerToken)
+	}
 	cfg.applyDefaults()
 	if cfg.Picker == nil {
 		return nil, errors.New("router: config: picker is required")

@@ -3,6 +3,7 @@ package router
 import (
 	"errors"
 	"fmt"
+	"math"
 	"net/http"
 	"slices"
 	"strings"
@@ -78,6 +79,10 @@ func TestNewValidates(t *testing.T) {
 		{"no endpoints", Config{Model: "m", Picker: p}, "has no endpoints"},
 		{"duplicate", Config{Model: "m", Picker: p, Endpoints: []kvroute.Endpoint{{ID: "a"}, {ID: "a"}}}, `duplicate id "a"`},
 		{"empty id", Config{Model: "m", Picker: p, Endpoints: []kvroute.Endpoint{{}}}, "id or url is required"},
+		{"chars per token NaN", Config{Model: "m", Picker: p, Endpoints: eps(1), CharsPerToken: math.NaN()}, "chars per token NaN is not a finite number"},
+		{"chars per token +Inf", Config{Model: "m", Picker: p, Endpoints: eps(1), CharsPerToken: math.Inf(1)}, "chars per token +Inf is not a finite number"},
+		{"chars per token -Inf", Config{Model: "m", Picker: p, Endpoints: eps(1), CharsPerToken: math.Inf(-1)}, "chars per token -Inf is not a finite number"},
+		{"chars per token tiny", Config{Model: "m", Picker: p, Endpoints: eps(1), CharsPerToken: 1e-300}, "of at least 0.01"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -86,6 +91,16 @@ func TestNewValidates(t *testing.T) {
 				t.Fatalf("New: got %v, want error containing %q", err, tt.want)
 			}
 		})
+	}
+}
+
+// TestNewCharsPerToken: CharsPerToken 0 or negative is the default, the
+// minimum and ordinary values are accepted.
+func TestNewCharsPerToken(t *testing.T) {
+	for _, cpt := range []float64{0, -1, MinCharsPerToken, 3.5} {
+		if _, err := New(Config{Model: "m", Picker: &pickFirstHealthy{}, CharsPerToken: cpt, Endpoints: eps(2)}); err != nil {
+			t.Fatalf("CharsPerToken %v: %v", cpt, err)
+		}
 	}
 }
 
