@@ -60,8 +60,13 @@ type Endpoint struct {
 	URL string
 	// Role is the endpoint's role in the pool; default both.
 	Role Role
-	// Weight scales the endpoint's share of load for policies that use weights;
-	// default 1. None of package policy's policies does.
+	// Weight scales the endpoint's share of the load, from 1 to MaxWeight;
+	// default 1 (the zero value). Package policy's round_robin, random,
+	// least_request, power_of_two and kv-aware honour it (an endpoint of
+	// weight 2 takes about twice the requests of one of weight 1, or twice
+	// the in-flight load before it counts as loaded); the peers' policies
+	// (sglang-cache-aware, llm-d, dynamo, kubeai-chwbl, preble-e2) do not:
+	// their published algorithms have no weights.
 	Weight int
 	// Labels are free-form (zone, node, gpu, link); disaggregation uses them to
 	// find the fabric link between two endpoints.
@@ -81,6 +86,11 @@ type Endpoint struct {
 	// their global ranks are S and up, which the ID names).
 	DataParallelRank int
 }
+
+// MaxWeight is the largest Endpoint.Weight: far above any real ratio of
+// engine sizes, and low enough that weighted sums and products of weights
+// and loads stay exact in an int64.
+const MaxWeight = 1_000_000
 
 // HeaderDataParallelRank is the request header that pins a request to one
 // data-parallel rank of an engine (vLLM's OpenAI server and SGLang read it,

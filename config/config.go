@@ -87,7 +87,14 @@ type Endpoint struct {
 	URL string `yaml:"url"`
 	// Role is both, prefill or decode; default both.
 	Role string `yaml:"role"`
-	// Weight scales the endpoint's share for weight-aware policies; default 1.
+	// Weight scales the endpoint's share of the load, 1 to 1,000,000
+	// (kvroute.MaxWeight); default 1. round_robin (smooth weighted),
+	// random, least_request and power_of_two (in-flight per weight) send
+	// an endpoint of weight 2 about twice the requests of one of weight 1;
+	// kv-aware scales its in-flight bounds (bounded-load caps, the session
+	// ring) and its session ring share by weight, not its TTFT estimate.
+	// The peers' policies (sglang-cache-aware, llm-d, dynamo, kubeai-chwbl,
+	// preble-e2) ignore it, as their published algorithms do.
 	Weight int `yaml:"weight"`
 	// Labels are free-form (zone, node, gpu, link); default none.
 	Labels map[string]string `yaml:"labels"`
@@ -729,6 +736,8 @@ func (m *Model) validate(v *validator, p string) {
 		}
 		if e.Weight <= 0 {
 			v.addf(ep+".weight", "%d is not positive", e.Weight)
+		} else if e.Weight > kvroute.MaxWeight {
+			v.addf(ep+".weight", "%d is above the largest weight, %d", e.Weight, kvroute.MaxWeight)
 		}
 		if e.KVCapacityTokens < 0 {
 			v.addf(ep+".kv_capacity_tokens", "%d is negative", e.KVCapacityTokens)

@@ -109,6 +109,8 @@ func TestValidateErrors(t *testing.T) {
 			`models[0].endpoints: every endpoint has role prefill: at least one needs role both or decode to generate tokens`},
 		{"bad weight", func(c *Config) { c.Models[0].Endpoints[0].Weight = -2 },
 			`models[0].endpoints[0].weight: -2 is not positive`},
+		{"weight too large", func(c *Config) { c.Models[0].Endpoints[0].Weight = 2_000_000 },
+			`models[0].endpoints[0].weight: 2000000 is above the largest weight, 1000000`},
 		{"negative kv", func(c *Config) { c.Models[0].Endpoints[0].KVCapacityTokens = -1 },
 			`models[0].endpoints[0].kv_capacity_tokens: -1 is negative`},
 		{"no models", func(c *Config) { c.Models = nil }, `models: at least one model is required`},

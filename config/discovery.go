@@ -98,7 +98,9 @@ type EndpointTemplate struct {
 	// sources' roles include prefill or decode is disaggregated (see
 	// Model.PD): e.g. one source of role prefill and one of role decode.
 	Role string `yaml:"role"`
-	// Weight scales each engine's share for weight-aware policies; default 1.
+	// Weight scales each engine's share of the load as an endpoint's
+	// Weight does (which policies honour it is said there); 1 to
+	// 1,000,000, default 1.
 	Weight int `yaml:"weight"`
 	// Labels are added to each engine's, over the discovered zone and node;
 	// default none.
@@ -281,6 +283,8 @@ func (m *Model) validateKubernetes(v *validator, mp, p string, k *Kubernetes) {
 	}
 	if t.Weight <= 0 {
 		v.addf(ep+".weight", "%d is not positive", t.Weight)
+	} else if t.Weight > kvroute.MaxWeight {
+		v.addf(ep+".weight", "%d is above the largest weight, %d", t.Weight, kvroute.MaxWeight)
 	}
 	if t.KVCapacityTokens < 0 {
 		v.addf(ep+".kv_capacity_tokens", "%d is negative", t.KVCapacityTokens)

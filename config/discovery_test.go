@@ -150,6 +150,7 @@ func TestDiscoveryValidation(t *testing.T) {
 		{"role", func(c *Config) { k(c).Endpoint.Role = "leader" },
 			`models[0].discovery.kubernetes.endpoint.role: "leader" is not one of both, prefill, decode`},
 		{"weight", func(c *Config) { k(c).Endpoint.Weight = -1 }, `models[0].discovery.kubernetes.endpoint.weight: -1 is not positive`},
+		{"weight too large", func(c *Config) { k(c).Endpoint.Weight = 1 << 40 }, `models[0].discovery.kubernetes.endpoint.weight: 1099511627776 is above the largest weight, 1000000`},
 		{"metrics url", func(c *Config) { k(c).Endpoint.Signals.MetricsURL = "http://x/metrics" },
 			`models[0].discovery.kubernetes.endpoint.signals.metrics_url: is not allowed in a template: it would name one engine (use signals.metrics_path)`},
 		{"kv events port", func(c *Config) { k(c).Endpoint.KVEvents.Port = 70000 },

@@ -10,15 +10,21 @@ import (
 // vnodes virtual nodes per endpoint (Karger et al.; the bounded-load walk is
 // Mirrokni, Thorup and Zadimoghaddam, "Consistent Hashing with Bounded
 // Loads", SODA 2018). It is rebuilt only when the candidate list (IDs, in
-// order) changes, so a router that keeps a stable order pays for it once.
+// order, and weights when weighted) changes, so a router that keeps a
+// stable order pays for it once. A weighted ring gives each candidate
+// vnodes x weight / the largest weight points (at least one): its share
+// of the ring is its share of the weights, and with equal weights it is
+// the unweighted ring. The points of a candidate are its first replicas,
+// so a weight change moves only the keys of the points added or removed.
 type ring struct {
-	points []ringPoint // sorted by hash
-	fp     uint64      // fingerprint of the candidate IDs it was built from
-	n      int         // number of candidates it was built from
-	vnodes int
-	hash   func(id string, replica int) uint64
-	seen   []uint32 // per candidate: epoch of the last walk that visited it
-	epoch  uint32
+	points   []ringPoint // sorted by hash
+	fp       uint64      // fingerprint of the candidate IDs (and weights) it was built from
+	n        int         // number of candidates it was built from
+	vnodes   int
+	weighted bool // points per candidate scale with its weight
+	hash     func(id string, replica int) uint64
+	seen     []uint32 // per candidate: epoch of the last walk that visited it
+	epoch    uint32
 }
 
 type ringPoint struct {
@@ -26,15 +32,24 @@ type ringPoint struct {
 	cand int32 // candidate index
 }
 
-func newRing(vnodes int, hash func(id string, replica int) uint64) *ring {
-	return &ring{vnodes: vnodes, hash: hash}
+// newRing returns a ring of vnodes points per candidate, or, weighted, per
+// candidate of the largest weight (see ring).
+func newRing(vnodes int, hash func(id string, replica int) uint64, weighted bool) *ring {
+	return &ring{vnodes: vnodes, hash: hash, weighted: weighted}
 }
 
 // sync rebuilds the ring if cands differ from the last build.
 func (r *ring) sync(cands []kvroute.Candidate) {
 	fp := uint64(14695981039346656037)
+	maxW := 1
 	for i := range cands {
-		fp = mix64(fp ^ strHash(endpointID(&cands[i])))
+		x := fp ^ strHash(endpointID(&cands[i]))
+		if r.weighted {
+			w := weight(&cands[i])
+			x += uint64(w)
+			maxW = max(maxW, w)
+		}
+		fp = mix64(x)
 	}
 	if r.points != nil && fp == r.fp && len(cands) == r.n {
 		return
@@ -43,7 +58,13 @@ func (r *ring) sync(cands []kvroute.Candidate) {
 	r.points = r.points[:0]
 	for i := range cands {
 		id := endpointID(&cands[i])
-		for v := 0; v < r.vnodes; v++ {
+		vnodes := r.vnodes
+		if r.weighted {
+			// Rounded to the nearest; the largest weight gets vnodes.
+			w := int64(weight(&cands[i]))
+			vnodes = max(1, int((int64(r.vnodes)*w+int64(maxW)/2)/int64(maxW)))
+		}
+		for v := 0; v < vnodes; v++ {
 			r.points = append(r.points, ringPoint{hash: r.hash(id, v), cand: int32(i)})
 		}
 	}

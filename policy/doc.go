@@ -6,6 +6,14 @@
 //     session affinity by consistent hashing with bounded loads, hot-prefix
 //     replica sets, tenant fairness, shed/queue on overload.
 //   - Baselines: round_robin, random, least_request, power_of_two.
+//
+// Weights (kvroute.Endpoint.Weight): round_robin is nginx's smooth weighted
+// round robin, random draws by weight, least_request compares in-flight
+// per weight, power_of_two draws two by weight and compares in-flight per
+// weight; kv-aware scales its in-flight bounds and its session ring by
+// weight (see KVAware, Weights), not its TTFT estimate. The peers are
+// weight-blind, as their published algorithms are. With equal weights
+// every policy decides as without them.
 //   - The peers, as faithful selectable baselines with their published
 //     defaults: sglang-cache-aware, llm-d, dynamo, kubeai-chwbl, preble-e2.
 //     Each type's doc cites its source.

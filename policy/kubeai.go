@@ -41,6 +41,7 @@ type KubeAIParams struct {
 // of completion prompts: netstrings); a prompt in neither form is treated as
 // a single completion prompt. Unhealthy endpoints
 // are skipped on the walk, which is the same as leaving them off the ring.
+// Endpoint weights are ignored, as KubeAI's endpoints have none.
 // Defaults: mean_load_factor 125, replication 256, prefix_char_length 100.
 // Not safe for concurrent use.
 type KubeAI struct {
@@ -65,7 +66,7 @@ func newKubeAI(params map[string]any, _ uint64) (*KubeAI, error) {
 			return nil, c
 		}
 	}
-	return &KubeAI{p: p, ring: newRing(p.Replication, kubeaiVnodeHash)}, nil
+	return &KubeAI{p: p, ring: newRing(p.Replication, kubeaiVnodeHash, false)}, nil
 }
 
 // kubeaiVnodeHash is chwblHashEndpointReplica: xxhash of fmt "%s%d".

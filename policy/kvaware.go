@@ -438,6 +438,27 @@ func (p KVAwareParams) Validate() error {
 // and keeps its credit (in the simulator, trimming replicas of caches with
 // room to spare cost up to a third of p99 TTFT in cold starts). The ranking is stable, so the replica set does not churn.
 //
+// # Weights
+//
+// An endpoint's weight (kvroute.Endpoint.Weight) is its share of the
+// fleet's capacity for the load bounds, not a speed: when the healthy
+// candidates' weights differ, every in-flight bound above (the cap, the
+// session ring's bound, HotSpread's and the tenant bound, and the "at most
+// the mean" of an idle endpoint) is the fleet's scaled by the candidate's
+// weight over the mean weight, as in consistent hashing with bounded loads
+// with weights (cap = C x mean x weight / mean weight); the session ring
+// gives each endpoint points in proportion to its weight (VirtualNodes for
+// the largest), and tie breaks compare in-flight per unit of weight. The
+// estimate does not use weights: it is built from the engine's own
+// signals (its queue, batch and KV) and the rates, learned per endpoint
+// with LearnPerEndpoint, which already tell a faster engine from a slower
+// one; a weight there would count that twice. So with equal estimates
+// (an idle fleet, sessions, ties) traffic follows the weights, and an
+// endpoint of weight 2 may hold twice the in-flight requests of one of
+// weight 1 before it is capped; which one is fastest is the estimate's to
+// say. The hot-prefix replica count uses the mean endpoint's share. With
+// equal weights every decision is the unweighted one.
+//
 // # Tenant fairness
 //
 // The policy counts in-flight requests per tenant (released by Release). A
@@ -451,8 +472,9 @@ func (p KVAwareParams) Validate() error {
 //
 // Every decision carries one Score per candidate (Value = the score, in ms;
 // Parts queue_ms, prefill_ms, work_ms, decode_ms, cached_tokens credited,
-// queued_tokens, in_flight, and capped/replica_trimmed/thrashing/
-// session_target flags when they apply; Why says which cap) and a Reason
+// queued_tokens, in_flight, weight when it is not 1, and capped/
+// replica_trimmed/thrashing/session_target flags when they apply; Why
+// says which cap) and a Reason
 // with the chosen candidate's TTFT estimate, built by the code that
 // decides. Explain=false
 // leaves Scores nil on hot paths that do not log decisions. After
@@ -704,7 +726,7 @@ func NewKVAwareWith(p KVAwareParams, seed uint64) (*KVAware, error) {
 	return &KVAware{
 		p:              p,
 		rng:            newRand(seed),
-		ring:           newRing(p.VirtualNodes, vnodeHash),
+		ring:           newRing(p.VirtualNodes, vnodeHash, true),
 		eps:            make(map[string]*epStats),
 		meanUncached:   float64(p.MeanPromptTokens),
 		uncachedFrac:   1,
@@ -745,6 +767,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	// were a fifth of a Pick (BenchmarkDecisionKVAware64, pprof).
 	P := max(req.PromptTokens, 0)
 	total, healthy, waiting, deepest, smallThrash := 0, 0, 0, 0, false
+	sumW, w0, weighted := 0, 0, false // the healthy candidates' weights: their sum, the first, whether they differ
 	for i := range cands {
 		st := &k.c[i]
 		c := &cands[i]
@@ -752,6 +775,12 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 			*st = candState{}
 			continue
 		}
+		w := weight(c)
+		sumW += w
+		if w0 == 0 {
+			w0 = w
+		}
+		weighted = weighted || w != w0
 		total += c.Load.InFlight
 		waiting += max(c.Load.Waiting, 0)
 		healthy++
@@ -777,6 +806,17 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	}
 	p := &k.p
 	mean := float64(total+1) / float64(healthy)
+	// With weights that differ, each candidate's in-flight bounds below
+	// are the fleet's scaled by its weight over the mean weight (weighted
+	// consistent hashing with bounded loads): its capacity share is its
+	// share of the weights. wscale returns that factor, 1 when unweighted.
+	meanW := float64(sumW) / float64(healthy)
+	wscale := func(c *kvroute.Candidate) float64 {
+		if !weighted {
+			return 1
+		}
+		return float64(weight(c)) / meanW
+	}
 	k.workW = p.WorkWeight * (1 + p.WorkLoadGain*float64(waiting)/float64(max(healthy, 1)))
 	k.outTokens = float64(p.OutputTokens)
 	if req.MaxTokens > 0 {
@@ -803,7 +843,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 			// node is busy prefilling, and spreading adds misses to them).
 			for i := range cands {
 				c := &cands[i]
-				if c.Healthy && c.CachedBlocks < depth && float64(c.Load.InFlight+1) <= mean &&
+				if c.Healthy && c.CachedBlocks < depth && float64(c.Load.InFlight+1) <= mean*wscale(c) &&
 					k.c[i].queued <= float64(p.MaxBatchedTokens) {
 					hotDepth = depth
 					if k.c[i].queued < 1 && now.Sub(dem.since) >= p.HotSettle {
@@ -842,15 +882,20 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		// uncongested candidate, so a hot prefix whose hits cost no prefill
 		// still spreads.
 		f := float64(l.InFlight + 1)
+		capI, hotI, tenantI := inflightCap, hotBound, mean+p.InflightSlack/2
+		if weighted {
+			ws := wscale(&cands[i])
+			capI, hotI, tenantI = capI*ws, hotI*ws, tenantI*ws
+		}
 		switch congested := st.queued > float64(p.MaxBatchedTokens); {
-		case f > 2*inflightCap || (congested && f > inflightCap):
+		case f > 2*capI || (congested && f > capI):
 			st.flags |= capInflight
-		case hotDepth > 0 && cands[i].CachedBlocks == hotDepth && f > hotBound:
+		case hotDepth > 0 && cands[i].CachedBlocks == hotDepth && f > hotI:
 			st.flags |= capInflight
-		case congested && tenantOver && f > mean+p.InflightSlack/2:
+		case congested && tenantOver && f > tenantI:
 			st.flags |= capTenant
 		}
-		st.overBound = f > inflightCap
+		st.overBound = f > capI
 	}
 
 	if !anyUnder {
@@ -1206,13 +1251,14 @@ func (k *KVAware) rates(s *epStats) (tok, req float64, learned bool) {
 }
 
 // lessLoaded orders candidates i and j for tie breaks: one without
-// capFull (SpareFull) first, then fewer in-flight, then a lower estimate.
+// capFull (SpareFull) first, then fewer in-flight per unit of weight,
+// then a lower estimate.
 func (k *KVAware) lessLoaded(cands []kvroute.Candidate, i, j int) bool {
 	if a, b := k.c[i].flags&capFull != 0, k.c[j].flags&capFull != 0; a != b {
 		return b
 	}
-	if a, b := cands[i].Load.InFlight, cands[j].Load.InFlight; a != b {
-		return a < b
+	if c := cmpPerWeight(cands[i].Load.InFlight, weight(&cands[i]), cands[j].Load.InFlight, weight(&cands[j])); c != 0 {
+		return c < 0
 	}
 	return k.c[i].score < k.c[j].score
 }
@@ -1283,6 +1329,9 @@ func explain(c []candState, cands []kvroute.Candidate, scores []kvroute.Score) {
 			kvroute.Part{Name: "queued_tokens", Value: round3(st.queued)},
 			kvroute.Part{Name: "in_flight", Value: float64(cands[i].Load.InFlight)},
 		)
+		if w := weight(&cands[i]); w != 1 {
+			s.Parts = append(s.Parts, kvroute.Part{Name: "weight", Value: float64(w)})
+		}
 		sat := ""
 		switch {
 		case st.flags&capSaturated == 0:

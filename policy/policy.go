@@ -130,6 +130,34 @@ func sameString(a, b string) bool {
 	return len(a) == len(b) && (unsafe.StringData(a) == unsafe.StringData(b) || a == b)
 }
 
+// weight returns c's endpoint weight (kvroute.Endpoint.Weight): 1 when it
+// is unset (0 or below) or c has no endpoint, as the router defaults it,
+// and at most kvroute.MaxWeight (the router refuses more).
+func weight(c *kvroute.Candidate) int {
+	if c.Endpoint == nil || c.Endpoint.Weight <= 0 {
+		return 1
+	}
+	return min(c.Endpoint.Weight, kvroute.MaxWeight)
+}
+
+// equalWeights reports whether every healthy candidate has the same weight:
+// the weight-aware policies then decide exactly as if there were none.
+func equalWeights(cands []kvroute.Candidate) bool {
+	w := 0
+	for i := range cands {
+		if !cands[i].Healthy {
+			continue
+		}
+		switch wi := weight(&cands[i]); {
+		case w == 0:
+			w = wi
+		case wi != w:
+			return false
+		}
+	}
+	return true
+}
+
 // chose returns a decision for candidate i with the given scores.
 func chose(policy string, cands []kvroute.Candidate, i int, reason string, scores []kvroute.Score) kvroute.Decision {
 	return kvroute.Decision{Index: i, Endpoint: endpointID(&cands[i]), Policy: policy, Reason: reason, Scores: scores}

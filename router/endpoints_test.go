@@ -601,3 +601,38 @@ func TestSetEndpointsRemovedTeachesNothing(t *testing.T) {
 		t.Errorf("a flight on e0 after e0 was removed was learned from: %v", p.observed)
 	}
 }
+
+// TestRouteWeights: endpoint weights reach the policy through the
+// candidates, from New and from SetEndpoints: round_robin routes 1:2:1,
+// then, after the weights change to 3:1:1, 3:1:1.
+func TestRouteWeights(t *testing.T) {
+	pk, _ := policy.New(policy.NameRoundRobin, nil, 1)
+	list := eps(3)
+	list[1].Weight = 2
+	r, err := New(Config{Model: "m", Endpoints: list, Policy: policy.NameRoundRobin, Picker: pk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	count := func(n int) map[string]int {
+		got := map[string]int{}
+		for i := range n {
+			f, err := r.Route(t0, &kvroute.Request{ID: fmt.Sprint(i), Model: "m", PromptTokens: 10}, nil)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got[f.Endpoint.ID]++
+			r.Done(t0, f, kvroute.Outcome{Endpoint: f.Endpoint.ID})
+		}
+		return got
+	}
+	if got := count(400); got["e0"] != 100 || got["e1"] != 200 || got["e2"] != 100 {
+		t.Errorf("weights 1:2:1: got %v, want e0 100, e1 200, e2 100", got)
+	}
+	list[0].Weight, list[1].Weight = 3, 1
+	if err := r.SetEndpoints(t0, list, nil); err != nil {
+		t.Fatal(err)
+	}
+	if got := count(500); got["e0"] != 300 || got["e1"] != 100 || got["e2"] != 100 {
+		t.Errorf("weights 3:1:1: got %v, want e0 300, e1 100, e2 100", got)
+	}
+}

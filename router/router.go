@@ -19,8 +19,9 @@ import (
 type Config struct {
 	// Model is the model name this pool serves.
 	Model string
-	// Endpoints are the pool's endpoints; IDs must be unique. Required
-	// unless AllowEmpty. SetEndpoints changes them later.
+	// Endpoints are the pool's endpoints; IDs must be unique, weights 0
+	// (the default, 1) to kvroute.MaxWeight. Required unless AllowEmpty.
+	// SetEndpoints changes them later.
 	Endpoints []kvroute.Endpoint
 	// AllowEmpty lets the pool have no endpoints, at New and SetEndpoints:
 	// a pool whose endpoints are discovered (none may be ready yet, or all
@@ -303,8 +304,9 @@ func New(cfg Config) (*Router, error) {
 }
 
 // checkEndpoints returns eps with their defaults (ID: the URL; Weight: 1)
-// after checking that there is at least one (unless allowEmpty) and that
-// IDs are unique.
+// after checking that there is at least one (unless allowEmpty), that
+// IDs are unique and that weights are 0 (the default) to
+// kvroute.MaxWeight.
 func checkEndpoints(model string, eps []kvroute.Endpoint, allowEmpty bool) ([]kvroute.Endpoint, error) {
 	if len(eps) == 0 && !allowEmpty {
 		return nil, fmt.Errorf("model %q has no endpoints", model)
@@ -322,7 +324,10 @@ func checkEndpoints(model string, eps []kvroute.Endpoint, allowEmpty bool) ([]kv
 			return nil, fmt.Errorf("endpoints[%d]: duplicate id %q", i, ep.ID)
 		}
 		seen[ep.ID] = true
-		if ep.Weight <= 0 {
+		switch {
+		case ep.Weight < 0 || ep.Weight > kvroute.MaxWeight:
+			return nil, fmt.Errorf("endpoints[%d] (%q): weight %d is not in 1..%d (0: the default, 1)", i, ep.ID, ep.Weight, kvroute.MaxWeight)
+		case ep.Weight == 0:
 			ep.Weight = 1
 		}
 		out[i] = ep
@@ -397,7 +402,7 @@ type EndpointForgetter interface {
 // SetEndpoints makes eps the pool's endpoints, in this order, while the
 // router runs: what New does with Config.Endpoints (IDs default to URLs,
 // weights to 1; at least one endpoint unless Config.AllowEmpty; IDs
-// unique) and
+// unique; weights 0 to kvroute.MaxWeight) and
 // Config.PreciseEndpoints (precise: the IDs whose KV events feed
 // Config.Precise). On an error nothing changes.
 //

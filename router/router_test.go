@@ -79,6 +79,10 @@ func TestNewValidates(t *testing.T) {
 		{"no endpoints", Config{Model: "m", Picker: p}, "has no endpoints"},
 		{"duplicate", Config{Model: "m", Picker: p, Endpoints: []kvroute.Endpoint{{ID: "a"}, {ID: "a"}}}, `duplicate id "a"`},
 		{"empty id", Config{Model: "m", Picker: p, Endpoints: []kvroute.Endpoint{{}}}, "id or url is required"},
+		{"negative weight", Config{Model: "m", Picker: p, Endpoints: []kvroute.Endpoint{{ID: "a", Weight: -2}}},
+			`endpoints[0] ("a"): weight -2 is not in 1..1000000`},
+		{"weight too large", Config{Model: "m", Picker: p, Endpoints: []kvroute.Endpoint{{ID: "a"}, {ID: "b", Weight: kvroute.MaxWeight + 1}}},
+			`endpoints[1] ("b"): weight 1000001 is not in 1..1000000`},
 		{"chars per token NaN", Config{Model: "m", Picker: p, Endpoints: eps(1), CharsPerToken: math.NaN()}, "chars per token NaN is not a finite number"},
 		{"chars per token +Inf", Config{Model: "m", Picker: p, Endpoints: eps(1), CharsPerToken: math.Inf(1)}, "chars per token +Inf is not a finite number"},
 		{"chars per token -Inf", Config{Model: "m", Picker: p, Endpoints: eps(1), CharsPerToken: math.Inf(-1)}, "chars per token -Inf is not a finite number"},
@@ -101,6 +105,29 @@ func TestNewCharsPerToken(t *testing.T) {
 		if _, err := New(Config{Model: "m", Picker: &pickFirstHealthy{}, CharsPerToken: cpt, Endpoints: eps(2)}); err != nil {
 			t.Fatalf("CharsPerToken %v: %v", cpt, err)
 		}
+	}
+}
+
+// TestNewWeights: a weight of 0 is the default 1 and the largest weight is
+// accepted; SetEndpoints refuses a negative weight as New does, changing
+// nothing.
+func TestNewWeights(t *testing.T) {
+	r, err := New(Config{Model: "m", Picker: &pickFirstHealthy{},
+		Endpoints: []kvroute.Endpoint{{ID: "a"}, {ID: "b", Weight: kvroute.MaxWeight}}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Endpoints(); got[0].Weight != 1 || got[1].Weight != kvroute.MaxWeight {
+		t.Errorf("weights: got %d, %d, want 1, %d", got[0].Weight, got[1].Weight, kvroute.MaxWeight)
+	}
+	r = newTestRouter(t, 2, &pickFirstHealthy{})
+	bad := eps(2)
+	bad[1].Weight = -1
+	if err := r.SetEndpoints(t0, bad, nil); err == nil || !strings.Contains(err.Error(), `endpoints[1] ("e1"): weight -1`) {
+		t.Fatalf("SetEndpoints with weight -1: got %v, want an error naming it", err)
+	}
+	if got := r.Endpoints(); len(got) != 2 || got[1].Weight != 1 {
+		t.Errorf("after the refused SetEndpoints: %+v, want the pool unchanged", got)
 	}
 }
 

@@ -38,6 +38,11 @@ type Group struct {
 	// Role is both (default), prefill or decode: a fleet with prefill or
 	// decode engines runs disaggregated (Config.PD).
 	Role string `yaml:"role,omitempty" json:"role,omitempty"`
+	// Weight is each engine's endpoint weight (kvroute.Endpoint.Weight),
+	// its share of the load under the policies that honour weights, 1 to
+	// kvroute.MaxWeight; 0 means 1. It says nothing of the engine's speed
+	// (Speed, Profile do).
+	Weight int `yaml:"weight,omitempty" json:"weight,omitempty"`
 }
 
 // Fleet is the engines of a simulated model pool, in order; engine i of the
@@ -109,6 +114,8 @@ func (f Fleet) Validate() error {
 			return fmt.Errorf("fleet: group %d (%s): num_gpu_blocks %d is above the limit of %d", i, g.name(), g.NumGPUBlocks, engine.MaxNumGPUBlocks)
 		case g.Speed < 0:
 			return fmt.Errorf("fleet: group %d (%s): speed %g must not be negative", i, g.name(), g.Speed)
+		case g.Weight < 0 || g.Weight > kvroute.MaxWeight:
+			return fmt.Errorf("fleet: group %d (%s): weight %d is not in 1..%d (0: 1)", i, g.name(), g.Weight, kvroute.MaxWeight)
 		}
 		if _, err := kvroute.ParseRole(g.Role); err != nil {
 			return fmt.Errorf("fleet: group %d (%s): %w", i, g.name(), err)
@@ -193,7 +200,7 @@ func ParseFleet(spec, defaultProfile string) (Fleet, error) {
 //
 //	engines:
 //	  - {count: 4, profile: llama-3.1-8b-h100}
-//	  - {count: 2, profile: llama-3.1-8b-h100, num_gpu_blocks: 8000, speed: 0.5}
+//	  - {count: 2, profile: llama-3.1-8b-h100, num_gpu_blocks: 8000, speed: 0.5, weight: 2}
 type fleetFile struct {
 	Engines Fleet `yaml:"engines"`
 }

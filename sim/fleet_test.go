@@ -66,7 +66,8 @@ func TestParseFleetFile(t *testing.T) {
 	if got.Size() != 3 || got.String() != "2xtiny,1xtiny" {
 		t.Fatalf("Size, String: got %d %q, want 3 \"2xtiny,1xtiny\"", got.Size(), got.String())
 	}
-	for _, bad := range []string{"engines: []", "engines:\n  - {count: 1, profile: tiny, colour: red}", "engines: 3", "{"} {
+	for _, bad := range []string{"engines: []", "engines:\n  - {count: 1, profile: tiny, colour: red}", "engines: 3", "{",
+		"engines:\n  - {count: 1, profile: tiny, weight: -1}", "engines:\n  - {count: 1, profile: tiny, weight: 1000001}"} {
 		if _, err := ParseFleetFile([]byte(bad)); err == nil {
 			t.Errorf("ParseFleetFile(%q): got nil error, want one", bad)
 		}

@@ -331,7 +331,7 @@ func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 			se := &simEngine{id: id, role: role, profile: e.Profile(), eng: e}
 			s.byEP[id] = int32(len(s.engines))
 			s.engines = append(s.engines, se)
-			eps = append(eps, kvroute.Endpoint{ID: id, URL: "sim://" + id, Weight: 1, Role: role,
+			eps = append(eps, kvroute.Endpoint{ID: id, URL: "sim://" + id, Weight: max(g.Weight, 1), Role: role,
 				KVCapacityTokens: se.profile.KVCapacityTokens()})
 			preciseIDs = append(preciseIDs, id)
 		}

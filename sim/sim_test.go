@@ -193,6 +193,20 @@ func TestHeterogeneousFleet(t *testing.T) {
 	}
 }
 
+// TestFleetWeights: a fleet group's weight reaches the router's
+// endpoints: round robin sends engines of weights 1 and 3 requests 1:3.
+func TestFleetWeights(t *testing.T) {
+	reqs := smallChat(t, 400, 20, 3)
+	fleet, err := ParseFleetFile([]byte("engines:\n  - {count: 1, profile: tiny}\n  - {count: 1, profile: tiny, weight: 3}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := mustRun(t, Config{Fleet: fleet, Policy: "round_robin", Seed: 1}, reqs)
+	if a, b := res.Engines[0].Requests, res.Engines[1].Requests; a != 100 || b != 300 {
+		t.Errorf("requests on weights 1 and 3: got %d and %d, want 100 and 300", a, b)
+	}
+}
+
 func TestRateScale(t *testing.T) {
 	reqs := smallChat(t, 300, 20, 9)
 	slow := mustRun(t, Config{Fleet: tinyFleet(2), Policy: "round_robin", RateScale: 0.5}, reqs)

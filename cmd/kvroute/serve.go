@@ -108,7 +108,11 @@ endpoint that can decode.
 kvroute_discovery_endpoints{model} and
 kvroute_discovery_errors_total{model} report it.
 
-Policies: %s.`
+Policies: %s. An endpoint's weight (default 1) is honoured by round_robin
+(smooth weighted), random, least_request and power_of_two (in-flight per
+weight): weight 2 takes about twice the requests of weight 1; kv-aware scales
+its load bounds and session ring by it, not its TTFT estimate; the peers'
+policies ignore it.`
 
 func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("serve", "--config FILE | --model NAME --endpoint URL... [flags]",
