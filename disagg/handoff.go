@@ -983,6 +983,21 @@ func (x *exchange) report(f *router.Flight, ok bool) {
 var hopHeaders = map[string]bool{"Connection": true, "Keep-Alive": true, "Proxy-Connection": true, "Te": true,
 	"Trailer": true, "Transfer-Encoding": true, "Upgrade": true, "Content-Length": true}
 
+// connectionListed reports whether h's Connection header names the header
+// k: such a header is for that connection only (RFC 9110 section 7.6.1)
+// and is not copied on, as httputil.ReverseProxy drops it on the
+// aggregated path.
+func connectionListed(h http.Header, k string) bool {
+	for _, v := range h["Connection"] {
+		for f := range strings.SplitSeq(v, ",") {
+			if http.CanonicalHeaderKey(strings.TrimSpace(f)) == k {
+				return true
+			}
+		}
+	}
+	return false
+}
+
 // answer is a leg's 2xx response whose first bytes, or its end, were read
 // (begin) before anything went to the client.
 type answer struct {
@@ -1065,7 +1080,7 @@ func (x *exchange) stream(a *answer, f *router.Flight) {
 	defer quiet.Stop()
 	dst := x.w.Header()
 	for k, v := range resp.Header {
-		if !hopHeaders[k] && k != "X-Request-Id" {
+		if !hopHeaders[k] && k != "X-Request-Id" && !connectionListed(resp.Header, k) {
 			dst[k] = v
 		}
 	}
