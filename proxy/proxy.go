@@ -351,7 +351,11 @@ func (p *Proxy) routes() {
 func (p *Proxy) method(m string, h http.HandlerFunc) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		if r.Method != m && !(m == http.MethodGet && r.Method == http.MethodHead) {
-			w.Header().Set("Allow", m)
+			allow := m
+			if m == http.MethodGet {
+				allow = "GET, HEAD"
+			}
+			w.Header().Set("Allow", allow)
 			openai.WriteError(w, kvroute.Errorf(http.StatusMethodNotAllowed, kvroute.TypeInvalidRequest, "method_not_allowed", "",
 				"method %s is not allowed on %s; use %s", r.Method, r.URL.Path, m))
 			return
