@@ -45,20 +45,10 @@ func headersThenReset(t *testing.T, w http.ResponseWriter, contentType string) {
 // Otherwise it passes u's answer on.
 func resetFront(t *testing.T, u string, fail func() bool) *httptest.Server {
 	return fake(t, func(w http.ResponseWriter, r *http.Request) {
-		body, _ := io.ReadAll(r.Body)
-		out, err := http.NewRequestWithContext(r.Context(), r.Method, u+r.URL.Path, bytes.NewReader(body))
-		if err != nil {
-			t.Error(err)
+		resp, answer, ok := relay(t, w, r, u)
+		if !ok {
 			return
 		}
-		out.Header = r.Header.Clone()
-		resp, err := http.DefaultClient.Do(out)
-		if err != nil {
-			http.Error(w, err.Error(), http.StatusBadGateway)
-			return
-		}
-		defer resp.Body.Close()
-		answer, _ := io.ReadAll(resp.Body)
 		if resp.StatusCode == http.StatusOK && fail() {
 			headersThenReset(t, w, resp.Header.Get("Content-Type"))
 			return
@@ -67,6 +57,26 @@ func resetFront(t *testing.T, u string, fail func() bool) *httptest.Server {
 		w.WriteHeader(resp.StatusCode)
 		_, _ = w.Write(answer)
 	})
+}
+
+// relay sends r on to the engine at u and reads its whole answer; on a
+// failure it has answered w itself and returns ok false.
+func relay(t *testing.T, w http.ResponseWriter, r *http.Request, u string) (resp *http.Response, answer []byte, ok bool) {
+	body, _ := io.ReadAll(r.Body)
+	out, err := http.NewRequestWithContext(r.Context(), r.Method, u+r.URL.Path, bytes.NewReader(body))
+	if err != nil {
+		t.Error(err)
+		return nil, nil, false
+	}
+	out.Header = r.Header.Clone()
+	resp, err = http.DefaultClient.Do(out)
+	if err != nil {
+		http.Error(w, err.Error(), http.StatusBadGateway)
+		return nil, nil, false
+	}
+	defer resp.Body.Close()
+	answer, _ = io.ReadAll(resp.Body)
+	return resp, answer, true
 }
 
 // serveDirect runs body through f's handoff as the proxy does, on a

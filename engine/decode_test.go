@@ -319,12 +319,7 @@ func TestDecodeStepsAllocs(t *testing.T) {
 					t.Fatal(err)
 				}
 			}
-			var now time.Duration
-			var res StepResult
-			for e.waiting.len() > 0 || e.running[len(e.running)-1].outputs == 0 {
-				e.StepInto(now, &res)
-				now += res.Duration
-			}
+			now := stepUntilDecoding(e)
 			var run DecodedRun
 			decode := func() {
 				n := e.DecodeSteps(now, time.Hour, 24, &run)
@@ -343,6 +338,19 @@ func TestDecodeStepsAllocs(t *testing.T) {
 	}
 }
 
+// stepUntilDecoding steps e from time 0 until no request waits and the
+// last one running has an output (every request is decoding), and returns
+// the time then.
+func stepUntilDecoding(e *Engine) time.Duration {
+	var now time.Duration
+	var res StepResult
+	for e.waiting.len() > 0 || e.running[len(e.running)-1].outputs == 0 {
+		e.StepInto(now, &res)
+		now += res.Duration
+	}
+	return now
+}
+
 // TestDecodeStepsBefore: DecodeStepsBefore computes the steps that start
 // before before (the one in progress then included) and end by until, as
 // stepping computes them.
@@ -354,13 +362,7 @@ func TestDecodeStepsBefore(t *testing.T) {
 				t.Fatal(err)
 			}
 		}
-		var now time.Duration
-		var res StepResult
-		for e.waiting.len() > 0 || e.running[len(e.running)-1].outputs == 0 {
-			e.StepInto(now, &res)
-			now += res.Duration
-		}
-		return e, now
+		return e, stepUntilDecoding(e)
 	}
 	ref, now := setup()
 	var run DecodedRun
