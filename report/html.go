@@ -67,8 +67,8 @@ td:first-child,th:first-child{text-align:left}
 	}
 	for i := range r.Rows {
 		if row := &r.Rows[i]; row.Interrupted > 0 {
-			fmt.Fprintf(&b, "<p class=\"interrupted\">%s (load %g): %d requests in flight cut short by the interruption, counted in none of reqs, ok, err, rej</p>\n",
-				esc(row.Name), row.Load, row.Interrupted)
+			fmt.Fprintf(&b, "<p class=\"interrupted\">%s (load %g): %s in flight cut short by the interruption, counted in none of reqs, ok, err, rej</p>\n",
+				esc(row.Name), row.Load, requests(row.Interrupted))
 		}
 	}
 	charts := r.Charts()

@@ -205,10 +205,18 @@ func (r *Report) WriteTable(w io.Writer) error {
 		if r.IsSweep() {
 			label += "@" + strconv.FormatFloat(row.Load, 'g', 4, 64)
 		}
-		fmt.Fprintf(&b, "interrupted %s: %d requests in flight cut short, counted in none of reqs, ok, err, rej\n", label, row.Interrupted)
+		fmt.Fprintf(&b, "interrupted %s: %s in flight cut short, counted in none of reqs, ok, err, rej\n", label, requests(row.Interrupted))
 	}
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// requests writes n and "request", with an s unless n is 1.
+func requests(n int) string {
+	if n == 1 {
+		return "1 request"
+	}
+	return strconv.Itoa(n) + " requests"
 }
 
 func orDash(s string) string {

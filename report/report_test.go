@@ -210,6 +210,24 @@ func TestJSONRoundTrip(t *testing.T) {
 // TestInterruptedRow: a row's interrupted requests (bench: in flight at
 // Ctrl-C) show under the table and in the HTML, and survive the JSON round
 // trip.
+// TestInterruptedOneRequest: one interrupted request is "1 request", in
+// the table and the HTML.
+func TestInterruptedOneRequest(t *testing.T) {
+	rep := &Report{Title: "kvroute bench", Rows: []Row{{Name: "bench", Requests: 5, Completed: 5, Interrupted: 1}}}
+	var table, html bytes.Buffer
+	if err := rep.WriteTable(&table); err != nil {
+		t.Fatal(err)
+	}
+	if err := rep.WriteHTML(&html); err != nil {
+		t.Fatal(err)
+	}
+	for _, out := range []string{table.String(), html.String()} {
+		if !strings.Contains(out, ": 1 request in flight cut short") || strings.Contains(out, "1 requests") {
+			t.Errorf("want \": 1 request in flight cut short\" and no \"1 requests\" in:\n%s", out)
+		}
+	}
+}
+
 func TestInterruptedRow(t *testing.T) {
 	rep := &Report{Title: "kvroute bench", Rows: []Row{{Name: "bench", Requests: 5, Completed: 5, Interrupted: 2}}}
 	var buf bytes.Buffer

@@ -360,7 +360,11 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	if ctx.Err() != nil && !quiet {
 		msg := "interrupted: the report covers the requests that ended before it"
 		if interrupted > 0 {
-			msg += fmt.Sprintf("; %d in flight were cut short (not counted as errors)", interrupted)
+			were := "were"
+			if interrupted == 1 {
+				were = "was"
+			}
+			msg += fmt.Sprintf("; %d in flight %s cut short (not counted as errors)", interrupted, were)
 		}
 		fmt.Fprintln(stderr, msg)
 	}

@@ -201,7 +201,7 @@ func TestBenchCommandInterrupted(t *testing.T) {
 		t.Errorf("report.json: requests %d, completed %d, errors %v, interrupted %d; want %d, %d, none, 1",
 			row.Requests, row.Completed, row.Errors, row.Interrupted, sent-1, sent-1)
 	}
-	for _, want := range []string{"interrupted bench: 1 requests in flight cut short"} {
+	for _, want := range []string{"interrupted bench: 1 request in flight cut short"} {
 		if !strings.Contains(out.String(), want) {
 			t.Errorf("table lacks %q:\n%s", want, out.String())
 		}
@@ -209,7 +209,7 @@ func TestBenchCommandInterrupted(t *testing.T) {
 	if strings.Contains(out.String(), "errors bench") {
 		t.Errorf("table reports errors:\n%s", out.String())
 	}
-	if want := "1 in flight were cut short"; !strings.Contains(errb.String(), want) {
+	if want := "1 in flight was cut short"; !strings.Contains(errb.String(), want) {
 		t.Errorf("stderr lacks %q:\n%s", want, errb.String())
 	}
 	csv, err := os.ReadFile(filepath.Join(dir, "requests.csv"))
