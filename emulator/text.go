@@ -1,7 +1,6 @@
 package emulator
 
 import (
-	"bytes"
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
@@ -217,9 +216,8 @@ func (c *textCodec) chat(msgs []tokenizer.Message, msgsJSON []byte, o *chatOpts)
 		}
 		var err error
 		// The messages as vLLM gives them to the template (tool calls,
-		// names, ...); but for a tool_reference part, which RenderJSON does
-		// not read as text, role and content alone.
-		if msgsJSON != nil && !bytes.Contains(msgsJSON, []byte(`"tool_reference"`)) {
+		// names, content parts, ...).
+		if msgsJSON != nil {
 			text, err = c.tmpl.RenderJSON(msgsJSON, opts)
 		} else {
 			text, err = c.tmpl.Render(msgs, opts)

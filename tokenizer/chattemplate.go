@@ -74,7 +74,9 @@ func (c *ChatTemplate) RenderAny(messages []any, opts ChatOptions) (string, erro
 // loop over a message's content parts (most text models' templates) each
 // message's content as a string: the text parts joined with "\n" (empty
 // ones dropped), "" for null; a part that is not text is then an error.
-// A template that loops over the parts gets the request's content as it is.
+// A template that loops over the parts gets them as vLLM gives them
+// (openaiContents): a list of {"type": "text", "text": ...} parts (and
+// tool_reference parts), a tool message of text parts as one string.
 // An assistant message's tool call arguments sent as a JSON string are
 // decoded, and each message keeps only the keys vLLM's ConversationMessage
 // has, as vLLM does (contentformat.go).
@@ -86,10 +88,12 @@ func (c *ChatTemplate) RenderJSON(messages json.RawMessage, opts ChatOptions) (s
 	if !v.IsList() {
 		return "", errors.New("tokenizer: render chat template: messages is not a JSON array")
 	}
+	contents := openaiContents
 	if c.stringContent {
-		if err := stringContents(v); err != nil {
-			return "", fmt.Errorf("tokenizer: render chat template: %w", err)
-		}
+		contents = stringContents
+	}
+	if err := contents(v); err != nil {
+		return "", fmt.Errorf("tokenizer: render chat template: %w", err)
 	}
 	conversationMessages(v)
 	toolCallArguments(v)

@@ -139,6 +139,109 @@ func stringContents(messages jinja.Value) error {
 	return nil
 }
 
+// openaiContents gives each message of messages (a list) its content as
+// vLLM gives it to a template that loops over a message's parts (the
+// "openai" content format, chat_utils.py's _parse_chat_message_content
+// with wrap_dicts): always a list of parts, each part read as text a
+// {"type": "text", "text": ...} (a plain string part too; a "text" or
+// "refusal" part with no text dropped), a tool_reference part
+// {"type": "tool_reference", "name": ...}; a string content is one text
+// part, null or no content an empty list. A tool message whose parts are
+// all text gets their texts joined with "\n" as a string, as vLLM does for
+// templates that only take strings there. A part that is not text is an
+// error (ErrNotText), as on a text-only model.
+func openaiContents(messages jinja.Value) error {
+	for i, m := range messages.AsList().Items {
+		if !m.IsDict() {
+			continue // the template decides what to make of it
+		}
+		msg := m.AsDict()
+		content, _ := msg.Get("content")
+		var parts []jinja.Value
+		switch {
+		case content.IsUndefined(), content.IsNone():
+		case content.IsString():
+			parts = []jinja.Value{textPart(content)}
+		case content.IsList():
+			var err error
+			if parts, err = wrapParts(content.AsList()); err != nil {
+				return fmt.Errorf("messages[%d].%w", i, err)
+			}
+		default:
+			continue // not a chat request vLLM accepts; the template decides
+		}
+		if role, _ := msg.Get("role"); role.IsString() && role.AsString() == "tool" && allText(parts) {
+			texts := make([]string, len(parts))
+			for j, p := range parts {
+				if t, _ := p.AsDict().Get("text"); t.IsString() {
+					texts[j] = t.AsString()
+				}
+			}
+			msg.Set("content", jinja.NewString(strings.Join(texts, "\n")))
+			continue
+		}
+		msg.Set("content", jinja.NewList(parts))
+	}
+	return nil
+}
+
+// wrapParts is a message's content parts as vLLM gives them to a template
+// that loops over them (openaiContents).
+func wrapParts(list *jinja.List) ([]jinja.Value, error) {
+	parts := make([]jinja.Value, 0, len(list.Items))
+	for j, p := range list.Items {
+		if p.IsString() {
+			parts = append(parts, textPart(p))
+			continue
+		}
+		var typ jinja.Value
+		if p.IsDict() {
+			typ, _ = p.AsDict().Get("type")
+		}
+		key := ""
+		if typ.IsString() {
+			key = textPartKey(typ.AsString())
+		}
+		if key == "" {
+			return nil, fmt.Errorf("content[%d]: %w", j, ErrNotText)
+		}
+		v, ok := p.AsDict().Get(key)
+		if !ok || v.IsUndefined() {
+			v = jinja.None()
+		}
+		switch t := typ.AsString(); {
+		case t == "tool_reference":
+			d := jinja.NewDict()
+			d.AsDict().Set("type", typ)
+			d.AsDict().Set("name", v)
+			parts = append(parts, d)
+		case v.IsNone() && (t == "text" || t == "refusal"):
+			// vLLM skips these with a warning
+		default:
+			parts = append(parts, textPart(v))
+		}
+	}
+	return parts, nil
+}
+
+// textPart is {"type": "text", "text": text}.
+func textPart(text jinja.Value) jinja.Value {
+	d := jinja.NewDict()
+	d.AsDict().Set("type", jinja.NewString("text"))
+	d.AsDict().Set("text", text)
+	return d
+}
+
+// allText reports whether every part is a text part.
+func allText(parts []jinja.Value) bool {
+	for _, p := range parts {
+		if t, _ := p.AsDict().Get("type"); !t.IsString() || t.AsString() != "text" {
+			return false
+		}
+	}
+	return true
+}
+
 // partsText is the text of a message's content parts as vLLM reads them
 // for a template that takes strings: the text of the parts read as text
 // (textPartKey) and of parts that are plain strings, joined with "\n",

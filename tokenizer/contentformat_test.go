@@ -79,6 +79,40 @@ func TestRenderJSONStringContent(t *testing.T) {
 	}
 }
 
+// TestRenderJSONOpenAIContent: a template that loops over a message's
+// parts gets them as vLLM gives them (chat_utils.py, wrap_dicts): text-like
+// parts as {"type": "text", "text": ...}, a string content as one such
+// part, null content as no parts, a tool message of text parts as one
+// string, a tool_reference part kept with its name.
+func TestRenderJSONOpenAIContent(t *testing.T) {
+	tmpl, err := NewChatTemplate(`{% for m in messages %}[{{ m.role }}:{% if m.content is string %}"{{ m.content }}"{% else %}{% for p in m.content %}<{{ p.type }}:{{ p.text if p.type == 'text' else p.name }}>{% endfor %}{% endif %}]{% endfor %}`, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct{ messages, want string }{
+		{`[{"role":"user","content":"alpha"}]`, "[user:<text:alpha>]"},
+		{`[{"role":"user","content":["alpha",{"type":"input_text","text":"beta"},{"type":"refusal","refusal":"gamma"},{"type":"thinking","thinking":"delta"},{"type":"output_text","text":""}]}]`,
+			"[user:<text:alpha><text:beta><text:gamma><text:delta><text:>]"},
+		{`[{"role":"user","content":[{"type":"text","text":null},{"type":"text"},{"type":"refusal"},{"type":"text","text":"alpha"}]}]`, "[user:<text:alpha>]"},
+		{`[{"role":"assistant","content":null},{"role":"user"}]`, "[assistant:][user:]"},
+		{`[{"role":"tool","content":[{"type":"text","text":"alpha"},{"type":"input_text","text":"beta"}]}]`, `[tool:"alpha` + "\n" + `beta"]`},
+		{`[{"role":"tool","content":[]}]`, `[tool:""]`},
+		{`[{"role":"tool","content":[{"type":"text","text":"alpha"},{"type":"tool_reference","name":"search"}]}]`, "[tool:<text:alpha><tool_reference:search>]"},
+	} {
+		got, err := tmpl.RenderJSON([]byte(tc.messages), ChatOptions{})
+		if err != nil {
+			t.Fatalf("RenderJSON(%s): %v", tc.messages, err)
+		}
+		if got != tc.want {
+			t.Errorf("RenderJSON(%s) = %q, want %q", tc.messages, got, tc.want)
+		}
+	}
+	bad := `[{"role":"user","content":[{"type":"text","text":"a"},{"type":"image_url","image_url":{"url":"x"}}]}]`
+	if _, err := tmpl.RenderJSON([]byte(bad), ChatOptions{}); !errors.Is(err, ErrNotText) || !strings.Contains(err.Error(), "messages[0].content[1]") {
+		t.Errorf("RenderJSON(%s): got error %v, want ErrNotText naming messages[0].content[1]", bad, err)
+	}
+}
+
 // TestStringContentParts: StringContent reads a message's content as RenderJSON
 // gives it to a template that takes strings, and says which part is not
 // text.
