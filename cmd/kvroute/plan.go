@@ -291,6 +291,9 @@ func (o *planOptions) input() (planner.Input, error) {
 	if err := o.checkFlags(); err != nil {
 		return in, err
 	}
+	if o.kvCapacity > 0 && o.kvCapacity < in.Profile.BlockSize {
+		return in, planFlagErrorf("--kv-capacity %d must be at least one block of the profile (%d tokens)", o.kvCapacity, in.Profile.BlockSize)
+	}
 	in.Fabric = disagg.Link{Name: "fabric", Gbps: o.fabricGbps, Setup: o.fabricSetup}
 	var err error
 	in.Workload, err = o.workload()

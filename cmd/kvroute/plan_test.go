@@ -83,6 +83,9 @@ func TestPlanCommandBadInput(t *testing.T) {
 		// The simulated engines' caches took the memory: the runtime's
 		// "fatal error: out of memory" and a stack trace.
 		{"huge kv-capacity", append(quick, "--kv-capacity", "2000000000000"), "--kv-capacity 2000000000000 must be at most 268435456 tokens", true},
+		// The planner's own check named its field ("kv capacity 8 tokens
+		// is below one block"), not the flag.
+		{"kv-capacity below a block", append(quick, "--kv-capacity", "8"), "--kv-capacity 8 must be at least one block of the profile (16 tokens)", true},
 		{"pd-mode never", []string{"plan", "--pd-mode", "never", "--slo-ttft-p99", "1s"}, `--pd-mode "never" is not one of conditional, always`, true},
 		{"seeds 17", []string{"plan", "--seeds", "17", "--slo-ttft-p99", "1s"}, "--seeds 17 must be in 1..16", true},
 		{"no slo", []string{"plan", "--rate", "2", "--prompt-mean", "100", "--output-mean", "10"}, "no SLO", true},
