@@ -161,7 +161,7 @@ func openaiContents(messages jinja.Value) error {
 		switch {
 		case content.IsUndefined(), content.IsNone():
 		case content.IsString():
-			parts = []jinja.Value{textPart(content)}
+			parts = []jinja.Value{newTextPart(content)}
 		case content.IsList():
 			var err error
 			if parts, err = wrapParts(content.AsList()); err != nil {
@@ -185,25 +185,33 @@ func openaiContents(messages jinja.Value) error {
 	return nil
 }
 
+// textPart reads part j of a message's content, an object: its type and
+// the member holding its text (textPartKey), or ErrNotText.
+func textPart(j int, p jinja.Value) (typ jinja.Value, key string, err error) {
+	if p.IsDict() {
+		typ, _ = p.AsDict().Get("type")
+	}
+	if typ.IsString() {
+		key = textPartKey(typ.AsString())
+	}
+	if key == "" {
+		return typ, "", fmt.Errorf("content[%d]: %w", j, ErrNotText)
+	}
+	return typ, key, nil
+}
+
 // wrapParts is a message's content parts as vLLM gives them to a template
 // that loops over them (openaiContents).
 func wrapParts(list *jinja.List) ([]jinja.Value, error) {
 	parts := make([]jinja.Value, 0, len(list.Items))
 	for j, p := range list.Items {
 		if p.IsString() {
-			parts = append(parts, textPart(p))
+			parts = append(parts, newTextPart(p))
 			continue
 		}
-		var typ jinja.Value
-		if p.IsDict() {
-			typ, _ = p.AsDict().Get("type")
-		}
-		key := ""
-		if typ.IsString() {
-			key = textPartKey(typ.AsString())
-		}
-		if key == "" {
-			return nil, fmt.Errorf("content[%d]: %w", j, ErrNotText)
+		typ, key, err := textPart(j, p)
+		if err != nil {
+			return nil, err
 		}
 		v, ok := p.AsDict().Get(key)
 		if !ok || v.IsUndefined() {
@@ -218,14 +226,14 @@ func wrapParts(list *jinja.List) ([]jinja.Value, error) {
 		case v.IsNone() && (t == "text" || t == "refusal"):
 			// vLLM skips these with a warning
 		default:
-			parts = append(parts, textPart(v))
+			parts = append(parts, newTextPart(v))
 		}
 	}
 	return parts, nil
 }
 
-// textPart is {"type": "text", "text": text}.
-func textPart(text jinja.Value) jinja.Value {
+// newTextPart is {"type": "text", "text": text}.
+func newTextPart(text jinja.Value) jinja.Value {
 	d := jinja.NewDict()
 	d.AsDict().Set("type", jinja.NewString("text"))
 	d.AsDict().Set("text", text)
@@ -259,16 +267,9 @@ func partsText(parts *jinja.List) (string, error) {
 			}
 			continue
 		}
-		var typ jinja.Value
-		if p.IsDict() {
-			typ, _ = p.AsDict().Get("type")
-		}
-		key := ""
-		if typ.IsString() {
-			key = textPartKey(typ.AsString())
-		}
-		if key == "" {
-			return "", fmt.Errorf("content[%d]: %w", j, ErrNotText)
+		_, key, err := textPart(j, p)
+		if err != nil {
+			return "", err
 		}
 		text, _ := p.AsDict().Get(key)
 		switch {
