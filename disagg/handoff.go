@@ -595,7 +595,7 @@ func (x *exchange) prefillNixl(pf *router.Flight, pbody []byte) (json.RawMessage
 	b, err := h.readReply(resp.Body)
 	resp.Body.Close()
 	if err != nil {
-		lerr = &LegError{Leg: "prefill", Endpoint: pf.Endpoint.ID, Reason: "transport", Err: err}
+		lerr = &LegError{Leg: "prefill", Endpoint: pf.Endpoint.ID, Reason: transportReason(x.ctx), Err: err}
 		x.legFailed(pf, lerr)
 		return nil, lerr
 	}
@@ -675,7 +675,7 @@ func (x *exchange) runSGLang(pf *router.Flight, plan *Plan) bool {
 			_, err := h.readReply(resp.Body)
 			resp.Body.Close()
 			if err != nil {
-				lerr = &LegError{Leg: "prefill", Endpoint: plan.Prefill.ID, Reason: "transport", Err: err}
+				lerr = &LegError{Leg: "prefill", Endpoint: plan.Prefill.ID, Reason: transportReason(ctx), Err: err}
 			}
 		}
 		if lerr != nil {
@@ -859,10 +859,7 @@ func (x *exchange) post(ctx context.Context, e *kvroute.Endpoint, body []byte, l
 	}
 	resp, err := h.cfg.Client.Do(hr)
 	if err != nil {
-		reason := "transport"
-		if ctx.Err() != nil {
-			reason = "cancelled"
-		}
+		reason := transportReason(ctx)
 		connect := IsConnectError(err)
 		var ne net.Error
 		timeout := !connect && ctx.Err() == nil && errors.As(err, &ne) && ne.Timeout()
@@ -877,11 +874,22 @@ func (x *exchange) post(ctx context.Context, e *kvroute.Endpoint, body []byte, l
 			return nil, &LegError{Leg: leg, Endpoint: e.ID, Reason: "status", Status: resp.StatusCode, header: resp.Header, Err: err}
 		}
 		if err != nil { // the engine's answer is not whole: not one to replay
-			return nil, &LegError{Leg: leg, Endpoint: e.ID, Reason: "transport", Err: fmt.Errorf("%d answer: %w", resp.StatusCode, err)}
+			return nil, &LegError{Leg: leg, Endpoint: e.ID, Reason: transportReason(ctx), Err: fmt.Errorf("%d answer: %w", resp.StatusCode, err)}
 		}
 		return nil, &LegError{Leg: leg, Endpoint: e.ID, Reason: "status", Status: resp.StatusCode, Body: b, header: resp.Header}
 	}
 	return resp, nil
+}
+
+// transportReason is a leg's failure Reason for an error sending it or
+// reading its reply under ctx: "cancelled" once ctx is done (the client
+// left, or the other leg failed), which is not the engine's failure and
+// is not reported to passive health (legFailed); else "transport".
+func transportReason(ctx context.Context) string {
+	if ctx.Err() != nil {
+		return "cancelled"
+	}
+	return "transport"
 }
 
 // readReply reads a leg's whole reply body (at most MaxReplyBytes), which
