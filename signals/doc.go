@@ -20,6 +20,12 @@
 //	llamacpp     llamacpp:requests_deferred llamacpp:requests_processing (none since 2025)    prompt_tokens_cached_total / (+ prompt_tokens_total)
 //	tgi          tgi_queue_size             tgi_batch_current_size    (none)                     (none)
 //
+// SGLang's waiting adds a P/D server's queues ahead of its work
+// (--disaggregation-mode): sglang:num_prefill_prealloc_queue_reqs (prefill
+// bootstrap), sglang:num_decode_prealloc_queue_reqs and
+// sglang:num_decode_transfer_queue_reqs; not the prefill inflight queue,
+// whose requests are prefilled and wait only for their KV to be read.
+//
 // vLLM's vllm:cache_config_info gives the block size and the number of GPU
 // blocks (KV capacity), vllm:lora_requests_info the adapters loaded. Series
 // of several data-parallel engines are summed (ratios averaged) by

@@ -420,8 +420,28 @@ func extractSGLang(fams map[string]*dto.MetricFamily, m *Metrics) {
 	// The scheduler gauges come once per scheduler (sglangSchedulers):
 	// queues and capacities add up over data-parallel schedulers, whose
 	// replicas count once.
-	waiting := sglangSchedulers(fams, "sglang:num_queue_reqs")
-	set(m, HasWaiting, &m.Waiting, waiting.sum(), len(waiting) > 0)
+	//
+	// Waiting is every request the server holds that has not started its
+	// work there: the waiting queue, and a P/D server's queues before it
+	// (--disaggregation-mode; zero on a unified server). A prefill
+	// server's bootstrap queue (prefill_prealloc) holds requests waiting
+	// for their decode server's handshake, not yet prefilled; a decode
+	// server's prealloc queue those waiting for KV space, its transfer
+	// queue those whose KV is arriving, none decoding yet. A prefill
+	// server's inflight queue is not waiting: its requests are prefilled
+	// and only hold their KV (in token_usage) until the decode server has
+	// read it, which takes no compute of the prefill server; counted, a
+	// prefill server with slow transfers would look queued to the router
+	// and lose new prefills it would run at once.
+	var waiting float64
+	hasWaiting := false
+	for _, name := range []string{"sglang:num_queue_reqs", "sglang:num_prefill_prealloc_queue_reqs",
+		"sglang:num_decode_prealloc_queue_reqs", "sglang:num_decode_transfer_queue_reqs"} {
+		q := sglangSchedulers(fams, name)
+		waiting += q.sum()
+		hasWaiting = hasWaiting || len(q) > 0
+	}
+	set(m, HasWaiting, &m.Waiting, waiting, hasWaiting)
 	running := sglangSchedulers(fams, "sglang:num_running_reqs")
 	set(m, HasRunning, &m.Running, running.sum(), len(running) > 0)
 	capacity := sglangSchedulers(fams, "sglang:max_total_num_tokens")

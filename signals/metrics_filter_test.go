@@ -144,7 +144,7 @@ func nanFree(m Metrics) Metrics {
 func testPages(t testing.TB) map[string][]byte {
 	t.Helper()
 	pages := map[string][]byte{}
-	for _, name := range append([]string{"vllm", "vllm-legacy", "sglang", "llamacpp", "tgi"}, emulatorPages...) {
+	for _, name := range append([]string{"vllm", "vllm-legacy", "sglang", "sglang-prefill", "sglang-decode", "llamacpp", "tgi"}, emulatorPages...) {
 		b, err := os.ReadFile(filepath.Join("testdata", name+".prom"))
 		if err != nil {
 			t.Fatal(err)

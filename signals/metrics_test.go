@@ -34,6 +34,16 @@ func TestParseMetricsGolden(t *testing.T) {
 			Preemptions: 12, BlockSize: 16, NumGPUBlocks: 27713, KVCapacityTokens: 443408}},
 		{"sglang", FlavorSGLang, Metrics{Waiting: 2757, Running: 12, KVUsage: 0.28, CacheHitRate: 0.0075,
 			PrefixQueries: 8128902, PrefixHits: 60960, Preemptions: 3, KVCapacityTokens: 442357}},
+		// SGLang P/D servers (--disaggregation-mode): requests wait in the
+		// P/D queues as well as in num_queue_reqs. Prefill, DP 2: queue
+		// 2+1, bootstrap (prefill prealloc) 5+3; its inflight queue (7+4,
+		// prefilled, KV transfer running) is not waiting.
+		{"sglang-prefill", FlavorSGLang, Metrics{Waiting: 11, Running: 0, KVUsage: 0.3, CacheHitRate: 0.375,
+			PrefixQueries: 2.75e6, PrefixHits: 1.1e6, KVCapacityTokens: 409600}},
+		// Decode, TP 2 with metrics for all schedulers (one scheduler):
+		// queue 4, prealloc max(6, 5), transfer max(3, 4).
+		{"sglang-decode", FlavorSGLang, Metrics{Waiting: 14, Running: 41, KVUsage: 0.62,
+			PrefixQueries: 2.7494e6, Preemptions: 2, KVCapacityTokens: 441792}},
 		{"llamacpp", FlavorLlamaCPP, Metrics{Waiting: 1, Running: 2, PrefixQueries: 8192, PrefixHits: 6144}},
 		{"tgi", FlavorTGI, Metrics{Waiting: 6, Running: 14}},
 	}
