@@ -21,8 +21,9 @@
 //	tgi          tgi_queue_size             tgi_batch_current_size    (none)                     (none)
 //
 // SGLang's waiting adds a P/D server's queues ahead of its work
-// (--disaggregation-mode): sglang:num_prefill_prealloc_queue_reqs (prefill
-// bootstrap), sglang:num_decode_prealloc_queue_reqs and
+// (--disaggregation-mode): sglang:num_prefill_bootstrap_queue_reqs
+// (formerly sglang:num_prefill_prealloc_queue_reqs),
+// sglang:num_decode_prealloc_queue_reqs and
 // sglang:num_decode_transfer_queue_reqs; not the prefill inflight queue,
 // whose requests are prefilled and wait only for their KV to be read.
 //

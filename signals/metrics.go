@@ -424,7 +424,8 @@ func extractSGLang(fams map[string]*dto.MetricFamily, m *Metrics) {
 	// Waiting is every request the server holds that has not started its
 	// work there: the waiting queue, and a P/D server's queues before it
 	// (--disaggregation-mode; zero on a unified server). A prefill
-	// server's bootstrap queue (prefill_prealloc) holds requests waiting
+	// server's bootstrap queue (num_prefill_bootstrap_queue_reqs, before
+	// num_prefill_prealloc_queue_reqs) holds requests waiting
 	// for their decode server's handshake, not yet prefilled; a decode
 	// server's prealloc queue those waiting for KV space, its transfer
 	// queue those whose KV is arriving, none decoding yet. A prefill
@@ -435,9 +436,10 @@ func extractSGLang(fams map[string]*dto.MetricFamily, m *Metrics) {
 	// and lose new prefills it would run at once.
 	var waiting float64
 	hasWaiting := false
-	for _, name := range []string{"sglang:num_queue_reqs", "sglang:num_prefill_prealloc_queue_reqs",
-		"sglang:num_decode_prealloc_queue_reqs", "sglang:num_decode_transfer_queue_reqs"} {
-		q := sglangSchedulers(fams, name)
+	for _, names := range [][]string{{"sglang:num_queue_reqs"},
+		{"sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_prefill_prealloc_queue_reqs"},
+		{"sglang:num_decode_prealloc_queue_reqs"}, {"sglang:num_decode_transfer_queue_reqs"}} {
+		q := sglangSchedulers(fams, names...)
 		waiting += q.sum()
 		hasWaiting = hasWaiting || len(q) > 0
 	}

@@ -146,3 +146,39 @@ sglang:num_retracted_requests_total{engine_type="unified",model_name="m",moe_ep_
 		t.Errorf("Preemptions: got %v (have %v), want 7", got.Preemptions, got.Have&HasPreemptions != 0)
 	}
 }
+
+// TestParseMetricsSGLangBootstrapQueue: SGLang renamed its prefill
+// server's bootstrap queue gauge sglang:num_prefill_prealloc_queue_reqs to
+// sglang:num_prefill_bootstrap_queue_reqs
+// (python/sglang/srt/observability/metrics_collector.py); a prefill
+// server of either version has its bootstrap queue in Waiting. (Only the
+// old name was read: a newer prefill server's bootstrap queue was not
+// counted.)
+func TestParseMetricsSGLangBootstrapQueue(t *testing.T) {
+	const labels = `{dp_rank="%d",engine_type="prefill",model_name="m",moe_ep_rank="0",pp_rank="0",tp_rank="0"}`
+	for _, name := range []string{"sglang:num_prefill_bootstrap_queue_reqs", "sglang:num_prefill_prealloc_queue_reqs"} {
+		t.Run(name, func(t *testing.T) {
+			var b strings.Builder
+			for _, g := range []struct {
+				name   string
+				v0, v1 float64
+			}{
+				{"sglang:num_running_reqs", 0, 0},
+				{"sglang:num_queue_reqs", 2, 1},
+				{name, 5, 3},
+				{"sglang:num_prefill_inflight_queue_reqs", 7, 4},
+			} {
+				fmt.Fprintf(&b, "# HELP %s x\n# TYPE %s gauge\n", g.name, g.name)
+				fmt.Fprintf(&b, "%s"+labels+" %g\n", g.name, 0, g.v0)
+				fmt.Fprintf(&b, "%s"+labels+" %g\n", g.name, 1, g.v1)
+			}
+			got, err := ParseMetrics(strings.NewReader(b.String()), textCT, FlavorAuto)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got.Waiting != 11 {
+				t.Errorf("Waiting: got %v, want 11 (queue 2+1, bootstrap 5+3)", got.Waiting)
+			}
+		})
+	}
+}

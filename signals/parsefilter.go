@@ -71,8 +71,9 @@ var wantedFamilies = map[string]struct{}{
 	"sglang:prompt_tokens_total": {}, "sglang:prompt_tokens": {},
 	"sglang:generation_tokens_total": {}, "sglang:generation_tokens": {},
 	"sglang:num_retracted_requests_total": {}, "sglang:num_retracted_reqs_total": {}, "sglang:total_retracted_reqs": {},
-	"sglang:max_total_num_tokens": {}, "sglang:num_prefill_prealloc_queue_reqs": {},
-	"sglang:num_decode_prealloc_queue_reqs": {}, "sglang:num_decode_transfer_queue_reqs": {},
+	"sglang:max_total_num_tokens": {}, "sglang:num_prefill_bootstrap_queue_reqs": {},
+	"sglang:num_prefill_prealloc_queue_reqs": {}, "sglang:num_decode_prealloc_queue_reqs": {},
+	"sglang:num_decode_transfer_queue_reqs": {},
 
 	"llamacpp:requests_deferred": {}, "llamacpp:requests_processing": {},
 	"llamacpp:kv_cache_usage_ratio": {}, "llamacpp:prompt_tokens_total": {},
