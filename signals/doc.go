@@ -36,7 +36,10 @@
 // pipeline stages, and its tensor-parallel ranks with
 // --enable-metrics-for-all-schedulers) count once, the largest copy;
 // data-parallel groups (dp_rank, DP attention's too) add up, their
-// token_usage averaged weighted by max_total_num_tokens. ParseMetricsRanks instead gives each rank of a vLLM
+// token_usage averaged weighted by max_total_num_tokens. With
+// --enable-priority-scheduling its queue gauges carry a per-priority
+// breakdown (priority="<n>") beside the total (priority=""): only the
+// total counts. ParseMetricsRanks instead gives each rank of a vLLM
 // --data-parallel-size server the series of its own engine="<rank>" label
 // (vllm:cache_config_info included), for a Target with Ranks: one scrape of
 // the server per interval, each rank's View observing its own signals, a

@@ -512,12 +512,20 @@ func (v schedValues) weightedMean(w schedValues) float64 {
 	return t / tw
 }
 
+// sglangPriorityLabel labels the per-priority breakdown SGLang writes of
+// a scheduler's queue gauges with --enable-priority-scheduling
+// (_log_gauge_queue_count): the total under priority="", each priority's
+// share under priority="<n>" ("None" for requests without one).
+const sglangPriorityLabel = "priority"
+
 // sglangSchedulers returns the finite values of the first family found
 // among names, one per scheduler: series whose labels differ only in
 // sglangReplicaLabels are copies of one scheduler's numbers (the largest
 // is taken: copies sampled at different steps err towards load), and any
 // other label (dp_rank, model_name, engine_type, extra labels) tells
-// schedulers apart. Empty when there is none.
+// schedulers apart. A series with a non-empty priority label is part of
+// its scheduler's total (priority="", always written with it) and is
+// skipped. Empty when there is none.
 func sglangSchedulers(fams map[string]*dto.MetricFamily, names ...string) schedValues {
 	var out schedValues
 	for _, name := range names {
@@ -526,6 +534,9 @@ func sglangSchedulers(fams map[string]*dto.MetricFamily, names ...string) schedV
 			continue
 		}
 		for _, s := range mf.GetMetric() {
+			if p, ok := label(s, sglangPriorityLabel); ok && p != "" {
+				continue
+			}
 			v, good := value(mf, s)
 			if !good || math.IsNaN(v) || math.IsInf(v, 0) {
 				continue

@@ -182,3 +182,50 @@ func TestParseMetricsSGLangBootstrapQueue(t *testing.T) {
 		})
 	}
 }
+
+// TestParseMetricsSGLangPriority: with --enable-priority-scheduling, SGLang
+// writes each queue gauge (running, waiting, the P/D queues) twice per
+// scheduler: the total under priority="" and a breakdown under
+// priority="<n>" (and "None" for requests without one). The breakdown was
+// taken for other schedulers' series and added to the total: Waiting and
+// Running came out doubled.
+func TestParseMetricsSGLangPriority(t *testing.T) {
+	page := func(dp int) string {
+		var b strings.Builder
+		for _, g := range []struct {
+			name               string
+			total, p0, p10, pn float64
+		}{
+			{"sglang:num_running_reqs", 8, 6, 2, 0},
+			{"sglang:num_queue_reqs", 5, 3, 1, 1},
+			{"sglang:num_decode_prealloc_queue_reqs", 4, 4, 0, 0},
+			{"sglang:num_decode_transfer_queue_reqs", 2, 0, 2, 0},
+		} {
+			fmt.Fprintf(&b, "# HELP %s x\n# TYPE %s gauge\n", g.name, g.name)
+			for r := range dp {
+				for _, p := range []struct {
+					label string
+					v     float64
+				}{{"", g.total}, {"0", g.p0}, {"10", g.p10}, {"None", g.pn}} {
+					fmt.Fprintf(&b, "%s{dp_rank=\"%d\",engine_type=\"decode\",model_name=\"m\",moe_ep_rank=\"0\",pp_rank=\"0\",priority=%q,tp_rank=\"0\"} %g\n",
+						g.name, r, p.label, p.v)
+				}
+			}
+		}
+		return b.String()
+	}
+	for _, dp := range []int{1, 2} {
+		t.Run(fmt.Sprintf("dp %d", dp), func(t *testing.T) {
+			got, err := ParseMetrics(strings.NewReader(page(dp)), textCT, FlavorAuto)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if want := float64(dp * (5 + 4 + 2)); got.Waiting != want {
+				t.Errorf("Waiting: got %v, want %v", got.Waiting, want)
+			}
+			if want := float64(dp * 8); got.Running != want {
+				t.Errorf("Running: got %v, want %v", got.Running, want)
+			}
+		})
+	}
+}
