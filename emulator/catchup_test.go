@@ -382,3 +382,50 @@ func TestCatchUpStepInProgress(t *testing.T) {
 		t.Errorf("catchUp computed %d steps, up to %v: want 1, the step in progress at %v", got, ld.vnow, at)
 	}
 }
+
+// TestCatchUpStepInProgressAtWake: woken in the middle of a plain decode
+// step, with no command queued, catchUp computes that step too, whose
+// outputs nobody observes before it ends (the loop then sleeps through its
+// end), rather than leaving it to StepInto: one pass over the running
+// requests fewer per wake-up. A step in which a request finishes is left to
+// the loop, which delivers the finish at the step's end.
+func TestCatchUpStepInProgressAtWake(t *testing.T) {
+	prof, err := engine.LookupProfile("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	s, err := New(Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	queue := []command{
+		{kind: cmdAdd, req: &engine.Request{ID: "a", Prompt: make([]uint32, 40), MaxTokens: 100, IgnoreEOS: true}, st: newStream("a", 0, 100)},
+		{kind: cmdAdd, req: &engine.Request{ID: "b", Prompt: make([]uint32, 40), MaxTokens: 20, IgnoreEOS: true}, st: newStream("b", 0, 20)},
+	}
+	ld := newLoopDriver(s, queue, false)
+	for ld.steps < 4 { // admitted and decoding
+		ld.advance()
+	}
+	start := ld.vnow
+	n, d, _ := s.eng.DecodeRun(1)
+	if n != 1 {
+		t.Fatal("the next step is not a plain decode step")
+	}
+	if !s.catchUp(ld.loopState, start+d/2) || ld.vnow != start+d || s.caughtUp.Load() != 1 {
+		t.Fatalf("woken in a step: catchUp computed %d steps, up to %v: want the step in progress, up to %v", s.caughtUp.Load(), ld.vnow, start+d)
+	}
+	for { // up to b's last step
+		if _, _, fin := s.eng.DecodeRun(1); fin {
+			break
+		}
+		ld.advance()
+	}
+	start = ld.vnow
+	_, d, _ = s.eng.DecodeRun(1)
+	if s.catchUp(ld.loopState, start+d/2) || ld.vnow != start {
+		t.Fatalf("woken in the step b finishes in: catchUp computed it (up to %v)", ld.vnow)
+	}
+	if !s.catchUp(ld.loopState, start+d) || ld.vnow != start+d || ld.live["b"] != nil {
+		t.Fatalf("woken at the end of the step b finishes in: catchUp did not finish b (up to %v)", ld.vnow)
+	}
+}

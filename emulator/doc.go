@@ -105,10 +105,11 @@
 // progress and the rest of the run at once. So a non-streamed request costs
 // the loop about one timed wake-up (its finish) whatever its length. The
 // steps slept through, and the finish that ends them, are then computed at
-// once (engine.DecodeSteps): the loop records each step's batch size and
-// latencies in the metrics as stepping would, and the streams' token
-// counts, without a StepResult per step, and wakes the finished requests'
-// handlers as it would after stepping. A GET /metrics during such a run
+// once (engine.DecodeSteps; the step in progress when the loop woke too,
+// unless a request finishes in it, rather than stepped alone): the loop
+// records each step's batch size and latencies in the metrics as stepping
+// would, and the streams' token counts, without a StepResult per step, and
+// wakes the finished requests' handlers as it would after stepping. A GET /metrics during such a run
 // first brings the snapshot up to date. Streaming at every token needs a
 // wake-up per step and a write per chunk, as in vLLM; --stream-interval
 // divides the writes.

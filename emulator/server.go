@@ -382,6 +382,11 @@ type loopState struct {
 	// starts at vnow and had not ended when the loop woke: the loop
 	// completes it (completeStep) before anything else.
 	inProgress bool
+	// ahead is set when catchUp computed and delivered the step in
+	// progress when the loop woke: vnow is its end, still to come. The
+	// loop sleeps through it (and the quiet run after it) before anything
+	// else, as completeStep does.
+	ahead bool
 }
 
 // loop is the engine goroutine: it owns s.eng.
@@ -416,6 +421,13 @@ func (s *Server) loop(ctx context.Context) {
 		if ls.inProgress {
 			ls.inProgress = false
 			if !s.completeStep(ctx, ls, s.now()) {
+				return
+			}
+			continue
+		}
+		if ls.ahead {
+			ls.ahead = false
+			if !s.sleepAhead(ctx, ls, s.now()) {
 				return
 			}
 			continue
@@ -487,6 +499,17 @@ func (s *Server) completeStep(ctx context.Context, ls *loopState, real time.Dura
 		}
 	}
 	return s.finishStep(ctx, ls, true, real)
+}
+
+// sleepAhead sleeps through the step catchUp computed and delivered ahead
+// (loopState.ahead), which ends at ls.vnow: with the quiet run after it
+// when one follows, as completeStep does, else until it ends. It returns
+// false when ctx is done.
+func (s *Server) sleepAhead(ctx context.Context, ls *loopState, real time.Duration) bool {
+	if until, ok := s.quietRun(ls, real, 1); ok {
+		return s.sleepThrough(ctx, ls, until)
+	}
+	return s.sleepUntil(ctx, ls, ls.vnow, real)
 }
 
 // countStops adds to ls.acc.stopGen the tokens that the step just computed
@@ -567,9 +590,10 @@ func (s *Server) quietRun(ls *loopState, now time.Duration, minSteps int) (time.
 // sleepThrough sleeps until the model time until or until a command is
 // posted, then computes the steps that started meanwhile (see loop). A
 // step still in progress when it woke whose outputs nobody observes is
-// left computed (ls.inProgress) for the loop to complete: it may be slept
-// through together with the quiet run after it. It returns false when ctx
-// is done.
+// computed and delivered by catchUp with the steps before it when no
+// command waits (ls.ahead), else left computed by StepInto
+// (ls.inProgress); either way the loop sleeps through its end, together
+// with the quiet run after it. It returns false when ctx is done.
 func (s *Server) sleepThrough(ctx context.Context, ls *loopState, until time.Duration) bool {
 	if d := until - s.now(); d >= minSleep {
 		ls.timer.Reset(d)
@@ -601,6 +625,7 @@ func (s *Server) sleepThrough(ctx context.Context, ls *loopState, until time.Dur
 	s.inMu.Unlock()
 	for ls.vnow < woke && s.eng.HasWork() {
 		if s.catchUp(ls, woke) {
+			ls.ahead = ls.vnow > woke // it computed the step in progress
 			continue
 		}
 		// Commands that arrived before this step started join it, as they
@@ -651,15 +676,19 @@ func (s *Server) sleepThrough(ctx context.Context, ls *loopState, until time.Dur
 	return true
 }
 
-// catchUp computes at once (engine.DecodeSteps) the plain decode steps
-// that ended before woke while the loop slept, as far as nothing is due in
-// them: no handler to wake per chunk (no stream notified per chunk), no
-// command arrived before one of them started, no generation throughput due
-// at their ends (finishStep's, once a second). A step in which requests
-// finish ends the run; their handlers are woken as deliver wakes them. It
-// records what finishStep and deliver would have for each step (the batch
-// sizes and inter-token latencies in the same order, the finished
-// requests' metrics) and reports whether it computed any.
+// catchUp computes at once (engine.DecodeStepsStarted) the plain decode
+// steps that ended before woke while the loop slept, as far as nothing is
+// due in them: no handler to wake per chunk (no stream notified per
+// chunk), no command arrived before one of them started, no generation
+// throughput due at their ends (finishStep's, once a second). A step in
+// which requests finish ends the run; their handlers are woken as deliver
+// wakes them. With no command queued, the step in progress at woke is
+// computed too unless a request finishes in it: its outputs reach only
+// loop-owned state and the metrics (one step early, as completeStep
+// delivers a step it sleeps through), and ls.vnow is then its end, after
+// woke. It records what finishStep and deliver would have for each step
+// (the batch sizes and inter-token latencies in the same order, the
+// finished requests' metrics) and reports whether it computed any.
 //
 // The stats snapshot, which finishStep publishes at the end of a step at
 // most every statsEvery and before it wakes a finished request's handler,
@@ -672,15 +701,18 @@ func (s *Server) catchUp(ls *loopState, woke time.Duration) bool {
 	if s.pub != nil || ls.notifying > 0 {
 		return false
 	}
-	until := min(woke, ls.tpStart+time.Second-1)
+	until := ls.tpStart + time.Second - 1
 	before := time.Duration(math.MaxInt64)
 	for i := range ls.queue {
 		// A step that starts at or after at comes after the command; the
 		// step in progress at at does not see it, and is caught up too.
 		before = min(before, ls.queue[i].at)
 	}
+	if len(ls.queue) > 0 {
+		until = min(until, woke) // the loop steps the one in progress at woke
+	}
 	run := &ls.run
-	n := s.eng.DecodeStepsBefore(ls.vnow, until, before, math.MaxInt, run)
+	n := s.eng.DecodeStepsStarted(ls.vnow, woke, until, before, math.MaxInt, run)
 	if n == 0 {
 		return false
 	}
@@ -805,18 +837,8 @@ func (s *Server) syncStats(ctx context.Context) {
 func (s *Server) finishStep(ctx context.Context, ls *loopState, wait bool, now time.Duration) bool {
 	res := &ls.res
 	end := ls.vnow + res.Duration
-	if wait && end-now >= minSleep {
-		now = s.now()
-	}
-	if d := end - now; wait && d >= minSleep {
-		ls.timer.Reset(d)
-		s.timerSleeps.Add(1)
-		select {
-		case <-ctx.Done():
-			ls.timer.Stop()
-			return false
-		case <-ls.timer.C:
-		}
+	if wait && !s.sleepUntil(ctx, ls, end, now) {
+		return false
 	}
 	ls.vnow = end
 	// A request finishing this step wakes its handler in deliver: publish
@@ -849,6 +871,26 @@ func (s *Server) finishStep(ctx context.Context, ls *loopState, wait bool, now t
 	if ls.vnow-ls.lastPub >= statsEvery {
 		s.publishStats(&ls.acc)
 		ls.lastPub = ls.vnow
+	}
+	return true
+}
+
+// sleepUntil sleeps until the model time end unless it is less than
+// minSleep ahead; now is a recent reading of the clock, read again only if
+// end may be in the future. It returns false when ctx is done.
+func (s *Server) sleepUntil(ctx context.Context, ls *loopState, end, now time.Duration) bool {
+	if end-now >= minSleep {
+		now = s.now()
+	}
+	if d := end - now; d >= minSleep {
+		ls.timer.Reset(d)
+		s.timerSleeps.Add(1)
+		select {
+		case <-ctx.Done():
+			ls.timer.Stop()
+			return false
+		case <-ls.timer.C:
+		}
 	}
 	return true
 }

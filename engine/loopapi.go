@@ -1,0 +1,43 @@
+package engine
+
+import (
+	"math"
+	"time"
+)
+
+// DecodeStepsStarted is DecodeStepsBefore for a real-time driver that woke
+// at woke: it computes the plain decode steps that start before woke (and
+// before before) and end by until, the step in progress at woke included,
+// which ends after it, unless a request finishes in that step (its output
+// is due at the step's end: the driver steps it and waits). The driver then
+// delivers the step in progress with the steps before it in one run, as
+// their outputs reach nobody before they end, rather than stepping it
+// alone. It returns the number of steps computed; run describes them as
+// DecodeSteps describes its run.
+func (e *Engine) DecodeStepsStarted(now, woke, until, before time.Duration, limit int, run *DecodedRun) int {
+	whole, ctx, finished := e.decodeRun(limit)
+	if whole <= 0 {
+		run.Durations, run.Seqs, run.Finished, run.Events = run.Durations[:0], run.Seqs[:0], run.Finished[:0], nil
+		return 0
+	}
+	start := min(woke, before)
+	r := len(e.running)
+	b := Batch{Seqs: r, Sampled: r, DecodeTokens: r}
+	n, end := 0, now
+	for n < whole && end < start {
+		b.DecodeContext = ctx + n*r
+		d := e.stepTime(&b)
+		if end+d > until || end+d > woke && finished && n+1 == whole {
+			break
+		}
+		end += d
+		n++
+	}
+	if n == 0 {
+		run.Durations, run.Seqs, run.Finished, run.Events = run.Durations[:0], run.Seqs[:0], run.Finished[:0], nil
+		return 0
+	}
+	// The same steps, computed (DecodeStepsBefore stops short of a step
+	// whose blocks do not fit: StepInto preempts in it).
+	return e.DecodeStepsBefore(now, math.MaxInt64, math.MaxInt64, n, run)
+}
