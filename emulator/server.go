@@ -708,6 +708,9 @@ func (s *Server) catchUp(ls *loopState, woke time.Duration) bool {
 		// step in progress at at does not see it, and is caught up too.
 		before = min(before, ls.queue[i].at)
 	}
+	if before <= ls.vnow {
+		return false // the next step must see a command
+	}
 	if len(ls.queue) > 0 {
 		until = min(until, woke) // the loop steps the one in progress at woke
 	}
