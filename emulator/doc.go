@@ -119,7 +119,9 @@
 // trivial servers that only sleep and answer, fed the same requests), on
 // engines whose KV caches it fills first, so that every block evicts one
 // as in an engine that has served for a while; BenchmarkHandlerCPU the
-// code's cost without the wake-ups, BenchmarkLoop the engine loop's alone.
+// code's cost without the wake-ups, BenchmarkLoop the engine loop's alone,
+// BenchmarkLoopWake the loop's with its memory cold at each wake-up, as it
+// wakes in the soak (about once a request, at a finish).
 // Much of a process's CPU per request is Go's runtime and net/http, the
 // floor's as well: each wake-up that makes a system call also wakes its
 // sysmon thread, which then polls every 20 us while the process is busy,
