@@ -27,7 +27,11 @@
 //     tokens, as vLLM's front end observes a step once it processed it);
 //     a request whose client left records no finish (vLLM's front end
 //     forgets it: request_success_total has no "abort" for it, the
-//     per-request histograms nothing), its tokens until then counted;
+//     per-request histograms nothing), its tokens until then counted; a
+//     decode engine's request whose KV is being pulled from the prefill
+//     engine counts as waiting (vllm:num_requests_waiting and the load
+//     header's num_requests_waiting, as vLLM's scheduler keeps it in its
+//     waiting queue until its KV arrived; llamacpp:requests_deferred);
 //   - GET /health, GET /v1/models, GET /version, POST /tokenize and POST
 //     /reset_prefix_cache as vLLM has them, and vLLM's in-band load report
 //     (the endpoint-load-metrics response header, on request);

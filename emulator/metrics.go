@@ -115,6 +115,10 @@ type metrics struct {
 	// stopCounted counts the tokens of requests with stop strings up to
 	// their match (stopState), for vllm:generation_tokens_total.
 	stopCounted atomic.Int64
+	// pulling counts the decode requests whose KV is being pulled from
+	// the prefill engine (Server.pullForDecode): not in the engine
+	// model's queues yet, they are waiting (see waiting).
+	pulling atomic.Int64
 	// dropAborts: a request its client left records no finish (vLLM: its
 	// front end forgets the request, OutputProcessor.abort_requests, so
 	// request_success_total and the per-request histograms never see it;
@@ -265,6 +269,15 @@ func (m *metrics) stats() *snapshot {
 	return &s
 }
 
+// waiting is the number of waiting requests as vLLM counts them: the
+// engine model's waiting queue and the requests in a KV pull, as vLLM's
+// scheduler keeps a do_remote_prefill request in its waiting queue while
+// its KV arrives (status WAITING_FOR_REMOTE_KVS; the newest versions keep
+// it in a skipped-waiting queue and add that to num_requests_waiting).
+func (m *metrics) waiting(st *engine.Stats) int {
+	return st.Waiting + int(m.pulling.Load())
+}
+
 // publish makes s the snapshot stats returns.
 func (m *metrics) publish(s *snapshot) {
 	m.snapMu.Lock()
@@ -334,7 +347,7 @@ func (m *metrics) vllm(legacy bool, l prometheus.Labels, prof engine.Profile, ha
 	m.gaugeFunc("vllm:num_requests_running", "Number of requests in model execution batches.", l,
 		func(s *snapshot) float64 { return float64(s.st.Running) })
 	m.gaugeFunc("vllm:num_requests_waiting", "Number of requests waiting to be processed.", l,
-		func(s *snapshot) float64 { return float64(s.st.Waiting) })
+		func(s *snapshot) float64 { return float64(m.waiting(&s.st)) })
 	usage, queries, hits := "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
 	usageHelp := "KV-cache usage. 1 means 100 percent usage."
 	if legacy {
@@ -455,7 +468,10 @@ func (m *metrics) llamacpp() {
 		return float64(s.st.GenerationTokens) / s.decodeSeconds
 	})
 	g("requests_processing", "Number of requests processing.", func(s *snapshot) float64 { return float64(s.st.Running) })
-	g("requests_deferred", "Number of requests deferred.", func(s *snapshot) float64 { return float64(s.st.Waiting) })
+	// llama.cpp has no P/D: a request in a KV pull (an emulator-only
+	// setup) is deferred as a task that waits for a free slot is, not yet
+	// started, so that the load is seen.
+	g("requests_deferred", "Number of requests deferred.", func(s *snapshot) float64 { return float64(m.waiting(&s.st)) })
 	g("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call", func(s *snapshot) float64 {
 		if s.st.Steps == 0 {
 			return 0

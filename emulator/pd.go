@@ -138,11 +138,17 @@ func (s *Server) transferTime(tokens int) time.Duration {
 // local hit (KVCacheManager.get_computed_blocks: whole blocks, never the
 // last prompt token) is passed to get_num_new_matched_tokens, which asks
 // the prefill engine for the rest, and _read_blocks reads only those
-// blocks. The transfer time is that of the tokens moved.
+// blocks. The transfer time is that of the tokens moved. Until the pull
+// ends the request counts as waiting in the metrics (metrics.pulling), as
+// vLLM's scheduler holds it in its waiting queue while its KV arrives.
 func (s *Server) pullForDecode(ctx context.Context, j *job, ereq *engine.Request, host string, port int, pr PullRequest, local bool) *apiError {
 	if len(j.prompt) < s.prof.BlockSize {
 		return nil // vLLM: no transfer for a prompt shorter than one block
 	}
+	// Until the pull ends; the handler then hands the request to the
+	// model's own waiting queue.
+	s.metrics.pulling.Add(1)
+	defer s.metrics.pulling.Add(-1)
 	hit := 0
 	if local {
 		var err error
