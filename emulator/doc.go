@@ -32,6 +32,15 @@
 //     engine counts as waiting (vllm:num_requests_waiting and the load
 //     header's num_requests_waiting, as vLLM's scheduler keeps it in its
 //     waiting queue until its KV arrived; llamacpp:requests_deferred);
+//     the SGLang flavour has SGLang's P/D queue gauges (under the names of
+//     the SGLang its labels model: num_prefill_prealloc_queue_reqs, since
+//     renamed num_prefill_bootstrap_queue_reqs), from the engine's state:
+//     num_prefill_inflight_queue_reqs the prefilled requests whose KV is
+//     held for a decode engine (not pulled yet, or being pulled),
+//     num_decode_transfer_queue_reqs the requests in a KV pull (not in
+//     num_queue_reqs, the engine's own waiting queue), the prefill
+//     bootstrap and decode prealloc queues 0 (the emulator makes no
+//     request wait for its peer or for KV space before the transfer);
 //   - GET /health, GET /v1/models, GET /version, POST /tokenize and POST
 //     /reset_prefix_cache as vLLM has them, and vLLM's in-band load report
 //     (the endpoint-load-metrics response header, on request);

@@ -429,6 +429,23 @@ func (m *metrics) sglang(l prometheus.Labels, prof engine.Profile, created float
 	m.gaugeFunc("sglang:gen_throughput", "The generation throughput (token/s).", l, func(s *snapshot) float64 { return s.genThroughput })
 	maxTotal := float64(prof.NumGPUBlocks * prof.BlockSize)
 	m.gaugeFunc("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", l, func(*snapshot) float64 { return maxTotal })
+	// The P/D queues, published by every SGLang server (0 outside P/D),
+	// under the names of the SGLang whose labels this flavour has (its
+	// metrics/collector.py; observability/metrics_collector.py renamed the
+	// prefill prealloc queue num_prefill_bootstrap_queue_reqs). A prefill
+	// request waits for no decode engine before it is computed (bootstrap
+	// queue: 0); once prefilled its KV is held until a decode engine
+	// pulled it (inflight queue: the engine's held requests). A decode
+	// request is not made to wait for KV space before its pull (prealloc
+	// queue: 0); in its pull it is in the transfer queue, which SGLang's
+	// num_queue_reqs does not count.
+	zero := func(*snapshot) float64 { return 0 }
+	m.gaugeFunc("sglang:num_prefill_prealloc_queue_reqs", "The number of requests in the prefill prealloc queue.", l, zero)
+	m.gaugeFunc("sglang:num_prefill_inflight_queue_reqs", "The number of requests in the prefill inflight queue.", l,
+		func(s *snapshot) float64 { return float64(s.st.Held) })
+	m.gaugeFunc("sglang:num_decode_prealloc_queue_reqs", "The number of requests in the decode prealloc queue.", l, zero)
+	m.gaugeFunc("sglang:num_decode_transfer_queue_reqs", "The number of requests in the decode transfer queue.", l,
+		func(*snapshot) float64 { return float64(m.pulling.Load()) })
 	m.counterFunc("sglang:prompt_tokens_total", "Number of prefill tokens processed.", l, created, func(s *snapshot) float64 { return float64(s.st.PromptTokens) })
 	m.counterFunc("sglang:generation_tokens_total", "Number of generation tokens processed.", l, created, func(s *snapshot) float64 { return float64(s.st.GenerationTokens) })
 	dl := prometheus.Labels{"cache_source": "device"}

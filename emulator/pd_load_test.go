@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/syncbuf"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -75,8 +76,10 @@ func sendAsync(ctx context.Context, url, body string) func() (int, string, error
 // vLLM's scheduler keeps a do_remote_prefill request in its waiting queue
 // (WAITING_FOR_REMOTE_KVS) while its KV arrives: vllm:num_requests_waiting
 // (and the endpoint-load-metrics header, which vLLM reads from that
-// gauge) and llamacpp:requests_deferred. The request was counted nowhere
-// until its pull ended. The prefill side here is a side channel
+// gauge), llamacpp:requests_deferred, and in the SGLang flavour the decode
+// transfer queue (not num_queue_reqs, SGLang's own waiting queue, which
+// its requests enter once their KV arrived). The request was counted
+// nowhere until its pull ended. The prefill side here is a side channel
 // that holds the pull until the test releases it.
 func TestPDDecodePullCountsWaiting(t *testing.T) {
 	tests := []struct {
@@ -92,6 +95,11 @@ func TestPDDecodePullCountsWaiting(t *testing.T) {
 		{FlavorLlamaCpp, PDNixl,
 			map[string]float64{"llamacpp:requests_deferred": 1, "llamacpp:requests_processing": 0},
 			map[string]float64{"llamacpp:requests_deferred": 0}},
+		{FlavorSGLang, PDSGLang,
+			map[string]float64{"sglang:num_decode_transfer_queue_reqs": 1, "sglang:num_decode_prealloc_queue_reqs": 0,
+				"sglang:num_queue_reqs": 0, "sglang:num_running_reqs": 0,
+				"sglang:num_prefill_prealloc_queue_reqs": 0, "sglang:num_prefill_inflight_queue_reqs": 0},
+			map[string]float64{"sglang:num_decode_transfer_queue_reqs": 0, "sglang:num_queue_reqs": 0}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.flavor, func(t *testing.T) {
@@ -115,6 +123,9 @@ func TestPDDecodePullCountsWaiting(t *testing.T) {
 
 			body := fmt.Sprintf(`{"prompt":%q,"max_tokens":3,"kv_transfer_params":{"do_remote_prefill":true,"remote_request_id":"r1","remote_host":%q,"remote_port":%d}}`,
 				pdPrompt, host, port)
+			if tt.protocol == PDSGLang {
+				body = fmt.Sprintf(`{"prompt":%q,"max_tokens":3,"bootstrap_host":%q,"bootstrap_port":%d,"bootstrap_room":7}`, pdPrompt, host, port)
+			}
 			wait := sendAsync(context.Background(), ds.URL+"/v1/completions", body)
 			select {
 			case <-arrived:
@@ -145,4 +156,109 @@ func TestPDDecodePullCountsWaiting(t *testing.T) {
 			checkGauges(t, "after the request", ds.URL, tt.after)
 		})
 	}
+}
+
+// TestPDSGLangQueueGauges: an SGLang-flavoured P/D pair publishes SGLang's
+// P/D queue gauges from its state: the prefill engine's held lease is its
+// inflight queue (prefilled, its KV waiting for the decode engine to read
+// it) until the decode engine's pull released it, the decode engine's
+// request in its pull (a slow transfer here) is its transfer queue; their
+// waiting queues (num_queue_reqs) stay empty, and the queues the emulator
+// does not model (prefill bootstrap, decode prealloc) read 0. The gauges
+// were missing.
+func TestPDSGLangQueueGauges(t *testing.T) {
+	_, ps := testServer(t, Config{Role: kvroute.RolePrefill, PDProtocol: PDSGLang, MetricsFlavor: FlavorSGLang,
+		LeaseTimeout: time.Hour})
+	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, PDProtocol: PDSGLang, MetricsFlavor: FlavorSGLang,
+		TransferSetup: time.Hour, LoadFailure: LoadFailureFail}) // 36 s at speed 100: the pull lasts until cancelled
+	host, port := splitHostPort(t, ps.URL)
+	body := fmt.Sprintf(`{"prompt":%q,"max_tokens":4,"bootstrap_host":%q,"bootstrap_port":%d,"bootstrap_room":42}`, pdPrompt, host, port)
+	const (
+		bootstrap = "sglang:num_prefill_prealloc_queue_reqs"
+		inflight  = "sglang:num_prefill_inflight_queue_reqs"
+		prealloc  = "sglang:num_decode_prealloc_queue_reqs"
+		transfer  = "sglang:num_decode_transfer_queue_reqs"
+		queue     = "sglang:num_queue_reqs"
+	)
+	zero := map[string]float64{bootstrap: 0, inflight: 0, prealloc: 0, transfer: 0, queue: 0}
+	checkGauges(t, "idle prefill engine", ps.URL, zero)
+	checkGauges(t, "idle decode engine", ds.URL, zero)
+
+	if code, b := post(t, ps.URL+"/v1/completions", body); code != 200 {
+		t.Fatalf("prefill: got %d %s", code, b)
+	}
+	checkGauges(t, "prefill engine holding the room's KV", ps.URL,
+		map[string]float64{bootstrap: 0, inflight: 1, prealloc: 0, transfer: 0, queue: 0, "sglang:num_running_reqs": 0})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	wait := sendAsync(ctx, ds.URL+"/v1/completions", body)
+	waitFor(t, "the decode engine's transfer queue to hold the request", func() bool {
+		v := gaugeOf(t, scrape(t, ds.URL), transfer)
+		return v == 1
+	})
+	checkGauges(t, "decode engine pulling", ds.URL, map[string]float64{prealloc: 0, queue: 0, "sglang:num_running_reqs": 0})
+	checkGauges(t, "prefill engine being pulled from", ps.URL, map[string]float64{inflight: 1, queue: 0})
+
+	cancel() // the client leaves: the pull ends, the prefill engine releases the blocks
+	if _, _, err := wait(); err == nil {
+		t.Fatal("decode: answered after its client left")
+	}
+	waitFor(t, "the prefill engine's inflight queue to empty", func() bool {
+		v := gaugeOf(t, scrape(t, ps.URL), inflight)
+		return v == 0
+	})
+	waitFor(t, "the decode engine's transfer queue to empty", func() bool {
+		v := gaugeOf(t, scrape(t, ds.URL), transfer)
+		return v == 0
+	})
+	checkGauges(t, "prefill engine after the pull", ps.URL, zero)
+}
+
+// TestPDInflightLeaseEnds: a prefill engine's held lease leaves its
+// inflight queue however it ends: expired (no decode engine pulled it),
+// replaced by a reused room, or pulled.
+func TestPDInflightLeaseEnds(t *testing.T) {
+	const inflight = "sglang:num_prefill_inflight_queue_reqs"
+	room := func(url string, n int) string {
+		host, port := splitHostPort(t, url)
+		return fmt.Sprintf(`{"prompt":%q,"max_tokens":2,"bootstrap_host":%q,"bootstrap_port":%d,"bootstrap_room":%d}`, pdPrompt, host, port, n)
+	}
+	t.Run("expired", func(t *testing.T) {
+		var plog syncbuf.Buffer
+		_, ps := testServer(t, Config{Role: kvroute.RolePrefill, PDProtocol: PDSGLang, MetricsFlavor: FlavorSGLang,
+			LeaseTimeout: time.Second, Logger: logTo(&plog)}) // 10 ms at speed 100
+		if code, b := post(t, ps.URL+"/v1/completions", room(ps.URL, 1)); code != 200 {
+			t.Fatalf("prefill: got %d %s", code, b)
+		}
+		waitFor(t, "the lease to expire", func() bool { return strings.Contains(plog.String(), "kv lease expired") })
+		waitFor(t, "the expired lease to leave the inflight queue", func() bool { return gaugeOf(t, scrape(t, ps.URL), inflight) == 0 })
+	})
+	t.Run("reused room, then pulled", func(t *testing.T) {
+		_, ps := testServer(t, Config{Role: kvroute.RolePrefill, PDProtocol: PDSGLang, MetricsFlavor: FlavorSGLang,
+			LeaseTimeout: time.Hour})
+		_, ds := testServer(t, Config{Role: kvroute.RoleDecode, PDProtocol: PDSGLang, MetricsFlavor: FlavorSGLang,
+			LoadFailure: LoadFailureFail})
+		for i, want := range []float64{1, 1, 2} { // room 5, room 5 again, room 6
+			n := 5 + i/2
+			if code, b := post(t, ps.URL+"/v1/completions", room(ps.URL, n)); code != 200 {
+				t.Fatalf("prefill %d: got %d %s", i, code, b)
+			}
+			// A reused room's old lease is released after the response (the
+			// loop posts its release as it grants the new one).
+			waitFor(t, fmt.Sprintf("%v held leases after prefill %d (room %d)", want, i, n), func() bool {
+				return gaugeOf(t, scrape(t, ps.URL), inflight) == want
+			})
+		}
+		for i, n := range []int{5, 6} {
+			if code, b := post(t, ds.URL+"/v1/completions", room(ps.URL, n)); code != 200 {
+				t.Fatalf("decode room %d: got %d %s", n, code, b)
+			}
+			want := float64(1 - i)
+			waitFor(t, fmt.Sprintf("%v held leases after the pull of room %d", want, n), func() bool {
+				v := gaugeOf(t, scrape(t, ps.URL), inflight)
+				return v == want
+			})
+		}
+	})
 }
