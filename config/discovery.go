@@ -294,6 +294,9 @@ func (m *Model) validateKubernetes(v *validator, mp, p string, k *Kubernetes) {
 	}
 	es := t.Signals
 	v.interval(ep+".signals.scrape_interval", es.ScrapeInterval)
+	if es.ScrapeInterval != m.Signals.ScrapeInterval && !es.Disabled && !m.Signals.Disabled { // (the model's is reported for the model)
+		v.fresh(ep+".signals.scrape_interval", es.ScrapeInterval, m.Signals.StaleAfter)
+	}
 	v.positiveDuration(ep+".signals.scrape_timeout", es.ScrapeTimeout)
 	if !validFlavor(es.Flavor) {
 		v.addf(ep+".signals.flavor", "%q is not one of %s", es.Flavor, strings.Join(MetricsFlavors, ", "))

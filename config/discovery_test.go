@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"strings"
 	"testing"
+	"time"
 )
 
 const discoveryYAML = `
@@ -163,6 +164,8 @@ func TestDiscoveryValidation(t *testing.T) {
 			`models[0].discovery.kubernetes.endpoint.kv_events.replay_port: 5557 is kv_events.port again: the engine's replay socket (vLLM's replay_endpoint, a ROUTER) and its event socket (PUB) are two sockets on two ports`},
 		{"dp replay overlap", func(c *Config) { k(c).Endpoint.DataParallelSize = 4; k(c).Endpoint.KVEvents.ReplayPort = 5559 },
 			`models[0].discovery.kubernetes.endpoint.kv_events.replay_port: 5559 overlaps the event ports of the 4 ranks from 5557`},
+		{"scrape slower than stale", func(c *Config) { k(c).Endpoint.Signals.ScrapeInterval = 2 * time.Second },
+			`models[0].discovery.kubernetes.endpoint.signals.scrape_interval: 2s is not shorter than signals.stale_after (1s): each scrape would go stale before the next; shorten the interval or raise stale_after`},
 	}
 	for _, tc := range tests {
 		t.Run(tc.name, func(t *testing.T) {
@@ -180,6 +183,31 @@ func TestDiscoveryValidation(t *testing.T) {
 			}
 			t.Errorf("Validate:\n got %v\nwant an error %q", err, tc.want)
 		})
+	}
+}
+
+// TestDiscoveryScrapeIntervalStale: a template's scrape_interval at or
+// past signals.stale_after is refused as an endpoint's is, once (a
+// template that inherits the model's is reported for the model), and not
+// with scraping off.
+func TestDiscoveryScrapeIntervalStale(t *testing.T) {
+	c := discovered(t)
+	c.Models[0].Signals.ScrapeInterval = 2 * time.Second
+	c.Models[0].Discovery.Kubernetes.Endpoint.Signals.ScrapeInterval = 2 * time.Second
+	var es Errors
+	if err := c.Validate(); !errors.As(err, &es) || len(es) != 1 || es[0].Path != "models[0].signals.scrape_interval" {
+		t.Errorf("Validate with the model's interval past stale_after: got %v, want one error for models[0].signals.scrape_interval", err)
+	}
+	c = discovered(t)
+	c.Models[0].Discovery.Kubernetes.Endpoint.Signals.ScrapeInterval = 2 * time.Second
+	c.Models[0].Discovery.Kubernetes.Endpoint.Signals.Disabled = true
+	if err := c.Validate(); err != nil {
+		t.Errorf("Validate with the template's scraping off: got %v, want nil", err)
+	}
+	c.Models[0].Discovery.Kubernetes.Endpoint.Signals.Disabled = false
+	c.Models[0].Signals.Disabled = true
+	if err := c.Validate(); err != nil {
+		t.Errorf("Validate with the model's scraping off: got %v, want nil", err)
 	}
 }
 
