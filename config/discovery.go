@@ -291,6 +291,8 @@ func (m *Model) validateKubernetes(v *validator, mp, p string, k *Kubernetes) {
 	}
 	if n := t.DataParallelSize; n < 1 || n > MaxDataParallelSize {
 		v.addf(ep+".data_parallel_size", "%d is not in 1-%d", n, MaxDataParallelSize)
+	} else if n > 1 && validFlavor(t.Signals.Flavor) {
+		m.checkRankMetrics(v, ep+".data_parallel_size", n, t.Signals)
 	}
 	es := t.Signals
 	v.interval(ep+".signals.scrape_interval", es.ScrapeInterval)

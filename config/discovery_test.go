@@ -164,6 +164,14 @@ func TestDiscoveryValidation(t *testing.T) {
 			`models[0].discovery.kubernetes.endpoint.kv_events.replay_port: 5557 is kv_events.port again: the engine's replay socket (vLLM's replay_endpoint, a ROUTER) and its event socket (PUB) are two sockets on two ports`},
 		{"dp replay overlap", func(c *Config) { k(c).Endpoint.DataParallelSize = 4; k(c).Endpoint.KVEvents.ReplayPort = 5559 },
 			`models[0].discovery.kubernetes.endpoint.kv_events.replay_port: 5559 overlaps the event ports of the 4 ranks from 5557`},
+		{"dp with sglang metrics", func(c *Config) { k(c).Endpoint.DataParallelSize = 2; k(c).Endpoint.Signals.Flavor = "sglang" },
+			`models[0].discovery.kubernetes.endpoint.data_parallel_size: 2 needs vLLM metrics, whose engine label tells the ranks apart; signals.flavor "sglang" has no such label (use auto, vllm or vllm-legacy, or set signals.disabled to route on router-local counts)`},
+		{"dp with the model's llamacpp metrics", func(c *Config) {
+			c.Models[0].Signals.Flavor = "llamacpp"
+			k(c).Endpoint.Signals.Flavor = "llamacpp"
+			k(c).Endpoint.DataParallelSize = 2
+		},
+			`models[0].discovery.kubernetes.endpoint.data_parallel_size: 2 needs vLLM metrics, whose engine label tells the ranks apart; signals.flavor "llamacpp" has no such label (use auto, vllm or vllm-legacy, or set signals.disabled to route on router-local counts)`},
 		{"scrape slower than stale", func(c *Config) { k(c).Endpoint.Signals.ScrapeInterval = 2 * time.Second },
 			`models[0].discovery.kubernetes.endpoint.signals.scrape_interval: 2s is not shorter than signals.stale_after (1s): each scrape would go stale before the next; shorten the interval or raise stale_after`},
 	}

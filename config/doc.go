@@ -18,7 +18,8 @@
 // data_parallel_start_rank S on a node of a multi-node deployment: ID#dp<S>
 // ...), and DataParallelAddress gives each rank's KV-event addresses (the
 // tcp port plus the rank, as vLLM's publishers bind them). Validate refuses it
-// with non-vLLM metrics unless scraping is off, with KV-event addresses vLLM
+// (and a discovery template's data_parallel_size above 1) with non-vLLM
+// metrics unless scraping is off, with KV-event addresses vLLM
 // cannot offset (ipc://) or whose ports would pass 65535, and, with
 // pd.protocol sglang, as a prefill endpoint with a data_parallel_start_rank.
 // In a prefill/decode pool its ranks are prefill or decode endpoints like any

@@ -82,11 +82,7 @@ func (m *Model) validateDataParallel(v *validator, p string, i int) {
 			"%d: with pd.protocol sglang a prefill endpoint must front all its server's ranks (start rank 0): "+
 				"SGLang's decode engine finds the prefill rank from bootstrap_room modulo the server's data-parallel size", e.DataParallelStartRank)
 	}
-	scraped := !m.Signals.Disabled && !e.Signals.Disabled
-	if f := e.Signals.Flavor; scraped && f != "auto" && f != "vllm" && f != "vllm-legacy" {
-		v.addf(path, "%d needs vLLM metrics, whose engine label tells the ranks apart; signals.flavor %q has no such label "+
-			"(use auto, vllm or vllm-legacy, or set signals.disabled to route on router-local counts)", n, f)
-	}
+	m.checkRankMetrics(v, path, n, e.Signals)
 	if h1, p1, ok1 := tcpPort(e.KVEvents.Address); ok1 {
 		if h2, p2, ok2 := tcpPort(e.KVEvents.ReplayAddress); ok2 && h1 == h2 && p1-p2 < n && p2-p1 < n {
 			// vLLM binds rank r's sockets at port + r: rank 1's events
@@ -103,6 +99,18 @@ func (m *Model) validateDataParallel(v *validator, p string, i int) {
 		if _, err := DataParallelAddress(a.addr, last); err != nil {
 			v.addf(fmt.Sprintf("%s.endpoints[%d].kv_events.%s", p, i, a.field), "with data_parallel_size %d: %v", n, err)
 		}
+	}
+}
+
+// checkRankMetrics reports, at path (a data_parallel_size of n > 1), a
+// scraped endpoint whose signals (es) are not vLLM's: only vLLM's metrics
+// label each rank's series (engine="<rank>"), and the scrape of any other
+// flavour fails for every rank.
+func (m *Model) checkRankMetrics(v *validator, path string, n int, es EndpointSignals) {
+	scraped := !m.Signals.Disabled && !es.Disabled
+	if f := es.Flavor; scraped && f != "auto" && f != "vllm" && f != "vllm-legacy" {
+		v.addf(path, "%d needs vLLM metrics, whose engine label tells the ranks apart; signals.flavor %q has no such label "+
+			"(use auto, vllm or vllm-legacy, or set signals.disabled to route on router-local counts)", n, f)
 	}
 }
 
