@@ -601,6 +601,25 @@ func (v *validator) fresh(path string, interval, staleAfter time.Duration) {
 	}
 }
 
+// urlPath checks a path the router appends to every endpoint's URL
+// (health_check.path, signals.metrics_path): it starts with / and parses
+// as a URL's path (and query). One that does not parse (an invalid %
+// escape) made every probe or scrape fail before it was sent: every
+// endpoint failed its health checks, with no error logged.
+func (v *validator) urlPath(path, p string) {
+	if !strings.HasPrefix(p, "/") {
+		v.addf(path, "%q does not start with /", p)
+		return
+	}
+	if _, err := url.Parse("http://host" + p); err != nil {
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			err = ue.Err
+		}
+		v.addf(path, "%q is not a URL path: %v", p, err)
+	}
+}
+
 func (v *validator) positive(path string, n int64) {
 	if n <= 0 {
 		v.addf(path, "%d is not positive", n)
@@ -656,9 +675,7 @@ func (c *Config) Validate() error {
 	v.positive("retry.attempts", int64(c.Retry.Attempts))
 	v.positiveDuration("retry.queue_wait", c.Retry.QueueWait)
 	h := c.HealthCheck
-	if !strings.HasPrefix(h.Path, "/") {
-		v.addf("health_check.path", "%q does not start with /", h.Path)
-	}
+	v.urlPath("health_check.path", h.Path)
 	v.interval("health_check.interval", h.Interval)
 	v.positive("health_check.timeout", int64(h.Timeout))
 	if h.Timeout > h.Interval && h.Interval > 0 {
@@ -796,9 +813,7 @@ func (m *Model) validate(v *validator, p string) {
 	if !validFlavor(sg.Flavor) {
 		v.addf(p+".signals.flavor", "%q is not one of %s", sg.Flavor, strings.Join(MetricsFlavors, ", "))
 	}
-	if !strings.HasPrefix(sg.MetricsPath, "/") {
-		v.addf(p+".signals.metrics_path", "%q does not start with /", sg.MetricsPath)
-	}
+	v.urlPath(p+".signals.metrics_path", sg.MetricsPath)
 	if pr := m.Precise; pr.Enabled() {
 		v.positive(p+".precise.block_size", int64(pr.BlockSize))
 		v.positive(p+".precise.cache_tokens", int64(pr.CacheTokens))

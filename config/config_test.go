@@ -122,6 +122,8 @@ func TestValidateErrors(t *testing.T) {
 		{"attempts", func(c *Config) { c.Retry.Attempts = 0 }, `retry.attempts: 0 is not positive`},
 		{"body limit", func(c *Config) { c.Limits.MaxBodyBytes = -5 }, `limits.max_body_bytes: -5 is not positive`},
 		{"health path", func(c *Config) { c.HealthCheck.Path = "health" }, `health_check.path: "health" does not start with /`},
+		{"health path bad escape", func(c *Config) { c.HealthCheck.Path = "/health%" },
+			`health_check.path: "/health%" is not a URL path: invalid URL escape "%"`},
 		{"health interval", func(c *Config) { c.HealthCheck.Interval, c.HealthCheck.Timeout = time.Nanosecond, time.Nanosecond },
 			`health_check.interval: 1ns is shorter than 1ms: the router would probe its engines continuously`},
 		{"health timeout", func(c *Config) { c.HealthCheck.Timeout = time.Minute },

@@ -62,6 +62,8 @@ func TestSignalsValidation(t *testing.T) {
 			"models[0].endpoints[0].signals.scrape_interval: 999µs is shorter than 1ms"},
 		{"bad flavor", func(m *Model) { m.Signals.Flavor = "vllm2" }, `models[0].signals.flavor: "vllm2" is not one of auto, vllm`},
 		{"bad path", func(m *Model) { m.Signals.MetricsPath = "metrics" }, `models[0].signals.metrics_path: "metrics" does not start with /`},
+		{"bad escape in path", func(m *Model) { m.Signals.MetricsPath = "/metrics%zz" },
+			`models[0].signals.metrics_path: "/metrics%zz" is not a URL path: invalid URL escape "%zz"`},
 		{"endpoint flavor", func(m *Model) { m.Endpoints[0].Signals.Flavor = "x" }, `models[0].endpoints[0].signals.flavor: "x"`},
 		{"endpoint metrics url", func(m *Model) { m.Endpoints[0].Signals.MetricsURL = "ftp://x" }, `models[0].endpoints[0].signals.metrics_url: "ftp://x" is not an http(s) URL`},
 		{"endpoint metrics url fragment", func(m *Model) { m.Endpoints[0].Signals.MetricsURL = "http://a:1/metrics#x" }, `models[0].endpoints[0].signals.metrics_url: "http://a:1/metrics#x" has a fragment`},
