@@ -377,8 +377,10 @@ type HealthCheck struct {
 
 // Admin configures the admin API (PUT /admin/policy).
 type Admin struct {
-	// Token is the bearer token the admin API requires; default "", which
-	// disables the admin API.
+	// Token is the bearer token the admin API requires, at least 16
+	// characters, without leading or trailing white space or control
+	// characters (no Authorization header would carry them); default "",
+	// which disables the admin API.
 	Token string `yaml:"token"`
 }
 
@@ -690,6 +692,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Admin.Token != "" && len(c.Admin.Token) < 16 {
 		v.addf("admin.token", "is shorter than 16 characters")
+	} else if !headerToken(c.Admin.Token) {
+		// (The token itself is not in the message: it is a secret.)
+		v.addf("admin.token", "starts or ends with white space, or holds a control character: no Authorization header carries it as it is, so every token sent would be refused")
 	}
 	if c.Log.Format != "text" && c.Log.Format != "json" {
 		v.addf("log.format", "%q is not one of text, json", c.Log.Format)
@@ -907,6 +912,21 @@ func checkURL(s string, query bool) error {
 		}
 	}
 	return nil
+}
+
+// headerToken reports whether tok can arrive intact in a request header:
+// HTTP servers strip a value's leading and trailing white space, and a
+// control character (a YAML block scalar's final newline) cannot be sent.
+func headerToken(tok string) bool {
+	if strings.Trim(tok, " \t") != tok {
+		return false
+	}
+	for _, c := range []byte(tok) {
+		if c < ' ' && c != '\t' || c == 0x7f {
+			return false
+		}
+	}
+	return true
 }
 
 // ParsePrefix parses a trusted-client entry: a CIDR prefix (10.0.0.0/8) or

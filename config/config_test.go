@@ -131,6 +131,10 @@ func TestValidateErrors(t *testing.T) {
 		{"trusted", func(c *Config) { c.TrustedClients = []string{"10.0.0.0/8", "10.0.0.300"} },
 			`trusted_clients[1]: "10.0.0.300" is not an IP address or CIDR prefix`},
 		{"admin token", func(c *Config) { c.Admin.Token = "short" }, `admin.token: is shorter than 16 characters`},
+		{"admin token newline", func(c *Config) { c.Admin.Token = "0123456789abcdef\n" }, // a YAML block scalar (token: |)
+			`admin.token: starts or ends with white space, or holds a control character: no Authorization header carries it as it is, so every token sent would be refused`},
+		{"admin token leading space", func(c *Config) { c.Admin.Token = " 0123456789abcdef" },
+			`admin.token: starts or ends with white space, or holds a control character: no Authorization header carries it as it is, so every token sent would be refused`},
 		{"log format", func(c *Config) { c.Log.Format = "xml" }, `log.format: "xml" is not one of text, json`},
 		{"log level", func(c *Config) { c.Log.Level = "loud" }, `log.level: "loud" is not one of debug, info, warn, error`},
 		{"ejection", func(c *Config) { c.Models[0].Router.MaxEjection = time.Millisecond },
