@@ -147,7 +147,9 @@ func (d *Dashboard) buildState(now time.Time) state {
 		if rt == nil {
 			continue
 		}
-		m := modelJSON{Name: name, Policy: rt.Policy(), Decisions: rt.Decisions(d.opts.Decisions)}
+		// Empty lists, not null (a pool without endpoints, discovered and
+		// none ready): the page reads them as arrays.
+		m := modelJSON{Name: name, Policy: rt.Policy(), Decisions: rt.Decisions(d.opts.Decisions), Endpoints: []endpointJSON{}}
 		if m.Decisions == nil {
 			m.Decisions = []router.DecisionRecord{}
 		}

@@ -355,3 +355,42 @@ func TestDashboardSignalAgeNotNegative(t *testing.T) {
 		}
 	}
 }
+
+// TestDashboardEmptyPool: a pool without endpoints (discovered, none ready
+// yet, or a discovery that could not start) sends "endpoints": [], as it
+// sends "decisions": []. It sent null, and the page's script, which reads
+// the list (forEach, reduce, length), failed on every poll: the dashboard
+// said "disconnected" while the router was up.
+func TestDashboardEmptyPool(t *testing.T) {
+	pk, err := policy.New("kv-aware", nil, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := router.New(router.Config{Model: "m", AllowEmpty: true, Policy: "kv-aware", Picker: pk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(Options{Source: fakeSource{r}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	rec := httptest.NewRecorder()
+	d.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/ui/api/state", nil))
+	if rec.Code != http.StatusOK {
+		t.Fatalf("GET /ui/api/state = %d %s", rec.Code, rec.Body)
+	}
+	var st struct {
+		Models []map[string]json.RawMessage `json:"models"`
+	}
+	if err := json.Unmarshal(rec.Body.Bytes(), &st); err != nil {
+		t.Fatalf("state is not JSON: %v", err)
+	}
+	if len(st.Models) != 1 {
+		t.Fatalf("models: got %d, want 1", len(st.Models))
+	}
+	for _, k := range []string{"endpoints", "decisions"} {
+		if got := string(st.Models[0][k]); got != "[]" {
+			t.Errorf("models[0].%s: got %s, want []", k, got)
+		}
+	}
+}
