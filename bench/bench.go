@@ -62,8 +62,9 @@ const (
 // Config configures a run. Zero fields take the documented defaults.
 type Config struct {
 	// URL is the server's base URL, e.g. http://127.0.0.1:8000; the API
-	// path (/v1/chat/completions or /v1/completions) is appended unless the
-	// URL already ends in it (Validate refuses one that ends in the other
+	// path (/v1/chat/completions or /v1/completions) is appended to its
+	// path (before a query, which every request keeps) unless the path
+	// already ends in it (Validate refuses one that ends in the other
 	// API's path). Required.
 	URL string
 	// Model is the "model" field of every request. Required.
@@ -205,17 +206,24 @@ func validHeaderValue(v string) bool {
 	return true
 }
 
-// endpoint returns the full request URL.
+// endpoint returns the full request URL: the API path goes after the
+// URL's path, before its query (a gateway's key or API version), and a
+// fragment, never sent, is dropped.
 func (c *Config) endpoint() string {
 	path := "/v1/chat/completions"
 	if c.API == APICompletions {
 		path = "/v1/completions"
 	}
-	base := strings.TrimRight(c.URL, "/")
-	if strings.HasSuffix(base, path) {
-		return base
+	u, _, _ := strings.Cut(c.URL, "#")
+	u, query, hasQuery := strings.Cut(u, "?")
+	if hasQuery {
+		query = "?" + query
 	}
-	return strings.TrimSuffix(base, "/v1") + path
+	base := strings.TrimRight(u, "/")
+	if strings.HasSuffix(base, path) {
+		return base + query
+	}
+	return strings.TrimSuffix(base, "/v1") + path + query
 }
 
 // Result is the outcome of a run.

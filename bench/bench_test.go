@@ -435,6 +435,11 @@ func TestEndpoint(t *testing.T) {
 		{"http://h:1/", APICompletions, "http://h:1/v1/completions"},
 		{"http://h:1/v1", APIChat, "http://h:1/v1/chat/completions"},
 		{"http://h:1/v1/completions", APICompletions, "http://h:1/v1/completions"},
+		// A query (a gateway's key or API version) stays the query, after
+		// the path: it was written before the path, which became part of it.
+		{"http://h:1?api-version=2", APIChat, "http://h:1/v1/chat/completions?api-version=2"},
+		{"https://gw.example/llm/v1/?key=k", APICompletions, "https://gw.example/llm/v1/completions?key=k"},
+		{"http://h:1/v1/chat/completions?key=k", APIChat, "http://h:1/v1/chat/completions?key=k"},
 	} {
 		c := Config{URL: tc.url, API: tc.api}
 		if got := c.endpoint(); got != tc.want {
