@@ -16,7 +16,9 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/internal/browsertest"
+	"github.com/kvroute/kvroute/policy"
 	"github.com/kvroute/kvroute/report"
+	"github.com/kvroute/kvroute/router"
 )
 
 // TestPageInBrowser loads the page in headless Chromium in front of two
@@ -288,5 +290,40 @@ func TestLockedPageInBrowser(t *testing.T) {
 			t.Fatal(err)
 		}
 		wait("the fleet once the token is given", `document.querySelectorAll('#fleet tbody tr[data-endpoint]').length === 2`)
+	}
+}
+
+// TestEmptyPoolInBrowser: the page in front of a pool without endpoints (a
+// discovered model with none ready) is live, with an empty fleet table,
+// not "disconnected" by a script error on the state's endpoints.
+func TestEmptyPoolInBrowser(t *testing.T) {
+	browsertest.Require(t)
+	pk, err := policy.New("kv-aware", nil, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := router.New(router.Config{Model: "m", AllowEmpty: true, Policy: "kv-aware", Picker: pk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(Options{Source: fakeSource{r}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := httptest.NewServer(d)
+	defer srv.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	defer cancel()
+	bctx, _ := browsertest.Start(t, ctx, 1280, 900)
+	if err := chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/ui/")); err != nil {
+		t.Fatalf("navigate: %v", err)
+	}
+	const live = `document.getElementById('updated').textContent.startsWith('live')`
+	if _, err := chromedp.Run(bctx, chromedp.Poll[bool](live, chromedp.WithPollingInterval(100*time.Millisecond), chromedp.WithPollingTimeout(30*time.Second))); err != nil {
+		page, _ := chromedp.Run(bctx, chromedp.Evaluate[string](`document.getElementById('updated').textContent`))
+		t.Fatalf("the page is not live: %v; it says %q", err, page)
+	}
+	if n, err := chromedp.Run(bctx, chromedp.Evaluate[int](`document.querySelectorAll('#fleet tbody tr[data-endpoint]').length`)); err != nil || n != 0 {
+		t.Errorf("fleet rows: got %d (%v), want 0", n, err)
 	}
 }
