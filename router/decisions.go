@@ -202,41 +202,64 @@ func candidateInputs(now time.Time, cands []kvroute.Candidate) []CandidateInput 
 	return out
 }
 
-// Decisions returns up to n of the latest decisions, newest first. The
-// records are copies, safe to keep.
+// Decisions returns up to n of the latest decisions, newest first (n <= 0
+// or past the log's size: the whole log). The records are copies, safe to
+// keep.
+//
+// It takes the router's lock for one decision at a time (rendering one,
+// its candidates and its deferred explanation, is some tens of
+// microseconds for 64 candidates), so routing goes on between them:
+// holding it for the whole read (256 such decisions: 17 ms) stalled every
+// request of the model meanwhile. The decisions are those logged when it
+// is called; if routing overwrites one of them before its turn, the
+// older ones are gone too and the list ends there.
 func (r *Router) Decisions(n int) []DecisionRecord {
+	r.mu.Lock()
+	size, newest := len(r.log.ring), r.log.seq
+	r.mu.Unlock()
+	if n <= 0 || n > size {
+		n = size
+	}
+	out := make([]DecisionRecord, 0, min(uint64(n), newest))
+	for seq := newest; seq > 0 && len(out) < n; seq-- {
+		rec, ok := r.decision(seq)
+		if !ok {
+			break
+		}
+		out = append(out, rec)
+	}
+	return out
+}
+
+// decision returns a copy of the logged decision numbered seq, rendered
+// (its candidates' inputs, its explanation), and true; false when the log
+// no longer holds it. The decision numbered seq is in slot (seq-1) mod the
+// log's size (put fills the slots in turn from the first decision on).
+func (r *Router) decision(seq uint64) (DecisionRecord, bool) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	l := &r.log
-	if n <= 0 || n > len(l.ring) {
-		n = len(l.ring)
+	slot := int((seq - 1) % uint64(len(l.ring)))
+	rec := &l.ring[slot]
+	if rec.Seq != seq {
+		return DecisionRecord{}, false
 	}
-	out := make([]DecisionRecord, 0, n)
-	for i := 1; i <= len(l.ring) && len(out) < n; i++ {
-		slot := (l.next - i + len(l.ring)) % len(l.ring)
-		rec := &l.ring[slot]
-		if rec.Seq == 0 {
-			break
+	cp := *rec
+	cp.Candidates = candidateInputs(rec.Time, l.cands[slot])
+	if k := l.kept[slot]; k.by != nil {
+		scores, reason := k.by.Explain(k.state, l.cands[slot])
+		if cp.Decision.Scores = scores; scores == nil {
+			cp.Decision.Scores = []kvroute.Score{}
 		}
-		cp := *rec
-		cp.Candidates = candidateInputs(rec.Time, l.cands[slot])
-		if k := l.kept[slot]; k.by != nil {
-			scores, reason := k.by.Explain(k.state, l.cands[slot])
-			if cp.Decision.Scores = scores; scores == nil {
-				cp.Decision.Scores = []kvroute.Score{}
-			}
-			if reason != "" {
-				cp.Decision.Reason = reason
-			}
-			out = append(out, cp)
-			continue
+		if reason != "" {
+			cp.Decision.Reason = reason
 		}
-		cp.Decision.Scores = make([]kvroute.Score, len(rec.Decision.Scores))
-		for j, sc := range rec.Decision.Scores {
-			sc.Parts = append([]kvroute.Part(nil), sc.Parts...)
-			cp.Decision.Scores[j] = sc
-		}
-		out = append(out, cp)
+		return cp, true
 	}
-	return out
+	cp.Decision.Scores = make([]kvroute.Score, len(rec.Decision.Scores))
+	for j, sc := range rec.Decision.Scores {
+		sc.Parts = append([]kvroute.Part(nil), sc.Parts...)
+		cp.Decision.Scores[j] = sc
+	}
+	return cp, true
 }
