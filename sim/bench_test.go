@@ -122,20 +122,26 @@ func BenchmarkRunChat(b *testing.B) {
 // BenchmarkLowRate simulates 500 chat requests at 0.1 requests per second
 // (about 83 minutes of virtual time) on 8 llama-3.1-8b-h100 engines: a run
 // whose fleet is idle most of the time, where the scrapes of idle engines
-// used to dominate.
+// used to dominate; with the default network latency (1ms) and one longer
+// than the scrape interval (150ms, so scrapes are still in flight when the
+// fleet goes idle).
 func BenchmarkLowRate(b *testing.B) {
 	w, err := workload.Generate("chat", workload.Options{Seed: 1, Requests: 500,
 		Arrivals: workload.Arrivals{Kind: workload.Poisson, Rate: 0.1}})
 	if err != nil {
 		b.Fatal(err)
 	}
-	cfg := Config{Fleet: Fleet{{Count: 8, Profile: "llama-3.1-8b-h100"}}, Policy: "kv-aware", Seed: 1}
-	b.ReportAllocs()
-	var res *Result
-	for b.Loop() {
-		if res, err = Run(context.Background(), cfg, w.Requests); err != nil {
-			b.Fatal(err)
-		}
+	for _, lat := range []time.Duration{DefaultNetLatency, 150 * time.Millisecond} {
+		b.Run("net="+lat.String(), func(b *testing.B) {
+			cfg := Config{Fleet: Fleet{{Count: 8, Profile: "llama-3.1-8b-h100"}}, Policy: "kv-aware", Seed: 1, NetLatency: lat}
+			b.ReportAllocs()
+			var res *Result
+			for b.Loop() {
+				if res, err = Run(context.Background(), cfg, w.Requests); err != nil {
+					b.Fatal(err)
+				}
+			}
+			b.ReportMetric(float64(res.Events), "events")
+		})
 	}
-	b.ReportMetric(float64(res.Events), "events")
 }

@@ -35,8 +35,10 @@
 //     periodic events) the engines and views cannot change, so an engine's
 //     scrapes up to that arrival all read the same metrics: the first of
 //     them records them all at once (signals.View.ObserveRepeat, which
-//     leaves the view as the separate observations would), and a run at a
-//     low rate costs about its requests, not its span over the interval;
+//     leaves the view as the separate observations would), after the
+//     scrapes still in flight to the router (a network latency longer than
+//     the interval), and a run at a low rate costs about its requests, not
+//     its span over the interval;
 //   - KV events (with Config.KVEvents): the engine's BlockStored/BlockRemoved
 //     events reach the precise index KVEventDelay after their step;
 //   - sample: four times per timeline bucket, each engine's KV usage and

@@ -3,6 +3,8 @@ package sim
 import (
 	"fmt"
 	"reflect"
+	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -71,8 +73,10 @@ func (l *loadLog) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 
 // runRef runs cfg over reqs with idle fast-forwarding on, and off (every
 // scrape an event: the reference). With one router replica, the policy
-// runs behind a loadLog, whose logs it returns.
-func runRef(t *testing.T, cfg Config, reqs []workload.Request) (fast, ref *Result, fastLog, refLog []string) {
+// runs behind a loadLog, whose logs it returns. The views are every
+// replica's view of every engine at the end of the run (its Snapshot and
+// Gen): the same in both when the fast run recorded the same observations.
+func runRef(t *testing.T, cfg Config, reqs []workload.Request) (fast, ref *Result, fastLog, refLog, fastViews, refViews []string) {
 	t.Helper()
 	cfg.applyDefaults()
 	if err := cfg.Validate(); err != nil {
@@ -97,17 +101,23 @@ func runRef(t *testing.T, cfg Config, reqs []workload.Request) (fast, ref *Resul
 		if err := s.run(t.Context()); err != nil {
 			t.Fatal(err)
 		}
-		var log []string
+		var log, views []string
 		if ll != nil {
 			log = ll.log
 		}
+		for k, rt := range s.rts {
+			for _, e := range s.engines {
+				v := rt.View(e.id)
+				views = append(views, fmt.Sprintf("replica %d, %s: %+v, gen %d", k, e.id, v.Snapshot(), v.Gen()))
+			}
+		}
 		if every {
-			ref, refLog = s.result(), log
+			ref, refLog, refViews = s.result(), log, views
 		} else {
-			fast, fastLog = s.result(), log
+			fast, fastLog, fastViews = s.result(), log, views
 		}
 	}
-	return fast, ref, fastLog, refLog
+	return fast, ref, fastLog, refLog, fastViews, refViews
 }
 
 // TestIdleScrapesFastForward: at a low request rate the fleet is idle
@@ -115,32 +125,41 @@ func runRef(t *testing.T, cfg Config, reqs []workload.Request) (fast, ref *Resul
 // the same metrics, are recorded at once up to the next arrival instead of
 // one event each: a run at 0.02 requests per second takes a small part of
 // the events, with a result identical to the reference's (every scrape an
-// event) in everything but the event count, and the same loads (staleness,
-// observation times, hit rates) before every pick, for one or several
-// router replicas, KV events, no or a long network latency, a scrape
-// interval shorter than the staleness limit or longer, a drain, and a P/D
-// fleet.
+// event) in everything but the event count, the same loads (staleness,
+// observation times, hit rates) before every pick and the same views at
+// the end (scrapes counted, none out of order), for one or several router
+// replicas, KV events, no network latency, one as long as the scrape
+// interval or several intervals long (scrapes still in flight when the
+// fleet goes idle), a scrape interval shorter than the staleness limit or
+// longer, a drain, and a P/D fleet.
 func TestIdleScrapesFastForward(t *testing.T) {
 	reqs := smallChat(t, 40, 0.02, 3)
+	pd := Fleet{{Count: 1, Profile: "tiny", NumGPUBlocks: 256, Role: "prefill"}, {Count: 2, Profile: "tiny", NumGPUBlocks: 256, Role: "decode"}}
 	for _, tc := range []struct {
 		name string
 		cfg  Config
+		cut  int // the run takes at most 1/cut of the reference's events
 	}{
-		{"kv-aware", Config{Fleet: tinyFleet(3), Policy: "kv-aware", Seed: 1}},
-		{"least_request, 2 routers", Config{Fleet: tinyFleet(3), Policy: "least_request", Seed: 2, Routers: 2}},
-		{"kv events", Config{Fleet: tinyFleet(2), Policy: "kv-aware", Seed: 1, KVEvents: true}},
-		{"no network latency", Config{Fleet: tinyFleet(2), Policy: "kv-aware", Seed: 1, NetLatency: -1}},
-		{"latency above the interval", Config{Fleet: tinyFleet(2), Policy: "least_request", Seed: 1, NetLatency: 300 * time.Millisecond}},
-		{"interval past staleness", Config{Fleet: tinyFleet(2), Policy: "kv-aware", Seed: 1, ScrapeInterval: 2 * time.Second, StaleAfter: 500 * time.Millisecond}},
-		{"short interval", Config{Fleet: tinyFleet(2), Policy: "kv-aware", Seed: 1, ScrapeInterval: 7 * time.Millisecond}},
-		{"drain", Config{Fleet: tinyFleet(1), Policy: "kv-aware", Seed: 1, Drain: time.Millisecond}},
-		{"p/d", Config{Fleet: Fleet{{Count: 1, Profile: "tiny", NumGPUBlocks: 256, Role: "prefill"}, {Count: 2, Profile: "tiny", NumGPUBlocks: 256, Role: "decode"}}, Policy: "kv-aware", Seed: 1}},
+		{"kv-aware", Config{Fleet: tinyFleet(3), Policy: "kv-aware", Seed: 1}, 5},
+		{"least_request, 2 routers", Config{Fleet: tinyFleet(3), Policy: "least_request", Seed: 2, Routers: 2}, 5},
+		{"kv events", Config{Fleet: tinyFleet(2), Policy: "kv-aware", Seed: 1, KVEvents: true}, 5},
+		{"no network latency", Config{Fleet: tinyFleet(2), Policy: "kv-aware", Seed: 1, NetLatency: -1}, 5},
+		{"latency equal to the interval", Config{Fleet: tinyFleet(2), Policy: "kv-aware", Seed: 1, NetLatency: DefaultScrapeInterval}, 5},
+		{"latency above the interval", Config{Fleet: tinyFleet(2), Policy: "least_request", Seed: 1, NetLatency: 300 * time.Millisecond}, 5},
+		{"latency of many intervals, 2 routers, kv events", Config{Fleet: tinyFleet(2), Policy: "kv-aware", Seed: 3, Routers: 2, KVEvents: true,
+			NetLatency: 130 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond}, 5},
+		{"latency above the interval, drain", Config{Fleet: tinyFleet(1), Policy: "kv-aware", Seed: 1, NetLatency: 150 * time.Millisecond, Drain: time.Millisecond}, 5},
+		{"latency above the interval, p/d", Config{Fleet: pd, Policy: "kv-aware", Seed: 1, NetLatency: 250 * time.Millisecond, ScrapeInterval: 50 * time.Millisecond}, 5},
+		{"interval past staleness", Config{Fleet: tinyFleet(2), Policy: "kv-aware", Seed: 1, ScrapeInterval: 2 * time.Second, StaleAfter: 500 * time.Millisecond}, 2},
+		{"short interval", Config{Fleet: tinyFleet(2), Policy: "kv-aware", Seed: 1, ScrapeInterval: 7 * time.Millisecond}, 5},
+		{"drain", Config{Fleet: tinyFleet(1), Policy: "kv-aware", Seed: 1, Drain: time.Millisecond}, 5},
+		{"p/d", Config{Fleet: pd, Policy: "kv-aware", Seed: 1}, 5},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			fast, ref, fastLog, refLog := runRef(t, tc.cfg, reqs)
+			fast, ref, fastLog, refLog, fastViews, refViews := runRef(t, tc.cfg, reqs)
 			t.Logf("%d events, %d without fast-forwarding; %d picks logged", fast.Events, ref.Events, len(refLog))
-			if tc.name == "kv-aware" && fast.Events*5 > ref.Events {
-				t.Errorf("%d events, %d without fast-forwarding: want fewer than a fifth", fast.Events, ref.Events)
+			if fast.Events*tc.cut > ref.Events {
+				t.Errorf("%d events, %d without fast-forwarding: want at most 1/%d of them", fast.Events, ref.Events, tc.cut)
 			}
 			for i := range min(len(fastLog), len(refLog)) {
 				if fastLog[i] != refLog[i] {
@@ -149,6 +168,9 @@ func TestIdleScrapesFastForward(t *testing.T) {
 			}
 			if len(fastLog) != len(refLog) {
 				t.Fatalf("%d picks, want %d", len(fastLog), len(refLog))
+			}
+			if !slices.Equal(fastViews, refViews) {
+				t.Errorf("views at the end:\n%s\nwant\n%s", strings.Join(fastViews, "\n"), strings.Join(refViews, "\n"))
 			}
 			fast.Events = ref.Events
 			if !reflect.DeepEqual(fast, ref) {

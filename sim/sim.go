@@ -221,6 +221,10 @@ type simEngine struct {
 	pre     engine.Stats      // the engine when the step in progress started: what a scrape sees until it ends
 	kvQueue fifo[[]engine.KVEvent]
 	scrapes []fifo[scrape] // per router replica: scrapes in transit to it
+	// early, per router replica: evObserve events on the agenda whose
+	// scrape was recorded ahead of them (scrape) and that have nothing left
+	// to do.
+	early []int
 
 	stepStart time.Duration // start of the step in progress
 	busyTime  time.Duration
@@ -416,6 +420,7 @@ func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 	}
 	for _, e := range s.engines {
 		e.scrapes = make([]fifo[scrape], cfg.Routers)
+		e.early = make([]int, cfg.Routers)
 	}
 	// Arrival order: by scaled arrival, ties by workload order.
 	s.order = make([]int32, len(reqs))
@@ -873,12 +878,21 @@ func (s *simulation) finish(i int32) {
 // reaches the router after the network latency. While the fleet is idle
 // (idleScrapes) it records, at once, every scrape up to the next event
 // that can change an engine or a router view: they would all read the
-// same metrics, and nothing reads the view before that event.
+// same metrics, and nothing reads the view before that event. The scrapes
+// still in flight to the replica (a network latency longer than the
+// scrape interval) land before them, and are recorded first, in order;
+// their evObserve events then do nothing (simEngine.early).
 func (s *simulation) scrape(ei, k int32) {
 	e := s.engines[ei]
 	m := metricsOf(e)
 	if n := s.idleScrapes(ei, k); n > 1 {
-		s.rts[k].View(e.id).ObserveRepeat(wall(s.now-s.cfg.NetLatency), s.cfg.ScrapeInterval, n, m)
+		v := s.rts[k].View(e.id)
+		for e.scrapes[k].len() > 0 {
+			sc := e.scrapes[k].pop()
+			v.Observe(wall(sc.sent), sc.m)
+			e.early[k]++
+		}
+		v.ObserveRepeat(wall(s.now-s.cfg.NetLatency), s.cfg.ScrapeInterval, n, m)
 		s.schedule(s.now+time.Duration(n)*s.cfg.ScrapeInterval, evScrape, ei, k)
 		return
 	}
@@ -894,14 +908,15 @@ func (s *simulation) scrape(ei, k int32) {
 // request so far has finished; a stuck one has no events), the engines
 // and the router are frozen until that arrival, so those scrapes all read
 // the same metrics and their observations (each NetLatency after it, as
-// scrape schedules them) can be recorded now, in order, as long as none
-// is still in flight from before (the replica's queue of scrapes for the
-// engine is empty) and each lands strictly before the arrival (an
-// observation at the same instant comes after it, as it was scheduled
-// after it) and by the end of the run (Config.Drain). 0 when the fleet is
-// not idle.
+// scrape schedules them) can be recorded now, in order, as long as each
+// lands strictly before the arrival (an observation at the same instant
+// comes after it, as it was scheduled after it) and by the end of the run
+// (Config.Drain). The scrapes of the replica still in flight from before
+// (NetLatency past ScrapeInterval) land before this one, sent earlier with
+// the same latency, so before the arrival too: scrape records them first.
+// 0 when the fleet is not idle.
 func (s *simulation) idleScrapes(ei, k int32) int {
-	if s.everyScrape || s.pending != 1 || s.arrived >= s.next || len(s.engines[ei].scrapes[k].items) > 0 {
+	if s.everyScrape || s.pending != 1 || s.arrived >= s.next {
 		return 0
 	}
 	end := s.st[s.order[s.next-1]].arrival // exclusive
@@ -917,6 +932,11 @@ func (s *simulation) idleScrapes(ei, k int32) int {
 
 func (s *simulation) observe(ei, k int32) {
 	e := s.engines[ei]
+	if e.early[k] > 0 {
+		// scrape recorded it already: the fleet was idle.
+		e.early[k]--
+		return
+	}
 	sc := e.scrapes[k].pop()
 	// Like the live scraper, pass the time the scrape request was sent: the
 	// View then keeps every dispatch after it on top of the engine's numbers.
@@ -1056,6 +1076,9 @@ type fifo[T any] struct {
 }
 
 func (f *fifo[T]) push(v T) { f.items = append(f.items, v) }
+
+// len returns the number of items queued.
+func (f *fifo[T]) len() int { return len(f.items) - f.head }
 
 // pop removes and returns the oldest item; the queue must not be empty.
 func (f *fifo[T]) pop() T {
