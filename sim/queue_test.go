@@ -59,3 +59,42 @@ func BenchmarkAgenda(b *testing.B) {
 		q.push(e.at+time.Duration(i%512), evStep, 0, 0)
 	}
 }
+
+// TestFifoNeverEmpty: a fifo that always holds an item or two (scrapes
+// in flight when the network latency is longer than the scrape interval,
+// KV events when steps are shorter than their delay) reuses its array
+// instead of growing with every push, and keeps its order.
+func TestFifoNeverEmpty(t *testing.T) {
+	var f fifo[int]
+	next, want := 0, 0
+	for range 3 {
+		f.push(next)
+		next++
+	}
+	for i := range 100000 {
+		f.push(next)
+		next++
+		if i%3 == 0 {
+			f.push(next)
+			next++
+		}
+		for f.len() > 3 {
+			if got := f.pop(); got != want {
+				t.Fatalf("pop: got %d, want %d", got, want)
+			}
+			want++
+		}
+	}
+	if c := cap(f.items); c > 64 {
+		t.Errorf("after %d pushes with at most 5 queued: capacity %d, want at most 64", next, c)
+	}
+	for f.len() > 0 {
+		if got := f.pop(); got != want {
+			t.Fatalf("pop: got %d, want %d", got, want)
+		}
+		want++
+	}
+	if want != next {
+		t.Errorf("popped %d items, want %d", want, next)
+	}
+}

@@ -1069,13 +1069,26 @@ func (s *simulation) completedOracle(res *Result) float64 {
 	return float64(hit) / float64(prompt)
 }
 
-// fifo is a queue that reuses its backing array once drained.
+// fifo is a queue that reuses its backing array: once drained, or, when
+// it is never empty (scrapes in flight with a network latency longer than
+// the scrape interval), when the array is full and at least half of it has
+// been popped.
 type fifo[T any] struct {
 	items []T
 	head  int
 }
 
-func (f *fifo[T]) push(v T) { f.items = append(f.items, v) }
+// push appends v, moving the queued items to the front of the array
+// rather than growing it when at least half of it has been popped (the
+// copy is paid for by those pops).
+func (f *fifo[T]) push(v T) {
+	if len(f.items) == cap(f.items) && f.head > 0 && f.head >= len(f.items)/2 {
+		n := copy(f.items, f.items[f.head:])
+		clear(f.items[n:])
+		f.items, f.head = f.items[:n], 0
+	}
+	f.items = append(f.items, v)
+}
 
 // len returns the number of items queued.
 func (f *fifo[T]) len() int { return len(f.items) - f.head }
