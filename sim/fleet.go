@@ -59,13 +59,23 @@ func (f Fleet) Size() int {
 }
 
 // String renders the fleet in the form ParseFleet reads, e.g.
-// "4xllama-3.1-8b-h100,2xqwen2.5-7b-h100".
+// "4xllama-3.1-8b-h100,2xqwen2.5-7b-h100", and, when the groups' weights
+// are not all 1, every group's weight after it, e.g.
+// "4xllama-3.1-8b-h100 weight 2,2xqwen2.5-7b-h100 weight 1" (only a fleet
+// file sets weights: ParseFleet does not read them).
 func (f Fleet) String() string {
+	weighted := false
+	for _, g := range f {
+		weighted = weighted || max(g.Weight, 1) != 1
+	}
 	parts := make([]string, len(f))
 	for i, g := range f {
 		parts[i] = fmt.Sprintf("%dx%s", g.Count, g.name())
 		if g.Role != "" && g.Role != "both" {
 			parts[i] += "/" + g.Role
+		}
+		if weighted {
+			parts[i] += " weight " + strconv.Itoa(max(g.Weight, 1))
 		}
 	}
 	return strings.Join(parts, ",")

@@ -176,3 +176,38 @@ func FuzzParseSweep(f *testing.F) {
 		}
 	})
 }
+
+// TestFleetStringWeights: the fleet's description names each group's
+// endpoint weight when the weights are not all 1 (0 is 1), so that a run
+// of weighted engines does not read as one of equal engines.
+func TestFleetStringWeights(t *testing.T) {
+	for _, tc := range []struct {
+		name  string
+		fleet Fleet
+		want  string
+	}{
+		{"no weights", Fleet{{Count: 2, Profile: "tiny"}, {Count: 1, Profile: "tiny", Role: "decode"}}, "2xtiny,1xtiny/decode"},
+		{"all 1", Fleet{{Count: 2, Profile: "tiny", Weight: 1}, {Count: 1, Profile: "tiny"}}, "2xtiny,1xtiny"},
+		{"one group weighted", Fleet{{Count: 2, Profile: "tiny", Weight: 3}, {Count: 1, Profile: "tiny"}}, "2xtiny weight 3,1xtiny weight 1"},
+		{"roles", Fleet{{Count: 1, Profile: "tiny", Role: "prefill", Weight: 2}, {Count: 2, Profile: "tiny", Role: "decode", Weight: 5}},
+			"1xtiny/prefill weight 2,2xtiny/decode weight 5"},
+		{"all equal, not 1", Fleet{{Count: 4, Profile: "tiny", Weight: 7}}, "4xtiny weight 7"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			if got := tc.fleet.String(); got != tc.want {
+				t.Errorf("got %q, want %q", got, tc.want)
+			}
+		})
+	}
+	f, err := ParseFleetFile([]byte("engines:\n  - {count: 2, profile: tiny, weight: 2}\n  - {count: 1, profile: tiny}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	res, err := Run(t.Context(), Config{Fleet: f, Policy: "round_robin"}, smallChat(t, 3, 10, 1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if want := "2xtiny weight 2,1xtiny weight 1"; res.Fleet != want {
+		t.Errorf("Result.Fleet: got %q, want %q", res.Fleet, want)
+	}
+}
