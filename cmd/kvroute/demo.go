@@ -85,7 +85,7 @@ func parseDemoFlags(args []string, stdout, stderr io.Writer) (cfg demo.Config, n
 	fs.BoolVar(&noBrowser, "no-browser", false, "do not open the dashboard in a browser")
 	fs.BoolVar(&quick, "quick", false, "a short run (10s, 2 engines, unless --duration or --engines says otherwise) for a smoke test")
 	fs.BoolVar(&verbose, "v", false, "log the components' warnings to stderr")
-	if err := parseFlags(fs, args); err != nil {
+	if err := parseFlags(fs, args, "compare"); err != nil { // --compare "": no comparison
 		return cfg, false, err
 	}
 	// demo.Config reads zero as "the default": a zero given on the command

@@ -145,7 +145,9 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			"1 unless the GOMAXPROCS variable is set (then that): the engine is one event loop, and a wider runtime spends more CPU waking threads than it saves (16 engines at 200 req/s: about a quarter less CPU at 1)")
 	)
 	hf.register(fs, "the engine's model, GPU and KV cache (instead of --profile)")
-	if err := parseFlags(fs, args); err != nil {
+	// An empty topic is vLLM's default; an empty --listen has its own
+	// message (checkListenAddr).
+	if err := parseFlags(fs, args, "kv-events-topic", "listen"); err != nil {
 		return err
 	}
 	usageErr := func(format string, a ...any) error {

@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -180,7 +181,14 @@ func newFlagSet(name, usageLine, description string, stdout, stderr io.Writer) *
 // the flag package's one-line error after the command's name ("kvroute
 // sim: invalid value ...") and where the help is, not the whole help,
 // which would bury the error.
-func parseFlags(fs *flag.FlagSet, args []string) error {
+//
+// A flag given an empty value (--policies "", --out=, a list of only
+// commas) is a usage error naming it ("kvroute sim: --policies is
+// empty"): the commands read an empty string or list as the flag left out,
+// and would run their default instead. emptyOK names the flags for which
+// an empty value means something (documented in their help, e.g. demo's
+// --compare "": no comparison) or that check it themselves.
+func parseFlags(fs *flag.FlagSet, args []string, emptyOK ...string) error {
 	full := fs.Usage
 	fs.Usage = func() {}
 	// The flag package prints its error ("flag provided but not defined:
@@ -189,7 +197,10 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 	out := fs.Output()
 	var msg strings.Builder
 	fs.SetOutput(&msg)
+	empty := ""
+	restore := watchEmpty(fs, emptyOK, &empty)
 	err := fs.Parse(args)
+	restore()
 	fs.SetOutput(out)
 	fs.Usage = full
 	if err != nil {
@@ -197,7 +208,11 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 			full()
 			return flag.ErrHelp
 		}
-		fmt.Fprintf(out, "%s: %s\n", fs.Name(), strings.TrimSpace(msg.String()))
+		if empty != "" {
+			fmt.Fprintf(out, "%s: --%s is empty (give a value, or leave the flag out)\n", fs.Name(), empty)
+		} else {
+			fmt.Fprintf(out, "%s: %s\n", fs.Name(), strings.TrimSpace(msg.String()))
+		}
 		shortUsage(fs)
 		return errUsage
 	}
@@ -207,6 +222,62 @@ func parseFlags(fs *flag.FlagSet, args []string) error {
 		return errUsage
 	}
 	return nil
+}
+
+// errEmpty stops a parse at a flag given an empty value (watchEmpty).
+var errEmpty = errors.New("empty value")
+
+// emptyWatch wraps a flag's value during a parse: an empty value (spaces
+// only, or for a stringList commas and spaces only) records the flag's
+// name in *empty and fails the parse.
+type emptyWatch struct {
+	flag.Value
+	name  string
+	list  bool
+	empty *string
+}
+
+func (w emptyWatch) Set(v string) error {
+	cut := " \t\n"
+	if w.list {
+		cut += ","
+	}
+	if strings.Trim(v, cut) == "" {
+		*w.empty = w.name
+		return errEmpty
+	}
+	return w.Value.Set(v)
+}
+
+// emptyBoolWatch is emptyWatch for a boolean flag, which the flag package
+// lets go without a value (--quiet) but not with an empty one (--quiet=).
+type emptyBoolWatch struct{ emptyWatch }
+
+func (emptyBoolWatch) IsBoolFlag() bool { return true }
+
+// watchEmpty wraps the values of fs's flags but those named in emptyOK
+// in emptyWatch, for one parse, and returns the function that unwraps
+// them (the help and flag.Value type switches see the flags' own values).
+func watchEmpty(fs *flag.FlagSet, emptyOK []string, empty *string) (restore func()) {
+	orig := map[*flag.Flag]flag.Value{}
+	fs.VisitAll(func(f *flag.Flag) {
+		if slices.Contains(emptyOK, f.Name) {
+			return
+		}
+		orig[f] = f.Value
+		_, list := f.Value.(*stringList)
+		w := emptyWatch{Value: f.Value, name: f.Name, list: list, empty: empty}
+		if b, ok := f.Value.(interface{ IsBoolFlag() bool }); ok && b.IsBoolFlag() {
+			f.Value = emptyBoolWatch{w}
+		} else {
+			f.Value = w
+		}
+	})
+	return func() {
+		for f, v := range orig {
+			f.Value = v
+		}
+	}
 }
 
 // shortUsage follows a usage error: it says where the command's help is.

@@ -6,8 +6,10 @@ import (
 	"errors"
 	"flag"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
@@ -180,5 +182,84 @@ func TestTraceErrorsNameFlag(t *testing.T) {
 		if err == nil || errors.Is(err, errUsage) || !strings.HasPrefix(err.Error(), want) {
 			t.Errorf("%v: got %v, want an error starting %q", args, err, want)
 		}
+	}
+}
+
+// emptyOK are the flags whose empty value means something (their help
+// says what) or that their command checks itself.
+var emptyOK = map[string]string{
+	"demo --compare":           "", // no comparison
+	"engine --kv-events-topic": "", // vLLM's default topic
+	"engine --listen":          "kvroute engine: --listen: is empty (give host:port",
+}
+
+// TestEmptyFlagValues: every flag of every command given an empty value
+// (--flag=, booleans included) is a usage error naming the command and
+// the flag, before anything runs (an empty string or list read as the
+// flag left out ran the default: sim --policies "" the three default
+// policies), but the flags of emptyOK. The context is cancelled, so that a
+// command that does run stops at once.
+func TestEmptyFlagValues(t *testing.T) {
+	ctx, cancel := context.WithCancel(t.Context())
+	cancel()
+	flagRE := regexp.MustCompile(`(?m)^  -(\S+)`)
+	n := 0
+	for _, cmd := range []string{"serve", "engine", "sim", "bench", "plan", "demo", "version"} {
+		var help bytes.Buffer
+		if err := run(ctx, []string{cmd, "--help"}, &help, io.Discard); !errors.Is(err, flag.ErrHelp) {
+			t.Fatalf("%s --help: %v", cmd, err)
+		}
+		for _, m := range flagRE.FindAllStringSubmatch(help.String(), -1) {
+			name := m[1]
+			if _, ok := emptyOK[cmd+" --"+name]; ok {
+				continue
+			}
+			n++
+			t.Run(cmd+" --"+name+"=", func(t *testing.T) {
+				var out, errb bytes.Buffer
+				err := run(ctx, []string{cmd, "--" + name + "="}, &out, &errb)
+				want := fmt.Sprintf("kvroute %s: --%s is empty (give a value, or leave the flag out)\nRun 'kvroute %s --help' for usage.\n", cmd, name, cmd)
+				if !errors.Is(err, errUsage) || errb.String() != want || out.Len() > 0 {
+					t.Errorf("got %v, stdout %q, stderr %q; want a usage error, stderr %q", err, out.String(), errb.String(), want)
+				}
+				if code := exitCode(err, false, io.Discard); code != 2 {
+					t.Errorf("exit status %d, want 2", code)
+				}
+			})
+		}
+	}
+	if n < 100 {
+		t.Errorf("%d flags found in the commands' help, want over 100 (the help's format changed?)", n)
+	}
+	for _, tc := range []struct {
+		name string
+		args []string
+		want string // a line of stderr
+	}{
+		{"policies", []string{"sim", "--policies", ""}, "kvroute sim: --policies is empty"},
+		{"policies of commas", []string{"sim", "--policies", " , ,"}, "kvroute sim: --policies is empty"},
+		{"spaces", []string{"sim", "--workload", "  "}, "kvroute sim: --workload is empty"},
+		{"repeated, the second empty", []string{"sim", "--policy-param", "kv-aware.c=1.5", "--policy-param", ""}, "kvroute sim: --policy-param is empty"},
+		{"endpoint", []string{"serve", "--model", "m", "--endpoint", "http://127.0.0.1:1", "--endpoint", ""}, "kvroute serve: --endpoint is empty"},
+		{"config", []string{"serve", "--config", ""}, "kvroute serve: --config is empty"},
+		{"header", []string{"bench", "--url", "http://127.0.0.1:1", "--model", "m", "--header", ""}, "kvroute bench: --header is empty"},
+		{"hash seed", []string{"engine", "--model", "m", "--prefix-caching-hash-algo", "sha256", "--hash-seed", ""}, "kvroute engine: --hash-seed is empty"},
+		{"what-if", []string{"plan", "--slo-ttft-p99", "1s", "--what-if", ","}, "kvroute plan: --what-if is empty"},
+		{"a number", []string{"sim", "--rate", ""}, "kvroute sim: --rate is empty"},
+		{"dtype", []string{"plan", "--hf-config", "x.json", "--dtype", ""}, "kvroute plan: --dtype is empty"},
+		// The flags whose empty value means something go on to the
+		// command's next check.
+		{"compare: no comparison", []string{"demo", "--compare", "", "--engines", "0"}, "kvroute demo: --engines 0 must be positive"},
+		{"compare=", []string{"demo", "--compare=", "--engines", "0"}, "kvroute demo: --engines 0 must be positive"},
+		{"kv-events-topic", []string{"engine", "--model", "m", "--kv-events-topic", "", "--listen", "127.0.0.1:99999"}, `kvroute engine: --listen: "127.0.0.1:99999" has port 99999`},
+		{"listen", []string{"engine", "--model", "m", "--listen", ""}, emptyOK["engine --listen"]},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			err := run(ctx, tc.args, &out, &errb)
+			if !errors.Is(err, errUsage) || !strings.HasPrefix(errb.String(), tc.want) || out.Len() > 0 {
+				t.Errorf("got %v, stdout %q, stderr %q; want a usage error, stderr starting %q", err, out.String(), errb.String(), tc.want)
+			}
+		})
 	}
 }
