@@ -34,19 +34,22 @@ func (p *explainHook) Explain(_ any, cands []kvroute.Candidate) ([]kvroute.Score
 // 256 kv-aware decisions over 64 endpoints took about 17 ms, every request
 // of the model waiting meanwhile (seconds with a large decision_log).
 //
-// A goroutine asks for the lock while the first decision is rendered; each
-// rendering then takes a few milliseconds, so that the goroutine, woken
-// at an unlock, finds it has waited past a millisecond and the mutex hands
-// it the lock at the next unlock (sync.Mutex's starvation mode): by the
-// last decision it must have had it, and made a decision (the ninth, in
-// the first's slot of eight). (The sleeps are no measurement.)
+// A goroutine asks for the lock while the first of 64 decisions is
+// rendered; each rendering then takes a couple of milliseconds, so that
+// the goroutine, woken at an unlock, finds it has waited past a
+// millisecond and the mutex hands it the lock at the next unlock
+// (sync.Mutex's starvation mode): by the last decision (over 100 ms
+// later, room for a loaded machine to schedule it) it must have had it,
+// and made a decision (the 65th, in the first's slot). (The sleeps are no
+// measurement.)
 func TestDecisionsLetRoutingIn(t *testing.T) {
+	const logSize = 64
 	p := &explainHook{}
-	r, err := New(Config{Model: "m", Endpoints: eps(2), Policy: "hook", Picker: p, DecisionLog: 8})
+	r, err := New(Config{Model: "m", Endpoints: eps(2), Policy: "hook", Picker: p, DecisionLog: logSize})
 	if err != nil {
 		t.Fatal(err)
 	}
-	for i := range 8 {
+	for i := range logSize {
 		f, err := r.Route(t0, &kvroute.Request{ID: fmt.Sprint(i), Model: "m", PromptTokens: 10}, nil)
 		if err != nil {
 			t.Fatal(err)
@@ -59,8 +62,8 @@ func TestDecisionsLetRoutingIn(t *testing.T) {
 		case 1:
 			go func() {
 				close(asking)
-				// A decision made meanwhile: the ninth, in the first's slot.
-				f, err := r.Route(t0, &kvroute.Request{ID: "8", Model: "m", PromptTokens: 10}, nil)
+				// A decision made meanwhile, in the first's slot.
+				f, err := r.Route(t0, &kvroute.Request{ID: fmt.Sprint(logSize), Model: "m", PromptTokens: 10}, nil)
 				if err == nil {
 					r.Done(t0, f, kvroute.Outcome{})
 				}
@@ -68,11 +71,11 @@ func TestDecisionsLetRoutingIn(t *testing.T) {
 			}()
 			<-asking
 			time.Sleep(3 * time.Millisecond)
-		case 7:
+		case logSize - 1:
 			select {
 			case <-done:
 			default:
-				t.Error("the seventh decision is rendered and another caller has not had the router's lock since the first: Decisions holds it throughout")
+				t.Errorf("decision %d is rendered and another caller has not had the router's lock since the first: Decisions holds it throughout", call)
 			}
 		default:
 			time.Sleep(2 * time.Millisecond)
@@ -81,12 +84,12 @@ func TestDecisionsLetRoutingIn(t *testing.T) {
 	recs := r.Decisions(0)
 	<-done
 	// The decisions logged when Decisions was called, newest first, but
-	// the first: the ninth took its slot before its turn.
-	if len(recs) != 7 {
-		t.Fatalf("Decisions: got %d records, want 7", len(recs))
+	// the first: the one made meanwhile took its slot before its turn.
+	if len(recs) != logSize-1 {
+		t.Fatalf("Decisions: got %d records, want %d", len(recs), logSize-1)
 	}
 	for i, rec := range recs {
-		if want := uint64(8 - i); rec.Seq != want || rec.RequestID != fmt.Sprint(want-1) {
+		if want := uint64(logSize - i); rec.Seq != want || rec.RequestID != fmt.Sprint(want-1) {
 			t.Errorf("record %d: seq %d request %q, want seq %d request %q", i, rec.Seq, rec.RequestID, want, fmt.Sprint(want-1))
 		}
 	}
