@@ -317,9 +317,14 @@ func TestClientDisconnectAborts(t *testing.T) {
 	cancel()
 	resp.Body.Close()
 	var mfs map[string]*dto.MetricFamily
+	// Running 0 after the request was seen: the token can reach the
+	// client before the loop publishes the step's stats (at most every
+	// statsEvery while busy), so a scrape at once may still read the
+	// snapshot from before the request, with nothing running.
 	waitFor(t, "the request aborted", func() bool {
 		mfs = scrape(t, hs.URL)
-		return value(mfs["vllm:num_requests_running"].GetMetric()[0]) == 0
+		return value(mfs["vllm:num_requests_running"].GetMetric()[0]) == 0 &&
+			value(mfs["vllm:prompt_tokens_total"].GetMetric()[0]) > 0
 	})
 	// As in vLLM, whose front end forgets a request its client left
 	// (OutputProcessor.abort_requests): no finish is recorded, in
