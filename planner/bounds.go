@@ -5,6 +5,9 @@ import (
 	"math"
 	"sort"
 	"time"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/disagg"
 )
 
 // Bound is one closed-form lower bound on the fleet, with its reasoning.
@@ -28,7 +31,10 @@ type Bounds struct {
 	// Bandwidth: decode nodes needed to absorb the P/D handoffs at the
 	// target link utilisation (disaggregated fleets only), each handoff
 	// moving only the prompt blocks its decode node lacks: at least every
-	// distinct block of the prompts once, and each prompt's last block.
+	// distinct block of the handed-off prompts once (in conditional mode
+	// only of the requests the router hands off whatever the load, and only
+	// blocks no request run on a decode node has), and each handed-off
+	// prompt's partial last block.
 	Bandwidth Bound `json:"bandwidth"`
 	// Aggregated is max(compute, memory): where the search starts.
 	Aggregated int `json:"aggregated"`
@@ -119,20 +125,66 @@ func computeBounds(in *Input, d *Demand) (Bounds, error) {
 		inflight, d.Rate, fmtDur(e2e), perReq, shared, ws, capTok, b.Memory.Engines)
 
 	// Bandwidth for P/D handoffs: a decode engine pulls only the prompt
-	// blocks its own prefix cache lacks (disagg.PulledTokens), so the
-	// bytes are the fewest the handoffs can move (pulledFloor), never more:
-	// the bound must err low.
-	pulled := float64(d.pulledFloor(p.BlockSize)) / float64(len(d.reqs))
+	// blocks its own prefix cache lacks (disagg.PulledTokens), and in
+	// conditional mode only the requests the router hands off move any,
+	// so the bytes are the fewest the handoffs can move (pulledFloor) of
+	// the requests the router hands off whatever the load (mustHandOff),
+	// never more: the bound must err low.
+	handed, n := mustHandOff(in, d)
+	pulled := float64(d.pulledFloor(p.BlockSize, handed)) / float64(len(d.reqs))
 	bytesPerSec := d.Rate * pulled * float64(c.KVBytesPerToken)
 	linkBps := in.Fabric.BytesPerSecond() * in.MaxUtilisation
 	b.Bandwidth.Name = "bandwidth"
 	b.Bandwidth.Engines = bytesPerSec / linkBps
 	b.Bandwidth.Need = max(1, int(math.Ceil(b.Bandwidth.Engines-1e-9)))
-	b.Bandwidth.Explain = fmt.Sprintf("P/D moves the KV of each prompt's blocks a decode node does not hold, at least %.0f of the %.0f tokens of the mean prompt (every shared block crosses the fabric once): %.2f req/s x %.0f tokens x %s/token = %s/s; at %.0f%% of a %g Gbps %s link (%s/s) per decode node that is %.2f decode nodes",
-		pulled, d.PromptMean, d.Rate, pulled, fmtBytes(float64(c.KVBytesPerToken)), fmtBytes(bytesPerSec), 100*in.MaxUtilisation, in.Fabric.Gbps, in.Fabric.Name, fmtBytes(linkBps), b.Bandwidth.Engines)
+	who := "P/D (always mode) hands off every request, moving the KV of each prompt's blocks a decode node does not hold"
+	if handed != nil {
+		who = fmt.Sprintf("P/D in conditional mode surely hands off %d of the %d requests (the router's rule, disagg.Planner.WhatIf, hands them off even with the prefill node saturated; the others may run whole on a decode node and leave their blocks there), moving the KV of their prompts' blocks no decode node can hold",
+			n, len(d.reqs))
+	}
+	b.Bandwidth.Explain = fmt.Sprintf("%s: at least %.0f tokens per request of the %.0f-token mean prompt (every such block crosses the fabric once): %.2f req/s x %.0f tokens x %s/token = %s/s; at %.0f%% of a %g Gbps %s link (%s/s) per decode node that is %.2f decode nodes",
+		who, pulled, d.PromptMean, d.Rate, pulled, fmtBytes(float64(c.KVBytesPerToken)), fmtBytes(bytesPerSec), 100*in.MaxUtilisation, in.Fabric.Gbps, in.Fabric.Name, fmtBytes(linkBps), b.Bandwidth.Engines)
 
 	b.Aggregated = max(b.Compute.Need, b.Memory.Need)
 	return b, nil
+}
+
+// saturatedPrefill is the prefill work queued on a saturated prefill node, in
+// prompts of the request being placed: its queue then costs far more than
+// any prefill on the decode node, so the router's conditional rule hands a
+// request off only when nothing else is allowed.
+const saturatedPrefill = 16
+
+// mustHandOff returns which requests of d the router's P/D placement
+// (disagg.Planner.WhatIf: its mode and conditional rule on its cost model)
+// hands off whatever the fleet's load, and how many: nil (all) in always
+// mode; in conditional mode those it hands off with the prefill node
+// saturated and holding none of the prompt, and the decode node idle and
+// holding the most of it any node can (Demand.mostCached): a loaded decode
+// node, an emptier decode cache or a prefill node with room only hand off
+// more. With the router's default thresholds these are the requests whose
+// uncached prompt on that decode node is over max_local_tokens.
+func mustHandOff(in *Input, d *Demand) ([]bool, int) {
+	if in.PDMode != disagg.ModeConditional {
+		return nil, len(d.reqs)
+	}
+	pd, err := disagg.NewPlanner(disagg.Config{Profile: in.Profile, Links: uniformLinks(in), Mode: in.PDMode})
+	if err != nil {
+		// Input validation leaves nothing for NewPlanner to refuse;
+		// should it, no request is taken to hand off (a floor still).
+		return make([]bool, len(d.reqs)), 0
+	}
+	handed := make([]bool, len(d.reqs))
+	n := 0
+	for i := range d.reqs {
+		r := &d.reqs[i]
+		handed[i] = pd.WhatIf(disagg.Scenario{PromptTokens: r.PromptLen, CachedDecode: d.mostCached(i, in.Profile.BlockSize),
+			PrefillLoad: kvroute.Load{InFlightTokens: saturatedPrefill * r.PromptLen}, Link: in.Fabric}).Disaggregated
+		if handed[i] {
+			n++
+		}
+	}
+	return handed, n
 }
 
 func (b *Bounds) meanTTFTFloor() time.Duration {

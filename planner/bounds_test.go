@@ -76,10 +76,30 @@ func TestBoundsHandWorked(t *testing.T) {
 	if !near(b.Compute.Engines, want, 1e-9) || b.Compute.Need != int(math.Ceil(want)) {
 		t.Errorf("compute = %v (need %d), want %v", b.Compute.Engines, b.Compute.Need, want)
 	}
-	// Bandwidth: 10 req/s x 1000 tokens x 131072 B = 1.31072 GB/s over
-	// 100 Gbps = 12.5 GB/s at 85% = 10.625 GB/s: 0.123362 decode nodes.
-	if !near(b.Bandwidth.Engines, 1.31072e9/10.625e9, 1e-9) || b.Bandwidth.Need != 1 {
-		t.Errorf("bandwidth = %v (need %d), want %v", b.Bandwidth.Engines, b.Bandwidth.Need, 1.31072e9/10.625e9)
+	// Bandwidth: in conditional mode (the default) the router may run any
+	// of these prompts whole on its decode node (1000 uncached tokens, under
+	// max_local_tokens 16384): no handoff is certain, 0. In always mode:
+	// 10 req/s x 1000 tokens x 131072 B = 1.31072 GB/s over 100 Gbps =
+	// 12.5 GB/s at 85% = 10.625 GB/s: 0.123362 decode nodes; and in
+	// conditional mode too with 20000-token prompts (over max_local_tokens,
+	// always handed off): 26.2144 GB/s, 2.467 decode nodes.
+	if b.Bandwidth.Engines != 0 || b.Bandwidth.Need != 1 {
+		t.Errorf("conditional bandwidth = %v (need %d), want 0 (need 1)", b.Bandwidth.Engines, b.Bandwidth.Need)
+	}
+	for _, tc := range []struct {
+		mode   disagg.Mode
+		prompt int
+		want   float64
+	}{{disagg.ModeAlways, 1000, 1.31072e9 / 10.625e9}, {disagg.ModeConditional, 20000, 26.2144e9 / 10.625e9}} {
+		in := in
+		in.PDMode, in.Workload = tc.mode, constWorkload(101, 10, tc.prompt, 100)
+		b, err := computeBounds(&in, analyse(in.Workload, p.BlockSize))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !near(b.Bandwidth.Engines, tc.want, 1e-9) || b.Bandwidth.Need != int(math.Ceil(tc.want)) {
+			t.Errorf("%s, %d-token prompts: bandwidth = %v (need %d), want %v", tc.mode, tc.prompt, b.Bandwidth.Engines, b.Bandwidth.Need, tc.want)
+		}
 	}
 	// Memory: in flight = 10 req/s x (TTFT floor + 100 x decode step),
 	// each holding 1000 + 50 tokens, over the engine's capacity.

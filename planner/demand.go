@@ -160,30 +160,74 @@ func oracleCached(reqs []workload.Request, blockSize int) []int {
 }
 
 // pulledFloor returns the fewest prompt tokens the KV handoffs of a
-// disaggregated fleet serving every request of d can move in all, in
-// whatever order the requests reach their decode engines. A decode engine
-// pulls a prompt's tokens past its own prefix-cache hit
-// (disagg.PulledTokens: whole blocks, never the last token), and its cache
-// holds only full blocks of prompts pulled to it before, so each distinct
-// full block of the workload's prompts crosses the fabric at least once,
-// and every prompt pulls its partial last block. That sum is each prompt
-// less the leading blocks an earlier prompt had (the oracle's hit before
-// it is capped below the whole prompt; the blocks are chained, so a block
-// seen before is a leading one): d.cached, except that a prompt of whole
-// blocks whose capped hit stops one block short may have been seen whole,
-// so that block is not counted either. It is a floor on the sum, not on
-// each request.
-func (d *Demand) pulledFloor(blockSize int) int64 {
+// disaggregated fleet serving d can move in all, in whatever order the
+// requests reach their decode engines, when the requests with handed[i]
+// set are handed off (every request when handed is nil) and the others may
+// run whole on a decode node. A decode engine pulls a prompt's tokens past
+// its own prefix-cache hit (disagg.PulledTokens: whole blocks, never the
+// last token), and its cache holds only full blocks of prompts that
+// reached it before, pulled or prefilled there. So every handed-off prompt
+// pulls its partial last block, and each distinct full block of the
+// handed-off prompts that no other prompt has crosses the fabric at least
+// once. With every request handed off that sum is each prompt less the
+// most a decode engine can hold of it on arrival (mostCached): the blocks
+// are chained, so a block seen before is a leading one. It is a floor on
+// the sum, not on each request.
+func (d *Demand) pulledFloor(blockSize int, handed []bool) int64 {
 	var n int64
-	for i := range d.reqs {
-		p := d.reqs[i].PromptLen
-		u := p - d.cached[i]
-		if blockSize > 0 && p > 0 && p%blockSize == 0 && d.cached[i] == p-blockSize {
-			u = 0
+	if handed == nil {
+		for i := range d.reqs {
+			n += int64(max(d.reqs[i].PromptLen-d.mostCached(i, blockSize), 0))
 		}
-		n += int64(max(u, 0))
+		return n
+	}
+	if blockSize <= 0 {
+		return 0
+	}
+	// The full blocks of the handed-off prompts, true once a prompt run
+	// whole has it (its prefill may leave it on a decode engine).
+	shared := map[uint64]bool{}
+	var buf []uint64
+	for i := range d.reqs {
+		if handed[i] {
+			buf = d.reqs[i].BlockHashes(blockSize, buf[:0])
+			for _, h := range buf {
+				shared[h] = false
+			}
+			n += int64(d.reqs[i].PromptLen % blockSize)
+		}
+	}
+	for i := range d.reqs {
+		if handed[i] || len(shared) == 0 {
+			continue
+		}
+		buf = d.reqs[i].BlockHashes(blockSize, buf[:0])
+		for _, h := range buf {
+			if _, ok := shared[h]; !ok {
+				break // chained: no later block of this prompt is there either
+			}
+			shared[h] = true
+		}
+	}
+	for _, other := range shared {
+		if !other {
+			n += int64(blockSize)
+		}
 	}
 	return n
+}
+
+// mostCached returns the most prompt tokens of request i a decode engine
+// can hold when it arrives: the leading blocks an earlier prompt had (the
+// oracle's hit before it is capped below the whole prompt), d.cached,
+// except that a prompt of whole blocks whose capped hit stops one block
+// short may have been seen whole.
+func (d *Demand) mostCached(i, blockSize int) int {
+	p, c := d.reqs[i].PromptLen, d.cached[i]
+	if blockSize > 0 && p > 0 && p%blockSize == 0 && c == p-blockSize {
+		return p
+	}
+	return c
 }
 
 // tokenShare is the share of reqs' prompt tokens that cached covers.

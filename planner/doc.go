@@ -19,7 +19,12 @@
 //     decode node's link (package disagg's KVShape and Link), a handoff
 //     moving only the prompt blocks its decode node lacks
 //     (disagg.PulledTokens): at least every distinct block of the prompts
-//     once and each prompt's partial last block, whatever the order;
+//     once and each prompt's partial last block, whatever the order. In
+//     conditional mode it counts only the requests the router's rule
+//     (disagg.Planner.WhatIf) hands off whatever the load (with the prefill
+//     node saturated: with its default thresholds, an uncached prompt over
+//     max_local_tokens), and only the blocks no request run whole on a
+//     decode node has;
 //   - latency floors: the TTFT of the SLO's quantile request on an idle
 //     engine with every shared prefix cached, and one decode step of a single
 //     sequence. An SLO below them is infeasible for any fleet (ErrInfeasible,

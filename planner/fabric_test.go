@@ -1,9 +1,11 @@
 package planner
 
 import (
+	"fmt"
 	"math"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -110,9 +112,11 @@ func TestBandwidthBoundBelowSimulation(t *testing.T) {
 // minPulled is the naive reference for pulledFloor: the fewest prompt
 // tokens the handoffs of reqs move over every order they could reach one
 // decode engine with an infinite prefix cache in (one engine holding
-// everything pulled before is the best case for every order), each pulling
-// disagg.PulledTokens of its hit, its full blocks cached after it.
-func minPulled(reqs []workload.Request, bs int) int {
+// everything pulled or prefilled there before is the best case for every
+// order), each handed-off request (handed[i], every one when handed is nil)
+// pulling disagg.PulledTokens of its hit, each request's full blocks cached
+// after it.
+func minPulled(reqs []workload.Request, bs int, handed []bool) int {
 	best := math.MaxInt
 	idx := make([]int, len(reqs))
 	for i := range idx {
@@ -129,7 +133,9 @@ func minPulled(reqs []workload.Request, bs int) int {
 				for hit < len(hs) && cache[hs[hit]] {
 					hit++
 				}
-				total += disagg.PulledTokens(reqs[i].PromptLen, hit*bs, bs)
+				if handed == nil || handed[i] {
+					total += disagg.PulledTokens(reqs[i].PromptLen, hit*bs, bs)
+				}
 				for _, h := range hs {
 					cache[h] = true
 				}
@@ -182,7 +188,7 @@ func TestPulledFloorHandWorked(t *testing.T) {
 		if arrival != tc.arrival {
 			t.Errorf("%s: pulled in arrival order = %d, want %d", tc.name, arrival, tc.arrival)
 		}
-		floor, least := d.pulledFloor(16), minPulled(tc.reqs, 16)
+		floor, least := d.pulledFloor(16, nil), minPulled(tc.reqs, 16, nil)
 		if floor != int64(tc.floor) || floor > int64(least) || tc.tight && floor != int64(least) {
 			t.Errorf("%s: pulledFloor = %d, want %d (the least over every order is %d)", tc.name, floor, tc.floor, least)
 		}
@@ -191,7 +197,8 @@ func TestPulledFloorHandWorked(t *testing.T) {
 
 // TestPulledFloorDifferential: on random small workloads of nested and
 // branching prompts (some of whole blocks), pulledFloor is never above the
-// least the handoffs move over every order (minPulled).
+// least the handoffs move over every order (minPulled), with every request
+// handed off and with some run whole on the decode engine instead.
 func TestPulledFloorDifferential(t *testing.T) {
 	rng := rand.New(rand.NewPCG(1, 2))
 	for trial := range 300 {
@@ -214,8 +221,20 @@ func TestPulledFloorDifferential(t *testing.T) {
 				PromptLen: plen, OutputLen: 4, Segments: segs})
 		}
 		d := analyse(w, 16)
-		if floor, least := d.pulledFloor(16), minPulled(w.Requests, 16); floor > int64(least) {
+		if floor, least := d.pulledFloor(16, nil), minPulled(w.Requests, 16, nil); floor > int64(least) {
 			t.Fatalf("trial %d: pulledFloor = %d, above the least over every order %d; requests %+v", trial, floor, least, w.Requests)
+		}
+		// Marked requests handed off, counted block by block: every one,
+		// and some (the others prefilled on a decode engine, leaving their
+		// blocks there), in any order.
+		all, some := make([]bool, n), make([]bool, n)
+		for i := range some {
+			all[i], some[i] = true, rng.IntN(2) == 0
+		}
+		for _, handed := range [][]bool{all, some} {
+			if floor, least := d.pulledFloor(16, handed), minPulled(w.Requests, 16, handed); floor > int64(least) {
+				t.Fatalf("trial %d: pulledFloor of %v = %d, above the least over every order %d; requests %+v", trial, handed, floor, least, w.Requests)
+			}
 		}
 	}
 }
@@ -307,6 +326,70 @@ func TestConditionalFabricEstimateMatchesSimulation(t *testing.T) {
 			t.Logf("%s, %s: analytical %s/s, simulated %s/s (%.0f%% of requests handed off)", tc.name, l, fmtBytes(got.Total), fmtBytes(want.Total), 100*pd.Disaggregated)
 			if e := got.Total/want.Total - 1; math.Abs(e) > tc.tol {
 				t.Errorf("%s, %s: analytical fabric total %s/s, simulated %s/s: error %+.1f%% over %.0f%%", tc.name, l, fmtBytes(got.Total), fmtBytes(want.Total), 100*e, 100*tc.tol)
+			}
+		}
+	}
+}
+
+// TestConditionalBandwidthBoundBelowHandoffs: in conditional P/D mode the
+// router runs short, mostly cached and cheaper-locally requests whole on
+// their decode nodes, so the bandwidth bound counts only the requests its
+// rule hands off whatever the load (disagg.Planner.WhatIf with the prefill
+// node saturated): its bytes over the span are at most what the simulator
+// moves and what the analytical model estimates, on fleets of several
+// shapes. Counting every request put it at 3.3x the simulated bytes on
+// half-shared 800-token prompts (a tenth handed off).
+func TestConditionalBandwidthBoundBelowHandoffs(t *testing.T) {
+	half := sizedInput(t, 60, 20*time.Second, -1)
+	trace, err := sim.DefaultWorkload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	trace.Requests = trace.Requests[:3000]
+	conv := Input{Profile: half.Profile, Workload: trace, Seed: 1, SimRequests: -1,
+		SLO: SLO{TTFT: Target{0.9, 2 * time.Second}, TPOT: Target{0.99, 100 * time.Millisecond}}}
+	for _, tc := range []struct {
+		name string
+		in   Input
+		agg  int
+	}{{"half shared", half, 4}, {"conversation trace", conv, 5}} {
+		in := tc.in
+		in.PDMode = disagg.ModeConditional
+		in.defaults()
+		d := analyse(in.Workload, in.Profile.BlockSize)
+		b, err := computeBounds(&in, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !strings.Contains(b.Bandwidth.Explain, "hands off") {
+			t.Errorf("%s: bandwidth explain %q does not say which requests it counts", tc.name, b.Bandwidth.Explain)
+		}
+		bound := b.Bandwidth.Engines * in.Fabric.BytesPerSecond() * in.MaxUtilisation * d.Span.Seconds()
+		s := newSearch(&in)
+		agg, err := s.eval(t.Context(), layout{A: tc.agg}, false)
+		if err != nil {
+			t.Fatal(err)
+		}
+		m := newModel(&in, d, b.Costs, agg.HitRate, s.reqs, agg.cached)
+		for _, l := range []layout{{P: 2, D: 2}, {P: 3, D: 1}, {P: 1, D: 4}} {
+			f, err := sim.ParseFleet(fmt.Sprintf("%d/prefill,%d/decode", l.P, l.D), in.Profile.Name)
+			if err != nil {
+				t.Fatal(err)
+			}
+			r, err := sim.Run(t.Context(), sim.Config{Fleet: f, Seed: 1, PD: sim.PDConfig{Mode: disagg.ModeConditional, Links: uniformLinks(&in)}}, in.Workload.Requests)
+			if err != nil {
+				t.Fatal(err)
+			}
+			got := r.FabricLoad(time.Second).Bytes
+			batch, _, _ := m.decodeOK(l.D)
+			model := m.fabric(l.P, l.D, batch, disagg.ShapeOf(in.Profile), in.Fabric).Total * d.Span.Seconds()
+			t.Logf("%s on %s: bound %.4g bytes, simulated %d, analytical %.4g", tc.name, l, bound, got, model)
+			if bound > float64(got) {
+				t.Errorf("%s on %s: the bandwidth bound's %.4g bytes over the span exceed the %d bytes the simulator moved: not a lower bound",
+					tc.name, l, bound, got)
+			}
+			if bound > model {
+				t.Errorf("%s on %s: the bandwidth bound's %.4g bytes over the span exceed the analytical model's %.4g", tc.name, l, bound, model)
 			}
 		}
 	}
