@@ -83,24 +83,59 @@ func newQueue(lambda, meanS, ca2, cs2 float64, c int, k float64) (queue, bool) {
 // sumQuantile returns the q-quantile of W + X where X is drawn uniformly from
 // xs (sorted) and W from the queue.
 func (qm queue) sumQuantile(xs []time.Duration, q float64) time.Duration {
-	if len(xs) == 0 {
+	return mixQuantile([]mixPart{{qm: qm, xs: xs, w: 1}}, q)
+}
+
+// mixPart is one class of requests in a mixture: a share w of them wait in
+// queue qm and then take a time drawn uniformly from xs (sorted).
+type mixPart struct {
+	qm queue
+	xs []time.Duration
+	w  float64
+}
+
+// cdf is P(W + X <= t) for the part.
+func (p *mixPart) cdf(t float64) float64 {
+	var s float64
+	for _, x := range p.xs {
+		w := t - x.Seconds()
+		if w < 0 {
+			break
+		}
+		s += 1 - p.qm.C*math.Exp(-p.qm.Theta*w)
+	}
+	return s / float64(len(p.xs))
+}
+
+// mixQuantile returns the q-quantile of the mixture of parts (their shares
+// summing to 1; parts without samples or share are left out).
+func mixQuantile(parts []mixPart, q float64) time.Duration {
+	var ps []mixPart
+	var tot float64
+	for _, p := range parts {
+		if len(p.xs) > 0 && p.w > 0 {
+			ps = append(ps, p)
+			tot += p.w
+		}
+	}
+	if len(ps) == 0 {
 		return 0
 	}
 	cdf := func(t float64) float64 {
 		var s float64
-		for _, x := range xs {
-			w := t - x.Seconds()
-			if w < 0 {
-				break
-			}
-			s += 1 - qm.C*math.Exp(-qm.Theta*w)
+		for i := range ps {
+			s += ps[i].w * ps[i].cdf(t)
 		}
-		return s / float64(len(xs))
+		return s / tot
 	}
-	lo := xs[0].Seconds()
-	hi := xs[len(xs)-1].Seconds() + 1
-	if qm.C > 0 && qm.Theta > 0 {
-		hi += math.Log(qm.C/(1-q)+1) / qm.Theta
+	lo, hi := math.Inf(1), 0.0
+	for _, p := range ps {
+		lo = min(lo, p.xs[0].Seconds())
+		h := p.xs[len(p.xs)-1].Seconds() + 1
+		if p.qm.C > 0 && p.qm.Theta > 0 {
+			h += math.Log(p.qm.C/(1-q)+1) / p.qm.Theta
+		}
+		hi = max(hi, h)
 	}
 	for cdf(hi) < q {
 		hi *= 2
@@ -129,6 +164,37 @@ func sample(v []time.Duration, n int) []time.Duration {
 	out := make([]time.Duration, n)
 	for i := range out {
 		out[i] = s[(2*i+1)*len(s)/(2*n)]
+	}
+	return out
+}
+
+// weightedSample returns n order statistics of the distribution that puts
+// weight w[i] on v[i], evenly spaced in weight (nil when the weights sum to
+// nothing), sorted.
+func weightedSample(v []time.Duration, w []float64, n int) []time.Duration {
+	idx := make([]int, 0, len(v))
+	var tot float64
+	for i := range v {
+		if w[i] > 0 {
+			idx = append(idx, i)
+			tot += w[i]
+		}
+	}
+	if len(idx) == 0 || tot <= 0 {
+		return nil
+	}
+	sort.SliceStable(idx, func(a, b int) bool { return v[idx[a]] < v[idx[b]] })
+	n = min(n, len(idx))
+	out := make([]time.Duration, 0, n)
+	var cum float64
+	k := 0
+	for j := range n {
+		at := (float64(j) + 0.5) / float64(n) * tot
+		for k < len(idx)-1 && cum+w[idx[k]] < at {
+			cum += w[idx[k]]
+			k++
+		}
+		out = append(out, v[idx[k]])
 	}
 	return out
 }
@@ -294,9 +360,15 @@ func (m *model) tpot(b, steal, q float64) time.Duration {
 // service drawn from the workload; its TPOT is (O x step + stalls) / O.
 // Deterministic (fixed seed); 2000 samples.
 func (m *model) aggregatedTPOT(b float64, n int) []time.Duration {
+	return m.stallTPOT(b, m.rate/float64(n), m.svc, uint64(n))
+}
+
+// stallTPOT is aggregatedTPOT for an engine decoding a batch of b whose
+// prefills arrive at lam per second, each costing a service drawn from svc
+// (none: only decode steps), with the random stream seed.
+func (m *model) stallTPOT(b, lam float64, svc []float64, seed uint64) []time.Duration {
 	step := m.in.Profile.DecodeTime(max(1, int(math.Ceil(b))), m.c.DecodeContext).Seconds()
-	rng := rand.New(rand.NewPCG(0x74706f74, uint64(n)))
-	lam := m.rate / float64(n)
+	rng := rand.New(rand.NewPCG(0x74706f74, seed))
 	const samples = 2000
 	out := make([]time.Duration, 0, samples)
 	for range samples {
@@ -310,10 +382,13 @@ func (m *model) aggregatedTPOT(b float64, n int) []time.Duration {
 		// Arrivals during the lifetime, which the stalls themselves extend
 		// (two rounds are enough for the tail at the utilisations planned).
 		for range 2 {
+			if len(svc) == 0 {
+				break
+			}
 			k := poissonDraw(rng, lam*(life+stall))
 			stall = 0
 			for range k {
-				stall += m.svc[rng.IntN(len(m.svc))]
+				stall += svc[rng.IntN(len(svc))]
 			}
 		}
 		out = append(out, time.Duration((life+stall)/float64(o)*float64(time.Second)))
@@ -430,6 +505,11 @@ func (m *model) decodeOK(dn int) (b float64, tp Latency, ok bool) {
 // on a disaggregated fleet: prefill + KV handoff (of the prompt tokens past
 // the request's prefix hit, see newModel) + first decode step.
 func (m *model) handoffLatency(b float64) []time.Duration {
+	return sample(m.handoffTimes(b), 1500)
+}
+
+// handoffTimes is handoffLatency per request of m.reqs, not sampled.
+func (m *model) handoffTimes(b float64) []time.Duration {
 	p := m.in.Profile
 	shape := disagg.ShapeOf(p)
 	firstStep := p.DecodeTime(max(1, int(math.Ceil(b))), m.c.DecodeContext)
@@ -441,38 +521,187 @@ func (m *model) handoffLatency(b float64) []time.Duration {
 		xs[i] = chunkedPrefill(p, m.uncache[i], m.cachedE[i]) + m.in.Fabric.Duration(shape.Bytes(pulled)) +
 			firstStep + netRTT + netRTT/2
 	}
-	return sample(xs, 1500)
+	return xs
+}
+
+// localTimes is, per request of m.reqs, the TTFT without queueing of a
+// request run whole on one engine: its prefill past the prefix hit and the
+// round trip (as on an aggregated engine).
+func (m *model) localTimes() []time.Duration {
+	xs := make([]time.Duration, len(m.reqs))
+	for i := range m.reqs {
+		xs[i] = chunkedPrefill(m.in.Profile, m.uncache[i], m.cachedE[i]) + netRTT
+	}
+	return xs
+}
+
+// poolLoad is the prefill work one pool of a P/D fleet takes: the requests
+// with weight w (the probability each goes there).
+type poolLoad struct {
+	rate    float64 // requests per second
+	share   float64 // of all requests
+	meanSvc float64 // mean prefill service, s
+	cs2     float64 // its squared CV
+	ca2     float64 // the arrivals' squared CV (a thinned stream)
+}
+
+// load returns the prefill load of the requests of m.reqs with weights w.
+func (m *model) load(w []float64) poolLoad {
+	var n, s, s2 float64
+	for i, x := range m.svc {
+		n, s, s2 = n+w[i], s+w[i]*x, s2+w[i]*x*x
+	}
+	l := poolLoad{share: n / float64(len(m.svc))}
+	l.rate = m.rate * l.share
+	// Splitting a renewal stream at random with probability p leaves
+	// arrivals of squared CV p x ca2 + 1 - p.
+	l.ca2 = l.share*m.d.ArrivalCV2 + 1 - l.share
+	if n > 0 && s > 0 {
+		l.meanSvc = s / n
+		l.cs2 = max(0, (s2/n-l.meanSvc*l.meanSvc)/(l.meanSvc*l.meanSvc))
+	}
+	return l
+}
+
+// queue is the M/G/c model of c engines taking l; an idle one when l is
+// empty.
+func (l poolLoad) queue(c int, k float64) (queue, bool) {
+	if l.rate <= 0 || l.meanSvc <= 0 {
+		return queue{}, c >= 1
+	}
+	return newQueue(l.rate, l.meanSvc, l.ca2, l.cs2, c, k)
+}
+
+// pdFit is how a P/D fleet fares in the model: which pool its misses point
+// at, as the simulated search grows them.
+type pdFit struct {
+	meets      bool
+	growDecode bool
+	// stuck: TTFT misses with neither pool's queue adding to it, so no
+	// fleet size helps.
+	stuck bool
 }
 
 // disaggAt fills f for pn prefill and dn decode engines and reports whether
 // the fleet meets the SLO with the prefill pool at the target utilisation.
-func (m *model) disaggAt(f *Fleet, pn, dn int) bool {
+func (m *model) disaggAt(f *Fleet, pn, dn int) bool { return m.disaggFit(f, pn, dn).meets }
+
+// disaggFit is disaggAt, also saying which pool to grow when the fleet
+// misses. The prefill pool prefills the requests the router hands off (all
+// in always mode; in conditional mode each with the probability handoffs
+// gives); the decode pool decodes every request and prefills the others,
+// as an aggregated engine does (aggregatedAt): their prefill is its queue,
+// and it steals from the decode steps, which pay for the prefills that
+// arrive while a request decodes. TTFT is the mixture of the two: queue +
+// prefill + handoff + first decode step, and queue + local prefill.
+func (m *model) disaggFit(f *Fleet, pn, dn int) pdFit {
 	in, d := m.in, m.d
 	f.Prefill, f.Decode, f.Engines = pn, dn, pn+dn
-	b, tp, okD := m.decodeOK(dn)
-	f.DecodeBatch, f.TPOT = b, tp
+	inf := Latency{P50: infDur, P90: infDur, P99: infDur, AtSLO: infDur}
+	f.TTFT, f.TPOT = inf, inf
+	// The local prefills slow the decode steps, which moves the split: a
+	// few rounds settle it.
+	b, okB := m.decodeBatch(dn, 0)
+	w := m.handoffs(m.reqs, m.cachedE, pn, b)
+	var pf, loc poolLoad
+	var steal float64
+	for range 3 {
+		pf = m.load(w)
+		loc = m.load(oneMinus(w))
+		steal = loc.rate * loc.meanSvc / float64(dn)
+		if steal >= 1 {
+			okB = false
+			break
+		}
+		nb, ok := m.decodeBatch(dn, steal)
+		okB = ok
+		if !ok || math.Abs(nb-b) < 1e-3 {
+			b = nb
+			break
+		}
+		b = nb
+		w = m.handoffs(m.reqs, m.cachedE, pn, b)
+	}
+	f.DecodeBatch, f.SplitFraction = b, pf.share
 	f.Fabric = m.fabric(pn, dn, b, disagg.ShapeOf(in.Profile), in.Fabric)
-	qm, okP := newQueue(m.rate, m.meanSvc, d.ArrivalCV2, m.cs2, pn, m.acScale)
-	f.PrefillUtil = qm.Rho
+	qp, okP := pf.queue(pn, m.acScale)
+	ql, okL := loc.queue(dn, m.acScale)
+	f.PrefillUtil = qp.Rho
 	f.DecodeUtil = b / float64(max(1, m.c.DecodeBatch))
 	f.Utilisation = (min(1, f.PrefillUtil)*float64(pn) + min(1, f.DecodeUtil)*float64(dn)) / float64(pn+dn)
 	f.ThroughputRPS = m.rate
 	f.OutputTPS = m.rate * d.OutputMean
 	if !okP {
-		f.TTFT = Latency{P50: infDur, P90: infDur, P99: infDur, AtSLO: infDur}
-		return false
+		return pdFit{}
 	}
-	xs := m.handoffLatency(b)
-	f.TTFT = m.latency(func(q float64) time.Duration { return qm.sumQuantile(xs, q) }, in.SLO.TTFT)
-	return okD && qm.Rho <= in.MaxUtilisation && meets(f.TTFT, in.SLO.TTFT) &&
-		f.Fabric.LinkUtilMean <= in.MaxUtilisation
+	if !okB || !okL {
+		return pdFit{growDecode: true}
+	}
+	if loc.share > 0 {
+		wl := oneMinus(w)
+		svc := make([]float64, 0, len(m.svc))
+		for _, x := range weightedSample(secs(m.svc), wl, 1500) {
+			svc = append(svc, x.Seconds())
+		}
+		tp := m.stallTPOT(b, loc.rate/float64(dn), svc, uint64(pn)<<32|uint64(dn))
+		f.TPOT = m.latency(func(q float64) time.Duration { return quantileDur(tp, q) }, in.SLO.TPOT)
+	} else {
+		f.TPOT = m.latency(func(q float64) time.Duration { return m.tpot(b, 0, q) }, in.SLO.TPOT)
+	}
+	parts := []mixPart{
+		{qm: qp, xs: weightedSample(m.handoffTimes(b), w, 1500), w: pf.share},
+		{qm: ql, xs: weightedSample(m.localTimes(), oneMinus(w), 1500), w: loc.share},
+	}
+	f.TTFT = m.latency(func(q float64) time.Duration { return mixQuantile(parts, q) }, in.SLO.TTFT)
+	mem := float64(poissonQuantile(b, 0.99)) * (d.PromptMean + d.OutputMean/2)
+	switch {
+	case qp.Rho > in.MaxUtilisation:
+		return pdFit{}
+	case steal > in.MaxUtilisation || mem > float64(m.c.KVCapacity) || !meets(f.TPOT, in.SLO.TPOT) ||
+		f.Fabric.LinkUtilMean > in.MaxUtilisation:
+		return pdFit{growDecode: true}
+	case meets(f.TTFT, in.SLO.TTFT):
+		return pdFit{meets: true}
+	}
+	// The misses point at the pool whose queue adds more at the SLO's
+	// quantile.
+	q := in.SLO.TTFT.Quantile
+	wait := func(p mixPart) time.Duration {
+		if p.w <= 0 || len(p.xs) == 0 {
+			return 0
+		}
+		return p.qm.sumQuantile(p.xs, q) - quantileDur(p.xs, q)
+	}
+	wp, wl := wait(parts[0]), wait(parts[1])
+	return pdFit{growDecode: wl > wp, stuck: wp <= 0 && wl <= 0}
+}
+
+func oneMinus(w []float64) []float64 {
+	out := make([]float64, len(w))
+	for i, x := range w {
+		out[i] = 1 - x
+	}
+	return out
+}
+
+func secs(v []float64) []time.Duration {
+	out := make([]time.Duration, len(v))
+	for i, x := range v {
+		out[i] = time.Duration(x * float64(time.Second))
+	}
+	return out
 }
 
 const infDur = time.Duration(math.MaxInt64)
 
-// analyticDisaggregated sizes a decode pool (TPOT, KV, fabric ingress) and
-// then a prefill pool (TTFT: queue + prefill + handoff + first decode step, at
-// the target utilisation).
+// analyticDisaggregated sizes a P/D fleet: the decode pool from the
+// smallest meeting TPOT, KV capacity and link ingress with no prefill, the
+// prefill pool from its load at the target utilisation (in always mode;
+// from one in conditional mode, where the router runs some requests on the
+// decode nodes), then grows the pool the misses point at (disaggFit) until
+// the fleet meets the SLO (TTFT: queue + prefill + handoff + first decode
+// step, or queue + prefill on the decode node), and shrinks each pool while
+// it still does.
 func (m *model) analyticDisaggregated(bwNeed int) Fleet {
 	in := m.in
 	f := Fleet{Mode: "disaggregated", Method: "analytical", HitRate: m.hit, KVCapacityTokens: m.c.KVCapacity}
@@ -488,31 +717,63 @@ func (m *model) analyticDisaggregated(bwNeed int) Fleet {
 		return f
 	}
 	b, _, _ := m.decodeOK(dn)
+	pn := max(1, int(math.Ceil(m.rate*m.meanSvc/in.MaxUtilisation-1e-9)))
+	if in.PDMode == disagg.ModeConditional {
+		pn = 1
+	}
 	if in.SLO.TTFT.Set() {
-		if floor := quantileDur(m.handoffLatency(b), in.SLO.TTFT.Quantile); floor > in.SLO.TTFT.Limit {
-			m.disaggAt(&f, max(1, int(math.Ceil(m.rate*m.meanSvc/in.MaxUtilisation))), dn)
+		// A floor: each request's TTFT with no queue, handed off (or, in
+		// conditional mode, run on its decode node if that is faster).
+		xs := m.handoffTimes(b)
+		if in.PDMode == disagg.ModeConditional {
+			for i, x := range m.localTimes() {
+				xs[i] = min(xs[i], x)
+			}
+		}
+		if floor := quantileDur(xs, in.SLO.TTFT.Quantile); floor > in.SLO.TTFT.Limit {
+			m.disaggAt(&f, pn, dn)
 			f.Notes = append(f.Notes, "TTFT target "+in.SLO.TTFT.String()+" is below prefill + KV handoff + first decode step at that quantile ("+
 				fmtDur(floor)+"): no prefill pool meets it")
 			return f
 		}
 	}
-	start := max(1, int(math.Ceil(m.rate*m.meanSvc/in.MaxUtilisation-1e-9)))
-	for pn := start; pn <= in.MaxEngines; pn++ {
-		if m.disaggAt(&f, pn, dn) {
-			f.Meets = true
+	for pn+dn <= in.MaxEngines {
+		fit := m.disaggFit(&f, pn, dn)
+		if fit.stuck {
+			f.Notes = append(f.Notes, "TTFT target "+in.SLO.TTFT.String()+" is below the TTFT of the requests as the router splits them with no queueing: no P/D fleet meets it")
 			return f
 		}
+		if !fit.meets {
+			if fit.growDecode {
+				dn++
+			} else {
+				pn++
+			}
+			continue
+		}
+		for pn > 1 && m.disaggAt(&f, pn-1, dn) {
+			pn--
+		}
+		for dn > 1 && m.disaggAt(&f, pn, dn-1) {
+			dn--
+		}
+		m.disaggAt(&f, pn, dn)
+		f.Meets = true
+		return f
 	}
-	f.Notes = append(f.Notes, "no prefill pool up to "+itoa(in.MaxEngines)+" engines meets TTFT")
+	f.Notes = append(f.Notes, "no P/D fleet up to "+itoa(in.MaxEngines)+" engines meets the SLO")
 	return f
 }
 
-// split returns, per demand request, the probability that the router's
-// P/D placement (disagg.Planner.WhatIf: its mode and conditional rule on
-// its cost model) hands its KV off on pn prefill nodes and decode nodes
-// whose decode batch is b: a request it runs whole on the decode node (short,
-// mostly cached there, or cheaper there) moves no KV. Both nodes are taken
-// to hold the request's expected prefix hit and the link to be idle.
+// handoffs returns, per request of reqs whose decode engine holds cached[i]
+// of its prompt, the probability that the router's P/D placement
+// (disagg.Planner.WhatIf: its mode and conditional rule on its cost model)
+// hands its KV off on pn prefill nodes and decode nodes whose decode batch
+// is b: a request it runs whole on the decode node (short, mostly cached
+// there, or cheaper there) moves no KV and is prefilled there. Both nodes
+// are taken to hold the request's expected prefix hit and the link to be
+// idle. (The fabric's bandwidth takes the demand's requests, the prefill
+// pool's queue the model's.)
 //
 // The rule weighs the prefill node's queue, which the handoffs themselves
 // make. The queue is M/G/c over the prefill pool fed by the handed-off
@@ -522,8 +783,7 @@ func (m *model) analyticDisaggregated(bwNeed int) Fleet {
 // mean, as the router counts in-flight prompt tokens (Load.InFlightTokens).
 // The handoff probabilities are iterated (damped) to the fixed point of
 // that loop on a sample of the requests, then applied to all.
-func (m *model) split(pn int, b float64) []float64 {
-	reqs := m.d.reqs
+func (m *model) handoffs(reqs []workload.Request, cached []int, pn int, b float64) []float64 {
 	out := make([]float64, len(reqs))
 	if m.pd == nil || m.in.PDMode == disagg.ModeAlways {
 		for i := range out {
@@ -534,7 +794,7 @@ func (m *model) split(pn int, b float64) []float64 {
 	run := int(math.Round(b))
 	dl := kvroute.Load{Running: run, DecodeTokens: run * m.c.DecodeContext}
 	hands := func(i, inflight int) float64 {
-		if m.pd.WhatIf(disagg.Scenario{PromptTokens: reqs[i].PromptLen, CachedPrefill: m.dcached[i], CachedDecode: m.dcached[i],
+		if m.pd.WhatIf(disagg.Scenario{PromptTokens: reqs[i].PromptLen, CachedPrefill: cached[i], CachedDecode: cached[i],
 			PrefillLoad: kvroute.Load{InFlightTokens: inflight}, DecodeLoad: dl, Link: m.in.Fabric}).Disaggregated {
 			return 1
 		}
@@ -554,7 +814,7 @@ func (m *model) split(pn int, b float64) []float64 {
 	busy := func(w []float64) (float64, int) {
 		var n, svc, svc2, prompt float64
 		for k, i := range idx {
-			x := float64(reqs[i].PromptLen-min(m.dcached[i], reqs[i].PromptLen-1)) * m.c.PrefillPerToken.Seconds()
+			x := float64(reqs[i].PromptLen-min(cached[i], reqs[i].PromptLen-1)) * m.c.PrefillPerToken.Seconds()
 			n, svc, svc2, prompt = n+w[k], svc+w[k]*x, svc2+w[k]*x*x, prompt+w[k]*float64(reqs[i].PromptLen)
 		}
 		if n == 0 || svc == 0 {
@@ -594,7 +854,7 @@ func (m *model) split(pn int, b float64) []float64 {
 // nodes running a mean batch of b sequences each, requests assigned round
 // robin, in one-second windows, each request moving the prompt tokens past
 // its decode engine's prefix hit (m.pulled) times the probability that the
-// router hands it off (split: in conditional mode it runs the rest whole
+// router hands it off (handoffs: in conditional mode it runs the rest whole
 // on their decode nodes, and they move nothing).
 func (m *model) fabric(pn, dn int, b float64, shape disagg.KVShape, link disagg.Link) *FabricNeed {
 	d := m.d
@@ -604,7 +864,7 @@ func (m *model) fabric(pn, dn int, b float64, shape disagg.KVShape, link disagg.
 	var tot float64
 	per := map[[2]int64]float64{}
 	t0 := d.reqs[0].Arrival
-	split := m.split(pn, b)
+	split := m.handoffs(d.reqs, m.dcached, pn, b)
 	for i := range d.reqs {
 		if split[i] == 0 {
 			continue

@@ -70,13 +70,21 @@
 // hit taken from the simulated search window, and the queue's variability
 // term calibrated against the simulation when the uncalibrated model is more
 // than 10% off (as NVIDIA Dynamo's planner corrects its profile with
-// observed/expected TTFT). The disaggregated model (decode pool sized for
-// TPOT, KV capacity and link ingress; prefill pool for TTFT = queue +
-// chunked prefill + KV handoff of the prompt past the prefix hit + first
-// decode step) starts the P/D search. Its fabric counts only the handoffs
-// the router makes: in conditional mode the same disagg.Planner rule
-// (Planner.WhatIf) keeps short, mostly cached and cheaper-locally requests
-// on their decode nodes, weighing the prefill queue the handoffs make.
+// observed/expected TTFT). The disaggregated model starts the P/D search:
+// the router hands a request off (prefill pool: queue + chunked prefill +
+// KV handoff of the prompt past the prefix hit + first decode step) or, in
+// conditional mode, runs it whole on its decode node as the same
+// disagg.Planner rule (Planner.WhatIf) decides, weighing the prefill queue
+// the handoffs make (short, mostly cached and cheaper-locally requests stay
+// there). The prefill pool queues only the handed-off requests; the decode
+// pool decodes every request and prefills the others as an aggregated
+// engine does (a queue of their prefills, which steal from its decode
+// steps and stall the requests decoding); TTFT is the mixture of the two,
+// and only the handoffs load the fabric. The decode pool starts at the
+// smallest meeting TPOT, KV capacity and link ingress with no prefill, the
+// prefill pool at its load at the target utilisation (always mode) or one;
+// the pool the misses point at grows until the fleet meets the SLO, then
+// each shrinks while it still does.
 //
 // Input.Validate reports the first invalid field (ErrBadInput), among
 // them a fabric slower than the simulator models (sim.MinLinkGbps) and a

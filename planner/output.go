@@ -110,8 +110,11 @@ func (r *Result) writeText(b *strings.Builder, md bool) {
 	})
 	row("decode batch / engine", func(f *Fleet) string { return fmt.Sprintf("%.1f", f.DecodeBatch) })
 	row("requests split P/D", func(f *Fleet) string {
-		if f.Method != "simulated" || f.Prefill == 0 {
+		if f.Prefill == 0 {
 			return "-"
+		}
+		if f.Method != "simulated" {
+			return fmt.Sprintf("%.1f%% expected (%s mode)", 100*f.SplitFraction, r.PDMode)
 		}
 		return fmt.Sprintf("%.1f%% (%s mode)", 100*f.SplitFraction, r.PDMode)
 	})

@@ -48,9 +48,10 @@ type Fleet struct {
 	// DecodeBatch is the mean number of sequences decoding per
 	// decode-capable engine.
 	DecodeBatch float64 `json:"decode_batch"`
-	// SplitFraction is, for a simulated disaggregated fleet, the fraction
-	// of requests the router split between the pools (in conditional mode
-	// the rest ran whole on a decode node).
+	// SplitFraction is, for a disaggregated fleet, the fraction of
+	// requests the router split between the pools (in conditional mode
+	// the rest ran whole on a decode node): simulated, of the completed
+	// requests; analytical, the expected share (disagg.Planner.WhatIf).
 	SplitFraction float64 `json:"split_fraction,omitempty"`
 	// Fabric is the KV handoff bandwidth (disaggregated only).
 	Fabric *FabricNeed `json:"fabric,omitempty"`

@@ -1,0 +1,109 @@
+package planner
+
+import (
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/disagg"
+	"github.com/kvroute/kvroute/sim"
+	"github.com/kvroute/kvroute/workload"
+)
+
+// mixedWorkload alternates long unshared prompts and prompts mostly
+// cached: n requests at rate req/s, the even ones of long unshared tokens,
+// the odd ones a shared prefix of prefix tokens and own unshared tokens.
+func mixedWorkload(n int, rate float64, long, prefix, own, out int) *workload.Workload {
+	w := &workload.Workload{Name: "mixed"}
+	gap := time.Duration(float64(time.Second) / rate)
+	for i := range n {
+		r := workload.Request{ID: "r" + itoa(i), Arrival: time.Duration(i) * gap, PromptLen: long, OutputLen: out,
+			Segments: []workload.Segment{{Key: uint64(1000 + i), Len: long}}}
+		if i%2 == 1 {
+			r.PromptLen = prefix + own
+			r.Segments = []workload.Segment{{Key: 7, Len: prefix}, {Key: uint64(1000 + i), Len: own}}
+		}
+		w.Requests = append(w.Requests, r)
+	}
+	return w
+}
+
+// TestConditionalPoolsHandWorked: in conditional P/D mode the requests the
+// router runs whole on a decode node are prefilled there, not on the
+// prefill pool. Half the requests have 20000-token unshared prompts (over
+// max_local_tokens: always handed off), half 10000-token ones of which a
+// decode node holds the shared 8000 (mostly cached: always run on the
+// decode node), 4 req/s: the prefill pool's utilisation is 2 req/s x 20000
+// tokens x the per-token prefill time over its engines, and the decode
+// pool's batch is the one whose steps the other 2 req/s of 2000-token
+// prefills steal from (within 1%: the first mostly-cached request finds
+// nothing cached). The model had every request prefilled on the prefill
+// pool (its utilisation 10% higher) and the decode pool only decoding.
+func TestConditionalPoolsHandWorked(t *testing.T) {
+	p := mustProfile(t, "llama-3.1-8b-h100")
+	in := Input{Profile: p, Workload: mixedWorkload(400, 4, 20000, 8000, 2000, 50), PDMode: disagg.ModeConditional,
+		SLO: SLO{TTFT: Target{0.9, 10 * time.Second}, TPOT: Target{0.99, 200 * time.Millisecond}}}
+	in.defaults()
+	d := analyse(in.Workload, p.BlockSize)
+	b, err := computeBounds(&in, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newModel(&in, d, b.Costs, d.OracleHitRate, nil, nil)
+	perTok := b.Costs.PrefillPerToken.Seconds()
+	for _, l := range []layout{{P: 2, D: 2}, {P: 3, D: 1}} {
+		var f Fleet
+		m.disaggAt(&f, l.P, l.D)
+		if want := 2 * 20000 * perTok / float64(l.P); !near(f.PrefillUtil, want, 0.01) {
+			t.Errorf("%s: prefill utilisation %.4f, want %.4f (the handed-off half only; every request: %.4f)", l, f.PrefillUtil, want, 4*11000*perTok/float64(l.P))
+		}
+		steal := 2 * 2000 * perTok / float64(l.D)
+		if want, _ := m.decodeBatch(l.D, steal); !near(f.DecodeBatch, want, 0.01) {
+			t.Errorf("%s: decode batch %.4f, want %.4f (with the local prefills' %.4f of the steps)", l, f.DecodeBatch, want, steal)
+		}
+		if !near(f.SplitFraction, 0.5, 0.01) {
+			t.Errorf("%s: split fraction %.3f, want 0.5", l, f.SplitFraction)
+		}
+	}
+}
+
+// TestConditionalDecodePoolSaturated: 250-token prompts at 300 req/s are
+// all short, so the router prefills every one on its decode node: one
+// decode node is saturated by those prefills (300 x 250 tokens x the
+// per-token prefill time is over 1), whatever the prefill pool, and the
+// simulator agrees (TTFT p90 over the limit). The model had the prefill
+// pool take them and the 3:1 fleet meeting the SLO.
+func TestConditionalDecodePoolSaturated(t *testing.T) {
+	p := mustProfile(t, "llama-3.1-8b-h100")
+	in := Input{Profile: p, Workload: constWorkload(3000, 300, 250, 20), PDMode: disagg.ModeConditional, Seed: 1,
+		SLO: SLO{TTFT: Target{0.9, time.Second}, TPOT: Target{0.99, 100 * time.Millisecond}}}
+	in.defaults()
+	d := analyse(in.Workload, p.BlockSize)
+	b, err := computeBounds(&in, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rho := 300 * 250 * b.Costs.PrefillPerToken.Seconds(); rho <= 1 {
+		t.Fatalf("local prefill load %.2f: the workload does not saturate a decode node", rho)
+	}
+	m := newModel(&in, d, b.Costs, 0, nil, nil)
+	var f Fleet
+	if m.disaggAt(&f, 3, 1) {
+		t.Errorf("3:1 meets the SLO in the model (prefill util %.2f, TTFT p90 %v, TPOT p99 %v), but its decode node prefills every request", f.PrefillUtil, f.TTFT.P90, f.TPOT.P99)
+	}
+	fl, err := sim.ParseFleet("3/prefill,1/decode", p.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := sim.Run(t.Context(), sim.Config{Fleet: fl, Seed: 1, PD: sim.PDConfig{Mode: disagg.ModeConditional, Links: uniformLinks(&in)}}, in.Workload.Requests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ttft []time.Duration
+	for _, rec := range r.Records {
+		ttft = append(ttft, rec.TTFT)
+	}
+	t.Logf("simulated 3:1: TTFT p90 %v; model: TTFT p90 %v, prefill util %.2f", quantileDur(ttft, 0.9), f.TTFT.P90, f.PrefillUtil)
+	if got := quantileDur(ttft, 0.9); got <= in.SLO.TTFT.Limit {
+		t.Errorf("simulated 3:1 TTFT p90 %v meets the %v limit: the workload does not show the decode pool's prefills", got, in.SLO.TTFT.Limit)
+	}
+}
