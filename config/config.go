@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"math"
 	"net"
 	"net/netip"
 	"net/url"
@@ -620,6 +621,18 @@ func (v *validator) urlPath(path, p string) {
 		}
 		v.addf(path, "%q is not a URL path: %v", p, err)
 	}
+}
+
+// finite reports a float field that is NaN or infinite (YAML's .nan and
+// .inf decode without an error) and says whether it is finite, so the
+// caller checks its range only then: every comparison with NaN is false,
+// so a range check alone lets it through.
+func (v *validator) finite(path string, x float64) bool {
+	if math.IsNaN(x) || math.IsInf(x, 0) {
+		v.addf(path, "%v is not a finite number", x)
+		return false
+	}
+	return true
 }
 
 func (v *validator) positive(path string, n int64) {

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"math"
 	"strings"
 	"testing"
 	"time"
@@ -145,6 +146,30 @@ func TestValidateErrors(t *testing.T) {
 		{"policy", func(c *Config) { c.Models[0].Policy.Name = " " }, `models[0].policy.name: is empty`},
 		{"scrape slower than stale", func(c *Config) { c.Models[0].Signals.ScrapeInterval = c.Models[0].Signals.StaleAfter },
 			`models[0].signals.scrape_interval: 1s is not shorter than signals.stale_after (1s): each scrape would go stale before the next; shorten the interval or raise stale_after`},
+		// Non-finite floats: every comparison with NaN is false, so a
+		// range check alone let .nan through, and .inf passed "positive"
+		// and "not more than 1" checks; a NaN efficiency made the P/D
+		// placement's transfer time NaN.
+		{"pd efficiency nan", func(c *Config) { c.Models[0].PD.DefaultLink = PDLink{Gbps: 100, Efficiency: math.NaN()} },
+			`models[0].pd.default_link.efficiency: NaN is not a finite number`},
+		{"pd rule efficiency -inf", func(c *Config) {
+			c.Models[0].PD.Links = []PDLink{{Same: []string{"node"}, Gbps: 100, Efficiency: math.Inf(-1)}}
+		},
+			`models[0].pd.links[0].efficiency: -Inf is not a finite number`},
+		{"pd gbps +inf", func(c *Config) {
+			c.Models[0].PD.Links = []PDLink{{Same: []string{"node"}, Gbps: math.Inf(1)}}
+		},
+			`models[0].pd.links[0].gbps: +Inf is not a finite number`},
+		{"pd default gbps nan", func(c *Config) { c.Models[0].PD.DefaultLink = PDLink{Gbps: math.NaN()} },
+			`models[0].pd.default_link.gbps: NaN is not a finite number`},
+		{"pd local ratio nan", func(c *Config) { c.Models[0].PD.LocalRatio = math.NaN() },
+			`models[0].pd.local_ratio: NaN is not a finite number`},
+		{"pd local ratio -inf", func(c *Config) { c.Models[0].PD.LocalRatio = math.Inf(-1) },
+			`models[0].pd.local_ratio: -Inf is not a finite number`},
+		{"pd margin nan", func(c *Config) { c.Models[0].PD.Margin = math.NaN() },
+			`models[0].pd.margin: NaN is not a finite number`},
+		{"pd margin -inf", func(c *Config) { c.Models[0].PD.Margin = math.Inf(-1) },
+			`models[0].pd.margin: -Inf is not a finite number`},
 		{"endpoint scrape slower than stale", func(c *Config) { c.Models[0].Endpoints[1].Signals.ScrapeInterval = 2 * time.Second },
 			`models[0].endpoints[1].signals.scrape_interval: 2s is not shorter than signals.stale_after (1s): each scrape would go stale before the next; shorten the interval or raise stale_after`},
 	}

@@ -2,6 +2,7 @@ package config
 
 import (
 	"errors"
+	"fmt"
 	"os"
 	"reflect"
 	"strings"
@@ -222,4 +223,20 @@ func TestParseRefusesUnexpandedVariables(t *testing.T) {
 	if _, err := Parse([]byte(base + "admin: {token: 'pa$$word-0123456789'}")); err != nil {
 		t.Errorf("Parse: %v", err)
 	}
+}
+
+// TestParseRefusesNonFiniteFloats: YAML's .nan and .inf decode into a
+// float field without a word; validation names the field.
+func TestParseRefusesNonFiniteFloats(t *testing.T) {
+	const pd = "models: [{name: m, endpoints: [{url: 'http://a:1', role: prefill}, {url: 'http://a:2', role: decode}], pd: %s}]"
+	checkParseErrors(t, []parseErrorCase{
+		{"efficiency .nan", fmt.Sprintf(pd, "{default_link: {gbps: 100, efficiency: .nan}}"),
+			"models[0].pd.default_link.efficiency: NaN is not a finite number"},
+		{"gbps .inf", fmt.Sprintf(pd, "{links: [{same: [node], gbps: .inf}]}"),
+			"models[0].pd.links[0].gbps: +Inf is not a finite number"},
+		{"local_ratio .NaN", fmt.Sprintf(pd, "{local_ratio: .NaN}"),
+			"models[0].pd.local_ratio: NaN is not a finite number"},
+		{"margin -.inf", fmt.Sprintf(pd, "{margin: -.Inf}"),
+			"models[0].pd.margin: -Inf is not a finite number"},
+	})
 }

@@ -110,10 +110,10 @@ func (p *PD) validate(v *validator, path string) {
 		if rule && len(l.Same) == 0 {
 			v.addf(lp+".same", "must list at least one label")
 		}
-		if !(l.Gbps > 0) {
+		if v.finite(lp+".gbps", l.Gbps) && l.Gbps <= 0 {
 			v.addf(lp+".gbps", "%v is not positive", l.Gbps)
 		}
-		if l.Efficiency < 0 || l.Efficiency > 1 {
+		if v.finite(lp+".efficiency", l.Efficiency) && (l.Efficiency < 0 || l.Efficiency > 1) {
 			v.addf(lp+".efficiency", "%v is not in [0, 1]", l.Efficiency)
 		}
 		if l.Setup < 0 {
@@ -126,10 +126,10 @@ func (p *PD) validate(v *validator, path string) {
 	if d := p.DefaultLink; d.Name != "" || d.Gbps != 0 || d.Efficiency != 0 || d.Setup != 0 || len(d.Same) > 0 {
 		link(path+".default_link", p.DefaultLink, false)
 	}
-	if p.LocalRatio > 1 {
+	if v.finite(path+".local_ratio", p.LocalRatio) && p.LocalRatio > 1 {
 		v.addf(path+".local_ratio", "%v is more than 1", p.LocalRatio)
 	}
-	if p.Margin >= 1 {
+	if v.finite(path+".margin", p.Margin) && p.Margin >= 1 {
 		v.addf(path+".margin", "%v is not below 1", p.Margin)
 	}
 	if p.Attempts < 0 {
