@@ -199,7 +199,9 @@ var envReference = regexp.MustCompile(`\$\{[A-Za-z_][A-Za-z0-9_]*\}|^\$[A-Z_][A-
 // checkNode reports, under path, what the YAML decoder would take from
 // node n, decoded into a value of type t, without an error but without
 // keeping it: a number with a fraction for a whole-number field (it
-// truncates it: weight 0.5 became 0, then the default 1) and an empty
+// truncates it: weight 0.5 became 0, then the default 1) or a float out
+// of its range (seed -1.0 became 18446744073709551615, max_body_bytes
+// -.inf the most negative int64), and an empty
 // list entry ("-" with nothing after it: dropped, and the entries after it
 // moved up, so that errors named the wrong index); and a string that names
 // an environment variable, which the file does not expand (an admin token
@@ -267,8 +269,26 @@ func checkNode(v *validator, n *yaml.Node, t reflect.Type, path string, depth in
 			return
 		}
 		var f float64
-		if err := n.Decode(&f); err == nil && f != math.Trunc(f) {
+		if err := n.Decode(&f); err != nil {
+			return
+		}
+		// The decoder converts a whole float with Go's conversion, whose
+		// result out of the type's range is the platform's (amd64: -1.0
+		// into a uint64 is its largest value, -.inf into an int64 its
+		// most negative), so the range is checked here.
+		var min, max float64 // the type's range: [min, max)
+		if k := t.Kind(); k >= reflect.Uint && k <= reflect.Uint64 {
+			max = math.Ldexp(1, t.Bits())
+		} else {
+			min, max = -math.Ldexp(1, t.Bits()-1), math.Ldexp(1, t.Bits()-1)
+		}
+		switch {
+		case math.IsNaN(f) || math.IsInf(f, 0):
+			v.addf(path, "%s is not a finite number", n.Value)
+		case f != math.Trunc(f):
 			v.addf(path, "%s is not a whole number", n.Value)
+		case f < min || f >= max:
+			v.addf(path, "%s is out of range", n.Value)
 		}
 	}
 }

@@ -144,6 +144,18 @@ func TestParseRefusesWhatTheDecoderDropsSilently(t *testing.T) {
 			"models[0].policy.seed: 2.5 is not a whole number"},
 		{"fraction in a discovery template", "models: [{name: m, discovery: {kubernetes: {service: s, endpoint: {weight: 1.25}}}}]",
 			"models[0].discovery.kubernetes.endpoint.weight: 1.25 is not a whole number"},
+		// The decoder converts a float that is not whole-number safe with
+		// Go's conversion: seed -1.0 became 18446744073709551615, -.inf
+		// 9223372036854775808, and max_body_bytes -.inf the most
+		// negative int64.
+		{"negative float for a uint", "models: [{name: m, policy: {seed: -1.0}, endpoints: [{url: 'http://a:1'}]}]",
+			"models[0].policy.seed: -1.0 is out of range"},
+		{"-.inf for a uint", "models: [{name: m, policy: {seed: -.inf}, endpoints: [{url: 'http://a:1'}]}]",
+			"models[0].policy.seed: -.inf is not a finite number"},
+		{"-.inf for an int64", "limits: {max_body_bytes: -.inf}\nmodels: [{name: m, endpoints: [{url: 'http://a:1'}]}]",
+			"limits.max_body_bytes: -.inf is not a finite number"},
+		{"-1e300 for an int64", "limits: {max_body_bytes: -1e300}\nmodels: [{name: m, endpoints: [{url: 'http://a:1'}]}]",
+			"limits.max_body_bytes: -1e300 is out of range"},
 		{"empty model entry", "models:\n  -\n  - name: m\n    endpoints: [{url: 'http://a:1'}]\n",
 			"models[0]: is an empty list entry"},
 		{"empty endpoint entry", "models:\n  - name: m\n    endpoints:\n      - url: http://a:1\n      -\n",
