@@ -65,7 +65,9 @@ type Config struct {
 	// path (/v1/chat/completions or /v1/completions) is appended to its
 	// path (before a query, which every request keeps) unless the path
 	// already ends in it (Validate refuses one that ends in the other
-	// API's path). Required.
+	// API's path), and a path ending in /v1 (an OpenAI client's base URL)
+	// gets the rest of it. Validate refuses a scheme other than http and
+	// https, no host, and a port out of 1-65535. Required.
 	URL string
 	// Model is the "model" field of every request. Required.
 	Model string
@@ -136,8 +138,15 @@ func (c *Config) Validate() error {
 	if u.Scheme != "http" && u.Scheme != "https" {
 		return fmt.Errorf("bench: url %q: scheme must be http or https", o.URL)
 	}
-	if u.Host == "" {
+	if u.Hostname() == "" {
 		return fmt.Errorf("bench: url %q has no host", o.URL)
+	}
+	// url.Parse takes any digits for the port; one no connection can use
+	// failed every request as a transport error.
+	if p := u.Port(); p != "" {
+		if n, err := strconv.Atoi(p); err != nil || n < 1 || n > 65535 {
+			return fmt.Errorf("bench: url %q has port %s, not 1-65535", o.URL, p)
+		}
 	}
 	if o.Model == "" {
 		return errors.New("bench: model is required")

@@ -410,6 +410,12 @@ func TestConfigErrors(t *testing.T) {
 	}{
 		{Config{URL: "localhost:8000", Model: "m"}, "scheme"},
 		{Config{URL: "http://", Model: "m"}, "no host"},
+		// Addresses no connection can use: every request failed as
+		// "transport" instead.
+		{Config{URL: "http://x:99999", Model: "m"}, `url "http://x:99999" has port 99999, not 1-65535`},
+		{Config{URL: "http://x:0", Model: "m"}, `url "http://x:0" has port 0, not 1-65535`},
+		{Config{URL: "http://:8000", Model: "m"}, `url "http://:8000" has no host`},
+		{Config{URL: "http://x:abc", Model: "m"}, `invalid port ":abc"`},
 		{Config{URL: "http://x", Model: ""}, "model"},
 		{Config{URL: "http://x", Model: "m", API: "embeddings"}, "api"},
 		{Config{URL: "http://x", Model: "m", Prompt: PromptTokens}, "completions"},

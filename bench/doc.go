@@ -23,8 +23,9 @@
 // a server that does not stream, or a body of another type holding no event,
 // such as a web page at the URL); a 429 counts as a rejection.
 // Result.ErrorExamples keeps, per kind, what the first such failure got (the
-// server's error message or the transport error). Run returns an error only for a bad Config (an
-// unparseable URL, a missing model) or requests out of arrival order.
+// server's error message or the transport error). Run returns an error only for a bad Config (a
+// URL that is not http(s), has no host or a port out of 1-65535, a missing
+// model) or requests out of arrival order.
 //
 // Concurrency: Run starts one goroutine per in-flight request, at most
 // Config.MaxInFlight at once; when the cap is reached the next request waits

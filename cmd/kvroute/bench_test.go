@@ -47,6 +47,11 @@ func TestBenchCommandUsageErrors(t *testing.T) {
 		{[]string{"--prompt", "ids"}, `--prompt "ids" is not one of text, tokens`},
 		{[]string{"--prompt", "tokens"}, "--prompt tokens needs --api completions"},
 		{[]string{"--url", "localhost:8000"}, `--url "localhost:8000": scheme must be http or https`},
+		{[]string{"--url", "http://127.0.0.1:99999"}, `kvroute bench: --url "http://127.0.0.1:99999" has port 99999, not 1-65535`}, // was: every request failed, transport
+		{[]string{"--url", "http://127.0.0.1:0"}, `kvroute bench: --url "http://127.0.0.1:0" has port 0, not 1-65535`},
+		{[]string{"--url", "http://:8000"}, `kvroute bench: --url "http://:8000" has no host`},
+		{[]string{"--url", "http://127.0.0.1:port"}, `kvroute bench: --url: parse "http://127.0.0.1:port": invalid port ":port" after host`},
+		{[]string{"--url", "ftp://127.0.0.1:21"}, `kvroute bench: --url "ftp://127.0.0.1:21": scheme must be http or https`},
 		{[]string{"--url", "http://127.0.0.1:1/v1/completions"}, `--url "http://127.0.0.1:1/v1/completions" is the completions API's path`}, // was: a 404 each
 		{[]string{"--header", "X Foo: bar"}, `kvroute bench: --header "X Foo": not a valid header name`},                                    // was: every request failed, transport
 	} {
