@@ -36,7 +36,11 @@ type CandidateInput struct {
 	Evicts       bool    `json:"evicts,omitempty"`     // no room left for the prompt's uncached blocks (kvroute.Candidate.Evicts)
 	HorizonMS    float64 `json:"horizon_ms,omitempty"` // then how long the record keeps a block (kvroute.Candidate.Horizon)
 	Stale        bool    `json:"stale"`
-	SignalAgeMS  float64 `json:"signal_age_ms"`
+	// SignalAgeMS is the age of the candidate's engine signals at the
+	// decision (kvroute.Load.Age); nil, JSON null, when they were never
+	// scraped: the candidate is then stale, its waiting and running the
+	// router's own estimates. (An age of 0 read as just scraped.)
+	SignalAgeMS *float64 `json:"signal_age_ms"`
 }
 
 // decisionLog is a ring of the last decisions; slots and their slices are
@@ -189,6 +193,7 @@ func (l *decisionLog) put(now time.Time, req *kvroute.Request, d kvroute.Decisio
 // at now.
 func candidateInputs(now time.Time, cands []kvroute.Candidate) []CandidateInput {
 	out := make([]CandidateInput, len(cands))
+	var ages []float64 // behind the SignalAgeMS pointers
 	for i := range cands {
 		c := &cands[i]
 		out[i] = CandidateInput{
@@ -196,7 +201,14 @@ func candidateInputs(now time.Time, cands []kvroute.Candidate) []CandidateInput 
 			Waiting: c.Load.Waiting, Running: c.Load.Running, InFlight: c.Load.InFlight, KVUsage: c.Load.KVUsage,
 			CachedBlocks: c.CachedBlocks, CachedTokens: c.CachedTokens, Tier: c.Tier.String(), Precise: c.Precise,
 			Evicts: c.Evicts, HorizonMS: float64(c.Horizon) / float64(time.Millisecond),
-			Stale: c.Load.Stale, SignalAgeMS: float64(c.Load.Age(now)) / float64(time.Millisecond),
+			Stale: c.Load.Stale,
+		}
+		if !c.Load.ObservedAt.IsZero() {
+			if ages == nil {
+				ages = make([]float64, len(cands))
+			}
+			ages[i] = float64(c.Load.Age(now)) / float64(time.Millisecond)
+			out[i].SignalAgeMS = &ages[i]
 		}
 	}
 	return out

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"encoding/json"
 	"errors"
 	"fmt"
 	"math"
@@ -489,18 +490,59 @@ func TestDecisionLogCandidates(t *testing.T) {
 			Endpoint: c.Endpoint.ID, Healthy: c.Healthy,
 			Waiting: c.Load.Waiting, Running: c.Load.Running, InFlight: c.Load.InFlight, KVUsage: c.Load.KVUsage,
 			CachedBlocks: c.CachedBlocks, CachedTokens: c.CachedTokens, Tier: c.Tier.String(), Precise: c.Precise,
-			Stale: c.Load.Stale, SignalAgeMS: float64(c.Load.Age(now)) / float64(time.Millisecond),
+			Stale: c.Load.Stale,
 		}
-		if got[i] != want {
-			t.Errorf("candidate %d: got %+v, want %+v", i, got[i], want)
+		// The age, nil when never observed, compared apart (a pointer).
+		g := got[i]
+		switch age := float64(c.Load.Age(now)) / float64(time.Millisecond); {
+		case c.Load.ObservedAt.IsZero() && g.SignalAgeMS != nil:
+			t.Errorf("candidate %d: signal age %v, want nil (never observed)", i, *g.SignalAgeMS)
+		case !c.Load.ObservedAt.IsZero() && (g.SignalAgeMS == nil || *g.SignalAgeMS != age):
+			t.Errorf("candidate %d: signal age %v, want %v", i, g.SignalAgeMS, age)
+		}
+		g.SignalAgeMS = nil
+		if g != want {
+			t.Errorf("candidate %d: got %+v, want %+v", i, g, want)
 		}
 	}
 	// The inputs are not all zero: the test would not notice a field left out.
-	if g := got[0]; g.Waiting == 0 || g.Running == 0 || g.KVUsage == 0 || g.SignalAgeMS != 250 || g.CachedBlocks == 0 || g.Tier != "gpu" {
+	if g := got[0]; g.Waiting == 0 || g.Running == 0 || g.KVUsage == 0 || g.SignalAgeMS == nil || *g.SignalAgeMS != 250 || g.CachedBlocks == 0 || g.Tier != "gpu" {
 		t.Errorf("candidate 0: got %+v, want observed signals and a cached prefix", g)
 	}
-	if !got[1].Stale || got[3].Healthy {
-		t.Errorf("got %+v and %+v, want e1 stale and e3 ejected", got[1], got[3])
+	if !got[1].Stale || got[3].Healthy || !got[2].Stale || got[2].SignalAgeMS != nil {
+		t.Errorf("got %+v, %+v and %+v, want e1 stale, e2 stale and never observed, e3 ejected", got[1], got[2], got[3])
+	}
+}
+
+// TestDecisionLogNeverScraped: a candidate whose signals were never
+// observed has no signal age: /debug/decisions renders it null, not 0,
+// which read as just scraped beside its stale mark.
+func TestDecisionLogNeverScraped(t *testing.T) {
+	r, err := New(Config{Model: "m", Endpoints: eps(2), Picker: &pickFirstHealthy{}, StaleAfter: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.View("e0").Observe(t0, signals.Metrics{Have: signals.HasWaiting, Waiting: 1})
+	if _, err := r.Route(t0.Add(250*time.Millisecond), &kvroute.Request{ID: "a", Model: "m", Prompt: "p", PromptTokens: 1}, nil); err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(r.Decisions(1)[0].Candidates)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var got []map[string]any
+	if err := json.Unmarshal(b, &got); err != nil {
+		t.Fatal(err)
+	}
+	want := map[string]any{"e0": 250.0, "e1": nil}
+	for _, c := range got {
+		age, ok := c["signal_age_ms"]
+		if w := want[c["endpoint"].(string)]; !ok || age != w {
+			t.Errorf("%v: signal_age_ms %v (present %v), want %v", c["endpoint"], age, ok, w)
+		}
+	}
+	if len(got) != 2 || got[1]["stale"] != true {
+		t.Errorf("got %s, want e1 stale", b)
 	}
 }
 

@@ -95,6 +95,23 @@ func TestPageInBrowser(t *testing.T) {
 	wait("the fleet of m1", `document.querySelectorAll('#fleet tbody tr[data-endpoint]').length === 2`)
 	wait("the load chart draws", `document.querySelectorAll('#chart-load path[data-series]').length > 0`)
 
+	// A decision's detail: m1's endpoints were never scraped, and their
+	// signal age (null) reads "never", not an age of 0 ms, beside the
+	// stale mark.
+	wait("the decision feed", `document.querySelectorAll('#decisions tbody tr[data-key]').length === 3`)
+	if _, err := chromedp.Run(bctx, chromedp.Evaluate[chromedp.Void](`document.querySelector('#decisions tbody tr[data-key]').click()`)); err != nil {
+		t.Fatal(err)
+	}
+	wait("the decision's detail", `document.querySelectorAll('#decision-detail tbody tr, #decision-detail tr').length > 2`)
+	ages, err := chromedp.Run(bctx, chromedp.Evaluate[[]string](
+		`Array.from(document.querySelectorAll('#decision-detail tr')).filter((tr) => tr.cells.length === 7 && tr.cells[0].tagName === 'TD').map((tr) => tr.cells[6].textContent)`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(ages) != 2 || ages[0] != "neverstale" || ages[1] != "neverstale" {
+		t.Errorf("decision detail signal ages = %q, want \"never\" and the stale mark for both candidates", ages)
+	}
+
 	// The y-axis labels: the texts right-aligned at the axis (x = 40).
 	yTicks := func(chart string) []string {
 		t.Helper()

@@ -4,11 +4,14 @@
 // shows
 //
 //   - the fleet: every endpoint's role, health, waiting and running requests,
-//     KV-cache usage, prefix hit rate, signal age (stale signals marked) and
-//     the router's own in-flight requests;
+//     KV-cache usage, prefix hit rate, signal age (stale signals marked;
+//     "never" for an endpoint never scraped) and the router's own in-flight
+//     requests;
 //   - the live decision feed: each request's chosen endpoint and every
-//     candidate's score, with the candidates' inputs and the score's named
-//     parts one click away (the explanation the policy itself produced);
+//     candidate's score, with the candidates' inputs (their signal age too,
+//     "never" where router.CandidateInput.SignalAgeMS is null) and the
+//     score's named parts one click away (the explanation the policy itself
+//     produced);
 //   - charts over time: TTFT p50/p99, throughput, prefix hit rate and the
 //     per-endpoint load, drawn as inline SVG by the page's own script, and for
 //     a demo run the policy comparison;

@@ -310,7 +310,8 @@
           `${c.cached_blocks}/${d.blocks} blk`, h("br"), h("span", { class: "muted" }, c.cached_tokens + " tok")),
         h("td", { class: "num" }, `${c.waiting}/${c.running}/${c.in_flight}`),
         h("td", { class: "num" }, fmtPct(c.kv_usage)),
-        h("td", { class: "num" }, fmtMS(c.signal_age_ms), c.stale ? h("span", { class: "tag stale" }, "stale") : null));
+        h("td", { class: "num", title: c.signal_age_ms === null ? "never scraped: waiting and running are the router's estimates" : "age of the last scrape at the decision" },
+          c.signal_age_ms === null ? "never" : fmtMS(c.signal_age_ms), c.stale ? h("span", { class: "tag stale" }, "stale") : null));
     });
     box.replaceChildren(
       h("h3", {}, "Decision #" + d.seq + " · " + d.request_id),
