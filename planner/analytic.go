@@ -1,6 +1,7 @@
 package planner
 
 import (
+	"cmp"
 	"math"
 	"math/rand/v2"
 	"slices"
@@ -588,11 +589,11 @@ func (m *model) disaggAt(f *Fleet, pn, dn int) bool { return m.disaggFit(f, pn, 
 
 // disaggFit is disaggAt, also saying which pool to grow when the fleet
 // misses. The prefill pool prefills the requests the router hands off (all
-// in always mode; in conditional mode each with the probability handoffs
-// gives); the decode pool decodes every request and prefills the others,
-// as an aggregated engine does (aggregatedAt): their prefill is its queue,
-// and it steals from the decode steps, which pay for the prefills that
-// arrive while a request decodes. TTFT is the mixture of the two: queue +
+// in always mode; in conditional mode those handoffs picks); the decode
+// pool decodes every request and prefills the others, as an aggregated
+// engine does (aggregatedAt): their prefill is its queue, and it steals
+// from the decode steps, which pay for the prefills that arrive while a
+// request decodes. TTFT is the mixture of the two: queue +
 // prefill + handoff + first decode step, and queue + local prefill.
 func (m *model) disaggFit(f *Fleet, pn, dn int) pdFit {
 	in, d := m.in, m.d
@@ -602,7 +603,7 @@ func (m *model) disaggFit(f *Fleet, pn, dn int) pdFit {
 	// The local prefills slow the decode steps, which moves the split: a
 	// few rounds settle it.
 	b, okB := m.decodeBatch(dn, 0)
-	w := m.handoffs(m.reqs, m.cachedE, pn, b)
+	w := m.handoffs(m.reqs, m.cachedE, pn, dn, b)
 	var pf, loc poolLoad
 	var steal float64
 	for range 3 {
@@ -620,7 +621,7 @@ func (m *model) disaggFit(f *Fleet, pn, dn int) pdFit {
 			break
 		}
 		b = nb
-		w = m.handoffs(m.reqs, m.cachedE, pn, b)
+		w = m.handoffs(m.reqs, m.cachedE, pn, dn, b)
 	}
 	f.DecodeBatch, f.SplitFraction = b, pf.share
 	f.Fabric = m.fabric(pn, dn, b, disagg.ShapeOf(in.Profile), in.Fabric)
@@ -766,7 +767,7 @@ func (m *model) analyticDisaggregated(bwNeed int) Fleet {
 }
 
 // handoffs returns, per request of reqs whose decode engine holds cached[i]
-// of its prompt, the probability that the router's P/D placement
+// of its prompt, whether (1) or not (0) the router's P/D placement
 // (disagg.Planner.WhatIf: its mode and conditional rule on its cost model)
 // hands its KV off on pn prefill nodes and decode nodes whose decode batch
 // is b: a request it runs whole on the decode node (short, mostly cached
@@ -775,15 +776,23 @@ func (m *model) analyticDisaggregated(bwNeed int) Fleet {
 // idle. (The fabric's bandwidth takes the demand's requests, the prefill
 // pool's queue the model's.)
 //
-// The rule weighs the prefill node's queue, which the handoffs themselves
-// make. The queue is M/G/c over the prefill pool fed by the handed-off
-// requests: an arrival finds a free prefill node (nothing in flight)
-// with probability 1-C, else, on the node it is sent to, its wait over
-// the mean prefill in requests, each counted at the handed-off prompts'
-// mean, as the router counts in-flight prompt tokens (Load.InFlightTokens).
-// The handoff probabilities are iterated (damped) to the fixed point of
-// that loop on a sample of the requests, then applied to all.
-func (m *model) handoffs(reqs []workload.Request, cached []int, pn int, b float64) []float64 {
+// The rule weighs both nodes' queues as the router sees them: the prompt
+// tokens of the requests it dispatched there that have no first token yet
+// (Load.InFlightTokens), the prefills running as well as those waiting.
+// That load is made by the rule's own choices and by the arrivals' bursts,
+// so the requests are replayed in arrival order (at the model's rate) on
+// pn prefill and dn decode nodes: each request's prefill node is the one
+// with the fewest tokens in flight (a free one when there is one, as the
+// router's picker chooses), its decode node the next in turn (the decode
+// picker weighs the transfer and the batch, not the local prefills), the
+// rule decides on their loads, and the request holds its prompt tokens on
+// the node that prefills it until its prefill, queued first come first
+// served behind that node's earlier ones, is done. An Erlang C arrival
+// (Poisson) found a free prefill node for 74% of the requests at 2:2 on
+// the conversation trace, whose arrivals come in bursts, where the
+// router finds one for 24%, and so expected far more handoffs than the
+// router makes (TestConditionalSplitMatchesSimulation).
+func (m *model) handoffs(reqs []workload.Request, cached []int, pn, dn int, b float64) []float64 {
 	out := make([]float64, len(reqs))
 	if m.pd == nil || m.in.PDMode == disagg.ModeAlways {
 		for i := range out {
@@ -791,61 +800,76 @@ func (m *model) handoffs(reqs []workload.Request, cached []int, pn int, b float6
 		}
 		return out
 	}
+	if len(reqs) == 0 {
+		return out
+	}
+	p := m.in.Profile
 	run := int(math.Round(b))
 	dl := kvroute.Load{Running: run, DecodeTokens: run * m.c.DecodeContext}
-	hands := func(i, inflight int) float64 {
-		if m.pd.WhatIf(disagg.Scenario{PromptTokens: reqs[i].PromptLen, CachedPrefill: cached[i], CachedDecode: cached[i],
-			PrefillLoad: kvroute.Load{InFlightTokens: inflight}, DecodeLoad: dl, Link: m.in.Fabric}).Disaggregated {
-			return 1
-		}
-		return 0
+	order := make([]int, len(reqs))
+	for i := range order {
+		order[i] = i
 	}
-	const samples, maxInflight = 1000, 1 << 20
-	var idx []int
-	for i := 0; i < len(reqs); i += max(1, len(reqs)/samples) {
-		idx = append(idx, i)
+	if !slices.IsSortedFunc(reqs, func(a, b workload.Request) int { return cmp.Compare(a.Arrival, b.Arrival) }) {
+		slices.SortStableFunc(order, func(a, b int) int { return cmp.Compare(reqs[a].Arrival, reqs[b].Arrival) })
 	}
-	idle := make([]float64, len(idx))
-	for k, i := range idx {
-		idle[k] = hands(i, 0)
+	scale := 1.0
+	if m.d.Rate > 0 && m.rate > 0 {
+		scale = m.rate / m.d.Rate
 	}
-	// busy returns the queue's C and the in-flight prompt tokens on a
-	// busy prefill node when request k hands off with probability w[k].
-	busy := func(w []float64) (float64, int) {
-		var n, svc, svc2, prompt float64
-		for k, i := range idx {
-			x := float64(reqs[i].PromptLen-min(cached[i], reqs[i].PromptLen-1)) * m.c.PrefillPerToken.Seconds()
-			n, svc, svc2, prompt = n+w[k], svc+w[k]*x, svc2+w[k]*x*x, prompt+w[k]*float64(reqs[i].PromptLen)
-		}
-		if n == 0 || svc == 0 {
-			return 0, 0
-		}
-		mean := svc / n
-		cs2 := (svc2/n - mean*mean) / (mean * mean)
-		qm, ok := newQueue(m.rate*n/float64(len(idx)), mean, m.d.ArrivalCV2, cs2, pn, m.acScale)
-		if !ok || qm.Theta <= 0 {
-			return 1, maxInflight
-		}
-		return qm.C, int(min(maxInflight, prompt/n/(qm.Theta*mean)))
+	type flight struct {
+		end    float64 // s, when the router sees its first token
+		tokens int
 	}
-	w := slices.Clone(idle)
-	var c float64
-	var at int
-	for range 30 {
-		c, at = busy(w)
-		moved := 0.0
-		for k, i := range idx {
-			nw := (1-c)*idle[k] + c*hands(i, at)
-			moved = max(moved, math.Abs(nw-w[k]))
-			w[k] = (w[k] + nw) / 2
-		}
-		if moved < 1e-3 {
-			break
-		}
+	// A pool's nodes: each one's prefills in flight and when they are done.
+	type pool struct {
+		flights [][]flight
+		free    []float64
 	}
-	c, at = busy(w)
-	for i := range reqs {
-		out[i] = (1-c)*hands(i, 0) + c*hands(i, at)
+	newPool := func(n int) pool { return pool{flights: make([][]flight, n), free: make([]float64, n)} }
+	// inflight drops node j's prefills done by t and returns the tokens of
+	// the others.
+	inflight := func(pl pool, j int, t float64) int {
+		fl, tok, k := pl.flights[j], 0, 0
+		for _, f := range fl {
+			if f.end > t {
+				fl[k] = f
+				k++
+				tok += f.tokens
+			}
+		}
+		pl.flights[j] = fl[:k]
+		return tok
+	}
+	// queue puts a prefill of svc seconds arriving at t on node j.
+	queue := func(pl pool, j int, t, svc float64, tokens int) {
+		end := max(t, pl.free[j]) + svc
+		pl.free[j] = end
+		pl.flights[j] = append(pl.flights[j], flight{end: end + netRTT.Seconds(), tokens: tokens})
+	}
+	pf, dec := newPool(max(1, pn)), newPool(max(1, dn))
+	t0 := reqs[order[0]].Arrival
+	for n, i := range order {
+		t := (reqs[i].Arrival - t0).Seconds() / scale
+		best, load := 0, -1
+		for j := range pf.flights {
+			if tok := inflight(pf, j, t); load < 0 || tok < load {
+				best, load = j, tok
+			}
+		}
+		dj := n % len(dec.flights)
+		dload := dl
+		dload.InFlightTokens = inflight(dec, dj, t)
+		prompt := reqs[i].PromptLen
+		ce := max(0, min(cached[i], prompt-1))
+		svc := chunkedPrefill(p, prompt-ce, ce).Seconds()
+		if !m.pd.WhatIf(disagg.Scenario{PromptTokens: prompt, CachedPrefill: ce, CachedDecode: ce,
+			PrefillLoad: kvroute.Load{InFlightTokens: load}, DecodeLoad: dload, Link: m.in.Fabric}).Disaggregated {
+			queue(dec, dj, t, svc, prompt)
+			continue
+		}
+		out[i] = 1
+		queue(pf, best, t, svc, prompt)
 	}
 	return out
 }
@@ -853,9 +877,9 @@ func (m *model) handoffs(reqs []workload.Request, cached []int, pn int, b float6
 // fabric computes the handoff bandwidth for pn prefill and dn decode
 // nodes running a mean batch of b sequences each, requests assigned round
 // robin, in one-second windows, each request moving the prompt tokens past
-// its decode engine's prefix hit (m.pulled) times the probability that the
-// router hands it off (handoffs: in conditional mode it runs the rest whole
-// on their decode nodes, and they move nothing).
+// its decode engine's prefix hit (m.pulled) if the router hands it off
+// (handoffs: in conditional mode it runs the rest whole on their decode
+// nodes, and they move nothing).
 func (m *model) fabric(pn, dn int, b float64, shape disagg.KVShape, link disagg.Link) *FabricNeed {
 	d := m.d
 	fn := &FabricNeed{Link: link.Name, Gbps: link.Gbps, Source: "disagg.KVShape + disagg.Link cost model"}
@@ -864,7 +888,7 @@ func (m *model) fabric(pn, dn int, b float64, shape disagg.KVShape, link disagg.
 	var tot float64
 	per := map[[2]int64]float64{}
 	t0 := d.reqs[0].Arrival
-	split := m.handoffs(d.reqs, m.dcached, pn, b)
+	split := m.handoffs(d.reqs, m.dcached, pn, dn, b)
 	for i := range d.reqs {
 		if split[i] == 0 {
 			continue

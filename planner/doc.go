@@ -74,9 +74,11 @@
 // the router hands a request off (prefill pool: queue + chunked prefill +
 // KV handoff of the prompt past the prefix hit + first decode step) or, in
 // conditional mode, runs it whole on its decode node as the same
-// disagg.Planner rule (Planner.WhatIf) decides, weighing the prefill queue
-// the handoffs make (short, mostly cached and cheaper-locally requests stay
-// there). The prefill pool queues only the handed-off requests; the decode
+// disagg.Planner rule (Planner.WhatIf) decides (short, mostly cached and
+// cheaper-locally requests stay there), on the nodes' queues as the router
+// sees them (their in-flight prompt tokens), which the rule's own choices
+// and the arrivals' bursts make: the requests are replayed in arrival
+// order on the fleet's prefill and decode nodes. The prefill pool queues only the handed-off requests; the decode
 // pool decodes every request and prefills the others as an aggregated
 // engine does (a queue of their prefills, which steal from its decode
 // steps and stall the requests decoding); TTFT is the mixture of the two,
