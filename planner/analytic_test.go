@@ -124,14 +124,7 @@ func TestConditionalDecodePoolSaturated(t *testing.T) {
 // P/D fleet's nodes hold less of the prompts than the aggregated fleet the
 // prefix hits come from).
 func TestConditionalSplitMatchesSimulation(t *testing.T) {
-	trace, err := sim.DefaultWorkload()
-	if err != nil {
-		t.Fatal(err)
-	}
-	trace.Requests = trace.Requests[:3000]
-	half := sizedInput(t, 60, 20*time.Second, -1)
-	conv := Input{Profile: half.Profile, Workload: trace, Seed: 1, SimRequests: -1,
-		SLO: SLO{TTFT: Target{0.9, 2 * time.Second}, TPOT: Target{0.99, 100 * time.Millisecond}}}
+	half, conv := conditionalInputs(t)
 	for _, tc := range []struct {
 		name    string
 		in      Input

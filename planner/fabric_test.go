@@ -284,14 +284,7 @@ func TestHandoffLatencyPulled(t *testing.T) {
 // Counting every request put it at 3.4x the simulated figure on the first
 // and 23% over it on the second at 2:2.
 func TestConditionalFabricEstimateMatchesSimulation(t *testing.T) {
-	half := sizedInput(t, 60, 20*time.Second, -1)
-	trace, err := sim.DefaultWorkload()
-	if err != nil {
-		t.Fatal(err)
-	}
-	trace.Requests = trace.Requests[:3000]
-	conv := Input{Profile: half.Profile, Workload: trace, Seed: 1, SimRequests: -1,
-		SLO: SLO{TTFT: Target{0.9, 2 * time.Second}, TPOT: Target{0.99, 100 * time.Millisecond}}}
+	half, conv := conditionalInputs(t)
 	for _, tc := range []struct {
 		name    string
 		in      Input
@@ -340,14 +333,7 @@ func TestConditionalFabricEstimateMatchesSimulation(t *testing.T) {
 // shapes. Counting every request put it at 3.3x the simulated bytes on
 // half-shared 800-token prompts (a tenth handed off).
 func TestConditionalBandwidthBoundBelowHandoffs(t *testing.T) {
-	half := sizedInput(t, 60, 20*time.Second, -1)
-	trace, err := sim.DefaultWorkload()
-	if err != nil {
-		t.Fatal(err)
-	}
-	trace.Requests = trace.Requests[:3000]
-	conv := Input{Profile: half.Profile, Workload: trace, Seed: 1, SimRequests: -1,
-		SLO: SLO{TTFT: Target{0.9, 2 * time.Second}, TPOT: Target{0.99, 100 * time.Millisecond}}}
+	half, conv := conditionalInputs(t)
 	for _, tc := range []struct {
 		name string
 		in   Input
@@ -393,4 +379,21 @@ func TestConditionalBandwidthBoundBelowHandoffs(t *testing.T) {
 			}
 		}
 	}
+}
+
+// conditionalInputs are the conditional P/D tests' two workloads: short
+// prompts half of which share prefixes (sizedInput), and the first 3,000
+// requests of the conversation trace with its long prompts, on the same
+// profile and SLO.
+func conditionalInputs(t *testing.T) (half, conv Input) {
+	t.Helper()
+	half = sizedInput(t, 60, 20*time.Second, -1)
+	trace, err := sim.DefaultWorkload()
+	if err != nil {
+		t.Fatal(err)
+	}
+	trace.Requests = trace.Requests[:3000]
+	conv = Input{Profile: half.Profile, Workload: trace, Seed: 1, SimRequests: -1,
+		SLO: SLO{TTFT: Target{0.9, 2 * time.Second}, TPOT: Target{0.99, 100 * time.Millisecond}}}
+	return half, conv
 }
