@@ -134,20 +134,8 @@ func TestConditionalSplitMatchesSimulation(t *testing.T) {
 		{"conversation trace", conv, 5, []layout{{P: 2, D: 2}, {P: 3, D: 2}, {P: 1, D: 3}}},
 		{"half shared", half, 4, []layout{{P: 2, D: 2}, {P: 1, D: 3}}},
 	} {
-		in := tc.in
-		in.PDMode = disagg.ModeConditional
-		in.defaults()
-		d := analyse(in.Workload, in.Profile.BlockSize)
-		b, err := computeBounds(&in, d)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s := newSearch(&in)
-		agg, err := s.eval(t.Context(), layout{A: tc.agg}, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := newModel(&in, d, b.Costs, agg.HitRate, s.reqs, agg.cached)
+		c := conditional(t, tc.in, tc.agg)
+		s, m := c.s, c.m
 		for _, l := range tc.layouts {
 			pd, err := s.eval(t.Context(), l, false)
 			if err != nil {

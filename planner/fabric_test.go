@@ -295,20 +295,8 @@ func TestConditionalFabricEstimateMatchesSimulation(t *testing.T) {
 		{"half shared", half, 4, []layout{{P: 2, D: 2}, {P: 3, D: 1}}, 0.10},
 		{"conversation trace", conv, 5, []layout{{P: 2, D: 2}, {P: 3, D: 1}}, 0.15},
 	} {
-		in := tc.in
-		in.PDMode = disagg.ModeConditional
-		in.defaults()
-		d := analyse(in.Workload, in.Profile.BlockSize)
-		b, err := computeBounds(&in, d)
-		if err != nil {
-			t.Fatal(err)
-		}
-		s := newSearch(&in)
-		agg, err := s.eval(t.Context(), layout{A: tc.agg}, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := newModel(&in, d, b.Costs, agg.HitRate, s.reqs, agg.cached)
+		c := conditional(t, tc.in, tc.agg)
+		in, s, m := c.in, c.s, c.m
 		for _, l := range tc.layouts {
 			pd, err := s.eval(t.Context(), l, false)
 			if err != nil {
@@ -339,24 +327,12 @@ func TestConditionalBandwidthBoundBelowHandoffs(t *testing.T) {
 		in   Input
 		agg  int
 	}{{"half shared", half, 4}, {"conversation trace", conv, 5}} {
-		in := tc.in
-		in.PDMode = disagg.ModeConditional
-		in.defaults()
-		d := analyse(in.Workload, in.Profile.BlockSize)
-		b, err := computeBounds(&in, d)
-		if err != nil {
-			t.Fatal(err)
-		}
+		c := conditional(t, tc.in, tc.agg)
+		in, d, b, m := c.in, c.d, c.b, c.m
 		if !strings.Contains(b.Bandwidth.Explain, "hands off") {
 			t.Errorf("%s: bandwidth explain %q does not say which requests it counts", tc.name, b.Bandwidth.Explain)
 		}
 		bound := b.Bandwidth.Engines * in.Fabric.BytesPerSecond() * in.MaxUtilisation * d.Span.Seconds()
-		s := newSearch(&in)
-		agg, err := s.eval(t.Context(), layout{A: tc.agg}, false)
-		if err != nil {
-			t.Fatal(err)
-		}
-		m := newModel(&in, d, b.Costs, agg.HitRate, s.reqs, agg.cached)
 		for _, l := range []layout{{P: 2, D: 2}, {P: 3, D: 1}, {P: 1, D: 4}} {
 			f, err := sim.ParseFleet(fmt.Sprintf("%d/prefill,%d/decode", l.P, l.D), in.Profile.Name)
 			if err != nil {
@@ -396,4 +372,35 @@ func conditionalInputs(t *testing.T) (half, conv Input) {
 	conv = Input{Profile: half.Profile, Workload: trace, Seed: 1, SimRequests: -1,
 		SLO: SLO{TTFT: Target{0.9, 2 * time.Second}, TPOT: Target{0.99, 100 * time.Millisecond}}}
 	return half, conv
+}
+
+// conditionalCase is a conditional P/D test's set-up: the input in
+// conditional mode with its defaults, its demand and bounds, the search
+// (the simulator's runs) and the analytical model calibrated on the
+// aggregated fleet of agg engines.
+type conditionalCase struct {
+	in Input
+	d  *Demand
+	b  Bounds
+	s  *search
+	m  *model
+}
+
+func conditional(t *testing.T, in Input, agg int) *conditionalCase {
+	t.Helper()
+	c := &conditionalCase{in: in}
+	c.in.PDMode = disagg.ModeConditional
+	c.in.defaults()
+	c.d = analyse(c.in.Workload, c.in.Profile.BlockSize)
+	var err error
+	if c.b, err = computeBounds(&c.in, c.d); err != nil {
+		t.Fatal(err)
+	}
+	c.s = newSearch(&c.in)
+	a, err := c.s.eval(t.Context(), layout{A: agg}, false)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c.m = newModel(&c.in, c.d, c.b.Costs, a.HitRate, c.s.reqs, a.cached)
+	return c
 }
