@@ -16,9 +16,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/internal/browsertest"
-	"github.com/kvroute/kvroute/policy"
 	"github.com/kvroute/kvroute/report"
-	"github.com/kvroute/kvroute/router"
 )
 
 // TestPageInBrowser loads the page in headless Chromium in front of two
@@ -315,18 +313,7 @@ func TestLockedPageInBrowser(t *testing.T) {
 // not "disconnected" by a script error on the state's endpoints.
 func TestEmptyPoolInBrowser(t *testing.T) {
 	browsertest.Require(t)
-	pk, err := policy.New("kv-aware", nil, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := router.New(router.Config{Model: "m", AllowEmpty: true, Policy: "kv-aware", Picker: pk})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := New(Options{Source: fakeSource{r}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := emptyPoolDashboard(t)
 	srv := httptest.NewServer(d)
 	defer srv.Close()
 	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)

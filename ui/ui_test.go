@@ -362,18 +362,7 @@ func TestDashboardSignalAgeNotNegative(t *testing.T) {
 // the list (forEach, reduce, length), failed on every poll: the dashboard
 // said "disconnected" while the router was up.
 func TestDashboardEmptyPool(t *testing.T) {
-	pk, err := policy.New("kv-aware", nil, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := router.New(router.Config{Model: "m", AllowEmpty: true, Policy: "kv-aware", Picker: pk})
-	if err != nil {
-		t.Fatal(err)
-	}
-	d, err := New(Options{Source: fakeSource{r}})
-	if err != nil {
-		t.Fatal(err)
-	}
+	d := emptyPoolDashboard(t)
 	rec := httptest.NewRecorder()
 	d.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "/ui/api/state", nil))
 	if rec.Code != http.StatusOK {
@@ -393,4 +382,23 @@ func TestDashboardEmptyPool(t *testing.T) {
 			t.Errorf("models[0].%s: got %s, want []", k, got)
 		}
 	}
+}
+
+// emptyPoolDashboard is the dashboard of a kv-aware pool without
+// endpoints (a discovered model with none ready yet).
+func emptyPoolDashboard(t *testing.T) *Dashboard {
+	t.Helper()
+	pk, err := policy.New("kv-aware", nil, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := router.New(router.Config{Model: "m", AllowEmpty: true, Policy: "kv-aware", Picker: pk})
+	if err != nil {
+		t.Fatal(err)
+	}
+	d, err := New(Options{Source: fakeSource{r}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
 }
