@@ -603,15 +603,18 @@ func b2i(b bool) int {
 }
 
 // slicePort returns the number of slice s's port named port (a name or a
-// number), or of its only port when port is "".
+// number), or of its only port when port is "". A port without a number
+// (the API's "all ports") is not one to dial: it is ignored.
 func slicePort(s *discoveryv1.EndpointSlice, port string) (int, error) {
 	var names []string
+	only := 0
 	for _, sp := range s.Ports {
 		if sp.Port == nil {
 			continue
 		}
 		name := deref(sp.Name)
 		names = append(names, cmp.Or(name, "(unnamed)")+"="+strconv.Itoa(int(*sp.Port)))
+		only = int(*sp.Port)
 		if port != "" && (name == port || strconv.Itoa(int(*sp.Port)) == port) {
 			return int(*sp.Port), nil
 		}
@@ -624,7 +627,7 @@ func slicePort(s *discoveryv1.EndpointSlice, port string) (int, error) {
 	case len(names) > 1:
 		return 0, fmt.Errorf("several ports [%s] and discovery.kubernetes.port does not choose one", strings.Join(names, " "))
 	}
-	return int(*s.Ports[0].Port), nil
+	return only, nil
 }
 
 func deref(s *string) string {

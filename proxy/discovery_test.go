@@ -528,3 +528,17 @@ func TestDiscoverySourceNeverLists(t *testing.T) {
 	})
 	tp.postOK(t, 1, PathCompletions, `{"model":"m","prompt":"hi"}`)
 }
+
+// TestReadyEnginesAllPortsEntry: an EndpointSlice port without a number
+// means "all ports" and is not a port to dial; with it first and one
+// numbered port after, discovery.kubernetes.port "" took the first entry's
+// number and dereferenced nil (the router crashed). The numbered port is
+// now taken.
+func TestReadyEnginesAllPortsEntry(t *testing.T) {
+	s := slice("s", "vllm", "", 8000, readyEndpoint("pod-a", "10.0.0.1"))
+	s.Ports = append([]discoveryv1.EndpointPort{{}}, s.Ports...)
+	got, errs, _ := readyEngines("vllm", "", []*discoveryv1.EndpointSlice{s})
+	if len(errs) != 0 || len(got) != 1 || got[0].Port != 8000 {
+		t.Errorf("got %+v, errors %v; want pod-a at port 8000", got, errs)
+	}
+}
