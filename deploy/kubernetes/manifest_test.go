@@ -457,6 +457,28 @@ func TestRouterDeployment(t *testing.T) {
 	}
 }
 
+// TestRouterPreStop: on SIGTERM the router closes its listener at once
+// (http.Server.Shutdown), while the Service's endpoints, kube-proxy and
+// any ingress drop the terminating pod only some seconds later: the
+// connections they still sent it meanwhile were refused. The container
+// now sleeps in a preStop hook first, and the grace period covers that
+// sleep, the drain (timeouts.shutdown) and the second after it.
+func TestRouterPreStop(t *testing.T) {
+	r := loadRouter(t, loadManifests(t))
+	lc := r.c.Lifecycle
+	if lc == nil || lc.PreStop == nil || lc.PreStop.Sleep == nil || lc.PreStop.Sleep.Seconds <= 0 {
+		t.Fatalf("container %s: no lifecycle.preStop.sleep: the router stops accepting connections while the Service still sends them", r.c.Name)
+	}
+	sleep := time.Duration(lc.PreStop.Sleep.Seconds) * time.Second
+	grace := int64(corev1.DefaultTerminationGracePeriodSeconds)
+	if g := r.dep.Spec.Template.Spec.TerminationGracePeriodSeconds; g != nil {
+		grace = *g
+	}
+	if need := sleep + r.cfg.Timeouts.Shutdown + time.Second; time.Duration(grace)*time.Second <= need {
+		t.Errorf("terminationGracePeriodSeconds %d is not above the preStop sleep %v + timeouts.shutdown %v + 1s", grace, sleep, r.cfg.Timeouts.Shutdown)
+	}
+}
+
 // rbacGrant is one (API group, resource, verb) a Role grants or a client
 // used.
 type rbacGrant struct{ group, resource, verb string }
