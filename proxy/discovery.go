@@ -100,7 +100,8 @@ type discoverer struct {
 	paths []string             // their config paths (models[i].discovery.kubernetes, ...)
 	path  string               // the model's config path, for errors
 	// listed is each source's endpoints as last listed, nil until its
-	// first list: the pool takes the union once every source has listed.
+	// first list of this run (RunDiscovery): the pool takes the union once
+	// every source has listed.
 	// Guarded by the Proxy's reloadMu.
 	listed [][]config.Endpoint
 	// waited is set once the model's sources had discWait to list: the
@@ -294,6 +295,7 @@ func (p *Proxy) RunDiscovery(ctx context.Context) error {
 		d.failed.Store(nil)
 		p.reloadMu.Lock()
 		d.waited = false
+		clear(d.listed) // a run before's lists do not count as this run's
 		p.reloadMu.Unlock()
 		if len(d.srcs) > 1 {
 			wg.Go(func() {

@@ -542,3 +542,52 @@ func TestReadyEnginesAllPortsEntry(t *testing.T) {
 		t.Errorf("got %+v, errors %v; want pod-a at port 8000", got, errs)
 	}
 }
+
+// TestDiscoveryRunAgainForgetsOldLists: RunDiscovery run again (after its
+// context ended) kept each source's list of the run before, so a source
+// refused its list in the new run still counted as listed and its old
+// engines stayed in the pool for good. Each run now starts with no lists:
+// once the sources have had their wait, the pool is the engines of those
+// that listed in this run.
+func TestDiscoveryRunAgainForgetsOldLists(t *testing.T) {
+	cfg := discoveryConfig("first")
+	cfg.Models[0].Discovery.Sources = []config.Source{{Kubernetes: &config.Kubernetes{Service: "vllm", Namespace: "locked", Port: "http"}}}
+	cluster := newFakeCluster()
+	var locked atomic.Bool
+	cluster.client.PrependReactor("list", "endpointslices", func(a clienttesting.Action) (bool, k8sruntime.Object, error) {
+		if a.GetNamespace() == "locked" && locked.Load() {
+			return true, nil, apierrors.NewForbidden(schema.GroupResource{Group: "discovery.k8s.io", Resource: "endpointslices"}, "", nil)
+		}
+		return false, nil, nil
+	})
+	cluster.put(t, slice("vllm-a", "vllm", "http", 8000, readyEndpoint("e-0", "10.0.0.1")))
+	other := slice("vllm-b", "vllm", "http", 8000, readyEndpoint("d-0", "10.0.0.2"))
+	other.Namespace = "locked"
+	cluster.put(t, other)
+	tp := newTestProxyOpts(t, Options{Config: cfg, NewPicker: testPickers, KubeClient: cluster.kubeClient})
+	p := tp.Proxy
+	p.debounce, p.discWait = 10*time.Millisecond, time.Second
+	ids := func() []string {
+		var out []string
+		for _, e := range tp.Router("m").Endpoints() {
+			out = append(out, e.ID)
+		}
+		return out
+	}
+	run := func() (stop func()) {
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan error, 1)
+		go func() { done <- p.RunDiscovery(ctx) }()
+		return func() {
+			cancel()
+			recv(t, "RunDiscovery to return", done)
+		}
+	}
+	stop := run()
+	waitFor(t, "both sources' engines", func() bool { return slices.Equal(ids(), []string{"inference/e-0", "locked/d-0"}) })
+	stop()
+	locked.Store(true)
+	stop = run()
+	defer stop()
+	waitFor(t, "only the listed source's engine, after the wait", func() bool { return slices.Equal(ids(), []string{"inference/e-0"}) })
+}
