@@ -59,10 +59,12 @@ func (d *Discovery) KubernetesSources() (srcs []*Kubernetes, paths []string) {
 
 // Kubernetes discovers a model's engines from the EndpointSlices of a
 // Kubernetes Service (those labelled kubernetes.io/service-name=<service>),
-// watched with an informer. Every ready endpoint (conditions.ready, not
-// terminating) is an engine: its ID is the endpoint's targetRef name (the
-// pod's name), else IP:port; it gets the labels zone and node from the
-// endpoint's zone and nodeName, under Endpoint.Labels. A dual-stack
+// watched with an informer. Every ready endpoint (conditions.ready and
+// conditions.serving, not terminating: a Service with
+// publishNotReadyAddresses says ready for every pod, and only serving
+// tells one still loading) is an engine: its ID is the endpoint's
+// targetRef name (the pod's name), else IP:port; it gets the labels zone
+// and node from the endpoint's zone and nodeName, under Endpoint.Labels. A dual-stack
 // Service lists each backend in an IPv4 and an IPv6 slice: it is one
 // engine, at its IPv4 address, when its endpoints have a targetRef (the
 // same pod) or, without one, a hostname (each IPv6 endpoint pairs with an

@@ -532,8 +532,10 @@ func (d *discoverer) union(p *Proxy, log interface {
 }
 
 // readyEngines returns the ready engines of a Service's EndpointSlices,
-// sorted by ID: every endpoint whose conditions say ready (unset counts as
-// ready, as the API documents) and not terminating, at its first address
+// sorted by ID: every endpoint whose conditions say ready and serving
+// (unset counts as such, as the API documents; a Service with
+// publishNotReadyAddresses has every endpoint ready, and only serving
+// tells a pod not ready yet) and not terminating, at its first address
 // and the port named port (a name or number; "" is the slice's only
 // port). A backend listed twice (the IPv4 and IPv6 slices of a dual-stack
 // Service) counts once, at its IPv4 address: a pod by its targetRef; an
@@ -567,7 +569,8 @@ func readyEngines(service, port string, list []*discoveryv1.EndpointSlice) (_ []
 		}
 		for _, e := range s.Endpoints {
 			c := e.Conditions
-			if (c.Ready != nil && !*c.Ready) || (c.Terminating != nil && *c.Terminating) || len(e.Addresses) == 0 {
+			if (c.Ready != nil && !*c.Ready) || (c.Serving != nil && !*c.Serving) || (c.Terminating != nil && *c.Terminating) ||
+				len(e.Addresses) == 0 {
 				continue
 			}
 			host := e.Addresses[0]

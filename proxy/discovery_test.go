@@ -591,3 +591,20 @@ func TestDiscoveryRunAgainForgetsOldLists(t *testing.T) {
 	defer stop()
 	waitFor(t, "only the listed source's engine, after the wait", func() bool { return slices.Equal(ids(), []string{"inference/e-0"}) })
 }
+
+// TestReadyEnginesNotServing: a Service with publishNotReadyAddresses
+// (a StatefulSet's headless Service, often) has its EndpointSlices say
+// ready for every pod, a pod still loading its model included: only
+// conditions.serving tells it is not ready. Such a pod was taken as an
+// engine; an endpoint whose serving is false is now left out (unset
+// still counts as serving).
+func TestReadyEnginesNotServing(t *testing.T) {
+	f := false
+	loading := readyEndpoint("pod-b", "10.0.0.2")
+	loading.Conditions.Serving = &f
+	s := slice("s", "vllm", "http", 8000, readyEndpoint("pod-a", "10.0.0.1"), loading)
+	got, errs, _ := readyEngines("vllm", "http", []*discoveryv1.EndpointSlice{s})
+	if len(errs) != 0 || len(got) != 1 || got[0].ID != "pod-a" {
+		t.Errorf("got %+v, errors %v; want pod-a alone", got, errs)
+	}
+}
