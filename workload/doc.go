@@ -53,8 +53,9 @@
 // gamma with a CV, constant; a rate of at most MaxRate, 1e6 requests/s,
 // since arrival times are whole nanoseconds) and the generator's documented
 // Params, each refused outside its range (Param.Min and Max, whole numbers
-// for counts; a length is at most MaxLen tokens). The same options always
-// give the same workload.
+// for counts; a length is at most MaxLen tokens, and so is every drawn
+// length; a prompt adding up to more than MaxLen is an error, as in a
+// trace). The same options always give the same workload.
 // Workload.ScaleRate scales the arrival rate of any workload, traces
 // included, by a factor in (0, 1e9] that does not stretch the last arrival
 // beyond MaxSpan (100 years).

@@ -106,7 +106,9 @@ func ParseParams(s string) (map[string]float64, error) {
 
 // Generate runs the named generator (see Generators) with opts. The
 // requests are sorted by arrival, numbered r000000..., and carry HashIDs so
-// that WriteTrace/ReadTrace round-trips them exactly.
+// that WriteTrace/ReadTrace round-trips them exactly. No drawn length is
+// above MaxLen, and a request whose prompt adds up to more than MaxLen
+// tokens (ReadTrace's limit) is an error.
 func Generate(name string, opts Options) (*Workload, error) {
 	var g *Generator
 	for i := range generators {
@@ -161,7 +163,14 @@ func Generate(name string, opts Options) (*Workload, error) {
 	w := &Workload{Name: name, Requests: reqs}
 	w.limitAt(opts.Duration, opts.Requests) // Options.Duration is on the generator's clock
 	for i := range w.Requests {
-		w.Requests[i].ID = defaultID(i)
+		r := &w.Requests[i]
+		r.ID = defaultID(i)
+		if r.PromptLen > MaxLen {
+			// Each length is at most MaxLen, their sum may not be; ReadTrace
+			// would refuse the request, so Generate does.
+			return nil, fmt.Errorf("workload: generator %s: request %s has a prompt of %d tokens, above MaxLen (%d): lower its lengths",
+				name, r.ID, r.PromptLen, MaxLen)
+		}
 	}
 	AssignHashIDs(w.Requests)
 	return w, w.Validate()
@@ -251,13 +260,15 @@ func (g *gen) named(kind string, i int) uint64 {
 }
 
 // length draws a length with the given mean, uniform on [mean/2, 3mean/2],
-// at least 1 (0 when mean is 0).
+// at least 1 (0 when mean is 0) and at most MaxLen, the longest length
+// ReadTrace accepts (a draw above it, from a mean above 2/3 of MaxLen, is
+// cut to it).
 func (g *gen) length(mean float64) int {
 	if mean <= 0 {
 		return 0
 	}
 	lo := mean / 2
-	return max(1, int(lo+g.rng.Float64()*mean))
+	return min(MaxLen, max(1, int(lo+g.rng.Float64()*mean)))
 }
 
 func (g *gen) exp(meanSec float64) time.Duration {

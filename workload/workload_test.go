@@ -639,3 +639,37 @@ func BenchmarkGenerateChatWarmStart(b *testing.B) {
 		genOrFatal(b, "chat", Options{Seed: 1, Requests: 2000, Arrivals: Arrivals{Rate: 100000}})
 	}
 }
+
+// TestGenerateLongestLengthsReadBack: a generator run at the longest
+// lengths its parameters accept gives requests ReadTrace accepts back: an
+// output of up to 1.5 times a mean of MaxLen, or a prompt whose segments
+// added up to more than MaxLen, was written by WriteTrace and refused by
+// ReadTrace ("length too large"), and the engines were sent it.
+func TestGenerateLongestLengthsReadBack(t *testing.T) {
+	for _, tc := range []struct {
+		gen     string
+		params  map[string]float64
+		wantErr bool
+	}{
+		{"rag", map[string]float64{"output_len": MaxLen, "doc_len": 100, "system_len": 0}, false},
+		{"sysprompt", map[string]float64{"system_len": MaxLen}, true},
+	} {
+		w, err := Generate(tc.gen, Options{Seed: 1, Requests: 20, Params: tc.params})
+		if tc.wantErr {
+			if err == nil || !strings.Contains(err.Error(), "MaxLen") {
+				t.Errorf("%s %v: got %v, want an error naming MaxLen", tc.gen, tc.params, err)
+			}
+			continue
+		}
+		if err != nil {
+			t.Fatalf("%s %v: %v", tc.gen, tc.params, err)
+		}
+		var buf bytes.Buffer
+		if err := WriteTrace(&buf, w.Requests); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := ReadTrace(&buf, ReadOptions{}); err != nil {
+			t.Errorf("%s %v: reading the written trace back: %v", tc.gen, tc.params, err)
+		}
+	}
+}
