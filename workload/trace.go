@@ -22,7 +22,8 @@ type ReadOptions struct {
 	BlockSize int
 	// TimeUnit is the unit of "timestamp"; default time.Millisecond.
 	TimeUnit time.Duration
-	// MaxLineBytes caps one JSON line; default 64 MiB.
+	// MaxLineBytes caps one JSON line, its line ending not counted; default
+	// 64 MiB.
 	MaxLineBytes int
 }
 
@@ -81,11 +82,22 @@ func ReadTraceFile(path string) (*Workload, error) {
 func ReadTrace(r io.Reader, opts ReadOptions) (*Workload, error) {
 	opts = opts.withDefaults()
 	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 0, 1<<16), opts.MaxLineBytes)
+	// The scanner's buffer holds a line and its line ending ("\r\n"); the
+	// cap itself is checked on the line. The buffer starts no larger than
+	// that: the scanner returns any line its buffer holds, whatever its
+	// limit.
+	limit := opts.MaxLineBytes
+	if limit <= math.MaxInt-2 {
+		limit += 2
+	}
+	sc.Buffer(make([]byte, 0, min(1<<16, limit)), limit)
 	w := &Workload{Name: "trace"}
 	lineNo := 0
 	for sc.Scan() {
 		lineNo++
+		if len(sc.Bytes()) > opts.MaxLineBytes {
+			return nil, fmt.Errorf("workload: trace line %d: longer than %d bytes", lineNo, opts.MaxLineBytes)
+		}
 		line := bytes.TrimSpace(sc.Bytes())
 		if len(line) == 0 {
 			continue

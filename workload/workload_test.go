@@ -673,3 +673,42 @@ func TestGenerateLongestLengthsReadBack(t *testing.T) {
 		}
 	}
 }
+
+// TestReadTraceMaxLineBytes: ReadOptions.MaxLineBytes caps a line at
+// exactly that many bytes (line ending not counted): a cap under the
+// scanner's 64 KiB starting buffer was not enforced at all, and a line of
+// exactly the cap followed by its newline was refused.
+func TestReadTraceMaxLineBytes(t *testing.T) {
+	line := func(n int) string {
+		s := `{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [0]`
+		return s + strings.Repeat(" ", n-len(s)-1) + "}"
+	}
+	for _, tc := range []struct {
+		name, trace string
+		ok          bool
+	}{
+		{"at the cap", line(100) + "\n" + line(100) + "\n", true},
+		{"at the cap, CRLF", line(100) + "\r\n", true},
+		{"at the cap, last line", line(100), true},
+		{"one over the cap", line(100) + "\n" + line(101) + "\n", false},
+		{"one over the cap, last line", line(101), false},
+		{"far over the cap", line(1000) + "\n", false},
+	} {
+		w, err := ReadTrace(strings.NewReader(tc.trace), ReadOptions{MaxLineBytes: 100})
+		switch {
+		case tc.ok && err != nil:
+			t.Errorf("%s: %v", tc.name, err)
+		case !tc.ok && (err == nil || !strings.Contains(err.Error(), "longer than 100 bytes")):
+			n := -1
+			if w != nil {
+				n = len(w.Requests)
+			}
+			t.Errorf("%s: got %d requests, %v; want an error saying the line is longer than 100 bytes", tc.name, n, err)
+		}
+	}
+	// Above the scanner's starting buffer too.
+	const big = 1 << 17
+	if _, err := ReadTrace(strings.NewReader(line(big)+"\n"+line(big)+"\n"), ReadOptions{MaxLineBytes: big}); err != nil {
+		t.Errorf("two lines of %d bytes, the cap: %v", big, err)
+	}
+}
