@@ -11,6 +11,7 @@ import (
 	"strconv"
 	"strings"
 	"time"
+	"unicode/utf8"
 )
 
 // column is one table/CSV column.
@@ -157,10 +158,12 @@ func (r *Report) WriteTable(w io.Writer) error {
 		}
 		cells = append(cells, line)
 	}
+	// Widths are in characters (runes), not bytes: a multi-byte name
+	// would otherwise be padded short.
 	width := make([]int, len(cols))
 	for _, line := range cells {
 		for j, s := range line {
-			width[j] = max(width[j], len(s))
+			width[j] = max(width[j], utf8.RuneCountInString(s))
 		}
 	}
 	var b strings.Builder
@@ -173,10 +176,11 @@ func (r *Report) WriteTable(w io.Writer) error {
 			if j > 0 {
 				b.WriteString("  ")
 			}
+			pad := strings.Repeat(" ", width[j]-utf8.RuneCountInString(s))
 			if j == 0 {
-				b.WriteString(s + strings.Repeat(" ", width[j]-len(s)))
+				b.WriteString(s + pad)
 			} else {
-				b.WriteString(strings.Repeat(" ", width[j]-len(s)) + s)
+				b.WriteString(pad + s)
 			}
 		}
 		b.WriteByte('\n')

@@ -14,6 +14,7 @@ import (
 	"strings"
 	"testing"
 	"time"
+	"unicode/utf8"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -635,6 +636,24 @@ func TestNamesWithIllegalXMLCharacters(t *testing.T) {
 		}
 		if err := wellFormed(&html); err != nil {
 			t.Errorf("%q: report.html: %v", bad, err)
+		}
+	}
+}
+
+// TestTableAlignsNonASCIINames: the table pads its columns by characters,
+// not bytes: a row named with a multi-byte character was padded short by
+// one column per extra byte, and every column after it was out of line.
+func TestTableAlignsNonASCIINames(t *testing.T) {
+	rep := &Report{Rows: []Row{{Name: "kv"}, {Name: "café-π"}, {Name: "ünïcödé"}}}
+	var buf bytes.Buffer
+	if err := rep.WriteTable(&buf); err != nil {
+		t.Fatal(err)
+	}
+	lines := strings.Split(strings.TrimSuffix(buf.String(), "\n"), "\n")[1:] // the header and the rows
+	for _, l := range lines[1:] {
+		if utf8.RuneCountInString(l) != utf8.RuneCountInString(lines[0]) {
+			t.Errorf("table lines of different widths:\n%s", strings.Join(lines, "\n"))
+			break
 		}
 	}
 }
