@@ -3,6 +3,7 @@ package report
 import (
 	"encoding/csv"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"math"
@@ -277,11 +278,22 @@ func (r *Report) WriteJSON(w io.Writer) error {
 	return nil
 }
 
-// ReadJSON reads a report written by WriteJSON.
+// ReadJSON reads a report written by WriteJSON: one JSON object, nothing
+// but white space after it.
 func ReadJSON(rd io.Reader) (*Report, error) {
 	var r Report
 	dec := json.NewDecoder(rd)
 	if err := dec.Decode(&r); err != nil {
+		return nil, fmt.Errorf("report: read json: %w", err)
+	}
+	// A second report (two files concatenated) or other text after it
+	// would otherwise be dropped without a word.
+	var syntax *json.SyntaxError
+	switch _, err := dec.Token(); {
+	case err == io.EOF:
+	case err == nil || errors.As(err, &syntax):
+		return nil, fmt.Errorf("report: read json: data after the report (offset %d)", dec.InputOffset())
+	default:
 		return nil, fmt.Errorf("report: read json: %w", err)
 	}
 	return &r, nil

@@ -657,3 +657,23 @@ func TestTableAlignsNonASCIINames(t *testing.T) {
 		}
 	}
 }
+
+// TestReadJSONTrailingData: ReadJSON reads one report and nothing after it:
+// two reports in one file (cat a.json b.json), or a report with text
+// after it, was read as its first report alone, the rest dropped without
+// a word.
+func TestReadJSONTrailingData(t *testing.T) {
+	var buf bytes.Buffer
+	if err := sweepReport().WriteJSON(&buf); err != nil {
+		t.Fatal(err)
+	}
+	one := buf.String()
+	if _, err := ReadJSON(strings.NewReader(one + "\n \t\r\n")); err != nil {
+		t.Errorf("one report and white space: %v", err)
+	}
+	for _, bad := range []string{one + one, one + "x", one + "]"} {
+		if _, err := ReadJSON(strings.NewReader(bad)); err == nil || !strings.Contains(err.Error(), "after the report") {
+			t.Errorf("ReadJSON(%q...%q): got %v, want an error about data after the report", bad[:10], bad[len(bad)-10:], err)
+		}
+	}
+}
