@@ -598,6 +598,10 @@ func TestInterrupted(t *testing.T) {
 			fs := &fakeServer{}
 			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 				if r.Header.Get("X-Session-Id") != "last" {
+					// Answered after a while, so that the next request is
+					// due while this one holds the only slot (delayed),
+					// however late the scheduler runs on a loaded machine.
+					time.Sleep(100 * time.Millisecond)
 					fs.ServeHTTP(w, r)
 					return
 				}
