@@ -314,17 +314,7 @@ func BenchmarkLoopCold(b *testing.B) {
 	var caughtUp, stepped, ahead time.Duration // turns that caught up, that stepped; the looks ahead
 	for b.Loop() {
 		b.StopTimer()
-		s, err := New(Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1})
-		if err != nil {
-			b.Fatal(err)
-		}
-		queue := fleetShare(0, n)
-		start := fillKV(b, s.eng, prof, 0)
-		for i := range queue {
-			queue[i].at += start
-		}
-		ld := newLoopDriver(s, queue, true)
-		ld.vnow = start
+		s, ld := coldLoop(b, prof, n)
 		coldcache.Evict()
 		b.StartTimer()
 		for {
@@ -515,17 +505,7 @@ func BenchmarkLoopWake(b *testing.B) {
 	wakes, stepped := 0, 0
 	for b.Loop() {
 		b.StopTimer()
-		s, err := New(Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1})
-		if err != nil {
-			b.Fatal(err)
-		}
-		queue := fleetShare(0, n)
-		start := fillKV(b, s.eng, prof, 0)
-		for i := range queue {
-			queue[i].at += start
-		}
-		ld := newLoopDriver(s, queue, true)
-		ld.vnow = start
+		_, ld := coldLoop(b, prof, n)
 		coldcache.Evict()
 		b.StartTimer()
 		for ld.wake() {
@@ -539,4 +519,24 @@ func BenchmarkLoopWake(b *testing.B) {
 	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N*n), "ns/request")
 	b.ReportMetric(float64(wakes)/float64(b.N*n), "wakes/request")
 	b.ReportMetric(float64(stepped)/float64(b.N*n), "stepped/request")
+}
+
+// coldLoop is the cold loop benchmarks' engine and driver: an 8B/H100
+// server whose KV cache is full of other prompts' blocks (fillKV), and a
+// driver of n requests of one engine's share of the soak's load, arriving
+// from the end of the fill.
+func coldLoop(b *testing.B, prof engine.Profile, n int) (*Server, *loopDriver) {
+	b.Helper()
+	s, err := New(Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1})
+	if err != nil {
+		b.Fatal(err)
+	}
+	queue := fleetShare(0, n)
+	start := fillKV(b, s.eng, prof, 0)
+	for i := range queue {
+		queue[i].at += start
+	}
+	ld := newLoopDriver(s, queue, true)
+	ld.vnow = start
+	return s, ld
 }
