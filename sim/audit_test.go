@@ -141,3 +141,35 @@ func TestLateFirstArrivalStartsTheClockNearIt(t *testing.T) {
 		}
 	}
 }
+
+// TestRateScaleAbsoluteTrace: a rate scale below 1 on a trace with absolute
+// timestamps (Unix milliseconds, 56 years in) slows its arrivals from its
+// first request, as workload.ScaleRate does: the simulator divided the
+// timestamps themselves, putting the first request 112 years in, and
+// refused the run. The run equals the same trace's from 0, a constant
+// number of scrape intervals later.
+func TestRateScaleAbsoluteTrace(t *testing.T) {
+	base := smallChat(t, 40, 20, 5)
+	const unixMs = 1_764_000_000_000 * time.Millisecond // a whole number of seconds
+	late := append([]workload.Request(nil), base...)
+	for i := range late {
+		late[i].Arrival += unixMs - base[0].Arrival
+	}
+	early := append([]workload.Request(nil), base...)
+	for i := range early {
+		early[i].Arrival -= base[0].Arrival
+	}
+	cfg := Config{Fleet: tinyFleet(2), Policy: "least_request", Seed: 1, RateScale: 0.5}
+	a := mustRun(t, cfg, late)
+	b := mustRun(t, cfg, early)
+	for i := range a.Records {
+		ra, rb := a.Records[i], b.Records[i]
+		if want := unixMs + 2*early[i].Arrival; ra.Arrival != want {
+			t.Errorf("record %s: arrival %v, want %v (the first kept, the gaps doubled)", ra.ID, ra.Arrival, want)
+		}
+		ra.Arrival -= unixMs
+		if ra != rb {
+			t.Fatalf("record %d: on the Unix-ms clock %+v, from 0 %+v: want the same but for the arrival's origin", i, ra, rb)
+		}
+	}
+}

@@ -39,8 +39,9 @@ type Config struct {
 	// Seed seeds the policy and the scrape phases; the same seed, config and
 	// workload give the same result.
 	Seed uint64
-	// RateScale multiplies the workload's arrival rate (arrival offsets are
-	// divided by it); default 1.
+	// RateScale multiplies the workload's arrival rate (the arrivals'
+	// offsets from the first one are divided by it, as workload.ScaleRate
+	// does); default 1.
 	RateScale float64
 	// ScrapeInterval is how often the router scrapes each engine's metrics;
 	// default 100ms. Each engine's scrapes have their own phase, spread over
@@ -424,18 +425,24 @@ func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 	}
 	// Arrival order: by scaled arrival, ties by workload order.
 	s.order = make([]int32, len(reqs))
+	first := time.Duration(0) // the arrival the scaling keeps
+	for i := range reqs {
+		if a := reqs[i].Arrival; i == 0 || a < first {
+			first = a
+		}
+	}
 	for i := range reqs {
 		if err := reqs[i].Validate(); err != nil {
 			return nil, fmt.Errorf("sim: %w", err)
 		}
 		s.order[i] = int32(i)
 		s.st[i].eng = -1
-		a := float64(reqs[i].Arrival) / cfg.RateScale
-		if a > float64(workload.MaxSpan) {
+		gap := float64(reqs[i].Arrival-first) / cfg.RateScale
+		if gap > float64(workload.MaxSpan-first) {
 			return nil, fmt.Errorf("sim: rate scale %g would put request %q's arrival (%v) beyond the %.0f years of the simulator's clock",
 				cfg.RateScale, reqs[i].ID, reqs[i].Arrival, workload.MaxSpan.Hours()/(365*24))
 		}
-		s.st[i].arrival = time.Duration(a)
+		s.st[i].arrival = first + time.Duration(gap)
 	}
 	slices.SortStableFunc(s.order, func(a, b int32) int { return cmp.Compare(s.st[a].arrival, s.st[b].arrival) })
 	if len(s.order) > 0 {

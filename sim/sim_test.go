@@ -211,9 +211,12 @@ func TestRateScale(t *testing.T) {
 	reqs := smallChat(t, 300, 20, 9)
 	slow := mustRun(t, Config{Fleet: tinyFleet(2), Policy: "round_robin", RateScale: 0.5}, reqs)
 	fast := mustRun(t, Config{Fleet: tinyFleet(2), Policy: "round_robin", RateScale: 2}, reqs)
-	last := len(reqs) - 1
-	if got, want := slow.Records[last].Arrival, 4*fast.Records[last].Arrival; absDur(got-want) > time.Microsecond {
-		t.Errorf("scaled arrivals: got %v at 0.5x, want 4 x %v", got, fast.Records[last].Arrival)
+	last, first := len(reqs)-1, reqs[0].Arrival // the scaling keeps the first arrival
+	if got, want := slow.Records[last].Arrival-first, 4*(fast.Records[last].Arrival-first); absDur(got-want) > time.Microsecond {
+		t.Errorf("scaled arrivals after the first: got %v at 0.5x, want 4 x %v", got, fast.Records[last].Arrival-first)
+	}
+	if slow.Records[0].Arrival != first || fast.Records[0].Arrival != first {
+		t.Errorf("first arrival %v at 0.5x, %v at 2x: want the workload's %v", slow.Records[0].Arrival, fast.Records[0].Arrival, first)
 	}
 	if fast.Row(0).TTFT.P99 < slow.Row(0).TTFT.P99 {
 		t.Errorf("p99 TTFT at 4x the load (%v) below the light load's (%v)", fast.Row(0).TTFT.P99, slow.Row(0).TTFT.P99)

@@ -1,6 +1,7 @@
 package workload
 
 import (
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -65,5 +66,35 @@ func TestScaleRateOverflow(t *testing.T) {
 	}
 	if w.Span() != 9*time.Second*1e6 {
 		t.Errorf("after ScaleRate(1e-6): span %v, want %v", w.Span(), 9*time.Second*1e6)
+	}
+}
+
+// TestScaleRateAbsolute: a trace with absolute timestamps (a production log
+// in Unix milliseconds, 56 years after 1970) is scaled from its first
+// arrival, as the simulator and bench replay it from there: slowing it down
+// (x < 1) was refused because the timestamps themselves were divided,
+// putting the first request past the 100-year limit.
+func TestScaleRateAbsolute(t *testing.T) {
+	const unixMs = 1_764_000_000_000 * time.Millisecond
+	w := &Workload{Name: "log"}
+	for i := range 5 {
+		w.Requests = append(w.Requests, Request{ID: strconv.Itoa(i), Arrival: unixMs + time.Duration(i)*100*time.Millisecond, PromptLen: 16, OutputLen: 1})
+	}
+	if err := w.ScaleRate(0.5); err != nil {
+		t.Fatalf("ScaleRate(0.5) of a Unix-ms trace: %v", err)
+	}
+	for i, r := range w.Requests {
+		if want := unixMs + time.Duration(i)*200*time.Millisecond; r.Arrival != want {
+			t.Errorf("request %d arrives at %v after ScaleRate(0.5), want %v (the first arrival kept, the gaps doubled)", i, r.Arrival, want)
+		}
+	}
+	if err := w.ScaleRate(4); err != nil {
+		t.Fatalf("ScaleRate(4): %v", err)
+	}
+	if got, want := w.Requests[4].Arrival, unixMs+200*time.Millisecond; got != want {
+		t.Errorf("after ScaleRate(4) the last arrival is %v, want %v", got, want)
+	}
+	if err := w.ScaleRate(1e-10); err == nil || !strings.Contains(err.Error(), "years") {
+		t.Errorf("ScaleRate(1e-10) of a trace 56 years after 0 (gaps stretched to 63 years): got %v, want the span error", err)
 	}
 }

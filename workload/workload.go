@@ -36,22 +36,28 @@ func (w *Workload) Validate() error {
 // last arrival.
 const MaxSpan = 100 * 365 * 24 * time.Hour
 
-// ScaleRate multiplies the arrival rate by x (>0): every arrival offset is
-// divided by x, so x=2 replays the workload twice as fast. x is at most 1e9,
-// and may not stretch the last arrival beyond MaxSpan.
+// ScaleRate multiplies the arrival rate by x (>0): every arrival's offset
+// from the first arrival is divided by x, so x=2 replays the workload twice
+// as fast. The first arrival stays where it is: a trace with absolute
+// timestamps (Unix milliseconds) is replayed from its first request, and
+// dividing the timestamps themselves would move it decades away. x is at
+// most 1e9, and may not stretch the last arrival beyond MaxSpan. The
+// requests are in arrival order (as Generate and ReadTrace return them).
 func (w *Workload) ScaleRate(x float64) error {
 	if !(x > 0) || x > 1e9 {
 		return fmt.Errorf("workload: rate scale %v must be in (0, 1e9]", x)
 	}
-	if x == 1 {
+	if x == 1 || len(w.Requests) == 0 {
 		return nil
 	}
-	if span := float64(w.Span()) / x; span > float64(MaxSpan) {
+	first := w.Requests[0].Arrival
+	if last := float64(first) + float64(w.Span()-first)/x; last > float64(MaxSpan) {
 		return fmt.Errorf("workload: rate scale %v would stretch the last arrival (%v) beyond the %.0f years a workload may span",
 			x, w.Span(), MaxSpan.Hours()/(365*24))
 	}
 	for i := range w.Requests {
-		w.Requests[i].Arrival = time.Duration(float64(w.Requests[i].Arrival) / x)
+		r := &w.Requests[i]
+		r.Arrival = first + time.Duration(float64(r.Arrival-first)/x)
 	}
 	return nil
 }
