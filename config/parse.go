@@ -26,7 +26,10 @@ func Parse(data []byte) (Config, error) {
 	dec.KnownFields(true)
 	if err := dec.Decode(&cfg); err != nil {
 		if errors.Is(err, io.EOF) {
-			return cfg, errors.New("the file is empty")
+			if len(bytes.TrimSpace(data)) == 0 {
+				return cfg, errors.New("the file is empty")
+			}
+			return cfg, errors.New("the file holds no settings (only comments or blank lines)")
 		}
 		return cfg, DecodeError(err, data)
 	}

@@ -17,6 +17,7 @@ func TestParse(t *testing.T) {
 	}{
 		{"minimal", "models: [{name: m, endpoints: [{url: 'http://127.0.0.1:8000'}]}]", ""},
 		{"empty", "", "the file is empty"},
+		{"comments only", "# listen: ':8080'\n\n  # models: []\n", "the file holds no settings (only comments or blank lines)"},
 		{"two documents", "models: []\n---\nlisten: ':1'\n", "more than one YAML document"},
 		{"unknown field", "modelz: []", `line 1: unknown field "modelz"`},
 		{"unknown fields, one line", "listen: ':1'\nmodels: [{name: m, endpointz: [], endpoints: [{url: 'http://a:1', wieght: 2}]}]",
