@@ -135,7 +135,9 @@
 //	                     skipped); with no history or no answer, the first batch does:
 //	first batch, seq > 0 catch up: replay whatever history the engine still buffers
 //	                     (a catch-up applies the replayed batches after their last hole
-//	                     only, and before a first batch only those that end just before it)
+//	                     only, and before a first batch only those that end just before it);
+//	                     no replay socket: warn that the seq batches before it are lost
+//	                     (their blocks, and those stored on top of them, stay unindexed)
 //	first batch on a new connection, seq >= next
 //	                     replay from next-1 and compare that batch's bytes: the same
 //	                     engine -> fill the gap; different -> it restarted (drop its

@@ -99,7 +99,8 @@ type SubscriberConfig struct {
 	MaxDialRetry time.Duration
 	// Logger receives warnings (gaps, resyncs, decode errors; a failing
 	// connection once per failure streak, the dials that keep failing
-	// after it at debug level); nil discards.
+	// after it at debug level; a subscription without replay that starts
+	// after batches it cannot recover); nil discards.
 	Logger *slog.Logger
 	// DataParallel makes the subscription that of one data-parallel rank,
 	// DataParallelRank, of an engine (vLLM --data-parallel-size, each rank
@@ -677,8 +678,12 @@ func (s *Subscriber) handle(ctx context.Context, seq uint64, payload []byte) {
 	switch {
 	case !s.started:
 		s.started = true
-		if seq > 0 && !s.cfg.NoCatchUp && s.replay != nil {
+		switch {
+		case seq == 0:
+		case !s.cfg.NoCatchUp && s.replay != nil:
 			s.fill(ctx, 0, seq, false)
+		default:
+			s.missedHistory(ctx, seq)
 		}
 	case fresh && seq >= s.next:
 		s.reconnected(ctx, seq, s.idle)
@@ -696,6 +701,22 @@ func (s *Subscriber) handle(ctx context.Context, seq uint64, payload []byte) {
 		s.restarted(ctx, seq, "sequence went back")
 	}
 	s.apply(seq, payload)
+}
+
+// missedHistory logs that a subscription that cannot catch up (no replay
+// socket, or NoCatchUp) starts at batch seq > 0: the seq batches the engine
+// published before it are lost, and with them the blocks they stored and
+// every block later stored on top of those (an orphan: its prefix is
+// unknown), until the engine stores them again. Without a replay socket
+// that is a warning (an operator can add one); with NoCatchUp, which asks
+// for it, an info line.
+func (s *Subscriber) missedHistory(ctx context.Context, seq uint64) {
+	lvl, why := slog.LevelWarn, "no replay socket (set the endpoint's kv_events.replay_address to catch up)"
+	if s.cfg.NoCatchUp && s.replay != nil {
+		lvl, why = slog.LevelInfo, "catch-up disabled (NoCatchUp)"
+	}
+	s.cfg.Logger.Log(ctx, lvl, "kv events: batches published before the subscription are lost; their blocks, and blocks stored on top of them, stay unindexed",
+		"endpoint", s.cfg.Endpoint, "address", s.cfg.Address, "missed", seq, "why", why)
 }
 
 // restarted drops the endpoint's entries and catches up with the new
