@@ -21,18 +21,20 @@ import (
 )
 
 // startTestEngine runs an emulated engine in process, publishing KV events
-// on an ipc socket; it returns its URL and KV-event address.
-func startTestEngine(t *testing.T, dir, name string) (url, events string) {
+// on an ipc socket with a replay socket beside it; it returns its URL and
+// KV-event and replay addresses.
+func startTestEngine(t *testing.T, dir, name string) (url, events, replay string) {
 	t.Helper()
 	prof, err := engine.LookupProfile("tiny")
 	if err != nil {
 		t.Fatal(err)
 	}
 	events = "ipc://" + filepath.Join(dir, name+".sock")
+	replay = "ipc://" + filepath.Join(dir, name+"-replay.sock")
 	_, hs := emulatortest.Start(t, emulator.Config{Model: "m", Speed: 50,
 		Engine:   engine.Config{Profile: prof, NumGPUBlocks: 1024, MaxModelLen: 8192, MaxNumBatchedTokens: 2048},
-		KVEvents: emulator.KVEventsConfig{Endpoint: events}}, nil)
-	return hs.URL, events
+		KVEvents: emulator.KVEventsConfig{Endpoint: events, ReplayEndpoint: replay}}, nil)
+	return hs.URL, events, replay
 }
 
 // TestServeConfigWithSignalsAndPrecise runs `kvroute serve --config` on a
@@ -40,14 +42,26 @@ func startTestEngine(t *testing.T, dir, name string) (url, events string) {
 // KV events, and checks through the router's own /metrics that the engines
 // are scraped, that their KV events fill the precise index, and that a
 // repeated prompt's cached tokens are counted.
+//
+// The router may subscribe to an engine before it listens, or before its
+// PUB socket has taken the subscription (emulatortest.Start returns before
+// the engine's Run binds its sockets; ZeroMQ PUB/SUB drops what is sent
+// before the subscription arrives), and a failed dial is retried only
+// after DialRetry (500ms). An engine that serves the first request
+// meanwhile publishes the shared system prompt's blocks in batches the
+// router never sees, and every later request's blocks are stored on top
+// of those: orphans, never indexed. Without replay the index then stayed
+// empty for good, and the test failed (once in CI). So the engines have
+// replay sockets: the subscriber catches up their history when it
+// connects, or at the first batch it sees.
 func TestServeConfigWithSignalsAndPrecise(t *testing.T) {
 	dir, err := os.MkdirTemp("", "kvserve")
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
-	urlA, evA := startTestEngine(t, dir, "a")
-	urlB, evB := startTestEngine(t, dir, "b")
+	urlA, evA, rpA := startTestEngine(t, dir, "a")
+	urlB, evB, rpB := startTestEngine(t, dir, "b")
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -61,11 +75,11 @@ models:
     endpoints:
       - id: a
         url: %s
-        kv_events: {address: %q}
+        kv_events: {address: %q, replay_address: %q}
       - id: b
         url: %s
         signals: {scrape_interval: 30ms}
-        kv_events: {address: %q}
+        kv_events: {address: %q, replay_address: %q}
     policy: {name: kv-aware}
     signals: {scrape_interval: 50ms, stale_after: 1s, flavor: vllm}
     precise: {tokenizer: builtin, block_size: 16}
@@ -73,7 +87,7 @@ health_check: {interval: 1s, timeout: 500ms}
 timeouts: {shutdown: 2s}
 debug: {enabled: true}
 log: {level: warn}
-`, addr, urlA, evA, urlB, evB)
+`, addr, urlA, evA, rpA, urlB, evB, rpB)
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
@@ -138,8 +152,8 @@ log: {level: warn}
 			t.Fatalf("request %d: status %d", i, resp.StatusCode)
 		}
 	}
-	// Until the subscribers are connected the engines' events are lost
-	// (ZeroMQ PUB/SUB); keep sending until the index fills.
+	// The index fills once both subscribers are connected and have caught
+	// up (see above); keep sending until it does.
 	i := 0
 	poll("precise index entries", func() bool {
 		i++
