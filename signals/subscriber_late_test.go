@@ -4,8 +4,10 @@ import (
 	"log/slog"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute/internal/syncbuf"
+	"github.com/kvroute/kvroute/kvindex"
 )
 
 // TestSubscriberLateStartWarns: a subscription without a replay socket
@@ -61,5 +63,35 @@ func TestSubscriberLateStartWarns(t *testing.T) {
 				t.Errorf("logged %q, want endpoint=e1 missed=2", line)
 			}
 		})
+	}
+}
+
+// TestSubscriberBeforeEngineBinds: the router subscribes to an engine that
+// does not listen yet (the two start together; the engine restarts), so
+// its dials fail; the engine then binds and serves requests before the
+// subscriber's next dial, and their batches never reach the SUB socket.
+// With a replay socket they must be caught up, when the subscriber
+// connects or at the first batch it receives, and the engine's blocks
+// indexed: the scenario of TestServeConfigWithSignalsAndPrecise's failure
+// in cmd/kvroute, where the engines had no replay socket.
+func TestSubscriberBeforeEngineBinds(t *testing.T) {
+	pubAddr, replayAddr := freeTCPAddr(t), freeTCPAddr(t)
+	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 4, Shards: 4})
+	sub, _ := runSubscriber(t, SubscriberConfig{Endpoint: "e1", Address: pubAddr, ReplayAddress: replayAddr, Topic: testTopic,
+		Sink: idx}, func(c *SubscriberConfig) { c.DialRetry = 10 * time.Millisecond })
+	waitFor(t, "a failed dial", func() bool { return sub.Status().LastError != "" })
+
+	eng := newFakeEngineAt(t, pubAddr, replayAddr, EventEncoding{})
+	eng.publish(true, stored(0, 2)) // lost on the SUB socket, as if sent before the subscription
+	eng.publish(true, stored(2, 4))
+	eng.waitSubscribed()
+	eng.publish(false, stored(4, 6))
+	h := &harness{eng: eng, idx: idx, sub: sub}
+	st := h.waitSeq(t, 2)
+	if got := h.matched(t); got != 6 {
+		t.Errorf("matched %d blocks, want 6 (the batches before the subscription caught up); status %+v", got, st)
+	}
+	if st.Batches != 3 || st.Orphans != 0 || st.Resyncs != 0 {
+		t.Errorf("status %+v: want 3 batches, no orphan, no resync", st)
 	}
 }
