@@ -199,7 +199,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return usageErr("%v", err)
 		}
 	} else {
-		p, err := workload.ParseParams(params)
+		p, err := generatorFlags(wlName, arrivals, params)
 		if err != nil {
 			return usageErr("%v", err)
 		}
@@ -476,6 +476,40 @@ func writeFileWith(path string, f func(io.Writer) error) error {
 }
 
 // printGenerators lists the workload generators and their parameters.
+// generatorFlags checks the generator flags bench and sim share before
+// workload.Generate sees them, so that a bad value is named as the flag
+// given (--workload, --arrivals, --params), not as the workload package's
+// field ("arrivals.kind"), and returns the parsed --params. --arrivals
+// trace, a trace's own timestamps, is refused: a generator has none, and
+// ran it as poisson.
+func generatorFlags(name, arrivals, params string) (map[string]float64, error) {
+	i := slices.IndexFunc(workload.Generators(), func(g workload.Generator) bool { return g.Name == name })
+	if i < 0 {
+		return nil, fmt.Errorf("--workload: unknown generator %q (have %s)", name, strings.Join(workload.GeneratorNames(), ", "))
+	}
+	gen := workload.Generators()[i]
+	switch arrivals {
+	case "", workload.Poisson, workload.Gamma, workload.Constant:
+	default:
+		return nil, fmt.Errorf("--arrivals %q is not one of %s, %s, %s", arrivals, workload.Poisson, workload.Gamma, workload.Constant)
+	}
+	p, err := workload.ParseParams(params)
+	if err != nil {
+		return nil, fmt.Errorf("--params: %s", strings.TrimPrefix(err.Error(), "workload: "))
+	}
+	known := make([]string, len(gen.Params))
+	for i, gp := range gen.Params {
+		known[i] = gp.Name
+	}
+	keys := slices.Sorted(maps.Keys(p))
+	for _, k := range keys {
+		if !slices.Contains(known, k) {
+			return nil, fmt.Errorf("--params: generator %s has no parameter %q (have %s)", name, k, strings.Join(known, ", "))
+		}
+	}
+	return p, nil
+}
+
 func printGenerators(w io.Writer) {
 	for _, g := range workload.Generators() {
 		fmt.Fprintf(w, "%s: %s\n", g.Name, g.Summary)

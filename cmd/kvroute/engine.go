@@ -159,15 +159,11 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	prof, ok, err := hf.profile()
 	switch {
-	case err != nil && strings.HasPrefix(err.Error(), "--"): // --gpu without --hf-config, ...
-		return usageErr("%v", err)
 	case err != nil:
-		return usageErr("--hf-config: %v", err)
-	case ok && flagSet(fs, "profile"):
-		return usageErr("give --profile or --hf-config, not both")
+		return usageErr("%s", hfUsage(err))
 	case !ok:
 		if prof, err = engine.LookupProfile(*profile); err != nil {
-			return usageErr("%v", err)
+			return usageErr("--profile: %s", strings.TrimPrefix(err.Error(), "engine: "))
 		}
 	}
 	r, err := kvroute.ParseRole(*role)

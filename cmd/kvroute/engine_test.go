@@ -12,6 +12,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"path/filepath"
 	"strings"
 	"syscall"
 	"testing"
@@ -439,5 +440,32 @@ func TestEngineDrainsOnStop(t *testing.T) {
 				t.Fatal("engine did not stop")
 			}
 		})
+	}
+}
+
+// TestEngineProfileErrorsNamed: an unknown --profile is named as the flag
+// (not "engine: unknown profile"), and --profile with --hf-config is not
+// blamed on --hf-config alone.
+func TestEngineProfileErrorsNamed(t *testing.T) {
+	cfg := filepath.Join(t.TempDir(), "config.json")
+	data, err := os.ReadFile("../../engine/testdata/hf/llama-3.1-8b.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(cfg, data, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--profile", "nope"}, `kvroute engine: --profile: unknown profile "nope" (known: `},
+		{[]string{"--profile", "tiny", "--hf-config", cfg}, "kvroute engine: give --profile or --hf-config, not both\n"},
+	} {
+		var out, errb bytes.Buffer
+		args := append([]string{"engine", "--model", "m", "--listen", "127.0.0.1:0"}, tc.args...)
+		if err := run(context.Background(), args, &out, &errb); !errors.Is(err, errUsage) || !strings.HasPrefix(errb.String(), tc.want) {
+			t.Errorf("%v: got %v, stderr %q; want a usage error starting %q", tc.args, err, errb.String(), tc.want)
+		}
 	}
 }

@@ -27,6 +27,22 @@ func (m *hfModel) register(fs *flag.FlagSet, what string) {
 	fs.StringVar(&m.dtype, "dtype", "", "with --hf-config: weight and KV dtype (bfloat16, fp8, ...; default the config's)")
 }
 
+// hfFlagError is a profile error that names its flags itself (--gpu
+// without --hf-config, --profile with it); hfUsage prints it as it is.
+type hfFlagError string
+
+func (e hfFlagError) Error() string { return string(e) }
+
+// hfUsage is the usage message of a profile error: one of the flags'
+// (hfFlagError) as it is, one of the file's after "--hf-config: ".
+func hfUsage(err error) string {
+	var fe hfFlagError
+	if errors.As(err, &fe) {
+		return fe.Error()
+	}
+	return "--hf-config: " + err.Error()
+}
+
 // profile builds the profile; ok is false without --hf-config. Either
 // failure (a file that cannot be read, a config that makes no profile) is
 // the flag's, and so are --gpu, --tp or --dtype without it (they would be
@@ -36,13 +52,13 @@ func (m *hfModel) profile() (p engine.Profile, ok bool, err error) {
 	if m.config == "" {
 		for _, name := range []string{"gpu", "tp", "dtype"} {
 			if given(name) {
-				return p, false, fmt.Errorf("--%s applies to --hf-config, which is not given (a built-in --profile has its own GPU, TP and dtype)", name)
+				return p, false, hfFlagError(fmt.Sprintf("--%s applies to --hf-config, which is not given (a built-in --profile has its own GPU, TP and dtype)", name))
 			}
 		}
 		return p, false, nil
 	}
 	if given("profile") {
-		return p, true, errors.New("give --profile or --hf-config, not both")
+		return p, true, hfFlagError("give --profile or --hf-config, not both")
 	}
 	data, err := os.ReadFile(m.config)
 	if err != nil {

@@ -274,10 +274,8 @@ func writeNodeLost(w io.Writer, r *planner.Result) {
 func (o *planOptions) input() (planner.Input, error) {
 	var in planner.Input
 	switch p, ok, err := o.hf.profile(); {
-	case err != nil && strings.HasPrefix(err.Error(), "--"): // --gpu without --hf-config, ...
-		return in, planFlagErrorf("%v", err)
 	case err != nil:
-		return in, planFlagErrorf("--hf-config: %v", err)
+		return in, planFlagErrorf("%s", hfUsage(err))
 	case ok:
 		in.Profile = p
 	default:

@@ -195,8 +195,11 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return usageErr("%v", err)
 	}
 	for i, p := range o.policies {
+		if !slices.Contains(policy.Names(), p) {
+			return usageErr("--policies: unknown policy %q (known: %s)", p, strings.Join(policy.Names(), ", "))
+		}
 		if _, err := policy.New(p, params[p], o.seed); err != nil {
-			return usageErr("%v", err)
+			return usageErr("--policy-param: %v", err) // a known policy refuses only its parameters
 		}
 		if slices.Contains(o.policies[:i], p) {
 			return usageErr("--policies names %s twice (its rows would be identical)", p)
@@ -219,7 +222,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	defaultProfile := o.profile
 	switch p, ok, err := o.hf.profile(); {
 	case err != nil:
-		return usageErr("--hf-config: %v", err)
+		return usageErr("%s", hfUsage(err))
 	case ok:
 		hf, defaultProfile = &p, p.Name
 	}
@@ -229,8 +232,12 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	} else {
 		fleet, err = sim.ParseFleet(o.engines, defaultProfile)
 	}
+	fleetFlag := "engines" // the flag a bad fleet is named by
+	if o.fleetFile != "" {
+		fleetFlag = "fleet"
+	}
 	if err != nil {
-		return usageErr("%v", err)
+		return usageErr("--%s: %v", fleetFlag, err)
 	}
 	for i := range fleet {
 		g := &fleet[i]
@@ -239,7 +246,11 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			continue
 		}
 		if _, err := engine.LookupProfile(g.Profile); err != nil {
-			return usageErr("%v", err)
+			name := fleetFlag
+			if o.fleetFile == "" && g.Profile == o.profile && flagSet(fs, "profile") {
+				name = "profile"
+			}
+			return usageErr("--%s: %s", name, strings.TrimPrefix(err.Error(), "engine: "))
 		}
 	}
 	if o.routers < 1 {
@@ -274,6 +285,11 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	case disagg.ModeConditional, disagg.ModeAlways, disagg.ModeNever:
 	default:
 		return usageErr("--pd-mode %q must be conditional, always or never", o.pdMode)
+	}
+	if o.workloadName != "" {
+		if _, err := generatorFlags(o.workloadName, o.arrivals, o.params); err != nil {
+			return usageErr("%v", err)
+		}
 	}
 	w, err := loadSimWorkload(&o)
 	switch {

@@ -549,3 +549,55 @@ func TestSimCommandLoadColumns(t *testing.T) {
 		})
 	}
 }
+
+// TestWorkloadAndFleetFlagsNamed: a bad --workload, --arrivals, --params,
+// --policies, --policy-param, --engines, --profile or --fleet is a usage
+// error naming the flag, as the other flags' are, not the package's field
+// ("workload: arrivals.kind", "engine: unknown profile"); --arrivals trace,
+// which a generator ran as poisson without a word, is refused.
+func TestWorkloadAndFleetFlagsNamed(t *testing.T) {
+	missing := filepath.Join(t.TempDir(), "missing.yaml")
+	gen := []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--workload", "bogus"}, `--workload: unknown generator "bogus" (have chat, rag, storm, sysprompt, tenants)`},
+		{[]string{"--arrivals", "trace"}, `--arrivals "trace" is not one of poisson, gamma, constant`},
+		{[]string{"--arrivals", "x"}, `--arrivals "x" is not one of poisson, gamma, constant`},
+		{[]string{"--params", "x"}, `--params: param "x" is not key=value`},
+		{[]string{"--params", "bogus=1"}, `--params: generator chat has no parameter "bogus" (have turns,`},
+	}
+	for _, tc := range gen {
+		for _, cmd := range [][]string{
+			{"sim", "--workload", "chat", "--quiet", "--requests", "10"},
+			{"bench", "--url", "http://127.0.0.1:1", "--model", "m", "--workload", "chat", "--quiet", "--requests", "10"},
+		} {
+			var out, errb bytes.Buffer
+			args := append(append([]string{}, cmd...), tc.args...)
+			want := "kvroute " + cmd[0] + ": " + tc.want
+			if err := run(context.Background(), args, &out, &errb); !errors.Is(err, errUsage) || !strings.HasPrefix(errb.String(), want) {
+				t.Errorf("%v: got %v, stderr %q; want a usage error starting %q", args, err, errb.String(), want)
+			}
+		}
+	}
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--policies", "bogus"}, `--policies: unknown policy "bogus" (known: `},
+		{[]string{"--policies", "kv-aware", "--policy-param", "kv-aware.bogus=1"}, `--policy-param: policy kv-aware: unknown param "bogus"`},
+		{[]string{"--engines", "0"}, `--engines: `},
+		{[]string{"--engines", "2xbogus"}, `--engines: unknown profile "bogus" (known: `},
+		{[]string{"--profile", "bogus"}, `--profile: unknown profile "bogus" (known: `},
+		{[]string{"--fleet", missing}, `--fleet: `},
+		{[]string{"--gpu", "a100"}, `--gpu applies to --hf-config`}, // was: "--hf-config: --gpu applies to --hf-config"
+		{[]string{"--profile", "tiny", "--hf-config", "../../engine/testdata/hf/llama-3.1-8b.json"}, "give --profile or --hf-config, not both"},
+	} {
+		var out, errb bytes.Buffer
+		args := append([]string{"sim", "--workload", "chat", "--quiet", "--requests", "10"}, tc.args...)
+		want := "kvroute sim: " + tc.want
+		if err := run(context.Background(), args, &out, &errb); !errors.Is(err, errUsage) || !strings.HasPrefix(errb.String(), want) {
+			t.Errorf("%v: got %v, stderr %q; want a usage error starting %q", tc.args, err, errb.String(), want)
+		}
+	}
+}
