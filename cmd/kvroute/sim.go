@@ -68,7 +68,10 @@ requests.csv (one line per request, with the TTFT split into network, queue,
 prefill, KV transfer and first step). Failed requests are counted per kind in
 the table; the first of each kind is printed with its reason (e.g. a prompt
 longer than the engines' max model length). Ctrl-C stops the runs in progress
-and reports those that finished (exit status 130).`
+and reports those that finished (exit status 130). Exit status: 0 when every
+run finished (failed requests included), 2 on a bad flag or flag value (a
+--fleet file that cannot be read or is invalid included), 1 on another error
+(a --trace that cannot be read, an unwritable --out).`
 
 // simOptions are the parsed flags of kvroute sim.
 type simOptions struct {
