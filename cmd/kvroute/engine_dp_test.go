@@ -30,7 +30,7 @@ func TestEngineDataParallelUsageErrors(t *testing.T) {
 		{[]string{"--data-parallel-size", "2", "--kv-events-endpoint", "ipc:///tmp/kv"}, `--kv-events-endpoint "ipc:///tmp/kv": with --data-parallel-size`},
 		{[]string{"--data-parallel-size", "2", "--kv-events-endpoint", "tcp://*:5557", "--kv-events-replay", "ipc:///tmp/r"}, `--kv-events-replay "ipc:///tmp/r"`},
 		{[]string{"--data-parallel-size", "2", "--kv-events-endpoint", "tcp://*:65535"}, `rank 1's port 65536 (port + rank) is out of range`},
-		{[]string{"--data-parallel-size", "x"}, `invalid value "x" for flag -data-parallel-size`},
+		{[]string{"--data-parallel-size", "x"}, `invalid value "x" for flag --data-parallel-size`},
 		{[]string{"--data-parallel-size", "2", "--side-channel-listen", "127.0.0.1:65535"}, `--side-channel-listen: rank 1's port 65536 (port + rank) is out of range`},
 		{[]string{"--data-parallel-size", "2", "--listen", "127.0.0.1:0", "--side-channel-listen", "127.0.0.1:0", "--advertise", "h:65535"}, `--advertise: rank 1's port 65536 (port + rank) is out of range`},
 	}

@@ -16,6 +16,7 @@ import (
 	"os/signal"
 	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -211,7 +212,7 @@ func parseFlags(fs *flag.FlagSet, args []string, emptyOK ...string) error {
 		if empty != "" {
 			fmt.Fprintf(out, "%s: --%s is empty (give a value, or leave the flag out)\n", fs.Name(), empty)
 		} else {
-			fmt.Fprintf(out, "%s: %s\n", fs.Name(), strings.TrimSpace(msg.String()))
+			fmt.Fprintf(out, "%s: %s\n", fs.Name(), typedFlagError(strings.TrimSpace(msg.String()), args))
 		}
 		shortUsage(fs)
 		return errUsage
@@ -222,6 +223,42 @@ func parseFlags(fs *flag.FlagSet, args []string, emptyOK ...string) error {
 		return errUsage
 	}
 	return nil
+}
+
+// typedFlagError names the flag in one of the flag package's errors as it
+// was typed: the package writes -name ("flag provided but not defined:
+// -bogus") however the user wrote it, and the help, the docs and the
+// other usage errors say --name. A flag args gave as --name (or
+// --name=value) is named so; any other message is returned as it is.
+func typedFlagError(msg string, args []string) string {
+	at := -1 // the index of the name's dash in msg
+	for _, p := range []string{"flag provided but not defined: ", "flag needs an argument: "} {
+		if strings.HasPrefix(msg, p) {
+			at = len(p)
+		}
+	}
+	for _, p := range []struct{ head, mid string }{{"invalid value ", " for flag "}, {"invalid boolean value ", " for "}} {
+		if rest, ok := strings.CutPrefix(msg, p.head); ok {
+			// The value is quoted and may hold anything: the name
+			// follows its closing quote.
+			if q, err := strconv.QuotedPrefix(rest); err == nil && strings.HasPrefix(rest[len(q):], p.mid) {
+				at = len(p.head) + len(q) + len(p.mid)
+			}
+		}
+	}
+	if at < 0 || at >= len(msg) || msg[at] != '-' {
+		return msg
+	}
+	name, _, _ := strings.Cut(msg[at+1:], ":")
+	for _, a := range args {
+		if a == "--" { // the end of the flags
+			break
+		}
+		if a == "--"+name || strings.HasPrefix(a, "--"+name+"=") {
+			return msg[:at] + "-" + msg[at:]
+		}
+	}
+	return msg
 }
 
 // errEmpty stops a parse at a flag given an empty value (watchEmpty).

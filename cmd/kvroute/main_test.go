@@ -141,14 +141,17 @@ func TestSecondSignalEndsProcess(t *testing.T) {
 // TestFlagErrorsNameCommand: the flag package's own errors (an unknown
 // flag, a value that does not parse) come after the command's name, as the
 // commands' other usage errors do; they were printed bare ("flag provided
-// but not defined: -bogus").
+// but not defined: -bogus"). They name the flag as typed: --bogus, not
+// the flag package's -bogus.
 func TestFlagErrorsNameCommand(t *testing.T) {
 	for name := range commands {
 		for _, tc := range []struct {
 			args []string
 			want string
 		}{
-			{[]string{"--bogus"}, "flag provided but not defined: -bogus"},
+			{[]string{"--bogus"}, "flag provided but not defined: --bogus"},
+			{[]string{"-bogus"}, "flag provided but not defined: -bogus"},
+			{[]string{"--bogus=1"}, "flag provided but not defined: --bogus"},
 		} {
 			var out, errb bytes.Buffer
 			err := run(context.Background(), append([]string{name}, tc.args...), &out, &errb)
@@ -158,10 +161,22 @@ func TestFlagErrorsNameCommand(t *testing.T) {
 			}
 		}
 	}
-	var out, errb bytes.Buffer
-	err := run(context.Background(), []string{"sim", "--rate", "x"}, &out, &errb)
-	if want := `kvroute sim: invalid value "x" for flag -rate: parse error` + "\n"; !errors.Is(err, errUsage) || !strings.HasPrefix(errb.String(), want) {
-		t.Errorf("sim --rate x: got %v, stderr %q; want %q first", err, errb.String(), want)
+	for _, tc := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"sim", "--rate", "x"}, `kvroute sim: invalid value "x" for flag --rate: parse error`},
+		{[]string{"sim", "-rate", "x"}, `kvroute sim: invalid value "x" for flag -rate: parse error`},
+		{[]string{"sim", "--rate=x"}, `kvroute sim: invalid value "x" for flag --rate: parse error`},
+		{[]string{"sim", "--rate", "-x -rate"}, `kvroute sim: invalid value "-x -rate" for flag --rate: parse error`},
+		{[]string{"sim", "--quiet=maybe"}, `kvroute sim: invalid boolean value "maybe" for --quiet: parse error`},
+		{[]string{"serve", "--config"}, `kvroute serve: flag needs an argument: --config`},
+	} {
+		var out, errb bytes.Buffer
+		err := run(context.Background(), tc.args, &out, &errb)
+		if want := tc.want + "\n"; !errors.Is(err, errUsage) || !strings.HasPrefix(errb.String(), want) {
+			t.Errorf("%v: got %v, stderr %q; want %q first", tc.args, err, errb.String(), want)
+		}
 	}
 }
 

@@ -177,7 +177,7 @@ func TestServeFlagErrors(t *testing.T) {
 		{"bad listen over a file", []string{"--config", good, "--listen", "x"}, `--listen: "x" is not a host:port address`},
 		{"model without endpoint", []string{"--model", "m"}, "--model m needs at least one --endpoint URL"},
 		{"endpoint without model", []string{"--endpoint", "http://a:1"}, "--endpoint needs --model NAME"},
-		{"unknown flag", []string{"--bogus"}, "flag provided but not defined: -bogus"},
+		{"unknown flag", []string{"--bogus"}, "flag provided but not defined: --bogus"},
 		{"bad data-parallel size", []string{"--model", "m", "--endpoint", "http://a:1", "--endpoint", "http://b:1", "--data-parallel-size", "-1"},
 			"--data-parallel-size: -1 is not positive\n"},
 		{"zero data-parallel size", append(quick, "--listen", "127.0.0.1:0", "--data-parallel-size", "0"), // was: ran with 1
