@@ -14,6 +14,7 @@ import (
 	"io"
 	"os"
 	"os/signal"
+	"regexp"
 	"slices"
 	"sort"
 	"strconv"
@@ -168,14 +169,22 @@ func newFlagSet(name, usageLine, description string, stdout, stderr io.Writer) *
 		hasFlags := false
 		fs.VisitAll(func(*flag.Flag) { hasFlags = true })
 		if hasFlags {
-			fmt.Fprintln(stdout, "\nFlags:")
-			fs.SetOutput(stdout)
+			// The flag package lists a flag as -name; the help's prose,
+			// README and the usage errors write --name, which the
+			// package takes as well.
+			var list strings.Builder
+			fs.SetOutput(&list)
 			fs.PrintDefaults()
 			fs.SetOutput(stderr)
+			fmt.Fprint(stdout, "\nFlags:\n"+flagLine.ReplaceAllString(list.String(), "  --"))
 		}
 	}
 	return fs
 }
+
+// flagLine is the start of a flag's line in flag.PrintDefaults' listing
+// (its usage lines start with four spaces and a tab).
+var flagLine = regexp.MustCompile(`(?m)^  -`)
 
 // parseFlags parses args into fs, mapping a parse error to errUsage and
 // --help to flag.ErrHelp. --help prints the whole help; a bad flag prints

@@ -217,7 +217,7 @@ var emptyOK = map[string]string{
 func TestEmptyFlagValues(t *testing.T) {
 	ctx, cancel := context.WithCancel(t.Context())
 	cancel()
-	flagRE := regexp.MustCompile(`(?m)^  -(\S+)`)
+	flagRE := regexp.MustCompile(`(?m)^  --(\S+)`)
 	n := 0
 	for _, cmd := range []string{"serve", "engine", "sim", "bench", "plan", "demo", "version"} {
 		var help bytes.Buffer
@@ -276,5 +276,23 @@ func TestEmptyFlagValues(t *testing.T) {
 				t.Errorf("got %v, stdout %q, stderr %q; want a usage error, stderr starting %q", err, out.String(), errb.String(), tc.want)
 			}
 		})
+	}
+}
+
+// TestHelpListsFlagsAsTyped: each command's help lists its flags as
+// --name, as its prose, README and the usage errors write them (the flag
+// package's listing wrote -name).
+func TestHelpListsFlagsAsTyped(t *testing.T) {
+	for name := range commands {
+		var out, errb bytes.Buffer
+		if err := run(context.Background(), []string{name, "--help"}, &out, &errb); !errors.Is(err, flag.ErrHelp) {
+			t.Fatalf("%s --help: got %v, want flag.ErrHelp", name, err)
+		}
+		_, list, _ := strings.Cut(out.String(), "\nFlags:\n")
+		for line := range strings.Lines(list) {
+			if strings.HasPrefix(line, "  -") && !strings.HasPrefix(line, "  --") {
+				t.Errorf("%s --help lists %q, want --", name, strings.TrimSpace(line))
+			}
+		}
 	}
 }
