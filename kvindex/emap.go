@@ -158,11 +158,11 @@ func (m *emap) resize(size int) {
 
 // evictFrom removes up to want entries starting at slot position start
 // (any number, reduced modulo the size), calling fn for each removed
-// value, and returns how many it removed.
-func (m *emap) evictFrom(start uint64, want int, fn func(v uint64)) int {
+// entry, and returns how many it removed.
+func (m *emap) evictFrom(start uint64, want int, fn func(k, v uint64)) int {
 	removed := 0
 	if want > 0 && m.hasZero {
-		fn(m.zero)
+		fn(0, m.zero)
 		m.zero, m.hasZero = 0, false
 		removed++
 	}
@@ -173,7 +173,7 @@ func (m *emap) evictFrom(start uint64, want int, fn func(v uint64)) int {
 	i := int(start % uint64(n))
 	for scanned := 0; removed < want && m.n > 0 && scanned < 2*n; scanned++ {
 		if m.slots[i].k != 0 {
-			fn(m.slots[i].v)
+			fn(m.slots[i].k, m.slots[i].v)
 			m.deleteAt(i) // may shift another entry into i: look at i again
 			removed++
 			continue

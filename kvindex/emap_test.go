@@ -32,7 +32,11 @@ func TestEmap(t *testing.T) {
 				delete(ref, k)
 			case 5:
 				want := rng.IntN(5)
-				n := m.evictFrom(rng.Uint64(), want, func(uint64) {})
+				n := m.evictFrom(rng.Uint64(), want, func(k, v uint64) {
+					if rv, ok := ref[k]; !ok || rv != v {
+						t.Fatalf("seed %d step %d: evicted %d=%d, held %d,%v", seed, step, k, v, rv, ok)
+					}
+				})
 				if n > want {
 					t.Fatalf("evicted %d, asked %d", n, want)
 				}

@@ -449,9 +449,12 @@ func (x *Index) evict() {
 		// Start where the last round stopped, moved on by a large odd step,
 		// so successive rounds spread over the whole table.
 		victim.evictAt += 0x9e3779b97f4a7c15
-		n := victim.blocks.evictFrom(victim.evictAt, want, func(key uint64) {
+		n := victim.blocks.evictFrom(victim.evictAt, want, func(eh, key uint64) {
 			victim.g.gpu.update(key, 0, victim.bit)
 			victim.g.cpu.update(key, 0, victim.bit)
+			// Its extra copies' count goes with it: an engine that
+			// never removes would otherwise grow copies without bound.
+			victim.forgetCopies(eh)
 		})
 		victim.mu.Unlock()
 		x.entries.Add(-int64(n))

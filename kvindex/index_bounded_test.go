@@ -1,0 +1,40 @@
+package kvindex
+
+import (
+	"testing"
+
+	"github.com/kvroute/kvroute"
+)
+
+// TestIndexCopiesBoundedByCapacity: an engine that stores every block twice
+// (vLLM reports each copy it computes) and never removes one is held to
+// Capacity by random eviction, but the counts of the evicted blocks' extra
+// copies stayed behind, one per block ever stored, so the index's memory
+// grew without bound. Eviction now drops them with their blocks.
+func TestIndexCopiesBoundedByCapacity(t *testing.T) {
+	const bs, capacity = 4, 64
+	x := NewIndex(IndexConfig{BlockSize: bs, Capacity: capacity, Shards: 2})
+	tokens := make([]uint32, bs)
+	for i := range 10 * capacity {
+		tokens[0] = uint32(i)
+		s := Stored{BlockHashes: []uint64{uint64(i) + 1}, Tokens: tokens, BlockSize: bs, Tier: kvroute.TierGPU}
+		for range 2 {
+			if _, err := x.Store("a", s); err != nil {
+				t.Fatalf("Store(%d): %v", i, err)
+			}
+		}
+	}
+	st := x.Stats()
+	if st.Entries > capacity {
+		t.Fatalf("entries %d, want <= %d", st.Entries, capacity)
+	}
+	x.mu.RLock()
+	e := x.eps["a"]
+	x.mu.RUnlock()
+	e.mu.Lock()
+	copies, held := len(e.copies), e.blocks.Len()
+	e.mu.Unlock()
+	if copies > held {
+		t.Fatalf("copies counted for %d engine hashes, only %d held", copies, held)
+	}
+}
