@@ -36,7 +36,11 @@
 // The cl100k-family pre-tokenizer patterns of Llama 3 and Qwen are
 // implemented by hand (llamaSplitter, a tested equivalent of the regex), and
 // any other Split pattern runs on github.com/dlclark/regexp2, which a test also
-// uses as the reference for the hand-written splitter. Merges apply lowest
+// uses as the reference for the hand-written splitter. The hand-written one
+// classes letters and numbers by Unicode 16.0, as the reference does
+// (unicode16.go); regexp2 has Go's Unicode 15.0 classes, so a DeepSeek-style
+// pattern may cut text with a letter or digit new in Unicode 15.1 or 16.0
+// otherwise than the reference. Merges apply lowest
 // rank first, leftmost first among equals, as HuggingFace's tokenizers does;
 // ignore_merges (Llama 3) looks whole words up first. Recent words' ids are
 // kept in a lock-free direct-mapped cache.

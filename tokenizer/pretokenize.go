@@ -67,7 +67,8 @@ var asciiCC = func() (t [utf8.RuneSelf]uint8) {
 }()
 
 // ccAt returns the class, rune and size of the rune at s[i]. An invalid UTF-8
-// byte is a one-byte ccOther.
+// byte is a one-byte ccOther. Letters and numbers are Unicode 16.0's, as
+// the reference's (unicode16.go).
 func ccAt(s string, i int) (cls uint8, r rune, size int) {
 	if c := s[i]; c < utf8.RuneSelf {
 		return asciiCC[c], rune(c), 1
@@ -82,6 +83,11 @@ func ccAt(s string, i int) (cls uint8, r rune, size int) {
 		return ccNumber, r, size
 	case unicode.IsSpace(r):
 		return ccSpace, r, size
+	case r < 0x1C89: // below the first rune Unicode 16 classes anew
+	case unicode.Is(unicode16Letters, r):
+		return ccLetter, r, size
+	case unicode.Is(unicode16Numbers, r):
+		return ccNumber, r, size
 	}
 	return ccOther, r, size
 }
