@@ -355,6 +355,7 @@ func (x *Index) Evict(endpoint string, engineHashes []uint64, tier kvroute.Tier)
 		tab.update(key, 0, e.bit)
 		if other.live.Load() == 0 || other.get(key)&e.bit == 0 {
 			e.blocks.del(eh)
+			e.forgetCopies(eh) // left when another hash cleared the key's GPU bit
 			removed++
 		}
 	}
