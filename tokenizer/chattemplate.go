@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"reflect"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -22,6 +23,13 @@ type ChatTemplate struct {
 	// stringContent: vLLM gives this template string content (see
 	// stringContents), not lists of parts.
 	stringContent bool
+	// toolUse is the template named "tool_use" of a tokenizer_config.json
+	// that names its templates (this one being "default"), rendered instead
+	// of this one for a request with tools, as transformers'
+	// get_chat_template picks it (vLLM passes the tools, None for none);
+	// toolUseErr is the error compiling it. Both nil when there is none.
+	toolUse    *ChatTemplate
+	toolUseErr error
 }
 
 // NewChatTemplate compiles a chat template; bos and eos are the values of the
@@ -65,7 +73,46 @@ func (c *ChatTemplate) Render(msgs []Message, opts ChatOptions) (string, error) 
 // "reasoning_content"). Map keys are seen sorted; RenderJSON keeps the order
 // of a request's JSON.
 func (c *ChatTemplate) RenderAny(messages []any, opts ChatOptions) (string, error) {
+	c, err := c.pick(opts)
+	if err != nil {
+		return "", err
+	}
 	return c.render(jinja.FromGoValue(messages), opts)
+}
+
+// pick returns the template that renders a request with opts: the
+// "tool_use" one when there is one and the request has tools (see
+// ChatTemplate.toolUse), otherwise c.
+func (c *ChatTemplate) pick(opts ChatOptions) (*ChatTemplate, error) {
+	if c.toolUse == nil && c.toolUseErr == nil || !hasTools(opts) {
+		return c, nil
+	}
+	if c.toolUseErr != nil {
+		return nil, c.toolUseErr
+	}
+	return c.toolUse, nil
+}
+
+// hasTools reports whether opts give the template tools as vLLM does for
+// a request with tools: a "tools" variable that is neither null nor an
+// empty list (vLLM passes None for those). JSONVars' wins, as in render.
+func hasTools(opts ChatOptions) bool {
+	if raw, ok := opts.JSONVars["tools"]; ok {
+		raw = bytes.TrimSpace(raw)
+		if len(raw) == 0 || string(raw) == "null" {
+			return false
+		}
+		var list []json.RawMessage
+		return json.Unmarshal(raw, &list) != nil || len(list) > 0
+	}
+	v, ok := opts.Vars["tools"]
+	if !ok || v == nil {
+		return false
+	}
+	if rv := reflect.ValueOf(v); rv.Kind() == reflect.Slice || rv.Kind() == reflect.Array {
+		return rv.Len() > 0
+	}
+	return true
 }
 
 // RenderJSON renders the raw JSON array of messages of an OpenAI-style chat
@@ -81,6 +128,10 @@ func (c *ChatTemplate) RenderAny(messages []any, opts ChatOptions) (string, erro
 // decoded, and each message keeps only the keys vLLM's ConversationMessage
 // has, as vLLM does (contentformat.go).
 func (c *ChatTemplate) RenderJSON(messages json.RawMessage, opts ChatOptions) (string, error) {
+	c, err := c.pick(opts)
+	if err != nil {
+		return "", err
+	}
 	v, err := valueFromJSON(messages)
 	if err != nil {
 		return "", fmt.Errorf("tokenizer: render chat template: messages: %w", err)

@@ -48,7 +48,9 @@
 // Chat templates (ChatTemplate) are rendered with github.com/ardanlabs/jinja,
 // a pure-Go Jinja engine made for chat templates, with transformers'
 // apply_chat_template settings (trim_blocks, lstrip_blocks, raise_exception,
-// tojson, strftime_now). That engine applies a tag's whitespace control
+// tojson, strftime_now); of a tokenizer_config.json that names its
+// templates, the "default" one, or the "tool_use" one for a request with
+// tools, as transformers' get_chat_template picks them. That engine applies a tag's whitespace control
 // past a neighbouring tag and keeps a template's final newline, unlike
 // jinja2; jinjatrim.go rewrites a template's source so that both render it
 // alike (TestChatTemplateWhitespaceMatchesJinja2). As vLLM does, RenderJSON gives a template that does

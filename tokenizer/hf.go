@@ -435,35 +435,45 @@ func (t *HF) loadConfig(data []byte) error {
 			t.suffixIDs = []uint32{t.eos}
 		}
 	}
-	src := templateSource(c.ChatTemplate)
+	src, toolUse := templateSource(c.ChatTemplate)
 	if src != "" {
 		t.template, t.templateEr = NewChatTemplate(src, t.bos, t.eosText)
+		if t.template != nil && toolUse != "" {
+			t.template.toolUse, t.template.toolUseErr = NewChatTemplate(toolUse, t.bos, t.eosText)
+		}
 	}
 	return nil
 }
 
-// templateSource returns the default chat template: chat_template is either a
-// string or a list of {"name", "template"} (the one named "default").
-func templateSource(raw json.RawMessage) string {
+// templateSource returns the default chat template and the one for requests
+// with tools ("" when there is none apart): chat_template is either a
+// string or a list of {"name", "template"} (the one named "default", and
+// the one named "tool_use", which transformers' get_chat_template picks
+// when it is given tools).
+func templateSource(raw json.RawMessage) (def, toolUse string) {
 	var s string
 	if json.Unmarshal(raw, &s) == nil {
-		return s
+		return s, ""
 	}
 	var list []struct {
 		Name     string `json:"name"`
 		Template string `json:"template"`
 	}
 	if json.Unmarshal(raw, &list) == nil {
+		found := false
 		for _, e := range list {
-			if e.Name == "default" {
-				return e.Template
+			switch {
+			case e.Name == "default" && !found:
+				def, found = e.Template, true
+			case e.Name == "tool_use" && toolUse == "":
+				toolUse = e.Template
 			}
 		}
-		if len(list) > 0 {
-			return list[0].Template
+		if !found && len(list) > 0 {
+			def = list[0].Template
 		}
 	}
-	return ""
+	return def, toolUse
 }
 
 // VocabSize returns one more than the largest token id.
