@@ -72,14 +72,15 @@ func newAddedMatcher(tokens []hfAddedToken, normalize func(string) string) added
 // isWordRune reports whether r is a word character as the regex \w of Rust's
 // regex crate (Unicode's): Alphabetic (letters, letter numbers such as Ⅻ,
 // Other_Alphabetic), marks, decimal digits, connector punctuation (_, ‿) and
-// the joiners U+200C and U+200D. HuggingFace's AddedVocabulary checks
+// the joiners U+200C and U+200D, as of Unicode 16.0 (Go's tables are
+// 15.0's: unicode16.go has the rest). HuggingFace's AddedVocabulary checks
 // single_word tokens with it; other numbers (², ①) are not word characters.
 func isWordRune(r rune) bool {
 	if r < utf8.RuneSelf {
 		return r == '_' || ('0' <= r && r <= '9') || ('a' <= r && r <= 'z') || ('A' <= r && r <= 'Z')
 	}
 	return unicode.In(r, unicode.L, unicode.M, unicode.Nd, unicode.Nl, unicode.Pc,
-		unicode.Other_Alphabetic, unicode.Join_Control)
+		unicode.Other_Alphabetic, unicode.Join_Control) || unicode.Is(unicode16Word, r)
 }
 
 // singleWordOK reports whether a match s[i:e] of a single_word token stands

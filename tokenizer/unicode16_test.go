@@ -63,3 +63,27 @@ func TestHFUnicode16(t *testing.T) {
 		})
 	}
 }
+
+// TestAddedSingleWordUnicode16: HuggingFace's AddedVocabulary takes a
+// single_word token only where no word character (\w of Rust's regex
+// crate, Unicode 16.0) touches it; isWordRune had Go's Unicode 15.0
+// classes, so a letter, digit or mark new in Unicode 15.1 or 16.0 next to
+// the token let it match where the reference does not. The expectations
+// are tokenizers 0.23.2's on testdata/tiny.
+func TestAddedSingleWordUnicode16(t *testing.T) {
+	tok := loadTiny(t)
+	mask := []uint32{'[', 'M', 'A', 'S', 'K', ']'}
+	tests := []struct {
+		text string
+		want []uint32
+	}{
+		{"\U00010D50[MASK]", append([]uint32{0xF0, 0x90, 0xB5, 0x90}, mask...)},       // Garay letter
+		{"[MASK]\U00010D40", append(slices.Clone(mask), 0xF0, 0x90, 0xB5, 0x80)},      // Garay digit
+		{"x\U000113B8[MASK]", append([]uint32{'x', 0xF0, 0x91, 0x8E, 0xB8}, mask...)}, // Tulu-Tigalari vowel sign
+	}
+	for _, tt := range tests {
+		if got := tok.Encode(tt.text); !slices.Equal(got, tt.want) {
+			t.Errorf("Encode(%+q) = %v, want %v", tt.text, got, tt.want)
+		}
+	}
+}
