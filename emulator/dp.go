@@ -91,6 +91,12 @@ func NewDP(cfg Config, size int) (*DP, error) {
 			cfg.EngineID = newUUID()
 		}
 	}
+	// Every rank's endpoints are valid before any rank binds its own.
+	for _, ep := range []string{cfg.KVEvents.Endpoint, cfg.KVEvents.ReplayEndpoint} {
+		if _, err := offsetEndpoint(ep, size-1); err != nil {
+			return nil, err
+		}
+	}
 	d := &DP{ranks: make([]*Server, size), lb: make([]lbCounts, size), inflight: make([]int, size)}
 	for k := range d.ranks {
 		c := cfg
@@ -100,6 +106,9 @@ func NewDP(cfg Config, size int) (*DP, error) {
 		}
 		s, err := New(c)
 		if err != nil {
+			for _, s := range d.ranks[:k] {
+				s.Close() // release the KV-event sockets New bound
+			}
 			return nil, err
 		}
 		d.ranks[k] = s

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/binary"
+	"errors"
 	"fmt"
 	"log/slog"
 	"strconv"
@@ -259,13 +260,51 @@ func encodeEvent(enc *msgpack.Encoder, asMap bool, ev *engine.KVEvent) error {
 	return nil
 }
 
+// A BindError is New's error when a KV-event socket cannot be bound (its
+// address is in use, say).
+type BindError struct {
+	// Endpoint is the endpoint that could not be bound (offset by the data
+	// parallel rank).
+	Endpoint string
+	// Replay is set for the replay (ROUTER) socket, clear for the PUB one.
+	Replay bool
+	Err    error
+}
+
+func (e *BindError) Error() string {
+	name := "kv events"
+	if e.Replay {
+		name = "kv events replay"
+	}
+	return fmt.Sprintf("emulator: %s: bind %s: %v", name, e.Endpoint, e.Err)
+}
+
+func (e *BindError) Unwrap() error { return e.Err }
+
+// bindError is a BindError for zmq4's listen error err (which names the
+// endpoint already: only its cause is kept).
+func bindError(endpoint string, replay bool, err error) *BindError {
+	if inner := errors.Unwrap(err); inner != nil {
+		err = inner
+	}
+	return &BindError{Endpoint: endpoint, Replay: replay, Err: err}
+}
+
 // publisher sends KV-event batches on a ZMQ PUB socket and answers replay
-// requests on a ROUTER socket. The engine loop hands it batches with
-// publish; its goroutines are started by run and stopped by cancelling
-// run's context.
+// requests on a ROUTER socket. open binds the sockets (Server.New calls it,
+// so they are bound before the engine serves); the engine loop hands it
+// batches with publish; run sends them until its context is done and then
+// closes the sockets, as close does when run never runs.
 type publisher struct {
 	cfg KVEventsConfig
 	log *slog.Logger
+
+	// Set by open. stop ends the sockets' context (and a PUB socket's
+	// dial, which dialing waits for); closeOnce makes close run once.
+	sock, router zmq4.Socket // router is nil without replay
+	stop         context.CancelFunc
+	dialing      sync.WaitGroup
+	closeOnce    sync.Once
 
 	// The encoded batches from the engine loop wait in queue (at most
 	// cfg.MaxQueue, grown as needed rather than allocated at that size);
@@ -319,14 +358,19 @@ func (p *publisher) take() [][]byte {
 	return q
 }
 
-// open creates and binds (or connects) the sockets. Connecting never fails:
-// it retries in the background like libzmq.
-func (p *publisher) open(ctx context.Context) (pub, router zmq4.Socket, err error) {
+// open creates the sockets and binds them (a *BindError when it cannot),
+// or, for a PUB endpoint that connects, starts connecting it in the
+// background, retried like libzmq until close. On success close must be
+// called (run calls it when it ends).
+func (p *publisher) open() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	var pub, router zmq4.Socket
 	if shouldBind(p.cfg.Endpoint) {
 		pub = zmq4.NewPub(ctx)
 		if err := pub.Listen(p.cfg.Endpoint); err != nil {
+			cancel()
 			pub.Close()
-			return nil, nil, fmt.Errorf("emulator: kv events: %w", err)
+			return bindError(p.cfg.Endpoint, false, err)
 		}
 	} else {
 		// Connect like libzmq: retry until the subscriber is up, and
@@ -338,34 +382,43 @@ func (p *publisher) open(ctx context.Context) (pub, router zmq4.Socket, err erro
 	if p.cfg.ReplayEndpoint != "" {
 		router = zmq4.NewRouter(ctx, zmq4.WithID(zmq4.SocketIdentity("kvroute-replay")))
 		if err := router.Listen(p.cfg.ReplayEndpoint); err != nil {
+			cancel()
 			pub.Close()
 			router.Close()
-			return nil, nil, fmt.Errorf("emulator: kv events replay: %w", err)
+			return bindError(p.cfg.ReplayEndpoint, true, err)
 		}
 	}
-	return pub, router, nil
-}
-
-// run publishes until ctx is done; it closes the sockets and waits for its
-// goroutines before returning.
-func (p *publisher) run(ctx context.Context, pub, router zmq4.Socket) {
-	ctx, cancel := context.WithCancel(ctx)
-	var wg sync.WaitGroup
+	p.sock, p.router, p.stop = pub, router, cancel
 	if !shouldBind(p.cfg.Endpoint) {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
+		p.dialing.Go(func() {
 			if err := pub.Dial(p.cfg.Endpoint); err != nil && ctx.Err() == nil {
 				p.log.Warn("kv events: connect failed", "endpoint", p.cfg.Endpoint, "err", err)
 			}
-		}()
+		})
 	}
-	if router != nil {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			p.serveReplay(ctx, router)
-		}()
+	return nil
+}
+
+// close closes the sockets open made and waits for the PUB socket's dial.
+// It is safe to call more than once.
+func (p *publisher) close() {
+	p.closeOnce.Do(func() {
+		p.stop()
+		p.sock.Close()
+		if p.router != nil {
+			p.router.Close()
+		}
+		p.dialing.Wait()
+	})
+}
+
+// run publishes until ctx is done, then closes the sockets (close) and
+// waits for its goroutines before returning.
+func (p *publisher) run(ctx context.Context) {
+	ctx, cancel := context.WithCancel(ctx)
+	var wg sync.WaitGroup
+	if p.router != nil {
+		wg.Go(func() { p.serveReplay(ctx, p.router) })
 	}
 	topic := []byte(p.cfg.Topic)
 	for done := false; !done; {
@@ -381,17 +434,14 @@ func (p *publisher) run(ctx context.Context, pub, router zmq4.Socket) {
 				p.mu.Unlock()
 				var seqb [8]byte
 				binary.BigEndian.PutUint64(seqb[:], seq)
-				if err := pub.Send(zmq4.NewMsgFrom(topic, seqb[:], payload)); err != nil && ctx.Err() == nil {
+				if err := p.sock.Send(zmq4.NewMsgFrom(topic, seqb[:], payload)); err != nil && ctx.Err() == nil {
 					p.log.Debug("kv events: send", "err", err)
 				}
 			}
 		}
 	}
 	cancel()
-	pub.Close()
-	if router != nil {
-		router.Close()
-	}
+	p.close() // ends serveReplay's Recv
 	wg.Wait()
 }
 

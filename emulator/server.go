@@ -93,7 +93,12 @@ type command struct {
 	at   time.Duration   // when it was posted (Server.now)
 }
 
-// New validates cfg, fills its defaults and builds the engine model.
+// New validates cfg, fills its defaults and builds the engine model. With
+// KV events (cfg.KVEvents) it binds their sockets before it returns, as
+// vLLM binds its publisher's before its API server serves: a subscriber
+// that connects once the engine serves gets every batch from the first
+// request on. An endpoint that cannot be bound is a *BindError. Close
+// releases the sockets, whether or not Run ran.
 func New(cfg Config) (*Server, error) {
 	cfg.setDefaults()
 	err := cfg.validate()
@@ -154,9 +159,6 @@ func New(cfg Config) (*Server, error) {
 	}
 	st := eng.Stats()
 	s.metrics.publish(&snapshot{st: st})
-	if cfg.KVEvents.Endpoint != "" {
-		s.pub = newPublisher(cfg.KVEvents, cfg.Logger)
-	}
 	s.mux = http.NewServeMux()
 	s.mux.HandleFunc(patCompletions, s.handleCompletions)
 	s.mux.HandleFunc(patChat, s.handleChat)
@@ -168,6 +170,12 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST /tokenize", s.handleTokenize)
 	s.mux.HandleFunc("GET /version", s.handleVersion)
 	s.mux.HandleFunc("/", s.handleNotFound)
+	if cfg.KVEvents.Endpoint != "" { // last: nothing fails after the bind
+		s.pub = newPublisher(cfg.KVEvents, cfg.Logger)
+		if err := s.pub.open(); err != nil {
+			return nil, err
+		}
+	}
 	return s, nil
 }
 
@@ -254,16 +262,7 @@ func (s *Server) Run(ctx context.Context) error {
 
 	var wg sync.WaitGroup
 	if s.pub != nil {
-		pub, router, err := s.pub.open(ctx)
-		if err != nil {
-			s.shutdown()
-			return err
-		}
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			s.pub.run(ctx, pub, router)
-		}()
+		wg.Go(func() { s.pub.run(ctx) }) // it closes the sockets New bound
 	}
 	s.loop(ctx)
 	s.shutdown()
@@ -274,7 +273,8 @@ func (s *Server) Run(ctx context.Context) error {
 }
 
 // Close stops Run and waits for it to return. It is safe to call more than
-// once, concurrently with Run, and without Run.
+// once, concurrently with Run, and without Run (it then releases the
+// KV-event sockets New bound).
 func (s *Server) Close() error {
 	s.runMu.Lock()
 	started, cancel := s.started, s.cancel
@@ -282,6 +282,9 @@ func (s *Server) Close() error {
 	s.runMu.Unlock()
 	if !started {
 		s.shutdown()
+		if s.pub != nil {
+			s.pub.close()
+		}
 		return nil
 	}
 	cancel()

@@ -18,7 +18,8 @@ import (
 
 // Start runs an emulator.Server with cfg behind an httptest.Server, tells
 // it the server's host and port (the address P/D handshakes advertise), and
-// stops both when the test ends. wrap, when not nil, wraps the engine's
+// stops both when the test ends. Its KV-event sockets (cfg.KVEvents) are
+// bound when Start returns, so a subscriber may connect at once. wrap, when not nil, wraps the engine's
 // handler (to record or alter requests). A zero cfg.Engine.Profile is the
 // tiny profile and a zero cfg.Speed is 100 (a hundred times real time).
 func Start(t testing.TB, cfg emulator.Config, wrap func(http.Handler) http.Handler) (*emulator.Server, *httptest.Server) {
@@ -28,6 +29,7 @@ func Start(t testing.TB, cfg emulator.Config, wrap func(http.Handler) http.Handl
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { s.Close() }) // New bound the KV-event sockets
 	return s, serve(t, s.Handler(), wrap, s.SetAdvertise, s.Run)
 }
 
@@ -41,6 +43,7 @@ func StartDP(t testing.TB, cfg emulator.Config, size int, wrap func(http.Handler
 	if err != nil {
 		t.Fatal(err)
 	}
+	t.Cleanup(func() { d.Close() })
 	return d, serve(t, d.Handler(), wrap, d.SetAdvertise, d.Run)
 }
 
