@@ -58,7 +58,9 @@ publishes them: frames [topic, 8-byte big-endian sequence, msgpack EventBatch],
 one batch per engine step that stored or evicted blocks. As in vLLM the PUB
 socket binds when the endpoint contains '*' (tcp://*:5557) and connects
 otherwise (the subscriber binds). --kv-events-replay binds a ROUTER socket that
-replays buffered batches from a requested sequence number.
+replays buffered batches from a requested sequence number. Both are bound
+before the engine serves (an endpoint in use is an error at start), so a
+subscriber that connects once /health answers gets every batch.
 
 Prefill/decode disaggregation: with --pd-protocol nixl (vLLM NixlConnector) a
 prefill engine given kv_transfer_params.do_remote_decode=true computes the
@@ -101,8 +103,8 @@ bootstrap port serves every rank, by bootstrap_room modulo N).
 SIGINT/SIGTERM stop accepting connections; the requests in flight run to their
 end for up to --shutdown-timeout, then what is left ends with an error event (a
 second signal ends the process at once). Exit status: 0 once stopped by a
-signal, 2 on a bad flag or flag value, 1 on another error (a listen address in
-use).`
+signal, 2 on a bad flag or flag value, 1 on another error (a listen address or
+KV-event endpoint in use).`
 
 func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) error {
 	fs := newFlagSet("engine", "--model NAME [--profile NAME | --hf-config FILE] [--tokenizer DIR] [--listen ADDR] [flags]",
@@ -219,10 +221,15 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := checkDataParallel(*dpSize, *flavor, *evEndpoint, *evReplay); err != nil {
 		return usageErr("%v", err)
 	}
+	// NewDP binds the KV-event sockets: before the engine serves, so that
+	// a router subscribing once it answers gets every event.
 	srv, err := emulator.NewDP(cfg, *dpSize)
-	if err != nil {
+	if be := (*emulator.BindError)(nil); errors.As(err, &be) {
+		return kvBindError(be, *evEndpoint, *evReplay)
+	} else if err != nil {
 		return usageErr("%v", err)
 	}
+	defer srv.Close() // releases the sockets when the engine never ran
 	// With --side-channel-listen the side channel has its own listeners:
 	// one per data-parallel rank for the NIXL protocol (base port + rank,
 	// as vLLM offsets VLLM_NIXL_SIDE_CHANNEL_PORT), one for SGLang's (its
@@ -341,6 +348,20 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		return srv.Close()
 	})
 	return g.Wait()
+}
+
+// kvBindError is the error of a KV-event endpoint that could not be bound,
+// naming its flag (endpoint and replay are the flags' values; a rank's
+// endpoint is offset from them).
+func kvBindError(be *emulator.BindError, endpoint, replay string) error {
+	name, value := "--kv-events-endpoint", endpoint
+	if be.Replay {
+		name, value = "--kv-events-replay", replay
+	}
+	if be.Endpoint != value {
+		return fmt.Errorf("engine: %s %s: data-parallel rank's endpoint %s: %w", name, value, be.Endpoint, be.Err)
+	}
+	return fmt.Errorf("engine: %s %s: %w", name, value, be.Err)
 }
 
 // maxEngineKVBlocks bounds --kv-blocks: engine.MaxNumGPUBlocks.
