@@ -350,16 +350,72 @@ var (
 	descKV       = prometheus.NewDesc("kvroute_endpoint_kv_usage", "KV-cache usage (0..1) in the last scrape.", epLabel, nil)
 	descHitRate  = prometheus.NewDesc("kvroute_endpoint_prefix_hit_rate", "Recent prefix-cache hit rate (tokens), -1 unknown.", epLabel, nil)
 	descInFlight = prometheus.NewDesc("kvroute_endpoint_inflight", "Requests the router holds open to the endpoint.", epLabel, nil)
-	descBatches  = prometheus.NewDesc("kvroute_endpoint_kv_event_batches_total", "KV-event batches applied.", epLabel, nil)
-	descGaps     = prometheus.NewDesc("kvroute_endpoint_kv_event_gaps_total", "KV-event sequence gaps.", epLabel, nil)
-	descResyncs  = prometheus.NewDesc("kvroute_endpoint_kv_event_resyncs_total", "Times the endpoint's index entries were dropped to resynchronise.", epLabel, nil)
-	descRestarts = prometheus.NewDesc("kvroute_endpoint_kv_event_restarts_total", "KV-event sequence restarts (engine restarts).", epLabel, nil)
 	descConn     = prometheus.NewDesc("kvroute_endpoint_kv_events_connected", "1 while the KV-event subscriber is connected.", epLabel, nil)
+	// descKVCounters are KVEventCounters' descs, in its order.
+	descKVCounters = func() []*prometheus.Desc {
+		ds := make([]*prometheus.Desc, len(kvEventCounters))
+		for i, c := range kvEventCounters {
+			ds[i] = prometheus.NewDesc(c.Name, c.Help, epLabel, nil)
+		}
+		return ds
+	}()
 )
+
+// A KVEventCounter is one counter of a KV-event subscriber's
+// SubscriberStatus as a Prometheus counter: its name, its HELP text and
+// its value.
+type KVEventCounter struct {
+	Name, Help string
+	Value      func(*SubscriberStatus) uint64
+}
+
+// KVEventCounters returns the SubscriberStatus counters the Manager's
+// collector exports per endpoint (label "endpoint"), for a collector of
+// the same state with other labels to export under the same names.
+func KVEventCounters() []KVEventCounter { return slices.Clone(kvEventCounters) }
+
+var kvEventCounters = []KVEventCounter{
+	{"kvroute_endpoint_kv_event_batches_total", "KV-event batches applied.",
+		func(st *SubscriberStatus) uint64 { return st.Batches }},
+	{"kvroute_endpoint_kv_event_stored_blocks_total", "Blocks the endpoint's BlockStored events added to the index.",
+		func(st *SubscriberStatus) uint64 { return st.StoredBlocks }},
+	{"kvroute_endpoint_kv_event_gaps_total", "KV-event sequence gaps (missed batches): filled from the engine's replay socket " +
+		"(replays) when kv_events.replay_address is set, else the endpoint's index entries are dropped (resyncs).",
+		func(st *SubscriberStatus) uint64 { return st.Gaps }},
+	{"kvroute_endpoint_kv_event_replays_total", "Successful replays from the engine's replay socket (kv_events.replay_address): " +
+		"a gap filled, the history caught up on subscribing, or the batches missed across a reconnection.",
+		func(st *SubscriberStatus) uint64 { return st.Replays }},
+	{"kvroute_endpoint_kv_event_resyncs_total", "Times the endpoint's index entries were dropped to resynchronise.",
+		func(st *SubscriberStatus) uint64 { return st.Resyncs }},
+	{"kvroute_endpoint_kv_event_restarts_total", "KV-event sequence restarts (engine restarts).",
+		func(st *SubscriberStatus) uint64 { return st.Restarts }},
+	{"kvroute_endpoint_kv_event_reconnects_total", "New KV-event connections after the first, each checked for an engine restart.",
+		func(st *SubscriberStatus) uint64 { return st.Reconnects }},
+	{"kvroute_endpoint_kv_event_orphans_total", "BlockStored events dropped because the index did not know their parent block " +
+		"(or, without token ids, the blocks they name): the router missed the events that stored it (published before it " +
+		"subscribed, or lost in a gap), and the endpoint's blocks after it are not matched. Set the endpoint's " +
+		"kv_events.replay_address (vLLM's replay_endpoint) so that missed events are replayed.",
+		func(st *SubscriberStatus) uint64 { return st.Orphans }},
+	{"kvroute_endpoint_kv_event_decode_errors_total", "KV-event batches that could not be decoded (each drops the endpoint's " +
+		"index entries): the engine publishes an encoding the router does not read.",
+		func(st *SubscriberStatus) uint64 { return st.DecodeErrors }},
+	{"kvroute_endpoint_kv_event_store_errors_total", "BlockStored events the index rejected for another reason than an " +
+		"unknown parent, such as a block size other than the model's precise.block_size.",
+		func(st *SubscriberStatus) uint64 { return st.StoreErrors }},
+	{"kvroute_endpoint_kv_event_skipped_total", "KV events ignored: of another KV-cache group than the one indexed " +
+		"(hybrid models), or of an unknown type.",
+		func(st *SubscriberStatus) uint64 { return st.Skipped }},
+	{"kvroute_endpoint_kv_event_rank_mismatches_total", "KV-event batches not applied because they named another " +
+		"data_parallel_rank than the endpoint's: check its data_parallel_size and the engine's KV-event ports.",
+		func(st *SubscriberStatus) uint64 { return st.RankMismatches }},
+}
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{descAge, descStale, descScrapes, descErrors, descDuration, descWaiting, descRunning,
-		descKV, descHitRate, descInFlight, descBatches, descGaps, descResyncs, descRestarts, descConn} {
+		descKV, descHitRate, descInFlight, descConn} {
+		ch <- d
+	}
+	for _, d := range descKVCounters {
 		ch <- d
 	}
 }
@@ -393,10 +449,9 @@ func (c *collector) Collect(ch chan<- prometheus.Metric) {
 		gauge(descHitRate, st.Load.PrefixHitRate)
 		gauge(descInFlight, float64(st.Load.InFlight))
 		if ev := st.KVEvents; ev != nil {
-			counter(descBatches, ev.Batches)
-			counter(descGaps, ev.Gaps)
-			counter(descResyncs, ev.Resyncs)
-			counter(descRestarts, ev.Restarts)
+			for i, c := range kvEventCounters {
+				counter(descKVCounters[i], c.Value(ev))
+			}
 			conn := 0.0
 			if ev.Connected {
 				conn = 1
