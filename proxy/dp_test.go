@@ -350,6 +350,29 @@ func testDataParallelSignals(t *testing.T, start int) {
 	if fmt.Sprint(series) != want {
 		t.Errorf("got router metrics %v, want %s", series, want)
 	}
+	// Every subscriber counter the signals package exports (orphans,
+	// replays, ...) is on the router's page too, per model and endpoint.
+	byName := map[string]map[string]float64{}
+	for _, mf := range mfs {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "endpoint" && m.GetCounter() != nil {
+					if byName[mf.GetName()] == nil {
+						byName[mf.GetName()] = map[string]float64{}
+					}
+					byName[mf.GetName()][l.GetValue()] = m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	for _, c := range signals.KVEventCounters() {
+		for _, id := range []string{id0, id1} {
+			st := ev[id]
+			if got, ok := byName[c.Name][id]; !ok || got != float64(c.Value(&st)) {
+				t.Errorf("%s{endpoint=%q}: got %v (present %v), want %d", c.Name, id, got, ok, c.Value(&st))
+			}
+		}
+	}
 }
 
 // TestDataParallelAffinity: kv-aware sends a prompt to the rank whose KV

@@ -321,19 +321,32 @@ var (
 	sigKV       = prometheus.NewDesc("kvroute_endpoint_kv_usage", "KV-cache usage (0..1) in the endpoint's last scrape.", sigLabels, nil)
 	sigCapacity = prometheus.NewDesc("kvroute_endpoint_kv_capacity_tokens", "KV-cache capacity in tokens (block size x GPU blocks, or config).", sigLabels, nil)
 	sigHitRate  = prometheus.NewDesc("kvroute_endpoint_prefix_hit_rate", "The engine's recent prefix-cache hit rate (tokens); -1 unknown.", sigLabels, nil)
-	sigBatches  = prometheus.NewDesc("kvroute_endpoint_kv_event_batches_total", "KV-event batches applied to the precise index.", sigLabels, nil)
-	sigGaps     = prometheus.NewDesc("kvroute_endpoint_kv_event_gaps_total", "KV-event sequence gaps.", sigLabels, nil)
-	sigResyncs  = prometheus.NewDesc("kvroute_endpoint_kv_event_resyncs_total", "Times the endpoint's precise index entries were dropped to resynchronise.", sigLabels, nil)
-	sigRestarts = prometheus.NewDesc("kvroute_endpoint_kv_event_restarts_total", "KV-event sequence restarts (engine restarts).", sigLabels, nil)
-	sigRanks    = prometheus.NewDesc("kvroute_endpoint_kv_event_rank_mismatches_total", "KV-event batches of a data-parallel rank's subscription not applied: they named another data_parallel_rank.", sigLabels, nil)
 	sigConn     = prometheus.NewDesc("kvroute_endpoint_kv_events_connected", "1 while the endpoint's KV-event subscriber is connected.", sigLabels, nil)
 	sigEntries  = prometheus.NewDesc("kvroute_precise_index_entries", "(block, endpoint) entries in the model's precise prefix index.", []string{"model"}, nil)
+	// The KV-event subscriber's counters (batches, gaps, replays, orphans,
+	// ...), under the names and help the signals package gives them.
+	sigKVEvents = func() []kvEventDesc {
+		var out []kvEventDesc
+		for _, c := range signals.KVEventCounters() {
+			out = append(out, kvEventDesc{prometheus.NewDesc(c.Name, c.Help, sigLabels, nil), c.Value})
+		}
+		return out
+	}()
 )
+
+// kvEventDesc is a KV-event subscriber counter with its value.
+type kvEventDesc struct {
+	desc  *prometheus.Desc
+	value func(*signals.SubscriberStatus) uint64
+}
 
 func (c signalCollector) Describe(ch chan<- *prometheus.Desc) {
 	for _, d := range []*prometheus.Desc{sigAge, sigStale, sigScrapes, sigErrors, sigWaiting, sigRunning, sigKV, sigCapacity,
-		sigHitRate, sigBatches, sigGaps, sigResyncs, sigRestarts, sigRanks, sigConn, sigEntries} {
+		sigHitRate, sigConn, sigEntries} {
 		ch <- d
+	}
+	for _, k := range sigKVEvents {
+		ch <- k.desc
 	}
 }
 
@@ -365,11 +378,9 @@ func (c signalCollector) Collect(ch chan<- prometheus.Metric) {
 			gauge(sigCapacity, float64(st.Load.KVCapacityTokens))
 			gauge(sigHitRate, st.Load.PrefixHitRate)
 			if ev, ok := events[st.ID]; ok {
-				counter(sigBatches, ev.Batches)
-				counter(sigGaps, ev.Gaps)
-				counter(sigResyncs, ev.Resyncs)
-				counter(sigRestarts, ev.Restarts)
-				counter(sigRanks, ev.RankMismatches)
+				for _, k := range sigKVEvents {
+					counter(k.desc, k.value(&ev))
+				}
 				gauge(sigConn, b2f(ev.Connected))
 			}
 		}
