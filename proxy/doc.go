@@ -22,7 +22,8 @@
 // failure between the engine's headers and its first byte has sent the
 // client nothing; with no retry left it is answered 502 (504 if silent).
 // A failure after the first byte is not retried: it ends an event stream
-// with vLLM's error event and "data: [DONE]", and aborts another response.
+// with vLLM's error event and "data: [DONE]", and aborts another response
+// (a content-encoded stream too: an event appended to it would be corrupt).
 // With timeouts.upstream_header set, it bounds both the wait for an
 // engine's response headers (504, not retried) and each silence of the
 // response after them: a wait for the first byte as long is answered 504,
