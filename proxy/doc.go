@@ -24,6 +24,11 @@
 // A failure after the first byte is not retried: it ends an event stream
 // with vLLM's error event and "data: [DONE]", and aborts another response
 // (a content-encoded stream too: an event appended to it would be corrupt).
+// Such a failure counts against the endpoint's passive health
+// (router.fail_threshold consecutive failures eject it), and a response
+// counts as the endpoint's success only once it has ended whole, so an
+// engine whose streams all break midway is ejected like one that fails
+// before its first byte.
 // With timeouts.upstream_header set, it bounds both the wait for an
 // engine's response headers (504, not retried) and each silence of the
 // response after them: a wait for the first byte as long is answered 504,

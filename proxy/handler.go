@@ -44,6 +44,7 @@ type exchange struct {
 	upstreamErr error       // the attempt's transport error, if any
 	streamErr   error       // the upstream failed after the first byte
 	clientGone  bool
+	flowing     bool           // the response's first byte arrived (a status that is no failure): healthy if it ends whole
 	shutdown    bool           // ended by the drain deadline (Serve)
 	served      bool           // the reverse proxy returned (rather than aborted the handler)
 	stall       *silence.Watch // the attempt's silence bound, once its response is flowing (nil: none)
@@ -199,7 +200,7 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.Flight) (retry bool) {
 	p := x.p
 	x.flight, x.attemptAt, x.firstByteAt = f, p.now(), time.Time{}
-	x.status, x.retry, x.upstreamErr = 0, retryNone, nil
+	x.status, x.retry, x.upstreamErr, x.flowing = 0, retryNone, nil, false
 	x.up = x.pool.upstream(f.Endpoint)
 	if x.up == nil {
 		return x.gone(w, f)
@@ -243,6 +244,11 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 				o.PromptTokens, o.CachedTokens = prompt, cached
 				x.up.observeUsage(prompt, cached)
 			}
+		}
+		if x.flowing && x.streamErr == nil {
+			// Passed on whole (or until its client left, or the drain
+			// deadline): the endpoint served it.
+			x.reportHealth(p.now(), true)
 		}
 		x.pool.router.Done(p.now(), f, o)
 		if x.status == http.StatusNotFound && x.fromUpstream(x.status) {

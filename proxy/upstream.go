@@ -222,7 +222,11 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 			}
 			return err
 		}
-		x.reportHealth(p.now(), true)
+		// The endpoint's success is reported when the response ends whole
+		// (forward): reported at the first byte, it reset the endpoint's
+		// consecutive failures before a break after it counted one, so an
+		// engine whose every stream broke midway was never ejected.
+		x.flowing = true
 		resp.Body = b
 	}
 	h := resp.Header
