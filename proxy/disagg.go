@@ -102,9 +102,20 @@ func (p *Proxy) servePD(w http.ResponseWriter, r *http.Request, pl *pool, req *k
 	if up := pl.set.Load().byID[res.Decode]; up != nil && res.TTFB > 0 {
 		up.ttfb.Observe(res.TTFB.Seconds()) // as the aggregated path does for its endpoint
 	}
+	var le *disagg.LegError
+	legFailed := errors.As(res.Err, &le)
+	// The answer broke after its first byte (Result.Err with the answer's
+	// own status: a failed leg is a LegError, an answer the router wrote
+	// a 4xx or 5xx, a client gone 499): a stream error on the decode
+	// endpoint, as the aggregated path counts one (streamFailed). A write
+	// to a client gone is not the engine's.
+	broke := res.Decode != "" && res.Err != nil && !legFailed && code >= 200 && code < 400 && r.Context().Err() == nil
 	m := p.metrics.pools[pl.model]
 	m.series.RLock() // from label to the write: see poolMetrics.series
 	p.metrics.requests.WithLabelValues(pl.model, pl.label(res.Decode), strconv.Itoa(code)).Inc()
+	if broke {
+		p.metrics.streamErrors.WithLabelValues(pl.model, pl.label(res.Decode)).Inc()
+	}
 	m.series.RUnlock()
 	m.duration.Observe(now.Sub(start).Seconds())
 	lvl := levelFor(code)
@@ -113,8 +124,7 @@ func (p *Proxy) servePD(w http.ResponseWriter, r *http.Request, pl *pool, req *k
 			"endpoint", res.Decode, "disaggregated", res.Disaggregated, "status", code, "attempts", res.Attempts,
 			"stream", req.Stream, "prompt_tokens", req.PromptTokens, "duration", now.Sub(start), "error", res.Err)
 	}
-	var le *disagg.LegError
-	if code == http.StatusNotFound && errors.As(res.Err, &le) && le.Status == http.StatusNotFound {
+	if code == http.StatusNotFound && legFailed && le.Status == http.StatusNotFound {
 		p.notFound.warn(p, pl.model, le.Endpoint, r.URL.Path) // the engine's 404, replayed
 	}
 	if res.Abort {
