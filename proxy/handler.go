@@ -279,9 +279,8 @@ func (x *exchange) gone(w http.ResponseWriter, f *router.Flight) (retry bool) {
 		x.retry = retryGone
 		return true
 	}
-	x.status = http.StatusServiceUnavailable
-	openai.WriteError(w, &kvroute.Error{Status: x.status, Type: kvroute.TypeUnavailable, Code: "endpoint_removed",
-		Message: fmt.Sprintf("endpoint %s of model %q was removed from the pool", f.Endpoint.ID, x.req.Model)})
+	x.status = writeRoutingError(w, &kvroute.Error{Status: http.StatusServiceUnavailable, Type: kvroute.TypeUnavailable,
+		Code: "endpoint_removed", Message: fmt.Sprintf("endpoint %s of model %q was removed from the pool", f.Endpoint.ID, x.req.Model)})
 	return false
 }
 
@@ -309,6 +308,8 @@ func (x *exchange) reportHealth(now time.Time, ok bool) {
 }
 
 // writeError writes err to the client (with Retry-After for 503 and 429).
+// Every 503 and 429 the router answers on its own goes through
+// writeRoutingError, so that it says when to try again.
 func (x *exchange) writeError(w http.ResponseWriter, err error) {
 	x.status = writeRoutingError(w, err)
 }
@@ -344,9 +345,8 @@ func (x *exchange) writeLastFailure(w http.ResponseWriter) {
 	}
 	if errors.Is(err, errEndpointGone) {
 		// Not an upstream's failure: the pool changed under the request.
-		x.status = http.StatusServiceUnavailable
-		openai.WriteError(w, &kvroute.Error{Status: x.status, Type: kvroute.TypeUnavailable, Code: "endpoint_removed",
-			Message: fmt.Sprintf("model %q: the endpoint chosen was removed from the pool before the request was sent, and no other could take it", x.req.Model)})
+		x.status = writeRoutingError(w, &kvroute.Error{Status: http.StatusServiceUnavailable, Type: kvroute.TypeUnavailable,
+			Code: "endpoint_removed", Message: fmt.Sprintf("model %q: the endpoint chosen was removed from the pool before the request was sent, and no other could take it", x.req.Model)})
 		return
 	}
 	x.status = upstreamStatus(err)

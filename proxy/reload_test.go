@@ -446,6 +446,14 @@ func TestReloadDataParallel(t *testing.T) {
 // returns the proxy (with its registry) and the response's status and body.
 func reloadWhileRouting(t *testing.T, start, next config.Config, trigger string) (tp *testProxy, status int, body string) {
 	t.Helper()
+	tp, status, body, _ = reloadWhileRoutingHeader(t, start, next, trigger)
+	return tp, status, body
+}
+
+// reloadWhileRoutingHeader is reloadWhileRouting that also returns the
+// response's header.
+func reloadWhileRoutingHeader(t *testing.T, start, next config.Config, trigger string) (tp *testProxy, status int, body string, header http.Header) {
+	t.Helper()
 	var armed atomic.Bool // set by the picker: the clock's next reading reloads
 	var p *Proxy
 	clock := newFakeClock()
@@ -479,7 +487,7 @@ func reloadWhileRouting(t *testing.T, start, next config.Config, trigger string)
 		t.Fatal(err)
 	}
 	body = readAll(t, resp)
-	return &testProxy{Proxy: p, reg: reg, clock: clock}, resp.StatusCode, body
+	return &testProxy{Proxy: p, reg: reg, clock: clock}, resp.StatusCode, body, resp.Header
 }
 
 // TestReloadBetweenRouteAndDispatch: a request routed to an endpoint that

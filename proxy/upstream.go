@@ -286,8 +286,8 @@ func (p *Proxy) upstreamError(w http.ResponseWriter, r *http.Request, err error)
 	}
 	if r.Context().Err() != nil {
 		if x.shuttingDown() { // not the endpoint's fault either
-			x.shutdown, x.status = true, errShutdown.Status
-			openai.WriteError(w, errShutdown)
+			x.shutdown = true
+			x.status = writeRoutingError(w, errShutdown) // with Retry-After, as a request held in the queue gets
 			return
 		}
 		x.clientGone = true // the client went away: not the endpoint's fault
