@@ -80,7 +80,9 @@ func (p *Proxy) newHandoff(pl *pool, m *config.Model, planner *disagg.Planner) (
 		Logger:         p.log,
 		Now:            p.now,
 		Admit: func(ctx context.Context, req *kvroute.Request) (*router.Flight, error) {
-			return p.admit(ctx, pl, req, nil)
+			// Timed as the aggregated path's routings are (the pool's
+			// metrics exist once New has built every pool).
+			return p.admit(ctx, pl, req, p.metrics.pools[pl.model])
 		},
 		// A reload or discovery may remove a leg's endpoint between its
 		// routing and its sending (reload.go).
