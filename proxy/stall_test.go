@@ -107,14 +107,18 @@ func TestSlowClientIsNotAStalledEngine(t *testing.T) {
 		}
 	})
 	cfg := testConfig("first", be.URL)
-	cfg.Timeouts.UpstreamHeader = 100 * time.Millisecond
+	// The client stops reading for three times the engine's silence bound.
+	// The bound is not shorter: with -race on a loaded machine the engine's
+	// own writes of 32 MiB paused for over 100 ms once the client read
+	// again, and that is a silent engine (the test failed so under load).
+	cfg.Timeouts.UpstreamHeader = time.Second
 	tp := newTestProxy(t, cfg)
 	resp := tp.post(t, PathChatCompletions, chatBody)
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		t.Fatalf("status %d: %s", resp.StatusCode, readAll(t, resp))
 	}
-	time.Sleep(time.Second) // the client reads nothing; the buffers fill
+	time.Sleep(3 * time.Second) // the client reads nothing; the buffers fill
 	n, err := io.Copy(io.Discard, resp.Body)
 	if err != nil || n != size {
 		t.Fatalf("read %d bytes, %v; want %d bytes", n, err, size)
