@@ -158,27 +158,27 @@ func TestChunkedPrefill(t *testing.T) {
 
 func TestQueueModel(t *testing.T) {
 	// M/M/1: Erlang C is rho.
-	q, ok := newQueue(0.5, 1, 1, 1, 1, 1)
+	q, ok := newQueue(0.5, 1, 1, 1, 1)
 	if !ok || !near(q.C, 0.5, 1e-12) || !near(q.Theta, 0.5, 1e-12) {
 		t.Errorf("M/M/1 rho=0.5: C=%v theta=%v, want 0.5, 0.5", q.C, q.Theta)
 	}
 	// M/M/2 with a = 1 Erlang: C = 1/3 (worked from the Erlang C formula:
 	// (a^2/2! x 2/(2-a)) / (1 + a + a^2/2! x 2/(2-a)) = 1/3).
-	q, ok = newQueue(1, 1, 1, 1, 2, 1)
+	q, ok = newQueue(1, 1, 1, 1, 2)
 	if !ok || !near(q.C, 1.0/3, 1e-12) {
 		t.Errorf("M/M/2 a=1: C=%v, want 1/3", q.C)
 	}
-	if _, ok := newQueue(2, 1, 1, 1, 2, 1); ok {
+	if _, ok := newQueue(2, 1, 1, 1, 2); ok {
 		t.Error("a saturated pool (rho = 1) reports ok")
 	}
 	// W + X with X = 0: the q-quantile of W is ln(C/(1-q))/theta.
-	q, _ = newQueue(0.5, 1, 1, 1, 1, 1)
+	q, _ = newQueue(0.5, 1, 1, 1, 1)
 	got := q.sumQuantile([]time.Duration{0}, 0.99).Seconds()
 	if want := math.Log(0.5/0.01) / 0.5; !near(got, want, 1e-6) {
 		t.Errorf("p99 wait = %v, want %v", got, want)
 	}
 	// With C below 1-q the quantile is the service time itself.
-	q, _ = newQueue(0.01, 1, 1, 1, 4, 1)
+	q, _ = newQueue(0.01, 1, 1, 1, 4)
 	if got := q.sumQuantile([]time.Duration{time.Second}, 0.5); !near(got.Seconds(), 1, 1e-6) {
 		t.Errorf("median with a nearly idle pool = %v, want 1s", got)
 	}

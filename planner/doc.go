@@ -65,12 +65,11 @@
 // and throughput.
 //
 // The analytical fleets (Result.AggregatedModel, DisaggregatedModel) are
-// shown next to the simulated ones: an M/G/c queue (Erlang C with the
-// Allen-Cunneen correction) on the same cost model, each request's prefix
-// hit taken from the simulated search window, and the queue's variability
-// term calibrated against the simulation when the uncalibrated model is more
-// than 10% off (as NVIDIA Dynamo's planner corrects its profile with
-// observed/expected TTFT). The disaggregated model starts the P/D search:
+// shown next to the simulated ones, on the same cost model, each request's
+// prefix hit taken from the simulated search window: the aggregated one an
+// M/G/c queue (Erlang C with the Allen-Cunneen correction), checked against
+// the simulated aggregated fleet in a note. The disaggregated model starts
+// the P/D search:
 // the router hands a request off (prefill pool: queue + chunked prefill +
 // KV handoff of the prompt past the prefix hit + first decode step) or, in
 // conditional mode, runs it whole on its decode node as the same
@@ -80,9 +79,12 @@
 // and the arrivals' bursts make: the requests are replayed in arrival
 // order on the fleet's prefill and decode nodes. The prefill pool queues only the handed-off requests; the decode
 // pool decodes every request and prefills the others as an aggregated
-// engine does (a queue of their prefills, which steal from its decode
-// steps and stall the requests decoding); TTFT is the mixture of the two,
-// and only the handoffs load the fabric. The decode pool starts at the
+// engine does (their prefills steal from its decode steps and stall the
+// requests decoding); each request waits for its prefill as it does in
+// that replay (first come first served on the node that runs it: the
+// workload's own bursts, where an Erlang C queue assumes Poisson
+// arrivals), so TTFT is its wait plus its prefill, handoff and first
+// decode step or its local prefill; only the handoffs load the fabric. The decode pool starts at the
 // smallest meeting TPOT, KV capacity and link ingress with no prefill, the
 // prefill pool at its load at the target utilisation (always mode) or one;
 // the pool the misses point at grows until the fleet meets the SLO, then
