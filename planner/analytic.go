@@ -169,37 +169,6 @@ func sample(v []time.Duration, n int) []time.Duration {
 	return out
 }
 
-// weightedSample returns n order statistics of the distribution that puts
-// weight w[i] on v[i], evenly spaced in weight (nil when the weights sum to
-// nothing), sorted.
-func weightedSample(v []time.Duration, w []float64, n int) []time.Duration {
-	idx := make([]int, 0, len(v))
-	var tot float64
-	for i := range v {
-		if w[i] > 0 {
-			idx = append(idx, i)
-			tot += w[i]
-		}
-	}
-	if len(idx) == 0 || tot <= 0 {
-		return nil
-	}
-	sort.SliceStable(idx, func(a, b int) bool { return v[idx[a]] < v[idx[b]] })
-	n = min(n, len(idx))
-	out := make([]time.Duration, 0, n)
-	var cum float64
-	k := 0
-	for j := range n {
-		at := (float64(j) + 0.5) / float64(n) * tot
-		for k < len(idx)-1 && cum+w[idx[k]] < at {
-			cum += w[idx[k]]
-			k++
-		}
-		out = append(out, v[idx[k]])
-	}
-	return out
-}
-
 // poissonQuantile is the smallest k with P(Poisson(mean) <= k) >= q.
 func poissonQuantile(mean, q float64) int {
 	if mean <= 0 {
@@ -371,8 +340,10 @@ func (m *model) aggregatedTPOT(b float64, n int) []time.Duration {
 }
 
 // stallTPOT is aggregatedTPOT for an engine decoding a batch of b whose
-// prefills arrive at lam per second, each costing a service drawn from svc
-// (none: only decode steps), with the random stream seed.
+// prefills arrive at lam per second (a Poisson stream), each costing a
+// service drawn from svc (none: only decode steps), with the random stream
+// seed. The P/D model's decode nodes take their prefills from the replay
+// instead (decodeTPOT).
 func (m *model) stallTPOT(b, lam float64, svc []float64, seed uint64) []time.Duration {
 	step := m.in.Profile.DecodeTime(max(1, int(math.Ceil(b))), m.c.DecodeContext).Seconds()
 	rng := rand.New(rand.NewPCG(0x74706f74, seed))
@@ -617,7 +588,8 @@ func (m *model) disaggFit(f *Fleet, pn, dn int) pdFit {
 	// The local prefills slow the decode steps, which moves the split: a
 	// few rounds settle it.
 	b, okB := m.decodeBatch(dn, 0)
-	w, wait := m.replay(m.reqs, m.cachedE, m.pre, pn, dn, b)
+	r := m.replay(m.reqs, m.cachedE, m.pre, pn, dn, b)
+	w := r.handed
 	var pf, loc poolLoad
 	var steal float64
 	for range 3 {
@@ -635,7 +607,8 @@ func (m *model) disaggFit(f *Fleet, pn, dn int) pdFit {
 			break
 		}
 		b = nb
-		w, wait = m.replay(m.reqs, m.cachedE, m.pre, pn, dn, b)
+		r = m.replay(m.reqs, m.cachedE, m.pre, pn, dn, b)
+		w = r.handed
 		pf, loc = m.load(w), m.load(oneMinus(w))
 	}
 	f.DecodeBatch, f.SplitFraction = b, pf.share
@@ -653,30 +626,27 @@ func (m *model) disaggFit(f *Fleet, pn, dn int) pdFit {
 	if !okB || !okL {
 		return pdFit{growDecode: true}
 	}
-	if loc.share > 0 {
-		wl := oneMinus(w)
-		svc := make([]float64, 0, len(m.svc))
-		for _, x := range weightedSample(secs(m.svc), wl, 1500) {
-			svc = append(svc, x.Seconds())
-		}
-		tp := m.stallTPOT(b, loc.rate/float64(dn), svc, uint64(pn)<<32|uint64(dn))
-		f.TPOT = m.latency(func(q float64) time.Duration { return quantileDur(tp, q) }, in.SLO.TPOT)
-	} else {
-		f.TPOT = m.latency(func(q float64) time.Duration { return m.tpot(b, 0, q) }, in.SLO.TPOT)
-	}
 	// Each request's TTFT is its wait in the replay plus its latency
 	// unqueued, handed off or run on its decode node.
 	hx, lx := m.handoffTimes(b), m.localTimes()
+	xs := make([]time.Duration, len(m.reqs))
 	var all, hand, handX, local, localX []time.Duration
 	for i := range m.reqs {
-		x, tt := &lx[i], &local
-		xs := &localX
+		x, tt, ts := lx[i], &local, &localX
 		if w[i] > 0 {
-			x, tt, xs = &hx[i], &hand, &handX
+			x, tt, ts = hx[i], &hand, &handX
 		}
-		v := *x + time.Duration(wait[i]*float64(time.Second))
-		*tt, *xs = append(*tt, v), append(*xs, *x)
+		xs[i] = x
+		v := x + time.Duration(r.wait[i]*float64(time.Second))
+		*tt, *ts = append(*tt, v), append(*ts, x)
 		all = append(all, v)
+	}
+	if loc.share > 0 {
+		tp := m.decodeTPOT(r, b, xs)
+		slices.Sort(tp)
+		f.TPOT = m.latency(func(q float64) time.Duration { return tp[rankIndex(len(tp), q)] }, in.SLO.TPOT)
+	} else {
+		f.TPOT = m.latency(func(q float64) time.Duration { return m.tpot(b, 0, q) }, in.SLO.TPOT)
 	}
 	for _, v := range [][]time.Duration{all, hand, handX, local, localX} {
 		slices.Sort(v)
@@ -709,14 +679,6 @@ func oneMinus(w []float64) []float64 {
 	out := make([]float64, len(w))
 	for i, x := range w {
 		out[i] = 1 - x
-	}
-	return out
-}
-
-func secs(v []float64) []time.Duration {
-	out := make([]time.Duration, len(v))
-	for i, x := range v {
-		out[i] = time.Duration(x * float64(time.Second))
 	}
 	return out
 }
@@ -821,19 +783,36 @@ func (m *model) analyticDisaggregated(bwNeed int) Fleet {
 // router finds one for 24%, and so expected far more handoffs than the
 // router makes (TestConditionalSplitMatchesSimulation).
 func (m *model) handoffs(reqs []workload.Request, cached []int, pre []time.Duration, pn, dn int, b float64) []float64 {
-	out, _ := m.replay(reqs, cached, pre, pn, dn, b)
-	return out
+	return m.replay(reqs, cached, pre, pn, dn, b).handed
 }
 
-// replay is handoffs, also returning each request's wait, in seconds, for
-// the node that prefills it: the time from its arrival (at the model's
-// rate) to the start of its prefill, the node's earlier prefills served
-// first come first served one after the other (Lindley's recursion per
-// node: wait = max(0, the node's earlier prefills' end - arrival)).
-func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duration, pn, dn int, b float64) (out, wait []float64) {
-	out, wait = make([]float64, len(reqs)), make([]float64, len(reqs))
-	if len(reqs) == 0 {
-		return out, wait
+// replayed is what replay finds, per request (the index of reqs) and per
+// decode node; times are seconds on the replay's clock (the first arrival
+// at 0, the model's rate).
+type replayed struct {
+	handed []float64 // 1 when the router hands the request off, else 0
+	at     []float64 // its arrival
+	wait   []float64 // from its arrival to the start of its prefill
+	node   []int     // its decode node
+	local  [][]span  // per decode node, the prefills it runs, in order
+}
+
+// span is a stretch of a node's time.
+type span struct{ from, to float64 }
+
+// replay is handoffs, also returning each request's wait for the node that
+// prefills it: the time from its arrival (at the model's rate) to the start
+// of its prefill, the node's earlier prefills served first come first
+// served one after the other (Lindley's recursion per node: wait =
+// max(0, the node's earlier prefills' end - arrival)); and its decode node
+// and the prefills each decode node runs.
+func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duration, pn, dn int, b float64) *replayed {
+	n := len(reqs)
+	r := &replayed{handed: make([]float64, n), at: make([]float64, n), wait: make([]float64, n), node: make([]int, n),
+		local: make([][]span, max(1, dn))}
+	out, wait := r.handed, r.wait
+	if n == 0 {
+		return r
 	}
 	always := m.pd == nil || m.in.PDMode == disagg.ModeAlways
 	run := int(math.Round(b))
@@ -874,17 +853,17 @@ func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duratio
 		return tok
 	}
 	// queue puts a prefill of svc seconds arriving at t on node j and
-	// returns its wait.
+	// returns when it starts.
 	queue := func(pl pool, j int, t, svc float64, tokens int) float64 {
 		start := max(t, pl.free[j])
 		end := start + svc
 		pl.free[j] = end
 		pl.flights[j] = append(pl.flights[j], flight{end: end + netRTT.Seconds(), tokens: tokens})
-		return start - t
+		return start
 	}
 	pf, dec := newPool(max(1, pn)), newPool(max(1, dn))
 	t0 := reqs[order[0]].Arrival
-	for n, i := range order {
+	for k, i := range order {
 		t := (reqs[i].Arrival - t0).Seconds() / scale
 		best, load := 0, -1
 		for j := range pf.flights {
@@ -892,7 +871,8 @@ func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duratio
 				best, load = j, tok
 			}
 		}
-		dj := n % len(dec.flights)
+		dj := k % len(dec.flights)
+		r.at[i], r.node[i] = t, dj
 		dload := dl
 		dload.InFlightTokens = inflight(dec, dj, t)
 		prompt := reqs[i].PromptLen
@@ -900,13 +880,54 @@ func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duratio
 		svc := pre[i].Seconds()
 		if !always && !m.pd.WhatIf(disagg.Scenario{PromptTokens: prompt, CachedPrefill: ce, CachedDecode: ce,
 			PrefillLoad: kvroute.Load{InFlightTokens: load}, DecodeLoad: dload, Link: m.in.Fabric}).Disaggregated {
-			wait[i] = queue(dec, dj, t, svc, prompt)
+			start := queue(dec, dj, t, svc, prompt)
+			wait[i] = start - t
+			r.local[dj] = append(r.local[dj], span{start, start + svc})
 			continue
 		}
 		out[i] = 1
-		wait[i] = queue(pf, best, t, svc, prompt)
+		wait[i] = queue(pf, best, t, svc, prompt) - t
 	}
-	return out, wait
+	return r
+}
+
+// decodeTPOT returns each request's TPOT (of those with more than one
+// output token) on its decode node in the replay r, whose decode steps
+// of the mean batch b are stalled by the prefills the node runs (vLLM runs
+// them in the same steps): the request decodes from its first token (its
+// arrival, wait and unqueued latency x) for its output's steps plus the
+// prefill time of the node's prefills in that stretch, which the stalls
+// themselves extend (a few rounds settle it). The prefills are the
+// workload's own, in its bursts, where a Poisson count of them (stallTPOT)
+// misses the bursts.
+func (m *model) decodeTPOT(r *replayed, b float64, x []time.Duration) []time.Duration {
+	step := m.in.Profile.DecodeTime(max(1, int(math.Ceil(b))), m.c.DecodeContext).Seconds()
+	out := make([]time.Duration, 0, len(r.at))
+	for i := range r.at {
+		o := m.reqs[i].OutputLen - 1
+		if o < 1 {
+			continue
+		}
+		from := r.at[i] + r.wait[i] + x[i].Seconds()
+		life, stall := float64(o)*step, 0.0
+		sp := r.local[r.node[i]]
+		k0, _ := slices.BinarySearchFunc(sp, from, func(s span, t float64) int { return cmp.Compare(s.to, t) })
+		for range 4 {
+			to, st := from+life+stall, 0.0
+			for k := k0; k < len(sp) && sp[k].from < to; k++ {
+				st += min(sp[k].to, to) - max(sp[k].from, from)
+			}
+			if st == stall {
+				break
+			}
+			stall = st
+		}
+		out = append(out, time.Duration((life+stall)/float64(o)*float64(time.Second)))
+	}
+	if len(out) == 0 {
+		out = append(out, time.Duration(step*float64(time.Second)))
+	}
+	return out
 }
 
 // fabric computes the handoff bandwidth for pn prefill and dn decode

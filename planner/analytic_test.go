@@ -221,7 +221,10 @@ func TestDisaggQueueBurstsHandWorked(t *testing.T) {
 // waits' scale), put the 2:2 prefill pool's p90 wait at 4.7s where the
 // simulated one is 1.5s, and had the local prefills on the decode nodes
 // almost never wait (simulated p90 0.4s); the model sized 3:2 where the
-// simulation needs 2:2.
+// simulation needs 2:2. Its TPOT p99 is within 30% too (2:2 +5%, 3:2
+// +25%): the decode nodes' steps stalled by the prefills they run, which
+// come in the trace's bursts; a Poisson count of them put it at 17ms and
+// 14ms where the simulator's is 46ms and 30ms.
 func TestConditionalTTFTMatchesSimulation(t *testing.T) {
 	_, conv := conditionalInputs(t)
 	const agg = 5
@@ -239,12 +242,65 @@ func TestConditionalTTFTMatchesSimulation(t *testing.T) {
 		for _, q := range []struct {
 			name      string
 			got, want time.Duration
-		}{{"p90", f.TTFT.P90, pd.TTFT.P90}, {"p99", f.TTFT.P99, pd.TTFT.P99}} {
+			tol       float64
+		}{{"TTFT p90", f.TTFT.P90, pd.TTFT.P90, 0.2}, {"TTFT p99", f.TTFT.P99, pd.TTFT.P99, 0.2},
+			{"TPOT p99", f.TPOT.P99, pd.TPOT.P99, 0.3}} {
 			e := float64(q.got-q.want) / float64(q.want)
-			t.Logf("%s: analytical TTFT %s %v, simulated %v (%+.1f%%)", l, q.name, q.got, q.want, 100*e)
-			if math.Abs(e) > 0.2 {
-				t.Errorf("%s: analytical TTFT %s %v, simulated %v: %+.1f%%, over 20%%", l, q.name, q.got, q.want, 100*e)
+			t.Logf("%s: analytical %s %v, simulated %v (%+.1f%%)", l, q.name, q.got, q.want, 100*e)
+			if math.Abs(e) > q.tol {
+				t.Errorf("%s: analytical %s %v, simulated %v: %+.1f%%, over %.0f%%", l, q.name, q.got, q.want, 100*e, 100*q.tol)
 			}
+		}
+	}
+}
+
+// TestDisaggTPOTStallsHandWorked: a decode node's TPOT in the analytical
+// P/D model on arrivals whose answer is known by hand. One request a
+// second, each a shared 8000-token prefix the decode node holds and 2000
+// tokens of its own (mostly cached: the router runs it whole on its decode
+// node), each decoding 351 tokens on one decode node: its prefill of s
+// starts on arrival (the previous one is long done), its first token
+// comes at s plus the round trip, and its 350 decode steps of the batch's
+// step last about 2.5s, in which the next two requests' prefills (at 1s
+// and 2s after its arrival) stall it, and no third (at 3s). Every request
+// but the last ones has TPOT (350 steps + 2s) / 350, so that is its p50 and
+// p99. The model drew the prefills met from a Poisson law of the same
+// mean (2.5 of them), whose p99 meets 7.
+func TestDisaggTPOTStallsHandWorked(t *testing.T) {
+	p := mustProfile(t, "llama-3.1-8b-h100")
+	const o = 350
+	w := &workload.Workload{Name: "one a second"}
+	for i := range 400 {
+		w.Requests = append(w.Requests, workload.Request{ID: "r" + itoa(i), Arrival: time.Duration(i) * time.Second,
+			PromptLen: 10000, OutputLen: o + 1, Segments: []workload.Segment{{Key: 7, Len: 8000}, {Key: uint64(1000 + i), Len: 2000}}})
+	}
+	in := Input{Profile: p, Workload: w, PDMode: disagg.ModeConditional,
+		SLO: SLO{TTFT: Target{0.9, 10 * time.Second}, TPOT: Target{0.99, 200 * time.Millisecond}}}
+	in.defaults()
+	d := analyse(in.Workload, p.BlockSize)
+	b, err := computeBounds(&in, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newModel(&in, d, b.Costs, d.OracleHitRate, nil, nil)
+	var f Fleet
+	m.disaggFit(&f, 1, 1)
+	if f.SplitFraction > 0.01 {
+		t.Fatalf("split %.3f: the router does not run the requests on their decode node", f.SplitFraction)
+	}
+	step := p.DecodeTime(max(1, int(math.Ceil(f.DecodeBatch))), b.Costs.DecodeContext)
+	s := m.pre[1]
+	life := o * step
+	if end := s + netRTT + life + 2*s; end < 2*time.Second+s || end >= 3*time.Second {
+		t.Fatalf("a request decodes from %v to %v after its arrival: not two prefills met", s+netRTT, end)
+	}
+	want := (life + 2*s) / o
+	for _, c := range []struct {
+		name string
+		got  time.Duration
+	}{{"p50", f.TPOT.P50}, {"p99", f.TPOT.P99}} {
+		if d := c.got - want; d < -10*time.Microsecond || d > 10*time.Microsecond {
+			t.Errorf("TPOT %s %v, want %v ((%d steps of %v + 2 prefills of %v) / %d)", c.name, c.got, want, o, step, s, o)
 		}
 	}
 }

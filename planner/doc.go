@@ -80,7 +80,8 @@
 // order on the fleet's prefill and decode nodes. The prefill pool queues only the handed-off requests; the decode
 // pool decodes every request and prefills the others as an aggregated
 // engine does (their prefills steal from its decode steps and stall the
-// requests decoding); each request waits for its prefill as it does in
+// requests decoding: TPOT counts the prefills each request's decode node
+// runs in that replay while it decodes); each request waits for its prefill as it does in
 // that replay (first come first served on the node that runs it: the
 // workload's own bursts, where an Erlang C queue assumes Poisson
 // arrivals), so TTFT is its wait plus its prefill, handoff and first
