@@ -102,7 +102,12 @@
 // that breaks after its first byte ends as the aggregated path ends it:
 // an event stream with its broken event terminated, vLLM's error event
 // and "data: [DONE]"; any other body is left for the caller to abort
-// (Result.Abort).
+// (Result.Abort). Such a break counts against the answering endpoint's
+// passive health (the router's fail_threshold consecutive failures eject
+// it), and an answer counts as its success only once it has ended whole
+// (or its client left, or the drain deadline came), so an engine whose
+// streams all break midway is ejected like one that fails before its
+// first byte.
 //
 // Data-parallel endpoints (vLLM --data-parallel-size, SGLang DP
 // attention: each rank an endpoint of its own, kvroute.Endpoint

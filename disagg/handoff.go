@@ -465,7 +465,6 @@ func (x *exchange) runWhole(f *router.Flight, leg string) bool {
 		}
 		return false
 	}
-	x.report(f, true)
 	x.res.Prefill, x.res.Decode, x.res.Disaggregated = f.Endpoint.ID, f.Endpoint.ID, false
 	x.stream(a, f)
 	return true
@@ -570,7 +569,6 @@ func (x *exchange) runNixl(pf *router.Flight, plan *Plan, last bool) (bool, *kvr
 			h.cfg.Metrics.fallback(h.cfg.Model, "replan")
 			return false, nil
 		}
-		x.report(df, true)
 		if params != nil {
 			x.handed(plan, df.Endpoint)
 		}
@@ -742,7 +740,6 @@ func (x *exchange) runSGLang(pf *router.Flight, plan *Plan) bool {
 		h.cfg.Metrics.fallback(h.cfg.Model, "replan")
 		return false
 	}
-	x.report(df, true)
 	x.handed(plan, df.Endpoint)
 	x.res.Prefill, x.res.Decode, x.res.Disaggregated = plan.Prefill.ID, df.Endpoint.ID, true
 	// A prefill failing while the decode streams cancels ctx, which
@@ -1010,8 +1007,9 @@ func connectionListed(h http.Header, k string) bool {
 // (begin) before anything went to the client.
 type answer struct {
 	resp  *http.Response
-	quiet *silence.Watch // the answer's silence bound (nil: none), armed
-	buf   []byte         // buf[:n] are the first bytes
+	ctx   context.Context // the leg's: cancelled by its silence, or by SGLang's other leg failing
+	quiet *silence.Watch  // the answer's silence bound (nil: none), armed
+	buf   []byte          // buf[:n] are the first bytes
 	n     int
 	err   error         // what came with them: nil, io.EOF (a body this short), or the error after them
 	ttft  time.Duration // from the leg's dispatch to its first byte (0: an empty body)
@@ -1034,7 +1032,7 @@ const maxEmptyReads = 100
 // success the first byte is the flight's first token.
 func (x *exchange) begin(ctx context.Context, cut context.CancelFunc, resp *http.Response, f *router.Flight, leg string, t0 time.Time) (*answer, *LegError) {
 	h := x.h
-	a := &answer{resp: resp, buf: make([]byte, 32<<10)}
+	a := &answer{resp: resp, ctx: ctx, buf: make([]byte, 32<<10)}
 	if h.cfg.Silence > 0 {
 		a.quiet = &silence.Watch{Limit: h.cfg.Silence, Cut: cut}
 		a.quiet.Arm()
@@ -1080,7 +1078,8 @@ func (x *exchange) begin(ctx context.Context, cut context.CancelFunc, resp *http
 
 // stream sends an answer begun (begin) to the client: its status and
 // headers with its first bytes, then the rest, flushing every read. The
-// flight ends when the copy does.
+// flight ends when the copy does, and the answer's end is the endpoint's
+// passive health result (streamHealth).
 func (x *exchange) stream(a *answer, f *router.Flight) {
 	h := x.h
 	resp, quiet := a.resp, a.quiet
@@ -1104,12 +1103,13 @@ func (x *exchange) stream(a *answer, f *router.Flight) {
 	buf := a.buf
 	var tail openai.EventTail
 	var streamErr error
+	clientErr := false   // the write to the client failed, not the engine
 	n, err := a.n, a.err // the first bytes, read by begin
 	for {
 		if n > 0 {
 			tail.Add(buf[:n])
 			if _, werr := x.w.Write(buf[:n]); werr != nil {
-				streamErr = werr
+				streamErr, clientErr = werr, true
 				break
 			}
 			_ = rc.Flush()
@@ -1132,7 +1132,6 @@ func (x *exchange) stream(a *answer, f *router.Flight) {
 				streamErr = fmt.Errorf("%w: %w", errSilent, err)
 				end = &kvroute.Error{Status: http.StatusGatewayTimeout, Type: kvroute.TypeUpstream,
 					Message: fmt.Sprintf("endpoint %s sent nothing for %s", f.Endpoint.ID, h.cfg.Silence)}
-				x.report(f, false)
 			} else if x.ctx.Err() == nil {
 				end = &kvroute.Error{Status: http.StatusBadGateway, Type: kvroute.TypeUpstream,
 					Message: "the engine's stream broke: " + err.Error()}
@@ -1157,6 +1156,7 @@ func (x *exchange) stream(a *answer, f *router.Flight) {
 		quiet.Waiting(false)
 	}
 	failed := streamErr != nil
+	x.streamHealth(a, f, failed && !clientErr)
 	if failed {
 		x.res.Abort = !sse
 		x.res.Err = fmt.Errorf("disagg: stream from %s: %w", f.Endpoint.ID, streamErr)
@@ -1168,6 +1168,29 @@ func (x *exchange) stream(a *answer, f *router.Flight) {
 	}
 	h.cfg.Router.Done(h.cfg.Now(), f, kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, TTFT: a.ttft, Failed: failed,
 		Decode: x.res.Disaggregated})
+}
+
+// streamHealth reports the end of an answer passed on to the client
+// (stream) to passive health. The answer counts as the endpoint's success
+// only once it has ended whole, or was cut short by the client (gone, or
+// a write to it failed) or the drain deadline, as on the aggregated path:
+// reported at its first byte, the success reset the endpoint's
+// consecutive failures before a break counted one, so an engine whose
+// every stream broke midway was never ejected. broke is a failure reading
+// the engine's answer after its first byte: the endpoint's failure, unless
+// the leg was cancelled by another leg failing (SGLang's prefill), which
+// says nothing of this engine.
+func (x *exchange) streamHealth(a *answer, f *router.Flight, broke bool) {
+	switch {
+	case !broke || x.ctx.Err() != nil:
+		x.report(f, true)
+	case a.quiet.Fired():
+		x.report(f, false) // silent for Silence
+	case a.ctx.Err() != nil:
+		// The other leg failed: neither the engine's success nor its failure.
+	default:
+		x.report(f, false)
+	}
 }
 
 // errSilent ends an answer whose engine sent nothing for Silence.
