@@ -101,7 +101,8 @@
 // cache already), or answered 504 if it went silent (Silence). An answer
 // that breaks after its first byte ends as the aggregated path ends it:
 // an event stream with its broken event terminated, vLLM's error event
-// and "data: [DONE]"; any other body is left for the caller to abort
+// and "data: [DONE]"; any other body, a content-encoded stream too (an
+// event appended to it would be corrupt), is left for the caller to abort
 // (Result.Abort). Such a break counts against the answering endpoint's
 // passive health (the router's fail_threshold consecutive failures eject
 // it), and an answer counts as its success only once it has ended whole

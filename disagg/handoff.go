@@ -265,11 +265,11 @@ type Result struct {
 	// and logs count those).
 	Err error
 	// Abort reports that the answer broke after its status was sent, in a
-	// body with no in-band way to say so (not an event stream): the caller
-	// must abort the response once its accounting is done
-	// (panic(http.ErrAbortHandler), as httputil.ReverseProxy does), so that
-	// the client sees a broken response rather than a complete-looking
-	// truncated one.
+	// body with no in-band way to say so (not an event stream, or one
+	// content-encoded): the caller must abort the response once its
+	// accounting is done (panic(http.ErrAbortHandler), as
+	// httputil.ReverseProxy does), so that the client sees a broken
+	// response rather than a complete-looking truncated one.
 	Abort bool
 }
 
@@ -1098,7 +1098,7 @@ func (x *exchange) stream(a *answer, f *router.Flight) {
 	// This answer is the request's outcome: a failed leg before it, which
 	// a placement since recovered from, is not the request's error.
 	x.res.Status, x.res.Err = resp.StatusCode, nil
-	sse := isEventStream(resp.Header)
+	sse := isPlainEventStream(resp.Header) // one the router can end in band
 	rc := http.NewResponseController(x.w)
 	buf := a.buf
 	var tail openai.EventTail
@@ -1196,8 +1196,17 @@ func (x *exchange) streamHealth(a *answer, f *router.Flight, broke bool) {
 // errSilent ends an answer whose engine sent nothing for Silence.
 var errSilent = errors.New("the engine's answer went silent")
 
-// isEventStream reports whether a response is a server-sent event stream.
-func isEventStream(h http.Header) bool {
+// isPlainEventStream reports whether a response is a server-sent event
+// stream the router can read and end: not content-encoded. An engine, or
+// a hop before the router, may send it encoded (gzip), and the proxy's
+// transport passes it on as it is (DisableCompression); events appended
+// to it would be plain text inside the compressed bytes, corrupt to the
+// client's decoder, so such a stream is aborted when it breaks, as a JSON
+// body is (Result.Abort).
+func isPlainEventStream(h http.Header) bool {
+	if ce := h.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		return false
+	}
 	ct, _, _ := strings.Cut(h.Get("Content-Type"), ";")
 	return strings.EqualFold(strings.TrimSpace(ct), openai.ContentTypeEventStream)
 }
