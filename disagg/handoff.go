@@ -109,6 +109,11 @@ type HandoffConfig struct {
 	// load drains. It returns the flight, or the error to answer with.
 	// Nil: Router.Route.
 	Admit func(ctx context.Context, req *kvroute.Request) (*router.Flight, error)
+	// Inflight, when set, is called as each leg is sent to endpoint e,
+	// and the function it returns when the leg ends (its answer closed,
+	// or its sending failed): the proxy's kvroute_inflight_requests. Nil:
+	// nothing is tracked.
+	Inflight func(e *kvroute.Endpoint) (done func())
 	// Live, when set, reports whether endpoint e, as a leg was routed to
 	// it, is still in the pool: the pool's endpoints change while it
 	// serves (the proxy's config reload and discovery), and an endpoint
@@ -831,7 +836,7 @@ func rankRoom(room uint64, prefill *kvroute.Endpoint) uint64 {
 
 // post sends one leg. A non-2xx answer is a *LegError with the engine's
 // body; on success the caller owns resp.Body.
-func (x *exchange) post(ctx context.Context, e *kvroute.Endpoint, body []byte, leg string) (*http.Response, *LegError) {
+func (x *exchange) post(ctx context.Context, e *kvroute.Endpoint, body []byte, leg string) (answer *http.Response, _ *LegError) {
 	h := x.h
 	u := strings.TrimRight(e.URL, "/") + x.path
 	hr, err := http.NewRequestWithContext(ctx, http.MethodPost, u, bytes.NewReader(body))
@@ -853,6 +858,16 @@ func (x *exchange) post(ctx context.Context, e *kvroute.Endpoint, body []byte, l
 		// (remote_engine_id <id>_dp<rank>, its own side-channel port), the
 		// decode leg's the one that pulls them.
 		hr.Header.Set(kvroute.HeaderDataParallelRank, strconv.Itoa(e.DataParallelRank))
+	}
+	if h.cfg.Inflight != nil {
+		done := h.cfg.Inflight(e)
+		defer func() {
+			if answer == nil {
+				done()
+				return
+			}
+			answer.Body = &inflightBody{ReadCloser: answer.Body, done: done}
+		}()
 	}
 	resp, err := h.cfg.Client.Do(hr)
 	if err != nil {
@@ -876,6 +891,20 @@ func (x *exchange) post(ctx context.Context, e *kvroute.Endpoint, body []byte, l
 		return nil, &LegError{Leg: leg, Endpoint: e.ID, Reason: "status", Status: resp.StatusCode, Body: b, header: resp.Header}
 	}
 	return resp, nil
+}
+
+// inflightBody is a leg's answer whose Close ends the leg's
+// HandoffConfig.Inflight tracking, once.
+type inflightBody struct {
+	io.ReadCloser
+	once sync.Once
+	done func()
+}
+
+func (b *inflightBody) Close() error {
+	err := b.ReadCloser.Close()
+	b.once.Do(b.done)
+	return err
 }
 
 // transportReason is a leg's failure Reason for an error sending it or

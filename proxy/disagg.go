@@ -84,6 +84,17 @@ func (p *Proxy) newHandoff(pl *pool, m *config.Model, planner *disagg.Planner) (
 			// metrics exist once New has built every pool).
 			return p.admit(ctx, pl, req, p.metrics.pools[pl.model])
 		},
+		// Each leg counts in kvroute_inflight_requests on its endpoint
+		// while it runs, as the aggregated path's attempts do.
+		Inflight: func(e *kvroute.Endpoint) func() {
+			up := pl.upstream(e)
+			if up == nil { // removed since it was routed: the leg is not sent (Live)
+				return func() {}
+			}
+			g := up.inflight // the gauge the leg rose, whatever replaces the endpoint meanwhile
+			g.Inc()
+			return g.Dec
+		},
 		// A reload or discovery may remove a leg's endpoint between its
 		// routing and its sending (reload.go).
 		Live: func(e *kvroute.Endpoint) bool { return pl.upstream(e) != nil },
