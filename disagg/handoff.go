@@ -114,6 +114,14 @@ type HandoffConfig struct {
 	// or its sending failed): the proxy's kvroute_inflight_requests. Nil:
 	// nothing is tracked.
 	Inflight func(e *kvroute.Endpoint) (done func())
+	// Usage, when set, is called with the usage a vLLM (nixl) prefill
+	// leg's reply reported on its endpoint e: usage.prompt_tokens and
+	// prompt_tokens_details.cached_tokens (-1 when the engine did not
+	// report it): the proxy's prefix cache counters. The same figures
+	// are the prefill flight's Outcome, which the prefill policy learns
+	// from. A decode engine's usage is not reported: it counts the KV
+	// pulled from the prefill engine as cached. Nil: not reported.
+	Usage func(e *kvroute.Endpoint, prompt, cached int)
 	// Live, when set, reports whether endpoint e, as a leg was routed to
 	// it, is still in the pool: the pool's endpoints change while it
 	// serves (the proxy's config reload and discovery), and an endpoint
@@ -622,8 +630,30 @@ func (x *exchange) prefillNixl(pf *router.Flight, pbody []byte) (json.RawMessage
 	now := h.cfg.Now()
 	x.report(pf, true)
 	h.cfg.Router.FirstToken(now, pf)
-	h.cfg.Router.Done(now, pf, kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, TTFT: now.Sub(t0)})
+	o := kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, TTFT: now.Sub(t0)}
+	if u := replyUsage(b); u != nil {
+		// The prefill engine's prefix cache, as it reported it: the
+		// learning policy's and the proxy's feedback, as on the
+		// aggregated path.
+		o.PromptTokens, o.CachedTokens = u.PromptTokens, u.CachedTokens()
+		if h.cfg.Usage != nil {
+			h.cfg.Usage(pf.Endpoint, o.PromptTokens, o.CachedTokens)
+		}
+	}
+	h.cfg.Router.Done(now, pf, o)
 	return params, nil
+}
+
+// replyUsage returns the usage of a reply read whole (a prefill's), nil
+// when it reports none (or no prompt tokens).
+func replyUsage(b []byte) *openai.Usage {
+	var r struct {
+		Usage *openai.Usage `json:"usage"`
+	}
+	if json.Unmarshal(b, &r) != nil || r.Usage == nil || r.Usage.PromptTokens <= 0 {
+		return nil
+	}
+	return r.Usage
 }
 
 // runSGLang runs SGLang's two concurrent legs.

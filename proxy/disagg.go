@@ -95,6 +95,13 @@ func (p *Proxy) newHandoff(pl *pool, m *config.Model, planner *disagg.Planner) (
 			g.Inc()
 			return g.Dec
 		},
+		// A prefill engine's reported prefix cache hits, counted as the
+		// aggregated path counts its engines' (feedback.go).
+		Usage: func(e *kvroute.Endpoint, prompt, cached int) {
+			if up := pl.upstream(e); up != nil {
+				up.observeUsage(prompt, cached)
+			}
+		},
 		// A reload or discovery may remove a leg's endpoint between its
 		// routing and its sending (reload.go).
 		Live: func(e *kvroute.Endpoint) bool { return pl.upstream(e) != nil },

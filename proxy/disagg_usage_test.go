@@ -1,0 +1,38 @@
+package proxy
+
+import (
+	"net/http"
+	"testing"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/policy"
+)
+
+// TestPDPrefillUsageIsCounted: on a P/D pool, the prefix cache hits the
+// prefill engines report (the prefill reply's usage.prompt_tokens and
+// prompt_tokens_details.cached_tokens) are counted in
+// kvroute_prefix_cached_tokens_total and kvroute_prefix_prompt_tokens_total
+// on the prefill endpoint, as an aggregated pool counts its engines': the
+// prefill engine is where a P/D request's prompt meets a prefix cache.
+// Nothing was counted on any endpoint of a P/D pool.
+func TestPDPrefillUsageIsCounted(t *testing.T) {
+	ps, _ := pdEngineHook(t, kvroute.RolePrefill, "nixl", func(w http.ResponseWriter, r *http.Request) bool {
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"id":"cmpl-p","object":"text_completion","choices":[{"index":0,"text":"a","finish_reason":"length"}],` +
+			`"usage":{"prompt_tokens":600,"completion_tokens":1,"total_tokens":601,"prompt_tokens_details":{"cached_tokens":512}},` +
+			`"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[1],"remote_engine_id":"e","remote_host":"127.0.0.1","remote_port":5600,"tp_size":1}}`))
+		return true
+	})
+	ds, _ := pdEngine(t, kvroute.RoleDecode, "nixl")
+	tp := newTestProxyWith(t, pdTestConfig("", "nixl", ps.URL, ds.URL), policy.New)
+	resp := tp.post(t, PathCompletions, `{"model":"tiny","prompt":"a prompt handed off to decode","max_tokens":4}`)
+	if out := readAll(t, resp); resp.StatusCode != http.StatusOK {
+		t.Fatalf("got %d %s", resp.StatusCode, out)
+	}
+	if got := tp.metric(t, tp.fb.cached, "tiny", "p0"); got != 512 {
+		t.Errorf("kvroute_prefix_cached_tokens_total{endpoint=p0}: got %v, want 512", got)
+	}
+	if got := tp.metric(t, tp.fb.prompt, "tiny", "p0"); got != 600 {
+		t.Errorf("kvroute_prefix_prompt_tokens_total{endpoint=p0}: got %v, want 600", got)
+	}
+}
