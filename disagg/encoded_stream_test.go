@@ -1,17 +1,12 @@
 package disagg
 
 import (
-	"bytes"
-	"compress/gzip"
-	"errors"
-	"fmt"
-	"io"
 	"net/http"
-	"strings"
 	"testing"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/emulator"
+	"github.com/kvroute/kvroute/internal/gzipstream"
 )
 
 // TestPDEncodedStreamBreakIsAborted: a decode engine's event stream sent
@@ -27,43 +22,10 @@ import (
 // transfer, and the break is still the request's error.
 func TestPDEncodedStreamBreakIsAborted(t *testing.T) {
 	p := emu(t, kvroute.RolePrefill, emulator.PDNixl)
-	d := fake(t, func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		w.Header().Set("Content-Type", "text/event-stream")
-		w.Header().Set("Content-Encoding", "gzip")
-		zw := gzip.NewWriter(w)
-		fmt.Fprint(zw, "data: {\"n\":0}\n\n")
-		_ = zw.Flush()
-		w.(http.Flusher).Flush()
-		panic(http.ErrAbortHandler) // the engine dies mid-stream
-	})
+	d := fake(t, gzipstream.Breaking)
 	f := newPD(t, ProtocolNixl, ModeAlways, endpoint("p", p.URL, kvroute.RolePrefill), endpoint("d", d.URL, kvroute.RoleDecode))
 	// As the proxy's transport: encoded bodies are passed on as they are.
 	f.rec.c = &http.Client{Transport: &http.Transport{DisableCompression: true}}
-	req, err := http.NewRequest(http.MethodPost, f.srv.URL+"/v1/completions", strings.NewReader(completion(true, 4)))
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.Header.Set("Content-Type", "application/json")
-	req.Header.Set("Accept-Encoding", "gzip") // set by hand: the client leaves the body encoded
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	raw, _ := io.ReadAll(resp.Body) // an abort is a read error: what came before it is what the client has
-	resp.Body.Close()
-	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Encoding") != "gzip" {
-		t.Fatalf("got status %d, Content-Encoding %q; want 200 gzip", resp.StatusCode, resp.Header.Get("Content-Encoding"))
-	}
-	zr, err := gzip.NewReader(bytes.NewReader(raw))
-	if err != nil {
-		t.Fatalf("gzip header: %v (body %q)", err, raw)
-	}
-	dec, err := io.ReadAll(zr)
-	if !errors.Is(err, io.ErrUnexpectedEOF) {
-		t.Errorf("decoding the body: got error %v, want io.ErrUnexpectedEOF (a truncated stream, not a corrupt one); raw body %q", err, raw)
-	}
-	if string(dec) != "data: {\"n\":0}\n\n" {
-		t.Errorf("decoded body: got %q, want the engine's event", dec)
-	}
+	resp, raw := gzipstream.Post(t, f.srv.URL+"/v1/completions", completion(true, 4))
+	gzipstream.CheckTruncated(t, resp, raw)
 }
