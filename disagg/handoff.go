@@ -114,13 +114,16 @@ type HandoffConfig struct {
 	// or its sending failed): the proxy's kvroute_inflight_requests. Nil:
 	// nothing is tracked.
 	Inflight func(e *kvroute.Endpoint) (done func())
-	// Usage, when set, is called with the usage a vLLM (nixl) prefill
-	// leg's reply reported on its endpoint e: usage.prompt_tokens and
-	// prompt_tokens_details.cached_tokens (-1 when the engine did not
-	// report it): the proxy's prefix cache counters. The same figures
-	// are the prefill flight's Outcome, which the prefill policy learns
-	// from. A decode engine's usage is not reported: it counts the KV
-	// pulled from the prefill engine as cached. Nil: not reported.
+	// Usage, when set, is called with the usage reported on endpoint e
+	// by a vLLM (nixl) prefill leg's reply, or by the answer (a 200
+	// passed on whole, read from its tail: openai.ParseUsage) of a
+	// request run whole on one node, not handed off:
+	// usage.prompt_tokens and prompt_tokens_details.cached_tokens (-1
+	// when the engine did not report it): the proxy's prefix cache
+	// counters. The same figures
+	// are the flight's Outcome, which the prefill policy learns from. A
+	// decode engine's usage after a handoff is not reported: it counts
+	// the KV pulled from the prefill engine as cached. Nil: not reported.
 	Usage func(e *kvroute.Endpoint, prompt, cached int)
 	// Live, when set, reports whether endpoint e, as a leg was routed to
 	// it, is still in the pool: the pool's endpoints change while it
@@ -1161,12 +1164,22 @@ func (x *exchange) stream(a *answer, f *router.Flight) {
 	rc := http.NewResponseController(x.w)
 	buf := a.buf
 	var tail openai.EventTail
+	// A request run whole on one node (not handed off): its engine computed
+	// the prompt against its own prefix cache, so its usage is the
+	// feedback, as on the aggregated path. A decode engine's after a
+	// handoff is not: it counts the KV pulled from the prefill engine as
+	// cached.
+	var usage openai.UsageTail
+	readUsage := !x.res.Disaggregated && resp.StatusCode == http.StatusOK
 	var streamErr error
 	clientErr := false   // the write to the client failed, not the engine
 	n, err := a.n, a.err // the first bytes, read by begin
 	for {
 		if n > 0 {
 			tail.Add(buf[:n])
+			if readUsage {
+				usage.Add(buf[:n])
+			}
 			if _, werr := x.w.Write(buf[:n]); werr != nil {
 				streamErr, clientErr = werr, true
 				break
@@ -1225,8 +1238,17 @@ func (x *exchange) stream(a *answer, f *router.Flight) {
 			x.res.Status = StatusClientClosed
 		}
 	}
-	h.cfg.Router.Done(h.cfg.Now(), f, kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, TTFT: a.ttft, Failed: failed,
-		Decode: x.res.Disaggregated})
+	o := kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, TTFT: a.ttft, Failed: failed,
+		Decode: x.res.Disaggregated}
+	if readUsage && !failed {
+		if prompt, cached, ok := openai.ParseUsage(usage.Bytes()); ok {
+			o.PromptTokens, o.CachedTokens = prompt, cached
+			if h.cfg.Usage != nil {
+				h.cfg.Usage(f.Endpoint, prompt, cached)
+			}
+		}
+	}
+	h.cfg.Router.Done(h.cfg.Now(), f, o)
 }
 
 // streamHealth reports the end of an answer passed on to the client

@@ -8,9 +8,13 @@
 //   - the OpenAI-style error body and WriteError, the one place an
 //     HTTP-facing *kvroute.Error becomes a response, and AppendErrorEvent,
 //     the SSE error event vLLM ends a failed stream with;
-//   - response and streaming-chunk types and the SSE reader and writer.
+//   - response and streaming-chunk types and the SSE reader and writer;
+//   - UsageTail and ParseUsage, which read the usage an engine reports at
+//     the end of an answer from its last bytes, for the router's prefix
+//     cache feedback (package proxy, and package disagg for a request run
+//     whole on one node).
 //
-// Functions are safe for concurrent use; an SSEReader or SSEWriter belongs to
-// one goroutine, and so does a ChunkHeader (the chunk writers keep its
-// JSON in it).
+// Functions are safe for concurrent use; an SSEReader, SSEWriter or
+// UsageTail belongs to one goroutine, and so does a ChunkHeader (the chunk
+// writers keep its JSON in it).
 package openai

@@ -2,6 +2,7 @@ package proxy
 
 import (
 	"net/http"
+	"strings"
 	"testing"
 
 	"github.com/kvroute/kvroute"
@@ -34,5 +35,43 @@ func TestPDPrefillUsageIsCounted(t *testing.T) {
 	}
 	if got := tp.metric(t, tp.fb.prompt, "tiny", "p0"); got != 600 {
 		t.Errorf("kvroute_prefix_prompt_tokens_total{endpoint=p0}: got %v, want 600", got)
+	}
+}
+
+// TestPDWholeRunUsageIsCounted: on a P/D pool, a request the conditional
+// rule runs whole on a decode node (a short prompt: not handed off) is
+// counted as an aggregated pool counts its engines': the decode engine
+// computed the prompt itself, against its own prefix cache, and its
+// usage (a JSON body's, a stream's final usage chunk) reports the hits.
+// Nothing was counted: only a prefill reply's usage was read.
+func TestPDWholeRunUsageIsCounted(t *testing.T) {
+	ps, prefills := pdEngine(t, kvroute.RolePrefill, "nixl")
+	ds, _ := pdEngineHook(t, kvroute.RoleDecode, "nixl", func(w http.ResponseWriter, r *http.Request) bool {
+		engineUsage(300, 256)(w, r)
+		return true
+	})
+	cfg := pdTestConfig("", "nixl", ps.URL, ds.URL)
+	cfg.Models[0].PD.Mode = "conditional" // a short prompt runs whole on d0
+	tp := newTestProxyWith(t, cfg, policy.New)
+	for _, body := range []string{
+		`{"model":"tiny","prompt":"a short prompt","max_tokens":2}`,
+		`{"model":"tiny","prompt":"a short prompt","max_tokens":200,"stream":true,"stream_options":{"include_usage":true}}`,
+	} {
+		resp := tp.post(t, PathCompletions, body)
+		if out := readAll(t, resp); resp.StatusCode != http.StatusOK || !strings.Contains(out, `"cached_tokens":256`) {
+			t.Fatalf("got %d %.200s", resp.StatusCode, out)
+		}
+	}
+	if n := len(prefills()); n != 0 {
+		t.Fatalf("prefill engine got %d requests, want 0 (the requests run whole on d0)", n)
+	}
+	// Counted as the answer ends, which the client may have read whole
+	// before: the leg's inflight gauge falls after.
+	waitFor(t, "d0's inflight back to 0", func() bool { return tp.metric(t, tp.metrics.inflight, "tiny", "d0") == 0 })
+	if got := tp.metric(t, tp.fb.cached, "tiny", "d0"); got != 512 {
+		t.Errorf("kvroute_prefix_cached_tokens_total{endpoint=d0}: got %v, want 512", got)
+	}
+	if got := tp.metric(t, tp.fb.prompt, "tiny", "d0"); got != 600 {
+		t.Errorf("kvroute_prompt_tokens_total{endpoint=d0}: got %v, want 600", got)
 	}
 }
