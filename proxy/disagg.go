@@ -95,8 +95,10 @@ func (p *Proxy) newHandoff(pl *pool, m *config.Model, planner *disagg.Planner) (
 			g.Inc()
 			return g.Dec
 		},
-		// A prefill engine's reported prefix cache hits, counted as the
-		// aggregated path counts its engines' (feedback.go).
+		// The prefix cache hits an engine reported for a prompt it
+		// computed (a prefill leg's, or a request run whole on one
+		// node), counted as the aggregated path counts its engines'
+		// (feedback.go).
 		Usage: func(e *kvroute.Endpoint, prompt, cached int) {
 			if up := pl.upstream(e); up != nil {
 				up.observeUsage(prompt, cached)

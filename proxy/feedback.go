@@ -14,25 +14,17 @@ import (
 // request run whole on one node with). Nothing is buffered beyond the
 // tail: the copy to the client is untouched.
 
-// usageTail holds the last openai.UsageTailSize bytes written to the
-// client.
-type usageTail struct{ openai.UsageTail }
-
-func (t *usageTail) reset()         { t.Reset() }
-func (t *usageTail) write(p []byte) { t.Add(p) }
-func (t *usageTail) bytes() []byte  { return t.Bytes() }
-
 // tailWriter is the client's ResponseWriter, keeping the response's tail.
 // Unwrap and FlushError keep http.ResponseController (which the reverse
 // proxy flushes event streams with) working through it.
 type tailWriter struct {
 	http.ResponseWriter
-	tail *usageTail
+	tail *openai.UsageTail
 }
 
 func (w *tailWriter) Write(p []byte) (int, error) {
 	n, err := w.ResponseWriter.Write(p)
-	w.tail.write(p[:n])
+	w.tail.Add(p[:n])
 	return n, err
 }
 
@@ -43,9 +35,6 @@ func (w *tailWriter) FlushError() error {
 
 // Unwrap returns the client's ResponseWriter.
 func (w *tailWriter) Unwrap() http.ResponseWriter { return w.ResponseWriter }
-
-// parseUsage is openai.ParseUsage: the usage a response's tail reports.
-func parseUsage(tail []byte) (prompt, cached int, ok bool) { return openai.ParseUsage(tail) }
 
 // feedbackMetrics count the prompt tokens engines reported and how many of
 // them they served from their prefix cache, per model and endpoint. Each

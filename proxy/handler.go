@@ -44,14 +44,14 @@ type exchange struct {
 	upstreamErr error       // the attempt's transport error, if any
 	streamErr   error       // the upstream failed after the first byte
 	clientGone  bool
-	flowing     bool           // the response's first byte arrived (a status that is no failure): healthy if it ends whole
-	shutdown    bool           // ended by the drain deadline (Serve)
-	served      bool           // the reverse proxy returned (rather than aborted the handler)
-	stall       *silence.Watch // the attempt's silence bound, once its response is flowing (nil: none)
-	saved       *savedResponse // the last retried 5xx, replayed if no endpoint is left
-	tail        usageTail      // the attempt's last response bytes, for the engine's usage
-	tw          tailWriter     // the client's ResponseWriter, keeping tail
-	mark        errorMarker    // under tw: marks the engine's own error responses
+	flowing     bool             // the response's first byte arrived (a status that is no failure): healthy if it ends whole
+	shutdown    bool             // ended by the drain deadline (Serve)
+	served      bool             // the reverse proxy returned (rather than aborted the handler)
+	stall       *silence.Watch   // the attempt's silence bound, once its response is flowing (nil: none)
+	saved       *savedResponse   // the last retried 5xx, replayed if no endpoint is left
+	tail        openai.UsageTail // the attempt's last response bytes, for the engine's usage
+	tw          tailWriter       // the client's ResponseWriter, keeping tail
+	mark        errorMarker      // under tw: marks the engine's own error responses
 }
 
 func exchangeFrom(ctx context.Context) *exchange {
@@ -206,7 +206,7 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 		return x.gone(w, f)
 	}
 	out.Body = io.NopCloser(bytes.NewReader(x.body))
-	x.tail.reset()
+	x.tail.Reset()
 	x.mark = errorMarker{ResponseWriter: w, x: x}
 	x.tw = tailWriter{ResponseWriter: &x.mark, tail: &x.tail}
 	inflight := x.up.inflight
@@ -240,7 +240,7 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 			o.TTFT = x.firstByteAt.Sub(x.attemptAt)
 		}
 		if !o.Failed && x.status == http.StatusOK {
-			if prompt, cached, ok := parseUsage(x.tail.bytes()); ok {
+			if prompt, cached, ok := openai.ParseUsage(x.tail.Bytes()); ok {
 				o.PromptTokens, o.CachedTokens = prompt, cached
 				x.up.observeUsage(prompt, cached)
 			}
