@@ -1157,7 +1157,8 @@ func TestShutdownDeadlineEndsStreamsWithErrorEvent(t *testing.T) {
 }
 
 // A request still waiting for its engine's response headers when the drain
-// deadline passes gets a 503 rather than a closed connection.
+// deadline passes gets a 503 rather than a closed connection, with
+// Retry-After (TestEvery503HasRetryAfter).
 func TestShutdownDeadlineAnswersWaitingRequests503(t *testing.T) {
 	arrived := make(chan struct{})
 	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
@@ -1176,6 +1177,7 @@ func TestShutdownDeadlineAnswersWaitingRequests503(t *testing.T) {
 	type result struct {
 		status int
 		body   string
+		header http.Header
 		err    error
 	}
 	done := make(chan result, 1)
@@ -1187,13 +1189,16 @@ func TestShutdownDeadlineAnswersWaitingRequests503(t *testing.T) {
 		}
 		b, err := io.ReadAll(resp.Body)
 		resp.Body.Close()
-		done <- result{resp.StatusCode, string(b), err}
+		done <- result{resp.StatusCode, string(b), resp.Header, err}
 	}()
 	recv(t, "the request at the engine", arrived)
 	stop()
 	res := recv(t, "the answer", done)
 	if res.err != nil || res.status != http.StatusServiceUnavailable || !strings.Contains(res.body, "shutting down") {
 		t.Errorf("got %d %q (%v), want a 503 saying the router is shutting down", res.status, res.body, res.err)
+	}
+	if ra := res.header.Get("Retry-After"); ra != "1" { // as the router's other 503s (writeRoutingError)
+		t.Errorf("Retry-After: got %q, want 1", ra)
 	}
 	if err := recv(t, "Serve to return", served); err != nil {
 		t.Errorf("Serve: %v", err)
