@@ -43,13 +43,7 @@ func TestConditionalPoolsHandWorked(t *testing.T) {
 	p := mustProfile(t, "llama-3.1-8b-h100")
 	in := Input{Profile: p, Workload: mixedWorkload(400, 4, 20000, 8000, 2000, 50), PDMode: disagg.ModeConditional,
 		SLO: SLO{TTFT: Target{0.9, 10 * time.Second}, TPOT: Target{0.99, 200 * time.Millisecond}}}
-	in.defaults()
-	d := analyse(in.Workload, p.BlockSize)
-	b, err := computeBounds(&in, d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := newModel(&in, d, b.Costs, d.OracleHitRate, nil, nil)
+	b, m := testModel(t, &in)
 	perTok := b.Costs.PrefillPerToken.Seconds()
 	for _, l := range []layout{{P: 2, D: 2}, {P: 3, D: 1}} {
 		var f Fleet
@@ -276,13 +270,7 @@ func TestDisaggTPOTStallsHandWorked(t *testing.T) {
 	}
 	in := Input{Profile: p, Workload: w, PDMode: disagg.ModeConditional,
 		SLO: SLO{TTFT: Target{0.9, 10 * time.Second}, TPOT: Target{0.99, 200 * time.Millisecond}}}
-	in.defaults()
-	d := analyse(in.Workload, p.BlockSize)
-	b, err := computeBounds(&in, d)
-	if err != nil {
-		t.Fatal(err)
-	}
-	m := newModel(&in, d, b.Costs, d.OracleHitRate, nil, nil)
+	b, m := testModel(t, &in)
 	var f Fleet
 	m.disaggFit(&f, 1, 1)
 	if f.SplitFraction > 0.01 {
@@ -303,4 +291,17 @@ func TestDisaggTPOTStallsHandWorked(t *testing.T) {
 			t.Errorf("TPOT %s %v, want %v ((%d steps of %v + 2 prefills of %v) / %d)", c.name, c.got, want, o, step, s, o)
 		}
 	}
+}
+
+// testModel applies in's defaults and returns its bounds and the analytic
+// model the planner builds on them (without the simulated requests).
+func testModel(t *testing.T, in *Input) (Bounds, *model) {
+	t.Helper()
+	in.defaults()
+	d := analyse(in.Workload, in.Profile.BlockSize)
+	b, err := computeBounds(in, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b, newModel(in, d, b.Costs, d.OracleHitRate, nil, nil)
 }

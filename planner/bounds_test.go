@@ -290,17 +290,11 @@ func TestMonotoneBounds(t *testing.T) {
 			t.Fatal(err)
 		}
 		in := Input{Profile: p, Workload: w, SLO: SLO{TTFT: Target{0.99, 3 * time.Second}, TPOT: Target{0.99, 100 * time.Millisecond}}}
-		in.defaults()
-		d := analyse(w, p.BlockSize)
-		b, err := computeBounds(&in, d)
-		if err != nil {
-			t.Fatal(err)
-		}
+		b, m := testModel(t, &in)
 		if b.Aggregated < prev {
 			t.Errorf("rate x%v: bound %d engines < %d at a lower rate", x, b.Aggregated, prev)
 		}
 		prev = b.Aggregated
-		m := newModel(&in, d, b.Costs, d.OracleHitRate, nil, nil)
 		if f := m.analyticDisaggregated(b.Bandwidth.Need); f.Meets && f.Engines < 2 {
 			t.Errorf("rate x%v: disaggregated fleet %d engines, want >= 2", x, f.Engines)
 		}
