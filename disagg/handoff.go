@@ -634,29 +634,17 @@ func (x *exchange) prefillNixl(pf *router.Flight, pbody []byte) (json.RawMessage
 	x.report(pf, true)
 	h.cfg.Router.FirstToken(now, pf)
 	o := kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, TTFT: now.Sub(t0)}
-	if u := replyUsage(b); u != nil {
+	if prompt, cached, ok := openai.ParseUsage(b); ok {
 		// The prefill engine's prefix cache, as it reported it: the
 		// learning policy's and the proxy's feedback, as on the
 		// aggregated path.
-		o.PromptTokens, o.CachedTokens = u.PromptTokens, u.CachedTokens()
+		o.PromptTokens, o.CachedTokens = prompt, cached
 		if h.cfg.Usage != nil {
-			h.cfg.Usage(pf.Endpoint, o.PromptTokens, o.CachedTokens)
+			h.cfg.Usage(pf.Endpoint, prompt, cached)
 		}
 	}
 	h.cfg.Router.Done(now, pf, o)
 	return params, nil
-}
-
-// replyUsage returns the usage of a reply read whole (a prefill's), nil
-// when it reports none (or no prompt tokens).
-func replyUsage(b []byte) *openai.Usage {
-	var r struct {
-		Usage *openai.Usage `json:"usage"`
-	}
-	if json.Unmarshal(b, &r) != nil || r.Usage == nil || r.Usage.PromptTokens <= 0 {
-		return nil
-	}
-	return r.Usage
 }
 
 // runSGLang runs SGLang's two concurrent legs.
@@ -1160,7 +1148,7 @@ func (x *exchange) stream(a *answer, f *router.Flight) {
 	// This answer is the request's outcome: a failed leg before it, which
 	// a placement since recovered from, is not the request's error.
 	x.res.Status, x.res.Err = resp.StatusCode, nil
-	sse := isPlainEventStream(resp.Header) // one the router can end in band
+	sse := openai.IsPlainEventStream(resp.Header) // one the router can end in band
 	rc := http.NewResponseController(x.w)
 	buf := a.buf
 	var tail openai.EventTail
@@ -1276,21 +1264,6 @@ func (x *exchange) streamHealth(a *answer, f *router.Flight, broke bool) {
 
 // errSilent ends an answer whose engine sent nothing for Silence.
 var errSilent = errors.New("the engine's answer went silent")
-
-// isPlainEventStream reports whether a response is a server-sent event
-// stream the router can read and end: not content-encoded. An engine, or
-// a hop before the router, may send it encoded (gzip), and the proxy's
-// transport passes it on as it is (DisableCompression); events appended
-// to it would be plain text inside the compressed bytes, corrupt to the
-// client's decoder, so such a stream is aborted when it breaks, as a JSON
-// body is (Result.Abort).
-func isPlainEventStream(h http.Header) bool {
-	if ce := h.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
-		return false
-	}
-	ct, _, _ := strings.Cut(h.Get("Content-Type"), ";")
-	return strings.EqualFold(strings.TrimSpace(ct), openai.ContentTypeEventStream)
-}
 
 // replay writes a failed leg's own error response (a 4xx the client must
 // see, or the last 5xx when nothing is left to try).

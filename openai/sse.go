@@ -7,6 +7,7 @@ import (
 	"io"
 	"net/http"
 	"strconv"
+	"strings"
 	"time"
 )
 
@@ -15,6 +16,21 @@ const Done = "[DONE]"
 
 // ContentTypeEventStream is the media type of a server-sent event stream.
 const ContentTypeEventStream = "text/event-stream"
+
+// IsPlainEventStream reports whether a response with header h is a
+// server-sent event stream that a proxy can read and end in band: its
+// media type is ContentTypeEventStream (parameters and case aside) and it
+// is not content-encoded. An engine, or a hop before the router, may send
+// a stream gzipped to a client that accepts gzip, and a proxy that passes
+// bodies on as they are cannot write events inside that encoding: such a
+// stream is an opaque body, aborted when it breaks.
+func IsPlainEventStream(h http.Header) bool {
+	if ce := h.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
+		return false
+	}
+	ct, _, _ := strings.Cut(h.Get("Content-Type"), ";")
+	return strings.EqualFold(strings.TrimSpace(ct), ContentTypeEventStream)
+}
 
 // SSEWriter writes server-sent events in the form vLLM emits them:
 // "data: <payload>\n\n". Events are buffered by Data and sent with Flush, so a

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net/http"
 	"net/http/httptest"
 	"reflect"
 	"strconv"
@@ -322,5 +323,32 @@ func TestSSEWriterLineBreaks(t *testing.T) {
 	want = append(want, ev{Data: Done})
 	if !reflect.DeepEqual(got, want) {
 		t.Errorf("stream %q read as\n got %+v\nwant %+v", buf.String(), got, want)
+	}
+}
+
+func TestIsPlainEventStream(t *testing.T) {
+	for _, tc := range []struct {
+		ct, ce string
+		want   bool
+	}{
+		{"text/event-stream", "", true},
+		{"text/event-stream; charset=utf-8", "", true},
+		{" Text/Event-Stream ;charset=utf-8", "identity", true},
+		{"text/event-stream", "gzip", false}, // events cannot be written inside the encoding
+		{"text/event-stream", "br", false},
+		{"application/json", "", false},
+		{"text/event-streams", "", false},
+		{"", "", false},
+	} {
+		h := http.Header{}
+		if tc.ct != "" {
+			h.Set("Content-Type", tc.ct)
+		}
+		if tc.ce != "" {
+			h.Set("Content-Encoding", tc.ce)
+		}
+		if got := IsPlainEventStream(h); got != tc.want {
+			t.Errorf("Content-Type %q, Content-Encoding %q: got %v, want %v", tc.ct, tc.ce, got, tc.want)
+		}
 	}
 }

@@ -20,7 +20,7 @@ import (
 type upstreamBody struct {
 	rc      io.ReadCloser
 	x       *exchange
-	sse     bool // an event stream the router may end (isPlainEventStream)
+	sse     bool // an event stream the router may end (openai.IsPlainEventStream)
 	started bool
 	tail    openai.EventTail // the last bytes passed on: did a stream break mid-event, or end?
 	ended   bool             // the upstream failed: serve rest, then EOF

@@ -13,7 +13,6 @@ import (
 	"net/http/httputil"
 	"net/url"
 	"strconv"
-	"strings"
 	"sync"
 	"time"
 
@@ -202,11 +201,11 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 		}
 		// The last attempt: the body read so far, then the rest.
 		resp.Body = prefixedBody{Reader: io.MultiReader(bytes.NewReader(body), resp.Body), Closer: resp.Body}
-		resp.Body = &upstreamBody{rc: resp.Body, x: x, sse: isPlainEventStream(resp.Header)}
+		resp.Body = &upstreamBody{rc: resp.Body, x: x, sse: openai.IsPlainEventStream(resp.Header)}
 	} else {
 		// The headers go to the client with the first body byte (or the
 		// body's end): until then the attempt may fail and be retried.
-		b := &upstreamBody{rc: resp.Body, x: x, sse: isPlainEventStream(resp.Header)}
+		b := &upstreamBody{rc: resp.Body, x: x, sse: openai.IsPlainEventStream(resp.Header)}
 		if err := b.readFirst(); err != nil {
 			if x.ctx.Err() != nil {
 				return err // the client went away, or the drain deadline passed: upstreamError says which
@@ -334,24 +333,6 @@ func upstreamStatus(err error) int {
 		return http.StatusGatewayTimeout
 	}
 	return http.StatusBadGateway
-}
-
-// isPlainEventStream reports whether a response is an event stream the
-// router can read and end: not content-encoded (an engine, or a hop before
-// the router, may gzip it for a client that accepts gzip; the transport
-// passes it on as it is). Events appended to an encoded stream would be
-// plain text inside the compressed bytes, corrupt to the client's decoder:
-// such a stream is aborted when it breaks, as another body is.
-func isPlainEventStream(h http.Header) bool {
-	if ce := h.Get("Content-Encoding"); ce != "" && !strings.EqualFold(ce, "identity") {
-		return false
-	}
-	return isEventStream(h)
-}
-
-func isEventStream(h http.Header) bool {
-	ct := h.Get("Content-Type")
-	return len(ct) >= len(openai.ContentTypeEventStream) && ct[:len(openai.ContentTypeEventStream)] == openai.ContentTypeEventStream
 }
 
 // maxSavedBody bounds the body of a failed response kept to replay when no
