@@ -21,14 +21,6 @@ type costModel struct {
 // budget is the engine's per-step token budget.
 func (m costModel) budget() int { return max(m.prof.MaxNumBatchedTokens, 1) }
 
-// decodeCtx returns the mean context of the candidate's running sequences.
-func decodeCtx(l kvroute.Load) int {
-	if l.Running <= 0 {
-		return 0
-	}
-	return l.DecodeTokens / l.Running
-}
-
 // queue estimates the wait before a new request's prefill starts: the
 // prefill work queued ahead of it (the router's own undispatched prompt
 // tokens, or the engine's waiting queue at a mean prompt size when that is

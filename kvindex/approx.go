@@ -566,15 +566,6 @@ func (g *agroup) get(key uint64) uint64 {
 	return g.tab.get(key)
 }
 
-// set ORs bit into key's mask in the group's table and returns the mask
-// before. Called with Approx.mu held.
-func (g *agroup) set(key, bit uint64) uint64 {
-	if g.stab != nil {
-		return g.stab.set(key, bit)
-	}
-	return g.tab.set(key, bit)
-}
-
 // namesBuf returns buf for a match of a's to read names into, or nil
 // when a is Serialized: no Remove then runs during a match.
 func (a *Approx) namesBuf(buf *[64]*string) *[64]*string {

@@ -148,10 +148,6 @@ func (t *atable) applyBatch(set, clear []uint64, bit uint64) uint64 {
 	return sink
 }
 
-// set ORs bit into key's mask and returns the mask before: get and update
-// in one probe. Writer only.
-func (t *atable) set(key, bit uint64) uint64 { return t.update(key, bit, 0) }
-
 // update sets key's mask to (mask &^ clear) | set and returns the mask
 // before (0 when key was absent). Writer only: it reads slots with plain
 // loads, as nothing else writes them.

@@ -3,7 +3,6 @@ package planner
 import (
 	"context"
 	"fmt"
-	"math"
 	"sort"
 	"sync"
 	"time"
@@ -905,16 +904,4 @@ func simWorkload(w *workload.Workload, limit int) []workload.Request {
 		return w.Requests
 	}
 	return w.Requests[:limit]
-}
-
-// offered is the arrival rate of reqs.
-func offered(reqs []workload.Request) float64 {
-	if len(reqs) < 2 {
-		return math.Inf(1)
-	}
-	span := (reqs[len(reqs)-1].Arrival - reqs[0].Arrival).Seconds()
-	if span <= 0 {
-		return math.Inf(1)
-	}
-	return float64(len(reqs)-1) / span
 }

@@ -160,7 +160,7 @@ func TestReloadStopsAndStartsLoops(t *testing.T) {
 	var waiting, running atomic.Int32
 	type engine struct {
 		*backend
-		scrapes, probes atomic.Int32
+		scrapes atomic.Int32
 	}
 	newEngine := func(name string) *engine {
 		e := &engine{}
