@@ -312,6 +312,15 @@ type Timeouts struct {
 	Idle time.Duration `yaml:"idle"`
 	// Dial bounds connecting to an engine; default 5s.
 	Dial time.Duration `yaml:"dial"`
+	// UpstreamIdle is how long an idle connection to an engine is kept for
+	// the next request; default 4s. Engines close idle connections
+	// themselves: vLLM and SGLang serve through uvicorn, which closes a
+	// connection idle for 5 s (VLLM_HTTP_TIMEOUT_KEEP_ALIVE), and a
+	// request sent on a connection as the engine closes it is lost (it
+	// fails without an answer; a POST is not resent by the transport, so
+	// it counts against the engine and is retried elsewhere, if at all).
+	// Keep it below the engines' keep-alive timeout.
+	UpstreamIdle time.Duration `yaml:"upstream_idle"`
 	// UpstreamHeader bounds the wait for an engine's response headers (for
 	// non-streaming requests that is the whole generation), and then each
 	// silence of the response while the router waits for its next bytes (on
@@ -416,6 +425,7 @@ const (
 	DefaultReadBody           = 60 * time.Second
 	DefaultIdle               = 120 * time.Second
 	DefaultDial               = 5 * time.Second
+	DefaultUpstreamIdle       = 4 * time.Second
 	DefaultShutdown           = 30 * time.Second
 	DefaultMaxBodyBytes       = 16 << 20
 	DefaultMaxHeaderBytes     = 1 << 20
@@ -456,6 +466,7 @@ func (c *Config) ApplyDefaults() {
 	setDefault(&t.ReadBody, DefaultReadBody)
 	setDefault(&t.Idle, DefaultIdle)
 	setDefault(&t.Dial, DefaultDial)
+	setDefault(&t.UpstreamIdle, DefaultUpstreamIdle)
 	setDefault(&t.Shutdown, DefaultShutdown)
 	setDefault(&c.Limits.MaxBodyBytes, DefaultMaxBodyBytes)
 	setDefault(&c.Limits.MaxHeaderBytes, DefaultMaxHeaderBytes)
@@ -683,6 +694,7 @@ func (c *Config) Validate() error {
 	v.nonNegative("timeouts.read_body", t.ReadBody)
 	v.nonNegative("timeouts.idle", t.Idle)
 	v.nonNegative("timeouts.dial", t.Dial)
+	v.nonNegative("timeouts.upstream_idle", t.UpstreamIdle)
 	v.nonNegative("timeouts.upstream_header", t.UpstreamHeader)
 	v.nonNegative("timeouts.shutdown", t.Shutdown)
 	v.positive("limits.max_body_bytes", c.Limits.MaxBodyBytes)

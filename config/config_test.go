@@ -37,6 +37,7 @@ func TestApplyDefaults(t *testing.T) {
 		{"health timeout", c.HealthCheck.Timeout, 2 * time.Second},
 		{"read header", c.Timeouts.ReadHeader, DefaultReadHeader},
 		{"upstream header", c.Timeouts.UpstreamHeader, time.Duration(0)},
+		{"upstream idle", c.Timeouts.UpstreamIdle, 4 * time.Second}, // under uvicorn's 5 s keep-alive
 		{"log", c.Log.Format + "/" + c.Log.Level, "text/info"},
 	}
 	for _, tc := range checks {
@@ -120,6 +121,7 @@ func TestValidateErrors(t *testing.T) {
 		{"dup model", func(c *Config) { c.Models = append(c.Models, c.Models[0]) }, `models[1].name: "llama" duplicates models[0].name`},
 		{"listen", func(c *Config) { c.Listen = "8080" }, `listen: "8080" is not a host:port address`},
 		{"negative timeout", func(c *Config) { c.Timeouts.Dial = -time.Second }, `timeouts.dial: -1s is negative`},
+		{"negative upstream idle", func(c *Config) { c.Timeouts.UpstreamIdle = -time.Second }, `timeouts.upstream_idle: -1s is negative`},
 		{"attempts", func(c *Config) { c.Retry.Attempts = 0 }, `retry.attempts: 0 is not positive`},
 		{"body limit", func(c *Config) { c.Limits.MaxBodyBytes = -5 }, `limits.max_body_bytes: -5 is not positive`},
 		{"health path", func(c *Config) { c.HealthCheck.Path = "health" }, `health_check.path: "health" does not start with /`},

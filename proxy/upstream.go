@@ -26,7 +26,10 @@ import (
 )
 
 // newTransport builds the upstream transport. Engines are few and busy:
-// keep many idle connections per host so that bursts do not redial.
+// keep many idle connections per host so that bursts do not redial, but
+// each only for timeouts.upstream_idle, under the engines' own keep-alive
+// (5 s for vLLM's and SGLang's uvicorn): a connection the engine closes
+// just as a request goes out on it loses the request.
 func newTransport(t config.Timeouts) *http.Transport {
 	d := &net.Dialer{Timeout: t.Dial, KeepAlive: 30 * time.Second}
 	return &http.Transport{
@@ -35,7 +38,7 @@ func newTransport(t config.Timeouts) *http.Transport {
 		DialTLSContext:        dialTLS(d, t.Dial),
 		MaxIdleConns:          1024,
 		MaxIdleConnsPerHost:   256,
-		IdleConnTimeout:       90 * time.Second,
+		IdleConnTimeout:       t.UpstreamIdle,
 		ResponseHeaderTimeout: t.UpstreamHeader,
 		ExpectContinueTimeout: 0,
 		DisableCompression:    true, // forward bodies as the engine sent them

@@ -142,6 +142,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		hf          hfModel
 		tokPath     = fs.String("tokenizer", "builtin", "prompt tokenizer: builtin, or a HuggingFace model `directory` (tokenizer.json, and tokenizer_config.json for the chat template) or its tokenizer.json file")
 		logLevel    = fs.String("log-level", "info", "log level: debug, info, warn, error")
+		keepAlive   = fs.Duration("keep-alive", 5*time.Second, "close a client connection idle this long, as vLLM's HTTP server does (uvicorn's timeout_keep_alive, VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s); 0 keeps idle connections open")
 		shutdownTO  = fs.Duration("shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long requests in flight may run to their end before they are cut with an error event (0 = at once; a second signal ends the process at once)")
 		procs       = fs.Int("procs", 1, "OS threads running Go code at once (GOMAXPROCS) while the engine serves; 0 = the Go default (the GOMAXPROCS variable, else one per core). "+
 			"1 unless the GOMAXPROCS variable is set (then that): the engine is one event loop, and a wider runtime spends more CPU waking threads than it saves (16 engines at 200 req/s: about a quarter less CPU at 1)")
@@ -298,7 +299,11 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	logger.Info("engine listening", attrs...)
 
-	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second}
+	// IdleTimeout closes idle connections as uvicorn does for vLLM, so a
+	// router in front meets the engines' keep-alive (its
+	// timeouts.upstream_idle). 0 is no limit: net/http then reads
+	// ReadTimeout, 0 too.
+	hs := &http.Server{Handler: srv.Handler(), ReadHeaderTimeout: 10 * time.Second, IdleTimeout: *keepAlive}
 	g, gctx := errgroup.WithContext(ctx)
 	// The engine loop outlives the signal: it keeps stepping while the HTTP
 	// servers drain, so that the requests in flight finish (a router in
@@ -392,10 +397,10 @@ func checkEngineFlags(fs *flag.FlagSet) error {
 			return fmt.Errorf("--%s 0 %s", name, zero)
 		}
 	}
-	for _, name := range []string{"kv-lease", "kv-transfer-setup", "shutdown-timeout"} {
+	for _, name := range []string{"kv-lease", "kv-transfer-setup", "shutdown-timeout", "keep-alive"} {
 		if d := get(name).Get().(time.Duration); d < 0 {
 			return fmt.Errorf("--%s %v must not be negative", name, d)
-		} else if d == 0 && name != "shutdown-timeout" && flagSet(fs, name) { // --shutdown-timeout 0: at once
+		} else if d == 0 && (name == "kv-lease" || name == "kv-transfer-setup") && flagSet(fs, name) { // --shutdown-timeout 0: at once; --keep-alive 0: never
 			return fmt.Errorf("--%s %v %s", name, d, zero)
 		}
 	}

@@ -65,6 +65,7 @@ func TestEngineUsageErrors(t *testing.T) {
 		{[]string{"engine", "--model", "m", "--eos-mean", "NaN"}, "--eos-mean NaN must be a number"},
 		{[]string{"engine", "--model", "m", "--kv-lease", "-1s"}, "--kv-lease -1s must not be negative"},
 		{[]string{"engine", "--model", "m", "--shutdown-timeout", "-1s"}, "--shutdown-timeout -1s must not be negative"},
+		{[]string{"engine", "--model", "m", "--keep-alive", "-1s"}, "--keep-alive -1s must not be negative"},
 		// A zero the configs read as their default is the flag's error,
 		// not a silent default (--kv-transfer-setup 0 modelled 2ms).
 		{[]string{"engine", "--model", "m", "--kv-blocks", "0"}, "--kv-blocks 0 must be positive (0 reads as the default)"},
@@ -467,5 +468,38 @@ func TestEngineProfileErrorsNamed(t *testing.T) {
 		if err := run(context.Background(), args, &out, &errb); !errors.Is(err, errUsage) || !strings.HasPrefix(errb.String(), tc.want) {
 			t.Errorf("%v: got %v, stderr %q; want a usage error starting %q", tc.args, err, errb.String(), tc.want)
 		}
+	}
+}
+
+// TestEngineKeepAlive: the engine closes a connection idle for
+// --keep-alive, as vLLM's uvicorn server does after 5 s, so that a router
+// tested against the emulator meets the keep-alive it meets in production
+// (timeouts.upstream_idle is set below it). It kept idle connections open
+// forever.
+func TestEngineKeepAlive(t *testing.T) {
+	addr := freeAddr(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	out := &syncbuf.Buffer{}
+	done := engineInProcess(t, ctx, addr, out, "--log-level", "warn", "--keep-alive", "200ms")
+	defer func() { cancel(); <-done }()
+	c, err := net.Dial("tcp", addr)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	if _, err := io.WriteString(c, "GET /health HTTP/1.1\r\nHost: e\r\n\r\n"); err != nil {
+		t.Fatal(err)
+	}
+	br := bufio.NewReader(c)
+	resp, err := http.ReadResponse(br, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, _ = io.Copy(io.Discard, resp.Body)
+	resp.Body.Close()
+	start := time.Now()
+	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
+	if _, err := br.ReadByte(); !errors.Is(err, io.EOF) {
+		t.Fatalf("idle connection: read got %v after %v, want EOF (closed by the engine after --keep-alive)", err, time.Since(start).Round(time.Millisecond))
 	}
 }
