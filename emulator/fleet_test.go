@@ -47,6 +47,7 @@ const (
 	envSoakFloor    = "KVROUTE_SOAK_FLOOR"       // 1: a fleet of trivial servers side by side, fed the same load
 	envSoakAgainst  = "KVROUTE_SOAK_AGAINST"     // another build's emulator test binary: its fleet side by side, fed the same load
 	envSoakFill     = "KVROUTE_SOAK_FILL"        // 0: skip filling the engines' KV caches before measuring (default: fill)
+	envSoakRounds   = "KVROUTE_SOAK_ROUNDS"      // measure n windows of KVROUTE_SOAK_SECONDS one after the other, with the fleets kept up; report each and the median
 )
 
 func envInt(name string, def int) int {
@@ -95,6 +96,10 @@ func setSoakInterval(cfg *Config, n int) { cfg.StreamInterval = n }
 // a while; KVROUTE_SOAK_FILL=0 skips it (the load then fills the 8B
 // profile's caches only after about half a minute, and a shorter run
 // measures engines that never evict).
+// KVROUTE_SOAK_ROUNDS=n measures n windows one after the other on the same
+// fleets (filled once) and reports each and, side by side, the median and
+// range of the differences: a single window's figure moves with the
+// machine's other load by more than the changes it is used to measure.
 // The KVROUTE_SOAK_* variables above change the load.
 func TestFleetCPU(t *testing.T) {
 	if os.Getenv(envSoak) == "" {
@@ -165,89 +170,119 @@ func TestFleetCPU(t *testing.T) {
 			}
 		}
 	}
-	for _, f := range fleets {
-		f.cpu0, f.sys0, f.counts0 = f.cpu(t, client)
-	}
-	gen0, start := cputime.Process(), time.Now()
-	next := start
-	for i := 0; time.Since(start) < time.Duration(secs)*time.Second; i++ {
-		next = next.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
-		time.Sleep(time.Until(next))
-		sys := systems[rng.IntN(len(systems))]
-		stream := i%100 < streamPct
-		body := fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":"question %d about the rules"}],"max_tokens":%d,"ignore_eos":true,"stream":%v}`,
-			sys, i, outTokens, stream)
-		for k := range fleets {
-			// Each fleet in turn is sent a request first: the first
-			// receiver may find its bytes warmer in the shared cache.
-			f := fleets[(i+k)%len(fleets)]
-			url := f.urls[i%engines] + "/v1/chat/completions"
-			wg.Go(func() {
-				resp, err := client.Post(url, "application/json", strings.NewReader(body))
-				if err != nil {
-					f.failed.Add(1)
-					return
-				}
-				_, _ = io.Copy(io.Discard, resp.Body)
-				resp.Body.Close()
-				if resp.StatusCode != 200 {
-					f.failed.Add(1)
-					return
-				}
-				f.done.Add(1)
-				f.tokens.Add(int64(outTokens))
-			})
+	rounds := max(1, envInt(envSoakRounds, 1))
+	var overFloor, overAgainst []float64 // per round, side by side
+	for round := range rounds {
+		if rounds > 1 {
+			t.Logf("round %d of %d", round+1, rounds)
 		}
-	}
-	wg.Wait()
-	wall := time.Since(start)
-	gen := cputime.Process() - gen0
-	perReq := make([]struct{ total, user float64 }, len(fleets))
-	for k, f := range fleets {
-		cpu, sys, counts := f.cpu(t, client)
-		eng, sys := cpu-f.cpu0, sys-f.sys0
-		counts.sub(f.counts0)
-		n, tok := f.done.Load(), float64(f.tokens.Load())/1000
-		perReq[k].total = float64(eng.Microseconds()) / float64(max(n, 1))
-		perReq[k].user = float64((eng - sys).Microseconds()) / float64(max(n, 1))
-		kind := "emulated engines"
-		if f.trivial {
-			kind = "trivial servers (the floor)"
+		for _, f := range fleets {
+			f.done.Store(0)
+			f.failed.Store(0)
+			f.tokens.Store(0)
 		}
-		t.Logf("%s: %d %s in %d processes, %.0f req/s offered (%d%% streamed, stream interval %d), %d output tokens each, %v: %d requests done, %d failed, %.0f tokens",
-			f.name, engines, kind, len(f.procs), rate, streamPct, interval, outTokens, wall.Round(time.Millisecond), n, f.failed.Load(), tok*1000)
-		t.Logf("%s' CPU %v = %.1f%% of one core: %.1f us per request, %.1f us per 1,000 generated tokens (all of it charged to either)",
-			f.name, eng.Round(time.Millisecond), 100*eng.Seconds()/wall.Seconds(), perReq[k].total, float64(eng.Microseconds())/tok)
-		t.Logf("of which system (kernel) time %v = %.0f%% (user %.1f us per request); idle: %.2f%% of one core (all %d together, included above)",
-			sys.Round(time.Millisecond), 100*sys.Seconds()/eng.Seconds(), perReq[k].user, 100*f.idle.Seconds()/idleWall.Seconds(), engines)
-		perEngine := func(v int64) float64 { return float64(v) / float64(engines) / wall.Seconds() }
-		per := func(v int64) float64 { return float64(v) / float64(max(n, 1)) }
-		t.Logf("wake-ups: threads' context switches %.0f/s per engine = %.1f per request (%.1f voluntary); engine loop's timed sleeps %.0f/s per engine = %.1f per request; steps %.0f/s per engine (%.0f%% computed at once by catch-up); %d connections accepted (%.2f per request)",
-			perEngine(counts.nvcsw+counts.nivcsw), per(counts.nvcsw+counts.nivcsw), per(counts.nvcsw),
-			perEngine(counts.sleeps), per(counts.sleeps), perEngine(counts.steps), 100*float64(counts.caught)/float64(max(counts.steps, 1)),
-			counts.conns, per(counts.conns))
-		// A process whose heap grows (a short soak ramps up to the steady
-		// concurrency) touches fresh memory: each page's first touch is a
-		// fault, costly in a VM. A long-running engine reuses its heap instead.
-		t.Logf("page faults (first touches of fresh memory): %.1f per request", per(counts.minflt))
-		if f.failed.Load() > 0 {
-			t.Errorf("%s: %d requests failed", f.name, f.failed.Load())
+		for _, f := range fleets {
+			f.cpu0, f.sys0, f.counts0 = f.cpu(t, client)
 		}
-	}
-	t.Logf("load generator (this process, not counted above): %v = %.1f%% of one core",
-		gen.Round(time.Millisecond), 100*gen.Seconds()/wall.Seconds())
-	if len(fleets) >= 2 && fleets[1].trivial {
+		gen0, start := cputime.Process(), time.Now()
+		next := start
+		for i := 0; time.Since(start) < time.Duration(secs)*time.Second; i++ {
+			next = next.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
+			time.Sleep(time.Until(next))
+			sys := systems[rng.IntN(len(systems))]
+			stream := i%100 < streamPct
+			body := fmt.Sprintf(`{"model":"m","messages":[{"role":"system","content":%q},{"role":"user","content":"question %d about the rules"}],"max_tokens":%d,"ignore_eos":true,"stream":%v}`,
+				sys, round<<32+i, outTokens, stream) // a new question in every round
+			for k := range fleets {
+				// Each fleet in turn is sent a request first: the first
+				// receiver may find its bytes warmer in the shared cache.
+				f := fleets[(i+k)%len(fleets)]
+				url := f.urls[i%engines] + "/v1/chat/completions"
+				wg.Go(func() {
+					resp, err := client.Post(url, "application/json", strings.NewReader(body))
+					if err != nil {
+						f.failed.Add(1)
+						return
+					}
+					_, _ = io.Copy(io.Discard, resp.Body)
+					resp.Body.Close()
+					if resp.StatusCode != 200 {
+						f.failed.Add(1)
+						return
+					}
+					f.done.Add(1)
+					f.tokens.Add(int64(outTokens))
+				})
+			}
+		}
+		wg.Wait()
+		wall := time.Since(start)
+		gen := cputime.Process() - gen0
+		perReq := make([]struct{ total, user float64 }, len(fleets))
 		for k, f := range fleets {
-			if k == 1 {
+			cpu, sys, counts := f.cpu(t, client)
+			eng, sys := cpu-f.cpu0, sys-f.sys0
+			counts.sub(f.counts0)
+			n, tok := f.done.Load(), float64(f.tokens.Load())/1000
+			perReq[k].total = float64(eng.Microseconds()) / float64(max(n, 1))
+			perReq[k].user = float64((eng - sys).Microseconds()) / float64(max(n, 1))
+			kind := "emulated engines"
+			if f.trivial {
+				kind = "trivial servers (the floor)"
+			}
+			t.Logf("%s: %d %s in %d processes, %.0f req/s offered (%d%% streamed, stream interval %d), %d output tokens each, %v: %d requests done, %d failed, %.0f tokens",
+				f.name, engines, kind, len(f.procs), rate, streamPct, interval, outTokens, wall.Round(time.Millisecond), n, f.failed.Load(), tok*1000)
+			t.Logf("%s' CPU %v = %.1f%% of one core: %.1f us per request, %.1f us per 1,000 generated tokens (all of it charged to either)",
+				f.name, eng.Round(time.Millisecond), 100*eng.Seconds()/wall.Seconds(), perReq[k].total, float64(eng.Microseconds())/tok)
+			t.Logf("of which system (kernel) time %v = %.0f%% (user %.1f us per request); idle: %.2f%% of one core (all %d together, included above)",
+				sys.Round(time.Millisecond), 100*sys.Seconds()/eng.Seconds(), perReq[k].user, 100*f.idle.Seconds()/idleWall.Seconds(), engines)
+			perEngine := func(v int64) float64 { return float64(v) / float64(engines) / wall.Seconds() }
+			per := func(v int64) float64 { return float64(v) / float64(max(n, 1)) }
+			t.Logf("wake-ups: threads' context switches %.0f/s per engine = %.1f per request (%.1f voluntary); engine loop's timed sleeps %.0f/s per engine = %.1f per request; steps %.0f/s per engine (%.0f%% computed at once by catch-up); %d connections accepted (%.2f per request)",
+				perEngine(counts.nvcsw+counts.nivcsw), per(counts.nvcsw+counts.nivcsw), per(counts.nvcsw),
+				perEngine(counts.sleeps), per(counts.sleeps), perEngine(counts.steps), 100*float64(counts.caught)/float64(max(counts.steps, 1)),
+				counts.conns, per(counts.conns))
+			// A process whose heap grows (a short soak ramps up to the steady
+			// concurrency) touches fresh memory: each page's first touch is a
+			// fault, costly in a VM. A long-running engine reuses its heap instead.
+			t.Logf("page faults (first touches of fresh memory): %.1f per request", per(counts.minflt))
+			if f.failed.Load() > 0 {
+				t.Errorf("%s: %d requests failed", f.name, f.failed.Load())
+			}
+		}
+		t.Logf("load generator (this process, not counted above): %v = %.1f%% of one core",
+			gen.Round(time.Millisecond), 100*gen.Seconds()/wall.Seconds())
+		if len(fleets) >= 2 && fleets[1].trivial {
+			for k, f := range fleets {
+				if k == 1 {
+					continue
+				}
+				t.Logf("side by side: the emulator (%s) costs %.1f us per request above the floor (%.1f vs %.1f), user time %.1f us (%.1f vs %.1f)",
+					f.name, perReq[k].total-perReq[1].total, perReq[k].total, perReq[1].total, perReq[k].user-perReq[1].user, perReq[k].user, perReq[1].user)
+			}
+		}
+		if k := len(fleets) - 1; fleets[k].bin != "" {
+			t.Logf("side by side: this build costs %+.1f us per request against %s (%.1f vs %.1f), user time %+.1f us",
+				perReq[0].total-perReq[k].total, fleets[k].bin, perReq[0].total, perReq[k].total, perReq[0].user-perReq[k].user)
+		}
+		if len(fleets) >= 2 && fleets[1].trivial {
+			overFloor = append(overFloor, perReq[0].total-perReq[1].total)
+		}
+		if k := len(fleets) - 1; fleets[k].bin != "" {
+			overAgainst = append(overAgainst, perReq[0].total-perReq[k].total)
+		}
+	}
+	if rounds > 1 {
+		for _, r := range []struct {
+			what string
+			v    []float64
+		}{{"above the floor", overFloor}, {"against " + os.Getenv(envSoakAgainst), overAgainst}} {
+			if len(r.v) == 0 {
 				continue
 			}
-			t.Logf("side by side: the emulator (%s) costs %.1f us per request above the floor (%.1f vs %.1f), user time %.1f us (%.1f vs %.1f)",
-				f.name, perReq[k].total-perReq[1].total, perReq[k].total, perReq[1].total, perReq[k].user-perReq[1].user, perReq[k].user, perReq[1].user)
+			slices.Sort(r.v)
+			t.Logf("over %d rounds: the emulator (engines) costs %s: median %.1f us per request, range %.1f..%.1f", rounds, r.what, r.v[len(r.v)/2], r.v[0], r.v[len(r.v)-1])
 		}
-	}
-	if k := len(fleets) - 1; fleets[k].bin != "" {
-		t.Logf("side by side: this build costs %+.1f us per request against %s (%.1f vs %.1f), user time %+.1f us",
-			perReq[0].total-perReq[k].total, fleets[k].bin, perReq[0].total, perReq[k].total, perReq[0].user-perReq[k].user)
 	}
 }
 
