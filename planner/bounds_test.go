@@ -171,17 +171,6 @@ func TestQueueModel(t *testing.T) {
 	if _, ok := newQueue(2, 1, 1, 1, 2); ok {
 		t.Error("a saturated pool (rho = 1) reports ok")
 	}
-	// W + X with X = 0: the q-quantile of W is ln(C/(1-q))/theta.
-	q, _ = newQueue(0.5, 1, 1, 1, 1)
-	got := q.sumQuantile([]time.Duration{0}, 0.99).Seconds()
-	if want := math.Log(0.5/0.01) / 0.5; !near(got, want, 1e-6) {
-		t.Errorf("p99 wait = %v, want %v", got, want)
-	}
-	// With C below 1-q the quantile is the service time itself.
-	q, _ = newQueue(0.01, 1, 1, 1, 4)
-	if got := q.sumQuantile([]time.Duration{time.Second}, 0.5); !near(got.Seconds(), 1, 1e-6) {
-		t.Errorf("median with a nearly idle pool = %v, want 1s", got)
-	}
 }
 
 func TestQuantiles(t *testing.T) {
