@@ -66,10 +66,25 @@
 //
 // The analytical fleets (Result.AggregatedModel, DisaggregatedModel) are
 // shown next to the simulated ones, on the same cost model, each request's
-// prefix hit taken from the simulated search window: the aggregated one an
-// M/G/c queue (Erlang C with the Allen-Cunneen correction), checked against
-// the simulated aggregated fleet in a note. The disaggregated model starts
-// the P/D search:
+// prefix hit taken from the simulated search window, the workload's
+// requests replayed in arrival order on the fleet's nodes (the workload's
+// own bursts, where an Erlang C queue assumes Poisson arrivals). The
+// aggregated one puts each request on the engine with the fewest prompt
+// tokens in flight, as the router's kv-aware estimate does: it waits there
+// for the engine's earlier prefills, first come first served, and decodes
+// a token a step, a decode step of the batch or, while its engine
+// prefills, a chunk step (a short output decoding through a long prompt's
+// prefill pays a chunk step a token: the TPOT tail); utilisation is the
+// share of the engines' time with a request on them, as the simulator
+// counts it. It is checked against the simulated aggregated fleet in a
+// note, and at the oracle hit rate it starts the aggregated search. On the
+// conversation trace it sizes 6 engines for the 8B plan of README.md where
+// the simulation needs 5 (an M/G/c queue with a Poisson count of the
+// prefills met sized 3), and 10 for the 70B (tp4) one where the simulation
+// needs 17: that TTFT target sits on the plateau the prefix hit rate sets,
+// which grows with the fleet, and the model takes every request's hit from
+// the chosen simulated fleet. The disaggregated model starts the P/D
+// search:
 // the router hands a request off (prefill pool: queue + chunked prefill +
 // KV handoff of the prompt past the prefix hit + first decode step) or, in
 // conditional mode, runs it whole on its decode node as the same
@@ -79,13 +94,13 @@
 // and the arrivals' bursts make: the requests are replayed in arrival
 // order on the fleet's prefill and decode nodes. The prefill pool queues only the handed-off requests; the decode
 // pool decodes every request and prefills the others as an aggregated
-// engine does (their prefills steal from its decode steps and stall the
-// requests decoding: TPOT counts the prefills each request's decode node
-// runs in that replay while it decodes); each request waits for its prefill as it does in
-// that replay (first come first served on the node that runs it: the
-// workload's own bursts, where an Erlang C queue assumes Poisson
-// arrivals), so TTFT is its wait plus its prefill, handoff and first
-// decode step or its local prefill; only the handoffs load the fabric. The decode pool starts at the
+// engine does (their prefills share its steps with the requests decoding:
+// TPOT counts the chunk steps of the prefills each request's decode node
+// runs in that replay while it decodes, as the aggregated model does);
+// each request waits for its prefill as it does in that replay (first come
+// first served on the node that runs it), so TTFT is its wait plus its
+// prefill, handoff and first decode step or its local prefill; only the
+// handoffs load the fabric. The decode pool starts at the
 // smallest meeting TPOT, KV capacity and link ingress with no prefill, the
 // prefill pool at its load at the target utilisation (always mode) or one;
 // the pool the misses point at grows until the fleet meets the SLO, then
