@@ -878,6 +878,9 @@ func decodeEnd(sp []span, from, o, step float64, budget int) float64 {
 			}
 		}
 		per := (s.to - s.from) / math.Ceil(float64(max(1, s.tokens))/float64(budget))
+		if per <= 0 {
+			continue
+		}
 		if n := (s.to - t) / per; n < o {
 			o -= n
 			t = s.to

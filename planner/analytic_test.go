@@ -390,3 +390,31 @@ func TestAggregatedQueueBurstsHandWorked(t *testing.T) {
 		t.Errorf("analytical aggregated fleet: %d engines (meets %v), want 4", f.Engines, f.Meets)
 	}
 }
+
+// TestDecodeEnd: a sequence decoding o tokens from t=1 with decode steps of
+// 0.01s, on a node whose prefills are known, takes a token per decode step
+// outside them and a token per chunk step inside (a stretch's time over
+// its ceil(tokens/budget) chunks, budget 100 tokens).
+func TestDecodeEnd(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		sp   []span
+		o    float64
+		want float64
+	}{
+		{"no prefills", nil, 10, 1.1},
+		{"prefills done before", []span{{0, 0.5, 100}}, 10, 1.1},
+		{"ends before the prefill", []span{{1.2, 2, 100}}, 10, 1.1},
+		// 5 steps to 1.05, the 1s stretch's 4 chunk steps of 0.25s, then 1 step.
+		{"through a prefill", []span{{1.05, 2.05, 400}}, 10, 2.06},
+		// Inside from the start: 2 of the 4 chunk steps of 0.5s.
+		{"inside a prefill", []span{{0.5, 2.5, 400}}, 2, 2},
+		// 350 tokens are 4 chunks of 0.1s: 1 token to 1.01, 3 chunk steps.
+		{"partial chunk", []span{{1.01, 1.41, 350}}, 4, 1.31},
+		{"empty stretch", []span{{1.05, 1.05, 0}}, 10, 1.1},
+	} {
+		if got := decodeEnd(tc.sp, 1, tc.o, 0.01, 100); !near(got, tc.want, 1e-9) {
+			t.Errorf("%s: end %v, want %v", tc.name, got, tc.want)
+		}
+	}
+}
