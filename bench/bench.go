@@ -94,6 +94,12 @@ type Config struct {
 	// refuses a name that is not an HTTP token and a value with a control
 	// character (net/http would fail every request).
 	Header http.Header
+	// IdleTimeout is how long the default client keeps an idle connection
+	// for the next request; default 4s, under the 5 s after which vLLM's
+	// and SGLang's servers (uvicorn) close it: a request sent on a
+	// connection the server is closing is lost, and would be counted as
+	// the server's failure.
+	IdleTimeout time.Duration
 	// Client sends the requests; nil = a client with a transport sized for
 	// MaxInFlight and no overall timeout.
 	Client *http.Client
@@ -121,6 +127,9 @@ func (c *Config) withDefaults() Config {
 	}
 	if o.Timeout <= 0 {
 		o.Timeout = 10 * time.Minute
+	}
+	if o.IdleTimeout <= 0 {
+		o.IdleTimeout = 4 * time.Second
 	}
 	if o.Logger == nil {
 		o.Logger = slog.New(slog.DiscardHandler)
@@ -289,6 +298,7 @@ func Run(ctx context.Context, cfg Config, reqs []workload.Request) (*Result, err
 		tr := http.DefaultTransport.(*http.Transport).Clone()
 		tr.MaxIdleConns = c.MaxInFlight
 		tr.MaxIdleConnsPerHost = c.MaxInFlight
+		tr.IdleConnTimeout = c.IdleTimeout
 		tr.DisableCompression = true
 		client = &http.Client{Transport: tr}
 		defer tr.CloseIdleConnections()

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/keepalive"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/report"
 	"github.com/kvroute/kvroute/workload"
@@ -645,5 +646,29 @@ func TestInterrupted(t *testing.T) {
 				t.Errorf("error examples %v, want none (no request failed)", res.ErrorExamples)
 			}
 		})
+	}
+}
+
+// TestIdleTimeoutBelowServerKeepAlive: the default client drops a
+// connection idle for Config.IdleTimeout, so with that below the server's
+// keep-alive timeout no request goes out on a connection the server is
+// closing. With net/http's default 90 s the second request, sent after the
+// server's keep-alive had passed, was lost and counted as the server's
+// failure.
+func TestIdleTimeoutBelowServerKeepAlive(t *testing.T) {
+	e := keepalive.Start(t, 300*time.Millisecond)
+	rs := reqs("a", "b")
+	rs[1].Arrival = 600 * time.Millisecond // past the server's keep-alive
+	res, err := Run(context.Background(), Config{URL: e.URL(), Model: "m", IdleTimeout: 100 * time.Millisecond}, rs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, s := range res.Samples {
+		if s.Err != "" {
+			t.Errorf("request %s: error %q (%s)", s.ID, s.Err, res.ErrorExamples[s.Err])
+		}
+	}
+	if d := e.Dropped.Load(); d != 0 {
+		t.Errorf("%d requests sent on a connection the server had closed", d)
 	}
 }
