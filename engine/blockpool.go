@@ -5,16 +5,32 @@ package engine
 // blocks caching it (several when requests computed the same block, as in
 // vLLM).
 //
-// The free queue (vLLM's FreeKVCacheBlockQueue) is a doubly linked list
-// threaded through the blocks: allocation pops the head; a freed block is
-// appended at the tail. A freed block keeps its hash and stays findable
-// until it is popped for reuse (eviction), so the least recently freed
-// cached block is evicted first. Requests free their blocks tail-first, so
-// a prompt's later blocks are evicted before its earlier (more shareable)
-// ones. Every operation is O(1) per block.
+// The free queue holds vLLM's FreeKVCacheBlockQueue order: allocation pops
+// the head; a freed block is appended at the tail. A freed block keeps its
+// hash and stays findable until it is popped for reuse (eviction), so the
+// least recently freed cached block is evicted first. Requests free their
+// blocks tail-first, so a prompt's later blocks are evicted before its
+// earlier (more shareable) ones. Every operation is O(1) per block
+// (amortized: see compact).
+//
+// The queue is a ring of block ids (free) rather than vLLM's doubly linked
+// list through the blocks: popping the head reads the ring, not the block
+// popped before it, so the blocks a run of allocations pops are
+// independent loads that overlap, where following a list's links missed
+// the cache once per allocation in turn (in a busy engine each block was
+// freed long ago). A block taken from the middle of the queue (a prefix
+// hit on a free block, touch) leaves a hole (-1) in its slot, which
+// popping skips; holes are squeezed out when the ring fills (compact).
 type blockPool struct {
-	blocks  []kvBlock // the last element is the free-queue sentinel
-	numFree int
+	blocks []kvBlock // the last element is a spare that is never hashed nor queued
+	// free is the ring of the free queue: used slots from head, in queue
+	// order, each a block id or -1 (a hole); its length is a power of two
+	// at least twice the blocks'.
+	free       []int32
+	spare      []int32 // compact's second ring
+	head, used int
+	numFree    int
+	sink       int32 // loadAhead's loads
 	// deferred counts the full blocks whose keys are deferred (deferred.go)
 	// and that are still in the pool.
 	deferred int
@@ -24,62 +40,93 @@ type blockPool struct {
 }
 
 type kvBlock struct {
-	hash       uint64
-	ref        int32
-	prev, next int32  // free-queue links; -1 when not in the queue
-	mark       uint32 // admit's epoch, to stop at a repeated block
-	run        int32  // 1 + the retired deferred run holding the block (deferred.go); 0: none
-	hashed     bool   // hash is valid and cached[hash] holds this block
+	hash   uint64
+	ref    int32
+	slot   int32  // its slot in the free ring; -1 when not in the queue
+	mark   uint32 // admit's epoch, to stop at a repeated block
+	run    int32  // 1 + the retired deferred run holding the block (deferred.go); 0: none
+	hashed bool   // hash is valid and cached[hash] holds this block
 }
 
 func newBlockPool(n int) *blockPool {
-	p := &blockPool{blocks: make([]kvBlock, n+1)}
+	size := 16
+	for size < 2*n {
+		size <<= 1
+	}
+	p := &blockPool{blocks: make([]kvBlock, n+1), free: make([]int32, size)}
 	p.cached = newBlockTable(n, p.blocks)
-	s := int32(n) // sentinel
-	p.blocks[s].prev, p.blocks[s].next = s, s
+	p.blocks[n].slot = -1
 	for i := 0; i < n; i++ {
-		p.blocks[i].prev, p.blocks[i].next = -1, -1
 		p.pushTail(int32(i))
 	}
 	return p
 }
 
-func (p *blockPool) sentinel() int32 { return int32(len(p.blocks) - 1) }
-
 // size returns the number of KV blocks.
 func (p *blockPool) size() int { return len(p.blocks) - 1 }
 
-// The free queue is a doubly linked list through the blocks, closed by the
-// sentinel, with one exception: the head's prev is not kept (it may name
-// the block popped before it). Popping the head then writes only the
-// sentinel instead of the next block too, which in a busy engine is a
-// cache miss per allocation (the next block was freed long ago); a block
-// that is not the head has a kept prev, since blocks join only at the tail.
-
 func (p *blockPool) pushTail(id int32) {
-	s := p.sentinel()
-	last := p.blocks[s].prev
-	p.blocks[id].prev, p.blocks[id].next = last, s
-	p.blocks[last].next = id
-	p.blocks[s].prev = id
+	if p.used == len(p.free) {
+		p.compact()
+	}
+	i := (p.head + p.used) & (len(p.free) - 1)
+	p.free[i] = id
+	p.blocks[id].slot = int32(i)
+	p.used++
 	p.numFree++
 }
 
-func (p *blockPool) unlink(id int32) {
-	s := p.sentinel()
-	b := &p.blocks[id]
-	if p.blocks[s].next == id { // the head: its prev is not kept
-		p.blocks[s].next = b.next
-		if b.next == s {
-			p.blocks[s].prev = s // the queue is empty
-		}
-	} else {
-		p.blocks[b.prev].next = b.next
-		p.blocks[b.next].prev = b.prev
+// compact squeezes the holes out of the full ring, the queue's blocks
+// keeping their order from slot 0. The ring is at least twice the blocks,
+// so at least half its slots are holes, each left by a touch since the
+// last compaction: the blocks' slot updates cost at most one per touch.
+func (p *blockPool) compact() {
+	mask := len(p.free) - 1
+	dst := p.spare
+	if len(dst) != len(p.free) {
+		dst = make([]int32, len(p.free))
 	}
-	b.prev, b.next = -1, -1
+	n := 0
+	for k := range p.used {
+		if id := p.free[(p.head+k)&mask]; id >= 0 {
+			dst[n] = id
+			p.blocks[id].slot = int32(n)
+			n++
+		}
+	}
+	p.free, p.spare = dst, p.free
+	p.head, p.used = 0, n
+}
+
+// unlink takes block id, in the queue, off it, leaving a hole.
+func (p *blockPool) unlink(id int32) {
+	b := &p.blocks[id]
+	p.free[b.slot] = -1
+	b.slot = -1
 	p.numFree--
 }
+
+// loadAhead loads the blocks the next n allocations pop (at most
+// maxLoadAhead), so that they find them in the cache: in a busy engine
+// each was freed long ago, and loaded in this short loop the misses
+// overlap, where between the allocations (a few hundred instructions
+// apart, each missing the cache on its own) they mostly did not.
+func (p *blockPool) loadAhead(n int) {
+	n = min(n, p.numFree, maxLoadAhead)
+	mask := len(p.free) - 1
+	var sink int32
+	for k := 0; n > 0 && k < p.used; k++ {
+		if id := p.free[(p.head+k)&mask]; id >= 0 {
+			sink += p.blocks[id].ref
+			n--
+		}
+	}
+	p.sink = sink
+}
+
+// maxLoadAhead bounds loadAhead's loads: more than a step of a full batch
+// allocates, few enough for the cache to keep.
+const maxLoadAhead = 64
 
 // lookup returns the block caching hash, the one cached first when
 // several do (vLLM's get_cached_block).
@@ -101,10 +148,18 @@ func (p *blockPool) touch(id int32) {
 // (other blocks caching the same hash stay cached: vLLM's
 // _maybe_evict_cached_block). The caller has checked numFree.
 func (p *blockPool) alloc() int32 {
-	s := p.sentinel()
-	id := p.blocks[s].next
-	p.unlink(id)
+	mask := len(p.free) - 1
+	id := p.free[p.head]
+	for id < 0 { // holes left by touch
+		p.head = (p.head + 1) & mask
+		p.used--
+		id = p.free[p.head]
+	}
+	p.head = (p.head + 1) & mask
+	p.used--
+	p.numFree--
 	b := &p.blocks[id]
+	b.slot = -1
 	if b.hashed {
 		p.cached.drop(id) // clears b.hashed
 		if p.onEvict != nil {

@@ -189,6 +189,7 @@ func (e *Engine) DecodeStepsBefore(now, until, before time.Duration, limit int, 
 		run.Seqs = append(run.Seqs, DecodedSeq{ID: s.id, From: s.outputs, FirstITL: first - s.lastToken})
 	}
 
+	e.pool.loadAhead(e.runBlocks(n)) // the blocks the run pops, their misses at once
 	res := &run.res
 	res.Events, res.removed = res.Events[:0], res.removed[:0]
 	e.res = res

@@ -177,17 +177,24 @@ func checkInvariants(t testing.TB, e *Engine) {
 		t.Fatalf("numFree %d, but %d blocks are unreferenced", p.numFree, free)
 	}
 	n := 0
-	s := p.sentinel()
-	for id := p.blocks[s].next; id != s; id = p.blocks[id].next {
+	mask := len(p.free) - 1
+	for k := range p.used {
+		slot := (p.head + k) & mask
+		id := p.free[slot]
+		if id < 0 {
+			continue // a hole
+		}
 		if p.blocks[id].ref != 0 {
 			t.Fatalf("block %d in the free queue with ref %d", id, p.blocks[id].ref)
 		}
-		if p.blocks[p.blocks[id].next].prev != id {
-			t.Fatalf("free queue links broken at %d", id)
+		if p.blocks[id].slot != int32(slot) {
+			t.Fatalf("block %d in free queue slot %d records slot %d", id, slot, p.blocks[id].slot)
 		}
 		n++
-		if n > p.size() {
-			t.Fatal("free queue has a cycle")
+	}
+	for id := range p.blocks {
+		if b := &p.blocks[id]; b.slot >= 0 && p.free[b.slot] != int32(id) {
+			t.Fatalf("block %d records free queue slot %d, which holds %d", id, b.slot, p.free[b.slot])
 		}
 	}
 	if n != p.numFree {
@@ -1187,5 +1194,61 @@ func TestPromptLenOnly(t *testing.T) {
 		if c := out[len(out)-1].CachedTokens; c != 0 {
 			t.Errorf("%s: %d cached tokens, want 0 (no block keys)", id, c)
 		}
+	}
+}
+
+// TestFreeQueueOrder drives the block pool's free queue (a ring with
+// holes, compacted when it fills) with random touches, releases and
+// allocations, and checks its order against a naive list: allocation pops
+// the least recently released block.
+func TestFreeQueueOrder(t *testing.T) {
+	compacted := 0
+	for _, n := range []int{1, 3, 16, 40} {
+		t.Run(fmt.Sprint(n), func(t *testing.T) {
+			p := newBlockPool(n)
+			rng := rand.New(rand.NewPCG(uint64(n), 1))
+			var queue []int32 // the reference: free blocks, head first
+			for i := range n {
+				queue = append(queue, int32(i))
+			}
+			held := map[int32]bool{}
+			for step := range 20000 {
+				// Few allocations: touches' holes pile up and fill the ring.
+				switch k := rng.IntN(10); {
+				case k == 0 && len(queue) > 0: // allocate
+					id := p.alloc()
+					if id != queue[0] {
+						t.Fatalf("step %d: alloc got block %d, want %d", step, id, queue[0])
+					}
+					queue = queue[1:]
+					held[id] = true
+				case k < 6 && len(queue) > 0: // a prefix hit on a free block
+					i := rng.IntN(len(queue))
+					if k > 1 && i == 0 && len(queue) > 1 {
+						i = 1 // mostly not the head: holes pile up behind it
+					}
+					id := queue[i]
+					p.touch(id)
+					queue = append(queue[:i:i], queue[i+1:]...)
+					held[id] = true
+				default: // release a held block
+					for id := range held {
+						p.release(id)
+						delete(held, id)
+						queue = append(queue, id)
+						break
+					}
+				}
+				if p.numFree != len(queue) {
+					t.Fatalf("step %d: numFree %d, want %d", step, p.numFree, len(queue))
+				}
+			}
+			if p.spare != nil {
+				compacted++
+			}
+		})
+	}
+	if compacted == 0 {
+		t.Error("no ring was ever compacted")
 	}
 }

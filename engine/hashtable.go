@@ -41,7 +41,7 @@ type blockTable struct {
 	used    int // live and stale slots
 	maxUsed int
 	blocks  []kvBlock // the pool's blocks: blocks[id].hash is the key of id's entry
-	retired uint64    // a slot that names no block's entry: the sentinel block, never hashed
+	retired uint64    // a slot that names no block's entry: the pool's spare block, never hashed
 	// dups is set when the table may hold a key more than once (an
 	// insert met a copy, or the last rebuild kept some): rebuild then
 	// keeps the copies' order.
@@ -58,7 +58,7 @@ func newBlockTable(maxEntries int, blocks []kvBlock) *blockTable {
 	for size < 2*maxEntries {
 		size <<= 1
 	}
-	// The last block is the pool's free-queue sentinel, never hashed.
+	// The last block is the pool's spare, never hashed.
 	return &blockTable{slots: make([]uint64, size), mask: uint64(size - 1), maxUsed: size * 5 / 8, blocks: blocks,
 		retired: uint64(len(blocks))}
 }

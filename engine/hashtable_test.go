@@ -23,7 +23,7 @@ func TestBlockTableDifferential(t *testing.T) {
 		keyspace := tc.keyspace
 		rng := rand.New(rand.NewPCG(keyspace, 3))
 		const max = 300
-		blocks := make([]kvBlock, max+1) // the last is the pool's sentinel, never hashed
+		blocks := make([]kvBlock, max+1) // the last is the pool's spare, never hashed
 		var free []int32                 // ids holding no entry
 		for id := range int32(max) {
 			free = append(free, id)
