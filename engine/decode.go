@@ -45,7 +45,7 @@ func (e *Engine) DecodeRun(limit int) (steps int, d time.Duration, finished bool
 // requests' total context, ignoring KV blocks (see runBlocks).
 func (e *Engine) decodeRun(limit int) (n, ctx int, finished bool) {
 	if limit <= 0 || len(e.running) == 0 || len(e.running) > e.budget || e.waiting.len() > 0 ||
-		len(e.aborted) > 0 || e.pendingClear {
+		len(e.loaded) > 0 || len(e.aborted) > 0 || e.pendingClear {
 		return 0, 0, false
 	}
 	n = limit

@@ -98,8 +98,10 @@ func checkRuns(t testing.TB, e *Engine) {
 // them. Requests continue earlier ones (their prompt and outputs as the
 // next prompt), so lookups reach deferred blocks and requests compute
 // copies of cached blocks; some share a seed, so equal prompts give equal
-// output blocks; the cache is small, so requests are preempted and runs
-// evicted, and sweeps run often.
+// output blocks; some are decode legs (RemoteKV) whose admission looks up
+// their prompt and whose KV arrives (or fails to) later, caching blocks
+// then; the cache is small, so requests are preempted and runs evicted,
+// and sweeps run often.
 func FuzzDeferredKeys(f *testing.F) {
 	f.Add([]byte{0, 40, 30, 1, 0, 0, 0, 0, 3, 3, 3, 3, 3, 3, 0, 0, 0, 3, 3, 3, 3, 3, 3, 0, 0, 3, 3, 3, 3, 3})
 	f.Add([]byte{0, 100, 60, 1, 0, 200, 50, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 0, 3, 3, 3, 3, 0, 1, 3, 3, 3, 2, 3, 3, 3, 3})
@@ -127,6 +129,7 @@ func FuzzDeferredKeys(f *testing.F) {
 		reqs := map[string]*Request{}
 		outs := map[string][]uint32{}
 		var re, rl StepResult
+		var loads []KVLoad // RemoteKV requests admitted, their KV not arrived yet
 		var runE, runL DecodedRun
 		step := func() {
 			if next()%3 == 0 { // a real-time driver's decode run
@@ -149,10 +152,13 @@ func FuzzDeferredKeys(f *testing.F) {
 			}
 			eager.StepInto(now, &re)
 			lazy.StepInto(now, &rl)
-			if re.Duration != rl.Duration || re.Batch != rl.Batch || re.Preempted != rl.Preempted || !slices.Equal(re.Outputs, rl.Outputs) {
-				t.Fatalf("step at %v differs:\n events: %v %+v %d %+v\n none:   %v %+v %d %+v", now, re.Duration, re.Batch, re.Preempted, re.Outputs, rl.Duration, rl.Batch, rl.Preempted, rl.Outputs)
+			if re.Duration != rl.Duration || re.Batch != rl.Batch || re.Preempted != rl.Preempted || !slices.Equal(re.Outputs, rl.Outputs) ||
+				!slices.Equal(re.Loads, rl.Loads) {
+				t.Fatalf("step at %v differs:\n events: %v %+v %d %+v %+v\n none:   %v %+v %d %+v %+v", now, re.Duration, re.Batch, re.Preempted, re.Outputs, re.Loads,
+					rl.Duration, rl.Batch, rl.Preempted, rl.Outputs, rl.Loads)
 			}
 			now += re.Duration
+			loads = append(loads, re.Loads...)
 			for _, o := range re.Outputs {
 				if o.FinishReason != FinishAbort {
 					outs[o.ID] = append(outs[o.ID], o.Token)
@@ -189,7 +195,9 @@ func FuzzDeferredKeys(f *testing.F) {
 				if next()%4 == 0 {
 					r.EOSAt = next()%30 + 1
 				}
-				r.HoldKV = next()%6 == 0
+				h := next()
+				r.HoldKV = h%6 == 0
+				r.RemoteKV = h%6 == 5 // a decode leg: its KV arrives (op 6)
 				probe := eager.PrefixHit(r)
 				if got := lazy.PrefixHit(r); got != probe {
 					t.Fatalf("PrefixHit(%s): events %d, none %d", id, probe, got)
@@ -219,6 +227,16 @@ func FuzzDeferredKeys(f *testing.F) {
 				if a, b := eager.ResetPrefixCache(), lazy.ResetPrefixCache(); a != b {
 					t.Fatalf("ResetPrefixCache: %v vs %v", a, b)
 				}
+			case 6:
+				if len(loads) > 0 { // a RemoteKV request's KV arrives, or fails to
+					k := next() % len(loads)
+					ok := next()%4 != 0
+					eager.LoadedKV(loads[k].ID, ok)
+					lazy.LoadedKV(loads[k].ID, ok)
+					loads = slices.Delete(loads, k, k+1)
+				} else if eager.HasWork() {
+					step()
+				}
 			default:
 				if eager.HasWork() {
 					step()
@@ -226,7 +244,7 @@ func FuzzDeferredKeys(f *testing.F) {
 			}
 			compare(fmt.Sprint("op ", n))
 		}
-		for i := 0; eager.HasWork() || lazy.HasWork(); i++ {
+		for i := 0; eager.HasWork() || lazy.HasWork() || len(loads) > 0; i++ {
 			if i > 20000 {
 				t.Fatal("engines do not finish")
 			}
@@ -234,6 +252,11 @@ func FuzzDeferredKeys(f *testing.F) {
 				eager.Release(id)
 				lazy.Release(id)
 			}
+			for _, l := range loads {
+				eager.LoadedKV(l.ID, true)
+				lazy.LoadedKV(l.ID, true)
+			}
+			loads = loads[:0]
 			step()
 		}
 		materializeAll(lazy)

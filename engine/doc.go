@@ -41,6 +41,26 @@
 // produces a token in the step where all its known tokens have been
 // computed.
 //
+// # Disaggregated prefill (P/D)
+//
+// A prefill leg (Request.HoldKV) keeps its blocks when it finishes, until
+// Release. A decode leg whose KV the driver moves itself
+// (Request.RemoteKV, the emulator's) is scheduled as vLLM's scheduler
+// schedules a request its KV connector loads asynchronously: admitted in
+// FCFS order like any waiting request (while the budget and max_num_seqs
+// allow, though it takes neither), it takes its prefix-cache hit and
+// blocks for the rest of its prompt at once, or waits in the queue when
+// they do not fit; then it holds them, computing nothing, counted in
+// Stats.Waiting (and Loading) and in KVUsage, until the driver calls
+// LoadedKV. StepResult.Loads reports each admission with the tokens to
+// move (the prompt past the local hit). When the KV arrived, the received
+// full blocks are cached (BlockStored) in the step that schedules it,
+// which computes only the last prompt token, as vLLM's
+// _update_waiting_for_remote_kv does; when it failed, the request
+// computes its prompt (kv_load_failure_policy "recompute"). The simulator's
+// decode legs (Request.SkipPrefill) skip the wait: their KV is taken as
+// there when they are admitted.
+//
 // # KV cache and prefix caching
 //
 // The cache is NumGPUBlocks blocks of BlockSize tokens. A full block is keyed
@@ -99,5 +119,7 @@
 //   - vLLM's reserved null block is not modelled; KV usage is
 //     used blocks / NumGPUBlocks.
 //   - Prefix-cache query and hit counters count each request once, when first
-//     scheduled (not again after preemption).
+//     scheduled (not again after preemption, nor after a failed KV load).
+//   - A RemoteKV request aborted while its KV arrives frees its blocks at
+//     once (vLLM frees them when the transfer in flight ends).
 package engine

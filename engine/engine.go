@@ -3,6 +3,7 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/zeebo/xxh3"
@@ -38,6 +39,13 @@ type Config struct {
 	NoEvents bool
 	// Speed divides every modelled step time (2 = twice as fast). 0 means 1.
 	Speed float64
+	// KVConnector marks an engine run with a KV connector (vLLM's
+	// --kv-transfer-config, as the engines of a P/D pair are): every
+	// request's first scheduling then records the connector's prefix-cache
+	// stats (Stats.ExternalQueries, ExternalHits), as vLLM's scheduler does
+	// for each request it asks the connector about. Without it only
+	// RemoteKV requests record them. Default false.
+	KVConnector bool
 	// OutputVocab, when in (0, the model's vocabulary), bounds the ids the
 	// model generates: a tokenizer smaller than the model's padded
 	// embedding table (Qwen2.5's 151,665 ids of 152,064) never sees a
@@ -77,6 +85,25 @@ type Request struct {
 	// HoldKV marks the prefill leg: when the request finishes its blocks stay
 	// referenced until Release(ID).
 	HoldKV bool
+	// RemoteKV marks a decode leg whose prompt KV the driver moves from
+	// outside (vLLM's NixlConnector pull, kv_transfer_params
+	// do_remote_prefill): when the request is admitted (FCFS, as any
+	// waiting request) it takes its prefix-cache hit and blocks for the
+	// rest of its prompt, which it holds while it waits for its KV,
+	// counted as waiting; the step's StepResult.Loads reports it, and the
+	// driver ends the wait with LoadedKV. A prompt shorter than one block
+	// has no KV to move: it is computed as usual. It takes precedence over
+	// SkipPrefill.
+	RemoteKV bool
+}
+
+// KVLoad is a RemoteKV request admitted in a step: it holds the blocks of
+// its whole prompt and waits for the driver to move the KV of its
+// ExternalTokens (vLLM's num_external_computed_tokens: the prompt past
+// its LocalTokens, the prefix-cache hit) and call LoadedKV.
+type KVLoad struct {
+	ID                          string
+	LocalTokens, ExternalTokens int
 }
 
 // Finish reasons, as vLLM reports them.
@@ -174,13 +201,23 @@ type StepResult struct {
 	Batch Batch
 	// Preempted is the number of requests preempted this step.
 	Preempted int
+	// Loads are the RemoteKV requests admitted this step, in order: their
+	// KV is now to be moved (see LoadedKV).
+	Loads []KVLoad
 
 	removed []uint64 // slab for BlockRemoved hashes
 }
 
 // Stats is the engine's state and counters, as vLLM's metrics report them.
 type Stats struct {
+	// Waiting counts the requests not running, as vLLM's
+	// num_requests_waiting does: those queued, and the RemoteKV requests
+	// holding their blocks while their KV arrives (Loading).
 	Waiting, Running int
+	// Loading counts the RemoteKV requests holding blocks for KV not yet
+	// arrived (vLLM's WAITING_FOR_REMOTE_KVS); LoadQueued those still
+	// queued for their blocks. Both are part of Waiting.
+	Loading, LoadQueued int
 	// Held is the number of finished requests whose KV is held (HoldKV).
 	Held int
 	// KVUsage is the fraction of blocks in use (referenced), 0..1.
@@ -192,12 +229,27 @@ type Stats struct {
 	FreeBlocks, CachedBlocks int
 	// Counters since New, in tokens where vLLM counts tokens. The prefix
 	// cache's stay 0 with DisablePrefixCaching, as vLLM's do.
-	PrefixQueries, PrefixHits      int64
+	PrefixQueries, PrefixHits int64
+	// ExternalQueries and ExternalHits are the KV connector's prefix-cache
+	// stats (vLLM's connector_prefix_cache_stats): at a request's first
+	// scheduling, its prompt tokens past the local hit, and those of them
+	// that arrive from outside (a RemoteKV request's ExternalTokens).
+	// Counted for RemoteKV requests, and for every request with
+	// Config.KVConnector.
+	ExternalQueries, ExternalHits  int64
 	Preemptions                    int64
 	PromptTokens, GenerationTokens int64
-	FinishedStop, FinishedLength   int64
-	FinishedAbort                  int64
-	Steps                          int64
+	// The prompt tokens of requests that produced their first token, by
+	// source, as vLLM's PromptTokenStats counts them: PromptCached are
+	// those not computed when the request was first scheduled
+	// (Output.CachedTokens: local hits and tokens that arrived from
+	// outside), PromptExternal those that arrived (KVLoad.ExternalTokens),
+	// and PromptRecomputed counts the requests whose prompt was cached
+	// but for the last token, recomputed for the logits.
+	PromptCached, PromptExternal, PromptRecomputed int64
+	FinishedStop, FinishedLength                   int64
+	FinishedAbort                                  int64
+	Steps                                          int64
 	// BusyTime is the sum of step durations.
 	BusyTime time.Duration
 }
@@ -225,6 +277,8 @@ const (
 	statusRunning
 	statusHeld
 	statusDone
+	statusLoading // RemoteKV: admitted, holds its blocks, in no queue until LoadedKV
+	statusLoaded  // RemoteKV: its KV arrived; in Engine.loaded, with its blocks
 )
 
 type sequence struct {
@@ -250,7 +304,10 @@ type sequence struct {
 	eosAt, maxTokens        int32 // maxTokens <= the context length; eosAt <= maxTokens+1 (Add)
 	ttft                    time.Duration
 	promptLen, cachedTokens int32
-	_                       [8]byte // line 2 starts on its own line
+	external                int32   // prompt tokens whose KV arrived from outside (RemoteKV)
+	remote                  bool    // RemoteKV and its KV not arrived yet (waiting or statusLoading)
+	counted                 bool    // its prefix-cache queries are counted (countQueries)
+	_                       [2]byte // line 2 starts on its own line
 	// Line 2: for every full block (blockKey).
 	hashes  []uint64 // keys of full blocks known so far, in chain order
 	tokBase int32    // tokens[0] is token tokBase of the sequence (keepTokens)
@@ -354,6 +411,9 @@ type Engine struct {
 	res          *StepResult // target of the step in progress (for eviction events)
 	pendingClear bool        // ResetPrefixCache ran: report AllBlocksCleared
 	held         int         // requests in statusHeld
+	loading      int         // requests in statusLoading
+	loaded       []*sequence // requests in statusLoaded, in the order their KV arrived
+	loadQueued   int         // remote requests in the waiting queue
 	stalled      bool        // the last step could admit no waiting request and ran nothing
 	ahead        uint64      // keysAhead's loads, kept so that they are made
 	keepGen      bool        // generated tokens are kept in sequence.tokens (KV events report them)
@@ -477,9 +537,13 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 		return &LengthError{MaxModelLen: e.maxLen, PromptTokens: n, MaxTokens: r.MaxTokens}
 	}
 	s, spare := e.newSequence()
+	remote := r.RemoteKV && n >= e.bs // a shorter prompt has no block to move
 	*s = sequence{
-		id: r.ID, promptLen: int32(n), maxTokens: int32(maxTok), seed: r.Seed, skipPrefill: r.SkipPrefill, holdKV: r.HoldKV,
-		numTokens: n, arrival: now,
+		id: r.ID, promptLen: int32(n), maxTokens: int32(maxTok), seed: r.Seed, skipPrefill: r.SkipPrefill && !remote, holdKV: r.HoldKV,
+		numTokens: n, arrival: now, remote: remote,
+	}
+	if remote {
+		e.loadQueued++
 	}
 	if !r.IgnoreEOS && r.EOSAt > 0 {
 		s.eosAt = int32(min(r.EOSAt, maxTok+1)) // a later EOS is never reached
@@ -558,6 +622,13 @@ func (e *Engine) Abort(now time.Duration, id string) {
 		return
 	case statusWaiting:
 		e.waiting.remove(s)
+		if s.remote {
+			e.loadQueued--
+		}
+	case statusLoaded:
+		e.loaded = slices.DeleteFunc(e.loaded, func(x *sequence) bool { return x == s })
+	case statusLoading:
+		e.loading--
 	case statusRunning:
 		for i, r := range e.running {
 			if r == s {
@@ -598,6 +669,39 @@ func (e *Engine) Release(id string) {
 	e.recycle(s)
 }
 
+// LoadedKV ends the wait of RemoteKV request id for its KV (StepResult.Loads).
+// When ok, its received blocks are cached (BlockStored, in the step that
+// schedules it) and it computes its last prompt token in the next step
+// with a seat and budget for it, as vLLM's scheduler does when the
+// transfer finished (Scheduler._update_waiting_for_remote_kv:
+// num_computed_tokens is the prompt less the last token): such requests
+// are scheduled before the waiting queue (vLLM keeps them at its head;
+// they need no block, so a queued request that waits for blocks they hold
+// does not hold them up). Else (the transfer failed; vLLM's
+// kv_load_failure_policy "recompute") its blocks are freed and it goes to
+// the front of the waiting queue, to compute its prompt past its
+// prefix-cache hit. Unknown IDs, and requests not waiting for KV, are
+// ignored.
+func (e *Engine) LoadedKV(id string, ok bool) {
+	s, found := e.seqs[id]
+	if !found || s.status != statusLoading {
+		return
+	}
+	e.stalled = false
+	e.loading--
+	s.remote = false
+	if ok {
+		s.computed = int(s.promptLen) - 1
+		s.status = statusLoaded
+		e.loaded = append(e.loaded, s)
+		return
+	}
+	e.freeBlocks(s)
+	s.computed, s.external = 0, 0
+	s.status = statusWaiting
+	e.waiting.pushFront(s)
+}
+
 // BlockIDs returns the KV block ids a live or held request holds, in order
 // (for NixlConnector's remote_block_ids). Nil for unknown IDs.
 func (e *Engine) BlockIDs(id string) []int {
@@ -615,11 +719,11 @@ func (e *Engine) BlockIDs(id string) []int {
 // HasWork reports whether Step has anything to do: running requests,
 // waiting requests that may be admitted, or abort outputs and events to
 // report. It is false while requests wait only for KV blocks that held
-// (HoldKV) requests keep: nothing can change until Add, Abort or Release, so
-// a driver may sleep until its next input instead of spinning on empty
-// steps.
+// (HoldKV) requests keep, or only for their KV (RemoteKV): nothing can
+// change until Add, Abort, Release or LoadedKV, so a driver may sleep until
+// its next input instead of spinning on empty steps.
 func (e *Engine) HasWork() bool {
-	return len(e.running) > 0 || len(e.aborted) > 0 || e.pendingClear || (e.waiting.len() > 0 && !e.stalled)
+	return len(e.running) > 0 || len(e.aborted) > 0 || e.pendingClear || len(e.loaded) > 0 || (e.waiting.len() > 0 && !e.stalled)
 }
 
 // MinStepTime returns a lower bound on the modelled duration of any step
@@ -634,7 +738,8 @@ func (e *Engine) MinStepTime() time.Duration {
 // Stats returns the current state and counters.
 func (e *Engine) Stats() Stats {
 	st := e.stats
-	st.Waiting = e.waiting.len()
+	st.Waiting = e.waiting.len() + e.loading + len(e.loaded)
+	st.Loading, st.LoadQueued = e.loading, e.loadQueued
 	st.Running = len(e.running)
 	st.Held = e.held
 	st.FreeBlocks = e.pool.numFree

@@ -3,12 +3,14 @@ package engine
 import (
 	"errors"
 	"fmt"
+	"slices"
 	"testing"
 	"time"
 )
 
 // FuzzEngine interprets the input as a sequence of operations (add with
-// odd shapes, abort, release, reset, step) on a small engine and checks the
+// odd shapes, abort, release, reset, step, a decode leg's KV arriving or
+// failing) on a small engine and checks the
 // pool invariants and the KV-event mirror after every step: bad requests
 // must be rejected with an error, never corrupt the cache or panic.
 func FuzzEngine(f *testing.F) {
@@ -17,6 +19,10 @@ func FuzzEngine(f *testing.F) {
 	f.Add([]byte{0, 1, 1, 255, 0, 255, 255, 255, 5, 4, 4, 4, 4, 4})
 	// Two requests, prefilled by steps, then decode runs at once.
 	f.Add([]byte{0, 1, 40, 90, 0, 0, 1, 1, 1, 0, 1, 30, 70, 0, 1, 2, 1, 1, 4, 1, 4, 1, 4, 1, 4, 0, 255, 15, 4, 0, 255, 15, 4, 0, 9, 3})
+	// RemoteKV requests: admitted, their KV arrives (one fails), aborted
+	// while they wait.
+	f.Add([]byte{0, 1, 100, 20, 0, 0, 1, 1, 1, 0, 0, 1, 200, 20, 0, 1, 2, 1, 1, 0, 4, 1, 6, 0, 1, 4, 1, 6, 0, 0, 4, 1, 4, 1, 4, 1})
+	f.Add([]byte{0, 1, 230, 20, 0, 0, 1, 1, 1, 0, 4, 1, 1, 0, 0, 1, 60, 30, 0, 0, 1, 1, 1, 0, 4, 1, 6, 0, 3, 4, 1, 4, 1, 4, 1})
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		e := mustEngine(t, "tiny", func(c *Config) { c.NumGPUBlocks = 24; c.MaxModelLen = 256; c.MaxNumBatchedTokens = 64 })
 		d := newDriver(t, e)
@@ -30,8 +36,15 @@ func FuzzEngine(f *testing.F) {
 		}
 		var ids []string
 		var run DecodedRun
+		var loads []KVLoad // admitted RemoteKV requests, their KV not arrived yet
 		for n := 0; len(ops) > 0 && n < 200; n++ {
-			switch next() % 6 {
+			switch op := next() % 7; op {
+			case 6: // a RemoteKV request's KV arrives, or fails to
+				if len(loads) > 0 {
+					k := int(next()) % len(loads)
+					e.LoadedKV(loads[k].ID, next()%4 != 0)
+					loads = slices.Delete(loads, k, k+1)
+				}
 			case 0, 5: // add
 				id := fmt.Sprint(len(ids))
 				if next()%8 == 0 && len(ids) > 0 {
@@ -53,6 +66,7 @@ func FuzzEngine(f *testing.F) {
 				}
 				r.SkipPrefill = next()%5 == 0
 				r.HoldKV = next()%5 == 0
+				r.RemoteKV = next()%4 == 0
 				if err := e.Add(d.now, r); err != nil {
 					var le *LengthError
 					if !errors.As(err, &le) && !errors.Is(err, ErrDuplicateID) && !errors.Is(err, ErrEmptyPrompt) &&
@@ -87,13 +101,17 @@ func FuzzEngine(f *testing.F) {
 						continue
 					}
 				}
-				d.step()
+				loads = append(loads, d.step().Loads...)
 			}
 		}
 		for _, id := range ids {
 			e.Release(id)
 		}
-		for i := 0; e.HasWork(); i++ {
+		for i := 0; e.HasWork() || len(loads) > 0; i++ {
+			for _, l := range loads {
+				e.LoadedKV(l.ID, true)
+			}
+			loads = loads[:0]
 			if i > 5000 {
 				// Held requests may starve others; release and go on.
 				for _, id := range ids {
@@ -103,7 +121,7 @@ func FuzzEngine(f *testing.F) {
 			if i > 20000 {
 				t.Fatal("engine does not finish")
 			}
-			d.step()
+			loads = append(loads, d.step().Loads...)
 			for _, id := range ids {
 				e.Release(id)
 			}

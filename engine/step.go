@@ -20,6 +20,7 @@ func (e *Engine) Step(now time.Duration) StepResult {
 // consume a step's results before the next step use it to avoid allocating.
 func (e *Engine) StepInto(now time.Duration, r *StepResult) {
 	r.Duration, r.Batch, r.Preempted = 0, Batch{}, 0
+	r.Loads = r.Loads[:0]
 	r.Outputs = append(r.Outputs[:0], e.aborted...)
 	clear(e.aborted)
 	e.aborted = e.aborted[:0]
@@ -61,9 +62,12 @@ func (e *Engine) StepInto(now time.Duration, r *StepResult) {
 // schedule picks this step's work as vLLM V1's scheduler does: running
 // requests first, in order (decodes and unfinished prefill chunks), each
 // taking min(remaining, budget) tokens and preempting the newest running
-// request when blocks run out; then, if nothing was preempted, waiting
-// requests in FCFS order with their prefix-cache hits, chunked to the
-// remaining budget, while max_num_seqs allows.
+// request when blocks run out; then, if nothing was preempted, the
+// RemoteKV requests whose KV arrived (LoadedKV), and waiting requests in
+// FCFS order with their prefix-cache hits, chunked to the remaining
+// budget, while max_num_seqs allows (a RemoteKV request admitted takes
+// its blocks and waits for its KV, off the queues, taking neither budget
+// nor a seat).
 func (e *Engine) schedule(now time.Duration, r *StepResult) {
 	budget := e.budget
 	for i := 0; i < len(e.running) && budget > 0; {
@@ -95,6 +99,16 @@ func (e *Engine) schedule(now time.Duration, r *StepResult) {
 	if r.Preempted > 0 {
 		return
 	}
+	for len(e.loaded) > 0 && budget > 0 && len(e.running) < e.maxSeqs {
+		s := e.loaded[0]
+		e.loaded[copy(e.loaded, e.loaded[1:])] = nil
+		e.loaded = e.loaded[:len(e.loaded)-1]
+		n := e.admitLoaded(now, s, budget)
+		s.status = statusRunning
+		e.running = append(e.running, s)
+		e.add(s, n, r)
+		budget -= n
+	}
 	for e.waiting.len() > 0 && budget > 0 && len(e.running) < e.maxSeqs {
 		s := e.waiting.front()
 		n, ok := e.admit(now, s, budget)
@@ -102,6 +116,9 @@ func (e *Engine) schedule(now time.Duration, r *StepResult) {
 			break
 		}
 		e.waiting.popFront()
+		if n == 0 {
+			continue // a RemoteKV request, waiting for its KV (statusLoading)
+		}
 		s.status = statusRunning
 		e.running = append(e.running, s)
 		e.add(s, n, r)
@@ -172,6 +189,9 @@ func (e *Engine) admit(now time.Duration, s *sequence, budget int) (int, bool) {
 	}
 	e.hitIDs = hits
 	hit := len(hits)
+	if s.remote {
+		return 0, e.admitRemote(s, hits, evictable)
+	}
 	computed := hit * e.bs
 	if promptLen := int(s.promptLen); s.skipPrefill && s.outputs == 0 && computed < promptLen-1 {
 		computed = promptLen - 1 // KV transferred from the prefill engine
@@ -193,12 +213,80 @@ func (e *Engine) admit(now time.Duration, s *sequence, budget int) (int, bool) {
 		s.admitted = true
 		s.firstSched = now
 		s.cachedTokens = int32(computed)
-		if e.caching { // vLLM records no query when prefix caching is off
-			e.stats.PrefixQueries += int64(s.promptLen)
-			e.stats.PrefixHits += int64(hit * e.bs)
+		if !s.counted {
+			e.countQueries(s, hit*e.bs)
 		}
 	}
 	return n, true
+}
+
+// countQueries records s's first lookup, local tokens of its prompt hit:
+// in the prefix cache's stats (vLLM records no query when prefix caching
+// is off), and the KV connector's (its tokens past the hit, those that
+// arrive from outside hit), as vLLM's scheduler records them when it first
+// allocates a request's blocks (Scheduler.schedule: the local
+// KVCacheManager lookup, then connector_prefix_cache_stats with the
+// connector's get_num_new_matched_tokens).
+func (e *Engine) countQueries(s *sequence, local int) {
+	s.counted = true
+	if e.caching {
+		e.stats.PrefixQueries += int64(s.promptLen)
+		e.stats.PrefixHits += int64(local)
+	}
+	if e.cfg.KVConnector || s.remote {
+		e.stats.ExternalQueries += int64(int(s.promptLen) - local)
+		e.stats.ExternalHits += int64(s.external)
+	}
+}
+
+// admitRemote admits RemoteKV request s, hits its leading blocks found in
+// the prefix cache (evictable of them unreferenced), as vLLM's scheduler
+// admits a request whose KV the connector loads asynchronously: blocks
+// for the whole prompt at once (KVCacheManager.allocate_slots with the
+// external tokens and no new ones), not cached until the KV arrived
+// (delay_cache_blocks), no token computed; the request waits, off the
+// queues (statusLoading), and the step reports it in Loads. It returns
+// false, changing nothing, when the blocks do not fit.
+func (e *Engine) admitRemote(s *sequence, hits []int32, evictable int) bool {
+	hit := len(hits)
+	need := (int(s.promptLen)+e.bs-1)/e.bs - hit
+	if need > e.pool.numFree-evictable {
+		return false
+	}
+	for _, id := range hits {
+		e.pool.touch(id)
+	}
+	s.blocks = append(s.blocks, hits...)
+	s.numStored = hit
+	s.computed = hit * e.bs
+	e.allocN(s, need)
+	s.external = s.promptLen - int32(s.computed)
+	s.status = statusLoading
+	e.loadQueued--
+	e.loading++
+	e.countQueries(s, s.computed)
+	if r := e.res; r != nil {
+		r.Loads = append(r.Loads, KVLoad{ID: s.id, LocalTokens: s.computed, ExternalTokens: int(s.external)})
+	}
+	return true
+}
+
+// admitLoaded schedules s, a RemoteKV request whose KV arrived (LoadedKV),
+// as vLLM's scheduler does (Scheduler._update_waiting_for_remote_kv, then
+// its admission): the full blocks of the received tokens (all but the
+// last prompt token) are cached, then the last token is computed in the
+// blocks held, and the block it fills cached. It returns the tokens to
+// compute this step.
+func (e *Engine) admitLoaded(now time.Duration, s *sequence, budget int) int {
+	e.cacheFull(s, s.computed)
+	n := min(s.numTokens-s.computed, budget)
+	e.cacheFull(s, s.computed+n)
+	if !s.admitted {
+		s.admitted = true
+		s.firstSched = now
+		s.cachedTokens = int32(s.computed)
+	}
+	return n
 }
 
 // allocN appends need fresh blocks to s, reporting evictions as one
@@ -435,12 +523,25 @@ func (e *Engine) fillOutput(o *Output, s *sequence, tok uint32, idx int, t time.
 		o.First = true
 		s.firstToken = t
 		s.ttft = t - s.arrival
-		e.stats.PromptTokens += int64(s.promptLen)
+		e.countPrompt(s)
 	} else {
 		o.ITL = t - s.lastToken
 	}
 	s.lastToken = t
 	o.TTFT = s.ttft
+}
+
+// countPrompt counts the prompt of s, which produced its first token, in
+// Stats by source, as vLLM's PromptTokenStats.update_from_output does at a
+// request's first output.
+func (e *Engine) countPrompt(s *sequence) {
+	st := &e.stats
+	st.PromptTokens += int64(s.promptLen)
+	st.PromptCached += int64(s.cachedTokens)
+	st.PromptExternal += int64(s.external)
+	if s.cachedTokens+1 == s.promptLen {
+		st.PromptRecomputed++
+	}
 }
 
 // finishReason returns why s finished with the token it just emitted, or
