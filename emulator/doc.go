@@ -31,16 +31,20 @@
 //     decode engine's request whose KV is being pulled from the prefill
 //     engine counts as waiting (vllm:num_requests_waiting and the load
 //     header's num_requests_waiting, as vLLM's scheduler keeps it in its
-//     waiting queue until its KV arrived; llamacpp:requests_deferred);
-//     the SGLang flavour has SGLang's P/D queue gauges (under the names of
-//     the SGLang its labels model: num_prefill_prealloc_queue_reqs, since
-//     renamed num_prefill_bootstrap_queue_reqs), from the engine's state:
+//     waiting queue until its KV arrived; llamacpp:requests_deferred) and
+//     its blocks in vllm:kv_cache_usage_perc (see Disaggregation); the
+//     vllm prefix-cache counters count the local lookup only (queries the
+//     whole prompt, hits the local hit); the SGLang flavour has SGLang's
+//     P/D queue gauges (under the names of the SGLang its labels model:
+//     num_prefill_prealloc_queue_reqs, since renamed
+//     num_prefill_bootstrap_queue_reqs), from the engine's state:
 //     num_prefill_inflight_queue_reqs the prefilled requests whose KV is
 //     held for a decode engine (not pulled yet, or being pulled),
-//     num_decode_transfer_queue_reqs the requests in a KV pull (not in
-//     num_queue_reqs, the engine's own waiting queue), the prefill
-//     bootstrap and decode prealloc queues 0 (the emulator makes no
-//     request wait for its peer or for KV space before the transfer);
+//     num_decode_prealloc_queue_reqs the decode legs queued for KV space,
+//     num_decode_transfer_queue_reqs those holding it in their KV pull
+//     (neither in num_queue_reqs, the engine's own waiting queue), the
+//     prefill bootstrap queue 0 (the emulator makes no request wait for
+//     its peer);
 //   - GET /health, GET /v1/models, GET /version, POST /tokenize and POST
 //     /reset_prefix_cache as vLLM has them, and vLLM's in-band load report
 //     (the endpoint-load-metrics response header, on request);
@@ -169,10 +173,25 @@
 //
 // # Disaggregation
 //
-// See PullRequest for the side channel. A decode engine whose pull fails
-// fails the request with a 500 (Config.LoadFailure "fail", the default, as
-// vLLM's kv_load_failure_policy) or recomputes the prompt locally with a
-// warning ("recompute").
+// See PullRequest for the side channel. A decode leg (do_remote_prefill,
+// or an SGLang bootstrap room on a decode engine) is scheduled by the
+// engine model as vLLM's scheduler schedules a request whose KV its
+// connector loads (engine.Request.RemoteKV): admitted in FCFS order, it
+// takes its local prefix-cache hit and KV blocks for its whole prompt, or
+// waits, queued, until they fit; only then does its handler pull the KV
+// (the transfer time of the tokens past the local hit, or of the whole
+// prompt in the SGLang form), while the engine holds the blocks and counts
+// the request waiting. When the KV arrived the received full blocks are
+// cached (BlockStored events, as vLLM's _update_waiting_for_remote_kv
+// caches them) and the request computes its last prompt token, then
+// decodes (usage cached_tokens: the prompt less that token). A client that
+// leaves during the pull aborts the request and frees its blocks (vLLM
+// frees them once the transfer in flight ended). A prompt shorter than a
+// block is computed locally, with no pull. A decode engine whose pull
+// fails fails the request with a 500 (Config.LoadFailure "fail", the
+// default, as vLLM's kv_load_failure_policy; the engine aborts it) or
+// recomputes the prompt locally with a warning ("recompute": the blocks
+// are freed and the request admitted again).
 //
 // The Server's methods are safe for concurrent use.
 package emulator

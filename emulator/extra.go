@@ -117,7 +117,7 @@ func (s *Server) setLoadHeader(w http.ResponseWriter, r *http.Request) {
 		v    float64
 	}{
 		{"kv_cache_usage_perc", st.KVUsage},
-		{"num_requests_waiting", float64(s.metrics.waiting(&st))}, // vLLM reads vllm:num_requests_waiting
+		{"num_requests_waiting", float64(st.Waiting)}, // vLLM reads vllm:num_requests_waiting
 		{"num_requests_running", float64(st.Running)},
 	}
 	var b []byte

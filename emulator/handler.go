@@ -119,8 +119,9 @@ type job struct {
 	maxTokens   int
 	st          *stream
 	hdr         openai.ChunkHeader
-	kvPrefill   bool   // P/D prefill leg: return kv_transfer_params
-	remoteID    string // P/D prefill leg: remote_request_id
+	kvPrefill   bool     // P/D prefill leg: return kv_transfer_params
+	remoteID    string   // P/D prefill leg: remote_request_id
+	pull        *pullJob // P/D decode leg: its KV's pull (awaitPull)
 	maxStop     int
 	text        []byte  // rendered text not yet sent; in textBuf once tokens arrive
 	textBuf     *[]byte // from getBuf when the first tokens are rendered
@@ -292,6 +293,9 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	if err := s.post(command{kind: cmdAdd, req: ereq, st: j.st}); err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error())
+		return
+	}
+	if j.pull != nil && !s.awaitPull(w, r, j) {
 		return
 	}
 	if req.Stream {

@@ -115,10 +115,6 @@ type metrics struct {
 	// stopCounted counts the tokens of requests with stop strings up to
 	// their match (stopState), for vllm:generation_tokens_total.
 	stopCounted atomic.Int64
-	// pulling counts the decode requests whose KV is being pulled from
-	// the prefill engine (Server.pullForDecode): not in the engine
-	// model's queues yet, they are waiting (see waiting).
-	pulling atomic.Int64
 	// dropAborts: a request its client left records no finish (vLLM: its
 	// front end forgets the request, OutputProcessor.abort_requests, so
 	// request_success_total and the per-request histograms never see it;
@@ -269,15 +265,6 @@ func (m *metrics) stats() *snapshot {
 	return &s
 }
 
-// waiting is the number of waiting requests as vLLM counts them: the
-// engine model's waiting queue and the requests in a KV pull, as vLLM's
-// scheduler keeps a do_remote_prefill request in its waiting queue while
-// its KV arrives (status WAITING_FOR_REMOTE_KVS; the newest versions keep
-// it in a skipped-waiting queue and add that to num_requests_waiting).
-func (m *metrics) waiting(st *engine.Stats) int {
-	return st.Waiting + int(m.pulling.Load())
-}
-
 // publish makes s the snapshot stats returns.
 func (m *metrics) publish(s *snapshot) {
 	m.snapMu.Lock()
@@ -347,7 +334,7 @@ func (m *metrics) vllm(legacy bool, l prometheus.Labels, prof engine.Profile, ha
 	m.gaugeFunc("vllm:num_requests_running", "Number of requests in model execution batches.", l,
 		func(s *snapshot) float64 { return float64(s.st.Running) })
 	m.gaugeFunc("vllm:num_requests_waiting", "Number of requests waiting to be processed.", l,
-		func(s *snapshot) float64 { return float64(m.waiting(&s.st)) })
+		func(s *snapshot) float64 { return float64(s.st.Waiting) })
 	usage, queries, hits := "vllm:kv_cache_usage_perc", "vllm:prefix_cache_queries_total", "vllm:prefix_cache_hits_total"
 	usageHelp := "KV-cache usage. 1 means 100 percent usage."
 	if legacy {
@@ -415,7 +402,9 @@ func pyBool(b bool) string {
 
 func (m *metrics) sglang(l prometheus.Labels, prof engine.Profile, created float64) {
 	m.gaugeFunc("sglang:num_running_reqs", "The number of running requests.", l, func(s *snapshot) float64 { return float64(s.st.Running) })
-	m.gaugeFunc("sglang:num_queue_reqs", "The number of requests in the waiting queue.", l, func(s *snapshot) float64 { return float64(s.st.Waiting) })
+	m.gaugeFunc("sglang:num_queue_reqs", "The number of requests in the waiting queue.", l, func(s *snapshot) float64 {
+		return float64(s.st.Waiting - s.st.Loading - s.st.LoadQueued) // not the decode legs' P/D queues (below)
+	})
 	m.gaugeFunc("sglang:num_used_tokens", "The number of used tokens.", l, func(s *snapshot) float64 {
 		return float64(s.st.NumGPUBlocks-s.st.FreeBlocks) * float64(s.st.BlockSize)
 	})
@@ -436,16 +425,18 @@ func (m *metrics) sglang(l prometheus.Labels, prof engine.Profile, created float
 	// request waits for no decode engine before it is computed (bootstrap
 	// queue: 0); once prefilled its KV is held until a decode engine
 	// pulled it (inflight queue: the engine's held requests). A decode
-	// request is not made to wait for KV space before its pull (prealloc
-	// queue: 0); in its pull it is in the transfer queue, which SGLang's
-	// num_queue_reqs does not count.
+	// request waits for KV space before its pull (prealloc queue: the
+	// engine model's decode legs queued for their blocks), then holds it
+	// during its pull (transfer queue: those loading); SGLang's
+	// num_queue_reqs counts neither.
 	zero := func(*snapshot) float64 { return 0 }
 	m.gaugeFunc("sglang:num_prefill_prealloc_queue_reqs", "The number of requests in the prefill prealloc queue.", l, zero)
 	m.gaugeFunc("sglang:num_prefill_inflight_queue_reqs", "The number of requests in the prefill inflight queue.", l,
 		func(s *snapshot) float64 { return float64(s.st.Held) })
-	m.gaugeFunc("sglang:num_decode_prealloc_queue_reqs", "The number of requests in the decode prealloc queue.", l, zero)
+	m.gaugeFunc("sglang:num_decode_prealloc_queue_reqs", "The number of requests in the decode prealloc queue.", l,
+		func(s *snapshot) float64 { return float64(s.st.LoadQueued) })
 	m.gaugeFunc("sglang:num_decode_transfer_queue_reqs", "The number of requests in the decode transfer queue.", l,
-		func(*snapshot) float64 { return float64(m.pulling.Load()) })
+		func(s *snapshot) float64 { return float64(s.st.Loading) })
 	m.counterFunc("sglang:prompt_tokens_total", "Number of prefill tokens processed.", l, created, func(s *snapshot) float64 { return float64(s.st.PromptTokens) })
 	m.counterFunc("sglang:generation_tokens_total", "Number of generation tokens processed.", l, created, func(s *snapshot) float64 { return float64(s.st.GenerationTokens) })
 	dl := prometheus.Labels{"cache_source": "device"}
@@ -487,8 +478,8 @@ func (m *metrics) llamacpp() {
 	g("requests_processing", "Number of requests processing.", func(s *snapshot) float64 { return float64(s.st.Running) })
 	// llama.cpp has no P/D: a request in a KV pull (an emulator-only
 	// setup) is deferred as a task that waits for a free slot is, not yet
-	// started, so that the load is seen.
-	g("requests_deferred", "Number of requests deferred.", func(s *snapshot) float64 { return float64(m.waiting(&s.st)) })
+	// started, so that the load is seen (the engine counts it waiting).
+	g("requests_deferred", "Number of requests deferred.", func(s *snapshot) float64 { return float64(s.st.Waiting) })
 	g("n_busy_slots_per_decode", "Average number of busy slots per llama_decode() call", func(s *snapshot) float64 {
 		if s.st.Steps == 0 {
 			return 0

@@ -105,7 +105,7 @@ func (s *Server) preparePD(r *http.Request, j *job, ereq *engine.Request) *apiEr
 			if id == "" {
 				id = r.Header.Get("X-Request-Id")
 			}
-			return s.pullForDecode(r.Context(), j, ereq, kv.RemoteHost, kv.RemotePort,
+			s.pullForDecode(j, ereq, kv.RemoteHost, kv.RemotePort,
 				PullRequest{RemoteRequestID: id, RemoteEngineID: kv.RemoteEngineID}, true)
 		}
 	case PDSGLang:
@@ -118,7 +118,7 @@ func (s *Server) preparePD(r *http.Request, j *job, ereq *engine.Request) *apiEr
 			j.maxTokens, j.st.maxTokens = 1, 1
 			j.st.holdKV, j.st.leaseKey = true, roomKey(*req.room)
 		case kvroute.RoleDecode:
-			return s.pullForDecode(r.Context(), j, ereq, req.BootstrapHost, req.port,
+			s.pullForDecode(j, ereq, req.BootstrapHost, req.port,
 				PullRequest{BootstrapRoom: req.room, WaitSeconds: s.cfg.BootstrapWait.Seconds()}, false)
 		}
 	}
@@ -132,59 +132,83 @@ func (s *Server) transferTime(tokens int) time.Duration {
 	return s.cfg.scaled(d)
 }
 
-// pullForDecode pulls the prompt's KV from the prefill engine; on success
-// the request skips its prefill. With local (vLLM's NixlConnector) only
-// the tokens past this engine's own prefix-cache hit move: the scheduler's
-// local hit (KVCacheManager.get_computed_blocks: whole blocks, never the
-// last prompt token) is passed to get_num_new_matched_tokens, which asks
-// the prefill engine for the rest, and _read_blocks reads only those
-// blocks. The transfer time is that of the tokens moved. Until the pull
-// ends the request counts as waiting in the metrics (metrics.pulling), as
-// vLLM's scheduler holds it in its waiting queue while its KV arrives.
-func (s *Server) pullForDecode(ctx context.Context, j *job, ereq *engine.Request, host string, port int, pr PullRequest, local bool) *apiError {
-	if len(j.prompt) < s.prof.BlockSize {
-		return nil // vLLM: no transfer for a prompt shorter than one block
-	}
-	// Until the pull ends; the handler then hands the request to the
-	// model's own waiting queue.
-	s.metrics.pulling.Add(1)
-	defer s.metrics.pulling.Add(-1)
-	hit := 0
-	if local {
-		var err error
-		if hit, err = s.prefixHit(ctx, ereq); err != nil {
-			return &apiError{status: http.StatusServiceUnavailable, msg: "kv pull: " + err.Error()}
-		}
-	}
-	pr.EngineID = s.cfg.EngineID
-	pr.TransferSeconds = s.transferTime(len(j.prompt) - hit).Seconds()
-	_, err := s.pull(ctx, host, port, pr)
-	if err == nil {
-		ereq.SkipPrefill = true
-		return nil
-	}
-	if s.cfg.LoadFailure == LoadFailureFail {
-		return &apiError{status: http.StatusInternalServerError, msg: "KV transfer failed: " + err.Error()}
-	}
-	s.cfg.Logger.Warn("kv transfer failed, recomputing the prompt locally", "request", j.engineID, "err", err)
-	return nil
+// pullJob is a P/D decode leg's pull: where its KV is and how to ask for
+// it (Server.awaitPull).
+type pullJob struct {
+	host string
+	port int
+	pr   PullRequest
+	// local: only the tokens past this engine's prefix-cache hit move
+	// (vLLM's NixlConnector); else the whole prompt (SGLang).
+	local bool
 }
 
-// prefixHit returns the prompt tokens of r this engine's prefix cache
-// holds (engine.PrefixHit, asked of the engine loop).
-func (s *Server) prefixHit(ctx context.Context, r *engine.Request) (int, error) {
-	hit := make(chan int, 1)
-	if err := s.post(command{kind: cmdPrefixHit, req: r, hit: hit}); err != nil {
-		return 0, err
+// pullForDecode makes j a decode leg whose prompt KV is pulled from the
+// prefill engine: the engine model admits it as any request
+// (engine.Request.RemoteKV), takes its local prefix-cache hit and blocks
+// for its whole prompt, and holds them, counted as waiting, while its
+// handler pulls the KV (awaitPull), as vLLM's scheduler holds a
+// do_remote_prefill request in WAITING_FOR_REMOTE_KVS with its blocks
+// allocated until its connector received the KV. A prompt shorter than a
+// block is computed locally: vLLM moves no KV for it.
+func (s *Server) pullForDecode(j *job, ereq *engine.Request, host string, port int, pr PullRequest, local bool) {
+	if len(j.prompt) < s.prof.BlockSize {
+		return
 	}
+	pr.EngineID = s.cfg.EngineID
+	ereq.RemoteKV = true
+	j.pull = &pullJob{host: host, port: port, pr: pr, local: local}
+	j.st.loads = make(chan engine.KVLoad, 1)
+}
+
+// awaitPull runs the pull of j, a decode leg added to the engine: it waits
+// for the engine to admit the request (its blocks allocated:
+// Server.startLoads), pulls the KV it lacks (with NixlConnector only the
+// tokens past the local hit move: get_num_new_matched_tokens is given the
+// scheduler's local hit and _read_blocks reads the rest; the transfer
+// time is theirs) and tells the engine it arrived. A failed pull follows
+// LoadFailure: the request is aborted and a 500 error written ("fail",
+// vLLM's kv_load_failure_policy default), or the engine recomputes the
+// prompt, with a warning ("recompute"). It reports whether the handler
+// goes on to serve the request; when the client left it aborts the
+// request.
+func (s *Server) awaitPull(w http.ResponseWriter, r *http.Request, j *job) bool {
+	ctx := r.Context()
+	var load engine.KVLoad
 	select {
-	case n := <-hit:
-		return n, nil
-	case <-s.done:
-		return 0, ErrStopped
+	case load = <-j.st.loads:
+	case <-j.st.ch:
+		// The request ended before its admission (the engine stopped):
+		// the serving path reports it.
+		j.st.signal()
+		return true
 	case <-ctx.Done():
-		return 0, ctx.Err()
+		s.abort(j)
+		return false
 	}
+	p := j.pull
+	tokens := len(j.prompt)
+	if p.local {
+		tokens = load.ExternalTokens
+	}
+	p.pr.TransferSeconds = s.transferTime(tokens).Seconds()
+	_, err := s.pull(ctx, p.host, p.port, p.pr)
+	switch {
+	case err == nil:
+	case ctx.Err() != nil:
+		s.abort(j)
+		return false
+	case s.cfg.LoadFailure == LoadFailureFail:
+		s.abort(j)
+		writeError(w, http.StatusInternalServerError, "KV transfer failed: "+err.Error())
+		return false
+	default:
+		s.cfg.Logger.Warn("kv transfer failed, recomputing the prompt locally", "request", j.engineID, "err", err)
+	}
+	// If the loop stopped, the stream fails and the serving path reports
+	// it.
+	_ = s.post(command{kind: cmdLoaded, id: j.engineID, ok: err == nil})
+	return true
 }
 
 // pull calls the prefill engine's side channel.

@@ -163,8 +163,9 @@ func TestPDDecodePullCountsWaiting(t *testing.T) {
 // inflight queue (prefilled, its KV waiting for the decode engine to read
 // it) until the decode engine's pull released it, the decode engine's
 // request in its pull (a slow transfer here) is its transfer queue; their
-// waiting queues (num_queue_reqs) stay empty, and the queues the emulator
-// does not model (prefill bootstrap, decode prealloc) read 0. The gauges
+// waiting queues (num_queue_reqs) stay empty, and the prefill bootstrap
+// queue, which the emulator does not model, and the decode prealloc queue
+// (decode legs waiting for KV space: this one has room) read 0. The gauges
 // were missing.
 func TestPDSGLangQueueGauges(t *testing.T) {
 	_, ps := testServer(t, Config{Role: kvroute.RolePrefill, PDProtocol: PDSGLang, MetricsFlavor: FlavorSGLang,

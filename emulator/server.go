@@ -79,17 +79,17 @@ const (
 	cmdAbort
 	cmdRelease
 	cmdReset
-	cmdSync      // publish the stats snapshot now (a /metrics scrape during a quiet run)
-	cmdPrefixHit // probe the prefix cache for req (a P/D decode leg's local hit)
+	cmdSync   // publish the stats snapshot now (a /metrics scrape during a quiet run)
+	cmdLoaded // a P/D decode leg's KV arrived (ok) or failed to (engine.LoadedKV)
 )
 
 type command struct {
 	kind commandKind
-	req  *engine.Request // cmdAdd, cmdPrefixHit
+	req  *engine.Request // cmdAdd
 	st   *stream         // cmdAdd
-	id   string          // cmdAbort, cmdRelease
+	id   string          // cmdAbort, cmdRelease, cmdLoaded
+	ok   bool            // cmdLoaded
 	done chan bool       // cmdReset: the result; cmdSync: closed when published
-	hit  chan int        // cmdPrefixHit: the hit in tokens (buffered)
 	at   time.Duration   // when it was posted (Server.now)
 }
 
@@ -475,6 +475,7 @@ func (s *Server) loop(ctx context.Context) {
 			continue
 		}
 		s.eng.StepInto(ls.vnow, &ls.res)
+		s.startLoads(ls)
 		s.countStops(ls)
 		if !s.completeStep(ctx, ls, real) {
 			return
@@ -513,6 +514,27 @@ func (s *Server) sleepAhead(ctx context.Context, ls *loopState, real time.Durati
 		return s.sleepThrough(ctx, ls, until)
 	}
 	return s.sleepUntil(ctx, ls, ls.vnow, real)
+}
+
+// startLoads hands the P/D decode legs the step just computed admitted
+// (engine.StepResult.Loads: their blocks are allocated) to their handlers,
+// which move their KV now (Server.awaitPull), as vLLM's connector starts
+// its transfer once the scheduler allocated the blocks. The engine's
+// state is published first: /metrics read once a pull started sees the
+// request waiting and its blocks held.
+func (s *Server) startLoads(ls *loopState) {
+	if len(ls.res.Loads) == 0 {
+		return
+	}
+	s.publishStats(&ls.acc)
+	for _, l := range ls.res.Loads {
+		if st := ls.live[l.ID]; st != nil && st.loads != nil {
+			select {
+			case st.loads <- l:
+			default: // (a request is admitted to load once)
+			}
+		}
+	}
 }
 
 // countStops adds to ls.acc.stopGen the tokens that the step just computed
@@ -667,7 +689,9 @@ func (s *Server) sleepThrough(ctx context.Context, ls *loopState, until time.Dur
 			clear(ls.queue[len(kept):])
 			ls.queue = kept
 		}
-		s.countStops(ls) // after the snapshot of the state before the step
+		// After the snapshot of the state before the step:
+		s.startLoads(ls)
+		s.countStops(ls)
 		if ls.vnow+ls.res.Duration > woke && ls.notifying == 0 && !finishes(&ls.res) {
 			ls.inProgress = true
 			return true
@@ -795,14 +819,15 @@ func (s *Server) catchUp(ls *loopState, woke time.Duration) bool {
 // woken at until, sleeps to the true end of the step in progress. A lease
 // release reports nothing and changes no running request. An abort
 // shortens the coming steps (a finish may come sooner); a reset, a stats
-// sync, a streaming request or a P/D leg need the loop now.
+// sync, a streaming request, a P/D leg (a decode leg's transfer starts
+// when it is admitted) or a decode leg's KV arriving need the loop now.
 func deferrable(c *command, until, minStep time.Duration) bool {
 	switch c.kind {
 	case cmdRelease:
 		return true
 	case cmdAdd:
 		r := c.req
-		if c.st.every > 0 || r.HoldKV || r.SkipPrefill {
+		if c.st.every > 0 || r.HoldKV || r.SkipPrefill || r.RemoteKV {
 			return false
 		}
 		first := r.MaxTokens // tokens before it can finish
@@ -946,8 +971,8 @@ func (s *Server) apply(now time.Duration, c *command, ls *loopState) bool {
 	case cmdSync:
 		s.publishStats(&ls.acc)
 		close(c.done)
-	case cmdPrefixHit:
-		c.hit <- s.eng.PrefixHit(c.req)
+	case cmdLoaded:
+		s.eng.LoadedKV(c.id, c.ok)
 	}
 	return false
 }

@@ -4,6 +4,8 @@ import (
 	"sync"
 	"sync/atomic"
 	"time"
+
+	"github.com/kvroute/kvroute/engine"
 )
 
 // stream carries one request's progress from the engine loop to its HTTP
@@ -35,6 +37,9 @@ type stream struct {
 	maxTokens int
 	ch        chan struct{}
 	aborted   atomic.Bool // the handler gave up (client gone)
+	// loads gets the P/D decode leg's admission, when its KV is to be
+	// moved (Server.startLoads; capacity 1); nil for other requests.
+	loads chan engine.KVLoad
 
 	mu           sync.Mutex // protects the fields below
 	toks         []uint32   // generated tokens not yet taken (EOS excluded)

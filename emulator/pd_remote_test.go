@@ -1,0 +1,261 @@
+package emulator
+
+import (
+	"context"
+	"encoding/binary"
+	"encoding/json"
+	"fmt"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"sync"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/go-zeromq/zmq4"
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/kvindex"
+	"github.com/kvroute/kvroute/openai"
+)
+
+// promptIDs returns n prompt token ids starting at from.
+func promptIDs(from, n int) []int {
+	p := make([]int, n)
+	for i := range p {
+		p[i] = from + i
+	}
+	return p
+}
+
+// decodeBody is the body of a decode leg of prompt whose KV the side
+// channel at host:port holds under id.
+func decodeBody(prompt []int, maxTokens int, id, host string, port int) string {
+	b, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": maxTokens, "kv_transfer_params": map[string]any{
+		"do_remote_prefill": true, "remote_request_id": id, "remote_host": host, "remote_port": port}})
+	return string(b)
+}
+
+// pullSide is a fake prefill engine's side channel that answers every
+// pull at once, counting them and calling check (when set) first.
+func pullSide(t *testing.T, check func(PullRequest)) (host string, port int, pulls *atomic.Int64) {
+	pulls = new(atomic.Int64)
+	side := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		var pr PullRequest
+		if err := json.NewDecoder(r.Body).Decode(&pr); err != nil {
+			http.Error(w, err.Error(), http.StatusBadRequest)
+			return
+		}
+		if check != nil {
+			check(pr)
+		}
+		pulls.Add(1)
+		_ = json.NewEncoder(w).Encode(PullResponse{EngineID: "p"})
+	}))
+	t.Cleanup(side.Close)
+	host, port = splitHostPort(t, side.URL)
+	return host, port, pulls
+}
+
+// TestPDDecodeHoldsBlocksDuringPull: a decode engine holds the KV blocks
+// of a prompt whose KV it pulls for the whole transfer, as vLLM's
+// scheduler allocates them (all the prompt's, at once) before its
+// NixlConnector reads the KV into them, and counts the request waiting
+// (WAITING_FOR_REMOTE_KVS): vllm:kv_cache_usage_perc and
+// vllm:num_requests_waiting are raised during the pull. The transfer is
+// slow here (a slow fabric), and the client leaves in its middle: the
+// request is aborted and its blocks freed. The decode engine held no block
+// during the pull before.
+func TestPDDecodeHoldsBlocksDuringPull(t *testing.T) {
+	_, ps := testServer(t, Config{Role: kvroute.RolePrefill, LeaseTimeout: time.Hour})
+	// 100 tokens of 1 KiB over 1 kbit/s: the transfer takes far longer
+	// than the test (the prefill engine holds a pull 10 minutes at most).
+	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, FabricGbps: 1e-6, LoadFailure: LoadFailureFail})
+	prompt := promptIDs(1, 100) // 7 blocks of 16
+	b, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": 1, "kv_transfer_params": map[string]any{"do_remote_decode": true}})
+	code, body := post(t, ps.URL+"/v1/completions", string(b))
+	if code != 200 {
+		t.Fatalf("prefill: got %d %s", code, body)
+	}
+	var pr openai.Completion
+	if err := json.Unmarshal(body, &pr); err != nil {
+		t.Fatal(err)
+	}
+	pr.KVTransferParams["do_remote_prefill"] = true
+	b, _ = json.Marshal(map[string]any{"prompt": prompt, "max_tokens": 4, "kv_transfer_params": pr.KVTransferParams})
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	wait := sendAsync(ctx, ds.URL+"/v1/completions", string(b))
+	const blocks = 7.0 / 64
+	var usage, waiting, running float64
+	waitFor(t, "the decode engine to hold the prompt's blocks during the pull", func() bool {
+		mfs := scrape(t, ds.URL)
+		usage, waiting, running = gaugeOf(t, mfs, "vllm:kv_cache_usage_perc"), gaugeOf(t, mfs, "vllm:num_requests_waiting"),
+			gaugeOf(t, mfs, "vllm:num_requests_running")
+		return usage > 0
+	})
+	if usage != blocks || waiting != 1 || running != 0 {
+		t.Errorf("during the pull: KV usage %v, %v waiting, %v running; want %v (7 of 64 blocks), 1, 0", usage, waiting, running, blocks)
+	}
+	if u := kvUsage(t, ps.URL); u <= 0 {
+		t.Errorf("prefill engine: KV usage %v during the pull, want its blocks held", u)
+	}
+
+	cancel() // the client leaves in the middle of the transfer
+	if _, _, err := wait(); err == nil {
+		t.Fatal("decode: answered although its client left")
+	}
+	waitFor(t, "the decode engine to free the aborted request's blocks", func() bool {
+		mfs := scrape(t, ds.URL)
+		return gaugeOf(t, mfs, "vllm:kv_cache_usage_perc") == 0 && gaugeOf(t, mfs, "vllm:num_requests_waiting") == 0
+	})
+	waitFor(t, "the prefill engine to release the blocks of the abandoned pull", func() bool { return kvUsage(t, ps.URL) == 0 })
+}
+
+// replayEvents returns every KV event the engine whose replay endpoint is
+// replay published so far, in order.
+func replayEvents(t *testing.T, ctx context.Context, replay string) []decodedEvent {
+	t.Helper()
+	dealer := zmq4.NewDealer(ctx)
+	defer dealer.Close()
+	if err := dealer.Dial(replay); err != nil {
+		t.Fatal(err)
+	}
+	if err := dealer.Send(zmq4.NewMsgFrom(nil, make([]byte, 8))); err != nil {
+		t.Fatal(err)
+	}
+	var evs []decodedEvent
+	for {
+		m, err := dealer.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if int64(binary.BigEndian.Uint64(m.Frames[1])) == -1 {
+			return evs
+		}
+		_, batch := decodeBatch(t, m.Frames[2], EncodingArray)
+		evs = append(evs, batch...)
+	}
+}
+
+// TestPDDecodeCachesPulledBlocks: once a decode engine received a prompt's
+// KV, the prompt's full blocks are prefix-cache entries, announced in
+// BlockStored events as vLLM announces them: its scheduler caches the
+// received blocks up to the last prompt token
+// (Scheduler._update_waiting_for_remote_kv, KVCacheManager.cache_blocks:
+// one event), then the step that recomputes that token caches the block
+// it fills (allocate_slots: a second event, its parent the first's last
+// block) when the prompt is a whole number of blocks. A request with the
+// same prompt sent to the decode engine itself then hits them. The
+// decode engine announced them in one event before.
+func TestPDDecodeCachesPulledBlocks(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	replay := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	sub := zmq4.NewSub(ctx)
+	defer sub.Close()
+	if err := sub.Listen(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	host, port, pulls := pullSide(t, nil)
+	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, LoadFailure: LoadFailureFail,
+		KVEvents: KVEventsConfig{Endpoint: endpoint, ReplayEndpoint: replay}})
+
+	prompt := promptIDs(1, 64) // 4 whole blocks
+	if code, body := post(t, ds.URL+"/v1/completions", decodeBody(prompt, 2, "r1", host, port)); code != 200 {
+		t.Fatalf("decode: got %d %s", code, body)
+	}
+	if n := pulls.Load(); n != 1 {
+		t.Fatalf("%d pulls, want 1", n)
+	}
+	toks := make([]uint32, len(prompt))
+	for i, v := range prompt {
+		toks[i] = uint32(v)
+	}
+	want := kvindex.HashTokens(toks, 16, nil)
+	var stored []decodedEvent
+	waitFor(t, "the pulled blocks' BlockStored events", func() bool {
+		stored = stored[:0]
+		for _, ev := range replayEvents(t, ctx, replay) {
+			if ev.Type == "BlockStored" {
+				stored = append(stored, ev)
+			}
+		}
+		return len(stored) >= 2
+	})
+	if first := stored[0]; !reflect.DeepEqual(first.Hashes, want[:3]) || first.Parent != nil || !reflect.DeepEqual(first.Tokens, toks[:48]) {
+		t.Errorf("first BlockStored: hashes %v, parent %v; want %v (the blocks before the last prompt token), no parent",
+			first.Hashes, first.Parent, want[:3])
+	}
+	if second := stored[1]; !reflect.DeepEqual(second.Hashes, want[3:4]) || second.Parent != want[2] {
+		t.Errorf("second BlockStored: hashes %v, parent %v; want %v, parent %d (the block of the recomputed token)",
+			second.Hashes, second.Parent, want[3:4], want[2])
+	}
+
+	b, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": 1})
+	code, body := post(t, ds.URL+"/v1/completions", string(b))
+	var c openai.Completion
+	if err := json.Unmarshal(body, &c); code != 200 || err != nil {
+		t.Fatalf("same prompt again: got %d %s", code, body)
+	}
+	if got := c.Usage.CachedTokens(); got != 48 {
+		t.Errorf("same prompt again: %d cached tokens, want 48 (the pulled blocks but the last token's)", got)
+	}
+}
+
+// TestPDDecodeWaitsForBlocks: a decode leg whose prompt's blocks do not
+// fit the decode engine's free KV waits, queued, and pulls nothing until
+// blocks are freed, as vLLM's scheduler allocates a do_remote_prefill
+// request's blocks before its connector reads its KV (allocate_slots
+// fails: the request stays waiting). Here a lease the engine holds (a
+// prefill leg it ran) takes most of a small cache; the pull is made once
+// the lease ends. The decode engine pulled at once before, into no block.
+func TestPDDecodeWaitsForBlocks(t *testing.T) {
+	var mu sync.Mutex
+	released, early := false, false
+	host, port, pulls := pullSide(t, func(PullRequest) {
+		mu.Lock()
+		early = early || !released
+		mu.Unlock()
+	})
+	eng := tinyEngine(t)
+	eng.NumGPUBlocks = 32
+	_, ds := testServer(t, Config{Engine: eng, LeaseTimeout: time.Hour, LoadFailure: LoadFailureFail})
+
+	// A prefill leg of 300 tokens: its 19 blocks stay held.
+	b, _ := json.Marshal(map[string]any{"prompt": promptIDs(600, 300), "max_tokens": 1, "kv_transfer_params": map[string]any{"do_remote_decode": true}})
+	code, body := post(t, ds.URL+"/v1/completions", string(b))
+	var lease openai.Completion
+	if err := json.Unmarshal(body, &lease); code != 200 || err != nil {
+		t.Fatalf("prefill leg: got %d %s", code, body)
+	}
+	held := 19.0 / 32
+	if u := kvUsage(t, ds.URL); u != held {
+		t.Fatalf("lease: KV usage %v, want %v", u, held)
+	}
+
+	// A decode leg of 256 tokens needs 16 blocks; 13 are free.
+	wait := sendAsync(context.Background(), ds.URL+"/v1/completions", decodeBody(promptIDs(1, 256), 3, "d", host, port))
+	waitFor(t, "the decode leg to wait", func() bool { return gaugeOf(t, scrape(t, ds.URL), "vllm:num_requests_waiting") == 1 })
+	if u, n := kvUsage(t, ds.URL), pulls.Load(); u != held || n != 0 {
+		t.Errorf("decode leg waiting for blocks: KV usage %v, %d pulls; want %v (the lease's blocks) and none", u, n, held)
+	}
+
+	mu.Lock()
+	released = true
+	mu.Unlock()
+	rb, _ := json.Marshal(PullRequest{RemoteRequestID: lease.KVTransferParams["remote_request_id"].(string)})
+	if code, body := post(t, ds.URL+"/internal/kv/pull", string(rb)); code != 200 {
+		t.Fatalf("ending the lease: got %d %s", code, body)
+	}
+	if code, body, err := wait(); code != 200 || err != nil {
+		t.Fatalf("decode leg: got %d %s (%v)", code, body, err)
+	}
+	mu.Lock()
+	defer mu.Unlock()
+	if n := pulls.Load(); n != 1 || early {
+		t.Errorf("%d pulls, one before the lease's blocks were freed: %v; want 1 pull, after", n, early)
+	}
+}
