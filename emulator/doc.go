@@ -33,9 +33,21 @@
 //     header's num_requests_waiting, as vLLM's scheduler keeps it in its
 //     waiting queue until its KV arrived; llamacpp:requests_deferred) and
 //     its blocks in vllm:kv_cache_usage_perc (see Disaggregation); the
-//     vllm prefix-cache counters count the local lookup only (queries the
-//     whole prompt, hits the local hit); the SGLang flavour has SGLang's
-//     P/D queue gauges (under the names of the SGLang its labels model:
+//     current vLLM names add the KV connector's prefix-cache counters
+//     (vllm:external_prefix_cache_queries_total and ..._hits_total: at a
+//     request's first scheduling, its prompt tokens past the local
+//     prefix-cache hit, and those the connector moves; recorded for every
+//     request of an engine with a P/D role, which vLLM runs with a
+//     connector, and for every decode leg) and the prompt tokens by source
+//     (vllm:prompt_tokens_by_source_total{source="local_compute",
+//     "local_cache_hit", "external_kv_transfer"},
+//     vllm:prompt_tokens_cached_total, vllm:prompt_tokens_recomputed_total,
+//     as vLLM's PromptTokenStats counts them at a request's first token: a
+//     decode leg of an n-token prompt, h of them hit locally, adds 1, h and
+//     n-h, n-1 cached and 1 recomputed); the vllm prefix-cache counters
+//     count the local lookup only (queries the whole prompt, hits the local
+//     hit); the SGLang flavour has SGLang's P/D queue gauges (under the
+//     names of the SGLang its labels model:
 //     num_prefill_prealloc_queue_reqs, since renamed
 //     num_prefill_bootstrap_queue_reqs), from the engine's state:
 //     num_prefill_inflight_queue_reqs the prefilled requests whose KV is

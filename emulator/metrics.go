@@ -346,10 +346,19 @@ func (m *metrics) vllm(legacy bool, l prometheus.Labels, prof engine.Profile, ha
 		func(s *snapshot) float64 { return float64(s.st.PrefixQueries) })
 	m.counterFunc(hits, "Prefix cache hits, in terms of number of cached tokens.", l, created,
 		func(s *snapshot) float64 { return float64(s.st.PrefixHits) })
+	if !legacy {
+		m.counterFunc("vllm:external_prefix_cache_queries_total", "External prefix cache queries from KV connector cross-instance cache sharing, in terms of number of queried tokens.", l, created,
+			func(s *snapshot) float64 { return float64(s.st.ExternalQueries) })
+		m.counterFunc("vllm:external_prefix_cache_hits_total", "External prefix cache hits from KV connector cross-instance cache sharing, in terms of number of cached tokens.", l, created,
+			func(s *snapshot) float64 { return float64(s.st.ExternalHits) })
+	}
 	m.counterFunc("vllm:num_preemptions_total", "Cumulative number of preemption from the engine.", l, created,
 		func(s *snapshot) float64 { return float64(s.st.Preemptions) })
 	m.counterFunc("vllm:prompt_tokens_total", "Number of prefill tokens processed.", l, created,
 		func(s *snapshot) float64 { return float64(s.st.PromptTokens) })
+	if !legacy {
+		m.promptBySource(l, created)
+	}
 	m.counterFunc("vllm:generation_tokens_total", "Number of generation tokens processed.", l, created,
 		func(s *snapshot) float64 { return float64(s.st.GenerationTokens - s.stopGen + m.stopCounted.Load()) })
 
@@ -390,6 +399,36 @@ func (m *metrics) vllm(legacy bool, l prometheus.Labels, prof engine.Profile, ha
 	g := prometheus.NewGauge(prometheus.GaugeOpts{Name: "vllm:cache_config_info", Help: "Information of the LLMEngine CacheConfig", ConstLabels: info})
 	g.Set(1)
 	m.reg.MustRegister(g)
+}
+
+// promptBySource registers vLLM's prompt token counters by source
+// (vllm/v1/metrics/loggers.py, from PromptTokenStats in
+// vllm/v1/metrics/stats.py, counted at each request's first output):
+// prompt_tokens_by_source_total{source} with local_compute (the prompt
+// less its cached tokens), local_cache_hit (cached tokens less those that
+// arrived from outside, plus the last token recomputed when all others
+// were cached) and external_kv_transfer (the KV connector's tokens);
+// prompt_tokens_cached_total and prompt_tokens_recomputed_total.
+func (m *metrics) promptBySource(l prometheus.Labels, created float64) {
+	const help = "Number of prompt tokens by source."
+	for _, src := range []struct {
+		name string
+		f    func(st *engine.Stats) int64
+	}{
+		{"local_compute", func(st *engine.Stats) int64 { return st.PromptTokens - st.PromptCached }},
+		{"local_cache_hit", func(st *engine.Stats) int64 { return st.PromptCached + st.PromptRecomputed - st.PromptExternal }},
+		{"external_kv_transfer", func(st *engine.Stats) int64 { return st.PromptExternal }},
+	} {
+		sl := prometheus.Labels{"source": src.name}
+		for k, v := range l {
+			sl[k] = v
+		}
+		m.counterFunc("vllm:prompt_tokens_by_source_total", help, sl, created, func(s *snapshot) float64 { return float64(src.f(&s.st)) })
+	}
+	m.counterFunc("vllm:prompt_tokens_cached_total", "Number of cached prompt tokens (local + external).", l, created,
+		func(s *snapshot) float64 { return float64(s.st.PromptCached) })
+	m.counterFunc("vllm:prompt_tokens_recomputed_total", "Number of cached tokens recomputed for forward pass.", l, created,
+		func(s *snapshot) float64 { return float64(s.st.PromptRecomputed) })
 }
 
 // pyBool is Python's str of a bool, as vLLM's info labels write one.

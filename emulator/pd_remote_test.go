@@ -205,6 +205,76 @@ func TestPDDecodeCachesPulledBlocks(t *testing.T) {
 	}
 }
 
+// TestPDDecodeConnectorMetrics pins a decode engine's KV-connector series
+// as vLLM reports them (vllm/v1/metrics/loggers.py), over a conversation
+// whose first turn the decode engine caches, and a plain request:
+//   - vllm:external_prefix_cache_queries_total counts, at each request's
+//     first scheduling, its prompt tokens past the local prefix-cache hit,
+//     and ..._hits_total those the connector loads (Scheduler.schedule's
+//     connector_prefix_cache_stats, from the NixlConnector's
+//     get_num_new_matched_tokens: the prompt less the local hit for a
+//     do_remote_prefill request, 0 for the others; an engine with a
+//     connector records every request);
+//   - vllm:prompt_tokens_by_source_total{source} (PromptTokenStats):
+//     local_compute is the prompt less its cached tokens (the decode legs'
+//     last token), local_cache_hit the cached tokens less the external
+//     ones plus the recomputed last token, external_kv_transfer the
+//     connector's; vllm:prompt_tokens_cached_total and
+//     vllm:prompt_tokens_recomputed_total.
+//
+// The series were missing.
+func TestPDDecodeConnectorMetrics(t *testing.T) {
+	host, port, _ := pullSide(t, nil)
+	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, LoadFailure: LoadFailureFail})
+	conversation := promptIDs(1, 356)
+	for i, prompt := range [][]int{conversation[:256], conversation} { // 256 tokens, then 100 more (256 hit locally)
+		if code, body := post(t, ds.URL+"/v1/completions", decodeBody(prompt, 2, fmt.Sprint("turn", i), host, port)); code != 200 {
+			t.Fatalf("turn %d: got %d %s", i, code, body)
+		}
+	}
+	b, _ := json.Marshal(map[string]any{"prompt": promptIDs(900, 20), "max_tokens": 1})
+	if code, body := post(t, ds.URL+"/v1/completions", string(b)); code != 200 {
+		t.Fatalf("plain: got %d %s", code, body)
+	}
+	mfs := scrape(t, ds.URL)
+	bySource := func(src string) float64 {
+		v, ok := sample(mfs, "vllm:prompt_tokens_by_source_total", map[string]string{"source": src})
+		if !ok {
+			t.Errorf("no vllm:prompt_tokens_by_source_total{source=%q}", src)
+		}
+		return v
+	}
+	for _, c := range []struct {
+		name      string
+		got, want float64
+	}{
+		{"vllm:external_prefix_cache_queries_total", gaugeOf(t, mfs, "vllm:external_prefix_cache_queries_total"), 256 + 100 + 20},
+		{"vllm:external_prefix_cache_hits_total", gaugeOf(t, mfs, "vllm:external_prefix_cache_hits_total"), 256 + 100},
+		{"vllm:prefix_cache_queries_total", gaugeOf(t, mfs, "vllm:prefix_cache_queries_total"), 256 + 356 + 20},
+		{"vllm:prefix_cache_hits_total", gaugeOf(t, mfs, "vllm:prefix_cache_hits_total"), 256},
+		{`local_compute`, bySource("local_compute"), 1 + 1 + 20},
+		{`local_cache_hit`, bySource("local_cache_hit"), 0 + 256 + 0},
+		{`external_kv_transfer`, bySource("external_kv_transfer"), 256 + 100},
+		{"vllm:prompt_tokens_cached_total", gaugeOf(t, mfs, "vllm:prompt_tokens_cached_total"), 255 + 355},
+		{"vllm:prompt_tokens_recomputed_total", gaugeOf(t, mfs, "vllm:prompt_tokens_recomputed_total"), 2},
+		{"vllm:prompt_tokens_total", gaugeOf(t, mfs, "vllm:prompt_tokens_total"), 256 + 356 + 20},
+	} {
+		if c.got != c.want {
+			t.Errorf("%s = %v, want %v", c.name, c.got, c.want)
+		}
+	}
+
+	// An engine without a P/D role runs without a connector: its plain
+	// requests query none.
+	_, both := testServer(t, Config{})
+	if code, body := post(t, both.URL+"/v1/completions", string(b)); code != 200 {
+		t.Fatalf("plain, no connector: got %d %s", code, body)
+	}
+	if got := gaugeOf(t, scrape(t, both.URL), "vllm:external_prefix_cache_queries_total"); got != 0 {
+		t.Errorf("no connector: vllm:external_prefix_cache_queries_total = %v, want 0", got)
+	}
+}
+
 // TestPDDecodeWaitsForBlocks: a decode leg whose prompt's blocks do not
 // fit the decode engine's free KV waits, queued, and pulls nothing until
 // blocks are freed, as vLLM's scheduler allocates a do_remote_prefill

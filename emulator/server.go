@@ -13,6 +13,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/tokenizer"
 )
@@ -125,6 +126,10 @@ func New(cfg Config) (*Server, error) {
 		}
 	}
 	ec.NoEvents = cfg.KVEvents.Endpoint == ""
+	// The engines of a P/D pair run with a KV connector (vLLM's
+	// --kv-transfer-config), whose prefix-cache stats every request
+	// records.
+	ec.KVConnector = cfg.Role != kvroute.RoleBoth
 	eng, err := engine.New(ec)
 	if err != nil {
 		return nil, fmt.Errorf("emulator: %w", err)
