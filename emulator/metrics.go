@@ -94,6 +94,14 @@ type metrics struct {
 	// loop overwrites it in place at every step instead of allocating one.
 	snapMu sync.Mutex
 	snap   snapshot
+	// scraped is the snapshot a scrape (gather) reads every series from,
+	// taken once when it starts, so that one scrape's series agree: read
+	// series by series, a step published between two of them paired one
+	// step's KV usage with an earlier step's request counts (a request
+	// holding blocks, counted nowhere). gatherMu serializes the scrapes
+	// that set it.
+	scraped  atomic.Pointer[snapshot]
+	gatherMu sync.Mutex
 
 	// mu guards the histograms: the loop holds it while it records a step,
 	// a scrape while it copies them. One lock per step instead of atomic
@@ -302,14 +310,14 @@ func newRankMetrics(flavor, model string, rank int, prof engine.Profile, hashAlg
 
 func (m *metrics) gaugeFunc(name, help string, labels prometheus.Labels, f func(*snapshot) float64) {
 	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: name, Help: help, ConstLabels: labels},
-		func() float64 { return f(m.stats()) }))
+		func() float64 { return f(m.seriesStats()) }))
 }
 
 // counterFunc registers name (which ends in _total) and, when created is not
 // zero, the <base>_created gauge prometheus_client emits next to it.
 func (m *metrics) counterFunc(name, help string, labels prometheus.Labels, created float64, f func(*snapshot) float64) {
 	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: name, Help: help, ConstLabels: labels},
-		func() float64 { return f(m.stats()) }))
+		func() float64 { return f(m.seriesStats()) }))
 	if created != 0 {
 		m.created(name[:len(name)-len("_total")], help, labels, created)
 	}
@@ -501,7 +509,7 @@ func (m *metrics) llamacpp() {
 	c("n_decode_total", "Total number of llama_decode() calls", func(s *snapshot) float64 { return float64(s.st.Steps) })
 	// llama.cpp declares n_tokens_max as a counter although it is a maximum.
 	m.reg.MustRegister(prometheus.NewCounterFunc(prometheus.CounterOpts{Name: "llamacpp:n_tokens_max", Help: "Largest observed n_tokens."},
-		func() float64 { return float64(m.stats().maxContext) }))
+		func() float64 { return float64(m.seriesStats().maxContext) }))
 	g("prompt_tokens_seconds", "Average prompt throughput in tokens/s.", func(s *snapshot) float64 {
 		if s.promptSeconds == 0 {
 			return 0
@@ -554,10 +562,23 @@ func (m *metrics) flush() {
 // gather returns the registry's metrics, the pending observations
 // recorded first.
 func (m *metrics) gather() ([]*dto.MetricFamily, error) {
+	m.gatherMu.Lock()
+	defer m.gatherMu.Unlock()
 	m.mu.Lock()
 	m.flush()
 	m.mu.Unlock()
+	m.scraped.Store(m.stats())
+	defer m.scraped.Store(nil)
 	return m.reg.Gather()
+}
+
+// seriesStats is the snapshot a series reports: the scrape's (gather), or
+// the last published one outside a scrape.
+func (m *metrics) seriesStats() *snapshot {
+	if s := m.scraped.Load(); s != nil {
+		return s
+	}
+	return m.stats()
 }
 
 // onOutput records one engine output. generated is the number of tokens the

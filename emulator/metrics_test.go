@@ -13,6 +13,7 @@ import (
 
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/openai"
+	"github.com/prometheus/client_golang/prometheus"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
@@ -559,6 +560,55 @@ func TestCacheConfigInfoPrefixCaching(t *testing.T) {
 		want := map[bool]string{false: "True", true: "False"}[off]
 		if got := labelsOf(m)["enable_prefix_caching"]; got != want {
 			t.Errorf("DisablePrefixCaching %v: got enable_prefix_caching %q, want %q", off, got, want)
+		}
+	}
+}
+
+// TestScrapeIsOneSnapshot: every series of one scrape reports the same
+// published snapshot, even when the engine loop publishes another while
+// the registry collects (here a series that publishes when read, as the
+// loop may between any two series). Each series read the last published
+// snapshot on its own, so a scrape could pair one step's KV usage with an
+// earlier step's request counts: a pulled request holding blocks while
+// counted nowhere (TestPDDecodeHoldsBlocksDuringPull failed in CI on it:
+// "KV usage 0.109375, 0 waiting").
+func TestScrapeIsOneSnapshot(t *testing.T) {
+	prof, err := engine.LookupProfile("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := newMetrics(FlavorVLLM, "m", prof, "xxh3", time.Unix(1700000000, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	idle := snapshot{}
+	busy := snapshot{st: engine.Stats{Waiting: 1, KVUsage: 0.5}}
+	var n int
+	m.reg.MustRegister(prometheus.NewGaugeFunc(prometheus.GaugeOpts{Name: "test_publisher", Help: "publishes when read"}, func() float64 {
+		n++
+		if n%2 == 1 {
+			m.publish(&busy)
+		} else {
+			m.publish(&idle)
+		}
+		return 0
+	}))
+	for i := range 50 {
+		mfs, err := m.gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		var waiting, usage float64
+		for _, mf := range mfs {
+			switch mf.GetName() {
+			case "vllm:num_requests_waiting":
+				waiting = mf.GetMetric()[0].GetGauge().GetValue()
+			case "vllm:kv_cache_usage_perc":
+				usage = mf.GetMetric()[0].GetGauge().GetValue()
+			}
+		}
+		if (waiting == 0) != (usage == 0) {
+			t.Fatalf("scrape %d: %v waiting with KV usage %v, from two snapshots", i, waiting, usage)
 		}
 	}
 }
