@@ -519,14 +519,7 @@ func TestMetricsFinishedRequestParams(t *testing.T) {
 // included); a step that only computes a prefill chunk, with no output,
 // is not observed.
 func TestMetricsIterationTokens(t *testing.T) {
-	prof, err := engine.LookupProfile("tiny")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := newMetrics(FlavorVLLM, "m", prof, "xxh3", time.Unix(1700000000, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := tinyVLLMMetrics(t)
 	steps := []engine.StepResult{
 		// A first chunk of a 100-token prompt: no output.
 		{Batch: engine.Batch{Seqs: 1, PrefillTokens: 64}},
@@ -573,14 +566,7 @@ func TestCacheConfigInfoPrefixCaching(t *testing.T) {
 // counted nowhere (TestPDDecodeHoldsBlocksDuringPull failed in CI on it:
 // "KV usage 0.109375, 0 waiting").
 func TestScrapeIsOneSnapshot(t *testing.T) {
-	prof, err := engine.LookupProfile("tiny")
-	if err != nil {
-		t.Fatal(err)
-	}
-	m, err := newMetrics(FlavorVLLM, "m", prof, "xxh3", time.Unix(1700000000, 0))
-	if err != nil {
-		t.Fatal(err)
-	}
+	m := tinyVLLMMetrics(t)
 	idle := snapshot{}
 	busy := snapshot{st: engine.Stats{Waiting: 1, KVUsage: 0.5}}
 	var n int
@@ -611,4 +597,18 @@ func TestScrapeIsOneSnapshot(t *testing.T) {
 			t.Fatalf("scrape %d: %v waiting with KV usage %v, from two snapshots", i, waiting, usage)
 		}
 	}
+}
+
+// tinyVLLMMetrics is the vLLM flavour's instruments for the tiny profile.
+func tinyVLLMMetrics(t *testing.T) *metrics {
+	t.Helper()
+	prof, err := engine.LookupProfile("tiny")
+	if err != nil {
+		t.Fatal(err)
+	}
+	m, err := newMetrics(FlavorVLLM, "m", prof, "xxh3", time.Unix(1700000000, 0))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return m
 }
