@@ -1,17 +1,14 @@
 package emulator
 
 import (
-	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
-	"time"
 
-	"github.com/go-zeromq/zmq4"
 	"github.com/kvroute/kvroute/openai"
 )
 
@@ -105,15 +102,7 @@ func TestVersion(t *testing.T) {
 // TestResetPrefixCache resets the cache over HTTP: an AllBlocksCleared
 // event is published, and a repeated prompt is no longer a cache hit.
 func TestResetPrefixCache(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	replay := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	sub := zmq4.NewSub(ctx)
-	defer sub.Close()
-	if err := sub.Listen(endpoint); err != nil {
-		t.Fatal(err)
-	}
+	ctx, endpoint, replay := listeningSub(t)
 	_, hs := testServer(t, Config{KVEvents: KVEventsConfig{Endpoint: endpoint, ReplayEndpoint: replay}})
 	prompt := `{"prompt":"` + strings.Repeat("reset me please ", 20) + `","max_tokens":1}`
 	cached := func() int {
@@ -132,32 +121,9 @@ func TestResetPrefixCache(t *testing.T) {
 	if got := cached(); got != 0 {
 		t.Errorf("got %d cached tokens after a reset, want 0", got)
 	}
-	dealer := zmq4.NewDealer(ctx)
-	defer dealer.Close()
-	if err := dealer.Dial(replay); err != nil {
-		t.Fatal(err)
-	}
-	for {
-		if err := dealer.Send(zmq4.NewMsgFrom(nil, make([]byte, 8))); err != nil {
-			t.Fatal(err)
-		}
-		for {
-			m, err := dealer.Recv()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if int64(binary.BigEndian.Uint64(m.Frames[1])) == -1 {
-				break
-			}
-			if _, evs := decodeBatch(t, m.Frames[2], EncodingArray); len(evs) > 0 && evs[0].Type == "AllBlocksCleared" {
-				return
-			}
-		}
-		if ctx.Err() != nil {
-			t.Fatal("no AllBlocksCleared event replayed")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	waitFor(t, "the AllBlocksCleared event, replayed", func() bool {
+		return slices.ContainsFunc(replayEvents(t, ctx, replay, EncodingArray), func(e decodedEvent) bool { return e.Type == "AllBlocksCleared" })
+	})
 }
 
 // TestTokenizeRequests checks POST /tokenize against vLLM's

@@ -432,3 +432,47 @@ func TestMapEventsSpecKind(t *testing.T) {
 		t.Errorf("BlockStored: got kv_cache_spec_kind %v group_idx %v, want full_attention and 0 (%v)", kind, group, ev)
 	}
 }
+
+// replayEvents returns every KV event the engine whose replay endpoint is
+// replay published so far, in order, decoded from enc.
+func replayEvents(t *testing.T, ctx context.Context, replay, enc string) []decodedEvent {
+	t.Helper()
+	dealer := zmq4.NewDealer(ctx)
+	defer dealer.Close()
+	if err := dealer.Dial(replay); err != nil {
+		t.Fatal(err)
+	}
+	if err := dealer.Send(zmq4.NewMsgFrom(nil, make([]byte, 8))); err != nil {
+		t.Fatal(err)
+	}
+	var evs []decodedEvent
+	for {
+		m, err := dealer.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if int64(binary.BigEndian.Uint64(m.Frames[1])) == -1 {
+			return evs
+		}
+		_, batch := decodeBatch(t, m.Frames[2], enc)
+		evs = append(evs, batch...)
+	}
+}
+
+// listeningSub binds a SUB socket on a free loopback port, which an
+// engine given endpoint as its KV-event endpoint connects to (vLLM's
+// rule), and picks a replay endpoint; ctx bounds the test's socket reads
+// (20 s). Both end with the test.
+func listeningSub(t *testing.T) (ctx context.Context, endpoint, replay string) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	t.Cleanup(cancel)
+	endpoint = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	replay = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	sub := zmq4.NewSub(ctx)
+	t.Cleanup(func() { sub.Close() })
+	if err := sub.Listen(endpoint); err != nil {
+		t.Fatal(err)
+	}
+	return ctx, endpoint, replay
+}

@@ -2,7 +2,6 @@ package emulator
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -13,7 +12,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-zeromq/zmq4"
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/kvindex"
 	"github.com/kvroute/kvroute/openai"
@@ -113,32 +111,6 @@ func TestPDDecodeHoldsBlocksDuringPull(t *testing.T) {
 	waitFor(t, "the prefill engine to release the blocks of the abandoned pull", func() bool { return kvUsage(t, ps.URL) == 0 })
 }
 
-// replayEvents returns every KV event the engine whose replay endpoint is
-// replay published so far, in order.
-func replayEvents(t *testing.T, ctx context.Context, replay string) []decodedEvent {
-	t.Helper()
-	dealer := zmq4.NewDealer(ctx)
-	defer dealer.Close()
-	if err := dealer.Dial(replay); err != nil {
-		t.Fatal(err)
-	}
-	if err := dealer.Send(zmq4.NewMsgFrom(nil, make([]byte, 8))); err != nil {
-		t.Fatal(err)
-	}
-	var evs []decodedEvent
-	for {
-		m, err := dealer.Recv()
-		if err != nil {
-			t.Fatal(err)
-		}
-		if int64(binary.BigEndian.Uint64(m.Frames[1])) == -1 {
-			return evs
-		}
-		_, batch := decodeBatch(t, m.Frames[2], EncodingArray)
-		evs = append(evs, batch...)
-	}
-}
-
 // TestPDDecodeCachesPulledBlocks: once a decode engine received a prompt's
 // KV, the prompt's full blocks are prefix-cache entries, announced in
 // BlockStored events as vLLM announces them: its scheduler caches the
@@ -150,15 +122,7 @@ func replayEvents(t *testing.T, ctx context.Context, replay string) []decodedEve
 // same prompt sent to the decode engine itself then hits them. The
 // decode engine announced them in one event before.
 func TestPDDecodeCachesPulledBlocks(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	replay := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	sub := zmq4.NewSub(ctx)
-	defer sub.Close()
-	if err := sub.Listen(endpoint); err != nil {
-		t.Fatal(err)
-	}
+	ctx, endpoint, replay := listeningSub(t)
 	host, port, pulls := pullSide(t, nil)
 	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, LoadFailure: LoadFailureFail,
 		KVEvents: KVEventsConfig{Endpoint: endpoint, ReplayEndpoint: replay}})
@@ -178,7 +142,7 @@ func TestPDDecodeCachesPulledBlocks(t *testing.T) {
 	var stored []decodedEvent
 	waitFor(t, "the pulled blocks' BlockStored events", func() bool {
 		stored = stored[:0]
-		for _, ev := range replayEvents(t, ctx, replay) {
+		for _, ev := range replayEvents(t, ctx, replay, EncodingArray) {
 			if ev.Type == "BlockStored" {
 				stored = append(stored, ev)
 			}

@@ -1,16 +1,12 @@
 package emulator
 
 import (
-	"context"
-	"encoding/binary"
 	"encoding/json"
 	"fmt"
 	"strings"
 	"sync"
 	"testing"
-	"time"
 
-	"github.com/go-zeromq/zmq4"
 	"github.com/kvroute/kvroute/openai"
 )
 
@@ -51,15 +47,7 @@ func TestPreemptionUnderMemoryPressure(t *testing.T) {
 // TestEvictionEvents fills the cache with distinct prompts one after the
 // other: older cached blocks are evicted and reported as BlockRemoved.
 func TestEvictionEvents(t *testing.T) {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	replay := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	sub := zmq4.NewSub(ctx) // binds: the emulator connects to it (vLLM's rule)
-	defer sub.Close()
-	if err := sub.Listen(endpoint); err != nil {
-		t.Fatal(err)
-	}
+	ctx, endpoint, replay := listeningSub(t)
 	_, hs := testServer(t, Config{Speed: 100, KVEvents: KVEventsConfig{Endpoint: endpoint, ReplayEndpoint: replay, Encoding: EncodingMap}})
 	for i := range 12 { // 12 x ~13 blocks > 64 blocks
 		prompt := fmt.Sprintf("distinct prompt %d %s", i, strings.Repeat(fmt.Sprintf("filler%d ", i), 100))
@@ -67,43 +55,21 @@ func TestEvictionEvents(t *testing.T) {
 			t.Fatalf("got %d %s", code, body)
 		}
 	}
-	// Read the whole history through the replay socket.
-	dealer := zmq4.NewDealer(ctx)
-	defer dealer.Close()
-	if err := dealer.Dial(replay); err != nil {
-		t.Fatal(err)
-	}
+	// Read the whole history through the replay socket (the last
+	// batches may still be queued).
 	stored, removed := 0, 0
-	for want := uint64(0); ; {
-		var start [8]byte
-		binary.BigEndian.PutUint64(start[:], want)
-		if err := dealer.Send(zmq4.NewMsgFrom(nil, start[:])); err != nil {
-			t.Fatal(err)
-		}
-		for {
-			m, err := dealer.Recv()
-			if err != nil {
-				t.Fatal(err)
-			}
-			if int64(binary.BigEndian.Uint64(m.Frames[1])) == -1 {
-				break
-			}
-			want = binary.BigEndian.Uint64(m.Frames[1]) + 1
-			_, evs := decodeBatch(t, m.Frames[2], EncodingMap)
-			for _, e := range evs {
-				switch e.Type {
-				case "BlockStored":
-					stored += len(e.Hashes)
-				case "BlockRemoved":
-					removed += len(e.Hashes)
-				}
+	waitFor(t, "BlockRemoved events, replayed", func() bool {
+		stored, removed = 0, 0
+		for _, e := range replayEvents(t, ctx, replay, EncodingMap) {
+			switch e.Type {
+			case "BlockStored":
+				stored += len(e.Hashes)
+			case "BlockRemoved":
+				removed += len(e.Hashes)
 			}
 		}
-		if removed > 0 || ctx.Err() != nil {
-			break
-		}
-		time.Sleep(20 * time.Millisecond) // the last batches may still be queued
-	}
+		return removed > 0
+	})
 	if stored <= 64 || removed == 0 {
 		t.Errorf("got %d blocks stored and %d removed, want > 64 stored and some removed", stored, removed)
 	}
