@@ -197,8 +197,11 @@
 // cached (BlockStored events, as vLLM's _update_waiting_for_remote_kv
 // caches them) and the request computes its last prompt token, then
 // decodes (usage cached_tokens: the prompt less that token). A client that
-// leaves during the pull aborts the request and frees its blocks (vLLM
-// frees them once the transfer in flight ended). A prompt shorter than a
+// leaves during the pull aborts the request at once; with NixlConnector
+// the transfer runs to its end and only then are the blocks it writes
+// into freed, on both engines, as vLLM frees them; with SGLang's protocol
+// the pull stops and the decode engine frees them at once, as SGLang does
+// (Server.pullFor). A prompt shorter than a
 // block is computed locally, with no pull. A decode engine whose pull
 // fails fails the request with a 500 (Config.LoadFailure "fail", the
 // default, as vLLM's kv_load_failure_policy; the engine aborts it) or

@@ -170,8 +170,8 @@ func (s *Server) pullForDecode(j *job, ereq *engine.Request, host string, port i
 // LoadFailure: the request is aborted and a 500 error written ("fail",
 // vLLM's kv_load_failure_policy default), or the engine recomputes the
 // prompt, with a warning ("recompute"). It reports whether the handler
-// goes on to serve the request; when the client left it aborts the
-// request.
+// goes on to serve the request; when the client leaves it aborts the
+// request (pullFor says when its blocks are freed).
 func (s *Server) awaitPull(w http.ResponseWriter, r *http.Request, j *job) bool {
 	ctx := r.Context()
 	var load engine.KVLoad
@@ -192,14 +192,17 @@ func (s *Server) awaitPull(w http.ResponseWriter, r *http.Request, j *job) bool 
 		tokens = load.ExternalTokens
 	}
 	p.pr.TransferSeconds = s.transferTime(tokens).Seconds()
-	_, err := s.pull(ctx, p.host, p.port, p.pr)
+	left, err := s.pullFor(ctx, j)
+	if left {
+		return false
+	}
 	switch {
 	case err == nil:
-	case ctx.Err() != nil:
-		s.abort(j)
-		return false
+	case s.life.Err() != nil:
+		return true // the engine stopped (its loop failed the stream): the serving path reports it
 	case s.cfg.LoadFailure == LoadFailureFail:
 		s.abort(j)
+		_ = s.post(command{kind: cmdLoaded, id: j.engineID}) // frees its blocks
 		writeError(w, http.StatusInternalServerError, "KV transfer failed: "+err.Error())
 		return false
 	default:
@@ -209,6 +212,42 @@ func (s *Server) awaitPull(w http.ResponseWriter, r *http.Request, j *job) bool 
 	// it.
 	_ = s.post(command{kind: cmdLoaded, id: j.engineID, ok: err == nil})
 	return true
+}
+
+// pullFor runs j's pull while its client (ctx) is there, and reports
+// whether the client left. With NixlConnector the request is aborted as
+// soon as the client leaves, but the transfer runs to its end (the engine
+// stopping ends it) and only then frees the blocks it writes into: vLLM's
+// worker finishes the read, and its scheduler frees a request aborted in
+// WAITING_FOR_REMOTE_KVS only when the receive is reported finished
+// (finish_requests, delay_free_blocks); the prefill engine keeps its
+// blocks until the pull ends. With SGLang's protocol the pull ends with
+// the client: its decode scheduler frees an aborted request's KV at once
+// and tells the prefill engine to stop sending (ABORT; deferred release
+// is off by default).
+func (s *Server) pullFor(ctx context.Context, j *job) (left bool, err error) {
+	p := j.pull
+	if !p.local {
+		_, err = s.pull(ctx, p.host, p.port, p.pr)
+		if ctx.Err() != nil {
+			s.abort(j)
+			_ = s.post(command{kind: cmdLoaded, id: j.engineID}) // frees its blocks
+			return true, err
+		}
+		return false, err
+	}
+	pctx, cancel := context.WithCancel(context.WithoutCancel(ctx))
+	defer cancel()
+	defer context.AfterFunc(s.life, cancel)()
+	aborted := make(chan struct{})
+	stayed := context.AfterFunc(ctx, func() { s.abort(j); close(aborted) })
+	_, err = s.pull(pctx, p.host, p.port, p.pr)
+	if !stayed() {
+		<-aborted
+		_ = s.post(command{kind: cmdLoaded, id: j.engineID, ok: err == nil}) // frees its blocks
+		return true, err
+	}
+	return false, err
 }
 
 // pull calls the prefill engine's side channel.

@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/kvindex"
 	"github.com/kvroute/kvroute/openai"
 )
@@ -35,7 +36,7 @@ func decodeBody(prompt []int, maxTokens int, id, host string, port int) string {
 }
 
 // pullSide is a fake prefill engine's side channel that answers every
-// pull at once, counting them and calling check (when set) first.
+// pull once check (when set) returned, counting them.
 func pullSide(t *testing.T, check func(PullRequest)) (host string, port int, pulls *atomic.Int64) {
 	pulls = new(atomic.Int64)
 	side := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
@@ -62,13 +63,15 @@ func pullSide(t *testing.T, check func(PullRequest)) (host string, port int, pul
 // (WAITING_FOR_REMOTE_KVS): vllm:kv_cache_usage_perc and
 // vllm:num_requests_waiting are raised during the pull. The transfer is
 // slow here (a slow fabric), and the client leaves in its middle: the
-// request is aborted and its blocks freed. The decode engine held no block
-// during the pull before.
+// request is aborted (no longer waiting), but both engines keep the blocks
+// while the transfer goes on (TestPDDecodeAbortFreesAfterTransfer), here
+// until the decode engine stops. The decode engine held no block during
+// the pull before.
 func TestPDDecodeHoldsBlocksDuringPull(t *testing.T) {
 	_, ps := testServer(t, Config{Role: kvroute.RolePrefill, LeaseTimeout: time.Hour})
 	// 100 tokens of 1 KiB over 1 kbit/s: the transfer takes far longer
 	// than the test (the prefill engine holds a pull 10 minutes at most).
-	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, FabricGbps: 1e-6, LoadFailure: LoadFailureFail})
+	dsrv, ds := testServer(t, Config{Role: kvroute.RoleDecode, FabricGbps: 1e-6, LoadFailure: LoadFailureFail})
 	prompt := promptIDs(1, 100) // 7 blocks of 16
 	b, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": 1, "kv_transfer_params": map[string]any{"do_remote_decode": true}})
 	code, body := post(t, ps.URL+"/v1/completions", string(b))
@@ -104,11 +107,52 @@ func TestPDDecodeHoldsBlocksDuringPull(t *testing.T) {
 	if _, _, err := wait(); err == nil {
 		t.Fatal("decode: answered although its client left")
 	}
-	waitFor(t, "the decode engine to free the aborted request's blocks", func() bool {
-		mfs := scrape(t, ds.URL)
-		return gaugeOf(t, mfs, "vllm:kv_cache_usage_perc") == 0 && gaugeOf(t, mfs, "vllm:num_requests_waiting") == 0
+	waitFor(t, "the decode engine to drop the aborted request from its queue", func() bool {
+		return gaugeOf(t, scrape(t, ds.URL), "vllm:num_requests_waiting") == 0
 	})
-	waitFor(t, "the prefill engine to release the blocks of the abandoned pull", func() bool { return kvUsage(t, ps.URL) == 0 })
+	if u := kvUsage(t, ds.URL); u != blocks {
+		t.Errorf("decode engine: KV usage %v once the request was aborted, want %v: the transfer still writes into its blocks", u, blocks)
+	}
+	if u := kvUsage(t, ps.URL); u <= 0 {
+		t.Errorf("prefill engine: KV usage %v while the pull goes on, want its blocks held", u)
+	}
+	dsrv.Close() // the engine stopping ends the transfer
+	waitFor(t, "the prefill engine to release the blocks of the ended pull", func() bool { return kvUsage(t, ps.URL) == 0 })
+}
+
+// TestPDDecodeAbortFreesAfterTransfer: a decode leg whose client leaves
+// during its pull is aborted at once, but its blocks are freed only when
+// the transfer ends, as vLLM's scheduler delays freeing the blocks of a
+// request aborted in WAITING_FOR_REMOTE_KVS until its connector reports
+// the receive done (the read still writes into them). The fake prefill
+// side ends the transfer when the test says.
+func TestPDDecodeAbortFreesAfterTransfer(t *testing.T) {
+	release := make(chan struct{})
+	pulling := make(chan struct{}, 1)
+	host, port, pulls := pullSide(t, func(PullRequest) {
+		pulling <- struct{}{}
+		<-release
+	})
+	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, LoadFailure: LoadFailureFail})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	wait := sendAsync(ctx, ds.URL+"/v1/completions", decodeBody(promptIDs(1, 100), 4, "r1", host, port))
+	<-pulling
+	cancel()
+	if _, _, err := wait(); err == nil {
+		t.Fatal("decode: answered although its client left")
+	}
+	waitFor(t, "the aborted request to leave the decode engine's queue", func() bool {
+		return gaugeOf(t, scrape(t, ds.URL), "vllm:num_requests_waiting") == 0
+	})
+	if u := kvUsage(t, ds.URL); u != 7.0/64 {
+		t.Errorf("KV usage %v after the abort, during the transfer; want %v (the prompt's 7 of 64 blocks)", u, 7.0/64)
+	}
+	close(release)
+	waitFor(t, "the decode engine to free the blocks once the transfer ended", func() bool { return kvUsage(t, ds.URL) == 0 })
+	if n := pulls.Load(); n != 1 {
+		t.Errorf("%d pulls answered, want 1", n)
+	}
 }
 
 // TestPDDecodeCachesPulledBlocks: once a decode engine received a prompt's
@@ -291,5 +335,42 @@ func TestPDDecodeWaitsForBlocks(t *testing.T) {
 	defer mu.Unlock()
 	if n := pulls.Load(); n != 1 || early {
 		t.Errorf("%d pulls, one before the lease's blocks were freed: %v; want 1 pull, after", n, early)
+	}
+}
+
+// TestPDAbortBeforePullStarts: a decode leg admitted to pull (its blocks
+// allocated, its load handed to its handler) whose handler left before it
+// took the load starts no transfer, so none will end and free the blocks
+// the engine keeps for an abort during a pull: the loop frees them when it
+// applies the abort. (The window is a handler's select racing an
+// admission; the loop is driven by hand here.)
+func TestPDAbortBeforePullStarts(t *testing.T) {
+	cfg := Config{Role: kvroute.RoleDecode}
+	testDefaults(t, &cfg)
+	s, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer s.Close()
+	ls := &loopState{live: map[string]*stream{}}
+	st := newStream("d", 0, 2)
+	st.loads = make(chan engine.KVLoad, 1)
+	ls.live["d"] = st
+	prompt := make([]uint32, 100)
+	for i := range prompt {
+		prompt[i] = uint32(i + 1)
+	}
+	if err := s.eng.Add(0, &engine.Request{ID: "d", Prompt: prompt, MaxTokens: 2, RemoteKV: true}); err != nil {
+		t.Fatal(err)
+	}
+	s.eng.StepInto(0, &ls.res)
+	s.startLoads(ls)
+	if len(st.loads) != 1 {
+		t.Fatalf("admission handed %d loads to the handler, want 1", len(st.loads))
+	}
+	s.apply(0, &command{kind: cmdAbort, id: "d"}, ls)
+	if got := s.eng.Stats(); got.AbortedLoading != 0 || got.FreeBlocks != got.NumGPUBlocks {
+		t.Errorf("after the abort: %d aborted loads, %d of %d blocks free; want none kept (no transfer will end)",
+			got.AbortedLoading, got.FreeBlocks, got.NumGPUBlocks)
 	}
 }

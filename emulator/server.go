@@ -64,6 +64,10 @@ type Server struct {
 	// caughtUp the steps catchUp computed (engine.DecodeSteps).
 	timerSleeps, caughtUp atomic.Int64
 	done                  chan struct{} // closed when the loop exits
+	// life ends with done: a P/D decode leg's pull outlives its client
+	// (awaitPull), not the engine.
+	life    context.Context
+	endLife context.CancelFunc
 
 	runMu   sync.Mutex         // protects started, closed and cancel
 	started bool               // Run was called
@@ -147,6 +151,7 @@ func New(cfg Config) (*Server, error) {
 		},
 		start: time.Now(), wake: make(chan struct{}, 1), done: make(chan struct{}), exited: make(chan struct{}),
 	}
+	s.life, s.endLife = context.WithCancel(context.Background())
 	if codec == nil {
 		s.tokCache = tokenizer.NewBuiltinCache(tokenizer.CacheConfig{MaxTokens: cacheTokens})
 		if cfg.Tokenizer == tokenizer.Builtin() {
@@ -316,6 +321,7 @@ func (s *Server) shutdown() {
 		}
 	}
 	close(s.done)
+	s.endLife()
 }
 
 // post queues a command for the engine loop. It fails after the loop
@@ -967,6 +973,16 @@ func (s *Server) apply(now time.Duration, c *command, ls *loopState) bool {
 		ls.acc.maxContext = max(ls.acc.maxContext, c.req.PromptLen+c.st.maxTokens)
 	case cmdAbort:
 		s.eng.Abort(now, c.id)
+		if st := ls.live[c.id]; st != nil && st.loads != nil {
+			select {
+			case <-st.loads:
+				// Admitted to pull, but its handler left before it took
+				// the load (awaitPull): no transfer started, so none
+				// will end and free the blocks the engine keeps for it.
+				s.eng.LoadedKV(c.id, false)
+			default:
+			}
+		}
 	case cmdRelease:
 		s.eng.Release(c.id)
 	case cmdReset:

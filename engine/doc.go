@@ -57,7 +57,10 @@
 // full blocks are cached (BlockStored) in the step that schedules it,
 // which computes only the last prompt token, as vLLM's
 // _update_waiting_for_remote_kv does; when it failed, the request
-// computes its prompt (kv_load_failure_policy "recompute"). The simulator's
+// computes its prompt (kv_load_failure_policy "recompute"). Aborted
+// while its KV arrives, it is reported at once and leaves Waiting, but its
+// blocks stay held (Stats.AbortedLoading) until LoadedKV says the transfer
+// ended, as vLLM frees them only then. The simulator's
 // decode legs (Request.SkipPrefill) skip the wait: their KV is taken as
 // there when they are admitted.
 //
@@ -120,6 +123,4 @@
 //     used blocks / NumGPUBlocks.
 //   - Prefix-cache query and hit counters count each request once, when first
 //     scheduled (not again after preemption, nor after a failed KV load).
-//   - A RemoteKV request aborted while its KV arrives frees its blocks at
-//     once (vLLM frees them when the transfer in flight ends).
 package engine

@@ -218,6 +218,10 @@ type Stats struct {
 	// arrived (vLLM's WAITING_FOR_REMOTE_KVS); LoadQueued those still
 	// queued for their blocks. Both are part of Waiting.
 	Loading, LoadQueued int
+	// AbortedLoading counts the RemoteKV requests aborted while their KV
+	// arrived: they left the queues (and Waiting) but hold their blocks
+	// until the transfer ends (LoadedKV), as vLLM frees them only then.
+	AbortedLoading int
 	// Held is the number of finished requests whose KV is held (HoldKV).
 	Held int
 	// KVUsage is the fraction of blocks in use (referenced), 0..1.
@@ -279,6 +283,9 @@ const (
 	statusDone
 	statusLoading // RemoteKV: admitted, holds its blocks, in no queue until LoadedKV
 	statusLoaded  // RemoteKV: its KV arrived; in Engine.loaded, with its blocks
+	// RemoteKV aborted in statusLoading: reported, in no queue, holds its
+	// blocks until LoadedKV (the transfer still writes into them)
+	statusAbortedLoading
 )
 
 type sequence struct {
@@ -404,21 +411,22 @@ type Engine struct {
 	running []*sequence
 	aborted []Output
 
-	sched        []scheduled
-	spare        []*sequence // finished sequences to reuse (recycle)
-	hitIDs       []int32     // admit's scratch
-	epoch        uint32      // admit's marker for repeated blocks
-	res          *StepResult // target of the step in progress (for eviction events)
-	pendingClear bool        // ResetPrefixCache ran: report AllBlocksCleared
-	held         int         // requests in statusHeld
-	loading      int         // requests in statusLoading
-	loaded       []*sequence // requests in statusLoaded, in the order their KV arrived
-	loadQueued   int         // remote requests in the waiting queue
-	stalled      bool        // the last step could admit no waiting request and ran nothing
-	ahead        uint64      // keysAhead's loads, kept so that they are made
-	keepGen      bool        // generated tokens are kept in sequence.tokens (KV events report them)
-	blockBuf     []uint32    // nextKey's scratch: a block's tokens recomputed
-	stats        Stats
+	sched          []scheduled
+	spare          []*sequence // finished sequences to reuse (recycle)
+	hitIDs         []int32     // admit's scratch
+	epoch          uint32      // admit's marker for repeated blocks
+	res            *StepResult // target of the step in progress (for eviction events)
+	pendingClear   bool        // ResetPrefixCache ran: report AllBlocksCleared
+	held           int         // requests in statusHeld
+	loading        int         // requests in statusLoading
+	abortedLoading int         // requests in statusAbortedLoading
+	loaded         []*sequence // requests in statusLoaded, in the order their KV arrived
+	loadQueued     int         // remote requests in the waiting queue
+	stalled        bool        // the last step could admit no waiting request and ran nothing
+	ahead          uint64      // keysAhead's loads, kept so that they are made
+	keepGen        bool        // generated tokens are kept in sequence.tokens (KV events report them)
+	blockBuf       []uint32    // nextKey's scratch: a block's tokens recomputed
+	stats          Stats
 
 	// Deferred keys (deferred.go): with prefix caching and no KV events.
 	deferKeys bool
@@ -609,17 +617,26 @@ func (e *Engine) keepTokens(s *sequence, prompt, spare []uint32, maxTok int) {
 
 // Abort removes a waiting or running request and frees its blocks; the next
 // Step reports it with FinishReason "abort". Unknown IDs are ignored. A held
-// request (HoldKV) is released.
+// request (HoldKV) is released. A RemoteKV request whose KV is arriving
+// (admitted, LoadedKV not called yet) leaves the queues and is reported
+// the same way, but keeps its blocks until LoadedKV says the transfer
+// ended (Stats.AbortedLoading), as vLLM's scheduler does
+// (Scheduler.finish_requests delays freeing the blocks of a request in
+// WAITING_FOR_REMOTE_KVS until its connector reports the receive
+// finished or failed): the transfer still writes into them.
 func (e *Engine) Abort(now time.Duration, id string) {
 	s, ok := e.seqs[id]
 	if !ok {
 		return
 	}
 	e.stalled = false
+	keep := false // the blocks stay until LoadedKV
 	switch s.status {
 	case statusHeld:
 		e.Release(id)
 		return
+	case statusAbortedLoading:
+		return // reported already
 	case statusWaiting:
 		e.waiting.remove(s)
 		if s.remote {
@@ -629,6 +646,7 @@ func (e *Engine) Abort(now time.Duration, id string) {
 		e.loaded = slices.DeleteFunc(e.loaded, func(x *sequence) bool { return x == s })
 	case statusLoading:
 		e.loading--
+		keep = true
 	case statusRunning:
 		for i, r := range e.running {
 			if r == s {
@@ -637,9 +655,15 @@ func (e *Engine) Abort(now time.Duration, id string) {
 			}
 		}
 	}
-	e.freeBlocks(s)
-	s.status = statusDone
-	delete(e.seqs, id)
+	if keep {
+		s.status = statusAbortedLoading
+		s.remote = false
+		e.abortedLoading++
+	} else {
+		e.freeBlocks(s)
+		s.status = statusDone
+		delete(e.seqs, id)
+	}
 	e.stats.FinishedAbort++
 	o := Output{ID: id, Index: s.outputs, Finished: true, FinishReason: FinishAbort, PromptTokens: int(s.promptLen),
 		CachedTokens: int(s.cachedTokens), Time: now, Arrival: s.arrival, Preemptions: s.preemptions, TTFT: s.ttft}
@@ -651,7 +675,9 @@ func (e *Engine) Abort(now time.Duration, id string) {
 		}
 	}
 	e.aborted = append(e.aborted, o)
-	e.recycle(s)
+	if !keep {
+		e.recycle(s)
+	}
 }
 
 // Release frees the blocks a finished HoldKV request kept (the end of a P/D
@@ -680,11 +706,24 @@ func (e *Engine) Release(id string) {
 // does not hold them up). Else (the transfer failed; vLLM's
 // kv_load_failure_policy "recompute") its blocks are freed and it goes to
 // the front of the waiting queue, to compute its prompt past its
-// prefix-cache hit. Unknown IDs, and requests not waiting for KV, are
-// ignored.
+// prefix-cache hit. A request aborted while its KV arrived frees its
+// blocks now, whatever ok (vLLM caches nothing of it). Unknown IDs, and
+// requests not waiting for KV, are ignored.
 func (e *Engine) LoadedKV(id string, ok bool) {
 	s, found := e.seqs[id]
-	if !found || s.status != statusLoading {
+	if !found {
+		return
+	}
+	if s.status == statusAbortedLoading {
+		e.stalled = false
+		e.abortedLoading--
+		e.freeBlocks(s)
+		s.status = statusDone
+		delete(e.seqs, id)
+		e.recycle(s)
+		return
+	}
+	if s.status != statusLoading {
 		return
 	}
 	e.stalled = false
@@ -739,7 +778,7 @@ func (e *Engine) MinStepTime() time.Duration {
 func (e *Engine) Stats() Stats {
 	st := e.stats
 	st.Waiting = e.waiting.len() + e.loading + len(e.loaded)
-	st.Loading, st.LoadQueued = e.loading, e.loadQueued
+	st.Loading, st.LoadQueued, st.AbortedLoading = e.loading, e.loadQueued, e.abortedLoading
 	st.Running = len(e.running)
 	st.Held = e.held
 	st.FreeBlocks = e.pool.numFree

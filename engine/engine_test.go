@@ -215,7 +215,7 @@ func checkInvariants(t testing.TB, e *Engine) {
 		}
 	})
 	checkRuns(t, e)
-	held, loading, queued := 0, 0, 0
+	held, loading, queued, abortedLoading := 0, 0, 0, 0
 	for _, s := range e.loaded {
 		if e.seqs[s.id] != s || s.status != statusLoaded {
 			t.Fatalf("request %s (status %d) among those whose KV arrived", s.id, s.status)
@@ -225,22 +225,27 @@ func checkInvariants(t testing.TB, e *Engine) {
 		switch {
 		case s.status == statusHeld:
 			held++
-		case s.status == statusLoading || s.status == statusLoaded:
+		case s.status == statusLoading || s.status == statusLoaded || s.status == statusAbortedLoading:
 			// A RemoteKV request holds blocks for its whole prompt.
 			if want := (int(s.promptLen) + e.bs - 1) / e.bs; len(s.blocks) != want || s.outputs != 0 {
 				t.Fatalf("request %s waiting for its KV (status %d) holds %d blocks, want %d", s.id, s.status, len(s.blocks), want)
 			}
-			if s.status == statusLoading {
+			switch {
+			case s.status == statusLoading:
 				loading++
-			} else if !slices.Contains(e.loaded, s) {
+			case s.status == statusAbortedLoading:
+				abortedLoading++
+			case !slices.Contains(e.loaded, s):
 				t.Fatalf("request %s: its KV arrived, but it is not among those that wait to run", s.id)
 			}
 		case s.remote:
 			queued++
 		}
 	}
-	if st := e.Stats(); st.Running > e.maxSeqs || st.Held != held || st.Loading != loading || st.LoadQueued != queued {
-		t.Fatalf("stats %+v: want running <= max_num_seqs %d, %d held, %d loading, %d queued for it", st, e.maxSeqs, held, loading, queued)
+	if st := e.Stats(); st.Running > e.maxSeqs || st.Held != held || st.Loading != loading || st.LoadQueued != queued ||
+		st.AbortedLoading != abortedLoading {
+		t.Fatalf("stats %+v: want running <= max_num_seqs %d, %d held, %d loading, %d queued for it, %d aborted while loading",
+			st, e.maxSeqs, held, loading, queued, abortedLoading)
 	}
 }
 

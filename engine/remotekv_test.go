@@ -1,6 +1,7 @@
 package engine
 
 import (
+	"fmt"
 	"slices"
 	"testing"
 )
@@ -196,7 +197,7 @@ func TestRemoteKVAbort(t *testing.T) {
 				}
 			}
 			e.Abort(d.now, "d")
-			e.LoadedKV("d", true) // gone: ignored
+			e.LoadedKV("d", true) // loading: its transfer ended, its blocks are freed (TestRemoteKVAbortWhileLoading); else ignored
 			r := d.step()
 			if i := slices.IndexFunc(r.Outputs, func(o Output) bool { return o.ID == "d" }); i < 0 || r.Outputs[i].FinishReason != FinishAbort {
 				t.Fatalf("step after the abort: outputs %+v, want d's abort", r.Outputs)
@@ -286,4 +287,48 @@ func TestRemoteKVShortPrompt(t *testing.T) {
 		t.Fatalf("loads %+v, batch %+v; want the prompt computed", r.Loads, r.Batch)
 	}
 	d.run()
+}
+
+// TestRemoteKVAbortWhileLoading: a RemoteKV request aborted while its KV
+// arrives leaves the queues and is reported at once, but keeps its blocks
+// until the transfer ends (LoadedKV, ok or not), as vLLM's scheduler
+// delays freeing them (finish_requests: delay_free_blocks for a request in
+// WAITING_FOR_REMOTE_KVS, freed on finished_recving): the transfer still
+// writes into them. Its local prefix hit stays cached; what it received is
+// not.
+func TestRemoteKVAbortWhileLoading(t *testing.T) {
+	for _, ok := range []bool{true, false} {
+		t.Run(fmt.Sprintf("ok=%v", ok), func(t *testing.T) {
+			e := mustEngine(t, "tiny", nil)
+			d := newDriver(t, e)
+			d.add(&Request{ID: "warm", Prompt: tokens(2000, 64), MaxTokens: 1})
+			d.run()
+			d.add(&Request{ID: "d", Prompt: tokens(2000, 300), MaxTokens: 2, RemoteKV: true})
+			if r := d.step(); len(r.Loads) != 1 || r.Loads[0].LocalTokens != 64 {
+				t.Fatalf("admission: loads %+v, want d's with its 64-token local hit", r.Loads)
+			}
+			held := e.Stats().FreeBlocks
+			e.Abort(d.now, "d")
+			st := e.Stats()
+			if st.Waiting != 0 || st.Loading != 0 || st.AbortedLoading != 1 || st.FreeBlocks != held {
+				t.Fatalf("aborted during its transfer: %+v; want nobody waiting, 1 aborted load, %d free blocks (its own held)", st, held)
+			}
+			r := d.step()
+			if i := slices.IndexFunc(r.Outputs, func(o Output) bool { return o.ID == "d" }); i < 0 || r.Outputs[i].FinishReason != FinishAbort {
+				t.Fatalf("step after the abort: outputs %+v, want d's abort at once", r.Outputs)
+			}
+			e.Abort(d.now, "d") // again: ignored
+			if st := e.Stats(); st.FreeBlocks != held {
+				t.Fatalf("second abort freed blocks: %d free, want %d", st.FreeBlocks, held)
+			}
+			e.LoadedKV("d", ok)
+			st = e.Stats()
+			if st.AbortedLoading != 0 || st.FreeBlocks != 64 || st.CachedBlocks != 4 {
+				t.Fatalf("after its transfer ended: %+v; want every block free, the 4 warm blocks cached", st)
+			}
+			if err := e.Add(d.now, &Request{ID: "d", Prompt: tokens(1, 20), MaxTokens: 1}); err != nil {
+				t.Fatalf("the ID is free again: %v", err)
+			}
+		})
+	}
 }
