@@ -71,7 +71,11 @@ kv_transfer_params, as vLLM's); a decode engine given do_remote_prefill=true pul
 blocks from remote_host:remote_port (the prefill engine's side channel: its
 HTTP address, or --side-channel-listen), spending --kv-transfer-setup plus
 bytes/--fabric-gbps (the bytes of the prompt past its own prefix-cache hit, as
-vLLM pulls only those), then decodes without a prefill. A missing or expired lease is handled per --pd-load-failure. With
+vLLM pulls only those), then decodes without a prefill. A missing or expired lease is handled per --pd-load-failure.
+A client that leaves during the pull aborts the request at once, but the
+transfer runs to its end and only then do both engines free its blocks, as
+vLLM's do (with sglang, the pull stops and the decode engine frees them at
+once, as SGLang's does). With
 --pd-protocol sglang the router sends the same request (bootstrap_host,
 bootstrap_port = the prefill engine's side channel port, bootstrap_room) to
 both engines at once; the decode engine waits for the room's prefill.
