@@ -183,16 +183,10 @@ func (p *parser) parse() (RequestInfo, error) {
 		s.i++
 	} else {
 		for {
-			s.ws()
-			key, err := s.key()
+			key, err := s.member()
 			if err != nil {
 				return RequestInfo{}, err
 			}
-			s.ws()
-			if err := s.expect(':'); err != nil {
-				return RequestInfo{}, err
-			}
-			s.ws()
 			if err := p.field(key); err != nil {
 				return RequestInfo{}, err
 			}
@@ -262,12 +256,9 @@ func (p *parser) known(key []byte) error {
 	s := &p.s
 	switch string(key) {
 	case "model":
-		v, null, err := p.stringOrNull("model")
+		v, err := p.stringOrNull("model")
 		if err != nil {
 			return err
-		}
-		if null {
-			v = ""
 		}
 		p.ri.Model = v
 	case "stream":
@@ -302,12 +293,9 @@ func (p *parser) known(key []byte) error {
 			p.maxTok.completion, p.maxTok.hasComplet = n, true
 		}
 	case "user":
-		v, null, err := p.stringOrNull("user")
+		v, err := p.stringOrNull("user")
 		if err != nil {
 			return err
-		}
-		if null {
-			v = ""
 		}
 		p.ri.User = v
 	case "prompt":
@@ -335,22 +323,23 @@ func (p *parser) known(key []byte) error {
 	return nil
 }
 
-func (p *parser) stringOrNull(param string) (string, bool, error) {
+// stringOrNull reads the string member param: its value, or "" for null.
+func (p *parser) stringOrNull(param string) (string, error) {
 	s := &p.s
 	if s.lit("null") {
-		return "", true, nil
+		return "", nil
 	}
 	if s.peek() != '"' {
-		return "", false, p.wrongType(param, "a string")
+		return "", p.wrongType(param, "a string")
 	}
 	raw, esc, err := s.str()
 	if err != nil {
-		return "", false, err
+		return "", err
 	}
 	if !esc && utf8.Valid(raw) {
-		return string(raw), false, nil
+		return string(raw), nil
 	}
-	return string(unescape(nil, raw)), false, nil
+	return string(unescape(nil, raw)), nil
 }
 
 // integer reads a non-negative JSON integer: a number whose value is whole,
@@ -566,16 +555,10 @@ func (p *parser) message(idx int) error {
 		s.i++
 	} else {
 		for {
-			s.ws()
-			key, err := s.key()
+			key, err := s.member()
 			if err != nil {
 				return err
 			}
-			s.ws()
-			if err := s.expect(':'); err != nil {
-				return err
-			}
-			s.ws()
 			switch string(key) {
 			case "role":
 				if s.peek() != '"' {
@@ -761,16 +744,10 @@ func (p *parser) part(idx, n int) (text []byte, kind int, err error) {
 		return nil, partOther, nil
 	}
 	for {
-		s.ws()
-		key, err := s.key()
+		key, err := s.member()
 		if err != nil {
 			return nil, 0, err
 		}
-		s.ws()
-		if err := s.expect(':'); err != nil {
-			return nil, 0, err
-		}
-		s.ws()
 		// The last of duplicate keys wins: a "type" that is not a string
 		// undoes one before it, and so does a text member of any value.
 		k, slot := string(key), -1
@@ -883,6 +860,22 @@ func (s *scanner) lit(word string) bool {
 		return true
 	}
 	return false
+}
+
+// member reads an object member's key and the ':' after it, with the
+// white space around them, and leaves s at the member's value.
+func (s *scanner) member() ([]byte, error) {
+	s.ws()
+	key, err := s.key()
+	if err != nil {
+		return nil, err
+	}
+	s.ws()
+	if err := s.expect(':'); err != nil {
+		return nil, err
+	}
+	s.ws()
+	return key, nil
 }
 
 // key reads an object key and returns its unescaped value.
