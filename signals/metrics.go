@@ -159,6 +159,12 @@ func extract(fams map[string]*dto.MetricFamily, prefixes prefixSet, flavor Flavo
 			return Metrics{}, fmt.Errorf("parse metrics: %w", ErrUnknownFlavor)
 		}
 	}
+	return extractFlavor(fams, flavor)
+}
+
+// extractFlavor reads the signals of flavor, a named engine (not
+// FlavorAuto), from fams.
+func extractFlavor(fams map[string]*dto.MetricFamily, flavor Flavor) (Metrics, error) {
 	m := Metrics{Flavor: flavor}
 	switch flavor {
 	case FlavorVLLM, FlavorVLLMLegacy:
@@ -190,14 +196,7 @@ func DetectFlavor(fams map[string]*dto.MetricFamily) Flavor {
 func detectFlavor(prefixes prefixSet, fams map[string]*dto.MetricFamily) Flavor {
 	switch {
 	case prefixes&prefixVLLM != 0:
-		_, kv := fams["vllm:kv_cache_usage_perc"]
-		_, pq := fams["vllm:prefix_cache_queries_total"]
-		_, okv := fams["vllm:gpu_cache_usage_perc"]
-		_, opq := fams["vllm:gpu_prefix_cache_queries_total"]
-		if !kv && !pq && (okv || opq) {
-			return FlavorVLLMLegacy
-		}
-		return FlavorVLLM
+		return vllmFlavor(fams)
 	case prefixes&prefixSGLang != 0:
 		return FlavorSGLang
 	case prefixes&prefixLlamaCPP != 0:
@@ -206,6 +205,20 @@ func detectFlavor(prefixes prefixSet, fams map[string]*dto.MetricFamily) Flavor 
 		return FlavorTGI
 	}
 	return ""
+}
+
+// vllmFlavor tells which vLLM a page of vLLM families comes from:
+// FlavorVLLMLegacy when it has only the pre-0.12 names
+// (vllm:gpu_cache_usage_perc, vllm:gpu_prefix_cache_*), else FlavorVLLM.
+func vllmFlavor(fams map[string]*dto.MetricFamily) Flavor {
+	_, kv := fams["vllm:kv_cache_usage_perc"]
+	_, pq := fams["vllm:prefix_cache_queries_total"]
+	_, okv := fams["vllm:gpu_cache_usage_perc"]
+	_, opq := fams["vllm:gpu_prefix_cache_queries_total"]
+	if !kv && !pq && (okv || opq) {
+		return FlavorVLLMLegacy
+	}
+	return FlavorVLLM
 }
 
 func (p *metricsParser) decode(body []byte, contentType string) (map[string]*dto.MetricFamily, prefixSet, error) {

@@ -23,8 +23,11 @@ import (
 )
 
 // referenceParseMetrics is ParseMetrics as it was before the fast path:
-// expfmt parses every family of the page. The differential tests hold the
-// fast path to it.
+// expfmt parses every family of the page, and the engine is told by a scan
+// of every family name. It shares only what comes after the decoding and
+// the detection (the vLLM version rule, vllmFlavor, and the per-engine
+// extraction, extractFlavor). The differential tests hold the fast path to
+// it.
 func referenceParseMetrics(r io.Reader, contentType string, flavor Flavor) (Metrics, error) {
 	fams, err := referenceDecode(r, contentType)
 	return referenceExtract(fams, err, flavor)
@@ -43,23 +46,7 @@ func referenceExtract(fams map[string]*dto.MetricFamily, err error, flavor Flavo
 			return Metrics{}, fmt.Errorf("parse metrics: %w", ErrUnknownFlavor)
 		}
 	}
-	m := Metrics{Flavor: flavor}
-	switch flavor {
-	case FlavorVLLM, FlavorVLLMLegacy:
-		extractVLLM(fams, &m)
-	case FlavorSGLang:
-		extractSGLang(fams, &m)
-	case FlavorLlamaCPP:
-		extractLlamaCPP(fams, &m)
-	case FlavorTGI:
-		extractTGI(fams, &m)
-	default:
-		return Metrics{}, fmt.Errorf("parse metrics: unknown flavor %q", flavor)
-	}
-	if m.Have&(HasWaiting|HasRunning) == 0 {
-		return m, fmt.Errorf("parse metrics: no %s queue metrics in body", flavor)
-	}
-	return m, nil
+	return extractFlavor(fams, flavor)
 }
 
 func referenceDetectFlavor(fams map[string]*dto.MetricFamily) Flavor {
@@ -78,14 +65,7 @@ func referenceDetectFlavor(fams map[string]*dto.MetricFamily) Flavor {
 	}
 	switch {
 	case vllm:
-		_, kv := fams["vllm:kv_cache_usage_perc"]
-		_, pq := fams["vllm:prefix_cache_queries_total"]
-		_, okv := fams["vllm:gpu_cache_usage_perc"]
-		_, opq := fams["vllm:gpu_prefix_cache_queries_total"]
-		if !kv && !pq && (okv || opq) {
-			return FlavorVLLMLegacy
-		}
-		return FlavorVLLM
+		return vllmFlavor(fams)
 	case sglang:
 		return FlavorSGLang
 	case llama:
