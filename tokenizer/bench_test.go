@@ -64,7 +64,6 @@ func BenchmarkChatTurns(b *testing.B) {
 			b.Fatal(err)
 		}
 		var prompts []string
-		total := 0
 		for turn := 1; turn <= 16; turn++ {
 			msgs := conversation(turn)
 			p, err := tmpl.Render(msgs[:len(msgs)-1], ChatOptions{AddGenerationPrompt: true})
@@ -72,30 +71,41 @@ func BenchmarkChatTurns(b *testing.B) {
 				b.Fatal(err)
 			}
 			prompts = append(prompts, p)
-			total += len(p)
 		}
-		dst := make([]uint32, 0, len(prompts[len(prompts)-1]))
-		b.Run(model+"/uncached", func(b *testing.B) {
-			b.SetBytes(int64(total))
-			b.ReportAllocs()
-			for b.Loop() {
-				for _, p := range prompts {
-					dst = tok.AppendEncode(dst[:0], p)
-				}
-			}
-		})
-		b.Run(model+"/cached", func(b *testing.B) {
-			b.SetBytes(int64(total))
-			b.ReportAllocs()
-			for b.Loop() {
-				// A new cache per conversation: the first turn starts cold.
-				c := NewCache(tok, CacheConfig{})
-				for _, p := range prompts {
-					dst = c.AppendEncode(dst[:0], p)
-				}
-			}
-		})
+		benchPrompts(b, model, tok, prompts)
 	}
+}
+
+// benchPrompts runs model's two sub-benchmarks of encoding prompts one
+// after the other: "uncached" straight through tok, and "cached" through a
+// Cache that is new for each pass, so its first prompt starts cold. Bytes
+// are the prompts' total.
+func benchPrompts(b *testing.B, model string, tok *HF, prompts []string) {
+	total, longest := 0, 0
+	for _, p := range prompts {
+		total += len(p)
+		longest = max(longest, len(p))
+	}
+	dst := make([]uint32, 0, longest)
+	b.Run(model+"/uncached", func(b *testing.B) {
+		b.SetBytes(int64(total))
+		b.ReportAllocs()
+		for b.Loop() {
+			for _, p := range prompts {
+				dst = tok.AppendEncode(dst[:0], p)
+			}
+		}
+	})
+	b.Run(model+"/cached", func(b *testing.B) {
+		b.SetBytes(int64(total))
+		b.ReportAllocs()
+		for b.Loop() {
+			c := NewCache(tok, CacheConfig{})
+			for _, p := range prompts {
+				dst = c.AppendEncode(dst[:0], p)
+			}
+		}
+	})
 }
 
 func BenchmarkChatTemplateRender(b *testing.B) {
@@ -132,32 +142,10 @@ func BenchmarkLoad(b *testing.B) {
 func BenchmarkSharedDocument(b *testing.B) {
 	doc := benchText()[:16000]
 	prompts := make([]string, 16)
-	total := 0
 	for i := range prompts {
 		prompts[i] = fmt.Sprintf("Question %d: what does the document say about batch %d?\nDocument:\n%s", i, i*7, doc)
-		total += len(prompts[i])
 	}
 	for _, model := range refModels {
-		tok := loadRef(b, model)
-		dst := make([]uint32, 0, len(prompts[0]))
-		b.Run(model+"/uncached", func(b *testing.B) {
-			b.SetBytes(int64(total))
-			b.ReportAllocs()
-			for b.Loop() {
-				for _, p := range prompts {
-					dst = tok.AppendEncode(dst[:0], p)
-				}
-			}
-		})
-		b.Run(model+"/cached", func(b *testing.B) {
-			b.SetBytes(int64(total))
-			b.ReportAllocs()
-			for b.Loop() {
-				c := NewCache(tok, CacheConfig{})
-				for _, p := range prompts {
-					dst = c.AppendEncode(dst[:0], p)
-				}
-			}
-		})
+		benchPrompts(b, model, loadRef(b, model), prompts)
 	}
 }
