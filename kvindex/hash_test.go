@@ -9,6 +9,8 @@ import (
 	"github.com/zeebo/xxh3"
 )
 
+// seqTokens returns n token ids counting up from start: a prompt whose
+// blocks all differ.
 func seqTokens(n int, start uint32) []uint32 {
 	t := make([]uint32, n)
 	for i := range t {

@@ -15,10 +15,7 @@ import (
 // the router lost a hot prefix the engine still held.)
 func TestIndexCopies(t *testing.T) {
 	const bs = 4
-	tokens := make([]uint32, 6*bs)
-	for i := range tokens {
-		tokens[i] = uint32(i + 1)
-	}
+	tokens := seqTokens(6*bs, 1)
 	eh := engineChain(tokens, bs)
 	q := HashTokens(tokens, bs, nil)
 	held := func(x *Index) int {

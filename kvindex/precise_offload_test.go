@@ -16,10 +16,7 @@ import (
 // size learned by such an event.
 func TestIndexStoreWithoutTokens(t *testing.T) {
 	const bs = 4
-	tokens := make([]uint32, 4*bs)
-	for i := range tokens {
-		tokens[i] = uint32(i + 1)
-	}
+	tokens := seqTokens(4*bs, 1)
 	eh := engineChain(tokens, bs)
 	q := HashTokens(tokens, bs, nil)
 	x := NewIndex(IndexConfig{Shards: 2})

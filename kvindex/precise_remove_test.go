@@ -13,10 +13,7 @@ import (
 // them). The Clear of a removed endpoint now does nothing.
 func TestIndexClearAfterRemove(t *testing.T) {
 	const bs = 4
-	tokens := make([]uint32, 3*bs)
-	for i := range tokens {
-		tokens[i] = uint32(i + 1)
-	}
+	tokens := seqTokens(3*bs, 1)
 	x := NewIndex(IndexConfig{BlockSize: bs, Shards: 2})
 	storeChain(t, x, "a", tokens, bs, 0, 3, kvroute.TierGPU)
 	x.mu.RLock()
