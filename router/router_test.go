@@ -446,23 +446,11 @@ func TestFirstTokenObserver(t *testing.T) {
 	}
 }
 
-// candRecorder picks the first healthy candidate and keeps a copy of the
-// candidates it saw.
-type candRecorder struct {
-	pickFirstHealthy
-	seen []kvroute.Candidate
-}
-
-func (p *candRecorder) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
-	p.seen = append(p.seen[:0], cands...)
-	return p.pickFirstHealthy.Pick(now, req, cands)
-}
-
 // TestDecisionLogCandidates checks every field of the logged candidates
 // against the candidates the picker saw: fresh, stale and never observed
 // signals, an ejected endpoint, a cached prefix.
 func TestDecisionLogCandidates(t *testing.T) {
-	p := &candRecorder{}
+	p := &recordingPicker{}
 	r, err := New(Config{Model: "m", Endpoints: eps(4), Picker: p, StaleAfter: time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -481,11 +469,11 @@ func TestDecisionLogCandidates(t *testing.T) {
 		t.Fatal(err)
 	}
 	got := r.Decisions(1)[0].Candidates
-	if len(got) != len(p.seen) {
-		t.Fatalf("logged %d candidates, want %d", len(got), len(p.seen))
+	if len(got) != len(p.last) {
+		t.Fatalf("logged %d candidates, want %d", len(got), len(p.last))
 	}
-	for i := range p.seen {
-		c := &p.seen[i]
+	for i := range p.last {
+		c := &p.last[i]
 		want := CandidateInput{
 			Endpoint: c.Endpoint.ID, Healthy: c.Healthy,
 			Waiting: c.Load.Waiting, Running: c.Load.Running, InFlight: c.Load.InFlight, KVUsage: c.Load.KVUsage,
