@@ -74,25 +74,14 @@ func TestPDRoutingIDHeldUntilLegsEnd(t *testing.T) {
 	t.Cleanup(decode.Close)
 	ip := &idPicker{}
 	cfg := pdTestConfig("ids", "sglang", prefill.URL, decode.URL)
-	tp := newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return ip, nil })
+	tp := newTestProxyWith(t, cfg, onePicker(ip))
 	base, stop := context.WithCancel(context.Background())
 	t.Cleanup(stop)
-	send := func() <-chan answer {
-		ch := make(chan answer, 1)
-		go func() {
-			req, _ := http.NewRequestWithContext(base, http.MethodPost, tp.srv.URL+PathCompletions,
-				strings.NewReader(`{"model":"tiny","prompt":"one routing id per request in progress","max_tokens":2}`))
-			req.Header.Set(HeaderRequestID, "dup")
-			resp, err := http.DefaultClient.Do(req)
-			if err != nil {
-				ch <- answer{err: err}
-				return
-			}
-			b, err := io.ReadAll(resp.Body)
-			resp.Body.Close()
-			ch <- answer{status: resp.StatusCode, body: string(b), err: err}
-		}()
-		return ch
+	sendDup := func() <-chan answer {
+		req, _ := http.NewRequestWithContext(base, http.MethodPost, tp.srv.URL+PathCompletions,
+			strings.NewReader(`{"model":"tiny","prompt":"one routing id per request in progress","max_tokens":2}`))
+		req.Header.Set(HeaderRequestID, "dup")
+		return send(req)
 	}
 	ok := func(name string, ch <-chan answer) {
 		t.Helper()
@@ -101,17 +90,17 @@ func TestPDRoutingIDHeldUntilLegsEnd(t *testing.T) {
 		}
 	}
 
-	first := send()
+	first := sendDup()
 	recv(t, "the first decode leg answered", decodeAnswered)
 	// The first request's prefill leg is still in flight under "dup".
-	second := send()
+	second := sendDup()
 	ok("the second request", second)
 	if got := ip.placed(); len(got) != 2 || got[0] != "dup" || got[1] == "dup" {
 		t.Fatalf("routing IDs placed: got %q, want \"dup\" then another while the first request's prefill leg ran", got)
 	}
 	closeOnce.Do(func() { close(release) })
 	ok("the first request", first)
-	ok("the third request", send())
+	ok("the third request", sendDup())
 	if got := ip.placed(); len(got) != 3 || got[2] != "dup" {
 		t.Fatalf("routing IDs placed: got %q, want \"dup\" again once the first request's legs had ended", got)
 	}

@@ -214,6 +214,24 @@ func newTestProxyWith(t testing.TB, cfg config.Config, pickers NewPickerFunc) *t
 	return newTestProxyOpts(t, Options{Config: cfg, NewPicker: pickers})
 }
 
+// onePicker is the NewPickerFunc of a test whose models all route with p,
+// whatever their policy's name and parameters.
+func onePicker(p kvroute.Picker) NewPickerFunc {
+	return func(string, map[string]any, uint64) (kvroute.Picker, error) { return p, nil }
+}
+
+// newQueueProxy serves a testProxy of policy name, routed by p, over one
+// engine that answers 200, with retry.queue_wait queueWait: the set-up of
+// the tests of the router's queue.
+func newQueueProxy(t testing.TB, name string, p kvroute.Picker, queueWait time.Duration) *testProxy {
+	t.Helper()
+	engine := httptest.NewServer(statusHandler(http.StatusOK))
+	t.Cleanup(engine.Close)
+	cfg := testConfig(name, engine.URL)
+	cfg.Retry.QueueWait = queueWait
+	return newTestProxyWith(t, cfg, onePicker(p))
+}
+
 // newTestProxyOpts serves a Proxy of opts, given its own registry and a
 // fake clock, on an httptest server until the test ends.
 func newTestProxyOpts(t testing.TB, opts Options) *testProxy {

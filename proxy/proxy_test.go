@@ -891,7 +891,7 @@ func TestOutcomesReachLearningPolicies(t *testing.T) {
 	cfg := testConfig("learn", be.URL)
 	cfg.Retry.Attempts = 1
 	l := &learner{}
-	tp = newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return l, nil })
+	tp = newTestProxyWith(t, cfg, onePicker(l))
 	for i, body := range []string{streamBody, chatBody, chatBody} {
 		path := PathChatCompletions
 		if body == streamBody {
@@ -928,7 +928,7 @@ func TestErrorAnswerIsAFailedOutcome(t *testing.T) {
 	})
 	cfg := testConfig("learn", be.URL)
 	l := &learner{}
-	tp = newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return l, nil })
+	tp = newTestProxyWith(t, cfg, onePicker(l))
 	bodies := []string{streamBody, `{"model":"m","prompt":"hello"}`, streamBody, streamBody} // more than fail_threshold
 	for _, body := range bodies {
 		resp := tp.post(t, PathCompletions, body)

@@ -8,7 +8,6 @@ import (
 	"testing"
 	"time"
 
-	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
 )
 
@@ -28,7 +27,7 @@ func TestQueueClientGoneIs499(t *testing.T) {
 		t.Run(tt.name, func(t *testing.T) {
 			qp := &queueingPicker{n: -1}
 			tt.cfg.Retry.QueueWait = time.Minute
-			tp := newTestProxyWith(t, tt.cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return qp, nil })
+			tp := newTestProxyWith(t, tt.cfg, onePicker(qp))
 			ctx, cancel := context.WithCancel(context.Background())
 			defer cancel()
 			errc := make(chan error, 1)

@@ -108,10 +108,16 @@ type answer struct {
 // sendTo posts a completion of prompt for model to the proxy at base, in
 // the background.
 func sendTo(ctx context.Context, base, model, prompt string) <-chan answer {
+	req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+PathCompletions,
+		strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":2}`, model, prompt)))
+	return send(req)
+}
+
+// send does req in the background; its answer comes on the channel
+// returned.
+func send(req *http.Request) <-chan answer {
 	ch := make(chan answer, 1)
 	go func() {
-		req, _ := http.NewRequestWithContext(ctx, http.MethodPost, base+PathCompletions,
-			strings.NewReader(fmt.Sprintf(`{"model":%q,"prompt":%q,"max_tokens":2}`, model, prompt)))
 		resp, err := http.DefaultClient.Do(req)
 		if err != nil {
 			ch <- answer{err: err}
@@ -199,7 +205,7 @@ func TestQueueNoOvertaking(t *testing.T) {
 	sp := newSlotPicker()
 	cfg := testConfig("slot", eng.URL)
 	cfg.Retry.QueueWait = time.Minute
-	tp := newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return sp, nil })
+	tp := newTestProxyWith(t, cfg, onePicker(sp))
 	checkNoOvertaking(t, tp, sp, eng, "m")
 }
 
@@ -215,7 +221,7 @@ func TestQueueNoOvertakingDisaggregated(t *testing.T) {
 	sp := newSlotPicker()
 	cfg := pdTestConfig("slot", "nixl", prefill.URL, decode.URL)
 	cfg.Retry.QueueWait = time.Minute
-	tp := newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return sp, nil })
+	tp := newTestProxyWith(t, cfg, onePicker(sp))
 	checkNoOvertaking(t, tp, sp, prefill, "tiny")
 }
 
@@ -223,12 +229,8 @@ func TestQueueNoOvertakingDisaggregated(t *testing.T) {
 // held one, and whose queue_wait ran out, gets 429 saying how long it
 // waited, as the held one does.
 func TestQueueBehindWaitRunsOut(t *testing.T) {
-	engine := httptest.NewServer(statusHandler(http.StatusOK))
-	t.Cleanup(engine.Close)
 	qp := &queueingPicker{n: -1}
-	cfg := testConfig("queueing", engine.URL)
-	cfg.Retry.QueueWait = 200 * time.Millisecond
-	tp := newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return qp, nil })
+	tp := newQueueProxy(t, "queueing", qp, 200*time.Millisecond)
 	first := sendTo(context.Background(), tp.srv.URL, "m", "first")
 	waitFor(t, "the first held", func() bool { return tp.metric(t, tp.metrics.queued, "m") == 1 })
 	second := sendTo(context.Background(), tp.srv.URL, "m", "second")

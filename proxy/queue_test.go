@@ -49,7 +49,7 @@ func TestQueueHoldsThenRoutes(t *testing.T) {
 			qp := &queueingPicker{n: tt.sheds}
 			cfg := testConfig("queueing", engine.URL)
 			cfg.Retry.QueueWait = queueWaitFor(tt.want)
-			tp := newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return qp, nil })
+			tp := newTestProxyWith(t, cfg, onePicker(qp))
 			resp := tp.post(t, PathCompletions, `{"model":"m","prompt":"hello"}`)
 			body := readAll(t, resp)
 			if resp.StatusCode != tt.want {
@@ -97,7 +97,7 @@ func TestQueueOnDisaggregatedPool(t *testing.T) {
 			qp := &queueingPicker{n: tt.sheds}
 			cfg := pdTestConfig("queueing", "nixl", ps.URL, ds.URL)
 			cfg.Retry.QueueWait = queueWaitFor(tt.want)
-			tp := newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return qp, nil })
+			tp := newTestProxyWith(t, cfg, onePicker(qp))
 			resp := tp.post(t, PathCompletions, `{"model":"tiny","prompt":"held until the prefill pool drains","max_tokens":2}`)
 			body := readAll(t, resp)
 			if resp.StatusCode != tt.want {
@@ -163,12 +163,8 @@ func (g *gatePicker) admit() {
 // arrival, see TestQueueNoOvertaking), and room goes to the first. A waiter
 // whose client goes away leaves the line.
 func TestQueueFirstComeFirstServed(t *testing.T) {
-	engine := httptest.NewServer(statusHandler(http.StatusOK))
-	t.Cleanup(engine.Close)
 	g := &gatePicker{calls: map[string]int{}}
-	cfg := testConfig("gate", engine.URL)
-	cfg.Retry.QueueWait = time.Minute
-	tp := newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return g, nil })
+	tp := newQueueProxy(t, "gate", g, time.Minute)
 	// On failure the held requests end with the test, not with queue_wait.
 	base, stop := context.WithCancel(context.Background())
 	t.Cleanup(stop)
@@ -233,12 +229,8 @@ func TestQueueFirstComeFirstServed(t *testing.T) {
 // TestQueueWaitRunsOut: a request still shed when retry.queue_wait runs
 // out gets 429 with Retry-After and an error that says it waited.
 func TestQueueWaitRunsOut(t *testing.T) {
-	engine := httptest.NewServer(statusHandler(http.StatusOK))
-	t.Cleanup(engine.Close)
 	qp := &queueingPicker{n: -1}
-	cfg := testConfig("queueing", engine.URL)
-	cfg.Retry.QueueWait = 50 * time.Millisecond
-	tp := newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return qp, nil })
+	tp := newQueueProxy(t, "queueing", qp, 50*time.Millisecond)
 	resp := tp.post(t, PathCompletions, `{"model":"m","prompt":"hello"}`)
 	body := readAll(t, resp)
 	if resp.StatusCode != http.StatusTooManyRequests || resp.Header.Get("Retry-After") == "" {
@@ -266,12 +258,8 @@ func TestQueueWaitRunsOut(t *testing.T) {
 // deadline passes gets the 503 every other request then in progress gets,
 // not a 429 that says the fleet is overloaded, and is counted so.
 func TestQueueDrainDeadline(t *testing.T) {
-	engine := httptest.NewServer(statusHandler(http.StatusOK))
-	t.Cleanup(engine.Close)
 	qp := &queueingPicker{n: -1}
-	cfg := testConfig("queueing", engine.URL)
-	cfg.Retry.QueueWait = time.Minute
-	tp := newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return qp, nil })
+	tp := newQueueProxy(t, "queueing", qp, time.Minute)
 	// As Serve does: every request's context descends from one that the
 	// drain deadline cancels with errShutdown.
 	base, stopAll := context.WithCancelCause(context.Background())
@@ -311,12 +299,8 @@ func TestQueueDrainDeadline(t *testing.T) {
 // of one tenant held behind another tenant's burst waits for one more of
 // the burst, not for all of it.
 func TestQueueTenantsTakeTurns(t *testing.T) {
-	engine := httptest.NewServer(statusHandler(http.StatusOK))
-	t.Cleanup(engine.Close)
 	g := &gatePicker{calls: map[string]int{}}
-	cfg := testConfig("gate", engine.URL)
-	cfg.Retry.QueueWait = time.Minute
-	tp := newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return g, nil })
+	tp := newQueueProxy(t, "gate", g, time.Minute)
 	base, stop := context.WithCancel(context.Background())
 	t.Cleanup(stop)
 	answers := map[string]chan int{}

@@ -6,8 +6,6 @@ import (
 	"net/http"
 	"testing"
 	"time"
-
-	"github.com/kvroute/kvroute"
 )
 
 // TestQueueWakesWhenRoomFrees: the head of the line routes again as soon
@@ -22,7 +20,7 @@ func TestQueueWakesWhenRoomFrees(t *testing.T) {
 	sp := newSlotPicker()
 	cfg := testConfig("slot", eng.URL)
 	cfg.Retry.QueueWait = time.Hour
-	tp := newTestProxyWith(t, cfg, func(string, map[string]any, uint64) (kvroute.Picker, error) { return sp, nil })
+	tp := newTestProxyWith(t, cfg, onePicker(sp))
 	tp.queuePause.first, tp.queuePause.max = time.Hour, time.Hour
 	ctx, cancel := context.WithCancel(context.Background())
 	t.Cleanup(cancel) // on failure the held request ends with the test
