@@ -18,9 +18,7 @@ func TestPDInflightIsRecorded(t *testing.T) {
 	ps, _ := pdEngine(t, kvroute.RolePrefill, "nixl")
 	streaming, release := make(chan struct{}), make(chan struct{})
 	ds, _ := pdEngineHook(t, kvroute.RoleDecode, "nixl", func(w http.ResponseWriter, r *http.Request) bool {
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"n\":0}\n\n")
-		w.(http.Flusher).Flush()
+		flushEvents(w, "data: {\"n\":0}\n\n")
 		close(streaming)
 		<-release
 		fmt.Fprint(w, "data: [DONE]\n\n")

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"fmt"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -24,9 +23,7 @@ func TestPDStreamBreakIsCounted(t *testing.T) {
 		if !breaking.Load() {
 			return false // the emulated engine answers whole
 		}
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"n\":0}\n\n")
-		w.(http.Flusher).Flush()
+		flushEvents(w, "data: {\"n\":0}\n\n")
 		panic(http.ErrAbortHandler) // the engine dies mid-stream
 	})
 	tp := newTestProxyWith(t, pdTestConfig("", "nixl", ps.URL, ds.URL), policy.New)

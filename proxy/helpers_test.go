@@ -157,6 +157,15 @@ func okHandler(name string) http.HandlerFunc {
 	}
 }
 
+// flushEvents starts an event-stream response with events and flushes
+// them to the client, as an engine sends its first chunk before it
+// generates the rest.
+func flushEvents(w http.ResponseWriter, events string) {
+	w.Header().Set("Content-Type", "text/event-stream")
+	fmt.Fprint(w, events)
+	w.(http.Flusher).Flush()
+}
+
 func statusHandler(status int) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)

@@ -70,9 +70,7 @@ func TestNonStreamingForwardsBodyByteForByte(t *testing.T) {
 func TestStreamChunksArriveOneByOne(t *testing.T) {
 	release := make(chan struct{})
 	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"n\":0}\n\n")
-		w.(http.Flusher).Flush()
+		flushEvents(w, "data: {\"n\":0}\n\n")
 		select { // the last chunks wait until the client has seen the first
 		case <-release:
 		case <-r.Context().Done():
@@ -275,9 +273,7 @@ func TestActiveHealthChecks(t *testing.T) {
 func TestClientDisconnectCancelsBackend(t *testing.T) {
 	canceled := make(chan struct{})
 	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"n\":0}\n\n")
-		w.(http.Flusher).Flush()
+		flushEvents(w, "data: {\"n\":0}\n\n")
 		<-r.Context().Done() // the engine generates until its request is cancelled
 		close(canceled)
 	})
@@ -305,9 +301,7 @@ func TestClientDisconnectCancelsBackend(t *testing.T) {
 
 func TestMidStreamFailureEndsWithErrorEvent(t *testing.T) {
 	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"n\":0}\n\ndata: {\"n\":")
-		w.(http.Flusher).Flush()
+		flushEvents(w, "data: {\"n\":0}\n\ndata: {\"n\":")
 		panic(http.ErrAbortHandler) // the engine dies mid-event
 	})
 	tp := newTestProxy(t, testConfig("first", be.URL))
@@ -648,9 +642,7 @@ func startStream(t *testing.T, p *Proxy, body string) *servingStream {
 func TestGracefulShutdownDrainsStreams(t *testing.T) {
 	release := make(chan struct{})
 	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"n\":0}\n\n")
-		w.(http.Flusher).Flush()
+		flushEvents(w, "data: {\"n\":0}\n\n")
 		<-release
 		fmt.Fprint(w, "data: [DONE]\n\n")
 	})
@@ -690,9 +682,7 @@ func TestGracefulShutdownDrainsStreams(t *testing.T) {
 func TestServeListenerFailureDrains(t *testing.T) {
 	release := make(chan struct{})
 	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"n\":0}\n\n")
-		w.(http.Flusher).Flush()
+		flushEvents(w, "data: {\"n\":0}\n\n")
 		select {
 		case <-release:
 		case <-r.Context().Done():
@@ -952,9 +942,7 @@ func TestErrorAnswerIsAFailedOutcome(t *testing.T) {
 func TestClientClosingAfterDoneIsNotA499(t *testing.T) {
 	finish := make(chan struct{})
 	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"n\":0}\n\ndata: [DONE]\n\n")
-		w.(http.Flusher).Flush()
+		flushEvents(w, "data: {\"n\":0}\n\ndata: [DONE]\n\n")
 		select { // keep the response open after [DONE]
 		case <-finish:
 		case <-r.Context().Done():
@@ -1112,9 +1100,7 @@ func TestShutdownDeadlineEndsStreamsWithErrorEvent(t *testing.T) {
 	cancelled := make(chan struct{})
 	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body) // then a closed connection cancels r
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"n\":0}\n\n")
-		w.(http.Flusher).Flush()
+		flushEvents(w, "data: {\"n\":0}\n\n")
 		<-r.Context().Done() // generates until cancelled
 		close(cancelled)
 	})

@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"fmt"
 	"net/http"
 	"strings"
 	"sync/atomic"
@@ -39,9 +38,7 @@ const requestEnded = `kvroute_request_duration_seconds_count{model="m"} 1`
 // turn.
 func TestReloadRacingWriterLeavesNoSeries(t *testing.T) {
 	engineDies := func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"text\":\"gone-0\"}]}\n\n")
-		w.(http.Flusher).Flush()
+		flushEvents(w, "data: {\"choices\":[{\"index\":0,\"text\":\"gone-0\"}]}\n\n")
 		panic(http.ErrAbortHandler) // the engine dies mid-stream
 	}
 	tests := []struct {

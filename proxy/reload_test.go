@@ -64,9 +64,7 @@ func TestReloadAddsEndpoint(t *testing.T) {
 func TestReloadRemovesEndpoint(t *testing.T) {
 	release := make(chan struct{})
 	a := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"text\":\"a-0\"}]}\n\n")
-		w.(http.Flusher).Flush()
+		flushEvents(w, "data: {\"choices\":[{\"index\":0,\"text\":\"a-0\"}]}\n\n")
 		<-release
 		fmt.Fprint(w, "data: {\"choices\":[{\"index\":0,\"text\":\"a-1\"}]}\n\ndata: [DONE]\n\n")
 	})

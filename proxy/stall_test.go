@@ -20,9 +20,7 @@ func TestStalledStreamEndsWithErrorEvent(t *testing.T) {
 	release := make(chan struct{})
 	defer close(release)
 	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"n\":0}\n\n")
-		w.(http.Flusher).Flush()
+		flushEvents(w, "data: {\"n\":0}\n\n")
 		select { // hung: neither more bytes nor a closed connection
 		case <-release:
 		case <-r.Context().Done():

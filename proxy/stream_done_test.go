@@ -17,9 +17,7 @@ func TestBreakAfterDoneIsNotAStreamError(t *testing.T) {
 	for _, eol := range []string{"\n", "\r\n", "\r"} {
 		t.Run(fmt.Sprintf("%q", eol), func(t *testing.T) {
 			be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
-				w.Header().Set("Content-Type", "text/event-stream")
-				fmt.Fprint(w, "data: {\"n\":0}"+eol+eol+"data: [DONE]"+eol+eol)
-				w.(http.Flusher).Flush()
+				flushEvents(w, "data: {\"n\":0}"+eol+eol+"data: [DONE]"+eol+eol)
 				panic(http.ErrAbortHandler)
 			})
 			tp := newTestProxy(t, testConfig("first", be.URL))

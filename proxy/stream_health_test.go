@@ -1,7 +1,6 @@
 package proxy
 
 import (
-	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -19,9 +18,7 @@ import (
 // when it ends whole.
 func TestStreamsBrokenMidwayEject(t *testing.T) {
 	a := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
-		w.Header().Set("Content-Type", "text/event-stream")
-		fmt.Fprint(w, "data: {\"n\":0}\n\n")
-		w.(http.Flusher).Flush()
+		flushEvents(w, "data: {\"n\":0}\n\n")
 		panic(http.ErrAbortHandler) // the engine dies mid-stream
 	})
 	b := newBackend(t, "b", okHandler("b"))
