@@ -210,23 +210,33 @@ func waitFor(t *testing.T, what string, cond func() bool) {
 	}
 }
 
-// prompt is 6 blocks of 4 tokens; chainEvents cuts it into BlockStored
-// events with engine hashes 1000+i.
-var prompt = func() []uint32 {
+// prompt is 6 blocks of 4 tokens; stored cuts it into BlockStored events
+// with engine hashes 1000+i.
+var prompt = promptFrom(10)
+
+// promptFrom returns a prompt of 6 blocks of 4 tokens counting up from
+// first.
+func promptFrom(first uint32) []uint32 {
 	p := make([]uint32, 24)
 	for i := range p {
-		p[i] = uint32(10 + i)
+		p[i] = first + uint32(i)
 	}
 	return p
-}()
+}
 
-func stored(from, to int) KVEvent {
-	ev := KVEvent{Kind: EventBlockStored, BlockSize: 4, Medium: "GPU", TokenIDs: prompt[from*4 : to*4]}
+// stored is the BlockStored event of blocks from to to (exclusive) of
+// prompt.
+func stored(from, to int) KVEvent { return storedOf(prompt, 1000, from, to) }
+
+// storedOf is the BlockStored event of blocks from to to (exclusive) of p,
+// block i with engine hash base+i.
+func storedOf(p []uint32, base uint64, from, to int) KVEvent {
+	ev := KVEvent{Kind: EventBlockStored, BlockSize: 4, Medium: "GPU", TokenIDs: p[from*4 : to*4]}
 	for i := from; i < to; i++ {
-		ev.BlockHashes = append(ev.BlockHashes, uint64(1000+i))
+		ev.BlockHashes = append(ev.BlockHashes, base+uint64(i))
 	}
 	if from > 0 {
-		ev.Parent, ev.HasParent = uint64(1000+from-1), true
+		ev.Parent, ev.HasParent = base+uint64(from-1), true
 	}
 	return ev
 }
@@ -554,24 +564,10 @@ func TestSubscriberListen(t *testing.T) {
 }
 
 // prompt2 is another engine's prompt (engine hashes 2000+i).
-var prompt2 = func() []uint32 {
-	p := make([]uint32, 24)
-	for i := range p {
-		p[i] = uint32(500 + i)
-	}
-	return p
-}()
+var prompt2 = promptFrom(500)
 
-func stored2(from, to int) KVEvent {
-	ev := KVEvent{Kind: EventBlockStored, BlockSize: 4, Medium: "GPU", TokenIDs: prompt2[from*4 : to*4]}
-	for i := from; i < to; i++ {
-		ev.BlockHashes = append(ev.BlockHashes, uint64(2000+i))
-	}
-	if from > 0 {
-		ev.Parent, ev.HasParent = uint64(2000+from-1), true
-	}
-	return ev
-}
+// stored2 is stored of prompt2.
+func stored2(from, to int) KVEvent { return storedOf(prompt2, 2000, from, to) }
 
 // matchedOn returns how many leading blocks of p the index holds for e1.
 func matchedOn(idx *kvindex.Index, p []uint32) int {
