@@ -177,20 +177,7 @@ func fidelityRouter(t testing.TB, s fidelitySetup, eps []config.Endpoint) string
 	if err != nil {
 		t.Fatal(err)
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Serve(ctx, ln) }()
-	t.Cleanup(func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	})
-	return "http://" + ln.Addr().String()
+	return serveProxy(t, p)
 }
 
 // fidelityBench runs the workload against a fresh emulated fleet behind the

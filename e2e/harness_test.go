@@ -229,26 +229,41 @@ func startRouter(t testing.TB, models ...config.Model) *routerProc {
 	cfg := config.Config{Models: models, Debug: config.Debug{Enabled: true},
 		HealthCheck: config.HealthCheck{Interval: time.Second, Timeout: 500 * time.Millisecond},
 		Timeouts:    config.Timeouts{Shutdown: 2 * time.Second}}
+	return startRouterConfig(t, cfg)
+}
+
+// startRouterConfig serves a proxy of cfg, with its own registry, on
+// loopback until the test ends.
+func startRouterConfig(t testing.TB, cfg config.Config) *routerProc {
+	t.Helper()
 	reg := prometheus.NewRegistry()
 	p, err := proxy.New(proxy.Options{Config: cfg, NewPicker: policy.New, Logger: logger().With("side", "router"),
 		Registerer: reg, Gatherer: reg})
 	if err != nil {
 		t.Fatal(err)
 	}
+	return &routerProc{p: p, url: serveProxy(t, p), reg: reg}
+}
+
+// serveProxy serves p on a loopback port and returns its base URL. When
+// the test ends it stops p and waits for Serve to return, failing the test
+// on its error.
+func serveProxy(t testing.TB, p *proxy.Proxy) string {
+	t.Helper()
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
-	go func() { done <- p.Serve(ctx, ln) }()
+	go func() { done <- p.Serve(ctx, ln) }() // Serve scrapes the engines' signals
 	t.Cleanup(func() {
 		cancel()
 		if err := <-done; err != nil {
 			t.Errorf("Serve: %v", err)
 		}
 	})
-	return &routerProc{p: p, url: "http://" + ln.Addr().String(), reg: reg}
+	return "http://" + ln.Addr().String()
 }
 
 // status returns one endpoint's status in the model's router.

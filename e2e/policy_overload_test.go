@@ -1,18 +1,12 @@
 package e2e
 
 import (
-	"context"
 	"fmt"
-	"net"
 	"net/http"
 	"testing"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-
 	"github.com/kvroute/kvroute/config"
-	"github.com/kvroute/kvroute/policy"
-	"github.com/kvroute/kvroute/proxy"
 )
 
 // TestKVAwareQueueHoldsThenRoutes: with overload=queue the requests that
@@ -27,25 +21,7 @@ func TestKVAwareQueueHoldsThenRoutes(t *testing.T) {
 		HealthCheck: config.HealthCheck{Interval: time.Second, Timeout: 500 * time.Millisecond},
 		Timeouts:    config.Timeouts{Shutdown: 2 * time.Second},
 		Retry:       config.Retry{QueueWait: time.Minute}} // a hang guard, not a timing assertion
-	reg := prometheus.NewRegistry()
-	p, err := proxy.New(proxy.Options{Config: cfg, NewPicker: policy.New, Logger: logger(), Registerer: reg, Gatherer: reg})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan error, 1)
-	go func() { done <- p.Serve(ctx, ln) }() // Serve scrapes the engines' signals
-	defer func() {
-		cancel()
-		if err := <-done; err != nil {
-			t.Errorf("Serve: %v", err)
-		}
-	}()
-	r := &routerProc{p: p, url: "http://" + ln.Addr().String(), reg: reg}
+	r := startRouterConfig(t, cfg)
 
 	const n = 40
 	codes := make(chan int, n)
