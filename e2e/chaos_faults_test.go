@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/openai"
 	"github.com/prometheus/common/expfmt"
 	pmodel "github.com/prometheus/common/model"
 )
@@ -894,21 +895,14 @@ func (l *chaosLoad) do(body string, stream bool) chaosResult {
 			Choices []struct {
 				FinishReason string `json:"finish_reason"`
 			} `json:"choices"`
-			Usage *struct {
-				PromptTokens int `json:"prompt_tokens"`
-				Details      *struct {
-					Cached int `json:"cached_tokens"`
-				} `json:"prompt_tokens_details"`
-			} `json:"usage"`
+			Usage *openai.Usage `json:"usage"`
 		}
 		if err := json.Unmarshal(data, &out); err != nil || len(out.Choices) == 0 || out.Choices[0].FinishReason == "" || out.Usage == nil {
 			res.class, res.detail = "bad:truncated_200", fmt.Sprintf("%v: %q", err, tail(data, 200))
 			return res
 		}
-		res.class, res.prompt = "ok", out.Usage.PromptTokens
-		if out.Usage.Details != nil {
-			res.cached = out.Usage.Details.Cached
-		}
+		res.class = "ok"
+		res.prompt, res.cached = out.Usage.PromptTokens, out.Usage.CachedTokens()
 		return res
 	}
 	// A stream must end with [DONE] after either a finished choice and the
@@ -931,12 +925,7 @@ func (l *chaosLoad) do(body string, stream bool) chaosResult {
 			Choices []struct {
 				FinishReason *string `json:"finish_reason"`
 			} `json:"choices"`
-			Usage *struct {
-				PromptTokens int `json:"prompt_tokens"`
-				Details      *struct {
-					Cached int `json:"cached_tokens"`
-				} `json:"prompt_tokens_details"`
-			} `json:"usage"`
+			Usage *openai.Usage `json:"usage"`
 			Error *struct {
 				Message string `json:"message"`
 				Code    any    `json:"code"`
@@ -957,8 +946,8 @@ func (l *chaosLoad) do(body string, stream bool) chaosResult {
 		}
 		if chunk.Usage != nil {
 			res.prompt = chunk.Usage.PromptTokens
-			if chunk.Usage.Details != nil {
-				res.cached = chunk.Usage.Details.Cached
+			if c := chunk.Usage.CachedTokens(); c >= 0 {
+				res.cached = c
 			}
 		}
 	}
