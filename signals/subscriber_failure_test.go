@@ -288,12 +288,7 @@ func TestSubscriberCatchUpOnConnect(t *testing.T) {
 // per endpoint for as long as the engine was down). A connection made
 // after them is logged, and its failure is a warning again.
 func TestSubscriberDialFailuresLoggedOnce(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := "tcp://" + l.Addr().String()
-	l.Close() // nothing listens there: every dial fails
+	addr := freeTCPAddr(t) // nothing listens there: every dial fails
 	var logs syncbuf.Buffer
 	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 4})
 	sub, _ := runSubscriber(t, SubscriberConfig{Endpoint: "e1", Address: addr, Topic: testTopic, Sink: idx}, func(c *SubscriberConfig) {

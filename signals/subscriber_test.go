@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/binary"
 	"fmt"
-	"net"
 	"reflect"
 	"slices"
 	"strings"
@@ -526,12 +525,7 @@ func TestSubscriberConfigValidate(t *testing.T) {
 // TestSubscriberListen: the engine's PUB socket connects to the router,
 // which binds (vLLM's rule for an endpoint naming a host).
 func TestSubscriberListen(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := "tcp://" + l.Addr().String()
-	l.Close()
+	addr := freeTCPAddr(t)
 	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 4})
 	sub, _ := runSubscriber(t, SubscriberConfig{Endpoint: "e1", Address: addr, Listen: true, Topic: testTopic, Sink: idx}, nil)
 	waitFor(t, "listening", func() bool { return sub.Status().Connected })
@@ -695,12 +689,7 @@ func TestSubscriberReconnectSameEngine(t *testing.T) {
 // dials in, like the emulator's and libzmq's) and every incarnation is
 // followed, with the previous one's entries dropped.
 func TestSubscriberListenRestart(t *testing.T) {
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	addr := "tcp://" + l.Addr().String()
-	l.Close()
+	addr := freeTCPAddr(t)
 	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 4})
 	sub, _ := runSubscriber(t, SubscriberConfig{Endpoint: "e1", Address: addr, Listen: true, Topic: testTopic,
 		Sink: idx, DialRetry: 10 * time.Millisecond}, nil)
