@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"io"
-	"net/http"
 	"net/http/httptest"
 	"testing"
 
@@ -17,18 +16,8 @@ import (
 // accounted for.
 func TestPDBrokenAnswerIsAborted(t *testing.T) {
 	ps, _ := pdEngine(t, kvroute.RolePrefill, "nixl")
-	decode := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		_, _ = io.Copy(io.Discard, r.Body)
-		conn, bw, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer conn.Close()
-		_, _ = bw.WriteString("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 400\r\n\r\n" +
-			`{"id":"cmpl-d","object":"text_completion","choices":[{"index":0,"text":"trunc`)
-		_ = bw.Flush()
-	}))
+	decode := httptest.NewServer(headersThenDie(t, "application/json",
+		`{"id":"cmpl-d","object":"text_completion","choices":[{"index":0,"text":"trunc`))
 	t.Cleanup(decode.Close)
 	tp := newTestProxyWith(t, pdTestConfig("", "nixl", ps.URL, decode.URL), policy.New)
 	resp := tp.post(t, PathCompletions, `{"model":"tiny","prompt":"a JSON answer cut short","max_tokens":2}`)
