@@ -54,7 +54,7 @@ func TestPDBooksBalance(t *testing.T) {
 		"broken": brokenBody(t),
 		"reset": func(w http.ResponseWriter, r *http.Request) { // before its first body byte
 			_, _ = io.Copy(io.Discard, r.Body)
-			headersThenReset(t, w, "application/json")
+			headersThenReset(t, w, "application/json", "")
 		},
 		"hang": func(w http.ResponseWriter, r *http.Request) { // the client leaves meanwhile
 			_, _ = io.Copy(io.Discard, r.Body)

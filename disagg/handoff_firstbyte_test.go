@@ -18,11 +18,12 @@ import (
 	"github.com/kvroute/kvroute/openai"
 )
 
-// headersThenReset writes a 200's headers for a body of contentType (a
-// stream's chunked, another's with its Content-Length) on w's connection,
-// then drops it before any body byte: an engine that died, or a hop that
-// dropped the connection, after the answer's headers.
-func headersThenReset(t *testing.T, w http.ResponseWriter, contentType string) {
+// headersThenReset writes on w's connection a 200's headers for a body of
+// contentType (a stream's chunked, another's with a Content-Length of 400
+// it never fulfils), then body ("" for none; a stream's as one chunk), and
+// drops the connection: an engine that died, or a hop that dropped the
+// connection, after the answer's headers or in the middle of its body.
+func headersThenReset(t *testing.T, w http.ResponseWriter, contentType, body string) {
 	t.Helper()
 	conn, bw, err := http.NewResponseController(w).Hijack()
 	if err != nil {
@@ -30,11 +31,19 @@ func headersThenReset(t *testing.T, w http.ResponseWriter, contentType string) {
 		return
 	}
 	defer conn.Close()
+	chunked := strings.HasPrefix(contentType, openai.ContentTypeEventStream)
 	framing := "Content-Length: 400"
-	if strings.HasPrefix(contentType, openai.ContentTypeEventStream) {
+	if chunked {
 		framing = "Transfer-Encoding: chunked"
 	}
 	_, _ = bw.WriteString("HTTP/1.1 200 OK\r\nContent-Type: " + contentType + "\r\n" + framing + "\r\n\r\n")
+	switch {
+	case body == "":
+	case chunked:
+		_, _ = bw.WriteString(strconv.FormatInt(int64(len(body)), 16) + "\r\n" + body + "\r\n")
+	default:
+		_, _ = bw.WriteString(body)
+	}
 	_ = bw.Flush()
 }
 
@@ -50,7 +59,7 @@ func resetFront(t *testing.T, u string, fail func() bool) *httptest.Server {
 			return
 		}
 		if resp.StatusCode == http.StatusOK && fail() {
-			headersThenReset(t, w, resp.Header.Get("Content-Type"))
+			headersThenReset(t, w, resp.Header.Get("Content-Type"), "")
 			return
 		}
 		w.Header().Set("Content-Type", resp.Header.Get("Content-Type"))

@@ -5,7 +5,6 @@ import (
 	"io"
 	"net/http"
 	"net/http/httptest"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -20,15 +19,7 @@ import (
 func brokenBody(t *testing.T) http.HandlerFunc {
 	return func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
-		conn, bw, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer conn.Close()
-		_, _ = bw.WriteString("HTTP/1.1 200 OK\r\nContent-Type: application/json\r\nContent-Length: 400\r\n\r\n" +
-			`{"id":"cmpl-d","object":"text_completion","choices":[{"index":0,"text":"trunc`)
-		_ = bw.Flush()
+		headersThenReset(t, w, "application/json", `{"id":"cmpl-d","object":"text_completion","choices":[{"index":0,"text":"trunc`)
 	}
 }
 
@@ -92,16 +83,7 @@ func TestPDStreamBrokenMidEventEndsCleanly(t *testing.T) {
 	p := emu(t, kvroute.RolePrefill, emulator.PDNixl)
 	d := fake(t, func(w http.ResponseWriter, r *http.Request) {
 		_, _ = io.Copy(io.Discard, r.Body)
-		conn, bw, err := http.NewResponseController(w).Hijack()
-		if err != nil {
-			t.Error(err)
-			return
-		}
-		defer conn.Close()
-		_, _ = bw.WriteString("HTTP/1.1 200 OK\r\nContent-Type: text/event-stream\r\nTransfer-Encoding: chunked\r\n\r\n")
-		ev := "data: {\"n\":0}\n\ndata: {\"n\":1,\"te"
-		_, _ = bw.WriteString(strconv.FormatInt(int64(len(ev)), 16) + "\r\n" + ev + "\r\n")
-		_ = bw.Flush()
+		headersThenReset(t, w, "text/event-stream", "data: {\"n\":0}\n\ndata: {\"n\":1,\"te")
 	})
 	f := newPD(t, ProtocolNixl, ModeAlways, endpoint("p", p.URL, kvroute.RolePrefill), endpoint("d", d.URL, kvroute.RoleDecode))
 	code, body := f.post(t, completion(true, 4))
