@@ -30,20 +30,8 @@ func (d *liveDoer) Do(req *http.Request) (*http.Response, error) {
 		d.live.Add(-1)
 		return nil, err
 	}
-	resp.Body = &closeOnce{ReadCloser: resp.Body, done: func() { d.live.Add(-1) }}
+	resp.Body = &inflightBody{ReadCloser: resp.Body, done: func() { d.live.Add(-1) }}
 	return resp, nil
-}
-
-type closeOnce struct {
-	io.ReadCloser
-	once sync.Once
-	done func()
-}
-
-func (c *closeOnce) Close() error {
-	err := c.ReadCloser.Close()
-	c.once.Do(c.done)
-	return err
 }
 
 // pendingPicker is the prefill policy of the probe: first healthy, and it
