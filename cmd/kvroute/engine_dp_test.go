@@ -114,14 +114,7 @@ func TestEngineDataParallel(t *testing.T) {
 	if strings.Contains(body, `"error"`) || !strings.Contains(body, `"finish_reason":"length"`) {
 		t.Errorf("stream on rank 1 was not drained: its end %q", body[max(0, len(body)-300):])
 	}
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("engine: %v", err)
-		}
-	case <-time.After(20 * time.Second):
-		t.Fatal("engine did not stop")
-	}
+	waitStopped(t, "engine", done, 20*time.Second)
 }
 
 // TestEngineDataParallelPD runs the NixlConnector handshake between a

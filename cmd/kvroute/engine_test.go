@@ -124,6 +124,21 @@ func TestEngineHelperProcess(t *testing.T) {
 	os.Exit(0)
 }
 
+// waitStopped waits for the error of what (an in-process engine or serve,
+// told to stop) on done, and fails t when it is not nil or does not come
+// within d.
+func waitStopped(t *testing.T, what string, done <-chan error, d time.Duration) {
+	t.Helper()
+	select {
+	case err := <-done:
+		if err != nil {
+			t.Errorf("%s: %v", what, err)
+		}
+	case <-time.After(d):
+		t.Errorf("%s did not stop", what)
+	}
+}
+
 func freeAddr(t *testing.T) string {
 	t.Helper()
 	l, err := net.Listen("tcp", "127.0.0.1:0")
@@ -432,14 +447,7 @@ func TestEngineDrainsOnStop(t *testing.T) {
 			if cut != tc.wantCut || finished == tc.wantCut {
 				t.Errorf("stream cut %v, finished %v; want cut %v (its end: %q)", cut, finished, tc.wantCut, body[max(0, len(body)-300):])
 			}
-			select {
-			case err := <-done:
-				if err != nil {
-					t.Errorf("engine: %v", err)
-				}
-			case <-time.After(20 * time.Second):
-				t.Fatal("engine did not stop")
-			}
+			waitStopped(t, "engine", done, 20*time.Second)
 		})
 	}
 }

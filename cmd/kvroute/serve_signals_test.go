@@ -101,14 +101,7 @@ log: {level: warn}
 	go func() { done <- run(ctx, []string{"serve", "--config", cfgPath}, &out, &errOut) }()
 	t.Cleanup(func() {
 		stop()
-		select {
-		case err := <-done:
-			if err != nil {
-				t.Errorf("serve: %v", err)
-			}
-		case <-time.After(10 * time.Second):
-			t.Error("serve did not stop")
-		}
+		waitStopped(t, "serve", done, 10*time.Second)
 	})
 	base := "http://" + addr
 	metric := func(name, labels string) float64 {

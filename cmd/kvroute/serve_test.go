@@ -280,14 +280,7 @@ func TestServeQuickModeServesAndStops(t *testing.T) {
 		}
 	}
 	stop()
-	select {
-	case err := <-done:
-		if err != nil {
-			t.Errorf("serve: %v", err)
-		}
-	case <-time.After(10 * time.Second):
-		t.Fatal("serve did not stop")
-	}
+	waitStopped(t, "serve", done, 10*time.Second)
 }
 
 func flagErrHelp() error { return flag.ErrHelp }
