@@ -117,6 +117,18 @@ func reqs(sessions ...string) []workload.Request {
 	return out
 }
 
+// spaced returns n requests of one session (reqs' first), with IDs "0" to
+// n-1 in order, arriving gap apart.
+func spaced(n int, gap time.Duration) []workload.Request {
+	rs := make([]workload.Request, n)
+	for i := range rs {
+		rs[i] = reqs("x")[0]
+		rs[i].ID = fmt.Sprint(i)
+		rs[i].Arrival = time.Duration(i) * gap
+	}
+	return rs
+}
+
 func bySession(res *Result, rs []workload.Request) map[string]report.Sample {
 	out := map[string]report.Sample{}
 	sess := map[string]string{}
@@ -326,13 +338,7 @@ func TestOpenLoopAndCap(t *testing.T) {
 	fs := &fakeServer{firstDelay: map[string]time.Duration{"x": 150 * time.Millisecond}}
 	srv := httptest.NewServer(fs)
 	defer srv.Close()
-	var rs []workload.Request
-	for i := range 8 {
-		r := reqs("x")[0]
-		r.ID = fmt.Sprint(i)
-		r.Arrival = time.Duration(i) * 5 * time.Millisecond
-		rs = append(rs, r)
-	}
+	rs := spaced(8, 5*time.Millisecond)
 	// Open loop: later requests do not wait for earlier ones.
 	if _, err := Run(context.Background(), Config{URL: srv.URL, Model: "m"}, rs); err != nil {
 		t.Fatal(err)
@@ -358,13 +364,7 @@ func TestLimitsAndCancel(t *testing.T) {
 	fs := &fakeServer{firstDelay: map[string]time.Duration{"x": time.Millisecond}}
 	srv := httptest.NewServer(fs)
 	defer srv.Close()
-	var rs []workload.Request
-	for i := range 10 {
-		r := reqs("x")[0]
-		r.ID = fmt.Sprint(i)
-		r.Arrival = time.Duration(i) * time.Millisecond
-		rs = append(rs, r)
-	}
+	rs := spaced(10, time.Millisecond)
 	res, _ := Run(context.Background(), Config{URL: srv.URL, Model: "m", MaxRequests: 3}, rs)
 	if len(res.Samples) != 3 {
 		t.Errorf("MaxRequests 3: got %d samples", len(res.Samples))
@@ -524,12 +524,7 @@ func TestConnectionsReused(t *testing.T) {
 	}
 	srv.Start()
 	defer srv.Close()
-	var rs []workload.Request
-	for i := range 20 {
-		r := reqs("x")[0]
-		r.ID = fmt.Sprint(i)
-		rs = append(rs, r)
-	}
+	rs := spaced(20, 0)
 	res, err := Run(context.Background(), Config{URL: srv.URL, Model: "m", MaxInFlight: 1}, rs) // one at a time
 	if err != nil {
 		t.Fatal(err)
