@@ -652,6 +652,22 @@ func (v *validator) positive(path string, n int64) {
 	}
 }
 
+// weight checks an endpoint's weight: 1 to kvroute.MaxWeight.
+func (v *validator) weight(path string, w int) {
+	if w <= 0 {
+		v.addf(path, "%d is not positive", w)
+	} else if w > kvroute.MaxWeight {
+		v.addf(path, "%d is above the largest weight, %d", w, kvroute.MaxWeight)
+	}
+}
+
+// flavor checks a metrics flavour: one of MetricsFlavors.
+func (v *validator) flavor(path, f string) {
+	if !validFlavor(f) {
+		v.addf(path, "%q is not one of %s", f, strings.Join(MetricsFlavors, ", "))
+	}
+}
+
 // Validate reports every invalid field of a config on which ApplyDefaults
 // has run. The error is an Errors value (use errors.As to list them).
 func (c *Config) Validate() error {
@@ -781,11 +797,7 @@ func (m *Model) validate(v *validator, p string) {
 		} else if r.CanDecode() {
 			decoders++
 		}
-		if e.Weight <= 0 {
-			v.addf(ep+".weight", "%d is not positive", e.Weight)
-		} else if e.Weight > kvroute.MaxWeight {
-			v.addf(ep+".weight", "%d is above the largest weight, %d", e.Weight, kvroute.MaxWeight)
-		}
+		v.weight(ep+".weight", e.Weight)
 		if e.KVCapacityTokens < 0 {
 			v.addf(ep+".kv_capacity_tokens", "%d is negative", e.KVCapacityTokens)
 		}
@@ -799,8 +811,8 @@ func (m *Model) validate(v *validator, p string) {
 		if es.ScrapeTimeout != m.Signals.ScrapeTimeout {
 			v.positiveDuration(ep+".signals.scrape_timeout", es.ScrapeTimeout)
 		}
-		if es.Flavor != m.Signals.Flavor && !validFlavor(es.Flavor) {
-			v.addf(ep+".signals.flavor", "%q is not one of %s", es.Flavor, strings.Join(MetricsFlavors, ", "))
+		if es.Flavor != m.Signals.Flavor { // else reported for the model
+			v.flavor(ep+".signals.flavor", es.Flavor)
 		}
 		if es.MetricsURL != "" {
 			if err := checkURL(es.MetricsURL, true); err != nil {
@@ -840,9 +852,7 @@ func (m *Model) validate(v *validator, p string) {
 	if !sg.Disabled {
 		v.fresh(p+".signals.scrape_interval", sg.ScrapeInterval, sg.StaleAfter)
 	}
-	if !validFlavor(sg.Flavor) {
-		v.addf(p+".signals.flavor", "%q is not one of %s", sg.Flavor, strings.Join(MetricsFlavors, ", "))
-	}
+	v.flavor(p+".signals.flavor", sg.Flavor)
 	v.urlPath(p+".signals.metrics_path", sg.MetricsPath)
 	if pr := m.Precise; pr.Enabled() {
 		v.positive(p+".precise.block_size", int64(pr.BlockSize))

@@ -5,7 +5,6 @@ import (
 	"net"
 	"regexp"
 	"strconv"
-	"strings"
 
 	"github.com/kvroute/kvroute"
 )
@@ -283,11 +282,7 @@ func (m *Model) validateKubernetes(v *validator, mp, p string, k *Kubernetes) {
 	if _, err := kvroute.ParseRole(t.Role); err != nil {
 		v.addf(ep+".role", "%q is not one of both, prefill, decode", t.Role)
 	}
-	if t.Weight <= 0 {
-		v.addf(ep+".weight", "%d is not positive", t.Weight)
-	} else if t.Weight > kvroute.MaxWeight {
-		v.addf(ep+".weight", "%d is above the largest weight, %d", t.Weight, kvroute.MaxWeight)
-	}
+	v.weight(ep+".weight", t.Weight)
 	if t.KVCapacityTokens < 0 {
 		v.addf(ep+".kv_capacity_tokens", "%d is negative", t.KVCapacityTokens)
 	}
@@ -302,9 +297,7 @@ func (m *Model) validateKubernetes(v *validator, mp, p string, k *Kubernetes) {
 		v.fresh(ep+".signals.scrape_interval", es.ScrapeInterval, m.Signals.StaleAfter)
 	}
 	v.positiveDuration(ep+".signals.scrape_timeout", es.ScrapeTimeout)
-	if !validFlavor(es.Flavor) {
-		v.addf(ep+".signals.flavor", "%q is not one of %s", es.Flavor, strings.Join(MetricsFlavors, ", "))
-	}
+	v.flavor(ep+".signals.flavor", es.Flavor)
 	if es.MetricsURL != "" {
 		v.addf(ep+".signals.metrics_url", "is not allowed in a template: it would name one engine (use signals.metrics_path)")
 	}
