@@ -153,20 +153,31 @@ func TestSSEReaderBrokenStream(t *testing.T) {
 	}
 }
 
-func TestWriterReaderRoundTrip(t *testing.T) {
+// writeThenRead writes a stream with write and ends it with [DONE]; it
+// returns the events an SSEReader reads from it, and the stream.
+func writeThenRead(t *testing.T, write func(w *SSEWriter)) ([]ev, string) {
+	t.Helper()
 	var buf bytes.Buffer
 	w := NewSSEWriter(&buf)
-	h := &ChunkHeader{ID: "chatcmpl-1", Model: "m", Created: 1}
-	w.AppendData(func(b []byte) []byte { return AppendChatRoleChunk(b, h) })
-	w.AppendData(func(b []byte) []byte { return AppendChatContentChunk(b, h, "a\nb", "", nil) })
+	write(w)
 	w.Done()
 	if err := w.Flush(); err != nil {
 		t.Fatal(err)
 	}
+	stream := buf.String()
 	got, err := readAll(&buf, 0)
 	if err != nil {
 		t.Fatal(err)
 	}
+	return got, stream
+}
+
+func TestWriterReaderRoundTrip(t *testing.T) {
+	h := &ChunkHeader{ID: "chatcmpl-1", Model: "m", Created: 1}
+	got, _ := writeThenRead(t, func(w *SSEWriter) {
+		w.AppendData(func(b []byte) []byte { return AppendChatRoleChunk(b, h) })
+		w.AppendData(func(b []byte) []byte { return AppendChatContentChunk(b, h, "a\nb", "", nil) })
+	})
 	if len(got) != 3 || got[1].Data != string(AppendChatContentChunk(nil, h, "a\nb", "", nil)) || got[2].Data != Done {
 		t.Errorf("got %+v", got)
 	}
@@ -300,21 +311,13 @@ func ExampleSSEWriter() {
 // line break a reader sees (CR, LF and CRLF), so a payload holding a bare
 // CR keeps the text after it and a comment cannot start an event.
 func TestSSEWriterLineBreaks(t *testing.T) {
-	var buf bytes.Buffer
-	w := NewSSEWriter(&buf)
 	payloads := []string{"a\rb", "a\r\nb", "a\nb", "a\r\rb\n", "\r", "x"}
-	for _, p := range payloads {
-		w.Data([]byte(p))
-	}
-	w.Comment("keep-alive\ndata: injected\r\rdata: too")
-	w.Done()
-	if err := w.Flush(); err != nil {
-		t.Fatal(err)
-	}
-	got, err := readAll(&buf, 0)
-	if err != nil {
-		t.Fatal(err)
-	}
+	got, stream := writeThenRead(t, func(w *SSEWriter) {
+		for _, p := range payloads {
+			w.Data([]byte(p))
+		}
+		w.Comment("keep-alive\ndata: injected\r\rdata: too")
+	})
 	var want []ev
 	for _, p := range payloads {
 		p = strings.ReplaceAll(strings.ReplaceAll(p, "\r\n", "\n"), "\r", "\n")
@@ -322,7 +325,7 @@ func TestSSEWriterLineBreaks(t *testing.T) {
 	}
 	want = append(want, ev{Data: Done})
 	if !reflect.DeepEqual(got, want) {
-		t.Errorf("stream %q read as\n got %+v\nwant %+v", buf.String(), got, want)
+		t.Errorf("stream %q read as\n got %+v\nwant %+v", stream, got, want)
 	}
 }
 
