@@ -8,11 +8,13 @@ import (
 	"go/parser"
 	"go/token"
 	"io"
+	"maps"
 	"math"
 	"math/rand/v2"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strconv"
 	"strings"
 	"testing"
@@ -187,7 +189,7 @@ func TestParseFilterDifferential(t *testing.T) {
 		}
 	}
 	rng := rand.New(rand.NewPCG(1, 2))
-	names := sortedPageNames(pages)
+	names := slices.Sorted(maps.Keys(pages))
 	n := 1000
 	if testing.Short() {
 		n = 200
@@ -199,19 +201,6 @@ func TestParseFilterDifferential(t *testing.T) {
 			t.Fatalf("mutation %d of %s: %v\npage:\n%s", i, name, err, body)
 		}
 	}
-}
-
-func sortedPageNames(pages map[string][]byte) []string {
-	var names []string
-	for n := range pages {
-		names = append(names, n)
-	}
-	for i := 1; i < len(names); i++ {
-		for j := i; j > 0 && names[j] < names[j-1]; j-- {
-			names[j], names[j-1] = names[j-1], names[j]
-		}
-	}
-	return names
 }
 
 // mutatePage corrupts a page the way a broken engine or a cut connection
@@ -362,7 +351,7 @@ func TestWantedFamilyNames(t *testing.T) {
 // with one that parsed an engine page before.
 func FuzzParseFilter(f *testing.F) {
 	pages := testPages(f)
-	for _, name := range sortedPageNames(pages) {
+	for _, name := range slices.Sorted(maps.Keys(pages)) {
 		f.Add(pages[name])
 	}
 	f.Add([]byte("# TYPE vllm:h histogram\n# HELP vllm:h_sum x\n# HELP vllm:h y\nvllm:num_requests_waiting 1\n"))

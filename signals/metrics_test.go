@@ -5,13 +5,14 @@ import (
 	"encoding/json"
 	"errors"
 	"flag"
+	"maps"
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"strings"
 	"testing"
 
-	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 )
@@ -169,7 +170,7 @@ func TestParseMetricsFormats(t *testing.T) {
 	} {
 		var buf bytes.Buffer
 		enc := expfmt.NewEncoder(&buf, format)
-		for _, name := range sortedKeys(fams) {
+		for _, name := range slices.Sorted(maps.Keys(fams)) {
 			if err := enc.Encode(fams[name]); err != nil {
 				t.Fatalf("%s: encode %s: %v", format, name, err)
 			}
@@ -207,19 +208,6 @@ vllm:prefix_cache_hits_total{engine="0"} 5
 	if m.Waiting != 2 || m.Running != 1 || m.PrefixQueries != 10 || m.PrefixHits != 5 {
 		t.Fatalf("got %+v", m)
 	}
-}
-
-func sortedKeys(m map[string]*dto.MetricFamily) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	for i := 1; i < len(keys); i++ {
-		for j := i; j > 0 && keys[j] < keys[j-1]; j-- {
-			keys[j], keys[j-1] = keys[j-1], keys[j]
-		}
-	}
-	return keys
 }
 
 func TestParseFlavor(t *testing.T) {
