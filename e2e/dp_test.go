@@ -13,23 +13,9 @@ import (
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/emulator"
 	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/internal/freeport"
 	"github.com/kvroute/kvroute/kvindex"
 )
-
-// freePortPair returns a loopback tcp port p such that p and p+1 are both
-// free: the KV-event ports of a data-parallel engine of two ranks.
-func freePortPair(t *testing.T) int {
-	t.Helper()
-	for range 50 {
-		p := freePort(t)
-		if l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+1)); err == nil {
-			l.Close()
-			return p
-		}
-	}
-	t.Fatal("no two consecutive free ports")
-	return 0
-}
 
 // startDPEngine serves an emulated vLLM with --data-parallel-size ranks on
 // loopback, each rank binding its KV-event sockets on the tcp port of
@@ -81,7 +67,7 @@ func startDPEngine(t *testing.T, ranks int, events, replay string) string {
 // onto either rank, reports the prompt cached every time, so the router's
 // X-Data-Parallel-Rank reached it.
 func TestDataParallelRanks(t *testing.T) {
-	evPort, replayPort := freePortPair(t), freePortPair(t)
+	evPort, replayPort := freeport.Consecutive(t, 2), freeport.Consecutive(t, 2)
 	events, replay := fmt.Sprintf("tcp://127.0.0.1:%d", evPort), fmt.Sprintf("tcp://127.0.0.1:%d", replayPort)
 	// A "*" host makes the engine bind (vLLM's rule); the router dials.
 	url := startDPEngine(t, 2, fmt.Sprintf("tcp://*:%d", evPort), fmt.Sprintf("tcp://*:%d", replayPort))

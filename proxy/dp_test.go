@@ -5,7 +5,6 @@ import (
 	"encoding/binary"
 	"encoding/json"
 	"fmt"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -21,6 +20,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/freeport"
 	"github.com/kvroute/kvroute/kvindex"
 	"github.com/kvroute/kvroute/policy"
 	"github.com/kvroute/kvroute/signals"
@@ -159,33 +159,6 @@ func TestDataParallelRetryPinsRank(t *testing.T) {
 	}
 }
 
-// consecutivePorts returns n consecutive TCP ports on 127.0.0.1 that were
-// free when it looked.
-func consecutivePorts(t *testing.T, n int) int {
-	t.Helper()
-	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls := []net.Listener{l}
-		base := l.Addr().(*net.TCPAddr).Port
-		for r := 1; r < n; r++ {
-			if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+r)); err == nil {
-				ls = append(ls, l)
-			}
-		}
-		for _, l := range ls {
-			l.Close()
-		}
-		if len(ls) == n {
-			return base
-		}
-	}
-	t.Fatal("no consecutive free ports")
-	return 0
-}
-
 // rankPublisher is one data-parallel rank's KV-event publisher, as vLLM's
 // rank r binds it: the configured port plus r.
 type rankPublisher struct {
@@ -277,7 +250,7 @@ func testDataParallelSignals(t *testing.T, start int) {
 		}
 		ok(w, r)
 	})
-	port := consecutivePorts(t, 2) - start // the port vLLM is configured with
+	port := freeport.Consecutive(t, 2) - start // the port vLLM is configured with
 	pubs := []*rankPublisher{newRankPublisher(t, port, start), newRankPublisher(t, port, start+1)}
 
 	cfg := dpConfig(policy.Default, b.URL, 2, "")
@@ -385,7 +358,7 @@ func TestDataParallelAffinity(t *testing.T) {
 	const start = 5
 	dp := &rankRecorder{}
 	b := newBackend(t, "dp", dp.handler("dp"))
-	port := consecutivePorts(t, 4) - start // the port vLLM is configured with
+	port := freeport.Consecutive(t, 4) - start // the port vLLM is configured with
 	var pubs []*rankPublisher
 	for i := range 4 {
 		pubs = append(pubs, newRankPublisher(t, port, start+i))

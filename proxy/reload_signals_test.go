@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/freeport"
 	"github.com/kvroute/kvroute/internal/syncbuf"
 	"github.com/kvroute/kvroute/policy"
 )
@@ -21,7 +22,7 @@ import (
 func TestReloadMovesScrapeGroup(t *testing.T) {
 	a := newBackend(t, "a", okHandler("a"))
 	b := newBackend(t, "b", okHandler("b"))
-	port := consecutivePorts(t, 1)
+	port := freeport.Consecutive(t, 1)
 	mk := func(iv time.Duration) config.Config {
 		c := testConfig(policy.Default, a.URL, b.URL)
 		m := &c.Models[0]

@@ -18,6 +18,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/freeport"
 	"github.com/kvroute/kvroute/kvindex"
 	"github.com/kvroute/kvroute/policy"
 )
@@ -174,7 +175,7 @@ func TestReloadStopsAndStartsLoops(t *testing.T) {
 		return e
 	}
 	a, b, c := newEngine("a"), newEngine("b"), newEngine("c")
-	port := consecutivePorts(t, 1)
+	port := freeport.Consecutive(t, 1)
 	pub := newRankPublisher(t, port, 0)
 
 	cfg := testConfig(policy.Default, a.URL, b.URL)

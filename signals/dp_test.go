@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"os"
@@ -17,6 +16,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/internal/freeport"
 	"github.com/kvroute/kvroute/kvindex"
 )
 
@@ -159,32 +159,12 @@ func FuzzParseMetricsRanks(f *testing.F) {
 // publishers (base port + rank).
 func consecutiveTCPAddrs(t *testing.T, n int) []string {
 	t.Helper()
-	for try := 0; try < 50; try++ {
-		var ls []net.Listener
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		ls = append(ls, l)
-		base := l.Addr().(*net.TCPAddr).Port
-		for r := 1; r < n; r++ {
-			if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+r)); err == nil {
-				ls = append(ls, l)
-			}
-		}
-		for _, l := range ls {
-			l.Close()
-		}
-		if len(ls) == n {
-			out := make([]string, n)
-			for r := range out {
-				out[r] = "tcp://127.0.0.1:" + strconv.Itoa(base+r)
-			}
-			return out
-		}
+	base := freeport.Consecutive(t, n)
+	out := make([]string, n)
+	for r := range out {
+		out[r] = "tcp://127.0.0.1:" + strconv.Itoa(base+r)
 	}
-	t.Fatal("no consecutive free ports")
-	return nil
+	return out
 }
 
 // TestManagerDataParallel runs a data-parallel target of two ranks: one

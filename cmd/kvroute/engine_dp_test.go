@@ -15,6 +15,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/freeport"
 	"github.com/kvroute/kvroute/internal/syncbuf"
 )
 
@@ -129,7 +130,7 @@ func TestEngineDataParallelPD(t *testing.T) {
 	pout, dout := &syncbuf.Buffer{}, &syncbuf.Buffer{}
 	pAddr, _, pdone := engineOnFreePorts(t, ctx, pout, func() (string, []string) {
 		// Rank r's side channel is on the given port + r.
-		return freeAddr(t), []string{"--role", "prefill", "--data-parallel-size", "2", "--side-channel-listen", consecutivePorts(t, 2)}
+		return freeAddr(t), []string{"--role", "prefill", "--data-parallel-size", "2", "--side-channel-listen", "127.0.0.1:" + strconv.Itoa(freeport.Consecutive(t, 2))}
 	})
 	ddone := engineInProcess(t, ctx, dAddr, dout, "--role", "decode", "--data-parallel-size", "2")
 	prompt := strings.Repeat("A long shared document about disaggregated serving. ", 40)
@@ -181,29 +182,6 @@ func postRank(t *testing.T, addr, path string, rank int, body map[string]any) (i
 	return resp.StatusCode, out
 }
 
-// consecutivePorts returns a host:port whose port and the n-1 after it
-// were free a moment ago.
-func consecutivePorts(t *testing.T, n int) string {
-	t.Helper()
-	for range 50 {
-		base := freeAddr(t)
-		_, ps, _ := net.SplitHostPort(base)
-		p, _ := strconv.Atoi(ps)
-		free := p+n-1 <= 65535
-		for k := 1; k < n && free; k++ {
-			l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p+k)))
-			if free = err == nil; free {
-				l.Close()
-			}
-		}
-		if free {
-			return base
-		}
-	}
-	t.Fatalf("no %d consecutive free ports", n)
-	return ""
-}
-
 // TestEngineDataParallelSidePorts: with --side-channel-listen and the
 // NIXL protocol, rank r of a data-parallel prefill engine serves its side
 // channel on the base port + r and names that port in its
@@ -217,7 +195,7 @@ func TestEngineDataParallelSidePorts(t *testing.T) {
 	dAddr, aAddr := freeAddr(t), freeAddr(t)
 	pout, dout, aout := &syncbuf.Buffer{}, &syncbuf.Buffer{}, &syncbuf.Buffer{}
 	pAddr, pargs, pdone := engineOnFreePorts(t, ctx, pout, func() (string, []string) {
-		return freeAddr(t), []string{"--role", "prefill", "--data-parallel-size", "2", "--side-channel-listen", consecutivePorts(t, 2)}
+		return freeAddr(t), []string{"--role", "prefill", "--data-parallel-size", "2", "--side-channel-listen", "127.0.0.1:" + strconv.Itoa(freeport.Consecutive(t, 2))}
 	})
 	side := pargs[len(pargs)-1]
 	host, ps, _ := net.SplitHostPort(side)
