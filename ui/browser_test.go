@@ -61,12 +61,7 @@ func TestPageInBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(d)
-	defer srv.Close()
-
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
-	bctx, _ := browsertest.Start(t, ctx, 1280, 900)
+	bctx, page := browse(t, d)
 	var (
 		mu     sync.Mutex
 		jsErrs []string
@@ -87,7 +82,7 @@ func TestPageInBrowser(t *testing.T) {
 			t.Fatalf("%s: %v (%s)\npage text:\n%s", what, err, expr, page)
 		}
 	}
-	if err := chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/ui/")); err != nil {
+	if err := chromedp.Do(bctx, chromedp.Navigate(page)); err != nil {
 		t.Fatalf("navigate: %v", err)
 	}
 	wait("the fleet of m1", `document.querySelectorAll('#fleet tbody tr[data-endpoint]').length === 2`)
@@ -262,6 +257,19 @@ func TestPageInBrowser(t *testing.T) {
 	}
 }
 
+// browse serves d and starts a headless browser for at most two minutes;
+// both stop when the test ends. It returns the browser's context and the
+// URL of d's page.
+func browse(t *testing.T, d http.Handler) (bctx context.Context, page string) {
+	t.Helper()
+	srv := httptest.NewServer(d)
+	t.Cleanup(srv.Close)
+	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
+	t.Cleanup(cancel)
+	bctx, _ = browsertest.Start(t, ctx, 1280, 900)
+	return bctx, srv.URL + "/ui/"
+}
+
 // TestLockedPageInBrowser: the state API refuses the page until it has the
 // admin token. With a token configured (401) the page says it is locked and
 // asks for it, then shows the fleet once it is typed in; with none (403) it
@@ -313,13 +321,8 @@ func TestLockedPageInBrowser(t *testing.T) {
 // not "disconnected" by a script error on the state's endpoints.
 func TestEmptyPoolInBrowser(t *testing.T) {
 	browsertest.Require(t)
-	d := emptyPoolDashboard(t)
-	srv := httptest.NewServer(d)
-	defer srv.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
-	bctx, _ := browsertest.Start(t, ctx, 1280, 900)
-	if err := chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/ui/")); err != nil {
+	bctx, page := browse(t, emptyPoolDashboard(t))
+	if err := chromedp.Do(bctx, chromedp.Navigate(page)); err != nil {
 		t.Fatalf("navigate: %v", err)
 	}
 	const live = `document.getElementById('updated').textContent.startsWith('live')`

@@ -1,7 +1,6 @@
 package ui
 
 import (
-	"context"
 	"encoding/json"
 	"net/http"
 	"net/http/httptest"
@@ -124,12 +123,8 @@ func TestPDBadgeInBrowser(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := httptest.NewServer(d)
-	defer srv.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 120*time.Second)
-	defer cancel()
-	bctx, _ := browsertest.Start(t, ctx, 1280, 900)
-	if err := chromedp.Do(bctx, chromedp.Navigate(srv.URL+"/ui/")); err != nil {
+	bctx, page := browse(t, d)
+	if err := chromedp.Do(bctx, chromedp.Navigate(page)); err != nil {
 		t.Fatalf("navigate: %v", err)
 	}
 	const expr = `document.getElementById('current-policy').textContent === 'pd · prefill: kv-aware' &&
