@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -17,6 +16,7 @@ import (
 	"github.com/go-zeromq/zmq4"
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/internal/freeport"
 	"github.com/kvroute/kvroute/openai"
 	dto "github.com/prometheus/client_model/go"
 	"github.com/vmihailenco/msgpack/v5"
@@ -486,22 +486,6 @@ func subPair(t *testing.T, ctx context.Context) (int, [2]zmq4.Socket) {
 	return 0, [2]zmq4.Socket{}
 }
 
-// freePortPair returns a port p with p and p+1 free (for the replay
-// ROUTER sockets the ranks bind).
-func freePortPair(t *testing.T) int {
-	t.Helper()
-	for range 50 {
-		p := freePort(t)
-		l, err := net.Listen("tcp", fmt.Sprintf("127.0.0.1:%d", p+1))
-		if err == nil {
-			l.Close()
-			return p
-		}
-	}
-	t.Fatal("no two consecutive free ports")
-	return 0
-}
-
 // TestDPKVEventsPerRank: rank r publishes on the endpoint's port + r, each
 // batch with data_parallel_rank r, in both encodings, and answers replay
 // on the replay endpoint's port + r.
@@ -511,7 +495,7 @@ func TestDPKVEventsPerRank(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 			defer cancel()
 			port, subs := subPair(t, ctx)
-			replay := freePortPair(t)
+			replay := freeport.Consecutive(t, 2) // rank r replays on replay+r
 			_, hs := testDP(t, Config{Speed: 1000, KVEvents: KVEventsConfig{
 				Endpoint:       fmt.Sprintf("tcp://127.0.0.1:%d", port),
 				ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", replay), Encoding: encoding}}, 2)

@@ -3,41 +3,12 @@ package emulatortest
 import (
 	"context"
 	"fmt"
-	"net"
 	"testing"
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/kvroute/kvroute/emulator"
+	"github.com/kvroute/kvroute/internal/freeport"
 )
-
-// freePorts returns the first of n consecutive ports found free on every
-// interface.
-func freePorts(t *testing.T, n int) int {
-	t.Helper()
-	for range 100 {
-		l, err := net.Listen("tcp", ":0")
-		if err != nil {
-			t.Fatal(err)
-		}
-		lns := []net.Listener{l}
-		base := l.Addr().(*net.TCPAddr).Port
-		for k := 1; k < n; k++ {
-			l, err := net.Listen("tcp", fmt.Sprintf(":%d", base+k))
-			if err != nil {
-				break
-			}
-			lns = append(lns, l)
-		}
-		for _, l := range lns {
-			l.Close()
-		}
-		if len(lns) == n {
-			return base
-		}
-	}
-	t.Fatalf("found no %d consecutive free ports", n)
-	return 0
-}
 
 // TestStartBindsKVEvents: when Start returns, the engine's KV-event PUB
 // and replay sockets are bound: each accepts a connection at the first
@@ -48,7 +19,7 @@ func freePorts(t *testing.T, n int) int {
 func TestStartBindsKVEvents(t *testing.T) {
 	for _, dp := range []int{1, 2} {
 		t.Run(fmt.Sprintf("dp%d", dp), func(t *testing.T) {
-			ports := freePorts(t, 2*dp)
+			ports := freeport.ConsecutiveAny(t, 2*dp) // the PUB socket binds tcp://*
 			pubPort, replayPort := ports, ports+dp
 			cfg := emulator.Config{Model: "m", KVEvents: emulator.KVEventsConfig{
 				Endpoint: fmt.Sprintf("tcp://*:%d", pubPort), ReplayEndpoint: fmt.Sprintf("tcp://127.0.0.1:%d", replayPort)}}

@@ -15,15 +15,27 @@ import (
 // fails tb after 50 tries.
 func Consecutive(tb testing.TB, n int) int {
 	tb.Helper()
+	return consecutive(tb, "127.0.0.1", n)
+}
+
+// ConsecutiveAny is Consecutive for ports free on every interface, for
+// what binds a wildcard address (tcp://*:port).
+func ConsecutiveAny(tb testing.TB, n int) int {
+	tb.Helper()
+	return consecutive(tb, "", n)
+}
+
+func consecutive(tb testing.TB, host string, n int) int {
+	tb.Helper()
 	for range 50 {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
+		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
 		if err != nil {
 			tb.Fatal(err)
 		}
 		ls := []net.Listener{l}
 		base := l.Addr().(*net.TCPAddr).Port
 		for r := 1; r < n; r++ {
-			if l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+r)); err == nil {
+			if l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(base+r))); err == nil {
 				ls = append(ls, l)
 			}
 		}

@@ -7,14 +7,20 @@ import (
 )
 
 func TestConsecutive(t *testing.T) {
-	for _, n := range []int{1, 2, 4} {
-		base := Consecutive(t, n)
-		for r := range n {
-			l, err := net.Listen("tcp", "127.0.0.1:"+strconv.Itoa(base+r))
-			if err != nil {
-				t.Fatalf("n=%d: port %d (base %d + %d) is not free: %v", n, base+r, base, r, err)
+	for _, tc := range []struct {
+		name string
+		find func(testing.TB, int) int
+		host string
+	}{{"loopback", Consecutive, "127.0.0.1"}, {"any", ConsecutiveAny, ""}} {
+		for _, n := range []int{1, 2, 4} {
+			base := tc.find(t, n)
+			for r := range n {
+				l, err := net.Listen("tcp", net.JoinHostPort(tc.host, strconv.Itoa(base+r)))
+				if err != nil {
+					t.Fatalf("%s, n=%d: port %d (base %d + %d) is not free: %v", tc.name, n, base+r, base, r, err)
+				}
+				l.Close()
 			}
-			l.Close()
 		}
 	}
 }
