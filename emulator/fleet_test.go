@@ -44,7 +44,7 @@ const (
 	envSoakProfile  = "KVROUTE_SOAK_PROFILE"     // directory: each engine process writes a CPU profile of the load there
 	envSoakConns    = "KVROUTE_SOAK_CONNS"       // keep-alive connections opened per engine before measuring, default 0
 	envSoakPerProc  = "KVROUTE_SOAK_PER_PROCESS" // engines hosted by one process, default 1
-	envSoakFloor    = "KVROUTE_SOAK_FLOOR"       // 1: a fleet of trivial servers side by side, fed the same load
+	envSoakFloor    = "KVROUTE_SOAK_FLOOR"       // 1: a fleet of trivial servers side by side, fed the same load (first: that fleet first)
 	envSoakAgainst  = "KVROUTE_SOAK_AGAINST"     // another build's emulator test binary: its fleet side by side, fed the same load
 	envSoakFill     = "KVROUTE_SOAK_FILL"        // 0: skip filling the engines' KV caches before measuring (default: fill)
 	envSoakRounds   = "KVROUTE_SOAK_ROUNDS"      // measure n windows of KVROUTE_SOAK_SECONDS one after the other, with the fleets kept up; report each and the median
@@ -89,7 +89,9 @@ func setSoakInterval(cfg *Config, n int) { cfg.StreamInterval = n }
 // fleet measured 35-70 us per request more than the first, whichever build
 // ran it; rotated, the same build against itself measured -17.7 and -9.0
 // us). Some bias may remain: run both orders and take half the difference
-// of the two results.
+// of the two results. KVROUTE_SOAK_FLOOR=first puts the floor's fleet
+// first, for the other order of the floor comparison: the mean of the two
+// orders' figures cancels a bias of the fleet's place.
 // Before measuring, each engine's KV cache is filled with the blocks of
 // long distinct prompts (fillCache), so that every block the load
 // allocates evicts a cached one, as in an engine that has been serving for
@@ -114,8 +116,13 @@ func TestFleetCPU(t *testing.T) {
 	perProc := max(1, envInt(envSoakPerProc, 1))
 
 	fleets := []*soakFleet{{name: "engines", trivial: os.Getenv(envSoakTrivial) != ""}}
-	if os.Getenv(envSoakFloor) != "" {
-		fleets = []*soakFleet{{name: "engines"}, {name: "floor", trivial: true}}
+	floor, eng := -1, 0 // the indices in fleets of the floor (-1: none) and of this build's engines
+	switch os.Getenv(envSoakFloor) {
+	case "":
+	case "first":
+		fleets, floor, eng = []*soakFleet{{name: "floor", trivial: true}, {name: "engines"}}, 0, 1
+	default:
+		fleets, floor = []*soakFleet{{name: "engines"}, {name: "floor", trivial: true}}, 1
 	}
 	if bin := os.Getenv(envSoakAgainst); bin != "" {
 		fleets = append(fleets, &soakFleet{name: "against", bin: bin})
@@ -252,24 +259,24 @@ func TestFleetCPU(t *testing.T) {
 		}
 		t.Logf("load generator (this process, not counted above): %v = %.1f%% of one core",
 			gen.Round(time.Millisecond), 100*gen.Seconds()/wall.Seconds())
-		if len(fleets) >= 2 && fleets[1].trivial {
+		if floor >= 0 {
 			for k, f := range fleets {
-				if k == 1 {
+				if k == floor {
 					continue
 				}
 				t.Logf("side by side: the emulator (%s) costs %.1f us per request above the floor (%.1f vs %.1f), user time %.1f us (%.1f vs %.1f)",
-					f.name, perReq[k].total-perReq[1].total, perReq[k].total, perReq[1].total, perReq[k].user-perReq[1].user, perReq[k].user, perReq[1].user)
+					f.name, perReq[k].total-perReq[floor].total, perReq[k].total, perReq[floor].total, perReq[k].user-perReq[floor].user, perReq[k].user, perReq[floor].user)
 			}
 		}
 		if k := len(fleets) - 1; fleets[k].bin != "" {
 			t.Logf("side by side: this build costs %+.1f us per request against %s (%.1f vs %.1f), user time %+.1f us",
-				perReq[0].total-perReq[k].total, fleets[k].bin, perReq[0].total, perReq[k].total, perReq[0].user-perReq[k].user)
+				perReq[eng].total-perReq[k].total, fleets[k].bin, perReq[eng].total, perReq[k].total, perReq[eng].user-perReq[k].user)
 		}
-		if len(fleets) >= 2 && fleets[1].trivial {
-			overFloor = append(overFloor, perReq[0].total-perReq[1].total)
+		if floor >= 0 {
+			overFloor = append(overFloor, perReq[eng].total-perReq[floor].total)
 		}
 		if k := len(fleets) - 1; fleets[k].bin != "" {
-			overAgainst = append(overAgainst, perReq[0].total-perReq[k].total)
+			overAgainst = append(overAgainst, perReq[eng].total-perReq[k].total)
 		}
 	}
 	if rounds > 1 {
