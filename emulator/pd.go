@@ -201,8 +201,7 @@ func (s *Server) awaitPull(w http.ResponseWriter, r *http.Request, j *job) bool 
 	case s.life.Err() != nil:
 		return true // the engine stopped (its loop failed the stream): the serving path reports it
 	case s.cfg.LoadFailure == LoadFailureFail:
-		s.abort(j)
-		_ = s.post(command{kind: cmdLoaded, id: j.engineID}) // frees its blocks
+		s.abortPulled(j, false)
 		writeError(w, http.StatusInternalServerError, "KV transfer failed: "+err.Error())
 		return false
 	default:
@@ -210,7 +209,7 @@ func (s *Server) awaitPull(w http.ResponseWriter, r *http.Request, j *job) bool 
 	}
 	// If the loop stopped, the stream fails and the serving path reports
 	// it.
-	_ = s.post(command{kind: cmdLoaded, id: j.engineID, ok: err == nil})
+	s.loaded(j, err == nil)
 	return true
 }
 
@@ -230,8 +229,7 @@ func (s *Server) pullFor(ctx context.Context, j *job) (left bool, err error) {
 	if !p.local {
 		_, err = s.pull(ctx, p.host, p.port, p.pr)
 		if ctx.Err() != nil {
-			s.abort(j)
-			_ = s.post(command{kind: cmdLoaded, id: j.engineID}) // frees its blocks
+			s.abortPulled(j, false)
 			return true, err
 		}
 		return false, err
@@ -244,10 +242,24 @@ func (s *Server) pullFor(ctx context.Context, j *job) (left bool, err error) {
 	_, err = s.pull(pctx, p.host, p.port, p.pr)
 	if !stayed() {
 		<-aborted
-		_ = s.post(command{kind: cmdLoaded, id: j.engineID, ok: err == nil}) // frees its blocks
+		s.loaded(j, err == nil)
 		return true, err
 	}
 	return false, err
+}
+
+// abortPulled aborts j, a decode leg whose transfer has ended (ok: its KV
+// arrived): the engine reports the abort at once and frees the blocks it
+// kept for the transfer (engine.Engine.Abort) when told it ended.
+func (s *Server) abortPulled(j *job, ok bool) {
+	s.abort(j)
+	s.loaded(j, ok)
+}
+
+// loaded tells the engine that j's transfer ended (ok: its KV arrived).
+// After the loop stopped it does nothing: the stream failed.
+func (s *Server) loaded(j *job, ok bool) {
+	_ = s.post(command{kind: cmdLoaded, id: j.engineID, ok: ok})
 }
 
 // pull calls the prefill engine's side channel.

@@ -655,15 +655,6 @@ func (e *Engine) Abort(now time.Duration, id string) {
 			}
 		}
 	}
-	if keep {
-		s.status = statusAbortedLoading
-		s.remote = false
-		e.abortedLoading++
-	} else {
-		e.freeBlocks(s)
-		s.status = statusDone
-		delete(e.seqs, id)
-	}
 	e.stats.FinishedAbort++
 	o := Output{ID: id, Index: s.outputs, Finished: true, FinishReason: FinishAbort, PromptTokens: int(s.promptLen),
 		CachedTokens: int(s.cachedTokens), Time: now, Arrival: s.arrival, Preemptions: s.preemptions, TTFT: s.ttft}
@@ -675,9 +666,22 @@ func (e *Engine) Abort(now time.Duration, id string) {
 		}
 	}
 	e.aborted = append(e.aborted, o)
-	if !keep {
-		e.recycle(s)
+	if keep {
+		s.status = statusAbortedLoading
+		s.remote = false
+		e.abortedLoading++
+	} else {
+		e.drop(s)
 	}
+}
+
+// drop frees the blocks of s, a request that leaves the engine, and
+// forgets it.
+func (e *Engine) drop(s *sequence) {
+	e.freeBlocks(s)
+	s.status = statusDone
+	delete(e.seqs, s.id)
+	e.recycle(s)
 }
 
 // Release frees the blocks a finished HoldKV request kept (the end of a P/D
@@ -688,11 +692,8 @@ func (e *Engine) Release(id string) {
 		return
 	}
 	e.stalled = false
-	e.freeBlocks(s)
-	s.status = statusDone
 	e.held--
-	delete(e.seqs, id)
-	e.recycle(s)
+	e.drop(s)
 }
 
 // LoadedKV ends the wait of RemoteKV request id for its KV (StepResult.Loads).
@@ -717,10 +718,7 @@ func (e *Engine) LoadedKV(id string, ok bool) {
 	if s.status == statusAbortedLoading {
 		e.stalled = false
 		e.abortedLoading--
-		e.freeBlocks(s)
-		s.status = statusDone
-		delete(e.seqs, id)
-		e.recycle(s)
+		e.drop(s)
 		return
 	}
 	if s.status != statusLoading {
