@@ -145,7 +145,8 @@
 // TestFleetCPU (KVROUTE_SOAK=1) measures the CPU of 16 engine processes
 // under load, with their threads' context switches and the loop's timed
 // wake-ups per request (KVROUTE_SOAK_FLOOR=1: side by side with a fleet of
-// trivial servers that only sleep and answer, fed the same requests), on
+// trivial servers that only sleep and answer, fed the same requests;
+// KVROUTE_SOAK_FLOOR=first measures that fleet first), on
 // engines whose KV caches it fills first, so that every block evicts one
 // as in an engine that has served for a while; BenchmarkHandlerCPU the
 // code's cost without the wake-ups, BenchmarkLoop the engine loop's alone,
@@ -162,7 +163,9 @@
 // state cold, and each block a request allocates touches a block at random
 // (and a table slot, for a prompt block; without KV events an output
 // block's key is deferred until a lookup could reach it, see the engine
-// package's deferred.go).
+// package's deferred.go). Huge pages do not change that measurably: with
+// the host's transparent huge pages set to "always" rather than "madvise",
+// alternated in the soak, the cost above the floor moved within its noise.
 //
 // # Data parallelism
 //
