@@ -163,9 +163,9 @@
 // state cold, and each block a request allocates touches a block at random
 // (and a table slot, for a prompt block; without KV events an output
 // block's key is deferred until a lookup could reach it, see the engine
-// package's deferred.go). Huge pages do not change that measurably: with
-// the host's transparent huge pages set to "always" rather than "madvise",
-// alternated in the soak, the cost above the floor moved within its noise.
+// package's deferred.go). Huge pages do not lower it: with the host's
+// transparent huge pages set to "always" rather than "madvise", alternated
+// in the soak, the cost above the floor measured no lower.
 //
 // # Data parallelism
 //
