@@ -24,7 +24,6 @@ import (
 // more than routing.
 func (p *Proxy) admit(ctx context.Context, pl *pool, req *kvroute.Request, m *poolMetrics) (*router.Flight, error) {
 	if pl.line.busy() {
-		p.metrics.queued.WithLabelValues(pl.model).Inc()
 		return p.hold(ctx, pl, req, nil)
 	}
 	t0 := p.now()
@@ -47,8 +46,8 @@ func (p *Proxy) queue(ctx context.Context, pl *pool, req *kvroute.Request, err e
 	if !errors.As(err, &se) || policy.OverloadAction(se.Decision) != policy.OverloadQueue {
 		return nil, err
 	}
-	p.metrics.queued.WithLabelValues(pl.model).Inc()
 	if p.cfg.Retry.QueueWait <= 0 {
+		p.metrics.queued.WithLabelValues(pl.model).Inc()
 		return nil, err
 	}
 	return p.hold(ctx, pl, req, se)
@@ -79,6 +78,9 @@ func (p *Proxy) hold(ctx context.Context, pl *pool, req *kvroute.Request, se *ro
 	defer timeout.Stop()
 	w := pl.line.join(req.Tenant)
 	defer pl.line.leave(w)
+	// Counted once in line: a reader that sees the count sees the
+	// request's place (the queue tests order requests by it).
+	p.metrics.queued.WithLabelValues(pl.model).Inc()
 	routed := se != nil
 	if !routed {
 		se = behindShed(pl.model)
