@@ -69,12 +69,14 @@ func TestQueueHoldsThenRoutes(t *testing.T) {
 }
 
 // queueWaitFor is the queue_wait of a case that expects status want: a
-// request that must wait it out gets 100 ms; one that must be routed
-// after three sheds gets a minute, as the pauses between its tries
-// (10 + 20 + 40 ms) outlasted 100 ms on a loaded machine.
+// request that must wait it out gets 500 ms, long enough for the second
+// try the case counts (at 100 ms a loaded machine let it run out after
+// the first); one that must be routed after three sheds gets a minute, as
+// the pauses between its tries (10 + 20 + 40 ms) outlasted 100 ms on a
+// loaded machine.
 func queueWaitFor(want int) time.Duration {
 	if want == http.StatusTooManyRequests {
-		return 100 * time.Millisecond
+		return 500 * time.Millisecond
 	}
 	return time.Minute
 }
@@ -207,6 +209,9 @@ func TestQueueFirstComeFirstServed(t *testing.T) {
 	if r := recv(t, "the leaver's answer", leaver); r.err == nil {
 		t.Fatalf("leaver: got status %d, want its request cancelled", r.status)
 	}
+	// The client sees its cancel at once; the proxy takes the leaver out
+	// of line a moment later. Until then it could become the head.
+	waitFor(t, "the leaver out of line", func() bool { return tp.pools["m"].line.waiting() == 2 })
 
 	g.admit()
 	if r := recv(t, "the first request's answer", first); r.err != nil || r.status != http.StatusOK {

@@ -216,19 +216,21 @@ func (p *Proxy) Reload(load func() (config.Config, error)) (ReloadResult, error)
 	p.reloadMu.Lock()
 	defer p.reloadMu.Unlock()
 	res, err := p.reload(load)
+	// The counter goes last: whoever sees it move finds the gauges set
+	// and the lines logged.
 	if err != nil {
-		p.metrics.reloads.WithLabelValues("failure").Inc()
 		p.metrics.reloadOK.Set(0)
 		p.log.Error("config reload failed: nothing changed", "error", err)
+		p.metrics.reloads.WithLabelValues("failure").Inc()
 		return ReloadResult{}, err
 	}
-	p.metrics.reloads.WithLabelValues("success").Inc()
 	p.metrics.reloadOK.Set(1)
 	p.metrics.reloadSuccessAt.Set(float64(p.now().UnixNano()) / 1e9)
 	if len(res.Restart) > 0 {
 		p.log.Warn("config reload: these changes need a restart and were not applied", "fields", strings.Join(res.Restart, "; "))
 	}
 	p.log.Info("config reloaded", "models_changed", len(res.Models))
+	p.metrics.reloads.WithLabelValues("success").Inc()
 	return res, nil
 }
 

@@ -1006,8 +1006,10 @@ func (s *Subscriber) apply(seq uint64, payload []byte) {
 	s.lastHash = xxh3.Hash(payload)
 	if err := s.dec.Decode(payload, &s.batch); err != nil {
 		// The batch's changes are lost: the index can no longer be trusted.
-		s.update(func(st *SubscriberStatus) { st.DecodeErrors++; st.LastError = err.Error(); st.LastSeq = int64(seq) })
+		// The entries are dropped before the batch is published as seen,
+		// so that whoever waits on LastSeq finds them gone.
 		s.resync("undecodable batch")
+		s.update(func(st *SubscriberStatus) { st.DecodeErrors++; st.LastError = err.Error(); st.LastSeq = int64(seq) })
 		return
 	}
 	if b := &s.batch; s.cfg.DataParallel && b.HasDPRank && b.DPRank != s.cfg.DataParallelRank {

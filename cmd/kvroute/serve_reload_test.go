@@ -163,9 +163,11 @@ timeouts: {shutdown: 2s}
 	if hitsB.Load() != 2 {
 		t.Fatalf("after the reload: b got %d of 4 requests, want 2 (round robin over a and b)", hitsB.Load())
 	}
-	if !strings.Contains(logs.String(), "endpoints changed") || !strings.Contains(logs.String(), "added=[b]") {
-		t.Errorf("logs: want an endpoints changed line naming b as added; got\n%s", logs.String())
-	}
+	// The child's log lines reach this process through a pipe, after
+	// the counter may have been read: wait for them.
+	poll("an endpoints changed line naming b as added", func() bool {
+		return strings.Contains(logs.String(), "endpoints changed") && strings.Contains(logs.String(), "added=[b]")
+	})
 
 	write("      - {id: c, url: ftp://nowhere}")
 	if err := cmd.Process.Signal(syscall.SIGHUP); err != nil {
@@ -175,9 +177,9 @@ timeouts: {shutdown: 2s}
 	if got := metric("kvroute_config_last_reload_successful"); got != 0 {
 		t.Errorf("kvroute_config_last_reload_successful: got %v, want 0", got)
 	}
-	if !strings.Contains(logs.String(), "models[0].endpoints[0].url") {
-		t.Errorf("logs: want the error naming models[0].endpoints[0].url; got\n%s", logs.String())
-	}
+	poll("the error naming models[0].endpoints[0].url logged", func() bool {
+		return strings.Contains(logs.String(), "models[0].endpoints[0].url")
+	})
 	send(2)
 	if hitsA.Load()+hitsB.Load() != 10 {
 		t.Errorf("after the failed reload: a %d + b %d requests, want 10", hitsA.Load(), hitsB.Load())
