@@ -311,10 +311,14 @@ type sequence struct {
 	eosAt, maxTokens        int32 // maxTokens <= the context length; eosAt <= maxTokens+1 (Add)
 	ttft                    time.Duration
 	promptLen, cachedTokens int32
-	external                int32   // prompt tokens whose KV arrived from outside (RemoteKV)
-	remote                  bool    // RemoteKV and its KV not arrived yet (waiting or statusLoading)
-	counted                 bool    // its prefix-cache queries are counted (countQueries)
-	_                       [2]byte // line 2 starts on its own line
+	// run is 1 + its run of blocks with deferred keys (deferred.go); 0:
+	// none. Read at every block an output token fills (deferring), so on
+	// this line, which the token's step writes anyway, rather than line 3
+	// (a miss per output block in a busy fleet).
+	run     int32
+	remote  bool    // RemoteKV and its KV not arrived yet (waiting or statusLoading)
+	counted bool    // its prefix-cache queries are counted (countQueries)
+	_       [2]byte // line 2 starts on its own line
 	// Line 2: for every full block (blockKey).
 	hashes  []uint64 // keys of full blocks known so far, in chain order
 	tokBase int32    // tokens[0] is token tokBase of the sequence (keepTokens)
@@ -330,7 +334,7 @@ type sequence struct {
 	preemptions                     int
 	admitted                        bool
 	ownHashes                       bool  // hashes were allocated by Add (recyclable)
-	run                             int32 // 1 + its run of blocks with deferred keys (deferred.go); 0: none
+	external                        int32 // prompt tokens whose KV arrived from outside (RemoteKV)
 }
 
 // Finished sequences are recycled, with their slices, when nothing else

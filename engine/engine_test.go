@@ -1045,7 +1045,7 @@ func TestSequenceLayout(t *testing.T) {
 		{{"status", unsafe.Offsetof(s.status), unsafe.Sizeof(s.status)}, {"tokenMode", unsafe.Offsetof(s.tokenMode), unsafe.Sizeof(s.tokenMode)},
 			{"blocks", unsafe.Offsetof(s.blocks), unsafe.Sizeof(s.blocks)}},
 		{{"seed", unsafe.Offsetof(s.seed), unsafe.Sizeof(s.seed)}, {"ttft", unsafe.Offsetof(s.ttft), unsafe.Sizeof(s.ttft)},
-			{"cachedTokens", unsafe.Offsetof(s.cachedTokens), unsafe.Sizeof(s.cachedTokens)}},
+			{"cachedTokens", unsafe.Offsetof(s.cachedTokens), unsafe.Sizeof(s.cachedTokens)}, {"run", unsafe.Offsetof(s.run), unsafe.Sizeof(s.run)}},
 		{{"hashes", unsafe.Offsetof(s.hashes), unsafe.Sizeof(s.hashes)}, {"parent", unsafe.Offsetof(s.parent), unsafe.Sizeof(s.parent)}},
 		{{"tokens", unsafe.Offsetof(s.tokens), unsafe.Sizeof(s.tokens)}, {"ownHashes", unsafe.Offsetof(s.ownHashes), unsafe.Sizeof(s.ownHashes)}},
 	}
