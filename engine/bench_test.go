@@ -192,24 +192,38 @@ func BenchmarkHashBlock(b *testing.B) {
 // driver looks ahead (DecodeRun), as a real-time one does before it sleeps.
 // With arrival=true an arrival follows each run, as when a request arrives
 // during a sleep: the new request's prefill step (StepInto) is timed with
-// the run. cpu-ns/op is the timed part's CPU time on its thread: on a
+// the run. With arrival=shared every prompt starts with one of 8 system
+// prompts of 1,408 tokens (88 blocks), as the emulator's soak sends them:
+// the arrival's prefix hit looks up and references 88 cached blocks. The
+// prompts are otherwise 200 distinct tokens. cpu-ns/op is the timed part's
+// CPU time on its thread: on a
 // shared machine the wall time includes waiting for a core, so compare
 // builds on it, alternated (its noise is still about 20%).
 func BenchmarkDecodeStepsCold(b *testing.B) {
-	for _, arrival := range []bool{false, true} {
-		b.Run(fmt.Sprint("arrival=", arrival), func(b *testing.B) {
+	for _, mode := range []string{"false", "true", "shared"} {
+		arrival, shared := mode != "false", mode == "shared"
+		b.Run("arrival="+mode, func(b *testing.B) {
 			const running = 128
 			e := mustEngine(b, "llama-3.1-8b-h100", func(c *Config) { c.NoEvents = true })
 			var now time.Duration
 			var res StepResult
 			next := 0
-			add := func() {
-				r := &Request{ID: fmt.Sprint("r", next), Prompt: tokens(next*1000, 200), MaxTokens: 1000, IgnoreEOS: true}
+			// newRequest builds the next request (untimed before an
+			// arrival: a handler's work, not the engine's); add adds it.
+			newRequest := func() *Request {
+				prompt := tokens(next*1000, 200)
+				if shared {
+					prompt = concat(tokens(1<<24+next%8*2000, 1408), prompt)
+				}
 				next++
+				return &Request{ID: fmt.Sprint("r", next-1), Prompt: prompt, MaxTokens: 1000, IgnoreEOS: true}
+			}
+			addRequest := func(r *Request) {
 				if err := e.Add(now, r); err != nil {
 					b.Fatal(err)
 				}
 			}
+			add := func() { addRequest(newRequest()) }
 			step := func() {
 				e.StepInto(now, &res)
 				now += res.Duration
@@ -239,6 +253,10 @@ func BenchmarkDecodeStepsCold(b *testing.B) {
 					step()
 				}
 				e.DecodeRun(256) // the driver looks ahead before it sleeps
+				var arriving *Request
+				if arrival {
+					arriving = newRequest()
+				}
 				coldcache.Evict()
 				b.StartTimer()
 				cpu0 := cputime.Thread()
@@ -247,7 +265,7 @@ func BenchmarkDecodeStepsCold(b *testing.B) {
 					now += d
 				}
 				if arrival {
-					add()
+					addRequest(arriving)
 					step()
 				}
 				cpu += cputime.Thread() - cpu0

@@ -173,6 +173,7 @@ func (e *Engine) admit(now time.Duration, s *sequence, budget int) (int, bool) {
 	if e.caching {
 		// At least one token must be computed to produce logits.
 		limit := min((s.numTokens-1)/e.bs, len(s.hashes))
+		e.hitsAhead(s.hashes[:limit])
 		e.epoch++
 		for _, h := range s.hashes[:limit] {
 			e.findDeferred(h)
@@ -287,6 +288,31 @@ func (e *Engine) admitLoaded(now time.Duration, s *sequence, budget int) int {
 		s.cachedTokens = int32(s.computed)
 	}
 	return n
+}
+
+// hitsAhead loads what the lookups of a prompt's prefix hit read, before
+// them: for each key its deferred runs' counter (findDeferred's filter)
+// and its home slot in the table, then the block the slot names. In a busy
+// engine each is a cache miss at a random place, and loaded in these short
+// loops the misses overlap, where the lookups, a key after the other,
+// took them one at a time. At most maxLoadAhead*4 keys (a 16k-token
+// prefix of 16-token blocks): the hit stops at the first miss anyway.
+func (e *Engine) hitsAhead(keys []uint64) {
+	keys = keys[:min(len(keys), maxLoadAhead*4)]
+	t := e.pool.cached
+	var sink uint64
+	for _, k := range keys {
+		sink += t.slots[tag(k)&t.mask]
+		if e.keyCount != nil {
+			sink += uint64(e.keyCount[k>>keyCountShift])
+		}
+	}
+	for _, k := range keys {
+		if sl := t.slots[tag(k)&t.mask]; sl != 0 {
+			sink += uint64(t.blocks[int32(uint32(sl)-1)].ref)
+		}
+	}
+	e.ahead += sink
 }
 
 // allocN appends need fresh blocks to s, reporting evictions as one
