@@ -276,3 +276,76 @@ func BenchmarkDecodeStepsCold(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkInterleaved16 is one emulator process hosting 16 engines, as the
+// fleet soak runs them: the engines are stepped in turn, so each finds its
+// memory as cold as the others' work left it (no coldcache.Evict: the 16
+// engines' own working sets evict each other, as in the soak). Each engine
+// (8B profile, no KV events) runs about 80 requests of 500 output tokens
+// whose prompts start with one of 8 system prompts of 1,408 tokens. Each op
+// is one engine's turn: its plain decode run of at most 8 steps, then,
+// while it runs fewer than 80 requests, an arrival (built untimed) and the
+// step that admits it; a turn without a plain run steps once. cpu-ns/op is
+// the timed part's CPU time on its thread; compare builds alternated.
+func BenchmarkInterleaved16(b *testing.B) {
+	const engines, running = 16, 80
+	type turn struct {
+		e    *Engine
+		now  time.Duration
+		next int
+		run  DecodedRun
+		res  StepResult
+	}
+	ts := make([]*turn, engines)
+	newRequest := func(x *turn, k int) *Request {
+		p := concat(tokens(1<<24+x.next%8*2000, 1408), tokens(k<<20+x.next*64, 20))
+		x.next++
+		return &Request{ID: fmt.Sprint("r", x.next), Prompt: p, MaxTokens: 500, IgnoreEOS: true}
+	}
+	for k := range ts {
+		x := &turn{e: mustEngine(b, "llama-3.1-8b-h100", func(c *Config) { c.NoEvents = true })}
+		ts[k] = x
+		for len(x.e.running) < running { // staggered: an arrival every 6 steps
+			if err := x.e.Add(x.now, newRequest(x, k)); err != nil {
+				b.Fatal(err)
+			}
+			for range 6 {
+				x.e.StepInto(x.now, &x.res)
+				x.now += x.res.Duration
+			}
+		}
+	}
+	runtime.LockOSThread()
+	defer runtime.UnlockOSThread()
+	var cpu time.Duration
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		k := i % engines
+		i++
+		x := ts[k]
+		b.StopTimer()
+		var r *Request
+		if len(x.e.running)+x.e.waiting.len() < running {
+			r = newRequest(x, k)
+		}
+		b.StartTimer()
+		cpu0 := cputime.Thread()
+		x.e.DecodeRun(256) // the driver looks ahead, then catches up
+		n := x.e.DecodeSteps(x.now, math.MaxInt64, 8, &x.run)
+		for _, d := range x.run.Durations {
+			x.now += d
+		}
+		if n == 0 || r != nil {
+			if r != nil {
+				if err := x.e.Add(x.now, r); err != nil {
+					b.Fatal(err)
+				}
+			}
+			x.e.StepInto(x.now, &x.res)
+			x.now += x.res.Duration
+		}
+		cpu += cputime.Thread() - cpu0
+	}
+	b.ReportMetric(float64(cpu.Nanoseconds())/float64(b.N), "cpu-ns/op")
+}
