@@ -722,10 +722,10 @@ func (s *Subscriber) missedHistory(ctx context.Context, seq uint64) {
 // restarted drops the endpoint's entries and catches up with the new
 // engine's history before batch seq.
 func (s *Subscriber) restarted(ctx context.Context, seq uint64, why string) {
-	s.update(func(st *SubscriberStatus) { st.Restarts++ })
 	s.cfg.Logger.Info("kv events: engine restarted, dropping its entries", "endpoint", s.cfg.Endpoint,
 		"why", why, "want", s.next, "got", seq)
 	s.cfg.Sink.Clear(s.cfg.Endpoint)
+	s.update(func(st *SubscriberStatus) { st.Restarts++ }) // after the drop, as resync counts
 	if seq > 0 && !s.cfg.NoCatchUp && s.replay != nil {
 		s.fill(ctx, 0, seq, false)
 	}
@@ -821,10 +821,10 @@ func (s *Subscriber) verify(ctx context.Context) {
 		s.applyMissed(got[1:])
 		return
 	}
-	s.update(func(st *SubscriberStatus) { st.Restarts++ })
 	s.cfg.Logger.Info("kv events: engine restarted, dropping its entries", "endpoint", s.cfg.Endpoint,
 		"why", "new connection, the engine's history differs", "want", s.next-1)
 	s.cfg.Sink.Clear(s.cfg.Endpoint)
+	s.update(func(st *SubscriberStatus) { st.Restarts++ }) // after the drop, as resync counts
 	s.started = false
 }
 
