@@ -163,7 +163,11 @@
 // state cold, and each block a request allocates touches a block at random
 // (and a table slot, for a prompt block; without KV events an output
 // block's key is deferred until a lookup could reach it, see the engine
-// package's deferred.go). Huge pages do not lower it: with the host's
+// package's deferred.go), and an arriving prompt's prefix hit reads a
+// table slot and a block at random per cached block (loaded ahead in a
+// short loop, so that their misses overlap: the engine's hitsAhead;
+// BenchmarkInterleaved16 there steps 16 engines in turn, as the soak's
+// process hosts them). Huge pages do not lower it: with the host's
 // transparent huge pages set to "always" rather than "madvise", alternated
 // in the soak, the cost above the floor measured no lower.
 //
