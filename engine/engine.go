@@ -582,11 +582,7 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 		if e.caching {
 			s.hashes = sized(spare.hashes, 0, full+min(maxTok, 4096)/e.bs+1)
 			s.ownHashes = true
-			s.parent = e.hash.None()
-			for i := 0; i < full; i++ {
-				s.parent = e.hash.Block(s.parent, r.Prompt[i*e.bs:(i+1)*e.bs])
-				s.hashes = append(s.hashes, s.parent.Key())
-			}
+			s.parent, s.hashes = chainKeys(e.hash, e.hash.None(), r.Prompt[:full*e.bs], e.bs, s.hashes)
 			s.parentN = int32(full)
 		}
 		e.keepTokens(s, r.Prompt, spare.tokens, maxTok)

@@ -104,6 +104,33 @@ func xxh3Block(parent uint64, tokens []uint32) uint64 {
 	return nonZero(xxh3.HashSeed(b, parent))
 }
 
+// chainKeys appends to keys the keys of the blocks of tokens (bs tokens
+// each; len(tokens) a multiple of bs), chained from parent, and returns the
+// last block's digest (parent when there is none), as h.Block block after
+// block would. For xxh3, the default, a digest is its key, so the chain runs
+// on the keys: the Digest values passed through HashFunc cost four times the
+// hash (BenchmarkHashBlock: 28.7 ns a block; xxh3.HashSeed alone on the same
+// 64 bytes, 7.2 ns), and Add chains every full block of a prompt.
+func chainKeys(h HashFunc, parent Digest, tokens []uint32, bs int, keys []uint64) (Digest, []uint64) {
+	n := len(tokens) / bs
+	if _, ok := h.(xxh3Hash); ok {
+		if n == 0 {
+			return parent, keys
+		}
+		k := parent.Key()
+		for i := range n {
+			k = xxh3Block(k, tokens[i*bs:(i+1)*bs])
+			keys = append(keys, k)
+		}
+		return digestOf(k), keys
+	}
+	for i := range n {
+		parent = h.Block(parent, tokens[i*bs:(i+1)*bs])
+		keys = append(keys, parent.Key())
+	}
+	return parent, keys
+}
+
 func nonZero(h uint64) uint64 {
 	if h == 0 {
 		return 1

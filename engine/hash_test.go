@@ -2,6 +2,7 @@ package engine
 
 import (
 	"encoding/hex"
+	"slices"
 	"testing"
 )
 
@@ -87,5 +88,32 @@ func TestPickleLayout(t *testing.T) {
 	want := "800595" + "2d00000000000000" + "4320" + hex.EncodeToString(zero[:]) + "94" + "4b014b02" + "8694" + "4e" + "8794" + "2e"
 	if got != want {
 		t.Errorf("pickle = %s, want %s", got, want)
+	}
+}
+
+// TestChainKeys: chainKeys (Add's chain, on keys for xxh3) gives the keys
+// and the last digest that Block gives block after block, for every hash
+// function, from None and from another parent, with 0 to 5 blocks.
+func TestChainKeys(t *testing.T) {
+	const bs = 16
+	toks := tokens(7000, 5*bs)
+	for _, name := range []string{HashXXH3, HashSHA256, HashSHA256CBOR} {
+		h, err := NewHashFunc(name, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, from := range []Digest{h.None(), h.Block(h.None(), tokens(1, bs))} {
+			for n := 0; n <= 5; n++ {
+				want, wantKeys := from, []uint64{99}
+				for i := range n {
+					want = h.Block(want, toks[i*bs:(i+1)*bs])
+					wantKeys = append(wantKeys, want.Key())
+				}
+				got, keys := chainKeys(h, from, toks[:n*bs], bs, []uint64{99})
+				if got != want || !slices.Equal(keys, wantKeys) {
+					t.Errorf("%s, %d blocks: got %x %v, want %x %v", name, n, got, keys, want, wantKeys)
+				}
+			}
+		}
 	}
 }
