@@ -427,7 +427,7 @@ type Engine struct {
 	loaded         []*sequence // requests in statusLoaded, in the order their KV arrived
 	loadQueued     int         // remote requests in the waiting queue
 	stalled        bool        // the last step could admit no waiting request and ran nothing
-	ahead          uint64      // keysAhead's loads, kept so that they are made
+	ahead          uint64      // keysAhead's and hitsAhead's loads, kept so that they are made
 	keepGen        bool        // generated tokens are kept in sequence.tokens (KV events report them)
 	blockBuf       []uint32    // nextKey's scratch: a block's tokens recomputed
 	stats          Stats

@@ -295,8 +295,9 @@ func (e *Engine) admitLoaded(now time.Duration, s *sequence, budget int) int {
 // and its home slot in the table, then the block the slot names. In a busy
 // engine each is a cache miss at a random place, and loaded in these short
 // loops the misses overlap, where the lookups, a key after the other,
-// took them one at a time. At most maxLoadAhead*4 keys (a 16k-token
-// prefix of 16-token blocks): the hit stops at the first miss anyway.
+// took them one at a time. At most the first maxLoadAhead*4 keys (4,096
+// tokens of 16-token blocks): a prompt that misses early wastes at most
+// that many loads, overlapped.
 func (e *Engine) hitsAhead(keys []uint64) {
 	keys = keys[:min(len(keys), maxLoadAhead*4)]
 	t := e.pool.cached
