@@ -195,10 +195,10 @@ func BenchmarkHashBlock(b *testing.B) {
 // the run. With arrival=shared every prompt starts with one of 8 system
 // prompts of 1,408 tokens (88 blocks), as the emulator's soak sends them:
 // the arrival's prefix hit looks up and references 88 cached blocks. The
-// prompts are otherwise 200 distinct tokens. cpu-ns/op is the timed part's
-// CPU time on its thread: on a
-// shared machine the wall time includes waiting for a core, so compare
-// builds on it, alternated (its noise is still about 20%).
+// prompts are otherwise 200 distinct tokens. The arriving request is
+// built untimed (a handler's work). cpu-ns/op is the timed part's CPU time
+// on its thread: on a shared machine the wall time includes waiting for a
+// core, so compare builds on it, alternated (its noise is still about 20%).
 func BenchmarkDecodeStepsCold(b *testing.B) {
 	for _, mode := range []string{"false", "true", "shared"} {
 		arrival, shared := mode != "false", mode == "shared"
