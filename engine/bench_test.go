@@ -182,6 +182,11 @@ func BenchmarkHashBlock(b *testing.B) {
 	}
 }
 
+// systemPrompt returns the i-th request's system prompt in the shared
+// benchmarks: one of 8 of 1,408 tokens (88 blocks), as the emulator's soak
+// sends them.
+func systemPrompt(i int) []uint32 { return tokens(1<<24+i%8*2000, 1408) }
+
 // BenchmarkDecodeStepsCold is a real-time driver catching up after a sleep
 // in a busy fleet, where the engine's memory has gone cold: 128 requests of
 // 1,000 output tokens decode at staggered phases on the 8B profile without
@@ -213,7 +218,7 @@ func BenchmarkDecodeStepsCold(b *testing.B) {
 			newRequest := func() *Request {
 				prompt := tokens(next*1000, 200)
 				if shared {
-					prompt = concat(tokens(1<<24+next%8*2000, 1408), prompt)
+					prompt = concat(systemPrompt(next), prompt)
 				}
 				next++
 				return &Request{ID: fmt.Sprint("r", next-1), Prompt: prompt, MaxTokens: 1000, IgnoreEOS: true}
@@ -298,7 +303,7 @@ func BenchmarkInterleaved16(b *testing.B) {
 	}
 	ts := make([]*turn, engines)
 	newRequest := func(x *turn, k int) *Request {
-		p := concat(tokens(1<<24+x.next%8*2000, 1408), tokens(k<<20+x.next*64, 20))
+		p := concat(systemPrompt(x.next), tokens(k<<20+x.next*64, 20))
 		x.next++
 		return &Request{ID: fmt.Sprint("r", x.next), Prompt: p, MaxTokens: 500, IgnoreEOS: true}
 	}

@@ -16,12 +16,7 @@ import (
 // keeps running.
 func TestManagerChangedTargetKeepsSubscription(t *testing.T) {
 	m, idx, eng, target, held := managedWithBlocks(t)
-	replays := func() int {
-		eng.mu.Lock()
-		defer eng.mu.Unlock()
-		return eng.replays
-	}
-	before := replays()
+	before := eng.replayCount()
 
 	// Only the scraping changes (no server: its scrapes just fail).
 	target.MetricsURL = "http://127.0.0.1:1/metrics"
@@ -34,7 +29,7 @@ func TestManagerChangedTargetKeepsSubscription(t *testing.T) {
 	eng.waitSubscribed()
 	eng.publish(false, removed(2))
 	waitFor(t, "block 2 removed", func() bool { return held() == 2 })
-	if n := replays() - before; n != 0 {
+	if n := eng.replayCount() - before; n != 0 {
 		t.Errorf("%d replays: the subscription was restarted", n)
 	}
 }

@@ -722,13 +722,20 @@ func (s *Subscriber) missedHistory(ctx context.Context, seq uint64) {
 // restarted drops the endpoint's entries and catches up with the new
 // engine's history before batch seq.
 func (s *Subscriber) restarted(ctx context.Context, seq uint64, why string) {
-	s.cfg.Logger.Info("kv events: engine restarted, dropping its entries", "endpoint", s.cfg.Endpoint,
-		"why", why, "want", s.next, "got", seq)
-	s.cfg.Sink.Clear(s.cfg.Endpoint)
-	s.update(func(st *SubscriberStatus) { st.Restarts++ }) // after the drop, as resync counts
+	s.dropRestarted(why, "want", s.next, "got", seq)
 	if seq > 0 && !s.cfg.NoCatchUp && s.replay != nil {
 		s.fill(ctx, 0, seq, false)
 	}
+}
+
+// dropRestarted drops the entries of an engine found restarted, logging
+// why (with attrs), and counts the restart after the drop, as resync
+// counts: whoever sees Restarts move finds the entries gone.
+func (s *Subscriber) dropRestarted(why string, attrs ...any) {
+	s.cfg.Logger.Info("kv events: engine restarted, dropping its entries",
+		append([]any{"endpoint", s.cfg.Endpoint, "why", why}, attrs...)...)
+	s.cfg.Sink.Clear(s.cfg.Endpoint)
+	s.update(func(st *SubscriberStatus) { st.Restarts++ })
 }
 
 // reconnected checks the first batch (seq >= next) of a new connection.
@@ -821,10 +828,7 @@ func (s *Subscriber) verify(ctx context.Context) {
 		s.applyMissed(got[1:])
 		return
 	}
-	s.cfg.Logger.Info("kv events: engine restarted, dropping its entries", "endpoint", s.cfg.Endpoint,
-		"why", "new connection, the engine's history differs", "want", s.next-1)
-	s.cfg.Sink.Clear(s.cfg.Endpoint)
-	s.update(func(st *SubscriberStatus) { st.Restarts++ }) // after the drop, as resync counts
+	s.dropRestarted("new connection, the engine's history differs", "want", s.next-1)
 	s.started = false
 }
 

@@ -181,6 +181,14 @@ func (e *fakeEngine) publish(drop bool, events ...KVEvent) uint64 {
 	return seq
 }
 
+// replayCount returns the replay requests the engine has answered (or
+// begun to: its buffer is taken when a request arrives).
+func (e *fakeEngine) replayCount() int {
+	e.mu.Lock()
+	defer e.mu.Unlock()
+	return e.replays
+}
+
 // restart resets the sequence and the replay buffer.
 func (e *fakeEngine) restart() {
 	e.mu.Lock()

@@ -421,19 +421,14 @@ func TestSubscriberListenReconnectSameEngine(t *testing.T) {
 	eng.publish(false, stored(0, 3))
 	h.waitSeq(t, 0)
 
-	replays := func() int {
-		eng.mu.Lock()
-		defer eng.mu.Unlock()
-		return eng.replays
-	}
-	before := replays()
+	before := eng.replayCount()
 	eng.dialPubTo(h.addr) // a new connection from the same engine
 	eng.waitSubscribed()
 	waitFor(t, "the new connection checked", func() bool { return h.sub.Status().Reconnects == 1 })
 	// The check's replay must be answered before the next batch is
 	// buffered: an answer that held it would apply it as missed while the
 	// connection was down, and no gap would be seen.
-	waitFor(t, "the check's replay answered", func() bool { return replays() > before })
+	waitFor(t, "the check's replay answered", func() bool { return eng.replayCount() > before })
 	eng.publish(true, stored(3, 4)) // lost
 	eng.publish(false, stored(4, 6))
 	st := h.waitSeq(t, 2)
