@@ -353,12 +353,39 @@ type spareSlices struct {
 	hashes []uint64
 }
 
+// seqSlab is how newSequence allocates new sequences: slabSeqs at once,
+// so that an engine's requests lie on a few pages of their own rather
+// than scattered over the heap among other 256-byte objects, and a wake-up
+// that reads every running request (decodeRun, each cold in a busy fleet)
+// misses fewer pages. In the fleet soak (16 engines in one process,
+// KVROUTE_SOAK_AGAINST, five rounds) they saved a median of 15.9 us per
+// request, lower in every round (10.7 and 10.8, one way and the other,
+// before the sequences were aligned as below).
+//
+// A sequence's fields are grouped by cache line (see sequence), so its
+// first byte must start a line. The runtime puts an 8-byte header before
+// an object of more than 512 bytes that holds pointers, so the sequences
+// follow 56 bytes of padding: 64 bytes from the object's start, which is
+// 64-byte aligned (its size class, 9472 bytes, is a multiple of 64).
+// TestSequenceSlab checks the alignment.
+type seqSlab struct {
+	_    [56]byte
+	seqs [slabSeqs]sequence
+}
+
+const slabSeqs = 36 // the most that fit the 9472-byte size class
+
 // newSequence returns a sequence to fill (a spare one when there is) and
 // the slices it had, to reuse.
 func (e *Engine) newSequence() (*sequence, spareSlices) {
 	k := len(e.spare)
 	if k == 0 {
-		return new(sequence), spareSlices{}
+		if len(e.slab) == 0 {
+			e.slab = new(seqSlab).seqs[:]
+		}
+		s := &e.slab[0]
+		e.slab = e.slab[1:]
+		return s, spareSlices{}
 	}
 	s := e.spare[k-1]
 	e.spare[k-1] = nil
@@ -417,6 +444,7 @@ type Engine struct {
 
 	sched          []scheduled
 	spare          []*sequence // finished sequences to reuse (recycle)
+	slab           []sequence  // new sequences, allocated together (newSequence)
 	hitIDs         []int32     // admit's scratch
 	epoch          uint32      // admit's marker for repeated blocks
 	res            *StepResult // target of the step in progress (for eviction events)

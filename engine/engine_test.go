@@ -1275,3 +1275,25 @@ func TestFreeQueueOrder(t *testing.T) {
 		t.Error("no ring was ever compacted")
 	}
 }
+
+// TestSequenceSlab checks that new requests' sequences are allocated
+// together (newSequence's slab), adjacent and on their own cache lines, so
+// that a step reading every running request misses few pages.
+func TestSequenceSlab(t *testing.T) {
+	e := mustEngine(t, "tiny", nil)
+	var prev uintptr
+	for i := range slabSeqs {
+		id := fmt.Sprint("r", i)
+		if err := e.Add(0, &Request{ID: id, Prompt: tokens(i*100, 20), MaxTokens: 4}); err != nil {
+			t.Fatal(err)
+		}
+		p := uintptr(unsafe.Pointer(e.seqs[id]))
+		if p%64 != 0 {
+			t.Errorf("sequence %d at %#x, not on a line of its own", i, p)
+		}
+		if i > 0 && p != prev+unsafe.Sizeof(sequence{}) {
+			t.Errorf("sequence %d at %#x, want %#x (right after the previous one)", i, p, prev+unsafe.Sizeof(sequence{}))
+		}
+		prev = p
+	}
+}
