@@ -168,9 +168,10 @@
 // short loop, so that their misses overlap: the engine's hitsAhead;
 // BenchmarkInterleaved16 there steps 16 engines in turn, as the soak's
 // process hosts them). An engine allocates its requests' state in slabs
-// (the engine's seqSlab), so that reading them all misses few pages. Huge pages do not lower it: with the host's
-// transparent huge pages set to "always" rather than "madvise", alternated
-// in the soak, the cost above the floor measured no lower.
+// (the engine's seqSlab), so that reading them all misses few pages. Huge
+// pages do not lower it: with the host's transparent huge pages set to
+// "always" rather than "madvise", alternated in the soak, the cost above
+// the floor measured no lower.
 //
 // # Data parallelism
 //

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math/rand/v2"
 	"reflect"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -1278,11 +1279,16 @@ func TestFreeQueueOrder(t *testing.T) {
 
 // TestSequenceSlab checks that new requests' sequences are allocated
 // together (newSequence's slab), adjacent and on their own cache lines, so
-// that a step reading every running request misses few pages.
+// that a step reading every running request misses few pages. Between two
+// Adds the test allocates another object of a sequence's size class (256
+// bytes, with pointers), as a server's other work does: sequences allocated
+// one by one would no longer be adjacent.
 func TestSequenceSlab(t *testing.T) {
 	e := mustEngine(t, "tiny", nil)
 	var prev uintptr
+	others := make([]*[32]*int, 0, slabSeqs)
 	for i := range slabSeqs {
+		others = append(others, new([32]*int))
 		id := fmt.Sprint("r", i)
 		if err := e.Add(0, &Request{ID: id, Prompt: tokens(i*100, 20), MaxTokens: 4}); err != nil {
 			t.Fatal(err)
@@ -1296,4 +1302,5 @@ func TestSequenceSlab(t *testing.T) {
 		}
 		prev = p
 	}
+	runtime.KeepAlive(others)
 }
