@@ -168,10 +168,16 @@
 // short loop, so that their misses overlap: the engine's hitsAhead;
 // BenchmarkInterleaved16 there steps 16 engines in turn, as the soak's
 // process hosts them). An engine allocates its requests' state in slabs
-// (the engine's seqSlab), so that reading them all misses few pages. Huge
-// pages do not lower it: with the host's transparent huge pages set to
-// "always" rather than "madvise", alternated in the soak, the cost above
-// the floor measured no lower.
+// (the engine's seqSlab, and blockIDs for their arrays of block ids, which
+// each block a request's tokens reach appends to), so that reading them
+// all misses few pages, and the TLB less. Huge pages for the whole
+// process would do more: with the host's transparent huge pages set to
+// "always" rather than "madvise", an engine process whose huge pages were
+// turned off (prctl PR_SET_THP_DISABLE) cost a median 51 us per request
+// more than the same build with them, side by side over three rounds
+// (the floor, its heap in huge pages too, gains some of that as well).
+// The block pool's arrays alone on huge pages (madvise on their memory)
+// measured no gain, so the engine does not ask for them.
 //
 // # Data parallelism
 //

@@ -66,11 +66,26 @@ func (e *Engine) decodeRun(limit int) (n, ctx int, finished bool) {
 }
 
 // runBlocks returns the blocks the next n plain decode steps allocate:
-// they decode without preemption only when the free queue covers them.
+// they decode without preemption only when the free queue covers them. A
+// request's blocks hold its computed tokens, so its n tokens overflow them
+// by at most n: at most one block when n <= bs, the usual run, which then
+// needs no division (a 64-bit division per running request, in each of a
+// wake-up's passes, was a tenth of DecodeStepsBefore's own time in the
+// fleet soak).
 func (e *Engine) runBlocks(n int) int {
 	need := 0
+	if n <= e.bs {
+		for _, s := range e.running {
+			if s.computed+n > len(s.blocks)*e.bs {
+				need++
+			}
+		}
+		return need
+	}
 	for _, s := range e.running {
-		need += (s.computed+n+e.bs-1)/e.bs - len(s.blocks)
+		if over := s.computed + n - len(s.blocks)*e.bs; over > 0 {
+			need += (over + e.bs - 1) / e.bs
+		}
 	}
 	return need
 }
@@ -145,8 +160,14 @@ func (e *Engine) DecodeSteps(now, until time.Duration, limit int, run *DecodedRu
 // then, which the input does not change (it joins the next step), and
 // stops at the step that must see it.
 func (e *Engine) DecodeStepsBefore(now, until, before time.Duration, limit int, run *DecodedRun) int {
-	run.Durations, run.Seqs, run.Finished, run.Events = run.Durations[:0], run.Seqs[:0], run.Finished[:0], nil
 	whole, ctx, finished := e.decodeRun(limit)
+	return e.decodeSteps(now, until, before, run, whole, ctx, finished)
+}
+
+// decodeSteps is DecodeStepsBefore given what decodeRun returned for its
+// limit.
+func (e *Engine) decodeSteps(now, until, before time.Duration, run *DecodedRun, whole, ctx int, finished bool) int {
+	run.Durations, run.Seqs, run.Finished, run.Events = run.Durations[:0], run.Seqs[:0], run.Finished[:0], nil
 	if whole <= 0 {
 		return 0
 	}
@@ -166,13 +187,16 @@ func (e *Engine) DecodeStepsBefore(now, until, before time.Duration, limit int, 
 		run.Durations = append(run.Durations, d)
 	}
 	n := len(run.Durations)
-	if e.runBlocks(n) > e.pool.numFree {
+	need := e.runBlocks(n)
+	if need > e.pool.numFree {
 		// The most steps whose blocks fit (runBlocks grows with n): the
 		// step that would preempt is StepInto's.
 		lo, hi := 0, n // runBlocks(lo) fits, runBlocks(hi) does not
+		need = 0
 		for hi-lo > 1 {
-			if mid := (lo + hi) / 2; e.runBlocks(mid) <= e.pool.numFree {
-				lo = mid
+			mid := (lo + hi) / 2
+			if m := e.runBlocks(mid); m <= e.pool.numFree {
+				lo, need = mid, m
 			} else {
 				hi = mid
 			}
@@ -189,7 +213,7 @@ func (e *Engine) DecodeStepsBefore(now, until, before time.Duration, limit int, 
 		run.Seqs = append(run.Seqs, DecodedSeq{ID: s.id, From: s.outputs, FirstITL: first - s.lastToken})
 	}
 
-	e.pool.loadAhead(e.runBlocks(n)) // the blocks the run pops, their misses at once
+	e.pool.loadAhead(need) // the blocks the run pops, their misses at once
 	res := &run.res
 	res.Events, res.removed = res.Events[:0], res.removed[:0]
 	e.res = res

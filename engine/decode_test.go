@@ -393,3 +393,35 @@ func TestDecodeStepsBefore(t *testing.T) {
 		})
 	}
 }
+
+// TestRunBlocks checks runBlocks against its definition, the blocks that n
+// more tokens take for each running request, for runs shorter and longer
+// than a block (it counts the short ones without a division).
+func TestRunBlocks(t *testing.T) {
+	e := mustEngine(t, "tiny", nil)
+	for i := range 6 {
+		if err := e.Add(0, &Request{ID: fmt.Sprint("r", i), Prompt: tokens(i*100, 5+i*7), MaxTokens: 200}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var res StepResult
+	now := time.Duration(0)
+	checked := 0
+	for step := 0; step < 60 && e.HasWork(); step++ {
+		e.StepInto(now, &res)
+		now += res.Duration
+		for n := 1; n <= 3*e.bs+1; n++ {
+			want := 0
+			for _, s := range e.running {
+				want += (s.computed+n+e.bs-1)/e.bs - len(s.blocks)
+			}
+			if got := e.runBlocks(n); got != want {
+				t.Fatalf("step %d, n=%d: runBlocks %d, want %d", step, n, got, want)
+			}
+			checked++
+		}
+	}
+	if checked == 0 || len(e.running) == 0 {
+		t.Fatalf("checked %d runs, %d running: the workload never decoded", checked, len(e.running))
+	}
+}

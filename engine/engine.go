@@ -409,6 +409,37 @@ func (e *Engine) recycle(s *sequence) {
 	}
 }
 
+// idSlabLen is the size of the slabs that sequences' block id arrays are
+// carved from (blockIDs): 64 KiB, room for about 170 arrays of requests of
+// 1,500 tokens.
+const idSlabLen = 16 << 10
+
+// blockIDs returns an empty slice with room for c block ids for a new
+// sequence: spare's (a finished sequence's) when it has the room, else
+// carved from the engine's slab of ids, so that the arrays of an engine's
+// running requests lie together on a few pages. A decode step appends to a
+// request's array at each block its tokens reach (allocN); scattered over
+// the heap, each array was a page of its own, and in a busy fleet those
+// appends missed the TLB (perf on the fleet soak: allocN's store into the
+// array was the engine loop's largest single cost). A slab is garbage only
+// when all its arrays are (with NoEvents, finished sequences' arrays are
+// reused instead); a request whose array must grow past its room gets a
+// new one from the heap, as append gives it.
+func (e *Engine) blockIDs(spare []int32, c int) []int32 {
+	if cap(spare) >= c {
+		return spare[:0]
+	}
+	if c > idSlabLen/16 {
+		return make([]int32, 0, c) // a long prompt's: alone
+	}
+	if len(e.idSlab) < c {
+		e.idSlab = make([]int32, idSlabLen)
+	}
+	b := e.idSlab[:0:c]
+	e.idSlab = e.idSlab[c:]
+	return b
+}
+
 // sized returns a slice of length n and capacity at least c, reusing b's
 // array when it is large enough.
 func sized[T any](b []T, n, c int) []T {
@@ -446,6 +477,7 @@ type Engine struct {
 	sched          []scheduled
 	spare          []*sequence // finished sequences to reuse (recycle)
 	slab           []sequence  // new sequences, allocated together (newSequence)
+	idSlab         []int32     // room for new sequences' block ids (blockIDs)
 	hitIDs         []int32     // admit's scratch
 	epoch          uint32      // admit's marker for repeated blocks
 	res            *StepResult // target of the step in progress (for eviction events)
@@ -593,7 +625,7 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 		s.seed = xxh3.HashString(r.ID) | 1
 	}
 	total := n + maxTok
-	s.blocks = sized(spare.blocks, 0, min((total+e.bs-1)/e.bs, (n+e.bs-1)/e.bs+64))
+	s.blocks = e.blockIDs(spare.blocks, min((total+e.bs-1)/e.bs, (n+e.bs-1)/e.bs+64))
 	full := n / e.bs
 	switch {
 	case r.BlockHashes != nil || r.Prompt == nil:

@@ -1304,3 +1304,41 @@ func TestSequenceSlab(t *testing.T) {
 	}
 	runtime.KeepAlive(others)
 }
+
+// TestBlockIDSlab checks that new sequences' block id arrays are carved one
+// after the other from the engine's slab (blockIDs), with their room, while
+// other objects of their size class are allocated between them (as a
+// server's other work does), and that a long prompt's array, or one that
+// outgrows its room, is allocated alone.
+func TestBlockIDSlab(t *testing.T) {
+	e := mustEngine(t, "llama-3.1-8b-h100", func(c *Config) { c.NoEvents = true })
+	var prev []int32
+	var others [][]int32
+	for i := range 8 {
+		others = append(others, make([]int32, 0, 96))
+		id := fmt.Sprint("r", i)
+		if err := e.Add(0, &Request{ID: id, Prompt: tokens(i*1000, 500), MaxTokens: 1000}); err != nil {
+			t.Fatal(err)
+		}
+		b := e.seqs[id].blocks
+		if want := (500 + 1000 + 15) / 16; cap(b) != want {
+			t.Errorf("request %d: room for %d block ids, want %d", i, cap(b), want)
+		}
+		if i > 0 {
+			if p, want := unsafe.Pointer(unsafe.SliceData(b)), unsafe.Add(unsafe.Pointer(unsafe.SliceData(prev)), 4*cap(prev)); p != want {
+				t.Errorf("request %d: block ids at %p, want %p (right after the previous request's)", i, p, want)
+			}
+		}
+		prev = b
+	}
+	runtime.KeepAlive(others)
+	long := (idSlabLen/16 + 1) * 16 // tokens of a prompt whose array is allocated alone
+	left := len(e.idSlab)
+	if err := e.Add(0, &Request{ID: "long", Prompt: tokens(1, long), MaxTokens: 1}); err != nil {
+		t.Fatal(err)
+	}
+	if len(e.idSlab) != left || cap(e.seqs["long"].blocks) != long/16+1 {
+		t.Errorf("a long prompt's block ids: slab %d -> %d ids left, room %d; want it alone, with room for %d",
+			left, len(e.idSlab), cap(e.seqs["long"].blocks), long/16+1)
+	}
+}

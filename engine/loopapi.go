@@ -37,7 +37,8 @@ func (e *Engine) DecodeStepsStarted(now, woke, until, before time.Duration, limi
 		run.Durations, run.Seqs, run.Finished, run.Events = run.Durations[:0], run.Seqs[:0], run.Finished[:0], nil
 		return 0
 	}
-	// The same steps, computed (DecodeStepsBefore stops short of a step
-	// whose blocks do not fit: StepInto preempts in it).
-	return e.DecodeStepsBefore(now, math.MaxInt64, math.MaxInt64, n, run)
+	// The same steps, computed (decodeSteps stops short of a step whose
+	// blocks do not fit: StepInto preempts in it). decodeRun(n) would
+	// return n, ctx, and finished when n is the whole run.
+	return e.decodeSteps(now, math.MaxInt64, math.MaxInt64, run, n, ctx, finished && n == whole)
 }
