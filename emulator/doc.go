@@ -175,9 +175,10 @@
 // "always" rather than "madvise", an engine process whose huge pages were
 // turned off (prctl PR_SET_THP_DISABLE) cost a median 51 us per request
 // more than the same build with them, side by side over three rounds
-// (the floor, its heap in huge pages too, gains some of that as well).
-// The block pool's arrays alone on huge pages (madvise on their memory)
-// measured no gain, so the engine does not ask for them.
+// (how much of that the floor, a Go server too, would also gain was not
+// measured side by side). The block pool's arrays alone on huge pages
+// (madvise on their memory) measured no gain (medians -2.9 and +3.0 us
+// over three and five rounds), so the engine does not ask for them.
 //
 // # Data parallelism
 //
