@@ -68,23 +68,17 @@ func (e *Engine) decodeRun(limit int) (n, ctx int, finished bool) {
 // runBlocks returns the blocks the next n plain decode steps allocate:
 // they decode without preemption only when the free queue covers them. A
 // request's blocks hold its computed tokens, so its n tokens overflow them
-// by at most n: at most one block when n <= bs, the usual run, which then
-// needs no division (a 64-bit division per running request, in each of a
-// wake-up's passes, was a tenth of DecodeStepsBefore's own time in the
-// fleet soak).
+// by at most n tokens: one block when they overflow by at most bs, as in
+// the usual run, counted without a division (a 64-bit division per running
+// request, in each of a wake-up's passes, was a tenth of
+// DecodeStepsBefore's own time in the fleet soak).
 func (e *Engine) runBlocks(n int) int {
 	need := 0
-	if n <= e.bs {
-		for _, s := range e.running {
-			if s.computed+n > len(s.blocks)*e.bs {
-				need++
-			}
-		}
-		return need
-	}
 	for _, s := range e.running {
-		if over := s.computed + n - len(s.blocks)*e.bs; over > 0 {
+		if over := s.computed + n - len(s.blocks)*e.bs; over > e.bs {
 			need += (over + e.bs - 1) / e.bs
+		} else if over > 0 {
+			need++
 		}
 	}
 	return need
