@@ -174,9 +174,10 @@
 // process would do more: with the host's transparent huge pages set to
 // "always" rather than "madvise", an engine process whose huge pages were
 // turned off (prctl PR_SET_THP_DISABLE) cost a median 51 us per request
-// more than the same build with them, side by side over three rounds
-// (how much of that the floor, a Go server too, would also gain was not
-// measured side by side). The block pool's arrays alone on huge pages
+// more than the same build with them, side by side over three rounds, the
+// latter's fleet first (which the harness favours by about 7-17 us; see
+// TestFleetCPU); how much of that the floor, a Go server too, would also
+// gain was not measured side by side. The block pool's arrays alone on huge pages
 // (madvise on their memory) measured no gain (medians -2.9 and +3.0 us
 // over three and five rounds), so the engine does not ask for them.
 //

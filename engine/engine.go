@@ -358,10 +358,13 @@ type spareSlices struct {
 // than scattered over the heap among other 256-byte objects, and a wake-up
 // that reads every running request (decodeRun, each cold in a busy fleet)
 // misses fewer pages. In the fleet soak (16 engines in one process,
-// KVROUTE_SOAK_AGAINST, five rounds) they saved a median of 15.9 us per
-// request, lower in every round. The cost: a slab is garbage only when all
-// its sequences are (with NoEvents, finished ones are recycled instead),
-// so a long request can keep about 9 KiB alive.
+// KVROUTE_SOAK_AGAINST, five rounds, this build's fleet first) they
+// measured a median of 15.9 us per request lower, lower in every round;
+// the harness favours the first fleet (the same build against itself:
+// medians of -7.4, -9.0 and -17.7 us), so the gain is smaller than that,
+// and it was not measured in the other order. The cost: a slab is garbage
+// only when all its sequences are (with NoEvents, finished ones are
+// recycled instead), so a long request can keep about 9 KiB alive.
 //
 // A sequence's fields are grouped by cache line (see sequence), so its
 // first byte must start a line. The runtime puts an 8-byte header before
