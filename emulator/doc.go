@@ -138,10 +138,10 @@
 // unless a request finishes in it, rather than stepped alone): the loop
 // records each step's batch size and latencies in the metrics as stepping
 // would, and the streams' token counts, without a StepResult per step, and
-// wakes the finished requests' handlers as it would after stepping. A GET /metrics during such a run
-// first brings the snapshot up to date. Streaming at every token needs a
-// wake-up per step and a write per chunk, as in vLLM; --stream-interval
-// divides the writes.
+// wakes the finished requests' handlers as it would after stepping. A GET
+// /metrics during such a run first brings the snapshot up to date.
+// Streaming at every token needs a wake-up per step and a write per chunk,
+// as in vLLM; --stream-interval divides the writes.
 // TestFleetCPU (KVROUTE_SOAK=1) measures the CPU of 16 engine processes
 // under load, with their threads' context switches and the loop's timed
 // wake-ups per request (KVROUTE_SOAK_FLOOR=1: side by side with a fleet of
@@ -170,16 +170,16 @@
 // process hosts them). An engine allocates its requests' state in slabs
 // (the engine's seqSlab, and blockIDs for their arrays of block ids, which
 // each block a request's tokens reach appends to), so that reading them
-// all misses few pages, and the TLB less. Huge pages for the whole
-// process would do more: with the host's transparent huge pages set to
-// "always" rather than "madvise", an engine process whose huge pages were
-// turned off (prctl PR_SET_THP_DISABLE) cost a median 51 us per request
-// more than the same build with them, side by side over three rounds, the
-// latter's fleet first (which the harness favours by about 7-17 us; see
-// TestFleetCPU); how much of that the floor, a Go server too, would also
-// gain was not measured side by side. The block pool's arrays alone on huge pages
-// (madvise on their memory) measured no gain (medians -2.9 and +3.0 us
-// over three and five rounds), so the engine does not ask for them.
+// all misses few pages, and the TLB less. Huge pages for the whole process
+// would do more: with the host's transparent huge pages set to "always"
+// rather than "madvise", an engine process whose huge pages were turned off
+// (prctl PR_SET_THP_DISABLE) cost a median 51 us per request more than the
+// same build with them, side by side over three rounds, the latter's fleet
+// first (which the harness favours by about 7-17 us; see TestFleetCPU); how
+// much of that the floor, a Go server too, would also gain was not measured
+// side by side. The block pool's arrays alone on huge pages (madvise on
+// their memory) measured no gain (medians -2.9 and +3.0 us over three and
+// five rounds), so the engine does not ask for them.
 //
 // # Data parallelism
 //

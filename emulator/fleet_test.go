@@ -84,14 +84,14 @@ func setSoakInterval(cfg *Config, n int) { cfg.StreamInterval = n }
 // sleeps and answers costs. KVROUTE_SOAK_AGAINST=path runs one more
 // fleet from another build's test binary (`go test -c` of this package at
 // another commit), fed the same load, so that a comparison shares the
-// machine's state. Each request goes to the fleets in turn first (the
-// first receiver found its bytes warmer: with a fixed order the third
-// fleet measured 35-70 us per request more than the first, whichever build
-// ran it; rotated, the same build against itself measured medians of
-// -17.7, -9.0 and -7.4 us). Some bias remains: run both orders and take
-// half the difference of the two results. KVROUTE_SOAK_FLOOR=first puts the floor's fleet
-// first, for the other order of the floor comparison: the mean of the two
-// orders' figures cancels a bias of the fleet's place.
+// machine's state. Each request goes to the fleets in turn first (the first
+// receiver found its bytes warmer: with a fixed order the third fleet
+// measured 35-70 us per request more than the first, whichever build ran
+// it; rotated, the same build against itself measured medians of -17.7,
+// -9.0 and -7.4 us). Some bias remains: run both orders and take half the
+// difference of the two results. KVROUTE_SOAK_FLOOR=first puts the floor's
+// fleet first, for the other order of the floor comparison: the mean of the
+// two orders' figures cancels a bias of the fleet's place.
 // Before measuring, each engine's KV cache is filled with the blocks of
 // long distinct prompts (fillCache), so that every block the load
 // allocates evicts a cached one, as in an engine that has been serving for
