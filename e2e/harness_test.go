@@ -5,6 +5,7 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -103,37 +104,52 @@ func startEngine(t testing.TB, id string, o engineOpts) *engineProc {
 		Speed:  o.speed,
 		Logger: logger().With("engine", id),
 	}}
-	if o.encoding != "" {
-		if o.connect {
-			e.kvAddr = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-		} else {
-			dir, err := os.MkdirTemp("", "kve2e")
-			if err != nil {
-				t.Fatal(err)
-			}
-			t.Cleanup(func() { os.RemoveAll(dir) })
-			e.kvAddr = "ipc://" + filepath.Join(dir, id+".sock")
+	if o.encoding != "" && !o.connect {
+		dir, err := os.MkdirTemp("", "kve2e")
+		if err != nil {
+			t.Fatal(err)
 		}
-		e.replay = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-		e.cfg.KVEvents = emulator.KVEventsConfig{Endpoint: e.kvAddr, ReplayEndpoint: e.replay, Encoding: o.encoding}
+		t.Cleanup(func() { os.RemoveAll(dir) })
+		e.kvAddr = "ipc://" + filepath.Join(dir, id+".sock")
 	}
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
+	// The KV-event ports are picked free, then bound by the engine: another
+	// process (any outgoing connection's ephemeral port) can take one in
+	// between, so a bind error picks new ones.
+	for attempt := 1; ; attempt++ {
+		if o.encoding != "" {
+			if o.connect {
+				e.kvAddr = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+			}
+			e.replay = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+			e.cfg.KVEvents = emulator.KVEventsConfig{Endpoint: e.kvAddr, ReplayEndpoint: e.replay, Encoding: o.encoding}
+		}
+		ln, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			t.Fatal(err)
+		}
+		e.addr = ln.Addr().String()
+		err = e.launch(ln)
+		if err == nil {
+			break
+		}
+		if be := (*emulator.BindError)(nil); !errors.As(err, &be) || attempt == 10 {
+			t.Fatal(err)
+		}
+		t.Logf("engine %s: %v; picking other ports", id, err)
 	}
-	e.addr = ln.Addr().String()
-	e.launch(ln)
 	t.Cleanup(e.halt)
 	return e
 }
 
 func (e *engineProc) url() string { return "http://" + e.addr }
 
-func (e *engineProc) launch(ln net.Listener) {
+// launch starts an instance serving HTTP on ln; emulator.New's error (ln
+// closed) when it cannot.
+func (e *engineProc) launch(ln net.Listener) error {
 	srv, err := emulator.New(e.cfg)
 	if err != nil {
 		ln.Close()
-		e.t.Fatal(err)
+		return err
 	}
 	host, port, _ := net.SplitHostPort(e.addr)
 	var p int
@@ -159,6 +175,7 @@ func (e *engineProc) launch(ln net.Listener) {
 	e.mu.Lock()
 	e.srv, e.hs, e.stop, e.done = srv, hs, cancel, done
 	e.mu.Unlock()
+	return nil
 }
 
 // halt stops the engine: its loop, its KV-event sockets and its listener.
@@ -184,7 +201,9 @@ func (e *engineProc) restart() {
 	for {
 		ln, err := net.Listen("tcp", e.addr)
 		if err == nil {
-			e.launch(ln)
+			if err := e.launch(ln); err != nil {
+				e.t.Fatalf("engine %s: restart: %v", e.id, err)
+			}
 			return
 		}
 		if time.Now().After(deadline) {
