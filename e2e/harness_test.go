@@ -25,6 +25,7 @@ import (
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/emulator"
 	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/internal/freeport"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/policy"
 	"github.com/kvroute/kvroute/proxy"
@@ -80,12 +81,7 @@ type engineProc struct {
 
 func freePort(t testing.TB) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return freeport.Loopback(t)
 }
 
 func startEngine(t testing.TB, id string, o engineOpts) *engineProc {

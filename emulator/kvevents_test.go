@@ -6,7 +6,6 @@ import (
 	"encoding/hex"
 	"flag"
 	"fmt"
-	"net"
 	"os"
 	"path/filepath"
 	"reflect"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/go-zeromq/zmq4"
 	"github.com/kvroute/kvroute/engine"
+	"github.com/kvroute/kvroute/internal/freeport"
 	"github.com/kvroute/kvroute/kvindex"
 	"github.com/kvroute/kvroute/tokenizer"
 	"github.com/vmihailenco/msgpack/v5"
@@ -26,12 +26,7 @@ var update = flag.Bool("update", false, "rewrite golden files")
 
 func freePort(t *testing.T) int {
 	t.Helper()
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
+	return freeport.Loopback(t)
 }
 
 func golden(t *testing.T, name string, got []byte) {

@@ -1,13 +1,44 @@
-// Package freeport finds runs of free loopback TCP ports, for tests that
-// start something binding a base port plus an offset (a data-parallel
-// engine's rank r binds its KV-event and side-channel ports at base + r).
+// Package freeport finds free loopback TCP ports for tests that hand a
+// port to something that binds it later (a ZMQ socket), and runs of them,
+// for a base port plus an offset (a data-parallel engine's rank r binds its
+// KV-event and side-channel ports at base + r).
 package freeport
 
 import (
+	"math/rand/v2"
 	"net"
 	"strconv"
 	"testing"
 )
+
+// Below the ports Linux gives outgoing connections by default
+// (net.ipv4.ip_local_port_range, 32768-60999): a port picked there can be
+// taken, between the pick and the bind, by any connection that any process
+// opens; one below it only by a listener. (net.Listen on port 0 picks from
+// that range.)
+const lowFirst, lowLast = 20000, 32767
+
+// Loopback returns a port on 127.0.0.1 that was free when it looked (it
+// listened on it and closed it), below the range of ports the system gives
+// outgoing connections, where only another listener can take it before the
+// caller binds it; a port from the system (port 0) when 50 random ports
+// there are all taken.
+func Loopback(tb testing.TB) int {
+	tb.Helper()
+	for range 50 {
+		p := lowFirst + rand.IntN(lowLast-lowFirst+1)
+		if l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p))); err == nil {
+			l.Close()
+			return p
+		}
+	}
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		tb.Fatal(err)
+	}
+	defer l.Close()
+	return l.Addr().(*net.TCPAddr).Port
+}
 
 // Consecutive returns a port p on 127.0.0.1 such that p to p+n-1 were all
 // free when it looked (it listens on each, holding them all, then closes

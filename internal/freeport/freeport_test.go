@@ -24,3 +24,20 @@ func TestConsecutive(t *testing.T) {
 		}
 	}
 }
+
+// TestLoopback checks that Loopback's port is free (it can be listened on)
+// and below the system's range for outgoing connections, where their
+// ephemeral ports cannot take it.
+func TestLoopback(t *testing.T) {
+	for range 20 {
+		p := Loopback(t)
+		if p < lowFirst || p > lowLast {
+			t.Errorf("port %d, want one in %d..%d", p, lowFirst, lowLast)
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p)))
+		if err != nil {
+			t.Fatalf("port %d: %v", p, err)
+		}
+		l.Close()
+	}
+}
