@@ -23,6 +23,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/internal/freeport"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/prometheus/common/expfmt"
 	pmodel "github.com/prometheus/common/model"
@@ -80,7 +81,7 @@ func runChaos(t *testing.T, bin string, activeHC bool) {
 	// flips (the emulator has no flag to fail its /metrics).
 	engines := make([]*chaosEngine, 4)
 	for i := range engines {
-		engines[i] = &chaosEngine{t: t, bin: bin, id: fmt.Sprintf("e%d", i), port: freePort(t), logDir: dir}
+		engines[i] = &chaosEngine{t: t, bin: bin, id: fmt.Sprintf("e%d", i), port: freeport.Consecutive(t, 1), logDir: dir}
 		engines[i].start()
 		t.Cleanup(engines[i].kill)
 	}
@@ -96,7 +97,7 @@ func runChaos(t *testing.T, bin string, activeHC bool) {
 		e.awaitUp()
 	}
 
-	rport := freePort(t)
+	rport := freeport.Consecutive(t, 1)
 	cfgPath := filepath.Join(dir, "kvroute.yaml")
 	var eps strings.Builder
 	for i, e := range engines {

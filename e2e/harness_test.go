@@ -79,11 +79,6 @@ type engineProc struct {
 	done chan struct{}
 }
 
-func freePort(t testing.TB) int {
-	t.Helper()
-	return freeport.Loopback(t)
-}
-
 func startEngine(t testing.TB, id string, o engineOpts) *engineProc {
 	t.Helper()
 	prof, err := engine.LookupProfile("tiny")
@@ -114,9 +109,9 @@ func startEngine(t testing.TB, id string, o engineOpts) *engineProc {
 	for attempt := 1; ; attempt++ {
 		if o.encoding != "" {
 			if o.connect {
-				e.kvAddr = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+				e.kvAddr = fmt.Sprintf("tcp://127.0.0.1:%d", freeport.Consecutive(t, 1))
 			}
-			e.replay = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+			e.replay = fmt.Sprintf("tcp://127.0.0.1:%d", freeport.Consecutive(t, 1))
 			e.cfg.KVEvents = emulator.KVEventsConfig{Endpoint: e.kvAddr, ReplayEndpoint: e.replay, Encoding: o.encoding}
 		}
 		ln, err := net.Listen("tcp", "127.0.0.1:0")

@@ -456,7 +456,7 @@ func TestOffsetEndpoint(t *testing.T) {
 func subPair(t *testing.T, ctx context.Context) (int, [2]zmq4.Socket) {
 	t.Helper()
 	for range 50 {
-		port := freePort(t)
+		port := freeport.Consecutive(t, 1)
 		var subs [2]zmq4.Socket
 		ok := true
 		for r := range subs {

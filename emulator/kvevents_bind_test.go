@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/go-zeromq/zmq4"
+	"github.com/kvroute/kvroute/internal/freeport"
 	"github.com/kvroute/kvroute/kvindex"
 	"github.com/kvroute/kvroute/tokenizer"
 )
@@ -32,13 +33,13 @@ func TestKVEventsBoundByNew(t *testing.T) {
 	toks := tokenizer.Builtin().Encode(prompt)
 	wantHashes := kvindex.HashTokens(toks, 16, nil)
 	for _, tc := range []struct{ name, endpoint string }{
-		{"tcp", fmt.Sprintf("tcp://*:%d", freePort(t))},
+		{"tcp", fmt.Sprintf("tcp://*:%d", freeport.Consecutive(t, 1))},
 		{"ipc", "ipc://" + filepath.Join(t.TempDir(), "kv.sock")},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 			defer cancel()
-			replay := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+			replay := fmt.Sprintf("tcp://127.0.0.1:%d", freeport.Consecutive(t, 1))
 			cfg := Config{Speed: 1000, KVEvents: KVEventsConfig{Endpoint: tc.endpoint, ReplayEndpoint: replay}}
 			testDefaults(t, &cfg)
 			s, err := New(cfg)
@@ -157,9 +158,9 @@ func waitZMQGoroutines(t *testing.T, want int) {
 // goroutines end and the endpoints can be bound again.
 func TestCloseWithoutRunReleasesKVEventSockets(t *testing.T) {
 	before := len(zmqGoroutines())
-	pub := fmt.Sprintf("tcp://*:%d", freePort(t))
-	replay := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	connect := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t)) // nobody listens: the dial retries
+	pub := fmt.Sprintf("tcp://*:%d", freeport.Consecutive(t, 1))
+	replay := fmt.Sprintf("tcp://127.0.0.1:%d", freeport.Consecutive(t, 1))
+	connect := fmt.Sprintf("tcp://127.0.0.1:%d", freeport.Consecutive(t, 1)) // nobody listens: the dial retries
 	for _, kv := range []KVEventsConfig{
 		{Endpoint: pub, ReplayEndpoint: replay},
 		{Endpoint: pub, ReplayEndpoint: replay}, // again: released
@@ -196,7 +197,7 @@ func TestNewKVEventsAddressInUse(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer heldLocal.Close()
-	free := fmt.Sprintf("tcp://*:%d", freePort(t))
+	free := fmt.Sprintf("tcp://*:%d", freeport.Consecutive(t, 1))
 	for _, tc := range []struct {
 		name   string
 		kv     KVEventsConfig

@@ -24,11 +24,6 @@ import (
 
 var update = flag.Bool("update", false, "rewrite golden files")
 
-func freePort(t *testing.T) int {
-	t.Helper()
-	return freeport.Loopback(t)
-}
-
 func golden(t *testing.T, name string, got []byte) {
 	t.Helper()
 	path := filepath.Join("testdata", name)
@@ -182,7 +177,7 @@ func TestKVEventsOverZMQ(t *testing.T) {
 			if tt.bind {
 				endpoint = "ipc://" + filepath.Join(t.TempDir(), "kv.sock")
 			} else {
-				endpoint = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+				endpoint = fmt.Sprintf("tcp://127.0.0.1:%d", freeport.Consecutive(t, 1))
 				if err := sub.Listen(endpoint); err != nil {
 					t.Fatal(err)
 				}
@@ -190,7 +185,7 @@ func TestKVEventsOverZMQ(t *testing.T) {
 			if err := sub.SetOption(zmq4.OptionSubscribe, "kv-events"); err != nil {
 				t.Fatal(err)
 			}
-			replay := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+			replay := fmt.Sprintf("tcp://127.0.0.1:%d", freeport.Consecutive(t, 1))
 			_, hs := testServer(t, Config{Speed: 1000, KVEvents: KVEventsConfig{Endpoint: endpoint, ReplayEndpoint: replay,
 				Topic: "kv-events", Encoding: tt.encoding}})
 			if tt.bind {
@@ -311,7 +306,7 @@ func TestKVEventsOverZMQ(t *testing.T) {
 func TestKVEventsSHA256Vectors(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer cancel()
-	endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	endpoint := fmt.Sprintf("tcp://127.0.0.1:%d", freeport.Consecutive(t, 1))
 	sub := zmq4.NewSub(ctx)
 	defer sub.Close()
 	if err := sub.Listen(endpoint); err != nil {
@@ -462,8 +457,8 @@ func listeningSub(t *testing.T) (ctx context.Context, endpoint, replay string) {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
 	t.Cleanup(cancel)
-	endpoint = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
-	replay = fmt.Sprintf("tcp://127.0.0.1:%d", freePort(t))
+	endpoint = fmt.Sprintf("tcp://127.0.0.1:%d", freeport.Consecutive(t, 1))
+	replay = fmt.Sprintf("tcp://127.0.0.1:%d", freeport.Consecutive(t, 1))
 	sub := zmq4.NewSub(ctx)
 	t.Cleanup(func() { sub.Close() })
 	if err := sub.Listen(endpoint); err != nil {

@@ -1308,8 +1308,8 @@ func TestSequenceSlab(t *testing.T) {
 // TestBlockIDSlab checks that new sequences' block id arrays are carved one
 // after the other from the engine's slab (blockIDs), with their room, while
 // other objects of their size class are allocated between them (as a
-// server's other work does), and that a long prompt's array, or one that
-// outgrows its room, is allocated alone.
+// server's other work does), and that a long prompt's array is allocated
+// alone.
 func TestBlockIDSlab(t *testing.T) {
 	e := mustEngine(t, "llama-3.1-8b-h100", func(c *Config) { c.NoEvents = true })
 	var prev []int32

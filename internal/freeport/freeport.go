@@ -11,39 +11,19 @@ import (
 	"testing"
 )
 
-// Below the ports Linux gives outgoing connections by default
-// (net.ipv4.ip_local_port_range, 32768-60999): a port picked there can be
-// taken, between the pick and the bind, by any connection that any process
-// opens; one below it only by a listener. (net.Listen on port 0 picks from
-// that range.)
+// Ports are picked below those Linux gives outgoing connections by
+// default (net.ipv4.ip_local_port_range, 32768-60999): a port picked there
+// can be taken, between the pick and the caller's bind, by any connection
+// that any process opens; one below it only by a listener. (net.Listen on
+// port 0 picks from that range; consecutive falls back to it when the
+// ports below are taken.)
 const lowFirst, lowLast = 20000, 32767
-
-// Loopback returns a port on 127.0.0.1 that was free when it looked (it
-// listened on it and closed it), below the range of ports the system gives
-// outgoing connections, where only another listener can take it before the
-// caller binds it; a port from the system (port 0) when 50 random ports
-// there are all taken.
-func Loopback(tb testing.TB) int {
-	tb.Helper()
-	for range 50 {
-		p := lowFirst + rand.IntN(lowLast-lowFirst+1)
-		if l, err := net.Listen("tcp", net.JoinHostPort("127.0.0.1", strconv.Itoa(p))); err == nil {
-			l.Close()
-			return p
-		}
-	}
-	l, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		tb.Fatal(err)
-	}
-	defer l.Close()
-	return l.Addr().(*net.TCPAddr).Port
-}
 
 // Consecutive returns a port p on 127.0.0.1 such that p to p+n-1 were all
 // free when it looked (it listens on each, holding them all, then closes
-// them); another process may take one before the caller binds it. It
-// fails tb after 50 tries.
+// them), below the ports the system gives outgoing connections; another
+// process's listener may take one before the caller binds it. It fails tb
+// after 100 tries.
 func Consecutive(tb testing.TB, n int) int {
 	tb.Helper()
 	return consecutive(tb, "127.0.0.1", n)
@@ -58,13 +38,20 @@ func ConsecutiveAny(tb testing.TB, n int) int {
 
 func consecutive(tb testing.TB, host string, n int) int {
 	tb.Helper()
-	for range 50 {
-		l, err := net.Listen("tcp", net.JoinHostPort(host, "0"))
+	for try := range 100 {
+		base := 0 // the system's pick, after 50 tries below its range
+		if try < 50 {
+			base = lowFirst + rand.IntN(lowLast-lowFirst+2-n)
+		}
+		l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(base)))
 		if err != nil {
+			if base != 0 {
+				continue
+			}
 			tb.Fatal(err)
 		}
 		ls := []net.Listener{l}
-		base := l.Addr().(*net.TCPAddr).Port
+		base = l.Addr().(*net.TCPAddr).Port
 		for r := 1; r < n; r++ {
 			if l, err := net.Listen("tcp", net.JoinHostPort(host, strconv.Itoa(base+r))); err == nil {
 				ls = append(ls, l)
