@@ -163,7 +163,7 @@ func (ld *loopDriver) advance() bool {
 			return true
 		}
 	}
-	s.eng.StepInto(ld.vnow, &ld.res)
+	s.step(ld.loopState)
 	s.finishStep(context.Background(), ld.loopState, false, ld.vnow)
 	return true
 }
@@ -463,7 +463,7 @@ func (ld *loopDriver) wake() bool {
 			}
 		}
 		ls.queue = kept
-		s.eng.StepInto(ls.vnow, &ls.res)
+		s.step(ls)
 		ld.steps++
 		inProgress := ls.vnow+ls.res.Duration > woke
 		s.finishStep(ctx, ls, false, woke)
@@ -478,7 +478,7 @@ func (ld *loopDriver) wake() bool {
 	if ld.sleeping = s.eng.HasWork(); ld.sleeping {
 		until, ok := s.quietRun(ls, ls.vnow, 1)
 		if !ok { // a step the loop wakes at the end of
-			s.eng.StepInto(ls.vnow, &ls.res)
+			s.step(ls)
 			ld.steps++
 			until = ls.vnow + ls.res.Duration
 			s.finishStep(ctx, ls, false, until)

@@ -138,8 +138,14 @@
 // unless a request finishes in it, rather than stepped alone): the loop
 // records each step's batch size and latencies in the metrics as stepping
 // would, and the streams' token counts, without a StepResult per step, and
-// wakes the finished requests' handlers as it would after stepping. A GET
-// /metrics during such a run first brings the snapshot up to date.
+// wakes the finished requests' handlers as it would after stepping. While
+// no handler is woken before its request finishes, neither such a run nor
+// a step the loop takes reports the running requests' tokens one by one:
+// the engine summarises the tokens that neither start nor finish a request
+// (engine.StepResult.Summarize, engine.DecodedRun.Summarize) as a count and
+// runs of equal inter-token latencies, in the order the metrics record
+// them. A GET /metrics during such a run first brings the snapshot up to
+// date.
 // Streaming at every token needs a wake-up per step and a write per chunk,
 // as in vLLM; --stream-interval divides the writes.
 // TestFleetCPU (KVROUTE_SOAK=1) measures the CPU of 16 engine processes

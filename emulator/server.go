@@ -485,7 +485,7 @@ func (s *Server) loop(ctx context.Context) {
 			}
 			continue
 		}
-		s.eng.StepInto(ls.vnow, &ls.res)
+		s.step(ls)
 		s.startLoads(ls)
 		s.countStops(ls)
 		if !s.completeStep(ctx, ls, real) {
@@ -525,6 +525,15 @@ func (s *Server) sleepAhead(ctx context.Context, ls *loopState, real time.Durati
 		return s.sleepThrough(ctx, ls, until)
 	}
 	return s.sleepUntil(ctx, ls, ls.vnow, real)
+}
+
+// step computes the step that starts at ls.vnow into ls.res, its decode
+// tokens summarised (engine.StepResult.Summarize) when deliver takes none
+// of them one by one: no handler is woken before its request finishes,
+// and no request has stop strings.
+func (s *Server) step(ls *loopState) {
+	ls.res.Summarize = ls.notifying == 0 && ls.stops == 0 && !ls.fullDeliver
+	s.eng.StepInto(ls.vnow, &ls.res)
 }
 
 // startLoads hands the P/D decode legs the step just computed admitted
@@ -682,7 +691,7 @@ func (s *Server) sleepThrough(ctx context.Context, ls *loopState, until time.Dur
 		if syncs {
 			before = s.eng.Stats()
 		}
-		s.eng.StepInto(ls.vnow, &ls.res)
+		s.step(ls)
 		if syncs && ls.vnow+ls.res.Duration > s.now() {
 			// The step is in progress: answer the scrapes now with the
 			// state before it, as the loop awake at every step would.
@@ -753,6 +762,7 @@ func (s *Server) catchUp(ls *loopState, woke time.Duration) bool {
 		until = min(until, woke) // the loop steps the one in progress at woke
 	}
 	run := &ls.run
+	run.Summarize = true // no handler is woken before its request finishes
 	n := s.eng.DecodeStepsStarted(ls.vnow, woke, until, before, math.MaxInt, run)
 	if n == 0 {
 		return false
@@ -769,40 +779,51 @@ func (s *Server) catchUp(ls *loopState, woke time.Duration) bool {
 	if finishing {
 		s.publishStats(&ls.acc) // before the handlers are woken, as finishStep
 	}
-	r := len(run.Seqs)
+	r := run.Running
 	s.metrics.mu.Lock()
 	s.metrics.iteration.observeN(float64(r), n)
-	// latencies records step k's inter-token latencies in running order,
-	// as deliver does (a run of equal ones at once), and finishes the
-	// requests that finished in it.
-	latencies := func(k int) {
-		fin := run.Finished
-		var itls itlRun
-		for _, sq := range run.Seqs {
-			if sq.Finished && k == n-1 {
-				itls.flush(s.metrics)
-				o := &fin[0]
-				fin = fin[1:]
-				if st := ls.live[o.ID]; st != nil {
-					st.count(o)
-					s.finished(o, st, ls)
-				}
-				continue
-			}
-			d := run.Durations[k]
-			if k == 0 {
-				d = sq.FirstITL
-			}
-			itls.add(s.metrics, d)
+	// The inter-token latencies are recorded step by step in running
+	// order, as deliver records them (a run of equal ones at once), and
+	// the finished requests in that order within the last step.
+	finish := func(i int) {
+		o := &run.Finished[i]
+		if st := ls.live[o.ID]; st != nil {
+			st.count(o)
+			s.finished(o, st, ls)
 		}
-		itls.flush(s.metrics)
 	}
 	for k, d := range run.Durations {
-		if k == 0 || finishing && k == n-1 {
-			latencies(k)
-		} else if d > 0 {
-			s.metrics.observeITLs(d, r)
+		var itls itlRun
+		switch {
+		case k == 0: // the first tokens' latencies (and the finishes, in a run of one step)
+			runs := run.FirstITLs
+			for i := range run.Finished {
+				if n > 1 {
+					break // (the finishes are in the last step)
+				}
+				for len(runs) > 0 && runs[0].Before <= i {
+					itls.addN(s.metrics, runs[0].ITL, runs[0].N)
+					runs = runs[1:]
+				}
+				itls.flush(s.metrics)
+				finish(i)
+			}
+			for _, rn := range runs {
+				itls.addN(s.metrics, rn.ITL, rn.N)
+			}
+		case finishing && k == n-1:
+			prev := -1 // the running position of the last finish
+			for i, at := range run.FinishedAt {
+				itls.addN(s.metrics, d, at-prev-1)
+				itls.flush(s.metrics)
+				finish(i)
+				prev = at
+			}
+			itls.addN(s.metrics, d, r-prev-1)
+		default:
+			itls.addN(s.metrics, d, r)
 		}
+		itls.flush(s.metrics)
 	}
 	s.metrics.mu.Unlock()
 	// The other streams are not touched (their memory is cold after a
@@ -1001,7 +1022,9 @@ func (s *Server) apply(now time.Duration, c *command, ls *loopState) bool {
 // deliver hands a step's outputs to their streams, waking the handlers of
 // finished requests, and of streaming ones when they are due a chunk.
 // Tokens collect in the stream's loop-owned pend and are handed over under
-// the stream's lock only when its handler is woken.
+// the stream's lock only when its handler is woken. The tokens a
+// summarised step (Server.step) left out of its outputs only add their
+// latencies, at their places among the outputs.
 func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 	s.metrics.mu.Lock()
 	defer s.metrics.mu.Unlock()
@@ -1013,7 +1036,12 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 	prev, next := ls.order, ls.spare[:0]
 	j := 0
 	var itls itlRun
+	runs := res.ITLs
 	for i := range res.Outputs {
+		for len(runs) > 0 && runs[0].Before <= i {
+			itls.addN(s.metrics, runs[0].ITL, runs[0].N)
+			runs = runs[1:]
+		}
 		o := &res.Outputs[i]
 		if ls.notifying == 0 && !o.Finished && !ls.fullDeliver {
 			// No handler is woken before its request finishes, and a
@@ -1077,6 +1105,9 @@ func (s *Server) deliver(res *engine.StepResult, ls *loopState) {
 		itls.flush(s.metrics)
 		s.finished(o, st, ls)
 	}
+	for _, r := range runs {
+		itls.addN(s.metrics, r.ITL, r.N)
+	}
 	itls.flush(s.metrics)
 	s.metrics.observeStep(iterN-ls.iterLess, observed, ls.iterHeld)
 	ls.iterHeld = nil
@@ -1127,6 +1158,18 @@ func (r *itlRun) add(m *metrics, d time.Duration) {
 	default:
 		m.observeITLs(r.d, r.n)
 		r.d, r.n = d, 1
+	}
+}
+
+// addN records n latencies d, as n adds.
+func (r *itlRun) addN(m *metrics, d time.Duration, n int) {
+	switch {
+	case d <= 0 || n <= 0:
+	case d == r.d:
+		r.n += n
+	default:
+		m.observeITLs(r.d, r.n)
+		r.d, r.n = d, n
 	}
 }
 

@@ -110,6 +110,24 @@ type DecodedRun struct {
 	// BlockRemoved for the cached blocks their allocation evicts).
 	Events []KVEvent
 
+	// Summarize is the caller's: set before a run, it leaves Seqs empty
+	// (a driver that wakes no one before a request finishes needs no entry
+	// per request, only the latencies) and reports FirstITLs instead.
+	Summarize bool
+	// Running is the number of requests running when the run started:
+	// each produced a token in every step of the run.
+	Running int
+	// FinishedAt are the positions in the running order (Seqs' order) of
+	// the requests that finished in the run's last step, one per Finished
+	// output.
+	FinishedAt []int
+	// FirstITLs are, with Summarize, the latencies of the run's first
+	// tokens in the running order, a run of equal ones in one entry, each
+	// entry coming before Finished[Before]. In a run of one step, the
+	// requests that finish in it have their latency in their Finished
+	// output instead; in a longer one, Before is 0.
+	FirstITLs []ITLRun
+
 	res   StepResult     // collects the events (and their hashes' slab)
 	sched decodeSchedule // the steps at which each request is visited
 }
@@ -161,7 +179,7 @@ func (e *Engine) DecodeStepsBefore(now, until, before time.Duration, limit int, 
 // decodeSteps is DecodeStepsBefore given what decodeRun returned for its
 // limit.
 func (e *Engine) decodeSteps(now, until, before time.Duration, run *DecodedRun, whole, ctx int, finished bool) int {
-	run.Durations, run.Seqs, run.Finished, run.Events = run.Durations[:0], run.Seqs[:0], run.Finished[:0], nil
+	run.reset()
 	if whole <= 0 {
 		return 0
 	}
@@ -203,8 +221,16 @@ func (e *Engine) decodeSteps(now, until, before time.Duration, run *DecodedRun, 
 	}
 	finished = finished && n == whole // the finishing step is in the run
 	first := now + run.Durations[0]
-	for _, s := range e.running {
-		run.Seqs = append(run.Seqs, DecodedSeq{ID: s.id, From: s.outputs, FirstITL: first - s.lastToken})
+	run.Running = r
+	switch {
+	case !run.Summarize:
+		for _, s := range e.running {
+			run.Seqs = append(run.Seqs, DecodedSeq{ID: s.id, From: s.outputs, FirstITL: first - s.lastToken})
+		}
+	case !finished || n > 1: // (else in the finishing step, which leaves out those finishing)
+		for _, s := range e.running {
+			run.addFirstITL(first-s.lastToken, 0)
+		}
 	}
 
 	e.pool.loadAhead(need) // the blocks the run pops, their misses at once
@@ -227,15 +253,18 @@ func (e *Engine) decodeSteps(now, until, before time.Duration, run *DecodedRun, 
 		if e.caching && !e.deferKeys {
 			e.keysAhead()
 		}
+		firsts := run.Summarize && n == 1 // the first tokens' latencies, from this step
 		for i, s := range e.running {
 			e.allocate(s, 1) // cannot fail: runBlocks fit
 			s.computed++
+			prev, done := s.lastToken, len(run.Finished)
 			e.emitLast(s, t, run, i)
-		}
-		for i := range run.Seqs {
-			if run.Seqs[i].Finished {
-				e.retireFinished(e.running[i])
+			if firsts && len(run.Finished) == done {
+				run.addFirstITL(t-prev, done)
 			}
+		}
+		for _, i := range run.FinishedAt {
+			e.retireFinished(e.running[i])
 		}
 		e.dropFinished()
 	}
@@ -244,6 +273,22 @@ func (e *Engine) decodeSteps(now, until, before time.Duration, run *DecodedRun, 
 	e.stats.GenerationTokens += int64(n * r)
 	run.Events = res.Events
 	return n
+}
+
+// reset empties run for the next run.
+func (run *DecodedRun) reset() {
+	run.Durations, run.Seqs, run.Finished, run.Events = run.Durations[:0], run.Seqs[:0], run.Finished[:0], nil
+	run.Running, run.FinishedAt, run.FirstITLs = 0, run.FinishedAt[:0], run.FirstITLs[:0]
+}
+
+// addFirstITL adds the latency d of the next first token to FirstITLs,
+// before Finished[before].
+func (run *DecodedRun) addFirstITL(d time.Duration, before int) {
+	if n := len(run.FirstITLs); n > 0 && run.FirstITLs[n-1].ITL == d && run.FirstITLs[n-1].Before == before {
+		run.FirstITLs[n-1].N++
+		return
+	}
+	run.FirstITLs = append(run.FirstITLs, ITLRun{ITL: d, N: 1, Before: before})
 }
 
 // decodeSchedule is DecodeSteps' scratch (see decodePlain), reused by the
@@ -379,7 +424,10 @@ func (e *Engine) emitLast(s *sequence, t time.Duration, run *DecodedRun, i int) 
 	o := &run.Finished[len(run.Finished)-1]
 	e.fillOutput(o, s, e.token(s, idx), idx, t)
 	e.finishOutput(s, o, reason)
-	run.Seqs[i].Finished = true
+	run.FinishedAt = append(run.FinishedAt, i)
+	if !run.Summarize {
+		run.Seqs[i].Finished = true
+	}
 }
 
 // keysAhead computes the keys of the blocks the coming decode step fills

@@ -205,7 +205,30 @@ type StepResult struct {
 	// KV is now to be moved (see LoadedKV).
 	Loads []KVLoad
 
+	// Summarize is the caller's: set before StepInto, it leaves out of
+	// Outputs the tokens that are neither a request's first nor its last
+	// (a driver that wakes no one before a request finishes needs only
+	// their count and latencies, not an Output each). Summarized counts
+	// them and ITLs lists their inter-token latencies.
+	Summarize bool
+	// Summarized is the number of tokens left out of Outputs (Summarize).
+	Summarized int
+	// ITLs are the inter-token latencies of the tokens left out of Outputs
+	// (Summarize), in the order their Outputs would have had, a run of
+	// equal ones in one entry.
+	ITLs []ITLRun
+
 	removed []uint64 // slab for BlockRemoved hashes
+}
+
+// ITLRun is N tokens of a step's left out of its Outputs
+// (StepResult.Summarize), each ITL after its request's previous token,
+// that would have come just before Outputs[Before] (at the end when
+// Before is len(Outputs)).
+type ITLRun struct {
+	ITL    time.Duration
+	N      int
+	Before int
 }
 
 // Stats is the engine's state and counters, as vLLM's metrics report them.

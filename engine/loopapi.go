@@ -17,7 +17,7 @@ import (
 func (e *Engine) DecodeStepsStarted(now, woke, until, before time.Duration, limit int, run *DecodedRun) int {
 	whole, ctx, finished := e.decodeRun(limit)
 	if whole <= 0 {
-		run.Durations, run.Seqs, run.Finished, run.Events = run.Durations[:0], run.Seqs[:0], run.Finished[:0], nil
+		run.reset()
 		return 0
 	}
 	start := min(woke, before)
@@ -34,7 +34,7 @@ func (e *Engine) DecodeStepsStarted(now, woke, until, before time.Duration, limi
 		n++
 	}
 	if n == 0 {
-		run.Durations, run.Seqs, run.Finished, run.Events = run.Durations[:0], run.Seqs[:0], run.Finished[:0], nil
+		run.reset()
 		return 0
 	}
 	// The same steps, computed (decodeSteps stops short of a step whose

@@ -22,6 +22,7 @@ func (e *Engine) StepInto(now time.Duration, r *StepResult) {
 	r.Duration, r.Batch, r.Preempted = 0, Batch{}, 0
 	r.Loads = r.Loads[:0]
 	r.Outputs = append(r.Outputs[:0], e.aborted...)
+	r.Summarized, r.ITLs = 0, r.ITLs[:0]
 	clear(e.aborted)
 	e.aborted = e.aborted[:0]
 	r.Events = r.Events[:0]
@@ -520,6 +521,10 @@ func (e *Engine) freeBlocks(s *sequence) {
 // s finished.
 func (e *Engine) emit(s *sequence, t time.Duration, r *StepResult) bool {
 	idx := s.outputs
+	if r.Summarize && idx > 0 && e.finishReasonAt(s, idx+1, s.numTokens+1) == "" {
+		e.emitQuiet(s, t, r)
+		return false
+	}
 	tok := e.token(s, idx)
 	s.outputs++
 	s.numTokens++
@@ -539,6 +544,25 @@ func (e *Engine) emit(s *sequence, t time.Duration, r *StepResult) bool {
 	e.finishOutput(s, &r.Outputs[len(r.Outputs)-1], reason)
 	e.retireFinished(s)
 	return true
+}
+
+// emitQuiet is emit for a token left out of r.Outputs (Summarize): s
+// neither starts nor finishes with it. Its latency joins r.ITLs.
+func (e *Engine) emitQuiet(s *sequence, t time.Duration, r *StepResult) {
+	if e.keepGen && s.tokenMode {
+		s.tokens = append(s.tokens, e.token(s, s.outputs))
+	}
+	s.outputs++
+	s.numTokens++
+	e.stats.GenerationTokens++
+	itl := t - s.lastToken
+	s.lastToken = t
+	r.Summarized++
+	if n := len(r.ITLs); n > 0 && r.ITLs[n-1].ITL == itl && r.ITLs[n-1].Before == len(r.Outputs) {
+		r.ITLs[n-1].N++
+		return
+	}
+	r.ITLs = append(r.ITLs, ITLRun{ITL: itl, N: 1, Before: len(r.Outputs)})
 }
 
 // fillOutput fills o, a zero Output, with s's token tok, its idx-th output,
@@ -574,10 +598,16 @@ func (e *Engine) countPrompt(s *sequence) {
 // finishReason returns why s finished with the token it just emitted, or
 // "" when it did not.
 func (e *Engine) finishReason(s *sequence) string {
+	return e.finishReasonAt(s, s.outputs, s.numTokens)
+}
+
+// finishReasonAt is finishReason for s with outputs output tokens and
+// numTokens tokens.
+func (e *Engine) finishReasonAt(s *sequence, outputs, numTokens int) string {
 	switch {
-	case s.eosAt > 0 && s.outputs == int(s.eosAt):
+	case s.eosAt > 0 && outputs == int(s.eosAt):
 		return FinishStop
-	case s.outputs >= int(s.maxTokens) || s.numTokens >= e.maxLen:
+	case outputs >= int(s.maxTokens) || numTokens >= e.maxLen:
 		return FinishLength
 	}
 	return ""

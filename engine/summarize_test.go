@@ -1,0 +1,239 @@
+package engine
+
+import (
+	"fmt"
+	"math/rand/v2"
+	"reflect"
+	"slices"
+	"testing"
+	"time"
+)
+
+// TestStepSummarize runs two engines in lockstep on one random workload
+// (shared prefixes, EOS, held KV, aborts, late steps, a cache small enough
+// to preempt), one stepping with StepResult.Summarize: it must report
+// exactly the other's first, last and abort outputs, in order, and the
+// rest as Summarized and ITLs (each latency in its place, runs of equal
+// ones merged), and both engines must stay in the same state.
+func TestStepSummarize(t *testing.T) {
+	for _, noEvents := range []bool{false, true} {
+		for seed := range uint64(3) {
+			t.Run(fmt.Sprintf("noEvents=%v/seed%d", noEvents, seed), func(t *testing.T) {
+				testStepSummarize(t, seed, noEvents)
+			})
+		}
+	}
+}
+
+func testStepSummarize(t *testing.T, seed uint64, noEvents bool) {
+	mod := func(c *Config) { c.NumGPUBlocks, c.MaxModelLen, c.NoEvents = 50+int(seed)*10, 512, noEvents }
+	full, quiet := mustEngine(t, "tiny", mod), mustEngine(t, "tiny", mod)
+	rng := rand.New(rand.NewPCG(seed, 11))
+	prefixes := [][]uint32{tokens(1, 64), tokens(5000, 200)}
+	var live []string
+	var rf, rq StepResult
+	rq.Summarize = true
+	now := time.Duration(0)
+	summarized, merged, firsts := 0, 0, 0
+	for i := 0; i < 400 || full.HasWork(); i++ {
+		if i > 1e5 {
+			t.Fatal("engines do not finish")
+		}
+		if i < 400 && rng.IntN(6) == 0 {
+			for range 1 + rng.IntN(4) {
+				id := fmt.Sprint("q", i, "-", rng.IntN(1e6))
+				r := &Request{ID: id, Prompt: concat(prefixes[rng.IntN(2)], tokens(rng.IntN(1e5), 1+rng.IntN(100))),
+					MaxTokens: 1 + rng.IntN(120), EOSAt: rng.IntN(100), HoldKV: rng.IntN(8) == 0, Seed: rng.Uint64()}
+				r2 := *r
+				errF, errQ := full.Add(now, r), quiet.Add(now, &r2)
+				if (errF == nil) != (errQ == nil) {
+					t.Fatalf("Add: %v vs %v", errF, errQ)
+				}
+				if errF == nil {
+					live = append(live, id)
+				}
+			}
+		}
+		if len(live) > 0 && rng.IntN(15) == 0 {
+			id := live[rng.IntN(len(live))]
+			full.Abort(now, id)
+			quiet.Abort(now, id)
+		}
+		for id, s := range full.seqs {
+			if s.status == statusHeld && rng.IntN(3) == 0 {
+				full.Release(id)
+				quiet.Release(id)
+			}
+		}
+		if rng.IntN(5) == 0 {
+			now += time.Duration(1 + rng.IntN(int(full.MinStepTime()))) // a late step
+		}
+		full.StepInto(now, &rf)
+		quiet.StepInto(now, &rq)
+		if rf.Duration != rq.Duration || !reflect.DeepEqual(rf.Events, rq.Events) || full.Stats() != quiet.Stats() {
+			t.Fatalf("step %d: the engines differ (durations %v, %v)", i, rf.Duration, rq.Duration)
+		}
+		// Walk the full outputs: each first, last or abort output is the
+		// next of rq.Outputs, each other the next latency of rq.ITLs,
+		// placed before the same output.
+		j, runs, left := 0, rq.ITLs, 0
+		for k := range rf.Outputs {
+			o := &rf.Outputs[k]
+			if o.First || o.Finished {
+				if j >= len(rq.Outputs) || !reflect.DeepEqual(*o, rq.Outputs[j]) {
+					t.Fatalf("step %d: output %d (%+v) is not the summary's next", i, k, *o)
+				}
+				firsts++
+				j++
+				continue
+			}
+			if left == 0 {
+				if len(runs) == 0 || runs[0].N <= 0 {
+					t.Fatalf("step %d: output %d (%+v) has no latency in the summary", i, k, *o)
+				}
+				left = runs[0].N
+			}
+			if runs[0].ITL != o.ITL || runs[0].Before != j {
+				t.Fatalf("step %d: output %d has latency %v before output %d; the summary has %+v", i, k, o.ITL, j, runs[0])
+			}
+			if left--; left == 0 {
+				runs = runs[1:]
+			}
+			summarized++
+		}
+		if j != len(rq.Outputs) || len(runs) != 0 || left != 0 {
+			t.Fatalf("step %d: the summary has %d outputs and %d runs left over", i, len(rq.Outputs)-j, len(runs))
+		}
+		want := len(rf.Outputs) - len(rq.Outputs)
+		if rq.Summarized != want {
+			t.Fatalf("step %d: Summarized %d, want %d", i, rq.Summarized, want)
+		}
+		for k := 1; k < len(rq.ITLs); k++ {
+			if a, b := rq.ITLs[k-1], rq.ITLs[k]; a.ITL == b.ITL && a.Before == b.Before {
+				t.Fatalf("step %d: runs %+v and %+v not merged", i, a, b)
+			}
+		}
+		if len(rq.ITLs) < rq.Summarized {
+			merged++
+		}
+		now += rf.Duration
+	}
+	for id, s := range full.seqs {
+		if o := quiet.seqs[id]; o == nil || s.outputs != o.outputs || s.lastToken != o.lastToken || s.numTokens != o.numTokens {
+			t.Fatalf("request %s differs", id)
+		}
+	}
+	pre := full.Stats().Preemptions
+	t.Logf("%d tokens summarised (%d steps merging runs), %d outputs kept, %d preemptions", summarized, merged, firsts, pre)
+	if summarized < 1000 || merged < 50 || firsts < 100 || pre == 0 {
+		t.Errorf("%d tokens summarised, %d steps merging, %d outputs kept, %d preemptions: the workload should exercise all",
+			summarized, merged, firsts, pre)
+	}
+}
+
+// TestDecodeStepsSummarize runs two engines in lockstep on TestStepSummarize's
+// workload, computing each plain decode run they are offered with
+// DecodeSteps, one with DecodedRun.Summarize: both must compute the same
+// steps and finishes, and the summary (Running, FinishedAt, FirstITLs)
+// must say what the other's Seqs say, each latency in its place.
+func TestDecodeStepsSummarize(t *testing.T) {
+	for seed := range uint64(3) {
+		t.Run(fmt.Sprint("seed", seed), func(t *testing.T) {
+			testDecodeStepsSummarize(t, seed)
+		})
+	}
+}
+
+func testDecodeStepsSummarize(t *testing.T, seed uint64) {
+	mod := func(c *Config) { c.NumGPUBlocks, c.MaxModelLen, c.MaxNumSeqs = 400+int(seed)*100, 512, 32 }
+	full, quiet := mustEngine(t, "tiny", mod), mustEngine(t, "tiny", mod)
+	rng := rand.New(rand.NewPCG(seed, 12))
+	prefixes := [][]uint32{tokens(1, 64), tokens(5000, 200)}
+	var rf, rq StepResult
+	var runF, runQ DecodedRun
+	runQ.Summarize = true
+	now := time.Duration(0)
+	runs, single, finishing := 0, 0, 0
+	for i := 0; i < 1500 || full.HasWork(); i++ {
+		if i > 1e5 {
+			t.Fatal("engines do not finish")
+		}
+		if i < 1500 && rng.IntN(8) == 0 {
+			for range 1 + rng.IntN(4) {
+				id := fmt.Sprint("q", i, "-", rng.IntN(1e6))
+				r := &Request{ID: id, Prompt: concat(prefixes[rng.IntN(2)], tokens(rng.IntN(1e5), 1+rng.IntN(100))),
+					MaxTokens: 1 + rng.IntN(200), EOSAt: rng.IntN(200), Seed: rng.Uint64()}
+				r2 := *r
+				if errF, errQ := full.Add(now, r), quiet.Add(now, &r2); (errF == nil) != (errQ == nil) {
+					t.Fatalf("Add: %v vs %v", errF, errQ)
+				}
+			}
+		}
+		if rng.IntN(5) == 0 {
+			now += time.Duration(1 + rng.IntN(int(full.MinStepTime()))) // a late step: first latencies differ
+		}
+		limit := 1 + rng.IntN(40)
+		nf := full.DecodeSteps(now, now+time.Hour, limit, &runF)
+		nq := quiet.DecodeSteps(now, now+time.Hour, limit, &runQ)
+		if nf != nq || !reflect.DeepEqual(runF.Durations, runQ.Durations) || !reflect.DeepEqual(runF.Finished, runQ.Finished) ||
+			!reflect.DeepEqual(runF.Events, runQ.Events) || full.Stats() != quiet.Stats() {
+			t.Fatalf("step %d: the runs differ (%d and %d steps)", i, nf, nq)
+		}
+		if nf == 0 {
+			full.StepInto(now, &rf)
+			quiet.StepInto(now, &rq)
+			if rf.Duration != rq.Duration || full.Stats() != quiet.Stats() {
+				t.Fatalf("step %d: the engines differ", i)
+			}
+			now += rf.Duration
+			continue
+		}
+		runs++
+		if len(runQ.Seqs) != 0 || runQ.Running != len(runF.Seqs) || runF.Running != len(runF.Seqs) {
+			t.Fatalf("run %d: %d requests in Seqs, Running %d and %d", runs, len(runF.Seqs), runF.Running, runQ.Running)
+		}
+		var at []int
+		for k, sq := range runF.Seqs {
+			if sq.Finished {
+				at = append(at, k)
+			}
+		}
+		if !slices.Equal(at, runF.FinishedAt) || !slices.Equal(at, runQ.FinishedAt) {
+			t.Fatalf("run %d: finished at %v; FinishedAt %v and %v", runs, at, runF.FinishedAt, runQ.FinishedAt)
+		}
+		// The first latencies, each before the finish it precedes.
+		var want []ITLRun
+		done := 0
+		for _, sq := range runF.Seqs {
+			if sq.Finished && nf == 1 {
+				done++
+				continue
+			}
+			before := 0
+			if nf == 1 {
+				before = done
+			}
+			if n := len(want); n > 0 && want[n-1].ITL == sq.FirstITL && want[n-1].Before == before {
+				want[n-1].N++
+			} else {
+				want = append(want, ITLRun{ITL: sq.FirstITL, N: 1, Before: before})
+			}
+		}
+		if !slices.Equal(want, runQ.FirstITLs) {
+			t.Fatalf("run %d of %d steps: FirstITLs %+v, want %+v", runs, nf, runQ.FirstITLs, want)
+		}
+		if len(at) > 0 {
+			finishing++
+			if nf == 1 && len(at) < len(runF.Seqs) {
+				single++
+			}
+		}
+		for _, d := range runF.Durations {
+			now += d
+		}
+	}
+	t.Logf("%d runs, %d ending in finishes, %d of those one step long with other requests", runs, finishing, single)
+	if runs < 300 || finishing < 100 || single < 10 {
+		t.Errorf("%d runs, %d ending in finishes, %d one step long with others: the workload should exercise all", runs, finishing, single)
+	}
+}
