@@ -756,10 +756,11 @@ func (s *simulation) step(ei int32) {
 		return
 	}
 	e.pre = e.eng.Stats()
+	e.res.Summarize = true // output takes only first and last tokens
 	e.eng.StepInto(s.now, &e.res)
 	d := e.res.Duration
 	if d <= 0 {
-		if len(e.res.Outputs) == 0 && len(e.res.Events) == 0 {
+		if len(e.res.Outputs) == 0 && e.res.Summarized == 0 && len(e.res.Events) == 0 {
 			// Nothing can be scheduled (e.g. the waiting requests do not
 			// fit): no progress is possible until new work arrives.
 			e.busy = false
@@ -800,7 +801,8 @@ func copyEvents(evs []engine.KVEvent) []engine.KVEvent {
 	return out
 }
 
-// output handles one engine output at the end of its step (s.now).
+// output handles one engine output at the end of its step (s.now): a
+// request's first token or its finish (step summarises the others).
 func (s *simulation) output(ei int32, o *engine.Output) {
 	e := s.engines[ei]
 	if !o.First && !o.Finished {
