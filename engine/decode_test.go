@@ -91,12 +91,7 @@ func testDecodeSteps(t *testing.T, seed uint64, noEvents bool, sh decodeShape) {
 				case 2:
 					r.Seed = rng.Uint64()
 				}
-				r2 := *r
-				errA, errB := stepper.Add(a.now, r), bulk.Add(b.now, &r2)
-				if (errA == nil) != (errB == nil) {
-					t.Fatalf("Add: %v vs %v", errA, errB)
-				}
-				if errA == nil {
+				if addBoth(t, stepper, bulk, a.now, b.now, r) {
 					live = append(live, id)
 				}
 			}

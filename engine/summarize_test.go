@@ -29,7 +29,6 @@ func testStepSummarize(t *testing.T, seed uint64, noEvents bool) {
 	mod := func(c *Config) { c.NumGPUBlocks, c.MaxModelLen, c.NoEvents = 50+int(seed)*10, 512, noEvents }
 	full, quiet := mustEngine(t, "tiny", mod), mustEngine(t, "tiny", mod)
 	rng := rand.New(rand.NewPCG(seed, 11))
-	prefixes := [][]uint32{tokens(1, 64), tokens(5000, 200)}
 	var live []string
 	var rf, rq StepResult
 	rq.Summarize = true
@@ -40,19 +39,7 @@ func testStepSummarize(t *testing.T, seed uint64, noEvents bool) {
 			t.Fatal("engines do not finish")
 		}
 		if i < 400 && rng.IntN(6) == 0 {
-			for range 1 + rng.IntN(4) {
-				id := fmt.Sprint("q", i, "-", rng.IntN(1e6))
-				r := &Request{ID: id, Prompt: concat(prefixes[rng.IntN(2)], tokens(rng.IntN(1e5), 1+rng.IntN(100))),
-					MaxTokens: 1 + rng.IntN(120), EOSAt: rng.IntN(100), HoldKV: rng.IntN(8) == 0, Seed: rng.Uint64()}
-				r2 := *r
-				errF, errQ := full.Add(now, r), quiet.Add(now, &r2)
-				if (errF == nil) != (errQ == nil) {
-					t.Fatalf("Add: %v vs %v", errF, errQ)
-				}
-				if errF == nil {
-					live = append(live, id)
-				}
-			}
+			live = append(live, addBurst(t, rng, fmt.Sprint("q", i), now, full, quiet, 120, true)...)
 		}
 		if len(live) > 0 && rng.IntN(15) == 0 {
 			id := live[rng.IntN(len(live))]
@@ -148,7 +135,6 @@ func testDecodeStepsSummarize(t *testing.T, seed uint64) {
 	mod := func(c *Config) { c.NumGPUBlocks, c.MaxModelLen, c.MaxNumSeqs = 400+int(seed)*100, 512, 32 }
 	full, quiet := mustEngine(t, "tiny", mod), mustEngine(t, "tiny", mod)
 	rng := rand.New(rand.NewPCG(seed, 12))
-	prefixes := [][]uint32{tokens(1, 64), tokens(5000, 200)}
 	var rf, rq StepResult
 	var runF, runQ DecodedRun
 	runQ.Summarize = true
@@ -159,15 +145,7 @@ func testDecodeStepsSummarize(t *testing.T, seed uint64) {
 			t.Fatal("engines do not finish")
 		}
 		if i < 1500 && rng.IntN(8) == 0 {
-			for range 1 + rng.IntN(4) {
-				id := fmt.Sprint("q", i, "-", rng.IntN(1e6))
-				r := &Request{ID: id, Prompt: concat(prefixes[rng.IntN(2)], tokens(rng.IntN(1e5), 1+rng.IntN(100))),
-					MaxTokens: 1 + rng.IntN(200), EOSAt: rng.IntN(200), Seed: rng.Uint64()}
-				r2 := *r
-				if errF, errQ := full.Add(now, r), quiet.Add(now, &r2); (errF == nil) != (errQ == nil) {
-					t.Fatalf("Add: %v vs %v", errF, errQ)
-				}
-			}
+			addBurst(t, rng, fmt.Sprint("q", i), now, full, quiet, 200, false)
 		}
 		if rng.IntN(5) == 0 {
 			now += time.Duration(1 + rng.IntN(int(full.MinStepTime()))) // a late step: first latencies differ
@@ -236,4 +214,35 @@ func testDecodeStepsSummarize(t *testing.T, seed uint64) {
 	if runs < 300 || finishing < 100 || single < 10 {
 		t.Errorf("%d runs, %d ending in finishes, %d one step long with others: the workload should exercise all", runs, finishing, single)
 	}
+}
+
+// addBurst adds 1-4 random requests at now to both engines (prompts
+// sharing one of two prefixes, up to most output tokens, an EOS position
+// for most, HoldKV for some when hold) and returns the IDs both accepted.
+func addBurst(t *testing.T, rng *rand.Rand, prefix string, now time.Duration, x, y *Engine, most int, hold bool) []string {
+	t.Helper()
+	prefixes := [][]uint32{tokens(1, 64), tokens(5000, 200)}
+	var ids []string
+	for range 1 + rng.IntN(4) {
+		id := fmt.Sprint(prefix, "-", rng.IntN(1e6))
+		r := &Request{ID: id, Prompt: concat(prefixes[rng.IntN(2)], tokens(rng.IntN(1e5), 1+rng.IntN(100))),
+			MaxTokens: 1 + rng.IntN(most), EOSAt: rng.IntN(most), Seed: rng.Uint64()}
+		r.HoldKV = hold && rng.IntN(8) == 0
+		if addBoth(t, x, y, now, now, r) {
+			ids = append(ids, id)
+		}
+	}
+	return ids
+}
+
+// addBoth adds r to x at nowX and a copy to y at nowY; both must accept it
+// or both refuse it. It reports whether they accepted it.
+func addBoth(t *testing.T, x, y *Engine, nowX, nowY time.Duration, r *Request) bool {
+	t.Helper()
+	r2 := *r
+	errX, errY := x.Add(nowX, r), y.Add(nowY, &r2)
+	if (errX == nil) != (errY == nil) {
+		t.Fatalf("Add %s: %v vs %v", r.ID, errX, errY)
+	}
+	return errX == nil
 }
