@@ -670,8 +670,8 @@ func (m *metrics) observeLatencies(itls []time.Duration) {
 
 // stepTokens is a step's tokens as vLLM's iteration_tokens_total counts
 // them (IterationStats.update_from_output): those of its outputs
-// (outputTokens) and its summarised tokens; and whether it is observed at all: a step with no
-// output (a prefill chunk alone) is not.
+// (outputTokens) and its summarised tokens; and whether it is observed at
+// all: a step with no output (a prefill chunk alone) is not.
 func stepTokens(res *engine.StepResult) (n int, observed bool) {
 	n = res.Summarized // a token each
 	for i := range res.Outputs {

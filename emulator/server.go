@@ -797,16 +797,15 @@ func (s *Server) catchUp(ls *loopState, woke time.Duration) bool {
 		switch {
 		case k == 0: // the first tokens' latencies (and the finishes, in a run of one step)
 			runs := run.FirstITLs
-			for i := range run.Finished {
-				if n > 1 {
-					break // (the finishes are in the last step)
+			if n == 1 {
+				for i := range run.Finished {
+					for len(runs) > 0 && runs[0].Before <= i {
+						itls.addN(s.metrics, runs[0].ITL, runs[0].N)
+						runs = runs[1:]
+					}
+					itls.flush(s.metrics)
+					finish(i)
 				}
-				for len(runs) > 0 && runs[0].Before <= i {
-					itls.addN(s.metrics, runs[0].ITL, runs[0].N)
-					runs = runs[1:]
-				}
-				itls.flush(s.metrics)
-				finish(i)
 			}
 			for _, rn := range runs {
 				itls.addN(s.metrics, rn.ITL, rn.N)

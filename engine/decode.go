@@ -98,7 +98,7 @@ type DecodedRun struct {
 	Durations []time.Duration
 	// Seqs are the requests running when the run started, in the order
 	// StepInto reports their outputs; each produced one token in every
-	// step of the run.
+	// step of the run. Empty with Summarize.
 	Seqs []DecodedSeq
 	// Finished are the outputs of the requests that finished in the run's
 	// last step (their Seqs are marked Finished), in Seqs' order, exactly
@@ -229,7 +229,7 @@ func (e *Engine) decodeSteps(now, until, before time.Duration, run *DecodedRun, 
 		}
 	case !finished || n > 1: // (else in the finishing step, which leaves out those finishing)
 		for _, s := range e.running {
-			run.addFirstITL(first-s.lastToken, 0)
+			run.FirstITLs = addITL(run.FirstITLs, first-s.lastToken, 0)
 		}
 	}
 
@@ -260,7 +260,7 @@ func (e *Engine) decodeSteps(now, until, before time.Duration, run *DecodedRun, 
 			prev, done := s.lastToken, len(run.Finished)
 			e.emitLast(s, t, run, i)
 			if firsts && len(run.Finished) == done {
-				run.addFirstITL(t-prev, done)
+				run.FirstITLs = addITL(run.FirstITLs, t-prev, done)
 			}
 		}
 		for _, i := range run.FinishedAt {
@@ -281,14 +281,14 @@ func (run *DecodedRun) reset() {
 	run.Running, run.FinishedAt, run.FirstITLs = 0, run.FinishedAt[:0], run.FirstITLs[:0]
 }
 
-// addFirstITL adds the latency d of the next first token to FirstITLs,
-// before Finished[before].
-func (run *DecodedRun) addFirstITL(d time.Duration, before int) {
-	if n := len(run.FirstITLs); n > 0 && run.FirstITLs[n-1].ITL == d && run.FirstITLs[n-1].Before == before {
-		run.FirstITLs[n-1].N++
-		return
+// addITL adds a latency d, placed before output before, to runs: to the
+// last run when it is the same latency in the same place.
+func addITL(runs []ITLRun, d time.Duration, before int) []ITLRun {
+	if n := len(runs); n > 0 && runs[n-1].ITL == d && runs[n-1].Before == before {
+		runs[n-1].N++
+		return runs
 	}
-	run.FirstITLs = append(run.FirstITLs, ITLRun{ITL: d, N: 1, Before: before})
+	return append(runs, ITLRun{ITL: d, N: 1, Before: before})
 }
 
 // decodeSchedule is DecodeSteps' scratch (see decodePlain), reused by the

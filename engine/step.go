@@ -558,11 +558,7 @@ func (e *Engine) emitQuiet(s *sequence, t time.Duration, r *StepResult) {
 	itl := t - s.lastToken
 	s.lastToken = t
 	r.Summarized++
-	if n := len(r.ITLs); n > 0 && r.ITLs[n-1].ITL == itl && r.ITLs[n-1].Before == len(r.Outputs) {
-		r.ITLs[n-1].N++
-		return
-	}
-	r.ITLs = append(r.ITLs, ITLRun{ITL: itl, N: 1, Before: len(r.Outputs)})
+	r.ITLs = addITL(r.ITLs, itl, len(r.Outputs))
 }
 
 // fillOutput fills o, a zero Output, with s's token tok, its idx-th output,
