@@ -12,7 +12,10 @@ import (
 // odd shapes, abort, release, reset, step, a decode leg's KV arriving or
 // failing) on a small engine and checks the
 // pool invariants and the KV-event mirror after every step: bad requests
-// must be rejected with an error, never corrupt the cache or panic.
+// must be rejected with an error, never corrupt the cache or panic. A twin
+// engine given the same operations steps and runs summarised
+// (StepResult.Summarize, DecodedRun.Summarize): it must stay in the same
+// state, its summaries saying what the full results say.
 func FuzzEngine(f *testing.F) {
 	f.Add([]byte{0, 10, 3, 0, 5, 1, 0, 4, 4, 4, 2, 0, 3})
 	f.Add([]byte{0, 200, 9, 7, 0, 200, 9, 7, 4, 4, 4, 4, 1, 1, 4, 4})
@@ -24,8 +27,25 @@ func FuzzEngine(f *testing.F) {
 	f.Add([]byte{0, 1, 100, 20, 0, 0, 1, 1, 1, 0, 0, 1, 200, 20, 0, 1, 2, 1, 1, 0, 4, 1, 6, 0, 1, 4, 1, 6, 0, 0, 4, 1, 4, 1, 4, 1})
 	f.Add([]byte{0, 1, 230, 20, 0, 0, 1, 1, 1, 0, 4, 1, 1, 0, 0, 1, 60, 30, 0, 0, 1, 1, 1, 0, 4, 1, 6, 0, 3, 4, 1, 4, 1, 4, 1})
 	f.Fuzz(func(t *testing.T, ops []byte) {
-		e := mustEngine(t, "tiny", func(c *Config) { c.NumGPUBlocks = 24; c.MaxModelLen = 256; c.MaxNumBatchedTokens = 64 })
+		mod := func(c *Config) { c.NumGPUBlocks = 24; c.MaxModelLen = 256; c.MaxNumBatchedTokens = 64 }
+		e, q := mustEngine(t, "tiny", mod), mustEngine(t, "tiny", mod)
 		d := newDriver(t, e)
+		var rq StepResult
+		var runQ DecodedRun
+		rq.Summarize, runQ.Summarize = true, true
+		steps := 0
+		// step steps both engines, checking the twin's summary.
+		step := func() StepResult {
+			now := d.now
+			res := d.step()
+			q.StepInto(now, &rq)
+			if e.Stats() != q.Stats() {
+				t.Fatalf("step %d: the twin's stats differ", steps)
+			}
+			checkSummary(t, steps, &res, &rq)
+			steps++
+			return res
+		}
 		next := func() byte {
 			if len(ops) == 0 {
 				return 0
@@ -42,7 +62,9 @@ func FuzzEngine(f *testing.F) {
 			case 6: // a RemoteKV request's KV arrives, or fails to
 				if len(loads) > 0 {
 					k := int(next()) % len(loads)
-					e.LoadedKV(loads[k].ID, next()%4 != 0)
+					ok := next()%4 != 0
+					e.LoadedKV(loads[k].ID, ok)
+					q.LoadedKV(loads[k].ID, ok)
 					loads = slices.Delete(loads, k, k+1)
 				}
 			case 0, 5: // add
@@ -67,7 +89,12 @@ func FuzzEngine(f *testing.F) {
 				r.SkipPrefill = next()%5 == 0
 				r.HoldKV = next()%5 == 0
 				r.RemoteKV = next()%4 == 0
-				if err := e.Add(d.now, r); err != nil {
+				r2 := *r // the engines may keep the caller's slices
+				r2.Prompt, r2.BlockHashes = slices.Clone(r.Prompt), slices.Clone(r.BlockHashes)
+				errQ := q.Add(d.now, &r2)
+				if err := e.Add(d.now, r); (err == nil) != (errQ == nil) {
+					t.Fatalf("Add %+v: %v, the twin %v", r, err, errQ)
+				} else if err != nil {
 					var le *LengthError
 					if !errors.As(err, &le) && !errors.Is(err, ErrDuplicateID) && !errors.Is(err, ErrEmptyPrompt) &&
 						r.MaxTokens >= 0 && (r.Prompt == nil || r.PromptLen == 0 || r.PromptLen == len(r.Prompt)) {
@@ -78,19 +105,30 @@ func FuzzEngine(f *testing.F) {
 				ids = append(ids, id)
 			case 1:
 				if len(ids) > 0 {
-					e.Abort(d.now, ids[int(next())%len(ids)])
+					id := ids[int(next())%len(ids)]
+					e.Abort(d.now, id)
+					q.Abort(d.now, id)
 				}
 			case 2:
 				if len(ids) > 0 {
-					e.Release(ids[int(next())%len(ids)])
+					id := ids[int(next())%len(ids)]
+					e.Release(id)
+					q.Release(id)
 				}
 			case 3:
 				e.ResetPrefixCache()
+				q.ResetPrefixCache()
 			case 4:
 				// A real-time driver computes plain decode runs at once.
 				if next()%2 == 0 {
 					until := d.now + time.Duration(next())*e.MinStepTime()
-					if n := e.DecodeSteps(d.now, until, int(next()%16)+1, &run); n > 0 {
+					limit := int(next()%16) + 1
+					n, nq := e.DecodeSteps(d.now, until, limit, &run), q.DecodeSteps(d.now, until, limit, &runQ)
+					if n != nq || e.Stats() != q.Stats() {
+						t.Fatalf("DecodeSteps: %d steps, the twin %d", n, nq)
+					}
+					if n > 0 {
+						checkRunSummary(t, steps, n, &run, &runQ)
 						for _, dur := range run.Durations {
 							d.now += dur
 						}
@@ -101,30 +139,30 @@ func FuzzEngine(f *testing.F) {
 						continue
 					}
 				}
-				loads = append(loads, d.step().Loads...)
+				loads = append(loads, step().Loads...)
 			}
 		}
-		for _, id := range ids {
-			e.Release(id)
+		release := func() {
+			for _, id := range ids {
+				e.Release(id)
+				q.Release(id)
+			}
 		}
+		release()
 		for i := 0; e.HasWork() || len(loads) > 0; i++ {
 			for _, l := range loads {
 				e.LoadedKV(l.ID, true)
+				q.LoadedKV(l.ID, true)
 			}
 			loads = loads[:0]
 			if i > 5000 {
-				// Held requests may starve others; release and go on.
-				for _, id := range ids {
-					e.Release(id)
-				}
+				release() // held requests may starve others
 			}
 			if i > 20000 {
 				t.Fatal("engine does not finish")
 			}
-			loads = append(loads, d.step().Loads...)
-			for _, id := range ids {
-				e.Release(id)
-			}
+			loads = append(loads, step().Loads...)
+			release()
 		}
 		if st := e.Stats(); st.FreeBlocks != st.NumGPUBlocks {
 			t.Fatalf("leak: %+v", st)

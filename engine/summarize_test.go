@@ -57,49 +57,12 @@ func testStepSummarize(t *testing.T, seed uint64, noEvents bool) {
 		}
 		full.StepInto(now, &rf)
 		quiet.StepInto(now, &rq)
-		if rf.Duration != rq.Duration || !reflect.DeepEqual(rf.Events, rq.Events) || full.Stats() != quiet.Stats() {
-			t.Fatalf("step %d: the engines differ (durations %v, %v)", i, rf.Duration, rq.Duration)
+		if full.Stats() != quiet.Stats() {
+			t.Fatalf("step %d: the engines' stats differ", i)
 		}
-		// Walk the full outputs: each first, last or abort output is the
-		// next of rq.Outputs, each other the next latency of rq.ITLs,
-		// placed before the same output.
-		j, runs, left := 0, rq.ITLs, 0
-		for k := range rf.Outputs {
-			o := &rf.Outputs[k]
-			if o.First || o.Finished {
-				if j >= len(rq.Outputs) || !reflect.DeepEqual(*o, rq.Outputs[j]) {
-					t.Fatalf("step %d: output %d (%+v) is not the summary's next", i, k, *o)
-				}
-				firsts++
-				j++
-				continue
-			}
-			if left == 0 {
-				if len(runs) == 0 || runs[0].N <= 0 {
-					t.Fatalf("step %d: output %d (%+v) has no latency in the summary", i, k, *o)
-				}
-				left = runs[0].N
-			}
-			if runs[0].ITL != o.ITL || runs[0].Before != j {
-				t.Fatalf("step %d: output %d has latency %v before output %d; the summary has %+v", i, k, o.ITL, j, runs[0])
-			}
-			if left--; left == 0 {
-				runs = runs[1:]
-			}
-			summarized++
-		}
-		if j != len(rq.Outputs) || len(runs) != 0 || left != 0 {
-			t.Fatalf("step %d: the summary has %d outputs and %d runs left over", i, len(rq.Outputs)-j, len(runs))
-		}
-		want := len(rf.Outputs) - len(rq.Outputs)
-		if rq.Summarized != want {
-			t.Fatalf("step %d: Summarized %d, want %d", i, rq.Summarized, want)
-		}
-		for k := 1; k < len(rq.ITLs); k++ {
-			if a, b := rq.ITLs[k-1], rq.ITLs[k]; a.ITL == b.ITL && a.Before == b.Before {
-				t.Fatalf("step %d: runs %+v and %+v not merged", i, a, b)
-			}
-		}
+		checkSummary(t, i, &rf, &rq)
+		summarized += rq.Summarized
+		firsts += len(rq.Outputs)
 		if len(rq.ITLs) < rq.Summarized {
 			merged++
 		}
@@ -137,7 +100,7 @@ func testDecodeStepsSummarize(t *testing.T, seed uint64) {
 	rng := rand.New(rand.NewPCG(seed, 12))
 	var rf, rq StepResult
 	var runF, runQ DecodedRun
-	runQ.Summarize = true
+	rq.Summarize, runQ.Summarize = true, true
 	now := time.Duration(0)
 	runs, single, finishing := 0, 0, 0
 	for i := 0; i < 1500 || full.HasWork(); i++ {
@@ -153,53 +116,22 @@ func testDecodeStepsSummarize(t *testing.T, seed uint64) {
 		limit := 1 + rng.IntN(40)
 		nf := full.DecodeSteps(now, now+time.Hour, limit, &runF)
 		nq := quiet.DecodeSteps(now, now+time.Hour, limit, &runQ)
-		if nf != nq || !reflect.DeepEqual(runF.Durations, runQ.Durations) || !reflect.DeepEqual(runF.Finished, runQ.Finished) ||
-			!reflect.DeepEqual(runF.Events, runQ.Events) || full.Stats() != quiet.Stats() {
+		if nf != nq || full.Stats() != quiet.Stats() {
 			t.Fatalf("step %d: the runs differ (%d and %d steps)", i, nf, nq)
 		}
 		if nf == 0 {
 			full.StepInto(now, &rf)
 			quiet.StepInto(now, &rq)
-			if rf.Duration != rq.Duration || full.Stats() != quiet.Stats() {
-				t.Fatalf("step %d: the engines differ", i)
+			if full.Stats() != quiet.Stats() {
+				t.Fatalf("step %d: the engines' stats differ", i)
 			}
+			checkSummary(t, i, &rf, &rq)
 			now += rf.Duration
 			continue
 		}
 		runs++
-		if len(runQ.Seqs) != 0 || runQ.Running != len(runF.Seqs) || runF.Running != len(runF.Seqs) {
-			t.Fatalf("run %d: %d requests in Seqs, Running %d and %d", runs, len(runF.Seqs), runF.Running, runQ.Running)
-		}
-		var at []int
-		for k, sq := range runF.Seqs {
-			if sq.Finished {
-				at = append(at, k)
-			}
-		}
-		if !slices.Equal(at, runF.FinishedAt) || !slices.Equal(at, runQ.FinishedAt) {
-			t.Fatalf("run %d: finished at %v; FinishedAt %v and %v", runs, at, runF.FinishedAt, runQ.FinishedAt)
-		}
-		// The first latencies, each before the finish it precedes.
-		var want []ITLRun
-		done := 0
-		for _, sq := range runF.Seqs {
-			if sq.Finished && nf == 1 {
-				done++
-				continue
-			}
-			before := 0
-			if nf == 1 {
-				before = done
-			}
-			if n := len(want); n > 0 && want[n-1].ITL == sq.FirstITL && want[n-1].Before == before {
-				want[n-1].N++
-			} else {
-				want = append(want, ITLRun{ITL: sq.FirstITL, N: 1, Before: before})
-			}
-		}
-		if !slices.Equal(want, runQ.FirstITLs) {
-			t.Fatalf("run %d of %d steps: FirstITLs %+v, want %+v", runs, nf, runQ.FirstITLs, want)
-		}
+		checkRunSummary(t, runs, nf, &runF, &runQ)
+		at := runQ.FinishedAt
 		if len(at) > 0 {
 			finishing++
 			if nf == 1 && len(at) < len(runF.Seqs) {
@@ -239,10 +171,103 @@ func addBurst(t *testing.T, rng *rand.Rand, prefix string, now time.Duration, x,
 // or both refuse it. It reports whether they accepted it.
 func addBoth(t *testing.T, x, y *Engine, nowX, nowY time.Duration, r *Request) bool {
 	t.Helper()
-	r2 := *r
+	r2 := *r // the engines may keep the caller's slices
+	r2.Prompt, r2.BlockHashes = slices.Clone(r.Prompt), slices.Clone(r.BlockHashes)
 	errX, errY := x.Add(nowX, r), y.Add(nowY, &r2)
 	if (errX == nil) != (errY == nil) {
 		t.Fatalf("Add %s: %v vs %v", r.ID, errX, errY)
 	}
 	return errX == nil
+}
+
+// checkSummary fails unless rq, a step computed with Summarize, says what
+// rf, the same step in full, says: the same duration and events, every
+// first, last or abort output of rf's the next of rq's, every other
+// output's latency the next in rq.ITLs, placed before the same output,
+// and runs of equal latencies in one place merged.
+func checkSummary(t testing.TB, step int, rf, rq *StepResult) {
+	t.Helper()
+	if rf.Duration != rq.Duration || len(rf.Events)+len(rq.Events) > 0 && !reflect.DeepEqual(rf.Events, rq.Events) {
+		t.Fatalf("step %d: durations %v and %v, or events, differ:\n%+v\n%+v", step, rf.Duration, rq.Duration, rf.Events, rq.Events)
+	}
+	j, runs, left := 0, rq.ITLs, 0
+	for k := range rf.Outputs {
+		o := &rf.Outputs[k]
+		if o.First || o.Finished {
+			if j >= len(rq.Outputs) || !reflect.DeepEqual(*o, rq.Outputs[j]) {
+				t.Fatalf("step %d: output %d (%+v) is not the summary's next", step, k, *o)
+			}
+			j++
+			continue
+		}
+		if left == 0 {
+			if len(runs) == 0 || runs[0].N <= 0 {
+				t.Fatalf("step %d: output %d (%+v) has no latency in the summary", step, k, *o)
+			}
+			left = runs[0].N
+		}
+		if runs[0].ITL != o.ITL || runs[0].Before != j {
+			t.Fatalf("step %d: output %d has latency %v before output %d; the summary has %+v", step, k, o.ITL, j, runs[0])
+		}
+		if left--; left == 0 {
+			runs = runs[1:]
+		}
+	}
+	if j != len(rq.Outputs) || len(runs) != 0 || left != 0 {
+		t.Fatalf("step %d: the summary has %d outputs and %d runs left over", step, len(rq.Outputs)-j, len(runs))
+	}
+	if want := len(rf.Outputs) - len(rq.Outputs); rq.Summarized != want {
+		t.Fatalf("step %d: Summarized %d, want %d", step, rq.Summarized, want)
+	}
+	for k := 1; k < len(rq.ITLs); k++ {
+		if a, b := rq.ITLs[k-1], rq.ITLs[k]; a.ITL == b.ITL && a.Before == b.Before {
+			t.Fatalf("step %d: runs %+v and %+v not merged", step, a, b)
+		}
+	}
+}
+
+// checkRunSummary fails unless runQ, a run of n steps computed with
+// Summarize, says what runF, the same run in full, says: the same steps,
+// finishes and events, no Seqs, Running and FinishedAt as runF's Seqs
+// say, and FirstITLs their FirstITL in place (in a run of one step, the
+// finishing requests left out and each latency placed before the finish
+// after it).
+func checkRunSummary(t testing.TB, run, n int, runF, runQ *DecodedRun) {
+	t.Helper()
+	if !slices.Equal(runF.Durations, runQ.Durations) || !reflect.DeepEqual(runF.Finished, runQ.Finished) ||
+		len(runF.Events)+len(runQ.Events) > 0 && !reflect.DeepEqual(runF.Events, runQ.Events) {
+		t.Fatalf("run %d: the steps, finishes or events differ", run)
+	}
+	if len(runQ.Seqs) != 0 || runQ.Running != len(runF.Seqs) || runF.Running != len(runF.Seqs) {
+		t.Fatalf("run %d: %d requests in Seqs, Running %d and %d", run, len(runF.Seqs), runF.Running, runQ.Running)
+	}
+	var at []int
+	for k, sq := range runF.Seqs {
+		if sq.Finished {
+			at = append(at, k)
+		}
+	}
+	if !slices.Equal(at, runF.FinishedAt) || !slices.Equal(at, runQ.FinishedAt) {
+		t.Fatalf("run %d: finished at %v; FinishedAt %v and %v", run, at, runF.FinishedAt, runQ.FinishedAt)
+	}
+	var want []ITLRun
+	done := 0
+	for _, sq := range runF.Seqs {
+		if sq.Finished && n == 1 {
+			done++
+			continue
+		}
+		before := 0
+		if n == 1 {
+			before = done
+		}
+		if k := len(want); k > 0 && want[k-1].ITL == sq.FirstITL && want[k-1].Before == before {
+			want[k-1].N++
+		} else {
+			want = append(want, ITLRun{ITL: sq.FirstITL, N: 1, Before: before})
+		}
+	}
+	if !slices.Equal(want, runQ.FirstITLs) {
+		t.Fatalf("run %d of %d steps: FirstITLs %+v, want %+v", run, n, runQ.FirstITLs, want)
+	}
 }
