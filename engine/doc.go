@@ -23,7 +23,11 @@
 // evictions, prefix-cache entries, the finished requests' outputs, events,
 // Stats), visiting a request only at the steps where its tokens reach a block
 // boundary and at the run's ends (DecodeStepsBefore: up to the step in
-// progress when an input arrives).
+// progress when an input arrives). A driver that needs only each request's
+// first and last outputs sets StepResult.Summarize (and
+// DecodedRun.Summarize): the other tokens then come as a count and runs of
+// equal inter-token latencies, each placed among the outputs, rather than
+// an Output (or a DecodedSeq) each.
 //
 // # Scheduling (vLLM V1)
 //
