@@ -171,8 +171,7 @@ func addBurst(t *testing.T, rng *rand.Rand, prefix string, now time.Duration, x,
 // or both refuse it. It reports whether they accepted it.
 func addBoth(t *testing.T, x, y *Engine, nowX, nowY time.Duration, r *Request) bool {
 	t.Helper()
-	r2 := *r // the engines may keep the caller's slices
-	r2.Prompt, r2.BlockHashes = slices.Clone(r.Prompt), slices.Clone(r.BlockHashes)
+	r2 := *r
 	errX, errY := x.Add(nowX, r), y.Add(nowY, &r2)
 	if (errX == nil) != (errY == nil) {
 		t.Fatalf("Add %s: %v vs %v", r.ID, errX, errY)
