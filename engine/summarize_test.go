@@ -55,12 +55,7 @@ func testStepSummarize(t *testing.T, seed uint64, noEvents bool) {
 		if rng.IntN(5) == 0 {
 			now += time.Duration(1 + rng.IntN(int(full.MinStepTime()))) // a late step
 		}
-		full.StepInto(now, &rf)
-		quiet.StepInto(now, &rq)
-		if full.Stats() != quiet.Stats() {
-			t.Fatalf("step %d: the engines' stats differ", i)
-		}
-		checkSummary(t, i, &rf, &rq)
+		stepTwins(t, i, now, full, quiet, &rf, &rq)
 		summarized += rq.Summarized
 		firsts += len(rq.Outputs)
 		if len(rq.ITLs) < rq.Summarized {
@@ -120,12 +115,7 @@ func testDecodeStepsSummarize(t *testing.T, seed uint64) {
 			t.Fatalf("step %d: the runs differ (%d and %d steps)", i, nf, nq)
 		}
 		if nf == 0 {
-			full.StepInto(now, &rf)
-			quiet.StepInto(now, &rq)
-			if full.Stats() != quiet.Stats() {
-				t.Fatalf("step %d: the engines' stats differ", i)
-			}
-			checkSummary(t, i, &rf, &rq)
+			stepTwins(t, i, now, full, quiet, &rf, &rq)
 			now += rf.Duration
 			continue
 		}
@@ -177,6 +167,19 @@ func addBoth(t *testing.T, x, y *Engine, nowX, nowY time.Duration, r *Request) b
 		t.Fatalf("Add %s: %v vs %v", r.ID, errX, errY)
 	}
 	return errX == nil
+}
+
+// stepTwins steps full into rf and quiet, its twin, into rq (rq.Summarize
+// set) at now: the engines must stay in the same state, and rq say what rf
+// says (checkSummary).
+func stepTwins(t testing.TB, step int, now time.Duration, full, quiet *Engine, rf, rq *StepResult) {
+	t.Helper()
+	full.StepInto(now, rf)
+	quiet.StepInto(now, rq)
+	if full.Stats() != quiet.Stats() {
+		t.Fatalf("step %d: the engines' stats differ", step)
+	}
+	checkSummary(t, step, rf, rq)
 }
 
 // checkSummary fails unless rq, a step computed with Summarize, says what
