@@ -232,8 +232,10 @@
 // block is computed locally, with no pull. A decode engine whose pull
 // fails fails the request with a 500 (Config.LoadFailure "fail", the
 // default, as vLLM's kv_load_failure_policy; the engine aborts it) or
-// recomputes the prompt locally with a warning ("recompute": the blocks
-// are freed and the request admitted again).
+// recomputes the prompt locally with a warning ("recompute": past its
+// local prefix-cache hit, into the blocks it holds, as vLLM truncates the
+// computed tokens at the first block that failed; with no local hit the
+// blocks are freed and the request admitted again).
 //
 // The Server's methods are safe for concurrent use.
 package emulator

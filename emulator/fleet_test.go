@@ -31,23 +31,24 @@ import (
 
 // Environment of the soak run (TestFleetCPU) and of its engine processes.
 const (
-	envSoak         = "KVROUTE_SOAK"             // 1: run TestFleetCPU
-	envSoakSeconds  = "KVROUTE_SOAK_SECONDS"     // load duration, default 10
-	envSoakStream   = "KVROUTE_SOAK_STREAM"      // share of streamed requests in percent, default 50
-	envSoakTokens   = "KVROUTE_SOAK_TOKENS"      // output tokens per request, default 200
-	envSoakRate     = "KVROUTE_SOAK_RATE"        // requests per second in total, default 200
-	envSoakEngines  = "KVROUTE_SOAK_ENGINES"     // engine processes, default 16
-	envSoakInterval = "KVROUTE_SOAK_INTERVAL"    // engines' stream interval, default 1
-	envSoakProcs    = "KVROUTE_SOAK_PROCS"       // GOMAXPROCS of the engine processes (default: Go's)
-	envSoakTrivial  = "KVROUTE_SOAK_TRIVIAL"     // 1: the engines are a trivial server (the floor; see TestSoakEngineChild)
-	envSoakChild    = "KVROUTE_SOAK_CHILD"       // set in an engine process
-	envSoakProfile  = "KVROUTE_SOAK_PROFILE"     // directory: each engine process writes a CPU profile of the load there
-	envSoakConns    = "KVROUTE_SOAK_CONNS"       // keep-alive connections opened per engine before measuring, default 0
-	envSoakPerProc  = "KVROUTE_SOAK_PER_PROCESS" // engines hosted by one process, default 1
-	envSoakFloor    = "KVROUTE_SOAK_FLOOR"       // 1: a fleet of trivial servers side by side, fed the same load (first: that fleet first)
-	envSoakAgainst  = "KVROUTE_SOAK_AGAINST"     // another build's emulator test binary: its fleet side by side, fed the same load
-	envSoakFill     = "KVROUTE_SOAK_FILL"        // 0: skip filling the engines' KV caches before measuring (default: fill)
-	envSoakRounds   = "KVROUTE_SOAK_ROUNDS"      // measure n windows of KVROUTE_SOAK_SECONDS one after the other, with the fleets kept up; report each and the median
+	envSoak          = "KVROUTE_SOAK"             // 1: run TestFleetCPU
+	envSoakSeconds   = "KVROUTE_SOAK_SECONDS"     // load duration, default 10
+	envSoakStream    = "KVROUTE_SOAK_STREAM"      // share of streamed requests in percent, default 50
+	envSoakTokens    = "KVROUTE_SOAK_TOKENS"      // output tokens per request, default 200
+	envSoakRate      = "KVROUTE_SOAK_RATE"        // requests per second in total, default 200
+	envSoakEngines   = "KVROUTE_SOAK_ENGINES"     // engine processes, default 16
+	envSoakInterval  = "KVROUTE_SOAK_INTERVAL"    // engines' stream interval, default 1
+	envSoakProcs     = "KVROUTE_SOAK_PROCS"       // GOMAXPROCS of the engine processes (default: Go's)
+	envSoakTrivial   = "KVROUTE_SOAK_TRIVIAL"     // 1: the engines are a trivial server (the floor; see TestSoakEngineChild)
+	envSoakChild     = "KVROUTE_SOAK_CHILD"       // set in an engine process
+	envSoakProfile   = "KVROUTE_SOAK_PROFILE"     // directory: each engine process writes a CPU profile of the load there
+	envSoakConns     = "KVROUTE_SOAK_CONNS"       // keep-alive connections opened per engine before measuring, default 0
+	envSoakPerProc   = "KVROUTE_SOAK_PER_PROCESS" // engines hosted by one process, default 1
+	envSoakFloor     = "KVROUTE_SOAK_FLOOR"       // 1: a fleet of trivial servers side by side, fed the same load (first: that fleet first)
+	envSoakAgainst   = "KVROUTE_SOAK_AGAINST"     // another build's emulator test binary: its fleet side by side, fed the same load
+	envSoakFill      = "KVROUTE_SOAK_FILL"        // 0: skip filling the engines' KV caches before measuring (default: fill)
+	envSoakFloorStep = "KVROUTE_SOAK_FLOOR_STEP"  // the floor's delay per output token, default 6.5ms
+	envSoakRounds    = "KVROUTE_SOAK_ROUNDS"      // measure n windows of KVROUTE_SOAK_SECONDS one after the other, with the fleets kept up; report each and the median
 )
 
 func envInt(name string, def int) int {
@@ -187,6 +188,7 @@ func TestFleetCPU(t *testing.T) {
 			f.done.Store(0)
 			f.failed.Store(0)
 			f.tokens.Store(0)
+			f.latency.Store(0)
 		}
 		for _, f := range fleets {
 			f.cpu0, f.sys0, f.counts0 = f.cpu(t, client)
@@ -206,6 +208,7 @@ func TestFleetCPU(t *testing.T) {
 				f := fleets[(i+k)%len(fleets)]
 				url := f.urls[i%engines] + "/v1/chat/completions"
 				wg.Go(func() {
+					sent := time.Now()
 					resp, err := client.Post(url, "application/json", strings.NewReader(body))
 					if err != nil {
 						f.failed.Add(1)
@@ -219,6 +222,7 @@ func TestFleetCPU(t *testing.T) {
 					}
 					f.done.Add(1)
 					f.tokens.Add(int64(outTokens))
+					f.latency.Add(int64(time.Since(sent)))
 				})
 			}
 		}
@@ -253,6 +257,8 @@ func TestFleetCPU(t *testing.T) {
 			// concurrency) touches fresh memory: each page's first touch is a
 			// fault, costly in a VM. A long-running engine reuses its heap instead.
 			t.Logf("page faults (first touches of fresh memory): %.1f per request", per(counts.minflt))
+			lat := time.Duration(f.latency.Load() / max(n, 1))
+			t.Logf("latency: mean %v, so %.0f requests in flight per engine", lat.Round(time.Millisecond), rate/float64(engines)*lat.Seconds())
 			if f.failed.Load() > 0 {
 				t.Errorf("%s: %d requests failed", f.name, f.failed.Load())
 			}
@@ -306,6 +312,7 @@ type soakFleet struct {
 	cpu0, sys0           time.Duration
 	counts0              soakCounts
 	done, failed, tokens atomic.Int64
+	latency              atomic.Int64 // the done requests' latencies summed, in ns
 }
 
 // start runs the fleet's engine processes.
@@ -594,6 +601,12 @@ func TestSoakEngineChild(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	floorStep := 6500 * time.Microsecond
+	if v := os.Getenv(envSoakFloorStep); v != "" {
+		if floorStep, err = time.ParseDuration(v); err != nil {
+			t.Fatal(err)
+		}
+	}
 	var servers []*Server
 	var conns atomic.Int64 // connections accepted, all engines
 	counters := func() (sleeps, steps, caught int64) {
@@ -645,7 +658,7 @@ func TestSoakEngineChild(t *testing.T) {
 				}
 				b, _ := io.ReadAll(r.Body)
 				_ = json.Unmarshal(b, &req)
-				time.Sleep(time.Duration(req.MaxTokens) * 6500 * time.Microsecond)
+				time.Sleep(time.Duration(req.MaxTokens) * floorStep)
 				w.Header().Set("Content-Type", "application/json")
 				_, _ = w.Write(bytes.Repeat([]byte("x"), 400+5*req.MaxTokens))
 			})

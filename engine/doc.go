@@ -61,7 +61,9 @@
 // full blocks are cached (BlockStored) in the step that schedules it,
 // which computes only the last prompt token, as vLLM's
 // _update_waiting_for_remote_kv does; when it failed, the request
-// computes its prompt (kv_load_failure_policy "recompute"). Aborted
+// computes its prompt past its local hit (kv_load_failure_policy
+// "recompute"), in the blocks it holds (with no local hit it frees them
+// and is admitted again; see LoadedKV). Aborted
 // while its KV arrives, it is reported at once and leaves Waiting, but its
 // blocks stay held (Stats.AbortedLoading) until LoadedKV says the transfer
 // ended, as vLLM frees them only then. The simulator's

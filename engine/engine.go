@@ -792,9 +792,16 @@ func (e *Engine) Release(id string) {
 // are scheduled before the waiting queue (vLLM keeps them at its head;
 // they need no block, so a queued request that waits for blocks they hold
 // does not hold them up). Else (the transfer failed; vLLM's
-// kv_load_failure_policy "recompute") its blocks are freed and it goes to
-// the front of the waiting queue, to compute its prompt past its
-// prefix-cache hit. A request aborted while its KV arrived frees its
+// kv_load_failure_policy "recompute") what it computed is truncated at
+// the first block that did not arrive, the first past its local
+// prefix-cache hit, as vLLM's Scheduler._update_requests_with_invalid_blocks
+// truncates num_computed_tokens: with a local hit it keeps all its blocks
+// and is scheduled as a loaded request, computing its prompt from the hit
+// into them (no new lookup, no new block); with none it frees them
+// (_update_waiting_for_remote_kv) and goes to the front of the waiting
+// queue, to look its prompt up again (a request computed meanwhile may
+// have cached some of it), counted as a new prefix-cache query as vLLM's
+// lookup counts it. A request aborted while its KV arrived frees its
 // blocks now, whatever ok (vLLM caches nothing of it). Unknown IDs, and
 // requests not waiting for KV, are ignored.
 func (e *Engine) LoadedKV(id string, ok bool) {
@@ -814,16 +821,20 @@ func (e *Engine) LoadedKV(id string, ok bool) {
 	e.stalled = false
 	e.loading--
 	s.remote = false
-	if ok {
+	switch {
+	case ok:
 		s.computed = int(s.promptLen) - 1
-		s.status = statusLoaded
-		e.loaded = append(e.loaded, s)
+	case s.computed > 0: // the local hit, admitRemote's
+		s.external = 0
+	default:
+		e.freeBlocks(s)
+		s.external, s.counted = 0, false
+		s.status = statusWaiting
+		e.waiting.pushFront(s)
 		return
 	}
-	e.freeBlocks(s)
-	s.computed, s.external = 0, 0
-	s.status = statusWaiting
-	e.waiting.pushFront(s)
+	s.status = statusLoaded
+	e.loaded = append(e.loaded, s)
 }
 
 // BlockIDs returns the KV block ids a live or held request holds, in order

@@ -214,9 +214,11 @@ func TestRemoteKVAbort(t *testing.T) {
 }
 
 // TestRemoteKVFailed: a RemoteKV request whose KV did not arrive
-// (LoadedKV false: kv_load_failure_policy "recompute") frees its blocks
-// and computes its prompt past its prefix-cache hit; nothing it did not
-// compute is cached, and its lookup is counted once.
+// (LoadedKV false: kv_load_failure_policy "recompute") after a local hit
+// keeps the blocks it holds (vLLM truncates its computed tokens at the
+// first block that failed, the first past the hit) and computes its
+// prompt past the hit into them; nothing it did not compute is cached,
+// and its lookup is counted once.
 func TestRemoteKVFailed(t *testing.T) {
 	e := mustEngine(t, "tiny", nil)
 	d := newDriver(t, e)
@@ -226,22 +228,35 @@ func TestRemoteKVFailed(t *testing.T) {
 	before := e.Stats()
 	d.add(&Request{ID: "d", Prompt: prompt, MaxTokens: 2, RemoteKV: true})
 	d.step()
+	held := e.BlockIDs("d")
 	e.LoadedKV("d", false)
-	if st := e.Stats(); st.FreeBlocks != 64 || st.Loading != 0 || st.Waiting != 1 {
-		t.Fatalf("after the failure: %+v, want its blocks freed and it queued", st)
+	if st := e.Stats(); st.FreeBlocks != 64-len(held) || st.Loading != 0 || st.Waiting != 1 {
+		t.Fatalf("after the failure: %+v, want its %d blocks held and it waiting", st, len(held))
 	}
 	from := len(d.steps)
+	d.step()
+	if got := e.BlockIDs("d"); !slices.Equal(got[:len(held)], held) || len(got) != len(held) {
+		t.Errorf("blocks after the failure's first step %v, want those it held %v", got, held)
+	}
 	d.run()
 	out := d.byID("d")
 	if len(out) != 2 || out[0].CachedTokens != 160 {
 		t.Fatalf("outputs %+v, want 2 tokens with the 160 local tokens cached", out)
 	}
-	prefill := 0
+	prefill, stored := 0, 0
 	for _, s := range d.steps[from:] {
 		prefill += s.Batch.PrefillTokens
+		for _, ev := range s.Events {
+			if ev.Kind == BlockStored {
+				stored += len(ev.BlockHashes)
+			}
+		}
 	}
 	if prefill != 140 {
 		t.Errorf("%d prompt tokens computed, want the 140 past the local hit", prefill)
+	}
+	if stored != 8 {
+		t.Errorf("%d blocks stored after the failure, want the 8 full ones past the hit (blocks 10-17)", stored)
 	}
 	st := e.Stats()
 	if q := st.PrefixQueries - before.PrefixQueries; q != 300 {
@@ -249,6 +264,43 @@ func TestRemoteKVFailed(t *testing.T) {
 	}
 	if x := st.PromptExternal - before.PromptExternal; x != 0 {
 		t.Errorf("%d prompt tokens counted external, want 0", x)
+	}
+}
+
+// TestRemoteKVFailedNoHit: with no local hit, a RemoteKV request whose KV
+// did not arrive frees its blocks and goes back to the front of the queue
+// (vLLM's _update_waiting_for_remote_kv frees them), where it looks its
+// prompt up again: a request computed meanwhile cached part of it, which
+// it hits, and the new lookup is counted as vLLM's scheduler counts it.
+func TestRemoteKVFailedNoHit(t *testing.T) {
+	e := mustEngine(t, "tiny", nil)
+	d := newDriver(t, e)
+	prompt := tokens(2, 100)
+	d.add(&Request{ID: "d", Prompt: prompt, MaxTokens: 2, RemoteKV: true})
+	if r := d.step(); len(r.Loads) != 1 || r.Loads[0].LocalTokens != 0 {
+		t.Fatalf("loads %+v, want d's with no local hit", r.Loads)
+	}
+	d.add(&Request{ID: "other", Prompt: prompt[:70], MaxTokens: 1}) // its 4 full blocks are cached
+	d.run()
+	e.LoadedKV("d", false)
+	if st := e.Stats(); st.FreeBlocks != 64 || st.Loading != 0 || st.Waiting != 1 {
+		t.Fatalf("after the failure: %+v, want its blocks freed and it queued", st)
+	}
+	from := len(d.steps)
+	d.run()
+	out := d.byID("d")
+	if len(out) != 2 || out[0].CachedTokens != 64 {
+		t.Fatalf("outputs %+v, want 2 tokens with other's 64 cached", out)
+	}
+	prefill := 0
+	for _, s := range d.steps[from:] {
+		prefill += s.Batch.PrefillTokens
+	}
+	if prefill != 36 {
+		t.Errorf("%d prompt tokens computed, want the 36 past the new hit", prefill)
+	}
+	if q := e.Stats().PrefixQueries; q != 100+70+100 {
+		t.Errorf("%d prefix-cache queries, want d's twice and other's", q)
 	}
 }
 

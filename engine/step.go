@@ -277,8 +277,10 @@ func (e *Engine) admitRemote(s *sequence, hits []int32, evictable int) bool {
 // as vLLM's scheduler does (Scheduler._update_waiting_for_remote_kv, then
 // its admission): the full blocks of the received tokens (all but the
 // last prompt token) are cached, then the last token is computed in the
-// blocks held, and the block it fills cached. It returns the tokens to
-// compute this step.
+// blocks held, and the block it fills cached. One whose KV failed to
+// arrive after a local hit computes its prompt from the hit instead, in
+// chunks of the budget, into the blocks it holds. It returns the tokens
+// to compute this step.
 func (e *Engine) admitLoaded(now time.Duration, s *sequence, budget int) int {
 	e.cacheFull(s, s.computed)
 	n := min(s.numTokens-s.computed, budget)
