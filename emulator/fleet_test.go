@@ -103,6 +103,13 @@ func setSoakInterval(cfg *Config, n int) { cfg.StreamInterval = n }
 // fleets (filled once) and reports each and, side by side, the median and
 // range of the differences: a single window's figure moves with the
 // machine's other load by more than the changes it is used to measure.
+// Each fleet's mean latency is logged with the requests it held in flight
+// per engine (Little's law). The floor sleeps 6.5 ms per output token,
+// shorter than the 8B engines' ~11 ms steps at this load: it holds about
+// 81 requests per engine to their ~138, fewer goroutines and connections.
+// KVROUTE_SOAK_FLOOR_STEP=11ms holds it as long (over three rounds each
+// the two floors measured medians of 114.9 and 109.2 us above them, within
+// the rounds' spread).
 // The KVROUTE_SOAK_* variables above change the load.
 func TestFleetCPU(t *testing.T) {
 	if os.Getenv(envSoak) == "" {
