@@ -198,6 +198,13 @@ func (e *Engine) decodeSteps(now, until, before time.Duration, run *DecodedRun, 
 		end += d
 		run.Durations = append(run.Durations, d)
 	}
+	return e.decodeTimed(now, run, whole, finished)
+}
+
+// decodeTimed is decodeSteps given the durations of the steps to compute
+// (run.Durations, the first len(run.Durations) of the whole run ahead).
+func (e *Engine) decodeTimed(now time.Duration, run *DecodedRun, whole int, finished bool) int {
+	r := len(e.running)
 	n := len(run.Durations)
 	need := e.runBlocks(n)
 	if need > e.pool.numFree {

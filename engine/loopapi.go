@@ -1,9 +1,6 @@
 package engine
 
-import (
-	"math"
-	"time"
-)
+import "time"
 
 // DecodeStepsStarted is DecodeStepsBefore for a real-time driver that woke
 // at woke: it computes the plain decode steps that start before woke (and
@@ -20,6 +17,7 @@ func (e *Engine) DecodeStepsStarted(now, woke, until, before time.Duration, limi
 		run.reset()
 		return 0
 	}
+	run.reset()
 	start := min(woke, before)
 	r := len(e.running)
 	b := Batch{Seqs: r, Sampled: r, DecodeTokens: r}
@@ -32,13 +30,14 @@ func (e *Engine) DecodeStepsStarted(now, woke, until, before time.Duration, limi
 		}
 		end += d
 		n++
+		run.Durations = append(run.Durations, d)
 	}
 	if n == 0 {
-		run.reset()
 		return 0
 	}
-	// The same steps, computed (decodeSteps stops short of a step whose
-	// blocks do not fit: StepInto preempts in it). decodeRun(n) would
-	// return n, ctx, and finished when n is the whole run.
-	return e.decodeSteps(now, math.MaxInt64, math.MaxInt64, run, n, ctx, finished && n == whole)
+	// Those steps, computed (decodeTimed stops short of a step whose
+	// blocks do not fit: StepInto preempts in it), as decodeSteps computes
+	// the run of n (decodeRun(n) would return n, ctx, and finished when n
+	// is the whole run).
+	return e.decodeTimed(now, run, n, finished && n == whole)
 }
