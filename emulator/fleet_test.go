@@ -8,6 +8,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"math"
 	"math/rand/v2"
 	"net"
 	"net/http"
@@ -300,10 +301,29 @@ func TestFleetCPU(t *testing.T) {
 			if len(r.v) == 0 {
 				continue
 			}
+			mean, se := meanSE(r.v)
 			slices.Sort(r.v)
-			t.Logf("over %d rounds: the emulator (engines) costs %s: median %.1f us per request, range %.1f..%.1f", rounds, r.what, r.v[len(r.v)/2], r.v[0], r.v[len(r.v)-1])
+			t.Logf("over %d rounds: the emulator (engines) costs %s: median %.1f us per request, range %.1f..%.1f; mean %.1f, standard error %.1f (rounds %.1f)",
+				rounds, r.what, r.v[len(r.v)/2], r.v[0], r.v[len(r.v)-1], mean, se, r.v)
 		}
 	}
+}
+
+// meanSE returns the mean of v and its standard error (the sample standard
+// deviation over the square root of len(v); 0 for fewer than two values).
+func meanSE(v []float64) (mean, se float64) {
+	for _, x := range v {
+		mean += x
+	}
+	mean /= float64(len(v))
+	if len(v) < 2 {
+		return mean, 0
+	}
+	var ss float64
+	for _, x := range v {
+		ss += (x - mean) * (x - mean)
+	}
+	return mean, math.Sqrt(ss/float64(len(v)-1)) / math.Sqrt(float64(len(v)))
 }
 
 // soakFleet is one fleet of TestFleetCPU: engine processes hosting the
@@ -695,5 +715,20 @@ func TestSoakEngineChild(t *testing.T) {
 	if os.Getenv(envSoakProfile) != "" {
 		sleeps, steps, caught := counters()
 		fmt.Fprintf(os.Stderr, "soak engines %d: %d timed sleeps, %d steps (%d caught up)\n", os.Getpid(), sleeps, steps, caught)
+	}
+}
+
+func TestMeanSE(t *testing.T) {
+	for _, c := range []struct {
+		v        []float64
+		mean, se float64
+	}{
+		{[]float64{1, 2, 3, 4}, 2.5, math.Sqrt(5.0/3) / 2},
+		{[]float64{7}, 7, 0},
+		{[]float64{-3, -3}, -3, 0},
+	} {
+		if m, se := meanSE(c.v); math.Abs(m-c.mean) > 1e-12 || math.Abs(se-c.se) > 1e-12 {
+			t.Errorf("meanSE(%v) = %v, %v; want %v, %v", c.v, m, se, c.mean, c.se)
+		}
 	}
 }
