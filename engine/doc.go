@@ -127,6 +127,10 @@
 //     multimodal or cache_salt extra keys, no CPU offload tier.
 //   - vLLM's reserved null block is not modelled; KV usage is
 //     used blocks / NumGPUBlocks.
-//   - Prefix-cache query and hit counters count each request once, when first
-//     scheduled (not again after preemption, nor after a failed KV load).
+//
+// Prefix-cache query and hit counters count lookups as vLLM's exported
+// ones (vllm:prefix_cache_queries, _hits) do: a request's first, not a
+// preempted request's new lookup (vLLM counts those apart, unexported),
+// and again the new lookup of a request whose KV load failed with no
+// local hit (LoadedKV).
 package engine
