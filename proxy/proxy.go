@@ -143,7 +143,7 @@ func New(opts Options) (*Proxy, error) {
 		p.kubeClient = connectKube
 	}
 	p.applied.Models = slices.Clone(cfg.Models) // Reload replaces their endpoints
-	p.queuePause.first, p.queuePause.max = 10*time.Millisecond, 200*time.Millisecond
+	p.queuePause.first, p.queuePause.max = router.LinePauseFirst, router.LinePauseMax
 	if p.log == nil {
 		p.log = slog.New(slog.DiscardHandler)
 	}

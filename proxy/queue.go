@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"net/http"
-	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -58,7 +57,7 @@ func (p *Proxy) queue(ctx context.Context, pl *pool, req *kvroute.Request, err e
 // shed the request, nil when the request was not routed yet (it arrived
 // while others waited, see admit). The held requests of a pool wait in
 // line, first come first served within a tenant and in turn across
-// tenants (see waitLine): only the one at the head routes, at once when
+// tenants (see router.Line): only the one at the head routes, at once when
 // its turn comes after others' (or when it was never routed), then again
 // when the router signals that load drained (a flight got its first token
 // or ended: Router.Drained) or after a growing pause (10 ms doubling to
@@ -159,22 +158,13 @@ func waitedOut(se *router.ShedError, wait time.Duration) error {
 	return &out
 }
 
-// waitLine is one pool's held requests, served in turn by tenant (fair
-// queuing): a request joining the line is tagged one past the later of its
-// tenant's last tag and the head's tag, and the lowest tag (then the
-// earliest) goes next. Within a tenant that is first come first served;
-// across tenants, one tenant's burst queued ahead does not keep another's
-// request behind all of it: that request waits for at most one request of
-// each other tenant in line (besides the head).
+// waitLine is one pool's held requests, in a router.Line's fair order by
+// tenant, with each waiter's turn to signal.
 // It is safe for concurrent use; the zero value is an empty line.
 type waitLine struct {
-	mu      sync.Mutex        // guards the fields below
-	q       []*waiter         // in arrival order
-	head    *waiter           // the one whose turn it is
-	vnow    uint64            // the tag of the last head
-	last    map[string]uint64 // per tenant with requests in line, its last tag
-	tenants map[string]int    // per tenant, its requests in line
-	// n is len(q), written under mu and read without it (busy): a
+	mu   sync.Mutex // guards line
+	line router.Line[*waiter]
+	// n is line.Len(), written under mu and read without it (busy): a
 	// request arriving at an empty line takes no lock.
 	n atomic.Int32
 }
@@ -182,27 +172,18 @@ type waitLine struct {
 // waiter is one held request's place in line; turn is closed when it
 // reaches the head.
 type waiter struct {
-	turn   chan struct{}
-	tenant string
-	tag    uint64
+	turn chan struct{}
 }
 
 // join puts a new waiter of tenant in the line.
 func (line *waitLine) join(tenant string) *waiter {
-	w := &waiter{turn: make(chan struct{}), tenant: tenant}
+	w := &waiter{turn: make(chan struct{})}
 	line.mu.Lock()
 	defer line.mu.Unlock()
-	if line.last == nil {
-		line.last, line.tenants = map[string]uint64{}, map[string]int{}
+	if line.line.Join(w, tenant) {
+		close(w.turn)
 	}
-	w.tag = max(line.vnow, line.last[tenant]) + 1
-	line.last[tenant] = w.tag
-	line.tenants[tenant]++
-	line.q = append(line.q, w)
-	line.n.Store(int32(len(line.q)))
-	if line.head == nil {
-		line.next()
-	}
+	line.n.Store(int32(line.line.Len()))
 	return w
 }
 
@@ -211,36 +192,10 @@ func (line *waitLine) join(tenant string) *waiter {
 func (line *waitLine) leave(w *waiter) {
 	line.mu.Lock()
 	defer line.mu.Unlock()
-	i := slices.Index(line.q, w)
-	if i < 0 {
-		return
+	if next, ok := line.line.Leave(w); ok {
+		close(next.turn)
 	}
-	line.q = slices.Delete(line.q, i, i+1)
-	line.n.Store(int32(len(line.q)))
-	if line.tenants[w.tenant]--; line.tenants[w.tenant] == 0 {
-		delete(line.tenants, w.tenant)
-		delete(line.last, w.tenant)
-	}
-	if len(line.q) == 0 {
-		line.head = nil
-		return
-	}
-	if line.head == w {
-		line.next()
-	}
-}
-
-// next gives the turn to the waiter with the lowest tag, the earliest
-// among equals. Called with line.mu held and the line not empty.
-func (line *waitLine) next() {
-	h := line.q[0]
-	for _, w := range line.q[1:] {
-		if w.tag < h.tag {
-			h = w
-		}
-	}
-	line.head, line.vnow = h, max(line.vnow, h.tag)
-	close(h.turn)
+	line.n.Store(int32(line.line.Len()))
 }
 
 // busy reports whether requests wait in the line, without taking its lock.
@@ -250,5 +205,5 @@ func (line *waitLine) busy() bool { return line.n.Load() > 0 }
 func (line *waitLine) waiting() int {
 	line.mu.Lock()
 	defer line.mu.Unlock()
-	return len(line.q)
+	return line.line.Len()
 }

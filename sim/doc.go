@@ -18,6 +18,11 @@
 //   - arrival: the router routes the request (router.Route) at its arrival
 //     time, scaled by Config.RateScale; a shed request (429) or a pool with
 //     no endpoint (503) is a rejection;
+//   - hold: a request the policy sheds with the "queue" action (kv-aware's
+//     overload: queue), or arriving while others are held, waits in its
+//     router replica's line (router.Line) for at most Config.QueueWait, as
+//     kvroute serve's proxy holds it; the line's head routes again after a
+//     pause or when a flight gets its first token or ends (hold.go);
 //   - delivery: the request reaches its engine NetLatency later (engine.Add);
 //   - engine step: an engine that has work runs one scheduler iteration
 //     (engine.Step); its outputs and KV events are released when the step's

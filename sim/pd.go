@@ -169,6 +169,7 @@ func (s *simulation) pdPrefilled(i int32) {
 	now := wall(s.now)
 	rt.FirstToken(now, pd.pflight)
 	rt.Done(now, pd.pflight, kvroute.Outcome{PromptTokens: st.rreq.PromptTokens, CachedTokens: -1, TTFT: s.now - st.arrival})
+	s.drained(st.rt)
 	// The plan's fabric reservation stays until the request ends (finish),
 	// as kvroute serve's handoff keeps it until its legs return: plans made
 	// while the KV moves queue behind it.

@@ -17,6 +17,8 @@ const (
 	evSample                         // the utilisation timeline samples an engine's state
 	evPDPrefilled                    // P/D: a prefill leg's reply reaches the router (pd.go)
 	evPDTransferred                  // P/D: a decode leg's KV has arrived on its engine (pd.go)
+	evHoldRetry                      // the head of a router replica's line routes again (hold.go; eng: the replica, arg: the retry's generation)
+	evHoldTimeout                    // a held request's wait runs out (hold.go)
 )
 
 // event is one entry of the simulator's agenda. Events are ordered by time,

@@ -28,8 +28,12 @@ type Record struct {
 	// Preemptions counts the times the engine preempted the request.
 	Preemptions int `json:"preemptions,omitempty"`
 
-	// TTFT, as the router sees it, is Network + Queue + Prefill + FirstDecode.
+	// TTFT, as the router sees it, is Held + Network + Queue + Prefill +
+	// FirstDecode.
 	TTFT time.Duration `json:"ttft_ns"`
+	// Held is the time the router held the request in its line before
+	// routing it (the queue escape hatch, Config.QueueWait); 0 for most.
+	Held time.Duration `json:"held_ns,omitempty"`
 	// Network is the router<->engine latency paid before the first token
 	// (two one-way trips).
 	Network time.Duration `json:"network_ns"`
@@ -211,7 +215,7 @@ func (r *Result) Utilisation(run string) []report.Utilisation {
 
 // Breakdown is the mean TTFT split over completed requests.
 type Breakdown struct {
-	Network, Queue, Prefill, Transfer, FirstDecode time.Duration
+	Held, Network, Queue, Prefill, Transfer, FirstDecode time.Duration
 }
 
 // TTFTBreakdown returns the mean of each TTFT component over completed
@@ -224,6 +228,7 @@ func (r *Result) TTFTBreakdown() Breakdown {
 		if !rec.OK() {
 			continue
 		}
+		b.Held += rec.Held
 		b.Network += rec.Network
 		b.Queue += rec.Queue
 		b.Prefill += rec.Prefill
@@ -232,6 +237,7 @@ func (r *Result) TTFTBreakdown() Breakdown {
 		n++
 	}
 	if n > 0 {
+		b.Held /= n
 		b.Network /= n
 		b.Queue /= n
 		b.Prefill /= n

@@ -103,6 +103,12 @@ type Config struct {
 	// computes them once). Nil computes them for the run. Run adds the
 	// network round trip (Record.TTFTBound, Result.TTFTBound).
 	TTFTBounds []time.Duration
+	// QueueWait is how long a router replica holds a request the policy
+	// sheds with the "queue" action (kv-aware's overload: queue) before it
+	// is rejected with 429, as kvroute serve's retry.queue_wait does (see
+	// hold.go); default 5s, as there. Negative: no wait (the shed is a 429
+	// at once).
+	QueueWait time.Duration
 	// PD configures prefill/decode disaggregation for fleets with prefill
 	// or decode engines (Group.Role); see PDConfig.
 	PD PDConfig
@@ -125,6 +131,7 @@ const (
 	DefaultScrapeInterval = 100 * time.Millisecond
 	DefaultKVEventDelay   = 50 * time.Millisecond
 	DefaultNetLatency     = time.Millisecond
+	DefaultQueueWait      = 5 * time.Second
 	// DefaultRouterBlockTokens is 128 characters at 4 characters per token.
 	DefaultRouterBlockTokens = 32
 )
@@ -135,6 +142,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.Policy == "" && c.Picker == nil {
 		c.Policy = policy.Default
+	}
+	if c.QueueWait == 0 {
+		c.QueueWait = DefaultQueueWait
 	}
 	if c.Routers == 0 {
 		c.Routers = 1
@@ -260,11 +270,13 @@ type reqState struct {
 	ttft, e2e   time.Duration // as the router saw them
 	cached      int
 	outTokens   int
-	status      int      // 200 ok, 4xx/5xx rejected or failed
-	errMsg      string   // when status != 200
-	finished    bool     // completed or rejected: counted exactly once
-	onEngine    bool     // added to its engine and not finished there
-	pd          *pdState // disaggregated requests only (pd.go)
+	status      int           // 200 ok, 4xx/5xx rejected or failed
+	errMsg      string        // when status != 200
+	finished    bool          // completed or rejected: counted exactly once
+	onEngine    bool          // added to its engine and not finished there
+	pd          *pdState      // disaggregated requests only (pd.go)
+	held        *held         // its place in its router replica's line, while held (hold.go)
+	heldFor     time.Duration // how long it was held before routing
 }
 
 type simulation struct {
@@ -272,6 +284,7 @@ type simulation struct {
 	now     time.Duration
 	q       agenda
 	rts     []*router.Router // one per router replica
+	lines   []heldLine       // per router replica, its held requests (hold.go); nil without QueueWait
 	precise []*kvindex.Index // per replica, with KV events
 	arrived int              // arrivals so far: the next one goes to replica arrived % len(rts)
 	engines []*simEngine
@@ -418,6 +431,9 @@ func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 			return nil, fmt.Errorf("sim: %w", err)
 		}
 		s.rts = append(s.rts, rt)
+	}
+	if cfg.QueueWait > 0 {
+		s.lines = make([]heldLine, cfg.Routers)
 	}
 	for _, e := range s.engines {
 		e.scrapes = make([]fifo[scrape], cfg.Routers)
@@ -593,6 +609,10 @@ func (s *simulation) handle(ev event) {
 		s.pdPrefilled(ev.arg)
 	case evPDTransferred:
 		s.pdTransferred(ev.arg)
+	case evHoldRetry:
+		s.holdRetry(ev.eng, ev.arg)
+	case evHoldTimeout:
+		s.holdTimeout(ev.arg)
 	}
 }
 
@@ -682,12 +702,25 @@ func (s *simulation) arrive(i int32) {
 	}
 	st.rt = int32(s.arrived % len(s.rts))
 	s.arrived++
-	f, err := s.rts[st.rt].Route(wall(s.now), &st.rreq, nil)
-	if err != nil {
-		st.status, st.errMsg = kvroute.StatusOf(err), err.Error()
-		s.finish(i)
+	if s.lines != nil && s.lines[st.rt].line.Len() > 0 {
+		s.hold(i, nil) // others are held: it waits its turn
 		return
 	}
+	f, err := s.rts[st.rt].Route(wall(s.now), &st.rreq, nil)
+	if err != nil {
+		if se, ok := s.queueable(err); ok {
+			s.hold(i, se)
+			return
+		}
+		s.reject(i, err)
+		return
+	}
+	s.routed(i, f)
+}
+
+// routed sends request i, which routing placed (flight f), on its way.
+func (s *simulation) routed(i int32, f *router.Flight) {
+	st := &s.st[i]
 	if s.planners != nil && s.pdArrive(i, f) {
 		return
 	}
@@ -841,6 +874,7 @@ func (s *simulation) firstToken(i int32) {
 	st := &s.st[i]
 	st.ttft = s.now - st.arrival
 	s.rts[st.rt].FirstToken(wall(s.now), st.flight)
+	s.drained(st.rt)
 }
 
 func (s *simulation) done(i int32) {
@@ -861,6 +895,7 @@ func (s *simulation) done(i int32) {
 		Failed:       failed,
 		Decode:       st.pd != nil, // the decode leg (the prefill's ended in pdPrefilled)
 	})
+	s.drained(st.rt)
 	s.finish(i)
 }
 
@@ -1012,6 +1047,7 @@ func (s *simulation) result() *Result {
 		if rec.OK() {
 			rec.OutputTokens = st.outTokens
 			rec.TTFT = st.ttft
+			rec.Held = st.heldFor
 			rec.E2E = st.e2e
 			rec.Network = 2 * s.cfg.NetLatency
 			rec.FirstDecode = st.firstAt - st.firstStart

@@ -94,7 +94,7 @@ type simOptions struct {
 	kvEventDelay, netLatency    time.Duration
 	routers, routerBlock        int
 	routerText                  bool
-	drain                       time.Duration
+	drain, queueWait            time.Duration
 	parallel                    int
 	quiet                       bool
 	pdMode                      string
@@ -136,6 +136,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.IntVar(&o.routers, "routers", 1, "router replicas behind a load balancer (each sees only its own dispatches between scrapes)")
 	fs.IntVar(&o.routerBlock, "router-block-tokens", sim.DefaultRouterBlockTokens, "the router's prefix block size in tokens (with --kv-events: the engines')")
 	fs.BoolVar(&o.routerText, "router-text", false, "route on the prompt text in characters, as kvroute serve does without a tokenizer (slower; for comparisons with kvroute bench)")
+	fs.DurationVar(&o.queueWait, "queue-wait", sim.DefaultQueueWait, "how long a router holds a request the policy sheds with the queue action (kv-aware overload=queue) before answering 429, as serve's retry.queue_wait (negative = no wait)")
 	fs.DurationVar(&o.drain, "drain", 0, "stop each run this long after the last arrival; requests still open count as errors (0 = run until all finish)")
 	fs.IntVar(&o.parallel, "parallel", 1, "runs to simulate at once (each run is single-threaded)")
 	fs.BoolVar(&o.quiet, "quiet", false, "print only the table (no progress bar or timing)")
@@ -323,6 +324,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		RouterBlockTokens: o.routerBlock,
 		RouterText:        o.routerText,
 		Drain:             o.drain,
+		QueueWait:         o.queueWait,
 		SLO:               sim.SLO{TTFT: o.sloTTFT, TPOT: o.sloTPOT},
 		PD: sim.PDConfig{Mode: disagg.Mode(o.pdMode),
 			Links: disagg.UniformLinks(disagg.Link{Name: "fabric", Gbps: o.pdGbps, Setup: o.pdSetup})},
@@ -411,6 +413,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			"router_block":    strconv.Itoa(o.routerBlock),
 			"router_text":     strconv.FormatBool(o.routerText),
 			"drain":           o.drain.String(),
+			"queue_wait":      max(o.queueWait, 0).String(),
 		},
 	}
 	sweep := len(scales) > 1
@@ -485,11 +488,21 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		if sweep {
 			loadHead = fmt.Sprintf(" %6s", "load")
 		}
+		// held: the router's queue (overload: queue), shown when a run held any.
+		heldCol := slices.ContainsFunc(results, func(r *sim.Result) bool { return r.TTFTBreakdown().Held > 0 })
 		fmt.Fprintln(stdout, "\nTTFT breakdown, mean over completed requests (network = router<->engine round trip):")
-		fmt.Fprintf(stdout, "%-*s%s %9s %9s %9s %9s %11s\n", nw, "name", loadHead, "network", "queue", "prefill", "transfer", "first step")
+		heldHead := ""
+		if heldCol {
+			heldHead = fmt.Sprintf(" %9s", "held")
+		}
+		fmt.Fprintf(stdout, "%-*s%s%s %9s %9s %9s %9s %11s\n", nw, "name", loadHead, heldHead, "network", "queue", "prefill", "transfer", "first step")
 		for i, res := range results {
 			b := res.TTFTBreakdown()
-			fmt.Fprintf(stdout, "%-*s%s %9s %9s %9s %9s %11s\n", nw, res.Policy, load(i), report.FormatDuration(b.Network),
+			held := ""
+			if heldCol {
+				held = fmt.Sprintf(" %9s", report.FormatDuration(b.Held))
+			}
+			fmt.Fprintf(stdout, "%-*s%s%s %9s %9s %9s %9s %11s\n", nw, res.Policy, load(i), held, report.FormatDuration(b.Network),
 				report.FormatDuration(b.Queue), report.FormatDuration(b.Prefill), report.FormatDuration(b.Transfer),
 				report.FormatDuration(b.FirstDecode))
 		}
