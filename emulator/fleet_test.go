@@ -50,6 +50,7 @@ const (
 	envSoakFill      = "KVROUTE_SOAK_FILL"        // 0: skip filling the engines' KV caches before measuring (default: fill)
 	envSoakFloorStep = "KVROUTE_SOAK_FLOOR_STEP"  // the floor's delay per output token, default 6.5ms
 	envSoakRounds    = "KVROUTE_SOAK_ROUNDS"      // measure n windows of KVROUTE_SOAK_SECONDS one after the other, with the fleets kept up; report each and the median
+	envSoakWarm      = "KVROUTE_SOAK_WARM"        // seconds of load before the first round, not measured (default 0): the engines reach steady state (spare sequences, heap)
 )
 
 func envInt(name string, def int) int {
@@ -100,6 +101,10 @@ func setSoakInterval(cfg *Config, n int) { cfg.StreamInterval = n }
 // a while; KVROUTE_SOAK_FILL=0 skips it (the load then fills the 8B
 // profile's caches only after about half a minute, and a shorter run
 // measures engines that never evict).
+// KVROUTE_SOAK_WARM=s first sends s seconds of the load unmeasured: an
+// engine reaches its steady state after several hundred requests (until
+// then Add allocates each request's arrays, as no finished sequence is
+// spare yet, and the heap grows to its peak, each new page a fault).
 // KVROUTE_SOAK_ROUNDS=n measures n windows one after the other on the same
 // fleets (filled once) and reports each and, side by side, the median and
 // range of the differences: a single window's figure moves with the
@@ -186,22 +191,10 @@ func TestFleetCPU(t *testing.T) {
 			}
 		}
 	}
-	rounds := max(1, envInt(envSoakRounds, 1))
-	var overFloor, overAgainst []float64 // per round, side by side
-	for round := range rounds {
-		if rounds > 1 {
-			t.Logf("round %d of %d", round+1, rounds)
-		}
-		for _, f := range fleets {
-			f.done.Store(0)
-			f.failed.Store(0)
-			f.tokens.Store(0)
-			f.latency.Store(0)
-		}
-		for _, f := range fleets {
-			f.cpu0, f.sys0, f.counts0 = f.cpu(t, client)
-		}
-		gen0, start := cputime.Process(), time.Now()
+	// load sends the soak's requests to every fleet for secs seconds (a new
+	// question in every round; round -1 is the warm-up) and waits for them.
+	load := func(round, secs int) {
+		start := time.Now()
 		next := start
 		for i := 0; time.Since(start) < time.Duration(secs)*time.Second; i++ {
 			next = next.Add(time.Duration(rng.ExpFloat64() / rate * float64(time.Second)))
@@ -235,6 +228,34 @@ func TestFleetCPU(t *testing.T) {
 			}
 		}
 		wg.Wait()
+	}
+	if warm := envInt(envSoakWarm, 0); warm > 0 {
+		t0 := time.Now()
+		load(-1, warm)
+		t.Logf("warm-up: %ds of load, not measured (%v with its last requests)", warm, time.Since(t0).Round(time.Second))
+		for _, f := range fleets {
+			if n := f.failed.Load(); n > 0 {
+				t.Errorf("%s: %d requests of the warm-up failed", f.name, n)
+			}
+		}
+	}
+	rounds := max(1, envInt(envSoakRounds, 1))
+	var overFloor, overAgainst []float64 // per round, side by side
+	for round := range rounds {
+		if rounds > 1 {
+			t.Logf("round %d of %d", round+1, rounds)
+		}
+		for _, f := range fleets {
+			f.done.Store(0)
+			f.failed.Store(0)
+			f.tokens.Store(0)
+			f.latency.Store(0)
+		}
+		for _, f := range fleets {
+			f.cpu0, f.sys0, f.counts0 = f.cpu(t, client)
+		}
+		gen0, start := cputime.Process(), time.Now()
+		load(round, secs)
 		wall := time.Since(start)
 		gen := cputime.Process() - gen0
 		perReq := make([]struct{ total, user float64 }, len(fleets))
