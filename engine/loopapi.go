@@ -13,11 +13,10 @@ import "time"
 // DecodeSteps describes its run.
 func (e *Engine) DecodeStepsStarted(now, woke, until, before time.Duration, limit int, run *DecodedRun) int {
 	whole, ctx, finished := e.decodeRun(limit)
+	run.reset()
 	if whole <= 0 {
-		run.reset()
 		return 0
 	}
-	run.reset()
 	start := min(woke, before)
 	r := len(e.running)
 	b := Batch{Seqs: r, Sampled: r, DecodeTokens: r}

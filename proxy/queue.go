@@ -3,8 +3,6 @@ package proxy
 import (
 	"context"
 	"errors"
-	"fmt"
-	"net/http"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -82,9 +80,9 @@ func (p *Proxy) hold(ctx context.Context, pl *pool, req *kvroute.Request, se *ro
 	p.metrics.queued.WithLabelValues(pl.model).Inc()
 	routed := se != nil
 	if !routed {
-		se = behindShed(pl.model)
+		se = router.BehindShed(pl.model)
 	}
-	expired := func() error { return waitedOut(se, wait) }
+	expired := func() error { return router.WaitedOut(se, wait) }
 	ended := func() error {
 		if errors.Is(context.Cause(ctx), errShutdown) {
 			return errShutdown
@@ -139,23 +137,6 @@ func (p *Proxy) hold(ctx context.Context, pl *pool, req *kvroute.Request, se *ro
 		routed = true
 		pause = min(max(2*pause, p.queuePause.first), p.queuePause.max)
 	}
-}
-
-// behindShed is the shed error of a request that waited in line behind
-// others and was not routed (its queue_wait ran out first, or its client
-// went away).
-func behindShed(model string) *router.ShedError {
-	return &router.ShedError{Err: kvroute.Error{Status: http.StatusTooManyRequests, Type: kvroute.TypeOverloaded, Code: "overloaded",
-		Message: fmt.Sprintf("model %q is overloaded: requests held before this one were still waiting for room", model)}}
-}
-
-// waitedOut is the answer to a request whose queue_wait ran out: the last
-// shed error, saying so.
-func waitedOut(se *router.ShedError, wait time.Duration) error {
-	out := *se
-	out.Err.Message = fmt.Sprintf("%s; still overloaded after the request waited %v in the router's queue (retry.queue_wait)",
-		se.Err.Message, wait)
-	return &out
 }
 
 // waitLine is one pool's held requests, in a router.Line's fair order by

@@ -1,8 +1,12 @@
 package router
 
 import (
+	"fmt"
+	"net/http"
 	"slices"
 	"time"
+
+	"github.com/kvroute/kvroute"
 )
 
 // Line orders a pool's held requests: those the policy shed with the
@@ -110,3 +114,21 @@ const (
 	LinePauseFirst = 10 * time.Millisecond
 	LinePauseMax   = 200 * time.Millisecond
 )
+
+// BehindShed is the shed error of a request that waited in a line behind
+// others and was never routed (its wait ran out first, or its client went
+// away).
+func BehindShed(model string) *ShedError {
+	return &ShedError{Err: kvroute.Error{Status: http.StatusTooManyRequests, Type: kvroute.TypeOverloaded, Code: "overloaded",
+		Message: fmt.Sprintf("model %q is overloaded: requests held before this one were still waiting for room", model)}}
+}
+
+// WaitedOut is the answer to a held request whose wait ran out: the last
+// shed error (BehindShed for one never routed), saying how long it waited
+// (retry.queue_wait).
+func WaitedOut(se *ShedError, wait time.Duration) *ShedError {
+	out := *se
+	out.Err.Message = fmt.Sprintf("%s; still overloaded after the request waited %v in the router's queue (retry.queue_wait)",
+		se.Err.Message, wait)
+	return &out
+}

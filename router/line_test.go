@@ -2,8 +2,12 @@ package router
 
 import (
 	"math/rand/v2"
+	"net/http"
 	"slices"
 	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute"
 )
 
 // drain leaves the head of l until it is empty and returns the order the
@@ -154,5 +158,20 @@ func TestLineProperties(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+func TestWaitedOut(t *testing.T) {
+	se := BehindShed("m")
+	out := WaitedOut(se, 5*time.Second)
+	if out.Err.Status != http.StatusTooManyRequests || out.Err.Type != kvroute.TypeOverloaded {
+		t.Errorf("status %d type %q, want 429 overloaded", out.Err.Status, out.Err.Type)
+	}
+	want := `model "m" is overloaded: requests held before this one were still waiting for room; still overloaded after the request waited 5s in the router's queue (retry.queue_wait)`
+	if out.Error() != want {
+		t.Errorf("error %q\nwant  %q", out.Error(), want)
+	}
+	if se.Err.Message == out.Err.Message {
+		t.Error("WaitedOut changed the shed it was given")
 	}
 }

@@ -2,8 +2,6 @@ package sim
 
 import (
 	"errors"
-	"fmt"
-	"net/http"
 	"time"
 
 	"github.com/kvroute/kvroute"
@@ -134,15 +132,12 @@ func (s *simulation) holdTimeout(i int32) {
 	if st.held == nil {
 		return // routed or rejected meanwhile
 	}
-	h := st.held
-	s.unhold(i)
-	msg := fmt.Sprintf("model %q is overloaded: requests held before this one were still waiting for room", s.cfg.Model)
-	if h.shed != nil {
-		msg = h.shed.Err.Message
+	se := st.held.shed
+	if se == nil {
+		se = router.BehindShed(s.cfg.Model)
 	}
-	st.status = http.StatusTooManyRequests
-	st.errMsg = fmt.Sprintf("%s; still overloaded after the request waited %v in the router's queue (retry.queue_wait)", msg, s.cfg.QueueWait)
-	s.finish(i)
+	s.unhold(i)
+	s.reject(i, router.WaitedOut(se, s.cfg.QueueWait))
 }
 
 // unhold takes request i out of its line; when it was the head, the next
