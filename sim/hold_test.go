@@ -1,7 +1,11 @@
 package sim
 
 import (
+	"bytes"
+	"encoding/csv"
 	"net/http"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -86,6 +90,21 @@ func TestHoldQueue(t *testing.T) {
 	}
 	if b := res.TTFTBreakdown(); b.Held <= 0 {
 		t.Errorf("breakdown %+v, want a mean hold", b)
+	}
+	// requests.csv carries each request's hold.
+	var buf bytes.Buffer
+	if err := WriteRecordsCSV(&buf, []string{"cap"}, []*Result{res}); err != nil {
+		t.Fatal(err)
+	}
+	rows, err := csv.NewReader(&buf).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	col := slices.Index(rows[0], "held_ms")
+	for k, r := range res.Records {
+		if want := strconv.FormatFloat(float64(r.Held)/1e6, 'f', 3, 64); col < 0 || rows[k+1][col] != want {
+			t.Fatalf("requests.csv: %s's held_ms (column %d) is not %s: %v", r.ID, col, want, rows[k+1])
+		}
 	}
 
 	// The same run with no wait: the queue sheds are 429s at once.

@@ -11,7 +11,7 @@ import (
 // recordsHeader is the header of WriteRecordsCSV; durations are in
 // milliseconds.
 var recordsHeader = []string{"run", "id", "engine", "arrival_s", "status", "prompt_tokens", "cached_tokens",
-	"output_tokens", "preemptions", "ttft_ms", "network_ms", "queue_ms", "prefill_ms", "transfer_ms", "first_step_ms", "tpot_ms",
+	"output_tokens", "preemptions", "ttft_ms", "held_ms", "network_ms", "queue_ms", "prefill_ms", "transfer_ms", "first_step_ms", "tpot_ms",
 	"e2e_ms", "error"}
 
 // WriteRecordsCSV writes one line per request of each result, labelled
@@ -31,7 +31,7 @@ func WriteRecordsCSV(w io.Writer, runs []string, results []*Result) error {
 			r := &res.Records[i]
 			line = append(line[:0], runs[k], r.ID, r.Engine, strconv.FormatFloat(r.Arrival.Seconds(), 'f', 6, 64),
 				strconv.Itoa(r.Status), strconv.Itoa(r.PromptTokens), strconv.Itoa(r.CachedTokens),
-				strconv.Itoa(r.OutputTokens), strconv.Itoa(r.Preemptions), ms(r.TTFT), ms(r.Network), ms(r.Queue),
+				strconv.Itoa(r.OutputTokens), strconv.Itoa(r.Preemptions), ms(r.TTFT), ms(r.Held), ms(r.Network), ms(r.Queue),
 				ms(r.Prefill), ms(r.Transfer), ms(r.FirstDecode), ms(r.TPOT), ms(r.E2E), r.Error)
 			if err := cw.Write(line); err != nil {
 				return fmt.Errorf("sim: write records: %w", err)
