@@ -27,11 +27,11 @@ import (
 // A Line is a pure value, not safe for concurrent use. The zero value is an
 // empty line.
 type Line[T comparable] struct {
-	q       []lineEntry[T] // in the order they joined
-	head    int            // q's index of the head; meaningless when q is empty
-	vnow    uint64         // the tag of the last head
-	last    map[string]uint64
-	tenants map[string]int // per tenant, its requests in line
+	q       []lineEntry[T]    // in the order they joined
+	head    int               // q's index of the head; meaningless when q is empty
+	vnow    uint64            // the tag of the last head
+	last    map[string]uint64 // per tenant with requests in line, its last tag
+	tenants map[string]int    // per tenant, its requests in line
 }
 
 type lineEntry[T comparable] struct {
