@@ -525,3 +525,45 @@ func TestHotPrefixesDeterministic(t *testing.T) {
 		t.Errorf("hot prefixes %+v: want the first three requested (loads increasing with their outputs)", want)
 	}
 }
+
+// TestPlanTableNoFleet: a column whose search found no fleet shows only its
+// method and verdict; it printed the KV capacity of its engine profile, a
+// 0.0% hit rate and "0.00 req/s" as if zero engines had run.
+func TestPlanTableNoFleet(t *testing.T) {
+	ms := time.Millisecond
+	r := &Result{Name: "baseline", Cheapest: "aggregated", Demand: &Demand{}, SLO: SLO{TTFT: Target{Quantile: 0.9, Limit: time.Second}},
+		Aggregated: Fleet{Mode: "aggregated", Method: "simulated", Meets: true, Engines: 3, GPUs: 3, KVCapacityTokens: 1000,
+			HitRate: 0.25, TTFT: Latency{P50: ms, P90: 2 * ms, P99: 3 * ms}, ThroughputRPS: 2},
+		AggregatedModel:    Fleet{Mode: "aggregated", Method: "analytical", Meets: true, Engines: 2, GPUs: 2, KVCapacityTokens: 1000},
+		Disaggregated:      Fleet{Mode: "disaggregated", Method: "simulated", KVCapacityTokens: 1000},
+		DisaggregatedModel: Fleet{Mode: "disaggregated", Method: "analytical", Engines: 4, Prefill: 1, Decode: 3, KVCapacityTokens: 1000},
+	}
+	var b strings.Builder
+	r.writeText(&b, false)
+	cols := func(name string) []string {
+		for line := range strings.Lines(b.String()) {
+			if rest, ok := strings.CutPrefix(line, name+" "); ok {
+				return strings.Fields(strings.ReplaceAll(rest, " tokens", "_tokens"))
+			}
+		}
+		t.Fatalf("no row %q in:\n%s", name, b.String())
+		return nil
+	}
+	for _, tc := range []struct {
+		row  string
+		want string
+	}{
+		{"method", "simulated analytical simulated analytical"},
+		{"meets SLO", "yes yes NO NO"},
+		{"engines", "3 2 - 4"},
+		{"KV capacity / engine", "1000_tokens 1000_tokens - 1000_tokens"},
+		{"prefix hit rate", "25.0% 0.0% - 0.0%"},
+	} {
+		if got := strings.Join(cols(tc.row), " "); got != tc.want {
+			t.Errorf("row %q: %q, want %q", tc.row, got, tc.want)
+		}
+	}
+	if !strings.Contains(b.String(), "cheapest: aggregated, 3 engines (3 GPUs, simulated; disaggregated needs no fleet that meets the SLO)") {
+		t.Errorf("no cheapest line in:\n%s", b.String())
+	}
+}

@@ -78,11 +78,20 @@ func (r *Result) writeText(b *strings.Builder, md bool) {
 	a, m, dd, dm := &r.Aggregated, &r.AggregatedModel, &r.Disaggregated, &r.DisaggregatedModel
 	tw := tabwriter.NewWriter(b, 0, 0, 2, ' ', 0)
 	fmt.Fprintf(tw, "\taggregated\taggregated (model)\tdisaggregated\tdisaggregated (model)\t\n")
+	// A column with no fleet (no size of it met the SLO within the
+	// search) has only its method and verdict: no capacity, hit rate or
+	// throughput of zero engines.
 	row := func(name string, f func(*Fleet) string) {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", name, f(a), f(m), f(dd), f(dm))
+		cell := func(x *Fleet) string {
+			if x.Engines == 0 {
+				return "-"
+			}
+			return f(x)
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t\n", name, cell(a), cell(m), cell(dd), cell(dm))
 	}
-	row("method", func(f *Fleet) string { return f.Method })
-	row("meets SLO", func(f *Fleet) string { return yes(f.Meets) })
+	fmt.Fprintf(tw, "method\t%s\t%s\t%s\t%s\t\n", a.Method, m.Method, dd.Method, dm.Method)
+	fmt.Fprintf(tw, "meets SLO\t%s\t%s\t%s\t%s\t\n", yes(a.Meets), yes(m.Meets), yes(dd.Meets), yes(dm.Meets))
 	row("engines", func(f *Fleet) string { return fmt.Sprint(f.Engines) })
 	row("prefill:decode", func(f *Fleet) string { return f.Ratio() })
 	row("GPUs", func(f *Fleet) string { return fmt.Sprint(f.GPUs) })
