@@ -221,8 +221,8 @@ func fidelityWatch(threshold time.Duration) *fidelityStalls {
 			select {
 			case <-w.stop:
 				return
-			case now := <-tk.C:
-				now = time.Now() // the tick's time is when it was due, not when we ran
+			case <-tk.C:
+				now := time.Now() // not the tick's time, which is when it was due rather than when we ran
 				if now.Sub(last) > w.threshold {
 					w.mu.Lock()
 					w.wins = append(w.wins, [2]time.Time{last, now})

@@ -324,7 +324,7 @@ func FuzzParseRank(f *testing.F) {
 				return -1
 			}
 			return r
-		}, strings.Trim(s, " \t\n\v\f\r\x1c\x1d\x1e\x1f\x85\xa0"))
+		}, trimLatin1Space(s))
 		if strings.TrimLeft(plain, "0") != strings.TrimPrefix(digits, "0") {
 			t.Fatalf("parseRank(%q) = %q, want the digits of %q", s, digits, plain)
 		}
@@ -624,4 +624,19 @@ func TestDPPrefillLegOnRank(t *testing.T) {
 		u, _ := sample(scrape(t, ps.URL), "vllm:kv_cache_usage_perc", map[string]string{"engine": "1"})
 		return u == 0
 	})
+}
+
+// trimLatin1Space removes the bytes str.isspace is true for, read as
+// Latin-1 (\t\n\v\f\r, \x1c-\x1f, space, NEL, NBSP), from both ends of s:
+// byte by byte, as strings.Trim would decode s as UTF-8.
+func trimLatin1Space(s string) string {
+	const spaces = " \t\n\v\f\r\x1c\x1d\x1e\x1f"
+	space := func(c byte) bool { return strings.IndexByte(spaces, c) >= 0 || c == 0x85 || c == 0xa0 }
+	for s != "" && space(s[0]) {
+		s = s[1:]
+	}
+	for s != "" && space(s[len(s)-1]) {
+		s = s[:len(s)-1]
+	}
+	return s
 }

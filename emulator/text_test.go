@@ -82,7 +82,7 @@ func TestEOSAt(t *testing.T) {
 	if mean := float64(sum) / n; mean < 90 || mean > 110 {
 		t.Errorf("got mean %.1f, want about 100", mean)
 	}
-	if eosAt(7, 50) != eosAt(7, 50) {
+	if a, b := eosAt(7, 50), eosAt(7, 50); a != b {
 		t.Errorf("eosAt is not deterministic")
 	}
 }
