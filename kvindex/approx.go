@@ -464,9 +464,9 @@ func (a *Approx) Match(now time.Time, hashes []uint64, dst []Hit) []Hit {
 
 // MatchUnordered is Match for chained hashes (each block's hash determines
 // the blocks before it, as HashText's, HashTokens' and vLLM's do), with
-// the hits in no particular order: the router's. It reads O(log n) blocks
-// per distinct match depth instead of every block: Record makes a prompt's
-// first block its most recent and each block more recent than the next,
+// the hits in no particular order (the router's form of it is MatchSlots).
+// It reads O(log n) blocks per distinct match depth instead of every
+// block: Record makes a prompt's first block its most recent and each block more recent than the next,
 // and eviction and expiry take the least recent first, so what an endpoint
 // holds of a chain is always a prefix of it, and the depth at which each
 // endpoint stops holding the query can be found by bisection. (Match reads
