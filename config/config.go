@@ -255,7 +255,8 @@ type Router struct {
 	// StaleAfter is the age past which engine signals are stale; default 1s.
 	StaleAfter time.Duration `yaml:"stale_after"`
 	// FailThreshold is the number of consecutive connect errors or 5xx
-	// responses that eject an endpoint; default 3.
+	// responses (but 501 and 505, which say nothing of the engine's health)
+	// that eject an endpoint; default 3.
 	FailThreshold int `yaml:"fail_threshold"`
 	// BaseEjection is the first ejection's length, doubled on each
 	// consecutive ejection; default 1s.
@@ -350,7 +351,8 @@ type Limits struct {
 // connection that failed after the request was sent and before the
 // response's first body byte (the engine may have run part of the work: an
 // engine that crashed mid-generation, or after a stream's headers; the
-// headers reach the client only with that byte), or a 5xx response. A
+// headers reach the client only with that byte), or a 5xx response but
+// 501 and 505 (another engine would answer the same). A
 // response whose headers, or first body byte, took longer than
 // timeouts.upstream_header is not retried.
 type Retry struct {

@@ -34,7 +34,7 @@ to that model's pool of endpoints, using the model's routing policy, and
 forwarded byte for byte; event streams are passed through chunk by chunk. A
 connect error, a connection that failed after the request was sent and before
 the response's first body byte (the engine may have run part of the work), or
-a 5xx, all before the first response byte reached the client, is retried on
+a 5xx (not 501 or 505), all before the first response byte reached the client, is retried on
 another endpoint (retry.attempts). GET /v1/models lists the models. The router's own
 endpoints: /metrics (Prometheus), /healthz, /readyz, /debug/decisions and
 /debug/endpoints (open with debug.enabled or --debug, else they need the admin token),
