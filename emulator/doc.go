@@ -231,7 +231,11 @@
 // cached (BlockStored events, as vLLM's _update_waiting_for_remote_kv
 // caches them) and the request computes its last prompt token, then
 // decodes (usage cached_tokens: the prompt less that token). A client that
-// leaves during the pull aborts the request at once; with NixlConnector
+// leaves before the pull starts aborts the request, and with NixlConnector
+// the decode engine tells the prefill engine, which frees the blocks it
+// held for it (as vLLM's worker notifies it of a read of no blocks) rather
+// than when their lease expires. A client that leaves during the pull
+// aborts the request at once; with NixlConnector
 // the transfer runs to its end and only then are the blocks it writes
 // into freed, on both engines, as vLLM frees them; with SGLang's protocol
 // the pull stops and the decode engine frees them at once, as SGLang does

@@ -184,6 +184,7 @@ func (s *Server) awaitPull(w http.ResponseWriter, r *http.Request, j *job) bool 
 		return true
 	case <-ctx.Done():
 		s.abort(j)
+		s.releaseRemote(ctx, j)
 		return false
 	}
 	p := j.pull
@@ -247,6 +248,33 @@ func (s *Server) pullFor(ctx context.Context, j *job) (left bool, err error) {
 	}
 	return false, err
 }
+
+// releaseRemote tells the prefill engine that j, a NixlConnector decode
+// leg aborted before its transfer started, will not read its KV, so that
+// the prefill engine frees the blocks it holds for it now rather than when
+// their lease expires: vLLM's scheduler, finishing a request still marked
+// do_remote_prefill (request_finished), has its worker send the prefill
+// engine the notification of a read of no blocks. Here that is a pull of
+// no transfer time, made by the handler after its client left, bounded by
+// releaseWait and the server's life. SGLang's decode engine has no such
+// message before its transfer starts: the prefill engine's lease expires.
+func (s *Server) releaseRemote(ctx context.Context, j *job) {
+	p := j.pull
+	if p == nil || !p.local {
+		return
+	}
+	pr := p.pr
+	pr.TransferSeconds = 0
+	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseWait)
+	defer cancel()
+	defer context.AfterFunc(s.life, cancel)()
+	if _, err := s.pull(ctx, p.host, p.port, pr); err != nil {
+		s.cfg.Logger.Warn("kv release: the prefill engine was not told to free the blocks of an aborted decode leg", "request", j.engineID, "err", err)
+	}
+}
+
+// releaseWait bounds releaseRemote's call.
+const releaseWait = 5 * time.Second
 
 // abortPulled aborts j, a decode leg whose transfer has ended (ok: its KV
 // arrived): the engine reports the abort at once and frees the blocks it

@@ -374,3 +374,49 @@ func TestPDAbortBeforePullStarts(t *testing.T) {
 			got.AbortedLoading, got.FreeBlocks, got.NumGPUBlocks)
 	}
 }
+
+// TestPDAbortBeforeAdmissionFreesPrefill: a NixlConnector decode leg whose
+// client leaves while it waits for blocks tells the prefill engine, which
+// frees the blocks it held for it at once rather than when their lease
+// expires (an hour here), as vLLM's decode scheduler has its worker notify
+// the prefill engine of a read of no blocks (request_finished on a request
+// still do_remote_prefill).
+func TestPDAbortBeforeAdmissionFreesPrefill(t *testing.T) {
+	_, ps := testServer(t, Config{Role: kvroute.RolePrefill, LeaseTimeout: time.Hour})
+	eng := tinyEngine(t)
+	eng.NumGPUBlocks = 32
+	_, ds := testServer(t, Config{Engine: eng, LeaseTimeout: time.Hour, LoadFailure: LoadFailureFail})
+
+	prefill := func(url string, prompt []int) map[string]any {
+		t.Helper()
+		b, _ := json.Marshal(map[string]any{"prompt": prompt, "max_tokens": 1, "kv_transfer_params": map[string]any{"do_remote_decode": true}})
+		code, body := post(t, url+"/v1/completions", string(b))
+		var c openai.Completion
+		if err := json.Unmarshal(body, &c); code != 200 || err != nil || c.KVTransferParams == nil {
+			t.Fatalf("prefill leg: got %d %s", code, body)
+		}
+		return c.KVTransferParams
+	}
+	kv := prefill(ps.URL, promptIDs(1, 256))
+	if u := kvUsage(t, ps.URL); u <= 0 {
+		t.Fatalf("prefill engine: KV usage %v while it holds the lease, want > 0", u)
+	}
+	// The decode engine holds a lease of its own on 19 of its 32 blocks:
+	// the decode leg's 16 do not fit, and it waits.
+	prefill(ds.URL, promptIDs(600, 300))
+	ctx, cancel := context.WithCancel(context.Background())
+	b, _ := json.Marshal(map[string]any{"prompt": promptIDs(1, 256), "max_tokens": 3, "kv_transfer_params": kv})
+	wait := sendAsync(ctx, ds.URL+"/v1/completions", string(b))
+	waitFor(t, "the decode leg to wait", func() bool { return gaugeOf(t, scrape(t, ds.URL), "vllm:num_requests_waiting") == 1 })
+	cancel()
+	if _, _, err := wait(); err == nil {
+		t.Fatal("the cancelled decode leg was answered")
+	}
+	waitFor(t, "the prefill engine to free the aborted leg's blocks", func() bool { return kvUsage(t, ps.URL) == 0 })
+	waitFor(t, "the decode engine to drop the leg", func() bool { return gaugeOf(t, scrape(t, ds.URL), "vllm:num_requests_waiting") == 0 })
+	// The lease is gone: a pull finds nothing.
+	rb, _ := json.Marshal(PullRequest{RemoteRequestID: kv["remote_request_id"].(string)})
+	if code, body := post(t, ps.URL+"/internal/kv/pull", string(rb)); code != http.StatusNotFound {
+		t.Errorf("pull after the release: got %d %s, want 404", code, body)
+	}
+}
