@@ -319,7 +319,8 @@ func (s *Server) pull(ctx context.Context, host string, port int, pr PullRequest
 }
 
 // kvTransferParams is the prefill leg's answer (NixlConnector,
-// pull_scheduler form), or nil for a request the engine ended on its one
+// pull_scheduler form: NixlPullConnectorScheduler.request_finished's
+// fields), or nil for a request the engine ended on its one
 // token (EOS), whose lease ends at once: vLLM's connector hands over only
 // the KV of a request its length cap ended (FINISHED_LENGTH_CAPPED) and
 // frees the blocks of any other. A stop string is matched by the front
@@ -342,7 +343,12 @@ func (s *Server) kvTransferParams(j *job) map[string]any {
 		"remote_host":       s.cfg.AdvertiseHost,
 		"remote_port":       s.cfg.AdvertisePort,
 		"tp_size":           s.prof.TP,
+		"dcp_size":          1, // no decode context parallelism
+		"pp_size":           1, // profiles are tensor parallel only
 		"remote_num_tokens": len(j.prompt),
+		// Set by a decode engine only (for a later turn's read-back).
+		"remote_blocks_expiry_time": nil,
+		"transfer_mode":             "pull",
 	}
 }
 

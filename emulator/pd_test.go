@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
 	"net/http"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -57,6 +59,17 @@ func TestPDNixlHandshake(t *testing.T) {
 	}
 	if ids, _ := kv["remote_block_ids"].([]any); len(ids) == 0 {
 		t.Errorf("got remote_block_ids %v, want the held blocks", kv["remote_block_ids"])
+	}
+	// The newest NixlConnector's fields (pull_scheduler), and no other.
+	keys := slices.Sorted(maps.Keys(kv))
+	if want := []string{"dcp_size", "do_remote_decode", "do_remote_prefill", "pp_size", "remote_block_ids",
+		"remote_blocks_expiry_time", "remote_engine_id", "remote_host", "remote_num_tokens", "remote_port",
+		"remote_request_id", "tp_size", "transfer_mode"}; !slices.Equal(keys, want) {
+		t.Errorf("kv_transfer_params keys %v, want %v", keys, want)
+	}
+	if kv["transfer_mode"] != "pull" || kv["remote_blocks_expiry_time"] != nil || kv["dcp_size"] != float64(1) ||
+		kv["pp_size"] != float64(1) || kv["remote_num_tokens"] != float64(pr.Usage.PromptTokens) {
+		t.Errorf("got kv_transfer_params %v", kv)
 	}
 	if u := kvUsage(t, ps.URL); u <= 0 {
 		t.Errorf("prefill engine: got KV usage %v while holding the blocks, want > 0", u)
