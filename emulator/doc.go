@@ -14,7 +14,9 @@
 //     reads it for a text-only model (the text of its text, input_text,
 //     output_text, refusal and thinking parts and of plain strings, joined
 //     with "\n"), and an image, audio or video part is vLLM's 400 "<model>
-//     is not a multimodal model";
+//     is not a multimodal model"; usage always has
+//     prompt_tokens_details.cached_tokens (streamed usage chunks too), as
+//     vLLM's with --enable-prompt-tokens-details, which is off by default;
 //   - GET /metrics in the vLLM (current or legacy names), SGLang or llama.cpp
 //     flavour, on a private Prometheus registry; a request a stop string
 //     ended counts, in vllm:generation_tokens_total, its finish (reason
