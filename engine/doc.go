@@ -123,8 +123,9 @@
 //   - Costs are an analytic roofline, not measured kernels: no CUDA-graph
 //     batch padding, no sampler or detokeniser cost beyond a per-sequence
 //     constant, no async scheduling overlap, no speculative decoding.
-//   - One KV cache group (no hybrid/sliding-window models), no LoRA, no
-//     multimodal or cache_salt extra keys, no CPU offload tier.
+//   - One KV cache group (no hybrid/sliding-window models), no LoRA or
+//     multimodal extra keys (cache_salt's is: Request.CacheSalt), no CPU
+//     offload tier.
 //   - vLLM's reserved null block is not modelled; KV usage is
 //     used blocks / NumGPUBlocks.
 //

@@ -94,7 +94,11 @@ type Request struct {
 	// driver ends the wait with LoadedKV. A prompt shorter than one block
 	// has no KV to move: it is computed as usual. It takes precedence over
 	// SkipPrefill.
-	RemoteKV bool
+	RemoteKV bool // CacheSalt is vLLM's cache_salt: the extra key of the prompt's first
+	// block's hash (HashFunc.Salted), so that requests with different salts,
+	// or a salt and none, share no cached block. Used only with Prompt (the
+	// caller's BlockHashes are taken as they are).
+	CacheSalt string
 }
 
 // KVLoad is a RemoteKV request admitted in a step: it holds the blocks of
@@ -430,6 +434,9 @@ func (e *Engine) recycle(s *sequence) {
 	if s.run != 0 {
 		return // its retired run holds it; endRun recycles it
 	}
+	if len(e.salts) > 0 {
+		delete(e.salts, s)
+	}
 	if e.cfg.NoEvents && len(e.spare) < max(maxSpare, e.sweepAt) {
 		e.spare = append(e.spare, s)
 	}
@@ -517,7 +524,11 @@ type Engine struct {
 	ahead          uint64      // keysAhead's and hitsAhead's loads, kept so that they are made
 	keepGen        bool        // generated tokens are kept in sequence.tokens (KV events report them)
 	blockBuf       []uint32    // nextKey's scratch: a block's tokens recomputed
-	stats          Stats
+	// salts holds the CacheSalt of the live sequences whose first block is
+	// keyed after Add (prompts shorter than a block; nextKey), until
+	// recycle.
+	salts map[*sequence]string
+	stats Stats
 
 	// Deferred keys (deferred.go): with prefix caching and no KV events.
 	deferKeys bool
@@ -578,7 +589,7 @@ func New(cfg Config) (*Engine, error) {
 		cfg: cfg, prof: p, bs: p.BlockSize, maxSeqs: p.MaxNumSeqs, budget: p.MaxNumBatchedTokens,
 		maxLen: p.MaxModelLen, cost: newCostModel(p), hash: cfg.HashFunc, speed: cfg.Speed,
 		sampler: Sampler{vocab: uint32(p.Model.Vocab), eos: p.Model.EOSTokenID}, caching: !cfg.DisablePrefixCaching,
-		pool: newBlockPool(p.NumGPUBlocks), seqs: make(map[string]*sequence),
+		pool: newBlockPool(p.NumGPUBlocks), seqs: make(map[string]*sequence), salts: make(map[*sequence]string),
 	}
 	if v := cfg.OutputVocab; v > 0 && v < p.Model.Vocab {
 		e.sampler.vocab = uint32(v)
@@ -669,8 +680,11 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 		if e.caching {
 			s.hashes = sized(spare.hashes, 0, full+min(maxTok, 4096)/e.bs+1)
 			s.ownHashes = true
-			s.parent, s.hashes = chainKeys(e.hash, e.hash.None(), r.Prompt[:full*e.bs], e.bs, s.hashes)
+			s.parent, s.hashes = chainPrompt(e.hash, r.CacheSalt, r.Prompt[:full*e.bs], e.bs, s.hashes)
 			s.parentN = int32(full)
+			if full == 0 && r.CacheSalt != "" {
+				e.salts[s] = r.CacheSalt // for its first block's key (nextKey)
+			}
 		}
 		e.keepTokens(s, r.Prompt, spare.tokens, maxTok)
 	}
@@ -926,7 +940,11 @@ func (e *Engine) PrefixHit(r *Request) int {
 	}
 	parent := e.hash.None()
 	for i := 0; i < limit && (i+1)*e.bs <= len(r.Prompt); i++ {
-		parent = e.hash.Block(parent, r.Prompt[i*e.bs:(i+1)*e.bs])
+		if block := r.Prompt[i*e.bs : (i+1)*e.bs]; i == 0 && r.CacheSalt != "" {
+			parent = e.hash.Salted(block, r.CacheSalt)
+		} else {
+			parent = e.hash.Block(parent, block)
+		}
 		e.findDeferred(parent.Key())
 		if _, ok := e.pool.lookup(parent.Key()); !ok {
 			break

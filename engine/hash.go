@@ -37,6 +37,12 @@ type HashFunc interface {
 	None() Digest
 	// Block returns the hash of one full block of tokens given its parent.
 	Block(parent Digest, tokens []uint32) Digest
+	// Salted returns the hash of a sequence's first block (its parent
+	// None()) with vLLM's cache_salt as the block's extra key
+	// (generate_block_hash_extra_keys adds the salt to the block starting
+	// at token 0 only): the chains of two salts, or of a salt and none,
+	// share no block, so neither request can hit the other's cache.
+	Salted(tokens []uint32, salt string) Digest
 }
 
 // Hash function names accepted by NewHashFunc.
@@ -88,6 +94,20 @@ func (xxh3Hash) Block(parent Digest, tokens []uint32) Digest {
 	return digestOf(xxh3Block(parent.Key(), tokens))
 }
 
+// Salted chains the first block from the salt's root (SaltRoot) instead of
+// the seed, as kvindex.HashTokensSalted does.
+func (xxh3Hash) Salted(tokens []uint32, salt string) Digest {
+	return digestOf(xxh3Block(SaltRoot(salt), tokens))
+}
+
+// SaltRoot is the parent of a salted chain's first block in the xxh3 chain:
+// XXH3-64 of the salt's bytes seeded with the chain's seed (0 mapped to 1).
+// kvindex.SaltRoot is the same function, so that a router hashing a salted
+// prompt computes the keys this engine publishes.
+func SaltRoot(salt string) uint64 {
+	return nonZero(xxh3.HashStringSeed(salt, xxh3Seed))
+}
+
 func xxh3Block(parent uint64, tokens []uint32) uint64 {
 	if len(tokens) == 0 {
 		return nonZero(xxh3.HashSeed(nil, parent))
@@ -102,6 +122,16 @@ func xxh3Block(parent uint64, tokens []uint32) uint64 {
 		}
 	}
 	return nonZero(xxh3.HashSeed(b, parent))
+}
+
+// chainPrompt is chainKeys from the start of a chain (None()), its first
+// block salted when salt is set (HashFunc.Salted).
+func chainPrompt(h HashFunc, salt string, tokens []uint32, bs int, keys []uint64) (Digest, []uint64) {
+	if salt == "" || len(tokens) < bs {
+		return chainKeys(h, h.None(), tokens, bs, keys)
+	}
+	first := h.Salted(tokens[:bs], salt)
+	return chainKeys(h, first, tokens[bs:], bs, append(keys, first.Key()))
 }
 
 // chainKeys appends to keys the keys of the blocks of tokens (bs tokens
@@ -139,9 +169,10 @@ func nonZero(h uint64) uint64 {
 }
 
 // SHA256 returns vLLM's "sha256" prefix-caching hash: sha256 of the pickle
-// (protocol 5) of the tuple (parent_digest_bytes, tuple(token_ids), None),
-// with NONE_HASH = sha256(pickle(seed)). No extra keys (LoRA, multimodal,
-// cache_salt) are modelled.
+// (protocol 5) of the tuple (parent_digest_bytes, tuple(token_ids),
+// extra_keys), with NONE_HASH = sha256(pickle(seed)). extra_keys is None
+// but for a salted first block's (cache_salt,); LoRA and multimodal extra
+// keys are not modelled.
 func SHA256(seed string) HashFunc {
 	h := sha256Pickle{}
 	h.none = sha256.Sum256(pickleString(nil, seed))
@@ -155,7 +186,12 @@ func (h sha256Pickle) None() Digest { return h.none }
 
 func (h sha256Pickle) Block(parent Digest, tokens []uint32) Digest {
 	var buf [1024]byte
-	return sha256.Sum256(pickleBlock(buf[:0], &parent, tokens))
+	return sha256.Sum256(pickleBlock(buf[:0], &parent, tokens, nil))
+}
+
+func (h sha256Pickle) Salted(tokens []uint32, salt string) Digest {
+	var buf [1024]byte
+	return sha256.Sum256(pickleBlock(buf[:0], &h.none, tokens, &salt))
 }
 
 // Pickle opcodes (Python's pickle module, protocol 5).
@@ -193,18 +229,27 @@ func pickleFrame(dst []byte, body func([]byte) []byte) []byte {
 
 func pickleString(dst []byte, s string) []byte {
 	return pickleFrame(dst, func(b []byte) []byte {
-		if len(s) < 256 {
-			b = append(b, opShortBinUnicod, byte(len(s)))
-		} else {
-			b = append(b, opBinUnicode)
-			b = binary.LittleEndian.AppendUint32(b, uint32(len(s)))
-		}
-		b = append(b, s...)
-		return append(b, opMemoize, opStop)
+		return append(pickleStr(b, s), opStop)
 	})
 }
 
-func pickleBlock(dst []byte, parent *Digest, tokens []uint32) []byte {
+// pickleStr appends a str's opcodes (a memoized unicode string; s is UTF-8,
+// as a Python str pickles).
+func pickleStr(b []byte, s string) []byte {
+	if len(s) < 256 {
+		b = append(b, opShortBinUnicod, byte(len(s)))
+	} else {
+		b = append(b, opBinUnicode)
+		b = binary.LittleEndian.AppendUint32(b, uint32(len(s)))
+	}
+	b = append(b, s...)
+	return append(b, opMemoize)
+}
+
+// pickleBlock pickles (parent, tuple(tokens), extra keys): None, or the
+// 1-tuple (*salt,). CPython frames a pickle of more than 64 KiB in several
+// frames: a salt that long is not pickled as vLLM pickles it.
+func pickleBlock(dst []byte, parent *Digest, tokens []uint32, salt *string) []byte {
 	dst = append(dst, opProto, 5, opFrame, 0, 0, 0, 0, 0, 0, 0, 0)
 	start := len(dst)
 	dst = append(dst, opShortBinBytes, 32)
@@ -221,7 +266,13 @@ func pickleBlock(dst []byte, parent *Digest, tokens []uint32) []byte {
 		dst = pickleInts(dst, tokens)
 		dst = append(dst, opTuple, opMemoize)
 	}
-	dst = append(dst, opNone, opTuple3, opMemoize, opStop)
+	if salt == nil {
+		dst = append(dst, opNone)
+	} else {
+		dst = pickleStr(dst, *salt)
+		dst = append(dst, opTuple1, opMemoize)
+	}
+	dst = append(dst, opTuple3, opMemoize, opStop)
 	binary.LittleEndian.PutUint64(dst[start-8:start], uint64(len(dst)-start))
 	return dst
 }
@@ -244,8 +295,9 @@ func pickleInts(dst []byte, tokens []uint32) []byte {
 }
 
 // SHA256CBOR returns vLLM's "sha256_cbor" prefix-caching hash: sha256 of the
-// canonical CBOR encoding of (parent_digest_bytes, [token_ids...], null),
-// with NONE_HASH = sha256(cbor(seed)).
+// canonical CBOR encoding of (parent_digest_bytes, [token_ids...],
+// extra_keys), with NONE_HASH = sha256(cbor(seed)); extra_keys is null but
+// for a salted first block's [cache_salt].
 func SHA256CBOR(seed string) HashFunc {
 	b := cborHead(nil, 3, uint64(len(seed)))
 	b = append(b, seed...)
@@ -259,14 +311,28 @@ func (h sha256CBOR) None() Digest { return h.none }
 
 func (h sha256CBOR) Block(parent Digest, tokens []uint32) Digest {
 	var buf [1024]byte
-	b := append(buf[:0], 0x83, 0x58, 32)
+	b := cborBlock(buf[:0], &parent, tokens)
+	return sha256.Sum256(append(b, 0xf6)) // null
+}
+
+func (h sha256CBOR) Salted(tokens []uint32, salt string) Digest {
+	var buf [1024]byte
+	b := cborBlock(buf[:0], &h.none, tokens)
+	b = append(b, 0x81) // an array of one text string
+	b = cborHead(b, 3, uint64(len(salt)))
+	return sha256.Sum256(append(b, salt...))
+}
+
+// cborBlock appends the head of the 3-array, the parent and the tokens: all
+// but the extra keys.
+func cborBlock(b []byte, parent *Digest, tokens []uint32) []byte {
+	b = append(b, 0x83, 0x58, 32)
 	b = append(b, parent[:]...)
 	b = cborHead(b, 4, uint64(len(tokens)))
 	for _, t := range tokens {
 		b = cborHead(b, 0, uint64(t))
 	}
-	b = append(b, 0xf6)
-	return sha256.Sum256(b)
+	return b
 }
 
 // cborHead appends a CBOR head of the given major type and argument in its

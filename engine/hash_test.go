@@ -84,7 +84,7 @@ func TestVLLMHashVectors(t *testing.T) {
 // TestPickleLayout checks the byte layout given in protocols.md section 3.
 func TestPickleLayout(t *testing.T) {
 	var zero Digest
-	got := hex.EncodeToString(pickleBlock(nil, &zero, []uint32{1, 2}))
+	got := hex.EncodeToString(pickleBlock(nil, &zero, []uint32{1, 2}, nil))
 	want := "800595" + "2d00000000000000" + "4320" + hex.EncodeToString(zero[:]) + "94" + "4b014b02" + "8694" + "4e" + "8794" + "2e"
 	if got != want {
 		t.Errorf("pickle = %s, want %s", got, want)

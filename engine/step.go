@@ -420,13 +420,17 @@ func (e *Engine) nextKey(s *sequence) uint64 {
 	if s.tokenMode {
 		// s.parent is kept with the chain: reading hashes[i-1] instead
 		// would miss the cache too.
-		switch {
+		switch salt, salted := e.salts[s]; {
+		case i == 0 && salted:
+			s.parent = e.hash.Salted(e.blockTokens(s, 0), salt)
 		case i == 0:
-			s.parent = e.hash.None()
+			s.parent = e.hash.Block(e.hash.None(), e.blockTokens(s, 0))
 		case int(s.parentN) != i:
-			s.parent = digestOf(s.hashes[i-1]) // chain continues from caller-given keys
+			// The chain continues from caller-given keys.
+			s.parent = e.hash.Block(digestOf(s.hashes[i-1]), e.blockTokens(s, i))
+		default:
+			s.parent = e.hash.Block(s.parent, e.blockTokens(s, i))
 		}
-		s.parent = e.hash.Block(s.parent, e.blockTokens(s, i))
 		key := s.parent.Key()
 		s.hashes = append(s.hashes, key)
 		s.parentN = int32(i + 1)
