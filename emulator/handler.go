@@ -241,7 +241,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		j.maxStop = max(j.maxStop, len(stop))
 	}
 
-	ereq := &engine.Request{ID: j.engineID, Prompt: j.prompt, MaxTokens: j.maxTokens, IgnoreEOS: req.IgnoreEOS}
+	ereq := &engine.Request{ID: j.engineID, Prompt: j.prompt, MaxTokens: j.maxTokens, IgnoreEOS: req.IgnoreEOS, CacheSalt: req.cacheSalt}
 	seed := uint64(0)
 	if req.Seed != nil {
 		seed = mix64(uint64(*req.Seed)) | 1

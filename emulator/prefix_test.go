@@ -66,3 +66,45 @@ func TestPrefixCachingEndToEnd(t *testing.T) {
 		t.Errorf("got TTFT gain %.2f ms, want the model's %.2f ms within 25%%", gain*1e3, predGain*1e3)
 	}
 }
+
+// TestCacheSalt: vLLM's cache_salt keeps requests' prefix caches apart: a
+// request shares the cached prefix of an earlier one with the same salt
+// only; a salt that is not a non-empty string is vLLM's 400.
+func TestCacheSalt(t *testing.T) {
+	_, hs := testServer(t, Config{})
+	prompt := strings.Repeat("the same long document for every tenant ", 40)
+	cached := func(salt string) int {
+		t.Helper()
+		body := map[string]any{"prompt": prompt + salt, "max_tokens": 1}
+		if salt != "" {
+			body["cache_salt"] = salt
+		}
+		b, _ := json.Marshal(body)
+		code, out := post(t, hs.URL+"/v1/completions", string(b))
+		var c openai.Completion
+		if err := json.Unmarshal(out, &c); code != 200 || err != nil {
+			t.Fatalf("salt %q: got %d %s", salt, code, out)
+		}
+		return c.Usage.CachedTokens()
+	}
+	if got := cached("a"); got != 0 {
+		t.Fatalf("first request: %d cached tokens, want 0", got)
+	}
+	if got := cached("a"); got == 0 {
+		t.Errorf("same salt: no cached token, want the shared prefix's")
+	}
+	for _, salt := range []string{"b", ""} {
+		if got := cached(salt); got != 0 {
+			t.Errorf("salt %q after salt \"a\": %d cached tokens, want 0", salt, got)
+		}
+	}
+	for _, bad := range []string{`""`, `5`, `["a"]`} {
+		code, out := post(t, hs.URL+"/v1/completions", `{"prompt":"x","max_tokens":1,"cache_salt":`+bad+`}`)
+		if code != 400 || !strings.Contains(string(out), "Parameter 'cache_salt' must be a non-empty string if provided.") {
+			t.Errorf("cache_salt %s: got %d %s, want vLLM's 400", bad, code, out)
+		}
+	}
+	if code, out := post(t, hs.URL+"/v1/completions", `{"prompt":"x","max_tokens":1,"cache_salt":null}`); code != 200 {
+		t.Errorf("cache_salt null: got %d %s, want 200", code, out)
+	}
+}

@@ -41,7 +41,8 @@ type apiRequest struct {
 	BootstrapHost       string          `json:"bootstrap_host"`
 	BootstrapPort       json.RawMessage `json:"bootstrap_port"`
 	BootstrapRoom       json.RawMessage `json:"bootstrap_room"`
-	Suffix              json.RawMessage `json:"suffix"` // completions: vLLM rejects any but null (hasSuffix)
+	Suffix              json.RawMessage `json:"suffix"`     // completions: vLLM rejects any but null (hasSuffix)
+	CacheSalt           json.RawMessage `json:"cache_salt"` // the prefix cache's salt (checkOptions: cacheSalt)
 	// The chat template's and the tokenizer's options (vLLM's chat and
 	// tokenize requests; chatOptions). AddSpecialTokens is the
 	// completions' too (default true there, false for chat).
@@ -52,6 +53,7 @@ type apiRequest struct {
 	Tools                json.RawMessage            `json:"tools"`
 
 	stops        []string // parsed Stop
+	cacheSalt    string   // parsed CacheSalt: engine.Request.CacheSalt
 	promptText   string   // completions: text prompt
 	promptIDs    []uint32 // completions: token-id prompt
 	chatMessages []tokenizer.Message
@@ -386,6 +388,12 @@ func (r *apiRequest) checkOptions(chat bool) *apiError {
 	}
 	if r.N != nil && *r.N != 1 {
 		return badRequest("n=%d is not supported: this engine generates one choice per request (n must be 1)", *r.N)
+	}
+	if len(r.CacheSalt) > 0 && string(r.CacheSalt) != "null" {
+		// vLLM's check_cache_salt_support (a model validator).
+		if json.Unmarshal(r.CacheSalt, &r.cacheSalt) != nil || r.cacheSalt == "" {
+			return invalidBody("body", "Value error, Parameter 'cache_salt' must be a non-empty string if provided.")
+		}
 	}
 	if !chat {
 		r.MaxCompletionTokens = nil
