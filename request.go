@@ -31,6 +31,11 @@ type Request struct {
 	// BlockHashes are the chained hashes of the prompt's full blocks, the keys
 	// the prefix indexes use. Nil when the model has no prefix index.
 	BlockHashes []uint64
+	// CacheSalt is the request's cache_salt (vLLM's: the engine keys the
+	// prompt's first block with it, so only requests with the same salt
+	// share cached blocks); the prompt's block hashes are salted with it
+	// (kvindex.HashTokensSalted, HashTextSharedSalted). "" = none.
+	CacheSalt string
 	// Arrival is when the router received the request.
 	Arrival time.Time
 }

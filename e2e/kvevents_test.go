@@ -2,6 +2,7 @@ package e2e
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -156,5 +157,40 @@ func TestEngineRestartDropsEntries(t *testing.T) {
 	}
 	if v, _ := r.metric(t, "kvroute_endpoint_kv_event_restarts_total", map[string]string{"model": model, "endpoint": "a"}); v < 1 {
 		t.Errorf("kvroute_endpoint_kv_event_restarts_total{endpoint=a}: got %v, want >= 1", v)
+	}
+}
+
+// TestKVEventsSaltedPrompts: prompts with vLLM's cache_salt, in either
+// event encoding, land in the precise index under the keys the router
+// gives a request with the same salt (kvindex.HashTokensSalted: the
+// engines report each salted first block's extra_keys, which the index
+// folds into its key), and under none of an unsalted request's or another
+// salt's.
+func TestKVEventsSaltedPrompts(t *testing.T) {
+	a := startEngine(t, "a", engineOpts{encoding: "array"})
+	b := startEngine(t, "b", engineOpts{encoding: "map", connect: true})
+	r := startRouter(t, modelConfig("round_robin", true, a, b))
+	idx := r.p.PreciseIndex(model)
+	awaitEvents(t, r, a, false)
+	awaitEvents(t, r, b, false)
+	for i, tc := range []struct {
+		owner *engineProc
+		salt  string
+	}{{a, "t1"}, {b, "t1"}, {a, "a salt long enough for msgpack's str8 form"}, {b, "a salt long enough for msgpack's str8 form"}} {
+		plain := completionBody(text(uint64(500+i), 200), 1)
+		ids := tokenize(t, tc.owner, plain)
+		salted := strings.TrimSuffix(plain, "}") + fmt.Sprintf(`,"cache_salt":%q}`, tc.salt)
+		post(t, tc.owner.url(), "/v1/completions", salted)
+		want := kvindex.HashTokensSalted(ids, tc.salt, blockSize, nil)
+		eventually(t, 5*time.Second, fmt.Sprintf("salted prompt %d indexed on %s", i, tc.owner.id), func() (bool, string) {
+			got := indexHolds(idx, want)
+			return got[tc.owner.id] == len(want), fmt.Sprintf("index holds %v of %d salted blocks", got, len(want))
+		})
+		if got := indexHolds(idx, kvindex.HashTokens(ids, blockSize, nil)); len(got) != 0 {
+			t.Errorf("prompt %d: the unsalted request's keys match %v", i, got)
+		}
+		if got := indexHolds(idx, kvindex.HashTokensSalted(ids, "other", blockSize, nil)); len(got) != 0 {
+			t.Errorf("prompt %d: another salt's keys match %v", i, got)
+		}
 	}
 }

@@ -19,7 +19,8 @@
 //     vLLM's with --enable-prompt-tokens-details, which is off by default;
 //     a cache_salt (a non-empty string, else vLLM's 400) keys the prompt's
 //     first block as vLLM's does, so that only requests with the same salt
-//     share cached blocks (engine.Request.CacheSalt);
+//     share cached blocks (engine.Request.CacheSalt), and that block's
+//     BlockStored event carries the extra_keys entry (cache_salt,);
 //   - GET /metrics in the vLLM (current or legacy names), SGLang or llama.cpp
 //     flavour, on a private Prometheus registry; a request a stop string
 //     ended counts, in vllm:generation_tokens_total, its finish (reason

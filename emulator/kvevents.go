@@ -190,10 +190,14 @@ func encodeEvent(enc *msgpack.Encoder, asMap bool, ev *engine.KVEvent) error {
 		// lora_id, medium, lora_name (required, so always present), then
 		// extra_keys, group_idx and kv_cache_spec_kind in the map form
 		// (vLLM >= 0.26 sets them; kv_cache_spec_sliding_window is None,
-		// omitted).
-		if asMap {
+		// omitted); in the array form extra_keys only for a salted first
+		// block (omit_defaults leaves out the default None).
+		switch {
+		case asMap:
 			_ = enc.EncodeMapLen(11)
-		} else {
+		case ev.Salt != "":
+			_ = enc.EncodeArrayLen(9) // extra_keys too: not its default
+		default:
 			_ = enc.EncodeArrayLen(8)
 		}
 		key("type")
@@ -219,12 +223,21 @@ func encodeEvent(enc *msgpack.Encoder, asMap bool, ev *engine.KVEvent) error {
 		_ = enc.EncodeString(medium)
 		key("lora_name")
 		_ = enc.EncodeNil()
-		if asMap {
+		if asMap || ev.Salt != "" {
+			// One entry per block: a salted first block's (cache_salt,),
+			// None for the others.
 			key("extra_keys")
 			_ = enc.EncodeArrayLen(len(ev.BlockHashes))
-			for range ev.BlockHashes {
-				_ = enc.EncodeNil()
+			for i := range ev.BlockHashes {
+				if i == 0 && ev.Salt != "" {
+					_ = enc.EncodeArrayLen(1)
+					_ = enc.EncodeString(ev.Salt)
+				} else {
+					_ = enc.EncodeNil()
+				}
 			}
+		}
+		if asMap {
 			key("group_idx")
 			_ = enc.EncodeInt(0)
 			key("kv_cache_spec_kind")

@@ -190,6 +190,10 @@ type KVEvent struct {
 	TokenIDs  []uint32
 	BlockSize int
 	Medium    string
+	// Salt is the CacheSalt of the request whose first block is
+	// BlockHashes[0] (BlockStored; "" for none or a later block): vLLM
+	// reports it as that block's extra_keys entry (cache_salt,).
+	Salt string
 }
 
 // StepResult is what one Step did.
@@ -524,9 +528,8 @@ type Engine struct {
 	ahead          uint64      // keysAhead's and hitsAhead's loads, kept so that they are made
 	keepGen        bool        // generated tokens are kept in sequence.tokens (KV events report them)
 	blockBuf       []uint32    // nextKey's scratch: a block's tokens recomputed
-	// salts holds the CacheSalt of the live sequences whose first block is
-	// keyed after Add (prompts shorter than a block; nextKey), until
-	// recycle.
+	// salts holds the CacheSalt of the salted sequences (for nextKey and
+	// stored), until recycle.
 	salts map[*sequence]string
 	stats Stats
 
@@ -682,8 +685,10 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 			s.ownHashes = true
 			s.parent, s.hashes = chainPrompt(e.hash, r.CacheSalt, r.Prompt[:full*e.bs], e.bs, s.hashes)
 			s.parentN = int32(full)
-			if full == 0 && r.CacheSalt != "" {
-				e.salts[s] = r.CacheSalt // for its first block's key (nextKey)
+			if r.CacheSalt != "" {
+				// For its first block's key (nextKey) when the prompt is
+				// shorter than a block, and its BlockStored (stored).
+				e.salts[s] = r.CacheSalt
 			}
 		}
 		e.keepTokens(s, r.Prompt, spare.tokens, maxTok)

@@ -101,11 +101,29 @@ func (xxh3Hash) Salted(tokens []uint32, salt string) Digest {
 }
 
 // SaltRoot is the parent of a salted chain's first block in the xxh3 chain:
-// XXH3-64 of the salt's bytes seeded with the chain's seed (0 mapped to 1).
-// kvindex.SaltRoot is the same function, so that a router hashing a salted
-// prompt computes the keys this engine publishes.
+// the seed XOR the XXH3-64 (0 mapped to 1) of the msgpack of (salt,), the
+// extra_keys entry a BlockStored event carries for the block (a 0 result
+// is the seed). It is kvindex.SaltRoot (TestSaltedXXH3MatchesKVIndex), so
+// that a router hashing a salted prompt computes the keys this engine
+// publishes, and those its index gives the blocks from their tokens and
+// extra keys.
 func SaltRoot(salt string) uint64 {
-	return nonZero(xxh3.HashStringSeed(salt, xxh3Seed))
+	var buf [64]byte
+	b := append(buf[:0], 0x91) // fixarray 1, then the shortest str
+	switch n := len(salt); {
+	case n < 32:
+		b = append(b, 0xa0|byte(n))
+	case n < 1<<8:
+		b = append(b, 0xd9, byte(n))
+	case n < 1<<16:
+		b = append(b, 0xda, byte(n>>8), byte(n))
+	default:
+		b = append(b, 0xdb, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	}
+	if r := xxh3Seed ^ nonZero(xxh3.Hash(append(b, salt...))); r != 0 {
+		return r
+	}
+	return xxh3Seed
 }
 
 func xxh3Block(parent uint64, tokens []uint32) uint64 {

@@ -2,6 +2,7 @@ package engine_test
 
 import (
 	"slices"
+	"strings"
 	"testing"
 
 	"github.com/kvroute/kvroute/engine"
@@ -26,6 +27,43 @@ func TestXXH3MatchesKVIndex(t *testing.T) {
 		}
 		if !slices.Equal(got, want) {
 			t.Errorf("block size %d: engine chain differs from kvindex.HashTokens", bs)
+		}
+	}
+}
+
+// TestSaltedXXH3MatchesKVIndex: a salted request's chain in the engine
+// (Salted for the first block) is kvindex.HashTokensSalted's, so the
+// router computes the keys a salted request's KV events carry.
+func TestSaltedXXH3MatchesKVIndex(t *testing.T) {
+	toks := make([]uint32, 160)
+	for i := range toks {
+		toks[i] = uint32(i*7919) % 128256
+	}
+	h := engine.XXH3()
+	for _, salt := range []string{"tenant-a", "é", "x"} {
+		want := kvindex.HashTokensSalted(toks, salt, 16, nil)
+		parent := h.Salted(toks[:16], salt)
+		got := []uint64{parent.Key()}
+		for i := 16; i+16 <= len(toks); i += 16 {
+			parent = h.Block(parent, toks[i:i+16])
+			got = append(got, parent.Key())
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("salt %q: engine chain differs from kvindex.HashTokensSalted", salt)
+		}
+		if engine.SaltRoot(salt) != kvindex.SaltRoot(salt) {
+			t.Errorf("salt %q: engine.SaltRoot differs from kvindex.SaltRoot", salt)
+		}
+	}
+}
+
+// TestSaltRootLengths: engine.SaltRoot is kvindex.SaltRoot for salts whose
+// msgpack strings take each form (fixstr, str8, str16, str32).
+func TestSaltRootLengths(t *testing.T) {
+	for _, n := range []int{1, 31, 32, 255, 256, 65535, 65536} {
+		salt := strings.Repeat("s", n)
+		if engine.SaltRoot(salt) != kvindex.SaltRoot(salt) {
+			t.Errorf("salt of %d bytes: engine.SaltRoot differs from kvindex.SaltRoot", n)
 		}
 	}
 }

@@ -75,6 +75,10 @@ func TestCacheSalt(t *testing.T) {
 			prefix := tokens(1000, 64)
 			d.add(&Request{ID: "a", Prompt: concat(prefix, tokens(5000, 10)), MaxTokens: 2, CacheSalt: "s1"})
 			d.run()
+			if len(d.events) == 0 || d.events[0].Kind != BlockStored || d.events[0].Salt != "s1" ||
+				d.events[0].BlockHashes[0] != h.Salted(prefix[:16], "s1").Key() {
+				t.Fatalf("first event %+v: want the BlockStored of the prompt, salted s1", d.events[0])
+			}
 			for _, tc := range []struct {
 				id, salt string
 				want     int
@@ -106,7 +110,9 @@ func TestCacheSalt(t *testing.T) {
 			stored := false
 			for _, ev := range d.events {
 				if ev.Kind == BlockStored && len(ev.BlockHashes) > 0 && ev.BlockHashes[0] == want {
-					stored = true
+					stored = ev.Salt == "s3" && ev.ParentHash == nil
+				} else if ev.Salt != "" {
+					t.Errorf("event %+v: salted, but not of the salted first block", ev)
 				}
 			}
 			if !stored {

@@ -392,6 +392,8 @@ func (e *Engine) stored(s *sequence, from, to int) {
 	ev := KVEvent{Kind: BlockStored, BlockHashes: s.hashes[from:to:to], BlockSize: e.bs, Medium: MediumGPU}
 	if from > 0 {
 		ev.ParentHash = &s.hashes[from-1]
+	} else if salt, ok := e.salts[s]; ok {
+		ev.Salt = salt
 	}
 	if s.tokenMode {
 		base := int(s.tokBase) // 0 with events

@@ -29,6 +29,74 @@ var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 // their first (i+1)*blockSize tokens. HashTokens returns dst unchanged when
 // blockSize <= 0.
 func HashTokens(tokens []uint32, blockSize int, dst []uint64) []uint64 {
+	return hashTokensFrom(tokens, tokenSeed, blockSize, dst)
+}
+
+// HashTokensSalted is HashTokens for a request with vLLM's cache_salt: the
+// chain starts from SaltRoot(salt) rather than the seed, so no block of it
+// has the key of a block of another salt's prompt or of an unsalted one,
+// as the engine model's xxh3 chain keys a salted request's blocks. An
+// empty salt is HashTokens.
+func HashTokensSalted(tokens []uint32, salt string, blockSize int, dst []uint64) []uint64 {
+	return hashTokensFrom(tokens, SaltRoot(salt), blockSize, dst)
+}
+
+// SaltRoot is the parent of a salted prompt's first block in the token
+// chain: the seed XOR SaltKey(salt) (a 0 result is the seed, as ChainHash
+// reads a 0 parent); for the empty salt, the seed. A vLLM engine reports a
+// salted first block's extra_keys in its BlockStored event, which the
+// precise index folds into the block's parent so (Stored.Salts): a salted
+// request's HashTokensSalted keys are those the index gives the blocks an
+// engine stored for the same salt. engine.SaltRoot is the same function.
+func SaltRoot(salt string) uint64 {
+	if salt == "" {
+		return tokenSeed
+	}
+	if r := tokenSeed ^ SaltKey(salt); r != 0 {
+		return r
+	}
+	return tokenSeed
+}
+
+// SaltKey is the hash of the extra_keys entry vLLM's BlockStored event
+// carries for a first block salted with salt: XXH3-64 (0 mapped to 1) of
+// the msgpack of the 1-tuple (salt,), an array holding the string in its
+// shortest form, as msgspec writes it and as the event decoder hashes each
+// entry's bytes.
+func SaltKey(salt string) uint64 {
+	var buf [64]byte
+	return nonZero(xxh3.Hash(AppendSaltEntry(buf[:0], salt)))
+}
+
+// AppendSaltEntry appends the msgpack of (salt,): fixarray 1, then the
+// string as fixstr, str8, str16 or str32.
+func AppendSaltEntry(b []byte, salt string) []byte {
+	b = append(b, 0x91)
+	switch n := len(salt); {
+	case n < 32:
+		b = append(b, 0xa0|byte(n))
+	case n < 1<<8:
+		b = append(b, 0xd9, byte(n))
+	case n < 1<<16:
+		b = append(b, 0xda, byte(n>>8), byte(n))
+	default:
+		b = append(b, 0xdb, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+	}
+	return append(b, salt...)
+}
+
+// textRoot is the text chain's SaltRoot.
+func textRoot(salt string) uint64 {
+	if salt == "" {
+		return textSeed
+	}
+	if r := textSeed ^ SaltKey(salt); r != 0 {
+		return r
+	}
+	return textSeed
+}
+
+func hashTokensFrom(tokens []uint32, root uint64, blockSize int, dst []uint64) []uint64 {
 	if blockSize <= 0 {
 		return dst
 	}
@@ -37,7 +105,7 @@ func HashTokens(tokens []uint32, blockSize int, dst []uint64) []uint64 {
 		return dst
 	}
 	dst = grow(dst, n)
-	h := tokenSeed
+	h := root
 	var buf []byte
 	if !littleEndian {
 		buf = make([]byte, 4*blockSize)
@@ -94,13 +162,22 @@ func HashTextAfter(text, prev string, blockChars int, prevHashes []uint64) []uin
 // keeps a copy of the last prompt to compare the next with, and copies
 // only what follows those.
 func HashTextShared(text, prev string, blockChars int, prevHashes []uint64) (hashes []uint64, shared int) {
+	return HashTextSharedSalted(text, "", prev, blockChars, prevHashes)
+}
+
+// HashTextSharedSalted is HashTextShared for a request with vLLM's
+// cache_salt: the chain starts from a root the salt determines, as
+// HashTokensSalted's, so a salted prompt shares no block key with another
+// salt's or an unsalted one. prevHashes must be prev's hashes with the
+// same salt.
+func HashTextSharedSalted(text, salt, prev string, blockChars int, prevHashes []uint64) (hashes []uint64, shared int) {
 	if blockChars <= 0 {
 		return prevHashes[:0], 0
 	}
 	n := len(text) / blockChars
 	k := min(n, len(prevHashes), len(prev)/blockChars)
 	k = sharedBlocks(text[:k*blockChars], prev[:k*blockChars], blockChars)
-	h := textSeed
+	h := textRoot(salt)
 	if k > 0 {
 		h = prevHashes[k-1]
 	}

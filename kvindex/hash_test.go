@@ -237,3 +237,37 @@ func TestHashText128(t *testing.T) {
 		}
 	}
 }
+
+// TestHashSalted: a salted chain shares no key with an unsalted one or
+// another salt's, equals itself, and the empty salt is the unsalted chain;
+// HashTextSharedSalted reusing the hashes of a prompt with the same salt
+// equals hashing from scratch.
+func TestHashSalted(t *testing.T) {
+	toks := make([]uint32, 64)
+	for i := range toks {
+		toks[i] = uint32(i + 1)
+	}
+	plain, a, b := HashTokens(toks, 16, nil), HashTokensSalted(toks, "a", 16, nil), HashTokensSalted(toks, "b", 16, nil)
+	if !slices.Equal(HashTokensSalted(toks, "", 16, nil), plain) || !slices.Equal(HashTokensSalted(toks, "a", 16, nil), a) {
+		t.Fatal("salted chains are not deterministic, or the empty salt is not HashTokens")
+	}
+	for i := range plain {
+		if plain[i] == a[i] || a[i] == b[i] || plain[i] == b[i] {
+			t.Errorf("block %d: keys %x %x %x, want three different ones", i, plain[i], a[i], b[i])
+		}
+	}
+	text := strings.Repeat("a shared system prompt. ", 40)
+	next := text + "and a question"
+	for _, salt := range []string{"", "s"} {
+		prev, _ := HashTextSharedSalted(text, salt, "", 64, nil)
+		got, shared := HashTextSharedSalted(next, salt, text, 64, slices.Clone(prev))
+		want, _ := HashTextSharedSalted(next, salt, "", 64, nil)
+		if shared == 0 || !slices.Equal(got, want) {
+			t.Errorf("salt %q: reusing %d blocks gave %x, want %x", salt, shared, got, want)
+		}
+	}
+	salted, _ := HashTextSharedSalted(text, "s", "", 64, nil)
+	if unsalted := HashText(text, 64, nil); unsalted[0] == salted[0] {
+		t.Error("a salted text chain shares the unsalted one's first key")
+	}
+}

@@ -53,6 +53,10 @@ type RequestInfo struct {
 	User string
 	// Messages is the number of chat messages (0 for completions).
 	Messages int
+	// CacheSalt is the "cache_salt" field when it is a string (vLLM's
+	// prefix-cache salt; "" when absent, null or of another type, which
+	// the engine refuses).
+	CacheSalt string
 	// SessionValue is the value of the top-level field named by
 	// Options.SessionField: a string's value, or the JSON text of a number,
 	// boolean, object or array; "" when absent or null.
@@ -298,6 +302,15 @@ func (p *parser) known(key []byte) error {
 			return err
 		}
 		p.ri.User = v
+	case "cache_salt":
+		if s.peek() != '"' {
+			return s.skip(0) // not a salt: the engine answers it (vLLM's 400)
+		}
+		v, err := p.stringOrNull("cache_salt")
+		if err != nil {
+			return err
+		}
+		p.ri.CacheSalt = v
 	case "prompt":
 		if p.kind != KindCompletion {
 			return s.skip(0)

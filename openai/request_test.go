@@ -38,6 +38,10 @@ func TestParseRequest(t *testing.T) {
 	}{
 		{"completion", KindCompletion, `{"model":"m","prompt":"hello","stream":true,"max_tokens":16,"user":"u1"}`,
 			RequestInfo{Model: "m", Prompt: "hello", Stream: true, MaxTokens: 16, User: "u1"}},
+		{"cache salt", KindCompletion, `{"model":"m","prompt":"p","cache_salt":"t\u00e9"}`,
+			RequestInfo{Model: "m", Prompt: "p", CacheSalt: "té"}},
+		{"cache salt not a string: left to the engine", KindChat, `{"model":"m","cache_salt":{"a":[1]},"messages":[{"role":"user","content":"hi"}],"cache_salt":null}`,
+			RequestInfo{Model: "m", Prompt: chat("user", "hi"), Messages: 1}},
 		{"escapes", KindCompletion, `{"model":"m\u00e9","prompt":"a\"b\\c\n\u00e9\ud83d\ude00\ud800x"}`,
 			RequestInfo{Model: "mé", Prompt: "a\"b\\c\né😀\uFFFDx"}},
 		{"whitespace and nulls", KindCompletion, " {\n\"model\" : \"m\" ,\"stream\":null, \"max_tokens\":null,\"user\":null, \"prompt\" : \"p\"}\n",

@@ -115,6 +115,7 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 		PromptTokens: ri.PromptTokens(),
 		MaxTokens:    ri.MaxTokens,
 		Stream:       ri.Stream,
+		CacheSalt:    ri.CacheSalt,
 		Arrival:      start,
 	}
 	if pl.precise != nil {

@@ -101,7 +101,7 @@ type preciseBody struct {
 
 // prepare tokenizes req's prompt as the model's engines do and sets its
 // token fields: PromptTokens, BlockSize and BlockHashes (chained
-// kvindex.HashTokens of the full blocks). ri is the routing parse of body.
+// kvindex.HashTokensSalted of the full blocks, with req.CacheSalt). ri is the routing parse of body.
 // On error req is unchanged and the router matches on characters.
 func (pc *precise) prepare(kind openai.Kind, body []byte, ri *openai.RequestInfo, req *kvroute.Request) error {
 	ids, err := pc.tokens(kind, body, ri)
@@ -110,7 +110,7 @@ func (pc *precise) prepare(kind openai.Kind, body []byte, ri *openai.RequestInfo
 	}
 	req.PromptTokens = len(ids)
 	req.BlockSize = pc.blockSize
-	req.BlockHashes = kvindex.HashTokens(ids, pc.blockSize, make([]uint64, 0, len(ids)/pc.blockSize))
+	req.BlockHashes = kvindex.HashTokensSalted(ids, req.CacheSalt, pc.blockSize, make([]uint64, 0, len(ids)/pc.blockSize))
 	return nil
 }
 

@@ -129,3 +129,36 @@ func TestRouteHashesPrompt(t *testing.T) {
 		r.Done(t0, f, kvroute.Outcome{})
 	}
 }
+
+// TestRouteSaltedPrompt: a request with a cache_salt matches only the
+// blocks routed with the same salt, and the hashes Route keeps between
+// requests are never another salt's (an unsalted prompt after a salted one
+// is hashed unsalted, whatever they share).
+func TestRouteSaltedPrompt(t *testing.T) {
+	p, err := policy.New(policy.Default, nil, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(Config{Model: "m", Endpoints: eps(4), Picker: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	prompt := strings.Repeat("You are a careful assistant. ", 60)
+	for i, tc := range []struct {
+		salt   string
+		cached bool
+	}{{"a", false}, {"a", true}, {"b", false}, {"", false}, {"", true}, {"a", true}} {
+		f, err := r.Route(t0, &kvroute.Request{ID: fmt.Sprint(i), Model: "m", Prompt: prompt, PromptTokens: len(prompt) / 4, CacheSalt: tc.salt}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		want, _ := kvindex.HashTextSharedSalted(prompt, tc.salt, "", r.cfg.BlockChars, nil)
+		if !slices.Equal(r.hashes, want) {
+			t.Fatalf("request %d (salt %q): kept hashes %x, want %x", i, tc.salt, r.hashes, want)
+		}
+		if got := f.CachedTokens() > 0; got != tc.cached {
+			t.Errorf("request %d (salt %q): cached %v, want %v", i, tc.salt, got, tc.cached)
+		}
+		r.Done(t0, f, kvroute.Outcome{})
+	}
+}

@@ -151,6 +151,7 @@ type Router struct {
 	matches []prefixMatch
 	hashes  []uint64 // reused by Route for character-block hashes: HashText(prompt)
 	prompt  []byte   // a copy of the prompt of the last character-block hashes (see Route)
+	salt    string   // that prompt's CacheSalt
 	// explainer is picker when it defers its explanations.
 	explainer DeferredExplainer
 	// anyPrecise: some endpoint publishes KV events, so gap may hold
@@ -623,7 +624,11 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 		// and the next prompt may then be written over it.
 		// Of the copy, the bytes the two share are already there.
 		var shared int
-		r.hashes, shared = kvindex.HashTextShared(req.Prompt, unsafe.String(unsafe.SliceData(r.prompt), len(r.prompt)), r.cfg.BlockChars, r.hashes)
+		if req.CacheSalt != r.salt {
+			// The last prompt's hashes are another salt's chain.
+			r.prompt, r.salt = r.prompt[:0], req.CacheSalt
+		}
+		r.hashes, shared = kvindex.HashTextSharedSalted(req.Prompt, req.CacheSalt, unsafe.String(unsafe.SliceData(r.prompt), len(r.prompt)), r.cfg.BlockChars, r.hashes)
 		same := shared * r.cfg.BlockChars
 		r.prompt = append(r.prompt[:same], req.Prompt[same:]...)
 		req.BlockHashes = r.hashes
