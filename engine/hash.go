@@ -7,6 +7,8 @@ import (
 	"unsafe"
 
 	"github.com/zeebo/xxh3"
+
+	"github.com/kvroute/kvroute/internal/extrakeys"
 )
 
 // Digest is a block hash in its full form. Hashes shorter than 32 bytes
@@ -109,18 +111,7 @@ func (xxh3Hash) Salted(tokens []uint32, salt string) Digest {
 // extra keys.
 func SaltRoot(salt string) uint64 {
 	var buf [64]byte
-	b := append(buf[:0], 0x91) // fixarray 1, then the shortest str
-	switch n := len(salt); {
-	case n < 32:
-		b = append(b, 0xa0|byte(n))
-	case n < 1<<8:
-		b = append(b, 0xd9, byte(n))
-	case n < 1<<16:
-		b = append(b, 0xda, byte(n>>8), byte(n))
-	default:
-		b = append(b, 0xdb, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
-	}
-	if r := xxh3Seed ^ nonZero(xxh3.Hash(append(b, salt...))); r != 0 {
+	if r := xxh3Seed ^ nonZero(xxh3.Hash(extrakeys.AppendCacheSalt(buf[:0], salt))); r != 0 {
 		return r
 	}
 	return xxh3Seed

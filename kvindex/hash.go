@@ -6,6 +6,8 @@ import (
 	"unsafe"
 
 	"github.com/zeebo/xxh3"
+
+	"github.com/kvroute/kvroute/internal/extrakeys"
 )
 
 // Seeds of the two hash chains. Token and text chains use different seeds so
@@ -48,53 +50,31 @@ func HashTokensSalted(tokens []uint32, salt string, blockSize int, dst []uint64)
 // precise index folds into the block's parent so (Stored.Salts): a salted
 // request's HashTokensSalted keys are those the index gives the blocks an
 // engine stored for the same salt. engine.SaltRoot is the same function.
-func SaltRoot(salt string) uint64 {
-	if salt == "" {
-		return tokenSeed
-	}
-	if r := tokenSeed ^ SaltKey(salt); r != 0 {
-		return r
-	}
-	return tokenSeed
-}
+func SaltRoot(salt string) uint64 { return saltedRoot(tokenSeed, salt) }
 
 // SaltKey is the hash of the extra_keys entry vLLM's BlockStored event
 // carries for a first block salted with salt: XXH3-64 (0 mapped to 1) of
-// the msgpack of the 1-tuple (salt,), an array holding the string in its
-// shortest form, as msgspec writes it and as the event decoder hashes each
-// entry's bytes.
+// the msgpack of the 1-tuple (salt,), as msgspec writes it and as the
+// event decoder hashes each entry's bytes.
 func SaltKey(salt string) uint64 {
 	var buf [64]byte
-	return nonZero(xxh3.Hash(AppendSaltEntry(buf[:0], salt)))
+	return nonZero(xxh3.Hash(extrakeys.AppendCacheSalt(buf[:0], salt)))
 }
 
-// AppendSaltEntry appends the msgpack of (salt,): fixarray 1, then the
-// string as fixstr, str8, str16 or str32.
-func AppendSaltEntry(b []byte, salt string) []byte {
-	b = append(b, 0x91)
-	switch n := len(salt); {
-	case n < 32:
-		b = append(b, 0xa0|byte(n))
-	case n < 1<<8:
-		b = append(b, 0xd9, byte(n))
-	case n < 1<<16:
-		b = append(b, 0xda, byte(n>>8), byte(n))
-	default:
-		b = append(b, 0xdb, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
+// saltedRoot is seed XOR SaltKey(salt), or seed for the empty salt or a 0
+// result (ChainHash reads a 0 parent as the seed).
+func saltedRoot(seed uint64, salt string) uint64 {
+	if salt == "" {
+		return seed
 	}
-	return append(b, salt...)
+	if r := seed ^ SaltKey(salt); r != 0 {
+		return r
+	}
+	return seed
 }
 
 // textRoot is the text chain's SaltRoot.
-func textRoot(salt string) uint64 {
-	if salt == "" {
-		return textSeed
-	}
-	if r := textSeed ^ SaltKey(salt); r != 0 {
-		return r
-	}
-	return textSeed
-}
+func textRoot(salt string) uint64 { return saltedRoot(textSeed, salt) }
 
 func hashTokensFrom(tokens []uint32, root uint64, blockSize int, dst []uint64) []uint64 {
 	if blockSize <= 0 {

@@ -105,14 +105,7 @@ func TestDecisionsDeferredExplanation(t *testing.T) {
 // shared, and a request routed after another with the same prompt finds
 // it cached.
 func TestRouteHashesPrompt(t *testing.T) {
-	p, err := policy.New(policy.Default, nil, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := New(Config{Model: "m", Endpoints: eps(4), Picker: p})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := defaultRouter(t)
 	base := strings.Repeat("You are a careful assistant. ", 60)
 	prompts := []string{base, base, base[:700] + "!" + base[701:], base[:300], base + base, "short", base, strings.ToUpper(base)}
 	for i, prompt := range prompts {
@@ -135,14 +128,7 @@ func TestRouteHashesPrompt(t *testing.T) {
 // requests are never another salt's (an unsalted prompt after a salted one
 // is hashed unsalted, whatever they share).
 func TestRouteSaltedPrompt(t *testing.T) {
-	p, err := policy.New(policy.Default, nil, 1)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := New(Config{Model: "m", Endpoints: eps(4), Picker: p})
-	if err != nil {
-		t.Fatal(err)
-	}
+	r := defaultRouter(t)
 	prompt := strings.Repeat("You are a careful assistant. ", 60)
 	for i, tc := range []struct {
 		salt   string
@@ -161,4 +147,18 @@ func TestRouteSaltedPrompt(t *testing.T) {
 		}
 		r.Done(t0, f, kvroute.Outcome{})
 	}
+}
+
+// defaultRouter is a router of 4 endpoints with the default policy.
+func defaultRouter(t *testing.T) *Router {
+	t.Helper()
+	p, err := policy.New(policy.Default, nil, 1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := New(Config{Model: "m", Endpoints: eps(4), Picker: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
 }
