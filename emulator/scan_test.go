@@ -15,6 +15,7 @@ import (
 var scanSeeds = []string{
 	`{"model":"m","messages":[{"role":"system","content":"System prompt 0 sets the rules."},{"role":"user","content":"question 1 about the rules"}],"max_tokens":1000,"ignore_eos":true,"stream":false}`,
 	`{"prompt":"hello","max_tokens":2}`,
+	`{"prompt":"hello","max_tokens":2,"cache_salt":"t1"}`, `{"prompt":"x","cache_salt":""}`,
 	`{"prompt":["hello"],"max_tokens":2,"seed":-7,"n":1}`,
 	`{"prompt":[1,2,3],"max_tokens":1,"stop":["a","b"]}`,
 	`{"prompt":[1, 4294967295],"stop":"x"}`,

@@ -392,6 +392,7 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"m","tools":[[]],"messages":[{"tool_calls":null,"role":"user","content":"x","tool_calls":[1]}]}`,
 		`{"model":"m\ud800","prompt":"\u00e9\"","x":[{"y":-1.5e3},true,false,null]}`,
 		`{"model":"m","model":null}`,
+		`{"model":"m","prompt":"p","cache_salt":"t\u00e9","cache_salt":7}`,
 		`[]`, `{`, `{"model":`,
 		"\xef\xbb\xbf{\"model\":\"m\",\"prompt\":\"p\"}",
 		`{"model":"m","prompt":"p","max_tokens":1.6e1}`,
