@@ -304,7 +304,8 @@ func (p *parser) known(key []byte) error {
 		p.ri.User = v
 	case "cache_salt":
 		if s.peek() != '"' {
-			return s.skip(0) // not a salt: the engine answers it (vLLM's 400)
+			p.ri.CacheSalt = "" // the last key wins
+			return s.skip(0)    // not a salt: the engine answers it (vLLM's 400)
 		}
 		v, err := p.stringOrNull("cache_salt")
 		if err != nil {

@@ -223,6 +223,9 @@ func reference(kind Kind, body []byte) (RequestInfo, bool) {
 	if ri.User, ok = str("user"); !ok {
 		return RequestInfo{}, false
 	}
+	if raw, has := top["cache_salt"]; has { // a string, else nothing (left to the engine)
+		_ = json.Unmarshal(raw, &ri.CacheSalt)
+	}
 	if raw, has := top["stream"]; has {
 		var b *bool
 		if json.Unmarshal(raw, &b) != nil {
