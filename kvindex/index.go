@@ -76,8 +76,10 @@ type Stored struct {
 	Tier kvroute.Tier
 	// Salts, when not nil, has one entry per block: non-zero for blocks whose
 	// engine hash covers more than tokens (LoRA adapter, multimodal inputs,
-	// cache salt). Such blocks get keys no plain prompt can match, and so do
-	// their descendants.
+	// cache salt), folded into the block's parent key. Such blocks get keys
+	// no plain prompt can match, and so do their descendants; a first block
+	// whose only extra key is a cache_salt entry (SaltKey) has the key
+	// HashTokensSalted gives a request with that salt.
 	Salts []uint64
 }
 
