@@ -94,7 +94,8 @@ type Request struct {
 	// driver ends the wait with LoadedKV. A prompt shorter than one block
 	// has no KV to move: it is computed as usual. It takes precedence over
 	// SkipPrefill.
-	RemoteKV bool // CacheSalt is vLLM's cache_salt: the extra key of the prompt's first
+	RemoteKV bool
+	// CacheSalt is vLLM's cache_salt: the extra key of the prompt's first
 	// block's hash (HashFunc.Salted), so that requests with different salts,
 	// or a salt and none, share no cached block. Used only with Prompt (the
 	// caller's BlockHashes are taken as they are).

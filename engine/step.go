@@ -422,11 +422,13 @@ func (e *Engine) nextKey(s *sequence) uint64 {
 	if s.tokenMode {
 		// s.parent is kept with the chain: reading hashes[i-1] instead
 		// would miss the cache too.
-		switch salt, salted := e.salts[s]; {
-		case i == 0 && salted:
-			s.parent = e.hash.Salted(e.blockTokens(s, 0), salt)
+		switch {
 		case i == 0:
-			s.parent = e.hash.Block(e.hash.None(), e.blockTokens(s, 0))
+			if salt, ok := e.salts[s]; ok {
+				s.parent = e.hash.Salted(e.blockTokens(s, 0), salt)
+			} else {
+				s.parent = e.hash.Block(e.hash.None(), e.blockTokens(s, 0))
+			}
 		case int(s.parentN) != i:
 			// The chain continues from caller-given keys.
 			s.parent = e.hash.Block(digestOf(s.hashes[i-1]), e.blockTokens(s, i))

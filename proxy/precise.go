@@ -101,8 +101,9 @@ type preciseBody struct {
 
 // prepare tokenizes req's prompt as the model's engines do and sets its
 // token fields: PromptTokens, BlockSize and BlockHashes (chained
-// kvindex.HashTokensSalted of the full blocks, with req.CacheSalt). ri is the routing parse of body.
-// On error req is unchanged and the router matches on characters.
+// kvindex.HashTokensSalted of the full blocks, with req.CacheSalt). ri is
+// the routing parse of body. On error req is unchanged and the router
+// matches on characters.
 func (pc *precise) prepare(kind openai.Kind, body []byte, ri *openai.RequestInfo, req *kvroute.Request) error {
 	ids, err := pc.tokens(kind, body, ri)
 	if err != nil {
