@@ -17,7 +17,9 @@ import (
 // unhealthy_threshold consecutive failed checks (any status but 2xx, or no
 // answer within health_check.timeout) and healthy again after
 // healthy_threshold consecutive successes. Probes of different endpoints
-// are spread over the interval. The ranks of a data-parallel endpoint
+// are spread over the interval; each probe's first check comes within
+// firstProbeSpread of its start, so that /readyz does not wait up to an
+// interval for it. The ranks of a data-parallel endpoint
 // share one probe of their URL, whose result applies to every rank (vLLM's
 // /health answers for the whole server). A Reload that removes an endpoint
 // stops its probe (and waits for it); one that adds an endpoint starts
@@ -201,12 +203,19 @@ type probe struct {
 	passed  *atomic.Bool // its runningProbe's: set at the first check passed
 }
 
+// firstProbeSpread bounds the delay of a probe's first check, spread
+// over it as the later checks are over the interval.
+const firstProbeSpread = time.Second
+
 func (t *probe) loop(ctx context.Context) {
 	interval := t.p.cfg.HealthCheck.Interval
 	h := fnv.New64a()
 	_, _ = h.Write([]byte(t.pool.model + "\x00" + t.ids[0]))
-	timer := time.NewTimer(time.Duration(h.Sum64() % uint64(interval)))
+	phase := time.Duration(h.Sum64() % uint64(interval)) // of the later checks
+	first := time.Duration(h.Sum64() % uint64(min(interval, firstProbeSpread)))
+	timer := time.NewTimer(first)
 	defer timer.Stop()
+	next := phase + interval - first // from the first check to the second
 	for {
 		select {
 		case <-ctx.Done():
@@ -221,7 +230,8 @@ func (t *probe) loop(ctx context.Context) {
 		if ok && !t.passed.Load() {
 			t.passed.Store(true)
 		}
-		timer.Reset(interval)
+		timer.Reset(next)
+		next = interval
 	}
 }
 

@@ -60,6 +60,16 @@ func TestReadyzWaitsForHealthChecks(t *testing.T) {
 			t.Errorf("at start: got %d %s, want 503 naming m", code, body)
 		}
 	})
+	t.Run("a long interval", func(t *testing.T) {
+		// The first check comes within firstProbeSpread of the start,
+		// not up to an interval (10 minutes) later.
+		a := newBackend(t, "a", okHandler("a"))
+		cfg := testConfig("first", a.URL)
+		cfg.HealthCheck = config.HealthCheck{Interval: 10 * time.Minute}
+		cfg.Models[0].Signals.Disabled = true
+		_, url := serveProxy(t, cfg)
+		waitFor(t, "/readyz 200", func() bool { code, _ := readyz(t, url); return code == http.StatusOK })
+	})
 	t.Run("health checks disabled", func(t *testing.T) {
 		cfg := testConfig("first", closedURL(t), closedURL(t))
 		cfg.Models[0].Signals.Disabled = true
