@@ -680,6 +680,8 @@ func (c *Config) Validate() error {
 		v.addf("listen", "%q is not a host:port address", c.Listen)
 	} else if n, err := strconv.Atoi(port); err == nil && (n < 0 || n > 65535) {
 		v.addf("listen", "%q has port %d, not 0-65535", c.Listen, n)
+	} else if _, err := net.LookupPort("tcp", port); err != nil {
+		v.addf("listen", "%q: port %q is not a number or a known service name", c.Listen, port)
 	}
 	if len(c.Models) == 0 {
 		v.addf("models", "at least one model is required")
@@ -800,6 +802,14 @@ func (m *Model) validate(v *validator, p string) {
 			decoders++
 		}
 		v.weight(ep+".weight", e.Weight)
+		if bp, ok := e.Labels["bootstrap_port"]; ok {
+			// SGLang's bootstrap port of a prefill engine (disagg's
+			// LabelBootstrapPort); a bad one would send every handoff to
+			// the default port.
+			if n, err := strconv.Atoi(bp); err != nil || n < 1 || n > 65535 {
+				v.addf(ep+".labels.bootstrap_port", "%q is not a port 1-65535", bp)
+			}
+		}
 		if e.KVCapacityTokens < 0 {
 			v.addf(ep+".kv_capacity_tokens", "%d is negative", e.KVCapacityTokens)
 		}
@@ -828,11 +838,11 @@ func (m *Model) validate(v *validator, p string) {
 		case ev.Address != "" && !m.Precise.Enabled():
 			v.addf(ep+".kv_events", "needs %s.precise.tokenizer: KV events are matched on token ids", p)
 		}
-		if ev.Address != "" && !strings.Contains(ev.Address, "://") {
-			v.addf(ep+".kv_events.address", "%q is not a ZMQ address (tcp://host:port, ipc://path)", ev.Address)
+		if ev.Address != "" && !validZMQAddress(ev.Address) {
+			v.addf(ep+".kv_events.address", "%q is not a ZMQ address (tcp://host:port with a port 1-65535, ipc://path)", ev.Address)
 		}
-		if ev.ReplayAddress != "" && !strings.Contains(ev.ReplayAddress, "://") {
-			v.addf(ep+".kv_events.replay_address", "%q is not a ZMQ address (tcp://host:port, ipc://path)", ev.ReplayAddress)
+		if ev.ReplayAddress != "" && !validZMQAddress(ev.ReplayAddress) {
+			v.addf(ep+".kv_events.replay_address", "%q is not a ZMQ address (tcp://host:port with a port 1-65535, ipc://path)", ev.ReplayAddress)
 		} else if e.DataParallelSize <= 1 && sameZMQAddress(ev.Address, ev.ReplayAddress) { // (a data-parallel endpoint's overlap is reported by validateDataParallel)
 			v.addf(ep+".kv_events.replay_address", "%q is kv_events.address again: the engine's replay socket (vLLM's replay_endpoint, a ROUTER) and its event socket (PUB) are two sockets on two addresses", ev.ReplayAddress)
 		}
@@ -887,7 +897,23 @@ func (m *Model) validate(v *validator, p string) {
 	}
 	if h := r.Session.Header; strings.TrimSpace(h) == "" || strings.ContainsAny(h, " :\t\r\n") {
 		v.addf(p+".router.session.header", "%q is not a header name", h)
+	} else if strings.HasPrefix(strings.ToLower(h), "x-kvroute-") {
+		v.addf(p+".router.session.header", "%q is in the router's X-Kvroute- namespace, whose headers the router drops from untrusted clients: name another header", h)
 	}
+}
+
+// validZMQAddress reports whether addr is a ZMQ address kvroute can use: a
+// transport and an address, and for tcp:// a port 1-65535.
+func validZMQAddress(addr string) bool {
+	i := strings.Index(addr, "://")
+	if i <= 0 || i+3 == len(addr) {
+		return false
+	}
+	if !strings.HasPrefix(addr, "tcp://") {
+		return true
+	}
+	_, port, ok := tcpPort(addr)
+	return ok && port >= 1 && port <= 65535
 }
 
 // sameZMQAddress reports whether two ZMQ addresses, neither "", name one

@@ -86,6 +86,26 @@ func TestValidateErrors(t *testing.T) {
 		{"url port 0", func(c *Config) { c.Models[0].Endpoints[0].URL = "http://a:0" },
 			`models[0].endpoints[0].url: "http://a:0" has port 0, not 1-65535`},
 		{"listen port out of range", func(c *Config) { c.Listen = ":99999" }, `listen: ":99999" has port 99999, not 0-65535`},
+		{"listen port not a number", func(c *Config) { c.Listen = "127.0.0.1:8O80" },
+			`listen: "127.0.0.1:8O80": port "8O80" is not a number or a known service name`},
+		// ZMQ addresses the subscriber can never dial or bind (without
+		// data parallelism, which parses the port, they failed at run time).
+		{"kv_events port out of range", func(c *Config) {
+			c.Models[0].Precise.Tokenizer = "builtin"
+			c.Models[0].Endpoints[0].KVEvents.Address = "tcp://127.0.0.1:99999"
+		}, `models[0].endpoints[0].kv_events.address: "tcp://127.0.0.1:99999" is not a ZMQ address (tcp://host:port with a port 1-65535, ipc://path)`},
+		{"kv_events without port", func(c *Config) {
+			c.Models[0].Precise.Tokenizer = "builtin"
+			c.Models[0].Endpoints[0].KVEvents.Address = "tcp://127.0.0.1:5557"
+			c.Models[0].Endpoints[0].KVEvents.ReplayAddress = "tcp://127.0.0.1"
+		}, `models[0].endpoints[0].kv_events.replay_address: "tcp://127.0.0.1" is not a ZMQ address (tcp://host:port with a port 1-65535, ipc://path)`},
+		// The router drops an untrusted client's X-Kvroute-* headers:
+		// sessions keyed by one would never stick.
+		{"session header in the router's namespace", func(c *Config) { c.Models[0].Router.Session.Header = "X-Kvroute-Affinity" },
+			`models[0].router.session.header: "X-Kvroute-Affinity" is in the router's X-Kvroute- namespace, whose headers the router drops from untrusted clients: name another header`},
+		{"bootstrap_port label not a port", func(c *Config) {
+			c.Models[0].Endpoints[0].Labels = map[string]string{"bootstrap_port": "9O01"}
+		}, `models[0].endpoints[0].labels.bootstrap_port: "9O01" is not a port 1-65535`},
 		// OpenAI clients' base URLs end in /v1; an engine URL that does
 		// sends every request to /v1/v1/... and every scrape and health
 		// check to /v1/metrics and /v1/health, all 404.

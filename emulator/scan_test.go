@@ -15,7 +15,6 @@ import (
 var scanSeeds = []string{
 	`{"model":"m","messages":[{"role":"system","content":"System prompt 0 sets the rules."},{"role":"user","content":"question 1 about the rules"}],"max_tokens":1000,"ignore_eos":true,"stream":false}`,
 	`{"prompt":"hello","max_tokens":2}`,
-	`{"prompt":"hello","max_tokens":2,"cache_salt":"t1"}`, `{"prompt":"x","cache_salt":""}`,
 	`{"prompt":["hello"],"max_tokens":2,"seed":-7,"n":1}`,
 	`{"prompt":[1,2,3],"max_tokens":1,"stop":["a","b"]}`,
 	`{"prompt":[1, 4294967295],"stop":"x"}`,
@@ -47,6 +46,7 @@ var scanSeeds = []string{
 	`{"prompt":"x","z":01}`, `{"prompt":"x","z":1.}`, `{"prompt":"x","z":-}`, `{"prompt":"x","z":"\x"}`, `{"prompt":"x","z":tru}`,
 	`{"prompt":"x",}`, `{"prompt":"x"} x`, `{"prompt":"x"`, `[]`, ``, `null`, "\x00", `{}`, `{"prompt":"x","ünï":1}`,
 	"{\"prompt\":\"a\x01b\"}", "\ufeff{\"prompt\":\"x\"}",
+	`{"prompt":"hello","max_tokens":2,"cache_salt":"t1"}`, `{"prompt":"x","cache_salt":""}`,
 }
 
 // TestScanRequestSeeds checks the fast path on the seeds (FuzzParseRequest
