@@ -137,6 +137,11 @@ func (p *Proxy) newEndpointProxy(pl *pool, ep *kvroute.Endpoint) (*endpointProxy
 			// (it would override the pin, or pick a rank behind a plain
 			// endpoint's back).
 			pr.Out.Header.Del(kvroute.HeaderDataParallelRank)
+			// The body is read whole before an attempt: the engine need
+			// not be asked for a 100 Continue, whose interim response the
+			// reverse proxy would pass on after clearing the headers the
+			// handler set (X-Request-Id) from the final one.
+			pr.Out.Header.Del("Expect")
 			if rank != "" {
 				pr.Out.Header.Set(kvroute.HeaderDataParallelRank, rank)
 			}
@@ -375,9 +380,15 @@ func (s *savedResponse) write(w http.ResponseWriter) {
 		if v := s.header.Get(HeaderEndpoint); v != "" {
 			w.Header().Set(HeaderEndpoint, v)
 		}
-		openai.WriteError(w, &kvroute.Error{Status: s.status, Type: kvroute.TypeUpstream, Code: "upstream_error",
+		err := &kvroute.Error{Status: s.status, Type: kvroute.TypeUpstream, Code: "upstream_error",
 			Message: fmt.Sprintf("model %q: endpoint %s answered %d with a body over %d KiB, not kept to pass on, and no other endpoint could take the retry",
-				s.model, s.endpoint, s.status, maxSavedBody>>10)})
+				s.model, s.endpoint, s.status, maxSavedBody>>10)}
+		if ra := s.header.Get("Retry-After"); ra != "" {
+			w.Header().Set("Retry-After", ra) // the engine's, as the kept body's replay passes it on
+			openai.WriteError(w, err)
+		} else {
+			writeRoutingError(w, err) // a 503 or 429 says when to try again
+		}
 		return
 	}
 	h := w.Header()

@@ -56,7 +56,8 @@ A vLLM server started with --data-parallel-size N (N engine cores, each with
 its own KV cache, behind one URL) is routed as N endpoints, ID#dp0 ... ID#dp<N-1>,
 when its endpoint sets data_parallel_size: N (quick mode: --data-parallel-size N):
 each request is pinned to its rank with the X-Data-Parallel-Rank header (a
-client's copy is always dropped), each rank reads its own engine="<rank>"
+client's copy is dropped; a prefill/decode pool refuses it with 400
+reserved_header), each rank reads its own engine="<rank>"
 series of the one metrics scrape, and rank r's KV events are read at the
 kv_events addresses' tcp port + r.
 
