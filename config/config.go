@@ -941,13 +941,27 @@ func validFlavor(f string) bool {
 }
 
 // engineKey is a checked URL as the engine it names: scheme and host
-// without case, path without a trailing slash.
+// without case, an IP address in its canonical form, the port as a number
+// (the scheme's default when none is given), the path without a trailing
+// slash.
 func engineKey(s string) string {
 	u, err := url.Parse(s)
 	if err != nil {
 		return s
 	}
-	return strings.ToLower(u.Scheme) + "://" + strings.ToLower(u.Host) + strings.TrimRight(u.Path, "/")
+	scheme, host := strings.ToLower(u.Scheme), strings.ToLower(u.Hostname())
+	if ip, err := netip.ParseAddr(host); err == nil {
+		host = ip.Unmap().String()
+	}
+	port := u.Port()
+	if n, err := strconv.Atoi(port); err == nil {
+		port = strconv.Itoa(n)
+	} else if port == "" && scheme == "https" {
+		port = "443"
+	} else if port == "" {
+		port = "80"
+	}
+	return scheme + "://" + net.JoinHostPort(host, port) + strings.TrimRight(u.Path, "/")
 }
 
 // checkURL checks an http(s) URL with a host and no user info or

@@ -121,6 +121,19 @@ func TestValidateErrors(t *testing.T) {
 			c.Models[0].Endpoints[1].URL = "HTTP://127.0.0.1:8001/"
 		},
 			`models[0].endpoints[1].url: "HTTP://127.0.0.1:8001/" is the engine of models[0].endpoints[0] again; list each engine once`},
+		// The same engine spelt another way: the scheme's default port
+		// written out, a leading zero, another form of an IP address.
+		{"dup engine, default port", func(c *Config) {
+			c.Models[0].Endpoints[0].URL, c.Models[0].Endpoints[1].URL = "http://10.0.0.7", "http://10.0.0.7:80"
+		}, `models[0].endpoints[1].url: "http://10.0.0.7:80" is the engine of models[0].endpoints[0] again; list each engine once`},
+		{"dup engine, https default port", func(c *Config) {
+			c.Models[0].Endpoints[0].URL, c.Models[0].Endpoints[1].URL = "https://10.0.0.7:443", "https://10.0.0.7"
+		}, `models[0].endpoints[1].url: "https://10.0.0.7" is the engine of models[0].endpoints[0] again; list each engine once`},
+		{"dup engine, leading zero", func(c *Config) { c.Models[0].Endpoints[1].URL = "http://127.0.0.1:08001" },
+			`models[0].endpoints[1].url: "http://127.0.0.1:08001" is the engine of models[0].endpoints[0] again; list each engine once`},
+		{"dup engine, IPv6 spelling", func(c *Config) {
+			c.Models[0].Endpoints[0].URL, c.Models[0].Endpoints[1].URL = "http://[::1]:8000", "http://[0:0:0:0:0:0:0:1]:8000"
+		}, `models[0].endpoints[1].url: "http://[0:0:0:0:0:0:0:1]:8000" is the engine of models[0].endpoints[0] again; list each engine once`},
 		{"bad role", func(c *Config) { c.Models[0].Endpoints[1].Role = "leader" },
 			`models[0].endpoints[1].role: "leader" is not one of both, prefill, decode`},
 		{"prefill only", func(c *Config) {
