@@ -697,6 +697,7 @@ func (c *Config) Validate() error {
 		}
 		m.validate(v, p)
 	}
+	c.checkBoundKVEvents(v)
 	// The request scanner reads one session field for every model (it
 	// runs before the model is known).
 	field, first := "", 0
@@ -899,6 +900,58 @@ func (m *Model) validate(v *validator, p string) {
 		v.addf(p+".router.session.header", "%q is not a header name", h)
 	} else if strings.HasPrefix(strings.ToLower(h), "x-kvroute-") {
 		v.addf(p+".router.session.header", "%q is in the router's X-Kvroute- namespace, whose headers the router drops from untrusted clients: name another header", h)
+	}
+}
+
+// checkBoundKVEvents reports a kv_events address the router binds
+// (listen, or a "*" host; each data-parallel rank's at its own port) that
+// another endpoint, of any model, binds too: the second bind fails, and
+// that endpoint's events never arrive.
+func (c *Config) checkBoundKVEvents(v *validator) {
+	type bind struct{ host, path string }
+	tcp := map[int][]bind{} // by port
+	other := map[string]string{}
+	wild := func(h string) bool { return h == "*" || h == "0.0.0.0" || h == "[::]" || h == "::" }
+	owner := func(addr, path string) string {
+		h, port, ok := tcpPort(addr)
+		if !ok {
+			if o, dup := other[addr]; dup {
+				return o
+			}
+			other[addr] = path
+			return ""
+		}
+		h = strings.ToLower(h)
+		for _, b := range tcp[port] {
+			if b.host == h || wild(b.host) || wild(h) {
+				return b.path
+			}
+		}
+		tcp[port] = append(tcp[port], bind{h, path})
+		return ""
+	}
+	for i, m := range c.Models {
+		for j, e := range m.Endpoints {
+			ev := e.KVEvents
+			if ev.Address == "" || !(ev.Listen || strings.Contains(ev.Address, "*")) || !validZMQAddress(ev.Address) {
+				continue
+			}
+			path := fmt.Sprintf("models[%d].endpoints[%d].kv_events.address", i, j)
+			first, n := 0, 1
+			if e.DataParallelSize > 1 {
+				first, n = e.DataParallelStartRank, e.DataParallelSize
+			}
+			for r := first; r < first+n; r++ {
+				addr, err := DataParallelAddress(ev.Address, r)
+				if err != nil {
+					break // reported by validateDataParallel
+				}
+				if o := owner(addr, path); o != "" {
+					v.addf(path, "%q (bound at %s) is bound by %s too: each endpoint's events need an address of their own", ev.Address, addr, o)
+					break
+				}
+			}
+		}
 	}
 }
 

@@ -99,6 +99,15 @@ func TestValidateErrors(t *testing.T) {
 			c.Models[0].Endpoints[0].KVEvents.Address = "tcp://127.0.0.1:5557"
 			c.Models[0].Endpoints[0].KVEvents.ReplayAddress = "tcp://127.0.0.1"
 		}, `models[0].endpoints[0].kv_events.replay_address: "tcp://127.0.0.1" is not a ZMQ address (tcp://host:port with a port 1-65535, ipc://path)`},
+		// Two endpoints whose events the router binds at one address
+		// (here rank 1 of a data-parallel endpoint, at port + 1): the
+		// second bind fails at run time.
+		{"kv_events bound twice", func(c *Config) {
+			c.Models[0].Precise = Precise{Tokenizer: "builtin", BlockSize: 16, CacheTokens: 1 << 20, IndexCapacity: 1 << 20}
+			c.Models[0].Endpoints[0].DataParallelSize = 2
+			c.Models[0].Endpoints[0].KVEvents = KVEvents{Address: "tcp://127.0.0.1:5557", Listen: true}
+			c.Models[0].Endpoints[1].KVEvents = KVEvents{Address: "tcp://*:5558"}
+		}, `models[0].endpoints[1].kv_events.address: "tcp://*:5558" (bound at tcp://*:5558) is bound by models[0].endpoints[0].kv_events.address too: each endpoint's events need an address of their own`},
 		// The router drops an untrusted client's X-Kvroute-* headers:
 		// sessions keyed by one would never stick.
 		{"session header in the router's namespace", func(c *Config) { c.Models[0].Router.Session.Header = "X-Kvroute-Affinity" },
