@@ -215,7 +215,7 @@ func (t *probe) loop(ctx context.Context) {
 	first := time.Duration(h.Sum64() % uint64(min(interval, firstProbeSpread)))
 	timer := time.NewTimer(first)
 	defer timer.Stop()
-	next := phase + interval - first // from the first check to the second
+	next := max(phase+interval-first, interval) // from the first check to the second
 	for {
 		select {
 		case <-ctx.Done():
