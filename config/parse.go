@@ -12,6 +12,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/kvroute/kvroute"
 )
 
 // Parse decodes a YAML configuration strictly (unknown fields are errors,
@@ -237,6 +239,9 @@ func checkNode(v *validator, n *yaml.Node, t reflect.Type, path string, depth in
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			if f, ok := yamlField(t, n.Content[i].Value); ok {
 				checkNode(v, n.Content[i+1], f.Type, joinPath(path, n.Content[i].Value), depth+1)
+				if (t == reflect.TypeFor[Endpoint]() || t == reflect.TypeFor[EndpointTemplate]()) && f.Name == "Weight" {
+					checkZeroWeight(v, n.Content[i+1], joinPath(path, n.Content[i].Value))
+				}
 			}
 		}
 	case reflect.Map:
@@ -293,6 +298,16 @@ func checkNode(v *validator, n *yaml.Node, t reflect.Type, path string, depth in
 		case f < min || f >= max:
 			v.addf(path, "%s is out of range", n.Value)
 		}
+	}
+}
+
+// checkZeroWeight reports an endpoint's weight written as 0: ApplyDefaults
+// would make it the default 1, a full share, where its writer most likely
+// meant none.
+func checkZeroWeight(v *validator, n *yaml.Node, path string) {
+	var w float64
+	if n.Kind == yaml.ScalarNode && n.ShortTag() != "!!null" && n.Decode(&w) == nil && w == 0 {
+		v.addf(path, "0 is not a weight (1 to %d, default 1): to send an endpoint nothing, remove it", kvroute.MaxWeight)
 	}
 }
 
