@@ -92,6 +92,11 @@ type Endpoint struct {
 // and loads stay exact in an int64.
 const MaxWeight = 1_000_000
 
+// LabelBootstrapPort is the endpoint label that gives a prefill engine's
+// SGLang bootstrap port (the disaggregated handoff reads it; the
+// configuration checks it is a port).
+const LabelBootstrapPort = "bootstrap_port"
+
 // HeaderDataParallelRank is the request header that pins a request to one
 // data-parallel rank of an engine (vLLM's OpenAI server and SGLang read it,
 // case-insensitively).

@@ -15,6 +15,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/zmqaddr"
 )
 
 // Config is the whole router configuration.
@@ -96,7 +97,7 @@ type Endpoint struct {
 	// ring) and its session ring share by weight, not its TTFT estimate.
 	// The peers' policies (sglang-cache-aware, llm-d, dynamo, kubeai-chwbl,
 	// preble-e2) ignore it, as their published algorithms do.
-	Weight int `yaml:"weight"`
+	Weight int `yaml:"weight" zero:"to send an endpoint nothing, remove it"`
 	// Labels are free-form (zone, node, gpu, link); default none.
 	Labels map[string]string `yaml:"labels"`
 	// KVCapacityTokens is the engine's KV capacity in tokens; default 0,
@@ -803,12 +804,10 @@ func (m *Model) validate(v *validator, p string) {
 			decoders++
 		}
 		v.weight(ep+".weight", e.Weight)
-		if bp, ok := e.Labels["bootstrap_port"]; ok {
-			// SGLang's bootstrap port of a prefill engine (disagg's
-			// LabelBootstrapPort); a bad one would send every handoff to
-			// the default port.
+		if bp, ok := e.Labels[kvroute.LabelBootstrapPort]; ok {
+			// A bad one would send every SGLang handoff to the default port.
 			if n, err := strconv.Atoi(bp); err != nil || n < 1 || n > 65535 {
-				v.addf(ep+".labels.bootstrap_port", "%q is not a port 1-65535", bp)
+				v.addf(ep+".labels."+kvroute.LabelBootstrapPort, "%q is not a port 1-65535", bp)
 			}
 		}
 		if e.KVCapacityTokens < 0 {
@@ -839,11 +838,17 @@ func (m *Model) validate(v *validator, p string) {
 		case ev.Address != "" && !m.Precise.Enabled():
 			v.addf(ep+".kv_events", "needs %s.precise.tokenizer: KV events are matched on token ids", p)
 		}
-		if ev.Address != "" && !validZMQAddress(ev.Address) {
-			v.addf(ep+".kv_events.address", "%q is not a ZMQ address (tcp://host:port with a port 1-65535, ipc://path)", ev.Address)
+		if ev.Address != "" {
+			if err := zmqaddr.Check(ev.Address, true); err != nil { // a "*" host implies listen
+				v.addf(ep+".kv_events.address", "%v", err)
+			}
 		}
-		if ev.ReplayAddress != "" && !validZMQAddress(ev.ReplayAddress) {
-			v.addf(ep+".kv_events.replay_address", "%q is not a ZMQ address (tcp://host:port with a port 1-65535, ipc://path)", ev.ReplayAddress)
+		var replayErr error
+		if ev.ReplayAddress != "" {
+			replayErr = zmqaddr.Check(ev.ReplayAddress, false) // the engine's ROUTER: always dialled
+		}
+		if replayErr != nil {
+			v.addf(ep+".kv_events.replay_address", "%v", replayErr)
 		} else if e.DataParallelSize <= 1 && sameZMQAddress(ev.Address, ev.ReplayAddress) { // (a data-parallel endpoint's overlap is reported by validateDataParallel)
 			v.addf(ep+".kv_events.replay_address", "%q is kv_events.address again: the engine's replay socket (vLLM's replay_endpoint, a ROUTER) and its event socket (PUB) are two sockets on two addresses", ev.ReplayAddress)
 		}
@@ -933,7 +938,7 @@ func (c *Config) checkBoundKVEvents(v *validator) {
 	for i, m := range c.Models {
 		for j, e := range m.Endpoints {
 			ev := e.KVEvents
-			if ev.Address == "" || !(ev.Listen || strings.Contains(ev.Address, "*")) || !validZMQAddress(ev.Address) {
+			if ev.Address == "" || !(ev.Listen || strings.Contains(ev.Address, "*")) || zmqaddr.Check(ev.Address, true) != nil {
 				continue
 			}
 			path := fmt.Sprintf("models[%d].endpoints[%d].kv_events.address", i, j)
@@ -953,20 +958,6 @@ func (c *Config) checkBoundKVEvents(v *validator) {
 			}
 		}
 	}
-}
-
-// validZMQAddress reports whether addr is a ZMQ address kvroute can use: a
-// transport and an address, and for tcp:// a port 1-65535.
-func validZMQAddress(addr string) bool {
-	i := strings.Index(addr, "://")
-	if i <= 0 || i+3 == len(addr) {
-		return false
-	}
-	if !strings.HasPrefix(addr, "tcp://") {
-		return true
-	}
-	_, port, ok := tcpPort(addr)
-	return ok && port >= 1 && port <= 65535
 }
 
 // sameZMQAddress reports whether two ZMQ addresses, neither "", name one

@@ -93,12 +93,12 @@ func TestValidateErrors(t *testing.T) {
 		{"kv_events port out of range", func(c *Config) {
 			c.Models[0].Precise.Tokenizer = "builtin"
 			c.Models[0].Endpoints[0].KVEvents.Address = "tcp://127.0.0.1:99999"
-		}, `models[0].endpoints[0].kv_events.address: "tcp://127.0.0.1:99999" is not a ZMQ address (tcp://host:port with a port 1-65535, ipc://path)`},
+		}, `models[0].endpoints[0].kv_events.address: "tcp://127.0.0.1:99999" has no port 1-65535 (tcp://host:port)`},
 		{"kv_events without port", func(c *Config) {
 			c.Models[0].Precise.Tokenizer = "builtin"
 			c.Models[0].Endpoints[0].KVEvents.Address = "tcp://127.0.0.1:5557"
 			c.Models[0].Endpoints[0].KVEvents.ReplayAddress = "tcp://127.0.0.1"
-		}, `models[0].endpoints[0].kv_events.replay_address: "tcp://127.0.0.1" is not a ZMQ address (tcp://host:port with a port 1-65535, ipc://path)`},
+		}, `models[0].endpoints[0].kv_events.replay_address: "tcp://127.0.0.1" has no port 1-65535 (tcp://host:port)`},
 		// Two endpoints whose events the router binds at one address
 		// (here rank 1 of a data-parallel endpoint, at port + 1): the
 		// second bind fails at run time.

@@ -102,7 +102,7 @@ type EndpointTemplate struct {
 	// Weight scales each engine's share of the load as an endpoint's
 	// Weight does (which policies honour it is said there); 1 to
 	// 1,000,000, default 1.
-	Weight int `yaml:"weight"`
+	Weight int `yaml:"weight" zero:"to send an endpoint nothing, remove it"`
 	// Labels are added to each engine's, over the discovered zone and node;
 	// default none.
 	Labels map[string]string `yaml:"labels"`

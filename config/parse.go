@@ -12,8 +12,6 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
-
-	"github.com/kvroute/kvroute"
 )
 
 // Parse decodes a YAML configuration strictly (unknown fields are errors,
@@ -239,8 +237,8 @@ func checkNode(v *validator, n *yaml.Node, t reflect.Type, path string, depth in
 		for i := 0; i+1 < len(n.Content); i += 2 {
 			if f, ok := yamlField(t, n.Content[i].Value); ok {
 				checkNode(v, n.Content[i+1], f.Type, joinPath(path, n.Content[i].Value), depth+1)
-				if (t == reflect.TypeFor[Endpoint]() || t == reflect.TypeFor[EndpointTemplate]()) && f.Name == "Weight" {
-					checkZeroWeight(v, n.Content[i+1], joinPath(path, n.Content[i].Value))
+				if hint := f.Tag.Get("zero"); hint != "" {
+					checkZero(v, n.Content[i+1], joinPath(path, n.Content[i].Value), hint)
 				}
 			}
 		}
@@ -301,13 +299,13 @@ func checkNode(v *validator, n *yaml.Node, t reflect.Type, path string, depth in
 	}
 }
 
-// checkZeroWeight reports an endpoint's weight written as 0: ApplyDefaults
-// would make it the default 1, a full share, where its writer most likely
-// meant none.
-func checkZeroWeight(v *validator, n *yaml.Node, path string) {
-	var w float64
-	if n.Kind == yaml.ScalarNode && n.ShortTag() != "!!null" && n.Decode(&w) == nil && w == 0 {
-		v.addf(path, "0 is not a weight (1 to %d, default 1): to send an endpoint nothing, remove it", kvroute.MaxWeight)
+// checkZero reports a 0 written for a field tagged zero:"<hint>": a field
+// whose default replaces 0, where 0 would be read as none (an endpoint's
+// weight of 0 became 1, a full share).
+func checkZero(v *validator, n *yaml.Node, path, hint string) {
+	var x float64
+	if n.Kind == yaml.ScalarNode && n.ShortTag() != "!!null" && n.Decode(&x) == nil && x == 0 {
+		v.addf(path, "0 is refused (unset, the field takes its default, not 0): %s", hint)
 	}
 }
 

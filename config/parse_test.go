@@ -142,9 +142,9 @@ func TestParseRefusesWhatTheDecoderDropsSilently(t *testing.T) {
 		// A weight of 0 became the default 1: a full share for an
 		// endpoint its writer meant to drain.
 		{"weight 0", "models: [{name: m, endpoints: [{url: 'http://a:1', weight: 3}, {url: 'http://b:1', weight: 0}]}]",
-			"models[0].endpoints[1].weight: 0 is not a weight (1 to 1000000, default 1): to send an endpoint nothing, remove it"},
+			"models[0].endpoints[1].weight: 0 is refused (unset, the field takes its default, not 0): to send an endpoint nothing, remove it"},
 		{"weight 0 in a discovery template", "models: [{name: m, discovery: {kubernetes: {service: s, endpoint: {weight: 0.0}}}}]",
-			"models[0].discovery.kubernetes.endpoint.weight: 0 is not a weight (1 to 1000000, default 1): to send an endpoint nothing, remove it"},
+			"models[0].discovery.kubernetes.endpoint.weight: 0 is refused (unset, the field takes its default, not 0): to send an endpoint nothing, remove it"},
 		{"fraction at top level", "retry: {attempts: 1.5}\nmodels: [{name: m, endpoints: [{url: 'http://a:1'}]}]",
 			"retry.attempts: 1.5 is not a whole number"},
 		{"fraction for a uint", "models: [{name: m, policy: {seed: 2.5}, endpoints: [{url: 'http://a:1'}]}]",

@@ -76,7 +76,7 @@ func TestSignalsValidation(t *testing.T) {
 		{"events address", func(m *Model) {
 			m.Precise.Tokenizer = BuiltinTokenizer
 			m.Endpoints[0].KVEvents.Address = "a:5557"
-		}, `models[0].endpoints[0].kv_events.address: "a:5557" is not a ZMQ address`},
+		}, `models[0].endpoints[0].kv_events.address: "a:5557" is not a tcp://, ipc:// or inproc:// address`},
 		{"replay address", func(m *Model) {
 			m.Precise.Tokenizer = BuiltinTokenizer
 			m.Endpoints[0].KVEvents = KVEvents{Address: "tcp://a:1", ReplayAddress: "a:2"}

@@ -40,7 +40,7 @@ const DefaultBootstrapPort = 8998
 
 // LabelBootstrapPort is the endpoint label that gives a prefill engine's
 // SGLang bootstrap port.
-const LabelBootstrapPort = "bootstrap_port"
+const LabelBootstrapPort = kvroute.LabelBootstrapPort
 
 // Doer sends HTTP requests; *http.Client implements it.
 type Doer interface {

@@ -77,7 +77,7 @@ func TestCacheSalt(t *testing.T) {
 			d.run()
 			if len(d.events) == 0 || d.events[0].Kind != BlockStored || d.events[0].Salt != "s1" ||
 				d.events[0].BlockHashes[0] != h.Salted(prefix[:16], "s1").Key() {
-				t.Fatalf("first event %+v: want the BlockStored of the prompt, salted s1", d.events[0])
+				t.Fatalf("events %+v: want first the BlockStored of the prompt, salted s1", d.events)
 			}
 			for _, tc := range []struct {
 				id, salt string

@@ -17,6 +17,7 @@ import (
 	"github.com/zeebo/xxh3"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/zmqaddr"
 	"github.com/kvroute/kvroute/kvindex"
 )
 
@@ -155,27 +156,15 @@ func (c *SubscriberConfig) Validate() error {
 	case c.MaxReplayBytes < 0:
 		return fmt.Errorf("subscriber: MaxReplayBytes %d is negative", c.MaxReplayBytes)
 	}
-	if err := validZMQAddr(c.Address, c.Listen || strings.Contains(c.Address, "*")); err != nil {
+	if err := zmqaddr.Check(c.Address, c.Listen || strings.Contains(c.Address, "*")); err != nil {
 		return fmt.Errorf("subscriber: Address: %w", err)
 	}
 	if c.ReplayAddress != "" {
-		if err := validZMQAddr(c.ReplayAddress, false); err != nil {
+		if err := zmqaddr.Check(c.ReplayAddress, false); err != nil {
 			return fmt.Errorf("subscriber: ReplayAddress: %w", err)
 		}
 	}
 	return nil
-}
-
-func validZMQAddr(a string, listen bool) error {
-	for _, p := range []string{"tcp://", "ipc://", "inproc://"} {
-		if strings.HasPrefix(a, p) && len(a) > len(p) {
-			if !listen && strings.Contains(a, "*") {
-				return fmt.Errorf("%q is a bind address; give the engine's host", a)
-			}
-			return nil
-		}
-	}
-	return fmt.Errorf("%q is not a tcp://, ipc:// or inproc:// address", a)
 }
 
 // SubscriberStatus reports a subscriber's progress.
