@@ -48,6 +48,9 @@ type Config struct {
 	Role kvroute.Role
 	// MetricsFlavor is one of Flavors; default FlavorVLLM.
 	MetricsFlavor string
+	// NoSlots is llama.cpp's --no-slots: GET /slots answers 501. Only
+	// with MetricsFlavor FlavorLlamaCpp (the only flavour with /slots).
+	NoSlots bool
 	// KVEvents configures the ZMQ KV-event publisher; zero = no events.
 	KVEvents KVEventsConfig
 	// Tokenizer tokenizes prompts and renders generated ids; default
@@ -178,6 +181,9 @@ func (c *Config) validate() error {
 	case FlavorVLLM, FlavorVLLMLegacy, FlavorSGLang, FlavorLlamaCpp:
 	default:
 		errs = append(errs, fmt.Errorf("emulator: MetricsFlavor %q is not one of %v", c.MetricsFlavor, Flavors))
+	}
+	if c.NoSlots && c.MetricsFlavor != FlavorLlamaCpp {
+		errs = append(errs, fmt.Errorf("emulator: NoSlots needs MetricsFlavor %s (only llama.cpp has /slots)", FlavorLlamaCpp))
 	}
 	if c.PDProtocol != PDNixl && c.PDProtocol != PDSGLang {
 		errs = append(errs, fmt.Errorf("emulator: PDProtocol %q is not nixl or sglang", c.PDProtocol))

@@ -66,6 +66,17 @@
 //   - GET /health, GET /v1/models, GET /version, POST /tokenize and POST
 //     /reset_prefix_cache as vLLM has them, and vLLM's in-band load report
 //     (the endpoint-load-metrics response header, on request);
+//   - with the llama.cpp flavour, llama.cpp's GET /slots and GET /props
+//     (slots.go; tools/server/server-context.cpp's shapes): the engine's
+//     batch shown as max_num_seqs slots (llama.cpp's -np), a running
+//     request in one slot for as long as it runs (the least recently used
+//     idle one when it starts), n_prompt_tokens the tokens whose KV it
+//     holds, an idle slot keeping its last task's numbers as last
+//     published; n_ctx is max_model_len, as with llama.cpp's --kv-unified
+//     (all slots share one cache); ?fail_on_no_slot=1 is llama.cpp's 503
+//     "no slot available" when no slot is idle, Config.NoSlots
+//     (--no-slots) its 501 on /slots; /props gives total_slots and
+//     default_generation_settings.n_ctx;
 //   - KV-cache events over ZMQ (a PUB socket and the replay ROUTER socket),
 //     array or map encoded, exactly as vLLM publishes them (one
 //     BlockRemoved per evicted block; a block two requests computed is

@@ -38,6 +38,7 @@ type Server struct {
 	// tokenizer, whose codec has its own).
 	tokCache *tokenizer.Cache
 	metrics  *metrics
+	slots    *slotTable // llama.cpp's slots (flavour llamacpp), else nil
 	pub      *publisher // nil without KV events
 	leases   leaseTable
 	client   *http.Client // side-channel calls to prefill engines
@@ -179,6 +180,11 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST /reset_prefix_cache", s.handleResetPrefixCache)
 	s.mux.HandleFunc("POST /tokenize", s.handleTokenize)
 	s.mux.HandleFunc("GET /version", s.handleVersion)
+	if cfg.MetricsFlavor == FlavorLlamaCpp { // slots.go
+		s.slots = newSlotTable(s.prof.MaxNumSeqs, s.prof.MaxModelLen)
+		s.mux.HandleFunc("GET /slots", s.handleSlots)
+		s.mux.HandleFunc("GET /props", s.handleProps)
+	}
 	s.mux.HandleFunc("/", s.handleNotFound)
 	if cfg.KVEvents.Endpoint != "" { // last: nothing fails after the bind
 		s.pub = newPublisher(cfg.KVEvents, cfg.Logger)
@@ -961,6 +967,9 @@ func (s *Server) publishStats(acc *snapshot) {
 	snap := *acc
 	snap.st = s.eng.Stats()
 	s.metrics.publish(&snap)
+	if s.slots != nil {
+		s.slots.update(s.eng)
+	}
 }
 
 // apply runs one queued command in the loop. It reports whether the loop

@@ -40,7 +40,8 @@ max_completion_tokens (chat), stop, include_stop_str_in_output, ignore_eos,
 seed, stream_options.include_usage and continuous_usage_stats; n must be 1;
 logprobs and echo are ignored; errors in vLLM's body with its status, type and
 param; the endpoint-load-metrics header on request), GET /metrics
-(--metrics-flavor), GET /health, GET /v1/models, GET /version, POST /tokenize,
+(--metrics-flavor; with llamacpp also llama.cpp's GET /slots, one slot per
+running request up to --max-num-seqs, and GET /props), GET /health, GET /v1/models, GET /version, POST /tokenize,
 POST /reset_prefix_cache, and the P/D side channel POST /internal/kv/pull.
 Prompts are tokenized with the built-in deterministic tokenizer (chat messages
 rendered with the ChatML template first), so equal text prefixes give equal
@@ -126,7 +127,8 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		hashAlgo    = fs.String("prefix-caching-hash-algo", "xxh3", "block hash: xxh3 (matches the router's kvindex), sha256 or sha256_cbor (vLLM's, byte for byte)")
 		hashSeed    = fs.String("hash-seed", "", "NONE_HASH seed for sha256 algorithms, like PYTHONHASHSEED (default \"vllm-none-hash\")")
 		role        = fs.String("role", "both", "P/D role: both, prefill or decode")
-		flavor      = fs.String("metrics-flavor", emulator.FlavorVLLM, "/metrics flavour: "+strings.Join(emulator.Flavors, ", "))
+		flavor      = fs.String("metrics-flavor", emulator.FlavorVLLM, "/metrics flavour: "+strings.Join(emulator.Flavors, ", ")+" (llamacpp also serves llama.cpp's GET /slots and GET /props)")
+		noSlots     = fs.Bool("no-slots", false, "llama.cpp's --no-slots: GET /slots answers 501 (needs --metrics-flavor llamacpp)")
 		evEndpoint  = fs.String("kv-events-endpoint", "", "ZMQ PUB `endpoint` for KV events, e.g. tcp://*:5557 (default: no events)")
 		evReplay    = fs.String("kv-events-replay", "", "ZMQ ROUTER `endpoint` for replay, e.g. tcp://127.0.0.1:5558")
 		evTopic     = fs.String("kv-events-topic", "", "ZMQ topic of KV-event messages (vLLM's default is empty; its example uses kv-events)")
@@ -193,7 +195,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		}
 	}
 	cfg := emulator.Config{
-		Model: *model, Engine: ec, Speed: *speed, Role: r, MetricsFlavor: *flavor,
+		Model: *model, Engine: ec, Speed: *speed, Role: r, MetricsFlavor: *flavor, NoSlots: *noSlots,
 		KVEvents: emulator.KVEventsConfig{Endpoint: *evEndpoint, ReplayEndpoint: *evReplay, Topic: *evTopic,
 			Encoding: *evEncoding, BufferSteps: *evBuffer},
 		PDProtocol: *pdProtocol, FabricGbps: *fabricGbps, TransferSetup: *setup, LeaseTimeout: *lease,
@@ -428,6 +430,9 @@ func checkEngineFlags(fs *flag.FlagSet) error {
 	}
 	if get("kv-events-replay").String() != "" && get("kv-events-endpoint").String() == "" {
 		return errors.New("--kv-events-replay needs --kv-events-endpoint")
+	}
+	if get("no-slots").String() == "true" && get("metrics-flavor").String() != emulator.FlavorLlamaCpp {
+		return fmt.Errorf("--no-slots needs --metrics-flavor %s (only llama.cpp has /slots)", emulator.FlavorLlamaCpp)
 	}
 	return nil
 }

@@ -30,7 +30,7 @@ func TestEngineHelpExplainsEveryFlag(t *testing.T) {
 	}
 	for _, f := range []string{"model", "profile", "listen", "speed", "kv-blocks", "role", "metrics-flavor",
 		"kv-events-endpoint", "kv-events-replay", "kv-events-topic", "kv-events-encoding", "fabric-gbps", "pd-protocol",
-		"kv-lease", "pd-load-failure", "prefix-caching-hash-algo", "tokenizer", "hf-config", "gpu", "tp", "dtype"} {
+		"kv-lease", "pd-load-failure", "prefix-caching-hash-algo", "tokenizer", "hf-config", "gpu", "tp", "dtype", "no-slots"} {
 		if !strings.Contains(out.String(), "-"+f) {
 			t.Errorf("--help lacks -%s", f)
 		}
@@ -55,6 +55,7 @@ func TestEngineUsageErrors(t *testing.T) {
 		{[]string{"engine", "--model", "m", "--profile", "nope"}, "unknown profile"},
 		{[]string{"engine", "--model", "m", "--role", "x"}, `--role "x" is not one of both, prefill, decode`},
 		{[]string{"engine", "--model", "m", "--metrics-flavor", "x"}, `--metrics-flavor "x" is not one of vllm, vllm-legacy, sglang, llamacpp`},
+		{[]string{"engine", "--model", "m", "--no-slots"}, "--no-slots needs --metrics-flavor llamacpp"},
 		// Each flag by its name, not the config field it fills ("negative
 		// override in Config", "FabricGbps, LeaseTimeout, ... must not be
 		// negative", "PDProtocol").

@@ -1,0 +1,34 @@
+package engine
+
+// SeqInfo is one running request's state, as a server that reports its
+// batch request by request (llama.cpp's /slots) shows it.
+type SeqInfo struct {
+	// ID is the request's ID (Request.ID).
+	ID string
+	// PromptTokens is the prompt's length in tokens.
+	PromptTokens int
+	// CachedTokens are the prompt tokens found in the prefix cache (or
+	// that arrived from outside) when the request was scheduled: not
+	// computed by it.
+	CachedTokens int
+	// Tokens is how many tokens' KV the request holds: its prompt and
+	// outputs computed so far, cached ones included.
+	Tokens int
+	// Outputs counts the tokens generated so far.
+	Outputs int
+	// MaxTokens is the request's output limit.
+	MaxTokens int
+}
+
+// AppendRunning appends the running requests, in the order of the batch,
+// to dst and returns it. Requests waiting (queued, preempted, or holding
+// blocks for KV that has not arrived) are not running.
+func (e *Engine) AppendRunning(dst []SeqInfo) []SeqInfo {
+	for _, s := range e.running {
+		dst = append(dst, SeqInfo{
+			ID: s.id, PromptTokens: int(s.promptLen), CachedTokens: int(s.cachedTokens),
+			Tokens: s.computed, Outputs: s.outputs, MaxTokens: int(s.maxTokens),
+		})
+	}
+	return dst
+}
