@@ -17,7 +17,7 @@
 //	vllm         vllm:num_requests_waiting  vllm:num_requests_running vllm:kv_cache_usage_perc   vllm:prefix_cache_{hits,queries}_total
 //	vllm-legacy  (same)                     (same)                    vllm:gpu_cache_usage_perc  vllm:gpu_prefix_cache_{hits,queries}_total
 //	sglang       sglang:num_queue_reqs      sglang:num_running_reqs   sglang:token_usage         sglang:cached_tokens_total / prompt_tokens_total
-//	llamacpp     llamacpp:requests_deferred llamacpp:requests_processing (none since 2025)    prompt_tokens_cached_total / (+ prompt_tokens_total)
+//	llamacpp     llamacpp:requests_deferred /slots: busy slots          /slots (see below)         prompt_tokens_cached_total / (+ prompt_tokens_total)
 //	tgi          tgi_queue_size             tgi_batch_current_size    (none)                     (none)
 //
 // SGLang's waiting adds a P/D server's queues ahead of its work
@@ -26,6 +26,33 @@
 // sglang:num_decode_prealloc_queue_reqs and
 // sglang:num_decode_transfer_queue_reqs; not the prefill inflight queue,
 // whose requests are prefilled and wait only for their KV to be read.
+//
+// llama.cpp removed its KV gauges from /metrics in 2025 (PR #13660); a
+// llama.cpp page (forced or detected) makes the scraper read the server's
+// GET /slots too, at the same URL with the path's last element "metrics"
+// replaced by "slots" (query kept), and GET /props once (again when the
+// slot count changes or after failures): ParseSlots, ParseProps. What it
+// adds (applySlots):
+//
+//	Running           the slots with is_processing (llamacpp:requests_processing counts the same)
+//	TotalSlots        /props total_slots (-np), else the slots listed; BusySlots the busy ones
+//	KVTokens          the busy slots' n_prompt_tokens: the tokens of the slot's cached sequence
+//	                  (prompt and output so far) whose KV it holds; newer builds only
+//	KVCapacityTokens  the sum of the slots' n_ctx (exact without --kv-unified; with it every slot's
+//	                  n_ctx is the whole shared cache: configure kv_capacity_tokens instead)
+//	KVUsage           KVTokens over KVCapacityTokens
+//
+// An idle slot keeps its last prompt cached (a new request overwrites it),
+// so its tokens are not counted as used, as vLLM's kv_cache_usage_perc
+// leaves out the cached blocks no request holds. A build without
+// n_prompt_tokens (or a server none of whose slots ran a task yet) gives no
+// KV figures: only the busy slots, never an invented number. Waiting stays
+// llamacpp:requests_deferred (/slots has no queue). With KVTokens the View
+// computes KV usage from the tokens over its capacity (a configured one
+// first). /slots never fails a scrape: a 404 or 501 (--no-slots) is one
+// INFO line and the signals come from /metrics alone, /slots asked again
+// after SlotsRetry (1 min); any other failure is one WARN per failure
+// streak.
 //
 // vLLM's vllm:cache_config_info gives the block size and the number of GPU
 // blocks (KV capacity), vllm:lora_requests_info the adapters loaded. Series

@@ -57,10 +57,12 @@ const (
 	HasCacheConfig // BlockSize and/or NumGPUBlocks
 	HasKVCapacity  // KVCapacityTokens
 	HasLoRA
+	HasSlots    // TotalSlots and BusySlots (llama.cpp's /slots)
+	HasKVTokens // KVTokens (llama.cpp's /slots, n_prompt_tokens)
 )
 
 var fieldNamesList = []string{"waiting", "running", "kv_usage", "prefix_counters", "cache_hit_rate", "preemptions",
-	"cache_config", "kv_capacity", "lora"}
+	"cache_config", "kv_capacity", "lora", "slots", "kv_tokens"}
 
 // String lists the fields in f, e.g. "waiting|running".
 func (f Field) String() string {
@@ -104,12 +106,25 @@ type Metrics struct {
 	BlockSize    int `json:"block_size"`
 	NumGPUBlocks int `json:"num_gpu_blocks"`
 	// KVCapacityTokens is the KV cache size in tokens: BlockSize*NumGPUBlocks
-	// for vLLM, sglang:max_total_num_tokens for SGLang; 0 = unknown.
+	// for vLLM, sglang:max_total_num_tokens for SGLang, the sum of the
+	// slots' n_ctx for llama.cpp (/slots; exact without --kv-unified, the
+	// slot count times too large with it, where every slot's n_ctx is the
+	// whole shared cache); 0 = unknown.
 	KVCapacityTokens int `json:"kv_capacity_tokens"`
 	// LoRAAdapters are the adapters running or waiting (vllm:lora_requests_info),
 	// sorted, without duplicates; MaxLoRA is the engine's max_lora (0 = unknown).
 	LoRAAdapters []string `json:"lora_adapters,omitempty"`
 	MaxLoRA      int      `json:"max_lora,omitempty"`
+	// TotalSlots and BusySlots are a llama.cpp server's slots (-np, from
+	// /props or /slots) and those processing a request (/slots); the
+	// scraper reads them besides /metrics (see the package doc).
+	TotalSlots int `json:"total_slots,omitempty"`
+	BusySlots  int `json:"busy_slots,omitempty"`
+	// KVTokens is the tokens whose KV the running requests hold: a
+	// llama.cpp server's busy slots' n_prompt_tokens. With it, the View
+	// moves KV usage by the router's transitions from KVTokens over the
+	// KV capacity (configured, or the slots' n_ctx).
+	KVTokens int `json:"kv_tokens,omitempty"`
 }
 
 // Has reports whether all fields in f were reported.

@@ -156,7 +156,8 @@ type Scraper struct {
 
 	lastDuration atomic.Int64 // nanoseconds of the last scrape
 	flavor       atomic.Pointer[Flavor]
-	failing      bool // in a failure streak; only the loop goroutine uses it
+	failing      bool       // in a failure streak; only the loop goroutine uses it
+	slots        slotsState // a llama.cpp server's /slots (slotscrape.go)
 
 	// A data-parallel target's scrape, split by rank (Target.Ranks); only
 	// the loop goroutine uses them.
@@ -320,8 +321,15 @@ func (s *Scraper) ScrapeOnce(ctx context.Context) {
 	}
 	if s.failing {
 		s.cfg.Logger.Info("scrape recovered", "endpoint", s.target.Endpoint)
+		s.slots.propsStale = true // the server may have restarted
 	}
 	s.failing = false
+	if m.Flavor == FlavorLlamaCPP {
+		s.addSlots(ctx, &m)
+		if ctx.Err() != nil {
+			return
+		}
+	}
 	f := m.Flavor
 	s.flavor.Store(&f)
 	// The engine's state is sampled at some point during the request; the

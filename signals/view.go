@@ -418,7 +418,13 @@ func (v *View) LoadUntil(now time.Time) (kvroute.Load, time.Time) {
 		l.Waiting = max(0, roundInt(v.last.Waiting)+v.dW)
 		l.Running = max(0, roundInt(v.last.Running)+v.dR)
 	}
-	if !l.Stale && v.last.Has(HasKVUsage) {
+	if !l.Stale && v.last.Has(HasKVTokens) && capTokens > 0 {
+		// The tokens the engine's running requests hold (llama.cpp's
+		// busy slots), moved by the router's transitions, over the
+		// capacity: a configured one rules over the scraped one (the sum
+		// of the slots' n_ctx, too large with --kv-unified).
+		l.KVUsage = clamp01(float64(v.last.KVTokens+v.dKV) / float64(capTokens))
+	} else if !l.Stale && v.last.Has(HasKVUsage) {
 		// The engine's figure, moved by the router's transitions since
 		// it was sampled. Once stale it is dropped like the queue
 		// counts: a figure of unknown age would keep a node that was

@@ -1,0 +1,176 @@
+package signals
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+)
+
+// SlotsRetry is how long a scraper leaves a llama.cpp server's /slots
+// alone after it answered 404 or 501 (--no-slots, or a server without the
+// endpoint) before it asks again.
+const SlotsRetry = time.Minute
+
+// slotsState is a Scraper's reading of a llama.cpp server's /slots and
+// /props; only the loop goroutine uses it.
+type slotsState struct {
+	slotsURL, propsURL string
+	buf                bytes.Buffer
+	off                bool      // /slots answered 404 or 501: not served
+	retryAt            time.Time // when off, ask again from then
+	failing            bool      // in a failure streak of /slots
+	props              Props     // the last /props read (TotalSlots 0: none)
+	propsStale         bool      // read /props at the next /slots
+	propsFailing       bool      // the last /props failed (logged)
+	lastTotal          int       // the slots the last /slots listed
+}
+
+// slotsURLs derives the /slots and /props URLs from a metrics URL: its
+// path's last element "metrics" replaced (so that a prefix stays), or the
+// path replaced; the query stays (llama.cpp's router mode names the model
+// with ?model=).
+func slotsURLs(metricsURL string) (slots, props string, err error) {
+	u, err := url.Parse(metricsURL)
+	if err != nil {
+		return "", "", err
+	}
+	base := "/"
+	if i := strings.LastIndexByte(u.Path, '/'); i >= 0 && u.Path[i+1:] == "metrics" {
+		base = u.Path[:i+1]
+	}
+	s, p := *u, *u
+	s.Path, p.Path = base+"slots", base+"props"
+	s.RawPath, p.RawPath = "", ""
+	return s.String(), p.String(), nil
+}
+
+// errSlotsOff is /slots' 404 or 501.
+type errSlotsOff struct{ status string }
+
+func (e *errSlotsOff) Error() string { return "status " + e.status }
+
+// addSlots reads the llama.cpp server's /slots (and /props when needed)
+// into m, a successful /metrics scrape. A server that does not serve
+// /slots (404, 501: --no-slots) is logged once and asked again after
+// SlotsRetry; other failures are logged once per streak. Either way m
+// keeps its /metrics signals: /slots only adds to them.
+func (s *Scraper) addSlots(ctx context.Context, m *Metrics) {
+	st := &s.slots
+	if st.slotsURL == "" {
+		var err error
+		if st.slotsURL, st.propsURL, err = slotsURLs(s.target.MetricsURL); err != nil {
+			return // NewScraper checked the URL
+		}
+		st.propsStale = true
+	}
+	if st.off && time.Now().Before(st.retryAt) {
+		return
+	}
+	err := s.get(ctx, st.slotsURL, &st.buf)
+	var sl Slots
+	if err == nil {
+		sl, err = ParseSlots(st.buf.Bytes())
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	var off *errSlotsOff
+	switch {
+	case errors.As(err, &off):
+		if !st.off {
+			s.cfg.Logger.Info("llama.cpp server does not serve /slots (started with --no-slots?): its busy slots and KV are read from /metrics alone",
+				"endpoint", s.target.Endpoint, "url", st.slotsURL, "status", off.status, "retry_in", SlotsRetry)
+		}
+		st.off, st.retryAt, st.failing = true, time.Now().Add(SlotsRetry), false
+		return
+	case err != nil:
+		if !st.failing {
+			s.cfg.Logger.Warn("llama.cpp /slots failed: signals from /metrics alone until it recovers",
+				"endpoint", s.target.Endpoint, "url", st.slotsURL, "err", err)
+		}
+		st.failing = true
+		return
+	}
+	if st.off || st.failing {
+		s.cfg.Logger.Info("llama.cpp /slots read", "endpoint", s.target.Endpoint, "url", st.slotsURL)
+		st.propsStale = true // the server may have restarted meanwhile
+	}
+	st.off, st.failing = false, false
+	if sl.Total != st.lastTotal {
+		st.propsStale = true // restarted with another -np
+	}
+	st.lastTotal = sl.Total
+	if st.propsStale {
+		s.readProps(ctx, sl)
+	}
+	applySlots(m, sl, st.props)
+}
+
+// readProps reads /props; a failure leaves the slots' own count.
+func (s *Scraper) readProps(ctx context.Context, sl Slots) {
+	st := &s.slots
+	err := s.get(ctx, st.propsURL, &st.buf)
+	var p Props
+	if err == nil {
+		p, err = ParseProps(st.buf.Bytes())
+	}
+	if ctx.Err() != nil {
+		return
+	}
+	if err != nil {
+		if !st.propsFailing {
+			s.cfg.Logger.Warn("llama.cpp /props failed: total slots from /slots", "endpoint", s.target.Endpoint, "url", st.propsURL, "err", err)
+		}
+		// Asked again when the slots change or /slots recovers.
+		st.props, st.propsStale, st.propsFailing = Props{}, false, true
+		return
+	}
+	st.propsStale, st.propsFailing = false, false
+	if p != st.props {
+		s.cfg.Logger.Info("llama.cpp slots", "endpoint", s.target.Endpoint, "total_slots", p.TotalSlots, "n_ctx", p.NCtx,
+			"slots_listed", sl.Total, "n_prompt_tokens", sl.HasTokens)
+	}
+	st.props = p
+}
+
+// get GETs url into buf within the scrape timeout and body cap: 404 and
+// 501 are *errSlotsOff, any other status but 200 an error.
+func (s *Scraper) get(ctx context.Context, url string, buf *bytes.Buffer) error {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return err
+	}
+	req.Header.Set("Accept", "application/json")
+	req.Header.Set("User-Agent", "kvroute")
+	resp, err := s.cfg.Client.Do(req)
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	switch resp.StatusCode {
+	case http.StatusOK:
+	case http.StatusNotFound, http.StatusNotImplemented:
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		return &errSlotsOff{status: resp.Status}
+	default:
+		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("status %s", resp.Status)
+	}
+	buf.Reset()
+	n, err := buf.ReadFrom(io.LimitReader(resp.Body, s.cfg.MaxBodyBytes+1))
+	if err != nil {
+		return fmt.Errorf("read body: %w", err)
+	}
+	if n > s.cfg.MaxBodyBytes {
+		return fmt.Errorf("body exceeds %d bytes", s.cfg.MaxBodyBytes)
+	}
+	return nil
+}
