@@ -101,7 +101,9 @@ type Endpoint struct {
 	// Labels are free-form (zone, node, gpu, link); default none.
 	Labels map[string]string `yaml:"labels"`
 	// KVCapacityTokens is the engine's KV capacity in tokens; default 0,
-	// which means learn it from the engine's metrics.
+	// which means learn it from the engine's metrics (for llama.cpp, the
+	// sum of its slots' n_ctx: set it to the context size, -c, for a
+	// server with --kv-unified, whose slots share the whole cache).
 	KVCapacityTokens int `yaml:"kv_capacity_tokens"`
 	// Signals overrides the model's signals settings for this endpoint;
 	// zero fields take the model's values.

@@ -107,7 +107,8 @@ type EndpointTemplate struct {
 	// default none.
 	Labels map[string]string `yaml:"labels"`
 	// KVCapacityTokens is each engine's KV capacity in tokens; default 0:
-	// learnt from the engine's metrics.
+	// learnt from the engine's metrics (llama.cpp: see
+	// Endpoint.KVCapacityTokens).
 	KVCapacityTokens int `yaml:"kv_capacity_tokens"`
 	// Signals overrides the model's signals settings for each engine, as
 	// Endpoint.Signals does; metrics_url is not allowed (it would name one
