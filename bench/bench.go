@@ -49,7 +49,7 @@ const (
 	ErrTimeout   = "timeout"   // the per-request timeout expired
 	ErrCanceled  = "canceled"  // cancelled while the run went on (a request cut short by the run's end is ErrInterrupted)
 	ErrTransport = "transport" // any other failure before a response
-	ErrMidstream = "midstream" // an error event, a finish_reason "abort" or a broken stream after a 200
+	ErrMidstream = "midstream" // an error event (or event: error, llama.cpp's error: line), a finish_reason "abort" or a broken stream after a 200
 	ErrBadReply  = "bad_response"
 	// HTTP errors are "http_<status>", e.g. http_500; 429 is a rejection.
 
@@ -620,6 +620,14 @@ func (r *runner) readStream(ctx context.Context, body io.Reader, ct string, t0 t
 			break
 		}
 		now := time.Now()
+		if ev.Type == "error" {
+			// An error event (event: error, or llama.cpp's old "error:"
+			// line), whatever its data holds.
+			s.E2E = time.Since(t0)
+			s.Err = ErrMidstream
+			r.example(s.Err, "error event: "+errorMessage(ev.Data))
+			break
+		}
 		var c chunk
 		if err := json.Unmarshal(ev.Data, &c); err != nil {
 			// Read on: what follows may say why. An event cut short by a

@@ -17,7 +17,8 @@
 //
 // Every failure is recorded on the request's report.Sample and never stops
 // the run: connect (refused or unreachable), dns, timeout, transport,
-// http_<status>, midstream (an error event, a choice finished
+// http_<status>, midstream (an error event: data: {"error": ...}, an
+// event of type error, or llama.cpp's old "error:" line; a choice finished
 // with finish_reason "abort" as vLLM ends a request its engine aborted, or a
 // broken stream after a 200) and bad_response (also a 200 with a JSON body:
 // a server that does not stream, or a body of another type holding no event,

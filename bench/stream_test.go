@@ -36,6 +36,15 @@ func TestReadStream(t *testing.T) {
 			"data: {\"choices\":[{\"delta\":{\"content\":\"\"},\"finish_reason\":\"abort\"}]}\n\n" +
 			"data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1,\"total_tokens\":10}}\n\ndata: [DONE]\n\n", ErrMidstream, 1, -1},
 		{"finished", "data: {\"choices\":[{\"delta\":{\"content\":\"a\"},\"finish_reason\":\"length\"}]}\n\ndata: [DONE]\n\n", "", 1, -1},
+		// llama.cpp before PR 16109 (2025-09) sent a mid-stream error as an
+		// "error:" field, which the SSE format does not know, then [DONE]:
+		// the request failed, though no data event says so.
+		{"llama.cpp error field", "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":null}}]}\n\n" +
+			"error: {\"code\":400,\"message\":\"the request exceeds the available context size\",\"type\":\"invalid_request_error\"}\n\ndata: [DONE]\n\n", ErrMidstream, 0, -1},
+		// An event of type error (the SSE way to say it), whatever its data.
+		{"error event type", "data: {\"choices\":[{\"text\":\"a\"}]}\n\nevent: error\ndata: {\"message\":\"engine dead\"}\n\ndata: [DONE]\n\n", ErrMidstream, 1, -1},
+		// Other event types and comments are no error.
+		{"ping and named events", ": ping\n\nevent: message\ndata: {\"choices\":[{\"text\":\"a\"}]}\n\ndata:{\"choices\":[{\"text\":\"b\"}]}\r\n\r\ndata:[DONE]\n\n", "", 2, -1},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			r := &runner{}
@@ -55,6 +64,7 @@ func FuzzReadStream(f *testing.F) {
 	f.Add([]byte("data: {\"choices\":[{\"delta\":{\"content\":\"a\"}}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":1,\"completion_tokens\":1,\"total_tokens\":2,\"prompt_tokens_details\":{\"cached_tokens\":0}}}\n\ndata: [DONE]\n\n"))
 	f.Add([]byte("data: {\"error\":{\"message\":\"x\"}}\n\n"))
 	f.Add([]byte(": ping\r\nevent: x\r\ndata: [DONE]\r\n\r\n"))
+	f.Add([]byte("error: {\"message\":\"x\"}\n\ndata: [DONE]\n\n"))
 	f.Add([]byte("data: {\"choices\":[{\"text\":\"a\",\"finish_reason\":\"abort\"}]}\n\ndata: {\"choi"))
 	f.Fuzz(func(t *testing.T, body []byte) {
 		r := &runner{}
@@ -94,5 +104,17 @@ func BenchmarkReadStream(b *testing.B) {
 		if s.OutputTokens != 256 {
 			b.Fatalf("tokens %d", s.OutputTokens)
 		}
+	}
+}
+
+// TestReadStreamErrorFieldMessage: llama.cpp's old "error:" line fails the
+// request with the server's message as the example.
+func TestReadStreamErrorFieldMessage(t *testing.T) {
+	r := &runner{}
+	s := report.Sample{CachedTokens: -1}
+	body := "error: {\"code\":400,\"message\":\"the request exceeds the available context size\",\"type\":\"invalid_request_error\"}\n\ndata: [DONE]\n\n"
+	r.readStream(context.Background(), bytes.NewReader([]byte(body)), openai.ContentTypeEventStream, time.Now(), &s)
+	if want := "error event: the request exceeds the available context size"; s.Err != ErrMidstream || r.examples[ErrMidstream] != want {
+		t.Errorf("got err %q example %q, want %q %q", s.Err, r.examples[ErrMidstream], ErrMidstream, want)
 	}
 }

@@ -133,7 +133,8 @@ func (w *SSEWriter) Flush() error {
 // Event is one server-sent event. Data and the strings are valid until the
 // next call to SSEReader.Next.
 type Event struct {
-	// Type is the "event:" field; empty means "message".
+	// Type is the "event:" field; empty means "message". An event with an
+	// "error:" line has type "error" (see SSEReader).
 	Type string
 	// ID is the last "id:" field seen in the stream (it persists across
 	// events, as the SSE specification says).
@@ -157,7 +158,9 @@ const DefaultMaxEventBytes = 16 << 20
 // SSEReader reads server-sent events tolerantly: lines may end in LF, CRLF
 // or CR; "data:" with or without the space; comments, unknown fields and a
 // leading byte-order mark are skipped; an event that is not followed by a
-// blank line at the end of the stream is still delivered. It does not
+// blank line at the end of the stream is still delivered. An "error:" line
+// (llama.cpp's mid-stream error before 2025-09) is read as a data line of
+// an event of type "error". It does not
 // interpret the data (see Event.IsDone). An SSEReader is not safe for
 // concurrent use.
 type SSEReader struct {
@@ -286,7 +289,13 @@ func (r *SSEReader) Next() (Event, error) {
 			}
 		}
 		switch string(field) {
-		case "data":
+		case "data", "error":
+			if field[0] == 'e' {
+				// llama.cpp's server before PR 16109 (2025-09) sent a
+				// mid-stream error as an "error:" field, which the SSE
+				// format does not know: an error event, not nothing.
+				r.evType = append(r.evType[:0], "error"...)
+			}
 			if r.hasData {
 				r.data = append(r.data, '\n')
 			}

@@ -98,6 +98,8 @@ func TestSSEReader(t *testing.T) {
 		{"bom", "\xef\xbb\xbfdata: x\n\n", []ev{{Data: "x"}}},
 		{"empty data line", "data\n\n", []ev{{Data: ""}}},
 		{"event without data dropped", "event: x\n\ndata: y\n\n", []ev{{Data: "y"}}},
+		// llama.cpp before PR 16109 (2025-09): the error is an event.
+		{"llama.cpp error field", "error: {\"code\":400}\n\ndata: [DONE]\n\n", []ev{{Type: "error", Data: `{"code":400}`}, {Data: "[DONE]"}}},
 		{"empty", "", nil},
 		{"blank lines only", "\n\n\r\n", nil},
 	}
@@ -214,6 +216,8 @@ func naiveEvents(in string) []ev {
 		switch f {
 		case "data":
 			data, has = append(data, v), true
+		case "error": // llama.cpp's old mid-stream error
+			data, has, typ = append(data, v), true, "error"
 		case "event":
 			typ = v
 		case "id":
@@ -232,7 +236,7 @@ func naiveEvents(in string) []ev {
 func FuzzSSEReader(f *testing.F) {
 	for _, s := range []string{
 		"data: {\"a\":1}\n\ndata: [DONE]\n\n", "data: x\r\n\r\n", "data:x\r\rdata: y", "\xef\xbb\xbfdata: z\n\n",
-		"event: e\nid: 1\nretry: 10\ndata\n\n", ": c\n\n", "data: a\ndata: b\n", "\r\n\r",
+		"event: e\nid: 1\nretry: 10\ndata\n\n", ": c\n\n", "error: {}\n\n", "error:x\nevent: y\n", "data: a\ndata: b\n", "\r\n\r",
 	} {
 		f.Add(s, uint8(0))
 		f.Add(s, uint8(1))
