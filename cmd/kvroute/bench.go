@@ -170,8 +170,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		hdr.Set(strings.TrimSpace(k), strings.TrimSpace(v))
 	}
+	// --duration and --max-requests are applied to each run's workload
+	// (Workload.Limit: the duration counts from the first arrival), not
+	// as Config.Duration, which counts from 0 and dropped the requests of
+	// a generator whose first one comes later (a storm's burst).
 	cfg := bench.Config{URL: url, Model: model, API: api, Prompt: prompt, MaxInFlight: maxInFlight,
-		Timeout: timeout, Duration: duration, MaxRequests: maxRequests, IgnoreEOS: ignoreEOS, Header: hdr}
+		Timeout: timeout, IgnoreEOS: ignoreEOS, Header: hdr}
 	if err := cfg.Validate(); err != nil {
 		if strings.HasPrefix(err.Error(), "bench: url") || strings.HasPrefix(err.Error(), "bench: header") {
 			return usageErr("--%s", strings.TrimPrefix(err.Error(), "bench: "))

@@ -549,3 +549,37 @@ func TestBenchCommandRateLimits(t *testing.T) {
 		})
 	}
 }
+
+// TestBenchCommandDurationFromFirstArrival: --duration counts from the
+// first request's arrival, as --help says, also for a generator whose first
+// request comes later than 0 (a storm's burst): the requests kept for the
+// run are all sent. bench.Run's own Duration, counted from 0, was passed
+// too and dropped them: this run sent nothing.
+func TestBenchCommandDurationFromFirstArrival(t *testing.T) {
+	const params = "burst=4,burst_at_s=0.3,burst_s=0.1,prefix_len=10,hot_len=10,suffix_len=5,output_len=2"
+	p, err := workload.ParseParams(params)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := workload.Generate("storm", workload.Options{Seed: 1, Requests: 4, Arrivals: workload.Arrivals{Rate: 20}, Params: p})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const d = 200 * time.Millisecond
+	if first := w.Requests[0].Arrival; first <= d {
+		t.Fatalf("the first request arrives at %v: want one later than --duration %v", first, d)
+	}
+	w.Limit(d, 0)
+	srv := &sseServer{}
+	ts := httptest.NewServer(srv)
+	defer ts.Close()
+	var out, errb bytes.Buffer
+	args := []string{"bench", "--url", ts.URL, "--model", "m", "--workload", "storm", "--rate", "20", "--requests", "4",
+		"--params", params, "--duration", d.String(), "--quiet"}
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("%v: %s", err, errb.String())
+	}
+	if got := int(srv.n.Load()); got != len(w.Requests) || got == 0 {
+		t.Errorf("the server got %d requests, want the %d arriving within %v of the first", got, len(w.Requests), d)
+	}
+}
