@@ -279,7 +279,7 @@ func (r *Result) Summary(o report.SummaryOptions) report.Row {
 // goroutine (at most MaxInFlight at once), and measured from send to last
 // byte. Failures of any kind are recorded per request; Run returns an error
 // only for a bad configuration or requests out of arrival order. Cancelling
-// ctx stops issuing and cancels the requests in flight (recorded in
+// ctx, or its deadline, stops issuing and cancels the requests in flight (recorded in
 // Result.Interrupted, not as failures); Run always waits for every
 // goroutine it started.
 func Run(ctx context.Context, cfg Config, reqs []workload.Request) (*Result, error) {
@@ -450,7 +450,7 @@ func (r *runner) do(ctx context.Context, req *workload.Request, sentAt time.Dura
 		s.Err = ErrBadReply
 		return s
 	}
-	ctx, cancel := context.WithTimeout(ctx, r.cfg.Timeout)
+	ctx, cancel := context.WithTimeoutCause(ctx, r.cfg.Timeout, errRequestTimeout)
 	defer cancel()
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, r.url, bytes.NewReader(body))
 	if err != nil {
@@ -725,14 +725,23 @@ func (r *runner) broken(ctx context.Context, err error, ended string, s *report.
 	}
 }
 
-// classify maps a transport error to an error kind.
+// errRequestTimeout is the cause of a request's context when
+// Config.Timeout expired.
+var errRequestTimeout = errors.New("bench: request timeout")
+
+// classify maps a transport error of a request with context ctx to an
+// error kind. A request whose context ended for another reason than its
+// own timeout was cancelled, also by a deadline of the run's context
+// (Run's caller ending the run, as Ctrl-C does).
 func classify(ctx context.Context, err error) string {
 	var dnsErr *net.DNSError
 	switch {
-	case errors.Is(err, context.DeadlineExceeded) || errors.Is(ctx.Err(), context.DeadlineExceeded):
+	case ctx.Err() != nil && context.Cause(ctx) == errRequestTimeout:
 		return ErrTimeout
 	case errors.Is(err, context.Canceled) || ctx.Err() != nil:
 		return ErrCanceled
+	case errors.Is(err, context.DeadlineExceeded):
+		return ErrTimeout
 	case errors.As(err, &dnsErr):
 		return ErrDNS
 	case errors.Is(err, syscall.ECONNREFUSED), errors.Is(err, syscall.EHOSTUNREACH),

@@ -667,3 +667,49 @@ func TestIdleTimeoutBelowServerKeepAlive(t *testing.T) {
 		t.Errorf("%d requests sent on a connection the server had closed", d)
 	}
 }
+
+// TestRunDeadline: a run whose context has a deadline (Run bounded with
+// context.WithTimeout) ends like one cancelled: the requests in flight at
+// the deadline are interrupted, not timeout failures, while a request's own
+// Config.Timeout is still a timeout.
+func TestRunDeadline(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		_, _ = io.Copy(io.Discard, r.Body)
+		if r.Header.Get("X-Session-Id") == "slow" {
+			openai.SetHeaders(w.Header())
+			sse := openai.NewSSEWriter(w)
+			sse.Data([]byte(`{"choices":[{"index":0,"delta":{"content":"a"},"finish_reason":null}]}`))
+			_ = sse.Flush()
+		}
+		<-r.Context().Done()
+	}))
+	defer srv.Close()
+	t.Run("run deadline", func(t *testing.T) {
+		ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+		defer cancel()
+		res, err := Run(ctx, Config{URL: srv.URL, Model: "m"}, reqs("x", "slow"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Samples) != 0 || len(res.Interrupted) != 2 {
+			t.Errorf("samples %+v, interrupted %+v; want none and both requests", res.Samples, res.Interrupted)
+		}
+		if len(res.ErrorExamples) > 0 {
+			t.Errorf("error examples %v, want none (no request failed)", res.ErrorExamples)
+		}
+	})
+	t.Run("request timeout", func(t *testing.T) {
+		res, err := Run(context.Background(), Config{URL: srv.URL, Model: "m", Timeout: 200 * time.Millisecond}, reqs("x", "slow"))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(res.Samples) != 2 || len(res.Interrupted) != 0 {
+			t.Fatalf("samples %+v, interrupted %+v; want both requests timed out", res.Samples, res.Interrupted)
+		}
+		for _, s := range res.Samples {
+			if s.Err != ErrTimeout {
+				t.Errorf("sample %s: error %q, want %q", s.ID, s.Err, ErrTimeout)
+			}
+		}
+	})
+}

@@ -31,7 +31,8 @@
 // Concurrency: Run starts one goroutine per in-flight request, at most
 // Config.MaxInFlight at once; when the cap is reached the next request waits
 // for a slot (Result.Delayed counts those). Run waits for every goroutine it
-// started before it returns, also when its context is cancelled: in-flight
+// started before it returns, also when its context is cancelled (or its
+// deadline passes, which is no request's timeout): in-flight
 // requests are then cancelled, and recorded apart in Result.Interrupted
 // (kind interrupted), not in Samples: cut short, they have no outcome, and
 // counted as failures they would distort the run's error rate.
