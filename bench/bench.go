@@ -49,7 +49,7 @@ const (
 	ErrTimeout   = "timeout"   // the per-request timeout expired
 	ErrCanceled  = "canceled"  // cancelled while the run went on (a request cut short by the run's end is ErrInterrupted)
 	ErrTransport = "transport" // any other failure before a response
-	ErrMidstream = "midstream" // an error event (or event: error, llama.cpp's error: line), a finish_reason "abort" or a broken stream after a 200
+	ErrMidstream = "midstream" // an error event (or event: error, llama.cpp's error: line), a finish_reason "abort", no answer at all, or a broken stream after a 200
 	ErrBadReply  = "bad_response"
 	// HTTP errors are "http_<status>", e.g. http_500; 429 is a rejection.
 
@@ -589,9 +589,10 @@ func (r *runner) readStream(ctx context.Context, body io.Reader, ct string, t0 t
 	var last time.Time
 	chunks := 0
 	events := 0
-	aborted := false // a choice finished with "abort"
-	bad := ""        // the first unparseable event, with why
-	badLast := false // the last event read was unparseable
+	aborted := false  // a choice finished with "abort"
+	finished := false // a choice had a finish_reason
+	bad := ""         // the first unparseable event, with why
+	badLast := false  // the last event read was unparseable
 	var usage *openai.Usage
 	for {
 		ev, err := sr.Next()
@@ -655,8 +656,9 @@ func (r *runner) readStream(ctx context.Context, body io.Reader, ct string, t0 t
 			if ch.Text != "" || ch.Delta.Content != "" || ch.Delta.ReasoningContent != "" || ch.Delta.Reasoning != "" {
 				got = true
 			}
-			if ch.FinishReason != nil && *ch.FinishReason == openai.FinishAbort {
-				aborted = true
+			if ch.FinishReason != nil && *ch.FinishReason != "" {
+				finished = true
+				aborted = aborted || *ch.FinishReason == openai.FinishAbort
 			}
 		}
 		if got {
@@ -679,6 +681,13 @@ func (r *runner) readStream(ctx context.Context, body io.Reader, ct string, t0 t
 		// the answer is cut short, a failure like a broken stream.
 		s.Err = ErrMidstream
 		r.example(s.Err, fmt.Sprintf("the server aborted the request (finish_reason %q) after %d content chunks", openai.FinishAbort, chunks))
+	}
+	if s.Err == "" && chunks == 0 && !finished && (usage == nil || usage.CompletionTokens <= 0) {
+		// No content, no finished choice, no token counted: no answer.
+		// vLLM ends a request that failed before its first token so
+		// (data: [DONE] alone, its error dropped).
+		s.Err = ErrMidstream
+		r.example(s.Err, "the stream ended (data: [DONE]) without an answer: no content, no finish_reason, no completion tokens in usage")
 	}
 	s.OutputTokens = chunks
 	if usage != nil {

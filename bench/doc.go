@@ -7,8 +7,8 @@
 // queueing in the server shows up in the measurements instead of slowing the
 // client down (open loop). Each request is a streaming POST with
 // stream_options.include_usage; bench measures the time to the first content
-// chunk (TTFT; a stream that completes without one, its answer empty or
-// reported in usage only, has TTFT = E2E), the gaps between content chunks
+// chunk (TTFT; a stream that completes without one, its answer empty but
+// finished or reported in usage only, has TTFT = E2E), the gaps between content chunks
 // (inter-token latency), the end-to-end latency to the end of the stream
 // (data: [DONE]), and reads prompt, completion and cached tokens
 // (usage.prompt_tokens_details.cached_tokens) from the usage chunk. The
@@ -19,8 +19,10 @@
 // the run: connect (refused or unreachable), dns, timeout, transport,
 // http_<status>, midstream (an error event: data: {"error": ...}, an
 // event of type error, or llama.cpp's old "error:" line; a choice finished
-// with finish_reason "abort" as vLLM ends a request its engine aborted, or a
-// broken stream after a 200) and bad_response (also a 200 with a JSON body:
+// with finish_reason "abort" as vLLM ends a request its engine aborted; a
+// stream that ends without an answer, no content, no finish_reason and no
+// completion tokens, as vLLM ends one that failed before its first token;
+// or a broken stream after a 200) and bad_response (also a 200 with a JSON body:
 // a server that does not stream, or a body of another type holding no event,
 // such as a web page at the URL); a 429 counts as a rejection.
 // Result.ErrorExamples keeps, per kind, what the first such failure got (the

@@ -41,6 +41,15 @@ func TestReadStream(t *testing.T) {
 		// the request failed, though no data event says so.
 		{"llama.cpp error field", "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":null}}]}\n\n" +
 			"error: {\"code\":400,\"message\":\"the request exceeds the available context size\",\"type\":\"invalid_request_error\"}\n\ndata: [DONE]\n\n", ErrMidstream, 0, -1},
+		// vLLM ends a request that failed before its first token with
+		// data: [DONE] alone (its empty-chunk filter drops the error,
+		// vllm-project/vllm#40978): no answer at all is no success.
+		{"done only", "data: [DONE]\n\n", ErrMidstream, 0, -1},
+		{"role then done", "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\ndata: [DONE]\n\n", ErrMidstream, 0, -1},
+		// An empty answer that finished, or one in usage only, is one.
+		{"empty answer finished", "data: {\"choices\":[{\"delta\":{\"role\":\"assistant\",\"content\":\"\"},\"finish_reason\":null}]}\n\n" +
+			"data: {\"choices\":[{\"delta\":{\"content\":\"\"},\"finish_reason\":\"stop\"}]}\n\ndata: [DONE]\n\n", "", 0, -1},
+		{"answer in usage only", "data: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":3,\"total_tokens\":12}}\n\ndata: [DONE]\n\n", "", 3, -1},
 		// An event of type error (the SSE way to say it), whatever its data.
 		{"error event type", "data: {\"choices\":[{\"text\":\"a\"}]}\n\nevent: error\ndata: {\"message\":\"engine dead\"}\n\ndata: [DONE]\n\n", ErrMidstream, 1, -1},
 		// Other event types and comments are no error.
