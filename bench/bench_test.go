@@ -713,3 +713,14 @@ func TestRunDeadline(t *testing.T) {
 		}
 	})
 }
+
+// TestConfigHeaderValueNotEchoed: a header value Validate refuses is not
+// repeated in the error, which goes to a terminal or a CI log: it is often
+// a credential (Authorization: Bearer <key>).
+func TestConfigHeaderValueNotEchoed(t *testing.T) {
+	cfg := Config{URL: "http://x", Model: "m", Header: http.Header{"Authorization": {"Bearer sk-secret123\r"}}}
+	err := cfg.Validate()
+	if err == nil || strings.Contains(err.Error(), "sk-secret") || !strings.Contains(err.Error(), "header Authorization: value") {
+		t.Errorf("got %v, want an error naming the header, not its value", err)
+	}
+}

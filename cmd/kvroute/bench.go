@@ -160,7 +160,8 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		return usageErr("--timeout %v must be positive", timeout)
 	}
 	hdr := http.Header{}
-	if key := os.Getenv("OPENAI_API_KEY"); key != "" {
+	key := os.Getenv("OPENAI_API_KEY")
+	if key != "" {
 		hdr.Set("Authorization", "Bearer "+key)
 	}
 	for _, h := range headers {
@@ -169,6 +170,12 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return usageErr("--header %q: want 'Name: value'", h)
 		}
 		hdr.Set(strings.TrimSpace(k), strings.TrimSpace(v))
+	}
+	// The key, unless a --header replaced it, is checked here, not as a
+	// --header the user never gave, and not printed.
+	if key != "" && hdr.Get("Authorization") == "Bearer "+key &&
+		strings.ContainsFunc(key, func(r rune) bool { return r < ' ' && r != '\t' || r == 0x7f }) {
+		return usageErr("$OPENAI_API_KEY holds a control character (a line break from a key file?): it cannot be sent in a header")
 	}
 	// --duration and --max-requests are applied to each run's workload
 	// (Workload.Limit: the duration counts from the first arrival), not

@@ -583,3 +583,17 @@ func TestBenchCommandDurationFromFirstArrival(t *testing.T) {
 		t.Errorf("the server got %d requests, want the %d arriving within %v of the first", got, len(w.Requests), d)
 	}
 }
+
+// TestBenchCommandAPIKeyNotPrinted: an $OPENAI_API_KEY net/http cannot
+// send (a stray carriage return from a key file) is a usage error naming
+// the variable, without printing the key; it was printed whole, as a
+// --header the user never gave.
+func TestBenchCommandAPIKeyNotPrinted(t *testing.T) {
+	t.Setenv("OPENAI_API_KEY", "sk-secret123\r")
+	var out, errb bytes.Buffer
+	args := []string{"bench", "--url", "http://127.0.0.1:1", "--model", "m", "--workload", "chat", "--requests", "2", "--quiet"}
+	err := run(context.Background(), args, &out, &errb)
+	if !errors.Is(err, errUsage) || strings.Contains(errb.String(), "sk-secret") || !strings.Contains(errb.String(), "$OPENAI_API_KEY") {
+		t.Errorf("got %v, stderr %q; want a usage error naming $OPENAI_API_KEY, without the key", err, errb.String())
+	}
+}
