@@ -452,7 +452,7 @@ func (r *runner) do(ctx context.Context, req *workload.Request, sentAt time.Dura
 		s.Err = ErrBadReply
 		return s
 	}
-	ctx, cancel := context.WithTimeoutCause(ctx, r.cfg.Timeout, errRequestTimeout)
+	ctx, cancel := context.WithTimeoutCause(ctx, r.cfg.Timeout, fmt.Errorf("%w (%v)", errRequestTimeout, r.cfg.Timeout))
 	defer cancel()
 	hreq, err := http.NewRequestWithContext(ctx, http.MethodPost, r.url, bytes.NewReader(body))
 	if err != nil {
@@ -738,7 +738,7 @@ func (r *runner) broken(ctx context.Context, err error, ended string, s *report.
 
 // errRequestTimeout is the cause of a request's context when
 // Config.Timeout expired.
-var errRequestTimeout = errors.New("bench: request timeout")
+var errRequestTimeout = errors.New("the request's timeout expired")
 
 // classify maps a transport error of a request with context ctx to an
 // error kind. A request whose context ended for another reason than its
@@ -747,7 +747,7 @@ var errRequestTimeout = errors.New("bench: request timeout")
 func classify(ctx context.Context, err error) string {
 	var dnsErr *net.DNSError
 	switch {
-	case ctx.Err() != nil && context.Cause(ctx) == errRequestTimeout:
+	case ctx.Err() != nil && errors.Is(context.Cause(ctx), errRequestTimeout):
 		return ErrTimeout
 	case errors.Is(err, context.Canceled) || ctx.Err() != nil:
 		return ErrCanceled

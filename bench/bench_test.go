@@ -711,6 +711,9 @@ func TestRunDeadline(t *testing.T) {
 				t.Errorf("sample %s: error %q, want %q", s.ID, s.Err, ErrTimeout)
 			}
 		}
+		if ex := res.ErrorExamples[ErrTimeout]; !strings.Contains(ex, "timeout expired (200ms)") {
+			t.Errorf("timeout example %q, want one naming the request's timeout", ex)
+		}
 	})
 }
 
