@@ -53,7 +53,11 @@
 // tools, as transformers' get_chat_template picks them. That engine applies a tag's whitespace control
 // past a neighbouring tag and keeps a template's final newline, unlike
 // jinja2; jinjatrim.go rewrites a template's source so that both render it
-// alike (TestChatTemplateWhitespaceMatchesJinja2). As vLLM does, RenderJSON gives a template that does
+// alike (TestChatTemplateWhitespaceMatchesJinja2). Its tojson filter is
+// replaced by transformers' (tojson.go: Python's json.dumps, which writes
+// 2.0 as "2.0", where that engine's writes "2", and keeps the key order of
+// an object with an indent, where that engine's sorts the keys).
+// As vLLM does, RenderJSON gives a template that does
 // not loop over a message's content parts (contentformat.go: vLLM's
 // "string" content format, which Qwen3, Llama 3.x and DeepSeek-V3 have)
 // each message's content as one string, its text parts joined with "\n";

@@ -1,0 +1,330 @@
+package tokenizer
+
+import (
+	"errors"
+	"math"
+	"slices"
+	"strconv"
+	"strings"
+	"unicode/utf16"
+	"unicode/utf8"
+
+	"github.com/ardanlabs/jinja"
+)
+
+// transformers' apply_chat_template gives templates a tojson filter that is
+// Python's json.dumps(x, ensure_ascii=False, indent=indent,
+// separators=separators, sort_keys=sort_keys). The Go engine's own tojson
+// differs where a prompt shows it: it writes a float by Go's %g (2.0 as
+// "2", 1e6 as "1e+06": Python writes "2.0" and "1000000.0"), and with an
+// indent (Llama 3.1's template writes each tool with tojson(indent=4)) it
+// sorts the keys of objects and escapes U+2028 and U+2029. Its filter table
+// cannot be replaced, but a filter it does not know is looked up among the
+// template's variables: tojsonFilter renames the filter in the template's
+// source, and render passes pyToJSON as that variable.
+
+// tojsonName is the name the tojson filter is renamed to.
+const tojsonName = "kvroute_tojson"
+
+// tojsonFilter returns src with each use of the tojson filter ("| tojson",
+// in an expression or statement tag, outside string literals) renamed to
+// tojsonName. Templates with {% raw %} are left as they are.
+func tojsonFilter(src string) string {
+	if !strings.Contains(src, "tojson") || strings.Contains(src, "raw") {
+		return src
+	}
+	var b strings.Builder
+	i := 0 // src[:i] is written
+	for at := 0; ; {
+		open := indexTagOpen(src, at)
+		if open < 0 {
+			break
+		}
+		end := tagEnd(src, open)
+		if end < 0 {
+			break
+		}
+		at = end
+		if src[open+1] == '#' {
+			continue
+		}
+		for j := open + 2; j < end-2; j++ {
+			switch c := src[j]; c {
+			case '\'', '"':
+				for j++; j < end-2 && src[j] != c; j++ {
+					if src[j] == '\\' {
+						j++
+					}
+				}
+			case '|':
+				k := j + 1
+				for k < end && (src[k] == ' ' || src[k] == '\t' || src[k] == '\n' || src[k] == '\r') {
+					k++
+				}
+				if !strings.HasPrefix(src[k:], "tojson") || k+6 < len(src) && isIdentByte(src[k+6]) {
+					continue
+				}
+				b.WriteString(src[i:k])
+				b.WriteString(tojsonName)
+				i = k + len("tojson")
+				j = i - 1
+			}
+		}
+	}
+	if i == 0 {
+		return src
+	}
+	b.WriteString(src[i:])
+	return b.String()
+}
+
+func isIdentByte(c byte) bool {
+	return c == '_' || '0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'
+}
+
+// pyToJSON is transformers' tojson filter: json.dumps(args[0],
+// ensure_ascii=False, indent=None, separators=None, sort_keys=False),
+// those four settable by position or by name.
+var pyToJSON = jinja.NewCallable(tojsonName, func(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, error) {
+	if len(args) == 0 {
+		return jinja.Undefined(), errors.New("tojson: no value")
+	}
+	var e pyJSON
+	opt := func(pos int, name string) (jinja.Value, bool) {
+		if v, ok := kwargs[name]; ok {
+			return v, true
+		}
+		if pos < len(args) {
+			return args[pos], true
+		}
+		return jinja.Undefined(), false
+	}
+	if v, ok := opt(1, "ensure_ascii"); ok {
+		e.ascii = v.IsTruthy()
+	}
+	e.item, e.key = ", ", ": "
+	if v, ok := opt(2, "indent"); ok && !v.IsNone() && !v.IsUndefined() {
+		switch {
+		case v.IsString():
+			e.indent = v.AsString()
+		case v.IsInt():
+			e.indent = strings.Repeat(" ", int(max(0, min(v.AsInt(), 64))))
+		case v.IsBool() && v.AsBool():
+			e.indent = " "
+		case !v.IsBool():
+			return jinja.Undefined(), errors.New("tojson: indent must be an integer or a string")
+		}
+		e.indented, e.item = true, ","
+	}
+	if v, ok := opt(3, "separators"); ok && !v.IsNone() && !v.IsUndefined() {
+		if !v.IsList() || v.AsList().Len() != 2 || !v.AsList().Items[0].IsString() || !v.AsList().Items[1].IsString() {
+			return jinja.Undefined(), errors.New("tojson: separators must be two strings")
+		}
+		e.item, e.key = v.AsList().Items[0].AsString(), v.AsList().Items[1].AsString()
+	}
+	if v, ok := opt(4, "sort_keys"); ok {
+		e.sortKeys = v.IsTruthy()
+	}
+	if err := e.value(args[0], 0); err != nil {
+		return jinja.Undefined(), err
+	}
+	return jinja.NewString(string(e.b)), nil
+})
+
+// pyJSON writes values as Python's json.dumps does.
+type pyJSON struct {
+	b         []byte
+	ascii     bool   // ensure_ascii
+	indented  bool   // indent is not None
+	indent    string // one level of indentation
+	item, key string // separators
+	sortKeys  bool
+}
+
+func (e *pyJSON) newline(level int) {
+	if e.indented {
+		e.b = append(e.b, '\n')
+		for range level {
+			e.b = append(e.b, e.indent...)
+		}
+	}
+}
+
+func (e *pyJSON) value(v jinja.Value, level int) error {
+	if level > maxJSONDepth {
+		return errors.New("tojson: value nested too deep")
+	}
+	switch {
+	case v.IsBool():
+		e.b = strconv.AppendBool(e.b, v.AsBool())
+	case v.IsInt():
+		e.b = strconv.AppendInt(e.b, v.AsInt(), 10)
+	case v.IsFloat():
+		e.b = appendPyFloat(e.b, v.AsFloat())
+	case v.IsString():
+		e.b = appendPyString(e.b, v.AsString(), e.ascii)
+	case v.IsList():
+		items := v.AsList().Items
+		if len(items) == 0 {
+			e.b = append(e.b, "[]"...)
+			return nil
+		}
+		e.b = append(e.b, '[')
+		for i, it := range items {
+			if i > 0 {
+				e.b = append(e.b, e.item...)
+			}
+			e.newline(level + 1)
+			if err := e.value(it, level+1); err != nil {
+				return err
+			}
+		}
+		e.newline(level)
+		e.b = append(e.b, ']')
+	case v.IsDict():
+		d := v.AsDict()
+		keys := d.Keys
+		if len(keys) == 0 {
+			e.b = append(e.b, "{}"...)
+			return nil
+		}
+		if e.sortKeys {
+			keys = slices.Sorted(slices.Values(keys))
+		}
+		e.b = append(e.b, '{')
+		for i, k := range keys {
+			if i > 0 {
+				e.b = append(e.b, e.item...)
+			}
+			e.newline(level + 1)
+			e.b = appendPyString(e.b, k, e.ascii)
+			e.b = append(e.b, e.key...)
+			if err := e.value(d.Data[k], level+1); err != nil {
+				return err
+			}
+		}
+		e.newline(level)
+		e.b = append(e.b, '}')
+	default: // None, and what the Go engine's tojson also writes as null
+		e.b = append(e.b, "null"...)
+	}
+	return nil
+}
+
+// appendPyFloat appends f as Python's repr (and so json.dumps) writes it:
+// the shortest digits that read back as f, in positional notation with at
+// least one fractional digit ("2.0", "1000000.0") when the decimal exponent
+// is in [-4, 16), otherwise in scientific notation with a signed exponent
+// of at least two digits ("1e+16", "1.5e-05"); NaN and the infinities as
+// json.dumps writes them.
+func appendPyFloat(dst []byte, f float64) []byte {
+	switch {
+	case math.IsNaN(f):
+		return append(dst, "NaN"...)
+	case math.IsInf(f, 1):
+		return append(dst, "Infinity"...)
+	case math.IsInf(f, -1):
+		return append(dst, "-Infinity"...)
+	}
+	var buf [32]byte
+	s := strconv.AppendFloat(buf[:0], f, 'e', -1, 64) // -d.ddde±dd
+	if s[0] == '-' {
+		dst = append(dst, '-')
+		s = s[1:]
+	}
+	e := slices.Index(s, 'e')
+	exp, _ := strconv.Atoi(string(s[e+1:]))
+	digits := make([]byte, 0, e)
+	for _, c := range s[:e] {
+		if c != '.' {
+			digits = append(digits, c)
+		}
+	}
+	if exp < -4 || exp >= 16 {
+		dst = append(dst, digits[0])
+		if len(digits) > 1 {
+			dst = append(dst, '.')
+			dst = append(dst, digits[1:]...)
+		}
+		dst = append(dst, 'e')
+		if exp < 0 {
+			dst, exp = append(dst, '-'), -exp
+		} else {
+			dst = append(dst, '+')
+		}
+		if exp < 10 {
+			dst = append(dst, '0')
+		}
+		return strconv.AppendInt(dst, int64(exp), 10)
+	}
+	point := exp + 1 // digits before the decimal point
+	switch {
+	case point <= 0:
+		dst = append(dst, "0."...)
+		for range -point {
+			dst = append(dst, '0')
+		}
+		return append(dst, digits...)
+	case point >= len(digits):
+		dst = append(dst, digits...)
+		for range point - len(digits) {
+			dst = append(dst, '0')
+		}
+		return append(dst, ".0"...)
+	}
+	dst = append(dst, digits[:point]...)
+	dst = append(dst, '.')
+	return append(dst, digits[point:]...)
+}
+
+// appendPyString appends s as a JSON string as Python's json.dumps writes
+// it: '"', '\\' and the control characters escaped (\n, \r, \t, \b, \f,
+// the others as \u00XX), and with ascii (ensure_ascii) DEL and every
+// non-ASCII character as \uXXXX (a UTF-16 surrogate pair above U+FFFF). Invalid
+// UTF-8 is written as U+FFFD.
+func appendPyString(dst []byte, s string, ascii bool) []byte {
+	const hex = "0123456789abcdef"
+	u4 := func(dst []byte, r rune) []byte {
+		return append(dst, '\\', 'u', hex[r>>12&0xf], hex[r>>8&0xf], hex[r>>4&0xf], hex[r&0xf])
+	}
+	dst = append(dst, '"')
+	for i := 0; i < len(s); {
+		c := s[i]
+		if c < utf8.RuneSelf {
+			switch {
+			case c == '"' || c == '\\':
+				dst = append(dst, '\\', c)
+			case c == '\n':
+				dst = append(dst, '\\', 'n')
+			case c == '\r':
+				dst = append(dst, '\\', 'r')
+			case c == '\t':
+				dst = append(dst, '\\', 't')
+			case c == '\b':
+				dst = append(dst, '\\', 'b')
+			case c == '\f':
+				dst = append(dst, '\\', 'f')
+			case c < 0x20:
+				dst = u4(dst, rune(c))
+			case c == 0x7f && ascii:
+				dst = u4(dst, rune(c))
+			default:
+				dst = append(dst, c)
+			}
+			i++
+			continue
+		}
+		r, size := utf8.DecodeRuneInString(s[i:])
+		i += size
+		switch {
+		case ascii && r > 0xffff:
+			r1, r2 := utf16.EncodeRune(r)
+			dst = u4(u4(dst, r1), r2)
+		case ascii:
+			dst = u4(dst, r)
+		default:
+			dst = utf8.AppendRune(dst, r)
+		}
+	}
+	return append(dst, '"')
+}

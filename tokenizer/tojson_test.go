@@ -1,0 +1,99 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"math"
+	"strconv"
+	"strings"
+	"testing"
+
+	"github.com/ardanlabs/jinja"
+)
+
+// TestChatTemplateToJSONMatchesPython checks the tojson filter against
+// transformers' (Python's json.dumps with ensure_ascii=False): the wants
+// are jinja2's renderings in render_chats.py's environment.
+func TestChatTemplateToJSONMatchesPython(t *testing.T) {
+	for _, tc := range []struct {
+		name, src, x, want string
+	}{
+		{"float", "{{ x | tojson }}", `{"f": 2.0, "g": 1e6, "h": 1e16, "i": 1.5e-5, "j": 0.0001, "k": -0.0, "l": 123456789.125, "m": 1e22, "n": 3, "o": 0.1, "p": 1e15}`, "{\"f\": 2.0, \"g\": 1000000.0, \"h\": 1e+16, \"i\": 1.5e-05, \"j\": 0.0001, \"k\": -0.0, \"l\": 123456789.125, \"m\": 1e+22, \"n\": 3, \"o\": 0.1, \"p\": 1000000000000000.0}"},
+		{"indent keeps key order", "{{ x | tojson(indent=4) }}", `{"type": "function", "function": {"name": "get_weather", "description": "a <b> & c \u2028 \"q\"\n", "parameters": {"type": "object", "properties": {"city": {"type": "string"}}, "required": ["city"], "x": [], "y": {}}}}`, "{\n    \"type\": \"function\",\n    \"function\": {\n        \"name\": \"get_weather\",\n        \"description\": \"a <b> & c \u2028 \\\"q\\\"\\n\",\n        \"parameters\": {\n            \"type\": \"object\",\n            \"properties\": {\n                \"city\": {\n                    \"type\": \"string\"\n                }\n            },\n            \"required\": [\n                \"city\"\n            ],\n            \"x\": [],\n            \"y\": {}\n        }\n    }\n}"},
+		{"separators and sort_keys", "{{ x | tojson(separators=(',', ':'), sort_keys=true) }}", `{"b": [1, 2.5], "a": {"d": null, "c": true}}`, "{\"a\":{\"c\":true,\"d\":null},\"b\":[1,2.5]}"},
+		{"ensure_ascii", "{{ x | tojson(ensure_ascii=true) }}", `{"s": "\u00e9\ud83d\ude00\u0001\t\u007f"}`, "{\"s\": \"\\u00e9\\ud83d\\ude00\\u0001\\t\\u007f\"}"},
+		{"indent 0 and a string indent", "{{ x|tojson(indent=0) }}{{ x | tojson(indent='\t') }}", `[1, {"a": [], "b": 1.0}]`, "[\n1,\n{\n\"a\": [],\n\"b\": 1.0\n}\n][\n\t1,\n\t{\n\t\t\"a\": [],\n\t\t\"b\": 1.0\n\t}\n]"},
+		{"a string literal is not a filter", "{{ \"a | tojson\" }}{{ x |tojson }}", `"<\u2028>"`, "a | tojson\"<\u2028>\""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			ct, err := NewChatTemplate(tc.src, "", "")
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := ct.Render(nil, ChatOptions{JSONVars: map[string]json.RawMessage{"x": json.RawMessage(tc.x)}})
+			if err != nil {
+				t.Fatal(err)
+			}
+			if got != tc.want {
+				t.Errorf("got  %q\nwant %q", got, tc.want)
+			}
+		})
+	}
+}
+
+func TestAppendPyFloat(t *testing.T) {
+	for _, tc := range []struct {
+		f    float64
+		want string
+	}{
+		{0, "0.0"}, {math.Copysign(0, -1), "-0.0"}, {1, "1.0"}, {-2.5, "-2.5"}, {0.1, "0.1"},
+		{1e-4, "0.0001"}, {1.5e-5, "1.5e-05"}, {1e15, "1000000000000000.0"}, {1e16, "1e+16"},
+		{1.2345678901234567e19, "1.2345678901234567e+19"}, {5e-324, "5e-324"}, {1.7976931348623157e308, "1.7976931348623157e+308"},
+		{123456.789, "123456.789"}, {math.NaN(), "NaN"}, {math.Inf(1), "Infinity"}, {math.Inf(-1), "-Infinity"},
+	} {
+		if got := string(appendPyFloat(nil, tc.f)); got != tc.want {
+			t.Errorf("appendPyFloat(%v) = %q, want %q", tc.f, got, tc.want)
+		}
+	}
+}
+
+func FuzzAppendPyFloat(f *testing.F) {
+	for _, x := range []float64{0, 1, 2.5, 1e16, 1e-5, 123456789.125, 5e-324} {
+		f.Add(x)
+	}
+	f.Fuzz(func(t *testing.T, x float64) {
+		s := string(appendPyFloat(nil, x))
+		if math.IsNaN(x) || math.IsInf(x, 0) {
+			return
+		}
+		back, err := strconv.ParseFloat(s, 64)
+		if err != nil || back != x || math.Signbit(back) != math.Signbit(x) {
+			t.Fatalf("appendPyFloat(%v) = %q, reads back as %v (%v)", x, s, back, err)
+		}
+		if !strings.ContainsAny(s, ".e") {
+			t.Fatalf("appendPyFloat(%v) = %q, which reads as an integer", x, s)
+		}
+	})
+}
+
+// FuzzToJSONFilter checks that renaming the tojson filter never breaks a
+// template that compiles, and leaves one without the filter alone.
+func FuzzToJSONFilter(f *testing.F) {
+	for _, s := range []string{
+		"{{ x | tojson }}", "{{ x|tojson(indent=4) }}", "{% set y = x | tojson %}{{ y }}",
+		"{{ 'a | tojson' }}{{ \"|tojson\" }}", "{# x | tojson #}{{ x | tojsonx }}", "{{ x | tojson", "|tojson }}",
+		"{% for t in tools %}{{- t | tojson(indent=4) }}{% endfor %}", "{{ x | tojson | safe }}", "{% raw %}{{ x | tojson }}{% endraw %}",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, src string) {
+		out := tojsonFilter(src)
+		if !strings.Contains(src, "tojson") && out != src {
+			t.Fatalf("tojsonFilter(%q) = %q, changed a template without tojson", src, out)
+		}
+		if _, err := jinja.Compile(src); err == nil {
+			if _, err := jinja.Compile(out); err != nil {
+				t.Fatalf("tojsonFilter(%q) = %q, which does not compile: %v", src, out, err)
+			}
+		}
+	})
+}
