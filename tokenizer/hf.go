@@ -105,7 +105,9 @@ func load(tokenizerJSON, tokenizerConfigJSON []byte) (*HF, error) {
 		if err := t.setToken(a.ID, a.Content); err != nil {
 			return nil, err
 		}
-		if a.Normalized && t.normalize != nil {
+		// Normalized tokens are matched after the others, in the text
+		// between them, as HuggingFace does even without a normalizer.
+		if a.Normalized {
 			normd = append(normd, a)
 		} else {
 			raw = append(raw, a)

@@ -443,3 +443,32 @@ func TestDuplicateMerges(t *testing.T) {
 		t.Errorf("Encode(123) = %v, want %v", got, want)
 	}
 }
+
+// TestAddedNormalizedWithoutNormalizer checks the order in which added
+// tokens are matched when tokenizer.json has no normalizer: as
+// HuggingFace's AddedVocabulary does, the tokens not marked normalized are
+// cut out of the text first, and those marked normalized are looked for
+// only in the text between them, so a normalized "qr" loses "qrs" to a
+// raw "rs" although it starts first. The expectations are HuggingFace
+// tokenizers 0.23.2's (which numbers the two tokens 273 and 274).
+func TestAddedNormalizedWithoutNormalizer(t *testing.T) {
+	tok := tinyWith(t, func(m map[string]any) {
+		addToken(m, 304, "qr", true)
+		addToken(m, 305, "rs", false)
+	})
+	const qr, rs = 304, 305
+	tests := []struct {
+		text string
+		want []uint32
+	}{
+		{"qrs", []uint32{'q', rs}},
+		{"qr", []uint32{qr}},
+		{"xqrsqr", []uint32{'x', 'q', rs, qr}},
+		{"qqrr", []uint32{'q', qr, 'r'}},
+	}
+	for _, tt := range tests {
+		if got := tok.Encode(tt.text); !slices.Equal(got, tt.want) {
+			t.Errorf("Encode(%q) = %v, want %v", tt.text, got, tt.want)
+		}
+	}
+}
