@@ -24,6 +24,8 @@ var fuzzTemplates = []string{
 		"{% for part in m.content %}{% if part.type == 'text' %}{{ part.text }}{% endif %}{% endfor %}{% endif %}" +
 		"{% if m.tool_calls %}{% for call in m.tool_calls %}<call>{{ call.function.name }} {{ call.function.arguments | tojson }}</call>{% endfor %}{% endif %}\n" +
 		"{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}",
+	"{% for t in tools %}{{ t | tojson(indent=4) }}{{ t | tojson(separators=(',', ':'), sort_keys=true, ensure_ascii=true) }}{% endfor %}" +
+		"{% for m in messages %}{{ m | tojson(indent='  ') }}{% endfor %}",
 }
 
 // FuzzRenderJSON renders client-chosen messages (and a tools variable)
@@ -35,6 +37,8 @@ func FuzzRenderJSON(f *testing.F) {
 	f.Add([]byte(`[{"role": "assistant", "content": "x"}, {"role": "assistant", "content": "y"}]`), []byte(`{}`))
 	f.Add([]byte(`[{"role": 5, "content": {"nested": [[[]]]}}]`), []byte(`"s"`))
 	f.Add([]byte(`[]`), []byte(`[]`))
+	f.Add([]byte(`[{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{\"x\": 2.0, \"y\": 1e300, \"z\": [-0.0, 5e-324]}"}}]}]`),
+		[]byte(`[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"t": {"type": "number", "minimum": 0.0, "maximum": 2e6}}}}}]`))
 	tmpls := make([]*ChatTemplate, len(fuzzTemplates))
 	for i, src := range fuzzTemplates {
 		t, err := NewChatTemplate(src, "<s>", "</s>")

@@ -84,7 +84,8 @@ func isIdentByte(c byte) bool {
 
 // pyToJSON is transformers' tojson filter: json.dumps(args[0],
 // ensure_ascii=False, indent=None, separators=None, sort_keys=False),
-// those four settable by position or by name.
+// those four settable by position or by name (an indent above 64 spaces
+// is cut to 64).
 var pyToJSON = jinja.NewCallable(tojsonName, func(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, error) {
 	if len(args) == 0 {
 		return jinja.Undefined(), errors.New("tojson: no value")
