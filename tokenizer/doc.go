@@ -56,7 +56,8 @@
 // alike (TestChatTemplateWhitespaceMatchesJinja2). Its tojson filter is
 // replaced by transformers' (tojson.go: Python's json.dumps, which writes
 // 2.0 as "2.0", where that engine's writes "2", and keeps the key order of
-// an object with an indent, where that engine's sorts the keys).
+// an object with an indent, where that engine's sorts the keys), but in a
+// template with {% raw %}.
 // As vLLM does, RenderJSON gives a template that does
 // not loop over a message's content parts (contentformat.go: vLLM's
 // "string" content format, which Qwen3, Llama 3.x and DeepSeek-V3 have)

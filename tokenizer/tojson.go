@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"errors"
 	"math"
+	"regexp"
 	"slices"
 	"strconv"
 	"strings"
@@ -30,7 +31,7 @@ const tojsonName = "kvroute_tojson"
 // in an expression or statement tag, outside string literals) renamed to
 // tojsonName. Templates with {% raw %} are left as they are.
 func tojsonFilter(src string) string {
-	if !strings.Contains(src, "tojson") || strings.Contains(src, "raw") {
+	if !strings.Contains(src, "tojson") || rawTagRE.MatchString(src) {
 		return src
 	}
 	var b strings.Builder
@@ -77,6 +78,10 @@ func tojsonFilter(src string) string {
 	b.WriteString(src[i:])
 	return b.String()
 }
+
+// rawTagRE matches a {% raw %} tag, whose text tojsonFilter cannot tell
+// from tags.
+var rawTagRE = regexp.MustCompile(`\{%[-+]?\s*raw\s*[-+]?%\}`)
 
 func isIdentByte(c byte) bool {
 	return c == '_' || '0' <= c && c <= '9' || 'a' <= c && c <= 'z' || 'A' <= c && c <= 'Z'

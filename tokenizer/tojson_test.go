@@ -97,3 +97,17 @@ func FuzzToJSONFilter(f *testing.F) {
 		}
 	})
 }
+
+// TestToJSONFilterRaw: the filter is renamed in a template that mentions
+// "raw" in its text or names, and not in one with a {% raw %} block.
+func TestToJSONFilterRaw(t *testing.T) {
+	for _, tc := range []struct{ src, want string }{
+		{"{{ raw_args | tojson }} drawn", "{{ raw_args | " + tojsonName + " }} drawn"},
+		{"{% raw %}{{ x | tojson }}{% endraw %}{{ y | tojson }}", "{% raw %}{{ x | tojson }}{% endraw %}{{ y | tojson }}"},
+		{"{%- raw -%}{{ x | tojson }}{%- endraw %}", "{%- raw -%}{{ x | tojson }}{%- endraw %}"},
+	} {
+		if got := tojsonFilter(tc.src); got != tc.want {
+			t.Errorf("tojsonFilter(%q) = %q, want %q", tc.src, got, tc.want)
+		}
+	}
+}
