@@ -22,7 +22,7 @@ func jinjaTrimGuard(src string) string {
 	if s, ok := strings.CutSuffix(src, "\n"); ok {
 		src = strings.TrimSuffix(s, "\r")
 	}
-	if strings.Contains(src, "raw") {
+	if rawTagRE.MatchString(src) {
 		return src
 	}
 	if len(src) > 2 && src[0] == '{' && (src[1] == '{' || src[1] == '%' || src[1] == '#') && src[2] != '-' {

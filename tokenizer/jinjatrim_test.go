@@ -58,3 +58,23 @@ func FuzzJinjaTrimGuard(f *testing.F) {
 		}
 	})
 }
+
+// TestJinjaTrimGuardRawWord: a template is left unguarded only for a
+// {% raw %} tag, not for "raw" in its text, comments or names (this one
+// lost its "\n", which jinja2 keeps).
+func TestJinjaTrimGuardRawWord(t *testing.T) {
+	for _, tc := range []struct{ src, want string }{
+		{"{# draw #}{% if x %}{{ y }}\n{% endif %}", "Y\n"},
+		{"{% set raw_y = y %}{% if x %}{{ raw_y }}\n{% endif %}", "Y\n"},
+		{"{% raw %}{{ y }}{% endraw %}", "{{ y }}"},
+	} {
+		tmpl, err := NewChatTemplate(tc.src, "", "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := tmpl.Render(nil, ChatOptions{Vars: map[string]any{"x": true, "y": "Y"}})
+		if err != nil || got != tc.want {
+			t.Errorf("%q: got %q (%v), want %q (jinja2)", tc.src, got, err, tc.want)
+		}
+	}
+}

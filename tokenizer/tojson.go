@@ -79,8 +79,8 @@ func tojsonFilter(src string) string {
 	return b.String()
 }
 
-// rawTagRE matches a {% raw %} tag, whose text tojsonFilter cannot tell
-// from tags.
+// rawTagRE matches a {% raw %} tag, whose text jinjaTrimGuard and
+// tojsonFilter cannot tell from tags.
 var rawTagRE = regexp.MustCompile(`\{%[-+]?\s*raw\s*[-+]?%\}`)
 
 func isIdentByte(c byte) bool {
