@@ -35,7 +35,7 @@ type ChatTemplate struct {
 // NewChatTemplate compiles a chat template; bos and eos are the values of the
 // bos_token and eos_token variables.
 func NewChatTemplate(source, bos, eos string) (*ChatTemplate, error) {
-	t, err := jinja.Compile(tojsonFilter(jinjaTrimGuard(source)))
+	t, err := jinja.Compile(pyFilters(jinjaTrimGuard(source)))
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: chat template: %w", err)
 	}
@@ -171,7 +171,8 @@ func (c *ChatTemplate) render(messages jinja.Value, opts ChatOptions) (string, e
 		}
 		data[k] = v
 	}
-	data[tojsonName] = pyToJSON // the template's tojson filter (tojson.go)
+	data[tojsonName] = pyToJSON // the template's tojson and string filters (pyfilters.go)
+	data[stringName] = pyString
 	out, err := c.tmpl.RenderValues(data)
 	if err != nil {
 		return "", fmt.Errorf("tokenizer: render chat template: %w", err)

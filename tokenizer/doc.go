@@ -53,11 +53,13 @@
 // tools, as transformers' get_chat_template picks them. That engine applies a tag's whitespace control
 // past a neighbouring tag and keeps a template's final newline, unlike
 // jinja2; jinjatrim.go rewrites a template's source so that both render it
-// alike (TestChatTemplateWhitespaceMatchesJinja2). Its tojson filter is
-// replaced by transformers' (tojson.go: Python's json.dumps, which writes
-// 2.0 as "2.0", where that engine's writes "2", and keeps the key order of
-// an object with an indent, where that engine's sorts the keys), but in a
-// template with {% raw %}.
+// alike (TestChatTemplateWhitespaceMatchesJinja2). Its tojson and string
+// filters are replaced by transformers' and jinja2's (pyfilters.go:
+// Python's json.dumps and str(), which write 2.0 as "2.0" and None as
+// "None", where that engine's write "2" and "", and json.dumps keeps the
+// key order of an object with an indent, where that engine's sorts the
+// keys), but in a template with {% raw %}; a float or None a template
+// writes with {{ }} alone still comes out that engine's way.
 // As vLLM does, RenderJSON gives a template that does
 // not loop over a message's content parts (contentformat.go: vLLM's
 // "string" content format, which Qwen3, Llama 3.x and DeepSeek-V3 have)

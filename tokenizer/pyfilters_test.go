@@ -75,27 +75,47 @@ func FuzzAppendPyFloat(f *testing.F) {
 	})
 }
 
-// FuzzToJSONFilter checks that renaming the tojson filter never breaks a
-// template that compiles, and leaves one without the filter alone.
-func FuzzToJSONFilter(f *testing.F) {
+// FuzzPyFilters checks that renaming the tojson and string filters never
+// breaks a template that compiles, and leaves one without them alone.
+func FuzzPyFilters(f *testing.F) {
 	for _, s := range []string{
 		"{{ x | tojson }}", "{{ x|tojson(indent=4) }}", "{% set y = x | tojson %}{{ y }}",
 		"{{ 'a | tojson' }}{{ \"|tojson\" }}", "{# x | tojson #}{{ x | tojsonx }}", "{{ x | tojson", "|tojson }}",
 		"{% for t in tools %}{{- t | tojson(indent=4) }}{% endfor %}", "{{ x | tojson | safe }}", "{% raw %}{{ x | tojson }}{% endraw %}",
+		"{{ x | string }}{% if x is string %}{{ x|stringify }}{% endif %}", "{{ x | tojson | string | tojson }}",
 	} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, src string) {
-		out := tojsonFilter(src)
-		if !strings.Contains(src, "tojson") && out != src {
-			t.Fatalf("tojsonFilter(%q) = %q, changed a template without tojson", src, out)
+		out := pyFilters(src)
+		if !strings.Contains(src, "tojson") && !strings.Contains(src, "string") && out != src {
+			t.Fatalf("pyFilters(%q) = %q, changed a template without tojson or string", src, out)
 		}
 		if _, err := jinja.Compile(src); err == nil {
 			if _, err := jinja.Compile(out); err != nil {
-				t.Fatalf("tojsonFilter(%q) = %q, which does not compile: %v", src, out, err)
+				t.Fatalf("pyFilters(%q) = %q, which does not compile: %v", src, out, err)
 			}
 		}
 	})
+}
+
+// TestChatTemplateStringMatchesPython checks the string filter against
+// jinja2's (Python's str()) in Qwen3-Coder's way of writing tool call
+// arguments; the want is jinja2's rendering in render_chats.py's
+// environment.
+func TestChatTemplateStringMatchesPython(t *testing.T) {
+	const src = "{% for k, v in x|items %}{% set v = v | tojson | safe if v is mapping or (v is sequence and v is not string) else v | string %}" +
+		"{{ k }}={{ v }};{% endfor %}{{ nothing | string }}|{{ x.f|string }}"
+	const x = `{"a": 2.0, "b": null, "c": true, "d": 3, "e": "s", "f": 1e6, "g": 0.5, "h": [1, 2.0], "i": {"j": 1e16}}`
+	const want = `a=2.0;b=None;c=True;d=3;e=s;f=1000000.0;g=0.5;h=[1, 2.0];i={"j": 1e+16};|1000000.0`
+	ct, err := NewChatTemplate(src, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ct.Render(nil, ChatOptions{JSONVars: map[string]json.RawMessage{"x": json.RawMessage(x)}})
+	if err != nil || got != want {
+		t.Errorf("got  %q (%v)\nwant %q", got, err, want)
+	}
 }
 
 // TestToJSONFilterRaw: the filter is renamed in a template that mentions
@@ -106,8 +126,8 @@ func TestToJSONFilterRaw(t *testing.T) {
 		{"{% raw %}{{ x | tojson }}{% endraw %}{{ y | tojson }}", "{% raw %}{{ x | tojson }}{% endraw %}{{ y | tojson }}"},
 		{"{%- raw -%}{{ x | tojson }}{%- endraw %}", "{%- raw -%}{{ x | tojson }}{%- endraw %}"},
 	} {
-		if got := tojsonFilter(tc.src); got != tc.want {
-			t.Errorf("tojsonFilter(%q) = %q, want %q", tc.src, got, tc.want)
+		if got := pyFilters(tc.src); got != tc.want {
+			t.Errorf("pyFilters(%q) = %q, want %q", tc.src, got, tc.want)
 		}
 	}
 }

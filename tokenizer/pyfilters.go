@@ -13,25 +13,40 @@ import (
 	"github.com/ardanlabs/jinja"
 )
 
-// transformers' apply_chat_template gives templates a tojson filter that is
-// Python's json.dumps(x, ensure_ascii=False, indent=indent,
-// separators=separators, sort_keys=sort_keys). The Go engine's own tojson
-// differs where a prompt shows it: it writes a float by Go's %g (2.0 as
-// "2", 1e6 as "1e+06": Python writes "2.0" and "1000000.0"), and with an
-// indent (Llama 3.1's template writes each tool with tojson(indent=4)) it
-// sorts the keys of objects and escapes U+2028 and U+2029. Its filter table
-// cannot be replaced, but a filter it does not know is looked up among the
-// template's variables: tojsonFilter renames the filter in the template's
-// source, and render passes pyToJSON as that variable.
+// transformers' apply_chat_template renders templates with jinja2, whose
+// filters are Python's. Two of them differ in the Go engine where a prompt
+// shows it:
+//
+//   - tojson, which transformers defines as Python's json.dumps(x,
+//     ensure_ascii=False, indent=indent, separators=separators,
+//     sort_keys=sort_keys): the Go engine writes a float by Go's %g (2.0
+//     as "2", 1e6 as "1e+06": Python writes "2.0" and "1000000.0"), and
+//     with an indent (Llama 3.1's template writes each tool with
+//     tojson(indent=4)) it sorts the keys of objects;
+//   - string, Python's str(): the Go engine writes a float by %g too and
+//     None as "" (Python: "None"); Qwen3-Coder's template writes each
+//     tool call argument that is not an object or a list with it.
+//
+// The Go engine's filter table cannot be replaced, but a filter it does
+// not know is looked up among the template's variables: pyFilters renames
+// these filters in the template's source, and render passes pyToJSON and
+// pyString as those variables.
 
-// tojsonName is the name the tojson filter is renamed to.
-const tojsonName = "kvroute_tojson"
+// The names the filters are renamed to.
+const (
+	tojsonName = "kvroute_tojson"
+	stringName = "kvroute_string"
+)
 
-// tojsonFilter returns src with each use of the tojson filter ("| tojson",
-// in an expression or statement tag, outside string literals) renamed to
-// tojsonName. Templates with {% raw %} are left as they are.
-func tojsonFilter(src string) string {
-	if !strings.Contains(src, "tojson") || rawTagRE.MatchString(src) {
+// pyFilterNames maps a filter pyFilters renames to its new name.
+var pyFilterNames = map[string]string{"tojson": tojsonName, "string": stringName}
+
+// pyFilters returns src with each use of the tojson and string filters
+// ("| tojson", in an expression or statement tag, outside string
+// literals) renamed (pyFilterNames). Templates with {% raw %} are left as
+// they are.
+func pyFilters(src string) string {
+	if !strings.Contains(src, "tojson") && !strings.Contains(src, "string") || rawTagRE.MatchString(src) {
 		return src
 	}
 	var b strings.Builder
@@ -62,12 +77,17 @@ func tojsonFilter(src string) string {
 				for k < end && (src[k] == ' ' || src[k] == '\t' || src[k] == '\n' || src[k] == '\r') {
 					k++
 				}
-				if !strings.HasPrefix(src[k:], "tojson") || k+6 < len(src) && isIdentByte(src[k+6]) {
+				e := k
+				for e < end && isIdentByte(src[e]) {
+					e++
+				}
+				name, ok := pyFilterNames[src[k:e]]
+				if !ok {
 					continue
 				}
 				b.WriteString(src[i:k])
-				b.WriteString(tojsonName)
-				i = k + len("tojson")
+				b.WriteString(name)
+				i = e
 				j = i - 1
 			}
 		}
@@ -80,7 +100,7 @@ func tojsonFilter(src string) string {
 }
 
 // rawTagRE matches a {% raw %} tag, whose text jinjaTrimGuard and
-// tojsonFilter cannot tell from tags.
+// pyFilters cannot tell from tags.
 var rawTagRE = regexp.MustCompile(`\{%[-+]?\s*raw\s*[-+]?%\}`)
 
 func isIdentByte(c byte) bool {
@@ -135,6 +155,42 @@ var pyToJSON = jinja.NewCallable(tojsonName, func(args []jinja.Value, kwargs map
 		return jinja.Undefined(), err
 	}
 	return jinja.NewString(string(e.b)), nil
+})
+
+// pyString is jinja2's string filter, Python's str(): a float as its
+// repr ("2.0", "nan", "inf"), None as "None", an undefined value as "",
+// anything else as the Go engine's string filter writes it.
+var pyString = jinja.NewCallable(stringName, func(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
+	if len(args) == 0 {
+		return jinja.NewString(""), nil
+	}
+	switch v := args[0]; {
+	case v.IsString():
+		return v, nil
+	case v.IsFloat():
+		switch f := v.AsFloat(); {
+		case math.IsNaN(f):
+			return jinja.NewString("nan"), nil
+		case math.IsInf(f, 1):
+			return jinja.NewString("inf"), nil
+		case math.IsInf(f, -1):
+			return jinja.NewString("-inf"), nil
+		}
+		return jinja.NewString(string(appendPyFloat(nil, v.AsFloat()))), nil
+	case v.IsNone():
+		return jinja.NewString("None"), nil
+	case v.IsUndefined(), v.IsCallable():
+		return jinja.NewString(""), nil
+	case v.IsBool():
+		if v.AsBool() {
+			return jinja.NewString("True"), nil
+		}
+		return jinja.NewString("False"), nil
+	case v.IsInt():
+		return jinja.NewString(strconv.FormatInt(v.AsInt(), 10)), nil
+	default: // a list or a dict: the Go engine's repr
+		return jinja.NewString(v.String()), nil
+	}
 })
 
 // pyJSON writes values as Python's json.dumps does.
