@@ -6,7 +6,14 @@
 // A Server serves:
 //
 //   - POST /v1/completions and POST /v1/chat/completions, streaming and not,
-//     in vLLM's exact JSON and SSE shapes (package openai), with vLLM's
+//     in current vLLM's exact JSON and SSE shapes (package openai: a whole
+//     response with every field of vLLM's model, null service_tier,
+//     system_fingerprint, token_ids, prompt_token_ids, prompt_logprobs and
+//     the message's refusal, annotations, audio, function_call and
+//     reasoning, which was reasoning_content before vLLM 0.16; completions
+//     chunks dumped whole, "usage":null included; chat chunks with the
+//     fields vLLM's serving code sets, the first one's top-level
+//     prompt_token_ids and the others' token_ids null), with vLLM's
 //     errors (status, type, param and, for prompts longer than the model's
 //     context, the message of its current renderer) for bad input, 404 for
 //     another model, and FastAPI's 404 and 405 for unknown routes and

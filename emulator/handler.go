@@ -651,7 +651,7 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 			upto = completeText(j.text, j.sent, upto) // and a character's first bytes
 		}
 		if j.chat && !j.roleWritten && (upto > j.sent || done || j.generated > 0) {
-			sw.AppendData(func(b []byte) []byte { return j.usage(openai.AppendChatRoleChunk(b, &j.hdr), 0) })
+			sw.AppendData(func(b []byte) []byte { return openai.AppendChatRoleChunk(b, &j.hdr, "assistant", j.usage(0)) })
 			j.roleWritten = true
 		}
 		// --stream-interval: vLLM's output processor passes the first token
@@ -675,11 +675,11 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 			}
 			if j.chat {
 				sw.AppendData(func(b []byte) []byte {
-					return j.usage(openai.AppendChatContentChunk(b, &j.hdr, piece, finish, stopJSON), j.generated)
+					return openai.AppendChatContentChunk(b, &j.hdr, piece, finish, stopJSON, j.usage(j.generated))
 				})
 			} else {
 				sw.AppendData(func(b []byte) []byte {
-					return j.usage(openai.AppendCompletionChunk(b, &j.hdr, piece, finish, stopJSON), j.generated)
+					return openai.AppendCompletionChunk(b, &j.hdr, piece, finish, stopJSON, j.usage(j.generated))
 				})
 			}
 			j.compact()
@@ -758,15 +758,14 @@ func (j *job) compact() {
 	}
 }
 
-// usage adds "usage" to the chunk just appended to b when the request asked
-// for stream_options.continuous_usage_stats (with include_usage), as vLLM
-// does: prompt, total and completion tokens so far, no details.
-func (j *job) usage(b []byte, completion int) []byte {
+// usage is the running usage of a chunk when the request asked for
+// stream_options.continuous_usage_stats (with include_usage), as vLLM
+// reports it: the prompt's tokens and the completion tokens so far; nil
+// otherwise.
+func (j *job) usage(completion int) *openai.ChunkUsage {
 	so := j.req.StreamOptions
-	if so == nil || !so.IncludeUsage || !so.ContinuousUsageStats || len(b) == 0 || b[len(b)-1] != '}' {
-		return b
+	if so == nil || !so.IncludeUsage || !so.ContinuousUsageStats {
+		return nil
 	}
-	b = append(b[:len(b)-1], `,"usage":`...)
-	b = openai.AppendUsage(b, len(j.prompt), completion, -1)
-	return append(b, '}')
+	return &openai.ChunkUsage{PromptTokens: len(j.prompt), CompletionTokens: completion}
 }

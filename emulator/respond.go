@@ -75,8 +75,9 @@ func bytesString(b []byte) string { return unsafe.String(unsafe.SliceData(b), le
 
 // appendWhole appends the non-streaming response body of j: the JSON
 // encoding/json gives openai.Completion or openai.ChatCompletion, written
-// without reflection (a test compares the two). A P/D prefill leg's
-// kv_transfer_params, a map, goes through encoding/json.
+// without reflection (a test compares the two): vLLM's model_dump() of its
+// CompletionResponse or ChatCompletionResponse, null fields included. A
+// P/D prefill leg's kv_transfer_params, a map, goes through encoding/json.
 func (s *Server) appendWhole(dst []byte, j *job, kv map[string]any) []byte {
 	object := openai.ObjectTextCompletion
 	if j.chat {
@@ -91,9 +92,9 @@ func (s *Server) appendWhole(dst []byte, j *job, kv map[string]any) []byte {
 	dst = append(dst, `,"model":`...)
 	dst = openai.AppendJSONString(dst, s.cfg.Model)
 	if j.chat {
-		dst = append(dst, `,"choices":[{"index":0,"message":{"role":"assistant","reasoning_content":null,"content":`...)
+		dst = append(dst, `,"choices":[{"index":0,"message":{"role":"assistant","content":`...)
 		dst = s.appendText(dst, j)
-		dst = append(dst, `,"tool_calls":[]},"logprobs":null,"finish_reason":`...)
+		dst = append(dst, `,"refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning":null},"logprobs":null,"finish_reason":`...)
 	} else {
 		dst = append(dst, `,"choices":[{"index":0,"text":`...)
 		dst = s.appendText(dst, j)
@@ -102,10 +103,14 @@ func (s *Server) appendWhole(dst []byte, j *job, kv map[string]any) []byte {
 	dst = openai.AppendJSONString(dst, j.finish)
 	dst = append(dst, `,"stop_reason":`...)
 	dst = openai.StopReasonJSON(dst, j.stopReason, 0, false)
-	dst = append(dst, `}],"usage":`...)
+	if j.chat {
+		dst = append(dst, `,"token_ids":null}],"service_tier":null,"system_fingerprint":null,"usage":`...)
+	} else {
+		dst = append(dst, `,"token_ids":null,"prompt_logprobs":null,"prompt_token_ids":null}],"service_tier":null,"system_fingerprint":null,"usage":`...)
+	}
 	dst = openai.AppendUsage(dst, len(j.prompt), j.generated, j.prog.cachedTokens)
 	if j.chat {
-		dst = append(dst, `,"prompt_logprobs":null`...)
+		dst = append(dst, `,"prompt_logprobs":null,"prompt_token_ids":null`...)
 	}
 	dst = append(dst, `,"kv_transfer_params":`...)
 	if kv == nil {

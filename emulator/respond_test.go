@@ -186,12 +186,10 @@ func TestIncludeStopStrInOutput(t *testing.T) {
 		var got strings.Builder
 		var finish string
 		var stopReason any
-		choices := func(cs []openai.CompletionChoice) {
-			for _, ch := range cs {
-				got.WriteString(ch.Text)
-				if ch.FinishReason != nil {
-					finish, stopReason = *ch.FinishReason, ch.StopReason
-				}
+		choice := func(text string, fr *string, sr any) {
+			got.WriteString(text)
+			if fr != nil {
+				finish, stopReason = *fr, sr
 			}
 		}
 		if stream {
@@ -203,14 +201,18 @@ func TestIncludeStopStrInOutput(t *testing.T) {
 				if err := json.Unmarshal([]byte(ev), &c); err != nil {
 					t.Fatalf("chunk %q: %v", ev, err)
 				}
-				choices(c.Choices)
+				for _, ch := range c.Choices {
+					choice(ch.Text, ch.FinishReason, ch.StopReason)
+				}
 			}
 		} else {
 			var c openai.Completion
 			if err := json.NewDecoder(resp.Body).Decode(&c); err != nil {
 				t.Fatal(err)
 			}
-			choices(c.Choices)
+			for _, ch := range c.Choices {
+				choice(ch.Text, ch.FinishReason, ch.StopReason)
+			}
 		}
 		resp.Body.Close()
 		if got.String() != want || finish != openai.FinishStop || stopReason != stop {

@@ -45,12 +45,23 @@ func (u *Usage) CachedTokens() int {
 	return u.PromptTokensDetails.CachedTokens
 }
 
-// ChatMessage is the assistant message of a non-streaming chat response.
+// The types below are vLLM's response models (vllm/entrypoints/openai/
+// completion/protocol.py and chat_completion/protocol.py) in their field
+// order. A whole response is their model_dump(): every field, null ones
+// too (service_tier, system_fingerprint, token_ids, ... are null unless the
+// request asked for them).
+
+// ChatMessage is the assistant message of a non-streaming chat response
+// (vLLM's ChatMessage; its reasoning was reasoning_content before v0.16).
 type ChatMessage struct {
-	Role             string  `json:"role"`
-	ReasoningContent *string `json:"reasoning_content"`
-	Content          string  `json:"content"`
-	ToolCalls        []any   `json:"tool_calls"`
+	Role         string  `json:"role"`
+	Content      string  `json:"content"`
+	Refusal      *string `json:"refusal"`
+	Annotations  any     `json:"annotations"`
+	Audio        any     `json:"audio"`
+	FunctionCall any     `json:"function_call"`
+	ToolCalls    []any   `json:"tool_calls"`
+	Reasoning    *string `json:"reasoning"`
 }
 
 // ChatChoice is one choice of a non-streaming chat response.
@@ -61,52 +72,78 @@ type ChatChoice struct {
 	FinishReason string      `json:"finish_reason"`
 	// StopReason is null, the matched stop string, or a stop token id.
 	StopReason any `json:"stop_reason"`
+	// TokenIDs are the generated token ids with return_token_ids, else null.
+	TokenIDs []uint32 `json:"token_ids"`
 }
 
 // ChatCompletion is a non-streaming /v1/chat/completions response.
 type ChatCompletion struct {
-	ID             string       `json:"id"`
-	Object         string       `json:"object"`
-	Created        int64        `json:"created"`
-	Model          string       `json:"model"`
-	Choices        []ChatChoice `json:"choices"`
-	Usage          *Usage       `json:"usage"`
-	PromptLogprobs any          `json:"prompt_logprobs"`
+	ID                string       `json:"id"`
+	Object            string       `json:"object"`
+	Created           int64        `json:"created"`
+	Model             string       `json:"model"`
+	Choices           []ChatChoice `json:"choices"`
+	ServiceTier       *string      `json:"service_tier"`
+	SystemFingerprint *string      `json:"system_fingerprint"`
+	Usage             *Usage       `json:"usage"`
+	PromptLogprobs    any          `json:"prompt_logprobs"`
+	// PromptTokenIDs are the prompt's token ids with return_token_ids,
+	// else null.
+	PromptTokenIDs []uint32 `json:"prompt_token_ids"`
 	// KVTransferParams is the P/D handoff (NixlConnector): null unless the
 	// request asked for a remote decode.
 	KVTransferParams map[string]any `json:"kv_transfer_params"`
 }
 
-// CompletionChoice is one choice of a /v1/completions response or chunk.
+// CompletionChoice is one choice of a non-streaming /v1/completions
+// response.
 type CompletionChoice struct {
-	Index        int     `json:"index"`
-	Text         string  `json:"text"`
-	Logprobs     any     `json:"logprobs"`
-	FinishReason *string `json:"finish_reason"`
-	StopReason   any     `json:"stop_reason"`
+	Index          int      `json:"index"`
+	Text           string   `json:"text"`
+	Logprobs       any      `json:"logprobs"`
+	FinishReason   *string  `json:"finish_reason"`
+	StopReason     any      `json:"stop_reason"`
+	TokenIDs       []uint32 `json:"token_ids"`
+	PromptLogprobs any      `json:"prompt_logprobs"`
+	PromptTokenIDs []uint32 `json:"prompt_token_ids"`
 }
 
 // Completion is a non-streaming /v1/completions response.
 type Completion struct {
-	ID      string             `json:"id"`
-	Object  string             `json:"object"`
-	Created int64              `json:"created"`
-	Model   string             `json:"model"`
-	Choices []CompletionChoice `json:"choices"`
-	Usage   *Usage             `json:"usage"`
+	ID                string             `json:"id"`
+	Object            string             `json:"object"`
+	Created           int64              `json:"created"`
+	Model             string             `json:"model"`
+	Choices           []CompletionChoice `json:"choices"`
+	ServiceTier       *string            `json:"service_tier"`
+	SystemFingerprint *string            `json:"system_fingerprint"`
+	Usage             *Usage             `json:"usage"`
 	// KVTransferParams is the P/D handoff; null unless asked for.
 	KVTransferParams map[string]any `json:"kv_transfer_params"`
 }
 
-// CompletionChunk is one streaming /v1/completions event. The usage chunk
-// has empty Choices and a non-nil Usage.
+// CompletionChunkChoice is one choice of a streaming /v1/completions
+// chunk (vLLM's CompletionResponseStreamChoice).
+type CompletionChunkChoice struct {
+	Index          int      `json:"index"`
+	Text           string   `json:"text"`
+	Logprobs       any      `json:"logprobs"`
+	FinishReason   *string  `json:"finish_reason"`
+	StopReason     any      `json:"stop_reason"`
+	PromptTokenIDs []uint32 `json:"prompt_token_ids"`
+	TokenIDs       []uint32 `json:"token_ids"`
+}
+
+// CompletionChunk is one streaming /v1/completions event, which vLLM dumps
+// whole (exclude_unset=False): usage is null but in the usage chunk
+// (Choices empty) and with stream_options.continuous_usage_stats.
 type CompletionChunk struct {
-	ID      string             `json:"id"`
-	Object  string             `json:"object"`
-	Created int64              `json:"created"`
-	Model   string             `json:"model"`
-	Choices []CompletionChoice `json:"choices"`
-	Usage   *Usage             `json:"usage,omitempty"`
+	ID      string                  `json:"id"`
+	Object  string                  `json:"object"`
+	Created int64                   `json:"created"`
+	Model   string                  `json:"model"`
+	Choices []CompletionChunkChoice `json:"choices"`
+	Usage   *Usage                  `json:"usage"`
 }
 
 // ChatDelta is the incremental message of a streaming chat chunk.
@@ -115,7 +152,9 @@ type ChatDelta struct {
 	Content *string `json:"content,omitempty"`
 }
 
-// ChatChunkChoice is one choice of a streaming chat chunk.
+// ChatChunkChoice is one choice of a streaming chat chunk. vLLM dumps chat
+// chunks with exclude_unset=True: a field appears when its serving code
+// passed it, null or not.
 type ChatChunkChoice struct {
 	Index        int       `json:"index"`
 	Delta        ChatDelta `json:"delta"`
@@ -124,6 +163,9 @@ type ChatChunkChoice struct {
 	// StopReason appears only in a choice's final chunk: "null", a quoted
 	// stop string or a token id.
 	StopReason json.RawMessage `json:"stop_reason,omitempty"`
+	// TokenIDs appears in every chunk after the first: "null" unless the
+	// request set return_token_ids.
+	TokenIDs json.RawMessage `json:"token_ids,omitempty"`
 }
 
 // ChatChunk is one streaming /v1/chat/completions event. The usage chunk
@@ -135,6 +177,9 @@ type ChatChunk struct {
 	Model   string            `json:"model"`
 	Choices []ChatChunkChoice `json:"choices"`
 	Usage   *Usage            `json:"usage,omitempty"`
+	// PromptTokenIDs appears in the first chunk only: "null" unless the
+	// request set return_token_ids.
+	PromptTokenIDs json.RawMessage `json:"prompt_token_ids,omitempty"`
 }
 
 // NewChatID returns a chat completion id as vLLM makes it: "chatcmpl-" and
@@ -207,34 +252,62 @@ func (h *ChunkHeader) appendFields(dst []byte, object string) []byte {
 	return dst
 }
 
-// AppendChatRoleChunk appends the first chunk of a chat stream: the
-// assistant role with empty content.
-func AppendChatRoleChunk(dst []byte, h *ChunkHeader) []byte {
+// ChunkUsage is the usage a chunk carries with
+// stream_options.continuous_usage_stats: the prompt's tokens and those
+// generated so far. A nil *ChunkUsage writes none.
+type ChunkUsage struct {
+	PromptTokens, CompletionTokens int
+}
+
+// appendChatUsage appends a chat chunk's running usage, as vLLM dumps it
+// (exclude_unset: no prompt_tokens_details).
+func appendChatUsage(dst []byte, u *ChunkUsage) []byte {
+	if u == nil {
+		return dst
+	}
+	dst = append(dst, `,"usage":`...)
+	return AppendUsage(dst, u.PromptTokens, u.CompletionTokens, -1)
+}
+
+// AppendChatRoleChunk appends the first chunk of a chat stream: role with
+// empty content, and the top-level prompt_token_ids (null: vLLM passes it
+// in the first chunk, the ids only with return_token_ids).
+func AppendChatRoleChunk(dst []byte, h *ChunkHeader, role string, u *ChunkUsage) []byte {
 	dst = h.append(dst, ObjectChatCompletionChunk)
-	return append(dst, `,"choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`...)
+	dst = append(dst, `,"choices":[{"index":0,"delta":{"role":`...)
+	dst = AppendJSONString(dst, role)
+	dst = append(dst, `,"content":""},"logprobs":null,"finish_reason":null}]`...)
+	dst = appendChatUsage(dst, u)
+	return append(dst, `,"prompt_token_ids":null}`...)
 }
 
 // AppendChatContentChunk appends a content chunk. When finishReason is not
 // empty it is the final chunk of the choice and carries finish_reason and
 // stop_reason (stopReason is written verbatim as JSON: "null", a quoted
-// string or a token id; empty means null).
-func AppendChatContentChunk(dst []byte, h *ChunkHeader, content, finishReason string, stopReason []byte) []byte {
+// string or a token id; empty means null). Every content chunk has
+// token_ids (null) in its choice, as vLLM passes it.
+func AppendChatContentChunk(dst []byte, h *ChunkHeader, content, finishReason string, stopReason []byte, u *ChunkUsage) []byte {
 	dst = h.append(dst, ObjectChatCompletionChunk)
 	dst = append(dst, `,"choices":[{"index":0,"delta":{"content":`...)
 	dst = AppendJSONString(dst, content)
 	dst = append(dst, `},"logprobs":null,"finish_reason":`...)
 	if finishReason == "" {
-		return append(dst, `null}]}`...)
+		dst = append(dst, `null`...)
+	} else {
+		dst = AppendJSONString(dst, finishReason)
+		dst = append(dst, `,"stop_reason":`...)
+		dst = appendRaw(dst, stopReason)
 	}
-	dst = AppendJSONString(dst, finishReason)
-	dst = append(dst, `,"stop_reason":`...)
-	dst = appendRaw(dst, stopReason)
-	return append(dst, `}]}`...)
+	dst = append(dst, `,"token_ids":null}]`...)
+	dst = appendChatUsage(dst, u)
+	return append(dst, '}')
 }
 
 // AppendCompletionChunk appends a streaming /v1/completions chunk; an empty
-// finishReason writes null.
-func AppendCompletionChunk(dst []byte, h *ChunkHeader, text, finishReason string, stopReason []byte) []byte {
+// finishReason writes null. vLLM dumps these chunks whole: the choice's
+// prompt_token_ids and token_ids are null, and so is usage without
+// continuous usage stats (with them, its prompt_tokens_details is null).
+func AppendCompletionChunk(dst []byte, h *ChunkHeader, text, finishReason string, stopReason []byte, u *ChunkUsage) []byte {
 	dst = h.append(dst, ObjectTextCompletion)
 	dst = append(dst, `,"choices":[{"index":0,"text":`...)
 	dst = AppendJSONString(dst, text)
@@ -246,7 +319,13 @@ func AppendCompletionChunk(dst []byte, h *ChunkHeader, text, finishReason string
 	}
 	dst = append(dst, `,"stop_reason":`...)
 	dst = appendRaw(dst, stopReason)
-	return append(dst, `}]}`...)
+	dst = append(dst, `,"prompt_token_ids":null,"token_ids":null}],"usage":`...)
+	if u == nil {
+		return append(dst, `null}`...)
+	}
+	dst = AppendUsage(dst, u.PromptTokens, u.CompletionTokens, -1)
+	dst = append(dst[:len(dst)-1], `,"prompt_tokens_details":null}}`...)
+	return dst
 }
 
 // AppendUsageChunk appends the stream_options.include_usage chunk:

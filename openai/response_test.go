@@ -23,37 +23,47 @@ func mustJSON(t *testing.T, v any) []byte {
 // against encoding/json on the exported types (differential test).
 func TestAppendChunksMatchEncodingJSON(t *testing.T) {
 	h := &ChunkHeader{ID: "chatcmpl-0123456789abcdef0123456789abcdef", Model: "meta-llama/Llama-3.1-8B-Instruct", Created: 1737893394}
+	null := json.RawMessage("null")
 	base := func(choices []ChatChunkChoice, u *Usage) ChatChunk {
 		return ChatChunk{ID: h.ID, Object: ObjectChatCompletionChunk, Created: h.Created, Model: h.Model, Choices: choices, Usage: u}
 	}
-	cbase := func(choices []CompletionChoice, u *Usage) CompletionChunk {
+	first := func(role string, u *Usage) ChatChunk {
+		c := base([]ChatChunkChoice{{Delta: ChatDelta{Role: role, Content: strp("")}}}, u)
+		c.PromptTokenIDs = null
+		return c
+	}
+	cbase := func(choices []CompletionChunkChoice, u *Usage) CompletionChunk {
 		return CompletionChunk{ID: h.ID, Object: ObjectTextCompletion, Created: h.Created, Model: h.Model, Choices: choices, Usage: u}
 	}
+	running := &ChunkUsage{PromptTokens: 7, CompletionTokens: 2}
 	tests := []struct {
 		name string
 		got  []byte
 		want any
 	}{
-		{"chat role", AppendChatRoleChunk(nil, h),
-			base([]ChatChunkChoice{{Delta: ChatDelta{Role: "assistant", Content: strp("")}}}, nil)},
-		{"chat content", AppendChatContentChunk(nil, h, " hello \"<world>\"\n", "", nil),
-			base([]ChatChunkChoice{{Delta: ChatDelta{Content: strp(" hello \"<world>\"\n")}}}, nil)},
-		{"chat final length", AppendChatContentChunk(nil, h, " end", FinishLength, nil),
-			base([]ChatChunkChoice{{Delta: ChatDelta{Content: strp(" end")}, FinishReason: strp(FinishLength), StopReason: json.RawMessage("null")}}, nil)},
-		{"chat final stop string", AppendChatContentChunk(nil, h, "", FinishStop, StopReasonJSON(nil, "###", 0, false)),
-			base([]ChatChunkChoice{{Delta: ChatDelta{Content: strp("")}, FinishReason: strp(FinishStop), StopReason: json.RawMessage(`"###"`)}}, nil)},
-		{"chat final stop token", AppendChatContentChunk(nil, h, "", FinishStop, StopReasonJSON(nil, "", 128009, true)),
-			base([]ChatChunkChoice{{Delta: ChatDelta{Content: strp("")}, FinishReason: strp(FinishStop), StopReason: json.RawMessage(`128009`)}}, nil)},
+		{"chat role", AppendChatRoleChunk(nil, h, "assistant", nil), first("assistant", nil)},
+		{"chat role user", AppendChatRoleChunk(nil, h, "user", nil), first("user", nil)},
+		{"chat role usage", AppendChatRoleChunk(nil, h, "assistant", &ChunkUsage{PromptTokens: 7}), first("assistant", &Usage{PromptTokens: 7, TotalTokens: 7})},
+		{"chat content", AppendChatContentChunk(nil, h, " hello \"<world>\"\n", "", nil, nil),
+			base([]ChatChunkChoice{{Delta: ChatDelta{Content: strp(" hello \"<world>\"\n")}, TokenIDs: null}}, nil)},
+		{"chat content usage", AppendChatContentChunk(nil, h, "x", "", nil, running),
+			base([]ChatChunkChoice{{Delta: ChatDelta{Content: strp("x")}, TokenIDs: null}}, &Usage{PromptTokens: 7, TotalTokens: 9, CompletionTokens: 2})},
+		{"chat final length", AppendChatContentChunk(nil, h, " end", FinishLength, nil, nil),
+			base([]ChatChunkChoice{{Delta: ChatDelta{Content: strp(" end")}, FinishReason: strp(FinishLength), StopReason: null, TokenIDs: null}}, nil)},
+		{"chat final stop string", AppendChatContentChunk(nil, h, "", FinishStop, StopReasonJSON(nil, "###", 0, false), nil),
+			base([]ChatChunkChoice{{Delta: ChatDelta{Content: strp("")}, FinishReason: strp(FinishStop), StopReason: json.RawMessage(`"###"`), TokenIDs: null}}, nil)},
+		{"chat final stop token", AppendChatContentChunk(nil, h, "", FinishStop, StopReasonJSON(nil, "", 128009, true), nil),
+			base([]ChatChunkChoice{{Delta: ChatDelta{Content: strp("")}, FinishReason: strp(FinishStop), StopReason: json.RawMessage(`128009`), TokenIDs: null}}, nil)},
 		{"chat usage", AppendUsageChunk(nil, h, ObjectChatCompletionChunk, 4096, 10, 4080),
 			base([]ChatChunkChoice{}, &Usage{PromptTokens: 4096, TotalTokens: 4106, CompletionTokens: 10, PromptTokensDetails: &PromptTokensDetails{CachedTokens: 4080}})},
 		{"chat usage no details", AppendUsageChunk(nil, h, ObjectChatCompletionChunk, 5, 0, -1),
 			base([]ChatChunkChoice{}, &Usage{PromptTokens: 5, TotalTokens: 5})},
-		{"completion text", AppendCompletionChunk(nil, h, " tok", "", nil),
-			cbase([]CompletionChoice{{Text: " tok"}}, nil)},
-		{"completion final", AppendCompletionChunk(nil, h, " tok", FinishStop, StopReasonJSON(nil, "\n\n", 0, false)),
-			cbase([]CompletionChoice{{Text: " tok", FinishReason: strp(FinishStop), StopReason: "\n\n"}}, nil)},
+		{"completion text", AppendCompletionChunk(nil, h, " tok", "", nil, nil),
+			cbase([]CompletionChunkChoice{{Text: " tok"}}, nil)},
+		{"completion final", AppendCompletionChunk(nil, h, " tok", FinishStop, StopReasonJSON(nil, "\n\n", 0, false), nil),
+			cbase([]CompletionChunkChoice{{Text: " tok", FinishReason: strp(FinishStop), StopReason: "\n\n"}}, nil)},
 		{"completion usage", AppendUsageChunk(nil, h, ObjectTextCompletion, 7, 3, 0),
-			cbase([]CompletionChoice{}, &Usage{PromptTokens: 7, TotalTokens: 10, CompletionTokens: 3, PromptTokensDetails: &PromptTokensDetails{}})},
+			cbase([]CompletionChunkChoice{}, &Usage{PromptTokens: 7, TotalTokens: 10, CompletionTokens: 3, PromptTokensDetails: &PromptTokensDetails{}})},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -65,16 +75,21 @@ func TestAppendChunksMatchEncodingJSON(t *testing.T) {
 	}
 }
 
-// TestChunkGolden pins the exact bytes of the chunks against vLLM's shapes
-// (protocols.md section 7).
+// TestChunkGolden pins the exact bytes of the chunks against current
+// vLLM's shapes (vllm/entrypoints/openai/chat_completion/serving.py and
+// completion/serving.py: chat chunks dumped with exclude_unset=True, so
+// the first has the top-level prompt_token_ids and the others token_ids
+// in their choice, as the serving code passes them; completions chunks
+// dumped whole, usage null included).
 func TestChunkGolden(t *testing.T) {
 	h := &ChunkHeader{ID: "chatcmpl-e4eb", Model: "m", Created: 1737893394}
 	tests := []struct{ got, want string }{
-		{string(AppendChatRoleChunk(nil, h)), `{"id":"chatcmpl-e4eb","object":"chat.completion.chunk","created":1737893394,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}`},
-		{string(AppendChatContentChunk(nil, h, "Hi", "", nil)), `{"id":"chatcmpl-e4eb","object":"chat.completion.chunk","created":1737893394,"model":"m","choices":[{"index":0,"delta":{"content":"Hi"},"logprobs":null,"finish_reason":null}]}`},
-		{string(AppendChatContentChunk(nil, h, "!", "length", nil)), `{"id":"chatcmpl-e4eb","object":"chat.completion.chunk","created":1737893394,"model":"m","choices":[{"index":0,"delta":{"content":"!"},"logprobs":null,"finish_reason":"length","stop_reason":null}]}`},
+		{string(AppendChatRoleChunk(nil, h, "assistant", nil)), `{"id":"chatcmpl-e4eb","object":"chat.completion.chunk","created":1737893394,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":null}`},
+		{string(AppendChatContentChunk(nil, h, "Hi", "", nil, nil)), `{"id":"chatcmpl-e4eb","object":"chat.completion.chunk","created":1737893394,"model":"m","choices":[{"index":0,"delta":{"content":"Hi"},"logprobs":null,"finish_reason":null,"token_ids":null}]}`},
+		{string(AppendChatContentChunk(nil, h, "!", "length", nil, nil)), `{"id":"chatcmpl-e4eb","object":"chat.completion.chunk","created":1737893394,"model":"m","choices":[{"index":0,"delta":{"content":"!"},"logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":null}]}`},
 		{string(AppendUsageChunk(nil, h, ObjectChatCompletionChunk, 3, 2, 0)), `{"id":"chatcmpl-e4eb","object":"chat.completion.chunk","created":1737893394,"model":"m","choices":[],"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}`},
-		{string(AppendCompletionChunk(nil, &ChunkHeader{ID: "cmpl-1", Model: "m", Created: 1}, "a", "", nil)), `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"a","logprobs":null,"finish_reason":null,"stop_reason":null}]}`},
+		{string(AppendCompletionChunk(nil, &ChunkHeader{ID: "cmpl-1", Model: "m", Created: 1}, "a", "", nil, nil)), `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"a","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":null}`},
+		{string(AppendCompletionChunk(nil, &ChunkHeader{ID: "cmpl-1", Model: "m", Created: 1}, "a", "", nil, &ChunkUsage{PromptTokens: 3, CompletionTokens: 1})), `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"a","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":{"prompt_tokens":3,"total_tokens":4,"completion_tokens":1,"prompt_tokens_details":null}}`},
 	}
 	for i, tt := range tests {
 		if tt.got != tt.want {
@@ -127,7 +142,7 @@ func TestNonStreamingShapes(t *testing.T) {
 		Choices: []CompletionChoice{{Text: "x", FinishReason: strp("length")}},
 		Usage:   &Usage{PromptTokens: 1, TotalTokens: 2, CompletionTokens: 1, PromptTokensDetails: &PromptTokensDetails{}}}
 	got := string(mustJSON(t, c))
-	want := `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"x","logprobs":null,"finish_reason":"length","stop_reason":null}],"usage":{"prompt_tokens":1,"total_tokens":2,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0}},"kv_transfer_params":null}`
+	want := `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"x","logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":null,"prompt_logprobs":null,"prompt_token_ids":null}],"service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":1,"total_tokens":2,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0}},"kv_transfer_params":null}`
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
@@ -135,7 +150,7 @@ func TestNonStreamingShapes(t *testing.T) {
 		Choices: []ChatChoice{{Message: ChatMessage{Role: "assistant", Content: "hi", ToolCalls: []any{}}, FinishReason: "stop"}},
 		Usage:   &Usage{PromptTokens: 1, TotalTokens: 2, CompletionTokens: 1}}
 	got = string(mustJSON(t, cc))
-	want = `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","reasoning_content":null,"content":"hi","tool_calls":[]},"logprobs":null,"finish_reason":"stop","stop_reason":null}],"usage":{"prompt_tokens":1,"total_tokens":2,"completion_tokens":1},"prompt_logprobs":null,"kv_transfer_params":null}`
+	want = `{"id":"chatcmpl-1","object":"chat.completion","created":1,"model":"m","choices":[{"index":0,"message":{"role":"assistant","content":"hi","refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning":null},"logprobs":null,"finish_reason":"stop","stop_reason":null,"token_ids":null}],"service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":1,"total_tokens":2,"completion_tokens":1},"prompt_logprobs":null,"prompt_token_ids":null,"kv_transfer_params":null}`
 	if got != want {
 		t.Errorf("got  %s\nwant %s", got, want)
 	}
@@ -162,7 +177,7 @@ func BenchmarkAppendChatContentChunk(b *testing.B) {
 	h := &ChunkHeader{ID: NewChatID(), Model: "meta-llama/Llama-3.1-8B-Instruct", Created: 1737893394}
 	buf := make([]byte, 0, 512)
 	for b.Loop() {
-		buf = AppendChatContentChunk(buf[:0], h, " token", "", nil)
+		buf = AppendChatContentChunk(buf[:0], h, " token", "", nil, nil)
 	}
 }
 
@@ -221,7 +236,7 @@ func TestChunkHeaderReuse(t *testing.T) {
 			t.Errorf("%s: got %s, want %s", step, got, w)
 		}
 	}
-	content := func(h *ChunkHeader) []byte { return AppendChatContentChunk(nil, h, "x", "", nil) }
+	content := func(h *ChunkHeader) []byte { return AppendChatContentChunk(nil, h, "x", "", nil, nil) }
 	usage := func(h *ChunkHeader) []byte { return AppendUsageChunk(nil, h, ObjectTextCompletion, 1, 2, 3) }
 	check("first", content(h), content)
 	check("again", content(h), content)

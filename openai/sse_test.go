@@ -177,10 +177,10 @@ func writeThenRead(t *testing.T, write func(w *SSEWriter)) ([]ev, string) {
 func TestWriterReaderRoundTrip(t *testing.T) {
 	h := &ChunkHeader{ID: "chatcmpl-1", Model: "m", Created: 1}
 	got, _ := writeThenRead(t, func(w *SSEWriter) {
-		w.AppendData(func(b []byte) []byte { return AppendChatRoleChunk(b, h) })
-		w.AppendData(func(b []byte) []byte { return AppendChatContentChunk(b, h, "a\nb", "", nil) })
+		w.AppendData(func(b []byte) []byte { return AppendChatRoleChunk(b, h, "assistant", nil) })
+		w.AppendData(func(b []byte) []byte { return AppendChatContentChunk(b, h, "a\nb", "", nil, nil) })
 	})
-	if len(got) != 3 || got[1].Data != string(AppendChatContentChunk(nil, h, "a\nb", "", nil)) || got[2].Data != Done {
+	if len(got) != 3 || got[1].Data != string(AppendChatContentChunk(nil, h, "a\nb", "", nil, nil)) || got[2].Data != Done {
 		t.Errorf("got %+v", got)
 	}
 }
@@ -265,7 +265,7 @@ func BenchmarkSSEReader(b *testing.B) {
 	var buf bytes.Buffer
 	w := NewSSEWriter(&buf)
 	for range 100 {
-		w.AppendData(func(d []byte) []byte { return AppendChatContentChunk(d, h, " token", "", nil) })
+		w.AppendData(func(d []byte) []byte { return AppendChatContentChunk(d, h, " token", "", nil, nil) })
 	}
 	w.Done()
 	_ = w.Flush()
@@ -298,15 +298,15 @@ func ExampleSSEWriter() {
 	var out bytes.Buffer
 	w := NewSSEWriter(&out)
 	h := &ChunkHeader{ID: "chatcmpl-1", Model: "tiny", Created: 1700000000}
-	w.AppendData(func(b []byte) []byte { return AppendChatRoleChunk(b, h) })
-	w.AppendData(func(b []byte) []byte { return AppendChatContentChunk(b, h, "Hello", FinishLength, nil) })
+	w.AppendData(func(b []byte) []byte { return AppendChatRoleChunk(b, h, "assistant", nil) })
+	w.AppendData(func(b []byte) []byte { return AppendChatContentChunk(b, h, "Hello", FinishLength, nil, nil) })
 	w.Done()
 	_ = w.Flush()
 	fmt.Print(out.String())
 	// Output:
-	// data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"tiny","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}]}
+	// data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"tiny","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":null}
 	//
-	// data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"tiny","choices":[{"index":0,"delta":{"content":"Hello"},"logprobs":null,"finish_reason":"length","stop_reason":null}]}
+	// data: {"id":"chatcmpl-1","object":"chat.completion.chunk","created":1700000000,"model":"tiny","choices":[{"index":0,"delta":{"content":"Hello"},"logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":null}]}
 	//
 	// data: [DONE]
 }

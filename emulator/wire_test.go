@@ -1,0 +1,107 @@
+package emulator
+
+import (
+	"net/http"
+	"regexp"
+	"strings"
+	"testing"
+)
+
+// wireNorm replaces what varies between runs in a response's raw bytes
+// (ids, timestamps, generated text) and keeps the rest, key order
+// included: the exact shape vLLM's pydantic models dump.
+var wireNorm = []struct {
+	re   *regexp.Regexp
+	repl string
+}{
+	{regexp.MustCompile(`"id":"(chatcmpl|cmpl)-[^"]*"`), `"id":"$1-ID"`},
+	{regexp.MustCompile(`"created":\d+`), `"created":0`},
+	{regexp.MustCompile(`"(text|content)":"(?:[^"\\]|\\.)+"`), `"$1":"T"`},
+}
+
+func normWire(s string) string {
+	for _, n := range wireNorm {
+		s = n.re.ReplaceAllString(s, n.repl)
+	}
+	return s
+}
+
+// streamShapes returns a stream's events normalised (normWire), runs of
+// equal events (content chunks, whose number depends on timing) once.
+func streamShapes(t *testing.T, url, body string) []string {
+	t.Helper()
+	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var out []string
+	for _, e := range readStream(t, resp.Body) {
+		e = normWire(e)
+		if len(out) > 0 && out[len(out)-1] == e {
+			continue
+		}
+		out = append(out, e)
+	}
+	return out
+}
+
+// TestVLLMWireShapes pins the exact JSON of whole responses and stream
+// chunks to what current vLLM sends (vllm/entrypoints/openai/completion
+// and chat_completion: protocol.py's models, serving.py's dumps): a whole
+// response is model_dump() (every field, null ones too), a completions
+// chunk model_dump_json(exclude_unset=False), a chat chunk
+// model_dump_json(exclude_unset=True) with the fields serving.py passes.
+func TestVLLMWireShapes(t *testing.T) {
+	_, hs := testServer(t, Config{Speed: 1})
+	const usage = `"usage":{"prompt_tokens":4,"total_tokens":9,"completion_tokens":5,"prompt_tokens_details":{"cached_tokens":0}}`
+	t.Run("completion", func(t *testing.T) {
+		_, b := post(t, hs.URL+"/v1/completions", `{"prompt":"Once upon a time","max_tokens":5,"seed":3}`)
+		want := `{"id":"cmpl-ID","object":"text_completion","created":0,"model":"tiny","choices":[{"index":0,"text":"T","logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":null,"prompt_logprobs":null,"prompt_token_ids":null}],"service_tier":null,"system_fingerprint":null,` + usage + `,"kv_transfer_params":null}`
+		if got := normWire(string(b)); got != want {
+			t.Errorf("got  %s\nwant %s", got, want)
+		}
+	})
+	t.Run("chat", func(t *testing.T) {
+		_, b := post(t, hs.URL+"/v1/chat/completions", `{"messages":[{"role":"user","content":"Tell me a story"}],"max_tokens":6,"seed":42}`)
+		want := `{"id":"chatcmpl-ID","object":"chat.completion","created":0,"model":"tiny","choices":[{"index":0,"message":{"role":"assistant","content":"T","refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning":null},"logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":null}],"service_tier":null,"system_fingerprint":null,"usage":{"prompt_tokens":13,"total_tokens":19,"completion_tokens":6,"prompt_tokens_details":{"cached_tokens":0}},"prompt_logprobs":null,"prompt_token_ids":null,"kv_transfer_params":null}`
+		if got := normWire(string(b)); got != want {
+			t.Errorf("got  %s\nwant %s", got, want)
+		}
+	})
+	for _, tc := range []struct {
+		name, path, body string
+		want             []string
+	}{
+		{"completion stream", "/v1/completions", `{"prompt":"Once upon a time","max_tokens":5,"seed":3,"stream":true,"stream_options":{"include_usage":true}}`, []string{
+			`{"id":"cmpl-ID","object":"text_completion","created":0,"model":"tiny","choices":[{"index":0,"text":"T","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":null}`,
+			`{"id":"cmpl-ID","object":"text_completion","created":0,"model":"tiny","choices":[{"index":0,"text":"T","logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":null}`,
+			`{"id":"cmpl-ID","object":"text_completion","created":0,"model":"tiny","choices":[],` + usage + `}`,
+			`[DONE]`,
+		}},
+		{"completion stream continuous usage", "/v1/completions", `{"prompt":"Once upon a time","max_tokens":1,"seed":3,"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}`, []string{
+			`{"id":"cmpl-ID","object":"text_completion","created":0,"model":"tiny","choices":[{"index":0,"text":"T","logprobs":null,"finish_reason":"length","stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":{"prompt_tokens":4,"total_tokens":5,"completion_tokens":1,"prompt_tokens_details":null}}`,
+			`{"id":"cmpl-ID","object":"text_completion","created":0,"model":"tiny","choices":[],"usage":{"prompt_tokens":4,"total_tokens":5,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0}}}`,
+			`[DONE]`,
+		}},
+		{"chat stream", "/v1/chat/completions", `{"messages":[{"role":"user","content":"Tell me a story"}],"max_tokens":6,"seed":42,"stream":true}`, []string{
+			`{"id":"chatcmpl-ID","object":"chat.completion.chunk","created":0,"model":"tiny","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":null}`,
+			`{"id":"chatcmpl-ID","object":"chat.completion.chunk","created":0,"model":"tiny","choices":[{"index":0,"delta":{"content":"T"},"logprobs":null,"finish_reason":null,"token_ids":null}]}`,
+			`{"id":"chatcmpl-ID","object":"chat.completion.chunk","created":0,"model":"tiny","choices":[{"index":0,"delta":{"content":"T"},"logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":null}]}`,
+			`[DONE]`,
+		}},
+		{"chat stream continuous usage", "/v1/chat/completions", `{"messages":[{"role":"user","content":"Tell me a story"}],"max_tokens":1,"seed":42,"stream":true,"stream_options":{"continuous_usage_stats":true}}`, []string{
+			`{"id":"chatcmpl-ID","object":"chat.completion.chunk","created":0,"model":"tiny","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"usage":{"prompt_tokens":13,"total_tokens":13,"completion_tokens":0},"prompt_token_ids":null}`,
+			`{"id":"chatcmpl-ID","object":"chat.completion.chunk","created":0,"model":"tiny","choices":[{"index":0,"delta":{"content":"T"},"logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":null}],"usage":{"prompt_tokens":13,"total_tokens":14,"completion_tokens":1}}`,
+			`{"id":"chatcmpl-ID","object":"chat.completion.chunk","created":0,"model":"tiny","choices":[],"usage":{"prompt_tokens":13,"total_tokens":14,"completion_tokens":1,"prompt_tokens_details":{"cached_tokens":0}}}`,
+			`[DONE]`,
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got := streamShapes(t, hs.URL+tc.path, tc.body)
+			if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
+				t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
+			}
+		})
+	}
+}
