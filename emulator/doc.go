@@ -13,7 +13,9 @@
 //     reasoning, which was reasoning_content before vLLM 0.16; completions
 //     chunks dumped whole, "usage":null included; chat chunks with the
 //     fields vLLM's serving code sets, the first one's top-level
-//     prompt_token_ids and the others' token_ids null), with vLLM's
+//     prompt_token_ids and the others' token_ids null; a chat request
+//     with add_generation_prompt false answered in its last message's
+//     role, as vLLM's get_chat_request_role answers it), with vLLM's
 //     errors (status, type, param and, for prompts longer than the model's
 //     context, the message of its current renderer) for bad input, 404 for
 //     another model, and FastAPI's 404 and 405 for unknown routes and

@@ -112,6 +112,7 @@ var idCounter atomic.Uint64
 // state built from the stream.
 type job struct {
 	chat        bool
+	role        string // chat: the answer's role when not the assistant's (responseRole)
 	req         *apiRequest
 	respID      string
 	engineID    string
@@ -194,6 +195,11 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		}
 		if aerr == nil {
 			j.prompt, aerr = s.encodeMessages(req, opts)
+		}
+		if n := len(req.chatMessages); n > 0 && req.AddGenerationPrompt != nil && !*req.AddGenerationPrompt {
+			// vLLM answers in the last message's role then
+			// (get_chat_request_role); a copy, as the body is recycled.
+			j.role = strings.Clone(req.chatMessages[n-1].Role)
 		}
 		req.chatMessages, req.messagesJSON = nil, nil
 		putBody(bodyBuf)
@@ -651,7 +657,7 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 			upto = completeText(j.text, j.sent, upto) // and a character's first bytes
 		}
 		if j.chat && !j.roleWritten && (upto > j.sent || done || j.generated > 0) {
-			sw.AppendData(func(b []byte) []byte { return openai.AppendChatRoleChunk(b, &j.hdr, "assistant", j.usage(0)) })
+			sw.AppendData(func(b []byte) []byte { return openai.AppendChatRoleChunk(b, &j.hdr, j.responseRole(), j.usage(0)) })
 			j.roleWritten = true
 		}
 		// --stream-interval: vLLM's output processor passes the first token
@@ -756,6 +762,16 @@ func (j *job) compact() {
 	if len(j.req.stops) > 0 {
 		j.checked -= drop
 	}
+}
+
+// responseRole is the role a chat answer is given: the assistant's, or
+// with add_generation_prompt false the last message's, as vLLM's
+// get_chat_request_role gives it.
+func (j *job) responseRole() string {
+	if j.role == "" {
+		return "assistant"
+	}
+	return j.role
 }
 
 // usage is the running usage of a chunk when the request asked for

@@ -92,7 +92,9 @@ func (s *Server) appendWhole(dst []byte, j *job, kv map[string]any) []byte {
 	dst = append(dst, `,"model":`...)
 	dst = openai.AppendJSONString(dst, s.cfg.Model)
 	if j.chat {
-		dst = append(dst, `,"choices":[{"index":0,"message":{"role":"assistant","content":`...)
+		dst = append(dst, `,"choices":[{"index":0,"message":{"role":`...)
+		dst = openai.AppendJSONString(dst, j.responseRole())
+		dst = append(dst, `,"content":`...)
 		dst = s.appendText(dst, j)
 		dst = append(dst, `,"refusal":null,"annotations":null,"audio":null,"function_call":null,"tool_calls":[],"reasoning":null},"logprobs":null,"finish_reason":`...)
 	} else {

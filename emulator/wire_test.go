@@ -1,10 +1,13 @@
 package emulator
 
 import (
+	"encoding/json"
 	"net/http"
 	"regexp"
 	"strings"
 	"testing"
+
+	"github.com/kvroute/kvroute/openai"
 )
 
 // wireNorm replaces what varies between runs in a response's raw bytes
@@ -101,6 +104,50 @@ func TestVLLMWireShapes(t *testing.T) {
 			got := streamShapes(t, hs.URL+tc.path, tc.body)
 			if strings.Join(got, "\n") != strings.Join(tc.want, "\n") {
 				t.Errorf("got\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(tc.want, "\n"))
+			}
+		})
+	}
+}
+
+// TestChatRoleWithoutGenerationPrompt: a chat request whose
+// add_generation_prompt is false is answered in the role of its last
+// message, streamed or not, as vLLM's get_chat_request_role
+// (chat_completion/serving.py) answers it; with the generation prompt, in
+// the assistant's.
+func TestChatRoleWithoutGenerationPrompt(t *testing.T) {
+	_, hs := testServer(t, Config{})
+	for _, tc := range []struct{ name, extra, last, want string }{
+		{"default", ``, "user", "assistant"},
+		{"generation prompt", `,"add_generation_prompt":true`, "user", "assistant"},
+		{"no generation prompt", `,"add_generation_prompt":false`, "user", "user"},
+		{"continue final message", `,"add_generation_prompt":false,"continue_final_message":true`, "assistant", "assistant"},
+		{"another role", `,"add_generation_prompt":false`, "tool", "tool"},
+		// vLLM reads the request's own field: a chat_template_kwargs
+		// add_generation_prompt reaches only the template.
+		{"kwargs", `,"chat_template_kwargs":{"add_generation_prompt":false}`, "user", "assistant"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := `{"messages":[{"role":"system","content":"be brief"},{"role":"` + tc.last + `","content":"hello there"}],"max_tokens":2` + tc.extra
+			status, b := post(t, hs.URL+"/v1/chat/completions", body+`}`)
+			var c openai.ChatCompletion
+			if err := json.Unmarshal(b, &c); err != nil || status != http.StatusOK || len(c.Choices) != 1 {
+				t.Fatalf("status %d, %v: %s", status, err, b)
+			}
+			if got := c.Choices[0].Message.Role; got != tc.want {
+				t.Errorf("message role %q, want %q", got, tc.want)
+			}
+			resp, err := http.Post(hs.URL+"/v1/chat/completions", "application/json", strings.NewReader(body+`,"stream":true}`))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			events := readStream(t, resp.Body)
+			var first openai.ChatChunk
+			if len(events) == 0 || json.Unmarshal([]byte(events[0]), &first) != nil || len(first.Choices) != 1 {
+				t.Fatalf("stream %q", events)
+			}
+			if got := first.Choices[0].Delta.Role; got != tc.want {
+				t.Errorf("first chunk role %q, want %q", got, tc.want)
 			}
 		})
 	}
