@@ -25,7 +25,10 @@
 //     with "\n"), and an image, audio or video part is vLLM's 400 "<model>
 //     is not a multimodal model"; usage always has
 //     prompt_tokens_details.cached_tokens (streamed usage chunks too), as
-//     vLLM's with --enable-prompt-tokens-details, which is off by default;
+//     vLLM's with --enable-prompt-tokens-details, which is off by default,
+//     but for one thing: vLLM leaves the details out (null, or absent from
+//     a usage chunk) when no prompt token was cached, where the emulator
+//     reports cached_tokens 0;
 //     a cache_salt (a non-empty string, else vLLM's 400) keys the prompt's
 //     first block as vLLM's does, so that only requests with the same salt
 //     share cached blocks (engine.Request.CacheSalt), and that block's
