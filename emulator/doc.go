@@ -114,7 +114,9 @@
 // add_special_tokens is false; the generated ids, drawn
 // from the model's vocabulary with the tokenizer's EOS, are decoded by it with
 // special tokens skipped, and a stream holds back the first bytes of a
-// character until its last byte is generated. A chat
+// character until its last byte is generated (a chunk due meanwhile is
+// sent with empty text, as one whose text a stop string holds back: vLLM
+// sends a chunk for every output that has tokens). A chat
 // request's add_generation_prompt, continue_final_message,
 // chat_template_kwargs (which override the first two, as in vLLM) and tools
 // reach the template as in vLLM, and add_special_tokens true adds the

@@ -664,13 +664,15 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 		// on at once, then every interval tokens (the loop wakes this
 		// handler only then, unless stop strings are searched at every
 		// step), and the last. A due output whose text is all held back
-		// for stop strings sends nothing.
+		// (for stop strings, or a character's first bytes) is still sent,
+		// with empty text, as vLLM's serving code sends an output that
+		// has tokens but no text.
 		due := done
 		if j.generated > j.chunkedAt && (!j.chunked || j.generated-j.chunkedAt >= s.cfg.StreamInterval) {
 			due = true
 			j.chunked, j.chunkedAt = true, j.generated
 		}
-		if upto > j.sent && due || done {
+		if due || done {
 			piece := bytesString(j.text[j.sent:upto]) // used before j.text changes (AppendData runs fn at once)
 			j.sent = upto
 			finish := ""

@@ -2,11 +2,13 @@ package emulator
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"regexp"
 	"strings"
 	"testing"
 
+	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/openai"
 )
 
@@ -148,6 +150,90 @@ func TestChatRoleWithoutGenerationPrompt(t *testing.T) {
 			}
 			if got := first.Choices[0].Delta.Role; got != tc.want {
 				t.Errorf("first chunk role %q, want %q", got, tc.want)
+			}
+		})
+	}
+}
+
+// TestHeldBackChunks: a streamed output whose text is all held back (here
+// for a stop string longer than the whole text) is still sent, as a chunk
+// with empty text, as vLLM sends it: its output processor hands the front
+// end an output at every due step (the first token, then every
+// --stream-interval tokens), whose text may be "", and its serving code
+// skips a chunk only when it has neither text nor tokens
+// (completion/serving.py completion_stream_generator,
+// chat_completion/serving.py chat_completion_stream_generator: the
+// "chunked prefill case"). The emulator sent nothing until the end.
+func TestHeldBackChunks(t *testing.T) {
+	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	stop := strings.Repeat("z", 400) // longer than the text: all of it is held back
+	for _, tc := range []struct {
+		path     string
+		interval int
+	}{
+		{"/v1/completions", 1},
+		{"/v1/chat/completions", 1},
+		{"/v1/completions", 10},
+	} {
+		t.Run(fmt.Sprintf("%s/interval%d", tc.path, tc.interval), func(t *testing.T) {
+			_, hs := testServer(t, Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1, StreamInterval: tc.interval})
+			body := `{"prompt":"held back","messages":[{"role":"user","content":"held back"}],"max_tokens":12,"ignore_eos":true,"seed":7,"stop":["` + stop +
+				`"],"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}`
+			if tc.path == "/v1/chat/completions" {
+				body = strings.Replace(body, `"prompt":"held back",`, "", 1)
+			} else {
+				body = strings.Replace(body, `"messages":[{"role":"user","content":"held back"}],`, "", 1)
+			}
+			resp, err := http.Post(hs.URL+tc.path, "application/json", strings.NewReader(body))
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			var counts []int
+			var texts []string
+			for _, e := range readStream(t, resp.Body) {
+				if e == openai.Done {
+					break
+				}
+				var c struct {
+					Choices []struct {
+						Text         *string `json:"text"`
+						Delta        *struct{ Role, Content string }
+						FinishReason *string `json:"finish_reason"`
+					} `json:"choices"`
+					Usage *openai.Usage `json:"usage"`
+				}
+				if err := json.Unmarshal([]byte(e), &c); err != nil {
+					t.Fatalf("chunk %q: %v", e, err)
+				}
+				if len(c.Choices) == 0 || c.Choices[0].Delta != nil && c.Choices[0].Delta.Role != "" {
+					continue // the usage chunk, the chat role chunk
+				}
+				text := ""
+				if ch := c.Choices[0]; ch.Text != nil {
+					text = *ch.Text
+				} else if ch.Delta != nil {
+					text = ch.Delta.Content
+				}
+				counts = append(counts, c.Usage.CompletionTokens)
+				texts = append(texts, text)
+			}
+			if len(counts) < 2 || counts[0] != 1 || counts[len(counts)-1] != 12 {
+				t.Fatalf("content chunks at tokens %v (texts %q): want the first at token 1, the last at 12", counts, texts)
+			}
+			for i, c := range counts[:len(counts)-1] {
+				if texts[i] != "" {
+					t.Errorf("chunk %d (at token %d) has text %q, want it held back", i, c, texts[i])
+				}
+				if (c-1)%tc.interval != 0 {
+					t.Errorf("chunk %d at token %d (all: %v): want 1 + a multiple of %d", i, c, counts, tc.interval)
+				}
+			}
+			if texts[len(texts)-1] == "" {
+				t.Errorf("the final chunk has no text (chunks %q)", texts)
 			}
 		})
 	}
