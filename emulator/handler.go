@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync/atomic"
 	"time"
+	"unicode/utf8"
 
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/openai"
@@ -123,11 +124,12 @@ type job struct {
 	kvPrefill   bool     // P/D prefill leg: return kv_transfer_params
 	remoteID    string   // P/D prefill leg: remote_request_id
 	pull        *pullJob // P/D decode leg: its KV's pull (awaitPull)
-	maxStop     int
-	text        []byte  // rendered text not yet sent; in textBuf once tokens arrive
-	textBuf     *[]byte // from getBuf when the first tokens are rendered
-	sent        int     // bytes of text already streamed
-	checked     int     // bytes of text already searched for stop strings
+	maxStop     int      // bytes of the longest stop string (the search keeps maxStop-1)
+	holdChars   int      // characters a stream holds back for stop strings (vLLM's stop_buffer_length)
+	text        []byte   // rendered text not yet sent; in textBuf once tokens arrive
+	textBuf     *[]byte  // from getBuf when the first tokens are rendered
+	sent        int      // bytes of text already streamed
+	checked     int      // bytes of text already searched for stop strings
 	buf         []uint32
 	toksBuf     *[]uint32       // from getToks: a whole response's tokens (tokens)
 	ereq        *engine.Request // the request as the engine has it
@@ -245,6 +247,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 	j.hdr = openai.ChunkHeader{ID: j.respID, Model: s.cfg.Model, Created: now.Unix()}
 	for _, stop := range req.stops {
 		j.maxStop = max(j.maxStop, len(stop))
+		j.holdChars = max(j.holdChars, utf8.RuneCountInString(stop)-1)
 	}
 
 	ereq := &engine.Request{ID: j.engineID, Prompt: j.prompt, MaxTokens: j.maxTokens, IgnoreEOS: req.IgnoreEOS, CacheSalt: req.cacheSalt}
@@ -650,11 +653,15 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 			return
 		}
 		upto := len(j.text)
-		if !done && j.maxStop > 1 && !j.req.IncludeStopStr {
-			upto = max(j.sent, upto-(j.maxStop-1)) // hold back a possible stop-string prefix (as vLLM's detokenizer does unless the stop string is to be output)
-		}
 		if !done && s.codec != nil {
-			upto = completeText(j.text, j.sent, upto) // and a character's first bytes
+			upto = completeText(j.text, j.sent, upto) // hold back a character's first bytes
+		}
+		if !done && j.holdChars > 0 && !j.req.IncludeStopStr {
+			// And a possible stop-string prefix, as vLLM's detokenizer
+			// does unless the stop string is to be output: the longest
+			// stop string's length less one, in characters of the
+			// complete text.
+			upto = max(j.sent, cutChars(j.text[:upto], j.holdChars))
 		}
 		if j.chat && !j.roleWritten && (upto > j.sent || done || j.generated > 0) {
 			sw.AppendData(func(b []byte) []byte { return openai.AppendChatRoleChunk(b, &j.hdr, j.responseRole(), j.usage(0)) })
@@ -707,6 +714,18 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 			return
 		}
 	}
+}
+
+// cutChars returns the length of b without its last n characters (UTF-8
+// sequences; an invalid byte counts as one, as it is one U+FFFD in the
+// text vLLM holds).
+func cutChars(b []byte, n int) int {
+	i := len(b)
+	for ; n > 0 && i > 0; n-- {
+		_, size := utf8.DecodeLastRune(b[:i])
+		i -= size
+	}
+	return i
 }
 
 // tokens puts the tokens of a finished whole response (every 0, whose

@@ -238,3 +238,64 @@ func TestHeldBackChunks(t *testing.T) {
 		})
 	}
 }
+
+// TestStopHoldBackChars: a stream with stop strings holds back the last
+// (longest stop string's length - 1) characters of its text, counted in
+// characters as vLLM's detokenizer counts them (stop_buffer_length, in
+// vllm/v1/engine/detokenizer.py: Python string lengths), not bytes: with
+// the stop string "ééééé" (5 characters, 10 bytes) the text streamed by a
+// chunk at token c is the text of the first c tokens less its last 4
+// characters.
+func TestStopHoldBackChars(t *testing.T) {
+	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, hs := testServer(t, Config{Model: "m", Engine: engine.Config{Profile: prof}, Speed: 1})
+	const n = 12
+	body := func(maxTokens int) string {
+		return fmt.Sprintf(`{"prompt":"hold back","max_tokens":%d,"ignore_eos":true,"seed":5,"stop":["ééééé"]`, maxTokens)
+	}
+	prefix := make([]string, n+1) // prefix[c]: the text of the first c tokens
+	for c := 1; c <= n; c++ {
+		_, b := post(t, hs.URL+"/v1/completions", body(c)+`}`)
+		var r openai.Completion
+		if err := json.Unmarshal(b, &r); err != nil || len(r.Choices) != 1 {
+			t.Fatalf("max_tokens %d: %v: %s", c, err, b)
+		}
+		prefix[c] = r.Choices[0].Text
+	}
+	resp, err := http.Post(hs.URL+"/v1/completions", "application/json",
+		strings.NewReader(body(n)+`,"stream":true,"stream_options":{"include_usage":true,"continuous_usage_stats":true}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	var sent strings.Builder
+	chunks := 0
+	for _, e := range readStream(t, resp.Body) {
+		if e == openai.Done {
+			break
+		}
+		var c openai.CompletionChunk
+		if err := json.Unmarshal([]byte(e), &c); err != nil {
+			t.Fatalf("chunk %q: %v", e, err)
+		}
+		if len(c.Choices) == 0 {
+			continue
+		}
+		sent.WriteString(c.Choices[0].Text)
+		k := c.Usage.CompletionTokens
+		want := prefix[k]
+		if c.Choices[0].FinishReason == nil {
+			want = want[:max(0, len(want)-4)] // ASCII text: 4 characters are 4 bytes
+		}
+		if sent.String() != want {
+			t.Errorf("after the chunk at token %d: streamed %q, want %q", k, sent.String(), want)
+		}
+		chunks++
+	}
+	if chunks < 2 {
+		t.Errorf("%d content chunks, want one per token", chunks)
+	}
+}
