@@ -299,3 +299,27 @@ func TestStopHoldBackChars(t *testing.T) {
 		t.Errorf("%d content chunks, want one per token", chunks)
 	}
 }
+
+// TestStreamHeaders: a stream's headers are those of vLLM's
+// StreamingResponse(media_type="text/event-stream") (Starlette adds the
+// charset), without caching or proxy-buffering headers vLLM does not send.
+func TestStreamHeaders(t *testing.T) {
+	_, hs := testServer(t, Config{})
+	for _, path := range []string{"/v1/completions", "/v1/chat/completions"} {
+		resp, err := http.Post(hs.URL+path, "application/json", strings.NewReader(
+			`{"prompt":"p","messages":[{"role":"user","content":"p"}],"max_tokens":2,"stream":true}`))
+		if err != nil {
+			t.Fatal(err)
+		}
+		readStream(t, resp.Body)
+		resp.Body.Close()
+		if got := resp.Header.Get("Content-Type"); got != "text/event-stream; charset=utf-8" {
+			t.Errorf("%s: Content-Type %q", path, got)
+		}
+		for _, h := range []string{"Cache-Control", "X-Accel-Buffering", "Connection"} {
+			if v, ok := resp.Header[h]; ok {
+				t.Errorf("%s: header %s: %q, which vLLM does not send", path, h, v)
+			}
+		}
+	}
+}

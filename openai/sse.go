@@ -51,12 +51,12 @@ func NewSSEWriter(w io.Writer) *SSEWriter {
 	return &SSEWriter{w: w, f: f, buf: make([]byte, 0, 1024)}
 }
 
-// SetHeaders sets the response headers of an event stream as vLLM does.
+// SetHeaders sets the response headers of an event stream as vLLM does:
+// its StreamingResponse(media_type="text/event-stream") sends the media
+// type, with the charset Starlette adds, and no caching or
+// proxy-buffering headers.
 func SetHeaders(h http.Header) {
 	h.Set("Content-Type", ContentTypeEventStream+"; charset=utf-8")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("Connection", "keep-alive")
-	h.Set("X-Accel-Buffering", "no")
 }
 
 // Data buffers one event whose data is payload. A payload holding line
