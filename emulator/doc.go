@@ -15,7 +15,9 @@
 //     fields vLLM's serving code sets, the first one's top-level
 //     prompt_token_ids and the others' token_ids null; a chat request
 //     with add_generation_prompt false answered in its last message's
-//     role, as vLLM's get_chat_request_role answers it), with vLLM's
+//     role, as vLLM's get_chat_request_role answers it; the response id
+//     "cmpl-" or "chatcmpl-" and the X-Request-Id header's value, else
+//     the body's request_id, else 32 random hex digits), with vLLM's
 //     errors (status, type, param and, for prompts longer than the model's
 //     context, the message of its current renderer) for bad input, 404 for
 //     another model, and FastAPI's 404 and 405 for unknown routes and

@@ -236,11 +236,11 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		// vLLM names the request after the header (_base_request_id), so a
 		// P/D pair shares it.
 		w.Header().Set("X-Request-Id", id)
-		if chat {
-			j.respID = "chatcmpl-" + id
-		} else {
-			j.respID = "cmpl-" + id
-		}
+		j.respID = respIDPrefix(chat) + id
+	} else if req.requestID != "" {
+		// Else after the body's request_id (the default _base_request_id
+		// takes; a random uuid when the body has none).
+		j.respID = respIDPrefix(chat) + req.requestID
 	}
 	j.engineID = engineRequestID(j.respID, idCounter.Add(1))
 	now := time.Now() // one clock reading for created and the seed
@@ -312,6 +312,15 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	s.serveWhole(w, r, j)
+}
+
+// respIDPrefix is the prefix of a response id: vLLM's "chatcmpl-" or
+// "cmpl-".
+func respIDPrefix(chat bool) string {
+	if chat {
+		return "chatcmpl-"
+	}
+	return "cmpl-"
 }
 
 // engineRequestID is the engine's id of the request answered as respID,

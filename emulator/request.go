@@ -43,6 +43,7 @@ type apiRequest struct {
 	BootstrapRoom       json.RawMessage `json:"bootstrap_room"`
 	Suffix              json.RawMessage `json:"suffix"`     // completions: vLLM rejects any but null (hasSuffix)
 	CacheSalt           json.RawMessage `json:"cache_salt"` // the prefix cache's salt (checkOptions: cacheSalt)
+	RequestID           json.RawMessage `json:"request_id"` // vLLM's request id when no X-Request-Id (checkOptions: requestID)
 	// The chat template's and the tokenizer's options (vLLM's chat and
 	// tokenize requests; chatOptions). AddSpecialTokens is the
 	// completions' too (default true there, false for chat).
@@ -54,6 +55,7 @@ type apiRequest struct {
 
 	stops        []string // parsed Stop
 	cacheSalt    string   // parsed CacheSalt: engine.Request.CacheSalt
+	requestID    string   // parsed RequestID ("" when absent)
 	promptText   string   // completions: text prompt
 	promptIDs    []uint32 // completions: token-id prompt
 	chatMessages []tokenizer.Message
@@ -393,6 +395,17 @@ func (r *apiRequest) checkOptions(chat bool) *apiError {
 		// vLLM's check_cache_salt_support (a model validator).
 		if json.Unmarshal(r.CacheSalt, &r.cacheSalt) != nil || r.cacheSalt == "" {
 			return invalidBody("body", "Value error, Parameter 'cache_salt' must be a non-empty string if provided.")
+		}
+	}
+	if len(r.RequestID) > 0 {
+		// vLLM's request models have request_id: str (default a random
+		// uuid): null or another type is a validation error.
+		if json.Unmarshal(r.RequestID, &r.requestID) != nil || string(r.RequestID) == "null" {
+			model := "CompletionRequest"
+			if chat {
+				model = "ChatCompletionRequest"
+			}
+			return invalidBody("body.request_id", "1 validation error for %s\nrequest_id\n  Input should be a valid string", model)
 		}
 	}
 	if !chat {

@@ -3,6 +3,7 @@ package emulator
 import (
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"regexp"
 	"strings"
@@ -321,5 +322,73 @@ func TestStreamHeaders(t *testing.T) {
 				t.Errorf("%s: header %s: %q, which vLLM does not send", path, h, v)
 			}
 		}
+	}
+}
+
+// TestBodyRequestID: a request's id is its X-Request-Id header's, else
+// its body's request_id (a field of vLLM's request models, default a
+// random uuid), prefixed as vLLM prefixes it
+// (engine/serving.py _base_request_id; completion/serving.py and
+// chat_completion/serving.py create_*); a request_id that is not a string
+// is vLLM's validation error.
+func TestBodyRequestID(t *testing.T) {
+	_, hs := testServer(t, Config{})
+	for _, tc := range []struct {
+		name, path, extra, header string
+		status                    int
+		want                      string
+	}{
+		{"completion", "/v1/completions", `,"request_id":"my-req-1"`, "", 200, "cmpl-my-req-1"},
+		{"chat", "/v1/chat/completions", `,"request_id":"my-req-2"`, "", 200, "chatcmpl-my-req-2"},
+		{"chat stream", "/v1/chat/completions", `,"request_id":"my-req-3","stream":true`, "", 200, "chatcmpl-my-req-3"},
+		{"header wins", "/v1/completions", `,"request_id":"body"`, "hdr", 200, "cmpl-hdr"},
+		{"null", "/v1/completions", `,"request_id":null`, "", 400, ""},
+		{"number", "/v1/chat/completions", `,"request_id":7`, "", 400, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			body := `{"prompt":"p","messages":[{"role":"user","content":"p"}],"max_tokens":2` + tc.extra + `}`
+			req, _ := http.NewRequest(http.MethodPost, hs.URL+tc.path, strings.NewReader(body))
+			req.Header.Set("Content-Type", "application/json")
+			if tc.header != "" {
+				req.Header.Set("X-Request-Id", tc.header)
+			}
+			resp, err := http.DefaultClient.Do(req)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer resp.Body.Close()
+			if resp.StatusCode != tc.status {
+				t.Fatalf("status %d, want %d", resp.StatusCode, tc.status)
+			}
+			if tc.status != 200 {
+				var e openai.ErrorResponse
+				if err := json.NewDecoder(resp.Body).Decode(&e); err != nil || e.Error.Param == nil || *e.Error.Param != "body.request_id" {
+					t.Errorf("error %+v (%v), want one about body.request_id", e, err)
+				}
+				return
+			}
+			events := []string{}
+			if strings.HasPrefix(resp.Header.Get("Content-Type"), openai.ContentTypeEventStream) {
+				events = readStream(t, resp.Body)
+			} else {
+				b, _ := io.ReadAll(resp.Body)
+				events = append(events, string(b))
+			}
+			var ids []string
+			for _, ev := range events {
+				var c struct{ ID string }
+				if ev != openai.Done && json.Unmarshal([]byte(ev), &c) == nil {
+					ids = append(ids, c.ID)
+				}
+			}
+			if len(ids) == 0 {
+				t.Fatal("no response")
+			}
+			for _, id := range ids {
+				if id != tc.want {
+					t.Errorf("id %q, want %q", id, tc.want)
+				}
+			}
+		})
 	}
 }
