@@ -393,8 +393,34 @@ type runner struct {
 	cut    *report.Collector // those of requests cut short by the run's cancellation
 	runID  string
 
-	mu       sync.Mutex        // protects examples
+	mu       sync.Mutex        // protects examples and reporting
 	examples map[string]string // error kind -> the first such failure's message
+	// reporting holds the engines (X-Kvroute-Endpoint, "" without the
+	// header) that have reported prompt_tokens_details.cached_tokens
+	// (cachedTokens).
+	reporting map[string]bool
+}
+
+// cachedTokens returns a usage's cached tokens as the engine that served
+// the request reports them: vLLM with --enable-prompt-tokens-details
+// leaves prompt_tokens_details out of an answer that had no prompt token
+// cached, so once an engine has reported a count in this run, a usage
+// without one cached 0 tokens; before, the count is unknown (-1). Left
+// unknown, every miss fell out of the hit rate's denominator.
+func (r *runner) cachedTokens(engine string, u *openai.Usage) int {
+	c := u.CachedTokens()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	switch {
+	case c >= 0:
+		if r.reporting == nil {
+			r.reporting = map[string]bool{}
+		}
+		r.reporting[engine] = true
+	case r.reporting[engine]:
+		c = 0
+	}
+	return c
 }
 
 // maxExample bounds an error example's length in bytes.
@@ -699,7 +725,7 @@ func (r *runner) readStream(ctx context.Context, body io.Reader, ct string, t0 t
 		if usage.PromptTokens > 0 {
 			s.PromptTokens = usage.PromptTokens
 		}
-		s.CachedTokens = usage.CachedTokens()
+		s.CachedTokens = r.cachedTokens(s.Engine, usage)
 	}
 	if s.Err == "" && chunks == 0 {
 		s.TTFT = s.E2E

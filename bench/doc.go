@@ -11,7 +11,10 @@
 // finished or reported in usage only, has TTFT = E2E), the gaps between content chunks
 // (inter-token latency), the end-to-end latency to the end of the stream
 // (data: [DONE]), and reads prompt, completion and cached tokens
-// (usage.prompt_tokens_details.cached_tokens) from the usage chunk. The
+// (usage.prompt_tokens_details.cached_tokens) from the usage chunk: a
+// usage without cached_tokens is 0 cached from an engine that has
+// reported the field in the run (vLLM leaves it out when nothing was
+// cached), else unknown. The
 // X-Kvroute-Endpoint response header, when the router sends it, names the
 // engine that served the request.
 //

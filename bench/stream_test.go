@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -125,5 +126,35 @@ func TestReadStreamErrorFieldMessage(t *testing.T) {
 	r.readStream(context.Background(), bytes.NewReader([]byte(body)), openai.ContentTypeEventStream, time.Now(), &s)
 	if want := "error event: the request exceeds the available context size"; s.Err != ErrMidstream || r.examples[ErrMidstream] != want {
 		t.Errorf("got err %q example %q, want %q %q", s.Err, r.examples[ErrMidstream], ErrMidstream, want)
+	}
+}
+
+// TestReadStreamAbsentCachedTokens: vLLM with --enable-prompt-tokens-details
+// leaves prompt_tokens_details out of a usage that had no token cached. An
+// engine's usage without it is unknown (-1) until that engine has reported
+// a count in the run, then 0; another engine (X-Kvroute-Endpoint) keeps
+// its own record. Before, every miss was -1 and fell out of the hit rate.
+func TestReadStreamAbsentCachedTokens(t *testing.T) {
+	const (
+		with    = "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1,\"total_tokens\":10,\"prompt_tokens_details\":{\"cached_tokens\":8}}}\n\ndata: [DONE]\n\n"
+		without = "data: {\"choices\":[{\"text\":\"a\"}]}\n\ndata: {\"choices\":[],\"usage\":{\"prompt_tokens\":9,\"completion_tokens\":1,\"total_tokens\":10}}\n\ndata: [DONE]\n\n"
+		noUsage = "data: {\"choices\":[{\"text\":\"a\",\"finish_reason\":\"length\"}]}\n\ndata: [DONE]\n\n"
+	)
+	r := &runner{}
+	for i, step := range []struct {
+		engine, body string
+		want         int
+	}{
+		{"e1", without, -1}, // e1 has reported nothing yet
+		{"e1", with, 8},
+		{"e1", without, 0},
+		{"e1", noUsage, -1}, // no usage at all: unknown
+		{"e2", without, -1}, // e2 has reported nothing
+	} {
+		s := report.Sample{CachedTokens: -1, Engine: step.engine}
+		r.readStream(context.Background(), strings.NewReader(step.body), openai.ContentTypeEventStream, time.Now(), &s)
+		if s.Err != "" || s.CachedTokens != step.want {
+			t.Errorf("step %d (%s): err %q cached %d, want %d", i, step.engine, s.Err, s.CachedTokens, step.want)
+		}
 	}
 }

@@ -120,11 +120,15 @@ type HandoffConfig struct {
 	// request run whole on one node, not handed off:
 	// usage.prompt_tokens and prompt_tokens_details.cached_tokens (-1
 	// when the engine did not report it): the proxy's prefix cache
-	// counters. The same figures
-	// are the flight's Outcome, which the prefill policy learns from. A
-	// decode engine's usage after a handoff is not reported: it counts
-	// the KV pulled from the prefill engine as cached. Nil: not reported.
-	Usage func(e *kvroute.Endpoint, prompt, cached int)
+	// counters. It returns the cached tokens to take as the engine's
+	// (the proxy reads an absent count as 0 from an endpoint that has
+	// reported one: vLLM leaves the field out when nothing was cached).
+	// Those and the prompt tokens are the flight's Outcome, which the
+	// prefill policy learns from. A decode engine's usage after a
+	// handoff is not reported: it counts the KV pulled from the prefill
+	// engine as cached. Nil: not reported, and the figures are taken as
+	// read.
+	Usage func(e *kvroute.Endpoint, prompt, cached int) int
 	// Live, when set, reports whether endpoint e, as a leg was routed to
 	// it, is still in the pool: the pool's endpoints change while it
 	// serves (the proxy's config reload and discovery), and an endpoint
@@ -638,10 +642,10 @@ func (x *exchange) prefillNixl(pf *router.Flight, pbody []byte) (json.RawMessage
 		// The prefill engine's prefix cache, as it reported it: the
 		// learning policy's and the proxy's feedback, as on the
 		// aggregated path.
-		o.PromptTokens, o.CachedTokens = prompt, cached
 		if h.cfg.Usage != nil {
-			h.cfg.Usage(pf.Endpoint, prompt, cached)
+			cached = h.cfg.Usage(pf.Endpoint, prompt, cached)
 		}
+		o.PromptTokens, o.CachedTokens = prompt, cached
 	}
 	h.cfg.Router.Done(now, pf, o)
 	return params, nil
@@ -1230,10 +1234,10 @@ func (x *exchange) stream(a *answer, f *router.Flight) {
 		Decode: x.res.Disaggregated}
 	if readUsage && !failed {
 		if prompt, cached, ok := openai.ParseUsage(usage.Bytes()); ok {
-			o.PromptTokens, o.CachedTokens = prompt, cached
 			if h.cfg.Usage != nil {
-				h.cfg.Usage(f.Endpoint, prompt, cached)
+				cached = h.cfg.Usage(f.Endpoint, prompt, cached)
 			}
+			o.PromptTokens, o.CachedTokens = prompt, cached
 		}
 	}
 	h.cfg.Router.Done(h.cfg.Now(), f, o)

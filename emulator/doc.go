@@ -30,7 +30,8 @@
 //     vLLM's with --enable-prompt-tokens-details, which is off by default,
 //     but for one thing: vLLM leaves the details out (null, or absent from
 //     a usage chunk) when no prompt token was cached, where the emulator
-//     reports cached_tokens 0;
+//     reports cached_tokens 0 (the router and kvroute bench read an absent
+//     count as 0 from an engine that has reported one);
 //     a cache_salt (a non-empty string, else vLLM's 400) keys the prompt's
 //     first block as vLLM's does, so that only requests with the same salt
 //     share cached blocks (engine.Request.CacheSalt), and that block's

@@ -99,10 +99,11 @@ func (p *Proxy) newHandoff(pl *pool, m *config.Model, planner *disagg.Planner) (
 		// computed (a prefill leg's, or a request run whole on one
 		// node), counted as the aggregated path counts its engines'
 		// (feedback.go).
-		Usage: func(e *kvroute.Endpoint, prompt, cached int) {
+		Usage: func(e *kvroute.Endpoint, prompt, cached int) int {
 			if up := pl.upstream(e); up != nil {
-				up.observeUsage(prompt, cached)
+				return up.observeUsage(prompt, cached)
 			}
+			return cached
 		},
 		// A reload or discovery may remove a leg's endpoint between its
 		// routing and its sending (reload.go).

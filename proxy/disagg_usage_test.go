@@ -3,6 +3,7 @@ package proxy
 import (
 	"net/http"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/kvroute/kvroute"
@@ -73,5 +74,39 @@ func TestPDWholeRunUsageIsCounted(t *testing.T) {
 	}
 	if got := tp.metric(t, tp.fb.prompt, "tiny", "d0"); got != 600 {
 		t.Errorf("kvroute_prompt_tokens_total{endpoint=d0}: got %v, want 600", got)
+	}
+}
+
+// TestPDPrefillAbsentCachedTokens: a prefill engine that has reported
+// cached tokens and then answers without prompt_tokens_details (vLLM: none
+// cached) counts 0 cached, as on the aggregated path
+// (TestAbsentCachedTokensAfterReported), and the prefill flight's outcome
+// says 0.
+func TestPDPrefillAbsentCachedTokens(t *testing.T) {
+	var n atomic.Int32
+	ps, _ := pdEngineHook(t, kvroute.RolePrefill, "nixl", func(w http.ResponseWriter, r *http.Request) bool {
+		details := `,"prompt_tokens_details":{"cached_tokens":512}`
+		if n.Add(1) > 1 {
+			details = ""
+		}
+		w.Header().Set("Content-Type", "application/json")
+		_, _ = w.Write([]byte(`{"id":"cmpl-p","object":"text_completion","choices":[{"index":0,"text":"a","finish_reason":"length"}],` +
+			`"usage":{"prompt_tokens":600,"completion_tokens":1,"total_tokens":601` + details + `},` +
+			`"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[1],"remote_engine_id":"e","remote_host":"127.0.0.1","remote_port":5600,"tp_size":1}}`))
+		return true
+	})
+	ds, _ := pdEngine(t, kvroute.RoleDecode, "nixl")
+	tp := newTestProxyWith(t, pdTestConfig("", "nixl", ps.URL, ds.URL), policy.New)
+	for range 2 {
+		resp := tp.post(t, PathCompletions, `{"model":"tiny","prompt":"a prompt handed off to decode","max_tokens":4}`)
+		if out := readAll(t, resp); resp.StatusCode != http.StatusOK {
+			t.Fatalf("got %d %s", resp.StatusCode, out)
+		}
+	}
+	if got := tp.metric(t, tp.fb.cached, "tiny", "p0"); got != 512 {
+		t.Errorf("kvroute_prefix_cached_tokens_total{endpoint=p0}: got %v, want 512", got)
+	}
+	if got := tp.metric(t, tp.fb.prompt, "tiny", "p0"); got != 1200 {
+		t.Errorf("kvroute_prefix_prompt_tokens_total{endpoint=p0}: got %v, want 1200 (the second answer cached 0)", got)
 	}
 }

@@ -120,7 +120,10 @@
 // The usage the engine reports at the end of a response (cached_tokens of
 // prompt_tokens_details) reaches learning policies in kvroute.Outcome and
 // the kvroute_prefix_cached_tokens_total and kvroute_prompt_tokens_total
-// counters.
+// counters. vLLM leaves prompt_tokens_details out of an answer that had
+// no prompt token cached, so once an endpoint has reported cached_tokens,
+// an answer of its without them counts 0 cached; before, unknown (not
+// counted).
 //
 // # Debug endpoints
 //

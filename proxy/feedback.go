@@ -52,18 +52,34 @@ func newFeedbackMetrics() *feedbackMetrics {
 		}, []string{"model", "endpoint"}),
 		prompt: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "kvroute_prompt_tokens_total",
-			Help: "Prompt tokens the engines reported (usage.prompt_tokens) for responses that reported cached tokens: the denominator of the prefix hit rate.",
+			Help: "Prompt tokens the engines reported (usage.prompt_tokens) for responses whose cached tokens are known (reported, or 0 when an engine that reports them left them out, as vLLM does when none were cached): the denominator of the prefix hit rate.",
 		}, []string{"model", "endpoint"}),
 	}
 }
 
-// observeUsage counts one response's usage on its endpoint.
-func (e *endpointProxy) observeUsage(prompt, cached int) {
-	if cached < 0 {
-		return
+// observeUsage counts one response's usage on its endpoint and returns
+// its cached tokens as the endpoint reports them: -1 (unknown) for an
+// engine that does not report prompt_tokens_details, else the count. vLLM
+// with --enable-prompt-tokens-details leaves prompt_tokens_details out of
+// an answer that had no prompt token cached (serving_chat.py and
+// serving_completion.py: "if self.enable_prompt_tokens_details and
+// num_cached_tokens"), so once an endpoint has reported a count, an
+// answer without one cached nothing. Counting only the answers with the
+// field would leave every miss out of the hit rate's denominator.
+func (e *endpointProxy) observeUsage(prompt, cached int) int {
+	switch {
+	case cached >= 0:
+		if !e.reportsCached.Load() {
+			e.reportsCached.Store(true)
+		}
+	case e.reportsCached.Load():
+		cached = 0
+	default:
+		return -1
 	}
 	e.prompt.Add(float64(prompt))
 	e.cached.Add(float64(cached))
+	return cached
 }
 
 func (f *feedbackMetrics) collectors() []prometheus.Collector {

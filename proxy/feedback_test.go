@@ -4,7 +4,9 @@ import (
 	"bytes"
 	"fmt"
 	"net/http"
+	"slices"
 	"strings"
+	"sync/atomic"
 	"testing"
 
 	"github.com/kvroute/kvroute"
@@ -90,5 +92,47 @@ func TestNoUsageLeavesCachedUnknown(t *testing.T) {
 	}
 	if got := tp.metric(t, tp.fb.prompt, "m", be.URL); got != 0 {
 		t.Errorf("kvroute_prompt_tokens_total: got %v, want 0", got)
+	}
+}
+
+// TestAbsentCachedTokensAfterReported: vLLM with
+// --enable-prompt-tokens-details leaves prompt_tokens_details out of an
+// answer that had no prompt token cached. Before the endpoint has reported
+// a count, an answer without one is unknown (-1, not counted); once it
+// has, an answer without one cached 0 tokens, in the outcome and in the
+// counters (the hit rate's denominator). Before, every such miss was left
+// out of the denominator and the hit rate read high.
+func TestAbsentCachedTokensAfterReported(t *testing.T) {
+	cached := []int{-1, 256, -1, -1} // the engine's answers, in order
+	var n atomic.Int32
+	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		engineUsage(300, cached[int(n.Add(1))-1])(w, r)
+	})
+	var l *learner
+	tp := newTestProxyWith(t, testConfig("learn", be.URL), func(string, map[string]any, uint64) (kvroute.Picker, error) {
+		l = &learner{}
+		return l, nil
+	})
+	for i := range cached {
+		stream := i%2 == 1
+		body := `{"model":"m","prompt":"hello","max_tokens":2}`
+		if stream {
+			body = `{"model":"m","prompt":"hello","max_tokens":200,"stream":true,"stream_options":{"include_usage":true}}`
+		}
+		readAll(t, tp.post(t, "/v1/completions", body))
+		waitFor(t, "an outcome", func() bool { return len(l.got()) == i+1 })
+	}
+	var got []int
+	for _, o := range l.got() {
+		got = append(got, o.CachedTokens)
+	}
+	if want := []int{-1, 256, 0, 0}; !slices.Equal(got, want) {
+		t.Errorf("outcomes' cached tokens %v, want %v", got, want)
+	}
+	if got := tp.metric(t, tp.fb.cached, "m", be.URL); got != 256 {
+		t.Errorf("kvroute_prefix_cached_tokens_total: got %v, want 256", got)
+	}
+	if got := tp.metric(t, tp.fb.prompt, "m", be.URL); got != 900 {
+		t.Errorf("kvroute_prompt_tokens_total: got %v, want 900 (the three answers after the first count)", got)
 	}
 }

@@ -242,8 +242,7 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 		}
 		if !o.Failed && x.status == http.StatusOK {
 			if prompt, cached, ok := openai.ParseUsage(x.tail.Bytes()); ok {
-				o.PromptTokens, o.CachedTokens = prompt, cached
-				x.up.observeUsage(prompt, cached)
+				o.PromptTokens, o.CachedTokens = prompt, x.up.observeUsage(prompt, cached)
 			}
 		}
 		if x.flowing && x.streamErr == nil {
