@@ -10,7 +10,9 @@
 //
 // Field paths use the YAML names of the fields. Struct tags give those names;
 // this package does not read files. Parse decodes YAML bytes strictly, and its
-// decoding errors name the line, on one line (line 3: unknown field "modelz").
+// decoding errors name the line, on one line (line 3: unknown field "modelz"),
+// then applies the defaults and validates; Decode stops after the decoding,
+// the configuration as written (what a reload takes: proxy.Proxy.Reload).
 //
 // An endpoint with data_parallel_size N > 1 (one vLLM server in front of N
 // data-parallel engine cores) stays one entry here; KVEndpoints expands it

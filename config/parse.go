@@ -14,13 +14,29 @@ import (
 	"go.yaml.in/yaml/v3"
 )
 
-// Parse decodes a YAML configuration strictly (unknown fields are errors,
+// Parse decodes a YAML configuration strictly (Decode), applies the
+// defaults and validates it. A validation failure returns Errors, every
+// invalid field at once.
+func Parse(data []byte) (Config, error) {
+	cfg, err := Decode(data)
+	if err != nil {
+		return cfg, err
+	}
+	cfg.ApplyDefaults()
+	if err := cfg.Validate(); err != nil {
+		return cfg, err
+	}
+	return cfg, nil
+}
+
+// Decode decodes a YAML configuration strictly (unknown fields are errors,
 // as are more than one document, a number with a fraction for a
 // whole-number field, an empty list entry and a ${VARIABLE}: the file is
-// not expanded), applies the defaults and
-// validates it. A validation failure returns Errors, every invalid field
-// at once.
-func Parse(data []byte) (Config, error) {
+// not expanded) and returns it as written: no defaults applied, not
+// validated. A reload takes the file so (proxy.Proxy.Reload applies the
+// defaults itself: an endpoint's signals settings left unset inherit the
+// running model's, not the file's).
+func Decode(data []byte) (Config, error) {
 	var cfg Config
 	dec := yaml.NewDecoder(bytes.NewReader(data))
 	dec.KnownFields(true)
@@ -45,10 +61,6 @@ func Parse(data []byte) (Config, error) {
 		if len(v.errs) > 0 {
 			return cfg, v.errs
 		}
-	}
-	cfg.ApplyDefaults()
-	if err := cfg.Validate(); err != nil {
-		return cfg, err
 	}
 	return cfg, nil
 }

@@ -259,3 +259,54 @@ func TestParseRefusesNonFiniteFloats(t *testing.T) {
 			"models[0].pd.margin: -Inf is not a finite number"},
 	})
 }
+
+// FuzzDecode: no input makes Decode panic; Decode then ApplyDefaults and
+// Validate is Parse (what a reload does with the file is what the start
+// did).
+func FuzzDecode(f *testing.F) {
+	if b, err := os.ReadFile("../kvroute.example.yaml"); err == nil {
+		f.Add(b)
+	}
+	for _, s := range []string{
+		"models: [{name: m, endpoints: [{url: 'http://127.0.0.1:8000'}]}]",
+		"models: [{name: m, signals: {scrape_interval: 700ms}, endpoints: [{url: 'http://a:1'}, {url: 'http://b:1', signals: {scrape_interval: 50ms}}]}]",
+		"models: [{name: m, discovery: {kubernetes: {service: s, endpoint: {weight: 2}}}}]",
+		"models: [{name: m, endpoints: [{url: 'http://a:1', weight: 0.5}]}]",
+		"&a [*a]", "{", "", "listen: ${PORT}",
+	} {
+		f.Add([]byte(s))
+	}
+	f.Fuzz(func(t *testing.T, data []byte) {
+		raw, derr := Decode(data)
+		parsed, perr := Parse(data)
+		if derr != nil {
+			if perr == nil || perr.Error() != derr.Error() {
+				t.Fatalf("Decode: %v; Parse: %v; want Parse to fail as Decode does", derr, perr)
+			}
+			return
+		}
+		cfg := raw
+		cfg.ApplyDefaults()
+		verr := cfg.Validate()
+		if (verr == nil) != (perr == nil) || (verr != nil && verr.Error() != perr.Error()) {
+			t.Fatalf("Decode, ApplyDefaults, Validate: %v; Parse: %v", verr, perr)
+		}
+		if perr == nil && !reflect.DeepEqual(cfg, parsed) {
+			t.Fatalf("Decode with defaults:\n%+v\nParse:\n%+v", cfg, parsed)
+		}
+	})
+}
+
+// TestDecodeKeepsUnsetFields: Decode returns the file as written: an
+// endpoint's signals setting it does not write stays unset (a reload
+// fills it from the running model's, not the file's).
+func TestDecodeKeepsUnsetFields(t *testing.T) {
+	cfg, err := Decode([]byte("models: [{name: m, signals: {scrape_interval: 700ms}, endpoints: [{url: 'http://a:1'}]}]"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	e := cfg.Models[0].Endpoints[0]
+	if e.Signals.ScrapeInterval != 0 || e.ID != "" || e.Weight != 0 {
+		t.Errorf("endpoint: got %+v, want its unset fields unset", e)
+	}
+}

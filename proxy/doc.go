@@ -135,8 +135,10 @@
 //
 // # Live endpoint changes
 //
-// Reload (kvroute serve calls it on SIGHUP) takes a new configuration,
-// validates it whole, and applies each model's endpoint list while
+// Reload (kvroute serve calls it on SIGHUP) takes a new configuration as
+// written (config.Decode), applies its defaults (an endpoint's signals
+// settings left unset inherit the running model's), validates it whole,
+// and applies each model's endpoint list while
 // requests flow: the router takes the new list (router.Router.SetEndpoints:
 // endpoints that stay keep their routing state), and each added endpoint
 // gets its reverse proxy, scrape loop, KV-event subscription and health

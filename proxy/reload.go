@@ -179,8 +179,13 @@ type planned struct {
 }
 
 // Reload applies a new configuration's endpoint lists while the proxy
-// serves. load returns the configuration (cmd reads the file again on
-// SIGHUP). It is validated whole first (config.Validate, then what New
+// serves. load returns the configuration as written, without its
+// defaults applied (config.Decode; cmd reads the file again on SIGHUP):
+// Reload applies them, an endpoint's signals settings left unset
+// inheriting the running model's (with the file's defaults applied, a
+// model-level signals setting changed in the file would reach every
+// endpoint as an endpoint change, though it needs a restart). It is
+// validated whole first (config.Validate, then what New
 // checks of each changed model's endpoints: kv_events addresses, URLs); an
 // invalid configuration changes nothing and is returned as an error
 // naming the field. Then, per model whose endpoints differ, the router

@@ -249,13 +249,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	// there is nothing to reload (nil).
 	var load func() (config.Config, error)
 	if !quick {
-		load = func() (config.Config, error) {
-			c, err := loadConfigFile(*configFile)
-			if err == nil {
-				overlay(&c)
-			}
-			return c, err
-		}
+		load = fileLoader(*configFile, overlay)
 	}
 	rctx, stopReloads := context.WithCancel(ctx)
 	var wg sync.WaitGroup
@@ -282,6 +276,31 @@ func reloadOnSignal(ctx context.Context, sig <-chan os.Signal, p *proxy.Proxy, f
 		}
 		log.Info("reloading the config", "file", file)
 		_, _ = p.Reload(load)
+	}
+}
+
+// fileLoader returns the loader of a reload (proxy.Proxy.Reload): the
+// config file read again and checked as at the start (loadConfigFile),
+// then given as written (config.Decode), with the flags over it
+// (overlay). Reload applies the defaults: an endpoint's signals settings
+// left unset keep inheriting the running model's (a model-level one
+// changed in the file needs a restart), which they could not once the
+// file's defaults were applied.
+func fileLoader(file string, overlay func(*config.Config)) func() (config.Config, error) {
+	return func() (config.Config, error) {
+		data, err := os.ReadFile(file)
+		if err != nil {
+			return config.Config{}, fmt.Errorf("config: %w", err)
+		}
+		if _, err := config.Parse(data); err != nil {
+			return config.Config{}, fmt.Errorf("config %s: %w", file, err)
+		}
+		c, err := config.Decode(data)
+		if err != nil {
+			return config.Config{}, fmt.Errorf("config %s: %w", file, err)
+		}
+		overlay(&c)
+		return c, nil
 	}
 }
 
