@@ -165,8 +165,9 @@ type ReloadResult struct {
 type ModelChange struct {
 	Model string
 	// Added and Removed endpoints; Changed ones kept their ID with other
-	// settings (another URL or data-parallel place is another engine: its
-	// routing state starts afresh, as an added endpoint's).
+	// settings (weight, labels, signals settings, kv_events, ...; another
+	// URL or data-parallel place is another engine: its routing state
+	// starts afresh, as an added endpoint's).
 	Added, Removed, Changed []string
 }
 
@@ -320,8 +321,8 @@ func (p *Proxy) reload(load func() (config.Config, error)) (ReloadResult, error)
 // pools through planEndpoints and apply, with reloadMu held.
 func (p *Proxy) planEndpoints(pl *pool, path string, endpoints []config.Endpoint) (*planned, error) {
 	cur := pl.set.Load()
-	if reflect.DeepEqual(cur.model.Endpoints, endpoints) {
-		return nil, nil
+	if reflect.DeepEqual(cur.model.Endpoints, endpoints) || len(cur.model.Endpoints)+len(endpoints) == 0 {
+		return nil, nil // (a discovered pool's none is nil or empty)
 	}
 	// The model as it runs, with the new endpoints.
 	run := *cur.model
@@ -340,7 +341,7 @@ func (p *Proxy) planEndpoints(pl *pool, path string, endpoints []config.Endpoint
 	if err != nil {
 		return nil, fmt.Errorf("%s.%w", path, err)
 	}
-	return &planned{pl: pl, model: &run, set: set, change: diffEndpoints(pl.model, cur.eps, eps)}, nil
+	return &planned{pl: pl, model: &run, set: set, change: diffEndpoints(pl.model, cur.eps, eps, cur.model, &run)}, nil
 }
 
 // checkDisaggregated refuses a change of pool pl's endpoints to run's that
@@ -408,9 +409,13 @@ func (p *Proxy) apply(pc planned, source string) error {
 	return nil
 }
 
-// diffEndpoints compares a pool's endpoints before and after.
-func diffEndpoints(model string, before, after []kvroute.Endpoint) ModelChange {
+// diffEndpoints compares a pool's endpoints before and after, of the
+// models' configurations from and to: an endpoint whose configuration
+// changed in a field the router's Endpoint does not have (its signals
+// settings, its kv_events) is changed too.
+func diffEndpoints(model string, before, after []kvroute.Endpoint, from, to *config.Model) ModelChange {
 	c := ModelChange{Model: model}
+	fromCfg, toCfg := configByID(from), configByID(to)
 	old := make(map[string]*kvroute.Endpoint, len(before))
 	for i := range before {
 		old[before[i].ID] = &before[i]
@@ -422,7 +427,7 @@ func diffEndpoints(model string, before, after []kvroute.Endpoint) ModelChange {
 		switch o := old[e.ID]; {
 		case o == nil:
 			c.Added = append(c.Added, e.ID)
-		case !sameEndpoint(o, e):
+		case !sameEndpoint(o, e) || !reflect.DeepEqual(fromCfg[e.ID], toCfg[e.ID]):
 			c.Changed = append(c.Changed, e.ID)
 		}
 	}
@@ -432,6 +437,23 @@ func diffEndpoints(model string, before, after []kvroute.Endpoint) ModelChange {
 		}
 	}
 	return c
+}
+
+// configByID returns the configured endpoint of each router endpoint ID
+// of m (a data-parallel endpoint's under each of its ranks' IDs).
+func configByID(m *config.Model) map[string]*config.Endpoint {
+	out := make(map[string]*config.Endpoint, len(m.Endpoints))
+	for i := range m.Endpoints {
+		e := &m.Endpoints[i]
+		if e.DataParallelSize <= 1 {
+			out[e.ID] = e
+			continue
+		}
+		for r := range e.DataParallelSize {
+			out[e.RankID(r)] = e
+		}
+	}
+	return out
 }
 
 // restartFields names the fields of next that differ from cur, the
