@@ -479,6 +479,63 @@ func TestRouterPreStop(t *testing.T) {
 	}
 }
 
+// TestEngineDrain: the router takes a terminating engine out of its pool
+// (no new request) and lets the requests in progress on it finish, but
+// vLLM aborts every request in progress at SIGTERM unless started with
+// --shutdown-timeout (its default 0 is an immediate shutdown), and gets
+// SIGTERM the moment its pod starts terminating, before the router has
+// seen the EndpointSlice change. Each vLLM container of a Deployment behind
+// a Service the router discovers now sleeps in a preStop hook first (the
+// router stops sending it requests meanwhile), then drains for
+// --shutdown-timeout, and its grace period covers both.
+func TestEngineDrain(t *testing.T) {
+	s := loadManifests(t)
+	r := loadRouter(t, s)
+	ns := namespace(t, s)
+	checked := 0
+	for _, m := range r.cfg.Models {
+		srcs, _ := m.Discovery.KubernetesSources()
+		for _, k := range srcs {
+			if k.Namespace != "" && k.Namespace != ns {
+				continue
+			}
+			for _, dep := range selected(s, one[*corev1.Service](t, s, k.Service)) {
+				spec := &dep.Spec.Template.Spec
+				grace := int64(corev1.DefaultTerminationGracePeriodSeconds)
+				if g := spec.TerminationGracePeriodSeconds; g != nil {
+					grace = *g
+				}
+				for i := range spec.Containers {
+					c := &spec.Containers[i]
+					if !slices.Contains(append(slices.Clone(c.Command), c.Args...), "serve") || !strings.Contains(c.Image, "vllm") {
+						continue
+					}
+					checked++
+					v, at := flagValue(c.Args, "shutdown-timeout")
+					drain, err := strconv.Atoi(v)
+					if at < 0 || err != nil || drain <= 0 {
+						t.Errorf("Deployment %s container %s: no --shutdown-timeout SECONDS above 0 (got %q): vLLM aborts the requests in progress at SIGTERM",
+							dep.Name, c.Name, v)
+					}
+					lc := c.Lifecycle
+					if lc == nil || lc.PreStop == nil || lc.PreStop.Sleep == nil || lc.PreStop.Sleep.Seconds < 2 {
+						t.Errorf("Deployment %s container %s: no lifecycle.preStop.sleep of 2s or more: vLLM gets SIGTERM before the router "+
+							"has seen the pod terminating", dep.Name, c.Name)
+						continue
+					}
+					if need := lc.PreStop.Sleep.Seconds + int64(drain); grace <= need {
+						t.Errorf("Deployment %s: terminationGracePeriodSeconds %d is not above the preStop sleep %ds + --shutdown-timeout %ds",
+							dep.Name, grace, lc.PreStop.Sleep.Seconds, drain)
+					}
+				}
+			}
+		}
+	}
+	if checked == 0 {
+		t.Fatal("no vLLM container behind a Service the router discovers")
+	}
+}
+
 // rbacGrant is one (API group, resource, verb) a Role grants or a client
 // used.
 type rbacGrant struct{ group, resource, verb string }
