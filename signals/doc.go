@@ -52,7 +52,11 @@
 // first). /slots never fails a scrape: a 404 or 501 (--no-slots) is one
 // INFO line and the signals come from /metrics alone, /slots asked again
 // after SlotsRetry (1 min); any other failure is one WARN per failure
-// streak.
+// streak. The other way round, llama.cpp serves /metrics only with
+// --metrics (else its 501 "This server does not support metrics endpoint")
+// but /slots by default: a server whose /metrics answers that 501 (flavour
+// auto or llamacpp; 404 too for llamacpp) is read from /slots alone
+// (slotsAlone), its waiting requests unknown, logged once each way.
 //
 // vLLM's vllm:cache_config_info gives the block size and the number of GPU
 // blocks (KV capacity), vllm:lora_requests_info the adapters loaded. Series

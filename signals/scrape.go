@@ -307,6 +307,12 @@ func (s *Scraper) ScrapeOnce(ctx context.Context) {
 	}
 	start := time.Now()
 	m, err := s.fetch(ctx)
+	alone := false
+	if err != nil {
+		if sm, ok := s.slotsAlone(ctx, err); ok {
+			m, err, alone = sm, nil, true
+		}
+	}
 	s.lastDuration.Store(int64(time.Since(start)))
 	if ctx.Err() != nil {
 		return // shutting down: not the engine's fault
@@ -324,7 +330,11 @@ func (s *Scraper) ScrapeOnce(ctx context.Context) {
 		s.slots.propsStale = true // the server may have restarted
 	}
 	s.failing = false
-	if m.Flavor == FlavorLlamaCPP {
+	if !alone && s.slots.alone {
+		s.slots.alone = false
+		s.cfg.Logger.Info("llama.cpp /metrics read again", "endpoint", s.target.Endpoint)
+	}
+	if !alone && m.Flavor == FlavorLlamaCPP {
 		s.addSlots(ctx, &m)
 		if ctx.Err() != nil {
 			return
@@ -462,8 +472,8 @@ func (s *Scraper) fetchBody(ctx context.Context) (string, error) {
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return "", fmt.Errorf("scrape: status %s", resp.Status)
+		head, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return "", &statusError{code: resp.StatusCode, status: resp.Status, head: head}
 	}
 	s.buf.Reset()
 	n, err := s.buf.ReadFrom(io.LimitReader(resp.Body, s.cfg.MaxBodyBytes+1))
@@ -475,6 +485,16 @@ func (s *Scraper) fetchBody(ctx context.Context) (string, error) {
 	}
 	return resp.Header.Get("Content-Type"), nil
 }
+
+// statusError is a metrics answer other than 200, with the first bytes of
+// its body.
+type statusError struct {
+	code   int
+	status string
+	head   []byte
+}
+
+func (e *statusError) Error() string { return "scrape: status " + e.status }
 
 // LastDuration is how long the last scrape took.
 func (s *Scraper) LastDuration() time.Duration { return time.Duration(s.lastDuration.Load()) }

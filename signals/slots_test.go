@@ -337,3 +337,95 @@ func TestScrapeSlotsRecovers(t *testing.T) {
 		t.Errorf("recovery logged %d times, want 1:\n%s", n, buf.String())
 	}
 }
+
+// llamaNoMetrics is llama.cpp's /metrics without --metrics.
+const llamaNoMetrics = "{\"error\":{\"code\":501,\"message\":\"This server does not support metrics endpoint. Start it with `--metrics`\",\"type\":\"not_supported_error\"}}"
+
+// TestScrapeSlotsAlone: llama.cpp serves /metrics only with --metrics (else
+// its 501) but /slots by default. Such a server's busy slots and KV are
+// read from /slots alone, for a target of flavour llamacpp (404 or 501)
+// or auto (llama.cpp's 501); the switch is logged once each way. Another
+// engine's 501 or 404 on auto, a 500, or a /slots that fails too leave the
+// scrape failed. Before, every scrape of a llama.cpp server started
+// without --metrics failed.
+func TestScrapeSlotsAlone(t *testing.T) {
+	for _, tc := range []struct {
+		name        string
+		flavor      Flavor
+		status      int
+		body        string
+		slotsStatus int
+		alone       bool
+	}{
+		{"auto, llama.cpp's 501", FlavorAuto, 501, llamaNoMetrics, 200, true},
+		{"llamacpp, 501", FlavorLlamaCPP, 501, llamaNoMetrics, 200, true},
+		{"llamacpp, 404", FlavorLlamaCPP, 404, "File Not Found", 200, true},
+		{"auto, another 501", FlavorAuto, 501, "not implemented", 200, false},
+		{"auto, 404", FlavorAuto, 404, "File Not Found", 200, false},
+		{"vllm, llama.cpp's 501", FlavorVLLM, 501, llamaNoMetrics, 200, false},
+		{"llamacpp, 500", FlavorLlamaCPP, 500, "oops", 200, false},
+		{"llamacpp, no /slots either", FlavorLlamaCPP, 501, llamaNoMetrics, 501, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var metricsOn atomic.Bool
+			hs := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+				switch r.URL.Path {
+				case "/metrics":
+					if metricsOn.Load() {
+						_, _ = w.Write([]byte(llamaMetricsBody))
+						return
+					}
+					w.WriteHeader(tc.status)
+					_, _ = w.Write([]byte(tc.body))
+				case "/slots":
+					w.WriteHeader(tc.slotsStatus)
+					_, _ = w.Write([]byte(slotsNew))
+				case "/props":
+					_, _ = w.Write([]byte(`{"default_generation_settings":{"n_ctx":4096},"total_slots":3}`))
+				default:
+					http.NotFound(w, r)
+				}
+			}))
+			defer hs.Close()
+			logs := &logCounter{}
+			v := NewView(ViewConfig{})
+			s, err := NewScraper(ScrapeConfig{Logger: slog.New(logs)}, Target{Endpoint: "e", MetricsURL: hs.URL + "/metrics", View: v, Flavor: tc.flavor})
+			if err != nil {
+				t.Fatal(err)
+			}
+			for range 3 {
+				s.ScrapeOnce(context.Background())
+			}
+			st := v.Snapshot()
+			if !tc.alone {
+				if st.Scrapes != 0 || st.Errors != 3 {
+					t.Fatalf("scrapes %d errors %d, want 0 and 3", st.Scrapes, st.Errors)
+				}
+				return
+			}
+			if st.Scrapes != 3 || st.Errors != 0 {
+				t.Fatalf("scrapes %d errors %d (%s), want 3 and 0", st.Scrapes, st.Errors, st.LastError)
+			}
+			last := st.Last
+			if last.Flavor != FlavorLlamaCPP || !last.Has(HasSlots|HasRunning|HasKVTokens) || last.Has(HasWaiting) ||
+				last.TotalSlots != 3 || last.KVTokens != 300 {
+				t.Errorf("from /slots alone: got %+v (%s), want llamacpp, 3 slots, running and 300 KV tokens, no waiting", last, last.Have)
+			}
+			if got := s.DetectedFlavor(); got != FlavorLlamaCPP {
+				t.Errorf("detected flavour %q, want llamacpp", got)
+			}
+			metricsOn.Store(true)
+			s.ScrapeOnce(context.Background())
+			s.ScrapeOnce(context.Background())
+			if last := v.Snapshot().Last; last.Waiting != 2 || !last.Has(HasSlots) {
+				t.Errorf("with /metrics back: got %+v (%s), want waiting 2 and the slots", last, last.Have)
+			}
+			if got := logs.count("llama.cpp server without /metrics"); got != 1 {
+				t.Errorf("the switch to /slots alone logged %d times, want once (all: %v)", got, logs.msgs)
+			}
+			if got := logs.count("llama.cpp /metrics read again"); got != 1 {
+				t.Errorf("the switch back logged %d times, want once (all: %v)", got, logs.msgs)
+			}
+		})
+	}
+}

@@ -29,6 +29,7 @@ type slotsState struct {
 	propsStale         bool      // read /props at the next /slots
 	propsFailing       bool      // the last /props failed (logged)
 	lastTotal          int       // the slots the last /slots listed
+	alone              bool      // the last scrape read /slots alone (slotsAlone)
 }
 
 // slotsURLs derives the /slots and /props URLs from a metrics URL: its
@@ -55,22 +56,62 @@ type errSlotsOff struct{ status string }
 
 func (e *errSlotsOff) Error() string { return "status " + e.status }
 
+// slotsAlone reads a llama.cpp server whose /metrics failed with err from
+// its /slots alone, and reports whether it could. llama.cpp serves
+// /metrics only with --metrics (else 501 "This server does not support
+// metrics endpoint. Start it with `--metrics`") but /slots by default, so
+// a server started without --metrics still shows its busy slots and, on
+// builds that report n_prompt_tokens, the KV they hold; its deferred
+// requests (waiting) stay unknown. It applies to a target of flavour
+// llamacpp whose /metrics answered 404 or 501, and to one of flavour auto
+// whose /metrics answered llama.cpp's 501. The switch to /slots alone and
+// back is logged once each way.
+func (s *Scraper) slotsAlone(ctx context.Context, err error) (Metrics, bool) {
+	var se *statusError
+	if !errors.As(err, &se) {
+		return Metrics{}, false
+	}
+	switch s.target.Flavor {
+	case FlavorLlamaCPP:
+		if se.code != http.StatusNotFound && se.code != http.StatusNotImplemented {
+			return Metrics{}, false
+		}
+	case FlavorAuto, "":
+		if se.code != http.StatusNotImplemented || !bytes.Contains(se.head, []byte("does not support metrics endpoint")) {
+			return Metrics{}, false
+		}
+	default:
+		return Metrics{}, false
+	}
+	m := Metrics{Flavor: FlavorLlamaCPP}
+	if !s.addSlots(ctx, &m) {
+		return Metrics{}, false
+	}
+	if !s.slots.alone {
+		s.slots.alone = true
+		s.cfg.Logger.Info("llama.cpp server without /metrics (started without --metrics?): its busy slots and KV are read from /slots alone, its waiting requests are unknown",
+			"endpoint", s.target.Endpoint, "url", s.target.MetricsURL, "status", se.status)
+	}
+	return m, true
+}
+
 // addSlots reads the llama.cpp server's /slots (and /props when needed)
-// into m, a successful /metrics scrape. A server that does not serve
-// /slots (404, 501: --no-slots) is logged once and asked again after
-// SlotsRetry; other failures are logged once per streak. Either way m
-// keeps its /metrics signals: /slots only adds to them.
-func (s *Scraper) addSlots(ctx context.Context, m *Metrics) {
+// into m, a successful /metrics scrape (or, from slotsAlone, an empty
+// one). A server that does not serve /slots (404, 501: --no-slots) is
+// logged once and asked again after SlotsRetry; other failures are logged
+// once per streak. Either way m keeps its /metrics signals: /slots only
+// adds to them. It reports whether it added /slots' signals.
+func (s *Scraper) addSlots(ctx context.Context, m *Metrics) bool {
 	st := &s.slots
 	if st.slotsURL == "" {
 		var err error
 		if st.slotsURL, st.propsURL, err = slotsURLs(s.target.MetricsURL); err != nil {
-			return // NewScraper checked the URL
+			return false // NewScraper checked the URL
 		}
 		st.propsStale = true
 	}
 	if st.off && time.Now().Before(st.retryAt) {
-		return
+		return false
 	}
 	err := s.get(ctx, st.slotsURL, &st.buf)
 	var sl Slots
@@ -78,7 +119,7 @@ func (s *Scraper) addSlots(ctx context.Context, m *Metrics) {
 		sl, err = ParseSlots(st.buf.Bytes())
 	}
 	if ctx.Err() != nil {
-		return
+		return false
 	}
 	var off *errSlotsOff
 	switch {
@@ -88,14 +129,14 @@ func (s *Scraper) addSlots(ctx context.Context, m *Metrics) {
 				"endpoint", s.target.Endpoint, "url", st.slotsURL, "status", off.status, "retry_in", SlotsRetry)
 		}
 		st.off, st.retryAt, st.failing = true, time.Now().Add(SlotsRetry), false
-		return
+		return false
 	case err != nil:
 		if !st.failing {
 			s.cfg.Logger.Warn("llama.cpp /slots failed: signals from /metrics alone until it recovers",
 				"endpoint", s.target.Endpoint, "url", st.slotsURL, "err", err)
 		}
 		st.failing = true
-		return
+		return false
 	}
 	if st.off || st.failing {
 		s.cfg.Logger.Info("llama.cpp /slots read", "endpoint", s.target.Endpoint, "url", st.slotsURL)
@@ -110,6 +151,7 @@ func (s *Scraper) addSlots(ctx context.Context, m *Metrics) {
 		s.readProps(ctx, sl)
 	}
 	applySlots(m, sl, st.props)
+	return true
 }
 
 // readProps reads /props; a failure leaves the slots' own count.

@@ -45,7 +45,8 @@ guarded as /debug/* is), and PUT /admin/policy {"model","policy","params"}
 Engine signals: every endpoint's /metrics (vLLM, SGLang, llama.cpp, TGI) is
 scraped every signals.scrape_interval (100ms), a llama.cpp server's /slots too
 (its busy slots and the KV tokens they hold; llama.cpp's /metrics no longer has
-KV usage; without /slots, --no-slots, /metrics alone), and combined with the router's own
+KV usage; without /slots, --no-slots, /metrics alone; without --metrics, llama.cpp's
+default, /slots alone), and combined with the router's own
 dispatches; signals older than signals.stale_after (1s) or failing scrapes are
 reported stale and routing falls back on router-local counts. Precise mode
 (precise.tokenizer: "builtin" or a HuggingFace model directory) tokenizes each
