@@ -1,6 +1,7 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
@@ -93,7 +94,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	fs.Float64Var(&rate, "rate", 0, "mean requests per second `R`: the generator's rate (default 10), or a trace's rescaled rate")
 	fs.Float64Var(&rateScale, "rate-scale", 1, "multiply the arrival rate by `X` (after --rate)")
 	fs.StringVar(&arrivals, "arrivals", "", "generator: arrival process poisson, gamma or constant (default poisson)")
-	fs.Float64Var(&cv, "cv", 0, "generator: coefficient of variation of gamma arrivals (default 2)")
+	fs.Float64Var(&cv, "cv", 0, "generator: coefficient of variation of gamma arrivals (default 2; with --arrivals gamma only)")
 	fs.Uint64Var(&seed, "seed", 1, "generator seed")
 	fs.DurationVar(&duration, "duration", 0, "send only requests arriving within this `duration` of the first (0 = all)")
 	fs.IntVar(&maxRequests, "max-requests", 0, "send at most `N` requests (0 = no limit)")
@@ -210,7 +211,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 			return usageErr("%v", err)
 		}
 	} else {
-		p, err := generatorFlags(wlName, arrivals, params)
+		p, err := generatorFlags(wlName, arrivals, flagSet(fs, "cv"), params)
 		if err != nil {
 			return usageErr("%v", err)
 		}
@@ -492,8 +493,9 @@ func writeFileWith(path string, f func(io.Writer) error) error {
 // given (--workload, --arrivals, --params), not as the workload package's
 // field ("arrivals.kind"), and returns the parsed --params. --arrivals
 // trace, a trace's own timestamps, is refused: a generator has none, and
-// ran it as poisson.
-func generatorFlags(name, arrivals, params string) (map[string]float64, error) {
+// ran it as poisson. cv reports whether --cv was given: it shapes gamma
+// arrivals only, and was ignored with any other.
+func generatorFlags(name, arrivals string, cv bool, params string) (map[string]float64, error) {
 	i := slices.IndexFunc(workload.Generators(), func(g workload.Generator) bool { return g.Name == name })
 	if i < 0 {
 		return nil, fmt.Errorf("--workload: unknown generator %q (have %s)", name, strings.Join(workload.GeneratorNames(), ", "))
@@ -503,6 +505,9 @@ func generatorFlags(name, arrivals, params string) (map[string]float64, error) {
 	case "", workload.Poisson, workload.Gamma, workload.Constant:
 	default:
 		return nil, fmt.Errorf("--arrivals %q is not one of %s, %s, %s", arrivals, workload.Poisson, workload.Gamma, workload.Constant)
+	}
+	if cv && arrivals != workload.Gamma {
+		return nil, fmt.Errorf("--cv applies to --arrivals %s only (the arrivals are %s)", workload.Gamma, cmp.Or(arrivals, workload.Poisson))
 	}
 	p, err := workload.ParseParams(params)
 	if err != nil {

@@ -43,6 +43,8 @@ func TestBenchCommandUsageErrors(t *testing.T) {
 		{[]string{"--requests", "0"}, "--requests 0 must be at least 1"},   // was: the default 1000
 		{[]string{"--requests", "-1"}, "--requests -1 must be at least 1"}, // was: "workload: requests -1 out of range"
 		{[]string{"--cv", "-1"}, "--cv -1 must be positive"},
+		{[]string{"--cv", "3"}, "--cv applies to --arrivals gamma only (the arrivals are poisson)"},                            // was: ignored
+		{[]string{"--cv", "3", "--arrivals", "constant"}, "--cv applies to --arrivals gamma only (the arrivals are constant)"}, // was: ignored
 		{[]string{"--api", "embeddings"}, `--api "embeddings" is not one of chat, completions`},
 		{[]string{"--prompt", "ids"}, `--prompt "ids" is not one of text, tokens`},
 		{[]string{"--prompt", "tokens"}, "--prompt tokens needs --api completions"},

@@ -113,7 +113,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.IntVar(&o.requests, "requests", 0, "generator: number of requests (default 1000)")
 	fs.Float64Var(&o.rate, "rate", 0, "generator: mean arrivals per second (default 10)")
 	fs.StringVar(&o.arrivals, "arrivals", "", "generator: arrival process poisson, gamma or constant (default poisson)")
-	fs.Float64Var(&o.cv, "cv", 0, "generator: coefficient of variation of gamma arrivals (default 2)")
+	fs.Float64Var(&o.cv, "cv", 0, "generator: coefficient of variation of gamma arrivals (default 2; with --arrivals gamma only)")
 	fs.DurationVar(&o.duration, "duration", 0, "keep only requests arriving within this (unscaled) `duration` of the first (0 = all)")
 	fs.IntVar(&o.limit, "limit", 0, "keep only the first `N` requests (0 = all)")
 	fs.StringVar(&o.engines, "engines", "8", "engine `count` (with --profile) or groups COUNTxPROFILE,...")
@@ -291,7 +291,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return usageErr("--pd-mode %q must be conditional, always or never", o.pdMode)
 	}
 	if o.workloadName != "" {
-		if _, err := generatorFlags(o.workloadName, o.arrivals, o.params); err != nil {
+		if _, err := generatorFlags(o.workloadName, o.arrivals, flagSet(fs, "cv"), o.params); err != nil {
 			return usageErr("%v", err)
 		}
 	}

@@ -165,6 +165,7 @@ func TestSimCommandNamesTheFlag(t *testing.T) {
 		{[]string{"--rate", "0"}, "kvroute sim: --rate 0: must be positive"},
 		{[]string{"--requests", "-5"}, "kvroute sim: --requests -5: must be at least 1"},
 		{[]string{"--cv", "-1", "--arrivals", "gamma"}, "kvroute sim: --cv -1: must be positive"},
+		{[]string{"--cv", "3"}, "kvroute sim: --cv applies to --arrivals gamma only (the arrivals are poisson)"}, // was: ignored
 		{[]string{"--parallel", "0"}, "kvroute sim: --parallel 0: must be at least 1"},
 		{[]string{"--rate", "inf"}, "kvroute sim: --rate +Inf: must be at most 1e+06"},      // was: arrivals.rate +Inf must be > 0
 		{[]string{"--rate", "2e6"}, "kvroute sim: --rate 2e+06: must be at most 1e+06"},     // was: arrivals.rate 2e+06 requests/s is above ...
