@@ -75,7 +75,8 @@ type Kubernetes struct {
 	// Service is the Service whose EndpointSlices are watched. Required.
 	Service string `yaml:"service"`
 	// Namespace is the Service's namespace; default "": the router pod's
-	// own namespace when it runs in a cluster, else "default".
+	// own namespace when it runs in a cluster, else the kubeconfig's
+	// current context's (as kubectl), else "default".
 	Namespace string `yaml:"namespace"`
 	// Port is the EndpointSlice port the engines serve HTTP on, by name
 	// (e.g. "http") or number; default "": the slice's only port (a slice

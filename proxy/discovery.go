@@ -63,8 +63,9 @@ const serviceAccountNamespace = "/var/run/secrets/kubernetes.io/serviceaccount/n
 
 // connectKube is the default KubeClientFunc: k.Kubeconfig when set, else
 // the in-cluster config (the pod's service account and namespace), else
-// $KUBECONFIG or ~/.kube/config with namespace "default". It does not
-// reach the API server.
+// $KUBECONFIG or ~/.kube/config. With a kubeconfig the namespace is its
+// current context's, as kubectl's, else "default". It does not reach the
+// API server.
 func connectKube(k *config.Kubernetes) (kubernetes.Interface, string, error) {
 	var rc *rest.Config
 	ns := metav1.NamespaceDefault
@@ -79,11 +80,15 @@ func connectKube(k *config.Kubernetes) (kubernetes.Interface, string, error) {
 	if rc == nil {
 		rules := clientcmd.NewDefaultClientConfigLoadingRules() // $KUBECONFIG, else ~/.kube/config
 		rules.ExplicitPath = k.Kubeconfig
-		c, err := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{}).ClientConfig()
+		cc := clientcmd.NewNonInteractiveDeferredLoadingClientConfig(rules, &clientcmd.ConfigOverrides{})
+		c, err := cc.ClientConfig()
 		if err != nil {
 			return nil, "", fmt.Errorf("kubernetes config (not in a cluster; kubeconfig %q): %w", k.Kubeconfig, err)
 		}
 		rc = c
+		if n, _, err := cc.Namespace(); err == nil && n != "" {
+			ns = n
+		}
 	}
 	rc.UserAgent = "kvroute"
 	c, err := kubernetes.NewForConfig(rc)
