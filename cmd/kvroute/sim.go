@@ -136,7 +136,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.IntVar(&o.routers, "routers", 1, "router replicas behind a load balancer (each sees only its own dispatches between scrapes)")
 	fs.IntVar(&o.routerBlock, "router-block-tokens", sim.DefaultRouterBlockTokens, "the router's prefix block size in tokens (with --kv-events: the engines')")
 	fs.BoolVar(&o.routerText, "router-text", false, "route on the prompt text in characters, as kvroute serve does without a tokenizer (slower; for comparisons with kvroute bench)")
-	fs.DurationVar(&o.queueWait, "queue-wait", sim.DefaultQueueWait, "how long a router holds a request the policy sheds with the queue action (kv-aware overload=queue) before answering 429, as serve's retry.queue_wait (negative = no wait)")
+	fs.DurationVar(&o.queueWait, "queue-wait", sim.DefaultQueueWait, "how long a router holds a request the policy sheds with the queue action (kv-aware overload=queue) before answering 429, as serve's retry.queue_wait (0 or negative = no wait)")
 	fs.DurationVar(&o.drain, "drain", 0, "stop each run this long after the last arrival; requests still open count as errors (0 = run until all finish)")
 	fs.IntVar(&o.parallel, "parallel", 1, "runs to simulate at once (each run is single-threaded)")
 	fs.BoolVar(&o.quiet, "quiet", false, "print only the table (no progress bar or timing)")
@@ -187,6 +187,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	}
 	if o.netLatency == 0 && flagSet(fs, "net-latency") {
 		o.netLatency = -1 // none (sim.Config: 0 is the 1ms default, negative 0)
+	}
+	if o.queueWait == 0 && flagSet(fs, "queue-wait") {
+		o.queueWait = -1 // no wait (sim.Config: 0 is the 5s default, negative no wait)
 	}
 	if o.workloadName == "" && (o.params != "" || o.requests != 0 || o.rate != 0 || o.arrivals != "" || o.cv != 0) {
 		return usageErr("--params, --requests, --rate, --arrivals and --cv apply to --workload only (a trace has its own rate: --rate-scale)")

@@ -449,6 +449,27 @@ func TestSimCommandExplicitZeros(t *testing.T) {
 	}
 }
 
+// TestSimCommandQueueWaitZeroIsNoWait: --queue-wait 0 holds nothing, as a
+// negative wait; it ran with the 5s default (sim.Config's zero value).
+func TestSimCommandQueueWaitZeroIsNoWait(t *testing.T) {
+	table := func(wait string) string {
+		var out, errb bytes.Buffer
+		args := []string{"sim", "--limit", "300", "--engines", "1", "--rate-scale", "20", "--policies", "kv-aware",
+			"--policy-param", "kv-aware.overload=queue", "--queue-wait", wait}
+		if err := run(context.Background(), args, &out, &errb); err != nil {
+			t.Fatalf("--queue-wait %s: %v: %s", wait, err, errb.String())
+		}
+		return out.String()
+	}
+	zero, none, def := table("0"), table("-1ms"), table("5s")
+	if zero != none {
+		t.Errorf("--queue-wait 0 differs from a negative wait (none):\n%s\nvs\n%s", zero, none)
+	}
+	if none == def || !strings.Contains(def, " held ") {
+		t.Fatalf("the scenario holds no request with the default wait, so it tests nothing:\n%s", def)
+	}
+}
+
 // TestSimCommandBoundPerRunWhenSomeFail: when runs complete different
 // requests (a drain), each run's TTFT bound covers its own completed
 // requests, printed per run; one line for all was below some rows' TTFT p99.
