@@ -33,7 +33,8 @@ type Group struct {
 	MaxNumSeqs int `yaml:"max_num_seqs,omitempty" json:"max_num_seqs,omitempty"`
 	// MaxNumBatchedTokens overrides the profile's per-step token budget; 0 keeps it.
 	MaxNumBatchedTokens int `yaml:"max_num_batched_tokens,omitempty" json:"max_num_batched_tokens,omitempty"`
-	// Speed scales the engine's step times (2 = twice as fast); 0 means 1.
+	// Speed scales the engine's step times (2 = twice as fast); 0 means 1
+	// (a fleet file may not write 0).
 	Speed float64 `yaml:"speed,omitempty" json:"speed,omitempty"`
 	// Role is both (default), prefill or decode: a fleet with prefill or
 	// decode engines runs disaggregated (Config.PD).
@@ -41,7 +42,8 @@ type Group struct {
 	// Weight is each engine's endpoint weight (kvroute.Endpoint.Weight),
 	// its share of the load under the policies that honour weights, 1 to
 	// kvroute.MaxWeight; 0 means 1. It says nothing of the engine's speed
-	// (Speed, Profile do).
+	// (Speed, Profile do). A fleet file may not write 0 (its writer meant
+	// no share, not a full one).
 	Weight int `yaml:"weight,omitempty" json:"weight,omitempty"`
 }
 
@@ -226,7 +228,40 @@ func ParseFleetFile(data []byte) (Fleet, error) {
 	if err := ff.Engines.Validate(); err != nil {
 		return nil, fmt.Errorf("parse fleet file: %w", err)
 	}
+	if err := checkWrittenZeros(data); err != nil {
+		return nil, fmt.Errorf("parse fleet file: %w", err)
+	}
 	return ff.Engines, nil
+}
+
+// writtenZero lists the fleet file's keys whose zero value is a default
+// (Group: 0 means 1) that a 0 written in the file would silently take: a
+// weight of 0 meant to send a group nothing got a full share, and a speed
+// of 0 ran the group at full speed.
+var writtenZero = map[string]string{
+	"weight": fmt.Sprintf("0 is not a weight (1 to %d, default 1): to send a group nothing, leave it out of the fleet", kvroute.MaxWeight),
+	"speed":  "0 is not a speed (positive, default 1: the profile's own)",
+}
+
+// checkWrittenZeros reports a group key of writtenZero written as 0 in a
+// fleet file that decoded (so its layout is engines: [mapping, ...]).
+func checkWrittenZeros(data []byte) error {
+	var doc struct {
+		Engines []map[string]yaml.Node `yaml:"engines"`
+	}
+	if err := yaml.Unmarshal(data, &doc); err != nil {
+		return nil // decoded once already: cannot happen
+	}
+	for i, g := range doc.Engines {
+		for _, key := range []string{"weight", "speed"} {
+			n, ok := g[key]
+			var v float64
+			if ok && n.Kind == yaml.ScalarNode && n.ShortTag() != "!!null" && n.Decode(&v) == nil && v == 0 {
+				return fmt.Errorf("line %d: engines[%d].%s: %s", n.Line, i, key, writtenZero[key])
+			}
+		}
+	}
+	return nil
 }
 
 // LoadFleetFile reads and parses a fleet file.

@@ -81,6 +81,10 @@ func TestParseFleetFile(t *testing.T) {
 		// Two billion blocks would take the host's memory (it did, with a
 		// Go stack trace), not model a GPU.
 		"engines:\n  - {count: 1, profile: tiny, num_gpu_blocks: 2000000000}": "parse fleet file: fleet: group 0 (tiny): num_gpu_blocks 2000000000 is above the limit of 16777216",
+		// A weight (or speed) written as 0 became the default 1: a group
+		// meant to get nothing got a full share.
+		"engines:\n  - {count: 1, profile: tiny, weight: 2}\n  - {count: 1, profile: tiny, weight: 0}": "parse fleet file: line 3: engines[1].weight: 0 is not a weight (1 to 1000000, default 1): to send a group nothing, leave it out of the fleet",
+		"engines:\n  - count: 1\n    profile: tiny\n    speed: 0.0":                                    "parse fleet file: line 4: engines[0].speed: 0 is not a speed (positive, default 1: the profile's own)",
 	} {
 		if _, err := ParseFleetFile([]byte(bad)); err == nil || err.Error() != want {
 			t.Errorf("ParseFleetFile(%q): got %v, want %s", bad, err, want)

@@ -51,7 +51,8 @@ The fleet is --engines COUNT with --profile, or --engines 4xPROFILE,2xPROFILE,
 or --fleet FILE (YAML: engines: [{count: 4, profile: NAME, num_gpu_blocks: N}]).
 A fleet file's group may set speed (2 = twice as fast) and weight (the engines'
 endpoint weight, default 1: their share of the load under the policies that
-honour weights, see 'kvroute serve --help'; the --engines fleet has weight 1).
+honour weights, see 'kvroute serve --help'; the --engines fleet has weight 1;
+neither may be written as 0).
 --hf-config config.json (with --gpu, --tp, --dtype) models a HuggingFace model:
 --engines COUNT then runs it, and a group named hf (4xhf/prefill) takes it.
 A group may take a role, 4xPROFILE/prefill,4xPROFILE/decode, or 4/prefill,4/decode
