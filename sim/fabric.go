@@ -26,6 +26,9 @@ type Transfer struct {
 	Ready time.Duration `json:"ready_ns"`
 	Wire  time.Duration `json:"wire_ns"`
 	End   time.Duration `json:"end_ns"`
+	// Setup is the link's fixed cost paid between Ready and Wire; the rest
+	// of that time is the queue behind other transfers.
+	Setup time.Duration `json:"setup_ns"`
 }
 
 // FabricLoad is the KV-handoff traffic of a P/D run, from its Transfers.
@@ -48,7 +51,8 @@ type FabricLoad struct {
 	PerDecodeP99  float64 `json:"per_decode_p99_bytes_per_s"`
 	PerDecodeMax  float64 `json:"per_decode_max_bytes_per_s"`
 	// TimeP50 and TimeP99 are the handoff times (Ready to End: setup,
-	// queueing and wire); QueueP99 the p99 wait behind other transfers.
+	// queueing and wire); QueueP99 the p99 wait behind other transfers
+	// (Ready to Wire less the link's setup).
 	TimeP50  time.Duration `json:"time_p50_ns"`
 	TimeP99  time.Duration `json:"time_p99_ns"`
 	QueueP99 time.Duration `json:"queue_p99_ns"`
@@ -79,7 +83,7 @@ func (r *Result) FabricLoad(window time.Duration) FabricLoad {
 	for i, t := range r.Transfers {
 		fl.Bytes += t.Bytes
 		first, last = min(first, t.Wire), max(last, t.End)
-		times[i], queues[i] = t.End-t.Ready, t.Wire-t.Ready
+		times[i], queues[i] = t.End-t.Ready, max(t.Wire-t.Ready-t.Setup, 0)
 	}
 	span := max(last-first, window)
 	fl.Total = float64(fl.Bytes) / span.Seconds()

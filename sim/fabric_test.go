@@ -49,6 +49,38 @@ func TestFabricLoadByHand(t *testing.T) {
 	}
 }
 
+// TestFabricQueueLeavesOutSetup: transfers that never wait behind another
+// have no queue, whatever the link's setup; the queue p99 was the setup
+// (1ms by default, 250ms here) on an idle fabric.
+func TestFabricQueueLeavesOutSetup(t *testing.T) {
+	f, err := ParseFleet("1xllama-3.1-8b-h100/prefill,1xllama-3.1-8b-h100/decode", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := pdWorkload(t)[:3]
+	for i := range reqs { // a minute apart: each handoff has the fabric to itself
+		reqs[i].Arrival = time.Duration(i) * time.Minute
+	}
+	const setup = 250 * time.Millisecond
+	res, err := Run(context.Background(), Config{Fleet: f, Seed: 1, PD: PDConfig{Mode: disagg.ModeAlways,
+		Links: disagg.UniformLinks(disagg.Link{Name: "fabric", Gbps: 400, Setup: setup})}}, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(res.Transfers) != len(reqs) {
+		t.Fatalf("got %d transfers, want %d", len(res.Transfers), len(reqs))
+	}
+	for _, tr := range res.Transfers {
+		if tr.Setup != setup || tr.Wire-tr.Ready != setup {
+			t.Errorf("transfer %s: got setup %v, ready to wire %v; want %v and %v", tr.ID, tr.Setup, tr.Wire-tr.Ready, setup, setup)
+		}
+	}
+	fl := res.FabricLoad(time.Second)
+	if fl.QueueP99 != 0 || fl.TimeP50 < setup {
+		t.Errorf("got queue p99 %v, time p50 %v; want 0 (nothing queued) and at least the %v setup", fl.QueueP99, fl.TimeP50, setup)
+	}
+}
+
 // TestPDTransfersRecorded: every disaggregated request of a simulated P/D
 // run has one transfer, its size from the KV shape of the prompt tokens
 // past the decode engine's prefix-cache hit (whole blocks: the prompt's

@@ -203,7 +203,7 @@ func (s *simulation) pdPrefilled(i int32) {
 	}
 	pd.ticket = tk
 	s.transfers = append(s.transfers, Transfer{ID: s.reqs[i].ID, Prefill: s.engines[pd.pEng].id, Decode: df.Endpoint.ID,
-		Bytes: bytes, Ready: start, Wire: start + est.Setup + est.Queue, End: start + est.Total()})
+		Bytes: bytes, Ready: start, Wire: start + est.Setup + est.Queue, End: start + est.Total(), Setup: est.Setup})
 	s.schedule(start+est.Total(), evPDTransferred, pd.dEng, i)
 }
 
