@@ -16,7 +16,8 @@ import (
 // PDConfig configures prefill/decode disaggregation. It applies when the
 // fleet has prefill or decode engines (Group.Role); the router's picker is
 // then a disagg.Planner (the same placement kvroute serve runs), with the
-// configured policy placing the prefill stage.
+// configured policy placing the prefill stage. Every engine of such a
+// fleet runs the same model (a Config error otherwise), on any hardware.
 //
 // A disaggregated request runs as the live NixlConnector handoff does: the
 // prefill leg (max_tokens 1, KV held) on the prefill engine; its reply
@@ -276,6 +277,9 @@ func (c *Config) pdValidate() error {
 	default:
 		return fmt.Errorf("sim: config: pd.mode must be conditional, always or never, got %q", c.PD.Mode)
 	}
+	if err := c.Fleet.oneModel(); err != nil {
+		return err
+	}
 	links := c.pdLinks()
 	if err := links.Validate(); err != nil {
 		return err
@@ -284,6 +288,31 @@ func (c *Config) pdValidate() error {
 		if gbps := l.BytesPerSecond() * 8 / 1e9; gbps < MinLinkGbps {
 			return fmt.Errorf("sim: config: pd link %s: %g Gbps effective is below the %g Gbps a simulated KV handoff may use (a long prompt's KV would take hours)",
 				l.Name, gbps, MinLinkGbps)
+		}
+	}
+	return nil
+}
+
+// oneModel reports a P/D fleet whose engines do not all run one model: a
+// decode engine generates from the KV cache a prefill engine computed,
+// which only the same model (its weights and KV layout) can use. Groups
+// may differ in hardware, tensor parallelism, overrides and speed. A
+// group whose profile does not resolve is left to newSimulation.
+func (f Fleet) oneModel() error {
+	var first engine.Profile
+	firstGroup := -1
+	for gi := range f {
+		p, err := f[gi].profile()
+		if err != nil {
+			continue
+		}
+		if firstGroup < 0 {
+			first, firstGroup = p, gi
+			continue
+		}
+		if p.Model.Name != first.Model.Name || disagg.ShapeOf(p) != disagg.ShapeOf(first) {
+			return fmt.Errorf("sim: config: a P/D fleet runs one model, but group %d (%s) runs %s (KV %+v) and group %d (%s) %s (KV %+v): a decode engine cannot use another model's KV",
+				gi, f[gi].name(), p.Model.Name, disagg.ShapeOf(p), firstGroup, f[firstGroup].name(), first.Model.Name, disagg.ShapeOf(first))
 		}
 	}
 	return nil

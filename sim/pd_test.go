@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"strings"
 	"testing"
 	"time"
 
@@ -120,6 +121,40 @@ func TestPDFleetParse(t *testing.T) {
 	cfg.applyDefaults()
 	if err := cfg.Validate(); err == nil {
 		t.Error("bad mode: got no error")
+	}
+}
+
+// TestPDFleetOneModel: a P/D fleet whose prefill and decode engines run
+// different models is refused (the decode engine cannot use the other
+// model's KV; the run priced the handoff with the prefill model's shape and
+// decoded on the other model); one model on other hardware, TP or overrides
+// is a P/D fleet.
+func TestPDFleetOneModel(t *testing.T) {
+	reqs := pdWorkload(t)[:5]
+	for spec, ok := range map[string]bool{
+		"1xllama-3.1-8b-h100/prefill,1xqwen2.5-7b-h100/decode":        false,
+		"1xllama-3.1-8b-h100/prefill,1xllama-3.1-70b-h100-tp4/decode": false,
+		"1xllama-3.1-8b-h100,1xqwen2.5-7b-h100/decode":                false,
+		"1xllama-3.1-8b-h100/prefill,2xllama-3.1-8b-h100/decode":      true,
+		"1xllama-3.1-8b-h100,1xqwen2.5-7b-h100":                       true, // aggregated: no handoff
+	} {
+		f, err := ParseFleet(spec, "")
+		if err != nil {
+			t.Fatal(err)
+		}
+		_, err = Run(context.Background(), Config{Fleet: f, Seed: 1}, reqs)
+		if ok && err != nil {
+			t.Errorf("%s: got %v, want a run", spec, err)
+		}
+		if !ok && (err == nil || !strings.Contains(err.Error(), "a P/D fleet runs one model")) {
+			t.Errorf("%s: got %v, want the one-model error", spec, err)
+		}
+	}
+	// Other hardware (a fleet file's speed and blocks) for the same model.
+	f := Fleet{{Count: 1, Profile: "llama-3.1-8b-h100", Role: "prefill", Speed: 2},
+		{Count: 1, Profile: "llama-3.1-8b-h100", Role: "decode", NumGPUBlocks: 4096}}
+	if _, err := Run(context.Background(), Config{Fleet: f, Seed: 1}, reqs); err != nil {
+		t.Errorf("one model, other overrides: got %v, want a run", err)
 	}
 }
 

@@ -56,7 +56,8 @@ neither may be written as 0).
 --hf-config config.json (with --gpu, --tp, --dtype) models a HuggingFace model:
 --engines COUNT then runs it, and a group named hf (4xhf/prefill) takes it.
 A group may take a role, 4xPROFILE/prefill,4xPROFILE/decode, or 4/prefill,4/decode
-for engines of --profile (YAML: role: prefill; a fleet needs engines that decode):
+for engines of --profile (YAML: role: prefill; a fleet needs engines that decode,
+and every engine of it runs one model, on any hardware):
 such a fleet runs disaggregated (--pd-mode, --pd-gbps, --pd-setup), placed by the
 same P/D planner as 'kvroute serve', with the TTFT split adding the KV transfer.
 Profiles: ` + "%s" + `.
@@ -286,6 +287,8 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		return usageErr("--kv-event-delay %v must not be negative", o.kvEventDelay)
 	case !(o.pdGbps > 0):
 		return usageErr("--pd-gbps %g must be positive", o.pdGbps)
+	case o.pdGbps < sim.MinLinkGbps:
+		return usageErr("--pd-gbps %g must be at least %g (a slower link's KV handoffs would take hours)", o.pdGbps, sim.MinLinkGbps)
 	case o.pdSetup < 0:
 		return usageErr("--pd-setup %v must not be negative", o.pdSetup)
 	}
@@ -332,6 +335,14 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		SLO:               sim.SLO{TTFT: o.sloTTFT, TPOT: o.sloTPOT},
 		PD: sim.PDConfig{Mode: disagg.Mode(o.pdMode),
 			Links: disagg.UniformLinks(disagg.Link{Name: "fabric", Gbps: o.pdGbps, Setup: o.pdSetup})},
+	}
+	// The fleet and the P/D fabric as every run checks them: a P/D fleet of
+	// two models or a --pd-gbps below the simulator's floor is a bad flag
+	// value (exit status 2), not a failed run.
+	check := base
+	check.RateScale = scales[0]
+	if err := check.Validate(); err != nil {
+		return usageErr("%v", err)
 	}
 	// The oracle bound depends only on the workload and the block size:
 	// compute it once for every run.

@@ -449,6 +449,27 @@ func TestSimCommandExplicitZeros(t *testing.T) {
 	}
 }
 
+// TestSimCommandPDFleetOfTwoModels: a P/D fleet whose engines run two
+// models, and a fabric below the simulator's floor, are bad flag values
+// (exit status 2 naming the problem), refused before any run; the first
+// ran (a decode engine using another model's KV), the second failed every
+// run with exit status 1.
+func TestSimCommandPDFleetOfTwoModels(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"--engines", "1xllama-3.1-8b-h100/prefill,1xqwen2.5-7b-h100/decode"}, "a P/D fleet runs one model"},
+		{[]string{"--engines", "1/prefill,1/decode", "--pd-gbps", "0.001"}, "--pd-gbps 0.001 must be at least 0.01"},
+	} {
+		var out, errb bytes.Buffer
+		args := append([]string{"sim", "--limit", "3", "--quiet", "--policies", "kv-aware"}, c.args...)
+		if err := run(context.Background(), args, &out, &errb); !errors.Is(err, errUsage) || !strings.Contains(errb.String(), c.want) {
+			t.Errorf("%v: got %v (%q), want a usage error saying %q", c.args, err, errb.String(), c.want)
+		}
+	}
+}
+
 // TestSimCommandQueueWaitZeroIsNoWait: --queue-wait 0 holds nothing, as a
 // negative wait; it ran with the 5s default (sim.Config's zero value).
 func TestSimCommandQueueWaitZeroIsNoWait(t *testing.T) {
