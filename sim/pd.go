@@ -63,6 +63,7 @@ type pdState struct {
 	dreq       kvroute.Request // the decode leg's routing view
 	tokens     []uint32        // the prompt in token mode, for the decode leg
 	phase      uint8
+	routed     bool // the decode leg was routed (st.eng is then dEng)
 
 	pQueue, pPrefill time.Duration // on the prefill engine
 	prefillEnd       time.Duration // the prefill leg finished (KV ready)
@@ -190,7 +191,7 @@ func (s *simulation) pdPrefilled(i int32) {
 		return
 	}
 	pd.dEng = s.byEP[df.Endpoint.ID]
-	st.flight, st.eng = df, pd.dEng
+	st.flight, st.eng, pd.routed = df, pd.dEng, true
 	s.engines[pd.dEng].routed++
 	// The decode leg reaches its engine, which pulls the KV.
 	start := s.now + s.cfg.NetLatency
@@ -252,14 +253,24 @@ func (s *simulation) wake(ei int32) {
 	}
 }
 
-// pdRecord fills a disaggregated request's TTFT split.
+// pdRecord fills a disaggregated request's engines and, when it
+// completed, its TTFT split. Its prefill leg's engine is PrefillEngine and
+// Engine its decode engine, or "" when it failed before the router routed
+// its decode leg (a prefill engine there counted in the row's per-engine
+// requests and imbalance, which are the decode engines').
 func (s *simulation) pdRecord(i int32, rec *Record) {
 	st := &s.st[i]
 	pd := st.pd
-	if pd == nil || !rec.OK() {
+	if pd == nil {
 		return
 	}
 	rec.PrefillEngine = s.engines[pd.pEng].id
+	if !pd.routed {
+		rec.Engine = ""
+	}
+	if !rec.OK() {
+		return
+	}
 	rec.CachedTokens = pd.cached // the decode engine's "hit" is the transferred KV
 	rec.Queue = pd.pQueue
 	rec.Prefill = pd.pPrefill

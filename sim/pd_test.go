@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -287,5 +288,44 @@ func TestPDRowImbalance(t *testing.T) {
 		if len(names) != 2 || names[0] != "e2" || names[1] != "e3" {
 			t.Errorf("%s: row engines %v, want [e2 e3]", mode, names)
 		}
+	}
+}
+
+// TestPDRowEnginesWhenPrefillLegsFail: requests a drain cuts off in their
+// prefill leg name no decode engine, and the row's engines (and
+// imbalance) stay the decode engines; they were counted on their prefill
+// engine, which then led the imbalance.
+func TestPDRowEnginesWhenPrefillLegsFail(t *testing.T) {
+	f, err := ParseFleet("1xllama-3.1-8b-h100/prefill,3xllama-3.1-8b-h100/decode", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := pdWorkload(t)
+	for i := range reqs { // all at once: most are still prefilling at the drain
+		reqs[i].Arrival = 0
+	}
+	res, err := Run(context.Background(), Config{Fleet: f, Seed: 1, Drain: time.Second, PD: PDConfig{Mode: disagg.ModeAlways}}, reqs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	row := res.Row(0)
+	var names []string
+	for _, e := range row.Engines {
+		names = append(names, e.Name)
+	}
+	if !slices.Equal(names, []string{"e1", "e2", "e3"}) {
+		t.Errorf("row engines %v (imbalance %.2f), want the decode engines [e1 e2 e3]", names, row.Imbalance)
+	}
+	stuck := 0
+	for _, r := range res.Records {
+		if r.PrefillEngine != "e0" || r.Engine == "e0" {
+			t.Fatalf("record %+v: want prefill engine e0 and no engine or a decode one", r)
+		}
+		if !r.OK() && r.Engine == "" {
+			stuck++
+		}
+	}
+	if stuck == 0 {
+		t.Fatal("no request failed in its prefill leg: the drain cut nothing off")
 	}
 }

@@ -12,7 +12,9 @@ import (
 // Record is one request's simulated outcome.
 type Record struct {
 	ID string `json:"id"`
-	// Engine is the engine the router chose ("" when rejected by the router).
+	// Engine is the engine the router chose ("" when rejected by the
+	// router, or, for a disaggregated request, when it failed before its
+	// decode leg was routed).
 	Engine string `json:"engine,omitempty"`
 	// Arrival is the request's arrival on the workload's clock, scaled
 	// (Config.RateScale divides it).
@@ -52,7 +54,8 @@ type Record struct {
 	// router's hop and the KV pull over the fabric. 0 otherwise.
 	Transfer time.Duration `json:"transfer_ns,omitempty"`
 	// PrefillEngine is the engine that ran a disaggregated request's
-	// prefill leg ("" otherwise); Engine is then its decode engine.
+	// prefill leg, whether or not the request completed ("" otherwise);
+	// Engine is then its decode engine.
 	PrefillEngine string `json:"prefill_engine,omitempty"`
 	// TPOT is the mean time per output token after the first.
 	TPOT time.Duration `json:"tpot_ns"`

@@ -1057,8 +1057,8 @@ func (s *simulation) result() *Result {
 				rec.TPOT = (rec.E2E - rec.TTFT) / time.Duration(rec.OutputTokens-1)
 			}
 			rec.Preemptions = st.preemptions
-			s.pdRecord(int32(i), &rec)
 		}
+		s.pdRecord(int32(i), &rec)
 		res.Records[i] = rec
 	}
 	for ei, e := range s.engines {
