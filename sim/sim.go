@@ -238,6 +238,7 @@ type simEngine struct {
 	early []int
 
 	stepStart time.Duration // start of the step in progress
+	stepEnd   time.Duration // its end
 	busyTime  time.Duration
 	steps     int
 	routed    int
@@ -802,7 +803,7 @@ func (s *simulation) step(ei int32) {
 		d = time.Nanosecond
 	}
 	e.inStep = true
-	e.stepStart = s.now
+	e.stepStart, e.stepEnd = s.now, s.now+d
 	e.busyTime += d
 	e.steps++
 	s.schedule(s.now+d, evStep, ei, -1)
@@ -1063,8 +1064,13 @@ func (s *simulation) result() *Result {
 	}
 	for ei, e := range s.engines {
 		er := EngineResult{ID: e.id, Profile: e.profile.Name, Role: e.role.String(), Requests: e.routed, Steps: e.steps, Busy: e.busyTime}
+		if e.inStep && e.stepEnd > s.now {
+			// A run stopped by its drain (Config.Drain) ends during the
+			// step: the busy time is the part before the end.
+			er.Busy -= e.stepEnd - s.now
+		}
 		if s.now > 0 {
-			er.Utilisation = float64(e.busyTime) / float64(s.now)
+			er.Utilisation = float64(er.Busy) / float64(s.now)
 		}
 		er.Preemptions, er.PrefixHitRate = engineTotals(e)
 		res.Engines = append(res.Engines, er)

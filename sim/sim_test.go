@@ -455,6 +455,13 @@ func TestDrainBoundsOverload(t *testing.T) {
 	if got := row.Completed + row.Rejected + row.ErrorCount(); got != len(reqs) {
 		t.Errorf("accounted %d of %d requests", got, len(reqs))
 	}
+	// The engines' busy time is over the run's makespan, not past its end:
+	// a step the drain cut counted whole (utilisation above 1).
+	for _, e := range res.Engines {
+		if e.Busy > res.Makespan || e.Utilisation > 1 {
+			t.Errorf("engine %s: busy %v, utilisation %.4f over a makespan of %v", e.ID, e.Busy, e.Utilisation, res.Makespan)
+		}
+	}
 	full := mustRun(t, Config{Fleet: tinyFleet(2), Policy: "round_robin"}, reqs).Row(0)
 	if full.Completed != len(reqs) {
 		t.Errorf("without drain: completed %d of %d", full.Completed, len(reqs))
