@@ -307,8 +307,11 @@ func (c *Config) pdValidate() error {
 // oneModel reports a P/D fleet whose engines do not all run one model: a
 // decode engine generates from the KV cache a prefill engine computed,
 // which only the same model (its weights and KV layout) can use. Groups
-// may differ in hardware, tensor parallelism, overrides and speed. A
-// group whose profile does not resolve is left to newSimulation.
+// may differ in hardware, tensor parallelism, overrides and speed. The
+// check is on the KV layout (disagg.ShapeOf: layers, KV heads, head dim,
+// KV dtype), what a handoff moves: a model's name differs between a
+// built-in profile and the same model read from its config.json. A group
+// whose profile does not resolve is left to newSimulation.
 func (f Fleet) oneModel() error {
 	var first engine.Profile
 	firstGroup := -1
@@ -321,7 +324,7 @@ func (f Fleet) oneModel() error {
 			first, firstGroup = p, gi
 			continue
 		}
-		if p.Model.Name != first.Model.Name || disagg.ShapeOf(p) != disagg.ShapeOf(first) {
+		if disagg.ShapeOf(p) != disagg.ShapeOf(first) {
 			return fmt.Errorf("sim: config: a P/D fleet runs one model, but group %d (%s) runs %s (KV %+v) and group %d (%s) %s (KV %+v): a decode engine cannot use another model's KV",
 				gi, f[gi].name(), p.Model.Name, disagg.ShapeOf(p), firstGroup, f[firstGroup].name(), first.Model.Name, disagg.ShapeOf(first))
 		}

@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/disagg"
+	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/workload"
 )
 
@@ -156,6 +157,18 @@ func TestPDFleetOneModel(t *testing.T) {
 		{Count: 1, Profile: "llama-3.1-8b-h100", Role: "decode", NumGPUBlocks: 4096}}
 	if _, err := Run(context.Background(), Config{Fleet: f, Seed: 1}, reqs); err != nil {
 		t.Errorf("one model, other overrides: got %v, want a run", err)
+	}
+	// The same model read from a config.json: another name ("llama", its
+	// model_type), the same KV layout.
+	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	hf := prof
+	hf.Name, hf.Model.Name = "llama-h100-tp1", "llama"
+	f = Fleet{{Count: 1, Profile: "llama-3.1-8b-h100", Role: "prefill"}, {Count: 1, Spec: &hf, Role: "decode"}}
+	if _, err := Run(context.Background(), Config{Fleet: f, Seed: 1}, reqs); err != nil {
+		t.Errorf("one model, two names: got %v, want a run", err)
 	}
 }
 
