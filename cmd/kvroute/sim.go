@@ -545,11 +545,13 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			n, len(jobs), wall.Seconds(), float64(n)/simWall.Seconds(), runtime.GOMAXPROCS(0))
 	}
 	if o.out != "" {
+		// requests.csv names a run as the report's rows do (a P/D run is
+		// pd-MODE:POLICY), with its load in a sweep.
 		if err := writeSimOut(o.out, rep, simRunNames(len(jobs), func(i int) string {
 			if sweep {
-				return fmt.Sprintf("%s@%g", jobs[i].policy, jobs[i].scale)
+				return fmt.Sprintf("%s@%g", results[i].Policy, jobs[i].scale)
 			}
-			return jobs[i].policy
+			return results[i].Policy
 		}), results); err != nil {
 			return err
 		}

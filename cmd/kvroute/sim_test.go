@@ -3,10 +3,12 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/csv"
 	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
+	"maps"
 	"math"
 	"os"
 	"path/filepath"
@@ -287,6 +289,36 @@ func TestSimCommandPDCounts(t *testing.T) {
 	}
 	if !strings.Contains(out.String(), "pd-always:kv-aware") {
 		t.Errorf("output lacks the P/D row:\n%s", out.String())
+	}
+}
+
+// TestSimCommandRequestsCSVRunNames: requests.csv names each run as the
+// report's rows do; a P/D run was "kv-aware" there and
+// "pd-always:kv-aware" in report.csv and report.json.
+func TestSimCommandRequestsCSVRunNames(t *testing.T) {
+	dir := t.TempDir()
+	var out, errb bytes.Buffer
+	args := []string{"sim", "--limit", "20", "--quiet", "--engines", "1/prefill,1/decode", "--policies", "kv-aware,round_robin",
+		"--pd-mode", "always", "--out", dir}
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("run: %v\nstderr: %s", err, errb.String())
+	}
+	f, err := os.Open(filepath.Join(dir, "requests.csv"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	lines, err := csv.NewReader(f).ReadAll()
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := map[string]int{}
+	for _, l := range lines[1:] {
+		runs[l[0]]++
+	}
+	want := map[string]int{"pd-always:kv-aware": 20, "pd-always:round_robin": 20}
+	if !maps.Equal(runs, want) {
+		t.Errorf("requests.csv runs %v, want the report's row names %v", runs, want)
 	}
 }
 
