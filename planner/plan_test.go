@@ -286,6 +286,15 @@ func TestSearchDisaggregatedAtTheCap(t *testing.T) {
 			t.Errorf("start %v, at most %d engines: got %v (%q, %v), want 5:3", start, start.size(), got, note, err)
 		}
 	}
+	// A cap of one engine has no disaggregated fleet, and the note says so
+	// rather than naming a 1:1 fleet as tried (it was not simulated).
+	s0 := newSearch(&in)
+	tried := 0
+	s0.evalHook = func(l layout) Candidate { tried++; return fake(l) }
+	if got, note, err := s0.searchDisaggregated(t.Context(), layout{P: 1, D: 1}, 1, false); err != nil || got.size() != 0 || tried != 0 ||
+		strings.Contains(note, "tried") || !strings.Contains(note, "two engines at least") {
+		t.Errorf("at most 1 engine: got %v (%q, %v, %d runs), want no fleet, no run, a note saying it needs two engines", got, note, err, tried)
+	}
 	// Both pools miss at the cap: no room to move engines.
 	s := newSearch(&in)
 	s.evalHook = fake

@@ -473,6 +473,10 @@ func (s *search) searchDisaggregated(ctx context.Context, start layout, maxN int
 			flatNote += fmt.Sprintf("; %s: %s at %d engines, %s at %d", what, fmtLat(r.lat), r.n, fmtLat(lat), n)
 		}
 	}
+	if maxN < 2 {
+		// Nothing to try: the note named a fleet it never simulated.
+		return layout{}, fmt.Sprintf("a disaggregated fleet needs two engines at least (a prefill and a decode engine): the search is capped at %d", maxN), nil
+	}
 	prevTried := l
 	for {
 		if l.size() > maxN || evals >= maxPDEvals {
