@@ -455,7 +455,7 @@ func (o *planOptions) workload() (*workload.Workload, error) {
 	}
 	if o.rateScale != 1 {
 		if err := w.ScaleRate(o.rateScale); err != nil {
-			return nil, fmt.Errorf("plan: %w", err)
+			return nil, planFlagErrorf("--rate-scale: %v", err) // stretches the trace past the clock
 		}
 		w.Name += fmt.Sprintf(" (rate x%g)", o.rateScale)
 	}

@@ -88,6 +88,9 @@ func TestPlanCommandBadInput(t *testing.T) {
 		{"kv-capacity below a block", append(quick, "--kv-capacity", "8"), "--kv-capacity 8 must be at least one block of the profile (16 tokens)", true},
 		{"pd-mode never", []string{"plan", "--pd-mode", "never", "--slo-ttft-p99", "1s"}, `--pd-mode "never" is not one of conditional, always`, true},
 		{"seeds 17", []string{"plan", "--seeds", "17", "--slo-ttft-p99", "1s"}, "--seeds 17 must be in 1..16", true},
+		// A scale stretching the trace past the clock is the flag's value,
+		// not a failure (it was exit status 1).
+		{"rate-scale past the clock", []string{"plan", "--rate-scale", "1e-300", "--slo-ttft-p99", "1s"}, "--rate-scale: workload: rate scale 1e-300 would stretch", true},
 		{"no slo", []string{"plan", "--rate", "2", "--prompt-mean", "100", "--output-mean", "10"}, "no SLO", true},
 		{"two ttft targets", []string{"plan", "--slo-ttft-p99", "1s", "--slo-ttft-p90", "500ms"}, "one --slo-ttft-pNN", true},
 		{"unknown profile", []string{"plan", "--profile", "gpt-9", "--slo-ttft-p99", "1s"}, `--profile: unknown profile "gpt-9"`, true},

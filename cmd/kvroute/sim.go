@@ -318,6 +318,19 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	if len(w.Requests) == 0 {
 		return fmt.Errorf("sim: the workload has no requests")
 	}
+	// A rate scale that stretches the arrivals past the simulator's clock
+	// is a bad flag value (exit status 2), not a failed run.
+	scaleFlag := "rate-scale"
+	if o.sweep != "" {
+		scaleFlag = "sweep"
+	}
+	first := w.Requests[0].Arrival // the workload is in arrival order
+	for _, sc := range scales {
+		if gap := float64(w.Span()-first) / sc; gap > float64(workload.MaxSpan-first) {
+			return usageErr("--%s: rate scale %g would stretch the arrivals (%v) beyond the %.0f years of the simulator's clock",
+				scaleFlag, sc, w.Span()-first, workload.MaxSpan.Hours()/(365*24))
+		}
+	}
 
 	base := sim.Config{
 		Fleet:             fleet,

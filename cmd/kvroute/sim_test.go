@@ -502,6 +502,19 @@ func TestSimCommandPDFleetOfTwoModels(t *testing.T) {
 	}
 }
 
+// TestSimCommandRateScalePastTheClock: a rate scale that would stretch
+// the arrivals past the simulator's clock is a bad flag value (exit status
+// 2 naming the flag); it failed the runs with exit status 1.
+func TestSimCommandRateScalePastTheClock(t *testing.T) {
+	for _, c := range []struct{ flag, value string }{{"--rate-scale", "1e-300"}, {"--sweep", "1,1e-300"}} {
+		var out, errb bytes.Buffer
+		args := []string{"sim", "--limit", "20", "--quiet", "--policies", "kv-aware", c.flag, c.value}
+		if err := run(context.Background(), args, &out, &errb); !errors.Is(err, errUsage) || !strings.Contains(errb.String(), c.flag+": rate scale 1e-300") {
+			t.Errorf("%s %s: got %v (%q), want a usage error naming the flag", c.flag, c.value, err, errb.String())
+		}
+	}
+}
+
 // TestSimCommandQueueWaitZeroIsNoWait: --queue-wait 0 holds nothing, as a
 // negative wait; it ran with the 5s default (sim.Config's zero value).
 func TestSimCommandQueueWaitZeroIsNoWait(t *testing.T) {
