@@ -43,10 +43,12 @@ func (o ReadOptions) withDefaults() ReadOptions {
 // traceLine is one JSONL record: the Mooncake keys plus kvroute's optional
 // ones (omitted when empty, so a plain trace stays plain).
 type traceLine struct {
-	Timestamp    json.Number `json:"timestamp"`
-	InputLength  int         `json:"input_length"`
-	OutputLength int         `json:"output_length"`
-	HashIDs      []uint64    `json:"hash_ids"`
+	Timestamp json.Number `json:"timestamp"`
+	// The lengths are pointers so that a missing key (another trace
+	// format's line) is told from a 0.
+	InputLength  *int     `json:"input_length"`
+	OutputLength *int     `json:"output_length"`
+	HashIDs      []uint64 `json:"hash_ids"`
 
 	ID        string      `json:"id,omitempty"`
 	ArrivalNS *int64      `json:"arrival_ns,omitempty"`
@@ -131,12 +133,20 @@ func ParseTraceLine(line []byte, index int, opts ReadOptions) (Request, error) {
 	if dec.More() {
 		return Request{}, errors.New("trailing data after the JSON object")
 	}
+	// A line of another format (or JSON null) decoded into zeros: an empty
+	// prompt that every engine refused, or "output_length 0".
+	switch {
+	case tl.InputLength == nil:
+		return Request{}, errors.New("missing input_length")
+	case tl.OutputLength == nil:
+		return Request{}, errors.New("missing output_length")
+	}
 	r := Request{
 		ID:        tl.ID,
 		Session:   tl.Session,
 		Tenant:    tl.Tenant,
-		PromptLen: tl.InputLength,
-		OutputLen: tl.OutputLength,
+		PromptLen: *tl.InputLength,
+		OutputLen: *tl.OutputLength,
 		HashIDs:   tl.HashIDs,
 		Tokens:    tl.Tokens,
 		Text:      tl.Text,
@@ -191,6 +201,9 @@ func ParseTraceLine(line []byte, index int, opts ReadOptions) (Request, error) {
 	}
 	if r.Segments == nil && r.Tokens == nil && r.Text == "" {
 		// The Mooncake form: hash ids are the prompt.
+		if tl.HashIDs == nil {
+			return Request{}, errors.New("missing hash_ids (or segments, tokens or text)")
+		}
 		if want := (r.PromptLen + opts.BlockSize - 1) / opts.BlockSize; len(r.HashIDs) != want {
 			return Request{}, fmt.Errorf("input_length %d needs %d hash_ids of %d tokens, got %d",
 				r.PromptLen, want, opts.BlockSize, len(r.HashIDs))
@@ -249,8 +262,8 @@ func WriteTrace(w io.Writer, reqs []Request) error {
 		}
 		tl := traceLine{
 			Timestamp:    json.Number(strconv.FormatInt(r.Arrival.Milliseconds(), 10)),
-			InputLength:  r.PromptLen,
-			OutputLength: r.OutputLen,
+			InputLength:  &r.PromptLen,
+			OutputLength: &r.OutputLen,
 			HashIDs:      r.HashIDs,
 			Session:      r.Session,
 			Tenant:       r.Tenant,

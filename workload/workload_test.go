@@ -81,7 +81,13 @@ func TestTraceParseErrors(t *testing.T) {
 		{"tokens mismatch", `{"timestamp": 0, "input_length": 3, "output_length": 1, "hash_ids": [1], "tokens": [1]}`, "tokens has 1"},
 		{"trailing", `{"timestamp": 0, "input_length": 1, "output_length": 1, "hash_ids": [1]} {}`, "trailing"},
 		{"no output", `{"timestamp": 0, "input_length": 1, "output_length": 0, "hash_ids": [1]}`, "output_length 0"},
-		{"output missing", `{"timestamp": 0, "input_length": 1, "hash_ids": [1]}`, "output_length 0"},
+		{"output missing", `{"timestamp": 0, "input_length": 1, "hash_ids": [1]}`, "missing output_length"},
+		// Another format's keys (or null) read as an empty prompt that every
+		// engine refused (or as "output_length 0").
+		{"input missing", `{"timestamp": 0, "prompt_tokens": 600, "output_length": 5, "hash_ids": []}`, "missing input_length"},
+		{"null", `null`, "missing input_length"},
+		{"hash_ids missing", `{"timestamp": 0, "input_length": 0, "output_length": 5}`, "missing hash_ids"},
+		{"hash_ids null", `{"timestamp": 0, "input_length": 0, "output_length": 5, "hash_ids": null}`, "missing hash_ids"},
 		// Four cheap lines like these held kvroute sim for minutes hashing
 		// prompts of 1<<30 tokens (the limit was 1<<30) that no engine
 		// would take.
