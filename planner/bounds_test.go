@@ -295,6 +295,10 @@ func TestBadInput(t *testing.T) {
 	w := constWorkload(50, 10, 1000, 100)
 	slo := SLO{TTFT: Target{0.99, 2 * time.Second}}
 	long := constWorkload(5, 1, 200000, 10)
+	// One empty prompt among 50: every engine refuses it, so no fleet met
+	// the SLO and the plan searched up to MaxEngines for nothing.
+	empty := constWorkload(50, 10, 1000, 100)
+	empty.Requests[7].PromptLen, empty.Requests[7].Segments = 0, nil
 	for _, tc := range []struct {
 		name string
 		in   Input
@@ -317,6 +321,7 @@ func TestBadInput(t *testing.T) {
 			ErrInfeasible, "TPOT p90 of 1ms is below one decode step"},
 		{"context over capacity", Input{Profile: p, Workload: long, SLO: slo}, ErrInfeasible, "more than the max model length"},
 		{"tiny kv", Input{Profile: p, Workload: w, SLO: slo, KVCapacityTokens: 512}, ErrInfeasible, "more than the KV capacity"},
+		{"empty prompt", Input{Profile: p, Workload: empty, SLO: slo, MaxEngines: 4}, ErrBadInput, `request "r7" has an empty prompt`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			_, err := Plan(t.Context(), tc.in)

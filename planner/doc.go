@@ -107,8 +107,10 @@
 // each shrinks while it still does.
 //
 // Input.Validate reports the first invalid field (ErrBadInput), among
-// them a fabric slower than the simulator models (sim.MinLinkGbps) and a
-// NaN SLO quantile, burst factor or utilisation target.
+// them a fabric slower than the simulator models (sim.MinLinkGbps), a
+// NaN SLO quantile, burst factor or utilisation target, and a request
+// with an empty prompt (every engine refuses it, so no fleet would meet
+// the SLO).
 //
 // Plans are deterministic for Input.Seed whatever Input.Parallel (the
 // simulations are independent runs keyed by fleet, seed and rate scale).

@@ -189,6 +189,13 @@ func (in *Input) Validate() error {
 	if err := in.Workload.Validate(); err != nil {
 		return bad("workload: %v", err)
 	}
+	for i := range in.Workload.Requests {
+		// Every engine refuses an empty prompt: with one such request no
+		// fleet of any size met the SLO (a failed request misses it).
+		if r := &in.Workload.Requests[i]; r.PromptLen == 0 {
+			return bad("workload: request %q has an empty prompt, which every engine refuses", r.ID)
+		}
+	}
 	if !in.SLO.TTFT.Set() && !in.SLO.TPOT.Set() {
 		return bad("no SLO: give a TTFT or TPOT target (e.g. --slo-ttft-p99 2s)")
 	}

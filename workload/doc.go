@@ -28,8 +28,9 @@
 // ReadTrace parses JSONL records {"timestamp" (ms), "input_length",
 // "output_length", "hash_ids"} where each hash id names a 512-token block
 // (the last one partial); a missing key (hash_ids may give way to
-// kvroute's segments, tokens or text) and a length above MaxLen tokens
-// are errors. Block
+// kvroute's segments, tokens or text), an input_length or output_length
+// of 0 (an engine refuses an empty prompt; a request generates a token)
+// and a length above MaxLen tokens are errors. Block
 // i becomes Segment{Key: hash_ids[i], Len: 512 or the remainder}, so equal hash ids are equal token blocks and the sharing
 // in the trace is the sharing the engines see. WriteTrace writes the same
 // format plus optional fields (id, arrival_ns, session, tenant, segments,

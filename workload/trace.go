@@ -163,6 +163,12 @@ func ParseTraceLine(line []byte, index int, opts ReadOptions) (Request, error) {
 	if r.PromptLen < 0 || r.OutputLen < 0 {
 		return Request{}, fmt.Errorf("negative length (input_length %d, output_length %d)", r.PromptLen, r.OutputLen)
 	}
+	if r.PromptLen == 0 {
+		// vLLM-compatible servers and the engine model refuse an empty
+		// prompt: the request could only fail (and a plan with it had no
+		// fleet that meets the SLO).
+		return Request{}, errors.New("input_length 0: a request has at least one prompt token")
+	}
 	if r.OutputLen == 0 {
 		// Every request generates at least its first token; max_tokens 0
 		// would mean "up to the model's length" to the engine model and to

@@ -86,8 +86,11 @@ func TestTraceParseErrors(t *testing.T) {
 		// engine refused (or as "output_length 0").
 		{"input missing", `{"timestamp": 0, "prompt_tokens": 600, "output_length": 5, "hash_ids": []}`, "missing input_length"},
 		{"null", `null`, "missing input_length"},
-		{"hash_ids missing", `{"timestamp": 0, "input_length": 0, "output_length": 5}`, "missing hash_ids"},
-		{"hash_ids null", `{"timestamp": 0, "input_length": 0, "output_length": 5, "hash_ids": null}`, "missing hash_ids"},
+		{"hash_ids missing", `{"timestamp": 0, "input_length": 5, "output_length": 5}`, "missing hash_ids"},
+		{"hash_ids null", `{"timestamp": 0, "input_length": 5, "output_length": 5, "hash_ids": null}`, "missing hash_ids"},
+		// An empty prompt every engine refuses: a plan with it found no
+		// fleet meeting the SLO.
+		{"empty prompt", `{"timestamp": 0, "input_length": 0, "output_length": 5, "hash_ids": []}`, "input_length 0"},
 		// Four cheap lines like these held kvroute sim for minutes hashing
 		// prompts of 1<<30 tokens (the limit was 1<<30) that no engine
 		// would take.
