@@ -213,6 +213,19 @@ func (c *logCounter) count(prefix string) int {
 	return n
 }
 
+// llamaScraper is a scraper of the server at base (its /metrics), of
+// flavour f, with its View and a log counter.
+func llamaScraper(t *testing.T, base string, f Flavor) (*Scraper, *View, *logCounter) {
+	t.Helper()
+	logs := &logCounter{}
+	v := NewView(ViewConfig{})
+	s, err := NewScraper(ScrapeConfig{Logger: slog.New(logs)}, Target{Endpoint: "e", MetricsURL: base + "/metrics", View: v, Flavor: f})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s, v, logs
+}
+
 const llamaMetricsBody = `# HELP llamacpp:requests_processing Number of requests processing.
 # TYPE llamacpp:requests_processing gauge
 llamacpp:requests_processing 1
@@ -258,12 +271,7 @@ func TestScrapeSlotsDegrades(t *testing.T) {
 				}
 			}))
 			defer hs.Close()
-			logs := &logCounter{}
-			v := NewView(ViewConfig{})
-			s, err := NewScraper(ScrapeConfig{Logger: slog.New(logs)}, Target{Endpoint: "e", MetricsURL: hs.URL + "/metrics", View: v})
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, v, logs := llamaScraper(t, hs.URL, FlavorAuto)
 			for range 5 {
 				s.ScrapeOnce(context.Background())
 			}
@@ -387,12 +395,7 @@ func TestScrapeSlotsAlone(t *testing.T) {
 				}
 			}))
 			defer hs.Close()
-			logs := &logCounter{}
-			v := NewView(ViewConfig{})
-			s, err := NewScraper(ScrapeConfig{Logger: slog.New(logs)}, Target{Endpoint: "e", MetricsURL: hs.URL + "/metrics", View: v, Flavor: tc.flavor})
-			if err != nil {
-				t.Fatal(err)
-			}
+			s, v, logs := llamaScraper(t, hs.URL, tc.flavor)
 			for range 3 {
 				s.ScrapeOnce(context.Background())
 			}
