@@ -350,6 +350,9 @@ func TestSummaryValidate(t *testing.T) {
 		// requests within 2ms, all but 3 gaps 0).
 		{"rate above MaxRate", func(s *Summary) { s.Rate = 1e9 }, "rate 1e+09 req/s is above the 1e+06"},
 		{"arrival cv above 100", func(s *Summary) { s.ArrivalCV = 1000 }, "arrival CV 1000 is above the 100"},
+		// Was: the stream stopped at 1,000,000 requests, 16m40s of the
+		// hour, and the plan said nothing.
+		{"more requests than generated", func(s *Summary) { s.Rate, s.Duration = 1000, time.Hour }, "about 3600000 requests, more than the 1000000"},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			s := ok

@@ -21,7 +21,7 @@ type Summary struct {
 	// with ArrivalCV). Required, > 0 and at most workload.MaxRate.
 	Rate float64
 	// Duration is the span of the generated stream; default enough for
-	// 2000 requests.
+	// 2000 requests. Rate x Duration is at most MaxSummaryRequests.
 	Duration time.Duration
 	// ArrivalCV is the coefficient of variation of inter-arrival gaps; 0 or 1
 	// is Poisson, above 1 burstier (gamma); at most 100.
@@ -49,6 +49,10 @@ type Summary struct {
 // maxArrivalCV is the largest Summary.ArrivalCV: workload.Arrivals'
 // limit on gamma arrivals.
 const maxArrivalCV = 100
+
+// MaxSummaryRequests is the most requests a Summary generates: Validate
+// refuses a rate and duration that expect more.
+const MaxSummaryRequests = 1_000_000
 
 // Validate reports the first bad field, wrapping ErrBadInput.
 func (s Summary) Validate() error {
@@ -88,6 +92,10 @@ func (s Summary) Validate() error {
 	}
 	if s.PromptMean+s.OutputMean > float64(maxLen) {
 		return bad("prompt mean %v + output mean %v exceed the max length %d", s.PromptMean, s.OutputMean, maxLen)
+	}
+	if n := s.Rate * s.Duration.Seconds(); n > MaxSummaryRequests {
+		return bad("rate %v req/s over duration %v is about %.0f requests, more than the %d a summary generates: shorten the duration",
+			s.Rate, s.Duration, n, MaxSummaryRequests)
 	}
 	return nil
 }
@@ -134,7 +142,7 @@ func (s Summary) Workload(seed uint64) (*workload.Workload, error) {
 		if i > 0 {
 			at += gaps()
 		}
-		if at > s.Duration || i >= 1_000_000 {
+		if at > s.Duration || i >= MaxSummaryRequests {
 			break
 		}
 		var segs []workload.Segment

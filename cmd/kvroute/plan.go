@@ -121,7 +121,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Float64Var(&o.zipf, "zipf", 1, "summary: popularity exponent over the shared prefixes (0 = uniform)")
 	fs.Float64Var(&o.arrivalCV, "arrival-cv", 1, "summary: inter-arrival coefficient of variation (1 = Poisson)")
 	fs.IntVar(&o.maxLen, "max-len", 32768, "summary: cap on prompt + output tokens")
-	fs.DurationVar(&o.duration, "duration", 0, "summary: span of the generated stream (default: 2000 requests)")
+	fs.DurationVar(&o.duration, "duration", 0, "summary: span of the generated stream (default: 2000 requests; at most 1,000,000 requests at --rate)")
 	for _, q := range sloQuantiles {
 		o.ttft[q], o.tpot[q] = new(time.Duration), new(time.Duration)
 		fs.DurationVar(o.ttft[q], "slo-ttft-p"+q, 0, "SLO: p"+q+" time to first token limit")
