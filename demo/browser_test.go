@@ -76,7 +76,14 @@ func TestDashboardInBrowser(t *testing.T) {
 	// The switch is submitted the way the button does, without clicking
 	// at its coordinates: the page re-renders as data arrives, and on a
 	// loaded machine a click could land where the button was a moment ago.
-	submitPolicy := chromedp.Evaluate[chromedp.Void](`document.getElementById('policy-form').requestSubmit(document.getElementById('policy-apply'))`)
+	// The policy is chosen in the same evaluation: the page sets the
+	// select to the router's policy when a state poll finds it changed, so
+	// a poll between choosing and submitting (the first switch's, on a
+	// loaded machine) would submit the policy the router already has.
+	submitPolicy := func(policy string) chromedp.Action[chromedp.Void] {
+		return chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`document.getElementById('policy-select').value = %q; `+
+			`document.getElementById('policy-form').requestSubmit(document.getElementById('policy-apply'))`, policy))
+	}
 	t0 := time.Now()
 	wait := func(what, expr string, timeout time.Duration) {
 		t.Helper()
@@ -116,9 +123,8 @@ func TestDashboardInBrowser(t *testing.T) {
 	// The policy switch is refused without the token, and works with it
 	// (early in the first phase, so that the phase does not end meanwhile).
 	if err := chromedp.Do(bctx,
-		chromedp.Evaluate[chromedp.Void](`document.getElementById('policy-select').value = 'least_request'`, chromedp.EvalIgnoreExceptions),
 		chromedp.Clear(chromedp.CSS("#admin-token")),
-		submitPolicy,
+		submitPolicy("least_request"),
 	); err != nil {
 		t.Fatalf("switch without token: %v", err)
 	}
@@ -132,7 +138,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	}
 	if err := chromedp.Do(bctx,
 		chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`document.getElementById('admin-token').value = %q`, token), chromedp.EvalIgnoreExceptions),
-		submitPolicy,
+		submitPolicy("least_request"),
 	); err != nil {
 		t.Fatalf("switch with token: %v", err)
 	}
@@ -144,10 +150,7 @@ func TestDashboardInBrowser(t *testing.T) {
 	// Switch back to the running phase's policy, so that its row in the
 	// comparison is that policy's.
 	before = phasePolicy(t, url)
-	if err := chromedp.Do(bctx,
-		chromedp.Evaluate[chromedp.Void](fmt.Sprintf(`document.getElementById('policy-select').value = %q`, before), chromedp.EvalIgnoreExceptions),
-		submitPolicy,
-	); err != nil {
+	if err := chromedp.Do(bctx, submitPolicy(before)); err != nil {
 		t.Fatalf("switch back: %v", err)
 	}
 	wait("the switch back", fmt.Sprintf(`document.getElementById('policy-result').textContent.includes('to %s')`, before), 30*time.Second)
