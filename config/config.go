@@ -97,7 +97,7 @@ type Endpoint struct {
 	// ring) and its session ring share by weight, not its TTFT estimate.
 	// The peers' policies (sglang-cache-aware, llm-d, dynamo, kubeai-chwbl,
 	// preble-e2) ignore it, as their published algorithms do.
-	Weight int `yaml:"weight" zero:"to send an endpoint nothing, remove it"`
+	Weight int `yaml:"weight,omitempty" zero:"to send an endpoint nothing, remove it"`
 	// Labels are free-form (zone, node, gpu, link); default none.
 	Labels map[string]string `yaml:"labels"`
 	// KVCapacityTokens is the engine's KV capacity in tokens; default 0,
@@ -127,7 +127,7 @@ type Endpoint struct {
 	// each rank. In a prefill/decode pool each rank is a prefill or
 	// decode endpoint of its own (Role applies to every rank), each P/D
 	// leg pinned to its rank.
-	DataParallelSize int `yaml:"data_parallel_size"`
+	DataParallelSize int `yaml:"data_parallel_size,omitempty" zero:"an engine has at least one rank: leave it out, or write 1"`
 	// DataParallelStartRank is the data-parallel rank of the first engine
 	// core behind URL, when a deployment spans nodes and each node's server
 	// fronts its own ranks (vLLM --data-parallel-start-rank with
@@ -158,13 +158,13 @@ type Signals struct {
 	Disabled bool `yaml:"disabled"`
 	// ScrapeInterval is the time between two scrapes of one endpoint;
 	// at least MinInterval and shorter than StaleAfter; default 100ms.
-	ScrapeInterval time.Duration `yaml:"scrape_interval"`
+	ScrapeInterval time.Duration `yaml:"scrape_interval,omitempty" zero:"to turn scraping off, write disabled: true"`
 	// ScrapeTimeout bounds one scrape; default 1s.
-	ScrapeTimeout time.Duration `yaml:"scrape_timeout"`
+	ScrapeTimeout time.Duration `yaml:"scrape_timeout,omitempty" zero:"write a duration (default 1s)"`
 	// StaleAfter is the age past which scraped signals are stale and routing
 	// falls back on router-local counts; default router.stale_after (1s),
 	// the older spelling of this field.
-	StaleAfter time.Duration `yaml:"stale_after"`
+	StaleAfter time.Duration `yaml:"stale_after,omitempty" zero:"write a duration (default router.stale_after, 1s)"`
 	// Flavor is the engines' metrics dialect: auto, vllm, vllm-legacy,
 	// sglang, llamacpp or tgi; default auto (detected from the names).
 	Flavor string `yaml:"flavor"`
@@ -179,9 +179,9 @@ type EndpointSignals struct {
 	// Disabled turns scraping of this endpoint off; default false.
 	Disabled bool `yaml:"disabled"`
 	// ScrapeInterval overrides signals.scrape_interval.
-	ScrapeInterval time.Duration `yaml:"scrape_interval"`
+	ScrapeInterval time.Duration `yaml:"scrape_interval,omitempty" zero:"to take the model's signals.scrape_interval, leave it out; to turn scraping of the endpoint off, write disabled: true"`
 	// ScrapeTimeout overrides signals.scrape_timeout.
-	ScrapeTimeout time.Duration `yaml:"scrape_timeout"`
+	ScrapeTimeout time.Duration `yaml:"scrape_timeout,omitempty" zero:"to take the model's signals.scrape_timeout, leave it out"`
 	// Flavor overrides signals.flavor.
 	Flavor string `yaml:"flavor"`
 	// MetricsURL is the full metrics URL when the engine serves its metrics
@@ -220,15 +220,15 @@ type Precise struct {
 	Tokenizer string `yaml:"tokenizer"`
 	// BlockSize is the engines' KV block size in tokens (vLLM
 	// --block-size); prompts are hashed in blocks of this size. Default 16.
-	BlockSize int `yaml:"block_size"`
+	BlockSize int `yaml:"block_size,omitempty" zero:"write the engines' KV block size (vLLM --block-size; default 16)"`
 	// CacheTokens bounds the tokenizer's prefix cache, in token ids (4
 	// bytes each): every id held counts one and every cached segment about
 	// 44 more for its bookkeeping, so the cache takes about 4 x CacheTokens
 	// bytes; default 1048576 (4 MiB).
-	CacheTokens int `yaml:"cache_tokens"`
+	CacheTokens int `yaml:"cache_tokens,omitempty" zero:"the tokenizer's prefix cache cannot be turned off: write a size in token ids (default 1048576)"`
 	// IndexCapacity bounds the precise index's (block, endpoint) entries
 	// (a safety net: KV events normally keep it far below); default 8388608.
-	IndexCapacity int `yaml:"index_capacity"`
+	IndexCapacity int `yaml:"index_capacity,omitempty" zero:"write a number of entries (default 8388608)"`
 }
 
 // Enabled reports whether precise mode is on (a tokenizer is set).
@@ -254,22 +254,22 @@ type Policy struct {
 type Router struct {
 	// BlockChars is the approximate prefix block size in characters used
 	// when no tokenizer is configured; default 128.
-	BlockChars int `yaml:"block_chars"`
+	BlockChars int `yaml:"block_chars,omitempty" zero:"write a block size in characters (default 128)"`
 	// StaleAfter is the age past which engine signals are stale; default 1s.
-	StaleAfter time.Duration `yaml:"stale_after"`
+	StaleAfter time.Duration `yaml:"stale_after,omitempty" zero:"write a duration (default 1s)"`
 	// FailThreshold is the number of consecutive connect errors or 5xx
 	// responses (but 501 and 505, which say nothing of the engine's health)
 	// that eject an endpoint; default 3.
-	FailThreshold int `yaml:"fail_threshold"`
+	FailThreshold int `yaml:"fail_threshold,omitempty" zero:"write a number of consecutive failures (default 3); a large one ejects almost never"`
 	// BaseEjection is the first ejection's length, doubled on each
 	// consecutive ejection; default 1s.
-	BaseEjection time.Duration `yaml:"base_ejection"`
+	BaseEjection time.Duration `yaml:"base_ejection,omitempty" zero:"write a duration (default 1s)"`
 	// MaxEjection caps the ejection length; default 30s.
-	MaxEjection time.Duration `yaml:"max_ejection"`
+	MaxEjection time.Duration `yaml:"max_ejection,omitempty" zero:"write a duration, at least router.base_ejection (default 30s)"`
 	// DecisionLog is the number of recent decisions kept for
 	// /debug/decisions; default 256, at most MaxDecisionLog (the log is
 	// allocated whole at start, some 300 bytes a decision).
-	DecisionLog int `yaml:"decision_log"`
+	DecisionLog int `yaml:"decision_log,omitempty" zero:"the log keeps at least one decision (default 256)"`
 	// Session says where a request's session (or document) affinity key
 	// comes from; the first source that gives one wins.
 	Session Session `yaml:"session"`
@@ -306,16 +306,18 @@ type Session struct {
 }
 
 // Timeouts bound the client and upstream sides of a request. A negative
-// duration is invalid; where zero means "no limit" the field says so.
+// duration is invalid, and so is a 0 written in the file for a field with
+// a default (0s, which net/http reads as no limit, would have become the
+// default): only UpstreamHeader takes 0, no limit.
 type Timeouts struct {
 	// ReadHeader bounds reading a client's request headers; default 10s.
-	ReadHeader time.Duration `yaml:"read_header"`
+	ReadHeader time.Duration `yaml:"read_header,omitempty" zero:"a client that never finishes its headers would hold its connection for ever; write a duration (default 10s)"`
 	// ReadBody bounds reading a client's request body; default 60s.
-	ReadBody time.Duration `yaml:"read_body"`
+	ReadBody time.Duration `yaml:"read_body,omitempty" zero:"a client that stalls its body would hold its connection and request for ever; write a duration (default 60s)"`
 	// Idle bounds an idle client keep-alive connection; default 120s.
-	Idle time.Duration `yaml:"idle"`
+	Idle time.Duration `yaml:"idle,omitempty" zero:"idle client connections would be held for ever; write a duration (default 120s)"`
 	// Dial bounds connecting to an engine; default 5s.
-	Dial time.Duration `yaml:"dial"`
+	Dial time.Duration `yaml:"dial,omitempty" zero:"a connect to an engine that does not answer would wait for the system's TCP timeout (minutes); write a duration (default 5s)"`
 	// UpstreamIdle is how long an idle connection to an engine is kept for
 	// the next request; default 4s. Engines close idle connections
 	// themselves: vLLM and SGLang serve through uvicorn, which closes a
@@ -324,7 +326,7 @@ type Timeouts struct {
 	// fails without an answer; a POST is not resent by the transport, so
 	// it counts against the engine and is retried elsewhere, if at all).
 	// Keep it below the engines' keep-alive timeout.
-	UpstreamIdle time.Duration `yaml:"upstream_idle"`
+	UpstreamIdle time.Duration `yaml:"upstream_idle,omitempty" zero:"idle connections to engines would be kept past the engines' own keep-alive (5s for vLLM and SGLang), and a request sent on one as the engine closes it is lost; write a duration below it (default 4s)"`
 	// UpstreamHeader bounds the wait for an engine's response headers (for
 	// non-streaming requests that is the whole generation), and then each
 	// silence of the response while the router waits for its next bytes (on
@@ -335,18 +337,19 @@ type Timeouts struct {
 	// not count), on aggregated and P/D pools alike; default 0, no limit.
 	UpstreamHeader time.Duration `yaml:"upstream_header"`
 	// Shutdown is how long in-flight requests may drain on SIGTERM/SIGINT
-	// before the router closes them; default 30s.
-	Shutdown time.Duration `yaml:"shutdown"`
+	// before the router closes them; default 30s. A written 0s is refused
+	// (it became 30s): 1ms closes them at once.
+	Shutdown time.Duration `yaml:"shutdown,omitempty" zero:"to close in-flight requests at once, without a drain, write 1ms (default 30s)"`
 }
 
 // Limits bound what a client may send.
 type Limits struct {
 	// MaxBodyBytes is the largest request body accepted (413 past it);
 	// default 16 MiB.
-	MaxBodyBytes int64 `yaml:"max_body_bytes"`
+	MaxBodyBytes int64 `yaml:"max_body_bytes,omitempty" zero:"every request would be refused; write a size in bytes (default 16777216)"`
 	// MaxHeaderBytes is the largest request header block accepted; default
 	// 1 MiB.
-	MaxHeaderBytes int `yaml:"max_header_bytes"`
+	MaxHeaderBytes int `yaml:"max_header_bytes,omitempty" zero:"write a size in bytes (default 1048576)"`
 }
 
 // Retry controls retries, on another endpoint, of requests that failed
@@ -360,14 +363,14 @@ type Limits struct {
 // timeouts.upstream_header is not retried.
 type Retry struct {
 	// Attempts is the total number of endpoints tried per request, the first
-	// included; default 2. 1 disables retries.
-	Attempts int `yaml:"attempts"`
+	// included; default 2. 1 disables retries (a written 0 is refused).
+	Attempts int `yaml:"attempts,omitempty" zero:"1 tries one endpoint, without retries"`
 	// QueueWait is how long a request the policy asks to queue (kv-aware's
 	// overload: queue, when every endpoint is over its cap) is held before
 	// it is answered 429; it is routed again as load drains. A request
 	// arriving while others are held waits in line behind them, for as
 	// long at most. Default 5s.
-	QueueWait time.Duration `yaml:"queue_wait"`
+	QueueWait time.Duration `yaml:"queue_wait,omitempty" zero:"to answer 429 at once rather than hold the request, write 1ms (default 5s)"`
 }
 
 // HealthCheck controls active health checks (GET Path on every endpoint).
@@ -379,15 +382,15 @@ type HealthCheck struct {
 	Path string `yaml:"path"`
 	// Interval is the time between two checks of one endpoint, at least
 	// MinInterval; default 5s.
-	Interval time.Duration `yaml:"interval"`
+	Interval time.Duration `yaml:"interval,omitempty" zero:"to turn active health checks off, write disabled: true"`
 	// Timeout bounds one check; default 2s, and at most Interval.
-	Timeout time.Duration `yaml:"timeout"`
+	Timeout time.Duration `yaml:"timeout,omitempty" zero:"write a duration, at most health_check.interval (default 2s)"`
 	// HealthyThreshold is the number of consecutive successful checks that
 	// mark an unhealthy endpoint healthy; default 1.
-	HealthyThreshold int `yaml:"healthy_threshold"`
+	HealthyThreshold int `yaml:"healthy_threshold,omitempty" zero:"1 marks an endpoint healthy again on its first successful check (the default)"`
 	// UnhealthyThreshold is the number of consecutive failed checks that
 	// mark an endpoint unhealthy; default 2.
-	UnhealthyThreshold int `yaml:"unhealthy_threshold"`
+	UnhealthyThreshold int `yaml:"unhealthy_threshold,omitempty" zero:"1 marks an endpoint unhealthy on its first failed check (default 2)"`
 }
 
 // Admin configures the admin API (PUT /admin/policy).

@@ -103,7 +103,7 @@ type EndpointTemplate struct {
 	// Weight scales each engine's share of the load as an endpoint's
 	// Weight does (which policies honour it is said there); 1 to
 	// 1,000,000, default 1.
-	Weight int `yaml:"weight" zero:"to send an endpoint nothing, remove it"`
+	Weight int `yaml:"weight,omitempty" zero:"to send an endpoint nothing, remove it"`
 	// Labels are added to each engine's, over the discovered zone and node;
 	// default none.
 	Labels map[string]string `yaml:"labels"`
@@ -120,7 +120,7 @@ type EndpointTemplate struct {
 	KVEvents KVEventPorts `yaml:"kv_events"`
 	// DataParallelSize is each engine's data-parallel ranks behind its URL,
 	// as Endpoint.DataParallelSize; default 1.
-	DataParallelSize int `yaml:"data_parallel_size"`
+	DataParallelSize int `yaml:"data_parallel_size,omitempty" zero:"an engine has at least one rank: leave it out, or write 1"`
 }
 
 // KVEventPorts are a discovered engine's KV-event ports.

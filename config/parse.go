@@ -10,6 +10,7 @@ import (
 	"regexp"
 	"strconv"
 	"strings"
+	"time"
 
 	"go.yaml.in/yaml/v3"
 )
@@ -250,7 +251,7 @@ func checkNode(v *validator, n *yaml.Node, t reflect.Type, path string, depth in
 			if f, ok := yamlField(t, n.Content[i].Value); ok {
 				checkNode(v, n.Content[i+1], f.Type, joinPath(path, n.Content[i].Value), depth+1)
 				if hint := f.Tag.Get("zero"); hint != "" {
-					checkZero(v, n.Content[i+1], joinPath(path, n.Content[i].Value), hint)
+					checkZero(v, n.Content[i+1], f.Type, joinPath(path, n.Content[i].Value), hint)
 				}
 			}
 		}
@@ -312,14 +313,42 @@ func checkNode(v *validator, n *yaml.Node, t reflect.Type, path string, depth in
 }
 
 // checkZero reports a 0 written for a field tagged zero:"<hint>": a field
-// whose default replaces 0, where 0 would be read as none (an endpoint's
-// weight of 0 became 1, a full share).
-func checkZero(v *validator, n *yaml.Node, path, hint string) {
+// whose default replaces 0, where 0 would be read as none or as no limit
+// (an endpoint's weight of 0 became 1, a full share; timeouts.shutdown 0s,
+// no drain, became 30s), and the hint says what to write instead. A 0 is
+// a number that is zero (0, 0.0, -0) or, for a duration of type t, a
+// duration that is ("0s", "0", "0ms", "-0h"). Aliases are followed.
+func checkZero(v *validator, n *yaml.Node, t reflect.Type, path, hint string) {
+	for i := 0; n.Kind == yaml.AliasNode && n.Alias != nil && i < 100; i++ {
+		n = n.Alias
+	}
+	if n.Kind != yaml.ScalarNode || n.ShortTag() == "!!null" {
+		return
+	}
+	zero := false
+	if t == durationType {
+		d, err := time.ParseDuration(strings.TrimSpace(n.Value))
+		zero = err == nil && d == 0
+	}
 	var x float64
-	if n.Kind == yaml.ScalarNode && n.ShortTag() != "!!null" && n.Decode(&x) == nil && x == 0 {
-		v.addf(path, "0 is refused (unset, the field takes its default, not 0): %s", hint)
+	if !zero && n.Decode(&x) == nil && x == 0 {
+		zero = true
+	}
+	if zero {
+		v.addf(path, "%s is refused (unset, the field takes its default, not 0): %s", zeroText(n.Value), hint)
 	}
 }
+
+// zeroText is how a refused zero is named: 0, or a duration as written
+// ("0s").
+func zeroText(s string) string {
+	if _, err := time.ParseDuration(s); err == nil && strings.ContainsAny(s, "nsuµμmh") {
+		return strconv.Quote(s)
+	}
+	return "0"
+}
+
+var durationType = reflect.TypeOf(time.Duration(0))
 
 // yamlField returns the field of struct type t that YAML key name decodes
 // into.

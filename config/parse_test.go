@@ -136,6 +136,10 @@ func checkParseErrors(t *testing.T, tests []parseErrorCase) {
 }
 
 func TestParseRefusesWhatTheDecoderDropsSilently(t *testing.T) {
+	const oneModel = "models: [{name: m, endpoints: [{url: 'http://a:1'}]}]\n"
+	pdModel := func(pd string) string {
+		return "models: [{name: m, pd: {" + pd + "}, endpoints: [{url: 'http://a:1', role: prefill}, {url: 'http://b:1', role: decode}]}]"
+	}
 	tests := []parseErrorCase{
 		{"fraction for an int", "models: [{name: m, endpoints: [{url: 'http://a:1', weight: 0.5}]}]",
 			"models[0].endpoints[0].weight: 0.5 is not a whole number"},
@@ -145,6 +149,57 @@ func TestParseRefusesWhatTheDecoderDropsSilently(t *testing.T) {
 			"models[0].endpoints[1].weight: 0 is refused (unset, the field takes its default, not 0): to send an endpoint nothing, remove it"},
 		{"weight 0 in a discovery template", "models: [{name: m, discovery: {kubernetes: {service: s, endpoint: {weight: 0.0}}}}]",
 			"models[0].discovery.kubernetes.endpoint.weight: 0 is refused (unset, the field takes its default, not 0): to send an endpoint nothing, remove it"},
+		// A 0 that the default replaced without a word: timeouts.shutdown
+		// 0s (no drain) became 30s, read_header, idle and dial 0 (no
+		// limit in net/http) 10s, 120s and 5s.
+		{"shutdown 0s", "timeouts: {shutdown: 0s}\n" + oneModel,
+			`timeouts.shutdown: "0s" is refused (unset, the field takes its default, not 0): to close in-flight requests at once, without a drain, write 1ms`},
+		{"read_header quoted 0", "timeouts: {read_header: '0'}\n" + oneModel, "timeouts.read_header: 0 is refused"},
+		{"read_body 0ms", "timeouts: {read_body: 0ms}\n" + oneModel, `timeouts.read_body: "0ms" is refused`},
+		{"idle -0h", "timeouts: {idle: -0h}\n" + oneModel, `timeouts.idle: "-0h" is refused`},
+		{"dial 0s", "timeouts: {dial: 0s}\n" + oneModel, `timeouts.dial: "0s" is refused`},
+		{"dial 0s through an alias", "timeouts: {read_body: &z 0s, dial: *z}\n" + oneModel, `timeouts.dial: "0s" is refused`},
+		{"upstream_idle 0s", "timeouts: {upstream_idle: 0s}\n" + oneModel, `timeouts.upstream_idle: "0s" is refused`},
+		{"max_body_bytes 0", "limits: {max_body_bytes: 0}\n" + oneModel, "limits.max_body_bytes: 0 is refused"},
+		{"max_header_bytes 0", "limits: {max_header_bytes: 0}\n" + oneModel, "limits.max_header_bytes: 0 is refused"},
+		{"retry attempts 0", "retry: {attempts: 0}\n" + oneModel, "retry.attempts: 0 is refused (unset, the field takes its default, not 0): 1 tries one endpoint, without retries"},
+		{"queue_wait 0s", "retry: {queue_wait: 0s}\n" + oneModel, `retry.queue_wait: "0s" is refused`},
+		{"health interval 0s", "health_check: {interval: 0s}\n" + oneModel, `health_check.interval: "0s" is refused (unset, the field takes its default, not 0): to turn active health checks off, write disabled: true`},
+		{"health timeout 0s", "health_check: {timeout: 0s}\n" + oneModel, `health_check.timeout: "0s" is refused`},
+		{"healthy_threshold 0", "health_check: {healthy_threshold: 0}\n" + oneModel, "health_check.healthy_threshold: 0 is refused"},
+		{"unhealthy_threshold 0", "health_check: {unhealthy_threshold: 0}\n" + oneModel, "health_check.unhealthy_threshold: 0 is refused"},
+		{"block_chars 0", "models: [{name: m, router: {block_chars: 0}, endpoints: [{url: 'http://a:1'}]}]", "models[0].router.block_chars: 0 is refused"},
+		{"router stale_after 0s", "models: [{name: m, router: {stale_after: 0s}, endpoints: [{url: 'http://a:1'}]}]", `models[0].router.stale_after: "0s" is refused`},
+		{"fail_threshold 0", "models: [{name: m, router: {fail_threshold: 0}, endpoints: [{url: 'http://a:1'}]}]", "models[0].router.fail_threshold: 0 is refused"},
+		{"base_ejection 0s", "models: [{name: m, router: {base_ejection: 0s}, endpoints: [{url: 'http://a:1'}]}]", `models[0].router.base_ejection: "0s" is refused`},
+		{"max_ejection 0s", "models: [{name: m, router: {max_ejection: 0s}, endpoints: [{url: 'http://a:1'}]}]", `models[0].router.max_ejection: "0s" is refused`},
+		{"decision_log 0", "models: [{name: m, router: {decision_log: 0}, endpoints: [{url: 'http://a:1'}]}]", "models[0].router.decision_log: 0 is refused"},
+		{"scrape_interval 0s", "models: [{name: m, signals: {scrape_interval: 0s}, endpoints: [{url: 'http://a:1'}]}]",
+			`models[0].signals.scrape_interval: "0s" is refused (unset, the field takes its default, not 0): to turn scraping off, write disabled: true`},
+		{"scrape_timeout 0s", "models: [{name: m, signals: {scrape_timeout: 0s}, endpoints: [{url: 'http://a:1'}]}]", `models[0].signals.scrape_timeout: "0s" is refused`},
+		{"signals stale_after 0s", "models: [{name: m, signals: {stale_after: 0s}, endpoints: [{url: 'http://a:1'}]}]", `models[0].signals.stale_after: "0s" is refused`},
+		{"endpoint scrape_interval 0s", "models: [{name: m, endpoints: [{url: 'http://a:1', signals: {scrape_interval: 0s}}]}]",
+			`models[0].endpoints[0].signals.scrape_interval: "0s" is refused (unset, the field takes its default, not 0): to take the model's signals.scrape_interval, leave it out`},
+		{"endpoint scrape_timeout 0s", "models: [{name: m, endpoints: [{url: 'http://a:1', signals: {scrape_timeout: 0s}}]}]", `models[0].endpoints[0].signals.scrape_timeout: "0s" is refused`},
+		{"data_parallel_size 0", "models: [{name: m, endpoints: [{url: 'http://a:1', data_parallel_size: 0}]}]", "models[0].endpoints[0].data_parallel_size: 0 is refused"},
+		{"template data_parallel_size 0", "models: [{name: m, discovery: {kubernetes: {service: s, endpoint: {data_parallel_size: 0}}}}]",
+			"models[0].discovery.kubernetes.endpoint.data_parallel_size: 0 is refused"},
+		{"template scrape_interval 0s", "models: [{name: m, discovery: {sources: [{kubernetes: {service: s, endpoint: {signals: {scrape_interval: 0s}}}}]}}]",
+			`models[0].discovery.sources[0].kubernetes.endpoint.signals.scrape_interval: "0s" is refused`},
+		{"precise block_size 0", "models: [{name: m, precise: {tokenizer: builtin, block_size: 0}, endpoints: [{url: 'http://a:1'}]}]", "models[0].precise.block_size: 0 is refused"},
+		{"precise cache_tokens 0", "models: [{name: m, precise: {tokenizer: builtin, cache_tokens: 0}, endpoints: [{url: 'http://a:1'}]}]", "models[0].precise.cache_tokens: 0 is refused"},
+		{"precise index_capacity 0", "models: [{name: m, precise: {tokenizer: builtin, index_capacity: 0}, endpoints: [{url: 'http://a:1'}]}]", "models[0].precise.index_capacity: 0 is refused"},
+		{"pd short_tokens 0", pdModel("short_tokens: 0"), "models[0].pd.short_tokens: 0 is refused (unset, the field takes its default, not 0): -1 turns the rule off"},
+		{"pd local_isl 0", pdModel("local_isl: 0"), "models[0].pd.local_isl: 0 is refused"},
+		{"pd local_ratio 0", pdModel("local_ratio: 0.0"), "models[0].pd.local_ratio: 0 is refused"},
+		{"pd max_local_tokens 0", pdModel("max_local_tokens: 0"), "models[0].pd.max_local_tokens: 0 is refused"},
+		{"pd margin 0", pdModel("margin: 0"), "models[0].pd.margin: 0 is refused"},
+		{"pd attempts 0", pdModel("attempts: 0"), "models[0].pd.attempts: 0 is refused"},
+		{"pd bootstrap_port 0", pdModel("bootstrap_port: 0"), "models[0].pd.bootstrap_port: 0 is refused"},
+		{"pd link efficiency 0", pdModel("links: [{name: x, same: [node], gbps: 100, efficiency: 0}]"), "models[0].pd.links[0].efficiency: 0 is refused"},
+		// A default_link of gbps 0 alone was ignored, the built-in TCP
+		// link used.
+		{"pd default_link gbps 0", pdModel("default_link: {gbps: 0}"), "models[0].pd.default_link.gbps: 0 is refused"},
 		{"fraction at top level", "retry: {attempts: 1.5}\nmodels: [{name: m, endpoints: [{url: 'http://a:1'}]}]",
 			"retry.attempts: 1.5 is not a whole number"},
 		{"fraction for a uint", "models: [{name: m, policy: {seed: 2.5}, endpoints: [{url: 'http://a:1'}]}]",

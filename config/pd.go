@@ -31,23 +31,26 @@ type PD struct {
 	// TCP 100 Gb/s with 2 ms setup.
 	DefaultLink PDLink `yaml:"default_link"`
 	// ShortTokens: an uncached prompt this short runs aggregated; default
-	// 256, negative disables.
-	ShortTokens int `yaml:"short_tokens"`
+	// 256, negative disables. A written 0 is refused here and in the
+	// fields below (it took the default): a negative value turns a rule
+	// off.
+	ShortTokens int `yaml:"short_tokens,omitempty" zero:"-1 turns the rule off (default 256)"`
 	// LocalISL and LocalRatio: Dynamo's rule, uncached < local_isl and
-	// uncached/prompt < local_ratio runs aggregated; defaults 2048 and 0.7.
-	LocalISL   int     `yaml:"local_isl"`
-	LocalRatio float64 `yaml:"local_ratio"`
+	// uncached/prompt < local_ratio runs aggregated; defaults 2048 and 0.7,
+	// either negative disables.
+	LocalISL   int     `yaml:"local_isl,omitempty" zero:"-1 turns the rule off (default 2048)"`
+	LocalRatio float64 `yaml:"local_ratio,omitempty" zero:"-1 turns the rule off (default 0.7)"`
 	// MaxLocalTokens: the longest uncached prompt a decode node prefills
-	// itself; default 16384.
-	MaxLocalTokens int `yaml:"max_local_tokens"`
+	// itself; default 16384, negative: none for being estimated cheaper.
+	MaxLocalTokens int `yaml:"max_local_tokens,omitempty" zero:"-1 turns the rule off: no prompt then runs on the decode node for being cheaper there (default 16384)"`
 	// Margin: how much cheaper (fraction) the aggregated estimate must be;
 	// default 0.1.
-	Margin float64 `yaml:"margin"`
+	Margin float64 `yaml:"margin,omitempty" zero:"write a small fraction (0.001) for almost none (default 0.1)"`
 	// Attempts is the most placements tried per request; default 3.
-	Attempts int `yaml:"attempts"`
+	Attempts int `yaml:"attempts,omitempty" zero:"1 tries one placement (default 3)"`
 	// BootstrapPort is the prefill engines' SGLang bootstrap port when the
 	// endpoint has no bootstrap_port label; default 8998.
-	BootstrapPort int `yaml:"bootstrap_port"`
+	BootstrapPort int `yaml:"bootstrap_port,omitempty" zero:"write the prefill engines' port (SGLang's default 8998), or leave it out"`
 }
 
 // PDLink is one fabric link class.
@@ -57,9 +60,9 @@ type PDLink struct {
 	// Same lists the labels both endpoints must share (rules only).
 	Same []string `yaml:"same"`
 	// Gbps is the line rate in Gb/s. Required.
-	Gbps float64 `yaml:"gbps"`
+	Gbps float64 `yaml:"gbps,omitempty" zero:"write the link's line rate (a link of 0 Gb/s moves nothing)"`
 	// Efficiency is the fraction of the line rate reached; default 1.
-	Efficiency float64 `yaml:"efficiency"`
+	Efficiency float64 `yaml:"efficiency,omitempty" zero:"leave it out for line rate (1)"`
 	// Setup is the fixed cost of one transfer; default 0.
 	Setup time.Duration `yaml:"setup"`
 }
