@@ -48,7 +48,7 @@ func Decode(data []byte) (Config, error) {
 			}
 			return cfg, errors.New("the file holds no settings (only comments or blank lines)")
 		}
-		return cfg, DecodeError(err, data)
+		return cfg, decodeError(err, data, bareZeros(data))
 	}
 	var extra yaml.Node
 	if err := dec.Decode(&extra); !errors.Is(err, io.EOF) {
@@ -105,6 +105,32 @@ func durationHint(v string) string {
 // !!str `least_r...` into a mapping". data is the document decoded. Other
 // errors are returned as they are. The simulator's fleet files use it too.
 func DecodeError(err error, data []byte) error {
+	return decodeError(err, data, nil)
+}
+
+// bareZeros returns, by path, the refusal of each 0 written without a unit
+// for a duration field tagged zero (timeouts.dial: 0), which the decoder
+// refuses for its missing unit: "0s" would be refused next, for its
+// default.
+func bareZeros(data []byte) map[string]string {
+	var doc yaml.Node
+	if yaml.Unmarshal(data, &doc) != nil {
+		return nil
+	}
+	var v validator
+	checkNode(&v, &doc, reflect.TypeOf(Config{}), "", 0)
+	zeros := map[string]string{}
+	for _, e := range v.errs {
+		if strings.HasPrefix(e.Msg, "0 is refused") {
+			zeros[e.Path] = e.Msg
+		}
+	}
+	return zeros
+}
+
+// decodeError is DecodeError, a wrong-type error at a path of zeros
+// replaced by its message there.
+func decodeError(err error, data []byte, zeros map[string]string) error {
 	var te *yaml.TypeError
 	if !errors.As(err, &te) {
 		return err
@@ -155,6 +181,10 @@ func DecodeError(err error, data []byte) error {
 			m = "line " + line + ": "
 			if ok && p != "" {
 				m += p + ": "
+			}
+			if z, isZero := zeros[p]; ok && isZero && into == "time.Duration" {
+				msgs[i] = m + z
+				continue
 			}
 			m += "cannot unmarshal " + tag
 			if s[3] != "" || strings.Contains(te.Errors[i], "`") {

@@ -258,6 +258,14 @@ func TestParseDecodeErrorsNameTheField(t *testing.T) {
 				"line 1: models[0].endpoints[0].kv_capacity_tokens: cannot unmarshal !!str `x` into int"}},
 		{"duration without unit", "timeouts:\n  dial: 5\n",
 			[]string{"line 2: timeouts.dial: cannot unmarshal !!int `5` into time.Duration (a duration has a unit"}},
+		// A bare 0 was refused for its unit, and 0s then for its default:
+		// one message says it.
+		{"bare 0 duration with a default", "timeouts:\n  dial: 0\n",
+			[]string{"line 2: timeouts.dial: 0 is refused (unset, the field takes its default, not 0): a connect to an engine"}},
+		{"bare 0.0 duration with a default", "models: [{name: m, signals: {scrape_interval: 0.0}}]\n",
+			[]string{"line 1: models[0].signals.scrape_interval: 0 is refused (unset, the field takes its default, not 0): to turn scraping off"}},
+		{"bare 0 duration without a default", "timeouts:\n  upstream_header: 0\n",
+			[]string{"line 2: timeouts.upstream_header: cannot unmarshal !!int `0` into time.Duration (a duration has a unit"}},
 		// A duration out of range, or not a number, was also told "a
 		// duration has a unit", which it had.
 		{"duration out of range", "timeouts:\n  dial: 999999999h\n",
