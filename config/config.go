@@ -170,7 +170,7 @@ type Signals struct {
 	Flavor string `yaml:"flavor"`
 	// MetricsPath is the path scraped on each endpoint's URL; default
 	// "/metrics".
-	MetricsPath string `yaml:"metrics_path"`
+	MetricsPath string `yaml:"metrics_path,omitempty" zero:"leave it out for /metrics; to scrape nothing, write disabled: true"`
 }
 
 // EndpointSignals overrides a model's Signals for one endpoint. Zero fields
@@ -291,7 +291,7 @@ func (c *Config) SessionField() string {
 // with bounded loads), unless it is over its load cap.
 type Session struct {
 	// Header is the request header carrying the key; default X-Session-Id.
-	Header string `yaml:"header"`
+	Header string `yaml:"header,omitempty" zero:"leave it out for X-Session-Id; a request without the header takes its key from json_field, prompt_regexp or user"`
 	// JSONField is a top-level field of the request body carrying the key
 	// (e.g. "doc_id"; a string, or a number's text); default none.
 	JSONField string `yaml:"json_field"`
@@ -379,7 +379,7 @@ type HealthCheck struct {
 	// Default false.
 	Disabled bool `yaml:"disabled"`
 	// Path is the path probed on each endpoint; default "/health".
-	Path string `yaml:"path"`
+	Path string `yaml:"path,omitempty" zero:"leave it out for /health; to probe nothing, write disabled: true"`
 	// Interval is the time between two checks of one endpoint, at least
 	// MinInterval; default 5s.
 	Interval time.Duration `yaml:"interval,omitempty" zero:"to turn active health checks off, write disabled: true"`

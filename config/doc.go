@@ -15,12 +15,13 @@
 // the configuration as written (what a reload takes: proxy.Proxy.Reload).
 // A field tagged zero:"<hint>" is one whose default replaces 0 where a user
 // writing 0 means something else (no limit, none, off): Decode refuses a 0
-// written for it (0, 0.0, or for a duration 0s, "0"), naming the field and
-// the hint, what to write instead (timeouts.shutdown: 1ms to close at once;
-// retry.attempts: 1 for no retries; health_check.interval: disabled to
-// turn checks off). Fields where 0 has a meaning of its own document it
-// (kv_capacity_tokens: learnt; policy.seed: random; timeouts.upstream_header:
-// no limit; kv_events.replay_buffer_steps: vLLM's default).
+// written for it (0, 0.0, for a duration 0s or "0", for a string ""),
+// naming the field and the hint, what to write instead (timeouts.shutdown:
+// 1ms to close at once; retry.attempts: 1 for no retries;
+// health_check.interval: disabled to turn checks off). Fields where 0 has
+// a meaning of its own document it (kv_capacity_tokens: learnt;
+// policy.seed: random; timeouts.upstream_header: no limit;
+// kv_events.replay_buffer_steps: vLLM's default).
 //
 // An endpoint with data_parallel_size N > 1 (one vLLM server in front of N
 // data-parallel engine cores) stays one entry here; KVEndpoints expands it

@@ -346,13 +346,20 @@ func checkNode(v *validator, n *yaml.Node, t reflect.Type, path string, depth in
 // whose default replaces 0, where 0 would be read as none or as no limit
 // (an endpoint's weight of 0 became 1, a full share; timeouts.shutdown 0s,
 // no drain, became 30s), and the hint says what to write instead. A 0 is
-// a number that is zero (0, 0.0, -0) or, for a duration of type t, a
-// duration that is ("0s", "0", "0ms", "-0h"). Aliases are followed.
+// a number that is zero (0, 0.0, -0), for a duration of type t a duration
+// that is ("0s", "0", "0ms", "-0h"), and for a string the empty string
+// (router.session.header: "" became X-Session-Id). Aliases are followed.
 func checkZero(v *validator, n *yaml.Node, t reflect.Type, path, hint string) {
 	for i := 0; n.Kind == yaml.AliasNode && n.Alias != nil && i < 100; i++ {
 		n = n.Alias
 	}
 	if n.Kind != yaml.ScalarNode || n.ShortTag() == "!!null" {
+		return
+	}
+	if t.Kind() == reflect.String {
+		if n.Value == "" {
+			v.addf(path, `"" is refused (unset, the field takes its default, not ""): %s`, hint)
+		}
 		return
 	}
 	zero := false

@@ -200,6 +200,13 @@ func TestParseRefusesWhatTheDecoderDropsSilently(t *testing.T) {
 		// A default_link of gbps 0 alone was ignored, the built-in TCP
 		// link used.
 		{"pd default_link gbps 0", pdModel("default_link: {gbps: 0}"), "models[0].pd.default_link.gbps: 0 is refused"},
+		// An empty string for a field with a default: a session header
+		// of "" (no header) became X-Session-Id.
+		{"session header empty", "models: [{name: m, router: {session: {header: ''}}, endpoints: [{url: 'http://a:1'}]}]",
+			`models[0].router.session.header: "" is refused (unset, the field takes its default, not ""): leave it out for X-Session-Id`},
+		{"metrics_path empty", "models: [{name: m, signals: {metrics_path: \"\"}, endpoints: [{url: 'http://a:1'}]}]",
+			`models[0].signals.metrics_path: "" is refused`},
+		{"health path empty", "health_check: {path: ''}\n" + oneModel, `health_check.path: "" is refused (unset, the field takes its default, not ""): leave it out for /health`},
 		{"fraction at top level", "retry: {attempts: 1.5}\nmodels: [{name: m, endpoints: [{url: 'http://a:1'}]}]",
 			"retry.attempts: 1.5 is not a whole number"},
 		{"fraction for a uint", "models: [{name: m, policy: {seed: 2.5}, endpoints: [{url: 'http://a:1'}]}]",
