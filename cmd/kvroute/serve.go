@@ -70,7 +70,9 @@ field and its default), or for the quick case with flags only:
   kvroute serve --listen :8080 --model llama --endpoint http://10.0.0.7:8000 \
       --endpoint http://10.0.0.8:8000 --policy least_request
 
---listen, --log-level, --log-format and --debug also override the file's values.
+--listen, --log-level, --log-format and --debug also override the file's values
+(the file must still be valid by itself: an invalid listen under --listen is
+refused at start as by --check-config, since it is what runs without the flag).
 SIGINT/SIGTERM stop accepting connections and drain in-flight requests for up
 to timeouts.shutdown; streams still running then end with an error event (a
 second signal ends the process at once). Exit status: 0 once stopped by a
@@ -168,7 +170,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		}
 		cfg, err := loadConfigFile(*checkFile)
 		if err != nil {
-			return err
+			return overriddenErr(err, func(name string) bool { return flagSet(fs, name) })
 		}
 		overlay(&cfg)
 		if err := cfg.Validate(); err != nil {
@@ -201,7 +203,7 @@ func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 	case *configFile != "":
 		var err error
 		if cfg, err = loadConfigFile(*configFile); err != nil {
-			return err
+			return overriddenErr(err, func(name string) bool { return flagSet(fs, name) })
 		}
 	case *model != "" && len(endpoints) > 0 && *dpSize == 0 && flagSet(fs, "data-parallel-size"):
 		return usageErr("--data-parallel-size: 0 is not positive") // quickConfig's 0 is the default, 1
@@ -341,6 +343,32 @@ func newLogger(w io.Writer, c config.Log) (*slog.Logger, error) {
 	return slog.New(slog.NewTextHandler(w, opts)), nil
 }
 
+// overlayFlags are the flags that apply over a config file, by the path of
+// the field each sets (debug.enabled, a bool, cannot be invalid).
+var overlayFlags = map[string]string{"listen": "listen", "log.level": "log-level", "log.format": "log-format"}
+
+// overriddenErr notes on an invalid config file's error (loadConfigFile's)
+// the invalid fields that a flag given overrides. The file is refused all
+// the same, at start as by --check-config (and on a reload): it must be
+// valid by itself, as it is what runs once the flag is dropped, and a
+// value nothing uses is a mistake waiting for that day.
+func overriddenErr(err error, given func(string) bool) error {
+	var errs config.Errors
+	if !errors.As(err, &errs) {
+		return err
+	}
+	var flags []string
+	for _, e := range errs {
+		if f := overlayFlags[e.Path]; f != "" && given(f) && !slices.Contains(flags, "--"+f) {
+			flags = append(flags, "--"+f)
+		}
+	}
+	if len(flags) == 0 {
+		return err
+	}
+	return fmt.Errorf("%w (%s given over it: the file must be valid by itself)", err, strings.Join(flags, ", "))
+}
+
 // serveFlagErrors returns the validation errors of the fields the command
 // line set, each named by its flag: --listen, --log-level and --log-format
 // when given, and in quick mode (no --config) the model, its endpoints and
@@ -354,13 +382,9 @@ func serveFlagErrors(err error, quick bool, given func(string) bool) []string {
 	var msgs []string
 	for _, e := range errs {
 		flagName := ""
-		switch {
-		case e.Path == "listen" && given("listen"):
-			flagName = "listen"
-		case e.Path == "log.level" && given("log-level"):
-			flagName = "log-level"
-		case e.Path == "log.format" && given("log-format"):
-			flagName = "log-format"
+		switch f := overlayFlags[e.Path]; {
+		case f != "" && given(f):
+			flagName = f
 		case quick && e.Path == "models[0].name":
 			flagName = "model"
 		case quick && strings.HasPrefix(e.Path, "models[0].endpoints[") && strings.HasSuffix(e.Path, ".data_parallel_size"):

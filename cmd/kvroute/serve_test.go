@@ -150,6 +150,28 @@ func TestServeCheckConfig(t *testing.T) {
 	}
 }
 
+// TestServeFileRefusedUnderItsFlag: a config file's invalid listen or
+// log.level is refused though a flag overrides it, at start as by
+// --check-config (the file must be valid by itself: it is what runs
+// without the flag), and the error says the flag was given over it (it
+// read as if the flag had been ignored).
+func TestServeFileRefusedUnderItsFlag(t *testing.T) {
+	dir := t.TempDir()
+	bad := filepath.Join(dir, "bad.yaml")
+	os.WriteFile(bad, []byte("listen: nope\nlog: {level: loud}\nmodels: [{name: m, endpoints: [{url: 'http://127.0.0.1:1'}]}]\n"), 0o644)
+	over := []string{"--listen", "127.0.0.1:0", "--log-level", "info"}
+	for _, mode := range []string{"--check-config", "--config"} {
+		t.Run(mode, func(t *testing.T) {
+			var out, errOut bytes.Buffer
+			err := run(context.Background(), append([]string{"serve", mode, bad}, over...), &out, &errOut)
+			want := `config ` + bad + `: listen: "nope" is not a host:port address; log.level: "loud" is not one of debug, info, warn, error (--listen, --log-level given over it: the file must be valid by itself)`
+			if err == nil || errors.Is(err, errUsage) || err.Error() != want {
+				t.Errorf("got %v; want a (non-usage) error %q", err, want)
+			}
+		})
+	}
+}
+
 // TestServeFlagErrors: a bad value given by a flag is a usage error (exit
 // status 2) on one line that names the flag as typed, not the config field
 // it fills (models[0].endpoints[0].url) or, for the policy, a failure of
