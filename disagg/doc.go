@@ -67,7 +67,11 @@
 // not.
 //
 // The estimates use engine.Profile.StepTime, the step-time model the
-// simulator's engines run on. Planning does no I/O and never reads the
+// simulator's engines run on (through engine.StepCost). A queue or a
+// prefill of many budget-sized steps is priced in closed form
+// (StepCost.ChunkedPrefill, within half a nanosecond a step of pricing
+// each step), so a candidate with millions of tokens queued costs no more
+// to place than an idle one. Planning does no I/O and never reads the
 // clock.
 //
 // # Handoff (handoff.go, wire.go, metrics.go)

@@ -11,11 +11,19 @@ import (
 // the engine model's own step-time function (engine.Profile.StepTime), the
 // same one the simulator's engines run on. It is pure.
 type costModel struct {
-	prof  engine.Profile
+	prof engine.Profile
+	// step is prof's step-time model with its constants derived once.
+	step  engine.StepCost
 	shape KVShape
 	// meanQueued is the prompt size assumed for engine-queued requests the
 	// router did not dispatch itself.
 	meanQueued int
+}
+
+// newCostModel returns the cost model of engines of profile p whose KV is
+// shaped shape, assuming meanQueued-token prompts for engine-queued requests.
+func newCostModel(p engine.Profile, shape KVShape, meanQueued int) costModel {
+	return costModel{prof: p, step: engine.NewStepCost(p), shape: shape, meanQueued: meanQueued}
 }
 
 // budget is the engine's per-step token budget.
@@ -34,24 +42,13 @@ func (m costModel) queue(l kvroute.Load) time.Duration {
 }
 
 // prefill estimates computing q uncached tokens on top of cached ones,
-// in budget-sized chunks, each step also carrying the running decodes.
+// in budget-sized chunks, each step also carrying the running decodes: the
+// sum of the steps' StepTime, in closed form (engine.StepCost.
+// ChunkedPrefill, within half a nanosecond a step of it), so a queue of
+// millions of tokens costs no more to price than one chunk.
 func (m costModel) prefill(q, cached int, l kvroute.Load) time.Duration {
-	if q <= 0 {
-		return 0
-	}
 	running := max(l.Running, 0)
-	ctx := max(l.DecodeTokens, 0)
-	var d time.Duration
-	for done := 0; done < q; {
-		chunk := min(q-done, m.budget())
-		p := cached + done
-		d += m.prof.StepTime(engine.Batch{
-			PrefillTokens: chunk, PrefillAttnPairs: float64(chunk) * (float64(p) + float64(chunk)/2), PrefillContext: p,
-			DecodeTokens: running, DecodeContext: ctx, Seqs: running + 1, Sampled: running + 1,
-		})
-		done += chunk
-	}
-	return d
+	return m.step.ChunkedPrefill(q, cached, m.budget(), running, max(l.DecodeTokens, 0))
 }
 
 // decodeStep estimates one decode step on the candidate once a request
@@ -59,7 +56,7 @@ func (m costModel) prefill(q, cached int, l kvroute.Load) time.Duration {
 func (m costModel) decodeStep(l kvroute.Load, ctx int) time.Duration {
 	running := max(l.Running, 0) + 1
 	total := max(l.DecodeTokens, 0) + ctx
-	return m.prof.StepTime(engine.Batch{DecodeTokens: running, DecodeContext: total, Seqs: running, Sampled: running})
+	return m.step.StepTime(engine.Batch{DecodeTokens: running, DecodeContext: total, Seqs: running, Sampled: running})
 }
 
 // capacityTokens returns the candidate's KV capacity in tokens.

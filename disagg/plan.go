@@ -299,7 +299,7 @@ func NewPlanner(cfg Config) (*Planner, error) {
 	if fab == nil {
 		fab = NewFabric(cfg.Links)
 	}
-	cost := costModel{prof: cfg.Profile, shape: cfg.Shape, meanQueued: cfg.MeanQueuedTokens}
+	cost := newCostModel(cfg.Profile, cfg.Shape, cfg.MeanQueuedTokens)
 	return &Planner{
 		cfg: cfg, cost: cost, prefill: pk, fabric: fab,
 		decode: &DecodePicker{p: cfg.Decode, cost: cost, fabric: fab, whole: cfg.Protocol == ProtocolSGLang},

@@ -13,7 +13,10 @@
 // request per step with its timing (TTFT, inter-token latency, and on the
 // last output queue, prefill and decode times); Stats carries what vLLM's
 // /metrics reports. Profile.StepTime, PrefillTime and DecodeTime expose the
-// cost model to planners, PrefixHit probes the cache without touching it.
+// cost model to planners; StepCost is the same with its constants derived
+// once, and its ChunkedPrefill prices a prefill of any number of
+// budget-sized steps (each also decoding a batch) in O(1), the steps' sum
+// in closed form. PrefixHit probes the cache without touching it.
 // DecodeRun looks ahead over the coming plain decode steps (how many until a
 // request finishes, and how long they take) and MinStepTime bounds any
 // step from below, so a real-time driver can sleep through steps nobody
