@@ -627,7 +627,17 @@ type Scenario struct {
 // so it is safe for concurrent use. Prefill and Decode are nil, Ticket
 // and Decision zero. Capacity planners (package planner) use it to tell
 // which requests the router would hand off, and so the fabric they load.
-func (p *Planner) WhatIf(s Scenario) Plan {
+func (p *Planner) WhatIf(s Scenario) Plan { return p.whatIf(s, true) }
+
+// HandsOff reports whether the router would hand s's request off:
+// WhatIf(s).Disaggregated, without writing the plan's reason (text the
+// capacity planner's replay, asking for each request of each candidate
+// fleet, would throw away). It allocates nothing and is safe for
+// concurrent use.
+func (p *Planner) HandsOff(s Scenario) bool { return p.whatIf(s, false).Disaggregated }
+
+// whatIf is WhatIf, with the plan's Reason left empty unless reasons.
+func (p *Planner) whatIf(s Scenario, reasons bool) Plan {
 	var pl Plan
 	pl.DecodeStep = p.cost.decodeStep(s.DecodeLoad, s.PromptTokens)
 	aq, ap := p.aggregatedSide(&pl, s.PromptTokens, s.CachedDecode, s.DecodeLoad)
@@ -648,8 +658,11 @@ func (p *Planner) WhatIf(s Scenario) Plan {
 		pl.Transfer = Estimate{Link: s.Link, Bytes: b, Setup: s.Link.Setup, Wire: s.Link.wire(float64(b))}
 	}
 	pl.DisaggregatedTTFT = pl.PrefillQueue + pl.PrefillTime + pl.Transfer.Total() + pl.DecodeStep
-	var dis bool
-	dis, pl.Rule, pl.Reason = p.decide(s.PromptTokens, &pl)
+	dis, rule := p.rule(s.PromptTokens, &pl)
+	pl.Rule = rule
+	if reasons {
+		pl.Reason = p.reason(rule, s.PromptTokens, &pl)
+	}
 	pl.Disaggregated = dis
 	if !dis {
 		pl.PrefillQueue, pl.PrefillTime, pl.Transfer = aq, ap, Estimate{}
@@ -658,34 +671,64 @@ func (p *Planner) WhatIf(s Scenario) Plan {
 }
 
 // decide applies the mode and the conditional rule to a plan with both
-// sides estimated, for a request of prompt tokens.
+// sides estimated, for a request of prompt tokens: whether to hand it off,
+// the rule that said so and why.
 func (p *Planner) decide(prompt int, pl *Plan) (bool, string, string) {
+	dis, rule := p.rule(prompt, pl)
+	return dis, rule, p.reason(rule, prompt, pl)
+}
+
+// rule is decide without the reason.
+func (p *Planner) rule(prompt int, pl *Plan) (bool, string) {
 	c := p.cfg.Conditional
 	agg, dis := ms(pl.AggregatedTTFT), ms(pl.DisaggregatedTTFT)
 	u := pl.UncachedDecode
 	switch p.cfg.Mode {
 	case ModeAlways:
-		return true, "always", fmt.Sprintf("disaggregated: mode always (est. TTFT %.1f ms vs %.1f ms aggregated)", dis, agg)
+		return true, "always"
 	case ModeNever:
-		return false, "never", "aggregated: mode never"
+		return false, "never"
 	}
 	if c.ShortTokens >= 0 && u <= c.ShortTokens {
-		return false, "short", fmt.Sprintf("aggregated: short uncached prompt (%d <= %d tokens)", u, c.ShortTokens)
+		return false, "short"
 	}
 	if c.LocalISL >= 0 && c.LocalRatio >= 0 && prompt > 0 && u < c.LocalISL &&
 		float64(u)/float64(prompt) < c.LocalRatio {
-		return false, "cached", fmt.Sprintf("aggregated: mostly cached on the decode node (%d uncached < %d, %.2f < %.2f of %d)",
-			u, c.LocalISL, float64(u)/float64(prompt), c.LocalRatio, prompt)
+		return false, "cached"
 	}
 	aggCost := agg + ms(pl.Stall)
 	if c.MaxLocalTokens >= 0 && u <= c.MaxLocalTokens && aggCost < dis*(1-c.Margin) {
-		return false, "cheaper", fmt.Sprintf("aggregated: cheaper on the decode node (est. TTFT %.1f ms + %.1f ms stall vs %.1f ms with %.1f ms transfer)",
-			agg, ms(pl.Stall), dis, ms(pl.Transfer.Total()))
+		return false, "cheaper"
 	}
 	if aggCost < dis*(1-c.Margin) {
-		return true, "max_local", fmt.Sprintf("disaggregated: %d uncached tokens > max_local_tokens %d (est. TTFT %.1f ms vs %.1f ms + %.1f ms stall aggregated)",
+		return true, "max_local"
+	}
+	return true, "cost"
+}
+
+// reason is the text of decide's rule for a plan of a request of prompt
+// tokens.
+func (p *Planner) reason(rule string, prompt int, pl *Plan) string {
+	c := p.cfg.Conditional
+	agg, dis := ms(pl.AggregatedTTFT), ms(pl.DisaggregatedTTFT)
+	u := pl.UncachedDecode
+	switch rule {
+	case "always":
+		return fmt.Sprintf("disaggregated: mode always (est. TTFT %.1f ms vs %.1f ms aggregated)", dis, agg)
+	case "never":
+		return "aggregated: mode never"
+	case "short":
+		return fmt.Sprintf("aggregated: short uncached prompt (%d <= %d tokens)", u, c.ShortTokens)
+	case "cached":
+		return fmt.Sprintf("aggregated: mostly cached on the decode node (%d uncached < %d, %.2f < %.2f of %d)",
+			u, c.LocalISL, float64(u)/float64(prompt), c.LocalRatio, prompt)
+	case "cheaper":
+		return fmt.Sprintf("aggregated: cheaper on the decode node (est. TTFT %.1f ms + %.1f ms stall vs %.1f ms with %.1f ms transfer)",
+			agg, ms(pl.Stall), dis, ms(pl.Transfer.Total()))
+	case "max_local":
+		return fmt.Sprintf("disaggregated: %d uncached tokens > max_local_tokens %d (est. TTFT %.1f ms vs %.1f ms + %.1f ms stall aggregated)",
 			u, c.MaxLocalTokens, dis, agg, ms(pl.Stall))
 	}
-	return true, "cost", fmt.Sprintf("disaggregated: est. TTFT %.1f ms (queue %.1f + prefill %.1f + transfer %.1f + step %.1f) vs %.1f ms + %.1f ms stall aggregated, %d uncached",
+	return fmt.Sprintf("disaggregated: est. TTFT %.1f ms (queue %.1f + prefill %.1f + transfer %.1f + step %.1f) vs %.1f ms + %.1f ms stall aggregated, %d uncached",
 		dis, ms(pl.PrefillQueue), ms(pl.PrefillTime), ms(pl.Transfer.Total()), ms(pl.DecodeStep), agg, ms(pl.Stall), u)
 }

@@ -1,6 +1,7 @@
 package disagg
 
 import (
+	"math/rand/v2"
 	"testing"
 	"time"
 
@@ -55,5 +56,41 @@ func TestWhatIfMatchesPlan(t *testing.T) {
 				t.Errorf("%d transfers booked, want 0", n)
 			}
 		})
+	}
+}
+
+// TestHandsOff: HandsOff decides as WhatIf over random prompts, prefix
+// hits and loads in every mode, and allocates nothing (WhatIf writes the
+// plan's reason, which the capacity planner asks for per request and
+// throws away).
+func TestHandsOff(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 6))
+	links := UniformLinks(Link{Name: "rdma", Gbps: RDMAGbps, Setup: time.Millisecond})
+	for _, mode := range []Mode{ModeConditional, ModeAlways, ModeNever} {
+		pl := newPlanner(t, mode, links)
+		rules := map[string]bool{}
+		for range 2000 {
+			prompt := 1 + r.IntN(40000)
+			run := r.IntN(100)
+			s := Scenario{PromptTokens: prompt, CachedPrefill: r.IntN(prompt + 1), CachedDecode: r.IntN(prompt + 1),
+				PrefillLoad: kvroute.Load{InFlightTokens: r.IntN(200_000)},
+				DecodeLoad:  kvroute.Load{Running: run, DecodeTokens: run * r.IntN(4000), InFlightTokens: r.IntN(50_000)},
+				Link:        links.Default}
+			w := pl.WhatIf(s)
+			rules[w.Rule] = true
+			if got := pl.HandsOff(s); got != w.Disaggregated {
+				t.Fatalf("%s: HandsOff(%+v) = %v, WhatIf: %v (%s)", mode, s, got, w.Disaggregated, w.Reason)
+			}
+			if w.Reason == "" {
+				t.Fatalf("%s: WhatIf(%+v) has no reason", mode, s)
+			}
+		}
+		if mode == ModeConditional && len(rules) < 5 {
+			t.Errorf("conditional: only rules %v came up", rules)
+		}
+		s := Scenario{PromptTokens: 9000, PrefillLoad: kvroute.Load{InFlightTokens: 2_000_000}, Link: links.Default}
+		if n := testing.AllocsPerRun(100, func() { pl.HandsOff(s) }); n != 0 {
+			t.Errorf("%s: HandsOff allocates %v times, want 0", mode, n)
+		}
 	}
 }

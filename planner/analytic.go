@@ -813,8 +813,8 @@ func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duratio
 		r.at[i], r.node[i] = t, dj
 		dload := dl
 		dload.InFlightTokens = inflight(dec, dj, t)
-		if !always && !m.pd.WhatIf(disagg.Scenario{PromptTokens: prompt, CachedPrefill: ce, CachedDecode: ce,
-			PrefillLoad: kvroute.Load{InFlightTokens: load}, DecodeLoad: dload, Link: m.in.Fabric}).Disaggregated {
+		if !always && !m.pd.HandsOff(disagg.Scenario{PromptTokens: prompt, CachedPrefill: ce, CachedDecode: ce,
+			PrefillLoad: kvroute.Load{InFlightTokens: load}, DecodeLoad: dload, Link: m.in.Fabric}) {
 			start := queue(dec, dj, t, svc, prompt)
 			wait[i] = start - t
 			r.local[dj] = addPrefill(r.local[dj], start, start+svc, prompt-ce)

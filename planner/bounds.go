@@ -178,8 +178,8 @@ func mustHandOff(in *Input, d *Demand) ([]bool, int) {
 	n := 0
 	for i := range d.reqs {
 		r := &d.reqs[i]
-		handed[i] = pd.WhatIf(disagg.Scenario{PromptTokens: r.PromptLen, CachedDecode: d.mostCached(i, in.Profile.BlockSize),
-			PrefillLoad: kvroute.Load{InFlightTokens: saturatedPrefill * r.PromptLen}, Link: in.Fabric}).Disaggregated
+		handed[i] = pd.HandsOff(disagg.Scenario{PromptTokens: r.PromptLen, CachedDecode: d.mostCached(i, in.Profile.BlockSize),
+			PrefillLoad: kvroute.Load{InFlightTokens: saturatedPrefill * r.PromptLen}, Link: in.Fabric})
 		if handed[i] {
 			n++
 		}
