@@ -109,6 +109,17 @@ type Config struct {
 	StreamInterval int
 	// MaxBodyBytes limits request bodies; default 32 MiB.
 	MaxBodyBytes int64
+	// MaxLogprobs is vLLM's --max-logprobs: the most sample logprobs a
+	// request may ask for (-1: the vocabulary); default 20, vLLM's. A
+	// request within it is refused all the same, as the emulator computes
+	// no logprobs, but with vLLM's error when over it. It must be -1 or
+	// positive (0 is the default).
+	MaxLogprobs int
+	// EnableAutoToolChoice is vLLM's --enable-auto-tool-choice: without it
+	// a chat request whose tool_choice is "auto" (given, or implied by
+	// tools) gets vLLM's 400. The emulator generates no tool calls either
+	// way (message.tool_calls stays empty).
+	EnableAutoToolChoice bool
 	// Logger receives warnings (nil = discard).
 	Logger *slog.Logger
 }
@@ -146,6 +157,9 @@ func (c *Config) setDefaults() {
 	}
 	if c.DefaultMaxTokens == 0 {
 		c.DefaultMaxTokens = 1024
+	}
+	if c.MaxLogprobs == 0 {
+		c.MaxLogprobs = defaultMaxLogprobs
 	}
 	if c.MaxBodyBytes == 0 {
 		c.MaxBodyBytes = 32 << 20
@@ -194,6 +208,9 @@ func (c *Config) validate() error {
 	if c.FabricGbps < 0 || c.LeaseTimeout < 0 || c.TransferSetup < 0 || c.BootstrapWait < 0 || c.EOSMean < 0 ||
 		c.DefaultMaxTokens < 0 || c.MaxBodyBytes < 0 || c.StreamInterval < 0 {
 		errs = append(errs, errors.New("emulator: FabricGbps, LeaseTimeout, TransferSetup, BootstrapWait, EOSMean, DefaultMaxTokens, MaxBodyBytes and StreamInterval must not be negative"))
+	}
+	if c.MaxLogprobs < -1 {
+		errs = append(errs, fmt.Errorf("emulator: MaxLogprobs %d must be -1 or positive", c.MaxLogprobs))
 	}
 	if c.DataParallelRank < 0 {
 		errs = append(errs, fmt.Errorf("emulator: DataParallelRank %d must not be negative", c.DataParallelRank))

@@ -25,6 +25,7 @@ func TestConfigRejectsNonFiniteFloats(t *testing.T) {
 		{"fabric +Inf", Config{FabricGbps: inf}, "FabricGbps +Inf"},
 		{"eos NaN", Config{EOSMean: nan}, "EOSMean NaN"},
 		{"eos +Inf", Config{EOSMean: inf}, "EOSMean +Inf"},
+		{"max logprobs -2", Config{MaxLogprobs: -2}, "MaxLogprobs -2 must be -1 or positive"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -32,6 +32,18 @@
 //     a usage chunk) when no prompt token was cached, where the emulator
 //     reports cached_tokens 0 (the router and kvroute bench read an absent
 //     count as 0 from an engine that has reported one);
+//     logprobs and top_logprobs get vLLM's checks (its request models'
+//     check_logprobs, as "Bad Request" errors, then the limit of
+//     Config.MaxLogprobs, --max-logprobs, default 20), and a request that
+//     passes them and asks for logprobs (chat logprobs true, a completions
+//     logprobs that is not null) a 400 with param "logprobs": the engine
+//     model computes no token probabilities, and the emulator refuses
+//     rather than return made-up ones a client would trust (options.go);
+//     tools and tool_choice get vLLM's check_tool_usage, and a chat request
+//     whose tool_choice is "auto", given or implied by its tools, vLLM's
+//     400 ("auto" tool choice requires --enable-auto-tool-choice ...)
+//     unless Config.EnableAutoToolChoice; no tool calls are generated
+//     either way (tool_calls stays []);
 //     a cache_salt (a non-empty string, else vLLM's 400) keys the prompt's
 //     first block as vLLM's does, so that only requests with the same salt
 //     share cached blocks (engine.Request.CacheSalt), and that block's

@@ -187,6 +187,11 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, http.StatusBadRequest, "suffix is not currently supported")
 		return
 	}
+	if chat && req.autoTools && !s.cfg.EnableAutoToolChoice {
+		putBody(bodyBuf)
+		writeAPIError(w, errAutoTools())
+		return
+	}
 	j := &job{chat: chat, req: req}
 	defer j.putText()
 	if chat {
@@ -229,6 +234,10 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	if aerr := s.checkLength(j); aerr != nil {
+		writeAPIError(w, aerr)
+		return
+	}
+	if aerr := s.logprobsError(req); aerr != nil {
 		writeAPIError(w, aerr)
 		return
 	}

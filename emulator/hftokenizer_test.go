@@ -291,7 +291,9 @@ func TestChatTemplateOptions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	_, hs := testServer(t, Config{Tokenizer: tiny})
+	// Tools imply tool_choice "auto", which vLLM serves only with
+	// --enable-auto-tool-choice (TestToolChoice).
+	_, hs := testServer(t, Config{Tokenizer: tiny, EnableAutoToolChoice: true})
 	const hi = `"messages":[{"role":"user","content":"hi"}]`
 	const cont = `"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Sure, "}]`
 	plain := func(text string) []uint32 { return tiny.Encode(text) }

@@ -52,6 +52,21 @@ type apiRequest struct {
 	AddSpecialTokens     *bool                      `json:"add_special_tokens"`
 	ChatTemplateKwargs   map[string]json.RawMessage `json:"chat_template_kwargs"`
 	Tools                json.RawMessage            `json:"tools"`
+	ToolChoice           json.RawMessage            `json:"tool_choice"`
+	// Logprobs is chat's bool or the completions' count; TopLogprobs
+	// chat's count (checkLogprobs). The emulator computes none: a request
+	// that asks for them passing vLLM's checks is refused (logprobsError).
+	Logprobs    json.RawMessage `json:"logprobs"`
+	TopLogprobs json.RawMessage `json:"top_logprobs"`
+
+	// autoTools is a chat request whose tool_choice is "auto", given or
+	// implied by its tools (checkTools).
+	autoTools bool
+	// logprobs is the sample logprobs vLLM's sampling parameters get (chat:
+	// top_logprobs when logprobs is true; completions: logprobs), nil for
+	// none; wantLogprobs whether the response would carry logprobs.
+	logprobs     *int
+	wantLogprobs bool
 
 	stops        []string // parsed Stop
 	cacheSalt    string   // parsed CacheSalt: engine.Request.CacheSalt
@@ -387,6 +402,14 @@ const completionDefaultMaxTokens = 16
 func (r *apiRequest) checkOptions(chat bool) *apiError {
 	if r.StreamOptions != nil && r.StreamOptions.set && !r.Stream {
 		return invalidBody("stream_options", "Value error, Stream options can only be defined when `stream=True`.")
+	}
+	if aerr := r.checkLogprobs(chat); aerr != nil {
+		return aerr
+	}
+	if chat {
+		if aerr := r.checkTools(); aerr != nil {
+			return aerr
+		}
 	}
 	if r.N != nil && *r.N != 1 {
 		return badRequest("n=%d is not supported: this engine generates one choice per request (n must be 1)", *r.N)

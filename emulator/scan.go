@@ -167,7 +167,7 @@ func scanField(s *scanner, r *apiRequest, key []byte, chat bool) (uint32, bool) 
 		return fieldStreamOptions, s.streamOptions(r)
 	case "kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room":
 		return 0, false // P/D fields: decodeRequest
-	case "cache_salt", "request_id":
+	case "cache_salt", "request_id", "logprobs", "top_logprobs", "tool_choice":
 		return 0, false // decodeRequest
 	case "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template_kwargs", "tools":
 		return 0, false // template and tokenizer options: decodeRequest

@@ -38,8 +38,12 @@ Endpoints: POST /v1/completions and /v1/chat/completions (streaming or not, in
 vLLM's exact JSON and SSE shapes; max_tokens (16 by default on completions),
 max_completion_tokens (chat), stop, include_stop_str_in_output, ignore_eos,
 seed, stream_options.include_usage and continuous_usage_stats; n must be 1;
-logprobs and echo are ignored; errors in vLLM's body with its status, type and
-param; the endpoint-load-metrics header on request), GET /metrics
+logprobs and top_logprobs get vLLM's checks (--max-logprobs), and a request
+that passes them and asks for logprobs a 400, as the emulator computes none;
+tools and tool_choice get vLLM's checks, and tool_choice "auto" (given, or
+implied by tools) vLLM's 400 unless --enable-auto-tool-choice (no tool calls
+are generated either way); echo is ignored; errors in vLLM's body with its
+status, type and param; the endpoint-load-metrics header on request), GET /metrics
 (--metrics-flavor; with llamacpp also llama.cpp's GET /slots, one slot per
 running request up to --max-num-seqs, and GET /props), GET /health, GET /v1/models, GET /version, POST /tokenize,
 POST /reset_prefix_cache, and the P/D side channel POST /internal/kv/pull.
@@ -144,6 +148,8 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		defMaxTok   = fs.Int("default-max-tokens", 1024, "output limit in tokens of chat requests without max_tokens (completions get vLLM's 16)")
 		eosMean     = fs.Float64("eos-mean", 0, "mean output length in tokens before the model emits EOS (0 = never; requests end at max_tokens)")
 		streamIntvl = fs.Int("stream-interval", 1, "vLLM's --stream-interval: a streamed response sends the first token, then a chunk every N tokens; tokens generated while the previous chunk is still being written go out together, as vLLM merges the outputs of a lagging reader (at a high --speed, chunks carry more tokens)")
+		maxLogprobs = fs.Int("max-logprobs", 20, "vLLM's --max-logprobs: the most logprobs a request may ask for, -1 (the vocabulary) or at least 1; past it, vLLM's 400")
+		autoTools   = fs.Bool("enable-auto-tool-choice", false, "vLLM's --enable-auto-tool-choice: accept chat requests whose tool_choice is \"auto\" (given, or implied by tools); without it they get vLLM's 400. No --tool-call-parser is needed: the emulator generates no tool calls")
 		dpSize      = fs.Int("data-parallel-size", 1, "vLLM's --data-parallel-size: `N` engine cores (each with its own KV cache, scheduler and KV events on port+rank) behind one endpoint, at most 1024; requests go to the rank of their X-data-parallel-rank header or vLLM's internal load balancer's")
 		hf          hfModel
 		tokPath     = fs.String("tokenizer", "builtin", "prompt tokenizer: builtin, or a HuggingFace model `directory` (tokenizer.json, and tokenizer_config.json for the chat template) or its tokenizer.json file")
@@ -200,7 +206,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			Encoding: *evEncoding, BufferSteps: *evBuffer},
 		PDProtocol: *pdProtocol, FabricGbps: *fabricGbps, TransferSetup: *setup, LeaseTimeout: *lease,
 		LoadFailure: *loadFailure, DefaultMaxTokens: *defMaxTok, EOSMean: *eosMean, StreamInterval: *streamIntvl,
-		Logger: logger,
+		MaxLogprobs: *maxLogprobs, EnableAutoToolChoice: *autoTools, Logger: logger,
 	}
 	if *tokPath != "builtin" {
 		hf, err := tokenizer.LoadDir(*tokPath)
@@ -214,6 +220,9 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	}
 	if *streamIntvl < 1 {
 		return usageErr("--stream-interval must be at least 1")
+	}
+	if *maxLogprobs < -1 || *maxLogprobs == 0 {
+		return usageErr("--max-logprobs must be -1 (the vocabulary) or at least 1")
 	}
 	if *speed <= 0 {
 		return usageErr("--speed must be positive")

@@ -84,6 +84,8 @@ func TestEngineUsageErrors(t *testing.T) {
 		{[]string{"engine", "--model", "m", "--log-level", "loud"}, `--log-level "loud" is not one of debug, info, warn, error`},
 		{[]string{"engine", "--model", "m", "--gpu", "a100"}, "kvroute engine: --gpu applies to --hf-config"},
 		{[]string{"engine", "--model", "m", "--speed", "0"}, "--speed must be positive"},
+		{[]string{"engine", "--model", "m", "--max-logprobs", "0"}, "--max-logprobs must be -1 (the vocabulary) or at least 1"},
+		{[]string{"engine", "--model", "m", "--max-logprobs", "-2"}, "--max-logprobs must be -1 (the vocabulary) or at least 1"},
 		{[]string{"engine", "--model", "m", "--speed", "1e-300"}, "--speed 1e-300 is below 0.001"},
 		// NaN passed "<= 0" and hung every request after its first token.
 		{[]string{"engine", "--model", "m", "--speed", "NaN"}, "--speed NaN must be a positive number"},
