@@ -13,7 +13,15 @@
 //     reasoning, which was reasoning_content before vLLM 0.16; completions
 //     chunks dumped whole, "usage":null included; chat chunks with the
 //     fields vLLM's serving code sets, the first one's top-level
-//     prompt_token_ids and the others' token_ids null; a chat request
+//     prompt_token_ids and the others' token_ids null; with
+//     return_token_ids the prompt's ids and the generated tokens' ids
+//     (every token counted in completion_tokens, an EOS that ended the
+//     answer included, up to a stop string's match) fill them: a whole
+//     response's prompt_token_ids (the completions choice's, the chat
+//     response's) and its choice's token_ids, a stream's first chunk's
+//     prompt_token_ids (chat: the role chunk's; completions: the
+//     choice's) and each content chunk's token_ids, the ids of its
+//     tokens, recomputed with the engine's Sampler; a chat request
 //     with add_generation_prompt false answered in its last message's
 //     role, as vLLM's get_chat_request_role answers it; the response id
 //     "cmpl-" or "chatcmpl-" and the X-Request-Id header's value, else

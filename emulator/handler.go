@@ -143,6 +143,9 @@ type job struct {
 	held        []iterOut // a request with stop strings' outputs decided (stopState.takeHeld)
 	chunked     bool      // an output was due (--stream-interval)
 	chunkedAt   int       // generated tokens at the last due output
+	returnIDs   bool      // the request set return_token_ids
+	idsSent     int       // return_token_ids: generated tokens whose ids a chunk carried
+	promptSent  bool      // return_token_ids: a chunk carried the prompt's ids
 	// direct is set for a whole response without stop strings whose
 	// tokens render as plain words (Server.plainWords): its text is not
 	// rendered into text but straight into the body (appendWhole), which
@@ -192,7 +195,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeAPIError(w, errAutoTools())
 		return
 	}
-	j := &job{chat: chat, req: req}
+	j := &job{chat: chat, req: req, returnIDs: req.returnTokenIDs()}
 	defer j.putText()
 	if chat {
 		aerr := s.contentError(req)
@@ -682,7 +685,9 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 			upto = max(j.sent, cutChars(j.text[:upto], j.holdChars))
 		}
 		if j.chat && !j.roleWritten && (upto > j.sent || done || j.generated > 0) {
-			sw.AppendData(func(b []byte) []byte { return openai.AppendChatRoleChunk(b, &j.hdr, j.responseRole(), j.usage(0)) })
+			sw.AppendData(func(b []byte) []byte {
+				return openai.AppendChatRoleChunk(b, &j.hdr, j.responseRole(), j.promptIDs(), j.usage(0))
+			})
 			j.roleWritten = true
 		}
 		// --stream-interval: vLLM's output processor passes the first token
@@ -706,13 +711,14 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 				finish = j.finish
 				stopJSON = openai.StopReasonJSON(nil, j.stopReason, 0, false)
 			}
+			ids := s.chunkIDs(j)
 			if j.chat {
 				sw.AppendData(func(b []byte) []byte {
-					return openai.AppendChatContentChunk(b, &j.hdr, piece, finish, stopJSON, j.usage(j.generated))
+					return openai.AppendChatContentChunk(b, &j.hdr, piece, finish, stopJSON, ids, j.usage(j.generated))
 				})
 			} else {
 				sw.AppendData(func(b []byte) []byte {
-					return openai.AppendCompletionChunk(b, &j.hdr, piece, finish, stopJSON, j.usage(j.generated))
+					return openai.AppendCompletionChunk(b, &j.hdr, piece, finish, stopJSON, j.promptIDs(), ids, j.usage(j.generated))
 				})
 			}
 			j.compact()
@@ -732,6 +738,31 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 			return
 		}
 	}
+}
+
+// promptIDs is the prompt_token_ids of a stream's next chunk: with
+// return_token_ids the prompt's ids in the first chunk that carries them
+// (chat: the role chunk; completions: the first chunk), nil (null)
+// otherwise.
+func (j *job) promptIDs() []uint32 {
+	if !j.returnIDs || j.promptSent {
+		return nil
+	}
+	j.promptSent = true
+	return j.prompt
+}
+
+// chunkIDs is the token_ids of a stream's next chunk: with
+// return_token_ids the ids of the tokens generated since the previous
+// chunk (up to a stop string's match, EOS included, as vLLM's output
+// has them), nil (null) otherwise.
+func (s *Server) chunkIDs(j *job) []uint32 {
+	if !j.returnIDs {
+		return nil
+	}
+	ids := s.sampler.AppendTokenRange(make([]uint32, 0, max(0, j.generated-j.idsSent)), j.ereq, j.idsSent, j.generated)
+	j.idsSent = max(j.idsSent, j.generated)
+	return ids
 }
 
 // cutChars returns the length of b without its last n characters (UTF-8

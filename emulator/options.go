@@ -143,11 +143,15 @@ func requestModel(chat bool) string {
 
 // checkLogprobs is vLLM's check_logprobs for the count field (chat's
 // top_logprobs, the completions' logprobs), then the fields' types; it
-// sets r.logprobs and r.wantLogprobs.
+// sets r.logprobs and o.wantLogprobs.
 func (r *apiRequest) checkLogprobs(chat bool) *apiError {
-	field, raw := "logprobs", r.Logprobs
+	o := r.opts
+	if o == nil {
+		return nil
+	}
+	field, raw := "logprobs", o.Logprobs
 	if chat {
-		field, raw = "top_logprobs", r.TopLogprobs
+		field, raw = "top_logprobs", o.TopLogprobs
 	}
 	var count *float64
 	if !isNull(raw) {
@@ -166,28 +170,28 @@ func (r *apiRequest) checkLogprobs(chat bool) *apiError {
 	}
 	if chat {
 		want := false
-		if !isNull(r.Logprobs) {
-			v, _ := pyValue(r.Logprobs)
+		if !isNull(o.Logprobs) {
+			v, _ := pyValue(o.Logprobs)
 			want = pyTrue(v)
 		}
 		if count != nil && (*count == -1 || *count > 0) && !want {
 			return valueError("top_logprobs", "", "when using `top_logprobs`, `logprobs` must be set to true.")
 		}
-		if !isNull(r.Logprobs) && string(r.Logprobs) != "true" && string(r.Logprobs) != "false" {
+		if !isNull(o.Logprobs) && string(o.Logprobs) != "true" && string(o.Logprobs) != "false" {
 			return invalidBody("body.logprobs", "1 validation error for ChatCompletionRequest\nlogprobs\n  Input should be a valid boolean")
 		}
-		r.wantLogprobs = want
+		o.wantLogprobs = want
 	} else {
-		r.wantLogprobs = count != nil
+		o.wantLogprobs = count != nil
 	}
 	if count != nil {
 		var w wholeInt
 		if err := w.UnmarshalJSON(raw); err != nil || string(raw) == "true" || string(raw) == "false" {
 			return invalidBody("body."+field, "1 validation error for %s\n%s\n  Input should be a valid integer", requestModel(chat), field)
 		}
-		if r.wantLogprobs {
+		if o.wantLogprobs {
 			n := int(w)
-			r.logprobs = &n
+			o.logprobs = &n
 		}
 	}
 	return nil
@@ -202,12 +206,13 @@ const defaultMaxLogprobs = 20
 // probabilities and would rather refuse than make some up. Nil for a
 // request without logprobs.
 func (s *Server) logprobsError(r *apiRequest) *apiError {
-	if !r.wantLogprobs {
+	o := r.opts
+	if o == nil || !o.wantLogprobs {
 		return nil
 	}
-	if r.logprobs != nil && *r.logprobs != 0 {
+	if o.logprobs != nil && *o.logprobs != 0 {
 		vocab := s.prof.Model.Vocab
-		n, limit := *r.logprobs, s.cfg.MaxLogprobs
+		n, limit := *o.logprobs, s.cfg.MaxLogprobs
 		if n == -1 {
 			n = vocab
 		}
@@ -238,14 +243,18 @@ func (r *apiRequest) checkTools() *apiError {
 	if l, ok := tools.([]any); ok && len(l) == 0 {
 		return valueError("tools", "", "`tools` must not be an empty array. Either provide at least one tool or omit the field entirely.")
 	}
+	var rawChoice json.RawMessage
+	if r.opts != nil {
+		rawChoice = r.opts.ToolChoice
+	}
 	var choice any
 	switch {
-	case len(r.ToolChoice) == 0:
+	case len(rawChoice) == 0:
 		if pyTrue(tools) {
 			choice = "auto"
 		}
 	default:
-		v, ok := pyValue(r.ToolChoice)
+		v, ok := pyValue(rawChoice)
 		if !ok {
 			return invalidBody("body.tool_choice", "1 validation error for ChatCompletionRequest\ntool_choice\n  Input should be 'none', 'auto' or 'required'")
 		}

@@ -163,8 +163,8 @@ func FuzzOptionChecks(f *testing.F) {
 				return // the body was JSON: encoding/json refused it before
 			}
 		}
-		r := &apiRequest{Logprobs: json.RawMessage(logprobs), TopLogprobs: json.RawMessage(top),
-			Tools: json.RawMessage(tools), ToolChoice: json.RawMessage(choice)}
+		r := &apiRequest{Tools: json.RawMessage(tools), opts: &reqOptions{Logprobs: json.RawMessage(logprobs),
+			TopLogprobs: json.RawMessage(top), ToolChoice: json.RawMessage(choice)}}
 		if aerr := r.checkLogprobs(chat); aerr != nil && aerr.msg == "" {
 			t.Fatalf("checkLogprobs: an error without a message")
 		}

@@ -34,6 +34,7 @@ type apiRequest struct {
 	MinTokens           wholeInt        `json:"min_tokens"`                 // no EOS, and no stop string, in the first MinTokens tokens
 	Stream              bool            `json:"stream"`
 	promptEmpty         bool            // completions: the prompt is the empty string (the bools share a word)
+	autoTools           bool            // chat: tool_choice is "auto", given or implied by tools (checkTools)
 	N                   *wholeInt       `json:"n"`
 	Seed                *wholeInt       `json:"seed"`
 	StreamOptions       *streamOptions  `json:"stream_options"`
@@ -52,21 +53,9 @@ type apiRequest struct {
 	AddSpecialTokens     *bool                      `json:"add_special_tokens"`
 	ChatTemplateKwargs   map[string]json.RawMessage `json:"chat_template_kwargs"`
 	Tools                json.RawMessage            `json:"tools"`
-	ToolChoice           json.RawMessage            `json:"tool_choice"`
-	// Logprobs is chat's bool or the completions' count; TopLogprobs
-	// chat's count (checkLogprobs). The emulator computes none: a request
-	// that asks for them passing vLLM's checks is refused (logprobsError).
-	Logprobs    json.RawMessage `json:"logprobs"`
-	TopLogprobs json.RawMessage `json:"top_logprobs"`
-
-	// autoTools is a chat request whose tool_choice is "auto", given or
-	// implied by its tools (checkTools).
-	autoTools bool
-	// logprobs is the sample logprobs vLLM's sampling parameters get (chat:
-	// top_logprobs when logprobs is true; completions: logprobs), nil for
-	// none; wantLogprobs whether the response would carry logprobs.
-	logprobs     *int
-	wantLogprobs bool
+	// opts are the options vLLM checks that only bodies the fast path
+	// leaves to encoding/json have (reqOptions); nil without any.
+	opts *reqOptions
 
 	stops        []string // parsed Stop
 	cacheSalt    string   // parsed CacheSalt: engine.Request.CacheSalt
@@ -81,6 +70,49 @@ type apiRequest struct {
 	partErr      *contentErr // chat: the first content part vLLM refuses (contentError)
 	room         *uint64     // parsed BootstrapRoom
 	port         int         // parsed BootstrapPort
+}
+
+// reqOptions are request fields the engine model does not act on but
+// vLLM checks or answers (options.go); decodeRequest reads them, in a
+// pass of their own, so that the fast path's requests carry none.
+type reqOptions struct {
+	ToolChoice json.RawMessage `json:"tool_choice"`
+	// ReturnTokenIDs is vLLM's return_token_ids: the response carries the
+	// prompt's and the generated tokens' ids (prompt_token_ids,
+	// token_ids) instead of null.
+	ReturnTokenIDs *bool `json:"return_token_ids"`
+	// Logprobs is chat's bool or the completions' count; TopLogprobs
+	// chat's count (checkLogprobs). The emulator computes none: a request
+	// that asks for them passing vLLM's checks is refused (logprobsError).
+	Logprobs    json.RawMessage `json:"logprobs"`
+	TopLogprobs json.RawMessage `json:"top_logprobs"`
+
+	// logprobs is the sample logprobs vLLM's sampling parameters get (chat:
+	// top_logprobs when logprobs is true; completions: logprobs), nil for
+	// none; wantLogprobs whether the response would carry logprobs.
+	logprobs     *int
+	wantLogprobs bool
+}
+
+// optionKeys are reqOptions' JSON keys.
+var optionKeys = []string{"tool_choice", "return_token_ids", "logprobs", "top_logprobs"}
+
+// decodeOptions reads a body's reqOptions into r.opts (nil when it has
+// none).
+func (r *apiRequest) decodeOptions(body []byte) *apiError {
+	var o reqOptions
+	if err := json.Unmarshal(exactKeys(body, optionKeys...), &o); err != nil {
+		return invalidBody("body", "JSON decode error: %v", err)
+	}
+	if len(o.ToolChoice) > 0 || o.ReturnTokenIDs != nil || len(o.Logprobs) > 0 || len(o.TopLogprobs) > 0 {
+		r.opts = &o
+	}
+	return nil
+}
+
+// returnTokenIDs reports whether the request set return_token_ids.
+func (r *apiRequest) returnTokenIDs() bool {
+	return r.opts != nil && r.opts.ReturnTokenIDs != nil && *r.opts.ReturnTokenIDs
 }
 
 type apiMessage struct {
@@ -472,6 +504,9 @@ func decodeRequest(body []byte, chat bool) (*apiRequest, *apiError) {
 	var r apiRequest
 	if err := json.Unmarshal(exactKeys(body, requestKeys()...), &r); err != nil {
 		return nil, invalidBody("body", "JSON decode error: %v", err)
+	}
+	if aerr := r.decodeOptions(body); aerr != nil {
+		return nil, aerr
 	}
 	if chat {
 		if r.Messages == nil {

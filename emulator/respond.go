@@ -105,6 +105,9 @@ func (s *Server) appendWhole(dst []byte, j *job, kv map[string]any) []byte {
 	dst = openai.AppendJSONString(dst, j.finish)
 	dst = append(dst, `,"stop_reason":`...)
 	dst = openai.StopReasonJSON(dst, j.stopReason, 0, false)
+	if j.returnIDs {
+		return s.appendWholeIDs(dst, j, kv)
+	}
 	if j.chat {
 		dst = append(dst, `,"token_ids":null}],"service_tier":null,"system_fingerprint":null,"usage":`...)
 	} else {
@@ -114,6 +117,32 @@ func (s *Server) appendWhole(dst []byte, j *job, kv map[string]any) []byte {
 	if j.chat {
 		dst = append(dst, `,"prompt_logprobs":null,"prompt_token_ids":null`...)
 	}
+	return appendKVParams(dst, kv)
+}
+
+// appendWholeIDs is appendWhole's end for a request with
+// return_token_ids: the choice's token_ids (the generated tokens, EOS
+// included, up to a stop string's match) and the prompt's ids, the
+// choice's prompt_token_ids (completions) or the response's (chat).
+func (s *Server) appendWholeIDs(dst []byte, j *job, kv map[string]any) []byte {
+	ids := s.sampler.AppendTokenRange(make([]uint32, 0, j.generated), j.ereq, 0, j.generated)
+	dst = append(dst, `,"token_ids":`...)
+	dst = openai.AppendTokenIDs(dst, ids)
+	if !j.chat {
+		dst = append(dst, `,"prompt_logprobs":null,"prompt_token_ids":`...)
+		dst = openai.AppendTokenIDs(dst, j.prompt)
+	}
+	dst = append(dst, `}],"service_tier":null,"system_fingerprint":null,"usage":`...)
+	dst = openai.AppendUsage(dst, len(j.prompt), j.generated, j.prog.cachedTokens)
+	if j.chat {
+		dst = append(dst, `,"prompt_logprobs":null,"prompt_token_ids":`...)
+		dst = openai.AppendTokenIDs(dst, j.prompt)
+	}
+	return appendKVParams(dst, kv)
+}
+
+// appendKVParams ends a whole response with its kv_transfer_params.
+func appendKVParams(dst []byte, kv map[string]any) []byte {
 	dst = append(dst, `,"kv_transfer_params":`...)
 	if kv == nil {
 		dst = append(dst, "null"...)

@@ -17,7 +17,9 @@ import (
 // every unusual input (escapes other than the simple ones, \u escapes,
 // invalid UTF-8, nulls, duplicate or non-lowercase keys, numbers that are
 // not plain integers, content parts, P/D fields, the chat template's and
-// tokenizer's options (add_generation_prompt, ...), nesting deeper than
+// tokenizer's options (add_generation_prompt, ...), the options vLLM
+// checks or answers that the engine model does not act on (logprobs,
+// top_logprobs, tool_choice, return_token_ids), nesting deeper than
 // maxScanDepth) is handled exactly as before. FuzzParseRequest checks that
 // whenever it succeeds it agrees with decodeRequest.
 //
@@ -167,7 +169,7 @@ func scanField(s *scanner, r *apiRequest, key []byte, chat bool) (uint32, bool) 
 		return fieldStreamOptions, s.streamOptions(r)
 	case "kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room":
 		return 0, false // P/D fields: decodeRequest
-	case "cache_salt", "request_id", "logprobs", "top_logprobs", "tool_choice":
+	case "cache_salt", "request_id", "logprobs", "top_logprobs", "tool_choice", "return_token_ids":
 		return 0, false // decodeRequest
 	case "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template_kwargs", "tools":
 		return 0, false // template and tokenizer options: decodeRequest

@@ -1165,6 +1165,14 @@ func TestSamplerMatchesStep(t *testing.T) {
 		if !slices.Equal(want[1:], got[r.ID]) || want[0] != 99 {
 			t.Errorf("%s: Step gave %v, AppendTokens %v", r.ID, got[r.ID], want)
 		}
+		// AppendTokenRange, in pieces, gives the same tokens.
+		var pieces []uint32
+		for from := 0; from < len(got[r.ID]); from += 4 {
+			pieces = sm.AppendTokenRange(pieces, r, from, min(from+4, len(got[r.ID])))
+		}
+		if !slices.Equal(pieces, got[r.ID]) {
+			t.Errorf("%s: Step gave %v, AppendTokenRange by 4 %v", r.ID, got[r.ID], pieces)
+		}
 	}
 }
 

@@ -702,6 +702,24 @@ func (sm Sampler) AppendTokens(dst []uint32, r *Request, n int) []uint32 {
 	return dst
 }
 
+// AppendTokenRange appends r's output tokens from index from up to, not
+// including, to (AppendTokens' tokens from..to-1) to dst: a stream's
+// tokens since its previous chunk.
+func (sm Sampler) AppendTokenRange(dst []uint32, r *Request, from, to int) []uint32 {
+	seed := r.Seed
+	if seed == 0 {
+		seed = xxh3.HashString(r.ID) | 1
+	}
+	eosAt := 0
+	if !r.IgnoreEOS && r.EOSAt > 0 {
+		eosAt = r.EOSAt
+	}
+	for idx := max(from, 0); idx < to; idx++ {
+		dst = append(dst, sm.token(seed, eosAt, idx))
+	}
+	return dst
+}
+
 // token returns the idx-th output token of a request: the model's EOS at
 // the eosAt position, else a pseudo-random id from the seed that is never
 // EOS.

@@ -269,24 +269,44 @@ func appendChatUsage(dst []byte, u *ChunkUsage) []byte {
 	return AppendUsage(dst, u.PromptTokens, u.CompletionTokens, -1)
 }
 
+// AppendTokenIDs appends ids as a JSON array, or null when ids is nil
+// (vLLM's token_ids and prompt_token_ids without return_token_ids).
+func AppendTokenIDs(dst []byte, ids []uint32) []byte {
+	if ids == nil {
+		return append(dst, "null"...)
+	}
+	dst = append(dst, '[')
+	for i, id := range ids {
+		if i > 0 {
+			dst = append(dst, ',')
+		}
+		dst = strconv.AppendUint(dst, uint64(id), 10)
+	}
+	return append(dst, ']')
+}
+
 // AppendChatRoleChunk appends the first chunk of a chat stream: role with
-// empty content, and the top-level prompt_token_ids (null: vLLM passes it
-// in the first chunk, the ids only with return_token_ids).
-func AppendChatRoleChunk(dst []byte, h *ChunkHeader, role string, u *ChunkUsage) []byte {
+// empty content, and the top-level prompt_token_ids (vLLM passes it in the
+// first chunk: the prompt's ids with return_token_ids, else null;
+// promptIDs nil writes null).
+func AppendChatRoleChunk(dst []byte, h *ChunkHeader, role string, promptIDs []uint32, u *ChunkUsage) []byte {
 	dst = h.append(dst, ObjectChatCompletionChunk)
 	dst = append(dst, `,"choices":[{"index":0,"delta":{"role":`...)
 	dst = AppendJSONString(dst, role)
 	dst = append(dst, `,"content":""},"logprobs":null,"finish_reason":null}]`...)
 	dst = appendChatUsage(dst, u)
-	return append(dst, `,"prompt_token_ids":null}`...)
+	dst = append(dst, `,"prompt_token_ids":`...)
+	dst = AppendTokenIDs(dst, promptIDs)
+	return append(dst, '}')
 }
 
 // AppendChatContentChunk appends a content chunk. When finishReason is not
 // empty it is the final chunk of the choice and carries finish_reason and
 // stop_reason (stopReason is written verbatim as JSON: "null", a quoted
 // string or a token id; empty means null). Every content chunk has
-// token_ids (null) in its choice, as vLLM passes it.
-func AppendChatContentChunk(dst []byte, h *ChunkHeader, content, finishReason string, stopReason []byte, u *ChunkUsage) []byte {
+// token_ids in its choice, as vLLM passes it: the ids of the chunk's
+// tokens with return_token_ids, else null (ids nil).
+func AppendChatContentChunk(dst []byte, h *ChunkHeader, content, finishReason string, stopReason []byte, ids []uint32, u *ChunkUsage) []byte {
 	dst = h.append(dst, ObjectChatCompletionChunk)
 	dst = append(dst, `,"choices":[{"index":0,"delta":{"content":`...)
 	dst = AppendJSONString(dst, content)
@@ -298,16 +318,20 @@ func AppendChatContentChunk(dst []byte, h *ChunkHeader, content, finishReason st
 		dst = append(dst, `,"stop_reason":`...)
 		dst = appendRaw(dst, stopReason)
 	}
-	dst = append(dst, `,"token_ids":null}]`...)
+	dst = append(dst, `,"token_ids":`...)
+	dst = AppendTokenIDs(dst, ids)
+	dst = append(dst, `}]`...)
 	dst = appendChatUsage(dst, u)
 	return append(dst, '}')
 }
 
 // AppendCompletionChunk appends a streaming /v1/completions chunk; an empty
 // finishReason writes null. vLLM dumps these chunks whole: the choice's
-// prompt_token_ids and token_ids are null, and so is usage without
+// prompt_token_ids and token_ids are null (promptIDs, ids nil) unless the
+// request set return_token_ids (then the prompt's ids in the first chunk,
+// null after, and each chunk's tokens' ids), and so is usage without
 // continuous usage stats (with them, its prompt_tokens_details is null).
-func AppendCompletionChunk(dst []byte, h *ChunkHeader, text, finishReason string, stopReason []byte, u *ChunkUsage) []byte {
+func AppendCompletionChunk(dst []byte, h *ChunkHeader, text, finishReason string, stopReason []byte, promptIDs, ids []uint32, u *ChunkUsage) []byte {
 	dst = h.append(dst, ObjectTextCompletion)
 	dst = append(dst, `,"choices":[{"index":0,"text":`...)
 	dst = AppendJSONString(dst, text)
@@ -319,7 +343,11 @@ func AppendCompletionChunk(dst []byte, h *ChunkHeader, text, finishReason string
 	}
 	dst = append(dst, `,"stop_reason":`...)
 	dst = appendRaw(dst, stopReason)
-	dst = append(dst, `,"prompt_token_ids":null,"token_ids":null}],"usage":`...)
+	dst = append(dst, `,"prompt_token_ids":`...)
+	dst = AppendTokenIDs(dst, promptIDs)
+	dst = append(dst, `,"token_ids":`...)
+	dst = AppendTokenIDs(dst, ids)
+	dst = append(dst, `}],"usage":`...)
 	if u == nil {
 		return append(dst, `null}`...)
 	}

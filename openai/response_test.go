@@ -41,26 +41,26 @@ func TestAppendChunksMatchEncodingJSON(t *testing.T) {
 		got  []byte
 		want any
 	}{
-		{"chat role", AppendChatRoleChunk(nil, h, "assistant", nil), first("assistant", nil)},
-		{"chat role user", AppendChatRoleChunk(nil, h, "user", nil), first("user", nil)},
-		{"chat role usage", AppendChatRoleChunk(nil, h, "assistant", &ChunkUsage{PromptTokens: 7}), first("assistant", &Usage{PromptTokens: 7, TotalTokens: 7})},
-		{"chat content", AppendChatContentChunk(nil, h, " hello \"<world>\"\n", "", nil, nil),
+		{"chat role", AppendChatRoleChunk(nil, h, "assistant", nil, nil), first("assistant", nil)},
+		{"chat role user", AppendChatRoleChunk(nil, h, "user", nil, nil), first("user", nil)},
+		{"chat role usage", AppendChatRoleChunk(nil, h, "assistant", nil, &ChunkUsage{PromptTokens: 7}), first("assistant", &Usage{PromptTokens: 7, TotalTokens: 7})},
+		{"chat content", AppendChatContentChunk(nil, h, " hello \"<world>\"\n", "", nil, nil, nil),
 			base([]ChatChunkChoice{{Delta: ChatDelta{Content: strp(" hello \"<world>\"\n")}, TokenIDs: null}}, nil)},
-		{"chat content usage", AppendChatContentChunk(nil, h, "x", "", nil, running),
+		{"chat content usage", AppendChatContentChunk(nil, h, "x", "", nil, nil, running),
 			base([]ChatChunkChoice{{Delta: ChatDelta{Content: strp("x")}, TokenIDs: null}}, &Usage{PromptTokens: 7, TotalTokens: 9, CompletionTokens: 2})},
-		{"chat final length", AppendChatContentChunk(nil, h, " end", FinishLength, nil, nil),
+		{"chat final length", AppendChatContentChunk(nil, h, " end", FinishLength, nil, nil, nil),
 			base([]ChatChunkChoice{{Delta: ChatDelta{Content: strp(" end")}, FinishReason: strp(FinishLength), StopReason: null, TokenIDs: null}}, nil)},
-		{"chat final stop string", AppendChatContentChunk(nil, h, "", FinishStop, StopReasonJSON(nil, "###", 0, false), nil),
+		{"chat final stop string", AppendChatContentChunk(nil, h, "", FinishStop, StopReasonJSON(nil, "###", 0, false), nil, nil),
 			base([]ChatChunkChoice{{Delta: ChatDelta{Content: strp("")}, FinishReason: strp(FinishStop), StopReason: json.RawMessage(`"###"`), TokenIDs: null}}, nil)},
-		{"chat final stop token", AppendChatContentChunk(nil, h, "", FinishStop, StopReasonJSON(nil, "", 128009, true), nil),
+		{"chat final stop token", AppendChatContentChunk(nil, h, "", FinishStop, StopReasonJSON(nil, "", 128009, true), nil, nil),
 			base([]ChatChunkChoice{{Delta: ChatDelta{Content: strp("")}, FinishReason: strp(FinishStop), StopReason: json.RawMessage(`128009`), TokenIDs: null}}, nil)},
 		{"chat usage", AppendUsageChunk(nil, h, ObjectChatCompletionChunk, 4096, 10, 4080),
 			base([]ChatChunkChoice{}, &Usage{PromptTokens: 4096, TotalTokens: 4106, CompletionTokens: 10, PromptTokensDetails: &PromptTokensDetails{CachedTokens: 4080}})},
 		{"chat usage no details", AppendUsageChunk(nil, h, ObjectChatCompletionChunk, 5, 0, -1),
 			base([]ChatChunkChoice{}, &Usage{PromptTokens: 5, TotalTokens: 5})},
-		{"completion text", AppendCompletionChunk(nil, h, " tok", "", nil, nil),
+		{"completion text", AppendCompletionChunk(nil, h, " tok", "", nil, nil, nil, nil),
 			cbase([]CompletionChunkChoice{{Text: " tok"}}, nil)},
-		{"completion final", AppendCompletionChunk(nil, h, " tok", FinishStop, StopReasonJSON(nil, "\n\n", 0, false), nil),
+		{"completion final", AppendCompletionChunk(nil, h, " tok", FinishStop, StopReasonJSON(nil, "\n\n", 0, false), nil, nil, nil),
 			cbase([]CompletionChunkChoice{{Text: " tok", FinishReason: strp(FinishStop), StopReason: "\n\n"}}, nil)},
 		{"completion usage", AppendUsageChunk(nil, h, ObjectTextCompletion, 7, 3, 0),
 			cbase([]CompletionChunkChoice{}, &Usage{PromptTokens: 7, TotalTokens: 10, CompletionTokens: 3, PromptTokensDetails: &PromptTokensDetails{}})},
@@ -84,12 +84,12 @@ func TestAppendChunksMatchEncodingJSON(t *testing.T) {
 func TestChunkGolden(t *testing.T) {
 	h := &ChunkHeader{ID: "chatcmpl-e4eb", Model: "m", Created: 1737893394}
 	tests := []struct{ got, want string }{
-		{string(AppendChatRoleChunk(nil, h, "assistant", nil)), `{"id":"chatcmpl-e4eb","object":"chat.completion.chunk","created":1737893394,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":null}`},
-		{string(AppendChatContentChunk(nil, h, "Hi", "", nil, nil)), `{"id":"chatcmpl-e4eb","object":"chat.completion.chunk","created":1737893394,"model":"m","choices":[{"index":0,"delta":{"content":"Hi"},"logprobs":null,"finish_reason":null,"token_ids":null}]}`},
-		{string(AppendChatContentChunk(nil, h, "!", "length", nil, nil)), `{"id":"chatcmpl-e4eb","object":"chat.completion.chunk","created":1737893394,"model":"m","choices":[{"index":0,"delta":{"content":"!"},"logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":null}]}`},
+		{string(AppendChatRoleChunk(nil, h, "assistant", nil, nil)), `{"id":"chatcmpl-e4eb","object":"chat.completion.chunk","created":1737893394,"model":"m","choices":[{"index":0,"delta":{"role":"assistant","content":""},"logprobs":null,"finish_reason":null}],"prompt_token_ids":null}`},
+		{string(AppendChatContentChunk(nil, h, "Hi", "", nil, nil, nil)), `{"id":"chatcmpl-e4eb","object":"chat.completion.chunk","created":1737893394,"model":"m","choices":[{"index":0,"delta":{"content":"Hi"},"logprobs":null,"finish_reason":null,"token_ids":null}]}`},
+		{string(AppendChatContentChunk(nil, h, "!", "length", nil, nil, nil)), `{"id":"chatcmpl-e4eb","object":"chat.completion.chunk","created":1737893394,"model":"m","choices":[{"index":0,"delta":{"content":"!"},"logprobs":null,"finish_reason":"length","stop_reason":null,"token_ids":null}]}`},
 		{string(AppendUsageChunk(nil, h, ObjectChatCompletionChunk, 3, 2, 0)), `{"id":"chatcmpl-e4eb","object":"chat.completion.chunk","created":1737893394,"model":"m","choices":[],"usage":{"prompt_tokens":3,"total_tokens":5,"completion_tokens":2,"prompt_tokens_details":{"cached_tokens":0}}}`},
-		{string(AppendCompletionChunk(nil, &ChunkHeader{ID: "cmpl-1", Model: "m", Created: 1}, "a", "", nil, nil)), `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"a","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":null}`},
-		{string(AppendCompletionChunk(nil, &ChunkHeader{ID: "cmpl-1", Model: "m", Created: 1}, "a", "", nil, &ChunkUsage{PromptTokens: 3, CompletionTokens: 1})), `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"a","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":{"prompt_tokens":3,"total_tokens":4,"completion_tokens":1,"prompt_tokens_details":null}}`},
+		{string(AppendCompletionChunk(nil, &ChunkHeader{ID: "cmpl-1", Model: "m", Created: 1}, "a", "", nil, nil, nil, nil)), `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"a","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":null}`},
+		{string(AppendCompletionChunk(nil, &ChunkHeader{ID: "cmpl-1", Model: "m", Created: 1}, "a", "", nil, nil, nil, &ChunkUsage{PromptTokens: 3, CompletionTokens: 1})), `{"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":"a","logprobs":null,"finish_reason":null,"stop_reason":null,"prompt_token_ids":null,"token_ids":null}],"usage":{"prompt_tokens":3,"total_tokens":4,"completion_tokens":1,"prompt_tokens_details":null}}`},
 	}
 	for i, tt := range tests {
 		if tt.got != tt.want {
@@ -177,7 +177,7 @@ func BenchmarkAppendChatContentChunk(b *testing.B) {
 	h := &ChunkHeader{ID: NewChatID(), Model: "meta-llama/Llama-3.1-8B-Instruct", Created: 1737893394}
 	buf := make([]byte, 0, 512)
 	for b.Loop() {
-		buf = AppendChatContentChunk(buf[:0], h, " token", "", nil, nil)
+		buf = AppendChatContentChunk(buf[:0], h, " token", "", nil, nil, nil)
 	}
 }
 
@@ -236,7 +236,7 @@ func TestChunkHeaderReuse(t *testing.T) {
 			t.Errorf("%s: got %s, want %s", step, got, w)
 		}
 	}
-	content := func(h *ChunkHeader) []byte { return AppendChatContentChunk(nil, h, "x", "", nil, nil) }
+	content := func(h *ChunkHeader) []byte { return AppendChatContentChunk(nil, h, "x", "", nil, nil, nil) }
 	usage := func(h *ChunkHeader) []byte { return AppendUsageChunk(nil, h, ObjectTextCompletion, 1, 2, 3) }
 	check("first", content(h), content)
 	check("again", content(h), content)

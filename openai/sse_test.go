@@ -177,10 +177,10 @@ func writeThenRead(t *testing.T, write func(w *SSEWriter)) ([]ev, string) {
 func TestWriterReaderRoundTrip(t *testing.T) {
 	h := &ChunkHeader{ID: "chatcmpl-1", Model: "m", Created: 1}
 	got, _ := writeThenRead(t, func(w *SSEWriter) {
-		w.AppendData(func(b []byte) []byte { return AppendChatRoleChunk(b, h, "assistant", nil) })
-		w.AppendData(func(b []byte) []byte { return AppendChatContentChunk(b, h, "a\nb", "", nil, nil) })
+		w.AppendData(func(b []byte) []byte { return AppendChatRoleChunk(b, h, "assistant", nil, nil) })
+		w.AppendData(func(b []byte) []byte { return AppendChatContentChunk(b, h, "a\nb", "", nil, nil, nil) })
 	})
-	if len(got) != 3 || got[1].Data != string(AppendChatContentChunk(nil, h, "a\nb", "", nil, nil)) || got[2].Data != Done {
+	if len(got) != 3 || got[1].Data != string(AppendChatContentChunk(nil, h, "a\nb", "", nil, nil, nil)) || got[2].Data != Done {
 		t.Errorf("got %+v", got)
 	}
 }
@@ -265,7 +265,7 @@ func BenchmarkSSEReader(b *testing.B) {
 	var buf bytes.Buffer
 	w := NewSSEWriter(&buf)
 	for range 100 {
-		w.AppendData(func(d []byte) []byte { return AppendChatContentChunk(d, h, " token", "", nil, nil) })
+		w.AppendData(func(d []byte) []byte { return AppendChatContentChunk(d, h, " token", "", nil, nil, nil) })
 	}
 	w.Done()
 	_ = w.Flush()
@@ -298,8 +298,8 @@ func ExampleSSEWriter() {
 	var out bytes.Buffer
 	w := NewSSEWriter(&out)
 	h := &ChunkHeader{ID: "chatcmpl-1", Model: "tiny", Created: 1700000000}
-	w.AppendData(func(b []byte) []byte { return AppendChatRoleChunk(b, h, "assistant", nil) })
-	w.AppendData(func(b []byte) []byte { return AppendChatContentChunk(b, h, "Hello", FinishLength, nil, nil) })
+	w.AppendData(func(b []byte) []byte { return AppendChatRoleChunk(b, h, "assistant", nil, nil) })
+	w.AppendData(func(b []byte) []byte { return AppendChatContentChunk(b, h, "Hello", FinishLength, nil, nil, nil) })
 	w.Done()
 	_ = w.Flush()
 	fmt.Print(out.String())
