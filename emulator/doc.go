@@ -98,7 +98,9 @@
 //     (neither in num_queue_reqs, the engine's own waiting queue), the
 //     prefill bootstrap queue 0 (the emulator makes no request wait for
 //     its peer);
-//   - GET /health, GET /v1/models, GET /version, POST /tokenize and POST
+//   - GET /health, GET /v1/models, GET /version, POST /tokenize, POST
+//     /detokenize ({"tokens": [...]} -> {"prompt": text}, special tokens
+//     kept, ids the tokenizer does not know skipped) and POST
 //     /reset_prefix_cache as vLLM has them, and vLLM's in-band load report
 //     (the endpoint-load-metrics response header, on request);
 //   - with the llama.cpp flavour, llama.cpp's GET /slots and GET /props

@@ -33,7 +33,7 @@ import (
 // rank: the one its X-data-parallel-rank header names, or else the one
 // vLLM's DPLBAsyncMPClient would pick (see pick). /metrics has every rank's
 // series, each labelled engine="<rank>"; /health answers for all ranks;
-// /v1/models, /version and /tokenize are rank 0's; /reset_prefix_cache
+// /v1/models, /version, /tokenize and /detokenize are rank 0's; /reset_prefix_cache
 // resets every rank; the P/D side channel finds the rank holding the
 // lease. With Size 1 a DP is exactly its one Server.
 type DP struct {
@@ -125,6 +125,7 @@ func NewDP(cfg Config, size int) (*DP, error) {
 	d.mux.HandleFunc("POST /internal/kv/pull", d.handlePull)
 	d.mux.HandleFunc("POST /reset_prefix_cache", d.handleResetPrefixCache)
 	d.mux.HandleFunc("POST /tokenize", front.handleTokenize)
+	d.mux.HandleFunc("POST /detokenize", front.handleDetokenize)
 	d.mux.HandleFunc("GET /version", front.handleVersion)
 	d.mux.HandleFunc("/", front.handleNotFound)
 	return d, nil

@@ -334,8 +334,8 @@ func FuzzParseRank(f *testing.F) {
 	})
 }
 
-// TestDPHealthModelsReset: the whole server's /health, /v1/models and
-// /reset_prefix_cache (every rank's cache).
+// TestDPHealthModelsReset: the whole server's /health, /v1/models,
+// /version, /detokenize and /reset_prefix_cache (every rank's cache).
 func TestDPHealthModelsReset(t *testing.T) {
 	d, hs := testDP(t, Config{}, 2)
 	for _, path := range []string{"/health", "/v1/models", "/version"} {
@@ -347,6 +347,9 @@ func TestDPHealthModelsReset(t *testing.T) {
 		if resp.StatusCode != 200 {
 			t.Errorf("GET %s: got %d", path, resp.StatusCode)
 		}
+	}
+	if code, b := post(t, hs.URL+"/detokenize", `{"tokens":[1,2]}`); code != 200 || !strings.HasPrefix(string(b), `{"prompt":`) {
+		t.Errorf("POST /detokenize: got %d %s, want rank 0's answer", code, b)
 	}
 	prompt := strings.Repeat("Reset me on every rank, please. ", 12)
 	for _, rank := range []string{"0", "1"} {

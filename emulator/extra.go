@@ -2,10 +2,14 @@ package emulator
 
 import (
 	"encoding/json"
+	"fmt"
 	"io"
+	"math"
 	"net/http"
 	"strconv"
 	"strings"
+
+	"github.com/kvroute/kvroute/openai"
 )
 
 // handleResetPrefixCache is vLLM's POST /reset_prefix_cache: it forgets
@@ -85,6 +89,81 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		Tokens      []uint32 `json:"tokens"`
 		TokenStrs   []string `json:"token_strs"`
 	}{len(toks), s.prof.MaxModelLen, toks, nil})
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write(out)
+}
+
+// detokenizeRequest is vLLM's DetokenizeRequest.
+type detokenizeRequest struct {
+	model  string
+	tokens []uint32
+}
+
+// parseDetokenize decodes a POST /detokenize body as vLLM's
+// DetokenizeRequest validates it: model a string or null, tokens a list of
+// integers from 0 to 2^63-1 (ids past 2^32-1, which no vocabulary has, are
+// dropped: a tokenizer skips an id it does not know); other keys ignored.
+func parseDetokenize(body []byte) (*detokenizeRequest, *apiError) {
+	const model = "DetokenizeRequest"
+	var raw map[string]json.RawMessage
+	if err := json.Unmarshal(openai.TrimBOM(body), &raw); err != nil {
+		return nil, invalidBody("body", "JSON decode error: %v", err)
+	}
+	if raw == nil {
+		return nil, invalidBody("body", "1 validation error for %s\n  Input should be a valid dictionary or object to extract fields from", model)
+	}
+	var r detokenizeRequest
+	if m, ok := raw["model"]; ok && string(m) != "null" {
+		if json.Unmarshal(m, &r.model) != nil {
+			return nil, invalidBody("body.model", "1 validation error for %s\nmodel\n  Input should be a valid string", model)
+		}
+	}
+	t, ok := raw["tokens"]
+	if !ok {
+		return nil, invalidBody("body.tokens", "1 validation error for %s\ntokens\n  Field required", model)
+	}
+	var items []json.RawMessage
+	if json.Unmarshal(t, &items) != nil || items == nil {
+		return nil, invalidBody("body.tokens", "1 validation error for %s\ntokens\n  Input should be a valid list", model)
+	}
+	r.tokens = make([]uint32, 0, len(items))
+	for i, it := range items {
+		var w wholeInt
+		if w.UnmarshalJSON(it) != nil {
+			return nil, invalidBody(fmt.Sprintf("body.tokens.%d", i), "1 validation error for %s\ntokens.%d\n  Input should be a valid integer", model, i)
+		}
+		if w < 0 {
+			return nil, invalidBody(fmt.Sprintf("body.tokens.%d", i), "1 validation error for %s\ntokens.%d\n  Input should be greater than or equal to 0", model, i)
+		}
+		if int64(w) <= math.MaxUint32 {
+			r.tokens = append(r.tokens, uint32(w))
+		}
+	}
+	return &r, nil
+}
+
+// handleDetokenize is vLLM's POST /detokenize: {"tokens": [ids]} ->
+// {"prompt": text}, the ids decoded by the tokenizer with their special
+// tokens (vLLM's tokenizer.decode); ids it does not know are skipped, as
+// a HuggingFace tokenizer skips them. As in vLLM the model is checked.
+func (s *Server) handleDetokenize(w http.ResponseWriter, r *http.Request) {
+	body, err := io.ReadAll(http.MaxBytesReader(w, r.Body, s.cfg.MaxBodyBytes))
+	if err != nil {
+		writeError(w, http.StatusBadRequest, "reading request body: "+err.Error())
+		return
+	}
+	req, aerr := parseDetokenize(body)
+	if aerr != nil {
+		writeAPIError(w, aerr)
+		return
+	}
+	if req.model != "" && req.model != s.cfg.Model {
+		writeAPIError(w, errNoModel(req.model))
+		return
+	}
+	out := []byte(`{"prompt":`)
+	out = openai.AppendJSONString(out, s.cfg.Tokenizer.Decode(req.tokens))
+	out = append(out, '}')
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(out)
 }

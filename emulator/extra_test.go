@@ -5,11 +5,13 @@ import (
 	"fmt"
 	"io"
 	"net/http"
+	"os"
 	"slices"
 	"strings"
 	"testing"
 
 	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/tokenizer"
 )
 
 func TestLoadMetricsHeader(t *testing.T) {
@@ -205,4 +207,89 @@ func TestContentPartsAsText(t *testing.T) {
 	if code != 200 {
 		t.Errorf("chat with input_text, refusal and string parts: got status %d (%s), want 200", code, body)
 	}
+}
+
+// TestDetokenize checks POST /detokenize against vLLM's create_detokenize
+// and DetokenizeRequest: the ids' text with their special tokens, the
+// model checked, its request model's errors, FastAPI's 405 for another
+// method.
+func TestDetokenize(t *testing.T) {
+	// A HuggingFace tokenizer, whose decoding gives the text back (the
+	// built-in one's words are made up), with a BOS and a chat template.
+	tj, err := os.ReadFile("../tokenizer/testdata/tiny/tokenizer.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg, _ := json.Marshal(map[string]string{"bos_token": "<s>", "eos_token": "</s>",
+		"chat_template": `{% for m in messages %}<|user|>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}`})
+	tiny, err := tokenizer.Load(tj, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, hs := testServer(t, Config{Tokenizer: tiny})
+	_, body := post(t, hs.URL+"/tokenize", `{"prompt":"hello world, again"}`)
+	var tk struct{ Tokens []uint32 }
+	if err := json.Unmarshal(body, &tk); err != nil || len(tk.Tokens) == 0 {
+		t.Fatalf("tokenize: got %s: %v", body, err)
+	}
+	ids, _ := json.Marshal(tk.Tokens)
+	_, chat := post(t, hs.URL+"/tokenize", `{"messages":[{"role":"user","content":"hi"}]}`)
+	if err := json.Unmarshal(chat, &tk); err != nil {
+		t.Fatal(err)
+	}
+	chatIDs, _ := json.Marshal(tk.Tokens)
+	const bad = typeValidation
+	for _, tc := range []struct {
+		name, body string
+		status     int
+		want       string
+	}{
+		{"round trip, BOS kept", `{"tokens":` + string(ids) + `}`, 200, `{"prompt":"<s>hello world, again"}`},
+		{"special tokens kept", `{"model":"tiny","tokens":` + string(chatIDs) + `}`, 200, `{"prompt":"<|user|>user: hi</s>"}`},
+		{"empty", `{"tokens":[],"model":null}`, 200, `{"prompt":""}`},
+		{"whole floats, unknown ids dropped", `{"tokens":[` + strings.Trim(string(ids), "[]") + `,4294967296,1e3]}`, 200, ""},
+		{"other model", `{"model":"other","tokens":[1]}`, 404, errBodyStatus("The model `other` does not exist.", "NotFoundError", "model", 404)},
+		{"no tokens", `{"model":"tiny"}`, 400, errBody("1 validation error for DetokenizeRequest\ntokens\n  Field required", bad, "body.tokens")},
+		{"tokens not a list", `{"tokens":"1 2"}`, 400, errBody("1 validation error for DetokenizeRequest\ntokens\n  Input should be a valid list", bad, "body.tokens")},
+		{"negative id", `{"tokens":[1,-1]}`, 400, errBody("1 validation error for DetokenizeRequest\ntokens.1\n  Input should be greater than or equal to 0", bad, "body.tokens.1")},
+		{"string id", `{"tokens":["a"]}`, 400, errBody("1 validation error for DetokenizeRequest\ntokens.0\n  Input should be a valid integer", bad, "body.tokens.0")},
+		{"model a number", `{"model":1,"tokens":[]}`, 400, errBody("1 validation error for DetokenizeRequest\nmodel\n  Input should be a valid string", bad, "body.model")},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, got := post(t, hs.URL+"/detokenize", tc.body)
+			if code != tc.status {
+				t.Fatalf("got status %d (%s), want %d", code, got, tc.status)
+			}
+			want := tc.want
+			if want == "" {
+				// 2^32 is dropped, 1000 is an id of tiny's vocabulary.
+				want = `{"prompt":"<s>hello world, again` + tiny.Decode([]uint32{1000}) + `"}`
+			}
+			if canonical(t, got) != canonical(t, []byte(want)) {
+				t.Errorf("got  %s\nwant %s", got, want)
+			}
+		})
+	}
+	resp, err := http.Get(hs.URL + "/detokenize")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != 405 || string(b) != `{"detail":"Method Not Allowed"}` || resp.Header.Get("Allow") != "POST" {
+		t.Errorf("GET /detokenize: got %d %s Allow %q, want FastAPI's 405", resp.StatusCode, b, resp.Header.Get("Allow"))
+	}
+}
+
+// FuzzParseDetokenize: any body is a request or an error, never a panic.
+func FuzzParseDetokenize(f *testing.F) {
+	for _, s := range []string{`{"tokens":[1,2,3]}`, `{"model":"m","tokens":[]}`, `{"tokens":[1.0,-1]}`, `{"tokens":null}`, `null`, `[1]`, `{"tokens":[9223372036854775807,1e300]}`, "\xef\xbb\xbf{}"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, body string) {
+		r, aerr := parseDetokenize([]byte(body))
+		if (r == nil) == (aerr == nil) {
+			t.Fatalf("body %q: got request %v and error %v, want one", body, r, aerr)
+		}
+	})
 }

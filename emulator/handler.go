@@ -87,6 +87,7 @@ var allowed = map[string]string{
 	"/v1/models":           "GET, HEAD",
 	"/version":             "GET, HEAD",
 	"/tokenize":            "POST",
+	"/detokenize":          "POST",
 	"/reset_prefix_cache":  "POST",
 }
 

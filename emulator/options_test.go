@@ -173,3 +173,9 @@ func FuzzOptionChecks(f *testing.F) {
 		}
 	})
 }
+
+// errBodyStatus is vLLM's error body for status.
+func errBodyStatus(msg, typ string, param any, status int) string {
+	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": param, "code": status}})
+	return string(b)
+}

@@ -179,6 +179,7 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST /internal/kv/pull", s.handlePull)
 	s.mux.HandleFunc("POST /reset_prefix_cache", s.handleResetPrefixCache)
 	s.mux.HandleFunc("POST /tokenize", s.handleTokenize)
+	s.mux.HandleFunc("POST /detokenize", s.handleDetokenize)
 	s.mux.HandleFunc("GET /version", s.handleVersion)
 	if cfg.MetricsFlavor == FlavorLlamaCpp { // slots.go
 		s.slots = newSlotTable(s.prof.MaxNumSeqs, s.prof.MaxModelLen)

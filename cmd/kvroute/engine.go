@@ -47,7 +47,7 @@ are generated either way); echo is ignored; errors in vLLM's body with its
 status, type and param; the endpoint-load-metrics header on request), GET /metrics
 (--metrics-flavor; with llamacpp also llama.cpp's GET /slots, one slot per
 running request up to --max-num-seqs, and GET /props), GET /health, GET /v1/models, GET /version, POST /tokenize,
-POST /reset_prefix_cache, and the P/D side channel POST /internal/kv/pull.
+POST /detokenize, POST /reset_prefix_cache, and the P/D side channel POST /internal/kv/pull.
 Prompts are tokenized with the built-in deterministic tokenizer (chat messages
 rendered with the ChatML template first), so equal text prefixes give equal
 cached blocks; generated text is deterministic for a seed. With --tokenizer (a
