@@ -372,6 +372,9 @@ func (s *Server) checkLength(j *job) *apiError {
 	if err := lengthError(maxLen, n, out, param); err != nil {
 		return err
 	}
+	if err := j.req.checkN(); err != nil {
+		return err
+	}
 	if given {
 		if out < 1 {
 			return tooFewTokens(out)

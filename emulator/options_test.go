@@ -179,3 +179,35 @@ func errBodyStatus(msg, typ string, param any, status int) string {
 	b, _ := json.Marshal(map[string]any{"error": map[string]any{"message": msg, "type": typ, "param": param, "code": status}})
 	return string(b)
 }
+
+// TestNChecks: n below 1 is vLLM's sampling parameters' error, after the
+// model and the prompt's length were checked and before max_tokens, as
+// vLLM checks them; n above 1, which vLLM serves, is the emulator's clear
+// refusal (it generates one choice per request); n null is 1.
+func TestNChecks(t *testing.T) {
+	_, hs := testServer(t, Config{})
+	one := errBody("n=2 is not supported by this emulated engine: it generates one choice per request (n must be 1)", "BadRequestError", nil)
+	for _, tc := range []struct {
+		name, path, body string
+		status           int
+		want             string
+	}{
+		{"n 0", "/v1/completions", `{"prompt":"a","n":0}`, 400, errBody("n must be at least 1, got 0.", "BadRequestError", nil)},
+		{"n -3 chat", "/v1/chat/completions", `{"messages":[{"role":"user","content":"a"}],"n":-3}`, 400, errBody("n must be at least 1, got -3.", "BadRequestError", nil)},
+		{"n 0 before max_tokens 0", "/v1/completions", `{"prompt":"a","n":0,"max_tokens":0}`, 400, errBody("n must be at least 1, got 0.", "BadRequestError", nil)},
+		{"n 0, other model", "/v1/completions", `{"model":"other","prompt":"a","n":0}`, 404, errBodyStatus("The model `other` does not exist.", "NotFoundError", "model", 404)},
+		{"n 2", "/v1/completions", `{"prompt":"a","n":2}`, 400, one},
+		{"n 2 stream", "/v1/completions", `{"prompt":"a","n":2,"stream":true}`, 400, one},
+		{"n null", "/v1/completions", `{"prompt":"a","n":null,"max_tokens":1}`, 200, ""},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			code, body := post(t, hs.URL+tc.path, tc.body)
+			if code != tc.status {
+				t.Fatalf("got status %d (%s), want %d", code, body, tc.status)
+			}
+			if tc.want != "" && canonical(t, body) != canonical(t, []byte(tc.want)) {
+				t.Errorf("got  %s\nwant %s", body, tc.want)
+			}
+		})
+	}
+}

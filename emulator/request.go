@@ -426,7 +426,7 @@ func parseBody(body []byte, chat bool) (r *apiRequest, scanned bool, aerr *apiEr
 // Completions API's too).
 const completionDefaultMaxTokens = 16
 
-// checkOptions validates n and stream_options, and picks max_tokens (on
+// checkOptions validates stream_options, logprobs and tools, and picks max_tokens (on
 // chat, max_completion_tokens takes its place when given; vLLM's
 // CompletionRequest has no such field and ignores it; its max_tokens
 // defaults to 16). checkLength checks max_tokens, after the model, as
@@ -442,9 +442,6 @@ func (r *apiRequest) checkOptions(chat bool) *apiError {
 		if aerr := r.checkTools(); aerr != nil {
 			return aerr
 		}
-	}
-	if r.N != nil && *r.N != 1 {
-		return badRequest("n=%d is not supported: this engine generates one choice per request (n must be 1)", *r.N)
 	}
 	if len(r.CacheSalt) > 0 && string(r.CacheSalt) != "null" {
 		// vLLM's check_cache_salt_support (a model validator).
@@ -470,6 +467,19 @@ func (r *apiRequest) checkOptions(chat bool) *apiError {
 		r.MaxTokens = r.MaxCompletionTokens
 	}
 	return nil
+}
+
+// checkN is vLLM's sampling parameters' check of n (the first of them):
+// n below 1 is its error; n above 1, which vLLM serves with n choices, is
+// refused, as the emulator generates one choice per request. Null is 1.
+func (r *apiRequest) checkN() *apiError {
+	if r.N == nil || *r.N == 1 {
+		return nil
+	}
+	if *r.N < 1 {
+		return badRequest("n must be at least 1, got %d.", *r.N)
+	}
+	return badRequest("n=%d is not supported by this emulated engine: it generates one choice per request (n must be 1)", *r.N)
 }
 
 // wholeInt is an integer field of a request (max_tokens,

@@ -38,7 +38,9 @@ Endpoints: POST /v1/completions and /v1/chat/completions (streaming or not, in
 vLLM's exact JSON and SSE shapes; max_tokens (16 by default on completions),
 max_completion_tokens (chat), stop, include_stop_str_in_output, ignore_eos,
 seed, stream_options.include_usage and continuous_usage_stats,
-return_token_ids (prompt_token_ids and token_ids filled in); n must be 1;
+return_token_ids (prompt_token_ids and token_ids filled in); n must be 1
+(below 1 is vLLM's error; above 1, which vLLM serves, a 400) and a prompt
+one prompt (a batch is a 400);
 logprobs and top_logprobs get vLLM's checks (--max-logprobs), and a request
 that passes them and asks for logprobs a 400, as the emulator computes none;
 tools and tool_choice get vLLM's checks, and tool_choice "auto" (given, or
