@@ -98,7 +98,9 @@
 //     (neither in num_queue_reqs, the engine's own waiting queue), the
 //     prefill bootstrap queue 0 (the emulator makes no request wait for
 //     its peer);
-//   - GET /health, GET /v1/models, GET /version, POST /tokenize, POST
+//   - GET /health, GET /v1/models, GET /version (Version: the oldest vLLM
+//     release whose response shapes the emulator emits, 0.16.0, with the
+//     local label +kvroute.emulator), POST /tokenize, POST
 //     /detokenize ({"tokens": [...]} -> {"prompt": text}, special tokens
 //     kept, ids the tokenizer does not know skipped) and POST
 //     /reset_prefix_cache as vLLM has them, and vLLM's in-band load report

@@ -168,8 +168,13 @@ func (s *Server) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 	_, _ = w.Write(out)
 }
 
-// Version is what GET /version reports.
-const Version = "kvroute-emulator"
+// Version is what GET /version reports, as vLLM reports its own: a PEP 440
+// version, which clients parse (packaging.version) to gate features. Its
+// release is the oldest vLLM whose response shapes the emulator emits
+// (0.16: the chat message's reasoning, no longer reasoning_content), so a
+// client expects nothing newer of it; its local label says it is the
+// emulator.
+const Version = "0.16.0+kvroute.emulator"
 
 func (s *Server) handleVersion(w http.ResponseWriter, _ *http.Request) {
 	w.Header().Set("Content-Type", "application/json")

@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -98,6 +99,17 @@ func TestVersion(t *testing.T) {
 	resp.Body.Close()
 	if want := `{"version":"` + Version + `"}`; string(b) != want {
 		t.Errorf("got %s, want %s", b, want)
+	}
+	// Clients parse it as vLLM's (packaging.version, PEP 440) to gate
+	// features: a release of the shapes the emulator emits (0.16 or
+	// later: the message's reasoning field), the emulator named in its
+	// local label.
+	m := regexp.MustCompile(`^(\d+)\.(\d+)\.(\d+)\+[a-z0-9]+(?:\.[a-z0-9]+)*$`).FindStringSubmatch(Version)
+	if m == nil {
+		t.Fatalf("Version %q is not a PEP 440 release with a local label", Version)
+	}
+	if major, minor := m[1], m[2]; major == "0" && len(minor) < 2 || major == "0" && len(minor) == 2 && minor < "16" {
+		t.Errorf("Version %q is older than the 0.16 shapes the emulator emits", Version)
 	}
 }
 

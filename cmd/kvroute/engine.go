@@ -39,8 +39,8 @@ vLLM's exact JSON and SSE shapes; max_tokens (16 by default on completions),
 max_completion_tokens (chat), stop, include_stop_str_in_output, ignore_eos,
 seed, stream_options.include_usage and continuous_usage_stats,
 return_token_ids (prompt_token_ids and token_ids filled in); n must be 1
-(below 1 is vLLM's error; above 1, which vLLM serves, a 400) and a prompt
-one prompt (a batch is a 400);
+(below 1 is vLLM's error; above 1, which vLLM serves, a 400) and a
+completions prompt one prompt (a batch is a 400);
 logprobs and top_logprobs get vLLM's checks (--max-logprobs), and a request
 that passes them and asks for logprobs a 400, as the emulator computes none;
 tools and tool_choice get vLLM's checks, and tool_choice "auto" (given, or
@@ -48,7 +48,8 @@ implied by tools) vLLM's 400 unless --enable-auto-tool-choice (no tool calls
 are generated either way); echo is ignored; errors in vLLM's body with its
 status, type and param; the endpoint-load-metrics header on request), GET /metrics
 (--metrics-flavor; with llamacpp also llama.cpp's GET /slots, one slot per
-running request up to --max-num-seqs, and GET /props), GET /health, GET /v1/models, GET /version, POST /tokenize,
+running request up to --max-num-seqs, and GET /props), GET /health, GET /v1/models, GET /version
+(` + "`" + `{"version":"` + emulator.Version + `"}` + "`" + `: the oldest vLLM whose shapes it emits), POST /tokenize,
 POST /detokenize, POST /reset_prefix_cache, and the P/D side channel POST /internal/kv/pull.
 Prompts are tokenized with the built-in deterministic tokenizer (chat messages
 rendered with the ChatML template first), so equal text prefixes give equal
