@@ -358,6 +358,8 @@ func FuzzHandler(f *testing.F) {
 		`{"prompt":"x","kv_transfer_params":{"do_remote_decode":true},"max_tokens":1}`,
 		`{"prompt":"x","bootstrap_room":5,"bootstrap_port":1}`,
 		`{"prompt":null}`, `[]`, `{"prompt":"a","max_tokens":-1}`, "\x00",
+		`{"prompt":"a","max_tokens":3,"return_token_ids":true,"stream":true,"stop":["e"],"logprobs":null,"n":null}`,
+		`{"messages":[{"role":"user","content":"a"}],"max_tokens":2,"return_token_ids":true,"logprobs":true,"top_logprobs":2,"tools":[{"type":"function","function":{"name":"f"}}],"tool_choice":{"function":{"name":"f"}}}`,
 	} {
 		f.Add(s, false)
 		f.Add(s, true)
