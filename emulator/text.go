@@ -308,28 +308,12 @@ func hasJSON(raw json.RawMessage) bool {
 	return len(raw) > 0 && string(raw) != "null"
 }
 
-// pyTruthy is Python's truth value of a JSON value: false for false, null,
-// zero, "" and empty arrays and objects.
+// pyTruthy is Python's truth value of a JSON value (pyTrue): false for
+// false, null, zero, "" and empty arrays and objects, and for a value that
+// is not JSON.
 func pyTruthy(raw json.RawMessage) bool {
-	var v any
-	if json.Unmarshal(raw, &v) != nil {
-		return false
-	}
-	switch v := v.(type) {
-	case nil:
-		return false
-	case bool:
-		return v
-	case float64:
-		return v != 0
-	case string:
-		return v != ""
-	case []any:
-		return len(v) > 0
-	case map[string]any:
-		return len(v) > 0
-	}
-	return true
+	v, ok := pyValue(raw)
+	return ok && pyTrue(v)
 }
 
 // continueFinal cuts the rendered chat text after the final message's

@@ -688,18 +688,7 @@ func (e *Engine) Sampler() Sampler { return e.sampler }
 // AppendTokens appends the first n output tokens of r (EOS included, where
 // r.EOSAt puts it) to dst: the tokens Step reports for r, in order.
 func (sm Sampler) AppendTokens(dst []uint32, r *Request, n int) []uint32 {
-	seed := r.Seed
-	if seed == 0 {
-		seed = xxh3.HashString(r.ID) | 1
-	}
-	eosAt := 0
-	if !r.IgnoreEOS && r.EOSAt > 0 {
-		eosAt = r.EOSAt
-	}
-	for idx := range n {
-		dst = append(dst, sm.token(seed, eosAt, idx))
-	}
-	return dst
+	return sm.AppendTokenRange(dst, r, 0, n)
 }
 
 // AppendTokenRange appends r's output tokens from index from up to, not

@@ -17,25 +17,18 @@ func BenchmarkAnalyse(b *testing.B) {
 }
 
 func BenchmarkAnalyticDisaggregated(b *testing.B) {
-	in := smallInput(b, 60)
-	in.defaults()
-	d := analyse(in.Workload, in.Profile.BlockSize)
-	bd, err := computeBounds(&in, d)
-	if err != nil {
-		b.Fatal(err)
-	}
-	m := newModel(&in, d, bd.Costs, d.OracleHitRate, nil, nil)
-	b.ReportAllocs()
-	for b.Loop() {
-		m.analyticDisaggregated(bd.Bandwidth.Need)
-	}
+	benchAnalyticDisaggregated(b, smallInput(b, 60))
 }
 
 // BenchmarkAnalyticDisaggregatedLarge is BenchmarkAnalyticDisaggregated on
 // 10,000 requests at 250 a second: the replay's per-request P/D decisions
 // price prefill pools with deep queues while the search grows them.
 func BenchmarkAnalyticDisaggregatedLarge(b *testing.B) {
-	in := sizedInput(b, 250, 40*time.Second, 600)
+	benchAnalyticDisaggregated(b, sizedInput(b, 250, 40*time.Second, 600))
+}
+
+// benchAnalyticDisaggregated times the analytical P/D replay of in.
+func benchAnalyticDisaggregated(b *testing.B, in Input) {
 	in.defaults()
 	d := analyse(in.Workload, in.Profile.BlockSize)
 	bd, err := computeBounds(&in, d)
