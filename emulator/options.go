@@ -7,6 +7,8 @@ import (
 	"net/http"
 	"sort"
 	"strings"
+
+	"github.com/kvroute/kvroute/tokenizer"
 )
 
 // This file holds vLLM's checks of the request options the emulator does
@@ -96,26 +98,6 @@ func pyReprTo(b *strings.Builder, v any) {
 	}
 }
 
-// pyTrue is Python's truth of a decoded JSON value (pyValue).
-func pyTrue(v any) bool {
-	switch v := v.(type) {
-	case nil:
-		return false
-	case bool:
-		return v
-	case json.Number:
-		f, err := v.Float64()
-		return err != nil || f != 0
-	case string:
-		return v != ""
-	case []any:
-		return len(v) > 0
-	case map[string]any:
-		return len(v) > 0
-	}
-	return true
-}
-
 // pyNumber is a JSON value Python's isinstance(v, (int, float)) accepts (a
 // bool too) as a float64.
 func pyNumber(v any) (float64, bool) {
@@ -172,7 +154,7 @@ func (r *apiRequest) checkLogprobs(chat bool) *apiError {
 		want := false
 		if !isNull(o.Logprobs) {
 			v, _ := pyValue(o.Logprobs)
-			want = pyTrue(v)
+			want = tokenizer.PyTrue(v)
 		}
 		if count != nil && (*count == -1 || *count > 0) && !want {
 			return valueError("top_logprobs", "", "when using `top_logprobs`, `logprobs` must be set to true.")
@@ -250,7 +232,7 @@ func (r *apiRequest) checkTools() *apiError {
 	var choice any
 	switch {
 	case len(rawChoice) == 0:
-		if pyTrue(tools) {
+		if tokenizer.PyTrue(tools) {
 			choice = "auto"
 		}
 	default:

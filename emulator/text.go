@@ -8,7 +8,6 @@ import (
 	"slices"
 	"strings"
 	"sync"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/kvroute/kvroute/tokenizer"
@@ -275,9 +274,9 @@ func (r *apiRequest) chatOptions() (*chatOpts, *apiError) {
 			unexpected = append(unexpected, "'"+k+"'")
 			continue
 		case "add_generation_prompt":
-			o.addGen = pyTruthy(v)
+			o.addGen = tokenizer.PyTruthy(v)
 		case "continue_final_message":
-			o.cont = pyTruthy(v)
+			o.cont = tokenizer.PyTruthy(v)
 			continue // an argument of apply_chat_template, not a template variable
 		}
 		if o.vars == nil {
@@ -308,14 +307,6 @@ func hasJSON(raw json.RawMessage) bool {
 	return len(raw) > 0 && string(raw) != "null"
 }
 
-// pyTruthy is Python's truth value of a JSON value (pyTrue): false for
-// false, null, zero, "" and empty arrays and objects, and for a value that
-// is not JSON.
-func pyTruthy(raw json.RawMessage) bool {
-	v, ok := pyValue(raw)
-	return ok && pyTrue(v)
-}
-
 // continueFinal cuts the rendered chat text after the final message's
 // content, as transformers' apply_chat_template does for
 // continue_final_message (the template's end of turn dropped, so that the
@@ -326,18 +317,13 @@ func continueFinal(text string, msgs []tokenizer.Message) (string, *apiError) {
 	if len(msgs) > 0 {
 		final = msgs[len(msgs)-1].Content
 	}
-	trimmed := strings.TrimSpace(final)
-	at := strings.LastIndex(text, trimmed)
-	if at < 0 {
+	cut, ok := tokenizer.ContinueFinal(text, final)
+	if !ok {
 		return "", badRequest("continue_final_message is set but the final message does not appear in the chat after " +
 			"applying the chat template! This can happen if the chat template deletes portions of the final message. " +
 			"Please verify the chat template and final message in your chat to ensure they are compatible.")
 	}
-	end := min(at+len(strings.TrimLeftFunc(final, unicode.IsSpace)), len(text))
-	if text[at:end] == final {
-		return text[:end], nil // the template kept the message's trailing whitespace
-	}
-	return text[:at+len(trimmed)], nil
+	return cut, nil
 }
 
 // render appends the text of generated ids to dst, special tokens skipped.

@@ -115,8 +115,10 @@
 // and follows the KV-cache events of endpoints with kv_events into the
 // model's precise kvindex.Index. With precise.tokenizer set, each request's
 // prompt is tokenized as the engines do (chat rendered with the model's
-// chat template, ChatML for the built-in tokenizer) and hashed in KV
-// blocks before routing; without it the router matches character blocks.
+// chat template, ChatML for the built-in tokenizer, with the request's
+// add_generation_prompt, continue_final_message, chat_template_kwargs and
+// tools as vLLM applies them) and hashed in KV blocks before routing;
+// without it the router matches character blocks.
 // The usage the engine reports at the end of a response (cached_tokens of
 // prompt_tokens_details) reaches learning policies in kvroute.Outcome and
 // the kvroute_prefix_cached_tokens_total and kvroute_prompt_tokens_total

@@ -97,6 +97,89 @@ type preciseBody struct {
 	ChatTemplateKwargs  map[string]json.RawMessage `json:"chat_template_kwargs"`
 	AddGenerationPrompt *bool                      `json:"add_generation_prompt"`
 	AddSpecialTokens    *bool                      `json:"add_special_tokens"`
+	ContinueFinal       bool                       `json:"continue_final_message"`
+}
+
+// errBothGenerationOptions is a chat request with both
+// add_generation_prompt and continue_final_message, which vLLM refuses
+// (400); it is routed on characters.
+var errBothGenerationOptions = errors.New("precise: continue_final_message and add_generation_prompt are not compatible")
+
+// errFinalNotRendered is a continue_final_message request whose final
+// message's content the chat template did not write as it is (vLLM's 400);
+// it is routed on characters.
+var errFinalNotRendered = errors.New("precise: continue_final_message: the final message does not appear in the rendered chat")
+
+// chatOptions returns the chat template's options for b and whether the
+// rendered chat is cut after its final message (continue_final_message),
+// as vLLM resolves them: add_generation_prompt (default true) and
+// continue_final_message, each overridden by the same key in
+// chat_template_kwargs (the latter an argument of the rendering, not a
+// template variable), and the request's tools as the template's tools
+// unless the kwargs name their own.
+func (b *preciseBody) chatOptions() (tokenizer.ChatOptions, bool, error) {
+	addGen, cont, err := generationOptions(b.AddGenerationPrompt, b.ContinueFinal, b.ChatTemplateKwargs)
+	if err != nil {
+		return tokenizer.ChatOptions{}, false, err
+	}
+	opts := tokenizer.ChatOptions{AddGenerationPrompt: addGen}
+	if len(b.ChatTemplateKwargs) > 0 || len(b.Tools) > 0 {
+		opts.JSONVars = make(map[string]json.RawMessage, len(b.ChatTemplateKwargs)+1)
+		if len(b.Tools) > 0 && string(b.Tools) != "null" {
+			opts.JSONVars["tools"] = b.Tools
+		}
+		for k, v := range b.ChatTemplateKwargs {
+			if k != "continue_final_message" {
+				opts.JSONVars[k] = v
+			}
+		}
+	}
+	return opts, cont, nil
+}
+
+// generationOptions resolves a chat request's add_generation_prompt
+// (addGen, default true) and continue_final_message (cont), each
+// overridden by the same key in kwargs (chat_template_kwargs), as vLLM
+// does; both set is vLLM's 400 (errBothGenerationOptions).
+func generationOptions(addGen *bool, cont bool, kwargs map[string]json.RawMessage) (bool, bool, error) {
+	gen := addGen == nil || *addGen
+	if v, ok := kwargs["add_generation_prompt"]; ok {
+		gen = tokenizer.PyTruthy(v)
+	}
+	if v, ok := kwargs["continue_final_message"]; ok {
+		cont = tokenizer.PyTruthy(v)
+	}
+	if gen && cont {
+		return false, false, errBothGenerationOptions
+	}
+	return gen, cont, nil
+}
+
+// finalContent is the text of a chat's final message, as
+// continue_final_message cuts after it: its content as a string, or the
+// text of its parts (tokenizer.StringContent).
+func finalContent(messages json.RawMessage) (string, error) {
+	var msgs []struct {
+		Content json.RawMessage `json:"content"`
+	}
+	if err := json.Unmarshal(messages, &msgs); err != nil || len(msgs) == 0 {
+		return "", errors.New("precise: continue_final_message without messages")
+	}
+	return tokenizer.StringContent(msgs[len(msgs)-1].Content)
+}
+
+// continueFinal cuts text, a chat rendered for messages, after the final
+// message (tokenizer.ContinueFinal).
+func continueFinal(text string, messages json.RawMessage) (string, error) {
+	final, err := finalContent(messages)
+	if err != nil {
+		return "", err
+	}
+	cut, ok := tokenizer.ContinueFinal(text, final)
+	if !ok {
+		return "", errFinalNotRendered
+	}
+	return cut, nil
 }
 
 // prepare tokenizes req's prompt as the model's engines do and sets its
@@ -158,19 +241,18 @@ func (pc *precise) tokens(kind openai.Kind, body []byte, ri *openai.RequestInfo)
 		}
 		return pc.cache.EncodeAddSpecial(text), nil
 	}
-	opts := tokenizer.ChatOptions{AddGenerationPrompt: b.AddGenerationPrompt == nil || *b.AddGenerationPrompt}
-	if len(b.ChatTemplateKwargs) > 0 || len(b.Tools) > 0 {
-		opts.JSONVars = make(map[string]json.RawMessage, len(b.ChatTemplateKwargs)+1)
-		for k, v := range b.ChatTemplateKwargs {
-			opts.JSONVars[k] = v
-		}
-		if len(b.Tools) > 0 && string(b.Tools) != "null" {
-			opts.JSONVars["tools"] = b.Tools
-		}
+	opts, cont, err := b.chatOptions()
+	if err != nil {
+		return nil, err
 	}
 	text, err := pc.tmpl.RenderJSON(b.Messages, opts)
 	if err != nil {
 		return nil, fmt.Errorf("precise: chat template: %w", err)
+	}
+	if cont {
+		if text, err = continueFinal(text, b.Messages); err != nil {
+			return nil, err
+		}
 	}
 	if b.AddSpecialTokens != nil && *b.AddSpecialTokens { // vLLM's chat default is false
 		return pc.cache.EncodeAddSpecial(text), nil
@@ -185,7 +267,9 @@ type chatMLBody struct {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
 	} `json:"messages"`
-	AddGenerationPrompt *bool `json:"add_generation_prompt"`
+	AddGenerationPrompt *bool                      `json:"add_generation_prompt"`
+	ContinueFinal       bool                       `json:"continue_final_message"`
+	ChatTemplateKwargs  map[string]json.RawMessage `json:"chat_template_kwargs"`
 }
 
 // chatMLTokens renders a chat request with ChatML (the built-in template,
@@ -214,7 +298,21 @@ func (pc *precise) chatMLTokens(body []byte) ([]uint32, error) {
 		}
 		out[i].Content = text
 	}
-	text := tokenizer.RenderChatML(out, in.AddGenerationPrompt == nil || *in.AddGenerationPrompt)
+	addGen, cont, err := generationOptions(in.AddGenerationPrompt, in.ContinueFinal, in.ChatTemplateKwargs)
+	if err != nil {
+		return nil, err
+	}
+	text := tokenizer.RenderChatML(out, addGen)
+	if cont {
+		final := ""
+		if len(out) > 0 {
+			final = out[len(out)-1].Content
+		}
+		var ok bool
+		if text, ok = tokenizer.ContinueFinal(text, final); !ok {
+			return nil, errFinalNotRendered
+		}
+	}
 	if pc.builtin != nil {
 		return pc.builtin.Encode(text), nil
 	}

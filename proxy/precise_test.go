@@ -292,6 +292,13 @@ func TestPreciseHFAgreesWithEngine(t *testing.T) {
 				// these templates (string content, the parts joined with
 				// "\n"), not failing the template or as a list's repr.
 				{openai.KindChat, `{"model":"m","messages":[{"role":"system","content":[{"type":"text","text":"You answer questions"},{"type":"text","text":"about chess."}]},{"role":"user","content":[{"type":"text","text":"How does a knight move?"}]}]}`},
+				// continue_final_message (the answer's start given, the
+				// chat cut after it) and the options chat_template_kwargs
+				// override: before, precise mode rendered these with the
+				// generation prompt and a closed final message.
+				{openai.KindChat, `{"model":"m","messages":[{"role":"user","content":"How does a knight move?"},{"role":"assistant","content":"In an L: "}],"add_generation_prompt":false,"continue_final_message":true}`},
+				{openai.KindChat, `{"model":"m","messages":[{"role":"user","content":"How does a knight move?"},{"role":"assistant","content":"In an L"}],"chat_template_kwargs":{"add_generation_prompt":false,"continue_final_message":true}}`},
+				{openai.KindChat, `{"model":"m","messages":[{"role":"user","content":"How does a knight move?"}],"chat_template_kwargs":{"add_generation_prompt":false}}`},
 			} {
 				checkEngineTokens(t, pc, hs.URL, tc.kind, tc.body)
 			}
@@ -325,6 +332,11 @@ func TestPreciseBuiltinAgreesWithEngine(t *testing.T) {
 			`{"role":"tool","tool_call_id":"c1","content":[{"type":"tool_reference","name":"lookup_rules"},{"type":"tool_reference"},{"type":"input_text","text":null}]},` +
 			`{"role":"user","content":[{"type":"text","text":"How does a knight move?"}]}]}`},
 		{openai.KindCompletion, `{"model":"m","prompt":"The knight moves in an L: two squares one way, one the other."}`},
+		// continue_final_message and chat_template_kwargs' overrides, as
+		// in TestPreciseHFAgreesWithEngine.
+		{openai.KindChat, `{"model":"m","messages":[{"role":"user","content":"How does a knight move?"},{"role":"assistant","content":"In an L: "}],"add_generation_prompt":false,"continue_final_message":true}`},
+		{openai.KindChat, `{"model":"m","messages":[{"role":"user","content":"How does a knight move?"},{"role":"assistant","content":[{"type":"text","text":"In an L"}]}],"chat_template_kwargs":{"add_generation_prompt":false,"continue_final_message":true}}`},
+		{openai.KindChat, `{"model":"m","messages":[{"role":"user","content":"How does a knight move?"}],"chat_template_kwargs":{"add_generation_prompt":0}}`},
 	} {
 		checkEngineTokens(t, pc, hs.URL, tc.kind, tc.body)
 	}
