@@ -458,43 +458,58 @@ func (s *Scraper) fetch(ctx context.Context) (Metrics, error) {
 
 // fetchBody GETs the metrics into s.buf and returns their content type.
 func (s *Scraper) fetchBody(ctx context.Context) (string, error) {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, s.target.MetricsURL, nil)
+	ct, err := s.get(ctx, s.target.MetricsURL, acceptHeader, &s.buf)
 	if err != nil {
 		return "", fmt.Errorf("scrape: %w", err)
 	}
-	req.Header.Set("Accept", acceptHeader)
+	return ct, nil
+}
+
+// jsonAccept is the Accept header of the JSON endpoints a scraper reads
+// (llama.cpp's /slots and /props).
+const jsonAccept = "application/json"
+
+// get GETs url into buf within the scrape timeout and the body cap, and
+// returns the answer's content type. An answer other than 200 is a
+// *statusError.
+func (s *Scraper) get(ctx context.Context, url, accept string, buf *bytes.Buffer) (string, error) {
+	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
+	if err != nil {
+		return "", err
+	}
+	req.Header.Set("Accept", accept)
 	req.Header.Set("User-Agent", "kvroute")
 	resp, err := s.cfg.Client.Do(req)
 	if err != nil {
-		return "", fmt.Errorf("scrape: %w", err)
+		return "", err
 	}
 	defer resp.Body.Close()
 	if resp.StatusCode != http.StatusOK {
 		head, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
 		return "", &statusError{code: resp.StatusCode, status: resp.Status, head: head}
 	}
-	s.buf.Reset()
-	n, err := s.buf.ReadFrom(io.LimitReader(resp.Body, s.cfg.MaxBodyBytes+1))
+	buf.Reset()
+	n, err := buf.ReadFrom(io.LimitReader(resp.Body, s.cfg.MaxBodyBytes+1))
 	if err != nil {
-		return "", fmt.Errorf("scrape: read body: %w", err)
+		return "", fmt.Errorf("read body: %w", err)
 	}
 	if n > s.cfg.MaxBodyBytes {
-		return "", fmt.Errorf("scrape: body exceeds %d bytes", s.cfg.MaxBodyBytes)
+		return "", fmt.Errorf("body exceeds %d bytes", s.cfg.MaxBodyBytes)
 	}
 	return resp.Header.Get("Content-Type"), nil
 }
 
-// statusError is a metrics answer other than 200, with the first bytes of
-// its body.
+// statusError is an answer other than 200, with the first bytes of its
+// body.
 type statusError struct {
 	code   int
 	status string
 	head   []byte
 }
 
-func (e *statusError) Error() string { return "scrape: status " + e.status }
+func (e *statusError) Error() string { return "status " + e.status }
 
 // LastDuration is how long the last scrape took.
 func (s *Scraper) LastDuration() time.Duration { return time.Duration(s.lastDuration.Load()) }

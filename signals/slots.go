@@ -45,10 +45,9 @@ type Slots struct {
 	// each slot has its own part of the cache (no --kv-unified).
 	NCtx int
 	// Tokens is the sum of the busy slots' n_prompt_tokens (the KV their
-	// requests hold), IdleTokens that of the idle slots (prompts they keep
-	// cached for a later request, which a new one overwrites). Valid when
-	// HasTokens.
-	Tokens, IdleTokens int
+	// requests hold; an idle slot's cached prompt is not counted, as a new
+	// request overwrites it). Valid when HasTokens.
+	Tokens int
 	// HasTokens says the server reports n_prompt_tokens: some slot has it
 	// and every busy slot does.
 	HasTokens bool
@@ -65,7 +64,6 @@ type slotJSON struct {
 
 type nextTokenJSON struct {
 	NDecoded *int64 `json:"n_decoded"`
-	NRemain  *int64 `json:"n_remain"`
 }
 
 // ParseSlots reads llama.cpp's /slots body. Bad input (not an array of
@@ -129,13 +127,11 @@ func ParseSlots(body []byte) (Slots, error) {
 		anyTokens = true
 		if busy {
 			s.Tokens += int(n)
-		} else {
-			s.IdleTokens += int(n)
 		}
 	}
 	s.HasTokens = anyTokens && !busyLack
 	if !s.HasTokens {
-		s.Tokens, s.IdleTokens = 0, 0
+		s.Tokens = 0
 	}
 	return s, nil
 }

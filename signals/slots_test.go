@@ -39,7 +39,7 @@ func TestParseSlots(t *testing.T) {
 		want       Slots
 		err        string
 	}{
-		{"new", slotsNew, Slots{Total: 3, Busy: 1, NCtx: 3 * 4096, Tokens: 300, IdleTokens: 900, HasTokens: true}, ""},
+		{"new", slotsNew, Slots{Total: 3, Busy: 1, NCtx: 3 * 4096, Tokens: 300, HasTokens: true}, ""},
 		{"old", slotsOld, Slots{Total: 2, Busy: 1, NCtx: 4096}, ""},
 		{"empty", `[]`, Slots{}, ""},
 		{"never used", `[{"id":0,"n_ctx":8,"is_processing":false}]`, Slots{Total: 1, NCtx: 8}, ""},
@@ -101,10 +101,10 @@ func FuzzParseSlots(f *testing.F) {
 			}
 			return
 		}
-		if s.Busy < 0 || s.Busy > s.Total || s.Total > MaxSlots || s.NCtx < 0 || s.Tokens < 0 || s.IdleTokens < 0 {
+		if s.Busy < 0 || s.Busy > s.Total || s.Total > MaxSlots || s.NCtx < 0 || s.Tokens < 0 {
 			t.Fatalf("inconsistent %+v", s)
 		}
-		if !s.HasTokens && (s.Tokens != 0 || s.IdleTokens != 0) {
+		if !s.HasTokens && s.Tokens != 0 {
 			t.Fatalf("tokens without HasTokens: %+v", s)
 		}
 		var m Metrics

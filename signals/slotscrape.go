@@ -4,8 +4,6 @@ import (
 	"bytes"
 	"context"
 	"errors"
-	"fmt"
-	"io"
 	"net/http"
 	"net/url"
 	"strings"
@@ -51,10 +49,14 @@ func slotsURLs(metricsURL string) (slots, props string, err error) {
 	return s.String(), p.String(), nil
 }
 
-// errSlotsOff is /slots' 404 or 501.
-type errSlotsOff struct{ status string }
-
-func (e *errSlotsOff) Error() string { return "status " + e.status }
+// notServed reports whether err is an answer of 404 or 501 (an endpoint a
+// llama.cpp server does not serve: /slots with --no-slots, /metrics
+// without --metrics), and returns it.
+func notServed(err error) (*statusError, bool) {
+	var se *statusError
+	ok := errors.As(err, &se) && (se.code == http.StatusNotFound || se.code == http.StatusNotImplemented)
+	return se, ok
+}
 
 // slotsAlone reads a llama.cpp server whose /metrics failed with err from
 // its /slots alone, and reports whether it could. llama.cpp serves
@@ -67,20 +69,15 @@ func (e *errSlotsOff) Error() string { return "status " + e.status }
 // whose /metrics answered llama.cpp's 501. The switch to /slots alone and
 // back is logged once each way.
 func (s *Scraper) slotsAlone(ctx context.Context, err error) (Metrics, bool) {
-	var se *statusError
-	if !errors.As(err, &se) {
+	se, ok := notServed(err)
+	switch {
+	case !ok:
 		return Metrics{}, false
-	}
-	switch s.target.Flavor {
-	case FlavorLlamaCPP:
-		if se.code != http.StatusNotFound && se.code != http.StatusNotImplemented {
-			return Metrics{}, false
-		}
-	case FlavorAuto, "":
+	case s.target.Flavor == FlavorAuto || s.target.Flavor == "":
 		if se.code != http.StatusNotImplemented || !bytes.Contains(se.head, []byte("does not support metrics endpoint")) {
 			return Metrics{}, false
 		}
-	default:
+	case s.target.Flavor != FlavorLlamaCPP:
 		return Metrics{}, false
 	}
 	m := Metrics{Flavor: FlavorLlamaCPP}
@@ -113,7 +110,7 @@ func (s *Scraper) addSlots(ctx context.Context, m *Metrics) bool {
 	if st.off && time.Now().Before(st.retryAt) {
 		return false
 	}
-	err := s.get(ctx, st.slotsURL, &st.buf)
+	_, err := s.get(ctx, st.slotsURL, jsonAccept, &st.buf)
 	var sl Slots
 	if err == nil {
 		sl, err = ParseSlots(st.buf.Bytes())
@@ -121,9 +118,9 @@ func (s *Scraper) addSlots(ctx context.Context, m *Metrics) bool {
 	if ctx.Err() != nil {
 		return false
 	}
-	var off *errSlotsOff
+	off, isOff := notServed(err)
 	switch {
-	case errors.As(err, &off):
+	case isOff:
 		if !st.off {
 			s.cfg.Logger.Info("llama.cpp server does not serve /slots (started with --no-slots?): its busy slots and KV are read from /metrics alone",
 				"endpoint", s.target.Endpoint, "url", st.slotsURL, "status", off.status, "retry_in", SlotsRetry)
@@ -157,7 +154,7 @@ func (s *Scraper) addSlots(ctx context.Context, m *Metrics) bool {
 // readProps reads /props; a failure leaves the slots' own count.
 func (s *Scraper) readProps(ctx context.Context, sl Slots) {
 	st := &s.slots
-	err := s.get(ctx, st.propsURL, &st.buf)
+	_, err := s.get(ctx, st.propsURL, jsonAccept, &st.buf)
 	var p Props
 	if err == nil {
 		p, err = ParseProps(st.buf.Bytes())
@@ -179,40 +176,4 @@ func (s *Scraper) readProps(ctx context.Context, sl Slots) {
 			"slots_listed", sl.Total, "n_prompt_tokens", sl.HasTokens)
 	}
 	st.props = p
-}
-
-// get GETs url into buf within the scrape timeout and body cap: 404 and
-// 501 are *errSlotsOff, any other status but 200 an error.
-func (s *Scraper) get(ctx context.Context, url string, buf *bytes.Buffer) error {
-	ctx, cancel := context.WithTimeout(ctx, s.cfg.Timeout)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return err
-	}
-	req.Header.Set("Accept", "application/json")
-	req.Header.Set("User-Agent", "kvroute")
-	resp, err := s.cfg.Client.Do(req)
-	if err != nil {
-		return err
-	}
-	defer resp.Body.Close()
-	switch resp.StatusCode {
-	case http.StatusOK:
-	case http.StatusNotFound, http.StatusNotImplemented:
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return &errSlotsOff{status: resp.Status}
-	default:
-		_, _ = io.Copy(io.Discard, io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("status %s", resp.Status)
-	}
-	buf.Reset()
-	n, err := buf.ReadFrom(io.LimitReader(resp.Body, s.cfg.MaxBodyBytes+1))
-	if err != nil {
-		return fmt.Errorf("read body: %w", err)
-	}
-	if n > s.cfg.MaxBodyBytes {
-		return fmt.Errorf("body exceeds %d bytes", s.cfg.MaxBodyBytes)
-	}
-	return nil
 }
