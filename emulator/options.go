@@ -1,7 +1,6 @@
 package emulator
 
 import (
-	"bytes"
 	"encoding/json"
 	"fmt"
 	"net/http"
@@ -31,18 +30,6 @@ func valueError(param, value, format string, args ...any) *apiError {
 
 // isNull reports whether a raw field is absent or null.
 func isNull(raw json.RawMessage) bool { return !hasJSON(raw) }
-
-// pyValue decodes a raw JSON value as Python's json.loads would give it
-// (numbers kept as their text).
-func pyValue(raw json.RawMessage) (any, bool) {
-	d := json.NewDecoder(bytes.NewReader(raw))
-	d.UseNumber()
-	var v any
-	if d.Decode(&v) != nil {
-		return nil, false
-	}
-	return v, true
-}
 
 // pyStr is Python's str() of a JSON value (repr inside containers).
 func pyStr(v any) string {
@@ -137,7 +124,7 @@ func (r *apiRequest) checkLogprobs(chat bool) *apiError {
 	}
 	var count *float64
 	if !isNull(raw) {
-		v, ok := pyValue(raw)
+		v, ok := tokenizer.PyValue(raw)
 		if !ok {
 			return invalidBody("body."+field, "1 validation error for %s\n%s\n  Input should be a valid integer", requestModel(chat), field)
 		}
@@ -153,7 +140,7 @@ func (r *apiRequest) checkLogprobs(chat bool) *apiError {
 	if chat {
 		want := false
 		if !isNull(o.Logprobs) {
-			v, _ := pyValue(o.Logprobs)
+			v, _ := tokenizer.PyValue(o.Logprobs)
 			want = tokenizer.PyTrue(v)
 		}
 		if count != nil && (*count == -1 || *count > 0) && !want {
@@ -216,7 +203,7 @@ const toolUsage = "Correct usage: `{\"type\": \"function\", \"function\": {\"nam
 func (r *apiRequest) checkTools() *apiError {
 	var tools any
 	if !isNull(r.Tools) {
-		v, ok := pyValue(r.Tools)
+		v, ok := tokenizer.PyValue(r.Tools)
 		if !ok {
 			return invalidBody("body.tools", "1 validation error for ChatCompletionRequest\ntools\n  Input should be a valid list")
 		}
@@ -236,7 +223,7 @@ func (r *apiRequest) checkTools() *apiError {
 			choice = "auto"
 		}
 	default:
-		v, ok := pyValue(rawChoice)
+		v, ok := tokenizer.PyValue(rawChoice)
 		if !ok {
 			return invalidBody("body.tool_choice", "1 validation error for ChatCompletionRequest\ntool_choice\n  Input should be 'none', 'auto' or 'required'")
 		}

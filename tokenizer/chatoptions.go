@@ -53,13 +53,20 @@ func PyTrue(v any) bool {
 	return true
 }
 
-// PyTruthy is PyTrue of a raw JSON value; false for one that is not JSON.
-func PyTruthy(raw json.RawMessage) bool {
+// PyValue decodes a raw JSON value as Python's json.loads gives it to a
+// template, numbers as json.Number (their text); ok is false for one that
+// is not JSON.
+func PyValue(raw json.RawMessage) (v any, ok bool) {
 	d := json.NewDecoder(bytes.NewReader(raw))
 	d.UseNumber()
-	var v any
 	if d.Decode(&v) != nil {
-		return false
+		return nil, false
 	}
-	return PyTrue(v)
+	return v, true
+}
+
+// PyTruthy is PyTrue of a raw JSON value; false for one that is not JSON.
+func PyTruthy(raw json.RawMessage) bool {
+	v, ok := PyValue(raw)
+	return ok && PyTrue(v)
 }
