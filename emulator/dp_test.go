@@ -5,7 +5,6 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
-	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -50,16 +49,7 @@ func postRank(t testing.TB, url, rank, body string) (int, http.Header, []byte) {
 	if rank != "" {
 		req.Header["x-data-parallel-rank"] = []string{rank}
 	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, resp.Header, b
+	return roundTrip(t, req)
 }
 
 // sample is the value of the series of family name whose labels include

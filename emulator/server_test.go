@@ -71,7 +71,19 @@ func runUntilCleanup(t testing.TB, hs *httptest.Server, run func(context.Context
 
 func post(t testing.TB, url, body string) (int, []byte) {
 	t.Helper()
-	resp, err := http.Post(url, "application/json", strings.NewReader(body))
+	req, err := http.NewRequest(http.MethodPost, url, strings.NewReader(body))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	code, _, b := roundTrip(t, req)
+	return code, b
+}
+
+// roundTrip sends req and returns the answer's status, headers and body.
+func roundTrip(t testing.TB, req *http.Request) (int, http.Header, []byte) {
+	t.Helper()
+	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -80,7 +92,7 @@ func post(t testing.TB, url, body string) (int, []byte) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	return resp.StatusCode, b
+	return resp.StatusCode, resp.Header, b
 }
 
 func TestCompletionNonStreaming(t *testing.T) {

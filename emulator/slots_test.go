@@ -125,16 +125,12 @@ func TestSlotTableAssignment(t *testing.T) {
 
 func get(t *testing.T, url string) (int, string) {
 	t.Helper()
-	resp, err := http.Get(url)
+	req, err := http.NewRequest(http.MethodGet, url, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return resp.StatusCode, string(b)
+	code, _, b := roundTrip(t, req)
+	return code, string(b)
 }
 
 // TestSlotsHTTP serves /slots and /props from a slow llama.cpp-flavoured

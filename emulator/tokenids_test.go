@@ -2,7 +2,6 @@ package emulator
 
 import (
 	"encoding/json"
-	"io"
 	"net/http"
 	"slices"
 	"strings"
@@ -54,15 +53,7 @@ func TestReturnTokenIDs(t *testing.T) {
 			get := func(extra string) string {
 				req, _ := http.NewRequest("POST", hs.URL+tc.path, strings.NewReader(`{`+tc.body+extra+`}`))
 				req.Header.Set("X-Request-Id", "fixed")
-				resp, err := http.DefaultClient.Do(req)
-				if err != nil {
-					t.Fatal(err)
-				}
-				defer resp.Body.Close()
-				b, err := io.ReadAll(resp.Body)
-				if err != nil {
-					t.Fatal(err)
-				}
+				_, _, b := roundTrip(t, req)
 				return normWire(string(b))
 			}
 			plain, withIDs := get(""), get(`,"return_token_ids":true`)
