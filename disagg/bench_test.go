@@ -19,8 +19,11 @@ func BenchmarkPlan(b *testing.B) {
 		specs = append(specs, candSpec{ep: ep(fmt.Sprintf("d%d", i), kvroute.RoleDecode, "rack", "r1", "node", fmt.Sprintf("n%d", i)),
 			load: kvroute.Load{Running: 8 + i, DecodeTokens: (8 + i) * 3000, KVUsage: 0.3}})
 	}
-	cs := cands(specs...)
-	r := req("b", 8192, 256)
+	benchPlan(b, pl, cands(specs...), req("b", 8192, 256))
+}
+
+// benchPlan times pl's placement of r over cs, one request a millisecond.
+func benchPlan(b *testing.B, pl *Planner, cs []kvroute.Candidate, r *kvroute.Request) {
 	t0 := time.Unix(1_700_000_000, 0)
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
@@ -56,12 +59,5 @@ func BenchmarkPlanDeepQueue(b *testing.B) {
 		specs = append(specs, candSpec{ep: ep(fmt.Sprintf("d%d", i), kvroute.RoleDecode, "rack", "r1", "node", fmt.Sprintf("n%d", i)),
 			load: kvroute.Load{Running: 64 + i, DecodeTokens: (64 + i) * 3000, Waiting: 2000 + 50*i, KVUsage: 0.9}})
 	}
-	cs := cands(specs...)
-	r := req("b", 32768, 256)
-	t0 := time.Unix(1_700_000_000, 0)
-	b.ReportAllocs()
-	for i := 0; b.Loop(); i++ {
-		p := pl.Plan(t0.Add(time.Duration(i)*time.Millisecond), r, cs)
-		pl.Finish(p.Ticket)
-	}
+	benchPlan(b, pl, cands(specs...), req("b", 32768, 256))
 }
