@@ -10,6 +10,15 @@ import (
 	"github.com/kvroute/kvroute/policy"
 )
 
+// writePrefillReply answers a NixlConnector prefill leg with a 600-token
+// prompt's usage, details (",prompt_tokens_details":{...} or "") in it.
+func writePrefillReply(w http.ResponseWriter, details string) {
+	w.Header().Set("Content-Type", "application/json")
+	_, _ = w.Write([]byte(`{"id":"cmpl-p","object":"text_completion","choices":[{"index":0,"text":"a","finish_reason":"length"}],` +
+		`"usage":{"prompt_tokens":600,"completion_tokens":1,"total_tokens":601` + details + `},` +
+		`"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[1],"remote_engine_id":"e","remote_host":"127.0.0.1","remote_port":5600,"tp_size":1}}`))
+}
+
 // TestPDPrefillUsageIsCounted: on a P/D pool, the prefix cache hits the
 // prefill engines report (the prefill reply's usage.prompt_tokens and
 // prompt_tokens_details.cached_tokens) are counted in
@@ -19,10 +28,7 @@ import (
 // Nothing was counted on any endpoint of a P/D pool.
 func TestPDPrefillUsageIsCounted(t *testing.T) {
 	ps, _ := pdEngineHook(t, kvroute.RolePrefill, "nixl", func(w http.ResponseWriter, r *http.Request) bool {
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"id":"cmpl-p","object":"text_completion","choices":[{"index":0,"text":"a","finish_reason":"length"}],` +
-			`"usage":{"prompt_tokens":600,"completion_tokens":1,"total_tokens":601,"prompt_tokens_details":{"cached_tokens":512}},` +
-			`"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[1],"remote_engine_id":"e","remote_host":"127.0.0.1","remote_port":5600,"tp_size":1}}`))
+		writePrefillReply(w, `,"prompt_tokens_details":{"cached_tokens":512}`)
 		return true
 	})
 	ds, _ := pdEngine(t, kvroute.RoleDecode, "nixl")
@@ -89,10 +95,7 @@ func TestPDPrefillAbsentCachedTokens(t *testing.T) {
 		if n.Add(1) > 1 {
 			details = ""
 		}
-		w.Header().Set("Content-Type", "application/json")
-		_, _ = w.Write([]byte(`{"id":"cmpl-p","object":"text_completion","choices":[{"index":0,"text":"a","finish_reason":"length"}],` +
-			`"usage":{"prompt_tokens":600,"completion_tokens":1,"total_tokens":601` + details + `},` +
-			`"kv_transfer_params":{"do_remote_prefill":true,"do_remote_decode":false,"remote_block_ids":[1],"remote_engine_id":"e","remote_host":"127.0.0.1","remote_port":5600,"tp_size":1}}`))
+		writePrefillReply(w, details)
 		return true
 	})
 	ds, _ := pdEngine(t, kvroute.RoleDecode, "nixl")
