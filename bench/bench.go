@@ -393,34 +393,29 @@ type runner struct {
 	cut    *report.Collector // those of requests cut short by the run's cancellation
 	runID  string
 
-	mu       sync.Mutex        // protects examples and reporting
+	mu       sync.Mutex        // protects examples and cached
 	examples map[string]string // error kind -> the first such failure's message
-	// reporting holds the engines (X-Kvroute-Endpoint, "" without the
-	// header) that have reported prompt_tokens_details.cached_tokens
-	// (cachedTokens).
-	reporting map[string]bool
+	// cached reads each engine's cached tokens (X-Kvroute-Endpoint, ""
+	// without the header; cachedTokens).
+	cached map[string]*openai.CachedTokens
 }
 
 // cachedTokens returns a usage's cached tokens as the engine that served
-// the request reports them: vLLM with --enable-prompt-tokens-details
-// leaves prompt_tokens_details out of an answer that had no prompt token
-// cached, so once an engine has reported a count in this run, a usage
-// without one cached 0 tokens; before, the count is unknown (-1). Left
-// unknown, every miss fell out of the hit rate's denominator.
+// the request reports them in this run (openai.CachedTokens: 0 when left
+// out by an engine that has reported them, as vLLM leaves them out when
+// none were cached; -1, unknown, before).
 func (r *runner) cachedTokens(engine string, u *openai.Usage) int {
-	c := u.CachedTokens()
 	r.mu.Lock()
-	defer r.mu.Unlock()
-	switch {
-	case c >= 0:
-		if r.reporting == nil {
-			r.reporting = map[string]bool{}
+	c := r.cached[engine]
+	if c == nil {
+		if r.cached == nil {
+			r.cached = map[string]*openai.CachedTokens{}
 		}
-		r.reporting[engine] = true
-	case r.reporting[engine]:
-		c = 0
+		c = &openai.CachedTokens{}
+		r.cached[engine] = c
 	}
-	return c
+	r.mu.Unlock()
+	return c.Of(u.CachedTokens())
 }
 
 // maxExample bounds an error example's length in bytes.

@@ -1,6 +1,9 @@
 package openai
 
-import "bytes"
+import (
+	"bytes"
+	"sync/atomic"
+)
 
 // The usage an engine reports at the end of an answer (prompt_tokens,
 // prompt_tokens_details.cached_tokens), read from the answer's last bytes
@@ -109,4 +112,31 @@ func intAfter(b, key []byte) (int, bool) {
 		digits++
 	}
 	return n, digits > 0
+}
+
+// CachedTokens reads the cached tokens one engine reports
+// (ParseUsage's cached, Usage.CachedTokens) as that engine means them.
+// vLLM with --enable-prompt-tokens-details leaves prompt_tokens_details
+// out of an answer that had no prompt token cached (serving_chat.py and
+// serving_completion.py: "if self.enable_prompt_tokens_details and
+// num_cached_tokens"), so once the engine has reported a count, an answer
+// without one cached nothing; before, the count is unknown. Counting only
+// the answers with the field leaves every miss out of a hit rate's
+// denominator. The zero value knows nothing yet; it is safe for
+// concurrent use.
+type CachedTokens struct{ reported atomic.Bool }
+
+// Of returns an answer's cached tokens: cached when reported (>= 0), else
+// 0 once the engine has reported a count, else -1 (unknown).
+func (c *CachedTokens) Of(cached int) int {
+	switch {
+	case cached >= 0:
+		if !c.reported.Load() {
+			c.reported.Store(true)
+		}
+		return cached
+	case c.reported.Load():
+		return 0
+	}
+	return -1
 }

@@ -62,3 +62,15 @@ func TestUsageTail(t *testing.T) {
 		}
 	}
 }
+
+// TestCachedTokensOf: an engine's absent count is unknown until it has
+// reported one, then 0 (vLLM leaves prompt_tokens_details out when no
+// token was cached).
+func TestCachedTokensOf(t *testing.T) {
+	var c CachedTokens
+	for i, step := range []struct{ in, want int }{{-1, -1}, {0, 0}, {-1, 0}, {256, 256}, {-1, 0}} {
+		if got := c.Of(step.in); got != step.want {
+			t.Errorf("step %d: Of(%d) = %d, want %d", i, step.in, got, step.want)
+		}
+	}
+}

@@ -58,23 +58,11 @@ func newFeedbackMetrics() *feedbackMetrics {
 }
 
 // observeUsage counts one response's usage on its endpoint and returns
-// its cached tokens as the endpoint reports them: -1 (unknown) for an
-// engine that does not report prompt_tokens_details, else the count. vLLM
-// with --enable-prompt-tokens-details leaves prompt_tokens_details out of
-// an answer that had no prompt token cached (serving_chat.py and
-// serving_completion.py: "if self.enable_prompt_tokens_details and
-// num_cached_tokens"), so once an endpoint has reported a count, an
-// answer without one cached nothing. Counting only the answers with the
-// field would leave every miss out of the hit rate's denominator.
+// its cached tokens as the endpoint reports them (openai.CachedTokens: an
+// answer without them is 0 from an engine that has reported them, as vLLM
+// leaves them out when none were cached; -1, not counted, before).
 func (e *endpointProxy) observeUsage(prompt, cached int) int {
-	switch {
-	case cached >= 0:
-		if !e.reportsCached.Load() {
-			e.reportsCached.Store(true)
-		}
-	case e.reportsCached.Load():
-		cached = 0
-	default:
+	if cached = e.reportsCached.Of(cached); cached < 0 {
 		return -1
 	}
 	e.prompt.Add(float64(prompt))

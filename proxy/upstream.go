@@ -14,7 +14,6 @@ import (
 	"net/url"
 	"strconv"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -107,9 +106,8 @@ type endpointProxy struct {
 	inflight       prometheus.Gauge
 	ttfb           prometheus.Observer
 	cached, prompt prometheus.Counter // the engine's usage (feedback.go)
-	// reportsCached is set once the engine has reported a response's
-	// prompt_tokens_details.cached_tokens (observeUsage).
-	reportsCached atomic.Bool
+	// reportsCached reads the engine's cached tokens (observeUsage).
+	reportsCached openai.CachedTokens
 }
 
 func (p *Proxy) newEndpointProxy(pl *pool, ep *kvroute.Endpoint) (*endpointProxy, error) {
