@@ -31,7 +31,7 @@ var littleEndian = binary.NativeEndian.Uint16([]byte{1, 0}) == 1
 // their first (i+1)*blockSize tokens. HashTokens returns dst unchanged when
 // blockSize <= 0.
 func HashTokens(tokens []uint32, blockSize int, dst []uint64) []uint64 {
-	return hashTokensFrom(tokens, tokenSeed, blockSize, dst)
+	return hashTokensFrom(tokens, tokenSeed, 0, blockSize, dst)
 }
 
 // HashTokensSalted is HashTokens for a request with vLLM's cache_salt: the
@@ -40,7 +40,43 @@ func HashTokens(tokens []uint32, blockSize int, dst []uint64) []uint64 {
 // as the engine model's xxh3 chain keys a salted request's blocks. An
 // empty salt is HashTokens.
 func HashTokensSalted(tokens []uint32, salt string, blockSize int, dst []uint64) []uint64 {
-	return hashTokensFrom(tokens, SaltRoot(salt), blockSize, dst)
+	return hashTokensFrom(tokens, SaltRoot(salt), 0, blockSize, dst)
+}
+
+// HashTokensKeyed is HashTokensSalted for a request to a LoRA adapter: vLLM
+// gives every block of such a request the extra key lora_name (and the
+// first block, with a cache_salt, the tuple (lora_name, salt)), so each
+// block's parent key is XORed with BlockKey of its extra keys, as the
+// precise index folds the per-block extra_keys of a BlockStored event
+// (Stored.Salts). No block of an adapter's prompt has the key of the base
+// model's or another adapter's. An empty lora is HashTokensSalted.
+func HashTokensKeyed(tokens []uint32, lora, salt string, blockSize int, dst []uint64) []uint64 {
+	if lora == "" {
+		return HashTokensSalted(tokens, salt, blockSize, dst)
+	}
+	return hashTokensFrom(tokens, fold(tokenSeed, BlockKey(lora, salt)), BlockKey(lora, ""), blockSize, dst)
+}
+
+// BlockKey is the hash of a block's extra_keys entry as the event decoder
+// hashes it: XXH3-64 (0 mapped to 1) of the msgpack of the tuple of the
+// adapter's name and the salt, each only when non-empty
+// (extrakeys.AppendBlock); 0 when both are empty (no extra keys).
+func BlockKey(lora, salt string) uint64 {
+	if lora == "" && salt == "" {
+		return 0
+	}
+	var buf [128]byte
+	return nonZero(xxh3.Hash(extrakeys.AppendBlock(buf[:0], lora, salt)))
+}
+
+// fold is a block's parent key with its extra keys' hash k folded in, as
+// the precise index folds a Stored salt: parent XOR k, read as the seed
+// when that is 0 (ChainHash reads a 0 parent as the seed).
+func fold(parent, k uint64) uint64 {
+	if r := parent ^ k; r != 0 {
+		return r
+	}
+	return tokenSeed
 }
 
 // SaltRoot is the parent of a salted prompt's first block in the token
@@ -76,7 +112,9 @@ func saltedRoot(seed uint64, salt string) uint64 {
 // textRoot is the text chain's SaltRoot.
 func textRoot(salt string) uint64 { return saltedRoot(textSeed, salt) }
 
-func hashTokensFrom(tokens []uint32, root uint64, blockSize int, dst []uint64) []uint64 {
+// hashTokensFrom chains tokens' full blocks from root, folding step into
+// the parent of every block after the first (0: none).
+func hashTokensFrom(tokens []uint32, root, step uint64, blockSize int, dst []uint64) []uint64 {
 	if blockSize <= 0 {
 		return dst
 	}
@@ -100,6 +138,9 @@ func hashTokensFrom(tokens []uint32, root uint64, blockSize int, dst []uint64) [
 				binary.LittleEndian.PutUint32(buf[4*j:], t)
 			}
 			b = buf
+		}
+		if step != 0 && i > 0 {
+			h = fold(h, step)
 		}
 		h = nonZero(xxh3.HashSeed(b, h))
 		dst = append(dst, h)

@@ -139,6 +139,36 @@ func TestIndexSalt(t *testing.T) {
 	}
 }
 
+// TestIndexLoRA: blocks an engine stored for a LoRA adapter's request, with
+// each block's extra keys (lora_name, and the salt on the first) as vLLM
+// reports them, split over two events, match the request's
+// HashTokensKeyed keys, and no plain, other-adapter or other-salt prompt.
+func TestIndexLoRA(t *testing.T) {
+	for _, salt := range []string{"", "s1"} {
+		x := NewIndex(IndexConfig{BlockSize: 4})
+		p := seqTokens(16, 1)
+		eh := engineChain(p, 4)
+		salts := []uint64{BlockKey("sql-lora", salt), BlockKey("sql-lora", ""), BlockKey("sql-lora", ""), BlockKey("sql-lora", "")}
+		if _, err := x.Store("e", Stored{BlockHashes: eh[:2], Tokens: p[:8], Salts: salts[:2]}); err != nil {
+			t.Fatal(err)
+		}
+		if _, err := x.Store("e", Stored{BlockHashes: eh[2:], Parent: eh[1], HasParent: true, Tokens: p[8:], Salts: salts[2:]}); err != nil {
+			t.Fatal(err)
+		}
+		if got := x.Match(HashTokensKeyed(p, "sql-lora", salt, 4, nil), nil); len(got) != 1 || got[0].Blocks != 4 {
+			t.Fatalf("salt %q: the adapter's prompt matched %+v, want 4 blocks on e", salt, got)
+		}
+		for _, other := range [][2]string{{"", salt}, {"other", salt}, {"sql-lora", salt + "x"}} {
+			if got := x.Match(HashTokensKeyed(p, other[0], other[1], 4, nil), nil); len(got) != 0 {
+				t.Fatalf("salt %q: blocks matched adapter %q salt %q: %+v", salt, other[0], other[1], got)
+			}
+		}
+	}
+	if !slices.Equal(HashTokensKeyed(seqTokens(16, 1), "", "s", 4, nil), HashTokensSalted(seqTokens(16, 1), "s", 4, nil)) {
+		t.Fatal("HashTokensKeyed without an adapter is not HashTokensSalted")
+	}
+}
+
 // TestIndexManyEndpoints uses more than 64 endpoints (two groups).
 func TestIndexManyEndpoints(t *testing.T) {
 	x := NewIndex(IndexConfig{BlockSize: 4, Shards: 2})

@@ -5,11 +5,40 @@ package extrakeys
 
 // AppendCacheSalt appends the msgpack of the 1-tuple (salt,), the entry
 // vLLM's generate_block_hash_extra_keys gives a first block salted with a
-// request's cache_salt: fixarray 1, then the string in its shortest form
-// (fixstr, str8, str16 or str32).
-func AppendCacheSalt(b []byte, salt string) []byte {
-	b = append(b, 0x91)
-	switch n := len(salt); {
+// request's cache_salt and no LoRA adapter. It is AppendBlock(b, "", salt).
+func AppendCacheSalt(b []byte, salt string) []byte { return AppendBlock(b, "", salt) }
+
+// AppendBlock appends the msgpack of the extra_keys tuple vLLM's
+// generate_block_hash_extra_keys gives a block of a text prompt: the LoRA
+// adapter's name (lora_request.lora_name, on every block of an adapter's
+// request) then the request's cache_salt (on the block starting at token 0
+// only, so callers pass "" for the others), each only when non-empty. The
+// tuple is a msgpack array (fixarray) of strings, each in its shortest form
+// (fixstr, str8, str16 or str32). With both empty the block has no extra
+// keys (vLLM's None) and b is returned unchanged.
+func AppendBlock(b []byte, lora, salt string) []byte {
+	n := 0
+	if lora != "" {
+		n++
+	}
+	if salt != "" {
+		n++
+	}
+	if n == 0 {
+		return b
+	}
+	b = append(b, 0x90|byte(n))
+	if lora != "" {
+		b = appendString(b, lora)
+	}
+	if salt != "" {
+		b = appendString(b, salt)
+	}
+	return b
+}
+
+func appendString(b []byte, s string) []byte {
+	switch n := len(s); {
 	case n < 32:
 		b = append(b, 0xa0|byte(n))
 	case n < 1<<8:
@@ -19,5 +48,5 @@ func AppendCacheSalt(b []byte, salt string) []byte {
 	default:
 		b = append(b, 0xdb, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
 	}
-	return append(b, salt...)
+	return append(b, s...)
 }
