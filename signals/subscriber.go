@@ -1110,30 +1110,49 @@ func fullAttention(kind string) bool {
 }
 
 // saltsFor returns per-block salts for blocks whose engine hash covers more
-// than their tokens (LoRA adapter, extra keys), or nil.
+// than their tokens (LoRA adapter, cache salt, multimodal inputs), or nil.
+//
+// An event with extra_keys (vLLM since PR #33304) gives each block's
+// whole extra-keys tuple, the adapter's name included ((lora_name,) on
+// every block of an adapter's request, (lora_name, cache_salt) on its
+// first), so those entries alone are the salts: each is the hash of its
+// msgpack bytes, which for a LoRA block is kvindex.BlockKey(lora, salt),
+// the key kvindex.HashTokensKeyed folds into the request's chain. Folding
+// lora_name in as well gave an adapter's blocks keys no request matched.
+// An older vLLM sends lora_name alone: every block's tuple is then
+// (lora_name,) (its cache_salt, if any, is not reported, and such a first
+// block is not matched). A bare lora_id (the deprecated integer) names no
+// adapter a request can: it salts every block apart.
 func (s *Subscriber) saltsFor(ev *KVEvent) []uint64 {
-	var lora uint64
+	if ev.ExtraKeys != nil {
+		salted := false
+		for _, k := range ev.ExtraKeys {
+			salted = salted || k != 0
+		}
+		if !salted {
+			return nil
+		}
+		s.salts = s.salts[:0]
+		for i := range ev.BlockHashes {
+			var salt uint64
+			if i < len(ev.ExtraKeys) {
+				salt = ev.ExtraKeys[i]
+			}
+			s.salts = append(s.salts, salt)
+		}
+		return s.salts
+	}
+	var salt uint64
 	switch {
 	case ev.LoRAName != "":
-		lora = xxh3.HashString("lora:" + ev.LoRAName)
+		salt = kvindex.BlockKey(ev.LoRAName, "")
 	case ev.HasLoRAID:
-		lora = xxh3.HashString(fmt.Sprintf("lora-id:%d", ev.LoRAID))
-	}
-	salted := lora != 0
-	for _, k := range ev.ExtraKeys {
-		if k != 0 {
-			salted = true
-		}
-	}
-	if !salted {
+		salt = xxh3.HashString(fmt.Sprintf("lora-id:%d", ev.LoRAID))
+	default:
 		return nil
 	}
 	s.salts = s.salts[:0]
-	for i := range ev.BlockHashes {
-		salt := lora
-		if i < len(ev.ExtraKeys) {
-			salt ^= ev.ExtraKeys[i]
-		}
+	for range ev.BlockHashes {
 		s.salts = append(s.salts, salt)
 	}
 	return s.salts
