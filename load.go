@@ -1,6 +1,9 @@
 package kvroute
 
-import "time"
+import (
+	"slices"
+	"time"
+)
 
 // Load is one endpoint's load as the router sees it at decision time: the
 // engine's last scraped signals, corrected by what the router dispatched
@@ -31,6 +34,38 @@ type Load struct {
 	// Stale reports that the engine signals are older than the configured
 	// limit; Waiting and Running are then router-local estimates only.
 	Stale bool `json:"stale"`
+	// LoRA is what the engine reports of its LoRA adapters; nil when it
+	// reports nothing (no --enable-lora, an engine without the metric) or
+	// its signals are stale. Shared, never modified.
+	LoRA *LoRALoad `json:"lora,omitempty"`
+}
+
+// LoRALoad is an engine's LoRA adapters as its metrics report them
+// (vLLM's vllm:lora_requests_info). It is immutable once built.
+type LoRALoad struct {
+	// Running are the adapters of the requests in the engine's batch,
+	// sorted: vLLM batches requests of at most Max distinct adapters.
+	Running []string `json:"running,omitempty"`
+	// Waiting are the adapters of the queued requests, sorted.
+	Waiting []string `json:"waiting,omitempty"`
+	// Max is the engine's --max-loras, the distinct adapters one batch may
+	// hold (0 = unknown).
+	Max int `json:"max,omitempty"`
+}
+
+// Active reports whether the engine has requests of adapter running or
+// waiting: the adapter is loaded, or being loaded.
+func (a *LoRALoad) Active(adapter string) bool {
+	return a != nil && (sortedHas(a.Running, adapter) || sortedHas(a.Waiting, adapter))
+}
+
+// Full reports whether the engine's batch holds Max distinct adapters: a
+// request of another adapter waits for one of them to leave the batch.
+func (a *LoRALoad) Full() bool { return a != nil && a.Max > 0 && len(a.Running) >= a.Max }
+
+func sortedHas(list []string, s string) bool {
+	_, ok := slices.BinarySearch(list, s)
+	return ok
 }
 
 // Age returns how old the engine signals are at now (0 when never observed).

@@ -115,6 +115,13 @@ type Metrics struct {
 	// sorted, without duplicates; MaxLoRA is the engine's max_lora (0 = unknown).
 	LoRAAdapters []string `json:"lora_adapters,omitempty"`
 	MaxLoRA      int      `json:"max_lora,omitempty"`
+	// LoRARunning and LoRAWaiting are LoRAAdapters apart: the adapters of
+	// the requests in the engine's batch (running_lora_adapters, at most
+	// MaxLoRA of them: vLLM batches at most --max-loras distinct adapters)
+	// and of those queued (waiting_lora_adapters), each sorted, without
+	// duplicates.
+	LoRARunning []string `json:"lora_running,omitempty"`
+	LoRAWaiting []string `json:"lora_waiting,omitempty"`
 	// TotalSlots and BusySlots are a llama.cpp server's slots (-np, from
 	// /props or /slots) and those processing a request (/slots); the
 	// scraper reads them besides /metrics (see the package doc).
@@ -425,15 +432,9 @@ func extractVLLM(fams map[string]*dto.MetricFamily, m *Metrics) {
 			}
 		}
 		if best != nil {
-			var names []string
-			for _, l := range []string{"running_lora_adapters", "waiting_lora_adapters"} {
-				lv, _ := label(best, l)
-				for _, a := range strings.Split(lv, ",") {
-					if a = strings.TrimSpace(a); a != "" {
-						names = append(names, a)
-					}
-				}
-			}
+			m.LoRARunning = adapterList(best, "running_lora_adapters")
+			m.LoRAWaiting = adapterList(best, "waiting_lora_adapters")
+			names := append(slices.Clone(m.LoRARunning), m.LoRAWaiting...)
 			slices.Sort(names)
 			m.LoRAAdapters = slices.Compact(names)
 			if ml, ok := label(best, "max_lora"); ok {
@@ -442,6 +443,20 @@ func extractVLLM(fams map[string]*dto.MetricFamily, m *Metrics) {
 			m.Have |= HasLoRA
 		}
 	}
+}
+
+// adapterList returns the adapter names of a vllm:lora_requests_info
+// series' label l (comma-joined), sorted, without duplicates; nil for none.
+func adapterList(s *dto.Metric, l string) []string {
+	lv, _ := label(s, l)
+	var names []string
+	for _, a := range strings.Split(lv, ",") {
+		if a = strings.TrimSpace(a); a != "" {
+			names = append(names, a)
+		}
+	}
+	slices.Sort(names)
+	return slices.Compact(names)
 }
 
 func extractSGLang(fams map[string]*dto.MetricFamily, m *Metrics) {

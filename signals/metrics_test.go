@@ -30,7 +30,8 @@ func TestParseMetricsGolden(t *testing.T) {
 		want   Metrics // fields checked by hand; the golden file pins the rest
 	}{
 		{"vllm", FlavorVLLM, Metrics{Waiting: 1, Running: 5, KVUsage: 0.375, PrefixQueries: 5120, PrefixHits: 2560,
-			Preemptions: 3, BlockSize: 16, NumGPUBlocks: 4096, KVCapacityTokens: 65536, LoRAAdapters: []string{"chat-lora", "sql-lora"}, MaxLoRA: 4}},
+			Preemptions: 3, BlockSize: 16, NumGPUBlocks: 4096, KVCapacityTokens: 65536, LoRAAdapters: []string{"chat-lora", "fr-lora", "sql-lora"}, MaxLoRA: 4,
+			LoRARunning: []string{"chat-lora", "sql-lora"}, LoRAWaiting: []string{"fr-lora", "sql-lora"}}},
 		{"vllm-legacy", FlavorVLLMLegacy, Metrics{Waiting: 4, Running: 7, KVUsage: 0.8125, PrefixQueries: 160000, PrefixHits: 120000,
 			Preemptions: 12, BlockSize: 16, NumGPUBlocks: 27713, KVCapacityTokens: 443408}},
 		{"sglang", FlavorSGLang, Metrics{Waiting: 2757, Running: 12, KVUsage: 0.28, CacheHitRate: 0.0075,
@@ -81,6 +82,9 @@ func TestParseMetricsGolden(t *testing.T) {
 			}
 			if !reflect.DeepEqual(got.LoRAAdapters, w.LoRAAdapters) {
 				t.Errorf("LoRAAdapters = %q, want %q", got.LoRAAdapters, w.LoRAAdapters)
+			}
+			if !reflect.DeepEqual(got.LoRARunning, w.LoRARunning) || !reflect.DeepEqual(got.LoRAWaiting, w.LoRAWaiting) {
+				t.Errorf("LoRARunning, LoRAWaiting = %q, %q, want %q, %q", got.LoRARunning, got.LoRAWaiting, w.LoRARunning, w.LoRAWaiting)
 			}
 			// Forcing the detected flavour gives the same result.
 			forced, err := ParseMetrics(bytes.NewReader(body), "", tt.flavor)

@@ -2,6 +2,7 @@ package signals
 
 import (
 	"math"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -105,6 +106,10 @@ type View struct {
 	lastErr     string
 	lastErrAt   time.Time
 
+	// lora is last's LoRA adapters as Loads carry them (nil: none
+	// reported).
+	lora *kvroute.LoRALoad
+
 	// Router-local state: requests in flight.
 	seq uint64
 	// flights holds the requests in flight, each in the slot its Ticket
@@ -166,6 +171,11 @@ func (v *View) Observe(now time.Time, m Metrics) {
 		return
 	}
 	v.last = m
+	v.lora = nil
+	if m.Has(HasLoRA) {
+		// Built once per observation: every Load until the next shares it.
+		v.lora = &kvroute.LoRALoad{Running: slices.Clone(m.LoRARunning), Waiting: slices.Clone(m.LoRAWaiting), Max: m.MaxLoRA}
+	}
 	v.observedAt = now
 	v.scrapes++
 	v.consecutive = 0
@@ -229,7 +239,7 @@ func (v *View) ResetSignals() {
 	v.mu.Lock()
 	v.gen.Add(1)
 	defer v.mu.Unlock()
-	v.last, v.observedAt, v.consecutive = Metrics{}, time.Time{}, 0
+	v.last, v.lora, v.observedAt, v.consecutive = Metrics{}, nil, time.Time{}, 0
 	v.hits = v.hits[:0]
 }
 
@@ -407,6 +417,9 @@ func (v *View) LoadUntil(now time.Time) (kvroute.Load, time.Time) {
 	if !l.Stale {
 		until = v.observedAt.Add(v.cfg.StaleAfter)
 	}
+	if !l.Stale {
+		l.LoRA = v.lora
+	}
 	if l.Stale {
 		// Router-local counts only: requests waiting for a first token are
 		// queued or in prefill, the others decoding. The hit rate of
@@ -486,5 +499,7 @@ func (v *View) Snapshot() ViewStatus {
 		InFlightTokens:    v.prefillTk,
 	}
 	s.Last.LoRAAdapters = append([]string(nil), v.last.LoRAAdapters...)
+	s.Last.LoRARunning = append([]string(nil), v.last.LoRARunning...)
+	s.Last.LoRAWaiting = append([]string(nil), v.last.LoRAWaiting...)
 	return s
 }

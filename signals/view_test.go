@@ -394,3 +394,38 @@ func TestViewStaleKVUsage(t *testing.T) {
 		t.Fatalf("fresh again: KVUsage = %v, want %v", got, want)
 	}
 }
+
+// TestViewLoRA: the adapters a scrape reports reach the Load (running and
+// waiting apart, with max_lora) until the signals go stale or a scrape
+// reports none; the Load's LoRALoad answers Active and Full from them.
+func TestViewLoRA(t *testing.T) {
+	v := NewView(ViewConfig{StaleAfter: time.Second})
+	m := vllmMetrics(1, 2, 0.5)
+	m.Have |= HasLoRA
+	m.LoRARunning, m.LoRAWaiting, m.MaxLoRA = []string{"a", "b"}, []string{"c"}, 2
+	v.Observe(at(0), m)
+	l := v.Load(at(10)).LoRA
+	want := &kvroute.LoRALoad{Running: []string{"a", "b"}, Waiting: []string{"c"}, Max: 2}
+	if !reflect.DeepEqual(l, want) {
+		t.Fatalf("LoRA = %+v, want %+v", l, want)
+	}
+	for name, active := range map[string]bool{"a": true, "b": true, "c": true, "d": false} {
+		if got := l.Active(name); got != active {
+			t.Errorf("Active(%q) = %v, want %v", name, got, active)
+		}
+	}
+	if !l.Full() {
+		t.Errorf("Full() = false with 2 of max 2 adapters running")
+	}
+	if got := v.Load(at(1500)).LoRA; got != nil {
+		t.Errorf("stale: LoRA = %+v, want nil", got)
+	}
+	v.Observe(at(2000), vllmMetrics(0, 0, 0))
+	if got := v.Load(at(2010)).LoRA; got != nil {
+		t.Errorf("scrape without the metric: LoRA = %+v, want nil", got)
+	}
+	var none *kvroute.LoRALoad
+	if none.Active("a") || none.Full() {
+		t.Errorf("nil LoRALoad: Active or Full true")
+	}
+}
