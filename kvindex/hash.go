@@ -109,8 +109,16 @@ func saltedRoot(seed uint64, salt string) uint64 {
 	return seed
 }
 
-// textRoot is the text chain's SaltRoot.
-func textRoot(salt string) uint64 { return saltedRoot(textSeed, salt) }
+// textRoot is the text chain's root for a request to adapter lora ("":
+// the base model) with cache_salt salt: the text seed XOR BlockKey(lora,
+// salt), or the seed for a 0 result. For the base model it is the text
+// chain's SaltRoot (BlockKey("", salt) is SaltKey(salt)).
+func textRoot(lora, salt string) uint64 {
+	if r := textSeed ^ BlockKey(lora, salt); r != 0 {
+		return r
+	}
+	return textSeed
+}
 
 // hashTokensFrom chains tokens' full blocks from root, folding step into
 // the parent of every block after the first (0: none).
@@ -192,13 +200,27 @@ func HashTextShared(text, prev string, blockChars int, prevHashes []uint64) (has
 // salt's or an unsalted one. prevHashes must be prev's hashes with the
 // same salt.
 func HashTextSharedSalted(text, salt, prev string, blockChars int, prevHashes []uint64) (hashes []uint64, shared int) {
+	return HashTextSharedKeyed(text, "", salt, prev, blockChars, prevHashes)
+}
+
+// HashTextSharedKeyed is HashTextSharedSalted for a request to a LoRA
+// adapter lora: the chain starts from the text seed XOR BlockKey(lora,
+// salt), so an adapter's prompt shares no block key with the base
+// model's, another adapter's or another salt's, as the engine shares no
+// cached block between them (vLLM keys every block of an adapter's
+// request with its name). The text chain is the router's own guess of
+// what it routed (the approximate index), never compared with an
+// engine's keys, so the root alone keys it apart: every key after it
+// chains from it. prevHashes must be prev's hashes with the same
+// adapter and salt. An empty lora is HashTextSharedSalted.
+func HashTextSharedKeyed(text, lora, salt, prev string, blockChars int, prevHashes []uint64) (hashes []uint64, shared int) {
 	if blockChars <= 0 {
 		return prevHashes[:0], 0
 	}
 	n := len(text) / blockChars
 	k := min(n, len(prevHashes), len(prev)/blockChars)
 	k = sharedBlocks(text[:k*blockChars], prev[:k*blockChars], blockChars)
-	h := textRoot(salt)
+	h := textRoot(lora, salt)
 	if k > 0 {
 		h = prevHashes[k-1]
 	}

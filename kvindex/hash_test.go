@@ -271,3 +271,40 @@ func TestHashSalted(t *testing.T) {
 		t.Error("a salted text chain shares the unsalted one's first key")
 	}
 }
+
+// TestHashTextKeyed: an adapter's text chain shares no key with the base
+// model's, another adapter's, or its own with another salt; without an
+// adapter it is HashTextSharedSalted's; reusing the hashes of a prompt of
+// the same adapter and salt equals hashing from scratch.
+func TestHashTextKeyed(t *testing.T) {
+	text := strings.Repeat("a shared system prompt. ", 40)
+	chain := func(lora, salt string) []uint64 {
+		h, _ := HashTextSharedKeyed(text, lora, salt, "", 64, nil)
+		return h
+	}
+	for _, salt := range []string{"", "s"} {
+		want, _ := HashTextSharedSalted(text, salt, "", 64, nil)
+		if got := chain("", salt); !slices.Equal(got, want) {
+			t.Errorf("salt %q, no adapter: %x, want HashTextSharedSalted's %x", salt, got, want)
+		}
+	}
+	chains := map[string][]uint64{
+		"base": chain("", ""), "sql": chain("sql", ""), "chat": chain("chat", ""), "sql+s": chain("sql", "s"), "base+s": chain("", "s"),
+	}
+	seen := map[uint64]string{}
+	for name, c := range chains {
+		for i, h := range c {
+			if o, dup := seen[h]; dup {
+				t.Errorf("%s block %d has the key of a block of %s", name, i, o)
+			}
+			seen[h] = name
+		}
+	}
+	next := text + "and a question"
+	prev := chain("sql", "s")
+	got, shared := HashTextSharedKeyed(next, "sql", "s", text, 64, slices.Clone(prev))
+	want, _ := HashTextSharedKeyed(next, "sql", "s", "", 64, nil)
+	if shared == 0 || !slices.Equal(got, want) {
+		t.Errorf("reusing %d blocks gave %x, want %x", shared, got, want)
+	}
+}
