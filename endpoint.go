@@ -2,6 +2,7 @@ package kvroute
 
 import (
 	"fmt"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -85,6 +86,20 @@ type Endpoint struct {
 	// indexes its own engine cores so; with --data-parallel-start-rank S
 	// their global ranks are S and up, which the ID names).
 	DataParallelRank int
+	// Adapters restricts the LoRA adapters of the model the endpoint
+	// serves (an engine started with its own --lora-modules), sorted; nil
+	// (the default) serves every adapter of the model.
+	Adapters []string
+}
+
+// ServesAdapter reports whether the endpoint serves LoRA adapter adapter
+// of its model; every endpoint serves the base model ("").
+func (e *Endpoint) ServesAdapter(adapter string) bool {
+	if adapter == "" || e.Adapters == nil {
+		return true
+	}
+	_, ok := slices.BinarySearch(e.Adapters, adapter)
+	return ok
 }
 
 // MaxWeight is the largest Endpoint.Weight: far above any real ratio of

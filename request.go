@@ -8,8 +8,15 @@ import "time"
 type Request struct {
 	// ID is the request ID, propagated to the engine as X-Request-Id.
 	ID string
-	// Model is the requested model name.
+	// Model is the model whose pool routes the request: the requested
+	// model name, or the base model of the LoRA adapter requested.
 	Model string
+	// Adapter is the LoRA adapter the request names in its "model" field
+	// ("" = the base model): the engine runs it on Model's weights, and
+	// only endpoints that serve it (Endpoint.ServesAdapter) may take it.
+	// The forwarded body keeps the adapter's name, which is what vLLM
+	// expects.
+	Adapter string
 	// Tenant identifies the tenant for fairness ("" = default tenant).
 	Tenant string
 	// SessionKey is the session or document affinity key ("" = none).
@@ -34,7 +41,8 @@ type Request struct {
 	// CacheSalt is the request's cache_salt (vLLM's: the engine keys the
 	// prompt's first block with it, so only requests with the same salt
 	// share cached blocks); the prompt's block hashes are salted with it
-	// (kvindex.HashTokensSalted, HashTextSharedSalted). "" = none.
+	// (kvindex.HashTokensKeyed, HashTextSharedKeyed, with Adapter). "" =
+	// none.
 	CacheSalt string
 	// Arrival is when the router received the request.
 	Arrival time.Time

@@ -9,6 +9,7 @@ import (
 	"net/netip"
 	"net/url"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -56,6 +57,16 @@ type Model struct {
 	// Name is the model name clients send in the request's "model" field.
 	// Required and unique.
 	Name string `yaml:"name"`
+	// Adapters are the LoRA adapters the model's engines serve (vLLM
+	// --enable-lora with --lora-modules), by the names clients send in the
+	// request's "model" field. A request naming one is routed in this
+	// model's pool (its endpoints, prefix index, policy and signals) to an
+	// endpoint that serves it (see Endpoint.Adapters), its body forwarded
+	// unchanged (the engine reads the adapter's name from it), and
+	// /v1/models lists it with this model as its parent. Each name is
+	// unique across every model's name and adapters. Default none. A
+	// reload applies changes to it.
+	Adapters []string `yaml:"adapters"`
 	// Endpoints are the engines serving the model. At least one is
 	// required, unless Discovery finds them.
 	Endpoints []Endpoint `yaml:"endpoints"`
@@ -141,6 +152,14 @@ type Endpoint struct {
 	// a pd.protocol sglang pool (SGLang's decode finds the prefill rank
 	// as bootstrap_room modulo the whole server's data-parallel size).
 	DataParallelStartRank int `yaml:"data_parallel_start_rank"`
+	// Adapters restricts which of the model's LoRA adapters (Model.Adapters)
+	// the engine serves, for an engine started with its own --lora-modules:
+	// a request for another adapter never goes to it. Each name must be in
+	// the model's adapters (the model's list is the whole set; this one
+	// picks from it). Default none: the engine serves every adapter of the
+	// model. A reload applies changes to it, as to the endpoint's other
+	// fields.
+	Adapters []string `yaml:"adapters"`
 }
 
 // RankID is the routing endpoint ID of the i-th data-parallel rank behind
@@ -703,6 +722,7 @@ func (c *Config) Validate() error {
 		}
 		m.validate(v, p)
 	}
+	c.checkAdapterNames(v)
 	c.checkBoundKVEvents(v)
 	// The request scanner reads one session field for every model (it
 	// runs before the model is known).
@@ -862,6 +882,7 @@ func (m *Model) validate(v *validator, p string) {
 		}
 	}
 	checkRankIDs(v, p, m.Endpoints)
+	m.validateAdapters(v, p)
 	if len(m.Endpoints) > 0 && decoders == 0 {
 		// A prefill engine hands its KV cache to a decode engine and
 		// generates nothing itself: such a pool would answer every request
@@ -910,6 +931,73 @@ func (m *Model) validate(v *validator, p string) {
 		v.addf(p+".router.session.header", "%q is not a header name", h)
 	} else if strings.HasPrefix(strings.ToLower(h), "x-kvroute-") {
 		v.addf(p+".router.session.header", "%q is in the router's X-Kvroute- namespace, whose headers the router drops from untrusted clients: name another header", h)
+	}
+}
+
+// checkAdapterNames reports a LoRA adapter name (models[i].adapters) that
+// is empty, or that another model's name or adapter (or the same model's)
+// is too: the request's "model" field must name one pool, and one
+// adapter in it.
+func (c *Config) checkAdapterNames(v *validator) {
+	where := map[string]string{} // name -> the field that has it first
+	for i := range c.Models {
+		if n := c.Models[i].Name; n != "" {
+			if _, dup := where[n]; !dup {
+				where[n] = fmt.Sprintf("models[%d].name", i)
+			}
+		}
+	}
+	for i := range c.Models {
+		for k, a := range c.Models[i].Adapters {
+			path := fmt.Sprintf("models[%d].adapters[%d]", i, k)
+			if strings.TrimSpace(a) == "" {
+				v.addf(path, "is empty")
+				continue
+			}
+			if w, dup := where[a]; dup {
+				v.addf(path, "%q is %s too: a request's model field must name one model or adapter", a, w)
+				continue
+			}
+			where[a] = path
+		}
+	}
+}
+
+// validateAdapters reports an endpoint's adapter (endpoints[j].adapters)
+// that is not one of the model's, or listed twice, and a model adapter no
+// endpoint serves (every endpoint lists its own and none lists it).
+func (m *Model) validateAdapters(v *validator, p string) {
+	model := make(map[string]bool, len(m.Adapters))
+	for _, a := range m.Adapters {
+		model[a] = true
+	}
+	served := map[string]bool{}
+	all := false // an endpoint serves every adapter of the model
+	for j := range m.Endpoints {
+		e := &m.Endpoints[j]
+		if len(e.Adapters) == 0 {
+			all = true
+			continue
+		}
+		seen := make(map[string]int, len(e.Adapters))
+		for k, a := range e.Adapters {
+			path := fmt.Sprintf("%s.endpoints[%d].adapters[%d]", p, j, k)
+			switch prev, dup := seen[a]; {
+			case dup:
+				v.addf(path, "%q duplicates adapters[%d]", a, prev)
+			case !model[a]:
+				v.addf(path, "%q is not one of %s.adapters: list it there too (the model's adapters are the whole set)", a, p)
+			}
+			seen[a], served[a] = k, true
+		}
+	}
+	if all || len(m.Endpoints) == 0 {
+		return
+	}
+	for k, a := range m.Adapters {
+		if !served[a] && strings.TrimSpace(a) != "" {
+			v.addf(fmt.Sprintf("%s.adapters[%d]", p, k), "%q is served by no endpoint: every endpoint lists its adapters, and none lists it", a)
+		}
 	}
 }
 
@@ -1091,6 +1179,17 @@ func (c *Config) Model(name string) *Model {
 	return nil
 }
 
+// AdapterModel returns the model that serves LoRA adapter name
+// (Model.Adapters), or nil.
+func (c *Config) AdapterModel(name string) *Model {
+	for i := range c.Models {
+		if slices.Contains(c.Models[i].Adapters, name) {
+			return &c.Models[i]
+		}
+	}
+	return nil
+}
+
 // ModelNames returns the configured model names, sorted.
 func (c *Config) ModelNames() []string {
 	out := make([]string, 0, len(c.Models))
@@ -1122,6 +1221,11 @@ func (m *Model) KVEndpoints() ([]kvroute.Endpoint, error) {
 			Weight:           e.Weight,
 			Labels:           labels,
 			KVCapacityTokens: e.KVCapacityTokens,
+		}
+		if len(e.Adapters) > 0 {
+			ke.Adapters = slices.Clone(e.Adapters)
+			slices.Sort(ke.Adapters)
+			ke.Adapters = slices.Compact(ke.Adapters)
 		}
 		if e.DataParallelSize <= 1 {
 			out = append(out, ke)

@@ -67,6 +67,37 @@ func TestValidateErrors(t *testing.T) {
 		mutate func(*Config)
 		want   string
 	}{
+		// LoRA adapters: a request's model field names one model or
+		// adapter; an endpoint picks from its model's adapters.
+		{"adapter empty", func(c *Config) { c.Models[0].Adapters = []string{" "} },
+			`models[0].adapters[0]: is empty`},
+		{"adapter named as its model", func(c *Config) { c.Models[0].Adapters = []string{"sql", "llama"} },
+			`models[0].adapters[1]: "llama" is models[0].name too: a request's model field must name one model or adapter`},
+		{"adapter twice in a model", func(c *Config) { c.Models[0].Adapters = []string{"sql", "sql"} },
+			`models[0].adapters[1]: "sql" is models[0].adapters[0] too: a request's model field must name one model or adapter`},
+		{"adapter of two models", func(c *Config) {
+			c.Models = append(c.Models, Model{Name: "qwen", Adapters: []string{"sql"}, Endpoints: []Endpoint{{URL: "http://127.0.0.1:9001"}}})
+			c.Models[0].Adapters = []string{"sql"}
+			c.ApplyDefaults()
+		}, `models[1].adapters[0]: "sql" is models[0].adapters[0] too: a request's model field must name one model or adapter`},
+		{"adapter named as another model", func(c *Config) {
+			c.Models = append(c.Models, Model{Name: "qwen", Endpoints: []Endpoint{{URL: "http://127.0.0.1:9001"}}})
+			c.Models[0].Adapters = []string{"qwen"}
+			c.ApplyDefaults()
+		}, `models[0].adapters[0]: "qwen" is models[1].name too: a request's model field must name one model or adapter`},
+		{"endpoint adapter not the model's", func(c *Config) {
+			c.Models[0].Adapters = []string{"sql"}
+			c.Models[0].Endpoints[1].Adapters = []string{"sql", "chat"}
+		}, `models[0].endpoints[1].adapters[1]: "chat" is not one of models[0].adapters: list it there too (the model's adapters are the whole set)`},
+		{"endpoint adapter twice", func(c *Config) {
+			c.Models[0].Adapters = []string{"sql"}
+			c.Models[0].Endpoints[1].Adapters = []string{"sql", "sql"}
+		}, `models[0].endpoints[1].adapters[1]: "sql" duplicates adapters[0]`},
+		{"adapter served by no endpoint", func(c *Config) {
+			c.Models[0].Adapters = []string{"sql", "chat"}
+			c.Models[0].Endpoints[0].Adapters = []string{"sql"}
+			c.Models[0].Endpoints[1].Adapters = []string{"sql"}
+		}, `models[0].adapters[1]: "chat" is served by no endpoint: every endpoint lists its adapters, and none lists it`},
 		{"bad url scheme", func(c *Config) {
 			c.Models[0].Endpoints = append(c.Models[0].Endpoints, Endpoint{ID: "x", URL: "htp://x", Role: "both", Weight: 1})
 		},
@@ -318,5 +349,36 @@ func TestValidateEngineInTwoRoles(t *testing.T) {
 	c.Models[0].Endpoints[1].URL, c.Models[0].Endpoints[1].Role = "http://127.0.0.1:8001", "decode"
 	if err := c.Validate(); err != nil {
 		t.Errorf("Validate: got %v, want nil", err)
+	}
+}
+
+// TestAdapters: a valid config with LoRA adapters; KVEndpoints gives each
+// endpoint its adapters sorted (nil: every adapter of the model), and
+// AdapterModel finds an adapter's model.
+func TestAdapters(t *testing.T) {
+	c := valid()
+	c.Models[0].Adapters = []string{"sql", "chat"}
+	c.Models[0].Endpoints[1].Adapters = []string{"sql", "chat"}
+	c.Models[0].Endpoints[1].DataParallelSize = 2
+	if err := c.Validate(); err != nil {
+		t.Fatal(err)
+	}
+	eps, err := c.Models[0].KVEndpoints()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if eps[0].Adapters != nil || !eps[0].ServesAdapter("sql") || !eps[0].ServesAdapter("any") {
+		t.Errorf("endpoint without adapters: Adapters %q, want nil (every adapter)", eps[0].Adapters)
+	}
+	for _, e := range eps[1:] {
+		if strings.Join(e.Adapters, ",") != "chat,sql" || !e.ServesAdapter("chat") || e.ServesAdapter("fr") || !e.ServesAdapter("") {
+			t.Errorf("%s: Adapters %q, want chat,sql", e.ID, e.Adapters)
+		}
+	}
+	if m := c.AdapterModel("chat"); m == nil || m.Name != "llama" {
+		t.Errorf("AdapterModel(chat) = %v, want llama", m)
+	}
+	if m := c.AdapterModel("llama"); m != nil {
+		t.Errorf("AdapterModel(llama) = %v, want nil (a model, not an adapter)", m.Name)
 	}
 }

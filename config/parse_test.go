@@ -59,6 +59,7 @@ func FuzzParse(f *testing.F) {
 		"listen: ':9'\ntimeouts: {dial: 2s}\nmodels: [{name: m, router: {block_chars: 64}, endpoints: [{url: 'http://a:1', kv_events: {address: 'tcp://a:5557'}}], precise: {tokenizer: builtin}}]",
 		"models: [{name: m, endpoints: [{url: 'http://a:1', signals: {scrape_interval: -1s}}]}]",
 		"models: [{name: m, policy: {name: kv-aware, params: {c: 1.5}}, endpoints: [{url: 'http://a:1'}]}]",
+		"models: [{name: m, adapters: [sql, chat], endpoints: [{url: 'http://a:1', adapters: [sql]}, {url: 'http://b:1'}]}, {name: n, adapters: [fr], endpoints: [{url: 'http://c:1'}]}]",
 		"models: [{name: m, discovery: {sources: [{kubernetes: {service: p, endpoint: {role: prefill}}}, {kubernetes: {service: d, namespace: x, endpoint: {role: decode, data_parallel_size: 2}}}]}, pd: {mode: always}}]",
 		"models: [{name: m, endpoints: [{url: 'http://a:1', role: prefill, data_parallel_size: 2}, {url: 'http://b:1', role: decode, data_parallel_size: 4, data_parallel_start_rank: 4}], pd: {protocol: sglang}}]",
 		"&a [*a]", "models: !!binary aGVsbG8=", "{", "",
