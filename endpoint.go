@@ -87,15 +87,16 @@ type Endpoint struct {
 	// their global ranks are S and up, which the ID names).
 	DataParallelRank int
 	// Adapters restricts the LoRA adapters of the model the endpoint
-	// serves (an engine started with its own --lora-modules), sorted; nil
-	// (the default) serves every adapter of the model.
+	// serves (an engine started with its own --lora-modules), sorted (the
+	// router sorts a copy of a list that is not); empty (the default)
+	// serves every adapter of the model.
 	Adapters []string
 }
 
 // ServesAdapter reports whether the endpoint serves LoRA adapter adapter
 // of its model; every endpoint serves the base model ("").
 func (e *Endpoint) ServesAdapter(adapter string) bool {
-	if adapter == "" || e.Adapters == nil {
+	if adapter == "" || len(e.Adapters) == 0 {
 		return true
 	}
 	_, ok := slices.BinarySearch(e.Adapters, adapter)

@@ -6,6 +6,7 @@ import (
 	"maps"
 	"math"
 	"net/http"
+	"slices"
 	"sync"
 	"time"
 	"unsafe"
@@ -152,6 +153,7 @@ type Router struct {
 	hashes  []uint64 // reused by Route for character-block hashes: HashText(prompt)
 	prompt  []byte   // a copy of the prompt of the last character-block hashes (see Route)
 	salt    string   // that prompt's CacheSalt
+	adapter string   // and its Adapter
 	// explainer is picker when it defers its explanations.
 	explainer DeferredExplainer
 	// anyPrecise: some endpoint publishes KV events, so gap may hold
@@ -331,6 +333,9 @@ func checkEndpoints(model string, eps []kvroute.Endpoint, allowEmpty bool) ([]kv
 		case ep.Weight == 0:
 			ep.Weight = 1
 		}
+		if !slices.IsSorted(ep.Adapters) { // ServesAdapter searches it
+			ep.Adapters = slices.Sorted(slices.Values(ep.Adapters))
+		}
 		out[i] = ep
 	}
 	return out, nil
@@ -488,7 +493,7 @@ func (r *Router) SetEndpoints(now time.Time, eps []kvroute.Endpoint, precise []s
 // sameEndpoint reports whether a and b are equal in every field.
 func sameEndpoint(a, b *kvroute.Endpoint) bool {
 	return a.ID == b.ID && a.SameEngine(b) && a.Weight == b.Weight &&
-		a.KVCapacityTokens == b.KVCapacityTokens && maps.Equal(a.Labels, b.Labels)
+		a.KVCapacityTokens == b.KVCapacityTokens && maps.Equal(a.Labels, b.Labels) && slices.Equal(a.Adapters, b.Adapters)
 }
 
 // Model returns the model name.
@@ -624,11 +629,12 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 		// and the next prompt may then be written over it.
 		// Of the copy, the bytes the two share are already there.
 		var shared int
-		if req.CacheSalt != r.salt {
-			// The last prompt's hashes are another salt's chain.
-			r.prompt, r.salt = r.prompt[:0], req.CacheSalt
+		if req.CacheSalt != r.salt || req.Adapter != r.adapter {
+			// The last prompt's hashes are another salt's or adapter's
+			// chain.
+			r.prompt, r.salt, r.adapter = r.prompt[:0], req.CacheSalt, req.Adapter
 		}
-		r.hashes, shared = kvindex.HashTextSharedSalted(req.Prompt, req.CacheSalt, unsafe.String(unsafe.SliceData(r.prompt), len(r.prompt)), r.cfg.BlockChars, r.hashes)
+		r.hashes, shared = kvindex.HashTextSharedKeyed(req.Prompt, req.Adapter, req.CacheSalt, unsafe.String(unsafe.SliceData(r.prompt), len(r.prompt)), r.cfg.BlockChars, r.hashes)
 		same := shared * r.cfg.BlockChars
 		r.prompt = append(r.prompt[:same], req.Prompt[same:]...)
 		req.BlockHashes = r.hashes
@@ -652,7 +658,9 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 		c := &cands[i]
 		m := r.matches[i]
 		c.Endpoint = &e.ep
-		c.Healthy = e.healthy(&clock) && !contains(exclude, e.ep.ID)
+		// An endpoint that does not serve the request's LoRA adapter is
+		// never a candidate for it.
+		c.Healthy = e.healthy(&clock) && !contains(exclude, e.ep.ID) && e.ep.ServesAdapter(req.Adapter)
 		if c.Healthy {
 			healthy++
 		}
@@ -677,7 +685,7 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 		}
 	}
 	if healthy == 0 {
-		return nil, r.unavailable(now, exclude)
+		return nil, r.unavailable(now, req, exclude)
 	}
 
 	d := r.picker.Pick(now, req, cands)
@@ -706,7 +714,7 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 			return nil, &kvroute.Error{Status: http.StatusInternalServerError, Type: kvroute.TypeInternal, Code: "bad_decision",
 				Message: fmt.Sprintf("policy %s chose an ineligible endpoint (index %d)", d.Policy, d.Index)}
 		}
-		return nil, r.unavailable(now, exclude)
+		return nil, r.unavailable(now, req, exclude)
 	}
 	e := r.eps[d.Index]
 	c := &cands[d.Index]
@@ -873,13 +881,18 @@ func (r *Router) sizeApprox(e *endpoint, capTokens int, req *kvroute.Request, ch
 	}
 }
 
-// unavailable builds the 503 for a pool with no healthy endpoint; its
-// RetryAfter is the time until the first ejection ends (at least 1s).
-func (r *Router) unavailable(now time.Time, exclude []string) error {
+// unavailable builds the 503 for a pool with no healthy endpoint for req
+// (of those that serve its LoRA adapter, if any); its RetryAfter is the
+// time until the first ejection of those ends (at least 1s). A request
+// for an adapter is told so, code no_adapter_endpoint.
+func (r *Router) unavailable(now time.Time, req *kvroute.Request, exclude []string) error {
 	if len(r.eps) == 0 {
 		return &UnavailableError{Err: kvroute.Error{Status: http.StatusServiceUnavailable, Type: kvroute.TypeUnavailable,
 			Code: "no_endpoints", Message: fmt.Sprintf("model %q has no endpoints (none discovered ready yet)", r.cfg.Model)},
 			RetryAfter: emptyRetryAfter}
+	}
+	if req.Adapter != "" {
+		return r.adapterUnavailable(now, req.Adapter, exclude)
 	}
 	wait := time.Duration(0)
 	for _, e := range r.eps {
@@ -899,6 +912,42 @@ func (r *Router) unavailable(now time.Time, exclude []string) error {
 	}
 	return &UnavailableError{Err: kvroute.Error{Status: http.StatusServiceUnavailable, Type: kvroute.TypeUnavailable,
 		Code: "no_healthy_endpoint", Message: msg}, RetryAfter: secs}
+}
+
+// adapterUnavailable is unavailable for a request for LoRA adapter
+// adapter: no endpoint that serves it is healthy (or untried), or none in
+// the pool serves it (a discovered pool may have none yet).
+func (r *Router) adapterUnavailable(now time.Time, adapter string, exclude []string) error {
+	serving, wait := 0, time.Duration(0)
+	for _, e := range r.eps {
+		if !e.ep.ServesAdapter(adapter) {
+			continue
+		}
+		serving++
+		if e.ejectedUntil.After(now) {
+			if d := e.ejectedUntil.Sub(now); wait == 0 || d < wait {
+				wait = d
+			}
+		}
+	}
+	secs := max(int(math.Ceil(wait.Seconds())), 1)
+	var msg string
+	switch tried := 0; {
+	case serving == 0:
+		msg, secs = fmt.Sprintf("no endpoint of model %q serves adapter %q", r.cfg.Model, adapter), emptyRetryAfter
+	default:
+		for _, id := range exclude {
+			if e := r.byID[id]; e != nil && e.ep.ServesAdapter(adapter) {
+				tried++
+			}
+		}
+		msg = fmt.Sprintf("no healthy endpoint of model %q serves adapter %q (%d serve it)", r.cfg.Model, adapter, serving)
+		if tried > 0 {
+			msg = fmt.Sprintf("no healthy endpoint of model %q serving adapter %q left after trying %d (%d serve it)", r.cfg.Model, adapter, tried, serving)
+		}
+	}
+	return &UnavailableError{Err: kvroute.Error{Status: http.StatusServiceUnavailable, Type: kvroute.TypeUnavailable,
+		Code: "no_adapter_endpoint", Message: msg}, RetryAfter: secs}
 }
 
 // emptyRetryAfter is the Retry-After, in seconds, of a pool without
