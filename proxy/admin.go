@@ -37,13 +37,23 @@ type modelCard struct {
 	Object  string `json:"object"`
 	Created int64  `json:"created"`
 	OwnedBy string `json:"owned_by"`
+	// Parent is a LoRA adapter's base model, as vLLM's /v1/models lists
+	// an adapter (serving_models.py: parent=lora.base_model_name); left
+	// out for a base model.
+	Parent string `json:"parent,omitempty"`
 }
 
-// serveModels lists the configured models (the union of every pool).
+// serveModels lists the configured models (the union of every pool), then
+// their LoRA adapters, each with its base model as its parent, as vLLM
+// lists its base models and then its adapters.
 func (p *Proxy) serveModels(w http.ResponseWriter, _ *http.Request) {
-	l := modelList{Object: "list", Data: make([]modelCard, 0, len(p.names))}
+	ad := p.adapters.Load()
+	l := modelList{Object: "list", Data: make([]modelCard, 0, len(p.names)+len(ad.names))}
 	for _, n := range p.names {
 		l.Data = append(l.Data, modelCard{ID: n, Object: "model", Created: p.started.Unix(), OwnedBy: "kvroute"})
+	}
+	for _, a := range ad.names {
+		l.Data = append(l.Data, modelCard{ID: a, Object: "model", Created: p.started.Unix(), OwnedBy: "kvroute", Parent: ad.pools[a].model})
 	}
 	writeJSON(w, http.StatusOK, l)
 }

@@ -88,7 +88,13 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 		p.reject(w, r, start, "", err)
 		return
 	}
-	pl := p.pools[ri.Model]
+	pl, adapter := p.pools[ri.Model], ""
+	if pl == nil {
+		// A LoRA adapter is routed in its base model's pool.
+		if pl = p.adapterPool(ri.Model); pl != nil {
+			adapter = ri.Model
+		}
+	}
 	if pl == nil {
 		promptBuffers.put(prompt)
 		p.reject(w, r, start, "", kvroute.Errorf(http.StatusNotFound, kvroute.TypeNotFound, "model_not_found", "model",
@@ -108,7 +114,8 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 	defer p.ids.release(routeID)
 	req := &kvroute.Request{
 		ID:           routeID,
-		Model:        ri.Model,
+		Model:        pl.model,
+		Adapter:      adapter,
 		Tenant:       tenantOf(r, trusted, ri.User),
 		SessionKey:   pl.session.key(r.Header, &ri),
 		Prompt:       ri.Prompt,

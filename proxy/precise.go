@@ -184,7 +184,9 @@ func continueFinal(text string, messages json.RawMessage) (string, error) {
 
 // prepare tokenizes req's prompt as the model's engines do and sets its
 // token fields: PromptTokens, BlockSize and BlockHashes (chained
-// kvindex.HashTokensSalted of the full blocks, with req.CacheSalt). ri is
+// kvindex.HashTokensKeyed of the full blocks, with req.Adapter and
+// req.CacheSalt: the keys the precise index gives the blocks an engine
+// stored for the same adapter and salt). ri is
 // the routing parse of body. On error req is unchanged and the router
 // matches on characters.
 func (pc *precise) prepare(kind openai.Kind, body []byte, ri *openai.RequestInfo, req *kvroute.Request) error {
@@ -194,7 +196,7 @@ func (pc *precise) prepare(kind openai.Kind, body []byte, ri *openai.RequestInfo
 	}
 	req.PromptTokens = len(ids)
 	req.BlockSize = pc.blockSize
-	req.BlockHashes = kvindex.HashTokensSalted(ids, req.CacheSalt, pc.blockSize, make([]uint64, 0, len(ids)/pc.blockSize))
+	req.BlockHashes = kvindex.HashTokensKeyed(ids, req.Adapter, req.CacheSalt, pc.blockSize, make([]uint64, 0, len(ids)/pc.blockSize))
 	return nil
 }
 

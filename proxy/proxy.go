@@ -68,6 +68,9 @@ type Proxy struct {
 	ui        *ui.Dashboard // the /ui dashboard; nil if it could not be built
 	trusted   []netip.Prefix
 	pools     map[string]*pool // by model name; read-only after New
+	// adapters are the LoRA adapters (config models[].adapters) and the
+	// pools of their base models; Reload replaces the table whole.
+	adapters atomic.Pointer[adapterTable]
 	// sessionField is the body field carrying session keys (the same for
 	// every model, see config.Config.SessionField), or "".
 	sessionField string
@@ -176,6 +179,7 @@ func New(opts Options) (*Proxy, error) {
 		p.names = append(p.names, pl.model)
 	}
 	sort.Strings(p.names)
+	p.adapters.Store(p.newAdapterTable(cfg.Models))
 	for _, name := range p.names {
 		p.metrics.addPool(name)
 		if p.pools[name].discovered {
@@ -291,6 +295,35 @@ func (p *Proxy) Router(model string) *router.Router {
 
 // Models returns the served model names, sorted.
 func (p *Proxy) Models() []string { return append([]string(nil), p.names...) }
+
+// adapterTable is the LoRA adapters served: each adapter's base model's
+// pool. It is never modified once stored in Proxy.adapters.
+type adapterTable struct {
+	pools map[string]*pool // by adapter name
+	names []string         // the adapter names, sorted
+}
+
+// newAdapterTable builds the adapter table of models (validated: each
+// adapter is one model's), leaving out the adapters of models without a
+// pool (added by a reload: they need a restart).
+func (p *Proxy) newAdapterTable(models []config.Model) *adapterTable {
+	t := &adapterTable{pools: map[string]*pool{}}
+	for i := range models {
+		pl := p.pools[models[i].Name]
+		if pl == nil {
+			continue
+		}
+		for _, a := range models[i].Adapters {
+			t.pools[a] = pl
+			t.names = append(t.names, a)
+		}
+	}
+	sort.Strings(t.names)
+	return t
+}
+
+// adapterPool returns the pool of LoRA adapter name's base model, or nil.
+func (p *Proxy) adapterPool(name string) *pool { return p.adapters.Load().pools[name] }
 
 // SetPolicy switches a model's policy at runtime.
 func (p *Proxy) SetPolicy(model, policy string, params map[string]any) error {

@@ -89,7 +89,7 @@ func configIndex(m *config.Model, id string) int {
 func sameEndpoint(a, b *kvroute.Endpoint) bool {
 	return a.ID == b.ID && a.URL == b.URL && a.Role == b.Role && a.Weight == b.Weight &&
 		a.KVCapacityTokens == b.KVCapacityTokens && a.DataParallelSize == b.DataParallelSize &&
-		a.DataParallelRank == b.DataParallelRank && maps.Equal(a.Labels, b.Labels)
+		a.DataParallelRank == b.DataParallelRank && maps.Equal(a.Labels, b.Labels) && slices.Equal(a.Adapters, b.Adapters)
 }
 
 // upstream returns the reverse proxy of a routed endpoint, nil when it is
@@ -153,10 +153,13 @@ func (pl *pool) preciseIDs(m *config.Model) []string {
 type ReloadResult struct {
 	// Models lists the models whose endpoints changed, in config order.
 	Models []ModelChange
+	// Adapters lists the models whose LoRA adapters (models[].adapters)
+	// changed, in config order: applied live, as the endpoint lists are.
+	Adapters []string
 	// Restart lists the config fields that differ from the running
 	// configuration but are not applied live (everything but the models'
-	// endpoint lists), e.g. "listen", "models[0].policy", "models: model
-	// \"b\" added". They take effect at the next start.
+	// endpoint lists and adapters), e.g. "listen", "models[0].policy",
+	// "models: model \"b\" added". They take effect at the next start.
 	Restart []string
 }
 
@@ -196,6 +199,11 @@ type planned struct {
 // stopped (its precise-index entries removed) and its metric series
 // deleted; requests in progress on it finish. A data-parallel endpoint's
 // ranks are endpoints: its data_parallel_size may change too.
+//
+// A running model's LoRA adapters (models[].adapters) change live too:
+// the adapter table the request path reads is replaced whole once the
+// endpoint changes are applied (an endpoint's own adapters are one of its
+// fields, applied with it), and the result's Adapters names the models.
 //
 // Nothing else is applied live: models added or removed, listen, policies,
 // timeouts and every other field keep their running values, and the
@@ -309,6 +317,25 @@ func (p *Proxy) reload(load func() (config.Config, error)) (ReloadResult, error)
 			return ReloadResult{}, fmt.Errorf("proxy: reload: %w", err)
 		}
 		res.Models = append(res.Models, pc.change)
+	}
+	// The adapters: a request names one in its model field, so the new
+	// table is published whole, after the endpoints that serve them.
+	changed := false
+	for i := range cfg.Models {
+		m := &cfg.Models[i]
+		pl := p.pools[m.Name]
+		if pl == nil || slices.Equal(p.applied.Models[pl.index].Adapters, m.Adapters) {
+			continue
+		}
+		p.log.Info("adapters changed", "model", m.Name, "adapters", m.Adapters, "was", p.applied.Models[pl.index].Adapters)
+		p.applied.Models[pl.index].Adapters = slices.Clone(m.Adapters)
+		res.Adapters = append(res.Adapters, m.Name)
+		changed = true
+	}
+	if changed {
+		// (A model removed from the file keeps running until a restart,
+		// Restart says so, and so do its adapters.)
+		p.adapters.Store(p.newAdapterTable(p.applied.Models))
 	}
 	return res, nil
 }
@@ -490,7 +517,7 @@ func restartFields(cur, next *config.Config) []string {
 		mt := mv.Type()
 		for k := range mt.NumField() {
 			f := mt.Field(k)
-			if f.Name == "Endpoints" || !f.IsExported() {
+			if f.Name == "Endpoints" || f.Name == "Adapters" || !f.IsExported() {
 				continue
 			}
 			if !reflect.DeepEqual(mv.Field(k).Interface(), ov.Field(k).Interface()) {

@@ -79,8 +79,15 @@ second signal ends the process at once). Exit status: 0 once stopped by a
 signal, 2 on a bad flag or flag value, 1 on another error (a config file that
 cannot be read or is invalid, a listen address in use).
 
+LoRA adapters: a model's adapters (models[].adapters, the names clients send
+as the model; endpoints[].adapters for an engine that serves only some) are
+routed in the model's pool: a request naming one goes only to an engine that
+serves it, its body unchanged, and /v1/models lists it with the model as its
+parent. With no healthy engine serving it the answer is 503
+no_adapter_endpoint.
+
 SIGHUP (with --config) reads the file again and applies its models' endpoint
-lists without a restart: engines added start taking requests (with their
+lists and LoRA adapters without a restart: engines added start taking requests (with their
 metrics scrape, kv_events subscription and health check), engines removed take
 no new ones while their requests in progress finish, and the engines that stay
 keep their routing state (cache index, health, learned rates). An ID whose url
