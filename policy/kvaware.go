@@ -226,6 +226,24 @@ type KVAwareParams struct {
 	// OutputTokens is the expected output length for DecodeWeight (capped
 	// by the request's max_tokens). Default 256.
 	OutputTokens int `param:"output_tokens"`
+	// AdapterLoad is the time an engine takes to load a LoRA adapter it
+	// has no request of running or waiting (vllm:lora_requests_info)
+	// before a request for it can start: vLLM's worker LoRA manager reads
+	// the adapter's safetensors (a rank-16 adapter of an 8B model's
+	// attention and MLP projections is some 40-170 MB) into host memory
+	// and copies them into a GPU slot on a miss, tens of milliseconds from
+	// a local disk. One still in vLLM's host cache (--max-cpu-loras)
+	// activates in a few ms, one fetched from a hub takes seconds: the
+	// default sits between. When the engine's batch already holds
+	// --max-loras distinct adapters (max_lora) and not this one, the
+	// request also waits for one of them to leave the batch, estimated as
+	// half a request's decode (OutputTokens/2 steps at the endpoint's
+	// step time). An endpoint whose signals give no adapters (stale, or no
+	// --enable-lora metric) pays AdapterLoad. Only requests for an adapter
+	// (kvroute.Request.Adapter) pay any of it: the base model's decisions
+	// are unchanged. 0 prices a load at nothing (the slot wait remains).
+	// Default 50ms.
+	AdapterLoad time.Duration `param:"adapter_load"`
 	// Explain fills Decision.Scores with every candidate's estimate and its
 	// parts. The Reason is always set. Turn it off on a hot path that does
 	// not log decisions (it is the policy's only sizeable allocation).
@@ -280,6 +298,7 @@ func DefaultKVAwareParams() KVAwareParams {
 		ProgressTokPerMs:      25,
 		OutputTokens:          256,
 		DecodeWeight:          0.1,
+		AdapterLoad:           50 * time.Millisecond,
 	}
 }
 
@@ -323,6 +342,7 @@ func (p KVAwareParams) Validate() error {
 		check(n, "pending_ttl", p.PendingTTL > 0, "must be > 0, got %v", p.PendingTTL),
 		check(n, "hot_settle", p.HotSettle >= 0, "must be >= 0, got %v", p.HotSettle),
 		check(n, "thrash_horizon", p.ThrashHorizon >= 0, "must be >= 0, got %v", p.ThrashHorizon),
+		check(n, "adapter_load", p.AdapterLoad >= 0, "must be >= 0, got %v", p.AdapterLoad),
 	}
 	for _, err := range errs {
 		if err != nil {
@@ -352,6 +372,14 @@ func (p KVAwareParams) Validate() error {
 //	          + (DecodeTokens + InFlightTokens + PromptTokens)/1000 x DecodeUsPerCtxKTok
 //	score   = TTFT + w x own x tok x attention + DecodeWeight x OutputTokens x dstep
 //	          with w = WorkWeight x (1 + WorkLoadGain x mean waiting)
+//
+// A request for a LoRA adapter (Request.Adapter) adds to queue the
+// adapter's load where the engine has no request of it running or
+// waiting (AdapterLoad), and where its batch is full of other adapters
+// (max_lora) the wait for a slot: an endpoint with the adapter active is
+// cheaper than one that must load it, by that much. (llm-d's
+// lora-affinity-scorer scores the same three states, 1, 0.8 and 0.6, but
+// is not in its default profile; kv-aware prices them in its estimate.)
 //
 // where budget is MaxBatchedTokens less one token per running sequence, tok
 // is PrefillUsPerToken (or the learned rate) and attention adds
@@ -472,7 +500,9 @@ func (p KVAwareParams) Validate() error {
 //
 // Every decision carries one Score per candidate (Value = the score, in ms;
 // Parts queue_ms, prefill_ms, work_ms, decode_ms, cached_tokens credited,
-// queued_tokens, in_flight, weight when it is not 1, and capped/
+// queued_tokens, in_flight, weight when it is not 1, adapter_ms (in
+// queue_ms) with adapter_active or adapter_slots_full for a request for a
+// LoRA adapter, and capped/
 // replica_trimmed/thrashing/session_target flags when they apply; Why
 // says which cap) and a Reason
 // with the chosen candidate's TTFT estimate, built by the code that
@@ -514,6 +544,7 @@ type KVAware struct {
 
 	workW     float64 // this decision's weight of added work
 	outTokens float64 // this request's expected output tokens
+	adapter   string  // this request's LoRA adapter ("": the base model)
 	// The estimate's terms that are the same for every candidate of a
 	// Pick, computed once per Pick: the attention ratio and the rates of
 	// a candidate without learned rates of its own (rates(nil)).
@@ -671,15 +702,17 @@ const (
 	capFull      // a small hit on a thrashing cache, with room elsewhere (SpareFull)
 )
 
-// candState is a candidate's state in a Pick. It is one cache line (64
-// bytes): Pick writes one per candidate, into memory that the router's
-// decision log hands back seldom in cache (KeepExplanation), so the fewer
-// lines the better; the estimate (queueMs + prefMs) and the decode term
+// candState is a candidate's state in a Pick. It is 72 bytes (the adapter
+// fields sit in the padding after flags): Pick writes one per candidate,
+// into memory that the router's decision log hands back seldom in cache
+// (KeepExplanation), so the fewer lines the better; the estimate (queueMs + prefMs) and the decode term
 // it used to keep too made it 80.
 type candState struct {
 	elig      bool // may be chosen
 	overBound bool // in-flight + 1 above the bound (session targets must not be)
 	flags     uint8
+	adapter   uint8   // the LoRA adapter's state there (adapterActive, ...), 0: a base-model request
+	adapterMs float32 // the adapter's load and slot wait, ms (in queueMs)
 	credit    int     // cached tokens credited
 	work      float64 // prefill compute this request adds to the endpoint, ms
 	decode    float64 // the score's decode term: DecodeWeight x its decode time there, ms
@@ -818,6 +851,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		return float64(weight(c)) / meanW
 	}
 	k.workW = p.WorkWeight * (1 + p.WorkLoadGain*float64(waiting)/float64(max(healthy, 1)))
+	k.adapter = req.Adapter
 	k.outTokens = float64(p.OutputTokens)
 	if req.MaxTokens > 0 {
 		k.outTokens = float64(min(req.MaxTokens, p.OutputTokens))
@@ -1011,7 +1045,8 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 			head = "overloaded, " + head // a head the table lacks: allocates
 		}
 	}
-	why := reasonFigures{head: head, est: st.est(), queueMs: st.queueMs, prefMs: st.prefMs, credit: st.credit, P: P}
+	why := reasonFigures{head: head, est: st.est(), queueMs: st.queueMs, prefMs: st.prefMs, credit: st.credit, P: P,
+		adapter: st.adapter, adapterMs: float64(st.adapterMs)}
 	if k.deferred {
 		// The figures are rendered when someone reads the decision
 		// (Explain): formatting them for every decision was an
@@ -1123,10 +1158,37 @@ func (k *KVAware) estimate(i int, c *kvroute.Candidate, st *candState, P int) {
 	}
 	attn := a.attn
 	prefMs := own*tok*attn + cpu*tok*p.CPUHitCost + (stepsAll-stepsQ)*stepMs
+	if k.adapter != "" {
+		var ms float64
+		st.adapter, ms = k.adapterCost(l, stepMs)
+		st.adapterMs = float32(ms)
+		queueMs += float64(st.adapterMs)
+	}
 	st.queued, st.queueMs, st.prefMs = queued, queueMs, prefMs
 	st.work = own * tok * attn
 	st.decode = p.DecodeWeight * k.outTokens * decodeStepMs(p, l, P)
 	st.score = st.est() + k.workW*st.work + st.decode
+}
+
+// A LoRA adapter's state on an endpoint (candState.adapter).
+const (
+	adapterActive uint8 = 1 + iota // requests of it running or waiting: loaded
+	adapterLoad                    // to be loaded into a free slot
+	adapterSlot                    // to be loaded once another adapter leaves the full batch
+)
+
+// adapterCost returns the state of the request's adapter on an endpoint
+// of load l, whose step takes stepMs, and the time the engine takes to
+// load it (see AdapterLoad), ms.
+func (k *KVAware) adapterCost(l *kvroute.Load, stepMs float64) (uint8, float64) {
+	load := float64(k.p.AdapterLoad) / float64(time.Millisecond)
+	switch {
+	case l.LoRA.Active(k.adapter):
+		return adapterActive, 0
+	case l.LoRA.Full():
+		return adapterSlot, load + k.outTokens/2*stepMs
+	}
+	return adapterLoad, load
 }
 
 // decodeStepMs is the step time, in milliseconds, the request of P prompt
@@ -1332,6 +1394,16 @@ func explain(c []candState, cands []kvroute.Candidate, scores []kvroute.Score) {
 		if w := weight(&cands[i]); w != 1 {
 			s.Parts = append(s.Parts, kvroute.Part{Name: "weight", Value: float64(w)})
 		}
+		if st.adapter != 0 {
+			// adapter_ms is in queue_ms; the state says why.
+			s.Parts = append(s.Parts, kvroute.Part{Name: "adapter_ms", Value: round3(float64(st.adapterMs))})
+			switch st.adapter {
+			case adapterActive:
+				s.Parts = append(s.Parts, kvroute.Part{Name: "adapter_active", Value: 1})
+			case adapterSlot:
+				s.Parts = append(s.Parts, kvroute.Part{Name: "adapter_slots_full", Value: 1})
+			}
+		}
 		sat := ""
 		switch {
 		case st.flags&capSaturated == 0:
@@ -1441,6 +1513,8 @@ type reasonFigures struct {
 	head                 string
 	est, queueMs, prefMs float64
 	credit, P            int
+	adapter              uint8 // the LoRA adapter's state (0: a base-model request)
+	adapterMs            float64
 }
 
 // reasonHead names how a candidate with credit cached tokens was chosen.
@@ -1487,6 +1561,18 @@ func (r reasonFigures) String() string {
 	b = append(b, '/')
 	b = strconv.AppendInt(b, int64(r.P), 10)
 	b = append(b, " tokens cached"...)
+	switch r.adapter {
+	case adapterActive:
+		b = append(b, ", adapter active"...)
+	case adapterLoad:
+		b = append(b, ", adapter load "...)
+		b = strconv.AppendFloat(b, r.adapterMs, 'f', 1, 64)
+		b = append(b, " ms"...)
+	case adapterSlot:
+		b = append(b, ", adapter load and slot wait "...)
+		b = strconv.AppendFloat(b, r.adapterMs, 'f', 1, 64)
+		b = append(b, " ms"...)
+	}
 	return string(b)
 }
 

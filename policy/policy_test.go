@@ -53,6 +53,7 @@ func TestNewErrors(t *testing.T) {
 		{"range c", NameKVAware, map[string]any{"c": 0.5}, `param "c": must be >= 1`},
 		{"range overload", NameKVAware, map[string]any{"overload": "drop"}, `param "overload": must be one of`},
 		{"range kv_cap", NameKVAware, map[string]any{"kv_cap": 1.5}, `param "kv_cap"`},
+		{"range adapter_load", NameKVAware, map[string]any{"adapter_load": "-1ms"}, `param "adapter_load": must be >= 0`},
 		{"sglang threshold", NameSGLangCacheAware, map[string]any{"cache_threshold": 2}, `param "cache_threshold"`},
 		{"dynamo temperature", NameDynamo, map[string]any{"temperature": -1}, `param "temperature"`},
 		{"kubeai factor", NameKubeAICHWBL, map[string]any{"mean_load_factor": 90}, `param "mean_load_factor"`},

@@ -38,6 +38,8 @@ type reqSpec struct {
 	// Blocks and BlockSeed generate BlockHashes seed*1000+1 .. seed*1000+Blocks.
 	Blocks    int    `json:"blocks,omitempty"`
 	BlockSeed uint64 `json:"block_seed,omitempty"`
+	// Adapter is the LoRA adapter requested ("": the base model).
+	Adapter string `json:"adapter,omitempty"`
 }
 
 type candSpec struct {
@@ -52,13 +54,18 @@ type candSpec struct {
 	CachedBlocks   int     `json:"cached_blocks,omitempty"`
 	CachedTokens   int     `json:"cached_tokens,omitempty"`
 	Tier           string  `json:"tier,omitempty"`
+	// LoRARunning, LoRAWaiting and MaxLoRA are the engine's adapters
+	// (vllm:lora_requests_info); none set: it reports none.
+	LoRARunning []string `json:"lora_running,omitempty"`
+	LoRAWaiting []string `json:"lora_waiting,omitempty"`
+	MaxLoRA     int      `json:"max_lora,omitempty"`
 }
 
 var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 
 func (r reqSpec) build() *kvroute.Request {
 	req := &kvroute.Request{ID: r.ID, Tenant: r.Tenant, SessionKey: r.SessionKey, Prompt: r.Prompt,
-		PromptTokens: r.PromptTokens, MaxTokens: r.MaxTokens, BlockSize: r.BlockSize, BlockHashes: r.BlockHashes}
+		PromptTokens: r.PromptTokens, MaxTokens: r.MaxTokens, BlockSize: r.BlockSize, BlockHashes: r.BlockHashes, Adapter: r.Adapter}
 	if req.BlockSize == 0 {
 		req.BlockSize = 16
 	}
@@ -78,6 +85,9 @@ func (c candSpec) build(blockSize, prompt int) (kvroute.Candidate, error) {
 			InFlightTokens: c.InFlightTokens, DecodeTokens: c.DecodeTokens, PrefixHitRate: -1},
 		CachedBlocks: c.CachedBlocks,
 		CachedTokens: c.CachedTokens,
+	}
+	if c.LoRARunning != nil || c.LoRAWaiting != nil || c.MaxLoRA > 0 {
+		cand.Load.LoRA = &kvroute.LoRALoad{Running: c.LoRARunning, Waiting: c.LoRAWaiting, Max: c.MaxLoRA}
 	}
 	if cand.CachedTokens == 0 && c.CachedBlocks > 0 {
 		cand.CachedTokens = min(c.CachedBlocks*blockSize, prompt)
