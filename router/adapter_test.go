@@ -196,3 +196,24 @@ func TestSetEndpointsAdapters(t *testing.T) {
 		}
 	}
 }
+
+// TestDecisionAdapter: the decision log names a request's adapter, and the
+// explanation says why an endpoint that does not serve it was no
+// candidate.
+func TestDecisionAdapter(t *testing.T) {
+	list := eps(2)
+	list[1].Adapters = []string{"chat"}
+	r, err := New(Config{Model: "m", Endpoints: list, Policy: "test", Picker: &pickFirstHealthy{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := r.Route(t0, &kvroute.Request{ID: "1", Model: "m", Adapter: "sql", Prompt: "p"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Done(t0, f, kvroute.Outcome{})
+	d := r.Decisions(1)[0]
+	if d.Adapter != "sql" || d.Decision.Scores[0].Why != "" || d.Decision.Scores[1].Why != `does not serve adapter "sql"` {
+		t.Errorf("decision: adapter %q, whys %q, %q; want sql, none, does not serve", d.Adapter, d.Decision.Scores[0].Why, d.Decision.Scores[1].Why)
+	}
+}

@@ -1,6 +1,7 @@
 package router
 
 import (
+	"fmt"
 	"time"
 
 	"github.com/kvroute/kvroute"
@@ -13,6 +14,7 @@ type DecisionRecord struct {
 	Time         time.Time        `json:"time"`
 	RequestID    string           `json:"request_id"`
 	Model        string           `json:"model"`
+	Adapter      string           `json:"adapter,omitempty"` // the LoRA adapter requested (kvroute.Request.Adapter)
 	Tenant       string           `json:"tenant,omitempty"`
 	SessionKey   string           `json:"session_key,omitempty"`
 	PromptTokens int              `json:"prompt_tokens"`
@@ -142,7 +144,7 @@ func (l *decisionLog) put(now time.Time, req *kvroute.Request, d kvroute.Decisio
 	slot := l.next
 	rec := &l.ring[slot]
 	l.next = (l.next + 1) % len(l.ring)
-	rec.Seq, rec.Time, rec.RequestID, rec.Model = l.seq, now, req.ID, req.Model
+	rec.Seq, rec.Time, rec.RequestID, rec.Model, rec.Adapter = l.seq, now, req.ID, req.Model, req.Adapter
 	rec.Tenant, rec.SessionKey, rec.PromptTokens, rec.Blocks = req.Tenant, req.SessionKey, req.PromptTokens, len(req.BlockHashes)
 	rec.Decision = d
 	if k := &l.kept[slot]; dx != nil {
@@ -266,6 +268,7 @@ func (r *Router) decision(seq uint64) (DecisionRecord, bool) {
 		if reason != "" {
 			cp.Decision.Reason = reason
 		}
+		adapterWhy(&cp, l.cands[slot])
 		return cp, true
 	}
 	cp.Decision.Scores = make([]kvroute.Score, len(rec.Decision.Scores))
@@ -273,5 +276,20 @@ func (r *Router) decision(seq uint64) (DecisionRecord, bool) {
 		sc.Parts = append([]kvroute.Part(nil), sc.Parts...)
 		cp.Decision.Scores[j] = sc
 	}
+	adapterWhy(&cp, l.cands[slot])
 	return cp, true
+}
+
+// adapterWhy says, in the explanation of a decision for a LoRA adapter,
+// why a candidate that does not serve it was not one: Route offers it to
+// the picker as not healthy, which the picker's explanation calls it.
+func adapterWhy(rec *DecisionRecord, cands []kvroute.Candidate) {
+	if rec.Adapter == "" || len(rec.Decision.Scores) != len(cands) {
+		return
+	}
+	for i := range cands {
+		if !cands[i].Endpoint.ServesAdapter(rec.Adapter) {
+			rec.Decision.Scores[i].Why = fmt.Sprintf("does not serve adapter %q", rec.Adapter)
+		}
+	}
 }
