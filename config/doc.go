@@ -36,6 +36,13 @@
 // In a prefill/decode pool its ranks are prefill or decode endpoints like any
 // other.
 //
+// A model's adapters (LoRA adapter names clients send as the model) are
+// the whole set its pool serves; an endpoint's adapters pick from them (an
+// engine with its own --lora-modules; none: every adapter). Validate
+// refuses an adapter name that is empty or is another model's name or
+// adapter, an endpoint's adapter not in its model's list, and a model
+// adapter no endpoint serves (AdapterModel finds an adapter's model).
+//
 // Policy names and parameters are checked by whoever builds the pickers
 // (package proxy, with policy.New); Validate checks only that a name is set.
 //

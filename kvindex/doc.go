@@ -37,7 +37,9 @@
 // tier to blocks the endpoint stored earlier with their tokens; blocks it
 // never did are skipped (ErrUnknownBlocks). Blocks whose engine hash covers more
 // than tokens (LoRA, multimodal inputs, cache salt) are keyed with a salt so
-// plain prompts never match them.
+// plain prompts never match them; a LoRA adapter's request hashed with
+// HashTokensKeyed (its name and cache_salt folded in as the salts of the
+// events' extra_keys are) matches the blocks an engine stored for it.
 //
 // Layout: endpoints are numbered in groups of 64; per group two tables (GPU,
 // CPU) map a key to a 64-bit mask of the endpoints holding it. The tables

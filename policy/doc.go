@@ -4,7 +4,9 @@
 //   - kv-aware (the default, KVAware): lowest estimated time to first token
 //     (queue wait + prefill of the uncached tokens), per-candidate load caps,
 //     session affinity by consistent hashing with bounded loads, hot-prefix
-//     replica sets, tenant fairness, shed/queue on overload.
+//     replica sets, tenant fairness, shed/queue on overload; a request for
+//     a LoRA adapter pays its load (adapter_load) where the engine does not
+//     have it active, and a slot wait where its batch is full of others.
 //   - Baselines: round_robin, random, least_request, power_of_two.
 //
 // Weights (kvroute.Endpoint.Weight): round_robin is nginx's smooth weighted

@@ -3,7 +3,10 @@
 //
 // For POST /v1/completions and /v1/chat/completions a request is read once
 // (bounded by limits.max_body_bytes), scanned by openai.ParseRequest for
-// what routing needs, routed by its model to that model's router.Router,
+// what routing needs, routed by its model to that model's router.Router
+// (a LoRA adapter's, config models[].adapters, to its base model's, with
+// kvroute.Request.Adapter set: only endpoints serving it are candidates,
+// its blocks keyed by it; /v1/models lists adapters with their parent),
 // and forwarded byte for byte by an httputil.ReverseProxy to the chosen
 // engine. Server-sent events are flushed chunk by chunk; a client that goes
 // away cancels the upstream request. A failure before the first response
@@ -153,6 +156,8 @@
 // now names another engine or role), and a leg routed to an endpoint
 // removed before it was sent is placed again (disagg.HandoffConfig.Live);
 // a change that would make a model aggregated or disaggregated is refused.
+// The models' LoRA adapters change live too: the adapter table is replaced
+// whole through an atomic pointer (ReloadResult.Adapters).
 // Nothing else is applied live: the other fields that differ are logged
 // (ReloadResult.Restart). Reloads are counted in
 // kvroute_config_reloads_total{result}, kvroute_config_last_reload_successful

@@ -7,7 +7,10 @@
 //
 //   - health: active checks reported with SetActiveHealth and passive
 //     ejection (consecutive failures reported with ReportResult eject an
-//     endpoint with exponential back-off),
+//     endpoint with exponential back-off); an endpoint that does not serve
+//     the request's LoRA adapter (kvroute.Endpoint.ServesAdapter) is offered
+//     as not healthy, and with none left Route answers 503
+//     no_adapter_endpoint,
 //   - load: each endpoint's signals.View (scraped engine signals corrected
 //     by the router's own dispatches; see package signals),
 //   - cache: the prefix indexes. The approximate index (kvindex.Approx)

@@ -59,7 +59,8 @@
 // (slotsAlone), its waiting requests unknown, logged once each way.
 //
 // vLLM's vllm:cache_config_info gives the block size and the number of GPU
-// blocks (KV capacity), vllm:lora_requests_info the adapters loaded. Series
+// blocks (KV capacity), vllm:lora_requests_info the adapters running and
+// waiting and max_lora (Load.LoRA while the signals are fresh). Series
 // of several data-parallel engines are summed (ratios averaged) by
 // ParseMetrics. SGLang publishes its scheduler gauges once per scheduler
 // worker, labelled with its ranks: the copies of one data-parallel group's
