@@ -248,8 +248,21 @@ func FuzzParseMetrics(f *testing.F) {
 		if m.KVUsage < 0 || m.KVUsage > 1 || m.Flavor == FlavorAuto {
 			t.Fatalf("bad result %+v", m)
 		}
+		// The adapters: each list sorted without duplicates or empty
+		// names, LoRAAdapters the union of the running and the waiting.
+		for _, l := range [][]string{m.LoRARunning, m.LoRAWaiting, m.LoRAAdapters} {
+			if !slices.IsSorted(l) || len(slices.Compact(slices.Clone(l))) != len(l) || slices.Contains(l, "") {
+				t.Fatalf("adapter list %q is not sorted, unique and non-empty", l)
+			}
+		}
+		union := slices.Compact(slices.Sorted(slices.Values(append(slices.Clone(m.LoRARunning), m.LoRAWaiting...))))
+		if !slices.Equal(union, m.LoRAAdapters) && (len(union) > 0 || len(m.LoRAAdapters) > 0) {
+			t.Fatalf("LoRAAdapters %q, want the union of %q and %q", m.LoRAAdapters, m.LoRARunning, m.LoRAWaiting)
+		}
 		v := NewView(ViewConfig{})
 		v.Observe(t0, m)
-		_ = v.Load(t0)
+		if l := v.Load(t0).LoRA; (l != nil) != m.Has(HasLoRA) {
+			t.Fatalf("Load.LoRA %+v with HasLoRA %v", l, m.Has(HasLoRA))
+		}
 	})
 }
