@@ -376,8 +376,9 @@ func (p KVAwareParams) Validate() error {
 // A request for a LoRA adapter (Request.Adapter) adds to queue the
 // adapter's load where the engine has no request of it running or
 // waiting (AdapterLoad), and where its batch is full of other adapters
-// (max_lora) the wait for a slot: an endpoint with the adapter active is
-// cheaper than one that must load it, by that much. (llm-d's
+// (max_lora) the wait for a slot: an endpoint with the adapter active (in
+// its signals, or with requests for it the policy routed there and has
+// not seen released) is cheaper than one that must load it, by that much. (llm-d's
 // lora-affinity-scorer scores the same three states, 1, 0.8 and 0.6, but
 // is not in its default profile; kv-aware prices them in its estimate.)
 //
@@ -534,6 +535,10 @@ type KVAware struct {
 	pending        map[pendingKey]pendingReq
 	prefixInflight map[uint64]prefixDemand
 	tenantInflight map[string]int
+	// adapterFlights counts the requests for each LoRA adapter routed to
+	// each endpoint and not yet released: the engine has the adapter
+	// loaded, or loading, before its next scrape says so.
+	adapterFlights map[adapterKey]int
 	tenantsActive  int
 	tracked        int // requests in pending
 	picks          uint64
@@ -603,6 +608,9 @@ type epStats struct {
 	headMax    float64
 }
 
+// adapterKey names a LoRA adapter on an endpoint (KVAware.adapterFlights).
+type adapterKey struct{ endpoint, adapter string }
+
 // lookupStat returns the stats of candidate i, c, nil when there are none
 // yet, and keeps the answer in k.byPos. A caller such as the router passes
 // the same candidates in the same order every time, so Pick reuses the
@@ -640,6 +648,11 @@ func (k *KVAware) ForgetEndpoint(id string) {
 	}
 	delete(k.eps, id)
 	k.epsGen++
+	for key := range k.adapterFlights {
+		if key.endpoint == id {
+			delete(k.adapterFlights, key)
+		}
+	}
 	clear(k.byPos) // it may hold the deleted stats
 	for key, pr := range k.pending {
 		if pr.endpoint == id {
@@ -689,6 +702,7 @@ type pendingReq struct {
 	prompt   float64 // prompt tokens
 	at       time.Time
 	prefill  bool // no first token yet: size is queued prefill work
+	adapter  string
 }
 
 // Cap flags of a candidate.
@@ -1160,7 +1174,7 @@ func (k *KVAware) estimate(i int, c *kvroute.Candidate, st *candState, P int) {
 	prefMs := own*tok*attn + cpu*tok*p.CPUHitCost + (stepsAll-stepsQ)*stepMs
 	if k.adapter != "" {
 		var ms float64
-		st.adapter, ms = k.adapterCost(l, stepMs)
+		st.adapter, ms = k.adapterCost(c, stepMs)
 		st.adapterMs = float32(ms)
 		queueMs += float64(st.adapterMs)
 	}
@@ -1177,13 +1191,15 @@ const (
 	adapterSlot                    // to be loaded once another adapter leaves the full batch
 )
 
-// adapterCost returns the state of the request's adapter on an endpoint
-// of load l, whose step takes stepMs, and the time the engine takes to
-// load it (see AdapterLoad), ms.
-func (k *KVAware) adapterCost(l *kvroute.Load, stepMs float64) (uint8, float64) {
+// adapterCost returns the state of the request's adapter on candidate c,
+// whose step takes stepMs, and the time the engine takes to load it (see
+// AdapterLoad), ms. The adapter is active where the engine's signals show
+// it running or waiting, or where the policy has requests for it in
+// flight: those the engine took since its last scrape load it too.
+func (k *KVAware) adapterCost(c *kvroute.Candidate, stepMs float64) (uint8, float64) {
 	load := float64(k.p.AdapterLoad) / float64(time.Millisecond)
-	switch {
-	case l.LoRA.Active(k.adapter):
+	switch l := &c.Load; {
+	case l.LoRA.Active(k.adapter) || k.adapterFlights[adapterKey{endpointID(c), k.adapter}] > 0:
 		return adapterActive, 0
 	case l.LoRA.Full():
 		return adapterSlot, load + k.outTokens/2*stepMs
@@ -1600,7 +1616,8 @@ func (k *KVAware) record(now time.Time, req *kvroute.Request, prefix uint64, end
 	if old, ok := k.pending[key]; ok { // a retry of the same request: replace
 		k.untrack(old)
 	}
-	pr := pendingReq{prefix: prefix, tenant: req.Tenant, endpoint: endpoint, size: float64(P - st.credit), prompt: float64(P), at: now, prefill: true}
+	pr := pendingReq{prefix: prefix, tenant: req.Tenant, endpoint: endpoint, size: float64(P - st.credit), prompt: float64(P), at: now, prefill: true,
+		adapter: req.Adapter}
 	k.pending[key] = pr
 	k.track(pr)
 	if k.picks%4096 == 0 || len(k.pending) > max(k.sweepAt, pendingSweepMin) {
@@ -1632,6 +1649,12 @@ func (k *KVAware) track(pr pendingReq) {
 	if k.tenantInflight[pr.tenant]++; k.tenantInflight[pr.tenant] == 1 {
 		k.tenantsActive++
 	}
+	if pr.adapter != "" {
+		if k.adapterFlights == nil {
+			k.adapterFlights = map[adapterKey]int{}
+		}
+		k.adapterFlights[adapterKey{pr.endpoint, pr.adapter}]++
+	}
 }
 
 func (k *KVAware) untrack(pr pendingReq) {
@@ -1645,6 +1668,11 @@ func (k *KVAware) untrack(pr pendingReq) {
 		}
 		if pr.prefill {
 			s.donePrefill(pr.size)
+		}
+	}
+	if key := (adapterKey{pr.endpoint, pr.adapter}); pr.adapter != "" && k.adapterFlights[key] > 0 {
+		if k.adapterFlights[key]--; k.adapterFlights[key] == 0 {
+			delete(k.adapterFlights, key)
 		}
 	}
 	if pr.prefix != 0 {
