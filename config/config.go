@@ -967,10 +967,6 @@ func (c *Config) checkAdapterNames(v *validator) {
 // that is not one of the model's, or listed twice, and a model adapter no
 // endpoint serves (every endpoint lists its own and none lists it).
 func (m *Model) validateAdapters(v *validator, p string) {
-	model := make(map[string]bool, len(m.Adapters))
-	for _, a := range m.Adapters {
-		model[a] = true
-	}
 	served := map[string]bool{}
 	all := false // an endpoint serves every adapter of the model
 	for j := range m.Endpoints {
@@ -979,16 +975,9 @@ func (m *Model) validateAdapters(v *validator, p string) {
 			all = true
 			continue
 		}
-		seen := make(map[string]int, len(e.Adapters))
-		for k, a := range e.Adapters {
-			path := fmt.Sprintf("%s.endpoints[%d].adapters[%d]", p, j, k)
-			switch prev, dup := seen[a]; {
-			case dup:
-				v.addf(path, "%q duplicates adapters[%d]", a, prev)
-			case !model[a]:
-				v.addf(path, "%q is not one of %s.adapters: list it there too (the model's adapters are the whole set)", a, p)
-			}
-			seen[a], served[a] = k, true
+		m.checkEndpointAdapters(v, fmt.Sprintf("%s.endpoints[%d]", p, j), e.Adapters)
+		for _, a := range e.Adapters {
+			served[a] = true
 		}
 	}
 	if all || len(m.Endpoints) == 0 {
@@ -998,6 +987,22 @@ func (m *Model) validateAdapters(v *validator, p string) {
 		if !served[a] && strings.TrimSpace(a) != "" {
 			v.addf(fmt.Sprintf("%s.adapters[%d]", p, k), "%q is served by no endpoint: every endpoint lists its adapters, and none lists it", a)
 		}
+	}
+}
+
+// checkEndpointAdapters reports an adapter of the endpoint (or discovery
+// template) at path ep that is not one of the model's, or listed twice.
+func (m *Model) checkEndpointAdapters(v *validator, ep string, adapters []string) {
+	seen := make(map[string]int, len(adapters))
+	for k, a := range adapters {
+		path := fmt.Sprintf("%s.adapters[%d]", ep, k)
+		switch prev, dup := seen[a]; {
+		case dup:
+			v.addf(path, "%q duplicates adapters[%d]", a, prev)
+		case !slices.Contains(m.Adapters, a):
+			v.addf(path, "%q is not one of the model's adapters: list it there too (the model's adapters are the whole set)", a)
+		}
+		seen[a] = k
 	}
 }
 

@@ -88,11 +88,17 @@ func TestValidateErrors(t *testing.T) {
 		{"endpoint adapter not the model's", func(c *Config) {
 			c.Models[0].Adapters = []string{"sql"}
 			c.Models[0].Endpoints[1].Adapters = []string{"sql", "chat"}
-		}, `models[0].endpoints[1].adapters[1]: "chat" is not one of models[0].adapters: list it there too (the model's adapters are the whole set)`},
+		}, `models[0].endpoints[1].adapters[1]: "chat" is not one of the model's adapters: list it there too (the model's adapters are the whole set)`},
 		{"endpoint adapter twice", func(c *Config) {
 			c.Models[0].Adapters = []string{"sql"}
 			c.Models[0].Endpoints[1].Adapters = []string{"sql", "sql"}
 		}, `models[0].endpoints[1].adapters[1]: "sql" duplicates adapters[0]`},
+		{"discovery template adapter not the model's", func(c *Config) {
+			c.Models[0].Endpoints = nil
+			c.Models[0].Adapters = []string{"sql"}
+			c.Models[0].Discovery = &Discovery{Kubernetes: &Kubernetes{Service: "llama", Endpoint: EndpointTemplate{Adapters: []string{"sql", "chat"}}}}
+			c.ApplyDefaults()
+		}, `models[0].discovery.kubernetes.endpoint.adapters[1]: "chat" is not one of the model's adapters: list it there too (the model's adapters are the whole set)`},
 		{"adapter served by no endpoint", func(c *Config) {
 			c.Models[0].Adapters = []string{"sql", "chat"}
 			c.Models[0].Endpoints[0].Adapters = []string{"sql"}

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"net"
 	"regexp"
+	"slices"
 	"strconv"
 
 	"github.com/kvroute/kvroute"
@@ -121,6 +122,10 @@ type EndpointTemplate struct {
 	// DataParallelSize is each engine's data-parallel ranks behind its URL,
 	// as Endpoint.DataParallelSize; default 1.
 	DataParallelSize int `yaml:"data_parallel_size,omitempty" zero:"an engine has at least one rank: leave it out, or write 1"`
+	// Adapters are the model's LoRA adapters each engine serves, as
+	// Endpoint.Adapters (a Service whose pods serve only some); default
+	// none: every adapter of the model.
+	Adapters []string `yaml:"adapters"`
 }
 
 // KVEventPorts are a discovered engine's KV-event ports.
@@ -176,6 +181,7 @@ func (k *Kubernetes) EndpointOf(d DiscoveredEngine) Endpoint {
 		KVCapacityTokens: t.KVCapacityTokens,
 		Signals:          t.Signals,
 		DataParallelSize: t.DataParallelSize,
+		Adapters:         slices.Clone(t.Adapters),
 	}
 	if t.KVEvents.Port > 0 {
 		e.KVEvents = KVEvents{Address: "tcp://" + net.JoinHostPort(d.Host, strconv.Itoa(t.KVEvents.Port)), Topic: t.KVEvents.Topic,
@@ -285,6 +291,7 @@ func (m *Model) validateKubernetes(v *validator, mp, p string, k *Kubernetes) {
 		v.addf(ep+".role", "%q is not one of both, prefill, decode", t.Role)
 	}
 	v.weight(ep+".weight", t.Weight)
+	m.checkEndpointAdapters(v, ep, t.Adapters)
 	if t.KVCapacityTokens < 0 {
 		v.addf(ep+".kv_capacity_tokens", "%d is negative", t.KVCapacityTokens)
 	}

@@ -64,6 +64,10 @@ func TestDiscoveryDefaultsAndEndpoint(t *testing.T) {
 	if e.URL != "http://[fd00::1]:8000" || e.KVEvents.Address != "tcp://[fd00::1]:5557" {
 		t.Errorf("IPv6: got %s %s", e.URL, e.KVEvents.Address)
 	}
+	k.Endpoint.Adapters = []string{"sql"}
+	if e := k.EndpointOf(DiscoveredEngine{ID: "vllm-1", Host: "10.0.0.8", Port: 8000}); len(e.Adapters) != 1 || e.Adapters[0] != "sql" {
+		t.Errorf("adapters: got %q, want the template's [sql]", e.Adapters)
+	}
 	k.Endpoint.Labels["gpu"] = "a100"
 	if e.Labels["gpu"] != "h100" {
 		t.Error("EndpointOf shares the template's labels map")
