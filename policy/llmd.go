@@ -33,7 +33,10 @@ type LLMDParams struct {
 // endpoint (Candidate.CachedBlocks over len(Request.BlockHashes); llm-d
 // clamps its block size up to 64 tokens, configure the router's index
 // accordingly for a like-for-like run). q is the engine's waiting queue.
-// Not safe for concurrent use.
+// A request's LoRA adapter plays no part: llm-d's lora-affinity-scorer
+// (adapter active 1, not loaded with a free slot 0.8, waiting 0.6) is not
+// in that default profile (the router still offers only the endpoints
+// that serve the adapter). Not safe for concurrent use.
 type LLMD struct {
 	buf scoreBuf // explanation buffers, reused
 	p   LLMDParams
