@@ -190,6 +190,9 @@ func TestSetEndpointsAdapters(t *testing.T) {
 	if err := r.SetEndpoints(t0, list, nil); err != nil {
 		t.Fatal(err)
 	}
+	if st := r.Status(t0); strings.Join(st[0].Adapters, ",") != "chat,sql" || st[1].Adapters[0] != "fr" {
+		t.Errorf("Status adapters: %q, %q; want chat,sql and fr", st[0].Adapters, st[1].Adapters)
+	}
 	for adapter, want := range map[string]string{"chat": "e0", "sql": "e0", "fr": "e1", "de": "no_adapter_endpoint", "": "e0"} {
 		if got := route(adapter); got != want {
 			t.Errorf("after: adapter %q went to %s, want %s", adapter, got, want)

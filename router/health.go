@@ -106,6 +106,9 @@ type EndpointStatus struct {
 	URL    string            `json:"url"`
 	Role   string            `json:"role"`
 	Labels map[string]string `json:"labels,omitempty"`
+	// Adapters are the LoRA adapters the endpoint serves when it serves
+	// only some of its model's (kvroute.Endpoint.Adapters); none: every one.
+	Adapters []string `json:"adapters,omitempty"`
 	// Healthy reports that the endpoint may be picked; when not, Out says
 	// why.
 	Healthy  bool `json:"healthy"`
@@ -140,7 +143,7 @@ func (r *Router) Status(now time.Time) []EndpointStatus {
 			l.KVCapacityTokens = e.ep.KVCapacityTokens
 		}
 		s := EndpointStatus{
-			ID: e.ep.ID, URL: e.ep.URL, Role: e.ep.Role.String(), Labels: e.ep.Labels,
+			ID: e.ep.ID, URL: e.ep.URL, Role: e.ep.Role.String(), Labels: e.ep.Labels, Adapters: e.ep.Adapters,
 			Healthy: e.healthyAt(now), ActiveOK: e.activeOK, Ejections: e.totalEjects,
 			Load: l, SignalAge: l.Age(now), Signals: e.view.Snapshot(), Precise: e.precise,
 		}
