@@ -684,7 +684,7 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 		if e.caching {
 			s.hashes = sized(spare.hashes, 0, full+min(maxTok, 4096)/e.bs+1)
 			s.ownHashes = true
-			s.parent, s.hashes = chainPrompt(e.hash, r.CacheSalt, r.Prompt[:full*e.bs], e.bs, s.hashes)
+			s.parent, s.hashes = chainPrompt(e.hash, "", r.CacheSalt, r.Prompt[:full*e.bs], e.bs, s.hashes)
 			s.parentN = int32(full)
 			if r.CacheSalt != "" {
 				// For its first block's key (nextKey) when the prompt is

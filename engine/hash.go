@@ -43,8 +43,17 @@ type HashFunc interface {
 	// None()) with vLLM's cache_salt as the block's extra key
 	// (generate_block_hash_extra_keys adds the salt to the block starting
 	// at token 0 only): the chains of two salts, or of a salt and none,
-	// share no block, so neither request can hit the other's cache.
+	// share no block, so neither request can hit the other's cache. It is
+	// Keyed(None(), tokens, "", salt).
 	Salted(tokens []uint32, salt string) Digest
+	// Keyed returns the hash of one full block given its parent, with the
+	// extra keys vLLM's generate_block_hash_extra_keys gives a block of a
+	// text prompt: the LoRA adapter's name (lora_request.lora_name, on
+	// every block of an adapter's request) then the cache_salt (the caller
+	// passes it for the block starting at token 0 only), each only when
+	// non-empty; with both empty it is Block. No block of an adapter's
+	// request has the key of the base model's or another adapter's.
+	Keyed(parent Digest, tokens []uint32, lora, salt string) Digest
 }
 
 // Hash function names accepted by NewHashFunc.
@@ -102,6 +111,37 @@ func (xxh3Hash) Salted(tokens []uint32, salt string) Digest {
 	return digestOf(xxh3Block(SaltRoot(salt), tokens))
 }
 
+// Keyed folds the block's extra keys into its parent (ExtraKey), as
+// kvindex.HashTokensKeyed does.
+func (xxh3Hash) Keyed(parent Digest, tokens []uint32, lora, salt string) Digest {
+	return digestOf(xxh3Block(foldKey(parent.Key(), ExtraKey(lora, salt)), tokens))
+}
+
+// ExtraKey is the hash of a block's extra keys in the xxh3 chain: XXH3-64
+// (0 mapped to 1) of the msgpack of the tuple of the adapter's name and
+// the salt, each only when non-empty (extrakeys.AppendBlock), the
+// extra_keys entry a BlockStored event carries for the block; 0 when both
+// are empty. It is kvindex.BlockKey: the xxh3 chain XORs it into the
+// block's parent key (a 0 result is the seed), so a router hashing an
+// adapter's prompt with kvindex.HashTokensKeyed computes the keys this
+// engine publishes.
+func ExtraKey(lora, salt string) uint64 {
+	if lora == "" && salt == "" {
+		return 0
+	}
+	var buf [128]byte
+	return nonZero(xxh3.Hash(extrakeys.AppendBlock(buf[:0], lora, salt)))
+}
+
+// foldKey is parent with the extra keys' hash k folded in: parent XOR k,
+// the seed when that is 0 (k = 0: parent).
+func foldKey(parent, k uint64) uint64 {
+	if r := parent ^ k; r != 0 {
+		return r
+	}
+	return xxh3Seed
+}
+
 // SaltRoot is the parent of a salted chain's first block in the xxh3 chain:
 // the seed XOR the XXH3-64 (0 mapped to 1) of the msgpack of (salt,), the
 // extra_keys entry a BlockStored event carries for the block (a 0 result
@@ -133,38 +173,44 @@ func xxh3Block(parent uint64, tokens []uint32) uint64 {
 	return nonZero(xxh3.HashSeed(b, parent))
 }
 
-// chainPrompt is chainKeys from the start of a chain (None()), its first
-// block salted when salt is set (HashFunc.Salted).
-func chainPrompt(h HashFunc, salt string, tokens []uint32, bs int, keys []uint64) (Digest, []uint64) {
-	if salt == "" || len(tokens) < bs {
-		return chainKeys(h, h.None(), tokens, bs, keys)
+// chainPrompt is chainKeys from the start of a chain (None()), every
+// block keyed with the adapter lora and the first salted when salt is set
+// (HashFunc.Keyed).
+func chainPrompt(h HashFunc, lora, salt string, tokens []uint32, bs int, keys []uint64) (Digest, []uint64) {
+	if (salt == "" && lora == "") || len(tokens) < bs {
+		return chainKeys(h, h.None(), tokens, bs, lora, keys)
 	}
-	first := h.Salted(tokens[:bs], salt)
-	return chainKeys(h, first, tokens[bs:], bs, append(keys, first.Key()))
+	first := h.Keyed(h.None(), tokens[:bs], lora, salt)
+	return chainKeys(h, first, tokens[bs:], bs, lora, append(keys, first.Key()))
 }
 
 // chainKeys appends to keys the keys of the blocks of tokens (bs tokens
-// each; len(tokens) a multiple of bs), chained from parent, and returns the
-// last block's digest (parent when there is none), as h.Block block after
+// each; len(tokens) a multiple of bs), chained from parent, each keyed
+// with the adapter lora ("" for the base model), and returns the last
+// block's digest (parent when there is none), as h.Keyed block after
 // block would. For xxh3, the default, a digest is its key, so the chain runs
 // on the keys: the Digest values passed through HashFunc cost four times the
 // hash (BenchmarkHashBlock: 28.7 ns a block; xxh3.HashSeed alone on the same
 // 64 bytes, 7.2 ns), and Add chains every full block of a prompt.
-func chainKeys(h HashFunc, parent Digest, tokens []uint32, bs int, keys []uint64) (Digest, []uint64) {
+func chainKeys(h HashFunc, parent Digest, tokens []uint32, bs int, lora string, keys []uint64) (Digest, []uint64) {
 	n := len(tokens) / bs
 	if _, ok := h.(xxh3Hash); ok {
 		if n == 0 {
 			return parent, keys
 		}
-		k := parent.Key()
+		k, step := parent.Key(), ExtraKey(lora, "")
 		for i := range n {
-			k = xxh3Block(k, tokens[i*bs:(i+1)*bs])
+			k = xxh3Block(foldKey(k, step), tokens[i*bs:(i+1)*bs])
 			keys = append(keys, k)
 		}
 		return digestOf(k), keys
 	}
 	for i := range n {
-		parent = h.Block(parent, tokens[i*bs:(i+1)*bs])
+		if lora == "" {
+			parent = h.Block(parent, tokens[i*bs:(i+1)*bs])
+		} else {
+			parent = h.Keyed(parent, tokens[i*bs:(i+1)*bs], lora, "")
+		}
 		keys = append(keys, parent.Key())
 	}
 	return parent, keys
@@ -180,8 +226,9 @@ func nonZero(h uint64) uint64 {
 // SHA256 returns vLLM's "sha256" prefix-caching hash: sha256 of the pickle
 // (protocol 5) of the tuple (parent_digest_bytes, tuple(token_ids),
 // extra_keys), with NONE_HASH = sha256(pickle(seed)). extra_keys is None
-// but for a salted first block's (cache_salt,); LoRA and multimodal extra
-// keys are not modelled.
+// but for an adapter's block, (lora_name,), and a salted first block,
+// (cache_salt,) or (lora_name, cache_salt); multimodal extra keys are not
+// modelled.
 func SHA256(seed string) HashFunc {
 	h := sha256Pickle{}
 	h.none = sha256.Sum256(pickleString(nil, seed))
@@ -195,12 +242,17 @@ func (h sha256Pickle) None() Digest { return h.none }
 
 func (h sha256Pickle) Block(parent Digest, tokens []uint32) Digest {
 	var buf [1024]byte
-	return sha256.Sum256(pickleBlock(buf[:0], &parent, tokens, nil))
+	return sha256.Sum256(pickleBlock(buf[:0], &parent, tokens, "", ""))
 }
 
 func (h sha256Pickle) Salted(tokens []uint32, salt string) Digest {
 	var buf [1024]byte
-	return sha256.Sum256(pickleBlock(buf[:0], &h.none, tokens, &salt))
+	return sha256.Sum256(pickleBlock(buf[:0], &h.none, tokens, "", salt))
+}
+
+func (h sha256Pickle) Keyed(parent Digest, tokens []uint32, lora, salt string) Digest {
+	var buf [1024]byte
+	return sha256.Sum256(pickleBlock(buf[:0], &parent, tokens, lora, salt))
 }
 
 // Pickle opcodes (Python's pickle module, protocol 5).
@@ -255,10 +307,14 @@ func pickleStr(b []byte, s string) []byte {
 	return append(b, opMemoize)
 }
 
-// pickleBlock pickles (parent, tuple(tokens), extra keys): None, or the
-// 1-tuple (*salt,). CPython frames a pickle of more than 64 KiB in several
-// frames: a salt that long is not pickled as vLLM pickles it.
-func pickleBlock(dst []byte, parent *Digest, tokens []uint32, salt *string) []byte {
+// pickleBlock pickles (parent, tuple(tokens), extra keys): None when lora
+// and salt are empty, else the tuple of those of them that are not,
+// (lora,), (salt,) or (lora, salt). CPython frames a pickle of more than
+// 64 KiB in several frames: keys that long are not pickled as vLLM
+// pickles them. Nor are an adapter's name and a salt that are one Python
+// object (the pickler memoizes by identity and would refer back to the
+// first), as CPython's cached one-character strings can be.
+func pickleBlock(dst []byte, parent *Digest, tokens []uint32, lora, salt string) []byte {
 	dst = append(dst, opProto, 5, opFrame, 0, 0, 0, 0, 0, 0, 0, 0)
 	start := len(dst)
 	dst = append(dst, opShortBinBytes, 32)
@@ -275,11 +331,15 @@ func pickleBlock(dst []byte, parent *Digest, tokens []uint32, salt *string) []by
 		dst = pickleInts(dst, tokens)
 		dst = append(dst, opTuple, opMemoize)
 	}
-	if salt == nil {
+	switch {
+	case lora == "" && salt == "":
 		dst = append(dst, opNone)
-	} else {
-		dst = pickleStr(dst, *salt)
-		dst = append(dst, opTuple1, opMemoize)
+	case lora == "":
+		dst = append(pickleStr(dst, salt), opTuple1, opMemoize)
+	case salt == "":
+		dst = append(pickleStr(dst, lora), opTuple1, opMemoize)
+	default:
+		dst = append(pickleStr(pickleStr(dst, lora), salt), opTuple2, opMemoize)
 	}
 	dst = append(dst, opTuple3, opMemoize, opStop)
 	binary.LittleEndian.PutUint64(dst[start-8:start], uint64(len(dst)-start))
@@ -306,7 +366,8 @@ func pickleInts(dst []byte, tokens []uint32) []byte {
 // SHA256CBOR returns vLLM's "sha256_cbor" prefix-caching hash: sha256 of the
 // canonical CBOR encoding of (parent_digest_bytes, [token_ids...],
 // extra_keys), with NONE_HASH = sha256(cbor(seed)); extra_keys is null but
-// for a salted first block's [cache_salt].
+// for an adapter's block, [lora_name], and a salted first block,
+// [cache_salt] or [lora_name, cache_salt].
 func SHA256CBOR(seed string) HashFunc {
 	b := cborHead(nil, 3, uint64(len(seed)))
 	b = append(b, seed...)
@@ -325,11 +386,28 @@ func (h sha256CBOR) Block(parent Digest, tokens []uint32) Digest {
 }
 
 func (h sha256CBOR) Salted(tokens []uint32, salt string) Digest {
+	return h.Keyed(h.none, tokens, "", salt)
+}
+
+func (h sha256CBOR) Keyed(parent Digest, tokens []uint32, lora, salt string) Digest {
 	var buf [1024]byte
-	b := cborBlock(buf[:0], &h.none, tokens)
-	b = append(b, 0x81) // an array of one text string
-	b = cborHead(b, 3, uint64(len(salt)))
-	return sha256.Sum256(append(b, salt...))
+	b := cborBlock(buf[:0], &parent, tokens)
+	switch {
+	case lora == "" && salt == "":
+		b = append(b, 0xf6) // null
+	case salt == "":
+		b = cborText(append(b, 0x81), lora) // an array of one text string
+	case lora == "":
+		b = cborText(append(b, 0x81), salt)
+	default:
+		b = append(b, 0x82)
+		b = cborText(cborText(b, lora), salt)
+	}
+	return sha256.Sum256(b)
+}
+
+func cborText(b []byte, s string) []byte {
+	return append(cborHead(b, 3, uint64(len(s))), s...)
 }
 
 // cborBlock appends the head of the 3-array, the parent and the tokens: all

@@ -84,7 +84,7 @@ func TestVLLMHashVectors(t *testing.T) {
 // TestPickleLayout checks the byte layout given in protocols.md section 3.
 func TestPickleLayout(t *testing.T) {
 	var zero Digest
-	got := hex.EncodeToString(pickleBlock(nil, &zero, []uint32{1, 2}, nil))
+	got := hex.EncodeToString(pickleBlock(nil, &zero, []uint32{1, 2}, "", ""))
 	want := "800595" + "2d00000000000000" + "4320" + hex.EncodeToString(zero[:]) + "94" + "4b014b02" + "8694" + "4e" + "8794" + "2e"
 	if got != want {
 		t.Errorf("pickle = %s, want %s", got, want)
@@ -92,8 +92,9 @@ func TestPickleLayout(t *testing.T) {
 }
 
 // TestChainKeys: chainKeys (Add's chain, on keys for xxh3) gives the keys
-// and the last digest that Block gives block after block, for every hash
-// function, from None and from another parent, with 0 to 5 blocks.
+// and the last digest that Keyed gives block after block, for every hash
+// function, from None and from another parent, with 0 to 5 blocks, of the
+// base model (Keyed is Block) and of an adapter.
 func TestChainKeys(t *testing.T) {
 	const bs = 16
 	toks := tokens(7000, 5*bs)
@@ -103,15 +104,17 @@ func TestChainKeys(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, from := range []Digest{h.None(), h.Block(h.None(), tokens(1, bs))} {
-			for n := 0; n <= 5; n++ {
-				want, wantKeys := from, []uint64{99}
-				for i := range n {
-					want = h.Block(want, toks[i*bs:(i+1)*bs])
-					wantKeys = append(wantKeys, want.Key())
-				}
-				got, keys := chainKeys(h, from, toks[:n*bs], bs, []uint64{99})
-				if got != want || !slices.Equal(keys, wantKeys) {
-					t.Errorf("%s, %d blocks: got %x %v, want %x %v", name, n, got, keys, want, wantKeys)
+			for _, lora := range []string{"", "sql-lora"} {
+				for n := 0; n <= 5; n++ {
+					want, wantKeys := from, []uint64{99}
+					for i := range n {
+						want = h.Keyed(want, toks[i*bs:(i+1)*bs], lora, "")
+						wantKeys = append(wantKeys, want.Key())
+					}
+					got, keys := chainKeys(h, from, toks[:n*bs], bs, lora, []uint64{99})
+					if got != want || !slices.Equal(keys, wantKeys) {
+						t.Errorf("%s, adapter %q, %d blocks: got %x %v, want %x %v", name, lora, n, got, keys, want, wantKeys)
+					}
 				}
 			}
 		}

@@ -67,3 +67,32 @@ func TestSaltRootLengths(t *testing.T) {
 		}
 	}
 }
+
+// TestKeyedXXH3MatchesKVIndex: an adapter's chain in the engine (every
+// block Keyed with its name, the first with the salt too) is
+// kvindex.HashTokensKeyed's, so the router computes the keys an adapter
+// request's KV events carry; ExtraKey is kvindex.BlockKey.
+func TestKeyedXXH3MatchesKVIndex(t *testing.T) {
+	toks := make([]uint32, 160)
+	for i := range toks {
+		toks[i] = uint32(i*7919) % 128256
+	}
+	h := engine.XXH3()
+	for _, tc := range []struct{ lora, salt string }{
+		{"sql-lora", ""}, {"sql-lora", "tenant-a"}, {"é", "x"}, {strings.Repeat("l", 300), ""}, {"", "tenant-a"}, {"", ""},
+	} {
+		want := kvindex.HashTokensKeyed(toks, tc.lora, tc.salt, 16, nil)
+		parent := h.Keyed(h.None(), toks[:16], tc.lora, tc.salt)
+		got := []uint64{parent.Key()}
+		for i := 16; i+16 <= len(toks); i += 16 {
+			parent = h.Keyed(parent, toks[i:i+16], tc.lora, "")
+			got = append(got, parent.Key())
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("adapter %.10q, salt %q: engine chain %v differs from kvindex.HashTokensKeyed %v", tc.lora, tc.salt, got[:2], want[:2])
+		}
+		if engine.ExtraKey(tc.lora, tc.salt) != kvindex.BlockKey(tc.lora, tc.salt) {
+			t.Errorf("adapter %.10q, salt %q: engine.ExtraKey differs from kvindex.BlockKey", tc.lora, tc.salt)
+		}
+	}
+}
