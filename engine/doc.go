@@ -48,6 +48,23 @@
 // produces a token in the step where all its known tokens have been
 // computed.
 //
+// # LoRA adapters
+//
+// A request served by a LoRA adapter names it (Request.LoRA, vLLM's
+// lora_name). Its blocks' hashes carry the name among their extra keys
+// (HashFunc.Keyed), so the base model's and each adapter's requests
+// share no cached block. With Config.MaxLoRAs (vLLM's --max-loras) a step
+// schedules requests of at most that many adapters: the running requests
+// are scheduled first whatever their adapters, then a waiting request
+// whose adapter is not among the step's when they are MaxLoRAs already
+// is skipped (it keeps its place at the head of the queue) and the
+// requests behind it are considered, as vLLM V1's scheduler does.
+// AppendLoRAs reports the running and waiting adapters
+// (vllm:lora_requests_info). Adapter weights are not modelled: no load
+// time when an adapter first serves, no extra compute per step (vLLM
+// loads an adapter in the step that first schedules it, from disk or
+// its CPU cache, a cost this model leaves out).
+//
 // # Disaggregated prefill (P/D)
 //
 // A prefill leg (Request.HoldKV) keeps its blocks when it finishes, until
@@ -79,7 +96,8 @@
 // by a hash chained over its parent block's hash and its token ids (HashFunc:
 // the default XXH3 chain equals kvindex.HashTokens; SHA256 and SHA256CBOR
 // reproduce vLLM's sha256 and sha256_cbor algorithms with their NONE_HASH
-// seed, byte for byte). Requests given as BlockHashes (the simulator's fast
+// seed, byte for byte; with a LoRA adapter's or a cache_salt's extra
+// keys, as vLLM's generate_block_hash_extra_keys gives them). Requests given as BlockHashes (the simulator's fast
 // path, no token ids) use those keys directly. Blocks are reference counted;
 // a block whose last reference is dropped joins the tail of the free queue
 // but keeps its hash, so it can still be hit; allocation pops the head of the
@@ -89,7 +107,8 @@
 // allocated for tokens whose ids are known, as vLLM does, and the step's KV
 // events report it: BlockStored (with parent hash, token ids, block size and
 // medium "GPU"), BlockRemoved on eviction (one event listing the hashes an
-// allocation evicts; the emulator sends one per block, as vLLM does),
+// allocation evicts; the emulator sends one per block, as vLLM does; a
+// stored block of an adapter's request names the adapter, KVEvent.LoRA),
 // AllBlocksCleared after ResetPrefixCache.
 //
 // Like vLLM's block pool the cache does not de-duplicate: a request that
@@ -126,9 +145,11 @@
 //   - Costs are an analytic roofline, not measured kernels: no CUDA-graph
 //     batch padding, no sampler or detokeniser cost beyond a per-sequence
 //     constant, no async scheduling overlap, no speculative decoding.
-//   - One KV cache group (no hybrid/sliding-window models), no LoRA or
-//     multimodal extra keys (cache_salt's is: Request.CacheSalt), no CPU
-//     offload tier.
+//   - One KV cache group (no hybrid/sliding-window models), no
+//     multimodal extra keys (LoRA's and cache_salt's are: Request.LoRA,
+//     Request.CacheSalt), no CPU offload tier.
+//   - LoRA adapters change block hashes and scheduling only: their
+//     weights cost no load time and no compute (see LoRA adapters).
 //   - vLLM's reserved null block is not modelled; KV usage is
 //     used blocks / NumGPUBlocks.
 //

@@ -51,6 +51,13 @@ type Config struct {
 	// embedding table (Qwen2.5's 151,665 ids of 152,064) never sees a
 	// padding id.
 	OutputVocab int
+	// MaxLoRAs is vLLM's --max-loras: at most this many distinct LoRA
+	// adapters (Request.LoRA) among the requests a step schedules. A
+	// waiting request of another adapter is skipped, and the requests
+	// behind it are considered, as vLLM V1's scheduler does; the skipped
+	// keep their places at the head of the queue. 0 means no limit (vLLM
+	// takes 1 when LoRA is enabled: the emulator passes its --max-loras).
+	MaxLoRAs int
 }
 
 // Request is one generation request as the engine sees it.
@@ -100,7 +107,19 @@ type Request struct {
 	// or a salt and none, share no cached block. Used only with Prompt (the
 	// caller's BlockHashes are taken as they are).
 	CacheSalt string
+	// LoRA is the name of the LoRA adapter that serves the request (vLLM's
+	// lora_request.lora_name), "" for the base model. Every block of an
+	// adapter's request has the name among its hash's extra keys
+	// (HashFunc.Keyed), so requests of different adapters, or of an
+	// adapter and the base model, share no cached block; and the adapters
+	// of a step's requests are bounded by Config.MaxLoRAs. An engine keeps
+	// the names it was given (at most MaxLoRANames).
+	LoRA string
 }
+
+// MaxLoRANames bounds the distinct adapter names (Request.LoRA) one engine
+// is given over its life.
+const MaxLoRANames = 1<<16 - 1
 
 // KVLoad is a RemoteKV request admitted in a step: it holds the blocks of
 // its whole prompt and waits for the driver to move the KV of its
@@ -195,6 +214,11 @@ type KVEvent struct {
 	// BlockHashes[0] (BlockStored; "" for none or a later block): vLLM
 	// reports it as that block's extra_keys entry (cache_salt,).
 	Salt string
+	// LoRA is the adapter of the request whose blocks these are
+	// (BlockStored; "" for the base model): vLLM reports it as lora_name,
+	// and in each block's extra_keys entry, (lora_name,) or, for a salted
+	// first block, (lora_name, cache_salt).
+	LoRA string
 }
 
 // StepResult is what one Step did.
@@ -304,6 +328,7 @@ func (e *LengthError) Error() string {
 var (
 	ErrDuplicateID = errors.New("engine: add: duplicate request id")
 	ErrEmptyPrompt = errors.New("engine: add: empty prompt")
+	ErrLoRANames   = errors.New("engine: add: too many LoRA adapter names")
 )
 
 type seqStatus uint8
@@ -348,9 +373,9 @@ type sequence struct {
 	// this line, which the token's step writes anyway, rather than line 3
 	// (a miss per output block in a busy fleet).
 	run     int32
-	remote  bool    // RemoteKV and its KV not arrived yet (waiting or statusLoading)
-	counted bool    // its prefix-cache queries are counted (countQueries)
-	_       [2]byte // line 2 starts on its own line
+	remote  bool   // RemoteKV and its KV not arrived yet (waiting or statusLoading)
+	counted bool   // its prefix-cache queries are counted (countQueries)
+	lora    uint16 // its adapter: Engine.loras[lora-1]; 0 for the base model
 	// Line 2: for every full block (blockKey).
 	hashes  []uint64 // keys of full blocks known so far, in chain order
 	tokBase int32    // tokens[0] is token tokBase of the sequence (keepTokens)
@@ -534,6 +559,16 @@ type Engine struct {
 	salts map[*sequence]string
 	stats Stats
 
+	// LoRA adapters: the names Add was given (a sequence's lora is 1 + an
+	// index), their ids, the live sequences of an adapter (schedule skips
+	// the adapter check while there are none) and the scratch of schedule
+	// (the adapters of the step's requests, the requests it skipped).
+	loras       []string
+	loraIDs     map[string]uint16
+	loraSeqs    int
+	stepLoRAs   []uint16
+	skippedLoRA []*sequence
+
 	// Deferred keys (deferred.go): with prefix caching and no KV events.
 	deferKeys bool
 	runs      []deferredRun
@@ -554,7 +589,7 @@ const MaxNumGPUBlocks = 1 << 24
 // New returns an engine for cfg, or an error naming the bad field.
 func New(cfg Config) (*Engine, error) {
 	p := cfg.Profile
-	if cfg.BlockSize < 0 || cfg.NumGPUBlocks < 0 || cfg.MaxNumSeqs < 0 || cfg.MaxNumBatchedTokens < 0 || cfg.MaxModelLen < 0 || cfg.Speed < 0 {
+	if cfg.BlockSize < 0 || cfg.NumGPUBlocks < 0 || cfg.MaxNumSeqs < 0 || cfg.MaxNumBatchedTokens < 0 || cfg.MaxModelLen < 0 || cfg.Speed < 0 || cfg.MaxLoRAs < 0 {
 		return nil, errors.New("engine: new: negative override in Config")
 	}
 	if cfg.BlockSize > 0 && cfg.BlockSize != p.BlockSize {
@@ -650,11 +685,28 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 	if maxTok < 1 || n+maxTok > e.maxLen {
 		return &LengthError{MaxModelLen: e.maxLen, PromptTokens: n, MaxTokens: r.MaxTokens}
 	}
+	var lora uint16
+	if r.LoRA != "" {
+		id, ok := e.loraIDs[r.LoRA]
+		if !ok {
+			if len(e.loras) == MaxLoRANames {
+				return ErrLoRANames
+			}
+			if e.loraIDs == nil {
+				e.loraIDs = make(map[string]uint16)
+			}
+			e.loras = append(e.loras, r.LoRA)
+			id = uint16(len(e.loras))
+			e.loraIDs[r.LoRA] = id
+		}
+		lora = id
+		e.loraSeqs++
+	}
 	s, spare := e.newSequence()
 	remote := r.RemoteKV && n >= e.bs // a shorter prompt has no block to move
 	*s = sequence{
 		id: r.ID, promptLen: int32(n), maxTokens: int32(maxTok), seed: r.Seed, skipPrefill: r.SkipPrefill && !remote, holdKV: r.HoldKV,
-		numTokens: n, arrival: now, remote: remote,
+		numTokens: n, arrival: now, remote: remote, lora: lora,
 	}
 	if remote {
 		e.loadQueued++
@@ -684,7 +736,7 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 		if e.caching {
 			s.hashes = sized(spare.hashes, 0, full+min(maxTok, 4096)/e.bs+1)
 			s.ownHashes = true
-			s.parent, s.hashes = chainPrompt(e.hash, "", r.CacheSalt, r.Prompt[:full*e.bs], e.bs, s.hashes)
+			s.parent, s.hashes = chainPrompt(e.hash, r.LoRA, r.CacheSalt, r.Prompt[:full*e.bs], e.bs, s.hashes)
 			s.parentN = int32(full)
 			if r.CacheSalt != "" {
 				// For its first block's key (nextKey) when the prompt is
@@ -785,6 +837,9 @@ func (e *Engine) Abort(now time.Duration, id string) {
 // drop frees the blocks of s, a request that leaves the engine, and
 // forgets it.
 func (e *Engine) drop(s *sequence) {
+	if s.lora != 0 {
+		e.loraSeqs--
+	}
 	e.freeBlocks(s)
 	s.status = statusDone
 	delete(e.seqs, s.id)
@@ -946,11 +1001,11 @@ func (e *Engine) PrefixHit(r *Request) int {
 	}
 	parent := e.hash.None()
 	for i := 0; i < limit && (i+1)*e.bs <= len(r.Prompt); i++ {
-		if block := r.Prompt[i*e.bs : (i+1)*e.bs]; i == 0 && r.CacheSalt != "" {
-			parent = e.hash.Salted(block, r.CacheSalt)
-		} else {
-			parent = e.hash.Block(parent, block)
+		salt := ""
+		if i == 0 {
+			salt = r.CacheSalt
 		}
+		parent = e.hash.Keyed(parent, r.Prompt[i*e.bs:(i+1)*e.bs], r.LoRA, salt)
 		e.findDeferred(parent.Key())
 		if _, ok := e.pool.lookup(parent.Key()); !ok {
 			break

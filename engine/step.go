@@ -2,6 +2,7 @@ package engine
 
 import (
 	"encoding/binary"
+	"slices"
 	"time"
 
 	"github.com/zeebo/xxh3"
@@ -68,7 +69,11 @@ func (e *Engine) StepInto(now time.Duration, r *StepResult) {
 // FCFS order with their prefix-cache hits, chunked to the remaining
 // budget, while max_num_seqs allows (a RemoteKV request admitted takes
 // its blocks and waits for its KV, off the queues, taking neither budget
-// nor a seat).
+// nor a seat). With Config.MaxLoRAs, a loaded or waiting request whose
+// adapter is not among those of the requests scheduled so far is skipped
+// when they are MaxLoRAs already (vLLM's scheduled_loras, which starts
+// from the running requests scheduled): the skipped stay at the head of
+// the queue, in order, as vLLM puts them back.
 func (e *Engine) schedule(now time.Duration, r *StepResult) {
 	budget := e.budget
 	for i := 0; i < len(e.running) && budget > 0; {
@@ -100,9 +105,20 @@ func (e *Engine) schedule(now time.Duration, r *StepResult) {
 	if r.Preempted > 0 {
 		return
 	}
-	for len(e.loaded) > 0 && budget > 0 && len(e.running) < e.maxSeqs {
-		s := e.loaded[0]
-		e.loaded[copy(e.loaded, e.loaded[1:])] = nil
+	limit := e.cfg.MaxLoRAs > 0 && e.loraSeqs > 0
+	if limit {
+		e.stepLoRAs = e.stepLoRAs[:0]
+		for _, sc := range e.sched {
+			e.useLoRA(sc.s.lora)
+		}
+	}
+	for i := 0; i < len(e.loaded) && budget > 0 && len(e.running) < e.maxSeqs; {
+		s := e.loaded[i]
+		if limit && !e.useLoRA(s.lora) {
+			i++
+			continue
+		}
+		e.loaded[i+copy(e.loaded[i:], e.loaded[i+1:])] = nil
 		e.loaded = e.loaded[:len(e.loaded)-1]
 		n := e.admitLoaded(now, s, budget)
 		s.status = statusRunning
@@ -112,6 +128,10 @@ func (e *Engine) schedule(now time.Duration, r *StepResult) {
 	}
 	for e.waiting.len() > 0 && budget > 0 && len(e.running) < e.maxSeqs {
 		s := e.waiting.front()
+		if limit && !e.fitsLoRA(s.lora) {
+			e.skippedLoRA = append(e.skippedLoRA, e.waiting.popFront())
+			continue
+		}
 		n, ok := e.admit(now, s, budget)
 		if !ok {
 			break
@@ -120,11 +140,41 @@ func (e *Engine) schedule(now time.Duration, r *StepResult) {
 		if n == 0 {
 			continue // a RemoteKV request, waiting for its KV (statusLoading)
 		}
+		if limit {
+			e.useLoRA(s.lora)
+		}
 		s.status = statusRunning
 		e.running = append(e.running, s)
 		e.add(s, n, r)
 		budget -= n
 	}
+	if k := len(e.skippedLoRA); k > 0 {
+		for i := k - 1; i >= 0; i-- {
+			e.waiting.pushFront(e.skippedLoRA[i])
+		}
+		clear(e.skippedLoRA)
+		e.skippedLoRA = e.skippedLoRA[:0]
+	}
+}
+
+// fitsLoRA reports whether a request of adapter lora (0: the base model)
+// may join the step's requests under Config.MaxLoRAs: its adapter is
+// among theirs, or they have fewer than MaxLoRAs.
+func (e *Engine) fitsLoRA(lora uint16) bool {
+	return lora == 0 || len(e.stepLoRAs) < e.cfg.MaxLoRAs || slices.Contains(e.stepLoRAs, lora)
+}
+
+// useLoRA adds adapter lora to the step's when it fits (fitsLoRA) and
+// reports whether it did.
+func (e *Engine) useLoRA(lora uint16) bool {
+	if lora == 0 || slices.Contains(e.stepLoRAs, lora) {
+		return true
+	}
+	if len(e.stepLoRAs) >= e.cfg.MaxLoRAs {
+		return false
+	}
+	e.stepLoRAs = append(e.stepLoRAs, lora)
+	return true
 }
 
 // add records that s computes n tokens this step.
@@ -395,6 +445,9 @@ func (e *Engine) stored(s *sequence, from, to int) {
 	} else if salt, ok := e.salts[s]; ok {
 		ev.Salt = salt
 	}
+	if s.lora != 0 {
+		ev.LoRA = e.loras[s.lora-1]
+	}
 	if s.tokenMode {
 		base := int(s.tokBase) // 0 with events
 		ev.TokenIDs = s.tokens[from*e.bs-base : to*e.bs-base : to*e.bs-base]
@@ -424,11 +477,17 @@ func (e *Engine) nextKey(s *sequence) uint64 {
 		// would miss the cache too.
 		switch {
 		case i == 0:
-			if salt, ok := e.salts[s]; ok {
-				s.parent = e.hash.Salted(e.blockTokens(s, 0), salt)
-			} else {
-				s.parent = e.hash.Block(e.hash.None(), e.blockTokens(s, 0))
+			lora, salt := "", e.salts[s]
+			if s.lora != 0 {
+				lora = e.loras[s.lora-1]
 			}
+			s.parent = e.hash.Keyed(e.hash.None(), e.blockTokens(s, 0), lora, salt)
+		case s.lora != 0:
+			parent := s.parent
+			if int(s.parentN) != i {
+				parent = digestOf(s.hashes[i-1]) // the chain continues from caller-given keys
+			}
+			s.parent = e.hash.Keyed(parent, e.blockTokens(s, i), e.loras[s.lora-1], "")
 		case int(s.parentN) != i:
 			// The chain continues from caller-given keys.
 			s.parent = e.hash.Block(digestOf(s.hashes[i-1]), e.blockTokens(s, i))
@@ -644,6 +703,9 @@ func (e *Engine) retireFinished(s *sequence) {
 		s.status = statusHeld
 		e.held++
 		return
+	}
+	if s.lora != 0 {
+		e.loraSeqs--
 	}
 	e.freeBlocks(s)
 	s.status = statusDone
