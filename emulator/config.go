@@ -120,6 +120,9 @@ type Config struct {
 	// tools) gets vLLM's 400. The emulator generates no tool calls either
 	// way (message.tool_calls stays empty).
 	EnableAutoToolChoice bool
+	// LoRA configures LoRA adapters (vLLM's --enable-lora and its flags);
+	// default none.
+	LoRA LoRAConfig
 	// Logger receives warnings (nil = discard).
 	Logger *slog.Logger
 }
@@ -171,6 +174,7 @@ func (c *Config) setDefaults() {
 		c.Logger = slog.New(slog.DiscardHandler)
 	}
 	c.KVEvents.setDefaults()
+	c.LoRA.setDefaults()
 }
 
 func (c *Config) validate() error {
@@ -219,6 +223,9 @@ func (c *Config) validate() error {
 		errs = append(errs, fmt.Errorf("emulator: AdvertisePort %d out of range", c.AdvertisePort))
 	}
 	if err := c.KVEvents.validate(); err != nil {
+		errs = append(errs, err)
+	}
+	if err := c.LoRA.validate(); err != nil {
 		errs = append(errs, err)
 	}
 	return errors.Join(errs...)

@@ -81,6 +81,10 @@ func NewDP(cfg Config, size int) (*DP, error) {
 		return nil, errors.New("emulator: NewDP sets DataParallelRank; leave it 0")
 	}
 	if size > 1 {
+		if cfg.LoRA.Enable {
+			// vLLM's PrometheusStatLogger refuses it.
+			return nil, errors.New("emulator: LoRA in DP mode is not supported yet.")
+		}
 		switch cfg.MetricsFlavor {
 		case "", FlavorVLLM, FlavorVLLMLegacy:
 		default:

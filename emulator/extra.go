@@ -56,8 +56,8 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, aerr)
 		return
 	}
-	if req.Model != "" && req.Model != s.cfg.Model {
-		writeAPIError(w, errNoModel(req.Model))
+	if _, aerr := s.resolveModel(req.Model); aerr != nil {
+		writeAPIError(w, aerr)
 		return
 	}
 	var toks []uint32
@@ -157,8 +157,8 @@ func (s *Server) handleDetokenize(w http.ResponseWriter, r *http.Request) {
 		writeAPIError(w, aerr)
 		return
 	}
-	if req.model != "" && req.model != s.cfg.Model {
-		writeAPIError(w, errNoModel(req.model))
+	if _, aerr := s.resolveModel(req.model); aerr != nil {
+		writeAPIError(w, aerr)
 		return
 	}
 	out := []byte(`{"prompt":`)

@@ -52,7 +52,10 @@ type modelPermission struct {
 
 // handleModels is GET /v1/models in vLLM's ModelList shape: one card for
 // the served model with its max_model_len and a permission list (vLLM
-// makes the card, its "created" and the permission's id per request).
+// makes the card, its "created" and the permission's id per request), then
+// one per LoRA adapter in load order, as vLLM's show_available_models
+// lists them: its root the adapter's path, its parent the served model,
+// no max_model_len.
 func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 	type model struct {
 		ID          string            `json:"id"`
@@ -61,18 +64,28 @@ func (s *Server) handleModels(w http.ResponseWriter, _ *http.Request) {
 		OwnedBy     string            `json:"owned_by"`
 		Root        string            `json:"root"`
 		Parent      *string           `json:"parent"`
-		MaxModelLen int               `json:"max_model_len"`
+		MaxModelLen *int              `json:"max_model_len"`
 		Permission  []modelPermission `json:"permission"`
 	}
 	now := time.Now().Unix()
-	perm := modelPermission{ID: "modelperm-" + strings.TrimPrefix(openai.NewCompletionID(), "cmpl-"),
-		Object: "model_permission", Created: now, AllowSampling: true, AllowLogprobs: true, AllowView: true,
-		Organization: "*"}
+	perm := func() []modelPermission {
+		return []modelPermission{{ID: "modelperm-" + strings.TrimPrefix(openai.NewCompletionID(), "cmpl-"),
+			Object: "model_permission", Created: now, AllowSampling: true, AllowLogprobs: true, AllowView: true,
+			Organization: "*"}}
+	}
+	maxLen := s.prof.MaxModelLen
+	cards := []model{{ID: s.cfg.Model, Object: "model", Created: now, OwnedBy: "vllm", Root: s.cfg.Model,
+		MaxModelLen: &maxLen, Permission: perm()}}
+	if s.loras != nil {
+		for _, a := range s.loras.table.Load().order {
+			cards = append(cards, model{ID: a.name, Object: "model", Created: now, OwnedBy: "vllm", Root: a.path,
+				Parent: &a.parent, Permission: perm()})
+		}
+	}
 	body, _ := json.Marshal(struct {
 		Object string  `json:"object"`
 		Data   []model `json:"data"`
-	}{"list", []model{{ID: s.cfg.Model, Object: "model", Created: now, OwnedBy: "vllm", Root: s.cfg.Model,
-		MaxModelLen: s.prof.MaxModelLen, Permission: []modelPermission{perm}}}})
+	}{"list", cards})
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(body)
 }
@@ -181,9 +194,10 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeAPIError(w, aerr)
 		return
 	}
-	if req.Model != "" && req.Model != s.cfg.Model {
+	lora, aerr := s.resolveModel(req.Model)
+	if aerr != nil {
 		putBody(bodyBuf)
-		writeAPIError(w, errNoModel(req.Model))
+		writeAPIError(w, aerr)
 		return
 	}
 	if !chat && req.hasSuffix() {
@@ -257,13 +271,19 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 	}
 	j.engineID = engineRequestID(j.respID, idCounter.Add(1))
 	now := time.Now() // one clock reading for created and the seed
-	j.hdr = openai.ChunkHeader{ID: j.respID, Model: s.cfg.Model, Created: now.Unix()}
+	// An adapter's responses carry its name (vLLM's
+	// OpenAIServingModels.model_name of the request's LoRA).
+	model := s.cfg.Model
+	if lora != "" {
+		model = lora
+	}
+	j.hdr = openai.ChunkHeader{ID: j.respID, Model: model, Created: now.Unix()}
 	for _, stop := range req.stops {
 		j.maxStop = max(j.maxStop, len(stop))
 		j.holdChars = max(j.holdChars, utf8.RuneCountInString(stop)-1)
 	}
 
-	ereq := &engine.Request{ID: j.engineID, Prompt: j.prompt, MaxTokens: j.maxTokens, IgnoreEOS: req.IgnoreEOS, CacheSalt: req.cacheSalt}
+	ereq := &engine.Request{ID: j.engineID, Prompt: j.prompt, MaxTokens: j.maxTokens, IgnoreEOS: req.IgnoreEOS, CacheSalt: req.cacheSalt, LoRA: lora}
 	seed := uint64(0)
 	if req.Seed != nil {
 		seed = mix64(uint64(*req.Seed)) | 1

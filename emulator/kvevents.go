@@ -122,11 +122,17 @@ func EncodeEventBatch(dst []byte, encoding string, ts float64, events []engine.K
 // parallel rank rank: the batch's data_parallel_rank is rank, as vLLM's
 // ZmqEventPublisher sets it to its own rank.
 func EncodeEventBatchRank(dst []byte, encoding string, ts float64, rank int, events []engine.KVEvent) ([]byte, error) {
+	return encodeEventBatch(dst, encoding, ts, rank, events, nil)
+}
+
+// encodeEventBatch is EncodeEventBatchRank with the lora_id of an adapter's
+// BlockStored from loraID (nil: every lora_id is None).
+func encodeEventBatch(dst []byte, encoding string, ts float64, rank int, events []engine.KVEvent, loraID func(string) int) ([]byte, error) {
 	buf := bytes.NewBuffer(dst)
 	enc := msgpack.GetEncoder()
 	defer msgpack.PutEncoder(enc)
 	enc.Reset(buf)
-	if err := encodeBatch(enc, encoding == EncodingMap, ts, rank, events); err != nil {
+	if err := encodeBatch(enc, encoding == EncodingMap, ts, rank, events, loraID); err != nil {
 		return dst, fmt.Errorf("emulator: encode kv events: %w", err)
 	}
 	return buf.Bytes(), nil
@@ -136,7 +142,7 @@ func EncodeEventBatchRank(dst []byte, encoding string, ts float64, rank int, eve
 // engine reports an allocation's evictions together) goes out as one event
 // per hash, as vLLM's BlockPool emits one per evicted block
 // (_maybe_evict_cached_block).
-func encodeBatch(enc *msgpack.Encoder, asMap bool, ts float64, rank int, events []engine.KVEvent) error {
+func encodeBatch(enc *msgpack.Encoder, asMap bool, ts float64, rank int, events []engine.KVEvent, loraID func(string) int) error {
 	_ = enc.EncodeArrayLen(3)
 	_ = enc.EncodeFloat64(ts)
 	n := 0
@@ -154,13 +160,17 @@ func encodeBatch(enc *msgpack.Encoder, asMap bool, ts float64, rank int, events 
 			one := *ev
 			for k := range ev.BlockHashes {
 				one.BlockHashes = ev.BlockHashes[k : k+1]
-				if err := encodeEvent(enc, asMap, &one); err != nil {
+				if err := encodeEvent(enc, asMap, &one, 0); err != nil {
 					return err
 				}
 			}
 			continue
 		}
-		if err := encodeEvent(enc, asMap, ev); err != nil {
+		id := 0
+		if ev.LoRA != "" && loraID != nil {
+			id = loraID(ev.LoRA)
+		}
+		if err := encodeEvent(enc, asMap, ev, id); err != nil {
 			return err
 		}
 	}
@@ -174,7 +184,9 @@ func encodeHashes(enc *msgpack.Encoder, hs []uint64) {
 	}
 }
 
-func encodeEvent(enc *msgpack.Encoder, asMap bool, ev *engine.KVEvent) error {
+// encodeEvent writes one event; loraID is the lora_id of an adapter's
+// BlockStored (0: None).
+func encodeEvent(enc *msgpack.Encoder, asMap bool, ev *engine.KVEvent, loraID int) error {
 	medium := ev.Medium
 	if medium == "" {
 		medium = engine.MediumGPU
@@ -191,11 +203,16 @@ func encodeEvent(enc *msgpack.Encoder, asMap bool, ev *engine.KVEvent) error {
 		// extra_keys, group_idx and kv_cache_spec_kind in the map form
 		// (vLLM >= 0.26 sets them; kv_cache_spec_sliding_window is None,
 		// omitted); in the array form extra_keys only for a salted first
-		// block (omit_defaults leaves out the default None).
+		// block or an adapter's blocks (omit_defaults leaves out the
+		// default None). An adapter's blocks have its lora_id and
+		// lora_name (vLLM's BlockPool.cache_full_blocks), and each its
+		// extra_keys entry: (lora_name,), the first of a salted prompt
+		// (lora_name, cache_salt).
+		extra := ev.Salt != "" || ev.LoRA != ""
 		switch {
 		case asMap:
 			_ = enc.EncodeMapLen(11)
-		case ev.Salt != "":
+		case extra:
 			_ = enc.EncodeArrayLen(9) // extra_keys too: not its default
 		default:
 			_ = enc.EncodeArrayLen(8)
@@ -218,21 +235,39 @@ func encodeEvent(enc *msgpack.Encoder, asMap bool, ev *engine.KVEvent) error {
 		key("block_size")
 		_ = enc.EncodeInt(int64(ev.BlockSize))
 		key("lora_id")
-		_ = enc.EncodeNil()
+		if ev.LoRA != "" && loraID != 0 {
+			_ = enc.EncodeInt(int64(loraID))
+		} else {
+			_ = enc.EncodeNil()
+		}
 		key("medium")
 		_ = enc.EncodeString(medium)
 		key("lora_name")
-		_ = enc.EncodeNil()
-		if asMap || ev.Salt != "" {
-			// One entry per block: a salted first block's (cache_salt,),
-			// None for the others.
+		if ev.LoRA != "" {
+			_ = enc.EncodeString(ev.LoRA)
+		} else {
+			_ = enc.EncodeNil()
+		}
+		if asMap || extra {
+			// One entry per block: the tuple of the adapter's name and,
+			// on a salted first block, the cache_salt; None for a block
+			// with neither.
 			key("extra_keys")
 			_ = enc.EncodeArrayLen(len(ev.BlockHashes))
 			for i := range ev.BlockHashes {
-				if i == 0 && ev.Salt != "" {
+				salt := ""
+				if i == 0 {
+					salt = ev.Salt
+				}
+				switch {
+				case ev.LoRA != "" && salt != "":
+					_ = enc.EncodeArrayLen(2)
+					_ = enc.EncodeString(ev.LoRA)
+					_ = enc.EncodeString(salt)
+				case ev.LoRA != "" || salt != "":
 					_ = enc.EncodeArrayLen(1)
-					_ = enc.EncodeString(ev.Salt)
-				} else {
+					_ = enc.EncodeString(ev.LoRA + salt)
+				default:
 					_ = enc.EncodeNil()
 				}
 			}

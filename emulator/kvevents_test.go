@@ -74,6 +74,8 @@ type decodedEvent struct {
 	Tokens    []uint32
 	BlockSize int64
 	Medium    any
+	// BlockStored's LoRA fields, as decoded (nil for None or absent).
+	LoRAID, LoRAName, ExtraKeys any
 }
 
 func toU64(t *testing.T, v any) uint64 {
@@ -117,7 +119,7 @@ func decodeBatch(t *testing.T, payload []byte, encoding string) (ts float64, evs
 			a := raw.([]any)
 			fields = map[string]any{"type": a[0]}
 			names := map[string][]string{
-				"BlockStored":  {"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name"},
+				"BlockStored":  {"block_hashes", "parent_block_hash", "token_ids", "block_size", "lora_id", "medium", "lora_name", "extra_keys"},
 				"BlockRemoved": {"block_hashes", "medium"},
 			}[a[0].(string)]
 			for i, n := range names {
@@ -146,6 +148,7 @@ func decodeBatch(t *testing.T, payload []byte, encoding string) (ts float64, evs
 			d.BlockSize = int64(toU64(t, bs))
 		}
 		d.Medium = fields["medium"]
+		d.LoRAID, d.LoRAName, d.ExtraKeys = fields["lora_id"], fields["lora_name"], fields["extra_keys"]
 		evs = append(evs, d)
 	}
 	return ts, evs

@@ -90,7 +90,7 @@ func (s *Server) appendWhole(dst []byte, j *job, kv map[string]any) []byte {
 	dst = append(dst, `","created":`...)
 	dst = strconv.AppendInt(dst, j.hdr.Created, 10)
 	dst = append(dst, `,"model":`...)
-	dst = openai.AppendJSONString(dst, s.cfg.Model)
+	dst = openai.AppendJSONString(dst, j.hdr.Model) // the adapter's name for an adapter's request
 	if j.chat {
 		dst = append(dst, `,"choices":[{"index":0,"message":{"role":`...)
 		dst = openai.AppendJSONString(dst, j.responseRole())

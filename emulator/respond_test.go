@@ -36,7 +36,7 @@ func TestAppendWholeMatchesJSON(t *testing.T) {
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			j := &job{chat: tc.chat, respID: "cmpl-1", prompt: make([]uint32, 5), text: []byte(tc.text),
-				finish: tc.finish, stopReason: tc.stop, generated: 9, hdr: openai.ChunkHeader{Created: 1700000000}}
+				finish: tc.finish, stopReason: tc.stop, generated: 9, hdr: openai.ChunkHeader{Created: 1700000000, Model: s.cfg.Model}}
 			j.prog.cachedTokens = tc.cached
 			usage := &openai.Usage{PromptTokens: 5, CompletionTokens: 9, TotalTokens: 14,
 				PromptTokensDetails: &openai.PromptTokensDetails{CachedTokens: tc.cached}}

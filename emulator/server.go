@@ -38,6 +38,12 @@ type Server struct {
 	// tokenizer, whose codec has its own).
 	tokCache *tokenizer.Cache
 	metrics  *metrics
+	// loras are the adapters served (nil without LoRAConfig.Enable);
+	// loraInfo is vllm:lora_requests_info (nil without it, or in a flavour
+	// other than vLLM's), updated by the loop.
+	loras    *loras
+	loraID   func(string) int // s.loras.id, for the KV events (nil without LoRA)
+	loraInfo *loraInfo
 	slots    *slotTable // llama.cpp's slots (flavour llamacpp), else nil
 	pub      *publisher // nil without KV events
 	leases   leaseTable
@@ -135,6 +141,9 @@ func New(cfg Config) (*Server, error) {
 	// --kv-transfer-config), whose prefix-cache stats every request
 	// records.
 	ec.KVConnector = cfg.Role != kvroute.RoleBoth
+	if cfg.LoRA.Enable {
+		ec.MaxLoRAs = cfg.LoRA.MaxLoRAs
+	}
 	eng, err := engine.New(ec)
 	if err != nil {
 		return nil, fmt.Errorf("emulator: %w", err)
@@ -168,6 +177,14 @@ func New(cfg Config) (*Server, error) {
 	if err != nil {
 		return nil, err
 	}
+	if cfg.LoRA.Enable {
+		s.loras = newLoRAs(cfg.Model, cfg.LoRA.Modules)
+		s.loraID = s.loras.id
+		if cfg.MetricsFlavor == FlavorVLLM || cfg.MetricsFlavor == FlavorVLLMLegacy {
+			s.loraInfo = newLoRAInfo(cfg.LoRA.MaxLoRAs)
+			s.metrics.reg.MustRegister(s.loraInfo)
+		}
+	}
 	st := eng.Stats()
 	s.metrics.publish(&snapshot{st: st})
 	s.mux = http.NewServeMux()
@@ -181,6 +198,10 @@ func New(cfg Config) (*Server, error) {
 	s.mux.HandleFunc("POST /tokenize", s.handleTokenize)
 	s.mux.HandleFunc("POST /detokenize", s.handleDetokenize)
 	s.mux.HandleFunc("GET /version", s.handleVersion)
+	if cfg.LoRA.RuntimeUpdating { // lora.go
+		s.mux.HandleFunc("POST /v1/load_lora_adapter", s.handleLoadLoRA)
+		s.mux.HandleFunc("POST /v1/unload_lora_adapter", s.handleUnloadLoRA)
+	}
 	if cfg.MetricsFlavor == FlavorLlamaCpp { // slots.go
 		s.slots = newSlotTable(s.prof.MaxNumSeqs, s.prof.MaxModelLen)
 		s.mux.HandleFunc("GET /slots", s.handleSlots)
@@ -922,8 +943,8 @@ func (s *Server) finishStep(ctx context.Context, ls *loopState, wait bool, now t
 	s.deliver(res, ls)
 	if s.pub != nil && len(res.Events) > 0 {
 		var err error
-		ls.evbuf, err = EncodeEventBatchRank(ls.evbuf[:0], s.cfg.KVEvents.Encoding, float64(time.Now().UnixNano())/1e9,
-			s.cfg.DataParallelRank, res.Events)
+		ls.evbuf, err = encodeEventBatch(ls.evbuf[:0], s.cfg.KVEvents.Encoding, float64(time.Now().UnixNano())/1e9,
+			s.cfg.DataParallelRank, res.Events, s.loraID)
 		if err != nil {
 			s.cfg.Logger.Error("kv events", "err", err)
 		} else {
@@ -970,6 +991,9 @@ func (s *Server) publishStats(acc *snapshot) {
 	s.metrics.publish(&snap)
 	if s.slots != nil {
 		s.slots.update(s.eng)
+	}
+	if s.loraInfo != nil {
+		s.loraInfo.update(s.eng, time.Now())
 	}
 }
 
