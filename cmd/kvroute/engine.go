@@ -89,6 +89,27 @@ once, as SGLang's does). With
 bootstrap_port = the prefill engine's side channel port, bootstrap_room) to
 both engines at once; the decode engine waits for the room's prefill.
 
+LoRA adapters, as vLLM serves them: with --enable-lora, --lora-modules
+name=path (or the JSON form {"name": ..., "path": ..., "base_model_name": ...};
+several after one flag, or the flag repeated) registers adapters, the n-th with
+lora_id n. A request whose "model" names an adapter is served by it: every
+block of its prompt is hashed with the adapter's name among its extra keys (so
+it shares no cached block with the base model or another adapter; kvroute's
+kvindex.HashTokensKeyed computes the same keys), its responses carry the
+adapter's name, and its BlockStored events lora_id, lora_name and per-block
+extra_keys. A model that is neither the served one nor an adapter gets vLLM's
+404. --max-loras N lets at most N adapters into one step's batch: a waiting
+request of another adapter is skipped (the requests behind it go first), as
+vLLM's scheduler skips it. GET /v1/models lists the adapters (root: the path,
+parent: the served model), and /metrics has vllm:lora_requests_info (vllm and
+vllm-legacy flavours; its value a wall-clock time, one series per set of
+running and waiting adapters seen, updated as the emulator publishes its
+stats). --max-lora-rank and --max-cpu-loras are checked as vLLM checks them and
+otherwise unused: no adapter weights are read, nor is their load time or
+compute modelled. With VLLM_ALLOW_RUNTIME_LORA_UPDATING=true, POST
+/v1/load_lora_adapter and /v1/unload_lora_adapter answer as vLLM's do. vLLM
+refuses LoRA with --data-parallel-size above 1; so does the emulator.
+
 Profiles: %s; or --hf-config config.json (with --gpu, --tp, --dtype) models a
 HuggingFace model: its KV bytes per token from the model's shape (MLA for
 DeepSeek-style models), its KV cache from GPU memory as vLLM sizes it, its step
@@ -160,10 +181,17 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		logLevel    = fs.String("log-level", "info", "log level: debug, info, warn, error")
 		keepAlive   = fs.Duration("keep-alive", 5*time.Second, "close a client connection idle this long, as vLLM's HTTP server does (uvicorn's timeout_keep_alive, VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s); 0 keeps idle connections open")
 		shutdownTO  = fs.Duration("shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long requests in flight may run to their end before they are cut with an error event (0 = at once; a second signal ends the process at once)")
+		enableLoRA  = fs.Bool("enable-lora", false, "vLLM's --enable-lora: serve LoRA adapters: a request whose model names one is served by it (its blocks keyed with the adapter's name, its responses naming it); /v1/models lists them and /metrics has vllm:lora_requests_info")
+		loraMods    loraModules
+		maxLoRAs    = fs.Int("max-loras", 1, "vLLM's --max-loras: the most adapters among the requests of one step; a waiting request of another adapter is skipped (needs --enable-lora)")
+		maxLoRARank = fs.Int("max-lora-rank", 16, "vLLM's --max-lora-rank, checked as vLLM checks it (one of 1, 8, 16, 32, 64, 128, 256, 320, 512) and otherwise unused")
+		maxCPULoRAs = fs.Int("max-cpu-loras", 0, "vLLM's --max-cpu-loras, checked as vLLM checks it (at least --max-loras) and otherwise unused (default: --max-loras)")
 		procs       = fs.Int("procs", 1, "OS threads running Go code at once (GOMAXPROCS) while the engine serves; 0 = the Go default (the GOMAXPROCS variable, else one per core). "+
 			"1 unless the GOMAXPROCS variable is set (then that): the engine is one event loop, and a wider runtime spends more CPU waking threads than it saves (16 engines at 200 req/s: about a quarter less CPU at 1)")
 	)
 	hf.register(fs, "the engine's model, GPU and KV cache (instead of --profile)")
+	fs.Var(&loraMods, "lora-modules", "vLLM's --lora-modules: LoRA adapters, `name=path` or JSON {\"name\": ..., \"path\": ..., \"base_model_name\": ...} (or a JSON list of them), several after one flag or the flag repeated; the n-th adapter's lora_id is n (needs --enable-lora; the path is not read)")
+	args = expandLoRAModules(args)
 	// An empty topic is vLLM's default; an empty --listen has its own
 	// message (checkListenAddr).
 	if err := parseFlags(fs, args, "kv-events-topic", "listen"); err != nil {
@@ -196,6 +224,13 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if err := checkEngineFlags(fs); err != nil {
 		return usageErr("%v", err)
 	}
+	mods, err := parseLoRAModules(loraMods)
+	if err != nil {
+		return usageErr("%v", err)
+	}
+	if err := checkLoRARank(*maxLoRARank); err != nil {
+		return usageErr("%v", err)
+	}
 	logger := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: level}))
 	ec := engine.Config{Profile: prof, NumGPUBlocks: *kvBlocks, BlockSize: *blockSize, MaxNumSeqs: *maxNumSeqs,
 		MaxNumBatchedTokens: *maxBatched, MaxModelLen: *maxModelLen}
@@ -211,6 +246,20 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		PDProtocol: *pdProtocol, FabricGbps: *fabricGbps, TransferSetup: *setup, LeaseTimeout: *lease,
 		LoadFailure: *loadFailure, DefaultMaxTokens: *defMaxTok, EOSMean: *eosMean, StreamInterval: *streamIntvl,
 		MaxLogprobs: *maxLogprobs, EnableAutoToolChoice: *autoTools, Logger: logger,
+		LoRA: emulator.LoRAConfig{Enable: *enableLoRA, Modules: mods, MaxLoRAs: *maxLoRAs, MaxLoRARank: *maxLoRARank,
+			MaxCPULoRAs: *maxCPULoRAs, RuntimeUpdating: runtimeLoRAUpdating()},
+	}
+	if *maxLoRAs < 1 {
+		return usageErr("max_loras (%d) must be >= 1.", *maxLoRAs)
+	}
+	if flagSet(fs, "max-cpu-loras") && *maxCPULoRAs < *maxLoRAs {
+		return usageErr("max_cpu_loras (%d) must be >= max_loras (%d).", *maxCPULoRAs, *maxLoRAs)
+	}
+	if len(mods) > 0 && !*enableLoRA {
+		return usageErr("LoRA is not enabled. Use --enable-lora to enable LoRA.")
+	}
+	if *enableLoRA && *dpSize > 1 {
+		return usageErr("LoRA in DP mode is not supported yet.")
 	}
 	if *tokPath != "builtin" {
 		hf, err := tokenizer.LoadDir(*tokPath)

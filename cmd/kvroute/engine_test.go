@@ -30,7 +30,8 @@ func TestEngineHelpExplainsEveryFlag(t *testing.T) {
 	}
 	for _, f := range []string{"model", "profile", "listen", "speed", "kv-blocks", "role", "metrics-flavor",
 		"kv-events-endpoint", "kv-events-replay", "kv-events-topic", "kv-events-encoding", "fabric-gbps", "pd-protocol",
-		"kv-lease", "pd-load-failure", "prefix-caching-hash-algo", "tokenizer", "hf-config", "gpu", "tp", "dtype", "no-slots"} {
+		"kv-lease", "pd-load-failure", "prefix-caching-hash-algo", "tokenizer", "hf-config", "gpu", "tp", "dtype", "no-slots",
+		"enable-lora", "lora-modules", "max-loras", "max-lora-rank", "max-cpu-loras"} {
 		if !strings.Contains(out.String(), "-"+f) {
 			t.Errorf("--help lacks -%s", f)
 		}
