@@ -56,6 +56,30 @@
 //     first block as vLLM's does, so that only requests with the same salt
 //     share cached blocks (engine.Request.CacheSalt), and that block's
 //     BlockStored event carries the extra_keys entry (cache_salt,);
+//     with LoRA (Config.LoRA, vLLM's --enable-lora and --lora-modules) a
+//     request whose model names an adapter is served by it
+//     (engine.Request.LoRA): every block of its prompt is keyed with the
+//     adapter's name, so it shares no cached block with the base model or
+//     another adapter, its BlockStored events carry lora_id (the
+//     adapter's int id: the n-th module's is n, a runtime load's the next),
+//     lora_name and each block's extra_keys entry (lora_name,), (lora_name,
+//     cache_salt) on a salted first block, and its responses carry the
+//     adapter's name as their model; a model that is neither the served
+//     one nor an adapter gets vLLM's 404 ("The model `x` does not
+//     exist."); the engine model schedules at most LoRAConfig.MaxLoRAs
+//     adapters a step, skipping a waiting request of another as vLLM's
+//     scheduler does (engine.Config.MaxLoRAs); GET /v1/models lists the
+//     adapters after the served model (root: the module's path, parent:
+//     the served model, max_model_len null), vllm:lora_requests_info is in
+//     /metrics (vLLM flavours; labels max_lora, running_lora_adapters and
+//     waiting_lora_adapters, comma-joined, no model_name or engine; one
+//     series per label set seen, its value the wall-clock time it was last
+//     set, at each stats publication rather than at each step), and with
+//     LoRAConfig.RuntimeUpdating (VLLM_ALLOW_RUNTIME_LORA_UPDATING) POST
+//     /v1/load_lora_adapter and /v1/unload_lora_adapter answer as vLLM's
+//     do (lora.go). No adapter weights are read; their load time and
+//     compute are not modelled; like vLLM, NewDP refuses LoRA with more
+//     than one rank;
 //   - GET /metrics in the vLLM (current or legacy names), SGLang or llama.cpp
 //     flavour, on a private Prometheus registry; a request a stop string
 //     ended counts, in vllm:generation_tokens_total, its finish (reason
