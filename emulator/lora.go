@@ -299,9 +299,10 @@ type loraInfo struct {
 	series map[[2]string]float64
 	cur    [2]string // the labels set last
 	// The loop's: the adapters of the last update, to skip joining them
-	// again when they did not change.
+	// again when they did not change, and the engine's steps then.
 	running, waiting []string
 	runBuf, waitBuf  []string
+	steps            int64
 }
 
 const maxLoRAInfoSeries = 1024
@@ -315,10 +316,17 @@ func newLoRAInfo(maxLoRAs int) *loraInfo {
 }
 
 // update sets the series of the engine's running and waiting adapters to
-// now (the loop calls it at each published step).
-func (li *loraInfo) update(eng *engine.Engine, now time.Time) {
+// now (the loop calls it when it publishes its stats) if the engine
+// stepped since the last update (steps: its Stats.Steps): vLLM records
+// the series with each step's stats, none while idle, so an engine that
+// never stepped has none.
+func (li *loraInfo) update(eng *engine.Engine, steps int64, now time.Time) {
 	li.mu.Lock()
 	defer li.mu.Unlock()
+	if steps == li.steps {
+		return
+	}
+	li.steps = steps
 	li.runBuf, li.waitBuf = eng.AppendLoRAs(li.runBuf[:0], li.waitBuf[:0])
 	if len(li.series) == 0 || !slices.Equal(li.runBuf, li.running) || !slices.Equal(li.waitBuf, li.waiting) {
 		li.running = append(li.running[:0], li.runBuf...)

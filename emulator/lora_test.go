@@ -167,9 +167,11 @@ func TestLoRAInfoMetric(t *testing.T) {
 	}
 	li := newLoRAInfo(2)
 	t0 := time.Unix(1_750_000_000, 0)
-	li.update(e, t0) // all waiting
+	li.update(e, 0, t0) // no step yet: no series
+	li.update(e, 1, t0) // all waiting
 	e.Step(0)
-	li.update(e, t0.Add(time.Second)) // a and b running, c waiting
+	li.update(e, 2, t0.Add(time.Second)) // a and b running, c waiting
+	li.update(e, 2, t0.Add(time.Hour))   // no step since: unchanged
 	reg := prometheus.NewRegistry()
 	reg.MustRegister(li)
 	mfs, err := reg.Gather()
@@ -209,6 +211,9 @@ func TestLoRAInfoMetric(t *testing.T) {
 		want bool
 	}{{loraConfig(sqlLoRA), true}, {Config{}, false}, {Config{MetricsFlavor: FlavorVLLMLegacy, LoRA: LoRAConfig{Enable: true}}, true}} {
 		_, hs := testServer(t, tc.cfg)
+		if mf := scrape(t, hs.URL)["vllm:lora_requests_info"]; mf != nil {
+			t.Errorf("LoRA %v: lora_requests_info %v before any request, want none (vLLM records it with a step's stats)", tc.cfg.LoRA.Enable, mf)
+		}
 		if code, out := post(t, hs.URL+"/v1/completions", `{"model":"tiny","prompt":"hi","max_tokens":2}`); code != 200 {
 			t.Fatalf("got %d %s", code, out)
 		}

@@ -993,7 +993,7 @@ func (s *Server) publishStats(acc *snapshot) {
 		s.slots.update(s.eng)
 	}
 	if s.loraInfo != nil {
-		s.loraInfo.update(s.eng, time.Now())
+		s.loraInfo.update(s.eng, snap.st.Steps, time.Now())
 	}
 }
 
