@@ -98,7 +98,8 @@ func checkRuns(t testing.TB, e *Engine) {
 // them. Requests continue earlier ones (their prompt and outputs as the
 // next prompt), so lookups reach deferred blocks and requests compute
 // copies of cached blocks; some share a seed, so equal prompts give equal
-// output blocks; some are decode legs (RemoteKV) whose admission looks up
+// output blocks; some are served by one of two LoRA adapters, one adapter
+// a step (MaxLoRAs 1); some are decode legs (RemoteKV) whose admission looks up
 // their prompt and whose KV arrives (or fails to) later, caching blocks
 // then; the cache is small, so requests are preempted and runs evicted,
 // and sweeps run often.
@@ -110,7 +111,7 @@ func FuzzDeferredKeys(f *testing.F) {
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		mod := func(noEvents bool) func(*Config) {
 			return func(c *Config) {
-				c.NumGPUBlocks, c.MaxModelLen, c.MaxNumBatchedTokens, c.NoEvents = 40, 512, 96, noEvents
+				c.NumGPUBlocks, c.MaxModelLen, c.MaxNumBatchedTokens, c.NoEvents, c.MaxLoRAs = 40, 512, 96, noEvents, 1
 			}
 		}
 		eager, lazy := mustEngine(t, "tiny", mod(false)), mustEngine(t, "tiny", mod(true))
@@ -196,6 +197,12 @@ func FuzzDeferredKeys(f *testing.F) {
 					r.EOSAt = next()%30 + 1
 				}
 				h := next()
+				switch h % 7 { // LoRA adapters, one a step (MaxLoRAs 1)
+				case 3:
+					r.LoRA = "a"
+				case 4:
+					r.LoRA = "b"
+				}
 				r.HoldKV = h%6 == 0
 				r.RemoteKV = h%6 == 5 // a decode leg: its KV arrives (op 6)
 				probe := eager.PrefixHit(r)

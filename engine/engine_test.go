@@ -734,7 +734,19 @@ func randomWorkload(t testing.TB, e *Engine, seed uint64, n int) *driver {
 	prefixes := [][]uint32{tokens(1, 64), tokens(5000, 200), tokens(9000, 33)}
 	live := []string{}
 	held := []string{}
-	for i := 0; i < n || e.HasWork(); i++ {
+	for i := 0; ; i++ {
+		if i >= n {
+			// Held KV is leased: release it so waiting requests can run,
+			// before asking whether any can (requests waiting for blocks
+			// held by a request that finished since the last release
+			// would not run otherwise).
+			for _, id := range held {
+				e.Release(id) // a no-op until the request finished
+			}
+			if !e.HasWork() {
+				break
+			}
+		}
 		if i < n {
 			for range rng.IntN(3) {
 				id := fmt.Sprint("q", i, "-", rng.IntN(1e6))
@@ -751,6 +763,7 @@ func randomWorkload(t testing.TB, e *Engine, seed uint64, n int) *driver {
 					r.PromptLen = len(prompt)
 					r.BlockHashes = []uint64{uint64(rng.IntN(20)) + 1, uint64(rng.IntN(20)) + 100}
 				}
+				r.LoRA = [...]string{"", "", "", "a", "b"}[rng.IntN(5)] // LoRA adapters
 				if err := e.Add(d.now, r); err != nil {
 					var le *LengthError
 					if !errors.As(err, &le) {
@@ -765,11 +778,6 @@ func randomWorkload(t testing.TB, e *Engine, seed uint64, n int) *driver {
 			}
 			if len(held) > 0 && rng.IntN(4) == 0 {
 				e.Release(held[rng.IntN(len(held))]) // a no-op until it finished
-			}
-		} else {
-			// Held KV is leased: release it so waiting requests can run.
-			for _, id := range held {
-				e.Release(id) // a no-op until the request finished
 			}
 		}
 		d.step()
