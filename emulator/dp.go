@@ -83,7 +83,7 @@ func NewDP(cfg Config, size int) (*DP, error) {
 	if size > 1 {
 		if cfg.LoRA.Enable {
 			// vLLM's PrometheusStatLogger refuses it.
-			return nil, errors.New("emulator: LoRA in DP mode is not supported yet.")
+			return nil, fmt.Errorf("emulator: LoRA with data parallel size %d (vLLM: LoRA in DP mode is not supported yet)", size)
 		}
 		switch cfg.MetricsFlavor {
 		case "", FlavorVLLM, FlavorVLLMLegacy:

@@ -72,42 +72,34 @@ func (c *LoRAConfig) setDefaults() {
 	}
 }
 
-// validate checks c as vLLM's LoRAConfig does, with its messages.
+// validate checks c as vLLM's LoRAConfig and its loading of the modules
+// do (kvroute engine prints vLLM's messages for its flags).
 func (c *LoRAConfig) validate() error {
 	var errs []error
 	if c.MaxLoRAs < 1 {
-		errs = append(errs, fmt.Errorf("emulator: max_loras (%d) must be >= 1.", c.MaxLoRAs))
+		errs = append(errs, fmt.Errorf("emulator: LoRA.MaxLoRAs %d must be at least 1", c.MaxLoRAs))
 	}
 	if !slices.Contains(LoRARanks, c.MaxLoRARank) {
-		errs = append(errs, fmt.Errorf("emulator: max_lora_rank (%d) must be one of %v.", c.MaxLoRARank, pyTuple(LoRARanks)))
+		errs = append(errs, fmt.Errorf("emulator: LoRA.MaxLoRARank %d must be one of %v", c.MaxLoRARank, LoRARanks))
 	}
 	if c.MaxCPULoRAs < c.MaxLoRAs {
-		errs = append(errs, fmt.Errorf("emulator: max_cpu_loras (%d) must be >= max_loras (%d).", c.MaxCPULoRAs, c.MaxLoRAs))
+		errs = append(errs, fmt.Errorf("emulator: LoRA.MaxCPULoRAs %d must be at least LoRA.MaxLoRAs %d", c.MaxCPULoRAs, c.MaxLoRAs))
 	}
 	if !c.Enable && len(c.Modules) > 0 {
 		// vLLM's worker, asked to load the modules without a LoRA manager.
-		errs = append(errs, errors.New("emulator: LoRA is not enabled. Use --enable-lora to enable LoRA."))
+		errs = append(errs, errors.New("emulator: LoRA.Modules need LoRA.Enable (vLLM: LoRA is not enabled)"))
 	}
 	seen := map[string]bool{}
 	for _, m := range c.Modules {
 		switch {
 		case m.Name == "" || m.Path == "":
-			errs = append(errs, errors.New("emulator: Both 'lora_name' and 'lora_path' must be provided."))
+			errs = append(errs, fmt.Errorf("emulator: LoRA module %q needs a name and a path", m.Name))
 		case seen[m.Name]:
-			errs = append(errs, fmt.Errorf("emulator: The lora adapter '%s' has already been loaded.", m.Name))
+			errs = append(errs, fmt.Errorf("emulator: LoRA module %q is given twice", m.Name))
 		}
 		seen[m.Name] = true
 	}
 	return errors.Join(errs...)
-}
-
-// pyTuple formats ints as Python prints a tuple of them.
-func pyTuple(v []int) string {
-	s := make([]string, len(v))
-	for i, x := range v {
-		s[i] = strconv.Itoa(x)
-	}
-	return "(" + strings.Join(s, ", ") + ")"
 }
 
 // loraAdapter is one adapter the server serves.

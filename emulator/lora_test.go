@@ -121,19 +121,19 @@ func TestLoRAModels(t *testing.T) {
 	}
 }
 
-// TestLoRAConfigErrors: the LoRA flags are checked as vLLM checks them,
-// with its messages.
+// TestLoRAConfigErrors: the LoRA configuration is checked as vLLM checks
+// its flags, each error naming the field.
 func TestLoRAConfigErrors(t *testing.T) {
 	for _, tc := range []struct {
 		lora LoRAConfig
 		want string
 	}{
-		{LoRAConfig{Enable: true, MaxLoRAs: -1}, "max_loras (-1) must be >= 1."},
-		{LoRAConfig{Enable: true, MaxLoRARank: 7}, "max_lora_rank (7) must be one of (1, 8, 16, 32, 64, 128, 256, 320, 512)."},
-		{LoRAConfig{Enable: true, MaxLoRAs: 4, MaxCPULoRAs: 2}, "max_cpu_loras (2) must be >= max_loras (4)."},
-		{LoRAConfig{Modules: []LoRAModule{sqlLoRA}}, "LoRA is not enabled. Use --enable-lora to enable LoRA."},
-		{LoRAConfig{Enable: true, Modules: []LoRAModule{sqlLoRA, sqlLoRA}}, "The lora adapter 'sql-lora' has already been loaded."},
-		{LoRAConfig{Enable: true, Modules: []LoRAModule{{Name: "x"}}}, "Both 'lora_name' and 'lora_path' must be provided."},
+		{LoRAConfig{Enable: true, MaxLoRAs: -1}, "LoRA.MaxLoRAs -1 must be at least 1"},
+		{LoRAConfig{Enable: true, MaxLoRARank: 7}, "LoRA.MaxLoRARank 7 must be one of [1 8 16 32 64 128 256 320 512]"},
+		{LoRAConfig{Enable: true, MaxLoRAs: 4, MaxCPULoRAs: 2}, "LoRA.MaxCPULoRAs 2 must be at least LoRA.MaxLoRAs 4"},
+		{LoRAConfig{Modules: []LoRAModule{sqlLoRA}}, "LoRA.Modules need LoRA.Enable"},
+		{LoRAConfig{Enable: true, Modules: []LoRAModule{sqlLoRA, sqlLoRA}}, `LoRA module "sql-lora" is given twice`},
+		{LoRAConfig{Enable: true, Modules: []LoRAModule{{Name: "x"}}}, `LoRA module "x" needs a name and a path`},
 	} {
 		cfg := Config{LoRA: tc.lora}
 		testDefaults(t, &cfg)
@@ -144,7 +144,7 @@ func TestLoRAConfigErrors(t *testing.T) {
 	}
 	cfg := loraConfig()
 	testDefaults(t, &cfg)
-	if _, err := NewDP(cfg, 2); err == nil || !strings.Contains(err.Error(), "LoRA in DP mode is not supported yet.") {
+	if _, err := NewDP(cfg, 2); err == nil || !strings.Contains(err.Error(), "LoRA in DP mode is not supported yet") {
 		t.Errorf("data parallel with LoRA: got %v, want vLLM's refusal", err)
 	}
 }

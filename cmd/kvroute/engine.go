@@ -258,6 +258,9 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 	if len(mods) > 0 && !*enableLoRA {
 		return usageErr("LoRA is not enabled. Use --enable-lora to enable LoRA.")
 	}
+	if msg := loraModulesError(mods); msg != "" {
+		return usageErr("%s", msg)
+	}
 	if *enableLoRA && *dpSize > 1 {
 		return usageErr("LoRA in DP mode is not supported yet.")
 	}

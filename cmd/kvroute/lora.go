@@ -74,11 +74,13 @@ func parseLoRAModules(values []string) ([]emulator.LoRAModule, error) {
 		var objs []map[string]json.RawMessage
 		if len(raw) > 0 && raw[0] == '[' {
 			if err := json.Unmarshal(raw, &objs); err != nil {
+				//lint:ignore ST1005 vLLM's message, word for word
 				return nil, fmt.Errorf("Invalid JSON format for --lora-modules: %s", v)
 			}
 		} else {
 			var obj map[string]json.RawMessage
 			if err := json.Unmarshal(raw, &obj); err != nil || obj == nil {
+				//lint:ignore ST1005 vLLM's message, word for word
 				return nil, fmt.Errorf("Invalid JSON format for --lora-modules: %s", v)
 			}
 			objs = append(objs, obj)
@@ -86,6 +88,7 @@ func parseLoRAModules(values []string) ([]emulator.LoRAModule, error) {
 		for _, obj := range objs {
 			m, err := loraModule(obj)
 			if err != nil {
+				//lint:ignore ST1005 vLLM's message, word for word
 				return nil, fmt.Errorf("Invalid fields for --lora-modules: %s - %s", v, err)
 			}
 			mods = append(mods, m)
@@ -129,6 +132,22 @@ func loraModule(obj map[string]json.RawMessage) (emulator.LoRAModule, error) {
 		return m, fmt.Errorf("LoRAModulePath.__init__() missing 2 required positional arguments: %s and %s", missing[0], missing[1])
 	}
 	return m, nil
+}
+
+// loraModulesError is vLLM's error loading the modules, in order: one
+// without a name or a path, or a name given twice ("" for none).
+func loraModulesError(mods []emulator.LoRAModule) string {
+	seen := map[string]bool{}
+	for _, m := range mods {
+		switch {
+		case m.Name == "" || m.Path == "":
+			return "Both 'lora_name' and 'lora_path' must be provided."
+		case seen[m.Name]:
+			return fmt.Sprintf("The lora adapter '%s' has already been loaded.", m.Name)
+		}
+		seen[m.Name] = true
+	}
+	return ""
 }
 
 // checkLoRARank is argparse's check of --max-lora-rank's choices.

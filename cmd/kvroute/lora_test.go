@@ -117,6 +117,7 @@ func TestEngineLoRAUsageErrors(t *testing.T) {
 		{[]string{"--enable-lora", "--max-loras", "4", "--max-cpu-loras", "2"}, "max_cpu_loras (2) must be >= max_loras (4)."},
 		{[]string{"--enable-lora", "--lora-modules", "a=/a", "a=/b"}, "The lora adapter 'a' has already been loaded."},
 		{[]string{"--enable-lora", "--lora-modules", "{"}, "Invalid JSON format for --lora-modules: {"},
+		{[]string{"--enable-lora", "--lora-modules", "=/a"}, "Both 'lora_name' and 'lora_path' must be provided."},
 		{[]string{"--enable-lora", "--data-parallel-size", "2"}, "LoRA in DP mode is not supported yet."},
 	} {
 		var out bytes.Buffer
