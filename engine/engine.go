@@ -111,9 +111,10 @@ type Request struct {
 	// lora_request.lora_name), "" for the base model. Every block of an
 	// adapter's request has the name among its hash's extra keys
 	// (HashFunc.Keyed), so requests of different adapters, or of an
-	// adapter and the base model, share no cached block; and the adapters
-	// of a step's requests are bounded by Config.MaxLoRAs. An engine keeps
-	// the names it was given (at most MaxLoRANames).
+	// adapter and the base model, share no cached block (with Prompt: the
+	// caller's BlockHashes are taken as they are); and the adapters of a
+	// step's requests are bounded by Config.MaxLoRAs. An engine keeps the
+	// names it was given (at most MaxLoRANames).
 	LoRA string
 }
 
