@@ -14,6 +14,7 @@ import (
 // (tokens 1..48, block size 16, NONE_HASH of "vllm-none-hash"), for a
 // short name, a short name and salt, and a non-ASCII name of 80 bytes
 // (str8 in CBOR) with a salt of 300 (BINUNICODE, str16).
+// testdata/vectors/lora_vectors.py prints them.
 func TestLoRAVLLMVectors(t *testing.T) {
 	long, x300 := strings.Repeat("é", 40), strings.Repeat("x", 300)
 	for _, tc := range []struct {
