@@ -50,3 +50,51 @@ func Example() {
 	// second: 4 tokens, 64 cached, finish length
 	// prefix cache: 64 of 160 prompt tokens hit
 }
+
+// Example_loRA serves one prompt by the base model and by two LoRA
+// adapters, at most one adapter a step (vLLM's --max-loras 1): an
+// adapter's blocks are keyed with its name, so only its own second request
+// hits; the other adapter's request waits while the first adapter's run,
+// and the base model's request behind it is not held up.
+func Example_loRA() {
+	p, err := engine.LookupProfile("tiny")
+	if err != nil {
+		panic(err)
+	}
+	e, err := engine.New(engine.Config{Profile: p, MaxLoRAs: 1})
+	if err != nil {
+		panic(err)
+	}
+	prompt := make([]uint32, 80)
+	for i := range prompt {
+		prompt[i] = uint32(100 + i)
+	}
+	var now time.Duration
+	run := func(reqs ...engine.Request) {
+		for i := range reqs {
+			reqs[i].Prompt, reqs[i].MaxTokens = prompt, 4
+			if err := e.Add(now, &reqs[i]); err != nil {
+				panic(err)
+			}
+		}
+		for e.HasWork() {
+			r := e.Step(now)
+			now += r.Duration
+			for _, o := range r.Outputs {
+				if o.Finished {
+					fmt.Printf("%s: %d cached, done at step %d\n", o.ID, o.CachedTokens, e.Stats().Steps)
+				}
+			}
+		}
+	}
+	run(engine.Request{ID: "base"})
+	run(engine.Request{ID: "sql-1", LoRA: "sql-lora"}, engine.Request{ID: "chat-1", LoRA: "chat-lora"},
+		engine.Request{ID: "base-2"})
+	run(engine.Request{ID: "sql-2", LoRA: "sql-lora"})
+	// Output:
+	// base: 0 cached, done at step 4
+	// sql-1: 0 cached, done at step 8
+	// base-2: 64 cached, done at step 8
+	// chat-1: 0 cached, done at step 12
+	// sql-2: 64 cached, done at step 16
+}
