@@ -42,9 +42,11 @@ func (e *Engine) DecodeRun(limit int) (steps int, d time.Duration, finished bool
 // decodeRun returns the length of the plain decode run ahead (at most
 // limit steps, the step finishing a request included, finished then true;
 // 0 when the next step is not a plain decode step) and the running
-// requests' total context, ignoring KV blocks (see runBlocks).
+// requests' total context, ignoring KV blocks (see runBlocks). Waiting
+// requests end a run before it starts unless Config.MaxLoRAs keeps every
+// one of them out (loraBlocked).
 func (e *Engine) decodeRun(limit int) (n, ctx int, finished bool) {
-	if limit <= 0 || len(e.running) == 0 || len(e.running) > e.budget || e.waiting.len() > 0 ||
+	if limit <= 0 || len(e.running) == 0 || len(e.running) > e.budget || (e.waiting.len() > 0 && !e.loraBlocked()) ||
 		len(e.loaded) > 0 || len(e.aborted) > 0 || e.pendingClear {
 		return 0, 0, false
 	}

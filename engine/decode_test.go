@@ -26,6 +26,7 @@ func TestDecodeSteps(t *testing.T) {
 	shapes := []decodeShape{
 		{name: "narrow", seeds: 4, blocks: 40, burst: 3, minRun: 2},
 		{name: "wide", seeds: 2, blocks: 1200, seqs: 200, budget: 8192, burst: 64, minRun: 65, together: true},
+		{name: "lora", seeds: 3, blocks: 60, burst: 3, minRun: 2, loras: true},
 	}
 	for _, shape := range shapes {
 		for _, noEvents := range []bool{false, true} {
@@ -46,22 +47,31 @@ type decodeShape struct {
 	burst                int  // the most requests arriving at once
 	minRun               int  // the most requests some run must have
 	together             bool // a burst's requests have the same length and no EOS (they finish together)
+	// loras: requests of three LoRA adapters and the base model, one
+	// adapter a step (MaxLoRAs 1), so that runs go on while requests of
+	// other adapters wait.
+	loras bool
 }
 
 func testDecodeSteps(t *testing.T, seed uint64, noEvents bool, sh decodeShape) {
 	mod := func(c *Config) {
 		c.NumGPUBlocks, c.MaxNumSeqs, c.MaxNumBatchedTokens = sh.blocks+int(seed)*sh.blocks*2/5, sh.seqs, sh.budget
 		c.MaxModelLen, c.NoEvents = 512, noEvents
+		if sh.loras {
+			c.MaxLoRAs = 1
+		}
 	}
 	stepper, bulk := mustEngine(t, "tiny", mod), mustEngine(t, "tiny", mod)
 	a, b := newDriver(t, stepper), newDriver(t, bulk)
 	rng := rand.New(rand.NewPCG(seed, 3))
 	gaps := rand.New(rand.NewPCG(seed, 4)) // apart, so that the workload is the same
+	adapters := rand.New(rand.NewPCG(seed, 5))
 	prefixes := [][]uint32{tokens(1, 64), tokens(5000, 200), tokens(9000, 33)}
 	var live []string
 	last := map[string]Output{} // each request's latest output (the bulk engine's)
 	var run DecodedRun
 	runs, bulkSteps, removed, finishes := 0, 0, 0, 0
+	waitingRuns := 0 // runs computed while requests waited (kept out by MaxLoRAs)
 	widest, longest := 0, 0 // the most requests and steps in a run
 	for i := 0; i < 300 || stepper.HasWork() || bulk.HasWork(); i++ {
 		if i > 1e5 {
@@ -90,6 +100,9 @@ func testDecodeSteps(t *testing.T, seed uint64, noEvents bool, sh decodeShape) {
 					r.BlockHashes = []uint64{uint64(rng.IntN(20)) + 1, uint64(rng.IntN(20)) + 100}
 				case 2:
 					r.Seed = rng.Uint64()
+				}
+				if sh.loras {
+					r.LoRA = [...]string{"", "a", "b", "c"}[adapters.IntN(4)]
 				}
 				if addBoth(t, stepper, bulk, a.now, b.now, r) {
 					live = append(live, id)
@@ -128,7 +141,11 @@ func testDecodeSteps(t *testing.T, seed uint64, noEvents bool, sh decodeShape) {
 		for _, s := range bulk.running {
 			samples[s.id] = sampled{s.seed, int(s.eosAt)}
 		}
+		waiting := bulk.waiting.len()
 		n := bulk.DecodeSteps(b.now, until, 1+rng.IntN(60), &run)
+		if n > 0 && waiting > 0 {
+			waitingRuns++
+		}
 		if n == 0 {
 			if bulk.HasWork() {
 				ra, rb := a.step(), b.step()
@@ -212,6 +229,9 @@ func testDecodeSteps(t *testing.T, seed uint64, noEvents bool, sh decodeShape) {
 		bulkSteps, runs, widest, longest, removed, finishes)
 	if runs < 5 || bulkSteps < 100 || finishes < 3 {
 		t.Errorf("DecodeSteps computed %d steps in %d runs, %d of them ending in finishes: it should find the plain decode runs and their finishes", bulkSteps, runs, finishes)
+	}
+	if sh.loras && waitingRuns == 0 {
+		t.Errorf("no run while requests of other adapters waited: want some")
 	}
 	if window := stepper.bs + 2; widest < sh.minRun || longest <= 2*window {
 		t.Errorf("runs of up to %d requests and %d steps: want some of %d requests and some longer than twice decodePlain's window (%d steps)", widest, longest, sh.minRun, window)

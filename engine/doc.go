@@ -60,7 +60,8 @@
 // is skipped (it keeps its place at the head of the queue) and the
 // requests behind it are considered, as vLLM V1's scheduler does.
 // AppendLoRAs reports the running and waiting adapters
-// (vllm:lora_requests_info). Adapter weights are not modelled: no load
+// (vllm:lora_requests_info). Requests that MaxLoRAs keeps out do not end
+// a plain decode run (DecodeRun, DecodeSteps): the steps skip them all. Adapter weights are not modelled: no load
 // time when an adapter first serves, no extra compute per step (vLLM
 // loads an adapter in the step that first schedules it, from disk or
 // its CPU cache, a cost this model leaves out).

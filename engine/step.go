@@ -157,6 +157,30 @@ func (e *Engine) schedule(now time.Duration, r *StepResult) {
 	}
 }
 
+// loraBlocked reports whether no waiting request can join a plain decode
+// step, which schedules every running request, because of
+// Config.MaxLoRAs: the running requests' adapters are MaxLoRAs already and
+// every waiting request is of another adapter (schedule skips them all,
+// changing nothing), until a running request finishes.
+func (e *Engine) loraBlocked() bool {
+	if e.cfg.MaxLoRAs == 0 || e.loraSeqs == 0 {
+		return false
+	}
+	e.stepLoRAs = e.stepLoRAs[:0]
+	for _, s := range e.running {
+		e.useLoRA(s.lora)
+	}
+	if len(e.stepLoRAs) < e.cfg.MaxLoRAs {
+		return false
+	}
+	for i := range e.waiting.len() {
+		if e.fitsLoRA(e.waiting.at(i).lora) {
+			return false
+		}
+	}
+	return true
+}
+
 // fitsLoRA reports whether a request of adapter lora (0: the base model)
 // may join the step's requests under Config.MaxLoRAs: its adapter is
 // among theirs, or they have fewer than MaxLoRAs.
