@@ -71,7 +71,7 @@ func testDecodeSteps(t *testing.T, seed uint64, noEvents bool, sh decodeShape) {
 	last := map[string]Output{} // each request's latest output (the bulk engine's)
 	var run DecodedRun
 	runs, bulkSteps, removed, finishes := 0, 0, 0, 0
-	waitingRuns := 0 // runs computed while requests waited (kept out by MaxLoRAs)
+	waitingRuns := 0        // runs computed while requests waited (kept out by MaxLoRAs)
 	widest, longest := 0, 0 // the most requests and steps in a run
 	for i := 0; i < 300 || stepper.HasWork() || bulk.HasWork(); i++ {
 		if i > 1e5 {
