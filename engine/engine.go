@@ -560,16 +560,6 @@ type Engine struct {
 	salts map[*sequence]string
 	stats Stats
 
-	// LoRA adapters: the names Add was given (a sequence's lora is 1 + an
-	// index), their ids, the live sequences of an adapter (schedule skips
-	// the adapter check while there are none) and the scratch of schedule
-	// (the adapters of the step's requests, the requests it skipped).
-	loras       []string
-	loraIDs     map[string]uint16
-	loraSeqs    int
-	stepLoRAs   []uint16
-	skippedLoRA []*sequence
-
 	// Deferred keys (deferred.go): with prefix caching and no KV events.
 	deferKeys bool
 	runs      []deferredRun
@@ -580,6 +570,16 @@ type Engine struct {
 	retired   int                                // retired runs
 	sweepAt   int                                // retired runs that start a sweep
 	minSweep  int                                // the least sweepAt
+
+	// LoRA adapters: the names Add was given (a sequence's lora is 1 + an
+	// index), their ids, the live sequences of an adapter (schedule skips
+	// the adapter check while there are none) and the scratch of schedule
+	// (the adapters of the step's requests, the requests it skipped).
+	loras       []string
+	loraIDs     map[string]uint16
+	loraSeqs    int
+	stepLoRAs   []uint16
+	skippedLoRA []*sequence
 }
 
 // MaxNumGPUBlocks bounds an engine's KV cache: 2^24 blocks (268M tokens of
