@@ -57,6 +57,8 @@ type engineOpts struct {
 	// listens (vLLM with a host in its endpoint); otherwise the engine binds
 	// an ipc:// socket and the router dials it.
 	connect bool
+	// lora configures the engine's LoRA adapters (default none).
+	lora emulator.LoRAConfig
 }
 
 // engineProc is one emulated engine served on a fixed loopback address, so
@@ -93,6 +95,7 @@ func startEngine(t testing.TB, id string, o engineOpts) *engineProc {
 		Engine: engine.Config{Profile: prof, NumGPUBlocks: 2048, MaxModelLen: 16384, MaxNumBatchedTokens: 2048,
 			MaxNumSeqs: 32},
 		Speed:  o.speed,
+		LoRA:   o.lora,
 		Logger: logger().With("engine", id),
 	}}
 	if o.encoding != "" && !o.connect {
