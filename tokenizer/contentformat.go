@@ -409,11 +409,14 @@ func ordered(d *jinja.Dict, first []string, def jinja.Value) jinja.Value {
 // conversationMessages rebuilds each message of messages (a list) with only the
 // keys vLLM's ConversationMessage keeps, in its order (chat_utils.py,
 // _parse_chat_message_content): role, content, then for an assistant
-// tool_calls (unless null) and, when it has a "reasoning", that as
-// "reasoning" and "reasoning_content"; for a tool message tool_call_id;
-// name and task when they are strings; for a developer message tools.
-// Whatever else a client sends in a message, such as a "reasoning_content"
-// of its own, vLLM's template never sees.
+// tool_calls (unless null) and its reasoning as both "reasoning" and
+// "reasoning_content"; for a tool message tool_call_id; name and task when
+// they are strings; for a developer message tools. An assistant's
+// reasoning is its "reasoning", or when that is null or absent its
+// "reasoning_content" (the deprecated name, which vLLM's
+// ChatCompletionRequest renames before validation since vLLM PR 42664,
+// May 2026: clients such as LiteLLM and the Vercel AI SDK send it).
+// Whatever else a client sends in a message vLLM's template never sees.
 func conversationMessages(messages jinja.Value) {
 	items := messages.AsList().Items
 	for i, m := range items {
@@ -439,7 +442,11 @@ func conversationMessages(messages jinja.Value) {
 			if v, ok := in.Get("tool_calls"); ok && !v.IsNone() {
 				o.Set("tool_calls", v)
 			}
-			if v, ok := in.Get("reasoning"); ok && !v.IsNone() {
+			v, ok := in.Get("reasoning")
+			if !ok || v.IsNone() {
+				v, ok = in.Get("reasoning_content") // the deprecated name, still accepted
+			}
+			if ok && !v.IsNone() {
 				o.Set("reasoning", v)
 				o.Set("reasoning_content", v)
 			}

@@ -175,9 +175,11 @@ func TestRenderJSONToolsAsVLLM(t *testing.T) {
 }
 
 // TestRenderJSONConversationKeys: a template sees of each message only the
-// keys vLLM's ConversationMessage keeps, in its order: a client's own
-// "reasoning_content" and other extra keys are gone, an assistant's
-// "reasoning" is also its "reasoning_content", a null tool_calls is gone.
+// keys vLLM's ConversationMessage keeps, in its order: extra keys are gone,
+// an assistant's "reasoning" is also its "reasoning_content", a client's
+// "reasoning_content" is its reasoning when it has no "reasoning" (vLLM
+// renames it; it was dropped here, so Qwen3's <think> block of a tool-call
+// turn was missing), a null tool_calls is gone.
 func TestRenderJSONConversationKeys(t *testing.T) {
 	tmpl, err := NewChatTemplate(`{% for m in messages %}{{ m | tojson + '\n' }}{% endfor %}`, "", "")
 	if err != nil {
@@ -187,12 +189,18 @@ func TestRenderJSONConversationKeys(t *testing.T) {
 		`{"role":"user","content":"hi","name":"ann","task":5},` +
 		`{"role":"assistant","content":"x","reasoning_content":"old","tool_calls":null},` +
 		`{"reasoning":"r","role":"assistant","content":"y","tool_calls":[{"function":{"name":"f","arguments":{}}}]},` +
+		`{"role":"assistant","content":"z","reasoning":null,"reasoning_content":"rc"},` +
+		`{"role":"assistant","content":"w","reasoning":"","reasoning_content":"lost"},` +
+		`{"role":"user","content":"u","reasoning_content":"not an assistant's"},` +
 		`{"role":"tool","tool_call_id":"c1","content":"ok","id":"z"},` +
 		`{"role":"developer","content":"d"}]`
 	want := `{"role": "system", "content": "be brief"}
 {"role": "user", "content": "hi", "name": "ann"}
-{"role": "assistant", "content": "x"}
+{"role": "assistant", "content": "x", "reasoning": "old", "reasoning_content": "old"}
 {"role": "assistant", "content": "y", "tool_calls": [{"function": {"name": "f", "arguments": {}}}], "reasoning": "r", "reasoning_content": "r"}
+{"role": "assistant", "content": "z", "reasoning": "rc", "reasoning_content": "rc"}
+{"role": "assistant", "content": "w", "reasoning": "", "reasoning_content": ""}
+{"role": "user", "content": "u"}
 {"role": "tool", "content": "ok", "tool_call_id": "c1"}
 {"role": "developer", "content": "d", "tools": null}
 `

@@ -65,8 +65,8 @@
 // "string" content format, which Qwen3, Llama 3.x and DeepSeek-V3 have)
 // each message's content as one string, its text parts joined with "\n";
 // and, as vLLM, it keeps of each message only the keys vLLM's
-// ConversationMessage has (a client's own reasoning_content is dropped, an
-// assistant's "reasoning" is also its reasoning_content), decodes tool
+// ConversationMessage has (an assistant's "reasoning", or its deprecated
+// "reasoning_content" when it has none, is given as both), decodes tool
 // call arguments sent as a JSON string and
 // gives the "tools" variable the shape of vLLM's request model (keys in its
 // order, defaults filled in), which templates render with tojson.
