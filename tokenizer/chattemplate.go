@@ -14,7 +14,9 @@ import (
 // ChatTemplate is a compiled HuggingFace chat template (the Jinja source of
 // tokenizer_config.json's chat_template), rendered the way transformers'
 // apply_chat_template does: trim_blocks and lstrip_blocks on, with the
-// variables messages, add_generation_prompt, bos_token and eos_token. It is
+// variables messages, add_generation_prompt, bos_token and eos_token, and
+// tools and documents, None unless given (transformers always passes both,
+// so a template's "tools is defined" is true without tools). It is
 // rendered by github.com/ardanlabs/jinja, a pure-Go Jinja engine made for chat
 // templates. A ChatTemplate is safe for concurrent use.
 type ChatTemplate struct {
@@ -170,6 +172,11 @@ func (c *ChatTemplate) render(messages jinja.Value, opts ChatOptions) (string, e
 			v = dumpTools(v)
 		}
 		data[k] = v
+	}
+	for _, k := range []string{"tools", "documents"} {
+		if _, ok := data[k]; !ok {
+			data[k] = jinja.None() // transformers' apply_chat_template always passes both
+		}
 	}
 	data[tojsonName] = pyToJSON // the template's tojson and string filters (pyfilters.go)
 	data[stringName] = pyString

@@ -52,3 +52,36 @@ func TestChatTemplateToolUse(t *testing.T) {
 		})
 	}
 }
+
+// TestChatTemplateToolsDefined: transformers' apply_chat_template passes
+// tools and documents to every rendering, None when the request has none,
+// so "tools is defined" is true; the tokenizer left them undefined, and a
+// template that tests "tools is defined" (rather than "is not none")
+// rendered another prompt than vLLM's for every request without tools.
+// The want is jinja2's rendering (render_vllm_inputs.py's "vars" template).
+func TestChatTemplateToolsDefined(t *testing.T) {
+	tmpl, err := NewChatTemplate(`{{ tools is defined }} {{ tools is none }} {{ documents is defined }} {{ documents is none }}|{% if tools is defined %}T{% endif %}`, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := json.RawMessage(`[{"role": "user", "content": "hi"}]`)
+	for _, tt := range []struct {
+		name string
+		opts ChatOptions
+		want string
+	}{
+		{"none", ChatOptions{}, "True True True True|T"},
+		{"tools", ChatOptions{JSONVars: map[string]json.RawMessage{"tools": json.RawMessage(`[{"type": "function", "function": {"name": "f"}}]`)}}, "True False True True|T"},
+		{"documents", ChatOptions{Vars: map[string]any{"documents": []any{map[string]any{"title": "a", "text": "b"}}}}, "True True True False|T"},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			got, err := tmpl.RenderJSON(msgs, tt.opts)
+			if err != nil || got != tt.want {
+				t.Errorf("RenderJSON = %q, %v, want %q", got, err, tt.want)
+			}
+			if got, err := tmpl.Render([]Message{{Role: "user", Content: "hi"}}, tt.opts); err != nil || got != tt.want {
+				t.Errorf("Render = %q, %v, want %q", got, err, tt.want)
+			}
+		})
+	}
+}

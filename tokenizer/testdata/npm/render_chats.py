@@ -48,7 +48,7 @@ def main():
         tmpl = env.from_string(cfg["chat_template"])
         prompts = []
         for c in chats:
-            kw = {}
+            kw = {"tools": None, "documents": None}  # apply_chat_template always passes both
             for k in ("enable_thinking", "tools"):
                 if k in c:
                     kw[k] = c[k]
