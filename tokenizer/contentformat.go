@@ -297,10 +297,15 @@ func partsText(parts *jinja.List) (string, error) {
 //     and an empty "tool_calls" list is removed (chat_utils.py,
 //     _postprocess_messages);
 //   - the request's "tools" (ChatOptions.JSONVars["tools"]): each tool is
-//     its request model's model_dump, whose keys come in the model's order
-//     with its defaults filled in: {"type": "function", "function":
-//     {"name", "description": null, "parameters": null, ...}, ...}, other
-//     keys after, as sent.
+//     its request model's model_dump (ChatCompletionToolsParam and
+//     FunctionDefinition, vLLM main of December 2026), whose keys come in
+//     the model's order with its defaults filled in: {"type": "function",
+//     "function": {"name", "description": null, "parameters": null,
+//     "defer_loading" when set, the function's other keys as sent},
+//     "defer_loading" when set}. A tool's defer_loading is also its
+//     function's when that has none; a tool's other keys are dropped (the
+//     model's serializer keeps only its fields), a function's are kept
+//     (extra="allow").
 //
 // Templates render both with tojson, so a request's key order and whether
 // it spelled a default out would otherwise change the prompt's tokens.
@@ -359,10 +364,9 @@ func deleteKey(d *jinja.Dict, key string) {
 	}
 }
 
-// dumpTools returns tools (a list) as vLLM's request model dumps it: each
-// tool {"type", "function": {"name", "description", "parameters", ...},
-// ...} with the defaults ("function", null, null) of missing keys. A value
-// of another shape is left as it is (vLLM refuses such a request).
+// dumpTools returns tools (a list) as vLLM's request model dumps it (see
+// above). A value of another shape is left as it is (vLLM refuses such a
+// request).
 func dumpTools(tools jinja.Value) jinja.Value {
 	if !tools.IsList() {
 		return tools
@@ -373,37 +377,57 @@ func dumpTools(tools jinja.Value) jinja.Value {
 		if !t.IsDict() {
 			continue
 		}
-		fn, _ := t.AsDict().Get("function")
+		in := t.AsDict()
+		fn, _ := in.Get("function")
 		if !fn.IsDict() {
 			continue
 		}
-		f := ordered(fn.AsDict(), []string{"name", "description", "parameters"}, jinja.None())
-		tool := ordered(t.AsDict(), []string{"type", "function"}, jinja.NewString("function"))
-		tool.AsDict().Set("function", f)
+		defer_, _ := in.Get("defer_loading")
+		tool := jinja.NewDict()
+		typ, ok := in.Get("type")
+		if !ok {
+			typ = jinja.NewString("function")
+		}
+		tool.AsDict().Set("type", typ)
+		tool.AsDict().Set("function", dumpFunction(fn.AsDict(), defer_))
+		if !defer_.IsUndefined() && !defer_.IsNone() {
+			tool.AsDict().Set("defer_loading", defer_)
+		}
 		out[i] = tool
 	}
 	return jinja.NewList(out)
 }
 
-// ordered returns a copy of d with first's keys first, in that order (a
-// missing one with the value def, but for "function" and "name", which are
-// required and only reordered), then d's other keys in their order.
-func ordered(d *jinja.Dict, first []string, def jinja.Value) jinja.Value {
-	out := jinja.NewDict()
-	o := out.AsDict()
-	for _, k := range first {
-		if v, ok := d.Get(k); ok {
-			o.Set(k, v)
-		} else if k != "function" && k != "name" {
-			o.Set(k, def)
+// dumpFunction returns a tool's function (in) as FunctionDefinition dumps
+// it: name, description and parameters (null when missing), defer_loading
+// when set (its own, else the tool's, toolDefer), then in's other keys in
+// their order.
+func dumpFunction(in *jinja.Dict, toolDefer jinja.Value) jinja.Value {
+	fn := jinja.NewDict()
+	f := fn.AsDict()
+	if v, ok := in.Get("name"); ok { // required: vLLM refuses a tool without
+		f.Set("name", v)
+	}
+	for _, k := range []string{"description", "parameters"} {
+		v, ok := in.Get(k)
+		if !ok {
+			v = jinja.None()
+		}
+		f.Set(k, v)
+	}
+	defer_, _ := in.Get("defer_loading")
+	if defer_.IsUndefined() || defer_.IsNone() {
+		defer_ = toolDefer
+	}
+	if !defer_.IsUndefined() && !defer_.IsNone() {
+		f.Set("defer_loading", defer_)
+	}
+	for _, k := range in.Keys {
+		if !f.Has(k) && k != "defer_loading" {
+			f.Set(k, in.Data[k])
 		}
 	}
-	for _, k := range d.Keys {
-		if !o.Has(k) {
-			o.Set(k, d.Data[k])
-		}
-	}
-	return out
+	return fn
 }
 
 // conversationMessages rebuilds each message of messages (a list) with only the

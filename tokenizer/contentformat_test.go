@@ -156,13 +156,22 @@ func TestRenderJSONToolsAsVLLM(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	canonical := `[{"type": "function", "function": {"name": "f", "description": null, "parameters": null}}, {"type": "function", "function": {"name": "g", "description": "d", "parameters": {"b": 1, "a": 2}, "strict": true}, "x": 1}]`
+	canonical := `[{"type": "function", "function": {"name": "f", "description": null, "parameters": null}}, {"type": "function", "function": {"name": "g", "description": "d", "parameters": {"b": 1, "a": 2}, "strict": true}}]`
 	for _, tc := range []struct {
 		tools, messages, want string
 	}{
 		{`[{"function":{"name":"f"}},{"x":1,"function":{"strict":true,"parameters":{"b":1,"a":2},"name":"g","description":"d"},"type":"function"}]`,
 			`[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"type":"function","function":{"name":"f","arguments":"{\"city\":\"Z\u00fcrich\",\"days\":3}"}},{"function":{"name":"f","arguments":"not json"}},{"function":{"name":"f","arguments":null}},{"function":{"name":"f","arguments":"[1]"}}]},{"role":"assistant","content":"x","tool_calls":[]}]`,
 			canonical + `|user|assistant:{"city": "Zürich", "days": 3};{};{};[1];|assistant|`},
+		// defer_loading: dumped only when set, after parameters and before
+		// a function's other keys; a tool's is also its function's.
+		{`[{"defer_loading":true,"function":{"strict":false,"name":"s"}},` +
+			`{"function":{"name":"t","defer_loading":false},"defer_loading":true},` +
+			`{"function":{"name":"u","defer_loading":null},"defer_loading":null}]`,
+			`[]`,
+			`[{"type": "function", "function": {"name": "s", "description": null, "parameters": null, "defer_loading": true, "strict": false}, "defer_loading": true}, ` +
+				`{"type": "function", "function": {"name": "t", "description": null, "parameters": null, "defer_loading": false}, "defer_loading": true}, ` +
+				`{"type": "function", "function": {"name": "u", "description": null, "parameters": null}}]|`},
 	} {
 		got, err := tmpl.RenderJSON([]byte(tc.messages), ChatOptions{JSONVars: map[string]json.RawMessage{"tools": json.RawMessage(tc.tools)}})
 		if err != nil {
