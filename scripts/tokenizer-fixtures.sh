@@ -9,6 +9,11 @@
 #   <model>-prompts.json   them rendered by Python jinja2 exactly as transformers'
 #                          apply_chat_template does (render_chats.py); kept as
 #                          committed when python3 or jinja2 is missing
+#   vllm-inputs.json       requests with tools and tool calls, each template's
+#                          jinja2 rendering of what a vLLM server passes it for
+#                          them (render_vllm_inputs.py: the tools' pydantic
+#                          model_dump, the conversation messages); kept as
+#                          committed when python3, jinja2 or pydantic is missing
 #   <model>.json           texts, chats, and the reference token ids from
 #                          HuggingFace's tokenizers (Rust, npm `tokenizers`),
 #                          cross-checked with tokenizers.js (gen.mjs)
@@ -51,6 +56,11 @@ done
 node gen.mjs "$td" chats || { echo "tokenizer-fixtures: gen.mjs chats failed" >&2; exit 1; }
 if command -v python3 >/dev/null 2>&1 && python3 -c 'import jinja2' >/dev/null 2>&1; then
 	python3 render_chats.py "$td" qwen3 llama3 llama3_1 deepseek_v3 || { echo "tokenizer-fixtures: render_chats.py failed" >&2; exit 1; }
+	if python3 -c 'import pydantic' >/dev/null 2>&1; then
+		python3 render_vllm_inputs.py "$td" || { echo "tokenizer-fixtures: render_vllm_inputs.py failed" >&2; exit 1; }
+	else
+		echo "tokenizer-fixtures: python3 without pydantic; keeping the committed vllm-inputs.json"
+	fi
 else
 	echo "tokenizer-fixtures: python3 with jinja2 not found; keeping the committed rendered prompts"
 fi

@@ -86,7 +86,14 @@
 // (committed): 240 texts (English, code, whitespace runs, numbers,
 // contractions, CJK, emoji, RTL scripts, combining marks, special tokens
 // written in text, long lines) and 43 conversations (multi-turn, thinking,
-// tool definitions and tool calls) per model. The tests compare ids, ids with
+// tool definitions and tool calls) per model; and render_vllm_inputs.py
+// writes testdata/expected/vllm-inputs.json: requests with tools, tool calls
+// whose arguments are JSON strings and a client's reasoning_content, each
+// template's jinja2 rendering of what a vLLM server passes it for them
+// (the tools validated and dumped by pydantic models of vLLM's request
+// fields, its conversation messages, tools and documents always defined),
+// which TestRenderJSONMatchesVLLMInputs compares with RenderJSON's from the
+// raw request. The tests compare ids, ids with
 // special tokens added, and rendered prompts exactly, and skip with a message
 // when the tokenizer files are absent. (@huggingface/jinja is not the template
 // reference: its str.lstrip(chars) ignores chars, unlike Python.)

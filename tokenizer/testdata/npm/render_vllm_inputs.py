@@ -1,0 +1,204 @@
+"""Renders chat requests with tools and tool calls the way a vLLM server
+(main, December 2026) hands them to a chat template, writing
+expected/vllm-inputs.json for TestRenderJSONMatchesVLLMInputs.
+
+What it reproduces, in its own code, from vLLM's serving path:
+  - the request's "tools" validated by pydantic models with the fields of
+    vLLM's FunctionDefinition and ChatCompletionToolsParam (defaults, an
+    extra="allow" function, defer_loading dumped only when set and copied
+    from the tool to its function, a tool's other keys dropped) and passed
+    as [tool.model_dump() ...];
+  - the messages as vLLM's ConversationMessage has them: a request
+    message's "reasoning_content" read as its "reasoning" when that is
+    absent (ChatCompletionRequest's before-validator), an assistant's
+    reasoning given as both "reasoning" and "reasoning_content", content
+    as a string for templates that take strings (null is ""), tool call
+    arguments sent as a JSON string decoded (invalid: {}), an empty
+    tool_calls list dropped;
+  - transformers' apply_chat_template, which always defines "tools" and
+    "documents" (None when the request has none), in render_chats.py's
+    jinja2 environment.
+
+Usage: python3 render_vllm_inputs.py <testdata dir>
+Needs jinja2 and pydantic (v2).
+"""
+import copy
+import json
+import sys
+from typing import Any, Literal
+
+import jinja2
+import pydantic
+from pydantic import BaseModel, ConfigDict, model_serializer, model_validator
+
+from render_chats import environment, token_name
+
+
+class Base(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class Function(Base):
+    name: str
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+    defer_loading: bool | None = None
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        d = handler(self)
+        if self.defer_loading is None:
+            d.pop("defer_loading", None)
+        return d
+
+
+class Tool(Base):
+    type: Literal["function"] = "function"
+    function: Function
+    defer_loading: bool | None = None
+
+    @model_validator(mode="after")
+    def _defer(self):
+        if self.defer_loading is not None and self.function.defer_loading is None:
+            self.function.defer_loading = self.defer_loading
+        return self
+
+    @model_serializer(mode="wrap")
+    def _dump(self, handler):
+        d = {k: v for k, v in handler(self).items() if k in type(self).model_fields}
+        if self.defer_loading is None:
+            d.pop("defer_loading", None)
+        return d
+
+
+def tool_dicts(req, exclude_none_choice):
+    tools = req.get("tools")
+    if tools is None or (req.get("tool_choice") == "none" and exclude_none_choice):
+        return None
+    return [Tool.model_validate(t).model_dump() for t in tools]
+
+
+def conversation(req):
+    out = []
+    for msg in copy.deepcopy(req["messages"]):
+        rc = msg.pop("reasoning_content", None)
+        if rc is not None and msg.get("reasoning") is None:
+            msg["reasoning"] = rc
+        role = msg["role"]
+        content = msg.get("content")
+        m = {"role": role, "content": "" if content is None else content}
+        if role == "assistant":
+            if msg.get("tool_calls") is not None:
+                m["tool_calls"] = list(msg["tool_calls"])
+            if msg.get("reasoning") is not None:
+                m["reasoning"] = msg["reasoning"]
+                m["reasoning_content"] = msg["reasoning"]
+        elif role == "tool" and "tool_call_id" in msg:
+            m["tool_call_id"] = msg["tool_call_id"]
+        for k in ("name", "task"):
+            if isinstance(msg.get(k), str):
+                m[k] = msg[k]
+        if role == "developer":
+            m["tools"] = msg.get("tools")
+        out.append(m)
+    for m in out:
+        calls = m.get("tool_calls")
+        if m["role"] != "assistant" or not isinstance(calls, list):
+            continue
+        if not calls:
+            del m["tool_calls"]
+            continue
+        for c in calls:
+            args = c["function"].get("arguments")
+            if isinstance(args, str):
+                try:
+                    c["function"]["arguments"] = json.loads(args)
+                except json.JSONDecodeError:
+                    c["function"]["arguments"] = {}
+            elif not isinstance(args, (dict, list)):
+                c["function"]["arguments"] = {}
+    return out
+
+
+WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": {"type": "integer"}}, "required": ["city"]}
+
+TOOLS = [
+    {"function": {"name": "get_time"}},
+    {"x-extra": 1, "function": {"strict": True, "parameters": WEATHER, "name": "get_weather", "description": "Weather, in °C."}, "type": "function"},
+    {"type": "function", "defer_loading": True, "function": {"name": "search", "description": None}},
+]
+
+CASES = [
+    {"name": "tool defaults", "request": {
+        "messages": [{"role": "user", "content": "What time is it?"}], "tools": TOOLS}},
+    {"name": "tool call string arguments", "request": {
+        "messages": [
+            {"role": "system", "content": "Use tools."},
+            {"role": "user", "content": "Weather in Zürich for 3 days?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Zürich\",\"days\":3}"}},
+                {"id": "c2", "type": "function", "function": {"name": "get_time", "arguments": ""}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "12 °C"},
+            {"role": "tool", "tool_call_id": "c2", "content": "09:00"}],
+        "tools": TOOLS}},
+    {"name": "client reasoning_content", "request": {
+        "messages": [
+            {"role": "user", "content": "Weather in Paris?"},
+            {"role": "assistant", "content": "", "reasoning_content": "Call the weather tool.", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\"}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "20 °C"}],
+        "tools": TOOLS}},
+    {"name": "reasoning wins over reasoning_content", "request": {
+        "messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Hello.", "reasoning": "greet", "reasoning_content": "ignored"},
+            {"role": "user", "content": "Again"},
+            {"role": "assistant", "content": "Hello again.", "reasoning_content": "greet again"}]}},
+    {"name": "no tools", "request": {"messages": [{"role": "user", "content": "Hi"}]}},
+]
+
+# Templates of no fixture model: what a template sees of the variables
+# transformers always passes.
+INLINE = {
+    "vars": "{{ tools is defined }} {{ tools is none }} {{ documents is defined }} {{ documents is none }}|"
+            "{% for m in messages %}{{ m | tojson }}{% endfor %}",
+}
+
+
+def main():
+    d = sys.argv[1]
+    env = environment()
+    templates = {}
+    for model in ("qwen3", "llama3", "llama3_1", "deepseek_v3"):
+        cfg = json.load(open(f"{d}/{model}/tokenizer_config.json", encoding="utf-8"))
+        templates[model] = (env.from_string(cfg["chat_template"]), token_name(cfg.get("bos_token")), token_name(cfg.get("eos_token")))
+    for name, src in INLINE.items():
+        templates[name] = (env.from_string(src), "", "")
+    cases = []
+    for c in CASES:
+        req = c["request"]
+        conv = conversation(req)
+        tools = tool_dicts(req, False)
+        prompts = {}
+        for name, (tmpl, bos, eos) in templates.items():
+            try:
+                prompts[name] = {"prompt": tmpl.render(messages=conv, tools=tools, documents=None,
+                                                       add_generation_prompt=True, bos_token=bos, eos_token=eos)}
+            except jinja2.TemplateError as e:
+                prompts[name] = {"error": str(e)}
+            except TypeError as e:  # what vLLM reports as a 400 too
+                prompts[name] = {"error": str(e)}
+        cases.append({"name": c["name"], "request": req, "prompts": prompts})
+    out = {
+        "renderer": f"jinja2 {jinja2.__version__}, pydantic {pydantic.VERSION} (render_vllm_inputs.py)",
+        "inline_templates": INLINE,
+        "cases": cases,
+    }
+    with open(f"{d}/expected/vllm-inputs.json", "w", encoding="utf-8") as f:
+        json.dump(out, f, ensure_ascii=False, indent=1)
+        f.write("\n")
+    print(f"render_vllm_inputs.py: wrote {d}/expected/vllm-inputs.json: {len(cases)} requests")
+
+
+if __name__ == "__main__":
+    main()
