@@ -110,17 +110,33 @@ var errBothGenerationOptions = errors.New("precise: continue_final_message and a
 // it is routed on characters.
 var errFinalNotRendered = errors.New("precise: continue_final_message: the final message does not appear in the rendered chat")
 
+// errEmptyTools is a chat request whose tools are an empty list, which
+// vLLM refuses (400, "`tools` must not be an empty array", its
+// check_tool_usage); it is routed on characters and the engine answers
+// it. (Before that check vLLM rendered it with an empty tools list: Llama
+// 3.1's template then writes its tool header.)
+var errEmptyTools = errors.New("precise: tools is an empty list, which vLLM refuses")
+
 // chatOptions returns the chat template's options for b and whether the
 // rendered chat is cut after its final message (continue_final_message),
 // as vLLM resolves them: add_generation_prompt (default true) and
 // continue_final_message, each overridden by the same key in
 // chat_template_kwargs (the latter an argument of the rendering, not a
 // template variable), and the request's tools as the template's tools
-// unless the kwargs name their own.
+// unless the kwargs name their own. Tools that are an empty list are
+// errEmptyTools.
+//
+// A vLLM server started with --exclude-tools-when-tool-choice-none renders
+// a request whose tool_choice is "none" without its tools; precise mode
+// assumes the default (off), which renders them, as the emulated engine
+// does unless emulator.Config.ExcludeToolsWhenToolChoiceNone is set.
 func (b *preciseBody) chatOptions() (tokenizer.ChatOptions, bool, error) {
 	addGen, cont, err := generationOptions(b.AddGenerationPrompt, b.ContinueFinal, b.ChatTemplateKwargs)
 	if err != nil {
 		return tokenizer.ChatOptions{}, false, err
+	}
+	if emptyList(b.Tools) {
+		return tokenizer.ChatOptions{}, false, errEmptyTools
 	}
 	opts := tokenizer.ChatOptions{AddGenerationPrompt: addGen}
 	if len(b.ChatTemplateKwargs) > 0 || len(b.Tools) > 0 {
@@ -135,6 +151,15 @@ func (b *preciseBody) chatOptions() (tokenizer.ChatOptions, bool, error) {
 		}
 	}
 	return opts, cont, nil
+}
+
+// emptyList reports whether raw is a JSON array with no elements.
+func emptyList(raw json.RawMessage) bool {
+	if len(raw) == 0 || raw[0] != '[' {
+		return false
+	}
+	var list []json.RawMessage
+	return json.Unmarshal(raw, &list) == nil && len(list) == 0
 }
 
 // generationOptions resolves a chat request's add_generation_prompt
@@ -269,6 +294,7 @@ type chatMLBody struct {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
 	} `json:"messages"`
+	Tools               json.RawMessage            `json:"tools"`
 	AddGenerationPrompt *bool                      `json:"add_generation_prompt"`
 	ContinueFinal       bool                       `json:"continue_final_message"`
 	ChatTemplateKwargs  map[string]json.RawMessage `json:"chat_template_kwargs"`
@@ -282,11 +308,15 @@ type chatMLBody struct {
 // joined with "\n", those without text dropped. A part that is not text
 // (an image) is an error, and the request is then matched on characters:
 // its tokens depend on the model's placeholders, and a text-only engine
-// refuses it with its own 400.
+// refuses it with its own 400. So are tools that are an empty list
+// (errEmptyTools), which the engine refuses too.
 func (pc *precise) chatMLTokens(body []byte) ([]uint32, error) {
 	var in chatMLBody
 	if err := json.Unmarshal(body, &in); err != nil {
 		return nil, fmt.Errorf("precise: %w", err)
+	}
+	if emptyList(in.Tools) {
+		return nil, errEmptyTools
 	}
 	out := make([]tokenizer.Message, len(in.Messages))
 	for i, m := range in.Messages {

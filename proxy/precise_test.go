@@ -373,6 +373,41 @@ func TestPreciseNotTextFallsBack(t *testing.T) {
 	}
 }
 
+// TestPreciseEmptyToolsFallsBack: a chat request whose tools are an empty
+// list is one vLLM refuses (400): precise mode does not tokenize it (it
+// rendered it as if tools were given, and claimed blocks for a prompt no
+// engine computes), with ChatML or a HuggingFace template, and the engine
+// answers it; null or absent tools are tokenized as no tools.
+func TestPreciseEmptyToolsFallsBack(t *testing.T) {
+	empty := `{"model":"m","max_tokens":2,"tools":[ ],"messages":[{"role":"user","content":"hi"}]}`
+	for _, tok := range []string{config.BuiltinTokenizer, filepath.Join("..", "tokenizer", "testdata", "tiny")} {
+		pc := newTestPrecise(t, tok)
+		if _, req, err := tokensOf(t, pc, openai.KindChat, empty); !errors.Is(err, errEmptyTools) || req.BlockHashes != nil {
+			t.Errorf("%s: tools []: error %v, hashes %v; want errEmptyTools and none", tok, err, req.BlockHashes)
+		}
+		none, _, err := tokensOf(t, pc, openai.KindChat, `{"model":"m","messages":[{"role":"user","content":"hi"}]}`)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if null, _, err := tokensOf(t, pc, openai.KindChat, `{"model":"m","tools":null,"messages":[{"role":"user","content":"hi"}]}`); err != nil || !slices.Equal(null, none) {
+			t.Errorf("%s: tools null: %v, %v; want the ids without tools %v", tok, null, err, none)
+		}
+	}
+
+	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, hs := emulatortest.Start(t, emulator.Config{Model: "m", Engine: engine.Config{Profile: prof}}, nil)
+	cfg := testConfig("first", hs.URL)
+	cfg.Models[0].Precise = config.Precise{Tokenizer: config.BuiltinTokenizer}
+	tp := newTestProxy(t, cfg)
+	resp := tp.post(t, "/v1/chat/completions", empty)
+	if body := readAll(t, resp); resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "must not be an empty array") {
+		t.Errorf("tools []: %d %s; want the engine's 400", resp.StatusCode, body)
+	}
+}
+
 // checkEngineTokens checks that the router's precise ids for body are the
 // ones the emulated engine at url reports on /tokenize.
 func checkEngineTokens(t *testing.T, pc *precise, url string, kind openai.Kind, body string) {
