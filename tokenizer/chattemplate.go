@@ -27,7 +27,7 @@ type ChatTemplate struct {
 	stringContent bool
 	// toolUse is the template named "tool_use" of a tokenizer_config.json
 	// that names its templates (this one being "default"), rendered instead
-	// of this one for a request with tools, as transformers'
+	// of this one when the tools are not None, as transformers'
 	// get_chat_template picks it (vLLM passes the tools, None for none);
 	// toolUseErr is the error compiling it. Both nil when there is none.
 	toolUse    *ChatTemplate
@@ -95,24 +95,22 @@ func (c *ChatTemplate) pick(opts ChatOptions) (*ChatTemplate, error) {
 	return c.toolUse, nil
 }
 
-// hasTools reports whether opts give the template tools as vLLM does for
-// a request with tools: a "tools" variable that is neither null nor an
-// empty list (vLLM passes None for those). JSONVars' wins, as in render.
+// hasTools reports whether opts give the template tools, as transformers'
+// get_chat_template tests them to pick "tool_use": a "tools" variable that
+// is not null (tools is not None), an empty list included. JSONVars' wins,
+// as in render. (vLLM passes None for a request without tools and refuses
+// one whose tools are an empty list.)
 func hasTools(opts ChatOptions) bool {
 	if raw, ok := opts.JSONVars["tools"]; ok {
 		raw = bytes.TrimSpace(raw)
-		if len(raw) == 0 || string(raw) == "null" {
-			return false
-		}
-		var list []json.RawMessage
-		return json.Unmarshal(raw, &list) != nil || len(list) > 0
+		return len(raw) > 0 && string(raw) != "null"
 	}
 	v, ok := opts.Vars["tools"]
 	if !ok || v == nil {
 		return false
 	}
-	if rv := reflect.ValueOf(v); rv.Kind() == reflect.Slice || rv.Kind() == reflect.Array {
-		return rv.Len() > 0
+	if rv := reflect.ValueOf(v); (rv.Kind() == reflect.Slice || rv.Kind() == reflect.Map || rv.Kind() == reflect.Pointer) && rv.IsNil() {
+		return false // a typed nil is None too
 	}
 	return true
 }

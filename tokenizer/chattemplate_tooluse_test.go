@@ -35,8 +35,12 @@ func TestChatTemplateToolUse(t *testing.T) {
 		{"no tools", ChatOptions{}, "D[hi]"},
 		{"tools", ChatOptions{JSONVars: map[string]json.RawMessage{"tools": tools}}, "T1[hi]"},
 		{"tools null", ChatOptions{JSONVars: map[string]json.RawMessage{"tools": json.RawMessage("null")}}, "D[hi]"},
-		{"tools empty", ChatOptions{JSONVars: map[string]json.RawMessage{"tools": json.RawMessage("[]")}}, "D[hi]"},
+		// transformers tests "tools is not None": an empty list is tools
+		// (it was taken as none here).
+		{"tools empty", ChatOptions{JSONVars: map[string]json.RawMessage{"tools": json.RawMessage("[]")}}, "T0[hi]"},
 		{"tools as a Go value", ChatOptions{Vars: map[string]any{"tools": []any{map[string]any{"type": "function"}}}}, "T1[hi]"},
+		{"tools an empty Go list", ChatOptions{Vars: map[string]any{"tools": []any{}}}, "T0[hi]"},
+		{"tools a nil Go list", ChatOptions{Vars: map[string]any{"tools": []any(nil)}}, "D[hi]"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			got, err := tmpl.RenderJSON(msgs, tt.opts)
