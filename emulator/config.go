@@ -123,6 +123,12 @@ type Config struct {
 	// LoRA configures LoRA adapters (vLLM's --enable-lora and its flags);
 	// default none.
 	LoRA LoRAConfig
+	// ExcludeToolsWhenToolChoiceNone is vLLM's
+	// --exclude-tools-when-tool-choice-none: a chat request whose
+	// tool_choice is "none" is rendered without its tools (the chat
+	// template gets none). Default false, vLLM's: the tools are rendered,
+	// as the router's precise mode assumes.
+	ExcludeToolsWhenToolChoiceNone bool
 	// Logger receives warnings (nil = discard).
 	Logger *slog.Logger
 }

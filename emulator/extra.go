@@ -66,7 +66,7 @@ func (s *Server) handleTokenize(w http.ResponseWriter, r *http.Request) {
 		aerr := s.contentError(req)
 		var opts *chatOpts
 		if aerr == nil {
-			opts, aerr = req.chatOptions()
+			opts, aerr = req.chatOptions(s.cfg.ExcludeToolsWhenToolChoiceNone)
 		}
 		if aerr == nil {
 			toks, aerr = s.encodeMessages(req, opts)

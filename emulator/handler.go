@@ -216,7 +216,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		aerr := s.contentError(req)
 		var opts *chatOpts
 		if aerr == nil {
-			opts, aerr = req.chatOptions()
+			opts, aerr = req.chatOptions(s.cfg.ExcludeToolsWhenToolChoiceNone)
 		}
 		if aerr == nil {
 			j.prompt, aerr = s.encodeMessages(req, opts)

@@ -359,6 +359,51 @@ func TestChatTemplateOptions(t *testing.T) {
 	}
 }
 
+// TestExcludeToolsWhenToolChoiceNone: with vLLM's
+// --exclude-tools-when-tool-choice-none (Config.ExcludeToolsWhenToolChoiceNone)
+// a request whose tool_choice is "none" is rendered without its tools (the
+// emulator rendered them whatever the flag); without the flag, vLLM's
+// default, and for any other tool_choice they are rendered; tools named in
+// chat_template_kwargs stay.
+func TestExcludeToolsWhenToolChoiceNone(t *testing.T) {
+	tj, err := os.ReadFile("../tokenizer/testdata/tiny/tokenizer.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := `{% if tools is not none %}[tools:{{ tools | length }}]{% endif %}` +
+		`{% for m in messages %}<|user|>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}<|user|>assistant:`
+	cfg, _ := json.Marshal(map[string]string{"bos_token": "<s>", "eos_token": "</s>", "chat_template": tmpl})
+	tiny, err := tokenizer.Load(tj, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	const req = `"messages":[{"role":"user","content":"hi"}],"tools":[{"type":"function","function":{"name":"f"}}]`
+	with, without := tiny.Encode("[tools:1]<|user|>user: hi</s><|user|>assistant:"), tiny.Encode("<|user|>user: hi</s><|user|>assistant:")
+	for _, exclude := range []bool{false, true} {
+		_, hs := testServer(t, Config{Tokenizer: tiny, EnableAutoToolChoice: true, ExcludeToolsWhenToolChoiceNone: exclude})
+		for _, tc := range []struct {
+			body string
+			want []uint32
+		}{
+			{`{` + req + `,"tool_choice":"none"}`, map[bool][]uint32{false: with, true: without}[exclude]},
+			{`{` + req + `,"tool_choice":"auto"}`, with},
+			{`{` + req + `}`, with},
+			{`{` + req + `,"tool_choice":"none","chat_template_kwargs":{"tools":[1,2]}}`, tiny.Encode("[tools:2]<|user|>user: hi</s><|user|>assistant:")},
+		} {
+			code, body := post(t, hs.URL+"/tokenize", tc.body)
+			var tk struct {
+				Tokens []uint32 `json:"tokens"`
+			}
+			if code != 200 || json.Unmarshal(body, &tk) != nil {
+				t.Fatalf("exclude %v: tokenize %s: got %d %s", exclude, tc.body, code, body)
+			}
+			if fmt.Sprint(tk.Tokens) != fmt.Sprint(tc.want) {
+				t.Errorf("exclude %v: tokenize %s: got %v, want %v", exclude, tc.body, tk.Tokens, tc.want)
+			}
+		}
+	}
+}
+
 // TestChatMLOptions: with the built-in tokenizer (the ChatML template)
 // add_generation_prompt and continue_final_message change the prompt as
 // they do in vLLM.

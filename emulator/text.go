@@ -259,10 +259,16 @@ type chatOpts struct {
 // vLLM's defaults (the common case, which allocates nothing), or vLLM's
 // error for them: the template arguments a request may not set, and
 // continue_final_message with the generation prompt (transformers'
-// apply_chat_template's error).
-func (r *apiRequest) chatOptions() (*chatOpts, *apiError) {
+// apply_chat_template's error). excludeNone is vLLM's
+// --exclude-tools-when-tool-choice-none: the request's tools are not
+// rendered when its tool_choice is "none".
+func (r *apiRequest) chatOptions(excludeNone bool) (*chatOpts, *apiError) {
+	tools := r.Tools
+	if excludeNone && r.toolChoiceNone() {
+		tools = nil
+	}
 	if (r.AddGenerationPrompt == nil || *r.AddGenerationPrompt) && !r.ContinueFinalMessage &&
-		(r.AddSpecialTokens == nil || !*r.AddSpecialTokens) && len(r.ChatTemplateKwargs) == 0 && !hasJSON(r.Tools) {
+		(r.AddSpecialTokens == nil || !*r.AddSpecialTokens) && len(r.ChatTemplateKwargs) == 0 && !hasJSON(tools) {
 		return nil, nil
 	}
 	o := &chatOpts{addGen: r.AddGenerationPrompt == nil || *r.AddGenerationPrompt, cont: r.ContinueFinalMessage,
@@ -288,11 +294,11 @@ func (r *apiRequest) chatOptions() (*chatOpts, *apiError) {
 		slices.Sort(unexpected)
 		return nil, badRequest("Found unexpected chat template kwargs from request: {%s}", strings.Join(unexpected, ", "))
 	}
-	if _, ok := o.vars["tools"]; !ok && hasJSON(r.Tools) {
+	if _, ok := o.vars["tools"]; !ok && hasJSON(tools) {
 		if o.vars == nil {
 			o.vars = make(map[string]json.RawMessage, 1)
 		}
-		o.vars["tools"] = r.Tools
+		o.vars["tools"] = tools
 	}
 	if o.cont && o.addGen {
 		return nil, badRequest("continue_final_message and add_generation_prompt are not compatible. " +
@@ -300,6 +306,17 @@ func (r *apiRequest) chatOptions() (*chatOpts, *apiError) {
 			"and add_generation_prompt when you want to add a header that will prompt it to start a new assistant message instead.")
 	}
 	return o, nil
+}
+
+// toolChoiceNone reports whether the request's tool_choice is "none" (as
+// given: vLLM's default "none", for a request without tools, has no tools
+// to leave out).
+func (r *apiRequest) toolChoiceNone() bool {
+	if r.opts == nil || len(r.opts.ToolChoice) == 0 {
+		return false
+	}
+	v, ok := tokenizer.PyValue(r.opts.ToolChoice)
+	return ok && v == "none"
 }
 
 // hasJSON reports whether a raw field holds a value other than null.

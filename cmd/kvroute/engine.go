@@ -45,7 +45,8 @@ logprobs and top_logprobs get vLLM's checks (--max-logprobs), and a request
 that passes them and asks for logprobs a 400, as the emulator computes none;
 tools and tool_choice get vLLM's checks, and tool_choice "auto" (given, or
 implied by tools) vLLM's 400 unless --enable-auto-tool-choice (no tool calls
-are generated either way); echo is ignored; errors in vLLM's body with its
+are generated either way), and tools reach the chat template unless
+tool_choice is "none" with --exclude-tools-when-tool-choice-none; echo is ignored; errors in vLLM's body with its
 status, type and param; the endpoint-load-metrics header on request), GET /metrics
 (--metrics-flavor; with llamacpp also llama.cpp's GET /slots, one slot per
 running request up to --max-num-seqs, and GET /props), GET /health, GET /v1/models, GET /version
@@ -175,6 +176,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		streamIntvl = fs.Int("stream-interval", 1, "vLLM's --stream-interval: a streamed response sends the first token, then a chunk every N tokens; tokens generated while the previous chunk is still being written go out together, as vLLM merges the outputs of a lagging reader (at a high --speed, chunks carry more tokens)")
 		maxLogprobs = fs.Int("max-logprobs", 20, "vLLM's --max-logprobs: the most logprobs a request may ask for, -1 (the vocabulary) or at least 1; past it, vLLM's 400")
 		autoTools   = fs.Bool("enable-auto-tool-choice", false, "vLLM's --enable-auto-tool-choice: accept chat requests whose tool_choice is \"auto\" (given, or implied by tools); without it they get vLLM's 400. No --tool-call-parser is needed: the emulator generates no tool calls")
+		exclTools   = fs.Bool("exclude-tools-when-tool-choice-none", false, "vLLM's --exclude-tools-when-tool-choice-none: render a chat request whose tool_choice is \"none\" without its tools (the router's precise mode assumes the default, off)")
 		dpSize      = fs.Int("data-parallel-size", 1, "vLLM's --data-parallel-size: `N` engine cores (each with its own KV cache, scheduler and KV events on port+rank) behind one endpoint, at most 1024; requests go to the rank of their X-data-parallel-rank header or vLLM's internal load balancer's")
 		hf          hfModel
 		tokPath     = fs.String("tokenizer", "builtin", "prompt tokenizer: builtin, or a HuggingFace model `directory` (tokenizer.json, and tokenizer_config.json for the chat template) or its tokenizer.json file")
@@ -245,7 +247,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			Encoding: *evEncoding, BufferSteps: *evBuffer},
 		PDProtocol: *pdProtocol, FabricGbps: *fabricGbps, TransferSetup: *setup, LeaseTimeout: *lease,
 		LoadFailure: *loadFailure, DefaultMaxTokens: *defMaxTok, EOSMean: *eosMean, StreamInterval: *streamIntvl,
-		MaxLogprobs: *maxLogprobs, EnableAutoToolChoice: *autoTools, Logger: logger,
+		MaxLogprobs: *maxLogprobs, EnableAutoToolChoice: *autoTools, ExcludeToolsWhenToolChoiceNone: *exclTools, Logger: logger,
 		LoRA: emulator.LoRAConfig{Enable: *enableLoRA, Modules: mods, MaxLoRAs: *maxLoRAs, MaxLoRARank: *maxLoRARank,
 			MaxCPULoRAs: *maxCPULoRAs, RuntimeUpdating: runtimeLoRAUpdating()},
 	}
