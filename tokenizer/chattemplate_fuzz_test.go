@@ -39,6 +39,8 @@ func FuzzRenderJSON(f *testing.F) {
 	f.Add([]byte(`[]`), []byte(`[]`))
 	f.Add([]byte(`[{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{\"x\": 2.0, \"y\": 1e300, \"z\": [-0.0, 5e-324]}"}}]}]`),
 		[]byte(`[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"t": {"type": "number", "minimum": 0.0, "maximum": 2e6}}}}}]`))
+	f.Add([]byte(`[{"role": "assistant", "content": "a", "reasoning": null, "reasoning_content": "r", "tool_calls": []}, {"role": "user", "content": "b", "reasoning_content": 1}]`),
+		[]byte(`[{"defer_loading": true, "x": 1, "function": {"name": "f", "defer_loading": null, "strict": true}}, {"function": {"defer_loading": false}, "defer_loading": "y"}, {"function": 3}]`))
 	tmpls := make([]*ChatTemplate, len(fuzzTemplates))
 	for i, src := range fuzzTemplates {
 		t, err := NewChatTemplate(src, "<s>", "</s>")
