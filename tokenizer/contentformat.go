@@ -291,11 +291,15 @@ func partsText(parts *jinja.List) (string, error) {
 // vLLM also reshapes two parts of a chat request before its template sees
 // them, and RenderJSON does the same:
 //
-//   - an assistant message's tool calls: a function's "arguments", which
-//     OpenAI clients send as a JSON string, is decoded (an invalid one
-//     becomes {}, a value neither a string, an object nor an array {}),
-//     and an empty "tool_calls" list is removed (chat_utils.py,
-//     _postprocess_messages);
+//   - an assistant message's tool calls: each call's keys come in the
+//     order of the openai package's TypedDict that vLLM's request model
+//     validates it with, {"id", "function": {"arguments", "name", ...},
+//     "type", ...} (other keys after, as sent), whatever the order a
+//     client sent them in (OpenAI's SDK sends id, type, function: name,
+//     arguments); a function's "arguments", which OpenAI clients send as a
+//     JSON string, is decoded (an invalid one becomes {}, a value neither
+//     a string, an object nor an array {}), and an empty "tool_calls" list
+//     is removed (chat_utils.py, _postprocess_messages);
 //   - the request's "tools" (ChatOptions.JSONVars["tools"]): each tool is
 //     its request model's model_dump (ChatCompletionToolsParam and
 //     FunctionDefinition, vLLM main of December 2026), whose keys come in
@@ -310,8 +314,9 @@ func partsText(parts *jinja.List) (string, error) {
 // Templates render both with tojson, so a request's key order and whether
 // it spelled a default out would otherwise change the prompt's tokens.
 
-// toolCallArguments decodes each assistant tool call's arguments in
-// messages (a list) and drops empty tool_calls lists.
+// toolCallArguments puts each assistant tool call's keys in vLLM's order
+// and decodes its arguments in messages (a list), and drops empty
+// tool_calls lists.
 func toolCallArguments(messages jinja.Value) {
 	for _, m := range messages.AsList().Items {
 		if !m.IsDict() {
@@ -327,14 +332,19 @@ func toolCallArguments(messages jinja.Value) {
 			deleteKey(msg, "tool_calls")
 			continue
 		}
-		for _, c := range calls.AsList().Items {
+		items := calls.AsList().Items
+		for i, c := range items {
 			if !c.IsDict() {
 				continue
 			}
+			c = keysFirst(c.AsDict(), "id", "function", "type")
+			items[i] = c
 			fn, _ := c.AsDict().Get("function")
 			if !fn.IsDict() {
 				continue
 			}
+			fn = keysFirst(fn.AsDict(), "arguments", "name")
+			c.AsDict().Set("function", fn)
 			args, _ := fn.AsDict().Get("arguments")
 			switch {
 			case args.IsString():
@@ -348,6 +358,26 @@ func toolCallArguments(messages jinja.Value) {
 			}
 		}
 	}
+}
+
+// keysFirst returns a copy of d with the keys first that it has, in that
+// order, then its other keys in their order: a dict as pydantic validates
+// it against a TypedDict whose fields are first (extra keys kept, as
+// vLLM's request model allows them).
+func keysFirst(d *jinja.Dict, first ...string) jinja.Value {
+	out := jinja.NewDict()
+	o := out.AsDict()
+	for _, k := range first {
+		if v, ok := d.Get(k); ok {
+			o.Set(k, v)
+		}
+	}
+	for _, k := range d.Keys {
+		if !o.Has(k) {
+			o.Set(k, d.Data[k])
+		}
+	}
+	return out
 }
 
 // deleteKey removes key from d.

@@ -188,7 +188,10 @@ func TestRenderJSONToolsAsVLLM(t *testing.T) {
 // an assistant's "reasoning" is also its "reasoning_content", a client's
 // "reasoning_content" is its reasoning when it has no "reasoning" (vLLM
 // renames it; it was dropped here, so Qwen3's <think> block of a tool-call
-// turn was missing), a null tool_calls is gone.
+// turn was missing), a null tool_calls is gone, a tool call's keys come in
+// the order of the TypedDict vLLM validates it with (function: arguments,
+// name; they came as sent, and a template that writes a call with tojson
+// rendered another prompt).
 func TestRenderJSONConversationKeys(t *testing.T) {
 	tmpl, err := NewChatTemplate(`{% for m in messages %}{{ m | tojson + '\n' }}{% endfor %}`, "", "")
 	if err != nil {
@@ -206,7 +209,7 @@ func TestRenderJSONConversationKeys(t *testing.T) {
 	want := `{"role": "system", "content": "be brief"}
 {"role": "user", "content": "hi", "name": "ann"}
 {"role": "assistant", "content": "x", "reasoning": "old", "reasoning_content": "old"}
-{"role": "assistant", "content": "y", "tool_calls": [{"function": {"name": "f", "arguments": {}}}], "reasoning": "r", "reasoning_content": "r"}
+{"role": "assistant", "content": "y", "tool_calls": [{"function": {"arguments": {}, "name": "f"}}], "reasoning": "r", "reasoning_content": "r"}
 {"role": "assistant", "content": "z", "reasoning": "rc", "reasoning_content": "rc"}
 {"role": "assistant", "content": "w", "reasoning": "", "reasoning_content": ""}
 {"role": "user", "content": "u"}

@@ -8,6 +8,10 @@ What it reproduces, in its own code, from vLLM's serving path:
     extra="allow" function, defer_loading dumped only when set and copied
     from the tool to its function, a tool's other keys dropped) and passed
     as [tool.model_dump() ...];
+  - each assistant tool call as pydantic validates it against the openai
+    package's TypedDicts within vLLM's extra="allow" request model (keys
+    in the TypedDicts' field order, id, function: arguments, name, type,
+    other keys after);
   - the messages as vLLM's ConversationMessage has them: a request
     message's "reasoning_content" read as its "reasoning" when that is
     absent (ChatCompletionRequest's before-validator), an assistant's
@@ -26,6 +30,8 @@ import copy
 import json
 import sys
 from typing import Any, Literal
+
+from typing_extensions import Required, TypedDict
 
 import jinja2
 import pydantic
@@ -71,6 +77,25 @@ class Tool(Base):
         return d
 
 
+class CallFunction(TypedDict, total=False):
+    arguments: Required[str]
+    name: Required[str]
+
+
+class ToolCall(TypedDict, total=False):
+    id: Required[str]
+    function: Required[CallFunction]
+    type: Required[Literal["function"]]
+
+
+class Calls(Base):
+    calls: list[ToolCall]
+
+
+def validated_calls(calls):
+    return [dict(c) for c in Calls(calls=calls).calls]
+
+
 def tool_dicts(req, exclude_none_choice):
     tools = req.get("tools")
     if tools is None or (req.get("tool_choice") == "none" and exclude_none_choice):
@@ -89,7 +114,7 @@ def conversation(req):
         m = {"role": role, "content": "" if content is None else content}
         if role == "assistant":
             if msg.get("tool_calls") is not None:
-                m["tool_calls"] = list(msg["tool_calls"])
+                m["tool_calls"] = validated_calls(msg["tool_calls"])
             if msg.get("reasoning") is not None:
                 m["reasoning"] = msg["reasoning"]
                 m["reasoning_content"] = msg["reasoning"]
@@ -137,7 +162,7 @@ CASES = [
             {"role": "user", "content": "Weather in Zürich for 3 days?"},
             {"role": "assistant", "content": None, "tool_calls": [
                 {"id": "c1", "type": "function", "function": {"name": "get_weather", "arguments": "{\"city\":\"Zürich\",\"days\":3}"}},
-                {"id": "c2", "type": "function", "function": {"name": "get_time", "arguments": ""}}]},
+                {"index": 1, "id": "c2", "type": "function", "function": {"name": "get_time", "arguments": ""}}]},
             {"role": "tool", "tool_call_id": "c1", "content": "12 °C"},
             {"role": "tool", "tool_call_id": "c2", "content": "09:00"}],
         "tools": TOOLS}},
