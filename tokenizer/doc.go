@@ -66,10 +66,14 @@
 // each message's content as one string, its text parts joined with "\n";
 // and, as vLLM, it keeps of each message only the keys vLLM's
 // ConversationMessage has (an assistant's "reasoning", or its deprecated
-// "reasoning_content" when it has none, is given as both), decodes tool
-// call arguments sent as a JSON string and
-// gives the "tools" variable the shape of vLLM's request model (keys in its
-// order, defaults filled in), which templates render with tojson.
+// "reasoning_content" when it has none, is given as both), puts a tool
+// call's keys in the order vLLM's request validation gives them and
+// decodes its arguments sent as a JSON string, and gives the "tools"
+// variable the shape of vLLM's request model dump (keys in its order,
+// defaults filled in, a tool's unknown keys dropped), which templates
+// render with tojson; "tools" and "documents" are always defined (None
+// unless given), as transformers passes them. A request's tools that are
+// an empty list, which vLLM refuses, are the caller's to refuse.
 //
 // # Proof against the reference
 //
