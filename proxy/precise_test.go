@@ -297,6 +297,14 @@ func TestPreciseHFAgreesWithEngine(t *testing.T) {
 				// override: before, precise mode rendered these with the
 				// generation prompt and a closed final message.
 				{openai.KindChat, `{"model":"m","messages":[{"role":"user","content":"How does a knight move?"},{"role":"assistant","content":"In an L: "}],"add_generation_prompt":false,"continue_final_message":true}`},
+				// An agent turn: tools without descriptions and with a
+				// tool-level key, a tool call in the OpenAI SDK's key
+				// order with string arguments, a client's
+				// reasoning_content (both render them as vLLM does,
+				// tokenizer.RenderJSON); tool_choice "none" keeps the
+				// tools (no --exclude-tools-when-tool-choice-none).
+				{openai.KindChat, `{"model":"m","tool_choice":"none","tools":[{"function":{"name":"get_time"}},{"x":1,"defer_loading":true,"function":{"name":"get_weather","parameters":{"type":"object"}}}],` +
+					`"messages":[{"role":"user","content":"Weather?"},{"role":"assistant","content":null,"reasoning_content":"Use the tool.","tool_calls":[{"id":"c1","type":"function","function":{"name":"get_weather","arguments":"{\"city\":\"Paris\"}"}}]},{"role":"tool","tool_call_id":"c1","content":"18C"}]}`},
 				{openai.KindChat, `{"model":"m","messages":[{"role":"user","content":"How does a knight move?"},{"role":"assistant","content":"In an L"}],"chat_template_kwargs":{"add_generation_prompt":false,"continue_final_message":true}}`},
 				{openai.KindChat, `{"model":"m","messages":[{"role":"user","content":"How does a knight move?"}],"chat_template_kwargs":{"add_generation_prompt":false}}`},
 			} {
