@@ -7,6 +7,8 @@ import (
 	"fmt"
 	"io"
 	"reflect"
+	"strconv"
+	"strings"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -250,7 +252,26 @@ func decodeValue(d *json.Decoder, depth int) (jinja.Value, error) {
 			return obj, nil
 		}
 		return jinja.Undefined(), fmt.Errorf("unexpected %v", t)
+	case json.Number:
+		return numberValue(t), nil
 	default:
-		return jinja.FromGoValue(t), nil // nil, bool, json.Number, string
+		return jinja.FromGoValue(t), nil // nil, bool, string
 	}
+}
+
+// numberValue is a JSON number as Python's json.loads reads it: an integer
+// as an int, anything else as a float, one too large for a float64 as
+// ±inf (which tojson writes Infinity), not as a string. (An integer past
+// int64 becomes a float: Python keeps its digits.)
+func numberValue(n json.Number) jinja.Value {
+	if !strings.ContainsAny(string(n), ".eE") {
+		if i, err := n.Int64(); err == nil {
+			return jinja.NewInt(i)
+		}
+	}
+	f, err := strconv.ParseFloat(string(n), 64)
+	if err != nil && !errors.Is(err, strconv.ErrRange) {
+		return jinja.NewString(string(n))
+	}
+	return jinja.NewFloat(f)
 }

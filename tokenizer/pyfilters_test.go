@@ -131,3 +131,19 @@ func TestToJSONFilterRaw(t *testing.T) {
 		}
 	}
 }
+
+// TestToolCallArgumentsOutOfRange: a tool call's arguments with a number
+// too large for a float are rendered as json.loads reads them, inf, which
+// tojson writes Infinity (they were a string, written "1E400" with its
+// quotes); the want is jinja2's rendering in render_chats.py's environment.
+func TestToolCallArgumentsOutOfRange(t *testing.T) {
+	ct, err := NewChatTemplate("{% for m in messages %}{% for c in m.tool_calls %}{{ c.function.arguments | tojson }};{% endfor %}{% endfor %}", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := `[{"role": "assistant", "content": "", "tool_calls": [{"function": {"name": "f", "arguments": "{\"big\": 1E400, \"neg\": -1e999, \"tiny\": 1e-400, \"n\": 5}"}}]}]`
+	const want = `{"big": Infinity, "neg": -Infinity, "tiny": 0.0, "n": 5};`
+	if got, err := ct.RenderJSON([]byte(msgs), ChatOptions{}); err != nil || got != want {
+		t.Errorf("got  %q (%v)\nwant %q", got, err, want)
+	}
+}
