@@ -273,7 +273,7 @@ func TestCompleteText(t *testing.T) {
 }
 
 // TestChatTemplateOptions: a chat request's add_generation_prompt,
-// continue_final_message, add_special_tokens, chat_template_kwargs and tools
+// continue_final_message, add_special_tokens, chat_template_kwargs, tools and documents
 // reach the chat template and the tokenizer as in vLLM (the kwargs override
 // the request's own options), and a completion's add_special_tokens false
 // leaves out the BOS; the combinations vLLM refuses are its 400s.
@@ -284,6 +284,7 @@ func TestChatTemplateOptions(t *testing.T) {
 	}
 	tmpl := `{% if tools %}[tools:{% for t in tools %}{{ t.function.name }}{% endfor %}]{% endif %}` +
 		`{% if greeting is defined %}[{{ greeting }}]{% endif %}` +
+		`{% if documents %}[docs:{% for d in documents %}{{ d.title }}{% endfor %}]{% endif %}` +
 		`{% for m in messages %}<|user|>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}` +
 		`{% if add_generation_prompt %}<|user|>assistant:{% endif %}`
 	cfg, _ := json.Marshal(map[string]string{"bos_token": "<s>", "eos_token": "</s>", "chat_template": tmpl})
@@ -309,6 +310,9 @@ func TestChatTemplateOptions(t *testing.T) {
 		{"template kwargs", `{` + hi + `,"chat_template_kwargs":{"greeting":"hello"}}`, plain("[hello]<|user|>user: hi</s><|user|>assistant:")},
 		{"tools", `{` + hi + `,"tools":[{"type":"function","function":{"name":"f"}}]}`, plain("[tools:f]<|user|>user: hi</s><|user|>assistant:")},
 		{"kwargs override", `{` + hi + `,"chat_template_kwargs":{"add_generation_prompt":false}}`, plain("<|user|>user: hi</s>")},
+		// The request's documents, over the kwargs' own (they were left out).
+		{"documents", `{` + hi + `,"documents":[{"title":"a","text":"b"}],"chat_template_kwargs":{"documents":[{"title":"x","text":"y"}]}}`, plain("[docs:a]<|user|>user: hi</s><|user|>assistant:")},
+		{"kwargs documents", `{` + hi + `,"chat_template_kwargs":{"documents":[{"title":"x","text":"y"}]}}`, plain("[docs:x]<|user|>user: hi</s><|user|>assistant:")},
 		{"kwargs continue", `{` + cont + `,"chat_template_kwargs":{"add_generation_prompt":false,"continue_final_message":true}}`,
 			plain("<|user|>user: hi</s><|user|>assistant: Sure, ")},
 		{"completion", `{"prompt":"hi"}`, tiny.EncodeAddSpecial("hi")},

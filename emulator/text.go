@@ -248,8 +248,8 @@ func (c *textCodec) prompt(text string, special bool) []uint32 {
 // continue_final_message, either overridden by the same key in
 // chat_template_kwargs (vLLM updates its template arguments with them);
 // add_special_tokens (default false for chat); and the template variables
-// vars: chat_template_kwargs, and the request's tools unless those name
-// their own.
+// vars: chat_template_kwargs, the request's tools unless those name
+// their own, and its documents over theirs.
 type chatOpts struct {
 	addGen, cont, addSpecial bool
 	vars                     map[string]json.RawMessage
@@ -268,7 +268,7 @@ func (r *apiRequest) chatOptions(excludeNone bool) (*chatOpts, *apiError) {
 		tools = nil
 	}
 	if (r.AddGenerationPrompt == nil || *r.AddGenerationPrompt) && !r.ContinueFinalMessage &&
-		(r.AddSpecialTokens == nil || !*r.AddSpecialTokens) && len(r.ChatTemplateKwargs) == 0 && !hasJSON(tools) {
+		(r.AddSpecialTokens == nil || !*r.AddSpecialTokens) && len(r.ChatTemplateKwargs) == 0 && !hasJSON(tools) && !hasJSON(r.Documents) {
 		return nil, nil
 	}
 	o := &chatOpts{addGen: r.AddGenerationPrompt == nil || *r.AddGenerationPrompt, cont: r.ContinueFinalMessage,
@@ -299,6 +299,12 @@ func (r *apiRequest) chatOptions(excludeNone bool) (*chatOpts, *apiError) {
 			o.vars = make(map[string]json.RawMessage, 1)
 		}
 		o.vars["tools"] = tools
+	}
+	if hasJSON(r.Documents) { // a request field: vLLM merges it over the kwargs' own
+		if o.vars == nil {
+			o.vars = make(map[string]json.RawMessage, 1)
+		}
+		o.vars["documents"] = r.Documents
 	}
 	if o.cont && o.addGen {
 		return nil, badRequest("continue_final_message and add_generation_prompt are not compatible. " +

@@ -94,6 +94,7 @@ type preciseBody struct {
 	Prompt              json.RawMessage            `json:"prompt"`
 	Messages            json.RawMessage            `json:"messages"`
 	Tools               json.RawMessage            `json:"tools"`
+	Documents           json.RawMessage            `json:"documents"`
 	ChatTemplateKwargs  map[string]json.RawMessage `json:"chat_template_kwargs"`
 	AddGenerationPrompt *bool                      `json:"add_generation_prompt"`
 	AddSpecialTokens    *bool                      `json:"add_special_tokens"`
@@ -122,9 +123,11 @@ var errEmptyTools = errors.New("precise: tools is an empty list, which vLLM refu
 // as vLLM resolves them: add_generation_prompt (default true) and
 // continue_final_message, each overridden by the same key in
 // chat_template_kwargs (the latter an argument of the rendering, not a
-// template variable), and the request's tools as the template's tools
-// unless the kwargs name their own. Tools that are an empty list are
-// errEmptyTools.
+// template variable), the request's tools as the template's tools unless
+// the kwargs name their own, and its documents (RAG templates: Command R,
+// Granite) as the template's documents, over the kwargs' own (vLLM merges
+// the request's documents into the kwargs, tools under them). Tools that
+// are an empty list are errEmptyTools.
 //
 // A vLLM server started with --exclude-tools-when-tool-choice-none renders
 // a request whose tool_choice is "none" without its tools; precise mode
@@ -139,8 +142,8 @@ func (b *preciseBody) chatOptions() (tokenizer.ChatOptions, bool, error) {
 		return tokenizer.ChatOptions{}, false, errEmptyTools
 	}
 	opts := tokenizer.ChatOptions{AddGenerationPrompt: addGen}
-	if len(b.ChatTemplateKwargs) > 0 || len(b.Tools) > 0 {
-		opts.JSONVars = make(map[string]json.RawMessage, len(b.ChatTemplateKwargs)+1)
+	if len(b.ChatTemplateKwargs) > 0 || len(b.Tools) > 0 || len(b.Documents) > 0 {
+		opts.JSONVars = make(map[string]json.RawMessage, len(b.ChatTemplateKwargs)+2)
 		if len(b.Tools) > 0 && string(b.Tools) != "null" {
 			opts.JSONVars["tools"] = b.Tools
 		}
@@ -148,6 +151,9 @@ func (b *preciseBody) chatOptions() (tokenizer.ChatOptions, bool, error) {
 			if k != "continue_final_message" {
 				opts.JSONVars[k] = v
 			}
+		}
+		if len(b.Documents) > 0 && string(b.Documents) != "null" {
+			opts.JSONVars["documents"] = b.Documents
 		}
 	}
 	return opts, cont, nil

@@ -416,6 +416,57 @@ func TestPreciseEmptyToolsFallsBack(t *testing.T) {
 	}
 }
 
+// TestPreciseDocuments: a chat request's documents reach the chat template
+// (RAG templates such as Command R's and Granite's write them), over the
+// chat_template_kwargs' own, as vLLM passes them: precise mode left them
+// out, so such a request's prompt lacked every document the engine
+// rendered. The emulated engine, given the same template, agrees.
+func TestPreciseDocuments(t *testing.T) {
+	dir := t.TempDir()
+	tj, err := os.ReadFile(filepath.Join("..", "tokenizer", "testdata", "tiny", "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := `{% if documents %}{% for d in documents %}<|user|>doc: {{ d.title }} {{ d.text }}</s>{% endfor %}{% endif %}` +
+		`{% for m in messages %}<|user|>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}<|user|>assistant:`
+	cfg, _ := json.Marshal(map[string]string{"bos_token": "<s>", "eos_token": "</s>", "chat_template": tmpl})
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), tj, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	hf, err := tokenizer.LoadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := newTestPrecise(t, dir)
+	const msgs = `"messages":[{"role":"user","content":"hi"}]`
+	for _, tc := range []struct{ body, want string }{
+		{`{"model":"m",` + msgs + `,"documents":[{"title":"a","text":"b"},{"text":"d","title":"c"}]}`,
+			"<|user|>doc: a b</s><|user|>doc: c d</s><|user|>user: hi</s><|user|>assistant:"},
+		{`{"model":"m",` + msgs + `,"documents":[{"title":"a","text":"b"}],"chat_template_kwargs":{"documents":[{"title":"x","text":"y"}]}}`,
+			"<|user|>doc: a b</s><|user|>user: hi</s><|user|>assistant:"},
+		{`{"model":"m",` + msgs + `,"documents":null,"chat_template_kwargs":{"documents":[{"title":"x","text":"y"}]}}`,
+			"<|user|>doc: x y</s><|user|>user: hi</s><|user|>assistant:"},
+		{`{"model":"m",` + msgs + `}`, "<|user|>user: hi</s><|user|>assistant:"},
+	} {
+		got, _, err := tokensOf(t, pc, openai.KindChat, tc.body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := hf.Encode(tc.want); !slices.Equal(got, want) {
+			t.Errorf("%s: ids of %q, want those of %q", tc.body, hf.Decode(got), tc.want)
+		}
+	}
+	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, hs := emulatortest.Start(t, emulator.Config{Model: "m", Engine: engine.Config{Profile: prof}, Tokenizer: hf}, nil)
+	checkEngineTokens(t, pc, hs.URL, openai.KindChat, `{"model":"m",`+msgs+`,"documents":[{"title":"a","text":"b"}],"chat_template_kwargs":{"documents":[{"title":"x","text":"y"}]}}`)
+}
+
 // checkEngineTokens checks that the router's precise ids for body are the
 // ones the emulated engine at url reports on /tokenize.
 func checkEngineTokens(t *testing.T, pc *precise, url string, kind openai.Kind, body string) {

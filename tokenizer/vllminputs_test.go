@@ -19,8 +19,10 @@ type vllmInputsFile struct {
 	Cases  []struct {
 		Name    string `json:"name"`
 		Request struct {
-			Messages json.RawMessage `json:"messages"`
-			Tools    json.RawMessage `json:"tools"`
+			Messages  json.RawMessage            `json:"messages"`
+			Tools     json.RawMessage            `json:"tools"`
+			Documents json.RawMessage            `json:"documents"`
+			Kwargs    map[string]json.RawMessage `json:"chat_template_kwargs"`
 		} `json:"request"`
 		Prompts map[string]struct {
 			Prompt *string `json:"prompt"`
@@ -30,8 +32,9 @@ type vllmInputsFile struct {
 }
 
 // TestRenderJSONMatchesVLLMInputs renders each request of vllm-inputs.json
-// as the router's precise mode and the emulator do (RenderJSON, the
-// request's tools as the "tools" variable) and wants jinja2's rendering of
+// as the router's precise mode and the emulator do (RenderJSON; the
+// chat_template_kwargs, the request's tools unless those name their own,
+// and its documents as template variables) and wants jinja2's rendering of
 // what vLLM gives the template, byte for byte, and so the same tokens.
 // The fixture models' templates skip when their files are absent
 // (scripts/tokenizer-fixtures.sh); the inline ones always run.
@@ -65,9 +68,15 @@ func TestRenderJSONMatchesVLLMInputs(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				opts := ChatOptions{AddGenerationPrompt: true}
-				if len(c.Request.Tools) > 0 && string(c.Request.Tools) != "null" {
-					opts.JSONVars = map[string]json.RawMessage{"tools": c.Request.Tools}
+				opts := ChatOptions{AddGenerationPrompt: true, JSONVars: map[string]json.RawMessage{}}
+				for k, v := range c.Request.Kwargs {
+					opts.JSONVars[k] = v
+				}
+				if _, ok := opts.JSONVars["tools"]; !ok && len(c.Request.Tools) > 0 && string(c.Request.Tools) != "null" {
+					opts.JSONVars["tools"] = c.Request.Tools
+				}
+				if len(c.Request.Documents) > 0 && string(c.Request.Documents) != "null" {
+					opts.JSONVars["documents"] = c.Request.Documents
 				}
 				got, err := tmpl.RenderJSON(c.Request.Messages, opts)
 				if want.Prompt == nil {

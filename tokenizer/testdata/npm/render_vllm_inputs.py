@@ -19,6 +19,8 @@ What it reproduces, in its own code, from vLLM's serving path:
     as a string for templates that take strings (null is ""), tool call
     arguments sent as a JSON string decoded (invalid: {}), an empty
     tool_calls list dropped;
+  - the request's "documents" passed as the template's documents (a
+    request field, which wins over chat_template_kwargs);
   - transformers' apply_chat_template, which always defines "tools" and
     "documents" (None when the request has none), in render_chats.py's
     jinja2 environment.
@@ -180,6 +182,10 @@ CASES = [
             {"role": "user", "content": "Again"},
             {"role": "assistant", "content": "Hello again.", "reasoning_content": "greet again"}]}},
     {"name": "no tools", "request": {"messages": [{"role": "user", "content": "Hi"}]}},
+    {"name": "documents", "request": {
+        "messages": [{"role": "user", "content": "What does the manual say?"}],
+        "documents": [{"title": "Manual", "text": "Press the red button."}, {"text": "Übrigens: 2 Knöpfe.", "title": "FAQ"}],
+        "chat_template_kwargs": {"documents": [{"title": "ignored", "text": "the request's documents win"}]}}},
 ]
 
 # Templates of no fixture model: what a template sees of the variables
@@ -187,6 +193,8 @@ CASES = [
 INLINE = {
     "vars": "{{ tools is defined }} {{ tools is none }} {{ documents is defined }} {{ documents is none }}|"
             "{% for m in messages %}{{ m | tojson }}{% endfor %}",
+    "documents": "{% if documents %}{% for d in documents %}<doc {{ loop.index0 }}>{{ d.title }}: {{ d.text }}</doc>"
+                 "{{ d | tojson }}\n{% endfor %}{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}",
 }
 
 
@@ -203,12 +211,16 @@ def main():
     for c in CASES:
         req = c["request"]
         conv = conversation(req)
-        tools = tool_dicts(req, False)
+        kwargs = dict(req.get("chat_template_kwargs") or {})
+        kwargs["tools"] = tool_dicts(req, False)  # the request's tools; a kwargs' own win when these are None
+        if kwargs["tools"] is None:
+            kwargs["tools"] = (req.get("chat_template_kwargs") or {}).get("tools")
+        kwargs["documents"] = req.get("documents") if req.get("documents") is not None else kwargs.get("documents")
         prompts = {}
         for name, (tmpl, bos, eos) in templates.items():
             try:
-                prompts[name] = {"prompt": tmpl.render(messages=conv, tools=tools, documents=None,
-                                                       add_generation_prompt=True, bos_token=bos, eos_token=eos)}
+                prompts[name] = {"prompt": tmpl.render(messages=conv, add_generation_prompt=True,
+                                                       bos_token=bos, eos_token=eos, **kwargs)}
             except jinja2.TemplateError as e:
                 prompts[name] = {"error": str(e)}
             except TypeError as e:  # what vLLM reports as a 400 too
