@@ -169,8 +169,9 @@
 // sent with empty text, as one whose text a stop string holds back: vLLM
 // sends a chunk for every output that has tokens). A chat
 // request's add_generation_prompt, continue_final_message,
-// chat_template_kwargs (which override the first two, as in vLLM), tools
-// and documents reach the template as in vLLM (tools left out when tool_choice is "none"
+// chat_template_kwargs (whose own add_generation_prompt and
+// continue_final_message the request's override, as in vLLM), tools and
+// documents reach the template as in vLLM (tools left out when tool_choice is "none"
 // with Config.ExcludeToolsWhenToolChoiceNone, vLLM's
 // --exclude-tools-when-tool-choice-none), and add_special_tokens true adds
 // the tokenizer's special tokens to the rendered prompt.

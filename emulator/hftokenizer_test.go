@@ -274,8 +274,8 @@ func TestCompleteText(t *testing.T) {
 
 // TestChatTemplateOptions: a chat request's add_generation_prompt,
 // continue_final_message, add_special_tokens, chat_template_kwargs, tools and documents
-// reach the chat template and the tokenizer as in vLLM (the kwargs override
-// the request's own options), and a completion's add_special_tokens false
+// reach the chat template and the tokenizer as in vLLM (the request's own
+// options override the kwargs'), and a completion's add_special_tokens false
 // leaves out the BOS; the combinations vLLM refuses are its 400s.
 func TestChatTemplateOptions(t *testing.T) {
 	tj, err := os.ReadFile("../tokenizer/testdata/tiny/tokenizer.json")
@@ -309,12 +309,15 @@ func TestChatTemplateOptions(t *testing.T) {
 		{"special tokens", `{` + hi + `,"add_special_tokens":true}`, tiny.EncodeAddSpecial("<|user|>user: hi</s><|user|>assistant:")},
 		{"template kwargs", `{` + hi + `,"chat_template_kwargs":{"greeting":"hello"}}`, plain("[hello]<|user|>user: hi</s><|user|>assistant:")},
 		{"tools", `{` + hi + `,"tools":[{"type":"function","function":{"name":"f"}}]}`, plain("[tools:f]<|user|>user: hi</s><|user|>assistant:")},
-		{"kwargs override", `{` + hi + `,"chat_template_kwargs":{"add_generation_prompt":false}}`, plain("<|user|>user: hi</s>")},
+		// The request's add_generation_prompt and continue_final_message
+		// win over the kwargs' (vLLM's build_chat_params merges them over
+		// the kwargs); the kwargs' took effect here.
+		{"kwargs do not override", `{` + hi + `,"chat_template_kwargs":{"add_generation_prompt":false}}`, plain("<|user|>user: hi</s><|user|>assistant:")},
 		// The request's documents, over the kwargs' own (they were left out).
 		{"documents", `{` + hi + `,"documents":[{"title":"a","text":"b"}],"chat_template_kwargs":{"documents":[{"title":"x","text":"y"}]}}`, plain("[docs:a]<|user|>user: hi</s><|user|>assistant:")},
 		{"kwargs documents", `{` + hi + `,"chat_template_kwargs":{"documents":[{"title":"x","text":"y"}]}}`, plain("[docs:x]<|user|>user: hi</s><|user|>assistant:")},
-		{"kwargs continue", `{` + cont + `,"chat_template_kwargs":{"add_generation_prompt":false,"continue_final_message":true}}`,
-			plain("<|user|>user: hi</s><|user|>assistant: Sure, ")},
+		{"kwargs do not continue", `{` + cont + `,"chat_template_kwargs":{"add_generation_prompt":false,"continue_final_message":true}}`,
+			plain("<|user|>user: hi</s><|user|>assistant: Sure, </s><|user|>assistant:")},
 		{"completion", `{"prompt":"hi"}`, tiny.EncodeAddSpecial("hi")},
 		{"completion without special tokens", `{"prompt":"hi","add_special_tokens":false}`, plain("hi")},
 	} {

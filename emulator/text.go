@@ -245,11 +245,11 @@ func (c *textCodec) prompt(text string, special bool) []uint32 {
 
 // chatOpts are the options of a chat request that change its prompt, as
 // vLLM applies them: its add_generation_prompt (default true) and
-// continue_final_message, either overridden by the same key in
-// chat_template_kwargs (vLLM updates its template arguments with them);
+// continue_final_message (the same keys in chat_template_kwargs have no
+// effect: vLLM's build_chat_params merges the request's own over them);
 // add_special_tokens (default false for chat); and the template variables
-// vars: chat_template_kwargs, the request's tools unless those name
-// their own, and its documents over theirs.
+// vars: chat_template_kwargs' other keys, the request's tools unless those
+// name their own, and its documents over theirs.
 type chatOpts struct {
 	addGen, cont, addSpecial bool
 	vars                     map[string]json.RawMessage
@@ -279,11 +279,8 @@ func (r *apiRequest) chatOptions(excludeNone bool) (*chatOpts, *apiError) {
 		case "chat_template", "tokenize":
 			unexpected = append(unexpected, "'"+k+"'")
 			continue
-		case "add_generation_prompt":
-			o.addGen = tokenizer.PyTruthy(v)
-		case "continue_final_message":
-			o.cont = tokenizer.PyTruthy(v)
-			continue // an argument of apply_chat_template, not a template variable
+		case "add_generation_prompt", "continue_final_message":
+			continue // vLLM merges the request's own over them (build_chat_params)
 		}
 		if o.vars == nil {
 			o.vars = make(map[string]json.RawMessage, len(r.ChatTemplateKwargs)+1)

@@ -121,9 +121,9 @@ var errEmptyTools = errors.New("precise: tools is an empty list, which vLLM refu
 // chatOptions returns the chat template's options for b and whether the
 // rendered chat is cut after its final message (continue_final_message),
 // as vLLM resolves them: add_generation_prompt (default true) and
-// continue_final_message, each overridden by the same key in
-// chat_template_kwargs (the latter an argument of the rendering, not a
-// template variable), the request's tools as the template's tools unless
+// continue_final_message, the request's (the same keys in
+// chat_template_kwargs have no effect: vLLM merges the request's over
+// them), chat_template_kwargs' other keys, the request's tools as the template's tools unless
 // the kwargs name their own, and its documents (RAG templates: Command R,
 // Granite) as the template's documents, over the kwargs' own (vLLM merges
 // the request's documents into the kwargs, tools under them). Tools that
@@ -134,7 +134,7 @@ var errEmptyTools = errors.New("precise: tools is an empty list, which vLLM refu
 // assumes the default (off), which renders them, as the emulated engine
 // does unless emulator.Config.ExcludeToolsWhenToolChoiceNone is set.
 func (b *preciseBody) chatOptions() (tokenizer.ChatOptions, bool, error) {
-	addGen, cont, err := generationOptions(b.AddGenerationPrompt, b.ContinueFinal, b.ChatTemplateKwargs)
+	addGen, cont, err := generationOptions(b.AddGenerationPrompt, b.ContinueFinal)
 	if err != nil {
 		return tokenizer.ChatOptions{}, false, err
 	}
@@ -148,7 +148,7 @@ func (b *preciseBody) chatOptions() (tokenizer.ChatOptions, bool, error) {
 			opts.JSONVars["tools"] = b.Tools
 		}
 		for k, v := range b.ChatTemplateKwargs {
-			if k != "continue_final_message" {
+			if k != "continue_final_message" && k != "add_generation_prompt" {
 				opts.JSONVars[k] = v
 			}
 		}
@@ -169,17 +169,13 @@ func emptyList(raw json.RawMessage) bool {
 }
 
 // generationOptions resolves a chat request's add_generation_prompt
-// (addGen, default true) and continue_final_message (cont), each
-// overridden by the same key in kwargs (chat_template_kwargs), as vLLM
-// does; both set is vLLM's 400 (errBothGenerationOptions).
-func generationOptions(addGen *bool, cont bool, kwargs map[string]json.RawMessage) (bool, bool, error) {
+// (addGen, default true) and continue_final_message (cont) as vLLM does:
+// the request's own fields, whatever chat_template_kwargs says (vLLM's
+// build_chat_params merges them over the kwargs: merge_kwargs(kwargs,
+// {add_generation_prompt, continue_final_message, ...})); both set is
+// vLLM's 400 (errBothGenerationOptions).
+func generationOptions(addGen *bool, cont bool) (bool, bool, error) {
 	gen := addGen == nil || *addGen
-	if v, ok := kwargs["add_generation_prompt"]; ok {
-		gen = tokenizer.PyTruthy(v)
-	}
-	if v, ok := kwargs["continue_final_message"]; ok {
-		cont = tokenizer.PyTruthy(v)
-	}
 	if gen && cont {
 		return false, false, errBothGenerationOptions
 	}
@@ -300,10 +296,9 @@ type chatMLBody struct {
 		Role    string          `json:"role"`
 		Content json.RawMessage `json:"content"`
 	} `json:"messages"`
-	Tools               json.RawMessage            `json:"tools"`
-	AddGenerationPrompt *bool                      `json:"add_generation_prompt"`
-	ContinueFinal       bool                       `json:"continue_final_message"`
-	ChatTemplateKwargs  map[string]json.RawMessage `json:"chat_template_kwargs"`
+	Tools               json.RawMessage `json:"tools"`
+	AddGenerationPrompt *bool           `json:"add_generation_prompt"`
+	ContinueFinal       bool            `json:"continue_final_message"`
 }
 
 // chatMLTokens renders a chat request with ChatML (the built-in template,
@@ -336,7 +331,7 @@ func (pc *precise) chatMLTokens(body []byte) ([]uint32, error) {
 		}
 		out[i].Content = text
 	}
-	addGen, cont, err := generationOptions(in.AddGenerationPrompt, in.ContinueFinal, in.ChatTemplateKwargs)
+	addGen, cont, err := generationOptions(in.AddGenerationPrompt, in.ContinueFinal)
 	if err != nil {
 		return nil, err
 	}

@@ -293,9 +293,10 @@ func TestPreciseHFAgreesWithEngine(t *testing.T) {
 				// "\n"), not failing the template or as a list's repr.
 				{openai.KindChat, `{"model":"m","messages":[{"role":"system","content":[{"type":"text","text":"You answer questions"},{"type":"text","text":"about chess."}]},{"role":"user","content":[{"type":"text","text":"How does a knight move?"}]}]}`},
 				// continue_final_message (the answer's start given, the
-				// chat cut after it) and the options chat_template_kwargs
-				// override: before, precise mode rendered these with the
-				// generation prompt and a closed final message.
+				// chat cut after it): before, precise mode rendered it with
+				// the generation prompt and a closed final message; and
+				// chat_template_kwargs naming those options, which the
+				// request's own override (vLLM's build_chat_params).
 				{openai.KindChat, `{"model":"m","messages":[{"role":"user","content":"How does a knight move?"},{"role":"assistant","content":"In an L: "}],"add_generation_prompt":false,"continue_final_message":true}`},
 				// An agent turn: tools without descriptions and with a
 				// tool-level key, a tool call in the OpenAI SDK's key
@@ -340,8 +341,8 @@ func TestPreciseBuiltinAgreesWithEngine(t *testing.T) {
 			`{"role":"tool","tool_call_id":"c1","content":[{"type":"tool_reference","name":"lookup_rules"},{"type":"tool_reference"},{"type":"input_text","text":null}]},` +
 			`{"role":"user","content":[{"type":"text","text":"How does a knight move?"}]}]}`},
 		{openai.KindCompletion, `{"model":"m","prompt":"The knight moves in an L: two squares one way, one the other."}`},
-		// continue_final_message and chat_template_kwargs' overrides, as
-		// in TestPreciseHFAgreesWithEngine.
+		// continue_final_message, and chat_template_kwargs naming it,
+		// as in TestPreciseHFAgreesWithEngine.
 		{openai.KindChat, `{"model":"m","messages":[{"role":"user","content":"How does a knight move?"},{"role":"assistant","content":"In an L: "}],"add_generation_prompt":false,"continue_final_message":true}`},
 		{openai.KindChat, `{"model":"m","messages":[{"role":"user","content":"How does a knight move?"},{"role":"assistant","content":[{"type":"text","text":"In an L"}]}],"chat_template_kwargs":{"add_generation_prompt":false,"continue_final_message":true}}`},
 		{openai.KindChat, `{"model":"m","messages":[{"role":"user","content":"How does a knight move?"}],"chat_template_kwargs":{"add_generation_prompt":0}}`},
@@ -378,6 +379,27 @@ func TestPreciseNotTextFallsBack(t *testing.T) {
 	resp = tp.post(t, "/v1/chat/completions", `{"model":"m","max_tokens":2,"messages":[{"role":"user","content":[{"type":"input_text","text":"Hello"},{"type":"tool_reference","name":"lookup"}]}]}`)
 	if body := readAll(t, resp); resp.StatusCode != http.StatusOK {
 		t.Errorf("text parts: %d %s; want 200", resp.StatusCode, body)
+	}
+}
+
+// TestPreciseKwargsDoNotOverrideGeneration: chat_template_kwargs'
+// add_generation_prompt and continue_final_message have no effect, as in
+// vLLM, whose build_chat_params merges the request's own fields over the
+// kwargs: precise mode let the kwargs override them (vLLM's behaviour
+// before its renderer), so such a request's prompt lacked the generation
+// prompt, or was cut, where the engine's was not.
+func TestPreciseKwargsDoNotOverrideGeneration(t *testing.T) {
+	pc := newTestPrecise(t, filepath.Join("..", "tokenizer", "testdata", "tiny"))
+	const msgs = `"messages":[{"role":"user","content":"hi"},{"role":"assistant","content":"Sure"}]`
+	plain, _, err := tokensOf(t, pc, openai.KindChat, `{"model":"m",`+msgs+`}`)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, kwargs := range []string{`{"add_generation_prompt":false}`, `{"add_generation_prompt":false,"continue_final_message":true}`, `{"add_generation_prompt":true}`} {
+		got, _, err := tokensOf(t, pc, openai.KindChat, `{"model":"m",`+msgs+`,"chat_template_kwargs":`+kwargs+`}`)
+		if err != nil || !slices.Equal(got, plain) {
+			t.Errorf("kwargs %s: %v, %v; want the ids without them %v", kwargs, got, err, plain)
+		}
 	}
 }
 
