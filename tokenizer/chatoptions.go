@@ -64,9 +64,3 @@ func PyValue(raw json.RawMessage) (v any, ok bool) {
 	}
 	return v, true
 }
-
-// PyTruthy is PyTrue of a raw JSON value; false for one that is not JSON.
-func PyTruthy(raw json.RawMessage) bool {
-	v, ok := PyValue(raw)
-	return ok && PyTrue(v)
-}

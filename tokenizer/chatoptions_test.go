@@ -5,17 +5,18 @@ import (
 	"testing"
 )
 
-// TestPyTruthy: Python's truth of JSON values, as chat_template_kwargs'
-// add_generation_prompt and continue_final_message are read.
-func TestPyTruthy(t *testing.T) {
+// TestPyTrue: Python's truth of JSON values (PyValue), as the emulator
+// reads a request's tools and logprobs as vLLM's checks do.
+func TestPyTrue(t *testing.T) {
 	for raw, want := range map[string]bool{
 		`true`: true, `false`: false, `null`: false, `0`: false, `0.0`: false, `-0`: false, `2`: true,
 		`1e400`: true, // inf in Python
 		`""`:    false, `"no"`: true, `[]`: false, `[0]`: true, `{}`: false, `{"a":1}`: true,
 		`not json`: false,
 	} {
-		if got := PyTruthy(json.RawMessage(raw)); got != want {
-			t.Errorf("PyTruthy(%s) = %v, want %v", raw, got, want)
+		v, ok := PyValue(json.RawMessage(raw))
+		if got := ok && PyTrue(v); got != want {
+			t.Errorf("PyTrue(PyValue(%s)) = %v, want %v", raw, got, want)
 		}
 	}
 }
