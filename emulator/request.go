@@ -53,7 +53,8 @@ type apiRequest struct {
 	AddSpecialTokens     *bool                      `json:"add_special_tokens"`
 	ChatTemplateKwargs   map[string]json.RawMessage `json:"chat_template_kwargs"`
 	Tools                json.RawMessage            `json:"tools"`
-	Documents            json.RawMessage            `json:"documents"` // the template's documents (RAG templates)
+	Documents            json.RawMessage            `json:"documents"`        // the template's documents (RAG templates)
+	ReasoningEffort      json.RawMessage            `json:"reasoning_effort"` // template variables (tokenizer.ReasoningEffortVars)
 	// opts are the options vLLM checks that only bodies the fast path
 	// leaves to encoding/json have (reqOptions); nil without any.
 	opts *reqOptions

@@ -48,6 +48,7 @@ var scanSeeds = []string{
 	"{\"prompt\":\"a\x01b\"}", "\ufeff{\"prompt\":\"x\"}",
 	`{"prompt":"hello","max_tokens":2,"cache_salt":"t1"}`, `{"prompt":"x","cache_salt":""}`,
 	`{"messages":[{"role":"user","content":"hi"}],"documents":[{"title":"a","text":"b"}],"max_tokens":2}`,
+	`{"messages":[{"role":"user","content":"hi"}],"reasoning_effort":"none","max_tokens":2}`,
 }
 
 // TestScanRequestSeeds checks the fast path on the seeds (FuzzParseRequest

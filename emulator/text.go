@@ -249,7 +249,8 @@ func (c *textCodec) prompt(text string, special bool) []uint32 {
 // effect: vLLM's build_chat_params merges the request's own over them);
 // add_special_tokens (default false for chat); and the template variables
 // vars: chat_template_kwargs' other keys, the request's tools unless those
-// name their own, and its documents over theirs.
+// name their own, its documents over theirs, and its reasoning_effort's
+// (tokenizer.ReasoningEffortVars).
 type chatOpts struct {
 	addGen, cont, addSpecial bool
 	vars                     map[string]json.RawMessage
@@ -268,7 +269,8 @@ func (r *apiRequest) chatOptions(excludeNone bool) (*chatOpts, *apiError) {
 		tools = nil
 	}
 	if (r.AddGenerationPrompt == nil || *r.AddGenerationPrompt) && !r.ContinueFinalMessage &&
-		(r.AddSpecialTokens == nil || !*r.AddSpecialTokens) && len(r.ChatTemplateKwargs) == 0 && !hasJSON(tools) && !hasJSON(r.Documents) {
+		(r.AddSpecialTokens == nil || !*r.AddSpecialTokens) && len(r.ChatTemplateKwargs) == 0 && !hasJSON(tools) && !hasJSON(r.Documents) &&
+		!hasJSON(r.ReasoningEffort) {
 		return nil, nil
 	}
 	o := &chatOpts{addGen: r.AddGenerationPrompt == nil || *r.AddGenerationPrompt, cont: r.ContinueFinalMessage,
@@ -302,6 +304,12 @@ func (r *apiRequest) chatOptions(excludeNone bool) (*chatOpts, *apiError) {
 			o.vars = make(map[string]json.RawMessage, 1)
 		}
 		o.vars["documents"] = r.Documents
+	}
+	if hasJSON(r.ReasoningEffort) {
+		if o.vars == nil {
+			o.vars = make(map[string]json.RawMessage, 2)
+		}
+		tokenizer.ReasoningEffortVars(o.vars, r.ReasoningEffort, r.ChatTemplateKwargs)
 	}
 	if o.cont && o.addGen {
 		return nil, badRequest("continue_final_message and add_generation_prompt are not compatible. " +

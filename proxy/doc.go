@@ -120,7 +120,7 @@
 // prompt is tokenized as the engines do (chat rendered with the model's
 // chat template, ChatML for the built-in tokenizer, with the request's
 // add_generation_prompt, continue_final_message, chat_template_kwargs,
-// tools and documents as vLLM applies them, the messages and tools given the shape
+// tools, documents and reasoning_effort as vLLM applies them, the messages and tools given the shape
 // vLLM gives them, tokenizer.ChatTemplate.RenderJSON) and hashed in KV
 // blocks before routing; without it the router matches character blocks.
 // A request the engine refuses or renders with inputs the router cannot

@@ -95,6 +95,7 @@ type preciseBody struct {
 	Messages            json.RawMessage            `json:"messages"`
 	Tools               json.RawMessage            `json:"tools"`
 	Documents           json.RawMessage            `json:"documents"`
+	ReasoningEffort     json.RawMessage            `json:"reasoning_effort"`
 	ChatTemplateKwargs  map[string]json.RawMessage `json:"chat_template_kwargs"`
 	AddGenerationPrompt *bool                      `json:"add_generation_prompt"`
 	AddSpecialTokens    *bool                      `json:"add_special_tokens"`
@@ -126,8 +127,9 @@ var errEmptyTools = errors.New("precise: tools is an empty list, which vLLM refu
 // them), chat_template_kwargs' other keys, the request's tools as the template's tools unless
 // the kwargs name their own, and its documents (RAG templates: Command R,
 // Granite) as the template's documents, over the kwargs' own (vLLM merges
-// the request's documents into the kwargs, tools under them). Tools that
-// are an empty list are errEmptyTools.
+// the request's documents into the kwargs, tools under them), and its
+// reasoning_effort (tokenizer.ReasoningEffortVars). Tools that are an
+// empty list are errEmptyTools.
 //
 // A vLLM server started with --exclude-tools-when-tool-choice-none renders
 // a request whose tool_choice is "none" without its tools; precise mode
@@ -142,8 +144,8 @@ func (b *preciseBody) chatOptions() (tokenizer.ChatOptions, bool, error) {
 		return tokenizer.ChatOptions{}, false, errEmptyTools
 	}
 	opts := tokenizer.ChatOptions{AddGenerationPrompt: addGen}
-	if len(b.ChatTemplateKwargs) > 0 || len(b.Tools) > 0 || len(b.Documents) > 0 {
-		opts.JSONVars = make(map[string]json.RawMessage, len(b.ChatTemplateKwargs)+2)
+	if len(b.ChatTemplateKwargs) > 0 || len(b.Tools) > 0 || len(b.Documents) > 0 || len(b.ReasoningEffort) > 0 {
+		opts.JSONVars = make(map[string]json.RawMessage, len(b.ChatTemplateKwargs)+4)
 		if len(b.Tools) > 0 && string(b.Tools) != "null" {
 			opts.JSONVars["tools"] = b.Tools
 		}
@@ -155,6 +157,7 @@ func (b *preciseBody) chatOptions() (tokenizer.ChatOptions, bool, error) {
 		if len(b.Documents) > 0 && string(b.Documents) != "null" {
 			opts.JSONVars["documents"] = b.Documents
 		}
+		tokenizer.ReasoningEffortVars(opts.JSONVars, b.ReasoningEffort, b.ChatTemplateKwargs)
 	}
 	return opts, cont, nil
 }

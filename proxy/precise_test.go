@@ -382,6 +382,56 @@ func TestPreciseNotTextFallsBack(t *testing.T) {
 	}
 }
 
+// TestPreciseReasoningEffort: a chat request's reasoning_effort reaches the
+// chat template as vLLM passes it: as reasoning_effort, and as
+// enable_thinking (false for "none") unless chat_template_kwargs set it;
+// precise mode ignored it, so with Qwen3's template a reasoning_effort
+// "none" request lacked the empty <think> block vLLM writes after the
+// generation prompt. The emulated engine agrees.
+func TestPreciseReasoningEffort(t *testing.T) {
+	dir := t.TempDir()
+	tj, err := os.ReadFile(filepath.Join("..", "tokenizer", "testdata", "tiny", "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	tmpl := `{% for m in messages %}<|user|>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}<|user|>assistant:` +
+		`{% if enable_thinking is defined and enable_thinking is false %} none{% endif %}{% if reasoning_effort is defined %} {{ reasoning_effort }}{% endif %}`
+	cfg, _ := json.Marshal(map[string]string{"bos_token": "<s>", "eos_token": "</s>", "chat_template": tmpl})
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), tj, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), cfg, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	hf, err := tokenizer.LoadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	pc := newTestPrecise(t, dir)
+	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, hs := emulatortest.Start(t, emulator.Config{Model: "m", Engine: engine.Config{Profile: prof}, Tokenizer: hf}, nil)
+	const msgs = `"messages":[{"role":"user","content":"hi"}]`
+	for _, tc := range []struct{ body, want string }{
+		{`{"model":"m",` + msgs + `,"reasoning_effort":"none"}`, "<|user|>user: hi</s><|user|>assistant: none none"},
+		{`{"model":"m",` + msgs + `,"reasoning_effort":"high"}`, "<|user|>user: hi</s><|user|>assistant: high"},
+		{`{"model":"m",` + msgs + `,"reasoning_effort":"high","chat_template_kwargs":{"enable_thinking":false,"reasoning_effort":"low"}}`, "<|user|>user: hi</s><|user|>assistant: none high"},
+		{`{"model":"m",` + msgs + `,"reasoning_effort":null,"chat_template_kwargs":{"reasoning_effort":"low"}}`, "<|user|>user: hi</s><|user|>assistant: low"},
+		{`{"model":"m",` + msgs + `}`, "<|user|>user: hi</s><|user|>assistant:"},
+	} {
+		got, _, err := tokensOf(t, pc, openai.KindChat, tc.body)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if want := hf.Encode(tc.want); !slices.Equal(got, want) {
+			t.Errorf("%s: ids of %q, want those of %q", tc.body, hf.Decode(got), tc.want)
+		}
+		checkEngineTokens(t, pc, hs.URL, openai.KindChat, tc.body)
+	}
+}
+
 // TestPreciseKwargsDoNotOverrideGeneration: chat_template_kwargs'
 // add_generation_prompt and continue_final_message have no effect, as in
 // vLLM, whose build_chat_params merges the request's own fields over the

@@ -3,6 +3,7 @@ package tokenizer
 import (
 	"bytes"
 	"encoding/json"
+	"strconv"
 	"strings"
 	"unicode"
 )
@@ -63,4 +64,23 @@ func PyValue(raw json.RawMessage) (v any, ok bool) {
 		return nil, false
 	}
 	return v, true
+}
+
+// ReasoningEffortVars sets the template variables a chat request's
+// reasoning_effort (effort, raw JSON; absent or null: none) gives its chat
+// template in vLLM (ChatCompletionRequest.build_chat_params, since vLLM
+// PR 43401, May 2026) in vars: reasoning_effort, over the same key of the
+// request's chat_template_kwargs (kwargs), and enable_thinking, false for
+// "none" and true otherwise, unless the kwargs set it. Qwen3's template
+// then writes an empty <think> block after the generation prompt for
+// "none"; Gemma 4's starts thinking for the others.
+func ReasoningEffortVars(vars map[string]json.RawMessage, effort json.RawMessage, kwargs map[string]json.RawMessage) {
+	var level *string
+	if json.Unmarshal(effort, &level) != nil || level == nil {
+		return // absent, null (vLLM leaves the kwargs' own), or not a string (vLLM's 400)
+	}
+	vars["reasoning_effort"] = effort
+	if _, ok := kwargs["enable_thinking"]; !ok {
+		vars["enable_thinking"] = json.RawMessage(strconv.FormatBool(*level != "none"))
+	}
 }

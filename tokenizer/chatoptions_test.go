@@ -40,3 +40,30 @@ func TestContinueFinal(t *testing.T) {
 		}
 	}
 }
+
+// TestReasoningEffortVars: a request's reasoning_effort gives the template
+// reasoning_effort and, unless the kwargs set it, enable_thinking (false
+// for "none"), as vLLM's build_chat_params does; null, absent or not a
+// string sets nothing (a null leaves the kwargs' own).
+func TestReasoningEffortVars(t *testing.T) {
+	for _, tc := range []struct {
+		effort, kwargs, want string
+	}{
+		{`"none"`, `{}`, `{"enable_thinking":false,"reasoning_effort":"none"}`},
+		{`"high"`, `{}`, `{"enable_thinking":true,"reasoning_effort":"high"}`},
+		{`"low"`, `{"enable_thinking":false}`, `{"reasoning_effort":"low"}`},
+		{`null`, `{"reasoning_effort":"low"}`, `{}`},
+		{``, `{}`, `{}`},
+		{`3`, `{}`, `{}`},
+	} {
+		var kwargs map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(tc.kwargs), &kwargs); err != nil {
+			t.Fatal(err)
+		}
+		vars := map[string]json.RawMessage{}
+		ReasoningEffortVars(vars, json.RawMessage(tc.effort), kwargs)
+		if got, _ := json.Marshal(vars); string(got) != tc.want {
+			t.Errorf("ReasoningEffortVars(%s, %s) = %s, want %s", tc.effort, tc.kwargs, got, tc.want)
+		}
+	}
+}

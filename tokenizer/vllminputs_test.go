@@ -22,6 +22,7 @@ type vllmInputsFile struct {
 			Messages  json.RawMessage            `json:"messages"`
 			Tools     json.RawMessage            `json:"tools"`
 			Documents json.RawMessage            `json:"documents"`
+			Effort    json.RawMessage            `json:"reasoning_effort"`
 			Kwargs    map[string]json.RawMessage `json:"chat_template_kwargs"`
 		} `json:"request"`
 		Prompts map[string]struct {
@@ -34,7 +35,8 @@ type vllmInputsFile struct {
 // TestRenderJSONMatchesVLLMInputs renders each request of vllm-inputs.json
 // as the router's precise mode and the emulator do (RenderJSON; the
 // chat_template_kwargs, the request's tools unless those name their own,
-// and its documents as template variables) and wants jinja2's rendering of
+// its documents and its reasoning_effort's as template variables) and
+// wants jinja2's rendering of
 // what vLLM gives the template, byte for byte, and so the same tokens.
 // The fixture models' templates skip when their files are absent
 // (scripts/tokenizer-fixtures.sh); the inline ones always run.
@@ -78,6 +80,7 @@ func TestRenderJSONMatchesVLLMInputs(t *testing.T) {
 				if len(c.Request.Documents) > 0 && string(c.Request.Documents) != "null" {
 					opts.JSONVars["documents"] = c.Request.Documents
 				}
+				ReasoningEffortVars(opts.JSONVars, c.Request.Effort, c.Request.Kwargs)
 				got, err := tmpl.RenderJSON(c.Request.Messages, opts)
 				if want.Prompt == nil {
 					if err == nil {

@@ -58,7 +58,8 @@ cached blocks; generated text is deterministic for a seed. With --tokenizer (a
 HuggingFace tokenizer.json) prompts are tokenized as vLLM does with that
 tokenizer: chat messages through its chat template (tokenizer_config.json;
 ChatML when there is none) with the request's add_generation_prompt,
-continue_final_message, chat_template_kwargs and tools, completion prompts
+continue_final_message, chat_template_kwargs, tools, documents and
+reasoning_effort, completion prompts
 with its special tokens (BOS) unless add_special_tokens is false, and
 generated ids, drawn from the model's vocabulary, are decoded with it,
 special tokens skipped; its EOS token ends a turn.

@@ -19,8 +19,10 @@ What it reproduces, in its own code, from vLLM's serving path:
     as a string for templates that take strings (null is ""), tool call
     arguments sent as a JSON string decoded (invalid: {}), an empty
     tool_calls list dropped;
-  - the request's "documents" passed as the template's documents (a
-    request field, which wins over chat_template_kwargs);
+  - the request's "documents" and "reasoning_effort" passed as template
+    variables (request fields, which win over chat_template_kwargs), and
+    with a reasoning_effort enable_thinking (false for "none") unless the
+    kwargs set it (ChatCompletionRequest.build_chat_params);
   - transformers' apply_chat_template, which always defines "tools" and
     "documents" (None when the request has none), in render_chats.py's
     jinja2 environment.
@@ -182,6 +184,11 @@ CASES = [
             {"role": "user", "content": "Again"},
             {"role": "assistant", "content": "Hello again.", "reasoning_content": "greet again"}]}},
     {"name": "no tools", "request": {"messages": [{"role": "user", "content": "Hi"}]}},
+    {"name": "reasoning_effort none", "request": {
+        "messages": [{"role": "user", "content": "2+2?"}], "reasoning_effort": "none"}},
+    {"name": "reasoning_effort high, kwargs enable_thinking", "request": {
+        "messages": [{"role": "user", "content": "2+2?"}], "reasoning_effort": "high",
+        "chat_template_kwargs": {"enable_thinking": False, "reasoning_effort": "low"}}},
     {"name": "documents", "request": {
         "messages": [{"role": "user", "content": "What does the manual say?"}],
         "documents": [{"title": "Manual", "text": "Press the red button."}, {"text": "Übrigens: 2 Knöpfe.", "title": "FAQ"}],
@@ -193,6 +200,8 @@ CASES = [
 INLINE = {
     "vars": "{{ tools is defined }} {{ tools is none }} {{ documents is defined }} {{ documents is none }}|"
             "{% for m in messages %}{{ m | tojson }}{% endfor %}",
+    "thinking": "{{ enable_thinking is defined }}/{{ enable_thinking }}/{{ reasoning_effort | default('unset') }}|"
+                "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}",
     "documents": "{% if documents %}{% for d in documents %}<doc {{ loop.index0 }}>{{ d.title }}: {{ d.text }}</doc>"
                  "{{ d | tojson }}\n{% endfor %}{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}",
 }
@@ -216,6 +225,11 @@ def main():
         if kwargs["tools"] is None:
             kwargs["tools"] = (req.get("chat_template_kwargs") or {}).get("tools")
         kwargs["documents"] = req.get("documents") if req.get("documents") is not None else kwargs.get("documents")
+        effort = req.get("reasoning_effort")
+        if effort is not None:
+            kwargs["reasoning_effort"] = effort
+            if "enable_thinking" not in (req.get("chat_template_kwargs") or {}):
+                kwargs["enable_thinking"] = effort != "none"
         prompts = {}
         for name, (tmpl, bos, eos) in templates.items():
             try:
