@@ -305,11 +305,10 @@ func partsText(parts *jinja.List) (string, error) {
 //     FunctionDefinition, vLLM main of December 2026), whose keys come in
 //     the model's order with its defaults filled in: {"type": "function",
 //     "function": {"name", "description": null, "parameters": null,
-//     "defer_loading" when set, the function's other keys as sent},
-//     "defer_loading" when set}. A tool's defer_loading is also its
-//     function's when that has none; a tool's other keys are dropped (the
-//     model's serializer keeps only its fields), a function's are kept
-//     (extra="allow").
+//     "strict" and "defer_loading" when set}, "defer_loading" when set}. A
+//     tool's defer_loading is also its function's when that has none; a
+//     tool's or a function's other keys are dropped (both models'
+//     serializers keep only their fields, though they accept others).
 //
 // Templates render both with tojson, so a request's key order and whether
 // it spelled a default out would otherwise change the prompt's tokens.
@@ -429,9 +428,9 @@ func dumpTools(tools jinja.Value) jinja.Value {
 }
 
 // dumpFunction returns a tool's function (in) as FunctionDefinition dumps
-// it: name, description and parameters (null when missing), defer_loading
-// when set (its own, else the tool's, toolDefer), then in's other keys in
-// their order.
+// it: name, description and parameters (null when missing), strict when
+// set, defer_loading when set (its own, else the tool's, toolDefer); its
+// other keys are dropped.
 func dumpFunction(in *jinja.Dict, toolDefer jinja.Value) jinja.Value {
 	fn := jinja.NewDict()
 	f := fn.AsDict()
@@ -445,17 +444,15 @@ func dumpFunction(in *jinja.Dict, toolDefer jinja.Value) jinja.Value {
 		}
 		f.Set(k, v)
 	}
+	if v, ok := in.Get("strict"); ok && !v.IsNone() {
+		f.Set("strict", v)
+	}
 	defer_, _ := in.Get("defer_loading")
 	if defer_.IsUndefined() || defer_.IsNone() {
 		defer_ = toolDefer
 	}
 	if !defer_.IsUndefined() && !defer_.IsNone() {
 		f.Set("defer_loading", defer_)
-	}
-	for _, k := range in.Keys {
-		if !f.Has(k) && k != "defer_loading" {
-			f.Set(k, in.Data[k])
-		}
 	}
 	return fn
 }

@@ -160,16 +160,16 @@ func TestRenderJSONToolsAsVLLM(t *testing.T) {
 	for _, tc := range []struct {
 		tools, messages, want string
 	}{
-		{`[{"function":{"name":"f"}},{"x":1,"function":{"strict":true,"parameters":{"b":1,"a":2},"name":"g","description":"d"},"type":"function"}]`,
+		{`[{"function":{"name":"f"}},{"x":1,"function":{"strict":true,"x-extra":2,"parameters":{"b":1,"a":2},"name":"g","description":"d"},"type":"function"}]`,
 			`[{"role":"user","content":"hi"},{"role":"assistant","content":null,"tool_calls":[{"type":"function","function":{"name":"f","arguments":"{\"city\":\"Z\u00fcrich\",\"days\":3}"}},{"function":{"name":"f","arguments":"not json"}},{"function":{"name":"f","arguments":null}},{"function":{"name":"f","arguments":"[1]"}}]},{"role":"assistant","content":"x","tool_calls":[]}]`,
 			canonical + `|user|assistant:{"city": "Zürich", "days": 3};{};{};[1];|assistant|`},
-		// defer_loading: dumped only when set, after parameters and before
-		// a function's other keys; a tool's is also its function's.
+		// strict and defer_loading: dumped only when set, after parameters;
+		// a tool's defer_loading is also its function's.
 		{`[{"defer_loading":true,"function":{"strict":false,"name":"s"}},` +
 			`{"function":{"name":"t","defer_loading":false},"defer_loading":true},` +
-			`{"function":{"name":"u","defer_loading":null},"defer_loading":null}]`,
+			`{"function":{"name":"u","defer_loading":null,"strict":null},"defer_loading":null}]`,
 			`[]`,
-			`[{"type": "function", "function": {"name": "s", "description": null, "parameters": null, "defer_loading": true, "strict": false}, "defer_loading": true}, ` +
+			`[{"type": "function", "function": {"name": "s", "description": null, "parameters": null, "strict": false, "defer_loading": true}, "defer_loading": true}, ` +
 				`{"type": "function", "function": {"name": "t", "description": null, "parameters": null, "defer_loading": false}, "defer_loading": true}, ` +
 				`{"type": "function", "function": {"name": "u", "description": null, "parameters": null}}]|`},
 	} {

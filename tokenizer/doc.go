@@ -70,7 +70,7 @@
 // call's keys in the order vLLM's request validation gives them and
 // decodes its arguments sent as a JSON string, and gives the "tools"
 // variable the shape of vLLM's request model dump (keys in its order,
-// defaults filled in, a tool's unknown keys dropped), which templates
+// defaults filled in, a tool's and a function's unknown keys dropped), which templates
 // render with tojson; "tools" and "documents" are always defined (None
 // unless given), as transformers passes them. A request's tools that are
 // an empty list, which vLLM refuses, are the caller's to refuse.

@@ -4,10 +4,10 @@ expected/vllm-inputs.json for TestRenderJSONMatchesVLLMInputs.
 
 What it reproduces, in its own code, from vLLM's serving path:
   - the request's "tools" validated by pydantic models with the fields of
-    vLLM's FunctionDefinition and ChatCompletionToolsParam (defaults, an
-    extra="allow" function, defer_loading dumped only when set and copied
-    from the tool to its function, a tool's other keys dropped) and passed
-    as [tool.model_dump() ...];
+    vLLM's FunctionDefinition and ChatCompletionToolsParam (defaults, strict
+    and defer_loading dumped only when set, a tool's defer_loading copied
+    to its function, other keys accepted but not dumped) and passed as
+    [tool.model_dump() ...];
   - each assistant tool call as pydantic validates it against the openai
     package's TypedDicts within vLLM's extra="allow" request model (keys
     in the TypedDicts' field order, id, function: arguments, name, type,
@@ -52,13 +52,15 @@ class Function(Base):
     name: str
     description: str | None = None
     parameters: dict[str, Any] | None = None
+    strict: bool | None = None
     defer_loading: bool | None = None
 
     @model_serializer(mode="wrap")
     def _dump(self, handler):
-        d = handler(self)
-        if self.defer_loading is None:
-            d.pop("defer_loading", None)
+        d = {k: v for k, v in handler(self).items() if k in type(self).model_fields}
+        for k in ("strict", "defer_loading"):
+            if getattr(self, k) is None:
+                d.pop(k, None)
         return d
 
 
@@ -153,7 +155,7 @@ WEATHER = {"type": "object", "properties": {"city": {"type": "string"}, "days": 
 
 TOOLS = [
     {"function": {"name": "get_time"}},
-    {"x-extra": 1, "function": {"strict": True, "parameters": WEATHER, "name": "get_weather", "description": "Weather, in °C."}, "type": "function"},
+    {"x-extra": 1, "function": {"strict": True, "x-fn": 2, "parameters": WEATHER, "name": "get_weather", "description": "Weather, in °C."}, "type": "function"},
     {"type": "function", "defer_loading": True, "function": {"name": "search", "description": None}},
 ]
 
