@@ -127,8 +127,9 @@ func hasTools(opts ChatOptions) bool {
 // (openaiContents): a list of {"type": "text", "text": ...} parts (and
 // tool_reference parts), a tool message of text parts as one string.
 // An assistant message's tool call arguments sent as a JSON string are
-// decoded, and each message keeps only the keys vLLM's ConversationMessage
-// has, as vLLM does (contentformat.go).
+// decoded, a system message's Claude Code billing header line is dropped,
+// and each message keeps only the keys vLLM's ConversationMessage has, as
+// vLLM does (contentformat.go).
 func (c *ChatTemplate) RenderJSON(messages json.RawMessage, opts ChatOptions) (string, error) {
 	c, err := c.pick(opts)
 	if err != nil {
@@ -141,6 +142,7 @@ func (c *ChatTemplate) RenderJSON(messages json.RawMessage, opts ChatOptions) (s
 	if !v.IsList() {
 		return "", errors.New("tokenizer: render chat template: messages is not a JSON array")
 	}
+	stripBillingHeaders(v)
 	contents := openaiContents
 	if c.stringContent {
 		contents = stringContents

@@ -41,6 +41,7 @@ func FuzzRenderJSON(f *testing.F) {
 		[]byte(`[{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"t": {"type": "number", "minimum": 0.0, "maximum": 2e6}}}}}]`))
 	f.Add([]byte(`[{"role": "assistant", "content": "a", "reasoning": null, "reasoning_content": "r", "tool_calls": []}, {"role": "user", "content": "b", "reasoning_content": 1}]`),
 		[]byte(`[{"defer_loading": true, "x": 1, "function": {"name": "f", "defer_loading": null, "strict": true}}, {"function": {"defer_loading": false}, "defer_loading": "y"}, {"function": 3}]`))
+	f.Add([]byte(`[{"role": "system", "content": ["x-anthropic-billing-header: a\nb", {"type": "text", "text": "x-anthropic-billing-header"}, 3]}, {"role": "system", "content": "x-anthropic-billing-header"}]`), []byte(`null`))
 	tmpls := make([]*ChatTemplate, len(fuzzTemplates))
 	for i, src := range fuzzTemplates {
 		t, err := NewChatTemplate(src, "<s>", "</s>")

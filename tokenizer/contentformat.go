@@ -521,3 +521,75 @@ func conversationMessages(messages jinja.Value) {
 		items[i] = out
 	}
 }
+
+// billingHeader starts the line Claude Code puts first in its system
+// prompt, whose cch value changes with every request.
+const billingHeader = "x-anthropic-billing-header"
+
+// stripBillingHeaders drops that line from the system messages of
+// messages (a list) as vLLM does before rendering (chat_utils.py,
+// _strip_claude_code_billing_header): in a system message's content, a
+// string or a text part that starts with it loses its first line, and
+// is dropped when nothing follows. Gateways that turn Claude Code's
+// Anthropic requests into chat completions keep the line; were it
+// rendered, no prompt would match another from it on.
+func stripBillingHeaders(messages jinja.Value) {
+	for _, m := range messages.AsList().Items {
+		if !m.IsDict() {
+			continue
+		}
+		msg := m.AsDict()
+		if role, _ := msg.Get("role"); !role.IsString() || role.AsString() != "system" {
+			continue
+		}
+		content, _ := msg.Get("content")
+		switch {
+		case content.IsString():
+			if text, ok := strings.CutPrefix(content.AsString(), billingHeader); ok {
+				_, rest, _ := strings.Cut(text, "\n")
+				parts := []jinja.Value{}
+				if rest != "" {
+					parts = append(parts, jinja.NewString(rest))
+				}
+				msg.Set("content", jinja.NewList(parts)) // as vLLM: the string is a part of a list now
+			}
+		case content.IsList():
+			msg.Set("content", stripBillingParts(content.AsList()))
+		}
+	}
+}
+
+// stripBillingParts returns parts without the billing header line (see
+// stripBillingHeaders).
+func stripBillingParts(parts *jinja.List) jinja.Value {
+	out := make([]jinja.Value, 0, len(parts.Items))
+	for _, p := range parts.Items {
+		var text jinja.Value
+		switch {
+		case p.IsString():
+			text = p
+		case p.IsDict():
+			if typ, _ := p.AsDict().Get("type"); typ.IsString() && typ.AsString() == "text" {
+				text, _ = p.AsDict().Get("text")
+			}
+		}
+		if !text.IsString() || !strings.HasPrefix(text.AsString(), billingHeader) {
+			out = append(out, p)
+			continue
+		}
+		_, rest, _ := strings.Cut(text.AsString(), "\n")
+		switch {
+		case rest == "":
+		case p.IsString():
+			out = append(out, jinja.NewString(rest))
+		default:
+			d := jinja.NewDict()
+			for _, k := range p.AsDict().Keys {
+				d.AsDict().Set(k, p.AsDict().Data[k])
+			}
+			d.AsDict().Set("text", jinja.NewString(rest))
+			out = append(out, d)
+		}
+	}
+	return jinja.NewList(out)
+}

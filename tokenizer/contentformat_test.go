@@ -224,3 +224,23 @@ func TestRenderJSONConversationKeys(t *testing.T) {
 		t.Errorf("RenderJSON:\n got %s\nwant %s", got, want)
 	}
 }
+
+// TestRenderJSONBillingHeader: a system message's Claude Code billing
+// header line (its cch changes with every request) is gone, as vLLM drops
+// it, for a template that loops over the parts too: a part or string that
+// starts with it loses its first line, or goes when nothing follows; a
+// user message keeps it. (The string-content templates are checked
+// against jinja2 in TestRenderJSONMatchesVLLMInputs.)
+func TestRenderJSONBillingHeader(t *testing.T) {
+	tmpl, err := NewChatTemplate(`{% for m in messages %}{{ m.role }}:{% for p in m.content %}[{{ p.type }}|{{ p.text }}]{% endfor %};{% endfor %}`, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	msgs := `[{"role":"system","content":"x-anthropic-billing-header: cch=1;"},` +
+		`{"role":"system","content":["x-anthropic-billing-header: a\nb",{"type":"text","text":"x-anthropic-billing-header: c\nd","cache_control":{}},{"type":"text","text":"e"}]},` +
+		`{"role":"user","content":"x-anthropic-billing-header: u"}]`
+	const want = `system:;system:[text|b][text|d][text|e];user:[text|x-anthropic-billing-header: u];`
+	if got, err := tmpl.RenderJSON([]byte(msgs), ChatOptions{}); err != nil || got != want {
+		t.Errorf("RenderJSON = %q, %v\nwant %q", got, err, want)
+	}
+}

@@ -72,7 +72,11 @@
 // variable the shape of vLLM's request model dump (keys in its order,
 // defaults filled in, a tool's and a function's unknown keys dropped), which templates
 // render with tojson; "tools" and "documents" are always defined (None
-// unless given), as transformers passes them. A request's tools that are
+// unless given), as transformers passes them; and a system message's
+// Claude Code billing header line (x-anthropic-billing-header, whose cch
+// changes with every request) is dropped, as vLLM drops it (the built-in
+// ChatML rendering, RenderChatML, keeps it, in the router and the emulator
+// alike). A request's tools that are
 // an empty list, which vLLM refuses, are the caller's to refuse.
 //
 // # Proof against the reference

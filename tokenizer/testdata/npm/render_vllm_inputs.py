@@ -12,6 +12,9 @@ What it reproduces, in its own code, from vLLM's serving path:
     package's TypedDicts within vLLM's extra="allow" request model (keys
     in the TypedDicts' field order, id, function: arguments, name, type,
     other keys after);
+  - a system message's Claude Code billing header line dropped (a text
+    part or string starting with "x-anthropic-billing-header" loses its
+    first line, and goes when nothing follows);
   - the messages as vLLM's ConversationMessage has them: a request
     message's "reasoning_content" read as its "reasoning" when that is
     absent (ChatCompletionRequest's before-validator), an assistant's
@@ -109,6 +112,26 @@ def tool_dicts(req, exclude_none_choice):
     return [Tool.model_validate(t).model_dump() for t in tools]
 
 
+BILLING = "x-anthropic-billing-header"
+
+
+def text_parts(content, role):
+    """content as a list of text strings (these cases have text only)."""
+    if content is None:
+        return []
+    parts = [content] if isinstance(content, str) else [p if isinstance(p, str) else p.get("text") for p in content]
+    if role == "system":
+        kept = []
+        for t in parts:
+            if isinstance(t, str) and t.startswith(BILLING):
+                t = t.partition("\n")[2]
+                if not t:
+                    continue
+            kept.append(t)
+        parts = kept
+    return [t for t in parts if t]
+
+
 def conversation(req):
     out = []
     for msg in copy.deepcopy(req["messages"]):
@@ -117,7 +140,7 @@ def conversation(req):
             msg["reasoning"] = rc
         role = msg["role"]
         content = msg.get("content")
-        m = {"role": role, "content": "" if content is None else content}
+        m = {"role": role, "content": "\n".join(text_parts(content, role))}
         if role == "assistant":
             if msg.get("tool_calls") is not None:
                 m["tool_calls"] = validated_calls(msg["tool_calls"])
@@ -191,6 +214,14 @@ CASES = [
     {"name": "reasoning_effort high, kwargs enable_thinking", "request": {
         "messages": [{"role": "user", "content": "2+2?"}], "reasoning_effort": "high",
         "chat_template_kwargs": {"enable_thinking": False, "reasoning_effort": "low"}}},
+    {"name": "claude code billing header", "request": {
+        "messages": [
+            {"role": "system", "content": [
+                {"type": "text", "text": "x-anthropic-billing-header: cc_version=2.1.100.7b4; cc_entrypoint=cli; cch=eb6c6;"},
+                {"type": "text", "text": "You are Claude Code, Anthropic's official CLI for Claude."},
+                {"type": "text", "text": "x-anthropic-billing-header: cch=1;\nKeep this line."}]},
+            {"role": "system", "content": "x-anthropic-billing-header: cch=2;\nSecond system message."},
+            {"role": "user", "content": "x-anthropic-billing-header: kept in a user message"}]}},
     {"name": "documents", "request": {
         "messages": [{"role": "user", "content": "What does the manual say?"}],
         "documents": [{"title": "Manual", "text": "Press the red button."}, {"text": "Übrigens: 2 Knöpfe.", "title": "FAQ"}],
