@@ -122,14 +122,14 @@ var errEmptyTools = errors.New("precise: tools is an empty list, which vLLM refu
 // chatOptions returns the chat template's options for b and whether the
 // rendered chat is cut after its final message (continue_final_message),
 // as vLLM resolves them: add_generation_prompt (default true) and
-// continue_final_message, the request's (the same keys in
+// continue_final_message, the request's own (the same keys in
 // chat_template_kwargs have no effect: vLLM merges the request's over
-// them), chat_template_kwargs' other keys, the request's tools as the template's tools unless
-// the kwargs name their own, and its documents (RAG templates: Command R,
-// Granite) as the template's documents, over the kwargs' own (vLLM merges
-// the request's documents into the kwargs, tools under them), and its
-// reasoning_effort (tokenizer.ReasoningEffortVars). Tools that are an
-// empty list are errEmptyTools.
+// them); the template variables: chat_template_kwargs' other keys, the
+// request's tools unless the kwargs name their own, its documents (RAG
+// templates: Command R, Granite) over the kwargs' own (vLLM merges the
+// request's documents into the kwargs, and the kwargs into its tools), and
+// its reasoning_effort's (tokenizer.ReasoningEffortVars). Tools that are
+// an empty list are errEmptyTools.
 //
 // A vLLM server started with --exclude-tools-when-tool-choice-none renders
 // a request whose tool_choice is "none" without its tools; precise mode

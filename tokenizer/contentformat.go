@@ -289,7 +289,8 @@ func partsText(parts *jinja.List) (string, error) {
 }
 
 // vLLM also reshapes two parts of a chat request before its template sees
-// them, and RenderJSON does the same:
+// them (and drops a system message's Claude Code billing header line,
+// stripBillingHeaders), and RenderJSON does the same:
 //
 //   - an assistant message's tool calls: each call's keys come in the
 //     order of the openai package's TypedDict that vLLM's request model
