@@ -188,11 +188,12 @@ func newModel(in *Input, d *Demand, c Costs, hit float64, reqs []workload.Reques
 		scale = min(1, hit/oracle)
 	}
 	m.pulled, m.dcached, m.dpre = make([]int, len(d.reqs)), make([]int, len(d.reqs)), make([]time.Duration, len(d.reqs))
+	prefill := chunkedPrefiller(in.Profile)
 	for i := range d.reqs {
 		m.dcached[i] = int(float64(d.cached[i]) * scale)
 		m.pulled[i] = disagg.PulledTokens(d.reqs[i].PromptLen, m.dcached[i], bs)
 		ce := max(0, min(m.dcached[i], d.reqs[i].PromptLen-1))
-		m.dpre[i] = chunkedPrefill(in.Profile, d.reqs[i].PromptLen-ce, ce)
+		m.dpre[i] = prefill(d.reqs[i].PromptLen-ce, ce)
 	}
 	// The router's P/D placement, as the simulator builds it: its
 	// conditional rule decides which requests hand their KV off. Input
@@ -213,7 +214,7 @@ func newModel(in *Input, d *Demand, c Costs, hit float64, reqs []workload.Reques
 		ce := min(cached[i], m.reqs[i].PromptLen-1)
 		m.cachedE[i] = ce
 		m.uncache[i] = m.reqs[i].PromptLen - ce
-		m.pre[i] = chunkedPrefill(in.Profile, m.uncache[i], ce)
+		m.pre[i] = prefill(m.uncache[i], ce)
 		m.svc[i] = float64(m.uncache[i]) * c.PrefillPerToken.Seconds()
 		s += m.svc[i]
 		s2 += m.svc[i] * m.svc[i]

@@ -76,9 +76,10 @@ func computeBounds(in *Input, d *Demand) (Bounds, error) {
 
 	// Latency floors.
 	b.ttftFloors = make([]time.Duration, len(d.reqs))
+	prefill := chunkedPrefiller(p)
 	for i := range d.reqs {
 		r := &d.reqs[i]
-		b.ttftFloors[i] = chunkedPrefill(p, r.PromptLen-d.cached[i], d.cached[i]) + netRTT
+		b.ttftFloors[i] = prefill(r.PromptLen-d.cached[i], d.cached[i]) + netRTT
 	}
 	if in.SLO.TTFT.Set() {
 		q := in.SLO.TTFT.Quantile

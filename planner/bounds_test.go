@@ -145,14 +145,39 @@ func TestBoundsKVOverride(t *testing.T) {
 }
 
 // TestChunkedPrefill: a prompt longer than the step budget is prefilled in
-// budget-sized chunks, each attending to the chunks before it.
+// budget-sized chunks, each attending to the chunks before it. chunkedPrefill
+// sums the steps in closed form (engine.StepCost.ChunkedPrefill), rounding
+// once where each step's PrefillTime rounds to the nanosecond, so it is
+// within half a nanosecond per full chunk plus 2 ns of the steps added one
+// by one; a prompt of one partial chunk is exactly its step, and an empty
+// one still computes one token.
 func TestChunkedPrefill(t *testing.T) {
 	p := mustProfile(t, "llama-3.1-8b-h100")
 	B := p.MaxNumBatchedTokens
-	got := chunkedPrefill(p, 2*B+100, 32)
-	want := p.PrefillTime(B, 32) + p.PrefillTime(B, 32+B) + p.PrefillTime(100, 32+2*B)
-	if got != want {
-		t.Errorf("chunkedPrefill = %v, want %v", got, want)
+	steps := func(q, cached int) (d time.Duration, full int) {
+		for done := 0; done < q; done += B {
+			n := min(B, q-done)
+			d += p.PrefillTime(n, cached+done)
+			if n == B {
+				full++
+			}
+		}
+		return d, full
+	}
+	for _, tc := range []struct{ q, cached int }{
+		{2*B + 100, 32}, {B, 0}, {3 * B, 5000}, {40*B + 7, 100_000}, {1, 0}, {B - 1, 2 * B},
+	} {
+		want, full := steps(tc.q, tc.cached)
+		got := chunkedPrefill(p, tc.q, tc.cached)
+		if diff, bound := (got - want).Abs(), time.Duration(full/2+2); diff > bound {
+			t.Errorf("chunkedPrefill(%d, %d) = %v, steps sum to %v: off by %v > %v", tc.q, tc.cached, got, want, diff, bound)
+		}
+		if full == 0 && got != want {
+			t.Errorf("chunkedPrefill(%d, %d) = %v, want its one step's %v", tc.q, tc.cached, got, want)
+		}
+	}
+	if got, want := chunkedPrefill(p, 0, 64), p.PrefillTime(1, 64); got != want {
+		t.Errorf("chunkedPrefill(0, 64) = %v, want one token's step %v", got, want)
 	}
 }
 

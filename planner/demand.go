@@ -321,16 +321,23 @@ func costs(p engine.Profile, capTokens int, d *Demand, slo SLO) Costs {
 
 // chunkedPrefill is the time to prefill q uncached tokens on top of cached
 // ones on an otherwise idle engine, in chunks of the step budget; the last
-// chunk's step also produces the first token.
+// chunk's step also produces the first token. q < 1 is taken as 1 (the
+// token computed again for its logits). See chunkedPrefiller.
 func chunkedPrefill(p engine.Profile, q, cached int) time.Duration {
-	var t time.Duration
-	chunk := max(1, p.MaxNumBatchedTokens)
-	q = max(q, 1)
-	for done := 0; done < q; done += chunk {
-		n := min(chunk, q-done)
-		t += p.PrefillTime(n, cached+done)
+	return chunkedPrefiller(p)(q, cached)
+}
+
+// chunkedPrefiller returns chunkedPrefill for p with its cost constants
+// derived once: engine.StepCost.ChunkedPrefill with no decodes, which sums
+// the budget-sized steps (each p.PrefillTime of its chunk at the tokens
+// before it) in closed form, O(1) whatever the prompt, within half a
+// nanosecond per full chunk (and 2 ns) of adding them one by one.
+func chunkedPrefiller(p engine.Profile) func(q, cached int) time.Duration {
+	s := engine.NewStepCost(p)
+	budget := max(1, p.MaxNumBatchedTokens)
+	return func(q, cached int) time.Duration {
+		return s.ChunkedPrefill(max(q, 1), cached, budget, 0, 0)
 	}
-	return t
 }
 
 func quantileInt(v []int, q float64) int {
