@@ -11,15 +11,25 @@ import (
 )
 
 // KVShape is a model's KV-cache footprint per token, the input of the
-// transfer cost model.
+// transfer cost model, with the tensor-parallel degree of the decode
+// engine that pulls it.
 //
-//	GQA/MHA: bytes/token = Layers x KVHeads x HeadDim x 2 (K and V) x BytesPerElem
-//	MLA:     bytes/token = Layers x LatentDim x BytesPerElem   (one latent, no x2)
+//	GQA/MHA: per rank = Layers x max(1, KVHeads/TP) x HeadDim x 2 (K and V) x BytesPerElem
+//	MLA:     per rank = Layers x LatentDim x BytesPerElem   (one latent, no x2)
+//	wire:    bytes/token = TP x per rank
 //
-// The whole model's KV moves once per handoff: tensor-parallel ranks move
-// their shares in parallel over their own links, which Link bandwidths
-// account for (a node's aggregate bandwidth), so the bytes are not
-// multiplied by TP. An MLA latent replicated on every rank is sent once.
+// A handoff moves what vLLM's NixlConnector reads: each decode rank reads
+// its own KV of every block from the prefill rank(s) holding it (the
+// whole block with equal TP; its heads' part of a wider one when the
+// prefill TP is smaller, or its parts of several narrower ones when it is
+// larger), in parallel over its own link, which Link bandwidths account
+// for (a node's aggregate bandwidth). Where TP splits the KV heads the
+// ranks' shares add up to the model's KV (TP x KVHeads/TP heads). Where
+// they are replicated, the wire carries every copy: TP above KVHeads puts
+// one whole head on each rank, TP/KVHeads copies of each (Llama-3.1-70B's
+// 8 KV heads at TP16: 2 copies, twice its 327,680 B a token), and the MLA
+// latent, which vLLM cannot split, is whole on every rank (TP copies).
+// This is engine.Profile's KVBytesPerTokenPerGPU per rank, times TP.
 type KVShape struct {
 	Layers       int
 	KVHeads      int
@@ -28,25 +38,38 @@ type KVShape struct {
 	// LatentDim is kv_lora_rank + qk_rope_head_dim for MLA models (0 for
 	// GQA/MHA). When set, KVHeads and HeadDim are ignored.
 	LatentDim int
+	// TP is the decode engine's tensor-parallel degree: its ranks each
+	// read their share of the KV (see above). 0 means 1 (the model's KV,
+	// each head once).
+	TP int
 }
 
-// ShapeOf returns the KV shape of an engine profile's model.
+// ShapeOf returns the KV shape of an engine profile's model, at its TP.
 func ShapeOf(p engine.Profile) KVShape {
 	m := p.Model
 	b := m.KVDTypeBytes
 	if b <= 0 {
 		b = m.DTypeBytes
 	}
-	s := KVShape{Layers: m.Layers, KVHeads: m.KVHeads, HeadDim: m.HeadDim, BytesPerElem: b}
+	s := KVShape{Layers: m.Layers, KVHeads: m.KVHeads, HeadDim: m.HeadDim, BytesPerElem: b, TP: p.TP}
 	if m.KVLoRARank > 0 {
 		s.LatentDim = m.KVLoRARank + m.QKRopeDim
 	}
 	return s
 }
 
+// Layout returns s without its TP: the model's KV layout alone, which a
+// prefill and a decode engine must share whatever their TP.
+func (s KVShape) Layout() KVShape {
+	s.TP = 0
+	return s
+}
+
 // ShapeFromHFConfig returns the KV shape of a HuggingFace config.json
 // (Llama, Qwen2, Mistral-style GQA or DeepSeek-style MLA) with the KV dtype
-// ("bfloat16", "fp8", ...; "" takes the config's torch_dtype).
+// ("bfloat16", "fp8", ...; "" takes the config's torch_dtype). Its TP is 0
+// (one rank); set it to the decode engines' (Config fills it from its
+// Profile).
 func ShapeFromHFConfig(configJSON []byte, dtype string) (KVShape, error) {
 	// The shape does not depend on the deployment; grow the tensor-parallel
 	// degree until the weights fit, so that big models parse too.
@@ -54,7 +77,7 @@ func ShapeFromHFConfig(configJSON []byte, dtype string) (KVShape, error) {
 	for tp := 1; tp <= 256; tp *= 2 {
 		var p engine.Profile
 		if p, err = engine.ProfileFromHFConfig(configJSON, "h200", tp, dtype); err == nil {
-			return ShapeOf(p), nil
+			return ShapeOf(p).Layout(), nil
 		}
 		if !strings.Contains(err.Error(), "leaves no KV memory") {
 			break
@@ -63,12 +86,22 @@ func ShapeFromHFConfig(configJSON []byte, dtype string) (KVShape, error) {
 	return KVShape{}, fmt.Errorf("disagg: kv shape: %w", err)
 }
 
-// BytesPerToken returns the KV bytes of one token.
+// BytesPerToken returns the KV bytes one token moves over the wire: TP x
+// the bytes one rank holds (see KVShape).
 func (s KVShape) BytesPerToken() int64 {
+	tp := int64(max(s.TP, 1))
 	if s.LatentDim > 0 {
-		return int64(s.Layers) * int64(s.LatentDim) * int64(s.BytesPerElem)
+		return tp * int64(s.Layers) * int64(s.LatentDim) * int64(s.BytesPerElem)
 	}
-	return int64(s.Layers) * int64(s.KVHeads) * int64(s.HeadDim) * 2 * int64(s.BytesPerElem)
+	heads := max(int64(s.KVHeads)/tp, 1)
+	return tp * int64(s.Layers) * heads * int64(s.HeadDim) * 2 * int64(s.BytesPerElem)
+}
+
+// ModelBytesPerToken returns the model's KV bytes of one token, each head
+// (or the MLA latent) once: BytesPerToken at TP 1.
+func (s KVShape) ModelBytesPerToken() int64 {
+	s.TP = 1
+	return s.BytesPerToken()
 }
 
 // PulledTokens returns how many of a prompt's tokens a decode engine pulls
@@ -104,8 +137,8 @@ func (s KVShape) Bytes(tokens int) int64 {
 
 // Validate reports a shape that cannot size a transfer.
 func (s KVShape) Validate() error {
-	if s.Layers <= 0 || s.BytesPerElem <= 0 || (s.LatentDim <= 0 && (s.KVHeads <= 0 || s.HeadDim <= 0)) {
-		return fmt.Errorf("disagg: kv shape: layers, bytes per element and kv heads x head dim (or the MLA latent) must be > 0, got %+v", s)
+	if s.Layers <= 0 || s.BytesPerElem <= 0 || s.TP < 0 || (s.LatentDim <= 0 && (s.KVHeads <= 0 || s.HeadDim <= 0)) {
+		return fmt.Errorf("disagg: kv shape: layers, bytes per element and kv heads x head dim (or the MLA latent) must be > 0 (and tp >= 0), got %+v", s)
 	}
 	return nil
 }

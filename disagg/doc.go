@@ -5,9 +5,13 @@
 //
 // # Cost model (cost.go, fabric.go)
 //
-// KVShape sizes a handoff: bytes = tokens x layers x KV heads x head dim x 2
-// x bytes per element (or tokens x layers x latent dim x bytes for MLA
-// models), from an engine.Profile or a HuggingFace config.json. The tokens
+// KVShape sizes a handoff: bytes = tokens x TP x what one decode rank
+// holds, layers x max(1, KV heads / TP) x head dim x 2 x bytes per element
+// (or layers x latent dim x bytes for MLA models, whose latent every rank
+// holds whole), from an engine.Profile or a HuggingFace config.json: as
+// vLLM's NixlConnector, each decode rank reads its own share, so KV that
+// TP replicates (more ranks than KV heads, or any MLA latent) crosses the
+// wire once per copy. The tokens
 // are the prompt's past what the decode node's prefix cache holds
 // (PulledTokens of its Candidate.CachedTokens: whole blocks, never the last
 // prompt token), as vLLM's NixlConnector pulls only those; with

@@ -83,7 +83,9 @@ type Config struct {
 	// step-time function. Required.
 	Profile engine.Profile
 	// Shape is the KV shape for transfer sizes; default ShapeOf(Profile).
-	// Set it from ShapeFromHFConfig to size transfers from a config.json.
+	// Set it from ShapeFromHFConfig to size transfers from a config.json;
+	// a Shape without TP takes Profile.TP (the decode engines' ranks each
+	// read their share: KVShape).
 	Shape KVShape
 	// Links is the fabric; default DefaultLinks().
 	Links Links
@@ -151,6 +153,9 @@ func (c *Config) Validate() error {
 func (c *Config) applyDefaults() {
 	if c.Shape == (KVShape{}) {
 		c.Shape = ShapeOf(c.Profile)
+	}
+	if c.Shape.TP == 0 {
+		c.Shape.TP = c.Profile.TP
 	}
 	if c.Fabric != nil {
 		c.Links = c.Fabric.Links()

@@ -5,6 +5,7 @@ import (
 	"slices"
 	"time"
 
+	"github.com/kvroute/kvroute/disagg"
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/workload"
 )
@@ -282,13 +283,15 @@ type Costs struct {
 	// DecodeTokensPerSec is DecodeBatch / DecodeStep.
 	DecodeTokensPerSec float64 `json:"decode_tokens_per_s"`
 	// KVCapacity is one engine's KV capacity in tokens; KVBytesPerToken
-	// the KV size of one token (whole model).
+	// the KV bytes a handoff moves per token (disagg.KVShape.BytesPerToken:
+	// the model's, or more where the engine's TP ranks replicate KV heads
+	// or an MLA latent).
 	KVCapacity      int   `json:"kv_capacity_tokens"`
 	KVBytesPerToken int64 `json:"kv_bytes_per_token"`
 }
 
 func costs(p engine.Profile, capTokens int, d *Demand, slo SLO) Costs {
-	c := Costs{Chunk: p.MaxNumBatchedTokens, KVCapacity: capTokens, KVBytesPerToken: p.KVBytesPerToken()}
+	c := Costs{Chunk: p.MaxNumBatchedTokens, KVCapacity: capTokens, KVBytesPerToken: disagg.ShapeOf(p).BytesPerToken()}
 	meanCached := int(d.OracleHitRate * d.PromptMean)
 	pt := p.PrefillTime(c.Chunk, meanCached)
 	c.PrefillPerToken = pt / time.Duration(c.Chunk)

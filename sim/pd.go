@@ -195,7 +195,8 @@ func (s *simulation) pdPrefilled(i int32) {
 	s.engines[pd.dEng].routed++
 	// The decode leg reaches its engine, which pulls the KV.
 	start := s.now + s.cfg.NetLatency
-	bytes := disagg.ShapeOf(s.engines[pd.pEng].profile).Bytes(s.pulledTokens(pd.dEng, i))
+	// The decode engine's ranks each read their share (disagg.KVShape).
+	bytes := disagg.ShapeOf(s.engines[pd.dEng].profile).Bytes(s.pulledTokens(pd.dEng, i))
 	tk, est := s.fabric.Reserve(wall(start), wall(start), pd.plan.Prefill, df.Endpoint, bytes)
 	if t := est.Total(); t < 0 || start+t < start || start+t > workload.MaxSpan {
 		// The link's time for the bytes overflowed time.Duration.
@@ -308,8 +309,8 @@ func (c *Config) pdValidate() error {
 // decode engine generates from the KV cache a prefill engine computed,
 // which only the same model (its weights and KV layout) can use. Groups
 // may differ in hardware, tensor parallelism, overrides and speed. The
-// check is on the KV layout (disagg.ShapeOf: layers, KV heads, head dim,
-// KV dtype), what a handoff moves: a model's name differs between a
+// check is on the KV layout (disagg.KVShape.Layout: layers, KV heads, head
+// dim, KV dtype, whatever the TP), what a handoff moves: a model's name differs between a
 // built-in profile and the same model read from its config.json. A group
 // whose profile does not resolve is left to newSimulation.
 func (f Fleet) oneModel() error {
@@ -324,9 +325,9 @@ func (f Fleet) oneModel() error {
 			first, firstGroup = p, gi
 			continue
 		}
-		if disagg.ShapeOf(p) != disagg.ShapeOf(first) {
+		if a, b := disagg.ShapeOf(p).Layout(), disagg.ShapeOf(first).Layout(); a != b {
 			return fmt.Errorf("sim: config: a P/D fleet runs one model, but group %d (%s) runs %s (KV %+v) and group %d (%s) %s (KV %+v): a decode engine cannot use another model's KV",
-				gi, f[gi].name(), p.Model.Name, disagg.ShapeOf(p), firstGroup, f[firstGroup].name(), first.Model.Name, disagg.ShapeOf(first))
+				gi, f[gi].name(), p.Model.Name, a, firstGroup, f[firstGroup].name(), first.Model.Name, b)
 		}
 	}
 	return nil
