@@ -453,7 +453,9 @@ func (m *metrics) sglang(l prometheus.Labels, prof engine.Profile, created float
 		return float64(s.st.Waiting - s.st.Loading - s.st.LoadQueued) // not the decode legs' P/D queues (below)
 	})
 	m.gaugeFunc("sglang:num_used_tokens", "The number of used tokens.", l, func(s *snapshot) float64 {
-		return float64(s.st.NumGPUBlocks-s.st.FreeBlocks) * float64(s.st.BlockSize)
+		// The blocks in use: all but the free ones and the engine
+		// model's null block (engine.Profile.UsableBlocks).
+		return float64(s.st.NumGPUBlocks-1-s.st.FreeBlocks) * float64(s.st.BlockSize)
 	})
 	m.gaugeFunc("sglang:token_usage", "The token usage.", l, func(s *snapshot) float64 { return s.st.KVUsage })
 	m.gaugeFunc("sglang:cache_hit_rate", "The prefix cache hit rate.", l, func(s *snapshot) float64 {
@@ -463,7 +465,7 @@ func (m *metrics) sglang(l prometheus.Labels, prof engine.Profile, created float
 		return float64(s.st.PrefixHits) / float64(s.st.PrefixQueries)
 	})
 	m.gaugeFunc("sglang:gen_throughput", "The generation throughput (token/s).", l, func(s *snapshot) float64 { return s.genThroughput })
-	maxTotal := float64(prof.NumGPUBlocks * prof.BlockSize)
+	maxTotal := float64(prof.UsableBlocks() * prof.BlockSize) // what requests can hold, as token_usage's denominator
 	m.gaugeFunc("sglang:max_total_num_tokens", "Maximum total number of tokens in the KV cache pool.", l, func(*snapshot) float64 { return maxTotal })
 	// The P/D queues, published by every SGLang server (0 outside P/D),
 	// under the names of the SGLang whose labels this flavour has (its

@@ -180,8 +180,10 @@ func TestMetricsVLLMValues(t *testing.T) {
 		t.Errorf("got labels %v, want model_name=tiny engine=0", got)
 	}
 	info := labelsOf(get("vllm:cache_config_info"))
-	if info["block_size"] != "16" || info["num_gpu_blocks"] != "64" || info["enable_prefix_caching"] != "True" {
-		t.Errorf("got cache_config_info labels %v, want block_size 16, num_gpu_blocks 64", info)
+	// tiny: 64 usable blocks and vLLM's null block, which num_gpu_blocks
+	// counts.
+	if info["block_size"] != "16" || info["num_gpu_blocks"] != "65" || info["enable_prefix_caching"] != "True" {
+		t.Errorf("got cache_config_info labels %v, want block_size 16, num_gpu_blocks 65", info)
 	}
 	if got := value(get("vllm:generation_tokens_total")); got != 8 {
 		t.Errorf("got generation_tokens_total %v, want 8", got)
@@ -611,4 +613,31 @@ func tinyVLLMMetrics(t *testing.T) *metrics {
 		t.Fatal(err)
 	}
 	return m
+}
+
+// TestMetricsNullBlock: the emulated engine's null block (engine.Profile's
+// UsableBlocks) is neither used nor capacity. tiny has 65 blocks of 16
+// tokens, 64 usable: SGLang's max_total_num_tokens is 64 x 16 = 1024 and,
+// idle, num_used_tokens and token_usage are 0; vLLM's kv_cache_usage_perc
+// is 0 too.
+func TestMetricsNullBlock(t *testing.T) {
+	for _, tc := range []struct {
+		flavor string
+		want   map[string]float64
+	}{
+		{FlavorSGLang, map[string]float64{"sglang:max_total_num_tokens": 1024, "sglang:num_used_tokens": 0, "sglang:token_usage": 0}},
+		{FlavorVLLM, map[string]float64{"vllm:kv_cache_usage_perc": 0}},
+	} {
+		_, hs := testServer(t, Config{MetricsFlavor: tc.flavor})
+		mfs := scrape(t, hs.URL)
+		for name, want := range tc.want {
+			mf := mfs[name]
+			if mf == nil || len(mf.GetMetric()) == 0 {
+				t.Fatalf("%s: %s missing", tc.flavor, name)
+			}
+			if got := value(mf.GetMetric()[0]); got != want {
+				t.Errorf("%s: %s = %v, want %v", tc.flavor, name, got, want)
+			}
+		}
+	}
 }

@@ -299,7 +299,7 @@ func TestPDDecodeWaitsForBlocks(t *testing.T) {
 		mu.Unlock()
 	})
 	eng := tinyEngine(t)
-	eng.NumGPUBlocks = 32
+	eng.NumGPUBlocks = 33 // 32 usable, and the null block
 	_, ds := testServer(t, Config{Engine: eng, LeaseTimeout: time.Hour, LoadFailure: LoadFailureFail})
 
 	// A prefill leg of 300 tokens: its 19 blocks stay held.
@@ -369,9 +369,9 @@ func TestPDAbortBeforePullStarts(t *testing.T) {
 		t.Fatalf("admission handed %d loads to the handler, want 1", len(st.loads))
 	}
 	s.apply(0, &command{kind: cmdAbort, id: "d"}, ls)
-	if got := s.eng.Stats(); got.AbortedLoading != 0 || got.FreeBlocks != got.NumGPUBlocks {
+	if got := s.eng.Stats(); got.AbortedLoading != 0 || got.FreeBlocks != got.NumGPUBlocks-1 {
 		t.Errorf("after the abort: %d aborted loads, %d of %d blocks free; want none kept (no transfer will end)",
-			got.AbortedLoading, got.FreeBlocks, got.NumGPUBlocks)
+			got.AbortedLoading, got.FreeBlocks, got.NumGPUBlocks-1)
 	}
 }
 
@@ -384,7 +384,7 @@ func TestPDAbortBeforePullStarts(t *testing.T) {
 func TestPDAbortBeforeAdmissionFreesPrefill(t *testing.T) {
 	_, ps := testServer(t, Config{Role: kvroute.RolePrefill, LeaseTimeout: time.Hour})
 	eng := tinyEngine(t)
-	eng.NumGPUBlocks = 32
+	eng.NumGPUBlocks = 33 // 32 usable, and the null block
 	_, ds := testServer(t, Config{Engine: eng, LeaseTimeout: time.Hour, LoadFailure: LoadFailureFail})
 
 	prefill := func(url string, prompt []int) map[string]any {

@@ -62,7 +62,8 @@ func newBlockPool(n int) *blockPool {
 	return p
 }
 
-// size returns the number of KV blocks.
+// size returns the number of KV blocks (the engine's usable blocks: vLLM's
+// null block is not in the pool).
 func (p *blockPool) size() int { return len(p.blocks) - 1 }
 
 func (p *blockPool) pushTail(id int32) {

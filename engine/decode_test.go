@@ -290,7 +290,7 @@ func (d *driver) forget() {
 // middle of a decode run, DecodeSteps computes the steps whose blocks fit
 // and leaves the one that preempts to StepInto.
 func TestDecodeStepsStopsBeforePreemption(t *testing.T) {
-	mod := func(c *Config) { c.NumGPUBlocks = 10; c.MaxModelLen = 160; c.DisablePrefixCaching = true }
+	mod := func(c *Config) { c.NumGPUBlocks = 11; c.MaxModelLen = 160; c.DisablePrefixCaching = true }
 	stepper, bulk := mustEngine(t, "tiny", mod), mustEngine(t, "tiny", mod)
 	a, b := newDriver(t, stepper), newDriver(t, bulk)
 	for _, e := range []*Engine{stepper, bulk} {

@@ -324,7 +324,7 @@ func TestDeferredContinuation(t *testing.T) {
 // are dropped by sweeps (as retired runs double), their sequences
 // recycled; a run whose first block is still cached stays.
 func TestDeferredSweep(t *testing.T) {
-	e := mustEngine(t, "tiny", func(c *Config) { c.NoEvents = true; c.NumGPUBlocks = 16; c.MaxModelLen = 256 })
+	e := mustEngine(t, "tiny", func(c *Config) { c.NoEvents = true; c.NumGPUBlocks = 17; c.MaxModelLen = 256 })
 	e.sweepAt, e.minSweep = 1, 1
 	d := newDriver(t, e)
 	most := 0

@@ -93,7 +93,12 @@
 //
 // # KV cache and prefix caching
 //
-// The cache is NumGPUBlocks blocks of BlockSize tokens. A full block is keyed
+// The cache is NumGPUBlocks blocks of BlockSize tokens, of which, as in
+// vLLM's BlockPool, block 0 is the null block, never allocated: requests
+// hold the other NumGPUBlocks - 1 (Profile.UsableBlocks; BlockIDs are
+// vLLM's, 1 and up), and KVUsage is used / (NumGPUBlocks - 1), as
+// vllm:kv_cache_usage_perc, while Stats.NumGPUBlocks counts the null block,
+// as vllm:cache_config_info does. A full block is keyed
 // by a hash chained over its parent block's hash and its token ids (HashFunc:
 // the default XXH3 chain equals kvindex.HashTokens; SHA256 and SHA256CBOR
 // reproduce vLLM's sha256 and sha256_cbor algorithms with their NONE_HASH
@@ -151,8 +156,6 @@
 //     Request.CacheSalt), no CPU offload tier.
 //   - LoRA adapters change block hashes and scheduling only: their
 //     weights cost no load time and no compute (see LoRA adapters).
-//   - vLLM's reserved null block is not modelled; KV usage is
-//     used blocks / NumGPUBlocks.
 //
 // Prefix-cache query and hit counters count lookups as vLLM's exported
 // ones (vllm:prefix_cache_queries, _hits) do: a request's first, not a

@@ -8,9 +8,11 @@ import (
 
 // copiesOf returns the blocks caching key, in the order a lookup meets
 // them.
+// copiesOf returns the ids (as BlockIDs reports them: vLLM's, block 0 being
+// the null block) of the blocks caching key, in lookup order.
 func copiesOf(e *Engine, key uint64) []int32 {
 	var ids []int32
-	e.pool.cached.copies(key, func(id int32) { ids = append(ids, id) })
+	e.pool.cached.copies(key, func(id int32) { ids = append(ids, id+1) })
 	return ids
 }
 

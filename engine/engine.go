@@ -26,7 +26,8 @@ type Config struct {
 	// profile's).
 	MaxNumBatchedTokens int
 	// MaxModelLen overrides the context limit. Default: the profile's,
-	// lowered to the KV capacity when the cache is smaller.
+	// lowered to the KV capacity (Profile.UsableBlocks x BlockSize) when
+	// the cache is smaller.
 	MaxModelLen int
 	// HashFunc computes block hashes from token ids (default XXH3()). Unused
 	// for requests that carry BlockHashes.
@@ -281,10 +282,13 @@ type Stats struct {
 	AbortedLoading int
 	// Held is the number of finished requests whose KV is held (HoldKV).
 	Held int
-	// KVUsage is the fraction of blocks in use (referenced), 0..1.
+	// KVUsage is the fraction of the usable blocks in use (referenced),
+	// 0..1: vLLM's vllm:kv_cache_usage_perc, 1 - FreeBlocks /
+	// (NumGPUBlocks - 1) (BlockPool.get_usage leaves the null block out).
 	KVUsage float64
-	// NumGPUBlocks and BlockSize describe the cache; FreeBlocks counts
-	// unreferenced blocks, CachedBlocks blocks holding a cached hash (each
+	// NumGPUBlocks and BlockSize describe the cache as vLLM's
+	// cache_config_info does (NumGPUBlocks counts the null block, which
+	// is never free nor used); FreeBlocks counts unreferenced blocks, CachedBlocks blocks holding a cached hash (each
 	// copy of a hash that several blocks cache counts).
 	NumGPUBlocks, BlockSize  int
 	FreeBlocks, CachedBlocks int
@@ -613,13 +617,16 @@ func New(cfg Config) (*Engine, error) {
 	}
 	if cfg.MaxModelLen > 0 {
 		p.MaxModelLen = cfg.MaxModelLen
-	} else if c := p.NumGPUBlocks * p.BlockSize; p.MaxModelLen > c {
+	} else if c := p.UsableBlocks() * p.BlockSize; p.MaxModelLen > c {
 		p.MaxModelLen = c
 	}
 	if err := p.Validate(); err != nil {
 		return nil, fmt.Errorf("engine: new: %w", err)
 	}
-	if c := p.NumGPUBlocks * p.BlockSize; p.MaxModelLen > c {
+	// A request must fit the blocks it can hold (not vLLM's check, on
+	// memory with the null block's, under which a request that needs
+	// every block would wait forever).
+	if c := p.UsableBlocks() * p.BlockSize; p.MaxModelLen > c {
 		return nil, fmt.Errorf("engine: new: MaxModelLen %d is larger than the KV cache (%d tokens)", p.MaxModelLen, c)
 	}
 	if p.BlockSize > 128 {
@@ -629,7 +636,7 @@ func New(cfg Config) (*Engine, error) {
 		cfg: cfg, prof: p, bs: p.BlockSize, maxSeqs: p.MaxNumSeqs, budget: p.MaxNumBatchedTokens,
 		maxLen: p.MaxModelLen, cost: newCostModel(p), hash: cfg.HashFunc, speed: cfg.Speed,
 		sampler: Sampler{vocab: uint32(p.Model.Vocab), eos: p.Model.EOSTokenID}, caching: !cfg.DisablePrefixCaching,
-		pool: newBlockPool(p.NumGPUBlocks), seqs: make(map[string]*sequence), salts: make(map[*sequence]string),
+		pool: newBlockPool(p.UsableBlocks()), seqs: make(map[string]*sequence), salts: make(map[*sequence]string),
 	}
 	if v := cfg.OutputVocab; v > 0 && v < p.Model.Vocab {
 		e.sampler.vocab = uint32(v)
@@ -914,7 +921,8 @@ func (e *Engine) LoadedKV(id string, ok bool) {
 }
 
 // BlockIDs returns the KV block ids a live or held request holds, in order
-// (for NixlConnector's remote_block_ids). Nil for unknown IDs.
+// (for NixlConnector's remote_block_ids): 1 to NumGPUBlocks-1, as vLLM's,
+// whose block 0 is the null block. Nil for unknown IDs.
 func (e *Engine) BlockIDs(id string) []int {
 	s, ok := e.seqs[id]
 	if !ok {
@@ -922,7 +930,7 @@ func (e *Engine) BlockIDs(id string) []int {
 	}
 	ids := make([]int, len(s.blocks))
 	for i, b := range s.blocks {
-		ids[i] = int(b)
+		ids[i] = int(b) + 1
 	}
 	return ids
 }

@@ -284,7 +284,7 @@ func TestSingleRequest(t *testing.T) {
 		}
 	}
 	st := e.Stats()
-	want := Stats{NumGPUBlocks: 64, BlockSize: 16, FreeBlocks: 64, CachedBlocks: 6, PrefixQueries: 100,
+	want := Stats{NumGPUBlocks: 65, BlockSize: 16, FreeBlocks: 64, CachedBlocks: 6, PrefixQueries: 100,
 		PromptTokens: 100, GenerationTokens: 5, FinishedLength: 1, Steps: 5, BusyTime: last.Time}
 	if st != want {
 		t.Errorf("Stats = %+v\nwant    %+v", st, want)
@@ -450,8 +450,8 @@ func TestPreemption(t *testing.T) {
 	if preempted["r3"] == 0 {
 		t.Errorf("the newest request was never preempted: %v", preempted)
 	}
-	if st.FreeBlocks != st.NumGPUBlocks {
-		t.Errorf("after all requests: %d of %d blocks free", st.FreeBlocks, st.NumGPUBlocks)
+	if st.FreeBlocks != st.NumGPUBlocks-1 { // all but the null block
+		t.Errorf("after all requests: %d of %d blocks free", st.FreeBlocks, st.NumGPUBlocks-1)
 	}
 }
 
@@ -582,10 +582,11 @@ func TestNewErrors(t *testing.T) {
 			t.Errorf("%s: New succeeded", tt.name)
 		}
 	}
-	// A smaller cache lowers the default max model length instead of failing.
+	// A smaller cache lowers the default max model length instead of
+	// failing: to the 15 blocks left of 16 by the null block.
 	e, err := New(Config{Profile: p, NumGPUBlocks: 16})
-	if err != nil || e.Profile().MaxModelLen != 256 {
-		t.Errorf("New with 16 blocks: %v, max model len %d; want 256", err, e.Profile().MaxModelLen)
+	if err != nil || e.Profile().MaxModelLen != 240 {
+		t.Errorf("New with 16 blocks: %v, max model len %d; want 240", err, e.Profile().MaxModelLen)
 	}
 }
 
@@ -800,7 +801,7 @@ func TestRefcountProperty(t *testing.T) {
 			e := mustEngine(t, "tiny", func(c *Config) { c.NumGPUBlocks = 40 + int(seed)*8; c.MaxModelLen = 512 })
 			randomWorkload(t, e, seed, 300)
 			checkInvariants(t, e)
-			if st := e.Stats(); st.FreeBlocks != st.NumGPUBlocks || st.Running+st.Waiting+st.Held != 0 || len(e.seqs) != 0 {
+			if st := e.Stats(); st.FreeBlocks != st.NumGPUBlocks-1 || st.Running+st.Waiting+st.Held != 0 || len(e.seqs) != 0 {
 				t.Errorf("leak: %+v, %d live sequences", st, len(e.seqs))
 			}
 		})
@@ -866,8 +867,8 @@ func TestConfigOverrides(t *testing.T) {
 			return ""
 		}},
 		{"explicit blocks", func(c *Config) { c.NumGPUBlocks = 1000 }, func(p Profile) string {
-			if p.NumGPUBlocks != 1000 || p.MaxModelLen != 16000 {
-				return fmt.Sprintf("%d blocks, max model len %d; want 1000, 16000", p.NumGPUBlocks, p.MaxModelLen)
+			if p.NumGPUBlocks != 1000 || p.MaxModelLen != 15984 { // 999 usable blocks
+				return fmt.Sprintf("%d blocks, max model len %d; want 1000, 15984", p.NumGPUBlocks, p.MaxModelLen)
 			}
 			return ""
 		}},

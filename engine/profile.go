@@ -106,8 +106,10 @@ type Profile struct {
 	GPUMemoryUtilization float64
 	// BlockSize is tokens per KV block (16).
 	BlockSize int
-	// NumGPUBlocks is the KV cache size in blocks. LookupProfile derives it
-	// from memory; set it to override.
+	// NumGPUBlocks is the KV cache size in blocks, vLLM's num_gpu_blocks
+	// (what vllm:cache_config_info reports). LookupProfile derives it from
+	// memory; set it to override. As in vLLM's BlockPool, block 0 is the
+	// null block, never allocated: UsableBlocks hold KV.
 	NumGPUBlocks int
 	// MaxNumSeqs is vLLM's max_num_seqs (sequences per step).
 	MaxNumSeqs int
@@ -251,8 +253,16 @@ func (p Profile) DeriveNumGPUBlocks() int {
 	return int(free / per)
 }
 
-// KVCapacityTokens is NumGPUBlocks x BlockSize.
+// KVCapacityTokens is NumGPUBlocks x BlockSize, the capacity vLLM
+// advertises (num_gpu_blocks in vllm:cache_config_info, the null block
+// included); UsableBlocks x BlockSize is what requests can hold.
 func (p Profile) KVCapacityTokens() int { return p.NumGPUBlocks * p.BlockSize }
+
+// UsableBlocks is NumGPUBlocks less vLLM's null block (block 0, which its
+// BlockPool takes at start and never frees): the blocks requests can
+// hold, and the denominator of vllm:kv_cache_usage_perc
+// (BlockPool.get_usage: 1 - free / (num_gpu_blocks - 1)).
+func (p Profile) UsableBlocks() int { return max(p.NumGPUBlocks-1, 0) }
 
 // Validate reports the first unusable field.
 func (p Profile) Validate() error {
@@ -273,8 +283,8 @@ func (p Profile) Validate() error {
 		return fmt.Errorf("profile %q: TP must be > 0", p.Name)
 	case p.BlockSize <= 0:
 		return fmt.Errorf("profile %q: BlockSize must be > 0", p.Name)
-	case p.NumGPUBlocks <= 0:
-		return fmt.Errorf("profile %q: NumGPUBlocks must be > 0 (model does not fit in memory?)", p.Name)
+	case p.NumGPUBlocks <= 1:
+		return fmt.Errorf("profile %q: NumGPUBlocks must be > 1, one being vLLM's null block (model does not fit in memory?)", p.Name)
 	case p.MaxNumSeqs <= 0:
 		return fmt.Errorf("profile %q: MaxNumSeqs must be > 0", p.Name)
 	case p.MaxNumBatchedTokens <= 0:
@@ -335,7 +345,7 @@ func profiles() map[string]Profile {
 	}
 	tiny := Profile{Name: "tiny", Model: tinyModel, Hardware: gpus["tiny"],
 		Eff: Efficiency{MFUPrefill: 0.5, MFUDecode: 0.3, MemEfficiency: 0.8, StepOverheadSeconds: 100e-6, SeqOverheadSeconds: 5e-6},
-		TP:  1, GPUMemoryUtilization: 0.9, BlockSize: 16, NumGPUBlocks: 64, MaxNumSeqs: 8, MaxNumBatchedTokens: 256, MaxModelLen: 1024}
+		TP:  1, GPUMemoryUtilization: 0.9, BlockSize: 16, NumGPUBlocks: 65, MaxNumSeqs: 8, MaxNumBatchedTokens: 256, MaxModelLen: 1024}
 	return map[string]Profile{
 		"llama-3.1-8b-h100":      base("llama-3.1-8b-h100", llama31_8B, h100Eff, 1, 131072),
 		"llama-3.1-70b-h100-tp4": base("llama-3.1-70b-h100-tp4", llama31_70B, h100EffTP, 4, 131072),
@@ -357,7 +367,8 @@ func ProfileNames() []string {
 
 // LookupProfile returns a built-in profile: "llama-3.1-8b-h100",
 // "llama-3.1-70b-h100-tp4", "qwen2.5-7b-h100" or "tiny" (a toy model with 64
-// blocks of 16 tokens and millisecond steps, for tests).
+// usable blocks of 16 tokens, 65 with the null block, and millisecond
+// steps, for tests).
 func LookupProfile(name string) (Profile, error) {
 	p, ok := profiles()[name]
 	if !ok {
