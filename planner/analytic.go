@@ -489,17 +489,8 @@ func (m *model) disaggFit(f *Fleet, pn, dn int) pdFit {
 	f.Fabric = m.fabric(pn, dn, b, disagg.ShapeOf(in.Profile), in.Fabric)
 	qp, okP := pf.queue(pn)
 	_, okL := loc.queue(dn)
-	f.PrefillUtil = qp.Rho
-	f.DecodeUtil = b / float64(max(1, m.c.DecodeBatch))
-	f.Utilisation = (min(1, f.PrefillUtil)*float64(pn) + min(1, f.DecodeUtil)*float64(dn)) / float64(pn+dn)
 	f.ThroughputRPS = m.rate
 	f.OutputTPS = m.rate * d.OutputMean
-	if !okP {
-		return pdFit{}
-	}
-	if !okB || !okL {
-		return pdFit{growDecode: true}
-	}
 	// Each request's TTFT is its wait in the replay plus its latency
 	// unqueued, handed off or run on its decode node.
 	hx, lx := m.handoffTimes(b), m.localTimes()
@@ -515,8 +506,19 @@ func (m *model) disaggFit(f *Fleet, pn, dn int) pdFit {
 		*tt, *ts = append(*tt, v), append(*ts, x)
 		all = append(all, v)
 	}
+	// Utilisation is what the simulator reports: each pool's busy time
+	// over the replay's span (pdBusy), the fleet's the mean over its
+	// nodes. (The fit is on the load, qp.Rho and steal, below.)
+	tp, end := m.decodeTPOT(r, b, xs)
+	f.PrefillUtil, f.DecodeUtil = r.pdBusy(m.pre, xs, end)
+	f.Utilisation = (f.PrefillUtil*float64(pn) + f.DecodeUtil*float64(dn)) / float64(pn+dn)
+	if !okP {
+		return pdFit{}
+	}
+	if !okB || !okL {
+		return pdFit{growDecode: true}
+	}
 	if loc.share > 0 {
-		tp, _ := m.decodeTPOT(r, b, xs)
 		slices.Sort(tp)
 		f.TPOT = m.latency(func(q float64) time.Duration { return tp[rankIndex(len(tp), q)] }, in.SLO.TPOT)
 	} else {
@@ -668,7 +670,9 @@ type replayed struct {
 	at     []float64 // its arrival
 	wait   []float64 // from its arrival to the start of its prefill
 	node   []int     // its decode node
+	pnode  []int     // its prefill node, when handed off
 	local  [][]span  // per decode node, the prefills it runs, in order
+	pn     int       // prefill nodes
 }
 
 // span is a stretch of a node's time; for a prefill, tokens is the
@@ -710,7 +714,7 @@ func addPrefill(sp []span, from, to float64, tokens int) []span {
 func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duration, pn, dn int, b float64) *replayed {
 	n := len(reqs)
 	r := &replayed{handed: make([]float64, n), at: make([]float64, n), wait: make([]float64, n), node: make([]int, n),
-		local: make([][]span, max(1, dn))}
+		pnode: make([]int, n), local: make([][]span, max(1, dn)), pn: pn}
 	out, wait := r.handed, r.wait
 	if n == 0 {
 		return r
@@ -822,6 +826,7 @@ func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duratio
 			continue
 		}
 		out[i] = 1
+		r.pnode[i] = best
 		wait[i] = queue(pf, best, t, svc, prompt) - t
 	}
 	return r
@@ -903,7 +908,44 @@ func (r *replayed) busy(end []float64) float64 {
 		per[j] = append(per[j], span{from: r.at[i] + r.wait[i], to: end[i]})
 		last = max(last, end[i])
 	}
-	if last <= 0 {
+	return busyShare(per, last)
+}
+
+// pdBusy is busy for a disaggregated replay: the share of each pool's
+// time, from the first arrival to the last request's end (end, per
+// request), that its nodes are computing. A prefill node is busy with
+// the prefills handed to it (pre, per request: from its start, after its
+// wait, to its end); a decode node with the prefills it runs itself
+// (r.local) and with each of its requests from its first token (x, per
+// request: its latency unqueued, after its wait) to its last. The fleet's
+// is the mean over its nodes, pn of one and dn of the other.
+func (r *replayed) pdBusy(pre, x []time.Duration, end []float64) (prefill, decode float64) {
+	pp := make([][]span, max(1, r.pn))
+	dp := make([][]span, len(r.local))
+	for j := range dp {
+		dp[j] = slices.Clone(r.local[j])
+	}
+	var last float64
+	for i := range r.at {
+		start := r.at[i] + r.wait[i]
+		if r.handed[i] > 0 {
+			to := start + pre[i].Seconds()
+			pp[r.pnode[i]] = append(pp[r.pnode[i]], span{from: start, to: to})
+			last = max(last, to)
+		}
+		if from := start + x[i].Seconds(); end[i] > from {
+			j := r.node[i]
+			dp[j] = append(dp[j], span{from: from, to: end[i]})
+		}
+		last = max(last, end[i])
+	}
+	return busyShare(pp, last), busyShare(dp, last)
+}
+
+// busyShare returns the share of [0, last] that the spans cover, per node
+// (overlaps counted once), over the nodes.
+func busyShare(per [][]span, last float64) float64 {
+	if last <= 0 || len(per) == 0 {
 		return 0
 	}
 	var tot float64

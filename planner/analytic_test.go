@@ -33,8 +33,10 @@ func mixedWorkload(n int, rate float64, long, prefix, own, out int) *workload.Wo
 // prefill pool. Half the requests have 20000-token unshared prompts (over
 // max_local_tokens: always handed off), half 10000-token ones of which a
 // decode node holds the shared 8000 (mostly cached: always run on the
-// decode node), 4 req/s: the prefill pool's utilisation is 2 req/s x 20000
-// tokens x the per-token prefill time over its engines, and the decode
+// decode node), 4 req/s: the prefill pool is busy with the 200 long
+// prefills, S each (their chunked prefill), over its engines for the run's
+// 99.75s of arrivals and the last request's end (under a second more:
+// within 1%), and the decode
 // pool's batch is the one whose steps the other 2 req/s of 2000-token
 // prefills steal from (within 1%: the first mostly-cached request finds
 // nothing cached). The model had every request prefilled on the prefill
@@ -45,11 +47,12 @@ func TestConditionalPoolsHandWorked(t *testing.T) {
 		SLO: SLO{TTFT: Target{0.9, 10 * time.Second}, TPOT: Target{0.99, 200 * time.Millisecond}}}
 	b, m := testModel(t, &in)
 	perTok := b.Costs.PrefillPerToken.Seconds()
+	S := chunkedPrefill(p, 20000, 0).Seconds()
 	for _, l := range []layout{{P: 2, D: 2}, {P: 3, D: 1}} {
 		var f Fleet
 		m.disaggAt(&f, l.P, l.D)
-		if want := 2 * 20000 * perTok / float64(l.P); !near(f.PrefillUtil, want, 0.01) {
-			t.Errorf("%s: prefill utilisation %.4f, want %.4f (the handed-off half only; every request: %.4f)", l, f.PrefillUtil, want, 4*11000*perTok/float64(l.P))
+		if want := 200 * S / (float64(l.P) * 99.75); !near(f.PrefillUtil, want, 0.01) {
+			t.Errorf("%s: prefill utilisation %.4f, want %.4f (the handed-off half only)", l, f.PrefillUtil, want)
 		}
 		steal := 2 * 2000 * perTok / float64(l.D)
 		if want, _ := m.decodeBatch(l.D, steal); !near(f.DecodeBatch, want, 0.01) {

@@ -100,7 +100,12 @@
 // each request waits for its prefill as it does in that replay (first come
 // first served on the node that runs it), so TTFT is its wait plus its
 // prefill, handoff and first decode step or its local prefill; only the
-// handoffs load the fabric. The decode pool starts at the
+// handoffs load the fabric. Utilisation is, as in the simulator, each
+// pool's busy time over the replay's wall time (a prefill node busy with
+// its prefills, a decode node with its own prefills and its requests from
+// first to last token), the fleet's the mean over its nodes; the search
+// keeps each pool's load (offered work over capacity) under the target
+// utilisation. The decode pool starts at the
 // smallest meeting TPOT, KV capacity and link ingress with no prefill, the
 // prefill pool at its load at the target utilisation (always mode) or one;
 // the pool the misses point at grows until the fleet meets the SLO, then

@@ -38,10 +38,14 @@ type Fleet struct {
 	TPOT             Latency `json:"tpot"`
 	ThroughputRPS    float64 `json:"throughput_rps"`
 	OutputTPS        float64 `json:"output_tps"`
-	// Utilisation is the mean engine busy fraction; PrefillUtil and
-	// DecodeUtil the pools' (disaggregated; the analytical model's
-	// DecodeUtil is the mean decode batch over the largest batch meeting
-	// TPOT).
+	// Utilisation is the mean engine busy fraction: an engine's busy
+	// time (stepping) over the wall time from the first arrival to the
+	// last request's end, as sim.EngineResult.Utilisation counts it;
+	// PrefillUtil and DecodeUtil are the pools' (disaggregated). The
+	// analytical model reads it off its replay (a prefill engine busy with
+	// the prefills handed to it, a decode engine with its own prefills and
+	// its requests from first to last token; TestPDUtilisationMatchesSimulation),
+	// and plans on load, not on it (Input.MaxUtilisation).
 	Utilisation float64 `json:"utilisation"`
 	PrefillUtil float64 `json:"prefill_util,omitempty"`
 	DecodeUtil  float64 `json:"decode_util,omitempty"`

@@ -47,7 +47,10 @@ workload (--confirm-requests) with --seeds seeds: the predicted TTFT, TPOT,
 throughput and fabric bandwidth (total, and mean/p99/max per decode node) are
 their mean, their spread is shown, and a smaller fleet that passes there is
 taken instead (an aggregated one never below the bound). The analytical model's fleets are printed next to the simulated
-ones. --verify re-simulates the whole workload on each planned fleet with a
+ones. Utilisation, in both, is each engine's busy time over the wall time (first
+arrival to last request's end), per pool for prefill:decode fleets and the mean
+over the engines for the fleet; --max-util is the load the analytical estimates
+plan for, not that figure. --verify re-simulates the whole workload on each planned fleet with a
 seed the plan did not use and prints predicted vs simulated TTFT p90/p99 and
 throughput.
 
