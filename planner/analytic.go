@@ -920,26 +920,43 @@ func (r *replayed) busy(end []float64) float64 {
 // request: its latency unqueued, after its wait) to its last. The fleet's
 // is the mean over its nodes, pn of one and dn of the other.
 func (r *replayed) pdBusy(pre, x []time.Duration, end []float64) (prefill, decode float64) {
-	pp := make([][]span, max(1, r.pn))
-	dp := make([][]span, len(r.local))
-	for j := range dp {
-		dp[j] = slices.Clone(r.local[j])
+	// A prefill node runs its prefills one after the other (replay's
+	// queue), so its busy time is their sum. A decode node's stretches
+	// overlap: they go, per node, into one array for busyShare.
+	off := make([]int, len(r.local)+1)
+	for j, sp := range r.local {
+		off[j+1] = len(sp)
 	}
-	var last float64
+	var last, pbusy float64
 	for i := range r.at {
 		start := r.at[i] + r.wait[i]
 		if r.handed[i] > 0 {
-			to := start + pre[i].Seconds()
-			pp[r.pnode[i]] = append(pp[r.pnode[i]], span{from: start, to: to})
-			last = max(last, to)
+			pbusy += pre[i].Seconds()
+			last = max(last, start+pre[i].Seconds())
 		}
-		if from := start + x[i].Seconds(); end[i] > from {
-			j := r.node[i]
-			dp[j] = append(dp[j], span{from: from, to: end[i]})
+		if end[i] > start+x[i].Seconds() {
+			off[r.node[i]+1]++
 		}
 		last = max(last, end[i])
 	}
-	return busyShare(pp, last), busyShare(dp, last)
+	if last <= 0 {
+		return 0, 0
+	}
+	for j := range r.local {
+		off[j+1] += off[j]
+	}
+	buf := make([]span, off[len(r.local)])
+	dp := make([][]span, len(r.local))
+	for j, sp := range r.local {
+		dp[j] = append(buf[off[j]:off[j]:off[j+1]], sp...)
+	}
+	for i := range r.at {
+		if from := r.at[i] + r.wait[i] + x[i].Seconds(); end[i] > from {
+			j := r.node[i]
+			dp[j] = append(dp[j], span{from: from, to: end[i]})
+		}
+	}
+	return pbusy / (last * float64(max(1, r.pn))), busyShare(dp, last)
 }
 
 // busyShare returns the share of [0, last] that the spans cover, per node
