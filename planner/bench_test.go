@@ -41,3 +41,25 @@ func benchAnalyticDisaggregated(b *testing.B, in Input) {
 		m.analyticDisaggregated(bd.Bandwidth.Need)
 	}
 }
+
+// BenchmarkChunkedPrefill prices the chunked prefill of each of 3,000
+// requests of 8,000 prompt tokens on average (up to 32k: one to four
+// chunks of 8192), half of them shared, as newModel and computeBounds do
+// for every request of a workload.
+func BenchmarkChunkedPrefill(b *testing.B) {
+	w, err := Summary{Rate: 60, Duration: 50 * time.Second, PromptMean: 8000, OutputMean: 200, SharedFraction: 0.5, Zipf: 1}.Workload(1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	p := mustProfile(b, "llama-3.1-8b-h100")
+	d := analyse(w, p.BlockSize)
+	b.ReportAllocs()
+	var sink time.Duration
+	for b.Loop() {
+		prefill := chunkedPrefiller(p)
+		for i := range d.reqs {
+			sink += prefill(d.reqs[i].PromptLen-d.cached[i], d.cached[i])
+		}
+	}
+	_ = sink
+}
