@@ -27,12 +27,13 @@ func idsBody(seed, n int) (string, []uint32) {
 // lists the block, as the engine still hits it, and only the eviction of
 // the last copy drops it.
 //
-// The engine has 64 blocks, and every request is sent alone with one
+// The engine has 64 usable blocks (65 with vLLM's null block), and every
+// request is sent alone with one
 // output token, so the free queue's order, and which request evicts which
 // block, follow from vLLM's rules: see each step.
 func TestKVCopiesKeepBlockIndexed(t *testing.T) {
 	a := startEngine(t, "a", engineOpts{encoding: "array"})
-	a.cfg.Engine.NumGPUBlocks, a.cfg.Engine.MaxModelLen = 64, 64*blockSize
+	a.cfg.Engine.NumGPUBlocks, a.cfg.Engine.MaxModelLen = 65, 64*blockSize
 	a.restart() // with the small cache, before anyone subscribes
 	r := startRouter(t, modelConfig("round_robin", true, a))
 	idx := r.p.PreciseIndex(model)
