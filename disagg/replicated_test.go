@@ -18,9 +18,11 @@ import (
 //     (the model's); at TP8 one head, 40,960 B, x 8 = 327,680 B; at TP16
 //     still one head (replicated twice), x 16 = 655,360 B. 8k tokens at
 //     TP16 are 5,368,709,120 B: 107.37 ms at 400 Gb/s, not 53.69 ms.
-//   - Qwen2.5-7B, 28 layers, 4 KV heads: at TP8 one head a rank,
-//     28 x 128 x 2 x 2 = 14,336 B, x 8 = 114,688 B, twice the model's
-//     57,344 B.
+//   - Qwen3-30B-A3B's attention, 48 layers, 32 query and 4 KV heads of
+//     128: at TP8 one KV head a rank (replicated twice), 48 x 128 x 2 x 2
+//     = 24,576 B, x 8 = 196,608 B, twice the model's 98,304 B. (Not
+//     Qwen2.5-7B, also 4 KV heads: vLLM refuses TP8 for its 28 query
+//     heads.)
 //   - DeepSeek-V3 (MLA), 61 layers x (512 + 64) x 2 B = 70,272 B on every
 //     rank: at TP8, 8 x 70,272 = 562,176 B.
 //
@@ -48,7 +50,8 @@ func TestKVWireBytesReplicated(t *testing.T) {
 		{"70b-tp4", at("llama-3.1-70b-h100-tp4", 4), 81920, 327680},
 		{"70b-tp8", at("llama-3.1-70b-h100-tp4", 8), 40960, 327680},
 		{"70b-tp16", at("llama-3.1-70b-h100-tp4", 16), 40960, 655360},
-		{"qwen7b-tp8", at("qwen2.5-7b-h100", 8), 14336, 114688},
+		{"qwen3-30b-a3b-tp8", engine.Profile{TP: 8, Model: engine.Model{Name: "Qwen/Qwen3-30B-A3B", Layers: 48, Heads: 32, KVHeads: 4,
+			HeadDim: 128, DTypeBytes: 2}}, 24576, 196608},
 		{"8b-tp1", at("llama-3.1-8b-h100", 1), 131072, 131072},
 		{"dsv3-tp8", dsv3, 70272, 562176},
 	} {
