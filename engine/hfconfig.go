@@ -197,7 +197,7 @@ func ProfileFromHFConfig(configJSON []byte, gpu string, tp int, dtype string) (P
 		return Profile{}, fmt.Errorf("engine: hf config: the model (%.1f GB per GPU) leaves no KV memory on %d x %s",
 			float64(p.WeightBytesPerGPU())/1e9, tp, hw.Name)
 	}
-	if c := p.KVCapacityTokens(); p.MaxModelLen > c {
+	if c := p.UsableBlocks() * p.BlockSize; p.MaxModelLen > c {
 		p.MaxModelLen = c // vLLM would refuse to start; a planner wants the profile anyway
 	}
 	if err := p.Validate(); err != nil {

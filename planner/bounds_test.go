@@ -65,8 +65,10 @@ func TestBoundsHandWorked(t *testing.T) {
 		t.Errorf("decode context = %d, want 1000 + 100/2 = 1050", c.DecodeContext)
 	}
 	// The largest batch meeting TPOT 50 ms, at most max_num_seqs and what
-	// the KV cache holds at 1100 tokens per sequence.
-	maxB := min(p.MaxNumSeqs, p.KVCapacityTokens()/1100)
+	// the KV cache holds at 1100 tokens per sequence (its usable blocks:
+	// all but vLLM's null block).
+	usable := p.UsableBlocks() * p.BlockSize
+	maxB := min(p.MaxNumSeqs, usable/1100)
 	if p.DecodeTime(c.DecodeBatch, 1050) > 50*time.Millisecond || c.DecodeBatch > maxB ||
 		(c.DecodeBatch < maxB && p.DecodeTime(c.DecodeBatch+1, 1050) <= 50*time.Millisecond) {
 		t.Errorf("decode batch %d is not the largest meeting TPOT 50ms", c.DecodeBatch)
@@ -102,9 +104,9 @@ func TestBoundsHandWorked(t *testing.T) {
 		}
 	}
 	// Memory: in flight = 10 req/s x (TTFT floor + 100 x decode step),
-	// each holding 1000 + 50 tokens, over the engine's capacity.
+	// each holding 1000 + 50 tokens, over the engine's usable capacity.
 	e2e := p.PrefillTime(1000, 0) + netRTT + 100*c.DecodeStep
-	wantMem := 10 * e2e.Seconds() * 1050 / float64(p.KVCapacityTokens())
+	wantMem := 10 * e2e.Seconds() * 1050 / float64(usable)
 	if !near(b.Memory.Engines, wantMem, 1e-6) {
 		t.Errorf("memory = %v, want %v", b.Memory.Engines, wantMem)
 	}

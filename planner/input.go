@@ -50,8 +50,10 @@ type Input struct {
 	// from engine.LookupProfile or engine.ProfileFromHFConfig; the
 	// simulator runs either (sim.Group.Spec). Required.
 	Profile engine.Profile
-	// KVCapacityTokens overrides the KV capacity of one engine in tokens;
-	// 0 keeps the profile's (derived from memory as vLLM does).
+	// KVCapacityTokens overrides the KV capacity of one engine in tokens,
+	// what its requests can hold (the simulated engines get one block
+	// more, vLLM's null block); 0 keeps the profile's usable blocks
+	// (engine.Profile.UsableBlocks, derived from memory as vLLM does).
 	KVCapacityTokens int
 	// Fabric is the link a P/D handoff crosses (prefill node to decode
 	// node); default 400G RDMA (disagg.RDMAGbps) with 1 ms setup.
@@ -237,12 +239,13 @@ func (in *Input) Validate() error {
 	return nil
 }
 
-// kvCapacity is one engine's KV capacity in tokens.
+// kvCapacity is one engine's KV capacity in tokens: what its requests can
+// hold, its blocks but vLLM's null block.
 func (in *Input) kvCapacity() int {
 	if in.KVCapacityTokens > 0 {
 		return in.KVCapacityTokens
 	}
-	return in.Profile.KVCapacityTokens()
+	return in.Profile.UsableBlocks() * in.Profile.BlockSize
 }
 
 // qName renders 0.99 as "99", 0.999 as "99.9".

@@ -118,7 +118,8 @@ func (s *search) simulate(ctx context.Context, k runKey) (Candidate, error) {
 	group := func(n int, role string) sim.Group {
 		g := sim.Group{Count: n, Spec: &prof, Role: role}
 		if in.KVCapacityTokens > 0 {
-			g.NumGPUBlocks = in.KVCapacityTokens / prof.BlockSize
+			// The capacity's blocks and the null block (Input.KVCapacityTokens).
+			g.NumGPUBlocks = in.KVCapacityTokens/prof.BlockSize + 1
 		}
 		return g
 	}

@@ -22,8 +22,8 @@ import (
 
 // maxPlanKVTokens bounds --kv-capacity: the simulated engines hold their
 // caches in blocks, at most maxEngineKVBlocks of 16 tokens, as kvroute
-// engine's --kv-blocks.
-const maxPlanKVTokens = maxEngineKVBlocks * 16
+// engine's --kv-blocks, one of them vLLM's null block.
+const maxPlanKVTokens = (maxEngineKVBlocks - 1) * 16
 
 func init() {
 	register(command{name: "plan", summary: "capacity planning: the cheapest fleet meeting TTFT/TPOT SLOs, aggregated vs disaggregated", run: runPlan})
@@ -109,7 +109,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	o := planOptions{ttft: map[string]*time.Duration{}, tpot: map[string]*time.Duration{}}
 	fs.StringVar(&o.profile, "profile", "llama-3.1-8b-h100", "engine profile `name`")
 	o.hf.register(fs, "the model (instead of --profile; simulated like a built-in profile)")
-	fs.IntVar(&o.kvCapacity, "kv-capacity", 0, "override one engine's KV capacity in `tokens`, at most 268435456 (default: derived from memory)")
+	fs.IntVar(&o.kvCapacity, "kv-capacity", 0, "override one engine's KV capacity in `tokens`, at most 268435440 (default: derived from memory, less vLLM's null block)")
 	fs.Float64Var(&o.fabricGbps, "fabric-gbps", disagg.RDMAGbps, "fabric bandwidth per decode node for KV handoffs, Gbps")
 	fs.DurationVar(&o.fabricSetup, "fabric-setup", time.Millisecond, "fixed cost of one KV handoff")
 	fs.StringVar(&o.trace, "trace", "", "Mooncake JSONL trace `file` (default: the embedded conversation trace)")

@@ -82,7 +82,7 @@ func TestPlanCommandBadInput(t *testing.T) {
 		{"negative kv-capacity", []string{"plan", "--kv-capacity", "-1", "--slo-ttft-p99", "1s"}, "--kv-capacity -1 must not be negative", true},
 		// The simulated engines' caches took the memory: the runtime's
 		// "fatal error: out of memory" and a stack trace.
-		{"huge kv-capacity", append(quick, "--kv-capacity", "2000000000000"), "--kv-capacity 2000000000000 must be at most 268435456 tokens", true},
+		{"huge kv-capacity", append(quick, "--kv-capacity", "2000000000000"), "--kv-capacity 2000000000000 must be at most 268435440 tokens", true},
 		// The planner's own check named its field ("kv capacity 8 tokens
 		// is below one block"), not the flag.
 		{"kv-capacity below a block", append(quick, "--kv-capacity", "8"), "--kv-capacity 8 must be at least one block of the profile (16 tokens)", true},
