@@ -66,6 +66,9 @@ func TestKVWireBytesReplicated(t *testing.T) {
 			if got, want := s.BytesPerToken(), int64(tc.p.TP)*tc.p.KVBytesPerTokenPerGPU(); got != want {
 				t.Errorf("wire %d B a token, want TP x per rank = %d", got, want)
 			}
+			if got := tc.p.KVTransferBytesPerToken(); got != tc.wire {
+				t.Errorf("engine's KVTransferBytesPerToken = %d, want %d (the emulator times its pulls with it)", got, tc.wire)
+			}
 		})
 	}
 	b := ShapeOf(at("llama-3.1-70b-h100-tp4", 16)).Bytes(8192)

@@ -125,9 +125,11 @@ func (s *Server) preparePD(r *http.Request, j *job, ereq *engine.Request) *apiEr
 	return nil
 }
 
-// transferTime is the real time of moving tokens' KV over the fabric.
+// transferTime is the real time of moving tokens' KV over the fabric to
+// this (decode) engine: the bytes its ranks read
+// (engine.Profile.KVTransferBytesPerToken).
 func (s *Server) transferTime(tokens int) time.Duration {
-	bytes := float64(tokens) * float64(s.prof.KVBytesPerToken())
+	bytes := float64(tokens) * float64(s.prof.KVTransferBytesPerToken())
 	d := s.cfg.TransferSetup + time.Duration(bytes*8/(s.cfg.FabricGbps*1e9)*float64(time.Second))
 	return s.cfg.scaled(d)
 }

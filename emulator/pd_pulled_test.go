@@ -7,8 +7,10 @@ import (
 	"net/http/httptest"
 	"sync"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/openai"
 )
 
@@ -135,5 +137,24 @@ func TestPDDecodeUsageAndPrefixMetrics(t *testing.T) {
 				t.Errorf("turn %d: %s = %v, want %v", i, c.name, c.got, c.want)
 			}
 		}
+	}
+}
+
+// TestTransferTimeWireBytes: a decode engine's pull moves what its ranks
+// read, TP x one rank's KV (engine.Profile.KVTransferBytesPerToken): for
+// Llama-3.1-70B at TP16, whose 8 KV heads each rank pair replicates, 8,192
+// tokens are 8192 x 655,360 B = 5.37 GB, 107.37 ms at 400 Gb/s, twice the
+// model's own KV.
+func TestTransferTimeWireBytes(t *testing.T) {
+	prof, err := engine.LookupProfile("llama-3.1-70b-h100-tp4")
+	if err != nil {
+		t.Fatal(err)
+	}
+	prof.TP = 16
+	s, _ := testServer(t, Config{Role: kvroute.RoleDecode, Engine: engine.Config{Profile: prof}, FabricGbps: 400, Speed: 1})
+	got := s.transferTime(8192) - s.cfg.TransferSetup
+	bytes := float64(8192 * 655360)
+	if want := time.Duration(bytes * 8 / 400e9 * float64(time.Second)); got != want {
+		t.Fatalf("transfer of 8192 tokens takes %v, want %v", got, want)
 	}
 }

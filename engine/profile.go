@@ -220,6 +220,16 @@ func (p Profile) KVBytesPerTokenPerGPU() int64 {
 	return int64(m.Layers) * 2 * int64(heads) * int64(m.HeadDim) * int64(m.kvBytes())
 }
 
+// KVTransferBytesPerToken is what a P/D handoff moves per token to a
+// decode engine of this profile: each of its TP ranks reads its own share
+// of every block (vLLM's NixlConnector), so KV heads that TP replicates
+// (more ranks than KV heads) and the MLA latent (whole on every rank)
+// cross once per copy: TP x KVBytesPerTokenPerGPU. It is
+// disagg.KVShape.BytesPerToken for the profile's model and TP.
+func (p Profile) KVTransferBytesPerToken() int64 {
+	return int64(max(p.TP, 1)) * p.KVBytesPerTokenPerGPU()
+}
+
 // WeightBytesPerGPU is one rank's share of the weights.
 func (p Profile) WeightBytesPerGPU() int64 {
 	return p.Model.ParamCount() * int64(p.Model.DTypeBytes) / int64(max(p.TP, 1))
