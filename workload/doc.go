@@ -5,7 +5,8 @@
 // # Requests and synthetic prompts
 //
 // A Request carries its arrival offset (time.Duration since the workload's
-// start), session and tenant ids, PromptLen and OutputLen, and its prompt in
+// start), session and tenant ids, the LoRA adapter it is for (Adapter, ""
+// for the base model), PromptLen and OutputLen, and its prompt in
 // one of three forms: explicit Tokens ([]uint32), explicit Text, or
 // Segments. Traces and generators produce Segments: a Segment{Key, Len} is
 // the first Len tokens of a deterministic SplitMix64 stream seeded by Key,
@@ -33,16 +34,22 @@
 // and a length above MaxLen tokens are errors. Block
 // i becomes Segment{Key: hash_ids[i], Len: 512 or the remainder}, so equal hash ids are equal token blocks and the sharing
 // in the trace is the sharing the engines see. WriteTrace writes the same
-// format plus optional fields (id, arrival_ns, session, tenant, segments,
-// tokens, text); reading the output back gives equal requests.
+// format plus optional fields (id, arrival_ns, session, tenant, adapter,
+// segments, tokens, text); reading the output back gives equal requests. A
+// Mooncake trace names no adapter: its requests are the base model's.
 //
 // # Block hashes
 //
 // Request.BlockHashes(blockSize, dst) returns chained 64-bit hashes of the
 // prompt's full blocks at any engine block size. For segment prompts it
 // never materialises tokens: a block is hashed from the (key, offset, length)
-// pieces of the segments it covers, which identifies its tokens exactly. Use
-// the same function everywhere hashes are compared in one simulation. Oracle
+// pieces of the segments it covers, which identifies its tokens exactly. A
+// LoRA adapter's request (Adapter) chains its blocks from a root derived
+// from the adapter's name, so its blocks share no hash with the base
+// model's or another adapter's, as the engine keys every block of an
+// adapter's request with its name (engine.Request.LoRA); AssignHashIDs and
+// Oracle see the same separation. Use the same function everywhere hashes
+// are compared in one simulation. Oracle
 // computes the infinite-cache hit-rate bound of a request stream (HitRate;
 // CachedTokens, the prompt tokens it had cached).
 //

@@ -56,6 +56,13 @@ type Request struct {
 	Session string
 	// Tenant names the sender for fairness experiments ("" = default).
 	Tenant string
+	// Adapter names the LoRA adapter the request is for ("" = the base
+	// model): the router routes it in the base model's pool to an engine
+	// that serves the adapter (kvroute.Request.Adapter), and the engine
+	// keys its blocks with the name (engine.Request.LoRA), so its prompt
+	// shares no cached block with the base model's or another adapter's
+	// (BlockHashes keys it so too).
+	Adapter string
 	// PromptLen is the prompt length in tokens.
 	PromptLen int
 	// OutputLen is the number of tokens to generate (max_tokens, with EOS
@@ -188,24 +195,27 @@ func TokenWord(t uint32) string { return words[t%uint32(len(words))] }
 // block is described by the pieces of segments it covers, (key, offset,
 // length), and h[i] = mix(h[i-1], pieces of block i). Two prompts get equal
 // h[i] exactly when their first i+1 blocks hold the same tokens (up to
-// 64-bit collisions), which is the equality the engine's prefix cache sees.
-// For Tokens or Text prompts the tokens are hashed with xxh3. The values are
-// not those of kvindex.HashTokens; use one function for every party that
-// compares hashes (index, engine model) in a simulation.
+// 64-bit collisions) and they name the same Adapter, which is the equality
+// the engine's prefix cache sees: an adapter's chain starts from a root
+// derived from its name (the base model's from 0), as the engine keys
+// every block of an adapter's request with its name. For Tokens or Text
+// prompts the tokens are hashed with xxh3. The values are not those of
+// kvindex.HashTokens (nor HashTokensKeyed); use one function for every
+// party that compares hashes (index, engine model) in a simulation.
 func (r *Request) BlockHashes(blockSize int, dst []uint64) []uint64 {
 	if blockSize <= 0 {
 		return dst
 	}
 	if r.Tokens == nil && len(r.Segments) > 0 {
-		return segmentBlockHashes(r.Segments, blockSize, dst)
+		return segmentBlockHashes(r.Segments, r.root(), blockSize, dst)
 	}
 	toks := r.Tokens
 	if toks == nil && r.Text != "" {
 		// Text-only prompt: hash its bytes in blockSize*4-byte chunks.
-		return textBlockHashes(r.Text, blockSize*4, dst)
+		return textBlockHashes(r.Text, r.root(), blockSize*4, dst)
 	}
 	var buf [8]byte
-	var prev uint64
+	prev := r.root()
 	for i := 0; i+blockSize <= len(toks); i += blockSize {
 		h := xxh3.New()
 		binary.LittleEndian.PutUint64(buf[:], prev)
@@ -221,8 +231,18 @@ func (r *Request) BlockHashes(blockSize int, dst []uint64) []uint64 {
 	return dst
 }
 
-func textBlockHashes(text string, blockChars int, dst []uint64) []uint64 {
-	var prev uint64
+// root is the parent of the prompt's first block in BlockHashes' chain: 0
+// for the base model, a key derived from the name for a LoRA adapter, so
+// that no block of an adapter's prompt has the hash of a block of the base
+// model's or another adapter's.
+func (r *Request) root() uint64 {
+	if r.Adapter == "" {
+		return 0
+	}
+	return splitmix64(hashString(r.Adapter) ^ 0x6c6f7261) // "lora"
+}
+
+func textBlockHashes(text string, prev uint64, blockChars int, dst []uint64) []uint64 {
 	for i := 0; i+blockChars <= len(text); i += blockChars {
 		prev = xxh3.HashStringSeed(text[i:i+blockChars], prev)
 		dst = append(dst, prev)
@@ -230,8 +250,7 @@ func textBlockHashes(text string, blockChars int, dst []uint64) []uint64 {
 	return dst
 }
 
-func segmentBlockHashes(segs []Segment, blockSize int, dst []uint64) []uint64 {
-	var prev uint64
+func segmentBlockHashes(segs []Segment, prev uint64, blockSize int, dst []uint64) []uint64 {
 	si, off := 0, 0 // current segment and offset within it
 	for {
 		h, sj, o, ok := hashRange(chainSeed(prev), segs, si, off, blockSize)

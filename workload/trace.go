@@ -54,6 +54,7 @@ type traceLine struct {
 	ArrivalNS *int64      `json:"arrival_ns,omitempty"`
 	Session   string      `json:"session,omitempty"`
 	Tenant    string      `json:"tenant,omitempty"`
+	Adapter   string      `json:"adapter,omitempty"`
 	Segments  [][2]uint64 `json:"segments,omitempty"`
 	Tokens    []uint32    `json:"tokens,omitempty"`
 	Text      string      `json:"text,omitempty"`
@@ -145,6 +146,7 @@ func ParseTraceLine(line []byte, index int, opts ReadOptions) (Request, error) {
 		ID:        tl.ID,
 		Session:   tl.Session,
 		Tenant:    tl.Tenant,
+		Adapter:   tl.Adapter,
 		PromptLen: *tl.InputLength,
 		OutputLen: *tl.OutputLength,
 		HashIDs:   tl.HashIDs,
@@ -243,8 +245,8 @@ func segmentsFromHashIDs(ids []uint64, promptLen, blockSize int) []Segment {
 // WriteTrace writes requests as Mooncake-compatible JSONL: timestamp (ms),
 // input_length, output_length and hash_ids (512-token blocks), plus the
 // optional fields id, arrival_ns (when the arrival is not a whole
-// millisecond), session, tenant, segments (when they are not implied by
-// hash_ids), tokens and text. A request without HashIDs gets ids computed
+// millisecond), session, tenant, adapter (a LoRA adapter's name),
+// segments (when they are not implied by hash_ids), tokens and text. A request without HashIDs gets ids computed
 // from its prompt (see AssignHashIDs) in the file, so the output is always a
 // valid Mooncake trace. ReadTrace of the output gives back requests equal to
 // the input when every request has HashIDs.
@@ -273,6 +275,7 @@ func WriteTrace(w io.Writer, reqs []Request) error {
 			HashIDs:      r.HashIDs,
 			Session:      r.Session,
 			Tenant:       r.Tenant,
+			Adapter:      r.Adapter,
 			Tokens:       r.Tokens,
 			Text:         r.Text,
 		}
@@ -365,7 +368,7 @@ func AssignHashIDs(reqs []Request) {
 // partialBlockHash hashes the trailing rem tokens of r, chained to its last
 // full block hash (full[len(full)-1]).
 func partialBlockHash(r *Request, full []uint64, rem int) uint64 {
-	var parent uint64
+	parent := r.root()
 	if len(full) > 0 {
 		parent = full[len(full)-1]
 	}
