@@ -58,7 +58,11 @@
 // Generate(name, Options) runs one of Generators(): chat (multi-turn
 // sessions, growing history, think time), rag (hot documents with Zipf
 // popularity), sysprompt (a few long shared system prompts), storm (a burst
-// on one hot prefix over background traffic), tenants (a skewed tenant mix).
+// on one hot prefix over background traffic), tenants (a skewed tenant mix),
+// lora (a multi-tenant LoRA deployment: requests for N adapters,
+// AdapterName(i), with shares proportional to 1/(i+1)^skew, and base_share
+// for the base model; each adapter's requests share its own system prompt,
+// which shares no cached block with another adapter's).
 // Options give the seed, request count, duration, arrival process (Poisson,
 // gamma with a CV, constant; a rate of at most MaxRate, 1e6 requests/s,
 // since arrival times are whole nanoseconds) and the generator's documented

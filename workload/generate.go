@@ -314,6 +314,21 @@ var generators = []Generator{
 		gen: genChat,
 	},
 	{
+		Name: "lora",
+		Summary: "a multi-tenant LoRA deployment: requests for adapter-0..adapter-N-1 (share of adapter i " +
+			"proportional to 1/(i+1)^skew) and, with base_share, the base model; each adapter's requests " +
+			"share its own system prompt, then a unique user message",
+		Params: []Param{
+			countParam("adapters", 8, "number of LoRA adapters", 1, maxTenants),
+			{Name: "skew", Default: 1, Doc: "adapter i's share is proportional to 1/(i+1)^skew (0 = uniform)", Max: 100},
+			{Name: "base_share", Default: 0, Doc: "share of requests for the base model (no adapter), with its own system prompt", Max: 1},
+			fixedLenParam("system_len", 1500, "per-adapter (and base model) system prompt, tokens"),
+			lenParam("user_len", 200, "mean user message, tokens"),
+			outParam("output_len", 200, "mean output length, tokens (> 0)"),
+		},
+		gen: genLoRA,
+	},
+	{
 		Name: "rag",
 		Summary: "retrieval-augmented generation over a hot document set: system prompt + one document " +
 			"(Zipf popularity) + a unique question",
@@ -571,6 +586,43 @@ func genTenants(g *gen) []Request {
 		segs = append(segs, Segment{Key: g.key(), Len: g.length(g.p("user_len"))})
 		r := newRequest(t, g.length(g.p("output_len")), segs...)
 		r.Tenant = fmt.Sprintf("tenant-%d", ten)
+		reqs = append(reqs, r)
+	}
+	return reqs
+}
+
+// AdapterName is the name of adapter i of the lora generator.
+func AdapterName(i int) string { return "adapter-" + strconv.Itoa(i) }
+
+func genLoRA(g *gen) []Request {
+	n := max(1, g.n("adapters"))
+	// cum[i] is the summed share of adapters 0..i.
+	cum := make([]float64, n)
+	var sum float64
+	for i := range cum {
+		sum += 1 / math.Pow(float64(i+1), g.p("skew"))
+		cum[i] = sum
+	}
+	base := g.p("base_share")
+	sysLen := g.n("system_len")
+	reqs := make([]Request, 0, g.opts.Requests)
+	var t time.Duration
+	for i := 0; i < g.opts.Requests; i++ {
+		if i > 0 {
+			t += g.gaps()
+		}
+		// Two draws per request whatever base_share is, so that the
+		// arrivals and lengths do not depend on it.
+		u, v := g.rng.Float64(), g.rng.Float64()
+		sys := Segment{Key: g.named("base/system", 0), Len: sysLen}
+		adapter := ""
+		if u >= base {
+			a := min(sort.SearchFloat64s(cum, v*sum), n-1)
+			adapter = AdapterName(a)
+			sys.Key = g.named("adapter/system", a)
+		}
+		r := newRequest(t, g.length(g.p("output_len")), sys, Segment{Key: g.key(), Len: g.length(g.p("user_len"))})
+		r.Adapter = adapter
 		reqs = append(reqs, r)
 	}
 	return reqs

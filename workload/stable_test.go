@@ -30,6 +30,7 @@ func TestGenerateStable(t *testing.T) {
 		{"sysprompt", Options{Seed: 1, Requests: 400, Arrivals: Arrivals{Rate: 300}}, "7ff45972c6308629a2b5abf4b33d901eaab4dc4c22b861a5478570e057f50e77"},
 		{"storm", Options{Seed: 1, Requests: 400, Arrivals: Arrivals{Rate: 300}}, "8b3333b9364e4ab3a5c9f2c927f07a220f33516e0fcd9dcc288cbb831dfddeca"},
 		{"tenants", Options{Seed: 1, Requests: 400, Arrivals: Arrivals{Rate: 300}}, "703f4e929c19c1302ea2530454b6904e842e8cbfeea5a0a8412a0cadcf019b6f"},
+		{"lora", Options{Seed: 1, Requests: 400, Arrivals: Arrivals{Rate: 300}, Params: map[string]float64{"base_share": 0.2}}, "571bb062dc6714a12cb571f63de8e0c3ad38cfe68b8b9adfadb9cdd3f7c0d0ce"},
 	} {
 		name := fmt.Sprintf("%s/seed=%d/rate=%g", tc.gen, tc.opts.Seed, tc.opts.Arrivals.Rate)
 		t.Run(name, func(t *testing.T) {
