@@ -71,6 +71,28 @@
 // KV events, and the router hashes them with kvindex.HashTokens at the
 // engines' block size, which the precise index needs.
 //
+// # LoRA adapters
+//
+// A request for a LoRA adapter (workload.Request.Adapter) is routed in the
+// base model's pool (kvroute.Request.Model is Config.Model) with
+// kvroute.Request.Adapter set, and every engine serves every adapter. The
+// engine gets it as engine.Request.LoRA: its blocks are keyed with the
+// adapter's name (in the fast path by the workload's hashes, whose chain
+// an adapter roots in its name; with KV events by the engine's own keyed
+// hash, which the router matches with kvindex.HashTokensKeyed and the
+// precise index stores with the adapter's key as each block's salt, as
+// the KV-event subscriber does with vLLM's extra_keys), so adapters share
+// no cached block. The engines batch at most Config.MaxLoRAs distinct
+// adapters a step (vLLM's --max-loras, default 1). When the workload
+// names an adapter, each scrape carries vllm:lora_requests_info as vLLM
+// sets it with each step's stats: the running and waiting adapters when
+// the engine's last step started (or when it went idle), and max_lora;
+// none before an engine's first step has ended. The router's
+// kvroute.Load.LoRA, which kv-aware prices (policy.KVAwareParams.
+// AdapterLoad), follows. The engine model charges no time to load an
+// adapter (see package engine), so kv-aware's AdapterLoad prices a cost
+// the simulated engines do not pay; the wait for a batch slot they do.
+//
 // # Results
 //
 // Run returns a Result: one Record per request (TTFT split into network,

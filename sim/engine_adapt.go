@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"slices"
+
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/kvindex"
@@ -18,7 +20,7 @@ func metricsOf(e *simEngine) signals.Metrics {
 	if !e.inStep {
 		st = e.eng.Stats()
 	}
-	return signals.Metrics{
+	m := signals.Metrics{
 		Flavor: signals.FlavorVLLM,
 		Have: signals.HasWaiting | signals.HasRunning | signals.HasKVUsage | signals.HasPrefixCounters |
 			signals.HasPreemptions | signals.HasCacheConfig | signals.HasKVCapacity,
@@ -34,6 +36,31 @@ func metricsOf(e *simEngine) signals.Metrics {
 		NumGPUBlocks:     st.NumGPUBlocks,
 		KVCapacityTokens: st.BlockSize * st.NumGPUBlocks,
 	}
+	if e.loraStepped {
+		m.Have |= signals.HasLoRA
+		m.LoRARunning, m.LoRAWaiting = e.loraRunning, e.loraWaiting
+		m.LoRAAdapters = slices.Compact(slices.Sorted(slices.Values(append(slices.Clip(e.loraRunning), e.loraWaiting...))))
+		m.MaxLoRA = e.maxLoRAs
+	}
+	return m
+}
+
+// recordLoRAs records engine e's running and waiting LoRA adapters for its
+// vllm:lora_requests_info (metricsOf), which vLLM sets with each step's
+// stats and leaves as it was while the engine idles: the simulator calls
+// it when a step starts (the adapters as the step found them, like
+// simEngine.pre) and when the engine goes idle. An engine that never
+// finished a step (ended: one just did) has no series. The lists are new
+// each time: the scrapes in flight keep the old ones.
+func recordLoRAs(e *simEngine, ended bool) {
+	e.loraStepped = e.loraStepped || ended
+	if !e.loraStepped {
+		return
+	}
+	run, wait := e.eng.AppendLoRAs(nil, nil)
+	slices.Sort(run)
+	slices.Sort(wait)
+	e.loraRunning, e.loraWaiting = run, wait
 }
 
 // engineTotals returns engine e's preemptions and prefix-cache hit rate.
@@ -46,8 +73,11 @@ func engineTotals(e *simEngine) (preemptions int, hitRate float64) {
 }
 
 // applyEvents feeds a batch of engine KV events to the precise index, as
-// the router's KV-event subscriber does.
-func applyEvents(x *kvindex.Index, endpoint string, batch []engine.KVEvent) {
+// the router's KV-event subscriber does: a LoRA adapter's blocks with the
+// adapter's key as each block's salt (kvindex.BlockKey of its extra keys,
+// (lora_name,)), so the index keys them as kvindex.HashTokensKeyed keys
+// the adapter's prompts. salts is scratch space.
+func applyEvents(x *kvindex.Index, endpoint string, batch []engine.KVEvent, salts *[]uint64) {
 	for i := range batch {
 		ev := &batch[i]
 		switch ev.Kind {
@@ -56,6 +86,14 @@ func applyEvents(x *kvindex.Index, endpoint string, batch []engine.KVEvent) {
 				Tier: kvroute.TierGPU}
 			if ev.ParentHash != nil {
 				st.Parent, st.HasParent = *ev.ParentHash, true
+			}
+			if ev.LoRA != "" {
+				k := kvindex.BlockKey(ev.LoRA, "")
+				*salts = (*salts)[:0]
+				for range ev.BlockHashes {
+					*salts = append(*salts, k)
+				}
+				st.Salts = *salts
 			}
 			// An orphan (its parent was evicted before this event was
 			// applied) is dropped, as the live subscriber drops it.

@@ -219,7 +219,7 @@ func (s *simulation) pulledTokens(ei, i int32) int {
 	e := s.engines[ei]
 	r := &s.reqs[i]
 	st := &s.st[i]
-	probe := engine.Request{PromptLen: r.PromptLen}
+	probe := engine.Request{PromptLen: r.PromptLen, LoRA: r.Adapter}
 	switch {
 	case s.tokenMode:
 		probe.Prompt = st.pd.tokens

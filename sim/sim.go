@@ -112,6 +112,13 @@ type Config struct {
 	// PD configures prefill/decode disaggregation for fleets with prefill
 	// or decode engines (Group.Role); see PDConfig.
 	PD PDConfig
+	// MaxLoRAs is every engine's vLLM --max-loras: the distinct LoRA
+	// adapters (workload.Request.Adapter) one step's batch may hold
+	// (engine.Config.MaxLoRAs); default 1, vLLM's. Every engine serves
+	// every adapter. It matters only to a workload with adapters: then the
+	// engines run with LoRA enabled, and their scraped metrics carry
+	// vllm:lora_requests_info (running and waiting adapters, max_lora).
+	MaxLoRAs int
 	// Progress, when set, is called with the number of requests finished
 	// (completed or rejected) so far and the total, every 1% of the run
 	// and at the end.
@@ -134,6 +141,8 @@ const (
 	DefaultQueueWait      = 5 * time.Second
 	// DefaultRouterBlockTokens is 128 characters at 4 characters per token.
 	DefaultRouterBlockTokens = 32
+	// DefaultMaxLoRAs is vLLM's --max-loras default.
+	DefaultMaxLoRAs = 1
 )
 
 func (c *Config) applyDefaults() {
@@ -151,6 +160,9 @@ func (c *Config) applyDefaults() {
 	}
 	if c.RateScale == 0 {
 		c.RateScale = 1
+	}
+	if c.MaxLoRAs == 0 {
+		c.MaxLoRAs = DefaultMaxLoRAs
 	}
 	if c.ScrapeInterval == 0 {
 		c.ScrapeInterval = DefaultScrapeInterval
@@ -190,6 +202,9 @@ func (c *Config) Validate() error {
 	}
 	if c.Drain < 0 {
 		return fmt.Errorf("sim: config: drain %v must not be negative", c.Drain)
+	}
+	if c.MaxLoRAs < 0 {
+		return fmt.Errorf("sim: config: max loras %d must not be negative (0: 1)", c.MaxLoRAs)
 	}
 	if c.TimelineStep < 0 {
 		return fmt.Errorf("sim: config: timeline step %v must not be negative", c.TimelineStep)
@@ -231,7 +246,13 @@ type simEngine struct {
 	res     engine.StepResult // the step in progress (reused: engine.StepInto)
 	pre     engine.Stats      // the engine when the step in progress started: what a scrape sees until it ends
 	kvQueue fifo[[]engine.KVEvent]
-	scrapes []fifo[scrape] // per router replica: scrapes in transit to it
+	// With LoRA adapters: whether the engine has stepped, and its running
+	// and waiting adapters (sorted) when it last started a step or went
+	// idle, what its vllm:lora_requests_info says (metricsOf).
+	loraStepped              bool
+	loraRunning, loraWaiting []string
+	maxLoRAs                 int            // Config.MaxLoRAs
+	scrapes                  []fifo[scrape] // per router replica: scrapes in transit to it
 	// early, per router replica: evObserve events on the agenda whose
 	// scrape was recorded ahead of them (scrape) and that have nothing left
 	// to do.
@@ -301,6 +322,7 @@ type simulation struct {
 	blockSize  int  // the fleet's engine block size in tokens (the first engine's)
 	routerBS   int  // the router's block size in tokens
 	tokenMode  bool // materialise prompts as tokens (the precise index needs them)
+	lora       bool // a request names a LoRA adapter: the engines run with LoRA enabled
 	routerStep int  // routerBS / blockSize when it divides evenly, else 0
 	finished   int
 	pending    int           // events on the agenda that are not periodic
@@ -314,6 +336,7 @@ type simulation struct {
 	fabric      *disagg.Fabric    // the KV transfers that happen, for P/D fleets
 	transfers   []Transfer        // every KV transfer, in the order they were planned
 	err         error             // the first event that could not be scheduled ends the run with it
+	salts       []uint64          // applyEvents' scratch
 }
 
 func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
@@ -339,6 +362,7 @@ func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 			MaxNumBatchedTokens: g.MaxNumBatchedTokens,
 			Speed:               g.Speed,
 			NoEvents:            !cfg.KVEvents,
+			MaxLoRAs:            cfg.MaxLoRAs,
 		}
 		for range g.Count {
 			e, err := engine.New(ecfg)
@@ -347,7 +371,7 @@ func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 			}
 			id := "e" + strconv.Itoa(len(s.engines))
 			role, _ := kvroute.ParseRole(g.Role) // Validate checked it
-			se := &simEngine{id: id, role: role, profile: e.Profile(), eng: e}
+			se := &simEngine{id: id, role: role, profile: e.Profile(), eng: e, maxLoRAs: cfg.MaxLoRAs}
 			s.byEP[id] = int32(len(s.engines))
 			s.engines = append(s.engines, se)
 			eps = append(eps, kvroute.Endpoint{ID: id, URL: "sim://" + id, Weight: max(g.Weight, 1), Role: role,
@@ -460,6 +484,7 @@ func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 				cfg.RateScale, reqs[i].ID, reqs[i].Arrival, workload.MaxSpan.Hours()/(365*24))
 		}
 		s.st[i].arrival = first + time.Duration(gap)
+		s.lora = s.lora || reqs[i].Adapter != ""
 	}
 	slices.SortStableFunc(s.order, func(a, b int32) int { return cmp.Compare(s.st[a].arrival, s.st[b].arrival) })
 	if len(s.order) > 0 {
@@ -661,8 +686,10 @@ func (s *simulation) arrive(i int32) {
 	if s.tokenMode {
 		// The live path: the engine hashes the tokens itself and reports
 		// them in its KV events; the router hashes them with kvindex.
+		// An adapter's blocks are keyed with its name, as the engine
+		// keys them (HashTokensKeyed is HashTokens for the base model).
 		st.tokens = r.PromptTokens()
-		st.ehashes = kvindex.HashTokens(st.tokens, s.blockSize, make([]uint64, 0, full))
+		st.ehashes = kvindex.HashTokensKeyed(st.tokens, r.Adapter, "", s.blockSize, make([]uint64, 0, full))
 	} else {
 		st.ehashes = r.BlockHashes(s.blockSize, make([]uint64, 0, full))
 	}
@@ -685,6 +712,7 @@ func (s *simulation) arrive(i int32) {
 	st.rreq = kvroute.Request{
 		ID:           r.ID,
 		Model:        s.cfg.Model,
+		Adapter:      r.Adapter,
 		Tenant:       r.Tenant,
 		SessionKey:   r.Session,
 		PromptTokens: r.PromptLen,
@@ -745,6 +773,7 @@ func (s *simulation) deliver(ei, i int32) {
 		PromptLen: r.PromptLen,
 		MaxTokens: r.OutputLen,
 		IgnoreEOS: true,
+		LoRA:      r.Adapter,
 	}
 	switch {
 	case s.tokenMode:
@@ -775,6 +804,7 @@ func (s *simulation) deliver(ei, i int32) {
 // events) and starts the next one if the engine has work.
 func (s *simulation) step(ei int32) {
 	e := s.engines[ei]
+	ended := e.inStep
 	if e.inStep {
 		e.inStep = false
 		for k := range e.res.Outputs {
@@ -784,6 +814,9 @@ func (s *simulation) step(ei int32) {
 			e.kvQueue.push(copyEvents(e.res.Events))
 			s.schedule(s.now+s.cfg.KVEventDelay, evKVEvents, ei, -1)
 		}
+	}
+	if s.lora {
+		recordLoRAs(e, ended)
 	}
 	if !e.eng.HasWork() {
 		e.busy = false
@@ -1002,7 +1035,7 @@ func (s *simulation) applyKV(ei int32) {
 	e := s.engines[ei]
 	batch := e.kvQueue.pop()
 	for _, x := range s.precise {
-		applyEvents(x, e.id, batch)
+		applyEvents(x, e.id, batch, &s.salts)
 	}
 }
 
