@@ -60,6 +60,12 @@ for engines of --profile (YAML: role: prefill; a fleet needs engines that decode
 and every engine of it runs one model, on any hardware):
 such a fleet runs disaggregated (--pd-mode, --pd-gbps, --pd-setup), placed by the
 same P/D planner as 'kvroute serve', with the TTFT split adding the KV transfer.
+A workload's requests may name LoRA adapters (--workload lora; a trace's
+"adapter" field): they route in the base model's pool, every engine serves every
+adapter with its blocks keyed apart (no cache shared across adapters), a step
+batches at most --max-loras distinct adapters (vLLM's, default 1), and the
+scraped metrics carry vllm:lora_requests_info (running and waiting adapters,
+max_lora), which kv-aware prices (its adapter_load parameter).
 Profiles: ` + "%s" + `.
 Policies: ` + "%s" + `.
 Generators: ` + "%s" + `.
@@ -102,6 +108,7 @@ type simOptions struct {
 	pdMode                      string
 	pdGbps                      float64
 	pdSetup                     time.Duration
+	maxLoRAs                    int
 }
 
 func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error {
@@ -145,6 +152,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 	fs.StringVar(&o.pdMode, "pd-mode", "conditional", "P/D fleets (--engines N/prefill,M/decode): conditional, always or never disaggregate")
 	fs.Float64Var(&o.pdGbps, "pd-gbps", 400, "P/D fleets: the prefill->decode fabric link speed in Gb/s")
 	fs.DurationVar(&o.pdSetup, "pd-setup", time.Millisecond, "P/D fleets: the fixed cost of one KV transfer")
+	fs.IntVar(&o.maxLoRAs, "max-loras", sim.DefaultMaxLoRAs, "LoRA adapters one engine step may batch (vLLM's --max-loras), for workloads whose requests name adapters (--workload lora)")
 	if err := parseFlags(fs, args); err != nil {
 		return err
 	}
@@ -182,6 +190,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		{"stale-after", "positive (default 1s)", o.staleAfter == 0},
 		{"kv-event-delay", "positive (e.g. 1ms)", o.kvEventDelay == 0},
 		{"parallel", "at least 1", o.parallel < 1},
+		{"max-loras", "at least 1 (default 1, vLLM's)", o.maxLoRAs < 1},
 	} {
 		if z.bad && flagSet(fs, z.name) {
 			return usageErr("--%s %s: must be %s", z.name, fs.Lookup(z.name).Value, z.hint)
@@ -345,6 +354,7 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 		RouterText:        o.routerText,
 		Drain:             o.drain,
 		QueueWait:         o.queueWait,
+		MaxLoRAs:          o.maxLoRAs,
 		SLO:               sim.SLO{TTFT: o.sloTTFT, TPOT: o.sloTPOT},
 		PD: sim.PDConfig{Mode: disagg.Mode(o.pdMode),
 			Links: disagg.UniformLinks(disagg.Link{Name: "fabric", Gbps: o.pdGbps, Setup: o.pdSetup})},
@@ -443,6 +453,9 @@ func runSim(ctx context.Context, args []string, stdout, stderr io.Writer) error 
 			"drain":           o.drain.String(),
 			"queue_wait":      max(o.queueWait, 0).String(),
 		},
+	}
+	if slices.ContainsFunc(w.Requests, func(r workload.Request) bool { return r.Adapter != "" }) {
+		rep.Params["max_loras"] = strconv.Itoa(o.maxLoRAs)
 	}
 	sweep := len(scales) > 1
 	if !sweep {

@@ -649,7 +649,7 @@ func TestWorkloadAndFleetFlagsNamed(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"--workload", "bogus"}, `--workload: unknown generator "bogus" (have chat, rag, storm, sysprompt, tenants)`},
+		{[]string{"--workload", "bogus"}, `--workload: unknown generator "bogus" (have chat, lora, rag, storm, sysprompt, tenants)`},
 		{[]string{"--arrivals", "trace"}, `--arrivals "trace" is not one of poisson, gamma, constant`},
 		{[]string{"--arrivals", "x"}, `--arrivals "x" is not one of poisson, gamma, constant`},
 		{[]string{"--params", "x"}, `--params: param "x" is not key=value`},
@@ -687,5 +687,39 @@ func TestWorkloadAndFleetFlagsNamed(t *testing.T) {
 		if err := run(context.Background(), args, &out, &errb); !errors.Is(err, errUsage) || !strings.HasPrefix(errb.String(), want) {
 			t.Errorf("%v: got %v, stderr %q; want a usage error starting %q", tc.args, err, errb.String(), want)
 		}
+	}
+}
+
+// TestSimCommandMaxLoRAs: --max-loras reaches the engines (a lora
+// workload's table differs between 1 and 4 adapters a step), is in the
+// report's parameters for a workload with adapters only, and 0 is a usage
+// error.
+func TestSimCommandMaxLoRAs(t *testing.T) {
+	lora := []string{"sim", "--workload", "lora", "--requests", "150", "--rate", "60", "--engines", "2xtiny",
+		"--params", "system_len=96,user_len=40,output_len=24", "--policies", "round_robin", "--quiet"}
+	table := func(args []string, maxLoRAs string) (string, *report.Report) {
+		dir := t.TempDir()
+		var out, errb bytes.Buffer
+		args = append(append([]string{}, args...), "--max-loras", maxLoRAs, "--out", dir)
+		if err := run(context.Background(), args, &out, &errb); err != nil {
+			t.Fatalf("%v: %v: %s", args, err, errb.String())
+		}
+		return out.String(), readReportJSON(t, filepath.Join(dir, "report.json"))
+	}
+	one, rep := table(lora, "1")
+	four, _ := table(lora, "4")
+	if one == four {
+		t.Errorf("--max-loras 1 and 4 give the same table:\n%s", one)
+	}
+	if got := rep.Params["max_loras"]; got != "1" {
+		t.Errorf("report params max_loras %q, want 1", got)
+	}
+	if _, rep := table(simArgs, "1"); rep.Params["max_loras"] != "" {
+		t.Errorf("a workload without adapters: report params max_loras %q, want none", rep.Params["max_loras"])
+	}
+	var out, errb bytes.Buffer
+	if err := run(context.Background(), append(append([]string{}, lora...), "--max-loras", "0"), &out, &errb); !errors.Is(err, errUsage) ||
+		!strings.Contains(errb.String(), "--max-loras 0") {
+		t.Errorf("--max-loras 0: got %v (%q), want a usage error naming the flag", err, errb.String())
 	}
 }
