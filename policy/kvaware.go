@@ -376,9 +376,11 @@ func (p KVAwareParams) Validate() error {
 // A request for a LoRA adapter (Request.Adapter) adds to queue the
 // adapter's load where the engine has no request of it running or
 // waiting (AdapterLoad), and where its batch is full of other adapters
-// (max_lora) the wait for a slot: an endpoint with the adapter active (in
-// its signals, or with requests for it the policy routed there and has
-// not seen released) is cheaper than one that must load it, by that much. (llm-d's
+// (max_lora; the adapters of the requests the policy has in flight there
+// count, as the engine took them since its last scrape) the wait for a
+// slot: an endpoint with the adapter active (in its signals, or with
+// requests for it the policy routed there and has not seen released) is
+// cheaper than one that must load it, by that much. (llm-d's
 // lora-affinity-scorer scores the same three states, 1, 0.8 and 0.6, but
 // is not in its default profile; kv-aware prices them in its estimate.)
 //
@@ -539,13 +541,17 @@ type KVAware struct {
 	// each endpoint and not yet released: the engine has the adapter
 	// loaded, or loading, before its next scrape says so.
 	adapterFlights map[adapterKey]int
-	tenantsActive  int
-	tracked        int // requests in pending
-	picks          uint64
-	sweepAt        int  // pending's size above which a Pick sweeps (past pendingSweepMin)
-	sweeps         int  // sweeps done
-	firstTokens    bool // the router reports first tokens (FirstToken)
-	now            time.Time
+	// adapterKinds counts, per endpoint, the adapters of adapterFlights
+	// there: they hold batch slots (max_lora) before the next scrape shows
+	// them running.
+	adapterKinds  map[string]int
+	tenantsActive int
+	tracked       int // requests in pending
+	picks         uint64
+	sweepAt       int  // pending's size above which a Pick sweeps (past pendingSweepMin)
+	sweeps        int  // sweeps done
+	firstTokens   bool // the router reports first tokens (FirstToken)
+	now           time.Time
 
 	workW     float64 // this decision's weight of added work
 	outTokens float64 // this request's expected output tokens
@@ -653,6 +659,7 @@ func (k *KVAware) ForgetEndpoint(id string) {
 			delete(k.adapterFlights, key)
 		}
 	}
+	delete(k.adapterKinds, id)
 	clear(k.byPos) // it may hold the deleted stats
 	for key, pr := range k.pending {
 		if pr.endpoint == id {
@@ -1195,16 +1202,37 @@ const (
 // whose step takes stepMs, and the time the engine takes to load it (see
 // AdapterLoad), ms. The adapter is active where the engine's signals show
 // it running or waiting, or where the policy has requests for it in
-// flight: those the engine took since its last scrape load it too.
+// flight: those the engine took since its last scrape load it too. For
+// the same reason the adapters of the policy's requests in flight there
+// fill the batch's slots (max_lora) with those the signals show running
+// (slotsFilled).
 func (k *KVAware) adapterCost(c *kvroute.Candidate, stepMs float64) (uint8, float64) {
 	load := float64(k.p.AdapterLoad) / float64(time.Millisecond)
 	switch l := &c.Load; {
 	case l.LoRA.Active(k.adapter) || k.adapterFlights[adapterKey{endpointID(c), k.adapter}] > 0:
 		return adapterActive, 0
-	case l.LoRA.Full():
+	case l.LoRA.Full() || k.slotsFilled(endpointID(c), l.LoRA):
 		return adapterSlot, load + k.outTokens/2*stepMs
 	}
 	return adapterLoad, load
+}
+
+// slotsFilled reports whether endpoint ep's batch holds max_lora adapters
+// (l.Max) counting, with those its signals show running, the adapters of
+// the requests the policy has in flight there (adapterKinds): a burst of
+// another adapter's requests routed since the last scrape takes the slot
+// before the scrape shows it. Unknown (no signals, no max_lora): false.
+func (k *KVAware) slotsFilled(ep string, l *kvroute.LoRALoad) bool {
+	if l == nil || l.Max <= 0 || k.adapterKinds[ep] == 0 {
+		return false
+	}
+	n := len(l.Running) + k.adapterKinds[ep]
+	for _, a := range l.Running {
+		if k.adapterFlights[adapterKey{ep, a}] > 0 {
+			n-- // running and in flight: counted once
+		}
+	}
+	return n >= l.Max
 }
 
 // decodeStepMs is the step time, in milliseconds, the request of P prompt
@@ -1653,7 +1681,13 @@ func (k *KVAware) track(pr pendingReq) {
 		if k.adapterFlights == nil {
 			k.adapterFlights = map[adapterKey]int{}
 		}
-		k.adapterFlights[adapterKey{pr.endpoint, pr.adapter}]++
+		key := adapterKey{pr.endpoint, pr.adapter}
+		if k.adapterFlights[key]++; k.adapterFlights[key] == 1 {
+			if k.adapterKinds == nil {
+				k.adapterKinds = map[string]int{}
+			}
+			k.adapterKinds[pr.endpoint]++
+		}
 	}
 }
 
@@ -1673,6 +1707,9 @@ func (k *KVAware) untrack(pr pendingReq) {
 	if key := (adapterKey{pr.endpoint, pr.adapter}); pr.adapter != "" && k.adapterFlights[key] > 0 {
 		if k.adapterFlights[key]--; k.adapterFlights[key] == 0 {
 			delete(k.adapterFlights, key)
+			if k.adapterKinds[pr.endpoint]--; k.adapterKinds[pr.endpoint] <= 0 {
+				delete(k.adapterKinds, pr.endpoint)
+			}
 		}
 	}
 	if pr.prefix != 0 {
