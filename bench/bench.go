@@ -69,7 +69,9 @@ type Config struct {
 	// gets the rest of it. Validate refuses a scheme other than http and
 	// https, no host, and a port out of 1-65535. Required.
 	URL string
-	// Model is the "model" field of every request. Required.
+	// Model is the "model" field of every request but those for a LoRA
+	// adapter (workload.Request.Adapter), whose "model" is the adapter's
+	// name, as vLLM and kvroute serve take it. Required.
 	Model string
 	// API is chat (default) or completions.
 	API string
@@ -451,6 +453,9 @@ func (r *runner) body(req *workload.Request) ([]byte, error) {
 	}
 	if req.Tenant != "" {
 		m["user"] = req.Tenant
+	}
+	if req.Adapter != "" {
+		m["model"] = req.Adapter
 	}
 	switch {
 	case r.cfg.API == APIChat:

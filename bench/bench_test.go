@@ -404,6 +404,26 @@ func TestTokensPrompt(t *testing.T) {
 	}
 }
 
+// TestAdapterModel: a request for a LoRA adapter names the adapter in its
+// "model" field, as vLLM and kvroute serve take it; the others Config.Model.
+func TestAdapterModel(t *testing.T) {
+	fs := &fakeServer{}
+	srv := httptest.NewServer(fs)
+	defer srv.Close()
+	rs := reqs("x", "y")
+	rs[1].Adapter = "sql-lora"
+	if _, err := Run(context.Background(), Config{URL: srv.URL, Model: "m", MaxInFlight: 1}, rs); err != nil {
+		t.Fatal(err)
+	}
+	var got []any
+	for _, b := range fs.bodies {
+		got = append(got, b["model"])
+	}
+	if len(got) != 2 || got[0] != "m" || got[1] != "sql-lora" {
+		t.Errorf("models %v, want [m sql-lora]", got)
+	}
+}
+
 func TestConfigErrors(t *testing.T) {
 	for _, tc := range []struct {
 		cfg  Config

@@ -86,7 +86,7 @@ func runBench(ctx context.Context, args []string, stdout, stderr io.Writer) erro
 		sweep                                                               string
 	)
 	fs.StringVar(&url, "url", "", "server base `URL`, e.g. http://127.0.0.1:8000, or an OpenAI client's base URL ending in /v1: the API path goes after it (required)")
-	fs.StringVar(&model, "model", "", "model `name` sent in every request (required)")
+	fs.StringVar(&model, "model", "", "model `name` sent in every request, but for those of a LoRA adapter (--workload lora), which name the adapter (required)")
 	fs.StringVar(&trace, "trace", "", "Mooncake JSONL trace `file` to replay")
 	fs.StringVar(&wlName, "workload", "", "generator `name` to run instead of a trace ('list' prints them)")
 	fs.StringVar(&params, "params", "", "generator parameters `k=v,...`")
