@@ -73,10 +73,11 @@ func engineTotals(e *simEngine) (preemptions int, hitRate float64) {
 }
 
 // applyEvents feeds a batch of engine KV events to the precise index, as
-// the router's KV-event subscriber does: a LoRA adapter's blocks with the
-// adapter's key as each block's salt (kvindex.BlockKey of its extra keys,
-// (lora_name,)), so the index keys them as kvindex.HashTokensKeyed keys
-// the adapter's prompts. salts is scratch space.
+// the router's KV-event subscriber does: a LoRA adapter's blocks are
+// stored with the adapter's key as each block's salt (kvindex.BlockKey of
+// the block's extra keys, (lora_name,)), so the index keys them as
+// kvindex.HashTokensKeyed keys the adapter's prompts. salts is scratch
+// space.
 func applyEvents(x *kvindex.Index, endpoint string, batch []engine.KVEvent, salts *[]uint64) {
 	for i := range batch {
 		ev := &batch[i]

@@ -246,13 +246,7 @@ type simEngine struct {
 	res     engine.StepResult // the step in progress (reused: engine.StepInto)
 	pre     engine.Stats      // the engine when the step in progress started: what a scrape sees until it ends
 	kvQueue fifo[[]engine.KVEvent]
-	// With LoRA adapters: whether the engine has stepped, and its running
-	// and waiting adapters (sorted) when it last started a step or went
-	// idle, what its vllm:lora_requests_info says (metricsOf).
-	loraStepped              bool
-	loraRunning, loraWaiting []string
-	maxLoRAs                 int            // Config.MaxLoRAs
-	scrapes                  []fifo[scrape] // per router replica: scrapes in transit to it
+	scrapes []fifo[scrape] // per router replica: scrapes in transit to it
 	// early, per router replica: evObserve events on the agenda whose
 	// scrape was recorded ahead of them (scrape) and that have nothing left
 	// to do.
@@ -263,6 +257,13 @@ type simEngine struct {
 	busyTime  time.Duration
 	steps     int
 	routed    int
+
+	// With LoRA adapters: whether the engine has ended a step, and its
+	// running and waiting adapters (sorted) when it last started a step or
+	// went idle, what its vllm:lora_requests_info says (metricsOf).
+	loraStepped              bool
+	loraRunning, loraWaiting []string
+	maxLoRAs                 int // Config.MaxLoRAs
 }
 
 // scrape is a metrics snapshot on its way to the router. The request for it
