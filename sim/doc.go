@@ -75,7 +75,9 @@
 //
 // A request for a LoRA adapter (workload.Request.Adapter) is routed in the
 // base model's pool (kvroute.Request.Model is Config.Model) with
-// kvroute.Request.Adapter set, and every engine serves every adapter. The
+// kvroute.Request.Adapter set, to the engines that serve it: every engine
+// serves every adapter unless its group lists the ones it serves
+// (Group.Adapters; none serves it: 503, a rejection). The
 // engine gets it as engine.Request.LoRA: its blocks are keyed with the
 // adapter's name (in the fast path by the workload's hashes, whose chain
 // an adapter roots in its name; with KV events by the engine's own keyed

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"math"
 	"os"
+	"slices"
 	"strconv"
 	"strings"
 
@@ -45,6 +46,12 @@ type Group struct {
 	// (Speed, Profile do). A fleet file may not write 0 (its writer meant
 	// no share, not a full one).
 	Weight int `yaml:"weight,omitempty" json:"weight,omitempty"`
+	// Adapters, when set, are the only LoRA adapters
+	// (workload.Request.Adapter) the group's engines serve
+	// (kvroute.Endpoint.Adapters): the router offers a request for
+	// another adapter to the other engines only, and rejects it (503) when
+	// none serves it. Empty: every adapter.
+	Adapters []string `yaml:"adapters,omitempty" json:"adapters,omitempty"`
 }
 
 // Fleet is the engines of a simulated model pool, in order; engine i of the
@@ -131,6 +138,9 @@ func (f Fleet) Validate() error {
 		}
 		if _, err := kvroute.ParseRole(g.Role); err != nil {
 			return fmt.Errorf("fleet: group %d (%s): %w", i, g.name(), err)
+		}
+		if slices.Contains(g.Adapters, "") {
+			return fmt.Errorf("fleet: group %d (%s): an adapter name is empty", i, g.name())
 		}
 	}
 	if f.prefillOnly() {

@@ -208,3 +208,38 @@ func TestScrapeLoRA(t *testing.T) {
 		t.Errorf("a workload without adapters: scrape %+v, want no LoRA series", m)
 	}
 }
+
+// TestGroupAdapters: a group that lists its adapters gets only their
+// requests (and the base model's); a request for an adapter no engine
+// serves is rejected (503). A fleet file reads the list.
+func TestGroupAdapters(t *testing.T) {
+	fleet, err := ParseFleetFile([]byte("engines:\n" +
+		"  - {count: 1, profile: tiny, num_gpu_blocks: 256, adapters: [a]}\n" +
+		"  - {count: 1, profile: tiny, num_gpu_blocks: 256, adapters: [b, c]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := fleet[1].Adapters; !slices.Equal(got, []string{"b", "c"}) {
+		t.Fatalf("group 1's adapters %v, want [b c]", got)
+	}
+	reqs := samePrompt("a", "b", "c", "a", "b", "d", "", "")
+	res := mustRun(t, Config{Fleet: fleet, Policy: "round_robin"}, reqs)
+	want := []string{"e0", "e1", "e1", "e0", "e1", "", "", ""}
+	for i, r := range res.Records {
+		switch {
+		case reqs[i].Adapter == "d":
+			if r.Status != 503 || r.Engine != "" {
+				t.Errorf("%s (adapter d, served nowhere): status %d on %q, want 503", r.ID, r.Status, r.Engine)
+			}
+		case reqs[i].Adapter == "":
+			if !r.OK() {
+				t.Errorf("%s (base model): status %d", r.ID, r.Status)
+			}
+		case !r.OK() || r.Engine != want[i]:
+			t.Errorf("%s (adapter %s): status %d on %s, want 200 on %s", r.ID, reqs[i].Adapter, r.Status, r.Engine, want[i])
+		}
+	}
+	if _, err := ParseFleetFile([]byte("engines:\n  - {count: 1, profile: tiny, adapters: [\"\"]}\n")); err == nil {
+		t.Error("an empty adapter name: no error")
+	}
+}

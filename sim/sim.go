@@ -114,8 +114,9 @@ type Config struct {
 	PD PDConfig
 	// MaxLoRAs is every engine's vLLM --max-loras: the distinct LoRA
 	// adapters (workload.Request.Adapter) one step's batch may hold
-	// (engine.Config.MaxLoRAs); default 1, vLLM's. Every engine serves
-	// every adapter. It matters only to a workload with adapters: then the
+	// (engine.Config.MaxLoRAs); default 1, vLLM's. An engine serves every
+	// adapter unless its group lists some (Group.Adapters). It matters
+	// only to a workload with adapters: then the
 	// engines run with LoRA enabled, and their scraped metrics carry
 	// vllm:lora_requests_info (running and waiting adapters, max_lora).
 	MaxLoRAs int
@@ -376,7 +377,7 @@ func newSimulation(cfg Config, reqs []workload.Request) (*simulation, error) {
 			s.byEP[id] = int32(len(s.engines))
 			s.engines = append(s.engines, se)
 			eps = append(eps, kvroute.Endpoint{ID: id, URL: "sim://" + id, Weight: max(g.Weight, 1), Role: role,
-				KVCapacityTokens: se.profile.KVCapacityTokens()})
+				KVCapacityTokens: se.profile.KVCapacityTokens(), Adapters: slices.Clone(g.Adapters)})
 			preciseIDs = append(preciseIDs, id)
 		}
 	}

@@ -62,7 +62,8 @@ such a fleet runs disaggregated (--pd-mode, --pd-gbps, --pd-setup), placed by th
 same P/D planner as 'kvroute serve', with the TTFT split adding the KV transfer.
 A workload's requests may name LoRA adapters (--workload lora; a trace's
 "adapter" field): they route in the base model's pool, every engine serves every
-adapter with its blocks keyed apart (no cache shared across adapters), a step
+adapter (a fleet file's group may list the only ones its engines serve, adapters:
+[adapter-0, adapter-1]) with its blocks keyed apart (no cache shared across adapters), a step
 batches at most --max-loras distinct adapters (vLLM's, default 1), and the
 scraped metrics carry vllm:lora_requests_info (running and waiting adapters,
 max_lora), which kv-aware prices (its adapter_load parameter).
