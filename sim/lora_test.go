@@ -1,6 +1,8 @@
 package sim
 
 import (
+	"bytes"
+	"encoding/csv"
 	"slices"
 	"testing"
 	"time"
@@ -54,6 +56,21 @@ func TestLoRAAdaptersShareNoBlocks(t *testing.T) {
 		}
 		if !slices.Equal(got, want) {
 			t.Errorf("kv events %v: cached tokens %v, want %v", kv, got, want)
+		}
+		// requests.csv names each request's adapter.
+		var buf bytes.Buffer
+		if err := WriteRecordsCSV(&buf, []string{"run"}, []*Result{res}); err != nil {
+			t.Fatal(err)
+		}
+		rows, err := csv.NewReader(&buf).ReadAll()
+		if err != nil {
+			t.Fatal(err)
+		}
+		col := slices.Index(rows[0], "adapter")
+		for k, r := range reqs {
+			if col < 0 || rows[k+1][col] != r.Adapter {
+				t.Fatalf("requests.csv: %s's adapter (column %d) is not %q: %v", r.ID, col, r.Adapter, rows[k+1])
+			}
 		}
 	}
 }

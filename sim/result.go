@@ -16,6 +16,8 @@ type Record struct {
 	// router, or, for a disaggregated request, when it failed before its
 	// decode leg was routed).
 	Engine string `json:"engine,omitempty"`
+	// Adapter is the LoRA adapter the request named ("" = the base model).
+	Adapter string `json:"adapter,omitempty"`
 	// Arrival is the request's arrival on the workload's clock, scaled
 	// (Config.RateScale divides it).
 	Arrival time.Duration `json:"arrival_ns"`

@@ -1071,6 +1071,7 @@ func (s *simulation) result() *Result {
 		st := &s.st[i]
 		rec := Record{
 			ID:           r.ID,
+			Adapter:      r.Adapter,
 			Arrival:      st.arrival + s.offset,
 			Status:       st.status,
 			Error:        st.errMsg,

@@ -74,7 +74,7 @@ Generators: ` + "%s" + `.
 The run is deterministic for --seed. --out DIR writes report.json, report.csv,
 report.txt (the table), report.html (charts, works offline), SVG charts and
 requests.csv (one line per request, with the TTFT split into network, queue,
-prefill, KV transfer and first step). Failed requests are counted per kind in
+prefill, KV transfer and first step, and its LoRA adapter). Failed requests are counted per kind in
 the table; the first of each kind is printed with its reason (e.g. a prompt
 longer than the engines' max model length). Ctrl-C stops the runs in progress
 and reports those that finished (exit status 130). Exit status: 0 when every
