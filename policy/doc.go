@@ -6,7 +6,8 @@
 //     session affinity by consistent hashing with bounded loads, hot-prefix
 //     replica sets, tenant fairness, shed/queue on overload; a request for
 //     a LoRA adapter pays its load (adapter_load) where the engine does not
-//     have it active, and a slot wait where its batch is full of others.
+//     hold it, and a slot wait where other adapters hold every slot; with
+//     few slots adapters keep engines of their own (adapter_hold).
 //   - Baselines: round_robin, random, least_request, power_of_two.
 //
 // Weights (kvroute.Endpoint.Weight): round_robin is nginx's smooth weighted

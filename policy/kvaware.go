@@ -3,6 +3,7 @@ package policy
 import (
 	"math"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"time"
 
@@ -234,16 +235,24 @@ type KVAwareParams struct {
 	// and copies them into a GPU slot on a miss, tens of milliseconds from
 	// a local disk. One still in vLLM's host cache (--max-cpu-loras)
 	// activates in a few ms, one fetched from a hub takes seconds: the
-	// default sits between. When the engine's batch already holds
-	// --max-loras distinct adapters (max_lora) and not this one, the
-	// request also waits for one of them to leave the batch, estimated as
-	// half a request's decode (OutputTokens/2 steps at the endpoint's
-	// step time). An endpoint whose signals give no adapters (stale, or no
-	// --enable-lora metric) pays AdapterLoad. Only requests for an adapter
-	// (kvroute.Request.Adapter) pay any of it: the base model's decisions
-	// are unchanged. 0 prices a load at nothing (the slot wait remains).
-	// Default 50ms.
+	// default sits between. Where the engine's --max-loras slots
+	// (max_lora) are taken by other adapters, the request also waits for a
+	// slot, priced in decodes of OutputTokens steps (see the LoRA
+	// paragraph of the estimate below). An endpoint whose signals give no
+	// adapters (stale, or no --enable-lora metric) pays AdapterLoad unless
+	// the policy has requests for the adapter in flight there. Only
+	// requests for an adapter (kvroute.Request.Adapter) pay any of it: the
+	// base model's decisions are unchanged. 0 prices a load at nothing
+	// (the slot wait remains). Default 50ms.
 	AdapterLoad time.Duration `param:"adapter_load"`
+	// AdapterHold is how long an engine is taken to keep the LoRA
+	// adapter the policy last routed there in its GPU slots once its
+	// requests have ended (vLLM keeps it until another adapter needs the
+	// slot), so that with --max-loras 1 an adapter's next request goes back
+	// to it and another adapter's does not take its place while an engine
+	// is free (see adapterCost). 0 forgets an adapter as its last request
+	// ends. Default 10s.
+	AdapterHold time.Duration `param:"adapter_hold"`
 	// Explain fills Decision.Scores with every candidate's estimate and its
 	// parts. The Reason is always set. Turn it off on a hot path that does
 	// not log decisions (it is the policy's only sizeable allocation).
@@ -299,6 +308,7 @@ func DefaultKVAwareParams() KVAwareParams {
 		OutputTokens:          256,
 		DecodeWeight:          0.1,
 		AdapterLoad:           50 * time.Millisecond,
+		AdapterHold:           10 * time.Second,
 	}
 }
 
@@ -343,6 +353,7 @@ func (p KVAwareParams) Validate() error {
 		check(n, "hot_settle", p.HotSettle >= 0, "must be >= 0, got %v", p.HotSettle),
 		check(n, "thrash_horizon", p.ThrashHorizon >= 0, "must be >= 0, got %v", p.ThrashHorizon),
 		check(n, "adapter_load", p.AdapterLoad >= 0, "must be >= 0, got %v", p.AdapterLoad),
+		check(n, "adapter_hold", p.AdapterHold >= 0, "must be >= 0, got %v", p.AdapterHold),
 	}
 	for _, err := range errs {
 		if err != nil {
@@ -373,16 +384,22 @@ func (p KVAwareParams) Validate() error {
 //	score   = TTFT + w x own x tok x attention + DecodeWeight x OutputTokens x dstep
 //	          with w = WorkWeight x (1 + WorkLoadGain x mean waiting)
 //
-// A request for a LoRA adapter (Request.Adapter) adds to queue the
-// adapter's load where the engine has no request of it running or
-// waiting (AdapterLoad), and where its batch is full of other adapters
-// (max_lora; the adapters of the requests the policy has in flight there
-// count, as the engine took them since its last scrape) the wait for a
-// slot: an endpoint with the adapter active (in its signals, or with
-// requests for it the policy routed there and has not seen released) is
-// cheaper than one that must load it, by that much. (llm-d's
-// lora-affinity-scorer scores the same three states, 1, 0.8 and 0.6, but
-// is not in its default profile; kv-aware prices them in its estimate.)
+// A request for a LoRA adapter (Request.Adapter) adds to queue its
+// adapter's cost on the endpoint (adapterCost): nothing where the engine
+// holds the adapter in one of its max_lora slots (running or waiting in
+// its signals, with requests the policy routed there in flight, or the
+// adapter the policy last routed there within AdapterHold), AdapterLoad
+// where a slot is free, and where other adapters hold every slot the wait
+// for one: half a decode (OutputTokens steps) where each of them runs on
+// another engine too, four where one runs only there (its requests keep
+// coming and keep this one out). An adapter that runs on two engines
+// leaves one whose slots are oversubscribed (another adapter waits there)
+// for the other at the price of half a decode. So with few slots each
+// adapter keeps engines of its own, a new one is given a free engine or
+// one a replicated adapter leaves, and a hot adapter spreads only when its
+// queue is longer than the wait. (llm-d's lora-affinity-scorer scores
+// active, free-slot and waiting states, 1, 0.8 and 0.6, but is not in its
+// default profile; kv-aware prices them in its estimate.)
 //
 // where budget is MaxBatchedTokens less one token per running sequence, tok
 // is PrefillUsPerToken (or the learned rate) and attention adds
@@ -541,10 +558,17 @@ type KVAware struct {
 	// each endpoint and not yet released: the engine has the adapter
 	// loaded, or loading, before its next scrape says so.
 	adapterFlights map[adapterKey]int
-	// adapterKinds counts, per endpoint, the adapters of adapterFlights
-	// there: they hold batch slots (max_lora) before the next scrape shows
-	// them running.
-	adapterKinds  map[string]int
+	// adapterLast holds, per endpoint, the LoRA adapters the policy last
+	// routed there (most recent first, at most maxAdapterUses): an engine
+	// keeps an adapter in its GPU slots until another takes its place, so
+	// an adapter whose requests have all ended still holds the slot it
+	// used for AdapterHold (see adapterCost).
+	adapterLast map[string][]adapterUse
+	// held and homes are adapterView's, for the Pick of a request for an
+	// adapter: per endpoint the adapters it holds, per adapter the
+	// endpoints where it runs or has requests in flight.
+	held          map[string]map[string]bool
+	homes         map[string]int
 	tenantsActive int
 	tracked       int // requests in pending
 	picks         uint64
@@ -659,7 +683,8 @@ func (k *KVAware) ForgetEndpoint(id string) {
 			delete(k.adapterFlights, key)
 		}
 	}
-	delete(k.adapterKinds, id)
+	delete(k.adapterLast, id)
+	delete(k.held, id)
 	clear(k.byPos) // it may hold the deleted stats
 	for key, pr := range k.pending {
 		if pr.endpoint == id {
@@ -873,6 +898,9 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	}
 	k.workW = p.WorkWeight * (1 + p.WorkLoadGain*float64(waiting)/float64(max(healthy, 1)))
 	k.adapter = req.Adapter
+	if req.Adapter != "" {
+		k.adapterView(now, cands)
+	}
 	k.outTokens = float64(p.OutputTokens)
 	if req.MaxTokens > 0 {
 		k.outTokens = float64(min(req.MaxTokens, p.OutputTokens))
@@ -1199,40 +1227,142 @@ const (
 )
 
 // adapterCost returns the state of the request's adapter on candidate c,
-// whose step takes stepMs, and the time the engine takes to load it (see
-// AdapterLoad), ms. The adapter is active where the engine's signals show
-// it running or waiting, or where the policy has requests for it in
-// flight: those the engine took since its last scrape load it too. For
-// the same reason the adapters of the policy's requests in flight there
-// fill the batch's slots (max_lora) with those the signals show running
-// (slotsFilled).
+// whose step takes stepMs, and the time the engine takes to start it
+// there, ms. vLLM batches requests of at most max_lora adapters (l.Max):
+// its scheduler skips a waiting request of another adapter while every
+// slot's adapter has a request in the batch, and requests of those
+// adapters that arrive meanwhile join the batch ahead of it. An engine
+// holds (adapterView) the adapters its signals show running or waiting,
+// those of the policy's requests in flight there, and the last l.Max
+// adapters the policy routed there within AdapterHold (it keeps them in
+// its slots until others take their place). For the request's adapter x:
+//
+//   - held, with no more adapters held than slots: active, no wait;
+//   - not held, with a slot free: AdapterLoad;
+//   - running there while more adapters are held than there are slots
+//     (others wait for a slot): active, unless x runs on another engine
+//     too; then a short wait (half a decode, OutputTokens/2 steps), so
+//     that x's next requests go to its other engine and this one drains
+//     for the waiting adapters;
+//   - otherwise x waits for a slot (plus AdapterLoad unless held): half a
+//     decode when every adapter running there runs elsewhere too (they
+//     leave, as above), else 4 decodes (OutputTokens steps each): their
+//     requests keep coming and keep x out. The policy then gives a new
+//     adapter an engine of its own while one has a free slot, and else
+//     the engine of an adapter that has another; a hot adapter spreads to
+//     a held engine only once its own queue is longer than that.
+//
+// With max_lora unknown (no signals, or no --enable-lora metric) x is
+// active where the engine has it running or waiting or the policy has
+// requests for it in flight, else it pays AdapterLoad.
 func (k *KVAware) adapterCost(c *kvroute.Candidate, stepMs float64) (uint8, float64) {
 	load := float64(k.p.AdapterLoad) / float64(time.Millisecond)
-	switch l := &c.Load; {
-	case l.LoRA.Active(k.adapter) || k.adapterFlights[adapterKey{endpointID(c), k.adapter}] > 0:
+	ep := endpointID(c)
+	l := c.Load.LoRA
+	x := k.adapter
+	if l == nil || l.Max <= 0 {
+		if l.Active(x) || k.adapterFlights[adapterKey{ep, x}] > 0 {
+			return adapterActive, 0
+		}
+		return adapterLoad, load
+	}
+	held := k.held[ep]
+	switch {
+	case held[x] && len(held) <= l.Max:
 		return adapterActive, 0
-	case l.LoRA.Full() || k.slotsFilled(endpointID(c), l.LoRA):
-		return adapterSlot, load + k.outTokens/2*stepMs
+	case !held[x] && len(held) < l.Max:
+		return adapterLoad, load
+	case l.Runs(x):
+		if k.homes[x] >= 2 {
+			return adapterSlot, k.outTokens / 2 * stepMs
+		}
+		return adapterActive, 0
 	}
-	return adapterLoad, load
-}
-
-// slotsFilled reports whether endpoint ep's batch holds max_lora adapters
-// (l.Max) counting, with those its signals show running, the adapters of
-// the requests the policy has in flight there (adapterKinds): a burst of
-// another adapter's requests routed since the last scrape takes the slot
-// before the scrape shows it. Unknown (no signals, no max_lora): false.
-func (k *KVAware) slotsFilled(ep string, l *kvroute.LoRALoad) bool {
-	if l == nil || l.Max <= 0 || k.adapterKinds[ep] == 0 {
-		return false
-	}
-	n := len(l.Running) + k.adapterKinds[ep]
-	for _, a := range l.Running {
-		if k.adapterFlights[adapterKey{ep, a}] > 0 {
-			n-- // running and in flight: counted once
+	wait := k.outTokens / 2 * stepMs
+	for a := range held {
+		if a != x && l.Runs(a) && k.homes[a] < 2 {
+			wait = 4 * k.outTokens * stepMs
+			break
 		}
 	}
-	return n >= l.Max
+	if held[x] {
+		load = 0
+	}
+	return adapterSlot, load + wait
+}
+
+// maxAdapterUses bounds KVAware.adapterLast's list per endpoint.
+const maxAdapterUses = 8
+
+// adapterUse is an adapter the policy routed to an endpoint, and when.
+type adapterUse struct {
+	adapter string
+	at      time.Time
+}
+
+// noteAdapter records that a request for adapter was routed to ep at now.
+func (k *KVAware) noteAdapter(now time.Time, ep, adapter string) {
+	if k.adapterLast == nil {
+		k.adapterLast = map[string][]adapterUse{}
+	}
+	list := k.adapterLast[ep]
+	if i := slices.IndexFunc(list, func(u adapterUse) bool { return u.adapter == adapter }); i >= 0 {
+		list = slices.Delete(list, i, i+1)
+	} else if len(list) == maxAdapterUses {
+		list = list[:maxAdapterUses-1]
+	}
+	k.adapterLast[ep] = slices.Insert(list, 0, adapterUse{adapter, now})
+}
+
+// adapterView fills k.held, per endpoint the adapters it holds (see
+// adapterCost), and k.homes, per adapter the endpoints where it runs or
+// has requests in flight, for the Pick of a request for an adapter at
+// now.
+func (k *KVAware) adapterView(now time.Time, cands []kvroute.Candidate) {
+	if k.held == nil {
+		k.held, k.homes = map[string]map[string]bool{}, map[string]int{}
+	}
+	for _, h := range k.held {
+		clear(h)
+	}
+	clear(k.homes)
+	add := func(ep, a string) {
+		h := k.held[ep]
+		if h == nil {
+			h = map[string]bool{}
+			k.held[ep] = h
+		}
+		h[a] = true
+	}
+	for key, n := range k.adapterFlights {
+		if n > 0 {
+			add(key.endpoint, key.adapter)
+		}
+	}
+	for i := range cands {
+		ep := endpointID(&cands[i])
+		l := cands[i].Load.LoRA
+		if l == nil {
+			continue
+		}
+		for _, a := range l.Running {
+			add(ep, a)
+		}
+		for _, a := range l.Waiting {
+			add(ep, a)
+		}
+		for j, u := range k.adapterLast[ep] {
+			if j >= l.Max || now.Sub(u.at) > k.p.AdapterHold {
+				break
+			}
+			add(ep, u.adapter)
+		}
+		for a := range k.held[ep] {
+			if l.Runs(a) || k.adapterFlights[adapterKey{ep, a}] > 0 {
+				k.homes[a]++
+			}
+		}
+	}
 }
 
 // decodeStepMs is the step time, in milliseconds, the request of P prompt
@@ -1623,6 +1753,9 @@ func (r reasonFigures) String() string {
 // record updates the moving averages and the in-flight accounting for a
 // dispatched request.
 func (k *KVAware) record(now time.Time, req *kvroute.Request, prefix uint64, endpoint string, st *candState, P int) {
+	if req.Adapter != "" {
+		k.noteAdapter(now, endpoint, req.Adapter)
+	}
 	const a = 0.05
 	if P > 0 {
 		own := float64(P - st.credit)
@@ -1681,13 +1814,7 @@ func (k *KVAware) track(pr pendingReq) {
 		if k.adapterFlights == nil {
 			k.adapterFlights = map[adapterKey]int{}
 		}
-		key := adapterKey{pr.endpoint, pr.adapter}
-		if k.adapterFlights[key]++; k.adapterFlights[key] == 1 {
-			if k.adapterKinds == nil {
-				k.adapterKinds = map[string]int{}
-			}
-			k.adapterKinds[pr.endpoint]++
-		}
+		k.adapterFlights[adapterKey{pr.endpoint, pr.adapter}]++
 	}
 }
 
@@ -1707,9 +1834,6 @@ func (k *KVAware) untrack(pr pendingReq) {
 	if key := (adapterKey{pr.endpoint, pr.adapter}); pr.adapter != "" && k.adapterFlights[key] > 0 {
 		if k.adapterFlights[key]--; k.adapterFlights[key] == 0 {
 			delete(k.adapterFlights, key)
-			if k.adapterKinds[pr.endpoint]--; k.adapterKinds[pr.endpoint] <= 0 {
-				delete(k.adapterKinds, pr.endpoint)
-			}
 		}
 	}
 	if pr.prefix != 0 {

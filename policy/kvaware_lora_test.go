@@ -7,42 +7,98 @@ import (
 	"github.com/kvroute/kvroute"
 )
 
+// slotFull reports whether decision d priced endpoint ep as a wait for an
+// adapter slot (adapter_slots_full).
+func slotFull(d kvroute.Decision, ep string) bool {
+	for _, s := range d.Scores {
+		if s.Endpoint == ep {
+			return slices.ContainsFunc(s.Parts, func(p kvroute.Part) bool { return p.Name == "adapter_slots_full" })
+		}
+	}
+	return false
+}
+
+// loraReq is a request for adapter of 1024 uncached tokens.
+func loraReq(id, adapter string) reqSpec {
+	return reqSpec{ID: id, Adapter: adapter, PromptTokens: 1024, Blocks: 64, BlockSeed: uint64(len(id))}
+}
+
 // TestKVAwareInFlightAdaptersFillSlots: an engine whose last scrape shows
 // a free adapter slot (max_lora 1, nothing running) has it taken by the
 // requests of another adapter kv-aware routed there since: a request for
-// a second adapter is priced the wait for the slot there (adapter_slots_full),
-// not a load into a free one, and goes to the busier engine whose slot is
-// free; once those requests are released, the slot is free again.
+// a second adapter is priced the wait for the slot there
+// (adapter_slots_full), not a load into a free one, and goes to the busier
+// engine whose slot is free. Once those requests are released the engine
+// still holds its adapter for adapter_hold (vLLM keeps it in the slot
+// until another needs it): the second adapter's next request goes back to
+// its own engine, priced a wait on the first's; with adapter_hold 0 the
+// slot is free again at once.
 func TestKVAwareInFlightAdaptersFillSlots(t *testing.T) {
 	cands := []candSpec{
 		{ID: "a", MaxLoRA: 1, LoRARunning: []string{}},
 		{ID: "b", MaxLoRA: 1, LoRARunning: []string{}, Running: 2, InFlight: 2, InFlightTokens: 2048},
 	}
-	req := func(id, adapter string) reqSpec {
-		return reqSpec{ID: id, Adapter: adapter, PromptTokens: 1024, Blocks: 64, BlockSeed: uint64(len(id))}
+	for _, tc := range []struct {
+		params map[string]any
+		third  string
+		full   bool // the third request priced a wait on a
+	}{
+		{nil, "b", true},
+		{map[string]any{"adapter_hold": "0s"}, "a", false},
+	} {
+		sc := scenario{Policy: NameKVAware, Params: tc.params, Seed: 1, Steps: []step{
+			{Request: loraReq("x1", "x"), Candidates: cands},
+			{AtMs: 10, Request: loraReq("y1", "y"), Candidates: cands},
+			{AtMs: 20, Release: []string{"x1", "y1"}, Request: loraReq("y2z", "y"), Candidates: cands},
+		}}
+		ds, err := sc.run()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := []string{ds[0].Endpoint, ds[1].Endpoint, ds[2].Endpoint}; !slices.Equal(got, []string{"a", "b", tc.third}) {
+			t.Errorf("params %v: endpoints %v, want [a b %s]: %s; %s; %s", tc.params, got, tc.third, ds[0].Reason, ds[1].Reason, ds[2].Reason)
+		}
+		if !slotFull(ds[1], "a") || slotFull(ds[1], "b") || slotFull(ds[2], "a") != tc.full {
+			t.Errorf("params %v: slots full: y1 on a %v (want true), on b %v (want false); y2 after the release on a %v (want %v)",
+				tc.params, slotFull(ds[1], "a"), slotFull(ds[1], "b"), slotFull(ds[2], "a"), tc.full)
+		}
 	}
+}
+
+// TestKVAwareAdapterPlacement: on engines of one adapter slot each, all
+// taken, a request for a new adapter goes to the engine whose adapter also
+// runs elsewhere (it drains there: half a decode) rather than to one whose
+// only adapter would keep it out (four decodes), though that one is less
+// loaded; and the replicated adapter's next request goes to its other,
+// busier engine, leaving the first to drain for the newcomer.
+func TestKVAwareAdapterPlacement(t *testing.T) {
+	cands := []candSpec{
+		{ID: "a", MaxLoRA: 1, LoRARunning: []string{"hot"}, Running: 4, InFlight: 4, InFlightTokens: 4096},
+		{ID: "b", MaxLoRA: 1, LoRARunning: []string{"hot"}, Running: 6, InFlight: 6, InFlightTokens: 6144},
+		{ID: "c", MaxLoRA: 1, LoRARunning: []string{"cold"}, Running: 1, InFlight: 1, InFlightTokens: 1024},
+	}
+	// The second step's signals are those of the first: the engine took
+	// the new adapter's request since its last scrape, as the policy's
+	// own record of it says.
 	sc := scenario{Policy: NameKVAware, Seed: 1, Steps: []step{
-		{Request: req("x1", "x"), Candidates: cands},
-		{AtMs: 10, Request: req("y1", "y"), Candidates: cands},
-		{AtMs: 20, Release: []string{"x1", "y1"}, Request: req("y2z", "y"), Candidates: cands},
+		{Request: loraReq("n1", "new"), Candidates: cands},
+		{AtMs: 10, Request: loraReq("h1", "hot"), Candidates: cands},
 	}}
 	ds, err := sc.run()
 	if err != nil {
 		t.Fatal(err)
 	}
-	slotFull := func(d kvroute.Decision, ep string) bool {
-		for _, s := range d.Scores {
-			if s.Endpoint == ep {
-				return slices.ContainsFunc(s.Parts, func(p kvroute.Part) bool { return p.Name == "adapter_slots_full" })
-			}
-		}
-		return false
+	if ds[0].Endpoint == "c" {
+		t.Errorf("the new adapter went to c, whose only adapter keeps it out: %s", ds[0].Reason)
 	}
-	if got := []string{ds[0].Endpoint, ds[1].Endpoint, ds[2].Endpoint}; !slices.Equal(got, []string{"a", "b", "a"}) {
-		t.Errorf("endpoints %v, want [a b a]: %s; %s; %s", got, ds[0].Reason, ds[1].Reason, ds[2].Reason)
+	if !slotFull(ds[0], "a") || !slotFull(ds[0], "c") {
+		t.Errorf("the new adapter's waits: on a %v, on c %v, want both", slotFull(ds[0], "a"), slotFull(ds[0], "c"))
 	}
-	if !slotFull(ds[1], "a") || slotFull(ds[1], "b") || slotFull(ds[2], "a") {
-		t.Errorf("slots full: y1 on a %v (want true), on b %v (want false); y2 after the release on a %v (want false)",
-			slotFull(ds[1], "a"), slotFull(ds[1], "b"), slotFull(ds[2], "a"))
+	if ds[0].Endpoint != "a" {
+		t.Errorf("the new adapter went to %s, want a, the less loaded of the hot adapter's engines: %s", ds[0].Endpoint, ds[0].Reason)
+	}
+	if ds[1].Endpoint != "b" {
+		t.Errorf("the hot adapter's next request went to %s, want b: the new adapter waits on a, which the hot adapter "+
+			"leaves to drain though it is the less loaded: %s", ds[1].Endpoint, ds[1].Reason)
 	}
 }

@@ -66,7 +66,7 @@ adapter (a fleet file's group may list the only ones its engines serve, adapters
 [adapter-0, adapter-1]) with its blocks keyed apart (no cache shared across adapters), a step
 batches at most --max-loras distinct adapters (vLLM's, default 1), and the
 scraped metrics carry vllm:lora_requests_info (running and waiting adapters,
-max_lora), which kv-aware prices (its adapter_load parameter).
+max_lora), which kv-aware prices (its adapter_load and adapter_hold parameters).
 Profiles: ` + "%s" + `.
 Policies: ` + "%s" + `.
 Generators: ` + "%s" + `.
