@@ -125,13 +125,7 @@ func (xxh3Hash) Keyed(parent Digest, tokens []uint32, lora, salt string) Digest 
 // block's parent key (a 0 result is the seed), so a router hashing an
 // adapter's prompt with kvindex.HashTokensKeyed computes the keys this
 // engine publishes.
-func ExtraKey(lora, salt string) uint64 {
-	if lora == "" && salt == "" {
-		return 0
-	}
-	var buf [128]byte
-	return nonZero(xxh3.Hash(extrakeys.AppendBlock(buf[:0], lora, salt)))
-}
+func ExtraKey(lora, salt string) uint64 { return extrakeys.Hash(lora, salt) }
 
 // foldKey is parent with the extra keys' hash k folded in: parent XOR k,
 // the seed when that is 0 (k = 0: parent).

@@ -61,13 +61,7 @@ func HashTokensKeyed(tokens []uint32, lora, salt string, blockSize int, dst []ui
 // hashes it: XXH3-64 (0 mapped to 1) of the msgpack of the tuple of the
 // adapter's name and the salt, each only when non-empty
 // (extrakeys.AppendBlock); 0 when both are empty (no extra keys).
-func BlockKey(lora, salt string) uint64 {
-	if lora == "" && salt == "" {
-		return 0
-	}
-	var buf [128]byte
-	return nonZero(xxh3.Hash(extrakeys.AppendBlock(buf[:0], lora, salt)))
-}
+func BlockKey(lora, salt string) uint64 { return extrakeys.Hash(lora, salt) }
 
 // fold is a block's parent key with its extra keys' hash k folded in, as
 // the precise index folds a Stored salt: parent XOR k, read as the seed

@@ -3,6 +3,8 @@
 // model and the router's prefix indexes to agree on a salted block's key.
 package extrakeys
 
+import "github.com/zeebo/xxh3"
+
 // AppendCacheSalt appends the msgpack of the 1-tuple (salt,), the entry
 // vLLM's generate_block_hash_extra_keys gives a first block salted with a
 // request's cache_salt and no LoRA adapter. It is AppendBlock(b, "", salt).
@@ -49,4 +51,20 @@ func appendString(b []byte, s string) []byte {
 		b = append(b, 0xdb, byte(n>>24), byte(n>>16), byte(n>>8), byte(n))
 	}
 	return append(b, s...)
+}
+
+// Hash is the hash of a block's extra_keys entry as the router's event
+// decoder hashes each entry's bytes: XXH3-64 (0 mapped to 1) of
+// AppendBlock(lora, salt), the key the engine model's xxh3 chain and the
+// router's prefix indexes fold into the block's parent; 0 when both are
+// empty (the block has no extra keys).
+func Hash(lora, salt string) uint64 {
+	if lora == "" && salt == "" {
+		return 0
+	}
+	var buf [128]byte
+	if h := xxh3.Hash(AppendBlock(buf[:0], lora, salt)); h != 0 {
+		return h
+	}
+	return 1
 }
