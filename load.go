@@ -62,10 +62,6 @@ func (a *LoRALoad) Active(adapter string) bool {
 // Runs reports whether the engine has requests of adapter in its batch.
 func (a *LoRALoad) Runs(adapter string) bool { return a != nil && sortedHas(a.Running, adapter) }
 
-// Full reports whether the engine's batch holds Max distinct adapters: a
-// request of another adapter waits for one of them to leave the batch.
-func (a *LoRALoad) Full() bool { return a != nil && a.Max > 0 && len(a.Running) >= a.Max }
-
 func sortedHas(list []string, s string) bool {
 	_, ok := slices.BinarySearch(list, s)
 	return ok

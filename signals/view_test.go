@@ -397,7 +397,7 @@ func TestViewStaleKVUsage(t *testing.T) {
 
 // TestViewLoRA: the adapters a scrape reports reach the Load (running and
 // waiting apart, with max_lora) until the signals go stale or a scrape
-// reports none; the Load's LoRALoad answers Active and Full from them.
+// reports none; the Load's LoRALoad answers Active and Runs from them.
 func TestViewLoRA(t *testing.T) {
 	v := NewView(ViewConfig{StaleAfter: time.Second})
 	m := vllmMetrics(1, 2, 0.5)
@@ -414,8 +414,8 @@ func TestViewLoRA(t *testing.T) {
 			t.Errorf("Active(%q) = %v, want %v", name, got, active)
 		}
 	}
-	if !l.Full() {
-		t.Errorf("Full() = false with 2 of max 2 adapters running")
+	if !l.Runs("a") || l.Runs("c") {
+		t.Errorf("Runs(a) = %v, Runs(c) = %v; want a running, c only waiting", l.Runs("a"), l.Runs("c"))
 	}
 	if got := v.Load(at(1500)).LoRA; got != nil {
 		t.Errorf("stale: LoRA = %+v, want nil", got)
@@ -425,7 +425,7 @@ func TestViewLoRA(t *testing.T) {
 		t.Errorf("scrape without the metric: LoRA = %+v, want nil", got)
 	}
 	var none *kvroute.LoRALoad
-	if none.Active("a") || none.Full() {
-		t.Errorf("nil LoRALoad: Active or Full true")
+	if none.Active("a") || none.Runs("a") {
+		t.Errorf("nil LoRALoad: Active or Runs true")
 	}
 }
