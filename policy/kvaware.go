@@ -1233,9 +1233,11 @@ const (
 // slot's adapter has a request in the batch, and requests of those
 // adapters that arrive meanwhile join the batch ahead of it. An engine
 // holds (adapterView) the adapters its signals show running or waiting,
-// those of the policy's requests in flight there, and the last l.Max
-// adapters the policy routed there within AdapterHold (it keeps them in
-// its slots until others take their place). For the request's adapter x:
+// those of the policy's requests in flight there, the last l.Max adapters
+// the policy routed there within AdapterHold (it keeps them in its slots
+// until others take their place), and the request's adapter where the
+// prefix indexes credit blocks of its prompt (they are keyed by the
+// adapter: the engine ran it). For the request's adapter x:
 //
 //   - held, with no more adapters held than slots: active, no wait;
 //   - not held, with a slot free: AdapterLoad;
@@ -1344,6 +1346,13 @@ func (k *KVAware) adapterView(now time.Time, cands []kvroute.Candidate) {
 		l := cands[i].Load.LoRA
 		if l == nil {
 			continue
+		}
+		if cands[i].CachedTokens > 0 {
+			// Blocks of the adapter's prompt, keyed by the adapter: the
+			// engine ran it, and took it into a slot, since the router
+			// last saw (a request sent to it directly, or before a restart
+			// of the router).
+			add(ep, k.adapter)
 		}
 		for _, a := range l.Running {
 			add(ep, a)

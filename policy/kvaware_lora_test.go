@@ -102,3 +102,34 @@ func TestKVAwareAdapterPlacement(t *testing.T) {
 			"leaves to drain though it is the less loaded: %s", ds[1].Endpoint, ds[1].Reason)
 	}
 }
+
+// TestKVAwareAdapterCachedBlocks: an engine the prefix index credits with
+// blocks of an adapter's prompt ran the adapter (its blocks are keyed by
+// it), though the policy never routed it there (a request sent to the
+// engine directly): it holds the adapter, as much as the engine the policy
+// last routed it to, and its cache wins. Without that it would pay the
+// adapter's load and lose to the other for a small prefix.
+func TestKVAwareAdapterCachedBlocks(t *testing.T) {
+	free := []candSpec{
+		{ID: "a", MaxLoRA: 1, LoRARunning: []string{}},
+		{ID: "b", MaxLoRA: 1, LoRARunning: []string{}, Running: 1, InFlight: 1, InFlightTokens: 1024},
+	}
+	cached := []candSpec{
+		{ID: "a", MaxLoRA: 1, LoRARunning: []string{}},
+		{ID: "b", MaxLoRA: 1, LoRARunning: []string{}, CachedBlocks: 4, CachedTokens: 64},
+	}
+	sc := scenario{Policy: NameKVAware, Seed: 1, Steps: []step{
+		{Request: loraReq("x1", "x"), Candidates: free},
+		{AtMs: 10, Release: []string{"x1"}, Request: loraReq("x2z", "x"), Candidates: cached},
+	}}
+	ds, err := sc.run()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ds[0].Endpoint != "a" {
+		t.Fatalf("x1 went to %s, want a, the idle engine: %s", ds[0].Endpoint, ds[0].Reason)
+	}
+	if ds[1].Endpoint != "b" {
+		t.Errorf("x2 went to %s, want b, whose cache holds blocks of the adapter's prompt: %s", ds[1].Endpoint, ds[1].Reason)
+	}
+}
