@@ -564,11 +564,14 @@ type KVAware struct {
 	// an adapter whose requests have all ended still holds the slot it
 	// used for AdapterHold (see adapterCost).
 	adapterLast map[string][]adapterUse
-	// held and homes are adapterView's, for the Pick of a request for an
-	// adapter: per endpoint the adapters it holds, per adapter the
-	// endpoints where it runs or has requests in flight.
-	held          map[string]map[string]bool
+	// flightAdapters lists, per endpoint, the adapters of adapterFlights
+	// there (kept with it by track and untrack).
+	flightAdapters map[string][]string
+	// homes is adapterView's, for the Pick of a request for an adapter:
+	// per adapter, the endpoints where it runs or has requests in flight;
+	// held is adapterCost's scratch, the adapters one endpoint holds.
 	homes         map[string]int
+	held          []string
 	tenantsActive int
 	tracked       int // requests in pending
 	picks         uint64
@@ -684,7 +687,7 @@ func (k *KVAware) ForgetEndpoint(id string) {
 		}
 	}
 	delete(k.adapterLast, id)
-	delete(k.held, id)
+	delete(k.flightAdapters, id)
 	clear(k.byPos) // it may hold the deleted stats
 	for key, pr := range k.pending {
 		if pr.endpoint == id {
@@ -899,7 +902,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	k.workW = p.WorkWeight * (1 + p.WorkLoadGain*float64(waiting)/float64(max(healthy, 1)))
 	k.adapter = req.Adapter
 	if req.Adapter != "" {
-		k.adapterView(now, cands)
+		k.adapterView(cands)
 	}
 	k.outTokens = float64(p.OutputTokens)
 	if req.MaxTokens > 0 {
@@ -1268,11 +1271,12 @@ func (k *KVAware) adapterCost(c *kvroute.Candidate, stepMs float64) (uint8, floa
 		}
 		return adapterLoad, load
 	}
-	held := k.held[ep]
+	held := k.heldAt(c, ep, l)
+	hasX := slices.Contains(held, x)
 	switch {
-	case held[x] && len(held) <= l.Max:
+	case hasX && len(held) <= l.Max:
 		return adapterActive, 0
-	case !held[x] && len(held) < l.Max:
+	case !hasX && len(held) < l.Max:
 		return adapterLoad, load
 	case l.Runs(x):
 		if k.homes[x] >= 2 {
@@ -1281,16 +1285,50 @@ func (k *KVAware) adapterCost(c *kvroute.Candidate, stepMs float64) (uint8, floa
 		return adapterActive, 0
 	}
 	wait := k.outTokens / 2 * stepMs
-	for a := range held {
+	for _, a := range held {
 		if a != x && l.Runs(a) && k.homes[a] < 2 {
 			wait = 4 * k.outTokens * stepMs
 			break
 		}
 	}
-	if held[x] {
+	if hasX {
 		load = 0
 	}
 	return adapterSlot, load + wait
+}
+
+// heldAt returns the adapters endpoint ep of candidate c (its signals l)
+// holds (see adapterCost), each once, in k.held.
+func (k *KVAware) heldAt(c *kvroute.Candidate, ep string, l *kvroute.LoRALoad) []string {
+	h := k.held[:0]
+	add := func(a string) {
+		if !slices.Contains(h, a) {
+			h = append(h, a)
+		}
+	}
+	for _, a := range l.Running {
+		add(a)
+	}
+	for _, a := range l.Waiting {
+		add(a)
+	}
+	for _, a := range k.flightAdapters[ep] {
+		add(a)
+	}
+	for j, u := range k.adapterLast[ep] {
+		if j >= l.Max || k.now.Sub(u.at) > k.p.AdapterHold {
+			break
+		}
+		add(u.adapter)
+	}
+	if c.CachedTokens > 0 {
+		// Blocks of the adapter's prompt, keyed by the adapter: the engine
+		// ran it, and took it into a slot, since the router last saw (a
+		// request sent to it directly, or before the router restarted).
+		add(k.adapter)
+	}
+	k.held = h
+	return h
 }
 
 // maxAdapterUses bounds KVAware.adapterLast's list per endpoint.
@@ -1316,58 +1354,24 @@ func (k *KVAware) noteAdapter(now time.Time, ep, adapter string) {
 	k.adapterLast[ep] = slices.Insert(list, 0, adapterUse{adapter, now})
 }
 
-// adapterView fills k.held, per endpoint the adapters it holds (see
-// adapterCost), and k.homes, per adapter the endpoints where it runs or
-// has requests in flight, for the Pick of a request for an adapter at
-// now.
-func (k *KVAware) adapterView(now time.Time, cands []kvroute.Candidate) {
-	if k.held == nil {
-		k.held, k.homes = map[string]map[string]bool{}, map[string]int{}
-	}
-	for _, h := range k.held {
-		clear(h)
+// adapterView fills k.homes, per adapter the endpoints where it runs or
+// has requests in flight, for the Pick of a request for an adapter.
+func (k *KVAware) adapterView(cands []kvroute.Candidate) {
+	if k.homes == nil {
+		k.homes = map[string]int{}
 	}
 	clear(k.homes)
-	add := func(ep, a string) {
-		h := k.held[ep]
-		if h == nil {
-			h = map[string]bool{}
-			k.held[ep] = h
-		}
-		h[a] = true
-	}
-	for key, n := range k.adapterFlights {
-		if n > 0 {
-			add(key.endpoint, key.adapter)
-		}
-	}
 	for i := range cands {
 		ep := endpointID(&cands[i])
 		l := cands[i].Load.LoRA
 		if l == nil {
 			continue
 		}
-		if cands[i].CachedTokens > 0 {
-			// Blocks of the adapter's prompt, keyed by the adapter: the
-			// engine ran it, and took it into a slot, since the router
-			// last saw (a request sent to it directly, or before a restart
-			// of the router).
-			add(ep, k.adapter)
-		}
 		for _, a := range l.Running {
-			add(ep, a)
+			k.homes[a]++
 		}
-		for _, a := range l.Waiting {
-			add(ep, a)
-		}
-		for j, u := range k.adapterLast[ep] {
-			if j >= l.Max || now.Sub(u.at) > k.p.AdapterHold {
-				break
-			}
-			add(ep, u.adapter)
-		}
-		for a := range k.held[ep] {
-			if l.Runs(a) || k.adapterFlights[adapterKey{ep, a}] > 0 {
+		for _, a := range k.flightAdapters[ep] {
+			if !l.Runs(a) {
 				k.homes[a]++
 			}
 		}
@@ -1823,7 +1827,13 @@ func (k *KVAware) track(pr pendingReq) {
 		if k.adapterFlights == nil {
 			k.adapterFlights = map[adapterKey]int{}
 		}
-		k.adapterFlights[adapterKey{pr.endpoint, pr.adapter}]++
+		key := adapterKey{pr.endpoint, pr.adapter}
+		if k.adapterFlights[key]++; k.adapterFlights[key] == 1 {
+			if k.flightAdapters == nil {
+				k.flightAdapters = map[string][]string{}
+			}
+			k.flightAdapters[pr.endpoint] = append(k.flightAdapters[pr.endpoint], pr.adapter)
+		}
 	}
 }
 
@@ -1843,6 +1853,15 @@ func (k *KVAware) untrack(pr pendingReq) {
 	if key := (adapterKey{pr.endpoint, pr.adapter}); pr.adapter != "" && k.adapterFlights[key] > 0 {
 		if k.adapterFlights[key]--; k.adapterFlights[key] == 0 {
 			delete(k.adapterFlights, key)
+			list := k.flightAdapters[pr.endpoint]
+			if i := slices.Index(list, pr.adapter); i >= 0 {
+				list = slices.Delete(list, i, i+1)
+			}
+			if len(list) == 0 {
+				delete(k.flightAdapters, pr.endpoint)
+			} else {
+				k.flightAdapters[pr.endpoint] = list
+			}
 		}
 	}
 	if pr.prefix != 0 {

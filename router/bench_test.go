@@ -44,11 +44,18 @@ func BenchmarkDecisionKVAware64(b *testing.B) {
 		b.Run(fmt.Sprintf("sessions=%d", sessions), func(b *testing.B) { benchDecision(b, sessions, 0) })
 	}
 	b.Run("loaded/sessions=256/inflight=128", func(b *testing.B) { benchDecision(b, 256, 128) })
+	// Requests for 8 LoRA adapters, engines of 4 slots reporting one
+	// running each (kv-aware's adapterView and adapterCost on every Pick).
+	b.Run("adapters=8/sessions=64/inflight=128", func(b *testing.B) { benchDecisionWith(b, 64, 128, 8) })
 }
 
 // benchDecision times decisionLoop's decisions.
-func benchDecision(b *testing.B, sessions, inflight int) {
-	step := decisionLoop(b, sessions, inflight)
+func benchDecision(b *testing.B, sessions, inflight int) { benchDecisionWith(b, sessions, inflight, 0) }
+
+// benchDecisionWith is benchDecision for requests naming adapters LoRA
+// adapters in turn (0: none).
+func benchDecisionWith(b *testing.B, sessions, inflight, adapters int) {
+	_, step := decisionLoopWith(b, sessions, inflight, adapters, nil)
 	for range benchWarmUp {
 		step(nil)
 	}
@@ -92,11 +99,18 @@ func (tm *stepTimers) init() {
 // observed, reporting as running what the router holds in flight there.
 // Each observation trims the view's log of the router's own dispatches;
 // without any, the logs would grow toward their cap through the run.
-func scrape(r *Router, now time.Time) {
-	for _, e := range r.eps {
+// With adapters, each engine also reports (vllm:lora_requests_info) 4
+// slots and one of the adapters running.
+func scrape(r *Router, now time.Time, adapters []string) {
+	for i, e := range r.eps {
 		v := e.view
-		v.Observe(now, signals.Metrics{Flavor: signals.FlavorVLLM, Have: signals.HasWaiting | signals.HasRunning,
-			Running: float64(v.Snapshot().InFlight)})
+		m := signals.Metrics{Flavor: signals.FlavorVLLM, Have: signals.HasWaiting | signals.HasRunning,
+			Running: float64(v.Snapshot().InFlight)}
+		if len(adapters) > 0 {
+			m.Have |= signals.HasLoRA
+			m.LoRARunning, m.MaxLoRA = adapters[i%len(adapters):i%len(adapters)+1], 4
+		}
+		v.Observe(now, m)
 	}
 }
 
@@ -110,14 +124,14 @@ const benchWarmUp = 20000
 // decisions (0: its first token and end are recorded at once), 1 ms
 // apart, the engines scraped every 100 ms.
 func decisionLoop(tb testing.TB, sessions, inflight int) (step func(*stepTimers)) {
-	_, step = decisionLoopWith(tb, sessions, inflight, nil)
+	_, step = decisionLoopWith(tb, sessions, inflight, 0, nil)
 	return step
 }
 
 // decisionLoopWith is decisionLoop with the default policy's params, and
 // the router.
 // With timers, a step times itself into them (nil: untimed).
-func decisionLoopWith(tb testing.TB, sessions, inflight int, params map[string]any) (*Router, func(*stepTimers)) {
+func decisionLoopWith(tb testing.TB, sessions, inflight, adapters int, params map[string]any) (*Router, func(*stepTimers)) {
 	p, err := policy.New(policy.Default, params, 1)
 	if err != nil {
 		tb.Fatal(err)
@@ -138,6 +152,16 @@ func decisionLoopWith(tb testing.TB, sessions, inflight int, params map[string]a
 	for i := range reqIDs {
 		reqIDs[i] = fmt.Sprint(i)
 	}
+	names := make([]string, adapters)
+	for k := range names {
+		names[k] = fmt.Sprintf("adapter-%d", k)
+	}
+	adapter := func(i int) string {
+		if adapters == 0 {
+			return ""
+		}
+		return names[i%adapters]
+	}
 	i := 0
 	finish := func(f *Flight) {
 		r.FirstToken(now, f)
@@ -155,7 +179,7 @@ func decisionLoopWith(tb testing.TB, sessions, inflight int, params map[string]a
 		if old != nil {
 			finish(old)
 		}
-		*req = kvroute.Request{ID: reqIDs[slot], Model: "m", Prompt: prompts[i%len(prompts)], PromptTokens: 8192, MaxTokens: 128}
+		*req = kvroute.Request{ID: reqIDs[slot], Model: "m", Adapter: adapter(i), Prompt: prompts[i%len(prompts)], PromptTokens: 8192, MaxTokens: 128}
 		if tm != nil {
 			routeStart = time.Now()
 		}
@@ -180,7 +204,7 @@ func decisionLoopWith(tb testing.TB, sessions, inflight int, params map[string]a
 		now = now.Add(time.Millisecond)
 		i++
 		if i%100 == 0 {
-			scrape(r, now)
+			scrape(r, now, names)
 		}
 	}
 }

@@ -700,7 +700,7 @@ func TestRouteEvicts(t *testing.T) {
 // whole prompt cached.
 func TestSessionsLeaveThrashingHolder(t *testing.T) {
 	for _, spare := range []bool{true, false} {
-		r, step := decisionLoopWith(t, 64, 0, map[string]any{"spare_full": spare})
+		r, step := decisionLoopWith(t, 64, 0, 0, map[string]any{"spare_full": spare})
 		for range 3000 {
 			step(nil)
 		}
