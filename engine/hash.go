@@ -143,13 +143,7 @@ func foldKey(parent, k uint64) uint64 {
 // that a router hashing a salted prompt computes the keys this engine
 // publishes, and those its index gives the blocks from their tokens and
 // extra keys.
-func SaltRoot(salt string) uint64 {
-	var buf [64]byte
-	if r := xxh3Seed ^ nonZero(xxh3.Hash(extrakeys.AppendCacheSalt(buf[:0], salt))); r != 0 {
-		return r
-	}
-	return xxh3Seed
-}
+func SaltRoot(salt string) uint64 { return foldKey(xxh3Seed, ExtraKey("", salt)) }
 
 func xxh3Block(parent uint64, tokens []uint32) uint64 {
 	if len(tokens) == 0 {

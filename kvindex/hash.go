@@ -74,7 +74,7 @@ func fold(parent, k uint64) uint64 {
 }
 
 // SaltRoot is the parent of a salted prompt's first block in the token
-// chain: the seed XOR SaltKey(salt) (a 0 result is the seed, as ChainHash
+// chain: the seed XOR BlockKey("", salt) (a 0 result is the seed, as ChainHash
 // reads a 0 parent); for the empty salt, the seed. A vLLM engine reports a
 // salted first block's extra_keys in its BlockStored event, which the
 // precise index folds into the block's parent so (Stored.Salts): a salted
@@ -82,22 +82,13 @@ func fold(parent, k uint64) uint64 {
 // engine stored for the same salt. engine.SaltRoot is the same function.
 func SaltRoot(salt string) uint64 { return saltedRoot(tokenSeed, salt) }
 
-// SaltKey is the hash of the extra_keys entry vLLM's BlockStored event
-// carries for a first block salted with salt: XXH3-64 (0 mapped to 1) of
-// the msgpack of the 1-tuple (salt,), as msgspec writes it and as the
-// event decoder hashes each entry's bytes.
-func SaltKey(salt string) uint64 {
-	var buf [64]byte
-	return nonZero(xxh3.Hash(extrakeys.AppendCacheSalt(buf[:0], salt)))
-}
-
-// saltedRoot is seed XOR SaltKey(salt), or seed for the empty salt or a 0
+// saltedRoot is seed XOR BlockKey("", salt), or seed for the empty salt or a 0
 // result (ChainHash reads a 0 parent as the seed).
 func saltedRoot(seed uint64, salt string) uint64 {
 	if salt == "" {
 		return seed
 	}
-	if r := seed ^ SaltKey(salt); r != 0 {
+	if r := seed ^ BlockKey("", salt); r != 0 {
 		return r
 	}
 	return seed
@@ -106,7 +97,7 @@ func saltedRoot(seed uint64, salt string) uint64 {
 // textRoot is the text chain's root for a request to adapter lora ("":
 // the base model) with cache_salt salt: the text seed XOR BlockKey(lora,
 // salt), or the seed for a 0 result. For the base model it is the text
-// chain's SaltRoot (BlockKey("", salt) is SaltKey(salt)).
+// chain's SaltRoot.
 func textRoot(lora, salt string) uint64 {
 	if r := textSeed ^ BlockKey(lora, salt); r != 0 {
 		return r

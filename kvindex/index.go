@@ -78,7 +78,7 @@ type Stored struct {
 	// engine hash covers more than tokens (LoRA adapter, multimodal inputs,
 	// cache salt), folded into the block's parent key. Such blocks get keys
 	// no plain prompt can match, and so do their descendants; a first block
-	// whose only extra key is a cache_salt entry (SaltKey) has the key
+	// whose only extra key is a cache_salt entry (BlockKey("", salt)) has the key
 	// HashTokensSalted gives a request with that salt.
 	Salts []uint64
 }

@@ -363,14 +363,7 @@ func TestPreciseNotTextFallsBack(t *testing.T) {
 		t.Fatalf("image part: error %v, hashes %v; want tokenizer.ErrNotText and none", err, req.BlockHashes)
 	}
 
-	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, hs := emulatortest.Start(t, emulator.Config{Model: "m", Engine: engine.Config{Profile: prof}}, nil)
-	cfg := testConfig("first", hs.URL)
-	cfg.Models[0].Precise = config.Precise{Tokenizer: config.BuiltinTokenizer}
-	tp := newTestProxy(t, cfg)
+	tp := preciseEngineProxy(t)
 	resp := tp.post(t, "/v1/chat/completions", image)
 	body := readAll(t, resp)
 	if resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "is not a multimodal model") {
@@ -389,30 +382,8 @@ func TestPreciseNotTextFallsBack(t *testing.T) {
 // "none" request lacked the empty <think> block vLLM writes after the
 // generation prompt. The emulated engine agrees.
 func TestPreciseReasoningEffort(t *testing.T) {
-	dir := t.TempDir()
-	tj, err := os.ReadFile(filepath.Join("..", "tokenizer", "testdata", "tiny", "tokenizer.json"))
-	if err != nil {
-		t.Fatal(err)
-	}
-	tmpl := `{% for m in messages %}<|user|>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}<|user|>assistant:` +
-		`{% if enable_thinking is defined and enable_thinking is false %} none{% endif %}{% if reasoning_effort is defined %} {{ reasoning_effort }}{% endif %}`
-	cfg, _ := json.Marshal(map[string]string{"bos_token": "<s>", "eos_token": "</s>", "chat_template": tmpl})
-	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), tj, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.WriteFile(filepath.Join(dir, "tokenizer_config.json"), cfg, 0o644); err != nil {
-		t.Fatal(err)
-	}
-	hf, err := tokenizer.LoadDir(dir)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pc := newTestPrecise(t, dir)
-	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, hs := emulatortest.Start(t, emulator.Config{Model: "m", Engine: engine.Config{Profile: prof}, Tokenizer: hf}, nil)
+	pc, hf, engineURL := templatePrecise(t, `{% for m in messages %}<|user|>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}<|user|>assistant:`+
+		`{% if enable_thinking is defined and enable_thinking is false %} none{% endif %}{% if reasoning_effort is defined %} {{ reasoning_effort }}{% endif %}`)
 	const msgs = `"messages":[{"role":"user","content":"hi"}]`
 	for _, tc := range []struct{ body, want string }{
 		{`{"model":"m",` + msgs + `,"reasoning_effort":"none"}`, "<|user|>user: hi</s><|user|>assistant: none none"},
@@ -421,14 +392,8 @@ func TestPreciseReasoningEffort(t *testing.T) {
 		{`{"model":"m",` + msgs + `,"reasoning_effort":null,"chat_template_kwargs":{"reasoning_effort":"low"}}`, "<|user|>user: hi</s><|user|>assistant: low"},
 		{`{"model":"m",` + msgs + `}`, "<|user|>user: hi</s><|user|>assistant:"},
 	} {
-		got, _, err := tokensOf(t, pc, openai.KindChat, tc.body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want := hf.Encode(tc.want); !slices.Equal(got, want) {
-			t.Errorf("%s: ids of %q, want those of %q", tc.body, hf.Decode(got), tc.want)
-		}
-		checkEngineTokens(t, pc, hs.URL, openai.KindChat, tc.body)
+		checkRendered(t, pc, hf, tc.body, tc.want)
+		checkEngineTokens(t, pc, engineURL, openai.KindChat, tc.body)
 	}
 }
 
@@ -474,14 +439,7 @@ func TestPreciseEmptyToolsFallsBack(t *testing.T) {
 		}
 	}
 
-	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
-	if err != nil {
-		t.Fatal(err)
-	}
-	_, hs := emulatortest.Start(t, emulator.Config{Model: "m", Engine: engine.Config{Profile: prof}}, nil)
-	cfg := testConfig("first", hs.URL)
-	cfg.Models[0].Precise = config.Precise{Tokenizer: config.BuiltinTokenizer}
-	tp := newTestProxy(t, cfg)
+	tp := preciseEngineProxy(t)
 	resp := tp.post(t, "/v1/chat/completions", empty)
 	if body := readAll(t, resp); resp.StatusCode != http.StatusBadRequest || !strings.Contains(body, "must not be an empty array") {
 		t.Errorf("tools []: %d %s; want the engine's 400", resp.StatusCode, body)
@@ -494,13 +452,47 @@ func TestPreciseEmptyToolsFallsBack(t *testing.T) {
 // out, so such a request's prompt lacked every document the engine
 // rendered. The emulated engine, given the same template, agrees.
 func TestPreciseDocuments(t *testing.T) {
+	pc, hf, engineURL := templatePrecise(t, `{% if documents %}{% for d in documents %}<|user|>doc: {{ d.title }} {{ d.text }}</s>{% endfor %}{% endif %}`+
+		`{% for m in messages %}<|user|>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}<|user|>assistant:`)
+	const msgs = `"messages":[{"role":"user","content":"hi"}]`
+	for _, tc := range []struct{ body, want string }{
+		{`{"model":"m",` + msgs + `,"documents":[{"title":"a","text":"b"},{"text":"d","title":"c"}]}`,
+			"<|user|>doc: a b</s><|user|>doc: c d</s><|user|>user: hi</s><|user|>assistant:"},
+		{`{"model":"m",` + msgs + `,"documents":[{"title":"a","text":"b"}],"chat_template_kwargs":{"documents":[{"title":"x","text":"y"}]}}`,
+			"<|user|>doc: a b</s><|user|>user: hi</s><|user|>assistant:"},
+		{`{"model":"m",` + msgs + `,"documents":null,"chat_template_kwargs":{"documents":[{"title":"x","text":"y"}]}}`,
+			"<|user|>doc: x y</s><|user|>user: hi</s><|user|>assistant:"},
+		{`{"model":"m",` + msgs + `}`, "<|user|>user: hi</s><|user|>assistant:"},
+	} {
+		checkRendered(t, pc, hf, tc.body, tc.want)
+	}
+	checkEngineTokens(t, pc, engineURL, openai.KindChat, `{"model":"m",`+msgs+`,"documents":[{"title":"a","text":"b"}],"chat_template_kwargs":{"documents":[{"title":"x","text":"y"}]}}`)
+}
+
+// preciseEngineProxy returns a proxy in precise mode (the built-in
+// tokenizer) in front of one emulated engine.
+func preciseEngineProxy(t *testing.T) *testProxy {
+	t.Helper()
+	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, hs := emulatortest.Start(t, emulator.Config{Model: "m", Engine: engine.Config{Profile: prof}}, nil)
+	cfg := testConfig("first", hs.URL)
+	cfg.Models[0].Precise = config.Precise{Tokenizer: config.BuiltinTokenizer}
+	return newTestProxy(t, cfg)
+}
+
+// templatePrecise returns precise mode and the tokenizer of the tiny
+// fixture's tokenizer.json with chat template tmpl, and the URL of an
+// emulated engine that renders chats with them.
+func templatePrecise(t *testing.T, tmpl string) (*precise, *tokenizer.HF, string) {
+	t.Helper()
 	dir := t.TempDir()
 	tj, err := os.ReadFile(filepath.Join("..", "tokenizer", "testdata", "tiny", "tokenizer.json"))
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := `{% if documents %}{% for d in documents %}<|user|>doc: {{ d.title }} {{ d.text }}</s>{% endfor %}{% endif %}` +
-		`{% for m in messages %}<|user|>{{ m['role'] }}: {{ m['content'] }}</s>{% endfor %}<|user|>assistant:`
 	cfg, _ := json.Marshal(map[string]string{"bos_token": "<s>", "eos_token": "</s>", "chat_template": tmpl})
 	if err := os.WriteFile(filepath.Join(dir, "tokenizer.json"), tj, 0o644); err != nil {
 		t.Fatal(err)
@@ -512,31 +504,25 @@ func TestPreciseDocuments(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	pc := newTestPrecise(t, dir)
-	const msgs = `"messages":[{"role":"user","content":"hi"}]`
-	for _, tc := range []struct{ body, want string }{
-		{`{"model":"m",` + msgs + `,"documents":[{"title":"a","text":"b"},{"text":"d","title":"c"}]}`,
-			"<|user|>doc: a b</s><|user|>doc: c d</s><|user|>user: hi</s><|user|>assistant:"},
-		{`{"model":"m",` + msgs + `,"documents":[{"title":"a","text":"b"}],"chat_template_kwargs":{"documents":[{"title":"x","text":"y"}]}}`,
-			"<|user|>doc: a b</s><|user|>user: hi</s><|user|>assistant:"},
-		{`{"model":"m",` + msgs + `,"documents":null,"chat_template_kwargs":{"documents":[{"title":"x","text":"y"}]}}`,
-			"<|user|>doc: x y</s><|user|>user: hi</s><|user|>assistant:"},
-		{`{"model":"m",` + msgs + `}`, "<|user|>user: hi</s><|user|>assistant:"},
-	} {
-		got, _, err := tokensOf(t, pc, openai.KindChat, tc.body)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if want := hf.Encode(tc.want); !slices.Equal(got, want) {
-			t.Errorf("%s: ids of %q, want those of %q", tc.body, hf.Decode(got), tc.want)
-		}
-	}
 	prof, err := engine.LookupProfile("llama-3.1-8b-h100")
 	if err != nil {
 		t.Fatal(err)
 	}
 	_, hs := emulatortest.Start(t, emulator.Config{Model: "m", Engine: engine.Config{Profile: prof}, Tokenizer: hf}, nil)
-	checkEngineTokens(t, pc, hs.URL, openai.KindChat, `{"model":"m",`+msgs+`,"documents":[{"title":"a","text":"b"}],"chat_template_kwargs":{"documents":[{"title":"x","text":"y"}]}}`)
+	return newTestPrecise(t, dir), hf, hs.URL
+}
+
+// checkRendered checks that precise mode's ids for the chat request body
+// are hf's of the text want.
+func checkRendered(t *testing.T, pc *precise, hf *tokenizer.HF, body, want string) {
+	t.Helper()
+	got, _, err := tokensOf(t, pc, openai.KindChat, body)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if ids := hf.Encode(want); !slices.Equal(got, ids) {
+		t.Errorf("%s: ids of %q, want those of %q", body, hf.Decode(got), want)
+	}
 }
 
 // checkEngineTokens checks that the router's precise ids for body are the

@@ -5,11 +5,6 @@ package extrakeys
 
 import "github.com/zeebo/xxh3"
 
-// AppendCacheSalt appends the msgpack of the 1-tuple (salt,), the entry
-// vLLM's generate_block_hash_extra_keys gives a first block salted with a
-// request's cache_salt and no LoRA adapter. It is AppendBlock(b, "", salt).
-func AppendCacheSalt(b []byte, salt string) []byte { return AppendBlock(b, "", salt) }
-
 // AppendBlock appends the msgpack of the extra_keys tuple vLLM's
 // generate_block_hash_extra_keys gives a block of a text prompt: the LoRA
 // adapter's name (lora_request.lora_name, on every block of an adapter's
