@@ -239,8 +239,11 @@ type KVAwareParams struct {
 	// (max_lora) are taken by other adapters, the request also waits for a
 	// slot, priced in decodes of OutputTokens steps (see the LoRA
 	// paragraph of the estimate below). An endpoint whose signals give no
-	// adapters (stale, or no --enable-lora metric) pays AdapterLoad unless
-	// the policy has requests for the adapter in flight there. Only
+	// adapters (none yet, or no --enable-lora metric) is taken to have the
+	// max_lora other endpoints report, and to run the adapters the policy
+	// has requests in flight for there; where none reports one, it pays
+	// AdapterLoad unless the policy has requests for the adapter in flight
+	// there. Only
 	// requests for an adapter (kvroute.Request.Adapter) pay any of it: the
 	// base model's decisions are unchanged. 0 prices a load at nothing
 	// (the slot wait remains). Default 50ms.
@@ -569,9 +572,13 @@ type KVAware struct {
 	flightAdapters map[string][]string
 	// homes is adapterView's, for the Pick of a request for an adapter:
 	// per adapter, the endpoints where it runs or has requests in flight;
-	// held is adapterCost's scratch, the adapters one endpoint holds.
+	// held is adapterCost's scratch, the adapters one endpoint holds;
+	// poolMaxLoRA the largest max_lora a candidate's signals report (0:
+	// none does), taken for an engine whose signals do not say.
 	homes         map[string]int
 	held          []string
+	poolMaxLoRA   int
+	flightRun     kvroute.LoRALoad // adapterCost's stand-in for an engine's missing adapter signals
 	tenantsActive int
 	tracked       int // requests in pending
 	picks         uint64
@@ -1257,26 +1264,45 @@ const (
 //     the engine of an adapter that has another; a hot adapter spreads to
 //     a held engine only once its own queue is longer than that.
 //
-// With max_lora unknown (no signals, or no --enable-lora metric) x is
-// active where the engine has it running or waiting or the policy has
-// requests for it in flight, else it pays AdapterLoad.
+// An engine whose signals give no adapters (vLLM sets the series after
+// its first step, so a cold fleet's first scrapes lack it) is taken to
+// have the largest max_lora another candidate reports (a pool's engines
+// are alike) and to run the adapters the policy has requests in flight
+// for there: before this, a cold fleet's engines all looked free, and an
+// adapter was put behind another that ran only there (35 s TTFTs in the
+// lora workload, seed 3 at 120/s). With max_lora unknown everywhere (no
+// --enable-lora metric) x is active where the engine has it running or
+// waiting or the policy has requests for it in flight, else it pays
+// AdapterLoad.
 func (k *KVAware) adapterCost(c *kvroute.Candidate, stepMs float64) (uint8, float64) {
 	load := float64(k.p.AdapterLoad) / float64(time.Millisecond)
 	ep := endpointID(c)
 	l := c.Load.LoRA
 	x := k.adapter
-	if l == nil || l.Max <= 0 {
+	slots := k.poolMaxLoRA
+	if l != nil && l.Max > 0 {
+		slots = l.Max
+	}
+	if slots <= 0 {
 		if l.Active(x) || k.adapterFlights[adapterKey{ep, x}] > 0 {
 			return adapterActive, 0
 		}
 		return adapterLoad, load
 	}
-	held := k.heldAt(c, ep, l)
+	if l == nil {
+		// No adapter signals yet (vLLM sets the series after an engine's
+		// first step): the adapters the policy has requests for in flight
+		// there run there.
+		k.flightRun.Running = append(k.flightRun.Running[:0], k.flightAdapters[ep]...)
+		slices.Sort(k.flightRun.Running)
+		l = &k.flightRun
+	}
+	held := k.heldAt(c, ep, l, slots)
 	hasX := slices.Contains(held, x)
 	switch {
-	case hasX && len(held) <= l.Max:
+	case hasX && len(held) <= slots:
 		return adapterActive, 0
-	case !hasX && len(held) < l.Max:
+	case !hasX && len(held) < slots:
 		return adapterLoad, load
 	case l.Runs(x):
 		if k.homes[x] >= 2 {
@@ -1297,9 +1323,9 @@ func (k *KVAware) adapterCost(c *kvroute.Candidate, stepMs float64) (uint8, floa
 	return adapterSlot, load + wait
 }
 
-// heldAt returns the adapters endpoint ep of candidate c (its signals l)
-// holds (see adapterCost), each once, in k.held.
-func (k *KVAware) heldAt(c *kvroute.Candidate, ep string, l *kvroute.LoRALoad) []string {
+// heldAt returns the adapters endpoint ep of candidate c (its signals l,
+// its max_lora slots) holds (see adapterCost), each once, in k.held.
+func (k *KVAware) heldAt(c *kvroute.Candidate, ep string, l *kvroute.LoRALoad, slots int) []string {
 	h := k.held[:0]
 	add := func(a string) {
 		if !slices.Contains(h, a) {
@@ -1316,7 +1342,7 @@ func (k *KVAware) heldAt(c *kvroute.Candidate, ep string, l *kvroute.LoRALoad) [
 		add(a)
 	}
 	for j, u := range k.adapterLast[ep] {
-		if j >= l.Max || k.now.Sub(u.at) > k.p.AdapterHold {
+		if j >= slots || k.now.Sub(u.at) > k.p.AdapterHold {
 			break
 		}
 		add(u.adapter)
@@ -1355,20 +1381,22 @@ func (k *KVAware) noteAdapter(now time.Time, ep, adapter string) {
 }
 
 // adapterView fills k.homes, per adapter the endpoints where it runs or
-// has requests in flight, for the Pick of a request for an adapter.
+// has requests in flight, and k.poolMaxLoRA, for the Pick of a request
+// for an adapter.
 func (k *KVAware) adapterView(cands []kvroute.Candidate) {
 	if k.homes == nil {
 		k.homes = map[string]int{}
 	}
 	clear(k.homes)
+	k.poolMaxLoRA = 0
 	for i := range cands {
 		ep := endpointID(&cands[i])
 		l := cands[i].Load.LoRA
-		if l == nil {
-			continue
-		}
-		for _, a := range l.Running {
-			k.homes[a]++
+		if l != nil {
+			k.poolMaxLoRA = max(k.poolMaxLoRA, l.Max)
+			for _, a := range l.Running {
+				k.homes[a]++
+			}
 		}
 		for _, a := range k.flightAdapters[ep] {
 			if !l.Runs(a) {

@@ -133,3 +133,53 @@ func TestKVAwareAdapterCachedBlocks(t *testing.T) {
 		t.Errorf("x2 went to %s, want b, whose cache holds blocks of the adapter's prompt: %s", ds[1].Endpoint, ds[1].Reason)
 	}
 }
+
+// partOf returns the value of part name in decision d's score of ep.
+func partOf(d kvroute.Decision, ep, name string) float64 {
+	for _, s := range d.Scores {
+		if s.Endpoint == ep {
+			for _, p := range s.Parts {
+				if p.Name == name {
+					return p.Value
+				}
+			}
+		}
+	}
+	return 0
+}
+
+// TestKVAwareAdapterSignalsMissing: engines that have not reported their
+// adapters yet (vLLM sets vllm:lora_requests_info after an engine's first
+// step, so a cold fleet's first scrapes lack it) are taken to have the
+// max_lora the others report, and to run the adapters kv-aware has
+// requests in flight for there. A second adapter then does not join the
+// first on its engine as if a slot were free (it was a 35 s TTFT in the
+// lora workload, seed 3 at 120/s, where kv-aware put an adapter behind
+// another that ran only there); it goes to the busier engine whose slot is
+// free, and the first engine is priced the long wait of an adapter whose
+// requests keep coming (four decodes), as the engine that reports one is.
+func TestKVAwareAdapterSignalsMissing(t *testing.T) {
+	cands := []candSpec{
+		{ID: "a", MaxLoRA: 1, LoRARunning: []string{"hot"}, Running: 2, InFlight: 2, InFlightTokens: 2048},
+		{ID: "b"},
+		{ID: "c", Running: 3, InFlight: 3, InFlightTokens: 3072},
+	}
+	sc := scenario{Policy: NameKVAware, Seed: 1, Steps: []step{
+		{Request: loraReq("x1", "x"), Candidates: cands},
+		{AtMs: 10, Request: loraReq("y1", "y"), Candidates: cands},
+	}}
+	ds, err := sc.run()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := []string{ds[0].Endpoint, ds[1].Endpoint}; !slices.Equal(got, []string{"b", "c"}) {
+		t.Fatalf("endpoints %v, want [b c]: %s; %s", got, ds[0].Reason, ds[1].Reason)
+	}
+	if !slotFull(ds[1], "b") {
+		t.Errorf("y1: b, holding x in flight, not priced a slot wait: %+v", ds[1].Scores)
+	}
+	// a's only adapter runs only there: a priced the long wait too.
+	if wb, wa := partOf(ds[1], "b", "adapter_ms"), partOf(ds[1], "a", "adapter_ms"); wb < wa/2 {
+		t.Errorf("y1: b's slot wait %.1f ms, want the long wait behind x, which runs only there, as a's behind hot (%.1f ms)", wb, wa)
+	}
+}

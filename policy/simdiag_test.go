@@ -163,7 +163,7 @@ func TestSimDiag(t *testing.T) {
 		if name == policy.NameKVAware {
 			pp = params
 		}
-		p, err := policy.New(name, pp, 1)
+		p, err := policy.New(name, pp, seed)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -173,7 +173,11 @@ func TestSimDiag(t *testing.T) {
 			rec.est, rec.csv = map[string][7]float64{}, &strings.Builder{}
 			rec.csv.WriteString("id,endpoint,at_s,prompt,cached,est_queue_ms,est_prefill_ms,ttft_ms,queued_tokens,waiting,running,inflight_tokens\n")
 		}
-		res, err := sim.Run(context.Background(), sim.Config{Fleet: fleet, Policy: name, Picker: rec, Seed: seed, RateScale: rate}, reqs)
+		maxLoRAs := 1
+		if v := os.Getenv("KVROUTE_SIMDIAG_MAXLORAS"); v != "" {
+			fmt.Sscan(v, &maxLoRAs)
+		}
+		res, err := sim.Run(context.Background(), sim.Config{Fleet: fleet, Policy: name, Picker: rec, Seed: seed, RateScale: rate, MaxLoRAs: maxLoRAs}, reqs)
 		if err != nil {
 			t.Fatal(err)
 		}
