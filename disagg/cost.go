@@ -87,14 +87,14 @@ func ShapeFromHFConfig(configJSON []byte, dtype string) (KVShape, error) {
 }
 
 // BytesPerToken returns the KV bytes one token moves over the wire: TP x
-// the bytes one rank holds (see KVShape).
+// the bytes one rank holds (see KVShape), as the engine model counts them
+// (engine.Profile.KVTransferBytesPerToken, of the shape's model and TP).
 func (s KVShape) BytesPerToken() int64 {
-	tp := int64(max(s.TP, 1))
+	m := engine.Model{Layers: s.Layers, KVHeads: s.KVHeads, HeadDim: s.HeadDim, DTypeBytes: s.BytesPerElem}
 	if s.LatentDim > 0 {
-		return tp * int64(s.Layers) * int64(s.LatentDim) * int64(s.BytesPerElem)
+		m.KVLoRARank = s.LatentDim // the latent and its RoPE part: only their sum counts
 	}
-	heads := max(int64(s.KVHeads)/tp, 1)
-	return tp * int64(s.Layers) * heads * int64(s.HeadDim) * 2 * int64(s.BytesPerElem)
+	return engine.Profile{Model: m, TP: s.TP}.KVTransferBytesPerToken()
 }
 
 // ModelBytesPerToken returns the model's KV bytes of one token, each head

@@ -225,7 +225,7 @@ func (p Profile) KVBytesPerTokenPerGPU() int64 {
 // of every block (vLLM's NixlConnector), so KV heads that TP replicates
 // (more ranks than KV heads) and the MLA latent (whole on every rank)
 // cross once per copy: TP x KVBytesPerTokenPerGPU. It is
-// disagg.KVShape.BytesPerToken for the profile's model and TP.
+// disagg.KVShape.BytesPerToken, which computes it here for a shape.
 func (p Profile) KVTransferBytesPerToken() int64 {
 	return int64(max(p.TP, 1)) * p.KVBytesPerTokenPerGPU()
 }
