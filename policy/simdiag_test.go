@@ -31,6 +31,13 @@ type recorder struct {
 	lastObs kvroute.Outcome
 	holders [65]int // picks by the number of healthy candidates caching a prefix of the request
 	csv     *strings.Builder
+	// with KVROUTE_SIMDIAG_COQ: picks by tenant and by whether the chosen
+	// candidate had prefill queued (see queuedPick); coqSum sums, over the
+	// picks of a queued candidate while an empty one was eligible, the
+	// empty one's queue_ms, decode_ms and in_flight less the chosen's.
+	coq    map[string]int
+	coqSum [3]float64
+	coqN   int
 }
 
 func (r *recorder) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
@@ -86,10 +93,66 @@ func (r *recorder) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Can
 		l := cands[d.Index].Load
 		r.est[req.ID] = [7]float64{q, pf, now.Sub(epochT).Seconds(), qt, float64(l.Waiting), float64(l.Running), float64(l.InFlightTokens)}
 	}
+	if d.Index >= 0 && d.Index < len(d.Scores) && os.Getenv("KVROUTE_SIMDIAG_COQ") != "" {
+		r.queuedPick(d, cands, req.Tenant)
+	}
 	reason, _, _ := strings.Cut(d.Reason, ":")
 	r.reasons[reason]++
 	return d
 }
+
+// part returns score s's part name (0 when it has none).
+func part(s kvroute.Score, name string) float64 {
+	for _, pt := range s.Parts {
+		if pt.Name == name {
+			return pt.Value
+		}
+	}
+	return 0
+}
+
+// queuedPick tallies a decision of tenant's request by whether the chosen
+// candidate had prefill queued (queued_tokens > 0: the request shares or
+// waits for its steps) and, when it had, whether an eligible candidate
+// credited at least as many cached tokens had none, and then which score
+// part favoured the chosen one most (kv-aware's parts).
+func (r *recorder) queuedPick(d kvroute.Decision, cands []kvroute.Candidate, tenant string) {
+	if r.coq == nil {
+		r.coq = map[string]int{}
+	}
+	tenant += ": "
+	ch := d.Scores[d.Index]
+	if part(ch, "queued_tokens") == 0 {
+		r.coq[tenant+"chose an empty queue"]++
+		return
+	}
+	bi := -1
+	for i, s := range d.Scores {
+		if !cands[i].Healthy || !s.Eligible || i == d.Index || part(s, "queued_tokens") > 0 || part(s, "cached_tokens") < part(ch, "cached_tokens") {
+			continue
+		}
+		if bi < 0 || s.Value < d.Scores[bi].Value {
+			bi = i
+		}
+	}
+	if bi < 0 {
+		r.coq[tenant+"chose a queue, none empty with its credit"]++
+		return
+	}
+	b := d.Scores[bi]
+	most, by := 0.0, "none"
+	for _, n := range []string{"queue_ms", "prefill_ms", "work_ms", "decode_ms"} {
+		if v := part(b, n) - part(ch, n); v > most {
+			most, by = v, n
+		}
+	}
+	r.coq[tenant+"chose a queue over an empty one, by "+by]++
+	r.coqSum[0] += part(b, "queue_ms") - part(ch, "queue_ms")
+	r.coqSum[1] += part(b, "decode_ms") - part(ch, "decode_ms")
+	r.coqSum[2] += part(b, "in_flight") - part(ch, "in_flight")
+	r.coqN++
+}
+
 func (r *recorder) FirstToken(now time.Time, req *kvroute.Request, ep string) {
 	if f, ok := r.p.(interface {
 		FirstToken(time.Time, *kvroute.Request, string)
@@ -120,7 +183,8 @@ func (r *recorder) Release(now time.Time, req *kvroute.Request, ep string) {
 // KVROUTE_SIMDIAG="kv-aware;2000;40;;tenants" (generator, 40 requests/s).
 // KVROUTE_SIMDIAG_SEED sets the seed (default 1), KVROUTE_SIMDIAG_REQ=id,...
 // prints those requests' decisions, KVROUTE_SIMDIAG_CSV=prefix writes each
-// request's chosen estimate next to its observed TTFT.
+// request's chosen estimate next to its observed TTFT, KVROUTE_SIMDIAG_COQ=1
+// tallies the picks of an endpoint with prefill queued (queuedPick).
 func TestSimDiag(t *testing.T) {
 	spec := os.Getenv("KVROUTE_SIMDIAG")
 	if spec == "" {
@@ -196,5 +260,15 @@ func TestSimDiag(t *testing.T) {
 		t.Logf("%-18s picks %d, some cache %d, chosen cached %d; cached tokens chosen %d of best %d; reasons %v",
 			name, rec.picks, rec.avail, rec.credit, rec.chosenTok, rec.maxTok, rs)
 		t.Logf("%-18s picks by candidates caching a prefix: %v", name, rec.holders[:9])
+		if rec.coq != nil {
+			var qs []string
+			for k, v := range rec.coq {
+				qs = append(qs, fmt.Sprintf("%s=%d", k, v))
+			}
+			sort.Strings(qs)
+			n := float64(max(rec.coqN, 1))
+			t.Logf("%-18s picks by queue: %s; over an empty one, the empty one's queue_ms %+.1f, decode_ms %+.1f, in_flight %+.1f on average",
+				name, strings.Join(qs, ", "), rec.coqSum[0]/n, rec.coqSum[1]/n, rec.coqSum[2]/n)
+		}
 	}
 }
