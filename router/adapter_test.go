@@ -220,3 +220,62 @@ func TestDecisionAdapter(t *testing.T) {
 		t.Errorf("decision: adapter %q, whys %q, %q; want sql, none, does not serve", d.Adapter, d.Decision.Scores[0].Why, d.Decision.Scores[1].Why)
 	}
 }
+
+// pickFirstDecoder stands in for the P/D disagg.Planner: the request ends
+// on a healthy endpoint that decodes, or on none. Its explanation starts
+// with a score of its own (the plan's), then one per candidate ("unhealthy"
+// for those offered as not healthy).
+type pickFirstDecoder struct{}
+
+func (pickFirstDecoder) Pick(_ time.Time, _ *kvroute.Request, cands []kvroute.Candidate) kvroute.Decision {
+	scores := []kvroute.Score{{Endpoint: "plan", Eligible: true}}
+	for i := range cands {
+		s := kvroute.Score{Endpoint: cands[i].Endpoint.ID, Eligible: cands[i].Healthy}
+		if !cands[i].Healthy {
+			s.Why = "unhealthy"
+		}
+		scores = append(scores, s)
+	}
+	for i := range cands {
+		if cands[i].Healthy && cands[i].Endpoint.Role.CanDecode() {
+			d := kvroute.Chose("test", cands, i, "first decoder")
+			d.Scores = scores
+			return d
+		}
+	}
+	return kvroute.None("test", "no decoder")
+}
+
+// TestAdapterUnavailableMessagePD: in a P/D pool the 503 for an adapter
+// speaks of the decode endpoints, where a request ends: an adapter only a
+// prefill endpoint serves has none (and the pool's healthy prefill
+// endpoint does not make it a matter of health), and the decode
+// endpoints that serve one are counted and tried.
+func TestAdapterUnavailableMessagePD(t *testing.T) {
+	list := []kvroute.Endpoint{
+		{ID: "p0", URL: "http://p0:1", Role: kvroute.RolePrefill, Adapters: []string{"solo", "sql"}},
+		{ID: "d0", URL: "http://d0:1", Role: kvroute.RoleDecode, Adapters: []string{"sql"}},
+		{ID: "d1", URL: "http://d1:1", Role: kvroute.RoleDecode, Adapters: []string{"sql"}},
+	}
+	r, err := New(Config{Model: "m", Endpoints: list, Policy: "test", Picker: pickFirstDecoder{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.SetActiveHealth(t0, "d1", false)
+	for _, tc := range []struct {
+		adapter    string
+		exclude    []string
+		want       string
+		retryAfter int
+	}{
+		{"solo", nil, `no decode endpoint of model "m" serves adapter "solo" (only 1 prefill endpoint does)`, emptyRetryAfter},
+		{"sql", []string{"d0"}, `no healthy decode endpoint of model "m" serving adapter "sql" left after trying 1 (2 serve it)`, 1},
+		{"fr", nil, `no endpoint of model "m" serves adapter "fr"`, emptyRetryAfter},
+	} {
+		_, err := r.Route(t0, &kvroute.Request{Model: "m", Adapter: tc.adapter, Prompt: "p"}, tc.exclude)
+		var ue *UnavailableError
+		if !errors.As(err, &ue) || ue.Err.Message != tc.want || ue.Err.Code != "no_adapter_endpoint" || ue.RetryAfter != tc.retryAfter {
+			t.Errorf("adapter %q: got %v (Retry-After %v), want %q, Retry-After %d", tc.adapter, err, ue, tc.want, tc.retryAfter)
+		}
+	}
+}

@@ -9,8 +9,10 @@
 //     ejection (consecutive failures reported with ReportResult eject an
 //     endpoint with exponential back-off); an endpoint that does not serve
 //     the request's LoRA adapter (kvroute.Endpoint.ServesAdapter) is offered
-//     as not healthy, and with none left Route answers 503
-//     no_adapter_endpoint,
+//     as not healthy (the decision log's explanation says so of it), and
+//     with none left Route answers 503 no_adapter_endpoint (in a P/D pool
+//     its message counts the endpoints that decode, where a request ends:
+//     an adapter only prefill endpoints serve has none),
 //   - load: each endpoint's signals.View (scraped engine signals corrected
 //     by the router's own dispatches; see package signals),
 //   - cache: the prefix indexes. The approximate index (kvindex.Approx)

@@ -916,11 +916,24 @@ func (r *Router) unavailable(now time.Time, req *kvroute.Request, exclude []stri
 
 // adapterUnavailable is unavailable for a request for LoRA adapter
 // adapter: no endpoint that serves it is healthy (or untried), or none in
-// the pool serves it (a discovered pool may have none yet).
+// the pool serves it (a discovered pool may have none yet). In a P/D pool
+// (an endpoint with a prefill or decode role) a request ends on an
+// endpoint that decodes, so the message counts those: an adapter that
+// only prefill endpoints serve has no decode endpoint, whatever their
+// health (the disagg.Planner runs a request whole on a decode endpoint
+// when no prefill endpoint can take it, never the other way round).
 func (r *Router) adapterUnavailable(now time.Time, adapter string, exclude []string) error {
-	serving, wait := 0, time.Duration(0)
+	pd := false
+	for _, e := range r.eps {
+		pd = pd || e.ep.Role != kvroute.RoleBoth
+	}
+	serving, prefillOnly, wait := 0, 0, time.Duration(0)
 	for _, e := range r.eps {
 		if !e.ep.ServesAdapter(adapter) {
+			continue
+		}
+		if pd && !e.ep.Role.CanDecode() {
+			prefillOnly++
 			continue
 		}
 		serving++
@@ -931,23 +944,38 @@ func (r *Router) adapterUnavailable(now time.Time, adapter string, exclude []str
 		}
 	}
 	secs := max(int(math.Ceil(wait.Seconds())), 1)
+	what := "endpoint"
+	if pd {
+		what = "decode endpoint"
+	}
 	var msg string
 	switch tried := 0; {
+	case serving == 0 && prefillOnly > 0:
+		msg, secs = fmt.Sprintf("no decode endpoint of model %q serves adapter %q (only %d prefill %s)", r.cfg.Model, adapter,
+			prefillOnly, plural(prefillOnly, "endpoint does", "endpoints do")), emptyRetryAfter
 	case serving == 0:
 		msg, secs = fmt.Sprintf("no endpoint of model %q serves adapter %q", r.cfg.Model, adapter), emptyRetryAfter
 	default:
 		for _, id := range exclude {
-			if e := r.byID[id]; e != nil && e.ep.ServesAdapter(adapter) {
+			if e := r.byID[id]; e != nil && e.ep.ServesAdapter(adapter) && (!pd || e.ep.Role.CanDecode()) {
 				tried++
 			}
 		}
-		msg = fmt.Sprintf("no healthy endpoint of model %q serves adapter %q (%d serve it)", r.cfg.Model, adapter, serving)
+		msg = fmt.Sprintf("no healthy %s of model %q serves adapter %q (%d serve it)", what, r.cfg.Model, adapter, serving)
 		if tried > 0 {
-			msg = fmt.Sprintf("no healthy endpoint of model %q serving adapter %q left after trying %d (%d serve it)", r.cfg.Model, adapter, tried, serving)
+			msg = fmt.Sprintf("no healthy %s of model %q serving adapter %q left after trying %d (%d serve it)", what, r.cfg.Model, adapter, tried, serving)
 		}
 	}
 	return &UnavailableError{Err: kvroute.Error{Status: http.StatusServiceUnavailable, Type: kvroute.TypeUnavailable,
 		Code: "no_adapter_endpoint", Message: msg}, RetryAfter: secs}
+}
+
+// plural is one when n is 1, else many.
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
 }
 
 // emptyRetryAfter is the Retry-After, in seconds, of a pool without
