@@ -279,3 +279,32 @@ func TestAdapterUnavailableMessagePD(t *testing.T) {
 		}
 	}
 }
+
+// TestDecisionAdapterScoresByID: the explanation of a decision whose
+// scores are not one per candidate in pool order (the P/D planner's: the
+// plan's first) says of the right endpoints that they do not serve the
+// adapter.
+func TestDecisionAdapterScoresByID(t *testing.T) {
+	list := []kvroute.Endpoint{
+		{ID: "p0", URL: "http://p0:1", Role: kvroute.RolePrefill},
+		{ID: "d0", URL: "http://d0:1", Role: kvroute.RoleDecode, Adapters: []string{"chat"}},
+		{ID: "d1", URL: "http://d1:1", Role: kvroute.RoleDecode},
+	}
+	r, err := New(Config{Model: "m", Endpoints: list, Policy: "test", Picker: pickFirstDecoder{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f, err := r.Route(t0, &kvroute.Request{ID: "1", Model: "m", Adapter: "sql", Prompt: "p"}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Done(t0, f, kvroute.Outcome{})
+	var got []string
+	for _, s := range r.Decisions(1)[0].Decision.Scores {
+		got = append(got, s.Endpoint+": "+s.Why)
+	}
+	want := []string{"plan: ", "p0: ", `d0: does not serve adapter "sql"`, "d1: "}
+	if fmt.Sprint(got) != fmt.Sprint(want) {
+		t.Errorf("whys: got %q, want %q", got, want)
+	}
+}

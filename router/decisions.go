@@ -283,13 +283,28 @@ func (r *Router) decision(seq uint64) (DecisionRecord, bool) {
 // adapterWhy says, in the explanation of a decision for a LoRA adapter,
 // why a candidate that does not serve it was not one: Route offers it to
 // the picker as not healthy, which the picker's explanation calls it.
+// Scores are matched to candidates by endpoint ID: a picker's explanation
+// need not have one score per candidate in the pool's order (the P/D
+// disagg.Planner's starts with the plan's, then the decode stage's).
 func adapterWhy(rec *DecisionRecord, cands []kvroute.Candidate) {
-	if rec.Adapter == "" || len(rec.Decision.Scores) != len(cands) {
+	if rec.Adapter == "" {
 		return
 	}
-	for i := range cands {
-		if !cands[i].Endpoint.ServesAdapter(rec.Adapter) {
-			rec.Decision.Scores[i].Why = fmt.Sprintf("does not serve adapter %q", rec.Adapter)
+	for i := range rec.Decision.Scores {
+		s := &rec.Decision.Scores[i]
+		var c *kvroute.Candidate
+		if i < len(cands) && cands[i].Endpoint.ID == s.Endpoint {
+			c = &cands[i]
+		} else {
+			for j := range cands {
+				if cands[j].Endpoint.ID == s.Endpoint {
+					c = &cands[j]
+					break
+				}
+			}
+		}
+		if c != nil && !c.Endpoint.ServesAdapter(rec.Adapter) {
+			s.Why = fmt.Sprintf("does not serve adapter %q", rec.Adapter)
 		}
 	}
 }
