@@ -50,3 +50,41 @@ func TestPlanAdapter(t *testing.T) {
 		r.Done(t0, f, kvroute.Outcome{})
 	}
 }
+
+// TestPlanAdapterReasons: the plan's reason names the adapter when no
+// prefill endpoint serving it is available (the request runs whole on a
+// decode endpoint that serves it), and so does the decision of a request
+// no decode endpoint serves.
+func TestPlanAdapterReasons(t *testing.T) {
+	eps := []kvroute.Endpoint{
+		{ID: "p0", URL: "http://p0:1", Role: kvroute.RolePrefill, Adapters: []string{"chat", "solo"}},
+		{ID: "d0", URL: "http://d0:1", Role: kvroute.RoleDecode, Adapters: []string{"chat", "sql"}},
+	}
+	pl, err := NewPlanner(Config{Profile: mustProfile(t, "tiny"), Mode: ModeAlways, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := router.New(router.Config{Model: "tiny", Endpoints: eps, Policy: "pd", Picker: pl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	req := &kvroute.Request{ID: "1", Model: "tiny", Adapter: "sql", Prompt: "a prompt of some length", PromptTokens: 600}
+	f, err := r.Route(t0, req, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plan, _ := pl.Take(req)
+	r.Done(t0, f, kvroute.Outcome{})
+	want := `aggregated: no prefill-capable endpoint serving adapter "sql" available`
+	if plan.Disaggregated || plan.Decode == nil || plan.Decode.ID != "d0" || plan.Rule != "no_prefill" || plan.Reason != want {
+		t.Errorf("sql (no prefill endpoint serves it): got rule %q, reason %q, want whole on d0, no_prefill, %q", plan.Rule, plan.Reason, want)
+	}
+	if _, err := r.Route(t0, &kvroute.Request{ID: "2", Model: "tiny", Adapter: "solo", Prompt: "p", PromptTokens: 600}, nil); err == nil {
+		t.Fatal("solo (no decode endpoint serves it): routed")
+	}
+	want = `no healthy decode-capable endpoint serving adapter "solo"`
+	if got := r.Decisions(1)[0].Decision.Reason; got != want {
+		t.Errorf("solo's decision: reason %q, want %q", got, want)
+	}
+}

@@ -170,6 +170,9 @@ func (dp *DecodePicker) PickFrom(now, ready time.Time, req *kvroute.Request, can
 		opts = append(opts, opt{i: i, score: score, fits: fits, xfer: xfer, step: step})
 	}
 	if len(opts) == 0 {
+		if req.Adapter != "" {
+			return decodeChoice{d: kvroute.None(name, fmt.Sprintf("no healthy decode-capable endpoint serving adapter %q", req.Adapter))}
+		}
 		return decodeChoice{d: kvroute.None(name, "no healthy decode-capable endpoint")}
 	}
 	best := math.Inf(1)

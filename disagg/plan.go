@@ -553,6 +553,8 @@ func (p *Planner) Plan(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		switch {
 		case p.cfg.Mode == ModeNever:
 			rule, reason = "never", "aggregated: mode never"
+		case pc == nil && req.Adapter != "":
+			rule, reason = "no_prefill", fmt.Sprintf("aggregated: no prefill-capable endpoint serving adapter %q available", req.Adapter)
 		case pc == nil:
 			rule, reason = "no_prefill", "aggregated: no prefill-capable endpoint available"
 		default:
