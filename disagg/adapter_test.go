@@ -88,3 +88,57 @@ func TestPlanAdapterReasons(t *testing.T) {
 		t.Errorf("solo's decision: reason %q, want %q", got, want)
 	}
 }
+
+// TestDecodePickerAdapterSlot: a decode leg for a LoRA adapter avoids an
+// engine whose max_lora slots other adapters' running requests hold
+// (vLLM's scheduler keeps the request waiting, its KV pull not started,
+// until one leaves), unless nothing better is left; an engine that runs
+// the adapter, or has a slot free, or reports no adapters, pays nothing.
+// A base-model request ignores the slots.
+func TestDecodePickerAdapterSlot(t *testing.T) {
+	pl, err := NewPlanner(Config{Profile: mustProfile(t, "tiny"), Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	dp := pl.NewDecodePicker()
+	busy := kvroute.Load{Running: 8, DecodeTokens: 8 * 2000}
+	cands := func(loras ...*kvroute.LoRALoad) []kvroute.Candidate {
+		out := []kvroute.Candidate{
+			{Endpoint: &kvroute.Endpoint{ID: "idle", Role: kvroute.RoleDecode}, Healthy: true, Load: kvroute.Load{LoRA: loras[0]}},
+			{Endpoint: &kvroute.Endpoint{ID: "busy", Role: kvroute.RoleDecode}, Healthy: true, Load: busy},
+		}
+		out[1].Load.LoRA = loras[1]
+		return out
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	free := &kvroute.LoRALoad{Running: []string{"chat"}, Max: 2}
+	for _, tc := range []struct {
+		name    string
+		adapter string
+		idle    *kvroute.LoRALoad
+		want    string
+	}{
+		{"slots held by another adapter", "sql", &kvroute.LoRALoad{Running: []string{"chat"}, Max: 1}, "busy"},
+		{"slots held by two others", "sql", &kvroute.LoRALoad{Running: []string{"chat", "fr"}, Max: 2}, "busy"},
+		{"runs the adapter", "sql", &kvroute.LoRALoad{Running: []string{"sql"}, Max: 1}, "idle"},
+		{"queues the adapter", "sql", &kvroute.LoRALoad{Running: []string{"chat"}, Waiting: []string{"sql"}, Max: 1}, "idle"},
+		{"a slot free", "sql", &kvroute.LoRALoad{Running: []string{"chat"}, Max: 2}, "idle"},
+		{"no adapter signals", "sql", nil, "idle"},
+		{"base model", "", &kvroute.LoRALoad{Running: []string{"chat"}, Max: 1}, "idle"},
+	} {
+		cs := cands(tc.idle, free)
+		d := dp.Pick(t0, &kvroute.Request{Model: "tiny", Adapter: tc.adapter, PromptTokens: 600, MaxTokens: 100}, cs)
+		if d.Index < 0 || cs[d.Index].Endpoint.ID != tc.want {
+			t.Errorf("%s: got %+v, want %s", tc.name, d, tc.want)
+		}
+		wait := -1.0
+		for _, p := range d.Scores[0].Parts {
+			if p.Name == "adapter_ms" {
+				wait = p.Value
+			}
+		}
+		if tc.adapter == "" && wait != -1 || tc.adapter != "" && (wait > 0) != (tc.want == "busy") {
+			t.Errorf("%s: idle's adapter_ms %v (-1: none)", tc.name, wait)
+		}
+	}
+}
