@@ -39,7 +39,9 @@
 //     in it) and the transfer from the chosen prefill node, fabric
 //     queueing included, of the prompt KV the decode node does not hold
 //     (a node with the conversation's earlier turns pulls only the new
-//     turn: it wins when the fabric is slow);
+//     turn: it wins when the fabric is slow), and, for a LoRA adapter's
+//     request, the wait for a max_lora slot on an engine whose slots other
+//     adapters' running requests hold (adapter_ms);
 //   - decides, in ModeConditional, whether to run aggregated on the decode
 //     node instead: short uncached prompts, Dynamo's isl_bounding rule, or
 //     an estimated TTFT aggregated (queue + prefill, plus a charge for
@@ -48,6 +50,17 @@
 //     decision carries its estimates as Parts (queue_ms, prefill_ms,
 //     transfer_ms, aggregated_ttft_ms, disaggregated_ttft_ms, ...) and a
 //     one-line Reason, in the router's decision log.
+//
+// A request for a LoRA adapter (kvroute.Request.Adapter) is placed as any
+// other over the endpoints that serve it: the router offers the others to
+// the Planner as not healthy, so both stages are limited to them; the
+// prefix matches the candidates carry are the adapter's (the router keys
+// its blocks with the adapter's name, as the engines do), and so are the
+// transfer sizes priced from them. A plan run whole because no prefill
+// endpoint serving the adapter is available says so, as does the decode
+// stage finding no decode endpoint that serves it. The legs' bodies name
+// the adapter as their model, unchanged: vLLM's kv_transfer_params carry
+// no adapter; each engine keys the prompt's blocks with it.
 //
 // The Planner's decisions name policy "pd" (PolicyName); the configured
 // policy is the prefill stage's. When a plan does not send the request to
