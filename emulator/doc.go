@@ -320,8 +320,15 @@
 // leaves before the pull starts aborts the request, and with NixlConnector
 // the decode engine tells the prefill engine, which frees the blocks it
 // held for it (as vLLM's worker notifies it of a read of no blocks) rather
-// than when their lease expires. A client that leaves during the pull
-// aborts the request at once; with NixlConnector
+// than when their lease expires; so does a NixlConnector decode leg the
+// engine rejects before taking it (a model or LoRA adapter it does not
+// serve, vLLM's 404; a prompt over the context; ...), after its answer, as
+// vLLM's serving layer has the connector notify the prefill engine of
+// such a rejection (Server.rejectedRemote). A LoRA adapter's legs name
+// it as their model on both engines: each keys the prompt's blocks with
+// it (kv_transfer_params carry no adapter), so a decode engine caches the
+// blocks it pulled under the adapter's keys. A client that leaves during
+// the pull aborts the request at once; with NixlConnector
 // the transfer runs to its end and only then are the blocks it writes
 // into freed, on both engines, as vLLM frees them; with SGLang's protocol
 // the pull stops and the decode engine frees them at once, as SGLang does

@@ -194,6 +194,17 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeAPIError(w, aerr)
 		return
 	}
+	// A NixlConnector decode leg rejected before the engine takes it (an
+	// unknown model or adapter, a prompt too long, ...) tells its prefill
+	// engine to free the blocks it holds for it (rejectedRemote).
+	admitted := false
+	if rr := s.owedRelease(r, req); rr != nil {
+		defer func() {
+			if !admitted {
+				s.rejectedRemote(w, rr)
+			}
+		}()
+	}
 	lora, aerr := s.resolveModel(req.Model)
 	if aerr != nil {
 		putBody(bodyBuf)
@@ -337,6 +348,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
+	admitted = true
 	if j.pull != nil && !s.awaitPull(w, r, j) {
 		return
 	}

@@ -267,11 +267,65 @@ func (s *Server) releaseRemote(ctx context.Context, j *job) {
 	}
 	pr := p.pr
 	pr.TransferSeconds = 0
+	if err := s.release(ctx, p.host, p.port, pr); err != nil {
+		s.cfg.Logger.Warn("kv release: the prefill engine was not told to free the blocks of an aborted decode leg", "request", j.engineID, "err", err)
+	}
+}
+
+// release makes pr, a pull of no transfer time, telling the prefill
+// engine at host:port to free the blocks it holds for a decode leg that
+// will not read them; bounded by releaseWait and the server's life.
+func (s *Server) release(ctx context.Context, host string, port int, pr PullRequest) error {
 	ctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), releaseWait)
 	defer cancel()
 	defer context.AfterFunc(s.life, cancel)()
-	if _, err := s.pull(ctx, p.host, p.port, pr); err != nil {
-		s.cfg.Logger.Warn("kv release: the prefill engine was not told to free the blocks of an aborted decode leg", "request", j.engineID, "err", err)
+	_, err := s.pull(ctx, host, port, pr)
+	return err
+}
+
+// owedRelease is the release a decode leg of request req owes its
+// prefill engine if it is rejected before the engine takes it: a
+// NixlConnector request with do_remote_prefill and remote blocks, on an
+// engine that decodes; nil for any other.
+func (s *Server) owedRelease(r *http.Request, req *apiRequest) *remoteRelease {
+	kv := req.KVTransferParams
+	if kv == nil || !kv.DoRemotePrefill || s.cfg.PDProtocol != PDNixl || !s.cfg.Role.CanDecode() {
+		return nil
+	}
+	if ids, ok := kv.RemoteBlockIDs.([]any); !ok || len(ids) == 0 {
+		return nil // nothing held (a prompt shorter than a block)
+	}
+	id := kv.RemoteRequestID
+	if id == "" {
+		id = r.Header.Get("X-Request-Id")
+	}
+	return &remoteRelease{ctx: r.Context(), host: kv.RemoteHost, port: kv.RemotePort,
+		pr: PullRequest{RemoteRequestID: id, RemoteEngineID: kv.RemoteEngineID, EngineID: s.cfg.EngineID}}
+}
+
+// remoteRelease is where and how a rejected decode leg frees its prefill
+// engine's blocks (Server.rejectedRemote).
+type remoteRelease struct {
+	ctx  context.Context
+	host string
+	port int
+	pr   PullRequest
+}
+
+// rejectedRemote tells the prefill engine that a decode leg this engine
+// rejected before taking it (its answer written to w: an unknown model or
+// LoRA adapter's 404, a 400, the engine stopped) will never read its KV,
+// so that it frees the blocks now rather than when their lease expires:
+// vLLM's serving layer notifies the engine of such a rejection, and its
+// NixlConnector sends the prefill engine the notification of a read of no
+// blocks (vLLM PR #41269; before it the blocks waited for
+// VLLM_NIXL_ABORT_REQUEST_TIMEOUT). The answer is flushed first, so the
+// client does not wait for the notification.
+func (s *Server) rejectedRemote(w http.ResponseWriter, rr *remoteRelease) {
+	_ = http.NewResponseController(w).Flush()
+	if err := s.release(rr.ctx, rr.host, rr.port, rr.pr); err != nil {
+		s.cfg.Logger.Warn("kv release: the prefill engine was not told to free the blocks of a rejected decode leg",
+			"remote_request_id", rr.pr.RemoteRequestID, "err", err)
 	}
 }
 

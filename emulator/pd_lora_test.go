@@ -5,8 +5,10 @@ import (
 	"net/http"
 	"strings"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/syncbuf"
 	"github.com/kvroute/kvroute/openai"
 )
 
@@ -86,5 +88,49 @@ func TestPDLoRA(t *testing.T) {
 			t.Errorf("turn %d (%q): the decode engine's own prefix-cache hit %v tokens, want %v", i, turn.model, got,
 				map[bool]float64{true: firstBlocks, false: 0}[turn.hit])
 		}
+	}
+}
+
+// TestPDRejectedDecodeLegReleases: a decode engine that does not serve the
+// adapter a decode leg names answers it as vLLM does, 404 "The model ...
+// does not exist.", and tells the prefill engine at once that the KV it
+// holds for it will not be read (vLLM PR #41269: a decode leg rejected
+// before admission notifies the prefill engine), which frees the blocks
+// then rather than at the lease's expiry. So does another rejection
+// before admission (a prompt over the context).
+func TestPDRejectedDecodeLegReleases(t *testing.T) {
+	var plog, dlog syncbuf.Buffer
+	_, ps := testServer(t, Config{Role: kvroute.RolePrefill, LoRA: serving("sql-lora"), Logger: logTo(&plog), LeaseTimeout: time.Hour})
+	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, LoRA: serving("chat-lora"), Logger: logTo(&dlog)})
+	prompt := strings.Repeat(pdPrompt+" ", 6)
+	for _, tc := range []struct {
+		name, model string
+		maxTokens   int
+		status      int
+		msg         string
+	}{
+		{"adapter not served", "sql-lora", 3, http.StatusNotFound, "The model `sql-lora` does not exist."},
+		{"over the context", "", 1 << 20, http.StatusBadRequest, "max_tokens"},
+	} {
+		code, pre, body := pdLeg(t, ps.URL, tc.model, prompt, nil)
+		if code != http.StatusOK || pre.KVTransferParams == nil {
+			t.Fatalf("%s: prefill: got %d %s", tc.name, code, body)
+		}
+		if u := kvUsage(t, ps.URL); u <= 0 {
+			t.Fatalf("%s: prefill engine's KV usage %v while it holds the blocks, want > 0", tc.name, u)
+		}
+		req := map[string]any{"prompt": prompt, "max_tokens": tc.maxTokens, "kv_transfer_params": pre.KVTransferParams}
+		if tc.model != "" {
+			req["model"] = tc.model
+		}
+		b, _ := json.Marshal(req)
+		code, out := post(t, ds.URL+"/v1/completions", string(b))
+		if code != tc.status || !strings.Contains(string(out), tc.msg) {
+			t.Errorf("%s: decode: got %d %s, want %d %q", tc.name, code, out, tc.status, tc.msg)
+		}
+		waitFor(t, tc.name+": the prefill engine to free the blocks", func() bool { return kvUsage(t, ps.URL) == 0 })
+	}
+	if strings.Contains(plog.String(), "kv lease expired") || strings.Contains(dlog.String(), "kv release") {
+		t.Errorf("logs: prefill %q, decode %q", plog.String(), dlog.String())
 	}
 }

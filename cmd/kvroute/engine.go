@@ -83,6 +83,10 @@ blocks from remote_host:remote_port (the prefill engine's side channel: its
 HTTP address, or --side-channel-listen), spending --kv-transfer-setup plus
 bytes/--fabric-gbps (the bytes of the prompt past its own prefix-cache hit, as
 vLLM pulls only those), then decodes without a prefill. A missing or expired lease is handled per --pd-load-failure.
+A decode engine that rejects a decode leg before taking it (a model or LoRA
+adapter it does not serve: vLLM's 404; a prompt over the context) tells the
+prefill engine to free the blocks at once, as vLLM's does. A LoRA adapter's
+legs name it on both engines, each of which keys the prompt's blocks with it.
 A client that leaves during the pull aborts the request at once, but the
 transfer runs to its end and only then do both engines free its blocks, as
 vLLM's do (with sglang, the pull stops and the decode engine frees them at
