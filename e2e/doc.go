@@ -8,8 +8,10 @@
 // engines' KV events, in both of vLLM's encodings, build a precise prefix
 // index that agrees with what each engine reports cached; that an engine
 // restart drops its entries; that the kv-aware policy sends a repeated long
-// prefix back to the engine caching it while cold prompts spread; and that
-// failing scrapes mark an endpoint stale without stopping routing.
+// prefix back to the engine caching it while cold prompts spread; that
+// failing scrapes mark an endpoint stale without stopping routing; and
+// that LoRA adapters are routed, cached and (on a prefill/decode pool,
+// NixlConnector handoff) prefilled and decoded only where they are served.
 //
 // Every wait polls with a deadline; nothing sleeps to assert. The package
 // has no exported API: run it with `go test ./e2e` (about 25 seconds, 20 of

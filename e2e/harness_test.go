@@ -22,6 +22,7 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/emulator"
 	"github.com/kvroute/kvroute/engine"
@@ -59,6 +60,9 @@ type engineOpts struct {
 	connect bool
 	// lora configures the engine's LoRA adapters (default none).
 	lora emulator.LoRAConfig
+	// role is the engine's P/D role (default both); prefill and decode
+	// engines hand off in vLLM's NixlConnector protocol.
+	role kvroute.Role
 }
 
 // engineProc is one emulated engine served on a fixed loopback address, so
@@ -73,6 +77,9 @@ type engineProc struct {
 	connect bool
 
 	failMetrics atomic.Bool // answer /metrics with 503
+
+	legsMu sync.Mutex // guards legs
+	legs   []leg      // the inference requests the engine received
 
 	mu   sync.Mutex // guards the running instance below
 	srv  *emulator.Server
@@ -96,6 +103,7 @@ func startEngine(t testing.TB, id string, o engineOpts) *engineProc {
 			MaxNumSeqs: 32},
 		Speed:  o.speed,
 		LoRA:   o.lora,
+		Role:   o.role,
 		Logger: logger().With("engine", id),
 	}}
 	if o.encoding != "" && !o.connect {
@@ -155,6 +163,9 @@ func (e *engineProc) launch(ln net.Listener) error {
 			http.Error(w, "metrics switched off by the test", http.StatusServiceUnavailable)
 			return
 		}
+		if r.Method == http.MethodPost && strings.HasPrefix(r.URL.Path, "/v1/") {
+			e.record(r)
+		}
 		h.ServeHTTP(w, r)
 	})}
 	ctx, cancel := context.WithCancel(context.Background())
@@ -170,6 +181,47 @@ func (e *engineProc) launch(ln net.Listener) error {
 	e.srv, e.hs, e.stop, e.done = srv, hs, cancel, done
 	e.mu.Unlock()
 	return nil
+}
+
+// leg is an inference request an engine received: the model it named and,
+// for a P/D leg, which (kv_transfer_params' do_remote_decode: a prefill
+// leg; do_remote_prefill: a decode leg).
+type leg struct {
+	model           string
+	prefill, decode bool
+}
+
+// record notes r's leg (its body read and put back).
+func (e *engineProc) record(r *http.Request) {
+	body, err := io.ReadAll(r.Body)
+	if err != nil {
+		return
+	}
+	r.Body = io.NopCloser(bytes.NewReader(body))
+	var in struct {
+		Model string `json:"model"`
+		KV    *struct {
+			DoRemoteDecode  bool `json:"do_remote_decode"`
+			DoRemotePrefill bool `json:"do_remote_prefill"`
+		} `json:"kv_transfer_params"`
+	}
+	_ = json.Unmarshal(body, &in)
+	l := leg{model: in.Model}
+	if in.KV != nil {
+		l.prefill, l.decode = in.KV.DoRemoteDecode, in.KV.DoRemotePrefill
+	}
+	e.legsMu.Lock()
+	e.legs = append(e.legs, l)
+	e.legsMu.Unlock()
+}
+
+// takeLegs returns the legs the engine received since the last call.
+func (e *engineProc) takeLegs() []leg {
+	e.legsMu.Lock()
+	defer e.legsMu.Unlock()
+	l := e.legs
+	e.legs = nil
+	return l
 }
 
 // halt stops the engine: its loop, its KV-event sockets and its listener.
@@ -211,6 +263,9 @@ func (e *engineProc) restart() {
 // to its KV events.
 func (e *engineProc) endpoint(events bool) config.Endpoint {
 	ep := config.Endpoint{ID: e.id, URL: e.url()}
+	if e.cfg.Role != kvroute.RoleBoth {
+		ep.Role = e.cfg.Role.String()
+	}
 	if events && e.kvAddr != "" {
 		ep.KVEvents = config.KVEvents{Address: e.kvAddr, ReplayAddress: e.replay, Listen: e.connect}
 	}
