@@ -4,10 +4,12 @@ import (
 	"bytes"
 	"encoding/csv"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/disagg"
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/kvindex"
 	"github.com/kvroute/kvroute/signals"
@@ -258,5 +260,45 @@ func TestGroupAdapters(t *testing.T) {
 	}
 	if _, err := ParseFleetFile([]byte("engines:\n  - {count: 1, profile: tiny, adapters: [\"\"]}\n")); err == nil {
 		t.Error("an empty adapter name: no error")
+	}
+}
+
+// TestPDAdapters: on a P/D fleet whose groups serve some adapters, the
+// simulator's handoff runs the same placement as kvroute serve's: an
+// adapter's request is prefilled on a prefill engine serving it and
+// decoded on a decode engine serving it; an adapter only a prefill engine
+// serves is a 503 that says no decode engine serves it; the base model's
+// requests go anywhere.
+func TestPDAdapters(t *testing.T) {
+	fleet, err := ParseFleetFile([]byte("engines:\n" +
+		"  - {count: 1, profile: tiny, num_gpu_blocks: 256, role: prefill, adapters: [a, solo]}\n" +
+		"  - {count: 1, profile: tiny, num_gpu_blocks: 256, role: prefill, adapters: [b]}\n" +
+		"  - {count: 1, profile: tiny, num_gpu_blocks: 256, role: decode, adapters: [a]}\n" +
+		"  - {count: 1, profile: tiny, num_gpu_blocks: 256, role: decode, adapters: [b]}\n"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	reqs := samePrompt("a", "b", "a", "b", "solo", "", "")
+	for i := range reqs {
+		reqs[i].PromptLen, reqs[i].Segments = 600, []workload.Segment{{Key: 42, Len: 600}}
+	}
+	res := mustRun(t, Config{Fleet: fleet, PD: PDConfig{Mode: disagg.ModeAlways}}, reqs)
+	where := map[string][2]string{"a": {"e0", "e2"}, "b": {"e1", "e3"}}
+	for i, r := range res.Records {
+		a := reqs[i].Adapter
+		switch a {
+		case "solo":
+			if r.Status != 503 || !strings.Contains(r.Error, "no decode endpoint") {
+				t.Errorf("%s (solo, no decode engine serves it): status %d %q, want 503 no decode endpoint", r.ID, r.Status, r.Error)
+			}
+		case "":
+			if !r.OK() {
+				t.Errorf("%s (base model): status %d %s", r.ID, r.Status, r.Error)
+			}
+		default:
+			if w := where[a]; !r.OK() || r.PrefillEngine != w[0] || r.Engine != w[1] {
+				t.Errorf("%s (adapter %s): status %d, prefill %s, decode %s; want 200, %s, %s", r.ID, a, r.Status, r.PrefillEngine, r.Engine, w[0], w[1])
+			}
+		}
 	}
 }
