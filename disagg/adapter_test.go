@@ -2,6 +2,7 @@ package disagg
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -139,6 +140,68 @@ func TestDecodePickerAdapterSlot(t *testing.T) {
 		}
 		if tc.adapter == "" && wait != -1 || tc.adapter != "" && (wait > 0) != (tc.want == "busy") {
 			t.Errorf("%s: idle's adapter_ms %v (-1: none)", tc.name, wait)
+		}
+	}
+}
+
+// TestPlanAdapterPrefix: the plan prices an adapter's request from the
+// prefix matches of the adapter's own blocks (the router keys them with
+// its name): the prompt routed again for the same adapter is cached on
+// both of its nodes (little to prefill, little to pull), while the same
+// prompt for the base model or another adapter holds nothing there.
+func TestPlanAdapterPrefix(t *testing.T) {
+	eps := []kvroute.Endpoint{
+		{ID: "p0", URL: "http://p0:1", Role: kvroute.RolePrefill},
+		{ID: "d0", URL: "http://d0:1", Role: kvroute.RoleDecode},
+	}
+	pl, err := NewPlanner(Config{Profile: mustProfile(t, "tiny"), Mode: ModeAlways, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := router.New(router.Config{Model: "tiny", Endpoints: eps, Policy: "pd", Picker: pl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	prompt := strings.Repeat("a system prompt that every turn repeats ", 60)
+	const tokens = 600
+	plan := func(id, adapter string) Plan {
+		t.Helper()
+		req := &kvroute.Request{ID: id, Model: "tiny", Adapter: adapter, Prompt: prompt, PromptTokens: tokens}
+		f, err := r.Route(t0, req, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		p, _ := pl.Take(req)
+		if !p.Disaggregated {
+			t.Fatalf("%s: not disaggregated: %s", id, p.Reason)
+		}
+		dreq := *req
+		pl.PinEndpoint(&dreq, p.Decode)
+		df, err := r.Route(t0, &dreq, nil) // the decode leg: recorded on d0
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Done(t0, df, kvroute.Outcome{Decode: true})
+		r.Done(t0, f, kvroute.Outcome{})
+		pl.Finish(p.Ticket)
+		return p
+	}
+	first := plan("1", "sql")
+	if first.UncachedPrefill != tokens || first.UncachedDecode != tokens {
+		t.Fatalf("first sql request: uncached %d on the prefill node, %d on the decode node, want %d on both",
+			first.UncachedPrefill, first.UncachedDecode, tokens)
+	}
+	again := plan("2", "sql")
+	if again.UncachedPrefill >= tokens/10 || again.UncachedDecode >= tokens/10 || again.Transfer.Bytes >= first.Transfer.Bytes/10 {
+		t.Errorf("sql again: uncached %d and %d, %d bytes pulled; want little of %d tokens, %d bytes",
+			again.UncachedPrefill, again.UncachedDecode, again.Transfer.Bytes, tokens, first.Transfer.Bytes)
+	}
+	for _, adapter := range []string{"", "chat"} {
+		p := plan("x"+adapter, adapter)
+		if p.UncachedPrefill != tokens || p.UncachedDecode != tokens || p.Transfer.Bytes != first.Transfer.Bytes {
+			t.Errorf("adapter %q: uncached %d and %d, %d bytes pulled; want %d, %d and %d (sql's blocks are not its)",
+				adapter, p.UncachedPrefill, p.UncachedDecode, p.Transfer.Bytes, tokens, tokens, first.Transfer.Bytes)
 		}
 	}
 }
