@@ -9,6 +9,7 @@ import (
 	"reflect"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/ardanlabs/jinja"
 )
@@ -18,7 +19,9 @@ import (
 // apply_chat_template does: trim_blocks and lstrip_blocks on, with the
 // variables messages, add_generation_prompt, bos_token and eos_token, and
 // tools and documents, None unless given (transformers always passes both,
-// so a template's "tools is defined" is true without tools). It is
+// so a template's "tools is defined" is true without tools), and
+// strftime_now formatting ChatOptions.Now (default: the time of the
+// render, as transformers' datetime.now()). It is
 // rendered by github.com/ardanlabs/jinja, a pure-Go Jinja engine made for chat
 // templates. A ChatTemplate is safe for concurrent use.
 type ChatTemplate struct {
@@ -61,6 +64,15 @@ type ChatOptions struct {
 	// the shape vLLM's request model gives it (contentformat.go: keys in
 	// the model's order, defaults filled in). Default none.
 	JSONVars map[string]json.RawMessage
+	// Now is the instant the template's strftime_now formats (Llama 3.1
+	// to 3.3 write "Today Date: " + strftime_now("%d %b %Y") in their
+	// system header). Default (zero): time.Now(), the local time when the
+	// template is rendered, as transformers' datetime.now(): an engine
+	// that renders the same request on another day (across midnight, or
+	// in another time zone) writes another date, and so other tokens from
+	// there on. A "date_string" variable, which those templates take
+	// instead when it is given (vLLM: chat_template_kwargs), pins it.
+	Now time.Time
 }
 
 // Render renders msgs.
@@ -162,6 +174,11 @@ func (c *ChatTemplate) render(messages jinja.Value, opts ChatOptions) (string, e
 		"bos_token":             jinja.NewString(c.bos),
 		"eos_token":             jinja.NewString(c.eos),
 	}
+	now := opts.Now
+	if now.IsZero() {
+		now = time.Now()
+	}
+	data[strftimeName] = strftimeNow(now) // a variable of that name wins, as in jinja2
 	for k, v := range opts.Vars {
 		data[k] = jinja.FromGoValue(v)
 	}

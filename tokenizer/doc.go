@@ -59,7 +59,21 @@
 // "None", where that engine's write "2" and "", and json.dumps keeps the
 // key order of an object with an indent, where that engine's sorts the
 // keys), but in a template with {% raw %}; a float or None a template
-// writes with {{ }} alone still comes out that engine's way.
+// writes with {{ }} alone still comes out that engine's way. strftime_now
+// is this package's too (strftime.go: Python's strftime, where that
+// engine's writes a format's literal text that spells a Go layout element
+// as that element and %y, %j or %-d as they are), and formats
+// ChatOptions.Now, by default the time of the render, as transformers'
+// datetime.now() does. Llama 3.1 to 3.3 write today's date into their
+// system header with it, so the router and a vLLM server compute the
+// same tokens for a request only on the same day in the same time zone:
+// around midnight the router may render a request with another date than
+// the engine (and always does for a server in another time zone), and
+// then its tokens differ from the date on (the 16-token block holding the
+// date and every later one): the router finds none of the blocks the
+// engine cached for that prefix, and routes it as uncached. A request's
+// chat_template_kwargs date_string, which those templates take instead,
+// pins the date for both.
 // As vLLM does, RenderJSON gives a template that does
 // not loop over a message's content parts (contentformat.go: vLLM's
 // "string" content format, which Qwen3, Llama 3.x and DeepSeek-V3 have)
