@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"time"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
@@ -25,6 +26,10 @@ type precise struct {
 	tmpl      *tokenizer.ChatTemplate // the HuggingFace chat template; nil renders ChatML
 	index     *kvindex.Index          // fed by KV events; nil when no endpoint publishes them
 	endpoints []string                // the endpoints whose KV events feed index
+	// now is the clock of the chat template's strftime_now (Llama 3.1 to
+	// 3.3's "Today Date"); nil: the time of the render, as vLLM's
+	// (tokenizer.ChatOptions.Now). Tests fix it.
+	now func() time.Time
 }
 
 // newPrecise builds a model's precise mode, or returns nil when it is off.
@@ -276,6 +281,9 @@ func (pc *precise) tokens(kind openai.Kind, body []byte, ri *openai.RequestInfo)
 	opts, cont, err := b.chatOptions()
 	if err != nil {
 		return nil, err
+	}
+	if pc.now != nil {
+		opts.Now = pc.now()
 	}
 	text, err := pc.tmpl.RenderJSON(b.Messages, opts)
 	if err != nil {

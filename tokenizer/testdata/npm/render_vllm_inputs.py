@@ -28,7 +28,8 @@ What it reproduces, in its own code, from vLLM's serving path:
     kwargs set it (ChatCompletionRequest.build_chat_params);
   - transformers' apply_chat_template, which always defines "tools" and
     "documents" (None when the request has none), in render_chats.py's
-    jinja2 environment.
+    jinja2 environment, its strftime_now at render_chats.py's FIXTURE_NOW
+    (recorded as "strftime_now").
 
 Usage: python3 render_vllm_inputs.py <testdata dir>
 Needs jinja2 and pydantic (v2).
@@ -44,7 +45,7 @@ import jinja2
 import pydantic
 from pydantic import BaseModel, ConfigDict, model_serializer, model_validator
 
-from render_chats import environment, token_name
+from render_chats import FIXTURE_NOW, environment, token_name
 
 
 class Base(BaseModel):
@@ -228,6 +229,56 @@ CASES = [
         "chat_template_kwargs": {"documents": [{"title": "ignored", "text": "the request's documents win"}]}}},
 ]
 
+# Tools whose JSON Schemas have floats, empty objects and lists, and text
+# that is not ASCII: Llama 3.1-style templates write each with
+# tojson(indent=4).
+UNITS = {"type": "function", "function": {"name": "convert", "description": "Unit conversion — °C/°F.", "parameters": {
+    "type": "object", "properties": {"value": {"type": "number", "minimum": -273.15, "maximum": 1000.0, "multipleOf": 1e-05},
+                                     "from": {"type": "string", "enum": ["°C", "°F"]}, "options": {"type": "object", "properties": {}},
+                                     "tags": {"type": "array", "items": {}, "default": []}},
+    "required": ["value", "from"]}}}
+
+CASES += [
+    # Llama 3.2: the tools in the system message (tools_in_user_message
+    # false), a tool call whose arguments have floats, lists and objects,
+    # a tool result that is JSON text (written with tojson, as a string).
+    {"name": "llama tools in the system message", "request": {
+        "messages": [
+            {"role": "system", "content": "  You convert units.  "},
+            {"role": "user", "content": "100 °F in °C?"},
+            {"role": "assistant", "content": "Converting.", "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "convert",
+                 "arguments": "{\"value\": 100.0, \"from\": \"°F\", \"options\": {\"round\": 2, \"exact\": false}, \"tags\": [\"a\", 1.5, null]}"}}]},
+            {"role": "tool", "tool_call_id": "c1", "content": "{\"celsius\": 37.78}"}],
+        "tools": [UNITS, TOOLS[0]],
+        "chat_template_kwargs": {"tools_in_user_message": False}}},
+    # The ipython role (a client's own name for tool results), a date
+    # given as date_string, a tool call's empty arguments (vLLM: {}), a
+    # tool result as text parts.
+    {"name": "llama ipython role and date_string", "request": {
+        "messages": [
+            {"role": "user", "content": "What time is it?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"id": "c1", "type": "function", "function": {"name": "get_time", "arguments": ""}}]},
+            {"role": "ipython", "content": "09:00"},
+            {"role": "assistant", "content": "It is 09:00."},
+            {"role": "user", "content": "And now?"},
+            {"role": "assistant", "content": "", "tool_calls": [
+                {"id": "c2", "type": "function", "function": {"name": "get_time", "arguments": "{}"}}]},
+            {"role": "tool", "tool_call_id": "c2", "content": [{"type": "text", "text": "09:01"}, {"type": "text", "text": "UTC"}]}],
+        "tools": [TOOLS[0]],
+        "chat_template_kwargs": {"date_string": "26 Jul 2024"}}},
+    # Tools given as the template's custom_tools (as the client wrote
+    # them: no request model dump) instead of the request's.
+    {"name": "llama custom_tools", "request": {
+        "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Convert 5 °C."}],
+        "chat_template_kwargs": {"custom_tools": [{"function": {"parameters": {"type": "object"}, "name": "convert"}, "type": "function"}]}}},
+    # Tools and no user message to put them in: Llama 3.2's template
+    # refuses it (vLLM's 400).
+    {"name": "llama tools without a user message", "request": {
+        "messages": [{"role": "system", "content": "Be brief."}], "tools": [TOOLS[0]]}},
+]
+
 # Templates of no fixture model: what a template sees of the variables
 # transformers always passes.
 INLINE = {
@@ -242,9 +293,9 @@ INLINE = {
 
 def main():
     d = sys.argv[1]
-    env = environment()
+    env = environment(FIXTURE_NOW)
     templates = {}
-    for model in ("qwen3", "llama3", "llama3_1", "deepseek_v3"):
+    for model in ("qwen3", "llama3", "llama3_1", "llama3_2", "deepseek_v3"):
         cfg = json.load(open(f"{d}/{model}/tokenizer_config.json", encoding="utf-8"))
         templates[model] = (env.from_string(cfg["chat_template"]), token_name(cfg.get("bos_token")), token_name(cfg.get("eos_token")))
     for name, src in INLINE.items():
@@ -275,6 +326,7 @@ def main():
         cases.append({"name": c["name"], "request": req, "prompts": prompts})
     out = {
         "renderer": f"jinja2 {jinja2.__version__}, pydantic {pydantic.VERSION} (render_vllm_inputs.py)",
+        "strftime_now": FIXTURE_NOW.isoformat(),
         "inline_templates": INLINE,
         "cases": cases,
     }
