@@ -197,8 +197,9 @@ func (c *ChatTemplate) render(messages jinja.Value, opts ChatOptions) (string, e
 			data[k] = jinja.None() // transformers' apply_chat_template always passes both
 		}
 	}
-	data[tojsonName] = pyToJSON // the template's tojson and string filters (pyfilters.go)
+	data[tojsonName] = pyToJSON // the template's tojson, string and trim filters (pyfilters.go)
 	data[stringName] = pyString
+	data[trimName] = pyTrim
 	out, err := c.tmpl.RenderValues(data)
 	if err != nil {
 		return "", fmt.Errorf("tokenizer: render chat template: %w", err)

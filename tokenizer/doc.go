@@ -53,12 +53,16 @@
 // tools, as transformers' get_chat_template picks them. That engine applies a tag's whitespace control
 // past a neighbouring tag and keeps a template's final newline, unlike
 // jinja2; jinjatrim.go rewrites a template's source so that both render it
-// alike (TestChatTemplateWhitespaceMatchesJinja2). Its tojson and string
-// filters are replaced by transformers' and jinja2's (pyfilters.go:
+// alike (TestChatTemplateWhitespaceMatchesJinja2). Its tojson, string and
+// trim filters are replaced by transformers' and jinja2's (pyfilters.go:
 // Python's json.dumps and str(), which write 2.0 as "2.0" and None as
 // "None", where that engine's write "2" and "", and json.dumps keeps the
 // key order of an object with an indent, where that engine's sorts the
-// keys), but in a template with {% raw %}; a float or None a template
+// keys; str.strip, which strips U+001C to U+001F as white space, where
+// that engine's trim keeps them), but in a template with {% raw %}; the
+// string methods strip, lstrip and rstrip without arguments are still
+// that engine's (lstrip and rstrip strip only space, tab, CR and LF), and
+// a float or None a template
 // writes with {{ }} alone still comes out that engine's way. strftime_now
 // is this package's too (strftime.go: Python's strftime, where that
 // engine's writes a format's literal text that spells a Go layout element

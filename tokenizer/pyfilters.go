@@ -7,6 +7,7 @@ import (
 	"slices"
 	"strconv"
 	"strings"
+	"unicode"
 	"unicode/utf16"
 	"unicode/utf8"
 
@@ -25,7 +26,11 @@ import (
 //     tojson(indent=4)) it sorts the keys of objects;
 //   - string, Python's str(): the Go engine writes a float by %g too and
 //     None as "" (Python: "None"); Qwen3-Coder's template writes each
-//     tool call argument that is not an object or a list with it.
+//     tool call argument that is not an object or a list with it;
+//   - trim, Python's str.strip(chars): without chars the Go engine strips
+//     Go's white space (unicode.IsSpace), which lacks the separators
+//     U+001C to U+001F that Python strips; Llama 3.x's templates trim
+//     every message's content with it.
 //
 // The Go engine's filter table cannot be replaced, but a filter it does
 // not know is looked up among the template's variables: pyFilters renames
@@ -36,17 +41,18 @@ import (
 const (
 	tojsonName = "kvroute_tojson"
 	stringName = "kvroute_string"
+	trimName   = "kvroute_trim"
 )
 
 // pyFilterNames maps a filter pyFilters renames to its new name.
-var pyFilterNames = map[string]string{"tojson": tojsonName, "string": stringName}
+var pyFilterNames = map[string]string{"tojson": tojsonName, "string": stringName, "trim": trimName}
 
-// pyFilters returns src with each use of the tojson and string filters
-// ("| tojson", in an expression or statement tag, outside string
+// pyFilters returns src with each use of the tojson, string and trim
+// filters ("| tojson", in an expression or statement tag, outside string
 // literals) renamed (pyFilterNames). Templates with {% raw %} are left as
 // they are.
 func pyFilters(src string) string {
-	if !strings.Contains(src, "tojson") && !strings.Contains(src, "string") || rawTagRE.MatchString(src) {
+	if !strings.Contains(src, "tojson") && !strings.Contains(src, "string") && !strings.Contains(src, "trim") || rawTagRE.MatchString(src) {
 		return src
 	}
 	var b strings.Builder
@@ -164,34 +170,70 @@ var pyString = jinja.NewCallable(stringName, func(args []jinja.Value, _ map[stri
 	if len(args) == 0 {
 		return jinja.NewString(""), nil
 	}
-	switch v := args[0]; {
+	if args[0].IsString() {
+		return args[0], nil
+	}
+	return jinja.NewString(pyStr(args[0])), nil
+})
+
+// pyStr is Python's str(v), as pyString writes it.
+func pyStr(v jinja.Value) string {
+	switch {
 	case v.IsString():
-		return v, nil
+		return v.AsString()
 	case v.IsFloat():
 		switch f := v.AsFloat(); {
 		case math.IsNaN(f):
-			return jinja.NewString("nan"), nil
+			return "nan"
 		case math.IsInf(f, 1):
-			return jinja.NewString("inf"), nil
+			return "inf"
 		case math.IsInf(f, -1):
-			return jinja.NewString("-inf"), nil
+			return "-inf"
 		}
-		return jinja.NewString(string(appendPyFloat(nil, v.AsFloat()))), nil
+		return string(appendPyFloat(nil, v.AsFloat()))
 	case v.IsNone():
-		return jinja.NewString("None"), nil
+		return "None"
 	case v.IsUndefined(), v.IsCallable():
-		return jinja.NewString(""), nil
+		return ""
 	case v.IsBool():
 		if v.AsBool() {
-			return jinja.NewString("True"), nil
+			return "True"
 		}
-		return jinja.NewString("False"), nil
+		return "False"
 	case v.IsInt():
-		return jinja.NewString(strconv.FormatInt(v.AsInt(), 10)), nil
+		return strconv.FormatInt(v.AsInt(), 10)
 	default: // a list or a dict: the Go engine's repr
-		return jinja.NewString(v.String()), nil
+		return v.String()
 	}
+}
+
+// pyTrim is jinja2's trim filter: str(value).strip(chars), chars by
+// position or by name; without them (or None) Python's white space
+// (pyIsSpace).
+var pyTrim = jinja.NewCallable(trimName, func(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, error) {
+	if len(args) == 0 {
+		return jinja.NewString(""), nil
+	}
+	s := pyStr(args[0])
+	chars, ok := kwargs["chars"]
+	if len(args) > 1 {
+		chars, ok = args[1], true
+	}
+	if !ok || chars.IsNone() || chars.IsUndefined() {
+		return jinja.NewString(strings.TrimFunc(s, pyIsSpace)), nil
+	}
+	if !chars.IsString() {
+		return jinja.Undefined(), errors.New("trim: chars must be a string or None")
+	}
+	return jinja.NewString(strings.Trim(s, chars.AsString())), nil
 })
+
+// pyIsSpace reports whether Python's str.isspace is true of r: Go's
+// unicode.IsSpace and the information separators U+001C to U+001F
+// (Unicode's bidirectional class B or S).
+func pyIsSpace(r rune) bool {
+	return unicode.IsSpace(r) || 0x1c <= r && r <= 0x1f
+}
 
 // pyJSON writes values as Python's json.dumps does.
 type pyJSON struct {

@@ -75,21 +75,23 @@ func FuzzAppendPyFloat(f *testing.F) {
 	})
 }
 
-// FuzzPyFilters checks that renaming the tojson and string filters never
-// breaks a template that compiles, and leaves one without them alone.
+// FuzzPyFilters checks that renaming the tojson, string and trim filters
+// never breaks a template that compiles, and leaves one without them
+// alone.
 func FuzzPyFilters(f *testing.F) {
 	for _, s := range []string{
 		"{{ x | tojson }}", "{{ x|tojson(indent=4) }}", "{% set y = x | tojson %}{{ y }}",
 		"{{ 'a | tojson' }}{{ \"|tojson\" }}", "{# x | tojson #}{{ x | tojsonx }}", "{{ x | tojson", "|tojson }}",
 		"{% for t in tools %}{{- t | tojson(indent=4) }}{% endfor %}", "{{ x | tojson | safe }}", "{% raw %}{{ x | tojson }}{% endraw %}",
 		"{{ x | string }}{% if x is string %}{{ x|stringify }}{% endif %}", "{{ x | tojson | string | tojson }}",
+		"{{ '<|eot_id|>' + m['content'] | trim + '<|eot_id|>' }}", "{% set c = x|trim('\\n') %}{{ c | trimmed }}",
 	} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, src string) {
 		out := pyFilters(src)
-		if !strings.Contains(src, "tojson") && !strings.Contains(src, "string") && out != src {
-			t.Fatalf("pyFilters(%q) = %q, changed a template without tojson or string", src, out)
+		if !strings.Contains(src, "tojson") && !strings.Contains(src, "string") && !strings.Contains(src, "trim") && out != src {
+			t.Fatalf("pyFilters(%q) = %q, changed a template without tojson, string or trim", src, out)
 		}
 		if _, err := jinja.Compile(src); err == nil {
 			if _, err := jinja.Compile(out); err != nil {
@@ -113,6 +115,25 @@ func TestChatTemplateStringMatchesPython(t *testing.T) {
 		t.Fatal(err)
 	}
 	got, err := ct.Render(nil, ChatOptions{JSONVars: map[string]json.RawMessage{"x": json.RawMessage(x)}})
+	if err != nil || got != want {
+		t.Errorf("got  %q (%v)\nwant %q", got, err, want)
+	}
+}
+
+// TestChatTemplateTrimMatchesPython checks the trim filter against
+// jinja2's (Python's str.strip): without chars it strips the separators
+// U+001C to U+001F too, which Go's unicode.IsSpace (the Go engine's trim)
+// leaves; Llama 3.x's templates trim every message's content. The want is
+// jinja2's rendering in render_chats.py's environment.
+func TestChatTemplateTrimMatchesPython(t *testing.T) {
+	const src = "{{ x | trim }}|{{ x|trim(\"\x1c\") }}|{{ x | trim(chars=none) }}|{{ n | trim }}|{{ f|trim }}|{{ u | trim }}|"
+	const x = `"\u001c\u001f Hi\u3000\u001e\u00a0\u000b\u001d"`
+	const want = "Hi|\x1f Hi\u3000\x1e\u00a0\v\x1d|Hi|None|2.0||"
+	ct, err := NewChatTemplate(src, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ct.Render(nil, ChatOptions{JSONVars: map[string]json.RawMessage{"x": json.RawMessage(x), "n": json.RawMessage("null"), "f": json.RawMessage("2.0")}})
 	if err != nil || got != want {
 		t.Errorf("got  %q (%v)\nwant %q", got, err, want)
 	}

@@ -273,6 +273,15 @@ CASES += [
     {"name": "llama custom_tools", "request": {
         "messages": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "Convert 5 °C."}],
         "chat_template_kwargs": {"custom_tools": [{"function": {"parameters": {"type": "object"}, "name": "convert"}, "type": "function"}]}}},
+    # Content with white space Python's str.strip removes and Go's
+    # unicode.IsSpace does not (U+001C to U+001F), and some both do:
+    # Llama 3.x's templates trim each message.
+    {"name": "python white space", "request": {
+        "messages": [
+            {"role": "system", "content": "\x1c\u3000Be brief.\x1f\n"},
+            {"role": "user", "content": "\x1eHi\u00a0\x1d"},
+            {"role": "assistant", "content": "Hello.\x1f"},
+            {"role": "user", "content": "\x0b\x1cAgain"}]}},
     # Tools and no user message to put them in: Llama 3.2's template
     # refuses it (vLLM's 400).
     {"name": "llama tools without a user message", "request": {
