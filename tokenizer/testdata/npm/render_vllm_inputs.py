@@ -282,6 +282,21 @@ CASES += [
             {"role": "user", "content": "\x1eHi\u00a0\x1d"},
             {"role": "assistant", "content": "Hello.\x1f"},
             {"role": "user", "content": "\x0b\x1cAgain"}]}},
+    # Assistant messages whose tool_calls are null or empty (vLLM: none,
+    # so Llama 3.2 writes their content), a tool call's arguments with a
+    # repeated key and escapes, a tool result that is null and names its
+    # tool.
+    {"name": "llama tool call edge cases", "request": {
+        "messages": [
+            {"role": "user", "content": "Hi"},
+            {"role": "assistant", "content": "Sure.", "tool_calls": None},
+            {"role": "user", "content": "Time?"},
+            {"role": "assistant", "content": "Ok.", "tool_calls": []},
+            {"role": "user", "content": "Time, really?"},
+            {"role": "assistant", "content": None, "tool_calls": [
+                {"type": "function", "id": "c9", "function": {"arguments": "{\"tz\": \"UTC\", \"q\": \"caf\\u00e9 \\ud83d\\ude00 \\\"x\\\"\", \"tz\": \"CET\", \"n\": -0, \"e\": 1E2}", "name": "get_time"}}]},
+            {"role": "tool", "tool_call_id": "c9", "name": "get_time", "content": None}],
+        "tools": [TOOLS[0]]}},
     # Tools and no user message to put them in: Llama 3.2's template
     # refuses it (vLLM's 400).
     {"name": "llama tools without a user message", "request": {
