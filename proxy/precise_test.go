@@ -705,6 +705,39 @@ func TestPreciseHFToolsAsVLLM(t *testing.T) {
 	}
 }
 
+// TestPreciseTodayDate: without a fixed clock (as kvroute serve runs) the
+// router renders Llama 3.2's "Today Date" with the date of the render, as
+// vLLM does (transformers' strftime_now: datetime.now()), and a request's
+// chat_template_kwargs date_string replaces it, as in vLLM.
+func TestPreciseTodayDate(t *testing.T) {
+	pc := newTestPrecise(t, fixtureDir(t, "llama3_2"))
+	const msgs = `"messages":[{"role":"user","content":"What day is it?"}]`
+	for _, tc := range []struct{ kwargs, want string }{
+		{"", ""}, // today
+		{`"chat_template_kwargs":{"date_string":"26 Jul 2024"},`, "26 Jul 2024"},
+	} {
+		for range 2 { // once more if the day changed during the render
+			before := time.Now()
+			ids, _, err := tokensOf(t, pc, openai.KindChat, `{"model":"m",`+tc.kwargs+msgs+`}`)
+			after := time.Now()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if before.YearDay() != after.YearDay() {
+				continue
+			}
+			want := tc.want
+			if want == "" {
+				want = before.Format("02 Jan 2006") // strftime_now("%d %b %Y")
+			}
+			if text := pc.cache.Decode(ids); !strings.Contains(text, "\nToday Date: "+want+"\n") {
+				t.Errorf("%s: rendered %q, want Today Date: %s", tc.kwargs, text, want)
+			}
+			break
+		}
+	}
+}
+
 // TestPreciseHFChatAddSpecialTokens: a chat request with
 // "add_special_tokens": true has its rendered prompt encoded with the
 // tokenizer's special tokens (Llama 3.1's BOS again before the template's
