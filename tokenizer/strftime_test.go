@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"encoding/json"
+	"strings"
 	"testing"
 	"time"
 )
@@ -76,4 +77,25 @@ func TestChatTemplateStrftimeNow(t *testing.T) {
 		}
 		break
 	}
+}
+
+// FuzzPyStrftime: any format (a chat template's) formats without a panic,
+// its text outside directives is kept, and a format with no "%" is
+// written as it is.
+func FuzzPyStrftime(f *testing.F) {
+	for _, s := range strftimeFormats {
+		f.Add(s, int64(1725541445))
+	}
+	f.Add("%", int64(0))
+	f.Add("%-%_%0", int64(-62135596800))
+	f.Fuzz(func(t *testing.T, format string, unix int64) {
+		now := time.Unix(unix%(1<<40), 0).UTC()
+		got := pyStrftime(now, format)
+		if !strings.Contains(format, "%") && got != format {
+			t.Fatalf("pyStrftime(%q) = %q: a format without directives must be written as it is", format, got)
+		}
+		if again := pyStrftime(now, format); again != got {
+			t.Fatalf("pyStrftime(%q) not deterministic: %q then %q", format, got, again)
+		}
+	})
 }
