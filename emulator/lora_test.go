@@ -252,16 +252,18 @@ func TestLoRAKVEvents(t *testing.T) {
 			if code, out := post(t, hs.URL+"/v1/completions", body); code != 200 {
 				t.Fatalf("got %d %s", code, out)
 			}
+			// The batch may still be queued for the publisher when the
+			// response is out: replay until it is buffered.
 			var stored *decodedEvent
-			for _, ev := range replayEvents(t, ctx, replay, enc) {
-				if ev.Type == "BlockStored" {
-					stored = &ev
-					break
+			waitFor(t, "the adapter's BlockStored, replayed", func() bool {
+				for _, ev := range replayEvents(t, ctx, replay, enc) {
+					if ev.Type == "BlockStored" {
+						stored = &ev
+						return true
+					}
 				}
-			}
-			if stored == nil {
-				t.Fatal("no BlockStored")
-			}
+				return false
+			})
 			want := kvindex.HashTokensKeyed(toks, "sql-lora", "s1", 16, nil)
 			if !reflect.DeepEqual(stored.Hashes, want) {
 				t.Errorf("hashes %v, want kvindex.HashTokensKeyed's %v", stored.Hashes, want)
