@@ -62,8 +62,13 @@ type ChatOptions struct {
 	// request's "tools"), decoded keeping object key order, as Python does:
 	// tojson output, and so the prompt, depends on it. "tools" is given
 	// the shape vLLM's request model gives it (contentformat.go: keys in
-	// the model's order, defaults filled in). Default none.
+	// the model's order, defaults filled in), unless ToolsAsGiven.
+	// Default none.
 	JSONVars map[string]json.RawMessage
+	// ToolsAsGiven gives the template JSONVars' "tools" as they are: a
+	// request's chat_template_kwargs tools, which vLLM passes on as the
+	// client wrote them (ChatRequest.Vars), not through its request model.
+	ToolsAsGiven bool
 	// Now is the instant the template's strftime_now formats (Llama 3.1
 	// to 3.3 write "Today Date: " + strftime_now("%d %b %Y") in their
 	// system header). Default (zero): time.Now(), the local time when the
@@ -187,7 +192,7 @@ func (c *ChatTemplate) render(messages jinja.Value, opts ChatOptions) (string, e
 		if err != nil {
 			return "", fmt.Errorf("tokenizer: render chat template: variable %s: %w", k, err)
 		}
-		if k == "tools" {
+		if k == "tools" && !opts.ToolsAsGiven {
 			v = dumpTools(v)
 		}
 		data[k] = v

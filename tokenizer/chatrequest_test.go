@@ -1,0 +1,88 @@
+package tokenizer
+
+import (
+	"encoding/json"
+	"errors"
+	"maps"
+	"testing"
+)
+
+// TestChatRequestVars: the template variables of a chat request as vLLM
+// merges them: chat_template_kwargs' tools over the request's (given as
+// they are), their null and "auto" values unset, the request's documents
+// and reasoning_effort over theirs, and the requests vLLM refuses.
+func TestChatRequestVars(t *testing.T) {
+	reqTools := json.RawMessage(`[{"function":{"name":"a"}}]`)
+	for _, tc := range []struct {
+		name    string
+		req     ChatRequest
+		want    map[string]string
+		asGiven bool
+		err     error
+	}{
+		{"nothing", ChatRequest{}, nil, false, nil},
+		{"request tools", ChatRequest{Tools: reqTools}, map[string]string{"tools": string(reqTools)}, false, nil},
+		{"kwargs tools win", ChatRequest{Tools: reqTools, Kwargs: map[string]json.RawMessage{"tools": json.RawMessage(`[{"name":"b"}]`)}},
+			map[string]string{"tools": `[{"name":"b"}]`}, true, nil},
+		{"kwargs tools null", ChatRequest{Tools: reqTools, Kwargs: map[string]json.RawMessage{"tools": json.RawMessage(`null`)}},
+			map[string]string{"tools": string(reqTools)}, false, nil},
+		{"kwargs tools auto", ChatRequest{Tools: reqTools, Kwargs: map[string]json.RawMessage{"tools": json.RawMessage(` "auto"`)}},
+			map[string]string{"tools": string(reqTools)}, false, nil},
+		{"unset and generation kwargs", ChatRequest{Kwargs: map[string]json.RawMessage{"enable_thinking": json.RawMessage(`null`),
+			"date_string": json.RawMessage(`"auto"`), "x": json.RawMessage(`"Auto"`), "add_generation_prompt": json.RawMessage(`false`),
+			"continue_final_message": json.RawMessage(`true`)}}, map[string]string{"x": `"Auto"`}, false, nil},
+		{"documents", ChatRequest{Documents: json.RawMessage(`[1]`), Kwargs: map[string]json.RawMessage{"documents": json.RawMessage(`[2]`)}},
+			map[string]string{"documents": `[1]`}, false, nil},
+		{"documents null", ChatRequest{Documents: json.RawMessage(`null`), Kwargs: map[string]json.RawMessage{"documents": json.RawMessage(`[2]`)}},
+			map[string]string{"documents": `[2]`}, false, nil},
+		{"request chat_template", ChatRequest{ChatTemplate: json.RawMessage(`"{{ 1 }}"`)}, nil, false, ErrRequestChatTemplate},
+		{"request chat_template null", ChatRequest{ChatTemplate: json.RawMessage(`null`)}, nil, false, nil},
+		{"kwargs chat_template", ChatRequest{Kwargs: map[string]json.RawMessage{"chat_template": json.RawMessage(`"auto"`)}}, nil, false, ErrRequestChatTemplate},
+		{"kwargs messages", ChatRequest{Kwargs: map[string]json.RawMessage{"messages": json.RawMessage(`[]`)}}, nil, false, ErrKwargsArgument},
+		{"kwargs conversation", ChatRequest{Kwargs: map[string]json.RawMessage{"conversation": json.RawMessage(`[]`)}}, nil, false, ErrKwargsArgument},
+		{"kwargs messages null", ChatRequest{Kwargs: map[string]json.RawMessage{"messages": json.RawMessage(`null`)}}, nil, false, nil},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			opts := ChatOptions{ToolsAsGiven: true, JSONVars: map[string]json.RawMessage{"stale": nil}}
+			err := tc.req.Vars(&opts)
+			if !errors.Is(err, tc.err) {
+				t.Fatalf("Vars: error %v, want %v", err, tc.err)
+			}
+			if err != nil {
+				return
+			}
+			got := map[string]string{}
+			for k, v := range opts.JSONVars {
+				got[k] = string(v)
+			}
+			if tc.want == nil {
+				tc.want = map[string]string{}
+			}
+			if !maps.Equal(got, tc.want) || opts.ToolsAsGiven != tc.asGiven {
+				t.Errorf("Vars: %v (tools as given %v), want %v (%v)", got, opts.ToolsAsGiven, tc.want, tc.asGiven)
+			}
+		})
+	}
+}
+
+// TestRenderToolsAsGiven: tools given as they are reach the template
+// without vLLM's request model dump.
+func TestRenderToolsAsGiven(t *testing.T) {
+	tmpl, err := NewChatTemplate("{{ tools | tojson }}", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	tools := json.RawMessage(`[{"function":{"x":1,"name":"f"}}]`)
+	for _, tc := range []struct {
+		asGiven bool
+		want    string
+	}{
+		{false, `[{"type": "function", "function": {"name": "f", "description": null, "parameters": null}}]`},
+		{true, `[{"function": {"x": 1, "name": "f"}}]`},
+	} {
+		got, err := tmpl.RenderJSON(json.RawMessage(`[]`), ChatOptions{JSONVars: map[string]json.RawMessage{"tools": tools}, ToolsAsGiven: tc.asGiven})
+		if err != nil || got != tc.want {
+			t.Errorf("ToolsAsGiven %v: %q, %v; want %q", tc.asGiven, got, err, tc.want)
+		}
+	}
+}
