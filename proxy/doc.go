@@ -120,12 +120,13 @@
 // prompt is tokenized as the engines do (chat rendered with the model's
 // chat template, ChatML for the built-in tokenizer, with the request's
 // add_generation_prompt, continue_final_message, chat_template_kwargs,
-// tools, documents and reasoning_effort as vLLM applies them, the messages and tools given the shape
+// tools, documents and reasoning_effort as vLLM applies them (tokenizer.ChatRequest.Vars:
+// the kwargs' tools over the request's, their null and "auto" values unset), the messages and tools given the shape
 // vLLM gives them, tokenizer.ChatTemplate.RenderJSON) and hashed in KV
 // blocks before routing; without it the router matches character blocks.
 // A request the engine refuses or renders with inputs the router cannot
-// build (a batch of prompts, an image part, tools that are an empty list)
-// is matched on characters. Precise mode assumes the engines run without
+// build (a batch of prompts, an image part, tools that are an empty list,
+// a chat template of the request's own) is matched on characters. Precise mode assumes the engines run without
 // --exclude-tools-when-tool-choice-none (vLLM's default): a request whose
 // tool_choice is "none" is rendered with its tools.
 // The usage the engine reports at the end of a response (cached_tokens of

@@ -101,6 +101,7 @@ type preciseBody struct {
 	Tools               json.RawMessage            `json:"tools"`
 	Documents           json.RawMessage            `json:"documents"`
 	ReasoningEffort     json.RawMessage            `json:"reasoning_effort"`
+	ChatTemplate        json.RawMessage            `json:"chat_template"`
 	ChatTemplateKwargs  map[string]json.RawMessage `json:"chat_template_kwargs"`
 	AddGenerationPrompt *bool                      `json:"add_generation_prompt"`
 	AddSpecialTokens    *bool                      `json:"add_special_tokens"`
@@ -129,12 +130,14 @@ var errEmptyTools = errors.New("precise: tools is an empty list, which vLLM refu
 // as vLLM resolves them: add_generation_prompt (default true) and
 // continue_final_message, the request's own (the same keys in
 // chat_template_kwargs have no effect: vLLM merges the request's over
-// them); the template variables: chat_template_kwargs' other keys, the
-// request's tools unless the kwargs name their own, its documents (RAG
-// templates: Command R, Granite) over the kwargs' own (vLLM merges the
-// request's documents into the kwargs, and the kwargs into its tools), and
-// its reasoning_effort's (tokenizer.ReasoningEffortVars). Tools that are
-// an empty list are errEmptyTools.
+// them); the template variables as tokenizer.ChatRequest.Vars resolves
+// them: chat_template_kwargs' keys but those whose value is null or
+// "auto", its tools over the request's (the kwargs' as the client wrote
+// them, the request's as vLLM's request model dumps them), the request's
+// documents and reasoning_effort over the kwargs' own. Tools that are an
+// empty list are errEmptyTools; a request with its own chat template, or
+// kwargs naming "messages" or "conversation", vLLM refuses too
+// (tokenizer.ErrRequestChatTemplate, tokenizer.ErrKwargsArgument).
 //
 // A vLLM server started with --exclude-tools-when-tool-choice-none renders
 // a request whose tool_choice is "none" without its tools; precise mode
@@ -149,20 +152,10 @@ func (b *preciseBody) chatOptions() (tokenizer.ChatOptions, bool, error) {
 		return tokenizer.ChatOptions{}, false, errEmptyTools
 	}
 	opts := tokenizer.ChatOptions{AddGenerationPrompt: addGen}
-	if len(b.ChatTemplateKwargs) > 0 || len(b.Tools) > 0 || len(b.Documents) > 0 || len(b.ReasoningEffort) > 0 {
-		opts.JSONVars = make(map[string]json.RawMessage, len(b.ChatTemplateKwargs)+4)
-		if len(b.Tools) > 0 && string(b.Tools) != "null" {
-			opts.JSONVars["tools"] = b.Tools
-		}
-		for k, v := range b.ChatTemplateKwargs {
-			if k != "continue_final_message" && k != "add_generation_prompt" {
-				opts.JSONVars[k] = v
-			}
-		}
-		if len(b.Documents) > 0 && string(b.Documents) != "null" {
-			opts.JSONVars["documents"] = b.Documents
-		}
-		tokenizer.ReasoningEffortVars(opts.JSONVars, b.ReasoningEffort, b.ChatTemplateKwargs)
+	req := tokenizer.ChatRequest{Tools: b.Tools, Documents: b.Documents, ReasoningEffort: b.ReasoningEffort,
+		ChatTemplate: b.ChatTemplate, Kwargs: b.ChatTemplateKwargs}
+	if err := req.Vars(&opts); err != nil {
+		return tokenizer.ChatOptions{}, false, fmt.Errorf("precise: %w", err)
 	}
 	return opts, cont, nil
 }

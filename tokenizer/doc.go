@@ -90,7 +90,20 @@
 // variable the shape of vLLM's request model dump (keys in its order,
 // defaults filled in, a tool's and a function's unknown keys dropped), which templates
 // render with tojson; "tools" and "documents" are always defined (None
-// unless given), as transformers passes them; and a system message's
+// unless given), as transformers passes them. ChatRequest.Vars merges a
+// request's chat_template_kwargs with its own fields as vLLM does
+// (OnlineRenderer.preprocess_chat, merge_kwargs): the kwargs' values null
+// or "auto" are unset, their "tools" win over the request's and reach the
+// template as the client wrote them (ChatOptions.ToolsAsGiven), the
+// request's documents, reasoning_effort, add_generation_prompt and
+// continue_final_message win over theirs, and a request with a chat
+// template of its own (vLLM's 400 without --trust-request-chat-template)
+// or kwargs naming "messages" or "conversation" (Python's "multiple
+// values for keyword argument", a 400) is an error; kwargs the template
+// does not read, which vLLM drops (resolve_chat_template_kwargs), are
+// passed and unread, which renders the same. (Kwargs' tokenize true,
+// which has vLLM's transformers encode the rendering itself, without the
+// request's add_special_tokens, is not followed.) And a system message's
 // Claude Code billing header line (x-anthropic-billing-header, whose cch
 // changes with every request) is dropped, as vLLM drops it (the built-in
 // ChatML rendering, RenderChatML, keeps it, in the router and the emulator

@@ -20,11 +20,12 @@ type vllmInputsFile struct {
 	Cases       []struct {
 		Name    string `json:"name"`
 		Request struct {
-			Messages  json.RawMessage            `json:"messages"`
-			Tools     json.RawMessage            `json:"tools"`
-			Documents json.RawMessage            `json:"documents"`
-			Effort    json.RawMessage            `json:"reasoning_effort"`
-			Kwargs    map[string]json.RawMessage `json:"chat_template_kwargs"`
+			Messages     json.RawMessage            `json:"messages"`
+			Tools        json.RawMessage            `json:"tools"`
+			Documents    json.RawMessage            `json:"documents"`
+			Effort       json.RawMessage            `json:"reasoning_effort"`
+			ChatTemplate json.RawMessage            `json:"chat_template"`
+			Kwargs       map[string]json.RawMessage `json:"chat_template_kwargs"`
 		} `json:"request"`
 		Prompts map[string]struct {
 			Prompt *string `json:"prompt"`
@@ -34,9 +35,10 @@ type vllmInputsFile struct {
 }
 
 // TestRenderJSONMatchesVLLMInputs renders each request of vllm-inputs.json
-// as the router's precise mode and the emulator do (RenderJSON; the
-// chat_template_kwargs, the request's tools unless those name their own,
-// its documents and its reasoning_effort's as template variables) and
+// as the router's precise mode does (ChatRequest.Vars: the
+// chat_template_kwargs but their null and "auto" values, the request's
+// tools unless those name their own, its documents and its
+// reasoning_effort's as template variables; RenderJSON) and
 // wants jinja2's rendering of
 // what vLLM gives the template, byte for byte, and so the same tokens.
 // The fixture models' templates skip when their files are absent
@@ -71,17 +73,15 @@ func TestRenderJSONMatchesVLLMInputs(t *testing.T) {
 						t.Fatal(err)
 					}
 				}
-				opts := ChatOptions{AddGenerationPrompt: true, JSONVars: map[string]json.RawMessage{}, Now: fixtureNow(t, exp.StrftimeNow)}
-				for k, v := range c.Request.Kwargs {
-					opts.JSONVars[k] = v
+				opts := ChatOptions{AddGenerationPrompt: true, Now: fixtureNow(t, exp.StrftimeNow)}
+				req := ChatRequest{Tools: c.Request.Tools, Documents: c.Request.Documents, ReasoningEffort: c.Request.Effort,
+					ChatTemplate: c.Request.ChatTemplate, Kwargs: c.Request.Kwargs}
+				if err := req.Vars(&opts); err != nil {
+					if want.Prompt != nil {
+						t.Fatalf("Vars: %v", err)
+					}
+					return // refused before rendering, as vLLM does
 				}
-				if _, ok := opts.JSONVars["tools"]; !ok && len(c.Request.Tools) > 0 && string(c.Request.Tools) != "null" {
-					opts.JSONVars["tools"] = c.Request.Tools
-				}
-				if len(c.Request.Documents) > 0 && string(c.Request.Documents) != "null" {
-					opts.JSONVars["documents"] = c.Request.Documents
-				}
-				ReasoningEffortVars(opts.JSONVars, c.Request.Effort, c.Request.Kwargs)
 				got, err := tmpl.RenderJSON(c.Request.Messages, opts)
 				if want.Prompt == nil {
 					if err == nil {

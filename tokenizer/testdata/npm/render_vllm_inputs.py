@@ -26,6 +26,11 @@ What it reproduces, in its own code, from vLLM's serving path:
     variables (request fields, which win over chat_template_kwargs), and
     with a reasoning_effort enable_thinking (false for "none") unless the
     kwargs set it (ChatCompletionRequest.build_chat_params);
+  - chat_template_kwargs as vLLM's OnlineRenderer.preprocess_chat and
+    merge_kwargs (vllm/renderers/params.py) merge them: their "tools"
+    over the request's (passed as the client wrote them), values None or
+    "auto" dropped, a chat template of the request's own refused
+    (template_kwargs);
   - transformers' apply_chat_template, which always defines "tools" and
     "documents" (None when the request has none), in render_chats.py's
     jinja2 environment, its strftime_now at render_chats.py's FIXTURE_NOW
@@ -303,6 +308,38 @@ CASES += [
         "messages": [{"role": "system", "content": "Be brief."}], "tools": [TOOLS[0]]}},
 ]
 
+# chat_template_kwargs against the request's own fields, as vLLM merges
+# them (merge_kwargs: the kwargs over the request's tools, None and "auto"
+# values dropped) or refuses them.
+CASES += [
+    # The kwargs' tools win over the request's, and the template sees them
+    # as the client wrote them (no "type", an unknown key kept): vLLM puts
+    # the request's model_dump under the kwargs.
+    {"name": "kwargs tools over request tools", "request": {
+        "messages": [{"role": "user", "content": "Look up kvroute."}],
+        "tools": TOOLS,
+        "chat_template_kwargs": {"tools": [{"function": {"x-fn": 1, "name": "lookup", "parameters": {"type": "object", "properties": {"q": {"type": "string"}}}}}]}}},
+    # Null and "auto" kwargs are unset: the request's tools stay, the
+    # template does not see enable_thinking, and Llama 3.2 writes today's
+    # date, not "auto".
+    {"name": "kwargs null and auto unset", "request": {
+        "messages": [{"role": "user", "content": "What time is it?"}],
+        "tools": [TOOLS[0]],
+        "chat_template_kwargs": {"tools": None, "enable_thinking": None, "date_string": "auto", "reasoning_effort": "auto"}}},
+    # A chat template of the request's own: refused (400) by a vLLM server
+    # without --trust-request-chat-template.
+    {"name": "kwargs chat_template", "request": {
+        "messages": [{"role": "user", "content": "Hi"}],
+        "chat_template_kwargs": {"chat_template": "{{ messages[0].content }}"}}},
+    {"name": "request chat_template", "request": {
+        "messages": [{"role": "user", "content": "Hi"}],
+        "chat_template": "{{ messages[0].content }}"}},
+    # Kwargs naming an argument vLLM passes itself: Python's TypeError, a 400.
+    {"name": "kwargs messages", "request": {
+        "messages": [{"role": "user", "content": "Hi"}],
+        "chat_template_kwargs": {"messages": [{"role": "user", "content": "Bye"}]}}},
+]
+
 # Templates of no fixture model: what a template sees of the variables
 # transformers always passes.
 INLINE = {
@@ -313,6 +350,40 @@ INLINE = {
     "documents": "{% if documents %}{% for d in documents %}<doc {{ loop.index0 }}>{{ d.title }}: {{ d.text }}</doc>"
                  "{{ d | tojson }}\n{% endfor %}{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}",
 }
+
+
+UNSET = (None, "auto")  # vLLM's merge_kwargs drops these values
+
+
+def template_kwargs(req):
+    """The variables vLLM gives the template besides the messages and
+    add_generation_prompt, and the error it refuses the request with
+    (None if it does not): OnlineRenderer.preprocess_chat puts the request's
+    tools (model_dump) under the request's chat_template_kwargs, which
+    ChatCompletionRequest.build_chat_params has merged the request's
+    documents and reasoning_effort over; merge_kwargs drops values that
+    are None or "auto"; a chat template of the request's own is refused
+    (validate_chat_template, without --trust-request-chat-template); a
+    "conversation" kwarg is apply_chat_template's own argument (and
+    "messages" the template's: the render's TypeError)."""
+    raw = req.get("chat_template_kwargs") or {}
+    if req.get("chat_template") is not None or raw.get("chat_template") is not None:
+        return None, ("Chat template is passed with request, but --trust-request-chat-template "
+                      "is not set. Refused request with untrusted chat template.")
+    if raw.get("conversation") not in UNSET:
+        return None, "apply_chat_template() got multiple values for keyword argument 'conversation'"
+    kwargs = {k: v for k, v in raw.items()
+              if v not in UNSET and k not in ("add_generation_prompt", "continue_final_message")}
+    if "tools" not in kwargs:
+        kwargs["tools"] = tool_dicts(req, False)  # the request's, under the kwargs' own (as given)
+    if req.get("documents") is not None:
+        kwargs["documents"] = req["documents"]
+    effort = req.get("reasoning_effort")
+    if effort is not None:
+        kwargs["reasoning_effort"] = effort
+        if "enable_thinking" not in raw:
+            kwargs["enable_thinking"] = effort != "none"
+    return kwargs, None
 
 
 def main():
@@ -328,21 +399,17 @@ def main():
     for c in CASES:
         req = c["request"]
         conv = conversation(req)
-        kwargs = dict(req.get("chat_template_kwargs") or {})
-        kwargs["tools"] = tool_dicts(req, False)  # the request's tools; a kwargs' own win when these are None
-        if kwargs["tools"] is None:
-            kwargs["tools"] = (req.get("chat_template_kwargs") or {}).get("tools")
-        kwargs["documents"] = req.get("documents") if req.get("documents") is not None else kwargs.get("documents")
-        effort = req.get("reasoning_effort")
-        if effort is not None:
-            kwargs["reasoning_effort"] = effort
-            if "enable_thinking" not in (req.get("chat_template_kwargs") or {}):
-                kwargs["enable_thinking"] = effort != "none"
+        kwargs, refused = template_kwargs(req)
         prompts = {}
         for name, (tmpl, bos, eos) in templates.items():
+            if refused:
+                prompts[name] = {"error": refused}
+                continue
+            # transformers: the kwargs over the special tokens
+            ctx = {"bos_token": bos, "eos_token": eos} | {k: v for k, v in kwargs.items() if k not in ("tools", "documents")}
             try:
-                prompts[name] = {"prompt": tmpl.render(messages=conv, add_generation_prompt=True,
-                                                       bos_token=bos, eos_token=eos, **kwargs)}
+                prompts[name] = {"prompt": tmpl.render(messages=conv, tools=kwargs.get("tools"), documents=kwargs.get("documents"),
+                                                       add_generation_prompt=True, **ctx)}
             except jinja2.TemplateError as e:
                 prompts[name] = {"error": str(e)}
             except TypeError as e:  # what vLLM reports as a 400 too
