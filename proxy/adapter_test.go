@@ -47,6 +47,13 @@ func adapterBody(model string) string {
 // engines: a serves sql only, b every adapter, c chat only; round-robin.
 func newAdapterProxy(t *testing.T) (*testProxy, map[string]*modelEcho) {
 	t.Helper()
+	cfg, engines := adapterConfig(t)
+	return newTestProxy(t, cfg), engines
+}
+
+// adapterConfig is newAdapterProxy's configuration and engines.
+func adapterConfig(t *testing.T) (config.Config, map[string]*modelEcho) {
+	t.Helper()
 	engines := map[string]*modelEcho{}
 	cfg := testConfig("rr")
 	cfg.Models[0].Adapters = []string{"sql", "chat"}
@@ -63,7 +70,7 @@ func newAdapterProxy(t *testing.T) (*testProxy, map[string]*modelEcho) {
 		}
 		cfg.Models[0].Endpoints = append(cfg.Models[0].Endpoints, ep)
 	}
-	return newTestProxy(t, cfg), engines
+	return cfg, engines
 }
 
 // TestAdapterRouting: a request naming a LoRA adapter is routed in its

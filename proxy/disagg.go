@@ -143,7 +143,7 @@ func (p *Proxy) servePD(w http.ResponseWriter, r *http.Request, pl *pool, req *k
 	m.duration.Observe(now.Sub(start).Seconds())
 	lvl := levelFor(code)
 	if p.log.Enabled(r.Context(), lvl) {
-		p.log.Log(r.Context(), lvl, "request", "request_id", req.ID, "model", req.Model, "prefill", res.Prefill,
+		p.log.Log(r.Context(), lvl, "request", "request_id", req.ID, "model", req.Model, adapterAttr(req.Adapter), "prefill", res.Prefill,
 			"endpoint", res.Decode, "disaggregated", res.Disaggregated, "status", code, "attempts", res.Attempts,
 			"stream", req.Stream, "prompt_tokens", req.PromptTokens, "duration", now.Sub(start), "error", res.Err)
 	}

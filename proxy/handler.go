@@ -6,6 +6,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -476,10 +477,20 @@ func (x *exchange) finish(w http.ResponseWriter, start time.Time) {
 	x.m.series.RUnlock()
 	x.m.duration.Observe(now.Sub(start).Seconds())
 	if p.log.Enabled(x.ctx, levelFor(code)) {
-		p.log.Log(x.ctx, levelFor(code), "request", "request_id", x.req.ID, "model", x.req.Model, "endpoint", endpoint,
-			"status", code, "attempts", len(x.tried), "stream", x.req.Stream, "prompt_tokens", x.req.PromptTokens,
+		p.log.Log(x.ctx, levelFor(code), "request", "request_id", x.req.ID, "model", x.req.Model, adapterAttr(x.req.Adapter),
+			"endpoint", endpoint, "status", code, "attempts", len(x.tried), "stream", x.req.Stream, "prompt_tokens", x.req.PromptTokens,
 			"duration", now.Sub(start), "stream_error", x.streamErr)
 	}
+}
+
+// adapterAttr is a request log line's "adapter": the LoRA adapter the
+// request names (kvroute.Request.Adapter), as the decision log has it; an
+// empty attribute, which slog leaves out, for the base model.
+func adapterAttr(adapter string) slog.Attr {
+	if adapter == "" {
+		return slog.Attr{}
+	}
+	return slog.String("adapter", adapter)
 }
 
 // errShutdown ends the requests still in progress when Serve's drain
