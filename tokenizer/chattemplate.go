@@ -42,7 +42,11 @@ type ChatTemplate struct {
 // NewChatTemplate compiles a chat template; bos and eos are the values of the
 // bos_token and eos_token variables.
 func NewChatTemplate(source, bos, eos string) (*ChatTemplate, error) {
-	t, err := jinja.Compile(pyFilters(jinjaTrimGuard(source)))
+	src := jinjaTrimGuard(source)
+	t, err := jinja.Compile(pyFilters(pyMethods(src)))
+	if err != nil {
+		t, err = jinja.Compile(pyFilters(src)) // the Go engine's string methods rather than none
+	}
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: chat template: %w", err)
 	}
@@ -205,6 +209,9 @@ func (c *ChatTemplate) render(messages jinja.Value, opts ChatOptions) (string, e
 	data[tojsonName] = pyToJSON // the template's tojson, string and trim filters (pyfilters.go)
 	data[stringName] = pyString
 	data[trimName] = pyTrim
+	for k, v := range pyMethodVars { // the string methods of pymethods.go
+		data[k] = v
+	}
 	out, err := c.tmpl.RenderValues(data)
 	if err != nil {
 		return "", fmt.Errorf("tokenizer: render chat template: %w", err)

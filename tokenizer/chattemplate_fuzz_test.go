@@ -8,7 +8,8 @@ import (
 
 // fuzzTemplates are chat templates of the shapes real models ship: ChatML
 // (Qwen), Llama 3's header form with a system-message split and trim, and
-// one that walks tool calls and dumps them with tojson. Clients choose the
+// one that walks tool calls and dumps them with tojson, and one that
+// calls Python's string methods (pymethods.go). Clients choose the
 // messages, so rendering them must fail cleanly or succeed, never panic.
 var fuzzTemplates = []string{
 	"{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}" +
@@ -26,6 +27,8 @@ var fuzzTemplates = []string{
 		"{% endfor %}{% if tools %}{{ tools | tojson }}{% endif %}",
 	"{% for t in tools %}{{ t | tojson(indent=4) }}{{ t | tojson(separators=(',', ':'), sort_keys=true, ensure_ascii=true) }}{% endfor %}" +
 		"{% for m in messages %}{{ m | tojson(indent='  ') }}{% endfor %}",
+	"{% for m in messages %}{{ m.role.capitalize() }}{{ m.content.strip() }}{{ m.content.rstrip('\n').lstrip() }}" +
+		"{{ m.content.split(none, 1) | tojson }}{{ m.content.split('</think>')[-1].title() }}{% endfor %}",
 }
 
 // FuzzRenderJSON renders client-chosen messages (and a tools variable)

@@ -59,10 +59,15 @@
 // "None", where that engine's write "2" and "", and json.dumps keeps the
 // key order of an object with an indent, where that engine's sorts the
 // keys; str.strip, which strips U+001C to U+001F as white space, where
-// that engine's trim keeps them), but in a template with {% raw %}; the
-// string methods strip, lstrip and rstrip without arguments are still
-// that engine's (lstrip and rstrip strip only space, tab, CR and LF), and
-// a float or None a template
+// that engine's trim keeps them), and so are the string methods strip,
+// lstrip, rstrip, split, title and capitalize (pymethods.go: that
+// engine's strip without arguments keeps U+001C to U+001F, its lstrip and
+// rstrip strip only space, tab, CR and LF, its split ignores maxsplit,
+// its title and capitalize leave the other letters' case; a call is
+// rewritten as a filter of its operand), but in a template with
+// {% raw %}. Their case mappings are Go's simple ones (Python's full
+// ones make "ß".title() "Ss"), lower() and upper() stay that engine's
+// (strings.ToLower and ToUpper), and a float or None a template
 // writes with {{ }} alone still comes out that engine's way. strftime_now
 // is this package's too (strftime.go: Python's strftime, where that
 // engine's writes a format's literal text that spells a Go layout element
