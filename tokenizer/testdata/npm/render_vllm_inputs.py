@@ -347,6 +347,10 @@ INLINE = {
             "{% for m in messages %}{{ m | tojson }}{% endfor %}",
     "thinking": "{{ enable_thinking is defined }}/{{ enable_thinking }}/{{ reasoning_effort | default('unset') }}|"
                 "{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}",
+    # Python's str methods, which the Go engine has its own of
+    # (pymethods.go): the "python white space" case's separators.
+    "methods": "{% for m in messages %}{{ m.role.capitalize() }}: [{{ m.content.strip() }}] [{{ m.content.lstrip() }}] [{{ m.content.rstrip() }}] "
+               "{{ m.content.split() | tojson }} {{ m.content.split(none, 1) | tojson }}\n{% endfor %}",
     "documents": "{% if documents %}{% for d in documents %}<doc {{ loop.index0 }}>{{ d.title }}: {{ d.text }}</doc>"
                  "{{ d | tojson }}\n{% endfor %}{% endif %}{% for m in messages %}{{ m.role }}: {{ m.content }}\n{% endfor %}",
 }
