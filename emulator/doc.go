@@ -170,9 +170,12 @@
 // sends a chunk for every output that has tokens). A chat
 // request's add_generation_prompt, continue_final_message,
 // chat_template_kwargs (whose own add_generation_prompt and
-// continue_final_message the request's override, as in vLLM), tools,
-// documents and reasoning_effort (as reasoning_effort and enable_thinking)
-// reach the template as in vLLM (tools left out when tool_choice is "none"
+// continue_final_message the request's override, whose tools override the
+// request's, and whose null and "auto" values are unset, as in vLLM:
+// tokenizer.ChatRequest.Vars), tools, documents and reasoning_effort (as
+// reasoning_effort and enable_thinking) reach the template as in vLLM; a
+// chat template of the request's own, or kwargs naming "messages" or
+// "conversation", are vLLM's 400s (tools left out when tool_choice is "none"
 // with Config.ExcludeToolsWhenToolChoiceNone, vLLM's
 // --exclude-tools-when-tool-choice-none), and add_special_tokens true adds
 // the tokenizer's special tokens to the rendered prompt.

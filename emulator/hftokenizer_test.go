@@ -318,6 +318,14 @@ func TestChatTemplateOptions(t *testing.T) {
 		{"kwargs documents", `{` + hi + `,"chat_template_kwargs":{"documents":[{"title":"x","text":"y"}]}}`, plain("[docs:x]<|user|>user: hi</s><|user|>assistant:")},
 		{"kwargs do not continue", `{` + cont + `,"chat_template_kwargs":{"add_generation_prompt":false,"continue_final_message":true}}`,
 			plain("<|user|>user: hi</s><|user|>assistant: Sure, </s><|user|>assistant:")},
+		// The kwargs' tools win over the request's (vLLM puts the request's
+		// under the kwargs); their null and "auto" values are unset; their
+		// tokenize is not an error.
+		{"kwargs tools", `{` + hi + `,"tools":[{"type":"function","function":{"name":"f"}}],"chat_template_kwargs":{"tools":[{"function":{"name":"g"}}]}}`,
+			plain("[tools:g]<|user|>user: hi</s><|user|>assistant:")},
+		{"kwargs tools null", `{` + hi + `,"tools":[{"type":"function","function":{"name":"f"}}],"chat_template_kwargs":{"tools":null,"greeting":"auto"}}`,
+			plain("[tools:f]<|user|>user: hi</s><|user|>assistant:")},
+		{"kwargs tokenize", `{` + hi + `,"chat_template_kwargs":{"tokenize":false,"greeting":null}}`, plain("<|user|>user: hi</s><|user|>assistant:")},
 		{"completion", `{"prompt":"hi"}`, tiny.EncodeAddSpecial("hi")},
 		{"completion without special tokens", `{"prompt":"hi","add_special_tokens":false}`, plain("hi")},
 	} {
@@ -350,7 +358,13 @@ func TestChatTemplateOptions(t *testing.T) {
 		{`{` + cont + `,"add_generation_prompt":true,"continue_final_message":true}`,
 			"Value error, Cannot set both `continue_final_message` and `add_generation_prompt` to True.", typeValidation},
 		{`{` + cont + `,"continue_final_message":true}`, "continue_final_message and add_generation_prompt are not compatible.", "BadRequestError"},
-		{`{` + hi + `,"chat_template_kwargs":{"tokenize":false}}`, "Found unexpected chat template kwargs from request: {'tokenize'}", "BadRequestError"},
+		// vLLM refuses a template of the request's own (without
+		// --trust-request-chat-template) and kwargs naming an argument it
+		// passes itself; tokenize is apply_chat_template's own argument
+		// now, no longer an "unexpected chat template kwarg".
+		{`{` + hi + `,"chat_template_kwargs":{"chat_template":"{{ 1 }}"}}`, "--trust-request-chat-template is not set", "BadRequestError"},
+		{`{` + hi + `,"chat_template":"{{ 1 }}"}`, "--trust-request-chat-template is not set", "BadRequestError"},
+		{`{` + hi + `,"chat_template_kwargs":{"messages":[]}}`, "got multiple values for keyword argument 'messages'", "BadRequestError"},
 	} {
 		for _, path := range []string{"/tokenize", "/v1/chat/completions"} {
 			code, body := post(t, hs.URL+path, tc.body)

@@ -55,6 +55,7 @@ type apiRequest struct {
 	Tools                json.RawMessage            `json:"tools"`
 	Documents            json.RawMessage            `json:"documents"`        // the template's documents (RAG templates)
 	ReasoningEffort      json.RawMessage            `json:"reasoning_effort"` // template variables (tokenizer.ReasoningEffortVars)
+	ChatTemplate         json.RawMessage            `json:"chat_template"`    // a template of the client's own: vLLM's 400 (tokenizer.ErrRequestChatTemplate)
 	// opts are the options vLLM checks that only bodies the fast path
 	// leaves to encoding/json have (reqOptions); nil without any.
 	opts *reqOptions

@@ -171,7 +171,7 @@ func scanField(s *scanner, r *apiRequest, key []byte, chat bool) (uint32, bool) 
 		return 0, false // P/D fields: decodeRequest
 	case "cache_salt", "request_id", "logprobs", "top_logprobs", "tool_choice", "return_token_ids":
 		return 0, false // decodeRequest
-	case "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template_kwargs", "tools", "documents", "reasoning_effort":
+	case "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template_kwargs", "chat_template", "tools", "documents", "reasoning_effort":
 		return 0, false // template and tokenizer options: decodeRequest
 	case "suffix":
 		if !chat {

@@ -3,6 +3,7 @@ package emulator
 import (
 	"encoding/binary"
 	"encoding/json"
+	"errors"
 	"fmt"
 	"math"
 	"slices"
@@ -211,7 +212,7 @@ func (c *textCodec) chat(msgs []tokenizer.Message, msgsJSON []byte, o *chatOpts)
 	} else {
 		opts := tokenizer.ChatOptions{AddGenerationPrompt: addGen}
 		if o != nil {
-			opts.JSONVars = o.vars
+			opts.JSONVars, opts.ToolsAsGiven = o.vars, o.toolsAsGiven
 		}
 		var err error
 		// The messages as vLLM gives them to the template (tool calls,
@@ -248,17 +249,20 @@ func (c *textCodec) prompt(text string, special bool) []uint32 {
 // continue_final_message (the same keys in chat_template_kwargs have no
 // effect: vLLM's build_chat_params merges the request's own over them);
 // add_special_tokens (default false for chat); and the template variables
-// vars: chat_template_kwargs' other keys, the request's tools unless those
-// name their own, its documents over theirs, and its reasoning_effort's
-// (tokenizer.ReasoningEffortVars).
+// vars as tokenizer.ChatRequest.Vars resolves them (chat_template_kwargs
+// but their null and "auto" values, their tools over the request's,
+// given as they are when toolsAsGiven, the request's documents and
+// reasoning_effort over theirs).
 type chatOpts struct {
-	addGen, cont, addSpecial bool
-	vars                     map[string]json.RawMessage
+	addGen, cont, addSpecial, toolsAsGiven bool
+	vars                                   map[string]json.RawMessage
 }
 
 // chatOptions returns a chat request's options, nil when they are all
 // vLLM's defaults (the common case, which allocates nothing), or vLLM's
-// error for them: the template arguments a request may not set, and
+// error for them: a chat template of the request's own (vLLM's 400
+// without --trust-request-chat-template), kwargs naming an argument vLLM
+// passes itself ("messages", "conversation": Python's TypeError), and
 // continue_final_message with the generation prompt (transformers'
 // apply_chat_template's error). excludeNone is vLLM's
 // --exclude-tools-when-tool-choice-none: the request's tools are not
@@ -270,47 +274,29 @@ func (r *apiRequest) chatOptions(excludeNone bool) (*chatOpts, *apiError) {
 	}
 	if (r.AddGenerationPrompt == nil || *r.AddGenerationPrompt) && !r.ContinueFinalMessage &&
 		(r.AddSpecialTokens == nil || !*r.AddSpecialTokens) && len(r.ChatTemplateKwargs) == 0 && !hasJSON(tools) && !hasJSON(r.Documents) &&
-		!hasJSON(r.ReasoningEffort) {
+		!hasJSON(r.ReasoningEffort) && !hasJSON(r.ChatTemplate) {
 		return nil, nil
 	}
 	o := &chatOpts{addGen: r.AddGenerationPrompt == nil || *r.AddGenerationPrompt, cont: r.ContinueFinalMessage,
 		addSpecial: r.AddSpecialTokens != nil && *r.AddSpecialTokens}
-	var unexpected []string
-	for k, v := range r.ChatTemplateKwargs {
-		switch k {
-		case "chat_template", "tokenize":
-			unexpected = append(unexpected, "'"+k+"'")
-			continue
-		case "add_generation_prompt", "continue_final_message":
-			continue // vLLM merges the request's own over them (build_chat_params)
+	req := tokenizer.ChatRequest{Tools: tools, Documents: r.Documents, ReasoningEffort: r.ReasoningEffort,
+		ChatTemplate: r.ChatTemplate, Kwargs: r.ChatTemplateKwargs}
+	var opts tokenizer.ChatOptions
+	switch err := req.Vars(&opts); {
+	case errors.Is(err, tokenizer.ErrRequestChatTemplate):
+		return nil, badRequest("Chat template is passed with request, but --trust-request-chat-template is not set. " +
+			"Refused request with untrusted chat template.")
+	case errors.Is(err, tokenizer.ErrKwargsArgument):
+		for _, k := range []string{"conversation", "messages"} {
+			if hasJSON(r.ChatTemplateKwargs[k]) {
+				return nil, badRequest("got multiple values for keyword argument '%s'", k)
+			}
 		}
-		if o.vars == nil {
-			o.vars = make(map[string]json.RawMessage, len(r.ChatTemplateKwargs)+1)
-		}
-		o.vars[k] = v
+		return nil, badRequest("%v", err)
+	case err != nil:
+		return nil, badRequest("%v", err)
 	}
-	if len(unexpected) > 0 {
-		slices.Sort(unexpected)
-		return nil, badRequest("Found unexpected chat template kwargs from request: {%s}", strings.Join(unexpected, ", "))
-	}
-	if _, ok := o.vars["tools"]; !ok && hasJSON(tools) {
-		if o.vars == nil {
-			o.vars = make(map[string]json.RawMessage, 1)
-		}
-		o.vars["tools"] = tools
-	}
-	if hasJSON(r.Documents) { // a request field: vLLM merges it over the kwargs' own
-		if o.vars == nil {
-			o.vars = make(map[string]json.RawMessage, 1)
-		}
-		o.vars["documents"] = r.Documents
-	}
-	if hasJSON(r.ReasoningEffort) {
-		if o.vars == nil {
-			o.vars = make(map[string]json.RawMessage, 2)
-		}
-		tokenizer.ReasoningEffortVars(o.vars, r.ReasoningEffort, r.ChatTemplateKwargs)
-	}
+	o.vars, o.toolsAsGiven = opts.JSONVars, opts.ToolsAsGiven
 	if o.cont && o.addGen {
 		return nil, badRequest("continue_final_message and add_generation_prompt are not compatible. " +
 			"Use continue_final_message when you want the model to continue the final message, " +
