@@ -86,3 +86,35 @@ func TestRenderToolsAsGiven(t *testing.T) {
 		}
 	}
 }
+
+// FuzzChatRequestVars: any chat_template_kwargs, tools and documents
+// resolve without a panic, and the variables never hold a kwargs value
+// vLLM unsets (null, "auto") nor the generation options, and hold the
+// request's documents when given.
+func FuzzChatRequestVars(f *testing.F) {
+	f.Add([]byte(`{"tools": null, "x": "auto", "y": 1, "add_generation_prompt": false}`), []byte(`[{"function": {"name": "f"}}]`), []byte(`[1]`))
+	f.Add([]byte(`{"tools": [], "documents": "auto", "chat_template": null}`), []byte(`null`), []byte(``))
+	f.Add([]byte(`{"messages": null, "conversation": "auto", "z": " \"auto\""}`), []byte(``), []byte(`null`))
+	f.Fuzz(func(t *testing.T, kwargs, tools, documents []byte) {
+		var kw map[string]json.RawMessage
+		if json.Unmarshal(kwargs, &kw) != nil {
+			return
+		}
+		var opts ChatOptions
+		req := ChatRequest{Tools: tools, Documents: documents, Kwargs: kw}
+		if err := req.Vars(&opts); err != nil {
+			return
+		}
+		for k, v := range opts.JSONVars {
+			if k == "add_generation_prompt" || k == "continue_final_message" {
+				t.Fatalf("vars hold %s", k)
+			}
+			if jsonUnset(v) && !(k == "tools" && !opts.ToolsAsGiven) && k != "documents" {
+				t.Fatalf("vars hold %s = %s, which vLLM unsets", k, v)
+			}
+		}
+		if !jsonNull(documents) && string(opts.JSONVars["documents"]) != string(documents) {
+			t.Fatalf("documents %s, want the request's %s", opts.JSONVars["documents"], documents)
+		}
+	})
+}
