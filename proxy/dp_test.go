@@ -289,7 +289,12 @@ func testDataParallelSignals(t *testing.T, start int) {
 	hits := func(tokens []uint32) string {
 		return fmt.Sprint(idx.Match(kvindex.HashTokens(tokens, 16, nil), nil))
 	}
-	waitFor(t, "both ranks' events", func() bool { return hits(hot) != "[]" && hits(cold) != "[]" })
+	// The index holds a batch's blocks a moment before its subscriber's
+	// status counts it: wait for both.
+	waitFor(t, "both ranks' events", func() bool {
+		ev := tp.sig.kvEvents("m")
+		return hits(hot) != "[]" && hits(cold) != "[]" && ev[id0].Batches > 0 && ev[id1].Batches > 0
+	})
 	if got := hits(hot); !strings.Contains(got, id1) || strings.Contains(got, id0) {
 		t.Errorf("hot prompt: got hits %s, want %s's only", got, id1)
 	}
