@@ -67,6 +67,10 @@ type Server struct {
 	minStep    time.Duration // the engine's MinStepTime
 	wake       chan struct{} // cap 1: the inbox holds a command for the loop now
 	posted     atomic.Bool   // the inbox may be non-empty (set under inMu)
+	// runtimeTimer makes the loop sleep on a runtime timer rather than
+	// the wakeTimer's timerfd: a test whose clock is synctest's (a
+	// timerfd keeps real time). Set before Run.
+	runtimeTimer bool
 	// timerSleeps counts the loop's timed sleeps (each is a wake-up);
 	// caughtUp the steps catchUp computed (engine.DecodeSteps).
 	timerSleeps, caughtUp atomic.Int64
@@ -401,7 +405,7 @@ type loopState struct {
 	tpStart time.Duration // gen throughput window
 	tpToks  int64
 	lastPub time.Duration // when the stats snapshot was last published
-	timer   *time.Timer
+	timer   *wakeTimer
 	// lastReal is the clock's last reading at the top of the loop, unread
 	// the steps since.
 	lastReal time.Duration
@@ -445,8 +449,8 @@ type loopState struct {
 // engine is deterministic, so the outputs, their times and the metrics are
 // those of stepping at every boundary; only the CPU cost of waking differs.
 func (s *Server) loop(ctx context.Context) {
-	ls := &loopState{live: make(map[string]*stream), timer: time.NewTimer(time.Hour)}
-	ls.timer.Stop()
+	ls := &loopState{live: make(map[string]*stream), timer: newWakeTimer(s.runtimeTimer)}
+	defer ls.timer.close()
 	defer func() {
 		for _, st := range ls.live {
 			st.fail(ErrStopped)
@@ -972,7 +976,9 @@ func (s *Server) sleepUntil(ctx context.Context, ls *loopState, end, now time.Du
 	if end-now >= minSleep {
 		now = s.now()
 	}
-	if d := end - now; d >= minSleep {
+	for d := end - now; d >= minSleep; d = end - s.now() {
+		// (Again after a stale signal of the timer, which is rare: see
+		// wakeTimer.)
 		ls.timer.Reset(d)
 		s.timerSleeps.Add(1)
 		select {

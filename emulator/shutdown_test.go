@@ -25,6 +25,7 @@ func TestRunFailsQueuedRequests(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
+		s.runtimeTimer = true // synctest's clock does not drive a timerfd
 		ctx, cancel := context.WithCancel(context.Background())
 		done := make(chan error)
 		go func() { done <- s.Run(ctx) }()
