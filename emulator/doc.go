@@ -268,14 +268,17 @@
 // and polled through the loop's work; the timerfd wakes the poller once,
 // on time, and sysmon only at the response's write. In the soak, side by
 // side with the build before it (and the floor), that cost 62.1 us per
-// request less (median of three rounds, range 40.3 to 65.1), with 7.4 to
-// 7.9 context switches per request instead of 10.5 to 11.8 (the floor's:
-// 10.3 to 10.6). Above the floor, the cost is the engine
-// loop's (about a third of an engine process's CPU, by perf), and the
-// loop's is memory latency: each wake-up reads every running request's
-// state cold, and each block a request allocates touches a block at random
-// (and a table slot, for a prompt block; without KV events an output
-// block's key is deferred until a lookup could reach it, see the engine
+// request less (median of three rounds, range 40.3 to 65.1; 66.5, range
+// 23.2 to 83.7, with the floor's fleet first), with 7.2 to 8.0 context
+// switches per request instead of 10.4 to 11.8 (the floor's: 9.8 to
+// 10.6); the engines' median above the floor was 68.4 and 55.0 us in
+// those runs, the build before's rounds 103.8 to 151.0. Above the floor,
+// the cost is the engine loop's (about a third of an engine process's
+// CPU, by perf), and the loop's is memory latency: each wake-up reads
+// every running request's state cold, and each block a request allocates
+// touches a block at random (and a table slot, for a prompt block;
+// without KV events an output block's key is deferred until a lookup
+// could reach it, see the engine
 // package's deferred.go), and an arriving prompt's prefix hit reads a
 // table slot and a block at random per cached block (loaded ahead in a
 // short loop, so that their misses overlap: the engine's hitsAhead;
