@@ -272,7 +272,11 @@
 // 23.2 to 83.7, with the floor's fleet first), with 7.2 to 8.0 context
 // switches per request instead of 10.4 to 11.8 (the floor's: 9.8 to
 // 10.6); the engines' median above the floor was 68.4 and 55.0 us in
-// those runs, the build before's rounds 103.8 to 151.0. Above the floor,
+// those runs, the build before's rounds 103.8 to 151.0. Run again the
+// same day on a busier host (the floor's own cost 331 to 424 us per
+// request, 276 that morning): 35.6 us less than the build before (range
+// 15.0 to 35.9), and, with the floor alone, 95.0 us above it (range 84.5
+// to 107.2; the build before had 92.1 that morning). Above the floor,
 // the cost is the engine loop's (about a third of an engine process's
 // CPU, by perf), and the loop's is memory latency: each wake-up reads
 // every running request's state cold, and each block a request allocates
