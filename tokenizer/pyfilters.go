@@ -55,6 +55,52 @@ func pyFilters(src string) string {
 	if !strings.Contains(src, "tojson") && !strings.Contains(src, "string") && !strings.Contains(src, "trim") || rawTagRE.MatchString(src) {
 		return src
 	}
+	return rewriteTags(src, renameFilters)
+}
+
+// renameFilters renames the filters of pyFilterNames in one tag's text s;
+// ok is false when it has none.
+func renameFilters(s string) (out string, ok bool) {
+	var b strings.Builder
+	i := 0 // s[:i] is written
+	for j := 0; j < len(s); j++ {
+		switch c := s[j]; c {
+		case '\'', '"':
+			for j++; j < len(s) && s[j] != c; j++ {
+				if s[j] == '\\' {
+					j++
+				}
+			}
+		case '|':
+			k := j + 1
+			for k < len(s) && (s[k] == ' ' || s[k] == '\t' || s[k] == '\n' || s[k] == '\r') {
+				k++
+			}
+			e := k
+			for e < len(s) && isIdentByte(s[e]) {
+				e++
+			}
+			name, known := pyFilterNames[s[k:e]]
+			if !known {
+				continue
+			}
+			b.WriteString(s[i:k])
+			b.WriteString(name)
+			i = e
+			j = i - 1
+		}
+	}
+	if i == 0 {
+		return s, false
+	}
+	b.WriteString(s[i:])
+	return b.String(), true
+}
+
+// rewriteTags returns src with the text of each expression and statement
+// tag ({{ }}, {% %}; not comments) rewritten by rewrite, which reports
+// whether it changed it (pyFilters, pyMethods).
+func rewriteTags(src string, rewrite func(string) (string, bool)) string {
 	var b strings.Builder
 	i := 0 // src[:i] is written
 	for at := 0; ; {
@@ -70,33 +116,13 @@ func pyFilters(src string) string {
 		if src[open+1] == '#' {
 			continue
 		}
-		for j := open + 2; j < end-2; j++ {
-			switch c := src[j]; c {
-			case '\'', '"':
-				for j++; j < end-2 && src[j] != c; j++ {
-					if src[j] == '\\' {
-						j++
-					}
-				}
-			case '|':
-				k := j + 1
-				for k < end && (src[k] == ' ' || src[k] == '\t' || src[k] == '\n' || src[k] == '\r') {
-					k++
-				}
-				e := k
-				for e < end && isIdentByte(src[e]) {
-					e++
-				}
-				name, ok := pyFilterNames[src[k:e]]
-				if !ok {
-					continue
-				}
-				b.WriteString(src[i:k])
-				b.WriteString(name)
-				i = e
-				j = i - 1
-			}
+		inner, ok := rewrite(src[open+2 : end-2])
+		if !ok {
+			continue
 		}
+		b.WriteString(src[i : open+2])
+		b.WriteString(inner)
+		i = end - 2
 	}
 	if i == 0 {
 		return src

@@ -66,34 +66,7 @@ func pyMethods(src string) string {
 	if rawTagRE.MatchString(src) || !hasPyMethodCall(src) {
 		return src
 	}
-	var b strings.Builder
-	i := 0 // src[:i] is written
-	for at := 0; ; {
-		open := indexTagOpen(src, at)
-		if open < 0 {
-			break
-		}
-		end := tagEnd(src, open)
-		if end < 0 {
-			break
-		}
-		at = end
-		if src[open+1] == '#' {
-			continue
-		}
-		inner, ok := rewriteMethods(src[open+2 : end-2])
-		if !ok {
-			continue
-		}
-		b.WriteString(src[i : open+2])
-		b.WriteString(inner)
-		i = end - 2
-	}
-	if i == 0 {
-		return src
-	}
-	b.WriteString(src[i:])
-	return b.String()
+	return rewriteTags(src, rewriteMethods)
 }
 
 // hasPyMethodCall reports whether src may call a method of pyMethodNames.
