@@ -275,8 +275,10 @@
 // those runs, the build before's rounds 103.8 to 151.0. Run again the
 // same day on a busier host (the floor's own cost 331 to 424 us per
 // request, 276 that morning): 35.6 us less than the build before (range
-// 15.0 to 35.9), and, with the floor alone, 95.0 us above it (range 84.5
-// to 107.2; the build before had 92.1 that morning). Above the floor,
+// 15.0 to 35.9), and, with the floor alone, 95.0 and 97.9 us above it in
+// two runs (ranges 84.5 to 107.2 and 72.9 to 99.4; the build before had
+// 92.1 that morning, and 106.7 to 136.8 above the floor in the run beside
+// this build). Above the floor,
 // the cost is the engine loop's (about a third of an engine process's
 // CPU, by perf), and the loop's is memory latency: each wake-up reads
 // every running request's state cold, and each block a request allocates
