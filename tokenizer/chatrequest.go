@@ -37,7 +37,7 @@ var ErrKwargsArgument = errors.New("tokenizer: chat_template_kwargs names an arg
 // Vars sets opts.JSONVars and opts.ToolsAsGiven to the template variables
 // vLLM gives a chat template for r (vLLM's OnlineRenderer.preprocess_chat,
 // ChatCompletionRequest.build_chat_params, ChatParams.with_defaults and
-// merge_kwargs, main of December 2026), in order of precedence:
+// merge_kwargs, in vLLM sources read on 2026-12-05), in order of precedence:
 //
 //   - chat_template_kwargs, less the keys whose value is null or "auto"
 //     (merge_kwargs drops those as unset) and add_generation_prompt and
