@@ -21,14 +21,7 @@ func TestPlanAdapter(t *testing.T) {
 		{ID: "d0", URL: "http://d0:1", Role: kvroute.RoleDecode, Adapters: []string{"chat"}},
 		{ID: "d1", URL: "http://d1:1", Role: kvroute.RoleDecode, Adapters: []string{"sql"}},
 	}
-	pl, err := NewPlanner(Config{Profile: mustProfile(t, "tiny"), Mode: ModeAlways, Seed: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := router.New(router.Config{Model: "tiny", Endpoints: eps, Policy: "pd", Picker: pl})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pl, r := adapterPool(t, eps)
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	for i := range 20 {
 		adapter := []string{"sql", "chat"}[i%2]
@@ -61,14 +54,7 @@ func TestPlanAdapterReasons(t *testing.T) {
 		{ID: "p0", URL: "http://p0:1", Role: kvroute.RolePrefill, Adapters: []string{"chat", "solo"}},
 		{ID: "d0", URL: "http://d0:1", Role: kvroute.RoleDecode, Adapters: []string{"chat", "sql"}},
 	}
-	pl, err := NewPlanner(Config{Profile: mustProfile(t, "tiny"), Mode: ModeAlways, Seed: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := router.New(router.Config{Model: "tiny", Endpoints: eps, Policy: "pd", Picker: pl})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pl, r := adapterPool(t, eps)
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	req := &kvroute.Request{ID: "1", Model: "tiny", Adapter: "sql", Prompt: "a prompt of some length", PromptTokens: 600}
 	f, err := r.Route(t0, req, nil)
@@ -154,14 +140,7 @@ func TestPlanAdapterPrefix(t *testing.T) {
 		{ID: "p0", URL: "http://p0:1", Role: kvroute.RolePrefill},
 		{ID: "d0", URL: "http://d0:1", Role: kvroute.RoleDecode},
 	}
-	pl, err := NewPlanner(Config{Profile: mustProfile(t, "tiny"), Mode: ModeAlways, Seed: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := router.New(router.Config{Model: "tiny", Endpoints: eps, Policy: "pd", Picker: pl})
-	if err != nil {
-		t.Fatal(err)
-	}
+	pl, r := adapterPool(t, eps)
 	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	prompt := strings.Repeat("a system prompt that every turn repeats ", 60)
 	const tokens = 600
@@ -204,4 +183,19 @@ func TestPlanAdapterPrefix(t *testing.T) {
 				adapter, p.UncachedPrefill, p.UncachedDecode, p.Transfer.Bytes, tokens, tokens, first.Transfer.Bytes)
 		}
 	}
+}
+
+// adapterPool is a P/D router over eps (model "tiny") whose picker is a
+// Planner of the tiny profile that always disaggregates.
+func adapterPool(t *testing.T, eps []kvroute.Endpoint) (*Planner, *router.Router) {
+	t.Helper()
+	pl, err := NewPlanner(Config{Profile: mustProfile(t, "tiny"), Mode: ModeAlways, Seed: 1})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := router.New(router.Config{Model: "tiny", Endpoints: eps, Policy: "pd", Picker: pl})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return pl, r
 }

@@ -37,20 +37,27 @@ type ChatTemplate struct {
 	// toolUseErr is the error compiling it. Both nil when there is none.
 	toolUse    *ChatTemplate
 	toolUseErr error
+	// methods: the template calls string methods pyMethods rewrote as
+	// filters, which each render passes (pyMethodVars).
+	methods bool
 }
 
 // NewChatTemplate compiles a chat template; bos and eos are the values of the
 // bos_token and eos_token variables.
 func NewChatTemplate(source, bos, eos string) (*ChatTemplate, error) {
 	src := jinjaTrimGuard(source)
-	t, err := jinja.Compile(pyFilters(pyMethods(src)))
-	if err != nil {
-		t, err = jinja.Compile(pyFilters(src)) // the Go engine's string methods rather than none
+	withMethods := pyMethods(src)
+	methods := withMethods != src
+	t, err := jinja.Compile(pyFilters(withMethods))
+	if err != nil && methods {
+		// the Go engine's string methods rather than none
+		methods = false
+		t, err = jinja.Compile(pyFilters(src))
 	}
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: chat template: %w", err)
 	}
-	return &ChatTemplate{tmpl: t, bos: bos, eos: eos, stringContent: stringContent(source)}, nil
+	return &ChatTemplate{tmpl: t, bos: bos, eos: eos, stringContent: stringContent(source), methods: methods}, nil
 }
 
 // ChatOptions are the optional inputs of a chat template rendering.
@@ -209,8 +216,10 @@ func (c *ChatTemplate) render(messages jinja.Value, opts ChatOptions) (string, e
 	data[tojsonName] = pyToJSON // the template's tojson, string and trim filters (pyfilters.go)
 	data[stringName] = pyString
 	data[trimName] = pyTrim
-	for k, v := range pyMethodVars { // the string methods of pymethods.go
-		data[k] = v
+	if c.methods {
+		for k, v := range pyMethodVars { // the string methods of pymethods.go
+			data[k] = v
+		}
 	}
 	out, err := c.tmpl.RenderValues(data)
 	if err != nil {
