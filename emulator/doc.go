@@ -278,7 +278,13 @@
 // 15.0 to 35.9), and, with the floor alone, 95.0 and 97.9 us above it in
 // two runs (ranges 84.5 to 107.2 and 72.9 to 99.4; the build before had
 // 92.1 that morning, and 106.7 to 136.8 above the floor in the run beside
-// this build). Above the floor,
+// this build). Later, on a quiet host (no other job running): 69.4
+// us over three rounds (range 62.3 to 120.8), and over five rounds after 90
+// s of unmeasured load, 100.8 (80.1 to 145.6) with the engines' fleet first
+// and 83.6 (62.2 to 118.3) with the floor's first, the mean of the two
+// orders 92.2; the dearest rounds were those in which either process still
+// grew its heap (0.4 to 1.8 page faults per request). So the cost above the
+// floor is near 100 us: under it in 6 of these 13 rounds. Above the floor,
 // the cost is the engine loop's (about a third of an engine process's
 // CPU, by perf), and the loop's is memory latency: each wake-up reads
 // every running request's state cold, and each block a request allocates
