@@ -76,6 +76,14 @@ type Config struct {
 	// BootstrapWait bounds how long an SGLang decode leg waits for its
 	// prefill's room; default 60 s.
 	BootstrapWait time.Duration
+	// BootstrapTimeout is SGLang's SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT:
+	// how long an SGLang prefill leg waits for its decode engine to take
+	// the KV of its room before it fails with SGLang's 500 and frees the
+	// blocks (model time; divided by Speed). SGLang's prefill engine
+	// answers a request only once its KV went to the decode engine. Default
+	// 300 s, SGLang's; only with PDProtocol PDSGLang, where it ends the
+	// lease in place of LeaseTimeout when it is shorter.
+	BootstrapTimeout time.Duration
 	// AdvertiseHost and AdvertisePort are the side-channel address put in
 	// kv_transfer_params (remote_host, remote_port): this server's own
 	// listen address. Default 127.0.0.1 and 0 (set it).
@@ -161,6 +169,9 @@ func (c *Config) setDefaults() {
 	if c.BootstrapWait == 0 {
 		c.BootstrapWait = 60 * time.Second
 	}
+	if c.BootstrapTimeout == 0 {
+		c.BootstrapTimeout = 300 * time.Second
+	}
 	if c.AdvertiseHost == "" {
 		c.AdvertiseHost = "127.0.0.1"
 	}
@@ -215,9 +226,9 @@ func (c *Config) validate() error {
 	if c.LoadFailure != LoadFailureRecompute && c.LoadFailure != LoadFailureFail {
 		errs = append(errs, fmt.Errorf("emulator: LoadFailure %q is not recompute or fail", c.LoadFailure))
 	}
-	if c.FabricGbps < 0 || c.LeaseTimeout < 0 || c.TransferSetup < 0 || c.BootstrapWait < 0 || c.EOSMean < 0 ||
+	if c.FabricGbps < 0 || c.LeaseTimeout < 0 || c.TransferSetup < 0 || c.BootstrapWait < 0 || c.BootstrapTimeout < 0 || c.EOSMean < 0 ||
 		c.DefaultMaxTokens < 0 || c.MaxBodyBytes < 0 || c.StreamInterval < 0 {
-		errs = append(errs, errors.New("emulator: FabricGbps, LeaseTimeout, TransferSetup, BootstrapWait, EOSMean, DefaultMaxTokens, MaxBodyBytes and StreamInterval must not be negative"))
+		errs = append(errs, errors.New("emulator: FabricGbps, LeaseTimeout, TransferSetup, BootstrapWait, BootstrapTimeout, EOSMean, DefaultMaxTokens, MaxBodyBytes and StreamInterval must not be negative"))
 	}
 	if c.MaxLogprobs < -1 {
 		errs = append(errs, fmt.Errorf("emulator: MaxLogprobs %d must be -1 or positive", c.MaxLogprobs))

@@ -120,8 +120,8 @@
 //     num_decode_prealloc_queue_reqs the decode legs queued for KV space,
 //     num_decode_transfer_queue_reqs those holding it in their KV pull
 //     (neither in num_queue_reqs, the engine's own waiting queue), the
-//     prefill bootstrap queue 0 (the emulator makes no request wait for
-//     its peer);
+//     prefill bootstrap queue 0 (the emulator computes a prefill leg before
+//     its peer came, then holds its answer: see Disaggregation);
 //   - GET /health, GET /v1/models, GET /version (Version: the oldest vLLM
 //     release whose response shapes the emulator emits, 0.16.0, with the
 //     local label +kvroute.emulator), POST /tokenize, POST
@@ -361,7 +361,25 @@
 // the transfer runs to its end and only then are the blocks it writes
 // into freed, on both engines, as vLLM frees them; with SGLang's protocol
 // the pull stops and the decode engine frees them at once, as SGLang does
-// (Server.pullFor). A prompt shorter than a
+// (Server.pullFor). With SGLang's protocol a prefill leg is answered only
+// once the decode engine took its room's KV (SGLang's prefill engine
+// returns a request from its inflight queue when the transfer ended), at
+// most Config.BootstrapTimeout (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT,
+// 300 s) after it arrived: then its blocks are freed and it fails with
+// SGLang's 500 ("Request <room> timed out after <s>s in
+// KVPoll.Bootstrapping"); its client leaving (a router cancelling the leg
+// when the decode leg failed) frees them at once (Server.awaitPeer). So a
+// decode leg the decode engine refused (SGLang's decode engine tells the
+// prefill engine nothing then) holds no blocks past either. An SGLang
+// engine addresses a LoRA adapter as SGLang does: "model" as
+// "<base>:<adapter>", else the body's lora_path; it does not check the
+// model name (a "model" naming an adapter alone is the base model's
+// request), answers in the request's model as given, and refuses an
+// adapter it does not serve with SGLang's 400 in SGLang's flat error shape
+// ({"object":"error","message":"The following requested LoRA adapters are
+// not loaded: ...","type":"BadRequestError","param":null,"code":400}),
+// before taking the request (Server.resolveAdapter); each engine keys the
+// prompt's blocks with the adapter, as in vLLM's form. A prompt shorter than a
 // block is computed locally, with no pull. A decode engine whose pull
 // fails fails the request with a 500 (Config.LoadFailure "fail", the
 // default, as vLLM's kv_load_failure_policy; the engine aborts it) or

@@ -135,15 +135,16 @@ type job struct {
 	maxTokens   int
 	st          *stream
 	hdr         openai.ChunkHeader
-	kvPrefill   bool     // P/D prefill leg: return kv_transfer_params
-	remoteID    string   // P/D prefill leg: remote_request_id
-	pull        *pullJob // P/D decode leg: its KV's pull (awaitPull)
-	maxStop     int      // bytes of the longest stop string (the search keeps maxStop-1)
-	holdChars   int      // characters a stream holds back for stop strings (vLLM's stop_buffer_length)
-	text        []byte   // rendered text not yet sent; in textBuf once tokens arrive
-	textBuf     *[]byte  // from getBuf when the first tokens are rendered
-	sent        int      // bytes of text already streamed
-	checked     int      // bytes of text already searched for stop strings
+	kvPrefill   bool      // P/D prefill leg: return kv_transfer_params
+	peerBy      time.Time // SGLang prefill leg: the end of its wait for the decode engine (awaitPeer); zero for others
+	remoteID    string    // P/D prefill leg: remote_request_id
+	pull        *pullJob  // P/D decode leg: its KV's pull (awaitPull)
+	maxStop     int       // bytes of the longest stop string (the search keeps maxStop-1)
+	holdChars   int       // characters a stream holds back for stop strings (vLLM's stop_buffer_length)
+	text        []byte    // rendered text not yet sent; in textBuf once tokens arrive
+	textBuf     *[]byte   // from getBuf when the first tokens are rendered
+	sent        int       // bytes of text already streamed
+	checked     int       // bytes of text already searched for stop strings
 	buf         []uint32
 	toksBuf     *[]uint32       // from getToks: a whole response's tokens (tokens)
 	ereq        *engine.Request // the request as the engine has it
@@ -205,7 +206,7 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 			}
 		}()
 	}
-	lora, aerr := s.resolveModel(req.Model)
+	lora, aerr := s.resolveAdapter(req)
 	if aerr != nil {
 		putBody(bodyBuf)
 		writeAPIError(w, aerr)
@@ -285,7 +286,10 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 	// An adapter's responses carry its name (vLLM's
 	// OpenAIServingModels.model_name of the request's LoRA).
 	model := s.cfg.Model
-	if lora != "" {
+	switch {
+	case s.cfg.PDProtocol == PDSGLang && req.Model != "":
+		model = req.Model // SGLang answers in the request's model, as given
+	case lora != "":
 		model = lora
 	}
 	j.hdr = openai.ChunkHeader{ID: j.respID, Model: model, Created: now.Unix()}
@@ -653,6 +657,14 @@ func (s *Server) serveWhole(w http.ResponseWriter, r *http.Request, j *job) {
 		s.writeEngineError(w, err)
 		return
 	}
+	if !j.peerBy.IsZero() {
+		if ok, aerr := s.awaitPeer(w, r, j); !ok {
+			if aerr != nil {
+				writeAPIError(w, aerr)
+			}
+			return
+		}
+	}
 	var kv map[string]any
 	if j.kvPrefill {
 		kv = s.kvTransferParams(j)
@@ -708,6 +720,16 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 			sw.Done()
 			_ = sw.Flush()
 			return
+		}
+		if done && !j.peerBy.IsZero() {
+			if ok, aerr := s.awaitPeer(w, r, j); !ok {
+				if aerr != nil {
+					sw.Data(appendErrorBody(nil, aerr.status, aerr.msg))
+					sw.Done()
+					_ = sw.Flush()
+				}
+				return
+			}
 		}
 		upto := len(j.text)
 		if !done && s.codec != nil {

@@ -278,6 +278,49 @@ func (s *Server) resolveModel(model string) (string, *apiError) {
 	return "", errNoModel(model)
 }
 
+// resolveAdapter returns the adapter a request names ("" for the base
+// model) as the engine's protocol addresses one: vLLM's "model" naming it
+// (resolveModel), or, with the SGLang P/D protocol (an SGLang engine),
+// SGLang's OpenAI-compatible forms: "model" as "<base>:<adapter>" (split
+// at its first colon, both parts trimmed; an empty adapter names none),
+// else the body's lora_path, the model's adapter winning
+// (OpenAIServingBase._resolve_lora_path). SGLang does not check the model
+// name itself ("default" is as good as any), so a "model" naming an adapter
+// alone is the base model's request there. An adapter it does not serve is
+// SGLang's 400 (LoRARegistry.acquire's ValueError, answered by its serving
+// layer as a BadRequestError), before the engine takes the request, as
+// SGLang's tokenizer manager refuses it before its scheduler sees it.
+func (s *Server) resolveAdapter(req *apiRequest) (string, *apiError) {
+	if s.cfg.PDProtocol != PDSGLang {
+		return s.resolveModel(req.Model)
+	}
+	name := req.loraPath
+	if _, a, ok := strings.Cut(req.Model, ":"); ok {
+		if a = strings.TrimSpace(a); a != "" {
+			name = a
+		}
+	}
+	if name == "" {
+		return "", nil
+	}
+	if !s.cfg.LoRA.Enable {
+		return "", &apiError{status: http.StatusBadRequest, sglang: true, msg: fmt.Sprintf(
+			"LoRA adapter '%s' was requested, but LoRA is not enabled. Please launch the server with --enable-lora flag.", name)}
+	}
+	if a := s.loras.lookup(name); a != nil {
+		return a.name, nil
+	}
+	var loaded []string
+	if s.loras != nil {
+		for _, a := range s.loras.table.Load().order {
+			loaded = append(loaded, "'"+a.name+"'")
+		}
+	}
+	// Python's repr of the registry's keys (an OrderedDict's).
+	return "", &apiError{status: http.StatusBadRequest, sglang: true, msg: fmt.Sprintf(
+		"The following requested LoRA adapters are not loaded: %s\nLoaded adapters: odict_keys([%s]).", name, strings.Join(loaded, ", "))}
+}
+
 // loraInfo is vllm:lora_requests_info: one series per set of labels ever
 // set, its value the wall-clock time it was last set (prometheus_client's
 // set_to_current_time on the label set of each step's stats), as vLLM's

@@ -10,6 +10,7 @@ import (
 	"net"
 	"net/http"
 	"strconv"
+	"strings"
 	"sync"
 	"time"
 
@@ -66,7 +67,15 @@ type lease struct {
 	timer       *time.Timer
 	granted     bool
 	ready       chan struct{} // closed when granted
+	done        chan struct{} // closed when the lease ended (pulled, dropped, expired, replaced): end
+	endOnce     sync.Once
 }
+
+func newLease() *lease { return &lease{ready: make(chan struct{}), done: make(chan struct{})} }
+
+// end marks the lease ended: an SGLang prefill leg waiting for it
+// (Server.awaitPeer) answers.
+func (l *lease) end() { l.endOnce.Do(func() { close(l.done) }) }
 
 // leaseTable holds the prefill engine's leases.
 type leaseTable struct {
@@ -117,6 +126,7 @@ func (s *Server) preparePD(r *http.Request, j *job, ereq *engine.Request) *apiEr
 			ereq.HoldKV, ereq.MaxTokens = true, 1
 			j.maxTokens, j.st.maxTokens = 1, 1
 			j.st.holdKV, j.st.leaseKey = true, roomKey(*req.room)
+			j.peerBy = time.Now().Add(s.cfg.scaled(s.cfg.BootstrapTimeout))
 		case kvroute.RoleDecode:
 			s.pullForDecode(j, ereq, req.BootstrapHost, req.port,
 				PullRequest{BootstrapRoom: req.room, WaitSeconds: s.cfg.BootstrapWait.Seconds()}, false)
@@ -329,6 +339,50 @@ func (s *Server) rejectedRemote(w http.ResponseWriter, rr *remoteRelease) {
 	}
 }
 
+// awaitPeer holds j, an SGLang prefill leg whose request finished, until
+// the decode engine took its room's KV, as SGLang's prefill engine returns
+// a request from its inflight queue only once the KV transfer ended; a
+// prompt shorter than a block holds none (grantLease) and answers at once.
+// The wait is bounded by BootstrapTimeout from the leg's arrival: then the
+// blocks are freed and the leg fails with SGLang's 500, its KV sender's
+// KVTransferError "Request <room> timed out after <s>s in
+// KVPoll.Bootstrapping" (the decode engine never came: it refused its leg,
+// for an adapter it does not serve say, and SGLang's decode engine tells
+// the prefill engine nothing of a request its tokenizer manager refused).
+// A client that leaves (the router cancelling the leg when the decode leg
+// failed) frees them at once, as SGLang aborts a request in its bootstrap
+// or inflight queue. It reports whether the handler goes on to answer:
+// false when the client left or aerr was written to w.
+func (s *Server) awaitPeer(w http.ResponseWriter, r *http.Request, j *job) (ok bool, aerr *apiError) {
+	t := &s.leases
+	t.mu.Lock()
+	l := t.m[j.st.leaseKey]
+	if l != nil && (!l.granted || l.engineReqID != j.st.id) {
+		l = nil // not this leg's: pulled already, or the room reused
+	}
+	t.mu.Unlock()
+	if l == nil {
+		return true, nil
+	}
+	tm := time.NewTimer(time.Until(j.peerBy))
+	defer tm.Stop()
+	select {
+	case <-l.done:
+		return true, nil
+	case <-r.Context().Done():
+		s.dropLease(j)
+		return false, nil
+	case <-s.life.Done():
+		return true, nil // the engine stopped: stopAll ended the lease
+	case <-tm.C:
+	}
+	s.dropLease(j)
+	room := strings.TrimPrefix(j.st.leaseKey, "room:")
+	waited := s.cfg.BootstrapTimeout.Seconds()
+	msg := fmt.Sprintf("KVTransferError(bootstrap_room=%s): Request %s timed out after %.1fs in KVPoll.Bootstrapping", room, room, waited)
+	return false, &apiError{status: http.StatusInternalServerError, msg: msg, typ: "InternalServerError", sglang: true}
+}
+
 // releaseWait bounds releaseRemote's call.
 const releaseWait = 5 * time.Second
 
@@ -425,10 +479,11 @@ func (s *Server) grantLease(st *stream, promptTokens int, blockIDs []int) {
 	if l != nil && l.granted { // a reused room: the old lease ends now
 		l.timer.Stop()
 		_ = s.post(command{kind: cmdRelease, id: l.engineReqID})
+		l.end()
 		l = nil
 	}
 	if l == nil {
-		l = &lease{ready: make(chan struct{})}
+		l = newLease()
 		t.m[key] = l
 	}
 	l.engineReqID, l.numTokens, l.blockIDs, l.granted = st.id, promptTokens, blockIDs, true
@@ -450,6 +505,7 @@ func (s *Server) dropLease(j *job) {
 	l.timer.Stop()
 	t.mu.Unlock()
 	_ = s.post(command{kind: cmdRelease, id: l.engineReqID})
+	l.end()
 }
 
 func (s *Server) expire(key string, l *lease) {
@@ -463,6 +519,7 @@ func (s *Server) expire(key string, l *lease) {
 	t.mu.Unlock()
 	s.cfg.Logger.Warn("kv lease expired: releasing blocks not pulled by a decode engine", "lease", key)
 	_ = s.post(command{kind: cmdRelease, id: l.engineReqID})
+	l.end()
 }
 
 // stopAll ends every lease when the server stops: their timers are stopped
@@ -475,6 +532,7 @@ func (t *leaseTable) stopAll() {
 		if l.timer != nil {
 			l.timer.Stop()
 		}
+		l.end()
 		delete(t.m, key)
 	}
 }
@@ -485,7 +543,7 @@ func (t *leaseTable) take(ctx context.Context, key string, wait time.Duration) *
 	t.mu.Lock()
 	l := t.m[key]
 	if l == nil && wait > 0 {
-		l = &lease{ready: make(chan struct{})}
+		l = newLease()
 		t.m[key] = l
 	}
 	t.mu.Unlock()
@@ -554,6 +612,7 @@ func (s *Server) handlePull(w http.ResponseWriter, r *http.Request) {
 		}
 	}
 	_ = s.post(command{kind: cmdRelease, id: l.engineReqID})
+	l.end() // the transfer ended: an SGLang prefill engine answers its leg now
 	body, _ := json.Marshal(PullResponse{EngineID: s.cfg.EngineID, NumTokens: l.numTokens, BlockIDs: l.blockIDs})
 	w.Header().Set("Content-Type", "application/json")
 	_, _ = w.Write(body)

@@ -185,9 +185,10 @@ func TestPDSGLangQueueGauges(t *testing.T) {
 	checkGauges(t, "idle prefill engine", ps.URL, zero)
 	checkGauges(t, "idle decode engine", ds.URL, zero)
 
-	if code, b := post(t, ps.URL+"/v1/completions", body); code != 200 {
-		t.Fatalf("prefill: got %d %s", code, b)
-	}
+	// An SGLang prefill leg answers once the decode engine took its KV
+	// (awaitPeer).
+	prefill := sendAsync(context.Background(), ps.URL+"/v1/completions", body)
+	waitFor(t, "the prefill engine to hold the room's KV", func() bool { return gaugeOf(t, scrape(t, ps.URL), inflight) == 1 })
 	checkGauges(t, "prefill engine holding the room's KV", ps.URL,
 		map[string]float64{bootstrap: 0, inflight: 1, prealloc: 0, transfer: 0, queue: 0, "sglang:num_running_reqs": 0})
 
@@ -214,6 +215,9 @@ func TestPDSGLangQueueGauges(t *testing.T) {
 		return v == 0
 	})
 	checkGauges(t, "prefill engine after the pull", ps.URL, zero)
+	if code, b, err := prefill(); code != 200 {
+		t.Errorf("prefill: got %d %s %v", code, b, err)
+	}
 }
 
 // TestPDInflightLeaseEnds: a prefill engine's held lease leaves its
@@ -240,16 +244,21 @@ func TestPDInflightLeaseEnds(t *testing.T) {
 			LeaseTimeout: time.Hour})
 		_, ds := testServer(t, Config{Role: kvroute.RoleDecode, PDProtocol: PDSGLang, MetricsFlavor: FlavorSGLang,
 			LoadFailure: LoadFailureFail})
+		// An SGLang prefill leg answers once its KV is taken (awaitPeer):
+		// the legs run in the background, one after the other.
+		var prefills []func() (int, string, error)
 		for i, want := range []float64{1, 1, 2} { // room 5, room 5 again, room 6
 			n := 5 + i/2
-			if code, b := post(t, ps.URL+"/v1/completions", room(ps.URL, n)); code != 200 {
-				t.Fatalf("prefill %d: got %d %s", i, code, b)
-			}
+			prefills = append(prefills, sendAsync(context.Background(), ps.URL+"/v1/completions", room(ps.URL, n)))
 			// A reused room's old lease is released after the response (the
 			// loop posts its release as it grants the new one).
 			waitFor(t, fmt.Sprintf("%v held leases after prefill %d (room %d)", want, i, n), func() bool {
 				return gaugeOf(t, scrape(t, ps.URL), inflight) == want
 			})
+		}
+		// The leg whose room was reused answers: its lease ended.
+		if code, b, err := prefills[0](); code != 200 {
+			t.Fatalf("prefill 0 (its room reused): got %d %s %v", code, b, err)
 		}
 		for i, n := range []int{5, 6} {
 			if code, b := post(t, ds.URL+"/v1/completions", room(ps.URL, n)); code != 200 {
@@ -260,6 +269,11 @@ func TestPDInflightLeaseEnds(t *testing.T) {
 				v := gaugeOf(t, scrape(t, ps.URL), inflight)
 				return v == want
 			})
+		}
+		for i, p := range prefills[1:] {
+			if code, b, err := p(); code != 200 {
+				t.Errorf("prefill %d: got %d %s %v", i+1, code, b, err)
+			}
 		}
 	})
 }

@@ -1,7 +1,9 @@
 package emulator
 
 import (
+	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"strings"
 	"testing"
@@ -132,5 +134,118 @@ func TestPDRejectedDecodeLegReleases(t *testing.T) {
 	}
 	if strings.Contains(plog.String(), "kv lease expired") || strings.Contains(dlog.String(), "kv release") {
 		t.Errorf("logs: prefill %q, decode %q", plog.String(), dlog.String())
+	}
+}
+
+// sglangPair runs an SGLang request's two legs at once, as SGLang's router
+// does, and returns their answers. cancelOnDecodeFailure makes the client
+// cancel the prefill leg when the decode leg fails, as kvroute's handoff
+// does.
+func sglangPair(t *testing.T, pURL, dURL, body string, cancelOnDecodeFailure bool) (pcode int, pbody string, dcode int, dbody string) {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	prefill := sendAsync(ctx, pURL+"/v1/completions", body)
+	dc, db := post(t, dURL+"/v1/completions", body)
+	if dc != http.StatusOK && cancelOnDecodeFailure {
+		cancel()
+	}
+	pc, pb, _ := prefill()
+	return pc, pb, dc, string(db)
+}
+
+// TestPDSGLangLoRA: an SGLang P/D pair serving a LoRA adapter, addressed
+// as SGLang addresses one (lora_path, or "model" as "<base>:<adapter>"):
+// both legs run the adapter (its blocks keyed with it: the adapter's
+// repeat hits each engine's cache, the base model's request for the
+// same prompt does not, on either engine: the decode engine caches the
+// blocks it pulled under the adapter's keys), and
+// SGLang answers in the request's model as given. A "model" naming the
+// adapter alone is, to SGLang, the base model's request.
+func TestPDSGLangLoRA(t *testing.T) {
+	_, ps := testServer(t, Config{Role: kvroute.RolePrefill, PDProtocol: PDSGLang, LoRA: serving("sql-lora")})
+	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, PDProtocol: PDSGLang, LoRA: serving("sql-lora"), LoadFailure: LoadFailureFail})
+	host, port := splitHostPort(t, ps.URL)
+	prompt := strings.Repeat(pdPrompt+" ", 6)
+	hits := func(url string) float64 { return value(scrape(t, url)["vllm:prefix_cache_hits_total"].GetMetric()[0]) }
+	for i, tc := range []struct {
+		name, extra, model string
+		hit                bool // both engines hold the prompt's blocks for this adapter (the decode engine those it pulled)
+	}{
+		{"lora_path", `"model":"tiny","lora_path":"sql-lora"`, "tiny", false},
+		{"model with the adapter", `"model":"tiny:sql-lora"`, "tiny:sql-lora", true},
+		{"base model", `"model":"tiny"`, "tiny", false},
+		{"model naming the adapter alone", `"model":"sql-lora"`, "sql-lora", true}, // the base model's blocks, computed just before
+	} {
+		body := fmt.Sprintf(`{%s,"prompt":%q,"max_tokens":3,"ignore_eos":true,"bootstrap_host":%q,"bootstrap_port":%d,"bootstrap_room":%d}`,
+			tc.extra, prompt, host, port, 100+i)
+		pbefore, dbefore := hits(ps.URL), hits(ds.URL)
+		pcode, pbody, dcode, dbody := sglangPair(t, ps.URL, ds.URL, body, true)
+		if pcode != http.StatusOK || dcode != http.StatusOK {
+			t.Fatalf("%s: prefill %d %s, decode %d %s", tc.name, pcode, pbody, dcode, dbody)
+		}
+		var c openai.Completion
+		_ = json.Unmarshal([]byte(dbody), &c)
+		if c.Model != tc.model || c.Usage.CompletionTokens != 3 {
+			t.Errorf("%s: decode answered %s, want 3 tokens in %q's name", tc.name, dbody, tc.model)
+		}
+		if got := hits(ps.URL) - pbefore; (got > 0) != tc.hit {
+			t.Errorf("%s: the prefill engine's prefix-cache hit %v tokens, want a hit: %v", tc.name, got, tc.hit)
+		}
+		if got := hits(ds.URL) - dbefore; (got > 0) != tc.hit {
+			t.Errorf("%s: the decode engine's own prefix-cache hit %v tokens, want a hit: %v", tc.name, got, tc.hit)
+		}
+	}
+	waitFor(t, "both engines to free the blocks", func() bool { return kvUsage(t, ps.URL) == 0 })
+}
+
+// TestPDSGLangUnknownAdapter: an SGLang decode engine that does not serve
+// the adapter a request names answers SGLang's 400 (its flat error body,
+// LoRARegistry's message) before taking it, and tells the prefill engine
+// nothing, as SGLang's decode engine does not. The prefill leg, which
+// answers only once its KV was taken, then holds no blocks past its client
+// (the router cancelling it when the decode leg failed) or, with a client
+// that stays, past the bootstrap timeout, which fails it with SGLang's 500.
+// Before, the prefill leg answered 200 at once and its blocks stayed held
+// for LeaseTimeout (480 s by default). A prefill engine that does not
+// serve the adapter answers the same 400.
+func TestPDSGLangUnknownAdapter(t *testing.T) {
+	_, ps := testServer(t, Config{Role: kvroute.RolePrefill, PDProtocol: PDSGLang, LoRA: serving("sql-lora"),
+		LeaseTimeout: time.Hour, BootstrapTimeout: 30 * time.Second}) // 0.3 s at speed 100
+	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, PDProtocol: PDSGLang, LoRA: serving("chat-lora")})
+	host, port := splitHostPort(t, ps.URL)
+	prompt := strings.Repeat(pdPrompt+" ", 6)
+	body := func(room int) string {
+		return fmt.Sprintf(`{"model":"tiny","lora_path":"sql-lora","prompt":%q,"max_tokens":3,"bootstrap_host":%q,"bootstrap_port":%d,"bootstrap_room":%d}`,
+			prompt, host, port, room)
+	}
+	const want400 = `{"object":"error","message":"The following requested LoRA adapters are not loaded: sql-lora\nLoaded adapters: odict_keys(['chat-lora']).","type":"BadRequestError","param":null,"code":400}` + "\n"
+	for _, tc := range []struct {
+		name   string
+		cancel bool
+		pcode  int
+		pmsg   string
+	}{
+		{"the client cancels the prefill leg", true, 0, ""},
+		{"the client waits", false, http.StatusInternalServerError, "timed out after 30.0s in KVPoll.Bootstrapping"},
+	} {
+		room := 7
+		if !tc.cancel {
+			room = 8
+		}
+		pcode, pbody, dcode, dbody := sglangPair(t, ps.URL, ds.URL, body(room), tc.cancel)
+		if dcode != http.StatusBadRequest || dbody != want400 {
+			t.Errorf("%s: decode got %d %s, want 400 %s", tc.name, dcode, dbody, want400)
+		}
+		if pcode != tc.pcode || !strings.Contains(pbody, tc.pmsg) || tc.pmsg != "" && !strings.Contains(pbody, `"object":"error"`) {
+			t.Errorf("%s: prefill got %d %s, want %d %q", tc.name, pcode, pbody, tc.pcode, tc.pmsg)
+		}
+		waitFor(t, tc.name+": the prefill engine to free the blocks", func() bool { return kvUsage(t, ps.URL) == 0 })
+	}
+	// The prefill engine refuses an adapter it does not serve the same way.
+	b := fmt.Sprintf(`{"model":"tiny:chat-lora","prompt":%q,"max_tokens":3,"bootstrap_host":%q,"bootstrap_port":%d,"bootstrap_room":9}`, prompt, host, port)
+	if code, out := post(t, ps.URL+"/v1/completions", b); code != http.StatusBadRequest ||
+		!strings.Contains(string(out), `"message":"The following requested LoRA adapters are not loaded: chat-lora\nLoaded adapters: odict_keys(['sql-lora']).","type":"BadRequestError"`) {
+		t.Errorf("prefill engine, chat-lora: got %d %s", code, out)
 	}
 }

@@ -42,9 +42,12 @@ type apiRequest struct {
 	BootstrapHost       string          `json:"bootstrap_host"`
 	BootstrapPort       json.RawMessage `json:"bootstrap_port"`
 	BootstrapRoom       json.RawMessage `json:"bootstrap_room"`
-	Suffix              json.RawMessage `json:"suffix"`     // completions: vLLM rejects any but null (hasSuffix)
-	CacheSalt           json.RawMessage `json:"cache_salt"` // the prefix cache's salt (checkOptions: cacheSalt)
-	RequestID           json.RawMessage `json:"request_id"` // vLLM's request id when no X-Request-Id (checkOptions: requestID)
+	// LoRAPath is SGLang's per-request adapter (its name): read with the
+	// SGLang P/D protocol only (Server.resolveSGLangAdapter).
+	LoRAPath  json.RawMessage `json:"lora_path"`
+	Suffix    json.RawMessage `json:"suffix"`     // completions: vLLM rejects any but null (hasSuffix)
+	CacheSalt json.RawMessage `json:"cache_salt"` // the prefix cache's salt (checkOptions: cacheSalt)
+	RequestID json.RawMessage `json:"request_id"` // vLLM's request id when no X-Request-Id (checkOptions: requestID)
 	// The chat template's and the tokenizer's options (vLLM's chat and
 	// tokenize requests; chatOptions). AddSpecialTokens is the
 	// completions' too (default true there, false for chat).
@@ -72,6 +75,7 @@ type apiRequest struct {
 	messagesJSON []byte
 	partErr      *contentErr // chat: the first content part vLLM refuses (contentError)
 	room         *uint64     // parsed BootstrapRoom
+	loraPath     string      // parsed LoRAPath ("" when absent or null)
 	port         int         // parsed BootstrapPort
 }
 
@@ -282,6 +286,8 @@ type apiError struct {
 	// validators) with the HTTP phrase "Bad Request" instead of
 	// "BadRequestError".
 	typ string
+	// sglang writes the error in SGLang's flat shape (writeSGLang).
+	sglang bool
 }
 
 func (e *apiError) Error() string { return e.msg }
@@ -387,7 +393,39 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 
 // writeAPIError writes e with its param and type.
 func writeAPIError(w http.ResponseWriter, e *apiError) {
+	if e.sglang {
+		writeSGLang(w, e)
+		return
+	}
 	openai.WriteError(w, e.kvError())
+}
+
+// writeSGLang writes e as SGLang's OpenAI-compatible server answers an
+// error (OpenAIServingBase.create_error_response): its ErrorResponse
+// dumped at the top level, not under "error" as vLLM's, with type
+// "BadRequestError" for a 400 (e.typ otherwise) and the status as code.
+func writeSGLang(w http.ResponseWriter, e *apiError) {
+	typ := e.typ
+	if typ == "" {
+		typ = "BadRequestError"
+	}
+	var param any
+	if e.param != "" {
+		param = e.param
+	}
+	body, _ := json.Marshal(struct {
+		Object  string `json:"object"`
+		Message string `json:"message"`
+		Type    string `json:"type"`
+		Param   any    `json:"param"`
+		Code    int    `json:"code"`
+	}{"error", e.msg, typ, param, e.status})
+	body = append(body, '\n')
+	h := w.Header()
+	h.Set("Content-Type", "application/json")
+	h.Set("Content-Length", strconv.Itoa(len(body)))
+	w.WriteHeader(e.status)
+	_, _ = w.Write(body)
 }
 
 // parseRequest decodes and validates a request body the way vLLM's pydantic
@@ -578,6 +616,11 @@ func (r *apiRequest) decodeExtra() *apiError {
 			return badRequest("bootstrap_room must be one non-negative integer (batched requests are not supported)")
 		}
 		r.room = &room
+	}
+	if len(r.LoRAPath) > 0 && string(r.LoRAPath) != "null" {
+		if err := json.Unmarshal(r.LoRAPath, &r.loraPath); err != nil {
+			return badRequest("lora_path must be one adapter name (batched requests are not supported)")
+		}
 	}
 	if len(r.BootstrapPort) > 0 && string(r.BootstrapPort) != "null" {
 		if err := json.Unmarshal(r.BootstrapPort, &r.port); err != nil || r.port < 0 || r.port > 65535 {
