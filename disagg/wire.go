@@ -223,6 +223,22 @@ func sglangBody(body []byte, host string, port int, room, stride uint64) ([]byte
 	return encodeObject(m)
 }
 
+// sglangAdapter names adapter, the LoRA adapter the request was routed
+// for (kvroute.Request.Adapter), in an SGLang leg's body as SGLang reads
+// one: lora_path (a batch's items all take a single name). An SGLang
+// engine does not read "model" naming an adapter alone, vLLM's form: it
+// would run the base model on an engine picked for the adapter, under the
+// adapter's block keys. The client's own lora_path, if any, is replaced.
+func sglangAdapter(body []byte, adapter string) ([]byte, error) {
+	m, err := decodeObject(body)
+	if err != nil {
+		return nil, fmt.Errorf("disagg: sglang body: %w", err)
+	}
+	a, _ := json.Marshal(adapter)
+	m["lora_path"] = a
+	return encodeObject(m)
+}
+
 // MaxSGLangBatch bounds the items of one request on an SGLang P/D pool
 // (each gets its own bootstrap room): a larger "n" or prompt list is
 // refused rather than expanded.
