@@ -93,7 +93,11 @@ vLLM's do (with sglang, the pull stops and the decode engine frees them at
 once, as SGLang's does). With
 --pd-protocol sglang the router sends the same request (bootstrap_host,
 bootstrap_port = the prefill engine's side channel port, bootstrap_room) to
-both engines at once; the decode engine waits for the room's prefill.
+both engines at once; the decode engine waits for the room's prefill, and the
+prefill engine answers once the decode engine took the KV (after
+--bootstrap-timeout it fails with SGLang's 500 and frees the blocks). There a
+request names a LoRA adapter as SGLang reads one: model <base>:<adapter>, or
+lora_path.
 
 LoRA adapters, as vLLM serves them: with --enable-lora, --lora-modules
 name=path (or the JSON form {"name": ..., "path": ..., "base_model_name": ...};
@@ -173,6 +177,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fabricGbps  = fs.Float64("fabric-gbps", 100, "prefill->decode link speed for KV transfers, Gbit/s")
 		setup       = fs.Duration("kv-transfer-setup", 2*time.Millisecond, "fixed cost of one KV transfer")
 		lease       = fs.Duration("kv-lease", 480*time.Second, "how long a prefill engine holds KV for a decode engine (VLLM_NIXL_ABORT_REQUEST_TIMEOUT)")
+		bootTimeout = fs.Duration("bootstrap-timeout", 300*time.Second, "--pd-protocol sglang, prefill side: how long a prefill engine holds a room's KV for its decode engine before it fails the request with SGLang's 500 and frees the blocks (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT); it answers the request once the decode engine took the KV")
 		loadFailure = fs.String("pd-load-failure", emulator.LoadFailureFail, "decode side, lease missing or expired: fail (500, vLLM's kv_load_failure_policy default) or recompute (warn, prefill locally)")
 		sideListen  = fs.String("side-channel-listen", "", "also serve the P/D side channel on this `address` (like VLLM_NIXL_SIDE_CHANNEL_PORT or SGLang's bootstrap port); it is then the advertised one. With --data-parallel-size N and --pd-protocol nixl, rank r listens on its port + r, as vLLM's ranks do")
 		advertise   = fs.String("advertise", "", "side-channel `host:port` put in kv_transfer_params (default: --side-channel-listen, else --listen); with ranks on their own side-channel ports, rank r advertises port + r")
@@ -250,7 +255,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		Model: *model, Engine: ec, Speed: *speed, Role: r, MetricsFlavor: *flavor, NoSlots: *noSlots,
 		KVEvents: emulator.KVEventsConfig{Endpoint: *evEndpoint, ReplayEndpoint: *evReplay, Topic: *evTopic,
 			Encoding: *evEncoding, BufferSteps: *evBuffer},
-		PDProtocol: *pdProtocol, FabricGbps: *fabricGbps, TransferSetup: *setup, LeaseTimeout: *lease,
+		PDProtocol: *pdProtocol, FabricGbps: *fabricGbps, TransferSetup: *setup, LeaseTimeout: *lease, BootstrapTimeout: *bootTimeout,
 		LoadFailure: *loadFailure, DefaultMaxTokens: *defMaxTok, EOSMean: *eosMean, StreamInterval: *streamIntvl,
 		MaxLogprobs: *maxLogprobs, EnableAutoToolChoice: *autoTools, ExcludeToolsWhenToolChoiceNone: *exclTools, Logger: logger,
 		LoRA: emulator.LoRAConfig{Enable: *enableLoRA, Modules: mods, MaxLoRAs: *maxLoRAs, MaxLoRARank: *maxLoRARank,
@@ -475,10 +480,10 @@ func checkEngineFlags(fs *flag.FlagSet) error {
 			return fmt.Errorf("--%s 0 %s", name, zero)
 		}
 	}
-	for _, name := range []string{"kv-lease", "kv-transfer-setup", "shutdown-timeout", "keep-alive"} {
+	for _, name := range []string{"kv-lease", "bootstrap-timeout", "kv-transfer-setup", "shutdown-timeout", "keep-alive"} {
 		if d := get(name).Get().(time.Duration); d < 0 {
 			return fmt.Errorf("--%s %v must not be negative", name, d)
-		} else if d == 0 && (name == "kv-lease" || name == "kv-transfer-setup") && flagSet(fs, name) { // --shutdown-timeout 0: at once; --keep-alive 0: never
+		} else if d == 0 && (name == "kv-lease" || name == "bootstrap-timeout" || name == "kv-transfer-setup") && flagSet(fs, name) { // --shutdown-timeout 0: at once; --keep-alive 0: never
 			return fmt.Errorf("--%s %v %s", name, d, zero)
 		}
 	}

@@ -31,7 +31,7 @@ func TestEngineHelpExplainsEveryFlag(t *testing.T) {
 	for _, f := range []string{"model", "profile", "listen", "speed", "kv-blocks", "role", "metrics-flavor",
 		"kv-events-endpoint", "kv-events-replay", "kv-events-topic", "kv-events-encoding", "fabric-gbps", "pd-protocol",
 		"kv-lease", "pd-load-failure", "prefix-caching-hash-algo", "tokenizer", "hf-config", "gpu", "tp", "dtype", "no-slots",
-		"enable-lora", "lora-modules", "max-loras", "max-lora-rank", "max-cpu-loras"} {
+		"enable-lora", "lora-modules", "max-loras", "max-lora-rank", "max-cpu-loras", "bootstrap-timeout"} {
 		if !strings.Contains(out.String(), "-"+f) {
 			t.Errorf("--help lacks -%s", f)
 		}
@@ -76,6 +76,8 @@ func TestEngineUsageErrors(t *testing.T) {
 		{[]string{"engine", "--model", "m", "--fabric-gbps", "0"}, "--fabric-gbps 0 must be positive"},
 		{[]string{"engine", "--model", "m", "--kv-transfer-setup", "0"}, "--kv-transfer-setup 0s must be positive"},
 		{[]string{"engine", "--model", "m", "--kv-lease", "0"}, "--kv-lease 0s must be positive"},
+		{[]string{"engine", "--model", "m", "--bootstrap-timeout", "-1s"}, "--bootstrap-timeout -1s must not be negative"},
+		{[]string{"engine", "--model", "m", "--bootstrap-timeout", "0"}, "--bootstrap-timeout 0s must be positive"},
 		{[]string{"engine", "--model", "m", "--pd-protocol", "x"}, `--pd-protocol "x" is not one of nixl, sglang`},
 		{[]string{"engine", "--model", "m", "--pd-load-failure", "x"}, `--pd-load-failure "x" is not one of recompute, fail`},
 		{[]string{"engine", "--model", "m", "--kv-events-encoding", "x"}, `--kv-events-encoding "x" is not one of array, map`},
@@ -513,5 +515,28 @@ func TestEngineKeepAlive(t *testing.T) {
 	_ = c.SetReadDeadline(time.Now().Add(10 * time.Second))
 	if _, err := br.ReadByte(); !errors.Is(err, io.EOF) {
 		t.Fatalf("idle connection: read got %v after %v, want EOF (closed by the engine after --keep-alive)", err, time.Since(start).Round(time.Millisecond))
+	}
+}
+
+// TestEngineBootstrapTimeout: an SGLang prefill engine whose room no decode
+// engine takes fails the request with SGLang's 500 after
+// --bootstrap-timeout (model time), not after the 300 s default.
+func TestEngineBootstrapTimeout(t *testing.T) {
+	if testing.Short() {
+		t.Skip("starts a process")
+	}
+	p := startEngine(t, "--model", "m", "--profile", "tiny", "--speed", "10", "--role", "prefill",
+		"--pd-protocol", "sglang", "--bootstrap-timeout", "3s")
+	b, _ := json.Marshal(map[string]any{"model": "m", "prompt": strings.Repeat("A prompt of several blocks. ", 20), "max_tokens": 1,
+		"bootstrap_host": "127.0.0.1", "bootstrap_port": 1, "bootstrap_room": 7})
+	client := &http.Client{Timeout: 20 * time.Second}
+	resp, err := client.Post("http://"+p.addr+"/v1/completions", "application/json", bytes.NewReader(b))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	rb, _ := io.ReadAll(resp.Body)
+	if resp.StatusCode != http.StatusInternalServerError || !strings.Contains(string(rb), "timed out after 3.0s in KVPoll.Bootstrapping") {
+		t.Fatalf("got %d %s, want SGLang's 500 after the 3s bootstrap timeout", resp.StatusCode, rb)
 	}
 }
