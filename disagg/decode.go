@@ -76,7 +76,7 @@ func (p DecodeParams) Validate() error {
 //	      + kv_penalty_ms (KV usage after admission above KVSoftCap)
 //	      + adapter_ms (a LoRA adapter's request on an engine whose max_lora
 //	        slots other adapters' running requests hold: OutputTokens/2 x
-//	        step_ms; see adapterWait)
+//	        step_ms; see slotWait)
 //
 // A candidate that holds the conversation's earlier turns pulls only the
 // new part of the prompt, as vLLM's NixlConnector does, so it wins when
@@ -98,32 +98,6 @@ type DecodePicker struct {
 }
 
 var _ kvroute.Picker = (*DecodePicker)(nil)
-
-// adapterWait estimates, in milliseconds, how long a decode leg for LoRA
-// adapter x waits on an engine of adapter signals l for one of its
-// max_lora slots (kvroute.LoRALoad): nothing when the engine runs or
-// queues x already, when its batch's adapters leave a slot free, or when
-// it reports no adapters (not a LoRA engine, not reported yet, or stale);
-// else half an output (OutputTokens/2 steps), the mean rest of the running
-// request whose adapter must leave first. vLLM's scheduler skips a
-// waiting request whose adapter would take the step past --max-loras
-// before it asks the KV connector for the request's remote KV, so the
-// decode leg's pull starts only then.
-func (dp *DecodePicker) adapterWait(l *kvroute.LoRALoad, x string, step time.Duration) float64 {
-	if x == "" || l == nil || l.Max <= 0 || l.Active(x) {
-		return 0
-	}
-	distinct := 0
-	for i, a := range l.Running { // sorted
-		if i == 0 || a != l.Running[i-1] {
-			distinct++
-		}
-	}
-	if distinct < l.Max {
-		return 0
-	}
-	return float64(dp.p.OutputTokens) / 2 * ms(step)
-}
 
 // decodeChoice is DecodePicker's answer with its estimates.
 type decodeChoice struct {
@@ -187,7 +161,7 @@ func (dp *DecodePicker) PickFrom(now, ready time.Time, req *kvroute.Request, can
 			pen = dp.p.KVPenaltyMs * math.Min(after-dp.p.KVSoftCap, 1-dp.p.KVSoftCap) / (1 - dp.p.KVSoftCap)
 		}
 		waiting := float64(max(c.Load.Waiting, 0)) * ms(step)
-		slot := dp.adapterWait(c.Load.LoRA, req.Adapter, step)
+		slot := ms(slotWait(c.Load.LoRA, req.Adapter, dp.p.OutputTokens, step))
 		score := ms(xfer.Total()) + dp.p.TPOTWeight*ms(step) + waiting + pen + slot
 		s.Value, s.Eligible = score, true
 		s.Parts = []kvroute.Part{{Name: "transfer_ms", Value: ms(xfer.Total())}, {Name: "transfer_mb", Value: float64(xfer.Bytes) / 1e6},

@@ -59,6 +59,32 @@ func (m costModel) decodeStep(l kvroute.Load, ctx int) time.Duration {
 	return m.step.StepTime(engine.Batch{DecodeTokens: running, DecodeContext: total, Seqs: running, Sampled: running})
 }
 
+// slotWait estimates how long a request for LoRA adapter x waits on an
+// engine of adapter signals l (kvroute.LoRALoad) for one of its max_lora
+// slots, when the engine's running requests leave after out/2 more steps
+// of step each: nothing when x is "" (the base model), when the engine
+// runs or queues x already, when its batch's adapters leave a slot free,
+// or when it reports no adapters (not a LoRA engine, not reported yet, or
+// stale); else half an output, the mean rest of the running request whose
+// adapter must leave first. vLLM's scheduler skips a waiting request whose
+// adapter would take the step past --max-loras: a whole request's prefill,
+// a prefill leg, and a decode leg's KV pull start only once a slot frees.
+func slotWait(l *kvroute.LoRALoad, x string, out int, step time.Duration) time.Duration {
+	if x == "" || l == nil || l.Max <= 0 || l.Active(x) {
+		return 0
+	}
+	distinct := 0
+	for i, a := range l.Running { // sorted
+		if i == 0 || a != l.Running[i-1] {
+			distinct++
+		}
+	}
+	if distinct < l.Max {
+		return 0
+	}
+	return time.Duration(float64(max(out, 0)) / 2 * float64(step))
+}
+
 // capacityTokens returns the candidate's KV capacity in tokens.
 func (m costModel) capacityTokens(c *kvroute.Candidate) int {
 	switch {
