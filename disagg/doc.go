@@ -46,10 +46,18 @@
 //     node instead: short uncached prompts, Dynamo's isl_bounding rule, or
 //     an estimated TTFT aggregated (queue + prefill, plus a charge for
 //     stalling the decode node's batch) that beats the disaggregated one
-//     (prefill queue + prefill + transfer + first decode step). Every
+//     (prefill queue + prefill + transfer + first decode step). A LoRA
+//     adapter's request waits on either side for a max_lora slot where
+//     other adapters' running requests hold them all: run whole, the
+//     decode node's wait before its prefill; disaggregated, the prefill
+//     node's before its prefill (a "both" node's: a prefill-only node's
+//     running prefill legs end within its queue), then what is left of the
+//     decode node's when the decode leg reaches it, so a prompt whose
+//     decode node has no slot free is prefilled elsewhere meanwhile. Every
 //     decision carries its estimates as Parts (queue_ms, prefill_ms,
-//     transfer_ms, aggregated_ttft_ms, disaggregated_ttft_ms, ...) and a
-//     one-line Reason, in the router's decision log.
+//     transfer_ms, aggregated_ttft_ms, disaggregated_ttft_ms, ..., and the
+//     slot waits adapter_ms, prefill_adapter_ms and decode_adapter_ms when
+//     not zero) and a one-line Reason, in the router's decision log.
 //
 // A request for a LoRA adapter (kvroute.Request.Adapter) is placed as any
 // other over the endpoints that serve it: the router offers the others to

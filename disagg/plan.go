@@ -44,6 +44,16 @@ const (
 //     part is at most MaxLocalTokens (a decode node absorbs no prefill so
 //     long that it stalls its running batch).
 //
+// For a LoRA adapter's request both estimates carry its waits for a
+// max_lora slot where other adapters' running requests hold them all
+// (Plan.AdapterWait): run whole, it waits the decode node's before its
+// prefill; disaggregated, the prefill node's before the prefill, and the
+// decode leg, which reaches the decode node once the prefill is done, what
+// is left of the decode node's before its KV pull. So a decode node whose
+// slots are taken sends the prompt to be prefilled elsewhere meanwhile,
+// and a prefill node whose slots are taken leaves it to a decode node that
+// runs the adapter.
+//
 // Zero values take the documented defaults; a negative value disables its
 // rule.
 type Conditional struct {
@@ -196,7 +206,9 @@ type Plan struct {
 	// queueing) of the prompt tokens Decode does not hold (PulledTokens);
 	// DecodeStep the first decode step. AggregatedTTFT and
 	// DisaggregatedTTFT are the two sides of the comparison (0 when a side
-	// was not possible).
+	// was not possible): queue + AdapterWait + prefill on the decode
+	// node, and PrefillQueue + PrefillAdapterWait + PrefillTime +
+	// DecodeAdapterWait + Transfer + DecodeStep.
 	PrefillQueue, PrefillTime time.Duration
 	Transfer                  Estimate
 	DecodeStep                time.Duration
@@ -205,6 +217,20 @@ type Plan struct {
 	// Stall is the charge for stalling the decode node's running batch
 	// with a local prefill (Conditional.StallWeight).
 	Stall time.Duration
+	// The waits of a LoRA adapter's request (kvroute.Request.Adapter) for
+	// a max_lora slot where other adapters' running requests hold every
+	// one (vLLM's scheduler skips it until one leaves: half an output of
+	// the engine's decode steps, the decode stage's adapter_ms; see
+	// DecodePicker), 0 for the base model's. AdapterWait is the decode
+	// node's: the request run whole there waits it before its prefill (in
+	// AggregatedTTFT). PrefillAdapterWait is the prefill leg's on the
+	// prefill node, before its prefill (nothing on a prefill-only node,
+	// whose running requests are prefill legs that end within
+	// PrefillQueue); DecodeAdapterWait is what is left of AdapterWait when
+	// the decode leg reaches the decode node, the prefill done, before its
+	// KV pull (both in DisaggregatedTTFT, and kept, as it is, in a plan
+	// run whole).
+	AdapterWait, PrefillAdapterWait, DecodeAdapterWait time.Duration
 	// UncachedPrefill and UncachedDecode are the uncached prompt tokens on
 	// the two nodes.
 	UncachedPrefill, UncachedDecode int
@@ -218,9 +244,11 @@ type Plan struct {
 }
 
 // Parts returns the plan's estimates as named parts (milliseconds), as
-// they appear in the decision log.
+// they appear in the decision log; a LoRA adapter's slot waits, when not
+// zero, as adapter_ms (AdapterWait), prefill_adapter_ms and
+// decode_adapter_ms.
 func (p *Plan) Parts() []kvroute.Part {
-	return []kvroute.Part{
+	parts := []kvroute.Part{
 		{Name: "queue_ms", Value: ms(p.PrefillQueue)},
 		{Name: "prefill_ms", Value: ms(p.PrefillTime)},
 		{Name: "transfer_ms", Value: ms(p.Transfer.Total())},
@@ -233,6 +261,15 @@ func (p *Plan) Parts() []kvroute.Part {
 		{Name: "uncached_prefill", Value: float64(p.UncachedPrefill)},
 		{Name: "uncached_decode", Value: float64(p.UncachedDecode)},
 	}
+	for _, w := range []struct {
+		name string
+		d    time.Duration
+	}{{"adapter_ms", p.AdapterWait}, {"prefill_adapter_ms", p.PrefillAdapterWait}, {"decode_adapter_ms", p.DecodeAdapterWait}} {
+		if w.d != 0 {
+			parts = append(parts, kvroute.Part{Name: w.name, Value: ms(w.d)})
+		}
+	}
+	return parts
 }
 
 // PolicyName is the policy a P/D pool's decisions name (the Planner's);
@@ -510,13 +547,14 @@ func (p *Planner) Plan(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		}
 	}
 	var pc *kvroute.Candidate
-	var pqueue, ptime time.Duration
+	var pqueue, pwait, ptime time.Duration
 	ready := now
 	if pi >= 0 {
 		pc = &cands[pi]
 		pqueue = p.cost.queue(pc.Load)
+		pwait = p.prefillSlotWait(pc, req.Adapter, req.PromptTokens)
 		ptime = p.cost.prefill(req.PromptTokens-pc.CachedTokens, pc.CachedTokens, pc.Load)
-		ready = now.Add(pqueue + ptime)
+		ready = now.Add(pqueue + pwait + ptime)
 	}
 	var pEP *kvroute.Endpoint
 	if pc != nil {
@@ -541,12 +579,13 @@ func (p *Planner) Plan(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	}
 	dcand := &cands[dc.d.Index]
 	plan := Plan{Decode: dcand.Endpoint, Prefill: dcand.Endpoint, DecodeStep: dc.step}
-	aq, ap := p.aggregatedSide(&plan, req.PromptTokens, dcand.CachedTokens, dcand.Load)
+	dwait := slotWait(dcand.Load.LoRA, req.Adapter, p.cfg.Decode.OutputTokens, dc.step)
+	aq, ap := p.aggregatedSide(&plan, req.PromptTokens, dcand.CachedTokens, dcand.Load, dwait)
 	disagg, rule, reason := false, "", ""
 	if pc != nil && pc.Endpoint.ID != dcand.Endpoint.ID {
 		plan.UncachedPrefill = max(req.PromptTokens-pc.CachedTokens, 0)
-		plan.PrefillQueue, plan.PrefillTime, plan.Transfer = pqueue, ptime, dc.transfer
-		plan.DisaggregatedTTFT = pqueue + ptime + dc.transfer.Total() + dc.step
+		plan.PrefillQueue, plan.PrefillAdapterWait, plan.PrefillTime, plan.Transfer = pqueue, pwait, ptime, dc.transfer
+		disaggregatedSide(&plan)
 		disagg, rule, reason = p.decide(req.PromptTokens, &plan)
 	} else {
 		plan.PrefillQueue, plan.PrefillTime = aq, ap
@@ -560,6 +599,7 @@ func (p *Planner) Plan(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		default:
 			rule, reason = "same_node", "aggregated: the best prefill node is the decode node"
 		}
+		reason += adapterNote(&plan)
 	}
 	first := dc.d.Index
 	if disagg {
@@ -598,23 +638,55 @@ func (p *Planner) unpick(now time.Time, req *kvroute.Request, cands []kvroute.Ca
 	}
 }
 
+// prefillSlotWait is the wait of a prefill leg for LoRA adapter x and
+// prompt tokens on prefill candidate c for a max_lora slot
+// (Plan.PrefillAdapterWait): slotWait with c's decode step on an engine
+// that decodes (a "both" one, whose running requests leave with their
+// output); nothing on a prefill-only engine, whose running requests are
+// prefill legs that leave with their first token, their prompts within
+// the queue estimate already (costModel.queue).
+func (p *Planner) prefillSlotWait(c *kvroute.Candidate, x string, prompt int) time.Duration {
+	if x == "" || !c.Endpoint.Role.CanDecode() {
+		return 0
+	}
+	return slotWait(c.Load.LoRA, x, p.cfg.Decode.OutputTokens, p.cost.decodeStep(c.Load, prompt))
+}
+
 // aggregatedSide fills pl's aggregated estimate for a request of prompt
 // tokens run whole on a decode node that holds cached of them under load
-// l: UncachedDecode, AggregatedTTFT (queue + prefill there) and Stall. It
-// returns the queue and the prefill.
-func (p *Planner) aggregatedSide(pl *Plan, prompt, cached int, l kvroute.Load) (queue, prefill time.Duration) {
+// l, where it waits wait for a LoRA adapter's slot: UncachedDecode,
+// AdapterWait, AggregatedTTFT (queue + slot wait + prefill there) and
+// Stall. It returns the queue and the prefill.
+func (p *Planner) aggregatedSide(pl *Plan, prompt, cached int, l kvroute.Load, wait time.Duration) (queue, prefill time.Duration) {
 	pl.UncachedDecode = max(prompt-cached, 0)
 	queue = p.cost.queue(l)
 	prefill = p.cost.prefill(pl.UncachedDecode, cached, l)
-	pl.AggregatedTTFT = queue + prefill
+	pl.AdapterWait = wait
+	pl.AggregatedTTFT = queue + wait + prefill
 	if w := p.cfg.Conditional.StallWeight; w > 0 {
 		pl.Stall = time.Duration(w * float64(max(l.Running, 0)) * float64(prefill))
 	}
 	return queue, prefill
 }
 
+// disaggregatedSide fills pl's disaggregated estimate from its prefill
+// leg's PrefillQueue, PrefillAdapterWait and PrefillTime, the decode
+// node's AdapterWait, the Transfer and the DecodeStep: the decode leg
+// reaches the decode node when the prefill is done, waits for what is
+// left of the slot wait there (DecodeAdapterWait), pulls the KV and runs
+// its first step.
+func disaggregatedSide(pl *Plan) {
+	ready := pl.PrefillQueue + pl.PrefillAdapterWait + pl.PrefillTime
+	pl.DecodeAdapterWait = max(pl.AdapterWait-ready, 0)
+	pl.DisaggregatedTTFT = ready + pl.DecodeAdapterWait + pl.Transfer.Total() + pl.DecodeStep
+}
+
 // Scenario is one request on a prefill node and a decode node, as WhatIf
-// prices it.
+// prices it. The request is the base model's: it names no LoRA adapter,
+// so it waits for no max_lora slot (Plan.AdapterWait and the others are 0,
+// whatever LoRA signals the loads carry). The capacity planner (package
+// planner), WhatIf's user, models no adapter slots: its loads carry no
+// LoRA signals to price a wait from.
 type Scenario struct {
 	// PromptTokens is the request's prompt.
 	PromptTokens int
@@ -647,7 +719,7 @@ func (p *Planner) HandsOff(s Scenario) bool { return p.whatIf(s, false).Disaggre
 func (p *Planner) whatIf(s Scenario, reasons bool) Plan {
 	var pl Plan
 	pl.DecodeStep = p.cost.decodeStep(s.DecodeLoad, s.PromptTokens)
-	aq, ap := p.aggregatedSide(&pl, s.PromptTokens, s.CachedDecode, s.DecodeLoad)
+	aq, ap := p.aggregatedSide(&pl, s.PromptTokens, s.CachedDecode, s.DecodeLoad, 0)
 	if p.cfg.Mode == ModeNever {
 		pl.PrefillQueue, pl.PrefillTime = aq, ap
 		pl.Rule, pl.Reason = "never", "aggregated: mode never"
@@ -664,7 +736,7 @@ func (p *Planner) whatIf(s Scenario, reasons bool) Plan {
 	if b := p.cost.shape.Bytes(pulled); b > 0 {
 		pl.Transfer = Estimate{Link: s.Link, Bytes: b, Setup: s.Link.Setup, Wire: s.Link.wire(float64(b))}
 	}
-	pl.DisaggregatedTTFT = pl.PrefillQueue + pl.PrefillTime + pl.Transfer.Total() + pl.DecodeStep
+	disaggregatedSide(&pl)
 	dis, rule := p.rule(s.PromptTokens, &pl)
 	pl.Rule = rule
 	if reasons {
@@ -714,8 +786,26 @@ func (p *Planner) rule(prompt int, pl *Plan) (bool, string) {
 }
 
 // reason is the text of decide's rule for a plan of a request of prompt
-// tokens.
+// tokens, with the plan's adapterNote.
 func (p *Planner) reason(rule string, prompt int, pl *Plan) string {
+	return p.ruleText(rule, prompt, pl) + adapterNote(pl)
+}
+
+// adapterNote is the part of a plan's reason that gives a LoRA adapter's
+// slot waits: "" when there are none.
+func adapterNote(pl *Plan) string {
+	switch {
+	case pl.AdapterWait == 0 && pl.PrefillAdapterWait == 0:
+		return ""
+	case pl.DisaggregatedTTFT == 0:
+		return fmt.Sprintf("; adapter slot wait %.1f ms on the decode node", ms(pl.AdapterWait))
+	}
+	return fmt.Sprintf("; adapter slot wait %.1f ms on the decode node aggregated, %.1f ms on the prefill node + %.1f ms left for the decode leg disaggregated",
+		ms(pl.AdapterWait), ms(pl.PrefillAdapterWait), ms(pl.DecodeAdapterWait))
+}
+
+// ruleText is reason without the adapterNote.
+func (p *Planner) ruleText(rule string, prompt int, pl *Plan) string {
 	c := p.cfg.Conditional
 	agg, dis := ms(pl.AggregatedTTFT), ms(pl.DisaggregatedTTFT)
 	u := pl.UncachedDecode
@@ -735,6 +825,10 @@ func (p *Planner) reason(rule string, prompt int, pl *Plan) string {
 	case "max_local":
 		return fmt.Sprintf("disaggregated: %d uncached tokens > max_local_tokens %d (est. TTFT %.1f ms vs %.1f ms + %.1f ms stall aggregated)",
 			u, c.MaxLocalTokens, dis, agg, ms(pl.Stall))
+	}
+	if pl.PrefillAdapterWait != 0 || pl.DecodeAdapterWait != 0 {
+		return fmt.Sprintf("disaggregated: est. TTFT %.1f ms (queue %.1f + slot wait %.1f + prefill %.1f + decode slot wait %.1f + transfer %.1f + step %.1f) vs %.1f ms + %.1f ms stall aggregated, %d uncached",
+			dis, ms(pl.PrefillQueue), ms(pl.PrefillAdapterWait), ms(pl.PrefillTime), ms(pl.DecodeAdapterWait), ms(pl.Transfer.Total()), ms(pl.DecodeStep), agg, ms(pl.Stall), u)
 	}
 	return fmt.Sprintf("disaggregated: est. TTFT %.1f ms (queue %.1f + prefill %.1f + transfer %.1f + step %.1f) vs %.1f ms + %.1f ms stall aggregated, %d uncached",
 		dis, ms(pl.PrefillQueue), ms(pl.PrefillTime), ms(pl.Transfer.Total()), ms(pl.DecodeStep), agg, ms(pl.Stall), u)
