@@ -1273,7 +1273,9 @@ const (
 // lora workload, seed 3 at 120/s). With max_lora unknown everywhere (no
 // --enable-lora metric) x is active where the engine has it running or
 // waiting or the policy has requests for it in flight, else it pays
-// AdapterLoad.
+// AdapterLoad. On a prefill-only engine x never waits for a slot (the
+// running prefill legs leave with their first token, within the queue
+// estimate); it pays AdapterLoad unless held.
 func (k *KVAware) adapterCost(c *kvroute.Candidate, stepMs float64) (uint8, float64) {
 	load := float64(k.p.AdapterLoad) / float64(time.Millisecond)
 	ep := endpointID(c)
@@ -1299,6 +1301,16 @@ func (k *KVAware) adapterCost(c *kvroute.Candidate, stepMs float64) (uint8, floa
 	}
 	held := k.heldAt(c, ep, l, slots)
 	hasX := slices.Contains(held, x)
+	if c.Endpoint != nil && !c.Endpoint.Role.CanDecode() {
+		// A prefill-only engine (a P/D pool's prefill stage) runs prefill
+		// legs, each leaving with its first token: a slot frees as the
+		// prompts queued ahead are computed, within queue_ms already (as
+		// package disagg prices its prefill leg's wait).
+		if hasX {
+			return adapterActive, 0
+		}
+		return adapterLoad, load
+	}
 	switch {
 	case hasX && len(held) <= slots:
 		return adapterActive, 0

@@ -183,3 +183,42 @@ func TestKVAwareAdapterSignalsMissing(t *testing.T) {
 		t.Errorf("y1: b's slot wait %.1f ms, want the long wait behind x, which runs only there, as a's behind hot (%.1f ms)", wb, wa)
 	}
 }
+
+// TestKVAwarePrefillOnlyAdapterSlot: on a prefill-only engine (a P/D
+// pool's prefill stage) the requests holding the max_lora slots are
+// prefill legs, which leave with their first token: a request of another
+// adapter waits for them within its queue estimate, not half an output of
+// decode steps (or four outputs, behind an adapter that runs only there)
+// as on an engine that decodes. So it goes to the prefill engine whose
+// slot another adapter holds rather than behind a long queue on one with a
+// free slot, paying the adapter's load only (as package disagg prices its
+// prefill leg's wait); on "both" engines the same states keep it off the
+// full one.
+func TestKVAwarePrefillOnlyAdapterSlot(t *testing.T) {
+	for _, tc := range []struct {
+		role string
+		want string
+	}{{"prefill", "a"}, {"both", "b"}} {
+		t.Run(tc.role, func(t *testing.T) {
+			cands := []candSpec{
+				{ID: "a", Role: tc.role, MaxLoRA: 1, LoRARunning: []string{"chat"}, Running: 1, InFlight: 1, InFlightTokens: 1024},
+				{ID: "b", Role: tc.role, MaxLoRA: 1, Waiting: 6, Running: 4, InFlight: 10, InFlightTokens: 10 * 1024},
+			}
+			sc := scenario{Policy: NameKVAware, Seed: 1, Steps: []step{{Request: loraReq("s1", "sql"), Candidates: cands}}}
+			ds, err := sc.run()
+			if err != nil {
+				t.Fatal(err)
+			}
+			if ds[0].Endpoint != tc.want {
+				t.Fatalf("endpoint %s, want %s: %s; %+v", ds[0].Endpoint, tc.want, ds[0].Reason, ds[0].Scores)
+			}
+			wa, wb := partOf(ds[0], "a", "adapter_ms"), partOf(ds[0], "b", "adapter_ms")
+			if full := slotFull(ds[0], "a"); full == (tc.role == "prefill") {
+				t.Errorf("a: adapter_slots_full %v on a %s engine (adapter_ms a %.1f, b %.1f)", full, tc.role, wa, wb)
+			}
+			if tc.role == "prefill" && wa != wb {
+				t.Errorf("a's adapter_ms %.1f, want the load into a slot as on b (%.1f)", wa, wb)
+			}
+		})
+	}
+}

@@ -59,6 +59,8 @@ type candSpec struct {
 	LoRARunning []string `json:"lora_running,omitempty"`
 	LoRAWaiting []string `json:"lora_waiting,omitempty"`
 	MaxLoRA     int      `json:"max_lora,omitempty"`
+	// Role is the endpoint's P/D role ("": both).
+	Role string `json:"role,omitempty"`
 }
 
 var epoch = time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
@@ -86,6 +88,11 @@ func (c candSpec) build(blockSize, prompt int) (kvroute.Candidate, error) {
 		CachedBlocks: c.CachedBlocks,
 		CachedTokens: c.CachedTokens,
 	}
+	role, err := kvroute.ParseRole(c.Role)
+	if err != nil {
+		return kvroute.Candidate{}, err
+	}
+	cand.Endpoint.Role = role
 	if c.LoRARunning != nil || c.LoRAWaiting != nil || c.MaxLoRA > 0 {
 		cand.Load.LoRA = &kvroute.LoRALoad{Running: c.LoRARunning, Waiting: c.LoRAWaiting, Max: c.MaxLoRA}
 	}
