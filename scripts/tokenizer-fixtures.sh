@@ -16,6 +16,9 @@
 #                          them (render_vllm_inputs.py: the tools' pydantic
 #                          model_dump, the conversation messages); kept as
 #                          committed when python3, jinja2 or pydantic is missing
+#   pycase.json            random strings' case as Python's str methods and
+#                          jinja2's filters map it (render_case.py); kept as
+#                          committed when python3 or jinja2 is missing
 #   <model>.json           texts, chats, and the reference token ids from
 #                          HuggingFace's tokenizers (Rust, npm `tokenizers`),
 #                          cross-checked with tokenizers.js (gen.mjs)
@@ -58,6 +61,7 @@ done
 node gen.mjs "$td" chats || { echo "tokenizer-fixtures: gen.mjs chats failed" >&2; exit 1; }
 if command -v python3 >/dev/null 2>&1 && python3 -c 'import jinja2' >/dev/null 2>&1; then
 	python3 render_chats.py "$td" qwen3 llama3 llama3_1 llama3_2 deepseek_v3 || { echo "tokenizer-fixtures: render_chats.py failed" >&2; exit 1; }
+	python3 render_case.py strings 1000 "$td/expected/pycase.json" || { echo "tokenizer-fixtures: render_case.py failed" >&2; exit 1; }
 	if python3 -c 'import pydantic' >/dev/null 2>&1; then
 		python3 render_vllm_inputs.py "$td" || { echo "tokenizer-fixtures: render_vllm_inputs.py failed" >&2; exit 1; }
 	else

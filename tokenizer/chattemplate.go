@@ -40,6 +40,9 @@ type ChatTemplate struct {
 	// methods: the template calls string methods pyMethods rewrote as
 	// filters, which each render passes (pyMethodVars).
 	methods bool
+	// caseFilters: the template uses the case filters pyFilters renamed,
+	// which each render passes (caseFilterVars).
+	caseFilters bool
 }
 
 // NewChatTemplate compiles a chat template; bos and eos are the values of the
@@ -48,16 +51,19 @@ func NewChatTemplate(source, bos, eos string) (*ChatTemplate, error) {
 	src := jinjaTrimGuard(source)
 	withMethods := pyMethods(src)
 	methods := withMethods != src
-	t, err := jinja.Compile(pyFilters(withMethods))
+	out := pyFilters(withMethods)
+	t, err := jinja.Compile(out)
 	if err != nil && methods {
 		// the Go engine's string methods rather than none
 		methods = false
-		t, err = jinja.Compile(pyFilters(src))
+		out = pyFilters(src)
+		t, err = jinja.Compile(out)
 	}
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: chat template: %w", err)
 	}
-	return &ChatTemplate{tmpl: t, bos: bos, eos: eos, stringContent: stringContent(source), methods: methods}, nil
+	return &ChatTemplate{tmpl: t, bos: bos, eos: eos, stringContent: stringContent(source), methods: methods,
+		caseFilters: strings.Contains(out, caseFilterPrefix)}, nil
 }
 
 // ChatOptions are the optional inputs of a chat template rendering.
@@ -218,6 +224,11 @@ func (c *ChatTemplate) render(messages jinja.Value, opts ChatOptions) (string, e
 	data[trimName] = pyTrim
 	if c.methods {
 		for k, v := range pyMethodVars { // the string methods of pymethods.go
+			data[k] = v
+		}
+	}
+	if c.caseFilters {
+		for k, v := range caseFilterVars { // upper, lower, capitalize and title (pyfilters.go)
 			data[k] = v
 		}
 	}

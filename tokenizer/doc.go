@@ -54,21 +54,24 @@
 // past a neighbouring tag and keeps a template's final newline, unlike
 // jinja2; jinjatrim.go rewrites a template's source so that both render it
 // alike (TestChatTemplateWhitespaceMatchesJinja2). Its tojson, string and
-// trim filters are replaced by transformers' and jinja2's (pyfilters.go:
-// Python's json.dumps and str(), which write 2.0 as "2.0" and None as
-// "None", where that engine's write "2" and "", and json.dumps keeps the
-// key order of an object with an indent, where that engine's sorts the
-// keys; str.strip, which strips U+001C to U+001F as white space, where
-// that engine's trim keeps them), and so are the string methods strip,
-// lstrip, rstrip, split, title and capitalize (pymethods.go: that
-// engine's strip without arguments keeps U+001C to U+001F, its lstrip and
-// rstrip strip only space, tab, CR and LF, its split ignores maxsplit,
-// its title and capitalize leave the other letters' case; a call is
-// rewritten as a filter of its operand), but in a template with
-// {% raw %}. Their case mappings are Go's simple ones (Python's full
-// ones make "ß".title() "Ss"), lower() and upper() stay that engine's
-// (strings.ToLower and ToUpper), and a float or None a template
-// writes with {{ }} alone still comes out that engine's way. strftime_now
+// trim filters are replaced by transformers' and jinja2's, and so are its
+// upper, lower, capitalize and title (pyfilters.go: Python's json.dumps
+// and str(), which write 2.0 as "2.0" and None as "None", where that
+// engine's write "2" and "", and json.dumps keeps the key order of an
+// object with an indent, where that engine's sorts the keys; str.strip,
+// which strips U+001C to U+001F as white space, where that engine's trim
+// keeps them; jinja2's own title, which starts a word only after white
+// space, '-', '(', '{', '[' or '<'), and so are the string methods strip,
+// lstrip, rstrip, split, title, capitalize, upper, lower and swapcase
+// (pymethods.go: that engine's strip without arguments keeps U+001C to
+// U+001F, its lstrip and rstrip strip only space, tab, CR and LF, its
+// split ignores maxsplit, its title and capitalize leave the other
+// letters' case, and it has no swapcase; a call is rewritten as a filter
+// of its operand), but in a template with {% raw %}. The case mappings
+// are Python's full ones with its final sigma (pycase.go: "ß".upper() is
+// "SS", "ΌΣΟΣ".lower() "όσος", where that engine's are Go's simple ones),
+// and a float or None a template writes with {{ }} alone still comes out
+// that engine's way. strftime_now
 // is this package's too (strftime.go: Python's strftime, where that
 // engine's writes a format's literal text that spells a Go layout element
 // as that element and %y, %j or %-d as they are), and formats
@@ -146,7 +149,11 @@
 // vLLM's request fields, its conversation messages, tools and documents
 // always defined), which TestRenderJSONMatchesVLLMInputs compares with
 // RenderJSON's from the raw request (and the proxy's TestPreciseVLLMInputs
-// with the router's ids for the request). The tests compare ids, ids with
+// with the router's ids for the request). render_case.py writes
+// testdata/expected/pycase.json: 1,000 random strings' case as Python's
+// str methods and jinja2's filters map it, which TestPyCaseMatchesPython
+// compares with pycase.go's (its "codepoints" mode, every code point
+// alone and in contexts, is a one-off check for -pycase). The tests compare ids, ids with
 // special tokens added, and rendered prompts exactly, and skip with a message
 // when the tokenizer files are absent. (@huggingface/jinja is not the template
 // reference: its str.lstrip(chars) ignores chars, unlike Python.)

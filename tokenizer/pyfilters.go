@@ -15,7 +15,7 @@ import (
 )
 
 // transformers' apply_chat_template renders templates with jinja2, whose
-// filters are Python's. Two of them differ in the Go engine where a prompt
+// filters are Python's. Some of them differ in the Go engine where a prompt
 // shows it:
 //
 //   - tojson, which transformers defines as Python's json.dumps(x,
@@ -30,32 +30,79 @@ import (
 //   - trim, Python's str.strip(chars): without chars the Go engine strips
 //     Go's white space (unicode.IsSpace), which lacks the separators
 //     U+001C to U+001F that Python strips; Llama 3.x's templates trim
-//     every message's content with it.
+//     every message's content with it;
+//   - upper, lower and capitalize, Python's str.upper, lower and
+//     capitalize, with full case mappings (pycase.go), where the Go
+//     engine's are Go's simple ones ("ß"|upper: "SS" and "ß") and its
+//     capitalize writes the first letter in upper case, not title case;
+//   - title, jinja2's own, not str.title (pyCase.jinjaTitle), where the Go
+//     engine's starts a word after anything but a letter or digit
+//     ("they're"|title: "They're" and "They'Re").
 //
 // The Go engine's filter table cannot be replaced, but a filter it does
 // not know is looked up among the template's variables: pyFilters renames
-// these filters in the template's source, and render passes pyToJSON and
-// pyString as those variables.
+// these filters in the template's source, and render passes pyToJSON,
+// pyString, pyTrim and (to a template that uses them, caseFilters) the
+// case filters as those variables.
 
 // The names the filters are renamed to.
 const (
 	tojsonName = "kvroute_tojson"
 	stringName = "kvroute_string"
 	trimName   = "kvroute_trim"
+	// caseFilterPrefix starts the names of the case filters
+	// (caseFilterVars), which are not the string methods' of the same
+	// names (pyMethodNames): those refuse a value that is not a string.
+	caseFilterPrefix = "kvroute_filter_"
 )
 
 // pyFilterNames maps a filter pyFilters renames to its new name.
-var pyFilterNames = map[string]string{"tojson": tojsonName, "string": stringName, "trim": trimName}
+var pyFilterNames = map[string]string{"tojson": tojsonName, "string": stringName, "trim": trimName,
+	"upper": caseFilterPrefix + "upper", "lower": caseFilterPrefix + "lower",
+	"capitalize": caseFilterPrefix + "capitalize", "title": caseFilterPrefix + "title"}
 
-// pyFilters returns src with each use of the tojson, string and trim
-// filters ("| tojson", in an expression or statement tag, outside string
-// literals) renamed (pyFilterNames). Templates with {% raw %} are left as
-// they are.
+// caseFilterVars are the case filters of pyFilterNames, by name: jinja2's
+// do_upper, do_lower, do_capitalize and do_title, each of soft_str(value)
+// (pyStr).
+var caseFilterVars = map[string]jinja.Value{
+	caseFilterPrefix + "upper":      pyCaseFilter("upper", (*pyCase).upper),
+	caseFilterPrefix + "lower":      pyCaseFilter("lower", (*pyCase).lower),
+	caseFilterPrefix + "capitalize": pyCaseFilter("capitalize", (*pyCase).capitalize),
+	caseFilterPrefix + "title":      pyCaseFilter("title", (*pyCase).jinjaTitle),
+}
+
+// pyCaseFilter is a case mapping of pycase.go as a jinja2 filter of
+// str(value), taking no arguments.
+func pyCaseFilter(name string, f func(*pyCase, string) string) jinja.Value {
+	return jinja.NewCallable(caseFilterPrefix+name, func(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, error) {
+		if len(args) > 1 || len(kwargs) > 0 {
+			return jinja.Undefined(), errors.New(name + ": takes no arguments")
+		}
+		if len(args) == 0 {
+			return jinja.NewString(""), nil
+		}
+		return jinja.NewString(f(new(pyCase), pyStr(args[0]))), nil
+	})
+}
+
+// pyFilters returns src with each use of the filters of pyFilterNames
+// ("| tojson", in an expression or statement tag, outside string
+// literals) renamed. Templates with {% raw %} are left as they are.
 func pyFilters(src string) string {
-	if !strings.Contains(src, "tojson") && !strings.Contains(src, "string") && !strings.Contains(src, "trim") || rawTagRE.MatchString(src) {
+	if !hasPyFilterName(src) || rawTagRE.MatchString(src) {
 		return src
 	}
 	return rewriteTags(src, renameFilters)
+}
+
+// hasPyFilterName reports whether src may use a filter of pyFilterNames.
+func hasPyFilterName(src string) bool {
+	for name := range pyFilterNames {
+		if strings.Contains(src, name) {
+			return true
+		}
+	}
+	return false
 }
 
 // renameFilters renames the filters of pyFilterNames in one tag's text s;

@@ -75,9 +75,8 @@ func FuzzAppendPyFloat(f *testing.F) {
 	})
 }
 
-// FuzzPyFilters checks that renaming the tojson, string and trim filters
-// never breaks a template that compiles, and leaves one without them
-// alone.
+// FuzzPyFilters checks that renaming the filters of pyFilterNames never
+// breaks a template that compiles, and leaves one without them alone.
 func FuzzPyFilters(f *testing.F) {
 	for _, s := range []string{
 		"{{ x | tojson }}", "{{ x|tojson(indent=4) }}", "{% set y = x | tojson %}{{ y }}",
@@ -85,13 +84,14 @@ func FuzzPyFilters(f *testing.F) {
 		"{% for t in tools %}{{- t | tojson(indent=4) }}{% endfor %}", "{{ x | tojson | safe }}", "{% raw %}{{ x | tojson }}{% endraw %}",
 		"{{ x | string }}{% if x is string %}{{ x|stringify }}{% endif %}", "{{ x | tojson | string | tojson }}",
 		"{{ '<|eot_id|>' + m['content'] | trim + '<|eot_id|>' }}", "{% set c = x|trim('\\n') %}{{ c | trimmed }}",
+		"{{ m.role | capitalize }}{{ x|upper|lower }}{% if x is upper %}{{ x | title }}{% endif %}", "{{ 'a|title' }}{{ x|titles }}",
 	} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, src string) {
 		out := pyFilters(src)
-		if !strings.Contains(src, "tojson") && !strings.Contains(src, "string") && !strings.Contains(src, "trim") && out != src {
-			t.Fatalf("pyFilters(%q) = %q, changed a template without tojson, string or trim", src, out)
+		if !hasPyFilterName(src) && out != src {
+			t.Fatalf("pyFilters(%q) = %q, changed a template without a filter of pyFilterNames", src, out)
 		}
 		if _, err := jinja.Compile(src); err == nil {
 			if _, err := jinja.Compile(out); err != nil {
@@ -136,6 +136,35 @@ func TestChatTemplateTrimMatchesPython(t *testing.T) {
 	got, err := ct.Render(nil, ChatOptions{JSONVars: map[string]json.RawMessage{"x": json.RawMessage(x), "n": json.RawMessage("null"), "f": json.RawMessage("2.0")}})
 	if err != nil || got != want {
 		t.Errorf("got  %q (%v)\nwant %q", got, err, want)
+	}
+}
+
+// TestChatTemplateCaseFiltersMatchPython checks the upper, lower, title
+// and capitalize filters against jinja2's: Python's full case mappings
+// and final sigma, jinja2's own title (words split at white space, '-',
+// '(', '{', '[' and '<', their first letter in upper case), and str() of
+// what is not a string. The Go engine's filters map case with Go's
+// simple mappings ("ß"|upper: "ß"), start title's words after anything
+// but a letter or digit ("They'Re", "3Rd") and write None as "". The want
+// is jinja2's rendering in render_chats.py's environment.
+func TestChatTemplateCaseFiltersMatchPython(t *testing.T) {
+	const src = "{{ x|upper }}|{{ x|lower }}|{{ x|title }}|{{ x|capitalize }}|{{ n|upper }}|{{ f|title }}|{{ u|lower }}|{{ x | upper | lower }}|{{ 'ǆa'|capitalize }}"
+	const x = `"hELLO ß ﬁ they're 3rd-(ǆemal) ΌΣΟΣ İ ΑΣ b"`
+	const want = "HELLO SS FI THEY'RE 3RD-(\u01c4EMAL) \u038c\u03a3\u039f\u03a3 \u0130 \u0391\u03a3 B|hello \u00df \ufb01 they're 3rd-(\u01c6emal) \u03cc\u03c3\u03bf\u03c2 i\u0307 \u03b1\u03c2 b|Hello SS FI They're 3rd-(\u01c4emal) \u038c\u03c3\u03bf\u03c2 \u0130 \u0391\u03c3 B|Hello \u00df \ufb01 they're 3rd-(\u01c6emal) \u03cc\u03c3\u03bf\u03c2 i\u0307 \u03b1\u03c2 b|NONE|2.0||hello ss fi they're 3rd-(\u01c6emal) \u03cc\u03c3\u03bf\u03c2 i\u0307 \u03b1\u03c2 b|\u01c5a"
+	ct, err := NewChatTemplate(src, "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	got, err := ct.Render(nil, ChatOptions{JSONVars: map[string]json.RawMessage{"x": json.RawMessage(x), "n": json.RawMessage("null"), "f": json.RawMessage("2.0")}})
+	if err != nil || got != want {
+		t.Errorf("got  %q (%v)\nwant %q", got, err, want)
+	}
+	ct, err = NewChatTemplate("{{ x|upper(1) }}", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got, err := ct.Render(nil, ChatOptions{JSONVars: map[string]json.RawMessage{"x": json.RawMessage(x)}}); err == nil {
+		t.Errorf("x|upper(1) = %q, want an error like jinja2's TypeError('do_upper() takes 1 positional argument but 2 were given')", got)
 	}
 }
 

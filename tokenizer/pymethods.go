@@ -3,7 +3,6 @@ package tokenizer
 import (
 	"errors"
 	"strings"
-	"unicode"
 	"unicode/utf8"
 
 	"github.com/ardanlabs/jinja"
@@ -23,14 +22,17 @@ import (
 //     "</think>" with split('</think>', 1));
 //   - title() and capitalize() leave the other letters' case (Python
 //     lowercases them), and title() starts a word only after space, tab or
-//     LF (Python: after any character that is not a cased letter).
+//     LF (Python: after any character that is not cased);
+//   - upper(), lower(), title() and capitalize() map case with Go's simple
+//     mappings, where Python's full ones change some letters' length and
+//     lower a final Σ to ς ("ß".upper() is "SS", "ΌΣΟΣ".lower() "όσος"),
+//     and capitalize() writes the first letter in upper case, not title
+//     case ("ǆa": Python "ǅa"); swapcase() is missing.
 //
 // pyMethods rewrites such a call in the template's source into a filter of
 // the same value, which render passes as a template variable, as
 // pyFilters does for filters: X.strip(args) becomes (X|kvroute_strip(args)).
-// The case mappings are Go's simple ones (Python's full mappings change
-// a few letters' length: "ß".title() is "Ss", Go's "ß"), and lower() and
-// upper() are left as the Go engine's for that reason.
+// The case methods are pyCase's (pycase.go).
 
 // pyMethodNames maps a string method pyMethods rewrites to its filter's
 // name.
@@ -41,6 +43,9 @@ var pyMethodNames = map[string]string{
 	"split":      "kvroute_split",
 	"title":      "kvroute_title",
 	"capitalize": "kvroute_capitalize",
+	"upper":      "kvroute_upper",
+	"lower":      "kvroute_lower",
+	"swapcase":   "kvroute_swapcase",
 }
 
 // pyMethodVars are the filters of pyMethodNames, by name.
@@ -49,8 +54,11 @@ var pyMethodVars = map[string]jinja.Value{
 	"kvroute_lstrip":     pyStripMethod("lstrip", true, false),
 	"kvroute_rstrip":     pyStripMethod("rstrip", false, true),
 	"kvroute_split":      jinja.NewCallable("kvroute_split", pySplit),
-	"kvroute_title":      jinja.NewCallable("kvroute_title", pyCaseMethod("title", pyTitle)),
-	"kvroute_capitalize": jinja.NewCallable("kvroute_capitalize", pyCaseMethod("capitalize", pyCapitalize)),
+	"kvroute_title":      pyCaseMethod("title", (*pyCase).title),
+	"kvroute_capitalize": pyCaseMethod("capitalize", (*pyCase).capitalize),
+	"kvroute_upper":      pyCaseMethod("upper", (*pyCase).upper),
+	"kvroute_lower":      pyCaseMethod("lower", (*pyCase).lower),
+	"kvroute_swapcase":   pyCaseMethod("swapcase", (*pyCase).swapcase),
 }
 
 // pyMethods returns src with each call of a method of pyMethodNames
@@ -391,54 +399,17 @@ func pySplitSpace(s string, maxsplit int) []string {
 	return parts
 }
 
-// pyCaseMethod wraps a case mapping as a method taking no arguments.
-func pyCaseMethod(method string, f func(string) string) func([]jinja.Value, map[string]jinja.Value) (jinja.Value, error) {
-	return func(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, error) {
+// pyCaseMethod is a case mapping of pycase.go as a string method taking
+// no arguments.
+func pyCaseMethod(method string, f func(*pyCase, string) string) jinja.Value {
+	return jinja.NewCallable("kvroute_"+method, func(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, error) {
 		s, err := methodSelf(method, args)
 		if err != nil {
 			return jinja.Undefined(), err
 		}
 		if len(args) > 1 || len(kwargs) > 0 {
-			return jinja.Undefined(), errors.New(method + "() takes no arguments")
+			return jinja.Undefined(), errors.New("str." + method + "() takes no arguments")
 		}
-		return jinja.NewString(f(s)), nil
-	}
-}
-
-// pyCased reports whether r is a cased letter (upper, lower or title
-// case), as Python's title() tells a word's letters.
-func pyCased(r rune) bool {
-	return unicode.IsUpper(r) || unicode.IsLower(r) || unicode.IsTitle(r)
-}
-
-// pyTitle is Python's str.title with simple case mappings: a cased
-// letter after a cased letter in lower case, any other in title case.
-func pyTitle(s string) string {
-	var b strings.Builder
-	b.Grow(len(s))
-	prev := false
-	for _, r := range s {
-		if prev {
-			b.WriteRune(unicode.ToLower(r))
-		} else {
-			b.WriteRune(unicode.ToTitle(r))
-		}
-		prev = pyCased(r)
-	}
-	return b.String()
-}
-
-// pyCapitalize is Python's str.capitalize with simple case mappings: the
-// first character in title case, the others in lower case.
-func pyCapitalize(s string) string {
-	var b strings.Builder
-	b.Grow(len(s))
-	for i, r := range s {
-		if i == 0 {
-			b.WriteRune(unicode.ToTitle(r))
-		} else {
-			b.WriteRune(unicode.ToLower(r))
-		}
-	}
-	return b.String()
+		return jinja.NewString(f(new(pyCase), s)), nil
+	})
 }
