@@ -40,9 +40,16 @@ var ErrKwargsArgument = errors.New("tokenizer: chat_template_kwargs names an arg
 // merge_kwargs, in vLLM sources read on 2026-12-05), in order of precedence:
 //
 //   - chat_template_kwargs, less the keys whose value is null or "auto"
-//     (merge_kwargs drops those as unset) and add_generation_prompt and
+//     (merge_kwargs drops those as unset), add_generation_prompt and
 //     continue_final_message (the request's own fields win; the caller
-//     sets opts.AddGenerationPrompt);
+//     sets opts.AddGenerationPrompt) and tokenize, which no template sees:
+//     preprocess_chat's defaults set it (false for a HuggingFace tokenizer
+//     without prompt embeds), the kwargs' value wins, and it binds to
+//     safe_apply_chat_template's tokenize parameter, which tells
+//     transformers whether to encode the rendering itself (true: without
+//     special tokens, whatever the request's add_special_tokens says),
+//     not to a template variable, and so is never refused either
+//     (resolve_chat_template_kwargs' check for it does not see it);
 //   - over them, the request's documents and reasoning_effort when not
 //     null (ReasoningEffortVars);
 //   - under them, the request's tools: chat_template_kwargs' own "tools"
@@ -67,7 +74,7 @@ func (r *ChatRequest) Vars(opts *ChatOptions) error {
 			continue
 		}
 		switch k {
-		case "add_generation_prompt", "continue_final_message":
+		case "add_generation_prompt", "continue_final_message", "tokenize":
 			continue
 		case "messages", "conversation":
 			clash = append(clash, k)

@@ -40,6 +40,15 @@ func TestChatRequestVars(t *testing.T) {
 		{"kwargs chat_template", ChatRequest{Kwargs: map[string]json.RawMessage{"chat_template": json.RawMessage(`"auto"`)}}, nil, false, ErrRequestChatTemplate},
 		{"kwargs messages", ChatRequest{Kwargs: map[string]json.RawMessage{"messages": json.RawMessage(`[]`)}}, nil, false, ErrKwargsArgument},
 		{"kwargs conversation", ChatRequest{Kwargs: map[string]json.RawMessage{"conversation": json.RawMessage(`[]`)}}, nil, false, ErrKwargsArgument},
+		// vLLM's preprocess_chat (vllm/renderers/online_renderer.py) sets
+		// tokenize among the kwargs' defaults, which the request's kwargs
+		// override (merge_kwargs), and the renderer passes them all as
+		// safe_apply_chat_template(..., **kwargs), whose own keyword
+		// parameter tokenize takes it (vllm/renderers/hf.py): it reaches
+		// transformers' apply_chat_template(tokenize=...), not the template.
+		{"kwargs tokenize", ChatRequest{Kwargs: map[string]json.RawMessage{"tokenize": json.RawMessage(`true`), "x": json.RawMessage(`1`)}},
+			map[string]string{"x": `1`}, false, nil},
+		{"kwargs tokenize false", ChatRequest{Kwargs: map[string]json.RawMessage{"tokenize": json.RawMessage(`false`)}}, nil, false, nil},
 		{"kwargs messages null", ChatRequest{Kwargs: map[string]json.RawMessage{"messages": json.RawMessage(`null`)}}, nil, false, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -117,4 +126,27 @@ func FuzzChatRequestVars(f *testing.F) {
 			t.Fatalf("documents %s, want the request's %s", opts.JSONVars["documents"], documents)
 		}
 	})
+}
+
+// TestChatRequestTokenizeNotAVariable: chat_template_kwargs' tokenize is
+// no template variable in vLLM, which passes it as the tokenize argument
+// of transformers' apply_chat_template (TestChatRequestVars' "kwargs
+// tokenize" says where), so a template that looks for it finds it
+// undefined whatever its value.
+func TestChatRequestTokenizeNotAVariable(t *testing.T) {
+	tmpl, err := NewChatTemplate("{{ tokenize is defined }}", "", "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range []string{`true`, `false`, `1`} {
+		opts := ChatOptions{}
+		req := ChatRequest{Kwargs: map[string]json.RawMessage{"tokenize": json.RawMessage(v)}}
+		if err := req.Vars(&opts); err != nil {
+			t.Fatal(err)
+		}
+		got, err := tmpl.Render(nil, opts)
+		if err != nil || got != "False" {
+			t.Errorf("tokenize %s: got %q (%v), want %q", v, got, err, "False")
+		}
+	}
 }

@@ -109,9 +109,10 @@
 // or kwargs naming "messages" or "conversation" (Python's "multiple
 // values for keyword argument", a 400) is an error; kwargs the template
 // does not read, which vLLM drops (resolve_chat_template_kwargs), are
-// passed and unread, which renders the same. (Kwargs' tokenize true,
-// which has vLLM's transformers encode the rendering itself, without the
-// request's add_special_tokens, is not followed.) And a system message's
+// passed and unread, which renders the same. The kwargs' tokenize is no
+// template variable: vLLM passes it as transformers' tokenize argument.
+// (Its true, which has transformers encode the rendering itself, without
+// the request's add_special_tokens, is not followed by the encoding.) And a system message's
 // Claude Code billing header line (x-anthropic-billing-header, whose cch
 // changes with every request) is dropped, as vLLM drops it (the built-in
 // ChatML rendering, RenderChatML, keeps it, in the router and the emulator
