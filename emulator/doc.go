@@ -178,7 +178,10 @@
 // "conversation", are vLLM's 400s (tools left out when tool_choice is "none"
 // with Config.ExcludeToolsWhenToolChoiceNone, vLLM's
 // --exclude-tools-when-tool-choice-none), and add_special_tokens true adds
-// the tokenizer's special tokens to the rendered prompt.
+// the tokenizer's special tokens to the rendered prompt, unless
+// chat_template_kwargs' tokenize is true (vLLM then has transformers
+// encode the rendering, without them; its padding and truncation
+// arguments are not followed).
 //
 // One goroutine, started by Run, owns the engine model: it takes the
 // requests handlers queued, steps the model, sleeps the modelled step time

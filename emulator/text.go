@@ -248,7 +248,9 @@ func (c *textCodec) prompt(text string, special bool) []uint32 {
 // vLLM applies them: its add_generation_prompt (default true) and
 // continue_final_message (the same keys in chat_template_kwargs have no
 // effect: vLLM's build_chat_params merges the request's own over them);
-// add_special_tokens (default false for chat); and the template variables
+// add_special_tokens (default false for chat, and without effect when
+// chat_template_kwargs' tokenize has transformers encode the rendering:
+// tokenizer.ChatRequest.TransformersEncodes); and the template variables
 // vars as tokenizer.ChatRequest.Vars resolves them (chat_template_kwargs
 // but their null and "auto" values, their tools over the request's,
 // given as they are when toolsAsGiven, the request's documents and
@@ -297,6 +299,12 @@ func (r *apiRequest) chatOptions(excludeNone bool) (*chatOpts, *apiError) {
 		return nil, badRequest("%v", err)
 	}
 	o.vars, o.toolsAsGiven = opts.JSONVars, opts.ToolsAsGiven
+	if self, _ := req.TransformersEncodes(); self {
+		// vLLM has transformers encode the rendering, without special
+		// tokens (its encoding arguments, which may pad or truncate, are
+		// not followed)
+		o.addSpecial = false
+	}
 	if o.cont && o.addGen {
 		return nil, badRequest("continue_final_message and add_generation_prompt are not compatible. " +
 			"Use continue_final_message when you want the model to continue the final message, " +

@@ -231,7 +231,10 @@ func (pc *precise) prepare(kind openai.Kind, body []byte, ri *openai.RequestInfo
 // tokens returns the prompt's token ids: for chat the messages rendered
 // with the chat template (ChatML for the built-in tokenizer or a tokenizer
 // without a template) with the generation prompt, encoded without added
-// special tokens unless the request sets add_special_tokens; for a
+// special tokens unless the request sets add_special_tokens (and its
+// chat_template_kwargs do not set tokenize: then vLLM has transformers
+// encode the rendering, which adds none whatever the request says;
+// tokenizer.ChatRequest.TransformersEncodes); for a
 // completion the prompt encoded with them unless it sets it false (as
 // vLLM does), or the ids the request sent.
 func (pc *precise) tokens(kind openai.Kind, body []byte, ri *openai.RequestInfo) ([]uint32, error) {
@@ -287,7 +290,12 @@ func (pc *precise) tokens(kind openai.Kind, body []byte, ri *openai.RequestInfo)
 			return nil, err
 		}
 	}
-	if b.AddSpecialTokens != nil && *b.AddSpecialTokens { // vLLM's chat default is false
+	req := tokenizer.ChatRequest{Kwargs: b.ChatTemplateKwargs}
+	self, err := req.TransformersEncodes()
+	if err != nil {
+		return nil, fmt.Errorf("precise: %w", err)
+	}
+	if !self && b.AddSpecialTokens != nil && *b.AddSpecialTokens { // vLLM's chat default is false
 		return pc.cache.EncodeAddSpecial(text), nil
 	}
 	return pc.cache.Encode(text), nil

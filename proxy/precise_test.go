@@ -767,3 +767,47 @@ func TestPreciseHFChatAddSpecialTokens(t *testing.T) {
 		}
 	}
 }
+
+// TestPreciseTokenizeKwargs: a chat request whose chat_template_kwargs set
+// tokenize true has vLLM pass it to transformers' apply_chat_template
+// (vllm/renderers/hf.py safe_apply_chat_template(..., tokenize=...)),
+// which encodes the rendering itself with add_special_tokens=False
+// (transformers' tokenization_utils_base.py), and vLLM takes those ids as
+// a tokens prompt that it encodes no more: no BOS however the request's
+// add_special_tokens says, where precise mode added it. With encoding
+// arguments that may change the ids (truncation to max_length) the
+// request is routed on characters. The emulated engine agrees.
+func TestPreciseTokenizeKwargs(t *testing.T) {
+	pc, hf, engineURL := templatePrecise(t, `{% for m in messages %}<|user|>{{ m['content'] }}</s>{% endfor %}<|user|>`)
+	const msgs = `"messages":[{"role":"user","content":"hi"}]`
+	plain := hf.Encode("<|user|>hi</s><|user|>")
+	withBOS := hf.EncodeAddSpecial("<|user|>hi</s><|user|>")
+	if slices.Equal(plain, withBOS) {
+		t.Fatal("the tiny tokenizer adds no special tokens")
+	}
+	for _, tc := range []struct {
+		body string
+		want []uint32
+	}{
+		{`"add_special_tokens":true,` + msgs, withBOS},
+		{`"add_special_tokens":true,"chat_template_kwargs":{"tokenize":true},` + msgs, plain},
+		{`"add_special_tokens":true,"chat_template_kwargs":{"tokenize":1,"padding":false,"max_length":2},` + msgs, plain},
+		{`"add_special_tokens":true,"chat_template_kwargs":{"tokenize":false},` + msgs, withBOS},
+		{`"add_special_tokens":true,"chat_template_kwargs":{"tokenize":"auto"},` + msgs, withBOS},
+		{`"chat_template_kwargs":{"tokenize":true},` + msgs, plain},
+	} {
+		body := `{"model":"m",` + tc.body + `}`
+		got, _, err := tokensOf(t, pc, openai.KindChat, body)
+		if err != nil {
+			t.Fatalf("%s: %v", body, err)
+		}
+		if !slices.Equal(got, tc.want) {
+			t.Errorf("%s: got %v, want %v", body, got, tc.want)
+		}
+		checkEngineTokens(t, pc, engineURL, openai.KindChat, body)
+	}
+	body := `{"model":"m","chat_template_kwargs":{"tokenize":true,"truncation":true,"max_length":2},` + msgs + `}`
+	if _, _, err := tokensOf(t, pc, openai.KindChat, body); !errors.Is(err, tokenizer.ErrEncodingKwargs) {
+		t.Errorf("%s: error %v, want %v", body, err, tokenizer.ErrEncodingKwargs)
+	}
+}

@@ -50,6 +50,27 @@ func TestChatRequestVars(t *testing.T) {
 			map[string]string{"x": `1`}, false, nil},
 		{"kwargs tokenize false", ChatRequest{Kwargs: map[string]json.RawMessage{"tokenize": json.RawMessage(`false`)}}, nil, false, nil},
 		{"kwargs messages null", ChatRequest{Kwargs: map[string]json.RawMessage{"messages": json.RawMessage(`null`)}}, nil, false, nil},
+		// transformers' apply_chat_template (src/transformers/
+		// tokenization_utils_base.py) names these parameters, which vLLM's
+		// resolve_chat_template_kwargs keeps (_get_hf_base_chat_template_params,
+		// vllm/renderers/hf.py) and safe_apply_chat_template passes as
+		// keyword arguments: they bind to the parameters, not to
+		// **kwargs, the template's variables.
+		{"kwargs apply_chat_template arguments", ChatRequest{Kwargs: map[string]json.RawMessage{"padding": json.RawMessage(`"max_length"`),
+			"truncation": json.RawMessage(`true`), "max_length": json.RawMessage(`8`), "return_tensors": json.RawMessage(`"np"`),
+			"return_dict": json.RawMessage(`true`), "return_assistant_tokens_mask": json.RawMessage(`false`),
+			"tokenizer_kwargs": json.RawMessage(`{"x": 1}`), "max_len": json.RawMessage(`2`)}},
+			map[string]string{"max_len": `2`}, false, nil},
+		// vLLM merges return_dict=False over the kwargs
+		// (ChatParams.get_apply_chat_template_kwargs, vllm/renderers/params.py)
+		// and transformers raises for return_assistant_tokens_mask without
+		// return_dict; Python's truth: 1 and "x" are true, 0 and "" not.
+		{"kwargs return_assistant_tokens_mask", ChatRequest{Kwargs: map[string]json.RawMessage{"return_assistant_tokens_mask": json.RawMessage(`true`)}}, nil, false, ErrAssistantTokensMask},
+		{"kwargs return_assistant_tokens_mask 1", ChatRequest{Kwargs: map[string]json.RawMessage{"return_assistant_tokens_mask": json.RawMessage(`1`)}}, nil, false, ErrAssistantTokensMask},
+		{"kwargs return_assistant_tokens_mask x", ChatRequest{Kwargs: map[string]json.RawMessage{"return_assistant_tokens_mask": json.RawMessage(`"x"`)}}, nil, false, ErrAssistantTokensMask},
+		{"kwargs return_assistant_tokens_mask 0", ChatRequest{Kwargs: map[string]json.RawMessage{"return_assistant_tokens_mask": json.RawMessage(`0`)}}, nil, false, nil},
+		{"kwargs return_assistant_tokens_mask empty", ChatRequest{Kwargs: map[string]json.RawMessage{"return_assistant_tokens_mask": json.RawMessage(`""`)}}, nil, false, nil},
+		{"kwargs return_assistant_tokens_mask auto", ChatRequest{Kwargs: map[string]json.RawMessage{"return_assistant_tokens_mask": json.RawMessage(`"auto"`)}}, nil, false, nil},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			opts := ChatOptions{ToolsAsGiven: true, JSONVars: map[string]json.RawMessage{"stale": nil}}
@@ -104,6 +125,8 @@ func FuzzChatRequestVars(f *testing.F) {
 	f.Add([]byte(`{"tools": null, "x": "auto", "y": 1, "add_generation_prompt": false}`), []byte(`[{"function": {"name": "f"}}]`), []byte(`[1]`))
 	f.Add([]byte(`{"tools": [], "documents": "auto", "chat_template": null}`), []byte(`null`), []byte(``))
 	f.Add([]byte(`{"messages": null, "conversation": "auto", "z": " \"auto\""}`), []byte(``), []byte(`null`))
+	f.Add([]byte(`{"tokenize": 1, "padding": "do_not_pad", "truncation": false, "tokenizer_kwargs": {}, "max_length": 3}`), []byte(``), []byte(``))
+	f.Add([]byte(`{"tokenize": "x", "return_tensors": "pt", "return_assistant_tokens_mask": [0]}`), []byte(``), []byte(``))
 	f.Fuzz(func(t *testing.T, kwargs, tools, documents []byte) {
 		var kw map[string]json.RawMessage
 		if json.Unmarshal(kwargs, &kw) != nil {
@@ -114,9 +137,16 @@ func FuzzChatRequestVars(f *testing.F) {
 		if err := req.Vars(&opts); err != nil {
 			return
 		}
+		self, encErr := req.TransformersEncodes()
+		if encErr != nil && !self {
+			t.Fatalf("TransformersEncodes: %v without tokenize", encErr)
+		}
+		if tok, ok := kw["tokenize"]; self != (ok && !jsonUnset(tok) && jsonTruthy(tok)) {
+			t.Fatalf("TransformersEncodes %v for tokenize %s", self, tok)
+		}
 		for k, v := range opts.JSONVars {
-			if k == "add_generation_prompt" || k == "continue_final_message" {
-				t.Fatalf("vars hold %s", k)
+			if applyChatTemplateArgs[k] {
+				t.Fatalf("vars hold %s, an argument of apply_chat_template", k)
 			}
 			if jsonUnset(v) && !(k == "tools" && !opts.ToolsAsGiven) && k != "documents" {
 				t.Fatalf("vars hold %s = %s, which vLLM unsets", k, v)
@@ -147,6 +177,62 @@ func TestChatRequestTokenizeNotAVariable(t *testing.T) {
 		got, err := tmpl.Render(nil, opts)
 		if err != nil || got != "False" {
 			t.Errorf("tokenize %s: got %q (%v), want %q", v, got, err, "False")
+		}
+	}
+}
+
+// TestChatRequestTransformersEncodes: chat_template_kwargs' tokenize, true
+// in Python's sense, has vLLM's transformers encode the rendering itself;
+// with encoding arguments that may change the ids it is not followed.
+func TestChatRequestTransformersEncodes(t *testing.T) {
+	for _, tc := range []struct {
+		kwargs string
+		want   bool
+		err    error
+	}{
+		{`{}`, false, nil},
+		{`{"tokenize": false}`, false, nil},
+		{`{"tokenize": null}`, false, nil},
+		{`{"tokenize": "auto"}`, false, nil}, // merge_kwargs unsets it
+		{`{"tokenize": 0}`, false, nil},
+		{`{"tokenize": ""}`, false, nil},
+		{`{"tokenize": true}`, true, nil},
+		{`{"tokenize": 1}`, true, nil},
+		{`{"tokenize": "no"}`, true, nil}, // a non-empty string is true
+		{`{"tokenize": true, "padding": false, "truncation": "do_not_truncate", "max_length": 4, "return_tensors": null, "tokenizer_kwargs": {}}`, true, nil},
+		{`{"tokenize": true, "padding": "do_not_pad", "truncation": false, "tokenizer_kwargs": null}`, true, nil},
+		{`{"tokenize": true, "truncation": true, "max_length": 4}`, true, ErrEncodingKwargs},
+		{`{"tokenize": true, "padding": "max_length", "max_length": 64}`, true, ErrEncodingKwargs},
+		{`{"tokenize": true, "padding": true}`, true, ErrEncodingKwargs},
+		{`{"tokenize": true, "return_tensors": "np"}`, true, ErrEncodingKwargs},
+		{`{"tokenize": true, "tokenizer_kwargs": {"add_special_tokens": true}}`, true, ErrEncodingKwargs},
+		{`{"tokenize": false, "truncation": true, "max_length": 4}`, false, nil}, // no encoding, no effect
+	} {
+		var kw map[string]json.RawMessage
+		if err := json.Unmarshal([]byte(tc.kwargs), &kw); err != nil {
+			t.Fatal(err)
+		}
+		req := ChatRequest{Kwargs: kw}
+		got, err := req.TransformersEncodes()
+		if got != tc.want || !errors.Is(err, tc.err) {
+			t.Errorf("%s: got %v, %v; want %v, %v", tc.kwargs, got, err, tc.want, tc.err)
+		}
+	}
+}
+
+// TestJSONTruthy: the truth of a JSON value as Python's bool(json.loads(x))
+// (python3 -c 'import json; print(bool(json.loads(x)))' for each x).
+func TestJSONTruthy(t *testing.T) {
+	for _, tc := range []struct {
+		raw  string
+		want bool
+	}{
+		{`true`, true}, {`false`, false}, {`null`, false}, {`0`, false}, {`0.0`, false}, {`-0.0`, false},
+		{`0e5`, false}, {`1e-400`, false}, {`1`, true}, {`""`, false}, {`"a"`, true}, {`[]`, false},
+		{`[0]`, true}, {`{}`, false}, {`{"a":0}`, true}, {` [ ] `, false},
+	} {
+		if got := jsonTruthy(json.RawMessage(tc.raw)); got != tc.want {
+			t.Errorf("jsonTruthy(%s) = %v, want %v", tc.raw, got, tc.want)
 		}
 	}
 }

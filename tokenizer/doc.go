@@ -110,9 +110,18 @@
 // values for keyword argument", a 400) is an error; kwargs the template
 // does not read, which vLLM drops (resolve_chat_template_kwargs), are
 // passed and unread, which renders the same. The kwargs' tokenize is no
-// template variable: vLLM passes it as transformers' tokenize argument.
-// (Its true, which has transformers encode the rendering itself, without
-// the request's add_special_tokens, is not followed by the encoding.) And a system message's
+// template variable: vLLM passes it as transformers' tokenize argument,
+// and neither are the other arguments of transformers'
+// apply_chat_template (padding, truncation, max_length, return_tensors,
+// return_dict, return_assistant_tokens_mask, tokenizer_kwargs), which
+// bind to its parameters; a true return_assistant_tokens_mask is
+// transformers' error with vLLM's return_dict=False
+// (ErrAssistantTokensMask). A true tokenize has transformers encode the
+// rendering itself, without special tokens whatever the request's
+// add_special_tokens says (ChatRequest.TransformersEncodes, which the
+// router's precise mode and the emulated engine follow; with padding,
+// truncation, return_tensors or tokenizer_kwargs that may change the ids
+// it is ErrEncodingKwargs). And a system message's
 // Claude Code billing header line (x-anthropic-billing-header, whose cch
 // changes with every request) is dropped, as vLLM drops it (the built-in
 // ChatML rendering, RenderChatML, keeps it, in the router and the emulator
