@@ -48,7 +48,7 @@ type ChatTemplate struct {
 // NewChatTemplate compiles a chat template; bos and eos are the values of the
 // bos_token and eos_token variables.
 func NewChatTemplate(source, bos, eos string) (*ChatTemplate, error) {
-	src := jinjaTrimGuard(source)
+	src := jinjaTrimGuard(pyFilterBlocks(source))
 	withMethods := pyMethods(src)
 	methods := withMethods != src
 	out := pyFilters(withMethods)

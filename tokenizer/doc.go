@@ -61,7 +61,11 @@
 // object with an indent, where that engine's sorts the keys; str.strip,
 // which strips U+001C to U+001F as white space, where that engine's trim
 // keeps them; jinja2's own title, which starts a word only after white
-// space, '-', '(', '{', '[' or '<'), and so are the string methods strip,
+// space, '-', '(', '{', '[' or '<'), and so are the filters of {% filter %}
+// blocks, which that engine applies only by its own table's name
+// (pyFilterBlocks rewrites a block as a block set and a {{ }} of it
+// through the filter, which jinja2 renders alike; an assignment in the
+// body still leaks out of it there), and so are the string methods strip,
 // lstrip, rstrip, split, title, capitalize, upper, lower and swapcase
 // (pymethods.go: that engine's strip without arguments keeps U+001C to
 // U+001F, its lstrip and rstrip strip only space, tab, CR and LF, its

@@ -505,3 +505,116 @@ func appendPyString(dst []byte, s string, ascii bool) []byte {
 	}
 	return append(dst, '"')
 }
+
+// filterBlockPrefix starts the names of the variables pyFilterBlocks
+// captures a filter block's body in.
+const filterBlockPrefix = "kvroute_fb_"
+
+// pyFilterBlocks returns src with each {% filter F %}body{% endfilter %}
+// block rewritten, as jinja2 renders it alike, as a block assignment and
+// a print of its value through F:
+//
+//	{%A set kvroute_fb_N B%}body{%C endset %}{{ kvroute_fb_N|F }}{# D#}
+//
+// where A, B, C and D are the filter and endfilter tags' whitespace
+// control markers ("-", "+" or none; the comment, a block tag with the
+// endfilter's right marker, removes what that tag's right side removed:
+// the newline trim_blocks takes, or all white space for "-"). The Go
+// engine applies only a filter its own table knows, by name, to a filter
+// block (upper, not the Python-exact filter pyFilters renames |upper to,
+// and a filter with arguments or a chain not at all: it writes the body
+// as it is), where a filter in {{ }} may be any; its filters are then
+// pyFilters' as in any expression. In jinja2 both a filter block's body
+// and a block set's are rendered in an inner frame, whose assignments stay
+// inside, and give the filter the same string; the Go engine's block set,
+// as its filter block, lets an assignment in the body out (a {% set %} in
+// a filter block changes the variable after it, which jinja2's does not).
+// Unmatched tags, a filter tag whose expression does not start with a
+// name, and templates with {% raw %} are left as they are.
+func pyFilterBlocks(src string) string {
+	if !strings.Contains(src, "endfilter") || rawTagRE.MatchString(src) {
+		return src
+	}
+	type tag struct {
+		start, end  int
+		left, right string // whitespace control markers
+		expr        string // a filter tag's filter expression; "" for an endfilter
+		pair        int    // the index of the matching tag; -1 for none
+	}
+	var tags []tag
+	var open []int // the indexes in tags of the filter tags open, innermost last
+	for at := 0; ; {
+		start := indexTagOpen(src, at)
+		if start < 0 {
+			break
+		}
+		end := tagEnd(src, start)
+		if end < 0 {
+			break
+		}
+		at = end
+		if src[start+1] != '%' {
+			continue
+		}
+		left, word, rest, right := splitStatement(src[start+2 : end-2])
+		rest = strings.TrimSpace(rest)
+		switch {
+		case word == "filter":
+			if rest == "" || !(rest[0] == '_' || 'a' <= rest[0]|0x20 && rest[0]|0x20 <= 'z') {
+				rest = "" // not rewritten, but it pairs with an endfilter
+			}
+			open = append(open, len(tags))
+			tags = append(tags, tag{start, end, left, right, rest, -1})
+		case word == "endfilter" && len(open) > 0:
+			o := open[len(open)-1]
+			open = open[:len(open)-1]
+			if tags[o].expr == "" || strings.TrimSpace(rest) != "" {
+				continue
+			}
+			tags[o].pair = len(tags)
+			tags = append(tags, tag{start, end, left, right, "", o})
+		}
+	}
+	var b strings.Builder
+	i := 0 // src[:i] is written
+	n := 0
+	names := make(map[int]string) // a filter tag's variable, by its index
+	for k, t := range tags {
+		if t.pair < 0 {
+			continue
+		}
+		b.WriteString(src[i:t.start])
+		i = t.end
+		if t.expr != "" {
+			name := filterBlockPrefix + strconv.Itoa(n)
+			n++
+			names[k] = name
+			b.WriteString("{%" + t.left + " set " + name + " " + t.right + "%}")
+			continue
+		}
+		b.WriteString("{%" + t.left + " endset %}{{ " + names[t.pair] + "|" + tags[t.pair].expr + " }}{# " + t.right + "#}")
+	}
+	if i == 0 {
+		return src
+	}
+	b.WriteString(src[i:])
+	return b.String()
+}
+
+// splitStatement splits a statement tag's text s (between "{%" and "%}")
+// into its whitespace control markers left and right ("-", "+" or ""),
+// its first word and the rest.
+func splitStatement(s string) (left, word, rest, right string) {
+	if s != "" && (s[0] == '-' || s[0] == '+') {
+		left, s = s[:1], s[1:]
+	}
+	if n := len(s); n > 0 && (s[n-1] == '-' || s[n-1] == '+') {
+		right, s = s[n-1:], s[:n-1]
+	}
+	s = strings.TrimLeft(s, " \t\r\n")
+	e := 0
+	for e < len(s) && isIdentByte(s[e]) {
+		e++
+	}
+	return left, s[:e], s[e:], right
+}

@@ -197,3 +197,70 @@ func TestToolCallArgumentsOutOfRange(t *testing.T) {
 		t.Errorf("got  %q (%v)\nwant %q", got, err, want)
 	}
 }
+
+// TestFilterBlocksMatchJinja2: {% filter %} blocks apply the same
+// Python-exact filters as | does (pyFilterBlocks), with arguments and
+// chains, nested and in loops, with jinja2's whitespace control. The
+// expected renderings are jinja2 3.1.6's, in transformers'
+// environment (ImmutableSandboxedEnvironment, trim_blocks, lstrip_blocks,
+// tojson as json.dumps(ensure_ascii=False)), rendered with x = 'a"b<é'.
+func TestFilterBlocksMatchJinja2(t *testing.T) {
+	for _, tc := range []struct{ src, want string }{
+		{"{% filter upper %}ß and straße{% endfilter %}", "SS AND STRASSE"},
+		{"{% filter title %}they're x-ray{% endfilter %}", "They're X-Ray"},
+		{"{% filter capitalize %}ǆa ÉCOLE{% endfilter %}", "ǅa école"},
+		{"{% filter lower %}ΌΣΟΣ{% endfilter %}", "όσος"},
+		{"[{% filter trim %}\x1c hi \x1f{% endfilter %}]", "[hi]"},
+		{"{% filter tojson %}{{ x }}{% endfilter %}", "\"a\\\"b<é\""},
+		{"{% filter upper|trim %}  ab\x1c  {% endfilter %}", "AB"},
+		{"{% filter replace('a', 'b') %}aaa{% endfilter %}", "bbb"},
+		{"a\n{% filter upper %}\nx\n{% endfilter %}\nb", "a\nX\nb"},
+		{"a\n  {%- filter upper -%}\n  x\n  {%- endfilter -%}\n  b", "aXb"},
+		{"a\n  {% filter upper %}\n  x\n  {% endfilter %}\n  b\n", "a\n  X\n  b"},
+		{"a {% filter upper -%}  x  {%- endfilter %} b", "a X b"},
+		{"{% filter upper %}a{% filter lower %}B{% endfilter %}c{% endfilter %}", "ABC"},
+		{"{% for m in ['a', 'b'] %}\n{% filter upper %}\n{{ m }}\n{% endfilter %}\n{% endfor %}", "A\nB\n"},
+		{"{% filter indent(2) %}a\nb{% endfilter %}", "a\n  b"},
+		{"{%- if true %}\n{% filter upper %}{{ 'x' }}{% endfilter %}\n{% endif %}\nz", "Xz"},
+		{"{% filter upper %}{% endfilter %}|{% filter lower %}{{ 'Q' }}\n{% endfilter %}|", "|q\n|"},
+	} {
+		tmpl, err := NewChatTemplate(tc.src, "", "")
+		if err != nil {
+			t.Errorf("%q: %v", tc.src, err)
+			continue
+		}
+		got, err := tmpl.Render(nil, ChatOptions{Vars: map[string]any{"x": `a"b<é`}})
+		if err != nil || got != tc.want {
+			t.Errorf("%q: got %q (%v), want %q", tc.src, got, err, tc.want)
+		}
+	}
+}
+
+// FuzzPyFilterBlocks checks that rewriting filter blocks never breaks a
+// template that compiles, leaves one without an endfilter alone, and is
+// idempotent (no filter block is left to rewrite).
+func FuzzPyFilterBlocks(f *testing.F) {
+	for _, s := range []string{
+		"{% filter upper %}x{% endfilter %}", "{%- filter upper|trim -%}\n x {%- endfilter -%}\n", "{% filter indent(2) %}a\nb{% endfilter %}",
+		"{% filter upper %}{% filter lower %}X{% endfilter %}{% endfilter %}", "{% filter upper %}x", "x{% endfilter %}",
+		"{% filter 'a' %}x{% endfilter %}", "{{ '{% filter upper %}' }}{% endfilter %}", "{% raw %}{% filter upper %}x{% endfilter %}{% endraw %}",
+		"{% for m in messages %}{% filter tojson %}{{ m }}{% endfilter %}{% endfor %}", "{% filter upper +%}\nx\n{%+ endfilter +%}\ny",
+		"{# {% filter upper %} #}{% endfilter %}", "{%filter upper%}x{%endfilter%}",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, src string) {
+		out := pyFilterBlocks(src)
+		if !strings.Contains(src, "endfilter") && out != src {
+			t.Fatalf("pyFilterBlocks(%q) = %q, changed a template without an endfilter", src, out)
+		}
+		if again := pyFilterBlocks(out); again != out {
+			t.Fatalf("pyFilterBlocks(%q) = %q, then %q", src, out, again)
+		}
+		if _, err := jinja.Compile(src); err == nil {
+			if _, err := jinja.Compile(out); err != nil {
+				t.Fatalf("pyFilterBlocks(%q) = %q, which does not compile: %v", src, out, err)
+			}
+		}
+	})
+}
