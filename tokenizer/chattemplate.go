@@ -43,6 +43,9 @@ type ChatTemplate struct {
 	// caseFilters: the template uses the case filters pyFilters renamed,
 	// which each render passes (caseFilterVars).
 	caseFilters bool
+	// tests: the template has tests pyTests rewrote as filters, which each
+	// render passes (pyTestVars).
+	tests bool
 }
 
 // NewChatTemplate compiles a chat template; bos and eos are the values of the
@@ -50,19 +53,24 @@ type ChatTemplate struct {
 func NewChatTemplate(source, bos, eos string) (*ChatTemplate, error) {
 	src := jinjaTrimGuard(pyFilterBlocks(source))
 	withMethods := pyMethods(src)
-	methods := withMethods != src
-	out := pyFilters(withMethods)
-	t, err := jinja.Compile(out)
-	if err != nil && methods {
-		// the Go engine's string methods rather than none
-		methods = false
-		out = pyFilters(src)
-		t, err = jinja.Compile(out)
+	// The rewrites, each left out in turn when the Go engine cannot
+	// compile what they make: its own string methods or tests rather than
+	// none.
+	var t *jinja.Template
+	var out string
+	var err error
+	var methods, tests bool
+	for _, try := range [][2]string{{pyTests(withMethods), withMethods}, {withMethods, withMethods}, {pyTests(src), src}, {src, src}} {
+		out = pyFilters(try[0])
+		if t, err = jinja.Compile(out); err == nil {
+			methods, tests = try[1] != src, try[0] != try[1]
+			break
+		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: chat template: %w", err)
 	}
-	return &ChatTemplate{tmpl: t, bos: bos, eos: eos, stringContent: stringContent(source), methods: methods,
+	return &ChatTemplate{tmpl: t, bos: bos, eos: eos, stringContent: stringContent(source), methods: methods, tests: tests,
 		caseFilters: strings.Contains(out, caseFilterPrefix)}, nil
 }
 
@@ -224,6 +232,11 @@ func (c *ChatTemplate) render(messages jinja.Value, opts ChatOptions) (string, e
 	data[trimName] = pyTrim
 	if c.methods {
 		for k, v := range pyMethodVars { // the string methods of pymethods.go
+			data[k] = v
+		}
+	}
+	if c.tests {
+		for k, v := range pyTestVars { // jinja2's tests (pytests.go)
 			data[k] = v
 		}
 	}

@@ -9,7 +9,8 @@ import (
 // fuzzTemplates are chat templates of the shapes real models ship: ChatML
 // (Qwen), Llama 3's header form with a system-message split and trim, and
 // one that walks tool calls and dumps them with tojson, and one that
-// calls Python's string methods (pymethods.go). Clients choose the
+// calls Python's string methods (pymethods.go), and one with jinja2's
+// tests and a filter block (pytests.go, pyFilterBlocks). Clients choose the
 // messages, so rendering them must fail cleanly or succeed, never panic.
 var fuzzTemplates = []string{
 	"{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}" +
@@ -29,6 +30,9 @@ var fuzzTemplates = []string{
 		"{% for m in messages %}{{ m | tojson(indent='  ') }}{% endfor %}",
 	"{% for m in messages %}{{ m.role.capitalize() }}{{ m.content.strip() }}{{ m.content.rstrip('\n').lstrip() }}" +
 		"{{ m.content.split(none, 1) | tojson }}{{ m.content.split('</think>')[-1].title() }}{% endfor %}",
+	"{% for m in messages %}{% if m.content is string and m.content is not upper %}{%- filter upper|trim %} {{ m.content }}\n{% endfilter %}" +
+		"{% elif m.content is sequence %}{{ m.content | length is divisibleby 2 }}{% endif %}{{ m.role is in ['user', 'assistant'] }}" +
+		"{{ m.tool_calls is defined and m.tool_calls | length is gt 0 }}{% endfor %}",
 }
 
 // FuzzRenderJSON renders client-chosen messages (and a tools variable)

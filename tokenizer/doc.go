@@ -65,7 +65,14 @@
 // blocks, which that engine applies only by its own table's name
 // (pyFilterBlocks rewrites a block as a block set and a {{ }} of it
 // through the filter, which jinja2 renders alike; an assignment in the
-// body still leaks out of it there), and so are the string methods strip,
+// body still leaks out of it there), and so are jinja2's tests
+// (pytests.go: "123" is upper and lower for that engine, neither in
+// Python; a boolean is a number, a string or dict a sequence; eq, in and
+// the comparisons are Python's ==, in and <, where that engine's compare
+// kinds strictly and order through floats; odd and divisibleby use
+// Python's %; a bare argument, "is divisibleby 3", which that engine does
+// not parse; a test is rewritten as a filter of its operand, which binds
+// it as jinja2 does), and so are the string methods strip,
 // lstrip, rstrip, split, title, capitalize, upper, lower and swapcase
 // (pymethods.go: that engine's strip without arguments keeps U+001C to
 // U+001F, its lstrip and rstrip strip only space, tab, CR and LF, its
