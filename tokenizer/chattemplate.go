@@ -6,7 +6,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"reflect"
+	"slices"
 	"strconv"
 	"strings"
 	"time"
@@ -37,15 +39,30 @@ type ChatTemplate struct {
 	// toolUseErr is the error compiling it. Both nil when there is none.
 	toolUse    *ChatTemplate
 	toolUseErr error
-	// methods: the template calls string methods pyMethods rewrote as
-	// filters, which each render passes (pyMethodVars).
-	methods bool
-	// caseFilters: the template uses the case filters pyFilters renamed,
-	// which each render passes (caseFilterVars).
-	caseFilters bool
-	// tests: the template has tests pyTests rewrote as filters, which each
-	// render passes (pyTestVars).
-	tests bool
+	// filters are the Python-exact filters the compiled template calls,
+	// which each render passes: the string methods pyMethods rewrote
+	// (pyMethodVars), the tests pyTests rewrote (pyTestVars) and the case
+	// filters pyFilters renamed (caseFilterVars), only those whose names
+	// the rewritten source has (a template with tests uses a few of
+	// jinja2's ~90 test filters).
+	filters []namedFilter
+}
+
+// namedFilter is a filter a render passes as a variable.
+type namedFilter struct {
+	name string
+	f    jinja.Value
+}
+
+// usedFilters appends to dst the filters of vars whose names src has, in
+// name order.
+func usedFilters(dst []namedFilter, src string, vars map[string]jinja.Value) []namedFilter {
+	for _, k := range slices.Sorted(maps.Keys(vars)) {
+		if strings.Contains(src, k) {
+			dst = append(dst, namedFilter{k, vars[k]})
+		}
+	}
+	return dst
 }
 
 // NewChatTemplate compiles a chat template; bos and eos are the values of the
@@ -70,8 +87,17 @@ func NewChatTemplate(source, bos, eos string) (*ChatTemplate, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: chat template: %w", err)
 	}
-	return &ChatTemplate{tmpl: t, bos: bos, eos: eos, stringContent: stringContent(source), methods: methods, tests: tests,
-		caseFilters: strings.Contains(out, caseFilterPrefix)}, nil
+	var filters []namedFilter
+	if methods {
+		filters = usedFilters(filters, out, pyMethodVars)
+	}
+	if tests {
+		filters = usedFilters(filters, out, pyTestVars)
+	}
+	if strings.Contains(out, caseFilterPrefix) {
+		filters = usedFilters(filters, out, caseFilterVars)
+	}
+	return &ChatTemplate{tmpl: t, bos: bos, eos: eos, stringContent: stringContent(source), filters: filters}, nil
 }
 
 // ChatOptions are the optional inputs of a chat template rendering.
@@ -230,20 +256,8 @@ func (c *ChatTemplate) render(messages jinja.Value, opts ChatOptions) (string, e
 	data[tojsonName] = pyToJSON // the template's tojson, string and trim filters (pyfilters.go)
 	data[stringName] = pyString
 	data[trimName] = pyTrim
-	if c.methods {
-		for k, v := range pyMethodVars { // the string methods of pymethods.go
-			data[k] = v
-		}
-	}
-	if c.tests {
-		for k, v := range pyTestVars { // jinja2's tests (pytests.go)
-			data[k] = v
-		}
-	}
-	if c.caseFilters {
-		for k, v := range caseFilterVars { // upper, lower, capitalize and title (pyfilters.go)
-			data[k] = v
-		}
+	for _, f := range c.filters { // string methods, tests, case filters
+		data[f.name] = f.f
 	}
 	out, err := c.tmpl.RenderValues(data)
 	if err != nil {
