@@ -661,7 +661,7 @@ func (x *exchange) runSGLang(pf *router.Flight, plan *Plan) bool {
 	host, port := bootstrapAddr(plan.Prefill, h.cfg.BootstrapPort)
 	body, err := sglangBody(x.body, host, port, rankRoom(h.cfg.Room(), plan.Prefill), uint64(max(plan.Prefill.DataParallelSize, 1)))
 	if err == nil && x.req.Adapter != "" {
-		body, err = sglangAdapter(body, x.req.Adapter)
+		body, err = sglangAdapter(body, x.req.Model, x.req.Adapter)
 	}
 	if err != nil {
 		x.writeError(kvroute.Errorf(http.StatusBadRequest, kvroute.TypeInvalidRequest, "invalid_body", "", "%v", err))

@@ -10,6 +10,7 @@ import (
 	"strings"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/openai"
 )
 
 // ReservedFields are the request fields that steer a P/D handoff or name an
@@ -44,21 +45,9 @@ var ForwardHeaders = []string{"Authorization", "Accept", "Traceparent", "Tracest
 // logs it and never lets the decode engine recompute silently.
 var ErrMissingKVParams = errors.New("disagg: prefill reply has no kv_transfer_params")
 
-// decodeObject parses a JSON object's top level.
-func decodeObject(body []byte) (map[string]json.RawMessage, error) {
-	var m map[string]json.RawMessage
-	d := json.NewDecoder(bytes.NewReader(body))
-	if err := d.Decode(&m); err != nil {
-		return nil, fmt.Errorf("request body is not a JSON object: %w", err)
-	}
-	if m == nil {
-		return nil, errors.New("request body is not a JSON object")
-	}
-	if d.More() {
-		return nil, errors.New("request body has data after the JSON object")
-	}
-	return m, nil
-}
+// decodeObject parses a JSON object's top level (openai.DecodeObject, the
+// one body rewriter the proxy's paths share).
+func decodeObject(body []byte) (map[string]json.RawMessage, error) { return openai.DecodeObject(body) }
 
 // CheckClientRequest rejects a client request that tries to steer the
 // handoff: a reserved body field (ReservedFields) or an endpoint-naming
@@ -224,19 +213,19 @@ func sglangBody(body []byte, host string, port int, room, stride uint64) ([]byte
 }
 
 // sglangAdapter names adapter, the LoRA adapter the request was routed
-// for (kvroute.Request.Adapter), in an SGLang leg's body as SGLang reads
-// one: lora_path (a batch's items all take a single name). An SGLang
-// engine does not read "model" naming an adapter alone, vLLM's form: it
-// would run the base model on an engine picked for the adapter, under the
-// adapter's block keys. The client's own lora_path, if any, is replaced.
-func sglangAdapter(body []byte, adapter string) ([]byte, error) {
-	m, err := decodeObject(body)
+// for (kvroute.Request.Adapter) of base model base, in an SGLang leg's
+// body as SGLang reads one: lora_path (a batch's items all take a single
+// name), the client's own replaced, and a "model" with a colon that SGLang
+// would read as "<base>:<adapter>" replaced by base (openai.NameAdapter).
+// An SGLang engine does not read "model" naming an adapter alone, vLLM's
+// form: it would run the base model on an engine picked for the adapter,
+// under the adapter's block keys.
+func sglangAdapter(body []byte, base, adapter string) ([]byte, error) {
+	b, err := openai.NameAdapter(body, openai.AdapterSGLang, base, adapter)
 	if err != nil {
 		return nil, fmt.Errorf("disagg: sglang body: %w", err)
 	}
-	a, _ := json.Marshal(adapter)
-	m["lora_path"] = a
-	return encodeObject(m)
+	return b, nil
 }
 
 // MaxSGLangBatch bounds the items of one request on an SGLang P/D pool
@@ -265,14 +254,5 @@ func sglangBatch(m map[string]json.RawMessage) (int, bool) {
 	return 1, false
 }
 
-// encodeObject writes m as JSON without HTML escaping (the engines read
-// the same strings the client sent).
-func encodeObject(m map[string]json.RawMessage) ([]byte, error) {
-	var b bytes.Buffer
-	e := json.NewEncoder(&b)
-	e.SetEscapeHTML(false)
-	if err := e.Encode(m); err != nil {
-		return nil, err
-	}
-	return bytes.TrimRight(b.Bytes(), "\n"), nil
-}
+// encodeObject writes m as JSON (openai.EncodeObject).
+func encodeObject(m map[string]json.RawMessage) ([]byte, error) { return openai.EncodeObject(m) }

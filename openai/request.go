@@ -61,6 +61,13 @@ type RequestInfo struct {
 	// Options.SessionField: a string's value, or the JSON text of a number,
 	// boolean, object or array; "" when absent or null.
 	SessionValue string
+	// LoRAPath is the LoRA adapter "lora_path" names, SGLang's field
+	// (see AdapterRead): a string's value; for a list (a batch's, one name
+	// per item) the name every item gives; "" when absent, null, an empty
+	// string or a list of none. A list whose items name different adapters
+	// (or some an adapter and some none), or a value of another type, is a
+	// 400: the router routes a request for one adapter.
+	LoRAPath string
 
 	// mediaBytes is how much of Prompt is the JSON of content parts that
 	// are not text, and mediaParts how many they are.
@@ -312,6 +319,12 @@ func (p *parser) known(key []byte) error {
 			return err
 		}
 		p.ri.CacheSalt = v
+	case "lora_path":
+		v, err := p.loraPath()
+		if err != nil {
+			return err
+		}
+		p.ri.LoRAPath = v
 	case "prompt":
 		if p.kind != KindCompletion {
 			return s.skip(0)
@@ -335,6 +348,60 @@ func (p *parser) known(key []byte) error {
 		return s.skip(0)
 	}
 	return nil
+}
+
+// loraPath reads "lora_path" (see RequestInfo.LoRAPath): a string, null,
+// or a list of them that all name one adapter.
+func (p *parser) loraPath() (string, error) {
+	const param = "lora_path"
+	s := &p.s
+	if s.peek() != '[' {
+		if c := s.peek(); c != '"' && c != 'n' {
+			return "", p.wrongType(param, "a string, null or a list of strings")
+		}
+		return p.stringOrNull(param)
+	}
+	s.i++
+	s.ws()
+	if s.peek() == ']' {
+		s.i++
+		return "", nil
+	}
+	var name string
+	for i := 0; ; i++ {
+		s.ws()
+		if c := s.peek(); c != '"' && c != 'n' {
+			return "", p.wrongType(param, "a string, null or a list of strings")
+		}
+		v, err := p.stringOrNull(param)
+		if err != nil {
+			return "", err
+		}
+		switch {
+		case i == 0:
+			name = v
+		case v != name:
+			return "", invalid(param, "mixed_adapters", "%q names more than one LoRA adapter for the items of a batch "+
+				"(%s and %s): the router routes a request to engines serving its one adapter; send one request per adapter",
+				param, adapterOrBase(name), adapterOrBase(v))
+		}
+		more, err := s.more(']')
+		if err != nil {
+			return "", err
+		}
+		if !more {
+			return name, nil
+		}
+	}
+}
+
+// adapterOrBase names a LoRA adapter in an error message; "" is the base
+// model.
+func adapterOrBase(name string) string {
+	if name == "" {
+		return "the base model (null)"
+	}
+	return strconv.Quote(name)
 }
 
 // stringOrNull reads the string member param: its value, or "" for null.

@@ -223,6 +223,29 @@ func reference(kind Kind, body []byte) (RequestInfo, bool) {
 	if ri.User, ok = str("user"); !ok {
 		return RequestInfo{}, false
 	}
+	if raw, has := top["lora_path"]; has { // a string, null, or a list of them naming one adapter
+		var v any
+		_ = json.Unmarshal(raw, &v)
+		switch v := v.(type) {
+		case nil:
+		case string:
+			ri.LoRAPath = v
+		case []any:
+			for i, item := range v {
+				name, ok := item.(string)
+				if item != nil && !ok {
+					return RequestInfo{}, false
+				}
+				if i == 0 {
+					ri.LoRAPath = name
+				} else if name != ri.LoRAPath {
+					return RequestInfo{}, false
+				}
+			}
+		default:
+			return RequestInfo{}, false
+		}
+	}
 	if raw, has := top["cache_salt"]; has { // a string, else nothing (left to the engine)
 		_ = json.Unmarshal(raw, &ri.CacheSalt)
 	}
@@ -402,6 +425,14 @@ func FuzzParseRequest(f *testing.F) {
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"image_url","image_url":{"url":"x"}}, {"type":"text","text":"a","text":null}]}]}`,
 		`{"model":"m","messages":[{"role":"user","content":[{"type":"input_text","text":"a"},{"type":"text","text":""},{"type":"refusal","refusal":null},{"thinking":"b","type":"thinking"}]}]}`,
 		`{"model":"m","messages":[{"role":"user","content":["a","",{"type":"text","text":"b"},"\u00e9"]}]}`,
+		`{"model":"m:a","prompt":"p","lora_path":"a"}`,
+		`{"model":"m","prompt":["p","q"],"lora_path":["a","\u0061"]}`,
+		`{"model":"m","prompt":["p","q"],"lora_path":[null,""]}`,
+		`{"model":"m","prompt":["p","q"],"lora_path":["a",null]}`,
+		`{"model":"m","prompt":"p","lora_path":[]}`,
+		`{"model":"m","prompt":"p","lora_path":{"a":1}}`,
+		`{"model":"m","prompt":"p","lora_path":["a",[]]}`,
+		`{"model":"m","prompt":"p","lora_path":"a","lora_path":null}`,
 	}
 	for _, s := range seeds {
 		f.Add(uint8(0), []byte(s))
