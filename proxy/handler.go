@@ -29,7 +29,10 @@ type exchange struct {
 	pool        *pool
 	ctx         context.Context
 	req         *kvroute.Request
-	body        []byte
+	body        []byte        // as the client sent it
+	naming      adapterNaming // how body names the adapter; body in other engines' forms
+	sent        []byte        // the current attempt's body: body, or body rewritten by naming
+	sentNamed   bool          // the last attempt sent a body rewritten by naming
 	maxAttempts int
 	attempt     int
 	tried       []string
@@ -89,17 +92,12 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 		p.reject(w, r, start, "", err)
 		return
 	}
-	pl, adapter := p.pools[ri.Model], ""
-	if pl == nil {
-		// A LoRA adapter is routed in its base model's pool.
-		if pl = p.adapterPool(ri.Model); pl != nil {
-			adapter = ri.Model
-		}
-	}
-	if pl == nil {
+	// A LoRA adapter is routed in its base model's pool, whichever form
+	// (vLLM's or SGLang's) its client named it in.
+	pl, adapter, err := p.resolveModel(&ri)
+	if err != nil {
 		promptBuffers.put(prompt)
-		p.reject(w, r, start, "", kvroute.Errorf(http.StatusNotFound, kvroute.TypeNotFound, "model_not_found", "model",
-			"The model `%s` does not exist.", ri.Model))
+		p.reject(w, r, start, "", err)
 		return
 	}
 	if pl.disc != nil { // its discovery could not start: say so, not "none ready yet"
@@ -136,7 +134,17 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 			req.SessionKey = s
 		}
 	}
+	naming := newAdapterNaming(&ri, req)
 	if pl.pd != nil {
+		// The legs' bodies in the form the pool's engines read: vLLM's
+		// here; the handoff names an SGLang leg's adapter itself, in
+		// lora_path (disagg).
+		if pl.pdAdapterForm() == openai.AdapterVLLM {
+			if body, _, err = naming.bodyFor(openai.AdapterVLLM, body, req); err != nil {
+				p.reject(w, r, start, pl.model, namingError(err))
+				return
+			}
+		}
 		// Serve returns once every leg of the request has ended (so the
 		// routing ID, released on return, is free), but prompt is not
 		// recycled: the planner may keep the request past Serve (a pin
@@ -147,7 +155,7 @@ func (p *Proxy) serveInference(w http.ResponseWriter, r *http.Request, kind open
 	// req.Prompt aliases prompt's storage; nothing keeps it past Done (the
 	// pickers that store text, like sglang's tree, copy it).
 	defer promptBuffers.put(prompt)
-	x := &exchange{p: p, pool: pl, req: req, body: body, maxAttempts: p.cfg.Retry.Attempts, m: p.metrics.pools[pl.model]}
+	x := &exchange{p: p, pool: pl, req: req, body: body, naming: naming, maxAttempts: p.cfg.Retry.Attempts, m: p.metrics.pools[pl.model]}
 	// Sized for the attempts the pool can take: retry.attempts may be any
 	// number ("every endpoint"), and sized by it alone a large one took the
 	// process down (runtime: out of memory).
@@ -214,7 +222,25 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 	if x.up == nil {
 		return x.gone(w, f)
 	}
-	out.Body = io.NopCloser(bytes.NewReader(x.body))
+	body, named := x.body, false
+	var err error
+	if x.naming.stale != 0 { // (else every engine reads the body as sent: no lookup)
+		body, named, err = x.naming.bodyFor(x.pool.adapterForm(x.up), x.body, x.req)
+	}
+	if err != nil {
+		x.pool.router.Done(p.now(), f, kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, Failed: true})
+		x.writeError(w, namingError(err))
+		return false
+	}
+	if named || x.sentNamed {
+		// The engine reads the adapter in another form than the
+		// client's: this attempt sends the body rewritten for it.
+		out.ContentLength = int64(len(body))
+		out.GetBody = func() (io.ReadCloser, error) { return io.NopCloser(bytes.NewReader(body)), nil }
+		x.sentNamed = named
+	}
+	x.sent = body
+	out.Body = io.NopCloser(bytes.NewReader(body))
 	x.tail.Reset()
 	x.mark = errorMarker{ResponseWriter: w, x: x}
 	x.tw = tailWriter{ResponseWriter: &x.mark, tail: &x.tail}

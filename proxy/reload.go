@@ -9,6 +9,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/openai"
 )
 
 // This file changes the pools' endpoints while the proxy serves: Reload
@@ -25,13 +26,16 @@ type endpointSet struct {
 	model *config.Model
 	eps   []kvroute.Endpoint        // the router's endpoints (KVEndpoints: data-parallel ranks expanded)
 	byID  map[string]*endpointProxy // by endpoint ID
+	// forms is the adapter form of each endpoint whose signals.flavor
+	// names its engine, by endpoint ID (configuredForms); nil for none.
+	forms map[string]openai.AdapterForm
 }
 
 // newEndpointSet builds the set of m's endpoints eps (m.KVEndpoints()).
 // An endpoint of old that is unchanged keeps its reverse proxy. Errors
 // name the config field below the model.
 func (p *Proxy) newEndpointSet(pl *pool, m *config.Model, eps []kvroute.Endpoint, old *endpointSet) (*endpointSet, error) {
-	s := &endpointSet{model: m, eps: eps, byID: make(map[string]*endpointProxy, len(eps))}
+	s := &endpointSet{model: m, eps: eps, byID: make(map[string]*endpointProxy, len(eps)), forms: configuredForms(m)}
 	for j := range eps {
 		ep := &eps[j]
 		if old != nil {
@@ -412,6 +416,13 @@ func (p *Proxy) apply(pc planned, source string) error {
 	both := &endpointSet{model: pc.set.model, eps: pc.set.eps, byID: make(map[string]*endpointProxy, len(cur.byID)+len(pc.set.byID))}
 	maps.Copy(both.byID, cur.byID)
 	maps.Copy(both.byID, pc.set.byID)
+	if cur.forms != nil || pc.set.forms != nil {
+		both.forms = maps.Clone(cur.forms)
+		if both.forms == nil {
+			both.forms = make(map[string]openai.AdapterForm, len(pc.set.forms))
+		}
+		maps.Copy(both.forms, pc.set.forms)
+	}
 	pl.set.Store(both) // a request routed just before the change finds its endpoint
 	if err := pl.router.SetEndpoints(p.now(), pc.set.eps, pl.preciseIDs(pc.model)); err != nil {
 		pl.set.Store(cur)

@@ -153,7 +153,7 @@ func (p *Proxy) newEndpointProxy(pl *pool, ep *kvroute.Endpoint) (*endpointProxy
 				// alone and copies the body through a fresh buffer. The
 				// body is in memory: say so, and headers and prompt go
 				// out in one write.
-				pr.Out.Body = io.NopCloser(bytes.NewReader(x.body))
+				pr.Out.Body = io.NopCloser(bytes.NewReader(x.sent))
 			}
 		},
 		Transport: p.transport,

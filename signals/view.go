@@ -243,6 +243,15 @@ func (v *View) ResetSignals() {
 	v.hits = v.hits[:0]
 }
 
+// Flavor is the metrics flavour of the last observation: the engine's
+// kind as its last scrape told it ("" before any, and after
+// ResetSignals).
+func (v *View) Flavor() Flavor {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.last.Flavor
+}
+
 // ObserveError records a failed scrape at now. The last good signals keep
 // aging; after MaxConsecutiveErrors failures in a row they are reported
 // stale even if young.

@@ -1,0 +1,195 @@
+package proxy
+
+import (
+	"fmt"
+	"net/http"
+
+	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/signals"
+)
+
+// This file maps the forms a client names a LoRA adapter in to the pool
+// and kvroute.Request.Adapter, and forwards a request in the form the
+// chosen engine reads (openai.AdapterForm). A client may name an adapter
+// as vLLM reads it ("model": "<adapter>") or as SGLang does ("model":
+// "<base>:<adapter>", or "lora_path": "<adapter>" with the base model);
+// routing is the same whichever form it used.
+
+// resolveModel returns the pool of a request whose body has model and
+// lora_path as in ri, and the LoRA adapter it names ("" for the base
+// model), in this order:
+//
+//   - "model" is a served model: its pool;
+//   - "model" is an adapter (config models[].adapters, vLLM's form): its
+//     base model's pool;
+//   - "model" is "<base>:<adapter>" (SGLang's form, split at the first
+//     colon) with <base> a served model: its pool, and adapter when it
+//     is one of <base>'s (else 404); an empty adapter names none;
+//
+// else the router's 404. Then "lora_path" (SGLang's field, one name for a
+// batch: openai.RequestInfo.LoRAPath) names the adapter when "model" names
+// none (404 if <base> has no such adapter), and must name the same one
+// when it does: a request naming two adapters is a 400 naming both (SGLang
+// would take the model's; the router does not guess which the client
+// meant).
+func (p *Proxy) resolveModel(ri *openai.RequestInfo) (*pool, string, error) {
+	model := ri.Model
+	pl, adapter := p.pools[model], ""
+	if pl == nil {
+		if pl = p.adapterPool(model); pl != nil {
+			adapter = model
+		}
+	}
+	if pl == nil {
+		if base, a, ok := openai.SplitModelAdapter(model); ok && p.pools[base] != nil {
+			pl, adapter = p.pools[base], a
+			if a != "" && p.adapterPool(a) != pl {
+				return nil, "", noAdapter(base, a, "model")
+			}
+		}
+	}
+	if pl == nil {
+		return nil, "", kvroute.Errorf(http.StatusNotFound, kvroute.TypeNotFound, "model_not_found", "model",
+			"The model `%s` does not exist.", model)
+	}
+	switch lp := ri.LoRAPath; {
+	case lp == "" || lp == adapter:
+	case adapter == "":
+		if p.adapterPool(lp) != pl {
+			return nil, "", noAdapter(pl.model, lp, "lora_path")
+		}
+		adapter = lp
+	default:
+		return nil, "", kvroute.Errorf(http.StatusBadRequest, kvroute.TypeInvalidRequest, "conflicting_adapters", "lora_path",
+			"\"model\" (%q) names LoRA adapter %q and \"lora_path\" names %q: name one adapter, in either field", model, adapter, lp)
+	}
+	return pl, adapter, nil
+}
+
+// noAdapter is the 404 of an adapter that base model base does not have,
+// named in field param (SGLang's forms).
+func noAdapter(base, adapter, param string) error {
+	return kvroute.Errorf(http.StatusNotFound, kvroute.TypeNotFound, "model_not_found", param,
+		"The model `%s` has no LoRA adapter `%s` (%s names it).", base, adapter, param)
+}
+
+// adapterFormOf is the form an engine of metrics flavour f reads an adapter
+// in: vLLM's and SGLang's; AdapterUnknown for the others (llama.cpp, TGI)
+// and for an unknown flavour.
+func adapterFormOf(f signals.Flavor) openai.AdapterForm {
+	switch f {
+	case signals.FlavorVLLM, signals.FlavorVLLMLegacy:
+		return openai.AdapterVLLM
+	case signals.FlavorSGLang:
+		return openai.AdapterSGLang
+	}
+	return openai.AdapterUnknown
+}
+
+// configuredForms returns the adapter form of each of m's endpoints whose
+// signals.flavor names its engine (the flavour, not auto), by router
+// endpoint ID (each data-parallel rank's); nil when none does.
+func configuredForms(m *config.Model) map[string]openai.AdapterForm {
+	var forms map[string]openai.AdapterForm
+	for i := range m.Endpoints {
+		e := &m.Endpoints[i]
+		f := adapterFormOf(signals.Flavor(e.Signals.Flavor))
+		if f == openai.AdapterUnknown {
+			continue
+		}
+		if forms == nil {
+			forms = make(map[string]openai.AdapterForm)
+		}
+		if e.DataParallelSize <= 1 {
+			forms[e.ID] = f
+			continue
+		}
+		for r := range e.DataParallelSize {
+			forms[e.RankID(r)] = f
+		}
+	}
+	return forms
+}
+
+// adapterForm is the form endpoint up's engine reads an adapter in: its
+// configured signals.flavor's (configuredForms), else the flavour its last
+// scrape detected (signals.View.Flavor; signals.flavor auto), else
+// AdapterUnknown (no scrape yet, scraping disabled, another engine). A P/D
+// pool's engines are its protocol's (see pdAdapterForm).
+func (pl *pool) adapterForm(up *endpointProxy) openai.AdapterForm {
+	if f, ok := pl.set.Load().forms[up.ep.ID]; ok {
+		return f
+	}
+	if v := pl.router.View(up.ep.ID); v != nil {
+		return adapterFormOf(v.Flavor())
+	}
+	return openai.AdapterUnknown
+}
+
+// pdAdapterForm is the form a P/D pool's engines read an adapter in:
+// pd.protocol nixl's are vLLM's, sglang's SGLang's.
+func (pl *pool) pdAdapterForm() openai.AdapterForm {
+	if pl.set.Load().model.PD.Protocol == "sglang" {
+		return openai.AdapterSGLang
+	}
+	return openai.AdapterVLLM
+}
+
+// adapterNaming is how a request's body names its model and adapter, and
+// the bodies rewritten for the engines that read another form.
+type adapterNaming struct {
+	model, loraPath string // the body's "model" and "lora_path" (openai.RequestInfo)
+	// stale has bit 1<<form set for each form whose engine would not read
+	// the request's routing (base model and adapter) from the body as sent.
+	stale uint8
+	named [3][]byte // the body rewritten for each form, once built
+}
+
+// newAdapterNaming returns the naming of a request routed as req whose
+// body has ri's model and lora_path.
+func newAdapterNaming(ri *openai.RequestInfo, req *kvroute.Request) adapterNaming {
+	n := adapterNaming{model: ri.Model, loraPath: ri.LoRAPath}
+	for _, f := range []openai.AdapterForm{openai.AdapterVLLM, openai.AdapterSGLang} {
+		if openai.AdapterRead(f, n.model, n.loraPath) != wantRead(f, req) {
+			n.stale |= 1 << f
+		}
+	}
+	return n
+}
+
+// wantRead is what an engine of form f must read from a request routed as
+// req (openai.AdapterRead): for vLLM the adapter, or the base model for
+// none; for SGLang the adapter ("" for none).
+func wantRead(f openai.AdapterForm, req *kvroute.Request) string {
+	if f == openai.AdapterVLLM && req.Adapter == "" {
+		return req.Model
+	}
+	return req.Adapter
+}
+
+// bodyFor returns the body to send to an engine of form f: body itself
+// (forwarded as its client wrote it) when the engine reads the request's
+// routing from it or its form is unknown; else body rewritten in f
+// (openai.NameAdapter), built once per form. named reports a rewrite.
+func (n *adapterNaming) bodyFor(f openai.AdapterForm, body []byte, req *kvroute.Request) (out []byte, named bool, err error) {
+	if f == openai.AdapterUnknown || n.stale&(1<<f) == 0 {
+		return body, false, nil
+	}
+	if b := n.named[f]; b != nil {
+		return b, true, nil
+	}
+	b, err := openai.NameAdapter(body, f, req.Model, req.Adapter)
+	if err != nil {
+		return nil, false, err
+	}
+	n.named[f] = b
+	return b, true, nil
+}
+
+// namingError is the 400 of a body NameAdapter could not rewrite (a body
+// ParseRequest accepted always decodes: this is a safety net).
+func namingError(err error) error {
+	return kvroute.Errorf(http.StatusBadRequest, kvroute.TypeInvalidRequest, "invalid_body", "", "%v", fmt.Errorf("proxy: %w", err))
+}
