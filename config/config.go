@@ -61,9 +61,11 @@ type Model struct {
 	// --enable-lora with --lora-modules), by the names clients send in the
 	// request's "model" field. A request naming one is routed in this
 	// model's pool (its endpoints, prefix index, policy and signals) to an
-	// endpoint that serves it (see Endpoint.Adapters), its body forwarded
-	// unchanged (the engine reads the adapter's name from it), and
-	// /v1/models lists it with this model as its parent. Each name is
+	// endpoint that serves it (see Endpoint.Adapters), and /v1/models lists
+	// it with this model as its parent. Clients may also name one as SGLang
+	// does ("model": "<name>:<adapter>", or "lora_path"); each engine gets
+	// the request in the form it reads when its kind is known
+	// (signals.flavor, or the flavour its scrape detected), else as sent. Each name is
 	// unique across every model's name and adapters. Default none. A
 	// reload applies changes to it.
 	Adapters []string `yaml:"adapters"`
@@ -185,7 +187,10 @@ type Signals struct {
 	// the older spelling of this field.
 	StaleAfter time.Duration `yaml:"stale_after,omitempty" zero:"write a duration (default router.stale_after, 1s)"`
 	// Flavor is the engines' metrics dialect: auto, vllm, vllm-legacy,
-	// sglang, llamacpp or tgi; default auto (detected from the names).
+	// sglang, llamacpp or tgi; default auto (detected from the names). It
+	// is also the engines' kind for the form a request names a LoRA
+	// adapter in (vLLM's "model", SGLang's "lora_path"); with auto, the
+	// kind the last scrape detected, unknown before it.
 	Flavor string `yaml:"flavor"`
 	// MetricsPath is the path scraped on each endpoint's URL; default
 	// "/metrics".

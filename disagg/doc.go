@@ -67,12 +67,14 @@
 // transfer sizes priced from them. A plan run whole because no prefill
 // endpoint serving the adapter is available says so, as does the decode
 // stage finding no decode endpoint that serves it. The legs' bodies name
-// the adapter as their model, unchanged: vLLM's kv_transfer_params carry
-// no adapter; each engine keys the prompt's blocks with it. SGLang's legs
-// name it in lora_path too (the client's own replaced): an SGLang engine
-// reads an adapter from lora_path or a "<base>:<adapter>" model, never
-// from a model naming the adapter alone, which it would run as the base
-// model.
+// the adapter as their model, unchanged (the proxy hands Serve a body in
+// vLLM's form, a client's SGLang form rewritten): vLLM's
+// kv_transfer_params carry no adapter; each engine keys the prompt's
+// blocks with it. SGLang's legs name it in lora_path too (the client's own
+// replaced, and a model with a colon replaced by the base model's name):
+// an SGLang engine reads an adapter from lora_path or a "<base>:<adapter>"
+// model (the model's winning), never from a model naming the adapter
+// alone, which it would run as the base model.
 //
 // The Planner's decisions name policy "pd" (PolicyName); the configured
 // policy is the prefill stage's. When a plan does not send the request to

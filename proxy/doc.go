@@ -6,8 +6,10 @@
 // what routing needs, routed by its model to that model's router.Router
 // (a LoRA adapter's, config models[].adapters, to its base model's, with
 // kvroute.Request.Adapter set: only endpoints serving it are candidates,
-// its blocks keyed by it; /v1/models lists adapters with their parent),
-// and forwarded byte for byte by an httputil.ReverseProxy to the chosen
+// its blocks keyed by it; /v1/models lists adapters with their parent;
+// see LoRA adapters below for the forms a client names one in),
+// and forwarded byte for byte (but for a LoRA adapter named in another form
+// than the engine reads) by an httputil.ReverseProxy to the chosen
 // engine. Server-sent events are flushed chunk by chunk; a client that goes
 // away cancels the upstream request. A failure before the first response
 // byte reaches the client is retried on another endpoint (retry.attempts),
@@ -42,7 +44,7 @@
 // HTTP-facing error goes through openai.WriteError.
 //
 // One file per concern: proxy.go (Options, New, routes), handler.go (the
-// inference request path), queue.go (the queue escape hatch: a pool's line
+// inference request path), lora.go (the forms a LoRA adapter is named in), queue.go (the queue escape hatch: a pool's line
 // of held requests), disagg.go (P/D pools: disagg.Planner and
 // disagg.Handoff), upstream.go (transport and reverse proxies), retry.go
 // (what is retried), streaming.go (first byte, mid-stream failures, silent responses),
@@ -56,6 +58,29 @@
 // buffers.go (recycled prompt buffers), feedback.go (the engine's
 // usage, read from the response's tail) and reload.go (live endpoint
 // changes: a pool's endpoint set, Reload).
+//
+// # LoRA adapters
+//
+// A client names a LoRA adapter as vLLM reads one, "model": "<adapter>", or
+// as SGLang does: "model": "<base>:<adapter>" (split at its first colon, when
+// <base> is a served model and the whole name is not itself a model or an
+// adapter; an empty adapter names the base model) or the base model with
+// "lora_path": "<adapter>" (openai.RequestInfo.LoRAPath: a batch's list
+// names one adapter, else 400). Each is routed alike (lora.go: resolveModel);
+// an adapter the model does not have is the router's 404, and "model" and
+// "lora_path" naming two adapters a 400 naming both. Each attempt's body is
+// the one its engine reads the request's routing from (openai.AdapterForm):
+// a vLLM engine's "model" is the adapter and it gets no "lora_path"; an SGLang
+// engine's "lora_path" is the adapter, its "model" as sent (the base
+// model's when it has a colon SGLang would split). A body already in the
+// engine's form, which a request for the base model by its name always is,
+// goes byte for byte; another is rewritten once per form (openai.NameAdapter)
+// and a retry on an engine of the other kind takes that kind's body. The
+// engine's kind is its endpoint's signals.flavor (vllm, vllm-legacy,
+// sglang), else the flavour its last scrape detected (signals.View.Flavor);
+// unknown (no scrape yet, scraping off, llama.cpp, TGI), the body goes as
+// sent. A P/D pool's legs carry their protocol's form (nixl: vLLM's; sglang:
+// lora_path, set by the handoff).
 //
 // # Data-parallel engines
 //

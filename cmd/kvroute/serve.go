@@ -82,9 +82,13 @@ cannot be read or is invalid, a listen address in use).
 LoRA adapters: a model's adapters (models[].adapters, the names clients send
 as the model; endpoints[].adapters for an engine that serves only some) are
 routed in the model's pool: a request naming one goes only to an engine that
-serves it, its body unchanged, and /v1/models lists it with the model as its
-parent. With no healthy engine serving it the answer is 503
-no_adapter_endpoint.
+serves it, and /v1/models lists it with the model as its parent. Clients may
+name one as SGLang does too ("model": "<model>:<adapter>", or "lora_path");
+"model" and "lora_path" naming two adapters is a 400. The body reaches each
+engine in the form it reads (signals.flavor, or the flavour its scrape
+detected: vLLM's "model", SGLang's "lora_path"), else as sent. With no
+healthy engine serving it the answer is 503 no_adapter_endpoint; an adapter
+the model does not have is a 404.
 
 SIGHUP (with --config) reads the file again and applies its models' endpoint
 lists and LoRA adapters without a restart: engines added start taking requests (with their
