@@ -140,21 +140,8 @@ func skipQuoted(s string, i int) int {
 // closeParen returns the index of the parenthesis closing the one at
 // s[open], skipping string literals and nested brackets, or -1.
 func closeParen(s string, open int) int {
-	depth := 0
-	for i := open; i < len(s); i++ {
-		switch s[i] {
-		case '\'', '"':
-			i = skipQuoted(s, i)
-		case '(', '[', '{':
-			depth++
-		case ')', ']', '}':
-			if depth--; depth == 0 {
-				if s[i] != ')' {
-					return -1
-				}
-				return i
-			}
-		}
+	if i := closeBracket(s, open); i >= 0 && s[i] == ')' {
+		return i
 	}
 	return -1
 }
