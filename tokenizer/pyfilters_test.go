@@ -110,11 +110,22 @@ func TestChatTemplateStringMatchesPython(t *testing.T) {
 		"{{ k }}={{ v }};{% endfor %}{{ nothing | string }}|{{ x.f|string }}"
 	const x = `{"a": 2.0, "b": null, "c": true, "d": 3, "e": "s", "f": 1e6, "g": 0.5, "h": [1, 2.0], "i": {"j": 1e16}}`
 	const want = `a=2.0;b=None;c=True;d=3;e=s;f=1000000.0;g=0.5;h=[1, 2.0];i={"j": 1e+16};|1000000.0`
+	checkRender(t, src, map[string]string{"x": x}, want)
+}
+
+// checkRender renders template src with the variables vars (JSON texts)
+// and checks it gives want.
+func checkRender(t *testing.T, src string, vars map[string]string, want string) {
+	t.Helper()
 	ct, err := NewChatTemplate(src, "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
-	got, err := ct.Render(nil, ChatOptions{JSONVars: map[string]json.RawMessage{"x": json.RawMessage(x)}})
+	jv := make(map[string]json.RawMessage, len(vars))
+	for k, v := range vars {
+		jv[k] = json.RawMessage(v)
+	}
+	got, err := ct.Render(nil, ChatOptions{JSONVars: jv})
 	if err != nil || got != want {
 		t.Errorf("got  %q (%v)\nwant %q", got, err, want)
 	}
@@ -129,14 +140,7 @@ func TestChatTemplateTrimMatchesPython(t *testing.T) {
 	const src = "{{ x | trim }}|{{ x|trim(\"\x1c\") }}|{{ x | trim(chars=none) }}|{{ n | trim }}|{{ f|trim }}|{{ u | trim }}|"
 	const x = `"\u001c\u001f Hi\u3000\u001e\u00a0\u000b\u001d"`
 	const want = "Hi|\x1f Hi\u3000\x1e\u00a0\v\x1d|Hi|None|2.0||"
-	ct, err := NewChatTemplate(src, "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := ct.Render(nil, ChatOptions{JSONVars: map[string]json.RawMessage{"x": json.RawMessage(x), "n": json.RawMessage("null"), "f": json.RawMessage("2.0")}})
-	if err != nil || got != want {
-		t.Errorf("got  %q (%v)\nwant %q", got, err, want)
-	}
+	checkRender(t, src, map[string]string{"x": x, "n": "null", "f": "2.0"}, want)
 }
 
 // TestChatTemplateCaseFiltersMatchPython checks the upper, lower, title
@@ -151,15 +155,8 @@ func TestChatTemplateCaseFiltersMatchPython(t *testing.T) {
 	const src = "{{ x|upper }}|{{ x|lower }}|{{ x|title }}|{{ x|capitalize }}|{{ n|upper }}|{{ f|title }}|{{ u|lower }}|{{ x | upper | lower }}|{{ 'ǆa'|capitalize }}"
 	const x = `"hELLO ß ﬁ they're 3rd-(ǆemal) ΌΣΟΣ İ ΑΣ b"`
 	const want = "HELLO SS FI THEY'RE 3RD-(\u01c4EMAL) \u038c\u03a3\u039f\u03a3 \u0130 \u0391\u03a3 B|hello \u00df \ufb01 they're 3rd-(\u01c6emal) \u03cc\u03c3\u03bf\u03c2 i\u0307 \u03b1\u03c2 b|Hello SS FI They're 3rd-(\u01c4emal) \u038c\u03c3\u03bf\u03c2 \u0130 \u0391\u03c3 B|Hello \u00df \ufb01 they're 3rd-(\u01c6emal) \u03cc\u03c3\u03bf\u03c2 i\u0307 \u03b1\u03c2 b|NONE|2.0||hello ss fi they're 3rd-(\u01c6emal) \u03cc\u03c3\u03bf\u03c2 i\u0307 \u03b1\u03c2 b|\u01c5a"
-	ct, err := NewChatTemplate(src, "", "")
-	if err != nil {
-		t.Fatal(err)
-	}
-	got, err := ct.Render(nil, ChatOptions{JSONVars: map[string]json.RawMessage{"x": json.RawMessage(x), "n": json.RawMessage("null"), "f": json.RawMessage("2.0")}})
-	if err != nil || got != want {
-		t.Errorf("got  %q (%v)\nwant %q", got, err, want)
-	}
-	ct, err = NewChatTemplate("{{ x|upper(1) }}", "", "")
+	checkRender(t, src, map[string]string{"x": x, "n": "null", "f": "2.0"}, want)
+	ct, err := NewChatTemplate("{{ x|upper(1) }}", "", "")
 	if err != nil {
 		t.Fatal(err)
 	}
