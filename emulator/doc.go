@@ -287,8 +287,8 @@
 // and 83.6 (62.2 to 118.3) with the floor's first, the mean of the two
 // orders 92.2; the dearest rounds were those in which either process still
 // grew its heap (0.4 to 1.8 page faults per request). Against the floor
-// that holds as many requests (KVROUTE_SOAK_FLOOR_STEP=11ms: 137 in flight
-// per engine in both fleets), five rounds after 60 s of load: 88.3 (62.6
+// that holds as many requests (KVROUTE_SOAK_FLOOR_STEP=11ms: 138 in flight
+// per engine, the engines 134 to 137), five rounds after 60 s of load: 88.3 (62.6
 // to 151.2) with the engines first and 84.3 (62.1 to 102.0) with the floor
 // first. So the cost above the floor is near 100 us: under it in 14 of
 // these 23 rounds. Above the floor,
