@@ -119,10 +119,7 @@ func renameFilters(s string) (out string, ok bool) {
 				}
 			}
 		case '|':
-			k := j + 1
-			for k < len(s) && (s[k] == ' ' || s[k] == '\t' || s[k] == '\n' || s[k] == '\r') {
-				k++
-			}
+			k := spaceEnd(s, j+1)
 			e := k
 			for e < len(s) && isIdentByte(s[e]) {
 				e++

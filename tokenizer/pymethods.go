@@ -153,10 +153,7 @@ func closeParen(s string, open int) int {
 func operandStart(s string, dot int) int {
 	i, need := dot, true // s[i:dot] is the chain so far; need: an element must come before it
 	for {
-		k := i
-		for k > 0 && isSpaceByte(s[k-1]) {
-			k--
-		}
+		k := spaceStart(s, i)
 		if k == 0 {
 			break
 		}
@@ -204,6 +201,24 @@ func operandStart(s string, dot int) int {
 
 // isSpaceByte reports whether c is white space between jinja2's tokens.
 func isSpaceByte(c byte) bool { return c == ' ' || c == '\t' || c == '\n' || c == '\r' }
+
+// spaceEnd returns the index of the first byte at or after i in s that is
+// not white space (isSpaceByte).
+func spaceEnd(s string, i int) int {
+	for i < len(s) && isSpaceByte(s[i]) {
+		i++
+	}
+	return i
+}
+
+// spaceStart returns the index after the last byte before i in s that is
+// not white space (isSpaceByte).
+func spaceStart(s string, i int) int {
+	for i > 0 && isSpaceByte(s[i-1]) {
+		i--
+	}
+	return i
+}
 
 // jinjaKeywords are the words of jinja2's syntax that come before an
 // expression (operators and statement names), which are not names.

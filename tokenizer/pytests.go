@@ -533,10 +533,7 @@ func rewriteTests(s string) (out string, ok bool) {
 func unaryOperand(s string, end int) int {
 	start := operandStart(s, end)
 	if start == end { // not a chain: a number?
-		k := end
-		for k > 0 && isSpaceByte(s[k-1]) {
-			k--
-		}
+		k := spaceStart(s, end)
 		start = k
 		for start > 0 && (isIdentByte(s[start-1]) || s[start-1] == '.') {
 			start--
@@ -545,18 +542,12 @@ func unaryOperand(s string, end int) int {
 			return -1
 		}
 	}
-	k := start
-	for k > 0 && isSpaceByte(s[k-1]) {
-		k--
-	}
+	k := spaceStart(s, start)
 	if k <= 1 || s[k-1] != '-' && s[k-1] != '+' {
 		return -1 // s[0] is a tag's whitespace control marker ("{{-")
 	}
 	sign := k - 1
-	k = sign
-	for k > 0 && isSpaceByte(s[k-1]) {
-		k--
-	}
+	k = spaceStart(s, sign)
 	if k > 0 && (isIdentByte(s[k-1]) && !jinjaKeyword(s, k) || strings.IndexByte(")]}'\"", s[k-1]) >= 0) {
 		return -1 // a binary minus or plus
 	}
@@ -568,10 +559,7 @@ func unaryOperand(s string, end int) int {
 // a bracket), so that it is the test operator "is", not a name or an
 // attribute (".is").
 func operandBefore(s string, at int) bool {
-	k := at
-	for k > 0 && isSpaceByte(s[k-1]) {
-		k--
-	}
+	k := spaceStart(s, at)
 	if k == 0 || k == 1 && (s[0] == '-' || s[0] == '+') { // a whitespace control marker
 		return false
 	}
@@ -593,9 +581,7 @@ func operandBefore(s string, at int) bool {
 // arguments as a parenthesized list ("" for none).
 func parseTest(s string, i int) (name string, neg bool, end int, args string) {
 	word := func(at int) (string, int) {
-		for at < len(s) && isSpaceByte(s[at]) {
-			at++
-		}
+		at = spaceEnd(s, at)
 		e := at
 		for e < len(s) && isIdentByte(s[e]) {
 			e++
@@ -610,10 +596,7 @@ func parseTest(s string, i int) (name string, neg bool, end int, args string) {
 	if name == "" || '0' <= name[0] && name[0] <= '9' {
 		return "", false, 0, ""
 	}
-	k := end
-	for k < len(s) && isSpaceByte(s[k]) {
-		k++
-	}
+	k := spaceEnd(s, end)
 	if k == len(s) {
 		return name, neg, end, ""
 	}
@@ -656,10 +639,7 @@ func primaryEnd(s string, i int) int {
 				return -1
 			}
 			e = q + 1
-			k := e
-			for k < len(s) && isSpaceByte(s[k]) {
-				k++
-			}
+			k := spaceEnd(s, e)
 			if k < len(s) && (s[k] == '\'' || s[k] == '"') {
 				e = k
 			}
@@ -678,19 +658,13 @@ func primaryEnd(s string, i int) int {
 		}
 	}
 	for {
-		k := e
-		for k < len(s) && isSpaceByte(s[k]) {
-			k++
-		}
+		k := spaceEnd(s, e)
 		if k == len(s) {
 			return e
 		}
 		switch s[k] {
 		case '.':
-			a := k + 1
-			for a < len(s) && isSpaceByte(s[a]) {
-				a++
-			}
+			a := spaceEnd(s, k+1)
 			n := a
 			for n < len(s) && isIdentByte(s[n]) {
 				n++
