@@ -93,11 +93,7 @@ func FuzzPyFilters(f *testing.F) {
 		if !hasPyFilterName(src) && out != src {
 			t.Fatalf("pyFilters(%q) = %q, changed a template without a filter of pyFilterNames", src, out)
 		}
-		if _, err := jinja.Compile(src); err == nil {
-			if _, err := jinja.Compile(out); err != nil {
-				t.Fatalf("pyFilters(%q) = %q, which does not compile: %v", src, out, err)
-			}
-		}
+		checkStillCompiles(t, "pyFilters", src, out)
 	})
 }
 
@@ -111,6 +107,28 @@ func TestChatTemplateStringMatchesPython(t *testing.T) {
 	const x = `{"a": 2.0, "b": null, "c": true, "d": 3, "e": "s", "f": 1e6, "g": 0.5, "h": [1, 2.0], "i": {"j": 1e16}}`
 	const want = `a=2.0;b=None;c=True;d=3;e=s;f=1000000.0;g=0.5;h=[1, 2.0];i={"j": 1e+16};|1000000.0`
 	checkRender(t, src, map[string]string{"x": x}, want)
+}
+
+// checkStillCompiles fails t when template src compiles and out, what
+// rewrite name made of it, does not; it reports whether src compiles.
+func checkStillCompiles(t *testing.T, name, src, out string) bool {
+	t.Helper()
+	if _, err := jinja.Compile(src); err != nil {
+		return false
+	}
+	if _, err := jinja.Compile(out); err != nil {
+		t.Fatalf("%s(%q) = %q, which does not compile: %v", name, src, out, err)
+	}
+	return true
+}
+
+// checkIdempotent fails t when rewrite (named name) changes out, what it
+// made of src.
+func checkIdempotent(t *testing.T, name string, rewrite func(string) string, src, out string) {
+	t.Helper()
+	if again := rewrite(out); again != out {
+		t.Fatalf("%s(%q) = %q, then %q", name, src, out, again)
+	}
 }
 
 // checkRender renders template src with the variables vars (JSON texts)
@@ -251,13 +269,7 @@ func FuzzPyFilterBlocks(f *testing.F) {
 		if !strings.Contains(src, "endfilter") && out != src {
 			t.Fatalf("pyFilterBlocks(%q) = %q, changed a template without an endfilter", src, out)
 		}
-		if again := pyFilterBlocks(out); again != out {
-			t.Fatalf("pyFilterBlocks(%q) = %q, then %q", src, out, again)
-		}
-		if _, err := jinja.Compile(src); err == nil {
-			if _, err := jinja.Compile(out); err != nil {
-				t.Fatalf("pyFilterBlocks(%q) = %q, which does not compile: %v", src, out, err)
-			}
-		}
+		checkIdempotent(t, "pyFilterBlocks", pyFilterBlocks, src, out)
+		checkStillCompiles(t, "pyFilterBlocks", src, out)
 	})
 }

@@ -3,8 +3,6 @@ package tokenizer
 import (
 	"strings"
 	"testing"
-
-	"github.com/ardanlabs/jinja"
 )
 
 // TestStringMethodsMatchPython: the string methods pymethods.go rewrites
@@ -101,13 +99,7 @@ func FuzzPyMethods(f *testing.F) {
 		if !hasPyMethodCall(src) && out != src {
 			t.Fatalf("pyMethods(%q) = %q, changed a template without a method call", src, out)
 		}
-		if again := pyMethods(out); again != out {
-			t.Fatalf("pyMethods(%q) = %q, then %q", src, out, again)
-		}
-		if _, err := jinja.Compile(src); err == nil {
-			if _, err := jinja.Compile(out); err != nil {
-				t.Fatalf("pyMethods(%q) = %q, which does not compile: %v", src, out, err)
-			}
-		}
+		checkIdempotent(t, "pyMethods", pyMethods, src, out)
+		checkStillCompiles(t, "pyMethods", src, out)
 	})
 }
