@@ -49,17 +49,10 @@ func engineGauge(t *testing.T, u, name string) float64 {
 // to the client; the prefill leg is cancelled, and the prefill engine
 // holds no blocks for it (before the emulator's fix, for LeaseTimeout).
 func TestSGLangAdapterLive(t *testing.T) {
-	lora := func(names ...string) emulator.LoRAConfig {
-		c := emulator.LoRAConfig{Enable: true, MaxLoRAs: len(names)}
-		for _, n := range names {
-			c.Modules = append(c.Modules, emulator.LoRAModule{Name: n, Path: "/adapters/" + n})
-		}
-		return c
-	}
 	_, pre := emulatortest.Start(t, emulator.Config{Model: "tiny", Role: kvroute.RolePrefill, PDProtocol: ProtocolSGLang,
-		LoRA: lora("sql-lora", "chat-lora"), LeaseTimeout: time.Hour, BootstrapTimeout: time.Hour}, nil)
+		LoRA: emulatortest.LoRA("sql-lora", "chat-lora"), LeaseTimeout: time.Hour, BootstrapTimeout: time.Hour}, nil)
 	_, dec := emulatortest.Start(t, emulator.Config{Model: "tiny", Role: kvroute.RoleDecode, PDProtocol: ProtocolSGLang,
-		LoRA: lora("sql-lora"), LoadFailure: emulator.LoadFailureFail}, nil)
+		LoRA: emulatortest.LoRA("sql-lora"), LoadFailure: emulator.LoadFailureFail}, nil)
 	_, port := hostPort(t, pre.URL)
 	p := endpoint("p", pre.URL, kvroute.RolePrefill, LabelBootstrapPort, strconv.Itoa(port))
 	p.Adapters = []string{"chat-lora", "solo-lora", "sql-lora"}

@@ -10,7 +10,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
-	"github.com/kvroute/kvroute/emulator"
+	"github.com/kvroute/kvroute/emulator/emulatortest"
 	"github.com/kvroute/kvroute/openai"
 )
 
@@ -29,17 +29,10 @@ import (
 // no_adapter_endpoint that says no decode endpoint serves it, and reaches
 // no engine.
 func TestLoRADisaggregated(t *testing.T) {
-	mods := func(names ...string) emulator.LoRAConfig {
-		c := emulator.LoRAConfig{Enable: true, MaxLoRAs: len(names)}
-		for _, n := range names {
-			c.Modules = append(c.Modules, emulator.LoRAModule{Name: n, Path: "/adapters/" + n})
-		}
-		return c
-	}
-	p0 := startEngine(t, "p0", engineOpts{role: kvroute.RolePrefill, encoding: "array", lora: mods("sql-lora", "chat-lora", "solo-lora")})
-	p1 := startEngine(t, "p1", engineOpts{role: kvroute.RolePrefill, encoding: "array", lora: mods("chat-lora")})
-	d0 := startEngine(t, "d0", engineOpts{role: kvroute.RoleDecode, encoding: "array", lora: mods("sql-lora", "chat-lora")})
-	d1 := startEngine(t, "d1", engineOpts{role: kvroute.RoleDecode, encoding: "array", lora: mods("chat-lora")})
+	p0 := startEngine(t, "p0", engineOpts{role: kvroute.RolePrefill, encoding: "array", lora: emulatortest.LoRA("sql-lora", "chat-lora", "solo-lora")})
+	p1 := startEngine(t, "p1", engineOpts{role: kvroute.RolePrefill, encoding: "array", lora: emulatortest.LoRA("chat-lora")})
+	d0 := startEngine(t, "d0", engineOpts{role: kvroute.RoleDecode, encoding: "array", lora: emulatortest.LoRA("sql-lora", "chat-lora")})
+	d1 := startEngine(t, "d1", engineOpts{role: kvroute.RoleDecode, encoding: "array", lora: emulatortest.LoRA("chat-lora")})
 	engines := []*engineProc{p0, p1, d0, d1}
 	m := modelConfig("kv-aware", true, engines...)
 	m.PD = config.PD{Protocol: "nixl", Mode: "always", Profile: "tiny"}

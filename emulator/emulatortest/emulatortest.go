@@ -93,3 +93,13 @@ func serve(t testing.TB, h http.Handler, wrap func(http.Handler) http.Handler, a
 	})
 	return hs
 }
+
+// LoRA returns a LoRA configuration serving the named adapters (each at
+// /adapters/<name>), with a max_lora slot for each.
+func LoRA(names ...string) emulator.LoRAConfig {
+	c := emulator.LoRAConfig{Enable: true, MaxLoRAs: len(names)}
+	for _, n := range names {
+		c.Modules = append(c.Modules, emulator.LoRAModule{Name: n, Path: "/adapters/" + n})
+	}
+	return c
+}
