@@ -93,21 +93,12 @@ func adapterFormOf(f signals.Flavor) openai.AdapterForm {
 // endpoint ID (each data-parallel rank's); nil when none does.
 func configuredForms(m *config.Model) map[string]openai.AdapterForm {
 	var forms map[string]openai.AdapterForm
-	for i := range m.Endpoints {
-		e := &m.Endpoints[i]
-		f := adapterFormOf(signals.Flavor(e.Signals.Flavor))
-		if f == openai.AdapterUnknown {
-			continue
-		}
-		if forms == nil {
-			forms = make(map[string]openai.AdapterForm)
-		}
-		if e.DataParallelSize <= 1 {
-			forms[e.ID] = f
-			continue
-		}
-		for r := range e.DataParallelSize {
-			forms[e.RankID(r)] = f
+	for id, e := range configByID(m) {
+		if f := adapterFormOf(signals.Flavor(e.Signals.Flavor)); f != openai.AdapterUnknown {
+			if forms == nil {
+				forms = make(map[string]openai.AdapterForm)
+			}
+			forms[id] = f
 		}
 	}
 	return forms
