@@ -311,78 +311,39 @@ func (nopSink) Remove(string)                             {}
 type signalCollector struct{ p *Proxy }
 
 var (
-	sigLabels   = []string{"model", "endpoint"}
-	sigAge      = prometheus.NewDesc("kvroute_endpoint_signal_age_seconds", "Age of the endpoint's last successful metrics scrape.", sigLabels, nil)
-	sigStale    = prometheus.NewDesc("kvroute_endpoint_signal_stale", "1 when the endpoint's signals are stale (too old, failing scrapes or never scraped) and routing uses router-local counts.", sigLabels, nil)
-	sigScrapes  = prometheus.NewDesc("kvroute_endpoint_scrapes_total", "Successful metrics scrapes of the endpoint.", sigLabels, nil)
-	sigErrors   = prometheus.NewDesc("kvroute_endpoint_scrape_errors_total", "Failed metrics scrapes of the endpoint.", sigLabels, nil)
-	sigWaiting  = prometheus.NewDesc("kvroute_endpoint_waiting", "Waiting requests in the endpoint's last scrape.", sigLabels, nil)
-	sigRunning  = prometheus.NewDesc("kvroute_endpoint_running", "Running requests in the endpoint's last scrape.", sigLabels, nil)
-	sigKV       = prometheus.NewDesc("kvroute_endpoint_kv_usage", "KV-cache usage (0..1) in the endpoint's last scrape.", sigLabels, nil)
-	sigCapacity = prometheus.NewDesc("kvroute_endpoint_kv_capacity_tokens", "KV-cache capacity in tokens (block size x GPU blocks, or config).", sigLabels, nil)
-	sigHitRate  = prometheus.NewDesc("kvroute_endpoint_prefix_hit_rate", "The engine's recent prefix-cache hit rate (tokens); -1 unknown.", sigLabels, nil)
-	sigConn     = prometheus.NewDesc("kvroute_endpoint_kv_events_connected", "1 while the endpoint's KV-event subscriber is connected.", sigLabels, nil)
-	sigEntries  = prometheus.NewDesc("kvroute_precise_index_entries", "(block, endpoint) entries in the model's precise prefix index.", []string{"model"}, nil)
-	// The KV-event subscriber's counters (batches, gaps, replays, orphans,
-	// ...), under the names and help the signals package gives them.
-	sigKVEvents = func() []kvEventDesc {
-		var out []kvEventDesc
-		for _, c := range signals.KVEventCounters() {
-			out = append(out, kvEventDesc{prometheus.NewDesc(c.Name, c.Help, sigLabels, nil), c.Value})
-		}
-		return out
-	}()
+	// routerSignals are the signals package's per-endpoint metrics, labelled
+	// by model and endpoint.
+	routerSignals = signals.NewEndpointMetrics("model", "endpoint")
+	sigCapacity   = prometheus.NewDesc("kvroute_endpoint_kv_capacity_tokens", "KV-cache capacity in tokens (block size x GPU blocks, or config).",
+		[]string{"model", "endpoint"}, nil)
+	sigEntries = prometheus.NewDesc("kvroute_precise_index_entries", "(block, endpoint) entries in the model's precise prefix index.", []string{"model"}, nil)
 )
 
-// kvEventDesc is a KV-event subscriber counter with its value.
-type kvEventDesc struct {
-	desc  *prometheus.Desc
-	value func(*signals.SubscriberStatus) uint64
-}
-
 func (c signalCollector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{sigAge, sigStale, sigScrapes, sigErrors, sigWaiting, sigRunning, sigKV, sigCapacity,
-		sigHitRate, sigConn, sigEntries} {
-		ch <- d
-	}
-	for _, k := range sigKVEvents {
-		ch <- k.desc
-	}
+	routerSignals.Describe(ch)
+	ch <- sigCapacity
+	ch <- sigEntries
 }
 
+// Collect exports each routed endpoint's signals as the router sees them
+// (its View and Load, which carry the router's own counts and configured
+// capacity) with its scrape loop's and KV-event subscriber's state.
 func (c signalCollector) Collect(ch chan<- prometheus.Metric) {
 	p := c.p
 	now := p.now()
 	for _, name := range p.names {
 		pl := p.pools[name]
-		events := p.sig.kvEvents(name)
+		loops := make(map[string]signals.EndpointStatus)
+		for _, st := range p.sig.status(name) {
+			loops[st.Endpoint] = st
+		}
 		for _, st := range pl.router.Status(now) {
-			gauge := func(d *prometheus.Desc, v float64) {
-				ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, name, st.ID)
+			es := signals.EndpointStatus{Endpoint: st.ID, View: st.Signals, Load: st.Load}
+			if l, ok := loops[st.ID]; ok {
+				es.ScrapeDuration, es.KVEvents = l.ScrapeDuration, l.KVEvents
 			}
-			counter := func(d *prometheus.Desc, v uint64) {
-				ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), name, st.ID)
-			}
-			v := st.Signals
-			if !v.ObservedAt.IsZero() {
-				gauge(sigAge, now.Sub(v.ObservedAt).Seconds())
-				gauge(sigWaiting, v.Last.Waiting)
-				gauge(sigRunning, v.Last.Running)
-				if v.Last.Has(signals.HasKVUsage) {
-					gauge(sigKV, v.Last.KVUsage)
-				}
-			}
-			gauge(sigStale, b2f(st.Load.Stale))
-			counter(sigScrapes, v.Scrapes)
-			counter(sigErrors, v.Errors)
-			gauge(sigCapacity, float64(st.Load.KVCapacityTokens))
-			gauge(sigHitRate, st.Load.PrefixHitRate)
-			if ev, ok := events[st.ID]; ok {
-				for _, k := range sigKVEvents {
-					counter(k.desc, k.value(&ev))
-				}
-				gauge(sigConn, b2f(ev.Connected))
-			}
+			routerSignals.Collect(ch, now, &es, name, st.ID)
+			ch <- prometheus.MustNewConstMetric(sigCapacity, prometheus.GaugeValue, float64(st.Load.KVCapacityTokens), name, st.ID)
 		}
 		if pl.precise != nil && pl.precise.index != nil {
 			ch <- prometheus.MustNewConstMetric(sigEntries, prometheus.GaugeValue, float64(pl.precise.index.Stats().Entries), name)

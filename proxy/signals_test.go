@@ -85,6 +85,20 @@ func TestRunSignals(t *testing.T) {
 			t.Errorf("/metrics lacks %s", want)
 		}
 	}
+	// The scrape loops' own state is on the page too: how long each
+	// endpoint's last scrape took (0 where it is not scraped).
+	for _, id := range []string{a.URL, b.URL, off.URL} {
+		prefix := fmt.Sprintf(`kvroute_endpoint_scrape_duration_seconds{endpoint=%q,model="m"} `, id)
+		i := strings.Index(out, prefix)
+		if i < 0 {
+			t.Errorf("/metrics lacks %s", prefix)
+			continue
+		}
+		v, _, _ := strings.Cut(out[i+len(prefix):], "\n")
+		if scraped := id != off.URL; (v != "0") != scraped {
+			t.Errorf("%s: scrape duration %s, want a positive one: %v", id, v, scraped)
+		}
+	}
 
 	cancel()
 	if err := recv(t, "RunSignals to return", done); err != nil {

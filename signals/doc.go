@@ -143,10 +143,13 @@
 // View's scraped signals forgotten, View.ResetSignals, so that neither the
 // old source's last observation nor its counters pass for the new
 // one's), Close stops all; its per-endpoint metrics
-// (kvroute_endpoint_signal_age_seconds, kvroute_endpoint_scrape_errors_total,
-// kvroute_endpoint_waiting, ..._running, ..._kv_usage, KV-event counters)
-// are collected from the live state on the Registerer it was given. Lock order: Manager.mu, then a View's,
-// Scraper's or Subscriber's own lock.
+// (EndpointMetrics: kvroute_endpoint_signal_age_seconds,
+// kvroute_endpoint_scrape_errors_total, kvroute_endpoint_waiting,
+// ..._running, ..._kv_usage, KV-event counters, labelled "endpoint"; and
+// kvroute_endpoint_inflight) are collected from the live state on the
+// Registerer it was given. The router (package proxy) exports the same
+// EndpointMetrics labelled "model" and "endpoint". Lock order:
+// Manager.mu, then a View's, Scraper's or Subscriber's own lock.
 //
 // # KV-cache events
 //

@@ -335,30 +335,14 @@ func (m *Manager) Status() []EndpointStatus {
 }
 
 // collector exports the Manager's per-endpoint state at scrape time, so
-// removed endpoints disappear without bookkeeping.
+// removed endpoints disappear without bookkeeping: the EndpointMetrics
+// labelled "endpoint", and the requests the router holds open to it.
 type collector struct{ m *Manager }
 
 var (
-	epLabel      = []string{"endpoint"}
-	descAge      = prometheus.NewDesc("kvroute_endpoint_signal_age_seconds", "Age of the endpoint's last successful metrics scrape.", epLabel, nil)
-	descStale    = prometheus.NewDesc("kvroute_endpoint_signal_stale", "1 when the endpoint's signals are stale and routing uses router-local counts.", epLabel, nil)
-	descScrapes  = prometheus.NewDesc("kvroute_endpoint_scrapes_total", "Successful metrics scrapes.", epLabel, nil)
-	descErrors   = prometheus.NewDesc("kvroute_endpoint_scrape_errors_total", "Failed metrics scrapes.", epLabel, nil)
-	descDuration = prometheus.NewDesc("kvroute_endpoint_scrape_duration_seconds", "Duration of the last scrape.", epLabel, nil)
-	descWaiting  = prometheus.NewDesc("kvroute_endpoint_waiting", "Waiting requests in the last scrape.", epLabel, nil)
-	descRunning  = prometheus.NewDesc("kvroute_endpoint_running", "Running requests in the last scrape.", epLabel, nil)
-	descKV       = prometheus.NewDesc("kvroute_endpoint_kv_usage", "KV-cache usage (0..1) in the last scrape.", epLabel, nil)
-	descHitRate  = prometheus.NewDesc("kvroute_endpoint_prefix_hit_rate", "Recent prefix-cache hit rate (tokens), -1 unknown.", epLabel, nil)
-	descInFlight = prometheus.NewDesc("kvroute_endpoint_inflight", "Requests the router holds open to the endpoint.", epLabel, nil)
-	descConn     = prometheus.NewDesc("kvroute_endpoint_kv_events_connected", "1 while the KV-event subscriber is connected.", epLabel, nil)
-	// descKVCounters are KVEventCounters' descs, in its order.
-	descKVCounters = func() []*prometheus.Desc {
-		ds := make([]*prometheus.Desc, len(kvEventCounters))
-		for i, c := range kvEventCounters {
-			ds[i] = prometheus.NewDesc(c.Name, c.Help, epLabel, nil)
-		}
-		return ds
-	}()
+	managerMetrics = NewEndpointMetrics("endpoint")
+	descInFlight   = prometheus.NewDesc("kvroute_endpoint_inflight", "Requests the router holds open to the endpoint.",
+		[]string{"endpoint"}, nil)
 )
 
 // A KVEventCounter is one counter of a KV-event subscriber's
@@ -369,9 +353,8 @@ type KVEventCounter struct {
 	Value      func(*SubscriberStatus) uint64
 }
 
-// KVEventCounters returns the SubscriberStatus counters the Manager's
-// collector exports per endpoint (label "endpoint"), for a collector of
-// the same state with other labels to export under the same names.
+// KVEventCounters returns the SubscriberStatus counters EndpointMetrics
+// exports per endpoint, with their names and HELP texts.
 func KVEventCounters() []KVEventCounter { return slices.Clone(kvEventCounters) }
 
 var kvEventCounters = []KVEventCounter{
@@ -411,52 +394,14 @@ var kvEventCounters = []KVEventCounter{
 }
 
 func (c *collector) Describe(ch chan<- *prometheus.Desc) {
-	for _, d := range []*prometheus.Desc{descAge, descStale, descScrapes, descErrors, descDuration, descWaiting, descRunning,
-		descKV, descHitRate, descInFlight, descConn} {
-		ch <- d
-	}
-	for _, d := range descKVCounters {
-		ch <- d
-	}
+	managerMetrics.Describe(ch)
+	ch <- descInFlight
 }
 
 func (c *collector) Collect(ch chan<- prometheus.Metric) {
 	now := time.Now()
 	for _, st := range c.m.Status() {
-		ep := st.Endpoint
-		gauge := func(d *prometheus.Desc, v float64) {
-			ch <- prometheus.MustNewConstMetric(d, prometheus.GaugeValue, v, ep)
-		}
-		counter := func(d *prometheus.Desc, v uint64) {
-			ch <- prometheus.MustNewConstMetric(d, prometheus.CounterValue, float64(v), ep)
-		}
-		if !st.View.ObservedAt.IsZero() {
-			gauge(descAge, now.Sub(st.View.ObservedAt).Seconds())
-			gauge(descWaiting, st.View.Last.Waiting)
-			gauge(descRunning, st.View.Last.Running)
-			if st.View.Last.Has(HasKVUsage) {
-				gauge(descKV, st.View.Last.KVUsage)
-			}
-		}
-		stale := 0.0
-		if st.Load.Stale {
-			stale = 1
-		}
-		gauge(descStale, stale)
-		counter(descScrapes, st.View.Scrapes)
-		counter(descErrors, st.View.Errors)
-		gauge(descDuration, st.ScrapeDuration.Seconds())
-		gauge(descHitRate, st.Load.PrefixHitRate)
-		gauge(descInFlight, float64(st.Load.InFlight))
-		if ev := st.KVEvents; ev != nil {
-			for i, c := range kvEventCounters {
-				counter(descKVCounters[i], c.Value(ev))
-			}
-			conn := 0.0
-			if ev.Connected {
-				conn = 1
-			}
-			gauge(descConn, conn)
-		}
+		managerMetrics.Collect(ch, now, &st, st.Endpoint)
+		ch <- prometheus.MustNewConstMetric(descInFlight, prometheus.GaugeValue, float64(st.Load.InFlight), st.Endpoint)
 	}
 }
