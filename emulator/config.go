@@ -62,7 +62,9 @@ type Config struct {
 	// LeaseTimeout is how long a prefill engine holds the KV blocks of a
 	// finished remote-decode request for the decode engine to pull (model
 	// time; divided by Speed); default 480 s like vLLM's
-	// VLLM_NIXL_ABORT_REQUEST_TIMEOUT.
+	// VLLM_NIXL_ABORT_REQUEST_TIMEOUT. (An SGLang leg's decode engine is
+	// already waiting for its KV when it is computed, and a pull that left
+	// frees it at once.)
 	LeaseTimeout time.Duration
 	// FabricGbps is the prefill->decode link speed used for the KV
 	// transfer time; default 100. It must be finite, as must EOSMean.
@@ -73,16 +75,17 @@ type Config struct {
 	// default since vLLM PR #34896; SGLang's decode engines never recompute)
 	// or LoadFailureRecompute.
 	LoadFailure string
-	// BootstrapWait bounds how long an SGLang decode leg waits for its
-	// prefill's room; default 60 s.
+	// BootstrapWait bounds how long an SGLang decode leg's pull, which
+	// bootstraps its room on the prefill engine, waits there for the
+	// room's KV (the prefill leg's arrival and computation); default 60 s.
 	BootstrapWait time.Duration
 	// BootstrapTimeout is SGLang's SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT:
-	// how long an SGLang prefill leg waits for its decode engine to take
-	// the KV of its room before it fails with SGLang's 500 and frees the
-	// blocks (model time; divided by Speed). SGLang's prefill engine
-	// answers a request only once its KV went to the decode engine. Default
-	// 300 s, SGLang's; only with PDProtocol PDSGLang, where it ends the
-	// lease in place of LeaseTimeout when it is shorter.
+	// how long an SGLang prefill leg waits, from its arrival, for its
+	// decode engine to bootstrap its room before it fails with SGLang's
+	// 500 (KVPoll.Bootstrapping), never computed (model time; divided by
+	// Speed). SGLang's prefill engine computes a request only once the
+	// decode engine pre-allocated its KV, and answers it once its KV went
+	// there. Default 300 s, SGLang's; only with PDProtocol PDSGLang.
 	BootstrapTimeout time.Duration
 	// AdvertiseHost and AdvertisePort are the side-channel address put in
 	// kv_transfer_params (remote_host, remote_port): this server's own

@@ -115,13 +115,14 @@
 //     names of the SGLang its labels model:
 //     num_prefill_prealloc_queue_reqs, since renamed
 //     num_prefill_bootstrap_queue_reqs), from the engine's state:
-//     num_prefill_inflight_queue_reqs the prefilled requests whose KV is
-//     held for a decode engine (not pulled yet, or being pulled),
-//     num_decode_prealloc_queue_reqs the decode legs queued for KV space,
-//     num_decode_transfer_queue_reqs those holding it in their KV pull
-//     (neither in num_queue_reqs, the engine's own waiting queue), the
-//     prefill bootstrap queue 0 (the emulator computes a prefill leg before
-//     its peer came, then holds its answer: see Disaggregation);
+//     num_prefill_prealloc_queue_reqs the prefill legs waiting for their
+//     decode engine's bootstrap, not yet in the engine (see
+//     Disaggregation), num_prefill_inflight_queue_reqs the prefilled
+//     requests whose KV is held for a decode engine (not pulled yet, or
+//     being pulled), num_decode_prealloc_queue_reqs the decode legs queued
+//     for KV space, num_decode_transfer_queue_reqs those holding it in
+//     their KV pull (none of them in num_queue_reqs, the engine's own
+//     waiting queue, or num_running_reqs);
 //   - GET /health, GET /v1/models, GET /version (Version: the oldest vLLM
 //     release whose response shapes the emulator emits, 0.16.0, with the
 //     local label +kvroute.emulator), POST /tokenize, POST
@@ -368,16 +369,29 @@
 // the transfer runs to its end and only then are the blocks it writes
 // into freed, on both engines, as vLLM frees them; with SGLang's protocol
 // the pull stops and the decode engine frees them at once, as SGLang does
-// (Server.pullFor). With SGLang's protocol a prefill leg is answered only
-// once the decode engine took its room's KV (SGLang's prefill engine
-// returns a request from its inflight queue when the transfer ended), at
-// most Config.BootstrapTimeout (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT,
-// 300 s) after it arrived: then its blocks are freed and it fails with
-// SGLang's 500 ("Request <room> timed out after <s>s in
-// KVPoll.Bootstrapping"); its client leaving (a router cancelling the leg
-// when the decode leg failed) frees them at once (Server.awaitPeer). So a
-// decode leg the decode engine refused (SGLang's decode engine tells the
-// prefill engine nothing then) holds no blocks past either. An SGLang
+// (Server.pullFor). With SGLang's protocol the decode engine's pull is
+// also the room's bootstrap: a prefill leg waits, not added to the engine
+// model, until the decode engine admitted its decode leg with KV blocks
+// for the whole prompt and pulled (as SGLang's prefill engine keeps a
+// request in its bootstrap queue until its KV sender leaves
+// KVPoll.Bootstrapping, which it does once the decode engine sent the
+// room's destination, and the decode engine sends it only once it
+// pre-allocated the request: PrefillBootstrapQueue.pop_bootstrapped,
+// DecodePreallocQueue.pop_preallocated), whichever of the two legs
+// reached the prefill engine first (Server.awaitBootstrap); it is computed
+// then, and answered once the decode engine took its room's KV (SGLang's
+// prefill engine returns a request from its inflight queue when the
+// transfer ended: Server.awaitPeer). A leg still waiting
+// Config.BootstrapTimeout (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, 300 s)
+// after it arrived fails with SGLang's 500 ("Request <room> timed out
+// after <s>s in KVPoll.Bootstrapping"; a stream's 200 with the error
+// event), never computed; its client leaving (a router cancelling the leg
+// when the decode leg failed) takes it out at once, and a leg computed
+// already has its blocks freed at once (Server.endRoom), as do a leg's
+// whose pull left meanwhile. So a decode leg the decode engine refused
+// (SGLang's decode engine tells the prefill engine nothing then) costs
+// the prefill engine no compute and no blocks. A prompt shorter than a
+// block, whose KV no decode engine pulls, waits for no bootstrap. An SGLang
 // engine addresses a LoRA adapter as SGLang does: "model" as
 // "<base>:<adapter>", else the body's lora_path; it does not check the
 // model name (a "model" naming an adapter alone is the base model's

@@ -136,7 +136,8 @@ type job struct {
 	st          *stream
 	hdr         openai.ChunkHeader
 	kvPrefill   bool      // P/D prefill leg: return kv_transfer_params
-	peerBy      time.Time // SGLang prefill leg: the end of its wait for the decode engine (awaitPeer); zero for others
+	peerBy      time.Time // SGLang prefill leg: the end of its wait for the decode engine's bootstrap (awaitBootstrap); zero for others
+	room        *lease    // SGLang prefill leg: its room (awaitBootstrap; endRoom), nil for a prompt shorter than a block
 	remoteID    string    // P/D prefill leg: remote_request_id
 	pull        *pullJob  // P/D decode leg: its KV's pull (awaitPull)
 	maxStop     int       // bytes of the longest stop string (the search keeps maxStop-1)
@@ -348,6 +349,16 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		writeAPIError(w, aerr)
 		return
 	}
+	if !j.peerBy.IsZero() {
+		ok, aerr := s.awaitBootstrap(r, j)
+		if !ok {
+			if aerr != nil {
+				writeLegError(w, req.Stream, aerr)
+			}
+			return
+		}
+		defer s.endRoom(j)
+	}
 	if err := s.post(command{kind: cmdAdd, req: ereq, st: j.st}); err != nil {
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
@@ -361,6 +372,23 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	s.serveWhole(w, r, j)
+}
+
+// writeLegError writes aerr, the failure of an SGLang prefill leg before
+// the engine took it: a stream's as SGLang's stream carries it (its
+// response has started: a 200, the error event and [DONE]), another's as
+// SGLang's error body.
+func writeLegError(w http.ResponseWriter, stream bool, aerr *apiError) {
+	if !stream {
+		writeAPIError(w, aerr)
+		return
+	}
+	openai.SetHeaders(w.Header())
+	w.WriteHeader(http.StatusOK)
+	sw := openai.NewSSEWriter(w)
+	sw.Data(appendErrorBody(nil, aerr.status, aerr.msg))
+	sw.Done()
+	_ = sw.Flush()
 }
 
 // respIDPrefix is the prefix of a response id: vLLM's "chatcmpl-" or
@@ -657,13 +685,8 @@ func (s *Server) serveWhole(w http.ResponseWriter, r *http.Request, j *job) {
 		s.writeEngineError(w, err)
 		return
 	}
-	if !j.peerBy.IsZero() {
-		if ok, aerr := s.awaitPeer(w, r, j); !ok {
-			if aerr != nil {
-				writeAPIError(w, aerr)
-			}
-			return
-		}
+	if !s.awaitPeer(r, j) {
+		return
 	}
 	var kv map[string]any
 	if j.kvPrefill {
@@ -721,15 +744,8 @@ func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
 			_ = sw.Flush()
 			return
 		}
-		if done && !j.peerBy.IsZero() {
-			if ok, aerr := s.awaitPeer(w, r, j); !ok {
-				if aerr != nil {
-					sw.Data(appendErrorBody(nil, aerr.status, aerr.msg))
-					sw.Done()
-					_ = sw.Flush()
-				}
-				return
-			}
+		if done && !s.awaitPeer(r, j) {
+			return
 		}
 		upto := len(j.text)
 		if !done && s.codec != nil {

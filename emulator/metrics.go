@@ -83,6 +83,8 @@ type snapshot struct {
 	// computed): vllm:generation_tokens_total has instead the tokens their
 	// handlers counted (metrics.stopCounted; see stopState).
 	stopGen int64
+	// bootstrapping is metrics.bootstrapping when the snapshot was taken.
+	bootstrapping int64
 }
 
 // metrics holds one Server's instruments. Histograms that the flavour does
@@ -129,6 +131,10 @@ type metrics struct {
 	// the tokens it generated before are counted). Set for the vLLM
 	// flavours.
 	dropAborts bool
+	// bootstrapping counts the SGLang prefill legs waiting for their
+	// decode engine's bootstrap before the engine takes them
+	// (Server.awaitBootstrap): SGLang's prefill bootstrap queue.
+	bootstrapping atomic.Int64
 }
 
 // finishObs is what a finished request records in the histograms only
@@ -270,6 +276,7 @@ func (m *metrics) stats() *snapshot {
 	m.snapMu.Lock()
 	s := m.snap
 	m.snapMu.Unlock()
+	s.bootstrapping = m.bootstrapping.Load()
 	return &s
 }
 
@@ -471,15 +478,18 @@ func (m *metrics) sglang(l prometheus.Labels, prof engine.Profile, created float
 	// under the names of the SGLang whose labels this flavour has (its
 	// metrics/collector.py; observability/metrics_collector.py renamed the
 	// prefill prealloc queue num_prefill_bootstrap_queue_reqs). A prefill
-	// request waits for no decode engine before it is computed (bootstrap
-	// queue: 0); once prefilled its KV is held until a decode engine
-	// pulled it (inflight queue: the engine's held requests). A decode
+	// request waits for its decode engine's bootstrap before the engine
+	// takes it (bootstrap queue: Server.awaitBootstrap's legs, as
+	// SGLang's scheduler reports len(disagg_prefill_bootstrap_queue.queue);
+	// neither running nor in num_queue_reqs); once prefilled its KV is
+	// held until a decode engine pulled it (inflight queue: the engine's
+	// held requests). A decode
 	// request waits for KV space before its pull (prealloc queue: the
 	// engine model's decode legs queued for their blocks), then holds it
 	// during its pull (transfer queue: those loading); SGLang's
 	// num_queue_reqs counts neither.
-	zero := func(*snapshot) float64 { return 0 }
-	m.gaugeFunc("sglang:num_prefill_prealloc_queue_reqs", "The number of requests in the prefill prealloc queue.", l, zero)
+	m.gaugeFunc("sglang:num_prefill_prealloc_queue_reqs", "The number of requests in the prefill prealloc queue.", l,
+		func(s *snapshot) float64 { return float64(s.bootstrapping) })
 	m.gaugeFunc("sglang:num_prefill_inflight_queue_reqs", "The number of requests in the prefill inflight queue.", l,
 		func(s *snapshot) float64 { return float64(s.st.Held) })
 	m.gaugeFunc("sglang:num_decode_prealloc_queue_reqs", "The number of requests in the decode prealloc queue.", l,

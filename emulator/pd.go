@@ -24,7 +24,9 @@ import (
 // then releases them and ends the lease. A lease not pulled within
 // LeaseTimeout expires and its blocks are released (vLLM's
 // VLLM_NIXL_ABORT_REQUEST_TIMEOUT). In the SGLang form the lease is keyed
-// by bootstrap_room and the pull waits for the prefill to finish.
+// by bootstrap_room, and the decode engine's pull is also the room's
+// bootstrap: the prefill leg waits for it before the engine computes it
+// (Server.awaitBootstrap), and the pull waits for the prefill to finish.
 //
 // A decode engine whose pull fails (lease missing or expired, prefill
 // engine unreachable) follows LoadFailure: fail the request with a 500
@@ -49,7 +51,8 @@ type PullRequest struct {
 	// prefill engine keeps the blocks that long before releasing them.
 	TransferSeconds float64 `json:"transfer_seconds"`
 	// WaitSeconds bounds the wait for a lease that does not exist yet
-	// (SGLang: the prefill is still running); 0 = do not wait.
+	// (SGLang: the prefill leg has not arrived, or is being computed once
+	// this pull bootstrapped its room); 0 = do not wait.
 	WaitSeconds float64 `json:"wait_seconds,omitempty"`
 }
 
@@ -69,22 +72,41 @@ type lease struct {
 	ready       chan struct{} // closed when granted
 	done        chan struct{} // closed when the lease ended (pulled, dropped, expired, replaced): end
 	endOnce     sync.Once
+	// The SGLang bootstrap form's room, made by its prefill leg or by the
+	// decode engine's pull, whichever came first:
+	booted   chan struct{} // closed when a decode engine's pull for the room arrived (boot)
+	bootOnce sync.Once
+	legID    string // the engine request ID of the prefill leg that waits or computes for the room; "" none yet
+	gone     bool   // the pull left after it bootstrapped the room: the grant frees the blocks at once
 }
 
-func newLease() *lease { return &lease{ready: make(chan struct{}), done: make(chan struct{})} }
+func newLease() *lease {
+	return &lease{ready: make(chan struct{}), done: make(chan struct{}), booted: make(chan struct{})}
+}
+
+// boot marks the room bootstrapped: its prefill leg is computed now.
+func (l *lease) boot() { l.bootOnce.Do(func() { close(l.booted) }) }
 
 // end marks the lease ended: an SGLang prefill leg waiting for it
 // (Server.awaitPeer) answers.
 func (l *lease) end() { l.endOnce.Do(func() { close(l.done) }) }
 
-// leaseTable holds the prefill engine's leases.
+// leaseTable holds the prefill engine's leases, and in the SGLang form
+// its rooms before the leases are granted.
 type leaseTable struct {
-	mu sync.Mutex // protects m and the leases in it
+	mu sync.Mutex // protects m, legs and the leases in them
 	m  map[string]*lease
+	// legs has each SGLang prefill leg's room by the leg's engine request
+	// ID, from awaitBootstrap to endRoom: the grant finds its own room
+	// there when another leg reused its key meanwhile.
+	legs map[string]*lease
 }
 
 func roomKey(room uint64) string { return "room:" + strconv.FormatUint(room, 10) }
 func reqKey(id string) string    { return "req:" + id }
+
+// isRoomKey reports whether key names an SGLang room (roomKey).
+func isRoomKey(key string) bool { return strings.HasPrefix(key, "room:") }
 
 // preparePD applies the request's P/D role to the engine request.
 func (s *Server) preparePD(r *http.Request, j *job, ereq *engine.Request) *apiError {
@@ -339,48 +361,143 @@ func (s *Server) rejectedRemote(w http.ResponseWriter, rr *remoteRelease) {
 	}
 }
 
+// awaitBootstrap holds j, an SGLang prefill leg, before the engine takes
+// it, until the decode engine has bootstrapped its room: SGLang's prefill
+// engine keeps a request in its bootstrap queue
+// (disaggregation/prefill.py, PrefillBootstrapQueue.pop_bootstrapped)
+// until its KV sender's poll leaves KVPoll.Bootstrapping, which it does
+// once the decode engine sent the room's destination (the prefill's
+// bootstrap thread sets KVPoll.WaitingForInput when the room's transfer
+// info arrived), and the decode engine sends it only once it
+// pre-allocated the request's KV (decode.py,
+// DecodePreallocQueue.pop_preallocated: KVReceiver.init with the page
+// indices, send_metadata in newer releases); only then is the request
+// put in the scheduler's waiting queue. Here the decode engine's pull,
+// which it makes once its engine admitted the leg with its blocks
+// (Server.awaitPull), is that message: it bootstraps the room
+// (leaseTable.take), whether it comes before or after the prefill leg. A
+// prompt shorter than a block waits for nothing (the decode engine pulls
+// no KV for it). The wait is bounded by BootstrapTimeout from the leg's
+// arrival: then the leg fails with SGLang's 500, its KV sender's
+// KVTransferError "Request <room> timed out after <s>s in
+// KVPoll.Bootstrapping" (the decode engine never came: it refused its
+// leg, for an adapter it does not serve say, and SGLang's decode engine
+// tells the prefill engine nothing of a request its tokenizer manager
+// refused). A client that leaves (the router cancelling the leg when the
+// decode leg failed) leaves the queue at once, as SGLang aborts a request
+// in its bootstrap queue; either way the engine never computed the leg.
+// A leg waiting here counts in sglang:num_prefill_prealloc_queue_reqs
+// (SGLang's bootstrap queue), not as running or waiting in the engine.
+// It reports whether the handler goes on to add the leg to the engine:
+// false when the client left (nothing to write) or with aerr to write.
+// Once it returned true, the handler owes endRoom.
+func (s *Server) awaitBootstrap(r *http.Request, j *job) (ok bool, aerr *apiError) {
+	if len(j.prompt) < s.prof.BlockSize {
+		return true, nil
+	}
+	key := j.st.leaseKey
+	t := &s.leases
+	t.mu.Lock()
+	l := t.m[key]
+	switch {
+	case l != nil && l.granted:
+		// A reused room: its old lease ends (its blocks are freed, its
+		// leg answers).
+		l.timer.Stop()
+		_ = s.post(command{kind: cmdRelease, id: l.engineReqID})
+		l.end()
+		l = nil
+	case l != nil && l.legID != "":
+		// A reused room whose leg waits, or computes: the room is this
+		// leg's now; the other's bootstrap times out, or its KV is freed
+		// when computed (grantLease).
+		l = nil
+	}
+	if l == nil {
+		l = newLease()
+		t.m[key] = l
+	}
+	l.legID = j.engineID
+	t.legs[j.engineID] = l
+	t.mu.Unlock()
+	j.room = l
+	s.metrics.bootstrapping.Add(1)
+	defer s.metrics.bootstrapping.Add(-1)
+	tm := time.NewTimer(time.Until(j.peerBy))
+	defer tm.Stop()
+	select {
+	case <-l.booted:
+		return true, nil
+	case <-r.Context().Done():
+		s.endRoom(j)
+		return false, nil
+	case <-s.life.Done():
+		return true, nil // the engine stopped: adding the leg fails
+	case <-l.done: // the engine stopped (leaseTable.stopAll)
+	case <-tm.C:
+	}
+	s.endRoom(j)
+	if s.isStopped() {
+		return true, nil // adding the leg fails
+	}
+	room := strings.TrimPrefix(key, "room:")
+	waited := s.cfg.BootstrapTimeout.Seconds()
+	msg := fmt.Sprintf("KVTransferError(bootstrap_room=%s): Request %s timed out after %.1fs in KVPoll.Bootstrapping", room, room, waited)
+	return false, &apiError{status: http.StatusInternalServerError, msg: msg, typ: "InternalServerError", sglang: true}
+}
+
 // awaitPeer holds j, an SGLang prefill leg whose request finished, until
 // the decode engine took its room's KV, as SGLang's prefill engine returns
 // a request from its inflight queue only once the KV transfer ended; a
 // prompt shorter than a block holds none (grantLease) and answers at once.
-// The wait is bounded by BootstrapTimeout from the leg's arrival: then the
-// blocks are freed and the leg fails with SGLang's 500, its KV sender's
-// KVTransferError "Request <room> timed out after <s>s in
-// KVPoll.Bootstrapping" (the decode engine never came: it refused its leg,
-// for an adapter it does not serve say, and SGLang's decode engine tells
-// the prefill engine nothing of a request its tokenizer manager refused).
-// A client that leaves (the router cancelling the leg when the decode leg
-// failed) frees them at once, as SGLang aborts a request in its bootstrap
-// or inflight queue. It reports whether the handler goes on to answer:
-// false when the client left or aerr was written to w.
-func (s *Server) awaitPeer(w http.ResponseWriter, r *http.Request, j *job) (ok bool, aerr *apiError) {
-	t := &s.leases
-	t.mu.Lock()
-	l := t.m[j.st.leaseKey]
-	if l != nil && (!l.granted || l.engineReqID != j.st.id) {
-		l = nil // not this leg's: pulled already, or the room reused
-	}
-	t.mu.Unlock()
+// The decode engine bootstrapped the room before the leg was computed
+// (awaitBootstrap) and waits for the KV: the lease ends when it pulled
+// it, or when the pull left (grantLease), or at LeaseTimeout. A client
+// that leaves makes the handler return, and its endRoom frees the blocks
+// at once, as SGLang aborts a request in its inflight queue. It reports
+// whether the handler goes on to answer.
+func (s *Server) awaitPeer(r *http.Request, j *job) bool {
+	l := j.room
 	if l == nil {
-		return true, nil
+		return true
 	}
-	tm := time.NewTimer(time.Until(j.peerBy))
-	defer tm.Stop()
 	select {
 	case <-l.done:
-		return true, nil
+		return true
 	case <-r.Context().Done():
-		s.dropLease(j)
-		return false, nil
+		return false
 	case <-s.life.Done():
-		return true, nil // the engine stopped: stopAll ended the lease
-	case <-tm.C:
+		return true // the engine stopped: stopAll ended the lease
 	}
-	s.dropLease(j)
-	room := strings.TrimPrefix(j.st.leaseKey, "room:")
-	waited := s.cfg.BootstrapTimeout.Seconds()
-	msg := fmt.Sprintf("KVTransferError(bootstrap_room=%s): Request %s timed out after %.1fs in KVPoll.Bootstrapping", room, room, waited)
-	return false, &apiError{status: http.StatusInternalServerError, msg: msg, typ: "InternalServerError", sglang: true}
+}
+
+// endRoom ends j's room, an SGLang prefill leg's, when its handler is done
+// with it: the room leaves the table unless a pull took it or another leg
+// reused it, the blocks of a lease granted and not pulled are freed, and a
+// grant still to come frees them at once (grantLease). A pull waiting for
+// the room finds no KV.
+func (s *Server) endRoom(j *job) {
+	l := j.room
+	if l == nil {
+		return
+	}
+	key := j.st.leaseKey
+	t := &s.leases
+	t.mu.Lock()
+	delete(t.legs, j.engineID)
+	held := false
+	if t.m[key] == l {
+		delete(t.m, key)
+		if held = l.granted; held {
+			l.timer.Stop()
+		}
+	}
+	l.gone = true
+	t.mu.Unlock()
+	if held {
+		_ = s.post(command{kind: cmdRelease, id: l.engineReqID})
+	}
+	l.end()
 }
 
 // releaseWait bounds releaseRemote's call.
@@ -466,7 +583,9 @@ func (s *Server) kvTransferParams(j *job) map[string]any {
 // prompt shorter than one block is not held: no decode engine pulls it
 // (pullForDecode recomputes it), so its blocks are freed at once, as
 // vLLM's NixlConnector frees them ("If prompt < block_size, no xfer so
-// free blocks immediately").
+// free blocks immediately"). An SGLang leg's room was made when it
+// arrived (awaitBootstrap): when its leg or its pull left since, the
+// blocks are freed at once.
 func (s *Server) grantLease(st *stream, promptTokens int, blockIDs []int) {
 	if promptTokens < s.prof.BlockSize {
 		_ = s.post(command{kind: cmdRelease, id: st.id})
@@ -476,7 +595,22 @@ func (s *Server) grantLease(st *stream, promptTokens int, blockIDs []int) {
 	t := &s.leases
 	t.mu.Lock()
 	l := t.m[key]
-	if l != nil && l.granted { // a reused room: the old lease ends now
+	if isRoomKey(key) {
+		l = t.legs[st.id]
+		if l == nil || t.m[key] != l || l.gone {
+			// The leg left (endRoom), another leg reused the room, or
+			// the pull left: nothing will take the KV.
+			if l != nil && t.m[key] == l {
+				delete(t.m, key)
+			}
+			t.mu.Unlock()
+			_ = s.post(command{kind: cmdRelease, id: st.id})
+			if l != nil {
+				l.end()
+			}
+			return
+		}
+	} else if l != nil && l.granted { // a reused request ID: the old lease ends now
 		l.timer.Stop()
 		_ = s.post(command{kind: cmdRelease, id: l.engineReqID})
 		l.end()
@@ -535,16 +669,28 @@ func (t *leaseTable) stopAll() {
 		l.end()
 		delete(t.m, key)
 	}
+	for id, l := range t.legs {
+		l.end()
+		delete(t.legs, id)
+	}
 }
 
 // take removes and returns a granted lease, waiting up to wait for it to be
-// granted. nil means missing or expired.
+// granted. nil means missing or expired. In the SGLang form the pull also
+// bootstraps the room (lease.boot): the prefill leg waiting for it is
+// computed now, or, when it has not arrived yet, as soon as it does
+// (awaitBootstrap); a pull that leaves before the grant leaves the room
+// to its leg, whose blocks the grant then frees (lease.gone).
 func (t *leaseTable) take(ctx context.Context, key string, wait time.Duration) *lease {
 	t.mu.Lock()
 	l := t.m[key]
 	if l == nil && wait > 0 {
 		l = newLease()
 		t.m[key] = l
+	}
+	if l != nil {
+		l.gone = false
+		l.boot()
 	}
 	t.mu.Unlock()
 	if l == nil {
@@ -554,6 +700,7 @@ func (t *leaseTable) take(ctx context.Context, key string, wait time.Duration) *
 		tm := time.NewTimer(wait)
 		select {
 		case <-l.ready:
+		case <-l.done: // its leg left, or the engine stopped
 		case <-tm.C:
 		case <-ctx.Done():
 		}
@@ -565,7 +712,11 @@ func (t *leaseTable) take(ctx context.Context, key string, wait time.Duration) *
 		return nil
 	}
 	if !l.granted {
-		delete(t.m, key) // our placeholder: nobody else waits on it
+		if l.legID == "" {
+			delete(t.m, key) // our placeholder: nobody else waits on it
+		} else {
+			l.gone = true
+		}
 		return nil
 	}
 	delete(t.m, key)

@@ -13,7 +13,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
-	"github.com/kvroute/kvroute/internal/syncbuf"
+	"github.com/kvroute/kvroute/engine"
 	dto "github.com/prometheus/client_model/go"
 )
 
@@ -159,14 +159,14 @@ func TestPDDecodePullCountsWaiting(t *testing.T) {
 }
 
 // TestPDSGLangQueueGauges: an SGLang-flavoured P/D pair publishes SGLang's
-// P/D queue gauges from its state: the prefill engine's held lease is its
-// inflight queue (prefilled, its KV waiting for the decode engine to read
-// it) until the decode engine's pull released it, the decode engine's
-// request in its pull (a slow transfer here) is its transfer queue; their
-// waiting queues (num_queue_reqs) stay empty, and the prefill bootstrap
-// queue, which the emulator does not model, and the decode prealloc queue
-// (decode legs waiting for KV space: this one has room) read 0. The gauges
-// were missing.
+// P/D queue gauges from its state: the prefill leg waiting for its decode
+// engine is the prefill bootstrap queue, then its held lease the inflight
+// queue (prefilled, its KV waiting for the decode engine to read it) until
+// the decode engine's pull released it, the decode engine's request in its
+// pull (a slow transfer here) is its transfer queue; their waiting queues
+// (num_queue_reqs) stay empty, and the decode prealloc queue (decode legs
+// waiting for KV space: this one has room; TestPDSGLangBootstrapQueue
+// fills it) reads 0. The gauges were missing.
 func TestPDSGLangQueueGauges(t *testing.T) {
 	_, ps := testServer(t, Config{Role: kvroute.RolePrefill, PDProtocol: PDSGLang, MetricsFlavor: FlavorSGLang,
 		LeaseTimeout: time.Hour})
@@ -185,12 +185,13 @@ func TestPDSGLangQueueGauges(t *testing.T) {
 	checkGauges(t, "idle prefill engine", ps.URL, zero)
 	checkGauges(t, "idle decode engine", ds.URL, zero)
 
-	// An SGLang prefill leg answers once the decode engine took its KV
+	// An SGLang prefill leg waits for its decode engine's bootstrap
+	// (awaitBootstrap), then answers once the decode engine took its KV
 	// (awaitPeer).
 	prefill := sendAsync(context.Background(), ps.URL+"/v1/completions", body)
-	waitFor(t, "the prefill engine to hold the room's KV", func() bool { return gaugeOf(t, scrape(t, ps.URL), inflight) == 1 })
-	checkGauges(t, "prefill engine holding the room's KV", ps.URL,
-		map[string]float64{bootstrap: 0, inflight: 1, prealloc: 0, transfer: 0, queue: 0, "sglang:num_running_reqs": 0})
+	waitFor(t, "the prefill leg to wait for its decode engine", func() bool { return gaugeOf(t, scrape(t, ps.URL), bootstrap) == 1 })
+	checkGauges(t, "prefill engine waiting for the room's bootstrap", ps.URL,
+		map[string]float64{bootstrap: 1, inflight: 0, prealloc: 0, transfer: 0, queue: 0, "sglang:num_running_reqs": 0})
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -199,6 +200,9 @@ func TestPDSGLangQueueGauges(t *testing.T) {
 		v := gaugeOf(t, scrape(t, ds.URL), transfer)
 		return v == 1
 	})
+	waitFor(t, "the prefill engine to hold the room's KV", func() bool { return gaugeOf(t, scrape(t, ps.URL), inflight) == 1 })
+	checkGauges(t, "prefill engine holding the room's KV", ps.URL,
+		map[string]float64{bootstrap: 0, inflight: 1, prealloc: 0, transfer: 0, queue: 0, "sglang:num_running_reqs": 0})
 	checkGauges(t, "decode engine pulling", ds.URL, map[string]float64{prealloc: 0, queue: 0, "sglang:num_running_reqs": 0})
 	checkGauges(t, "prefill engine being pulled from", ps.URL, map[string]float64{inflight: 1, queue: 0})
 
@@ -220,60 +224,80 @@ func TestPDSGLangQueueGauges(t *testing.T) {
 	}
 }
 
-// TestPDInflightLeaseEnds: a prefill engine's held lease leaves its
-// inflight queue however it ends: expired (no decode engine pulled it),
-// replaced by a reused room, or pulled.
+// TestPDInflightLeaseEnds: a prefill engine's SGLang room leaves its
+// queues however it ends: its pull left after bootstrapping it (the blocks
+// are freed when the leg is computed, not held for LeaseTimeout), or
+// another leg reused it (the new leg is bootstrapped and pulled, the old
+// one's bootstrap times out).
 func TestPDInflightLeaseEnds(t *testing.T) {
-	const inflight = "sglang:num_prefill_inflight_queue_reqs"
-	room := func(url string, n int) string {
+	const (
+		bootstrap = "sglang:num_prefill_prealloc_queue_reqs"
+		inflight  = "sglang:num_prefill_inflight_queue_reqs"
+		usage     = "sglang:token_usage"
+	)
+	leg := func(url, prompt string, n int) string {
 		host, port := splitHostPort(t, url)
-		return fmt.Sprintf(`{"prompt":%q,"max_tokens":2,"bootstrap_host":%q,"bootstrap_port":%d,"bootstrap_room":%d}`, pdPrompt, host, port, n)
+		return fmt.Sprintf(`{"prompt":%q,"max_tokens":2,"bootstrap_host":%q,"bootstrap_port":%d,"bootstrap_room":%d}`, prompt, host, port, n)
 	}
-	t.Run("expired", func(t *testing.T) {
-		var plog syncbuf.Buffer
-		_, ps := testServer(t, Config{Role: kvroute.RolePrefill, PDProtocol: PDSGLang, MetricsFlavor: FlavorSGLang,
-			LeaseTimeout: time.Second, Logger: logTo(&plog)}) // 10 ms at speed 100
-		if code, b := post(t, ps.URL+"/v1/completions", room(ps.URL, 1)); code != 200 {
-			t.Fatalf("prefill: got %d %s", code, b)
+	// pull is a decode engine's pull of room n, waiting wait for its KV
+	// and holding the transfer for hold.
+	pull := func(ctx context.Context, url string, n int, wait, hold time.Duration) func() (int, string, error) {
+		return sendAsync(ctx, url+"/internal/kv/pull",
+			fmt.Sprintf(`{"bootstrap_room":%d,"wait_seconds":%g,"transfer_seconds":%g}`, n, wait.Seconds(), hold.Seconds()))
+	}
+	t.Run("its pull left before the grant", func(t *testing.T) {
+		prof, err := engine.LookupProfile("tiny")
+		if err != nil {
+			t.Fatal(err)
 		}
-		waitFor(t, "the lease to expire", func() bool { return strings.Contains(plog.String(), "kv lease expired") })
-		waitFor(t, "the expired lease to leave the inflight queue", func() bool { return gaugeOf(t, scrape(t, ps.URL), inflight) == 0 })
+		_, ps := testServer(t, Config{Role: kvroute.RolePrefill, PDProtocol: PDSGLang, MetricsFlavor: FlavorSGLang,
+			LeaseTimeout: time.Hour, BootstrapTimeout: time.Hour, Engine: engine.Config{Profile: prof, NumGPUBlocks: 5}})
+		// Room 1's KV (3 of the 4 blocks) is held in a transfer that
+		// lasts until the test ends it, so room 2's leg cannot be
+		// computed once bootstrapped.
+		ctx, endTransfer := context.WithCancel(context.Background())
+		defer endTransfer()
+		held := pull(ctx, ps.URL, 1, 10*time.Second, time.Hour)
+		first := sendAsync(context.Background(), ps.URL+"/v1/completions", leg(ps.URL, strings.Repeat(pdPrompt+" ", 2), 1))
+		waitFor(t, "room 1's transfer", func() bool { return gaugeOf(t, scrape(t, ps.URL), inflight) == 1 })
+		other := "A prompt that shares no block with room 1's, long enough to fill more than one block of KV."
+		second := sendAsync(context.Background(), ps.URL+"/v1/completions", leg(ps.URL, other, 2))
+		waitFor(t, "room 2's leg in the bootstrap queue", func() bool { return gaugeOf(t, scrape(t, ps.URL), bootstrap) == 1 })
+		// Room 2's pull bootstraps it, then gives up.
+		if code, b, err := pull(context.Background(), ps.URL, 2, 20*time.Millisecond, 0)(); code != http.StatusNotFound {
+			t.Fatalf("room 2's pull: got %d %s %v, want 404", code, b, err)
+		}
+		checkGauges(t, "room 2 bootstrapped, not computed", ps.URL, map[string]float64{bootstrap: 0, inflight: 1})
+		endTransfer()
+		if code, b, err := first(); code != http.StatusOK {
+			t.Errorf("room 1's leg: got %d %s %v", code, b, err)
+		}
+		_, _, _ = held()
+		// Room 2's leg is computed now; nothing will take its KV.
+		if code, b, err := second(); code != http.StatusOK {
+			t.Errorf("room 2's leg: got %d %s %v", code, b, err)
+		}
+		waitFor(t, "the blocks to be freed", func() bool { return gaugeOf(t, scrape(t, ps.URL), usage) == 0 })
+		checkGauges(t, "after both legs", ps.URL, map[string]float64{bootstrap: 0, inflight: 0})
 	})
 	t.Run("reused room, then pulled", func(t *testing.T) {
 		_, ps := testServer(t, Config{Role: kvroute.RolePrefill, PDProtocol: PDSGLang, MetricsFlavor: FlavorSGLang,
-			LeaseTimeout: time.Hour})
+			LeaseTimeout: time.Hour, BootstrapTimeout: 50 * time.Second}) // 0.5 s at speed 100
 		_, ds := testServer(t, Config{Role: kvroute.RoleDecode, PDProtocol: PDSGLang, MetricsFlavor: FlavorSGLang,
 			LoadFailure: LoadFailureFail})
-		// An SGLang prefill leg answers once its KV is taken (awaitPeer):
-		// the legs run in the background, one after the other.
-		var prefills []func() (int, string, error)
-		for i, want := range []float64{1, 1, 2} { // room 5, room 5 again, room 6
-			n := 5 + i/2
-			prefills = append(prefills, sendAsync(context.Background(), ps.URL+"/v1/completions", room(ps.URL, n)))
-			// A reused room's old lease is released after the response (the
-			// loop posts its release as it grants the new one).
-			waitFor(t, fmt.Sprintf("%v held leases after prefill %d (room %d)", want, i, n), func() bool {
-				return gaugeOf(t, scrape(t, ps.URL), inflight) == want
-			})
+		old := sendAsync(context.Background(), ps.URL+"/v1/completions", leg(ps.URL, pdPrompt, 5))
+		waitFor(t, "the first leg of room 5 in the bootstrap queue", func() bool { return gaugeOf(t, scrape(t, ps.URL), bootstrap) == 1 })
+		reused := sendAsync(context.Background(), ps.URL+"/v1/completions", leg(ps.URL, pdPrompt, 5))
+		waitFor(t, "both legs of room 5 in the bootstrap queue", func() bool { return gaugeOf(t, scrape(t, ps.URL), bootstrap) == 2 })
+		if code, b := post(t, ds.URL+"/v1/completions", leg(ps.URL, pdPrompt, 5)); code != http.StatusOK {
+			t.Fatalf("decode room 5: got %d %s", code, b)
 		}
-		// The leg whose room was reused answers: its lease ended.
-		if code, b, err := prefills[0](); code != 200 {
-			t.Fatalf("prefill 0 (its room reused): got %d %s %v", code, b, err)
+		if code, b, err := reused(); code != http.StatusOK {
+			t.Errorf("the leg that reused room 5: got %d %s %v", code, b, err)
 		}
-		for i, n := range []int{5, 6} {
-			if code, b := post(t, ds.URL+"/v1/completions", room(ps.URL, n)); code != 200 {
-				t.Fatalf("decode room %d: got %d %s", n, code, b)
-			}
-			want := float64(1 - i)
-			waitFor(t, fmt.Sprintf("%v held leases after the pull of room %d", want, n), func() bool {
-				v := gaugeOf(t, scrape(t, ps.URL), inflight)
-				return v == want
-			})
+		if code, b, err := old(); code != http.StatusInternalServerError || !strings.Contains(b, "in KVPoll.Bootstrapping") {
+			t.Errorf("the leg whose room was reused: got %d %s %v, want its bootstrap's timeout", code, b, err)
 		}
-		for i, p := range prefills[1:] {
-			if code, b, err := p(); code != 200 {
-				t.Errorf("prefill %d: got %d %s %v", i+1, code, b, err)
-			}
-		}
+		checkGauges(t, "after both legs", ps.URL, map[string]float64{bootstrap: 0, inflight: 0, usage: 0})
 	})
 }

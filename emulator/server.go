@@ -157,7 +157,7 @@ func New(cfg Config) (*Server, error) {
 	}
 	s := &Server{
 		cfg: cfg, prof: eng.Profile(), eng: eng, sampler: eng.Sampler(), codec: codec,
-		leases: leaseTable{m: map[string]*lease{}},
+		leases: leaseTable{m: map[string]*lease{}, legs: map[string]*lease{}},
 		client: &http.Client{
 			Timeout: cfg.BootstrapWait + 11*time.Minute, // the wait, then at most 10 minutes of transfer
 			Transport: &http.Transport{DialContext: (&net.Dialer{Timeout: 5 * time.Second}).DialContext,

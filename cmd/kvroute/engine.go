@@ -93,9 +93,12 @@ vLLM's do (with sglang, the pull stops and the decode engine frees them at
 once, as SGLang's does). With
 --pd-protocol sglang the router sends the same request (bootstrap_host,
 bootstrap_port = the prefill engine's side channel port, bootstrap_room) to
-both engines at once; the decode engine waits for the room's prefill, and the
-prefill engine answers once the decode engine took the KV (after
---bootstrap-timeout it fails with SGLang's 500 and frees the blocks). There a
+both engines at once. As SGLang's, the prefill engine keeps the request in its
+bootstrap queue (sglang:num_prefill_prealloc_queue_reqs), not computed, until
+the decode engine has taken its decode leg with KV blocks for the prompt and
+bootstrapped the room (its pull), computes it then, and answers once the
+decode engine took the KV; after --bootstrap-timeout in the bootstrap queue it
+fails with SGLang's 500 (KVPoll.Bootstrapping). There a
 request names a LoRA adapter as SGLang reads one: model <base>:<adapter>, or
 lora_path.
 
@@ -177,7 +180,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fabricGbps  = fs.Float64("fabric-gbps", 100, "prefill->decode link speed for KV transfers, Gbit/s")
 		setup       = fs.Duration("kv-transfer-setup", 2*time.Millisecond, "fixed cost of one KV transfer")
 		lease       = fs.Duration("kv-lease", 480*time.Second, "how long a prefill engine holds KV for a decode engine (VLLM_NIXL_ABORT_REQUEST_TIMEOUT)")
-		bootTimeout = fs.Duration("bootstrap-timeout", 300*time.Second, "--pd-protocol sglang, prefill side: how long a prefill engine holds a room's KV for its decode engine before it fails the request with SGLang's 500 and frees the blocks (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT); it answers the request once the decode engine took the KV")
+		bootTimeout = fs.Duration("bootstrap-timeout", 300*time.Second, "--pd-protocol sglang, prefill side: how long a request waits in the prefill engine's bootstrap queue, not computed, for its decode engine to bootstrap its room before it fails with SGLang's 500 (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT); it answers the request once the decode engine took the KV")
 		loadFailure = fs.String("pd-load-failure", emulator.LoadFailureFail, "decode side, lease missing or expired: fail (500, vLLM's kv_load_failure_policy default) or recompute (warn, prefill locally)")
 		sideListen  = fs.String("side-channel-listen", "", "also serve the P/D side channel on this `address` (like VLLM_NIXL_SIDE_CHANNEL_PORT or SGLang's bootstrap port); it is then the advertised one. With --data-parallel-size N and --pd-protocol nixl, rank r listens on its port + r, as vLLM's ranks do")
 		advertise   = fs.String("advertise", "", "side-channel `host:port` put in kv_transfer_params (default: --side-channel-listen, else --listen); with ranks on their own side-channel ports, rank r advertises port + r")
