@@ -399,7 +399,11 @@
 // adapter it does not serve with SGLang's 400 in SGLang's flat error shape
 // ({"object":"error","message":"The following requested LoRA adapters are
 // not loaded: ...","type":"BadRequestError","param":null,"code":400}),
-// before taking the request (Server.resolveAdapter); each engine keys the
+// before taking the request (Server.resolveAdapter); a streamed request
+// gets it as SGLang streams it, its tokenizer manager acquiring the
+// adapter inside the response's generator: a 200 whose stream is that
+// ErrorResponse under "error" in Python's json.dumps form (data: {"error":
+// {"object": "error", ...}}) and data: [DONE]; each engine keys the
 // prompt's blocks with the adapter, as in vLLM's form. A prompt shorter than a
 // block is computed locally, with no pull. A decode engine whose pull
 // fails fails the request with a 500 (Config.LoadFailure "fail", the

@@ -210,7 +210,11 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 	lora, aerr := s.resolveAdapter(req)
 	if aerr != nil {
 		putBody(bodyBuf)
-		writeAPIError(w, aerr)
+		if aerr.inStream && req.Stream {
+			writeSGLangStreamError(w, aerr)
+		} else {
+			writeAPIError(w, aerr)
+		}
 		return
 	}
 	if !chat && req.hasSuffix() {

@@ -289,7 +289,11 @@ func (s *Server) resolveModel(model string) (string, *apiError) {
 // alone is the base model's request there. An adapter it does not serve is
 // SGLang's 400 (LoRARegistry.acquire's ValueError, answered by its serving
 // layer as a BadRequestError), before the engine takes the request, as
-// SGLang's tokenizer manager refuses it before its scheduler sees it.
+// SGLang's tokenizer manager refuses it before its scheduler sees it; a
+// streamed request gets it in a 200, as its stream's error event and
+// [DONE] (writeSGLangStreamError): the tokenizer manager's
+// generate_request runs inside the StreamingResponse's generator, whose
+// ValueError the serving code turns into that event.
 func (s *Server) resolveAdapter(req *apiRequest) (string, *apiError) {
 	if s.cfg.PDProtocol != PDSGLang {
 		return s.resolveModel(req.Model)
@@ -316,8 +320,10 @@ func (s *Server) resolveAdapter(req *apiRequest) (string, *apiError) {
 			loaded = append(loaded, "'"+a.name+"'")
 		}
 	}
-	// Python's repr of the registry's keys (an OrderedDict's).
-	return "", &apiError{status: http.StatusBadRequest, sglang: true, msg: fmt.Sprintf(
+	// Python's repr of the registry's keys (an OrderedDict's). SGLang's
+	// tokenizer manager raises it in generate_request, which a streamed
+	// response runs after it started (apiError.inStream).
+	return "", &apiError{status: http.StatusBadRequest, sglang: true, inStream: true, msg: fmt.Sprintf(
 		"The following requested LoRA adapters are not loaded: %s\nLoaded adapters: odict_keys([%s]).", name, strings.Join(loaded, ", "))}
 }
 

@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"strings"
 	"testing"
@@ -247,5 +248,63 @@ func TestPDSGLangUnknownAdapter(t *testing.T) {
 	if code, out := post(t, ps.URL+"/v1/completions", b); code != http.StatusBadRequest ||
 		!strings.Contains(string(out), `"message":"The following requested LoRA adapters are not loaded: chat-lora\nLoaded adapters: odict_keys(['sql-lora']).","type":"BadRequestError"`) {
 		t.Errorf("prefill engine, chat-lora: got %d %s", code, out)
+	}
+}
+
+// TestSGLangStreamedUnknownAdapter: SGLang answers a streamed request
+// naming an adapter it does not serve with a 200 whose stream is the error
+// event and [DONE], on /v1/chat/completions and /v1/completions alike: the
+// adapter is acquired inside the tokenizer manager's generate_request,
+// which a streamed response runs after its StreamingResponse started, and
+// the serving code yields create_streaming_error_response's event (Python's
+// json.dumps of {"error": ErrorResponse}). A request that does not stream
+// keeps the flat 400. Before, a streamed request got the flat 400 too.
+func TestSGLangStreamedUnknownAdapter(t *testing.T) {
+	_, hs := testServer(t, Config{PDProtocol: PDSGLang, LoRA: serving("chat-lora")})
+	const want = `data: {"error": {"object": "error", "message": "The following requested LoRA adapters are not loaded: sql-lora\nLoaded adapters: odict_keys(['chat-lora']).", "type": "BadRequestError", "param": null, "code": 400}}` +
+		"\n\ndata: [DONE]\n\n"
+	const want400 = `{"object":"error","message":"The following requested LoRA adapters are not loaded: sql-lora\nLoaded adapters: odict_keys(['chat-lora']).","type":"BadRequestError","param":null,"code":400}` + "\n"
+	for _, path := range []string{"/v1/chat/completions", "/v1/completions"} {
+		for _, form := range []string{`"model":"tiny","lora_path":"sql-lora"`, `"model":"tiny:sql-lora"`} {
+			input := `"prompt":"Hello there"`
+			if path == "/v1/chat/completions" {
+				input = `"messages":[{"role":"user","content":"Hello there"}]`
+			}
+			for _, stream := range []bool{true, false} {
+				body := fmt.Sprintf(`{%s,%s,"max_tokens":3,"stream":%v}`, form, input, stream)
+				resp, err := http.Post(hs.URL+path, "application/json", strings.NewReader(body))
+				if err != nil {
+					t.Fatal(err)
+				}
+				b, _ := io.ReadAll(resp.Body)
+				resp.Body.Close()
+				ct := resp.Header.Get("Content-Type")
+				switch {
+				case stream && (resp.StatusCode != http.StatusOK || string(b) != want || ct != "text/event-stream; charset=utf-8"):
+					t.Errorf("%s %s, streamed: got %d (%s) %q, want 200 (text/event-stream; charset=utf-8) %q", path, form, resp.StatusCode, ct, b, want)
+				case !stream && (resp.StatusCode != http.StatusBadRequest || string(b) != want400):
+					t.Errorf("%s %s: got %d %q, want 400 %q", path, form, resp.StatusCode, b, want400)
+				}
+			}
+		}
+	}
+}
+
+// TestAppendPyJSONString checks the string form of Python's json.dumps
+// (ensure_ascii), which SGLang's streamed errors are written in.
+func TestAppendPyJSONString(t *testing.T) {
+	for _, tc := range []struct{ in, want string }{
+		{"plain <&> text", `"plain <&> text"`},
+		{"quote \" back \\ slash", `"quote \" back \\ slash"`},
+		{"nl\ncr\rtab\tbs\bff\f", `"nl\ncr\rtab\tbs\bff\f"`},
+		{"\x00\x1f\x7f", `"\u0000\u001f\u007f"`},
+		{"café €", `"caf\u00e9 \u20ac"`},
+		{"😀", `"\ud83d\ude00"`},
+		{"bad \xff byte", `"bad \ufffd byte"`},
+		{"odict_keys(['a-lora'])", `"odict_keys(['a-lora'])"`},
+	} {
+		if got := string(appendPyJSONString(nil, tc.in)); got != tc.want {
+			t.Errorf("%q: got %s, want %s", tc.in, got, tc.want)
+		}
 	}
 }

@@ -12,6 +12,7 @@ import (
 	"strings"
 	"sync"
 	"unicode"
+	"unicode/utf16"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/openai"
@@ -288,6 +289,11 @@ type apiError struct {
 	typ string
 	// sglang writes the error in SGLang's flat shape (writeSGLang).
 	sglang bool
+	// inStream: SGLang raises the error inside a streamed response's
+	// generator (its tokenizer manager's), after the response started: a
+	// streamed request gets it as the stream's error event in a 200
+	// (writeSGLangStreamError).
+	inStream bool
 }
 
 func (e *apiError) Error() string { return e.msg }
@@ -426,6 +432,75 @@ func writeSGLang(w http.ResponseWriter, e *apiError) {
 	h.Set("Content-Length", strconv.Itoa(len(body)))
 	w.WriteHeader(e.status)
 	_, _ = w.Write(body)
+}
+
+// writeSGLangStreamError writes e, an SGLang error raised inside a
+// streamed response (apiError.inStream), as SGLang's serving code sends it:
+// the StreamingResponse has started (200, text/event-stream), its
+// generator catches the ValueError (serving_chat.py's
+// _generate_chat_stream, serving_completions.py's generate_stream_resp)
+// and yields create_streaming_error_response's event, Python's
+// json.dumps of {"error": <its ErrorResponse>} (", " and ": " between
+// items, non-ASCII escaped), then "data: [DONE]".
+func writeSGLangStreamError(w http.ResponseWriter, e *apiError) {
+	typ := e.typ
+	if typ == "" {
+		typ = "BadRequestError"
+	}
+	b := append(make([]byte, 0, 128+len(e.msg)), `data: {"error": {"object": "error", "message": `...)
+	b = appendPyJSONString(b, e.msg)
+	b = append(b, `, "type": `...)
+	b = appendPyJSONString(b, typ)
+	b = append(b, `, "param": `...)
+	if e.param != "" {
+		b = appendPyJSONString(b, e.param)
+	} else {
+		b = append(b, "null"...)
+	}
+	b = append(b, `, "code": `...)
+	b = strconv.AppendInt(b, int64(e.status), 10)
+	b = append(b, "}}\n\ndata: [DONE]\n\n"...)
+	openai.SetHeaders(w.Header())
+	w.WriteHeader(http.StatusOK)
+	_, _ = w.Write(b)
+	_ = http.NewResponseController(w).Flush()
+}
+
+// appendPyJSONString appends s as Python's json.dumps writes a string with
+// ensure_ascii (its default): quoted, with \", \\, \n, \r, \t, \b and
+// \f, and every other character outside ' '..'~' as \uXXXX (lower-case
+// hex; a UTF-16 surrogate pair above U+FFFF). An invalid UTF-8 byte is
+// written as U+FFFD, the character Python's decoding would give it.
+func appendPyJSONString(b []byte, s string) []byte {
+	const hex = "0123456789abcdef"
+	u := func(b []byte, r rune) []byte {
+		return append(b, '\\', 'u', hex[r>>12&0xf], hex[r>>8&0xf], hex[r>>4&0xf], hex[r&0xf])
+	}
+	b = append(b, '"')
+	for _, r := range s {
+		switch {
+		case r == '"' || r == '\\':
+			b = append(b, '\\', byte(r))
+		case r == '\n':
+			b = append(b, '\\', 'n')
+		case r == '\r':
+			b = append(b, '\\', 'r')
+		case r == '\t':
+			b = append(b, '\\', 't')
+		case r == '\b':
+			b = append(b, '\\', 'b')
+		case r == '\f':
+			b = append(b, '\\', 'f')
+		case r >= ' ' && r <= '~':
+			b = append(b, byte(r))
+		case r > 0xffff:
+			r1, r2 := utf16.EncodeRune(r)
+			b = u(u(b, r1), r2)
+		default:
+			b = u(b, r)
+		}
+	}
+	return append(b, '"')
 }
 
 // parseRequest decodes and validates a request body the way vLLM's pydantic

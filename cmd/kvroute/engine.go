@@ -100,7 +100,9 @@ bootstrapped the room (its pull), computes it then, and answers once the
 decode engine took the KV; after --bootstrap-timeout in the bootstrap queue it
 fails with SGLang's 500 (KVPoll.Bootstrapping). There a
 request names a LoRA adapter as SGLang reads one: model <base>:<adapter>, or
-lora_path.
+lora_path; one the engine does not serve gets SGLang's 400 ("The following
+requested LoRA adapters are not loaded: ..."), which a streamed request gets
+as SGLang sends it: a 200 whose stream is the error event and [DONE].
 
 LoRA adapters, as vLLM serves them: with --enable-lora, --lora-modules
 name=path (or the JSON form {"name": ..., "path": ..., "base_model_name": ...};
