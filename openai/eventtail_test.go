@@ -39,3 +39,33 @@ func TestEventTail(t *testing.T) {
 		}
 	}
 }
+
+// TestEventHead: a stream opens with an error event when its first event's
+// data is a JSON object whose first member is "error", in vLLM's compact
+// form or SGLang's json.dumps form, however the bytes arrive.
+func TestEventHead(t *testing.T) {
+	for _, tc := range []struct {
+		chunks []string
+		want   bool
+	}{
+		{[]string{`data: {"error": {"object": "error", "message": "The following requested LoRA adapters are not loaded"}}` + "\n\n"}, true},
+		{[]string{`data: {"error":{"message":"x","code":400}}` + "\n\n"}, true},
+		{[]string{"da", "ta:", ` {`, ` "err`, `or"`, ` :`, ` {}}` + "\n\n"}, true},
+		{[]string{"data:{\"error\":null}\n\n"}, true},
+		{[]string{`data: {"id":"chatcmpl-1","object":"chat.completion.chunk","choices":[]}` + "\n\n"}, false},
+		{[]string{`data: {"errors":[]}` + "\n\n"}, false},
+		{[]string{`data: {"id":"x","error":{}}` + "\n\n"}, false}, // not its first member
+		{[]string{`data: [DONE]` + "\n\n"}, false},
+		{[]string{`: comment` + "\n\n" + `data: {"error":{}}` + "\n\n"}, false},
+		{[]string{`{"error":{}}`}, false}, // not an event stream
+		{nil, false},
+	} {
+		var h EventHead
+		for _, c := range tc.chunks {
+			h.Add([]byte(c))
+		}
+		if got := h.StartsWithError(); got != tc.want {
+			t.Errorf("%q: got %v, want %v", tc.chunks, got, tc.want)
+		}
+	}
+}

@@ -323,6 +323,42 @@ func (r *SSEReader) event() Event {
 	return Event{Type: string(r.evType), ID: r.id, Data: r.data, Retry: r.retry}
 }
 
+// EventHead keeps the first bytes of an event stream passed on, to tell
+// whether it opened with an error event (StartsWithError). The zero value
+// is ready to use.
+type EventHead struct {
+	b [32]byte
+	n int
+}
+
+// Add records p, the next bytes of the stream, as long as the head is not
+// full.
+func (h *EventHead) Add(p []byte) {
+	if h.n < len(h.b) {
+		h.n += copy(h.b[h.n:], p)
+	}
+}
+
+// StartsWithError reports whether the stream opened with an event whose
+// data is a JSON object whose first member is "error": an error event as
+// vLLM writes one (data: {"error":{...}}) and SGLang (data: {"error":
+// {...}}, Python's json.dumps). SGLang answers so, in a 200, a streamed
+// request that its tokenizer manager refuses after the response started
+// (a LoRA adapter it does not serve): the stream is that event and
+// [DONE], and no token was generated.
+func (h *EventHead) StartsWithError() bool {
+	p, ok := bytes.CutPrefix(h.b[:h.n], []byte("data:"))
+	if !ok {
+		return false
+	}
+	p, ok = bytes.CutPrefix(bytes.TrimLeft(p, " \t"), []byte("{"))
+	if !ok {
+		return false
+	}
+	p, ok = bytes.CutPrefix(bytes.TrimLeft(p, " \t"), []byte(`"error"`))
+	return ok && bytes.HasPrefix(bytes.TrimLeft(p, " \t"), []byte(":"))
+}
+
 // EventTail keeps the last bytes of an event stream passed on, to tell
 // whether it stopped between events or mid-event, and whether its final
 // data: [DONE] event was sent. Events may end with any of the line endings
