@@ -123,7 +123,14 @@
 // has answered the client in full, the prefill leg's reply is awaited for
 // HandoffConfig.PrefillGrace (default 5s) at most, then the leg is
 // cancelled and counted done (the decode's answer means the KV arrived),
-// so a stuck prefill engine cannot hold the end of the response.
+// so a stuck prefill engine cannot hold the end of the response. A decode
+// answer that is a 200 whose stream opens with an error event (SGLang's
+// refusal of a streamed request after its response started, an adapter
+// its decode engine does not serve: the stream is that event and [DONE])
+// is passed on as it is, nothing placed again, and the prefill leg is
+// cancelled as soon as it ended: the decode engine will not take the KV,
+// and an SGLang prefill engine keeps the leg in its bootstrap queue,
+// uncomputed, until a decode engine does.
 // HandoffConfig.Admit routes a request's first placement in place of
 // Router.Route: the proxy's queue escape hatch (in line behind the
 // requests held, or held when the prefill policy sheds it with "queue").

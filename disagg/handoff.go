@@ -75,7 +75,9 @@ type HandoffConfig struct {
 	// leg's reply once the decode leg has answered the client in full
 	// (the KV cache did arrive then): past it the leg is cancelled, so a
 	// stuck prefill engine cannot hold the end of the client's response;
-	// default 5s.
+	// default 5s. A decode answer whose stream opens with an error event
+	// (the decode engine refused the request in band) does not wait: the
+	// leg is cancelled when it ended.
 	PrefillGrace time.Duration
 	// Silence, when positive, bounds each wait for the next bytes of an
 	// answer being passed on to the client (the proxy's
@@ -778,11 +780,30 @@ func (x *exchange) runSGLang(pf *router.Flight, plan *Plan) bool {
 	// A prefill failing while the decode streams cancels ctx, which
 	// breaks the stream.
 	x.stream(a, df)
+	streamErr := x.res.Err
+	// A decode engine that refused the request in its stream (SGLang's
+	// 200 whose stream is an error event and [DONE]: its tokenizer
+	// manager refuses, after the response started, an adapter it does
+	// not serve) will not take the KV: the prefill leg, waiting in its
+	// engine's bootstrap queue for a decode engine that never comes, is
+	// cancelled now rather than after PrefillGrace (which held the end of
+	// the client's answer). The client got the engine's answer: the
+	// request's error is its stream's own, if it broke, not the cancelled
+	// leg's.
+	refused := x.res.Status == http.StatusOK && a.head.StartsWithError()
 	if !pdone {
-		perr = x.awaitPrefill(pch, cancel, plan.Prefill.ID)
+		if refused {
+			cancel()
+			perr = <-pch
+		} else {
+			perr = x.awaitPrefill(pch, cancel, plan.Prefill.ID)
+		}
 	}
 	x.sglangDone(pf, perr, t0)
-	if perr != nil && x.res.Err == nil {
+	switch {
+	case refused:
+		x.res.Err = streamErr
+	case perr != nil && x.res.Err == nil:
 		x.res.Err = perr
 	}
 	return true
@@ -1068,8 +1089,9 @@ type answer struct {
 	quiet *silence.Watch  // the answer's silence bound (nil: none), armed
 	buf   []byte          // buf[:n] are the first bytes
 	n     int
-	err   error         // what came with them: nil, io.EOF (a body this short), or the error after them
-	ttft  time.Duration // from the leg's dispatch to its first byte (0: an empty body)
+	err   error            // what came with them: nil, io.EOF (a body this short), or the error after them
+	ttft  time.Duration    // from the leg's dispatch to its first byte (0: an empty body)
+	head  openai.EventHead // the first bytes passed on (stream)
 }
 
 // maxEmptyReads is how many reads returning nothing begin makes before it
@@ -1172,6 +1194,7 @@ func (x *exchange) stream(a *answer, f *router.Flight) {
 	for {
 		if n > 0 {
 			tail.Add(buf[:n])
+			a.head.Add(buf[:n])
 			if readUsage {
 				usage.Add(buf[:n])
 			}

@@ -142,3 +142,107 @@ func TestSGLangAdapterLive(t *testing.T) {
 		time.Sleep(10 * time.Millisecond)
 	}
 }
+
+// TestSGLangStreamedAdapterRefusedLive: a streamed request whose adapter
+// the SGLang decode engine does not serve (the router's config believes it
+// does), through the handoff against two emulated SGLang engines: the
+// decode engine answers as SGLang does, a 200 whose stream is the error
+// event and [DONE], which the client gets byte for byte; the two legs are
+// all that is sent (nothing is placed again), and the prefill leg, which
+// waits in the prefill engine's bootstrap queue for a decode engine that
+// will never come, is cancelled at once rather than after PrefillGrace
+// (the decode engine refused the request: it will not take the KV), so
+// the prefill engine computes nothing and holds no blocks.
+func TestSGLangStreamedAdapterRefusedLive(t *testing.T) {
+	_, pre := emulatortest.Start(t, emulator.Config{Model: "tiny", Role: kvroute.RolePrefill, PDProtocol: ProtocolSGLang,
+		MetricsFlavor: emulator.FlavorSGLang, LoRA: emulatortest.LoRA("sql-lora", "chat-lora"), LeaseTimeout: time.Hour,
+		BootstrapTimeout: time.Hour}, nil)
+	_, dec := emulatortest.Start(t, emulator.Config{Model: "tiny", Role: kvroute.RoleDecode, PDProtocol: ProtocolSGLang,
+		MetricsFlavor: emulator.FlavorSGLang, LoRA: emulatortest.LoRA("sql-lora"), LoadFailure: emulator.LoadFailureFail}, nil)
+	_, port := hostPort(t, pre.URL)
+	p := endpoint("p", pre.URL, kvroute.RolePrefill, LabelBootstrapPort, strconv.Itoa(port))
+	d := endpoint("d", dec.URL, kvroute.RoleDecode)
+	p.Adapters = []string{"chat-lora", "sql-lora"}
+	d.Adapters = []string{"chat-lora", "sql-lora"} // chat-lora: the router's config is wrong
+	f := newPD(t, ProtocolSGLang, ModeAlways, p, d)
+	f.h.cfg.PrefillGrace = time.Hour // a handoff waiting for the prefill leg's reply hangs the test
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, req *http.Request) {
+		body, _ := io.ReadAll(req.Body)
+		kind := openai.KindCompletion
+		if req.URL.Path == "/v1/chat/completions" {
+			kind = openai.KindChat
+		}
+		ri, err := openai.ParseRequest(kind, body)
+		if err != nil {
+			openai.WriteError(w, err)
+			return
+		}
+		kr := &kvroute.Request{ID: fmt.Sprint(time.Now().UnixNano()), Model: "tiny", Prompt: ri.Prompt,
+			PromptTokens: ri.PromptTokens(), MaxTokens: ri.MaxTokens, Stream: ri.Stream, Arrival: time.Now(), Adapter: ri.Model}
+		f.h.Serve(w, req, req.URL.Path, body, kr)
+	}))
+	t.Cleanup(srv.Close)
+	const want = `data: {"error": {"object": "error", "message": "The following requested LoRA adapters are not loaded: chat-lora\nLoaded adapters: odict_keys(['sql-lora']).", "type": "BadRequestError", "param": null, "code": 400}}` +
+		"\n\ndata: [DONE]\n\n"
+	long := strings.Repeat(prompt+" ", 4)
+	for _, path := range []string{"/v1/chat/completions", "/v1/completions"} {
+		input := fmt.Sprintf(`"prompt":%q`, long)
+		if path == "/v1/chat/completions" {
+			input = fmt.Sprintf(`"messages":[{"role":"user","content":%q}]`, long)
+		}
+		n := f.rec.count()
+		b := fmt.Sprintf(`{"model":"chat-lora",%s,"max_tokens":3,"stream":true}`, input)
+		done := make(chan struct{})
+		var code int
+		var out []byte
+		go func() {
+			defer close(done)
+			resp, err := http.Post(srv.URL+path, "application/json", strings.NewReader(b))
+			if err != nil {
+				t.Error(err)
+				return
+			}
+			defer resp.Body.Close()
+			code = resp.StatusCode
+			out, _ = io.ReadAll(resp.Body)
+		}()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			t.Fatalf("%s: no whole answer after 10 s (the handoff waits for the prefill leg)", path)
+		}
+		if code != http.StatusOK || string(out) != want {
+			t.Errorf("%s: got %d %q, want 200 %q", path, code, out, want)
+		}
+		if got := f.rec.count() - n; got != 2 {
+			t.Errorf("%s: %d legs sent, want 2 (nothing placed again)", path, got)
+		}
+		if strings.Contains(f.logs.String(), "prefill leg still unanswered") {
+			t.Errorf("%s: the handoff waited for the prefill leg: %s", path, f.logs.String())
+		}
+		deadline := time.Now().Add(5 * time.Second)
+		for engineGauge(t, pre.URL, "sglang:num_prefill_prealloc_queue_reqs") != 0 {
+			if time.Now().After(deadline) {
+				t.Fatalf("%s: the prefill leg still waits in the bootstrap queue 5 s after the decode leg's refusal", path)
+			}
+			time.Sleep(10 * time.Millisecond)
+		}
+		if got := engineGauge(t, pre.URL, "sglang:prompt_tokens_total"); got != 0 {
+			t.Errorf("%s: the prefill engine computed %v prompt tokens, want none", path, got)
+		}
+		if got := engineGauge(t, pre.URL, "sglang:token_usage"); got != 0 {
+			t.Errorf("%s: the prefill engine holds %v of its cache, want none", path, got)
+		}
+	}
+	// The engines stay in the pool: the adapter both serve is answered.
+	resp, err := http.Post(srv.URL+"/v1/completions", "application/json",
+		strings.NewReader(fmt.Sprintf(`{"model":"sql-lora","prompt":%q,"max_tokens":3,"stream":true}`, long)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	out, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || !strings.Contains(string(out), `"finish_reason":"length"`) {
+		t.Errorf("sql-lora after the refusals: got %d %s", resp.StatusCode, out)
+	}
+}
