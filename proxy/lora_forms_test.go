@@ -3,6 +3,7 @@ package proxy
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"io"
 	"net/http"
 	"net/http/httptest"
@@ -362,5 +363,53 @@ func TestAdapterFormPD(t *testing.T) {
 		if _, has := m["lora_path"]; m["model"] != "sql-lora" || has {
 			t.Errorf("%s leg got model %v, lora_path %v; want model sql-lora, no lora_path", leg, m["model"], m["lora_path"])
 		}
+	}
+}
+
+// TestSGLangStreamedUnknownAdapter: an SGLang engine answers a streamed
+// request naming an adapter it does not serve with a 200 whose stream is
+// SGLang's error event and [DONE] (the router's config believes it serves
+// the adapter): the router passes the stream on to the client byte for
+// byte, retries nothing (one request reached the engine) and keeps the
+// engine in the pool (the next request is answered). A request that does
+// not stream gets the engine's flat 400, replayed.
+func TestSGLangStreamedUnknownAdapter(t *testing.T) {
+	rc := &recorder{}
+	_, hs := emulatortest.Start(t, emulator.Config{Model: "tiny", MetricsFlavor: emulator.FlavorSGLang, PDProtocol: emulator.PDSGLang,
+		LoRA: emulatortest.LoRA("sql-lora")}, rc.wrap)
+	cfg := testConfig("rr")
+	m := &cfg.Models[0]
+	m.Name, m.Adapters = "tiny", []string{"sql-lora", "chat-lora"}
+	m.Endpoints = []config.Endpoint{{ID: "s", URL: hs.URL, Signals: config.EndpointSignals{Flavor: "sglang"}}}
+	m.Signals.Disabled = true
+	tp := newTestProxy(t, cfg)
+	const msg = `The following requested LoRA adapters are not loaded: chat-lora\nLoaded adapters: odict_keys(['sql-lora']).`
+	wantStream := `data: {"error": {"object": "error", "message": "` + msg + `", "type": "BadRequestError", "param": null, "code": 400}}` +
+		"\n\ndata: [DONE]\n\n"
+	want400 := `{"object":"error","message":"` + msg + `","type":"BadRequestError","param":null,"code":400}` + "\n"
+	n := 0
+	for _, path := range []string{PathChatCompletions, PathCompletions} {
+		input := `"prompt":"hi"`
+		if path == PathChatCompletions {
+			input = `"messages":[{"role":"user","content":"hi"}]`
+		}
+		for _, stream := range []bool{true, false} {
+			body := fmt.Sprintf(`{"model":"chat-lora",%s,"max_tokens":2,"stream":%v}`, input, stream)
+			resp := tp.post(t, path, body)
+			out := readAll(t, resp)
+			n++
+			switch {
+			case stream && (resp.StatusCode != http.StatusOK || out != wantStream):
+				t.Errorf("%s, streamed: got %d %q, want 200 %q", path, resp.StatusCode, out, wantStream)
+			case !stream && (resp.StatusCode != http.StatusBadRequest || out != want400):
+				t.Errorf("%s: got %d %q, want 400 %q", path, resp.StatusCode, out, want400)
+			}
+			if got := len(rc.got()); got != n {
+				t.Fatalf("%s (stream %v): the engine got %d requests in all, want %d (no retry)", path, stream, got, n)
+			}
+		}
+	}
+	if model := answerModel(t, tp, PathChatCompletions, `{"model":"sql-lora","messages":[{"role":"user","content":"hi"}],"max_tokens":2}`); model != "sql-lora" {
+		t.Errorf("after the refusals: answered in model %q, want sql-lora", model)
 	}
 }
