@@ -46,8 +46,10 @@ func engineGauge(t *testing.T, u, name string) float64 {
 // runs the base model on both). An adapter no decode endpoint serves is
 // the router's 503, reaching no engine. A decode engine the router
 // believes serves an adapter but does not answers SGLang's 400, replayed
-// to the client; the prefill leg is cancelled, and the prefill engine
-// holds no blocks for it (before the emulator's fix, for LeaseTimeout).
+// to the client; the prefill leg is cancelled, and the prefill engine,
+// which kept it uncomputed in its bootstrap queue, holds no blocks for it
+// (before the emulator's fixes, for LeaseTimeout, then until the leg was
+// cancelled).
 func TestSGLangAdapterLive(t *testing.T) {
 	_, pre := emulatortest.Start(t, emulator.Config{Model: "tiny", Role: kvroute.RolePrefill, PDProtocol: ProtocolSGLang,
 		LoRA: emulatortest.LoRA("sql-lora", "chat-lora"), LeaseTimeout: time.Hour, BootstrapTimeout: time.Hour}, nil)
@@ -127,8 +129,9 @@ func TestSGLangAdapterLive(t *testing.T) {
 	}
 
 	// The decode engine does not serve chat-lora, whatever the router
-	// believes: its SGLang 400, replayed; the prefill engine frees the
-	// blocks it computed for the leg, which the router cancelled.
+	// believes: its SGLang 400, replayed; the prefill engine, which never
+	// computed the leg (its decode engine never bootstrapped the room),
+	// holds no blocks once the router cancelled it.
 	code, out := send("chat-lora", long)
 	const want = `{"object":"error","message":"The following requested LoRA adapters are not loaded: chat-lora\nLoaded adapters: odict_keys(['sql-lora']).","type":"BadRequestError","param":null,"code":400}` + "\n"
 	if code != http.StatusBadRequest || out != want {

@@ -204,12 +204,14 @@ func TestPDSGLangLoRA(t *testing.T) {
 // the adapter a request names answers SGLang's 400 (its flat error body,
 // LoRARegistry's message) before taking it, and tells the prefill engine
 // nothing, as SGLang's decode engine does not. The prefill leg, which
-// answers only once its KV was taken, then holds no blocks past its client
-// (the router cancelling it when the decode leg failed) or, with a client
-// that stays, past the bootstrap timeout, which fails it with SGLang's 500.
-// Before, the prefill leg answered 200 at once and its blocks stayed held
-// for LeaseTimeout (480 s by default). A prefill engine that does not
-// serve the adapter answers the same 400.
+// waits in the bootstrap queue for a decode engine that never comes, is
+// never computed and holds no blocks: it leaves with its client (the
+// router cancelling it when the decode leg failed) or, with a client that
+// stays, fails at the bootstrap timeout with SGLang's 500. (Before, the
+// prefill leg answered 200 at once and its blocks stayed held for
+// LeaseTimeout, 480 s by default; then it was computed and held its
+// blocks until either.) A prefill engine that does not serve the adapter
+// answers the same 400.
 func TestPDSGLangUnknownAdapter(t *testing.T) {
 	_, ps := testServer(t, Config{Role: kvroute.RolePrefill, PDProtocol: PDSGLang, LoRA: serving("sql-lora"),
 		LeaseTimeout: time.Hour, BootstrapTimeout: 30 * time.Second}) // 0.3 s at speed 100
@@ -242,6 +244,9 @@ func TestPDSGLangUnknownAdapter(t *testing.T) {
 			t.Errorf("%s: prefill got %d %s, want %d %q", tc.name, pcode, pbody, tc.pcode, tc.pmsg)
 		}
 		waitFor(t, tc.name+": the prefill engine to free the blocks", func() bool { return kvUsage(t, ps.URL) == 0 })
+		if got := value(scrape(t, ps.URL)["vllm:prompt_tokens_total"].GetMetric()[0]); got != 0 {
+			t.Errorf("%s: the prefill engine computed %v prompt tokens, want none", tc.name, got)
+		}
 	}
 	// The prefill engine refuses an adapter it does not serve the same way.
 	b := fmt.Sprintf(`{"model":"tiny:chat-lora","prompt":%q,"max_tokens":3,"bootstrap_host":%q,"bootstrap_port":%d,"bootstrap_room":9}`, prompt, host, port)
