@@ -195,24 +195,16 @@ func TestSGLangStreamedAdapterRefusedLive(t *testing.T) {
 		}
 		n := f.rec.count()
 		b := fmt.Sprintf(`{"model":"chat-lora",%s,"max_tokens":3,"stream":true}`, input)
-		done := make(chan struct{})
-		var code int
-		var out []byte
-		go func() {
-			defer close(done)
-			resp, err := http.Post(srv.URL+path, "application/json", strings.NewReader(b))
-			if err != nil {
-				t.Error(err)
-				return
-			}
-			defer resp.Body.Close()
-			code = resp.StatusCode
-			out, _ = io.ReadAll(resp.Body)
-		}()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			t.Fatalf("%s: no whole answer after 10 s (the handoff waits for the prefill leg)", path)
+		client := &http.Client{Timeout: 10 * time.Second} // the handoff waiting for the prefill leg hangs
+		resp, err := client.Post(srv.URL+path, "application/json", strings.NewReader(b))
+		if err != nil {
+			t.Fatalf("%s: %v", path, err)
+		}
+		code := resp.StatusCode
+		out, err := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if err != nil {
+			t.Fatalf("%s: no whole answer: %v (the handoff waits for the prefill leg)", path, err)
 		}
 		if code != http.StatusOK || string(out) != want {
 			t.Errorf("%s: got %d %q, want 200 %q", path, code, out, want)
