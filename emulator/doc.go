@@ -384,8 +384,10 @@
 // transfer ended: Server.awaitPeer). A leg still waiting
 // Config.BootstrapTimeout (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT, 300 s)
 // after it arrived fails with SGLang's 500 ("Request <room> timed out
-// after <s>s in KVPoll.Bootstrapping"; a stream's 200 with the error
-// event), never computed; its client leaving (a router cancelling the leg
+// after <s>s in KVPoll.Bootstrapping"), never computed (a streamed leg's
+// 200 and headers go out at once, as SGLang's StreamingResponse sends
+// them before its generator waits: its stream then carries the error
+// event); its client leaving (a router cancelling the leg
 // when the decode leg failed) takes it out at once, and a leg computed
 // already has its blocks freed at once (Server.endRoom), as do a leg's
 // whose pull left meanwhile. So a decode leg the decode engine refused

@@ -138,6 +138,7 @@ type job struct {
 	kvPrefill   bool      // P/D prefill leg: return kv_transfer_params
 	peerBy      time.Time // SGLang prefill leg: the end of its wait for the decode engine's bootstrap (awaitBootstrap); zero for others
 	room        *lease    // SGLang prefill leg: its room (awaitBootstrap; endRoom), nil for a prompt shorter than a block
+	streaming   bool      // the stream's status and headers were sent (startStream): an SGLang prefill leg's, before its bootstrap
 	remoteID    string    // P/D prefill leg: remote_request_id
 	pull        *pullJob  // P/D decode leg: its KV's pull (awaitPull)
 	maxStop     int       // bytes of the longest stop string (the search keeps maxStop-1)
@@ -354,16 +355,27 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 		return
 	}
 	if !j.peerBy.IsZero() {
+		if req.Stream {
+			// SGLang's StreamingResponse sends its status and headers
+			// before its generator waits for the request: a streamed
+			// prefill leg's answer starts before its bootstrap.
+			startStream(w)
+			j.streaming = true
+		}
 		ok, aerr := s.awaitBootstrap(r, j)
 		if !ok {
 			if aerr != nil {
-				writeLegError(w, req.Stream, aerr)
+				writeLegError(w, j.streaming, aerr)
 			}
 			return
 		}
 		defer s.endRoom(j)
 	}
 	if err := s.post(command{kind: cmdAdd, req: ereq, st: j.st}); err != nil {
+		if j.streaming {
+			writeLegError(w, true, &apiError{status: http.StatusServiceUnavailable, msg: err.Error()})
+			return
+		}
 		writeError(w, http.StatusServiceUnavailable, err.Error())
 		return
 	}
@@ -378,17 +390,21 @@ func (s *Server) handle(w http.ResponseWriter, r *http.Request, chat bool) {
 	s.serveWhole(w, r, j)
 }
 
+// startStream sends a stream's status and headers (200, text/event-stream).
+func startStream(w http.ResponseWriter) {
+	openai.SetHeaders(w.Header())
+	w.WriteHeader(http.StatusOK)
+	_ = http.NewResponseController(w).Flush()
+}
+
 // writeLegError writes aerr, the failure of an SGLang prefill leg before
-// the engine took it: a stream's as SGLang's stream carries it (its
-// response has started: a 200, the error event and [DONE]), another's as
-// SGLang's error body.
-func writeLegError(w http.ResponseWriter, stream bool, aerr *apiError) {
-	if !stream {
+// the engine took it: in its stream, started (startStream), as the error
+// event and [DONE]; else as SGLang's error body.
+func writeLegError(w http.ResponseWriter, streaming bool, aerr *apiError) {
+	if !streaming {
 		writeAPIError(w, aerr)
 		return
 	}
-	openai.SetHeaders(w.Header())
-	w.WriteHeader(http.StatusOK)
 	sw := openai.NewSSEWriter(w)
 	sw.Data(appendErrorBody(nil, aerr.status, aerr.msg))
 	sw.Done()
@@ -722,8 +738,10 @@ func (s *Server) writeEngineError(w http.ResponseWriter, err error) {
 }
 
 func (s *Server) serveStream(w http.ResponseWriter, r *http.Request, j *job) {
-	openai.SetHeaders(w.Header())
-	w.WriteHeader(http.StatusOK)
+	if !j.streaming {
+		openai.SetHeaders(w.Header())
+		w.WriteHeader(http.StatusOK)
+	}
 	sw := openai.NewSSEWriter(w)
 	if err := sw.Flush(); err != nil {
 		s.abort(j)

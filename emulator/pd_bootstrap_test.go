@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"io"
 	"net/http"
 	"net/http/httptest"
 	"strings"
@@ -174,4 +175,40 @@ func TestPDSGLangBootstrapTimeout(t *testing.T) {
 	waitFor(t, "the queue to empty", func() bool {
 		return gaugeOf(t, scrape(t, ps.URL), "sglang:num_prefill_prealloc_queue_reqs") == 0
 	})
+}
+
+// TestPDSGLangStreamedLegStartsAtOnce: a streamed SGLang prefill leg gets
+// its 200 and headers at once, as SGLang's StreamingResponse sends them
+// before its generator waits, while the leg waits in the bootstrap queue;
+// its chunks follow once the decode engine bootstrapped the room.
+func TestPDSGLangStreamedLegStartsAtOnce(t *testing.T) {
+	_, ps := testServer(t, Config{Role: kvroute.RolePrefill, PDProtocol: PDSGLang, MetricsFlavor: FlavorSGLang,
+		LeaseTimeout: time.Hour, BootstrapTimeout: time.Hour})
+	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, PDProtocol: PDSGLang, MetricsFlavor: FlavorSGLang,
+		LoadFailure: LoadFailureFail})
+	host, port := splitHostPort(t, ps.URL)
+	leg := fmt.Sprintf(`{"prompt":%q,"max_tokens":3,"stream":true,"bootstrap_host":%q,"bootstrap_port":%d,"bootstrap_room":9}`, pdPrompt, host, port)
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodPost, ps.URL+"/v1/completions", strings.NewReader(leg))
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.Header.Set("Content-Type", "application/json")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatalf("the streamed prefill leg's headers: %v", err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream; charset=utf-8" {
+		t.Fatalf("got %d %s, want 200 text/event-stream", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	checkGauges(t, "headers sent", ps.URL, map[string]float64{"sglang:num_prefill_prealloc_queue_reqs": 1})
+	if code, b := post(t, ds.URL+"/v1/completions", strings.Replace(leg, `"stream":true`, `"stream":false`, 1)); code != http.StatusOK {
+		t.Fatalf("decode leg: got %d %s", code, b)
+	}
+	b, err := io.ReadAll(resp.Body)
+	if err != nil || !strings.Contains(string(b), `"finish_reason":"length"`) || !strings.HasSuffix(string(b), "data: [DONE]\n\n") {
+		t.Errorf("the streamed prefill leg: got %q %v, want its chunk and [DONE]", b, err)
+	}
 }
