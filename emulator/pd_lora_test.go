@@ -294,22 +294,3 @@ func TestSGLangStreamedUnknownAdapter(t *testing.T) {
 		}
 	}
 }
-
-// TestAppendPyJSONString checks the string form of Python's json.dumps
-// (ensure_ascii), which SGLang's streamed errors are written in.
-func TestAppendPyJSONString(t *testing.T) {
-	for _, tc := range []struct{ in, want string }{
-		{"plain <&> text", `"plain <&> text"`},
-		{"quote \" back \\ slash", `"quote \" back \\ slash"`},
-		{"nl\ncr\rtab\tbs\bff\f", `"nl\ncr\rtab\tbs\bff\f"`},
-		{"\x00\x1f\x7f", `"\u0000\u001f\u007f"`},
-		{"café €", `"caf\u00e9 \u20ac"`},
-		{"😀", `"\ud83d\ude00"`},
-		{"bad \xff byte", `"bad \ufffd byte"`},
-		{"odict_keys(['a-lora'])", `"odict_keys(['a-lora'])"`},
-	} {
-		if got := string(appendPyJSONString(nil, tc.in)); got != tc.want {
-			t.Errorf("%q: got %s, want %s", tc.in, got, tc.want)
-		}
-	}
-}

@@ -12,9 +12,9 @@ import (
 	"strings"
 	"sync"
 	"unicode"
-	"unicode/utf16"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/internal/pyjson"
 	"github.com/kvroute/kvroute/openai"
 
 	"github.com/kvroute/kvroute/tokenizer"
@@ -448,12 +448,12 @@ func writeSGLangStreamError(w http.ResponseWriter, e *apiError) {
 		typ = "BadRequestError"
 	}
 	b := append(make([]byte, 0, 128+len(e.msg)), `data: {"error": {"object": "error", "message": `...)
-	b = appendPyJSONString(b, e.msg)
+	b = pyjson.AppendString(b, e.msg, true)
 	b = append(b, `, "type": `...)
-	b = appendPyJSONString(b, typ)
+	b = pyjson.AppendString(b, typ, true)
 	b = append(b, `, "param": `...)
 	if e.param != "" {
-		b = appendPyJSONString(b, e.param)
+		b = pyjson.AppendString(b, e.param, true)
 	} else {
 		b = append(b, "null"...)
 	}
@@ -464,43 +464,6 @@ func writeSGLangStreamError(w http.ResponseWriter, e *apiError) {
 	w.WriteHeader(http.StatusOK)
 	_, _ = w.Write(b)
 	_ = http.NewResponseController(w).Flush()
-}
-
-// appendPyJSONString appends s as Python's json.dumps writes a string with
-// ensure_ascii (its default): quoted, with \", \\, \n, \r, \t, \b and
-// \f, and every other character outside ' '..'~' as \uXXXX (lower-case
-// hex; a UTF-16 surrogate pair above U+FFFF). An invalid UTF-8 byte is
-// written as U+FFFD, the character Python's decoding would give it.
-func appendPyJSONString(b []byte, s string) []byte {
-	const hex = "0123456789abcdef"
-	u := func(b []byte, r rune) []byte {
-		return append(b, '\\', 'u', hex[r>>12&0xf], hex[r>>8&0xf], hex[r>>4&0xf], hex[r&0xf])
-	}
-	b = append(b, '"')
-	for _, r := range s {
-		switch {
-		case r == '"' || r == '\\':
-			b = append(b, '\\', byte(r))
-		case r == '\n':
-			b = append(b, '\\', 'n')
-		case r == '\r':
-			b = append(b, '\\', 'r')
-		case r == '\t':
-			b = append(b, '\\', 't')
-		case r == '\b':
-			b = append(b, '\\', 'b')
-		case r == '\f':
-			b = append(b, '\\', 'f')
-		case r >= ' ' && r <= '~':
-			b = append(b, byte(r))
-		case r > 0xffff:
-			r1, r2 := utf16.EncodeRune(r)
-			b = u(u(b, r1), r2)
-		default:
-			b = u(b, r)
-		}
-	}
-	return append(b, '"')
 }
 
 // parseRequest decodes and validates a request body the way vLLM's pydantic

@@ -1,6 +1,9 @@
 package openai
 
-import "testing"
+import (
+	"bytes"
+	"testing"
+)
 
 // TestEventTail: the end of an event and the final [DONE] event are told
 // with each line ending the SSE format allows, across writes of any size.
@@ -68,4 +71,42 @@ func TestEventHead(t *testing.T) {
 			t.Errorf("%q: got %v, want %v", tc.chunks, got, tc.want)
 		}
 	}
+}
+
+// FuzzEventHead: EventHead's answer does not depend on how the stream's
+// bytes are split into writes, and it says a stream opens with an error
+// event only when the stream starts with a data field whose value is a
+// JSON object beginning with the member "error".
+func FuzzEventHead(f *testing.F) {
+	for _, s := range []string{
+		`data: {"error": {"object": "error", "message": "m", "type": "BadRequestError", "param": null, "code": 400}}` + "\n\n",
+		`data: {"error":{"message":"x"}}` + "\n\n",
+		`data: {"id":"x","error":{}}` + "\n\n",
+		"data:\t{ \"error\" :null}",
+		": c\n\ndata: {\"error\":1}\n\n",
+	} {
+		f.Add([]byte(s), uint8(3))
+	}
+	f.Fuzz(func(t *testing.T, stream []byte, split uint8) {
+		var whole, parts EventHead
+		whole.Add(stream)
+		for rest, n := stream, int(split%16)+1; len(rest) > 0; rest = rest[min(n, len(rest)):] {
+			parts.Add(rest[:min(n, len(rest))])
+		}
+		got := whole.StartsWithError()
+		if parts.StartsWithError() != got {
+			t.Fatalf("%q: %v whole, %v in writes of %d", stream, got, !got, int(split%16)+1)
+		}
+		if !got {
+			return
+		}
+		p, ok := bytes.CutPrefix(stream, []byte("data:"))
+		if !ok {
+			t.Fatalf("%q: an error event without a data field first", stream)
+		}
+		p = bytes.TrimLeft(p, " \t")
+		if !bytes.HasPrefix(p, []byte("{")) || !bytes.Contains(p, []byte(`"error"`)) {
+			t.Fatalf("%q: an error event whose data is not an object with \"error\" first", stream)
+		}
+	})
 }
