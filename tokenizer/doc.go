@@ -63,9 +63,12 @@
 // keeps them; jinja2's own title, which starts a word only after white
 // space, '-', '(', '{', '[' or '<'), and so are the filters of {% filter %}
 // blocks, which that engine applies only by its own table's name
-// (pyFilterBlocks rewrites a block as a block set and a {{ }} of it
-// through the filter, which jinja2 renders alike; an assignment in the
-// body still leaks out of it there), and so are jinja2's tests
+// (pyFilterBlocks rewrites a block as a macro of its body and a {{ }} of
+// its call through the filter, and a block set, {% set x %}...{% endset %},
+// as a macro and an assignment of its call: jinja2 renders both bodies in
+// a frame of their own, which keeps an assignment in them inside, where
+// that engine's blocks let it out and a macro's body does not), and so
+// are jinja2's tests
 // (pytests.go: "123" is upper and lower for that engine, neither in
 // Python; a boolean is a number, a string or dict a sequence; eq, in and
 // the comparisons are Python's ==, in and <, where that engine's compare

@@ -503,43 +503,52 @@ func appendPyString(dst []byte, s string, ascii bool) []byte {
 	return append(dst, '"')
 }
 
-// filterBlockPrefix starts the names of the variables pyFilterBlocks
-// captures a filter block's body in.
+// filterBlockPrefix starts the names of the macros pyFilterBlocks renders
+// a filter block's or a block set's body in.
 const filterBlockPrefix = "kvroute_fb_"
 
 // pyFilterBlocks returns src with each {% filter F %}body{% endfilter %}
-// block rewritten, as jinja2 renders it alike, as a block assignment and
-// a print of its value through F:
+// block and each block set, {% set T %}body{% endset %} or
+// {% set T | F %}body{% endset %}, rewritten as a macro of the body and
+// a print or an assignment of its call through F:
 //
-//	{%A set kvroute_fb_N B%}body{%C endset %}{{ kvroute_fb_N|F }}{# D#}
+//	{%A macro kvroute_fb_N() B%}body{%C endmacro %}{{ kvroute_fb_N()|F }}{# D#}
+//	{%A macro kvroute_fb_N() B%}body{%C endmacro %}{% set T = kvroute_fb_N()|F %}{# D#}
 //
-// where A, B, C and D are the filter and endfilter tags' whitespace
+// where A, B, C and D are the opening and closing tags' whitespace
 // control markers ("-", "+" or none; the comment, a block tag with the
-// endfilter's right marker, removes what that tag's right side removed:
-// the newline trim_blocks takes, or all white space for "-"). The Go
-// engine applies only a filter its own table knows, by name, to a filter
+// closing tag's right marker, removes what that tag's right side removed:
+// the newline trim_blocks takes, or all white space for "-"). jinja2
+// renders both blocks' bodies in an inner frame: an assignment in the
+// body stays inside it ({% set x = 2 %} in a filter block leaves x as it
+// was after it), while the body reads the variables around it and
+// changes a namespace's attributes; a macro's body is such a frame in the
+// Go engine too, where its filter block and block set render the body in
+// the frame around them (an assignment in it leaks out). The Go engine
+// also applies only a filter its own table knows, by name, to a filter
 // block (upper, not the Python-exact filter pyFilters renames |upper to,
 // and a filter with arguments or a chain not at all: it writes the body
-// as it is), where a filter in {{ }} may be any; its filters are then
-// pyFilters' as in any expression. In jinja2 both a filter block's body
-// and a block set's are rendered in an inner frame, whose assignments stay
-// inside, and give the filter the same string; the Go engine's block set,
-// as its filter block, lets an assignment in the body out (a {% set %} in
-// a filter block changes the variable after it, which jinja2's does not).
-// Unmatched tags, a filter tag whose expression does not start with a
-// name, and templates with {% raw %} are left as they are.
+// as it is), takes "T | F" for a block set's name, and sets a variable
+// named "ns.x" for {% set ns.x %}; a filter in {{ }} or {% set %} may be
+// any, and is pyFilters' as in any expression. Unmatched tags, a filter
+// tag whose expression does not start with a name, a block set whose
+// target is not a name or a name's attribute, and templates with
+// {% raw %} are left as they are.
 func pyFilterBlocks(src string) string {
-	if !strings.Contains(src, "endfilter") || rawTagRE.MatchString(src) {
+	if !strings.Contains(src, "endfilter") && !strings.Contains(src, "endset") || rawTagRE.MatchString(src) {
 		return src
 	}
 	type tag struct {
 		start, end  int
 		left, right string // whitespace control markers
-		expr        string // a filter tag's filter expression; "" for an endfilter
+		set         bool   // a block set (or its endset), not a filter block
+		target      string // a block set's target
+		expr        string // the filter expression (a block set's may be ""); "" for a closing tag
 		pair        int    // the index of the matching tag; -1 for none
+		ok          bool   // an opening tag pyFilterBlocks rewrites
 	}
 	var tags []tag
-	var open []int // the indexes in tags of the filter tags open, innermost last
+	var open [2][]int // the indexes in tags of the filter tags and block set tags open, innermost last
 	for at := 0; ; {
 		start := indexTagOpen(src, at)
 		if start < 0 {
@@ -555,47 +564,109 @@ func pyFilterBlocks(src string) string {
 		}
 		left, word, rest, right := splitStatement(src[start+2 : end-2])
 		rest = strings.TrimSpace(rest)
-		switch {
-		case word == "filter":
-			if rest == "" || !(rest[0] == '_' || 'a' <= rest[0]|0x20 && rest[0]|0x20 <= 'z') {
-				rest = "" // not rewritten, but it pairs with an endfilter
+		switch word {
+		case "filter":
+			ok := rest != "" && (rest[0] == '_' || 'a' <= rest[0]|0x20 && rest[0]|0x20 <= 'z')
+			open[0] = append(open[0], len(tags))
+			tags = append(tags, tag{start: start, end: end, left: left, right: right, expr: rest, pair: -1, ok: ok})
+		case "set":
+			target, filter, block := blockSetTarget(rest)
+			if !block {
+				continue // an assignment, which has no endset
 			}
-			open = append(open, len(tags))
-			tags = append(tags, tag{start, end, left, right, rest, -1})
-		case word == "endfilter" && len(open) > 0:
-			o := open[len(open)-1]
-			open = open[:len(open)-1]
-			if tags[o].expr == "" || strings.TrimSpace(rest) != "" {
+			open[1] = append(open[1], len(tags))
+			tags = append(tags, tag{start: start, end: end, left: left, right: right, set: true, target: target, expr: filter, pair: -1, ok: target != ""})
+		case "endfilter", "endset":
+			k := 0
+			if word == "endset" {
+				k = 1
+			}
+			if len(open[k]) == 0 {
+				continue
+			}
+			o := open[k][len(open[k])-1]
+			open[k] = open[k][:len(open[k])-1]
+			if !tags[o].ok || rest != "" {
 				continue
 			}
 			tags[o].pair = len(tags)
-			tags = append(tags, tag{start, end, left, right, "", o})
+			tags = append(tags, tag{start: start, end: end, left: left, right: right, set: k == 1, pair: o})
 		}
 	}
 	var b strings.Builder
 	i := 0 // src[:i] is written
 	n := 0
-	names := make(map[int]string) // a filter tag's variable, by its index
+	names := make(map[int]string) // an opening tag's macro, by its index
 	for k, t := range tags {
 		if t.pair < 0 {
 			continue
 		}
 		b.WriteString(src[i:t.start])
 		i = t.end
-		if t.expr != "" {
+		if t.ok {
 			name := filterBlockPrefix + strconv.Itoa(n)
 			n++
 			names[k] = name
-			b.WriteString("{%" + t.left + " set " + name + " " + t.right + "%}")
+			b.WriteString("{%" + t.left + " macro " + name + "() " + t.right + "%}")
 			continue
 		}
-		b.WriteString("{%" + t.left + " endset %}{{ " + names[t.pair] + "|" + tags[t.pair].expr + " }}{# " + t.right + "#}")
+		o := tags[t.pair]
+		call := names[t.pair] + "()"
+		if o.expr != "" {
+			call += "|" + o.expr
+		}
+		b.WriteString("{%" + t.left + " endmacro %}")
+		if o.set {
+			b.WriteString("{% set " + o.target + " = " + call + " %}")
+		} else {
+			b.WriteString("{{ " + call + " }}")
+		}
+		b.WriteString("{# " + t.right + "#}")
 	}
 	if i == 0 {
 		return src
 	}
 	b.WriteString(src[i:])
 	return b.String()
+}
+
+// blockSetTarget parses what follows "set" in a statement tag, s (trimmed):
+// block is whether it is a block set (no "=" outside string literals),
+// target its target when it is a name or a name's attribute ("" for
+// anything else, or a filter that does not start with a name) and filter
+// what follows a "|" after it ("" for none).
+func blockSetTarget(s string) (target, filter string, block bool) {
+	for j := 0; j < len(s); j++ {
+		switch s[j] {
+		case '\'', '"':
+			j = skipQuoted(s, j)
+		case '=':
+			return "", "", false
+		}
+	}
+	e := 0
+	for e < len(s) && isIdentByte(s[e]) {
+		e++
+	}
+	if e < len(s) && s[e] == '.' {
+		e++
+		for e < len(s) && isIdentByte(s[e]) {
+			e++
+		}
+	}
+	target, rest := s[:e], strings.TrimLeft(s[e:], " \t\r\n")
+	if target == "" || target[0] >= '0' && target[0] <= '9' || target[len(target)-1] == '.' {
+		return "", "", true
+	}
+	switch {
+	case rest == "":
+		return target, "", true
+	case rest[0] == '|':
+		if f := strings.TrimSpace(rest[1:]); f != "" && (f[0] == '_' || 'a' <= f[0]|0x20 && f[0]|0x20 <= 'z') {
+			return target, f, true
+		}
+	}
+	return "", "", true
 }
 
 // splitStatement splits a statement tag's text s (between "{%" and "%}")

@@ -251,9 +251,9 @@ func TestFilterBlocksMatchJinja2(t *testing.T) {
 	}
 }
 
-// FuzzPyFilterBlocks checks that rewriting filter blocks never breaks a
-// template that compiles, leaves one without an endfilter alone, and is
-// idempotent (no filter block is left to rewrite).
+// FuzzPyFilterBlocks checks that rewriting filter blocks and block sets
+// never breaks a template that compiles, leaves one without an endfilter
+// or endset alone, and is idempotent (no block is left to rewrite).
 func FuzzPyFilterBlocks(f *testing.F) {
 	for _, s := range []string{
 		"{% filter upper %}x{% endfilter %}", "{%- filter upper|trim -%}\n x {%- endfilter -%}\n", "{% filter indent(2) %}a\nb{% endfilter %}",
@@ -261,13 +261,15 @@ func FuzzPyFilterBlocks(f *testing.F) {
 		"{% filter 'a' %}x{% endfilter %}", "{{ '{% filter upper %}' }}{% endfilter %}", "{% raw %}{% filter upper %}x{% endfilter %}{% endraw %}",
 		"{% for m in messages %}{% filter tojson %}{{ m }}{% endfilter %}{% endfor %}", "{% filter upper +%}\nx\n{%+ endfilter +%}\ny",
 		"{# {% filter upper %} #}{% endfilter %}", "{%filter upper%}x{%endfilter%}",
+		"{% set x %}a{% endset %}", "{%- set ns.x | trim -%}\n a {%- endset +%}", "{% set x = 1 %}{% set y %}{% set x = 2 %}{% endset %}",
+		"{% set 'a' %}x{% endset %}", "{% set x | %}x{% endset %}", "{% set x %}{% filter upper %}a{% endset %}{% endfilter %}",
 	} {
 		f.Add(s)
 	}
 	f.Fuzz(func(t *testing.T, src string) {
 		out := pyFilterBlocks(src)
-		if !strings.Contains(src, "endfilter") && out != src {
-			t.Fatalf("pyFilterBlocks(%q) = %q, changed a template without an endfilter", src, out)
+		if !strings.Contains(src, "endfilter") && !strings.Contains(src, "endset") && out != src {
+			t.Fatalf("pyFilterBlocks(%q) = %q, changed a template without an endfilter or endset", src, out)
 		}
 		checkIdempotent(t, "pyFilterBlocks", pyFilterBlocks, src, out)
 		checkStillCompiles(t, "pyFilterBlocks", src, out)
