@@ -19,7 +19,11 @@ import (
 // ChatTemplate is a compiled HuggingFace chat template (the Jinja source of
 // tokenizer_config.json's chat_template), rendered the way transformers'
 // apply_chat_template does: trim_blocks and lstrip_blocks on, with the
-// variables messages, add_generation_prompt, bos_token and eos_token, and
+// variables messages, add_generation_prompt, the tokenizer's special
+// tokens (bos_token, eos_token and, from a tokenizer_config.json, unk_token,
+// sep_token, pad_token, cls_token, mask_token, additional_special_tokens
+// and those extra_special_tokens names; each only when it is set and not
+// empty, as transformers' special_tokens_map), and
 // tools and documents, None unless given (transformers always passes both,
 // so a template's "tools is defined" is true without tools), and
 // strftime_now formatting ChatOptions.Now (default: the time of the
@@ -27,8 +31,10 @@ import (
 // rendered by github.com/ardanlabs/jinja, a pure-Go Jinja engine made for chat
 // templates. A ChatTemplate is safe for concurrent use.
 type ChatTemplate struct {
-	tmpl     *jinja.Template
-	bos, eos string
+	tmpl *jinja.Template
+	// tokens are the special tokens' variables, by name (see
+	// specialTokens).
+	tokens map[string]jinja.Value
 	// stringContent: vLLM gives this template string content (see
 	// stringContents), not lists of parts.
 	stringContent bool
@@ -66,7 +72,9 @@ func usedFilters(dst []namedFilter, src string, vars map[string]jinja.Value) []n
 }
 
 // NewChatTemplate compiles a chat template; bos and eos are the values of the
-// bos_token and eos_token variables.
+// bos_token and eos_token variables, "" for a token the tokenizer does not
+// have, which leaves the variable undefined (transformers passes only the
+// special tokens that are set and not empty).
 func NewChatTemplate(source, bos, eos string) (*ChatTemplate, error) {
 	src := jinjaTrimGuard(pyFilterBlocks(source))
 	withMethods := pyMethods(src)
@@ -97,7 +105,14 @@ func NewChatTemplate(source, bos, eos string) (*ChatTemplate, error) {
 	if strings.Contains(out, caseFilterPrefix) {
 		filters = usedFilters(filters, out, caseFilterVars)
 	}
-	return &ChatTemplate{tmpl: t, bos: bos, eos: eos, stringContent: stringContent(source), filters: filters}, nil
+	tokens := make(map[string]jinja.Value, 2)
+	if bos != "" {
+		tokens["bos_token"] = jinja.NewString(bos)
+	}
+	if eos != "" {
+		tokens["eos_token"] = jinja.NewString(eos)
+	}
+	return &ChatTemplate{tmpl: t, tokens: tokens, stringContent: stringContent(source), filters: filters}, nil
 }
 
 // ChatOptions are the optional inputs of a chat template rendering.
@@ -105,7 +120,9 @@ type ChatOptions struct {
 	// AddGenerationPrompt appends the header of an assistant turn. Default false.
 	AddGenerationPrompt bool
 	// Vars are extra template variables (for example enable_thinking, tools,
-	// date_string). They may override bos_token and eos_token. Maps in them
+	// date_string). They override the special tokens (bos_token, ...), as
+	// transformers' apply_chat_template keyword arguments, and so vLLM's
+	// chat_template_kwargs, do. Maps in them
 	// are seen with sorted keys; use JSONVars to keep a request's key order.
 	// Default none.
 	Vars map[string]any
@@ -224,12 +241,12 @@ func (c *ChatTemplate) RenderJSON(messages json.RawMessage, opts ChatOptions) (s
 }
 
 func (c *ChatTemplate) render(messages jinja.Value, opts ChatOptions) (string, error) {
-	data := map[string]jinja.Value{
-		"messages":              messages,
-		"add_generation_prompt": jinja.NewBool(opts.AddGenerationPrompt),
-		"bos_token":             jinja.NewString(c.bos),
-		"eos_token":             jinja.NewString(c.eos),
+	data := make(map[string]jinja.Value, len(c.tokens)+len(c.filters)+len(opts.Vars)+len(opts.JSONVars)+8)
+	for k, v := range c.tokens { // under the kwargs, as transformers' {**self.special_tokens_map, **kwargs}
+		data[k] = v
 	}
+	data["messages"] = messages
+	data["add_generation_prompt"] = jinja.NewBool(opts.AddGenerationPrompt)
 	now := opts.Now
 	if now.IsZero() {
 		now = time.Now()

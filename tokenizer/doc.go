@@ -50,7 +50,17 @@
 // apply_chat_template settings (trim_blocks, lstrip_blocks, raise_exception,
 // tojson, strftime_now); of a tokenizer_config.json that names its
 // templates, the "default" one, or the "tool_use" one for a request with
-// tools, as transformers' get_chat_template picks them. That engine applies a tag's whitespace control
+// tools, as transformers' get_chat_template picks them; and with its
+// special tokens as variables, as transformers passes its
+// special_tokens_map (4.x, which vLLM requires) under the template's
+// keyword arguments, which win over them: bos_token, eos_token, unk_token,
+// sep_token, pad_token, cls_token, mask_token, additional_special_tokens
+// (a list) and the model-specific ones extra_special_tokens names, each
+// only when tokenizer_config.json sets it to a token that is not empty
+// (else it is undefined). A special_tokens_map.json beside it, which
+// transformers reads over it, and a tokenizer class's default tokens (a
+// LlamaTokenizerFast's unk_token "<unk>" when the config does not name
+// one) are not read. That engine applies a tag's whitespace control
 // past a neighbouring tag and keeps a template's final newline, unlike
 // jinja2; jinjatrim.go rewrites a template's source so that both render it
 // alike (TestChatTemplateWhitespaceMatchesJinja2). Its tojson, string and

@@ -12,6 +12,7 @@ import (
 	"unicode"
 	"unicode/utf8"
 
+	"github.com/ardanlabs/jinja"
 	"golang.org/x/text/unicode/norm"
 )
 
@@ -388,6 +389,13 @@ func checkDecoder(raw json.RawMessage, depth int) error {
 type hfConfig struct {
 	BOS            json.RawMessage `json:"bos_token"`
 	EOS            json.RawMessage `json:"eos_token"`
+	UNK            json.RawMessage `json:"unk_token"`
+	SEP            json.RawMessage `json:"sep_token"`
+	PAD            json.RawMessage `json:"pad_token"`
+	CLS            json.RawMessage `json:"cls_token"`
+	Mask           json.RawMessage `json:"mask_token"`
+	Additional     json.RawMessage `json:"additional_special_tokens"`
+	Extra          json.RawMessage `json:"extra_special_tokens"`
 	ChatTemplate   json.RawMessage `json:"chat_template"`
 	TokenizerClass string          `json:"tokenizer_class"`
 	AddBOS         *bool           `json:"add_bos_token"`
@@ -419,6 +427,49 @@ func tokenName(raw json.RawMessage) string {
 	return ""
 }
 
+// specialTokens returns the variables transformers gives a chat template
+// for the special tokens of c: the special_tokens_map of transformers 4.x
+// (vLLM requires transformers < 5), which apply_chat_template passes under
+// its keyword arguments ({**self.special_tokens_map, **kwargs}, and so
+// under vLLM's chat_template_kwargs). It holds bos_token, eos_token,
+// unk_token, sep_token, pad_token, cls_token and mask_token as strings (an
+// AddedToken's content), additional_special_tokens as a list of them, and
+// the tokens extra_special_tokens names, by their names (model-specific
+// tokens such as image_token), each only when it is set and not empty: a
+// token that is null, "" or [], or not in the file, is no variable, and
+// undefined in the template.
+func specialTokens(c *hfConfig) map[string]jinja.Value {
+	vars := make(map[string]jinja.Value)
+	for _, t := range []struct {
+		name string
+		raw  json.RawMessage
+	}{{"bos_token", c.BOS}, {"eos_token", c.EOS}, {"unk_token", c.UNK}, {"sep_token", c.SEP}, {"pad_token", c.PAD},
+		{"cls_token", c.CLS}, {"mask_token", c.Mask}} {
+		if s := tokenName(t.raw); s != "" {
+			vars[t.name] = jinja.NewString(s)
+		}
+	}
+	var list []json.RawMessage
+	if json.Unmarshal(c.Additional, &list) == nil && len(list) > 0 {
+		items := make([]jinja.Value, len(list))
+		for i, raw := range list {
+			items[i] = jinja.NewString(tokenName(raw))
+		}
+		vars["additional_special_tokens"] = jinja.NewList(items)
+	}
+	var extra map[string]json.RawMessage
+	if json.Unmarshal(c.Extra, &extra) == nil {
+		for name, raw := range extra {
+			if s := tokenName(raw); s != "" {
+				vars[name] = jinja.NewString(s)
+			} else {
+				delete(vars, name) // it replaces a named token's value
+			}
+		}
+	}
+	return vars
+}
+
 func (t *HF) loadConfig(data []byte) error {
 	var c hfConfig
 	if err := json.Unmarshal(data, &c); err != nil {
@@ -440,8 +491,14 @@ func (t *HF) loadConfig(data []byte) error {
 	src, toolUse := templateSource(c.ChatTemplate)
 	if src != "" {
 		t.template, t.templateEr = NewChatTemplate(src, t.bos, t.eosText)
+		if t.template != nil {
+			t.template.tokens = specialTokens(&c)
+		}
 		if t.template != nil && toolUse != "" {
 			t.template.toolUse, t.template.toolUseErr = NewChatTemplate(toolUse, t.bos, t.eosText)
+			if t.template.toolUse != nil {
+				t.template.toolUse.tokens = t.template.tokens
+			}
 		}
 	}
 	return nil

@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"encoding/json"
+	"maps"
 	"os"
 	"path/filepath"
 	"testing"
@@ -16,6 +17,7 @@ type jinjaSemanticsFile struct {
 	Cases    []struct {
 		Name     string                     `json:"name"`
 		Template string                     `json:"template"`
+		Config   map[string]json.RawMessage `json:"config"`
 		Vars     map[string]json.RawMessage `json:"vars"`
 		Prompt   *string                    `json:"prompt"`
 		Error    string                     `json:"error"`
@@ -24,7 +26,9 @@ type jinjaSemanticsFile struct {
 
 // TestJinjaSemanticsMatchJinja2 renders each case of jinja-semantics.json
 // with its variables and wants jinja2's rendering byte for byte, or an
-// error where jinja2 raises one.
+// error where jinja2 raises one. A case with a tokenizer_config.json
+// ("config") is the chat template of testdata/tiny's tokenizer.json
+// loaded with that config.
 func TestJinjaSemanticsMatchJinja2(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join("testdata", "expected", "jinja-semantics.json"))
 	if err != nil {
@@ -39,7 +43,7 @@ func TestJinjaSemanticsMatchJinja2(t *testing.T) {
 	}
 	for _, c := range exp.Cases {
 		t.Run(c.Name, func(t *testing.T) {
-			got, err := renderCase(c.Template, c.Vars)
+			got, err := renderCase(t, c.Template, c.Config, c.Vars)
 			switch {
 			case c.Prompt == nil && err == nil:
 				t.Errorf("%q: got %q, want an error like jinja2's %s", c.Template, got, c.Error)
@@ -53,11 +57,42 @@ func TestJinjaSemanticsMatchJinja2(t *testing.T) {
 }
 
 // renderCase compiles and renders template src with the variables vars
-// (JSON texts), a compile error being a render error.
-func renderCase(src string, vars map[string]json.RawMessage) (string, error) {
-	ct, err := NewChatTemplate(src, "", "")
+// (JSON texts), a compile error being a render error; with config, src is
+// the chat_template of that tokenizer_config.json.
+func renderCase(t *testing.T, src string, config, vars map[string]json.RawMessage) (string, error) {
+	t.Helper()
+	var ct *ChatTemplate
+	var err error
+	if config == nil {
+		ct, err = NewChatTemplate(src, "", "")
+	} else {
+		ct, err = configTemplate(t, src, config)
+	}
 	if err != nil {
 		return "", err
 	}
 	return ct.RenderJSON([]byte(`[]`), ChatOptions{JSONVars: vars})
+}
+
+// configTemplate loads testdata/tiny's tokenizer.json with config and src
+// as its tokenizer_config.json's chat_template, and returns that template.
+func configTemplate(t *testing.T, src string, config map[string]json.RawMessage) (*ChatTemplate, error) {
+	t.Helper()
+	tj, err := os.ReadFile(filepath.Join("testdata", "tiny", "tokenizer.json"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	cfg := maps.Clone(config)
+	if cfg["chat_template"], err = json.Marshal(src); err != nil {
+		t.Fatal(err)
+	}
+	data, err := json.Marshal(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, err := Load(tj, data)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok.ChatTemplate()
 }

@@ -1,7 +1,7 @@
 """Renders the test conversations with each model's chat template exactly as
 HuggingFace transformers' apply_chat_template does (jinja2 sandboxed
 environment, trim_blocks and lstrip_blocks, its tojson, raise_exception and
-strftime_now), writing expected/<model>-prompts.json: a prompt, or
+strftime_now, the tokenizer's special tokens as variables), writing expected/<model>-prompts.json: a prompt, or
 {"error": message} for a conversation the template refuses.
 
 strftime_now formats FIXTURE_NOW, not datetime.now() as in transformers:
@@ -51,6 +51,39 @@ def token_name(t):
     return t if isinstance(t, str) else t.get("content", "")
 
 
+# transformers 4.x's SpecialTokensMixin.SPECIAL_TOKENS_ATTRIBUTES (vLLM
+# requires transformers < 5).
+SPECIAL_TOKENS = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
+                  "additional_special_tokens")
+
+
+def special_tokens_map(cfg):
+    """The special_tokens_map of a tokenizer loaded from tokenizer_config.json
+    cfg, as transformers 4.x builds it: its SPECIAL_TOKENS_ATTRIBUTES, then
+    the names of extra_special_tokens (model-specific tokens, which
+    _set_model_specific_special_tokens appends to them), each as a string
+    (an AddedToken's content; additional_special_tokens as a list of them),
+    and only those that are set and not empty ("if attr_value")."""
+    names = list(SPECIAL_TOKENS)
+    values = {k: cfg.get(k) for k in names}
+    extra = cfg.get("extra_special_tokens") or {}
+    if isinstance(extra, dict):
+        for k, v in extra.items():
+            if k not in names:
+                names.append(k)
+            values[k] = v
+    out = {}
+    for k in names:
+        v = values[k]
+        if isinstance(v, list):
+            v = [token_name(t) for t in v]
+        elif v is not None:
+            v = token_name(v)
+        if v:
+            out[k] = v
+    return out
+
+
 def main():
     d = sys.argv[1]
     chats = json.load(open(f"{d}/expected/chats-input.json", encoding="utf-8"))
@@ -68,9 +101,7 @@ def main():
                 prompts.append(tmpl.render(
                     messages=c["messages"],
                     add_generation_prompt=c["add_generation_prompt"],
-                    bos_token=token_name(cfg.get("bos_token")),
-                    eos_token=token_name(cfg.get("eos_token")),
-                    **kw,
+                    **(special_tokens_map(cfg) | kw),  # transformers: {**self.special_tokens_map, **kwargs}
                 ))
             except jinja2.TemplateError as e:  # Llama 3.2's: one tool call per message
                 prompts.append({"error": str(e)})

@@ -32,7 +32,9 @@ What it reproduces, in its own code, from vLLM's serving path:
     "auto" dropped, a chat template of the request's own refused
     (template_kwargs);
   - transformers' apply_chat_template, which always defines "tools" and
-    "documents" (None when the request has none), in render_chats.py's
+    "documents" (None when the request has none) and passes the
+    tokenizer's special tokens under the kwargs (render_chats.py's
+    special_tokens_map; none for the inline templates), in render_chats.py's
     jinja2 environment, its strftime_now at render_chats.py's FIXTURE_NOW
     (recorded as "strftime_now").
 
@@ -50,7 +52,7 @@ import jinja2
 import pydantic
 from pydantic import BaseModel, ConfigDict, model_serializer, model_validator
 
-from render_chats import FIXTURE_NOW, environment, token_name
+from render_chats import FIXTURE_NOW, environment, special_tokens_map
 
 
 class Base(BaseModel):
@@ -396,21 +398,21 @@ def main():
     templates = {}
     for model in ("qwen3", "llama3", "llama3_1", "llama3_2", "deepseek_v3"):
         cfg = json.load(open(f"{d}/{model}/tokenizer_config.json", encoding="utf-8"))
-        templates[model] = (env.from_string(cfg["chat_template"]), token_name(cfg.get("bos_token")), token_name(cfg.get("eos_token")))
+        templates[model] = (env.from_string(cfg["chat_template"]), special_tokens_map(cfg))
     for name, src in INLINE.items():
-        templates[name] = (env.from_string(src), "", "")
+        templates[name] = (env.from_string(src), {})
     cases = []
     for c in CASES:
         req = c["request"]
         conv = conversation(req)
         kwargs, refused = template_kwargs(req)
         prompts = {}
-        for name, (tmpl, bos, eos) in templates.items():
+        for name, (tmpl, special) in templates.items():
             if refused:
                 prompts[name] = {"error": refused}
                 continue
             # transformers: the kwargs over the special tokens
-            ctx = {"bos_token": bos, "eos_token": eos} | {k: v for k, v in kwargs.items() if k not in ("tools", "documents")}
+            ctx = special | {k: v for k, v in kwargs.items() if k not in ("tools", "documents")}
             try:
                 prompts[name] = {"prompt": tmpl.render(messages=conv, tools=kwargs.get("tools"), documents=kwargs.get("documents"),
                                                        add_generation_prompt=True, **ctx)}
