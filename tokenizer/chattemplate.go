@@ -46,7 +46,8 @@ type ChatTemplate struct {
 	toolUse    *ChatTemplate
 	toolUseErr error
 	// filters are the Python-exact filters the compiled template calls,
-	// which each render passes: the string methods pyMethods rewrote
+	// which each render passes: the comparisons pyCompares rewrote
+	// (pyCompareVars), the string methods pyMethods rewrote
 	// (pyMethodVars), the tests pyTests rewrote (pyTestVars) and the case
 	// filters pyFilters renamed (caseFilterVars), only those whose names
 	// the rewritten source has (a template with tests uses a few of
@@ -77,25 +78,35 @@ func usedFilters(dst []namedFilter, src string, vars map[string]jinja.Value) []n
 // special tokens that are set and not empty).
 func NewChatTemplate(source, bos, eos string) (*ChatTemplate, error) {
 	src := jinjaTrimGuard(pyFilterBlocks(source))
-	withMethods := pyMethods(src)
 	// The rewrites, each left out in turn when the Go engine cannot
-	// compile what they make: its own string methods or tests rather than
-	// none.
+	// compile what they make: its own comparisons, string methods or
+	// tests rather than none.
 	var t *jinja.Template
 	var out string
 	var err error
 	var methods, tests bool
-	for _, try := range [][2]string{{pyTests(withMethods), withMethods}, {withMethods, withMethods}, {pyTests(src), src}, {src, src}} {
-		out = pyFilters(try[0])
-		if t, err = jinja.Compile(out); err == nil {
-			methods, tests = try[1] != src, try[0] != try[1]
-			break
+	bases := []string{pyCompares(src)}
+	if bases[0] != src {
+		bases = append(bases, src)
+	}
+try:
+	for _, base := range bases {
+		withMethods := pyMethods(base)
+		for _, try := range [][2]string{{pyTests(withMethods), withMethods}, {withMethods, withMethods}, {pyTests(base), base}, {base, base}} {
+			out = pyFilters(try[0])
+			if t, err = jinja.Compile(out); err == nil {
+				methods, tests = try[1] != base, try[0] != try[1]
+				break try
+			}
 		}
 	}
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: chat template: %w", err)
 	}
 	var filters []namedFilter
+	if strings.Contains(out, compareName) {
+		filters = usedFilters(filters, out, pyCompareVars)
+	}
 	if methods {
 		filters = usedFilters(filters, out, pyMethodVars)
 	}

@@ -85,7 +85,18 @@
 // kinds strictly and order through floats; odd and divisibleby use
 // Python's %; a bare argument, "is divisibleby 3", which that engine does
 // not parse; a test is rewritten as a filter of its operand, which binds
-// it as jinja2 does), and so are the string methods strip,
+// it as jinja2 does), and so are the comparison operators ==, !=, <, <=,
+// >, >=, in and not in (pycompare.go: 1 == 1.0, true == 1, [1, 2] ==
+// [1.0, 2] and {"a": 1} == {"a": true} are true, 1 == "1" false, as in
+// Python, where that engine's == compares kinds strictly; its in finds a
+// list's items that way and is false where Python raises a TypeError
+// ("a" in 5, 1 in "abc"); its < orders through floats, so that "10" <
+// "9" is false and 1 < "a" is a number's comparison; a chain, a < b < c,
+// is a < b and b < c as in Python, not (a < b) < c; a comparison is
+// rewritten as a filter of its first operand, found by a parser of
+// jinja2's expression grammar; a macro's parameter defaults are left as
+// they are, which that engine cannot parse rewritten), and so are the
+// string methods strip,
 // lstrip, rstrip, split, title, capitalize, upper, lower and swapcase
 // (pymethods.go: that engine's strip without arguments keeps U+001C to
 // U+001F, its lstrip and rstrip strip only space, tab, CR and LF, its

@@ -145,6 +145,12 @@ func renameFilters(s string) (out string, ok bool) {
 // tag ({{ }}, {% %}; not comments) rewritten by rewrite, which reports
 // whether it changed it (pyFilters, pyMethods).
 func rewriteTags(src string, rewrite func(string) (string, bool)) string {
+	return rewriteTagsOf(src, func(s string, _ bool) (string, bool) { return rewrite(s) })
+}
+
+// rewriteTagsOf is rewriteTags with a rewrite told whether the tag is a
+// statement ({% %}) or an expression ({{ }}).
+func rewriteTagsOf(src string, rewrite func(s string, statement bool) (string, bool)) string {
 	var b strings.Builder
 	i := 0 // src[:i] is written
 	for at := 0; ; {
@@ -160,7 +166,7 @@ func rewriteTags(src string, rewrite func(string) (string, bool)) string {
 		if src[open+1] == '#' {
 			continue
 		}
-		inner, ok := rewrite(src[open+2 : end-2])
+		inner, ok := rewrite(src[open+2:end-2], src[open+1] == '%')
 		if !ok {
 			continue
 		}

@@ -22,7 +22,8 @@ import (
 //     a dict (they have len() and []), iterable, sequence and callable of
 //     an undefined value (jinja2's Undefined iterates as empty, has a
 //     length of 0, and its [] and () raise only when called);
-//   - eq, ne, gt, ge, lt, le and in compare as Python's ==, <, ... and in:
+//   - eq, ne, gt, ge, lt, le and in compare as Python's ==, <, ... and in
+//     (as the operators do, pycompare.go):
 //     1 == 1.0 == True, a list or dict equal item by item (1 in [1.0]),
 //     strings by code point and lists item by item in order, other kinds
 //     unordered (a TypeError, as is `1 in "a"`); the Go engine compares

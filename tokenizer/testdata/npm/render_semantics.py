@@ -9,6 +9,8 @@ The cases, by section:
   scoping   which blocks keep an assignment in their body ({% filter %},
             block sets, for loops, macros, call blocks) and which do not
             ({% if %});
+  compare   comparisons (==, !=, <, ..., in, not in, chains) of every kind
+            of value, errors included;
   special   the special tokens of a tokenizer_config.json ("config") as
             transformers 4.x passes them to the template
             (render_chats.py's special_tokens_map), under the keyword
@@ -46,6 +48,33 @@ SCOPING = [
     "{% set x = 1 %}{% macro m() %}{{ caller() }}{% endmacro %}{% call m() %}{% set x = 2 %}{{ x }}{% endcall %}{{ x }}",
 ]
 
+# Comparisons: Python's ==, !=, <, <=, >, >=, in and not in, chained, of
+# every kind of value a template sees (j and n are variables, u undefined).
+COMPARE_VARS = {"j": {"x": [1, "A"], "f": 2.0, "t": True, "s": "10"}, "n": None}
+COMPARE = [
+    "{{ 1 == 1.0 }}|{{ true == 1 }}|{{ false == 0 }}|{{ 1 == '1' }}|{{ none == none }}|{{ n == none }}|{{ [1, 2] == [1.0, 2] }}",
+    "{{ {'a': 1} == {'a': true} }}|{{ {'a': 1, 'b': 2} == {'b': 2, 'a': 1.0} }}|{{ u == u }}|{{ u == none }}|{{ 'a' != 1 }}|{{ j.f == 2 }}|{{ j.t == 1 }}",
+    "{{ j.x == [1, 'A'] }}|{{ j == {'x': [1.0, 'A'], 'f': 2, 't': 1, 's': '10'} }}|{{ j.x != [true, 'A'] }}|{{ 'a' == 'a' }}|{{ '' == none }}|{{ 0 == '' }}|{{ [] == {} }}",
+    "{{ 1 in [1.0] }}|{{ true in [1] }}|{{ 2.0 in j.x }}|{{ 'x' in j }}|{{ 'y' not in j }}|{{ 'b' in 'abc' }}|{{ [1] in [[1.0]] }}|{{ none in [none] }}",
+    "{{ 1 in u }}|{{ u in [1] }}|{{ u in {} }}|{{ none in {'a': 1} }}|{{ 1 not in [true] }}",
+    "{{ 1 in 'abc' }}",
+    "{{ [1] in {} }}",
+    "{{ 1 in 5 }}",
+    "{{ 'a' not in 5 }}",
+    "{{ '10' < '9' }}|{{ j.s < '9' }}|{{ 'B' < 'a' }}|{{ 'é' > 'z' }}|{{ 1 < 1.5 }}|{{ true < 2 }}|{{ false >= 0 }}|{{ [1, 2] < [1, 3] }}|{{ [1] < [1, 0] }}",
+    "{{ 1 < 2 < 3 }}|{{ 3 > 2 > 1 }}|{{ 1 == 1 == 1.0 }}|{{ (1 < 2) < 3 }}|{{ 1 < 3 > 2 }}|{{ 2 > 1 < 3 }}|{{ 1 == 2 < 'a' }}",
+    "{{ 1 < 'a' }}",
+    "{{ none < 1 }}",
+    "{{ u < 1 }}",
+    "{{ {} < {} }}",
+    "{{ not 1 == 2 }}|{{ 1 + 1 == 2 }}|{{ 'a' ~ 'b' == 'ab' }}|{{ -1 == -1.0 }}|{{ 2 == 2 if true else 3 }}|{{ 1 == 1 and 2 != 2 or 3 >= 3 }}",
+    "{% for x in [1, 2, 3, 2.0, true] if x != 2 %}{{ x }}{% endfor %}|{% for x in [1, 2] if x in [2.0] %}{{ x }}{% endfor %}",
+    "{% set y = 1 == 1.0 %}{{ y }}|{% if j.t == 1 %}T{% elif j.t == 2 %}2{% else %}F{% endif %}|{{ [1 == 1.0, {'k': true == 1}] }}",
+    "{{ j.x[0] == j.t }}|{{ j['x'][1] in 'xAx' }}|{{ (j.x | length) == 2.0 }}|{{ j.x | select('eq', 1) | list == [1] }}",
+    "{% macro m(a, b=1 == 1.0) %}{{ a == b }}{% endmacro %}{{ m(true) }}|{{ 1 is eq 1.0 }}|{{ 1 is in [1.0] }}|{{ 1 is not eq true }}",
+    "{{ 'a' if 1 == 1.0 else 'b' }}|{{ 1 == 1 is true }}|{{ 1 == 1 is sameas true }}|{{ 0 == false == (1 == 2) }}",
+]
+
 # The special tokens transformers gives a template (render_chats.py's
 # special_tokens_map of a tokenizer_config.json) under apply_chat_template's
 # keyword arguments, which win: (tokenizer_config.json, kwargs), rendered
@@ -66,7 +95,7 @@ SPECIAL_TOKENS = [
     ({}, {}),
 ]
 
-SECTIONS = {"scoping": SCOPING}
+SECTIONS = {"scoping": SCOPING, "compare": [(c, COMPARE_VARS) for c in COMPARE]}
 
 
 def render(env, src, variables):

@@ -1,0 +1,658 @@
+package tokenizer
+
+import (
+	"errors"
+	"strings"
+
+	"github.com/ardanlabs/jinja"
+)
+
+// jinja2 compiles a comparison to Python's ==, !=, <, <=, >, >=, in and
+// not in, chained as Python chains them; the Go engine has its own, which
+// differ on values a chat template sees:
+//
+//   - == and != compare kinds strictly: 1 == 1.0 is true there, but
+//     true == 1, false == 0, [1, 2] == [1.0, 2] and {"a": 1} == {"a": 1.0}
+//     are false (Python: true);
+//   - in and not in find a list's item with that strictness (1 in [true]
+//     is false there), and are false rather than Python's TypeError for
+//     1 in "abc", [1] in {} or x in 5;
+//   - <, <=, > and >= order through float conversions: "10" < "9" is false
+//     there (Python compares strings by code point: true), a string
+//     against a number is a number's comparison with 0 (Python: a
+//     TypeError), and so is None;
+//   - a chain, a < b < c, is (a < b) < c there, a < b and b < c in
+//     Python.
+//
+// pyCompares rewrites each comparison in the template's source into a
+// filter of its first operand, which render passes as a template variable
+// as pyFilters does for filters, with the operators as strings and the
+// other operands as arguments: "a == b" becomes
+// "((a)|kvroute_cmp('==', (b)))", each operand in parentheses and the
+// whole in parentheses, so that neither engine's precedence can split
+// them. The operands are found by a parser of jinja2's expression
+// grammar (parser.py's parse_compare and what it calls), which the tag's
+// other text passes through unchanged.
+
+// compareName is the name of the filter pyCompares rewrites comparisons
+// into.
+const compareName = "kvroute_cmp"
+
+// pyCompareVars is pyCompares' filter, by name.
+var pyCompareVars = map[string]jinja.Value{compareName: jinja.NewCallable(compareName, pyCompareChain)}
+
+// pyCompareChain is Python's a op1 b op2 c ...: each operator of its
+// arguments (a, "op1", b, "op2", c, ...) applied to the operands on its
+// sides in turn, false at the first that is (and Python's error at the
+// first that raises one), true when all are.
+func pyCompareChain(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, error) {
+	if len(kwargs) > 0 || len(args) < 3 || len(args)%2 == 0 {
+		return jinja.Undefined(), errors.New("comparison: malformed operands")
+	}
+	for i := 1; i+1 < len(args); i += 2 {
+		if !args[i].IsString() {
+			return jinja.Undefined(), errors.New("comparison: malformed operator")
+		}
+		ok, err := pyCompareOp(args[i-1], args[i].AsString(), args[i+1])
+		if err != nil {
+			return jinja.Undefined(), err
+		}
+		if !ok {
+			return jinja.NewBool(false), nil
+		}
+	}
+	return jinja.NewBool(true), nil
+}
+
+// pyCompareOp is Python's a op b for one of jinja2's comparison operators.
+func pyCompareOp(a jinja.Value, op string, b jinja.Value) (bool, error) {
+	switch op {
+	case "==":
+		return pyEqual(a, b), nil
+	case "!=":
+		return !pyEqual(a, b), nil
+	case "in", "not in":
+		in, err := pyIn(a, b)
+		return in != (op == "not in"), err
+	}
+	c, ordered, err := pyCompare(a, b)
+	if err != nil || !ordered {
+		return false, err
+	}
+	switch op {
+	case "<":
+		return c < 0, nil
+	case "<=":
+		return c <= 0, nil
+	case ">":
+		return c > 0, nil
+	case ">=":
+		return c >= 0, nil
+	}
+	return false, errors.New("comparison: unknown operator " + op)
+}
+
+// pyCompares returns src with each comparison (in an expression or
+// statement tag) rewritten as a call of compareName (see above). A tag it
+// cannot parse as jinja2 does, and templates with {% raw %}, are left as
+// they are.
+func pyCompares(src string) string {
+	if !hasComparison(src) || rawTagRE.MatchString(src) {
+		return src
+	}
+	return rewriteTagsOf(src, rewriteComparisons)
+}
+
+// hasComparison reports whether src may hold a comparison.
+func hasComparison(src string) bool {
+	return strings.ContainsAny(src, "=<>") || strings.Contains(src, "in")
+}
+
+// rewriteComparisons rewrites the comparisons of one tag's text s (between
+// "{{" and "}}" or "{%" and "%}", with its whitespace control markers);
+// ok is false when it has none, or when it cannot parse the tag.
+func rewriteComparisons(s string, statement bool) (out string, ok bool) {
+	body := s
+	left, right := "", ""
+	if body != "" && (body[0] == '-' || body[0] == '+') {
+		left, body = body[:1], body[1:]
+	}
+	if n := len(body); n > 0 && (body[n-1] == '-' || body[n-1] == '+') {
+		right, body = body[n-1:], body[:n-1]
+	}
+	p := &cmpParser{src: body}
+	if !p.tokenize() || statement && (len(p.toks) == 0 || p.toks[0].kind != tokNameKind) {
+		return s, false
+	}
+	var b strings.Builder
+	if statement {
+		if !p.statement(&b) {
+			return s, false
+		}
+	} else if !p.tuple(&b, true) {
+		return s, false
+	}
+	if p.pos != len(p.toks) || !p.changed {
+		return s, false
+	}
+	b.WriteString(body[p.lastEnd():])
+	return left + b.String() + right, true
+}
+
+// The kinds of cmpParser's tokens.
+const (
+	tokNameKind = iota
+	tokNumberKind
+	tokStringKind
+	tokOpKind // an operator or a bracket
+)
+
+// cmpToken is a token of a tag's text: src[start:end].
+type cmpToken struct {
+	kind       int
+	start, end int
+}
+
+// cmpParser parses a tag's text by jinja2's grammar, writing it out with
+// its comparisons rewritten (see pyCompares). Each method that parses a
+// construct writes the tokens it reads, each with the white space before
+// it, to b and reports whether the text is that construct.
+type cmpParser struct {
+	src     string
+	toks    []cmpToken
+	pos     int
+	changed bool // a comparison was rewritten
+}
+
+// cmpOps are jinja2's operators, longest first.
+var cmpOps = []string{"**", "//", "==", "!=", "<=", ">=", "+", "-", "*", "/", "%", "~", "|", ".", ",", ":", "=", "<", ">",
+	"(", ")", "[", "]", "{", "}"}
+
+// tokenize splits p.src into tokens as jinja2's lexer does; it is false
+// for a character jinja2 has no token for.
+func (p *cmpParser) tokenize() bool {
+	s := p.src
+	for i := 0; ; {
+		i = spaceEnd(s, i)
+		if i == len(s) {
+			return true
+		}
+		start := i
+		switch c := s[i]; {
+		case c == '\'' || c == '"':
+			i = skipQuoted(s, i)
+			if i >= len(s) {
+				return false
+			}
+			i++
+			p.toks = append(p.toks, cmpToken{tokStringKind, start, i})
+			continue
+		case '0' <= c && c <= '9':
+			i = numberEnd(s, i)
+			p.toks = append(p.toks, cmpToken{tokNumberKind, start, i})
+			continue
+		case isIdentByte(c):
+			for i < len(s) && isIdentByte(s[i]) {
+				i++
+			}
+			p.toks = append(p.toks, cmpToken{tokNameKind, start, i})
+			continue
+		}
+		found := false
+		for _, op := range cmpOps {
+			if strings.HasPrefix(s[i:], op) {
+				p.toks = append(p.toks, cmpToken{tokOpKind, start, i + len(op)})
+				i += len(op)
+				found = true
+				break
+			}
+		}
+		if !found {
+			return false
+		}
+	}
+}
+
+// text is the text of token i ("" past the end).
+func (p *cmpParser) text(i int) string {
+	if i >= len(p.toks) {
+		return ""
+	}
+	return p.src[p.toks[i].start:p.toks[i].end]
+}
+
+// lastEnd is where the last token read ends.
+func (p *cmpParser) lastEnd() int {
+	if p.pos == 0 {
+		return 0
+	}
+	return p.toks[p.pos-1].end
+}
+
+// is reports whether the next token is an operator or a name with text
+// t.
+func (p *cmpParser) is(t string) bool {
+	return p.pos < len(p.toks) && p.text(p.pos) == t && p.toks[p.pos].kind != tokStringKind
+}
+
+// take writes the next token with the white space before it.
+func (p *cmpParser) take(b *strings.Builder) {
+	b.WriteString(p.src[p.lastEnd():p.toks[p.pos].end])
+	p.pos++
+}
+
+// expect takes the next token when it is t.
+func (p *cmpParser) expect(b *strings.Builder, t string) bool {
+	if !p.is(t) {
+		return false
+	}
+	p.take(b)
+	return true
+}
+
+// statement parses a statement tag's text: the expressions of the
+// statements that hold some, the others' text as it is.
+func (p *cmpParser) statement(b *strings.Builder) bool {
+	kw := p.text(0)
+	p.take(b)
+	switch kw {
+	case "if", "elif":
+		return p.tuple(b, false)
+	case "for":
+		// parse_for: an assignment target, "in", the iterable (a tuple
+		// without a conditional expression), then "if" and a condition,
+		// then "recursive"
+		for p.pos < len(p.toks) && !p.is("in") {
+			if k := p.toks[p.pos].kind; k != tokNameKind && !p.is(",") && !p.is("(") && !p.is(")") {
+				return false // a target is names
+			}
+			p.take(b)
+		}
+		if !p.expect(b, "in") || !p.tuple(b, false) {
+			return false
+		}
+		if p.expect(b, "if") && !p.expression(b, true) {
+			return false
+		}
+		p.expect(b, "recursive")
+		return true
+	case "set":
+		// an assignment (a block set has no "=" and nothing to parse)
+		for p.pos < len(p.toks) && !p.is("=") {
+			p.take(b)
+		}
+		if p.pos == len(p.toks) {
+			return true
+		}
+		p.take(b)
+		return p.tuple(b, true)
+	}
+	// other statements: as they are (the Go engine's macro and call tags
+	// take no parentheses in a parameter's default or an argument)
+	for p.pos < len(p.toks) {
+		p.take(b)
+	}
+	return true
+}
+
+// tuple parses parse_tuple: expressions separated by commas, a trailing
+// comma allowed.
+func (p *cmpParser) tuple(b *strings.Builder, condexpr bool) bool {
+	for {
+		if !p.expression(b, condexpr) {
+			return false
+		}
+		if !p.expect(b, ",") || !p.startsExpression() {
+			return true
+		}
+	}
+}
+
+// startsExpression reports whether the next token may start an
+// expression.
+func (p *cmpParser) startsExpression() bool {
+	if p.pos == len(p.toks) {
+		return false
+	}
+	switch t := p.text(p.pos); p.toks[p.pos].kind {
+	case tokNameKind:
+		return !jinjaKeywords[t] || t == "not"
+	case tokOpKind:
+		return t == "(" || t == "[" || t == "{" || t == "-" || t == "+"
+	}
+	return true
+}
+
+// expression parses parse_expression: a conditional expression when
+// condexpr, else an or.
+func (p *cmpParser) expression(b *strings.Builder, condexpr bool) bool {
+	if !p.or(b) {
+		return false
+	}
+	for condexpr && p.is("if") {
+		p.take(b)
+		if !p.or(b) {
+			return false
+		}
+		if p.expect(b, "else") && !p.expression(b, true) {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *cmpParser) or(b *strings.Builder) bool {
+	if !p.and(b) {
+		return false
+	}
+	for p.expect(b, "or") {
+		if !p.and(b) {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *cmpParser) and(b *strings.Builder) bool {
+	if !p.not(b) {
+		return false
+	}
+	for p.expect(b, "and") {
+		if !p.not(b) {
+			return false
+		}
+	}
+	return true
+}
+
+func (p *cmpParser) not(b *strings.Builder) bool {
+	if p.expect(b, "not") {
+		return p.not(b)
+	}
+	return p.compare(b)
+}
+
+// compare parses parse_compare: a math1, then comparison operators each
+// with a math1. A comparison is written as compareName's call.
+func (p *cmpParser) compare(b *strings.Builder) bool {
+	var first strings.Builder
+	if !p.math1(&first) {
+		return false
+	}
+	var rest strings.Builder
+	n := 0
+	for {
+		op := ""
+		switch {
+		case p.is("==") || p.is("!=") || p.is("<") || p.is("<=") || p.is(">") || p.is(">="):
+			op = p.text(p.pos)
+			p.pos++
+		case p.is("in"):
+			op = "in"
+			p.pos++
+		case p.is("not") && p.pos+1 < len(p.toks) && p.text(p.pos+1) == "in" && p.toks[p.pos+1].kind == tokNameKind:
+			op = "not in"
+			p.pos += 2
+		}
+		if op == "" {
+			break
+		}
+		var operand strings.Builder
+		if !p.math1(&operand) {
+			return false
+		}
+		rest.WriteString(", '" + op + "', (" + strings.TrimLeft(operand.String(), " \t\r\n") + ")")
+		n++
+	}
+	if n == 0 {
+		b.WriteString(first.String())
+		return true
+	}
+	p.changed = true
+	f := first.String()
+	operand := strings.TrimLeft(f, " \t\r\n")
+	b.WriteString(f[:len(f)-len(operand)])
+	b.WriteString("((")
+	b.WriteString(operand)
+	b.WriteString(")|" + compareName + "(")
+	b.WriteString(strings.TrimPrefix(rest.String(), ", "))
+	b.WriteString("))")
+	return true
+}
+
+// binary parses operands of next joined by the operators ops.
+func (p *cmpParser) binary(b *strings.Builder, next func(*strings.Builder) bool, ops ...string) bool {
+	if !next(b) {
+		return false
+	}
+	for {
+		found := false
+		for _, op := range ops {
+			if p.is(op) {
+				found = true
+				break
+			}
+		}
+		if !found {
+			return true
+		}
+		p.take(b)
+		if !next(b) {
+			return false
+		}
+	}
+}
+
+func (p *cmpParser) math1(b *strings.Builder) bool {
+	return p.binary(b, p.concat, "+", "-")
+}
+
+func (p *cmpParser) concat(b *strings.Builder) bool {
+	return p.binary(b, p.math2, "~")
+}
+
+func (p *cmpParser) math2(b *strings.Builder) bool {
+	return p.binary(b, p.pow, "*", "/", "//", "%")
+}
+
+func (p *cmpParser) pow(b *strings.Builder) bool {
+	return p.binary(b, func(b *strings.Builder) bool { return p.unary(b, true) }, "**")
+}
+
+// unary parses parse_unary: signs, a primary and its postfixes, then
+// (withFilter) filters, tests and calls.
+func (p *cmpParser) unary(b *strings.Builder, withFilter bool) bool {
+	if p.is("-") || p.is("+") {
+		p.take(b)
+		if !p.unary(b, false) {
+			return false
+		}
+	} else if !p.primary(b) {
+		return false
+	}
+	if !p.postfix(b) {
+		return false
+	}
+	if withFilter {
+		return p.filterExpr(b)
+	}
+	return true
+}
+
+// primary parses parse_primary: a name or constant, adjacent string
+// literals, a number, a parenthesized tuple, a list or a dict.
+func (p *cmpParser) primary(b *strings.Builder) bool {
+	if p.pos == len(p.toks) {
+		return false
+	}
+	switch p.toks[p.pos].kind {
+	case tokNameKind:
+		p.take(b)
+		return true
+	case tokNumberKind:
+		p.take(b)
+		return true
+	case tokStringKind:
+		for p.pos < len(p.toks) && p.toks[p.pos].kind == tokStringKind {
+			p.take(b)
+		}
+		return true
+	}
+	switch p.text(p.pos) {
+	case "(":
+		p.take(b)
+		if p.is(")") {
+			p.take(b)
+			return true
+		}
+		return p.tuple(b, true) && p.expect(b, ")")
+	case "[":
+		return p.items(b, "]", false)
+	case "{":
+		return p.items(b, "}", true)
+	}
+	return false
+}
+
+// items parses a list's or a dict's items (pairs) up to close, after the
+// opening bracket.
+func (p *cmpParser) items(b *strings.Builder, close string, pairs bool) bool {
+	p.take(b)
+	for !p.is(close) {
+		if !p.expression(b, true) {
+			return false
+		}
+		if pairs && (!p.expect(b, ":") || !p.expression(b, true)) {
+			return false
+		}
+		if !p.expect(b, ",") {
+			break
+		}
+	}
+	return p.expect(b, close)
+}
+
+// postfix parses parse_postfix: attributes, subscripts and calls.
+func (p *cmpParser) postfix(b *strings.Builder) bool {
+	for {
+		switch {
+		case p.is("."):
+			p.take(b)
+			if p.pos == len(p.toks) || p.toks[p.pos].kind != tokNameKind && p.toks[p.pos].kind != tokNumberKind {
+				return false
+			}
+			p.take(b)
+		case p.is("["):
+			p.take(b)
+			for !p.is("]") {
+				if !p.subscribed(b) {
+					return false
+				}
+				if !p.expect(b, ",") {
+					break
+				}
+			}
+			if !p.expect(b, "]") {
+				return false
+			}
+		case p.is("("):
+			if !p.call(b) {
+				return false
+			}
+		default:
+			return true
+		}
+	}
+}
+
+// subscribed parses parse_subscribed: an expression or a slice.
+func (p *cmpParser) subscribed(b *strings.Builder) bool {
+	if !p.is(":") && !p.expression(b, true) {
+		return false
+	}
+	for range 2 {
+		if !p.expect(b, ":") {
+			return true
+		}
+		if !p.is("]") && !p.is(",") && !p.is(":") && !p.expression(b, true) {
+			return false
+		}
+	}
+	return true
+}
+
+// call parses parse_call_args: arguments in parentheses, by position, by
+// name, *args and **kwargs.
+func (p *cmpParser) call(b *strings.Builder) bool {
+	p.take(b) // (
+	for !p.is(")") {
+		switch {
+		case p.is("*") || p.is("**"):
+			p.take(b)
+		case p.pos+1 < len(p.toks) && p.toks[p.pos].kind == tokNameKind && p.text(p.pos+1) == "=":
+			p.take(b)
+			p.take(b)
+		}
+		if !p.expression(b, true) {
+			return false
+		}
+		if !p.expect(b, ",") {
+			break
+		}
+	}
+	return p.expect(b, ")")
+}
+
+// filterExpr parses parse_filter_expr: filters, tests and calls.
+func (p *cmpParser) filterExpr(b *strings.Builder) bool {
+	for {
+		switch {
+		case p.is("|"):
+			p.take(b)
+			if !p.dottedName(b) {
+				return false
+			}
+			if p.is("(") && !p.call(b) {
+				return false
+			}
+		case p.is("is"):
+			p.take(b)
+			p.expect(b, "not")
+			if !p.dottedName(b) {
+				return false
+			}
+			switch {
+			case p.is("("):
+				if !p.call(b) {
+					return false
+				}
+			case p.pos < len(p.toks) && (p.toks[p.pos].kind != tokOpKind || p.is("[") || p.is("{")) &&
+				!p.is("else") && !p.is("or") && !p.is("and"):
+				// a bare argument: a primary and its postfixes
+				if p.is("is") || !p.primary(b) || !p.postfix(b) {
+					return false
+				}
+			}
+		case p.is("("):
+			if !p.call(b) {
+				return false
+			}
+		default:
+			return true
+		}
+	}
+}
+
+// dottedName parses a filter's or test's name: names joined by dots.
+func (p *cmpParser) dottedName(b *strings.Builder) bool {
+	for {
+		if p.pos == len(p.toks) || p.toks[p.pos].kind != tokNameKind {
+			return false
+		}
+		p.take(b)
+		if !p.is(".") {
+			return true
+		}
+		p.take(b)
+	}
+}

@@ -1,0 +1,64 @@
+package tokenizer
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestPyComparesRewrite: the comparisons pyCompares rewrites, with the
+// operands jinja2's grammar gives them, and what it leaves as it is. (That
+// they then render as jinja2 does is TestJinjaSemanticsMatchJinja2's
+// "compare" section.)
+func TestPyComparesRewrite(t *testing.T) {
+	for _, tc := range []struct{ src, want string }{
+		{"{{ a == b }}", "{{ ((a)|kvroute_cmp('==', (b))) }}"},
+		{"{%- if m.role != 'user' -%}", "{%- if ((m.role)|kvroute_cmp('!=', ('user'))) -%}"},
+		{"{{ a < b <= c }}", "{{ ((a)|kvroute_cmp('<', (b), '<=', (c))) }}"},
+		{"{{ not a in b and c not in d }}", "{{ not ((a)|kvroute_cmp('in', (b))) and ((c)|kvroute_cmp('not in', (d))) }}"},
+		{"{{ x|length + 1 > y ~ 'z' }}", "{{ ((x|length + 1)|kvroute_cmp('>', (y ~ 'z'))) }}"},
+		{"{{ a is eq 1 == b is defined }}", "{{ ((a is eq 1)|kvroute_cmp('==', (b is defined))) }}"},
+		{"{{ 'y' if a == 1 else 'n' }}", "{{ 'y' if ((a)|kvroute_cmp('==', (1))) else 'n' }}"},
+		{"{% for m in ms if m.role == 'tool' %}", "{% for m in ms if ((m.role)|kvroute_cmp('==', ('tool'))) %}"},
+		{"{% for k, v in d.items() %}{% set ns.x = loop.index0 >= 2 %}", "{% for k, v in d.items() %}{% set ns.x = ((loop.index0)|kvroute_cmp('>=', (2))) %}"},
+		{"{{ [a == 1, {'k': f(b != 2)}, x[c in d]] }}", "{{ [((a)|kvroute_cmp('==', (1))), {'k': f(((b)|kvroute_cmp('!=', (2))))}, x[((c)|kvroute_cmp('in', (d)))]] }}"},
+		{"{{ (a == b) == c }}", "{{ (((((a)|kvroute_cmp('==', (b)))))|kvroute_cmp('==', (c))) }}"},
+		{"{{ -x[0] == -1 }}", "{{ ((-x[0])|kvroute_cmp('==', (-1))) }}"},
+		// left alone: no comparison, a string, a comment, a for loop's
+		// "in", a macro's defaults, text jinja2 does not parse, {% raw %}
+		{"{{ a }}{% for x in y %}{{ 'a == b' }}{# a == b #}a == b{% macro m(a=1 == 2) %}", "{{ a }}{% for x in y %}{{ 'a == b' }}{# a == b #}a == b{% macro m(a=1 == 2) %}"},
+		{"{{ x is defined if y else z == 1 }}{{ a == }}{{ a ! b == c }}", "{{ x is defined if y else z == 1 }}{{ a == }}{{ a ! b == c }}"},
+		{"{% raw %}{{ a == b }}{% endraw %}{{ a == b }}", "{% raw %}{{ a == b }}{% endraw %}{{ a == b }}"},
+	} {
+		if got := pyCompares(tc.src); got != tc.want {
+			t.Errorf("pyCompares(%q)\n got %q\nwant %q", tc.src, got, tc.want)
+		}
+	}
+}
+
+// FuzzPyCompares checks that rewriting comparisons never breaks a
+// template that compiles, leaves one without a comparison alone, and is
+// idempotent (a rewritten comparison is a filter with its operators as
+// strings).
+func FuzzPyCompares(f *testing.F) {
+	for _, s := range []string{
+		"{{ a == b }}", "{% if m.role != 'user' and not loop.last %}x{% endif %}", "{{ a < b <= c > d }}",
+		"{% for m in ms if m.role in ['a', 'b'] %}{{ m.x not in y }}{% endfor %}", "{% set ns.x = a|length >= 2 %}",
+		"{{ 'y' if a == 1 else 'n' }}", "{{ [a == 1, {'k': f(b != 2)}] }}", "{% macro m(a, b=1 == 2) %}{% endmacro %}",
+		"{{ x is defined if y else z == 1 }}", "{{ a == }}", "{% raw %}{{ a == b }}{% endraw %}", "{{ a is eq 1 == b is defined }}",
+		"{{ -x[0] == -1 }}{{ x[1:2] == y[::-1] }}", "{{ f(*a, **b) == g(c=1) }}", "{{ a ~ b == c | d(e) is f }}",
+		"{%- if a == 1 -%}{{- b != 2 -}}{%+ endif %}", "{{ 'a' 'b' == \"ab\" }}",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, src string) {
+		out := pyCompares(src)
+		if !hasComparison(src) && out != src {
+			t.Fatalf("pyCompares(%q) = %q, changed a template without a comparison", src, out)
+		}
+		if out != src && !strings.Contains(out, compareName) {
+			t.Fatalf("pyCompares(%q) = %q, changed it without rewriting a comparison", src, out)
+		}
+		checkIdempotent(t, "pyCompares", pyCompares, src, out)
+		checkStillCompiles(t, "pyCompares", src, out)
+	})
+}
