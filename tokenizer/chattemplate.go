@@ -46,10 +46,11 @@ type ChatTemplate struct {
 	toolUse    *ChatTemplate
 	toolUseErr error
 	// filters are the Python-exact filters the compiled template calls,
-	// which each render passes: the comparisons pyCompares rewrote
-	// (pyCompareVars), the string methods pyMethods rewrote
+	// which each render passes: the comparisons, loops and attribute
+	// assignments pyCompares rewrote (pyCompareVars, namespaceVars), the
+	// namespace global (namespaceVars), the string methods pyMethods rewrote
 	// (pyMethodVars), the tests pyTests rewrote (pyTestVars) and the case
-	// filters pyFilters renamed (caseFilterVars), only those whose names
+	// filters pyFilters renamed (prefixedFilterVars), only those whose names
 	// the rewritten source has (a template with tests uses a few of
 	// jinja2's ~90 test filters).
 	filters []namedFilter
@@ -107,14 +108,15 @@ try:
 	if strings.Contains(out, compareName) {
 		filters = usedFilters(filters, out, pyCompareVars)
 	}
+	filters = usedFilters(filters, out, namespaceVars)
 	if methods {
 		filters = usedFilters(filters, out, pyMethodVars)
 	}
 	if tests {
 		filters = usedFilters(filters, out, pyTestVars)
 	}
-	if strings.Contains(out, caseFilterPrefix) {
-		filters = usedFilters(filters, out, caseFilterVars)
+	if strings.Contains(out, filterPrefix) {
+		filters = usedFilters(filters, out, prefixedFilterVars)
 	}
 	tokens := make(map[string]jinja.Value, 2)
 	if bos != "" {

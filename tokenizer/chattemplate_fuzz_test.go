@@ -10,7 +10,9 @@ import (
 // (Qwen), Llama 3's header form with a system-message split and trim, and
 // one that walks tool calls and dumps them with tojson, and one that
 // calls Python's string methods (pymethods.go), and one with jinja2's
-// tests and a filter block (pytests.go, pyFilterBlocks). Clients choose the
+// tests and a filter block (pytests.go, pyFilterBlocks), and one with a
+// namespace, comparisons, a block set and dict methods (namespace.go,
+// pycompare.go). Clients choose the
 // messages, so rendering them must fail cleanly or succeed, never panic.
 var fuzzTemplates = []string{
 	"{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}" +
@@ -33,6 +35,9 @@ var fuzzTemplates = []string{
 	"{% for m in messages %}{% if m.content is string and m.content is not upper %}{%- filter upper|trim %} {{ m.content }}\n{% endfilter %}" +
 		"{% elif m.content is sequence %}{{ m.content | length is divisibleby 2 }}{% endif %}{{ m.role is in ['user', 'assistant'] }}" +
 		"{{ m.tool_calls is defined and m.tool_calls | length is gt 0 }}{% endfor %}",
+	"{% set ns = namespace(found=false, n=0) %}{% for m in messages %}{% if m.role == 'user' and m.content is string %}{% set ns.found = true %}" +
+		"{% set ns.n = ns.n + 1 %}{% endif %}{% if m.content is mapping %}{{ m.content | items | list | length }}{% endif %}{% set x %}{% set y = m %}{% endset %}" +
+		"{% endfor %}{{ ns.found }}{{ ns.n != 1 }}{{ ns is mapping }}{% for k, v in (messages[0] or {}).items() %}{{ k }}{{ v.get('a') }}{% endfor %}",
 }
 
 // FuzzRenderJSON renders client-chosen messages (and a tools variable)

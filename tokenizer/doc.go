@@ -102,11 +102,30 @@
 // U+001F, its lstrip and rstrip strip only space, tab, CR and LF, its
 // split ignores maxsplit, its title and capitalize leave the other
 // letters' case, and it has no swapcase; a call is rewritten as a filter
-// of its operand), but in a template with {% raw %}. The case mappings
+// of its operand), and so is namespace() (namespace.go: jinja2's
+// Namespace is no mapping, so that ns is mapping is false, and ns|items,
+// ns|list, ns|tojson, 'x' in ns, ns.keys() and a loop over it are
+// errors, ns|string is "<Namespace {...}>" and it equals only itself,
+// where that engine's namespace is a dict; the items and list filters
+// and the dict methods keys, values, items and get are rewritten so;
+// a for loop over None, a number or a boolean is Python's TypeError, not
+// an empty loop; {% set d.x = 1 %} on anything but a namespace is
+// jinja2's error, not a dict's assignment), but in a template with
+// {% raw %}. The case mappings
 // are Python's full ones with its final sigma (pycase.go: "ß".upper() is
-// "SS", "ΌΣΟΣ".lower() "όσος", where that engine's are Go's simple ones),
-// and a float or None a template writes with {{ }} alone still comes out
-// that engine's way. strftime_now
+// "SS", "ΌΣΟΣ".lower() "όσος", where that engine's are Go's simple ones).
+// Left as that engine has them: a float or None a template writes with
+// {{ }} alone (and a list, dict or namespace, which it writes as its own
+// repr); a tuple, which is a list there ((1, 2) == [1, 2] is true, false
+// in Python); an empty namespace, false in an if (true in Python), and its
+// keyword arguments' order, which is by name (only ns|string shows it); its
+// other filters over a namespace (length, first, join, ...: errors in
+// Python) and their comparisons (selectattr's equalto, sort, unique: its
+// own); arithmetic on an undefined value (an error in jinja2: bos_token +
+// "x" where the tokenizer has no bos_token); a {% set %} in a for loop,
+// which it keeps from one iteration to the next where jinja2 starts each
+// from the variables around the loop; and {% with %}, which it does not
+// parse. strftime_now
 // is this package's too (strftime.go: Python's strftime, where that
 // engine's writes a format's literal text that spells a Go layout element
 // as that element and %y, %j or %-d as they are), and formats
@@ -198,7 +217,13 @@
 // testdata/expected/pycase.json: 1,000 random strings' case as Python's
 // str methods and jinja2's filters map it, which TestPyCaseMatchesPython
 // compares with pycase.go's (its "codepoints" mode, every code point
-// alone and in contexts, is a one-off check for -pycase). The tests compare ids, ids with
+// alone and in contexts, is a one-off check for -pycase).
+// render_semantics.py writes testdata/expected/jinja-semantics.json: small
+// templates on which that engine's semantics differ from jinja2's (block
+// scoping, comparisons, namespace(), iteration, the special tokens of a
+// tokenizer_config.json), with jinja2's renderings or errors, which
+// TestJinjaSemanticsMatchJinja2 compares with this package's (run it by
+// hand: scripts/tokenizer-fixtures.sh does not). The tests compare ids, ids with
 // special tokens added, and rendered prompts exactly, and skip with a message
 // when the tokenizer files are absent. (@huggingface/jinja is not the template
 // reference: its str.lstrip(chars) ignores chars, unlike Python.)

@@ -93,9 +93,11 @@ func pyCompareOp(a jinja.Value, op string, b jinja.Value) (bool, error) {
 }
 
 // pyCompares returns src with each comparison (in an expression or
-// statement tag) rewritten as a call of compareName (see above). A tag it
-// cannot parse as jinja2 does, and templates with {% raw %}, are left as
-// they are.
+// statement tag) rewritten as a call of compareName (see above); and, as
+// they need the same parse, each for loop's iterable X as (X)|iterName
+// and each attribute assignment's value, {% set ns.x = V %}, as
+// (V)|setAttrName(ns) (namespace.go). A tag it cannot parse as jinja2
+// does, and templates with {% raw %}, are left as they are.
 func pyCompares(src string) string {
 	if !hasComparison(src) || rawTagRE.MatchString(src) {
 		return src
@@ -108,7 +110,8 @@ func hasComparison(src string) bool {
 	return strings.ContainsAny(src, "=<>") || strings.Contains(src, "in")
 }
 
-// rewriteComparisons rewrites the comparisons of one tag's text s (between
+// rewriteComparisons rewrites the comparisons, loop iterables and
+// attribute assignments (see pyCompares) of one tag's text s (between
 // "{{" and "}}" or "{%" and "%}", with its whitespace control markers);
 // ok is false when it has none, or when it cannot parse the tag.
 func rewriteComparisons(s string, statement bool) (out string, ok bool) {
@@ -268,8 +271,21 @@ func (p *cmpParser) statement(b *strings.Builder) bool {
 			}
 			p.take(b)
 		}
-		if !p.expect(b, "in") || !p.tuple(b, false) {
+		if !p.expect(b, "in") {
 			return false
+		}
+		var iter strings.Builder
+		if !p.tuple(&iter, false) {
+			return false
+		}
+		// through iterName, which refuses what Python cannot iterate
+		it := iter.String()
+		if strings.HasSuffix(it, ")|"+iterName) {
+			b.WriteString(it) // rewritten before
+		} else {
+			operand := strings.TrimLeft(it, " \t\r\n")
+			b.WriteString(it[:len(it)-len(operand)] + "(" + operand + ")|" + iterName)
+			p.changed = true
 		}
 		if p.expect(b, "if") && !p.expression(b, true) {
 			return false
@@ -278,6 +294,7 @@ func (p *cmpParser) statement(b *strings.Builder) bool {
 		return true
 	case "set":
 		// an assignment (a block set has no "=" and nothing to parse)
+		target := p.pos
 		for p.pos < len(p.toks) && !p.is("=") {
 			p.take(b)
 		}
@@ -285,7 +302,24 @@ func (p *cmpParser) statement(b *strings.Builder) bool {
 			return true
 		}
 		p.take(b)
-		return p.tuple(b, true)
+		if p.pos-target != 4 || p.text(target+1) != "." || p.toks[target].kind != tokNameKind {
+			return p.tuple(b, true)
+		}
+		// an attribute's: through setAttrName, which refuses any object
+		// but a namespace
+		var value strings.Builder
+		if !p.tuple(&value, true) {
+			return false
+		}
+		v, guard := value.String(), ")|"+setAttrName+"("+p.text(target)+")"
+		if strings.HasSuffix(v, guard) {
+			b.WriteString(v) // rewritten before
+			return true
+		}
+		operand := strings.TrimLeft(v, " \t\r\n")
+		b.WriteString(v[:len(v)-len(operand)] + "(" + operand + guard)
+		p.changed = true
+		return true
 	}
 	// other statements: as they are (the Go engine's macro and call tags
 	// take no parentheses in a parameter's default or an argument)

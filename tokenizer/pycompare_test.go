@@ -6,7 +6,8 @@ import (
 )
 
 // TestPyComparesRewrite: the comparisons pyCompares rewrites, with the
-// operands jinja2's grammar gives them, and what it leaves as it is. (That
+// operands jinja2's grammar gives them, the loops' iterables and the
+// attribute assignments it guards, and what it leaves as it is. (That
 // they then render as jinja2 does is TestJinjaSemanticsMatchJinja2's
 // "compare" section.)
 func TestPyComparesRewrite(t *testing.T) {
@@ -18,14 +19,15 @@ func TestPyComparesRewrite(t *testing.T) {
 		{"{{ x|length + 1 > y ~ 'z' }}", "{{ ((x|length + 1)|kvroute_cmp('>', (y ~ 'z'))) }}"},
 		{"{{ a is eq 1 == b is defined }}", "{{ ((a is eq 1)|kvroute_cmp('==', (b is defined))) }}"},
 		{"{{ 'y' if a == 1 else 'n' }}", "{{ 'y' if ((a)|kvroute_cmp('==', (1))) else 'n' }}"},
-		{"{% for m in ms if m.role == 'tool' %}", "{% for m in ms if ((m.role)|kvroute_cmp('==', ('tool'))) %}"},
-		{"{% for k, v in d.items() %}{% set ns.x = loop.index0 >= 2 %}", "{% for k, v in d.items() %}{% set ns.x = ((loop.index0)|kvroute_cmp('>=', (2))) %}"},
+		{"{% for m in ms if m.role == 'tool' %}", "{% for m in (ms)|kvroute_iter if ((m.role)|kvroute_cmp('==', ('tool'))) %}"},
+		{"{% for k, v in d.items() %}{% set ns.x = loop.index0 >= 2 %}", "{% for k, v in (d.items())|kvroute_iter %}{% set ns.x = (((loop.index0)|kvroute_cmp('>=', (2))))|kvroute_setattr(ns) %}"},
 		{"{{ [a == 1, {'k': f(b != 2)}, x[c in d]] }}", "{{ [((a)|kvroute_cmp('==', (1))), {'k': f(((b)|kvroute_cmp('!=', (2))))}, x[((c)|kvroute_cmp('in', (d)))]] }}"},
 		{"{{ (a == b) == c }}", "{{ (((((a)|kvroute_cmp('==', (b)))))|kvroute_cmp('==', (c))) }}"},
 		{"{{ -x[0] == -1 }}", "{{ ((-x[0])|kvroute_cmp('==', (-1))) }}"},
 		// left alone: no comparison, a string, a comment, a for loop's
-		// "in", a macro's defaults, text jinja2 does not parse, {% raw %}
-		{"{{ a }}{% for x in y %}{{ 'a == b' }}{# a == b #}a == b{% macro m(a=1 == 2) %}", "{{ a }}{% for x in y %}{{ 'a == b' }}{# a == b #}a == b{% macro m(a=1 == 2) %}"},
+		// "in" (its iterable goes through kvroute_iter), a macro's
+		// defaults, text jinja2 does not parse, {% raw %}
+		{"{{ a }}{% for x in y %}{{ 'a == b' }}{# a == b #}a == b{% macro m(a=1 == 2) %}", "{{ a }}{% for x in (y)|kvroute_iter %}{{ 'a == b' }}{# a == b #}a == b{% macro m(a=1 == 2) %}"},
 		{"{{ x is defined if y else z == 1 }}{{ a == }}{{ a ! b == c }}", "{{ x is defined if y else z == 1 }}{{ a == }}{{ a ! b == c }}"},
 		{"{% raw %}{{ a == b }}{% endraw %}{{ a == b }}", "{% raw %}{{ a == b }}{% endraw %}{{ a == b }}"},
 	} {
@@ -55,8 +57,8 @@ func FuzzPyCompares(f *testing.F) {
 		if !hasComparison(src) && out != src {
 			t.Fatalf("pyCompares(%q) = %q, changed a template without a comparison", src, out)
 		}
-		if out != src && !strings.Contains(out, compareName) {
-			t.Fatalf("pyCompares(%q) = %q, changed it without rewriting a comparison", src, out)
+		if out != src && !strings.Contains(out, compareName) && !strings.Contains(out, iterName) && !strings.Contains(out, setAttrName) {
+			t.Fatalf("pyCompares(%q) = %q, changed it without rewriting a comparison, a loop or an assignment", src, out)
 		}
 		checkIdempotent(t, "pyCompares", pyCompares, src, out)
 		checkStillCompiles(t, "pyCompares", src, out)

@@ -37,44 +37,51 @@ import (
 //     capitalize writes the first letter in upper case, not title case;
 //   - title, jinja2's own, not str.title (pyCase.jinjaTitle), where the Go
 //     engine's starts a word after anything but a letter or digit
-//     ("they're"|title: "They're" and "They'Re").
+//     ("they're"|title: "They're" and "They'Re");
+//   - items and list, which are errors for a namespace (namespace.go) and,
+//     list, for None, a number or a boolean (Python cannot iterate them),
+//     where the Go engine takes a namespace for a dict.
 //
 // The Go engine's filter table cannot be replaced, but a filter it does
 // not know is looked up among the template's variables: pyFilters renames
 // these filters in the template's source, and render passes pyToJSON,
-// pyString, pyTrim and (to a template that uses them, caseFilters) the
-// case filters as those variables.
+// pyString, pyTrim and (to a template that uses them, prefixedFilterVars)
+// the case, items and list filters as those variables.
 
 // The names the filters are renamed to.
 const (
 	tojsonName = "kvroute_tojson"
 	stringName = "kvroute_string"
 	trimName   = "kvroute_trim"
-	// caseFilterPrefix starts the names of the case filters
-	// (caseFilterVars), which are not the string methods' of the same
-	// names (pyMethodNames): those refuse a value that is not a string.
-	caseFilterPrefix = "kvroute_filter_"
+	// filterPrefix starts the names of the case, items and list filters
+	// (prefixedFilterVars), which are not the string and dict methods' of
+	// the same names (pyMethodNames): those refuse a value that is not a
+	// string, or a dict.
+	filterPrefix = "kvroute_filter_"
 )
 
 // pyFilterNames maps a filter pyFilters renames to its new name.
 var pyFilterNames = map[string]string{"tojson": tojsonName, "string": stringName, "trim": trimName,
-	"upper": caseFilterPrefix + "upper", "lower": caseFilterPrefix + "lower",
-	"capitalize": caseFilterPrefix + "capitalize", "title": caseFilterPrefix + "title"}
+	"upper": filterPrefix + "upper", "lower": filterPrefix + "lower",
+	"capitalize": filterPrefix + "capitalize", "title": filterPrefix + "title",
+	"items": filterPrefix + "items", "list": filterPrefix + "list"}
 
-// caseFilterVars are the case filters of pyFilterNames, by name: jinja2's
-// do_upper, do_lower, do_capitalize and do_title, each of soft_str(value)
-// (pyStr).
-var caseFilterVars = map[string]jinja.Value{
-	caseFilterPrefix + "upper":      pyCaseFilter("upper", (*pyCase).upper),
-	caseFilterPrefix + "lower":      pyCaseFilter("lower", (*pyCase).lower),
-	caseFilterPrefix + "capitalize": pyCaseFilter("capitalize", (*pyCase).capitalize),
-	caseFilterPrefix + "title":      pyCaseFilter("title", (*pyCase).jinjaTitle),
+// prefixedFilterVars are the filters of pyFilterNames named with
+// filterPrefix, by name: jinja2's do_upper, do_lower, do_capitalize and
+// do_title, each of soft_str(value) (pyStr), and its items and list.
+var prefixedFilterVars = map[string]jinja.Value{
+	filterPrefix + "upper":      pyCaseFilter("upper", (*pyCase).upper),
+	filterPrefix + "lower":      pyCaseFilter("lower", (*pyCase).lower),
+	filterPrefix + "capitalize": pyCaseFilter("capitalize", (*pyCase).capitalize),
+	filterPrefix + "title":      pyCaseFilter("title", (*pyCase).jinjaTitle),
+	filterPrefix + "items":      pyItemsFilter,
+	filterPrefix + "list":       pyListFilter,
 }
 
 // pyCaseFilter is a case mapping of pycase.go as a jinja2 filter of
 // str(value), taking no arguments.
 func pyCaseFilter(name string, f func(*pyCase, string) string) jinja.Value {
-	return jinja.NewCallable(caseFilterPrefix+name, func(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, error) {
+	return jinja.NewCallable(filterPrefix+name, func(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, error) {
 		if len(args) > 1 || len(kwargs) > 0 {
 			return jinja.Undefined(), errors.New(name + ": takes no arguments")
 		}
@@ -278,6 +285,8 @@ func pyStr(v jinja.Value) string {
 		return "False"
 	case v.IsInt():
 		return strconv.FormatInt(v.AsInt(), 10)
+	case isNamespace(v): // jinja2's Namespace.__repr__, of the Go engine's repr of its attributes
+		return "<Namespace " + v.String() + ">"
 	default: // a list or a dict: the Go engine's repr
 		return v.String()
 	}
@@ -361,6 +370,8 @@ func (e *pyJSON) value(v jinja.Value, level int) error {
 		}
 		e.newline(level)
 		e.b = append(e.b, ']')
+	case isNamespace(v):
+		return errors.New("tojson: Object of type Namespace is not JSON serializable")
 	case v.IsDict():
 		d := v.AsDict()
 		keys := d.Keys

@@ -27,12 +27,17 @@ import (
 //     mappings, where Python's full ones change some letters' length and
 //     lower a final Σ to ς ("ß".upper() is "SS", "ΌΣΟΣ".lower() "όσος"),
 //     and capitalize() writes the first letter in upper case, not title
-//     case ("ǆa": Python "ǅa"); swapcase() is missing.
+//     case ("ǆa": Python "ǅa"); swapcase() is missing;
+//   - a dict's keys(), values(), items() and get() are a namespace's too
+//     (jinja2's Namespace has no such methods: an error), and get() looks
+//     a key that is not a string up by its str() ({"1": 2}.get(1) is 2,
+//     None in Python); dict.get() without a key is no error.
 //
 // pyMethods rewrites such a call in the template's source into a filter of
 // the same value, which render passes as a template variable, as
 // pyFilters does for filters: X.strip(args) becomes (X|kvroute_strip(args)).
-// The case methods are pyCase's (pycase.go).
+// The case methods are pyCase's (pycase.go), the dict methods
+// namespace.go's.
 
 // pyMethodNames maps a string method pyMethods rewrites to its filter's
 // name.
@@ -46,6 +51,10 @@ var pyMethodNames = map[string]string{
 	"upper":      "kvroute_upper",
 	"lower":      "kvroute_lower",
 	"swapcase":   "kvroute_swapcase",
+	"keys":       "kvroute_keys",
+	"values":     "kvroute_values",
+	"items":      "kvroute_items",
+	"get":        "kvroute_get",
 }
 
 // pyMethodVars are the filters of pyMethodNames, by name.
@@ -59,6 +68,10 @@ var pyMethodVars = map[string]jinja.Value{
 	"kvroute_upper":      pyCaseMethod("upper", (*pyCase).upper),
 	"kvroute_lower":      pyCaseMethod("lower", (*pyCase).lower),
 	"kvroute_swapcase":   pyCaseMethod("swapcase", (*pyCase).swapcase),
+	"kvroute_keys":       pyDictView("keys", dictKeys),
+	"kvroute_values":     pyDictView("values", dictValues),
+	"kvroute_items":      pyDictView("items", dictItems),
+	"kvroute_get":        pyDictGet,
 }
 
 // pyMethods returns src with each call of a method of pyMethodNames
@@ -172,7 +185,7 @@ func operandStart(s string, dot int) int {
 			return i
 		}
 		switch {
-		case c == ')' || c == ']':
+		case c == ')' || c == ']' || c == '}':
 			if i = openBracket(s, k-1); i < 0 {
 				return dot
 			}

@@ -42,12 +42,13 @@ import (
 // pyFilters does for filters: "x is not eq 3" becomes
 // "x|kvroute_isnot_eq(3)", so the precedence is jinja2's too.
 //
+// A namespace() is neither a mapping nor iterable (namespace.go).
+//
 // Left as they are: sameas beyond what equality decides (None, booleans,
 // small integers and strings are taken as identical when equal, lists
 // and dicts only when they are the same value, other numbers never: in
-// CPython their identity is an accident of its caches), a namespace()
-// (a dict in the Go engine: a mapping and iterable, which jinja2's
-// Namespace is not), the str() of a list or dict (the Go engine's repr,
+// CPython their identity is an accident of its caches), the str() of a
+// list or dict (the Go engine's repr,
 // whose quotes and escapes may differ from Python's), `"%d" % 2` (a
 // string with a format is a TypeError here too), the escaped, filter and
 // test tests, and tests called with keyword arguments (errors here).
@@ -74,9 +75,9 @@ var pyTestFuncs = map[string]pyTestFunc{
 	"float":       kindTest(func(v jinja.Value) bool { return v.IsFloat() }),
 	"number":      kindTest(func(v jinja.Value) bool { return v.IsInt() || v.IsFloat() || v.IsBool() }),
 	"string":      kindTest(func(v jinja.Value) bool { return v.IsString() }),
-	"mapping":     kindTest(func(v jinja.Value) bool { return v.IsDict() }),
-	"iterable":    kindTest(func(v jinja.Value) bool { return v.IsString() || v.IsList() || v.IsDict() || v.IsUndefined() }),
-	"sequence":    kindTest(func(v jinja.Value) bool { return v.IsString() || v.IsList() || v.IsDict() || v.IsUndefined() }),
+	"mapping":     kindTest(func(v jinja.Value) bool { return v.IsDict() && !isNamespace(v) }),
+	"iterable":    kindTest(iterable),
+	"sequence":    kindTest(iterable),
 	"callable":    kindTest(func(v jinja.Value) bool { return v.IsCallable() || v.IsUndefined() }),
 	"upper":       kindTest(func(v jinja.Value) bool { return pyIsCase(pyStr(v), true) }),
 	"lower":       kindTest(func(v jinja.Value) bool { return pyIsCase(pyStr(v), false) }),
@@ -271,6 +272,8 @@ func pyEqual(a, b jinja.Value) bool {
 			}
 		}
 		return true
+	case isNamespace(a) || isNamespace(b):
+		return a.IsDict() && b.IsDict() && a.AsDict() == b.AsDict() // the same object
 	case a.IsDict():
 		if !b.IsDict() {
 			return false
@@ -305,6 +308,8 @@ func pyTypeName(v jinja.Value) string {
 		return "NoneType"
 	case v.IsList():
 		return "list"
+	case isNamespace(v):
+		return "Namespace"
 	case v.IsDict():
 		return "dict"
 	case v.IsUndefined():
@@ -414,8 +419,8 @@ func modTest(arg bool, want int64) pyTestFunc {
 
 // pyIn is Python's v in container: an item of a list equal to v, a key of
 // a dict, a substring of a string (v must be a string), nothing in an
-// undefined value (which iterates as empty); anything else is Python's
-// TypeError.
+// undefined value (which iterates as empty); anything else (a namespace
+// too) is Python's TypeError.
 func pyIn(v, container jinja.Value) (bool, error) {
 	switch {
 	case container.IsList():
@@ -425,8 +430,9 @@ func pyIn(v, container jinja.Value) (bool, error) {
 			}
 		}
 		return false, nil
+	case isNamespace(container):
 	case container.IsDict():
-		if v.IsList() || v.IsDict() {
+		if v.IsList() || v.IsDict() && !isNamespace(v) {
 			return false, errors.New("test in: unhashable type: '" + pyTypeName(v) + "'")
 		}
 		return v.IsString() && container.AsDict().Has(v.AsString()), nil

@@ -11,6 +11,10 @@ The cases, by section:
             ({% if %});
   compare   comparisons (==, !=, <, ..., in, not in, chains) of every kind
             of value, errors included;
+  namespace namespace() as jinja2's Namespace, not a mapping (errors
+            included); what a for loop cannot iterate; attribute
+            assignments; the items and list filters and the dict methods
+            keys, values, items and get;
   special   the special tokens of a tokenizer_config.json ("config") as
             transformers 4.x passes them to the template
             (render_chats.py's special_tokens_map), under the keyword
@@ -75,6 +79,53 @@ COMPARE = [
     "{{ 'a' if 1 == 1.0 else 'b' }}|{{ 1 == 1 is true }}|{{ 1 == 1 is sameas true }}|{{ 0 == false == (1 == 2) }}",
 ]
 
+# namespace(): a Namespace object, not a mapping; iterating what Python
+# cannot iterate; attribute assignments; the items and list filters and the
+# dict methods keys, values, items and get, which tell a namespace from a
+# mapping.
+# (keyword arguments in name order: kvroute's namespace() gets them as a Go
+# map, and keeps them in that order, which ns|string shows)
+NS = "{% set ns = namespace(a='q', x=1) %}"
+NAMESPACE = [
+    NS + "{{ ns is mapping }}|{{ ns is iterable }}|{{ ns is sequence }}|{{ ns is callable }}|{{ ns is defined }}|{{ ns is string }}|{{ ns is none }}",
+    NS + "{{ ns.x }}|{{ ns['a'] }}|{{ ns.q is defined }}|{{ ns['q'] is defined }}|{% set ns.x = ns.x + 1 %}{{ ns.x }}",
+    NS + "{{ ns | string }}|{{ ns | upper }}|{{ ns is upper }}|{{ ns == ns }}|{{ namespace() == namespace() }}|{{ ns is sameas ns }}|{{ ns != ns }}",
+    NS + "{{ ns in [ns] }}|{{ ns in [namespace(a='q', x=1)] }}|{{ ns in {'x': 1} }}|{{ ns | default(1) | string }}",
+    NS + "{{ ns | items | list }}",
+    NS + "{% for k, v in ns | items %}{{ k }}{% endfor %}",
+    NS + "{{ ns | list }}",
+    NS + "{{ ns.keys() }}",
+    NS + "{{ ns.items() }}",
+    NS + "{{ ns.get('x') }}",
+    NS + "{{ ns | tojson }}",
+    NS + "{{ [ns] | tojson }}",
+    NS + "{{ 'x' in ns }}",
+    NS + "{{ 'x' not in ns }}",
+    NS + "{% for k in ns %}{{ k }}{% endfor %}",
+    "{% set ns = namespace({'b': 2}) %}{{ ns.b }}|{{ namespace([['c', 3]]).c }}|{{ namespace({'d': 4}, d=5).d }}|{{ namespace() | string }}",
+    "{{ namespace(1) }}",
+    "{% set ns = namespace() %}{{ namespace(ns) }}",
+    "{% set ns = namespace(found=false) %}{% for m in [1, 2, 3] %}{% if m == 2 %}{% set ns.found = true %}{% endif %}{% endfor %}{{ ns.found }}",
+    "{% set d = {} %}{% set d.x = 1 %}{{ d.x }}",
+    "{% set s = 'ab' %}{% set s.x = 1 %}",
+    "{% for x in none %}a{% endfor %}",
+    "{% for x in 5 %}a{% endfor %}",
+    "{% for x in true %}a{% endfor %}",
+    "{% for x in u %}a{% else %}E{% endfor %}|{% for c in 'ab' %}{{ c }}{% endfor %}|{% for k in {'a': 1, 'b': 2} %}{{ k }}{% endfor %}|{% for x in [] %}{% else %}e{% endfor %}",
+    "{% for a, b in [[1, 2], [3, 4]] %}{{ a }}{{ b }}{% endfor %}|{% for x in [1, 2, 3] if x is odd %}{{ x }}{% endfor %}|{% for x in 'a', 'b' %}{{ x }}{% endfor %}",
+    "{{ u | list }}|{{ 'ab' | list }}|{{ {'a': 1, 'b': 2} | list }}|{{ [1, 2] | list }}|{{ u | items | list }}|{{ {'a': 1} | items | list | length }}",
+    "{{ none | list }}",
+    "{{ 5 | list }}",
+    "{{ none | items | list }}",
+    "{{ [1] | items | list }}",
+    "{{ {'a': 1}.get('a') }}|{{ {'a': 1}.get('b') is none }}|{{ {'a': 1}.get('b', 2) }}|{{ {'1': 1}.get(1) is none }}|{{ {'a': 1}.keys() | list }}|{{ {'a': 1}.values() | list }}|{{ {'a': 1, 'b': 2}.items() | list | length }}",
+    "{% for k, v in {'a': 1, 'b': 2}.items() %}{{ k }}{{ v }}{% endfor %}|{{ j.get('x') | tojson }}|{{ j.get('y', 'd') }}",
+    "{{ {'a': 1}.get() }}",
+    "{{ {'a': 1}.get(key='a') }}",
+    "{{ none.get('a') }}",
+    "{{ 'ab'.items() }}",
+]
+
 # The special tokens transformers gives a template (render_chats.py's
 # special_tokens_map of a tokenizer_config.json) under apply_chat_template's
 # keyword arguments, which win: (tokenizer_config.json, kwargs), rendered
@@ -95,7 +146,8 @@ SPECIAL_TOKENS = [
     ({}, {}),
 ]
 
-SECTIONS = {"scoping": SCOPING, "compare": [(c, COMPARE_VARS) for c in COMPARE]}
+SECTIONS = {"scoping": SCOPING, "compare": [(c, COMPARE_VARS) for c in COMPARE],
+            "namespace": [(c, COMPARE_VARS) for c in NAMESPACE]}
 
 
 def render(env, src, variables):
