@@ -122,10 +122,12 @@
 // other filters over a namespace (length, first, join, ...: errors in
 // Python) and their comparisons (selectattr's equalto, sort, unique: its
 // own); arithmetic on an undefined value (an error in jinja2: bos_token +
-// "x" where the tokenizer has no bos_token); a {% set %} in a for loop,
-// which it keeps from one iteration to the next where jinja2 starts each
-// from the variables around the loop; and {% with %}, which it does not
-// parse. strftime_now
+// "x" where the tokenizer has no bos_token); a {% set %} in a for loop
+// with {% break %} or {% continue %}, which it keeps from one iteration to
+// the next where jinja2 starts each from the variables around the loop
+// (jinjascope.go renders any other loop body that may read an earlier
+// iteration's assignment in a macro, whose frame starts so); and
+// {% with %}, which it does not parse. strftime_now
 // is this package's too (strftime.go: Python's strftime, where that
 // engine's writes a format's literal text that spells a Go layout element
 // as that element and %y, %j or %-d as they are), and formats

@@ -8,7 +8,8 @@ environment (transformers' apply_chat_template one) or the error it raises
 The cases, by section:
   scoping   which blocks keep an assignment in their body ({% filter %},
             block sets, for loops, macros, call blocks) and which do not
-            ({% if %});
+            ({% if %}), and a loop's iterations, each of which starts from
+            the variables around the loop;
   compare   comparisons (==, !=, <, ..., in, not in, chains) of every kind
             of value, errors included;
   namespace namespace() as jinja2's Namespace, not a mapping (errors
@@ -49,6 +50,21 @@ SCOPING = [
     "{% set x = 1 %}{% if true %}{% set x = 2 %}{% endif %}{{ x }}",
     "{% set x = 1 %}{% for i in [1] %}{% set x = 2 %}{% endfor %}{{ x }}",
     "{% set x = 1 %}{% macro m() %}{% set x = 2 %}{{ x }}{% endmacro %}{{ m() }}{{ x }}",
+    # each iteration of a loop starts from the variables around the loop
+    "{% set x = 1 %}{% for i in [1, 2] %}{{ x }}{% set x = i * 10 %}{{ x }};{% endfor %}{{ x }}",
+    "{% for i in [1, 2] %}{{ x is defined }}{% set x = i %}{% endfor %}",
+    "{% for i in [1, 2] %}{% if i == 2 %}{{ x }}{% endif %}{% set x = i %}{% endfor %}",
+    "{% for i in [1, 2] %}{% for k in [1, 2] %}{{ y is defined }}{% set y = k %}{% endfor %}{{ y is defined }}{% set y = 5 %}{{ y }}{% endfor %}",
+    "{% for i in [1, 2] %}{% if i == 1 %}{% set x = 'a' %}{% endif %}{{ x }};{% endfor %}",
+    "{% for i in [1, 2, 3] %}{{ i }}{% set x = i %}{% if i == 2 %}{% break %}{% endif %}{{ x }}{% endfor %}",
+    "{% for i in [] %}{% set x = 1 %}{% else %}{{ x is defined }}{% set x = 2 %}{{ x }}{% endfor %}",
+    "{% set x = 0 %}{% for i in [1, 2] %}{% set x = x + i %}{{ x }};{% endfor %}{{ x }}",
+    "{% set ns = namespace(n=0) %}{% for i in [1, 2] %}{% set ns.n = ns.n + i %}{% set y = ns.n %}{{ y }};{% endfor %}{{ ns.n }}",
+    "{% for i in [1, 2] %}{% set y %}{{ y is defined }}{{ i }}{% endset %}{{ y }}{% endfor %}",
+    "{% for i in [1, 2] -%}\n  {% set x = i %}\n  {{ x }}\n{%- endfor %}|",
+    "{% for m in ['a', 'b'] %}\n  {%- set c = m | upper %}\n  {{- c ~ loop.index }}\n{% endfor %}|",
+    "{% for i in [1, 2] %}{% set x = loop.index %}{{ x }}{{ loop.last }}{% else %}none{% endfor %}",
+    "a\n{% for i in [1, 2] %}\n  {% set x = i %}\n  {{ x }}\n  {% endfor %}\nb",
     "{% set x = 1 %}{% macro m() %}{{ caller() }}{% endmacro %}{% call m() %}{% set x = 2 %}{{ x }}{% endcall %}{{ x }}",
 ]
 

@@ -1,0 +1,67 @@
+package tokenizer
+
+import (
+	"strings"
+	"testing"
+)
+
+// TestPyLoopBodiesRewrite: the loops pyLoopBodies renders the body of in
+// a macro (an iteration may read what the one before assigned), and those
+// it leaves. (That they then render as jinja2 does is
+// TestJinjaSemanticsMatchJinja2's "scoping" section.)
+func TestPyLoopBodiesRewrite(t *testing.T) {
+	for _, tc := range []struct{ src, want string }{
+		{"{% for i in x %}{{ y }}{% set y = i %}{% endfor %}",
+			"{% for i in x %}{% macro kvroute_lb_0() %}{{ y }}{% set y = i %}{% endmacro %}{{ kvroute_lb_0() }}{% endfor %}"},
+		{"{%- for i in x -%}\n {% set y = y ~ i %}\n{%- else %}e{% endfor %}",
+			"{%- for i in x -%}{% macro kvroute_lb_0() -%}\n {% set y = y ~ i %}\n{%- endmacro %}{{ kvroute_lb_0() }}{%- else %}e{% endfor %}"},
+		{"{% for a in x %}{% for b in a %}{{ y }}{% set y = b %}{% endfor %}{% if a %}{% set z = a %}{% endif %}{{ z }}{% endfor %}",
+			"{% for a in x %}{% macro kvroute_lb_0() %}{% for b in a %}{% macro kvroute_lb_1() %}{{ y }}{% set y = b %}{% endmacro %}{{ kvroute_lb_1() }}{% endfor %}{% if a %}{% set z = a %}{% endif %}{{ z }}{% endmacro %}{{ kvroute_lb_0() }}{% endfor %}"},
+		{"{% for a in x %}{% for b in a %}{{ z }}{% endfor %}{% set z = a %}{% endfor %}",
+			"{% for a in x %}{% macro kvroute_lb_0() %}{% for b in a %}{{ z }}{% endfor %}{% set z = a %}{% endmacro %}{{ kvroute_lb_0() }}{% endfor %}"},
+		// left alone: each variable assigned before it is read (in every
+		// branch of an if), no assignment but a namespace's, an assignment
+		// in a macro of the body or in the else part, break and continue,
+		// recursive, unmatched tags, {% raw %}
+		{"{% for i in x %}{% set y = i %}{{ y }}{% set y = y + 1 %}{% endfor %}", "{% for i in x %}{% set y = i %}{{ y }}{% set y = y + 1 %}{% endfor %}"},
+		{"{% for i in x %}{% if i %}{% set y = 1 %}{% elif i == 2 %}{% set y = 2 %}{% else %}{% set y = 3 %}{% endif %}{{ y }}{% endfor %}",
+			"{% for i in x %}{% if i %}{% set y = 1 %}{% elif i == 2 %}{% set y = 2 %}{% else %}{% set y = 3 %}{% endif %}{{ y }}{% endfor %}"},
+		{"{% for i in x %}{{ y }}{% set ns.y = i %}{% endfor %}", "{% for i in x %}{{ y }}{% set ns.y = i %}{% endfor %}"},
+		{"{% for i in x %}{% macro m() %}{{ y }}{% set y = i %}{% endmacro %}{% else %}{{ y }}{% set y = 1 %}{% endfor %}",
+			"{% for i in x %}{% macro m() %}{{ y }}{% set y = i %}{% endmacro %}{% else %}{{ y }}{% set y = 1 %}{% endfor %}"},
+		{"{% for i in x %}{{ y }}{% set y = i %}{% if y %}{% break %}{% endif %}{% endfor %}", "{% for i in x %}{{ y }}{% set y = i %}{% if y %}{% break %}{% endif %}{% endfor %}"},
+		{"{% for i in x recursive %}{{ y }}{% set y = i %}{% endfor %}", "{% for i in x recursive %}{{ y }}{% set y = i %}{% endfor %}"},
+		{"{% for i in x %}{{ y }}{% set y = i %}{% endif %}{% endfor %}", "{% for i in x %}{{ y }}{% set y = i %}{% endif %}{% endfor %}"},
+		{"{% raw %}{% endraw %}{% for i in x %}{{ y }}{% set y = i %}{% endfor %}", "{% raw %}{% endraw %}{% for i in x %}{{ y }}{% set y = i %}{% endfor %}"},
+	} {
+		if got := pyLoopBodies(tc.src); got != tc.want {
+			t.Errorf("pyLoopBodies(%q)\n got %q\nwant %q", tc.src, got, tc.want)
+		}
+	}
+}
+
+// FuzzPyLoopBodies checks that rendering loop bodies in macros never
+// breaks a template that compiles, leaves one without a loop or an
+// assignment alone, and is idempotent (a body's assignments are a
+// macro's).
+func FuzzPyLoopBodies(f *testing.F) {
+	for _, s := range []string{
+		"{% for i in x %}{% set y = i %}{{ y }}{% endfor %}", "{%- for i in x -%}\n {% set y = y ~ i %}\n{%- else %}e{% endfor %}",
+		"{% for i in x %}{{ y }}{% set y, z = i, 1 %}{% if z %}{% set w = 1 %}{% else %}{{ w }}{% endif %}{% endfor %}",
+		"{% for a in x %}{% for b in a %}{% set y = b %}{% endfor %}{% if a %}{% set z = a %}{% endif %}{% endfor %}",
+		"{% for i in x %}{% set ns.y = i %}{% endfor %}", "{% for i in x %}{% set y = i %}{% break %}{% endfor %}",
+		"{% for i in x recursive %}{% set y = i %}{% endfor %}", "{% for i in x %}{% set y = i %}{% endif %}{% endfor %}",
+		"{% for i in x %}{% set y %}a{% endset %}{% filter upper %}{% set z = 1 %}{% endfilter %}{% endfor %}",
+		"{% for i in x %}{% set y = i %}", "{% set y = 1 %}{% endfor %}", "{% for i in x +%}\n{% set y = i %}\n{%+ endfor +%}",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, src string) {
+		out := pyLoopBodies(src)
+		if (!strings.Contains(src, "endfor") || !strings.Contains(src, "set")) && out != src {
+			t.Fatalf("pyLoopBodies(%q) = %q, changed a template without a loop or an assignment", src, out)
+		}
+		checkIdempotent(t, "pyLoopBodies", pyLoopBodies, src, out)
+		checkStillCompiles(t, "pyLoopBodies", src, out)
+	})
+}
