@@ -17,8 +17,11 @@ const loopBodyPrefix = "kvroute_lb_"
 //	{% for x in y R%}body{%L endfor %}
 //	{% for x in y R%}{% macro kvroute_lb_N() R%}body{%L endmacro %}{{ kvroute_lb_N() }}{%L endfor %}
 //
-// (and so before an {% else %} of the loop), where R and L are the for
-// tag's right and the closing tag's left whitespace control markers,
+// (and so before an {% else %} of the loop; and an else part that
+// assigns a variable, which jinja2 keeps in its own frame too, the Go
+// engine in the frame around the loop, from after the else tag), where R
+// and L are the for (else) tag's right and the closing tag's left
+// whitespace control markers,
 // which the macro's tags repeat so that they trim what the loop's tags
 // trimmed. jinja2 renders each iteration of a loop's body in a frame of
 // its own, which starts from the variables around the loop: an
@@ -109,13 +112,18 @@ func pyLoopBodies(src string) string {
 		if len(t.mids) > 0 {
 			bodyEnd = t.mids[0]
 		}
-		if !needsOwnFrame(tags, o+1, bodyEnd) {
-			continue
+		frame := func(open, close int) {
+			name := loopBodyPrefix + strconv.Itoa(n)
+			n++
+			ins = append(ins, insert{tags[open].end, "{% macro " + name + "() " + tags[open].right + "%}"},
+				insert{tags[close].start, "{%" + tags[close].left + " endmacro %}{{ " + name + "() }}"})
 		}
-		name := loopBodyPrefix + strconv.Itoa(n)
-		n++
-		ins = append(ins, insert{t.end, "{% macro " + name + "() " + t.right + "%}"},
-			insert{tags[bodyEnd].start, "{%" + tags[bodyEnd].left + " endmacro %}{{ " + name + "() }}"})
+		if needsOwnFrame(tags, o+1, bodyEnd) {
+			frame(o, bodyEnd)
+		}
+		if bodyEnd != t.close && len(assignedNames(tags, bodyEnd+1, t.close)) > 0 {
+			frame(bodyEnd, t.close) // the else part's assignments stay in it
+		}
 	}
 	if len(ins) == 0 {
 		return src
@@ -154,6 +162,17 @@ type jinjaTag struct {
 // expression's mention of such a variable where it is not definitely
 // assigned is a read.
 func needsOwnFrame(tags []jinjaTag, from, to int) bool {
+	names := assignedNames(tags, from, to)
+	if len(names) == 0 {
+		return false
+	}
+	_, ok := definitelyAssigned(tags, from, to, names, map[string]bool{})
+	return !ok
+}
+
+// assignedNames returns the variables tags[from:to] assign with a
+// {% set %} of their own (not a nested loop's, macro's or block's).
+func assignedNames(tags []jinjaTag, from, to int) map[string]bool {
 	names := make(map[string]bool)
 	for i := from; i < to; i++ {
 		t := tags[i]
@@ -167,11 +186,7 @@ func needsOwnFrame(tags []jinjaTag, from, to int) bool {
 			i = t.close // a nested loop's, macro's or block's assignments are its own
 		}
 	}
-	if len(names) == 0 {
-		return false
-	}
-	_, ok := definitelyAssigned(tags, from, to, names, map[string]bool{})
-	return !ok
+	return names
 }
 
 // definitelyAssigned walks tags[from:to] with the variables of names

@@ -17,18 +17,21 @@ func TestPyLoopBodiesRewrite(t *testing.T) {
 			"{%- for i in x -%}{% macro kvroute_lb_0() -%}\n {% set y = y ~ i %}\n{%- endmacro %}{{ kvroute_lb_0() }}{%- else %}e{% endfor %}"},
 		{"{% for a in x %}{% for b in a %}{{ y }}{% set y = b %}{% endfor %}{% if a %}{% set z = a %}{% endif %}{{ z }}{% endfor %}",
 			"{% for a in x %}{% macro kvroute_lb_0() %}{% for b in a %}{% macro kvroute_lb_1() %}{{ y }}{% set y = b %}{% endmacro %}{{ kvroute_lb_1() }}{% endfor %}{% if a %}{% set z = a %}{% endif %}{{ z }}{% endmacro %}{{ kvroute_lb_0() }}{% endfor %}"},
+		{"{% for i in x %}{% set y = i %}{% else -%}\n{% set y = 1 %}{{ y }}{%- endfor %}",
+			"{% for i in x %}{% set y = i %}{% else -%}{% macro kvroute_lb_0() -%}\n{% set y = 1 %}{{ y }}{%- endmacro %}{{ kvroute_lb_0() }}{%- endfor %}"},
 		{"{% for a in x %}{% for b in a %}{{ z }}{% endfor %}{% set z = a %}{% endfor %}",
 			"{% for a in x %}{% macro kvroute_lb_0() %}{% for b in a %}{{ z }}{% endfor %}{% set z = a %}{% endmacro %}{{ kvroute_lb_0() }}{% endfor %}"},
 		// left alone: each variable assigned before it is read (in every
 		// branch of an if), no assignment but a namespace's, an assignment
 		// in a macro of the body or in the else part, break and continue,
-		// recursive, unmatched tags, {% raw %}
+		// recursive, unmatched tags, {% raw %} (an else part without an
+		// assignment too)
 		{"{% for i in x %}{% set y = i %}{{ y }}{% set y = y + 1 %}{% endfor %}", "{% for i in x %}{% set y = i %}{{ y }}{% set y = y + 1 %}{% endfor %}"},
 		{"{% for i in x %}{% if i %}{% set y = 1 %}{% elif i == 2 %}{% set y = 2 %}{% else %}{% set y = 3 %}{% endif %}{{ y }}{% endfor %}",
 			"{% for i in x %}{% if i %}{% set y = 1 %}{% elif i == 2 %}{% set y = 2 %}{% else %}{% set y = 3 %}{% endif %}{{ y }}{% endfor %}"},
 		{"{% for i in x %}{{ y }}{% set ns.y = i %}{% endfor %}", "{% for i in x %}{{ y }}{% set ns.y = i %}{% endfor %}"},
-		{"{% for i in x %}{% macro m() %}{{ y }}{% set y = i %}{% endmacro %}{% else %}{{ y }}{% set y = 1 %}{% endfor %}",
-			"{% for i in x %}{% macro m() %}{{ y }}{% set y = i %}{% endmacro %}{% else %}{{ y }}{% set y = 1 %}{% endfor %}"},
+		{"{% for i in x %}{% macro m() %}{{ y }}{% set y = i %}{% endmacro %}{% else %}{{ y }}{% endfor %}",
+			"{% for i in x %}{% macro m() %}{{ y }}{% set y = i %}{% endmacro %}{% else %}{{ y }}{% endfor %}"},
 		{"{% for i in x %}{{ y }}{% set y = i %}{% if y %}{% break %}{% endif %}{% endfor %}", "{% for i in x %}{{ y }}{% set y = i %}{% if y %}{% break %}{% endif %}{% endfor %}"},
 		{"{% for i in x recursive %}{{ y }}{% set y = i %}{% endfor %}", "{% for i in x recursive %}{{ y }}{% set y = i %}{% endfor %}"},
 		{"{% for i in x %}{{ y }}{% set y = i %}{% endif %}{% endfor %}", "{% for i in x %}{{ y }}{% set y = i %}{% endif %}{% endfor %}"},

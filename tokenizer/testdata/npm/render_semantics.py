@@ -58,6 +58,8 @@ SCOPING = [
     "{% for i in [1, 2] %}{% if i == 1 %}{% set x = 'a' %}{% endif %}{{ x }};{% endfor %}",
     "{% for i in [1, 2, 3] %}{{ i }}{% set x = i %}{% if i == 2 %}{% break %}{% endif %}{{ x }}{% endfor %}",
     "{% for i in [] %}{% set x = 1 %}{% else %}{{ x is defined }}{% set x = 2 %}{{ x }}{% endfor %}",
+    "{% for i in [] %}{% else %}{% set x = 2 %}{% endfor %}{{ x is defined }}",
+    "{% set x = 1 %}{% for i in [] %}{% else -%}\n  {% set x = 2 %}{{ x }}\n{%- endfor %}{{ x }}",
     "{% set x = 0 %}{% for i in [1, 2] %}{% set x = x + i %}{{ x }};{% endfor %}{{ x }}",
     "{% set ns = namespace(n=0) %}{% for i in [1, 2] %}{% set ns.n = ns.n + i %}{% set y = ns.n %}{{ y }};{% endfor %}{{ ns.n }}",
     "{% for i in [1, 2] %}{% set y %}{{ y is defined }}{{ i }}{% endset %}{{ y }}{% endfor %}",
