@@ -78,7 +78,7 @@ func usedFilters(dst []namedFilter, src string, vars map[string]jinja.Value) []n
 // have, which leaves the variable undefined (transformers passes only the
 // special tokens that are set and not empty).
 func NewChatTemplate(source, bos, eos string) (*ChatTemplate, error) {
-	src := jinjaTrimGuard(pyLoopBodies(pyFilterBlocks(source)))
+	src := jinjaTrimGuard(pyLoopBodies(pyWithBlocks(pyFilterBlocks(source))))
 	// The rewrites, each left out in turn when the Go engine cannot
 	// compile what they make: its own comparisons, string methods or
 	// tests rather than none.

@@ -126,8 +126,9 @@
 // with {% break %} or {% continue %}, which it keeps from one iteration to
 // the next where jinja2 starts each from the variables around the loop
 // (jinjascope.go renders any other loop body that may read an earlier
-// iteration's assignment in a macro, whose frame starts so); and
-// {% with %}, which it does not parse. strftime_now
+// iteration's assignment in a macro, whose frame starts so, and a
+// {% with %} block, which that engine does not parse, as a macro taking
+// its names). strftime_now
 // is this package's too (strftime.go: Python's strftime, where that
 // engine's writes a format's literal text that spells a Go layout element
 // as that element and %y, %j or %-d as they are), and formats

@@ -343,3 +343,163 @@ func cutKeyword(s, kw string) (before string, found bool) {
 	}
 	return s, false
 }
+
+// withBlockPrefix starts the names of the macros pyWithBlocks renders a
+// {% with %} block's body in.
+const withBlockPrefix = "kvroute_wb_"
+
+// pyWithBlocks returns src with each {% with a = x, b = y %}body{% endwith %}
+// block, which the Go engine does not parse, rewritten as a macro of the
+// body taking the block's names as parameters and a call of it with the
+// values:
+//
+//	{%A macro kvroute_wb_N(a, b) B%}body{%C endmacro %}{{ kvroute_wb_N(x, y) }}{# D#}
+//
+// where A, B, C and D are the with and endwith tags' whitespace control
+// markers (as pyFilterBlocks writes them). jinja2 evaluates the values in
+// the frame around the block (b = a reads the a from before it) and
+// renders the body in a frame of its own, as a macro's call and body are.
+// A with tag whose assignments are not names and values (or whose values
+// hold a tag delimiter), unmatched tags, and templates with {% raw %} are
+// left as they are.
+func pyWithBlocks(src string) string {
+	if !strings.Contains(src, "endwith") || rawTagRE.MatchString(src) {
+		return src
+	}
+	type tag struct {
+		start, end  int
+		left, right string
+		names, vals []string
+		ok          bool
+		pair        int
+	}
+	var tags []tag
+	var open []int
+	for at := 0; ; {
+		start := indexTagOpen(src, at)
+		if start < 0 {
+			break
+		}
+		end := tagEnd(src, start)
+		if end < 0 {
+			break
+		}
+		at = end
+		if src[start+1] != '%' {
+			continue
+		}
+		left, word, rest, right := splitStatement(src[start+2 : end-2])
+		switch word {
+		case "with":
+			t := tag{start: start, end: end, left: left, right: right, pair: -1, ok: true}
+			if rest = strings.TrimSpace(rest); rest != "" {
+				for _, a := range splitTopLevel(rest, ',') {
+					name, val, ok := cutAssign(a)
+					if !ok || !isName(name) || hasDelimiter(val) {
+						t.ok = false
+						break
+					}
+					t.names, t.vals = append(t.names, name), append(t.vals, val)
+				}
+			}
+			open = append(open, len(tags))
+			tags = append(tags, t)
+		case "endwith":
+			if len(open) == 0 {
+				continue
+			}
+			o := open[len(open)-1]
+			open = open[:len(open)-1]
+			if !tags[o].ok || strings.TrimSpace(rest) != "" {
+				continue
+			}
+			tags[o].pair = len(tags)
+			tags = append(tags, tag{start: start, end: end, left: left, right: right, pair: o})
+		}
+	}
+	var b strings.Builder
+	i, n := 0, 0
+	names := make(map[int]string)
+	for k, t := range tags {
+		if t.pair < 0 {
+			continue
+		}
+		b.WriteString(src[i:t.start])
+		i = t.end
+		if t.pair > k {
+			name := withBlockPrefix + strconv.Itoa(n)
+			n++
+			names[k] = name
+			b.WriteString("{%" + t.left + " macro " + name + "(" + strings.Join(t.names, ", ") + ") " + t.right + "%}")
+			continue
+		}
+		o := tags[t.pair]
+		b.WriteString("{%" + t.left + " endmacro %}{{ " + names[t.pair] + "(" + strings.Join(o.vals, ", ") + ") }}{# " + t.right + "#}")
+	}
+	if i == 0 {
+		return src
+	}
+	b.WriteString(src[i:])
+	return b.String()
+}
+
+// hasDelimiter reports whether s holds a tag's delimiter ("{{", "}}",
+// "{%", "%}", "{#", "#}"), which a value moved into another tag would
+// end or open it with.
+func hasDelimiter(s string) bool {
+	for _, d := range []string{"{{", "}}", "{%", "%}", "{#", "#}"} {
+		if strings.Contains(s, d) {
+			return true
+		}
+	}
+	return false
+}
+
+// splitTopLevel splits s at each sep outside string literals and
+// brackets.
+func splitTopLevel(s string, sep byte) []string {
+	var parts []string
+	depth, from := 0, 0
+	for j := 0; j < len(s); j++ {
+		switch c := s[j]; {
+		case c == '\'' || c == '"':
+			j = skipQuoted(s, j)
+		case c == '(' || c == '[' || c == '{':
+			depth++
+		case c == ')' || c == ']' || c == '}':
+			depth--
+		case c == sep && depth == 0:
+			parts = append(parts, s[from:j])
+			from = j + 1
+		}
+	}
+	return append(parts, s[from:])
+}
+
+// cutAssign splits "name = value" at its "=" (not one of ==, !=, <=, >=),
+// both trimmed; ok is false when there is none or either is empty.
+func cutAssign(s string) (name, value string, ok bool) {
+	for j := 0; j < len(s); j++ {
+		switch c := s[j]; {
+		case c == '\'' || c == '"':
+			j = skipQuoted(s, j)
+		case c == '=' && (j+1 >= len(s) || s[j+1] != '=') && (j == 0 || strings.IndexByte("=!<>", s[j-1]) < 0):
+			name, value = strings.TrimSpace(s[:j]), strings.TrimSpace(s[j+1:])
+			return name, value, name != "" && value != ""
+		}
+	}
+	return "", "", false
+}
+
+// isName reports whether s is a name (not a keyword).
+func isName(s string) bool {
+	if s == "" || '0' <= s[0] && s[0] <= '9' || jinjaKeywords[s] {
+		return false
+	}
+	for i := 0; i < len(s); i++ {
+		if !isIdentByte(s[i]) {
+			return false
+		}
+	}
+	return true
+}

@@ -68,3 +68,47 @@ func FuzzPyLoopBodies(f *testing.F) {
 		checkStillCompiles(t, "pyLoopBodies", src, out)
 	})
 }
+
+// TestPyWithBlocksRewrite: the {% with %} blocks pyWithBlocks rewrites as
+// macros, and those it leaves.
+func TestPyWithBlocksRewrite(t *testing.T) {
+	for _, tc := range []struct{ src, want string }{
+		{"{% with a = 1, b = f(x, y) == 2 %}{{ a }}{% endwith %}",
+			"{% macro kvroute_wb_0(a, b) %}{{ a }}{% endmacro %}{{ kvroute_wb_0(1, f(x, y) == 2) }}{# #}"},
+		{"{%- with -%}\n x {%- endwith +%}\n", "{%- macro kvroute_wb_0() -%}\n x {%- endmacro %}{{ kvroute_wb_0() }}{# +#}\n"},
+		{"{% with a = 1 %}{% with b = a %}{{ b }}{% endwith %}{% endwith %}",
+			"{% macro kvroute_wb_0(a) %}{% macro kvroute_wb_1(b) %}{{ b }}{% endmacro %}{{ kvroute_wb_1(a) }}{# #}{% endmacro %}{{ kvroute_wb_0(1) }}{# #}"},
+		// left alone: a target that is not a name, a missing value,
+		// unmatched tags, {% raw %}
+		{"{% with a.b = 1 %}x{% endwith %}{% with a %}x{% endwith %}{% with a == 1 %}x{% endwith %}",
+			"{% with a.b = 1 %}x{% endwith %}{% with a %}x{% endwith %}{% with a == 1 %}x{% endwith %}"},
+		{"{% with a = 1 %}x", "{% with a = 1 %}x"},
+		{"{% raw %}{% endraw %}{% with a = 1 %}x{% endwith %}", "{% raw %}{% endraw %}{% with a = 1 %}x{% endwith %}"},
+	} {
+		if got := pyWithBlocks(tc.src); got != tc.want {
+			t.Errorf("pyWithBlocks(%q)\n got %q\nwant %q", tc.src, got, tc.want)
+		}
+	}
+}
+
+// FuzzPyWithBlocks checks that rewriting {% with %} blocks leaves a
+// template without an endwith alone, is idempotent, and makes what it
+// rewrites compile (the Go engine compiles no template with a with
+// block).
+func FuzzPyWithBlocks(f *testing.F) {
+	for _, s := range []string{
+		"{% with a = 1, b = f(x, y) == 2 %}{{ a }}{% endwith %}", "{%- with -%}\n x {%- endwith +%}\n",
+		"{% with a = 1 %}{% with b = a %}{{ b }}{% endwith %}{% endwith %}", "{% with a.b = 1 %}x{% endwith %}",
+		"{% with a = 1 %}x", "x{% endwith %}", "{% with a = 'x,y=z', b = [1, {'k': 2}] %}{% set a = 2 %}{% endwith %}",
+	} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, src string) {
+		out := pyWithBlocks(src)
+		if !strings.Contains(src, "endwith") && out != src {
+			t.Fatalf("pyWithBlocks(%q) = %q, changed a template without an endwith", src, out)
+		}
+		checkIdempotent(t, "pyWithBlocks", pyWithBlocks, src, out)
+		checkStillCompiles(t, "pyWithBlocks", src, out)
+	})
+}

@@ -7,8 +7,8 @@ environment (transformers' apply_chat_template one) or the error it raises
 
 The cases, by section:
   scoping   which blocks keep an assignment in their body ({% filter %},
-            block sets, for loops, macros, call blocks) and which do not
-            ({% if %}), and a loop's iterations, each of which starts from
+            block sets, {% with %}, for loops, macros, call blocks) and
+            which do not ({% if %}), and a loop's iterations, each of which starts from
             the variables around the loop;
   compare   comparisons (==, !=, <, ..., in, not in, chains) of every kind
             of value, errors included;
@@ -50,6 +50,13 @@ SCOPING = [
     "{% set x = 1 %}{% if true %}{% set x = 2 %}{% endif %}{{ x }}",
     "{% set x = 1 %}{% for i in [1] %}{% set x = 2 %}{% endfor %}{{ x }}",
     "{% set x = 1 %}{% macro m() %}{% set x = 2 %}{{ x }}{% endmacro %}{{ m() }}{{ x }}",
+    # {% with %}: values from around the block, a frame of its own
+    "{% set a = 5 %}{% with a = 1, b = a %}{{ a }}{{ b }}{% endwith %}{{ a }}",
+    "{% with %}{% set x = 1 %}{{ x }}{% endwith %}{{ x is defined }}",
+    "{% with a = [1, 2] | length, c = {'k': (1, 2)} %}{{ a }}{% set a = 3 %}{{ a }}{{ c.k | length }}{% endwith %}",
+    "{% for i in [1, 2] %}{% with j = i * 2 %}{{ j }}{{ loop.index }}{% endwith %}{% endfor %}",
+    "a\n{% with x = 1 %}\n  {{ x }}\n{% endwith %}\nb|a\n  {%- with x = 2 -%}\n  {{ x }}\n  {%- endwith -%}\n  b",
+    "{% with a = 1 %}{% with b = a + 1 %}{{ a }}{{ b }}{% endwith %}{{ b is defined }}{% endwith %}",
     # each iteration of a loop starts from the variables around the loop
     "{% set x = 1 %}{% for i in [1, 2] %}{{ x }}{% set x = i * 10 %}{{ x }};{% endfor %}{{ x }}",
     "{% for i in [1, 2] %}{{ x is defined }}{% set x = i %}{% endfor %}",
