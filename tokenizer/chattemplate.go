@@ -33,7 +33,7 @@ import (
 type ChatTemplate struct {
 	tmpl *jinja.Template
 	// tokens are the special tokens' variables, by name (see
-	// specialTokens).
+	// specialTokens), those the template's source names.
 	tokens map[string]jinja.Value
 	// stringContent: vLLM gives this template string content (see
 	// stringContents), not lists of parts.
@@ -256,6 +256,9 @@ func (c *ChatTemplate) RenderJSON(messages json.RawMessage, opts ChatOptions) (s
 func (c *ChatTemplate) render(messages jinja.Value, opts ChatOptions) (string, error) {
 	data := make(map[string]jinja.Value, len(c.tokens)+len(c.filters)+len(opts.Vars)+len(opts.JSONVars)+8)
 	for k, v := range c.tokens { // under the kwargs, as transformers' {**self.special_tokens_map, **kwargs}
+		if v.IsList() { // additional_special_tokens: the Go engine's append would change it for every render
+			v = jinja.NewList(slices.Clone(v.AsList().Items))
+		}
 		data[k] = v
 	}
 	data["messages"] = messages

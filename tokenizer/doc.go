@@ -122,7 +122,9 @@
 // other filters over a namespace (length, first, join, ...: errors in
 // Python) and their comparisons (selectattr's equalto, sort, unique: its
 // own); arithmetic on an undefined value (an error in jinja2: bos_token +
-// "x" where the tokenizer has no bos_token); a {% set %} in a for loop
+// "x" where the tokenizer has no bos_token); a list's append, pop and
+// insert and a dict's pop and update, which change it there and are the
+// sandbox's SecurityError in jinja2; a {% set %} in a for loop
 // with {% break %} or {% continue %}, which it keeps from one iteration to
 // the next where jinja2 starts each from the variables around the loop
 // (jinjascope.go renders any other loop body that may read an earlier

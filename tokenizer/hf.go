@@ -470,6 +470,18 @@ func specialTokens(c *hfConfig) map[string]jinja.Value {
 	return vars
 }
 
+// mentioned returns the variables of vars whose names the template source
+// src has: the others it cannot read.
+func mentioned(vars map[string]jinja.Value, src string) map[string]jinja.Value {
+	out := make(map[string]jinja.Value, len(vars))
+	for k, v := range vars {
+		if strings.Contains(src, k) {
+			out[k] = v
+		}
+	}
+	return out
+}
+
 func (t *HF) loadConfig(data []byte) error {
 	var c hfConfig
 	if err := json.Unmarshal(data, &c); err != nil {
@@ -490,14 +502,15 @@ func (t *HF) loadConfig(data []byte) error {
 	}
 	src, toolUse := templateSource(c.ChatTemplate)
 	if src != "" {
+		tokens := specialTokens(&c)
 		t.template, t.templateEr = NewChatTemplate(src, t.bos, t.eosText)
 		if t.template != nil {
-			t.template.tokens = specialTokens(&c)
+			t.template.tokens = mentioned(tokens, src)
 		}
 		if t.template != nil && toolUse != "" {
 			t.template.toolUse, t.template.toolUseErr = NewChatTemplate(toolUse, t.bos, t.eosText)
 			if t.template.toolUse != nil {
-				t.template.toolUse.tokens = t.template.tokens
+				t.template.toolUse.tokens = mentioned(tokens, toolUse)
 			}
 		}
 	}

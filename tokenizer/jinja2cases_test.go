@@ -96,3 +96,19 @@ func configTemplate(t *testing.T, src string, config map[string]json.RawMessage)
 	}
 	return tok.ChatTemplate()
 }
+
+// TestSpecialTokensNotShared: a render that changes the
+// additional_special_tokens list (the Go engine's append, which jinja2's
+// sandbox refuses) does not change it for the next render.
+func TestSpecialTokensNotShared(t *testing.T) {
+	const src = "{% set _ = additional_special_tokens.append('x') %}{{ additional_special_tokens | length }}"
+	ct, err := configTemplate(t, src, map[string]json.RawMessage{"additional_special_tokens": json.RawMessage(`["<a>"]`)})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for range 2 {
+		if got, err := ct.Render(nil, ChatOptions{}); err != nil || got != "2" {
+			t.Fatalf("got %q (%v), want 2", got, err)
+		}
+	}
+}
