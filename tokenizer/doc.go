@@ -95,10 +95,9 @@
 // is a < b and b < c as in Python, not (a < b) < c; a comparison is
 // rewritten as a filter of its first operand, found by a parser of
 // jinja2's expression grammar; a macro's parameter defaults are left as
-// they are, which that engine cannot parse rewritten), and so are the
-// string methods strip,
-// lstrip, rstrip, split, title, capitalize, upper, lower and swapcase
-// (pymethods.go: that engine's strip without arguments keeps U+001C to
+// they are, which that engine's macro tag cannot parse rewritten), and so
+// are the string methods strip, lstrip, rstrip, split, title,
+// capitalize, upper, lower and swapcase (pymethods.go: that engine's strip without arguments keeps U+001C to
 // U+001F, its lstrip and rstrip strip only space, tab, CR and LF, its
 // split ignores maxsplit, its title and capitalize leave the other
 // letters' case, and it has no swapcase; a call is rewritten as a filter

@@ -321,8 +321,25 @@ func (p *cmpParser) statement(b *strings.Builder) bool {
 		p.changed = true
 		return true
 	}
-	// other statements: as they are (the Go engine's macro and call tags
-	// take no parentheses in a parameter's default or an argument)
+	if kw == "call" {
+		// the caller's parameters, as they are, then the call
+		if p.is("(") {
+			for depth := 0; p.pos < len(p.toks); {
+				if p.is("(") {
+					depth++
+				} else if p.is(")") {
+					depth--
+				}
+				p.take(b)
+				if depth == 0 {
+					break
+				}
+			}
+		}
+		return p.expression(b, true)
+	}
+	// other statements: as they are (the Go engine's macro tag splits its
+	// parameters at every comma, a rewritten default's too)
 	for p.pos < len(p.toks) {
 		p.take(b)
 	}

@@ -24,6 +24,7 @@ func TestPyComparesRewrite(t *testing.T) {
 		{"{{ [a == 1, {'k': f(b != 2)}, x[c in d]] }}", "{{ [((a)|kvroute_cmp('==', (1))), {'k': f(((b)|kvroute_cmp('!=', (2))))}, x[((c)|kvroute_cmp('in', (d)))]] }}"},
 		{"{{ (a == b) == c }}", "{{ (((((a)|kvroute_cmp('==', (b)))))|kvroute_cmp('==', (c))) }}"},
 		{"{{ -x[0] == -1 }}", "{{ ((-x[0])|kvroute_cmp('==', (-1))) }}"},
+		{"{% call(a, b) m(x == 1, y=z in w) %}", "{% call(a, b) m(((x)|kvroute_cmp('==', (1))), y=((z)|kvroute_cmp('in', (w)))) %}"},
 		// left alone: no comparison, a string, a comment, a for loop's
 		// "in" (its iterable goes through kvroute_iter), a macro's
 		// defaults, text jinja2 does not parse, {% raw %}

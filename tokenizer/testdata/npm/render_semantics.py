@@ -101,6 +101,7 @@ COMPARE = [
     "{% set y = 1 == 1.0 %}{{ y }}|{% if j.t == 1 %}T{% elif j.t == 2 %}2{% else %}F{% endif %}|{{ [1 == 1.0, {'k': true == 1}] }}",
     "{{ j.x[0] == j.t }}|{{ j['x'][1] in 'xAx' }}|{{ (j.x | length) == 2.0 }}|{{ j.x | select('eq', 1) | list == [1] }}",
     "{% macro m(a, b=1 == 1.0) %}{{ a == b }}{% endmacro %}{{ m(true) }}|{{ 1 is eq 1.0 }}|{{ 1 is in [1.0] }}|{{ 1 is not eq true }}",
+    "{% macro m(a, b) %}{{ a }}{{ b }}{{ caller(a) }}{% endmacro %}{% call(x) m(true == 1, [1] == [true]) %}{{ x == 1.0 }}{% endcall %}",
     "{{ 'a' if 1 == 1.0 else 'b' }}|{{ 1 == 1 is true }}|{{ 1 == 1 is sameas true }}|{{ 0 == false == (1 == 2) }}",
 ]
 
