@@ -97,8 +97,9 @@
 // jinja2's expression grammar; a macro's parameter defaults are left as
 // they are, which that engine's macro tag cannot parse rewritten), and so
 // are the string methods strip, lstrip, rstrip, split, title,
-// capitalize, upper, lower and swapcase (pymethods.go: that engine's strip without arguments keeps U+001C to
-// U+001F, its lstrip and rstrip strip only space, tab, CR and LF, its
+// capitalize, upper, lower and swapcase (pymethods.go: that engine's
+// strip without arguments keeps U+001C to U+001F, its lstrip and rstrip
+// strip only space, tab, CR and LF, its
 // split ignores maxsplit, its title and capitalize leave the other
 // letters' case, and it has no swapcase; a call is rewritten as a filter
 // of its operand), and so is namespace() (namespace.go: jinja2's
@@ -123,13 +124,14 @@
 // own); arithmetic on an undefined value (an error in jinja2: bos_token +
 // "x" where the tokenizer has no bos_token); a list's append, pop and
 // insert and a dict's pop and update, which change it there and are the
-// sandbox's SecurityError in jinja2; a {% set %} in a for loop
-// with {% break %} or {% continue %}, which it keeps from one iteration to
-// the next where jinja2 starts each from the variables around the loop
-// (jinjascope.go renders any other loop body that may read an earlier
-// iteration's assignment in a macro, whose frame starts so, and a
-// {% with %} block, which that engine does not parse, as a macro taking
-// its names). strftime_now
+// sandbox's SecurityError in jinja2; and a {% set %} in a for loop with
+// {% break %} or {% continue %}, which it keeps from one iteration to the
+// next where jinja2 starts each from the variables around the loop.
+// jinjascope.go renders any other loop body that may read an earlier
+// iteration's assignment in a macro, whose frame starts so, as it does a
+// loop's else part that assigns a variable (which that engine lets out
+// after the loop) and a {% with %} block (which it does not parse), as a
+// macro taking the block's names. strftime_now
 // is this package's too (strftime.go: Python's strftime, where that
 // engine's writes a format's literal text that spells a Go layout element
 // as that element and %y, %j or %-d as they are), and formats
