@@ -42,7 +42,8 @@ var fuzzTemplates = []string{
 
 // FuzzRenderJSON renders client-chosen messages (and a tools variable)
 // through each template. Whatever renders holds every user message's
-// text, for the ChatML template, verbatim.
+// text, for the ChatML template, verbatim (but a system message's Claude
+// Code billing header line).
 func FuzzRenderJSON(f *testing.F) {
 	f.Add([]byte(`[{"role": "system", "content": " be brief "}, {"role": "user", "content": "hi {{ 7*7 }} {% raw %}"}]`), []byte(`[{"type": "function"}]`))
 	f.Add([]byte(`[{"role": "user", "content": [{"type": "text", "text": "a"}, {"type": "image_url"}]}, {"role": "assistant", "content": null, "tool_calls": [{"function": {"name": "f", "arguments": {"b": 1, "a": [2]}}}]}]`), []byte(`null`))
@@ -77,7 +78,13 @@ func FuzzRenderJSON(f *testing.F) {
 				continue
 			}
 			for _, m := range msgs {
-				if s, ok := m["content"].(string); ok && !strings.Contains(out, s) {
+				s, ok := m["content"].(string)
+				if role, _ := m["role"].(string); ok && role == "system" {
+					if rest, found := strings.CutPrefix(s, billingHeader); found {
+						_, s, _ = strings.Cut(rest, "\n") // its first line is dropped, as vLLM drops it
+					}
+				}
+				if ok && !strings.Contains(out, s) {
 					t.Fatalf("ChatML rendering lost a message's content %q:\n%s", s, out)
 				}
 			}
