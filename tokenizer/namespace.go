@@ -2,6 +2,7 @@ package tokenizer
 
 import (
 	"errors"
+	"maps"
 	"slices"
 
 	"github.com/ardanlabs/jinja"
@@ -12,7 +13,7 @@ import (
 // false, ns|items, ns|list, ns|tojson, 'x' in ns, ns.keys() and iterating
 // it are errors), written by str() as <Namespace {'x': 1}>, equal only to
 // itself; ns.x and ns['x'] read an attribute. The Go engine's namespace()
-// makes a dict, which is all of those. So a template that calls
+// makes a dict, a mapping in all those ways. So a template that calls
 // namespace gets this package's (pyNamespace), which makes a dict marked
 // as a namespace (isNamespace), and the Python-exact tests, filters,
 // methods and comparisons tell it from a mapping as jinja2 does. For the
@@ -86,13 +87,7 @@ func pyNamespace(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value
 	default:
 		return jinja.Undefined(), errors.New("namespace: '" + pyTypeName(args[0]) + "' object is not iterable")
 	}
-	for _, k := range slices.Sorted(func(yield func(string) bool) {
-		for k := range kwargs {
-			if !yield(k) {
-				return
-			}
-		}
-	}) {
+	for _, k := range slices.Sorted(maps.Keys(kwargs)) {
 		d.Set(k, kwargs[k])
 	}
 	d.Data[namespaceMark] = jinja.NewBool(true)
