@@ -19,6 +19,11 @@
 #   pycase.json            random strings' case as Python's str methods and
 #                          jinja2's filters map it (render_case.py); kept as
 #                          committed when python3 or jinja2 is missing
+#   jinja-semantics.json   small templates that tell jinja2's semantics
+#                          (scoping, comparisons, namespace, special tokens)
+#                          from the Go engine's, rendered by jinja2
+#                          (render_semantics.py); kept as committed when
+#                          python3 or jinja2 is missing
 #   <model>.json           texts, chats, and the reference token ids from
 #                          HuggingFace's tokenizers (Rust, npm `tokenizers`),
 #                          cross-checked with tokenizers.js (gen.mjs)
@@ -62,6 +67,7 @@ node gen.mjs "$td" chats || { echo "tokenizer-fixtures: gen.mjs chats failed" >&
 if command -v python3 >/dev/null 2>&1 && python3 -c 'import jinja2' >/dev/null 2>&1; then
 	python3 render_chats.py "$td" qwen3 llama3 llama3_1 llama3_2 deepseek_v3 || { echo "tokenizer-fixtures: render_chats.py failed" >&2; exit 1; }
 	python3 render_case.py strings 1000 "$td/expected/pycase.json" || { echo "tokenizer-fixtures: render_case.py failed" >&2; exit 1; }
+	python3 render_semantics.py "$td" || { echo "tokenizer-fixtures: render_semantics.py failed" >&2; exit 1; }
 	if python3 -c 'import pydantic' >/dev/null 2>&1; then
 		python3 render_vllm_inputs.py "$td" || { echo "tokenizer-fixtures: render_vllm_inputs.py failed" >&2; exit 1; }
 	else

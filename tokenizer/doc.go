@@ -228,8 +228,7 @@
 // templates on which that engine's semantics differ from jinja2's (block
 // scoping, comparisons, namespace(), iteration, the special tokens of a
 // tokenizer_config.json), with jinja2's renderings or errors, which
-// TestJinjaSemanticsMatchJinja2 compares with this package's (run it by
-// hand: scripts/tokenizer-fixtures.sh does not). The tests compare ids, ids with
+// TestJinjaSemanticsMatchJinja2 compares with this package's. The tests compare ids, ids with
 // special tokens added, and rendered prompts exactly, and skip with a message
 // when the tokenizer files are absent. (@huggingface/jinja is not the template
 // reference: its str.lstrip(chars) ignores chars, unlike Python.)

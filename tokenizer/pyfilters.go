@@ -8,10 +8,10 @@ import (
 	"strconv"
 	"strings"
 	"unicode"
-	"unicode/utf16"
-	"unicode/utf8"
 
 	"github.com/ardanlabs/jinja"
+
+	"github.com/kvroute/kvroute/internal/pyjson"
 )
 
 // transformers' apply_chat_template renders templates with jinja2, whose
@@ -351,7 +351,7 @@ func (e *pyJSON) value(v jinja.Value, level int) error {
 	case v.IsFloat():
 		e.b = appendPyFloat(e.b, v.AsFloat())
 	case v.IsString():
-		e.b = appendPyString(e.b, v.AsString(), e.ascii)
+		e.b = pyjson.AppendString(e.b, v.AsString(), e.ascii)
 	case v.IsList():
 		items := v.AsList().Items
 		if len(items) == 0 {
@@ -388,7 +388,7 @@ func (e *pyJSON) value(v jinja.Value, level int) error {
 				e.b = append(e.b, e.item...)
 			}
 			e.newline(level + 1)
-			e.b = appendPyString(e.b, k, e.ascii)
+			e.b = pyjson.AppendString(e.b, k, e.ascii)
 			e.b = append(e.b, e.key...)
 			if err := e.value(d.Data[k], level+1); err != nil {
 				return err
@@ -466,58 +466,6 @@ func appendPyFloat(dst []byte, f float64) []byte {
 	dst = append(dst, digits[:point]...)
 	dst = append(dst, '.')
 	return append(dst, digits[point:]...)
-}
-
-// appendPyString appends s as a JSON string as Python's json.dumps writes
-// it: '"', '\\' and the control characters escaped (\n, \r, \t, \b, \f,
-// the others as \u00XX), and with ascii (ensure_ascii) DEL and every
-// non-ASCII character as \uXXXX (a UTF-16 surrogate pair above U+FFFF). Invalid
-// UTF-8 is written as U+FFFD.
-func appendPyString(dst []byte, s string, ascii bool) []byte {
-	const hex = "0123456789abcdef"
-	u4 := func(dst []byte, r rune) []byte {
-		return append(dst, '\\', 'u', hex[r>>12&0xf], hex[r>>8&0xf], hex[r>>4&0xf], hex[r&0xf])
-	}
-	dst = append(dst, '"')
-	for i := 0; i < len(s); {
-		c := s[i]
-		if c < utf8.RuneSelf {
-			switch {
-			case c == '"' || c == '\\':
-				dst = append(dst, '\\', c)
-			case c == '\n':
-				dst = append(dst, '\\', 'n')
-			case c == '\r':
-				dst = append(dst, '\\', 'r')
-			case c == '\t':
-				dst = append(dst, '\\', 't')
-			case c == '\b':
-				dst = append(dst, '\\', 'b')
-			case c == '\f':
-				dst = append(dst, '\\', 'f')
-			case c < 0x20:
-				dst = u4(dst, rune(c))
-			case c == 0x7f && ascii:
-				dst = u4(dst, rune(c))
-			default:
-				dst = append(dst, c)
-			}
-			i++
-			continue
-		}
-		r, size := utf8.DecodeRuneInString(s[i:])
-		i += size
-		switch {
-		case ascii && r > 0xffff:
-			r1, r2 := utf16.EncodeRune(r)
-			dst = u4(u4(dst, r1), r2)
-		case ascii:
-			dst = u4(dst, r)
-		default:
-			dst = utf8.AppendRune(dst, r)
-		}
-	}
-	return append(dst, '"')
 }
 
 // filterBlockPrefix starts the names of the macros pyFilterBlocks renders
