@@ -42,16 +42,7 @@ func pyLoopBodies(src string) string {
 	var tags []jinjaTag
 	var stack []int // the indexes in tags of the blocks open, innermost last
 	keep := make(map[int]bool)
-	for at := 0; ; {
-		start := indexTagOpen(src, at)
-		if start < 0 {
-			break
-		}
-		end := tagEnd(src, start)
-		if end < 0 {
-			break
-		}
-		at = end
+	for start, end := range tagsIn(src) {
 		if src[start+1] == '#' {
 			continue
 		}
@@ -375,16 +366,7 @@ func pyWithBlocks(src string) string {
 	}
 	var tags []tag
 	var open []int
-	for at := 0; ; {
-		start := indexTagOpen(src, at)
-		if start < 0 {
-			break
-		}
-		end := tagEnd(src, start)
-		if end < 0 {
-			break
-		}
-		at = end
+	for start, end := range tagsIn(src) {
 		if src[start+1] != '%' {
 			continue
 		}

@@ -1,6 +1,9 @@
 package tokenizer
 
-import "strings"
+import (
+	"iter"
+	"strings"
+)
 
 // github.com/ardanlabs/jinja (v1.8.0) applies a tag's whitespace control
 // to the nearest text on that side even when another tag lies between:
@@ -34,17 +37,7 @@ func jinjaTrimGuard(src string) string {
 	}
 	var b strings.Builder
 	i := 0
-	for {
-		open := indexTagOpen(src, i)
-		if open < 0 {
-			b.WriteString(src[i:])
-			return b.String()
-		}
-		end := tagEnd(src, open)
-		if end < 0 {
-			b.WriteString(src[i:])
-			return b.String()
-		}
+	for open, end := range tagsIn(src) {
 		b.WriteString(src[i:end])
 		i = end
 		if end+1 >= len(src) || src[end] != '{' || src[end+1] != '{' && src[end+1] != '%' && src[end+1] != '#' {
@@ -58,6 +51,26 @@ func jinjaTrimGuard(src string) string {
 			b.WriteByte(' ')
 		case block || trimRight:
 			b.WriteByte('\n')
+		}
+	}
+	b.WriteString(src[i:])
+	return b.String()
+}
+
+// tagsIn yields the start and end (just after its closer) of each tag of
+// src ({{ }}, {% %} and {# #}) in order, until one is not closed.
+func tagsIn(src string) iter.Seq2[int, int] {
+	return func(yield func(start, end int) bool) {
+		for at := 0; ; {
+			start := indexTagOpen(src, at)
+			if start < 0 {
+				return
+			}
+			end := tagEnd(src, start)
+			if end < 0 || !yield(start, end) {
+				return
+			}
+			at = end
 		}
 	}
 }

@@ -160,16 +160,7 @@ func rewriteTags(src string, rewrite func(string) (string, bool)) string {
 func rewriteTagsOf(src string, rewrite func(s string, statement bool) (string, bool)) string {
 	var b strings.Builder
 	i := 0 // src[:i] is written
-	for at := 0; ; {
-		open := indexTagOpen(src, at)
-		if open < 0 {
-			break
-		}
-		end := tagEnd(src, open)
-		if end < 0 {
-			break
-		}
-		at = end
+	for open, end := range tagsIn(src) {
 		if src[open+1] == '#' {
 			continue
 		}
@@ -514,16 +505,7 @@ func pyFilterBlocks(src string) string {
 	}
 	var tags []tag
 	var open [2][]int // the indexes in tags of the filter tags and block set tags open, innermost last
-	for at := 0; ; {
-		start := indexTagOpen(src, at)
-		if start < 0 {
-			break
-		}
-		end := tagEnd(src, start)
-		if end < 0 {
-			break
-		}
-		at = end
+	for start, end := range tagsIn(src) {
 		if src[start+1] != '%' {
 			continue
 		}
