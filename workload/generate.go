@@ -595,14 +595,7 @@ func genTenants(g *gen) []Request {
 func AdapterName(i int) string { return "adapter-" + strconv.Itoa(i) }
 
 func genLoRA(g *gen) []Request {
-	n := max(1, g.n("adapters"))
-	// cum[i] is the summed share of adapters 0..i.
-	cum := make([]float64, n)
-	var sum float64
-	for i := range cum {
-		sum += 1 / math.Pow(float64(i+1), g.p("skew"))
-		cum[i] = sum
-	}
+	mix := NewAdapterMix(g.n("adapters"), g.p("skew"))
 	base := g.p("base_share")
 	sysLen := g.n("system_len")
 	reqs := make([]Request, 0, g.opts.Requests)
@@ -617,7 +610,7 @@ func genLoRA(g *gen) []Request {
 		sys := Segment{Key: g.named("base/system", 0), Len: sysLen}
 		adapter := ""
 		if u >= base {
-			a := min(sort.SearchFloat64s(cum, v*sum), n-1)
+			a := mix.Pick(v)
 			adapter = AdapterName(a)
 			sys.Key = g.named("adapter/system", a)
 		}
