@@ -36,7 +36,15 @@ type Bounds struct {
 	// blocks no request run on a decode node has), and each handed-off
 	// prompt's partial last block.
 	Bandwidth Bound `json:"bandwidth"`
-	// Aggregated is max(compute, memory): where the search starts.
+	// Slots: with LoRA adapters, engines from their --max-loras slots
+	// (Input.MaxLoRAs): the adapters that must be resident at once, by the
+	// stretches the requests surely run to meet the TTFT target, over the
+	// slots per engine (see slotsBound); DecodeSlots is the decode pool's
+	// of a disaggregated fleet. Nil when no request names an adapter;
+	// without a TTFT target it is no bound (Need 0, Explain says why).
+	Slots       *Bound `json:"slots,omitempty"`
+	DecodeSlots *Bound `json:"decode_slots,omitempty"`
+	// Aggregated is max(compute, memory, slots): where the search starts.
 	Aggregated int `json:"aggregated"`
 	// TTFTFloor and TPOTFloor are the latencies an idle engine gives at the
 	// SLO's quantile (every shared prefix cached): an SLO below them cannot
@@ -147,6 +155,10 @@ func computeBounds(in *Input, d *Demand) (Bounds, error) {
 		who, pulled, d.PromptMean, d.Rate, pulled, fmtBytes(float64(c.KVBytesPerToken)), fmtBytes(bytesPerSec), 100*in.MaxUtilisation, in.Fabric.Gbps, in.Fabric.Name, fmtBytes(linkBps), b.Bandwidth.Engines)
 
 	b.Aggregated = max(b.Compute.Need, b.Memory.Need)
+	b.Slots, b.DecodeSlots = slotsBound(in, d, b.ttftFloors, false), slotsBound(in, d, b.ttftFloors, true)
+	if b.Slots != nil {
+		b.Aggregated = max(b.Aggregated, b.Slots.Need)
+	}
 	return b, nil
 }
 
@@ -229,7 +241,7 @@ func hotPrefixes(in *Input, d *Demand, c Costs, n int) {
 	for i := range d.reqs {
 		r := &d.reqs[i]
 		work := float64(r.PromptLen-d.cached[i])*c.PrefillPerToken.Seconds() + float64(r.OutputLen)/c.DecodeTokensPerSec
-		chain := uint64(0x686f74)
+		chain := uint64(0x686f74) ^ adapterRoot(r.Adapter) // an adapter's prefixes are its own
 		tokens := 0
 		var parent *node
 		for _, sg := range r.Segments {

@@ -29,8 +29,15 @@ type Demand struct {
 	// MaxContext is the largest prompt + output.
 	MaxContext int `json:"max_context"`
 	// OracleHitRate is the fraction of prompt tokens an infinite cache
-	// shared by the fleet would serve (the upper bound on the hit rate).
+	// shared by the fleet would serve (the upper bound on the hit rate);
+	// an adapter's blocks are keyed with its name, as the engine keys
+	// them, so no adapter hits another's.
 	OracleHitRate float64 `json:"oracle_hit_rate"`
+	// Adapters is the number of distinct LoRA adapters the requests name
+	// (0: every request is the base model's); AdapterRequests the share of
+	// the requests that name one.
+	Adapters        int     `json:"adapters,omitempty"`
+	AdapterRequests float64 `json:"adapter_requests,omitempty"`
 	// HotPrefixes are the most requested shared prefixes (branch points of
 	// the prompt tree), most requested first (ties: the longer, then the
 	// one requested first).
@@ -73,6 +80,13 @@ func analyse(w *workload.Workload, blockSize int) *Demand {
 		promptSum += int64(r.PromptLen)
 		d.MaxContext = max(d.MaxContext, r.PromptLen+r.OutputLen)
 	}
+	d.Adapters = adapters(reqs)
+	for i := range reqs {
+		if reqs[i].Adapter != "" {
+			d.AdapterRequests++
+		}
+	}
+	d.AdapterRequests /= float64(max(1, len(reqs)))
 	d.cached = oracleCached(reqs, blockSize)
 	var cachedSum int64
 	for _, c := range d.cached {
@@ -122,7 +136,9 @@ func oracleCached(reqs []workload.Request, blockSize int) []int {
 		longest := map[uint64]int{}
 		for i := range reqs {
 			shared, matching := 0, true
-			chain := uint64(0x706c616e6e6572)
+			// An adapter's chain roots in its name (the engine keys its
+			// blocks with it): no adapter shares a block with another.
+			chain := uint64(0x706c616e6e6572) ^ adapterRoot(reqs[i].Adapter)
 			for _, sg := range reqs[i].Segments {
 				k := mix(chain ^ mix(sg.Key))
 				l := longest[k]
@@ -242,6 +258,31 @@ func tokenShare(reqs []workload.Request, cached []int) float64 {
 		return 0
 	}
 	return float64(c) / float64(p)
+}
+
+// adapterRoot is 0 for the base model and a key derived from an adapter's
+// name (FNV-1a, mixed) otherwise: what the planner's segment chains start
+// from, so that two adapters' prompts of the same segments share nothing.
+func adapterRoot(name string) uint64 {
+	if name == "" {
+		return 0
+	}
+	h := uint64(14695981039346656037)
+	for i := 0; i < len(name); i++ {
+		h = (h ^ uint64(name[i])) * 1099511628211
+	}
+	return mix(h ^ 0x6c6f7261)
+}
+
+// adapters returns the number of distinct LoRA adapters reqs name.
+func adapters(reqs []workload.Request) int {
+	named := map[string]bool{}
+	for i := range reqs {
+		if a := reqs[i].Adapter; a != "" {
+			named[a] = true
+		}
+	}
+	return len(named)
 }
 
 // segmentsOnly reports whether every prompt is given as segments only.

@@ -59,8 +59,18 @@ type Input struct {
 	// node); default 400G RDMA (disagg.RDMAGbps) with 1 ms setup.
 	Fabric disagg.Link
 	// Workload is the request stream to plan for (a trace or Summary.Workload).
-	// Required.
+	// Required. Its requests may name LoRA adapters (workload.Request.
+	// Adapter: Summary.Adapters, or a trace's adapter field).
 	Workload *workload.Workload
+	// MaxLoRAs is every engine's vLLM --max-loras: the distinct LoRA
+	// adapters one step's batch may hold (sim.Config.MaxLoRAs); a request
+	// whose adapter would take its engine's step past it waits. Default 1
+	// (sim.DefaultMaxLoRAs, vLLM's). It matters only to a workload whose
+	// requests name adapters: the simulated engines run with LoRA enabled,
+	// the router's kv-aware policy prices their slots from the scraped
+	// vllm:lora_requests_info, and the closed-form bounds add the slots
+	// bound (Bounds.Slots).
+	MaxLoRAs int
 	// SLO is the objective. At least one target is required.
 	SLO SLO
 	// GPUHourCost is the price of one GPU-hour; 0 means cost is reported in
@@ -138,6 +148,9 @@ func (in *Input) defaults() {
 	}
 	if in.Seeds == 0 {
 		in.Seeds = 2
+	}
+	if in.MaxLoRAs == 0 {
+		in.MaxLoRAs = sim.DefaultMaxLoRAs
 	}
 	if in.PDMode == "" {
 		in.PDMode = disagg.ModeConditional
@@ -226,6 +239,9 @@ func (in *Input) Validate() error {
 	}
 	if in.Seeds < 1 || in.Seeds > 16 {
 		return bad("seeds %d must be in 1..16", in.Seeds)
+	}
+	if in.MaxLoRAs < 1 {
+		return bad("max loras %d must be at least 1", in.MaxLoRAs)
 	}
 	if in.Parallel < 1 {
 		return bad("parallel %d must be at least 1", in.Parallel)

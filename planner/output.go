@@ -40,6 +40,10 @@ func (r *Result) header(b *strings.Builder) {
 	if r.GPUCost > 0 {
 		cost = fmt.Sprintf("; $%.2f per GPU-hour", r.GPUCost)
 	}
+	if d.Adapters > 0 {
+		fmt.Fprintf(b, "  LoRA: %.1f%% of the requests name one of %s; engines batch at most %s a step (--max-loras %d)\n",
+			100*d.AdapterRequests, plural(d.Adapters, "adapter"), plural(r.MaxLoRAs, "adapter"), r.MaxLoRAs)
+	}
 	fmt.Fprintf(b, "slo: %s; burst x%g%s\n", r.SLO, r.Burst, cost)
 }
 
@@ -56,6 +60,15 @@ func (r *Result) writeText(b *strings.Builder, md bool) {
 	for _, x := range []Bound{bd.Compute, bd.Memory, bd.Bandwidth} {
 		fmt.Fprintf(b, "  %-9s >= %5.2f engines -> %d\n      %s\n", x.Name, x.Engines, x.Need, x.Explain)
 	}
+	for _, x := range []*Bound{bd.Slots, bd.DecodeSlots} {
+		switch {
+		case x == nil:
+		case x.Need == 0:
+			fmt.Fprintf(b, "  %-9s    none\n      %s\n", x.Name, x.Explain)
+		default:
+			fmt.Fprintf(b, "  %-9s >= %5.2f engines -> %d\n      %s\n", x.Name, x.Engines, x.Need, x.Explain)
+		}
+	}
 	// A floor is computed only for a target the SLO sets: no "TPOT 0".
 	var floors []string
 	if r.SLO.TTFT.Set() {
@@ -67,7 +80,11 @@ func (r *Result) writeText(b *strings.Builder, md bool) {
 	if len(floors) > 0 {
 		fmt.Fprintf(b, "  latency floors on an idle engine, every shared prefix cached: %s\n", strings.Join(floors, ", "))
 	}
-	fmt.Fprintf(b, "  aggregated search starts at max(compute, memory) = %d engines\n", bd.Aggregated)
+	if bd.Slots != nil {
+		fmt.Fprintf(b, "  aggregated search starts at max(compute, memory, slots) = %d engines\n", bd.Aggregated)
+	} else {
+		fmt.Fprintf(b, "  aggregated search starts at max(compute, memory) = %d engines\n", bd.Aggregated)
+	}
 
 	fmt.Fprintf(b, "\nsimulated: %s\n", r.Simulated)
 	candTable(b, "aggregated search (search window, one seed):", r.Candidates, false)

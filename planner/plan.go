@@ -150,13 +150,16 @@ type Candidate struct {
 // Result is a capacity plan.
 type Result struct {
 	// Name labels the scenario ("baseline", "rate-x2", ...).
-	Name      string  `json:"name"`
-	Profile   string  `json:"profile"`
-	Model     string  `json:"model"`
-	GPU       string  `json:"gpu"`
-	TP        int     `json:"tp"`
-	Workload  string  `json:"workload"`
-	Demand    *Demand `json:"demand"`
+	Name     string  `json:"name"`
+	Profile  string  `json:"profile"`
+	Model    string  `json:"model"`
+	GPU      string  `json:"gpu"`
+	TP       int     `json:"tp"`
+	Workload string  `json:"workload"`
+	Demand   *Demand `json:"demand"`
+	// MaxLoRAs is the engines' --max-loras (Input.MaxLoRAs), given when
+	// the workload names LoRA adapters (Demand.Adapters).
+	MaxLoRAs  int     `json:"max_loras,omitempty"`
 	SLO       SLO     `json:"slo"`
 	Burst     float64 `json:"burst"`
 	GPUCost   float64 `json:"gpu_hour_cost,omitempty"`
@@ -215,6 +218,9 @@ func plan(ctx context.Context, in Input) (*Result, error) {
 	res := &Result{Name: "baseline", Profile: p.Name, Model: p.Model.Name, GPU: p.Hardware.Name, TP: p.TP,
 		Workload: in.Workload.Name, Demand: d, SLO: in.SLO, Burst: in.Burst, GPUCost: in.GPUHourCost,
 		Policy: in.Policy, PDMode: string(in.PDMode), Seed: in.Seed}
+	if d.Adapters > 0 {
+		res.MaxLoRAs = in.MaxLoRAs
+	}
 	b, err := computeBounds(&in, d)
 	res.Bounds = b
 	if err != nil {
@@ -252,7 +258,11 @@ func plan(ctx context.Context, in Input) (*Result, error) {
 		wc, _ := s.run(runKey{l: layout{A: aggN}, seed: s.seeds[0], scale: 1})
 		res.Notes = append(res.Notes, queueNote(m, aggN, wc))
 	}
-	res.DisaggregatedModel = m.analyticDisaggregated(b.Bandwidth.Need)
+	decodeFloor := b.Bandwidth.Need
+	if b.DecodeSlots != nil {
+		decodeFloor = max(decodeFloor, b.DecodeSlots.Need)
+	}
+	res.DisaggregatedModel = m.analyticDisaggregated(decodeFloor)
 
 	// The aggregated fleet's confirmation beside the disaggregated search:
 	// each searches again on the confirming workload from the window's
@@ -276,6 +286,7 @@ func plan(ctx context.Context, in Input) (*Result, error) {
 		if start.P < 1 || start.D < 1 {
 			start = layout{P: max(1, b.Aggregated/2), D: max(1, b.Bandwidth.Need, b.Aggregated/2)}
 		}
+		start.D = max(start.D, decodeFloor)
 		// A disaggregated fleet far larger than the aggregated one is no
 		// answer: the search stops at twice the aggregated fleet.
 		maxPD := in.MaxEngines

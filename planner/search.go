@@ -107,8 +107,12 @@ func (s *search) describe() string {
 	if s.warm > 0 {
 		warm = fmt.Sprintf(", the first %d not measured (cache warm-up)", s.warm)
 	}
-	return fmt.Sprintf("search on %s%s with seed %d; the chosen fleets confirmed on %s with seeds %v; policy %s, P/D mode %s, router and engines as kvroute serve runs them (sim.Run)",
-		what(s.reqs), warm, s.seeds[0], what(s.confirm), s.seeds, s.in.Policy, s.in.PDMode)
+	lora := ""
+	if adapters(s.in.Workload.Requests) > 0 {
+		lora = fmt.Sprintf(", --max-loras %d (engines batch at most %s a step; the policy prices their slots)", s.in.MaxLoRAs, plural(s.in.MaxLoRAs, "adapter"))
+	}
+	return fmt.Sprintf("search on %s%s with seed %d; the chosen fleets confirmed on %s with seeds %v; policy %s, P/D mode %s%s, router and engines as kvroute serve runs them (sim.Run)",
+		what(s.reqs), warm, s.seeds[0], what(s.confirm), s.seeds, s.in.Policy, s.in.PDMode, lora)
 }
 
 // simulate runs one layout (uncached).
@@ -135,7 +139,7 @@ func (s *search) simulate(ctx context.Context, k runKey) (Candidate, error) {
 		reqs, warm, oracle = s.confirm, 0, s.confirmOracle
 	}
 	cfg := sim.Config{Fleet: fleet, Policy: in.Policy, Seed: k.seed, RateScale: k.scale,
-		SLO: sim.SLO{TTFT: in.SLO.TTFT.Limit, TPOT: in.SLO.TPOT.Limit}, OracleHitRate: &oracle,
+		SLO: sim.SLO{TTFT: in.SLO.TTFT.Limit, TPOT: in.SLO.TPOT.Limit}, OracleHitRate: &oracle, MaxLoRAs: in.MaxLoRAs,
 		PD: sim.PDConfig{Mode: in.PDMode, Links: uniformLinks(in)}}
 	r, err := sim.Run(ctx, cfg, reqs)
 	if err != nil {

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"strings"
 	"time"
 
 	"github.com/kvroute/kvroute/workload"
@@ -16,6 +17,18 @@ import (
 // HotPrefixes) followed by a unique suffix: the prefixes hold SharedFraction of
 // the prompt tokens on average, so with SharedFraction 0.6 and PromptMean 2000
 // every prefix is 1200 tokens and suffixes average 800.
+//
+// With Adapters, every request is for one of that many LoRA adapters
+// (workload.AdapterName(i), drawn by workload.AdapterMix: the lora
+// generator's law, adapter i's share proportional to 1/(i+1)^AdapterSkew)
+// and the hot prefixes are the adapter's own: adapter a's requests draw
+// among its HotPrefixes prefixes by Zipf, none shared with another
+// adapter's (the engine keys an adapter's blocks with its name, so the same
+// text under two adapters shares no cached block anyway). With
+// HotPrefixes 1 each adapter has one system prompt, as in the lora
+// workload. The adapters are drawn from a stream of their own: the
+// arrivals, lengths and prefix ranks are those of the same summary
+// without adapters.
 type Summary struct {
 	// Rate is the mean request rate per second (Poisson arrivals, or gamma
 	// with ArrivalCV). Required, > 0 and at most workload.MaxRate.
@@ -44,7 +57,19 @@ type Summary struct {
 	// with weight 1/k^Zipf): 0 (the zero value) is uniform, 1 the usual
 	// Zipf law (kvroute plan's --zipf default).
 	Zipf float64
+	// Adapters is the number of LoRA adapters the requests are for; 0
+	// (the zero value) is the base model only. At most MaxSummaryAdapters.
+	Adapters int
+	// AdapterSkew is the popularity exponent over the adapters (adapter i
+	// is chosen with weight 1/(i+1)^AdapterSkew): 0 (the zero value) is
+	// uniform, 1 the lora generator's default (kvroute plan's
+	// --adapter-skew default).
+	AdapterSkew float64
 }
+
+// MaxSummaryAdapters is the most adapters a Summary names: the lora
+// generator's limit.
+const MaxSummaryAdapters = 10_000
 
 // maxArrivalCV is the largest Summary.ArrivalCV: workload.Arrivals'
 // limit on gamma arrivals.
@@ -85,6 +110,10 @@ func (s Summary) Validate() error {
 		return bad("hot prefixes %d is negative", s.HotPrefixes)
 	case !finite(s.Zipf) || s.Zipf < 0:
 		return bad("zipf exponent %v is negative", s.Zipf)
+	case s.Adapters < 0 || s.Adapters > MaxSummaryAdapters:
+		return bad("adapters %d must be in [0, %d]", s.Adapters, MaxSummaryAdapters)
+	case !finite(s.AdapterSkew) || s.AdapterSkew < 0 || s.AdapterSkew > 100:
+		return bad("adapter skew %v must be in [0, 100]", s.AdapterSkew)
 	}
 	maxLen := s.MaxLen
 	if maxLen == 0 {
@@ -137,6 +166,13 @@ func (s Summary) Workload(seed uint64) (*workload.Workload, error) {
 	suffixMean := s.PromptMean - float64(prefixLen)
 	w := &workload.Workload{Name: fmt.Sprintf("summary(rate=%g, prompt=%g, output=%g, shared=%g, prefixes=%d)",
 		s.Rate, s.PromptMean, s.OutputMean, s.SharedFraction, s.HotPrefixes)}
+	var amix workload.AdapterMix
+	var arng *rand.Rand // the adapters' own stream
+	if s.Adapters > 0 {
+		amix = workload.NewAdapterMix(s.Adapters, s.AdapterSkew)
+		arng = rand.New(rand.NewPCG(seed, 0x6c6f7261))
+		w.Name = strings.TrimSuffix(w.Name, ")") + fmt.Sprintf(", adapters=%d, adapter-skew=%g)", s.Adapters, s.AdapterSkew)
+	}
 	var at time.Duration
 	for i := 0; ; i++ {
 		if i > 0 {
@@ -147,13 +183,21 @@ func (s Summary) Workload(seed uint64) (*workload.Workload, error) {
 		}
 		var segs []workload.Segment
 		plen := 0
+		adapter := -1
+		if arng != nil {
+			adapter = amix.Pick(arng.Float64())
+		}
 		if prefixLen > 0 && s.HotPrefixes > 0 {
 			u := rng.Float64() * tot
 			k := 0
 			for k < len(cum)-1 && cum[k] < u {
 				k++
 			}
-			segs = append(segs, workload.Segment{Key: 0x686f7400 + uint64(k), Len: prefixLen})
+			key := 0x686f7400 + uint64(k)
+			if adapter >= 0 { // the adapter's own prefix k
+				key = mix(0x6c6f72612f686f74 ^ uint64(adapter)<<32 ^ uint64(k))
+			}
+			segs = append(segs, workload.Segment{Key: key, Len: prefixLen})
 			plen = prefixLen
 		}
 		suffix := max(1, int(math.Round(lognormal(rng, suffixMean, s.PromptCV))))
@@ -165,9 +209,11 @@ func (s Summary) Workload(seed uint64) (*workload.Workload, error) {
 			}
 		}
 		segs = append(segs, workload.Segment{Key: seed<<32 ^ 0x7366780000000000 ^ uint64(i), Len: suffix})
-		w.Requests = append(w.Requests, workload.Request{
-			ID: fmt.Sprintf("s%06d", i), Arrival: at, PromptLen: plen + suffix, OutputLen: out, Segments: segs,
-		})
+		r := workload.Request{ID: fmt.Sprintf("s%06d", i), Arrival: at, PromptLen: plen + suffix, OutputLen: out, Segments: segs}
+		if adapter >= 0 {
+			r.Adapter = workload.AdapterName(adapter)
+		}
+		w.Requests = append(w.Requests, r)
 	}
 	return w, nil
 }
