@@ -58,8 +58,25 @@ Model: --profile NAME (` + "%s" + `), or --hf-config config.json with
 --gpu, --tp and --dtype (simulated the same way). Workload: --trace FILE
 (Mooncake JSONL; default the embedded conversation trace), or a summary: --rate
 with --prompt-mean, --output-mean and optionally --shared-frac, --hot-prefixes,
---zipf, CVs and --duration. SLO: --slo-ttft-pNN and --slo-tpot-pNN (NN = 50,
-90, 95 or 99), e.g. --slo-ttft-p99 2s --slo-tpot-p99 100ms. What-ifs: --what-if
+--zipf, CVs and --duration.
+
+LoRA: --adapters N makes a summary's requests name LoRA adapters adapter-0 to
+adapter-N-1 of the base model, adapter i's share proportional to
+1/(i+1)^--adapter-skew (the law of kvroute sim's lora workload); each adapter
+has its own --hot-prefixes shared prefixes (with --hot-prefixes 1, one system
+prompt each, as in the lora workload), none cached across adapters. A trace's
+requests keep the adapters its adapter field names (a Mooncake trace names
+none); --adapters with --trace is refused. --max-loras M (vLLM's, default 1)
+is the distinct adapters one engine step may batch: the simulated engines
+enforce it (a request of another adapter waits for a slot), the kv-aware
+policy prices the slots as in kvroute sim, and the bounds add "slots": the
+adapters that must run at once to meet the TTFT target, from the stretch each
+request surely runs (from arrival + TTFT limit - its prefill floor to arrival
++ prefill floor + its decode steps at one sequence's speed), over M per engine
+(with no TTFT target there is none).
+
+SLO: --slo-ttft-pNN and --slo-tpot-pNN (NN = 50, 90, 95 or 99), e.g.
+--slo-ttft-p99 2s --slo-tpot-p99 100ms. What-ifs: --what-if
 rate-x2,prompt-x2,node-lost. Deterministic for --seed (whatever --parallel).
 --json prints JSON; --out DIR writes plan.json, plan.txt, plan.md, plan.html and
 SVG charts (SLO attainment against fleet size). Ctrl-C stops planning (exit
@@ -80,6 +97,8 @@ type planOptions struct {
 	sharedFrac, arrivalCV                                  float64
 	hotPrefixes, maxLen                                    int
 	duration                                               time.Duration
+	adapters, maxLoRAs                                     int
+	adapterSkew                                            float64
 
 	ttft, tpot map[string]*time.Duration
 
@@ -99,7 +118,7 @@ type planOptions struct {
 }
 
 // summaryFlags shape a summary workload; a trace ignores them.
-var summaryFlags = []string{"prompt-cv", "output-cv", "shared-frac", "hot-prefixes", "zipf", "arrival-cv", "max-len", "duration"}
+var summaryFlags = []string{"prompt-cv", "output-cv", "shared-frac", "hot-prefixes", "zipf", "arrival-cv", "max-len", "duration", "adapter-skew"}
 
 var sloQuantiles = []string{"50", "90", "95", "99"}
 
@@ -125,6 +144,9 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.Float64Var(&o.arrivalCV, "arrival-cv", 1, "summary: inter-arrival coefficient of variation (1 = Poisson)")
 	fs.IntVar(&o.maxLen, "max-len", 32768, "summary: cap on prompt + output tokens")
 	fs.DurationVar(&o.duration, "duration", 0, "summary: span of the generated stream (default: 2000 requests; at most 1,000,000 requests at --rate)")
+	fs.IntVar(&o.adapters, "adapters", 0, "summary: LoRA adapters the requests are for, adapter-0..adapter-N-1 as in sim's lora workload, each with its own hot prefixes (0 = the base model only)")
+	fs.Float64Var(&o.adapterSkew, "adapter-skew", 1, "summary, with --adapters: adapter i's share is proportional to 1/(i+1)^X (the lora workload's law; 0 = uniform)")
+	fs.IntVar(&o.maxLoRAs, "max-loras", sim.DefaultMaxLoRAs, "LoRA adapters one engine step may batch (vLLM's --max-loras), for a workload whose requests name adapters (--adapters, or a trace's adapter field)")
 	for _, q := range sloQuantiles {
 		o.ttft[q], o.tpot[q] = new(time.Duration), new(time.Duration)
 		fs.DurationVar(o.ttft[q], "slo-ttft-p"+q, 0, "SLO: p"+q+" time to first token limit")
@@ -289,6 +311,7 @@ func (o *planOptions) input() (planner.Input, error) {
 		in.Profile = p
 	}
 	in.KVCapacityTokens = o.kvCapacity
+	in.MaxLoRAs = o.maxLoRAs
 	if err := o.checkFlags(); err != nil {
 		return in, err
 	}
@@ -300,6 +323,9 @@ func (o *planOptions) input() (planner.Input, error) {
 	in.Workload, err = o.workload()
 	if err != nil {
 		return in, err
+	}
+	if o.given != nil && o.given("max-loras") && !slices.ContainsFunc(in.Workload.Requests, func(r workload.Request) bool { return r.Adapter != "" }) {
+		return in, planFlagErrorf("--max-loras matters only to a workload whose requests name LoRA adapters: give --adapters N with a summary (a trace names them in its adapter field; a Mooncake trace names none)")
 	}
 	for _, x := range []struct {
 		name string
@@ -394,6 +420,16 @@ func (o *planOptions) checkFlags() error {
 		return planFlagErrorf("--max-len 0 must be positive (0 reads as the default 32768)")
 	case o.duration < 0:
 		return planFlagErrorf("--duration %v must not be negative", o.duration)
+	case o.adapters < 0 || o.adapters > planner.MaxSummaryAdapters:
+		return planFlagErrorf("--adapters %d must be in 0..%d (0 = the base model only)", o.adapters, planner.MaxSummaryAdapters)
+	case o.adapters > 0 && !summary:
+		return planFlagErrorf("--adapters shapes a summary workload (--rate, --prompt-mean, --output-mean); a trace's requests name their adapters in its adapter field (a Mooncake trace names none)")
+	case !finite(o.adapterSkew) || o.adapterSkew < 0 || o.adapterSkew > 100:
+		return planFlagErrorf("--adapter-skew %v must be in [0, 100]", o.adapterSkew)
+	case o.given != nil && o.given("adapter-skew") && o.adapters == 0 && summary:
+		return planFlagErrorf("--adapter-skew shapes the adapters' shares: give --adapters N too")
+	case o.maxLoRAs < 1:
+		return planFlagErrorf("--max-loras %d must be at least 1 (vLLM's default is 1)", o.maxLoRAs)
 	case !finite(o.gpuCost) || o.gpuCost < 0:
 		return planFlagErrorf("--gpu-hour-cost %v must not be negative", o.gpuCost)
 	case !finite(o.burst) || o.burst < 1:
@@ -429,7 +465,7 @@ func (o *planOptions) workload() (*workload.Workload, error) {
 		}
 		s := planner.Summary{Rate: o.rate, Duration: o.duration, ArrivalCV: o.arrivalCV, PromptMean: o.promptMean,
 			PromptCV: o.promptCV, OutputMean: o.outputMean, OutputCV: o.outputCV, MaxLen: o.maxLen,
-			SharedFraction: o.sharedFrac, HotPrefixes: o.hotPrefixes, Zipf: o.zipf}
+			SharedFraction: o.sharedFrac, HotPrefixes: o.hotPrefixes, Zipf: o.zipf, Adapters: o.adapters, AdapterSkew: o.adapterSkew}
 		w, err := s.Workload(o.seed)
 		if err != nil {
 			return nil, &planFlagError{err.Error()} // the summary's flags
