@@ -219,3 +219,77 @@ func TestPlanWhatIfInterrupted(t *testing.T) {
 		t.Errorf("infeasible what-if: got %v, %+v; want a result that says why", err, r)
 	}
 }
+
+// TestPlanAdapterFlags: --adapters, --adapter-skew and --max-loras are
+// checked as the other flags are (a usage error naming the flag, exit
+// status 2): out of range, with a trace (no summary to give adapters to),
+// a skew without adapters, and slots for a workload naming no adapter.
+func TestPlanAdapterFlags(t *testing.T) {
+	summary := []string{"plan", "--rate", "2", "--prompt-mean", "100", "--output-mean", "10", "--slo-ttft-p99", "1s", "--quiet"}
+	with := func(a ...string) []string { return append(append([]string{}, summary...), a...) }
+	for _, tc := range []struct {
+		name string
+		args []string
+		msg  string
+	}{
+		{"negative adapters", with("--adapters", "-1"), "--adapters -1 must be in 0..10000"},
+		{"too many adapters", with("--adapters", "10001"), "--adapters 10001 must be in 0..10000"},
+		{"adapters with a trace", []string{"plan", "--adapters", "4", "--slo-ttft-p99", "1s"}, "--adapters shapes a summary workload"},
+		{"adapters with a trace file", []string{"plan", "--trace", "x.jsonl", "--adapters", "4", "--slo-ttft-p99", "1s"}, "a Mooncake trace names none"},
+		{"negative adapter-skew", with("--adapters", "4", "--adapter-skew", "-1"), "--adapter-skew -1 must be in [0, 100]"},
+		{"nan adapter-skew", with("--adapters", "4", "--adapter-skew", "NaN"), "--adapter-skew NaN must be in [0, 100]"},
+		{"adapter-skew without adapters", with("--adapter-skew", "2"), "--adapter-skew shapes the adapters' shares: give --adapters N too"},
+		{"adapter-skew with a trace", []string{"plan", "--adapter-skew", "2", "--slo-ttft-p99", "1s"}, "--adapter-skew shapes a summary workload"},
+		{"zero max-loras", with("--adapters", "4", "--max-loras", "0"), "--max-loras 0 must be at least 1"},
+		{"max-loras without adapters", with("--max-loras", "4"), "--max-loras matters only to a workload whose requests name LoRA adapters"},
+		{"max-loras with the mooncake trace", []string{"plan", "--max-loras", "2", "--slo-ttft-p99", "5s", "--quiet"}, "--max-loras matters only to a workload whose requests name LoRA adapters"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var out, errb bytes.Buffer
+			err := run(context.Background(), tc.args, &out, &errb)
+			if !errors.Is(err, errUsage) || !strings.Contains(errb.String(), tc.msg) || strings.Count(errb.String(), "\n") != 1 {
+				t.Errorf("got %v, stderr %q; want a usage error, one line containing %q", err, errb.String(), tc.msg)
+			}
+		})
+	}
+}
+
+// TestPlanAdaptersCommand: a summary with adapters plans with them (the
+// workload, the slots and the slots bound in the table and the JSON), and
+// the same --seed prints the same plan.
+func TestPlanAdaptersCommand(t *testing.T) {
+	args := []string{"plan", "--rate", "10", "--prompt-mean", "1000", "--output-mean", "200", "--duration", "30s", "--adapters", "4",
+		"--max-loras", "2", "--slo-ttft-p99", "2s", "--sim-requests", "300", "--confirm-requests", "300", "--seeds", "1", "--verify=false", "--quiet", "--seed", "7"}
+	plan := func(extra ...string) string {
+		t.Helper()
+		var out, errb bytes.Buffer
+		if err := run(context.Background(), append(append([]string{}, args...), extra...), &out, &errb); err != nil {
+			t.Fatalf("run: %v\nstderr: %s", err, errb.String())
+		}
+		return out.String()
+	}
+	table := plan()
+	for _, want := range []string{"adapters=4, adapter-skew=1", "engines batch at most 2 adapters a step (--max-loras 2)", "  slots ", "/ 2 slots per engine"} {
+		if !strings.Contains(table, want) {
+			t.Errorf("table lacks %q:\n%s", want, table)
+		}
+	}
+	a, b := plan("--json"), plan("--json", "--parallel", "1")
+	if a != b {
+		t.Error("two plans with --seed 7 differ")
+	}
+	var res struct {
+		MaxLoRAs int `json:"max_loras"`
+		Demand   struct {
+			Adapters int `json:"adapters"`
+		} `json:"demand"`
+		Bounds struct {
+			Slots *struct {
+				Need int `json:"need"`
+			} `json:"slots"`
+		} `json:"bounds"`
+	}
+	if err := json.Unmarshal([]byte(a), &res); err != nil || res.MaxLoRAs != 2 || res.Demand.Adapters != 4 || res.Bounds.Slots == nil {
+		t.Errorf("json: %v, %+v", err, res)
+	}
+}

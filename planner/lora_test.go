@@ -1,0 +1,218 @@
+package planner
+
+import (
+	"bytes"
+	"math"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/kvroute/kvroute/workload"
+)
+
+// TestSummaryAdapters: a summary with adapters draws them by the lora
+// generator's law (4 adapters at skew 1: shares 12/25, 6/25, 4/25, 3/25),
+// gives each adapter its own hot prefixes, and leaves the arrivals,
+// lengths and prefix ranks those of the same summary without adapters.
+func TestSummaryAdapters(t *testing.T) {
+	s := Summary{Rate: 50, Duration: 200 * time.Second, PromptMean: 400, OutputMean: 20, SharedFraction: 0.5, HotPrefixes: 2, Zipf: 1}
+	plain, err := s.Workload(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	s.Adapters, s.AdapterSkew = 4, 1
+	w, err := s.Workload(3)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(w.Requests) != len(plain.Requests) {
+		t.Fatalf("got %d requests, want %d as without adapters", len(w.Requests), len(plain.Requests))
+	}
+	count := map[string]int{}
+	owner := map[uint64]string{} // hot prefix key -> its adapter
+	prefixes := map[string]map[uint64]bool{}
+	for i, r := range w.Requests {
+		p := plain.Requests[i]
+		if r.Arrival != p.Arrival || r.PromptLen != p.PromptLen || r.OutputLen != p.OutputLen || len(r.Segments) != len(p.Segments) {
+			t.Fatalf("request %d: %v %d+%d tokens, want %v %d+%d as without adapters", i, r.Arrival, r.PromptLen, r.OutputLen, p.Arrival, p.PromptLen, p.OutputLen)
+		}
+		count[r.Adapter]++
+		k := r.Segments[0].Key
+		if a, ok := owner[k]; ok && a != r.Adapter {
+			t.Fatalf("hot prefix %x is both %s's and %s's", k, a, r.Adapter)
+		}
+		owner[k] = r.Adapter
+		if prefixes[r.Adapter] == nil {
+			prefixes[r.Adapter] = map[uint64]bool{}
+		}
+		prefixes[r.Adapter][k] = true
+	}
+	for i, want := range []float64{12.0 / 25, 6.0 / 25, 4.0 / 25, 3.0 / 25} {
+		a := workload.AdapterName(i)
+		if got := float64(count[a]) / float64(len(w.Requests)); math.Abs(got-want) > 0.02 {
+			t.Errorf("%s: share %.3f, want %.3f", a, got, want)
+		}
+		if len(prefixes[a]) != 2 {
+			t.Errorf("%s: %d hot prefixes, want its own 2", a, len(prefixes[a]))
+		}
+	}
+	if count[""] != 0 {
+		t.Errorf("%d requests for the base model, want none", count[""])
+	}
+	again, _ := s.Workload(3)
+	for i := range w.Requests {
+		if again.Requests[i].Adapter != w.Requests[i].Adapter {
+			t.Fatalf("request %d: adapter %s, then %s with the same seed", i, w.Requests[i].Adapter, again.Requests[i].Adapter)
+		}
+	}
+	if !strings.Contains(w.Name, "adapters=4") {
+		t.Errorf("workload name %q does not give the adapters", w.Name)
+	}
+	for _, bad := range []Summary{{Adapters: -1}, {Adapters: MaxSummaryAdapters + 1}, {Adapters: 2, AdapterSkew: -1}, {Adapters: 2, AdapterSkew: math.NaN()}} {
+		bad.Rate, bad.PromptMean, bad.OutputMean = 1, 10, 10
+		if _, err := bad.Workload(1); err == nil {
+			t.Errorf("adapters %d skew %v: no error", bad.Adapters, bad.AdapterSkew)
+		}
+	}
+}
+
+// TestSlotsBoundHandWorked works the slots bound by hand on ten requests
+// of one output token (no decode steps), TTFT p90 <= 1s (one request may
+// miss) and prefill floors chosen per request: a request of arrival a and
+// prefill floor pf surely runs over [a + 1s - pf, a + pf].
+//
+//	A  a=0    pf=0.8   [0.2, 0.8]
+//	A  a=0.3  pf=0.8   [0.5, 1.1]    A's union [0.2, 1.1] = 0.9
+//	B  a=0    pf=0.7   [0.3, 0.7]    0.4
+//	B  a=2    pf=0.9   [2.1, 2.9]    0.8
+//	C  a=1    pf=0.55  [1.45, 1.55]  0.1
+//	C  a=1    pf=0.4   none (2 pf < 1s)
+//	four base-model requests: no slot
+//
+// Covered 0.9 + 0.4 + 0.8 + 0.1 = 2.2 adapter-seconds, less the longest
+// stretch (0.8) = 1.4 over the span 0.2..2.9 (2.7s): 0.5185 adapters at
+// once, so 0.5185 engines at --max-loras 1 and 0.2593 at 2.
+func TestSlotsBoundHandWorked(t *testing.T) {
+	ms := func(v float64) time.Duration { return time.Duration(v * float64(time.Second)) }
+	type req struct {
+		adapter string
+		at, pf  float64
+	}
+	rs := []req{{"A", 0, 0.8}, {"A", 0.3, 0.8}, {"B", 0, 0.7}, {"B", 2, 0.9}, {"C", 1, 0.55}, {"C", 1, 0.4},
+		{"", 0, 0.9}, {"", 1, 0.9}, {"", 2, 0.9}, {"", 3, 0.9}}
+	d := &Demand{Adapters: 3}
+	var floors []time.Duration
+	for i, r := range rs {
+		d.reqs = append(d.reqs, workload.Request{ID: string(rune('a' + i)), Arrival: ms(r.at), PromptLen: 100, OutputLen: 1, Adapter: r.adapter})
+		floors = append(floors, ms(r.pf)+netRTT)
+	}
+	in := Input{Profile: mustProfile(t, "tiny"), SLO: SLO{TTFT: Target{0.9, time.Second}}}
+	for _, tc := range []struct {
+		m    int
+		want float64
+		need int
+	}{{1, 1.4 / 2.7, 1}, {2, 1.4 / 2.7 / 2, 1}} {
+		in.MaxLoRAs = tc.m
+		b := slotsBound(&in, d, floors, false)
+		if b == nil || math.Abs(b.Engines-tc.want) > 1e-9 || b.Need != tc.need {
+			t.Fatalf("max loras %d: got %+v, want %.4f engines -> %d", tc.m, b, tc.want, tc.need)
+		}
+		for _, part := range []string{"3 adapters at --max-loras", "5 of the 10 requests", "covers 2.2 adapter-seconds", "less the 1 longest (0.8 s", "= 1.4 over the 2.7s", "0.52 adapters resident at once"} {
+			if !strings.Contains(b.Explain, part) {
+				t.Errorf("max loras %d: explain lacks %q: %s", tc.m, part, b.Explain)
+			}
+		}
+	}
+	in.SLO = SLO{TPOT: Target{0.9, time.Second}}
+	if b := slotsBound(&in, d, floors, false); b == nil || b.Need != 0 || !strings.HasPrefix(b.Explain, "no bound") {
+		t.Errorf("no TTFT target: got %+v, want no bound", b)
+	}
+	if b := slotsBound(&in, &Demand{reqs: d.reqs[6:]}, floors[6:], false); b != nil {
+		t.Errorf("no adapters: got %+v, want nil", b)
+	}
+}
+
+// adapterInput is a summary of 1000-token prompts and 200-token outputs
+// at 10 req/s for 30s, with adapters (0: none) at maxLoRAs, TTFT p99 2s,
+// searched and confirmed on its first 300 requests with one seed.
+func adapterInput(t *testing.T, adapters, maxLoRAs int) Input {
+	t.Helper()
+	w, err := Summary{Rate: 10, Duration: 30 * time.Second, PromptMean: 1000, OutputMean: 200, Adapters: adapters, AdapterSkew: 1}.Workload(1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return Input{Profile: mustProfile(t, "llama-3.1-8b-h100"), Workload: w, Seed: 1, SimRequests: 300, ConfirmRequests: 300, Seeds: 1,
+		MaxLoRAs: maxLoRAs, SLO: SLO{TTFT: Target{0.99, 2 * time.Second}}}
+}
+
+// TestPlanAdapters: the same token demand needs more engines when its
+// requests are for 4 adapters and each engine batches one adapter at a
+// time (a request of another waits for the slot), and no more with four
+// slots than with one; the plan names the adapters, the slots and the
+// slots bound.
+func TestPlanAdapters(t *testing.T) {
+	plan := func(adapters, m int) *Result {
+		t.Helper()
+		res, err := Plan(t.Context(), adapterInput(t, adapters, m))
+		if err != nil {
+			t.Fatalf("%d adapters, --max-loras %d: %v", adapters, m, err)
+		}
+		t.Logf("%d adapters, --max-loras %d: aggregated %d engines, disaggregated %s", adapters, m, res.Aggregated.Engines, res.Disaggregated.Ratio())
+		return res
+	}
+	base, one, four := plan(0, 1), plan(4, 1), plan(4, 4)
+	if one.Aggregated.Engines <= base.Aggregated.Engines {
+		t.Errorf("4 adapters at --max-loras 1: %d engines, want more than the %d without adapters", one.Aggregated.Engines, base.Aggregated.Engines)
+	}
+	if four.Aggregated.Engines > one.Aggregated.Engines {
+		t.Errorf("4 adapters at --max-loras 4: %d engines, more than the %d at --max-loras 1", four.Aggregated.Engines, one.Aggregated.Engines)
+	}
+	// Here four slots hold every adapter: the fleet is the one without
+	// adapters (so the slots reach the simulated engines).
+	if four.Aggregated.Engines != base.Aggregated.Engines {
+		t.Errorf("4 adapters at --max-loras 4: %d engines, want the %d without adapters", four.Aggregated.Engines, base.Aggregated.Engines)
+	}
+	if base.MaxLoRAs != 0 || base.Bounds.Slots != nil || one.MaxLoRAs != 1 || four.MaxLoRAs != 4 || one.Bounds.Slots == nil || one.Demand.Adapters != 4 {
+		t.Errorf("max loras %d/%d/%d, slots bound %v/%v, adapters %d: want 0/1/4, none without adapters, 4 adapters",
+			base.MaxLoRAs, one.MaxLoRAs, four.MaxLoRAs, base.Bounds.Slots, one.Bounds.Slots, one.Demand.Adapters)
+	}
+	var b bytes.Buffer
+	if err := one.WriteTable(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"adapters=4", "one of 4 adapters; engines batch at most 1 adapter a step (--max-loras 1)", "  slots ", "max(compute, memory, slots)", "--max-loras 1 (engines batch"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("table lacks %q:\n%s", want, b.String())
+		}
+	}
+	b.Reset()
+	if err := one.WriteJSON(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{`"max_loras": 1`, `"adapters": 4`, `"slots": {`, `"decode_slots": {`} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("JSON lacks %s", want)
+		}
+	}
+}
+
+// TestPlanAdaptersDeterministic: a plan with adapters is the same for the
+// same seed, whatever the simulations run at once.
+func TestPlanAdaptersDeterministic(t *testing.T) {
+	enc := func(parallel int) []byte {
+		in := adapterInput(t, 4, 2)
+		in.Parallel = parallel
+		res, err := Plan(t.Context(), in)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var b bytes.Buffer
+		if err := res.WriteJSON(&b); err != nil {
+			t.Fatal(err)
+		}
+		return b.Bytes()
+	}
+	if a, b := enc(1), enc(3); !bytes.Equal(a, b) {
+		t.Error("two plans with adapters and the same seed differ (1 and 3 simulations at once)")
+	}
+}
