@@ -682,14 +682,21 @@ func disaggregatedSide(pl *Plan) {
 }
 
 // Scenario is one request on a prefill node and a decode node, as WhatIf
-// prices it. The request is the base model's: it names no LoRA adapter,
-// so it waits for no max_lora slot (Plan.AdapterWait and the others are 0,
-// whatever LoRA signals the loads carry). The capacity planner (package
-// planner), WhatIf's user, models no adapter slots: its loads carry no
-// LoRA signals to price a wait from.
+// prices it. A request for a LoRA adapter (Adapter) waits for a max_lora
+// slot as Plan prices it from the loads' LoRA signals (kvroute.Load.LoRA):
+// on the decode node (Plan.AdapterWait before a prefill run whole there,
+// and what is left of it when the decode leg arrives, DecodeAdapterWait),
+// and none on the prefill node, taken to be prefill-only (its running
+// prefill legs leave with their first token, within its queue), as the
+// capacity planner's (package planner) prefill pools are. The planner's
+// replay gives each decode node's load the adapters of the requests it
+// runs then.
 type Scenario struct {
 	// PromptTokens is the request's prompt.
 	PromptTokens int
+	// Adapter is the LoRA adapter the request is for ("" = the base
+	// model, which waits for no slot).
+	Adapter string
 	// CachedPrefill and CachedDecode are the prompt tokens each node holds
 	// in its prefix cache.
 	CachedPrefill, CachedDecode int
@@ -719,7 +726,8 @@ func (p *Planner) HandsOff(s Scenario) bool { return p.whatIf(s, false).Disaggre
 func (p *Planner) whatIf(s Scenario, reasons bool) Plan {
 	var pl Plan
 	pl.DecodeStep = p.cost.decodeStep(s.DecodeLoad, s.PromptTokens)
-	aq, ap := p.aggregatedSide(&pl, s.PromptTokens, s.CachedDecode, s.DecodeLoad, 0)
+	wait := slotWait(s.DecodeLoad.LoRA, s.Adapter, p.cfg.Decode.OutputTokens, pl.DecodeStep)
+	aq, ap := p.aggregatedSide(&pl, s.PromptTokens, s.CachedDecode, s.DecodeLoad, wait)
 	if p.cfg.Mode == ModeNever {
 		pl.PrefillQueue, pl.PrefillTime = aq, ap
 		pl.Rule, pl.Reason = "never", "aggregated: mode never"

@@ -94,3 +94,39 @@ func TestHandsOff(t *testing.T) {
 		}
 	}
 }
+
+// TestWhatIfAdapterSlot: WhatIf prices a LoRA adapter's wait for a
+// max_lora slot as Plan does, from the decode node's LoRA signals: "sql"
+// on a decode node whose one slot "chat" holds waits there (AdapterWait,
+// and DecodeAdapterWait for the decode leg), which turns the split as in
+// TestPlanAdapterSlotAggregated; "chat" itself and the base model wait
+// for nothing. The prefill node, prefill-only, adds no wait.
+func TestWhatIfAdapterSlot(t *testing.T) {
+	p1, _, _, d2 := pool()
+	pload := kvroute.Load{InFlight: 1, InFlightTokens: 4000, PrefixHitRate: -1}
+	dload := kvroute.Load{Running: 2, DecodeTokens: 4000, PrefixHitRate: -1, LoRA: slotHeld}
+	pload.LoRA = slotHeld
+	links := DefaultLinks()
+	for _, adapter := range []string{"sql", "chat", ""} {
+		pl := newPlanner(t, ModeConditional, links)
+		r := req("a", 4000, 256)
+		r.Adapter = adapter
+		now := time.Unix(1_700_000_000, 0)
+		want := pl.Plan(now, r, cands(candSpec{ep: p1, load: pload}, candSpec{ep: d2, load: dload}))
+		pl.Finish(want.Ticket)
+		got := pl.WhatIf(Scenario{PromptTokens: 4000, Adapter: adapter, PrefillLoad: pload, DecodeLoad: dload, Link: links.Between(p1, d2)})
+		if got.AdapterWait != want.AdapterWait || got.PrefillAdapterWait != 0 || got.DecodeAdapterWait != want.DecodeAdapterWait ||
+			got.Disaggregated != want.Disaggregated || got.Reason != want.Reason {
+			t.Errorf("adapter %q: WhatIf waits %v/%v/%v, %v (%s); Plan's %v/%v/%v, %v (%s)", adapter,
+				got.AdapterWait, got.PrefillAdapterWait, got.DecodeAdapterWait, got.Disaggregated, got.Reason,
+				want.AdapterWait, want.PrefillAdapterWait, want.DecodeAdapterWait, want.Disaggregated, want.Reason)
+		}
+		if wantWait := adapter == "sql"; (got.AdapterWait > 0) != wantWait || got.Disaggregated != wantWait {
+			t.Errorf("adapter %q: slot wait %v, disaggregated %v; want a wait and a handoff only for sql", adapter, got.AdapterWait, got.Disaggregated)
+		}
+		s := Scenario{PromptTokens: 4000, Adapter: adapter, PrefillLoad: pload, DecodeLoad: dload, Link: links.Between(p1, d2)}
+		if pl.HandsOff(s) != got.Disaggregated {
+			t.Errorf("adapter %q: HandsOff disagrees with WhatIf", adapter)
+		}
+	}
+}
