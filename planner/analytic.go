@@ -495,15 +495,22 @@ func (m *model) disaggFit(f *Fleet, pn, dn int) pdFit {
 	// unqueued, handed off or run on its decode node.
 	hx, lx := m.handoffTimes(b), m.localTimes()
 	xs := make([]time.Duration, len(m.reqs))
-	var all, hand, handX, local, localX []time.Duration
+	var all, hand, handX, local, localX, slots []time.Duration
 	for i := range m.reqs {
 		x, tt, ts := lx[i], &local, &localX
+		v := x + time.Duration(r.wait[i]*float64(time.Second))
 		if w[i] > 0 {
+			// A handed-off request's wait for a LoRA slot is the decode
+			// pool's: apart from its prefill side.
 			x, tt, ts = hx[i], &hand, &handX
+			v = x + time.Duration(r.wait[i]*float64(time.Second))
+			slot := time.Duration(r.slot[i] * float64(time.Second))
+			*tt, *ts = append(*tt, v-slot), append(*ts, x)
+			slots = append(slots, slot)
+		} else {
+			*tt, *ts = append(*tt, v), append(*ts, x)
 		}
 		xs[i] = x
-		v := x + time.Duration(r.wait[i]*float64(time.Second))
-		*tt, *ts = append(*tt, v), append(*ts, x)
 		all = append(all, v)
 	}
 	// Utilisation is what the simulator reports: each pool's busy time
@@ -524,7 +531,7 @@ func (m *model) disaggFit(f *Fleet, pn, dn int) pdFit {
 	} else {
 		f.TPOT = m.latency(func(q float64) time.Duration { return m.tpot(b, 0, q) }, in.SLO.TPOT)
 	}
-	for _, v := range [][]time.Duration{all, hand, handX, local, localX} {
+	for _, v := range [][]time.Duration{all, hand, handX, local, localX, slots} {
 		slices.Sort(v)
 	}
 	at := func(v []time.Duration, q float64) time.Duration {
@@ -547,7 +554,7 @@ func (m *model) disaggFit(f *Fleet, pn, dn int) pdFit {
 	// The misses point at the pool whose queue adds more at the SLO's
 	// quantile.
 	q := in.SLO.TTFT.Quantile
-	wp, wl := at(hand, q)-at(handX, q), at(local, q)-at(localX, q)
+	wp, wl := at(hand, q)-at(handX, q), max(at(local, q)-at(localX, q), at(slots, q))
 	return pdFit{growDecode: wl > wp, stuck: wp <= 0 && wl <= 0}
 }
 
@@ -668,7 +675,8 @@ func (m *model) handoffs(reqs []workload.Request, cached []int, pre []time.Durat
 type replayed struct {
 	handed []float64 // 1 when the router hands the request off, else 0
 	at     []float64 // its arrival
-	wait   []float64 // from its arrival to the start of its prefill
+	wait   []float64 // from its arrival to the start of its prefill (or, handed off, of its decode leg past the prefill)
+	slot   []float64 // of wait, the wait for a LoRA adapter's slot on its decode node
 	node   []int     // its decode node
 	pnode  []int     // its prefill node, when handed off
 	local  [][]span  // per decode node, the prefills it runs, in order
@@ -711,9 +719,25 @@ func addPrefill(sp []span, from, to float64, tokens int) []span {
 // llama-3.1-8b-h100 this spreads 480 to 525 requests an engine where the
 // simulator's router spreads 486 to 513, and the engines' busy share is
 // 92% in both.
+//
+// With LoRA adapters each decode-capable node's max_lora slots are
+// booked (slotBook): a request whose adapter its node does not run, with
+// Input.MaxLoRAs other adapters running there, starts (its prefill run
+// whole, or its decode leg once its prefill is done) only when enough of
+// them have left, each staying while its requests keep arriving (vLLM
+// admits a running adapter's request and skips another's); the wait is
+// the request's own (its prefill keeps its place in the node's queue), in
+// wait and, apart, slot. An adapter's request goes to the engine (the
+// decode node, first in turn on ties) whose queue, slot wait and adapter
+// load (policy.KVAwareParams.AdapterLoad, where none of its requests is
+// booked) are the least, as the router's kv-aware and decode pickers price
+// them, and the P/D rule (disagg.Planner.HandsOff) sees the decode node's
+// running adapters (Scenario.Adapter, Load.LoRA). On 4 adapters at
+// --max-loras 1 (TestModelAdapterSlots' summary) it sizes 5 engines where
+// the simulation needs 4 and the demand without adapters 1.
 func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duration, pn, dn int, b float64) *replayed {
 	n := len(reqs)
-	r := &replayed{handed: make([]float64, n), at: make([]float64, n), wait: make([]float64, n), node: make([]int, n),
+	r := &replayed{handed: make([]float64, n), at: make([]float64, n), wait: make([]float64, n), slot: make([]float64, n), node: make([]int, n),
 		pnode: make([]int, n), local: make([][]span, max(1, dn)), pn: pn}
 	out, wait := r.handed, r.wait
 	if n == 0 {
@@ -793,41 +817,135 @@ func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duratio
 	}
 	pf, dec := newPool(max(1, pn)), newPool(max(1, dn))
 	var running [][]float64 // aggregated: per engine, when its decoding requests end (unstalled)
-	step := 0.0
+	step := m.in.Profile.DecodeTime(max(1, int(math.Ceil(b))), m.c.DecodeContext).Seconds()
 	if pn == 0 {
 		running = make([][]float64, len(dec.flights))
-		step = m.in.Profile.DecodeTime(max(1, int(math.Ceil(b))), m.c.DecodeContext).Seconds()
 	}
+	// With LoRA adapters, each decode-capable node's slots (slotBook): a
+	// request of an adapter its node does not run, with every slot held,
+	// starts (its prefill run whole, or its decode leg) only when one
+	// frees. Its prefill's compute keeps its place in the node's first
+	// come first served queue (vLLM schedules the requests behind it
+	// meanwhile), so the wait delays only the request itself.
+	var books []slotBook
+	var streams map[string]*adapterStream
+	if m.d.Adapters > 0 {
+		streams = map[string]*adapterStream{}
+		t0 := reqs[order[0]].Arrival
+		for _, i := range order {
+			if x := reqs[i].Adapter; x != "" {
+				st := streams[x]
+				if st == nil {
+					st = &adapterStream{}
+					streams[x] = st
+				}
+				st.at = append(st.at, (reqs[i].Arrival-t0).Seconds()/scale)
+				st.dur = append(st.dur, pre[i].Seconds()+float64(max(0, reqs[i].OutputLen-1))*step)
+			}
+		}
+		books = make([]slotBook, len(dec.flights))
+		for j := range books {
+			books[j] = slotBook{max: max(1, m.in.MaxLoRAs), streams: streams}
+		}
+	}
+	// slotted moves the last prefill queued on decode node j, of svc
+	// seconds and computed from cs, to when adapter x's slot lets it
+	// start, books the slot to its last token (out more decode steps) and
+	// returns its start.
+	slotted := func(j int, x string, cs, svc float64, out int) float64 {
+		if books == nil || x == "" {
+			return cs
+		}
+		start := books[j].wait(x, cs)
+		fl := dec.flights[j]
+		fl[len(fl)-1].end = start + svc + netRTT.Seconds()
+		books[j].add(x, start, start+svc+float64(max(0, out))*step)
+		return start
+	}
+	perTok := m.c.PrefillPerToken.Seconds()
 	t0 := reqs[order[0]].Arrival
 	for k, i := range order {
 		t := (reqs[i].Arrival - t0).Seconds() / scale
 		prompt := reqs[i].PromptLen
 		ce := max(0, min(cached[i], prompt-1))
 		svc := pre[i].Seconds()
+		x := reqs[i].Adapter
+		for j := range books {
+			books[j].drop(t)
+		}
+		if st := streams[x]; st != nil {
+			st.next++ // this one is being placed: it is booked, not foreseen
+		}
 		if pn == 0 {
 			dj, _ := least(dec, t, running)
+			if books != nil && x != "" {
+				// The router's kv-aware estimate prices the slot: the
+				// engine whose queue, slot wait and adapter load (on an
+				// engine that has no request of it) are the least.
+				best, busy := math.Inf(1), 0
+				for j := range dec.flights {
+					tok := inflight(dec, j, t)
+					s0 := max(t, dec.free[j])
+					est := float64(tok)*perTok + books[j].wait(x, s0) - s0
+					if !books[j].has(x) {
+						est += adapterLoad
+					}
+					if run := len(running[j]); est < best || est == best && run < busy {
+						dj, best, busy = j, est, run
+					}
+				}
+			}
 			r.at[i], r.node[i] = t, dj
-			start := queue(dec, dj, t, svc, prompt)
-			wait[i] = start - t
-			r.local[dj] = addPrefill(r.local[dj], start, start+svc, prompt-ce)
+			cs := queue(dec, dj, t, svc, prompt)
+			start := slotted(dj, x, cs, svc, reqs[i].OutputLen-1)
+			wait[i], r.slot[i] = start-t, start-cs
+			r.local[dj] = addPrefill(r.local[dj], cs, cs+svc, prompt-ce)
 			running[dj] = append(running[dj], start+svc+float64(max(0, reqs[i].OutputLen-1))*step)
 			continue
 		}
 		best, load := least(pf, t, nil)
 		dj := k % len(dec.flights)
+		if books != nil && x != "" {
+			// The decode picker prices the slot too: the first node in
+			// turn whose slot wait and adapter load are the least.
+			est := math.Inf(1)
+			for o := range len(dec.flights) {
+				j := (k + o) % len(dec.flights)
+				e := books[j].wait(x, t) - t
+				if !books[j].has(x) {
+					e += adapterLoad
+				}
+				if e < est {
+					dj, est = j, e
+				}
+			}
+		}
 		r.at[i], r.node[i] = t, dj
 		dload := dl
 		dload.InFlightTokens = inflight(dec, dj, t)
-		if !always && !m.pd.HandsOff(disagg.Scenario{PromptTokens: prompt, CachedPrefill: ce, CachedDecode: ce,
+		if books != nil {
+			dload.LoRA = &kvroute.LoRALoad{Running: books[dj].running(t), Max: books[dj].max}
+		}
+		if !always && !m.pd.HandsOff(disagg.Scenario{PromptTokens: prompt, Adapter: x, CachedPrefill: ce, CachedDecode: ce,
 			PrefillLoad: kvroute.Load{InFlightTokens: load}, DecodeLoad: dload, Link: m.in.Fabric}) {
-			start := queue(dec, dj, t, svc, prompt)
-			wait[i] = start - t
-			r.local[dj] = addPrefill(r.local[dj], start, start+svc, prompt-ce)
+			cs := queue(dec, dj, t, svc, prompt)
+			start := slotted(dj, x, cs, svc, reqs[i].OutputLen-1)
+			wait[i], r.slot[i] = start-t, start-cs
+			r.local[dj] = addPrefill(r.local[dj], cs, cs+svc, prompt-ce)
 			continue
 		}
 		out[i] = 1
 		r.pnode[i] = best
 		wait[i] = queue(pf, best, t, svc, prompt) - t
+		if books != nil && x != "" {
+			// The decode leg arrives when the prefill is done and waits
+			// there for a slot.
+			ready := t + wait[i] + svc
+			start := books[dj].wait(x, ready)
+			books[dj].add(x, start, start+float64(reqs[i].OutputLen)*step)
+			wait[i] += start - ready
+			r.slot[i] = start - ready
+		}
 	}
 	return r
 }

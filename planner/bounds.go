@@ -191,6 +191,10 @@ func mustHandOff(in *Input, d *Demand) ([]bool, int) {
 	n := 0
 	for i := range d.reqs {
 		r := &d.reqs[i]
+		// No adapter slot wait on the idle decode node: a wait there
+		// makes running whole dearer and the handoff no dearer (its decode
+		// leg waits only what is left of it), so the handoffs the rule
+		// makes without one are the fewest.
 		handed[i] = pd.HandsOff(disagg.Scenario{PromptTokens: r.PromptLen, CachedDecode: d.mostCached(i, in.Profile.BlockSize),
 			PrefillLoad: kvroute.Load{InFlightTokens: saturatedPrefill * r.PromptLen}, Link: in.Fabric})
 		if handed[i] {

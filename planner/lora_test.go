@@ -216,3 +216,63 @@ func TestPlanAdaptersDeterministic(t *testing.T) {
 		t.Error("two plans with adapters and the same seed differ (1 and 3 simulations at once)")
 	}
 }
+
+// TestSlotBookWait works the analytical replay's slot waits by hand. At
+// --max-loras 1 with adapter A running to 2s and A's requests not placed
+// yet arriving at 1.5s and 3s (1s each): a request of B ready at 0.5s
+// waits for A's stay, which the request at 1.5s stretches to 2.5s (the
+// one at 3s comes after it ends); A itself and the base model start at
+// once, and so does B with two slots.
+func TestSlotBookWait(t *testing.T) {
+	streams := map[string]*adapterStream{"A": {at: []float64{1.5, 3}, dur: []float64{1, 1}}}
+	b := slotBook{max: 1, streams: streams, holds: []hold{{"A", 0, 2}}}
+	for _, tc := range []struct {
+		x    string
+		want float64
+	}{{"B", 2.5}, {"A", 0.5}, {"", 0.5}} {
+		if got := b.wait(tc.x, 0.5); got != tc.want {
+			t.Errorf("max 1: wait(%q, 0.5) = %v, want %v", tc.x, got, tc.want)
+		}
+	}
+	if got := (&slotBook{max: 2, streams: streams, holds: b.holds}).wait("B", 0.5); got != 0.5 {
+		t.Errorf("max 2: wait(B, 0.5) = %v, want 0.5", got)
+	}
+	// Booked past the slots (A and C at once): B waits for both to leave.
+	two := slotBook{max: 1, holds: []hold{{"A", 0, 2}, {"C", 1, 4}}}
+	if got := two.wait("B", 1.5); got != 4 {
+		t.Errorf("A and C running: wait(B, 1.5) = %v, want 4", got)
+	}
+	// A request of B already booked to start at 2.5s: A leaves at 2 first.
+	booked := slotBook{max: 1, holds: []hold{{"A", 0, 2}, {"B", 2.5, 3}}}
+	if got := booked.wait("B", 0.5); got != 2 {
+		t.Errorf("B booked at 2.5: wait(B, 0.5) = %v, want 2", got)
+	}
+	if got := two.running(1.5); len(got) != 2 || got[0] != "A" || got[1] != "C" {
+		t.Errorf("running(1.5) = %v, want [A C]", got)
+	}
+}
+
+// TestModelAdapterSlots: the analytical aggregated fleet prices the slot
+// wait too: 4 adapters at --max-loras 1 need more engines than the same
+// demand without adapters, and at --max-loras 4 the same as without.
+func TestModelAdapterSlots(t *testing.T) {
+	engines := func(adapters, m int) int {
+		in := adapterInput(t, adapters, m)
+		in.defaults()
+		d := analyse(in.Workload, in.Profile.BlockSize)
+		b, err := computeBounds(&in, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := newModel(&in, d, b.Costs, 0, nil, nil).analyticAggregated(1)
+		if !f.Meets {
+			t.Fatalf("%d adapters at --max-loras %d: no analytical fleet: %v", adapters, m, f.Notes)
+		}
+		return f.Engines
+	}
+	base, one, four := engines(0, 1), engines(4, 1), engines(4, 4)
+	t.Logf("analytical aggregated engines: %d without adapters, %d with 4 at --max-loras 1, %d at 4", base, one, four)
+	if one <= base || four != base {
+		t.Errorf("analytical aggregated engines: %d with 4 adapters at --max-loras 1, %d at 4; want more than and as many as the %d without adapters", one, four, base)
+	}
+}

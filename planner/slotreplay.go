@@ -1,0 +1,123 @@
+package planner
+
+import (
+	"slices"
+
+	"github.com/kvroute/kvroute/policy"
+)
+
+// adapterLoad is the kv-aware policy's default price of loading an adapter
+// an engine has no request of (policy.KVAwareParams.AdapterLoad), seconds.
+var adapterLoad = policy.DefaultKVAwareParams().AdapterLoad.Seconds()
+
+// slotBook is the analytical replay's view of one node's LoRA adapter
+// slots: the requests it runs, each holding its adapter's slot from the
+// start of its prefill (or decode leg) to its last token, on the replay's
+// clock (seconds). An engine batches at most max distinct adapters (vLLM's
+// --max-loras); a request of another adapter waits until one of them has
+// no request left running (see wait).
+type slotBook struct {
+	max   int
+	holds []hold
+	// streams are every adapter's requests in arrival order, shared by
+	// the nodes: the requests not placed yet extend a running adapter's
+	// stay (see stay).
+	streams map[string]*adapterStream
+}
+
+// hold is one request's slot: its adapter, from its start to its end.
+type hold struct {
+	adapter  string
+	from, to float64
+}
+
+// adapterStream is one adapter's requests in the replay: their arrivals
+// and how long each runs unqueued (prefill, then a decode step a token),
+// and the first one the replay has not placed yet.
+type adapterStream struct {
+	at, dur []float64
+	next    int
+}
+
+// drop forgets the requests done by t (the replay's arrivals come in
+// order, so nothing asks about an earlier time again).
+func (b *slotBook) drop(t float64) {
+	b.holds = slices.DeleteFunc(b.holds, func(h hold) bool { return h.to <= t })
+}
+
+// add books a request of adapter x running from..to.
+func (b *slotBook) add(x string, from, to float64) {
+	b.holds = append(b.holds, hold{x, from, to})
+}
+
+// has reports whether the node has a request of adapter x booked.
+func (b *slotBook) has(x string) bool {
+	return slices.ContainsFunc(b.holds, func(h hold) bool { return h.adapter == x })
+}
+
+// running returns the distinct adapters with a request running at t,
+// sorted (as kvroute.LoRALoad.Running).
+func (b *slotBook) running(t float64) []string {
+	var out []string
+	for _, h := range b.holds {
+		if h.from <= t && t < h.to && !slices.Contains(out, h.adapter) {
+			out = append(out, h.adapter)
+		}
+	}
+	slices.Sort(out)
+	return out
+}
+
+// stay returns when adapter a stops running on the node: its last booked
+// request's end, later while requests of a not placed yet arrive before
+// then (vLLM's scheduler lets a request of a running adapter join the
+// batch, and skips a waiting request of another: an adapter that keeps
+// receiving requests keeps its slot). Those requests are taken to come
+// to this node, where their adapter runs, as the kv-aware policy sends
+// them (it prices a load and a slot wait elsewhere).
+func (b *slotBook) stay(a string) float64 {
+	end := 0.0
+	for _, h := range b.holds {
+		if h.adapter == a {
+			end = max(end, h.to)
+		}
+	}
+	if s := b.streams[a]; s != nil {
+		for k := s.next; k < len(s.at) && s.at[k] < end; k++ {
+			end = max(end, s.at[k]+s.dur[k])
+		}
+	}
+	return end
+}
+
+// wait returns when a request of adapter x ready at s can start: the
+// first time from s when x runs there or fewer than max adapters do,
+// each running adapter holding its slot for its stay.
+func (b *slotBook) wait(x string, s float64) float64 {
+	if x == "" {
+		return s
+	}
+	t := s
+	for range 1000 { // each round passes an adapter's stay: bounded by the requests booked
+		run := b.running(t)
+		if len(run) < b.max || slices.Contains(run, x) {
+			return t
+		}
+		ends := make([]float64, len(run))
+		for i, a := range run {
+			ends[i] = b.stay(a)
+		}
+		slices.Sort(ends)
+		next := ends[len(run)-b.max] // len(run)-max+1 adapters must leave
+		for _, h := range b.holds {  // or a request of x booked to start sooner
+			if h.adapter == x && h.from > t && h.from < next {
+				next = h.from
+			}
+		}
+		if next <= t {
+			return t
+		}
+		t = next
+	}
+	return t
+}
