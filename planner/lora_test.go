@@ -276,3 +276,17 @@ func TestModelAdapterSlots(t *testing.T) {
 		t.Errorf("analytical aggregated engines: %d with 4 adapters at --max-loras 1, %d at 4; want more than and as many as the %d without adapters", one, four, base)
 	}
 }
+
+// TestSeedsDefaultWithAdapters: a plan confirms on 4 seeds by default when
+// the requests name adapters (the slots make the tail turn on the
+// router's placements), on 2 otherwise, and on the seeds it is given.
+func TestSeedsDefaultWithAdapters(t *testing.T) {
+	for _, tc := range []struct{ adapters, seeds, want int }{{0, 0, 2}, {4, 0, 4}, {4, 3, 3}} {
+		in := adapterInput(t, tc.adapters, 1)
+		in.Seeds = tc.seeds
+		in.defaults()
+		if in.Seeds != tc.want {
+			t.Errorf("%d adapters, seeds %d: %d seeds, want %d", tc.adapters, tc.seeds, in.Seeds, tc.want)
+		}
+	}
+}

@@ -160,7 +160,7 @@ func runPlan(ctx context.Context, args []string, stdout, stderr io.Writer) error
 	fs.IntVar(&o.maxEngines, "max-engines", 512, "largest fleet considered")
 	fs.IntVar(&o.simRequests, "sim-requests", 2500, "requests simulated per candidate fleet of the search (the workload's first ones; -1 = all)")
 	fs.IntVar(&o.confirmRequests, "confirm-requests", 20000, "requests of the runs confirming the chosen fleets (the workload's first ones; -1 = all)")
-	fs.IntVar(&o.seeds, "seeds", 2, "seeds the chosen fleets are confirmed with (the prediction is their mean; the spread is shown)")
+	fs.IntVar(&o.seeds, "seeds", 0, "seeds the chosen fleets are confirmed with (the prediction is their mean; the spread is shown; default 2, 4 when requests name LoRA adapters)")
 	fs.StringVar(&o.pdMode, "pd-mode", "conditional", "how the disaggregated fleet's router splits requests: conditional (as kvroute serve) or always")
 	fs.IntVar(&o.parallel, "parallel", 0, "simulations run at once (default GOMAXPROCS; the plan does not depend on it)")
 	fs.Var(&o.whatIf, "what-if", "what-if `scenarios`: rate-x2, prompt-x2, node-lost (comma-separated or repeated; default none)")
@@ -442,7 +442,7 @@ func (o *planOptions) checkFlags() error {
 		return planFlagErrorf("--sim-requests %d must be positive or -1 (all)", o.simRequests)
 	case o.confirmRequests == 0 || o.confirmRequests < -1:
 		return planFlagErrorf("--confirm-requests %d must be positive or -1 (all)", o.confirmRequests)
-	case o.seeds < 1 || o.seeds > 16:
+	case o.seeds < 0 || o.seeds > 16 || o.seeds == 0 && o.given != nil && o.given("seeds"):
 		return planFlagErrorf("--seeds %d must be in 1..16", o.seeds)
 	case o.parallel < 0:
 		return planFlagErrorf("--parallel %d must not be negative (0 = GOMAXPROCS)", o.parallel)

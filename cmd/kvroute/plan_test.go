@@ -293,3 +293,13 @@ func TestPlanAdaptersCommand(t *testing.T) {
 		t.Errorf("json: %v, %+v", err, res)
 	}
 }
+
+// TestPlanSeedsZero: --seeds 0 on the command line is a usage error (its
+// default, 2 or 4 with adapters, is the flag left out).
+func TestPlanSeedsZero(t *testing.T) {
+	var out, errb bytes.Buffer
+	err := run(context.Background(), []string{"plan", "--seeds", "0", "--slo-ttft-p99", "1s"}, &out, &errb)
+	if !errors.Is(err, errUsage) || !strings.Contains(errb.String(), "--seeds 0 must be in 1..16") {
+		t.Errorf("got %v, stderr %q; want a usage error naming --seeds 0", err, errb.String())
+	}
+}
