@@ -14,6 +14,7 @@ import (
 	"github.com/kvroute/kvroute/engine"
 	"github.com/kvroute/kvroute/planner"
 	"github.com/kvroute/kvroute/sim"
+	"github.com/kvroute/kvroute/workload"
 )
 
 // planArgs is a small summary-workload plan.
@@ -301,5 +302,30 @@ func TestPlanSeedsZero(t *testing.T) {
 	err := run(context.Background(), []string{"plan", "--seeds", "0", "--slo-ttft-p99", "1s"}, &out, &errb)
 	if !errors.Is(err, errUsage) || !strings.Contains(errb.String(), "--seeds 0 must be in 1..16") {
 		t.Errorf("got %v, stderr %q; want a usage error naming --seeds 0", err, errb.String())
+	}
+}
+
+// TestPlanTraceAdapters: a trace whose requests name adapters (its adapter
+// field) is planned with them and --max-loras: the lora workload written
+// as a trace.
+func TestPlanTraceAdapters(t *testing.T) {
+	w, err := workload.Generate("lora", workload.Options{Seed: 1, Requests: 300,
+		Arrivals: workload.Arrivals{Kind: workload.Poisson, Rate: 10}, Params: map[string]float64{"adapters": 3}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	path := filepath.Join(t.TempDir(), "lora.jsonl")
+	if err := workload.WriteTraceFile(path, w.Requests); err != nil {
+		t.Fatal(err)
+	}
+	var out, errb bytes.Buffer
+	args := []string{"plan", "--trace", path, "--max-loras", "2", "--slo-ttft-p99", "2s", "--seeds", "1", "--verify=false", "--quiet"}
+	if err := run(context.Background(), args, &out, &errb); err != nil {
+		t.Fatalf("run: %v\nstderr: %s", err, errb.String())
+	}
+	for _, want := range []string{"one of 3 adapters; engines batch at most 2 adapters a step (--max-loras 2)", "  slots "} {
+		if !strings.Contains(out.String(), want) {
+			t.Errorf("output lacks %q:\n%s", want, out.String())
+		}
 	}
 }
