@@ -78,7 +78,7 @@ func BenchmarkSegOracleTrace(b *testing.B) {
 	for b.Loop() {
 		o, hit := newSegOracle(), 0
 		for i := range reqs {
-			hit += o.observe(reqs[i].Segments, 16, reqs[i].PromptLen)
+			hit += o.observe(reqs[i].Segments, reqs[i].Adapter, 16, reqs[i].PromptLen)
 		}
 		if hit <= 0 {
 			b.Fatal("no hits")

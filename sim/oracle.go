@@ -4,13 +4,16 @@ import (
 	"cmp"
 	"slices"
 
+	"github.com/zeebo/xxh3"
+
 	"github.com/kvroute/kvroute/workload"
 )
 
 // OracleHitRate returns the upper bound on the prefix-cache hit rate (in
 // prompt tokens) of reqs, taken in arrival order, for engines with
 // blockSize-token blocks: an infinite cache shared by the whole fleet, so
-// every block seen before anywhere is a hit. A prompt of L tokens hits at
+// every block seen before anywhere is a hit (a LoRA adapter's blocks only
+// by requests for the same adapter). A prompt of L tokens hits at
 // most (L-1)/blockSize blocks, as in vLLM. It is what Run reports in
 // Result.OracleHitRate; pass it in Config.OracleHitRate to compute it once
 // for several runs of the same workload.
@@ -43,7 +46,7 @@ func oracleHits(reqs []workload.Request, blockSize int) []int {
 	if segmentsOnly(reqs) {
 		o := newSegOracle()
 		for _, i := range order {
-			hits[i] = o.observe(reqs[i].Segments, blockSize, reqs[i].PromptLen)
+			hits[i] = o.observe(reqs[i].Segments, reqs[i].Adapter, blockSize, reqs[i].PromptLen)
 		}
 		return hits
 	}
@@ -78,16 +81,22 @@ func segmentsOnly(reqs []workload.Request) bool {
 // longest is at least its own segment's length (after an exact match the
 // next lookup is under the extended chain, which exists only if an earlier
 // prompt had exactly this segment). The hit is that prefix in whole blocks,
-// capped like oracle's; a differential test checks that both agree.
+// capped like oracle's; a differential test checks that both agree. The
+// chains of a LoRA adapter's prompts start from a root of its own, as its
+// blocks are keyed by its name (workload.Request.BlockHashes): no prompt
+// hits another adapter's or the base model's.
 type segOracle struct {
 	longest u64max
 }
 
 func newSegOracle() *segOracle { return &segOracle{} }
 
-func (o *segOracle) observe(segs []workload.Segment, blockSize, promptLen int) int {
+func (o *segOracle) observe(segs []workload.Segment, adapter string, blockSize, promptLen int) int {
 	shared, matching := 0, true
 	var chain uint64 = 0x6b76726f75746573
+	if adapter != "" {
+		chain = mix64(chain ^ xxh3.HashString(adapter))
+	}
 	for _, sg := range segs {
 		l := o.longest.update(mix64(chain^mix64(sg.Key)), int64(sg.Len))
 		if matching {

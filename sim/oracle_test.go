@@ -86,6 +86,13 @@ func TestSegOracleMatchesBlockOracle(t *testing.T) {
 		t.Fatal(err)
 	}
 	sets["mooncake[:1500]"] = tr.Requests[:1500]
+	// The same prompts under three LoRA adapters: an adapter's blocks are
+	// keyed by its name, so no adapter hits another's.
+	lora := slices.Clone(tr.Requests[:1500])
+	for i := range lora {
+		lora[i].Adapter = []string{"", "a", "b"}[i%3]
+	}
+	sets["mooncake[:1500], 3 adapters"] = lora
 	for name, reqs := range sets {
 		for _, bs := range []int{16, 32, 512} {
 			so, bo := newSegOracle(), newOracle()
@@ -93,7 +100,7 @@ func TestSegOracleMatchesBlockOracle(t *testing.T) {
 			for i := range reqs {
 				r := &reqs[i]
 				buf = r.BlockHashes(bs, buf[:0])
-				if got, want := so.observe(r.Segments, bs, r.PromptLen), bo.observe(buf, bs, r.PromptLen); got != want {
+				if got, want := so.observe(r.Segments, r.Adapter, bs, r.PromptLen), bo.observe(buf, bs, r.PromptLen); got != want {
 					t.Fatalf("%s, block %d, request %d (%s): segment oracle %d hit tokens, block oracle %d", name, bs, i, r.ID, got, want)
 				}
 			}
