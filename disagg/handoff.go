@@ -1256,8 +1256,11 @@ func (x *exchange) stream(a *answer, f *router.Flight) {
 			x.res.Status = StatusClientClosed
 		}
 	}
-	o := kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, TTFT: a.ttft, Failed: failed,
-		Decode: x.res.Disaggregated}
+	// A stream that opened with an error event (an error the engine met
+	// after its 200) served the client, but its first bytes are no first
+	// token: a failed outcome, as on the aggregated path.
+	o := kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, TTFT: a.ttft,
+		Failed: failed || sse && a.head.StartsWithError(), Decode: x.res.Disaggregated}
 	if readUsage && !failed {
 		if prompt, cached, ok := openai.ParseUsage(usage.Bytes()); ok {
 			if h.cfg.Usage != nil {

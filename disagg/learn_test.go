@@ -5,6 +5,7 @@ import (
 	"net/http/httptest"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -74,5 +75,51 @@ func TestPlannerTeachesPrefillPolicyPrefillLegsOnly(t *testing.T) {
 		if o.Endpoint != "p" {
 			t.Errorf("the prefill policy was taught %+v, the outcome of the decode leg on %s", o, o.Endpoint)
 		}
+	}
+}
+
+// TestStreamErrorEventTeachesNothing: a request run whole on one node whose
+// stream opens with an error event in a 200 (an error the engine met after
+// its answer started) reaches the client as it is, and its outcome is a
+// failure, which no policy learns a prefill rate from: its first bytes came
+// at once and are no first token. A stream with tokens first is a success.
+func TestStreamErrorEventTeachesNothing(t *testing.T) {
+	const refusal = `data: {"error": {"object": "error", "message": "not loaded", "type": "BadRequestError", "param": null, "code": 400}}` +
+		"\n\ndata: [DONE]\n\n"
+	const tokens = `data: {"choices":[{"index":0,"text":"a"}]}` + "\n\ndata: [DONE]\n\n"
+	var answer atomic.Value
+	be := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("Content-Type", "text/event-stream")
+		_, _ = w.Write([]byte(answer.Load().(string)))
+	}))
+	defer be.Close()
+	lp := &learningPicker{}
+	pl, err := NewPlanner(Config{Profile: mustProfile(t, "tiny"), Mode: ModeNever, Seed: 1, Prefill: lp})
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := router.New(router.Config{Model: "tiny", Policy: "pd", Picker: pl, Endpoints: []kvroute.Endpoint{
+		endpoint("b", be.URL, kvroute.RoleBoth)}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	h, err := NewHandoff(HandoffConfig{Router: r, Planner: pl, Client: &http.Client{}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{refusal, tokens} {
+		answer.Store(want)
+		body := completion(true, 4)
+		req := httptest.NewRequest(http.MethodPost, "/v1/completions", strings.NewReader(body))
+		kr := &kvroute.Request{ID: "e", Model: "tiny", Prompt: prompt, PromptTokens: 30, MaxTokens: 4, Stream: true, Arrival: time.Now()}
+		rec := httptest.NewRecorder()
+		if res := h.Serve(rec, req, "/v1/completions", []byte(body), kr); res.Status != http.StatusOK || rec.Body.String() != want {
+			t.Fatalf("got %+v and %q, want a 200 passing on %q", res, rec.Body.String(), want)
+		}
+	}
+	lp.mu.Lock()
+	defer lp.mu.Unlock()
+	if len(lp.got) != 2 || !lp.got[0].Failed || lp.got[1].Failed {
+		t.Errorf("outcomes %+v, want a failure (the error event) then a success", lp.got)
 	}
 }

@@ -14,17 +14,19 @@ import (
 // request run whole on one node with). Nothing is buffered beyond the
 // tail: the copy to the client is untouched.
 
-// tailWriter is the client's ResponseWriter, keeping the response's tail.
-// Unwrap and FlushError keep http.ResponseController (which the reverse
-// proxy flushes event streams with) working through it.
+// tailWriter is the client's ResponseWriter, keeping the response's tail
+// and its head. Unwrap and FlushError keep http.ResponseController (which
+// the reverse proxy flushes event streams with) working through it.
 type tailWriter struct {
 	http.ResponseWriter
 	tail *openai.UsageTail
+	head *openai.EventHead
 }
 
 func (w *tailWriter) Write(p []byte) (int, error) {
 	n, err := w.ResponseWriter.Write(p)
 	w.tail.Add(p[:n])
+	w.head.Add(p[:n])
 	return n, err
 }
 

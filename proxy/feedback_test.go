@@ -136,3 +136,46 @@ func TestAbsentCachedTokensAfterReported(t *testing.T) {
 		t.Errorf("kvroute_prompt_tokens_total: got %v, want 900 (the three answers after the first count)", got)
 	}
 }
+
+// TestStreamErrorEventFails: a stream the engine opens with an error event
+// in a 200 (vLLM's error before the first token; SGLang's refusal of an
+// adapter it does not serve) is passed on as it is, but is a failed
+// outcome with no TTFT: its first bytes are no first token, and a policy
+// that learns its rates from TTFTs must not take it for a fast prefill.
+// A stream whose error comes after its first token keeps its TTFT.
+func TestStreamErrorEventFails(t *testing.T) {
+	const refusal = `data: {"error": {"object": "error", "message": "not loaded", "type": "BadRequestError", "param": null, "code": 400}}` +
+		"\n\ndata: [DONE]\n\n"
+	const late = `data: {"choices":[{"index":0,"text":"a"}]}` + "\n\n" +
+		`data: {"error":{"message":"engine died","type":"InternalServerError","code":500}}` + "\n\ndata: [DONE]\n\n"
+	be := newBackend(t, "a", func(w http.ResponseWriter, r *http.Request) {
+		var body bytes.Buffer
+		body.ReadFrom(r.Body)
+		w.Header().Set("Content-Type", "text/event-stream")
+		if strings.Contains(body.String(), "late") {
+			w.Write([]byte(late))
+			return
+		}
+		w.Write([]byte(refusal))
+	})
+	var l *learner
+	tp := newTestProxyWith(t, testConfig("learn", be.URL), func(string, map[string]any, uint64) (kvroute.Picker, error) {
+		l = &learner{}
+		return l, nil
+	})
+	for i, c := range []struct{ prompt, want string }{{"hello", refusal}, {"late", late}} {
+		resp := tp.post(t, "/v1/completions", `{"model":"m","prompt":"`+c.prompt+`","stream":true}`)
+		if got := readAll(t, resp); resp.StatusCode != http.StatusOK || got != c.want {
+			t.Fatalf("%s: got %d %q, want 200 %q", c.prompt, resp.StatusCode, got, c.want)
+		}
+		waitFor(t, "an outcome", func() bool { return len(l.got()) == i+1 })
+	}
+	// (The test proxy's clock stands still: a TTFT is 0 either way.)
+	outs := l.got()
+	if o := outs[0]; !o.Failed || o.TTFT != 0 {
+		t.Errorf("a stream opening with an error event: Failed %v, TTFT %v; want a failure with no TTFT", o.Failed, o.TTFT)
+	}
+	if o := outs[1]; o.Failed {
+		t.Errorf("a stream whose error follows its first token: a failed outcome, want one with its TTFT")
+	}
+}

@@ -54,6 +54,7 @@ type exchange struct {
 	stall       *silence.Watch   // the attempt's silence bound, once its response is flowing (nil: none)
 	saved       *savedResponse   // the last retried 5xx, replayed if no endpoint is left
 	tail        openai.UsageTail // the attempt's last response bytes, for the engine's usage
+	head        openai.EventHead // the attempt's first response bytes: did its stream open with an error event?
 	tw          tailWriter       // the client's ResponseWriter, keeping tail
 	mark        errorMarker      // under tw: marks the engine's own error responses
 }
@@ -242,8 +243,9 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 	x.sent = body
 	out.Body = io.NopCloser(bytes.NewReader(body))
 	x.tail.Reset()
+	x.head = openai.EventHead{}
 	x.mark = errorMarker{ResponseWriter: w, x: x}
-	x.tw = tailWriter{ResponseWriter: &x.mark, tail: &x.tail}
+	x.tw = tailWriter{ResponseWriter: &x.mark, tail: &x.tail, head: &x.head}
 	inflight := x.up.inflight
 	inflight.Inc()
 	attempt := out
@@ -262,12 +264,15 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 		// Any error answer is a failed outcome (its first byte is no first
 		// token), though only some are the endpoint's failure for passive
 		// health (countsAsFailure): a prompt over the context length is
-		// vLLM's 400, at once.
+		// vLLM's 400, at once. So is a stream that opens with an error
+		// event, an error the engine met after its 200 (SGLang's refusal
+		// of an adapter it does not serve, an engine error before the
+		// first token): it was passed on, and the endpoint served it.
 		o := kvroute.Outcome{
 			PromptTokens: x.req.PromptTokens,
 			CachedTokens: -1,
 			Failed: x.retry != retryNone || x.upstreamErr != nil || x.streamErr != nil || x.shutdown ||
-				x.status >= http.StatusBadRequest,
+				x.status >= http.StatusBadRequest || x.req.Stream && x.head.StartsWithError(),
 		}
 		// The first body byte is the first token only for streams; for other
 		// requests it comes with the last token, so the TTFT stays unknown (0).
