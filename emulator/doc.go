@@ -291,8 +291,9 @@
 // that holds as many requests (KVROUTE_SOAK_FLOOR_STEP=11ms: 138 in flight
 // per engine, the engines 134 to 137), five rounds after 60 s of load: 88.3 (62.6
 // to 151.2) with the engines first and 84.3 (62.1 to 102.0) with the floor
-// first. So the cost above the floor is near 100 us: under it in 14 of
-// these 23 rounds. Above the floor,
+// first; on a later build, again quiet, with the floor first, 93.9 (63.9
+// to 107.6). So the cost above the floor is near 100 us: under it in 18 of
+// these 28 rounds. Above the floor,
 // the cost is the engine loop's (about a third of an engine process's
 // CPU, by perf), and the loop's is memory latency: each wake-up reads
 // every running request's state cold, and each block a request allocates
