@@ -1,6 +1,7 @@
 package tokenizer
 
 import (
+	"iter"
 	"maps"
 	"slices"
 	"strconv"
@@ -290,23 +291,10 @@ func setNames(rest string) []string {
 // string literals that are not an attribute's (after a ".").
 func mentionedNames(s string) []string {
 	var names []string
-	for j := 0; j < len(s); j++ {
-		c := s[j]
-		if c == '\'' || c == '"' {
-			j = skipQuoted(s, j)
-			continue
-		}
-		if !isIdentByte(c) {
-			continue
-		}
-		e := j
-		for e < len(s) && isIdentByte(s[e]) {
-			e++
-		}
-		if k := spaceStart(s, j); (k == 0 || s[k-1] != '.') && (c < '0' || c > '9') {
+	for j, e := range wordsIn(s) {
+		if k := spaceStart(s, j); (k == 0 || s[k-1] != '.') && (s[j] < '0' || s[j] > '9') {
 			names = append(names, s[j:e])
 		}
-		j = e - 1
 	}
 	return names
 }
@@ -314,25 +302,38 @@ func mentionedNames(s string) []string {
 // cutKeyword reports whether the word kw stands alone in s (outside
 // string literals).
 func cutKeyword(s, kw string) (before string, found bool) {
-	for j := 0; j < len(s); j++ {
-		c := s[j]
-		if c == '\'' || c == '"' {
-			j = skipQuoted(s, j)
-			continue
-		}
-		if !isIdentByte(c) {
-			continue
-		}
-		e := j
-		for e < len(s) && isIdentByte(s[e]) {
-			e++
-		}
+	for j, e := range wordsIn(s) {
 		if s[j:e] == kw {
 			return s[:j], true
 		}
-		j = e - 1
 	}
 	return s, false
+}
+
+// wordsIn yields the start and end of each run of identifier bytes
+// (isIdentByte: names, keywords, numbers' digits) in a tag's text s,
+// outside string literals.
+func wordsIn(s string) iter.Seq2[int, int] {
+	return func(yield func(start, end int) bool) {
+		for j := 0; j < len(s); j++ {
+			c := s[j]
+			if c == '\'' || c == '"' {
+				j = skipQuoted(s, j)
+				continue
+			}
+			if !isIdentByte(c) {
+				continue
+			}
+			e := j
+			for e < len(s) && isIdentByte(s[e]) {
+				e++
+			}
+			if !yield(j, e) {
+				return
+			}
+			j = e - 1
+		}
+	}
 }
 
 // withBlockPrefix starts the names of the macros pyWithBlocks renders a
