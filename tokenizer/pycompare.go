@@ -530,6 +530,10 @@ func (p *cmpParser) unary(b *strings.Builder, withFilter bool) bool {
 	return true
 }
 
+// operatorWords are the keywords that join or end expressions, never an
+// operand of one (primary).
+var operatorWords = map[string]bool{"and": true, "or": true, "not": true, "in": true, "is": true, "if": true, "else": true}
+
 // primary parses parse_primary: a name or constant, adjacent string
 // literals, a number, a parenthesized tuple, a list or a dict.
 func (p *cmpParser) primary(b *strings.Builder) bool {
@@ -538,6 +542,12 @@ func (p *cmpParser) primary(b *strings.Builder) bool {
 	}
 	switch p.toks[p.pos].kind {
 	case tokNameKind:
+		if operatorWords[p.text(p.pos)] {
+			// Not an operand as the Go engine parses: it compiles {% for
+			// x in if[] %} (and renders no iteration), but not the
+			// rewrite's (if[])|kvroute_iter. The tag is left as it is.
+			return false
+		}
 		p.take(b)
 		return true
 	case tokNumberKind:
