@@ -2,11 +2,9 @@ package emulator
 
 import (
 	"context"
-	"encoding/json"
 	"fmt"
 	"io"
 	"net/http"
-	"net/http/httptest"
 	"strings"
 	"testing"
 	"time"
@@ -40,23 +38,7 @@ func TestPDSGLangBootstrapQueue(t *testing.T) {
 	)
 	// Another prefill engine's side channel, whose pull the test holds: the
 	// decode leg pulling from it holds the decode engine's cache.
-	arrived, release := make(chan struct{}, 1), make(chan struct{})
-	side := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		arrived <- struct{}{}
-		select {
-		case <-release:
-		case <-r.Context().Done():
-			return
-		}
-		_ = json.NewEncoder(w).Encode(PullResponse{EngineID: "other"})
-	}))
-	defer side.Close()
-	released := false
-	defer func() {
-		if !released {
-			close(release)
-		}
-	}()
+	side, arrived, release := heldPull(t, "other")
 	prof, err := engine.LookupProfile("tiny")
 	if err != nil {
 		t.Fatal(err)
@@ -94,8 +76,7 @@ func TestPDSGLangBootstrapQueue(t *testing.T) {
 		t.Errorf("prefill engine, its leg in the bootstrap queue: got %s %v, want 0 (not computed)", prompts, got)
 	}
 
-	close(release) // the blocker's KV arrives: it runs, ends and frees the cache
-	released = true
+	release() // the blocker's KV arrives: it runs, ends and frees the cache
 	if code, b, err := blocker(); code != http.StatusOK {
 		t.Fatalf("blocker: got %d %s %v", code, b, err)
 	}
@@ -203,7 +184,10 @@ func TestPDSGLangStreamedLegStartsAtOnce(t *testing.T) {
 	if resp.StatusCode != http.StatusOK || resp.Header.Get("Content-Type") != "text/event-stream; charset=utf-8" {
 		t.Fatalf("got %d %s, want 200 text/event-stream", resp.StatusCode, resp.Header.Get("Content-Type"))
 	}
-	checkGauges(t, "headers sent", ps.URL, map[string]float64{"sglang:num_prefill_prealloc_queue_reqs": 1})
+	// The leg joins the queue just after its headers went out.
+	waitFor(t, "the leg in the bootstrap queue", func() bool {
+		return gaugeOf(t, scrape(t, ps.URL), "sglang:num_prefill_prealloc_queue_reqs") == 1
+	})
 	if code, b := post(t, ds.URL+"/v1/completions", strings.Replace(leg, `"stream":true`, `"stream":false`, 1)); code != http.StatusOK {
 		t.Fatalf("decode leg: got %d %s", code, b)
 	}

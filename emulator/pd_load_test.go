@@ -103,20 +103,7 @@ func TestPDDecodePullCountsWaiting(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.flavor, func(t *testing.T) {
-			arrived, release := make(chan struct{}, 1), make(chan struct{})
-			side := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-				arrived <- struct{}{}
-				select {
-				case <-release:
-				case <-r.Context().Done():
-					return
-				}
-				_ = json.NewEncoder(w).Encode(PullResponse{EngineID: "p"})
-			}))
-			defer side.Close()
-			var once sync.Once
-			unblock := func() { once.Do(func() { close(release) }) }
-			defer unblock()
+			side, arrived, unblock := heldPull(t, "p")
 			host, port := splitHostPort(t, side.URL)
 			_, ds := testServer(t, Config{Role: kvroute.RoleDecode, PDProtocol: tt.protocol, MetricsFlavor: tt.flavor,
 				LoadFailure: LoadFailureFail})
@@ -300,4 +287,27 @@ func TestPDInflightLeaseEnds(t *testing.T) {
 		}
 		checkGauges(t, "after both legs", ps.URL, map[string]float64{bootstrap: 0, inflight: 0, usage: 0})
 	})
+}
+
+// heldPull starts another prefill engine's side channel that answers each
+// KV pull (as engine engineID, with no blocks) only once the test calls
+// release: arrived receives a value as each pull arrives. The server
+// closes, and release is called, when the test ends.
+func heldPull(t *testing.T, engineID string) (side *httptest.Server, arrived <-chan struct{}, release func()) {
+	t.Helper()
+	in, held := make(chan struct{}, 1), make(chan struct{})
+	side = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		in <- struct{}{}
+		select {
+		case <-held:
+		case <-r.Context().Done():
+			return
+		}
+		_ = json.NewEncoder(w).Encode(PullResponse{EngineID: engineID})
+	}))
+	var once sync.Once
+	release = func() { once.Do(func() { close(held) }) }
+	t.Cleanup(side.Close)
+	t.Cleanup(release) // runs first: a held pull answers, and the server can close
+	return side, in, release
 }

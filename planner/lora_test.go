@@ -199,22 +199,7 @@ func TestPlanAdapters(t *testing.T) {
 // TestPlanAdaptersDeterministic: a plan with adapters is the same for the
 // same seed, whatever the simulations run at once.
 func TestPlanAdaptersDeterministic(t *testing.T) {
-	enc := func(parallel int) []byte {
-		in := adapterInput(t, 4, 2)
-		in.Parallel = parallel
-		res, err := Plan(t.Context(), in)
-		if err != nil {
-			t.Fatal(err)
-		}
-		var b bytes.Buffer
-		if err := res.WriteJSON(&b); err != nil {
-			t.Fatal(err)
-		}
-		return b.Bytes()
-	}
-	if a, b := enc(1), enc(3); !bytes.Equal(a, b) {
-		t.Error("two plans with adapters and the same seed differ (1 and 3 simulations at once)")
-	}
+	checkParallelSame(t, func() Input { return adapterInput(t, 4, 2) }, 3)
 }
 
 // TestSlotBookWait works the analytical replay's slot waits by hand. At

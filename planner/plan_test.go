@@ -343,8 +343,15 @@ func TestPlanMonotone(t *testing.T) {
 }
 
 func TestPlanDeterministic(t *testing.T) {
+	checkParallelSame(t, func() Input { return smallInput(t, 60) }, 4)
+}
+
+// checkParallelSame plans mk's input with one simulation at a time and
+// with parallel at once, and fails unless the two plans' JSON is the same.
+func checkParallelSame(t *testing.T, mk func() Input, parallel int) {
+	t.Helper()
 	enc := func(parallel int) []byte {
-		in := smallInput(t, 60)
+		in := mk()
 		in.Parallel = parallel
 		res, err := Plan(t.Context(), in)
 		if err != nil {
@@ -356,8 +363,8 @@ func TestPlanDeterministic(t *testing.T) {
 		}
 		return b.Bytes()
 	}
-	if a, b := enc(1), enc(4); !bytes.Equal(a, b) {
-		t.Error("two plans with the same seed differ (1 and 4 simulations at once)")
+	if a, b := enc(1), enc(parallel); !bytes.Equal(a, b) {
+		t.Errorf("two plans with the same seed differ (1 and %d simulations at once)", parallel)
 	}
 }
 

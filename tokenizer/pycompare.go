@@ -392,29 +392,9 @@ func (p *cmpParser) expression(b *strings.Builder, condexpr bool) bool {
 	return true
 }
 
-func (p *cmpParser) or(b *strings.Builder) bool {
-	if !p.and(b) {
-		return false
-	}
-	for p.expect(b, "or") {
-		if !p.and(b) {
-			return false
-		}
-	}
-	return true
-}
+func (p *cmpParser) or(b *strings.Builder) bool { return p.binary(b, p.and, "or") }
 
-func (p *cmpParser) and(b *strings.Builder) bool {
-	if !p.not(b) {
-		return false
-	}
-	for p.expect(b, "and") {
-		if !p.not(b) {
-			return false
-		}
-	}
-	return true
-}
+func (p *cmpParser) and(b *strings.Builder) bool { return p.binary(b, p.not, "and") }
 
 func (p *cmpParser) not(b *strings.Builder) bool {
 	if p.expect(b, "not") {
