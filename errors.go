@@ -51,6 +51,15 @@ func StatusOf(err error) int {
 	return http.StatusInternalServerError
 }
 
+// EndpointFailure reports whether an engine's response status (or the
+// code of the error event that ended its stream) is the endpoint's
+// failure, for passive health and retries: 5xx except 501 Not
+// Implemented and 505, which say the request, not the endpoint, is at
+// fault.
+func EndpointFailure(status int) bool {
+	return status >= 500 && status != http.StatusNotImplemented && status != http.StatusHTTPVersionNotSupported
+}
+
 // HeaderErrorSource is set to ErrorSourceUpstream on an error response
 // (status 400 and up) that an engine sent and the router passes through
 // unchanged, such as an engine's 404 for a model it does not serve under

@@ -150,7 +150,10 @@
 // it), and an answer counts as its success only once it has ended whole
 // (or its client left, or the drain deadline came), so an engine whose
 // streams all break midway is ejected like one that fails before its
-// first byte.
+// first byte. A stream passed on whole that ends with the engine's own
+// error event under a 5xx code (vLLM's 500 for a request its engine
+// failed after the 200) counts as its failure too; one with a 4xx code,
+// a request it refused, as its success.
 //
 // Data-parallel endpoints (vLLM --data-parallel-size, SGLang DP
 // attention: each rank an endpoint of its own, kvroute.Endpoint

@@ -1188,6 +1188,9 @@ func (x *exchange) stream(a *answer, f *router.Flight) {
 	// cached.
 	var usage openai.UsageTail
 	readUsage := !x.res.Disaggregated && resp.StatusCode == http.StatusOK
+	// A 200 stream's end also tells whether it ended with the engine's
+	// own error event (streamHealth).
+	keepTail := readUsage || sse && resp.StatusCode == http.StatusOK
 	var streamErr error
 	clientErr := false   // the write to the client failed, not the engine
 	n, err := a.n, a.err // the first bytes, read by begin
@@ -1195,7 +1198,7 @@ func (x *exchange) stream(a *answer, f *router.Flight) {
 		if n > 0 {
 			tail.Add(buf[:n])
 			a.head.Add(buf[:n])
-			if readUsage {
+			if keepTail {
 				usage.Add(buf[:n])
 			}
 			if _, werr := x.w.Write(buf[:n]); werr != nil {
@@ -1246,7 +1249,12 @@ func (x *exchange) stream(a *answer, f *router.Flight) {
 		quiet.Waiting(false)
 	}
 	failed := streamErr != nil
-	x.streamHealth(a, f, failed && !clientErr)
+	serverErr := false
+	if !failed && keepTail && sse {
+		code, ok := openai.EndsWithErrorEvent(usage.Bytes())
+		serverErr = ok && kvroute.EndpointFailure(code)
+	}
+	x.streamHealth(a, f, failed && !clientErr, serverErr)
 	if failed {
 		x.res.Abort = !sse
 		x.res.Err = fmt.Errorf("disagg: stream from %s: %w", f.Endpoint.ID, streamErr)
@@ -1281,9 +1289,14 @@ func (x *exchange) stream(a *answer, f *router.Flight) {
 // every stream broke midway was never ejected. broke is a failure reading
 // the engine's answer after its first byte: the endpoint's failure, unless
 // the leg was cancelled by another leg failing (SGLang's prefill), which
-// says nothing of this engine.
-func (x *exchange) streamHealth(a *answer, f *router.Flight, broke bool) {
+// says nothing of this engine. serverErr is a stream passed on whole that
+// ended with the engine's own error event under a 5xx code
+// (openai.EndsWithErrorEvent: vLLM's 500 for a request its engine failed
+// after the 200): the endpoint's failure, as on the aggregated path.
+func (x *exchange) streamHealth(a *answer, f *router.Flight, broke, serverErr bool) {
 	switch {
+	case serverErr:
+		x.report(f, false)
 	case !broke || x.ctx.Err() != nil:
 		x.report(f, true)
 	case a.quiet.Fired():

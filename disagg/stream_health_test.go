@@ -94,6 +94,43 @@ func TestPDStreamsBrokenMidwayEject(t *testing.T) {
 	}
 }
 
+// TestPDStreamsEndingInServerErrorEject: a decode engine (or one running
+// requests whole) whose streams end with its own error event under a 5xx
+// code (vLLM's 500 for a request its engine failed after the 200) is
+// passively ejected after fail_threshold of them in a row, as on the
+// aggregated path (proxy's TestStreamsEndingInServerErrorEject); one whose
+// streams end with a 400 event, requests it refused, is not.
+func TestPDStreamsEndingInServerErrorEject(t *testing.T) {
+	for _, tc := range []struct {
+		code       int
+		aggregated bool
+		ejections  int
+	}{{500, false, 1}, {500, true, 1}, {400, false, 0}, {400, true, 0}} {
+		t.Run(fmt.Sprintf("%d aggregated=%v", tc.code, tc.aggregated), func(t *testing.T) {
+			event := fmt.Sprintf(`data: {"error":{"message":"x","type":"InternalServerError","param":null,"code":%d}}`, tc.code) +
+				"\n\ndata: [DONE]\n\n"
+			d := fake(t, func(w http.ResponseWriter, r *http.Request) {
+				w.Header().Set("Content-Type", "text/event-stream")
+				fmt.Fprint(w, "data: {\"n\":0}\n\n"+event)
+			})
+			eps := []kvroute.Endpoint{endpoint("d", d.URL, kvroute.RoleBoth)}
+			if !tc.aggregated {
+				p := emu(t, kvroute.RolePrefill, emulator.PDNixl)
+				eps = []kvroute.Endpoint{endpoint("p", p.URL, kvroute.RolePrefill), endpoint("d", d.URL, kvroute.RoleDecode)}
+			}
+			h, r := healthPD(t, eps...)
+			for i := range 2 {
+				if res, got := serveStream(t, h); res.Decode != "d" || !strings.HasSuffix(got, event) {
+					t.Fatalf("request %d: got decode %q, body %q; want d's stream passed on whole", i, res.Decode, got)
+				}
+			}
+			if n := ejections(t, r, "d"); n != tc.ejections {
+				t.Errorf("ejections of d: got %d, want %d", n, tc.ejections)
+			}
+		})
+	}
+}
+
 // TestPDWholeStreamsKeepHealth: a whole answer is the endpoint's success,
 // which resets its consecutive failures: a broken stream, a whole one,
 // then a broken one again do not eject it (fail_threshold 2).

@@ -33,7 +33,10 @@
 // (router.fail_threshold consecutive failures eject it), and a response
 // counts as the endpoint's success only once it has ended whole, so an
 // engine whose streams all break midway is ejected like one that fails
-// before its first byte.
+// before its first byte. So does a stream that ends with the engine's own
+// error event under a 5xx code (openai.EndsWithErrorEvent: vLLM's 500 for
+// a request its engine failed after the 200); one with a 4xx code, a
+// request the engine refused after its 200, counts as its success.
 // With timeouts.upstream_header set, it bounds both the wait for an
 // engine's response headers (504, not retried) and each silence of the
 // response after them: a wait for the first byte as long is answered 504,

@@ -263,7 +263,7 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 		inflight.Dec()
 		// Any error answer is a failed outcome (its first byte is no first
 		// token), though only some are the endpoint's failure for passive
-		// health (countsAsFailure): a prompt over the context length is
+		// health (kvroute.EndpointFailure): a prompt over the context length is
 		// vLLM's 400, at once. So is a stream that opens with an error
 		// event, an error the engine met after its 200 (SGLang's refusal
 		// of an adapter it does not serve, an engine error before the
@@ -286,8 +286,9 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 		}
 		if x.flowing && x.streamErr == nil {
 			// Passed on whole (or until its client left, or the drain
-			// deadline): the endpoint served it.
-			x.reportHealth(p.now(), true)
+			// deadline): the endpoint served it, unless it ended with the
+			// engine's own error event for a failure of its own.
+			x.reportHealth(p.now(), !x.endedWithServerError())
 		}
 		x.pool.router.Done(p.now(), f, o)
 		if x.status == http.StatusNotFound && x.fromUpstream(x.status) {
@@ -328,6 +329,21 @@ func (x *exchange) firstByte(now time.Time) {
 	x.firstByteAt = now
 	x.pool.router.FirstToken(now, x.flight)
 	x.up.ttfb.Observe(now.Sub(x.attemptAt).Seconds())
+}
+
+// endedWithServerError reports whether a 200 stream ended with an error
+// event whose code is the endpoint's failure (kvroute.EndpointFailure): vLLM's
+// 500 for a request its engine failed after the response began
+// (finish_reason "error"), before or after tokens. A 400 event, a
+// request the engine refused (SGLang's adapter it does not serve), is
+// not the endpoint's fault. Nor is the router's own event that ends a
+// stream at the drain deadline (shutdown).
+func (x *exchange) endedWithServerError() bool {
+	if !x.req.Stream || x.status != http.StatusOK || x.shutdown {
+		return false
+	}
+	code, ok := openai.EndsWithErrorEvent(x.tail.Bytes())
+	return ok && kvroute.EndpointFailure(code)
 }
 
 // reportHealth feeds passive health and counts ejections. An attempt on an

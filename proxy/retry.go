@@ -2,7 +2,6 @@ package proxy
 
 import (
 	"errors"
-	"net/http"
 )
 
 // errRetry is returned by modifyResponse for a 5xx, or a response that
@@ -34,13 +33,6 @@ func (r retryReason) String() string {
 		return "endpoint_removed"
 	}
 	return "none"
-}
-
-// countsAsFailure reports whether a response status is the endpoint's
-// failure for passive health and retries: 5xx except 501 Not Implemented
-// and 505, which say the request, not the endpoint, is at fault.
-func countsAsFailure(status int) bool {
-	return status >= 500 && status != http.StatusNotImplemented && status != http.StatusHTTPVersionNotSupported
 }
 
 // canRetry reports whether this exchange may try another endpoint after

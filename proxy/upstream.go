@@ -189,7 +189,7 @@ func (p *Proxy) modifyResponse(resp *http.Response) error {
 	now := p.now()
 	x.status = resp.StatusCode
 	x.stall.Arm()
-	if countsAsFailure(resp.StatusCode) {
+	if kvroute.EndpointFailure(resp.StatusCode) {
 		x.reportHealth(now, false)
 		// One byte over the bound says the body is not whole.
 		body, err := io.ReadAll(io.LimitReader(silence.Reader(resp.Body, x.stall), maxSavedBody+1))
