@@ -31,11 +31,15 @@ func EndsWithErrorEvent(tail []byte) (status int, ok bool) {
 		if !isData {
 			continue // a comment or another field
 		}
-		if lines > 0 {
-			data = append(data, '\n')
+		v = bytes.TrimPrefix(v, []byte(" "))
+		switch lines++; lines {
+		case 1:
+			data = v // one line, the usual event: no copy
+		case 2:
+			data = append(append(append([]byte(nil), data...), '\n'), v...)
+		default:
+			data = append(append(data, '\n'), v...)
 		}
-		lines++
-		data = append(data, bytes.TrimPrefix(v, []byte(" "))...)
 	}
 	// Nothing but an error event has this member: a chunk's text
 	// containing "error" is inside a string, with its quotes escaped.

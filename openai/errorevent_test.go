@@ -104,3 +104,19 @@ func FuzzEndsWithErrorEvent(f *testing.F) {
 		}
 	})
 }
+
+// BenchmarkEndsWithErrorEvent: the check every stream passed on whole
+// gets at its end, on a usual stream's tail (a usage chunk, then [DONE]).
+func BenchmarkEndsWithErrorEvent(b *testing.B) {
+	var tail UsageTail
+	for range 20 {
+		tail.Add([]byte(`data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[{"index":0,"text":" tok","logprobs":null,"finish_reason":null}]}` + "\n\n"))
+	}
+	tail.Add([]byte(`data: {"id":"cmpl-1","object":"text_completion","created":1,"model":"m","choices":[],"usage":{"prompt_tokens":512,"total_tokens":612,"completion_tokens":100,"prompt_tokens_details":{"cached_tokens":256}}}` + "\n\ndata: [DONE]\n\n"))
+	b.ReportAllocs()
+	for b.Loop() {
+		if _, ok := EndsWithErrorEvent(tail.Bytes()); ok {
+			b.Fatal("an error event")
+		}
+	}
+}
