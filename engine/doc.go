@@ -70,7 +70,8 @@
 //
 // A prefill leg (Request.HoldKV) keeps its blocks when it finishes, until
 // Release. A decode leg whose KV the driver moves itself
-// (Request.RemoteKV, the emulator's) is scheduled as vLLM's scheduler
+// (Request.RemoteKV, the emulator's; of any length: the driver decides
+// whether a prompt shorter than a block moves) is scheduled as vLLM's scheduler
 // schedules a request its KV connector loads asynchronously: admitted in
 // FCFS order like any waiting request (while the budget and max_num_seqs
 // allow, though it takes neither), it takes its prefix-cache hit and

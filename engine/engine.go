@@ -99,9 +99,11 @@ type Request struct {
 	// waiting request) it takes its prefix-cache hit and blocks for the
 	// rest of its prompt, which it holds while it waits for its KV,
 	// counted as waiting; the step's StepResult.Loads reports it, and the
-	// driver ends the wait with LoadedKV. A prompt shorter than one block
-	// has no KV to move: it is computed as usual. It takes precedence over
-	// SkipPrefill.
+	// driver ends the wait with LoadedKV. Any prompt, however short: the
+	// driver decides whose KV moves (vLLM's NixlConnector moves none of a
+	// prompt shorter than one block, which the emulator then does not
+	// mark RemoteKV; SGLang moves a short prompt's partial page too). It
+	// takes precedence over SkipPrefill.
 	RemoteKV bool
 	// CacheSalt is vLLM's cache_salt: the extra key of the prompt's first
 	// block's hash (HashFunc.Salted), so that requests with different salts,
@@ -711,7 +713,7 @@ func (e *Engine) Add(now time.Duration, r *Request) error {
 		e.loraSeqs++
 	}
 	s, spare := e.newSequence()
-	remote := r.RemoteKV && n >= e.bs // a shorter prompt has no block to move
+	remote := r.RemoteKV
 	*s = sequence{
 		id: r.ID, promptLen: int32(n), maxTokens: int32(maxTok), seed: r.Seed, skipPrefill: r.SkipPrefill && !remote, holdKV: r.HoldKV,
 		numTokens: n, arrival: now, remote: remote, lora: lora,

@@ -328,15 +328,25 @@ func TestRemoteKVKeepsDecodeRuns(t *testing.T) {
 	d.run()
 }
 
-// TestRemoteKVShortPrompt: a prompt shorter than a block has no KV to
-// move: it is computed as usual.
+// TestRemoteKVShortPrompt: a prompt shorter than a block is loaded as any
+// other when the driver marks it RemoteKV (SGLang moves a short prompt's
+// partial page; the emulator marks no such vLLM decode leg): admitted, it
+// holds its one block and waits for its KV, then computes its last token.
 func TestRemoteKVShortPrompt(t *testing.T) {
 	e := mustEngine(t, "tiny", nil)
 	d := newDriver(t, e)
 	d.add(&Request{ID: "d", Prompt: tokens(1, 10), MaxTokens: 2, RemoteKV: true})
 	r := d.step()
-	if len(r.Loads) != 0 || r.Batch.PrefillTokens != 10 {
-		t.Fatalf("loads %+v, batch %+v; want the prompt computed", r.Loads, r.Batch)
+	if want := []KVLoad{{ID: "d", ExternalTokens: 10}}; !slices.Equal(r.Loads, want) || r.Batch.PrefillTokens != 0 {
+		t.Fatalf("loads %+v, batch %+v; want %+v, nothing computed", r.Loads, r.Batch, want)
+	}
+	if st := e.Stats(); st.Loading != 1 || st.FreeBlocks != 63 {
+		t.Fatalf("while its KV arrives: %+v; want it loading, holding 1 block", st)
+	}
+	e.LoadedKV("d", true)
+	r = d.step()
+	if r.Batch.PrefillTokens != 1 || len(r.Outputs) != 1 || r.Outputs[0].CachedTokens != 9 {
+		t.Fatalf("after its KV arrived: batch %+v, outputs %+v; want its last token computed, 9 cached", r.Batch, r.Outputs)
 	}
 	d.run()
 }
