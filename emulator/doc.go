@@ -349,9 +349,13 @@
 // connector loads (engine.Request.RemoteKV): admitted in FCFS order, it
 // takes its local prefix-cache hit and KV blocks for its whole prompt, or
 // waits, queued, until they fit; only then does its handler pull the KV
-// (the transfer time of the tokens past the local hit, or of the whole
-// prompt in the SGLang form), while the engine holds the blocks and counts
-// the request waiting. When the KV arrived the received full blocks are
+// (the transfer time of the tokens past the local hit; in the SGLang form,
+// of the whole prompt in whole pages, the engine's blocks, the last one
+// partial or not, as SGLang's transfer engine moves a page's bytes per
+// page), while the engine holds the blocks and counts the request
+// waiting. With NixlConnector a prompt shorter than a block is computed
+// locally, with no pull, as vLLM moves no KV for it; SGLang moves it (a
+// partial page). When the KV arrived the received full blocks are
 // cached (BlockStored events, as vLLM's _update_waiting_for_remote_kv
 // caches them) and the request computes its last prompt token, then
 // decodes (usage cached_tokens: the prompt less that token). A client that
@@ -393,8 +397,9 @@
 // already has its blocks freed at once (Server.endRoom), as do a leg's
 // whose pull left meanwhile. So a decode leg the decode engine refused
 // (SGLang's decode engine tells the prefill engine nothing then) costs
-// the prefill engine no compute and no blocks. A prompt shorter than a
-// block, whose KV no decode engine pulls, waits for no bootstrap. An SGLang
+// the prefill engine no compute and no blocks. Every leg waits for its
+// bootstrap, a prompt shorter than a block too, as SGLang's
+// PrefillBootstrapQueue takes every request whatever its length. An SGLang
 // engine addresses a LoRA adapter as SGLang does: "model" as
 // "<base>:<adapter>", else the body's lora_path; it does not check the
 // model name (a "model" naming an adapter alone is the base model's
@@ -407,14 +412,13 @@
 // adapter inside the response's generator: a 200 whose stream is that
 // ErrorResponse under "error" in Python's json.dumps form (data: {"error":
 // {"object": "error", ...}}) and data: [DONE]; each engine keys the
-// prompt's blocks with the adapter, as in vLLM's form. A prompt shorter than a
-// block is computed locally, with no pull. A decode engine whose pull
-// fails fails the request with a 500 (Config.LoadFailure "fail", the
-// default, as vLLM's kv_load_failure_policy; the engine aborts it) or
-// recomputes the prompt locally with a warning ("recompute": past its
-// local prefix-cache hit, into the blocks it holds, as vLLM truncates the
-// computed tokens at the first block that failed; with no local hit the
-// blocks are freed and the request admitted again).
+// prompt's blocks with the adapter, as in vLLM's form. A decode engine
+// whose pull fails fails the request with a 500 (Config.LoadFailure
+// "fail", the default, as vLLM's kv_load_failure_policy; the engine aborts
+// it) or recomputes the prompt locally with a warning ("recompute": past
+// its local prefix-cache hit, into the blocks it holds, as vLLM truncates
+// the computed tokens at the first block that failed; with no local hit
+// the blocks are freed and the request admitted again).
 //
 // The Server's methods are safe for concurrent use.
 package emulator

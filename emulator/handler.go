@@ -137,7 +137,7 @@ type job struct {
 	hdr         openai.ChunkHeader
 	kvPrefill   bool      // P/D prefill leg: return kv_transfer_params
 	peerBy      time.Time // SGLang prefill leg: the end of its wait for the decode engine's bootstrap (awaitBootstrap); zero for others
-	room        *lease    // SGLang prefill leg: its room (awaitBootstrap; endRoom), nil for a prompt shorter than a block
+	room        *lease    // SGLang prefill leg: its room (awaitBootstrap; endRoom)
 	streaming   bool      // the stream's status and headers were sent (startStream): an SGLang prefill leg's, before its bootstrap
 	remoteID    string    // P/D prefill leg: remote_request_id
 	pull        *pullJob  // P/D decode leg: its KV's pull (awaitPull)

@@ -172,9 +172,8 @@ type pullJob struct {
 	host string
 	port int
 	pr   PullRequest
-	// local: only the tokens past this engine's prefix-cache hit move
-	// (vLLM's NixlConnector); else the whole prompt (SGLang).
-	local bool
+	// nixl: vLLM's NixlConnector form; else SGLang's bootstrap form.
+	nixl bool
 }
 
 // pullForDecode makes j a decode leg whose prompt KV is pulled from the
@@ -183,24 +182,43 @@ type pullJob struct {
 // for its whole prompt, and holds them, counted as waiting, while its
 // handler pulls the KV (awaitPull), as vLLM's scheduler holds a
 // do_remote_prefill request in WAITING_FOR_REMOTE_KVS with its blocks
-// allocated until its connector received the KV. A prompt shorter than a
-// block is computed locally: vLLM moves no KV for it.
-func (s *Server) pullForDecode(j *job, ereq *engine.Request, host string, port int, pr PullRequest, local bool) {
-	if len(j.prompt) < s.prof.BlockSize {
+// allocated until its connector received the KV, and SGLang's decode
+// engine pre-allocates a request's KV before it receives it
+// (DecodePreallocQueue). With NixlConnector a prompt shorter than a block
+// is computed locally: vLLM moves no KV for it. SGLang moves every
+// prompt's KV, a short one's partial page too (its prefill engine sends
+// kv_to_page_num pages of the prompt, the last one partial), so a short
+// prompt is pulled as any.
+func (s *Server) pullForDecode(j *job, ereq *engine.Request, host string, port int, pr PullRequest, nixl bool) {
+	if nixl && len(j.prompt) < s.prof.BlockSize {
 		return
 	}
 	pr.EngineID = s.cfg.EngineID
 	ereq.RemoteKV = true
-	j.pull = &pullJob{host: host, port: port, pr: pr, local: local}
+	j.pull = &pullJob{host: host, port: port, pr: pr, nixl: nixl}
 	j.st.loads = make(chan engine.KVLoad, 1)
+}
+
+// pulledTokens is how many tokens' KV the pull of a decode leg admitted
+// with load moves, the transfer time's (transferTime). With NixlConnector
+// the tokens past the local prefix-cache hit (get_num_new_matched_tokens
+// is given the scheduler's local hit and _read_blocks reads the rest).
+// With SGLang's protocol the whole prompt in whole pages (the engine's
+// blocks): the prefill engine sends kv_to_page_num of its tokens, each
+// page a whole page's bytes (the transfer engine moves kv_item_lens per
+// page index), the last one partial or not.
+func (s *Server) pulledTokens(p *pullJob, load engine.KVLoad) int {
+	if p.nixl {
+		return load.ExternalTokens
+	}
+	bs := s.prof.BlockSize
+	return (load.LocalTokens + load.ExternalTokens + bs - 1) / bs * bs
 }
 
 // awaitPull runs the pull of j, a decode leg added to the engine: it waits
 // for the engine to admit the request (its blocks allocated:
-// Server.startLoads), pulls the KV it lacks (with NixlConnector only the
-// tokens past the local hit move: get_num_new_matched_tokens is given the
-// scheduler's local hit and _read_blocks reads the rest; the transfer
-// time is theirs) and tells the engine it arrived. A failed pull follows
+// Server.startLoads), pulls the KV it lacks (the transfer time of
+// pulledTokens) and tells the engine it arrived. A failed pull follows
 // LoadFailure: the request is aborted and a 500 error written ("fail",
 // vLLM's kv_load_failure_policy default), or the engine recomputes the
 // prompt, with a warning ("recompute"). It reports whether the handler
@@ -222,11 +240,7 @@ func (s *Server) awaitPull(w http.ResponseWriter, r *http.Request, j *job) bool 
 		return false
 	}
 	p := j.pull
-	tokens := len(j.prompt)
-	if p.local {
-		tokens = load.ExternalTokens
-	}
-	p.pr.TransferSeconds = s.transferTime(tokens).Seconds()
+	p.pr.TransferSeconds = s.transferTime(s.pulledTokens(p, load)).Seconds()
 	left, err := s.pullFor(ctx, j)
 	if left {
 		return false
@@ -261,7 +275,7 @@ func (s *Server) awaitPull(w http.ResponseWriter, r *http.Request, j *job) bool 
 // is off by default).
 func (s *Server) pullFor(ctx context.Context, j *job) (left bool, err error) {
 	p := j.pull
-	if !p.local {
+	if !p.nixl {
 		_, err = s.pull(ctx, p.host, p.port, p.pr)
 		if ctx.Err() != nil {
 			s.abortPulled(j, false)
@@ -294,7 +308,7 @@ func (s *Server) pullFor(ctx context.Context, j *job) (left bool, err error) {
 // message before its transfer starts: the prefill engine's lease expires.
 func (s *Server) releaseRemote(ctx context.Context, j *job) {
 	p := j.pull
-	if p == nil || !p.local {
+	if p == nil || !p.nixl {
 		return
 	}
 	pr := p.pr
@@ -375,10 +389,12 @@ func (s *Server) rejectedRemote(w http.ResponseWriter, rr *remoteRelease) {
 // put in the scheduler's waiting queue. Here the decode engine's pull,
 // which it makes once its engine admitted the leg with its blocks
 // (Server.awaitPull), is that message: it bootstraps the room
-// (leaseTable.take), whether it comes before or after the prefill leg. A
-// prompt shorter than a block waits for nothing (the decode engine pulls
-// no KV for it). The wait is bounded by BootstrapTimeout from the leg's
-// arrival: then the leg fails with SGLang's 500, its KV sender's
+// (leaseTable.take), whether it comes before or after the prefill leg.
+// Every leg waits, however short its prompt: SGLang puts every request of
+// a prefill engine in its bootstrap queue (PrefillBootstrapQueue.add has
+// no length test), and its decode engine pulls a short prompt's partial
+// page as any (pullForDecode). The wait is bounded by BootstrapTimeout
+// from the leg's arrival: then the leg fails with SGLang's 500, its KV sender's
 // KVTransferError "Request <room> timed out after <s>s in
 // KVPoll.Bootstrapping" (the decode engine never came: it refused its
 // leg, for an adapter it does not serve say, and SGLang's decode engine
@@ -392,9 +408,6 @@ func (s *Server) rejectedRemote(w http.ResponseWriter, rr *remoteRelease) {
 // false when the client left (nothing to write) or with aerr to write.
 // Once it returned true, the handler owes endRoom.
 func (s *Server) awaitBootstrap(r *http.Request, j *job) (ok bool, aerr *apiError) {
-	if len(j.prompt) < s.prof.BlockSize {
-		return true, nil
-	}
 	key := j.st.leaseKey
 	t := &s.leases
 	t.mu.Lock()
@@ -448,9 +461,8 @@ func (s *Server) awaitBootstrap(r *http.Request, j *job) (ok bool, aerr *apiErro
 
 // awaitPeer holds j, an SGLang prefill leg whose request finished, until
 // the decode engine took its room's KV, as SGLang's prefill engine returns
-// a request from its inflight queue only once the KV transfer ended; a
-// prompt shorter than a block holds none (grantLease) and answers at once.
-// The decode engine bootstrapped the room before the leg was computed
+// a request from its inflight queue only once the KV transfer ended, a
+// short prompt's as any. The decode engine bootstrapped the room before the leg was computed
 // (awaitBootstrap) and waits for the KV: the lease ends when it pulled
 // it, or when the pull left (grantLease), or at LeaseTimeout. A client
 // that leaves makes the handler return, and its endRoom frees the blocks
@@ -579,19 +591,20 @@ func (s *Server) kvTransferParams(j *job) map[string]any {
 	}
 }
 
-// grantLease is called by the loop when a HoldKV request finished. A
-// prompt shorter than one block is not held: no decode engine pulls it
-// (pullForDecode recomputes it), so its blocks are freed at once, as
-// vLLM's NixlConnector frees them ("If prompt < block_size, no xfer so
-// free blocks immediately"). An SGLang leg's room was made when it
-// arrived (awaitBootstrap): when its leg or its pull left since, the
-// blocks are freed at once.
+// grantLease is called by the loop when a HoldKV request finished. With
+// NixlConnector a prompt shorter than one block is not held: no decode
+// engine pulls it (pullForDecode recomputes it), so its blocks are freed
+// at once, as vLLM's NixlConnector frees them ("If prompt < block_size,
+// no xfer so free blocks immediately"). An SGLang leg's KV is held
+// whatever its length, its decode engine pulling a partial page too. An
+// SGLang leg's room was made when it arrived (awaitBootstrap): when its
+// leg or its pull left since, the blocks are freed at once.
 func (s *Server) grantLease(st *stream, promptTokens int, blockIDs []int) {
-	if promptTokens < s.prof.BlockSize {
+	key := st.leaseKey
+	if !isRoomKey(key) && promptTokens < s.prof.BlockSize {
 		_ = s.post(command{kind: cmdRelease, id: st.id})
 		return
 	}
-	key := st.leaseKey
 	t := &s.leases
 	t.mu.Lock()
 	l := t.m[key]

@@ -98,7 +98,9 @@ bootstrap queue (sglang:num_prefill_prealloc_queue_reqs), not computed, until
 the decode engine has taken its decode leg with KV blocks for the prompt and
 bootstrapped the room (its pull), computes it then, and answers once the
 decode engine took the KV; after --bootstrap-timeout in the bootstrap queue it
-fails with SGLang's 500 (KVPoll.Bootstrapping). There a
+fails with SGLang's 500 (KVPoll.Bootstrapping). Every prompt goes through the
+bootstrap queue and moves its KV, one shorter than a block too (its partial
+page), in whole pages (blocks). There a
 request names a LoRA adapter as SGLang reads one: model <base>:<adapter>, or
 lora_path; one the engine does not serve gets SGLang's 400 ("The following
 requested LoRA adapters are not loaded: ..."), which a streamed request gets
