@@ -87,6 +87,21 @@ type Config struct {
 	// decode engine pre-allocated its KV, and answers it once its KV went
 	// there. Default 300 s, SGLang's; only with PDProtocol PDSGLang.
 	BootstrapTimeout time.Duration
+	// DisaggregationDecodeEnableRadixCache is SGLang's
+	// --disaggregation-decode-enable-radix-cache (SGLang PR #19746, merged
+	// 2026-05-01; off by default, "EXPERIMENTAL" in its log): an SGLang
+	// decode engine keeps a prefix cache, matches each decode leg's prompt
+	// in it when it pre-allocates the leg (whole pages), and tells the
+	// prefill engine that prefix's length (decode_prefix_len), whose KV
+	// the prefill engine then does not send: the pull moves only the pages
+	// past it (Server.pulledTokens). Without it (the default) SGLang
+	// forces a decode engine's cache to a chunk cache ("KV cache is forced
+	// as chunk cache for decode server"): the emulated decode engine then
+	// runs without prefix caching (no hit, no cached block, no KV event;
+	// engine.Config.DisablePrefixCaching), and every pull moves the whole
+	// prompt. Only with PDProtocol PDSGLang; it changes nothing on a
+	// prefill engine, as in SGLang.
+	DisaggregationDecodeEnableRadixCache bool
 	// AdvertiseHost and AdvertisePort are the side-channel address put in
 	// kv_transfer_params (remote_host, remote_port): this server's own
 	// listen address. Default 127.0.0.1 and 0 (set it).
@@ -225,6 +240,8 @@ func (c *Config) validate() error {
 	}
 	if c.PDProtocol != PDNixl && c.PDProtocol != PDSGLang {
 		errs = append(errs, fmt.Errorf("emulator: PDProtocol %q is not nixl or sglang", c.PDProtocol))
+	} else if c.DisaggregationDecodeEnableRadixCache && c.PDProtocol != PDSGLang {
+		errs = append(errs, fmt.Errorf("emulator: DisaggregationDecodeEnableRadixCache needs PDProtocol %s (it is SGLang's)", PDSGLang))
 	}
 	if c.LoadFailure != LoadFailureRecompute && c.LoadFailure != LoadFailureFail {
 		errs = append(errs, fmt.Errorf("emulator: LoadFailure %q is not recompute or fail", c.LoadFailure))

@@ -350,16 +350,31 @@
 // takes its local prefix-cache hit and KV blocks for its whole prompt, or
 // waits, queued, until they fit; only then does its handler pull the KV
 // (the transfer time of the tokens past the local hit; in the SGLang form,
-// of the whole prompt in whole pages, the engine's blocks, the last one
-// partial or not, as SGLang's transfer engine moves a page's bytes per
-// page), while the engine holds the blocks and counts the request
-// waiting. With NixlConnector a prompt shorter than a block is computed
-// locally, with no pull, as vLLM moves no KV for it; SGLang moves it (a
-// partial page). When the KV arrived the received full blocks are
-// cached (BlockStored events, as vLLM's _update_waiting_for_remote_kv
-// caches them) and the request computes its last prompt token, then
-// decodes (usage cached_tokens: the prompt less that token). A client that
-// leaves before the pull starts aborts the request, and with NixlConnector
+// of whole pages, the engine's blocks, the last one partial or not, as
+// SGLang's transfer engine moves a page's bytes per page), while the
+// engine holds the blocks and counts the request waiting. With
+// NixlConnector a prompt shorter than a block is computed locally, with no
+// pull, as vLLM moves no KV for it; SGLang moves it (a partial page). An
+// SGLang decode engine has no prefix cache (SGLang forces a decode
+// engine's to a chunk cache: no hit, no cached block, no KV event), so it
+// pulls every prompt whole, unless
+// Config.DisaggregationDecodeEnableRadixCache (SGLang's
+// --disaggregation-decode-enable-radix-cache, PR #19746, off by default):
+// it then caches as any engine, and its pull moves only the pages past its
+// local hit, as SGLang's decode engine tells the prefill engine the
+// page-aligned prefix it matched (decode_prefix_len) and the prefill
+// engine sends the pages past it (pop_bootstrapped's start_send_idx). Its
+// local hit, as any, leaves the last prompt token out: a prompt of whole
+// pages all cached moves its last page, where SGLang moves none. No series
+// of SGLang's metrics collector counts that prefix as such (newer SGLang's
+// prefill engines observe the transfer's size,
+// sglang:kv_transfer_total_mb, which this flavour does not have); the
+// emulated decode engine's hit is in its prefix-cache metrics
+// (sglang:cached_tokens_total, sglang:cache_hit_rate). When the KV arrived
+// the received full blocks are cached (BlockStored events, as vLLM's
+// _update_waiting_for_remote_kv caches them) and the request computes its
+// last prompt token, then decodes (usage cached_tokens: the prompt less
+// that token). A client that leaves before the pull starts aborts the request, and with NixlConnector
 // the decode engine tells the prefill engine, which frees the blocks it
 // held for it (as vLLM's worker notifies it of a read of no blocks) rather
 // than when their lease expires; so does a NixlConnector decode leg the

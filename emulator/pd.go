@@ -203,16 +203,20 @@ func (s *Server) pullForDecode(j *job, ereq *engine.Request, host string, port i
 // with load moves, the transfer time's (transferTime). With NixlConnector
 // the tokens past the local prefix-cache hit (get_num_new_matched_tokens
 // is given the scheduler's local hit and _read_blocks reads the rest).
-// With SGLang's protocol the whole prompt in whole pages (the engine's
-// blocks): the prefill engine sends kv_to_page_num of its tokens, each
+// With SGLang's protocol whole pages (the engine's blocks): the prefill
+// engine sends kv_to_page_num of the tokens past decode_prefix_len, each
 // page a whole page's bytes (the transfer engine moves kv_item_lens per
-// page index), the last one partial or not.
+// page index), the last one partial or not. decode_prefix_len is the
+// decode engine's own page-aligned prefix hit with
+// Config.DisaggregationDecodeEnableRadixCache, else 0: without it
+// SGLang's decode engine has no prefix cache (New), and the local hit is
+// none.
 func (s *Server) pulledTokens(p *pullJob, load engine.KVLoad) int {
 	if p.nixl {
 		return load.ExternalTokens
 	}
 	bs := s.prof.BlockSize
-	return (load.LocalTokens + load.ExternalTokens + bs - 1) / bs * bs
+	return (load.ExternalTokens + bs - 1) / bs * bs
 }
 
 // awaitPull runs the pull of j, a decode leg added to the engine: it waits

@@ -159,13 +159,16 @@ func sglangPair(t *testing.T, pURL, dURL, body string, cancelOnDecodeFailure boo
 // as SGLang addresses one (lora_path, or "model" as "<base>:<adapter>"):
 // both legs run the adapter (its blocks keyed with it: the adapter's
 // repeat hits each engine's cache, the base model's request for the
-// same prompt does not, on either engine: the decode engine caches the
-// blocks it pulled under the adapter's keys), and
+// same prompt does not, on either engine: the decode engine, run with
+// SGLang's --disaggregation-decode-enable-radix-cache (without it it has
+// no prefix cache), caches the blocks it pulled under the adapter's keys),
+// and
 // SGLang answers in the request's model as given. A "model" naming the
 // adapter alone is, to SGLang, the base model's request.
 func TestPDSGLangLoRA(t *testing.T) {
 	_, ps := testServer(t, Config{Role: kvroute.RolePrefill, PDProtocol: PDSGLang, LoRA: serving("sql-lora")})
-	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, PDProtocol: PDSGLang, LoRA: serving("sql-lora"), LoadFailure: LoadFailureFail})
+	_, ds := testServer(t, Config{Role: kvroute.RoleDecode, PDProtocol: PDSGLang, LoRA: serving("sql-lora"), LoadFailure: LoadFailureFail,
+		DisaggregationDecodeEnableRadixCache: true})
 	host, port := splitHostPort(t, ps.URL)
 	prompt := strings.Repeat(pdPrompt+" ", 6)
 	hits := func(url string) float64 { return value(scrape(t, url)["vllm:prefix_cache_hits_total"].GetMetric()[0]) }

@@ -3,8 +3,10 @@ package emulator
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/httptest"
+	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -131,4 +133,73 @@ func TestPDSGLangShortPromptPulled(t *testing.T) {
 	if pr := got[0]; pr.BootstrapRoom == nil || *pr.BootstrapRoom != 21 || pr.TransferSeconds != want {
 		t.Errorf("got pull %+v, want room 21 for %v s (one page)", pr, want)
 	}
+}
+
+// TestPDSGLangDecodePrefixLen: with SGLang's
+// --disaggregation-decode-enable-radix-cache a decode engine that caches a
+// conversation's first turn pulls only the pages of the second turn past
+// that cached prefix (decode_prefix_len; the prefill engine's
+// pop_bootstrapped starts sending at it), so its transfer is shorter; a
+// cold decode engine, and one without the flag (SGLang forces its cache to
+// a chunk cache: it keeps no prefix), pull the whole prompt, page by page.
+// The transfers are those of whole pages (blocks): the first turn's 256
+// tokens are 16 pages, the second turn's 356 are 23, of which 7 follow
+// the first turn's 16.
+func TestPDSGLangDecodePrefixLen(t *testing.T) {
+	const first, added = 256, 100
+	prompt := make([]int, first+added)
+	for k := range prompt {
+		prompt[k] = 1 + k%900
+	}
+	for _, tt := range []struct {
+		name  string
+		radix bool
+		pages [2]int  // the pages each turn's pull moves
+		hits  float64 // the decode engine's own prefix-cache hit, in tokens
+	}{
+		{"radix cache", true, [2]int{16, 7}, first},
+		{"chunk cache", false, [2]int{16, 23}, 0},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			side, pulls := recordedPulls(t)
+			s, dhs := testServer(t, Config{Role: kvroute.RoleDecode, PDProtocol: PDSGLang, MetricsFlavor: FlavorSGLang,
+				LoadFailure: LoadFailureFail, DisaggregationDecodeEnableRadixCache: tt.radix})
+			for i, tokens := range [][]int{prompt[:first], prompt} {
+				if code, b := post(t, dhs.URL+"/v1/completions", sglangLeg(t, side.URL, tokens, 30+i, 2)); code != http.StatusOK {
+					t.Fatalf("turn %d: got %d %s", i+1, code, b)
+				}
+			}
+			got := pulls()
+			if len(got) != 2 {
+				t.Fatalf("got %d pulls, want 2: %+v", len(got), got)
+			}
+			bs := s.Profile().BlockSize
+			for i, pr := range got {
+				if want := s.transferTime(tt.pages[i] * bs).Seconds(); pr.TransferSeconds != want {
+					whole := (first + added*i + bs - 1) / bs
+					t.Errorf("turn %d: pulled for %v s, want %v s (%d pages; the whole prompt's %d would take %v s)", i+1,
+						pr.TransferSeconds, want, tt.pages[i], whole, s.transferTime(whole*bs).Seconds())
+				}
+			}
+			// The decode engine's own cache: its hit on the second turn
+			// (sglang:cached_tokens_total{cache_source="device"}), none
+			// without the radix cache.
+			mfs := scrape(t, dhs.URL)
+			if got, ok := sample(mfs, "sglang:cached_tokens_total", map[string]string{"cache_source": "device"}); !ok || got != tt.hits {
+				t.Errorf("got sglang:cached_tokens_total %v (%v), want %v", got, ok, tt.hits)
+			}
+		})
+	}
+
+	t.Run("needs the SGLang protocol", func(t *testing.T) {
+		cfg := Config{Model: "tiny", Engine: tinyEngine(t), Role: kvroute.RoleDecode, DisaggregationDecodeEnableRadixCache: true}
+		s, err := New(cfg)
+		if err == nil {
+			s.Close()
+			t.Fatal("New: got no error for DisaggregationDecodeEnableRadixCache with NixlConnector")
+		}
+		if want := fmt.Sprintf("DisaggregationDecodeEnableRadixCache needs PDProtocol %s", PDSGLang); !strings.Contains(err.Error(), want) {
+			t.Errorf("New: got %v, want %q", err, want)
+		}
+	})
 }

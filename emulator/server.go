@@ -145,6 +145,11 @@ func New(cfg Config) (*Server, error) {
 	// --kv-transfer-config), whose prefix-cache stats every request
 	// records.
 	ec.KVConnector = cfg.Role != kvroute.RoleBoth
+	if cfg.PDProtocol == PDSGLang && cfg.Role == kvroute.RoleDecode && !cfg.DisaggregationDecodeEnableRadixCache {
+		// SGLang's decode engine runs a chunk cache, no radix cache,
+		// unless --disaggregation-decode-enable-radix-cache.
+		ec.DisablePrefixCaching = true
+	}
 	if cfg.LoRA.Enable {
 		ec.MaxLoRAs = cfg.LoRA.MaxLoRAs
 	}

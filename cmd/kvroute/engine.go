@@ -100,7 +100,10 @@ bootstrapped the room (its pull), computes it then, and answers once the
 decode engine took the KV; after --bootstrap-timeout in the bootstrap queue it
 fails with SGLang's 500 (KVPoll.Bootstrapping). Every prompt goes through the
 bootstrap queue and moves its KV, one shorter than a block too (its partial
-page), in whole pages (blocks). There a
+page), in whole pages (blocks). As SGLang's, a decode engine has no prefix
+cache unless --disaggregation-decode-enable-radix-cache, with which it pulls
+only the pages past the prompt's prefix it holds cached (SGLang's
+decode_prefix_len). There a
 request names a LoRA adapter as SGLang reads one: model <base>:<adapter>, or
 lora_path; one the engine does not serve gets SGLang's 400 ("The following
 requested LoRA adapters are not loaded: ..."), which a streamed request gets
@@ -184,6 +187,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		fabricGbps  = fs.Float64("fabric-gbps", 100, "prefill->decode link speed for KV transfers, Gbit/s")
 		setup       = fs.Duration("kv-transfer-setup", 2*time.Millisecond, "fixed cost of one KV transfer")
 		lease       = fs.Duration("kv-lease", 480*time.Second, "how long a prefill engine holds KV for a decode engine (VLLM_NIXL_ABORT_REQUEST_TIMEOUT)")
+		decodeRadix = fs.Bool("disaggregation-decode-enable-radix-cache", false, "SGLang's flag, --pd-protocol sglang, decode side: keep a prefix cache and pull only the KV pages past the prompt's cached prefix (decode_prefix_len); without it, as in SGLang, the decode engine has no prefix cache (a chunk cache) and pulls every prompt's whole KV")
 		bootTimeout = fs.Duration("bootstrap-timeout", 300*time.Second, "--pd-protocol sglang, prefill side: how long a request waits in the prefill engine's bootstrap queue, not computed, for its decode engine to bootstrap its room before it fails with SGLang's 500 (SGLANG_DISAGGREGATION_BOOTSTRAP_TIMEOUT); it answers the request once the decode engine took the KV")
 		loadFailure = fs.String("pd-load-failure", emulator.LoadFailureFail, "decode side, lease missing or expired: fail (500, vLLM's kv_load_failure_policy default) or recompute (warn, prefill locally)")
 		sideListen  = fs.String("side-channel-listen", "", "also serve the P/D side channel on this `address` (like VLLM_NIXL_SIDE_CHANNEL_PORT or SGLang's bootstrap port); it is then the advertised one. With --data-parallel-size N and --pd-protocol nixl, rank r listens on its port + r, as vLLM's ranks do")
@@ -263,7 +267,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		KVEvents: emulator.KVEventsConfig{Endpoint: *evEndpoint, ReplayEndpoint: *evReplay, Topic: *evTopic,
 			Encoding: *evEncoding, BufferSteps: *evBuffer},
 		PDProtocol: *pdProtocol, FabricGbps: *fabricGbps, TransferSetup: *setup, LeaseTimeout: *lease, BootstrapTimeout: *bootTimeout,
-		LoadFailure: *loadFailure, DefaultMaxTokens: *defMaxTok, EOSMean: *eosMean, StreamInterval: *streamIntvl,
+		LoadFailure: *loadFailure, DisaggregationDecodeEnableRadixCache: *decodeRadix, DefaultMaxTokens: *defMaxTok, EOSMean: *eosMean, StreamInterval: *streamIntvl,
 		MaxLogprobs: *maxLogprobs, EnableAutoToolChoice: *autoTools, ExcludeToolsWhenToolChoiceNone: *exclTools, Logger: logger,
 		LoRA: emulator.LoRAConfig{Enable: *enableLoRA, Modules: mods, MaxLoRAs: *maxLoRAs, MaxLoRARank: *maxLoRARank,
 			MaxCPULoRAs: *maxCPULoRAs, RuntimeUpdating: runtimeLoRAUpdating()},
@@ -514,6 +518,9 @@ func checkEngineFlags(fs *flag.FlagSet) error {
 	}
 	if get("kv-events-replay").String() != "" && get("kv-events-endpoint").String() == "" {
 		return errors.New("--kv-events-replay needs --kv-events-endpoint")
+	}
+	if get("disaggregation-decode-enable-radix-cache").String() == "true" && get("pd-protocol").String() != emulator.PDSGLang {
+		return fmt.Errorf("--disaggregation-decode-enable-radix-cache needs --pd-protocol %s (it is SGLang's)", emulator.PDSGLang)
 	}
 	if get("no-slots").String() == "true" && get("metrics-flavor").String() != emulator.FlavorLlamaCpp {
 		return fmt.Errorf("--no-slots needs --metrics-flavor %s (only llama.cpp has /slots)", emulator.FlavorLlamaCpp)

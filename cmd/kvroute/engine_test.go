@@ -31,7 +31,8 @@ func TestEngineHelpExplainsEveryFlag(t *testing.T) {
 	for _, f := range []string{"model", "profile", "listen", "speed", "kv-blocks", "role", "metrics-flavor",
 		"kv-events-endpoint", "kv-events-replay", "kv-events-topic", "kv-events-encoding", "fabric-gbps", "pd-protocol",
 		"kv-lease", "pd-load-failure", "prefix-caching-hash-algo", "tokenizer", "hf-config", "gpu", "tp", "dtype", "no-slots",
-		"enable-lora", "lora-modules", "max-loras", "max-lora-rank", "max-cpu-loras", "bootstrap-timeout"} {
+		"enable-lora", "lora-modules", "max-loras", "max-lora-rank", "max-cpu-loras", "bootstrap-timeout",
+		"disaggregation-decode-enable-radix-cache"} {
 		if !strings.Contains(out.String(), "-"+f) {
 			t.Errorf("--help lacks -%s", f)
 		}
@@ -57,6 +58,7 @@ func TestEngineUsageErrors(t *testing.T) {
 		{[]string{"engine", "--model", "m", "--role", "x"}, `--role "x" is not one of both, prefill, decode`},
 		{[]string{"engine", "--model", "m", "--metrics-flavor", "x"}, `--metrics-flavor "x" is not one of vllm, vllm-legacy, sglang, llamacpp`},
 		{[]string{"engine", "--model", "m", "--no-slots"}, "--no-slots needs --metrics-flavor llamacpp"},
+		{[]string{"engine", "--model", "m", "--disaggregation-decode-enable-radix-cache"}, "--disaggregation-decode-enable-radix-cache needs --pd-protocol sglang"},
 		// Each flag by its name, not the config field it fills ("negative
 		// override in Config", "FabricGbps, LeaseTimeout, ... must not be
 		// negative", "PDProtocol").
