@@ -403,7 +403,8 @@ func TestDataParallelAffinity(t *testing.T) {
 	}
 	for i := range 3 {
 		if ep := post(long); ep != "dp#dp7" {
-			t.Errorf("cached prompt, request %d: routed to %s, want dp#dp7 (holds its blocks)", i, ep)
+			d, _ := json.Marshal(tp.Router("m").Decisions(1))
+			t.Errorf("cached prompt, request %d: routed to %s, want dp#dp7 (holds its blocks); the decision: %s", i, ep, d)
 		}
 	}
 	other := tokenRange(5000, 512)
