@@ -677,6 +677,7 @@ type replayed struct {
 	at     []float64 // its arrival
 	wait   []float64 // from its arrival to the start of its prefill (or, handed off, of its decode leg past the prefill)
 	slot   []float64 // of wait, the wait for a LoRA adapter's slot on its decode node
+	pslot  []float64 // of wait, handed off, the wait for a LoRA adapter's slot on its prefill node
 	node   []int     // its decode node
 	pnode  []int     // its prefill node, when handed off
 	local  [][]span  // per decode node, the prefills it runs, in order
@@ -720,25 +721,30 @@ func addPrefill(sp []span, from, to float64, tokens int) []span {
 // simulator's router spreads 486 to 513, and the engines' busy share is
 // 92% in both.
 //
-// With LoRA adapters each decode-capable node's max_lora slots are
-// booked (slotBook): a request whose adapter its node does not run, with
-// Input.MaxLoRAs other adapters running there, starts (its prefill run
-// whole, or its decode leg once its prefill is done) only when enough of
-// them have left, each staying while its requests keep arriving (vLLM
-// admits a running adapter's request and skips another's); the wait is
-// the request's own (its prefill keeps its place in the node's queue), in
-// wait and, apart, slot. An adapter's request goes to the engine (the
+// With LoRA adapters each node's max_lora slots are booked (slotBook): a
+// request whose adapter its node does not run, with Input.MaxLoRAs other
+// adapters running there, starts (its prefill, run whole or handed off,
+// or its decode leg once its prefill is done) only when enough of them
+// have left, each staying while its requests keep arriving (vLLM admits a
+// running adapter's request and skips another's); the wait is the
+// request's own (its prefill keeps its place in the node's queue), in
+// wait and, apart, slot (the decode node's) and pslot (the prefill
+// node's). A prefill node's slot is held for the prefill alone (a prefill
+// leg leaves with its first token), a decode-capable node's to the last
+// token. An adapter's request goes to the engine (the prefill node; the
 // decode node, first in turn on ties) whose queue, slot wait and adapter
 // load (policy.KVAwareParams.AdapterLoad, where none of its requests is
 // booked) are the least, as the router's kv-aware and decode pickers price
 // them, and the P/D rule (disagg.Planner.HandsOff) sees the decode node's
-// running adapters (Scenario.Adapter, Load.LoRA). On 4 adapters at
+// running adapters (Scenario.Adapter, Load.LoRA), not the prefill node's
+// (the router's rule takes a prefill-only node's slot wait to be within
+// its queue). On 4 adapters at
 // --max-loras 1 (TestModelAdapterSlots' summary) it sizes 5 engines where
 // the simulation needs 4 and the demand without adapters 1.
 func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duration, pn, dn int, b float64) *replayed {
 	n := len(reqs)
-	r := &replayed{handed: make([]float64, n), at: make([]float64, n), wait: make([]float64, n), slot: make([]float64, n), node: make([]int, n),
-		pnode: make([]int, n), local: make([][]span, max(1, dn)), pn: pn}
+	r := &replayed{handed: make([]float64, n), at: make([]float64, n), wait: make([]float64, n), slot: make([]float64, n), pslot: make([]float64, n),
+		node: make([]int, n), pnode: make([]int, n), local: make([][]span, max(1, dn)), pn: pn}
 	out, wait := r.handed, r.wait
 	if n == 0 {
 		return r
@@ -821,13 +827,15 @@ func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duratio
 	if pn == 0 {
 		running = make([][]float64, len(dec.flights))
 	}
-	// With LoRA adapters, each decode-capable node's slots (slotBook): a
-	// request of an adapter its node does not run, with every slot held,
-	// starts (its prefill run whole, or its decode leg) only when one
+	// With LoRA adapters, each node's slots (slotBook): a request of an
+	// adapter its node does not run, with every slot held, starts (its
+	// prefill, run whole or handed off, or its decode leg) only when one
 	// frees. Its prefill's compute keeps its place in the node's first
 	// come first served queue (vLLM schedules the requests behind it
-	// meanwhile), so the wait delays only the request itself.
-	var books []slotBook
+	// meanwhile), so the wait delays only the request itself. A prefill
+	// node's slot is held for the prefill (pbooks), a decode-capable
+	// node's to the last token (books).
+	var books, pbooks []slotBook
 	var streams map[string]*adapterStream
 	if m.d.Adapters > 0 {
 		streams = map[string]*adapterStream{}
@@ -841,11 +849,18 @@ func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duratio
 				}
 				st.at = append(st.at, (reqs[i].Arrival-t0).Seconds()/scale)
 				st.dur = append(st.dur, pre[i].Seconds()+float64(max(0, reqs[i].OutputLen-1))*step)
+				st.pre = append(st.pre, pre[i].Seconds())
 			}
 		}
 		books = make([]slotBook, len(dec.flights))
 		for j := range books {
 			books[j] = slotBook{max: max(1, m.in.MaxLoRAs), streams: streams}
+		}
+		if pn > 0 {
+			pbooks = make([]slotBook, len(pf.flights))
+			for j := range pbooks {
+				pbooks[j] = slotBook{max: max(1, m.in.MaxLoRAs), prefill: true, streams: streams}
+			}
 		}
 	}
 	// slotted moves the last prefill queued on decode node j, of svc
@@ -862,6 +877,16 @@ func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duratio
 		books[j].add(x, start, start+svc+float64(max(0, out))*step)
 		return start
 	}
+	// pstart returns when a prefill of adapter x arriving at t on
+	// prefill node j, its compute queued from cs, starts: at cs when x
+	// runs there at t (vLLM admits it into x's batch), else when x's slot
+	// lets it.
+	pstart := func(j int, x string, t, cs float64) float64 {
+		if pbooks == nil || x == "" || slices.Contains(pbooks[j].running(t), x) {
+			return cs
+		}
+		return pbooks[j].wait(x, cs)
+	}
 	perTok := m.c.PrefillPerToken.Seconds()
 	t0 := reqs[order[0]].Arrival
 	for k, i := range order {
@@ -872,6 +897,9 @@ func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duratio
 		x := reqs[i].Adapter
 		for j := range books {
 			books[j].drop(t)
+		}
+		for j := range pbooks {
+			pbooks[j].drop(t)
 		}
 		if st := streams[x]; st != nil {
 			st.next++ // this one is being placed: it is booked, not foreseen
@@ -904,6 +932,23 @@ func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duratio
 			continue
 		}
 		best, load := least(pf, t, nil)
+		if pbooks != nil && x != "" {
+			// The prefill picker prices the slot as the aggregated one
+			// does: the node whose queue, slot wait and adapter load (on
+			// a node that has no request of it) are the least.
+			est := math.Inf(1)
+			for j := range pf.flights {
+				tok := inflight(pf, j, t)
+				s0 := max(t, pf.free[j])
+				e := float64(tok)*perTok + pstart(j, x, t, s0) - s0
+				if !pbooks[j].has(x) {
+					e += adapterLoad
+				}
+				if e < est {
+					best, load, est = j, tok, e
+				}
+			}
+		}
 		dj := k % len(dec.flights)
 		if books != nil && x != "" {
 			// The decode picker prices the slot too: the first node in
@@ -936,7 +981,17 @@ func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duratio
 		}
 		out[i] = 1
 		r.pnode[i] = best
-		wait[i] = queue(pf, best, t, svc, prompt) - t
+		cs := queue(pf, best, t, svc, prompt)
+		start := cs
+		if pbooks != nil && x != "" {
+			// The prefill leg holds its adapter's slot on the prefill
+			// node until its prefill is done.
+			start = pstart(best, x, t, cs)
+			fl := pf.flights[best]
+			fl[len(fl)-1].end = start + svc + netRTT.Seconds()
+			pbooks[best].add(x, start, start+svc)
+		}
+		wait[i], r.pslot[i] = start-t, start-cs
 		if books != nil && x != "" {
 			// The decode leg arrives when the prefill is done and waits
 			// there for a slot.

@@ -7,6 +7,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/kvroute/kvroute/disagg"
 	"github.com/kvroute/kvroute/workload"
 )
 
@@ -272,6 +273,102 @@ func TestSeedsDefaultWithAdapters(t *testing.T) {
 		in.defaults()
 		if in.Seeds != tc.want {
 			t.Errorf("%d adapters, seeds %d: %d seeds, want %d", tc.adapters, tc.seeds, in.Seeds, tc.want)
+		}
+	}
+}
+
+// slotReplay replays requests (adapter, arrival and prefill in seconds,
+// one output token, nothing cached) handed off on pn prefill nodes and 4
+// decode nodes at maxLoRAs, each prompt as long as its prefill at the
+// model's per-token prefill time (as the pickers' queue estimates count
+// it), and returns the replay.
+func slotReplay(t *testing.T, maxLoRAs, pn int, rs []slotReq) *replayed {
+	t.Helper()
+	sec := func(v float64) time.Duration { return time.Duration(v * float64(time.Second)) }
+	p := mustProfile(t, "llama-3.1-8b-h100")
+	in := Input{Profile: p, PDMode: disagg.ModeAlways, MaxLoRAs: maxLoRAs, SLO: SLO{TTFT: Target{0.99, 10 * time.Second}}}
+	in.defaults()
+	perTok := p.PrefillTime(p.MaxNumBatchedTokens, 0).Seconds() / float64(p.MaxNumBatchedTokens)
+	w := &workload.Workload{Name: "slots"}
+	pre := make([]time.Duration, len(rs))
+	for i, r := range rs {
+		w.Requests = append(w.Requests, workload.Request{ID: "r" + itoa(i), Arrival: sec(r.at), Adapter: r.adapter,
+			PromptLen: int(math.Round(r.pre / perTok)), OutputLen: 1})
+		pre[i] = sec(r.pre)
+	}
+	d := analyse(w, p.BlockSize)
+	b, err := computeBounds(&in, d)
+	if err != nil {
+		t.Fatal(err)
+	}
+	m := newModel(&in, d, b.Costs, 0, nil, nil)
+	m.c.PrefillPerToken = sec(perTok)
+	return m.replay(w.Requests, make([]int, len(rs)), pre, pn, 4, 1)
+}
+
+type slotReq struct {
+	adapter string
+	at, pre float64
+}
+
+// TestPrefillSlotWaitHandWorked works the replay's prefill slots by hand
+// on one prefill node (a prefill holds its adapter's slot for its
+// duration, the node computing its prefills one after the other, first
+// come first served):
+//
+//	a0  A  at 0    prefill 1     starts 0
+//	b1  B  at 0.1  prefill 0.5   queued from 1 (after a0), but A stays:
+//	                             a2 (at 0.2) and a3 (at 1.5) arrive while
+//	                             A's prefills run and join them (1 + 1 +
+//	                             0.25 = 2.25; a4 at 3 comes after), so at
+//	                             --max-loras 1 it starts at 2.25: a slot
+//	                             wait of 1.25, a wait of 2.15
+//	a2  A  at 0.2  prefill 1     A runs at its arrival: no slot wait; its
+//	                             compute is queued behind b1's (which
+//	                             keeps its place): from 1.5, a wait of 1.3
+//	a3  A  at 1.5  prefill 0.25  A runs (a2): from 2.5, a wait of 1
+//	a4  A  at 3    prefill 0.5   the node is idle: no wait
+//
+// With two slots b1 starts at 1, as without adapters.
+func TestPrefillSlotWaitHandWorked(t *testing.T) {
+	rs := []slotReq{{"A", 0, 1}, {"B", 0.1, 0.5}, {"A", 0.2, 1}, {"A", 1.5, 0.25}, {"A", 3, 0.5}}
+	for _, tc := range []struct {
+		m           int
+		slot, waits []float64
+	}{
+		{1, []float64{0, 1.25, 0, 0, 0}, []float64{0, 2.15, 1.3, 1, 0}},
+		{2, []float64{0, 0, 0, 0, 0}, []float64{0, 0.9, 1.3, 1, 0}},
+	} {
+		r := slotReplay(t, tc.m, 1, rs)
+		for i := range rs {
+			if got := r.wait[i] - r.slot[i]; math.Abs(r.pslot[i]-tc.slot[i]) > 1e-6 || math.Abs(got-tc.waits[i]) > 1e-6 {
+				t.Errorf("--max-loras %d: request %d (%s at %v): prefill slot wait %.4f and wait %.4f, want %v and %v",
+					tc.m, i, rs[i].adapter, rs[i].at, r.pslot[i], got, tc.slot[i], tc.waits[i])
+			}
+		}
+	}
+}
+
+// TestPrefillPickerPricesSlotHandWorked: the replay's prefill picker
+// prices the slot wait, at --max-loras 1 on two prefill nodes:
+//
+//	r0  A  at 0    prefill 1    both idle: node 0 (the first)
+//	r1  B  at 0.1  prefill 1    node 0: queue 1 + A's stay (r3 joins it,
+//	                            to 1.5) 0.5 + load; node 1: load: node 1
+//	r2  C  at 0.2  prefill 0.3  queues of 1 on both (the fewest tokens in
+//	                            flight alone take node 0), but node 0's A
+//	                            stays to 1.5 where node 1's B leaves at
+//	                            1.1: node 1, from 1.1, a wait of 0.9
+//	r3  A  at 0.6  prefill 0.5  node 0 runs A: queue 1 there, 1.3 + load
+//	                            on node 1: node 0, from 1, a wait of 0.4
+func TestPrefillPickerPricesSlotHandWorked(t *testing.T) {
+	rs := []slotReq{{"A", 0, 1}, {"B", 0.1, 1}, {"C", 0.2, 0.3}, {"A", 0.6, 0.5}}
+	r := slotReplay(t, 1, 2, rs)
+	nodes, waits := []int{0, 1, 1, 0}, []float64{0, 0, 0.9, 0.4}
+	for i := range rs {
+		if got := r.wait[i] - r.slot[i]; r.pnode[i] != nodes[i] || r.pslot[i] != 0 || math.Abs(got-waits[i]) > 1e-3 {
+			t.Errorf("request %d (%s at %v): prefill node %d, slot wait %.4f, wait %.4f; want node %d, no slot wait, wait %v",
+				i, rs[i].adapter, rs[i].at, r.pnode[i], r.pslot[i], got, nodes[i], waits[i])
 		}
 	}
 }

@@ -16,9 +16,17 @@ var adapterLoad = policy.DefaultKVAwareParams().AdapterLoad.Seconds()
 // clock (seconds). An engine batches at most max distinct adapters (vLLM's
 // --max-loras); a request of another adapter waits until one of them has
 // no request left running (see wait).
+//
+// A prefill-only node's book (prefill) holds prefills, each from its start
+// to its end (a prefill leg leaves with its first token), which the node
+// computes one after the other: an adapter stays there while its requests
+// keep arriving before the last one's prefill is done, each adding its
+// prefill (see stay), and holds its slot over that stay even between two
+// of its prefills (see running).
 type slotBook struct {
-	max   int
-	holds []hold
+	max     int
+	prefill bool
+	holds   []hold
 	// streams are every adapter's requests in arrival order, shared by
 	// the nodes: the requests not placed yet extend a running adapter's
 	// stay (see stay).
@@ -31,12 +39,13 @@ type hold struct {
 	from, to float64
 }
 
-// adapterStream is one adapter's requests in the replay: their arrivals
-// and how long each runs unqueued (prefill, then a decode step a token),
-// and the first one the replay has not placed yet.
+// adapterStream is one adapter's requests in the replay: their arrivals,
+// how long each runs unqueued (dur: prefill, then a decode step a token)
+// and its prefill alone (pre), and the first one the replay has not
+// placed yet.
 type adapterStream struct {
-	at, dur []float64
-	next    int
+	at, dur, pre []float64
+	next         int
 }
 
 // drop forgets the requests done by t (the replay's arrivals come in
@@ -56,11 +65,15 @@ func (b *slotBook) has(x string) bool {
 }
 
 // running returns the distinct adapters with a request running at t,
-// sorted (as kvroute.LoRALoad.Running).
+// sorted (as kvroute.LoRALoad.Running). On a prefill-only node an adapter
+// with a request started by t runs until its stay ends: the requests that
+// arrive while its prefills run join its batch (vLLM admits them ahead of
+// a waiting request of another adapter), so it does not leave between two
+// of them.
 func (b *slotBook) running(t float64) []string {
 	var out []string
 	for _, h := range b.holds {
-		if h.from <= t && t < h.to && !slices.Contains(out, h.adapter) {
+		if h.from <= t && !slices.Contains(out, h.adapter) && (t < h.to || b.prefill && t < b.stay(h.adapter)) {
 			out = append(out, h.adapter)
 		}
 	}
@@ -74,7 +87,9 @@ func (b *slotBook) running(t float64) []string {
 // batch, and skips a waiting request of another: an adapter that keeps
 // receiving requests keeps its slot). Those requests are taken to come
 // to this node, where their adapter runs, as the kv-aware policy sends
-// them (it prices a load and a slot wait elsewhere).
+// them (it prices a load and a slot wait elsewhere). On a prefill-only
+// node each of them adds its prefill to the stay: the node computes them
+// one after the other.
 func (b *slotBook) stay(a string) float64 {
 	end := 0.0
 	for _, h := range b.holds {
@@ -84,7 +99,11 @@ func (b *slotBook) stay(a string) float64 {
 	}
 	if s := b.streams[a]; s != nil {
 		for k := s.next; k < len(s.at) && s.at[k] < end; k++ {
-			end = max(end, s.at[k]+s.dur[k])
+			if b.prefill {
+				end += s.pre[k]
+			} else {
+				end = max(end, s.at[k]+s.dur[k])
+			}
 		}
 	}
 	return end
