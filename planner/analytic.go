@@ -731,16 +731,32 @@ func addPrefill(sp []span, from, to float64, tokens int) []span {
 // wait and, apart, slot (the decode node's) and pslot (the prefill
 // node's). A prefill node's slot is held for the prefill alone (a prefill
 // leg leaves with its first token), a decode-capable node's to the last
-// token. An adapter's request goes to the engine (the prefill node; the
-// decode node, first in turn on ties) whose queue, slot wait and adapter
-// load (policy.KVAwareParams.AdapterLoad, where none of its requests is
-// booked) are the least, as the router's kv-aware and decode pickers price
-// them, and the P/D rule (disagg.Planner.HandsOff) sees the decode node's
-// running adapters (Scenario.Adapter, Load.LoRA), not the prefill node's
-// (the router's rule takes a prefill-only node's slot wait to be within
-// its queue). On 4 adapters at
-// --max-loras 1 (TestModelAdapterSlots' summary) it sizes 5 engines where
-// the simulation needs 4 and the demand without adapters 1.
+// token. An adapter's request goes to the engine (the aggregated engine
+// or the prefill node) whose queue, slot wait and adapter load
+// (policy.KVAwareParams.AdapterLoad, where none of its requests is
+// booked) are the least, as the router's kv-aware picker prices them. On
+// a P/D fleet its decode node is the router's decode picker's
+// (disagg.DecodePicker) on the decode nodes' loads as booked (requests
+// running and waiting, and their adapters): it weighs each node's decode
+// step and, only where other adapters hold every slot, a slot wait, so a
+// hot adapter spreads over the nodes with a free slot and the others'
+// decode legs wait for one; a decode node then foresees one in so many of
+// an adapter's requests as the nodes it runs on (adapterStream.homes).
+// The P/D rule (disagg.Planner.HandsOff) sees the decode node's adapters
+// running and waiting (Scenario.Adapter, Load.LoRA), not the prefill
+// node's (the router's rule takes a prefill-only node's slot wait to be
+// within its queue). On 4 adapters at --max-loras 1 (TestModelAdapterSlots'
+// summary) it sizes 5 aggregated engines where the simulation needs 4 and
+// the demand without adapters 1. On 8 adapters of the 8B profile at 20
+// req/s, --max-loras 1 (TestModelPDAdapterSlots), it puts TTFT p99 at
+// 1:7 and 2:10 at 16.7s and 8.1s where the simulator has 13.2s and 6.8s,
+// and sizes 1:16, where the simulator's is 3.2s; with the decode node
+// chosen where the adapter's slot wait and load were the least (the
+// router's picker spreads adapters, this one kept each on its nodes), it
+// put them at 0.63s and 0.31s and sized 1:7. Booking the prefill nodes'
+// slots alone moved neither: on the 100s of README.md's example at 1:7
+// the simulated prefill queue's p99 is 0.21s (2ms at --max-loras 8), the
+// decode legs' first step's (their wait for a slot) 13.8s.
 func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duration, pn, dn int, b float64) *replayed {
 	n := len(reqs)
 	r := &replayed{handed: make([]float64, n), at: make([]float64, n), wait: make([]float64, n), slot: make([]float64, n), pslot: make([]float64, n),
@@ -864,18 +880,32 @@ func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duratio
 		}
 	}
 	// slotted moves the last prefill queued on decode node j, of svc
-	// seconds and computed from cs, to when adapter x's slot lets it
-	// start, books the slot to its last token (out more decode steps) and
-	// returns its start.
-	slotted := func(j int, x string, cs, svc float64, out int) float64 {
+	// seconds, arrived at t and computed from cs, to when adapter x's
+	// slot lets it start, books the slot to its last token (out more
+	// decode steps) and returns its start.
+	slotted := func(j int, x string, t, cs, svc float64, out int) float64 {
 		if books == nil || x == "" {
 			return cs
 		}
 		start := books[j].wait(x, cs)
 		fl := dec.flights[j]
 		fl[len(fl)-1].end = start + svc + netRTT.Seconds()
-		books[j].add(x, start, start+svc+float64(max(0, out))*step)
+		books[j].add(x, t, start, start+svc+float64(max(0, out))*step)
 		return start
+	}
+	// With adapters, a P/D fleet's decode node is the router's decode
+	// picker's (disagg.DecodePicker) on the decode nodes' loads as the
+	// replay books them (requests running and waiting, their adapters;
+	// every node holding the request's prefix hit, so the transfer weighs
+	// the same everywhere and is left out).
+	var dpick *disagg.DecodePicker
+	var dcands []kvroute.Candidate
+	if books != nil && pn > 0 && m.pd != nil {
+		dpick = m.pd.NewDecodePicker()
+		dcands = make([]kvroute.Candidate, len(dec.flights))
+		for j := range dcands {
+			dcands[j] = kvroute.Candidate{Endpoint: &kvroute.Endpoint{ID: "decode-" + itoa(j), Role: kvroute.RoleDecode}, Healthy: true}
+		}
 	}
 	// pstart returns when a prefill of adapter x arriving at t on
 	// prefill node j, its compute queued from cs, starts: at cs when x
@@ -925,7 +955,7 @@ func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duratio
 			}
 			r.at[i], r.node[i] = t, dj
 			cs := queue(dec, dj, t, svc, prompt)
-			start := slotted(dj, x, cs, svc, reqs[i].OutputLen-1)
+			start := slotted(dj, x, t, cs, svc, reqs[i].OutputLen-1)
 			wait[i], r.slot[i] = start-t, start-cs
 			r.local[dj] = addPrefill(r.local[dj], cs, cs+svc, prompt-ce)
 			running[dj] = append(running[dj], start+svc+float64(max(0, reqs[i].OutputLen-1))*step)
@@ -950,31 +980,52 @@ func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duratio
 			}
 		}
 		dj := k % len(dec.flights)
-		if books != nil && x != "" {
-			// The decode picker prices the slot too: the first node in
-			// turn whose slot wait and adapter load are the least.
-			est := math.Inf(1)
-			for o := range len(dec.flights) {
-				j := (k + o) % len(dec.flights)
-				e := books[j].wait(x, t) - t
-				if !books[j].has(x) {
-					e += adapterLoad
+		if dpick != nil {
+			// The decode nodes' loads, and each adapter's homes (the
+			// nodes it runs or waits on: the picker sends its requests to
+			// any of them at no slot cost, see adapterStream).
+			for _, st := range streams {
+				st.homes = 0
+			}
+			for j := range dcands {
+				run, queued, lora := books[j].load(t, dcands[j].Load.LoRA)
+				dcands[j].Load = kvroute.Load{Running: run, Waiting: queued, DecodeTokens: run * m.c.DecodeContext, LoRA: lora}
+				dcands[j].CachedTokens = ce
+				for _, a := range lora.Running {
+					streams[a].homes++
 				}
-				if e < est {
-					dj, est = j, e
+				for _, a := range lora.Waiting {
+					if !slices.Contains(lora.Running, a) {
+						streams[a].homes++
+					}
+				}
+			}
+			if x != "" {
+				// It weighs each node's decode step with the request in
+				// its batch (TPOTWeight) and, where other adapters hold
+				// every slot, half a decode of its assumed output: a node
+				// where the adapter runs or waits, or a slot is free,
+				// costs no wait, so a hot adapter spreads to a free node
+				// rather than staying on its own.
+				req := kvroute.Request{PromptTokens: prompt, MaxTokens: reqs[i].OutputLen, Adapter: x}
+				if d := dpick.Pick(time.Unix(0, 0).Add(time.Duration(t*float64(time.Second))), &req, dcands); d.Index >= 0 {
+					dj = d.Index
 				}
 			}
 		}
 		r.at[i], r.node[i] = t, dj
 		dload := dl
 		dload.InFlightTokens = inflight(dec, dj, t)
-		if books != nil {
-			dload.LoRA = &kvroute.LoRALoad{Running: books[dj].running(t), Max: books[dj].max}
+		switch {
+		case dpick != nil:
+			dload.LoRA = dcands[dj].Load.LoRA
+		case books != nil:
+			_, _, dload.LoRA = books[dj].load(t, nil)
 		}
 		if !always && !m.pd.HandsOff(disagg.Scenario{PromptTokens: prompt, Adapter: x, CachedPrefill: ce, CachedDecode: ce,
 			PrefillLoad: kvroute.Load{InFlightTokens: load}, DecodeLoad: dload, Link: m.in.Fabric}) {
 			cs := queue(dec, dj, t, svc, prompt)
-			start := slotted(dj, x, cs, svc, reqs[i].OutputLen-1)
+			start := slotted(dj, x, t, cs, svc, reqs[i].OutputLen-1)
 			wait[i], r.slot[i] = start-t, start-cs
 			r.local[dj] = addPrefill(r.local[dj], cs, cs+svc, prompt-ce)
 			continue
@@ -989,7 +1040,7 @@ func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duratio
 			start = pstart(best, x, t, cs)
 			fl := pf.flights[best]
 			fl[len(fl)-1].end = start + svc + netRTT.Seconds()
-			pbooks[best].add(x, start, start+svc)
+			pbooks[best].add(x, t, start, start+svc)
 		}
 		wait[i], r.pslot[i] = start-t, start-cs
 		if books != nil && x != "" {
@@ -997,7 +1048,7 @@ func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duratio
 			// there for a slot.
 			ready := t + wait[i] + svc
 			start := books[dj].wait(x, ready)
-			books[dj].add(x, start, start+float64(reqs[i].OutputLen)*step)
+			books[dj].add(x, ready, start, start+float64(reqs[i].OutputLen)*step)
 			wait[i] += start - ready
 			r.slot[i] = start - ready
 		}
