@@ -58,6 +58,16 @@
 // auto or llamacpp; 404 too for llamacpp) is read from /slots alone
 // (slotsAlone), its waiting requests unknown, logged once each way.
 //
+// A llama.cpp server's LoRA adapters are read from its GET /lora-adapters
+// (same URL, "lora-adapters" for "metrics"): ParseLoRAAdapters, named by
+// the router as LlamaAdapters says (path, file name without ".gguf",
+// task_name), carried by each of its Metrics (LlamaAdapters) and View
+// (View.LlamaAdapters) for the router to name an adapter by its id in a
+// request's "lora" list. The list is read at the first scrape, every
+// ScrapeConfig.LoRAListInterval (10 s) and at the first scrape after a
+// failed one, as a restart may change it; a 404 or 501 (a build without
+// the endpoint) lists none, another failure keeps the last list.
+//
 // vLLM's vllm:cache_config_info gives the block size and the number of GPU
 // blocks (KV capacity), vllm:lora_requests_info the adapters running and
 // waiting and max_lora (Load.LoRA while the signals are fresh). Series

@@ -132,6 +132,10 @@ type Metrics struct {
 	// moves KV usage by the router's transitions from KVTokens over the
 	// KV capacity (configured, or the slots' n_ctx).
 	KVTokens int `json:"kv_tokens,omitempty"`
+	// LlamaAdapters are a llama.cpp server's LoRA adapters, read from its
+	// GET /lora-adapters besides /metrics (see the package doc); nil when
+	// not read (another engine, or no list read yet).
+	LlamaAdapters *LlamaAdapters `json:"llama_lora_adapters,omitempty"`
 }
 
 // Has reports whether all fields in f were reported.

@@ -34,7 +34,16 @@ type ScrapeConfig struct {
 	// Logger receives scrape failures (once per failure streak); nil
 	// discards.
 	Logger *slog.Logger
+	// LoRAListInterval is how often a llama.cpp server's GET
+	// /lora-adapters is read again (its adapters' ids and scales: see
+	// LlamaAdapters); default 10s. It is read at the server's first
+	// llama.cpp scrape and after a failed scrape too (the server may have
+	// restarted with other adapters).
+	LoRAListInterval time.Duration
 }
+
+// DefaultLoRAListInterval is the default ScrapeConfig.LoRAListInterval.
+const DefaultLoRAListInterval = 10 * time.Second
 
 // DefaultScrapeInterval is the default ScrapeConfig.Interval.
 const DefaultScrapeInterval = 100 * time.Millisecond
@@ -57,6 +66,9 @@ func (c *ScrapeConfig) setDefaults() {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.New(slog.DiscardHandler)
+	}
+	if c.LoRAListInterval <= 0 {
+		c.LoRAListInterval = DefaultLoRAListInterval
 	}
 }
 
@@ -158,6 +170,7 @@ type Scraper struct {
 	flavor       atomic.Pointer[Flavor]
 	failing      bool       // in a failure streak; only the loop goroutine uses it
 	slots        slotsState // a llama.cpp server's /slots (slotscrape.go)
+	lora         loraState  // a llama.cpp server's /lora-adapters (lorascrape.go)
 
 	// A data-parallel target's scrape, split by rank (Target.Ranks); only
 	// the loop goroutine uses them.
@@ -328,6 +341,7 @@ func (s *Scraper) ScrapeOnce(ctx context.Context) {
 	if s.failing {
 		s.cfg.Logger.Info("scrape recovered", "endpoint", s.target.Endpoint)
 		s.slots.propsStale = true // the server may have restarted
+		s.lora.stale = true
 	}
 	s.failing = false
 	if !alone && s.slots.alone {
@@ -336,6 +350,12 @@ func (s *Scraper) ScrapeOnce(ctx context.Context) {
 	}
 	if !alone && m.Flavor == FlavorLlamaCPP {
 		s.addSlots(ctx, &m)
+		if ctx.Err() != nil {
+			return
+		}
+	}
+	if m.Flavor == FlavorLlamaCPP {
+		s.addLoRAList(ctx, &m)
 		if ctx.Err() != nil {
 			return
 		}

@@ -30,23 +30,31 @@ type slotsState struct {
 	alone              bool      // the last scrape read /slots alone (slotsAlone)
 }
 
-// slotsURLs derives the /slots and /props URLs from a metrics URL: its
-// path's last element "metrics" replaced (so that a prefix stays), or the
-// path replaced; the query stays (llama.cpp's router mode names the model
-// with ?model=).
+// slotsURLs derives the /slots and /props URLs from a metrics URL
+// (llamaURL).
 func slotsURLs(metricsURL string) (slots, props string, err error) {
+	if slots, err = llamaURL(metricsURL, "slots"); err != nil {
+		return "", "", err
+	}
+	props, err = llamaURL(metricsURL, "props")
+	return slots, props, err
+}
+
+// llamaURL derives the URL of a llama.cpp server's endpoint name (slots,
+// props, lora-adapters) from its metrics URL: the path's last element
+// "metrics" replaced (so that a prefix stays), or the path replaced; the
+// query stays (llama.cpp's router mode names the model with ?model=).
+func llamaURL(metricsURL, name string) (string, error) {
 	u, err := url.Parse(metricsURL)
 	if err != nil {
-		return "", "", err
+		return "", err
 	}
 	base := "/"
 	if i := strings.LastIndexByte(u.Path, '/'); i >= 0 && u.Path[i+1:] == "metrics" {
 		base = u.Path[:i+1]
 	}
-	s, p := *u, *u
-	s.Path, p.Path = base+"slots", base+"props"
-	s.RawPath, p.RawPath = "", ""
-	return s.String(), p.String(), nil
+	u.Path, u.RawPath = base+name, ""
+	return u.String(), nil
 }
 
 // notServed reports whether err is an answer of 404 or 501 (an endpoint a

@@ -252,6 +252,15 @@ func (v *View) Flavor() Flavor {
 	return v.last.Flavor
 }
 
+// LlamaAdapters is the LoRA adapters of a llama.cpp server as its last
+// observation listed them (Metrics.LlamaAdapters): nil before any, for
+// another engine, and after ResetSignals. A failed scrape keeps them.
+func (v *View) LlamaAdapters() *LlamaAdapters {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return v.last.LlamaAdapters
+}
+
 // ObserveError records a failed scrape at now. The last good signals keep
 // aging; after MaxConsecutiveErrors failures in a row they are reported
 // stale even if young.
