@@ -78,7 +78,7 @@ func TestLlamaAdaptersNames(t *testing.T) {
 	list = append(list,
 		LlamaAdapter{ID: 3, Path: `C:\loras\win.GGUF`},
 		LlamaAdapter{ID: 4, Path: "/a/dup.gguf"}, LlamaAdapter{ID: 5, Path: "/b/dup.gguf"},
-		LlamaAdapter{ID: 6, Path: "/c/x.gguf", TaskName: "aLoRA"},    // aLoRA is id 2's file name: id 2's
+		LlamaAdapter{ID: 6, Path: "/c/x.gguf", TaskName: "aLoRA"},     // aLoRA is id 2's file name: id 2's
 		LlamaAdapter{ID: 7, Path: "/c/y.gguf", TaskName: "/c/x.gguf"}, // id 6's path: id 6's
 		LlamaAdapter{ID: 8, Path: "plain"},
 	)
