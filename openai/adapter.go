@@ -25,6 +25,18 @@ const (
 	// SGLang does not check the model's name, so a "model" naming an
 	// adapter alone, vLLM's form, is the base model's request there.
 	AdapterSGLang
+	// AdapterLlamaCPP is llama.cpp's server's form: "lora", a list of
+	// {"id": N, "scale": S} naming the server's adapters by their index in
+	// its GET /lora-adapters (the server has no name for them), each
+	// adapter not listed at scale 0; without "lora" (or with an empty
+	// list: current builds take an empty one as none) a request runs every
+	// adapter at its global scale (1 for --lora, unless
+	// --lora-init-without-apply; POST /lora-adapters sets it), so a base
+	// model's request must list its adapters at scale 0. The server reads
+	// "lora" on its OpenAI routes too; it ignores "model" but in its router
+	// mode (--models-dir), where "model" names one of its models. See
+	// NameLlamaAdapter.
+	AdapterLlamaCPP
 )
 
 func (f AdapterForm) String() string {
@@ -33,6 +45,8 @@ func (f AdapterForm) String() string {
 		return "vllm"
 	case AdapterSGLang:
 		return "sglang"
+	case AdapterLlamaCPP:
+		return "llamacpp"
 	}
 	return "unknown"
 }
@@ -50,7 +64,9 @@ func SplitModelAdapter(model string) (base, adapter string, ok bool) {
 // AdapterVLLM the model it serves the request as (an adapter's name or the
 // base model's); for AdapterSGLang the adapter, "" for the base model
 // (the model's adapter wins over lora_path, as in SGLang's
-// OpenAIServingBase). AdapterUnknown reads nothing ("").
+// OpenAIServingBase). AdapterUnknown and AdapterLlamaCPP read nothing
+// here ("": a llama.cpp server reads its "lora" list of ids, which only
+// its own adapter list names).
 func AdapterRead(form AdapterForm, model, loraPath string) string {
 	switch form {
 	case AdapterVLLM:
@@ -95,9 +111,42 @@ func NameAdapter(body []byte, form AdapterForm, base, adapter string) ([]byte, e
 		if json.Unmarshal(m["model"], &model) == nil && strings.Contains(model, ":") {
 			m["model"], _ = json.Marshal(base)
 		}
+	case AdapterLlamaCPP:
+		return nil, errors.New("openai: name adapter: a llama.cpp server's adapters are named by its own ids: use NameLlamaAdapter")
 	default:
 		return nil, fmt.Errorf("openai: name adapter: unknown form %d", form)
 	}
+	return EncodeObject(m)
+}
+
+// LoRAScale is one entry of a llama.cpp server's per-request "lora" list:
+// the adapter of index ID in its GET /lora-adapters, applied at Scale.
+type LoRAScale struct {
+	ID    int     `json:"id"`
+	Scale float64 `json:"scale"`
+}
+
+// NameLlamaAdapter returns body (a request ParseRequest accepted)
+// rewritten for a llama.cpp server (AdapterLlamaCPP) to run the request
+// with lora, its adapters' scales (each of the server's adapters listed,
+// at scale 0 but the one the request was routed for, so that neither the
+// global scales nor a client's own list apply): "lora" becomes lora,
+// "model" becomes base (the model's name in the server's router mode; a
+// single model's server ignores it) and "lora_path" is removed. Other
+// fields are kept as their JSON text, in key order.
+func NameLlamaAdapter(body []byte, base string, lora []LoRAScale) ([]byte, error) {
+	m, err := DecodeObject(body)
+	if err != nil {
+		return nil, fmt.Errorf("openai: name llama.cpp adapter: %w", err)
+	}
+	if lora == nil {
+		lora = []LoRAScale{}
+	}
+	if m["lora"], err = json.Marshal(lora); err != nil { // a float that is not finite
+		return nil, fmt.Errorf("openai: name llama.cpp adapter: %w", err)
+	}
+	m["model"], _ = json.Marshal(base)
+	delete(m, "lora_path")
 	return EncodeObject(m)
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"errors"
 	"maps"
+	"math"
 	"strings"
 	"testing"
 
@@ -169,6 +170,107 @@ func FuzzNameAdapter(f *testing.F) {
 		}
 		if !maps.EqualFunc(before, after, same) {
 			t.Fatalf("NameAdapter(%q, %s, %q) = %q: other fields changed", body, form, adapter, got)
+		}
+	})
+}
+
+// TestNameLlamaAdapter: a body for a llama.cpp server lists its adapters
+// in "lora" (the routed one at its scale, the others at 0), names the
+// base model and drops lora_path; the client's own "lora" is replaced.
+func TestNameLlamaAdapter(t *testing.T) {
+	two := []LoRAScale{{ID: 0, Scale: 0}, {ID: 1, Scale: 0.5}}
+	for _, tc := range []struct {
+		name, body string
+		lora       []LoRAScale
+		want       string
+	}{
+		{"vllm form", `{"model":"sql","prompt":"<b>","max_tokens":4}`, two,
+			`{"lora":[{"id":0,"scale":0},{"id":1,"scale":0.5}],"max_tokens":4,"model":"tiny","prompt":"<b>"}`},
+		{"sglang forms", `{"model":"tiny:sql","prompt":"p","lora_path":["sql"]}`, two,
+			`{"lora":[{"id":0,"scale":0},{"id":1,"scale":0.5}],"model":"tiny","prompt":"p"}`},
+		{"base model", "\xef\xbb\xbf" + `{"model":"tiny","messages":[{"role":"user","content":"hi"}],"stream":true}`,
+			[]LoRAScale{{ID: 0, Scale: 0}, {ID: 1, Scale: 0}},
+			`{"lora":[{"id":0,"scale":0},{"id":1,"scale":0}],"messages":[{"role":"user","content":"hi"}],"model":"tiny","stream":true}`},
+		{"client lora replaced", `{"model":"tiny","prompt":"p","lora":[{"id":1,"scale":1}]}`, []LoRAScale{{ID: 0, Scale: 1.25}},
+			`{"lora":[{"id":0,"scale":1.25}],"model":"tiny","prompt":"p"}`},
+		{"no adapters", `{"model":"tiny","prompt":"p"}`, nil, `{"lora":[],"model":"tiny","prompt":"p"}`},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			got, err := NameLlamaAdapter([]byte(tc.body), "tiny", tc.lora)
+			if err != nil || string(got) != tc.want {
+				t.Fatalf("NameLlamaAdapter(%s, %v) = %s, %v; want %s", tc.body, tc.lora, got, err, tc.want)
+			}
+		})
+	}
+	if _, err := NameAdapter([]byte(`{"model":"sql","prompt":"p"}`), AdapterLlamaCPP, "tiny", "sql"); err == nil {
+		t.Fatal("NameAdapter(llamacpp): got no error, want one pointing to NameLlamaAdapter")
+	}
+	if got := AdapterRead(AdapterLlamaCPP, "sql", "chat"); got != "" {
+		t.Errorf("AdapterRead(llamacpp) = %q, want \"\"", got)
+	}
+}
+
+// FuzzNameLlamaAdapter: for any request ParseRequest accepts, the body
+// NameLlamaAdapter writes parses again with the base model, no lora_path,
+// a "lora" list that is exactly the one given, and every other field's
+// JSON text kept (compacted).
+func FuzzNameLlamaAdapter(f *testing.F) {
+	for _, s := range []string{
+		`{"model":"tiny:sql","prompt":"p","lora_path":"sql"}`,
+		`{"model":"sql","messages":[{"role":"user","content":"hi"}],"lora":[{"id":3,"scale":1}]}`,
+		"\xef\xbb\xbf" + `{"model":"a:b:c","prompt":[1,2],"model":"tiny","x":{"<":"\u2028"}}`,
+	} {
+		f.Add([]byte(s), uint8(2), int8(1), 0.5)
+		f.Add([]byte(s), uint8(0), int8(-1), 1.0)
+	}
+	f.Fuzz(func(t *testing.T, body []byte, n uint8, pick int8, scale float64) {
+		ri, err := ParseRequest(KindCompletion, body)
+		if err != nil {
+			return
+		}
+		lora := make([]LoRAScale, n%8)
+		for i := range lora {
+			lora[i].ID = i
+			if i == int(pick) {
+				lora[i].Scale = scale
+			}
+		}
+		got, err := NameLlamaAdapter(body, "tiny", lora)
+		if err != nil {
+			if !math.IsInf(scale, 0) && !math.IsNaN(scale) { // a finite scale must not fail
+				t.Fatalf("NameLlamaAdapter(%q, %v): %v", body, lora, err)
+			}
+			return
+		}
+		ri2, err := ParseRequest(KindCompletion, got)
+		if err != nil {
+			t.Fatalf("NameLlamaAdapter(%q) = %q, which does not parse: %v", body, got, err)
+		}
+		if ri2.Model != "tiny" || ri2.LoRAPath != "" || ri2.Prompt != ri.Prompt || ri2.Stream != ri.Stream {
+			t.Fatalf("NameLlamaAdapter(%q) = %q: read as %+v", body, got, ri2)
+		}
+		after, _ := DecodeObject(got)
+		var sent []LoRAScale
+		if err := json.Unmarshal(after["lora"], &sent); err != nil || len(sent) != len(lora) {
+			t.Fatalf("NameLlamaAdapter(%q) = %q: lora %s, want %v", body, got, after["lora"], lora)
+		}
+		for i := range sent {
+			if sent[i] != lora[i] {
+				t.Fatalf("NameLlamaAdapter(%q) = %q: lora %v, want %v", body, got, sent, lora)
+			}
+		}
+		before, _ := DecodeObject(body)
+		for _, m := range []map[string]json.RawMessage{before, after} {
+			delete(m, "model")
+			delete(m, "lora_path")
+			delete(m, "lora")
+		}
+		same := func(a, b json.RawMessage) bool {
+			var ca, cb bytes.Buffer
+			return json.Compact(&ca, a) == nil && json.Compact(&cb, b) == nil && ca.String() == cb.String()
+		}
+		if !maps.EqualFunc(before, after, same) {
+			t.Fatalf("NameLlamaAdapter(%q) = %q: other fields changed", body, got)
 		}
 	})
 }

@@ -10,10 +10,12 @@
 //     the SSE error event vLLM ends a failed stream with;
 //   - response and streaming-chunk types and the SSE reader and writer;
 //   - the forms a request names a LoRA adapter in (AdapterForm: vLLM's
-//     "model", SGLang's "<base>:<adapter>" and "lora_path"), what an engine
-//     reads from a body (AdapterRead), and NameAdapter, which rewrites a
-//     body's top level for an engine of another form (DecodeObject,
-//     EncodeObject: the body rewriter the P/D handoff shares);
+//     "model", which TGI reads too, SGLang's "<base>:<adapter>" and
+//     "lora_path", llama.cpp's "lora" list of adapter ids and scales), what
+//     an engine reads from a body (AdapterRead), and NameAdapter, which
+//     rewrites a body's top level for an engine of another form, and
+//     NameLlamaAdapter for a llama.cpp server (DecodeObject, EncodeObject:
+//     the body rewriter the P/D handoff shares);
 //   - UsageTail and ParseUsage, which read the usage an engine reports at
 //     the end of an answer from its last bytes, for the router's prefix
 //     cache feedback (package proxy, and package disagg for a request run
