@@ -223,13 +223,13 @@ func (x *exchange) forward(w http.ResponseWriter, out *http.Request, f *router.F
 	if x.up == nil {
 		return x.gone(w, f)
 	}
-	body, named := x.body, false
-	var err error
-	if x.naming.stale != 0 { // (else every engine reads the body as sent: no lookup)
-		body, named, err = x.naming.bodyFor(x.pool.adapterForm(x.up), x.body, x.req)
-	}
+	body, named, err := x.attemptBody(x.up)
 	if err != nil {
 		x.pool.router.Done(p.now(), f, kvroute.Outcome{PromptTokens: x.req.PromptTokens, CachedTokens: -1, Failed: true})
+		var am *adapterMissing
+		if errors.As(err, &am) {
+			return x.adapterMissing(w, am)
+		}
 		x.writeError(w, namingError(err))
 		return false
 	}
@@ -324,6 +324,23 @@ func (x *exchange) gone(w http.ResponseWriter, f *router.Flight) (retry bool) {
 	return false
 }
 
+// adapterMissing ends an attempt whose engine cannot run the request's
+// LoRA adapter (a llama.cpp server that does not list it, or whose list
+// is not known yet), before it is sent: retried on another endpoint when
+// it may be (this one stays tried), else answered with err. The
+// endpoint's health is not at fault.
+func (x *exchange) adapterMissing(w http.ResponseWriter, err *adapterMissing) (retry bool) {
+	x.upstreamErr = err
+	x.p.log.Debug("engine cannot run the request's LoRA adapter", "request_id", x.req.ID, "model", x.req.Model,
+		"adapter", x.req.Adapter, "endpoint", x.flight.Endpoint.ID, "error", err)
+	if x.canRetry() {
+		x.retry = retryAdapter
+		return true
+	}
+	x.status = writeRoutingError(w, err.err)
+	return false
+}
+
 // firstByte records the first response body byte of the attempt.
 func (x *exchange) firstByte(now time.Time) {
 	x.firstByteAt = now
@@ -397,6 +414,11 @@ func (x *exchange) writeLastFailure(w http.ResponseWriter) {
 	err := x.upstreamErr
 	if err == nil {
 		err = errors.New("no endpoint left to retry on")
+	}
+	if am := (*adapterMissing)(nil); errors.As(err, &am) && x.retry == retryAdapter {
+		// The last endpoint tried cannot run the adapter either.
+		x.status = writeRoutingError(w, am.err)
+		return
 	}
 	if errors.Is(err, errEndpointGone) {
 		// Not an upstream's failure: the pool changed under the request.

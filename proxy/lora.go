@@ -3,6 +3,7 @@ package proxy
 import (
 	"fmt"
 	"net/http"
+	"strings"
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
@@ -76,14 +77,17 @@ func noAdapter(base, adapter, param string) error {
 }
 
 // adapterFormOf is the form an engine of metrics flavour f reads an adapter
-// in: vLLM's and SGLang's; AdapterUnknown for the others (llama.cpp, TGI)
-// and for an unknown flavour.
+// in: vLLM's (and TGI's, whose OpenAI routes take "model" as the adapter_id,
+// PR #2128; an id it has not loaded runs the base model), SGLang's and
+// llama.cpp's; AdapterUnknown for an unknown flavour.
 func adapterFormOf(f signals.Flavor) openai.AdapterForm {
 	switch f {
-	case signals.FlavorVLLM, signals.FlavorVLLMLegacy:
+	case signals.FlavorVLLM, signals.FlavorVLLMLegacy, signals.FlavorTGI:
 		return openai.AdapterVLLM
 	case signals.FlavorSGLang:
 		return openai.AdapterSGLang
+	case signals.FlavorLlamaCPP:
+		return openai.AdapterLlamaCPP
 	}
 	return openai.AdapterUnknown
 }
@@ -107,16 +111,52 @@ func configuredForms(m *config.Model) map[string]openai.AdapterForm {
 // adapterForm is the form endpoint up's engine reads an adapter in: its
 // configured signals.flavor's (configuredForms), else the flavour its last
 // scrape detected (signals.View.Flavor; signals.flavor auto), else
-// AdapterUnknown (no scrape yet, scraping disabled, another engine). A P/D
-// pool's engines are its protocol's (see pdAdapterForm).
+// AdapterUnknown (no scrape yet, scraping disabled). A P/D pool's engines
+// are its protocol's (see pdAdapterForm).
 func (pl *pool) adapterForm(up *endpointProxy) openai.AdapterForm {
 	if f, ok := pl.set.Load().forms[up.ep.ID]; ok {
 		return f
 	}
-	if v := pl.router.View(up.ep.ID); v != nil {
+	if v := pl.view(up); v != nil {
 		return adapterFormOf(v.Flavor())
 	}
 	return openai.AdapterUnknown
+}
+
+// view returns endpoint up's signals.View in the router, nil if the router
+// has none by its ID; looked up once per endpointProxy (the router keeps an
+// endpoint's View while its engine stays; another engine under the ID has
+// an endpointProxy of its own).
+func (pl *pool) view(up *endpointProxy) *signals.View {
+	if v := up.view.Load(); v != nil {
+		return v
+	}
+	v := pl.router.View(up.ep.ID)
+	if v != nil {
+		up.view.Store(v)
+	}
+	return v
+}
+
+// attemptBody returns the body of an attempt on endpoint up, in the form
+// its engine reads (adapterForm): for a llama.cpp server the request's
+// adapter, or none, named by the ids of the adapters its scrapes listed
+// (llamaBody); for another engine body as sent, or rewritten when the
+// engine would not read the request's routing from it (bodyFor). named
+// reports a rewrite; an *adapterMissing error, an engine that cannot run
+// the adapter.
+func (x *exchange) attemptBody(up *endpointProxy) (body []byte, named bool, err error) {
+	switch f := x.pool.adapterForm(up); {
+	case f == openai.AdapterLlamaCPP:
+		var t *signals.LlamaAdapters
+		if v := x.pool.view(up); v != nil {
+			t = v.LlamaAdapters()
+		}
+		return x.naming.llamaBody(t, up.ep.ID, x.body, x.req)
+	case x.naming.stale != 0:
+		return x.naming.bodyFor(f, x.body, x.req)
+	}
+	return x.body, false, nil
 }
 
 // pdAdapterForm is the form a P/D pool's engines read an adapter in:
@@ -136,6 +176,10 @@ type adapterNaming struct {
 	// the request's routing (base model and adapter) from the body as sent.
 	stale uint8
 	named [3][]byte // the body rewritten for each form, once built
+	// llama is the body last rewritten for a llama.cpp server, and the
+	// adapter list (its ids) it was written for.
+	llama      []byte
+	llamaTable *signals.LlamaAdapters
 }
 
 // newAdapterNaming returns the naming of a request routed as req whose
@@ -183,4 +227,89 @@ func (n *adapterNaming) bodyFor(f openai.AdapterForm, body []byte, req *kvroute.
 // ParseRequest accepted always decodes: this is a safety net).
 func namingError(err error) error {
 	return kvroute.Errorf(http.StatusBadRequest, kvroute.TypeInvalidRequest, "invalid_body", "", "%v", fmt.Errorf("proxy: %w", err))
+}
+
+// llamaScale is the scale a request for adapter a runs it at on a
+// llama.cpp server: its global scale as the server lists it (1 with
+// --lora, the one given with --lora-scaled, the last POST
+// /lora-adapters), or 1 where that is 0 (--lora-init-without-apply, or
+// an adapter the operator turned off globally: a request that names it
+// still wants it).
+func llamaScale(a signals.LlamaAdapter) float64 {
+	if a.Scale == 0 {
+		return 1
+	}
+	return a.Scale
+}
+
+// llamaBody returns the body to send to a llama.cpp server whose adapters
+// are t (its View's; nil when not read yet) for a request routed as req:
+// every adapter of the server in "lora", the request's at llamaScale and
+// the others at 0, so that no global scale applies (openai.AdapterLlamaCPP);
+// built once per adapter list. A request for the base model goes as sent
+// to a server that lists no adapters, or whose list is not known: nothing
+// then to turn off. named reports a rewrite. An adapter the server does
+// not list (t names none by req.Adapter: LlamaAdapters' names) is the
+// router's 404, and one asked of a server whose list is not known yet its
+// 503: the server cannot be told which adapter to run.
+func (n *adapterNaming) llamaBody(t *signals.LlamaAdapters, endpoint string, body []byte, req *kvroute.Request) (out []byte, named bool, err error) {
+	var want signals.LlamaAdapter
+	if req.Adapter != "" {
+		var ok bool
+		if want, ok = t.Lookup(req.Adapter); !ok {
+			param := "lora_path" // the field the client named the adapter in
+			if _, a, split := openai.SplitModelAdapter(n.model); n.model == req.Adapter || split && a == req.Adapter {
+				param = "model"
+			}
+			return nil, false, notListed(t, endpoint, param, req)
+		}
+	} else if t.Len() == 0 {
+		return body, false, nil
+	}
+	if n.llama != nil && n.llamaTable == t {
+		return n.llama, true, nil
+	}
+	lora := make([]openai.LoRAScale, 0, t.Len())
+	for _, a := range t.List() {
+		s := openai.LoRAScale{ID: a.ID}
+		if req.Adapter != "" && a.ID == want.ID {
+			s.Scale = llamaScale(a)
+		}
+		lora = append(lora, s)
+	}
+	b, err := openai.NameLlamaAdapter(body, req.Model, lora)
+	if err != nil {
+		return nil, false, err
+	}
+	n.llama, n.llamaTable = b, t
+	return b, true, nil
+}
+
+// adapterMissing is the error of an attempt whose engine cannot run the
+// request's adapter (llamaBody): another endpoint may. Err is the
+// client's answer when none does.
+type adapterMissing struct{ err *kvroute.Error }
+
+func (e *adapterMissing) Error() string { return e.err.Message }
+func (e *adapterMissing) Unwrap() error { return e.err }
+
+// notListed is llamaBody's error for req's adapter, named in the request's
+// field param, on the llama.cpp server of endpoint, whose adapters are t:
+// 404 model_not_found when t does not list it, 503 adapter_list_unknown
+// when t is not known yet.
+func notListed(t *signals.LlamaAdapters, endpoint, param string, req *kvroute.Request) error {
+	if t == nil {
+		return &adapterMissing{&kvroute.Error{Status: http.StatusServiceUnavailable, Type: kvroute.TypeUnavailable,
+			Code: "adapter_list_unknown", Message: fmt.Sprintf(
+				"The LoRA adapters of endpoint %s (llama.cpp) are not known yet: LoRA adapter `%s` of model `%s` cannot be named to it (the router reads GET /lora-adapters with the engine's metrics scrape).",
+				endpoint, req.Adapter, req.Model)}}
+	}
+	listed := "none"
+	if t.Len() > 0 {
+		listed = strings.Join(t.Names(), ", ")
+	}
+	return &adapterMissing{&kvroute.Error{Status: http.StatusNotFound, Type: kvroute.TypeNotFound, Code: "model_not_found",
+		Param: param, Message: fmt.Sprintf(
+			"The model `%s` has no LoRA adapter `%s` on endpoint %s: its llama.cpp server lists %s (GET /lora-adapters: an adapter is named by its file name without .gguf, its path or its task_name).",
+			req.Model, req.Adapter, endpoint, listed)}}
 }

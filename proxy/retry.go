@@ -19,6 +19,7 @@ const (
 	retryReset               // other transport error before the first body byte: the engine may have run part of the work
 	retryStatus              // 5xx response headers, before any body byte reached the client
 	retryGone                // the endpoint left the pool (a reload) before the attempt was sent
+	retryAdapter             // the engine cannot run the request's LoRA adapter (llama.cpp's list): not sent
 )
 
 func (r retryReason) String() string {
@@ -31,6 +32,8 @@ func (r retryReason) String() string {
 		return "status_5xx"
 	case retryGone:
 		return "endpoint_removed"
+	case retryAdapter:
+		return "adapter_not_listed"
 	}
 	return "none"
 }

@@ -14,6 +14,7 @@ import (
 	"net/url"
 	"strconv"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -23,6 +24,7 @@ import (
 	"github.com/kvroute/kvroute/disagg"
 	"github.com/kvroute/kvroute/internal/silence"
 	"github.com/kvroute/kvroute/openai"
+	"github.com/kvroute/kvroute/signals"
 )
 
 // newTransport builds the upstream transport. Engines are few and busy:
@@ -108,6 +110,10 @@ type endpointProxy struct {
 	cached, prompt prometheus.Counter // the engine's usage (feedback.go)
 	// reportsCached reads the engine's cached tokens (observeUsage).
 	reportsCached openai.CachedTokens
+	// view is the engine's signals.View in the pool's router, once
+	// looked up (pool.view): what its scrapes tell of its kind and LoRA
+	// adapters.
+	view atomic.Pointer[signals.View]
 }
 
 func (p *Proxy) newEndpointProxy(pl *pool, ep *kvroute.Endpoint) (*endpointProxy, error) {
