@@ -78,12 +78,28 @@
 // model's when it has a colon SGLang would split). A body already in the
 // engine's form, which a request for the base model by its name always is,
 // goes byte for byte; another is rewritten once per form (openai.NameAdapter)
-// and a retry on an engine of the other kind takes that kind's body. The
-// engine's kind is its endpoint's signals.flavor (vllm, vllm-legacy,
-// sglang), else the flavour its last scrape detected (signals.View.Flavor);
-// unknown (no scrape yet, scraping off, llama.cpp, TGI), the body goes as
-// sent. A P/D pool's legs carry their protocol's form (nixl: vLLM's; sglang:
-// lora_path, set by the handoff).
+// and a retry on an engine of the other kind takes that kind's body. A TGI
+// engine reads vLLM's form (its OpenAI routes take "model" as the
+// adapter_id). A llama.cpp server names its adapters by their index in its
+// GET /lora-adapters, which its scrape reads (signals.LlamaAdapters: an
+// adapter is named by its file name without ".gguf", its path or its
+// task_name): each attempt's body lists every adapter of the server in
+// "lora", the request's at its scale (the listed one, 1 where that is 0)
+// and the others at 0, a base model's request included (without "lora"
+// the server applies each adapter at its global scale), with "model" the
+// base model and no lora_path (openai.NameLlamaAdapter, built once per
+// adapter list). An adapter the server does not list is not sent: the
+// attempt is retried on another endpoint (kvroute_retries_total reason
+// adapter_not_listed; the endpoint's health is not at fault), else the
+// client gets the router's 404 model_not_found naming what the server
+// lists, or 503 adapter_list_unknown while its list is not known (no
+// scrape yet, scraping off); a base model's request to a server listing
+// no adapters, or whose list is not known, goes as sent. The engine's
+// kind is its endpoint's signals.flavor (vllm, vllm-legacy, sglang,
+// llamacpp, tgi), else the flavour its last scrape detected
+// (signals.View.Flavor); unknown (no scrape yet, scraping off), the body
+// goes as sent. A P/D pool's legs carry their protocol's form (nixl:
+// vLLM's; sglang: lora_path, set by the handoff).
 //
 // # Data-parallel engines
 //
