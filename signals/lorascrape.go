@@ -54,7 +54,7 @@ func (s *Scraper) addLoRAList(ctx context.Context, m *Metrics) {
 	switch {
 	case isOff:
 		if !st.off {
-			s.cfg.Logger.Info("llama.cpp server does not serve /lora-adapters: no LoRA adapter requests are routed to it",
+			s.cfg.Logger.Info("llama.cpp server does not serve /lora-adapters: it is taken to have no LoRA adapters",
 				"endpoint", s.target.Endpoint, "url", st.url, "status", off.status, "retry_in", SlotsRetry)
 		}
 		st.off, st.failing, st.next = true, false, now.Add(SlotsRetry)
