@@ -1,7 +1,10 @@
 package tokenizer
 
 import (
+	"encoding/json"
 	"fmt"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 )
@@ -120,6 +123,51 @@ func BenchmarkChatTemplateRender(b *testing.B) {
 		if _, err := tmpl.Render(msgs, ChatOptions{AddGenerationPrompt: true}); err != nil {
 			b.Fatal(err)
 		}
+	}
+}
+
+// BenchmarkChatTemplateRenderJSON renders, per reference model, the requests of
+// vllm-inputs.json that its template renders (tools, tool calls with
+// arguments, reasoning, documents), each as the router's precise mode
+// does: ChatRequest.Vars, then RenderJSON.
+func BenchmarkChatTemplateRenderJSON(b *testing.B) {
+	data, err := os.ReadFile(filepath.Join("testdata", "expected", "vllm-inputs.json"))
+	if err != nil {
+		b.Fatal(err)
+	}
+	var exp vllmInputsFile
+	if err := json.Unmarshal(data, &exp); err != nil {
+		b.Fatal(err)
+	}
+	for _, model := range allRefModels {
+		b.Run(model, func(b *testing.B) {
+			tmpl, err := loadRef(b, model).ChatTemplate()
+			if err != nil {
+				b.Fatal(err)
+			}
+			type request struct {
+				messages json.RawMessage
+				opts     ChatOptions
+			}
+			var reqs []request
+			for _, c := range exp.Cases {
+				opts := ChatOptions{AddGenerationPrompt: true, Now: fixtureNow(b, exp.StrftimeNow)}
+				req := ChatRequest{Tools: c.Request.Tools, Documents: c.Request.Documents, ReasoningEffort: c.Request.Effort,
+					ChatTemplate: c.Request.ChatTemplate, Kwargs: c.Request.Kwargs}
+				if req.Vars(&opts) != nil || c.Prompts[model].Prompt == nil {
+					continue
+				}
+				reqs = append(reqs, request{c.Request.Messages, opts})
+			}
+			b.ReportAllocs()
+			for b.Loop() {
+				for _, r := range reqs {
+					if _, err := tmpl.RenderJSON(r.messages, r.opts); err != nil {
+						b.Fatal(err)
+					}
+				}
+			}
+		})
 	}
 }
 
