@@ -20,10 +20,10 @@
 #                          jinja2's filters map it (render_case.py); kept as
 #                          committed when python3 or jinja2 is missing
 #   jinja-semantics.json   small templates that tell jinja2's semantics
-#                          (scoping, comparisons, namespace, special tokens)
-#                          from the Go engine's, rendered by jinja2
-#                          (render_semantics.py); kept as committed when
-#                          python3 or jinja2 is missing
+#                          (scoping, comparisons, namespace, printing,
+#                          special tokens) from the Go engine's, rendered
+#                          by jinja2 (render_semantics.py); kept as
+#                          committed when python3 or jinja2 is missing
 #   <model>.json           texts, chats, and the reference token ids from
 #                          HuggingFace's tokenizers (Rust, npm `tokenizers`),
 #                          cross-checked with tokenizers.js (gen.mjs)

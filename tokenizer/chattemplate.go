@@ -46,13 +46,15 @@ type ChatTemplate struct {
 	toolUse    *ChatTemplate
 	toolUseErr error
 	// filters are the Python-exact filters the compiled template calls,
-	// which each render passes: the comparisons, loops and attribute
-	// assignments pyCompares rewrote (pyCompareVars, namespaceVars), the
-	// namespace global (namespaceVars), the string methods pyMethods rewrote
-	// (pyMethodVars), the tests pyTests rewrote (pyTestVars) and the case
-	// filters pyFilters renamed (prefixedFilterVars), only those whose names
-	// the rewritten source has (a template with tests uses a few of
-	// jinja2's ~90 test filters).
+	// which each render passes: the comparisons, loops, attribute
+	// assignments and concatenations pyCompares rewrote (pyCompareVars,
+	// namespaceVars, pyCatVars), the namespace global (namespaceVars),
+	// the string methods pyMethods rewrote (pyMethodVars), the tests
+	// pyTests rewrote (pyTestVars) and the case filters pyFilters renamed
+	// (prefixedFilterVars), only those whose names the rewritten source
+	// has (a template with tests uses a few of jinja2's ~90 test
+	// filters). (The prints pyCompares rewrote call pyString, which every
+	// render passes with tojson and trim.)
 	filters []namedFilter
 }
 
@@ -108,6 +110,7 @@ try:
 	if strings.Contains(out, compareName) {
 		filters = usedFilters(filters, out, pyCompareVars)
 	}
+	filters = usedFilters(filters, out, pyCatVars)
 	filters = usedFilters(filters, out, namespaceVars)
 	if methods {
 		filters = usedFilters(filters, out, pyMethodVars)

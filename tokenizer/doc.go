@@ -110,19 +110,28 @@
 // and the dict methods keys, values, items and get are rewritten so;
 // a for loop over None, a number or a boolean is Python's TypeError, not
 // an empty loop; {% set d.x = 1 %} on anything but a namespace is
-// jinja2's error, not a dict's assignment), but in a template with
+// jinja2's error, not a dict's assignment), and so is what a template
+// prints (pystr.go: {{ x }} and each operand of ~ are Python's str() of
+// the value, a float's repr, None as "None", a list's, dict's or
+// namespace's repr with its strings in Python's quotes and escapes,
+// [1, 'a', None] and ["it's"], where that engine writes 2.0 as "2", None
+// as "" and a list's strings in single quotes as they are; a {{ }} or ~
+// of a value that the rewrite cannot tell is a string, an integer or a
+// boolean is rewritten through str()), but in a template with
 // {% raw %}. The case mappings
 // are Python's full ones with its final sigma (pycase.go: "ß".upper() is
 // "SS", "ΌΣΟΣ".lower() "όσος", where that engine's are Go's simple ones).
-// Left as that engine has them: a float or None a template writes with
-// {{ }} alone (and a list, dict or namespace, which it writes as its own
-// repr); a tuple, which is a list there ((1, 2) == [1, 2] is true, false
-// in Python); an empty namespace, false in an if (true in Python), and its
-// keyword arguments' order, which is by name (only ns|string shows it); its
-// other filters over a namespace (length, first, join, ...: errors in
-// Python) and their comparisons (selectattr's equalto, sort, unique: its
-// own); arithmetic on an undefined value (an error in jinja2: bos_token +
-// "x" where the tokenizer has no bos_token); a list's append, pop and
+// Left as that engine has them: a tuple, which is a list there ((1, 2) ==
+// [1, 2] is true, false in Python); an empty namespace, false in an if
+// (true in Python), and its keyword arguments' order, which is by name
+// (only its str(), {{ ns }} or ns|string, shows it); its other filters
+// over a namespace (length, first, join, ...: errors in Python) and their
+// comparisons (selectattr's equalto, sort, unique: its own); how its
+// other filters write a value that is not a string ([none, 2.0]|join is
+// ",2", "None,2.0" in jinja2); arithmetic on an undefined value (an error
+// in jinja2: bos_token + "x" where the tokenizer has no bos_token), and a
+// + of a string and a value that is not one, which it writes joined
+// ('a' + none is "a": jinja2's TypeError); a list's append, pop and
 // insert and a dict's pop and update, which change it there and are the
 // sandbox's SecurityError in jinja2; and a {% set %} in a for loop with
 // {% break %} or {% continue %}, which it keeps from one iteration to the
@@ -226,8 +235,9 @@
 // alone and in contexts, is a one-off check for -pycase).
 // render_semantics.py writes testdata/expected/jinja-semantics.json: small
 // templates on which that engine's semantics differ from jinja2's (block
-// scoping, comparisons, namespace(), iteration, the special tokens of a
-// tokenizer_config.json), with jinja2's renderings or errors, which
+// scoping, comparisons, namespace(), iteration, what {{ }} and ~ write,
+// the special tokens of a tokenizer_config.json), with jinja2's
+// renderings or errors, which
 // TestJinjaSemanticsMatchJinja2 compares with this package's. The tests compare ids, ids with
 // special tokens added, and rendered prompts exactly, and skip with a message
 // when the tokenizer files are absent. (@huggingface/jinja is not the template

@@ -20,7 +20,7 @@ import (
 // rest the Go engine takes it for the dict it is: an empty namespace is
 // false in an if (true in Python), and the Go engine's other filters
 // (length, first, join, dictsort, ...) take it for a mapping (errors in
-// Python), as {{ ns }} writes the dict.
+// Python).
 //
 // Iterating a value that is not iterable is Python's TypeError too,
 // which the Go engine takes as an empty loop (None, a number, a boolean,

@@ -94,20 +94,23 @@ func pyCompareOp(a jinja.Value, op string, b jinja.Value) (bool, error) {
 
 // pyCompares returns src with each comparison (in an expression or
 // statement tag) rewritten as a call of compareName (see above); and, as
-// they need the same parse, each for loop's iterable X as (X)|iterName
-// and each attribute assignment's value, {% set ns.x = V %}, as
-// (V)|setAttrName(ns) (namespace.go). A tag it cannot parse as jinja2
-// does, and templates with {% raw %}, are left as they are.
+// they need the same parse, each for loop's iterable X as (X)|iterName,
+// each attribute assignment's value, {% set ns.x = V %}, as
+// (V)|setAttrName(ns) (namespace.go), and each print and ~ that the Go
+// engine may write otherwise than Python's str() through stringName and
+// catName (pystr.go). A tag it cannot parse as jinja2 does, and
+// templates with {% raw %}, are left as they are.
 func pyCompares(src string) string {
-	if !hasComparison(src) || rawTagRE.MatchString(src) {
+	if !mayRewrite(src) || rawTagRE.MatchString(src) {
 		return src
 	}
 	return rewriteTagsOf(src, rewriteComparisons)
 }
 
-// hasComparison reports whether src may hold a comparison.
-func hasComparison(src string) bool {
-	return strings.ContainsAny(src, "=<>") || strings.Contains(src, "in")
+// mayRewrite reports whether src may hold a comparison, a for loop, an
+// assignment, a print or a ~ that pyCompares rewrites.
+func mayRewrite(src string) bool {
+	return strings.ContainsAny(src, "=<>~") || strings.Contains(src, "in") || strings.Contains(src, "{{")
 }
 
 // rewriteComparisons rewrites the comparisons, loop iterables and
@@ -135,11 +138,21 @@ func rewriteComparisons(s string, statement bool) (out string, ok bool) {
 	} else if !p.tuple(&b, true) {
 		return s, false
 	}
-	if p.pos != len(p.toks) || !p.changed {
+	if p.pos != len(p.toks) {
 		return s, false
 	}
-	b.WriteString(body[p.lastEnd():])
-	return left + b.String() + right, true
+	text := b.String()
+	if !statement && p.kind == kindAny {
+		// a print of what the Go engine may write otherwise: through
+		// Python's str()
+		operand := strings.TrimLeft(text, " \t\r\n")
+		text = text[:len(text)-len(operand)] + "(" + operand + ")|" + stringName
+		p.changed = true
+	}
+	if !p.changed {
+		return s, false
+	}
+	return left + text + body[p.lastEnd():] + right, true
 }
 
 // The kinds of cmpParser's tokens.
@@ -164,7 +177,36 @@ type cmpParser struct {
 	src     string
 	toks    []cmpToken
 	pos     int
-	changed bool // a comparison was rewritten
+	changed bool     // a comparison was rewritten
+	kind    exprKind // of the value of the construct parsed last
+}
+
+// exprKind is what cmpParser tells of an expression's value: whether the
+// Go engine writes it (in a {{ }} or as an operand of ~) as Python's str()
+// does (pystr.go).
+type exprKind uint8
+
+// The kinds of values, from the least known.
+const (
+	kindAny    exprKind = iota // anything: a float, None, a list, ...
+	kindPlain                  // a string, an integer or a boolean
+	kindString                 // a string
+)
+
+// or is the kind of a value that is either one of a kind a or one of b.
+func (a exprKind) or(b exprKind) exprKind { return min(a, b) }
+
+// filterKinds are the kinds of the values of the filters that make a
+// string, an integer or a boolean whatever they are given (those
+// pyFilters renames are Python's, under both names), the kinds of the
+// filters pyCompares writes included.
+var filterKinds = map[string]exprKind{
+	"tojson": kindString, "string": kindString, "trim": kindString, "upper": kindString, "lower": kindString,
+	"capitalize": kindString, "title": kindString, "join": kindString, "replace": kindString, "indent": kindString,
+	tojsonName: kindString, stringName: kindString, trimName: kindString, catName: kindString,
+	filterPrefix + "upper": kindString, filterPrefix + "lower": kindString,
+	filterPrefix + "capitalize": kindString, filterPrefix + "title": kindString,
+	"length": kindPlain, "count": kindPlain, "wordcount": kindPlain, compareName: kindPlain,
 }
 
 // cmpOps are jinja2's operators, longest first.
@@ -349,11 +391,15 @@ func (p *cmpParser) statement(b *strings.Builder) bool {
 // tuple parses parse_tuple: expressions separated by commas, a trailing
 // comma allowed.
 func (p *cmpParser) tuple(b *strings.Builder, condexpr bool) bool {
-	for {
+	for n := 0; ; n++ {
 		if !p.expression(b, condexpr) {
 			return false
 		}
-		if !p.expect(b, ",") || !p.startsExpression() {
+		comma := p.expect(b, ",")
+		if comma || n > 0 {
+			p.kind = kindAny // a tuple
+		}
+		if !comma || !p.startsExpression() {
 			return true
 		}
 	}
@@ -380,25 +426,34 @@ func (p *cmpParser) expression(b *strings.Builder, condexpr bool) bool {
 	if !p.or(b) {
 		return false
 	}
+	k := p.kind
 	for condexpr && p.is("if") {
 		p.take(b)
 		if !p.or(b) {
 			return false
 		}
-		if p.expect(b, "else") && !p.expression(b, true) {
-			return false
+		if p.expect(b, "else") { // without, an undefined value: "" in both
+			if !p.expression(b, true) {
+				return false
+			}
+			k = k.or(p.kind)
 		}
 	}
+	p.kind = k
 	return true
 }
 
-func (p *cmpParser) or(b *strings.Builder) bool { return p.binary(b, p.and, "or") }
+func (p *cmpParser) or(b *strings.Builder) bool { return p.binary(b, p.and, eitherKind, "or") }
 
-func (p *cmpParser) and(b *strings.Builder) bool { return p.binary(b, p.not, "and") }
+func (p *cmpParser) and(b *strings.Builder) bool { return p.binary(b, p.not, eitherKind, "and") }
 
 func (p *cmpParser) not(b *strings.Builder) bool {
 	if p.expect(b, "not") {
-		return p.not(b)
+		if !p.not(b) {
+			return false
+		}
+		p.kind = kindPlain
+		return true
 	}
 	return p.compare(b)
 }
@@ -410,6 +465,7 @@ func (p *cmpParser) compare(b *strings.Builder) bool {
 	if !p.math1(&first) {
 		return false
 	}
+	k := p.kind
 	var rest strings.Builder
 	n := 0
 	for {
@@ -437,9 +493,11 @@ func (p *cmpParser) compare(b *strings.Builder) bool {
 	}
 	if n == 0 {
 		b.WriteString(first.String())
+		p.kind = k
 		return true
 	}
 	p.changed = true
+	p.kind = kindPlain
 	f := first.String()
 	operand := strings.TrimLeft(f, " \t\r\n")
 	b.WriteString(f[:len(f)-len(operand)])
@@ -451,43 +509,100 @@ func (p *cmpParser) compare(b *strings.Builder) bool {
 	return true
 }
 
-// binary parses operands of next joined by the operators ops.
-func (p *cmpParser) binary(b *strings.Builder, next func(*strings.Builder) bool, ops ...string) bool {
+// binary parses operands of next joined by the operators ops; the kind
+// of the value is, for each operator in turn, kind of the kind of what
+// is before it, the operator and the kind of the operand after it.
+func (p *cmpParser) binary(b *strings.Builder, next func(*strings.Builder) bool, kind func(exprKind, string, exprKind) exprKind, ops ...string) bool {
 	if !next(b) {
 		return false
 	}
+	k := p.kind
 	for {
-		found := false
-		for _, op := range ops {
-			if p.is(op) {
-				found = true
+		op := ""
+		for _, o := range ops {
+			if p.is(o) {
+				op = o
 				break
 			}
 		}
-		if !found {
+		if op == "" {
+			p.kind = k
 			return true
 		}
 		p.take(b)
 		if !next(b) {
 			return false
 		}
+		k = kind(k, op, p.kind)
 	}
 }
 
-func (p *cmpParser) math1(b *strings.Builder) bool {
-	return p.binary(b, p.concat, "+", "-")
+// eitherKind is the kind of or's and and's value: either operand.
+func eitherKind(a exprKind, _ string, b exprKind) exprKind { return a.or(b) }
+
+// anyKind is the kind of an arithmetic operation's value.
+func anyKind(exprKind, string, exprKind) exprKind { return kindAny }
+
+// addKind is the kind of + and -'s value: a + of a string is a string in
+// the Go engine (and a string or jinja2's error).
+func addKind(a exprKind, op string, b exprKind) exprKind {
+	if op == "+" && (a == kindString || b == kindString) {
+		return kindString
+	}
+	return kindAny
 }
 
+func (p *cmpParser) math1(b *strings.Builder) bool {
+	return p.binary(b, p.concat, addKind, "+", "-")
+}
+
+// concat parses ~: jinja2's is the operands' str() joined, the Go
+// engine's their printing. A concatenation of an operand that it may
+// print otherwise (exprKind) is written as catName's call,
+// "((a)|kvroute_cat((b), (c)))", which also keeps the Go engine, whose ~
+// binds less tightly than + and -, from splitting it.
 func (p *cmpParser) concat(b *strings.Builder) bool {
-	return p.binary(b, p.math2, "~")
+	var first strings.Builder
+	if !p.math2(&first) {
+		return false
+	}
+	k := p.kind
+	if !p.is("~") {
+		b.WriteString(first.String())
+		return true
+	}
+	plain := first.String() // the text as it is
+	var args strings.Builder
+	for p.is("~") {
+		plain += p.src[p.lastEnd():p.toks[p.pos].end]
+		p.pos++
+		var operand strings.Builder
+		if !p.math2(&operand) {
+			return false
+		}
+		k = k.or(p.kind)
+		plain += operand.String()
+		args.WriteString(", (" + strings.TrimLeft(operand.String(), " \t\r\n") + ")")
+	}
+	p.kind = kindString
+	if k != kindAny {
+		b.WriteString(plain)
+		return true
+	}
+	p.changed = true
+	f := first.String()
+	operand := strings.TrimLeft(f, " \t\r\n")
+	b.WriteString(f[:len(f)-len(operand)])
+	b.WriteString("((" + operand + ")|" + catName + "(" + strings.TrimPrefix(args.String(), ", ") + "))")
+	return true
 }
 
 func (p *cmpParser) math2(b *strings.Builder) bool {
-	return p.binary(b, p.pow, "*", "/", "//", "%")
+	return p.binary(b, p.pow, anyKind, "*", "/", "//", "%")
 }
 
 func (p *cmpParser) pow(b *strings.Builder) bool {
-	return p.binary(b, func(b *strings.Builder) bool { return p.unary(b, true) }, "**")
+	return p.binary(b, func(b *strings.Builder) bool { return p.unary(b, true) }, anyKind, "**")
 }
 
 // unary parses parse_unary: signs, a primary and its postfixes, then
@@ -498,16 +613,33 @@ func (p *cmpParser) unary(b *strings.Builder, withFilter bool) bool {
 		if !p.unary(b, false) {
 			return false
 		}
+		p.kind = kindAny
 	} else if !p.primary(b) {
 		return false
+	} else if p.toks[p.pos-1].kind == tokNameKind && ownMacro(p.text(p.pos-1)) && p.is("(") {
+		if !p.call(b) {
+			return false
+		}
+		p.kind = kindString // a macro's value
 	}
+	k, start := p.kind, p.pos
 	if !p.postfix(b) {
 		return false
+	}
+	p.kind = k
+	if p.pos != start {
+		p.kind = kindAny // an attribute, an item, a call's value
 	}
 	if withFilter {
 		return p.filterExpr(b)
 	}
 	return true
+}
+
+// ownMacro reports whether name is a macro's that this package's
+// rewrites write (pyLoopBodies, pyWithBlocks, pyFilterBlocks).
+func ownMacro(name string) bool {
+	return strings.HasPrefix(name, loopBodyPrefix) || strings.HasPrefix(name, withBlockPrefix) || strings.HasPrefix(name, filterBlockPrefix)
 }
 
 // operatorWords are the keywords that join or end expressions, never an
@@ -520,23 +652,32 @@ func (p *cmpParser) primary(b *strings.Builder) bool {
 	if p.pos == len(p.toks) {
 		return false
 	}
-	switch p.toks[p.pos].kind {
+	p.kind = kindAny
+	switch t := p.text(p.pos); p.toks[p.pos].kind {
 	case tokNameKind:
-		if operatorWords[p.text(p.pos)] {
+		if operatorWords[t] {
 			// Not an operand as the Go engine parses: it compiles {% for
 			// x in if[] %} (and renders no iteration), but not the
 			// rewrite's (if[])|kvroute_iter. The tag is left as it is.
 			return false
 		}
 		p.take(b)
+		switch t {
+		case "true", "false", "True", "False":
+			p.kind = kindPlain
+		}
 		return true
 	case tokNumberKind:
 		p.take(b)
+		if !strings.ContainsAny(t, ".eE_") {
+			p.kind = kindPlain // an integer
+		}
 		return true
 	case tokStringKind:
 		for p.pos < len(p.toks) && p.toks[p.pos].kind == tokStringKind {
 			p.take(b)
 		}
+		p.kind = kindString
 		return true
 	}
 	switch p.text(p.pos) {
@@ -544,13 +685,17 @@ func (p *cmpParser) primary(b *strings.Builder) bool {
 		p.take(b)
 		if p.is(")") {
 			p.take(b)
-			return true
+			return true // a tuple
 		}
-		return p.tuple(b, true) && p.expect(b, ")")
+		return p.tuple(b, true) && p.expect(b, ")") // the tuple's kind, or its one expression's
 	case "[":
-		return p.items(b, "]", false)
+		ok := p.items(b, "]", false)
+		p.kind = kindAny
+		return ok
 	case "{":
-		return p.items(b, "}", true)
+		ok := p.items(b, "}", true)
+		p.kind = kindAny
+		return ok
 	}
 	return false
 }
@@ -644,19 +789,27 @@ func (p *cmpParser) call(b *strings.Builder) bool {
 	return p.expect(b, ")")
 }
 
-// filterExpr parses parse_filter_expr: filters, tests and calls.
+// filterExpr parses parse_filter_expr: filters, tests and calls. The kind
+// of the value is the last filter's of filterKinds, a test's a boolean.
 func (p *cmpParser) filterExpr(b *strings.Builder) bool {
+	k := p.kind
 	for {
 		switch {
 		case p.is("|"):
 			p.take(b)
+			name := p.pos
 			if !p.dottedName(b) {
 				return false
+			}
+			k = kindAny
+			if p.pos == name+1 {
+				k = filterKinds[p.text(name)]
 			}
 			if p.is("(") && !p.call(b) {
 				return false
 			}
 		case p.is("is"):
+			k = kindPlain
 			p.take(b)
 			p.expect(b, "not")
 			if !p.dottedName(b) {
@@ -675,10 +828,12 @@ func (p *cmpParser) filterExpr(b *strings.Builder) bool {
 				}
 			}
 		case p.is("("):
+			k = kindAny
 			if !p.call(b) {
 				return false
 			}
 		default:
+			p.kind = k
 			return true
 		}
 	}

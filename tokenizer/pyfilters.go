@@ -24,8 +24,9 @@ import (
 //     as "2", 1e6 as "1e+06": Python writes "2.0" and "1000000.0"), and
 //     with an indent (Llama 3.1's template writes each tool with
 //     tojson(indent=4)) it sorts the keys of objects;
-//   - string, Python's str(): the Go engine writes a float by %g too and
-//     None as "" (Python: "None"); Qwen3-Coder's template writes each
+//   - string, Python's str() (pystr.go): the Go engine writes a float by
+//     %g too, None as "" (Python: "None") and a list's or dict's strings
+//     in single quotes as they are; Qwen3-Coder's template writes each
 //     tool call argument that is not an object or a list with it;
 //   - trim, Python's str.strip(chars): without chars the Go engine strips
 //     Go's white space (unicode.IsSpace), which lacks the separators
@@ -237,9 +238,9 @@ var pyToJSON = jinja.NewCallable(tojsonName, func(args []jinja.Value, kwargs map
 	return jinja.NewString(string(e.b)), nil
 })
 
-// pyString is jinja2's string filter, Python's str(): a float as its
-// repr ("2.0", "nan", "inf"), None as "None", an undefined value as "",
-// anything else as the Go engine's string filter writes it.
+// pyString is jinja2's string filter, Python's str() (pyStr): a float as
+// its repr ("2.0", "nan", "inf"), None as "None", an undefined value as
+// "", a list or a dict as its repr (strings in Python's quotes).
 var pyString = jinja.NewCallable(stringName, func(args []jinja.Value, _ map[string]jinja.Value) (jinja.Value, error) {
 	if len(args) == 0 {
 		return jinja.NewString(""), nil
@@ -249,39 +250,6 @@ var pyString = jinja.NewCallable(stringName, func(args []jinja.Value, _ map[stri
 	}
 	return jinja.NewString(pyStr(args[0])), nil
 })
-
-// pyStr is Python's str(v), as pyString writes it.
-func pyStr(v jinja.Value) string {
-	switch {
-	case v.IsString():
-		return v.AsString()
-	case v.IsFloat():
-		switch f := v.AsFloat(); {
-		case math.IsNaN(f):
-			return "nan"
-		case math.IsInf(f, 1):
-			return "inf"
-		case math.IsInf(f, -1):
-			return "-inf"
-		}
-		return string(appendPyFloat(nil, v.AsFloat()))
-	case v.IsNone():
-		return "None"
-	case v.IsUndefined(), v.IsCallable():
-		return ""
-	case v.IsBool():
-		if v.AsBool() {
-			return "True"
-		}
-		return "False"
-	case v.IsInt():
-		return strconv.FormatInt(v.AsInt(), 10)
-	case isNamespace(v): // jinja2's Namespace.__repr__, of the Go engine's repr of its attributes
-		return "<Namespace " + v.String() + ">"
-	default: // a list or a dict: the Go engine's repr
-		return v.String()
-	}
-}
 
 // pyTrim is jinja2's trim filter: str(value).strip(chars), chars by
 // position or by name; without them (or None) Python's white space

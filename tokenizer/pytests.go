@@ -47,9 +47,7 @@ import (
 // Left as they are: sameas beyond what equality decides (None, booleans,
 // small integers and strings are taken as identical when equal, lists
 // and dicts only when they are the same value, other numbers never: in
-// CPython their identity is an accident of its caches), the str() of a
-// list or dict (the Go engine's repr,
-// whose quotes and escapes may differ from Python's), `"%d" % 2` (a
+// CPython their identity is an accident of its caches), `"%d" % 2` (a
 // string with a format is a TypeError here too), the escaped, filter and
 // test tests, and tests called with keyword arguments (errors here).
 

@@ -16,6 +16,11 @@ The cases, by section:
             included); what a for loop cannot iterate; attribute
             assignments; the items and list filters and the dict methods
             keys, values, items and get;
+  print     what {{ }}, ~ and the string filter write of a value: Python's
+            str() (a float's repr, None, a list's and a dict's repr with
+            their strings in Python's quotes, a namespace), of literals
+            and of a request's values (a null content, tool call
+            arguments);
   special   the special tokens of a tokenizer_config.json ("config") as
             transformers 4.x passes them to the template
             (render_chats.py's special_tokens_map), under the keyword
@@ -152,6 +157,33 @@ NAMESPACE = [
     "{{ 'ab'.items() }}",
 ]
 
+# What {{ }}, ~ and the string filter write: Python's str() of each kind of
+# value (j and msgs are variables, n is None, u undefined). (The Go engine
+# lexes no exponent in a number literal, 1e20, and ends a tag at the first
+# "}}", {{ {'a': {}} }}: neither is in these templates.)
+PRINT_VARS = {
+    "j": {"f": 2.0, "e": 1e20, "m": 1e-05, "g": 0.1, "n": None, "t": True, "i": 3, "l": [1, "a", None, 2.5],
+          "d": {"a": 1, "b": [{"c": None}], "e": {}}, "s": "it's", "q": 'say "hi"', "both": "it's \"x\"",
+          "esc": "a\\b\n\t\r\x00\x1f\x7f\x80\xa0\xad é\u2028\u200b\ue000\U0001F600\U000E0001\U0010FFFF"},
+    "n": None,
+    "msgs": [{"role": "assistant", "content": None, "tool_calls": [
+        {"type": "function", "function": {"name": "f", "arguments": {"x": 2.0, "y": "it's", "z": [1e-05, None, True], "w": 10}}}]}],
+}
+PRINT = [
+    "{{ j.f }}|{{ j.e }}|{{ j.m }}|{{ j.g }}|{{ j.n }}|{{ n }}|{{ j.t }}|{{ j.i }}|{{ none }}|{{ 2.0 }}|{{ 0.1 + 0.2 }}|{{ 1 / 2 }}|{{ -0.0 }}|{{ 100.0 * 1000000000000000 }}",
+    "{{ j.l }}|{{ j.d }}|{{ [1, 'a', none] }}|{{ {'a': 1} }}|{{ [[], {}, [{}]] }}|{{ [true, false, -0.0, j.e, j.m, 123456789.0] }}|{{ {'a': {'b': [1.0]} } }}",
+    "{{ [j.s] }}|{{ [j.q] }}|{{ [j.both] }}|{{ {'k': j.esc} }}|{{ j.s }}|{{ {j.s: j.q} }}|{{ ['', \"'\", '\"', '\\\\'] }}",
+    "{{ [u] }}|{{ u }}|{{ {'a': u} }}|{{ u ~ 'x' }}|{{ j.missing }}|{{ [j.missing] }}",
+    "{{ 1 ~ 2.0 ~ none ~ [1.5] ~ u }}|{{ j.f ~ '' }}|{{ 'x' ~ n }}|{{ j.l ~ j.d }}|{% set s = j.f ~ j.n %}{{ s }}|{{ ('a' ~ j.f) | length }}|{{ 'a' ~ 1 ~ true }}",
+    "{{ j.l | string }}|{{ j.d | string }}|{{ [j.s] | string }}|{{ n | string }}|{{ j.f | string | length }}|{{ {'k': [j.esc]} | string }}",
+    "{{ 'a' ~ j.f * 2 }}|{{ 'a' + j.f ~ 'b' }}|{{ j.f ~ j.f == '2.02.0' }}",
+    "{% set ns = namespace(a=j.f, b=[n]) %}{{ ns }}|{{ [ns] }}|{{ ns | string }}|{{ {'ns': ns} }}",
+    "{% for m in msgs %}[{{ m.content }}]{% for c in m.tool_calls %}{{ c.function.arguments }}|{{ c.function }}|"
+    "{% for k, v in c.function.arguments | items %}{{ k }}={{ v }};{% endfor %}{% endfor %}{% endfor %}",
+    "{{ n if true else 'x' }}|{{ n or j.f }}|{{ j.f if false }}|{{ -j.f }}|{{ j.f * 2 }}|{{ j.l[3] }}|{{ j.l | first }}|{{ j.l | last }}|{{ j.d.b[0] }}|{{ j.t and j.f }}",
+    "{% macro m(x) %}{{ x }}{% endmacro %}{{ m(j.f) }}|{{ m(n) }}|{% filter upper %}{{ j.d }}{% endfilter %}|{% set b %}{{ j.l }}{% endset %}{{ b }}|{{ j.t }}{{ 1 == 1.0 }}{{ j.i is odd }}{{ j.l | length }}",
+]
+
 # The special tokens transformers gives a template (render_chats.py's
 # special_tokens_map of a tokenizer_config.json) under apply_chat_template's
 # keyword arguments, which win: (tokenizer_config.json, kwargs), rendered
@@ -173,7 +205,7 @@ SPECIAL_TOKENS = [
 ]
 
 SECTIONS = {"scoping": SCOPING, "compare": [(c, COMPARE_VARS) for c in COMPARE],
-            "namespace": [(c, COMPARE_VARS) for c in NAMESPACE]}
+            "namespace": [(c, COMPARE_VARS) for c in NAMESPACE], "print": [(c, PRINT_VARS) for c in PRINT]}
 
 
 def render(env, src, variables):
