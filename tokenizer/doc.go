@@ -13,8 +13,9 @@
 //
 // # HuggingFace tokenizers
 //
-// Load (or LoadDir) reads a tokenizer.json and its tokenizer_config.json into
-// an *HF: byte-level BPE with added/special tokens, normalizers (NFC, NFD,
+// Load (LoadFiles, LoadDir) reads a tokenizer.json, its
+// tokenizer_config.json and special_tokens_map.json into an *HF:
+// byte-level BPE with added/special tokens, normalizers (NFC, NFD,
 // NFKC, NFKD, Lowercase, Sequence), Split and ByteLevel pre-tokenizers,
 // TemplateProcessing post-processing (EncodeAddSpecial) and ByteLevel
 // decoding: what Llama 3.x and Qwen2/2.5/3 use (tested against the reference
@@ -57,13 +58,18 @@
 // sep_token, pad_token, cls_token, mask_token, additional_special_tokens
 // (a list) and the model-specific ones extra_special_tokens names, each
 // only when tokenizer_config.json sets it to a token that is not empty
-// (else it is undefined). A special_tokens_map.json beside it, which
-// transformers reads over it, and a tokenizer class's default tokens (a
-// LlamaTokenizerFast's unk_token "<unk>" when the config does not name
-// one) are not read. That engine applies a tag's whitespace control
-// past a neighbouring tag and keeps a template's final newline, unlike
-// jinja2; jinjatrim.go rewrites a template's source so that both render it
-// alike (TestChatTemplateWhitespaceMatchesJinja2). Its tojson, string and
+// (else it is undefined). A special_tokens_map.json beside it is read as
+// transformers 4.x reads it: only when tokenizer_config.json has no
+// added_tokens_decoder (as transformers wrote it before 4.34), and then
+// its special tokens win over the config's (its
+// additional_special_tokens are appended to the config's), for the
+// template, the EOS id and a LlamaTokenizerFast's BOS alike (Files). A
+// tokenizer class's default tokens (a LlamaTokenizerFast's unk_token
+// "<unk>" when the config does not name one) are not read. That engine
+// applies a tag's whitespace control past a neighbouring tag and keeps a
+// template's final newline, unlike jinja2; jinjatrim.go rewrites a
+// template's source so that both render it alike
+// (TestChatTemplateWhitespaceMatchesJinja2). Its tojson, string and
 // trim filters are replaced by transformers' and jinja2's, and so are its
 // upper, lower, capitalize and title (pyfilters.go: Python's json.dumps
 // and str(), which write 2.0 as "2.0" and None as "None", where that

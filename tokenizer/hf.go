@@ -46,9 +46,10 @@ type HF struct {
 	templateEr error         // compiling the chat template failed (reported by ChatTemplate)
 }
 
-// LoadDir loads dir/tokenizer.json and, when present, dir/tokenizer_config.json
-// (a HuggingFace model directory). dir may also name the tokenizer.json file
-// itself; tokenizer_config.json is then looked for beside it.
+// LoadDir loads dir/tokenizer.json and, when present,
+// dir/tokenizer_config.json and dir/special_tokens_map.json (a HuggingFace
+// model directory; see Files). dir may also name the tokenizer.json file
+// itself; the other files are then looked for beside it.
 func LoadDir(dir string) (*HF, error) {
 	file := filepath.Join(dir, "tokenizer.json")
 	if fi, err := os.Stat(dir); err == nil && !fi.IsDir() {
@@ -58,27 +59,50 @@ func LoadDir(dir string) (*HF, error) {
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
-	tc, err := os.ReadFile(filepath.Join(dir, "tokenizer_config.json"))
-	if err != nil && !errors.Is(err, os.ErrNotExist) {
-		return nil, fmt.Errorf("tokenizer: %w", err)
+	f := Files{Tokenizer: tj}
+	for name, dst := range map[string]*[]byte{"tokenizer_config.json": &f.Config, "special_tokens_map.json": &f.SpecialTokensMap} {
+		if *dst, err = os.ReadFile(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+			return nil, fmt.Errorf("tokenizer: %w", err)
+		}
 	}
-	return Load(tj, tc)
+	return LoadFiles(f)
+}
+
+// Files are the contents of a HuggingFace model directory's tokenizer
+// files, which LoadFiles reads.
+type Files struct {
+	// Tokenizer is tokenizer.json. Required.
+	Tokenizer []byte
+	// Config is tokenizer_config.json; nil for none: no chat template,
+	// no bos/eos names.
+	Config []byte
+	// SpecialTokensMap is special_tokens_map.json; nil for none.
+	// transformers 4.x reads it only beside a tokenizer_config.json
+	// without added_tokens_decoder (which transformers writes since 4.34;
+	// or none), and then its special tokens win over the config's
+	// (hfConfig.applySpecialTokensMap); else it is not read.
+	SpecialTokensMap []byte
 }
 
 // Load builds a tokenizer from the contents of a tokenizer.json and of a
 // tokenizer_config.json (nil when there is none: no chat template, no
-// bos/eos names).
+// bos/eos names): LoadFiles without a special_tokens_map.json.
 func Load(tokenizerJSON, tokenizerConfigJSON []byte) (*HF, error) {
-	t, err := load(tokenizerJSON, tokenizerConfigJSON)
+	return LoadFiles(Files{Tokenizer: tokenizerJSON, Config: tokenizerConfigJSON})
+}
+
+// LoadFiles builds a tokenizer from the contents of its files.
+func LoadFiles(f Files) (*HF, error) {
+	t, err := load(f)
 	if err != nil {
 		return nil, fmt.Errorf("tokenizer: load: %w", err)
 	}
 	return t, nil
 }
 
-func load(tokenizerJSON, tokenizerConfigJSON []byte) (*HF, error) {
+func load(files Files) (*HF, error) {
 	var f hfFile
-	if err := json.Unmarshal(tokenizerJSON, &f); err != nil {
+	if err := json.Unmarshal(files.Tokenizer, &f); err != nil {
 		return nil, fmt.Errorf("tokenizer.json: %w", err)
 	}
 	t := &HF{addedByID: make(map[uint32]hfAddedToken)}
@@ -123,8 +147,8 @@ func load(tokenizerJSON, tokenizerConfigJSON []byte) (*HF, error) {
 		// one it runs on the characters and the ids differ.
 		return nil, errors.New("pre_tokenizer: no ByteLevel step: only byte-level BPE tokenizers are supported")
 	}
-	if len(tokenizerConfigJSON) > 0 {
-		if err := t.loadConfig(tokenizerConfigJSON); err != nil {
+	if len(files.Config) > 0 || len(files.SpecialTokensMap) > 0 {
+		if err := t.loadConfig(files.Config, files.SpecialTokensMap); err != nil {
 			return nil, err
 		}
 	}
@@ -387,19 +411,22 @@ func checkDecoder(raw json.RawMessage, depth int) error {
 
 // hfConfig is the part of tokenizer_config.json this package reads.
 type hfConfig struct {
-	BOS            json.RawMessage `json:"bos_token"`
-	EOS            json.RawMessage `json:"eos_token"`
-	UNK            json.RawMessage `json:"unk_token"`
-	SEP            json.RawMessage `json:"sep_token"`
-	PAD            json.RawMessage `json:"pad_token"`
-	CLS            json.RawMessage `json:"cls_token"`
-	Mask           json.RawMessage `json:"mask_token"`
-	Additional     json.RawMessage `json:"additional_special_tokens"`
-	Extra          json.RawMessage `json:"extra_special_tokens"`
-	ChatTemplate   json.RawMessage `json:"chat_template"`
-	TokenizerClass string          `json:"tokenizer_class"`
-	AddBOS         *bool           `json:"add_bos_token"`
-	AddEOS         *bool           `json:"add_eos_token"`
+	BOS        json.RawMessage `json:"bos_token"`
+	EOS        json.RawMessage `json:"eos_token"`
+	UNK        json.RawMessage `json:"unk_token"`
+	SEP        json.RawMessage `json:"sep_token"`
+	PAD        json.RawMessage `json:"pad_token"`
+	CLS        json.RawMessage `json:"cls_token"`
+	Mask       json.RawMessage `json:"mask_token"`
+	Additional json.RawMessage `json:"additional_special_tokens"`
+	Extra      json.RawMessage `json:"extra_special_tokens"`
+	// AddedTokensDecoder is only told apart from absent (nil), which
+	// makes transformers read special_tokens_map.json.
+	AddedTokensDecoder json.RawMessage `json:"added_tokens_decoder"`
+	ChatTemplate       json.RawMessage `json:"chat_template"`
+	TokenizerClass     string          `json:"tokenizer_class"`
+	AddBOS             *bool           `json:"add_bos_token"`
+	AddEOS             *bool           `json:"add_eos_token"`
 }
 
 // llamaClasses are the transformers tokenizer classes whose constructor
@@ -410,6 +437,22 @@ var llamaClasses = map[string]bool{
 	"LlamaTokenizerFast": true, "LlamaTokenizer": true,
 	"CodeLlamaTokenizerFast": true, "CodeLlamaTokenizer": true,
 	"GemmaTokenizerFast": true, "GemmaTokenizer": true,
+}
+
+// jsonString reports whether raw is a JSON string, and which.
+func jsonString(raw json.RawMessage) (string, bool) {
+	var v any
+	if json.Unmarshal(raw, &v) != nil {
+		return "", false
+	}
+	s, ok := v.(string)
+	return s, ok
+}
+
+// jsonObject reports whether raw is a JSON object.
+func jsonObject(raw json.RawMessage) bool {
+	var o map[string]json.RawMessage
+	return json.Unmarshal(raw, &o) == nil && o != nil
 }
 
 // tokenName reads a bos/eos entry: a string, an {"content": ...} object or null.
@@ -482,10 +525,82 @@ func mentioned(vars map[string]jinja.Value, src string) map[string]jinja.Value {
 	return out
 }
 
-func (t *HF) loadConfig(data []byte) error {
+// applySpecialTokensMap sets c's special tokens from a
+// special_tokens_map.json, data, as transformers 4.x's from_pretrained
+// does for a tokenizer_config.json without added_tokens_decoder (the
+// branch it calls legacy): each of its entries bos_token, eos_token,
+// unk_token, sep_token, pad_token, cls_token and mask_token replaces the
+// config's (an {"content": ...} object, an AddedToken, by its content;
+// null unsets it); its additional_special_tokens, a list, is the
+// config's list (or none) with each of its tokens that the list does
+// not hold yet appended, else it replaces the config's. A string is held
+// by a list with the same string, an object by one with an object of
+// this map with the same content: tokenizers' AddedToken equals no
+// string, and no dict, which the config's entries still are there (so
+// ["<a>"] and [{"content": "<a>"}] make ["<a>", "<a>"]). Its other
+// entries are no special tokens for the template: the tokenizer's
+// constructor takes none from there (and extra_special_tokens, an
+// object, is an error there, which this leaves to the config's).
+func (c *hfConfig) applySpecialTokensMap(data []byte) error {
+	var m map[string]json.RawMessage
+	if err := json.Unmarshal(data, &m); err != nil {
+		return err
+	}
+	named := map[string]*json.RawMessage{"bos_token": &c.BOS, "eos_token": &c.EOS, "unk_token": &c.UNK, "sep_token": &c.SEP,
+		"pad_token": &c.PAD, "cls_token": &c.CLS, "mask_token": &c.Mask}
+	for name, raw := range m {
+		if dst, ok := named[name]; ok {
+			*dst = raw
+		}
+	}
+	raw, ok := m["additional_special_tokens"]
+	if !ok {
+		return nil
+	}
+	var add []json.RawMessage
+	if json.Unmarshal(raw, &add) != nil || add == nil {
+		c.Additional = raw // not a list: in its place
+		return nil
+	}
+	var list []json.RawMessage
+	json.Unmarshal(c.Additional, &list) // what is no list counts as none
+	base := len(list)                   // list[:base] are the config's
+	for _, tok := range add {
+		held := false
+		for i, have := range list {
+			if s, ok := jsonString(tok); ok {
+				h, ok := jsonString(have)
+				held = ok && h == s
+			} else {
+				held = i >= base && jsonObject(tok) && jsonObject(have) && tokenName(have) == tokenName(tok)
+			}
+			if held {
+				break
+			}
+		}
+		if !held {
+			list = append(list, tok)
+		}
+	}
+	merged, err := json.Marshal(list)
+	if err != nil {
+		return err
+	}
+	c.Additional = merged
+	return nil
+}
+
+func (t *HF) loadConfig(data, specialTokensMap []byte) error {
 	var c hfConfig
-	if err := json.Unmarshal(data, &c); err != nil {
-		return fmt.Errorf("tokenizer_config.json: %w", err)
+	if len(data) > 0 {
+		if err := json.Unmarshal(data, &c); err != nil {
+			return fmt.Errorf("tokenizer_config.json: %w", err)
+		}
+	}
+	if len(specialTokensMap) > 0 && c.AddedTokensDecoder == nil {
+		if err := c.applySpecialTokensMap(specialTokensMap); err != nil {
+			return fmt.Errorf("special_tokens_map.json: %w", err)
+		}
 	}
 	t.bos, t.eosText = tokenName(c.BOS), tokenName(c.EOS)
 	if id, ok := t.TokenID(t.eosText); ok && t.eosText != "" {

@@ -15,12 +15,13 @@ import (
 type jinjaSemanticsFile struct {
 	Renderer string `json:"renderer"`
 	Cases    []struct {
-		Name     string                     `json:"name"`
-		Template string                     `json:"template"`
-		Config   map[string]json.RawMessage `json:"config"`
-		Vars     map[string]json.RawMessage `json:"vars"`
-		Prompt   *string                    `json:"prompt"`
-		Error    string                     `json:"error"`
+		Name             string                     `json:"name"`
+		Template         string                     `json:"template"`
+		Config           map[string]json.RawMessage `json:"config"`
+		SpecialTokensMap json.RawMessage            `json:"special_tokens_map"`
+		Vars             map[string]json.RawMessage `json:"vars"`
+		Prompt           *string                    `json:"prompt"`
+		Error            string                     `json:"error"`
 	} `json:"cases"`
 }
 
@@ -28,7 +29,7 @@ type jinjaSemanticsFile struct {
 // with its variables and wants jinja2's rendering byte for byte, or an
 // error where jinja2 raises one. A case with a tokenizer_config.json
 // ("config") is the chat template of testdata/tiny's tokenizer.json
-// loaded with that config.
+// loaded with that config (and its special_tokens_map.json).
 func TestJinjaSemanticsMatchJinja2(t *testing.T) {
 	data, err := os.ReadFile(filepath.Join("testdata", "expected", "jinja-semantics.json"))
 	if err != nil {
@@ -43,7 +44,7 @@ func TestJinjaSemanticsMatchJinja2(t *testing.T) {
 	}
 	for _, c := range exp.Cases {
 		t.Run(c.Name, func(t *testing.T) {
-			got, err := renderCase(t, c.Template, c.Config, c.Vars)
+			got, err := renderCase(t, c.Template, c.Config, c.SpecialTokensMap, c.Vars)
 			switch {
 			case c.Prompt == nil && err == nil:
 				t.Errorf("%q: got %q, want an error like jinja2's %s", c.Template, got, c.Error)
@@ -58,15 +59,16 @@ func TestJinjaSemanticsMatchJinja2(t *testing.T) {
 
 // renderCase compiles and renders template src with the variables vars
 // (JSON texts), a compile error being a render error; with config, src is
-// the chat_template of that tokenizer_config.json.
-func renderCase(t *testing.T, src string, config, vars map[string]json.RawMessage) (string, error) {
+// the chat_template of that tokenizer_config.json, beside the
+// special_tokens_map.json stm (nil for none).
+func renderCase(t *testing.T, src string, config map[string]json.RawMessage, stm json.RawMessage, vars map[string]json.RawMessage) (string, error) {
 	t.Helper()
 	var ct *ChatTemplate
 	var err error
 	if config == nil {
 		ct, err = NewChatTemplate(src, "", "")
 	} else {
-		ct, err = configTemplate(t, src, config)
+		ct, err = configTemplate(t, src, config, stm)
 	}
 	if err != nil {
 		return "", err
@@ -75,8 +77,9 @@ func renderCase(t *testing.T, src string, config, vars map[string]json.RawMessag
 }
 
 // configTemplate loads testdata/tiny's tokenizer.json with config and src
-// as its tokenizer_config.json's chat_template, and returns that template.
-func configTemplate(t *testing.T, src string, config map[string]json.RawMessage) (*ChatTemplate, error) {
+// as its tokenizer_config.json's chat_template, and stm as its
+// special_tokens_map.json (nil for none), and returns that template.
+func configTemplate(t *testing.T, src string, config map[string]json.RawMessage, stm json.RawMessage) (*ChatTemplate, error) {
 	t.Helper()
 	tj, err := os.ReadFile(filepath.Join("testdata", "tiny", "tokenizer.json"))
 	if err != nil {
@@ -90,7 +93,7 @@ func configTemplate(t *testing.T, src string, config map[string]json.RawMessage)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, err := Load(tj, data)
+	tok, err := LoadFiles(Files{Tokenizer: tj, Config: data, SpecialTokensMap: stm})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -102,7 +105,7 @@ func configTemplate(t *testing.T, src string, config map[string]json.RawMessage)
 // sandbox refuses) does not change it for the next render.
 func TestSpecialTokensNotShared(t *testing.T) {
 	const src = "{% set _ = additional_special_tokens.append('x') %}{{ additional_special_tokens | length }}"
-	ct, err := configTemplate(t, src, map[string]json.RawMessage{"additional_special_tokens": json.RawMessage(`["<a>"]`)})
+	ct, err := configTemplate(t, src, map[string]json.RawMessage{"additional_special_tokens": json.RawMessage(`["<a>"]`)}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -48,7 +48,49 @@ def environment(now=None):
 def token_name(t):
     if t is None:
         return ""
+    if isinstance(t, AddedToken):
+        return t.content
     return t if isinstance(t, str) else t.get("content", "")
+
+
+class AddedToken:
+    """tokenizers' AddedToken as transformers' special_tokens_map.json merge
+    compares it: equal to another AddedToken of the same content (its Rust
+    PartialEq), to no str and no dict (pyo3's __richcmp__ gives
+    NotImplemented for them)."""
+
+    def __init__(self, content, **_):
+        self.content = content
+
+    def __eq__(self, other):
+        return self.content == other.content if isinstance(other, AddedToken) else NotImplemented
+
+
+def with_special_tokens_map(cfg, stm):
+    """tokenizer_config.json cfg with special_tokens_map.json stm read over
+    it as transformers 4.x's PreTrainedTokenizerBase._from_pretrained reads
+    it: only when cfg has no added_tokens_decoder (its legacy branch); each
+    entry then replaces cfg's, an object as its AddedToken, but a list of
+    additional_special_tokens, whose tokens are appended to cfg's list
+    (or []) unless it holds them already (as `in` tells: a str an equal
+    str, an AddedToken one of the same content). (This reads transformers'
+    source; transformers itself is not run here.)"""
+    if stm is None or "added_tokens_decoder" in cfg:
+        return cfg
+    cfg = dict(cfg)
+    for key, value in stm.items():
+        if isinstance(value, dict):
+            value = AddedToken(**value)
+        elif key == "additional_special_tokens" and isinstance(value, list):
+            merged = list(cfg.pop("additional_special_tokens", []) or [])
+            for token in value:
+                if isinstance(token, dict):
+                    token = AddedToken(**token)
+                if token not in merged:
+                    merged.append(token)
+            value = merged
+        cfg[key] = value
+    return cfg
 
 
 # transformers 4.x's SpecialTokensMixin.SPECIAL_TOKENS_ATTRIBUTES (vLLM

@@ -23,8 +23,10 @@ The cases, by section:
             arguments);
   special   the special tokens of a tokenizer_config.json ("config") as
             transformers 4.x passes them to the template
-            (render_chats.py's special_tokens_map), under the keyword
-            arguments ("vars"), which win;
+            (render_chats.py's special_tokens_map), with a
+            special_tokens_map.json ("special_tokens_map") read over it
+            (with_special_tokens_map), under the keyword arguments
+            ("vars"), which win;
 
 Usage: python3 render_semantics.py <testdata dir>
 """
@@ -33,7 +35,7 @@ import sys
 
 import jinja2
 
-from render_chats import environment, special_tokens_map
+from render_chats import environment, special_tokens_map, with_special_tokens_map
 
 SCOPING = [
     "{% set x = 1 %}{% filter upper %}{% set x = 2 %}in{{ x }}{% endfilter %}{{ x }}",
@@ -185,9 +187,11 @@ PRINT = [
 ]
 
 # The special tokens transformers gives a template (render_chats.py's
-# special_tokens_map of a tokenizer_config.json) under apply_chat_template's
-# keyword arguments, which win: (tokenizer_config.json, kwargs), rendered
-# with SPECIAL_TEMPLATE as the config's chat_template.
+# special_tokens_map of a tokenizer_config.json, with a
+# special_tokens_map.json read over it as with_special_tokens_map reads it)
+# under apply_chat_template's keyword arguments, which win:
+# (tokenizer_config.json, kwargs[, special_tokens_map.json]), rendered with
+# SPECIAL_TEMPLATE as the config's chat_template.
 SPECIAL_NAMES = ("bos_token", "eos_token", "unk_token", "sep_token", "pad_token", "cls_token", "mask_token",
                  "additional_special_tokens", "image_token", "audio_token")
 SPECIAL_TEMPLATE = ("{% macro show(v) %}{% if v is defined %}{{ v | tojson }}{% else %}-{% endif %}{% endmacro %}" +
@@ -202,6 +206,21 @@ SPECIAL_TOKENS = [
     ({"bos_token": "<s>", "eos_token": "</s>", "pad_token": "<pad>"}, {"bos_token": "X", "pad_token": None, "sep_token": "S"}),
     ({"extra_special_tokens": {"pad_token": "<p>", "image_token": ""}, "pad_token": "<pad>", "eos_token": "</s>"}, {}),
     ({}, {}),
+    # a special_tokens_map.json beside a config without added_tokens_decoder:
+    # its tokens win, its additional_special_tokens are appended
+    ({"bos_token": "<s>", "eos_token": {"__type": "AddedToken", "content": "</s>"}, "unk_token": "<unk>", "mask_token": "<m>",
+      "additional_special_tokens": ["<a>", {"__type": "AddedToken", "content": "<b>"}]}, {},
+     {"bos_token": {"content": "<|begin|>", "lstrip": False, "normalized": False, "rstrip": False, "single_word": False},
+      "eos_token": "<|end|>", "unk_token": None, "pad_token": "<pad>", "image_token": "<img>",
+      "additional_special_tokens": ["<a>", {"content": "<b>"}, "<c>", {"content": "<d>"}, {"content": "<d>"}, "<c>"]}),
+    # beside one with added_tokens_decoder it is not read
+    ({"added_tokens_decoder": {}, "bos_token": "<s>", "eos_token": "</s>"}, {},
+     {"bos_token": "<other>", "eos_token": {"content": "<e>"}, "pad_token": "<p>", "additional_special_tokens": ["<x>"]}),
+    ({"additional_special_tokens": ["<a>"], "pad_token": "<p>", "eos_token": "</s>"}, {"sep_token": "K"},
+     {"additional_special_tokens": None, "sep_token": {"content": "<sep>"}, "mask_token": "", "cls_token": "<cls>"}),
+    ({"extra_special_tokens": {"image_token": "<image>"}, "eos_token": "</s>", "additional_special_tokens": ["<a>"]}, {},
+     {"image_token": "<other>", "eos_token": "<eos2>", "additional_special_tokens": [], "audio_token": {"content": "<au>"}}),
+    ({"bos_token": "<s>"}, {}, {"additional_special_tokens": ["<a>", "<a>", {"content": "<a>"}], "bos_token": None}),
 ]
 
 SECTIONS = {"scoping": SCOPING, "compare": [(c, COMPARE_VARS) for c in COMPARE],
@@ -223,10 +242,14 @@ def main():
         for i, case in enumerate(templates):
             src, variables = (case, {}) if isinstance(case, str) else case
             cases.append({"name": f"{section}/{i}", "template": src, "vars": variables, **render(env, src, variables)})
-    for i, (cfg, kwargs) in enumerate(SPECIAL_TOKENS):
-        variables = special_tokens_map(cfg) | kwargs  # transformers: {**self.special_tokens_map, **kwargs}
-        cases.append({"name": f"special/{i}", "template": SPECIAL_TEMPLATE, "config": cfg, "vars": kwargs,
-                      **render(env, SPECIAL_TEMPLATE, variables)})
+    for i, (cfg, kwargs, *stm) in enumerate(SPECIAL_TOKENS):
+        stm = stm[0] if stm else None
+        # transformers: {**self.special_tokens_map, **kwargs}
+        variables = special_tokens_map(with_special_tokens_map(cfg, stm)) | kwargs
+        case = {"name": f"special/{i}", "template": SPECIAL_TEMPLATE, "config": cfg, "vars": kwargs}
+        if stm is not None:
+            case["special_tokens_map"] = stm
+        cases.append(case | render(env, SPECIAL_TEMPLATE, variables))
     out = {"renderer": f"jinja2 {jinja2.__version__} (transformers apply_chat_template environment)", "cases": cases}
     with open(f"{d}/expected/jinja-semantics.json", "w", encoding="utf-8") as f:
         json.dump(out, f, ensure_ascii=False, indent=1)
