@@ -12,9 +12,9 @@ import (
 // calls Python's string methods (pymethods.go), and one with jinja2's
 // tests and a filter block (pytests.go, pyFilterBlocks), and one with a
 // namespace, comparisons, a block set and dict methods (namespace.go,
-// pycompare.go), and one that prints whole values (pystr.go). Clients
-// choose the messages, so rendering them must fail cleanly or succeed,
-// never panic.
+// pycompare.go), and one that prints and joins whole values (pystr.go,
+// pyJoin). Clients choose the messages, so rendering them must fail
+// cleanly or succeed, never panic.
 var fuzzTemplates = []string{
 	"{% for message in messages %}{{'<|im_start|>' + message['role'] + '\n' + message['content'] + '<|im_end|>' + '\n'}}{% endfor %}" +
 		"{% if add_generation_prompt %}{{ '<|im_start|>assistant\n' }}{% endif %}",
@@ -39,7 +39,8 @@ var fuzzTemplates = []string{
 	"{% set ns = namespace(found=false, n=0) %}{% for m in messages %}{% if m.role == 'user' and m.content is string %}{% set ns.found = true %}" +
 		"{% set ns.n = ns.n + 1 %}{% endif %}{% if m.content is mapping %}{{ m.content | items | list | length }}{% endif %}{% set x %}{% set y = m %}{% endset %}" +
 		"{% endfor %}{{ ns.found }}{{ ns.n != 1 }}{{ ns is mapping }}{% for k, v in (messages[0] or {}).items() %}{{ k }}{{ v.get('a') }}{% endfor %}",
-	"{{ messages }}{% for m in messages %}{{ m.content ~ m.role ~ m.tool_calls }}{{ m.content }}{{ m | string }}{% endfor %}{{ tools }}",
+	"{{ messages }}{% for m in messages %}{{ m.content ~ m.role ~ m.tool_calls }}{{ m.content }}{{ m | string }}{% endfor %}{{ tools }}" +
+		"{{ messages | join(', ', attribute='role') }}{% for m in messages %}{{ m.content | join('|') }}{{ m.tool_calls | join(attribute='function.arguments') }}{% endfor %}",
 }
 
 // FuzzRenderJSON renders client-chosen messages (and a tools variable)

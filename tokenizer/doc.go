@@ -71,10 +71,12 @@
 // template's source so that both render it alike
 // (TestChatTemplateWhitespaceMatchesJinja2). Its tojson, string and
 // trim filters are replaced by transformers' and jinja2's, and so are its
-// upper, lower, capitalize and title (pyfilters.go: Python's json.dumps
-// and str(), which write 2.0 as "2.0" and None as "None", where that
-// engine's write "2" and "", and json.dumps keeps the key order of an
-// object with an indent, where that engine's sorts the keys; str.strip,
+// upper, lower, capitalize, title and join (pyfilters.go: Python's
+// json.dumps and str(), which write 2.0 as "2.0" and None as "None",
+// where that engine's write "2" and "" (and its join a list's items so,
+// and no string's characters or dict's keys), and json.dumps keeps the
+// key order of an object with an indent, where that engine's sorts the
+// keys; str.strip,
 // which strips U+001C to U+001F as white space, where that engine's trim
 // keeps them; jinja2's own title, which starts a word only after white
 // space, '-', '(', '{', '[' or '<'), and so are the filters of {% filter %}
@@ -131,10 +133,10 @@
 // [1, 2] is true, false in Python); an empty namespace, false in an if
 // (true in Python), and its keyword arguments' order, which is by name
 // (only its str(), {{ ns }} or ns|string, shows it); its other filters
-// over a namespace (length, first, join, ...: errors in Python) and their
+// over a namespace (length, first, map, ...: errors in Python) and their
 // comparisons (selectattr's equalto, sort, unique: its own); how its
-// other filters write a value that is not a string ([none, 2.0]|join is
-// ",2", "None,2.0" in jinja2); arithmetic on an undefined value (an error
+// other filters write a value that is not a string (x|replace('a', 2.0)
+// writes "2" for "2.0"); arithmetic on an undefined value (an error
 // in jinja2: bos_token + "x" where the tokenizer has no bos_token), and a
 // + of a string and a value that is not one, which it writes joined
 // ('a' + none is "a": jinja2's TypeError); a list's append, pop and

@@ -19,7 +19,7 @@ import (
 // methods and comparisons tell it from a mapping as jinja2 does. For the
 // rest the Go engine takes it for the dict it is: an empty namespace is
 // false in an if (true in Python), and the Go engine's other filters
-// (length, first, join, dictsort, ...) take it for a mapping (errors in
+// (length, first, map, dictsort, ...) take it for a mapping (errors in
 // Python).
 //
 // Iterating a value that is not iterable is Python's TypeError too,

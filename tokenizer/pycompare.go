@@ -205,7 +205,7 @@ var filterKinds = map[string]exprKind{
 	"capitalize": kindString, "title": kindString, "join": kindString, "replace": kindString, "indent": kindString,
 	tojsonName: kindString, stringName: kindString, trimName: kindString, catName: kindString,
 	filterPrefix + "upper": kindString, filterPrefix + "lower": kindString,
-	filterPrefix + "capitalize": kindString, filterPrefix + "title": kindString,
+	filterPrefix + "capitalize": kindString, filterPrefix + "title": kindString, filterPrefix + "join": kindString,
 	"length": kindPlain, "count": kindPlain, "wordcount": kindPlain, compareName: kindPlain,
 }
 

@@ -41,7 +41,12 @@ import (
 //     ("they're"|title: "They're" and "They'Re");
 //   - items and list, which are errors for a namespace (namespace.go) and,
 //     list, for None, a number or a boolean (Python cannot iterate them),
-//     where the Go engine takes a namespace for a dict.
+//     where the Go engine takes a namespace for a dict;
+//   - join, str(d).join(map(str, value)) (pyJoin), where the Go engine
+//     writes each item as it prints it ([none, 2.0]|join(',') is ",2",
+//     "None,2.0" in Python) and joins only a list (a string's characters
+//     and a dict's keys are what Python iterates), and takes a dotted
+//     attribute ("a.b", "0") as one key.
 //
 // The Go engine's filter table cannot be replaced, but a filter it does
 // not know is looked up among the template's variables: pyFilters renames
@@ -65,7 +70,7 @@ const (
 var pyFilterNames = map[string]string{"tojson": tojsonName, "string": stringName, "trim": trimName,
 	"upper": filterPrefix + "upper", "lower": filterPrefix + "lower",
 	"capitalize": filterPrefix + "capitalize", "title": filterPrefix + "title",
-	"items": filterPrefix + "items", "list": filterPrefix + "list"}
+	"items": filterPrefix + "items", "list": filterPrefix + "list", "join": filterPrefix + "join"}
 
 // prefixedFilterVars are the filters of pyFilterNames named with
 // filterPrefix, by name: jinja2's do_upper, do_lower, do_capitalize and
@@ -77,6 +82,7 @@ var prefixedFilterVars = map[string]jinja.Value{
 	filterPrefix + "title":      pyCaseFilter("title", (*pyCase).jinjaTitle),
 	filterPrefix + "items":      pyItemsFilter,
 	filterPrefix + "list":       pyListFilter,
+	filterPrefix + "join":       jinja.NewCallable(filterPrefix+"join", pyJoin),
 }
 
 // pyCaseFilter is a case mapping of pycase.go as a jinja2 filter of
@@ -250,6 +256,123 @@ var pyString = jinja.NewCallable(stringName, func(args []jinja.Value, _ map[stri
 	}
 	return jinja.NewString(pyStr(args[0])), nil
 })
+
+// pyJoin is jinja2's join filter, join(value, d="", attribute=None):
+// str(d) between the str() (pyStr) of the items of value (a list's items,
+// a string's characters, a dict's keys, nothing of an undefined value;
+// Python's TypeError for anything else), or, with attribute, of each
+// item's attribute (pyAttribute).
+func pyJoin(args []jinja.Value, kwargs map[string]jinja.Value) (jinja.Value, error) {
+	if len(args) == 0 || len(args) > 3 {
+		return jinja.Undefined(), errors.New("join: takes a value, d and attribute")
+	}
+	opt := [2]jinja.Value{jinja.NewString(""), jinja.None()} // d, attribute
+	for i, name := range []string{"d", "attribute"} {
+		v, named := kwargs[name]
+		switch {
+		case named && i+1 < len(args):
+			return jinja.Undefined(), errors.New("join: got multiple values for argument '" + name + "'")
+		case named:
+			opt[i] = v
+		case i+1 < len(args):
+			opt[i] = args[i+1]
+		}
+	}
+	for name := range kwargs {
+		if name != "d" && name != "attribute" {
+			return jinja.Undefined(), errors.New("join: unexpected keyword argument '" + name + "'")
+		}
+	}
+	items, err := pyListFilter.AsCallable().Fn(args[:1], nil)
+	if err != nil {
+		return jinja.Undefined(), errors.New("join: " + strings.TrimPrefix(err.Error(), "list: "))
+	}
+	sep := pyStr(opt[0])
+	var b []byte
+	for i, it := range items.AsList().Items {
+		if i > 0 {
+			b = append(b, sep...)
+		}
+		if !opt[1].IsNone() {
+			if it, err = pyAttribute(it, opt[1]); err != nil {
+				return jinja.Undefined(), err
+			}
+		}
+		b = appendPyStr(b, it)
+	}
+	return jinja.NewString(string(b)), nil
+}
+
+// pyAttribute is jinja2's make_attrgetter(attribute)(v), as join, map and
+// the like read an item's attribute: each of the attribute's parts in
+// turn (a string's dot-separated parts, those of digits as integers),
+// an integer as an index of a list or a string (negative from its end),
+// a string as a key of a dict or an attribute of a namespace; undefined
+// when there is none, and jinja2's UndefinedError when the value is
+// undefined already.
+func pyAttribute(v, attribute jinja.Value) (jinja.Value, error) {
+	var parts []jinja.Value
+	if attribute.IsString() {
+		for _, p := range strings.Split(attribute.AsString(), ".") {
+			if p == "" || strings.Trim(p, "0123456789") != "" {
+				parts = append(parts, jinja.NewString(p))
+				continue
+			}
+			n, err := strconv.ParseInt(p, 10, 64)
+			if err != nil {
+				n = math.MaxInt64 // past any end
+			}
+			parts = append(parts, jinja.NewInt(n))
+		}
+	} else {
+		parts = []jinja.Value{attribute}
+	}
+	for _, p := range parts {
+		if v.IsUndefined() {
+			return jinja.Undefined(), errors.New("join: UndefinedError: the value has no attribute " + pyStr(p))
+		}
+		index, isIndex := int64(0), false
+		switch {
+		case p.IsInt():
+			index, isIndex = p.AsInt(), true
+		case p.IsBool():
+			index, isIndex = int64(btoi(p.AsBool())), true
+		}
+		var next jinja.Value // undefined
+		switch {
+		case isIndex && v.IsList():
+			items := v.AsList().Items
+			if index < 0 {
+				index += int64(len(items))
+			}
+			if 0 <= index && index < int64(len(items)) {
+				next = items[index]
+			}
+		case isIndex && v.IsString():
+			runes := []rune(v.AsString())
+			if index < 0 {
+				index += int64(len(runes))
+			}
+			if 0 <= index && index < int64(len(runes)) {
+				next = jinja.NewString(string(runes[index]))
+			}
+		case p.IsString() && v.IsDict():
+			if it, ok := v.AsDict().Data[p.AsString()]; ok && p.AsString() != namespaceMark {
+				next = it
+			}
+		}
+		v = next
+	}
+	return v, nil
+}
+
+// btoi is 1 for true, 0 for false.
+func btoi(b bool) int {
+	if b {
+		return 1
+	}
+	return 0
+}
 
 // pyTrim is jinja2's trim filter: str(value).strip(chars), chars by
 // position or by name; without them (or None) Python's white space

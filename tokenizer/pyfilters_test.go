@@ -85,6 +85,7 @@ func FuzzPyFilters(f *testing.F) {
 		"{{ x | string }}{% if x is string %}{{ x|stringify }}{% endif %}", "{{ x | tojson | string | tojson }}",
 		"{{ '<|eot_id|>' + m['content'] | trim + '<|eot_id|>' }}", "{% set c = x|trim('\\n') %}{{ c | trimmed }}",
 		"{{ m.role | capitalize }}{{ x|upper|lower }}{% if x is upper %}{{ x | title }}{% endif %}", "{{ 'a|title' }}{{ x|titles }}",
+		"{{ x | join(', ') }}{{ x|join(attribute='a.0') }}{% set s = x | join %}{{ x|joined }}",
 	} {
 		f.Add(s)
 	}

@@ -16,11 +16,11 @@ The cases, by section:
             included); what a for loop cannot iterate; attribute
             assignments; the items and list filters and the dict methods
             keys, values, items and get;
-  print     what {{ }}, ~ and the string filter write of a value: Python's
-            str() (a float's repr, None, a list's and a dict's repr with
-            their strings in Python's quotes, a namespace), of literals
-            and of a request's values (a null content, tool call
-            arguments);
+  print     what {{ }}, ~ and the string and join filters write of a
+            value: Python's str() (a float's repr, None, a list's and a
+            dict's repr with their strings in Python's quotes, a
+            namespace), of literals and of a request's values (a null
+            content, tool call arguments);
   special   the special tokens of a tokenizer_config.json ("config") as
             transformers 4.x passes them to the template
             (render_chats.py's special_tokens_map), with a
@@ -159,10 +159,10 @@ NAMESPACE = [
     "{{ 'ab'.items() }}",
 ]
 
-# What {{ }}, ~ and the string filter write: Python's str() of each kind of
-# value (j and msgs are variables, n is None, u undefined). (The Go engine
-# lexes no exponent in a number literal, 1e20, and ends a tag at the first
-# "}}", {{ {'a': {}} }}: neither is in these templates.)
+# What {{ }}, ~ and the string and join filters write: Python's str() of
+# each kind of value (j and msgs are variables, n is None, u undefined).
+# (The Go engine lexes no exponent in a number literal, 1e20, and ends a
+# tag at the first "}}", {{ {'a': {}} }}: neither is in these templates.)
 PRINT_VARS = {
     "j": {"f": 2.0, "e": 1e20, "m": 1e-05, "g": 0.1, "n": None, "t": True, "i": 3, "l": [1, "a", None, 2.5],
           "d": {"a": 1, "b": [{"c": None}], "e": {}}, "s": "it's", "q": 'say "hi"', "both": "it's \"x\"",
@@ -184,6 +184,17 @@ PRINT = [
     "{% for k, v in c.function.arguments | items %}{{ k }}={{ v }};{% endfor %}{% endfor %}{% endfor %}",
     "{{ n if true else 'x' }}|{{ n or j.f }}|{{ j.f if false }}|{{ -j.f }}|{{ j.f * 2 }}|{{ j.l[3] }}|{{ j.l | first }}|{{ j.l | last }}|{{ j.d.b[0] }}|{{ j.t and j.f }}",
     "{% macro m(x) %}{{ x }}{% endmacro %}{{ m(j.f) }}|{{ m(n) }}|{% filter upper %}{{ j.d }}{% endfilter %}|{% set b %}{{ j.l }}{% endset %}{{ b }}|{{ j.t }}{{ 1 == 1.0 }}{{ j.i is odd }}{{ j.l | length }}",
+    # join: str(d).join(map(str, value)), of an attribute's values
+    "{{ [none, 2.0, 'a', [1], {'k': none}] | join(', ') }}|{{ 'abc'|join('-') }}|{{ {'a': 1, 'b': 2}|join }}|{{ u|join }}|{{ [1, 2]|join(d=' + ') }}"
+    "|{{ [1, 2]|join(3) }}|{{ [1, 2]|join(none) }}|{{ [true, false]|join }}|{{ j.l | join('/') }}|{{ msgs[0].tool_calls[0].function.arguments.z | join(', ') }}",
+    "{{ [{'n': 1.0}, {'n': none}, {}] | join(',', attribute='n') }}|{{ [[1, 2], [3, 4]]|join(',', attribute='1') }}|{{ [[1, 2], [3, 4]]|join(',', attribute=1) }}"
+    "|{{ [{'a': {'b': 2.0} }]|join(attribute='a.b') }}|{{ ['a', 'b']|join(',', 'x') }}|{{ ['ab', 'cd']|join(',', attribute='0') }}|{{ [[1, 2]]|join(attribute=-1) }}"
+    "|{{ [{'1': 'x'}]|join(attribute='1') }}|{{ [{'a': none}]|join(attribute='a.b') }}|{% set ns = namespace(a=1) %}{{ [ns]|join }}|{{ [ns]|join(attribute='a') }}",
+    "{{ none|join }}",
+    "{{ 5|join }}",
+    "{% set ns = namespace(a=1) %}{{ ns|join }}",
+    "{{ [{}]|join(attribute='a.b') }}",
+    "{{ [1]|join(',', d='x') }}",
 ]
 
 # The special tokens transformers gives a template (render_chats.py's
