@@ -130,7 +130,9 @@
 // are Python's full ones with its final sigma (pycase.go: "ß".upper() is
 // "SS", "ΌΣΟΣ".lower() "όσος", where that engine's are Go's simple ones).
 // Left as that engine has them: a tuple, which is a list there ((1, 2) ==
-// [1, 2] is true, false in Python); an empty namespace, false in an if
+// [1, 2] is true, false in Python, and {{ (1, 2) }} writes "[1, 2]", as
+// it writes the pairs of the items filter and of dict.items(), which are
+// tuples in Python); an empty namespace, false in an if
 // (true in Python), and its keyword arguments' order, which is by name
 // (only its str(), {{ ns }} or ns|string, shows it); its other filters
 // over a namespace (length, first, map, ...: errors in Python) and their

@@ -60,8 +60,11 @@ func LoadDir(dir string) (*HF, error) {
 		return nil, fmt.Errorf("tokenizer: %w", err)
 	}
 	f := Files{Tokenizer: tj}
-	for name, dst := range map[string]*[]byte{"tokenizer_config.json": &f.Config, "special_tokens_map.json": &f.SpecialTokensMap} {
-		if *dst, err = os.ReadFile(filepath.Join(dir, name)); err != nil && !errors.Is(err, os.ErrNotExist) {
+	for _, opt := range []struct {
+		name string
+		dst  *[]byte
+	}{{"tokenizer_config.json", &f.Config}, {"special_tokens_map.json", &f.SpecialTokensMap}} {
+		if *opt.dst, err = os.ReadFile(filepath.Join(dir, opt.name)); err != nil && !errors.Is(err, os.ErrNotExist) {
 			return nil, fmt.Errorf("tokenizer: %w", err)
 		}
 	}
@@ -411,22 +414,23 @@ func checkDecoder(raw json.RawMessage, depth int) error {
 
 // hfConfig is the part of tokenizer_config.json this package reads.
 type hfConfig struct {
-	BOS        json.RawMessage `json:"bos_token"`
-	EOS        json.RawMessage `json:"eos_token"`
-	UNK        json.RawMessage `json:"unk_token"`
-	SEP        json.RawMessage `json:"sep_token"`
-	PAD        json.RawMessage `json:"pad_token"`
-	CLS        json.RawMessage `json:"cls_token"`
-	Mask       json.RawMessage `json:"mask_token"`
-	Additional json.RawMessage `json:"additional_special_tokens"`
-	Extra      json.RawMessage `json:"extra_special_tokens"`
+	BOS            json.RawMessage `json:"bos_token"`
+	EOS            json.RawMessage `json:"eos_token"`
+	UNK            json.RawMessage `json:"unk_token"`
+	SEP            json.RawMessage `json:"sep_token"`
+	PAD            json.RawMessage `json:"pad_token"`
+	CLS            json.RawMessage `json:"cls_token"`
+	Mask           json.RawMessage `json:"mask_token"`
+	Additional     json.RawMessage `json:"additional_special_tokens"`
+	Extra          json.RawMessage `json:"extra_special_tokens"`
+	ChatTemplate   json.RawMessage `json:"chat_template"`
+	TokenizerClass string          `json:"tokenizer_class"`
+	AddBOS         *bool           `json:"add_bos_token"`
+	AddEOS         *bool           `json:"add_eos_token"`
+
 	// AddedTokensDecoder is only told apart from absent (nil), which
 	// makes transformers read special_tokens_map.json.
 	AddedTokensDecoder json.RawMessage `json:"added_tokens_decoder"`
-	ChatTemplate       json.RawMessage `json:"chat_template"`
-	TokenizerClass     string          `json:"tokenizer_class"`
-	AddBOS             *bool           `json:"add_bos_token"`
-	AddEOS             *bool           `json:"add_eos_token"`
 }
 
 // llamaClasses are the transformers tokenizer classes whose constructor
