@@ -76,9 +76,8 @@
 // where that engine's write "2" and "" (and its join a list's items so,
 // and no string's characters or dict's keys), and json.dumps keeps the
 // key order of an object with an indent, where that engine's sorts the
-// keys; str.strip,
-// which strips U+001C to U+001F as white space, where that engine's trim
-// keeps them; jinja2's own title, which starts a word only after white
+// keys; str.strip, which strips U+001C to U+001F as white space, where
+// that engine's trim keeps them; jinja2's own title, which starts a word only after white
 // space, '-', '(', '{', '[' or '<'), and so are the filters of {% filter %}
 // blocks, which that engine applies only by its own table's name
 // (pyFilterBlocks rewrites a block as a macro of its body and a {{ }} of
@@ -126,15 +125,15 @@
 // as "" and a list's strings in single quotes as they are; a {{ }} or ~
 // of a value that the rewrite cannot tell is a string, an integer or a
 // boolean is rewritten through str()), but in a template with
-// {% raw %}. The case mappings
-// are Python's full ones with its final sigma (pycase.go: "ß".upper() is
-// "SS", "ΌΣΟΣ".lower() "όσος", where that engine's are Go's simple ones).
+// {% raw %}. The case mappings are Python's full ones with its final
+// sigma (pycase.go: "ß".upper() is "SS", "ΌΣΟΣ".lower() "όσος", where
+// that engine's are Go's simple ones).
 // Left as that engine has them: a tuple, which is a list there ((1, 2) ==
 // [1, 2] is true, false in Python, and {{ (1, 2) }} writes "[1, 2]", as
 // it writes the pairs of the items filter and of dict.items(), which are
-// tuples in Python); an empty namespace, false in an if
-// (true in Python), and its keyword arguments' order, which is by name
-// (only its str(), {{ ns }} or ns|string, shows it); its other filters
+// tuples in Python); an empty namespace, false in an if (true in
+// Python), and its keyword arguments' order, which is by name (only its
+// str(), {{ ns }} or ns|string, shows it); its other filters
 // over a namespace (length, first, map, ...: errors in Python) and their
 // comparisons (selectattr's equalto, sort, unique: its own); how its
 // other filters write a value that is not a string (x|replace('a', 2.0)
@@ -145,12 +144,15 @@
 // insert and a dict's pop and update, which change it there and are the
 // sandbox's SecurityError in jinja2; and a {% set %} in a for loop with
 // {% break %} or {% continue %}, which it keeps from one iteration to the
-// next where jinja2 starts each from the variables around the loop.
-// jinjascope.go renders any other loop body that may read an earlier
-// iteration's assignment in a macro, whose frame starts so, as it does a
-// loop's else part that assigns a variable (which that engine lets out
-// after the loop) and a {% with %} block (which it does not parse), as a
-// macro taking the block's names. strftime_now
+// next where jinja2 starts each from the variables around the loop. (A
+// template with a number literal with an exponent, 1e-6, or with "}}"
+// inside a tag, {{ {'a': {}} }}, does not compile there: NewChatTemplate
+// returns that engine's error.) jinjascope.go renders any other loop
+// body that may read an earlier iteration's assignment in a macro, whose
+// frame starts so, as it does a loop's else part that assigns a variable
+// (which that engine lets out after the loop) and a {% with %} block
+// (which it does not parse), as a macro taking the block's names.
+// strftime_now
 // is this package's too (strftime.go: Python's strftime, where that
 // engine's writes a format's literal text that spells a Go layout element
 // as that element and %y, %j or %-d as they are), and formats
