@@ -87,14 +87,15 @@ func TestPlanAdapterSlotAggregated(t *testing.T) {
 		t.Errorf("sql: reason %q does not show the adapter slot wait", got.Reason)
 	}
 	// The decision's head score is the plan's parts; the decode
-	// picker's own adapter_ms for d2 is the same wait.
+	// picker's own adapter_ms for d2 prices the same wait and the slot
+	// (AdapterLoadMs).
 	for _, s := range got.Decision.Scores[1:] {
 		if s.Endpoint != "d2" {
 			continue
 		}
 		for _, p := range s.Parts {
-			if p.Name == "adapter_ms" && p.Value != ms(wait) {
-				t.Errorf("sql: decode picker's adapter_ms %v, plan's %v", p.Value, ms(wait))
+			if load := newPlanner(t, ModeConditional, DefaultLinks()).Config().Decode.AdapterLoadMs; p.Name == "adapter_ms" && p.Value != ms(wait)+load {
+				t.Errorf("sql: decode picker's adapter_ms %v, want the plan's %v and adapter_load_ms %v", p.Value, ms(wait), load)
 			}
 		}
 	}

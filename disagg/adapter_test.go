@@ -109,7 +109,8 @@ func TestDecodePickerAdapterSlot(t *testing.T) {
 		{"slots held by two others", "sql", &kvroute.LoRALoad{Running: []string{"chat", "fr"}, Max: 2}, "busy"},
 		{"runs the adapter", "sql", &kvroute.LoRALoad{Running: []string{"sql"}, Max: 1}, "idle"},
 		{"queues the adapter", "sql", &kvroute.LoRALoad{Running: []string{"chat"}, Waiting: []string{"sql"}, Max: 1}, "idle"},
-		{"a slot free", "sql", &kvroute.LoRALoad{Running: []string{"chat"}, Max: 2}, "idle"},
+		{"the last slot free", "sql", &kvroute.LoRALoad{Running: []string{"chat"}, Max: 2}, "idle"},
+		{"slots to spare", "sql", &kvroute.LoRALoad{Running: []string{"chat"}, Max: 3}, "idle"},
 		{"no adapter signals", "sql", nil, "idle"},
 		{"base model", "", &kvroute.LoRALoad{Running: []string{"chat"}, Max: 1}, "idle"},
 	} {
@@ -124,8 +125,17 @@ func TestDecodePickerAdapterSlot(t *testing.T) {
 				wait = p.Value
 			}
 		}
-		if tc.adapter == "" && wait != -1 || tc.adapter != "" && (wait > 0) != (tc.want == "busy") {
-			t.Errorf("%s: idle's adapter_ms %v (-1: none)", tc.name, wait)
+		want := 0.0 // the engine holds the adapter, or has slots to spare
+		switch {
+		case tc.adapter == "":
+			want = -1 // not priced
+		case tc.want == "busy":
+			want = -2 // a wait for a slot
+		case tc.name == "the last slot free":
+			want = pl.Config().Decode.AdapterLoadMs
+		}
+		if want == -2 && wait <= pl.Config().Decode.AdapterLoadMs || want != -2 && wait != want {
+			t.Errorf("%s: idle's adapter_ms %v (-1: none), want %v (-2: over adapter_load_ms)", tc.name, wait, want)
 		}
 	}
 }
@@ -198,4 +208,58 @@ func adapterPool(t *testing.T, eps []kvroute.Endpoint) (*Planner, *router.Router
 		t.Fatal(err)
 	}
 	return pl, r
+}
+
+// TestDecodePickerHoldsPlacedAdapters: the decode picker takes an engine
+// to hold, for AdapterHold, the adapter it placed a request of there, as
+// its signals do not show it until the leg arrives (after its prefill).
+// Three idle decode engines at --max-loras 1, their signals showing no
+// adapter: "chat"'s legs keep to the engine the first went to, "sql"'s
+// take another (a slot there is free) and keep to it, and once the hold
+// is over the signals alone count. Before, every engine looked free to
+// each leg and ties were taken in turn: chat's second leg went to a third
+// engine, and sql's would then wait there behind it.
+func TestDecodePickerHoldsPlacedAdapters(t *testing.T) {
+	p, _, _, _ := pool()
+	d := []*kvroute.Endpoint{ep("d1", kvroute.RoleDecode, "rack", "r1"), ep("d2", kvroute.RoleDecode, "rack", "r1"),
+		ep("d3", kvroute.RoleDecode, "rack", "r1")}
+	pl := newPlanner(t, ModeAlways, DefaultLinks())
+	free := kvroute.Load{LoRA: &kvroute.LoRALoad{Max: 1}}
+	cs := cands(candSpec{ep: p}, candSpec{ep: d[0], load: free}, candSpec{ep: d[1], load: free}, candSpec{ep: d[2], load: free})
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	decodeOf := func(at time.Duration, adapter string) string {
+		t.Helper()
+		r := req(adapter, 2000, 100)
+		r.Adapter = adapter
+		if dec := pl.Pick(t0.Add(at), r, cs); dec.Index < 0 {
+			t.Fatalf("%s at %v: no decision: %s", adapter, at, dec.Reason)
+		}
+		plan, ok := pl.Take(r)
+		if !ok || !plan.Disaggregated {
+			t.Fatalf("%s at %v: plan %+v, want a disaggregated one", adapter, at, plan)
+		}
+		return plan.Decode.ID
+	}
+	chat := decodeOf(0, "chat")
+	sql := decodeOf(10*time.Millisecond, "sql")
+	if sql == chat {
+		t.Errorf("sql's leg went to %s, which holds chat's (one slot)", sql)
+	}
+	for i, at := range []time.Duration{20 * time.Millisecond, 300 * time.Millisecond, 900 * time.Millisecond} {
+		if got := decodeOf(at, "chat"); got != chat {
+			t.Errorf("chat's leg %d at %v went to %s, want %s (holds chat)", i+2, at, got, chat)
+		}
+		if got := decodeOf(at, "sql"); got != sql {
+			t.Errorf("sql's leg %d at %v went to %s, want %s (holds sql)", i+2, at, got, sql)
+		}
+	}
+	// Past the hold, with signals showing no adapter anywhere, the
+	// engines are alike again: legs are taken in turn.
+	seen := map[string]bool{}
+	for i := range 3 {
+		seen[decodeOf(3*time.Second+time.Duration(i)*3*time.Second, "chat")] = true
+	}
+	if len(seen) != 3 {
+		t.Errorf("after the hold, chat's legs went to %v, want each engine in turn", seen)
+	}
 }

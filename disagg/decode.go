@@ -3,6 +3,7 @@ package disagg
 import (
 	"fmt"
 	"math"
+	"slices"
 	"time"
 
 	"github.com/kvroute/kvroute"
@@ -30,6 +31,23 @@ type DecodeParams struct {
 	// TieMs: candidates within TieMs of the best score are tied and taken
 	// in turn (never always the first). Default 0.5.
 	TieMs float64 `json:"tie_ms" yaml:"tie_ms"`
+	// AdapterLoadMs prices a LoRA adapter's decode leg on an engine that
+	// does not hold the adapter and would have no max_lora slot left
+	// once it took one (see adapterWait): that slot may be the one
+	// another adapter needs next, so an engine that holds the adapter
+	// already wins unless its batch is that much slower. Default 10 ms.
+	AdapterLoadMs float64 `json:"adapter_load_ms" yaml:"adapter_load_ms"`
+	// AdapterHold is how long an engine is taken to hold an adapter the
+	// picker placed a request of there (a decode leg, or a request run
+	// whole), beside the adapters its signals show running or waiting:
+	// a decode leg reaches its engine only once its prefill is done, and
+	// until then its engine's signals do not show its adapter, so a burst
+	// of one adapter's legs took every engine whose signals showed a slot
+	// free, and at --max-loras 1 left the other adapters waiting for a
+	// slot everywhere. Default 1s (in the simulator's lora workload on
+	// 1:7 and 2:6 fleets, 1s did better than 2s, 3s and 10s at
+	// --max-loras 1).
+	AdapterHold time.Duration `json:"adapter_hold" yaml:"adapter_hold"`
 }
 
 // setDefault sets *v to def when it is the zero value.
@@ -46,6 +64,8 @@ func (p *DecodeParams) applyDefaults() {
 	setDefault(&p.KVPenaltyMs, 200)
 	setDefault(&p.OutputTokens, 256)
 	setDefault(&p.TieMs, 0.5)
+	setDefault(&p.AdapterLoadMs, 10)
+	setDefault(&p.AdapterHold, time.Second)
 }
 
 // Validate reports the first out-of-range field.
@@ -61,6 +81,10 @@ func (p DecodeParams) Validate() error {
 		return fmt.Errorf("disagg: decode.output_tokens must be >= 0, got %d", p.OutputTokens)
 	case p.TieMs < 0:
 		return fmt.Errorf("disagg: decode.tie_ms must be >= 0, got %v", p.TieMs)
+	case p.AdapterLoadMs < 0 || math.IsNaN(p.AdapterLoadMs):
+		return fmt.Errorf("disagg: decode.adapter_load_ms must be >= 0, got %v", p.AdapterLoadMs)
+	case p.AdapterHold < 0:
+		return fmt.Errorf("disagg: decode.adapter_hold must be >= 0, got %v", p.AdapterHold)
 	}
 	return nil
 }
@@ -74,9 +98,9 @@ func (p DecodeParams) Validate() error {
 //	      + TPOTWeight x step_ms (one decode step with this request in the batch)
 //	      + waiting x step_ms (requests queued for KV space ahead of it)
 //	      + kv_penalty_ms (KV usage after admission above KVSoftCap)
-//	      + adapter_ms (a LoRA adapter's request on an engine whose max_lora
-//	        slots other adapters' running requests hold: OutputTokens/2 x
-//	        step_ms; see slotWait)
+//	      + adapter_ms (a LoRA adapter's request on an engine that does not
+//	        hold it: AdapterLoadMs with a max_lora slot free, else the wait
+//	        for one; see adapterWait)
 //
 // A candidate that holds the conversation's earlier turns pulls only the
 // new part of the prompt, as vLLM's NixlConnector does, so it wins when
@@ -95,6 +119,21 @@ type DecodePicker struct {
 	whole  bool // every transfer moves the whole prompt (Config.Protocol sglang)
 	turn   uint64
 	scores []kvroute.Score
+	// placed are the adapters of the requests placed on each endpoint
+	// (Placed), most recent first, each once, at most maxAdapterUses.
+	placed map[string][]adapterUse
+	held   [][]string     // per candidate, the adapters it holds (adapterWait), reused
+	homes  map[string]int // per adapter, the candidates holding it, reused
+}
+
+// maxAdapterUses bounds DecodePicker.placed's list per endpoint.
+const maxAdapterUses = 8
+
+// adapterUse is an adapter a request was placed on an endpoint for, and
+// when.
+type adapterUse struct {
+	adapter string
+	at      time.Time
 }
 
 var _ kvroute.Picker = (*DecodePicker)(nil)
@@ -129,6 +168,7 @@ func (dp *DecodePicker) PickFrom(now, ready time.Time, req *kvroute.Request, can
 	}
 	var opts []opt
 	anyFits := false
+	slots := dp.adapterState(now, req.Adapter, cands)
 	for i := range cands {
 		c := &cands[i]
 		s := kvroute.Score{Endpoint: c.Endpoint.ID}
@@ -161,7 +201,7 @@ func (dp *DecodePicker) PickFrom(now, ready time.Time, req *kvroute.Request, can
 			pen = dp.p.KVPenaltyMs * math.Min(after-dp.p.KVSoftCap, 1-dp.p.KVSoftCap) / (1 - dp.p.KVSoftCap)
 		}
 		waiting := float64(max(c.Load.Waiting, 0)) * ms(step)
-		slot := ms(slotWait(c.Load.LoRA, req.Adapter, dp.p.OutputTokens, step))
+		slot := ms(dp.adapterWait(i, c, req.Adapter, slots, step))
 		score := ms(xfer.Total()) + dp.p.TPOTWeight*ms(step) + waiting + pen + slot
 		s.Value, s.Eligible = score, true
 		s.Parts = []kvroute.Part{{Name: "transfer_ms", Value: ms(xfer.Total())}, {Name: "transfer_mb", Value: float64(xfer.Bytes) / 1e6},
@@ -206,4 +246,141 @@ func (dp *DecodePicker) PickFrom(now, ready time.Time, req *kvroute.Request, can
 	d := kvroute.Chose(name, cands, o.i, reason)
 	d.Scores = append([]kvroute.Score(nil), dp.scores...)
 	return decodeChoice{d: d, transfer: o.xfer, step: o.step}
+}
+
+// Placed records that a request for adapter x ("" the base model: nothing
+// to record) was placed on endpoint id at now, its decode leg or the
+// whole request: the engine holds x for AdapterHold (adapterState).
+func (dp *DecodePicker) Placed(now time.Time, id, x string) {
+	if x == "" || dp.p.AdapterHold <= 0 {
+		return
+	}
+	if dp.placed == nil {
+		dp.placed = make(map[string][]adapterUse)
+	}
+	list := dp.placed[id]
+	if i := slices.IndexFunc(list, func(u adapterUse) bool { return u.adapter == x }); i >= 0 {
+		list = slices.Delete(list, i, i+1)
+	} else if len(list) == maxAdapterUses {
+		list = list[:maxAdapterUses-1]
+	}
+	dp.placed[id] = slices.Insert(list, 0, adapterUse{adapter: x, at: now})
+}
+
+// ForgetEndpoint drops what the picker placed on endpoint id (removed
+// from the pool, or another engine under its ID).
+func (dp *DecodePicker) ForgetEndpoint(id string) { delete(dp.placed, id) }
+
+// adapterState fills dp.held, the adapters each decode-capable candidate
+// holds, and dp.homes, how many candidates hold each, for a request of
+// adapter x, and returns the max_lora slots of an engine that reports
+// none (the largest another reports: a pool's engines are alike; 0 when
+// none does). An engine holds the adapters its signals show running or
+// waiting and the last of those the picker placed there within
+// AdapterHold, as many as its slots (Placed): vLLM batches at most
+// max_lora adapters, and a request of another waits until one of them
+// has no request left in the batch.
+func (dp *DecodePicker) adapterState(now time.Time, x string, cands []kvroute.Candidate) (poolMax int) {
+	if x == "" {
+		return 0
+	}
+	for i := range cands {
+		if l := cands[i].Load.LoRA; l != nil && l.Max > poolMax {
+			poolMax = l.Max
+		}
+	}
+	if poolMax == 0 {
+		return 0
+	}
+	for len(dp.held) < len(cands) {
+		dp.held = append(dp.held, nil)
+	}
+	if dp.homes == nil {
+		dp.homes = make(map[string]int)
+	}
+	clear(dp.homes)
+	for i := range cands {
+		c := &cands[i]
+		h := dp.held[i][:0]
+		if c.Healthy && c.Endpoint.Role.CanDecode() {
+			add := func(a string) {
+				if !slices.Contains(h, a) {
+					h = append(h, a)
+				}
+			}
+			slots := poolMax
+			if l := c.Load.LoRA; l != nil {
+				for _, a := range l.Running {
+					add(a)
+				}
+				for _, a := range l.Waiting {
+					add(a)
+				}
+				if l.Max > 0 {
+					slots = l.Max
+				}
+			}
+			for j, u := range dp.placed[c.Endpoint.ID] {
+				if j >= slots || now.Sub(u.at) > dp.p.AdapterHold {
+					break
+				}
+				add(u.adapter)
+			}
+			for _, a := range h {
+				dp.homes[a]++
+			}
+		}
+		dp.held[i] = h
+	}
+	return poolMax
+}
+
+// adapterWait prices a decode leg of adapter x on candidate i (c), whose
+// decode step is step, given adapterState (poolMax: its slots when c
+// reports none; 0, no slots known anywhere: nothing): with H the
+// adapters c holds and S its max_lora slots,
+//
+//   - x in H and H within S: nothing, x runs there;
+//   - x not in H, with a slot to spare after x takes one: nothing;
+//   - x not in H, taking the last free slot: AdapterLoadMs;
+//   - x in H, H over S (others wait for a slot): nothing, unless x is held
+//     elsewhere too; then half a decode (OutputTokens/2 steps), so that
+//     x's next legs go to its other engine and this one drains for the
+//     adapters waiting there;
+//   - else x waits for a slot: AdapterLoadMs and half a decode, the mean
+//     rest of the running request whose adapter must leave first.
+//
+// So each adapter keeps to the engines that hold it, a new one takes a
+// free engine, and a hot one spreads where its engines' batches are
+// slower than a slot is dear. (Waits of 4 decodes where the adapters
+// holding the slots run only there, as kv-aware prices a whole request's,
+// did worse on 1:7 and 2:6 fleets at --max-loras 1: an adapter with no
+// engine of its own waited behind one whose requests kept coming.)
+func (dp *DecodePicker) adapterWait(i int, c *kvroute.Candidate, x string, poolMax int, step time.Duration) time.Duration {
+	if x == "" || poolMax == 0 {
+		return 0
+	}
+	slots := poolMax
+	l := c.Load.LoRA
+	if l != nil && l.Max > 0 {
+		slots = l.Max
+	}
+	held := dp.held[i]
+	hasX := slices.Contains(held, x)
+	load := time.Duration(dp.p.AdapterLoadMs * float64(time.Millisecond))
+	half := time.Duration(float64(max(dp.p.OutputTokens, 0)) / 2 * float64(step))
+	switch {
+	case hasX && len(held) <= slots:
+		return 0
+	case !hasX && len(held)+1 < slots:
+		return 0 // slots to spare after this one
+	case !hasX && len(held) < slots:
+		return load // the last free slot
+	case hasX:
+		if dp.homes[x] >= 2 {
+			return half
+		}
+		return 0
+	}
+	return load + half
 }

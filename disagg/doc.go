@@ -40,8 +40,12 @@
 //     queueing included, of the prompt KV the decode node does not hold
 //     (a node with the conversation's earlier turns pulls only the new
 //     turn: it wins when the fabric is slow), and, for a LoRA adapter's
-//     request, the wait for a max_lora slot on an engine whose slots other
-//     adapters' running requests hold (adapter_ms);
+//     request on an engine that does not hold the adapter, the last free
+//     max_lora slot's price or the wait for a slot where other adapters
+//     hold every one (adapter_ms); an engine holds the adapters its
+//     signals show and, for AdapterHold, those the picker placed there,
+//     so that one adapter's legs keep to its engines before the signals
+//     show them (a decode leg reaches its engine after its prefill);
 //   - decides, in ModeConditional, whether to run aggregated on the decode
 //     node instead: short uncached prompts, Dynamo's isl_bounding rule, or
 //     an estimated TTFT aggregated (queue + prefill, plus a charge for

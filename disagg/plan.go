@@ -435,6 +435,9 @@ func (p *Planner) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	if pinned && pn.id == "" {
 		d := p.decode.PickFrom(now, now, req, cands, pn.from).d
 		d.Reason = "decode leg retry: " + d.Reason
+		if d.Index >= 0 {
+			p.decode.Placed(now, cands[d.Index].Endpoint.ID, req.Adapter)
+		}
 		return d
 	}
 	if pinned {
@@ -447,6 +450,9 @@ func (p *Planner) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	}
 	plan := p.Plan(now, req, cands)
 	if plan.Decision.Index >= 0 {
+		// The decode node (or the node running it whole) holds the
+		// request's adapter from now on, before its signals show it.
+		p.decode.Placed(now, plan.Decode.ID, req.Adapter)
 		p.mu.Lock()
 		p.purge(now)
 		p.plans[req] = &planEntry{plan: plan, at: now}
@@ -503,6 +509,7 @@ func (p *Planner) ForgetEndpoint(id string) {
 	if f, ok := p.prefill.(router.EndpointForgetter); ok {
 		f.ForgetEndpoint(id)
 	}
+	p.decode.ForgetEndpoint(id)
 	p.fabric.forgetEndpoint(id)
 }
 

@@ -143,18 +143,17 @@
 // staying while its requests keep arriving, see replay): a prefill node's
 // for the prefill alone, a decode-capable node's to the last token. A P/D
 // fleet's decode node is the router's decode picker's
-// (disagg.DecodePicker), which prices a slot wait only where other
-// adapters hold every slot, so a hot adapter spreads over the decode nodes
-// with a free slot and the other adapters' decode legs wait for one; the
-// P/D rule sees the decode node's adapters (disagg.Scenario.Adapter). On
+// (disagg.DecodePicker), fed the nodes' booked loads (the adapters
+// running and waiting there, which the router learns from its own
+// placements for AdapterHold before the signals show them); the P/D rule
+// sees the decode node's adapters (disagg.Scenario.Adapter). On
 // README.md's LoRA example (8 adapters of the 8B profile at 20 req/s,
-// --max-loras 1, TTFT p99 2s) the analytical P/D fleet is 1:17, where no
-// simulated prefill:decode fleet up to 18 engines meets the target (1:17
-// misses it at 3.24s); with the decode legs kept on the nodes their
-// adapter ran on it was 1:7, whose simulated TTFT p99 is 12.6s, and
-// booking the prefill nodes' slots alone left it there (at 1:7 the
-// simulated prefill legs queue 0.21s at p99, the decode legs wait 13.8s
-// for a slot). The chosen
+// --max-loras 1, TTFT p99 2s) the analytical P/D fleet is 2:8, where the
+// simulated one is 1:9 (TestModelPDAdapterSlots: at 1:7 the simulator's
+// TTFT p99 is 8.2s and the model's 4.8s, at 2:10 0.32s and 0.31s). Before
+// the router's decode picker held the adapters it placed, no simulated
+// prefill:decode fleet up to 18 engines met that target, and the model,
+// its decode legs kept on the nodes their adapter ran on, sized 1:7. The chosen
 // fleets are confirmed on 4 seeds by default, not 2: with few slots the
 // tail turns on the router's first placements (8 adapters of the 8B
 // profile at 20 req/s, --max-loras 1, TTFT p99 2s: 9 engines met it with

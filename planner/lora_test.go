@@ -376,15 +376,18 @@ func TestPrefillPickerPricesSlotHandWorked(t *testing.T) {
 
 // TestModelPDAdapterSlots: at --max-loras 1, 8 adapters of the 8B profile
 // at 20 req/s (2,000-token prompts, 200-token outputs, TTFT p99 2s; 50s),
-// the simulator misses the target on 1:7 and 2:10 prefill:decode fleets
-// (TTFT p99 13.2s and 6.8s): its router's decode picker spreads a hot
-// adapter over every decode node with a free slot, and the other
-// adapters' decode legs wait seconds for one. The analytical replay, its
-// decode node once chosen where the adapter's slot wait and load were the
-// least, put them at 0.68s and met the target at 1:7; with the router's
-// decode picker it puts them within a factor 2 of the simulator's
-// (16.7s and 8.1s) and sizes a fleet larger than 2:10 (1:16, where the
-// simulator's p99 is 3.2s).
+// the simulator misses the target on a 1:7 prefill:decode fleet (TTFT p99
+// 8.2s: 8 adapters on 7 decode nodes, one of which an adapter waits on
+// behind another) and meets it on 2:10 (0.32s), and the analytical replay,
+// its decode node the router's decode picker's (disagg.DecodePicker), puts
+// both within a factor 2 of the simulator's (4.8s and 0.31s) and sizes a
+// P/D fleet that meets it with more engines than 1:7 and no more than
+// 2:10. Before the decode picker kept each adapter's legs on the nodes
+// that held it (AdapterHold), the simulator missed the target on 2:10 too
+// (6.8s): a hot adapter's legs spread over every decode node whose
+// signals showed a slot free, and the other adapters' legs waited seconds
+// for one; before the replay took the router's decode picker it met it on
+// 1:7 (0.68s).
 func TestModelPDAdapterSlots(t *testing.T) {
 	w, err := Summary{Rate: 20, Duration: 50 * time.Second, PromptMean: 2000, PromptCV: 1, OutputMean: 200, OutputCV: 1, MaxLen: 32768,
 		HotPrefixes: 8, Zipf: 1, ArrivalCV: 1, Adapters: 8, AdapterSkew: 1}.Workload(1)
@@ -400,25 +403,29 @@ func TestModelPDAdapterSlots(t *testing.T) {
 	}
 	m := newModel(&in, d, b.Costs, 0, nil, nil)
 	s := newSearch(&in)
-	for _, l := range []layout{{P: 1, D: 7}, {P: 2, D: 10}} {
-		c, err := s.simulate(t.Context(), runKey{l: l, seed: in.Seed, scale: 1})
+	for _, tc := range []struct {
+		l     layout
+		meets bool
+	}{{layout{P: 1, D: 7}, false}, {layout{P: 2, D: 10}, true}} {
+		c, err := s.simulate(t.Context(), runKey{l: tc.l, seed: in.Seed, scale: 1})
 		if err != nil {
 			t.Fatal(err)
 		}
 		var f Fleet
-		m.disaggFit(&f, l.P, l.D)
-		t.Logf("%v: TTFT p99 simulated %v, analytical %v", l, c.TTFT.P99, f.TTFT.P99)
-		if c.Meets {
-			t.Fatalf("%v: the simulator meets the target (TTFT p99 %v): the case no longer shows the slots", l, c.TTFT.P99)
+		m.disaggFit(&f, tc.l.P, tc.l.D)
+		t.Logf("%v: TTFT p99 simulated %v, analytical %v", tc.l, c.TTFT.P99, f.TTFT.P99)
+		if c.Meets != tc.meets {
+			t.Errorf("%v: the simulator meets the target %v (TTFT p99 %v), want %v", tc.l, c.Meets, c.TTFT.P99, tc.meets)
 		}
 		if r := f.TTFT.P99.Seconds() / c.TTFT.P99.Seconds(); r < 0.5 || r > 2 {
-			t.Errorf("%v: analytical TTFT p99 %v, simulated %v: want within a factor 2", l, f.TTFT.P99, c.TTFT.P99)
+			t.Errorf("%v: analytical TTFT p99 %v, simulated %v: want within a factor 2", tc.l, f.TTFT.P99, c.TTFT.P99)
 		}
 	}
 	f := m.analyticDisaggregated(b.DecodeSlots.Need)
 	t.Logf("analytical P/D fleet %s (meets %v, TTFT p99 %v)", f.Ratio(), f.Meets, f.TTFT.P99)
-	if f.Meets && f.Engines <= 12 {
-		t.Errorf("analytical P/D fleet %s (%d engines): want more than the 2:10 the simulator misses the target on", f.Ratio(), f.Engines)
+	if !f.Meets || f.Engines <= 8 || f.Engines > 12 {
+		t.Errorf("analytical P/D fleet %s (%d engines, meets %v): want one that meets the target, larger than the 1:7 the simulator misses it on and no larger than the 2:10 it meets it on",
+			f.Ratio(), f.Engines, f.Meets)
 	}
 }
 
