@@ -292,8 +292,11 @@
 // per engine, the engines 134 to 137), five rounds after 60 s of load: 88.3 (62.6
 // to 151.2) with the engines first and 84.3 (62.1 to 102.0) with the floor
 // first; on a later build, again quiet, with the floor first, 93.9 (63.9
-// to 107.6). So the cost above the floor is near 100 us: under it in 18 of
-// these 28 rounds. Above the floor,
+// to 107.6), and on a later one (2026-12-05, after LoRA forms for
+// llama.cpp and SGLang's short-prompt bootstrap) 88.6 (71.6 to 99.2;
+// mean 85.7, standard error 5.9). So the cost above the floor is under
+// 100 us in the median of each of these runs, and in 23 of their 33
+// rounds; single rounds reach 151 us. Above the floor,
 // the cost is the engine loop's (about a third of an engine process's
 // CPU, by perf), and the loop's is memory latency: each wake-up reads
 // every running request's state cold, and each block a request allocates
