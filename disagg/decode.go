@@ -353,9 +353,10 @@ func (dp *DecodePicker) adapterState(now time.Time, x string, cands []kvroute.Ca
 // So each adapter keeps to the engines that hold it, a new one takes a
 // free engine, and a hot one spreads where its engines' batches are
 // slower than a slot is dear. (Waits of 4 decodes where the adapters
-// holding the slots run only there, as kv-aware prices a whole request's,
-// did worse on 1:7 and 2:6 fleets at --max-loras 1: an adapter with no
-// engine of its own waited behind one whose requests kept coming.)
+// holding the slots run only there, as kv-aware priced a whole request's
+// until it priced the wait by those adapters' demand, did worse on 1:7
+// and 2:6 fleets at --max-loras 1: an adapter with no engine of its own
+// waited behind one whose requests kept coming.)
 func (dp *DecodePicker) adapterWait(i int, c *kvroute.Candidate, x string, poolMax int, step time.Duration) time.Duration {
 	if x == "" || poolMax == 0 {
 		return 0

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"slices"
+	"strconv"
 	"testing"
 
 	"github.com/kvroute/kvroute"
@@ -220,5 +221,40 @@ func TestKVAwarePrefillOnlyAdapterSlot(t *testing.T) {
 				t.Errorf("a's adapter_ms %.1f, want the load into a slot as on b (%.1f)", wa, wb)
 			}
 		})
+	}
+}
+
+// TestKVAwareWaitsBehindARarelyUsedAdapter: with every slot held (max_lora
+// 1, two engines, "busy" running only on a and "rare" only on b), a
+// request for a third adapter waits for a slot either way, and the wait
+// is the time until the adapter running there has no request left: long
+// behind one whose requests keep coming (busy: 40 in the last two
+// seconds), short behind one rarely used (rare: one). It goes to b,
+// though b's queue is longer. Before, both waits were priced at 4
+// decodes, and the queue sent it to a, behind busy.
+func TestKVAwareWaitsBehindARarelyUsedAdapter(t *testing.T) {
+	cands := []candSpec{
+		{ID: "a", MaxLoRA: 1, LoRARunning: []string{"busy"}, Running: 4},
+		{ID: "b", MaxLoRA: 1, LoRARunning: []string{"rare"}, Running: 4, Waiting: 2, InFlight: 2, InFlightTokens: 2048},
+	}
+	var steps []step
+	var prev []string // each request is released at the next one
+	for i := range 40 {
+		id := "busy" + strconv.Itoa(i)
+		steps = append(steps, step{AtMs: 50 * int64(i), Release: prev, Request: loraReq(id, "busy"), Candidates: cands})
+		prev = []string{id}
+	}
+	steps = append(steps, step{AtMs: 1990, Release: prev, Request: loraReq("rare0", "rare"), Candidates: cands},
+		step{AtMs: 2000, Release: []string{"rare0"}, Request: loraReq("new0", "new"), Candidates: cands})
+	ds, err := scenario{Policy: NameKVAware, Seed: 1, Steps: steps}.run()
+	if err != nil {
+		t.Fatal(err)
+	}
+	last := ds[len(ds)-1]
+	if last.Endpoint != "b" || !slotFull(last, "a") || !slotFull(last, "b") {
+		t.Fatalf("new adapter: %s, want b (both priced a slot wait): %s", last.Endpoint, last.Reason)
+	}
+	if wa, wb := partOf(last, "a", "adapter_ms"), partOf(last, "b", "adapter_ms"); wa < 2*wb {
+		t.Errorf("adapter_ms behind busy %v, behind rare %v: want the first over twice the second", wa, wb)
 	}
 }
