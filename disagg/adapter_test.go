@@ -263,3 +263,43 @@ func TestDecodePickerHoldsPlacedAdapters(t *testing.T) {
 		t.Errorf("after the hold, chat's legs went to %v, want each engine in turn", seen)
 	}
 }
+
+// TestDecodePickerWaitsBehindARarelyUsedAdapter: every decode engine's one
+// max_lora slot is held by an adapter that runs only there ("busy" on d1,
+// whose legs the picker placed 40 of in the last two seconds, "rare" on
+// d2, one): a leg of a third adapter waits for a slot either way, for the
+// time until the adapter there has no leg left in the batch, long behind
+// busy and short behind rare. It goes to d2, though d2's batch is busier.
+// Before, both waits were half a decode, and the batch sent it to d1.
+func TestDecodePickerWaitsBehindARarelyUsedAdapter(t *testing.T) {
+	pl := newPlanner(t, ModeAlways, DefaultLinks())
+	dp := pl.NewDecodePicker()
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	for i := range 40 {
+		dp.Placed(t0.Add(time.Duration(i)*50*time.Millisecond), "d1", "busy")
+	}
+	dp.Placed(t0.Add(1990*time.Millisecond), "d2", "rare")
+	cs := []kvroute.Candidate{
+		{Endpoint: ep("d1", kvroute.RoleDecode, "rack", "r1"), Healthy: true,
+			Load: kvroute.Load{Running: 4, DecodeTokens: 4 * 2000, LoRA: &kvroute.LoRALoad{Running: []string{"busy"}, Max: 1}}},
+		{Endpoint: ep("d2", kvroute.RoleDecode, "rack", "r1"), Healthy: true,
+			Load: kvroute.Load{Running: 12, DecodeTokens: 12 * 2000, LoRA: &kvroute.LoRALoad{Running: []string{"rare"}, Max: 1}}},
+	}
+	r := req("new", 2000, 100)
+	r.Adapter = "new"
+	d := dp.Pick(t0.Add(2*time.Second), r, cs)
+	if d.Index != 1 {
+		t.Fatalf("got %+v, want d2 (behind rare)", d)
+	}
+	part := func(s kvroute.Score) float64 {
+		for _, p := range s.Parts {
+			if p.Name == "adapter_ms" {
+				return p.Value
+			}
+		}
+		return -1
+	}
+	if a, b := part(d.Scores[0]), part(d.Scores[1]); a < 2*b {
+		t.Errorf("adapter_ms behind busy %v, behind rare %v: want the first over twice the second", a, b)
+	}
+}

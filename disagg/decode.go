@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/kvroute/kvroute"
+	"github.com/kvroute/kvroute/policy"
 )
 
 // DecodeParams configures decode placement. Zero values take the
@@ -122,8 +123,10 @@ type DecodePicker struct {
 	// placed are the adapters of the requests placed on each endpoint
 	// (Placed), most recent first, each once, at most maxAdapterUses.
 	placed map[string][]adapterUse
-	held   [][]string     // per candidate, the adapters it holds (adapterWait), reused
-	homes  map[string]int // per adapter, the candidates holding it, reused
+	held   [][]string           // per candidate, the adapters it holds (adapterWait), reused
+	demand policy.AdapterDemand // the adapters' decode legs placed (Placed)
+	now    time.Time            // the Pick's
+	homes  map[string]int       // per adapter, the candidates holding it, reused
 }
 
 // maxAdapterUses bounds DecodePicker.placed's list per endpoint.
@@ -168,6 +171,7 @@ func (dp *DecodePicker) PickFrom(now, ready time.Time, req *kvroute.Request, can
 	}
 	var opts []opt
 	anyFits := false
+	dp.now = now
 	slots := dp.adapterState(now, req.Adapter, cands)
 	for i := range cands {
 		c := &cands[i]
@@ -255,6 +259,7 @@ func (dp *DecodePicker) Placed(now time.Time, id, x string) {
 	if x == "" || dp.p.AdapterHold <= 0 {
 		return
 	}
+	dp.demand.Seen(now, x)
 	if dp.placed == nil {
 		dp.placed = make(map[string][]adapterUse)
 	}
@@ -348,15 +353,19 @@ func (dp *DecodePicker) adapterState(now time.Time, x string, cands []kvroute.Ca
 //     x's next legs go to its other engine and this one drains for the
 //     adapters waiting there;
 //   - else x waits for a slot: AdapterLoadMs and half a decode, the mean
-//     rest of the running request whose adapter must leave first.
+//     rest of the running request whose adapter must leave first, or,
+//     behind adapters held nowhere else, whose legs keep coming and keep
+//     x out, the time until they have none left in the batch
+//     (policy.SlotBusyPeriod of their legs' rate, Placed, and a decode),
+//     when that is longer.
 //
 // So each adapter keeps to the engines that hold it, a new one takes a
-// free engine, and a hot one spreads where its engines' batches are
-// slower than a slot is dear. (Waits of 4 decodes where the adapters
-// holding the slots run only there, as kv-aware priced a whole request's
-// until it priced the wait by those adapters' demand, did worse on 1:7
-// and 2:6 fleets at --max-loras 1: an adapter with no engine of its own
-// waited behind one whose requests kept coming.)
+// free engine, a hot one spreads where its engines' batches are slower
+// than a slot is dear, and one with no engine of its own (more adapters
+// than slots) waits behind the least used. (A flat 4 decodes behind such
+// adapters, as kv-aware priced a whole request's wait before it priced
+// their demand, did worse on 1:7 and 2:6 fleets at --max-loras 1 than
+// half a decode; their demand did better than either at 20 req/s.)
 func (dp *DecodePicker) adapterWait(i int, c *kvroute.Candidate, x string, poolMax int, step time.Duration) time.Duration {
 	if x == "" || poolMax == 0 {
 		return 0
@@ -383,5 +392,16 @@ func (dp *DecodePicker) adapterWait(i int, c *kvroute.Candidate, x string, poolM
 		}
 		return 0
 	}
-	return load + half
+	wait := half
+	lambda, pinned := 0.0, false
+	for _, a := range held {
+		if l.Runs(a) && dp.homes[a] < 2 {
+			pinned = true
+			lambda += dp.demand.Rate(dp.now, a)
+		}
+	}
+	if pinned && lambda > 0 {
+		wait = max(wait, policy.SlotBusyPeriod(lambda, 2*half))
+	}
+	return load + wait
 }

@@ -150,7 +150,7 @@
 // README.md's LoRA example (8 adapters of the 8B profile at 20 req/s,
 // --max-loras 1, TTFT p99 2s) the analytical P/D fleet is 2:8, where the
 // simulated one is 1:9 (TestModelPDAdapterSlots: at 1:7 the simulator's
-// TTFT p99 is 8.2s and the model's 4.8s, at 2:10 0.32s and 0.31s). Before
+// TTFT p99 is 2.6s and the model's 4.8s, at 2:10 0.32s and 0.31s). Before
 // the router's decode picker held the adapters it placed, no simulated
 // prefill:decode fleet up to 18 engines met that target, and the model,
 // its decode legs kept on the nodes their adapter ran on, sized 1:7. The chosen

@@ -377,10 +377,11 @@ func TestPrefillPickerPricesSlotHandWorked(t *testing.T) {
 // TestModelPDAdapterSlots: at --max-loras 1, 8 adapters of the 8B profile
 // at 20 req/s (2,000-token prompts, 200-token outputs, TTFT p99 2s; 50s),
 // the simulator misses the target on a 1:7 prefill:decode fleet (TTFT p99
-// 8.2s: 8 adapters on 7 decode nodes, one of which an adapter waits on
+// 2.6s: 8 adapters on 7 decode nodes, one of which an adapter waits on
 // behind another) and meets it on 2:10 (0.32s), and the analytical replay,
 // its decode node the router's decode picker's (disagg.DecodePicker), puts
-// both within a factor 2 of the simulator's (4.8s and 0.31s) and sizes a
+// both within a factor 2 of the simulator's (4.8s and 0.31s; its picker
+// counts no legs placed, so it prices no adapter's demand) and sizes a
 // P/D fleet that meets it with more engines than 1:7 and no more than
 // 2:10. Before the decode picker kept each adapter's legs on the nodes
 // that held it (AdapterHold), the simulator missed the target on 2:10 too

@@ -576,10 +576,9 @@ type KVAware struct {
 	// poolMaxLoRA the largest max_lora a candidate's signals report (0:
 	// none does), taken for an engine whose signals do not say.
 	homes map[string]int
-	// demand is each adapter's recent arrivals, a count decayed with
-	// time constant adapterDemandTau (adapterSeen), for the wait behind
-	// an adapter that holds a slot (adapterCost).
-	demand        map[string]adapterDemand
+	// demand is each adapter's recent requests, for the wait behind an
+	// adapter that holds a slot (adapterCost).
+	demand        AdapterDemand
 	held          []string
 	poolMaxLoRA   int
 	flightRun     kvroute.LoRALoad // adapterCost's stand-in for an engine's missing adapter signals
@@ -913,7 +912,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	k.workW = p.WorkWeight * (1 + p.WorkLoadGain*float64(waiting)/float64(max(healthy, 1)))
 	k.adapter = req.Adapter
 	if req.Adapter != "" {
-		k.adapterSeen(now, req.Adapter)
+		k.demand.Seen(now, req.Adapter)
 		k.adapterView(cands)
 	}
 	k.outTokens = float64(p.OutputTokens)
@@ -1336,26 +1335,21 @@ func (k *KVAware) adapterCost(c *kvroute.Candidate, stepMs float64) (uint8, floa
 		return adapterActive, 0
 	}
 	// The slot frees once the adapters that run only there have no
-	// request left in the batch, which their arrivals (a Poisson stream
-	// of rate lambda, each staying a decode, D) leave empty after
-	// (e^(lambda D) - 1) / lambda on average (an M/G/inf queue's busy
-	// period): short behind a rarely used adapter, very long behind a
-	// busy one. Half a decode where every such adapter runs elsewhere too
-	// (they leave, as above).
+	// request left in the batch (SlotBusyPeriod of their arrival rate
+	// and a decode), at least half a decode; half a decode where every
+	// such adapter runs elsewhere too (they leave, as above).
 	D := k.outTokens * stepMs
 	lambda, pinned := 0.0, false
 	for _, a := range held {
 		if a != x && l.Runs(a) && k.homes[a] < 2 {
 			pinned = true
-			lambda += k.adapterRate(a)
+			lambda += k.demand.Rate(k.now, a)
 		}
 	}
 	wait := D / 2
-	switch {
-	case pinned && lambda > 0:
-		wait = math.Max(D/2, math.Min(math.Expm1(lambda*D)/lambda, maxSlotDecodes*D))
-	case pinned:
-		wait = D // no arrivals counted: the adapter's one request
+	if pinned {
+		busy := SlotBusyPeriod(lambda, time.Duration(D*float64(time.Millisecond)))
+		wait = math.Max(D/2, float64(busy)/float64(time.Millisecond))
 	}
 	if hasX {
 		load = 0
@@ -1419,43 +1413,6 @@ func (k *KVAware) noteAdapter(now time.Time, ep, adapter string) {
 	}
 	k.adapterLast[ep] = slices.Insert(list, 0, adapterUse{adapter, now})
 }
-
-// adapterDemandTau is the time constant of KVAware.demand.
-const adapterDemandTau = 30 * time.Second
-
-// adapterDemand is an adapter's arrivals, decayed with adapterDemandTau
-// from at.
-type adapterDemand struct {
-	n  float64
-	at time.Time
-}
-
-// adapterSeen counts a request for adapter x at now.
-func (k *KVAware) adapterSeen(now time.Time, x string) {
-	if k.demand == nil {
-		k.demand = map[string]adapterDemand{}
-	}
-	d := k.demand[x]
-	if !d.at.IsZero() {
-		d.n *= math.Exp(-now.Sub(d.at).Seconds() / adapterDemandTau.Seconds())
-	}
-	k.demand[x] = adapterDemand{n: d.n + 1, at: now}
-}
-
-// adapterRate is adapter x's recent arrival rate, per millisecond.
-func (k *KVAware) adapterRate(x string) float64 {
-	d, ok := k.demand[x]
-	if !ok {
-		return 0
-	}
-	n := d.n * math.Exp(-k.now.Sub(d.at).Seconds()/adapterDemandTau.Seconds())
-	return n / float64(adapterDemandTau.Milliseconds())
-}
-
-// maxSlotDecodes bounds adapterCost's wait behind a busy adapter, in
-// decodes: past it every such engine is as bad (and e^(lambda D) stays
-// finite).
-const maxSlotDecodes = 100
 
 // adapterView fills k.homes, per adapter the endpoints where it runs or
 // has requests in flight, and k.poolMaxLoRA, for the Pick of a request

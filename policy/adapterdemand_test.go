@@ -1,0 +1,54 @@
+package policy
+
+import (
+	"math"
+	"testing"
+	"time"
+)
+
+// TestAdapterDemand: a count decays with AdapterDemandTau, per adapter,
+// and its rate is per second.
+func TestAdapterDemand(t *testing.T) {
+	var d AdapterDemand
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	if r := d.Rate(t0, "a"); r != 0 {
+		t.Fatalf("rate of an adapter never seen: %v, want 0", r)
+	}
+	for i := range 30 {
+		d.Seen(t0.Add(time.Duration(i)*time.Millisecond), "a")
+	}
+	d.Seen(t0, "b")
+	at := t0.Add(29 * time.Millisecond)
+	if r, want := d.Rate(at, "a"), 30/AdapterDemandTau.Seconds(); math.Abs(r-want) > 0.001*want {
+		t.Errorf("rate of 30 requests just now: %v, want about %v", r, want)
+	}
+	later := at.Add(AdapterDemandTau)
+	if r, want := d.Rate(later, "a"), 30/math.E/AdapterDemandTau.Seconds(); math.Abs(r-want) > 0.001*want {
+		t.Errorf("rate one time constant later: %v, want %v", r, want)
+	}
+	if r, want := d.Rate(t0, "b"), 1/AdapterDemandTau.Seconds(); r != want {
+		t.Errorf("rate of b: %v, want %v", r, want)
+	}
+}
+
+// TestSlotBusyPeriod works the M/G/inf busy period by hand: requests of
+// 2 s at 0.5/s leave the batch empty after (e^1 - 1) / 0.5 = 3.44 s; at
+// 5/s after (e^10 - 1) / 5 = 4405 s, bounded to 100 decodes (200 s);
+// with no arrivals counted, one decode.
+func TestSlotBusyPeriod(t *testing.T) {
+	for _, tc := range []struct {
+		lambda float64
+		d      time.Duration
+		want   float64 // seconds
+	}{
+		{0.5, 2 * time.Second, math.Expm1(1) / 0.5},
+		{5, 2 * time.Second, 200},
+		{0, 2 * time.Second, 2},
+		{1e-9, 2 * time.Second, 2},
+		{3, 0, 0},
+	} {
+		if got := SlotBusyPeriod(tc.lambda, tc.d).Seconds(); math.Abs(got-tc.want) > 1e-6 {
+			t.Errorf("SlotBusyPeriod(%v, %v) = %vs, want %vs", tc.lambda, tc.d, got, tc.want)
+		}
+	}
+}
