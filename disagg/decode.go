@@ -121,22 +121,12 @@ type DecodePicker struct {
 	turn   uint64
 	scores []kvroute.Score
 	// placed are the adapters of the requests placed on each endpoint
-	// (Placed), most recent first, each once, at most maxAdapterUses.
-	placed map[string][]adapterUse
+	// (Placed).
+	placed policy.AdapterUses
 	held   [][]string           // per candidate, the adapters it holds (adapterWait), reused
 	demand policy.AdapterDemand // the adapters' decode legs placed (Placed)
 	now    time.Time            // the Pick's
 	homes  map[string]int       // per adapter, the candidates holding it, reused
-}
-
-// maxAdapterUses bounds DecodePicker.placed's list per endpoint.
-const maxAdapterUses = 8
-
-// adapterUse is an adapter a request was placed on an endpoint for, and
-// when.
-type adapterUse struct {
-	adapter string
-	at      time.Time
 }
 
 var _ kvroute.Picker = (*DecodePicker)(nil)
@@ -260,21 +250,12 @@ func (dp *DecodePicker) Placed(now time.Time, id, x string) {
 		return
 	}
 	dp.demand.Seen(now, x)
-	if dp.placed == nil {
-		dp.placed = make(map[string][]adapterUse)
-	}
-	list := dp.placed[id]
-	if i := slices.IndexFunc(list, func(u adapterUse) bool { return u.adapter == x }); i >= 0 {
-		list = slices.Delete(list, i, i+1)
-	} else if len(list) == maxAdapterUses {
-		list = list[:maxAdapterUses-1]
-	}
-	dp.placed[id] = slices.Insert(list, 0, adapterUse{adapter: x, at: now})
+	dp.placed.Note(now, id, x)
 }
 
 // ForgetEndpoint drops what the picker placed on endpoint id (removed
 // from the pool, or another engine under its ID).
-func (dp *DecodePicker) ForgetEndpoint(id string) { delete(dp.placed, id) }
+func (dp *DecodePicker) ForgetEndpoint(id string) { dp.placed.Forget(id) }
 
 // adapterState fills dp.held, the adapters each decode-capable candidate
 // holds, and dp.homes, how many candidates hold each, for a request of
@@ -325,11 +306,8 @@ func (dp *DecodePicker) adapterState(now time.Time, x string, cands []kvroute.Ca
 					slots = l.Max
 				}
 			}
-			for j, u := range dp.placed[c.Endpoint.ID] {
-				if j >= slots || now.Sub(u.at) > dp.p.AdapterHold {
-					break
-				}
-				add(u.adapter)
+			for a := range dp.placed.Held(now, c.Endpoint.ID, slots, dp.p.AdapterHold) {
+				add(a)
 			}
 			for _, a := range h {
 				dp.homes[a]++

@@ -562,11 +562,11 @@ type KVAware struct {
 	// loaded, or loading, before its next scrape says so.
 	adapterFlights map[adapterKey]int
 	// adapterLast holds, per endpoint, the LoRA adapters the policy last
-	// routed there (most recent first, at most maxAdapterUses): an engine
+	// routed there (AdapterUses: most recent first, a few): an engine
 	// keeps an adapter in its GPU slots until another takes its place, so
 	// an adapter whose requests have all ended still holds the slot it
 	// used for AdapterHold (see adapterCost).
-	adapterLast map[string][]adapterUse
+	adapterLast AdapterUses
 	// flightAdapters lists, per endpoint, the adapters of adapterFlights
 	// there (kept with it by track and untrack).
 	flightAdapters map[string][]string
@@ -696,7 +696,7 @@ func (k *KVAware) ForgetEndpoint(id string) {
 			delete(k.adapterFlights, key)
 		}
 	}
-	delete(k.adapterLast, id)
+	k.adapterLast.Forget(id)
 	delete(k.flightAdapters, id)
 	clear(k.byPos) // it may hold the deleted stats
 	for key, pr := range k.pending {
@@ -1375,11 +1375,8 @@ func (k *KVAware) heldAt(c *kvroute.Candidate, ep string, l *kvroute.LoRALoad, s
 	for _, a := range k.flightAdapters[ep] {
 		add(a)
 	}
-	for j, u := range k.adapterLast[ep] {
-		if j >= slots || k.now.Sub(u.at) > k.p.AdapterHold {
-			break
-		}
-		add(u.adapter)
+	for a := range k.adapterLast.Held(k.now, ep, slots, k.p.AdapterHold) {
+		add(a)
 	}
 	if c.CachedTokens > 0 {
 		// Blocks of the adapter's prompt, keyed by the adapter: the engine
@@ -1389,29 +1386,6 @@ func (k *KVAware) heldAt(c *kvroute.Candidate, ep string, l *kvroute.LoRALoad, s
 	}
 	k.held = h
 	return h
-}
-
-// maxAdapterUses bounds KVAware.adapterLast's list per endpoint.
-const maxAdapterUses = 8
-
-// adapterUse is an adapter the policy routed to an endpoint, and when.
-type adapterUse struct {
-	adapter string
-	at      time.Time
-}
-
-// noteAdapter records that a request for adapter was routed to ep at now.
-func (k *KVAware) noteAdapter(now time.Time, ep, adapter string) {
-	if k.adapterLast == nil {
-		k.adapterLast = map[string][]adapterUse{}
-	}
-	list := k.adapterLast[ep]
-	if i := slices.IndexFunc(list, func(u adapterUse) bool { return u.adapter == adapter }); i >= 0 {
-		list = slices.Delete(list, i, i+1)
-	} else if len(list) == maxAdapterUses {
-		list = list[:maxAdapterUses-1]
-	}
-	k.adapterLast[ep] = slices.Insert(list, 0, adapterUse{adapter, now})
 }
 
 // adapterView fills k.homes, per adapter the endpoints where it runs or
@@ -1829,7 +1803,7 @@ func (r reasonFigures) String() string {
 // dispatched request.
 func (k *KVAware) record(now time.Time, req *kvroute.Request, prefix uint64, endpoint string, st *candState, P int) {
 	if req.Adapter != "" {
-		k.noteAdapter(now, endpoint, req.Adapter)
+		k.adapterLast.Note(now, endpoint, req.Adapter)
 	}
 	const a = 0.05
 	if P > 0 {

@@ -2,6 +2,7 @@ package policy
 
 import (
 	"math"
+	"slices"
 	"testing"
 	"time"
 )
@@ -50,5 +51,46 @@ func TestSlotBusyPeriod(t *testing.T) {
 		if got := SlotBusyPeriod(tc.lambda, tc.d).Seconds(); math.Abs(got-tc.want) > 1e-6 {
 			t.Errorf("SlotBusyPeriod(%v, %v) = %vs, want %vs", tc.lambda, tc.d, got, tc.want)
 		}
+	}
+}
+
+// TestAdapterUses: an endpoint holds the last slots adapters placed there
+// within hold, most recent first, each once; the list keeps 8 per
+// endpoint and is per endpoint.
+func TestAdapterUses(t *testing.T) {
+	var u AdapterUses
+	t0 := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	u.Note(at(0), "e", "a")
+	u.Note(at(100), "e", "b")
+	u.Note(at(200), "e", "a") // a again: moved to the front, once
+	u.Note(at(300), "f", "c")
+	for _, tc := range []struct {
+		now   int
+		slots int
+		hold  time.Duration
+		want  []string
+	}{
+		{300, 4, time.Second, []string{"a", "b"}},
+		{300, 1, time.Second, []string{"a"}},
+		{1150, 4, time.Second, []string{"a"}}, // b's placement is over a second old
+		{1250, 4, time.Second, nil},
+	} {
+		if got := slices.Collect(u.Held(at(tc.now), "e", tc.slots, tc.hold)); !slices.Equal(got, tc.want) {
+			t.Errorf("Held at %d ms, %d slots: %v, want %v", tc.now, tc.slots, got, tc.want)
+		}
+	}
+	for i := range 10 {
+		u.Note(at(400+i), "e", string(rune('p'+i)))
+	}
+	if got := slices.Collect(u.Held(at(500), "e", 100, time.Hour)); len(got) != 8 || got[0] != "y" {
+		t.Errorf("after 10 more: %v, want the last 8, most recent (y) first", got)
+	}
+	u.Forget("e")
+	if got := slices.Collect(u.Held(at(500), "e", 100, time.Hour)); got != nil {
+		t.Errorf("after Forget: %v", got)
+	}
+	if got := slices.Collect(u.Held(at(500), "f", 100, time.Hour)); !slices.Equal(got, []string{"c"}) {
+		t.Errorf("f: %v, want [c]", got)
 	}
 }

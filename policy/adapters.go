@@ -1,7 +1,9 @@
 package policy
 
 import (
+	"iter"
 	"math"
+	"slices"
 	"time"
 )
 
@@ -65,3 +67,55 @@ func SlotBusyPeriod(lambda float64, d time.Duration) time.Duration {
 	}
 	return time.Duration(math.Min(math.Expm1(lambda*s)/lambda, maxSlotDecodes*s) * float64(time.Second))
 }
+
+// AdapterUses keeps, per endpoint, the LoRA adapters last placed there,
+// most recent first, each once, at most maxAdapterUses: an engine keeps
+// an adapter in its GPU slots until another takes its place, and its
+// signals show an adapter only once its requests arrive, so a picker
+// takes an engine to hold the last ones it placed there for a while
+// (Held): kv-aware for the requests it routes (adapter_hold), the P/D
+// decode picker for the decode legs (package disagg). The zero value is
+// ready to use; not safe for concurrent use.
+type AdapterUses struct {
+	m map[string][]adapterUse
+}
+
+// maxAdapterUses bounds AdapterUses's list per endpoint.
+const maxAdapterUses = 8
+
+// adapterUse is an adapter placed on an endpoint, and when.
+type adapterUse struct {
+	adapter string
+	at      time.Time
+}
+
+// Note records that a request for adapter x was placed on endpoint ep at
+// now.
+func (u *AdapterUses) Note(now time.Time, ep, x string) {
+	if u.m == nil {
+		u.m = make(map[string][]adapterUse)
+	}
+	list := u.m[ep]
+	if i := slices.IndexFunc(list, func(a adapterUse) bool { return a.adapter == x }); i >= 0 {
+		list = slices.Delete(list, i, i+1)
+	} else if len(list) == maxAdapterUses {
+		list = list[:maxAdapterUses-1]
+	}
+	u.m[ep] = slices.Insert(list, 0, adapterUse{adapter: x, at: now})
+}
+
+// Held yields the adapters endpoint ep holds by its placements at now:
+// the last slots placed there, those placed within hold of now.
+func (u *AdapterUses) Held(now time.Time, ep string, slots int, hold time.Duration) iter.Seq[string] {
+	return func(yield func(string) bool) {
+		for j, a := range u.m[ep] {
+			if j >= slots || now.Sub(a.at) > hold || !yield(a.adapter) {
+				return
+			}
+		}
+	}
+}
+
+// Forget drops endpoint ep's placements (removed from the pool, or
+// another engine under its ID).
+func (u *AdapterUses) Forget(ep string) { delete(u.m, ep) }
