@@ -28,6 +28,7 @@ func TestEndsWithErrorEvent(t *testing.T) {
 		{"CR", "data: {}\r\rdata: {\"error\":{\"code\":502}}\r\rdata: [DONE]\r\r", 502, true},
 		{"data lines joined", "data: {\"error\":\ndata: {\"code\":504}}\n\ndata: [DONE]\n\n", 504, true},
 		{"comment and event field", "event: error\n: note\ndata: {\"error\":{\"code\":500}}\n\n", 500, true},
+		{"llama.cpp's error: field (before PR 16109)", chunk + `error: {"code":500,"message":"x","type":"server_error"}` + "\n\n", 500, true},
 		{"string code", `data: {"error":{"message":"x","type":"invalid_request_error","code":"context_length_exceeded"}}` + "\n\n", 0, true},
 		{"code out of range", `data: {"error":{"code":42}}` + "\n\n", 0, true},
 		{"error text", `data: {"error":"model not loaded"}` + "\n\n", 0, true},
