@@ -125,7 +125,6 @@ type DecodePicker struct {
 	placed policy.AdapterUses
 	held   [][]string           // per candidate, the adapters it holds (adapterWait), reused
 	demand policy.AdapterDemand // the adapters' decode legs placed (Placed)
-	now    time.Time            // the Pick's
 	homes  map[string]int       // per adapter, the candidates holding it, reused
 }
 
@@ -161,7 +160,6 @@ func (dp *DecodePicker) PickFrom(now, ready time.Time, req *kvroute.Request, can
 	}
 	var opts []opt
 	anyFits := false
-	dp.now = now
 	slots := dp.adapterState(now, req.Adapter, cands)
 	for i := range cands {
 		c := &cands[i]
@@ -195,7 +193,7 @@ func (dp *DecodePicker) PickFrom(now, ready time.Time, req *kvroute.Request, can
 			pen = dp.p.KVPenaltyMs * math.Min(after-dp.p.KVSoftCap, 1-dp.p.KVSoftCap) / (1 - dp.p.KVSoftCap)
 		}
 		waiting := float64(max(c.Load.Waiting, 0)) * ms(step)
-		slot := ms(dp.adapterWait(i, c, req.Adapter, slots, step))
+		slot := ms(dp.adapterWait(now, i, c, req.Adapter, slots, step))
 		score := ms(xfer.Total()) + dp.p.TPOTWeight*ms(step) + waiting + pen + slot
 		s.Value, s.Eligible = score, true
 		s.Parts = []kvroute.Part{{Name: "transfer_ms", Value: ms(xfer.Total())}, {Name: "transfer_mb", Value: float64(xfer.Bytes) / 1e6},
@@ -344,7 +342,7 @@ func (dp *DecodePicker) adapterState(now time.Time, x string, cands []kvroute.Ca
 // adapters, as kv-aware priced a whole request's wait before it priced
 // their demand, did worse on 1:7 and 2:6 fleets at --max-loras 1 than
 // half a decode; their demand did better than either at 20 req/s.)
-func (dp *DecodePicker) adapterWait(i int, c *kvroute.Candidate, x string, poolMax int, step time.Duration) time.Duration {
+func (dp *DecodePicker) adapterWait(now time.Time, i int, c *kvroute.Candidate, x string, poolMax int, step time.Duration) time.Duration {
 	if x == "" || poolMax == 0 {
 		return 0
 	}
@@ -375,7 +373,7 @@ func (dp *DecodePicker) adapterWait(i int, c *kvroute.Candidate, x string, poolM
 	for _, a := range held {
 		if l.Runs(a) && dp.homes[a] < 2 {
 			pinned = true
-			lambda += dp.demand.Rate(dp.now, a)
+			lambda += dp.demand.Rate(now, a)
 		}
 	}
 	if pinned && lambda > 0 {
