@@ -115,7 +115,12 @@ func setSoakInterval(cfg *Config, n int) { cfg.StreamInterval = n }
 // 81 requests per engine to their ~138, fewer goroutines and connections.
 // KVROUTE_SOAK_FLOOR_STEP=11ms holds it as long (over three rounds each
 // the two floors measured medians of 114.9 and 109.2 us above them, within
-// the rounds' spread).
+// the rounds' spread). The floor streams a streamed request at the same
+// pace: an SSE chunk of an engine chunk's size per token, written and
+// flushed at the tick of a ticker all its open streams share, as an engine
+// step hands every stream its token (floorTicker), so with streamed
+// requests the difference is the emulator's cost per token above writing
+// the stream.
 // The KVROUTE_SOAK_* variables above change the load.
 func TestFleetCPU(t *testing.T) {
 	if os.Getenv(envSoak) == "" {
@@ -700,12 +705,24 @@ func TestSoakEngineChild(t *testing.T) {
 			// The floor of any HTTP server that answers each request after a
 			// delay: read the body, sleep as long as the request would take (a
 			// ~6.5 ms step per output token), write a response of the same size.
+			// A streamed request is answered at the same pace as the engine
+			// streams it: a chunk of an engine chunk's size per token, each
+			// written and flushed at a tick of a ticker shared by the server's
+			// streams (floorTicker), as an engine's step delivers one token to
+			// every stream at once.
+			ticker := newFloorTicker(floorStep)
+			wg.Go(func() { ticker.run(ctx) })
 			mux.HandleFunc("POST /v1/chat/completions", func(w http.ResponseWriter, r *http.Request) {
 				var req struct {
-					MaxTokens int `json:"max_tokens"`
+					MaxTokens int  `json:"max_tokens"`
+					Stream    bool `json:"stream"`
 				}
 				b, _ := io.ReadAll(r.Body)
 				_ = json.Unmarshal(b, &req)
+				if req.Stream {
+					floorStream(w, r, ticker, req.MaxTokens)
+					return
+				}
 				time.Sleep(time.Duration(req.MaxTokens) * floorStep)
 				w.Header().Set("Content-Type", "application/json")
 				_, _ = w.Write(bytes.Repeat([]byte("x"), 400+5*req.MaxTokens))
@@ -736,6 +753,128 @@ func TestSoakEngineChild(t *testing.T) {
 	if os.Getenv(envSoakProfile) != "" {
 		sleeps, steps, caught := counters()
 		fmt.Fprintf(os.Stderr, "soak engines %d: %d timed sleeps, %d steps (%d caught up)\n", os.Getpid(), sleeps, steps, caught)
+	}
+}
+
+// floorTicker ticks every step while any stream waits on it, waking all
+// of them at once (a closed channel): the floor's form of an engine step
+// that delivers a token to every running stream. It does not tick while no
+// stream is open, so a fleet of non-streamed requests pays nothing for it.
+type floorTicker struct {
+	step  time.Duration
+	start chan struct{} // a stream opened on an idle ticker
+	mu    sync.Mutex
+	open  int           // streams open
+	tick  chan struct{} // closed at the next tick
+}
+
+func newFloorTicker(step time.Duration) *floorTicker {
+	return &floorTicker{step: step, start: make(chan struct{}, 1), tick: make(chan struct{})}
+}
+
+// run ticks until ctx is done.
+func (f *floorTicker) run(ctx context.Context) {
+	t := time.NewTimer(0)
+	defer t.Stop()
+	for {
+		f.mu.Lock()
+		idle := f.open == 0
+		f.mu.Unlock()
+		if idle {
+			select {
+			case <-f.start:
+			case <-ctx.Done():
+				return
+			}
+		}
+		t.Reset(f.step)
+		select {
+		case <-t.C:
+		case <-ctx.Done():
+			return
+		}
+		f.mu.Lock()
+		close(f.tick)
+		f.tick = make(chan struct{})
+		f.mu.Unlock()
+	}
+}
+
+// join opens a stream; leave closes it.
+func (f *floorTicker) join() {
+	f.mu.Lock()
+	f.open++
+	if f.open == 1 {
+		select {
+		case f.start <- struct{}{}:
+		default:
+		}
+	}
+	f.mu.Unlock()
+}
+
+func (f *floorTicker) leave() {
+	f.mu.Lock()
+	f.open--
+	f.mu.Unlock()
+}
+
+// next waits for the next tick (false: the request ended first).
+func (f *floorTicker) next(done <-chan struct{}) bool {
+	f.mu.Lock()
+	c := f.tick
+	f.mu.Unlock()
+	select {
+	case <-c:
+		return true
+	case <-done:
+		return false
+	}
+}
+
+// floorStream is the floor's streamed response: an SSE chunk of about an
+// engine's chat chunk's size (~230 bytes) per token, one a tick, then
+// [DONE].
+func floorStream(w http.ResponseWriter, r *http.Request, ticker *floorTicker, tokens int) {
+	chunk := append(append([]byte("data: "), bytes.Repeat([]byte("x"), 222)...), "\n\n"...)
+	fl, _ := w.(http.Flusher)
+	w.Header().Set("Content-Type", "text/event-stream")
+	ticker.join()
+	defer ticker.leave()
+	for range tokens {
+		if !ticker.next(r.Context().Done()) {
+			return
+		}
+		if _, err := w.Write(chunk); err != nil {
+			return
+		}
+		if fl != nil {
+			fl.Flush()
+		}
+	}
+	_, _ = io.WriteString(w, "data: [DONE]\n\n")
+}
+
+func TestFloorTicker(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	f := newFloorTicker(time.Millisecond)
+	var wg sync.WaitGroup
+	wg.Go(func() { f.run(ctx) })
+	defer func() { cancel(); wg.Wait() }()
+	rec := newRecorder()
+	r, _ := http.NewRequest(http.MethodPost, "/", nil)
+	floorStream(rec, r, f, 3)
+	if n := strings.Count(rec.body.String(), "data: "); n != 4 {
+		t.Errorf("%d events, want 3 chunks and [DONE]:\n%s", n, rec.body.String())
+	}
+	if !strings.HasSuffix(rec.body.String(), "data: [DONE]\n\n") {
+		t.Errorf("stream does not end with [DONE]")
+	}
+	f.mu.Lock()
+	open := f.open
+	f.mu.Unlock()
+	if open != 0 {
+		t.Errorf("%d streams open after the stream ended", open)
 	}
 }
 
