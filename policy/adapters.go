@@ -119,3 +119,61 @@ func (u *AdapterUses) Held(now time.Time, ep string, slots int, hold time.Durati
 // Forget drops endpoint ep's placements (removed from the pool, or
 // another engine under its ID).
 func (u *AdapterUses) Forget(ep string) { delete(u.m, ep) }
+
+// AdapterHomes keeps each LoRA adapter's home: the endpoint it was placed
+// on most, its placements there counted with decay (AdapterDemandTau).
+// With more adapters than an engine's slots, the adapters placed on an
+// engine lately (AdapterUses) change with every request of another, so
+// they say little of which adapters an engine serves; the home changes only
+// once an adapter goes elsewhere more often than home. The zero value is
+// ready to use; not safe for concurrent use.
+type AdapterHomes struct {
+	n    map[adapterKey]decayedCount
+	home map[string]string // adapter -> endpoint
+}
+
+// Note records that a request for adapter x was placed on endpoint ep at
+// now. The counts all decay at one rate, so their order changes only
+// here: the home is kept, not searched for.
+func (h *AdapterHomes) Note(now time.Time, ep, x string) {
+	if h.n == nil {
+		h.n, h.home = make(map[adapterKey]decayedCount), make(map[string]string)
+	}
+	key := adapterKey{ep, x}
+	c := decayedCount{n: h.n[key].value(now) + 1, at: now}
+	h.n[key] = c
+	if cur, ok := h.home[x]; !ok || cur == ep || c.n > h.n[adapterKey{cur, x}].value(now) {
+		h.home[x] = ep
+	}
+}
+
+// Home is adapter x's home ("": none placed yet).
+func (h *AdapterHomes) Home(x string) string { return h.home[x] }
+
+// Forget drops endpoint ep's placements; the adapters at home there move to
+// the endpoint each was placed on most after it, if any.
+func (h *AdapterHomes) Forget(ep string) {
+	for key := range h.n {
+		if key.endpoint == ep {
+			delete(h.n, key)
+		}
+	}
+	for x, e := range h.home {
+		if e != ep {
+			continue
+		}
+		delete(h.home, x)
+		var ref time.Time // the counts compare at one time: the last of theirs
+		for key, c := range h.n {
+			if key.adapter == x && c.at.After(ref) {
+				ref = c.at
+			}
+		}
+		best := 0.0
+		for key, c := range h.n {
+			if v := c.value(ref); key.adapter == x && v > best {
+				best, h.home[x] = v, key.endpoint
+			}
+		}
+	}
+}

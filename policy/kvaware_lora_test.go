@@ -4,6 +4,7 @@ import (
 	"slices"
 	"strconv"
 	"testing"
+	"time"
 
 	"github.com/kvroute/kvroute"
 )
@@ -256,5 +257,84 @@ func TestKVAwareWaitsBehindARarelyUsedAdapter(t *testing.T) {
 	}
 	if wa, wb := partOf(last, "a", "adapter_ms"), partOf(last, "b", "adapter_ms"); wa < 2*wb {
 		t.Errorf("adapter_ms behind busy %v, behind rare %v: want the first over twice the second", wa, wb)
+	}
+}
+
+// TestKVAwareKeepsAnAdapterAtHome: with fewer engine slots than adapters
+// an adapter shares its home with another, and a request of it finds both
+// engines' slots taken. The other engine's wait is a little shorter (its
+// adapter is used less), but that adapter is at home there: going there
+// would make its requests wait behind this one's in turn, so the request
+// stays home. So do y's requests, which find a held by x and b by z, and
+// would take z's home as readily as share x's. (Before AdapterHomes y's
+// sixth request went to b, and with every such request the adapters of
+// the shared engines mixed.)
+func TestKVAwareKeepsAnAdapterAtHome(t *testing.T) {
+	free := []candSpec{{ID: "a", MaxLoRA: 1}, {ID: "b", MaxLoRA: 1}}
+	var steps []step
+	var prev []string // each request is released at the next one
+	at := int64(0)
+	add := func(id, adapter string, cands []candSpec) {
+		steps = append(steps, step{AtMs: at, Release: prev, Request: loraReq(id, adapter), Candidates: cands})
+		prev, at = []string{id}, at+100
+	}
+	// z takes b, then x and y take turns on a.
+	for i := range 6 {
+		add("z"+strconv.Itoa(i), "z", []candSpec{{ID: "a", MaxLoRA: 1, LoRARunning: []string{"x"}}, free[1]})
+	}
+	for i := range 10 {
+		add("x"+strconv.Itoa(i), "x", []candSpec{free[0], {ID: "b", MaxLoRA: 1, LoRARunning: []string{"z"}}})
+		add("y"+strconv.Itoa(i), "y", []candSpec{{ID: "a", MaxLoRA: 1, LoRARunning: []string{"x"}}, {ID: "b", MaxLoRA: 1, LoRARunning: []string{"z"}}})
+	}
+	busy := []candSpec{
+		{ID: "a", MaxLoRA: 1, LoRARunning: []string{"y"}, Running: 2},
+		{ID: "b", MaxLoRA: 1, LoRARunning: []string{"z"}, Running: 2},
+	}
+	add("x-last", "x", busy)
+	ds, err := scenario{Policy: NameKVAware, Seed: 1, Steps: steps}.run()
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i, d := range ds[:len(ds)-1] {
+		if want := map[bool]string{true: "b", false: "a"}[i < 6]; d.Endpoint != want {
+			t.Fatalf("request %d went to %s, want %s: %s", i, d.Endpoint, want, d.Reason)
+		}
+	}
+	last := ds[len(ds)-1]
+	if last.Endpoint != "a" || !slotFull(last, "a") || !slotFull(last, "b") {
+		t.Fatalf("x's request: %s, want a, its home (both priced a slot wait): %s", last.Endpoint, last.Reason)
+	}
+}
+
+func TestAdapterHomes(t *testing.T) {
+	var h AdapterHomes
+	t0 := time.Unix(1000, 0)
+	if got := h.Home("x"); got != "" {
+		t.Fatalf("empty: home %q", got)
+	}
+	for i := range 3 {
+		h.Note(t0.Add(time.Duration(i)*time.Second), "a", "x")
+	}
+	h.Note(t0.Add(3*time.Second), "b", "x")
+	if got := h.Home("x"); got != "a" {
+		t.Errorf("3 on a, 1 on b: home %q, want a", got)
+	}
+	// Placements decay: two on b much later outweigh three on a.
+	later := t0.Add(2 * AdapterDemandTau)
+	h.Note(later, "b", "x")
+	if got := h.Home("x"); got != "b" {
+		t.Errorf("after a later placement on b: home %q, want b", got)
+	}
+	h.Note(later.Add(time.Second), "c", "y")
+	h.Forget("b")
+	if got := h.Home("x"); got != "a" {
+		t.Errorf("b forgotten: home %q, want a (placed there after it)", got)
+	}
+	h.Forget("a")
+	if got := h.Home("x"); got != "" {
+		t.Errorf("a and b forgotten: home %q, want none", got)
+	}
+	if got := h.Home("y"); got != "c" {
+		t.Errorf("y: home %q, want c", got)
 	}
 }
