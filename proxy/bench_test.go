@@ -18,6 +18,7 @@ import (
 	"github.com/kvroute/kvroute/internal/cputime"
 	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/policy"
+	"github.com/kvroute/kvroute/signals"
 )
 
 // chatBody32K is a chat request with a 32 KiB user prompt behind a shared
@@ -30,9 +31,15 @@ func chatBody32K(i int) []byte {
 
 // BenchmarkDecision measures the decision path on a 32 KiB prompt over four
 // endpoints with the default policy: route (prefix hashing, candidates,
-// Pick, dispatch record) and done; and the same behind the request scanner.
+// Pick, dispatch record) and done, for the base model and for a LoRA
+// adapter (route/adapter: no engine's adapter list known, as in a pool
+// without llama.cpp servers; route/adapter-llama: four llama.cpp servers
+// listing it, whose lists Route reads for every endpoint, and which all
+// stay candidates, so that decisions are alike with and without that
+// read); and the same behind the request scanner.
 func BenchmarkDecision(b *testing.B) {
 	cfg := testConfig(policy.Default, "http://127.0.0.1:1", "http://127.0.0.1:2", "http://127.0.0.1:3", "http://127.0.0.1:4")
+	cfg.Models[0].Adapters = []string{"sql-lora"}
 	p, err := New(Options{Config: cfg, NewPicker: policy.New})
 	if err != nil {
 		b.Fatal(err)
@@ -60,6 +67,35 @@ func BenchmarkDecision(b *testing.B) {
 			rt.Done(now, f, kvroute.Outcome{})
 			i++
 		}
+	})
+	routeAdapter := func(b *testing.B) {
+		reqs := make([]kvroute.Request, len(bodies))
+		for i, body := range bodies {
+			ri, _ := openai.ParseRequest(openai.KindChat, body)
+			reqs[i] = kvroute.Request{Model: "m", Adapter: "sql-lora", Prompt: ri.Prompt, PromptTokens: ri.PromptTokens()}
+		}
+		b.ReportAllocs()
+		i := 0
+		for b.Loop() {
+			req := reqs[i%len(reqs)]
+			f, err := rt.Route(now, &req, nil)
+			if err != nil {
+				b.Fatal(err)
+			}
+			rt.Done(now, f, kvroute.Outcome{})
+			i++
+		}
+	}
+	b.Run("route/adapter", routeAdapter)
+	b.Run("route/adapter-llama", func(b *testing.B) {
+		for _, ep := range rt.Endpoints() {
+			adapters, err := signals.ParseLoRAAdapters([]byte(`[{"id":0,"path":"/m/chat-lora.gguf","scale":1},{"id":1,"path":"/m/sql-lora.gguf","scale":1}]`))
+			if err != nil {
+				b.Fatal(err)
+			}
+			rt.View(ep.ID).Observe(now, signals.Metrics{Flavor: signals.FlavorLlamaCPP, LlamaAdapters: signals.NewLlamaAdapters(adapters)})
+		}
+		routeAdapter(b)
 	})
 	b.Run("parse+route", func(b *testing.B) {
 		b.ReportAllocs()
