@@ -88,17 +88,23 @@
 // and the others at 0, a base model's request included (without "lora"
 // the server applies each adapter at its global scale), with "model" the
 // base model and no lora_path (openai.NameLlamaAdapter, built once per
-// adapter list). An adapter the server does not list is not sent: the
-// attempt is retried on another endpoint (kvroute_retries_total reason
-// adapter_not_listed; the endpoint's health is not at fault), else the
-// client gets the router's 404 model_not_found naming what the server
-// lists, or 503 adapter_list_unknown while its list is not known (no
-// scrape yet, scraping off); a base model's request to a server listing
-// no adapters, or whose list is not known, goes as sent. The engine's
-// kind is its endpoint's signals.flavor (vllm, vllm-legacy, sglang,
-// llamacpp, tgi), else the flavour its last scrape detected
-// (signals.View.Flavor); unknown (no scrape yet, scraping off), the body
-// goes as sent. A P/D pool's legs carry their protocol's form (nixl:
+// adapter list). A server whose list does not have the request's adapter
+// is no candidate for it (router.Route, as an endpoint the config does
+// not give the adapter: /debug/decisions says so of it); when every
+// endpoint that would serve it is such a server, the client gets the
+// router's 404 model_not_found (its param the field the client named the
+// adapter in) naming what each lists, and no endpoint is tried. A server
+// whose list is not known (no scrape yet, scraping off) stays a
+// candidate: an attempt on it, or on a server whose list changed since
+// the pick, is not sent but retried on another endpoint
+// (kvroute_retries_total reason adapter_not_listed; the endpoint's
+// health is not at fault), else answered with 503 adapter_list_unknown
+// (or the 404 naming what that server lists); a base model's request to
+// a server listing no adapters, or whose list is not known, goes as
+// sent. The engine's kind is its endpoint's signals.flavor (vllm,
+// vllm-legacy, sglang, llamacpp, tgi), else the flavour its last scrape
+// detected (signals.View.Flavor); unknown (no scrape yet, scraping off),
+// the body goes as sent. A P/D pool's legs carry their protocol's form (nixl:
 // vLLM's; sglang: lora_path, set by the handoff).
 //
 // # Data-parallel engines

@@ -325,8 +325,9 @@ func (x *exchange) gone(w http.ResponseWriter, f *router.Flight) (retry bool) {
 }
 
 // adapterMissing ends an attempt whose engine cannot run the request's
-// LoRA adapter (a llama.cpp server that does not list it, or whose list
-// is not known yet), before it is sent: retried on another endpoint when
+// LoRA adapter (a llama.cpp server whose list was not known at the pick,
+// where one known not to list it is no candidate, or whose list changed
+// since), before it is sent: retried on another endpoint when
 // it may be (this one stays tried), else answered with err. The
 // endpoint's health is not at fault.
 func (x *exchange) adapterMissing(w http.ResponseWriter, err *adapterMissing) (retry bool) {
@@ -381,8 +382,13 @@ func (x *exchange) reportHealth(now time.Time, ok bool) {
 
 // writeError writes err to the client (with Retry-After for 503 and 429).
 // Every 503 and 429 the router answers on its own goes through
-// writeRoutingError, so that it says when to try again.
+// writeRoutingError, so that it says when to try again. The router's 404
+// of an adapter that no endpoint's llama.cpp server lists is told the
+// field the client named the adapter in.
 func (x *exchange) writeError(w http.ResponseWriter, err error) {
+	if ke := (*kvroute.Error)(nil); x.req.Adapter != "" && errors.As(err, &ke) && ke.Code == "model_not_found" && ke.Param == "" {
+		ke.Param = x.naming.adapterParam(x.req.Adapter)
+	}
 	x.status = writeRoutingError(w, err)
 }
 

@@ -257,11 +257,7 @@ func (n *adapterNaming) llamaBody(t *signals.LlamaAdapters, endpoint string, bod
 	if req.Adapter != "" {
 		var ok bool
 		if want, ok = t.Lookup(req.Adapter); !ok {
-			param := "lora_path" // the field the client named the adapter in
-			if _, a, split := openai.SplitModelAdapter(n.model); n.model == req.Adapter || split && a == req.Adapter {
-				param = "model"
-			}
-			return nil, false, notListed(t, endpoint, param, req)
+			return nil, false, notListed(t, endpoint, n.adapterParam(req.Adapter), req)
 		}
 	} else if t.Len() == 0 {
 		return body, false, nil
@@ -283,6 +279,15 @@ func (n *adapterNaming) llamaBody(t *signals.LlamaAdapters, endpoint string, bod
 	}
 	n.llama, n.llamaTable = b, t
 	return b, true, nil
+}
+
+// adapterParam is the field the client named adapter in: "model" (vLLM's
+// form, or SGLang's "<base>:<adapter>"), else "lora_path".
+func (n *adapterNaming) adapterParam(adapter string) string {
+	if _, a, split := openai.SplitModelAdapter(n.model); n.model == adapter || split && a == adapter {
+		return "model"
+	}
+	return "lora_path"
 }
 
 // adapterMissing is the error of an attempt whose engine cannot run the

@@ -200,34 +200,136 @@ func TestLlamaCPPAdapterForms(t *testing.T) {
 	}
 }
 
-// TestLlamaCPPAdapterRetry: an engine that does not list the request's
-// adapter is passed over for one that does (kvroute_retries_total reason
-// adapter_not_listed), and its health is not at fault; with no other
-// endpoint the client gets the router's 404.
-func TestLlamaCPPAdapterRetry(t *testing.T) {
+// llamaRetries is kvroute_retries_total{reason="adapter_not_listed"} of
+// model tiny, summed over the endpoints ids.
+func llamaRetries(t *testing.T, tp *testProxy, ids ...string) float64 {
+	t.Helper()
+	var n float64
+	for _, id := range ids {
+		n += tp.metric(t, tp.metrics.retries, "tiny", id, "adapter_not_listed")
+	}
+	return n
+}
+
+// TestLlamaCPPAdapterPick: the endpoints whose llama.cpp server does not
+// list the request's adapter are no candidates for it: with the adapter
+// only on the last of three endpoints and one retry, the request goes
+// straight to it (no retry), and the others still take the adapters they
+// list. With the endpoint that lists it down, the client gets the
+// router's 503 (no_adapter_endpoint, with Retry-After).
+func TestLlamaCPPAdapterPick(t *testing.T) {
+	sql := `[{"id":0,"path":"/m/sql-lora.gguf","scale":1}]`
 	tp, fakes := llamaProxy(t, 2,
-		llamaEngine{id: "a", list: `[{"id":0,"path":"/m/sql-lora.gguf","scale":1}]`, flavor: "llamacpp"},
-		llamaEngine{id: "b", list: `[{"id":0,"path":"/m/sql-lora.gguf","scale":1},{"id":1,"path":"/m/chat-lora.gguf","scale":1}]`})
-	answerModel(t, tp, PathCompletions, `{"model":"chat-lora","prompt":"hello"}`)
-	if got := fakes["a"].rec.got(); len(got) != 0 {
-		t.Errorf("engine a (no chat-lora) got %v, want nothing", got)
+		llamaEngine{id: "a", list: sql, flavor: "llamacpp"},
+		llamaEngine{id: "b", list: sql},
+		llamaEngine{id: "c", list: `[{"id":0,"path":"/m/sql-lora.gguf","scale":1},{"id":1,"path":"/m/chat-lora.gguf","scale":1}]`})
+	for _, body := range []string{`{"model":"chat-lora","prompt":"hello"}`, `{"model":"tiny","prompt":"hello","lora_path":"chat-lora"}`} {
+		if got := answerModel(t, tp, PathCompletions, body); got != "tiny" {
+			t.Errorf("%s: answered in model %q, want tiny", body, got)
+		}
 	}
-	if lora, _ := loraOf(t, fakes["b"].rec.last(t)); fmt.Sprint(lora) != fmt.Sprint([]openai.LoRAScale{{ID: 0}, {ID: 1, Scale: 1}}) {
-		t.Errorf("engine b got lora %v, want chat-lora's id 1 at scale 1", lora)
+	for _, id := range []string{"a", "b"} {
+		if got := fakes[id].rec.got(); len(got) != 0 {
+			t.Errorf("engine %s (no chat-lora) got %v, want nothing", id, got)
+		}
 	}
-	if got := tp.metric(t, tp.metrics.retries, "tiny", "a", "adapter_not_listed"); got != 1 {
-		t.Errorf("retries{reason=adapter_not_listed} = %v, want 1", got)
+	if got := fakes["c"].rec.got(); len(got) != 2 {
+		t.Errorf("engine c got %d requests, want both", len(got))
+	} else if lora, _ := loraOf(t, fakes["c"].rec.last(t)); fmt.Sprint(lora) != fmt.Sprint([]openai.LoRAScale{{ID: 0}, {ID: 1, Scale: 1}}) {
+		t.Errorf("engine c got lora %v, want chat-lora's id 1 at scale 1", lora)
 	}
-	for range 3 { // never ejected: a's next sql-lora request is its own
+	if got := llamaRetries(t, tp, "a", "b", "c"); got != 0 {
+		t.Errorf("retries{reason=adapter_not_listed} = %v, want 0 (no endpoint tried that does not list it)", got)
+	}
+	for range 3 { // a lists sql-lora: the first healthy endpoint takes it
 		answerModel(t, tp, PathCompletions, `{"model":"tiny","prompt":"hello","lora_path":"sql-lora"}`)
 	}
 	if got := len(fakes["a"].rec.got()); got != 3 {
-		t.Errorf("engine a got %d sql-lora requests, want 3 (still healthy)", got)
+		t.Errorf("engine a got %d sql-lora requests, want 3", got)
 	}
-	tp.Router("tiny").SetActiveHealth(tp.clock.Now(), "b", false)
+	tp.Router("tiny").SetActiveHealth(tp.clock.Now(), "c", false)
 	resp := tp.post(t, PathCompletions, `{"model":"chat-lora","prompt":"hello"}`)
-	if out := readAll(t, resp); resp.StatusCode != http.StatusNotFound || !strings.Contains(out, "model_not_found") {
-		t.Errorf("with b down: got %d %s, want the router's 404", resp.StatusCode, out)
+	if out := readAll(t, resp); resp.StatusCode != http.StatusServiceUnavailable || !strings.Contains(out, "no_adapter_endpoint") ||
+		!strings.Contains(out, "2 more endpoints do not list it") || resp.Header.Get("Retry-After") == "" {
+		t.Errorf("with c down: got %d %s (Retry-After %q), want the router's 503 no_adapter_endpoint counting the 2 that do not list it",
+			resp.StatusCode, out, resp.Header.Get("Retry-After"))
+	}
+}
+
+// TestLlamaCPPAdapterNoneLists: an adapter the model has but no endpoint's
+// llama.cpp server lists is the router's 404 model_not_found (in the
+// field the client named it in), naming what each lists, without routing
+// the request to any endpoint: nothing routed, nothing retried, nothing
+// sent.
+func TestLlamaCPPAdapterNoneLists(t *testing.T) {
+	tp, fakes := llamaProxy(t, 5,
+		llamaEngine{id: "a", list: `[{"id":0,"path":"/m/sql-lora.gguf","scale":1}]`},
+		llamaEngine{id: "b", list: ""}, // no /lora-adapters: lists none
+		llamaEngine{id: "c", list: `[{"id":0,"path":"/m/chat-lora.gguf","scale":1}]`})
+	for _, tc := range []struct{ body, param string }{
+		{`{"model":"nope-lora","prompt":"hello"}`, "model"},
+		{`{"model":"tiny:nope-lora","prompt":"hello"}`, "model"},
+		{`{"model":"tiny","prompt":"hello","lora_path":"nope-lora"}`, "lora_path"},
+	} {
+		resp := tp.post(t, PathCompletions, tc.body)
+		out := readAll(t, resp)
+		var e openai.ErrorResponse
+		_ = json.Unmarshal([]byte(out), &e)
+		param := ""
+		if e.Error.Param != nil {
+			param = *e.Error.Param
+		}
+		if resp.StatusCode != http.StatusNotFound || e.Error.Code != "model_not_found" || param != tc.param ||
+			!strings.Contains(e.Error.Message, "`nope-lora` on any of its endpoints") ||
+			!strings.Contains(e.Error.Message, "a lists sql-lora; b lists none; c lists chat-lora") ||
+			resp.Header.Get(HeaderErrorSource) != "" || resp.Header.Get("Retry-After") != "" {
+			t.Errorf("%s: got %d %s (error source %q, Retry-After %q), want the router's 404 model_not_found, param %s, naming each list",
+				tc.body, resp.StatusCode, out, resp.Header.Get(HeaderErrorSource), resp.Header.Get("Retry-After"), tc.param)
+		}
+	}
+	if d := tp.Router("tiny").Decisions(0); len(d) != 0 {
+		t.Errorf("%d routing decisions, want none", len(d))
+	}
+	if got := llamaRetries(t, tp, "a", "b", "c"); got != 0 {
+		t.Errorf("retries{reason=adapter_not_listed} = %v, want 0", got)
+	}
+	for id, f := range fakes {
+		if got := f.rec.got(); len(got) != 0 {
+			t.Errorf("engine %s got %v, want nothing", id, got)
+		}
+	}
+}
+
+// TestLlamaCPPAdapterRetryUnknown: an endpoint whose llama.cpp server's
+// list is not known (its scrapes failing since its signals were reset)
+// is still a candidate; naming the adapter to it fails before sending
+// (503 adapter_list_unknown) and the request is retried on one that lists
+// it (kvroute_retries_total reason adapter_not_listed), the endpoint's
+// health not at fault.
+func TestLlamaCPPAdapterRetryUnknown(t *testing.T) {
+	tp, fakes := llamaProxy(t, 2,
+		llamaEngine{id: "u", list: `[{"id":0,"path":"/m/chat-lora.gguf","scale":1}]`, flavor: "llamacpp"},
+		llamaEngine{id: "c", list: `[{"id":0,"path":"/m/sql-lora.gguf","scale":1},{"id":1,"path":"/m/chat-lora.gguf","scale":1}]`})
+	v := tp.Router("tiny").View("u")
+	fakes["u"].set(`[{"id":0,"path":"/m/chat-lora.gguf","scale":1}]`, true)
+	waitFor(t, "u's scrapes failing", func() bool { return v.Snapshot().ConsecutiveErrors > 0 })
+	v.ResetSignals() // u's list is not known now, and is not read while its scrapes fail
+	for range 3 {
+		answerModel(t, tp, PathCompletions, `{"model":"sql-lora","prompt":"hello"}`)
+	}
+	if got := fakes["u"].rec.got(); len(got) != 0 {
+		t.Errorf("engine u (list unknown) got %v, want nothing", got)
+	}
+	if got := len(fakes["c"].rec.got()); got != 3 {
+		t.Errorf("engine c got %d requests, want 3", got)
+	}
+	if got := llamaRetries(t, tp, "u"); got != 3 {
+		t.Errorf("retries{endpoint=u, reason=adapter_not_listed} = %v, want 3", got)
+	}
+	body := `{"model":"tiny","prompt":"hello"}`
+	answerModel(t, tp, PathCompletions, body) // u, never ejected, takes the base model's
+	if got := fakes["u"].rec.got(); len(got) != 1 || got[0] != body {
+		t.Errorf("engine u got %v, want the base model's request as sent", got)
 	}
 }
 

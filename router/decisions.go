@@ -2,6 +2,7 @@ package router
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/kvroute/kvroute"
@@ -56,8 +57,12 @@ type decisionLog struct {
 	scores [][]kvroute.Score     // per slot: the storage behind the slot's Decision.Scores
 	parts  [][]kvroute.Part      // per slot: the storage behind their Parts
 	kept   []keptExplanation     // per slot: a deferred explanation (by nil: none)
-	next   int
-	seq    uint64
+	// unlisted, per slot: the indexes of the decision's candidates that
+	// were no candidates because their llama.cpp server did not list the
+	// request's adapter (Router.unlisted), for adapterWhy.
+	unlisted [][]int32
+	next     int
+	seq      uint64
 }
 
 // keptExplanation is a decision's deferred explanation: by renders state.
@@ -108,7 +113,8 @@ func newDecisionLog(n int) decisionLog {
 		n = 0
 	}
 	return decisionLog{ring: make([]DecisionRecord, n), cands: make([][]kvroute.Candidate, n),
-		scores: make([][]kvroute.Score, n), parts: make([][]kvroute.Part, n), kept: make([]keptExplanation, n)}
+		scores: make([][]kvroute.Score, n), parts: make([][]kvroute.Part, n), kept: make([]keptExplanation, n),
+		unlisted: make([][]int32, n)}
 }
 
 // take logs a decision and keeps cands itself instead of a copy: it
@@ -116,12 +122,14 @@ func newDecisionLog(n int) decisionLog {
 // for the caller's next decision, with the same Endpoints as cands and
 // the other fields for the caller to set. With the log disabled it
 // returns cands. dx is the picker that made d when it defers its
-// explanations (see put).
-func (l *decisionLog) take(now time.Time, req *kvroute.Request, d kvroute.Decision, cands []kvroute.Candidate, rcy ScoreRecycler, dx DeferredExplainer) []kvroute.Candidate {
+// explanations (see put). unlisted (copied) are the indexes of the
+// candidates whose llama.cpp server does not list the request's adapter.
+func (l *decisionLog) take(now time.Time, req *kvroute.Request, d kvroute.Decision, cands []kvroute.Candidate, unlisted []int32, rcy ScoreRecycler, dx DeferredExplainer) []kvroute.Candidate {
 	if len(l.ring) == 0 {
 		return cands
 	}
 	slot := l.put(now, req, d, rcy, dx)
+	l.unlisted[slot] = append(l.unlisted[slot][:0], unlisted...)
 	old := l.cands[slot]
 	l.cands[slot] = cands
 	if len(old) != len(cands) {
@@ -268,7 +276,7 @@ func (r *Router) decision(seq uint64) (DecisionRecord, bool) {
 		if reason != "" {
 			cp.Decision.Reason = reason
 		}
-		adapterWhy(&cp, l.cands[slot])
+		adapterWhy(&cp, l.cands[slot], l.unlisted[slot])
 		return cp, true
 	}
 	cp.Decision.Scores = make([]kvroute.Score, len(rec.Decision.Scores))
@@ -276,35 +284,42 @@ func (r *Router) decision(seq uint64) (DecisionRecord, bool) {
 		sc.Parts = append([]kvroute.Part(nil), sc.Parts...)
 		cp.Decision.Scores[j] = sc
 	}
-	adapterWhy(&cp, l.cands[slot])
+	adapterWhy(&cp, l.cands[slot], l.unlisted[slot])
 	return cp, true
 }
 
 // adapterWhy says, in the explanation of a decision for a LoRA adapter,
 // why a candidate that does not serve it was not one: Route offers it to
-// the picker as not healthy, which the picker's explanation calls it.
-// Scores are matched to candidates by endpoint ID: a picker's explanation
-// need not have one score per candidate in the pool's order (the P/D
-// disagg.Planner's starts with the plan's, then the decode stage's).
-func adapterWhy(rec *DecisionRecord, cands []kvroute.Candidate) {
+// the picker as not healthy, which the picker's explanation calls it. It
+// does not serve it when the config does not give it the adapter, or when
+// its llama.cpp server did not list it at the decision (unlisted: indexes
+// in cands). Scores are matched to candidates by endpoint ID: a picker's
+// explanation need not have one score per candidate in the pool's order
+// (the P/D disagg.Planner's starts with the plan's, then the decode
+// stage's).
+func adapterWhy(rec *DecisionRecord, cands []kvroute.Candidate, unlisted []int32) {
 	if rec.Adapter == "" {
 		return
 	}
 	for i := range rec.Decision.Scores {
 		s := &rec.Decision.Scores[i]
-		var c *kvroute.Candidate
+		c := -1
 		if i < len(cands) && cands[i].Endpoint.ID == s.Endpoint {
-			c = &cands[i]
+			c = i
 		} else {
 			for j := range cands {
 				if cands[j].Endpoint.ID == s.Endpoint {
-					c = &cands[j]
+					c = j
 					break
 				}
 			}
 		}
-		if c != nil && !c.Endpoint.ServesAdapter(rec.Adapter) {
+		switch {
+		case c < 0:
+		case !cands[c].Endpoint.ServesAdapter(rec.Adapter):
 			s.Why = fmt.Sprintf("does not serve adapter %q", rec.Adapter)
+		case slices.Contains(unlisted, int32(c)):
+			s.Why = fmt.Sprintf("its llama.cpp server does not list adapter %q (GET /lora-adapters)", rec.Adapter)
 		}
 	}
 }

@@ -28,7 +28,7 @@ func BenchmarkDecisionLogAdd(b *testing.B) {
 	now := t0
 	b.ReportAllocs()
 	for b.Loop() {
-		cands = l.take(now, req, d, cands, nil, nil)
+		cands = l.take(now, req, d, cands, nil, nil, nil)
 		now = now.Add(time.Millisecond)
 	}
 }

@@ -8,11 +8,16 @@
 //   - health: active checks reported with SetActiveHealth and passive
 //     ejection (consecutive failures reported with ReportResult eject an
 //     endpoint with exponential back-off); an endpoint that does not serve
-//     the request's LoRA adapter (kvroute.Endpoint.ServesAdapter) is offered
-//     as not healthy (the decision log's explanation says so of it), and
-//     with none left Route answers 503 no_adapter_endpoint (in a P/D pool
-//     its message counts the endpoints that decode, where a request ends:
-//     an adapter only prefill endpoints serve has none),
+//     the request's LoRA adapter (kvroute.Endpoint.ServesAdapter), or whose
+//     llama.cpp server did not list it at its last GET /lora-adapters
+//     (signals.View.LlamaAdapters; a server whose list is not known yet
+//     stays a candidate), is offered as not healthy (the decision log's
+//     explanation says which of the two of it), and with none left Route
+//     answers 503 no_adapter_endpoint (in a P/D pool its message counts
+//     the endpoints that decode, where a request ends: an adapter only
+//     prefill endpoints serve has none), or 404 model_not_found, naming
+//     what each lists, when every endpoint that would serve it is a
+//     llama.cpp server that does not list it,
 //   - load: each endpoint's signals.View (scraped engine signals corrected
 //     by the router's own dispatches; see package signals),
 //   - cache: the prefix indexes. The approximate index (kvindex.Approx)

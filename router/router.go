@@ -7,6 +7,7 @@ import (
 	"math"
 	"net/http"
 	"slices"
+	"strings"
 	"sync"
 	"time"
 	"unsafe"
@@ -150,10 +151,14 @@ type Router struct {
 	// matches is Route's scratch: each endpoint's prefix match, by index
 	// in eps (matchPrefixes).
 	matches []prefixMatch
-	hashes  []uint64 // reused by Route for character-block hashes: HashText(prompt)
-	prompt  []byte   // a copy of the prompt of the last character-block hashes (see Route)
-	salt    string   // that prompt's CacheSalt
-	adapter string   // and its Adapter
+	// unlisted is Route's scratch: the indexes in eps of the endpoints
+	// whose llama.cpp server does not list the request's adapter (see
+	// endpoint.unlisted), for the decision log's explanation.
+	unlisted []int32
+	hashes   []uint64 // reused by Route for character-block hashes: HashText(prompt)
+	prompt   []byte   // a copy of the prompt of the last character-block hashes (see Route)
+	salt     string   // that prompt's CacheSalt
+	adapter  string   // and its Adapter
 	// explainer is picker when it defers its explanations.
 	explainer DeferredExplainer
 	// anyPrecise: some endpoint publishes KV events, so gap may hold
@@ -645,6 +650,7 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 	r.matchPrefixes(now, req)
 
 	healthy := 0
+	r.unlisted = r.unlisted[:0]
 	cands := r.cands
 	// Most endpoints hold the same number of blocks (none, or a shared
 	// system prompt): their tokens are converted once.
@@ -659,8 +665,14 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 		m := r.matches[i]
 		c.Endpoint = &e.ep
 		// An endpoint that does not serve the request's LoRA adapter is
-		// never a candidate for it.
-		c.Healthy = e.healthy(&clock) && !contains(exclude, e.ep.ID) && e.ep.ServesAdapter(req.Adapter)
+		// never a candidate for it: one the config does not give it, or
+		// whose llama.cpp server does not list it.
+		serves := e.ep.ServesAdapter(req.Adapter)
+		if serves && req.Adapter != "" && e.unlisted(req.Adapter) {
+			serves = false
+			r.unlisted = append(r.unlisted, int32(i))
+		}
+		c.Healthy = serves && e.healthy(&clock) && !contains(exclude, e.ep.ID)
 		if c.Healthy {
 			healthy++
 		}
@@ -698,7 +710,7 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 	rcy, _ := r.picker.(ScoreRecycler)
 	// The log keeps cands (read below, not written: the log's now) and
 	// gives back the ones of the decision it drops for the next Route.
-	r.cands = r.log.take(now, req, d, cands, rcy, r.explainer)
+	r.cands = r.log.take(now, req, d, cands, r.unlisted, rcy, r.explainer)
 	if d.Index < 0 || d.Index >= len(r.eps) || !cands[d.Index].Healthy {
 		if d.Shed {
 			return nil, &ShedError{Err: kvroute.Error{Status: http.StatusTooManyRequests, Type: kvroute.TypeOverloaded, Code: "overloaded",
@@ -916,7 +928,10 @@ func (r *Router) unavailable(now time.Time, req *kvroute.Request, exclude []stri
 
 // adapterUnavailable is unavailable for a request for LoRA adapter
 // adapter: no endpoint that serves it is healthy (or untried), or none in
-// the pool serves it (a discovered pool may have none yet). In a P/D pool
+// the pool serves it (a discovered pool may have none yet). When every
+// endpoint that the config gives the adapter is a llama.cpp server whose
+// list does not have it (endpoint.unlisted), no endpoint can run it and
+// the answer is the 404 of adapterNotListed, not a 503. In a P/D pool
 // (an endpoint with a prefill or decode role) a request ends on an
 // endpoint that decodes, so the message counts those: an adapter that
 // only prefill endpoints serve has no decode endpoint, whatever their
@@ -928,12 +943,17 @@ func (r *Router) adapterUnavailable(now time.Time, adapter string, exclude []str
 		pd = pd || e.ep.Role != kvroute.RoleBoth
 	}
 	serving, prefillOnly, wait := 0, 0, time.Duration(0)
+	var unlisted []llamaList
 	for _, e := range r.eps {
 		if !e.ep.ServesAdapter(adapter) {
 			continue
 		}
 		if pd && !e.ep.Role.CanDecode() {
 			prefillOnly++
+			continue
+		}
+		if t := e.view.LlamaAdapters(); lacks(t, adapter) {
+			unlisted = append(unlisted, llamaList{e.ep.ID, t})
 			continue
 		}
 		serving++
@@ -950,6 +970,8 @@ func (r *Router) adapterUnavailable(now time.Time, adapter string, exclude []str
 	}
 	var msg string
 	switch tried := 0; {
+	case serving == 0 && len(unlisted) > 0:
+		return adapterNotListed(r.cfg.Model, adapter, unlisted)
 	case serving == 0 && prefillOnly > 0:
 		msg, secs = fmt.Sprintf("no decode endpoint of model %q serves adapter %q (only %d prefill %s)", r.cfg.Model, adapter,
 			prefillOnly, plural(prefillOnly, "endpoint does", "endpoints do")), emptyRetryAfter
@@ -957,7 +979,7 @@ func (r *Router) adapterUnavailable(now time.Time, adapter string, exclude []str
 		msg, secs = fmt.Sprintf("no endpoint of model %q serves adapter %q", r.cfg.Model, adapter), emptyRetryAfter
 	default:
 		for _, id := range exclude {
-			if e := r.byID[id]; e != nil && e.ep.ServesAdapter(adapter) && (!pd || e.ep.Role.CanDecode()) {
+			if e := r.byID[id]; e != nil && e.ep.ServesAdapter(adapter) && (!pd || e.ep.Role.CanDecode()) && !e.unlisted(adapter) {
 				tried++
 			}
 		}
@@ -965,9 +987,59 @@ func (r *Router) adapterUnavailable(now time.Time, adapter string, exclude []str
 		if tried > 0 {
 			msg = fmt.Sprintf("no healthy %s of model %q serving adapter %q left after trying %d (%d serve it)", what, r.cfg.Model, adapter, tried, serving)
 		}
+		if n := len(unlisted); n > 0 {
+			msg += fmt.Sprintf("; the llama.cpp %s of %d more %s not list it", plural(n, "server", "servers"), n, plural(n, "endpoint does", "endpoints do"))
+		}
 	}
 	return &UnavailableError{Err: kvroute.Error{Status: http.StatusServiceUnavailable, Type: kvroute.TypeUnavailable,
 		Code: "no_adapter_endpoint", Message: msg}, RetryAfter: secs}
+}
+
+// unlisted reports whether endpoint e's engine is a llama.cpp server whose
+// LoRA adapters, as its last GET /lora-adapters listed them
+// (signals.View.LlamaAdapters), have none named adapter: it cannot run
+// it, and is no candidate for it. An engine whose list is not known (no
+// scrape read it yet, another engine) is not: the proxy finds out when it
+// names the adapter to it. Called for requests for an adapter only: it
+// takes the view's lock.
+func (e *endpoint) unlisted(adapter string) bool { return lacks(e.view.LlamaAdapters(), adapter) }
+
+// lacks reports whether t, a llama.cpp server's adapters (nil: not known),
+// is known and has none named adapter.
+func lacks(t *signals.LlamaAdapters, adapter string) bool {
+	if t == nil {
+		return false
+	}
+	_, ok := t.Lookup(adapter)
+	return !ok
+}
+
+// llamaList is an endpoint's llama.cpp server's adapters.
+type llamaList struct {
+	endpoint string
+	t        *signals.LlamaAdapters
+}
+
+// adapterNotListed is the 404 model_not_found of a request for LoRA
+// adapter adapter of model when the endpoints of lists, every one that
+// would serve it, are llama.cpp servers that do not list it (lacks),
+// naming what each lists. Its Param is left to the caller, which knows
+// the field the client named the adapter in.
+func adapterNotListed(model, adapter string, lists []llamaList) error {
+	var b strings.Builder
+	for i, l := range lists {
+		if i > 0 {
+			b.WriteString("; ")
+		}
+		listed := "none"
+		if l.t.Len() > 0 {
+			listed = strings.Join(l.t.Names(), ", ")
+		}
+		fmt.Fprintf(&b, "%s lists %s", l.endpoint, listed)
+	}
+	return &kvroute.Error{Status: http.StatusNotFound, Type: kvroute.TypeNotFound, Code: "model_not_found", Message: fmt.Sprintf(
+		"The model `%s` has no LoRA adapter `%s` on any of its endpoints: their llama.cpp servers do not list it (GET /lora-adapters: an adapter is named by its file name without .gguf, its path or its task_name): %s.",
+		model, adapter, b.String())}
 }
 
 // plural is one when n is 1, else many.
