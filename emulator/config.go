@@ -238,6 +238,10 @@ func (c *Config) validate() error {
 	if c.NoSlots && c.MetricsFlavor != FlavorLlamaCpp {
 		errs = append(errs, fmt.Errorf("emulator: NoSlots needs MetricsFlavor %s (only llama.cpp has /slots)", FlavorLlamaCpp))
 	}
+	if c.LoRA.RuntimeUpdating && c.MetricsFlavor == FlavorLlamaCpp {
+		// Its adapters' ids are their places in the list loaded at start.
+		errs = append(errs, fmt.Errorf("emulator: LoRA.RuntimeUpdating is vLLM's: MetricsFlavor %s loads its adapters at start only", FlavorLlamaCpp))
+	}
 	if c.PDProtocol != PDNixl && c.PDProtocol != PDSGLang {
 		errs = append(errs, fmt.Errorf("emulator: PDProtocol %q is not nixl or sglang", c.PDProtocol))
 	} else if c.DisaggregationDecodeEnableRadixCache && c.PDProtocol != PDSGLang {

@@ -141,6 +141,29 @@
 //     "no slot available" when no slot is idle, Config.NoSlots
 //     (--no-slots) its 501 on /slots; /props gives total_slots and
 //     default_generation_settings.n_ctx;
+//   - with the llama.cpp flavour, llama.cpp's LoRA adapter API instead of
+//     vLLM's naming (llamalora.go): LoRAConfig.Modules are the adapters
+//     llama.cpp's --lora loads at start, the n-th with id n-1 at global
+//     scale 1 (LoRAConfig.RuntimeUpdating is refused); GET /lora-adapters
+//     lists them ([{"id", "path", "scale", "task_name", "prompt_prefix"}],
+//     server_task_result_get_lora's shape, as the router's
+//     signals.ParseLoRAAdapters reads it; none without LoRAConfig.Enable);
+//     POST /lora-adapters [{"id": 0, "scale": 0.5}] sets the global
+//     scales (unlisted adapters to 0; {"success": true}), a body that is
+//     not an array llama.cpp's 400 "Request body must be an array", an id
+//     the server does not have its 500 "invalid adapter id"; a request's
+//     "lora" list of the same form gives its scales (unlisted adapters at
+//     0; without it the global scales apply), a "lora" that is not an
+//     array or names an id the server does not have llama.cpp's 400 in its
+//     error shape ({"error": {"code", "message", "type":
+//     "invalid_request_error"}}). The adapters a request runs with (scale
+//     not 0) are its engine.Request.LoRA, as a vLLM adapter named by
+//     "model" is (several: their names joined with "+"): its blocks keyed
+//     with it, its responses naming it as their model (llama.cpp answers
+//     in the served model's name; the emulator names the adapter so that a
+//     client sees which one ran); "model" selects no adapter there. Scales
+//     are not modelled (0.5 keys blocks as 1 does). These are the builds
+//     whose parse_lora_request refuses an unknown id; later ones ignore it;
 //   - KV-cache events over ZMQ (a PUB socket and the replay ROUTER socket),
 //     array or map encoded, exactly as vLLM publishes them (one
 //     BlockRemoved per evicted block; a block two requests computed is

@@ -21,8 +21,10 @@ import (
 // Enable, a request whose "model" names an adapter is served by it (its
 // blocks' hashes and KV events carry the adapter, engine.Request.LoRA, and
 // its responses the adapter's name), /v1/models lists the adapters, and
-// /metrics has vllm:lora_requests_info. No adapter weights are read: a
-// module's path is only reported.
+// /metrics has vllm:lora_requests_info. With MetricsFlavor FlavorLlamaCpp
+// the Modules are llama.cpp's --lora adapters instead, addressed by their
+// ids in GET /lora-adapters and a request's "lora" list (llamalora.go).
+// No adapter weights are read: a module's path is only reported.
 type LoRAConfig struct {
 	// Enable is vLLM's --enable-lora. Default false: no adapter serves, and
 	// Modules must be empty.
@@ -43,7 +45,8 @@ type LoRAConfig struct {
 	// RuntimeUpdating is vLLM's VLLM_ALLOW_RUNTIME_LORA_UPDATING=true: the
 	// server has POST /v1/load_lora_adapter and /v1/unload_lora_adapter
 	// (without Enable, a load gets vLLM's 400: LoRA is not enabled).
-	// Default false (those paths are 404).
+	// Default false (those paths are 404). Not with MetricsFlavor
+	// FlavorLlamaCpp, whose adapters are loaded at start only.
 	RuntimeUpdating bool
 }
 
@@ -279,8 +282,9 @@ func (s *Server) resolveModel(model string) (string, *apiError) {
 }
 
 // resolveAdapter returns the adapter a request names ("" for the base
-// model) as the engine's protocol addresses one: vLLM's "model" naming it
-// (resolveModel), or, with the SGLang P/D protocol (an SGLang engine),
+// model) as the engine's protocol addresses one: llama.cpp's "lora" list
+// with the llama.cpp flavour (resolveLlamaAdapter), vLLM's "model" naming
+// it (resolveModel), or, with the SGLang P/D protocol (an SGLang engine),
 // SGLang's OpenAI-compatible forms: "model" as "<base>:<adapter>" (split
 // at its first colon, both parts trimmed; an empty adapter names none),
 // else the body's lora_path, the model's adapter winning
@@ -295,6 +299,9 @@ func (s *Server) resolveModel(model string) (string, *apiError) {
 // generate_request runs inside the StreamingResponse's generator, whose
 // ValueError the serving code turns into that event.
 func (s *Server) resolveAdapter(req *apiRequest) (string, *apiError) {
+	if s.llama != nil {
+		return s.resolveLlamaAdapter(req) // llamalora.go
+	}
 	if s.cfg.PDProtocol != PDSGLang {
 		return s.resolveModel(req.Model)
 	}

@@ -45,7 +45,11 @@ type apiRequest struct {
 	BootstrapRoom       json.RawMessage `json:"bootstrap_room"`
 	// LoRAPath is SGLang's per-request adapter (its name): read with the
 	// SGLang P/D protocol only (Server.resolveSGLangAdapter).
-	LoRAPath  json.RawMessage `json:"lora_path"`
+	LoRAPath json.RawMessage `json:"lora_path"`
+	// LoRA is llama.cpp's per-request adapter scales ([{"id": N, "scale":
+	// S}]): read with the llama.cpp flavour only, kept raw
+	// (Server.resolveLlamaAdapter); absent: empty, null: "null".
+	LoRA      json.RawMessage `json:"lora"`
 	Suffix    json.RawMessage `json:"suffix"`     // completions: vLLM rejects any but null (hasSuffix)
 	CacheSalt json.RawMessage `json:"cache_salt"` // the prefix cache's salt (checkOptions: cacheSalt)
 	RequestID json.RawMessage `json:"request_id"` // vLLM's request id when no X-Request-Id (checkOptions: requestID)
@@ -289,6 +293,9 @@ type apiError struct {
 	typ string
 	// sglang writes the error in SGLang's flat shape (writeSGLang).
 	sglang bool
+	// llama writes the error in llama.cpp's shape (llamaError: code,
+	// message and type, typ its type).
+	llama bool
 	// inStream: SGLang raises the error inside a streamed response's
 	// generator (its tokenizer manager's), after the response started: a
 	// streamed request gets it as the stream's error event in a 200
@@ -401,6 +408,10 @@ func writeError(w http.ResponseWriter, status int, msg string) {
 func writeAPIError(w http.ResponseWriter, e *apiError) {
 	if e.sglang {
 		writeSGLang(w, e)
+		return
+	}
+	if e.llama {
+		llamaError(w, e.status, e.msg, e.typ)
 		return
 	}
 	openai.WriteError(w, e.kvError())

@@ -167,8 +167,8 @@ func scanField(s *scanner, r *apiRequest, key []byte, chat bool) (uint32, bool) 
 		return fieldMinTokens, ok
 	case "stream_options":
 		return fieldStreamOptions, s.streamOptions(r)
-	case "kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room", "lora_path":
-		return 0, false // P/D fields and SGLang's adapter: decodeRequest
+	case "kv_transfer_params", "bootstrap_host", "bootstrap_port", "bootstrap_room", "lora_path", "lora":
+		return 0, false // P/D fields, SGLang's and llama.cpp's adapters: decodeRequest
 	case "cache_salt", "request_id", "logprobs", "top_logprobs", "tool_choice", "return_token_ids":
 		return 0, false // decodeRequest
 	case "add_generation_prompt", "continue_final_message", "add_special_tokens", "chat_template_kwargs", "chat_template", "tools", "documents", "reasoning_effort":

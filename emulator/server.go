@@ -44,8 +44,9 @@ type Server struct {
 	loras    *loras
 	loraID   func(string) int // s.loras.id, for the KV events (nil without LoRA)
 	loraInfo *loraInfo
-	slots    *slotTable // llama.cpp's slots (flavour llamacpp), else nil
-	pub      *publisher // nil without KV events
+	slots    *slotTable  // llama.cpp's slots (flavour llamacpp), else nil
+	llama    *llamaLoRAs // llama.cpp's LoRA adapters (flavour llamacpp), else nil
+	pub      *publisher  // nil without KV events
 	leases   leaseTable
 	client   *http.Client // side-channel calls to prefill engines
 	mux      *http.ServeMux
@@ -215,6 +216,9 @@ func New(cfg Config) (*Server, error) {
 		s.slots = newSlotTable(s.prof.MaxNumSeqs, s.prof.MaxModelLen)
 		s.mux.HandleFunc("GET /slots", s.handleSlots)
 		s.mux.HandleFunc("GET /props", s.handleProps)
+		s.llama = newLlamaLoRAs(s.loras) // llamalora.go
+		s.mux.HandleFunc("GET /lora-adapters", s.handleLoRAAdapters)
+		s.mux.HandleFunc("POST /lora-adapters", s.handleSetLoRAAdapters)
 	}
 	s.mux.HandleFunc("/", s.handleNotFound)
 	if cfg.KVEvents.Endpoint != "" { // last: nothing fails after the bind

@@ -204,7 +204,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 		logLevel    = fs.String("log-level", "info", "log level: debug, info, warn, error")
 		keepAlive   = fs.Duration("keep-alive", 5*time.Second, "close a client connection idle this long, as vLLM's HTTP server does (uvicorn's timeout_keep_alive, VLLM_HTTP_TIMEOUT_KEEP_ALIVE, 5 s); 0 keeps idle connections open")
 		shutdownTO  = fs.Duration("shutdown-timeout", 30*time.Second, "on SIGINT/SIGTERM, how long requests in flight may run to their end before they are cut with an error event (0 = at once; a second signal ends the process at once)")
-		enableLoRA  = fs.Bool("enable-lora", false, "vLLM's --enable-lora: serve LoRA adapters: a request whose model names one is served by it (its blocks keyed with the adapter's name, its responses naming it); /v1/models lists them and /metrics has vllm:lora_requests_info")
+		enableLoRA  = fs.Bool("enable-lora", false, "vLLM's --enable-lora: serve LoRA adapters: a request whose model names one is served by it (its blocks keyed with the adapter's name, its responses naming it); /v1/models lists them and /metrics has vllm:lora_requests_info. With --metrics-flavor llamacpp the adapters are llama.cpp's instead: GET/POST /lora-adapters and a request's \"lora\" list of ids and scales")
 		loraMods    loraModules
 		maxLoRAs    = fs.Int("max-loras", 1, "vLLM's --max-loras: the most adapters among the requests of one step; a waiting request of another adapter is skipped (needs --enable-lora)")
 		maxLoRARank = fs.Int("max-lora-rank", 16, "vLLM's --max-lora-rank, checked as vLLM checks it (one of 1, 8, 16, 32, 64, 128, 256, 320, 512) and otherwise unused")
@@ -213,7 +213,7 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			"1 unless the GOMAXPROCS variable is set (then that): the engine is one event loop, and a wider runtime spends more CPU waking threads than it saves (16 engines at 200 req/s: about a quarter less CPU at 1)")
 	)
 	hf.register(fs, "the engine's model, GPU and KV cache (instead of --profile)")
-	fs.Var(&loraMods, "lora-modules", "vLLM's --lora-modules: LoRA adapters, `name=path` or JSON {\"name\": ..., \"path\": ..., \"base_model_name\": ...} (or a JSON list of them), several after one flag or the flag repeated; the n-th adapter's lora_id is n (needs --enable-lora; the path is not read)")
+	fs.Var(&loraMods, "lora-modules", "vLLM's --lora-modules: LoRA adapters, `name=path` or JSON {\"name\": ..., \"path\": ..., \"base_model_name\": ...} (or a JSON list of them), several after one flag or the flag repeated; the n-th adapter's lora_id is n (with --metrics-flavor llamacpp: its id in /lora-adapters is n-1) (needs --enable-lora; the path is not read)")
 	args = expandLoRAModules(args)
 	// An empty topic is vLLM's default; an empty --listen has its own
 	// message (checkListenAddr).
