@@ -11,7 +11,9 @@
 // prefix back to the engine caching it while cold prompts spread; that
 // failing scrapes mark an endpoint stale without stopping routing; and
 // that LoRA adapters are routed, cached and (on a prefill/decode pool,
-// NixlConnector handoff) prefilled and decoded only where they are served.
+// NixlConnector handoff) prefilled and decoded only where they are served,
+// on llama.cpp-flavoured engines too, named by each engine's own ids in
+// its /lora-adapters.
 //
 // Every wait polls with a deadline; nothing sleeps to assert. The package
 // has no exported API: run it with `go test ./e2e` (about 25 seconds, 20 of

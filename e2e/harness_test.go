@@ -63,6 +63,9 @@ type engineOpts struct {
 	// role is the engine's P/D role (default both); prefill and decode
 	// engines hand off in vLLM's NixlConnector protocol.
 	role kvroute.Role
+	// flavor is the engine's metrics flavour, and the API that goes with
+	// it (emulator.Config.MetricsFlavor; default vLLM's).
+	flavor string
 }
 
 // engineProc is one emulated engine served on a fixed loopback address, so
@@ -101,10 +104,11 @@ func startEngine(t testing.TB, id string, o engineOpts) *engineProc {
 		Model: model,
 		Engine: engine.Config{Profile: prof, NumGPUBlocks: 2048, MaxModelLen: 16384, MaxNumBatchedTokens: 2048,
 			MaxNumSeqs: 32},
-		Speed:  o.speed,
-		LoRA:   o.lora,
-		Role:   o.role,
-		Logger: logger().With("engine", id),
+		Speed:         o.speed,
+		LoRA:          o.lora,
+		Role:          o.role,
+		MetricsFlavor: o.flavor,
+		Logger:        logger().With("engine", id),
 	}}
 	if o.encoding != "" && !o.connect {
 		dir, err := os.MkdirTemp("", "kve2e")
