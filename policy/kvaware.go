@@ -1278,13 +1278,19 @@ const (
 //     the policy saw, decayed over 30 s) and D a decode (OutputTokens
 //     steps), the mean busy period of an M/G/inf queue, (e^(lambda D) -
 //     1) / lambda, at least half a decode and at most 100 (one decode
-//     when no arrival was counted). The policy then gives a new adapter
+//     when no arrival was counted). Unless the engine is x's home (the
+//     one the policy placed it on most lately, AdapterHomes), x's
+//     requests would take the slot from the adapters at home there, whose
+//     requests then wait behind x's in turn: their arrival rate x D of
+//     them per x request, each for x's busy period, is added. The
+//     policy then gives a new adapter
 //     an engine of its own while one has a free slot, else the engine of
 //     an adapter that has another, else that of the least used adapters
 //     (with fewer engines than adapters at --max-loras 1 some adapter
 //     must wait behind another: behind a rarely used one it waits least);
 //     a hot adapter spreads to a held engine only once its own queue is
-//     longer than that.
+//     longer than that, and adapters that share an engine keep sharing
+//     that one rather than each take every other in turn.
 //
 // An engine whose signals give no adapters (vLLM sets the series after
 // its first step, so a cold fleet's first scrapes lack it) is taken to
