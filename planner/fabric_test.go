@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -296,15 +297,12 @@ func TestConditionalFabricEstimateMatchesSimulation(t *testing.T) {
 		{"conversation trace", conv, 5, []layout{{P: 2, D: 2}, {P: 3, D: 1}}, 0.15},
 	} {
 		c := conditional(t, tc.in, tc.agg)
-		in, s, m := c.in, c.s, c.m
+		in, m := c.in, c.m
 		for _, l := range tc.layouts {
-			pd, err := s.eval(t.Context(), l, false)
-			if err != nil {
-				t.Fatal(err)
-			}
+			r := c.run(t, l)
 			batch, _, _ := m.decodeOK(l.D)
-			got, want := m.fabric(l.P, l.D, batch, disagg.ShapeOf(in.Profile), in.Fabric), pd.Fabric
-			t.Logf("%s, %s: analytical %s/s, simulated %s/s (%.0f%% of requests handed off)", tc.name, l, fmtBytes(got.Total), fmtBytes(want.Total), 100*pd.Disaggregated)
+			got, want := m.fabric(l.P, l.D, batch, disagg.ShapeOf(in.Profile), in.Fabric), r.FabricLoad(time.Second)
+			t.Logf("%s, %s: analytical %s/s, simulated %s/s (%d of %d requests handed off)", tc.name, l, fmtBytes(got.Total), fmtBytes(want.Total), want.Transfers, len(r.Records))
 			if e := got.Total/want.Total - 1; math.Abs(e) > tc.tol {
 				t.Errorf("%s, %s: analytical fabric total %s/s, simulated %s/s: error %+.1f%% over %.0f%%", tc.name, l, fmtBytes(got.Total), fmtBytes(want.Total), 100*e, 100*tc.tol)
 			}
@@ -334,15 +332,7 @@ func TestConditionalBandwidthBoundBelowHandoffs(t *testing.T) {
 		}
 		bound := b.Bandwidth.Engines * in.Fabric.BytesPerSecond() * in.MaxUtilisation * d.Span.Seconds()
 		for _, l := range []layout{{P: 2, D: 2}, {P: 3, D: 1}, {P: 1, D: 4}} {
-			f, err := sim.ParseFleet(fmt.Sprintf("%d/prefill,%d/decode", l.P, l.D), in.Profile.Name)
-			if err != nil {
-				t.Fatal(err)
-			}
-			r, err := sim.Run(t.Context(), sim.Config{Fleet: f, Seed: 1, PD: sim.PDConfig{Mode: disagg.ModeConditional, Links: uniformLinks(&in)}}, in.Workload.Requests)
-			if err != nil {
-				t.Fatal(err)
-			}
-			got := r.FabricLoad(time.Second).Bytes
+			got := c.run(t, l).FabricLoad(time.Second).Bytes
 			batch, _, _ := m.decodeOK(l.D)
 			model := m.fabric(l.P, l.D, batch, disagg.ShapeOf(in.Profile), in.Fabric).Total * d.Span.Seconds()
 			t.Logf("%s on %s: bound %.4g bytes, simulated %d, analytical %.4g", tc.name, l, bound, got, model)
@@ -384,9 +374,68 @@ type conditionalCase struct {
 	b  Bounds
 	s  *search
 	m  *model
+
+	mu   sync.Mutex // guards runs
+	runs map[layout]*sim.Result
 }
 
+// run returns the simulation of the whole workload on the P/D fleet l in
+// conditional mode with seed 1 (sim.Run, the router and engines as kvroute
+// serve runs them), run once per case: TestConditionalFabricEstimateMatchesSimulation
+// and TestConditionalBandwidthBoundBelowHandoffs read the same fleets.
+func (c *conditionalCase) run(t *testing.T, l layout) *sim.Result {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if r, ok := c.runs[l]; ok {
+		return r
+	}
+	f, err := sim.ParseFleet(fmt.Sprintf("%d/prefill,%d/decode", l.P, l.D), c.in.Profile.Name)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r, err := sim.Run(t.Context(), sim.Config{Fleet: f, Seed: 1, PD: sim.PDConfig{Mode: disagg.ModeConditional, Links: uniformLinks(&c.in)}}, c.in.Workload.Requests)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if c.runs == nil {
+		c.runs = map[layout]*sim.Result{}
+	}
+	c.runs[l] = r
+	return r
+}
+
+// conditionalCases holds the set-ups conditional has built, by input and
+// aggregated fleet: the four tests on these workloads
+// (TestConditionalSplitMatchesSimulation, TestModelMatchesSimulation,
+// TestConditionalFabricEstimateMatchesSimulation,
+// TestConditionalBandwidthBoundBelowHandoffs) share one, so each fleet is
+// simulated once per package run, not once per test (the search caches its
+// runs by fleet; every run is deterministic for its key, so a test reads
+// what it would have simulated itself). Under -race this took the four
+// tests from 360s to about a third of it.
+var conditionalCases = struct {
+	mu sync.Mutex // guards m
+	m  map[string]*conditionalCase
+}{m: map[string]*conditionalCase{}}
+
+// conditional returns the conditional P/D set-up of in with the model
+// calibrated on agg aggregated engines, built once per input (its workload's
+// name and size, seed, SLO and request caps) and agg.
 func conditional(t *testing.T, in Input, agg int) *conditionalCase {
+	t.Helper()
+	key := fmt.Sprintf("%s|%d|%d|%v|%d|%d|%d", in.Workload.Name, len(in.Workload.Requests), in.Seed, in.SLO, in.SimRequests, in.ConfirmRequests, agg)
+	conditionalCases.mu.Lock()
+	defer conditionalCases.mu.Unlock()
+	if c, ok := conditionalCases.m[key]; ok {
+		return c
+	}
+	c := newConditional(t, in, agg)
+	conditionalCases.m[key] = c
+	return c
+}
+
+func newConditional(t *testing.T, in Input, agg int) *conditionalCase {
 	t.Helper()
 	c := &conditionalCase{in: in}
 	c.in.PDMode = disagg.ModeConditional

@@ -2,6 +2,7 @@ package planner
 
 import (
 	"bytes"
+	"fmt"
 	"math"
 	"slices"
 	"strings"
@@ -155,10 +156,7 @@ func adapterInput(t *testing.T, adapters, maxLoRAs int) Input {
 func TestPlanAdapters(t *testing.T) {
 	plan := func(adapters, m int) *Result {
 		t.Helper()
-		res, err := Plan(t.Context(), adapterInput(t, adapters, m))
-		if err != nil {
-			t.Fatalf("%d adapters, --max-loras %d: %v", adapters, m, err)
-		}
+		res := adapterPlan(t, adapters, m)
 		t.Logf("%d adapters, --max-loras %d: aggregated %d engines, disaggregated %s", adapters, m, res.Aggregated.Engines, res.Disaggregated.Ratio())
 		return res
 	}
@@ -198,10 +196,24 @@ func TestPlanAdapters(t *testing.T) {
 	}
 }
 
+// adapterPlan is the shared plan (sharedPlan) of adapterInput(adapters,
+// maxLoRAs) with 3 simulations at once: TestPlanAdapters and
+// TestPlanAdaptersDeterministic read the one of 4 adapters at --max-loras 1.
+func adapterPlan(t *testing.T, adapters, maxLoRAs int) *Result {
+	t.Helper()
+	return sharedPlan(t, fmt.Sprintf("adapterInput(%d, %d), parallel 3", adapters, maxLoRAs), func() Input {
+		in := adapterInput(t, adapters, maxLoRAs)
+		in.Parallel = 3
+		return in
+	})
+}
+
 // TestPlanAdaptersDeterministic: a plan with adapters is the same for the
-// same seed, whatever the simulations run at once.
+// same seed, whatever the simulations run at once: 4 adapters at
+// --max-loras 1 (the slots contended: a request of another adapter waits),
+// one simulation at a time against 3 at once (TestPlanAdapters's plan).
 func TestPlanAdaptersDeterministic(t *testing.T) {
-	checkParallelSame(t, func() Input { return adapterInput(t, 4, 2) }, 3)
+	checkParallelSame(t, func() Input { return adapterInput(t, 4, 1) }, 3, adapterPlan(t, 4, 1))
 }
 
 // TestSlotBookWait works the analytical replay's slot waits by hand. At

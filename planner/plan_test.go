@@ -9,6 +9,7 @@ import (
 	"path/filepath"
 	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -32,6 +33,45 @@ func sizedInput(t testing.TB, rate float64, d time.Duration, simRequests int) In
 	}
 	return Input{Profile: mustProfile(t, "llama-3.1-8b-h100"), Workload: w, Seed: 1, SimRequests: simRequests,
 		SLO: SLO{TTFT: Target{0.99, 300 * time.Millisecond}, TPOT: Target{0.99, 50 * time.Millisecond}}}
+}
+
+// plans holds the plans several tests read, by the name of their input
+// (sharedPlan): TestPlanSearch and TestWriteDir read one plan of
+// smallInput(90), TestPlanMonotone and TestPlanDeterministic one of
+// smallInput(60), rather than each planning it again (a plan is
+// deterministic for its input, whatever Input.Parallel:
+// TestPlanDeterministic). Under -race each plan is 15-30s.
+var plans = struct {
+	mu sync.Mutex // guards m
+	m  map[string]*Result
+}{m: map[string]*Result{}}
+
+// sharedPlan returns the plan of mk's input, planned once per package run
+// under name, which must say everything mk's input depends on.
+func sharedPlan(t *testing.T, name string, mk func() Input) *Result {
+	t.Helper()
+	plans.mu.Lock()
+	defer plans.mu.Unlock()
+	if res, ok := plans.m[name]; ok {
+		return res
+	}
+	res, err := Plan(t.Context(), mk())
+	if err != nil {
+		t.Fatal(err)
+	}
+	plans.m[name] = res
+	return res
+}
+
+// smallPlan is the shared plan of smallInput(rate) with parallel
+// simulations at once.
+func smallPlan(t *testing.T, rate float64, parallel int) *Result {
+	t.Helper()
+	return sharedPlan(t, fmt.Sprintf("smallInput(%v), parallel %d", rate, parallel), func() Input {
+		in := smallInput(t, rate)
+		in.Parallel = parallel
+		return in
+	})
 }
 
 // surgeInput is a workload whose first third arrives at three times the rate of
@@ -139,10 +179,7 @@ func TestPlanMatchesSimulation(t *testing.T) {
 // fleet one engine smaller was confirmed and misses.
 func TestPlanSearch(t *testing.T) {
 	in := smallInput(t, 90)
-	res, err := Plan(t.Context(), in)
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := smallPlan(t, 90, 0)
 	conf := map[string]Candidate{}
 	for _, c := range res.Confirmations {
 		if c.Seed == in.Seed && c.Scale == 1 {
@@ -329,10 +366,11 @@ func TestGrow(t *testing.T) {
 func TestPlanMonotone(t *testing.T) {
 	prevA, prevD := 0, 0
 	for _, rate := range []float64{20, 60, 120} {
-		res, err := Plan(t.Context(), smallInput(t, rate))
-		if err != nil {
-			t.Fatal(err)
+		parallel := 0
+		if rate == 60 {
+			parallel = 4 // TestPlanDeterministic's
 		}
+		res := smallPlan(t, rate, parallel)
 		a, d := res.Aggregated.Engines, res.Disaggregated.Engines
 		t.Logf("rate %v: aggregated %d, disaggregated %s", rate, a, res.Disaggregated.Ratio())
 		if a < prevA || d < prevD {
@@ -343,19 +381,24 @@ func TestPlanMonotone(t *testing.T) {
 }
 
 func TestPlanDeterministic(t *testing.T) {
-	checkParallelSame(t, func() Input { return smallInput(t, 60) }, 4)
+	// The plan with 4 at once is TestPlanMonotone's at 60 req/s.
+	checkParallelSame(t, func() Input { return smallInput(t, 60) }, 4, smallPlan(t, 60, 4))
 }
 
 // checkParallelSame plans mk's input with one simulation at a time and
-// with parallel at once, and fails unless the two plans' JSON is the same.
-func checkParallelSame(t *testing.T, mk func() Input, parallel int) {
+// with parallel at once (or takes the latter, planned already, as
+// withParallel when it is not nil), and fails unless the two plans' JSON
+// is the same.
+func checkParallelSame(t *testing.T, mk func() Input, parallel int, withParallel *Result) {
 	t.Helper()
-	enc := func(parallel int) []byte {
-		in := mk()
-		in.Parallel = parallel
-		res, err := Plan(t.Context(), in)
-		if err != nil {
-			t.Fatal(err)
+	enc := func(parallel int, res *Result) []byte {
+		if res == nil {
+			in := mk()
+			in.Parallel = parallel
+			var err error
+			if res, err = Plan(t.Context(), in); err != nil {
+				t.Fatal(err)
+			}
 		}
 		var b bytes.Buffer
 		if err := res.WriteJSON(&b); err != nil {
@@ -363,7 +406,7 @@ func checkParallelSame(t *testing.T, mk func() Input, parallel int) {
 		}
 		return b.Bytes()
 	}
-	if a, b := enc(1), enc(parallel); !bytes.Equal(a, b) {
+	if a, b := enc(1, nil), enc(parallel, withParallel); !bytes.Equal(a, b) {
 		t.Errorf("two plans with the same seed differ (1 and %d simulations at once)", parallel)
 	}
 }
@@ -398,10 +441,7 @@ func TestPlanHFConfig(t *testing.T) {
 }
 
 func TestWriteDir(t *testing.T) {
-	res, err := Plan(t.Context(), smallInput(t, 90))
-	if err != nil {
-		t.Fatal(err)
-	}
+	res := smallPlan(t, 90, 0) // TestPlanSearch's
 	dir := t.TempDir()
 	paths, err := res.WriteDir(dir)
 	if err != nil {
