@@ -133,6 +133,10 @@ func TestConditionalSplitMatchesSimulation(t *testing.T) {
 	} {
 		c := conditional(t, tc.in, tc.agg)
 		s, m := c.s, c.m
+		// The fleets at once (Input.Parallel), then read one by one.
+		if err := s.prefetch(t.Context(), false, tc.layouts...); err != nil {
+			t.Fatal(err)
+		}
 		for _, l := range tc.layouts {
 			pd, err := s.eval(t.Context(), l, false)
 			if err != nil {
@@ -263,7 +267,11 @@ func TestModelMatchesSimulation(t *testing.T) {
 		}
 	})
 	t.Run("conditional P/D", func(t *testing.T) {
-		for _, l := range []layout{{P: 2, D: 2}, {P: 3, D: 2}} {
+		layouts := []layout{{P: 2, D: 2}, {P: 3, D: 2}}
+		if err := s.prefetch(t.Context(), false, layouts...); err != nil {
+			t.Fatal(err)
+		}
+		for _, l := range layouts {
 			pd, err := s.eval(t.Context(), l, false)
 			if err != nil {
 				t.Fatal(err)

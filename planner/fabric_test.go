@@ -4,11 +4,14 @@ import (
 	"fmt"
 	"math"
 	"math/rand/v2"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"testing"
 	"time"
+
+	"golang.org/x/sync/errgroup"
 
 	"github.com/kvroute/kvroute/disagg"
 	"github.com/kvroute/kvroute/sim"
@@ -298,6 +301,7 @@ func TestConditionalFabricEstimateMatchesSimulation(t *testing.T) {
 	} {
 		c := conditional(t, tc.in, tc.agg)
 		in, m := c.in, c.m
+		c.prefetch(t, tc.layouts...)
 		for _, l := range tc.layouts {
 			r := c.run(t, l)
 			batch, _, _ := m.decodeOK(l.D)
@@ -331,7 +335,9 @@ func TestConditionalBandwidthBoundBelowHandoffs(t *testing.T) {
 			t.Errorf("%s: bandwidth explain %q does not say which requests it counts", tc.name, b.Bandwidth.Explain)
 		}
 		bound := b.Bandwidth.Engines * in.Fabric.BytesPerSecond() * in.MaxUtilisation * d.Span.Seconds()
-		for _, l := range []layout{{P: 2, D: 2}, {P: 3, D: 1}, {P: 1, D: 4}} {
+		layouts := []layout{{P: 2, D: 2}, {P: 3, D: 1}, {P: 1, D: 4}}
+		c.prefetch(t, layouts...)
+		for _, l := range layouts {
 			got := c.run(t, l).FabricLoad(time.Second).Bytes
 			batch, _, _ := m.decodeOK(l.D)
 			model := m.fabric(l.P, l.D, batch, disagg.ShapeOf(in.Profile), in.Fabric).Total * d.Span.Seconds()
@@ -385,24 +391,46 @@ type conditionalCase struct {
 // and TestConditionalBandwidthBoundBelowHandoffs read the same fleets.
 func (c *conditionalCase) run(t *testing.T, l layout) *sim.Result {
 	t.Helper()
+	c.prefetch(t, l)
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	if r, ok := c.runs[l]; ok {
-		return r
-	}
-	f, err := sim.ParseFleet(fmt.Sprintf("%d/prefill,%d/decode", l.P, l.D), c.in.Profile.Name)
-	if err != nil {
-		t.Fatal(err)
-	}
-	r, err := sim.Run(t.Context(), sim.Config{Fleet: f, Seed: 1, PD: sim.PDConfig{Mode: disagg.ModeConditional, Links: uniformLinks(&c.in)}}, c.in.Workload.Requests)
-	if err != nil {
-		t.Fatal(err)
-	}
+	return c.runs[l]
+}
+
+// prefetch simulates the fleets ls not run yet (run), up to GOMAXPROCS at
+// once: they are independent and each is deterministic.
+func (c *conditionalCase) prefetch(t *testing.T, ls ...layout) {
+	t.Helper()
+	c.mu.Lock()
+	defer c.mu.Unlock()
 	if c.runs == nil {
 		c.runs = map[layout]*sim.Result{}
 	}
-	c.runs[l] = r
-	return r
+	var todo []layout
+	for _, l := range ls {
+		if _, ok := c.runs[l]; !ok && !slices.Contains(todo, l) {
+			todo = append(todo, l)
+		}
+	}
+	got := make([]*sim.Result, len(todo))
+	g, ctx := errgroup.WithContext(t.Context())
+	g.SetLimit(runtime.GOMAXPROCS(0))
+	for i, l := range todo {
+		g.Go(func() error {
+			f, err := sim.ParseFleet(fmt.Sprintf("%d/prefill,%d/decode", l.P, l.D), c.in.Profile.Name)
+			if err != nil {
+				return err
+			}
+			got[i], err = sim.Run(ctx, sim.Config{Fleet: f, Seed: 1, PD: sim.PDConfig{Mode: disagg.ModeConditional, Links: uniformLinks(&c.in)}}, c.in.Workload.Requests)
+			return err
+		})
+	}
+	if err := g.Wait(); err != nil {
+		t.Fatal(err)
+	}
+	for i, l := range todo {
+		c.runs[l] = got[i]
+	}
 }
 
 // conditionalCases holds the set-ups conditional has built, by input and
