@@ -437,8 +437,17 @@ func (p KVAwareParams) Validate() error {
 // A candidate is capped when its waiting queue reaches QueueCap, its KV usage
 // reaches KVCap (off by default: vLLM runs near full KV by design, and in
 // the simulator a 0.95 cap stripped affinity from the best holder in over
-// half the decisions under load), or, when it is congested (more prefill
-// queued than one engine step takes), its in-flight count plus one would
+// half the decisions under load; measured again on 2026-12-05, a 0.95 cap
+// put the conversation trace at four times its rate at 38.30 s p99 TTFT
+// against 15.27 (seed 1; worse than the best baseline by 47-131% at seeds
+// 1-8, where without it it is better by 8% at seed 1 and 11-23% at seeds
+// 5-8: its 85-123k-token prompts fill an engine's KV, and the cap takes
+// their cache hits away), while on the tenants workload at 200/s, past
+// what the fleet completes, it cut seed 5's p99 from 829.6 to 313.6 ms,
+// where the engine the light tenants' requests went to filled its KV and
+// preempted 43 of them, and changed none of the other 28 runs of the
+// README's tables at seeds 1 and 5), or, when it is congested (more
+// prefill queued than one engine step takes), its in-flight count plus one would
 // exceed max(C x m, m + InflightSlack) where m = (total in-flight + 1) /
 // healthy (twice that caps it congested or not). A capped candidate gets no credit for its cache (it competes on
 // load alone) and is never a session target, so affinity cannot pile load
