@@ -317,9 +317,22 @@
 // first; on a later build, again quiet, with the floor first, 93.9 (63.9
 // to 107.6), and on a later one (2026-12-05, after LoRA forms for
 // llama.cpp and SGLang's short-prompt bootstrap) 88.6 (71.6 to 99.2;
-// mean 85.7, standard error 5.9). So the cost above the floor is under
-// 100 us in the median of each of these runs, and in 23 of their 33
-// rounds; single rounds reach 151 us. Above the floor,
+// mean 85.7, standard error 5.9), and on a later one (2026-12-05, after
+// llama.cpp's LoRA adapter API) 106.3 (68.1 to 125.2; mean 98.8, standard
+// error 12.6). So the cost above the floor is under 100 us in the median
+// of all but the last of these runs, and in 25 of their 38 rounds; single
+// rounds reach 151 us.
+// Streamed at every token it is far above: the floor then streams too (a
+// chunk per token at the tick of a ticker its open streams share), and at
+// 20 requests/s of 1,000 streamed tokens (200/s is past what two cores
+// can write for either fleet: the floor alone costs 14.1 to 14.4 ms of CPU
+// per 1,000 streamed tokens, a write and a flush each) the engines cost
+// 4.9 to 5.9 ms per 1,000 tokens above it over three rounds (median 5.7),
+// with 306 to 325 context switches per request against the floor's 129
+// to 135: each engine's loop wakes at every step (137 a second, 150 per
+// request) to hand that step's tokens to a batch of 8 streams, where each
+// of the floor's 16 tickers (runtime timers, 91 ticks a second) serves 15.
+// Above the floor (whole responses),
 // the cost is the engine loop's (about a third of an engine process's
 // CPU, by perf), and the loop's is memory latency: each wake-up reads
 // every running request's state cold, and each block a request allocates
