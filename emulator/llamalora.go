@@ -219,7 +219,7 @@ func (f llamaFloat) MarshalJSON() ([]byte, error) {
 		return []byte("null"), nil
 	}
 	b, err := json.Marshal(v)
-	if err == nil && bytes.IndexAny(b, ".eE") < 0 {
+	if err == nil && !bytes.ContainsAny(b, ".eE") {
 		b = append(b, ".0"...)
 	}
 	return b, err
