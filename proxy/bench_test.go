@@ -50,42 +50,29 @@ func BenchmarkDecision(b *testing.B) {
 		bodies[i] = chatBody32K(i)
 	}
 	now := time.Unix(1_800_000_000, 0)
-	b.Run("route", func(b *testing.B) {
-		reqs := make([]kvroute.Request, len(bodies))
-		for i, body := range bodies {
-			ri, _ := openai.ParseRequest(openai.KindChat, body)
-			reqs[i] = kvroute.Request{Model: "m", Prompt: ri.Prompt, PromptTokens: ri.PromptTokens()}
-		}
-		b.ReportAllocs()
-		i := 0
-		for b.Loop() {
-			req := reqs[i%len(reqs)]
-			f, err := rt.Route(now, &req, nil)
-			if err != nil {
-				b.Fatal(err)
+	// route routes the bodies in turn, for adapter ("": the base model).
+	route := func(adapter string) func(b *testing.B) {
+		return func(b *testing.B) {
+			reqs := make([]kvroute.Request, len(bodies))
+			for i, body := range bodies {
+				ri, _ := openai.ParseRequest(openai.KindChat, body)
+				reqs[i] = kvroute.Request{Model: "m", Adapter: adapter, Prompt: ri.Prompt, PromptTokens: ri.PromptTokens()}
 			}
-			rt.Done(now, f, kvroute.Outcome{})
-			i++
-		}
-	})
-	routeAdapter := func(b *testing.B) {
-		reqs := make([]kvroute.Request, len(bodies))
-		for i, body := range bodies {
-			ri, _ := openai.ParseRequest(openai.KindChat, body)
-			reqs[i] = kvroute.Request{Model: "m", Adapter: "sql-lora", Prompt: ri.Prompt, PromptTokens: ri.PromptTokens()}
-		}
-		b.ReportAllocs()
-		i := 0
-		for b.Loop() {
-			req := reqs[i%len(reqs)]
-			f, err := rt.Route(now, &req, nil)
-			if err != nil {
-				b.Fatal(err)
+			b.ReportAllocs()
+			i := 0
+			for b.Loop() {
+				req := reqs[i%len(reqs)]
+				f, err := rt.Route(now, &req, nil)
+				if err != nil {
+					b.Fatal(err)
+				}
+				rt.Done(now, f, kvroute.Outcome{})
+				i++
 			}
-			rt.Done(now, f, kvroute.Outcome{})
-			i++
 		}
 	}
+	routeAdapter := route("sql-lora")
+	b.Run("route", route(""))
 	b.Run("route/adapter", routeAdapter)
 	b.Run("route/adapter-llama", func(b *testing.B) {
 		for _, ep := range rt.Endpoints() {

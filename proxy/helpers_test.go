@@ -19,6 +19,7 @@ import (
 
 	"github.com/kvroute/kvroute"
 	"github.com/kvroute/kvroute/config"
+	"github.com/kvroute/kvroute/openai"
 )
 
 // firstHealthy always picks the healthy candidate with the lowest index, so
@@ -308,6 +309,20 @@ func readAll(t testing.TB, resp *http.Response) string {
 		t.Fatalf("reading response: %v", err)
 	}
 	return string(b)
+}
+
+// errorBody reads resp's body as an OpenAI error: the body, the error, and
+// its param ("" when null).
+func errorBody(t testing.TB, resp *http.Response) (string, openai.ErrorResponse, string) {
+	t.Helper()
+	out := readAll(t, resp)
+	var e openai.ErrorResponse
+	_ = json.Unmarshal([]byte(out), &e)
+	param := ""
+	if e.Error.Param != nil {
+		param = *e.Error.Param
+	}
+	return out, e, param
 }
 
 // events reads the data of every SSE event of a response.

@@ -16,7 +16,6 @@ import (
 	"github.com/kvroute/kvroute/config"
 	"github.com/kvroute/kvroute/emulator"
 	"github.com/kvroute/kvroute/emulator/emulatortest"
-	"github.com/kvroute/kvroute/openai"
 	"github.com/kvroute/kvroute/policy"
 	"github.com/kvroute/kvroute/signals"
 )
@@ -257,13 +256,7 @@ func TestAdapterFormErrors(t *testing.T) {
 		{`{"model":"sql-lora","prompt":"p"}`, 503, "no_adapter_endpoint", "", []string{"sql-lora"}},
 	} {
 		resp := tp.post(t, PathCompletions, tc.body)
-		out := readAll(t, resp)
-		var e openai.ErrorResponse
-		_ = json.Unmarshal([]byte(out), &e)
-		param := ""
-		if e.Error.Param != nil {
-			param = *e.Error.Param
-		}
+		out, e, param := errorBody(t, resp)
 		if resp.StatusCode != tc.status || e.Error.Code != tc.code || param != tc.param {
 			t.Errorf("%s: got %d %s, want %d with code %s, param %q", tc.body, resp.StatusCode, out, tc.status, tc.code, tc.param)
 			continue

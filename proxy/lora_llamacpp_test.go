@@ -272,13 +272,7 @@ func TestLlamaCPPAdapterNoneLists(t *testing.T) {
 		{`{"model":"tiny","prompt":"hello","lora_path":"nope-lora"}`, "lora_path"},
 	} {
 		resp := tp.post(t, PathCompletions, tc.body)
-		out := readAll(t, resp)
-		var e openai.ErrorResponse
-		_ = json.Unmarshal([]byte(out), &e)
-		param := ""
-		if e.Error.Param != nil {
-			param = *e.Error.Param
-		}
+		out, e, param := errorBody(t, resp)
 		if resp.StatusCode != http.StatusNotFound || e.Error.Code != "model_not_found" || param != tc.param ||
 			!strings.Contains(e.Error.Message, "`nope-lora` on any of its endpoints") ||
 			!strings.Contains(e.Error.Message, "a lists sql-lora; b lists none; c lists chat-lora") ||
