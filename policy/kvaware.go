@@ -445,8 +445,8 @@ func (p KVAwareParams) Validate() error {
 // their cache hits away), while on the tenants workload at 200/s, past
 // what the fleet completes, it cut seed 5's p99 from 829.6 to 313.6 ms,
 // where the engine the light tenants' requests went to filled its KV and
-// preempted 43 of them, and changed none of the other 28 runs of the
-// README's tables at seeds 1 and 5), or, when it is congested (more
+// preempted 43 of them, and changed none of the other 29 runs of the
+// README's rows but the trace's at seeds 1 and 5), or, when it is congested (more
 // prefill queued than one engine step takes), its in-flight count plus one would
 // exceed max(C x m, m + InflightSlack) where m = (total in-flight + 1) /
 // healthy (twice that caps it congested or not). A capped candidate gets no credit for its cache (it competes on
