@@ -2,7 +2,6 @@ package emulator
 
 import (
 	"bytes"
-	"context"
 	"encoding/json"
 	"fmt"
 	"math"
@@ -330,14 +329,7 @@ func FuzzLlamaLoRARequest(f *testing.F) {
 	}
 	cfg := loraConfig(LoRAModule{Name: "sql-lora", Path: "/adapters/sql-lora.gguf"}, LoRAModule{Name: "chat-lora", Path: "/adapters/chat.gguf"})
 	cfg.MetricsFlavor, cfg.Model, cfg.Engine, cfg.Speed = FlavorLlamaCpp, "tiny", tinyEngine(f), 1000
-	s, err := New(cfg)
-	if err != nil {
-		f.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { _ = s.Run(ctx); close(done) }()
-	defer func() { cancel(); <-done }()
+	s, _ := testServer(f, cfg)
 	h := s.Handler()
 	f.Fuzz(func(t *testing.T, lora string) {
 		body := `{"prompt":"hello","max_tokens":1,"lora":` + lora + `}`

@@ -129,7 +129,8 @@ func (u *AdapterUses) Forget(ep string) { delete(u.m, ep) }
 // ready to use; not safe for concurrent use.
 type AdapterHomes struct {
 	n    map[adapterKey]decayedCount
-	home map[string]string // adapter -> endpoint
+	home map[string]string   // adapter -> endpoint
+	at   map[string][]string // endpoint -> the adapters at home there, in the order they came
 }
 
 // Note records that a request for adapter x was placed on endpoint ep at
@@ -137,18 +138,31 @@ type AdapterHomes struct {
 // here: the home is kept, not searched for.
 func (h *AdapterHomes) Note(now time.Time, ep, x string) {
 	if h.n == nil {
-		h.n, h.home = make(map[adapterKey]decayedCount), make(map[string]string)
+		h.n, h.home, h.at = make(map[adapterKey]decayedCount), make(map[string]string), make(map[string][]string)
 	}
 	key := adapterKey{ep, x}
 	c := decayedCount{n: h.n[key].value(now) + 1, at: now}
 	h.n[key] = c
-	if cur, ok := h.home[x]; !ok || cur == ep || c.n > h.n[adapterKey{cur, x}].value(now) {
-		h.home[x] = ep
+	if cur, ok := h.home[x]; !ok || cur != ep && c.n > h.n[adapterKey{cur, x}].value(now) {
+		h.move(x, ep)
 	}
+}
+
+// move makes ep adapter x's home.
+func (h *AdapterHomes) move(x, ep string) {
+	if cur, ok := h.home[x]; ok {
+		h.at[cur] = slices.DeleteFunc(h.at[cur], func(a string) bool { return a == x })
+	}
+	h.home[x] = ep
+	h.at[ep] = append(h.at[ep], x)
 }
 
 // Home is adapter x's home ("": none placed yet).
 func (h *AdapterHomes) Home(x string) string { return h.home[x] }
+
+// AtHome returns the adapters whose home is endpoint ep, in the order they
+// came (not to be modified).
+func (h *AdapterHomes) AtHome(ep string) []string { return h.at[ep] }
 
 // Forget drops endpoint ep's placements; the adapters at home there move to
 // the endpoint each was placed on most after it, if any.
@@ -158,10 +172,7 @@ func (h *AdapterHomes) Forget(ep string) {
 			delete(h.n, key)
 		}
 	}
-	for x, e := range h.home {
-		if e != ep {
-			continue
-		}
+	for _, x := range h.at[ep] {
 		delete(h.home, x)
 		var ref time.Time // the counts compare at one time: the last of theirs
 		for key, c := range h.n {
@@ -169,11 +180,15 @@ func (h *AdapterHomes) Forget(ep string) {
 				ref = c.at
 			}
 		}
-		best := 0.0
+		best, to := 0.0, ""
 		for key, c := range h.n {
-			if v := c.value(ref); key.adapter == x && v > best {
-				best, h.home[x] = v, key.endpoint
+			if v := c.value(ref); key.adapter == x && (v > best || v == best && to != "" && key.endpoint < to) {
+				best, to = v, key.endpoint
 			}
 		}
+		if to != "" {
+			h.move(x, to)
+		}
 	}
+	delete(h.at, ep)
 }

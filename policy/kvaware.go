@@ -1392,10 +1392,8 @@ func (k *KVAware) adapterCost(c *kvroute.Candidate, stepMs float64) (uint8, floa
 		// at --max-loras 1, the 6 least used adapters mixed on 4 engines,
 		// each on 3 or 4 of them.)
 		lh := 0.0
-		for a := range k.adapterLast.Held(k.now, ep, maxAdapterUses, math.MaxInt64) {
-			if a != x && k.adapterHome.Home(a) == ep {
-				lh += k.demand.Rate(k.now, a)
-			}
+		for _, a := range k.adapterHome.AtHome(ep) {
+			lh += k.demand.Rate(k.now, a) // not x: x's home is elsewhere
 		}
 		if lh > 0 {
 			bx := SlotBusyPeriod(k.demand.Rate(k.now, x), time.Duration(D*float64(time.Millisecond)))

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"fmt"
 	"slices"
 	"strconv"
 	"testing"
@@ -326,7 +327,13 @@ func TestAdapterHomes(t *testing.T) {
 		t.Errorf("after a later placement on b: home %q, want b", got)
 	}
 	h.Note(later.Add(time.Second), "c", "y")
+	if got := fmt.Sprint(h.AtHome("a"), h.AtHome("b"), h.AtHome("c")); got != "[] [x] [y]" {
+		t.Errorf("at home on a, b, c: %s, want [] [x] [y]", got)
+	}
 	h.Forget("b")
+	if got := fmt.Sprint(h.AtHome("a"), h.AtHome("b")); got != "[x] []" {
+		t.Errorf("b forgotten: at home on a, b: %s, want [x] []", got)
+	}
 	if got := h.Home("x"); got != "a" {
 		t.Errorf("b forgotten: home %q, want a (placed there after it)", got)
 	}
