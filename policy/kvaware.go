@@ -223,6 +223,20 @@ type KVAwareParams struct {
 	// points); with the step as the batch is now, 0.1 gave up p99 TTFT
 	// for it, and on the projected step 0.15 and 0.2 did (rag at 420
 	// req/s +3% and +13% over 6 and 2 seeds, against -4%).
+	// It trades TTFT for decode speed, and past what a fleet completes
+	// that trade can sort the work: on the tenants workload at 200/s
+	// (seed 5) one engine held only light tenants' prompts, whose short
+	// contexts made its projected step 61 ms against the others' 95-113, so
+	// their requests kept going there (894 in flight against 444-681,
+	// with the highest queue estimate, 1.29 s against 0.57-0.79) until
+	// its KV filled and it preempted; that run's p99 TTFT is 829.6 ms
+	// against round-robin's 321.6. Denying the decode advantage to a
+	// candidate over the in-flight bound (its decode term raised to the
+	// largest of those within it) gave 303.9 ms there, but took the
+	// conversation trace at four times its rate from 15.27 and 14.52 s to
+	// 17.75 and 15.52 s (seeds 1 and 5) and tenants at 650/s from 153.3
+	// to 136.3 req/s (seed 1); only over the bound while congested, 550.2
+	// ms, with the trace worse at six of seeds 1-8 (-18% to +14%).
 	DecodeWeight float64 `param:"decode_weight"`
 	// OutputTokens is the expected output length for DecodeWeight (capped
 	// by the request's max_tokens). Default 256.
