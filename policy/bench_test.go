@@ -93,3 +93,48 @@ func BenchmarkPick(b *testing.B) {
 		})
 	}
 }
+
+// BenchmarkPickLoRAShared measures kv-aware's decision for a request for a
+// LoRA adapter when adapters share engines: 8 adapters on 6 engines at
+// max_lora 1, each engine running one and its slot wanted by the others
+// (the adapter terms, adapterCost and homeWait, priced on every
+// candidate), with homes and demand from 400 earlier requests.
+func BenchmarkPickLoRAShared(b *testing.B) {
+	p, err := New(NameKVAware, map[string]any{"explain": false}, 1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	rel := p.(kvroute.Releaser)
+	adapters := make([]string, 8)
+	for i := range adapters {
+		adapters[i] = "adapter-" + strconv.Itoa(i)
+	}
+	cands := make([]kvroute.Candidate, 6)
+	for i := range cands {
+		cands[i] = kvroute.Candidate{
+			Endpoint: &kvroute.Endpoint{ID: "e" + strconv.Itoa(i)},
+			Healthy:  true,
+			Load: kvroute.Load{Running: 4, InFlight: 4, DecodeTokens: 8000, PrefixHitRate: -1,
+				LoRA: &kvroute.LoRALoad{Max: 1, Running: []string{adapters[i]}, Waiting: []string{adapters[(i+6)%8]}}},
+		}
+	}
+	reqs := make([]kvroute.Request, 64)
+	for i := range reqs {
+		reqs[i] = kvroute.Request{ID: "r" + strconv.Itoa(i), Adapter: adapters[i%8], PromptTokens: 1600, BlockSize: 16, MaxTokens: 200}
+	}
+	now := epoch
+	pick := func(i int) {
+		r := &reqs[i%len(reqs)]
+		p.Pick(now, r, cands)
+		rel.Release(now, r, "")
+		now = now.Add(50 * time.Millisecond)
+	}
+	for i := range 400 {
+		pick(i)
+	}
+	b.ReportAllocs()
+	b.ResetTimer()
+	for i := 0; i < b.N; i++ {
+		pick(i)
+	}
+}

@@ -410,15 +410,17 @@ func (p KVAwareParams) Validate() error {
 // for one: half a decode (OutputTokens steps) where each of them runs on
 // another engine too, and where some run only there the busy period of
 // their requests (SlotBusyPeriod: their requests keep coming and keep this
-// one out), plus, away from the adapter's home (AdapterHomes: the engine
-// the policy placed it on most lately), the wait it makes the adapters at
-// home there wait behind it in turn. An adapter that runs on two engines
+// one out), plus, where adapters contend for the slots, the wait it makes
+// the other adapters at home there (AdapterHomes: each adapter's home is
+// the engine the policy placed it on most lately) wait behind it in turn,
+// at its own home too. An adapter that runs on two engines
 // leaves one whose slots are oversubscribed (another adapter waits there)
 // for the other at the price of half a decode. So with few slots each
 // adapter keeps engines of its own, a new one is given a free engine or
 // one a replicated adapter leaves, a hot adapter spreads only when its
 // queue is longer than the wait, and with more adapters than slots those
-// that must share an engine keep sharing the same one. (llm-d's lora-affinity-scorer scores
+// that must share an engine keep sharing the same one, the least used
+// paired up, whatever the order they came in. (llm-d's lora-affinity-scorer scores
 // active, free-slot and waiting states, 1, 0.8 and 0.6, but is not in its
 // default profile; kv-aware prices them in its estimate.)
 //
@@ -551,9 +553,9 @@ func (p KVAwareParams) Validate() error {
 // Every decision carries one Score per candidate (Value = the score, in ms;
 // Parts queue_ms, prefill_ms, work_ms, decode_ms, cached_tokens credited,
 // queued_tokens, in_flight, weight when it is not 1, adapter_ms (in
-// queue_ms; with the wait of the adapters at home there when it takes
-// their slot) with adapter_active or adapter_slots_full for a request for a
-// LoRA adapter, and capped/
+// queue_ms) with adapter_active or adapter_slots_full, and
+// adapter_home_wait when adapter_ms holds the wait of the adapters at home
+// there behind it, for a request for a LoRA adapter, and capped/
 // replica_trimmed/thrashing/session_target flags when they apply; Why
 // says which cap) and a Reason
 // with the chosen candidate's TTFT estimate, built by the code that
@@ -596,8 +598,8 @@ type KVAware struct {
 	// used for AdapterHold (see adapterCost).
 	adapterLast AdapterUses
 	// adapterHome is each adapter's home, the endpoint the policy placed
-	// it on most lately: an adapter taking the slot of others at home
-	// elsewhere is charged their wait behind it (adapterCost).
+	// it on most lately: an adapter contending for the slot of others at
+	// home on an endpoint is charged their wait behind it (homeWait).
 	adapterHome AdapterHomes
 	// flightAdapters lists, per endpoint, the adapters of adapterFlights
 	// there (kept with it by track and untrack).
@@ -803,7 +805,7 @@ type candState struct {
 	elig      bool // may be chosen
 	overBound bool // in-flight + 1 above the bound (session targets must not be)
 	flags     uint8
-	adapter   uint8   // the LoRA adapter's state there (adapterActive, ...), 0: a base-model request
+	adapter   uint8   // the LoRA adapter's state there (adapterActive, ..., | adapterHomeWait), 0: a base-model request
 	adapterMs float32 // the adapter's load and slot wait, ms (in queueMs)
 	credit    int     // cached tokens credited
 	work      float64 // prefill compute this request adds to the endpoint, ms
@@ -1271,6 +1273,10 @@ const (
 	adapterActive uint8 = 1 + iota // requests of it running or waiting: loaded
 	adapterLoad                    // to be loaded into a free slot
 	adapterSlot                    // to be loaded once another adapter leaves the full batch
+
+	// adapterHomeWait, or'ed into adapterSlot, says the adapter's cost
+	// holds the wait of the adapters at home there behind it (homeWait).
+	adapterHomeWait uint8 = 1 << 7
 )
 
 // adapterCost returns the state of the request's adapter on candidate c,
@@ -1292,7 +1298,8 @@ const (
 //     (others wait for a slot): active, unless x runs on another engine
 //     too; then a short wait (half a decode, OutputTokens/2 steps), so
 //     that x's next requests go to its other engine and this one drains
-//     for the waiting adapters;
+//     for the waiting adapters; plus the wait of the adapters at home
+//     there behind x (below), if any;
 //   - otherwise x waits for a slot (plus AdapterLoad unless held): half a
 //     decode when every adapter running there runs elsewhere too (they
 //     leave, as above); else until the adapters that run only there have
@@ -1301,19 +1308,20 @@ const (
 //     the policy saw, decayed over 30 s) and D a decode (OutputTokens
 //     steps), the mean busy period of an M/G/inf queue, (e^(lambda D) -
 //     1) / lambda, at least half a decode and at most 100 (one decode
-//     when no arrival was counted). Unless the engine is x's home (the
-//     one the policy placed it on most lately, AdapterHomes), x's
-//     requests would take the slot from the adapters at home there, whose
-//     requests then wait behind x's in turn: their arrival rate x D of
-//     them per x request, each for x's busy period, is added. The
-//     policy then gives a new adapter
+//     when no arrival was counted). x's requests there keep the slot from
+//     the other adapters at home there (AdapterHomes), whose requests
+//     then wait behind x's in turn: their arrival rate x D of them per x
+//     request, each for x's busy period, is added (homeWait), at x's home
+//     too. The policy then gives a new adapter
 //     an engine of its own while one has a free slot, else the engine of
 //     an adapter that has another, else that of the least used adapters
 //     (with fewer engines than adapters at --max-loras 1 some adapter
 //     must wait behind another: behind a rarely used one it waits least);
 //     a hot adapter spreads to a held engine only once its own queue is
 //     longer than that, and adapters that share an engine keep sharing
-//     that one rather than each take every other in turn.
+//     that one rather than each take every other in turn, unless another
+//     engine's adapters are used less than those it shares with: then it
+//     goes there, and the least used adapters pair up.
 //
 // An engine whose signals give no adapters (vLLM sets the series after
 // its first step, so a cold fleet's first scrapes lack it) is taken to
@@ -1368,8 +1376,15 @@ func (k *KVAware) adapterCost(c *kvroute.Candidate, stepMs float64) (uint8, floa
 	case !hasX && len(held) < slots:
 		return adapterLoad, load
 	case l.Runs(x):
+		wait := 0.0
 		if k.homes[x] >= 2 {
-			return adapterSlot, k.outTokens / 2 * stepMs
+			wait = k.outTokens / 2 * stepMs
+		}
+		if hw := k.homeWait(ep, x, k.outTokens*stepMs); hw > 0 {
+			return adapterSlot | adapterHomeWait, wait + hw
+		}
+		if wait > 0 {
+			return adapterSlot, wait
 		}
 		return adapterActive, 0
 	}
@@ -1392,29 +1407,47 @@ func (k *KVAware) adapterCost(c *kvroute.Candidate, stepMs float64) (uint8, floa
 	}
 	if hasX {
 		load = 0
-	} else if k.adapterHome.Home(x) != ep {
-		// x takes the slot from the adapters at home there (AdapterHomes):
-		// their requests then wait behind x's, lambda D of them per x
-		// request on average, each for the rest of x's busy period (about
-		// its mean, for a length as variable as a busy period's; with half
-		// of it the lora workload's p99 at 20/s, seeds 1-3, was 6.47 s
-		// on 6 engines and 2.80 s on 7 in the mean, against 6.42 and
-		// 2.60 s). Not at x's
-		// own home: sharing it is settled, and an adapter left without an
-		// engine of its own stays with the one it shares rather than take
-		// every other in turn. (Before this, with 8 adapters on 6 engines
-		// at --max-loras 1, the 6 least used adapters mixed on 4 engines,
-		// each on 3 or 4 of them.)
-		lh := 0.0
-		for _, a := range k.adapterHome.AtHome(ep) {
-			lh += k.demand.Rate(k.now, a) // not x: x's home is elsewhere
-		}
-		if lh > 0 {
-			bx := SlotBusyPeriod(k.demand.Rate(k.now, x), time.Duration(D*float64(time.Millisecond)))
-			wait += lh * D / 1000 * float64(bx) / float64(time.Millisecond)
-		}
+	}
+	if hw := k.homeWait(ep, x, D); hw > 0 {
+		return adapterSlot | adapterHomeWait, load + wait + hw
 	}
 	return adapterSlot, load + wait
+}
+
+// homeWait is the wait, ms, a request for adapter x on endpoint ep, whose
+// slots other adapters contend for, makes the other adapters at home there
+// (AdapterHomes) wait behind x's in turn: with lh their arrival rate, D a
+// decode (ms) and B x's busy period (SlotBusyPeriod of x's rate and D),
+// lh x D of their requests per x request on average, each for the rest of
+// B (about its mean, for a length as variable as a busy period's; with
+// half of it the lora workload's p99 at 20/s, seeds 1-3, was 6.47 s on 6
+// engines and 2.80 s on 7 in the mean, against 6.42 and 2.60 s, when it
+// was charged away from home only): lh x D x B. It is charged at x's own
+// home too, for the adapters x shares it with: an adapter that shares its
+// home with busier ones than those at home on another engine goes there,
+// so the busy adapters keep engines of their own and the least used pair
+// up. (Charged only away from home, the pairs were set by the order of the
+// adapters' first requests and kept: with 8 adapters on 6 engines at
+// --max-loras 1, 20/s, seed 1, the fourth busiest shared an engine with the
+// fifth while the seventh had one of its own, and the p99 TTFT was 6.18 s;
+// now, within the first 20 s, the busiest four have one each, the fifth
+// and sixth share one and the seventh and eighth another: 5.02 s.) With
+// adapters used alike no pairing is better than another, and the noise of
+// the counts moves adapters between engines: the lora workload with skew 0
+// on 6 engines had a lower p99 than before at 8/s and a higher one at 12
+// and 20/s (README, "LoRA adapters").
+func (k *KVAware) homeWait(ep, x string, D float64) float64 {
+	lh := 0.0
+	for _, a := range k.adapterHome.AtHome(ep) {
+		if a != x {
+			lh += k.demand.Rate(k.now, a)
+		}
+	}
+	if lh == 0 {
+		return 0
+	}
+	bx := SlotBusyPeriod(k.demand.Rate(k.now, x), time.Duration(D*float64(time.Millisecond)))
+	return lh * D / 1000 * float64(bx) / float64(time.Millisecond)
 }
 
 // heldAt returns the adapters endpoint ep of candidate c (its signals l,
@@ -1680,11 +1713,14 @@ func explain(c []candState, cands []kvroute.Candidate, scores []kvroute.Score) {
 		if st.adapter != 0 {
 			// adapter_ms is in queue_ms; the state says why.
 			s.Parts = append(s.Parts, kvroute.Part{Name: "adapter_ms", Value: round3(float64(st.adapterMs))})
-			switch st.adapter {
+			switch st.adapter &^ adapterHomeWait {
 			case adapterActive:
 				s.Parts = append(s.Parts, kvroute.Part{Name: "adapter_active", Value: 1})
 			case adapterSlot:
 				s.Parts = append(s.Parts, kvroute.Part{Name: "adapter_slots_full", Value: 1})
+			}
+			if st.adapter&adapterHomeWait != 0 {
+				s.Parts = append(s.Parts, kvroute.Part{Name: "adapter_home_wait", Value: 1})
 			}
 		}
 		sat := ""
@@ -1844,7 +1880,7 @@ func (r reasonFigures) String() string {
 	b = append(b, '/')
 	b = strconv.AppendInt(b, int64(r.P), 10)
 	b = append(b, " tokens cached"...)
-	switch r.adapter {
+	switch r.adapter &^ adapterHomeWait {
 	case adapterActive:
 		b = append(b, ", adapter active"...)
 	case adapterLoad:
@@ -1855,6 +1891,9 @@ func (r reasonFigures) String() string {
 		b = append(b, ", adapter load and slot wait "...)
 		b = strconv.AppendFloat(b, r.adapterMs, 'f', 1, 64)
 		b = append(b, " ms"...)
+		if r.adapter&adapterHomeWait != 0 {
+			b = append(b, " (with the wait of the adapters at home there)"...)
+		}
 	}
 	return string(b)
 }

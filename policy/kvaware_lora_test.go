@@ -263,11 +263,11 @@ func TestKVAwareWaitsBehindARarelyUsedAdapter(t *testing.T) {
 
 // TestKVAwareKeepsAnAdapterAtHome: with fewer engine slots than adapters
 // an adapter shares its home with another, and a request of it finds both
-// engines' slots taken. The other engine's wait is a little shorter (its
-// adapter is used less), but that adapter is at home there: going there
-// would make its requests wait behind this one's in turn, so the request
-// stays home. So do y's requests, which find a held by x and b by z, and
-// would take z's home as readily as share x's. (Before AdapterHomes y's
+// engines' slots taken. x and y share a, z has b, and z's requests go on
+// as x's do (with its first six z is the busier): y's request would make
+// z's requests wait behind it on b as it makes x's on a, and would wait
+// behind the busier adapter there, so it stays home, and the shares stay
+// as they are. (Before AdapterHomes y's
 // sixth request went to b, and with every such request the adapters of
 // the shared engines mixed.)
 func TestKVAwareKeepsAnAdapterAtHome(t *testing.T) {
@@ -279,13 +279,16 @@ func TestKVAwareKeepsAnAdapterAtHome(t *testing.T) {
 		steps = append(steps, step{AtMs: at, Release: prev, Request: loraReq(id, adapter), Candidates: cands})
 		prev, at = []string{id}, at+100
 	}
-	// z takes b, then x and y take turns on a.
+	// z takes b, then x and y take turns on a, and z's requests go on.
 	for i := range 6 {
 		add("z"+strconv.Itoa(i), "z", []candSpec{{ID: "a", MaxLoRA: 1, LoRARunning: []string{"x"}}, free[1]})
 	}
+	want := "bbbbbb"
 	for i := range 10 {
 		add("x"+strconv.Itoa(i), "x", []candSpec{free[0], {ID: "b", MaxLoRA: 1, LoRARunning: []string{"z"}}})
 		add("y"+strconv.Itoa(i), "y", []candSpec{{ID: "a", MaxLoRA: 1, LoRARunning: []string{"x"}}, {ID: "b", MaxLoRA: 1, LoRARunning: []string{"z"}}})
+		add("z"+strconv.Itoa(6+i), "z", []candSpec{{ID: "a", MaxLoRA: 1, LoRARunning: []string{"y"}}, free[1]})
+		want += "aab"
 	}
 	busy := []candSpec{
 		{ID: "a", MaxLoRA: 1, LoRARunning: []string{"y"}, Running: 2},
@@ -297,13 +300,65 @@ func TestKVAwareKeepsAnAdapterAtHome(t *testing.T) {
 		t.Fatal(err)
 	}
 	for i, d := range ds[:len(ds)-1] {
-		if want := map[bool]string{true: "b", false: "a"}[i < 6]; d.Endpoint != want {
-			t.Fatalf("request %d went to %s, want %s: %s", i, d.Endpoint, want, d.Reason)
+		if d.Endpoint != want[i:i+1] {
+			t.Fatalf("request %d went to %s, want %s: %s", i, d.Endpoint, want[i:i+1], d.Reason)
 		}
 	}
 	last := ds[len(ds)-1]
 	if last.Endpoint != "a" || !slotFull(last, "a") || !slotFull(last, "b") {
 		t.Fatalf("x's request: %s, want a, its home (both priced a slot wait): %s", last.Endpoint, last.Reason)
+	}
+}
+
+// TestKVAwarePairsTheLeastUsedAdapters: x and y share a, z has b, and z
+// goes quiet. A request of y makes the adapters it shares its engine with
+// wait behind it, at its home too (adapter_home_wait): on a x's, as
+// frequent as y's; on b z's, now rare. So y's requests move to b, and stay
+// there (its home moves with them), leaving a to x: the least used
+// adapters pair up, whichever came first. (Before, charged only away
+// from home, y shared a with x for good: with 8 adapters on 6 engines,
+// seed 1, the fourth busiest shared with the fifth while the seventh had an
+// engine of its own.)
+func TestKVAwarePairsTheLeastUsedAdapters(t *testing.T) {
+	free := []candSpec{{ID: "a", MaxLoRA: 1}, {ID: "b", MaxLoRA: 1}}
+	var steps []step
+	var prev []string // each request is released at the next one
+	at := int64(0)
+	add := func(id, adapter string, cands []candSpec) {
+		steps = append(steps, step{AtMs: at, Release: prev, Request: loraReq(id, adapter), Candidates: cands})
+		prev, at = []string{id}, at+100
+	}
+	for i := range 6 {
+		add("z"+strconv.Itoa(i), "z", []candSpec{{ID: "a", MaxLoRA: 1, LoRARunning: []string{"x"}}, free[1]})
+	}
+	var ys []int // the indexes of y's requests
+	for i := range 15 {
+		add("x"+strconv.Itoa(i), "x", []candSpec{free[0], {ID: "b", MaxLoRA: 1, LoRARunning: []string{"z"}}})
+		ys = append(ys, len(steps))
+		add("y"+strconv.Itoa(i), "y", []candSpec{{ID: "a", MaxLoRA: 1, LoRARunning: []string{"x"}}, {ID: "b", MaxLoRA: 1, LoRARunning: []string{"z"}}})
+	}
+	ds, err := scenario{Policy: NameKVAware, Seed: 1, Steps: steps}.run()
+	if err != nil {
+		t.Fatal(err)
+	}
+	moved := -1 // y's first request on b
+	for i, d := range ds {
+		switch {
+		case i < 6 && d.Endpoint != "b":
+			t.Fatalf("z's request %d went to %s, want b: %s", i, d.Endpoint, d.Reason)
+		case i >= 6 && !slices.Contains(ys, i) && d.Endpoint != "a":
+			t.Fatalf("x's request %d went to %s, want a, its own: %s", i, d.Endpoint, d.Reason)
+		case slices.Contains(ys, i) && moved >= 0 && d.Endpoint != "b":
+			t.Fatalf("y's request %d went back to %s after its request %d went to b: %s", i, d.Endpoint, moved, d.Reason)
+		case slices.Contains(ys, i) && moved < 0 && d.Endpoint == "b":
+			moved = i
+			if partOf(d, "a", "adapter_home_wait") != 1 {
+				t.Errorf("y's request %d: a priced without the wait of x behind it: %v", i, d.Scores)
+			}
+		}
+	}
+	if moved < 0 || moved > ys[len(ys)-4] {
+		t.Fatalf("y's requests moved to b at request %d, want before its last 3 (%v)", moved, ys[len(ys)-3:])
 	}
 }
 
