@@ -413,14 +413,17 @@ func (p KVAwareParams) Validate() error {
 // one out), plus, where adapters contend for the slots, the wait it makes
 // the other adapters at home there (AdapterHomes: each adapter's home is
 // the engine the policy placed it on most lately) wait behind it in turn,
-// at its own home too. An adapter that runs on two engines
+// at its own home too, unless it waits for a slot there and the demand of
+// the adapters it shares its home with cannot be told from that of the
+// least used other engine's (homeSettled). An adapter that runs on two engines
 // leaves one whose slots are oversubscribed (another adapter waits there)
 // for the other at the price of half a decode. So with few slots each
 // adapter keeps engines of its own, a new one is given a free engine or
 // one a replicated adapter leaves, a hot adapter spreads only when its
 // queue is longer than the wait, and with more adapters than slots those
 // that must share an engine keep sharing the same one, the least used
-// paired up, whatever the order they came in. (llm-d's lora-affinity-scorer scores
+// paired up, whatever the order they came in, while adapters used alike
+// stay where they are. (llm-d's lora-affinity-scorer scores
 // active, free-slot and waiting states, 1, 0.8 and 0.6, but is not in its
 // default profile; kv-aware prices them in its estimate.)
 //
@@ -555,7 +558,9 @@ func (p KVAwareParams) Validate() error {
 // queued_tokens, in_flight, weight when it is not 1, adapter_ms (in
 // queue_ms) with adapter_active or adapter_slots_full, and
 // adapter_home_wait when adapter_ms holds the wait of the adapters at home
-// there behind it, for a request for a LoRA adapter, and capped/
+// there behind it or adapter_home_settled when, at the adapter's home, it
+// would but their demand is settled (homeSettled), for a request for a
+// LoRA adapter, and capped/
 // replica_trimmed/thrashing/session_target flags when they apply; Why
 // says which cap) and a Reason
 // with the chosen candidate's TTFT estimate, built by the code that
@@ -612,7 +617,12 @@ type KVAware struct {
 	homes map[string]int
 	// demand is each adapter's recent requests, for the wait behind an
 	// adapter that holds a slot (adapterCost).
-	demand        AdapterDemand
+	demand AdapterDemand
+	// viewCands is the candidates of the Pick adapterView was last called
+	// for (read within that Pick only), and settled homeSettled's answer
+	// for it: settledUnknown until adapterCost first asks.
+	viewCands     []kvroute.Candidate
+	settled       uint8
 	held          []string
 	poolMaxLoRA   int
 	flightRun     kvroute.LoRALoad // adapterCost's stand-in for an engine's missing adapter signals
@@ -805,7 +815,7 @@ type candState struct {
 	elig      bool // may be chosen
 	overBound bool // in-flight + 1 above the bound (session targets must not be)
 	flags     uint8
-	adapter   uint8   // the LoRA adapter's state there (adapterActive, ..., | adapterHomeWait), 0: a base-model request
+	adapter   uint8   // the LoRA adapter's state there (adapterActive, ..., | adapterHomeWait or adapterHomeSettled), 0: a base-model request
 	adapterMs float32 // the adapter's load and slot wait, ms (in queueMs)
 	credit    int     // cached tokens credited
 	work      float64 // prefill compute this request adds to the endpoint, ms
@@ -1275,9 +1285,37 @@ const (
 	adapterSlot                    // to be loaded once another adapter leaves the full batch
 
 	// adapterHomeWait, or'ed into adapterSlot, says the adapter's cost
-	// holds the wait of the adapters at home there behind it (homeWait).
-	adapterHomeWait uint8 = 1 << 7
+	// holds the wait of the adapters at home there behind it (homeWait);
+	// adapterHomeSettled that it would, at the adapter's own home, but
+	// their demand and that of the other engines' cannot be told apart
+	// (homeSettled): it is not charged.
+	adapterHomeWait    uint8 = 1 << 7
+	adapterHomeSettled uint8 = 1 << 6
+	adapterFlags             = adapterHomeWait | adapterHomeSettled
 )
+
+// The answers of KVAware.homeSettled (KVAware.settled).
+const (
+	settledUnknown uint8 = iota // not asked yet in this Pick
+	settledNo
+	settledYes
+)
+
+// homeSettledSigmas is the number of standard deviations of the adapters'
+// decayed request counts within which two demands cannot be told apart
+// (homeSettled): a count decayed over AdapterDemandTau of requests
+// arriving at rate r is n = r x AdapterDemandTau on average with a spread
+// of about sqrt(n/2). 1.5 was chosen over 0 (never settled: the wait
+// charged at the own home whatever the counts, as in commit 958173e), 1
+// and 2 on the lora workload (kv-aware TTFT p99 summed over seeds,
+// --max-loras 1, 4000 requests; charged away from home only, as before
+// 958173e / 0 / 1.5): skew=0 on 6 engines, seeds 1-4, 8/s 21.93 / 20.10 /
+// 17.47 s, 12/s 31.37 / 35.34 / 27.69 s, 20/s 76.05 / 88.24 / 74.28 s;
+// the default skew at 20/s, seeds 1-10, 6 engines 60.12 / 53.37 / 49.62 s,
+// 7 engines 25.69 / 20.85 / 22.76 s (worse than 0 there: seed 2 3.28 s
+// against 2.36 and 2.78); 8 engines (--max-loras 1, 2 and 4 at 20 and
+// 120/s, seeds 1-3) the same.
+const homeSettledSigmas = 1.5
 
 // adapterCost returns the state of the request's adapter on candidate c,
 // whose step takes stepMs, and the time the engine takes to start it
@@ -1312,7 +1350,10 @@ const (
 //     the other adapters at home there (AdapterHomes), whose requests
 //     then wait behind x's in turn: their arrival rate x D of them per x
 //     request, each for x's busy period, is added (homeWait), at x's home
-//     too. The policy then gives a new adapter
+//     too, unless x waits for the slot at its home and the demand of the
+//     adapters at home there is settled, within the counts' noise of the
+//     least used other engine's (homeSettled; adapterHomeSettled). The
+//     policy then gives a new adapter
 //     an engine of its own while one has a free slot, else the engine of
 //     an adapter that has another, else that of the least used adapters
 //     (with fewer engines than adapters at --max-loras 1 some adapter
@@ -1320,8 +1361,9 @@ const (
 //     a hot adapter spreads to a held engine only once its own queue is
 //     longer than that, and adapters that share an engine keep sharing
 //     that one rather than each take every other in turn, unless another
-//     engine's adapters are used less than those it shares with: then it
-//     goes there, and the least used adapters pair up.
+//     engine's adapters are used less than those it shares with, by more
+//     than the counts' noise: then it goes there, and the least used
+//     adapters pair up.
 //
 // An engine whose signals give no adapters (vLLM sets the series after
 // its first step, so a cold fleet's first scrapes lack it) is taken to
@@ -1409,6 +1451,9 @@ func (k *KVAware) adapterCost(c *kvroute.Candidate, stepMs float64) (uint8, floa
 		load = 0
 	}
 	if hw := k.homeWait(ep, x, D); hw > 0 {
+		if ep == k.adapterHome.Home(x) && k.homeSettled() {
+			return adapterSlot | adapterHomeSettled, load + wait
+		}
 		return adapterSlot | adapterHomeWait, load + wait + hw
 	}
 	return adapterSlot, load + wait
@@ -1430,12 +1475,17 @@ func (k *KVAware) adapterCost(c *kvroute.Candidate, stepMs float64) (uint8, floa
 // adapters' first requests and kept: with 8 adapters on 6 engines at
 // --max-loras 1, 20/s, seed 1, the fourth busiest shared an engine with the
 // fifth while the seventh had one of its own, and the p99 TTFT was 6.18 s;
-// now, within the first 20 s, the busiest four have one each, the fifth
-// and sixth share one and the seventh and eighth another: 5.02 s.) With
-// adapters used alike no pairing is better than another, and the noise of
-// the counts moves adapters between engines: the lora workload with skew 0
-// on 6 engines had a lower p99 than before at 8/s and a higher one at 12
-// and 20/s (README, "LoRA adapters").
+// charged at home too, within the first 20 s the busiest four had one
+// each, the fifth and sixth shared one and the seventh and eighth
+// another: 5.02 s.) With
+// adapters used alike no pairing is better than another, and, charged at
+// its own home whatever the counts, the noise of the counts moved adapters
+// between engines: with skew 0 on 6 engines, seeds 1-4, the p99 summed
+// 35.34 s at 12/s and 88.24 s at 20/s, against 31.37 and 76.05 s when
+// charged away from home only. So adapterCost does not charge it where x
+// waits for a slot at its own home and the demands are settled
+// (homeSettled): 27.69 and 74.28 s, and 4.66 s at seed 1 above (README,
+// "LoRA adapters"; the figures at homeSettledSigmas).
 func (k *KVAware) homeWait(ep, x string, D float64) float64 {
 	lh := 0.0
 	for _, a := range k.adapterHome.AtHome(ep) {
@@ -1448,6 +1498,57 @@ func (k *KVAware) homeWait(ep, x string, D float64) float64 {
 	}
 	bx := SlotBusyPeriod(k.demand.Rate(k.now, x), time.Duration(D*float64(time.Millisecond)))
 	return lh * D / 1000 * float64(bx) / float64(time.Millisecond)
+}
+
+// homeSettled reports whether the request's adapter x is settled at its
+// home h: whether nh, the decayed count of requests (rate x
+// AdapterDemandTau) of the other adapters at home on h, and lo, the lowest
+// such count on another candidate (x excluded there too), are within
+// homeSettledSigmas standard deviations of each other, |nh - lo| <=
+// homeSettledSigmas x sqrt((nh+lo)/2): then no engine's adapters are
+// known to be used less than those x shares its home with, and x waiting
+// at home is not charged their wait (adapterCost). With no other
+// candidate it is settled. It is computed once per Pick, the first time
+// adapterCost asks.
+func (k *KVAware) homeSettled() bool {
+	if k.settled == settledUnknown {
+		k.settled = settledNo
+		if k.settledAt(k.adapterHome.Home(k.adapter)) {
+			k.settled = settledYes
+		}
+	}
+	return k.settled == settledYes
+}
+
+// settledAt is homeSettled's answer for home h (false when x has none).
+func (k *KVAware) settledAt(h string) bool {
+	x := k.adapter
+	if h == "" {
+		return false
+	}
+	nh := k.homeCount(h, x)
+	lo := math.Inf(1)
+	for i := range k.viewCands {
+		if ep := endpointID(&k.viewCands[i]); ep != h {
+			lo = math.Min(lo, k.homeCount(ep, x))
+		}
+	}
+	if math.IsInf(lo, 1) {
+		return true
+	}
+	return math.Abs(nh-lo) <= homeSettledSigmas*math.Sqrt((nh+lo)/2)
+}
+
+// homeCount is the decayed count of requests of the adapters at home on
+// ep other than x.
+func (k *KVAware) homeCount(ep, x string) float64 {
+	n := 0.0
+	for _, a := range k.adapterHome.AtHome(ep) {
+		if a != x {
+			n += k.demand.Rate(k.now, a) * AdapterDemandTau.Seconds()
+		}
+	}
+	return n
 }
 
 // heldAt returns the adapters endpoint ep of candidate c (its signals l,
@@ -1490,6 +1591,7 @@ func (k *KVAware) adapterView(cands []kvroute.Candidate) {
 	}
 	clear(k.homes)
 	k.poolMaxLoRA = 0
+	k.viewCands, k.settled = cands, settledUnknown
 	for i := range cands {
 		ep := endpointID(&cands[i])
 		l := cands[i].Load.LoRA
@@ -1713,14 +1815,17 @@ func explain(c []candState, cands []kvroute.Candidate, scores []kvroute.Score) {
 		if st.adapter != 0 {
 			// adapter_ms is in queue_ms; the state says why.
 			s.Parts = append(s.Parts, kvroute.Part{Name: "adapter_ms", Value: round3(float64(st.adapterMs))})
-			switch st.adapter &^ adapterHomeWait {
+			switch st.adapter &^ adapterFlags {
 			case adapterActive:
 				s.Parts = append(s.Parts, kvroute.Part{Name: "adapter_active", Value: 1})
 			case adapterSlot:
 				s.Parts = append(s.Parts, kvroute.Part{Name: "adapter_slots_full", Value: 1})
 			}
-			if st.adapter&adapterHomeWait != 0 {
+			switch {
+			case st.adapter&adapterHomeWait != 0:
 				s.Parts = append(s.Parts, kvroute.Part{Name: "adapter_home_wait", Value: 1})
+			case st.adapter&adapterHomeSettled != 0:
+				s.Parts = append(s.Parts, kvroute.Part{Name: "adapter_home_settled", Value: 1})
 			}
 		}
 		sat := ""
@@ -1880,7 +1985,7 @@ func (r reasonFigures) String() string {
 	b = append(b, '/')
 	b = strconv.AppendInt(b, int64(r.P), 10)
 	b = append(b, " tokens cached"...)
-	switch r.adapter &^ adapterHomeWait {
+	switch r.adapter &^ adapterFlags {
 	case adapterActive:
 		b = append(b, ", adapter active"...)
 	case adapterLoad:
@@ -1891,8 +1996,11 @@ func (r reasonFigures) String() string {
 		b = append(b, ", adapter load and slot wait "...)
 		b = strconv.AppendFloat(b, r.adapterMs, 'f', 1, 64)
 		b = append(b, " ms"...)
-		if r.adapter&adapterHomeWait != 0 {
+		switch {
+		case r.adapter&adapterHomeWait != 0:
 			b = append(b, " (with the wait of the adapters at home there)"...)
+		case r.adapter&adapterHomeSettled != 0:
+			b = append(b, " (at its home, demands alike: home wait not charged)"...)
 		}
 	}
 	return string(b)
