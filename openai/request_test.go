@@ -153,6 +153,9 @@ func TestParseRequestErrors(t *testing.T) {
 		{"negative token", KindCompletion, `{"model":"m","prompt":[1,-2]}`, "prompt", "invalid_value", ""},
 		{"float token", KindCompletion, `{"model":"m","prompt":[[1.5]]}`, "prompt", "invalid_value", ""},
 		{"token too big", KindCompletion, `{"model":"m","prompt":[4294967296]}`, "prompt", "invalid_value", ""},
+		{"null token", KindCompletion, `{"model":"m","prompt":[1,null]}`, "prompt", "invalid_type", "got null"},
+		{"null in a batch of token ids", KindCompletion, `{"model":"m","prompt":[[1],[null]]}`, "prompt", "invalid_type", "got null"},
+		{"null string", KindCompletion, `{"model":"m","prompt":["a",null]}`, "prompt", "invalid_type", "got null"},
 		{"too deep", KindCompletion, `{"model":"m","prompt":"p","x":` + strings.Repeat("[", maxDepth+2) + strings.Repeat("]", maxDepth+2) + `}`, "", "invalid_json", "exceeded max depth"},
 	}
 	for _, tc := range tests {
@@ -273,6 +276,9 @@ func reference(kind Kind, body []byte) (RequestInfo, bool) {
 	if kind == KindCompletion {
 		raw, has := top["prompt"]
 		if !has {
+			return RequestInfo{}, false
+		}
+		if nullElem(raw) {
 			return RequestInfo{}, false
 		}
 		var s string
@@ -404,6 +410,28 @@ func reference(kind Kind, body []byte) (RequestInfo, bool) {
 	}
 	ri.Prompt = string(prompt)
 	return ri, true
+}
+
+// nullElem reports whether raw is an array with a null element, or with an
+// array element that holds a null. A null is neither a string nor a token id,
+// though encoding/json reads it into a string or an int as "" or 0.
+func nullElem(raw json.RawMessage) bool {
+	var v []any
+	if json.Unmarshal(raw, &v) != nil {
+		return false
+	}
+	for _, x := range v {
+		if x == nil {
+			return true
+		}
+		inner, _ := x.([]any)
+		for _, y := range inner {
+			if y == nil {
+				return true
+			}
+		}
+	}
+	return false
 }
 
 func FuzzParseRequest(f *testing.F) {
