@@ -41,6 +41,21 @@ package engine
 // and seeds) are materialized oldest first. FuzzDeferredKeys compares an
 // engine with KV events (every block keyed when it fills) step by step,
 // the copies each key has and their order included.
+//
+// One case keeps neither order: a later block of a run whose key is also
+// the first key of another run (blocks of equal tokens at the same place
+// in two requests' chains, the other's first output block one block later
+// in its chain) is cached when its own run is materialized, so its copy
+// comes before or after the other run's first block by the order the runs
+// are materialized in, not by the order the two blocks filled in, which
+// the engine does not keep (it would take a stamp per block filled, a
+// write on the loop's path that deferring keys exists to avoid). A fuzz
+// run of FuzzDeferredKeys found it on 2026-12-05: both engines cached the
+// same 19 keys, 4 of them with their two copies in the other order; the
+// hits, Stats and outputs compared step by step were the same. It is not
+// fixed: a lookup then holds the other copy, a block of the same tokens,
+// so the hit is the same, but the block ids a request holds, and which
+// copy the free queue evicts first, may differ from vLLM's.
 
 // deferredRun is a request's run of blocks whose keys are deferred: blocks
 // from..from+n of its sequence. A live run's n is not kept: its blocks are
