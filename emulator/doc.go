@@ -319,8 +319,10 @@
 // llama.cpp and SGLang's short-prompt bootstrap) 88.6 (71.6 to 99.2;
 // mean 85.7, standard error 5.9), and on a later one (2026-12-05, after
 // llama.cpp's LoRA adapter API) 106.3 (68.1 to 125.2; mean 98.8, standard
-// error 12.6). So the cost above the floor is under 100 us in the median
-// of all but the last of these runs, and in 25 of their 38 rounds; single
+// error 12.6), and again later that day with no change to the emulator
+// or the engine model, 101.5 (64.1 to 122.7; mean 93.5, standard error
+// 11.3). So the cost above the floor is under 100 us in the median of all
+// but the last two of these runs, and in 27 of their 43 rounds; single
 // rounds reach 151 us.
 // Streamed at every token it is far above: the floor then streams too (a
 // chunk per token at the tick of a ticker its open streams share), and at
