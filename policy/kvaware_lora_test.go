@@ -273,13 +273,8 @@ func TestKVAwareWaitsBehindARarelyUsedAdapter(t *testing.T) {
 // the shared engines mixed.)
 func TestKVAwareKeepsAnAdapterAtHome(t *testing.T) {
 	free := []candSpec{{ID: "a", MaxLoRA: 1}, {ID: "b", MaxLoRA: 1}}
-	var steps []step
-	var prev []string // each request is released at the next one
-	at := int64(0)
-	add := func(id, adapter string, cands []candSpec) {
-		steps = append(steps, step{AtMs: at, Release: prev, Request: loraReq(id, adapter), Candidates: cands})
-		prev, at = []string{id}, at+100
-	}
+	var seq loraSeq
+	add := seq.add
 	// z takes b, then x and y take turns on a, and z's requests go on.
 	for i := range 6 {
 		add("z"+strconv.Itoa(i), "z", []candSpec{{ID: "a", MaxLoRA: 1, LoRARunning: []string{"x"}}, free[1]})
@@ -296,7 +291,7 @@ func TestKVAwareKeepsAnAdapterAtHome(t *testing.T) {
 		{ID: "b", MaxLoRA: 1, LoRARunning: []string{"z"}, Running: 2},
 	}
 	add("x-last", "x", busy)
-	ds, err := scenario{Policy: NameKVAware, Seed: 1, Steps: steps}.run()
+	ds, err := scenario{Policy: NameKVAware, Seed: 1, Steps: seq.steps}.run()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -322,23 +317,18 @@ func TestKVAwareKeepsAnAdapterAtHome(t *testing.T) {
 // engine of its own.)
 func TestKVAwarePairsTheLeastUsedAdapters(t *testing.T) {
 	free := []candSpec{{ID: "a", MaxLoRA: 1}, {ID: "b", MaxLoRA: 1}}
-	var steps []step
-	var prev []string // each request is released at the next one
-	at := int64(0)
-	add := func(id, adapter string, cands []candSpec) {
-		steps = append(steps, step{AtMs: at, Release: prev, Request: loraReq(id, adapter), Candidates: cands})
-		prev, at = []string{id}, at+100
-	}
+	var seq loraSeq
+	add := seq.add
 	for i := range 6 {
 		add("z"+strconv.Itoa(i), "z", []candSpec{{ID: "a", MaxLoRA: 1, LoRARunning: []string{"x"}}, free[1]})
 	}
 	var ys []int // the indexes of y's requests
 	for i := range 15 {
 		add("x"+strconv.Itoa(i), "x", []candSpec{free[0], {ID: "b", MaxLoRA: 1, LoRARunning: []string{"z"}}})
-		ys = append(ys, len(steps))
+		ys = append(ys, len(seq.steps))
 		add("y"+strconv.Itoa(i), "y", []candSpec{{ID: "a", MaxLoRA: 1, LoRARunning: []string{"x"}}, {ID: "b", MaxLoRA: 1, LoRARunning: []string{"z"}}})
 	}
-	ds, err := scenario{Policy: NameKVAware, Seed: 1, Steps: steps}.run()
+	ds, err := scenario{Policy: NameKVAware, Seed: 1, Steps: seq.steps}.run()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -414,13 +404,8 @@ func TestAdapterHomes(t *testing.T) {
 func TestKVAwareKeepsASettledAdapterAtHome(t *testing.T) {
 	a := candSpec{ID: "a", MaxLoRA: 1, LoRARunning: []string{"x"}}
 	b := candSpec{ID: "b", MaxLoRA: 1, LoRARunning: []string{"z"}}
-	var steps []step
-	var prev []string // each request is released at the next one
-	at := int64(0)
-	add := func(id, adapter string, cands ...candSpec) {
-		steps = append(steps, step{AtMs: at, Release: prev, Request: loraReq(id, adapter), Candidates: cands})
-		prev, at = []string{id}, at+100
-	}
+	var seq loraSeq
+	add := func(id, adapter string, cands ...candSpec) { seq.add(id, adapter, cands) }
 	for i := range 6 {
 		if i%2 == 0 {
 			add("y"+strconv.Itoa(i), "y", a)
@@ -431,7 +416,7 @@ func TestKVAwareKeepsASettledAdapterAtHome(t *testing.T) {
 		}
 	}
 	add("y-last", "y", a, b)
-	ds, err := scenario{Policy: NameKVAware, Seed: 1, Steps: steps}.run()
+	ds, err := scenario{Policy: NameKVAware, Seed: 1, Steps: seq.steps}.run()
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -448,4 +433,17 @@ func TestKVAwareKeepsASettledAdapterAtHome(t *testing.T) {
 	if partOf(d, "b", "adapter_home_wait") != 1 || partOf(d, "b", "adapter_home_settled") != 0 {
 		t.Errorf("b, away from y's home, priced without the wait of z behind y: %v", d.Scores)
 	}
+}
+
+// loraSeq builds a scenario's steps: one request every 100 ms, each
+// released when the next one arrives.
+type loraSeq struct {
+	steps []step
+	prev  []string
+	at    int64
+}
+
+func (q *loraSeq) add(id, adapter string, cands []candSpec) {
+	q.steps = append(q.steps, step{AtMs: q.at, Release: q.prev, Request: loraReq(id, adapter), Candidates: cands})
+	q.prev, q.at = []string{id}, q.at+100
 }
