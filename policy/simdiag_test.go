@@ -184,7 +184,9 @@ func (r *recorder) Release(now time.Time, req *kvroute.Request, ep string) {
 // KVROUTE_SIMDIAG_SEED sets the seed (default 1), KVROUTE_SIMDIAG_REQ=id,...
 // prints those requests' decisions, KVROUTE_SIMDIAG_CSV=prefix writes each
 // request's chosen estimate next to its observed TTFT, KVROUTE_SIMDIAG_COQ=1
-// tallies the picks of an endpoint with prefill queued (queuedPick).
+// tallies the picks of an endpoint with prefill queued (queuedPick),
+// KVROUTE_SIMDIAG_ENGINES=n runs n engines rather than 8 (the lora rows'
+// 6 and 7) and KVROUTE_SIMDIAG_MAXLORAS=n sets their --max-loras.
 func TestSimDiag(t *testing.T) {
 	spec := os.Getenv("KVROUTE_SIMDIAG")
 	if spec == "" {
@@ -221,7 +223,11 @@ func TestSimDiag(t *testing.T) {
 	if len(reqs) > limit {
 		reqs = reqs[:limit]
 	}
-	fleet, _ := sim.ParseFleet("8", "llama-3.1-8b-h100")
+	nEng := "8"
+	if v := os.Getenv("KVROUTE_SIMDIAG_ENGINES"); v != "" {
+		nEng = v
+	}
+	fleet, _ := sim.ParseFleet(nEng, "llama-3.1-8b-h100")
 	for _, name := range strings.Split(parts[0], ",") {
 		var pp map[string]any
 		if name == policy.NameKVAware {
