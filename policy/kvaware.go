@@ -1487,12 +1487,7 @@ func (k *KVAware) adapterCost(c *kvroute.Candidate, stepMs float64) (uint8, floa
 // (homeSettled): 27.69 and 74.28 s, and 4.66 s at seed 1 above (README,
 // "LoRA adapters"; the figures at homeSettledSigmas).
 func (k *KVAware) homeWait(ep, x string, D float64) float64 {
-	lh := 0.0
-	for _, a := range k.adapterHome.AtHome(ep) {
-		if a != x {
-			lh += k.demand.Rate(k.now, a)
-		}
-	}
+	lh := k.homeRate(ep, x)
 	if lh == 0 {
 		return 0
 	}
@@ -1526,11 +1521,12 @@ func (k *KVAware) settledAt(h string) bool {
 	if h == "" {
 		return false
 	}
-	nh := k.homeCount(h, x)
+	tau := AdapterDemandTau.Seconds() // a rate x tau is the decayed count
+	nh := k.homeRate(h, x) * tau
 	lo := math.Inf(1)
 	for i := range k.viewCands {
 		if ep := endpointID(&k.viewCands[i]); ep != h {
-			lo = math.Min(lo, k.homeCount(ep, x))
+			lo = math.Min(lo, k.homeRate(ep, x)*tau)
 		}
 	}
 	if math.IsInf(lo, 1) {
@@ -1539,16 +1535,16 @@ func (k *KVAware) settledAt(h string) bool {
 	return math.Abs(nh-lo) <= homeSettledSigmas*math.Sqrt((nh+lo)/2)
 }
 
-// homeCount is the decayed count of requests of the adapters at home on
-// ep other than x.
-func (k *KVAware) homeCount(ep, x string) float64 {
-	n := 0.0
+// homeRate is the summed arrival rate, requests/s, of the adapters at
+// home on ep other than x.
+func (k *KVAware) homeRate(ep, x string) float64 {
+	r := 0.0
 	for _, a := range k.adapterHome.AtHome(ep) {
 		if a != x {
-			n += k.demand.Rate(k.now, a) * AdapterDemandTau.Seconds()
+			r += k.demand.Rate(k.now, a)
 		}
 	}
-	return n
+	return r
 }
 
 // heldAt returns the adapters endpoint ep of candidate c (its signals l,
