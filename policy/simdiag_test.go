@@ -48,6 +48,11 @@ func (r *recorder) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Can
 		for _, s := range d.Scores {
 			fmt.Printf("    %s %.1f %v %q %v\n", s.Endpoint, s.Value, s.Eligible, s.Why, s.Parts)
 		}
+		if os.Getenv("KVROUTE_SIMDIAG_LOADS") != "" {
+			for _, c := range cands {
+				fmt.Printf("    load %s %+v\n", c.Endpoint.ID, c.Load)
+			}
+		}
 	}
 	for _, c := range cands {
 		if c.Healthy && c.CachedTokens > 0 {
@@ -182,7 +187,8 @@ func (r *recorder) Release(now time.Time, req *kvroute.Request, ep string) {
 // e.g. KVROUTE_SIMDIAG="kv-aware,dynamo;3000;4;c=1.5" (trace, rate scale 4) or
 // KVROUTE_SIMDIAG="kv-aware;2000;40;;tenants" (generator, 40 requests/s).
 // KVROUTE_SIMDIAG_SEED sets the seed (default 1), KVROUTE_SIMDIAG_REQ=id,...
-// prints those requests' decisions, KVROUTE_SIMDIAG_CSV=prefix writes each
+// prints those requests' decisions (KVROUTE_SIMDIAG_LOADS=1: with each
+// candidate's Load), KVROUTE_SIMDIAG_CSV=prefix writes each
 // request's chosen estimate next to its observed TTFT, KVROUTE_SIMDIAG_COQ=1
 // tallies the picks of an endpoint with prefill queued (queuedPick),
 // KVROUTE_SIMDIAG_ENGINES=n runs n engines rather than 8 (the lora rows'
