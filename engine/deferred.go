@@ -70,21 +70,28 @@ type deferredRun struct {
 }
 
 // deferBlocks records that blocks j..full-1 of s filled with their keys
-// deferred, starting (or growing) s's run. Block j is the first output
-// block or a later one, and the blocks before it are keyed or in the run.
-func (e *Engine) deferBlocks(s *sequence, j, full int) {
+// deferred, starting (or growing) s's run, and reports whether it did.
+// Block j is the first output block or a later one, and the blocks before
+// it are keyed or in the run. A run does not start when block j's key has
+// a copy already, cached or first in a run: block j is keyed now (the
+// caller does), and the next block tries again (see the top comment).
+func (e *Engine) deferBlocks(s *sequence, j, full int) bool {
 	if s.run == 0 {
 		key := e.blockKey(s, j)
+		if _, ok := e.runByKey[key]; ok {
+			return false
+		}
+		if _, ok := e.pool.lookup(key); ok {
+			return false
+		}
 		r := e.newRun()
 		e.runs[r] = deferredRun{s: s, key: key, from: int32(j)}
-		if head, ok := e.runByKey[key]; ok {
-			e.runs[r].next = head
-		}
 		e.runByKey[key] = r + 1
 		e.keyCount[key>>keyCountShift]++
 		s.run = r + 1
 	}
 	e.pool.deferred += full - j
+	return true
 }
 
 // runLen returns the number of blocks in run r.

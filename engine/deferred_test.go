@@ -108,6 +108,10 @@ func FuzzDeferredKeys(f *testing.F) {
 	f.Add([]byte{0, 100, 60, 1, 0, 200, 50, 2, 3, 3, 3, 3, 3, 3, 3, 3, 3, 1, 0, 3, 3, 3, 3, 0, 1, 3, 3, 3, 2, 3, 3, 3, 3})
 	f.Add([]byte{0, 20, 90, 3, 0, 20, 90, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 3, 0, 0, 3, 4, 0, 3, 3, 3, 3, 3, 5, 3, 3})
 	f.Add([]byte{0, 5, 40, 0, 3, 3, 3, 3, 4, 0, 0, 3, 3, 3, 3, 3, 6, 2, 0, 3, 3, 3, 3, 3, 3, 3, 3})
+	// A later block of a run whose key is the first key of another run
+	// (found by a fuzz run on 2026-12-05: 4 keys' two copies cached in the
+	// other order).
+	f.Add([]byte(">\xa5x\xb0\xb0\x15\x15\x15HHHH00Y\x18NN\xf57\xb7\xdd>\xa5x\x81\bP\x18ND70N\x10\xf8\x7f\xff\x00\x04ԇ \xf5#\xc5\xdd>\xa5x@\xee\bP\x18NNNNN\xff\x19\x1310NN\x03"))
 	f.Fuzz(func(t *testing.T, ops []byte) {
 		mod := func(noEvents bool) func(*Config) {
 			return func(c *Config) {

@@ -435,9 +435,8 @@ func (e *Engine) cacheFull(s *sequence, upTo int) {
 	}
 	from, end := s.numStored, full
 	for j := from; j < full; j++ {
-		if e.deferring(s, j) {
-			e.deferBlocks(s, j, full) // output blocks: keyed when a lookup could reach them
-			end = j
+		if e.deferring(s, j) && e.deferBlocks(s, j, full) {
+			end = j // output blocks: keyed when a lookup could reach them
 			break
 		}
 		key := e.blockKey(s, j)
