@@ -30,32 +30,58 @@ package engine
 // first block was evicted can no longer be reached; sweepRuns drops them.
 //
 // Everything observable is as if each block were keyed when it filled:
-// hits, evictions, Stats (CachedBlocks counts deferred blocks), outputs.
-// The table caches every copy of a key and a lookup returns the copy
-// cached first, so the order copies are keyed in must be the order they
-// filled in: a block being keyed first materializes the runs that start
-// with its key (their blocks filled before it; a later block of such a
-// run is reached only through its first one, whose key the block's own
-// chain passed), a lookup materializes a run before any of its blocks can
-// be reached, and runs sharing a first key (requests with equal prompts
-// and seeds) are materialized oldest first. FuzzDeferredKeys compares an
-// engine with KV events (every block keyed when it fills) step by step,
-// the copies each key has and their order included.
+// hits, evictions, Stats (CachedBlocks counts deferred blocks), outputs,
+// and the copies each key has and their order. The table caches every copy
+// of a key and a lookup returns the copy cached first, so copies must be
+// keyed in the order they filled in. Copies of a key are blocks at the
+// same place in equal chains, so a request whose block copies another
+// passes every key of that block's chain before it. The engine keeps a
+// deferred block the only copy of its key, and keys the other copies in
+// fill order around it:
 //
-// One case keeps neither order: a later block of a run whose key is also
-// the first key of another run (blocks of equal tokens at the same place
-// in two requests' chains, the other's first output block one block later
-// in its chain) is cached when its own run is materialized, so its copy
-// comes before or after the other run's first block by the order the runs
-// are materialized in, not by the order the two blocks filled in, which
-// the engine does not keep (it would take a stamp per block filled, a
-// write on the loop's path that deferring keys exists to avoid). A fuzz
-// run of FuzzDeferredKeys found it on 2026-12-05: both engines cached the
-// same 19 keys, 4 of them with their two copies in the other order; the
-// hits, Stats and outputs compared step by step were the same. It is not
-// fixed: a lookup then holds the other copy, a block of the same tokens,
-// so the hit is the same, but the block ids a request holds, and which
-// copy the free queue evicts first, may differ from vLLM's.
+//   - A run does not start when its first key has a copy already, cached
+//     or first in another run (deferBlocks looks in runByKey and the
+//     table, once per run started): that block is keyed when it fills,
+//     after the run that starts with its key (findDeferred), as any block
+//     keyed when it fills, and the request's next block tries again. So
+//     no two runs share a first key, and a run starts only where no other
+//     request's chain has been.
+//   - A request whose chain reaches a run's later blocks afterwards
+//     passes its first key on the way: keying a block (cacheFull) or
+//     looking a key up (admit, PrefixHit) first materializes the run that
+//     starts with that key, ending it, so the run's blocks, all filled
+//     before, are keyed before the request's own copies of the blocks
+//     after (the request's next block starts a run of its own only if the
+//     other request has not filled that block yet, and the other's copy,
+//     filled later, materializes it in turn).
+//   - No copy of a run's later block filled before the run started: its
+//     chain would have passed the run's first key before then too, and
+//     that copy of the first key would still be in the pool (eviction
+//     takes a freed chain from its end: the blocks before a block in its
+//     chain are freed after it), cached or deferred, so the run would not
+//     have started (a deferred copy that is a run's later block is the
+//     only copy of its key: the same holds for it, by induction).
+//
+// A preempted request's run is materialized before its blocks are freed,
+// and its recomputation keys the blocks after it when they fill.
+// FuzzDeferredKeys compares an engine with KV events (every block keyed
+// when it fills) step by step, the copies each key has and their order
+// included.
+//
+// Until 2026-12-05 a run started when its first key had a copy, and runs
+// sharing a first key were materialized oldest first; a later block of a
+// run whose key was the first key of another run was then cached when its
+// own run was materialized, in materialization order rather than fill
+// order (a fuzz run found it: 4 keys with their two copies in the other
+// order). The check that fixed it costs a table probe per run started
+// (once per request in the soak, and after each materialization), and
+// requests with equal chains (equal prompts and seeds) key the blocks
+// they copy when they fill, as with events; no per-block write. Side by
+// side on a shared 2-core machine (6 runs each, medians) no change stood
+// out of the noise: LoopWake -7% ns/request, StepBatch64 noEvents -3%,
+// DecodeStepsCold cpu-ns/op +11%, +6%, -4% (arrival false, true, shared;
+// paired again, false -3%), Interleaved16 +18% (paired again +11%, the
+// pairs split 4 up, 4 down; one probe per request is under 1% of its op).
 
 // deferredRun is a request's run of blocks whose keys are deferred: blocks
 // from..from+n of its sequence. A live run's n is not kept: its blocks are
@@ -123,9 +149,9 @@ func (e *Engine) newRun() int32 {
 	return int32(len(e.runs) - 1)
 }
 
-// findDeferred makes the deferred runs whose first block has key findable
-// in the table, before a lookup of key: oldest run first, so that their
-// copies of a block are cached in the order they filled.
+// findDeferred makes the deferred run whose first block has key findable
+// in the table, before a lookup of key (deferBlocks starts no second run
+// with a first key in use, so the chain it walks holds one).
 func (e *Engine) findDeferred(key uint64) {
 	if e.keyCount == nil || e.keyCount[key>>keyCountShift] == 0 {
 		return
