@@ -91,7 +91,6 @@ type deferredRun struct {
 	s       *sequence
 	key     uint64 // the key of the run's first block
 	from, n int32  // n: set when the run retires
-	next    int32  // 1 + the next run with the same first key; 0: none
 	retired bool   // s finished: its blocks are free, s.blocks keeps their ids (s is nil for a free run)
 }
 
@@ -150,26 +149,19 @@ func (e *Engine) newRun() int32 {
 }
 
 // findDeferred makes the deferred run whose first block has key findable
-// in the table, before a lookup of key (deferBlocks starts no second run
-// with a first key in use, so the chain it walks holds one).
+// in the table, before a lookup of key (deferBlocks starts no run on a
+// first key in use, so there is at most one).
 func (e *Engine) findDeferred(key uint64) {
 	if e.keyCount == nil || e.keyCount[key>>keyCountShift] == 0 {
 		return
 	}
-	head, ok := e.runByKey[key]
+	r, ok := e.runByKey[key]
 	if !ok {
 		return
 	}
 	delete(e.runByKey, key)
-	chain := e.chainBuf[:0] // newest first
-	for r := head; r != 0; r = e.runs[r-1].next {
-		chain = append(chain, r-1)
-	}
-	for i := len(chain) - 1; i >= 0; i-- {
-		e.keyCount[key>>keyCountShift]--
-		e.materialize(chain[i])
-	}
-	e.chainBuf = chain[:0]
+	e.keyCount[key>>keyCountShift]--
+	e.materialize(r - 1)
 }
 
 // materialize inserts run r's blocks that are still in the pool in the
@@ -216,22 +208,8 @@ func (e *Engine) endRun(r int32) {
 func (e *Engine) unlinkRun(r int32) {
 	key := e.runs[r].key
 	e.keyCount[key>>keyCountShift]--
-	prev := int32(0)
-	for x := e.runByKey[key]; x != 0; x = e.runs[x-1].next {
-		if x != r+1 {
-			prev = x
-			continue
-		}
-		next := e.runs[r].next
-		switch {
-		case prev != 0:
-			e.runs[prev-1].next = next
-		case next != 0:
-			e.runByKey[key] = next
-		default:
-			delete(e.runByKey, key)
-		}
-		return
+	if e.runByKey[key] == r+1 {
+		delete(e.runByKey, key)
 	}
 }
 

@@ -21,10 +21,12 @@ func materializeAll(e *Engine) {
 }
 
 // checkRuns verifies the deferred runs against the sequences and the pool:
-// each run in use is on its first key's chain once and its sequence names
-// it; a live run's sequence is live and holds its blocks, a retired one's
-// is gone; a marked block is in its retired run; pool.deferred counts the
-// live runs' blocks and the marked ones.
+// each run in use is the one runByKey holds for its first key, which no
+// cached block has while the run's first block is in the pool (a deferred
+// block is the only copy of its key; a retired run whose first block was
+// evicted holds none), and its sequence names it; a live run's sequence is live and holds its blocks, a
+// retired one's is gone; a marked block is in its retired run;
+// pool.deferred counts the live runs' blocks and the marked ones.
 func checkRuns(t testing.TB, e *Engine) {
 	t.Helper()
 	if !e.deferKeys {
@@ -34,13 +36,16 @@ func checkRuns(t testing.TB, e *Engine) {
 		return
 	}
 	onChain := map[int32]bool{}
-	for k, head := range e.runByKey {
-		for x := head; x != 0; x = e.runs[x-1].next {
-			if onChain[x-1] || e.runs[x-1].s == nil || e.runs[x-1].key != k {
-				t.Fatalf("run %d on key %d's chain: twice, unused or with key %d", x-1, k, e.runs[x-1].key)
-			}
-			onChain[x-1] = true
+	for k, x := range e.runByKey {
+		if onChain[x-1] || e.runs[x-1].s == nil || e.runs[x-1].key != k {
+			t.Fatalf("run %d for key %d: twice, unused or with key %d", x-1, k, e.runs[x-1].key)
 		}
+		run := &e.runs[x-1]
+		reachable := !run.retired || int(run.from) < len(run.s.blocks) && e.pool.blocks[run.s.blocks[run.from]].run == x
+		if _, ok := e.pool.lookup(k); ok && reachable {
+			t.Fatalf("run %d's first key %d is cached too", x-1, k)
+		}
+		onChain[x-1] = true
 	}
 	deferred, retired := 0, 0
 	var counted [1 << (64 - keyCountShift)]uint32

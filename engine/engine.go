@@ -571,7 +571,6 @@ type Engine struct {
 	runs      []deferredRun
 	freeRuns  []int32
 	runByKey  map[uint64]int32                   // a run's first key -> 1 + the newest run of its chain
-	chainBuf  []int32                            // findDeferred's scratch
 	keyCount  *[1 << (64 - keyCountShift)]uint32 // runs by the top bits of their first key (findDeferred's filter)
 	retired   int                                // retired runs
 	sweepAt   int                                // retired runs that start a sweep
