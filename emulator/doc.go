@@ -321,9 +321,11 @@
 // llama.cpp's LoRA adapter API) 106.3 (68.1 to 125.2; mean 98.8, standard
 // error 12.6), and again later that day with no change to the emulator
 // or the engine model, 101.5 (64.1 to 122.7; mean 93.5, standard error
-// 11.3). So the cost above the floor is under 100 us in the median of all
-// but the last two of these runs, and in 27 of their 43 rounds; single
-// rounds reach 151 us.
+// 11.3), and after the engine's deferred keys stopped starting a run on a
+// key with a copy (a table probe per request), 104.1 (67.4 to 141.1; mean
+// 103.0, standard error 11.9). So the cost above the floor is under 100 us
+// in the median of all but the last three of these runs, and in 29 of
+// their 48 rounds; single rounds reach 151 us.
 // Streamed at every token it is far above: the floor then streams too (a
 // chunk per token at the tick of a ticker its open streams share), and at
 // 20 requests/s of 1,000 streamed tokens (200/s is past what two cores

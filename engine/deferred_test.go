@@ -24,9 +24,10 @@ func materializeAll(e *Engine) {
 // each run in use is the one runByKey holds for its first key, which no
 // cached block has while the run's first block is in the pool (a deferred
 // block is the only copy of its key; a retired run whose first block was
-// evicted holds none), and its sequence names it; a live run's sequence is live and holds its blocks, a
-// retired one's is gone; a marked block is in its retired run;
-// pool.deferred counts the live runs' blocks and the marked ones.
+// evicted holds none), and its sequence names it; a live run's sequence
+// is live and holds its blocks, a retired one's is gone; a marked block is
+// in its retired run; pool.deferred counts the live runs' blocks and the
+// marked ones.
 func checkRuns(t testing.TB, e *Engine) {
 	t.Helper()
 	if !e.deferKeys {
@@ -35,9 +36,9 @@ func checkRuns(t testing.TB, e *Engine) {
 		}
 		return
 	}
-	onChain := map[int32]bool{}
+	listed := map[int32]bool{}
 	for k, x := range e.runByKey {
-		if onChain[x-1] || e.runs[x-1].s == nil || e.runs[x-1].key != k {
+		if listed[x-1] || e.runs[x-1].s == nil || e.runs[x-1].key != k {
 			t.Fatalf("run %d for key %d: twice, unused or with key %d", x-1, k, e.runs[x-1].key)
 		}
 		run := &e.runs[x-1]
@@ -45,7 +46,7 @@ func checkRuns(t testing.TB, e *Engine) {
 		if _, ok := e.pool.lookup(k); ok && reachable {
 			t.Fatalf("run %d's first key %d is cached too", x-1, k)
 		}
-		onChain[x-1] = true
+		listed[x-1] = true
 	}
 	deferred, retired := 0, 0
 	var counted [1 << (64 - keyCountShift)]uint32
@@ -56,8 +57,8 @@ func checkRuns(t testing.TB, e *Engine) {
 			continue
 		}
 		n := e.runLen(int32(r))
-		if !onChain[int32(r)] || run.s.run != int32(r)+1 || n <= 0 {
-			t.Fatalf("run %d: on a chain %v, its sequence names run %d, %d blocks", r, onChain[int32(r)], run.s.run, n)
+		if !listed[int32(r)] || run.s.run != int32(r)+1 || n <= 0 {
+			t.Fatalf("run %d: in runByKey %v, its sequence names run %d, %d blocks", r, listed[int32(r)], run.s.run, n)
 		}
 		counted[run.key>>keyCountShift]++
 		blocks := run.s.blocks[run.from : run.from+n]
