@@ -339,6 +339,13 @@ func runEngine(ctx context.Context, args []string, stdout, stderr io.Writer) err
 			return usageErr("--side-channel-listen: %v", err)
 		}
 	}
+	// A signal during the set-up (a large --tokenizer takes a second to
+	// load, many on a starved machine) stops the engine before it serves:
+	// the command ends as interrupted, not with the loop's "engine
+	// stopped" error.
+	if err := ctx.Err(); err != nil {
+		return err
+	}
 	ln, err := net.Listen("tcp", *listen)
 	if err != nil {
 		return fmt.Errorf("engine: %w", err)

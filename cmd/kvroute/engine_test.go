@@ -202,7 +202,7 @@ func startEngine(t *testing.T, args ...string) *engineProc {
 			t.Errorf("engine %s did not stop on SIGINT", addr)
 		}
 	})
-	for deadline := time.Now().Add(20 * time.Second); ; {
+	for deadline := time.Now().Add(60 * time.Second); ; { // a -race build loading a 9 MB tokenizer on a starved machine took over 20 s
 		resp, err := http.Get("http://" + addr + "/health")
 		if err == nil {
 			resp.Body.Close()
@@ -387,6 +387,28 @@ func TestEngineHFTokenizer(t *testing.T) {
 	// <|start_header_id|>assistant<|end_header_id|>\n\n: 17 tokens with this tokenizer_config.json's template.
 	if u, _ := chat["usage"].(map[string]any); fmt.Sprint(u["prompt_tokens"]) != "17" {
 		t.Errorf("chat usage: got %v, want 17 prompt tokens", chat["usage"])
+	}
+}
+
+// TestEngineInterruptedBeforeServing: a signal during the engine's set-up
+// (a large tokenizer loading) ends the command as interrupted (130) before
+// it listens, not with the "engine stopped" error of a loop that never ran.
+func TestEngineInterruptedBeforeServing(t *testing.T) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	addr := freeAddr(t)
+	var out bytes.Buffer
+	err := run(ctx, []string{"engine", "--model", "m", "--profile", "tiny", "--listen", addr}, &out, &out)
+	if !errors.Is(err, context.Canceled) {
+		t.Fatalf("run with a cancelled context: got %v, want context.Canceled", err)
+	}
+	var stderr bytes.Buffer
+	if code := exitCode(err, true, &stderr); code != 130 || stderr.String() != "kvroute: interrupted\n" {
+		t.Errorf("exit: got %d %q, want 130 \"kvroute: interrupted\"", code, stderr.String())
+	}
+	if c, err := net.Dial("tcp", addr); err == nil {
+		c.Close()
+		t.Errorf("the interrupted engine listens on %s", addr)
 	}
 }
 
