@@ -14,6 +14,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -383,6 +384,37 @@ func (r *routerProc) metric(t testing.TB, name string, labels map[string]string)
 		}
 	}
 	return 0, false
+}
+
+// series formats every series of the named counter families, labels and
+// values, one per line: what a failure message shows of the router's
+// counters (a P/D test's leg failures and fallbacks, say).
+func (r *routerProc) series(t testing.TB, names ...string) string {
+	t.Helper()
+	fams, err := r.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var b strings.Builder
+	for _, f := range fams {
+		if !slices.Contains(names, f.GetName()) {
+			continue
+		}
+		for _, m := range f.GetMetric() {
+			fmt.Fprintf(&b, "%s{", f.GetName())
+			for i, lp := range m.GetLabel() {
+				if i > 0 {
+					b.WriteString(",")
+				}
+				fmt.Fprintf(&b, "%s=%q", lp.GetName(), lp.GetValue())
+			}
+			fmt.Fprintf(&b, "} %v\n", m.GetCounter().GetValue())
+		}
+	}
+	if b.Len() == 0 {
+		return "(none)\n"
+	}
+	return b.String()
 }
 
 // eventually polls cond until it holds or the deadline passes, then fails

@@ -155,7 +155,14 @@ func TestLoRADisaggregated(t *testing.T) {
 			}
 		}
 		if pre != 1 || dec != 1 {
-			t.Errorf("chat-lora request %d: %d prefill and %d decode legs, want 1 and 1", i, pre, dec)
+			// More legs are a recovery (a replan or a decode retry): say
+			// which failure the router saw, and its decisions.
+			var ds strings.Builder
+			for _, d := range r.p.Router(model).Decisions(2 * (pre + dec)) {
+				fmt.Fprintf(&ds, "  %s %s: %s (%s)\n", d.RequestID, d.Decision.Policy, d.Decision.Endpoint, d.Decision.Reason)
+			}
+			t.Errorf("chat-lora request %d: %d prefill and %d decode legs, want 1 and 1; the router's counters:\n%sits last decisions, newest first:\n%s",
+				i, pre, dec, r.series(t, "kvroute_pd_leg_failures_total", "kvroute_pd_fallbacks_total"), ds.String())
 		}
 	}
 
