@@ -234,3 +234,40 @@ func TestKVAwareDecodeStepProjected(t *testing.T) {
 		}
 	}
 }
+
+// TestKVAwareDecodeKVCap: an endpoint whose KV is full gets no decode
+// advantage (DecodeKVCap): its short step is the batch its memory holds,
+// and a request sent there waits for memory first. Of two endpoints alike
+// but for their decoding context and KV usage, the full one with the
+// shorter contexts has the lower decode term without the cap (the tenants
+// workload at 200/s, seed 5: its light tenants piled onto it until it
+// preempted); with it, its decode term is raised to the other's, and its
+// score by as much, while the other's does not move.
+func TestKVAwareDecodeKVCap(t *testing.T) {
+	full := kvroute.Load{Running: 40, DecodeTokens: 20000, KVUsage: 1}
+	room := kvroute.Load{Running: 40, DecodeTokens: 60000, KVUsage: 0.6}
+	cands := []kvroute.Candidate{cand("full", full, 0, 0), cand("room", room, 0, 0)}
+	pick := func(capAt float64) kvroute.Decision {
+		t.Helper()
+		k, err := NewKVAware(map[string]any{"decode_kv_cap": capAt}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		k.FirstToken(epoch, &kvroute.Request{ID: "unknown"}, "full")
+		return k.Pick(epoch, &kvroute.Request{ID: "r", PromptTokens: 1000}, cands)
+	}
+	off, on := pick(1), pick(DefaultKVAwareParams().DecodeKVCap)
+	offFull, offRoom := part(off.Scores[0], "decode_ms"), part(off.Scores[1], "decode_ms")
+	if !(offFull < offRoom-1) {
+		t.Fatalf("decode_kv_cap 1 (off): decode_ms full %v, room %v; want full's well below", offFull, offRoom)
+	}
+	if got := part(on.Scores[0], "decode_ms"); got != offRoom {
+		t.Errorf("capped: full's decode_ms %v, want room's %v", got, offRoom)
+	}
+	if got, want := on.Scores[0].Value-off.Scores[0].Value, offRoom-offFull; math.Abs(got-want) > 0.002 {
+		t.Errorf("capped: full's score rose by %v, want %v (its decode term's rise)", got, want)
+	}
+	if on.Scores[1].Value != off.Scores[1].Value {
+		t.Errorf("capped: room's score moved from %v to %v", off.Scores[1].Value, on.Scores[1].Value)
+	}
+}
