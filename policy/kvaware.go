@@ -828,6 +828,7 @@ const (
 	capTrimmed   // outside the hot prefix's replica set
 	capSaturated // over a hard cap like every other candidate (no effect on affinity)
 	capFull      // a small hit on a thrashing cache, with room elsewhere (SpareFull)
+	decodeKVFull // KV full: the decode term raised to the largest (DecodeKVCap); no cap
 )
 
 // candState is a candidate's state in a Pick. It is 72 bytes (the adapter
@@ -861,7 +862,7 @@ func (st *candState) affinityCapped() bool { return st.effFlags() != 0 }
 // effFlags returns the caps in force: the flags less queue and KV caps that
 // every candidate shares.
 func (st *candState) effFlags() uint8 {
-	f := st.flags &^ capFull // cuts the credit, takes no affinity away
+	f := st.flags &^ (capFull | decodeKVFull) // cut the credit, or the decode advantage; take no affinity away
 	if f&capSaturated != 0 {
 		f &^= capQueue | capKV | capSaturated
 	}
@@ -1651,6 +1652,7 @@ func (k *KVAware) denyFullDecode(cands []kvroute.Candidate, best float64) float6
 		if cands[i].Load.KVUsage >= k.p.DecodeKVCap && st.decode < most {
 			st.score += most - st.decode
 			st.decode = most
+			st.flags |= decodeKVFull
 		}
 		best = min(best, st.score)
 	}
@@ -1906,6 +1908,9 @@ func explain(c []candState, cands []kvroute.Candidate, scores []kvroute.Score) {
 		}
 		if st.flags&capFull != 0 {
 			s.Parts = append(s.Parts, kvroute.Part{Name: "thrashing", Value: 1})
+		}
+		if st.flags&decodeKVFull != 0 {
+			s.Parts = append(s.Parts, kvroute.Part{Name: "decode_kv_full", Value: 1})
 		}
 		s.Eligible = st.elig
 	}

@@ -270,4 +270,13 @@ func TestKVAwareDecodeKVCap(t *testing.T) {
 	if on.Scores[1].Value != off.Scores[1].Value {
 		t.Errorf("capped: room's score moved from %v to %v", off.Scores[1].Value, on.Scores[1].Value)
 	}
+	// The explanation says so, and the raise is no cap: full keeps its
+	// eligibility and is not "capped".
+	if part(on.Scores[0], "decode_kv_full") != 1 || part(on.Scores[1], "decode_kv_full") != -1 || part(off.Scores[0], "decode_kv_full") != -1 {
+		t.Errorf("decode_kv_full parts: capped full %v, room %v, uncapped full %v; want 1 and none (-1) on the others",
+			part(on.Scores[0], "decode_kv_full"), part(on.Scores[1], "decode_kv_full"), part(off.Scores[0], "decode_kv_full"))
+	}
+	if !on.Scores[0].Eligible || part(on.Scores[0], "capped") != -1 {
+		t.Errorf("capped full: eligible %v, capped part %v; want eligible and no capped part (-1)", on.Scores[0].Eligible, part(on.Scores[0], "capped"))
+	}
 }
