@@ -73,11 +73,12 @@ func SlotBusyPeriod(lambda float64, d time.Duration) time.Duration {
 // an adapter in its GPU slots until another takes its place, and its
 // signals show an adapter only once its requests arrive, so a picker
 // takes an engine to hold the last ones it placed there for a while
-// (Held): kv-aware for the requests it routes (adapter_hold), the P/D
-// decode picker for the decode legs (package disagg). The zero value is
-// ready to use; not safe for concurrent use.
+// (Held): the P/D decode picker for the decode legs (package disagg);
+// kv-aware keeps its own per endpoint with its other stats (adapterUses),
+// for the requests it routes (adapter_hold). The zero value is ready to
+// use; not safe for concurrent use.
 type AdapterUses struct {
-	m map[string][]adapterUse
+	m map[string]adapterUses
 }
 
 // maxAdapterUses bounds AdapterUses's list per endpoint.
@@ -89,27 +90,48 @@ type adapterUse struct {
 	at      time.Time
 }
 
-// Note records that a request for adapter x was placed on endpoint ep at
-// now.
-func (u *AdapterUses) Note(now time.Time, ep, x string) {
-	if u.m == nil {
-		u.m = make(map[string][]adapterUse)
-	}
-	list := u.m[ep]
+// adapterUses is one endpoint's list of AdapterUses: most recent first,
+// each adapter once, at most maxAdapterUses.
+type adapterUses []adapterUse
+
+// noted returns the list with a placement of adapter x at now.
+func (list adapterUses) noted(now time.Time, x string) adapterUses {
 	if i := slices.IndexFunc(list, func(a adapterUse) bool { return a.adapter == x }); i >= 0 {
 		list = slices.Delete(list, i, i+1)
 	} else if len(list) == maxAdapterUses {
 		list = list[:maxAdapterUses-1]
 	}
-	u.m[ep] = slices.Insert(list, 0, adapterUse{adapter: x, at: now})
+	return slices.Insert(list, 0, adapterUse{adapter: x, at: now})
+}
+
+// held returns how many of the list's adapters, from the first, the
+// endpoint holds at now: the last slots placed there, those placed
+// within hold of now.
+func (list adapterUses) held(now time.Time, slots int, hold time.Duration) int {
+	for j, a := range list {
+		if j >= slots || now.Sub(a.at) > hold {
+			return j
+		}
+	}
+	return len(list)
+}
+
+// Note records that a request for adapter x was placed on endpoint ep at
+// now.
+func (u *AdapterUses) Note(now time.Time, ep, x string) {
+	if u.m == nil {
+		u.m = make(map[string]adapterUses)
+	}
+	u.m[ep] = u.m[ep].noted(now, x)
 }
 
 // Held yields the adapters endpoint ep holds by its placements at now:
 // the last slots placed there, those placed within hold of now.
 func (u *AdapterUses) Held(now time.Time, ep string, slots int, hold time.Duration) iter.Seq[string] {
 	return func(yield func(string) bool) {
-		for j, a := range u.m[ep] {
-			if j >= slots || now.Sub(a.at) > hold || !yield(a.adapter) {
+		list := u.m[ep]
+		for _, a := range list[:list.held(now, slots, hold)] {
+			if !yield(a.adapter) {
 				return
 			}
 		}

@@ -1,6 +1,7 @@
 package policy
 
 import (
+	"reflect"
 	"testing"
 	"time"
 
@@ -49,7 +50,7 @@ func TestForgetEndpoint(t *testing.T) {
 	}
 	k.stat("gpu-0") // the new engine's own stats, empty
 	r.Done(now, f, kvroute.Outcome{PromptTokens: 4000, TTFT: time.Hour})
-	if s := k.eps["gpu-0"]; s == nil || *s != (epStats{}) {
+	if s := k.eps["gpu-0"]; s == nil || !reflect.DeepEqual(*s, epStats{}) {
 		t.Errorf("the old engine's request, ending, changed the new engine's stats: %+v", s)
 	}
 

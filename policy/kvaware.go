@@ -616,29 +616,21 @@ type KVAware struct {
 	pending        map[pendingKey]pendingReq
 	prefixInflight map[uint64]prefixDemand
 	tenantInflight map[string]int
-	// adapterFlights counts the requests for each LoRA adapter routed to
-	// each endpoint and not yet released: the engine has the adapter
-	// loaded, or loading, before its next scrape says so.
-	adapterFlights map[adapterKey]int
-	// adapterLast holds, per endpoint, the LoRA adapters the policy last
-	// routed there (AdapterUses: most recent first, a few): an engine
-	// keeps an adapter in its GPU slots until another takes its place, so
-	// an adapter whose requests have all ended still holds the slot it
-	// used for AdapterHold (see adapterCost).
-	adapterLast AdapterUses
+	// The LoRA adapters of the requests in flight on an endpoint, and
+	// those the policy last routed there, are kept in its epStats
+	// (flights, last).
+	//
 	// adapterHome is each adapter's home, the endpoint the policy placed
 	// it on most lately: an adapter contending for the slot of others at
 	// home on an endpoint is charged their wait behind it (homeWait).
 	adapterHome AdapterHomes
-	// flightAdapters lists, per endpoint, the adapters of adapterFlights
-	// there (kept with it by track and untrack).
-	flightAdapters map[string][]string
-	// homes is adapterView's, for the Pick of a request for an adapter:
-	// per adapter, the endpoints where it runs or has requests in flight;
-	// held is adapterCost's scratch, the adapters one endpoint holds;
-	// poolMaxLoRA the largest max_lora a candidate's signals report (0:
-	// none does), taken for an engine whose signals do not say.
-	homes map[string]int
+	// homes is homesOf's memory, for the Pick of a request for an
+	// adapter: per adapter asked about, the endpoints where it runs or
+	// has requests in flight; held is adapterCost's scratch, the adapters
+	// one endpoint holds; poolMaxLoRA the largest max_lora a candidate's
+	// signals report (0: none does), taken for an engine whose signals do
+	// not say.
+	homes []adapterCount
 	// demand is each adapter's recent requests, for the wait behind an
 	// adapter that holds a slot (adapterCost).
 	demand AdapterDemand
@@ -717,9 +709,34 @@ type epStats struct {
 	// bounds the progress credited since then.
 	progressAt time.Time
 	headMax    float64
+
+	// flights is the LoRA adapters of the requests routed here and not
+	// yet released, each with their count, in the order they came (track,
+	// untrack): the engine has the adapter loaded, or loading, before its
+	// next scrape says so. last is the adapters the policy last routed
+	// here: an engine keeps an adapter in its GPU slots until another
+	// takes its place, so an adapter whose requests have all ended still
+	// holds the slot it used for AdapterHold (see adapterCost). They are
+	// kept here, not in maps by endpoint ID, because a Pick has each
+	// candidate's stats at hand (byPos): looking the two up by ID for
+	// every candidate was a fifth of the decision for a request for an
+	// adapter (BenchmarkDecisionKVAware64/adapters, pprof).
+	flights []adapterCount
+	last    adapterUses
 }
 
-// adapterKey names a LoRA adapter on an endpoint (KVAware.adapterFlights).
+// adapterCount is a LoRA adapter and a count of it.
+type adapterCount struct {
+	adapter string
+	n       int
+}
+
+// flying reports whether requests for adapter x are in flight there.
+func (s *epStats) flying(x string) bool {
+	return s != nil && slices.ContainsFunc(s.flights, func(f adapterCount) bool { return f.adapter == x })
+}
+
+// adapterKey names a LoRA adapter on an endpoint (AdapterHomes).
 type adapterKey struct{ endpoint, adapter string }
 
 // lookupStat returns the stats of candidate i, c, nil when there are none
@@ -757,16 +774,9 @@ func (k *KVAware) ForgetEndpoint(id string) {
 	if _, ok := k.eps[id]; !ok {
 		return
 	}
-	delete(k.eps, id)
+	delete(k.eps, id) // and the adapters in flight there, and last placed there
 	k.epsGen++
-	for key := range k.adapterFlights {
-		if key.endpoint == id {
-			delete(k.adapterFlights, key)
-		}
-	}
-	k.adapterLast.Forget(id)
 	k.adapterHome.Forget(id)
-	delete(k.flightAdapters, id)
 	clear(k.byPos) // it may hold the deleted stats
 	for key, pr := range k.pending {
 		if pr.endpoint == id {
@@ -1296,7 +1306,7 @@ func (k *KVAware) estimate(i int, c *kvroute.Candidate, st *candState, P int) {
 	prefMs := own*tok*attn + cpu*tok*p.CPUHitCost + (stepsAll-stepsQ)*stepMs
 	if k.adapter != "" {
 		var ms float64
-		st.adapter, ms = k.adapterCost(c, stepMs)
+		st.adapter, ms = k.adapterCost(c, st.es, stepMs)
 		st.adapterMs = float32(ms)
 		queueMs += float64(st.adapterMs)
 	}
@@ -1405,7 +1415,9 @@ const homeSettledSigmas = 1.5
 // AdapterLoad. On a prefill-only engine x never waits for a slot (the
 // running prefill legs leave with their first token, within the queue
 // estimate); it pays AdapterLoad unless held.
-func (k *KVAware) adapterCost(c *kvroute.Candidate, stepMs float64) (uint8, float64) {
+//
+// es is c's stats (nil: none).
+func (k *KVAware) adapterCost(c *kvroute.Candidate, es *epStats, stepMs float64) (uint8, float64) {
 	load := float64(k.p.AdapterLoad) / float64(time.Millisecond)
 	ep := endpointID(c)
 	l := c.Load.LoRA
@@ -1415,7 +1427,7 @@ func (k *KVAware) adapterCost(c *kvroute.Candidate, stepMs float64) (uint8, floa
 		slots = l.Max
 	}
 	if slots <= 0 {
-		if l.Active(x) || k.adapterFlights[adapterKey{ep, x}] > 0 {
+		if l.Active(x) || es.flying(x) {
 			return adapterActive, 0
 		}
 		return adapterLoad, load
@@ -1424,11 +1436,16 @@ func (k *KVAware) adapterCost(c *kvroute.Candidate, stepMs float64) (uint8, floa
 		// No adapter signals yet (vLLM sets the series after an engine's
 		// first step): the adapters the policy has requests for in flight
 		// there run there.
-		k.flightRun.Running = append(k.flightRun.Running[:0], k.flightAdapters[ep]...)
+		k.flightRun.Running = k.flightRun.Running[:0]
+		if es != nil {
+			for _, f := range es.flights {
+				k.flightRun.Running = append(k.flightRun.Running, f.adapter)
+			}
+		}
 		slices.Sort(k.flightRun.Running)
 		l = &k.flightRun
 	}
-	held := k.heldAt(c, ep, l, slots)
+	held := k.heldAt(c, es, l, slots)
 	hasX := slices.Contains(held, x)
 	if c.Endpoint != nil && !c.Endpoint.Role.CanDecode() {
 		// A prefill-only engine (a P/D pool's prefill stage) runs prefill
@@ -1447,7 +1464,7 @@ func (k *KVAware) adapterCost(c *kvroute.Candidate, stepMs float64) (uint8, floa
 		return adapterLoad, load
 	case l.Runs(x):
 		wait := 0.0
-		if k.homes[x] >= 2 {
+		if k.homesOf(x) >= 2 {
 			wait = k.outTokens / 2 * stepMs
 		}
 		if hw := k.homeWait(ep, x, k.outTokens*stepMs); hw > 0 {
@@ -1465,7 +1482,7 @@ func (k *KVAware) adapterCost(c *kvroute.Candidate, stepMs float64) (uint8, floa
 	D := k.outTokens * stepMs
 	lambda, pinned := 0.0, false
 	for _, a := range held {
-		if a != x && l.Runs(a) && k.homes[a] < 2 {
+		if a != x && l.Runs(a) && k.homesOf(a) < 2 {
 			pinned = true
 			lambda += k.demand.Rate(k.now, a)
 		}
@@ -1575,9 +1592,10 @@ func (k *KVAware) homeRate(ep, x string) float64 {
 	return r
 }
 
-// heldAt returns the adapters endpoint ep of candidate c (its signals l,
-// its max_lora slots) holds (see adapterCost), each once, in k.held.
-func (k *KVAware) heldAt(c *kvroute.Candidate, ep string, l *kvroute.LoRALoad, slots int) []string {
+// heldAt returns the adapters the endpoint of candidate c (its stats es,
+// nil when none; its signals l, its max_lora slots) holds (see
+// adapterCost), each once, in k.held.
+func (k *KVAware) heldAt(c *kvroute.Candidate, es *epStats, l *kvroute.LoRALoad, slots int) []string {
 	h := k.held[:0]
 	add := func(a string) {
 		if !slices.Contains(h, a) {
@@ -1590,11 +1608,13 @@ func (k *KVAware) heldAt(c *kvroute.Candidate, ep string, l *kvroute.LoRALoad, s
 	for _, a := range l.Waiting {
 		add(a)
 	}
-	for _, a := range k.flightAdapters[ep] {
-		add(a)
-	}
-	for a := range k.adapterLast.Held(k.now, ep, slots, k.p.AdapterHold) {
-		add(a)
+	if es != nil {
+		for _, f := range es.flights {
+			add(f.adapter)
+		}
+		for _, u := range es.last[:es.last.held(k.now, slots, k.p.AdapterHold)] {
+			add(u.adapter)
+		}
 	}
 	if c.CachedTokens > 0 {
 		// Blocks of the adapter's prompt, keyed by the adapter: the engine
@@ -1606,29 +1626,15 @@ func (k *KVAware) heldAt(c *kvroute.Candidate, ep string, l *kvroute.LoRALoad, s
 	return h
 }
 
-// adapterView fills k.homes, per adapter the endpoints where it runs or
-// has requests in flight, and k.poolMaxLoRA, for the Pick of a request
-// for an adapter.
+// adapterView readies the Pick of a request for an adapter: it fills
+// k.poolMaxLoRA, and forgets the last Pick's homes (homesOf).
 func (k *KVAware) adapterView(cands []kvroute.Candidate) {
-	if k.homes == nil {
-		k.homes = map[string]int{}
-	}
-	clear(k.homes)
+	k.homes = k.homes[:0]
 	k.poolMaxLoRA = 0
 	k.viewCands, k.settled = cands, settledUnknown
 	for i := range cands {
-		ep := endpointID(&cands[i])
-		l := cands[i].Load.LoRA
-		if l != nil {
+		if l := cands[i].Load.LoRA; l != nil {
 			k.poolMaxLoRA = max(k.poolMaxLoRA, l.Max)
-			for _, a := range l.Running {
-				k.homes[a]++
-			}
-		}
-		for _, a := range k.flightAdapters[ep] {
-			if !l.Runs(a) {
-				k.homes[a]++
-			}
 		}
 	}
 }
@@ -1657,6 +1663,42 @@ func (k *KVAware) denyFullDecode(cands []kvroute.Candidate, best float64) float6
 		best = min(best, st.score)
 	}
 	return best
+}
+
+// homesOf returns the number of the Pick's candidates where adapter a
+// runs, or has requests in flight (unhealthy ones too): a's count in
+// their signals' running adapters, plus one for each where it has
+// flights and does not run. It is counted for an adapter when first asked
+// (adapterCost asks of few), and kept for the rest of the Pick in k.homes.
+// (Counted for every adapter of every candidate in adapterView, by name
+// in a map, it was a tenth of the decision: BenchmarkDecisionKVAware64/adapters.)
+func (k *KVAware) homesOf(a string) int {
+	for _, h := range k.homes {
+		if h.adapter == a {
+			return h.n
+		}
+	}
+	n := 0
+	for i := range k.viewCands {
+		c := &k.viewCands[i]
+		l := c.Load.LoRA
+		if l != nil {
+			for _, r := range l.Running {
+				if r == a {
+					n++
+				}
+			}
+		}
+		es := k.c[i].es // the stats Pick found, for a healthy candidate
+		if !c.Healthy {
+			es = k.eps[endpointID(c)]
+		}
+		if es.flying(a) && !l.Runs(a) {
+			n++
+		}
+	}
+	k.homes = append(k.homes, adapterCount{adapter: a, n: n})
+	return n
 }
 
 // decodeStepMs is the step time, in milliseconds, the request of P prompt
@@ -2063,7 +2105,8 @@ func (r reasonFigures) String() string {
 // dispatched request.
 func (k *KVAware) record(now time.Time, req *kvroute.Request, prefix uint64, endpoint string, st *candState, P int) {
 	if req.Adapter != "" {
-		k.adapterLast.Note(now, endpoint, req.Adapter)
+		s := k.stat(endpoint)
+		s.last = s.last.noted(now, req.Adapter)
 		k.adapterHome.Note(now, endpoint, req.Adapter)
 	}
 	const a = 0.05
@@ -2121,15 +2164,10 @@ func (k *KVAware) track(pr pendingReq) {
 		k.tenantsActive++
 	}
 	if pr.adapter != "" {
-		if k.adapterFlights == nil {
-			k.adapterFlights = map[adapterKey]int{}
-		}
-		key := adapterKey{pr.endpoint, pr.adapter}
-		if k.adapterFlights[key]++; k.adapterFlights[key] == 1 {
-			if k.flightAdapters == nil {
-				k.flightAdapters = map[string][]string{}
-			}
-			k.flightAdapters[pr.endpoint] = append(k.flightAdapters[pr.endpoint], pr.adapter)
+		if i := slices.IndexFunc(s.flights, func(f adapterCount) bool { return f.adapter == pr.adapter }); i >= 0 {
+			s.flights[i].n++
+		} else {
+			s.flights = append(s.flights, adapterCount{adapter: pr.adapter, n: 1})
 		}
 	}
 }
@@ -2146,18 +2184,11 @@ func (k *KVAware) untrack(pr pendingReq) {
 		if pr.prefill {
 			s.donePrefill(pr.size)
 		}
-	}
-	if key := (adapterKey{pr.endpoint, pr.adapter}); pr.adapter != "" && k.adapterFlights[key] > 0 {
-		if k.adapterFlights[key]--; k.adapterFlights[key] == 0 {
-			delete(k.adapterFlights, key)
-			list := k.flightAdapters[pr.endpoint]
-			if i := slices.Index(list, pr.adapter); i >= 0 {
-				list = slices.Delete(list, i, i+1)
-			}
-			if len(list) == 0 {
-				delete(k.flightAdapters, pr.endpoint)
-			} else {
-				k.flightAdapters[pr.endpoint] = list
+		if pr.adapter != "" {
+			if i := slices.IndexFunc(s.flights, func(f adapterCount) bool { return f.adapter == pr.adapter }); i >= 0 {
+				if s.flights[i].n--; s.flights[i].n == 0 {
+					s.flights = slices.Delete(s.flights, i, i+1)
+				}
 			}
 		}
 	}

@@ -212,6 +212,12 @@ type endpoint struct {
 	totalEjects int
 
 	gapSlot kvindex.Slot // its room in gap
+
+	// The view's LlamaAdapters as of its Gen llamaGen (llamaValid: read
+	// once), protected by Router.mu: see unlisted.
+	llamaValid bool
+	llamaGen   uint64
+	llama      *signals.LlamaAdapters
 }
 
 // currentLoad returns the endpoint's Load at now. A decision reads all the
@@ -1000,9 +1006,17 @@ func (r *Router) adapterUnavailable(now time.Time, adapter string, exclude []str
 // (signals.View.LlamaAdapters), have none named adapter: it cannot run
 // it, and is no candidate for it. An engine whose list is not known (no
 // scrape read it yet, another engine) is not: the proxy finds out when it
-// names the adapter to it. Called for requests for an adapter only: it
-// takes the view's lock.
-func (e *endpoint) unlisted(adapter string) bool { return lacks(e.view.LlamaAdapters(), adapter) }
+// names the adapter to it. Called for requests for an adapter only, with
+// Router.mu held. The list is read again (under the view's lock) only
+// when the view changed since (signals.View.Gen), as currentLoad reads the
+// Load: a decision for an adapter took every view's lock for it, a twentieth of
+// the decision (BenchmarkDecisionKVAware64/adapters, pprof).
+func (e *endpoint) unlisted(adapter string) bool {
+	if g := e.view.Gen(); !e.llamaValid || g != e.llamaGen {
+		e.llama, e.llamaGen, e.llamaValid = e.view.LlamaAdapters(), g, true
+	}
+	return lacks(e.llama, adapter)
+}
 
 // lacks reports whether t, a llama.cpp server's adapters (nil: not known),
 // is known and has none named adapter.
