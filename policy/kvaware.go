@@ -5,7 +5,9 @@ import (
 	"math/rand/v2"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
+	"unsafe"
 
 	"github.com/kvroute/kvroute"
 )
@@ -631,6 +633,11 @@ type KVAware struct {
 	// signals report (0: none does), taken for an engine whose signals do
 	// not say.
 	homes []adapterCount
+	// names interns the LoRA adapter names the policy keeps (intern),
+	// and loraPos, per candidate position, the names of the LoRALoad
+	// there (loraNamesAt): heldAt compares names by address.
+	names   map[string]string
+	loraPos []loraNames
 	// demand is each adapter's recent requests, for the wait behind an
 	// adapter that holds a slot (adapterCost).
 	demand AdapterDemand
@@ -992,6 +999,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	k.workW = p.WorkWeight * (1 + p.WorkLoadGain*float64(waiting)/float64(max(healthy, 1)))
 	k.adapter = req.Adapter
 	if req.Adapter != "" {
+		k.adapter = k.intern(req.Adapter)
 		k.demand.Seen(now, req.Adapter)
 		k.adapterView(cands)
 	}
@@ -1306,7 +1314,7 @@ func (k *KVAware) estimate(i int, c *kvroute.Candidate, st *candState, P int) {
 	prefMs := own*tok*attn + cpu*tok*p.CPUHitCost + (stepsAll-stepsQ)*stepMs
 	if k.adapter != "" {
 		var ms float64
-		st.adapter, ms = k.adapterCost(c, st.es, stepMs)
+		st.adapter, ms = k.adapterCost(i, c, st.es, stepMs)
 		st.adapterMs = float32(ms)
 		queueMs += float64(st.adapterMs)
 	}
@@ -1416,8 +1424,8 @@ const homeSettledSigmas = 1.5
 // running prefill legs leave with their first token, within the queue
 // estimate); it pays AdapterLoad unless held.
 //
-// es is c's stats (nil: none).
-func (k *KVAware) adapterCost(c *kvroute.Candidate, es *epStats, stepMs float64) (uint8, float64) {
+// c is candidate i, es its stats (nil: none).
+func (k *KVAware) adapterCost(i int, c *kvroute.Candidate, es *epStats, stepMs float64) (uint8, float64) {
 	load := float64(k.p.AdapterLoad) / float64(time.Millisecond)
 	ep := endpointID(c)
 	l := c.Load.LoRA
@@ -1432,6 +1440,7 @@ func (k *KVAware) adapterCost(c *kvroute.Candidate, es *epStats, stepMs float64)
 		}
 		return adapterLoad, load
 	}
+	var running, waiting []string // l's, interned
 	if l == nil {
 		// No adapter signals yet (vLLM sets the series after an engine's
 		// first step): the adapters the policy has requests for in flight
@@ -1444,9 +1453,11 @@ func (k *KVAware) adapterCost(c *kvroute.Candidate, es *epStats, stepMs float64)
 		}
 		slices.Sort(k.flightRun.Running)
 		l = &k.flightRun
+		running = l.Running
+	} else {
+		running, waiting = k.loraNamesAt(i, l)
 	}
-	held := k.heldAt(c, es, l, slots)
-	hasX := slices.Contains(held, x)
+	held, hasX := k.heldAt(c, es, running, waiting, slots)
 	if c.Endpoint != nil && !c.Endpoint.Role.CanDecode() {
 		// A prefill-only engine (a P/D pool's prefill stage) runs prefill
 		// legs, each leaving with its first token: a slot frees as the
@@ -1593,19 +1604,28 @@ func (k *KVAware) homeRate(ep, x string) float64 {
 }
 
 // heldAt returns the adapters the endpoint of candidate c (its stats es,
-// nil when none; its signals l, its max_lora slots) holds (see
-// adapterCost), each once, in k.held.
-func (k *KVAware) heldAt(c *kvroute.Candidate, es *epStats, l *kvroute.LoRALoad, slots int) []string {
+// nil when none; its signals' running and waiting adapters, interned; its
+// max_lora slots) holds (see adapterCost), each once, in k.held, and
+// whether the request's adapter is one of them. Every name it compares
+// is interned (flights and last hold the policy's copies): they compare
+// by address (sameAdapter), where comparing them by content (a call to
+// the runtime's memequal each) was most of the time heldAt took for a
+// candidate (BenchmarkDecisionKVAware64/adapters, pprof).
+func (k *KVAware) heldAt(c *kvroute.Candidate, es *epStats, running, waiting []string, slots int) (held []string, hasX bool) {
 	h := k.held[:0]
 	add := func(a string) {
-		if !slices.Contains(h, a) {
-			h = append(h, a)
+		for _, b := range h {
+			if sameAdapter(a, b) {
+				return
+			}
 		}
+		h = append(h, a)
+		hasX = hasX || sameAdapter(a, k.adapter)
 	}
-	for _, a := range l.Running {
+	for _, a := range running {
 		add(a)
 	}
-	for _, a := range l.Waiting {
+	for _, a := range waiting {
 		add(a)
 	}
 	if es != nil {
@@ -1623,7 +1643,60 @@ func (k *KVAware) heldAt(c *kvroute.Candidate, es *epStats, l *kvroute.LoRALoad,
 		add(k.adapter)
 	}
 	k.held = h
-	return h
+	return h, hasX
+}
+
+// intern returns the policy's copy of LoRA adapter name a, the same
+// string for every a of the same content: names the policy interned
+// compare by address (sameAdapter). The policy keeps one copy per name it
+// has seen, in a request or in an engine's signals (as AdapterDemand keeps
+// a count per name).
+func (k *KVAware) intern(a string) string {
+	if s, ok := k.names[a]; ok {
+		return s
+	}
+	if k.names == nil {
+		k.names = make(map[string]string)
+	}
+	s := strings.Clone(a)
+	k.names[s] = s
+	return s
+}
+
+// sameAdapter reports whether a == b for two names interned by the
+// policy (intern): whether they are the same string in memory.
+func sameAdapter(a, b string) bool {
+	return len(a) == len(b) && (len(a) == 0 || unsafe.StringData(a) == unsafe.StringData(b))
+}
+
+// loraNames is a LoRALoad's running and waiting adapters, interned.
+type loraNames struct {
+	l                *kvroute.LoRALoad
+	running, waiting []string
+}
+
+// loraNamesAt returns the running and waiting adapters of l, candidate
+// i's LoRALoad, interned. A LoRALoad is immutable and an endpoint's view
+// builds one per scrape, every Load until the next sharing it, so the
+// names are interned once per scrape: kept per candidate position (a
+// caller such as the router passes the same endpoints in the same order
+// every time), for the LoRALoad they were made from.
+func (k *KVAware) loraNamesAt(i int, l *kvroute.LoRALoad) (running, waiting []string) {
+	if len(k.loraPos) <= i {
+		k.loraPos = append(k.loraPos, make([]loraNames, i+1-len(k.loraPos))...)
+	}
+	m := &k.loraPos[i]
+	if m.l != l {
+		m.l = l
+		m.running, m.waiting = m.running[:0], m.waiting[:0]
+		for _, a := range l.Running {
+			m.running = append(m.running, k.intern(a))
+		}
+		for _, a := range l.Waiting {
+			m.waiting = append(m.waiting, k.intern(a))
+		}
+	}
+	return m.running, m.waiting
 }
 
 // adapterView readies the Pick of a request for an adapter: it fills
@@ -2106,7 +2179,7 @@ func (r reasonFigures) String() string {
 func (k *KVAware) record(now time.Time, req *kvroute.Request, prefix uint64, endpoint string, st *candState, P int) {
 	if req.Adapter != "" {
 		s := k.stat(endpoint)
-		s.last = s.last.noted(now, req.Adapter)
+		s.last = s.last.noted(now, k.adapter) // interned, as flights' (pr.adapter)
 		k.adapterHome.Note(now, endpoint, req.Adapter)
 	}
 	const a = 0.05
@@ -2131,7 +2204,7 @@ func (k *KVAware) record(now time.Time, req *kvroute.Request, prefix uint64, end
 		k.untrack(old)
 	}
 	pr := pendingReq{prefix: prefix, tenant: req.Tenant, endpoint: endpoint, size: float64(P - st.credit), prompt: float64(P), at: now, prefill: true,
-		adapter: req.Adapter}
+		adapter: k.adapter}
 	k.pending[key] = pr
 	k.track(pr)
 	if k.picks%4096 == 0 || len(k.pending) > max(k.sweepAt, pendingSweepMin) {
