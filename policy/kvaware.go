@@ -638,6 +638,8 @@ type KVAware struct {
 	// there (loraNamesAt): heldAt compares names by address.
 	names   map[string]string
 	loraPos []loraNames
+	// holdFrom is the Pick's holdFrom(now, AdapterHold), for heldAt.
+	holdFrom time.Time
 	// demand is each adapter's recent requests, for the wait behind an
 	// adapter that holds a slot (adapterCost).
 	demand AdapterDemand
@@ -1632,7 +1634,7 @@ func (k *KVAware) heldAt(c *kvroute.Candidate, es *epStats, running, waiting []s
 		for _, f := range es.flights {
 			add(f.adapter)
 		}
-		for _, u := range es.last[:es.last.held(k.now, slots, k.p.AdapterHold)] {
+		for _, u := range es.last[:es.last.held(k.holdFrom, slots)] {
 			add(u.adapter)
 		}
 	}
@@ -1705,6 +1707,7 @@ func (k *KVAware) adapterView(cands []kvroute.Candidate) {
 	k.homes = k.homes[:0]
 	k.poolMaxLoRA = 0
 	k.viewCands, k.settled = cands, settledUnknown
+	k.holdFrom = holdFrom(k.now, k.p.AdapterHold)
 	for i := range cands {
 		if l := cands[i].Load.LoRA; l != nil {
 			k.poolMaxLoRA = max(k.poolMaxLoRA, l.Max)
