@@ -3,8 +3,11 @@ package policy
 import (
 	"math"
 	"slices"
+	"strings"
 	"testing"
 	"time"
+
+	"github.com/kvroute/kvroute"
 )
 
 // TestAdapterDemand: a count decays with AdapterDemandTau, per adapter,
@@ -92,5 +95,45 @@ func TestAdapterUses(t *testing.T) {
 	}
 	if got := slices.Collect(u.Held(at(500), "f", 100, time.Hour)); !slices.Equal(got, []string{"c"}) {
 		t.Errorf("f: %v, want [c]", got)
+	}
+}
+
+// TestLoRANamesAt: a candidate position's LoRA signals are interned: the
+// same names give the same strings whatever strings carry them, and a
+// LoRALoad its caller reuses, its names changed in place, gives its new
+// names (the interned names are kept by the names, not by the LoRALoad).
+func TestLoRANamesAt(t *testing.T) {
+	k := &KVAware{}
+	l := &kvroute.LoRALoad{Running: []string{"a", "b"}, Waiting: []string{"c"}, Max: 2}
+	run, wait := k.loraNamesAt(3, l)
+	if !slices.Equal(run, []string{"a", "b"}) || !slices.Equal(wait, []string{"c"}) {
+		t.Fatalf("names: %v %v, want [a b] [c]", run, wait)
+	}
+	// The same names in other strings: the same interned strings.
+	other := &kvroute.LoRALoad{Running: []string{strings.Clone("a"), strings.Clone("b")}, Waiting: []string{strings.Clone("c")}}
+	run2, wait2 := k.loraNamesAt(3, other)
+	for j := range run {
+		if !sameAdapter(run[j], run2[j]) {
+			t.Errorf("running %d: %q and %q are not the same string", j, run[j], run2[j])
+		}
+	}
+	if !sameAdapter(wait[0], wait2[0]) {
+		t.Errorf("waiting: %q and %q are not the same string", wait[0], wait2[0])
+	}
+	// Interned at another position, and for a request: the same strings.
+	if r, _ := k.loraNamesAt(0, other); !sameAdapter(r[1], run[1]) || !sameAdapter(k.intern(strings.Clone("b")), run[1]) {
+		t.Errorf("b interned apart")
+	}
+	// The LoRALoad reused, its names changed in place.
+	l.Running[1], l.Waiting = "d", l.Waiting[:0]
+	run, wait = k.loraNamesAt(3, l)
+	if !slices.Equal(run, []string{"a", "d"}) || len(wait) != 0 {
+		t.Errorf("names after the LoRALoad changed: %v %v, want [a d] []", run, wait)
+	}
+	if sameAdapter("x", strings.Clone("x")) {
+		t.Errorf("sameAdapter: two copies of x are the same string")
+	}
+	if !sameAdapter("", strings.Clone("")) {
+		t.Errorf("sameAdapter: two empty strings differ")
 	}
 }

@@ -635,7 +635,7 @@ type KVAware struct {
 	homes []adapterCount
 	// names interns the LoRA adapter names the policy keeps (intern),
 	// and loraPos, per candidate position, the names of the LoRALoad
-	// there (loraNamesAt): heldAt compares names by address.
+	// there, interned (loraNamesAt): heldAt compares names by address.
 	names   map[string]string
 	loraPos []loraNames
 	// holdFrom is the Pick's holdFrom(now, AdapterHold), for heldAt.
@@ -1671,25 +1671,29 @@ func sameAdapter(a, b string) bool {
 	return len(a) == len(b) && (len(a) == 0 || unsafe.StringData(a) == unsafe.StringData(b))
 }
 
-// loraNames is a LoRALoad's running and waiting adapters, interned.
+// loraNames is a candidate position's LoRA signals (a LoRALoad's running
+// and waiting adapters) as loraNamesAt last saw them (src: running, then
+// waiting), and interned.
 type loraNames struct {
-	l                *kvroute.LoRALoad
+	src              []string
 	running, waiting []string
 }
 
 // loraNamesAt returns the running and waiting adapters of l, candidate
-// i's LoRALoad, interned. A LoRALoad is immutable and an endpoint's view
-// builds one per scrape, every Load until the next sharing it, so the
-// names are interned once per scrape: kept per candidate position (a
-// caller such as the router passes the same endpoints in the same order
-// every time), for the LoRALoad they were made from.
+// i's LoRALoad, interned. An endpoint's signals change with its scrapes,
+// a few times a second, and a caller such as the router passes the same
+// endpoints in the same order every time: the names are interned again
+// only when they differ from the last ones at position i. They are
+// compared one by one, by address first (the same LoRALoad's, or a
+// scrape's that kept them, are the same strings), not by the LoRALoad's
+// address, as a caller may reuse one.
 func (k *KVAware) loraNamesAt(i int, l *kvroute.LoRALoad) (running, waiting []string) {
 	if len(k.loraPos) <= i {
 		k.loraPos = append(k.loraPos, make([]loraNames, i+1-len(k.loraPos))...)
 	}
 	m := &k.loraPos[i]
-	if m.l != l {
-		m.l = l
+	if !m.same(l) {
+		m.src = append(append(m.src[:0], l.Running...), l.Waiting...)
 		m.running, m.waiting = m.running[:0], m.waiting[:0]
 		for _, a := range l.Running {
 			m.running = append(m.running, k.intern(a))
@@ -1699,6 +1703,35 @@ func (k *KVAware) loraNamesAt(i int, l *kvroute.LoRALoad) (running, waiting []st
 		}
 	}
 	return m.running, m.waiting
+}
+
+// same reports whether l names the adapters m was made from, and keeps
+// l's strings for the next comparison where they are other strings of the
+// same names.
+func (m *loraNames) same(l *kvroute.LoRALoad) bool {
+	if len(m.running) != len(l.Running) || len(m.waiting) != len(l.Waiting) {
+		return false
+	}
+	for j, a := range l.Running {
+		if !m.keep(j, a) {
+			return false
+		}
+	}
+	for j, a := range l.Waiting {
+		if !m.keep(len(l.Running)+j, a) {
+			return false
+		}
+	}
+	return true
+}
+
+// keep reports whether a is the name m.src[j] holds, and keeps a there.
+func (m *loraNames) keep(j int, a string) bool {
+	if b := m.src[j]; len(a) != len(b) || unsafe.StringData(a) != unsafe.StringData(b) && a != b {
+		return false
+	}
+	m.src[j] = a
+	return true
 }
 
 // adapterView readies the Pick of a request for an adapter: it fills
