@@ -728,8 +728,9 @@ type epStats struct {
 	// holds the slot it used for AdapterHold (see adapterCost). They are
 	// kept here, not in maps by endpoint ID, because a Pick has each
 	// candidate's stats at hand (byPos): looking the two up by ID for
-	// every candidate was a fifth of the decision for a request for an
-	// adapter (BenchmarkDecisionKVAware64/adapters, pprof).
+	// every candidate (twice: adapterView and heldAt) was about a tenth
+	// of the decision for a request for an adapter
+	// (BenchmarkDecisionKVAware64/adapters, pprof).
 	flights []adapterCount
 	last    adapterUses
 }
@@ -1610,9 +1611,10 @@ func (k *KVAware) homeRate(ep, x string) float64 {
 // max_lora slots) holds (see adapterCost), each once, in k.held, and
 // whether the request's adapter is one of them. Every name it compares
 // is interned (flights and last hold the policy's copies): they compare
-// by address (sameAdapter), where comparing them by content (a call to
-// the runtime's memequal each) was most of the time heldAt took for a
-// candidate (BenchmarkDecisionKVAware64/adapters, pprof).
+// by address (sameAdapter): compared by content (a call to the runtime's
+// memequal each, the names of a pool's adapters being alike in length)
+// they took a third of heldAt's time (BenchmarkDecisionKVAware64/adapters,
+// pprof).
 func (k *KVAware) heldAt(c *kvroute.Candidate, es *epStats, running, waiting []string, slots int) (held []string, hasX bool) {
 	h := k.held[:0]
 	add := func(a string) {

@@ -1009,7 +1009,7 @@ func (r *Router) adapterUnavailable(now time.Time, adapter string, exclude []str
 // names the adapter to it. Called for requests for an adapter only, with
 // Router.mu held. The list is read again (under the view's lock) only
 // when the view changed since (signals.View.Gen), as currentLoad reads the
-// Load: a decision for an adapter took every view's lock for it, a twentieth of
+// Load: a decision for an adapter took every view's lock for it, 3% of
 // the decision (BenchmarkDecisionKVAware64/adapters, pprof).
 func (e *endpoint) unlisted(adapter string) bool {
 	if g := e.view.Gen(); !e.llamaValid || g != e.llamaGen {
