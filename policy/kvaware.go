@@ -619,8 +619,8 @@ type KVAware struct {
 	prefixInflight map[uint64]prefixDemand
 	tenantInflight map[string]int
 	// The LoRA adapters of the requests in flight on an endpoint, and
-	// those the policy last routed there, are kept in its epStats
-	// (flights, last).
+	// those the policy last routed there, are kept with its stats
+	// (epStats.lora).
 	//
 	// adapterHome is each adapter's home, the endpoint the policy placed
 	// it on most lately: an adapter contending for the slot of others at
@@ -719,20 +719,45 @@ type epStats struct {
 	progressAt time.Time
 	headMax    float64
 
-	// flights is the LoRA adapters of the requests routed here and not
-	// yet released, each with their count, in the order they came (track,
+	// lora is the LoRA adapters of the requests routed here, nil until
+	// the first: kept apart, so that the stats every Pick reads for every
+	// candidate stay in the size class they had (112 bytes).
+	lora *epLoRA
+}
+
+// epLoRA is the LoRA adapters of the requests a policy routed to an
+// endpoint. They are kept with its stats, not in maps by endpoint ID,
+// because a Pick has each candidate's stats at hand (byPos): looking them
+// up by ID for every candidate (twice: adapterView and heldAt) was about a
+// tenth of the decision for a request for an adapter
+// (BenchmarkDecisionKVAware64/adapters, pprof).
+type epLoRA struct {
+	// flights is the adapters of the requests routed there and not yet
+	// released, each with their count, in the order they came (track,
 	// untrack): the engine has the adapter loaded, or loading, before its
-	// next scrape says so. last is the adapters the policy last routed
-	// here: an engine keeps an adapter in its GPU slots until another
-	// takes its place, so an adapter whose requests have all ended still
-	// holds the slot it used for AdapterHold (see adapterCost). They are
-	// kept here, not in maps by endpoint ID, because a Pick has each
-	// candidate's stats at hand (byPos): looking the two up by ID for
-	// every candidate (twice: adapterView and heldAt) was about a tenth
-	// of the decision for a request for an adapter
-	// (BenchmarkDecisionKVAware64/adapters, pprof).
+	// next scrape says so.
 	flights []adapterCount
-	last    adapterUses
+	// last is the adapters the policy last routed there: an engine keeps
+	// an adapter in its GPU slots until another takes its place, so an
+	// adapter whose requests have all ended still holds the slot it used
+	// for AdapterHold (see adapterCost).
+	last adapterUses
+}
+
+// loraFor returns s's epLoRA, making it if s has none.
+func (s *epStats) loraFor() *epLoRA {
+	if s.lora == nil {
+		s.lora = &epLoRA{}
+	}
+	return s.lora
+}
+
+// loraOf returns s's epLoRA, nil when s is nil or has none.
+func (s *epStats) loraOf() *epLoRA {
+	if s == nil {
+		return nil
+	}
+	return s.lora
 }
 
 // adapterCount is a LoRA adapter and a count of it.
@@ -742,8 +767,8 @@ type adapterCount struct {
 }
 
 // flying reports whether requests for adapter x are in flight there.
-func (s *epStats) flying(x string) bool {
-	return s != nil && slices.ContainsFunc(s.flights, func(f adapterCount) bool { return f.adapter == x })
+func (l *epLoRA) flying(x string) bool {
+	return l != nil && slices.ContainsFunc(l.flights, func(f adapterCount) bool { return f.adapter == x })
 }
 
 // adapterKey names a LoRA adapter on an endpoint (AdapterHomes).
@@ -1438,7 +1463,7 @@ func (k *KVAware) adapterCost(i int, c *kvroute.Candidate, es *epStats, stepMs f
 		slots = l.Max
 	}
 	if slots <= 0 {
-		if l.Active(x) || es.flying(x) {
+		if l.Active(x) || es.loraOf().flying(x) {
 			return adapterActive, 0
 		}
 		return adapterLoad, load
@@ -1449,8 +1474,8 @@ func (k *KVAware) adapterCost(i int, c *kvroute.Candidate, es *epStats, stepMs f
 		// first step): the adapters the policy has requests for in flight
 		// there run there.
 		k.flightRun.Running = k.flightRun.Running[:0]
-		if es != nil {
-			for _, f := range es.flights {
+		if el := es.loraOf(); el != nil {
+			for _, f := range el.flights {
 				k.flightRun.Running = append(k.flightRun.Running, f.adapter)
 			}
 		}
@@ -1632,11 +1657,11 @@ func (k *KVAware) heldAt(c *kvroute.Candidate, es *epStats, running, waiting []s
 	for _, a := range waiting {
 		add(a)
 	}
-	if es != nil {
-		for _, f := range es.flights {
+	if el := es.loraOf(); el != nil {
+		for _, f := range el.flights {
 			add(f.adapter)
 		}
-		for _, u := range es.last[:es.last.held(k.holdFrom, slots)] {
+		for _, u := range el.last[:el.last.held(k.holdFrom, slots)] {
 			add(u.adapter)
 		}
 	}
@@ -1804,7 +1829,7 @@ func (k *KVAware) homesOf(a string) int {
 		if !c.Healthy {
 			es = k.eps[endpointID(c)]
 		}
-		if es.flying(a) && !l.Runs(a) {
+		if es.loraOf().flying(a) && !l.Runs(a) {
 			n++
 		}
 	}
@@ -2216,8 +2241,8 @@ func (r reasonFigures) String() string {
 // dispatched request.
 func (k *KVAware) record(now time.Time, req *kvroute.Request, prefix uint64, endpoint string, st *candState, P int) {
 	if req.Adapter != "" {
-		s := k.stat(endpoint)
-		s.last = s.last.noted(now, k.adapter) // interned, as flights' (pr.adapter)
+		el := k.stat(endpoint).loraFor()
+		el.last = el.last.noted(now, k.adapter) // interned, as flights' (pr.adapter)
 		k.adapterHome.Note(now, endpoint, req.Adapter)
 	}
 	const a = 0.05
@@ -2275,10 +2300,11 @@ func (k *KVAware) track(pr pendingReq) {
 		k.tenantsActive++
 	}
 	if pr.adapter != "" {
-		if i := slices.IndexFunc(s.flights, func(f adapterCount) bool { return f.adapter == pr.adapter }); i >= 0 {
-			s.flights[i].n++
+		el := s.loraFor()
+		if i := slices.IndexFunc(el.flights, func(f adapterCount) bool { return f.adapter == pr.adapter }); i >= 0 {
+			el.flights[i].n++
 		} else {
-			s.flights = append(s.flights, adapterCount{adapter: pr.adapter, n: 1})
+			el.flights = append(el.flights, adapterCount{adapter: pr.adapter, n: 1})
 		}
 	}
 }
@@ -2295,10 +2321,10 @@ func (k *KVAware) untrack(pr pendingReq) {
 		if pr.prefill {
 			s.donePrefill(pr.size)
 		}
-		if pr.adapter != "" {
-			if i := slices.IndexFunc(s.flights, func(f adapterCount) bool { return f.adapter == pr.adapter }); i >= 0 {
-				if s.flights[i].n--; s.flights[i].n == 0 {
-					s.flights = slices.Delete(s.flights, i, i+1)
+		if el := s.lora; pr.adapter != "" && el != nil {
+			if i := slices.IndexFunc(el.flights, func(f adapterCount) bool { return f.adapter == pr.adapter }); i >= 0 {
+				if el.flights[i].n--; el.flights[i].n == 0 {
+					el.flights = slices.Delete(el.flights, i, i+1)
 				}
 			}
 		}
