@@ -1145,6 +1145,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	capsRule := anyUnder && !shed
 	k.elig = k.elig[:0]
 	best := math.Inf(1)
+	full, most := false, 0.0 // an eligible candidate at DecodeKVCap; the largest decode term
 	for i := range cands {
 		st := &k.c[i]
 		if !cands[i].Healthy {
@@ -1161,11 +1162,12 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		if st.elig = !(capsRule && st.flags&(capQueue|capKV) != 0); st.elig {
 			k.elig = append(k.elig, i)
 			best = min(best, st.score) // math.Min inline (see estimate)
+			most = max(most, st.decode)
+			full = full || cands[i].Load.KVUsage >= p.DecodeKVCap
 		}
 	}
-
-	if p.DecodeKVCap < 1 {
-		best = k.denyFullDecode(cands, best)
+	if full && p.DecodeKVCap < 1 {
+		best = k.denyFullDecode(cands, most)
 	}
 	if shed {
 		// Nothing is chosen: the explanation must not call any candidate
@@ -1776,19 +1778,11 @@ func (k *KVAware) adapterView(cands []kvroute.Candidate) {
 }
 
 // denyFullDecode raises the decode term of each eligible candidate whose
-// KV usage reaches DecodeKVCap to the largest eligible one's (see
+// KV usage reaches DecodeKVCap to most, the largest eligible one's (see
 // KVAwareParams.DecodeKVCap), and returns the eligible candidates' best
 // score after it.
-func (k *KVAware) denyFullDecode(cands []kvroute.Candidate, best float64) float64 {
-	full, most := false, 0.0
-	for _, i := range k.elig {
-		full = full || cands[i].Load.KVUsage >= k.p.DecodeKVCap
-		most = max(most, k.c[i].decode)
-	}
-	if !full {
-		return best
-	}
-	best = math.Inf(1)
+func (k *KVAware) denyFullDecode(cands []kvroute.Candidate, most float64) float64 {
+	best := math.Inf(1)
 	for _, i := range k.elig {
 		st := &k.c[i]
 		if cands[i].Load.KVUsage >= k.p.DecodeKVCap && st.decode < most {
