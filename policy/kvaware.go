@@ -240,6 +240,12 @@ type KVAwareParams struct {
 	// to 136.3 req/s (seed 1); only over the bound while congested, 550.2
 	// ms, with the trace worse at six of seeds 1-8 (-18% to +14%). Denied
 	// where the KV is full instead (DecodeKVCap, on by default), 312.6 ms.
+	// Scaled down for long prompts (by 16384/P past 16,384 tokens), it
+	// took the conversation trace at its own rate from a mean p99 of 4.68
+	// to 4.63 s, but at four times its rate from 16.16 to 17.24 s (paired
+	// over seeds 1-8 and four perturbations of the weight: standard errors
+	// 0.02 and 0.34 s): there the long prompts' decode placement still
+	// pays.
 	DecodeWeight float64 `param:"decode_weight"`
 	// DecodeKVCap denies the decode advantage to a candidate whose KV
 	// usage (Load.KVUsage) reaches it: its decode term is raised to the
