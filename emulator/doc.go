@@ -323,9 +323,11 @@
 // or the engine model, 101.5 (64.1 to 122.7; mean 93.5, standard error
 // 11.3), and after the engine's deferred keys stopped starting a run on a
 // key with a copy (a table probe per request), 104.1 (67.4 to 141.1; mean
-// 103.0, standard error 11.9). So the cost above the floor is under 100 us
-// in the median of all but the last three of these runs, and in 29 of
-// their 48 rounds; single rounds reach 151 us.
+// 103.0, standard error 11.9), and again later that day with no change to
+// the emulator's serving path, 110.5 (92.1 to 139.7; mean 113.6, standard
+// error 8.3). So the cost above the floor is under 100 us in the median of
+// all but the last four of these runs, and in 30 of their 53 rounds;
+// single rounds reach 151 us.
 // Streamed at every token it is far above: the floor then streams too (a
 // chunk per token at the tick of a ticker its open streams share), and at
 // 20 requests/s of 1,000 streamed tokens (200/s is past what two cores
