@@ -325,9 +325,24 @@
 // key with a copy (a table probe per request), 104.1 (67.4 to 141.1; mean
 // 103.0, standard error 11.9), and again later that day with no change to
 // the emulator's serving path, 110.5 (92.1 to 139.7; mean 113.6, standard
-// error 8.3). So the cost above the floor is under 100 us in the median of
-// all but the last four of these runs, and in 30 of their 53 rounds;
-// single rounds reach 151 us.
+// error 8.3), and in a run of seven rounds of 30 s after 60 s of load
+// (again no change to the serving path) 98.7 (77.1 to 160.8; mean 99.8,
+// standard error 10.9). So the cost above the floor is under 100 us in the
+// median of all but four of these runs, and in 35 of their 60 rounds;
+// single rounds reach 161 us. The dearest rounds are those in which a
+// process still grows its heap: the soak also summarises the rounds in
+// which every fleet stayed under 0.1 page faults per request (steadyFaults
+// in fleet_test.go); in that last run the first round had 1.9 faults per
+// request in the engines' process and cost 160.8 us, and the 4 steady
+// rounds 99.6 (77.1 to 100.7; mean 94.0, standard error 5.6). A lower GOGC
+// for the engines (25: the process holds 16 engines' models, about 100 MB
+// of live heap, and at the default 100 it collected 12 times in a run of
+// four and a half minutes, at 25 42 times) measured 80.9 us above the
+// floor over three rounds against 102.4 for the default in runs one after
+// the other, but side by side over five rounds the default cost a median
+// 49.4 us less than it: the lower GOGC saved only the rounds in which the
+// default's heap still grew (1.3 and 2.1 faults per request). So the
+// engine leaves GOGC alone.
 // Streamed at every token it is far above: the floor then streams too (a
 // chunk per token at the tick of a ticker its open streams share), and at
 // 20 requests/s of 1,000 streamed tokens (200/s is past what two cores
