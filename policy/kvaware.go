@@ -101,14 +101,15 @@ type KVAwareParams struct {
 	// TieFrac 0 (ties only within 1 ms) balanced the cold chat burst (550
 	// req/s) better, its mean p99 TTFT over seeds 1-8 2.4% lower, but the
 	// other bursts worse: rag at 420 req/s +4.3%, tenants at 650 req/s
-	// +10.7% (+38% at seed 8, its throughput 12% lower at one seed). Nor
-	// was a window relative to the best candidate's TTFT estimate (queue
-	// plus prefill) rather than its score, whose decode and work terms
-	// widen it: at 0.01, 0.02 and 0.03 of the estimate the trace at its own
-	// rate was 0.9%, 2.8% and 2.0% lower and chat at 550 req/s 1.3%, 1.4%
-	// and 0.8%, but tenants at 650 req/s 3.2%, 3.0% and 2.8% higher, the
-	// trace at four times its rate 6.4%, 3.1% and 3.3%, and rag at 180
-	// req/s +433% at seed 6 with 0.02 (the README rows, seeds 1-8).
+	// +10.7% (+38% at seed 8, its throughput 12% lower at one seed). A
+	// window relative to the best candidate's TTFT estimate (queue plus
+	// prefill) rather than its score, whose decode and work terms widen
+	// it, was not kept either: at 0.01, 0.02 and 0.03 of the estimate the
+	// trace at its own rate was 0.9%, 2.8% and 2.0% lower and chat at 550
+	// req/s 1.3%, 1.4% and 0.8%, but tenants at 650 req/s 3.2%, 3.0% and
+	// 2.8% higher, the trace at four times its rate 6.4%, 3.1% and 3.3%,
+	// and rag at 180 req/s +433% at seed 6 with 0.02 (the README rows,
+	// seeds 1-8).
 	TieMs   float64 `param:"tie_ms"`
 	TieFrac float64 `param:"tie_frac"`
 
