@@ -215,9 +215,9 @@ type KVAwareParams struct {
 	// TTFT 6.98 s) rather than to an idle engine (3.7 s), its added work
 	// weighted 1.875 (the fleet's mean waiting 0.875). Keeping the pick
 	// within max(1.5 x, 1 s more than) the best TTFT estimate moved only the
-	// trace rows (the others' estimates never differ that much): at its own
-	// rate 0.9% lower, at four times it 7.3% higher (seeds 1-8), where the
-	// prompts it sends elsewhere are prefilled again. Not kept.
+	// trace rows (no other README row's run changed, seeds 1-8): at its own
+	// rate 0.9% lower, at four times it 7.3% higher, where the prompts it
+	// sends elsewhere are prefilled again. Not kept.
 	WorkWeight float64 `param:"work_weight"`
 	// WorkLoadGain scales WorkWeight with the fleet's mean waiting queue:
 	// weight = WorkWeight x (1 + WorkLoadGain x mean waiting). On a busy fleet
