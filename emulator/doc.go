@@ -327,14 +327,26 @@
 // the emulator's serving path, 110.5 (92.1 to 139.7; mean 113.6, standard
 // error 8.3), and in a run of seven rounds of 30 s after 60 s of load
 // (again no change to the serving path) 98.7 (77.1 to 160.8; mean 99.8,
-// standard error 10.9). So the cost above the floor is under 100 us in the
-// median of all but four of these runs, and in 35 of their 60 rounds;
-// single rounds reach 161 us. The dearest rounds are those in which a
-// process still grows its heap: the soak also summarises the rounds in
-// which every fleet stayed under 0.1 page faults per request (steadyFaults
-// in fleet_test.go); in that last run the first round had 1.9 faults per
-// request in the engines' process and cost 160.8 us, and the 4 steady
-// rounds 99.6 (77.1 to 100.7; mean 94.0, standard error 5.6). A lower GOGC
+// standard error 10.9). The dearest rounds are those in which a process
+// still grows its heap: the soak also summarises the rounds in which every
+// fleet stayed under 0.1 page faults per request (steadyFaults in
+// fleet_test.go), the steady state of a fleet that has served for a while;
+// in that run the first round had 1.9 faults per request in the engines'
+// process and cost 160.8 us, and the 4 steady rounds 99.6 (77.1 to 100.7;
+// mean 94.0, standard error 5.6). After 90 s of load, in two runs of eight
+// rounds of 30 s that day (KVROUTE_SOAK_WARM=90 KVROUTE_SOAK_ROUNDS=8
+// KVROUTE_SOAK_SECONDS=30 KVROUTE_SOAK_FLOOR=first
+// KVROUTE_SOAK_FLOOR_STEP=11ms, with KVROUTE_SOAK_CONNS=140,
+// KVROUTE_SOAK_TOKENS=1000, KVROUTE_SOAK_STREAM=0, KVROUTE_SOAK_PROCS=1 and
+// KVROUTE_SOAK_PER_PROCESS=16; the floor's fleet first, the order that
+// favours it), the medians were 91.6 (75.6 to 139.4; mean 96.5, standard
+// error 6.7) and 87.8 (57.6 to 117.7; mean 83.5, standard error 7.0), and
+// over their steady rounds (six in each; the others had 0.8 to 1.0 faults
+// per request) 90.2 (75.6 to 95.2; mean 88.2, standard error 2.8) and 73.2
+// (57.6 to 96.2; mean 75.4, standard error 5.8): 15 of the day's 16 steady
+// rounds were under 100 us. So the cost above the floor is under 100 us in
+// the median of all but four of these runs, and in 48 of their 76 rounds;
+// single rounds, those in which the heap grew, reach 161 us. A lower GOGC
 // for the engines (25: the process holds 16 engines' models, about 100 MB
 // of live heap, and at the default 100 it collected 12 times in a run of
 // four and a half minutes, at 25 42 times) measured 80.9 us above the
