@@ -343,9 +343,12 @@
 // error 6.7) and 87.8 (57.6 to 117.7; mean 83.5, standard error 7.0), and
 // over their steady rounds (six in each; the others had 0.8 to 1.0 faults
 // per request) 90.2 (75.6 to 95.2; mean 88.2, standard error 2.8) and 73.2
-// (57.6 to 96.2; mean 75.4, standard error 5.8): 15 of the day's 16 steady
-// rounds were under 100 us. So the cost above the floor is under 100 us in
-// the median of all but four of these runs, and in 48 of their 76 rounds;
+// (57.6 to 96.2; mean 75.4, standard error 5.8); with the engines' fleet
+// first (KVROUTE_SOAK_FLOOR=1), 88.1 (48.1 to 132.9; mean 88.1, standard
+// error 8.6), and 86.0 over its 7 steady rounds (48.1 to 102.2; mean 81.7,
+// standard error 6.7): 21 of the day's 23 steady rounds were under 100 us.
+// So the cost above the floor is under 100 us in the median of all but
+// four of these runs, and in 54 of their 84 rounds;
 // single rounds, those in which the heap grew, reach 161 us. A lower GOGC
 // for the engines (25: the process holds 16 engines' models, about 100 MB
 // of live heap, and at the default 100 it collected 12 times in a run of
