@@ -248,8 +248,7 @@ func TestFleetCPU(t *testing.T) {
 	}
 	rounds := max(1, envInt(envSoakRounds, 1))
 	var overFloor, overAgainst []float64 // per round, side by side
-	// The same, over the rounds in which no fleet's heap grew (steadyFaults).
-	var steadyFloor, steadyAgainst []float64
+	var steadyRound []bool               // per round: no fleet's heap grew in it (steadyFaults)
 	for round := range rounds {
 		if rounds > 1 {
 			t.Logf("round %d of %d", round+1, rounds)
@@ -320,26 +319,32 @@ func TestFleetCPU(t *testing.T) {
 		}
 		if floor >= 0 {
 			overFloor = append(overFloor, perReq[eng].total-perReq[floor].total)
-			if steady {
-				steadyFloor = append(steadyFloor, perReq[eng].total-perReq[floor].total)
-			}
 		}
 		if k := len(fleets) - 1; fleets[k].bin != "" {
 			overAgainst = append(overAgainst, perReq[eng].total-perReq[k].total)
-			if steady {
-				steadyAgainst = append(steadyAgainst, perReq[eng].total-perReq[k].total)
-			}
 		}
+		steadyRound = append(steadyRound, steady)
 	}
 	if rounds > 1 {
 		against := "against " + os.Getenv(envSoakAgainst)
+		// v's steady rounds (v has one value per round, or none); taken
+		// before the loop below sorts v.
+		steadyOf := func(v []float64) []float64 {
+			var s []float64
+			for i, x := range v {
+				if steadyRound[i] {
+					s = append(s, x)
+				}
+			}
+			return s
+		}
 		for _, r := range []struct {
 			what, which string
 			v           []float64
 		}{
 			{"above the floor", "", overFloor}, {against, "", overAgainst},
-			{"above the floor", fmt.Sprintf(" in which no fleet's heap grew (page faults under %v per request in each)", steadyFaults), steadyFloor},
-			{against, " in which no fleet's heap grew", steadyAgainst},
+			{"above the floor", fmt.Sprintf(" in which no fleet's heap grew (page faults under %v per request in each)", steadyFaults), steadyOf(overFloor)},
+			{against, " in which no fleet's heap grew", steadyOf(overAgainst)},
 		} {
 			if len(r.v) == 0 {
 				continue
