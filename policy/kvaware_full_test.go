@@ -2,6 +2,7 @@ package policy
 
 import (
 	"fmt"
+	"strings"
 	"testing"
 	"time"
 
@@ -78,6 +79,64 @@ func TestKVAwareSpareFull(t *testing.T) {
 			}
 			if want := map[bool]int{true: n, false: 0}[tt.holderChosen]; holderPicks != want {
 				t.Errorf("holder chosen %d times of %d, want %d", holderPicks, n, want)
+			}
+		})
+	}
+}
+
+// TestKVAwareTieRoom: of two tied candidates for a request neither caches a
+// quarter of, the tie goes to the one whose cache the request's blocks push
+// nothing out of, or, both full, to the one whose least recent block is
+// older (Horizon), even with more requests in flight; with a quarter
+// cached on both, or no cache full, the in-flight count decides as before.
+func TestKVAwareTieRoom(t *testing.T) {
+	t0 := time.Unix(1_700_000_000, 0)
+	hashes := make([]uint64, 256)
+	for i := range hashes {
+		hashes[i] = uint64(i + 1)
+	}
+	type side struct {
+		evicts   bool
+		horizon  time.Duration
+		inflight int
+	}
+	tests := []struct {
+		name   string
+		blocks int // cached on both
+		a, b   side
+		want   int    // the candidate chosen every time: 0 (a) or 1 (b)
+		reason string // its reason's head
+	}{
+		{"both full, b keeps blocks longer", 0, side{true, 5 * time.Second, 0}, side{true, time.Minute, 1}, 1, "miss, tie broken by cache room"},
+		{"both full, a keeps blocks longer", 0, side{true, time.Minute, 1}, side{true, 5 * time.Second, 0}, 0, "miss, tie broken by cache room"},
+		{"a full, b has room", 0, side{true, time.Minute, 0}, side{false, 0, 1}, 1, "miss, tie broken by cache room"},
+		{"a small hit on both, b keeps blocks longer", 31, side{true, 5 * time.Second, 0}, side{true, time.Minute, 1}, 1, "affinity, tie broken by cache room"},
+		{"a quarter cached on both: fewer in flight", 64, side{true, 5 * time.Second, 0}, side{true, time.Minute, 1}, 0, "affinity, tie broken by load"},
+		{"neither full: fewer in flight", 0, side{false, 0, 1}, side{false, 0, 0}, 1, "miss, least loaded of two tied"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			k, err := NewKVAware(map[string]any{"spare_full": false}, 1)
+			if err != nil {
+				t.Fatal(err)
+			}
+			const n = 50
+			for i := range n {
+				req := &kvroute.Request{ID: fmt.Sprint("r", i), PromptTokens: 8192, BlockSize: 32, BlockHashes: hashes}
+				var cands []kvroute.Candidate
+				for j, s := range []side{tt.a, tt.b} {
+					c := cand(fmt.Sprint("e", j), kvroute.Load{InFlight: s.inflight}, tt.blocks, tt.blocks*32)
+					c.Evicts, c.Horizon = s.evicts, s.horizon
+					cands = append(cands, c)
+				}
+				d := k.Pick(t0.Add(time.Duration(i)*time.Second), req, cands)
+				if d.Index != tt.want {
+					t.Fatalf("decision %d: chose %q (%s), want e%d; scores %+v", i, d.Endpoint, d.Reason, tt.want, d.Scores)
+				}
+				if !strings.HasPrefix(d.Reason, tt.reason+":") {
+					t.Fatalf("decision %d: reason %q, want %q", i, d.Reason, tt.reason)
+				}
+				k.Release(t0, req, d.Endpoint)
 			}
 		})
 	}
