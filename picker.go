@@ -46,10 +46,12 @@ type Candidate struct {
 	// Precise reports that CachedBlocks comes from the engine's own KV events
 	// rather than from the router's record of what it routed.
 	Precise bool
-	// Evicts reports that the router's record of the endpoint's cache (the
-	// approximate index, sized from its KV capacity) has no room for the
-	// prompt blocks it does not hold: sending the request there pushes
-	// other prompts' blocks out. False when unknown (a precise endpoint).
+	// Evicts reports that the router's record of the endpoint's cache (what
+	// it routed there, the approximate index sized from its KV capacity;
+	// kept for an endpoint with KV events too, whose prefix matches come
+	// from the engine's) has no room for the prompt blocks the endpoint
+	// does not hold: sending the request there pushes other prompts'
+	// blocks out.
 	Evicts bool
 	// Horizon, when Evicts, is how long that record keeps a block nobody
 	// sends again (the age of its least recent entry): a cache that turns

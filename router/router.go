@@ -138,7 +138,12 @@ type Router struct {
 	policy string
 	eps    []*endpoint
 	byID   map[string]*endpoint
-	approx *kvindex.Approx // endpoints without KV events
+	// approx is the record of what the router routed to each endpoint:
+	// the prefix index of the endpoints without KV events, and for every
+	// endpoint its cache's room and turnover (kvroute.Candidate.Evicts and
+	// Horizon); an endpoint with KV events takes its prefix matches from
+	// the engine's (bySlot maps its slot to none).
+	approx *kvindex.Approx
 	gap    *kvindex.Approx // endpoints with KV events: routed but not yet reported
 	log    decisionLog
 	cands  []kvroute.Candidate // reused by Route (traded with the decision log's)
@@ -395,7 +400,11 @@ func (r *Router) install(eps []*endpoint) {
 	for i, e := range eps {
 		e.idx = i
 		r.byID[e.ep.ID] = e
-		r.bySlot = setSlot(r.bySlot, e.slot, i)
+		if e.precise {
+			r.bySlot = setSlot(r.bySlot, e.slot, -1) // its matches are the engine's
+		} else {
+			r.bySlot = setSlot(r.bySlot, e.slot, i)
+		}
 		r.byGapSlot = setSlot(r.byGapSlot, e.gapSlot, i)
 		r.anyPrecise = r.anyPrecise || e.precise
 	}
@@ -694,7 +703,7 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 		}
 		// What the endpoint does not hold of the prompt would be recorded
 		// there: past its room, other prompts' blocks are evicted.
-		c.Evicts = !e.precise && len(req.BlockHashes) > 0 && e.slot.Room() < len(req.BlockHashes)-m.cached
+		c.Evicts = len(req.BlockHashes) > 0 && e.slot.Room() < len(req.BlockHashes)-m.cached
 		c.Horizon = 0
 		if c.Evicts {
 			if o := e.slot.Oldest(); !o.IsZero() {
@@ -749,9 +758,8 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 	if len(req.BlockHashes) > 0 {
 		if e.precise {
 			r.gap.Record(now, e.ep.ID, req.BlockHashes)
-		} else {
-			r.approx.Record(now, e.ep.ID, req.BlockHashes)
 		}
+		r.approx.Record(now, e.ep.ID, req.BlockHashes)
 	}
 	return f, nil
 }

@@ -691,6 +691,57 @@ func TestRouteEvicts(t *testing.T) {
 	}
 }
 
+// TestRouteEvictsPrecise: an endpoint with KV events Evicts as one without
+// does: the router keeps its record of what it routed there (capacity 128
+// tokens = 8 blocks of 16) for the room and the Horizon, while the prefix
+// matches stay the engine's (and the gap index's): a prompt the record
+// holds but the gap index has let go is not claimed, and counts as new.
+func TestRouteEvictsPrecise(t *testing.T) {
+	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 16})
+	r, err := New(Config{Model: "m", Endpoints: eps(2), Policy: "test", Picker: &pickFirstHealthy{}, DefaultCapacityTokens: 128,
+		Precise: idx, PreciseEndpoints: []string{"e0", "e1"}, EventGap: 1500 * time.Millisecond, DecisionLog: 8})
+	if err != nil {
+		t.Fatal(err)
+	}
+	hashes := func(i int) []uint64 {
+		return []uint64{uint64(10*i + 1), uint64(10*i + 2), uint64(10*i + 3), uint64(10*i + 4)}
+	}
+	route := func(i int, at time.Duration) []CandidateInput {
+		t.Helper()
+		now := t0.Add(at)
+		req := &kvroute.Request{ID: fmt.Sprint(i), Model: "m", PromptTokens: 64, BlockSize: 16, BlockHashes: hashes(i)}
+		f, err := r.Route(now, req, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r.Done(now, f, kvroute.Outcome{})
+		return r.Decisions(1)[0].Candidates
+	}
+	for i, want := range []bool{false, false, true, true} {
+		c := route(i, time.Duration(i)*time.Second) // to e0, a second apart
+		wantHorizon := 0.0
+		if want {
+			wantHorizon = 2000 // the record's least recent prompt, 2s old
+		}
+		if c[0].Evicts != want || c[1].Evicts || c[0].HorizonMS != wantHorizon || c[0].CachedBlocks != 0 {
+			t.Errorf("prompt %d (e0's record holds %d blocks before it): Evicts %v, %v, horizon %v ms, %d blocks cached; want %v, false, %v, 0",
+				i, 4*min(i, 2), c[0].Evicts, c[1].Evicts, c[0].HorizonMS, c[0].CachedBlocks, want, wantHorizon)
+		}
+	}
+	// Prompt 3 again, 0.5s after it was routed: the gap index claims it.
+	if c := route(3, 3500*time.Millisecond); c[0].CachedBlocks != 4 || c[0].Evicts {
+		t.Errorf("prompt 3 within the event gap: %d blocks cached, Evicts %v; want 4, false", c[0].CachedBlocks, c[0].Evicts)
+	}
+	// Prompt 3 once the gap has passed: e0's record still holds it, but
+	// the engine has not said so, so nothing is claimed, and its blocks
+	// are new ones there: they push out the record's least recent prompt
+	// (2, routed at 2s).
+	if c := route(3, 6*time.Second); c[0].CachedBlocks != 0 || !c[0].Evicts || c[0].HorizonMS != 4000 {
+		t.Errorf("prompt 3 after the event gap: %d blocks cached, Evicts %v, horizon %v ms; want 0 (no event, no claim), true, 4000",
+			c[0].CachedBlocks, c[0].Evicts, c[0].HorizonMS)
+	}
+}
+
 // TestSessionsLeaveThrashingHolder is BenchmarkDecisionKVAware64's
 // sessions=64 regime: 64 sessions of 8k-token prompts (32 KiB) behind one
 // shared 1k-token system prompt, over 64 endpoints whose caches hold 16
