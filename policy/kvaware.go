@@ -2029,8 +2029,7 @@ func (k *KVAware) lessLoaded(cands []kvroute.Candidate, i, j, P int) (first, byR
 // cmpRoom orders two candidates by what a request's blocks would push out
 // of their caches (the router's record of them, kvroute.Candidate.Evicts):
 // nothing before something, and of two that evict, the one whose least
-// recent block is older (the longer Horizon) first. 0 when neither evicts
-// (or a precise endpoint's, whose record is the engine's).
+// recent block is older (the longer Horizon) first. 0 when neither evicts.
 func cmpRoom(a, b *kvroute.Candidate) int {
 	switch {
 	case a.Evicts != b.Evicts:
