@@ -54,6 +54,11 @@ type candSpec struct {
 	CachedBlocks   int     `json:"cached_blocks,omitempty"`
 	CachedTokens   int     `json:"cached_tokens,omitempty"`
 	Tier           string  `json:"tier,omitempty"`
+	// Evicts and HorizonMs are the router's record of its cache: no room
+	// for the prompt's uncached blocks, and then the age of its least
+	// recent entry.
+	Evicts    bool    `json:"evicts,omitempty"`
+	HorizonMs float64 `json:"horizon_ms,omitempty"`
 	// LoRARunning, LoRAWaiting and MaxLoRA are the engine's adapters
 	// (vllm:lora_requests_info); none set: it reports none.
 	LoRARunning []string `json:"lora_running,omitempty"`
@@ -87,6 +92,8 @@ func (c candSpec) build(blockSize, prompt int) (kvroute.Candidate, error) {
 			InFlightTokens: c.InFlightTokens, DecodeTokens: c.DecodeTokens, PrefixHitRate: -1},
 		CachedBlocks: c.CachedBlocks,
 		CachedTokens: c.CachedTokens,
+		Evicts:       c.Evicts,
+		Horizon:      time.Duration(c.HorizonMs * float64(time.Millisecond)),
 	}
 	role, err := kvroute.ParseRole(c.Role)
 	if err != nil {
