@@ -47,11 +47,10 @@ type Candidate struct {
 	// rather than from the router's record of what it routed.
 	Precise bool
 	// Evicts reports that the router's record of the endpoint's cache (what
-	// it routed there, the approximate index sized from its KV capacity;
-	// kept for an endpoint with KV events too, whose prefix matches come
-	// from the engine's) has no room for the prompt blocks the endpoint
-	// does not hold: sending the request there pushes other prompts'
-	// blocks out.
+	// it routed there, sized from its KV capacity: the approximate index,
+	// or, for an endpoint with KV events, the blocks its dispatches wrote
+	// there) has no room for the prompt blocks the endpoint does not hold:
+	// sending the request there pushes other prompts' blocks out.
 	Evicts bool
 	// Horizon, when Evicts, is how long that record keeps a block nobody
 	// sends again (the age of its least recent entry): a cache that turns

@@ -25,9 +25,9 @@
 //     (kvindex.Index, fed by the engines' KV events) wins for endpoints that
 //     publish events, and the approximate entries then only cover the gap
 //     between routing and the engine's event (a second approximate index,
-//     the gap index); the approximate index's record of those endpoints
-//     still tells their caches' room and turnover (Candidate.Evicts and
-//     Horizon),
+//     the gap index); for those endpoints a write log (the blocks each
+//     dispatch brought that the engine did not hold) tells their caches'
+//     room and turnover (Candidate.Evicts and Horizon),
 //
 // calls the configured kvroute.Picker, records the dispatch, and keeps the
 // decision for /debug/decisions. The caller reports the first token and the

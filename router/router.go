@@ -138,12 +138,7 @@ type Router struct {
 	policy string
 	eps    []*endpoint
 	byID   map[string]*endpoint
-	// approx is the record of what the router routed to each endpoint:
-	// the prefix index of the endpoints without KV events, and for every
-	// endpoint its cache's room and turnover (kvroute.Candidate.Evicts and
-	// Horizon); an endpoint with KV events takes its prefix matches from
-	// the engine's (bySlot maps its slot to none).
-	approx *kvindex.Approx
+	approx *kvindex.Approx // endpoints without KV events
 	gap    *kvindex.Approx // endpoints with KV events: routed but not yet reported
 	log    decisionLog
 	cands  []kvroute.Candidate // reused by Route (traded with the decision log's)
@@ -217,6 +212,7 @@ type endpoint struct {
 	totalEjects int
 
 	gapSlot kvindex.Slot // its room in gap
+	writes  writeLog     // with KV events: what its dispatches wrote there (Evicts, Horizon)
 
 	// The view's LlamaAdapters as of its Gen llamaGen (llamaValid: read
 	// once), protected by Router.mu: see unlisted.
@@ -400,11 +396,7 @@ func (r *Router) install(eps []*endpoint) {
 	for i, e := range eps {
 		e.idx = i
 		r.byID[e.ep.ID] = e
-		if e.precise {
-			r.bySlot = setSlot(r.bySlot, e.slot, -1) // its matches are the engine's
-		} else {
-			r.bySlot = setSlot(r.bySlot, e.slot, i)
-		}
+		r.bySlot = setSlot(r.bySlot, e.slot, i)
 		r.byGapSlot = setSlot(r.byGapSlot, e.gapSlot, i)
 		r.anyPrecise = r.anyPrecise || e.precise
 	}
@@ -499,6 +491,7 @@ func (r *Router) SetEndpoints(now time.Time, eps []kvroute.Endpoint, precise []s
 				e.precise = p
 				r.approx.Clear(ep.ID)
 				r.gap.Clear(ep.ID)
+				e.writes = writeLog{}
 			}
 			next[i] = e
 		}
@@ -550,11 +543,15 @@ func (r *Router) AppendSameServer(dst []string, e *kvroute.Endpoint) []string {
 // engine's event history was reset (it restarted, or a gap could not be
 // filled and the precise index dropped its entries), so those prompts may
 // be gone from its cache with no event to say so. Without it the router
-// went on claiming them for up to EventGap.
+// went on claiming them for up to EventGap. What they wrote into its cache
+// (the room and turnover its candidates report) is forgotten too.
 func (r *Router) ForgetDispatches(endpoint string) {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.gap.Clear(endpoint)
+	if e := r.byID[endpoint]; e != nil {
+		e.writes.reset()
+	}
 }
 
 // View returns the signals view of an endpoint, or nil if it is not in
@@ -701,13 +698,24 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 		if l.KVCapacityTokens != e.capTokens || unit != e.capUnit || e.capBlocks == 0 {
 			r.sizeApprox(e, l.KVCapacityTokens, req, charMode) // not as last time (sizeApprox checks too)
 		}
-		// What the endpoint does not hold of the prompt would be recorded
+		// What the endpoint does not hold of the prompt would be written
 		// there: past its room, other prompts' blocks are evicted.
-		c.Evicts = len(req.BlockHashes) > 0 && e.slot.Room() < len(req.BlockHashes)-m.cached
-		c.Horizon = 0
-		if c.Evicts {
-			if o := e.slot.Oldest(); !o.IsZero() {
-				c.Horizon = now.Sub(o)
+		c.Evicts, c.Horizon = false, 0
+		if n := len(req.BlockHashes) - m.cached; len(req.BlockHashes) > 0 {
+			if e.precise {
+				e.writes.trim(now, e.capBlocks, r.cfg.ApproxTTL)
+				c.Evicts = e.writes.room(e.capBlocks) < n
+			} else {
+				c.Evicts = e.slot.Room() < n
+			}
+			if c.Evicts {
+				o := e.writes.oldest()
+				if !e.precise {
+					o = e.slot.Oldest()
+				}
+				if !o.IsZero() {
+					c.Horizon = now.Sub(o)
+				}
 			}
 		}
 	}
@@ -758,8 +766,10 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 	if len(req.BlockHashes) > 0 {
 		if e.precise {
 			r.gap.Record(now, e.ep.ID, req.BlockHashes)
+			e.writes.add(now, len(req.BlockHashes)-c.CachedBlocks, e.capBlocks, r.cfg.ApproxTTL)
+		} else {
+			r.approx.Record(now, e.ep.ID, req.BlockHashes)
 		}
-		r.approx.Record(now, e.ep.ID, req.BlockHashes)
 	}
 	return f, nil
 }

@@ -692,10 +692,11 @@ func TestRouteEvicts(t *testing.T) {
 }
 
 // TestRouteEvictsPrecise: an endpoint with KV events Evicts as one without
-// does: the router keeps its record of what it routed there (capacity 128
-// tokens = 8 blocks of 16) for the room and the Horizon, while the prefix
-// matches stay the engine's (and the gap index's): a prompt the record
-// holds but the gap index has let go is not claimed, and counts as new.
+// does, from the blocks the router's dispatches wrote there (capacity 128
+// tokens = 8 blocks of 16): those the engine's prefix match (and the gap
+// index's) did not cover. A prompt the gap index has let go with no event
+// to say the engine holds it is written again. ForgetDispatches forgets
+// the writes.
 func TestRouteEvictsPrecise(t *testing.T) {
 	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 16})
 	r, err := New(Config{Model: "m", Endpoints: eps(2), Policy: "test", Picker: &pickFirstHealthy{}, DefaultCapacityTokens: 128,
@@ -732,13 +733,16 @@ func TestRouteEvictsPrecise(t *testing.T) {
 	if c := route(3, 3500*time.Millisecond); c[0].CachedBlocks != 4 || c[0].Evicts {
 		t.Errorf("prompt 3 within the event gap: %d blocks cached, Evicts %v; want 4, false", c[0].CachedBlocks, c[0].Evicts)
 	}
-	// Prompt 3 once the gap has passed: e0's record still holds it, but
-	// the engine has not said so, so nothing is claimed, and its blocks
-	// are new ones there: they push out the record's least recent prompt
-	// (2, routed at 2s).
+	// Prompt 3 once the gap has passed: the engine has not said it holds
+	// it, so nothing is claimed, and its blocks are written again: they
+	// push out the least recent write (prompt 2's, at 2s).
 	if c := route(3, 6*time.Second); c[0].CachedBlocks != 0 || !c[0].Evicts || c[0].HorizonMS != 4000 {
 		t.Errorf("prompt 3 after the event gap: %d blocks cached, Evicts %v, horizon %v ms; want 0 (no event, no claim), true, 4000",
 			c[0].CachedBlocks, c[0].Evicts, c[0].HorizonMS)
+	}
+	r.ForgetDispatches("e0")
+	if c := route(4, 7*time.Second); c[0].Evicts {
+		t.Errorf("after ForgetDispatches(e0): Evicts, want the writes forgotten")
 	}
 }
 
