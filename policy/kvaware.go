@@ -1314,8 +1314,13 @@ func (k *KVAware) thrashing(c *kvroute.Candidate) bool {
 // smallHit reports whether c caches some but under a quarter of a prompt
 // of P tokens (SpareFull).
 func smallHit(c *kvroute.Candidate, P int) bool {
-	return c.CachedTokens > 0 && 4*c.CachedTokens < P
+	return c.CachedTokens > 0 && underQuarter(c.CachedTokens, P)
 }
+
+// underQuarter reports whether tokens are under a quarter of a prompt of
+// P: a hit that small leaves most of the prompt to prefill (SpareFull,
+// and cmpRoom's tie breaks).
+func underQuarter(tokens, P int) bool { return 4*tokens < P }
 
 // estimate fills st's TTFT estimate for candidate c.
 func (k *KVAware) estimate(i int, c *kvroute.Candidate, st *candState, P int) {
@@ -2015,7 +2020,7 @@ func (k *KVAware) lessLoaded(cands []kvroute.Candidate, i, j, P int) (first, byR
 	if a, b := k.c[i].flags&capFull != 0, k.c[j].flags&capFull != 0; a != b {
 		return b, false
 	}
-	if 4*max(k.c[i].credit, k.c[j].credit) < P {
+	if underQuarter(max(k.c[i].credit, k.c[j].credit), P) {
 		if c := cmpRoom(&cands[i], &cands[j]); c != 0 {
 			return c < 0, true
 		}

@@ -13,9 +13,8 @@ import (
 // 64 endpoints whose prefix matches come from the precise index, each
 // request 8,000 tokens in 500 blocks of 16, the first quarter shared by
 // every request and stored (by event) on every endpoint. Route matches
-// the precise index and the gap index, and records the request in both
-// the gap index and the record of what it routed (the endpoints' room
-// and turnover).
+// the precise index and the gap index, and records the request in the gap
+// index and the chosen endpoint's write log (its room and turnover).
 func BenchmarkRoutePrecise64(b *testing.B) {
 	idx := kvindex.NewIndex(kvindex.IndexConfig{BlockSize: 16})
 	list := eps(64)

@@ -221,6 +221,26 @@ type endpoint struct {
 	llama      *signals.LlamaAdapters
 }
 
+// recordRoom returns the blocks the router's record of e's cache has left
+// at now: the approximate index's room, or, with KV events, the write
+// log's (its writes older than ttl dropped). Called with Router.mu held.
+func (e *endpoint) recordRoom(now time.Time, ttl time.Duration) int {
+	if e.precise {
+		e.writes.trim(now, e.capBlocks, ttl)
+		return e.writes.room(e.capBlocks)
+	}
+	return e.slot.Room()
+}
+
+// recordOldest returns the time of the least recent entry of that record
+// (the zero Time when it holds none).
+func (e *endpoint) recordOldest() time.Time {
+	if e.precise {
+		return e.writes.oldest()
+	}
+	return e.slot.Oldest()
+}
+
 // currentLoad returns the endpoint's Load at now. A decision reads all the
 // endpoints' loads but changes at most one (its dispatch), and scrapes
 // come a few times a second: the Load is computed again only when the
@@ -491,7 +511,7 @@ func (r *Router) SetEndpoints(now time.Time, eps []kvroute.Endpoint, precise []s
 				e.precise = p
 				r.approx.Clear(ep.ID)
 				r.gap.Clear(ep.ID)
-				e.writes = writeLog{}
+				e.writes.reset()
 			}
 			next[i] = e
 		}
@@ -700,22 +720,11 @@ func (r *Router) Route(now time.Time, req *kvroute.Request, exclude []string) (*
 		}
 		// What the endpoint does not hold of the prompt would be written
 		// there: past its room, other prompts' blocks are evicted.
-		c.Evicts, c.Horizon = false, 0
-		if n := len(req.BlockHashes) - m.cached; len(req.BlockHashes) > 0 {
-			if e.precise {
-				e.writes.trim(now, e.capBlocks, r.cfg.ApproxTTL)
-				c.Evicts = e.writes.room(e.capBlocks) < n
-			} else {
-				c.Evicts = e.slot.Room() < n
-			}
-			if c.Evicts {
-				o := e.writes.oldest()
-				if !e.precise {
-					o = e.slot.Oldest()
-				}
-				if !o.IsZero() {
-					c.Horizon = now.Sub(o)
-				}
+		c.Evicts = len(req.BlockHashes) > 0 && e.recordRoom(now, r.cfg.ApproxTTL) < len(req.BlockHashes)-m.cached
+		c.Horizon = 0
+		if c.Evicts {
+			if o := e.recordOldest(); !o.IsZero() {
+				c.Horizon = now.Sub(o)
 			}
 		}
 	}
