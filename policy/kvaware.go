@@ -42,7 +42,17 @@ type KVAwareParams struct {
 	MaxBatchedTokens int `param:"max_batched_tokens"`
 	// QueuedRequestMs is the prior wait each request ahead in the engine
 	// queue adds beyond its prefill work (memory or batch-slot waits), in
-	// milliseconds; learning replaces it. Default 1.
+	// milliseconds; learning replaces it. Default 1. The queue counted is
+	// Load.Queue(), waiting plus running (or the router's in-flight count
+	// when larger), so the requests that are decoding are charged too: in
+	// a burst's later part it is most of the estimate (tenants at 650
+	// req/s, seed 1: after the first second the chosen engine ran and
+	// queued 177 requests on average, and the estimates were 175 ms above
+	// the TTFTs, 291 against 116 ms). It then works as a
+	// least-request term: at 0 the README rows at seeds 1-8 (2026-12-06)
+	// were within 1% on most rows, but tenants at 150 and 200 req/s 2.3%
+	// and 2.9% higher, at 650 req/s 2.0%, and the trace at its own rate
+	// 1.8%.
 	QueuedRequestMs float64 `param:"queued_request_ms"`
 	// MeanPromptTokens is the prior uncached size of an engine-queued request
 	// the router did not dispatch itself; learning replaces it with the mean
@@ -1941,6 +1951,19 @@ type attnMemo struct {
 // endpoint: the router's own in-flight prefill, or the engine's waiting
 // queue at the mean uncached size, whichever is larger. s is c's stats
 // (nil: none).
+//
+// The second overstates a queue of cache hits, whose sizes the router
+// knows: counting the policy's own queued prefill alone (or adding only
+// the waiting requests beyond its own, other routers' work; in the
+// simulator the two ran alike) brought the estimates closer to the TTFTs
+// and took, over the README rows at seeds 1-8 (2026-12-06), sysprompt at
+// 130 req/s 3.8% lower (at every seed), tenants at 200 req/s 4.3% and
+// chat at 550 req/s 1.6% lower, but tenants at 650 req/s 8.9% higher
+// (32 runs paired with the decode weight perturbed, standard error 0.010;
+// chat at 550 req/s -1.9%, standard error 0.005) and the trace at four
+// times its rate 3.8-5.6%. In that burst the inflated queue kept requests
+// off the holders of the heavy tenant's documents during the first 0.3 s,
+// where its p99 is made, so it was not changed.
 func (k *KVAware) queuedTokens(c *kvroute.Candidate, s *epStats) float64 {
 	l := &c.Load
 	if k.firstTokens {
