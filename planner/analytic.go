@@ -754,7 +754,7 @@ func addPrefill(sp []span, from, to float64, tokens int) []span {
 // chosen where the adapter's slot wait and load were the least (the
 // router's picker spreads adapters, this one kept each on its nodes), it
 // put them at 0.63s and 0.31s and sized 1:7. Booking the prefill nodes'
-// slots alone moved neither: on the 100s of README.md's example at 1:7
+// slots alone moved neither: on the 100s of docs/PLANNING.md's example at 1:7
 // the simulated prefill queue's p99 is 0.21s (2ms at --max-loras 8), the
 // decode legs' first step's (their wait for a slot) 13.8s.
 func (m *model) replay(reqs []workload.Request, cached []int, pre []time.Duration, pn, dn int, b float64) *replayed {

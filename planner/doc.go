@@ -90,7 +90,7 @@
 // share of the engines' time with a request on them, as the simulator
 // counts it. It is checked against the simulated aggregated fleet in a
 // note, and at the oracle hit rate it starts the aggregated search. On the
-// conversation trace it sizes 6 engines for the 8B plan of README.md where
+// conversation trace it sizes 6 engines for the 8B plan of docs/PLANNING.md where
 // the simulation needs 5 (an M/G/c queue with a Poisson count of the
 // prefills met sized 3), and 10 for the 70B (tp4) one where the simulation
 // needs 17: that TTFT target sits on the plateau the prefix hit rate sets,
@@ -147,7 +147,7 @@
 // running and waiting there, which the router learns from its own
 // placements for AdapterHold before the signals show them); the P/D rule
 // sees the decode node's adapters (disagg.Scenario.Adapter). On
-// README.md's LoRA example (8 adapters of the 8B profile at 20 req/s,
+// docs/PLANNING.md's LoRA example (8 adapters of the 8B profile at 20 req/s,
 // --max-loras 1, TTFT p99 2s) the analytical P/D fleet is 2:8, where the
 // simulated one is 1:9 (TestModelPDAdapterSlots: at 1:7 the simulator's
 // TTFT p99 is 2.6s and the model's 4.8s, at 2:10 0.32s and 0.31s). Before

@@ -1621,7 +1621,7 @@ func (k *KVAware) adapterCost(i int, c *kvroute.Candidate, es *epStats, stepMs f
 // 35.34 s at 12/s and 88.24 s at 20/s, against 31.37 and 76.05 s when
 // charged away from home only. So adapterCost does not charge it where x
 // waits for a slot at its own home and the demands are settled
-// (homeSettled): 27.69 and 74.28 s, and 4.66 s at seed 1 above (README,
+// (homeSettled): 27.69 and 74.28 s, and 4.66 s at seed 1 above (docs/RESULTS.md,
 // "LoRA adapters"; the figures at homeSettledSigmas).
 func (k *KVAware) homeWait(ep, x string, D float64) float64 {
 	lh := k.homeRate(ep, x)
