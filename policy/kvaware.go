@@ -234,6 +234,11 @@ type KVAwareParams struct {
 	// weight = WorkWeight x (1 + WorkLoadGain x mean waiting). On a busy fleet
 	// every token saved shortens many queues, so affinity is worth more;
 	// the load caps still keep it from piling onto one node. Default 1.
+	// Over the README's burst rows at seeds 1-8 (2026-12-06), 0.5 and 2
+	// each did worse than 1: rag at 420 req/s +4.4% and +6.2% in mean p99
+	// TTFT, tenants at 650 req/s +11.5% and +6.2%, the other bursts within
+	// 2.2%; so did capping the weight at 3 or 6 (rag +5.1% and -0.3%,
+	// tenants +7.2% and +2.9%, chat at 550 req/s +2.6% and -0.6%).
 	WorkLoadGain float64 `param:"work_load_gain"`
 	// ProgressTokPerMs is the prefill progress, in tokens per millisecond,
 	// credited to an endpoint's queue head since it started (the last first
