@@ -51,8 +51,8 @@ type KVAwareParams struct {
 	// the TTFTs, 291 against 116 ms). It then works as a
 	// least-request term: at 0 the README rows at seeds 1-8 (2026-12-06)
 	// were within 1% on most rows, but tenants at 150 and 200 req/s 2.3%
-	// and 2.9% higher, at 650 req/s 2.0%, and the trace at its own rate
-	// 1.8%.
+	// and 2.9% higher, at 650 req/s 2.0%, and the trace 1.8% at its own
+	// rate and 2.0% at four times it.
 	QueuedRequestMs float64 `param:"queued_request_ms"`
 	// MeanPromptTokens is the prior uncached size of an engine-queued request
 	// the router did not dispatch itself; learning replaces it with the mean
@@ -1968,14 +1968,17 @@ type attnMemo struct {
 // knows: counting the policy's own queued prefill alone (or adding only
 // the waiting requests beyond its own, other routers' work; in the
 // simulator the two ran alike) brought the estimates closer to the TTFTs
-// and took, over the README rows at seeds 1-8 (2026-12-06), sysprompt at
-// 130 req/s 3.8% lower (at every seed), tenants at 200 req/s 4.3% and
-// chat at 550 req/s 1.6% lower, but tenants at 650 req/s 8.9% higher
-// (32 runs paired with the decode weight perturbed, standard error 0.010;
-// chat at 550 req/s -1.9%, standard error 0.005) and the trace at four
-// times its rate 3.8-5.6%. In that burst the inflated queue kept requests
-// off the holders of the heavy tenant's documents during the first 0.3 s,
-// where its p99 is made, so it was not changed.
+// (the chosen candidate's root-mean-square error at seed 1: sysprompt at
+// 130 req/s 378 -> 291 ms, chat at 550 req/s 173 -> 160 ms) and took,
+// over the README rows at seeds 1-8 (2026-12-06), sysprompt at 130 req/s
+// 3.8% lower (at every seed), tenants at 200 req/s 4.3% and chat at 550
+// req/s 1.6% lower, but tenants at 650 req/s 8.9% higher (32 runs paired
+// with the decode weight perturbed, standard error 0.010; chat at 550
+// req/s -1.9%, standard error 0.005) and the trace at four times its
+// rate 3.8-5.6%, so it was not changed. That burst's p99 is made in its
+// first 0.3 s by cache hits queued 300-430 ms behind the heavy tenant's
+// documents on the engines holding them (seed 8, either way); why the
+// exact count did worse there was not found.
 func (k *KVAware) queuedTokens(c *kvroute.Candidate, s *epStats) float64 {
 	l := &c.Load
 	if k.firstTokens {
