@@ -1980,9 +1980,14 @@ type attnMemo struct {
 // +1.6% (0.2; from 1% below round-robin to 1% above) and the others by
 // under 1%; and the trace at four times its rate by +7.1% (16.11 -> 17.26
 // s over 32 runs paired with the decode weight perturbed, standard error
-// 0.23 s; -0.8% at its own rate). So it was not changed: that trace row,
-// where kv-aware leads the best baseline by 16%, lost more than the
-// others gained.
+// 0.23 s; -0.8% at its own rate). Pricing the waiting requests beyond
+// its own at the larger of the mean uncached size and the mean context of
+// its requests decoding there (a request the engine preempted waits to
+// compute its context again; that trace row preempts about 1,000 times in
+// its 3,000 requests) halved that loss (+4.0%, standard error 0.28 s) and
+// moved no other row. So it was not changed: that trace row, where
+// kv-aware leads the best baseline by 16%, lost more than the others
+// gained.
 func (k *KVAware) queuedTokens(c *kvroute.Candidate, s *epStats) float64 {
 	l := &c.Load
 	if k.firstTokens {
