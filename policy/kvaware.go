@@ -113,7 +113,12 @@ type KVAwareParams struct {
 	// TieFrac 0 (ties only within 1 ms) balanced the cold chat burst (550
 	// req/s) better, its mean p99 TTFT over seeds 1-8 2.4% lower, but the
 	// other bursts worse: rag at 420 req/s +4.3%, tenants at 650 req/s
-	// +10.7% (+38% at seed 8, its throughput 12% lower at one seed). A
+	// +10.7% (+38% at seed 8, its throughput 12% lower at one seed). Over
+	// seeds 1-40 (2026-12-06; eight seeds of a burst leave a standard error
+	// of 2-5 points) it was chat -2.0% (standard error 0.2 points),
+	// sysprompt at 1000 req/s +0.8% (0.2), rag +1.0% (1.5), tenants +2.3%
+	// (1.9) and storm at 320 req/s -0.4% (0.5), with tenants' throughput
+	// 12-16% lower at three seeds (seed 29: 129.4 against 154.8 req/s). A
 	// window relative to the best candidate's TTFT estimate (queue plus
 	// prefill) rather than its score, whose decode and work terms widen
 	// it, was not kept either: at 0.01, 0.02 and 0.03 of the estimate the
