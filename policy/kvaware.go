@@ -2055,6 +2055,12 @@ func (k *KVAware) rates(s *epStats) (tok, req float64, learned bool) {
 // req/s) better (mean p99 TTFT over seeds 1-8 -1.8% and -1.4%), but put
 // tenants at 650 req/s 5.7% and 5.4% higher (its throughput 11-12% lower
 // at one seed), and the first rag at 180 req/s 231% higher at seed 6.
+// Over seeds 1-40 (2026-12-06; eight seeds of a burst leave a standard
+// error of 2-5 points) the two gave chat at 550 req/s -1.9% and -1.7%
+// (standard errors 0.2 points), sysprompt at 1000 req/s +0.9% and +0.8%
+// (0.3), and rag at 420, storm at 320 and tenants at 650 req/s within
+// their noise (tenants +2.4% and +1.2%, 1.8 and 1.5), with tenants'
+// throughput 12% lower at a seed under each.
 //
 // cmpRoom keeps a cold prompt off the cache that turns over fastest: on
 // the conversation trace a cold 100k-token prompt fills a fifth of an
