@@ -2074,6 +2074,11 @@ func (k *KVAware) rates(s *epStats) (tok, req float64, learned bool) {
 // caches with room by the room left (the least prefilled first, as
 // sglang-cache-aware sends a miss to its smallest tree) took chat at 550
 // req/s 2.6% lower but tenants at 650 req/s 4.4% higher (+36% at seed 6).
+// Over seeds 1-40 (2026-12-06) it was chat -2.4% (standard error 0.2
+// points), tenants +1.1% (1.8) and the other rows within 1%, but rag at
+// 180 req/s went from 579 ms to 2.40 s at seed 38 (2.18-3.52 s against
+// 0.50-1.06 s with the decode term perturbed six ways): hit rate 97.6 ->
+// 97.3% in the run's 60-80 s, then 105 preemptions on one engine.
 func (k *KVAware) lessLoaded(cands []kvroute.Candidate, i, j, P int) (first, byRoom bool) {
 	if a, b := k.c[i].flags&capFull != 0, k.c[j].flags&capFull != 0; a != b {
 		return b, false
