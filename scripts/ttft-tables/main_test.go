@@ -1,6 +1,9 @@
 package main
 
 import (
+	"math"
+	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -67,11 +70,73 @@ func TestFromReport(t *testing.T) {
 }
 
 func TestParseSeeds(t *testing.T) {
-	s, err := parseSeeds("1, 2,3")
-	if err != nil || len(s) != 3 || s[0] != 1 || s[2] != 3 {
-		t.Errorf("parseSeeds: %v %v", s, err)
+	for _, tc := range []struct {
+		in   string
+		want []uint64
+	}{
+		{"1, 2,3", []uint64{1, 2, 3}},
+		{"1-4", []uint64{1, 2, 3, 4}},
+		{"7,2-3, 9 - 9", []uint64{7, 2, 3, 9}},
+		{"18446744073709551614-18446744073709551615", []uint64{18446744073709551614, 18446744073709551615}},
+	} {
+		got, err := parseSeeds(tc.in)
+		if err != nil || !slices.Equal(got, tc.want) {
+			t.Errorf("parseSeeds(%q) = %v, %v; want %v", tc.in, got, err, tc.want)
+		}
 	}
-	if _, err := parseSeeds("1,x"); err == nil {
-		t.Error(`parseSeeds("1,x"): no error`)
+	for _, in := range []string{"1,x", "", "4-2", "1-", "-3", "1-2-3", "0-10000"} {
+		if _, err := parseSeeds(in); err == nil {
+			t.Errorf("parseSeeds(%q): no error", in)
+		}
 	}
+}
+
+func TestSummarize(t *testing.T) {
+	// kv-aware against a best baseline of 1 s: 0.9 s and 1.1 s, margins -10%
+	// and +10%; bounds 0.5 and 0.9 s leave 50% and 10% to gain.
+	mk := func(kv, bound float64) *result {
+		return &result{p99: []float64{kv, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0}, bound: bound}
+	}
+	s, ok := summarize([]*result{mk(0.9, 0.5), nil, mk(1.1, 0.9)})
+	if !ok || s.n != 2 {
+		t.Fatalf("summarize: ok %v n %d, want 2 results", ok, s.n)
+	}
+	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
+	if !near(s.mean, 0) || !near(s.se, 0.1) || !near(s.room, 0.3) {
+		t.Errorf("summarize: mean %v se %v room %v, want 0, 0.1 and 0.3", s.mean, s.se, s.room)
+	}
+	if got := strings.Join(s.each, " "); got != "-10% +10%" {
+		t.Errorf("each seed's margin %q, want \"-10%% +10%%\"", got)
+	}
+	if _, ok := summarize([]*result{nil}); ok {
+		t.Error("summarize of no results: ok")
+	}
+	if s, _ := summarize([]*result{mk(0.8, 0.5)}); s.se != 0 {
+		t.Errorf("one seed: standard error %v, want 0", s.se)
+	}
+}
+
+// FuzzParseSeeds: any --seeds value is refused with an error or read into
+// seeds that print back to a list the parser reads the same way.
+func FuzzParseSeeds(f *testing.F) {
+	for _, s := range []string{"1", "1,2,3", "5-8", "7, 2-3", "4-2", "x", "", "0-9999"} {
+		f.Add(s)
+	}
+	f.Fuzz(func(t *testing.T, s string) {
+		seeds, err := parseSeeds(s)
+		if err != nil {
+			return
+		}
+		if len(seeds) == 0 {
+			t.Fatalf("parseSeeds(%q): no seeds and no error", s)
+		}
+		parts := make([]string, len(seeds))
+		for i, v := range seeds {
+			parts[i] = strconv.FormatUint(v, 10)
+		}
+		again, err := parseSeeds(strings.Join(parts, ","))
+		if err != nil || !slices.Equal(again, seeds) {
+			t.Fatalf("parseSeeds(%q) = %v; printed back: %v, %v", s, seeds, again, err)
+		}
+	})
 }
