@@ -280,3 +280,60 @@ func TestKVAwareDecodeKVCap(t *testing.T) {
 		t.Errorf("capped full: eligible %v, capped part %v; want eligible and no capped part (-1)", on.Scores[0].Eligible, part(on.Scores[0], "capped"))
 	}
 }
+
+// TestKVAwareStepPhase: a busy engine's step in progress began at its last
+// first token and lasts the estimate's step; a request sent there waits for
+// its rest (step_wait_ms, in queue_ms), half a step once it is over. Of two
+// engines alike but for that, the one whose step ends sooner wins. An idle
+// engine, or one that has given no first token yet, has no wait.
+func TestKVAwareStepPhase(t *testing.T) {
+	at := func(ms int) time.Time { return epoch.Add(time.Duration(ms) * time.Millisecond) }
+	// 100 running sequences with 1M tokens of context: a step of
+	// 6000 + 100 x 2 + 1000 x 45 us = 51.2 ms.
+	busy := kvroute.Load{Running: 100, DecodeTokens: 1_000_000}
+	const step = 51.2
+	wait := func(s kvroute.Score) float64 { return max(part(s, "step_wait_ms"), 0) } // absent: none
+	for _, phase := range []bool{true, false} {
+		k, err := NewKVAware(map[string]any{"step_phase": phase}, 1)
+		if err != nil {
+			t.Fatal(err)
+		}
+		// One request each, their first tokens at 40 ms (a) and 0 ms (b).
+		k.Pick(at(-10), &kvroute.Request{ID: "ra", PromptTokens: 100}, []kvroute.Candidate{cand("a", kvroute.Load{}, 0, 0)})
+		k.Pick(at(-10), &kvroute.Request{ID: "rb", PromptTokens: 100}, []kvroute.Candidate{cand("b", kvroute.Load{}, 0, 0)})
+		d := k.Pick(at(-5), &kvroute.Request{ID: "early", PromptTokens: 100}, []kvroute.Candidate{cand("a", busy, 0, 0), cand("b", busy, 0, 0)})
+		if got := wait(d.Scores[0]) + wait(d.Scores[1]); got != 0 {
+			t.Errorf("step_phase %v, before any first token: step_wait_ms %v, want none", phase, got)
+		}
+		k.Release(at(-5), &kvroute.Request{ID: "early"}, d.Endpoint)
+		k.FirstToken(at(40), &kvroute.Request{ID: "ra"}, "a")
+		k.FirstToken(at(0), &kvroute.Request{ID: "rb"}, "b")
+		for _, tt := range []struct {
+			name   string
+			ms     int
+			load   kvroute.Load
+			wa, wb float64 // step_wait_ms of a and b
+		}{
+			{"b's step ends sooner", 45, busy, step - 5, step - 45},
+			{"both steps over", 100, busy, step / 2, step / 2},
+			{"idle engines", 45, kvroute.Load{}, 0, 0},
+		} {
+			cands := []kvroute.Candidate{cand("a", tt.load, 0, 0), cand("b", tt.load, 0, 0)}
+			d := k.Pick(at(tt.ms), &kvroute.Request{ID: "probe", PromptTokens: 100}, cands)
+			wa, wb := wait(d.Scores[0]), wait(d.Scores[1])
+			if !phase {
+				tt.wa, tt.wb = 0, 0
+			}
+			if math.Abs(wa-tt.wa) > 0.01 || math.Abs(wb-tt.wb) > 0.01 {
+				t.Errorf("step_phase %v, %s: step_wait_ms %v and %v, want %v and %v", phase, tt.name, wa, wb, tt.wa, tt.wb)
+			}
+			if dq := part(d.Scores[0], "queue_ms") - part(d.Scores[1], "queue_ms"); math.Abs(dq-(tt.wa-tt.wb)) > 0.01 {
+				t.Errorf("step_phase %v, %s: queue_ms differ by %v, want %v (the waits' difference)", phase, tt.name, dq, tt.wa-tt.wb)
+			}
+			if phase && tt.wa > tt.wb && d.Endpoint != "b" {
+				t.Errorf("%s: chose %s (%s), want b", tt.name, d.Endpoint, d.Reason)
+			}
+			k.Release(at(tt.ms), &kvroute.Request{ID: "probe"}, d.Endpoint)
+		}
+	}
+}
