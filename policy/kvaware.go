@@ -258,27 +258,27 @@ type KVAwareParams struct {
 	ProgressTokPerMs float64 `param:"progress_tok_per_ms"`
 	// StepPhase adds to the queue estimate the rest of the engine step in
 	// progress (step_wait_ms): an engine runs its batch in steps, and a
-	// request that arrives during one starts its prefill at the next. A
-	// step ends where first tokens come out, so the step in progress is
-	// taken to have begun at the last first token the router reported
-	// there (FirstToken) and to last the step the estimate prices (step,
-	// below); once that is over the wait is half a step, its mean. An
-	// idle engine (nothing running or queued), or one that has not given
-	// a first token yet (its steps are unknown), has none. Past what the fleet completes, where the steps run
-	// 100-130 ms long with the batches they hold, this is a third of a
-	// TTFT that the other terms cannot tell apart between engines: in the
-	// simulator, over seeds 1-40 (2026-12-06), it took the mean p99 TTFT
-	// of sysprompt at 130 req/s 6.4% lower (standard error 0.1 points;
+	// request that arrives during one starts its prefill at the next. A step
+	// ends where first tokens come out, so the step in progress is taken to
+	// have begun at the last first token the router reported there
+	// (FirstToken) and to last the step the estimate prices (step, below);
+	// once that is over the wait is half a step, its mean. An idle engine
+	// (nothing running or queued), or one that has not given a first token yet
+	// (its steps are unknown), has none. Past what the fleet completes, where
+	// the steps run 100-130 ms long with the batches they hold, this is a
+	// third of a TTFT that the other terms cannot tell apart between engines:
+	// in the simulator, over seeds 1-40 (2026-12-06), it took the mean p99
+	// TTFT of sysprompt at 130 req/s 6.4% lower (standard error 0.1 points;
 	// from 2% above round-robin's to 4% below) and of tenants at 200 req/s
-	// 3.6% lower (0.3), left the other rows of the README's tables within
-	// their noise (the trace at four times its rate +1.6%, standard error
-	// 0.8 over 120 runs; the bursts within 2%), but tipped rag at 180 req/s
-	// at seed 38, a run past what the fleet completes whose p99 is set by
-	// when the first engine's KV fills, from 0.50-1.06 s to 1.43-3.17 s
-	// over five perturbations of DecodeWeight. Counting the prefill chunk
-	// of a queued engine's step in its length, or the wait only on
-	// engines without a queue, did worse (storm at 320 req/s +9%, and
-	// nothing gained). Default true.
+	// 3.6% lower (0.3), moved the other rows of the README's tables by under
+	// 2% (sysprompt at 100 req/s +0.3%, standard error 0.1; the trace at four
+	// times its rate +1.6%, 0.8 over 120 runs; the bursts within their noise),
+	// but tipped rag at 180 req/s at seed 38, a run past what the fleet
+	// completes whose p99 is set by when the first engine's KV fills, from
+	// 0.50-1.06 s to 1.43-3.17 s over five perturbations of DecodeWeight.
+	// Counting the prefill chunk of a queued engine's step in its length did
+	// worse (storm at 320 req/s +9%); the wait only on engines without a
+	// queue gained nothing. Default true.
 	StepPhase bool `param:"step_phase"`
 
 	// DecodeWeight weighs the request's own decode time at the step time
@@ -806,7 +806,7 @@ type epStats struct {
 
 	// lora is the LoRA adapters of the requests routed here, nil until
 	// the first: kept apart, so that the stats every Pick reads for every
-	// candidate stay in the size class they had (112 bytes).
+	// candidate stay small (120 bytes, with stepAt; 112 before it).
 	lora *epLoRA
 }
 
@@ -962,18 +962,19 @@ const (
 )
 
 // candState is a candidate's state in a Pick. It is 72 bytes (the adapter
-// fields sit in the padding after flags): Pick writes one per candidate,
-// into memory that the router's decision log hands back seldom in cache
-// (KeepExplanation), so the fewer lines the better; the estimate (queueMs + prefMs) and the decode term
-// it used to keep too made it 80.
+// fields sit in the padding after flags, the step wait beside the credit,
+// an int32 for it): Pick writes one per candidate, into memory that the
+// router's decision log hands back seldom in cache (KeepExplanation), so
+// the fewer lines the better; the estimate (queueMs + prefMs) and the
+// decode term it used to keep too made it 80.
 type candState struct {
 	elig       bool // may be chosen
 	overBound  bool // in-flight + 1 above the bound (session targets must not be)
 	flags      uint8
 	adapter    uint8   // the LoRA adapter's state there (adapterActive, ..., | adapterHomeWait or adapterHomeSettled), 0: a base-model request
 	adapterMs  float32 // the adapter's load and slot wait, ms (in queueMs)
+	credit     int32   // cached tokens credited (at most the prompt's, and math.MaxInt32)
 	stepWaitMs float32 // the rest of the engine step in progress, ms (in queueMs; StepPhase)
-	credit     int     // cached tokens credited
 	work       float64 // prefill compute this request adds to the endpoint, ms
 	decode     float64 // the score's decode term: DecodeWeight x its decode time there, ms
 	score      float64 // est() + work and decode terms: lower wins
@@ -1239,9 +1240,9 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 			continue
 		}
 		if !st.affinityCapped() {
-			st.credit = min(max(cands[i].CachedTokens, 0), P)
+			st.credit = int32(min(max(cands[i].CachedTokens, 0), P, math.MaxInt32))
 			if st.flags&capFull != 0 {
-				st.credit = min(st.credit, k.roomCached) // SpareFull
+				st.credit = int32(min(int(st.credit), k.roomCached)) // SpareFull
 			}
 		}
 		k.estimate(i, &cands[i], st, P)
@@ -1311,7 +1312,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 	}
 	st := &k.c[choice]
 	k.record(now, req, hot, endpointID(&cands[choice]), st, P)
-	head := reasonHead(how, st.credit)
+	head := reasonHead(how, int(st.credit))
 	if !anyUnder {
 		if h, ok := overloadedHead[head]; ok {
 			head = h
@@ -1319,7 +1320,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 			head = "overloaded, " + head // a head the table lacks: allocates
 		}
 	}
-	why := reasonFigures{head: head, est: st.est(), queueMs: st.queueMs, prefMs: st.prefMs, credit: st.credit, P: P,
+	why := reasonFigures{head: head, est: st.est(), queueMs: st.queueMs, prefMs: st.prefMs, credit: int(st.credit), P: P,
 		adapter: st.adapter, adapterMs: float64(st.adapterMs)}
 	if k.deferred {
 		// The figures are rendered when someone reads the decision
@@ -1384,7 +1385,7 @@ func (k *KVAware) estimate(i int, c *kvroute.Candidate, st *candState, P int) {
 	if k.perEp && st.es != nil {
 		tok, reqMs, learnedReq = k.rates(st.es)
 	}
-	own := float64(P - st.credit)
+	own := float64(P - int(st.credit))
 	cpu := 0.0
 	if c.Tier == kvroute.TierCPU && st.credit > 0 {
 		cpu = float64(st.credit)
@@ -1435,8 +1436,8 @@ func (k *KVAware) estimate(i int, c *kvroute.Candidate, st *candState, P int) {
 		queueMs += float64(l.Queue()) * reqMs
 	}
 	a := &k.attnMemo
-	if !a.ok || st.credit != a.credit || P != a.prompt {
-		a.credit, a.prompt, a.ok = st.credit, P, true
+	if !a.ok || int(st.credit) != a.credit || P != a.prompt {
+		a.credit, a.prompt, a.ok = int(st.credit), P, true
 		ctxK := (float64(st.credit) + own/2) / 1000
 		a.attn = 1 + ratio*ctxK
 	}
@@ -2135,7 +2136,7 @@ func (k *KVAware) lessLoaded(cands []kvroute.Candidate, i, j, P int) (first, byR
 	if a, b := k.c[i].flags&capFull != 0, k.c[j].flags&capFull != 0; a != b {
 		return b, false
 	}
-	if underQuarter(max(k.c[i].credit, k.c[j].credit), P) {
+	if underQuarter(int(max(k.c[i].credit, k.c[j].credit)), P) {
 		if c := cmpRoom(&cands[i], &cands[j]); c != 0 {
 			return c < 0, true
 		}
@@ -2449,7 +2450,7 @@ func (k *KVAware) record(now time.Time, req *kvroute.Request, prefix uint64, end
 	}
 	const a = 0.05
 	if P > 0 {
-		own := float64(P - st.credit)
+		own := float64(P - int(st.credit))
 		k.meanUncached += a * (own - k.meanUncached)
 		k.uncachedFrac += a * (own/float64(P) - k.uncachedFrac)
 		// A run of fully cached requests decays both geometrically: below
@@ -2468,7 +2469,7 @@ func (k *KVAware) record(now time.Time, req *kvroute.Request, prefix uint64, end
 	if old, ok := k.pending[key]; ok { // a retry of the same request: replace
 		k.untrack(old)
 	}
-	pr := pendingReq{prefix: prefix, tenant: req.Tenant, endpoint: endpoint, size: float64(P - st.credit), prompt: float64(P), at: now, prefill: true,
+	pr := pendingReq{prefix: prefix, tenant: req.Tenant, endpoint: endpoint, size: float64(P - int(st.credit)), prompt: float64(P), at: now, prefill: true,
 		adapter: k.adapter}
 	k.pending[key] = pr
 	k.track(pr)

@@ -21,7 +21,7 @@ func refEstimate(k *KVAware, c *kvroute.Candidate, st *candState, P int) {
 	if k.perEp && st.es != nil {
 		tok, reqMs, learnedReq = k.rates(st.es)
 	}
-	own := float64(P - st.credit)
+	own := float64(P - int(st.credit))
 	cpu := 0.0
 	if c.Tier == kvroute.TierCPU && st.credit > 0 {
 		cpu = float64(st.credit)
@@ -43,6 +43,16 @@ func refEstimate(k *KVAware, c *kvroute.Candidate, st *candState, P int) {
 	}
 	ratio := k.ratio
 	queueMs := queued*tok*(1+ratio*size/2000) + stepsQ*stepMs
+	st.stepWaitMs = 0
+	if p.StepPhase && (l.Running > 0 || queued > 0) && st.es != nil && st.es.stepAt != 0 {
+		el := k.now.Sub(time.Unix(0, st.es.stepAt)).Seconds() * 1000
+		w := stepMs / 2
+		if el >= 0 && el < stepMs {
+			w = stepMs - el
+		}
+		st.stepWaitMs = float32(w)
+		queueMs += float64(st.stepWaitMs)
+	}
 	if learnedReq {
 		queueMs = math.Max(queueMs, float64(l.Queue())*reqMs)
 	} else {
@@ -80,7 +90,7 @@ func TestEstimateMemo(t *testing.T) {
 		}
 		k.Pick(epoch, &kvroute.Request{PromptTokens: 100}, cands) // sizes the memory, sets the Pick's rates
 		stats := []*epStats{nil, {pendTok: 300, pendSq: 90000, sumTok: 50, sumSq: 900, tokMs: 0.03, reqMs: 2, nTok: 9, nReq: 9},
-			{pendTok: 0, sumTok: 0}, {pendTok: 1e3, pendSq: 2e6, sumTok: 7, sumSq: 49}}
+			{pendTok: 0, sumTok: 0}, {pendTok: 1e3, pendSq: 2e6, sumTok: 7, sumSq: 49, stepAt: epoch.UnixNano()}}
 		pick := func(vals ...int) int { return vals[r.IntN(len(vals))] }
 		fpick := func(vals ...float64) float64 { return vals[r.IntN(len(vals))] }
 		P := 4096
@@ -91,6 +101,9 @@ func TestEstimateMemo(t *testing.T) {
 				k.firstTokens = r.IntN(2) == 0
 				k.outTokens = fpick(0, 128, 256)
 				k.workW = fpick(0, 1, 2.5)
+				// Before, within and past the last step begun at epoch.
+				k.now = epoch.Add(time.Duration(pick(-3, 0, 1, 7, 1000)) * time.Millisecond)
+				k.nowNs = k.now.UnixNano()
 			}
 			i := r.IntN(n)
 			c := &cands[i]
@@ -102,7 +115,7 @@ func TestEstimateMemo(t *testing.T) {
 			case 2:
 				c.Tier = kvroute.Tier(r.IntN(3))
 			}
-			st := candState{es: stats[r.IntN(len(stats))], credit: min(pick(0, 0, 16, 1024, 4096), P),
+			st := candState{es: stats[r.IntN(len(stats))], credit: int32(min(pick(0, 0, 16, 1024, 4096), P)),
 				queued: fpick(0, math.Copysign(0, -1), 100, 8192, 70000.5)}
 			want := st
 			refEstimate(k, c, &want, P)
