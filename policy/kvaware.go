@@ -272,13 +272,13 @@ type KVAwareParams struct {
 	// from 2% above round-robin's to 4% below) and of tenants at 200 req/s
 	// 3.6% lower (0.3), moved the other rows of the README's tables by under
 	// 2% (sysprompt at 100 req/s +0.3%, standard error 0.1; the trace at four
-	// times its rate +1.6%, 0.8 over 120 runs; the bursts within their noise),
-	// but tipped rag at 180 req/s at seed 38, a run past what the fleet
-	// completes whose p99 is set by when the first engine's KV fills, from
-	// 0.50-1.06 s to 1.43-3.17 s over five perturbations of DecodeWeight.
-	// Counting the prefill chunk of a queued engine's step in its length did
-	// worse (storm at 320 req/s +9%); the wait only on engines without a
-	// queue gained nothing. Default true.
+	// times its rate +1.6%, 0.8 over seeds 1-40 at three decode weights; the
+	// bursts within their noise), but tipped rag at 180 req/s at seed 38, a
+	// run past what the fleet completes whose p99 is set by when the first
+	// engine's KV fills, from 0.50-1.06 s to 1.43-3.17 s over five
+	// perturbations of DecodeWeight. Counting the prefill chunk of a queued
+	// engine's step in its length did worse (storm at 320 req/s +9%); the wait
+	// only on engines without a queue gained nothing. Default true.
 	StepPhase bool `param:"step_phase"`
 
 	// DecodeWeight weighs the request's own decode time at the step time
