@@ -1465,8 +1465,8 @@ func (k *KVAware) estimate(i int, c *kvroute.Candidate, st *candState, P int) {
 // stepWait returns how long a request sent to a busy endpoint whose
 // stats are s (nil: none) waits for the engine step in progress to end,
 // ms, for steps of stepMs (StepPhase): the rest of the step begun at its
-// last first token, half a step when that is over, and nothing before
-// its first first token (its steps are unknown).
+// last first token, half a step when that is over, and nothing while no
+// first token has come from it (its steps are unknown).
 func (k *KVAware) stepWait(s *epStats, stepMs float64) float64 {
 	if s == nil || s.stepAt == 0 {
 		return 0
