@@ -738,7 +738,6 @@ type KVAware struct {
 	sweeps        int  // sweeps done
 	firstTokens   bool // the router reports first tokens (FirstToken)
 	now           time.Time
-	nowNs         int64 // now in Unix nanoseconds (stepWait)
 
 	workW     float64 // this decision's weight of added work
 	outTokens float64 // this request's expected output tokens
@@ -1047,7 +1046,7 @@ func (k *KVAware) Pick(now time.Time, req *kvroute.Request, cands []kvroute.Cand
 		k.c = make([]candState, n)
 	}
 	k.c = k.c[:n]
-	k.now, k.nowNs = now, now.UnixNano()
+	k.now = now
 
 	// Each candidate's state starts here, whole: clearing k.c first and
 	// then setting two fields wrote it twice (k.c changes hands with the
@@ -1425,7 +1424,6 @@ func (k *KVAware) estimate(i int, c *kvroute.Candidate, st *candState, P int) {
 		m.sizeAttn = 1 + ratio*size/2000
 	}
 	queueMs := queued*tok*m.sizeAttn + stepsQ*stepMs
-	st.stepWaitMs = 0
 	if p.StepPhase && (l.Running > 0 || queued > 0) {
 		st.stepWaitMs = float32(k.stepWait(st.es, stepMs))
 		queueMs += float64(st.stepWaitMs)
@@ -1471,7 +1469,7 @@ func (k *KVAware) stepWait(s *epStats, stepMs float64) float64 {
 	if s == nil || s.stepAt == 0 {
 		return 0
 	}
-	if el := float64(k.nowNs-s.stepAt) / 1e6; el >= 0 && el < stepMs {
+	if el := float64(k.now.UnixNano()-s.stepAt) / 1e6; el >= 0 && el < stepMs {
 		return stepMs - el
 	}
 	return stepMs / 2

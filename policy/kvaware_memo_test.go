@@ -43,7 +43,6 @@ func refEstimate(k *KVAware, c *kvroute.Candidate, st *candState, P int) {
 	}
 	ratio := k.ratio
 	queueMs := queued*tok*(1+ratio*size/2000) + stepsQ*stepMs
-	st.stepWaitMs = 0
 	if p.StepPhase && (l.Running > 0 || queued > 0) && st.es != nil && st.es.stepAt != 0 {
 		el := k.now.Sub(time.Unix(0, st.es.stepAt)).Seconds() * 1000
 		w := stepMs / 2
@@ -103,7 +102,6 @@ func TestEstimateMemo(t *testing.T) {
 				k.workW = fpick(0, 1, 2.5)
 				// Before, within and past the last step begun at epoch.
 				k.now = epoch.Add(time.Duration(pick(-3, 0, 1, 7, 1000)) * time.Millisecond)
-				k.nowNs = k.now.UnixNano()
 			}
 			i := r.IntN(n)
 			c := &cands[i]

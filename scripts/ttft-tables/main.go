@@ -199,7 +199,7 @@ func run(w io.Writer, bin string, seeds []uint64, jobs int, only string) error {
 				continue
 			}
 			se := "   -"
-			if s.n > 1 {
+			if len(s.each) > 1 {
 				se = fmt.Sprintf("%4.1f", s.se*100)
 			}
 			fmt.Fprintf(w, "%-16s %5s ± %s  most %3.0f%%  (%s)\n", r.label, percent(s.mean), se, s.room*100, strings.Join(s.each, " "))
@@ -236,7 +236,6 @@ const goal = 0.30
 // baseline, its standard error, each seed's margin, and the mean of the most
 // any router could gain (1 - bound / best).
 type summary struct {
-	n              int
 	mean, se, room float64
 	each           []string
 }
@@ -254,18 +253,18 @@ func summarize(res []*result) (s summary, ok bool) {
 		s.room += 1 - r.bound/r.best()
 		s.each = append(s.each, percent(m))
 	}
-	s.n = len(ms)
-	if s.n == 0 {
+	n := float64(len(ms))
+	if n == 0 {
 		return s, false
 	}
-	s.mean /= float64(s.n)
-	s.room /= float64(s.n)
-	if s.n > 1 {
+	s.mean /= n
+	s.room /= n
+	if n > 1 {
 		var ss float64
 		for _, m := range ms {
 			ss += (m - s.mean) * (m - s.mean)
 		}
-		s.se = math.Sqrt(ss/float64(s.n-1)) / math.Sqrt(float64(s.n))
+		s.se = math.Sqrt(ss/(n-1)) / math.Sqrt(n)
 	}
 	return s, true
 }

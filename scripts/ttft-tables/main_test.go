@@ -98,8 +98,8 @@ func TestSummarize(t *testing.T) {
 		return &result{p99: []float64{kv, 1.0, 2.0, 3.0, 4.0, 5.0, 6.0, 7.0}, bound: bound}
 	}
 	s, ok := summarize([]*result{mk(0.9, 0.5), nil, mk(1.1, 0.9)})
-	if !ok || s.n != 2 {
-		t.Fatalf("summarize: ok %v n %d, want 2 results", ok, s.n)
+	if !ok || len(s.each) != 2 {
+		t.Fatalf("summarize: ok %v, %d results, want 2", ok, len(s.each))
 	}
 	near := func(a, b float64) bool { return math.Abs(a-b) < 1e-9 }
 	if !near(s.mean, 0) || !near(s.se, 0.1) || !near(s.room, 0.3) {
